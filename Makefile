@@ -1,0 +1,32 @@
+# pardiag: `make demo` and `make test` set everything up from scratch in .venv.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.pardiag-installed
+
+.PHONY: demo test setup clean
+
+setup: $(STAMP)
+
+# The venv sees the system site-packages so an already installed torch (for example a CUDA
+# build) is reused; torch 2.13.0 (CPU build) is installed only when no torch is importable.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		echo "torch found: $$($(PY) -c 'import torch; print(torch.__version__)') (kept)"; \
+	else \
+		echo "no torch importable: installing torch==2.13.0"; \
+		$(PY) -m pip install -q torch==2.13.0; \
+	fi
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/pardiag report sample_traces/ddp_cpu_2rank -o report.html --json summary.json
+	@echo "open report.html in a browser"
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) report.html summary.json

@@ -1,0 +1,250 @@
+"""Time breakdown and communication/computation overlap, per rank and per profiler step.
+
+Definitions (HTA's overlap; Lumos' breakdown; FACTS §3). Per rank, within a time window:
+
+* C = union of communication intervals, K = union of computation intervals;
+* overlap = |K ∩ C|; overlap % = 100 · |K ∩ C| / |C| (HTA ``get_comm_comp_overlap``);
+* compute-only = |K| − overlap; exposed communication = |C| − overlap;
+* idle = window length − |K ∪ C| (nothing but memcpy/memset, CPU-side gaps, or nothing at all).
+
+compute-only + overlap + exposed + idle = window length.
+
+What counts as what:
+
+* **GPU traces** (any kernel in the file): K = compute kernels, C = communication kernels (see
+  :mod:`pardiag.analyzer.classify`); memcpy/memset and CPU events count as neither. The whole-trace
+  window is first kernel start to last kernel end. A kernel belongs to the profiler step in which
+  its launching runtime call ran (``correlation``); step *s*'s device window runs from its first
+  kernel's start to the next step's first kernel's start (the last step: to its last kernel's
+  end), so step windows tile the device timeline.
+* **CPU traces** (gloo): C = every ``gloo:*``/``c10d::*``/``nccl:*``/``record_param_comms`` event on
+  any thread (the gloo worker threads carry the transfers); K = CPU operators on the other threads
+  minus the time they spend inside communication or wait calls (waiting is not computing). The
+  whole-trace window is first to last classified event; step windows are the ``ProfilerStep#N``
+  annotations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from pardiag.analyzer import intervals as iv
+from pardiag.analyzer.classify import Kind, classify, collective_type, comm_threads, profiler_steps
+from pardiag.analyzer.load import RankTrace, TraceSet
+
+#: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).
+BREAKDOWN_COLUMNS = (
+    "span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us", "exposed_comm_us",
+    "idle_us", "overlap_pct", "compute_only_pct", "overlap_share_pct", "exposed_comm_pct", "idle_pct",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeBreakdown:
+    """Result of :func:`compute_time_breakdown`.
+
+    Attributes:
+        totals: one row per rank: ``rank``, ``domain`` (``"gpu"`` or ``"cpu"``), ``start_us``,
+            ``end_us`` and :data:`BREAKDOWN_COLUMNS`. ``overlap_pct`` is NaN when the rank has no
+            communication.
+        steps: one row per rank and profiler step: ``rank``, ``step``, ``start_us``, ``end_us`` and
+            :data:`BREAKDOWN_COLUMNS`.
+        collectives: one row per rank and collective type: ``rank``, ``collective``, ``count``,
+            ``time_us`` (|union of its intervals|), ``exposed_us`` (the part not under compute).
+    """
+
+    totals: pd.DataFrame
+    steps: pd.DataFrame
+    collectives: pd.DataFrame
+
+
+def _metrics(k: np.ndarray, c: np.ndarray, lo: float, hi: float) -> dict:
+    k = iv.clip(k, lo, hi)
+    c = iv.clip(c, lo, hi)
+    span = max(0.0, hi - lo)
+    comp = iv.total(k)
+    comm = iv.total(c)
+    ov = iv.total(iv.intersect(k, c))
+    busy = comp + comm - ov
+    pct = (lambda x: 100.0 * x / span) if span > 0 else (lambda x: float("nan"))
+    return {
+        "span_us": span, "compute_us": comp, "comm_us": comm, "overlap_us": ov,
+        "compute_only_us": comp - ov, "exposed_comm_us": comm - ov, "idle_us": span - busy,
+        "overlap_pct": 100.0 * ov / comm if comm > 0 else float("nan"),
+        "compute_only_pct": pct(comp - ov), "overlap_share_pct": pct(ov),
+        "exposed_comm_pct": pct(comm - ov), "idle_pct": pct(span - busy),
+    }
+
+
+def _intervals(ev: pd.DataFrame) -> np.ndarray:
+    return iv.union(ev["ts"].to_numpy(), (ev["ts"] + ev["dur"]).to_numpy())
+
+
+def launch_times(trace: RankTrace, kernels: pd.DataFrame) -> np.ndarray:
+    """CPU launch time (µs) of each GPU kernel: the ``ts`` of the runtime call with the same
+    ``correlation`` id; a kernel without one gets its own ``ts``."""
+    ev = trace.events
+    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
+    launch = pd.Series(rt["ts"].to_numpy(), index=rt["correlation"].to_numpy())
+    launch = launch[~launch.index.duplicated(keep="first")]
+    lt = launch.reindex(kernels["correlation"].to_numpy()).to_numpy()
+    return np.where(np.isnan(lt), kernels["ts"].to_numpy(), lt)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankParts:
+    domain: str
+    k: np.ndarray
+    c: np.ndarray
+    lo: float
+    hi: float
+    step_windows: list[tuple[int, float, float]]
+    comm_events: pd.DataFrame  # name, ts, dur, args, type, counted
+
+
+def _rank_parts(trace: RankTrace, comm_patterns, launch_window) -> _RankParts:
+    kinds = classify(trace, comm_patterns)
+    ev = trace.events
+    steps = profiler_steps(trace, kinds)
+    gpu_kinds = [Kind.GPU_COMPUTE.value, Kind.GPU_COMM.value, Kind.GPU_MEMORY.value]
+    if kinds.isin(gpu_kinds).any():
+        kernels = ev[kinds.isin(gpu_kinds)]
+        kk = kinds[kernels.index]
+        launch = launch_times(trace, kernels)
+        if launch_window is not None:
+            sel = (launch >= launch_window[0]) & (launch < launch_window[1])
+            kernels, kk, launch = kernels[sel], kk[sel], launch[sel]
+        k = _intervals(kernels[kk == Kind.GPU_COMPUTE.value])
+        comm_ev = kernels[kk == Kind.GPU_COMM.value]
+        c = _intervals(comm_ev)
+        lo = float(kernels["ts"].min()) if len(kernels) else 0.0
+        hi = float((kernels["ts"] + kernels["dur"]).max()) if len(kernels) else 0.0
+        windows = []
+        if len(steps) and len(kernels):
+            # Step of each kernel: the step whose CPU window holds its launch.
+            idx = np.searchsorted(steps["start_us"].to_numpy(), launch, side="right") - 1
+            inside = (idx >= 0) & (launch < steps["end_us"].to_numpy()[np.clip(idx, 0, None)])
+            first = {}
+            last_end = {}
+            ends = (kernels["ts"] + kernels["dur"]).to_numpy()
+            for i, s, e in zip(idx[inside], kernels["ts"].to_numpy()[inside], ends[inside]):
+                first[i] = min(first.get(i, s), s)
+                last_end[i] = max(last_end.get(i, e), e)
+            order = sorted(first)
+            for j, i in enumerate(order):
+                start = first[i]
+                end = first[order[j + 1]] if j + 1 < len(order) else last_end[i]
+                windows.append((int(steps["step"].iloc[i]), start, max(start, end)))
+        comm = _gpu_comm_types(trace, comm_ev)
+        return _RankParts("gpu", k, c, lo, hi, windows, comm)
+
+    comm_ev = ev[kinds == Kind.CPU_COMM.value]
+    c = _intervals(comm_ev)
+    threads = comm_threads(trace)
+    on_worker = np.fromiter(((p, t) in threads for p, t in zip(ev["pid"], ev["tid"])),
+                            dtype=bool, count=len(ev))
+    not_compute = ev[kinds.isin([Kind.CPU_COMM.value, Kind.CPU_WAIT.value]).to_numpy() & ~on_worker]
+    k = iv.subtract(_intervals(ev[kinds == Kind.CPU_COMPUTE.value]), _intervals(not_compute))
+    timed = ev[kinds.isin([Kind.CPU_COMPUTE.value, Kind.CPU_COMM.value, Kind.CPU_WAIT.value,
+                           Kind.STEP.value]).to_numpy()]
+    lo = float(timed["ts"].min()) if len(timed) else 0.0
+    hi = float((timed["ts"] + timed["dur"]).max()) if len(timed) else 0.0
+    windows = [(int(r.step), float(r.start_us), float(r.end_us)) for r in steps.itertuples()]
+    comm = comm_ev[["name", "ts", "dur", "args"]].copy()
+    comm["type"] = [collective_type(n, a) for n, a in zip(comm["name"], comm["args"])]
+    # Count transfers once: the worker-thread event (gloo:*) when there is one for the type.
+    worker = np.fromiter(((p, t) in threads for p, t in zip(comm_ev["pid"], comm_ev["tid"])),
+                         dtype=bool, count=len(comm_ev))
+    comm["counted"] = worker
+    no_worker_types = set(comm["type"]) - set(comm.loc[worker, "type"])
+    comm.loc[comm["type"].isin(no_worker_types), "counted"] = True
+    return _RankParts("cpu", k, c, lo, hi, windows, comm)
+
+
+def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
+    """Collective type of GPU communication kernels; generic kernels (RCCL's
+    ``ncclDevKernel_Generic``) take it from the CPU communication op that launched them."""
+    comm = comm_ev[["name", "ts", "dur", "args", "correlation"]].copy()
+    types = [collective_type(n, a) for n, a in zip(comm["name"], comm["args"])]
+    generic = [i for i, t in enumerate(types) if "generic" in t.lower() or t == comm["name"].iloc[i]]
+    if generic:
+        ev = trace.events
+        rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
+        cpu_comm = ev[ev["name"].str.match(r"^(nccl:|c10d::|record_param_comms)")
+                      & ev["cat"].isin(["cpu_op", "user_annotation"])]
+        by_corr = dict(zip(rt["correlation"], zip(rt["ts"], rt["pid"], rt["tid"])))
+        for i in generic:
+            hit = by_corr.get(int(comm["correlation"].iloc[i]))
+            if hit is None:
+                continue
+            t, pid, tid = hit
+            enclosing = cpu_comm[(cpu_comm["pid"] == pid) & (cpu_comm["tid"] == tid)
+                                 & (cpu_comm["ts"] <= t) & (cpu_comm["ts"] + cpu_comm["dur"] >= t)]
+            if len(enclosing):
+                inner = enclosing.iloc[-1]
+                types[i] = collective_type(inner["name"], inner["args"])
+    comm["type"] = types
+    comm["counted"] = True
+    return comm
+
+
+def _collective_rows(rank: int, parts: _RankParts) -> list[dict]:
+    rows = []
+    comm = parts.comm_events
+    for typ, grp in comm.groupby("type", sort=True):
+        u = _intervals(grp)
+        rows.append({"rank": rank, "collective": typ, "count": int(grp["counted"].sum()),
+                     "time_us": iv.total(u), "exposed_us": iv.total(iv.subtract(u, parts.k))})
+    return rows
+
+
+def compute_rank_breakdown(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = (),
+                           launch_window: tuple[float, float] | None = None) -> dict:
+    """Time breakdown of one rank over its whole trace.
+
+    Args:
+        trace: the rank's events.
+        comm_patterns: extra regular expressions naming communication kernels.
+        launch_window: GPU traces only: keep only kernels launched (CPU runtime call, µs on the
+            trace clock) in ``[lo, hi)``; e.g. HTA's window is everything launched before the last
+            profiler step starts.
+
+    Returns:
+        dict with ``domain``, ``start_us``, ``end_us`` and :data:`BREAKDOWN_COLUMNS`.
+    """
+    parts = _rank_parts(trace, list(comm_patterns), launch_window)
+    return {"domain": parts.domain, "start_us": parts.lo, "end_us": parts.hi,
+            **_metrics(parts.k, parts.c, parts.lo, parts.hi)}
+
+
+def compute_time_breakdown(traces: TraceSet, comm_patterns: Iterable[re.Pattern] = ()) -> TimeBreakdown:
+    """Per-rank and per-step time breakdown and overlap for every rank of ``traces``.
+
+    See the module docstring for the definitions (HTA overlap, Lumos breakdown).
+
+    Returns:
+        TimeBreakdown (tables documented there).
+    """
+    comm_patterns = list(comm_patterns)
+    totals, steps, colls = [], [], []
+    for rank, trace in traces.ranks.items():
+        parts = _rank_parts(trace, comm_patterns, None)
+        totals.append({"rank": rank, "domain": parts.domain, "start_us": parts.lo,
+                       "end_us": parts.hi, **_metrics(parts.k, parts.c, parts.lo, parts.hi)})
+        for step, lo, hi in parts.step_windows:
+            steps.append({"rank": rank, "step": step, "start_us": lo, "end_us": hi,
+                          **_metrics(parts.k, parts.c, lo, hi)})
+        colls.extend(_collective_rows(rank, parts))
+    cols = ["rank", "domain", "start_us", "end_us", *BREAKDOWN_COLUMNS]
+    step_cols = ["rank", "step", "start_us", "end_us", *BREAKDOWN_COLUMNS]
+    coll_cols = ["rank", "collective", "count", "time_us", "exposed_us"]
+    return TimeBreakdown(
+        totals=pd.DataFrame(totals, columns=cols),
+        steps=pd.DataFrame(steps, columns=step_cols),
+        collectives=pd.DataFrame(colls, columns=coll_cols),
+    )

@@ -1,0 +1,173 @@
+"""Classify trace events: communication vs computation, GPU vs CPU, steps, memory.
+
+Rules (FACTS §1-2):
+
+* GPU kernels (``cat`` ``kernel``) whose name contains ``nccl``, ``rccl`` or ``hccl`` (any case:
+  ``ncclKernel_*``, ``ncclDevKernel_*``, ``rcclGenericKernel``, ...) or matches a user pattern
+  (``--comm-kernel REGEX``, for custom kernels such as DeepEP ``dispatch``/``combine`` or
+  ``multimem_all_reduce_kernel``) are **gpu_comm**; memcpy/memset (``gpu_memcpy``/``gpu_memset``
+  or names starting ``Memcpy``/``Memset``) are **gpu_memory**; other kernels are **gpu_compute**.
+* CPU events named ``gloo:*``, ``nccl:*``, ``c10d::*``, ``_c10d_functional::*`` or
+  ``record_param_comms`` are **cpu_comm**; wait and synchronize calls are **cpu_wait**.
+* CPU operators (``cpu_op``) on threads that are not communication worker threads are
+  **cpu_compute**. Communication worker threads are those named ``*gloo*``/``*nccl*`` or holding a
+  ``gloo:*`` event.
+* ``ProfilerStep#N`` CPU annotations are **step**; ``[memory]`` instant events are **memory**.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from pardiag.analyzer.load import RankTrace
+from pardiag.errors import PardiagError
+
+
+class Kind(str, enum.Enum):
+    """Event classes used by every analysis."""
+
+    GPU_COMPUTE = "gpu_compute"
+    GPU_COMM = "gpu_comm"
+    GPU_MEMORY = "gpu_memory"
+    CPU_COMPUTE = "cpu_compute"
+    CPU_COMM = "cpu_comm"
+    CPU_WAIT = "cpu_wait"
+    STEP = "step"
+    MEMORY = "memory"
+    OTHER = "other"
+
+
+GPU_COMM_RE = re.compile(r"nccl|rccl|hccl", re.IGNORECASE)
+CPU_COMM_RE = re.compile(
+    r"^(gloo:|nccl:|c10d::|_c10d_functional::|c10d_functional::|record_param_comms)")
+CPU_WAIT_RE = re.compile(
+    r"^(aten::_?wait\b|c10d::wait|cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize"
+    r"|cudaStreamWaitEvent|hipStreamSynchronize|hipDeviceSynchronize|hipEventSynchronize)")
+STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
+_MEMORY_NAME_RE = re.compile(r"^(Memcpy|Memset)", re.IGNORECASE)
+_COMM_THREAD_RE = re.compile(r"gloo|nccl", re.IGNORECASE)
+
+
+def compile_comm_patterns(patterns: Iterable[str]) -> list[re.Pattern]:
+    """Compile user ``--comm-kernel`` regular expressions.
+
+    Raises:
+        PardiagError: a pattern is not a valid regular expression.
+    """
+    out = []
+    for p in patterns:
+        try:
+            out.append(re.compile(p))
+        except re.error as exc:
+            raise PardiagError(f"--comm-kernel {p!r}: invalid regular expression ({exc})") from None
+    return out
+
+
+def comm_threads(trace: RankTrace) -> set[tuple[str, str]]:
+    """``(pid, tid)`` of communication worker threads (gloo/NCCL runloops)."""
+    ev = trace.events
+    threads = {k for k, name in trace.thread_names.items() if _COMM_THREAD_RE.search(name)}
+    gloo = ev[ev["name"].str.startswith("gloo:")]
+    threads |= set(zip(gloo["pid"], gloo["tid"]))
+    return threads
+
+
+def classify(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = ()) -> pd.Series:
+    """Kind of every event of ``trace``.
+
+    Returns:
+        Series of :class:`Kind` values (as strings), aligned with ``trace.events``.
+    """
+    ev = trace.events
+    name = ev["name"]
+    cat = ev["cat"]
+    kind = np.full(len(ev), Kind.OTHER.value, dtype=object)
+
+    is_kernel = (cat == "kernel").to_numpy()
+    is_gpu_mem = (cat.isin(["gpu_memcpy", "gpu_memset"])
+                  | (is_kernel & name.str.match(_MEMORY_NAME_RE))).to_numpy()
+    comm_k = name.str.contains(GPU_COMM_RE).to_numpy()
+    for pat in comm_patterns:
+        comm_k |= name.str.contains(pat).to_numpy()
+    kind[is_kernel] = Kind.GPU_COMPUTE.value
+    kind[is_kernel & comm_k] = Kind.GPU_COMM.value
+    kind[is_gpu_mem] = Kind.GPU_MEMORY.value
+
+    cpu_side = cat.isin(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]).to_numpy()
+    is_comm = cpu_side & name.str.match(CPU_COMM_RE).to_numpy()
+    is_wait = cpu_side & name.str.match(CPU_WAIT_RE).to_numpy()
+    threads = comm_threads(trace)
+    on_comm_thread = np.fromiter(((p, t) in threads for p, t in zip(ev["pid"], ev["tid"])),
+                                 dtype=bool, count=len(ev))
+    is_cpu_op = (cat == "cpu_op").to_numpy()
+    kind[is_cpu_op & ~on_comm_thread] = Kind.CPU_COMPUTE.value
+    kind[is_wait] = Kind.CPU_WAIT.value
+    kind[is_comm] = Kind.CPU_COMM.value
+    is_step = cat.isin(["user_annotation", "cpu_op"]).to_numpy() & name.str.match(STEP_RE).to_numpy()
+    kind[is_step] = Kind.STEP.value
+    kind[(ev["ph"] == "i").to_numpy() & (name == "[memory]").to_numpy()] = Kind.MEMORY.value
+    return pd.Series(kind, index=ev.index, name="kind")
+
+
+def profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
+    """The ``ProfilerStep#N`` windows of a rank on the CPU timeline.
+
+    Annotations with the same step number are merged (earliest start, latest end).
+
+    Returns:
+        DataFrame with columns ``step`` (int), ``start_us``, ``end_us`` (float, trace clock),
+        sorted by start.
+    """
+    ev = trace.events[kinds == Kind.STEP.value]
+    if ev.empty:
+        return pd.DataFrame({"step": pd.Series(dtype=np.int64), "start_us": pd.Series(dtype=float),
+                             "end_us": pd.Series(dtype=float)})
+    step = ev["name"].str.extract(STEP_RE, expand=False).astype(np.int64)
+    df = pd.DataFrame({"step": step, "start_us": ev["ts"], "end_us": ev["ts"] + ev["dur"]})
+    df = df.groupby("step", as_index=False).agg(start_us=("start_us", "min"), end_us=("end_us", "max"))
+    return df.sort_values("start_us", kind="stable").reset_index(drop=True)
+
+
+_NCCL_TYPE_RE = re.compile(
+    r"(AllReduce|AllGather|ReduceScatter|AllToAll|Broadcast|Reduce|SendRecv|Send|Recv)",
+    re.IGNORECASE)
+_CANON = {
+    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allgather": "all_gather",
+    "all_gather": "all_gather", "_allgather_base": "all_gather", "allgather_into_tensor_coalesced":
+    "all_gather", "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced":
+    "all_gather", "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+    "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoall_base": "all_to_all",
+    "all_to_all_single": "all_to_all", "alltoallv": "all_to_all", "broadcast": "broadcast",
+    "reduce": "reduce", "sendrecv": "send_recv", "send": "send", "recv": "recv",
+    "recv_any_source": "recv", "barrier": "barrier", "gather": "gather", "scatter": "scatter",
+    "allreduce_coalesced": "all_reduce", "allgather_coalesced": "all_gather",
+}
+
+
+def collective_type(name: str, args: dict | None = None) -> str:
+    """Standard collective name (``all_reduce``, ``all_gather``, ``reduce_scatter``,
+    ``all_to_all``, ``broadcast``, ``send_recv``, ...) of a communication event.
+
+    ``record_param_comms`` and generic kernels take the ``Collective name`` arg when present.
+    Names that match nothing known come back unchanged (custom kernels keep their own name).
+    """
+    if isinstance(args, dict) and args.get("Collective name"):
+        coll = str(args["Collective name"]).lower().strip("_")
+        return _CANON.get(coll, _CANON.get(coll.rstrip("_"), coll))
+    for prefix in ("gloo:", "nccl:", "c10d::", "_c10d_functional::", "c10d_functional::"):
+        if name.startswith(prefix):
+            op = name[len(prefix):].rstrip("_").lower()
+            return _CANON.get(op, _CANON.get(op.lstrip("_"), op))
+    if GPU_COMM_RE.search(name):
+        m = _NCCL_TYPE_RE.search(name.split("(")[0])
+        if m:
+            return _CANON.get(m.group(1).lower(), m.group(1).lower())
+        return name.split("(")[0]
+    return name.split("(")[0][:80]

@@ -1,0 +1,421 @@
+"""Load Kineto (PyTorch profiler) Chrome-trace files into per-rank event tables.
+
+Reads a run folder written by ``pardiag profile``, any folder of Kineto traces from elsewhere, or
+a list of files; ``.json`` or ``.json.gz``. Handles the trace dialects seen in the field (FACTS §2):
+
+* newest format: ``ts`` relative to ``baseTimeNanoseconds``, fractional µs;
+* legacy format: categories ``Kernel``/``Operator``/``Runtime``/``Memcpy``/``Memset`` and ``tid``
+  strings such as ``"stream 7"``;
+* bare ``inf``/``-inf``/``nan``/``NaN``/``Infinity`` tokens and raw control characters in strings;
+* events at ``ts`` 0 with ``dur`` 0 among epoch timestamps (left out, counted in a warning);
+* kernels on one stream that overlap by a few ns (the later one is clipped to start where the
+  earlier ends, counted in a note).
+
+Rank of each file: ``distributedInfo.rank``; else a rank or worker number in the file name; else a
+free rank, with a warning. Two files never collapse into one rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import re
+import zlib
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from pardiag import layout
+from pardiag.errors import TraceError
+
+#: Columns of :attr:`RankTrace.events` (one row per complete event, ``ph == "X"``, or memory
+#: instant event). ``ts``/``dur`` in µs on the trace's own clock; ``stream`` -1 for CPU events;
+#: ``correlation`` -1 when absent; ``args`` holds the raw args dict for communication and memory
+#: events (None otherwise).
+EVENT_COLUMNS = ("name", "cat", "ph", "pid", "tid", "ts", "dur", "stream", "correlation", "args")
+
+#: Category spellings of the legacy format mapped to the current ones.
+_CAT_ALIASES = {
+    "kernel": "kernel", "operator": "cpu_op", "runtime": "cuda_runtime", "driver": "cuda_driver",
+    "memcpy": "gpu_memcpy", "memset": "gpu_memset", "gpu_memcpy": "gpu_memcpy",
+    "gpu_memset": "gpu_memset", "cpu_op": "cpu_op", "cuda_runtime": "cuda_runtime",
+    "cuda_driver": "cuda_driver", "user_annotation": "user_annotation",
+    "gpu_user_annotation": "gpu_user_annotation", "cpu_instant_event": "cpu_instant_event",
+    "python_function": "python_function", "cuda_sync": "cuda_sync",
+}
+#: Categories of events that run on a GPU stream.
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+#: Events whose raw args are kept (communication metadata, memory counters).
+_KEEP_ARGS_RE = re.compile(
+    r"^(gloo:|nccl:|c10d::|_c10d_functional::|c10d_functional::|record_param_comms|\[memory\])"
+    r"|nccl|rccl|hccl", re.IGNORECASE)
+
+_RANK_IN_NAME_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+_STREAM_TID_RE = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
+# Bare non-JSON number tokens, outside strings (see _sanitize_json).
+_BARE_NONFINITE_RE = re.compile(r'(-?)\b(inf|infinity|nan)\b', re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankTrace:
+    """The events of one rank's trace file.
+
+    Attributes:
+        rank: global rank.
+        path: the file it came from.
+        events: DataFrame with :data:`EVENT_COLUMNS`, sorted by ``ts``.
+        metadata: top-level keys of the trace other than ``traceEvents`` (``distributedInfo``,
+            ``baseTimeNanoseconds``, ``deviceProperties``, ...).
+        rank_source: ``"distributedInfo"``, ``"file name"`` or ``"assigned"``.
+        thread_names: ``{(pid, tid): name}`` from ``thread_name`` metadata events.
+        notes: informational lines (clipped overlaps and the like).
+    """
+
+    rank: int
+    path: Path
+    events: pd.DataFrame
+    metadata: dict
+    rank_source: str
+    thread_names: dict
+    notes: tuple[str, ...] = ()
+
+    @property
+    def has_gpu(self) -> bool:
+        """True when the trace holds GPU kernels (then analyses use the device timeline)."""
+        return bool((self.events["cat"] == "kernel").any())
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceSet:
+    """All ranks of one run.
+
+    Attributes:
+        ranks: ``{rank: RankTrace}`` in rank order.
+        source: what was loaded (folder or file list), for display.
+        warnings: one line per problem met while loading (files skipped, ranks assigned, ...).
+        run_info: contents of ``run.json`` when the folder came from ``pardiag profile``.
+        rank_meta: ``{rank: metadata}`` from ``rank{R}.meta.json`` sidecars.
+    """
+
+    ranks: dict[int, RankTrace]
+    source: str
+    warnings: tuple[str, ...] = ()
+    run_info: dict | None = None
+    rank_meta: dict[int, dict] = dataclasses.field(default_factory=dict)
+
+
+def _sanitize_json(text: str) -> str:
+    """Replace bare inf/nan tokens that are outside JSON strings with ``null``."""
+    out: list[str] = []
+    # Split on string literals; odd pieces are strings and are kept as they are.
+    for i, piece in enumerate(re.split(r'("(?:[^"\\]|\\.)*")', text, flags=re.DOTALL)):
+        out.append(piece if i % 2 else _BARE_NONFINITE_RE.sub("null", piece))
+    return "".join(out)
+
+
+def read_trace_json(path: Path) -> dict:
+    """Read one trace file (``.json`` or ``.json.gz``) into a dict.
+
+    Tries orjson first; on failure retries with bare ``inf``/``nan`` tokens replaced by ``null``,
+    raw control characters allowed inside strings and invalid UTF-8 replaced.
+
+    Raises:
+        TraceError: the file is unreadable, truncated, not JSON, or not a JSON object.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"{path}: truncated or corrupt gzip ({exc})") from None
+    if not raw.strip():
+        raise TraceError(f"{path}: empty file")
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        text = raw.decode("utf-8", errors="replace")
+        try:
+            doc = json.loads(_sanitize_json(text), strict=False)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise TraceError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}"
+                             f" column {exc.colno})" if isinstance(exc, json.JSONDecodeError)
+                             else f"{path}: not valid JSON (nested too deeply)") from None
+    if not isinstance(doc, dict):
+        raise TraceError(f"{path}: not a Kineto trace (top level is not a JSON object)")
+    return doc
+
+
+def _is_trace_doc(doc: dict) -> bool:
+    return isinstance(doc.get("traceEvents"), list)
+
+
+def _num(v) -> float:
+    """Number from an event field; strings that hold numbers are accepted, else NaN."""
+    if isinstance(v, bool):
+        return float("nan")
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return float("nan")
+    return float("nan")
+
+
+def _int_or(v, default: int = -1) -> int:
+    if isinstance(v, bool) or v is None:
+        return default
+    if isinstance(v, (int, float)) and np.isfinite(v):
+        return int(v)
+    if isinstance(v, str):
+        m = _STREAM_TID_RE.search(v)
+        if m:
+            return int(m.group(1))
+        try:
+            return int(v)
+        except ValueError:
+            return default
+    return default
+
+
+def events_frame(raw_events: Iterable, path: Path) -> tuple[pd.DataFrame, dict, list[str], list[str]]:
+    """Turn raw trace events into the :data:`EVENT_COLUMNS` table.
+
+    Keeps complete events (``ph`` ``X``) and ``[memory]`` instant events; reads thread names.
+
+    Returns:
+        (events, thread_names, warnings, notes). Events with a non-finite or negative ``ts``/``dur``
+        and events at ``ts`` 0 among epoch-scale timestamps are dropped and counted in warnings.
+    """
+    names, cats, phs, pids, tids, tss, durs, streams, corrs, argss = ([] for _ in range(10))
+    thread_names: dict = {}
+    for e in raw_events:
+        if not isinstance(e, dict):
+            continue
+        ph = e.get("ph")
+        name = e.get("name")
+        if ph == "M":
+            if name == "thread_name" and isinstance(e.get("args"), dict):
+                thread_names[(str(e.get("pid")), str(e.get("tid")))] = str(e["args"].get("name", ""))
+            continue
+        if ph != "X" and not (ph == "i" and name == "[memory]"):
+            continue
+        name = "" if name is None else str(name)
+        cat_raw = str(e.get("cat", "") or "")
+        cat = _CAT_ALIASES.get(cat_raw.lower(), cat_raw.lower())
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        names.append(name)
+        cats.append(cat)
+        phs.append(ph)
+        pids.append(str(e.get("pid", "")))
+        tid = e.get("tid", "")
+        tids.append(str(tid))
+        tss.append(_num(e.get("ts")))
+        durs.append(_num(e.get("dur", 0.0)) if ph == "X" else 0.0)
+        if cat in GPU_CATS:
+            streams.append(_int_or(args.get("stream"), _int_or(tid)))
+        else:
+            streams.append(-1)
+        corrs.append(_int_or(args.get("correlation")))
+        argss.append(args if (args and _KEEP_ARGS_RE.search(name)) else None)
+
+    df = pd.DataFrame({
+        "name": pd.Series(names, dtype=object), "cat": pd.Series(cats, dtype=object),
+        "ph": pd.Series(phs, dtype=object), "pid": pd.Series(pids, dtype=object),
+        "tid": pd.Series(tids, dtype=object),
+        "ts": np.asarray(tss, dtype=np.float64), "dur": np.asarray(durs, dtype=np.float64),
+        "stream": np.asarray(streams, dtype=np.int64),
+        "correlation": np.asarray(corrs, dtype=np.int64),
+        "args": pd.Series(argss, dtype=object),
+    })
+    warnings: list[str] = []
+    notes: list[str] = []
+    bad = ~np.isfinite(df["ts"].to_numpy()) | ~np.isfinite(df["dur"].to_numpy()) | (df["dur"] < 0)
+    if bad.any():
+        warnings.append(f"{path}: left out {int(bad.sum())} events with a missing, non-finite or "
+                        f"negative ts/dur")
+        df = df[~bad]
+    if len(df):
+        ts = df["ts"].to_numpy()
+        median = float(np.median(ts))
+        zero = (ts == 0) & (df["dur"].to_numpy() == 0) & (median > 1e6)
+        if zero.any():
+            warnings.append(f"{path}: left out {int(zero.sum())} events at ts 0 with dur 0 "
+                            f"(among timestamps near {median:.0f} µs)")
+            df = df[~zero]
+    df = df.sort_values("ts", kind="stable").reset_index(drop=True)
+    df, clip_note = _clip_same_stream(df)
+    if clip_note:
+        notes.append(f"{path}: {clip_note}")
+    return df, thread_names, warnings, notes
+
+
+def _clip_same_stream(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """Clip GPU events that start before the previous event on the same stream has ended.
+
+    Kernels on one CUDA stream run one after another; overlaps of a few ns in traces are
+    timestamp noise. Each such event starts where the latest earlier end on its stream lies
+    (``dur`` shrinks, never below 0).
+    """
+    gpu = df["cat"].isin(GPU_CATS).to_numpy()
+    if not gpu.any():
+        return df, None
+    sub = df.loc[gpu, ["pid", "stream", "ts", "dur"]]
+    end = sub["ts"] + sub["dur"]
+    prev_end = end.groupby([sub["pid"], sub["stream"]], sort=False).transform(
+        lambda s: s.cummax().shift(1))
+    overlap = (prev_end > sub["ts"]).fillna(False).to_numpy()
+    if not overlap.any():
+        return df, None
+    idx = sub.index[overlap]
+    new_ts = prev_end[overlap].to_numpy()
+    new_dur = np.maximum(0.0, end[overlap].to_numpy() - new_ts)
+    max_clip = float(np.max(np.minimum(new_ts - sub.loc[idx, "ts"].to_numpy(),
+                                       sub.loc[idx, "dur"].to_numpy())))
+    df = df.copy()
+    df.loc[idx, "ts"] = new_ts
+    df.loc[idx, "dur"] = new_dur
+    df = df.sort_values("ts", kind="stable").reset_index(drop=True)
+    return df, f"clipped {len(idx)} same-stream GPU events that overlapped an earlier one " \
+               f"(by up to {max_clip:.3f} µs)"
+
+
+def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str]:
+    """Expand folders into candidate files; returns (candidates, sidecars, source label)."""
+    files: list[Path] = []
+    sidecars: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            for f in sorted(p.iterdir()):
+                if not f.is_file():
+                    continue
+                if layout.is_sidecar_name(f.name):
+                    sidecars.append(f)
+                elif f.name.endswith((".json", ".json.gz")):
+                    files.append(f)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise TraceError(f"{p}: no such file or folder")
+    source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} paths"
+    return files, sidecars, source
+
+
+def _read_sidecars(sidecars: list[Path], warnings: list[str]) -> tuple[dict | None, dict[int, dict]]:
+    run_info = None
+    rank_meta: dict[int, dict] = {}
+    for f in sidecars:
+        try:
+            doc = orjson.loads(f.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            warnings.append(f"{f}: unreadable pardiag sidecar, ignored ({exc})")
+            continue
+        if not isinstance(doc, dict) or doc.get("schema") != layout.SIDECAR_SCHEMA:
+            warnings.append(f"{f}: not a pardiag sidecar, ignored")
+            continue
+        if doc.get("kind") == "run":
+            run_info = doc
+        elif doc.get("kind") == "rank" and isinstance(doc.get("rank"), int):
+            rank_meta[doc["rank"]] = doc
+    return run_info, rank_meta
+
+
+def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
+    """Load a run folder, a folder of Kineto traces, or a list of trace files.
+
+    Files in a folder that are not traces (other JSON, pardiag sidecars) are skipped; unreadable
+    trace files are skipped with a warning as long as one readable trace remains.
+
+    Returns:
+        TraceSet with one RankTrace per file.
+
+    Raises:
+        TraceError: a path does not exist, no trace file is found, or none can be read. An
+            explicitly named file that cannot be read is an error too.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise TraceError("no input given")
+    files, sidecars, source = _trace_files(paths)
+    explicit = {p for p in paths if p.is_file()}
+    warnings: list[str] = []
+    run_info, rank_meta = _read_sidecars(sidecars, warnings)
+    if not files:
+        raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found")
+
+    docs: list[tuple[Path, dict]] = []
+    for f in files:
+        try:
+            doc = read_trace_json(f)
+        except TraceError as exc:
+            if f in explicit:
+                raise
+            warnings.append(f"{exc} - skipped")
+            continue
+        if not _is_trace_doc(doc):
+            if f in explicit:
+                raise TraceError(f"{f}: not a Kineto trace (no traceEvents list)")
+            warnings.append(f"{f}: not a Kineto trace (no traceEvents list) - skipped")
+            continue
+        docs.append((f, doc))
+    if not docs:
+        raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace")
+
+    # Ranks: distributedInfo first, then a number in the file name, then the first free rank.
+    claimed: dict[int, Path] = {}
+    pending: list[tuple[Path, dict, str | None]] = []
+    assigned: list[tuple[int, Path, dict, str]] = []
+    for f, doc in docs:
+        info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+        r = info.get("rank")
+        if isinstance(r, int) and not isinstance(r, bool) and r >= 0 and r not in claimed:
+            claimed[r] = f
+            assigned.append((r, f, doc, "distributedInfo"))
+        else:
+            why = None
+            if isinstance(r, int) and r in claimed:
+                why = f"rank {r} from distributedInfo is already taken by {claimed[r].name}"
+            pending.append((f, doc, why))
+    still: list[tuple[Path, dict, str | None]] = []
+    for f, doc, why in pending:
+        m = _RANK_IN_NAME_RE.search(f.name)
+        if m and int(m.group(1)) not in claimed:
+            r = int(m.group(1))
+            claimed[r] = f
+            assigned.append((r, f, doc, "file name"))
+            if why:
+                warnings.append(f"{f}: {why}; using rank {r} from the file name")
+        else:
+            still.append((f, doc, why))
+    for f, doc, why in still:
+        r = 0
+        while r in claimed:
+            r += 1
+        claimed[r] = f
+        assigned.append((r, f, doc, "assigned"))
+        reason = why or "no rank in distributedInfo or in the file name"
+        warnings.append(f"{f}: {reason}; treated as rank {r}")
+
+    ranks: dict[int, RankTrace] = {}
+    for r, f, doc, how in sorted(assigned, key=lambda t: t[0]):
+        events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], f)
+        warnings.extend(ev_warnings)
+        if events.empty:
+            warnings.append(f"{f}: rank {r} has no timed events")
+        meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+        ranks[r] = RankTrace(rank=r, path=f, events=events, metadata=meta, rank_source=how,
+                             thread_names=thread_names, notes=tuple(notes))
+    return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
+                    rank_meta=rank_meta)

@@ -1,0 +1,152 @@
+"""Launch an unmodified training script under torchrun with every rank profiled.
+
+Used by ``pardiag profile``. This module does not import torch itself (torchrun runs in a child
+process), so the CLI starts fast and fails with a clear message when torch is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pardiag import __version__, layout
+from pardiag.collectors.rank_entry import CONFIG_ENV
+from pardiag.errors import PardiagError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProfileConfig:
+    """What ``pardiag profile`` runs and how.
+
+    Attributes:
+        script: path of the user's training script (run as ``__main__``, unmodified).
+        args: the script's own command-line arguments.
+        out: run folder to write (must not exist or be empty unless ``overwrite``).
+        nproc_per_node: processes (ranks) started on this node by torchrun.
+        wait: optimizer steps skipped before the profiler warms up.
+        warmup: optimizer steps profiled but discarded.
+        active: optimizer steps recorded in the trace.
+        overwrite: allow writing into a non-empty ``out``.
+    """
+
+    script: Path
+    args: tuple[str, ...] = ()
+    out: Path
+    nproc_per_node: int = 1
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if not Path(self.script).is_file():
+            raise PardiagError(f"{self.script}: no such script")
+        if self.nproc_per_node < 1:
+            raise PardiagError(f"--nproc-per-node must be >= 1, got {self.nproc_per_node}")
+        if self.wait < 0 or self.warmup < 0 or self.active < 1:
+            raise PardiagError(
+                f"profiler schedule needs wait >= 0, warmup >= 0, active >= 1; "
+                f"got wait={self.wait} warmup={self.warmup} active={self.active}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileResult:
+    """Outcome of a profiled run.
+
+    Attributes:
+        exit_code: the script's exit code (first non-zero over the ranks), or torchrun's.
+        out: the run folder.
+        failed_ranks: ranks that raised or exited non-zero, with their error line.
+        missing_ranks: ranks that wrote no metadata (killed before they finished).
+    """
+
+    exit_code: int
+    out: Path
+    failed_ranks: dict[int, str]
+    missing_ranks: list[int]
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise PardiagError(f"{out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise PardiagError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
+        for p in out.iterdir():  # remove only what pardiag itself writes; keep anything else
+            if layout.is_sidecar_name(p.name) or layout.is_trace_name(p.name):
+                p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def run_profile(cfg: ProfileConfig) -> ProfileResult:
+    """Run ``cfg.script`` under torchrun with the profiler on every rank.
+
+    Writes ``cfg.out`` as described in :mod:`pardiag.layout`. Output of the script passes through.
+
+    Returns:
+        ProfileResult with the exit code to pass on.
+
+    Raises:
+        PardiagError: torch is not installed, the script is missing, or ``out`` is not empty.
+    """
+    if importlib.util.find_spec("torch") is None:
+        raise PardiagError("pardiag profile needs torch: pip install 'pardiag[profile]'")
+    out = Path(cfg.out).resolve()
+    _prepare_out(out, cfg.overwrite)
+    script = str(Path(cfg.script).resolve())
+    rank_cfg = {"out": str(out), "script": script, "args": list(cfg.args),
+                "wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+           "--nproc-per-node", str(cfg.nproc_per_node), "-m", "pardiag.collectors.rank_entry"]
+    # torchrun sets OMP_NUM_THREADS=1 when unset, with a banner; set the same value quietly.
+    env = {"OMP_NUM_THREADS": "1", **os.environ, CONFIG_ENV: json.dumps(rank_cfg)}
+    run_info = {
+        **layout.sidecar_header("run"),
+        "pardiag_version": __version__,
+        "command": shlex.join(["pardiag", "profile", str(cfg.script),
+                               "--nproc-per-node", str(cfg.nproc_per_node), "--", *cfg.args]),
+        "script": str(cfg.script),
+        "script_args": list(cfg.args),
+        "world_size": cfg.nproc_per_node,
+        "nproc_per_node": cfg.nproc_per_node,
+        "nnodes": 1,
+        "schedule": {"wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active},
+        "started_unix": time.time(),
+    }
+    proc = subprocess.run(cmd, env=env)
+    run_info["ended_unix"] = time.time()
+    run_info["torchrun_exit_code"] = proc.returncode
+
+    failed: dict[int, str] = {}
+    missing: list[int] = []
+    codes: list[int] = []
+    for r in range(cfg.nproc_per_node):
+        p = layout.rank_meta_path(out, r)
+        if not p.is_file():
+            missing.append(r)
+            continue
+        meta = json.loads(p.read_text())
+        codes.append(int(meta.get("exit_code") or 0))
+        if meta.get("status") == "error" or meta.get("exit_code"):
+            failed[r] = meta.get("error") or f"exit code {meta.get('exit_code')}"
+    nonzero = [c for c in codes if c != 0]
+    if nonzero:
+        exit_code = nonzero[0]
+    elif proc.returncode != 0 or missing:
+        exit_code = proc.returncode or 1
+    else:
+        exit_code = 0
+    run_info["exit_code"] = exit_code
+    run_info["failed_ranks"] = {str(k): v for k, v in failed.items()}
+    run_info["missing_ranks"] = missing
+    tmp = layout.run_file_path(out).with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(run_info, indent=2))
+    os.replace(tmp, layout.run_file_path(out))
+    return ProfileResult(exit_code=exit_code, out=out, failed_ranks=failed, missing_ranks=missing)

@@ -1,0 +1,3 @@
+from pardiag.cli import main
+
+main()

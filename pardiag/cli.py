@@ -1,0 +1,115 @@
+"""The ``pardiag`` command line: thin click commands over the library API."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from pardiag import __version__
+from pardiag.errors import PardiagError
+
+
+def _fail(err: PardiagError) -> None:
+    click.echo(f"pardiag: error: {err}", err=True)
+    sys.exit(err.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pardiag")
+def cli() -> None:
+    """Profile distributed PyTorch training and diagnose why scaling disappoints."""
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.argument("script", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--nproc-per-node", default=1, show_default=True, help="Ranks to start on this node.")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run folder to write [default: pardiag_runs/<script>-<time>].")
+@click.option("--wait", default=1, show_default=True, help="Optimizer steps skipped before profiling.")
+@click.option("--warmup", default=1, show_default=True, help="Optimizer steps profiled and discarded.")
+@click.option("--active", default=3, show_default=True, help="Optimizer steps recorded in the trace.")
+@click.option("--overwrite", is_flag=True, help="Replace pardiag's files in an existing run folder.")
+def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out: Path | None,
+            wait: int, warmup: int, active: int, overwrite: bool) -> None:
+    """Run SCRIPT under torchrun with every rank profiled.
+
+    Arguments after `--` go to the script unchanged. The run folder gets one gzipped Kineto trace
+    per rank, per-rank metadata and run.json. The exit code is the script's.
+    """
+    from pardiag.collectors.launch import ProfileConfig, run_profile
+    import time
+
+    if out is None:
+        out = Path("pardiag_runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        cfg = ProfileConfig(script=script, args=tuple(script_args), out=out,
+                            nproc_per_node=nproc_per_node, wait=wait, warmup=warmup,
+                            active=active, overwrite=overwrite)
+        result = run_profile(cfg)
+    except PardiagError as err:
+        _fail(err)
+    for r, msg in sorted(result.failed_ranks.items()):
+        click.echo(f"pardiag: rank {r} failed: {msg}", err=True)
+    for r in result.missing_ranks:
+        click.echo(f"pardiag: rank {r} did not finish (no metadata written)", err=True)
+    click.echo(f"pardiag: run folder {result.out} (exit code {result.exit_code})", err=True)
+    sys.exit(result.exit_code)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("report.html"), show_default=True, help="HTML report to write.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the JSON summary to this file ('-' for standard output).")
+@click.option("--comm-kernel", "comm_kernel", multiple=True, metavar="REGEX",
+              help="Extra GPU kernel names that are communication (repeatable).")
+@click.option("--cdn", is_flag=True, help="Link plotly.js from its CDN instead of inlining it.")
+@click.option("--quiet", "-q", is_flag=True, help="No terminal summary.")
+def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
+           comm_kernel: tuple[str, ...], cdn: bool, quiet: bool) -> None:
+    """Analyze a run folder, a folder of Kineto traces, or trace files.
+
+    Writes a self-contained HTML report, prints a summary, and optionally writes JSON.
+    Bad input exits with code 2 and a one-line message.
+    """
+    import orjson
+    from rich.console import Console
+
+    from pardiag.analyzer.classify import compile_comm_patterns
+    from pardiag.analyzer.load import load_traces
+    from pardiag.analyzer.registry import AnalysisOptions, build_report, report_json
+    from pardiag.analyzer.render_html import render_html
+    from pardiag.analyzer.render_terminal import render_terminal
+
+    try:
+        opts = AnalysisOptions(comm_patterns=tuple(compile_comm_patterns(comm_kernel)))
+        traces = load_traces(list(paths))
+    except PardiagError as err:
+        _fail(err)
+    for w in traces.warnings:
+        click.echo(f"pardiag: warning: {w}", err=True)
+    rep = build_report(traces, opts)
+    try:
+        if json_out is not None:
+            data = orjson.dumps(report_json(rep), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+            if str(json_out) == "-":
+                sys.stdout.buffer.write(data + b"\n")
+                sys.stdout.flush()
+            else:
+                json_out.write_bytes(data)
+        output.write_text(render_html(rep, include_plotlyjs="cdn" if cdn else True), encoding="utf-8")
+    except OSError as exc:
+        _fail(PardiagError(f"{exc.filename}: cannot write ({exc.strerror})"))
+    if not quiet and str(json_out) != "-":
+        render_terminal(rep, Console(width=None if sys.stdout.isatty() else 120))
+    click.echo(f"pardiag: wrote {output}" + (f" and {json_out}" if json_out and str(json_out) != "-" else ""),
+               err=True)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="pardiag")
