@@ -8,7 +8,8 @@ Rules (FACTS §1-2):
   ``multimem_all_reduce_kernel``) are **gpu_comm**; memcpy/memset (``gpu_memcpy``/``gpu_memset``
   or names starting ``Memcpy``/``Memset``) are **gpu_memory**; other kernels are **gpu_compute**.
 * CPU events named ``gloo:*``, ``nccl:*``, ``c10d::*``, ``_c10d_functional::*`` or
-  ``record_param_comms`` are **cpu_comm**; wait and synchronize calls are **cpu_wait**.
+  ``record_param_comms`` are **cpu_comm**; wait and synchronize calls (``c10d::wait``,
+  ``_c10d_functional::wait_tensor``, ``aten::wait``, ``cuda*Synchronize``) are **cpu_wait**.
 * CPU operators (``cpu_op``) on threads that are not communication worker threads are
   **cpu_compute**. Communication worker threads are those named ``*gloo*``/``*nccl*`` or holding a
   ``gloo:*`` event.
@@ -46,7 +47,8 @@ GPU_COMM_RE = re.compile(r"nccl|rccl|hccl", re.IGNORECASE)
 CPU_COMM_RE = re.compile(
     r"^(gloo:|nccl:|c10d::|_c10d_functional::|c10d_functional::|record_param_comms)")
 CPU_WAIT_RE = re.compile(
-    r"^(aten::_?wait\b|c10d::wait|cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize"
+    r"^(aten::_?wait\b|c10d::wait|_c10d_functional::wait_tensor|c10d_functional::wait_tensor"
+    r"|cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize"
     r"|cudaStreamWaitEvent|hipStreamSynchronize|hipDeviceSynchronize|hipEventSynchronize)")
 STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
 _MEMORY_NAME_RE = re.compile(r"^(Memcpy|Memset)", re.IGNORECASE)
@@ -93,7 +95,7 @@ def classify(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = ()) -> pd.S
                   | (is_kernel & name.str.match(_MEMORY_NAME_RE))).to_numpy()
     comm_k = name.str.contains(GPU_COMM_RE).to_numpy()
     for pat in comm_patterns:
-        comm_k |= name.str.contains(pat).to_numpy()
+        comm_k = comm_k | name.str.contains(pat).to_numpy()
     kind[is_kernel] = Kind.GPU_COMPUTE.value
     kind[is_kernel & comm_k] = Kind.GPU_COMM.value
     kind[is_gpu_mem] = Kind.GPU_MEMORY.value
@@ -106,8 +108,8 @@ def classify(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = ()) -> pd.S
                                  dtype=bool, count=len(ev))
     is_cpu_op = (cat == "cpu_op").to_numpy()
     kind[is_cpu_op & ~on_comm_thread] = Kind.CPU_COMPUTE.value
-    kind[is_wait] = Kind.CPU_WAIT.value
     kind[is_comm] = Kind.CPU_COMM.value
+    kind[is_wait] = Kind.CPU_WAIT.value  # c10d::wait, wait_tensor: waiting, not transferring
     is_step = cat.isin(["user_annotation", "cpu_op"]).to_numpy() & name.str.match(STEP_RE).to_numpy()
     kind[is_step] = Kind.STEP.value
     kind[(ev["ph"] == "i").to_numpy() & (name == "[memory]").to_numpy()] = Kind.MEMORY.value
@@ -136,19 +138,28 @@ def profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
 _NCCL_TYPE_RE = re.compile(
     r"(AllReduce|AllGather|ReduceScatter|AllToAll|Broadcast|Reduce|SendRecv|Send|Recv)",
     re.IGNORECASE)
+#: Collective names with underscores removed → the standard name.
 _CANON = {
-    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allgather": "all_gather",
-    "all_gather": "all_gather", "_allgather_base": "all_gather", "allgather_into_tensor_coalesced":
-    "all_gather", "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced":
-    "all_gather", "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
-    "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoall_base": "all_to_all",
-    "all_to_all_single": "all_to_all", "alltoallv": "all_to_all", "broadcast": "broadcast",
+    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+    "alltoall": "all_to_all", "alltoallv": "all_to_all", "broadcast": "broadcast",
     "reduce": "reduce", "sendrecv": "send_recv", "send": "send", "recv": "recv",
-    "recv_any_source": "recv", "barrier": "barrier", "gather": "gather", "scatter": "scatter",
-    "allreduce_coalesced": "all_reduce", "allgather_coalesced": "all_gather",
+    "recvanysource": "recv", "barrier": "barrier", "gather": "gather", "scatter": "scatter",
 }
+_OP_SUFFIXES = ("_coalesced", "_base", "_single", "_into_tensor", "_tensor")
+
+
+def _canonical(op: str) -> str:
+    """``_allgather_base_`` → ``all_gather``; ``reduce_scatter_tensor_coalesced`` →
+    ``reduce_scatter``; unknown names come back lower-cased."""
+    key = op.lower().strip("_")
+    changed = True
+    while changed:
+        changed = False
+        for suffix in _OP_SUFFIXES:
+            if key.endswith(suffix):
+                key = key[: -len(suffix)].strip("_")
+                changed = True
+    return _CANON.get(key.replace("_", ""), op.lower().strip("_"))
 
 
 def collective_type(name: str, args: dict | None = None) -> str:
@@ -159,15 +170,13 @@ def collective_type(name: str, args: dict | None = None) -> str:
     Names that match nothing known come back unchanged (custom kernels keep their own name).
     """
     if isinstance(args, dict) and args.get("Collective name"):
-        coll = str(args["Collective name"]).lower().strip("_")
-        return _CANON.get(coll, _CANON.get(coll.rstrip("_"), coll))
+        return _canonical(str(args["Collective name"]))
     for prefix in ("gloo:", "nccl:", "c10d::", "_c10d_functional::", "c10d_functional::"):
         if name.startswith(prefix):
-            op = name[len(prefix):].rstrip("_").lower()
-            return _CANON.get(op, _CANON.get(op.lstrip("_"), op))
+            return _canonical(name[len(prefix):])
     if GPU_COMM_RE.search(name):
         m = _NCCL_TYPE_RE.search(name.split("(")[0])
         if m:
-            return _CANON.get(m.group(1).lower(), m.group(1).lower())
+            return _canonical(m.group(1))
         return name.split("(")[0]
     return name.split("(")[0][:80]

@@ -371,7 +371,9 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
             continue
         docs.append((f, doc))
     if not docs:
-        raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace")
+        first = warnings[-1].removesuffix(" - skipped") if warnings else ""
+        raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace"
+                         f" (e.g. {first})")
 
     # Ranks: distributedInfo first, then a number in the file name, then the first free rank.
     claimed: dict[int, Path] = {}

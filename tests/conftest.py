@@ -1,0 +1,16 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_TRACES = REPO.parent / "shared" / "real_traces"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture
+def real_traces() -> Path:
+    """../shared/real_traces beside the checkout (read by path, never copied)."""
+    if not SHARED_TRACES.is_dir():
+        pytest.skip(f"{SHARED_TRACES} not present")
+    return SHARED_TRACES

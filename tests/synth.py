@@ -1,0 +1,103 @@
+"""Builders for synthetic Kineto traces whose right answers are known."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+
+class TraceBuilder:
+    """Accumulates Chrome-trace events for one rank; ``write`` saves a Kineto-like file."""
+
+    def __init__(self, rank: int | None = 0, world_size: int = 2, backend: str = "nccl",
+                 pid: int = 100, main_tid: int = 1) -> None:
+        self.events: list[dict] = []
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self.pid = pid
+        self.main_tid = main_tid
+        self._corr = 0
+
+    def thread_name(self, tid, name: str) -> "TraceBuilder":
+        self.events.append({"ph": "M", "name": "thread_name", "pid": self.pid, "tid": tid,
+                            "args": {"name": name}})
+        return self
+
+    def cpu(self, name: str, ts: float, dur: float, tid=None, cat: str = "cpu_op",
+            args: dict | None = None) -> "TraceBuilder":
+        ev = {"ph": "X", "cat": cat, "name": name, "pid": self.pid,
+              "tid": self.main_tid if tid is None else tid, "ts": ts, "dur": dur}
+        if args:
+            ev["args"] = args
+        self.events.append(ev)
+        return self
+
+    def step(self, n: int, ts: float, dur: float) -> "TraceBuilder":
+        return self.cpu(f"ProfilerStep#{n}", ts, dur, cat="user_annotation")
+
+    def kernel(self, name: str, ts: float, dur: float, stream: int = 7, launch_ts: float | None = None,
+               cat: str = "kernel", args: dict | None = None) -> "TraceBuilder":
+        """A GPU kernel; with ``launch_ts`` a cudaLaunchKernel runtime event links to it."""
+        self._corr += 1
+        kargs = {"device": 0, "stream": stream, "correlation": self._corr, **(args or {})}
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream,
+                            "ts": ts, "dur": dur, "args": kargs})
+        if launch_ts is not None:
+            self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                                "pid": self.pid, "tid": self.main_tid, "ts": launch_ts, "dur": 1,
+                                "args": {"correlation": self._corr}})
+        return self
+
+    def doc(self) -> dict:
+        d = {"schemaVersion": 1, "traceEvents": self.events}
+        if self.rank is not None:
+            d["distributedInfo"] = {"backend": self.backend, "rank": self.rank,
+                                    "world_size": self.world_size}
+        return d
+
+    def write(self, path: Path, gz: bool = False) -> Path:
+        data = json.dumps(self.doc()).encode()
+        path = Path(path)
+        path.write_bytes(gzip.compress(data) if gz else data)
+        return path
+
+
+def gpu_rank(rank: int = 0) -> TraceBuilder:
+    """The planted GPU trace of the tests (answers in test_breakdown.py).
+
+    Steps: #1 CPU [0,100), #2 CPU [100,200). Compute kernels [10,40) [50,70) (step 1), [110,150)
+    (step 2); all-reduce [30,60) (step 1); all-gather [140,180) (step 2); memcpy [80,90) (step 1).
+    """
+    b = TraceBuilder(rank=rank)
+    b.step(1, 0, 100).step(2, 100, 100)
+    b.kernel("void gemm_kernel<float>(float*)", 10, 30, launch_ts=1)
+    b.kernel("void relu_kernel(float*)", 50, 20, launch_ts=2)
+    b.kernel("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+             30, 30, stream=20, launch_ts=3)
+    b.kernel("Memcpy DtoH (Device -> Pinned)", 80, 10, stream=9, launch_ts=4, cat="gpu_memcpy")
+    b.kernel("void gemm_kernel<float>(float*)", 110, 40, launch_ts=101)
+    b.kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 140, 40,
+             stream=20, launch_ts=102)
+    return b
+
+
+def cpu_rank(rank: int = 0) -> TraceBuilder:
+    """The planted CPU/gloo trace of the tests (answers in test_breakdown.py).
+
+    Main thread 1: step #5 [0,100); aten::addmm [0,40); autograd op [40,80) holding aten::mm
+    [41,59) and c10d::allreduce_ [60,62); c10d::wait [85,95). gloo thread 2: gloo:all_reduce
+    [62,95) and an aten::copy_ [70,72) that is not compute (worker thread).
+    """
+    b = TraceBuilder(rank=rank, backend="gloo")
+    b.thread_name(1, "thread 1 (python3)").thread_name(2, "thread 2 (pt_gloo_runloop)")
+    b.step(5, 0, 100)
+    b.cpu("aten::addmm", 0, 40)
+    b.cpu("autograd::engine::evaluate_function: AddmmBackward0", 40, 40)
+    b.cpu("aten::mm", 41, 18)
+    b.cpu("c10d::allreduce_", 60, 2, args={"Input Dims": [[1024]], "Input type": ["float"]})
+    b.cpu("c10d::wait", 85, 10)
+    b.cpu("gloo:all_reduce", 62, 33, tid=2, cat="user_annotation")
+    b.cpu("aten::copy_", 70, 2, tid=2)
+    return b

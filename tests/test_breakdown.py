@@ -1,0 +1,136 @@
+"""Planted traces with known answers: the breakdown must reproduce them exactly."""
+
+import math
+
+import pytest
+
+from pardiag.analyzer.breakdown import compute_time_breakdown
+from pardiag.analyzer.classify import Kind, classify, collective_type, compile_comm_patterns
+from pardiag.analyzer.load import load_traces
+from pardiag.errors import PardiagError
+from synth import TraceBuilder, cpu_rank, gpu_rank
+
+
+def _row(df, **where):
+    sel = df
+    for k, v in where.items():
+        sel = sel[sel[k] == v]
+    assert len(sel) == 1, sel
+    return sel.iloc[0]
+
+
+def test_gpu_planted_totals(tmp_path):
+    gpu_rank(0).write(tmp_path / "a.json")
+    b = compute_time_breakdown(load_traces(tmp_path))
+    t = _row(b.totals, rank=0)
+    assert t["domain"] == "gpu"
+    # K = [10,40)+[50,70)+[110,150) = 90; C = [30,60)+[140,180) = 70; K∩C = 20+10 = 30
+    assert (t.span_us, t.compute_us, t.comm_us, t.overlap_us) == (170.0, 90.0, 70.0, 30.0)
+    assert (t.compute_only_us, t.exposed_comm_us, t.idle_us) == (60.0, 40.0, 40.0)
+    assert t.overlap_pct == pytest.approx(100 * 30 / 70, abs=1e-12)
+    assert t.idle_pct == pytest.approx(100 * 40 / 170, abs=1e-12)
+
+
+def test_gpu_planted_steps_tile_the_device_timeline(tmp_path):
+    gpu_rank(0).write(tmp_path / "a.json")
+    b = compute_time_breakdown(load_traces(tmp_path))
+    s1 = _row(b.steps, rank=0, step=1)
+    s2 = _row(b.steps, rank=0, step=2)
+    # step 1: first kernel 10 .. step 2's first kernel 110; step 2: 110 .. its last end 180
+    assert (s1.start_us, s1.end_us, s2.start_us, s2.end_us) == (10.0, 110.0, 110.0, 180.0)
+    assert (s1.compute_us, s1.comm_us, s1.overlap_us, s1.idle_us) == (50.0, 30.0, 20.0, 40.0)
+    assert (s2.compute_us, s2.comm_us, s2.overlap_us, s2.idle_us) == (40.0, 40.0, 10.0, 0.0)
+    assert s1.idle_us + s2.idle_us == _row(b.totals, rank=0).idle_us
+
+
+def test_gpu_planted_collectives(tmp_path):
+    gpu_rank(0).write(tmp_path / "a.json")
+    c = compute_time_breakdown(load_traces(tmp_path)).collectives
+    ar = _row(c, collective="all_reduce")
+    ag = _row(c, collective="all_gather")
+    assert (ar["count"], ar.time_us, ar.exposed_us) == (1, 30.0, 10.0)
+    assert (ag["count"], ag.time_us, ag.exposed_us) == (1, 40.0, 30.0)
+
+
+def test_cpu_planted_gloo_trace(tmp_path):
+    cpu_rank(0).write(tmp_path / "a.json")
+    b = compute_time_breakdown(load_traces(tmp_path))
+    t = _row(b.totals, rank=0)
+    assert t["domain"] == "cpu"
+    # K = [0,80) minus c10d::allreduce_ [60,62) and c10d::wait [85,95) = 78 (the gloo thread's
+    # aten::copy_ is not compute); C = [60,62) ∪ gloo [62,95) = 35; K∩C = [62,80) = 18
+    assert (t.span_us, t.compute_us, t.comm_us, t.overlap_us) == (100.0, 78.0, 35.0, 18.0)
+    assert (t.compute_only_us, t.exposed_comm_us, t.idle_us) == (60.0, 17.0, 5.0)
+    assert t.overlap_pct == pytest.approx(100 * 18 / 35, abs=1e-12)
+    s = _row(b.steps, rank=0, step=5)
+    assert (s.start_us, s.end_us, s.compute_us, s.comm_us, s.overlap_us) == (0.0, 100.0, 78.0, 35.0, 18.0)
+    ar = _row(b.collectives, collective="all_reduce")
+    # one transfer (the gloo worker event), the c10d issue op is not counted twice
+    assert (ar["count"], ar.time_us, ar.exposed_us) == (1, 35.0, 17.0)
+
+
+def test_rank_without_communication_has_no_overlap_pct(tmp_path):
+    b = TraceBuilder(rank=0)
+    b.kernel("void gemm(float*)", 0, 10)
+    b.write(tmp_path / "a.json")
+    t = _row(compute_time_breakdown(load_traces(tmp_path)).totals, rank=0)
+    assert t.comm_us == 0.0 and math.isnan(t.overlap_pct) and t.compute_only_us == 10.0
+
+
+def test_user_comm_kernel_pattern(tmp_path):
+    b = TraceBuilder(rank=0)
+    b.kernel("void gemm(float*)", 0, 10)
+    b.kernel("multimem_all_reduce_kernel<float>", 5, 10, stream=3)
+    b.kernel("void deep_ep::intranode::dispatch<8>(int*)", 20, 4, stream=3)
+    b.write(tmp_path / "a.json")
+    traces = load_traces(tmp_path)
+    plain = _row(compute_time_breakdown(traces).totals, rank=0)
+    assert (plain.compute_us, plain.comm_us) == (19.0, 0.0)
+    pats = compile_comm_patterns([r"^multimem_", r"deep_ep::.*dispatch"])
+    t = _row(compute_time_breakdown(traces, pats).totals, rank=0)
+    assert (t.compute_us, t.comm_us, t.overlap_us) == (10.0, 14.0, 5.0)
+
+
+def test_invalid_comm_pattern_is_a_clear_error():
+    with pytest.raises(PardiagError, match="invalid regular expression"):
+        compile_comm_patterns(["(unclosed"])
+
+
+def test_generic_rccl_kernel_takes_type_from_cpu_op(tmp_path):
+    b = TraceBuilder(rank=0)
+    b.cpu("nccl:all_to_all", 0, 20, args={"Collective name": "all_to_all"})
+    b.kernel("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", 30, 10, stream=20,
+             launch_ts=5)
+    b.kernel("void gemm(float*)", 35, 20)
+    b.write(tmp_path / "a.json")
+    c = compute_time_breakdown(load_traces(tmp_path)).collectives
+    row = _row(c, collective="all_to_all")
+    assert (row["count"], row.time_us, row.exposed_us) == (1, 10.0, 5.0)
+
+
+def test_classification_of_names(tmp_path):
+    gpu_rank(0).write(tmp_path / "a.json")
+    trace = load_traces(tmp_path).ranks[0]
+    kinds = dict(zip(trace.events["name"].str[:12], classify(trace)))
+    assert kinds["ncclKernel_A"] == Kind.GPU_COMM.value
+    assert kinds["ncclDevKerne"] == Kind.GPU_COMM.value
+    assert kinds["Memcpy DtoH "] == Kind.GPU_MEMORY.value
+    assert kinds["void gemm_ke"] == Kind.GPU_COMPUTE.value
+    assert kinds["ProfilerStep"] == Kind.STEP.value
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("gloo:all_reduce", "all_reduce"), ("c10d::allreduce_", "all_reduce"),
+    ("c10d::_allgather_base_", "all_gather"), ("c10d::_reduce_scatter_base_", "reduce_scatter"),
+    ("gloo:all_gather", "all_gather"), ("c10d::broadcast_", "broadcast"), ("c10d::send", "send"),
+    ("c10d::recv_", "recv"), ("nccl:all_to_all", "all_to_all"),
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*)", "send_recv"),
+    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(x)", "reduce_scatter"),
+    ("rcclGenericKernel", "rcclGenericKernel"),
+])
+def test_collective_type(name, expected):
+    assert collective_type(name) == expected
+
+
+def test_record_param_comms_uses_collective_name():
+    assert collective_type("record_param_comms", {"Collective name": "_allgather_base"}) == "all_gather"

@@ -1,0 +1,180 @@
+"""Loader: formats seen in the field, rank detection, bad files."""
+
+import gzip
+import json
+
+import pytest
+
+from pardiag.analyzer.breakdown import compute_time_breakdown
+from pardiag.analyzer.load import load_traces, read_trace_json
+from pardiag.errors import TraceError
+from synth import TraceBuilder, gpu_rank
+
+
+def test_gzip_and_plain_json_give_the_same_events(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    gpu_rank(0).write(tmp_path / "a" / "t.json")
+    gpu_rank(0).write(tmp_path / "b" / "t.json.gz", gz=True)
+    a = load_traces(tmp_path / "a").ranks[0].events
+    b = load_traces(tmp_path / "b").ranks[0].events
+    assert a.drop(columns="args").equals(b.drop(columns="args"))
+
+
+def test_legacy_format_categories_and_stream_tids(tmp_path):
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "Operator", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 5},
+        {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1,
+         "dur": 1, "args": {"correlation": 9}},
+        {"ph": "X", "cat": "Kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": "stream 7",
+         "ts": 10, "dur": 20, "args": {"correlation": 9}},
+        {"ph": "X", "cat": "Kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float", "pid": 0,
+         "tid": "stream 13", "ts": 20, "dur": 20},
+        {"ph": "X", "cat": "Memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": "stream 7", "ts": 40,
+         "dur": 5},
+    ], "distributedInfo": {"rank": 0}}
+    (tmp_path / "legacy.json").write_text(json.dumps(doc))
+    t = load_traces(tmp_path).ranks[0]
+    ev = t.events.set_index("name")
+    assert ev.loc["volta_sgemm_128x64_nn", "cat"] == "kernel"
+    assert ev.loc["volta_sgemm_128x64_nn", "stream"] == 7
+    assert ev.loc["ncclKernel_AllReduce_RING_LL_Sum_float", "stream"] == 13
+    assert ev.loc["aten::mm", "cat"] == "cpu_op"
+    assert ev.loc["Memcpy HtoD", "cat"] == "gpu_memcpy"
+    tot = compute_time_breakdown(load_traces(tmp_path)).totals.iloc[0]
+    assert (tot.compute_us, tot.comm_us, tot.overlap_us, tot.span_us) == (20.0, 20.0, 10.0, 35.0)
+
+
+def test_newest_format_fractional_relative_ts(tmp_path):
+    b = TraceBuilder(rank=0)
+    b.kernel("k1", 88437691101.749, 0.02)
+    b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 88437691101.759, 0.02, stream=2)
+    d = b.doc()
+    d["baseTimeNanoseconds"] = 1775078550000000000
+    (tmp_path / "t.json").write_text(json.dumps(d))
+    t = load_traces(tmp_path).ranks[0]
+    assert t.metadata["baseTimeNanoseconds"] == 1775078550000000000
+    tot = compute_time_breakdown(load_traces(tmp_path)).totals.iloc[0]
+    # float64 resolves ~1.5e-5 µs at 8.8e10 µs: the values are as exact as the file allows
+    assert tot.overlap_us == pytest.approx(0.01, abs=1e-4)
+    assert tot.overlap_pct == pytest.approx(50.0, abs=0.5)
+
+
+def test_bare_inf_nan_tokens_and_control_characters(tmp_path):
+    text = ('{"distributedInfo": {"rank": 0}, "traceEvents": ['
+            '{"ph": "X", "cat": "kernel", "name": "gemm\x01\x07", "pid": 0, "tid": 7, "ts": 10,'
+            ' "dur": 5, "args": {"stream": 7, "est. achieved occupancy %": inf, "x": NaN}},'
+            '{"ph": "X", "cat": "kernel", "name": "name with inf, nan inside", "pid": 0, "tid": 7,'
+            ' "ts": 20, "dur": -inf},'
+            '{"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 30, "dur": Infinity}'
+            ']}')
+    p = tmp_path / "t.json"
+    p.write_text(text)
+    ts = load_traces(tmp_path)
+    ev = ts.ranks[0].events
+    assert list(ev["name"]) == ["gemm\x01\x07"]
+    assert any("left out 2 events" in w for w in ts.warnings)
+    # string contents are untouched by the inf/nan repair
+    assert "name with inf, nan inside" in json.dumps(read_trace_json(p))
+
+
+def test_invalid_utf8_is_replaced_not_fatal(tmp_path):
+    data = json.dumps(gpu_rank(0).doc()).encode().replace(b"gemm_kernel", b"gemm\xff\xfekernel", 1)
+    (tmp_path / "t.json").write_bytes(data)
+    names = list(load_traces(tmp_path).ranks[0].events["name"])
+    assert "gemm\ufffd\ufffdkernel<float>(float*)" in " ".join(names)
+
+
+def test_zero_timestamp_events_left_out_with_warning(tmp_path):
+    b = gpu_rank(0)
+    base = 1_694_128_201_000_000
+    for e in b.events:
+        if "ts" in e:
+            e["ts"] += base
+    b.events.append({"ph": "X", "cat": "kernel", "name": "void gemm_kernel<float>(float*)",
+                     "pid": 0, "tid": 7, "ts": 0, "dur": 0, "args": {"stream": 7}})
+    b.events.append({"ph": "X", "cat": "cpu_op", "name": "aten::zero", "pid": 100, "tid": 1,
+                     "ts": 0, "dur": 0})
+    b.write(tmp_path / "t.json")
+    ts = load_traces(tmp_path)
+    assert any("left out 2 events at ts 0" in w for w in ts.warnings)
+    tot = compute_time_breakdown(ts).totals.iloc[0]
+    assert tot.span_us == 170.0 and tot.overlap_us == 30.0
+
+
+def test_same_stream_overlap_is_clipped(tmp_path):
+    b = TraceBuilder(rank=0)
+    b.kernel("k1", 0, 10, stream=7)
+    b.kernel("k2", 9.998, 10.002, stream=7)   # starts 2 ns before k1 ends
+    b.kernel("k3", 5, 10, stream=8)           # other stream: untouched
+    b.write(tmp_path / "t.json")
+    t = load_traces(tmp_path).ranks[0]
+    ev = t.events.set_index("name")
+    assert ev.loc["k2", "ts"] == 10.0 and ev.loc["k2", "dur"] == pytest.approx(10.0)
+    assert ev.loc["k3", "ts"] == 5.0 and ev.loc["k3", "dur"] == 10.0
+    assert any("clipped 1 same-stream" in n for n in t.notes)
+
+
+def test_rank_from_distributed_info_then_file_name_then_assigned(tmp_path):
+    TraceBuilder(rank=5).write(tmp_path / "whatever.json")
+    TraceBuilder(rank=None).write(tmp_path / "worker3_step_12.pt.trace.json")
+    TraceBuilder(rank=None).write(tmp_path / "rank-7.json.gz", gz=True)
+    TraceBuilder(rank=None).write(tmp_path / "trace.json")
+    ts = load_traces(tmp_path)
+    src = {r: (t.path.name, t.rank_source) for r, t in ts.ranks.items()}
+    assert src == {0: ("trace.json", "assigned"), 3: ("worker3_step_12.pt.trace.json", "file name"),
+                   5: ("whatever.json", "distributedInfo"), 7: ("rank-7.json.gz", "file name")}
+    assert any("trace.json: no rank" in w and "treated as rank 0" in w for w in ts.warnings)
+
+
+def test_two_files_never_collapse_into_one_rank(tmp_path):
+    TraceBuilder(rank=0).write(tmp_path / "a.json")
+    TraceBuilder(rank=0).write(tmp_path / "b.json")
+    TraceBuilder(rank=0).write(tmp_path / "c_rank4.json")
+    ts = load_traces(tmp_path)
+    assert sorted(ts.ranks) == [0, 1, 4]
+    assert {t.path.name for t in ts.ranks.values()} == {"a.json", "b.json", "c_rank4.json"}
+    assert sum("already taken" in w for w in ts.warnings) == 2
+
+
+def test_non_trace_files_are_skipped_with_a_warning(tmp_path):
+    gpu_rank(0).write(tmp_path / "rank0.json")
+    (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "broken.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [')[:-6])
+    ts = load_traces(tmp_path)
+    assert list(ts.ranks) == [0]
+    assert any("config.json: not a Kineto trace" in w for w in ts.warnings)
+    assert any("broken.json.gz" in w and "skipped" in w for w in ts.warnings)
+    assert not any("notes.txt" in w for w in ts.warnings)
+
+
+@pytest.mark.parametrize("setup,message", [
+    (lambda d: None, "no trace files"),
+    (lambda d: (d / "x.json").write_text("[1, 2]"), r"none of 1 file\(s\) is a readable Kineto trace"
+                                                     r" \(e\.g\. .*x\.json: not a Kineto trace"),
+    (lambda d: (d / "x.json").write_text(""), r"none of 1 file\(s\) .*x\.json: empty file"),
+])
+def test_folder_without_readable_traces_is_an_error(tmp_path, setup, message):
+    setup(tmp_path)
+    with pytest.raises(TraceError, match=message):
+        load_traces(tmp_path)
+
+
+def test_explicit_bad_file_is_an_error_naming_it(tmp_path):
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(b'{"traceEvents": []}')[:10])
+    with pytest.raises(TraceError, match=r"t\.json\.gz: truncated or corrupt gzip"):
+        load_traces(p)
+    q = tmp_path / "t2.json"
+    q.write_text('{"traceEvents": [')
+    with pytest.raises(TraceError, match=r"t2\.json: not valid JSON"):
+        load_traces(q)
+    with pytest.raises(TraceError, match="no such file or folder"):
+        load_traces(tmp_path / "missing")
+
+
+def test_list_of_files(tmp_path):
+    a = gpu_rank(0).write(tmp_path / "a.json")
+    b = gpu_rank(1).write(tmp_path / "b.json")
+    assert sorted(load_traces([a, b]).ranks) == [0, 1]
