@@ -1,0 +1,147 @@
+"""The command line as a user runs it: outputs, exit codes, one-line errors."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from pardiag.cli import cli
+from synth import cpu_rank, gpu_rank
+
+from conftest import REPO
+
+SAMPLE = REPO / "sample_traces" / "ddp_cpu_2rank"
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_every_command_has_help():
+    for name, cmd in cli.commands.items():
+        assert cmd.help and len(cmd.help.strip()) > 20, name
+        res = run(name, "--help")
+        assert res.exit_code == 0 and "Usage:" in res.output
+
+
+def test_report_on_sample_traces(tmp_path):
+    out, js = tmp_path / "report.html", tmp_path / "summary.json"
+    res = run("report", SAMPLE, "-o", out, "--json", js)
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    for section in ("Run summary", "Time breakdown per rank", "Overlap per rank",
+                    "Per profiler step", "Collectives", "Warnings and notes"):
+        assert section in page
+    # offline: plotly.js inlined, no script loaded from the network
+    assert "Plotly.newPlot" in page and out.stat().st_size > 3_000_000
+    assert re.search(r"<script[^>]*\bsrc=", page) is None
+    data = json.loads(js.read_text())
+    assert data["schema_version"] == 1
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    for r in data["ranks"]:
+        t = r["total"]
+        assert set(t) >= {"compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us",
+                          "overlap_pct"}
+        assert r["domain"] == "cpu"
+        assert len(r["steps"]) == 3                      # --active 3
+        assert t["comm_us"] > 0 and t["compute_us"] > 0  # gloo all-reduce and CPU compute
+        assert [c["collective"] for c in r["collectives"]] == ["all_reduce"]
+    assert data["run"]["world_size"] == 2
+    assert "rank 0" in res.output or "│    0 │" in res.output
+
+
+def test_cdn_option_links_plotly(tmp_path):
+    out = tmp_path / "r.html"
+    assert run("report", SAMPLE, "-o", out, "--cdn", "-q").exit_code == 0
+    page = out.read_text()
+    assert re.search(r'<script[^>]*src="https://cdn\.plot\.ly/', page)
+    assert out.stat().st_size < 200_000
+
+
+def test_report_numbers_match_the_library(tmp_path):
+    """The JSON carries exactly what the analysis computed for a planted trace."""
+    gpu_rank(0).write(tmp_path / "r0.json")
+    cpu_rank(1).write(tmp_path / "r1.json")
+    js = tmp_path / "s.json"
+    assert run("report", tmp_path, "-o", tmp_path / "r.html", "--json", js, "-q").exit_code == 0
+    ranks = {r["rank"]: r for r in json.loads(js.read_text())["ranks"]}
+    assert ranks[0]["total"]["overlap_us"] == 30.0 and ranks[0]["total"]["idle_us"] == 40.0
+    assert ranks[1]["total"]["overlap_us"] == 18.0 and ranks[1]["total"]["exposed_comm_us"] == 17.0
+    assert [s["step"] for s in ranks[0]["steps"]] == [1, 2]
+
+
+def test_json_to_stdout(tmp_path):
+    gpu_rank(0).write(tmp_path / "r0.json")
+    res = CliRunner().invoke(cli, ["report", str(tmp_path), "-o", str(tmp_path / "r.html"),
+                                   "--json", "-"])
+    assert res.exit_code == 0
+    data = json.loads(res.stdout)
+    assert data["ranks"][0]["total"]["comm_us"] == 70.0
+
+
+def test_comm_kernel_option(tmp_path):
+    from synth import TraceBuilder
+    b = TraceBuilder(rank=0)
+    b.kernel("void gemm(float*)", 0, 10)
+    b.kernel("my_custom_allreduce_kernel", 5, 10, stream=3)
+    b.write(tmp_path / "t.json")
+    js = tmp_path / "s.json"
+    res = run("report", tmp_path, "-o", tmp_path / "r.html", "--json", js, "-q",
+              "--comm-kernel", "custom_allreduce")
+    assert res.exit_code == 0
+    assert json.loads(js.read_text())["ranks"][0]["total"]["comm_us"] == 10.0
+
+
+@pytest.mark.parametrize("make_input,expect", [
+    (lambda d: d / "missing", "no such file or folder"),
+    (lambda d: d, "no trace files"),
+    (lambda d: (d / "a.json").write_text("{not json") and d / "a.json", "not valid JSON"),
+    (lambda d: (d / "b.json").write_text('{"x": 1}') and d / "b.json", "not a Kineto trace"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, make_input, expect):
+    target = make_input(tmp_path)
+    res = subprocess.run([sys.executable, "-m", "pardiag", "report", str(target), "-o",
+                          str(tmp_path / "r.html")], capture_output=True, text=True)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("pardiag: error: ") and expect in lines[0]
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_invalid_regex_is_exit_2(tmp_path):
+    gpu_rank(0).write(tmp_path / "r0.json")
+    res = run("report", tmp_path, "--comm-kernel", "(", "-o", tmp_path / "r.html")
+    assert res.exit_code == 2 and "invalid regular expression" in res.output
+
+
+def test_unwritable_output_is_exit_2(tmp_path):
+    gpu_rank(0).write(tmp_path / "r0.json")
+    res = run("report", tmp_path, "-o", tmp_path / "no" / "such" / "dir" / "r.html")
+    assert res.exit_code == 2 and "cannot write" in res.output
+
+
+def test_partially_readable_folder_reports_with_warning(tmp_path):
+    gpu_rank(0).write(tmp_path / "rank0.json")
+    (tmp_path / "rank1.json").write_text('{"traceEvents": [')
+    res = run("report", tmp_path, "-o", tmp_path / "r.html", "-q")
+    assert res.exit_code == 0
+    assert "pardiag: warning:" in res.output and "rank1.json: not valid JSON" in res.output
+    assert "rank1.json: not valid JSON" in (tmp_path / "r.html").read_text()
+
+
+def test_analyzer_needs_no_torch(tmp_path):
+    """A report is built with torch made unimportable."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from pardiag.cli import main\n"
+        f"sys.argv = ['pardiag', 'report', {str(SAMPLE)!r}, '-o', {str(tmp_path / 'r.html')!r}, '-q']\n"
+        "main()\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "r.html").stat().st_size > 1_000_000

@@ -1,0 +1,98 @@
+"""`pardiag profile` end to end on CPU/gloo with 2 ranks, then `pardiag report` on its output."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+EXAMPLE = REPO / "examples" / "train_ddp.py"
+
+
+def pardiag(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "pardiag", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "ddp"
+    res = pardiag("profile", EXAMPLE, "--nproc-per-node", 2, "--out", out, "--", "--steps", 7)
+    return out, res
+
+
+def test_profile_writes_the_run_folder(ddp_run):
+    out, res = ddp_run
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "rank0.meta.json", "rank0.trace.json.gz", "rank1.meta.json", "rank1.trace.json.gz",
+        "run.json"]
+    run = json.loads((out / "run.json").read_text())
+    assert run["world_size"] == 2 and run["exit_code"] == 0
+    assert run["script_args"] == ["--steps", "7"]
+    for r in (0, 1):
+        meta = json.loads((out / f"rank{r}.meta.json").read_text())
+        assert meta["rank"] == r and meta["world_size"] == 2 and meta["status"] == "ok"
+        assert meta["backend"] == "gloo" and meta["device"] == "cpu"
+        assert meta["optimizer_steps"] == 7
+        assert meta["torch_version"].startswith("2.")
+
+
+def test_report_on_profiled_run(ddp_run, tmp_path):
+    out, _ = ddp_run
+    js = tmp_path / "s.json"
+    res = pardiag("report", out, "-o", tmp_path / "r.html", "--json", js)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(js.read_text())
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    for r in data["ranks"]:
+        assert r["rank_source"] == "distributedInfo"
+        # wait 1 + warmup 1 + active 3: steps 2, 3 and 4 of the optimizer are recorded
+        assert [s["step"] for s in r["steps"]] == [2, 3, 4]
+        ar = {c["collective"]: c for c in r["collectives"]}["all_reduce"]
+        # DDP all-reduces every bucket every step: the gloo worker shows at least one per step
+        assert ar["count"] >= 3 and ar["time_us"] > 0
+        t = r["total"]
+        assert t["compute_us"] > 0 and t["comm_us"] > 0
+        assert 0 <= t["overlap_pct"] <= 100
+
+
+def test_existing_output_is_not_overwritten(ddp_run):
+    out, _ = ddp_run
+    before = (out / "rank0.trace.json.gz").read_bytes()
+    res = pardiag("profile", EXAMPLE, "--nproc-per-node", 2, "--out", out)
+    assert res.returncode == 2
+    assert "not empty" in res.stderr and "--overwrite" in res.stderr
+    assert (out / "rank0.trace.json.gz").read_bytes() == before
+
+
+def test_failing_rank_is_named_and_exit_code_nonzero(tmp_path):
+    out = tmp_path / "fail"
+    # rank 1 raises at step 6, after the profiled window (steps 2-4) was written
+    res = pardiag("profile", EXAMPLE, "--nproc-per-node", 2, "--out", out, "--",
+                  "--steps", 8, "--fail-rank", 1, "--fail-step", 6)
+    assert res.returncode != 0
+    assert "pardiag: rank 1 failed: RuntimeError: planted failure on rank 1 at step 6" in res.stderr
+    meta = json.loads((out / "rank1.meta.json").read_text())
+    assert meta["status"] == "error" and meta["exit_code"] == 1
+    # traces of ranks that got that far are kept
+    assert (out / "rank0.trace.json.gz").is_file() and (out / "rank1.trace.json.gz").is_file()
+    run = json.loads((out / "run.json").read_text())
+    assert run["exit_code"] != 0 and "1" in run["failed_ranks"]
+
+
+def test_script_exit_code_is_passed_on(tmp_path):
+    script = tmp_path / "exit3.py"
+    script.write_text("import sys\nprint('bye')\nsys.exit(3)\n")
+    res = pardiag("profile", script, "--nproc-per-node", 1, "--out", tmp_path / "o")
+    assert res.returncode == 3, res.stderr
+    meta = json.loads((tmp_path / "o" / "rank0.meta.json").read_text())
+    assert meta["exit_code"] == 3
+
+
+def test_missing_script_is_exit_2(tmp_path):
+    res = pardiag("profile", tmp_path / "nope.py", "--out", tmp_path / "o")
+    assert res.returncode == 2 and "no such script" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

@@ -1,0 +1,115 @@
+"""Real GPU traces recorded by others (../shared/real_traces, read by path).
+
+Reference overlap values are the ones in real_traces/README.md, computed independently with
+HTA's definition over all kernels of each file. The HTA cross-check runs HTA's own
+``get_comm_comp_overlap`` and compares on HTA's window (kernels launched before the last
+profiler step; timestamps rounded the way HTA rounds them).
+"""
+
+import dataclasses
+import logging
+import warnings
+
+import numpy as np
+import pytest
+
+from pardiag.analyzer.breakdown import compute_rank_breakdown, compute_time_breakdown
+from pardiag.analyzer.classify import classify, profiler_steps
+from pardiag.analyzer.load import load_traces
+from pardiag.cli import cli
+
+REFERENCE_OVERLAP_PCT = {
+    "dlrm_8rank_v100": {0: 4.50, 1: 2.47, 2: 7.88, 3: 3.31, 4: 0.56, 5: 0.64, 6: 7.56, 7: 9.51},
+    "dlrm_128rank_sampled": {0: 14.95, 1: 19.93},
+    "ddp_2rank_v100_rank0": {0: 15.61},
+}
+ALL_FOLDERS = ["amd_mi250_single", "cpu_only_single", "ddp_2rank_v100_rank0",
+               "dlrm_128rank_sampled", "dlrm_8rank_v100", "newest_format_h100"]
+
+
+@pytest.mark.parametrize("folder", sorted(REFERENCE_OVERLAP_PCT))
+def test_overlap_matches_reference_values(real_traces, folder):
+    totals = compute_time_breakdown(load_traces(real_traces / folder)).totals
+    got = dict(zip(totals["rank"], totals["overlap_pct"]))
+    assert set(got) == set(REFERENCE_OVERLAP_PCT[folder])
+    for rank, want in REFERENCE_OVERLAP_PCT[folder].items():
+        assert got[rank] == pytest.approx(want, abs=0.05), (folder, rank)
+
+
+def _hta_overlap(folder) -> dict[int, float]:
+    from hta.trace_analysis import TraceAnalysis
+
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            df = TraceAnalysis(trace_dir=str(folder)).get_comm_comp_overlap(visualize=False)
+    finally:
+        logging.disable(logging.NOTSET)
+    return dict(zip(df["rank"], df["comp_comm_overlap_pctg"]))
+
+
+def _hta_rounded(trace):
+    """HTA rounds float timestamps: start up (ceil), end down (floor)."""
+    ev = trace.events.copy()
+    end = np.floor(ev["ts"] + ev["dur"])
+    ev["ts"] = np.ceil(ev["ts"])
+    ev["dur"] = end - ev["ts"]
+    return dataclasses.replace(trace, events=ev)
+
+
+@pytest.mark.parametrize("folder", sorted(REFERENCE_OVERLAP_PCT))
+def test_overlap_agrees_with_hta_on_its_window(real_traces, folder):
+    hta = _hta_overlap(real_traces / folder)
+    traces = load_traces(real_traces / folder)
+    for rank, trace in traces.ranks.items():
+        if trace.events["ts"].dtype.kind == "f" and (trace.events["ts"] % 1).any():
+            trace = _hta_rounded(trace)
+        steps = profiler_steps(trace, classify(trace))
+        # HTA keeps kernels launched before the last profiler step when there are two or more.
+        window = (-np.inf, float(steps["start_us"].max())) if len(steps) > 1 else None
+        ours = compute_rank_breakdown(trace, launch_window=window)["overlap_pct"]
+        assert ours == pytest.approx(hta[rank], abs=0.05), (folder, rank, ours, hta[rank])
+
+
+@pytest.mark.parametrize("folder", ALL_FOLDERS)
+def test_every_real_folder_reports(real_traces, folder, tmp_path):
+    from click.testing import CliRunner
+
+    out = tmp_path / "r.html"
+    js = tmp_path / "r.json"
+    res = CliRunner().invoke(cli, ["report", str(real_traces / folder), "-o", str(out),
+                                   "--json", str(js)])
+    assert res.exit_code == 0, res.output
+    import json
+    data = json.loads(js.read_text())
+    assert data["ranks"], folder
+    for r in data["ranks"]:
+        t = r["total"]
+        parts = t["compute_only_us"] + t["overlap_us"] + t["exposed_comm_us"] + t["idle_us"]
+        assert parts == pytest.approx(t["span_us"], rel=1e-9, abs=1e-6)
+    assert out.stat().st_size > 1_000_000  # plotly.js inlined
+
+
+def test_dlrm_8rank_cli_prints_the_8_rank_breakdown(real_traces, tmp_path):
+    from click.testing import CliRunner
+
+    res = CliRunner().invoke(cli, ["report", str(real_traces / "dlrm_8rank_v100"),
+                                   "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 0
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("│")]
+    ranks = [ln.split("│")[1].strip() for ln in lines[:8]]
+    assert ranks == [str(r) for r in range(8)]
+    assert "4.50" in lines[0] and "9.51" in lines[7]
+
+
+def test_real_trace_quirks(real_traces):
+    # AMD: every kernel on stream 0, no rank anywhere: one rank, assigned, with a warning
+    amd = load_traces(real_traces / "amd_mi250_single")
+    assert list(amd.ranks) == [0] and amd.ranks[0].rank_source == "assigned"
+    # CPU-only gloo trace of rank 34: gloo all-reduces on worker threads are the communication
+    cpu = compute_time_breakdown(load_traces(real_traces / "cpu_only_single"))
+    row = cpu.totals.iloc[0]
+    assert row["rank"] == 34 and row["domain"] == "cpu"
+    coll = cpu.collectives.set_index("collective").loc["all_reduce"]
+    assert coll["count"] == 10
