@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -12,5 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def real_traces() -> Path:
     """../shared/real_traces beside the checkout (read by path, never copied)."""
     if not SHARED_TRACES.is_dir():
+        if os.environ.get("CI"):  # CI always has shared/ beside the checkout: never skip there
+            pytest.fail(f"{SHARED_TRACES} not present in CI")
         pytest.skip(f"{SHARED_TRACES} not present")
     return SHARED_TRACES
