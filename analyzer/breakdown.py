@@ -34,7 +34,8 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer import intervals as iv
-from pardiag.analyzer.classify import Kind, classify, collective_type, comm_threads, profiler_steps
+from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
+                                       comm_threads, profiler_steps)
 from pardiag.analyzer.load import RankTrace, TraceSet
 
 #: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).
@@ -129,17 +130,15 @@ def _rank_parts(trace: RankTrace, comm_patterns, launch_window) -> _RankParts:
             # Step of each kernel: the step whose CPU window holds its launch.
             idx = np.searchsorted(steps["start_us"].to_numpy(), launch, side="right") - 1
             inside = (idx >= 0) & (launch < steps["end_us"].to_numpy()[np.clip(idx, 0, None)])
-            first = {}
-            last_end = {}
             ends = (kernels["ts"] + kernels["dur"]).to_numpy()
-            for i, s, e in zip(idx[inside], kernels["ts"].to_numpy()[inside], ends[inside]):
-                first[i] = min(first.get(i, s), s)
-                last_end[i] = max(last_end.get(i, e), e)
-            order = sorted(first)
-            for j, i in enumerate(order):
-                start = first[i]
-                end = first[order[j + 1]] if j + 1 < len(order) else last_end[i]
-                windows.append((int(steps["step"].iloc[i]), start, max(start, end)))
+            per_step = (pd.DataFrame({"i": idx[inside], "s": kernels["ts"].to_numpy()[inside],
+                                      "e": ends[inside]})
+                        .groupby("i").agg(first=("s", "min"), last_end=("e", "max")))
+            starts = per_step["first"].to_numpy()
+            for j, (i, row) in enumerate(per_step.iterrows()):
+                end = starts[j + 1] if j + 1 < len(per_step) else row["last_end"]
+                windows.append((int(steps["step"].iloc[i]), float(row["first"]),
+                                float(max(row["first"], end))))
         comm = _gpu_comm_types(trace, comm_ev)
         return _RankParts("gpu", k, c, lo, hi, windows, comm)
 
@@ -171,7 +170,7 @@ def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     ``ncclDevKernel_Generic``) take it from the CPU communication op that launched them."""
     comm = comm_ev[["name", "ts", "dur", "args", "correlation"]].copy()
     types = [collective_type(n, a) for n, a in zip(comm["name"], comm["args"])]
-    generic = [i for i, t in enumerate(types) if "generic" in t.lower() or t == comm["name"].iloc[i]]
+    generic = [i for i, t in enumerate(types) if t not in STANDARD_COLLECTIVES]
     if generic:
         ev = trace.events
         rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]

@@ -145,6 +145,8 @@ _CANON = {
     "reduce": "reduce", "sendrecv": "send_recv", "send": "send", "recv": "recv",
     "recvanysource": "recv", "barrier": "barrier", "gather": "gather", "scatter": "scatter",
 }
+#: The standard collective names :func:`collective_type` returns for known operations.
+STANDARD_COLLECTIVES = frozenset(_CANON.values())
 _OP_SUFFIXES = ("_coalesced", "_base", "_single", "_into_tensor", "_tensor")
 
 

@@ -65,12 +65,15 @@ class ProfileResult:
         out: the run folder.
         failed_ranks: ranks that raised or exited non-zero, with their error line.
         missing_ranks: ranks that wrote no metadata (killed before they finished).
+        no_trace: ``{rank: optimizer steps seen}`` for ranks that finished without a trace
+            (too few optimizer steps for the profiler schedule).
     """
 
     exit_code: int
     out: Path
     failed_ranks: dict[int, str]
     missing_ranks: list[int]
+    no_trace: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -127,6 +130,7 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     failed: dict[int, str] = {}
     missing: list[int] = []
     codes: list[int] = []
+    no_trace: dict[int, int] = {}
     for r in range(cfg.nproc_per_node):
         p = layout.rank_meta_path(out, r)
         if not p.is_file():
@@ -134,6 +138,8 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
             continue
         meta = json.loads(p.read_text())
         codes.append(int(meta.get("exit_code") or 0))
+        if not meta.get("trace_file"):
+            no_trace[r] = int(meta.get("optimizer_steps") or 0)
         if meta.get("status") == "error" or meta.get("exit_code"):
             failed[r] = meta.get("error") or f"exit code {meta.get('exit_code')}"
     nonzero = [c for c in codes if c != 0]
@@ -149,4 +155,5 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     tmp = layout.run_file_path(out).with_suffix(".json.tmp")
     tmp.write_text(json.dumps(run_info, indent=2))
     os.replace(tmp, layout.run_file_path(out))
-    return ProfileResult(exit_code=exit_code, out=out, failed_ranks=failed, missing_ranks=missing)
+    return ProfileResult(exit_code=exit_code, out=out, failed_ranks=failed, missing_ranks=missing,
+                         no_trace=no_trace)

@@ -53,6 +53,10 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
         _fail(err)
     for r, msg in sorted(result.failed_ranks.items()):
         click.echo(f"pardiag: rank {r} failed: {msg}", err=True)
+    for r, seen in sorted(result.no_trace.items()):
+        click.echo(f"pardiag: warning: rank {r} wrote no trace: the script made {seen} optimizer "
+                   f"step(s) and the profiler starts recording after --wait + --warmup = "
+                   f"{wait + warmup} (try --wait 0 --warmup 0, or more steps)", err=True)
     for r in result.missing_ranks:
         click.echo(f"pardiag: rank {r} did not finish (no metadata written)", err=True)
     click.echo(f"pardiag: run folder {result.out} (exit code {result.exit_code})", err=True)

@@ -96,3 +96,20 @@ def test_missing_script_is_exit_2(tmp_path):
     res = pardiag("profile", tmp_path / "nope.py", "--out", tmp_path / "o")
     assert res.returncode == 2 and "no such script" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_script_without_optimizer(tmp_path):
+    script = tmp_path / "noopt.py"
+    script.write_text("import torch\nx = torch.randn(64, 64)\nfor _ in range(3):\n"
+                      "    x = torch.tanh(x @ x.T)\n")
+    res = pardiag("profile", script, "--out", tmp_path / "a")
+    assert res.returncode == 0
+    assert "rank 0 wrote no trace: the script made 0 optimizer step(s)" in res.stderr
+    assert not (tmp_path / "a" / "rank0.trace.json.gz").exists()
+    # recording from the start: the whole script is one (partial) active window
+    res = pardiag("profile", script, "--out", tmp_path / "b", "--wait", 0, "--warmup", 0)
+    assert res.returncode == 0 and "no trace" not in res.stderr
+    js = tmp_path / "s.json"
+    assert pardiag("report", tmp_path / "b", "-o", tmp_path / "r.html", "--json", js).returncode == 0
+    total = json.loads(js.read_text())["ranks"][0]["total"]
+    assert total["compute_us"] > 0 and total["comm_us"] == 0 and total["overlap_pct"] is None
