@@ -59,14 +59,18 @@ def compile_comm_patterns(patterns: Iterable[str]) -> list[re.Pattern]:
     """Compile user ``--comm-kernel`` regular expressions.
 
     Raises:
-        PardiagError: a pattern is not a valid regular expression.
+        PardiagError: a pattern is not a valid regular expression, or matches every name.
     """
     out = []
     for p in patterns:
         try:
-            out.append(re.compile(p))
+            pat = re.compile(p)
         except re.error as exc:
             raise PardiagError(f"--comm-kernel {p!r}: invalid regular expression ({exc})") from None
+        if pat.search("") is not None:
+            raise PardiagError(f"--comm-kernel {p!r}: matches the empty string, so every kernel "
+                               f"would count as communication")
+        out.append(pat)
     return out
 
 

@@ -137,6 +137,8 @@ def read_trace_json(path: Path) -> dict:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceError(f"{path}: truncated or corrupt gzip ({exc})") from None
+    if raw[:3] == b"\xef\xbb\xbf":  # UTF-8 byte-order mark
+        raw = raw[3:]
     if not raw.strip():
         raise TraceError(f"{path}: empty file")
     try:
@@ -162,13 +164,11 @@ def _num(v) -> float:
     """Number from an event field; strings that hold numbers are accepted, else NaN."""
     if isinstance(v, bool):
         return float("nan")
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
+    try:
+        if isinstance(v, (int, float, str)):
             return float(v)
-        except ValueError:
-            return float("nan")
+    except (ValueError, OverflowError):  # "abc", or an integer beyond float range
+        pass
     return float("nan")
 
 
@@ -199,8 +199,11 @@ def events_frame(raw_events: Iterable, path: Path) -> tuple[pd.DataFrame, dict, 
     """
     names, cats, phs, pids, tids, tss, durs, streams, corrs, argss = ([] for _ in range(10))
     thread_names: dict = {}
+    not_objects = 0
+    no_dur = 0
     for e in raw_events:
         if not isinstance(e, dict):
+            not_objects += 1
             continue
         ph = e.get("ph")
         name = e.get("name")
@@ -221,7 +224,9 @@ def events_frame(raw_events: Iterable, path: Path) -> tuple[pd.DataFrame, dict, 
         tid = e.get("tid", "")
         tids.append(str(tid))
         tss.append(_num(e.get("ts")))
-        durs.append(_num(e.get("dur", 0.0)) if ph == "X" else 0.0)
+        if ph == "X" and "dur" not in e:
+            no_dur += 1
+        durs.append(_num(e.get("dur")) if ph == "X" else 0.0)
         if cat in GPU_CATS:
             streams.append(_int_or(args.get("stream"), _int_or(tid)))
         else:
@@ -240,10 +245,13 @@ def events_frame(raw_events: Iterable, path: Path) -> tuple[pd.DataFrame, dict, 
     })
     warnings: list[str] = []
     notes: list[str] = []
-    bad = ~np.isfinite(df["ts"].to_numpy()) | ~np.isfinite(df["dur"].to_numpy()) | (df["dur"] < 0)
+    if not_objects:
+        warnings.append(f"{path}: left out {not_objects} traceEvents entries that are not objects")
+    bad = (~np.isfinite(df["ts"].to_numpy()) | ~np.isfinite(df["dur"].to_numpy())
+           | (df["dur"] < 0).to_numpy() | (df["ts"] < 0).to_numpy())
     if bad.any():
-        warnings.append(f"{path}: left out {int(bad.sum())} events with a missing, non-finite or "
-                        f"negative ts/dur")
+        warnings.append(f"{path}: left out {int(bad.sum())} events with a missing, non-numeric, "
+                        f"non-finite or negative ts/dur" + (f" ({no_dur} without dur)" if no_dur else ""))
         df = df[~bad]
     if len(df):
         ts = df["ts"].to_numpy()
@@ -294,6 +302,7 @@ def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str]:
     """Expand folders into candidate files; returns (candidates, sidecars, source label)."""
     files: list[Path] = []
     sidecars: list[Path] = []
+    seen: set[Path] = set()
     for p in paths:
         if p.is_dir():
             for f in sorted(p.iterdir()):
@@ -301,10 +310,13 @@ def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str]:
                     continue
                 if layout.is_sidecar_name(f.name):
                     sidecars.append(f)
-                elif f.name.endswith((".json", ".json.gz")):
+                elif f.name.endswith((".json", ".json.gz")) and f.resolve() not in seen:
+                    seen.add(f.resolve())
                     files.append(f)
         elif p.is_file():
-            files.append(p)
+            if p.resolve() not in seen:  # the same file named twice is one rank
+                seen.add(p.resolve())
+                files.append(p)
         else:
             raise TraceError(f"{p}: no such file or folder")
     source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} paths"
@@ -330,6 +342,24 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str]) -> tuple[dict | No
     return run_info, rank_meta
 
 
+def _run_warnings(run_info: dict | None, rank_meta: dict[int, dict], ranks: set[int]) -> list[str]:
+    """What ``run.json`` and the rank metadata say went wrong in a ``pardiag profile`` run."""
+    out: list[str] = []
+    if run_info:
+        if run_info.get("exit_code"):
+            out.append(f"the profiled run exited with code {run_info['exit_code']}")
+        for r, msg in sorted((run_info.get("failed_ranks") or {}).items()):
+            out.append(f"rank {r} failed during the profiled run: {msg}")
+        for r in run_info.get("missing_ranks") or []:
+            out.append(f"rank {r} did not finish the profiled run")
+        ws = run_info.get("world_size")
+        if isinstance(ws, int) and ws > 0:
+            absent = sorted(set(range(ws)) - ranks)
+            if absent:
+                out.append(f"run.json says world size {ws}; no trace for rank(s) {absent}")
+    return out
+
+
 def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
     """Load a run folder, a folder of Kineto traces, or a list of trace files.
 
@@ -353,7 +383,16 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
     warnings: list[str] = []
     run_info, rank_meta = _read_sidecars(sidecars, warnings)
     if not files:
-        raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found")
+        hint = ""
+        sub = sorted({f.parent for p in paths if p.is_dir()
+                      for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))})
+        if sub:
+            hint = f"; subfolders hold some: {', '.join(str(d) for d in sub[:3])}"
+        elif run_info is not None or rank_meta:
+            steps = {r: m.get("optimizer_steps") for r, m in sorted(rank_meta.items())}
+            hint = (f"; this pardiag run wrote no trace (optimizer steps per rank: {steps};"
+                    f" profile with more steps or --wait 0 --warmup 0)")
+        raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found{hint}")
 
     docs: list[tuple[Path, dict]] = []
     for f in files:
@@ -389,6 +428,8 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
             why = None
             if isinstance(r, int) and r in claimed:
                 why = f"rank {r} from distributedInfo is already taken by {claimed[r].name}"
+            elif r is not None:
+                why = f"distributedInfo.rank {r!r} is not a rank number"
             pending.append((f, doc, why))
     still: list[tuple[Path, dict, str | None]] = []
     for f, doc, why in pending:
@@ -410,6 +451,7 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
         reason = why or "no rank in distributedInfo or in the file name"
         warnings.append(f"{f}: {reason}; treated as rank {r}")
 
+    warnings.extend(_run_warnings(run_info, rank_meta, {r for r, *_ in assigned}))
     ranks: dict[int, RankTrace] = {}
     for r, f, doc, how in sorted(assigned, key=lambda t: t[0]):
         events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], f)

@@ -46,12 +46,14 @@ def _fmt(v, digits: int = 1) -> str:
     return _e(v)
 
 
-def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = ()) -> str:
+def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = (),
+           digits: int = 1) -> str:
     """HTML table of ``df``; ``columns`` maps column → header. Values escaped."""
     head = "".join(f'<th class="{"l" if c in left else ""}">{_e(h)}</th>' for c, h in columns.items())
     rows = []
     for _, r in df.iterrows():
-        cells = "".join(f'<td class="{"l" if c in left else ""}">{_fmt(r[c])}</td>' for c in columns)
+        cells = "".join(f'<td class="{"l" if c in left else ""}">'
+                        f'{_fmt(r[c], 2 if c.endswith("_pct") else digits)}</td>' for c in columns)
         rows.append(f"<tr>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
@@ -144,11 +146,14 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
     parts.append("<h2>Time breakdown per rank</h2>")
     if len(b.totals):
         parts.append(add(breakdown_figure(b.totals)))
-        parts.append(_table(b.totals, {
-            "rank": "rank", "domain": "timeline", "span_us": "span (µs)",
-            "compute_only_us": "compute only (µs)", "overlap_us": "overlapped (µs)",
-            "exposed_comm_us": "exposed comm (µs)", "idle_us": "idle (µs)",
-            "overlap_pct": "overlap %"}, left=("domain",)))
+        ms = b.totals.copy()
+        for c in ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "idle_us"):
+            ms[c] = ms[c] / 1000.0
+        parts.append(_table(ms, {
+            "rank": "rank", "domain": "timeline", "span_us": "span (ms)",
+            "compute_only_us": "compute only (ms)", "overlap_us": "overlapped (ms)",
+            "exposed_comm_us": "exposed comm (ms)", "idle_us": "idle (ms)",
+            "overlap_pct": "overlap %"}, left=("domain",), digits=3))
     else:
         parts.append("<p class='muted'>No timed events found.</p>")
 
@@ -168,9 +173,12 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
 
     parts.append("<h2>Collectives</h2>")
     if len(b.collectives):
-        parts.append(_table(b.collectives, {
+        ms = b.collectives.copy()
+        ms["time_us"] = ms["time_us"] / 1000.0
+        ms["exposed_us"] = ms["exposed_us"] / 1000.0
+        parts.append(_table(ms, {
             "rank": "rank", "collective": "collective", "count": "count",
-            "time_us": "time (µs)", "exposed_us": "exposed (µs)"}, left=("collective",)))
+            "time_us": "time (ms)", "exposed_us": "exposed (ms)"}, left=("collective",), digits=3))
     else:
         parts.append("<p class='muted'>No communication events found.</p>")
 

@@ -67,6 +67,8 @@ class ProfileResult:
         missing_ranks: ranks that wrote no metadata (killed before they finished).
         no_trace: ``{rank: optimizer steps seen}`` for ranks that finished without a trace
             (too few optimizer steps for the profiler schedule).
+        short_ranks: ``{rank: active steps recorded}`` for ranks whose trace holds fewer steps
+            than ``active``. Failed ranks come first-failure first.
     """
 
     exit_code: int
@@ -74,9 +76,17 @@ class ProfileResult:
     failed_ranks: dict[int, str]
     missing_ranks: list[int]
     no_trace: dict[int, int] = dataclasses.field(default_factory=dict)
+    short_ranks: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
+    try:
+        _prepare_out_unchecked(out, overwrite)
+    except OSError as exc:
+        raise PardiagError(f"{out}: cannot create the run folder ({exc.strerror or exc})") from None
+
+
+def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise PardiagError(f"{out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()):
@@ -131,6 +141,8 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     missing: list[int] = []
     codes: list[int] = []
     no_trace: dict[int, int] = {}
+    short: dict[int, int] = {}
+    ended: dict[int, float] = {}
     for r in range(cfg.nproc_per_node):
         p = layout.rank_meta_path(out, r)
         if not p.is_file():
@@ -138,10 +150,16 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
             continue
         meta = json.loads(p.read_text())
         codes.append(int(meta.get("exit_code") or 0))
+        steps = int(meta.get("optimizer_steps") or 0)
+        recorded = max(0, min(cfg.active, steps - cfg.wait - cfg.warmup))
         if not meta.get("trace_file"):
-            no_trace[r] = int(meta.get("optimizer_steps") or 0)
+            no_trace[r] = steps
+        elif recorded < cfg.active and meta.get("status") == "ok":
+            short[r] = recorded
+        ended[r] = float(meta.get("ended_unix") or 0.0)
         if meta.get("status") == "error" or meta.get("exit_code"):
             failed[r] = meta.get("error") or f"exit code {meta.get('exit_code')}"
+    failed = dict(sorted(failed.items(), key=lambda kv: ended.get(kv[0], 0.0)))
     nonzero = [c for c in codes if c != 0]
     if nonzero:
         exit_code = nonzero[0]
@@ -156,4 +174,4 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     tmp.write_text(json.dumps(run_info, indent=2))
     os.replace(tmp, layout.run_file_path(out))
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=failed, missing_ranks=missing,
-                         no_trace=no_trace)
+                         no_trace=no_trace, short_ranks=short)

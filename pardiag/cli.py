@@ -51,8 +51,13 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
         result = run_profile(cfg)
     except PardiagError as err:
         _fail(err)
-    for r, msg in sorted(result.failed_ranks.items()):
-        click.echo(f"pardiag: rank {r} failed: {msg}", err=True)
+    for i, (r, msg) in enumerate(result.failed_ranks.items()):
+        first = " (first failure)" if i == 0 and len(result.failed_ranks) > 1 else ""
+        click.echo(f"pardiag: rank {r} failed{first}: {msg}", err=True)
+    for r, seen in sorted(result.short_ranks.items()):
+        click.echo(f"pardiag: warning: rank {r} recorded {seen} of --active {active} steps "
+                   f"(the script made fewer optimizer steps than --wait + --warmup + --active)",
+                   err=True)
     for r, seen in sorted(result.no_trace.items()):
         click.echo(f"pardiag: warning: rank {r} wrote no trace: the script made {seen} optimizer "
                    f"step(s) and the profiler starts recording after --wait + --warmup = "
@@ -94,6 +99,10 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
         traces = load_traces(list(paths))
     except PardiagError as err:
         _fail(err)
+    inputs = {t.path.resolve() for t in traces.ranks.values()}
+    for target in (output, json_out):
+        if target is not None and str(target) != "-" and target.resolve() in inputs:
+            _fail(PardiagError(f"{target}: is one of the input traces; choose another output path"))
     for w in traces.warnings:
         click.echo(f"pardiag: warning: {w}", err=True)
     rep = build_report(traces, opts)
@@ -115,5 +124,16 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="pardiag")
+    """Console-script entry point: usage errors become one line and exit code 2."""
+    try:
+        code = cli.main(prog_name="pardiag", standalone_mode=False)
+    except click.UsageError as err:
+        click.echo(f"pardiag: error: {err.format_message()}", err=True)
+        sys.exit(2)
+    except click.ClickException as err:
+        click.echo(f"pardiag: error: {err.format_message()}", err=True)
+        sys.exit(err.exit_code)
+    except click.Abort:
+        click.echo("pardiag: aborted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

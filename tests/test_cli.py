@@ -145,3 +145,42 @@ def test_analyzer_needs_no_torch(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "r.html").stat().st_size > 1_000_000
+
+
+def test_output_onto_an_input_is_refused(tmp_path):
+    t = gpu_rank(0).write(tmp_path / "rank0.json")
+    before = t.read_bytes()
+    res = run("report", tmp_path, "-o", t)
+    assert res.exit_code == 2 and "is one of the input traces" in res.output
+    res = run("report", tmp_path, "--json", t)
+    assert res.exit_code == 2
+    assert t.read_bytes() == before
+
+
+def test_usage_errors_are_one_line(tmp_path):
+    for args in (["report"], ["report", str(tmp_path), "--bogus"], ["nosuchcommand"]):
+        res = subprocess.run([sys.executable, "-m", "pardiag", *args], capture_output=True, text=True)
+        assert res.returncode == 2, args
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("pardiag: error: "), res.stderr
+
+
+def test_empty_comm_pattern_is_refused(tmp_path):
+    gpu_rank(0).write(tmp_path / "r0.json")
+    res = run("report", tmp_path, "--comm-kernel", ".*", "-o", tmp_path / "r.html")
+    assert res.exit_code == 2 and "matches the empty string" in res.output
+
+
+def test_failed_run_is_flagged_in_the_report(tmp_path):
+    import shutil
+    run_dir = tmp_path / "run"
+    shutil.copytree(SAMPLE, run_dir)
+    info = json.loads((run_dir / "run.json").read_text())
+    info.update(exit_code=1, failed_ranks={"1": "RuntimeError: boom"}, world_size=3)
+    (run_dir / "run.json").write_text(json.dumps(info))
+    res = run("report", run_dir, "-o", tmp_path / "r.html", "-q")
+    assert res.exit_code == 0
+    for w in ("the profiled run exited with code 1", "rank 1 failed during the profiled run: "
+              "RuntimeError: boom", "run.json says world size 3; no trace for rank(s) [2]"):
+        assert w in res.output
+        assert w in (tmp_path / "r.html").read_text()

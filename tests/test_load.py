@@ -178,3 +178,33 @@ def test_list_of_files(tmp_path):
     a = gpu_rank(0).write(tmp_path / "a.json")
     b = gpu_rank(1).write(tmp_path / "b.json")
     assert sorted(load_traces([a, b]).ranks) == [0, 1]
+
+
+def test_negative_ts_huge_numbers_and_missing_dur_are_left_out(tmp_path):
+    b = gpu_rank(0)
+    b.events.append({"ph": "X", "cat": "kernel", "name": "neg", "pid": 0, "tid": 7, "ts": -100,
+                     "dur": 3, "args": {"stream": 7}})
+    b.events.append({"ph": "X", "cat": "kernel", "name": "nodur", "pid": 0, "tid": 7, "ts": 5})
+    b.events.append("not an event")
+    text = json.dumps(b.doc()).replace('"traceEvents": [', '"traceEvents": [{"ph": "X", "cat": '
+                                       '"kernel", "name": "huge", "pid": 0, "tid": 7, "ts": 1'
+                                       + "0" * 400 + ', "dur": 1},', 1)
+    (tmp_path / "t.json").write_text(text)
+    ts = load_traces(tmp_path)
+    names = set(ts.ranks[0].events["name"])
+    assert not names & {"neg", "nodur", "huge"}
+    assert any("left out 3 events" in w and "(1 without dur)" in w for w in ts.warnings)
+    assert any("1 traceEvents entries that are not objects" in w for w in ts.warnings)
+    tot = compute_time_breakdown(ts).totals.iloc[0]
+    assert (tot.span_us, tot.overlap_us) == (170.0, 30.0)
+
+
+def test_bom_same_file_twice_and_subfolder_hint(tmp_path):
+    p = gpu_rank(0).write(tmp_path / "t.json")
+    p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes())
+    assert list(load_traces([p, p, tmp_path / "." / "t.json"]).ranks) == [0]
+    nested = tmp_path / "outer"
+    (nested / "inner").mkdir(parents=True)
+    gpu_rank(0).write(nested / "inner" / "r.json")
+    with pytest.raises(TraceError, match="subfolders hold some: .*inner"):
+        load_traces(nested)

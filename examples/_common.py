@@ -1,0 +1,137 @@
+"""Shared pieces of the example training scripts (CPU/gloo or GPU/NCCL, unchanged).
+
+Every example takes the options that matter for diagnosis: ``--steps``, ``--batch``, ``--width``,
+``--layers``, ``--optimizer``, and planted problems ``--slow-rank R --slow-ms D`` (sleep D ms
+every step on rank R), ``--fail-rank R --fail-step S`` (raise), ``--hang-rank R --hang-step S``
+(block forever), plus ``--times-out FILE`` (per-step wall times, for benchmarks/overhead.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclasses.dataclass(frozen=True)
+class Env:
+    """Where this process runs: global rank, world size, local rank, device, backend."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    """Argument parser with the options every example shares."""
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=8, help="optimizer steps")
+    p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    p.add_argument("--width", type=int, default=256, help="hidden width")
+    p.add_argument("--layers", type=int, default=4, help="hidden layers (blocks)")
+    p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+    p.add_argument("--slow-rank", type=int, default=-1, help="rank that sleeps every step")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="how long the slow rank sleeps (ms)")
+    p.add_argument("--fail-rank", type=int, default=-1, help="rank that raises at --fail-step")
+    p.add_argument("--fail-step", type=int, default=2)
+    p.add_argument("--hang-rank", type=int, default=-1, help="rank that blocks at --hang-step")
+    p.add_argument("--hang-step", type=int, default=2)
+    p.add_argument("--times-out", default=None, help="write per-step wall times (s) as JSON")
+    return p
+
+
+def init_distributed() -> Env:
+    """Start the default process group (NCCL with CUDA, else gloo) when run under torchrun."""
+    use_cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if "WORLD_SIZE" not in os.environ:
+        return Env(0, 1, 0, device, None)
+    backend = "nccl" if use_cuda else "gloo"
+    dist.init_process_group(backend)
+    return Env(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+
+
+class Block(nn.Module):
+    """One layer of the example models: LayerNorm → Linear → GELU → Linear, residual."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.w1 = nn.Linear(width, 2 * width)
+        self.w2 = nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.w2(torch.nn.functional.gelu(self.w1(self.norm(x))))
+
+
+def build_model(width: int, layers: int, in_dim: int = 64, classes: int = 10) -> nn.Sequential:
+    """``in_proj``, ``layers`` Blocks, ``head``; the same weights on every rank (seed 0)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(in_dim, width), *[Block(width) for _ in range(layers)],
+                         nn.Linear(width, classes))
+
+
+def make_optimizer(params, name: str) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=1e-3) if name == "adam" else torch.optim.SGD(params, lr=1e-2)
+
+
+def batch(env: Env, n: int, step: int, in_dim: int = 64, classes: int = 10, seq: int | None = None):
+    """A random batch for this rank and step: inputs (n, in_dim) or (n, seq, in_dim), targets."""
+    g = torch.Generator().manual_seed(1000 * step + env.rank)
+    shape = (n, in_dim) if seq is None else (n, seq, in_dim)
+    x = torch.randn(*shape, generator=g)
+    y = torch.randint(0, classes, shape[:-1], generator=g)
+    return x.to(env.device), y.to(env.device)
+
+
+def plant(args: argparse.Namespace, env: Env, step: int) -> None:
+    """The planted problems: raise, block, or sleep on the chosen rank."""
+    if env.rank == args.fail_rank and step == args.fail_step:
+        raise RuntimeError(f"planted failure on rank {env.rank} at step {step}")
+    if env.rank == args.hang_rank and step == args.hang_step:
+        while True:  # a rank that never reaches the next collective
+            time.sleep(1.0)
+    if env.rank == args.slow_rank and args.slow_ms > 0:
+        time.sleep(args.slow_ms / 1000.0)
+
+
+class StepTimes:
+    """Wall time of every step; written to ``--times-out`` at the end when given."""
+
+    def __init__(self, path: str | None, env: Env) -> None:
+        self.path = path
+        self.env = env
+        self.times: list[float] = []
+        self._t = time.perf_counter()
+
+    def tick(self) -> None:
+        if self.env.device.type == "cuda":
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.times.append(now - self._t)
+        self._t = now
+
+    def save(self) -> None:
+        if self.path:
+            with open(f"{self.path}.rank{self.env.rank}", "w") as f:
+                json.dump(self.times, f)
+
+
+def finish(env: Env, message: str) -> None:
+    if env.rank == 0:
+        print(message, flush=True)
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

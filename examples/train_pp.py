@@ -1,0 +1,90 @@
+"""Pipeline parallel with ``torch.distributed.pipelining``: GPipe, 1F1B or Interleaved1F1B.
+
+Stages = ranks × ``--stages-per-rank`` (v; interleaved needs v ≥ 2). ``--layers-per-stage``
+sets how many blocks each stage holds, e.g. ``2,6`` for a planted imbalance (default: even).
+
+    pardiag profile examples/train_pp.py --nproc-per-node 2 -- --schedule 1f1b --microbatches 8
+    pardiag profile examples/train_pp.py --nproc-per-node 4 -- --schedule gpipe
+    pardiag profile examples/train_pp.py --nproc-per-node 2 -- --schedule interleaved --stages-per-rank 2
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                          ScheduleInterleaved1F1B)
+
+import _common as C
+
+
+def stage_layers(args, num_stages: int) -> list[int]:
+    if args.layers_per_stage:
+        counts = [int(c) for c in args.layers_per_stage.split(",")]
+        if len(counts) != num_stages:
+            raise SystemExit(f"--layers-per-stage has {len(counts)} entries for {num_stages} stages")
+        return counts
+    return [args.layers] * num_stages
+
+
+def build_stage(width: int, n_blocks: int, first: bool, last: bool, index: int) -> nn.Sequential:
+    torch.manual_seed(index)
+    mods: list[nn.Module] = [nn.Linear(64, width)] if first else []
+    mods += [C.Block(width) for _ in range(n_blocks)]
+    if last:
+        mods.append(nn.Linear(width, 10))
+    return nn.Sequential(*mods)
+
+
+def main() -> None:
+    p = C.base_parser(__doc__)
+    p.set_defaults(layers=2)
+    p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default="1f1b")
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--stages-per-rank", type=int, default=1, help="v: virtual stages per rank")
+    p.add_argument("--layers-per-stage", default="", help="blocks per stage, comma-separated")
+    args = p.parse_args()
+    env = C.init_distributed()
+    v = args.stages_per_rank
+    if args.schedule == "interleaved" and v < 2:
+        v = 2
+    num_stages = env.world_size * v
+    counts = stage_layers(args, num_stages)
+    # stage s runs on rank s % world (looped placement, as Interleaved1F1B expects)
+    my = [s for s in range(num_stages) if s % env.world_size == env.rank]
+    stages = [PipelineStage(build_stage(args.width, counts[s], s == 0, s == num_stages - 1, s)
+                            .to(env.device), s, num_stages, env.device) for s in my]
+    loss_fn = nn.CrossEntropyLoss()
+    if args.schedule == "interleaved":
+        sched = ScheduleInterleaved1F1B(stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
+    else:
+        cls = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
+        sched = cls(stages[0], n_microbatches=args.microbatches, loss_fn=loss_fn)
+    params = [q for st in stages for q in st.submod.parameters()]
+    opt = C.make_optimizer(params, args.optimizer)
+    timer = C.StepTimes(args.times_out, env)
+    first, last = 0 in my, (num_stages - 1) in my
+    for step in range(args.steps):
+        g = torch.Generator().manual_seed(step)  # the same batch on every rank
+        x = torch.randn(args.batch, 64, generator=g).to(env.device)
+        y = torch.randint(0, 10, (args.batch,), generator=g).to(env.device)
+        C.plant(args, env, step)
+        opt.zero_grad(set_to_none=True)
+        losses: list = []
+        if first and last:
+            sched.step(x, target=y, losses=losses)
+        elif first:
+            sched.step(x)
+        elif last:
+            sched.step(target=y, losses=losses)
+        else:
+            sched.step()
+        opt.step()
+        timer.tick()
+    timer.save()
+    C.finish(env, f"train_pp: {args.steps} steps, {num_stages} stages, {args.schedule}, "
+                  f"{args.microbatches} microbatches")
+
+
+if __name__ == "__main__":
+    main()
