@@ -1,0 +1,64 @@
+"""2D parallelism: FSDP2 over the ``dp`` mesh dimension × tensor parallel (with sequence
+parallel) over ``tp``, on a (dp, tp) device mesh; 4 ranks by default (2 × 2).
+
+    pardiag profile examples/train_2d.py --nproc-per-node 4 -- --tp 2
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+import _common as C
+from train_tp import tp_plan
+
+# The root's output is a view of the replicated TP output; nothing here modifies it in place.
+warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+
+
+def main() -> None:
+    p = C.base_parser(__doc__)
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel degree")
+    p.add_argument("--seq", type=int, default=16, help="sequence length (divisible by tp)")
+    args = p.parse_args()
+    env = C.init_distributed()
+    if env.world_size % args.tp:
+        raise SystemExit(f"world size {env.world_size} is not divisible by --tp {args.tp}")
+    mesh = init_device_mesh(env.device.type, (env.world_size // args.tp, args.tp),
+                            mesh_dim_names=("dp", "tp"))
+    model = C.build_model(args.width, args.layers).to(env.device)
+    for block in model:
+        if isinstance(block, C.Block):
+            parallelize_module(block, mesh["tp"], tp_plan())
+            fully_shard(block, mesh=mesh["dp"])
+    parallelize_module(model[0], mesh["tp"], ColwiseParallel(output_layouts=Shard(1),
+                                                             input_layouts=Replicate()))
+    parallelize_module(model[-1], mesh["tp"], RowwiseParallel(input_layouts=Shard(1),
+                                                              output_layouts=Replicate()))
+    fully_shard(model, mesh=mesh["dp"])
+    opt = C.make_optimizer(model.parameters(), args.optimizer)
+    loss_fn = nn.CrossEntropyLoss()
+    timer = C.StepTimes(args.times_out, env)
+    dp_rank = mesh.get_local_rank("dp")
+    for step in range(args.steps):
+        # the same batch within a TP group, different ones across DP replicas
+        x, y = C.batch(C.Env(dp_rank, env.world_size, 0, env.device, env.backend), args.batch,
+                       step, seq=args.seq)
+        C.plant(args, env, step)
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        timer.tick()
+    timer.save()
+    C.finish(env, f"train_2d: {args.steps} steps, mesh dp×tp = {env.world_size // args.tp}×{args.tp}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Expert parallel: a mixture-of-experts layer whose tokens go out and back with
+``all_to_all_single`` (dispatch and combine); the dense layers are data parallel (all-reduce).
+
+Each rank holds ``--experts-per-rank`` experts; a top-1 router sends each token to one expert.
+
+    pardiag profile examples/train_moe.py --nproc-per-node 2
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.nn.functional import all_to_all_single
+
+import _common as C
+
+# The autograd-aware all_to_all_single is deprecated in favour of the functional collectives,
+# whose gloo path falls back to all-gather + chunk; keep the real all-to-all on gloo.
+warnings.filterwarnings("ignore", message=".*all_to_all_single is deprecated.*")
+
+
+class MoE(nn.Module):
+    """Top-1 routed experts, ``experts_per_rank`` on each rank of the EP group."""
+
+    def __init__(self, width: int, experts_per_rank: int, group, rank: int, world: int) -> None:
+        super().__init__()
+        self.group, self.world, self.local = group, world, experts_per_rank
+        self.router = nn.Linear(width, experts_per_rank * world)
+        torch.manual_seed(100 + rank)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(),
+                                                   nn.Linear(2 * width, width))
+                                     for _ in range(experts_per_rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        expert = self.router(x).argmax(dim=-1)                 # (tokens,)
+        order = torch.argsort(expert)
+        dest = expert[order] // self.local                     # destination rank per token
+        send_counts = torch.bincount(dest, minlength=self.world)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        send, recv = send_counts.tolist(), recv_counts.tolist()
+        tokens = all_to_all_single(x.new_empty(sum(recv), x.shape[-1]), x[order],
+                                   recv, send, group=self.group)   # dispatch
+        local_ids = all_to_all_single(expert.new_empty(sum(recv)), expert[order] % self.local,
+                                      recv, send, group=self.group)
+        out = torch.zeros_like(tokens)
+        for e, mod in enumerate(self.experts):
+            mask = local_ids == e
+            if mask.any():
+                out = out.index_put((mask.nonzero(as_tuple=True)[0],), mod(tokens[mask]))
+        back = all_to_all_single(x.new_empty(x.shape[0], x.shape[-1]), out, send, recv,
+                                 group=self.group)              # combine
+        result = torch.empty_like(back)
+        result[order] = back
+        return x + result
+
+
+def main() -> None:
+    p = C.base_parser(__doc__)
+    p.add_argument("--experts-per-rank", type=int, default=2)
+    args = p.parse_args()
+    env = C.init_distributed()
+    mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("ep",))
+    group = mesh.get_group("ep")
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Linear(64, args.width), C.Block(args.width))
+    moe = MoE(args.width, args.experts_per_rank, group, env.rank, env.world_size)
+    head = nn.Linear(args.width, 10)
+    model = nn.ModuleDict({"dense": dense, "moe": moe, "head": head}).to(env.device)
+    expert_params = {id(q) for q in moe.experts.parameters()}
+    dense_params = [q for q in model.parameters() if id(q) not in expert_params]
+    opt = C.make_optimizer(model.parameters(), args.optimizer)
+    loss_fn = nn.CrossEntropyLoss()
+    timer = C.StepTimes(args.times_out, env)
+    for step in range(args.steps):
+        x, y = C.batch(env, args.batch, step)
+        C.plant(args, env, step)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(head(moe(dense(x))), y)
+        loss.backward()
+        for q in dense_params:  # data parallel for the replicated (non-expert) weights
+            if q.grad is not None:
+                dist.all_reduce(q.grad, group=group)
+                q.grad /= env.world_size
+        opt.step()
+        timer.tick()
+    timer.save()
+    C.finish(env, f"train_moe: {args.steps} steps, loss {loss.item():.4f}")
+
+
+if __name__ == "__main__":
+    main()
