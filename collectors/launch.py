@@ -119,7 +119,10 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
            "--nproc-per-node", str(cfg.nproc_per_node), "-m", "pardiag.collectors.rank_entry"]
     # torchrun sets OMP_NUM_THREADS=1 when unset, with a banner; set the same value quietly.
-    env = {"OMP_NUM_THREADS": "1", **os.environ, CONFIG_ENV: json.dumps(rank_cfg)}
+    # The flight recorder (collectives with group, seq, sizes) holds 2000 entries by default;
+    # a profiled window of FSDP or pipeline steps can hold more.
+    env = {"OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "20000", **os.environ,
+           CONFIG_ENV: json.dumps(rank_cfg)}
     run_info = {
         **layout.sidecar_header("run"),
         "pardiag_version": __version__,
@@ -138,6 +141,7 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     run_info["torchrun_exit_code"] = proc.returncode
 
     failed: dict[int, str] = {}
+    metas: dict[int, dict] = {}
     missing: list[int] = []
     codes: list[int] = []
     no_trace: dict[int, int] = {}
@@ -149,6 +153,7 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
             missing.append(r)
             continue
         meta = json.loads(p.read_text())
+        metas[r] = meta
         codes.append(int(meta.get("exit_code") or 0))
         steps = int(meta.get("optimizer_steps") or 0)
         recorded = max(0, min(cfg.active, steps - cfg.wait - cfg.warmup))
@@ -168,6 +173,21 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     else:
         exit_code = 0
     run_info["exit_code"] = exit_code
+    nodes: dict[str, list[int]] = {}
+    for r, m in sorted(metas.items()):
+        nodes.setdefault(str(m.get("host")), []).append(r)
+    run_info["nodes"] = nodes
+    layouts = {r: m.get("layout") for r, m in metas.items() if m.get("layout")}
+    if layouts:
+        first = layouts[min(layouts)]
+        run_info["layout"] = {"dims": first["dims"], "strategies": first["strategies"],
+                              **({"pipeline": first["pipeline"]} if first.get("pipeline") else {}),
+                              **({"fsdp_reshard_after_forward": first["fsdp_reshard_after_forward"]}
+                                 if "fsdp_reshard_after_forward" in first else {})}
+    backends = {m.get("backend") for m in metas.values() if m.get("backend")}
+    torch_versions = {m.get("torch_version") for m in metas.values() if m.get("torch_version")}
+    run_info["backend"] = backends.pop() if len(backends) == 1 else sorted(backends) or None
+    run_info["torch_version"] = torch_versions.pop() if len(torch_versions) == 1 else sorted(torch_versions) or None
     run_info["failed_ranks"] = {str(k): v for k, v in failed.items()}
     run_info["missing_ranks"] = missing
     tmp = layout.run_file_path(out).with_suffix(".json.tmp")

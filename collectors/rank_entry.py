@@ -1,11 +1,18 @@
 """Entry point of every rank under ``pardiag profile`` (run by torchrun as ``-m``).
 
 It reads its configuration from the ``PARDIAG_PROFILE_CONFIG`` environment variable (JSON written
-by :mod:`pardiag.collectors.launch`), wraps the user's unmodified script in ``torch.profiler``,
-steps the profiler on every step of the first top-level optimizer, writes the rank's trace and
-metadata into the run folder, then ends the process cleanly (barrier, flush, ``os._exit``) with the
-script's own exit code. See FACTS §1: gloo runs that leave the process group alive end in SIGABRT
-10-40% of the time without this.
+by :mod:`pardiag.collectors.launch`), installs pardiag's hooks (:mod:`pardiag.collectors.hooks`),
+wraps the user's unmodified script in ``torch.profiler``, steps the profiler on every step of the
+first top-level optimizer, and writes the rank's trace and sidecars into the run folder:
+
+* ``rank{R}.trace.json.gz`` — the Kineto trace (written when the active window ends);
+* ``rank{R}.comms.json`` — process groups (with their parallel dimension) and every collective
+  and point-to-point op of the traced window, placed on the trace's clock;
+* ``rank{R}.pipeline.json`` — forward/backward per stage and microbatch (pipelined scripts);
+* ``rank{R}.meta.json`` — host, device, versions, memory, topology, detected layout, status.
+
+Then it ends the process cleanly (barrier, flush, ``os._exit``) with the script's own exit code:
+gloo runs that leave the process group alive end in SIGABRT 10-40% of the time (FACTS §1).
 """
 
 from __future__ import annotations
@@ -14,8 +21,8 @@ import json
 import os
 import platform
 import runpy
-import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -31,13 +38,14 @@ class _OptimizerStepper:
     Global optimizer hooks fire for every optimizer, including ones nested inside another
     (``ZeroRedundancyOptimizer`` calls its inner optimizer's ``step``). The stepper counts the
     step depth with a pre-hook and steps only when the outermost step of the first optimizer it
-    saw at depth 0 ends.
+    saw at depth 0 ends. ``on_step(count, optimizer)`` runs before the profiler steps.
     """
 
     def __init__(self, on_step) -> None:
         self._on_step = on_step
         self._depth = 0
         self._owner: int | None = None
+        self.optimizer = None
         self.steps = 0
 
     def pre(self, optimizer, args, kwargs) -> None:
@@ -49,14 +57,15 @@ class _OptimizerStepper:
             return
         if self._owner is None:
             self._owner = id(optimizer)
+            self.optimizer = optimizer
         if id(optimizer) == self._owner:
             self.steps += 1
-            self._on_step()
+            self._on_step(self.steps, optimizer)
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def _write_json(path: Path, obj) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
     os.replace(tmp, path)
 
 
@@ -83,6 +92,115 @@ def _device_info(torch) -> dict:
             "device_memory_bytes": None}
 
 
+def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thread:
+    """A daemon thread that writes ``rank{R}.hang.json`` when the launcher asks (--timeout).
+
+    It runs while the main thread is blocked in a collective (gloo and NCCL waits release the
+    GIL) and records the flight recorder's entries, recent point-to-point calls and the main
+    thread's Python stack.
+    """
+    from pardiag.collectors.hooks import flight_recorder_entries, process_groups
+
+    request = out / layout.DUMP_REQUEST
+    main_id = threading.main_thread().ident
+
+    def run() -> None:
+        while not stop.wait(0.2):
+            if not request.exists():
+                continue
+            frame = sys._current_frames().get(main_id)
+            dump = {
+                **layout.sidecar_header("hang"), "rank": rank, "time_ns": time.time_ns(),
+                "flight_recorder": flight_recorder_entries()[-200:],
+                "p2p": p2p.records[-50:], "process_groups": process_groups(),
+                "main_stack": traceback.format_stack(frame) if frame else [],
+            }
+            _write_json(layout.hang_path(out, rank), dump)
+            return
+
+    t = threading.Thread(target=run, name="pardiag-watchdog", daemon=True)
+    t.start()
+    return t
+
+
+def _layout_of(parallel: dict, groups: list[dict], records: list[dict]) -> dict:
+    """Parallel dimensions and degrees from the detected objects and the records."""
+    from pardiag.collectors.hooks import canonical_dim
+
+    dims: dict[str, int] = {}
+    for mesh in parallel.get("meshes", []):
+        for name, size in mesh["dims"].items():
+            dims[canonical_dim(name) or name] = size
+    size_of = {g["name"]: g["size"] for g in groups}
+    group_dims = dict(parallel.get("group_dims", {}))
+    for r in records:  # all-to-all on a group nothing else explains: expert parallel
+        if r["op"] == "all_to_all" and r["pg_name"] not in group_dims:
+            group_dims[r["pg_name"]] = "ep"
+    for g in groups:  # descriptions such as mesh_tp
+        if g["name"] not in group_dims and canonical_dim(g.get("desc")):
+            group_dims[g["name"]] = canonical_dim(g.get("desc"))
+    for pg, dim in group_dims.items():
+        if dim not in dims and pg in size_of:
+            dims[dim] = size_of[pg]
+    pipe = parallel.get("pipeline")
+    out: dict = {"dims": dims, "strategies": parallel.get("wrappers", []),
+                 "group_dims": group_dims}
+    if pipe:
+        if pipe.get("pp_group_size"):
+            dims["pp"] = pipe["pp_group_size"]
+        v = (pipe["stages"] // pipe["pp_group_size"]) if pipe.get("stages") and pipe.get(
+            "pp_group_size") else None
+        out["pipeline"] = {**pipe, "stages_per_rank": v}
+    if parallel.get("fsdp_reshard_after_forward") is not None:
+        out["fsdp_reshard_after_forward"] = parallel["fsdp_reshard_after_forward"]
+    if "tp" in dims and "tp" not in out["strategies"]:
+        out["strategies"] = sorted([*out["strategies"], "tp"])
+    if "ep" in dims and "ep" not in out["strategies"]:
+        out["strategies"] = sorted([*out["strategies"], "ep"])
+    return out
+
+
+def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict],
+                    pipe_records: list[dict]) -> tuple[dict, int]:
+    """Comms and pipeline sidecars of a rank whose trace was written; returns (layout, n records)."""
+    from pardiag.analyzer.comm_records import (attach_trace_times, records_from_flight_recorder,
+                                               records_from_p2p)
+    from pardiag.analyzer.load import RankTrace, events_frame, read_trace_json
+
+    path = layout.trace_path(out, rank)
+    doc = read_trace_json(path)
+    events, threads, _, _ = events_frame(doc["traceEvents"], path)
+    trace = RankTrace(rank=rank, path=path, events=events,
+                      metadata={k: v for k, v in doc.items() if k != "traceEvents"},
+                      rank_source="distributedInfo", thread_names=threads)
+    groups = captured.get("groups", [])
+    raw = (records_from_flight_recorder(captured.get("flight_recorder", []), groups)
+           + records_from_p2p(p2p_records, groups))
+    records = attach_trace_times(raw, trace)
+    lay = _layout_of(captured.get("parallel", {}), groups, records)
+    for g in groups:
+        g["dim"] = lay["group_dims"].get(g["name"])
+    _write_json(layout.comms_path(out, rank), {
+        **layout.sidecar_header("comms"), "rank": rank,
+        "base_time_ns": trace.metadata.get("baseTimeNanoseconds"),
+        "process_groups": groups, "records": records})
+    base = trace.metadata.get("baseTimeNanoseconds")
+    if pipe_records and isinstance(base, (int, float)):
+        lo = float(events["ts"].min())
+        hi = float((events["ts"] + events["dur"]).max())
+        rows = []
+        for r in pipe_records:
+            s = (r["start_ns"] - base) / 1000.0
+            e = (r["end_ns"] - base) / 1000.0
+            if s >= lo and e <= hi:
+                rows.append({"stage": r["stage"], "microbatch": r["microbatch"], "phase": r["phase"],
+                             "start_us": s, "end_us": e, "optimizer_step": r["optimizer_step"]})
+        _write_json(layout.pipeline_path(out, rank), {
+            **layout.sidecar_header("pipeline"), "rank": rank,
+            "schedule": lay.get("pipeline"), "records": rows})
+    return lay, len(records)
+
+
 def main() -> None:
     """Run the user's script as ``__main__`` under the profiler; never returns."""
     import torch
@@ -91,38 +209,59 @@ def main() -> None:
                                        register_optimizer_step_pre_hook)
     from torch.profiler import ProfilerActivity, profile, schedule
 
+    from pardiag.collectors import hooks
+
     cfg = json.loads(os.environ[CONFIG_ENV])
     out = Path(cfg["out"])
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     script = cfg["script"]
+    wait, warmup = cfg["wait"], cfg["warmup"]
+    cuda = torch.cuda.is_available()
 
     activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
+    if cuda:
         activities.append(ProfilerActivity.CUDA)
     trace_file = layout.trace_path(out, rank)
     traces_written: list[str] = []
-    seen: dict = {"backend": None}
+    captured: dict = {"backend": None}
 
     def on_trace_ready(prof) -> None:
         prof.export_chrome_trace(str(trace_file))
         traces_written.append(trace_file.name)
+        # what only the live process can tell, taken while the script's objects exist
+        captured["flight_recorder"] = hooks.flight_recorder_entries()
+        captured["groups"] = hooks.process_groups()
+        captured["parallel"] = hooks.detect_parallelism()
+        captured["peak"] = hooks.peak_memory(cuda)
         if dist.is_available() and dist.is_initialized():  # the script may destroy it later
-            seen["backend"] = str(dist.get_backend())
+            captured["backend"] = str(dist.get_backend())
 
     prof = profile(
         activities=activities,
-        schedule=schedule(wait=cfg["wait"], warmup=cfg["warmup"], active=cfg["active"], repeat=1),
+        schedule=schedule(wait=wait, warmup=warmup, active=cfg["active"], repeat=1),
         on_trace_ready=on_trace_ready,
         record_shapes=True,
         profile_memory=True,
     )
-    stepper = _OptimizerStepper(prof.step)
-    hooks = [
-        register_optimizer_step_pre_hook(stepper.pre),
-        register_optimizer_step_post_hook(stepper.post),
-    ]
+
+    def on_step(count: int, optimizer) -> None:
+        if count == wait + warmup and cuda:
+            torch.cuda.reset_peak_memory_stats()  # the active window starts now
+        if count == wait + warmup + 1:  # end of the first active step: state and grads exist
+            captured["static"] = hooks.static_memory(optimizer)
+        prof.step()
+
+    stepper = _OptimizerStepper(on_step)
+    p2p = hooks.P2PRecorder()
+    p2p.install()
+    pipe = hooks.PipelineRecorder(lambda: stepper.steps)
+    pipe.install()
+    hook_handles = [register_optimizer_step_pre_hook(stepper.pre),
+                    register_optimizer_step_post_hook(stepper.post)]
+    stop_watchdog = threading.Event()
+    _watchdog(out, rank, p2p, stop_watchdog)
 
     started = time.time()
     error: BaseException | None = None
@@ -136,12 +275,24 @@ def main() -> None:
         error = exc
     finally:
         sys.argv = saved_argv
-        for h in hooks:
+        for h in hook_handles:
             h.remove()
         try:
             prof.stop()
         except Exception as exc:  # a trace that cannot be written must not hide the script's result
             print(f"pardiag: rank {rank}: could not write the trace: {exc}", file=sys.stderr)
+        p2p.uninstall()
+        pipe.uninstall()
+
+    lay, n_records = None, 0
+    if traces_written:
+        try:
+            lay, n_records = _write_sidecars(out, rank, captured, p2p.records, pipe.records)
+        except Exception as exc:  # sidecars are extra: the trace and metadata still count
+            print(f"pardiag: rank {rank}: could not write collective records: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    if "static" not in captured and stepper.optimizer is not None:
+        captured["static"] = hooks.static_memory(stepper.optimizer)
 
     code = _exit_code_of(error)
     failed = error is not None and code != 0
@@ -150,22 +301,25 @@ def main() -> None:
         "rank": rank,
         "world_size": world_size,
         "local_rank": local_rank,
-        "host": socket.gethostname(),
         "pid": os.getpid(),
-        "cpu_count": os.cpu_count(),
+        **hooks.topology(local_rank),
         "torch_version": torch.__version__,
         "pardiag_version": __version__,
-        "backend": seen["backend"] or (str(dist.get_backend())
-                                       if dist.is_available() and dist.is_initialized() else None),
+        "backend": captured["backend"] or (str(dist.get_backend())
+                                           if dist.is_available() and dist.is_initialized() else None),
         **_device_info(torch),
         "optimizer_steps": stepper.steps,
         "trace_file": traces_written[-1] if traces_written else None,
+        "comm_records": n_records,
+        "memory": {"static": captured.get("static"), **captured.get("peak", {})},
+        "layout": lay,
         "started_unix": started,
         "ended_unix": time.time(),
         "exit_code": code,
         "status": "error" if failed else "ok",
         "error": None if not failed else "".join(traceback.format_exception_only(type(error), error)).strip(),
     }
+    stop_watchdog.set()
     _write_json(layout.rank_meta_path(out, rank), meta)
     if failed:
         traceback.print_exception(type(error), error, error.__traceback__)

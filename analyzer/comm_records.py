@@ -1,0 +1,226 @@
+"""Collective and point-to-point records: normalise what the collectors captured and place
+each record on the trace's timeline.
+
+Sources (see :mod:`pardiag.collectors.hooks`): flight-recorder entries (collectives, with group,
+per-group sequence number, sizes, dtypes, creation time) and pardiag's own point-to-point hook
+records. Both carry epoch-ns times on the clock of the trace's ``baseTimeNanoseconds``, so
+``trace µs = (t_ns − baseTimeNanoseconds) / 1000``.
+
+Placement on the trace (:func:`attach_trace_times`):
+
+* ``issue_us``: the record's own time, converted;
+* CPU/gloo: ``start_us``/``end_us`` of the ``gloo:*`` event on a gloo worker thread that ran it —
+  the first unmatched one with the same name (and element count, when the trace has
+  ``Input Dims``) starting at or after the issue;
+* GPU/NCCL: the communication kernel launched from inside the issuing ``c10d::*``/``nccl:*`` op;
+* otherwise the issuing CPU op itself (the ``c10d::*`` event containing the issue time).
+
+Every record then has ``op`` (standard collective name), ``pg_name``, ``pg_desc``, ``pg_ranks``,
+``seq``, ``in_bytes``, ``out_bytes``, ``bytes`` (the full buffer, nccl-tests' S), ``dtype``,
+``peer`` (send/recv), ``issue_us``, ``start_us``, ``end_us``, ``matched`` (what placed it), and
+``transport_op`` where the backend ran the op as another one (gloo's reduce_scatter is an
+all_reduce; ``op`` keeps what the program called).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from pardiag.analyzer.classify import STANDARD_COLLECTIVES, collective_type, comm_threads
+from pardiag.analyzer.load import RankTrace
+
+DTYPE_BYTES = {
+    "Float": 4, "float32": 4, "float": 4, "Double": 8, "float64": 8, "double": 8, "Half": 2,
+    "float16": 2, "c10::Half": 2, "BFloat16": 2, "bfloat16": 2, "c10::BFloat16": 2, "Long": 8,
+    "int64": 8, "long int": 8, "Int": 4, "int32": 4, "int": 4, "Short": 2, "int16": 2, "Char": 1,
+    "int8": 1, "Byte": 1, "uint8": 1, "unsigned char": 1, "Bool": 1, "bool": 1,
+    "Float8_e4m3fn": 1, "Float8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+
+def _numel(sizes) -> int:
+    total = 0
+    for s in sizes or []:
+        n = 1
+        for d in s or []:
+            n *= int(d)
+        total += n if s is not None else 0
+    return total
+
+
+def _bytes(sizes, dtypes) -> int:
+    total = 0
+    for s, d in zip(sizes or [], dtypes or []):
+        n = 1
+        for x in s or []:
+            n *= int(x)
+        total += n * DTYPE_BYTES.get(str(d), 4)
+    return total
+
+
+def records_from_flight_recorder(entries: list[dict], groups: list[dict]) -> list[dict]:
+    """Normalise flight-recorder entries (``_dump_fr_trace_json()["entries"]``).
+
+    Args:
+        entries: raw entries.
+        groups: process-group table, ``[{"name", "desc", "ranks", ...}]``.
+    """
+    by_name = {g["name"]: g for g in groups}
+    out = []
+    for e in entries:
+        pg = e.get("process_group") or ["", ""]
+        name = e.get("profiling_name", "")
+        in_b = _bytes(e.get("input_sizes"), e.get("input_dtypes"))
+        out_b = _bytes(e.get("output_sizes"), e.get("output_dtypes"))
+        dtypes = e.get("input_dtypes") or e.get("output_dtypes") or [None]
+        out.append({
+            "op": collective_type(name), "trace_name": name,
+            "pg_name": str(pg[0]), "pg_desc": str(pg[1]) if len(pg) > 1 else "",
+            "pg_ranks": by_name.get(str(pg[0]), {}).get("ranks"),
+            "seq": int(e["p2p_seq_id"] if e.get("is_p2p") else e.get("collective_seq_id", -1)),
+            "in_bytes": in_b, "out_bytes": out_b, "bytes": max(in_b, out_b),
+            "numel": _numel(e.get("input_sizes")),
+            "dtype": dtypes[0], "peer": None, "issue_ns": int(e.get("time_created_ns", 0)),
+            "source": "flight_recorder",
+        })
+    return out
+
+
+def records_from_p2p(records: list[dict], groups: list[dict]) -> list[dict]:
+    """Normalise pardiag's point-to-point hook records; ``seq`` counts per group and peer."""
+    by_name = {g["name"]: g for g in groups}
+    counters: dict[tuple, int] = defaultdict(int)
+    out = []
+    for r in sorted(records, key=lambda r: r["issue_ns"]):
+        key = (r["pg_name"], r["op"], r["peer"])
+        counters[key] += 1
+        g = by_name.get(r["pg_name"], {})
+        esize = DTYPE_BYTES.get(r.get("dtype"), 4)
+        out.append({
+            "op": r["op"], "trace_name": f"gloo:{r['op']}", "pg_name": r["pg_name"],
+            "pg_desc": g.get("desc", ""), "pg_ranks": g.get("ranks"), "seq": counters[key],
+            "in_bytes": r["bytes"], "out_bytes": r["bytes"], "bytes": r["bytes"],
+            "numel": r["bytes"] // esize if esize else None, "dtype": r.get("dtype"),
+            "peer": r["peer"], "issue_ns": int(r["issue_ns"]), "source": r.get("source", "p2p_hook"),
+        })
+    return out
+
+
+def _input_numel(args) -> int | None:
+    if not isinstance(args, dict) or not isinstance(args.get("Input Dims"), list):
+        return None
+    try:
+        return _numel(args["Input Dims"][:1])
+    except (TypeError, ValueError):
+        return None
+
+
+def attach_trace_times(records: list[dict], trace: RankTrace, tolerance_us: float = 50.0) -> list[dict]:
+    """Place records on ``trace``'s timeline (see the module docstring).
+
+    Records whose issue time lies outside the trace's time range are dropped (the flight
+    recorder keeps a ring of earlier collectives).
+
+    Returns:
+        New list of records, sorted by ``issue_us``, each with ``issue_us``, ``start_us``,
+        ``end_us`` (µs, trace clock) and ``matched`` (``"worker"``, ``"kernel"``, ``"op"`` or
+        ``"none"``).
+    """
+    base_ns = trace.metadata.get("baseTimeNanoseconds")
+    ev = trace.events
+    if not isinstance(base_ns, (int, float)) or ev.empty:
+        return []
+    lo = float(ev["ts"].min())
+    hi = float((ev["ts"] + ev["dur"]).max())
+    threads = comm_threads(trace)
+    on_worker = np.fromiter(((p, t) in threads for p, t in zip(ev["pid"], ev["tid"])), dtype=bool,
+                            count=len(ev))
+    workers = ev[on_worker & ev["name"].str.startswith("gloo:").to_numpy()]
+    by_name: dict[str, list] = defaultdict(list)
+    for idx, name, ts, dur, args in zip(workers.index, workers["name"], workers["ts"],
+                                        workers["dur"], workers["args"]):
+        by_name[name].append((ts, ts + dur, _input_numel(args), idx))
+    used: set = set()
+    issuers = ev[~on_worker & ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()
+                 & ev["name"].str.match(r"^(c10d::|nccl:|_c10d_functional::|record_param_comms)")]
+    iss_start = issuers["ts"].to_numpy()
+    iss_end = (issuers["ts"] + issuers["dur"]).to_numpy()
+    order = np.argsort(iss_start, kind="stable")
+    iss_start, iss_end = iss_start[order], iss_end[order]
+    iss_rows = issuers.iloc[order]
+    kernels = _comm_kernels_by_launch(trace)
+
+    out = []
+    for r in sorted(records, key=lambda r: r["issue_ns"]):
+        issue = (r["issue_ns"] - base_ns) / 1000.0
+        if not (lo - tolerance_us <= issue <= hi + tolerance_us):
+            continue
+        rec = {k: v for k, v in r.items() if k != "issue_ns"}
+        rec.update(issue_us=issue, start_us=None, end_us=None, matched="none")
+        cands = by_name.get(r.get("trace_name", ""), [])
+        for ts, end, numel, idx in cands:
+            if idx in used or ts < issue - tolerance_us:
+                continue
+            if numel is not None and r.get("numel") is not None and numel != r["numel"]:
+                continue
+            used.add(idx)
+            rec.update(start_us=float(ts), end_us=float(end), matched="worker")
+            break
+        # the innermost issuing op that contains the issue time
+        j = bisect.bisect_right(iss_start, issue) - 1
+        while j >= 0 and iss_end[j] < issue:
+            j -= 1
+        if j >= 0:
+            issued = collective_type(iss_rows["name"].iloc[j], iss_rows["args"].iloc[j])
+            if issued in STANDARD_COLLECTIVES and issued != rec["op"]:
+                # gloo runs reduce_scatter as an all_reduce: keep what the program asked for
+                rec["transport_op"], rec["op"] = rec["op"], issued
+        if rec["matched"] == "none" and j >= 0:
+            k = kernels.get(int(iss_rows.index[j]))
+            if k is not None:
+                rec.update(start_us=k[0], end_us=k[1], matched="kernel")
+            else:
+                rec.update(start_us=float(iss_start[j]), end_us=float(iss_end[j]), matched="op")
+        out.append(rec)
+    return out
+
+
+def _comm_kernels_by_launch(trace: RankTrace) -> dict[int, tuple[float, float]]:
+    """``{index of a CPU comm op: (start, end) of the first comm kernel launched inside it}``."""
+    ev = trace.events
+    kern = ev[(ev["cat"] == "kernel") & ev["name"].str.contains(r"nccl|rccl|hccl", case=False)]
+    if kern.empty:
+        return {}
+    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
+    k_by_corr = {int(c): (float(t), float(t + d)) for c, t, d in
+                 zip(kern["correlation"], kern["ts"], kern["dur"])}
+    ops = ev[ev["cat"].isin(["cpu_op", "user_annotation"])
+             & ev["name"].str.match(r"^(c10d::|nccl:|_c10d_functional::|record_param_comms)")]
+    out: dict[int, tuple[float, float]] = {}
+    for (pid, tid), grp in rt.groupby(["pid", "tid"]):
+        t = grp["ts"].to_numpy()
+        corr = grp["correlation"].to_numpy()
+        o = np.argsort(t)
+        t, corr = t[o], corr[o]
+        mine = ops[(ops["pid"] == pid) & (ops["tid"] == tid)]
+        for idx, s, d in zip(mine.index, mine["ts"], mine["dur"]):
+            a, b = np.searchsorted(t, s), np.searchsorted(t, s + d, side="right")
+            for c in corr[a:b]:
+                if int(c) in k_by_corr:
+                    out[int(idx)] = k_by_corr[int(c)]
+                    break
+    return out
+
+
+def records_frame(records: list[dict]) -> pd.DataFrame:
+    """Records as a DataFrame (columns as in the module docstring; µs and bytes)."""
+    cols = ["op", "pg_name", "pg_desc", "seq", "bytes", "in_bytes", "out_bytes", "dtype", "peer",
+            "issue_us", "start_us", "end_us", "matched", "source"]
+    df = pd.DataFrame(records, columns=cols)
+    for c in ("issue_us", "start_us", "end_us"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df

@@ -1,0 +1,352 @@
+"""Instrumentation installed in each rank before the user's script runs.
+
+What a trace alone cannot show (FACTS §1: gloo traces carry no process group and no message
+size) is recorded here:
+
+* :class:`P2PRecorder` — every ``send``/``recv``/``isend``/``irecv`` (also those issued through
+  ``batch_isend_irecv``, as pipelining does) with peer, group, bytes and issue time; the flight
+  recorder does not record point-to-point ops on gloo.
+* :func:`flight_recorder_entries` — the c10d flight recorder's collectives (group name and
+  description, per-group sequence number, sizes, dtypes, creation time).
+* :class:`PipelineRecorder` — forward/backward of every pipeline stage and microbatch (1F1B
+  annotates nothing by itself), as ``record_function`` ranges and as records.
+* :func:`process_groups`, :func:`detect_parallelism`, :func:`static_memory`, :func:`topology`.
+
+Times are epoch nanoseconds (``time.time_ns()``), the clock of the trace's
+``baseTimeNanoseconds`` (FACTS §1) and of the flight recorder's ``time_created_ns``.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _group_name(group) -> str:
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    return dist.distributed_c10d._world.pg_names.get(pg, "")
+
+
+class P2PRecorder:
+    """Wraps ``torch.distributed.{send,recv,isend,irecv}`` to record each call.
+
+    Records: ``{"op": "send"|"recv", "peer": global rank, "pg_name", "bytes", "dtype",
+    "issue_ns", "returned_ns", "source": "p2p_hook"}``.
+    """
+
+    _NAMES = ("send", "recv", "isend", "irecv")
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+        self._originals: dict[str, Any] = {}
+
+    def _wrap(self, name: str, fn):
+        op = "send" if "send" in name else "recv"
+        records = self.records
+
+        @functools.wraps(fn)
+        def wrapper(tensor, *args, **kwargs):
+            t0 = time.time_ns()
+            out = fn(tensor, *args, **kwargs)
+            peer = args[0] if args else kwargs.get("dst" if op == "send" else "src")
+            group = args[1] if len(args) > 1 else kwargs.get("group")
+            group_peer = kwargs.get("group_dst" if op == "send" else "group_src")
+            if peer is None and group_peer is not None and group is not None:
+                peer = dist.get_global_rank(group, group_peer)
+            records.append({
+                "op": op, "peer": peer, "pg_name": _group_name(group),
+                "bytes": tensor.numel() * tensor.element_size(), "dtype": _dtype_name(tensor),
+                "issue_ns": t0, "returned_ns": time.time_ns(), "source": "p2p_hook",
+            })
+            return out
+
+        return wrapper
+
+    def install(self) -> None:
+        """Patch ``torch.distributed`` and ``distributed_c10d`` (``P2POp`` checks the latter)."""
+        c10d = dist.distributed_c10d
+        for name in self._NAMES:
+            orig = getattr(c10d, name)
+            self._originals[name] = orig
+            wrapped = self._wrap(name, orig)
+            setattr(c10d, name, wrapped)
+            setattr(dist, name, wrapped)
+
+    def uninstall(self) -> None:
+        for name, orig in self._originals.items():
+            setattr(dist.distributed_c10d, name, orig)
+            setattr(dist, name, orig)
+        self._originals.clear()
+
+
+def flight_recorder_entries() -> list[dict]:
+    """Entries of the c10d flight recorder (collectives; on gloo no point-to-point ops).
+
+    Returns ``[]`` when the recorder is unavailable or disabled (``TORCH_FR_BUFFER_SIZE=0``).
+    """
+    try:
+        dump = torch._C._distributed_c10d._dump_fr_trace_json()
+    except (AttributeError, RuntimeError):
+        return []
+    entries = json.loads(dump).get("entries", []) if dump else []
+    return [{k: v for k, v in e.items() if k != "frames"} for e in entries]
+
+
+def process_groups() -> list[dict]:
+    """Every process group this rank knows: name, description, global ranks, size, backend."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return []
+    out = []
+    for pg, name in dist.distributed_c10d._world.pg_names.items():
+        try:
+            ranks = dist.get_process_group_ranks(pg)
+        except (RuntimeError, ValueError):
+            ranks = []
+        try:
+            backend = str(dist.get_backend(pg))
+        except (RuntimeError, ValueError):
+            backend = None
+        out.append({"name": name, "desc": getattr(pg, "group_desc", ""), "ranks": ranks,
+                    "size": len(ranks), "backend": backend})
+    return out
+
+
+class PipelineRecorder:
+    """Wraps pipeline stages' ``forward_one_chunk``/``backward_one_chunk``/
+    ``backward_weight_one_chunk`` so every schedule reports stage and microbatch.
+
+    Records: ``{"stage", "microbatch", "phase": "F"|"B"|"I"|"W", "start_ns", "end_ns",
+    "optimizer_step"}`` (B = full backward, I = input-gradient only, W = weight gradient).
+    Each call also runs inside ``record_function("pardiag:PP:S{stage}:{phase}{microbatch}")``.
+    """
+
+    def __init__(self, step_counter) -> None:
+        self.records: list[dict] = []
+        self._step = step_counter
+        self._patched: list[tuple[type, str, Any]] = []
+
+    def install(self) -> bool:
+        try:
+            from torch.distributed.pipelining.stage import _PipelineStageBase
+        except ImportError:
+            return False
+        rec = self
+
+        def wrap(name: str, phase_of):
+            orig = getattr(_PipelineStageBase, name)
+
+            @functools.wraps(orig)
+            def wrapper(stage, chunk_id, *args, **kwargs):
+                phase = phase_of(args, kwargs)
+                label = f"pardiag:PP:S{stage.stage_index}:{phase}{chunk_id}"
+                t0 = time.time_ns()
+                with torch.profiler.record_function(label):
+                    out = orig(stage, chunk_id, *args, **kwargs)
+                rec.records.append({"stage": stage.stage_index, "microbatch": int(chunk_id),
+                                    "phase": phase, "start_ns": t0, "end_ns": time.time_ns(),
+                                    "optimizer_step": rec._step()})
+                return out
+
+            self._patched.append((_PipelineStageBase, name, orig))
+            setattr(_PipelineStageBase, name, wrapper)
+
+        def backward_phase(args, kwargs):
+            full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+            return "B" if full else "I"
+
+        wrap("forward_one_chunk", lambda a, k: "F")
+        wrap("backward_one_chunk", backward_phase)
+        if hasattr(_PipelineStageBase, "backward_weight_one_chunk"):
+            wrap("backward_weight_one_chunk", lambda a, k: "W")
+        return True
+
+    def uninstall(self) -> None:
+        for cls, name, orig in self._patched:
+            setattr(cls, name, orig)
+        self._patched.clear()
+
+
+_DIM_ALIASES = {"dp": "dp", "data": "dp", "dp_shard": "dp", "dp_replicate": "dp", "fsdp": "dp",
+                "ddp": "dp", "dp_shard_cp": "dp", "hsdp": "dp", "tp": "tp", "tensor": "tp",
+                "sp": "tp", "pp": "pp", "pipe": "pp", "pipeline": "pp", "ep": "ep",
+                "expert": "ep", "moe": "ep", "cp": "cp", "context": "cp"}
+
+
+def canonical_dim(name: str | None) -> str | None:
+    """Mesh-dimension or group-description name → ``dp``/``tp``/``pp``/``ep``/``cp`` or None."""
+    if not name:
+        return None
+    key = str(name).lower().removeprefix("mesh_")
+    return _DIM_ALIASES.get(key)
+
+
+def detect_parallelism() -> dict:
+    """What the live objects of the script say about its parallel layout.
+
+    Scans the garbage collector's objects once for DDP, FSDP1, FSDP2 modules,
+    ZeroRedundancyOptimizer, device meshes, pipeline stages and schedules.
+
+    Returns:
+        ``{"wrappers": [...], "meshes": [{"dims": {name: size}, "groups": {name: pg_name}}],
+        "pipeline": {...} | None, "group_dims": {pg_name: dim}, "fsdp_reshard_after_forward":
+        bool | None}``.
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.nn.parallel import DistributedDataParallel
+
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:  # pragma: no cover - old torch
+        FSDPModule = FullyShardedDataParallel = ()
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    try:
+        from torch.distributed.pipelining.schedules import _PipelineSchedule
+        from torch.distributed.pipelining.stage import _PipelineStageBase
+    except ImportError:  # pragma: no cover
+        _PipelineSchedule = _PipelineStageBase = ()
+
+    wrappers: set[str] = set()
+    group_dims: dict[str, str] = {}
+    meshes: list[dict] = []
+    stages: list = []
+    schedules: list = []
+    reshard: set[bool] = set()
+    seen_mesh: set[tuple] = set()
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, DistributedDataParallel):
+                wrappers.add("ddp")
+                group_dims.setdefault(_group_name(obj.process_group), "dp")
+            elif FullyShardedDataParallel and isinstance(obj, FullyShardedDataParallel):
+                wrappers.add("fsdp1")
+                group_dims.setdefault(_group_name(obj.process_group), "dp")
+            elif FSDPModule and isinstance(obj, FSDPModule):
+                wrappers.add("fsdp2")
+                pg_group = obj._get_fsdp_state()._fsdp_param_group
+                if pg_group is not None:
+                    info = pg_group.mesh_info
+                    if hasattr(info, "shard_process_group"):
+                        group_dims.setdefault(_group_name(info.shard_process_group), "dp")
+                    # reshard_after_forward=False keeps no post-forward mesh
+                    reshard.add(pg_group.post_forward_mesh_info is not None)
+            elif isinstance(obj, ZeroRedundancyOptimizer):
+                wrappers.add("zero1")
+                group_dims.setdefault(_group_name(obj.process_group), "dp")
+            elif isinstance(obj, DeviceMesh):
+                names = obj.mesh_dim_names or ()
+                key = (tuple(names), tuple(obj.mesh.shape), tuple(obj.mesh.flatten().tolist()))
+                if key in seen_mesh:
+                    continue
+                seen_mesh.add(key)
+                dims, groups = {}, {}
+                for i, n in enumerate(names):
+                    dims[n] = int(obj.mesh.shape[i])
+                    try:
+                        groups[n] = _group_name(obj.get_group(n))
+                    except (RuntimeError, ValueError, KeyError):
+                        continue
+                    if canonical_dim(n):
+                        group_dims[groups[n]] = canonical_dim(n)
+                meshes.append({"dims": dims, "groups": groups})
+            elif _PipelineStageBase and isinstance(obj, _PipelineStageBase):
+                stages.append(obj)
+            elif _PipelineSchedule and isinstance(obj, _PipelineSchedule):
+                schedules.append(obj)
+        except ReferenceError:  # a weakly referenced object that is gone
+            continue
+    pipeline = None
+    if stages or schedules:
+        wrappers.add("pipeline")
+        for st in stages:
+            group_dims.setdefault(_group_name(st.group), "pp")
+        sched = schedules[0] if schedules else None
+        pipeline = {
+            "schedule": type(sched).__name__ if sched else None,
+            "microbatches": getattr(sched, "_n_microbatches", None),
+            "stages": stages[0].num_stages if stages else None,
+            "local_stages": sorted(st.stage_index for st in stages),
+            "pp_group_size": stages[0].group_size if stages else None,
+        }
+    return {"wrappers": sorted(wrappers), "meshes": meshes, "pipeline": pipeline,
+            "group_dims": group_dims,
+            # the root module may keep its parameters; any resharding block means "true"
+            "fsdp_reshard_after_forward": any(reshard) if reshard else None}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor; the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _nbytes(t) -> int:
+    if not isinstance(t, torch.Tensor):
+        return 0
+    t = _local(t)
+    return t.numel() * t.element_size()
+
+
+def static_memory(optimizer) -> dict:
+    """Bytes of this rank's parameters, gradients and optimizer state (local shards).
+
+    Parameters are those the optimizer updates (for ``ZeroRedundancyOptimizer`` all parameters,
+    since ZeRO-1 keeps them replicated; its state is the inner optimizer's shard). DTensor
+    parameters (FSDP2, TP) count their local shard.
+
+    Returns:
+        ``{"params_bytes", "grads_bytes", "optimizer_state_bytes", "params", "total_bytes"}``.
+    """
+    params = {}
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            params[id(p)] = p
+    inner = getattr(optimizer, "optim", None)
+    state_opt = inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+    state = sum(_nbytes(v) for s in state_opt.state.values() for v in
+                (s.values() if isinstance(s, dict) else ()))
+    pbytes = sum(_nbytes(p) for p in params.values())
+    gbytes = sum(_nbytes(p.grad) for p in params.values() if p.grad is not None)
+    return {"params_bytes": pbytes, "grads_bytes": gbytes, "optimizer_state_bytes": state,
+            "params": len(params), "total_bytes": pbytes + gbytes + state}
+
+
+def peak_memory(device_is_cuda: bool) -> dict:
+    """Peak memory since the last reset: CUDA allocator stats, or the process's peak RSS."""
+    import resource
+
+    out = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if device_is_cuda:
+        out["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+        out["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+    return out
+
+
+def topology(local_rank: int) -> dict:
+    """Host, CPU count and, on GPU hosts, device, NCCL version and ``nvidia-smi topo -m``."""
+    out: dict[str, Any] = {"host": socket.gethostname(), "cpu_count": os.cpu_count()}
+    if torch.cuda.is_available():
+        try:
+            out["nccl_version"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except (AttributeError, RuntimeError, TypeError):
+            out["nccl_version"] = None
+        if local_rank == 0 and shutil.which("nvidia-smi"):
+            try:
+                out["nvidia_smi_topo"] = subprocess.run(
+                    ["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
+                    timeout=20).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                out["nvidia_smi_topo"] = None
+    return out
