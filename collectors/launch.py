@@ -34,6 +34,8 @@ class ProfileConfig:
         warmup: optimizer steps profiled but discarded.
         active: optimizer steps recorded in the trace.
         overwrite: allow writing into a non-empty ``out``.
+        timeout_s: stop a job still running after this many seconds (None: no limit); ranks
+            first write what they were doing (``rank{R}.hang.json``).
     """
 
     script: Path
@@ -44,12 +46,15 @@ class ProfileConfig:
     warmup: int = 1
     active: int = 3
     overwrite: bool = False
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not Path(self.script).is_file():
             raise PardiagError(f"{self.script}: no such script")
         if self.nproc_per_node < 1:
             raise PardiagError(f"--nproc-per-node must be >= 1, got {self.nproc_per_node}")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise PardiagError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
         if self.wait < 0 or self.warmup < 0 or self.active < 1:
             raise PardiagError(
                 f"profiler schedule needs wait >= 0, warmup >= 0, active >= 1; "
@@ -65,6 +70,7 @@ class ProfileResult:
         out: the run folder.
         failed_ranks: ranks that raised or exited non-zero, with their error line.
         missing_ranks: ranks that wrote no metadata (killed before they finished).
+        hang: one line per collective the job was stuck in when ``timeout_s`` expired.
         no_trace: ``{rank: optimizer steps seen}`` for ranks that finished without a trace
             (too few optimizer steps for the profiler schedule).
         short_ranks: ``{rank: active steps recorded}`` for ranks whose trace holds fewer steps
@@ -77,6 +83,7 @@ class ProfileResult:
     missing_ranks: list[int]
     no_trace: dict[int, int] = dataclasses.field(default_factory=dict)
     short_ranks: dict[int, int] = dataclasses.field(default_factory=dict)
+    hang: list[str] = dataclasses.field(default_factory=list)
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -96,6 +103,58 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
             if layout.is_sidecar_name(p.name) or layout.is_trace_name(p.name):
                 p.unlink()
     out.mkdir(parents=True, exist_ok=True)
+
+
+#: Exit code of a job stopped by --timeout (as coreutils' timeout).
+TIMEOUT_EXIT_CODE = 124
+
+
+def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig) -> tuple[int, list | None]:
+    """Run torchrun; on timeout ask every rank for a hang dump, stop the job, diagnose it.
+
+    Returns:
+        (torchrun's exit code, None) or (its exit code, lines describing the hang).
+    """
+    import signal
+
+    from pardiag.analyzer.hang import describe, diagnose_hang
+
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=cfg.timeout_s), None
+    except subprocess.TimeoutExpired:
+        pass
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        raise
+    request = out / layout.DUMP_REQUEST
+    request.touch()
+    deadline = time.time() + 15.0
+    n = cfg.nproc_per_node
+    while time.time() < deadline and not all(layout.hang_path(out, r).exists() for r in range(n)):
+        time.sleep(0.2)
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    request.unlink(missing_ok=True)
+    dumps = {}
+    for r in range(n):
+        p = layout.hang_path(out, r)
+        if p.exists():
+            dumps[r] = json.loads(p.read_text())
+    stuck = diagnose_hang(dumps, n)
+    stacks = {r: d.get("main_stack", []) for r, d in dumps.items()}
+    lines = [describe(s, stacks) for s in stuck]
+    if not lines:
+        lines = [f"no collective is waiting on a missing rank; ranks with a dump: {sorted(dumps)}"]
+    return proc.returncode if proc.returncode is not None else -9, lines
 
 
 def run_profile(cfg: ProfileConfig) -> ProfileResult:
@@ -136,9 +195,12 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
         "schedule": {"wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active},
         "started_unix": time.time(),
     }
-    proc = subprocess.run(cmd, env=env)
+    returncode, hang = _run_torchrun(cmd, env, out, cfg)
     run_info["ended_unix"] = time.time()
-    run_info["torchrun_exit_code"] = proc.returncode
+    run_info["torchrun_exit_code"] = returncode
+    if hang is not None:
+        run_info["timed_out_after_s"] = cfg.timeout_s
+        run_info["hang"] = hang
 
     failed: dict[int, str] = {}
     metas: dict[int, dict] = {}
@@ -168,8 +230,10 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     nonzero = [c for c in codes if c != 0]
     if nonzero:
         exit_code = nonzero[0]
-    elif proc.returncode != 0 or missing:
-        exit_code = proc.returncode or 1
+    elif hang is not None:
+        exit_code = TIMEOUT_EXIT_CODE
+    elif returncode != 0 or missing:
+        exit_code = returncode or 1
     else:
         exit_code = 0
     run_info["exit_code"] = exit_code
@@ -194,4 +258,4 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     tmp.write_text(json.dumps(run_info, indent=2))
     os.replace(tmp, layout.run_file_path(out))
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=failed, missing_ranks=missing,
-                         no_trace=no_trace, short_ranks=short)
+                         no_trace=no_trace, short_ranks=short, hang=hang or [])

@@ -32,8 +32,10 @@ def cli() -> None:
 @click.option("--warmup", default=1, show_default=True, help="Optimizer steps profiled and discarded.")
 @click.option("--active", default=3, show_default=True, help="Optimizer steps recorded in the trace.")
 @click.option("--overwrite", is_flag=True, help="Replace pardiag's files in an existing run folder.")
+@click.option("--timeout", "timeout_s", type=float, default=None, metavar="SECONDS",
+              help="Stop a job still running after SECONDS and name the rank(s) it waits for.")
 def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out: Path | None,
-            wait: int, warmup: int, active: int, overwrite: bool) -> None:
+            wait: int, warmup: int, active: int, overwrite: bool, timeout_s: float | None) -> None:
     """Run SCRIPT under torchrun with every rank profiled.
 
     Arguments after `--` go to the script unchanged. The run folder gets one gzipped Kineto trace
@@ -47,7 +49,7 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     try:
         cfg = ProfileConfig(script=script, args=tuple(script_args), out=out,
                             nproc_per_node=nproc_per_node, wait=wait, warmup=warmup,
-                            active=active, overwrite=overwrite)
+                            active=active, overwrite=overwrite, timeout_s=timeout_s)
         result = run_profile(cfg)
     except PardiagError as err:
         _fail(err)
@@ -62,6 +64,8 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
         click.echo(f"pardiag: warning: rank {r} wrote no trace: the script made {seen} optimizer "
                    f"step(s) and the profiler starts recording after --wait + --warmup = "
                    f"{wait + warmup} (try --wait 0 --warmup 0, or more steps)", err=True)
+    for line in result.hang:
+        click.echo(f"pardiag: hang after {timeout_s:g} s: {line}", err=True)
     for r in result.missing_ranks:
         click.echo(f"pardiag: rank {r} did not finish (no metadata written)", err=True)
     click.echo(f"pardiag: run folder {result.out} (exit code {result.exit_code})", err=True)

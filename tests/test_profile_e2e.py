@@ -28,8 +28,8 @@ def test_profile_writes_the_run_folder(ddp_run):
     out, res = ddp_run
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [
-        "rank0.meta.json", "rank0.trace.json.gz", "rank1.meta.json", "rank1.trace.json.gz",
-        "run.json"]
+        "rank0.comms.json", "rank0.meta.json", "rank0.trace.json.gz",
+        "rank1.comms.json", "rank1.meta.json", "rank1.trace.json.gz", "run.json"]
     run = json.loads((out / "run.json").read_text())
     assert run["world_size"] == 2 and run["exit_code"] == 0
     assert run["script_args"] == ["--steps", "7"]
