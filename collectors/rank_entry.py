@@ -63,9 +63,10 @@ class _OptimizerStepper:
             self._on_step(self.steps, optimizer)
 
 
-def _write_json(path: Path, obj) -> None:
+def _write_json(path: Path, obj, compact: bool = False) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.write_text(json.dumps(obj, default=str, **({"separators": (",", ":")} if compact
+                                                   else {"indent": 1})))
     os.replace(tmp, path)
 
 
@@ -183,7 +184,7 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
     _write_json(layout.comms_path(out, rank), {
         **layout.sidecar_header("comms"), "rank": rank,
         "base_time_ns": trace.metadata.get("baseTimeNanoseconds"),
-        "process_groups": groups, "records": records})
+        "process_groups": groups, "records": records}, compact=True)
     base = trace.metadata.get("baseTimeNanoseconds")
     if pipe_records and isinstance(base, (int, float)):
         lo = float(events["ts"].min())
@@ -197,7 +198,7 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
                              "start_us": s, "end_us": e, "optimizer_step": r["optimizer_step"]})
         _write_json(layout.pipeline_path(out, rank), {
             **layout.sidecar_header("pipeline"), "rank": rank,
-            "schedule": lay.get("pipeline"), "records": rows})
+            "schedule": lay.get("pipeline"), "records": rows}, compact=True)
     return lay, len(records)
 
 
