@@ -100,6 +100,8 @@ class TraceSet:
         warnings: one line per problem met while loading (files skipped, ranks assigned, ...).
         run_info: contents of ``run.json`` when the folder came from ``pardiag profile``.
         rank_meta: ``{rank: metadata}`` from ``rank{R}.meta.json`` sidecars.
+        sidecars: other pardiag sidecars by kind and rank: ``{"comms": {rank: doc},
+            "pipeline": {rank: doc}, "hang": {rank: doc}}`` (see :mod:`pardiag.layout`).
     """
 
     ranks: dict[int, RankTrace]
@@ -107,6 +109,7 @@ class TraceSet:
     warnings: tuple[str, ...] = ()
     run_info: dict | None = None
     rank_meta: dict[int, dict] = dataclasses.field(default_factory=dict)
+    sidecars: dict[str, dict[int, dict]] = dataclasses.field(default_factory=dict)
 
 
 def _sanitize_json(text: str) -> str:
@@ -323,9 +326,11 @@ def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str]:
     return files, sidecars, source
 
 
-def _read_sidecars(sidecars: list[Path], warnings: list[str]) -> tuple[dict | None, dict[int, dict]]:
+def _read_sidecars(sidecars: list[Path], warnings: list[str]
+                   ) -> tuple[dict | None, dict[int, dict], dict[str, dict[int, dict]]]:
     run_info = None
     rank_meta: dict[int, dict] = {}
+    others: dict[str, dict[int, dict]] = {}
     for f in sidecars:
         try:
             doc = orjson.loads(f.read_bytes())
@@ -339,7 +344,9 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str]) -> tuple[dict | No
             run_info = doc
         elif doc.get("kind") == "rank" and isinstance(doc.get("rank"), int):
             rank_meta[doc["rank"]] = doc
-    return run_info, rank_meta
+        elif isinstance(doc.get("kind"), str) and isinstance(doc.get("rank"), int):
+            others.setdefault(doc["kind"], {})[doc["rank"]] = doc
+    return run_info, rank_meta, others
 
 
 def _run_warnings(run_info: dict | None, rank_meta: dict[int, dict], ranks: set[int]) -> list[str]:
@@ -352,6 +359,8 @@ def _run_warnings(run_info: dict | None, rank_meta: dict[int, dict], ranks: set[
             out.append(f"rank {r} failed during the profiled run: {msg}")
         for r in run_info.get("missing_ranks") or []:
             out.append(f"rank {r} did not finish the profiled run")
+        for line in run_info.get("hang") or []:
+            out.append(f"the profiled run hung and was stopped: {line}")
         ws = run_info.get("world_size")
         if isinstance(ws, int) and ws > 0:
             absent = sorted(set(range(ws)) - ranks)
@@ -381,7 +390,7 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
     files, sidecars, source = _trace_files(paths)
     explicit = {p for p in paths if p.is_file()}
     warnings: list[str] = []
-    run_info, rank_meta = _read_sidecars(sidecars, warnings)
+    run_info, rank_meta, others = _read_sidecars(sidecars, warnings)
     if not files:
         hint = ""
         sub = sorted({f.parent for p in paths if p.is_dir()
@@ -462,4 +471,4 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
         ranks[r] = RankTrace(rank=r, path=f, events=events, metadata=meta, rank_source=how,
                              thread_names=thread_names, notes=tuple(notes))
     return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
-                    rank_meta=rank_meta)
+                    rank_meta=rank_meta, sidecars=others)

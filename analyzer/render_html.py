@@ -126,6 +126,14 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
         summary += [("command", run.get("command", "")),
                     ("world size", run.get("world_size", "")),
                     ("exit code", run.get("exit_code", ""))]
+        lay = run.get("layout") or {}
+        if lay:
+            dims = ", ".join(f"{k.upper()}={v}" for k, v in lay.get("dims", {}).items())
+            pipe = lay.get("pipeline")
+            extra = (f"; {pipe.get('schedule')}, {pipe.get('stages')} stages, "
+                     f"{pipe.get('microbatches')} microbatches" if pipe else "")
+            summary.append(("parallel layout", f"{dims} ({', '.join(lay.get('strategies', []))})"
+                            + extra))
     backends = sorted({str(t.metadata.get("distributedInfo", {}).get("backend"))
                        for t in traces.ranks.values()
                        if isinstance(t.metadata.get("distributedInfo"), dict)
