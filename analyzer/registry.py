@@ -1,7 +1,8 @@
 """The one list of analyses: the report, the JSON output and the CLI read it.
 
-Each analysis is a pure function ``(TraceSet, AnalysisOptions) -> result`` registered here with
-the function that turns its result into JSON-ready data.
+Each analysis is a pure function ``(TraceSet, AnalysisOptions, earlier results) -> result``
+registered here, in dependency order, with the function that turns its result into the keys it
+adds to the JSON summary.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from typing import Any, Callable
 import pandas as pd
 
 from pardiag import layout
+from pardiag.analyzer.balance import (BalanceResult, LayoutResult, MemoryResult, compute_balance,
+                                      compute_layout, compute_memory)
 from pardiag.analyzer.breakdown import TimeBreakdown, compute_time_breakdown
 from pardiag.analyzer.load import TraceSet
+from pardiag.analyzer.pipeline import PipelineResult, compute_pipeline
+from pardiag.analyzer.sync import SyncResult, compute_sync, P2P_OPS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -35,7 +40,7 @@ class Analysis:
     top-level keys of the JSON summary)."""
 
     name: str
-    compute: Callable[[TraceSet, AnalysisOptions], Any]
+    compute: Callable[[TraceSet, AnalysisOptions, dict], Any]
     to_json: Callable[[Any, TraceSet], dict]
 
 
@@ -76,10 +81,56 @@ def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict:
     return {"ranks": ranks}
 
 
+def _sync_json(r: SyncResult, traces: TraceSet) -> dict:
+    return {"sync": {
+        "matched_by": r.matched_by,
+        "clock_offsets": records(r.offsets),
+        "stragglers": records(r.stragglers),
+        "instances": records(r.instances),
+        "bandwidth": records(r.bandwidth),
+    }}
+
+
+def _pipeline_json(r: PipelineResult, traces: TraceSet) -> dict:
+    return {"pipeline": None if r.bubbles.empty else {
+        "schedule": r.schedule, "bubbles": records(r.bubbles)}}
+
+
+def _balance_json(r: BalanceResult, traces: TraceSet) -> dict:
+    return {"imbalance": {"summary": records(r.summary), "groups": records(r.groups)}}
+
+
+def _memory_json(r: MemoryResult, traces: TraceSet) -> dict:
+    return {"memory": {"per_rank": records(r.per_rank),
+                       "imbalance": {k: _clean(v) for k, v in r.imbalance.items()}}}
+
+
+def _layout_json(r: LayoutResult, traces: TraceSet) -> dict:
+    return {"layout": {"dims": r.dims, "strategies": r.strategies, "pipeline": r.pipeline,
+                       "nodes": r.nodes, "groups": records(r.groups)}}
+
+
+def _pipeline(traces: TraceSet, opts: AnalysisOptions, done: dict) -> PipelineResult:
+    sync: SyncResult = done["sync"]
+    p2p = set()
+    if len(sync.per_rank):
+        p2p_inst = sync.instances.loc[sync.instances["op"].isin(P2P_OPS), "instance"]
+        p2p = set(sync.per_rank.loc[sync.per_rank["instance"].isin(p2p_inst), "rank"])
+    return compute_pipeline(traces, dict(zip(sync.offsets["rank"], sync.offsets["offset_us"])),
+                            done["time_breakdown"].steps, p2p)
+
+
 ANALYSES: tuple[Analysis, ...] = (
     Analysis("time_breakdown",
-             lambda traces, opts: compute_time_breakdown(traces, opts.comm_patterns),
+             lambda traces, opts, done: compute_time_breakdown(traces, opts.comm_patterns),
              _breakdown_json),
+    Analysis("sync", lambda traces, opts, done: compute_sync(traces, opts.comm_patterns),
+             _sync_json),
+    Analysis("pipeline", _pipeline, _pipeline_json),
+    Analysis("balance", lambda traces, opts, done: compute_balance(
+        traces, done["time_breakdown"].steps), _balance_json),
+    Analysis("memory", lambda traces, opts, done: compute_memory(traces), _memory_json),
+    Analysis("layout", lambda traces, opts, done: compute_layout(traces), _layout_json),
 )
 
 
@@ -96,8 +147,11 @@ class Report:
 
 
 def build_report(traces: TraceSet, options: AnalysisOptions = AnalysisOptions()) -> Report:
-    """Run every registered analysis on ``traces``."""
-    return Report(traces, {a.name: a.compute(traces, options) for a in ANALYSES})
+    """Run every registered analysis on ``traces``, in registry order."""
+    results: dict[str, Any] = {}
+    for a in ANALYSES:
+        results[a.name] = a.compute(traces, options, results)
+    return Report(traces, results)
 
 
 def report_json(report: Report) -> dict:

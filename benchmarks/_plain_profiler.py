@@ -25,3 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
 prof.start()
 runpy.run_path(script, run_name="__main__")
 prof.stop()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)  # gloo processes can abort at interpreter exit (FACTS §1); the baseline must not

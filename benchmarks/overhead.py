@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -48,9 +49,12 @@ def run(kind: str, script: Path, n: int, args: list[str], steps: int, tmp: Path)
         cmd = [sys.executable, "-m", "pardiag", "profile", str(script), "--nproc-per-node", str(n),
                "--out", str(tmp / "run"), "--overwrite", "--wait", str(WAIT), "--warmup",
                str(WARMUP), "--active", str(ACTIVE), "--", *sargs]
-    subprocess.run(cmd, check=True, capture_output=True, env={"OMP_NUM_THREADS": "1",
-                                                               **__import__("os").environ})
-    return _times(times)
+    for attempt in range(3):  # a rare abort at exit of a gloo process is retried, not measured
+        res = subprocess.run(cmd, capture_output=True, text=True,
+                             env={"OMP_NUM_THREADS": "1", **os.environ})
+        if res.returncode == 0:
+            return _times(times)
+    raise RuntimeError(f"{kind} {script.name} failed 3 times:\n{res.stderr[-2000:]}")
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ from pathlib import Path
 from pardiag import __version__, layout
 
 CONFIG_ENV = "PARDIAG_PROFILE_CONFIG"
+#: Pipeline chunk records kept per rank (the most recent ones).
+MAX_PIPELINE_RECORDS = 50_000
 
 
 class _OptimizerStepper:
@@ -161,9 +163,28 @@ def _layout_of(parallel: dict, groups: list[dict], records: list[dict]) -> dict:
     return out
 
 
+def _trace_memory_peaks(events) -> dict:
+    """Peak ``Total Allocated``/``Total Reserved`` of the trace's ``[memory]`` events, per
+    device type (``cpu``, ``cuda``), in bytes: what the allocator held during the active window."""
+    mem = events[events["name"] == "[memory]"]
+    out: dict[str, dict] = {}
+    for args in mem["args"]:
+        if not isinstance(args, dict):
+            continue
+        dev = {0: "cpu", 1: "cuda"}.get(args.get("Device Type"), str(args.get("Device Type")))
+        d = out.setdefault(dev, {"peak_allocated_bytes": 0, "peak_reserved_bytes": 0})
+        for key, name in (("Total Allocated", "peak_allocated_bytes"),
+                          ("Total Reserved", "peak_reserved_bytes")):
+            v = args.get(key)
+            if isinstance(v, (int, float)) and v > d[name]:
+                d[name] = int(v)
+    return out
+
+
 def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict],
                     pipe_records: list[dict]) -> tuple[dict, int]:
-    """Comms and pipeline sidecars of a rank whose trace was written; returns (layout, n records)."""
+    """Comms and pipeline sidecars of a rank whose trace was written; returns (layout, n records).
+    Also stores the trace's memory peaks in ``captured["trace_memory"]``."""
     from pardiag.analyzer.comm_records import (attach_trace_times, records_from_flight_recorder,
                                                records_from_p2p)
     from pardiag.analyzer.load import RankTrace, events_frame, read_trace_json
@@ -171,6 +192,7 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
     path = layout.trace_path(out, rank)
     doc = read_trace_json(path)
     events, threads, _, _ = events_frame(doc["traceEvents"], path)
+    captured["trace_memory"] = _trace_memory_peaks(events)
     trace = RankTrace(rank=rank, path=path, events=events,
                       metadata={k: v for k, v in doc.items() if k != "traceEvents"},
                       rank_source="distributedInfo", thread_names=threads)
@@ -187,15 +209,17 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
         "process_groups": groups, "records": records}, compact=True)
     base = trace.metadata.get("baseTimeNanoseconds")
     if pipe_records and isinstance(base, (int, float)):
+        # every step is kept, not only the profiled ones: the records cost nothing to take and
+        # the profiler itself slows CPU pipelines down, so unprofiled steps time the schedule best
         lo = float(events["ts"].min())
         hi = float((events["ts"] + events["dur"]).max())
         rows = []
-        for r in pipe_records:
+        for r in pipe_records[-MAX_PIPELINE_RECORDS:]:
             s = (r["start_ns"] - base) / 1000.0
             e = (r["end_ns"] - base) / 1000.0
-            if s >= lo and e <= hi:
-                rows.append({"stage": r["stage"], "microbatch": r["microbatch"], "phase": r["phase"],
-                             "start_us": s, "end_us": e, "optimizer_step": r["optimizer_step"]})
+            rows.append({"stage": r["stage"], "microbatch": r["microbatch"], "phase": r["phase"],
+                         "start_us": s, "end_us": e, "optimizer_step": r["optimizer_step"],
+                         "profiled": bool(s >= lo and e <= hi)})
         _write_json(layout.pipeline_path(out, rank), {
             **layout.sidecar_header("pipeline"), "rank": rank,
             "schedule": lay.get("pipeline"), "records": rows}, compact=True)
@@ -312,7 +336,8 @@ def main() -> None:
         "optimizer_steps": stepper.steps,
         "trace_file": traces_written[-1] if traces_written else None,
         "comm_records": n_records,
-        "memory": {"static": captured.get("static"), **captured.get("peak", {})},
+        "memory": {"static": captured.get("static"), **captured.get("peak", {}),
+                   "trace_peaks": captured.get("trace_memory")},
         "layout": lay,
         "started_unix": started,
         "ended_unix": time.time(),

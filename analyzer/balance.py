@@ -1,0 +1,211 @@
+"""Load imbalance, per-rank memory and the parallel layout of a run.
+
+**Imbalance**: compute time per rank per step (from the time breakdown). For each parallel
+dimension, the ranks of one group of that dimension do the same work in a balanced run (DP
+replicas, pipeline stages, TP shards); the group's imbalance is ``max / mean`` of their compute
+and its cost is ``max − mean`` — how much shorter the step would be if every rank matched the
+mean (a synchronous step waits for the slowest). Runs without a known layout are one group,
+``world``.
+
+**Memory** per rank: static bytes of parameters, gradients and optimizer state (local shards,
+from ``rank{R}.meta.json``), peaks (the trace's ``[memory]`` events, CUDA allocator peaks or
+peak RSS), and the allocator timeline from the trace; imbalance ``max / mean`` across ranks.
+
+**Layout**: dimensions and degrees, the process groups of each dimension and which groups span
+more than one node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from pardiag.analyzer.load import TraceSet
+
+
+@dataclasses.dataclass(frozen=True)
+class BalanceResult:
+    """Result of :func:`compute_balance`.
+
+    Attributes:
+        per_rank: ``rank``, ``step``, ``compute_us``, ``span_us`` per rank and step.
+        groups: per dimension, group and step: ``dim``, ``pg``, ``step``, ``ranks`` (n),
+            ``max_us``, ``mean_us``, ``imbalance`` (max/mean), ``cost_us`` (max − mean),
+            ``slowest_rank``.
+        summary: per dimension and group over steps: ``dim``, ``pg``, ``imbalance`` (mean),
+            ``cost_us`` (mean per step), ``slowest_rank`` (most often slowest).
+    """
+
+    per_rank: pd.DataFrame
+    groups: pd.DataFrame
+    summary: pd.DataFrame
+
+
+def dimension_groups(traces: TraceSet) -> list[tuple[str, str, list[int]]]:
+    """``[(dim, pg name, member ranks)]`` from the comms sidecars; ``[("world", "", all)]``
+    without them. One entry per distinct group."""
+    seen: dict[tuple, tuple[str, str, list[int]]] = {}
+    for doc in traces.sidecars.get("comms", {}).values():
+        for g in doc.get("process_groups", []):
+            if g.get("dim") and g.get("ranks"):
+                key = (g["dim"], tuple(g["ranks"]))
+                seen.setdefault(key, (g["dim"], str(g["name"]), list(g["ranks"])))
+    if not seen:
+        return [("world", "", sorted(traces.ranks))]
+    return sorted(seen.values(), key=lambda t: (t[0], t[2]))
+
+
+def compute_balance(traces: TraceSet, breakdown_steps: pd.DataFrame) -> BalanceResult:
+    """Compute-time imbalance per dimension group and step (see the module docstring)."""
+    per_rank = breakdown_steps[["rank", "step", "compute_us", "span_us"]].copy()
+    rows = []
+    for dim, pg, ranks in dimension_groups(traces):
+        sub = per_rank[per_rank["rank"].isin(ranks)]
+        for step, s in sub.groupby("step"):
+            if len(s) < 2:
+                continue
+            mx, mean = float(s["compute_us"].max()), float(s["compute_us"].mean())
+            rows.append({"dim": dim, "pg": pg, "step": int(step), "ranks": len(s), "max_us": mx,
+                         "mean_us": mean, "imbalance": mx / mean if mean > 0 else np.nan,
+                         "cost_us": mx - mean,
+                         "slowest_rank": int(s.loc[s["compute_us"].idxmax(), "rank"])})
+    groups = pd.DataFrame(rows, columns=["dim", "pg", "step", "ranks", "max_us", "mean_us",
+                                         "imbalance", "cost_us", "slowest_rank"])
+    if len(groups):
+        summary = (groups.groupby(["dim", "pg"], as_index=False)
+                   .agg(imbalance=("imbalance", "mean"), cost_us=("cost_us", "mean"),
+                        slowest_rank=("slowest_rank", lambda x: int(x.mode().iloc[0]))))
+    else:
+        summary = pd.DataFrame(columns=["dim", "pg", "imbalance", "cost_us", "slowest_rank"])
+    return BalanceResult(per_rank.reset_index(drop=True), groups, summary)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryResult:
+    """Result of :func:`compute_memory`.
+
+    Attributes:
+        per_rank: ``rank``, ``params_bytes``, ``grads_bytes``, ``optimizer_state_bytes``,
+            ``static_bytes``, ``peak_allocated_bytes`` (trace, or CUDA peak), ``peak_reserved_bytes``,
+            ``peak_rss_bytes`` (NaN where unknown).
+        timeline: ``rank``, ``ts_us``, ``allocated_bytes``, ``reserved_bytes``, ``device`` from
+            the trace's ``[memory]`` events.
+        imbalance: ``{"static": max/mean, "peak": max/mean}`` across ranks (NaN if unknown).
+    """
+
+    per_rank: pd.DataFrame
+    timeline: pd.DataFrame
+    imbalance: dict
+
+
+def compute_memory(traces: TraceSet) -> MemoryResult:
+    """Per-rank static and peak memory, the allocator timeline, and their imbalance."""
+    rows, tl = [], []
+    for rank, trace in traces.ranks.items():
+        meta = traces.rank_meta.get(rank, {}).get("memory") or {}
+        static = meta.get("static") or {}
+        peaks = {}
+        ev = trace.events[trace.events["name"] == "[memory]"]
+        for ts, args in zip(ev["ts"], ev["args"]):
+            if not isinstance(args, dict):
+                continue
+            dev = {0: "cpu", 1: "cuda"}.get(args.get("Device Type"), str(args.get("Device Type")))
+            alloc, res = args.get("Total Allocated"), args.get("Total Reserved")
+            tl.append({"rank": rank, "ts_us": float(ts), "device": dev,
+                       "allocated_bytes": alloc if isinstance(alloc, (int, float)) else np.nan,
+                       "reserved_bytes": res if isinstance(res, (int, float)) else np.nan})
+        tr = pd.DataFrame([t for t in tl if t["rank"] == rank])
+        device = "cuda" if len(tr) and (tr["device"] == "cuda").any() else "cpu"
+        if len(tr):
+            d = tr[tr["device"] == device]
+            peaks = {"peak_allocated_bytes": float(d["allocated_bytes"].max()),
+                     "peak_reserved_bytes": float(d["reserved_bytes"].max())}
+        if "peak_allocated_bytes" in meta:  # CUDA allocator peaks beat the trace's view
+            peaks = {"peak_allocated_bytes": meta["peak_allocated_bytes"],
+                     "peak_reserved_bytes": meta.get("peak_reserved_bytes")}
+        p, g, o = (static.get(k) for k in ("params_bytes", "grads_bytes", "optimizer_state_bytes"))
+        rows.append({"rank": rank, "params_bytes": p, "grads_bytes": g, "optimizer_state_bytes": o,
+                     "static_bytes": static.get("total_bytes"),
+                     "peak_allocated_bytes": peaks.get("peak_allocated_bytes"),
+                     "peak_reserved_bytes": peaks.get("peak_reserved_bytes"),
+                     "peak_rss_bytes": meta.get("peak_rss_bytes")})
+    per_rank = pd.DataFrame(rows, columns=["rank", "params_bytes", "grads_bytes",
+                                           "optimizer_state_bytes", "static_bytes",
+                                           "peak_allocated_bytes", "peak_reserved_bytes",
+                                           "peak_rss_bytes"]).astype(
+        {c: float for c in ["params_bytes", "grads_bytes", "optimizer_state_bytes", "static_bytes",
+                            "peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes"]})
+
+    def ratio(col):
+        s = per_rank[col].dropna()
+        return float(s.max() / s.mean()) if len(s) and s.mean() > 0 else float("nan")
+
+    timeline = pd.DataFrame(tl, columns=["rank", "ts_us", "device", "allocated_bytes",
+                                         "reserved_bytes"])
+    return MemoryResult(per_rank, timeline,
+                        {"static": ratio("static_bytes"), "peak": ratio("peak_allocated_bytes")})
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutResult:
+    """Result of :func:`compute_layout`.
+
+    Attributes:
+        dims: ``{dim: degree}`` (e.g. ``{"dp": 2, "tp": 2}``); ``{}`` when unknown.
+        strategies: e.g. ``["fsdp2", "tp"]``.
+        pipeline: schedule, stages, microbatches, stages per rank, or None.
+        groups: ``dim``, ``pg``, ``desc``, ``ranks``, ``size``, ``nodes`` (hosts spanned),
+            ``spans_nodes``.
+        nodes: ``{host: [ranks]}``.
+    """
+
+    dims: dict
+    strategies: list
+    pipeline: dict | None
+    groups: pd.DataFrame
+    nodes: dict
+
+
+def compute_layout(traces: TraceSet) -> LayoutResult:
+    """The run's parallel layout from ``run.json``, the comms sidecars and rank metadata.
+
+    Traces from elsewhere carry less: process groups from ``distributedInfo.pg_config`` (with
+    dimension names taken from their descriptions, e.g. ``mesh_tp``), hosts unknown.
+    """
+    run = traces.run_info or {}
+    lay = run.get("layout") or {}
+    hosts = {r: m.get("host") for r, m in traces.rank_meta.items() if m.get("host")}
+    nodes = run.get("nodes") or {}
+    if not nodes and hosts:
+        for r, h in sorted(hosts.items()):
+            nodes.setdefault(h, []).append(r)
+    rows, seen = [], set()
+    for doc in traces.sidecars.get("comms", {}).values():
+        for g in doc.get("process_groups", []):
+            key = (str(g["name"]), tuple(g.get("ranks") or ()))
+            if key not in seen:
+                seen.add(key)
+                rows.append((g.get("dim"), str(g["name"]), g.get("desc", ""), list(g.get("ranks") or [])))
+    if not rows:  # traces from elsewhere: distributedInfo.pg_config
+        for t in traces.ranks.values():
+            info = t.metadata.get("distributedInfo")
+            for g in (info.get("pg_config") or []) if isinstance(info, dict) else []:
+                ranks = g.get("ranks") if isinstance(g.get("ranks"), list) else []
+                key = (str(g.get("pg_name")), tuple(ranks))
+                if key not in seen:
+                    seen.add(key)
+                    desc = str(g.get("pg_desc", ""))
+                    dim = desc.lower().removeprefix("mesh_") if desc.startswith("mesh_") else None
+                    rows.append((dim, str(g.get("pg_name")), desc, ranks))
+    out = []
+    for dim, pg, desc, ranks in rows:
+        spanned = sorted({hosts[r] for r in ranks if r in hosts})
+        out.append({"dim": dim, "pg": pg, "desc": desc, "ranks": ranks, "size": len(ranks),
+                    "nodes": len(spanned) if spanned else np.nan,
+                    "spans_nodes": len(spanned) > 1 if spanned else None})
+    groups = pd.DataFrame(out, columns=["dim", "pg", "desc", "ranks", "size", "nodes",
+                                        "spans_nodes"])
+    return LayoutResult(dict(lay.get("dims") or {}), list(lay.get("strategies") or []),
+                        lay.get("pipeline"), groups, nodes)
