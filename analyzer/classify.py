@@ -11,8 +11,7 @@ Rules (FACTS §1-2):
   ``record_param_comms`` are **cpu_comm**; wait and synchronize calls (``c10d::wait``,
   ``_c10d_functional::wait_tensor``, ``aten::wait``, ``cuda*Synchronize``) are **cpu_wait**.
 * CPU operators (``cpu_op``) on threads that are not communication worker threads are
-  **cpu_compute**. Communication worker threads are those named ``*gloo*``/``*nccl*`` or holding a
-  ``gloo:*`` event.
+  **cpu_compute** (worker threads: see :func:`comm_threads`).
 * ``ProfilerStep#N`` CPU annotations are **step**; ``[memory]`` instant events are **memory**.
 """
 
@@ -75,11 +74,20 @@ def compile_comm_patterns(patterns: Iterable[str]) -> list[re.Pattern]:
 
 
 def comm_threads(trace: RankTrace) -> set[tuple[str, str]]:
-    """``(pid, tid)`` of communication worker threads (gloo/NCCL runloops)."""
+    """``(pid, tid)`` of communication worker threads (gloo/NCCL runloops).
+
+    A named thread is a worker when its name says gloo or nccl (``pt_gloo_runloop``); an
+    unnamed one when it holds ``gloo:*`` events and is not the process's main thread (tid ≠ pid).
+    Gloo runs point-to-point ``gloo:send``/``gloo:recv`` on the caller's (main) thread, which is
+    therefore not a worker.
+    """
     ev = trace.events
-    threads = {k for k, name in trace.thread_names.items() if _COMM_THREAD_RE.search(name)}
+    named = trace.thread_names
+    threads = {k for k, name in named.items() if _COMM_THREAD_RE.search(name)}
     gloo = ev[ev["name"].str.startswith("gloo:")]
-    threads |= set(zip(gloo["pid"], gloo["tid"]))
+    for pid, tid in set(zip(gloo["pid"], gloo["tid"])):
+        if (pid, tid) not in named and pid != tid:
+            threads.add((pid, tid))
     return threads
 
 

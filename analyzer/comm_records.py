@@ -8,10 +8,12 @@ records. Both carry epoch-ns times on the clock of the trace's ``baseTimeNanosec
 
 Placement on the trace (:func:`attach_trace_times`):
 
-* ``issue_us``: the record's own time, converted;
-* CPU/gloo: ``start_us``/``end_us`` of the ``gloo:*`` event on a gloo worker thread that ran it —
-  the first unmatched one with the same name (and element count, when the trace has
-  ``Input Dims``) starting at or after the issue;
+* ``issue_us``: the record's own time, converted (for pardiag's Python-level point-to-point
+  hook: the start of the ``c10d::*`` op it called);
+* CPU/gloo: ``start_us``/``end_us`` of the ``gloo:*`` event that ran it (on a gloo worker
+  thread for collectives, on the caller's thread for send/recv) — the first unmatched one with
+  the same name (and element count, when the trace has ``Input Dims``) starting at or after the
+  issue;
 * GPU/NCCL: the communication kernel launched from inside the issuing ``c10d::*``/``nccl:*`` op;
 * otherwise the issuing CPU op itself (the ``c10d::*`` event containing the issue time).
 
@@ -105,7 +107,9 @@ def records_from_p2p(records: list[dict], groups: list[dict]) -> list[dict]:
             "pg_desc": g.get("desc", ""), "pg_ranks": g.get("ranks"), "seq": counters[key],
             "in_bytes": r["bytes"], "out_bytes": r["bytes"], "bytes": r["bytes"],
             "numel": r["bytes"] // esize if esize else None, "dtype": r.get("dtype"),
-            "peer": r["peer"], "issue_ns": int(r["issue_ns"]), "source": r.get("source", "p2p_hook"),
+            "peer": r["peer"], "issue_ns": int(r["issue_ns"]),
+            "returned_ns": int(r.get("returned_ns") or r["issue_ns"]),
+            "source": r.get("source", "p2p_hook"),
         })
     return out
 
@@ -127,7 +131,7 @@ def attach_trace_times(records: list[dict], trace: RankTrace, tolerance_us: floa
 
     Returns:
         New list of records, sorted by ``issue_us``, each with ``issue_us``, ``start_us``,
-        ``end_us`` (µs, trace clock) and ``matched`` (``"worker"``, ``"kernel"``, ``"op"`` or
+        ``end_us`` (µs, trace clock) and ``matched`` (``"gloo"``, ``"kernel"``, ``"op"`` or
         ``"none"``).
     """
     base_ns = trace.metadata.get("baseTimeNanoseconds")
@@ -139,7 +143,8 @@ def attach_trace_times(records: list[dict], trace: RankTrace, tolerance_us: floa
     threads = comm_threads(trace)
     on_worker = np.fromiter(((p, t) in threads for p, t in zip(ev["pid"], ev["tid"])), dtype=bool,
                             count=len(ev))
-    workers = ev[on_worker & ev["name"].str.startswith("gloo:").to_numpy()]
+    # gloo runs collectives on its worker threads and send/recv on the caller's thread
+    workers = ev[ev["name"].str.startswith("gloo:")]
     by_name: dict[str, list] = defaultdict(list)
     for idx, name, ts, dur, args in zip(workers.index, workers["name"], workers["ts"],
                                         workers["dur"], workers["args"]):
@@ -159,7 +164,12 @@ def attach_trace_times(records: list[dict], trace: RankTrace, tolerance_us: floa
         issue = (r["issue_ns"] - base_ns) / 1000.0
         if not (lo - tolerance_us <= issue <= hi + tolerance_us):
             continue
-        rec = {k: v for k, v in r.items() if k != "issue_ns"}
+        if "returned_ns" in r:  # a Python-level hook: the c10d op it called starts a bit later
+            returned = (r["returned_ns"] - base_ns) / 1000.0
+            k = bisect.bisect_left(iss_start, issue)
+            if k < len(iss_start) and iss_start[k] <= returned:
+                issue = float(iss_start[k])
+        rec = {k: v for k, v in r.items() if k not in ("issue_ns", "returned_ns")}
         rec.update(issue_us=issue, start_us=None, end_us=None, matched="none")
         cands = by_name.get(r.get("trace_name", ""), [])
         for ts, end, numel, idx in cands:
@@ -168,7 +178,7 @@ def attach_trace_times(records: list[dict], trace: RankTrace, tolerance_us: floa
             if numel is not None and r.get("numel") is not None and numel != r["numel"]:
                 continue
             used.add(idx)
-            rec.update(start_us=float(ts), end_us=float(end), matched="worker")
+            rec.update(start_us=float(ts), end_us=float(end), matched="gloo")
             break
         # the innermost issuing op that contains the issue time
         j = bisect.bisect_right(iss_start, issue) - 1

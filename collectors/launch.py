@@ -36,6 +36,8 @@ class ProfileConfig:
         overwrite: allow writing into a non-empty ``out``.
         timeout_s: stop a job still running after this many seconds (None: no limit); ranks
             first write what they were doing (``rank{R}.hang.json``).
+        exit_grace_s: once a rank has finished, how long the others may take to finish too
+            before they are taken as hung at exit and stopped.
     """
 
     script: Path
@@ -47,6 +49,7 @@ class ProfileConfig:
     active: int = 3
     overwrite: bool = False
     timeout_s: float | None = None
+    exit_grace_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not Path(self.script).is_file():
@@ -70,7 +73,8 @@ class ProfileResult:
         out: the run folder.
         failed_ranks: ranks that raised or exited non-zero, with their error line.
         missing_ranks: ranks that wrote no metadata (killed before they finished).
-        hang: one line per collective the job was stuck in when ``timeout_s`` expired.
+        hang: one line per collective the job was stuck in when ``timeout_s`` expired, or the
+            ranks stopped after ``exit_grace_s``.
         no_trace: ``{rank: optimizer steps seen}`` for ranks that finished without a trace
             (too few optimizer steps for the profiler schedule).
         short_ranks: ``{rank: active steps recorded}`` for ranks whose trace holds fewer steps
@@ -109,40 +113,63 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
 TIMEOUT_EXIT_CODE = 124
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop torchrun and its ranks (their own process group): SIGTERM, then SIGKILL."""
+    import signal
+
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig) -> tuple[int, list | None]:
     """Run torchrun; on timeout ask every rank for a hang dump, stop the job, diagnose it.
 
     Returns:
         (torchrun's exit code, None) or (its exit code, lines describing the hang).
     """
-    import signal
-
     from pardiag.analyzer.hang import describe, diagnose_hang
 
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    started = time.time()
+    first_done: float | None = None
+    n = cfg.nproc_per_node
     try:
-        return proc.wait(timeout=cfg.timeout_s), None
-    except subprocess.TimeoutExpired:
-        pass
+        while True:
+            try:
+                return proc.wait(timeout=0.5), None
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.time()
+            if cfg.timeout_s is not None and now - started > cfg.timeout_s:
+                break
+            # A rank that finished while another never exits: a hang at teardown (seen with
+            # gloo when objects holding a process group are freed). Stop it after a grace.
+            done = sum(layout.rank_meta_path(out, r).exists() for r in range(n))
+            if done and first_done is None:
+                first_done = now
+            if first_done is not None and done < n and now - first_done > cfg.exit_grace_s:
+                _stop(proc)
+                return proc.returncode if proc.returncode is not None else -9, [
+                    f"rank(s) {[r for r in range(n) if not layout.rank_meta_path(out, r).exists()]}"
+                    f" did not exit within {cfg.exit_grace_s:g} s after another rank finished "
+                    f"(a hang at the end of the script or in its teardown); they were stopped"]
     except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGTERM)
+        _stop(proc)
         raise
     request = out / layout.DUMP_REQUEST
     request.touch()
     deadline = time.time() + 15.0
-    n = cfg.nproc_per_node
     while time.time() < deadline and not all(layout.hang_path(out, r).exists() for r in range(n)):
         time.sleep(0.2)
-    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=grace)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+    _stop(proc)
     request.unlink(missing_ok=True)
     dumps = {}
     for r in range(n):

@@ -65,7 +65,8 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
                    f"step(s) and the profiler starts recording after --wait + --warmup = "
                    f"{wait + warmup} (try --wait 0 --warmup 0, or more steps)", err=True)
     for line in result.hang:
-        click.echo(f"pardiag: hang after {timeout_s:g} s: {line}", err=True)
+        prefix = f"hang after {timeout_s:g} s" if timeout_s else "hang at exit"
+        click.echo(f"pardiag: {prefix}: {line}", err=True)
     for r in result.missing_ranks:
         click.echo(f"pardiag: rank {r} did not finish (no metadata written)", err=True)
     click.echo(f"pardiag: run folder {result.out} (exit code {result.exit_code})", err=True)

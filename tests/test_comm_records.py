@@ -73,9 +73,9 @@ def test_records_placed_on_gloo_worker_events(tmp_path):
     recs = attach_trace_times(raw, trace)
     got = [(r["seq"], r["op"], r.get("transport_op"), r["issue_us"], r["start_us"], r["end_us"],
             r["matched"]) for r in recs]
-    assert got == [(1, "all_reduce", None, 101.0, 110.0, 150.0, "worker"),
-                   (2, "reduce_scatter", "all_reduce", 201.0, 210.0, 260.0, "worker"),
-                   (3, "all_reduce", None, 301.0, 320.0, 330.0, "worker")]
+    assert got == [(1, "all_reduce", None, 101.0, 110.0, 150.0, "gloo"),
+                   (2, "reduce_scatter", "all_reduce", 201.0, 210.0, 260.0, "gloo"),
+                   (3, "all_reduce", None, 301.0, 320.0, 330.0, "gloo")]
 
 
 def test_records_placed_on_nccl_kernels(tmp_path):
