@@ -129,6 +129,29 @@ class StepTimes:
                 json.dump(self.times, f)
 
 
+def train(args: argparse.Namespace, env: Env, opt: torch.optim.Optimizer, loss_of, name: str,
+          batch_env: Env | None = None, seq: int | None = None, after_backward=None) -> None:
+    """The examples' training loop: batch, planted problems, forward/backward, step.
+
+    ``loss_of(x, y)`` returns the loss; ``batch_env`` picks whose batch a rank sees (TP ranks
+    share one); ``after_backward()`` runs before the optimizer step (manual gradient sync).
+    """
+    timer = StepTimes(args.times_out, env)
+    loss = None
+    for step in range(args.steps):
+        x, y = batch(batch_env or env, args.batch, step, seq=seq)
+        plant(args, env, step)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(x, y)
+        loss.backward()
+        if after_backward is not None:
+            after_backward()
+        opt.step()
+        timer.tick()
+    timer.save()
+    finish(env, f"{name}: {args.steps} steps, loss {loss.item():.4f}")
+
+
 def finish(env: Env, message: str) -> None:
     if env.rank == 0:
         print(message, flush=True)

@@ -43,22 +43,14 @@ def main() -> None:
     fully_shard(model, mesh=mesh["dp"])
     opt = C.make_optimizer(model.parameters(), args.optimizer)
     loss_fn = nn.CrossEntropyLoss()
-    timer = C.StepTimes(args.times_out, env)
-    dp_rank = mesh.get_local_rank("dp")
-    for step in range(args.steps):
-        # the same batch within a TP group, different ones across DP replicas
-        x, y = C.batch(C.Env(dp_rank, env.world_size, 0, env.device, env.backend), args.batch,
-                       step, seq=args.seq)
-        C.plant(args, env, step)
-        opt.zero_grad(set_to_none=True)
-        out = model(x)
-        loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        timer.tick()
-    timer.save()
-    C.finish(env, f"train_2d: {args.steps} steps, mesh dp×tp = {env.world_size // args.tp}×{args.tp}")
 
+    def loss_of(x, y):
+        out = model(x)
+        return loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+    # the same batch within a TP group, different ones across DP replicas
+    dp = C.Env(mesh.get_local_rank("dp"), env.world_size, 0, env.device, env.backend)
+    C.train(args, env, opt, loss_of, "train_2d", batch_env=dp, seq=args.seq)
 
 if __name__ == "__main__":
     main()

@@ -22,17 +22,7 @@ def main() -> None:
         model = DDP(model, bucket_cap_mb=args.bucket_mb)
     opt = C.make_optimizer(model.parameters(), args.optimizer)
     loss_fn = nn.CrossEntropyLoss()
-    timer = C.StepTimes(args.times_out, env)
-    for step in range(args.steps):
-        x, y = C.batch(env, args.batch, step)
-        C.plant(args, env, step)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        timer.tick()
-    timer.save()
-    C.finish(env, f"train_ddp: {args.steps} steps, loss {loss.item():.4f}")
+    C.train(args, env, opt, lambda x, y: loss_fn(model(x), y), "train_ddp")
 
 
 if __name__ == "__main__":

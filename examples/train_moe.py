@@ -75,22 +75,15 @@ def main() -> None:
     dense_params = [q for q in model.parameters() if id(q) not in expert_params]
     opt = C.make_optimizer(model.parameters(), args.optimizer)
     loss_fn = nn.CrossEntropyLoss()
-    timer = C.StepTimes(args.times_out, env)
-    for step in range(args.steps):
-        x, y = C.batch(env, args.batch, step)
-        C.plant(args, env, step)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(head(moe(dense(x))), y)
-        loss.backward()
-        for q in dense_params:  # data parallel for the replicated (non-expert) weights
+
+    def sync_dense_grads() -> None:  # data parallel for the replicated (non-expert) weights
+        for q in dense_params:
             if q.grad is not None:
                 dist.all_reduce(q.grad, group=group)
                 q.grad /= env.world_size
-        opt.step()
-        timer.tick()
-    timer.save()
-    C.finish(env, f"train_moe: {args.steps} steps, loss {loss.item():.4f}")
 
+    C.train(args, env, opt, lambda x, y: loss_fn(head(moe(dense(x))), y), "train_moe",
+            after_backward=sync_dense_grads)
 
 if __name__ == "__main__":
     main()

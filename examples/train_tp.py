@@ -41,21 +41,14 @@ def main() -> None:
                                                         output_layouts=Replicate()))
     opt = C.make_optimizer(model.parameters(), args.optimizer)
     loss_fn = nn.CrossEntropyLoss()
-    timer = C.StepTimes(args.times_out, env)
-    for step in range(args.steps):
-        # every TP rank sees the same batch
-        x, y = C.batch(C.Env(0, env.world_size, 0, env.device, env.backend), args.batch, step,
-                       seq=args.seq)
-        C.plant(args, env, step)
-        opt.zero_grad(set_to_none=True)
-        out = model(x)
-        loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        timer.tick()
-    timer.save()
-    C.finish(env, f"train_tp: {args.steps} steps, loss {loss.item():.4f}")
 
+    def loss_of(x, y):
+        out = model(x)
+        return loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+    # every TP rank sees the same batch
+    C.train(args, env, opt, loss_of, "train_tp", batch_env=C.Env(0, env.world_size, 0, env.device,
+                                                                   env.backend), seq=args.seq)
 
 if __name__ == "__main__":
     main()

@@ -22,17 +22,7 @@ def main() -> None:
     cls = torch.optim.Adam if args.optimizer == "adam" else torch.optim.SGD
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
-    timer = C.StepTimes(args.times_out, env)
-    for step in range(args.steps):
-        x, y = C.batch(env, args.batch, step)
-        C.plant(args, env, step)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        timer.tick()
-    timer.save()
-    C.finish(env, f"train_zero1: {args.steps} steps, loss {loss.item():.4f}")
+    C.train(args, env, opt, lambda x, y: loss_fn(model(x), y), "train_zero1")
 
 
 if __name__ == "__main__":

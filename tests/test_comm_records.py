@@ -1,7 +1,5 @@
 """Record normalisation, placement on the trace, and hang diagnosis — on planted data."""
 
-import pytest
-
 from pardiag.analyzer.comm_records import (attach_trace_times, records_from_flight_recorder,
                                            records_from_p2p)
 from pardiag.analyzer.hang import describe, diagnose_hang
