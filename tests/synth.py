@@ -101,3 +101,21 @@ def cpu_rank(rank: int = 0) -> TraceBuilder:
     b.cpu("gloo:all_reduce", 62, 33, tid=2, cat="user_annotation")
     b.cpu("aten::copy_", 70, 2, tid=2)
     return b
+
+
+def write_sidecar(path: Path, kind: str, rank: int | None, body: dict) -> Path:
+    """A pardiag sidecar (run.json or rank{R}.<kind>.json) with the schema header."""
+    from pardiag import layout
+
+    doc = {**layout.sidecar_header(kind), **({"rank": rank} if rank is not None else {}), **body}
+    Path(path).write_text(json.dumps(doc))
+    return Path(path)
+
+
+def record(op: str, seq: int, start: float, end: float, pg: str = "0", ranks=(0, 1, 2),
+           nbytes: int = 1_000_000, issue: float | None = None, peer=None) -> dict:
+    """One collective record as rank{R}.comms.json holds it (µs on the rank's clock)."""
+    return {"op": op, "pg_name": pg, "pg_desc": "default_pg", "pg_ranks": list(ranks), "seq": seq,
+            "bytes": nbytes, "in_bytes": nbytes, "out_bytes": nbytes, "dtype": "Float",
+            "peer": peer, "issue_us": start if issue is None else issue, "start_us": start,
+            "end_us": end, "matched": "gloo", "source": "flight_recorder"}

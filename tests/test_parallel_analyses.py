@@ -1,0 +1,214 @@
+"""Stragglers, clock offsets, bandwidth, pipeline bubbles, imbalance, memory and layout on
+planted multi-rank runs whose answers are known exactly."""
+
+import math
+
+import pytest
+
+from pardiag.analyzer.balance import compute_balance, compute_layout, compute_memory
+from pardiag.analyzer.breakdown import compute_time_breakdown
+from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.pipeline import compute_pipeline, ideal_bubble_pct
+from pardiag.analyzer.registry import build_report, report_json
+from pardiag.analyzer.sync import busbw_factor, compute_sync
+from synth import TraceBuilder, record, write_sidecar
+
+OFFSET = {0: 0.0, 1: 500.0, 2: 0.0}      # rank 1's clock runs 500 µs ahead
+ARRIVAL = {0: 0.0, 1: 20.0, 2: 100.0}    # rank 2 always arrives 100 µs late
+
+
+def straggler_run(tmp_path):
+    """3 ranks, 4 all-reduces of 1 MB at 1000, 2000, 3000, 4000 µs; all leave at +150 µs."""
+    for r in range(3):
+        off = OFFSET[r]
+        b = TraceBuilder(rank=r, world_size=3, backend="gloo")
+        b.step(1, 0 + off, 2500).step(2, 2500 + off, 2500)
+        b.cpu("aten::mm", 10 + off, 5)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        recs = [record("all_reduce", i, t + ARRIVAL[r] + off, t + 150 + off)
+                for i, t in enumerate((1000, 2000, 3000, 4000), start=1)]
+        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
+            "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1, 2], "size": 3,
+                                "dim": "dp"}], "records": recs})
+    return load_traces(tmp_path)
+
+
+def test_clock_offsets_waits_and_stragglers(tmp_path):
+    s = compute_sync(straggler_run(tmp_path))
+    assert s.matched_by == "records"
+    assert dict(zip(s.offsets["rank"], s.offsets["offset_us"])) == OFFSET
+    assert len(s.instances) == 4
+    inst = s.instances.iloc[0]
+    assert (inst["op"], inst["ranks"], inst["arrival_skew_us"], inst["transfer_us"],
+            inst["last_rank"]) == ("all_reduce", 3, 100.0, 50.0, 2)
+    waits = s.per_rank[s.per_rank["instance"] == inst["instance"]].set_index("rank")["wait_us"]
+    assert waits.to_dict() == {0: 100.0, 1: 80.0, 2: 0.0}
+    st = s.stragglers.set_index("rank")
+    assert list(s.stragglers["rank"]) == [2, 0, 1]
+    # rank 2 keeps rank 0 waiting 100 µs and rank 1 80 µs in each of 4 instances
+    assert st.loc[2, "wait_caused_us"] == 4 * 180.0
+    assert st.loc[0, "wait_suffered_us"] == 400.0 and st.loc[1, "wait_suffered_us"] == 320.0
+    assert (st.loc[2, "last_arrivals"], st.loc[2, "steps_as_top"]) == (4, 2)
+
+
+def test_bandwidth(tmp_path):
+    s = compute_sync(straggler_run(tmp_path))
+    inst = s.instances.iloc[0]
+    # algbw = 1e6 B / 50 µs = 20 GB/s; busbw = 20 × 2(n-1)/n, n = 3
+    assert inst["algbw_gbps"] == pytest.approx(20.0)
+    assert inst["busbw_gbps"] == pytest.approx(20.0 * 4 / 3)
+    bw = s.bandwidth.iloc[0]
+    assert (bw["pg"], bw["op"], bw["bytes"], bw["count"]) == ("0", "all_reduce", 1_000_000, 4)
+    assert busbw_factor("all_gather", 4) == 0.75 and busbw_factor("send", 2) == 1.0
+
+
+def test_trace_order_matching_without_records(tmp_path):
+    """NCCL kernels of two ranks, no records: matched by order; rank 1 late by 30 µs."""
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        b.step(1, 0, 1000)
+        late = 30.0 * r
+        b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 100 + late, 60 - late, stream=20,
+                 launch_ts=50, args={"Collective name": "allreduce", "In msg nelems": 1000,
+                                     "Out msg nelems": 1000, "dtype": "Float", "Group size": 2,
+                                     "Process Group Name": "0"})
+        b.kernel("ncclDevKernel_AllGather_RING_LL(x)", 300, 40, stream=20, launch_ts=60,
+                 args={"Collective name": "allgather", "Out msg nelems": 2000, "dtype": "Float",
+                       "Group size": 2, "Process Group Name": "0"})
+        b.write(tmp_path / f"rank{r}.json")
+    s = compute_sync(load_traces(tmp_path))
+    assert s.matched_by == "order" and len(s.instances) == 2
+    ar = s.instances.set_index("op").loc["all_reduce"]
+    assert (ar["arrival_skew_us"], ar["transfer_us"], ar["last_rank"], ar["bytes"]) == (
+        30.0, 30.0, 1, 4000)
+    assert s.stragglers.iloc[0]["rank"] == 1 and s.stragglers.iloc[0]["wait_caused_us"] == 30.0
+
+
+def pipeline_run(tmp_path, schedule="ScheduleGPipe"):
+    """GPipe, p = 2, m = 2, forward 10 µs, backward 20 µs, no gaps but the pipeline's own."""
+    chunks = {0: [("F", 0, 0, 10), ("F", 1, 10, 20), ("B", 1, 50, 70), ("B", 0, 70, 90)],
+              1: [("F", 0, 10, 20), ("F", 1, 20, 30), ("B", 1, 30, 50), ("B", 0, 50, 70)]}
+    for r, cs in chunks.items():
+        b = TraceBuilder(rank=r, backend="gloo")
+        b.step(0, 0, 100)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        recs = []
+        for step in (1, 2):  # two identical steps, 1000 µs apart
+            recs += [{"stage": r, "microbatch": mb, "phase": ph, "start_us": s + 1000 * step,
+                      "end_us": e + 1000 * step, "optimizer_step": step, "profiled": step == 1}
+                     for ph, mb, s, e in cs]
+        write_sidecar(tmp_path / f"rank{r}.pipeline.json", "pipeline", r, {"records": recs})
+    write_sidecar(tmp_path / "run.json", "run", None, {"world_size": 2, "layout": {
+        "dims": {"pp": 2}, "strategies": ["pipeline"], "pipeline": {
+            "schedule": schedule, "stages": 2, "microbatches": 2, "pp_group_size": 2,
+            "stages_per_rank": 1}}})
+    return load_traces(tmp_path)
+
+
+def test_pipeline_bubbles_match_the_ideal_exactly(tmp_path):
+    p = compute_pipeline(pipeline_run(tmp_path))
+    assert p.schedule == {"schedule": "ScheduleGPipe", "p": 2, "m": 2, "v": 1, "stages": 2}
+    b = p.bubbles.set_index(["rank", "step"])
+    for step in (1, 2):
+        r0, r1 = b.loc[(0, step)], b.loc[(1, step)]
+        assert (r0["window_us"], r0["busy_us"], r0["bubble_us"]) == (90.0, 60.0, 30.0)
+        assert r0["bubble_pct"] == pytest.approx(100 / 3) == r0["ideal_pct"]
+        # rank 0: forwards [0,20), turn-around [20,50) idle, backwards [50,90)
+        assert (r0["warmup_bubble_us"], r0["steady_bubble_us"], r0["cooldown_bubble_us"]) == (
+            0.0, 30.0, 0.0)
+        # rank 1: waits 10 µs for its first input, 20 µs after its last backward
+        assert (r1["warmup_bubble_us"], r1["steady_bubble_us"], r1["cooldown_bubble_us"]) == (
+            10.0, 0.0, 20.0)
+    assert list(b.loc[(0, 1)][["profiled"]]) == [True] and not b.loc[(0, 2)]["profiled"]
+    assert ideal_bubble_pct(4, 8) == pytest.approx(100 * 3 / 11)
+    assert ideal_bubble_pct(4, 8, v=2) == pytest.approx(100 * 3 / 19)
+
+
+def test_pipeline_bubbles_follow_clock_offsets(tmp_path):
+    traces = pipeline_run(tmp_path)
+    shifted = compute_pipeline(traces, offsets={1: -5.0})   # rank 1 read 5 µs behind
+    r1 = shifted.bubbles.set_index(["rank", "step"]).loc[(1, 1)]
+    assert r1["window_us"] == 90.0 and r1["warmup_bubble_us"] == 15.0
+
+
+def test_pipeline_estimate_without_records(tmp_path):
+    b = TraceBuilder(rank=0, backend="gloo")
+    b.thread_name(1, "python3")
+    b.step(1, 0, 100)
+    b.cpu("aten::mm", 0, 40)
+    b.cpu("c10d::recv_", 40, 30)
+    b.cpu("aten::mm", 70, 20)
+    b.write(tmp_path / "rank0.json")
+    traces = load_traces(tmp_path)
+    steps = compute_time_breakdown(traces).steps
+    p = compute_pipeline(traces, breakdown_steps=steps, p2p_ranks={0})
+    row = p.bubbles.iloc[0]
+    # idle [90,100) + exposed recv [40,70) = 40 of 100
+    assert (row["method"], row["bubble_us"], row["bubble_pct"]) == ("estimate", 40.0, 40.0)
+
+
+def test_imbalance_per_dimension_group(tmp_path):
+    for r, work in ((0, 30.0), (1, 50.0)):
+        b = TraceBuilder(rank=r, backend="gloo")
+        b.step(1, 0, 100)
+        b.cpu("aten::mm", 0, work)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {"records": [],
+                      "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1],
+                                          "size": 2, "dim": "dp"}]})
+    traces = load_traces(tmp_path)
+    bal = compute_balance(traces, compute_time_breakdown(traces).steps)
+    g = bal.groups.iloc[0]
+    assert (g["dim"], g["pg"], g["max_us"], g["mean_us"], g["imbalance"], g["cost_us"],
+            g["slowest_rank"]) == ("dp", "0", 50.0, 40.0, 1.25, 10.0, 1)
+
+
+def test_memory_per_rank_and_imbalance(tmp_path):
+    for r, (static, peak) in enumerate(((100, 300), (100, 500))):
+        b = TraceBuilder(rank=r, backend="gloo")
+        b.step(1, 0, 100)
+        for ts, alloc in ((1, peak // 2), (5, peak), (9, peak // 4)):
+            b.events.append({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]",
+                             "pid": 100, "tid": 1, "ts": ts, "args": {
+                                 "Total Allocated": alloc, "Total Reserved": 0, "Bytes": 1,
+                                 "Device Type": 0, "Device Id": -1}})
+        b.write(tmp_path / f"rank{r}.trace.json")
+        write_sidecar(tmp_path / f"rank{r}.meta.json", "rank", r, {"host": "h", "memory": {
+            "static": {"params_bytes": 25, "grads_bytes": 25, "optimizer_state_bytes": 50,
+                       "total_bytes": static}, "peak_rss_bytes": 10_000}})
+    m = compute_memory(load_traces(tmp_path))
+    rows = m.per_rank.set_index("rank")
+    assert rows.loc[0, "static_bytes"] == 100 and rows.loc[1, "optimizer_state_bytes"] == 50
+    assert (rows.loc[0, "peak_allocated_bytes"], rows.loc[1, "peak_allocated_bytes"]) == (300, 500)
+    assert m.imbalance == {"static": 1.0, "peak": 500 / 400}
+    assert len(m.timeline) == 6 and m.timeline["allocated_bytes"].max() == 500
+
+
+def test_layout_groups_spanning_nodes(tmp_path):
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
+    groups = [{"name": "1", "desc": "mesh_dp", "ranks": [0, 2], "size": 2, "dim": "dp"},
+              {"name": "2", "desc": "mesh_dp", "ranks": [1, 3], "size": 2, "dim": "dp"},
+              {"name": "3", "desc": "mesh_tp", "ranks": [0, 1], "size": 2, "dim": "tp"},
+              {"name": "4", "desc": "mesh_tp", "ranks": [2, 3], "size": 2, "dim": "tp"}]
+    for r in range(4):
+        TraceBuilder(rank=r, world_size=4).write(tmp_path / f"rank{r}.trace.json")
+        write_sidecar(tmp_path / f"rank{r}.meta.json", "rank", r, {"host": hosts[r]})
+        mine = [g for g in groups if r in g["ranks"]]
+        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r,
+                      {"process_groups": mine, "records": []})
+    write_sidecar(tmp_path / "run.json", "run", None, {"world_size": 4, "layout": {
+        "dims": {"dp": 2, "tp": 2}, "strategies": ["fsdp2", "tp"]}})
+    lay = compute_layout(load_traces(tmp_path))
+    assert lay.dims == {"dp": 2, "tp": 2} and lay.nodes == {"a": [0, 1], "b": [2, 3]}
+    spans = dict(zip(lay.groups["pg"], lay.groups["spans_nodes"]))
+    assert spans == {"1": True, "2": True, "3": False, "4": False}
+
+
+def test_report_json_carries_every_analysis(tmp_path):
+    data = report_json(build_report(straggler_run(tmp_path)))
+    assert data["sync"]["stragglers"][0]["rank"] == 2
+    assert data["sync"]["clock_offsets"][1]["offset_us"] == 500.0
+    assert data["pipeline"] is None
+    assert {"imbalance", "memory", "layout"} <= set(data)
+    assert all(not (isinstance(v, float) and math.isnan(v))
+               for r in data["sync"]["instances"] for v in r.values())
