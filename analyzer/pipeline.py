@@ -17,7 +17,8 @@ rank.
 
 Schedule records cover every optimizer step, not only the profiled ones (``profiled`` says
 which): the torch profiler slows CPU pipelines down by a factor that grows over the active
-window, so the unprofiled steps time the schedule as it runs without pardiag. The first step is
+window, so the unprofiled steps time the schedule as it runs without pardiag, and summaries
+use them (:func:`summarize_bubbles`). The first step is
 left out when there are more than two (it also allocates the stages' buffers).
 
 Runs without schedule records get an **estimate** on pipeline ranks (those exchanging
@@ -37,7 +38,7 @@ from pardiag.analyzer.load import TraceSet
 
 BUBBLE_COLUMNS = ("rank", "stages", "step", "window_us", "busy_us", "bubble_us", "bubble_pct",
                   "warmup_bubble_us", "steady_bubble_us", "cooldown_bubble_us", "ideal_pct",
-                  "method", "profiled")
+                  "method", "profiled", "clean")
 
 
 def ideal_bubble_pct(p: int, m: int, v: int = 1) -> float:
@@ -76,6 +77,25 @@ def _schedule(traces: TraceSet, chunks: pd.DataFrame) -> dict | None:
     return {"schedule": pipe.get("schedule"), "p": p, "m": m, "v": v, "stages": stages}
 
 
+def summarize_bubbles(bubbles: pd.DataFrame) -> pd.DataFrame:
+    """Median bubble per rank over the clean steps when there are any, else over all steps.
+
+    Returns:
+        ``rank``, ``stages``, ``steps`` (count used), ``basis`` (``"unprofiled"`` or ``"all"``),
+        ``bubble_pct``, ``ideal_pct``, ``warmup_us``, ``steady_us``, ``cooldown_us``,
+        ``window_us`` (medians).
+    """
+    use = bubbles[bubbles["clean"]] if bubbles["clean"].any() else bubbles
+    basis = "unprofiled" if bubbles["clean"].any() else "all"
+    out = (use.groupby(["rank", "stages"], as_index=False)
+           .agg(steps=("step", "nunique"), bubble_pct=("bubble_pct", "median"),
+                ideal_pct=("ideal_pct", "first"), warmup_us=("warmup_bubble_us", "median"),
+                steady_us=("steady_bubble_us", "median"),
+                cooldown_us=("cooldown_bubble_us", "median"), window_us=("window_us", "median")))
+    out.insert(3, "basis", basis)
+    return out
+
+
 def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
                      breakdown_steps: pd.DataFrame | None = None,
                      p2p_ranks: set[int] | None = None) -> PipelineResult:
@@ -102,11 +122,15 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
     ideal = (ideal_bubble_pct(sched["p"], sched["m"], sched["v"])
              if sched and sched["p"] and sched["m"] else float("nan"))
     out = []
+    prof_steps = set(chunks.loc[chunks["profiled"], "step"])
+    after_window = max(prof_steps) + 1 if prof_steps else None
     for step, sc in chunks.groupby("step"):
         if step == 0 and chunks["step"].nunique() > 2:
             continue  # the first step also builds the stages' buffers: not the steady schedule
         lo, hi = float(sc["start_us"].min()), float(sc["end_us"].max())
         profiled = bool(sc["profiled"].all())
+        # unprofiled, and not the step after the window (it waits for the trace export)
+        clean = not profiled and step != after_window
         window = hi - lo
         for rank, rc in sc.groupby("rank"):
             busy = iv.union(rc["start_us"].to_numpy(), rc["end_us"].to_numpy())
@@ -124,7 +148,7 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
                         "bubble_pct": 100.0 * (window - busy_us) / window if window > 0 else np.nan,
                         "warmup_bubble_us": phase_bubble[0], "steady_bubble_us": phase_bubble[1],
                         "cooldown_bubble_us": phase_bubble[2], "ideal_pct": ideal,
-                        "method": "measured", "profiled": profiled})
+                        "method": "measured", "profiled": profiled, "clean": clean})
     if chunks.empty and breakdown_steps is not None and p2p_ranks:
         est = breakdown_steps[breakdown_steps["rank"].isin(p2p_ranks)]
         for r in est.itertuples():
@@ -134,5 +158,5 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
                         "bubble_pct": 100.0 * bubble / r.span_us if r.span_us > 0 else np.nan,
                         "warmup_bubble_us": np.nan, "steady_bubble_us": np.nan,
                         "cooldown_bubble_us": np.nan, "ideal_pct": ideal, "method": "estimate",
-                        "profiled": True})
+                        "profiled": True, "clean": False})
     return PipelineResult(pd.DataFrame(out, columns=list(BUBBLE_COLUMNS)), chunks, sched)

@@ -19,7 +19,7 @@ from pardiag.analyzer.balance import (BalanceResult, LayoutResult, MemoryResult,
                                       compute_layout, compute_memory)
 from pardiag.analyzer.breakdown import TimeBreakdown, compute_time_breakdown
 from pardiag.analyzer.load import TraceSet
-from pardiag.analyzer.pipeline import PipelineResult, compute_pipeline
+from pardiag.analyzer.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
 from pardiag.analyzer.sync import SyncResult, compute_sync, P2P_OPS
 
 
@@ -93,7 +93,8 @@ def _sync_json(r: SyncResult, traces: TraceSet) -> dict:
 
 def _pipeline_json(r: PipelineResult, traces: TraceSet) -> dict:
     return {"pipeline": None if r.bubbles.empty else {
-        "schedule": r.schedule, "bubbles": records(r.bubbles)}}
+        "schedule": r.schedule, "summary": records(summarize_bubbles(r.bubbles)),
+        "bubbles": records(r.bubbles)}}
 
 
 def _balance_json(r: BalanceResult, traces: TraceSet) -> dict:

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from pardiag import __version__
+from pardiag.analyzer.pipeline import summarize_bubbles
 from pardiag.analyzer.registry import Report
 
 #: Colours of the four breakdown parts, shared by every breakdown chart.
@@ -253,15 +254,12 @@ def _parallel_sections(report: Report, add) -> list[str]:
         out.append(f"<p>{_e(method)}; schedule {_e(sch.get('schedule'))}, p = {_e(sch.get('p'))} "
                    f"ranks, m = {_e(sch.get('m'))} microbatches, v = {_e(sch.get('v'))}; ideal "
                    f"bubble {b['ideal_pct'].iloc[0]:.1f}% of the step.</p>")
-        summ = (b.groupby(["rank", "stages"], as_index=False)
-                .agg(bubble_pct=("bubble_pct", "median"), ideal_pct=("ideal_pct", "first"),
-                     warmup=("warmup_bubble_us", "median"), steady=("steady_bubble_us", "median"),
-                     cooldown=("cooldown_bubble_us", "median"), window=("window_us", "median"),
-                     steps=("step", "nunique")))
-        out.append(_table(_ms(summ, ["warmup", "steady", "cooldown", "window"]), {
-            "rank": "rank", "stages": "stages", "steps": "steps", "window": "step window (ms)",
-            "bubble_pct": "bubble % (median)", "ideal_pct": "ideal %", "warmup": "warmup (ms)",
-            "steady": "steady (ms)", "cooldown": "cooldown (ms)"}, left=("stages",), digits=3))
+        summ = summarize_bubbles(b)
+        out.append(_table(_ms(summ, ["warmup_us", "steady_us", "cooldown_us", "window_us"]), {
+            "rank": "rank", "stages": "stages", "steps": "steps", "basis": "steps used",
+            "window_us": "step window (ms)", "bubble_pct": "bubble % (median)",
+            "ideal_pct": "ideal %", "warmup_us": "warmup (ms)", "steady_us": "steady (ms)",
+            "cooldown_us": "cooldown (ms)"}, left=("stages", "basis"), digits=3))
         if len(pipe.chunks):
             steps = pipe.chunks.groupby("step")["start_us"].count()
             prof = pipe.chunks[pipe.chunks["profiled"]]["step"].unique()

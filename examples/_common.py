@@ -46,13 +46,19 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--hang-rank", type=int, default=-1, help="rank that blocks at --hang-step")
     p.add_argument("--hang-step", type=int, default=2)
     p.add_argument("--times-out", default=None, help="write per-step wall times (s) as JSON")
+    p.add_argument("--pin-cpu", action="store_true",
+                   help="pin each rank to its own CPU core (local rank mod cores): ranks sharing "
+                        "a small machine stop slowing each other down")
     return p
 
 
-def init_distributed() -> Env:
+def init_distributed(pin_cpu: bool = False) -> Env:
     """Start the default process group (NCCL with CUDA, else gloo) when run under torchrun."""
     use_cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if pin_cpu and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
     if use_cuda:
         torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")

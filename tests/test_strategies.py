@@ -34,6 +34,9 @@ RUNS = {
     "pp_1f1b4": ("train_pp.py", 4, ["--schedule", "1f1b", "--microbatches", "4",
                                     "--layers-per-stage", "1,2,2,3"], {"pp": 4}, ["pipeline"]),
     "2d": ("train_2d.py", 4, [], {"dp": 2, "tp": 2}, ["fsdp2", "tp"]),
+    "ddp_slow1": ("train_ddp.py", 2, ["--slow-rank", "1", "--slow-ms", "30"], {"dp": 2}, ["ddp"]),
+    "pp_uneven": ("train_pp.py", 2, ["--schedule", "1f1b", "--microbatches", "4",
+                                     "--layers-per-stage", "1,5"], {"pp": 2}, ["pipeline"]),
 }
 PIPELINES = {  # name: (schedule class, stages, microbatches, stages per rank)
     "pp_gpipe2": ("ScheduleGPipe", 2, 4, 1), "pp_1f1b2": ("Schedule1F1B", 2, 8, 1),
@@ -173,3 +176,78 @@ def test_planted_hang_is_diagnosed(tmp_path):
     run = _json(tmp_path / "h" / "run.json")
     assert run["exit_code"] == 124 and run["hang"] and run["timed_out_after_s"] == 12
     assert (tmp_path / "h" / "rank0.hang.json").is_file()
+
+
+def _report(out):
+    from pardiag.analyzer.registry import build_report
+    return build_report(load_traces(out))
+
+
+def test_planted_straggler_comes_first(runs):
+    rep = _report(runs("ddp_slow1"))
+    st = rep.results["sync"].stragglers
+    assert st.iloc[0]["rank"] == 1
+    # rank 1 sleeps 30 ms before every step: it arrives last and keeps rank 0 waiting
+    assert st.iloc[0]["wait_caused_us"] > 3 * 20_000 and st.iloc[0]["steps_as_top"] == ACTIVE
+    assert rep.results["sync"].matched_by == "records"
+
+
+def test_uneven_stages_show_as_pipeline_imbalance(runs):
+    rep = _report(runs("pp_uneven"))
+    summary = rep.results["balance"].summary.set_index("dim")
+    assert summary.loc["pp", "slowest_rank"] == 1 and summary.loc["pp", "imbalance"] > 1.3
+    bub = rep.results["pipeline"].bubbles
+    # the light first stage waits on the heavy second one
+    assert bub[bub["rank"] == 0]["bubble_pct"].median() > bub[bub["rank"] == 1]["bubble_pct"].median()
+
+
+def test_memory_analysis_of_sharded_runs(runs):
+    def static(name):
+        return _report(runs(name)).results["memory"].per_rank.set_index("rank")
+    ddp, fsdp, zero = static("ddp"), static("fsdp2"), static("zero1")
+    for other in (fsdp, zero):
+        ratio = other["optimizer_state_bytes"] / ddp["optimizer_state_bytes"]
+        assert ratio.between(0.48, 0.52).all(), ratio
+    assert (fsdp["static_bytes"] / ddp["static_bytes"]).between(0.48, 0.52).all()
+    assert ddp["peak_allocated_bytes"].gt(0).all() and ddp["peak_rss_bytes"].gt(0).all()
+
+
+def test_layout_analysis_of_the_2d_run(runs):
+    lay = _report(runs("2d")).results["layout"]
+    assert lay.dims == {"dp": 2, "tp": 2} and lay.strategies == ["fsdp2", "tp"]
+    dims = lay.groups.dropna(subset=["dim"])
+    assert sorted(map(tuple, dims[dims["dim"] == "tp"]["ranks"])) == [(0, 1), (2, 3)]
+    assert sorted(map(tuple, dims[dims["dim"] == "dp"]["ranks"])) == [(0, 2), (1, 3)]
+    assert not dims["spans_nodes"].any()
+
+
+@pytest.mark.parametrize("schedule,microbatches,layers", [("gpipe", 4, 6), ("1f1b", 8, 12)])
+def test_balanced_pipeline_bubble_is_near_the_ideal(tmp_path, schedule, microbatches, layers):
+    """Balanced stages, compute-heavy chunks, ranks pinned to their own core: the measured
+    bubble (median over the unprofiled steps) is within 5 points of (p-1)/(m+p-1)."""
+    from pardiag.analyzer.pipeline import summarize_bubbles
+
+    out = tmp_path / "pp"
+    res = subprocess.run(
+        [sys.executable, "-m", "pardiag", "profile", str(REPO / "examples" / "train_pp.py"),
+         "--nproc-per-node", "2", "--out", str(out), "--active", "2", "--", "--steps", "10",
+         "--width", "1024", "--layers", str(layers), "--batch", "128", "--schedule", schedule,
+         "--microbatches", str(microbatches), "--pin-cpu"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    bub = _report(out).results["pipeline"].bubbles
+    ideal = 100.0 / (microbatches + 1)
+    assert bub["ideal_pct"].iloc[0] == pytest.approx(ideal)
+    summary = summarize_bubbles(bub)
+    assert (summary["basis"] == "unprofiled").all() and (summary["steps"] >= 5).all()
+    measured = bub[bub["clean"]]["bubble_pct"].median()
+    assert abs(measured - ideal) <= 5.0, (measured, ideal)
+
+
+def test_dlrm_report_names_the_ranks_others_wait_for(real_traces):
+    rep = _report(real_traces / "dlrm_8rank_v100")
+    st = rep.results["sync"].stragglers
+    # all 8 collectives matched on all 8 ranks; ranks 7, 5 and 4 arrive last
+    assert len(rep.results["sync"].instances) == 8
+    assert list(st["rank"][:3]) == [7, 5, 4]
+    assert st[st["wait_caused_us"] > 0]["rank"].tolist() == [7, 5, 4]
