@@ -7,6 +7,7 @@ import math
 from rich.console import Console
 from rich.table import Table
 
+from pardiag.analyzer.pipeline import summarize_bubbles
 from pardiag.analyzer.registry import Report
 
 
@@ -41,3 +42,54 @@ def render_terminal(report: Report, console: Console) -> None:
             c.add_row(r.collective, str(r.ranks), str(r.count), _n(r.time_us / 1e3, 3),
                       _n(r.exposed_us / 1e3, 3))
         console.print(c)
+    _parallel(report, console)
+
+
+def _parallel(report: Report, console: Console) -> None:
+    r = report.results
+    sync, pipe, bal, mem, lay = r["sync"], r["pipeline"], r["balance"], r["memory"], r["layout"]
+    if lay.dims:
+        dims = ", ".join(f"{k.upper()}={v}" for k, v in lay.dims.items())
+        console.print(f"Layout: {dims} ({', '.join(lay.strategies)})"
+                      + (f"; {lay.pipeline.get('schedule')}, {lay.pipeline.get('stages')} stages, "
+                         f"{lay.pipeline.get('microbatches')} microbatches" if lay.pipeline else ""))
+    if len(sync.instances):
+        t = Table(title=f"Stragglers ({len(sync.instances)} collective instances matched by "
+                        f"{sync.matched_by})", title_justify="left")
+        for col in ("rank", "wait caused ms", "wait suffered ms", "last arrivals", "top in steps"):
+            t.add_column(col, justify="right")
+        for row in sync.stragglers.head(8).itertuples():
+            t.add_row(str(row.rank), _n(row.wait_caused_us / 1e3, 3),
+                      _n(row.wait_suffered_us / 1e3, 3), str(row.last_arrivals),
+                      str(row.steps_as_top))
+        console.print(t)
+    if len(pipe.bubbles):
+        summ = summarize_bubbles(pipe.bubbles)
+        t = Table(title="Pipeline bubbles (" + ("estimate" if (pipe.bubbles["method"] == "estimate")
+                                                 .all() else "measured") + ")", title_justify="left")
+        for col in ("rank", "stages", "steps", "bubble %", "ideal %", "warmup ms", "steady ms",
+                    "cooldown ms"):
+            t.add_column(col, justify="right")
+        for row in summ.itertuples():
+            t.add_row(str(row.rank), row.stages, f"{row.steps} {row.basis}", _n(row.bubble_pct, 1),
+                      _n(row.ideal_pct, 1), _n(row.warmup_us / 1e3, 3), _n(row.steady_us / 1e3, 3),
+                      _n(row.cooldown_us / 1e3, 3))
+        console.print(t)
+    if len(bal.summary):
+        t = Table(title="Load imbalance (compute per step)", title_justify="left")
+        for col in ("dimension", "group", "max/mean", "cost ms/step", "slowest rank"):
+            t.add_column(col, justify="right")
+        for row in bal.summary.itertuples():
+            t.add_row(row.dim, row.pg, _n(row.imbalance, 3), _n(row.cost_us / 1e3, 3),
+                      str(row.slowest_rank))
+        console.print(t)
+    m = mem.per_rank
+    if m["static_bytes"].notna().any():
+        t = Table(title="Memory per rank (MiB)", title_justify="left")
+        for col in ("rank", "params", "grads", "optimizer", "static", "peak allocated", "peak RSS"):
+            t.add_column(col, justify="right")
+        for row in m.itertuples():
+            t.add_row(str(row.rank), *(_n(v / 2**20, 2) for v in (
+                row.params_bytes, row.grads_bytes, row.optimizer_state_bytes, row.static_bytes,
+                row.peak_allocated_bytes, row.peak_rss_bytes)))
+        console.print(t)
