@@ -318,9 +318,10 @@ def _parallel_sections(report: Report, add) -> list[str]:
     if len(sync.bandwidth):
         out.append(add(bandwidth_figure(sync.instances)))
         out.append(_table(_ms(sync.bandwidth, ["transfer_us"]), {
-            "pg": "group", "op": "collective", "bytes": "bytes", "count": "count",
+            "pg": "group", "op": "collective", "bytes": "bytes", "inter_node": "intra/inter node",
+            "count": "count",
             "transfer_us": "transfer (ms)", "algbw_gbps": "algbw (GB/s)",
-            "busbw_gbps": "busbw (GB/s)"}, left=("pg", "op"), digits=3))
+            "busbw_gbps": "busbw (GB/s)"}, left=("pg", "op", "inter_node"), digits=3))
         out.append(_muted("algbw = bytes / transfer time (the minimum duration over the ranks); "
                           "busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for all_gather, "
                           "reduce_scatter and all_to_all, 1 otherwise (nccl-tests)."))

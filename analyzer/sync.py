@@ -188,14 +188,15 @@ class SyncResult:
             collective ends), ``instances`` (collectives used).
         instances: per collective instance: ``instance``, ``pg``, ``seq``, ``op``, ``ranks`` (n),
             ``step``, ``bytes``, ``first_arrival_us``, ``arrival_skew_us``, ``transfer_us``,
-            ``last_rank``, ``algbw_gbps``, ``busbw_gbps`` (GB/s = 1e9 bytes/s; NaN without bytes).
+            ``last_rank``, ``algbw_gbps``, ``busbw_gbps`` (GB/s = 1e9 bytes/s; NaN without bytes),
+            ``inter_node`` (participants on more than one host; None when hosts are unknown).
         per_rank: per instance and rank: ``instance``, ``rank``, ``start_us``, ``end_us`` (corrected
             clock), ``dur_us``, ``wait_us``, ``arrival_delay_us``.
         stragglers: per rank, most wait caused first: ``rank``, ``wait_suffered_us``,
             ``wait_caused_us``, ``last_arrivals``, ``steps_as_top`` (steps in which it caused the
             most wait), ``instances``.
-        bandwidth: per group and op and message size: ``pg``, ``op``, ``bytes``, ``count``,
-            ``transfer_us`` (median), ``algbw_gbps``, ``busbw_gbps`` (medians).
+        bandwidth: per group, op, message size and ``inter_node`` (``"intra"``, ``"inter"`` or
+            ``"unknown"``): ``count``, ``transfer_us``, ``algbw_gbps``, ``busbw_gbps`` (medians).
         matched_by: ``"records"`` or ``"order"``.
     """
 
@@ -289,6 +290,13 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
     inst["busbw_gbps"] = inst["algbw_gbps"] * [busbw_factor(o, int(k)) for o, k in
                                                zip(inst["op"], n)]
     inst = inst.sort_values("first_arrival_us").reset_index(names="instance")
+    hosts = {r: m.get("host") for r, m in traces.rank_meta.items() if m.get("host")}
+    if hosts:
+        members = ev.groupby("instance")["rank"].apply(lambda rs: {hosts.get(r) for r in rs})
+        inst["inter_node"] = inst["instance"].map(
+            lambda k: None if None in members.get(k, {None}) else len(members[k]) > 1)
+    else:
+        inst["inter_node"] = None
 
     pr = ev[ev["instance"].isin(inst["instance"])].copy()
     pr = pr.merge(inst[["instance", "transfer_us", "first_arrival_us", "last_rank"]], on="instance")
@@ -314,10 +322,12 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
 
     bw = inst.dropna(subset=["algbw_gbps"])
     if len(bw):
-        bandwidth = (bw.groupby(["pg", "op", "bytes"], as_index=False)
+        bandwidth = (bw.assign(inter_node=bw["inter_node"].map(
+                         lambda v: "unknown" if v is None else ("inter" if v else "intra")))
+                     .groupby(["pg", "op", "bytes", "inter_node"], as_index=False)
                      .agg(count=("instance", "size"), transfer_us=("transfer_us", "median"),
                           algbw_gbps=("algbw_gbps", "median"), busbw_gbps=("busbw_gbps", "median")))
     else:
-        bandwidth = pd.DataFrame(columns=["pg", "op", "bytes", "count", "transfer_us", "algbw_gbps",
-                                          "busbw_gbps"])
+        bandwidth = pd.DataFrame(columns=["pg", "op", "bytes", "inter_node", "count", "transfer_us",
+                                          "algbw_gbps", "busbw_gbps"])
     return SyncResult(offsets, inst.drop(columns=["group_size"]), per_rank, st, bandwidth, matched_by)

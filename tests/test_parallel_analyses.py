@@ -58,8 +58,18 @@ def test_bandwidth(tmp_path):
     assert inst["algbw_gbps"] == pytest.approx(20.0)
     assert inst["busbw_gbps"] == pytest.approx(20.0 * 4 / 3)
     bw = s.bandwidth.iloc[0]
-    assert (bw["pg"], bw["op"], bw["bytes"], bw["count"]) == ("0", "all_reduce", 1_000_000, 4)
+    assert (bw["pg"], bw["op"], bw["bytes"], bw["count"], bw["inter_node"]) == (
+        "0", "all_reduce", 1_000_000, 4, "unknown")
     assert busbw_factor("all_gather", 4) == 0.75 and busbw_factor("send", 2) == 1.0
+
+
+def test_bandwidth_split_intra_and_inter_node(tmp_path):
+    straggler_run(tmp_path)
+    for r, host in ((0, "a"), (1, "a"), (2, "b")):
+        write_sidecar(tmp_path / f"rank{r}.meta.json", "rank", r, {"host": host})
+    s = compute_sync(load_traces(tmp_path))
+    assert s.instances["inter_node"].tolist() == [True] * 4
+    assert s.bandwidth["inter_node"].tolist() == ["inter"]
 
 
 def test_trace_order_matching_without_records(tmp_path):
