@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
 
 import torch
@@ -159,8 +160,18 @@ def train(args: argparse.Namespace, env: Env, opt: torch.optim.Optimizer, loss_o
 
 
 def finish(env: Env, message: str) -> None:
+    """Print the summary, then end the way that never hangs or aborts with gloo (FACTS §1).
+
+    The process group is not destroyed: freeing it (or objects holding it) at teardown can
+    hang or abort a gloo process. Under ``pardiag profile`` the script returns and pardiag ends
+    the process (barrier, flush, ``os._exit``) after writing its files; run directly, the
+    script does the same itself.
+    """
     if env.rank == 0:
         print(message, flush=True)
     if dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        if "PARDIAG_PROFILE_CONFIG" not in os.environ:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
