@@ -326,6 +326,41 @@ def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str]:
     return files, sidecars, source
 
 
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+
+#: Required keys of the list entries of each sidecar kind, and the keys that must be numbers.
+_SIDECAR_LISTS = {
+    "comms": (("records", ("op", "pg_name", "seq"), ("seq",)),
+              ("process_groups", ("name", "ranks"), ())),
+    "pipeline": (("records", ("stage", "microbatch", "phase", "start_us", "end_us",
+                              "optimizer_step"),
+                  ("stage", "microbatch", "start_us", "end_us", "optimizer_step")),),
+}
+
+
+def _check_sidecar(path: Path, doc: dict, warnings: list[str]) -> dict | None:
+    """Keep the well-formed entries of a comms/pipeline sidecar; warn about the rest."""
+    spec = _SIDECAR_LISTS.get(doc.get("kind"))
+    if spec is None:
+        return doc
+    doc = dict(doc)
+    for key, required, numeric in spec:
+        items = doc.get(key)
+        if not isinstance(items, list):
+            warnings.append(f"{path}: '{key}' is not a list; the file is ignored")
+            return None
+        good = [e for e in items if isinstance(e, dict) and all(k in e for k in required)
+                and all(_is_num(e[k]) for k in numeric)
+                and all(e.get(k) is None or _is_num(e.get(k))
+                        for k in ("start_us", "end_us", "issue_us", "bytes"))]
+        if len(good) < len(items):
+            warnings.append(f"{path}: left out {len(items) - len(good)} malformed '{key}' entries")
+        doc[key] = good
+    return doc
+
+
 def _read_sidecars(sidecars: list[Path], warnings: list[str]
                    ) -> tuple[dict | None, dict[int, dict], dict[str, dict[int, dict]]]:
     run_info = None
@@ -345,7 +380,9 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str]
         elif doc.get("kind") == "rank" and isinstance(doc.get("rank"), int):
             rank_meta[doc["rank"]] = doc
         elif isinstance(doc.get("kind"), str) and isinstance(doc.get("rank"), int):
-            others.setdefault(doc["kind"], {})[doc["rank"]] = doc
+            checked = _check_sidecar(f, doc, warnings)
+            if checked is not None:
+                others.setdefault(doc["kind"], {})[doc["rank"]] = checked
     return run_info, rank_meta, others
 
 

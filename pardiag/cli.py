@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -110,7 +111,13 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
             _fail(PardiagError(f"{target}: is one of the input traces; choose another output path"))
     for w in traces.warnings:
         click.echo(f"pardiag: warning: {w}", err=True)
-    rep = build_report(traces, opts)
+    try:
+        rep = build_report(traces, opts)
+    except Exception as exc:  # a bug, or input no check caught: one line, details on request
+        if os.environ.get("PARDIAG_DEBUG"):
+            raise
+        _fail(PardiagError(f"{traces.source}: analysis failed ({type(exc).__name__}: {exc}); "
+                           f"set PARDIAG_DEBUG=1 for the traceback", exit_code=1))
     try:
         if json_out is not None:
             data = orjson.dumps(report_json(rep), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)

@@ -184,3 +184,22 @@ def test_failed_run_is_flagged_in_the_report(tmp_path):
               "RuntimeError: boom", "run.json says world size 3; no trace for rank(s) [2]"):
         assert w in res.output
         assert w in (tmp_path / "r.html").read_text()
+
+
+def test_malformed_sidecars_are_left_out_with_warnings(tmp_path):
+    import shutil
+    run_dir = tmp_path / "run"
+    shutil.copytree(REPO / "sample_traces" / "pp_1f1b_cpu_2rank", run_dir)
+    comms = json.loads((run_dir / "rank0.comms.json").read_text())
+    comms["records"][0]["start_us"] = "x"
+    del comms["records"][1]["seq"]
+    (run_dir / "rank0.comms.json").write_text(json.dumps(comms))
+    pipe = json.loads((run_dir / "rank1.pipeline.json").read_text())
+    pipe["records"] = {"not": "a list"}
+    (run_dir / "rank1.pipeline.json").write_text(json.dumps(pipe))
+    (run_dir / "rank0.pipeline.json").write_text("{broken")
+    res = run("report", run_dir, "-o", tmp_path / "r.html", "-q")
+    assert res.exit_code == 0, res.output
+    assert "rank0.comms.json: left out 2 malformed 'records' entries" in res.output
+    assert "rank1.pipeline.json: 'records' is not a list; the file is ignored" in res.output
+    assert "rank0.pipeline.json: unreadable pardiag sidecar, ignored" in res.output
