@@ -43,8 +43,8 @@ class Kind(str, enum.Enum):
 
 
 GPU_COMM_RE = re.compile(r"nccl|rccl|hccl", re.IGNORECASE)
-CPU_COMM_RE = re.compile(
-    r"^(gloo:|nccl:|c10d::|_c10d_functional::|c10d_functional::|record_param_comms)")
+CPU_COMM_RE = re.compile(  # _c10d_functional::_wrap_tensor_autograd and the like are helpers
+    r"^(gloo:|nccl:|c10d::|_c10d_functional::(?!_)|c10d_functional::(?!_)|record_param_comms)")
 CPU_WAIT_RE = re.compile(
     r"^(aten::_?wait\b|c10d::wait|_c10d_functional::wait_tensor|c10d_functional::wait_tensor"
     r"|cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize"

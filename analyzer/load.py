@@ -383,6 +383,13 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str]
             checked = _check_sidecar(f, doc, warnings)
             if checked is not None:
                 others.setdefault(doc["kind"], {})[doc["rank"]] = checked
+        else:
+            warnings.append(f"{f}: pardiag sidecar without a known kind and rank, ignored")
+    for kind in ("comms", "pipeline"):
+        have = set(others.get(kind, {}))
+        if have and rank_meta and set(rank_meta) - have:
+            warnings.append(f"no usable {kind} records for rank(s) {sorted(set(rank_meta) - have)}"
+                            f" (other ranks have them)")
     return run_info, rank_meta, others
 
 
@@ -434,6 +441,9 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
                       for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))})
         if sub:
             hint = f"; subfolders hold some: {', '.join(str(d) for d in sub[:3])}"
+        elif run_info is not None and run_info.get("hang"):
+            hint = ("; the profiled run hung and was stopped before a trace was written: "
+                    + run_info["hang"][0])
         elif run_info is not None or rank_meta:
             steps = {r: m.get("optimizer_steps") for r, m in sorted(rank_meta.items())}
             hint = (f"; this pardiag run wrote no trace (optimizer steps per rank: {steps};"

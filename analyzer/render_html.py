@@ -63,9 +63,11 @@ def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = ()
             df[c] = df[c].astype("Int64")
     head = "".join(f'<th class="{"l" if c in left else ""}">{_e(h)}</th>' for c, h in columns.items())
     rows = []
-    for _, r in df.iterrows():
+    # column-wise values keep each column's type (iterrows would turn ints into floats)
+    for values in zip(*(df[c].astype(object).where(df[c].notna(), None).tolist() for c in columns)):
         cells = "".join(f'<td class="{"l" if c in left else ""}">'
-                        f'{_fmt(r[c], 2 if c.endswith("_pct") else digits)}</td>' for c in columns)
+                        f'{_fmt(v, 2 if c.endswith("_pct") else digits)}</td>'
+                        for c, v in zip(columns, values))
         rows.append(f"<tr>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
@@ -139,7 +141,8 @@ def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame) -> go.Fig
     fig = go.Figure(go.Heatmap(z=z.to_numpy() / 1000.0, x=labels, y=[f"rank {r}" for r in z.index],
                                colorscale="Reds", colorbar_title="wait ms",
                                hovertemplate="%{y}, %{x}: %{z:.3f} ms<extra></extra>"))
-    fig.update_layout(title="Wait per rank and collective instance (ms)", height=160 + 22 * len(z),
+    fig.update_layout(title="Wait per rank and collective instance (ms)",
+                      height=max(320, 160 + 28 * len(z)),
                       xaxis_title="collective instance (time order)")
     return fig
 
@@ -237,6 +240,9 @@ def _parallel_sections(report: Report, add) -> list[str]:
         out.append(_table(_ms(skew, ["arrival_skew_us", "transfer_us"]), {
             "op": "collective", "count": "instances", "arrival_skew_us": "median arrival skew (ms)",
             "transfer_us": "median transfer (ms)"}, left=("op",), digits=3))
+        if (sync.offsets["instances"] == 0).all():
+            out.append(_muted("No collective spans all ranks here, so clocks could not be "
+                              "aligned: times are compared as recorded (same host: one clock)."))
         out.append("<p class='muted'>Clock offsets (estimated from aligned collective ends, "
                    "subtracted before comparing):</p>")
         out.append(_table(sync.offsets, {"rank": "rank", "offset_us": "offset (µs)",
@@ -261,10 +267,13 @@ def _parallel_sections(report: Report, add) -> list[str]:
             "ideal_pct": "ideal %", "warmup_us": "warmup (ms)", "steady_us": "steady (ms)",
             "cooldown_us": "cooldown (ms)"}, left=("stages", "basis"), digits=3))
         if len(pipe.chunks):
-            steps = pipe.chunks.groupby("step")["start_us"].count()
-            prof = pipe.chunks[pipe.chunks["profiled"]]["step"].unique()
-            step = int(sorted(prof)[len(prof) // 2]) if len(prof) else int(steps.index[-1])
+            clean = sorted(b.loc[b["clean"], "step"].unique())
+            pool = clean or sorted(b["step"].unique())
+            step = int(pool[len(pool) // 2])
             out.append(add(pipeline_gantt(pipe.chunks, step)))
+            out.append(_muted(f"Step {step} is shown ({'an unprofiled step, like the table' if clean else 'no unprofiled step was recorded'}). "
+                              "Table columns are medians over steps each, so the phases need "
+                              "not add up to the bubble."))
     else:
         out.append(_muted("No pipeline parallelism detected (no schedule records and no "
                           "point-to-point traffic)."))
@@ -289,7 +298,8 @@ def _parallel_sections(report: Report, add) -> list[str]:
                                    "static_bytes", "peak_allocated_bytes", "peak_rss_bytes"]), {
             "rank": "rank", "params_bytes": "parameters (MiB)", "grads_bytes": "gradients (MiB)",
             "optimizer_state_bytes": "optimizer state (MiB)", "static_bytes": "static (MiB)",
-            "peak_allocated_bytes": "peak allocated (MiB)", "peak_rss_bytes": "peak RSS (MiB)"},
+            "peak_allocated_bytes": "peak allocated in traced window (MiB)",
+            "peak_rss_bytes": "peak RSS (MiB)"},
             digits=2))
         imb = mem.imbalance
         out.append(_muted(f"Imbalance across ranks (max/mean): static "

@@ -67,8 +67,8 @@ def _parallel(report: Report, console: Console) -> None:
         summ = summarize_bubbles(pipe.bubbles)
         t = Table(title="Pipeline bubbles (" + ("estimate" if (pipe.bubbles["method"] == "estimate")
                                                  .all() else "measured") + ")", title_justify="left")
-        for col in ("rank", "stages", "steps", "bubble %", "ideal %", "warmup ms", "steady ms",
-                    "cooldown ms"):
+        for col in ("rank", "stages", "steps", "bubble % (median)", "ideal %", "warmup ms",
+                    "steady ms", "cooldown ms"):
             t.add_column(col, justify="right")
         for row in summ.itertuples():
             t.add_row(str(row.rank), row.stages, f"{row.steps} {row.basis}", _n(row.bubble_pct, 1),
@@ -86,7 +86,8 @@ def _parallel(report: Report, console: Console) -> None:
     m = mem.per_rank
     if m["static_bytes"].notna().any():
         t = Table(title="Memory per rank (MiB)", title_justify="left")
-        for col in ("rank", "params", "grads", "optimizer", "static", "peak allocated", "peak RSS"):
+        for col in ("rank", "params", "grads", "optimizer", "static",
+                    "peak alloc. (traced window)", "peak RSS"):
             t.add_column(col, justify="right")
         for row in m.itertuples():
             t.add_row(str(row.rank), *(_n(v / 2**20, 2) for v in (

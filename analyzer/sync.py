@@ -15,8 +15,10 @@
    Times are corrected by it before anything is compared; the offsets are reported.
 4. **Synchronization vs transfer** (TensorBoard profiler plugin): the transfer time of an
    instance is its minimum duration over the ranks; each rank's wait is its duration minus that.
-   Arrival skew = latest start − earliest start. The rank that arrives last *causes* the others'
-   wait: ``Σ_q (start(last) − start(q))``.
+   Arrival skew = latest start − earliest start. A rank waits from its arrival to the last
+   arrival; the last to arrive *causes* that wait. Per-rank totals (wait suffered, wait caused)
+   are lengths of unions of those intervals, so collectives in flight together (DDP buckets)
+   count once.
 5. **Bandwidth** (nccl-tests, doc/PERFORMANCE.md): algbw = S / t with S the bytes of the full
    buffer and t the transfer time; busbw = algbw × factor, factor 2(n−1)/n for all_reduce,
    (n−1)/n for all_gather, reduce_scatter and all_to_all, 1 for broadcast, reduce and send/recv.
@@ -29,6 +31,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.breakdown import launch_times
 from pardiag.analyzer.classify import Kind, classify, collective_type, comm_threads, profiler_steps
 from pardiag.analyzer.comm_records import DTYPE_BYTES, _numel
@@ -192,9 +195,10 @@ class SyncResult:
             ``inter_node`` (participants on more than one host; None when hosts are unknown).
         per_rank: per instance and rank: ``instance``, ``rank``, ``start_us``, ``end_us`` (corrected
             clock), ``dur_us``, ``wait_us``, ``arrival_delay_us``.
-        stragglers: per rank, most wait caused first: ``rank``, ``wait_suffered_us``,
-            ``wait_caused_us``, ``last_arrivals``, ``steps_as_top`` (steps in which it caused the
-            most wait), ``instances``.
+        stragglers: per rank, most wait caused first: ``rank``, ``wait_suffered_us`` (|union of
+            its waiting intervals|), ``wait_caused_us`` (Σ over the other ranks of |union of
+            their waits for it|), ``last_arrivals``, ``steps_as_top`` (steps in which it caused
+            the most wait), ``instances``.
         bandwidth: per group, op, message size and ``inter_node`` (``"intra"``, ``"inter"`` or
             ``"unknown"``): ``count``, ``transfer_us``, ``algbw_gbps``, ``busbw_gbps`` (medians).
         matched_by: ``"records"`` or ``"order"``.
@@ -302,21 +306,32 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
     pr = pr.merge(inst[["instance", "transfer_us", "first_arrival_us", "last_rank"]], on="instance")
     pr["wait_us"] = pr["dur_us"] - pr["transfer_us"]
     pr["arrival_delay_us"] = pr["start_us"] - pr["first_arrival_us"]
-    last_start = pr.groupby("instance")["start_us"].transform("max")
-    pr["caused_by_last_us"] = last_start - pr["start_us"]
-    caused = pr.groupby(["instance", "last_rank", "step"])["caused_by_last_us"].sum().reset_index()
+    # Waiting = from a rank's arrival to the last arrival. Aggregates take the union of those
+    # intervals, so collectives in flight at the same time (DDP buckets) are not counted twice.
+    pr["wait_until_us"] = pr.groupby("instance")["start_us"].transform("max")
     per_rank = pr[["instance", "rank", "start_us", "end_us", "dur_us", "wait_us",
                    "arrival_delay_us"]].reset_index(drop=True)
 
+    def waited(rows: pd.DataFrame) -> float:
+        return iv.total(iv.union(rows["start_us"].to_numpy(), rows["wait_until_us"].to_numpy()))
+
     ranks = sorted(ev["rank"].unique())
     st = pd.DataFrame({"rank": ranks})
-    st["wait_suffered_us"] = st["rank"].map(pr.groupby("rank")["wait_us"].sum()).fillna(0.0)
-    st["wait_caused_us"] = st["rank"].map(
-        caused.groupby("last_rank")["caused_by_last_us"].sum()).fillna(0.0)
+    st["wait_suffered_us"] = [waited(pr[pr["rank"] == r]) for r in ranks]
+    others = pr[pr["rank"] != pr["last_rank"]]
+    caused = {(int(last), int(step)): sum(waited(g) for _, g in grp.groupby("rank"))
+              for (last, step), grp in others.groupby(["last_rank", "step"])}
+    total_caused: dict[int, float] = {}
+    for (last, _), v in caused.items():
+        total_caused[last] = total_caused.get(last, 0.0) + v
+    st["wait_caused_us"] = st["rank"].map(total_caused).fillna(0.0)
     st["last_arrivals"] = st["rank"].map(inst["last_rank"].value_counts()).fillna(0).astype(int)
-    by_step = caused.groupby(["step", "last_rank"])["caused_by_last_us"].sum().reset_index()
-    top = by_step.loc[by_step.groupby("step")["caused_by_last_us"].idxmax()] if len(by_step) else by_step
-    st["steps_as_top"] = st["rank"].map(top["last_rank"].value_counts()).fillna(0).astype(int)
+    top: dict[int, tuple[int, float]] = {}
+    for (last, step), v in caused.items():
+        if v > top.get(step, (None, -1.0))[1]:
+            top[step] = (last, v)
+    tops = pd.Series([t[0] for t in top.values()]).value_counts()
+    st["steps_as_top"] = st["rank"].map(tops).fillna(0).astype(int)
     st["instances"] = st["rank"].map(pr.groupby("rank")["instance"].nunique()).fillna(0).astype(int)
     st = st.sort_values(["wait_caused_us", "rank"], ascending=[False, True]).reset_index(drop=True)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import warnings
 import json
 import os
 import shutil
@@ -219,6 +220,9 @@ def detect_parallelism() -> dict:
     except ImportError:  # pragma: no cover
         _PipelineSchedule = _PipelineStageBase = ()
 
+    interesting = tuple(c for c in (DistributedDataParallel, FullyShardedDataParallel, FSDPModule,
+                                     ZeroRedundancyOptimizer, DeviceMesh, _PipelineStageBase,
+                                     _PipelineSchedule) if isinstance(c, type))
     wrappers: set[str] = set()
     group_dims: dict[str, str] = {}
     meshes: list[dict] = []
@@ -226,7 +230,11 @@ def detect_parallelism() -> dict:
     schedules: list = []
     reshard: set[bool] = set()
     seen_mesh: set[tuple] = set()
-    for obj in gc.get_objects():
+    with warnings.catch_warnings():  # isinstance on torch's lazy objects warns (reduce_op)
+        warnings.simplefilter("ignore")
+        objects = gc.get_objects()
+        found = [o for o in objects if _is_interesting(o, interesting)]
+    for obj in found:
         try:
             if isinstance(obj, DistributedDataParallel):
                 wrappers.add("ddp")
@@ -285,6 +293,13 @@ def detect_parallelism() -> dict:
             "group_dims": group_dims,
             # the root module may keep its parameters; any resharding block means "true"
             "fsdp_reshard_after_forward": any(reshard) if reshard else None}
+
+
+def _is_interesting(obj, classes: tuple) -> bool:
+    try:
+        return isinstance(obj, classes)
+    except Exception:  # objects whose __class__ lookup fails
+        return False
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -113,10 +113,42 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
 TIMEOUT_EXIT_CODE = 124
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop torchrun and its ranks (their own process group): SIGTERM, then SIGKILL."""
+def _descendants(pid: int) -> list[int]:
+    """Process ids below ``pid`` (Linux /proc); ``[]`` where /proc is unavailable."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _stop(proc: subprocess.Popen, graceful: bool = True) -> None:
+    """Stop torchrun and its ranks: SIGTERM, then SIGKILL. Not ``graceful``: SIGKILL every
+    process below torchrun and torchrun itself (a SIGTERM makes torchrun print a traceback);
+    where the process tree cannot be read, fall back to the graceful way."""
     import signal
 
+    if not graceful:
+        tree = _descendants(proc.pid)
+        if tree:
+            for pid in [*reversed(tree), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                proc.wait(timeout=5.0)
+                return
+            except subprocess.TimeoutExpired:
+                pass
     for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
@@ -156,7 +188,7 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig) -> t
             if done and first_done is None:
                 first_done = now
             if first_done is not None and done < n and now - first_done > cfg.exit_grace_s:
-                _stop(proc)
+                _stop(proc, graceful=False)
                 return proc.returncode if proc.returncode is not None else -9, [
                     f"rank(s) {[r for r in range(n) if not layout.rank_meta_path(out, r).exists()]}"
                     f" did not exit within {cfg.exit_grace_s:g} s after another rank finished "
@@ -169,7 +201,7 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig) -> t
     deadline = time.time() + 15.0
     while time.time() < deadline and not all(layout.hang_path(out, r).exists() for r in range(n)):
         time.sleep(0.2)
-    _stop(proc)
+    _stop(proc, graceful=False)  # the dumps are written; nothing left to wait for
     request.unlink(missing_ok=True)
     dumps = {}
     for r in range(n):

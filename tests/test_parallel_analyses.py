@@ -222,3 +222,24 @@ def test_report_json_carries_every_analysis(tmp_path):
     assert {"imbalance", "memory", "layout"} <= set(data)
     assert all(not (isinstance(v, float) and math.isnan(v))
                for r in data["sync"]["instances"] for v in r.values())
+
+
+def test_concurrent_collectives_count_waiting_once(tmp_path):
+    """Two DDP-style buckets in flight together: rank 1 arrives 30 µs late to both; rank 0's
+    waiting intervals [100,130) and [105,135) overlap, so it waited 35 µs, not 60."""
+    for r in (0, 1):
+        b = TraceBuilder(rank=r, backend="gloo")
+        b.step(1, 0, 1000)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        late = 30.0 * r
+        recs = [record("all_reduce", 1, 100 + late, 200, ranks=(0, 1)),
+                record("all_reduce", 2, 105 + late, 220, ranks=(0, 1))]
+        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
+            "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1], "size": 2,
+                                "dim": "dp"}], "records": recs})
+    s = compute_sync(load_traces(tmp_path))
+    st = s.stragglers.set_index("rank")
+    assert st.loc[0, "wait_suffered_us"] == 35.0 and st.loc[1, "wait_caused_us"] == 35.0
+    assert st.loc[1, "wait_suffered_us"] == 0.0
+    # per instance the TensorBoard definition still holds: duration - transfer
+    assert sorted(s.per_rank[s.per_rank["rank"] == 0]["wait_us"]) == [30.0, 30.0]
