@@ -97,6 +97,29 @@ def launch_times(trace: RankTrace, kernels: pd.DataFrame) -> np.ndarray:
     return np.where(np.isnan(lt), kernels["ts"].to_numpy(), lt)
 
 
+_LAUNCH_OP_RE = r"^(nccl:|c10d::|record_param_comms)"
+
+
+def launching_comm_ops(trace: RankTrace, kernels: pd.DataFrame) -> list[pd.DataFrame]:
+    """For each GPU kernel, the CPU communication ops (``c10d::*``, ``nccl:*``,
+    ``record_param_comms``) on the launching thread that enclose its runtime launch call
+    (matched by ``correlation``), outermost first; an empty frame where there is none."""
+    ev = trace.events
+    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
+    ops = ev[ev["name"].str.match(_LAUNCH_OP_RE) & ev["cat"].isin(["cpu_op", "user_annotation"])]
+    by_corr = dict(zip(rt["correlation"], zip(rt["ts"], rt["pid"], rt["tid"])))
+    out = []
+    for corr in kernels["correlation"]:
+        hit = by_corr.get(int(corr))
+        if hit is None:
+            out.append(ops.iloc[:0])
+            continue
+        t, pid, tid = hit
+        out.append(ops[(ops["pid"] == pid) & (ops["tid"] == tid) & (ops["ts"] <= t)
+                       & (ops["ts"] + ops["dur"] >= t)])
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class _RankParts:
     domain: str
@@ -172,20 +195,10 @@ def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     types = [collective_type(n, a) for n, a in zip(comm["name"], comm["args"])]
     generic = [i for i, t in enumerate(types) if t not in STANDARD_COLLECTIVES]
     if generic:
-        ev = trace.events
-        rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
-        cpu_comm = ev[ev["name"].str.match(r"^(nccl:|c10d::|record_param_comms)")
-                      & ev["cat"].isin(["cpu_op", "user_annotation"])]
-        by_corr = dict(zip(rt["correlation"], zip(rt["ts"], rt["pid"], rt["tid"])))
-        for i in generic:
-            hit = by_corr.get(int(comm["correlation"].iloc[i]))
-            if hit is None:
-                continue
-            t, pid, tid = hit
-            enclosing = cpu_comm[(cpu_comm["pid"] == pid) & (cpu_comm["tid"] == tid)
-                                 & (cpu_comm["ts"] <= t) & (cpu_comm["ts"] + cpu_comm["dur"] >= t)]
-            if len(enclosing):
-                inner = enclosing.iloc[-1]
+        enclosing = launching_comm_ops(trace, comm.iloc[generic])
+        for i, enc in zip(generic, enclosing):
+            if len(enc):
+                inner = enc.iloc[-1]
                 types[i] = collective_type(inner["name"], inner["args"])
     comm["type"] = types
     comm["counted"] = True

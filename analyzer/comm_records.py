@@ -30,7 +30,6 @@ import bisect
 from collections import defaultdict
 
 import numpy as np
-import pandas as pd
 
 from pardiag.analyzer.classify import STANDARD_COLLECTIVES, collective_type, comm_threads
 from pardiag.analyzer.load import RankTrace
@@ -224,13 +223,3 @@ def _comm_kernels_by_launch(trace: RankTrace) -> dict[int, tuple[float, float]]:
                     out[int(idx)] = k_by_corr[int(c)]
                     break
     return out
-
-
-def records_frame(records: list[dict]) -> pd.DataFrame:
-    """Records as a DataFrame (columns as in the module docstring; µs and bytes)."""
-    cols = ["op", "pg_name", "pg_desc", "seq", "bytes", "in_bytes", "out_bytes", "dtype", "peer",
-            "issue_us", "start_us", "end_us", "matched", "source"]
-    df = pd.DataFrame(records, columns=cols)
-    for c in ("issue_us", "start_us", "end_us"):
-        df[c] = pd.to_numeric(df[c], errors="coerce")
-    return df

@@ -32,8 +32,9 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer import intervals as iv
-from pardiag.analyzer.breakdown import launch_times
-from pardiag.analyzer.classify import Kind, classify, collective_type, comm_threads, profiler_steps
+from pardiag.analyzer.breakdown import launch_times, launching_comm_ops
+from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
+                                       comm_threads, profiler_steps)
 from pardiag.analyzer.comm_records import DTYPE_BYTES, _numel
 from pardiag.analyzer.load import RankTrace, TraceSet
 
@@ -111,33 +112,24 @@ def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.D
     gpu = ev[kinds == Kind.GPU_COMM.value]
     if len(gpu):
         # metadata from the kernel's args, else from the CPU op that launched it
-        ops = ev[ev["name"].str.match(r"^(record_param_comms|nccl:|c10d::)")
-                 & ev["cat"].isin(["cpu_op", "user_annotation"])]
-        rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
-        rt_by_corr = dict(zip(rt["correlation"], zip(rt["ts"], rt["pid"], rt["tid"])))
         launch = launch_times(trace, gpu)
+        enclosing = launching_comm_ops(trace, gpu)
         rows = []
-        for (_, k), lt in zip(gpu.iterrows(), launch):
+        for (_, k), lt, enc in zip(gpu.iterrows(), launch, enclosing):
             args = k["args"] if isinstance(k["args"], dict) else {}
             if "Collective name" not in args:
-                hit = rt_by_corr.get(int(k["correlation"]))
-                if hit is not None:
-                    t, pid, tid = hit
-                    enc = ops[(ops["pid"] == pid) & (ops["tid"] == tid) & (ops["ts"] <= t)
-                              & (ops["ts"] + ops["dur"] >= t)]
-                    for a in enc["args"][::-1]:
-                        if isinstance(a, dict) and "Collective name" in a:
-                            args = {**a, **args}
-                            break
-                    else:
-                        if len(enc):  # an older trace: the op name and its input shapes
-                            inner = enc.iloc[-1]
-                            a = inner["args"] if isinstance(inner["args"], dict) else {}
-                            args = {**args, "_op_name": inner["name"],
-                                    **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
+                for a in enc["args"][::-1]:
+                    if isinstance(a, dict) and "Collective name" in a:
+                        args = {**a, **args}
+                        break
+                else:
+                    if len(enc):  # an older trace: the op name and its input shapes
+                        inner = enc.iloc[-1]
+                        a = inner["args"] if isinstance(inner["args"], dict) else {}
+                        args = {**args, "_op_name": inner["name"],
+                                **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
             op = collective_type(args.get("_op_name", k["name"]), args)
-            if op not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-                          "reduce", "send", "recv", "send_recv", "barrier"):
+            if op not in STANDARD_COLLECTIVES:
                 op = collective_type(k["name"], args)
             size = args.get("Group size")
             rows.append({"rank": trace.rank, "pg": str(args.get("Process Group Name", "?")),
