@@ -121,6 +121,53 @@ def _sanitize_json(text: str) -> str:
     return "".join(out)
 
 
+def read_trace_bytes(raw: bytes, path: Path) -> tuple[dict, list[str]]:
+    """Parse the bytes of one trace file (gzip or plain JSON).
+
+    Like :func:`read_trace_json` but from bytes already read, and also returns what had to be
+    repaired (one line each: invalid UTF-8 replaced, bare ``NaN``/``inf`` tokens read as null,
+    raw control characters accepted, integers beyond 64 bits read as floats).
+
+    Raises:
+        TraceError: truncated or corrupt gzip, empty, not JSON, or not a JSON object.
+    """
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"{path}: truncated or corrupt gzip ({exc})") from None
+    if raw[:3] == b"\xef\xbb\xbf":  # UTF-8 byte-order mark
+        raw = raw[3:]
+    if not raw.strip():
+        raise TraceError(f"{path}: empty file")
+    repairs: list[str] = []
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = raw.decode("utf-8", errors="replace")
+            repairs.append("invalid UTF-8 bytes replaced by U+FFFD")
+        clean = _sanitize_json(text)
+        if clean != text:
+            repairs.append("bare NaN/Infinity tokens read as null")
+        try:
+            doc = json.loads(clean, strict=False)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise TraceError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}"
+                             f" column {exc.colno})" if isinstance(exc, json.JSONDecodeError)
+                             else f"{path}: not valid JSON (nested too deeply)") from None
+        if not repairs:
+            repairs.append("raw control characters inside strings accepted"
+                           if re.search(rb"[\x00-\x1f]", raw.replace(b"\n", b"").replace(
+                               b"\r", b"").replace(b"\t", b""))
+                           else "integers beyond 64 bits read as floats")
+    if not isinstance(doc, dict):
+        raise TraceError(f"{path}: not a Kineto trace (top level is not a JSON object)")
+    return doc, repairs
+
+
 def read_trace_json(path: Path) -> dict:
     """Read one trace file (``.json`` or ``.json.gz``) into a dict.
 
@@ -135,28 +182,7 @@ def read_trace_json(path: Path) -> dict:
         raw = path.read_bytes()
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceError(f"{path}: truncated or corrupt gzip ({exc})") from None
-    if raw[:3] == b"\xef\xbb\xbf":  # UTF-8 byte-order mark
-        raw = raw[3:]
-    if not raw.strip():
-        raise TraceError(f"{path}: empty file")
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        text = raw.decode("utf-8", errors="replace")
-        try:
-            doc = json.loads(_sanitize_json(text), strict=False)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise TraceError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}"
-                             f" column {exc.colno})" if isinstance(exc, json.JSONDecodeError)
-                             else f"{path}: not valid JSON (nested too deeply)") from None
-    if not isinstance(doc, dict):
-        raise TraceError(f"{path}: not a Kineto trace (top level is not a JSON object)")
-    return doc
+    return read_trace_bytes(raw, path)[0]
 
 
 def _is_trace_doc(doc: dict) -> bool:
@@ -175,86 +201,156 @@ def _num(v) -> float:
     return float("nan")
 
 
+_INT64_MAX = 2 ** 63 - 1
+
+
 def _int_or(v, default: int = -1) -> int:
+    """Integer from an event field (``"stream 7"`` → 7); ``default`` when there is none or it
+    does not fit in 64 bits."""
     if isinstance(v, bool) or v is None:
         return default
+    out = default
     if isinstance(v, (int, float)) and np.isfinite(v):
-        return int(v)
-    if isinstance(v, str):
+        out = int(v)
+    elif isinstance(v, str):
         m = _STREAM_TID_RE.search(v)
         if m:
-            return int(m.group(1))
+            out = int(m.group(1))
+        else:
+            try:
+                out = int(v)
+            except ValueError:
+                return default
+    return out if -_INT64_MAX <= out <= _INT64_MAX else default
+
+
+_NUMBER_TYPES = {int, float}
+
+
+def _float_column(values: list) -> tuple[np.ndarray, int]:
+    """float64 array of ``values`` (see :func:`_num`) and how many were numeric strings."""
+    types = set(map(type, values))
+    if types <= _NUMBER_TYPES:
         try:
-            return int(v)
-        except ValueError:
-            return default
-    return default
+            return np.array(values, dtype=np.float64), 0
+        except OverflowError:  # an integer beyond float range
+            pass
+    n_str = sum(1 for v in values if type(v) is str) if str in types else 0
+    return np.array([_num(v) for v in values], dtype=np.float64), n_str
 
 
-def events_frame(raw_events: Iterable, path: Path) -> tuple[pd.DataFrame, dict, list[str], list[str]]:
+def _int_column(values: list) -> np.ndarray:
+    """int64 array of ``values`` (see :func:`_int_or`)."""
+    if set(map(type, values)) <= {int}:
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass
+    return np.array([_int_or(v) for v in values], dtype=np.int64)
+
+
+def _str_column(values: list) -> list[str]:
+    """``str`` of each value (None → ``""``), equal strings shared (less memory, faster pickle)."""
+    types = set(map(type, values))
+    if types <= {int, str}:
+        table = {v: str(v) for v in set(values)}
+        return [table[v] for v in values]
+    return [("" if v is None else str(v)) for v in values]
+
+
+#: Timestamps and durations beyond this (µs; ~3,000 years) are not times; events with them are
+#: left out. Epoch µs today are ~1.8e15; epoch ns (a file in the wrong unit) ~1.8e18.
+MAX_PLAUSIBLE_US = 1e17
+
+
+def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None = None
+                 ) -> tuple[pd.DataFrame, dict, list[str], list[str]]:
     """Turn raw trace events into the :data:`EVENT_COLUMNS` table.
 
     Keeps complete events (``ph`` ``X``) and ``[memory]`` instant events; reads thread names.
+    ``ts``/``dur`` are µs (Chrome trace format; ``displayTimeUnit`` only sets the display unit),
+    except that a file with ``displayTimeUnit: "ns"`` whose timestamps are epoch nanoseconds is
+    converted to µs with a warning.
 
     Returns:
-        (events, thread_names, warnings, notes). Events with a non-finite or negative ``ts``/``dur``
-        and events at ``ts`` 0 among epoch-scale timestamps are dropped and counted in warnings.
+        (events, thread_names, warnings, notes). Events with a non-finite, negative or
+        implausible (> :data:`MAX_PLAUSIBLE_US`) ``ts``/``dur`` and events at ``ts`` 0 among
+        epoch-scale timestamps are dropped and counted in warnings; numbers written as strings
+        are read and counted in a warning.
     """
-    names, cats, phs, pids, tids, tss, durs, streams, corrs, argss = ([] for _ in range(10))
+    raw_events = raw_events if isinstance(raw_events, list) else list(raw_events)
+    objs = [e for e in raw_events if type(e) is dict]
+    not_objects = len(raw_events) - len(objs)
     thread_names: dict = {}
-    not_objects = 0
-    no_dur = 0
-    for e in raw_events:
-        if not isinstance(e, dict):
-            not_objects += 1
-            continue
-        ph = e.get("ph")
-        name = e.get("name")
-        if ph == "M":
-            if name == "thread_name" and isinstance(e.get("args"), dict):
-                thread_names[(str(e.get("pid")), str(e.get("tid")))] = str(e["args"].get("name", ""))
-            continue
-        if ph != "X" and not (ph == "i" and name == "[memory]"):
-            continue
-        name = "" if name is None else str(name)
-        cat_raw = str(e.get("cat", "") or "")
-        cat = _CAT_ALIASES.get(cat_raw.lower(), cat_raw.lower())
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        names.append(name)
-        cats.append(cat)
-        phs.append(ph)
-        pids.append(str(e.get("pid", "")))
-        tid = e.get("tid", "")
-        tids.append(str(tid))
-        tss.append(_num(e.get("ts")))
-        if ph == "X" and "dur" not in e:
-            no_dur += 1
-        durs.append(_num(e.get("dur")) if ph == "X" else 0.0)
-        if cat in GPU_CATS:
-            streams.append(_int_or(args.get("stream"), _int_or(tid)))
-        else:
-            streams.append(-1)
-        corrs.append(_int_or(args.get("correlation")))
-        argss.append(args if (args and _KEEP_ARGS_RE.search(name)) else None)
+    for e in objs:
+        if e.get("ph") == "M" and e.get("name") == "thread_name" and isinstance(e.get("args"), dict):
+            thread_names[(str(e.get("pid")), str(e.get("tid")))] = str(e["args"].get("name", ""))
+    keep = [e for e in objs
+            if (ph := e.get("ph")) == "X" or (ph == "i" and e.get("name") == "[memory]")]
+    names = _str_column([e.get("name") for e in keep])
+    cats_raw = [e.get("cat") for e in keep]
+    cat_table = {}
+    cats = []
+    for c in cats_raw:
+        try:
+            cats.append(cat_table[c])
+        except (KeyError, TypeError):
+            low = str(c or "").lower()
+            norm = _CAT_ALIASES.get(low, low)
+            try:
+                cat_table[c] = norm
+            except TypeError:  # unhashable
+                pass
+            cats.append(norm)
+    phs = [e["ph"] for e in keep]
+    pids = _str_column([e.get("pid", "") for e in keep])
+    tid_raw = [e.get("tid", "") for e in keep]
+    tids = _str_column(tid_raw)
+    ts, ts_str = _float_column([e.get("ts") for e in keep])
+    no_dur = sum(1 for e, ph in zip(keep, phs) if ph == "X" and "dur" not in e)
+    dur, dur_str = _float_column([e.get("dur") if ph == "X" else 0.0 for e, ph in zip(keep, phs)])
+    argss = [a if type(a := e.get("args")) is dict else {} for e in keep]
+    is_gpu = [c in GPU_CATS for c in cats]
+    streams = _int_column([(a.get("stream", t if type(t) is int else None) if g else -1)
+                           for a, g, t in zip(argss, is_gpu, tid_raw)])
+    if any(is_gpu):
+        # "stream 7" tids of the legacy format, where args carry no stream
+        bad = [i for i, (g, s) in enumerate(zip(is_gpu, streams)) if g and s == -1]
+        for i in bad:
+            streams[i] = _int_or(argss[i].get("stream"), _int_or(tid_raw[i]))
+    corrs = _int_column([a.get("correlation", -1) for a in argss])
+    keep_args = {n: bool(_KEEP_ARGS_RE.search(n)) for n in set(names)}
+    kept_args = [a if (a and keep_args[n]) else None for a, n in zip(argss, names)]
 
     df = pd.DataFrame({
         "name": pd.Series(names, dtype=object), "cat": pd.Series(cats, dtype=object),
         "ph": pd.Series(phs, dtype=object), "pid": pd.Series(pids, dtype=object),
         "tid": pd.Series(tids, dtype=object),
-        "ts": np.asarray(tss, dtype=np.float64), "dur": np.asarray(durs, dtype=np.float64),
-        "stream": np.asarray(streams, dtype=np.int64),
-        "correlation": np.asarray(corrs, dtype=np.int64),
-        "args": pd.Series(argss, dtype=object),
+        "ts": ts, "dur": dur, "stream": streams, "correlation": corrs,
+        "args": pd.Series(kept_args, dtype=object),
     })
     warnings: list[str] = []
     notes: list[str] = []
     if not_objects:
         warnings.append(f"{path}: left out {not_objects} traceEvents entries that are not objects")
-    bad = (~np.isfinite(df["ts"].to_numpy()) | ~np.isfinite(df["dur"].to_numpy())
-           | (df["dur"] < 0).to_numpy() | (df["ts"] < 0).to_numpy())
+    if ts_str or dur_str:
+        warnings.append(f"{path}: {ts_str + dur_str} ts/dur values are strings; read as numbers"
+                        f" where they hold one")
+    if len(df) and str(display_time_unit).lower() == "ns":
+        finite = ts[np.isfinite(ts)]
+        if len(finite) and float(np.median(finite)) > MAX_PLAUSIBLE_US:
+            df["ts"] = df["ts"] / 1000.0
+            df["dur"] = df["dur"] / 1000.0
+            warnings.append(f"{path}: displayTimeUnit is \"ns\" and timestamps are epoch "
+                            f"nanoseconds; read ts/dur as ns and converted to µs")
+    tsv, durv = df["ts"].to_numpy(), df["dur"].to_numpy()
+    with np.errstate(invalid="ignore"):
+        bad = (~np.isfinite(tsv) | ~np.isfinite(durv) | (durv < 0) | (tsv < 0)
+               | (tsv > MAX_PLAUSIBLE_US) | (durv > MAX_PLAUSIBLE_US))
     if bad.any():
         warnings.append(f"{path}: left out {int(bad.sum())} events with a missing, non-numeric, "
-                        f"non-finite or negative ts/dur" + (f" ({no_dur} without dur)" if no_dur else ""))
+                        f"non-finite, negative or implausibly large ts/dur"
+                        + (f" ({no_dur} without dur)" if no_dur else ""))
         df = df[~bad]
     if len(df):
         ts = df["ts"].to_numpy()
@@ -413,6 +509,27 @@ def _run_warnings(run_info: dict | None, rank_meta: dict[int, dict], ranks: set[
     return out
 
 
+def _world_size_warnings(rank_docs: list[tuple[int, dict]]) -> list[str]:
+    """One warning when the traces' ``distributedInfo.world_size`` values disagree, or a rank
+    number is not below the world size the traces state."""
+    sizes: dict[int, list[int]] = {}
+    for r, doc in rank_docs:
+        info = doc.get("distributedInfo")
+        ws = info.get("world_size") if isinstance(info, dict) else None
+        if isinstance(ws, int) and not isinstance(ws, bool):
+            sizes.setdefault(ws, []).append(r)
+    if len(sizes) > 1:
+        desc = "; ".join(f"{ws} for rank(s) {rs[:8]}{'...' if len(rs) > 8 else ''}"
+                         for ws, rs in sorted(sizes.items()))
+        return [f"the traces disagree on the world size ({desc}): are they from one run?"]
+    if sizes:
+        ws = next(iter(sizes))
+        over = sorted(r for r, _ in rank_docs if r >= ws)
+        if over:
+            return [f"rank(s) {over[:8]} are not below the world size {ws} the traces state"]
+    return []
+
+
 def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
     """Load a run folder, a folder of Kineto traces, or a list of trace files.
 
@@ -453,7 +570,11 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
     docs: list[tuple[Path, dict]] = []
     for f in files:
         try:
-            doc = read_trace_json(f)
+            try:
+                raw = f.read_bytes()
+            except OSError as exc:
+                raise TraceError(f"{f}: cannot read ({exc.strerror or exc})") from None
+            doc, repairs = read_trace_bytes(raw, f)
         except TraceError as exc:
             if f in explicit:
                 raise
@@ -464,6 +585,8 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
                 raise TraceError(f"{f}: not a Kineto trace (no traceEvents list)")
             warnings.append(f"{f}: not a Kineto trace (no traceEvents list) - skipped")
             continue
+        if repairs:
+            warnings.append(f"{f}: not strict JSON; read with repairs ({'; '.join(repairs)})")
         docs.append((f, doc))
     if not docs:
         first = warnings[-1].removesuffix(" - skipped") if warnings else ""
@@ -508,12 +631,17 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
         warnings.append(f"{f}: {reason}; treated as rank {r}")
 
     warnings.extend(_run_warnings(run_info, rank_meta, {r for r, *_ in assigned}))
+    warnings.extend(_world_size_warnings([(r, doc) for r, _, doc, _ in assigned]))
     ranks: dict[int, RankTrace] = {}
     for r, f, doc, how in sorted(assigned, key=lambda t: t[0]):
-        events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], f)
+        events, thread_names, ev_warnings, notes = events_frame(
+            doc["traceEvents"], f, doc.get("displayTimeUnit"))
         warnings.extend(ev_warnings)
         if events.empty:
             warnings.append(f"{f}: rank {r} has no timed events")
+        elif not events["name"].str.startswith("ProfilerStep").any():
+            warnings.append(f"{f}: no ProfilerStep#N annotations; per-step results are empty for "
+                            f"rank {r}")
         meta = {k: v for k, v in doc.items() if k != "traceEvents"}
         ranks[r] = RankTrace(rank=r, path=f, events=events, metadata=meta, rank_source=how,
                              thread_names=thread_names, notes=tuple(notes))
