@@ -1,18 +1,37 @@
-"""The HTML report: one self-contained file (plotly.js inlined) that opens offline.
+"""The HTML report: one self-contained file that opens offline.
 
-Figures are built from analysis results here and nowhere else. Every string that comes from a
-trace or a file name is HTML-escaped before it reaches the page.
+Figures are built from analysis results here and nowhere else.
+
+**Safety.** Every string that comes from a trace, a sidecar or a file name is HTML-escaped before
+it reaches the page, in tables and in figures alike (plotly renders a subset of HTML in labels,
+so figure strings are escaped too). Figure data travels as JSON in inert
+``<script type="application/json">`` elements with ``<``, ``>`` and ``&`` escaped; the page's
+only scripts are plotly.js and :data:`_BOOT_JS` (which draws the figures and sorts tables by
+moving rows, never by writing HTML).
+
+**Size.** plotly.js (about 4.8 MB) is inlined gzip-compressed and base64-encoded (about 1.9 MB)
+and unpacked by the browser (``DecompressionStream``), so large runs fit in a few MB; ``--cdn``
+links it instead. Large runs are aggregated or sampled where a figure or table would grow with
+ranks × steps × collectives (limits below); the page says so where it happens and lists every
+such reduction under "Run summary".
 """
 
 from __future__ import annotations
 
+import base64
 import datetime
+import functools
+import gzip
 import html
 from pathlib import Path
 
+import numpy as np
+import orjson
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
+from plotly.subplots import make_subplots
 
 from pardiag import __version__
 from pardiag.analyzer.pipeline import summarize_bubbles
@@ -24,27 +43,154 @@ PART_COLORS = {"compute only": "#4C78A8", "overlapped": "#54A24B",
 _PART_COLUMNS = {"compute only": "compute_only_us", "overlapped": "overlap_us",
                  "exposed comm": "exposed_comm_us", "idle": "idle_us"}
 
+#: Section headings, in page order (each is an ``<h2>`` with the id next to it).
+SECTIONS = (
+    ("verdict", "Verdict and recommendations"),
+    ("summary", "Run summary"),
+    ("breakdown", "Time breakdown per rank and step"),
+    ("overlap", "Overlap per rank and per dimension"),
+    ("stragglers", "Stragglers and synchronization"),
+    ("pipeline", "Pipeline bubbles"),
+    ("imbalance", "Load imbalance"),
+    ("memory", "Memory"),
+    ("layout", "Layout and topology"),
+    ("bandwidth", "Bandwidth"),
+    ("collectives", "Collectives"),
+    ("warnings", "Warnings and notes"),
+)
+
+#: Most rows of any table; the rest are left out and the page says "showing N of M".
+MAX_TABLE_ROWS = 200
+#: Most bars in the per-rank-and-step chart; above it the chart shows the mean over ranks per
+#: step and a rank × step heatmap shows every rank.
+MAX_STEP_BARS = 400
+#: Most columns of the straggler heatmap; above it consecutive instances are binned (max wait).
+HEATMAP_MAX_COLUMNS = 200
+#: Most ranks drawn in the memory timeline (those with the highest peaks), and points per chart.
+TIMELINE_MAX_RANKS = 16
+TIMELINE_POINTS = 12_000
+#: Most points of the bandwidth scatter (evenly sampled per collective type above it).
+BANDWIDTH_MAX_POINTS = 3_000
+#: Pipeline Gantt: at most this many (rank, stage) rows.
+GANTT_MAX_ROWS = 64
+
+PLOTLY_CDN_URL = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
+
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;
 color:#222;padding:0 16px}
 h1{font-size:1.6em;margin-bottom:4px} h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:4px;
-margin-top:32px} table{border-collapse:collapse;font-size:.9em;margin:8px 0}
-th,td{border:1px solid #ddd;padding:4px 8px;text-align:right} th{background:#f4f4f4}
+margin-top:32px} h3{font-size:1em;margin:20px 0 4px} table{border-collapse:collapse;font-size:.9em;margin:8px 0}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:right;vertical-align:top} th{background:#f4f4f4}
 td.l,th.l{text-align:left} .muted{color:#666} .warn{color:#a05a00} ul{padding-left:20px}
-.kv td{text-align:left}
+.kv td{text-align:left} .verdict{font-size:1.1em;background:#fff7e6;border-left:4px solid #f0a020;
+padding:8px 12px} table.pd-sort th{cursor:pointer;user-select:none} table.pd-sort th:after{content:" \\2195";
+color:#aaa} td ul{margin:0;padding-left:16px;text-align:left} .pd-plot{min-height:120px}
+.pd-err{color:#b00020}
+"""
+
+# The page's own script: unpack plotly.js, draw every figure, make tables sortable. It reads
+# figure JSON with JSON.parse and moves existing table rows; it never writes HTML.
+_BOOT_JS = r"""
+(function () {
+  "use strict";
+  var CONFIG = {displaylogo: false, responsive: true};
+  function loadPlotly() {
+    if (window.Plotly) { return Promise.resolve(window.Plotly); }
+    var packed = document.getElementById("pd-plotlyjs");
+    if (!packed) { return Promise.reject(new Error("plotly.js did not load (no network for --cdn?)")); }
+    if (typeof DecompressionStream === "undefined") {
+      return Promise.reject(new Error("this browser cannot unpack the inlined plotly.js; " +
+                                      "write the report with --cdn"));
+    }
+    var bin = atob(packed.textContent.trim());
+    var bytes = new Uint8Array(bin.length);
+    for (var i = 0; i < bin.length; i++) { bytes[i] = bin.charCodeAt(i); }
+    var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+    return new Response(stream).text().then(function (src) {
+      var s = document.createElement("script");
+      s.textContent = src;
+      document.head.appendChild(s);
+      return window.Plotly;
+    });
+  }
+  function drawAll(P) {
+    var tpl = JSON.parse(document.getElementById("pd-template").textContent);
+    var divs = document.querySelectorAll("div.pd-plot");
+    var done = [];
+    for (var i = 0; i < divs.length; i++) {
+      var fig = JSON.parse(document.getElementById(divs[i].id + "-data").textContent);
+      fig.layout.template = tpl;
+      done.push(P.newPlot(divs[i], fig.data, fig.layout, CONFIG));
+    }
+    return Promise.all(done);
+  }
+  loadPlotly().then(drawAll).then(function () {
+    document.body.setAttribute("data-plots", "drawn");
+  }).catch(function (err) {
+    document.body.setAttribute("data-plots", "failed");
+    var divs = document.querySelectorAll("div.pd-plot");
+    for (var i = 0; i < divs.length; i++) {
+      divs[i].textContent = "Figure not drawn: " + err.message;
+      divs[i].className += " pd-err";
+    }
+  });
+  function key(cell) {
+    var v = cell.getAttribute("data-v");
+    var s = v === null ? cell.textContent : v;
+    var n = parseFloat(s);
+    return (v !== null || /^-?[\d.,]+$/.test(s.trim())) && !isNaN(n) ? n : s.toLowerCase();
+  }
+  function sortBy(table, col, th) {
+    var asc = th.getAttribute("aria-sort") !== "ascending";
+    var heads = table.tHead.rows[0].cells;
+    for (var h = 0; h < heads.length; h++) { heads[h].removeAttribute("aria-sort"); }
+    th.setAttribute("aria-sort", asc ? "ascending" : "descending");
+    var body = table.tBodies[0];
+    var rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (a, b) {
+      var x = key(a.cells[col]), y = key(b.cells[col]);
+      var c = (typeof x === typeof y) ? (x < y ? -1 : x > y ? 1 : 0)
+                                      : (typeof x === "number" ? -1 : 1);
+      return asc ? c : -c;
+    });
+    for (var r = 0; r < rows.length; r++) { body.appendChild(rows[r]); }
+  }
+  var tables = document.querySelectorAll("table.pd-sort");
+  for (var t = 0; t < tables.length; t++) {
+    (function (table) {
+      var heads = table.tHead.rows[0].cells;
+      for (var c = 0; c < heads.length; c++) {
+        (function (col, th) {
+          th.title = "sort";
+          th.addEventListener("click", function () { sortBy(table, col, th); });
+        })(c, heads[c]);
+      }
+    })(tables[t]);
+  }
+})();
 """
 
 
 def _e(x) -> str:
+    """HTML-escape anything (quotes too) for text and attribute values."""
+    return html.escape(str(x), quote=True)
+
+
+def _pe(x) -> str:
+    """Escape a string for a plotly label: plotly renders a subset of HTML (``<b>``, ``<a>``)
+    in text, so trace strings go in as entities, which it shows literally."""
     return html.escape(str(x), quote=True)
 
 
 def _fmt(v, digits: int = 1) -> str:
     if v is None or (isinstance(v, float) and pd.isna(v)):
         return "–"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
     if isinstance(v, float):
         return f"{v:,.{digits}f}"
-    if isinstance(v, int) and not isinstance(v, bool):
+    if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 100_000 else str(v)
     return _e(v)
 
@@ -53,10 +199,20 @@ _INT_COLUMNS = {"rank", "last_rank", "slowest_rank", "count", "instances", "step
                 "last_arrivals", "steps_as_top", "size", "nodes", "ranks", "bytes", "step"}
 
 
+def _shown(n_shown: int, n_total: int, what: str) -> str:
+    return _muted(f"Showing {n_shown} of {n_total} {what}.") if n_shown < n_total else ""
+
+
 def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = (),
-           digits: int = 1) -> str:
-    """HTML table of ``df``; ``columns`` maps column → header. Values escaped."""
-    df = df.copy()
+           digits: int = 1, sortable: bool = False, max_rows: int = MAX_TABLE_ROWS,
+           what: str = "rows") -> str:
+    """HTML table of ``df``; ``columns`` maps column → header. Values escaped.
+
+    At most ``max_rows`` rows (the first ones; the page then says "Showing N of M <what>").
+    ``sortable`` tables sort on a header click; numeric cells carry their value in ``data-v``.
+    """
+    total = len(df)
+    df = df.head(max_rows).copy()
     for c in columns:  # counts and ranks that pandas turned into floats print as integers
         if c in _INT_COLUMNS and pd.api.types.is_float_dtype(df[c]) and df[c].dropna().apply(
                 float.is_integer).all():
@@ -65,47 +221,21 @@ def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = ()
     rows = []
     # column-wise values keep each column's type (iterrows would turn ints into floats)
     for values in zip(*(df[c].astype(object).where(df[c].notna(), None).tolist() for c in columns)):
-        cells = "".join(f'<td class="{"l" if c in left else ""}">'
-                        f'{_fmt(v, 2 if c.endswith("_pct") else digits)}</td>'
-                        for c, v in zip(columns, values))
-        rows.append(f"<tr>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        cells = []
+        for c, v in zip(columns, values):
+            num = (isinstance(v, (int, float, np.integer, np.floating))
+                   and not isinstance(v, (bool, np.bool_)))
+            dv = f' data-v="{float(v)!r}"' if sortable and num else ""
+            cells.append(f'<td class="{"l" if c in left else ""}"{dv}>'
+                         f'{_fmt(v, 2 if c.endswith("_pct") else digits)}</td>')
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    cls = ' class="pd-sort"' if sortable else ""
+    return (f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            + _shown(len(df), total, what))
 
 
-def breakdown_figure(totals: pd.DataFrame) -> go.Figure:
-    """Stacked bar per rank: compute only, overlapped, exposed communication, idle (ms)."""
-    fig = go.Figure()
-    x = [f"rank {r}" for r in totals["rank"]]
-    for part, col in _PART_COLUMNS.items():
-        fig.add_bar(name=part, x=x, y=totals[col] / 1000.0, marker_color=PART_COLORS[part],
-                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
-    fig.update_layout(barmode="stack", title="Time breakdown per rank (whole trace)",
-                      yaxis_title="time (ms)", legend_orientation="h", height=420)
-    return fig
-
-
-def step_breakdown_figure(steps: pd.DataFrame) -> go.Figure:
-    """Stacked bar per rank and profiler step (ms)."""
-    fig = go.Figure()
-    x = [f"r{r} s{s}" for r, s in zip(steps["rank"], steps["step"])]
-    for part, col in _PART_COLUMNS.items():
-        fig.add_bar(name=part, x=x, y=steps[col] / 1000.0, marker_color=PART_COLORS[part],
-                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
-    fig.update_layout(barmode="stack", title="Time breakdown per rank and profiler step",
-                      yaxis_title="time (ms)", xaxis_title="rank r, step s",
-                      legend_orientation="h", height=420)
-    return fig
-
-
-def overlap_figure(totals: pd.DataFrame) -> go.Figure:
-    """Bar per rank: overlap % = |compute ∩ comm| / |comm|."""
-    t = totals.dropna(subset=["overlap_pct"])
-    fig = go.Figure(go.Bar(x=[f"rank {r}" for r in t["rank"]], y=t["overlap_pct"],
-                           marker_color=PART_COLORS["overlapped"],
-                           hovertemplate="%{x}: %{y:.2f} %<extra></extra>"))
-    fig.update_layout(title="Communication overlapped by computation", yaxis_title="overlap (%)",
-                      yaxis_range=[0, 100], height=360)
-    return fig
+def _muted(text: str) -> str:
+    return f"<p class='muted'>{_e(text)}</p>"
 
 
 def _ms(df: pd.DataFrame, cols) -> pd.DataFrame:
@@ -122,50 +252,165 @@ def _mib(df: pd.DataFrame, cols) -> pd.DataFrame:
     return out
 
 
-def _muted(text: str) -> str:
-    return f"<p class='muted'>{_e(text)}</p>"
+def _f32(values) -> np.ndarray:
+    """Figure data as float32 (half the bytes on the page; µs→ms values keep ~7 digits)."""
+    return np.asarray(values, dtype=np.float32)
 
 
-#: Most instances shown in the straggler heatmap (the rest are summarised in the tables).
-HEATMAP_MAX_INSTANCES = 400
+# ---------------------------------------------------------------- figures
 
 
-def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame) -> go.Figure:
-    """Heatmap rank × collective instance (in time order) of the wait each rank spent (ms)."""
-    inst = instances.head(HEATMAP_MAX_INSTANCES)
-    order = {k: i for i, k in enumerate(inst["instance"])}
-    sub = per_rank[per_rank["instance"].isin(order)]
-    z = sub.pivot_table(index="rank", columns="instance", values="wait_us", aggfunc="first")
-    z = z.reindex(columns=list(inst["instance"]))
-    labels = [f"#{i} {op}" for i, op in enumerate(inst["op"])]
-    fig = go.Figure(go.Heatmap(z=z.to_numpy() / 1000.0, x=labels, y=[f"rank {r}" for r in z.index],
-                               colorscale="Reds", colorbar_title="wait ms",
-                               hovertemplate="%{y}, %{x}: %{z:.3f} ms<extra></extra>"))
-    fig.update_layout(title="Wait per rank and collective instance (ms)",
-                      height=max(320, 160 + 28 * len(z)),
-                      xaxis_title="collective instance (time order)")
+def breakdown_figure(totals: pd.DataFrame) -> go.Figure:
+    """Stacked bar per rank: compute only, overlapped, exposed communication, idle (ms)."""
+    fig = go.Figure()
+    x = [f"rank {r}" for r in totals["rank"]]
+    for part, col in _PART_COLUMNS.items():
+        fig.add_bar(name=part, x=x, y=_f32(totals[col] / 1000.0), marker_color=PART_COLORS[part],
+                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
+    fig.update_layout(barmode="stack", title="Time breakdown per rank (whole trace)",
+                      yaxis_title="time (ms)", legend_orientation="h", height=420)
     return fig
 
 
-def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
-    """Forward/backward chunks of one step per rank and stage; gaps are the bubbles."""
-    c = chunks[chunks["step"] == step].copy()
-    t0 = c["start_us"].min()
+def step_breakdown_figure(steps: pd.DataFrame) -> go.Figure:
+    """Stacked bar per rank and profiler step (ms)."""
     fig = go.Figure()
-    colors = {"F": "#4C78A8", "B": "#F58518", "I": "#F58518", "W": "#72B7B2"}
-    for phase, grp in c.groupby("phase"):
-        fig.add_bar(
-            name={"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weight)"}
-            .get(phase, phase), orientation="h", base=(grp["start_us"] - t0) / 1000.0,
-            x=(grp["end_us"] - grp["start_us"]) / 1000.0,
-            y=[f"rank {r} · stage {s}" for r, s in zip(grp["rank"], grp["stage"])],
-            text=[f"{phase}{m}" for m in grp["microbatch"]], textposition="inside",
-            marker_color=colors.get(phase, "#999"),
-            hovertemplate="%{y}: %{text} %{base:.2f}–%{x:.2f} ms<extra></extra>")
-    fig.update_layout(barmode="overlay", title=f"Pipeline schedule of step {step} (gaps are bubbles)",
-                      xaxis_title="ms from the step's first forward", plot_bgcolor="#f3f3f3",
-                      height=180 + 40 * c[["rank", "stage"]].drop_duplicates().shape[0],
+    x = [f"r{r} s{s}" for r, s in zip(steps["rank"], steps["step"])]
+    for part, col in _PART_COLUMNS.items():
+        fig.add_bar(name=part, x=x, y=_f32(steps[col] / 1000.0), marker_color=PART_COLORS[part],
+                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
+    fig.update_layout(barmode="stack", title="Time breakdown per rank and profiler step",
+                      yaxis_title="time (ms)", xaxis_title="rank r, step s",
+                      legend_orientation="h", height=420)
+    return fig
+
+
+def step_mean_figure(steps: pd.DataFrame) -> go.Figure:
+    """Stacked bar per profiler step of the mean over ranks of each part (ms)."""
+    mean = steps.groupby("step", sort=True)[list(_PART_COLUMNS.values())].mean()
+    fig = go.Figure()
+    x = [f"step {s}" for s in mean.index]
+    for part, col in _PART_COLUMNS.items():
+        fig.add_bar(name=part, x=x, y=_f32(mean[col] / 1000.0), marker_color=PART_COLORS[part],
+                    hovertemplate="%{x}: %{y:.3f} ms (mean over ranks)<extra>" + part + "</extra>")
+    fig.update_layout(barmode="stack", title="Time breakdown per profiler step (mean over ranks)",
+                      yaxis_title="time (ms)", legend_orientation="h", height=380)
+    return fig
+
+
+def step_heatmap(steps: pd.DataFrame, column: str, title: str) -> go.Figure:
+    """Heatmap rank × profiler step of one breakdown column (µs in, ms shown)."""
+    z = steps.pivot_table(index="rank", columns="step", values=column, aggfunc="first")
+    fig = go.Figure(go.Heatmap(z=_f32(z.to_numpy() / 1000.0), x=[f"step {s}" for s in z.columns],
+                               y=[f"rank {r}" for r in z.index], colorscale="Reds",
+                               colorbar_title="ms",
+                               hovertemplate="%{y}, %{x}: %{z:.3f} ms<extra></extra>"))
+    fig.update_layout(title=title, height=min(1200, max(320, 140 + 14 * len(z))),
                       yaxis={"autorange": "reversed"})
+    return fig
+
+
+def overlap_figure(totals: pd.DataFrame) -> go.Figure:
+    """Bar per rank: overlap % = |compute ∩ comm| / |comm|."""
+    t = totals.dropna(subset=["overlap_pct"])
+    fig = go.Figure(go.Bar(x=[f"rank {r}" for r in t["rank"]], y=_f32(t["overlap_pct"]),
+                           marker_color=PART_COLORS["overlapped"],
+                           hovertemplate="%{x}: %{y:.2f} %<extra></extra>"))
+    fig.update_layout(title="Communication overlapped by computation", yaxis_title="overlap (%)",
+                      yaxis_range=[0, 100], height=360)
+    return fig
+
+
+def dim_overlap_figure(per_rank: pd.DataFrame) -> go.Figure:
+    """Grouped bars per rank, one series per parallel dimension: overlap % of that dimension's
+    communication."""
+    fig = go.Figure()
+    for dim, g in per_rank.groupby("dim", sort=True):
+        fig.add_bar(name=_pe(dim), x=[f"rank {r}" for r in g["rank"]], y=_f32(g["overlap_pct"]),
+                    customdata=_f32(g["exposed_us"] / 1000.0),
+                    hovertemplate="%{x}: %{y:.2f} % overlapped, %{customdata:.3f} ms exposed"
+                                  "<extra>" + _pe(dim) + "</extra>")
+    fig.update_layout(barmode="group", title="Overlap per rank and parallel dimension",
+                      yaxis_title="overlap (% of the dimension's communication)",
+                      yaxis_range=[0, 100], legend_orientation="h", height=380)
+    return fig
+
+
+def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame,
+                      max_columns: int = HEATMAP_MAX_COLUMNS) -> go.Figure:
+    """Wait per rank and collective instance (ms, heatmap, instances in time order) under the
+    arrival skew of each instance (ms, bars). Above ``max_columns`` instances, consecutive
+    instances are binned: each cell is the largest wait of the bin, each bar the largest skew."""
+    n = len(instances)
+    binned = n > max_columns
+    col = np.arange(n) * max_columns // n if binned else np.arange(n)
+    col_of = dict(zip(instances["instance"], col))
+    sub = per_rank[per_rank["instance"].isin(col_of)]
+    z = (sub.assign(col=sub["instance"].map(col_of))
+         .pivot_table(index="rank", columns="col", values="wait_us", aggfunc="max"))
+    ncols = int(col.max()) + 1 if n else 0
+    z = z.reindex(columns=range(ncols))
+    skew = pd.Series(instances["arrival_skew_us"].to_numpy(), index=col).groupby(level=0).max()
+    if binned:
+        first = pd.Series(np.arange(n), index=col).groupby(level=0).agg(["min", "max"])
+        labels = [f"#{a}–#{b}" for a, b in zip(first["min"], first["max"])]
+    else:
+        labels = [f"#{i} {_pe(op)}" for i, op in enumerate(instances["op"])]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.25, 0.75],
+                        vertical_spacing=0.04)
+    fig.add_bar(x=labels, y=_f32(skew.reindex(range(ncols)).to_numpy() / 1000.0),
+                marker_color="#F58518", name="arrival skew",
+                hovertemplate="%{x}: arrival skew %{y:.3f} ms<extra></extra>", row=1, col=1)
+    fig.add_heatmap(z=_f32(z.to_numpy() / 1000.0), x=labels, y=[f"rank {r}" for r in z.index],
+                    colorscale="Reds", colorbar={"title": {"text": "wait ms"}, "y": 0.38,
+                                                 "len": 0.75},
+                    hovertemplate="%{y}, %{x}: wait %{z:.3f} ms<extra></extra>", row=2, col=1)
+    fig.update_layout(title="Arrival skew (top) and wait per rank and collective instance (ms)"
+                      + (" — instances binned, max per bin" if binned else ""),
+                      height=min(1400, max(420, 240 + 16 * len(z))), showlegend=False)
+    fig.update_yaxes(title_text="skew ms", row=1, col=1)
+    fig.update_yaxes(autorange="reversed", row=2, col=1)
+    fig.update_xaxes(title_text="collective instance (time order)", showticklabels=not binned
+                     and n <= 60, row=2, col=1)
+    return fig
+
+
+_PHASE_NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weight)"}
+_PHASE_COLORS = {"F": "#4C78A8", "B": "#F58518", "I": "#F58518", "W": "#72B7B2"}
+
+
+def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
+    """Forward/backward chunks of one step per rank and stage (ms from the step's first
+    forward), with each rank's bubbles (the step window minus its chunks) shaded red."""
+    import pardiag.analyzer.intervals as iv
+
+    c = chunks[chunks["step"] == step].copy()
+    t0, t1 = c["start_us"].min(), c["end_us"].max()
+    c["row"] = [f"rank {r} · stage {s}" for r, s in zip(c["rank"], c["stage"])]
+    fig = go.Figure()
+    bx, bb, by = [], [], []
+    for (rank, row), rc in c.groupby(["rank", "row"], sort=True):
+        busy = iv.union(c.loc[c["rank"] == rank, "start_us"].to_numpy(),
+                        c.loc[c["rank"] == rank, "end_us"].to_numpy())
+        gaps = iv.subtract(np.array([[t0, t1]], dtype=float), busy)
+        for a, b in gaps:
+            bb.append((a - t0) / 1000.0)
+            bx.append((b - a) / 1000.0)
+            by.append(row)
+    fig.add_bar(name="bubble (idle in the step window)", orientation="h", base=_f32(bb),
+                x=_f32(bx), y=by, marker_color="rgba(228,87,86,0.30)",
+                hovertemplate="%{y}: bubble %{x:.2f} ms<extra></extra>")
+    for phase, grp in c.groupby("phase", sort=True):
+        fig.add_bar(
+            name=_pe(_PHASE_NAMES.get(phase, phase)), orientation="h",
+            base=_f32((grp["start_us"] - t0) / 1000.0), x=_f32((grp["end_us"] - grp["start_us"]) / 1000.0),
+            y=list(grp["row"]), text=[f"{_pe(phase)}{m}" for m in grp["microbatch"]],
+            textposition="inside", marker_color=_PHASE_COLORS.get(phase, "#999"),
+            hovertemplate="%{y}: %{text} %{base:.2f} ms, %{x:.2f} ms long<extra></extra>")
+    fig.update_layout(barmode="overlay", title=f"Pipeline schedule of step {step} (red: bubbles)",
+                      xaxis_title="ms from the step's first forward", plot_bgcolor="#fafafa",
+                      height=180 + 36 * c["row"].nunique(), legend_orientation="h",
+                      yaxis={"autorange": "reversed", "automargin": True})
     return fig
 
 
@@ -176,189 +421,142 @@ def memory_figure(per_rank: pd.DataFrame) -> go.Figure:
     for col, name, color in (("params_bytes", "parameters", "#4C78A8"),
                              ("grads_bytes", "gradients", "#72B7B2"),
                              ("optimizer_state_bytes", "optimizer state", "#F58518")):
-        fig.add_bar(name=name, x=x, y=per_rank[col] / 2**20, marker_color=color)
+        fig.add_bar(name=name, x=x, y=_f32(per_rank[col] / 2**20), marker_color=color)
     fig.add_scatter(name="peak allocated (trace window)", x=x,
-                    y=per_rank["peak_allocated_bytes"] / 2**20, mode="markers",
+                    y=_f32(per_rank["peak_allocated_bytes"] / 2**20), mode="markers",
                     marker={"symbol": "diamond", "size": 12, "color": "#222"})
     fig.update_layout(barmode="stack", title="Memory per rank (MiB)", yaxis_title="MiB",
                       legend_orientation="h", height=400)
     return fig
 
 
-#: Points per rank kept in the memory timeline chart (evenly sampled).
-TIMELINE_POINTS = 1500
-
-
-def memory_timeline(timeline: pd.DataFrame) -> go.Figure:
-    """Allocated bytes over time per rank from the trace's memory events (MiB)."""
+def memory_timeline(timeline: pd.DataFrame, points_per_rank: int = 1500) -> go.Figure:
+    """Allocated bytes over time per rank from the trace's memory events (MiB); at most
+    ``points_per_rank`` evenly sampled points per rank."""
     fig = go.Figure()
     for rank, t in timeline.groupby("rank"):
         t = t.sort_values("ts_us")
-        if len(t) > TIMELINE_POINTS:
-            t = t.iloc[:: max(1, len(t) // TIMELINE_POINTS)]
-        fig.add_scatter(name=f"rank {rank}", x=(t["ts_us"] - t["ts_us"].min()) / 1000.0,
-                        y=t["allocated_bytes"] / 2**20, mode="lines", line_shape="hv")
+        if len(t) > points_per_rank:
+            t = t.iloc[:: -(-len(t) // points_per_rank)]
+        fig.add_scatter(name=f"rank {rank}", x=_f32((t["ts_us"] - t["ts_us"].min()) / 1000.0),
+                        y=_f32(t["allocated_bytes"] / 2**20), mode="lines", line_shape="hv")
     fig.update_layout(title="Allocated memory over the traced window (MiB)", height=360,
                       xaxis_title="ms from the rank's first memory event", yaxis_title="MiB")
     return fig
 
 
 def bandwidth_figure(instances: pd.DataFrame) -> go.Figure:
-    """busbw of every collective instance against its message size."""
+    """busbw of every collective instance (rows of ``instances``) against its message size."""
     d = instances.dropna(subset=["busbw_gbps"])
     fig = go.Figure()
     for op, g in d.groupby("op"):
-        fig.add_scatter(name=op, x=g["bytes"], y=g["busbw_gbps"], mode="markers",
-                        hovertemplate=op + ": %{x} B, %{y:.3f} GB/s<extra></extra>")
+        fig.add_scatter(name=_pe(op), x=_f32(g["bytes"]), y=_f32(g["busbw_gbps"]), mode="markers",
+                        hovertemplate=_pe(op) + ": %{x} B, %{y:.3f} GB/s<extra></extra>")
     fig.update_layout(title="Bus bandwidth by message size", xaxis_type="log",
                       xaxis_title="bytes", yaxis_title="busbw (GB/s)", height=360)
     return fig
 
 
-def _parallel_sections(report: Report, add) -> list[str]:
-    """Stragglers, pipeline, imbalance, memory, layout and bandwidth sections."""
-    r = report.results
-    sync, pipe, bal, mem, lay = r["sync"], r["pipeline"], r["balance"], r["memory"], r["layout"]
-    out = ["<h2>Stragglers and synchronization</h2>"]
-    if len(sync.instances):
-        top = sync.stragglers.iloc[0]
-        out.append(f"<p>Matched {len(sync.instances)} collective instances across ranks "
-                   f"(by {_e(sync.matched_by)}). The rank the others wait for most: "
-                   f"<b>rank {int(top['rank'])}</b> ({top['wait_caused_us'] / 1000:.3f} ms of "
-                   f"others' waiting; last to arrive in {int(top['last_arrivals'])} instances).</p>")
-        out.append(_table(_ms(sync.stragglers, ["wait_suffered_us", "wait_caused_us"]), {
-            "rank": "rank", "wait_caused_us": "wait caused (ms)",
-            "wait_suffered_us": "wait suffered (ms)", "last_arrivals": "last arrivals",
-            "steps_as_top": "steps as top straggler", "instances": "instances"}, digits=3))
-        out.append(add(straggler_heatmap(sync.per_rank, sync.instances)))
-        if len(sync.instances) > HEATMAP_MAX_INSTANCES:
-            out.append(_muted(f"The heatmap shows the first {HEATMAP_MAX_INSTANCES} of "
-                              f"{len(sync.instances)} instances; the tables cover all."))
-        skew = (sync.instances.groupby("op", as_index=False)
-                .agg(count=("instance", "size"), arrival_skew_us=("arrival_skew_us", "median"),
-                     transfer_us=("transfer_us", "median")))
-        out.append(_table(_ms(skew, ["arrival_skew_us", "transfer_us"]), {
-            "op": "collective", "count": "instances", "arrival_skew_us": "median arrival skew (ms)",
-            "transfer_us": "median transfer (ms)"}, left=("op",), digits=3))
-        if (sync.offsets["instances"] == 0).all():
-            out.append(_muted("No collective spans all ranks here, so clocks could not be "
-                              "aligned: times are compared as recorded (same host: one clock)."))
-        out.append("<p class='muted'>Clock offsets (estimated from aligned collective ends, "
-                   "subtracted before comparing):</p>")
-        out.append(_table(sync.offsets, {"rank": "rank", "offset_us": "offset (µs)",
-                                         "instances": "collectives used"}, digits=1))
-    else:
-        out.append(_muted("No collective was found on two or more ranks: synchronization across "
-                          "ranks cannot be measured (a single rank, or no communication)."))
+# ---------------------------------------------------------------- page assembly
 
-    out.append("<h2>Pipeline bubbles</h2>")
-    if len(pipe.bubbles):
-        b = pipe.bubbles
-        method = "estimated from idle and exposed point-to-point time (no schedule records)" \
-            if (b["method"] == "estimate").all() else "measured from the schedule records"
-        sch = pipe.schedule or {}
-        out.append(f"<p>{_e(method)}; schedule {_e(sch.get('schedule'))}, p = {_e(sch.get('p'))} "
-                   f"ranks, m = {_e(sch.get('m'))} microbatches, v = {_e(sch.get('v'))}; ideal "
-                   f"bubble {b['ideal_pct'].iloc[0]:.1f}% of the step.</p>")
-        summ = summarize_bubbles(b)
-        out.append(_table(_ms(summ, ["warmup_us", "steady_us", "cooldown_us", "window_us"]), {
-            "rank": "rank", "stages": "stages", "steps": "steps", "basis": "steps used",
-            "window_us": "step window (ms)", "bubble_pct": "bubble % (median)",
-            "ideal_pct": "ideal %", "warmup_us": "warmup (ms)", "steady_us": "steady (ms)",
-            "cooldown_us": "cooldown (ms)"}, left=("stages", "basis"), digits=3))
-        if len(pipe.chunks):
-            clean = sorted(b.loc[b["clean"], "step"].unique())
-            pool = clean or sorted(b["step"].unique())
-            step = int(pool[len(pool) // 2])
-            out.append(add(pipeline_gantt(pipe.chunks, step)))
-            out.append(_muted(f"Step {step} is shown ({'an unprofiled step, like the table' if clean else 'no unprofiled step was recorded'}). "
-                              "Table columns are medians over steps each, so the phases need "
-                              "not add up to the bubble."))
-    else:
-        out.append(_muted("No pipeline parallelism detected (no schedule records and no "
-                          "point-to-point traffic)."))
 
-    out.append("<h2>Load imbalance</h2>")
-    if len(bal.summary):
-        out.append(_table(_ms(bal.summary, ["cost_us"]), {
-            "dim": "dimension", "pg": "group", "imbalance": "compute max/mean",
-            "cost_us": "cost per step (ms)", "slowest_rank": "slowest rank"},
-            left=("dim", "pg"), digits=3))
-        out.append(_muted("Cost = max − mean compute of the group's ranks: how much shorter each "
-                          "step would be if every rank matched the mean."))
-    else:
-        out.append(_muted("Imbalance needs two or more ranks with profiler steps."))
+class _Page:
+    """Collects figures (as inert JSON) and the notes about what was sampled."""
 
-    out.append("<h2>Memory</h2>")
-    m = mem.per_rank
-    if m[["static_bytes", "peak_allocated_bytes"]].notna().any().any():
-        if m["static_bytes"].notna().any():
-            out.append(add(memory_figure(m)))
-        out.append(_table(_mib(m, ["params_bytes", "grads_bytes", "optimizer_state_bytes",
-                                   "static_bytes", "peak_allocated_bytes", "peak_rss_bytes"]), {
-            "rank": "rank", "params_bytes": "parameters (MiB)", "grads_bytes": "gradients (MiB)",
-            "optimizer_state_bytes": "optimizer state (MiB)", "static_bytes": "static (MiB)",
-            "peak_allocated_bytes": "peak allocated in traced window (MiB)",
-            "peak_rss_bytes": "peak RSS (MiB)"},
-            digits=2))
-        imb = mem.imbalance
-        out.append(_muted(f"Imbalance across ranks (max/mean): static "
-                          f"{imb['static']:.3f}, peak {imb['peak']:.3f}."))
-        if len(mem.timeline):
-            out.append(add(memory_timeline(mem.timeline)))
-    else:
-        out.append(_muted("No memory information: the traces have no memory events and no "
-                          "pardiag metadata (profile with pardiag for static memory)."))
+    def __init__(self) -> None:
+        self.n = 0
+        self.sampled: list[str] = []
 
-    out.append("<h2>Parallel layout</h2>")
-    if lay.dims or len(lay.groups):
-        dims = ", ".join(f"{k.upper()} = {v}" for k, v in lay.dims.items()) or "unknown"
-        out.append(f"<p>Dimensions: <b>{_e(dims)}</b>; strategies: "
-                   f"{_e(', '.join(lay.strategies) or 'unknown')}; nodes: "
-                   f"{_e(', '.join(f'{h}: {v}' for h, v in lay.nodes.items()) or 'unknown')}.</p>")
-        out.append(_table(lay.groups.assign(ranks=lay.groups["ranks"].map(str)), {
-            "pg": "group", "desc": "description", "dim": "dimension", "size": "size",
-            "ranks": "ranks", "nodes": "nodes", "spans_nodes": "spans nodes"},
-            left=("pg", "desc", "dim", "ranks"), digits=0))
-    else:
-        out.append(_muted("No layout information in these traces (no pardiag metadata and no "
-                          "process-group configuration)."))
+    def fig(self, fig: go.Figure) -> str:
+        """A figure's placeholder div and its JSON (template stripped; added once by the page)."""
+        self.n += 1
+        fid = f"pd-fig-{self.n}"
+        spec = fig.to_plotly_json()
+        spec["layout"].pop("template", None)
+        spec["layout"].setdefault("margin", {"t": 60})
+        return f'<div class="pd-plot" id="{fid}"></div>' + _json_script(f"{fid}-data", spec)
 
-    out.append("<h2>Bandwidth</h2>")
-    if len(sync.bandwidth):
-        out.append(add(bandwidth_figure(sync.instances)))
-        out.append(_table(_ms(sync.bandwidth, ["transfer_us"]), {
-            "pg": "group", "op": "collective", "bytes": "bytes", "inter_node": "intra/inter node",
-            "count": "count",
-            "transfer_us": "transfer (ms)", "algbw_gbps": "algbw (GB/s)",
-            "busbw_gbps": "busbw (GB/s)"}, left=("pg", "op", "inter_node"), digits=3))
-        out.append(_muted("algbw = bytes / transfer time (the minimum duration over the ranks); "
-                          "busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for all_gather, "
-                          "reduce_scatter and all_to_all, 1 otherwise (nccl-tests)."))
+    def sample(self, text: str) -> str:
+        """Record a reduction for the summary and return it as a note for its section."""
+        self.sampled.append(text)
+        return _muted(text)
+
+
+def _json_script(element_id: str, obj) -> str:
+    """``obj`` as JSON in an inert script element; ``<``, ``>``, ``&`` and U+2028/9 escaped so
+    no string can end the element or start markup."""
+    text = pio.to_json(obj, validate=False) if not isinstance(obj, (bytes, str)) else obj
+    if isinstance(text, bytes):
+        text = text.decode()
+    for a, b in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"),
+                 ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(a, b)
+    return f'<script type="application/json" id="{_e(element_id)}">{text}</script>'
+
+
+@functools.lru_cache(maxsize=1)
+def _packed_plotlyjs() -> str:
+    """plotly.min.js, gzip-compressed and base64-encoded (unpacked by the page)."""
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode("ascii")
+
+
+@functools.lru_cache(maxsize=1)
+def _template_json() -> str:
+    return orjson.dumps(pio.templates["plotly"].layout.to_plotly_json(),
+                        option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def _h2(key: str) -> str:
+    return f"<h2 id='{key}'>{_e(dict(SECTIONS)[key])}</h2>"
+
+
+def _mib_or_dash(v) -> str:
+    return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v / 2**20:,.1f}"
+
+
+def _verdict_section(report: Report) -> list[str]:
+    """Verdict sentence and the ranked recommendations (``report.results["recommendations"]``,
+    a :class:`pardiag.analyzer.recommend.RecommendationResult`, may be absent)."""
+    out = [_h2("verdict")]
+    rec = report.results.get("recommendations")
+    if rec is None:
+        out.append(_muted("No recommendations computed."))
+        return out
+    if getattr(rec, "verdict", ""):
+        out.append(f"<p class='verdict'>{_e(rec.verdict)}</p>")
+    recs = list(getattr(rec, "recommendations", ()) or ())
+    if not recs:
+        out.append(_muted(rec.why_none or "No recommendations computed."))
     else:
-        out.append(_muted("No message sizes found for matched collectives."))
+        head = ("<tr><th>#</th><th class='l'>recommendation</th><th class='l'>change</th>"
+                "<th>step time (ms) measured → predicted</th><th>gain %</th>"
+                "<th>peak memory (MiB) measured → predicted</th><th class='l'>evidence</th>"
+                "<th class='l'>caveats</th></tr>")
+        rows = []
+        for i, r in enumerate(recs, 1):
+            def bullets(items):
+                return ("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in items) + "</ul>"
+                        if items else "–")
+            mem = f"{_mib_or_dash(r.measured_peak_bytes)} → {_mib_or_dash(r.predicted_peak_bytes)}"
+            if not r.fits_memory:
+                mem += " (does not fit)"
+            rows.append(
+                f"<tr><td>{i}</td><td class='l'><b>{_e(r.title)}</b></td>"
+                f"<td class='l'>{_e(r.change)}</td>"
+                f"<td>{r.measured_step_us / 1000:,.3f} → {r.predicted_step_us / 1000:,.3f}</td>"
+                f"<td>{r.gain_pct:,.1f}</td><td>{_e(mem)}</td>"
+                f"<td class='l'>{bullets(r.evidence)}</td><td class='l'>{bullets(r.caveats)}</td>"
+                "</tr>")
+        out.append(f"<table class='recs'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>")
+    rejected = list(getattr(rec, "rejected", ()) or ())
+    if rejected:
+        out.append(_muted(f"{len(rejected)} other change(s) were evaluated and not recommended "
+                          "(no gain, or they do not fit in memory); the JSON summary lists them."))
     return out
 
 
-def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
-    """The whole report page as a string.
-
-    Args:
-        report: the analyses to show.
-        include_plotlyjs: True inlines plotly.js (works offline); ``"cdn"`` links it instead.
-    """
-    b = report.breakdown
-    traces = report.traces
-    first = True
-
-    def add(fig: go.Figure) -> str:
-        nonlocal first
-        out = pio.to_html(fig, full_html=False, include_plotlyjs=include_plotlyjs if first else False,
-                          config={"displaylogo": False, "responsive": True})
-        first = False
-        return out
-
-    parts: list[str] = []
+def _summary_section(report: Report) -> tuple[list[tuple[str, str]], list[str]]:
+    b, traces = report.breakdown, report.traces
     run = traces.run_info or {}
     domains = sorted(set(b.totals["domain"]))
     summary = [
@@ -372,14 +570,17 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
         summary += [("command", run.get("command", "")),
                     ("world size", run.get("world_size", "")),
                     ("exit code", run.get("exit_code", ""))]
+        for key, label in (("torch_version", "torch"), ("start_time", "started")):
+            if run.get(key):
+                summary.append((label, run[key]))
         lay = run.get("layout") or {}
-        if lay:
-            dims = ", ".join(f"{k.upper()}={v}" for k, v in lay.get("dims", {}).items())
+        if isinstance(lay, dict) and lay:
+            dims = ", ".join(f"{k.upper()}={v}" for k, v in (lay.get("dims") or {}).items())
             pipe = lay.get("pipeline")
             extra = (f"; {pipe.get('schedule')}, {pipe.get('stages')} stages, "
-                     f"{pipe.get('microbatches')} microbatches" if pipe else "")
-            summary.append(("parallel layout", f"{dims} ({', '.join(lay.get('strategies', []))})"
-                            + extra))
+                     f"{pipe.get('microbatches')} microbatches" if isinstance(pipe, dict) else "")
+            summary.append(("parallel layout",
+                            f"{dims} ({', '.join(map(str, lay.get('strategies') or []))})" + extra))
     backends = sorted({str(t.metadata.get("distributedInfo", {}).get("backend"))
                        for t in traces.ranks.values()
                        if isinstance(t.metadata.get("distributedInfo"), dict)
@@ -394,64 +595,396 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
                         f"{100 * exposed / span:.1f}% of rank time" if span else "–"))
         summary.append(("overlap (all ranks)", f"{100 * (comm - exposed) / comm:.1f}%" if comm
                         else "no communication found"))
-    parts.append("<h2>Run summary</h2><table class='kv'>" + "".join(
-        f"<tr><th class='l'>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in summary) + "</table>")
+    summary.append(("warnings", str(len(traces.warnings))))
+    return summary, []
 
-    parts.append("<h2>Time breakdown per rank</h2>")
+
+def _breakdown_section(report: Report, page: _Page) -> list[str]:
+    b = report.breakdown
+    out = [_h2("breakdown")]
     if len(b.totals):
-        parts.append(add(breakdown_figure(b.totals)))
-        ms = b.totals.copy()
-        for c in ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "idle_us"):
-            ms[c] = ms[c] / 1000.0
-        parts.append(_table(ms, {
+        out.append(page.fig(breakdown_figure(b.totals)))
+        ms = _ms(b.totals, ["span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
+                            "idle_us"])
+        out.append(_table(ms, {
             "rank": "rank", "domain": "timeline", "span_us": "span (ms)",
             "compute_only_us": "compute only (ms)", "overlap_us": "overlapped (ms)",
             "exposed_comm_us": "exposed comm (ms)", "idle_us": "idle (ms)",
-            "overlap_pct": "overlap %"}, left=("domain",), digits=3))
+            "overlap_pct": "overlap %"}, left=("domain",), digits=3, sortable=True, what="ranks"))
     else:
-        parts.append("<p class='muted'>No timed events found.</p>")
-
-    parts.append("<h2>Overlap per rank</h2>")
-    if b.totals["overlap_pct"].notna().any():
-        parts.append(add(overlap_figure(b.totals)))
-    else:
-        parts.append("<p class='muted'>No communication found in any rank, so there is no overlap "
-                     "to measure.</p>")
-
-    parts.append("<h2>Per profiler step</h2>")
+        out.append(_muted("No timed events found in any trace."))
+    out.append("<h3>Per profiler step</h3>")
     if len(b.steps):
-        parts.append(add(step_breakdown_figure(b.steps)))
+        if len(b.steps) <= MAX_STEP_BARS:
+            out.append(page.fig(step_breakdown_figure(b.steps)))
+        else:
+            n_r, n_s = b.steps["rank"].nunique(), b.steps["step"].nunique()
+            out.append(page.sample(
+                f"Per-step chart aggregated: {n_r} ranks × {n_s} steps ({len(b.steps)} bars) is "
+                f"more than {MAX_STEP_BARS}, so the bars show the mean over ranks per step; the "
+                "heatmaps below show every rank and step."))
+            out.append(page.fig(step_mean_figure(b.steps)))
+            out.append(page.fig(step_heatmap(b.steps, "exposed_comm_us",
+                                             "Exposed communication per rank and step (ms)")))
+            out.append(page.fig(step_heatmap(b.steps, "idle_us", "Idle per rank and step (ms)")))
     else:
-        parts.append("<p class='muted'>No ProfilerStep#N annotations in the traces: per-step "
-                     "breakdown unavailable.</p>")
+        out.append(_muted("No ProfilerStep#N annotations in the traces: per-step breakdown "
+                          "unavailable."))
+    return out
 
-    parts.append("<h2>Collectives</h2>")
-    if len(b.collectives):
-        ms = b.collectives.copy()
-        ms["time_us"] = ms["time_us"] / 1000.0
-        ms["exposed_us"] = ms["exposed_us"] / 1000.0
-        parts.append(_table(ms, {
-            "rank": "rank", "collective": "collective", "count": "count",
-            "time_us": "time (ms)", "exposed_us": "exposed (ms)"}, left=("collective",), digits=3))
+
+def _overlap_section(report: Report, page: _Page) -> list[str]:
+    b = report.breakdown
+    out = [_h2("overlap")]
+    if b.totals["overlap_pct"].notna().any():
+        out.append(page.fig(overlap_figure(b.totals)))
     else:
-        parts.append("<p class='muted'>No communication events found.</p>")
+        out.append(_muted("No communication found in any rank, so there is no overlap to "
+                          "measure."))
+        return out
+    out.append("<h3>Per parallel dimension</h3>")
+    dov = report.results.get("dim_overlap")
+    if dov is None:
+        from pardiag.analyzer.dim_overlap import compute_dim_overlap
+        dov = compute_dim_overlap(report.traces, report.results["sync"], report.results["layout"],
+                                  report.results.get("comm_patterns", ()))
+    if len(dov.per_rank):
+        if report.results["layout"].groups.empty:
+            out.append(_muted("The parallel dimensions are unknown (no pardiag metadata and no "
+                              "process-group configuration in the traces): communication is split "
+                              "by the process group the trace names instead."))
+        out.append(page.fig(dim_overlap_figure(dov.per_rank)))
+        out.append(_table(_ms(dov.summary, ["comm_us", "exposed_us"]), {
+            "dim": "dimension", "ranks": "ranks", "comm_us": "communication per rank (ms, mean)",
+            "exposed_us": "exposed per rank (ms, mean)", "overlap_pct": "overlap %"},
+            left=("dim",), digits=3, sortable=True, what="dimensions"))
+        out.append(_muted("Per dimension: the rank's matched collectives on that dimension's "
+                          "groups against the same computation as above; collectives of two "
+                          "dimensions in flight together count in both."))
+    else:
+        out.append(_muted(f"Overlap per dimension unavailable: {dov.why_none}."))
+    return out
 
-    parts.extend(_parallel_sections(report, add))
 
+def _stragglers_section(report: Report, page: _Page) -> list[str]:
+    sync = report.results["sync"]
+    out = [_h2("stragglers")]
+    if not len(sync.instances):
+        out.append(_muted("No collective was found on two or more ranks: synchronization across "
+                          "ranks cannot be measured (a single rank, or no communication)."))
+        return out
+    top = sync.stragglers.iloc[0]
+    out.append(f"<p>Matched {len(sync.instances)} collective instances across ranks "
+               f"(by {_e(sync.matched_by)}). The rank the others wait for most: "
+               f"<b>rank {int(top['rank'])}</b> ({top['wait_caused_us'] / 1000:.3f} ms of "
+               f"others' waiting; last to arrive in {int(top['last_arrivals'])} instances).</p>")
+    out.append(_table(_ms(sync.stragglers, ["wait_suffered_us", "wait_caused_us"]), {
+        "rank": "rank", "wait_caused_us": "wait caused (ms)",
+        "wait_suffered_us": "wait suffered (ms)", "last_arrivals": "last arrivals",
+        "steps_as_top": "steps as top straggler", "instances": "instances"}, digits=3,
+        sortable=True, what="ranks (most wait caused first)"))
+    if len(sync.instances) > HEATMAP_MAX_COLUMNS:
+        out.append(page.sample(
+            f"Straggler heatmap binned: {len(sync.instances)} instances are shown as "
+            f"{HEATMAP_MAX_COLUMNS} columns of consecutive instances (largest wait and skew per "
+            "column); the tables cover every instance."))
+    out.append(page.fig(straggler_heatmap(sync.per_rank, sync.instances)))
+    skew = (sync.instances.groupby("op", as_index=False)
+            .agg(count=("instance", "size"), arrival_skew_us=("arrival_skew_us", "median"),
+                 max_skew_us=("arrival_skew_us", "max"), transfer_us=("transfer_us", "median")))
+    out.append(_table(_ms(skew, ["arrival_skew_us", "max_skew_us", "transfer_us"]), {
+        "op": "collective", "count": "instances", "arrival_skew_us": "median arrival skew (ms)",
+        "max_skew_us": "max arrival skew (ms)", "transfer_us": "median transfer (ms)"},
+        left=("op",), digits=3, sortable=True))
+    if (sync.offsets["instances"] == 0).all():
+        out.append(_muted("No collective spans all ranks here, so clocks could not be "
+                          "aligned: times are compared as recorded (same host: one clock)."))
+    out.append("<p class='muted'>Clock offsets (estimated from aligned collective ends, "
+               "subtracted before comparing):</p>")
+    out.append(_table(sync.offsets, {"rank": "rank", "offset_us": "offset (µs)",
+                                     "instances": "collectives used"}, digits=1, sortable=True,
+                      what="ranks"))
+    return out
+
+
+def _pipeline_section(report: Report, page: _Page) -> list[str]:
+    pipe = report.results["pipeline"]
+    out = [_h2("pipeline")]
+    if not len(pipe.bubbles):
+        out.append(_muted("No pipeline parallelism detected (no schedule records and no "
+                          "point-to-point traffic)."))
+        return out
+    b = pipe.bubbles
+    method = "estimated from idle and exposed point-to-point time (no schedule records)" \
+        if (b["method"] == "estimate").all() else "measured from the schedule records"
+    sch = pipe.schedule or {}
+    ideal = b["ideal_pct"].iloc[0]
+    out.append(f"<p>{_e(method)}; schedule {_e(sch.get('schedule'))}, p = {_e(sch.get('p'))} "
+               f"ranks, m = {_e(sch.get('m'))} microbatches, v = {_e(sch.get('v'))}; ideal "
+               f"bubble {_fmt(float(ideal))}% of the step.</p>")
+    summ = summarize_bubbles(b)
+    out.append(_table(_ms(summ, ["warmup_us", "steady_us", "cooldown_us", "window_us"]), {
+        "rank": "rank", "stages": "stages", "steps": "steps", "basis": "steps used",
+        "window_us": "step window (ms)", "bubble_pct": "bubble % (median)",
+        "ideal_pct": "ideal %", "warmup_us": "warmup (ms)", "steady_us": "steady (ms)",
+        "cooldown_us": "cooldown (ms)"}, left=("stages", "basis"), digits=3, sortable=True,
+        what="ranks"))
+    if len(pipe.chunks):
+        clean = sorted(b.loc[b["clean"], "step"].unique())
+        pool = clean or sorted(b["step"].unique())
+        step = int(pool[len(pool) // 2])
+        chunks = pipe.chunks
+        rows = chunks[["rank", "stage"]].drop_duplicates().sort_values(["rank", "stage"])
+        if len(rows) > GANTT_MAX_ROWS:
+            keep = rows.head(GANTT_MAX_ROWS)
+            chunks = chunks.merge(keep, on=["rank", "stage"])
+            out.append(page.sample(f"Pipeline Gantt sampled: the first {GANTT_MAX_ROWS} of "
+                                   f"{len(rows)} (rank, stage) rows are drawn."))
+        out.append(page.fig(pipeline_gantt(chunks, step)))
+        n_steps = chunks["step"].nunique()
+        out.append(page.sample(
+            f"Pipeline Gantt shows one step of {n_steps}: step {step} "
+            f"({'an unprofiled step, like the table' if clean else 'no unprofiled step was recorded'}). "
+            "Table columns are medians over steps each, so the phases need not add up to the "
+            "bubble."))
+    else:
+        out.append(_muted("No Gantt chart: without schedule records (pardiag profile records "
+                          "them) the chunks of each stage are unknown."))
+    return out
+
+
+def _imbalance_section(report: Report) -> list[str]:
+    bal = report.results["balance"]
+    out = [_h2("imbalance")]
+    if len(bal.summary):
+        out.append(_table(_ms(bal.summary, ["cost_us"]), {
+            "dim": "dimension", "pg": "group", "imbalance": "compute max/mean",
+            "cost_us": "cost per step (ms)", "slowest_rank": "slowest rank"},
+            left=("dim", "pg"), digits=3, sortable=True, what="groups"))
+        out.append(_muted("Cost = max − mean compute of the group's ranks: how much shorter each "
+                          "step would be if every rank matched the mean."))
+    else:
+        out.append(_muted("Imbalance needs two or more ranks with profiler steps."))
+    return out
+
+
+def _memory_section(report: Report, page: _Page) -> list[str]:
+    mem = report.results["memory"]
+    out = [_h2("memory")]
+    m = mem.per_rank
+    if not m[["static_bytes", "peak_allocated_bytes"]].notna().any().any():
+        out.append(_muted("No memory information: the traces have no memory events and no "
+                          "pardiag metadata (profile with pardiag for static memory)."))
+        return out
+    if m["static_bytes"].notna().any():
+        out.append(page.fig(memory_figure(m)))
+    else:
+        out.append(_muted("No static memory by component: it comes from pardiag's metadata "
+                          "(profile with pardiag); peaks below are from the trace."))
+    out.append(_table(_mib(m, ["params_bytes", "grads_bytes", "optimizer_state_bytes",
+                               "static_bytes", "peak_allocated_bytes", "peak_rss_bytes"]), {
+        "rank": "rank", "params_bytes": "parameters (MiB)", "grads_bytes": "gradients (MiB)",
+        "optimizer_state_bytes": "optimizer state (MiB)", "static_bytes": "static (MiB)",
+        "peak_allocated_bytes": "peak allocated in traced window (MiB)",
+        "peak_rss_bytes": "peak RSS (MiB)"}, digits=2, sortable=True, what="ranks"))
+    imb = mem.imbalance
+    out.append(_muted(f"Imbalance across ranks (max/mean): static {_fmt(imb.get('static'), 3)}, "
+                      f"peak {_fmt(imb.get('peak'), 3)}."))
+    tl = mem.timeline
+    if len(tl):
+        ranks = tl["rank"].unique()
+        if len(ranks) > TIMELINE_MAX_RANKS:
+            peaks = tl.groupby("rank")["allocated_bytes"].max().sort_values(ascending=False)
+            keep = sorted(peaks.index[:TIMELINE_MAX_RANKS])
+            tl = tl[tl["rank"].isin(keep)]
+            out.append(page.sample(
+                f"Memory timeline sampled: the {TIMELINE_MAX_RANKS} ranks of {len(ranks)} with "
+                f"the highest peak are drawn ({', '.join(map(str, keep))})."))
+        per = max(100, TIMELINE_POINTS // max(1, tl["rank"].nunique()))
+        if tl.groupby("rank").size().max() > per:
+            out.append(page.sample(f"Memory timeline thinned to at most {per} evenly spaced "
+                                   "points per rank."))
+        out.append(page.fig(memory_timeline(tl, per)))
+    else:
+        out.append(_muted("No memory timeline: the traces have no [memory] events (profile "
+                          "with profile_memory=True; pardiag profile does)."))
+    return out
+
+
+def _layout_section(report: Report) -> list[str]:
+    lay, sync = report.results["layout"], report.results["sync"]
+    out = [_h2("layout")]
+    if lay.dims or len(lay.groups):
+        dims = ", ".join(f"{str(k).upper()} = {v}" for k, v in lay.dims.items()) or "unknown"
+        out.append(f"<p>Dimensions: <b>{_e(dims)}</b>; strategies: "
+                   f"{_e(', '.join(map(str, lay.strategies)) or 'unknown')}; nodes: "
+                   f"{_e(', '.join(f'{h}: {v}' for h, v in lay.nodes.items()) or 'unknown')}.</p>")
+        g = lay.groups.assign(ranks=lay.groups["ranks"].map(
+            lambda rs: str(rs) if len(rs) <= 32 else f"{len(rs)} ranks: {rs[:8]}…"))
+        if len(sync.instances):
+            bw = sync.instances.dropna(subset=["busbw_gbps"]).groupby(
+                sync.instances["pg"].astype(str))["busbw_gbps"].agg(["median", "max", "size"])
+            g = g.assign(busbw_median=g["pg"].astype(str).map(bw["median"]),
+                         busbw_max=g["pg"].astype(str).map(bw["max"]),
+                         busbw_n=g["pg"].astype(str).map(bw["size"]))
+        else:
+            g = g.assign(busbw_median=np.nan, busbw_max=np.nan, busbw_n=np.nan)
+        g = g.rename(columns={"busbw_n": "count"})
+        out.append(_table(g, {
+            "pg": "group", "desc": "description", "dim": "dimension", "size": "size",
+            "ranks": "ranks", "nodes": "nodes", "spans_nodes": "spans nodes",
+            "busbw_median": "busbw median (GB/s)", "busbw_max": "busbw max (GB/s)",
+            "count": "collectives measured"},
+            left=("pg", "desc", "dim", "ranks"), digits=3, sortable=True, what="groups"))
+        out.append(_muted("busbw per group: medians over its matched collectives of every size "
+                          "(the Bandwidth section splits them by operation and size)."))
+    else:
+        out.append(_muted("No layout information in these traces (no pardiag metadata and no "
+                          "process-group configuration)."))
+    if lay.nodes:
+        out.append(_table(pd.DataFrame({"host": list(lay.nodes),
+                                        "ranks": [str(v) for v in lay.nodes.values()]}),
+                          {"host": "node", "ranks": "ranks"}, left=("host", "ranks")))
+    else:
+        out.append(_muted("Nodes unknown: the traces do not say which host ran each rank "
+                          "(pardiag metadata does)."))
+    return out
+
+
+def _bandwidth_section(report: Report, page: _Page) -> list[str]:
+    sync = report.results["sync"]
+    out = [_h2("bandwidth")]
+    if not len(sync.bandwidth):
+        out.append(_muted("No message sizes found for matched collectives, so no bandwidth."))
+        return out
+    inst = sync.instances.dropna(subset=["busbw_gbps"])
+    if len(inst) > BANDWIDTH_MAX_POINTS:
+        keep = inst.groupby("op", group_keys=False).apply(
+            lambda g: g.iloc[:: -(-len(g) * len(inst) // BANDWIDTH_MAX_POINTS // len(g))]
+            if len(g) else g)
+        out.append(page.sample(f"Bandwidth scatter sampled: {len(keep)} of {len(inst)} instances "
+                               "(evenly spaced per collective); the table covers all."))
+        inst = keep
+    out.append(page.fig(bandwidth_figure(inst)))
+    out.append(_table(_ms(sync.bandwidth, ["transfer_us"]), {
+        "pg": "group", "op": "collective", "bytes": "bytes", "inter_node": "intra/inter node",
+        "count": "count", "transfer_us": "transfer (ms)", "algbw_gbps": "algbw (GB/s)",
+        "busbw_gbps": "busbw (GB/s)"}, left=("pg", "op", "inter_node"), digits=3, sortable=True,
+        what="(group, collective, size) rows"))
+    out.append(_muted("algbw = bytes / transfer time (the minimum duration over the ranks); "
+                      "busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for all_gather, "
+                      "reduce_scatter and all_to_all, 1 otherwise (nccl-tests)."))
+    return out
+
+
+def _collectives_section(report: Report) -> list[str]:
+    b, sync = report.breakdown, report.results["sync"]
+    out = [_h2("collectives")]
+    if not len(b.collectives):
+        out.append(_muted("No communication events found in any trace."))
+        return out
+    agg = (b.collectives.groupby("collective", as_index=False)
+           .agg(ranks=("rank", "nunique"), count=("count", "sum"), time_us=("time_us", "sum"),
+                exposed_us=("exposed_us", "sum")))
+    agg["exposed_pct"] = 100.0 * agg["exposed_us"] / agg["time_us"].where(agg["time_us"] > 0)
+    agg = agg.sort_values("time_us", ascending=False)
+    out.append("<h3>By type (all ranks)</h3>")
+    out.append(_table(_ms(agg, ["time_us", "exposed_us"]), {
+        "collective": "collective", "ranks": "ranks", "count": "count",
+        "time_us": "time, sum over ranks (ms)", "exposed_us": "exposed, sum over ranks (ms)",
+        "exposed_pct": "exposed %"}, left=("collective",), digits=3, sortable=True,
+        what="types"))
+    out.append("<h3>By rank and type</h3>")
+    per = b.collectives.sort_values(["exposed_us", "rank"], ascending=[False, True])
+    out.append(_table(_ms(per, ["time_us", "exposed_us"]), {
+        "rank": "rank", "collective": "collective", "count": "count",
+        "time_us": "time (ms)", "exposed_us": "exposed (ms)"}, left=("collective",), digits=3,
+        sortable=True, what="rows (most exposed first)"))
+    out.append("<h3>Matched instances</h3>")
+    if len(sync.instances):
+        inst = sync.instances.sort_values("arrival_skew_us", ascending=False)
+        out.append(_table(_ms(inst, ["arrival_skew_us", "transfer_us"]), {
+            "instance": "instance", "pg": "group", "op": "collective", "step": "step",
+            "ranks": "ranks", "bytes": "bytes", "arrival_skew_us": "arrival skew (ms)",
+            "transfer_us": "transfer (ms)", "last_rank": "last to arrive",
+            "busbw_gbps": "busbw (GB/s)"}, left=("instance", "pg", "op"), digits=3,
+            sortable=True, what="instances (largest arrival skew first)"))
+    else:
+        out.append(_muted("No collective instance was matched across ranks."))
+    out.append(_muted("Click a column heading to sort."))
+    return out
+
+
+#: Most per-rank notes listed (every warning is always listed).
+MAX_NOTES = 200
+
+
+def _warnings_section(report: Report) -> list[str]:
+    traces = report.traces
+    out = [_h2("warnings")]
     warnings = list(traces.warnings)
     notes = [n for t in traces.ranks.values() for n in t.notes]
-    parts.append("<h2>Warnings and notes</h2>")
     if warnings or notes:
-        parts.append("<ul>" + "".join(f"<li class='warn'>{_e(w)}</li>" for w in warnings)
-                     + "".join(f"<li class='muted'>{_e(n)}</li>" for n in notes) + "</ul>")
+        out.append("<ul>" + "".join(f"<li class='warn'>{_e(w)}</li>" for w in warnings)
+                   + "".join(f"<li class='muted'>{_e(n)}</li>" for n in notes[:MAX_NOTES])
+                   + "</ul>")
+        out.append(_shown(min(len(notes), MAX_NOTES), len(notes), "notes (every warning is listed)"))
     else:
-        parts.append("<p class='muted'>None.</p>")
+        out.append(_muted("None."))
+    return out
 
+
+def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
+    """The whole report page as a string (UTF-8 text, one self-contained HTML document).
+
+    Args:
+        report: the analyses to show; ``report.results["recommendations"]`` is optional.
+        include_plotlyjs: True inlines plotly.js (gzip + base64, works offline); ``"cdn"``
+            links it from the plotly CDN instead (a page of a few hundred kB).
+    """
+    page = _Page()
+    body: list[str] = []
+    body += _verdict_section(report)
+    summary, _ = _summary_section(report)
+    body += _breakdown_section(report, page)
+    body += _overlap_section(report, page)
+    body += _stragglers_section(report, page)
+    body += _pipeline_section(report, page)
+    body += _imbalance_section(report)
+    body += _memory_section(report, page)
+    body += _layout_section(report)
+    body += _bandwidth_section(report, page)
+    body += _collectives_section(report)
+    body += _warnings_section(report)
+    # The run summary sits second but lists what later sections sampled, so it is built last.
+    reductions = ("<p class='muted'>Reduced to keep the page small:</p><ul>"
+                  + "".join(f"<li class='muted'>{_e(s)}</li>" for s in page.sampled) + "</ul>"
+                  if page.sampled else "<p class='muted'>Nothing on this page is sampled or "
+                  "aggregated beyond what each section says.</p>")
+    summary_html = [_h2("summary"), "<table class='kv'>" + "".join(
+        f"<tr><th class='l'>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in summary)
+        + "</table>", reductions]
+    n_verdict = next(i for i, p in enumerate(body) if p.startswith("<h2 id='breakdown'"))
+    body = body[:n_verdict] + summary_html + body[n_verdict:]
+
+    traces = report.traces
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    if include_plotlyjs == "cdn":
+        head_js = f'<script src="{PLOTLY_CDN_URL}" charset="utf-8"></script>'
+        packed = ""
+    elif include_plotlyjs:
+        head_js = ""
+        packed = (f'<script type="application/octet-stream" id="pd-plotlyjs">'
+                  f"{_packed_plotlyjs()}</script>")
+    else:
+        head_js, packed = "", ""
+    toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in SECTIONS)
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>pardiag report: {_e(Path(str(traces.source)).name)}</title>"
-        f"<style>{_CSS}</style></head><body>"
+        f"<style>{_CSS}</style>{head_js}</head><body>"
         f"<h1>pardiag report</h1><p class='muted'>{_e(traces.source)} · pardiag {__version__}"
-        f" · {stamp}</p>" + "".join(parts) + "</body></html>"
+        f" · {stamp}</p><p class='muted'>{toc}</p>" + "".join(body)
+        + _json_script("pd-template", _template_json()) + packed
+        + f"<script>{_BOOT_JS}</script></body></html>"
     )
