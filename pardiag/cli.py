@@ -135,6 +135,53 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
                err=True)
 
 
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("merged.json.gz"), show_default=True,
+              help="Merged trace to write (gzip-compressed when the name ends in .gz).")
+@click.option("--comm-kernel", "comm_kernel", multiple=True, metavar="REGEX",
+              help="Extra GPU kernel names that are communication (repeatable).")
+def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -> None:
+    """Merge the ranks' traces into one trace for Perfetto or chrome://tracing.
+
+    Each rank becomes a process named "rank R" (pid R*1000; its GPU and other processes follow),
+    thread ids are kept, and every rank's clock offset (measured on collective ends, as in
+    `pardiag report`) is subtracted so collectives line up. The output may not be one of the
+    inputs or lie in an input folder (a later report would read it as a rank). Bad input exits
+    with code 2 and a one-line message.
+    """
+    from pardiag.analyzer.classify import compile_comm_patterns
+    from pardiag.analyzer.load import load_traces
+    from pardiag.analyzer.merge import merge_traces
+    from pardiag.analyzer.sync import compute_sync
+
+    try:
+        patterns = tuple(compile_comm_patterns(comm_kernel))
+        traces = load_traces(list(paths))
+        target = output.resolve()
+        inputs = {t.path.resolve() for t in traces.ranks.values()}
+        folders = {p.resolve() for p in paths if p.is_dir()}
+        if target in inputs:
+            raise PardiagError(f"{output}: is one of the input traces; choose another output path")
+        if target.parent in folders:
+            raise PardiagError(f"{output}: is inside the input folder {target.parent} (a later "
+                               f"report would read it as one more rank); choose another path")
+        for w in traces.warnings:
+            click.echo(f"pardiag: warning: {w}", err=True)
+        sync = compute_sync(traces, patterns)
+        offsets = dict(zip(sync.offsets["rank"].astype(int), sync.offsets["offset_us"]))
+        result = merge_traces(traces, offsets, output)
+    except PardiagError as err:
+        _fail(err)
+    if result.dropped:
+        click.echo(f"pardiag: warning: left out {result.dropped} events without a numeric ts",
+                   err=True)
+    shifts = ", ".join(f"rank {r}: {o:+.1f} µs" for r, o in result.offsets_us.items())
+    click.echo(f"pardiag: wrote {output} ({len(result.pids)} ranks, {result.events} events; "
+               f"clock offsets subtracted: {shifts})", err=True)
+
+
 def main() -> None:
     """Console-script entry point: usage errors become one line and exit code 2."""
     try:
