@@ -1,0 +1,136 @@
+"""`pardiag merge`: one Chrome trace, a process per rank, clock offsets corrected."""
+
+import gzip
+
+import orjson
+from click.testing import CliRunner
+
+from pardiag.analyzer.load import load_traces, read_trace_json
+from pardiag.analyzer.merge import PID_STRIDE, merge_traces
+from pardiag.analyzer.sync import compute_sync
+from pardiag.cli import cli
+from synth import TraceBuilder
+
+from conftest import REPO
+
+SKEW_US = 500.0  # rank 2's clock runs this far ahead of ranks 0 and 1
+
+
+def _rank(rank: int, shift: float) -> TraceBuilder:
+    """Three ranks leave two all-reduces together (ends 600 and 900 on the true clock), arriving
+    at different times; rank 2's clock reads ``shift`` µs more than the true time."""
+    b = TraceBuilder(rank=rank, world_size=3, backend="gloo", pid=4000 + rank)
+    b.events.append({"ph": "M", "name": "process_name", "pid": b.pid, "tid": 0,
+                     "args": {"name": "python3"}})
+    b.events.append({"ph": "M", "name": "process_sort_index", "pid": b.pid, "tid": 0,
+                     "args": {"sort_index": b.pid}})
+    b.thread_name(1, "thread 1 (python3)").thread_name(2, "thread 2 (pt_gloo_runloop)")
+    b.step(1, 0 + shift, 1000)
+    b.cpu("aten::mm", 10 + shift, 100 + 50 * rank)
+    b.cpu("c10d::allreduce_", 200 + 10 * rank + shift, 5,
+          args={"Input Dims": [[1024]], "Input type": ["float"]})
+    b.cpu("gloo:all_reduce", 200 + 10 * rank + shift, 400 - 10 * rank, tid=2, cat="user_annotation")
+    b.cpu("gloo:all_reduce", 700 + 30 * rank + shift, 200 - 30 * rank, tid=2, cat="user_annotation")
+    b.events.append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+                     "tid": "PyTorch Profiler", "ts": shift, "dur": 1000})
+    b.events.append({"ph": "s", "id": 7, "pid": b.pid, "tid": 1, "ts": 20 + shift,
+                     "cat": "fwdbwd", "name": "fwdbwd"})
+    b.events.append({"ph": "f", "id": 7, "pid": b.pid, "tid": 1, "ts": 50 + shift,
+                     "cat": "fwdbwd", "name": "fwdbwd", "bp": "e"})
+    return b
+
+
+def _planted(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in range(3):
+        _rank(r, SKEW_US if r == 2 else 0.0).write(d / f"rank{r}.json")
+    return d
+
+
+def test_planted_offset_is_corrected_exactly(tmp_path):
+    traces = load_traces(_planted(tmp_path))
+    sync = compute_sync(traces)
+    offsets = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
+    assert offsets == {0: 0.0, 1: 0.0, 2: SKEW_US}
+    out = tmp_path / "merged.json.gz"
+    res = merge_traces(traces, offsets, out)
+    assert out.read_bytes()[:2] == b"\x1f\x8b"  # gzip
+    doc = read_trace_json(out)
+    ev = doc["traceEvents"]
+    assert res.events == len(ev) and res.dropped == 0
+    assert res.pids == {r: [r * PID_STRIDE, r * PID_STRIDE + 1] for r in range(3)}
+    # every event is Chrome-trace-format: ph, pid, tid; all but metadata have ts
+    assert all({"ph", "pid", "tid"} <= set(e) for e in ev)
+    assert all(isinstance(e["ts"], float | int) for e in ev if e["ph"] != "M")
+    names = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    assert names == {0: "rank 0", 1: "rank 0: pid Spans", 1000: "rank 1",
+                     1001: "rank 1: pid Spans", 2000: "rank 2", 2001: "rank 2: pid Spans"}
+    sort = {e["pid"]: e["args"]["sort_index"] for e in ev if e["name"] == "process_sort_index"}
+    assert sort == {p: p for p in names}
+    # the all-reduces end together on the corrected clock, and rank 2 moved by exactly SKEW_US
+    ends = {(e["pid"], round(e["ts"] + e["dur"], 6)) for e in ev if e["name"] == "gloo:all_reduce"}
+    assert ends == {(p, t) for p in (0, 1000, 2000) for t in (600.0, 900.0)}
+    steps = {e["pid"]: e["ts"] for e in ev if e["name"] == "ProfilerStep#1"}
+    assert steps == {0: 0.0, 1000: 0.0, 2000: 0.0}
+    # tids kept; flow ids no longer shared between ranks (id * n_ranks + index)
+    assert {(e["pid"], e["tid"]) for e in ev if e["name"] == "gloo:all_reduce"} == {
+        (0, 2), (1000, 2), (2000, 2)}
+    flows = sorted((e["pid"], e["ph"], e["id"]) for e in ev if e["ph"] in "sf")
+    assert flows == [(0, "f", 21), (0, "s", 21), (1000, "f", 22), (1000, "s", 22),
+                     (2000, "f", 23), (2000, "s", 23)]
+    # the original process metadata is replaced, thread names are kept under the new pid
+    assert not any(e["name"] == "process_name" and e["args"]["name"] == "python3" for e in ev)
+    assert {(e["pid"], e["args"]["name"]) for e in ev if e["name"] == "thread_name"} == {
+        (p, n) for p in (0, 1000, 2000)
+        for n in ("thread 1 (python3)", "thread 2 (pt_gloo_runloop)")}
+    assert doc["pardiagMerge"]["ranks"][2]["offset_us"] == SKEW_US
+
+
+def test_cli_merge_and_its_errors(tmp_path):
+    d = _planted(tmp_path)
+    out = tmp_path / "m.json.gz"
+    res = CliRunner().invoke(cli, ["merge", str(d), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "3 ranks" in res.output and "rank 2: +500.0 µs" in res.output
+    # per rank: 12 events, less its 2 process metadata events, plus name and sort index of 2 pids
+    assert len(read_trace_json(out)["traceEvents"]) == 3 * (12 - 2 + 2 * 2)
+    before = (d / "rank0.json").read_bytes()
+    for target in (d / "rank0.json", d / "new.json.gz"):  # an input; inside an input folder
+        res = CliRunner().invoke(cli, ["merge", str(d), "-o", str(target)])
+        assert res.exit_code == 2
+        assert res.output.count("\n") == 1 and res.output.startswith("pardiag: error: ")
+        assert "Traceback" not in res.output
+    assert (d / "rank0.json").read_bytes() == before and not (d / "new.json.gz").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = CliRunner().invoke(cli, ["merge", str(empty), "-o", str(tmp_path / "x.json.gz")])
+    assert res.exit_code == 2 and res.output.startswith("pardiag: error: ")
+    plain = tmp_path / "m.json"
+    assert CliRunner().invoke(cli, ["merge", str(d), "-o", str(plain)]).exit_code == 0
+    assert orjson.loads(plain.read_bytes())["traceEvents"][0]["name"] == "process_name"
+
+
+def test_sample_run_merges(tmp_path):
+    """A recorded run: every event kept (the per-rank process metadata replaced), the ranks'
+    processes renamed, each rank shifted by its offset."""
+    sample = REPO / "sample_traces" / "ddp_cpu_2rank"
+    traces = load_traces(sample)
+    sync = compute_sync(traces)
+    offsets = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
+    res = merge_traces(traces, offsets, tmp_path / "m.json.gz")
+    with gzip.open(tmp_path / "m.json.gz") as fh:
+        ev = orjson.loads(fh.read())["traceEvents"]
+    expected = 0
+    for r, t in traces.ranks.items():
+        raw = read_trace_json(t.path)["traceEvents"]
+        replaced = sum(e.get("ph") == "M" and e.get("name") in ("process_name",
+                                                                "process_sort_index") for e in raw)
+        expected += len(raw) - replaced + 2 * len(res.pids[r])
+        first = min(e["ts"] for e in raw if e.get("ph") == "X")
+        merged_first = min(e["ts"] for e in ev if e["ph"] == "X" and e["pid"] // PID_STRIDE == r)
+        assert merged_first == first - offsets[r]
+    assert len(ev) == expected == res.events
+    names = {e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    assert {"rank 0", "rank 1"} <= names
+    assert all({"ph", "pid", "tid"} <= set(e) for e in ev)
