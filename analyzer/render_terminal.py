@@ -6,6 +6,7 @@ import math
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from pardiag.analyzer.pipeline import summarize_bubbles
 from pardiag.analyzer.registry import Report
@@ -17,10 +18,48 @@ def _n(v: float, digits: int = 1) -> str:
     return f"{v:,.{digits}f}"
 
 
+#: Recommendations listed in the terminal (the HTML report and the JSON list all).
+TOP_RECOMMENDATIONS = 5
+
+
+def _mib(v) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v / 2**20:,.1f}"
+
+
+def render_recommendations(report: Report, console: Console) -> None:
+    """Print the verdict and the top recommendations (``report.results["recommendations"]``, a
+    :class:`pardiag.analyzer.recommend.RecommendationResult`; a line saying so when absent).
+
+    Trace strings are printed as text (``markup=False``; tables cells as :class:`rich.text.Text`).
+    """
+    rec = report.results.get("recommendations")
+    if rec is None:
+        console.print("Verdict: no recommendations computed.", markup=False, highlight=False)
+        return
+    console.print(Text("Verdict: ", style="bold") + Text(rec.verdict or "–"))
+    recs = list(rec.recommendations or ())
+    if not recs:
+        console.print(Text(f"No recommendations: {rec.why_none or 'none computed'}."))
+        return
+    t = Table(title=f"Top recommendations ({min(len(recs), TOP_RECOMMENDATIONS)} of {len(recs)})",
+              title_justify="left", caption="step time and peak memory: measured → predicted",
+              caption_justify="left")
+    for col in ("#", "recommendation", "change", "step ms", "gain %", "peak MiB"):
+        t.add_column(col, justify="right" if col in ("#", "gain %") else "left")
+    for i, r in enumerate(recs[:TOP_RECOMMENDATIONS], 1):
+        mem = f"{_mib(r.measured_peak_bytes)} → {_mib(r.predicted_peak_bytes)}"
+        t.add_row(str(i), Text(r.title), Text(r.change),
+                  f"{r.measured_step_us / 1e3:,.3f} → {r.predicted_step_us / 1e3:,.3f}",
+                  f"{r.gain_pct:,.1f}", mem + ("" if r.fits_memory else " (does not fit)"))
+    console.print(t)
+
+
 def render_terminal(report: Report, console: Console) -> None:
-    """Print the per-rank breakdown and the collectives table to ``console``."""
+    """Print the verdict and top recommendations first, then the per-rank breakdown, the
+    collectives table and the parallel analyses to ``console``."""
+    render_recommendations(report, console)
     b = report.breakdown
-    t = Table(title=f"Time breakdown per rank (ms) — {report.traces.source}", title_justify="left",
+    t = Table(title=Text(f"Time breakdown per rank (ms) — {report.traces.source}"), title_justify="left",
               caption="compute = compute only; overlap % = overlapped / communication; "
                       "exposed % = exposed comm / span", caption_justify="left")
     for col in ("rank", "on", "span", "compute", "overlapped", "exposed", "idle", "overlap %",
@@ -39,7 +78,7 @@ def render_terminal(report: Report, console: Console) -> None:
         for col in ("collective", "ranks", "count", "time ms", "exposed ms"):
             c.add_column(col, justify="left" if col == "collective" else "right")
         for r in agg.itertuples():
-            c.add_row(r.collective, str(r.ranks), str(r.count), _n(r.time_us / 1e3, 3),
+            c.add_row(Text(str(r.collective)), str(r.ranks), str(r.count), _n(r.time_us / 1e3, 3),
                       _n(r.exposed_us / 1e3, 3))
         console.print(c)
     _parallel(report, console)
@@ -50,9 +89,9 @@ def _parallel(report: Report, console: Console) -> None:
     sync, pipe, bal, mem, lay = r["sync"], r["pipeline"], r["balance"], r["memory"], r["layout"]
     if lay.dims:
         dims = ", ".join(f"{k.upper()}={v}" for k, v in lay.dims.items())
-        console.print(f"Layout: {dims} ({', '.join(lay.strategies)})"
+        console.print(Text(f"Layout: {dims} ({', '.join(map(str, lay.strategies))})"
                       + (f"; {lay.pipeline.get('schedule')}, {lay.pipeline.get('stages')} stages, "
-                         f"{lay.pipeline.get('microbatches')} microbatches" if lay.pipeline else ""))
+                         f"{lay.pipeline.get('microbatches')} microbatches" if lay.pipeline else "")))
     if len(sync.instances):
         t = Table(title=f"Stragglers ({len(sync.instances)} collective instances matched by "
                         f"{sync.matched_by})", title_justify="left")
@@ -71,7 +110,7 @@ def _parallel(report: Report, console: Console) -> None:
                     "steady ms", "cooldown ms"):
             t.add_column(col, justify="right")
         for row in summ.itertuples():
-            t.add_row(str(row.rank), row.stages, f"{row.steps} {row.basis}", _n(row.bubble_pct, 1),
+            t.add_row(str(row.rank), Text(str(row.stages)), f"{row.steps} {row.basis}", _n(row.bubble_pct, 1),
                       _n(row.ideal_pct, 1), _n(row.warmup_us / 1e3, 3), _n(row.steady_us / 1e3, 3),
                       _n(row.cooldown_us / 1e3, 3))
         console.print(t)
@@ -80,7 +119,7 @@ def _parallel(report: Report, console: Console) -> None:
         for col in ("dimension", "group", "max/mean", "cost ms/step", "slowest rank"):
             t.add_column(col, justify="right")
         for row in bal.summary.itertuples():
-            t.add_row(row.dim, row.pg, _n(row.imbalance, 3), _n(row.cost_us / 1e3, 3),
+            t.add_row(Text(str(row.dim)), Text(str(row.pg)), _n(row.imbalance, 3), _n(row.cost_us / 1e3, 3),
                       str(row.slowest_rank))
         console.print(t)
     m = mem.per_rank
