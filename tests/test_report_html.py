@@ -1,0 +1,196 @@
+"""The HTML page without a browser: size at scale, --cdn, escaping, recommendations, terminal."""
+
+import base64
+import gzip
+import html
+import re
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from pardiag.analyzer.dim_overlap import compute_dim_overlap
+from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.recommend import Recommendation, RecommendationResult
+from pardiag.analyzer.registry import build_report
+from pardiag.analyzer.render_html import PLOTLY_CDN_URL, SECTIONS, render_html
+from pardiag.analyzer.render_terminal import render_terminal
+from pardiag.cli import cli
+from plotly.offline import get_plotlyjs
+from synth import TraceBuilder, record, write_sidecar
+from synth_report import PAYLOADS, big_run, hostile_recommendations, hostile_run
+
+from conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    return big_run(tmp_path_factory.mktemp("big") / "run")
+
+
+def _report(*args):
+    res = CliRunner().invoke(cli, ["report", *map(str, args), "-q"])
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def test_64_ranks_10_steps_fit_in_5_mb_and_say_what_was_reduced(big, tmp_path):
+    out = tmp_path / "big.html"
+    _report(big, "-o", out)
+    size = out.stat().st_size
+    assert size <= 5_000_000, size
+    page = out.read_text()
+    for note in ("Per-step chart aggregated: 64 ranks × 10 steps (640 bars) is more than 400, so "
+                 "the bars show the mean over ranks per step",
+                 "Straggler heatmap binned: 480 instances are shown as 200 columns",
+                 "Memory timeline sampled: the 16 ranks of 64 with the highest peak are drawn",
+                 "Showing 200 of 480 instances (largest arrival skew first)."):
+        assert page.count(html.escape(note, quote=True)) == (2 if "Showing" not in note else 1), note
+    # every rank is in the per-rank table (64 rows after the header)
+    breakdown = page.split("<h2 id='breakdown'>")[1].split("<h2 id='overlap'>")[0]
+    table = breakdown.split("<table")[1]
+    assert table.count("<tr>") == 65
+    # both dimensions of the dp × tp layout get their own overlap figures and rows
+    overlap = page.split("<h2 id='overlap'>")[1].split("<h2 id='stragglers'>")[0]
+    assert ">dp</td>" in overlap and ">tp</td>" in overlap
+
+
+def test_cdn_page_is_small_and_links_plotly(big, tmp_path):
+    out = tmp_path / "cdn.html"
+    _report(big, "-o", out, "--cdn")
+    page = out.read_text()
+    assert out.stat().st_size < 1_000_000
+    assert page.count(f'<script src="{PLOTLY_CDN_URL}" charset="utf-8"></script>') == 1
+    assert PLOTLY_CDN_URL.startswith("https://cdn.plot.ly/plotly-")
+    assert 'id="pd-plotlyjs"' not in page
+
+
+def test_inlined_plotly_is_the_bundled_one(tmp_path):
+    out = tmp_path / "r.html"
+    _report(REPO / "sample_traces" / "ddp_cpu_2rank", "-o", out)
+    page = out.read_text()
+    packed = re.search(r'<script type="application/octet-stream" id="pd-plotlyjs">([^<]*)</script>',
+                       page).group(1)
+    assert gzip.decompress(base64.b64decode(packed)).decode() == get_plotlyjs()
+    assert re.search(r"<script[^>]*\bsrc=", page) is None  # nothing fetched: works offline
+
+
+def _scripts(page):
+    return re.findall(r"<script[^>]*>", page)
+
+
+def test_hostile_strings_are_escaped_in_the_source(tmp_path):
+    rep = build_report(load_traces(hostile_run(tmp_path)))
+    rep.results["recommendations"] = hostile_recommendations()
+    page = render_html(rep)
+    # only the page's own script elements: figure/template JSON, packed plotly.js, the boot script
+    tags = _scripts(page)
+    n_figs = page.count('<div class="pd-plot"')
+    assert n_figs == 8
+    assert tags.count("<script>") == 1
+    assert sum(t.startswith('<script type="application/json" id="pd-') for t in tags) == n_figs + 1
+    assert len(tags) == n_figs + 3
+    for raw in ("<script>window", "<img", "<a href=\"javascript", "href=\"javascript",
+                "href='javascript"):
+        assert raw not in page, raw
+    # each payload is on the page, escaped: in tables, title, verdict and recommendations
+    for p in PAYLOADS:
+        assert html.escape(p, quote=True) in page, p
+    verdict = page.split("<h2 id='verdict'>")[1].split("<h2 id='summary'>")[0]
+    assert f"verdict {html.escape(PAYLOADS[1], quote=True)}" in verdict
+    assert f"<b>Fix {html.escape(PAYLOADS[0], quote=True)}</b>" in verdict
+
+
+def _planted_rec(**kw):
+    base = dict(kind="microbatches", title="More microbatches", change="microbatches 16",
+                evidence=("bubble 48% of the step",), caveats=("activations grow",),
+                measured_step_us=40_000.0, predicted_step_us=30_000.0, gain_pct=25.0,
+                measured_peak_bytes=float(512 << 20), predicted_peak_bytes=float(640 << 20))
+    return Recommendation(**(base | kw))
+
+
+def test_verdict_and_recommendations_come_first():
+    rep = build_report(load_traces(REPO / "sample_traces" / "ddp_cpu_2rank"))
+    rep.results["recommendations"] = RecommendationResult(
+        verdict="Exposed communication is 63% of the step.",
+        recommendations=(_planted_rec(), _planted_rec(title="Overlap the all-reduce",
+                                                       change="bucket_cap_mb 100", gain_pct=5.0,
+                                                       predicted_step_us=38_000.0,
+                                                       measured_peak_bytes=None,
+                                                       predicted_peak_bytes=None)),
+        rejected=(_planted_rec(fits_memory=False),))
+    page = render_html(rep, include_plotlyjs="cdn")
+    heads = re.findall(r"<h2 id='(\w+)'>", page)
+    assert heads == [k for k, _ in SECTIONS] and heads[0] == "verdict"
+    verdict = page.split("<h2 id='verdict'>")[1].split("<h2 id='summary'>")[0]
+    assert "<p class='verdict'>Exposed communication is 63% of the step.</p>" in verdict
+    rows = re.findall(r"<tr><td>(\d)</td><td class='l'><b>([^<]*)</b></td><td class='l'>([^<]*)"
+                      r"</td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td>", verdict)
+    assert rows == [("1", "More microbatches", "microbatches 16", "40.000 → 30.000", "25.0",
+                     "512.0 → 640.0"),
+                    ("2", "Overlap the all-reduce", "bucket_cap_mb 100", "40.000 → 38.000", "5.0",
+                     "– → –")]
+    assert "<li>bubble 48% of the step</li>" in verdict and "<li>activations grow</li>" in verdict
+    assert "1 other change(s) were evaluated and not recommended" in verdict
+
+
+@pytest.mark.parametrize("result, text", [
+    (None, "No recommendations computed."),
+    (RecommendationResult(verdict="Nothing to gain.", why_none="no traces with steps"),
+     "no traces with steps"),
+])
+def test_no_recommendations_says_why(result, text):
+    rep = build_report(load_traces(REPO / "sample_traces" / "ddp_cpu_2rank"))
+    rep.results.pop("recommendations", None)
+    if result is not None:
+        rep.results["recommendations"] = result
+    verdict = render_html(rep, include_plotlyjs="cdn").split("<h2 id='verdict'>")[1].split("<h2")[0]
+    assert f"<p class='muted'>{text}</p>" in verdict
+    assert "<table" not in verdict
+
+
+def test_terminal_prints_verdict_and_recommendations_first(tmp_path):
+    TraceBuilder(rank=0, backend="gloo").step(1, 0, 100).cpu("aten::mm", 0, 50).cpu(
+        "gloo:[/bold]odd", 50, 20, tid=2, cat="user_annotation").write(tmp_path / "r0.json")
+    rep = build_report(load_traces(tmp_path))
+    rep.results["recommendations"] = RecommendationResult(
+        verdict="Idle is 30% of the step [bold].", recommendations=(_planted_rec(title="[red]x"),))
+    con = Console(record=True, width=200, color_system=None)
+    render_terminal(rep, con)
+    lines = con.export_text().splitlines()
+    assert lines[0] == "Verdict: Idle is 30% of the step [bold]."
+    assert lines[1].strip() == "Top recommendations (1 of 1)"
+    row = next(line for line in lines if "[red]x" in line)
+    assert [c.strip() for c in row.split("│")[1:-1]] == [
+        "1", "[red]x", "microbatches 16", "40.000 → 30.000", "25.0", "512.0 → 640.0"]
+    assert any("[/bold]odd" in line for line in lines)  # a trace name, shown as written
+
+
+def test_overlap_per_dimension_planted(tmp_path):
+    """Two ranks compute [0, 100); their tp all-reduce [50, 150) is half hidden, their dp
+    all-reduce [200, 300) not at all."""
+    groups = [{"name": "tp0", "desc": "mesh_tp", "ranks": [0, 1], "dim": "tp"},
+              {"name": "dp0", "desc": "mesh_dp", "ranks": [0, 1], "dim": "dp"}]
+    for r in range(2):
+        b = TraceBuilder(rank=r, backend="gloo")
+        b.thread_name(1, "thread 1 (python3)").thread_name(2, "thread 2 (pt_gloo_runloop)")
+        b.step(1, 0, 400).cpu("aten::mm", 0, 100)
+        b.cpu("gloo:all_reduce", 50, 100, tid=2, cat="user_annotation")
+        b.cpu("gloo:all_reduce", 200, 100, tid=2, cat="user_annotation")
+        b.write(tmp_path / f"rank{r}.trace.json.gz", gz=True)
+        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
+            "process_groups": groups,
+            "records": [record("all_reduce", 1, 50, 150, pg="tp0", ranks=(0, 1)),
+                        record("all_reduce", 1, 200, 300, pg="dp0", ranks=(0, 1))]})
+    rep = build_report(load_traces(tmp_path))
+    res = compute_dim_overlap(rep.traces, rep.results["sync"], rep.results["layout"])
+    got = [tuple(r) for r in res.per_rank[["rank", "dim", "comm_us", "overlap_us", "exposed_us",
+                                           "overlap_pct"]].itertuples(index=False)]
+    assert got == [(0, "dp", 100.0, 0.0, 100.0, 0.0), (0, "tp", 100.0, 50.0, 50.0, 50.0),
+                   (1, "dp", 100.0, 0.0, 100.0, 0.0), (1, "tp", 100.0, 50.0, 50.0, 50.0)]
+    assert list(res.summary["overlap_pct"]) == [0.0, 50.0]
+    page = render_html(rep, include_plotlyjs="cdn")
+    overlap = page.split("<h2 id='overlap'>")[1].split("<h2 id='stragglers'>")[0]
+    rows = [[dim, *re.findall(r">([^<]*)</td>", cells)] for dim, cells in
+            re.findall(r'<tr><td class="l">(\w+)</td>(.*?)</tr>', overlap)]
+    assert rows == [["dp", "2", "0.100", "0.100", "0.00"], ["tp", "2", "0.100", "0.050", "50.00"]]
