@@ -854,8 +854,13 @@ def _layout_section(report: Report) -> list[str]:
 def _bandwidth_section(report: Report, page: _Page) -> list[str]:
     sync = report.results["sync"]
     out = [_h2("bandwidth")]
+    if not len(sync.instances):
+        out.append(_muted("No collective was matched across ranks (a single rank, or no "
+                          "communication), so no bandwidth can be measured."))
+        return out
     if not len(sync.bandwidth):
-        out.append(_muted("No message sizes found for matched collectives, so no bandwidth."))
+        out.append(_muted("No message sizes found for the matched collectives, so no "
+                          "bandwidth."))
         return out
     inst = sync.instances.dropna(subset=["busbw_gbps"])
     if len(inst) > BANDWIDTH_MAX_POINTS:

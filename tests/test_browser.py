@@ -170,3 +170,16 @@ def test_hostile_trace_runs_no_script(browser, tmp_path):
     assert PAYLOADS[0] in svg_text
     _screenshot(page, "report-hostile")
     page.close()
+
+
+def test_single_rank_report_renders(browser, tmp_path):
+    """A report whose later sections have no data still loads cleanly and draws its figures."""
+    from synth import gpu_rank
+
+    gpu_rank(0).write(tmp_path / "r0.json")
+    out = tmp_path / "one.html"
+    assert CliRunner().invoke(cli, ["report", str(tmp_path), "-o", str(out), "-q"]).exit_code == 0
+    page, errors = _open(browser, out)
+    assert errors == []
+    _check_drawn(page, 3)
+    page.close()

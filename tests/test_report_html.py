@@ -194,3 +194,33 @@ def test_overlap_per_dimension_planted(tmp_path):
     rows = [[dim, *re.findall(r">([^<]*)</td>", cells)] for dim, cells in
             re.findall(r'<tr><td class="l">(\w+)</td>(.*?)</tr>', overlap)]
     assert rows == [["dp", "2", "0.100", "0.100", "0.00"], ["tp", "2", "0.100", "0.050", "50.00"]]
+
+
+def test_sections_without_data_say_why(tmp_path):
+    """One GPU rank: no other rank, no groups, no memory, no pipeline — each section says why."""
+    from synth import gpu_rank
+
+    gpu_rank(0).write(tmp_path / "r0.json")
+    page = render_html(build_report(load_traces(tmp_path)), include_plotlyjs="cdn")
+    parts = re.split(r"<h2 id='(\w+)'>", page)
+    sections = dict(zip(parts[1::2], parts[2::2]))
+    assert list(sections) == [k for k, _ in SECTIONS]
+    why = {
+        "overlap": "Overlap per dimension unavailable: no collective was matched across ranks, "
+                   "so communication cannot be attributed to process groups.",
+        "stragglers": "No collective was found on two or more ranks: synchronization across "
+                      "ranks cannot be measured (a single rank, or no communication).",
+        "pipeline": "No pipeline parallelism detected (no schedule records and no "
+                    "point-to-point traffic).",
+        "imbalance": "Imbalance needs two or more ranks with profiler steps.",
+        "memory": "No memory information: the traces have no memory events and no pardiag "
+                  "metadata (profile with pardiag for static memory).",
+        "layout": "No layout information in these traces (no pardiag metadata and no "
+                  "process-group configuration).",
+        "bandwidth": "No collective was matched across ranks (a single rank, or no "
+                     "communication), so no bandwidth can be measured.",
+        "warnings": "None.",
+    }
+    for key, text in why.items():
+        assert f"<p class='muted'>{html.escape(text, quote=True)}</p>" in sections[key], key
+    assert page.count('<div class="pd-plot"') == 3  # breakdown, per step, overlap per rank
