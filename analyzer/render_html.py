@@ -650,9 +650,11 @@ def _overlap_section(report: Report, page: _Page) -> list[str]:
                                   report.results.get("comm_patterns", ()))
     if len(dov.per_rank):
         if report.results["layout"].groups.empty:
+            how = ("the traces name no process group either, so all matched communication is "
+                   "one row, \"all\"" if set(dov.per_rank["dim"]) == {"all"} else
+                   "communication is split by the process group the trace names instead")
             out.append(_muted("The parallel dimensions are unknown (no pardiag metadata and no "
-                              "process-group configuration in the traces): communication is split "
-                              "by the process group the trace names instead."))
+                              f"process-group configuration in the traces): {how}."))
         out.append(page.fig(dim_overlap_figure(dov.per_rank)))
         out.append(_table(_ms(dov.summary, ["comm_us", "exposed_us"]), {
             "dim": "dimension", "ranks": "ranks", "comm_us": "communication per rank (ms, mean)",
