@@ -62,3 +62,445 @@ class RecommendationResult:
     recommendations: tuple[Recommendation, ...] = ()
     rejected: tuple[Recommendation, ...] = ()
     why_none: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------
+
+import math  # noqa: E402
+import statistics  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from pardiag.analyzer import whatif  # noqa: E402
+from pardiag.analyzer.load import TraceSet  # noqa: E402
+
+#: A change must be predicted to save at least this share of the step to be recommended (%).
+MIN_GAIN_PCT = 2.0
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000.0:.1f} ms"
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineModel:
+    """The measured pipeline, ready to be replayed by :mod:`pardiag.analyzer.whatif`.
+
+    Attributes:
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"``; p, m, v: ranks, microbatches,
+            stages per rank.
+        fwd_us, bwd_us: per stage, median forward/backward time of one microbatch on unprofiled
+            steps (µs).
+        fixed_share: ``{(stage, phase): share}`` of a chunk's time that does not scale with the
+            microbatch size (:func:`whatif.chunk_cost_split`); missing → 0.
+        samples: microbatch size (rows), or None when unknown.
+        window_us: measured pipeline window (median over unprofiled steps, aligned clocks).
+        period_us: measured step time (median start-to-start of consecutive unprofiled steps).
+        hop_us: calibrated point-to-point latency.
+        tail_us: per rank, time from its last chunk of a step to its first chunk of the next
+            when it need not wait (optimizer step plus what rank 0 does besides it).
+        opt_us: per rank, median optimizer-step time (µs); empty when not recorded.
+        layers: per stage, ``[(name, fwd_us, params_bytes)]`` of its layers (children of the
+            stage module), empty when not recorded.
+        steps: how many steps the medians are over; basis: ``"unprofiled"`` or ``"profiled"``.
+    """
+
+    schedule: str
+    p: int
+    m: int
+    v: int
+    fwd_us: tuple[float, ...]
+    bwd_us: tuple[float, ...]
+    fixed_share: dict
+    samples: int | None
+    window_us: float
+    period_us: float
+    hop_us: float
+    tail_us: dict
+    opt_us: dict
+    layers: tuple[tuple[tuple[str, float, int], ...], ...]
+    steps: int
+    basis: str
+
+    def tails_for(self, stage_params: list[float] | None, v: int) -> dict[int, float]:
+        """Per-rank tails when stage ``s`` (on rank ``s mod p``) holds ``stage_params[s]``
+        parameter bytes: the optimizer part scales with the rank's parameter bytes (rate
+        measured over all ranks); without per-layer parameters, the measured tails."""
+        now = self.stage_params()
+        if stage_params is None or not self.opt_us or now is None or sum(now) <= 0:
+            return dict(self.tail_us)
+        rate = sum(self.opt_us.values()) / sum(now)
+        per_rank_now = {r: sum(b for s, b in enumerate(now) if s % self.p == r) for r in range(self.p)}
+        per_rank = {r: sum(b for s, b in enumerate(stage_params) if s % self.p == r)
+                    for r in range(self.p)}
+        return {r: self.tail_us.get(r, 0.0) - self.opt_us.get(r, rate * per_rank_now[r])
+                + rate * per_rank[r] for r in range(self.p)}
+
+    def stage_params(self) -> list[float] | None:
+        """Parameter bytes per stage from the layer records, or None."""
+        if not self.layers:
+            return None
+        return [float(sum(b for _, _, b in ls)) for ls in self.layers]
+
+    def scaled(self, m_new: int) -> tuple[list[float], list[float]]:
+        """Per-stage forward/backward times at ``m_new`` microbatches (same global batch)."""
+        f = [whatif.scaled_chunk_us(t, self.fixed_share.get((s, "F"), 0.0), 1.0, self.m / m_new)
+             for s, t in enumerate(self.fwd_us)]
+        b = [whatif.scaled_chunk_us(t, self.fixed_share.get((s, "B"), 0.0), 1.0, self.m / m_new)
+             for s, t in enumerate(self.bwd_us)]
+        return f, b
+
+    def predict(self, schedule: str | None = None, m: int | None = None, v: int | None = None,
+                fwd_us=None, bwd_us=None, stage_params=None) -> tuple[float, whatif.SimResult]:
+        """Replay with a changed schedule, microbatch count, stages per rank or stage costs.
+
+        Returns:
+            (predicted step time µs, the replayed step)."""
+        schedule, m, v = schedule or self.schedule, m or self.m, v or self.v
+        if fwd_us is None:
+            fwd_us, bwd_us = self.scaled(m)
+        return whatif.simulate_period(whatif.schedule_order(schedule, self.p, m, v), fwd_us,
+                                      bwd_us, self.hop_us, self.tails_for(stage_params, v))
+
+    def layer_costs(self) -> tuple[list[str], list[float], list[float], list[float]] | None:
+        """Per layer (all stages in order): names, forward µs, backward µs, and the per-chunk
+        forward/backward overhead that no layer accounts for (mean over stages, µs, as a
+        2-list in the last slot). None without layer records."""
+        if not self.layers or any(not ls for ls in self.layers):
+            return None
+        names, fw, bw = [], [], []
+        ovh_f, ovh_b = [], []
+        for s, ls in enumerate(self.layers):
+            work = sum(t for _, t, _ in ls)
+            if work <= 0:
+                return None
+            of = max(self.fwd_us[s] - work, 0.0)
+            ratio = self.bwd_us[s] / max(self.fwd_us[s], 1e-9)
+            ovh_f.append(of)
+            ovh_b.append(of * ratio)
+            for name, t, _ in ls:
+                names.append(f"S{s}.{name}")
+                fw.append(t)
+                bw.append(t * ratio)
+        return names, fw, bw, [statistics.fmean(ovh_f), statistics.fmean(ovh_b)]
+
+    def partition_costs(self, sizes: list[int]) -> tuple[list[float], list[float], list[float]]:
+        """Per-stage forward/backward time (µs) and parameter bytes if the layers were split
+        into consecutive stages of ``sizes`` layers."""
+        names, fw, bw, (of, ob) = self.layer_costs()
+        params = [b for ls in self.layers for _, _, b in ls]
+        f, b, pb, lo = [], [], [], 0
+        for n in sizes:
+            f.append(of + sum(fw[lo:lo + n]))
+            b.append(ob + sum(bw[lo:lo + n]))
+            pb.append(float(sum(params[lo:lo + n])))
+            lo += n
+        return f, b, pb
+
+
+def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
+    """Build the :class:`PipelineModel` of a run from its pipeline result (aligned chunks) and
+    pipeline sidecars. Returns ``(model, "")`` or ``(None, why)``."""
+    chunks = pipe.chunks
+    sched = pipe.schedule or {}
+    if chunks is None or chunks.empty:
+        return None, "no pipeline schedule records (run under `pardiag profile`)"
+    if chunks["phase"].isin(["I", "W"]).any():
+        return None, "zero-bubble schedules (split backward) are not modelled"
+    try:
+        kind = whatif.normalize_schedule(sched.get("schedule"))
+    except ValueError as exc:
+        return None, str(exc)
+    p, m, v = int(sched.get("p") or 0), int(sched.get("m") or 0), int(sched.get("v") or 1)
+    n_stages = int(chunks["stage"].max()) + 1
+    if p < 2 or m < 1 or n_stages != p * v:
+        return None, f"pipeline layout not understood (p={p}, m={m}, v={v}, {n_stages} stages)"
+    steps = sorted(chunks["step"].unique())
+    if len(steps) > 2:
+        steps = steps[1:]  # the first step also builds the stages' buffers
+    clean = set(pipe.bubbles.loc[pipe.bubbles["clean"], "step"]) if len(pipe.bubbles) else set()
+    use = [s for s in steps if s in clean] or steps
+    basis = "unprofiled" if use and use[0] in clean else "profiled"
+    c = chunks[chunks["step"].isin(use)]
+    med = c.assign(d=c["end_us"] - c["start_us"]).groupby(["stage", "phase"])["d"].median()
+    try:
+        fwd = tuple(float(med[(s, "F")]) for s in range(n_stages))
+        bwd = tuple(float(med[(s, "B")]) for s in range(n_stages))
+    except KeyError:
+        return None, "a stage has no forward or backward records"
+    per_step = c.groupby("step").agg(lo=("start_us", "min"), hi=("end_us", "max"))
+    window = float((per_step["hi"] - per_step["lo"]).median())
+    starts = chunks.groupby("step")["start_us"].min().sort_index()
+    periods = [starts[s + 1] - starts[s] for s in use if s + 1 in starts.index]
+    period = float(np.median(periods)) if periods else window
+    fixed: dict = {}
+    samples = None
+    layers: dict[int, list[tuple[int, str, float]]] = {}
+    use_keys = {str(s) for s in use}
+    for doc in traces.sidecars.get("pipeline", {}).values():
+        for row in doc.get("chunk_costs") or []:
+            try:
+                fixed[(int(row["stage"]), str(row["phase"]))] = float(row["fixed_share"])
+            except (KeyError, TypeError, ValueError):
+                continue
+        for r in doc.get("records") or []:
+            if isinstance(r, dict) and isinstance(r.get("samples"), int) and r["samples"] > 0:
+                samples = samples or r["samples"]
+        for row in doc.get("layers") or []:
+            try:
+                times = [float(t) for k, t in (row.get("fwd_us") or {}).items() if k in use_keys]
+                if not times:
+                    times = [float(t) for t in (row.get("fwd_us") or {}).values()]
+                if times:
+                    layers.setdefault(int(row["stage"]), []).append(
+                        (int(row["index"]), str(row["name"]), float(np.median(times)),
+                         int(row.get("params_bytes") or 0)))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+    layer_list = tuple(tuple((n, t, b) for _, n, t, b in sorted(layers.get(s, [])))
+                       for s in range(n_stages)) if layers else ()
+    # per rank: optimizer time and the idle time between its last chunk and its next first one
+    opt: dict[int, float] = {}
+    for rank, doc in traces.sidecars.get("pipeline", {}).items():
+        d = [float(o["end_us"]) - float(o["start_us"]) for o in doc.get("optimizer") or []
+             if isinstance(o, dict) and o.get("optimizer_step") in set(use)]
+        if d:
+            opt[int(rank)] = float(np.median(d))
+    gaps = []
+    r0 = chunks[chunks["rank"] == chunks.loc[chunks["stage"] == 0, "rank"].iloc[0]]
+    last0 = r0.groupby("step")["end_us"].max()
+    first0 = r0.groupby("step")["start_us"].min()
+    for st in use:
+        if st + 1 in first0.index and st in last0.index:
+            gaps.append(float(first0[st + 1] - last0[st]))
+    gap0 = float(np.median(gaps)) if gaps else max(period - window, 0.0)
+    rank0 = int(r0["rank"].iloc[0])
+    ranks = sorted(chunks["rank"].unique())
+    if len(opt) == len(ranks) and rank0 in opt:
+        other = max(gap0 - opt[rank0], 0.0)
+        tails = {i: opt[r] + other for i, r in enumerate(ranks)}
+        opt = {i: opt[r] for i, r in enumerate(ranks)}
+    else:
+        tails, opt = {i: gap0 for i in range(len(ranks))}, {}
+    orders = whatif.schedule_order(kind, p, m, v)
+    hop = whatif.calibrate_hop(orders, fwd, bwd, period, tails)
+    return PipelineModel(kind, p, m, v, fwd, bwd, fixed, samples, window, period, hop, tails,
+                         opt, layer_list, len(use), basis), ""
+
+
+def _inflight(schedule: str, p: int, m: int, v: int) -> int:
+    """Most microbatches whose activations a pipeline rank holds at once (stage 0's rank)."""
+    if schedule == "gpipe":
+        return m * v
+    if schedule == "1f1b":
+        return min(m, p)
+    rounds = max(1, m // p)
+    return min((v - 1) * (m // rounds) + 2 * (p - 1) + 1, m * v)
+
+
+def _memory_of(done: dict) -> tuple[float | None, float | None]:
+    """(worst rank's measured peak bytes, its static bytes) or Nones."""
+    mem = done.get("memory")
+    if mem is None or mem.per_rank.empty:
+        return None, None
+    pr = mem.per_rank
+    peak = pr["peak_allocated_bytes"].where(pr["peak_allocated_bytes"].notna(),
+                                            pr["peak_rss_bytes"])
+    if peak.notna().sum() == 0:
+        return None, None
+    i = peak.idxmax()
+    static = pr.loc[i, "static_bytes"]
+    return float(peak[i]), (float(static) if pd.notna(static) else None)
+
+
+def _capacity(traces: TraceSet) -> float | None:
+    """Device memory per rank (bytes) from the traces' ``deviceProperties``; None on CPU."""
+    caps = []
+    for t in traces.ranks.values():
+        for d in t.metadata.get("deviceProperties") or []:
+            if isinstance(d, dict) and isinstance(d.get("totalGlobalMem"), (int, float)):
+                caps.append(float(d["totalGlobalMem"]))
+    return min(caps) if caps else None
+
+
+def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
+                   mem: tuple[float | None, float | None], cap: float | None) -> list[Recommendation]:
+    measured = model.period_us
+    _, base = model.predict()
+    out: list[Recommendation] = []
+    peak, static = mem
+    act = (peak - static) if (peak is not None and static is not None and peak > static) else None
+    infl0 = _inflight(model.schedule, model.p, model.m, model.v)
+    bubble = statistics.fmean(base.bubble_pct.values())
+    common_ev = (f"measured on {model.steps} {model.basis} step(s): step {_ms(measured)}, pipeline "
+                 f"window {_ms(model.window_us)}, {model.p} ranks × {model.v} stage(s) per rank, "
+                 f"{model.m} microbatches" + (f" of {model.samples} samples" if model.samples else ""),
+                 "per stage forward / backward per microbatch: " + ", ".join(
+                     f"S{s} {f / 1000:.2f}/{b / 1000:.2f} ms"
+                     for s, (f, b) in enumerate(zip(model.fwd_us, model.bwd_us))),
+                 f"replayed bubble {bubble:.1f}% of the window; calibrated hop latency "
+                 f"{model.hop_us:.0f} µs")
+    caveats_mb = ("a chunk's time is split into a fixed part and a part proportional to the "
+                  "microbatch size, measured from its operators; very small microbatches can "
+                  "run below the hardware's efficient size",)
+
+    def rec(kind, title, change, sched, m, v, f=None, b=None, pb=None, extra_ev=(), caveats=()):
+        pred, sim = model.predict(sched, m, v, f, b, pb)
+        pred_peak = None
+        if peak is not None and act is not None:
+            n_ratio = model.m / m
+            pred_peak = static + act * (_inflight(sched, model.p, m, v) * n_ratio / infl0)
+        fits = cap is None or pred_peak is None or pred_peak <= cap
+        out.append(Recommendation(
+            kind=kind, title=title, change=change,
+            evidence=common_ev + tuple(extra_ev) + (
+                f"predicted bubble {statistics.fmean(sim.bubble_pct.values()):.1f}%",),
+            caveats=tuple(caveats), measured_step_us=measured, predicted_step_us=pred,
+            gain_pct=100.0 * (measured - pred) / measured if measured > 0 else 0.0,
+            measured_peak_bytes=peak, predicted_peak_bytes=pred_peak, fits_memory=fits))
+
+    # more (or fewer) microbatches, same global batch
+    for m2 in sorted({model.m * 2, model.m * 4, model.m // 2}):
+        if m2 < 1 or m2 == model.m:
+            continue
+        if model.samples and (model.samples * model.m) % m2:
+            continue  # the global batch does not split evenly
+        if model.schedule == "interleaved" and m2 % max(1, m2 // model.p):
+            continue
+        n2 = f" of {model.samples * model.m // m2} samples" if model.samples else ""
+        rec("microbatches", f"{'More' if m2 > model.m else 'Fewer'} microbatches: {m2} instead "
+            f"of {model.m}", f"microbatches {m2}{n2} (same global batch)", model.schedule, m2,
+            model.v, caveats=caveats_mb)
+    # schedule: 1F1B holds fewer activations than GPipe at the same time
+    if model.schedule == "gpipe":
+        rec("schedule", "1F1B instead of GPipe", "schedule 1F1B", "1f1b", model.m, 1,
+            caveats=("1F1B mostly saves activation memory; its bubble equals GPipe's",))
+    lc = model.layer_costs()
+    # stage boundaries: the optimal contiguous split of the measured per-layer times
+    if lc is not None:
+        names, fw, bw, _ = lc
+        sizes_now = [len(ls) for ls in model.layers]
+        total = [a + b for a, b in zip(fw, bw)]
+        sizes = whatif.best_partition(total, len(sizes_now))
+        if sizes != sizes_now:
+            f, b, pb = model.partition_costs(sizes)
+            stage_ms = ", ".join(f"S{s} {(fv + bv) / 1000:.2f} ms" for s, (fv, bv) in
+                                 enumerate(zip(model.fwd_us, model.bwd_us)))
+            rec("rebalance_stages", "Move layers between pipeline stages",
+                f"stage boundaries {whatif.boundaries_text(sizes)} (layers per stage "
+                f"{','.join(map(str, sizes))}; now {whatif.boundaries_text(sizes_now)})",
+                model.schedule, model.m, model.v, f, b, pb,
+                extra_ev=(f"forward+backward per microbatch by stage: {stage_ms}",
+                          "layers in order: " + ", ".join(
+                              f"{n} {t / 1000:.2f} ms" for n, t in zip(names, total))),
+                caveats=("backward time per layer is taken proportional to its forward time "
+                         "within its stage", "the first and last layers (embedding, head) "
+                         "may not be movable in your model"))
+        # interleaving: v stages per rank, same layers split into p·v stages
+        if model.schedule != "interleaved":
+            for v2 in (2, 4):
+                s2 = model.p * v2
+                if len(total) < s2 or model.m % max(1, model.m // model.p):
+                    continue
+                sizes2 = whatif.best_partition(total, s2)
+                f, b, pb = model.partition_costs(sizes2)
+                rec("interleave", f"Interleaved 1F1B with {v2} stages per rank",
+                    f"schedule Interleaved1F1B, {v2} stages per rank, stage boundaries "
+                    f"{whatif.boundaries_text(sizes2)}", "interleaved", model.m, v2, f, b, pb,
+                    caveats=("each extra stage adds a point-to-point hop per microbatch, "
+                             "taken at the calibrated latency",))
+    return out
+
+
+def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommendation]:
+    sync = done.get("sync")
+    if sync is None or sync.stragglers.empty or len(traces.ranks) < 2:
+        return []
+    st = sync.stragglers.iloc[0]
+    steps = done["time_breakdown"].steps
+    n_steps = max(int(steps["step"].nunique()), 1) if len(steps) else 1
+    others = len(traces.ranks) - 1
+    caused = float(st["wait_caused_us"]) / n_steps / others  # each other rank's wait per step
+    if not (caused > 0) or not (measured > 0):
+        return []
+    r = int(st["rank"])
+    comp = done["balance"].per_rank if done.get("balance") is not None else pd.DataFrame()
+    ev = [f"rank {r} arrives last at {int(st['last_arrivals'])} collective(s); the other ranks "
+          f"wait {caused / 1000:.2f} ms per step for it (median step {_ms(measured)})"]
+    if len(comp):
+        c = comp.groupby("rank")["compute_us"].median()
+        if r in c.index and len(c) > 1:
+            ev.append(f"rank {r} computes {c[r] / 1000:.2f} ms per step, the others "
+                      f"{c.drop(r).median() / 1000:.2f} ms (median)")
+    pred = max(measured - caused, 0.0)
+    return [Recommendation(
+        kind="straggler", title=f"Rank {r} is a straggler", change=f"if rank {r} were not slow "
+        f"(find what delays it: host load, data loading, a slower device or link)",
+        evidence=tuple(ev), caveats=("the prediction removes the waiting rank "
+                                     f"{r} causes; a second straggler would then show",),
+        measured_step_us=measured, predicted_step_us=pred,
+        gain_pct=100.0 * caused / measured)]
+
+
+def _measured_step_us(done: dict) -> float:
+    """Median over profiled steps of the slowest rank's step span (µs)."""
+    steps = done["time_breakdown"].steps
+    if steps is None or steps.empty:
+        return float("nan")
+    return float(steps.groupby("step")["span_us"].max().median())
+
+
+def _verdict(done: dict, model: PipelineModel | None, measured: float) -> str:
+    tot = done["time_breakdown"].totals
+    parts = []
+    if len(tot) and tot["span_us"].sum() > 0:
+        exp = 100.0 * tot["exposed_comm_us"].sum() / tot["span_us"].sum()
+        idle = 100.0 * tot["idle_us"].sum() / tot["span_us"].sum()
+        parts.append(f"exposed communication {exp:.1f}% and idle {idle:.1f}% of the ranks' time")
+    if model is not None:
+        b = model.predict()[1].bubble_pct
+        parts.append(f"pipeline bubble {statistics.fmean(b.values()):.1f}% of the window")
+    sync = done.get("sync")
+    if sync is not None and len(sync.stragglers) and sync.stragglers["wait_caused_us"].iloc[0] > 0:
+        parts.append(f"rank {int(sync.stragglers['rank'].iloc[0])} causes the most waiting")
+    head = f"Step {_ms(measured)}" if measured == measured else "No complete step"
+    return head + (": " + "; ".join(parts) if parts else "") + "."
+
+
+def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResult:
+    """Evaluate the changes pardiag models and rank those predicted to help.
+
+    Changes: pipeline microbatch count, schedule (1F1B for GPipe), interleaving, stage
+    boundaries (optimal contiguous partition of measured per-layer times), and the step without
+    the worst straggler. Each carries evidence, predicted vs measured step time and peak
+    memory. Recommended: predicted gain ≥ :data:`MIN_GAIN_PCT` and fits in device memory
+    (capacity from ``deviceProperties``; unknown on CPU, where everything fits).
+
+    Args:
+        traces: the run. done: earlier analyses by name (``time_breakdown``, ``sync``,
+            ``pipeline``, ``balance``, ``memory``).
+    """
+    measured = _measured_step_us(done)
+    model, why = (pipeline_model(traces, done["pipeline"]) if done.get("pipeline") is not None
+                  else (None, "no pipeline"))
+    mem = _memory_of(done)
+    cap = _capacity(traces)
+    cands: list[Recommendation] = []
+    if model is not None:
+        measured = model.period_us  # unprofiled steps: the profiler slows pipelines down
+        cands += _pipeline_recs(traces, done, model, mem, cap)
+    elif measured == measured:  # in a pipeline, waiting for the neighbour stage is the bubble
+        cands += _straggler_recs(traces, done, measured)
+    good = sorted((c for c in cands if c.fits_memory and c.gain_pct >= MIN_GAIN_PCT),
+                  key=lambda c: -c.gain_pct)
+    rejected = tuple(c for c in cands if c not in good)
+    why_none = ""
+    if not good:
+        why_none = ("no modelled change is predicted to save ≥ "
+                    f"{MIN_GAIN_PCT:g}% of the step" if cands else
+                    "nothing to evaluate: " + (why if why != "no pipeline" else
+                                               "no pipeline, no straggler found"))
+    return RecommendationResult(_verdict(done, model, measured), tuple(good), rejected, why_none)

@@ -130,14 +130,52 @@ class PipelineRecorder:
     ``backward_weight_one_chunk`` so every schedule reports stage and microbatch.
 
     Records: ``{"stage", "microbatch", "phase": "F"|"B"|"I"|"W", "start_ns", "end_ns",
-    "optimizer_step"}`` (B = full backward, I = input-gradient only, W = weight gradient).
+    "optimizer_step"}`` (B = full backward, I = input-gradient only, W = weight gradient);
+    forward records also carry ``"samples"`` (dim 0 of the chunk's output, the microbatch size).
     Each call also runs inside ``record_function("pardiag:PP:S{stage}:{phase}{microbatch}")``.
+
+    Layers: the direct children of each stage's module (in order) get forward hooks; ``layers``
+    holds per (stage, child index) its name, type, parameter bytes, and the forward time summed
+    per optimizer step (``fwd_ns``: ``{step: [total ns, calls]}``) — what the what-if model
+    needs to move layers between stages (:mod:`pardiag.analyzer.whatif`).
     """
 
     def __init__(self, step_counter) -> None:
         self.records: list[dict] = []
+        self.layers: dict[tuple[int, int], dict] = {}
         self._step = step_counter
         self._patched: list[tuple[type, str, Any]] = []
+        self._hooked: set[int] = set()
+        self._handles: list[Any] = []
+
+    def _hook_layers(self, stage) -> None:
+        """Forward pre/post hooks on the children of ``stage.submod`` (once per stage)."""
+        if id(stage) in self._hooked:
+            return
+        self._hooked.add(id(stage))
+        submod = getattr(stage, "submod", None)
+        if submod is None:
+            return
+        s = int(stage.stage_index)
+        for i, (name, child) in enumerate(submod.named_children()):
+            entry = self.layers.setdefault((s, i), {
+                "stage": s, "index": i, "name": name, "type": type(child).__name__,
+                "params_bytes": int(sum(q.numel() * q.element_size() for q in child.parameters())),
+                "fwd_ns": {}})
+            starts: list[int] = []
+
+            def pre(mod, inputs, _starts=starts):
+                _starts.append(time.perf_counter_ns())
+
+            def post(mod, inputs, output, _starts=starts, _entry=entry):
+                if _starts:
+                    dt = time.perf_counter_ns() - _starts.pop()
+                    acc = _entry["fwd_ns"].setdefault(self._step(), [0, 0])
+                    acc[0] += dt
+                    acc[1] += 1
+
+            self._handles.append(child.register_forward_pre_hook(pre))
+            self._handles.append(child.register_forward_hook(post))
 
     def install(self) -> bool:
         try:
@@ -153,12 +191,18 @@ class PipelineRecorder:
             def wrapper(stage, chunk_id, *args, **kwargs):
                 phase = phase_of(args, kwargs)
                 label = f"pardiag:PP:S{stage.stage_index}:{phase}{chunk_id}"
+                if phase == "F":
+                    rec._hook_layers(stage)
                 t0 = time.time_ns()
                 with torch.profiler.record_function(label):
                     out = orig(stage, chunk_id, *args, **kwargs)
-                rec.records.append({"stage": stage.stage_index, "microbatch": int(chunk_id),
-                                    "phase": phase, "start_ns": t0, "end_ns": time.time_ns(),
-                                    "optimizer_step": rec._step()})
+                row = {"stage": stage.stage_index, "microbatch": int(chunk_id), "phase": phase,
+                       "start_ns": t0, "end_ns": time.time_ns(), "optimizer_step": rec._step()}
+                if phase == "F":
+                    first = out[0] if isinstance(out, (tuple, list)) and out else out
+                    if isinstance(first, torch.Tensor) and first.dim() > 0:
+                        row["samples"] = int(first.shape[0])
+                rec.records.append(row)
                 return out
 
             self._patched.append((_PipelineStageBase, name, orig))
@@ -178,6 +222,18 @@ class PipelineRecorder:
         for cls, name, orig in self._patched:
             setattr(cls, name, orig)
         self._patched.clear()
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def layer_rows(self) -> list[dict]:
+        """``layers`` as JSON rows: ``fwd_us`` = ``{step: mean forward µs per call}``."""
+        rows = []
+        for (s, i), e in sorted(self.layers.items()):
+            rows.append({k: e[k] for k in ("stage", "index", "name", "type", "params_bytes")}
+                        | {"fwd_us": {str(st): tot / cnt / 1000.0
+                                      for st, (tot, cnt) in sorted(e["fwd_ns"].items()) if cnt}})
+        return rows
 
 
 _DIM_ALIASES = {"dp": "dp", "data": "dp", "dp_shard": "dp", "dp_replicate": "dp", "fsdp": "dp",

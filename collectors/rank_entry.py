@@ -49,8 +49,13 @@ class _OptimizerStepper:
         self._owner: int | None = None
         self.optimizer = None
         self.steps = 0
+        #: ``[(optimizer step index, start ns, end ns)]`` of the counted steps (epoch ns)
+        self.times: list[tuple[int, int, int]] = []
+        self._t0 = 0
 
     def pre(self, optimizer, args, kwargs) -> None:
+        if self._depth == 0:
+            self._t0 = time.time_ns()
         self._depth += 1
 
     def post(self, optimizer, args, kwargs) -> None:
@@ -61,6 +66,7 @@ class _OptimizerStepper:
             self._owner = id(optimizer)
             self.optimizer = optimizer
         if id(optimizer) == self._owner:
+            self.times.append((self.steps, self._t0, time.time_ns()))
             self.steps += 1
             self._on_step(self.steps, optimizer)
 
@@ -182,7 +188,9 @@ def _trace_memory_peaks(events) -> dict:
 
 
 def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict],
-                    pipe_records: list[dict]) -> tuple[dict, int]:
+                    pipe_records: list[dict], pipe_layers: list[dict] | None = None,
+                    optimizer_times: list[tuple[int, int, int]] | None = None
+                    ) -> tuple[dict, int]:
     """Comms and pipeline sidecars of a rank whose trace was written; returns (layout, n records).
     Also stores the trace's memory peaks in ``captured["trace_memory"]``."""
     from pardiag.analyzer.comm_records import (attach_trace_times, records_from_flight_recorder,
@@ -217,12 +225,23 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
         for r in pipe_records[-MAX_PIPELINE_RECORDS:]:
             s = (r["start_ns"] - base) / 1000.0
             e = (r["end_ns"] - base) / 1000.0
-            rows.append({"stage": r["stage"], "microbatch": r["microbatch"], "phase": r["phase"],
-                         "start_us": s, "end_us": e, "optimizer_step": r["optimizer_step"],
-                         "profiled": bool(s >= lo and e <= hi)})
+            row = {"stage": r["stage"], "microbatch": r["microbatch"], "phase": r["phase"],
+                   "start_us": s, "end_us": e, "optimizer_step": r["optimizer_step"],
+                   "profiled": bool(s >= lo and e <= hi)}
+            if "samples" in r:
+                row["samples"] = r["samples"]
+            rows.append(row)
+        from pardiag.analyzer.whatif import chunk_cost_split
+        samples = {r["stage"]: r["samples"] for r in pipe_records if "samples" in r}
         _write_json(layout.pipeline_path(out, rank), {
             **layout.sidecar_header("pipeline"), "rank": rank,
-            "schedule": lay.get("pipeline"), "records": rows}, compact=True)
+            "schedule": lay.get("pipeline"), "records": rows,
+            # for the what-if model: per-layer forward times and the chunks' fixed shares
+            "layers": pipe_layers or [],
+            "optimizer": [{"optimizer_step": st, "start_us": (a - base) / 1000.0,
+                           "end_us": (b - base) / 1000.0}
+                          for st, a, b in (optimizer_times or [])[-MAX_PIPELINE_RECORDS:]],
+            "chunk_costs": chunk_cost_split(doc["traceEvents"], samples)}, compact=True)
     return lay, len(records)
 
 
@@ -312,7 +331,8 @@ def main() -> None:
     lay, n_records = None, 0
     if traces_written:
         try:
-            lay, n_records = _write_sidecars(out, rank, captured, p2p.records, pipe.records)
+            lay, n_records = _write_sidecars(out, rank, captured, p2p.records, pipe.records,
+                                            pipe.layer_rows(), stepper.times)
         except Exception as exc:  # sidecars are extra: the trace and metadata still count
             print(f"pardiag: rank {rank}: could not write collective records: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)

@@ -1,0 +1,386 @@
+"""What-if model: predict the step time of a changed pipeline from the run's own measurements.
+
+The model replays a pipeline schedule with measured costs (a discrete-event simulation, in the
+spirit of Lumos, Liang et al. 2025, and of the analytical model of Narayanan et al., SC'21):
+
+* **Schedule order** per pipeline rank (:func:`schedule_order`): GPipe (all forwards, then all
+  backwards), 1F1B (``min(m, S − s)`` warm-up forwards on stage *s* of *S*, then one backward
+  and one forward alternately, then the remaining backwards, as
+  ``torch.distributed.pipelining.Schedule1F1B`` runs it) and Interleaved 1F1B (``v`` stages per
+  rank placed in a loop, stage ``k·p + r`` on rank *r*; warm-up ``(v − 1)·m_r + 2·(p − 1 − r)``
+  forwards with ``m_r = m / ⌈m / p⌉`` microbatches per round, as in Megatron-LM and
+  ``ScheduleInterleaved1F1B``).
+* **Execution** (:func:`simulate`): each rank runs its actions in order, one at a time. A
+  forward of stage *s* waits for the forward of stage *s − 1* on the same microbatch, a backward
+  for the backward of stage *s + 1* (the last stage's for its own forward); a dependency on
+  another rank adds one hop latency (point-to-point transfer). The step's pipeline window is the
+  last action's end.
+* **Costs**: forward and backward time per stage and microbatch, measured on unprofiled steps;
+  when the microbatch size changes from *n* to *n'* a chunk's time becomes
+  ``t · (f + (1 − f) · n'/n)`` with *f* its fixed share (per-microbatch work that does not depend
+  on the samples: weight-gradient accumulation, dispatch; measured from the trace's operators,
+  :func:`chunk_cost_split`). The hop latency is calibrated so that the measured schedule
+  replays to the measured window; time outside the window (optimizer, data) stays as measured.
+* **Stage boundaries**: :func:`best_partition` finds the contiguous split of per-layer costs
+  into *k* stages that minimizes the slowest stage (the classic linear-partition dynamic
+  program).
+
+All times are µs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Sequence
+
+#: One action of a pipeline rank: (stage, phase "F"/"B", microbatch).
+Action = tuple[int, str, int]
+
+
+def schedule_order(schedule: str, p: int, m: int, v: int = 1) -> dict[int, list[Action]]:
+    """Per pipeline rank, the order in which it runs forward and backward chunks.
+
+    Args:
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` (case-insensitive; torch class
+            names such as ``"ScheduleGPipe"`` are accepted).
+        p: pipeline ranks; m: microbatches; v: stages per rank (interleaved only, ≥ 1).
+
+    Returns:
+        ``{rank: [(stage, phase, microbatch), ...]}``, stages numbered ``0 … p·v − 1`` with stage
+        ``k·p + r`` on rank *r*.
+
+    Raises:
+        ValueError: unknown schedule, p or m < 1, or interleaved with m not a multiple of its
+            rounds (as torch requires).
+    """
+    kind = normalize_schedule(schedule)
+    if p < 1 or m < 1 or v < 1:
+        raise ValueError(f"pipeline needs p, m, v ≥ 1 (got p={p}, m={m}, v={v})")
+    orders: dict[int, list[Action]] = {}
+    if kind == "gpipe":
+        for r in range(p):
+            orders[r] = [(r, "F", i) for i in range(m)] + [(r, "B", i) for i in range(m)]
+        return orders
+    if kind == "1f1b":
+        for r in range(p):
+            warm = min(m, p - r)
+            seq: list[Action] = [(r, "F", i) for i in range(warm)]
+            f, b = warm, 0
+            while b < m:
+                seq.append((r, "B", b))
+                b += 1
+                if f < m:
+                    seq.append((r, "F", f))
+                    f += 1
+            orders[r] = seq
+        return orders
+    rounds = max(1, m // p)
+    if m % rounds:
+        raise ValueError(f"interleaved 1F1B needs microbatches ({m}) to be a multiple of its "
+                         f"rounds ({rounds})")
+    per_round = m // rounds
+    for r in range(p):
+        warm = min((v - 1) * per_round + 2 * (p - 1 - r), m * v)
+        total = m * v
+        fwd_mb: dict[int, int] = {}
+        bwd_mb: dict[int, int] = {}
+        seq = []
+
+        def fwd(op: int) -> Action:
+            s = ((op // per_round) % v) * p + r
+            fwd_mb[s] = fwd_mb.get(s, -1) + 1
+            return (s, "F", fwd_mb[s])
+
+        def bwd(op: int) -> Action:
+            s = (v - 1 - ((op - warm) // per_round) % v) * p + r
+            bwd_mb[s] = bwd_mb.get(s, -1) + 1
+            return (s, "B", bwd_mb[s])
+
+        for op in range(warm):
+            seq.append(fwd(op))
+        for op in range(warm, total):
+            seq.append(fwd(op))
+            seq.append(bwd(op))
+        for op in range(total, total + warm):
+            seq.append(bwd(op))
+        orders[r] = seq
+    return orders
+
+
+def normalize_schedule(name: str | None) -> str:
+    """``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` from a schedule name such as
+    ``"ScheduleInterleaved1F1B"``; raises ValueError for other names (zero-bubble, DualPipe…)."""
+    s = (name or "").lower().removeprefix("schedule")
+    if "interleaved" in s and "zero" not in s:
+        return "interleaved"
+    if s in ("gpipe", "fillDrain".lower()):
+        return "gpipe"
+    if s == "1f1b":
+        return "1f1b"
+    raise ValueError(f"schedule {name!r} is not modelled (GPipe, 1F1B and Interleaved1F1B are)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimResult:
+    """Result of :func:`simulate`.
+
+    Attributes:
+        window_us: end of the last action (the pipeline window, from 0).
+        busy_us: ``{rank: Σ action durations}``.
+        bubble_pct: ``{rank: 100 · (window − busy) / window}``.
+        actions: ``[(rank, stage, phase, microbatch, start_us, end_us)]`` in start order.
+    """
+
+    window_us: float
+    busy_us: dict[int, float]
+    bubble_pct: dict[int, float]
+    actions: list[tuple[int, int, str, int, float, float]]
+
+
+def simulate(orders: dict[int, list[Action]], fwd_us: Sequence[float], bwd_us: Sequence[float],
+             hop_us: float = 0.0, ready_us: dict[int, float] | None = None) -> SimResult:
+    """Replay a pipeline schedule with per-stage costs (see the module docstring).
+
+    Args:
+        orders: from :func:`schedule_order`.
+        fwd_us, bwd_us: per stage (index = stage), the time of one microbatch's forward and
+            backward (µs).
+        hop_us: latency added to every dependency between two ranks (µs).
+        ready_us: per rank, the earliest start of its first action (µs; default 0). The window
+            is measured from the earliest of them.
+
+    Raises:
+        ValueError: the orders deadlock (an action waits for one that never runs) or name a
+            stage without a cost.
+    """
+    n_stages = len(fwd_us)
+    rank_of = {a[0]: r for r, seq in orders.items() for a in seq}
+    done: dict[tuple[int, str, int], float] = {}
+    pos = {r: 0 for r in orders}
+    free = {r: float((ready_us or {}).get(r, 0.0)) for r in orders}
+    origin = min(free.values()) if free else 0.0
+    busy = {r: 0.0 for r in orders}
+    acts = []
+    remaining = sum(len(s) for s in orders.values())
+    while remaining:
+        progressed = False
+        for r, seq in orders.items():
+            while pos[r] < len(seq):
+                s, ph, mb = seq[pos[r]]
+                if s >= n_stages:
+                    raise ValueError(f"stage {s} has no measured cost ({n_stages} stages)")
+                if ph == "F":
+                    dep = (s - 1, "F", mb) if s > 0 else None
+                else:
+                    dep = (s + 1, "B", mb) if s < n_stages - 1 else (s, "F", mb)
+                ready = 0.0
+                if dep is not None:
+                    if dep not in done:
+                        break
+                    ready = done[dep] + (hop_us if rank_of.get(dep[0]) != r else 0.0)
+                own = (s, "F", mb)
+                if ph == "B" and own not in done:
+                    break
+                start = max(free[r], ready)
+                dur = float(fwd_us[s] if ph == "F" else bwd_us[s])
+                end = start + dur
+                done[(s, ph, mb)] = end
+                free[r] = end
+                busy[r] += dur
+                acts.append((r, s, ph, mb, start, end))
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ValueError("pipeline schedule deadlocks: an action waits for one that never runs")
+    window = (max(free.values()) - origin) if free else 0.0
+    acts.sort(key=lambda a: (a[4], a[0]))
+    return SimResult(window, busy,
+                     {r: (100.0 * (window - b) / window if window > 0 else 0.0)
+                      for r, b in busy.items()}, acts)
+
+
+def simulate_period(orders: dict[int, list[Action]], fwd_us: Sequence[float],
+                    bwd_us: Sequence[float], hop_us: float, tail_us: dict[int, float],
+                    steps: int = 6) -> tuple[float, SimResult]:
+    """Steady-state step time of a pipeline whose ranks spend ``tail_us[r]`` after their last
+    action of a step (optimizer step, data, zero-grad) before their first action of the next.
+
+    Chains ``steps`` replays: rank *r* starts step *k + 1* no earlier than its last action of
+    step *k* plus its tail. A rank with a long tail (more parameters to update) delays its
+    neighbours' next step, which a single-step replay misses.
+
+    Returns:
+        (period µs = mean start-to-start over the last ``steps − 2`` steps, the last step's
+        :class:`SimResult`).
+    """
+    ready = {r: 0.0 for r in orders}
+    starts: list[float] = []
+    res = None
+    for _ in range(max(steps, 3)):
+        res = simulate(orders, fwd_us, bwd_us, hop_us, ready)
+        starts.append(min(a[4] for a in res.actions))
+        last = {r: max((a[5] for a in res.actions if a[0] == r), default=ready[r]) for r in orders}
+        ready = {r: last[r] + float(tail_us.get(r, 0.0)) for r in orders}
+    period = (starts[-1] - starts[1]) / (len(starts) - 2)
+    return period, res
+
+
+def scaled_chunk_us(t_us: float, fixed_share: float, n: float, n_new: float) -> float:
+    """Time of a chunk at microbatch size ``n_new`` when it takes ``t_us`` at ``n``:
+    ``t · (f + (1 − f) · n_new / n)``, *f* = ``fixed_share`` in [0, 1]."""
+    f = min(max(fixed_share, 0.0), 1.0)
+    return t_us * (f + (1.0 - f) * n_new / n)
+
+
+def calibrate_hop(orders: dict[int, list[Action]], fwd_us: Sequence[float],
+                  bwd_us: Sequence[float], measured_period_us: float,
+                  tail_us: dict[int, float]) -> float:
+    """The hop latency (µs, ≥ 0) for which :func:`simulate_period` replays to the measured step
+    time (bisection; the period grows monotonically with the hop). 0 when even a zero hop
+    replays to a longer step than measured."""
+    def period(h: float) -> float:
+        return simulate_period(orders, fwd_us, bwd_us, h, tail_us)[0]
+
+    if period(0.0) >= measured_period_us:
+        return 0.0
+    lo, hi = 0.0, max(measured_period_us, 1.0)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if period(mid) < measured_period_us:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def best_partition(costs: Sequence[float], k: int) -> list[int]:
+    """Contiguous split of ``costs`` (per layer, in order) into ``k`` non-empty parts that
+    minimizes the largest part's sum (linear-partition dynamic program, O(k·L²)).
+
+    Returns:
+        Layers per part, e.g. ``[4, 4]``; ties go to the split with the earliest boundaries.
+
+    Raises:
+        ValueError: fewer layers than parts, or k < 1.
+    """
+    n = len(costs)
+    if k < 1 or n < k:
+        raise ValueError(f"cannot split {n} layers into {k} stages")
+    pre = [0.0]
+    for c in costs:
+        pre.append(pre[-1] + float(c))
+    INF = math.inf
+    # best[j][i]: minimal max part over the first i layers in j parts; cut[j][i] last boundary
+    best = [[INF] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for j in range(1, k + 1):
+        for i in range(j, n - (k - j) + 1):
+            for c in range(j - 1, i):
+                v = max(best[j - 1][c], pre[i] - pre[c])
+                if v < best[j][i] - 1e-9:
+                    best[j][i], cut[j][i] = v, c
+    sizes = []
+    i = n
+    for j in range(k, 0, -1):
+        c = cut[j][i]
+        sizes.append(i - c)
+        i = c
+    return sizes[::-1]
+
+
+def boundaries_text(sizes: Iterable[int]) -> str:
+    """``[4, 4]`` → ``"[0–3 | 4–7]"`` (layer index ranges per stage)."""
+    parts, lo = [], 0
+    for s in sizes:
+        parts.append(f"{lo}–{lo + s - 1}" if s > 1 else f"{lo}")
+        lo += s
+    return "[" + " | ".join(parts) + "]"
+
+
+_MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul"}
+
+
+def _scales_with(name: str, dims, n: int) -> bool:
+    """Whether an operator's output grows with the microbatch size ``n``: a matmul whose result
+    has ``n`` rows (not a weight gradient, whose result has the weight's shape), or another
+    operator whose first shaped input has ``n`` rows."""
+    if not isinstance(dims, list):
+        return False
+    shaped = [d for d in dims if isinstance(d, list) and d]
+    if not shaped:
+        return False
+    if name in _MATMUL_OPS:
+        mats = [d for d in shaped if len(d) >= 2]
+        return bool(mats) and mats[-2][0] == n if len(mats) >= 2 else shaped[0][0] == n
+    return shaped[0][0] == n
+
+
+def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:
+    """Fixed share of each pipeline stage's forward and backward chunks, from the operators the
+    profiler recorded inside pardiag's ``pardiag:PP:S{stage}:{phase}{mb}`` ranges.
+
+    An operator's self time (its duration minus its children's) counts as **per-sample** when
+    its output grows with the microbatch size (see :func:`_scales_with`; needs the trace's
+    ``Input Dims``, i.e. ``record_shapes``); everything else in the chunk — weight-gradient
+    matmuls and accumulation, autograd and Python overhead — is **fixed**.
+
+    Args:
+        raw_events: the trace's ``traceEvents``.
+        samples: ``{stage: microbatch size}`` (rows of the stage's forward output).
+
+    Returns:
+        ``[{"stage", "phase", "chunks", "chunk_us" (median), "fixed_share" (median)}]``; empty
+        when the trace has no chunk ranges or no shapes.
+    """
+    import bisect
+    import re
+    import statistics
+
+    chunk_re = re.compile(r"^pardiag:PP:S(\d+):([FBIW])(\d+)$")
+    by_tid: dict = {}
+    chunks = []
+    for e in raw_events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        ts, dur = e.get("ts"), e.get("dur")
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+            continue
+        name = str(e.get("name", ""))
+        if e.get("cat") == "user_annotation" and (mt := chunk_re.match(name)):
+            chunks.append((int(mt.group(1)), mt.group(2), e.get("tid"), float(ts), float(dur)))
+        elif e.get("cat") == "cpu_op":
+            args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            by_tid.setdefault(e.get("tid"), []).append(
+                (float(ts), -float(dur), name, args.get("Input Dims")))
+    if not chunks:
+        return []
+    for ops in by_tid.values():
+        ops.sort()
+    starts = {tid: [o[0] for o in ops] for tid, ops in by_tid.items()}
+    acc: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for stage, phase, tid, ts, dur in chunks:
+        n = samples.get(stage)
+        ops = by_tid.get(tid, [])
+        if not n or not ops:
+            continue
+        lo = bisect.bisect_left(starts[tid], ts)
+        hi = bisect.bisect_right(starts[tid], ts + dur)
+        inside = [o for o in ops[lo:hi] if o[0] - o[1] <= ts + dur + 1e-3]
+        self_t = [-o[1] for o in inside]
+        stack: list[int] = []
+        for i, o in enumerate(inside):
+            while stack and inside[stack[-1]][0] - inside[stack[-1]][1] <= o[0]:
+                stack.pop()
+            if stack:
+                self_t[stack[-1]] -= -o[1]
+            stack.append(i)
+        scaled = sum(max(t, 0.0) for t, o in zip(self_t, inside) if _scales_with(o[2], o[3], n))
+        if dur > 0:
+            acc.setdefault((stage, phase), []).append((dur, min(scaled / dur, 1.0)))
+    return [{"stage": s, "phase": ph, "chunks": len(v),
+             "chunk_us": statistics.median(d for d, _ in v),
+             "fixed_share": 1.0 - statistics.median(f for _, f in v)}
+            for (s, ph), v in sorted(acc.items())]

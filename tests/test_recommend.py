@@ -1,0 +1,239 @@
+"""The what-if model and the recommendations (issue #5): schedule orders as torch runs them,
+closed-form replays, the optimal partition, and exact predictions on planted runs."""
+
+import json
+
+import pytest
+
+from pardiag.analyzer import whatif
+from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.registry import build_report, report_json
+from conftest import REPO
+from synth import TraceBuilder, record, write_sidecar
+
+
+# ---- schedule orders and replays ------------------------------------------------------------
+
+@pytest.mark.parametrize("sample", ["pp_gpipe_cpu_2rank", "pp_1f1b_cpu_2rank",
+                                    "pp_1f1b_cpu_4rank", "pp_interleaved_cpu_2rank"])
+def test_schedule_order_is_the_order_torch_ran(sample):
+    """The recorded chunk order of every rank and step equals :func:`schedule_order`."""
+    docs = {}
+    for f in (REPO / "sample_traces" / sample).glob("rank*.pipeline.json"):
+        d = json.loads(f.read_text())
+        docs[d["rank"]] = d
+    sch = docs[0]["schedule"]
+    orders = whatif.schedule_order(sch["schedule"], sch["pp_group_size"], sch["microbatches"],
+                                   sch.get("stages_per_rank") or 1)
+    steps = {r["optimizer_step"] for r in docs[0]["records"]}
+    assert len(steps) >= 4
+    for rank, d in docs.items():
+        for step in steps:
+            rec = sorted((r for r in d["records"] if r["optimizer_step"] == step),
+                         key=lambda r: r["start_us"])
+            assert [(r["stage"], r["phase"], r["microbatch"]) for r in rec] == orders[rank]
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [("gpipe", 2, 4, 1), ("gpipe", 4, 8, 1),
+                                             ("1f1b", 2, 4, 1), ("1f1b", 4, 8, 1),
+                                             ("1f1b", 4, 2, 1), ("interleaved", 2, 4, 2),
+                                             ("interleaved", 4, 8, 2), ("interleaved", 2, 8, 4)])
+def test_replay_of_balanced_stages_matches_the_closed_form(schedule, p, m, v):
+    """Window = (v·m + p − 1) · (F + B)/v with no hop latency (Narayanan et al., SC'21), i.e. a
+    bubble share of (p − 1)/(v·m + p − 1); 1F1B with m < p degenerates to (m + p − 1)."""
+    f, b = 1000.0 / v, 2000.0 / v
+    sim = whatif.simulate(whatif.schedule_order(schedule, p, m, v), [f] * (p * v), [b] * (p * v))
+    assert sim.window_us == pytest.approx((v * m + p - 1) * (f + b))
+    for r in range(p):
+        assert sim.bubble_pct[r] == pytest.approx(100.0 * (p - 1) / (v * m + p - 1))
+
+
+def test_hop_latency_and_tails():
+    """GPipe p = 2, m = 4: a hop of 100 µs adds one hop forward and one back; a rank whose
+    optimizer runs 500 µs makes the step window + 500."""
+    o = whatif.schedule_order("gpipe", 2, 4)
+    assert whatif.simulate(o, [1000, 1000], [2000, 2000], 100).window_us == 15200
+    period, _ = whatif.simulate_period(o, [1000, 1000], [2000, 2000], 0.0, {0: 500, 1: 500})
+    assert period == 15500
+    # the last stage's longer tail (2500 µs after its last backward at 13000) delays step k+1
+    period, _ = whatif.simulate_period(o, [1000, 1000], [2000, 2000], 0.0, {0: 500, 1: 4000})
+    assert period == 16000
+    assert whatif.calibrate_hop(o, [1000, 1000], [2000, 2000], 15900.0, {0: 500, 1: 500}) == \
+        pytest.approx(200.0, abs=1e-3)
+
+
+def test_best_partition_and_boundaries():
+    assert whatif.best_partition([1] * 8, 2) == [4, 4]
+    assert whatif.best_partition([5, 1, 1, 1, 1, 1], 2) == [1, 5]
+    assert whatif.best_partition([1, 2, 3, 4, 5, 6, 7, 8, 9], 3) == [5, 2, 2]   # 15 | 13 | 17
+    assert whatif.boundaries_text([4, 4]) == "[0–3 | 4–7]"
+    assert whatif.boundaries_text([1, 2]) == "[0 | 1–2]"
+    with pytest.raises(ValueError, match="cannot split 2 layers into 3"):
+        whatif.best_partition([1, 1], 3)
+
+
+def test_scaled_chunk_and_errors():
+    assert whatif.scaled_chunk_us(1000, 0.5, 8, 4) == 750
+    assert whatif.scaled_chunk_us(1000, 0.0, 8, 16) == 2000
+    with pytest.raises(ValueError, match="not modelled"):
+        whatif.schedule_order("ZeroBubble", 2, 4)
+    with pytest.raises(ValueError, match="multiple of its rounds"):
+        whatif.schedule_order("interleaved", 2, 5, 2)
+
+
+def test_chunk_cost_split_on_planted_operators():
+    """A forward chunk of 100 µs: addmm with 8 rows (per-sample, 60 µs self) holding a copy_
+    (10 µs, rows 8: per-sample); an add_ on a weight (fixed, 20 µs); 10 µs of no operator.
+    Fixed share = 1 − 70/100."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "pardiag:PP:S0:F0", "tid": 1, "ts": 0,
+           "dur": 100},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "tid": 1, "ts": 0, "dur": 70,
+           "args": {"Input Dims": [[256], [8, 64], [64, 256]]}},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "tid": 1, "ts": 5, "dur": 10,
+           "args": {"Input Dims": [[8, 256], [8, 256]]}},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::add_", "tid": 1, "ts": 75, "dur": 20,
+           "args": {"Input Dims": [[256, 64], [256, 64], []]}},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 2, "ts": 0, "dur": 50,
+           "args": {"Input Dims": [[8, 4], [4, 4]]}}]   # another thread: not in the chunk
+    out = whatif.chunk_cost_split(ev, {0: 8})
+    assert out == [{"stage": 0, "phase": "F", "chunks": 1, "chunk_us": 100.0,
+                    "fixed_share": pytest.approx(0.3)}]
+    # a weight-gradient matmul (result has the weight's shape) is fixed
+    assert not whatif._scales_with("aten::mm", [[256, 8], [8, 64]], 8)
+    assert whatif._scales_with("aten::mm", [[8, 256], [256, 64]], 8)
+
+
+# ---- planted runs: exact predictions ----------------------------------------------------------
+
+def _pipeline_run(tmp_path, schedule, p, m, fwd, bwd, tails, steps=6, layers=None,
+                  fixed_share=None, samples=None, opt=None):
+    """Records of ``steps`` identical steps replayed with the given costs (hop 0), each rank
+    idle ``tails[r]`` after its last chunk; optimizer records ``opt[r]`` µs at the start of
+    the tail."""
+    orders = whatif.schedule_order(schedule, p, m)
+    ready = {r: 0.0 for r in range(p)}
+    recs = {r: [] for r in range(p)}
+    opt_recs = {r: [] for r in range(p)}
+    for step in range(steps):
+        sim = whatif.simulate(orders, fwd, bwd, 0.0, ready)
+        for r, s, ph, mb, a, e in sim.actions:
+            row = {"stage": s, "microbatch": mb, "phase": ph, "start_us": 1e6 + a,
+                   "end_us": 1e6 + e, "optimizer_step": step, "profiled": False}
+            if samples and ph == "F":
+                row["samples"] = samples
+            recs[r].append(row)
+        last = {r: max(a[5] for a in sim.actions if a[0] == r) for r in range(p)}
+        for r in range(p):
+            if opt:
+                opt_recs[r].append({"optimizer_step": step, "start_us": 1e6 + last[r],
+                                    "end_us": 1e6 + last[r] + opt[r]})
+        ready = {r: last[r] + tails[r] for r in range(p)}
+    for r in range(p):
+        b = TraceBuilder(rank=r, world_size=p, backend="gloo")
+        b.step(1, 1e6, 1000).cpu("aten::mm", 1e6 + 10, 500)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        body = {"records": recs[r], "optimizer": opt_recs[r]}
+        if layers:
+            body["layers"] = [{"stage": r, "index": i, "name": str(i), "type": "Block",
+                               "params_bytes": pb, "fwd_us": {str(s): t for s in range(steps)}}
+                              for i, (t, pb) in enumerate(layers[r])]
+        if fixed_share is not None:
+            body["chunk_costs"] = [{"stage": r, "phase": ph, "chunks": 4, "chunk_us": 1.0,
+                                    "fixed_share": fixed_share} for ph in "FB"]
+        write_sidecar(tmp_path / f"rank{r}.pipeline.json", "pipeline", r, body)
+    names = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+    write_sidecar(tmp_path / "run.json", "run", None, {"world_size": p, "layout": {
+        "dims": {"pp": p}, "strategies": ["pipeline"], "pipeline": {
+            "schedule": names[schedule], "stages": p, "microbatches": m, "pp_group_size": p,
+            "stages_per_rank": 1}}})
+    return load_traces(tmp_path)
+
+
+def _by_change(result):
+    return {c.change: c for c in (*result.recommendations, *result.rejected)}
+
+
+def test_microbatch_predictions_are_exact(tmp_path):
+    """GPipe p = 2, m = 4, F = 1000, B = 2000 µs, half of each chunk fixed, 500 µs tails
+    (300 optimizer + 200 other): step 15500 µs. Predicted (window (m + 1)·(F' + B') + 500):
+    m = 2 → F' 1500, B' 3000: 14000; m = 8 → 750/1500: 20750; m = 16 → 625/1250: 32375."""
+    traces = _pipeline_run(tmp_path, "gpipe", 2, 4, [1000, 1000], [2000, 2000], {0: 500, 1: 500},
+                           fixed_share=0.5, samples=8, opt={0: 300, 1: 300})
+    rep = build_report(traces)
+    model, why = __import__("pardiag.analyzer.recommend", fromlist=["x"]).pipeline_model(
+        traces, rep.results["pipeline"])
+    assert why == ""
+    assert (model.fwd_us, model.bwd_us, model.period_us, model.hop_us) == \
+        ((1000.0, 1000.0), (2000.0, 2000.0), 15500.0, 0.0)
+    assert model.tail_us == {0: 500.0, 1: 500.0} and model.opt_us == {0: 300.0, 1: 300.0}
+    res = rep.results["recommendations"]
+    ch = _by_change(res)
+    assert ch["microbatches 2 of 16 samples (same global batch)"].predicted_step_us == 14000
+    assert ch["microbatches 8 of 4 samples (same global batch)"].predicted_step_us == 20750
+    assert ch["microbatches 16 of 2 samples (same global batch)"].predicted_step_us == 32375
+    assert ch["schedule 1F1B"].predicted_step_us == 15500     # same bubble as GPipe
+    top = res.recommendations[0]
+    assert top.kind == "microbatches" and top.measured_step_us == 15500
+    assert top.gain_pct == pytest.approx(100 * 1500 / 15500)
+    assert [c.kind for c in res.recommendations] == ["microbatches"]   # the rest gain < 2%
+    data = report_json(rep)
+    assert data["recommendations"][0]["predicted_step_us"] == 14000
+    assert {c["change"] for c in data["not_recommended"]} >= {"schedule 1F1B"}
+
+
+def test_rebalancing_predictions_are_exact(tmp_path):
+    """1F1B p = 2, m = 4: stage 0 holds 6 layers, stage 1 holds 2, 100 µs forward each,
+    backward 2× forward, 1000 parameter bytes each; optimizer 0.1 µs per byte (600 / 200 µs),
+    nothing else between steps; nothing fixed in a chunk.
+
+    Measured: stage 0 is busy every microbatch: 4 · 1800 + its 600 µs optimizer = 7800 µs (and
+    so is any microbatch count: no gain). Balanced [0–3 | 4–7]: F 400, B 800 µs per stage,
+    optimizer 400 µs each → window (m + 1) · 1200 = 6000, rank 0 restarts 400 µs later: 6400.
+    Interleaving re-splits the 8 layers too and, with no hop latency, is better still."""
+    layers = {0: [(100.0, 1000)] * 6, 1: [(100.0, 1000)] * 2}
+    traces = _pipeline_run(tmp_path, "1f1b", 2, 4, [600, 200], [1200, 400], {0: 600, 1: 200},
+                           layers=layers, fixed_share=0.0, samples=8, opt={0: 600, 1: 200})
+    res = build_report(traces).results["recommendations"]
+    ch = {c.kind + (c.change[:40] if c.kind == "interleave" else ""): c
+          for c in res.recommendations}
+    reb = ch["rebalance_stages"]
+    assert reb.change.startswith("stage boundaries [0–3 | 4–7] (layers per stage 4,4; now "
+                                 "[0–5 | 6–7])")
+    assert reb.measured_step_us == 7800 and reb.predicted_step_us == pytest.approx(6400.0)
+    v2 = [c for c in res.recommendations if c.change.startswith(
+        "schedule Interleaved1F1B, 2 stages per rank, stage boundaries [0–1 | 2–3 | 4–5 | 6–7]")]
+    assert len(v2) == 1 and v2[0].predicted_step_us == pytest.approx(5800.0)
+    assert [c.kind for c in res.recommendations] == ["interleave", "interleave",
+                                                     "rebalance_stages"]
+    assert all(c.predicted_step_us == 7800 for c in res.rejected if c.kind == "microbatches")
+
+
+def test_straggler_is_named_with_its_cost(tmp_path):
+    """3 ranks, 2 steps, 2 all-reduces per step; rank 2 arrives 100 µs after rank 0 and 80 µs
+    after rank 1 at each: each other rank waits (100 + 80)/2 · 2 = 180 µs per step for it."""
+    arrival = {0: 0.0, 1: 20.0, 2: 100.0}
+    for r in range(3):
+        b = TraceBuilder(rank=r, world_size=3, backend="gloo")
+        b.step(1, 0, 2500).step(2, 2500, 2500)
+        b.cpu("aten::mm", 10, 5)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        recs = [record("all_reduce", i, t + arrival[r], t + 150)
+                for i, t in enumerate((1000, 2000, 3000, 4000), start=1)]
+        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
+            "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1, 2],
+                                "size": 3, "dim": "dp"}], "records": recs})
+    res = build_report(load_traces(tmp_path)).results["recommendations"]
+    top = res.recommendations[0]
+    assert top.kind == "straggler" and top.title == "Rank 2 is a straggler"
+    assert top.measured_step_us == 2500
+    assert top.predicted_step_us == pytest.approx(2500 - 180)
+
+
+def test_no_recommendation_says_why(tmp_path):
+    b = TraceBuilder(rank=0, world_size=1, backend="gloo")
+    b.step(1, 0, 100).cpu("aten::mm", 10, 50)
+    b.write(tmp_path / "rank0.trace.json")
+    res = build_report(load_traces(tmp_path)).results["recommendations"]
+    assert res.recommendations == ()
+    assert res.why_none.startswith("nothing to evaluate")
+    assert res.verdict.startswith("Step 0.1 ms")
