@@ -257,18 +257,30 @@ def _f32(values) -> np.ndarray:
     return np.asarray(values, dtype=np.float32)
 
 
+#: Above this many ranks, rank axes show bare numbers (``"12"``) instead of ``"rank 12"``.
+SHORT_RANK_LABELS_ABOVE = 16
+
+
+def _ranks(ranks) -> list[str]:
+    """Category labels of a rank axis: ``"rank r"``, or ``"r"`` for many ranks."""
+    ranks = list(ranks)
+    if len(set(ranks)) > SHORT_RANK_LABELS_ABOVE:
+        return [str(r) for r in ranks]
+    return [f"rank {r}" for r in ranks]
+
+
 # ---------------------------------------------------------------- figures
 
 
 def breakdown_figure(totals: pd.DataFrame) -> go.Figure:
     """Stacked bar per rank: compute only, overlapped, exposed communication, idle (ms)."""
     fig = go.Figure()
-    x = [f"rank {r}" for r in totals["rank"]]
+    x = _ranks(totals["rank"])
     for part, col in _PART_COLUMNS.items():
         fig.add_bar(name=part, x=x, y=_f32(totals[col] / 1000.0), marker_color=PART_COLORS[part],
                     hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
     fig.update_layout(barmode="stack", title="Time breakdown per rank (whole trace)",
-                      yaxis_title="time (ms)", legend_orientation="h", height=420)
+                      yaxis_title="time (ms)", xaxis_title="rank", legend_orientation="h", height=420)
     return fig
 
 
@@ -313,10 +325,11 @@ def step_heatmap(steps: pd.DataFrame, column: str, title: str) -> go.Figure:
 def overlap_figure(totals: pd.DataFrame) -> go.Figure:
     """Bar per rank: overlap % = |compute ∩ comm| / |comm|."""
     t = totals.dropna(subset=["overlap_pct"])
-    fig = go.Figure(go.Bar(x=[f"rank {r}" for r in t["rank"]], y=_f32(t["overlap_pct"]),
+    fig = go.Figure(go.Bar(x=_ranks(t["rank"]), y=_f32(t["overlap_pct"]),
                            marker_color=PART_COLORS["overlapped"],
                            hovertemplate="%{x}: %{y:.2f} %<extra></extra>"))
     fig.update_layout(title="Communication overlapped by computation", yaxis_title="overlap (%)",
+                      xaxis_title="rank",
                       yaxis_range=[0, 100], height=360)
     return fig
 
@@ -326,11 +339,12 @@ def dim_overlap_figure(per_rank: pd.DataFrame) -> go.Figure:
     communication."""
     fig = go.Figure()
     for dim, g in per_rank.groupby("dim", sort=True):
-        fig.add_bar(name=_pe(dim), x=[f"rank {r}" for r in g["rank"]], y=_f32(g["overlap_pct"]),
+        fig.add_bar(name=_pe(dim), x=_ranks(g["rank"]), y=_f32(g["overlap_pct"]),
                     customdata=_f32(g["exposed_us"] / 1000.0),
                     hovertemplate="%{x}: %{y:.2f} % overlapped, %{customdata:.3f} ms exposed"
                                   "<extra>" + _pe(dim) + "</extra>")
     fig.update_layout(barmode="group", title="Overlap per rank and parallel dimension",
+                      xaxis_title="rank",
                       yaxis_title="overlap (% of the dimension's communication)",
                       yaxis_range=[0, 100], legend_orientation="h", height=380)
     return fig
@@ -417,7 +431,7 @@ def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
 def memory_figure(per_rank: pd.DataFrame) -> go.Figure:
     """Static memory per rank by component, with the peak allocated as a marker (MiB)."""
     fig = go.Figure()
-    x = [f"rank {r}" for r in per_rank["rank"]]
+    x = _ranks(per_rank["rank"])
     for col, name, color in (("params_bytes", "parameters", "#4C78A8"),
                              ("grads_bytes", "gradients", "#72B7B2"),
                              ("optimizer_state_bytes", "optimizer state", "#F58518")):
@@ -426,6 +440,7 @@ def memory_figure(per_rank: pd.DataFrame) -> go.Figure:
                     y=_f32(per_rank["peak_allocated_bytes"] / 2**20), mode="markers",
                     marker={"symbol": "diamond", "size": 12, "color": "#222"})
     fig.update_layout(barmode="stack", title="Memory per rank (MiB)", yaxis_title="MiB",
+                      xaxis_title="rank",
                       legend_orientation="h", height=400)
     return fig
 

@@ -48,12 +48,12 @@ def big_run(out: Path, ranks: int = 64, steps: int = 10, tp: int = 8) -> Path:
             b.step(s + 1, t0, 1000)
             b.cpu("aten::mm", t0 + 5, 300 + (r % 7) * 10)
             for j in range(4):
-                a, e = t0 + 320 + 80 * j + late + r % 3, t0 + 390 + 80 * j + late
+                a, e = t0 + 320 + 80 * j + late + r % 3, t0 + 390 + 80 * j  # all leave at e
                 b.cpu("gloo:all_reduce", a, e - a, tid=2, cat="user_annotation")
                 recs.append(record("all_reduce", s * 4 + j, a, e, pg=my_tp,
                                    ranks=tp_groups[r // tp], nbytes=1 << 20))
             for j in range(2):
-                a, e = t0 + 700 + 120 * j + late + r % 5, t0 + 800 + 120 * j + late
+                a, e = t0 + 700 + 120 * j + late + r % 5, t0 + 800 + 120 * j
                 b.cpu("gloo:all_reduce", a, e - a, tid=2, cat="user_annotation")
                 recs.append(record("all_reduce", s * 2 + j, a, e, pg=my_dp,
                                    ranks=dp_groups[r % tp], nbytes=4 << 20))

@@ -50,6 +50,10 @@ def test_64_ranks_10_steps_fit_in_5_mb_and_say_what_was_reduced(big, tmp_path):
     breakdown = page.split("<h2 id='breakdown'>")[1].split("<h2 id='overlap'>")[0]
     table = breakdown.split("<table")[1]
     assert table.count("<tr>") == 65
+    # rank 13 arrives 40 µs late to each of its 60 collectives; 7 others wait for it each time:
+    # tp group 8..15 waits 280 µs per all-reduce (× 40), dp group 5, 13, ..., 61 290 µs (× 20)
+    assert ("The rank the others wait for most: <b>rank 13</b> (17.000 ms of others' waiting; "
+            "last to arrive in 60 instances)") in page
     # both dimensions of the dp × tp layout get their own overlap figures and rows
     overlap = page.split("<h2 id='overlap'>")[1].split("<h2 id='stragglers'>")[0]
     assert ">dp</td>" in overlap and ">tp</td>" in overlap
