@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer.load import TraceSet
+from pardiag.analyzer.summary import memory_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,16 +108,10 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
         meta = traces.rank_meta.get(rank, {}).get("memory") or {}
         static = meta.get("static") or {}
         peaks = {}
-        ev = trace.events[trace.events["name"] == "[memory]"]
-        for ts, args in zip(ev["ts"], ev["args"]):
-            if not isinstance(args, dict):
-                continue
-            dev = {0: "cpu", 1: "cuda"}.get(args.get("Device Type"), str(args.get("Device Type")))
-            alloc, res = args.get("Total Allocated"), args.get("Total Reserved")
-            tl.append({"rank": rank, "ts_us": float(ts), "device": dev,
-                       "allocated_bytes": alloc if isinstance(alloc, (int, float)) else np.nan,
-                       "reserved_bytes": res if isinstance(res, (int, float)) else np.nan})
-        tr = pd.DataFrame([t for t in tl if t["rank"] == rank])
+        # [memory] events, from the rank's summary when it has one (pardiag.analyzer.summary)
+        tr = memory_rows(trace).assign(rank=rank)[["rank", "ts_us", "device", "allocated_bytes",
+                                                     "reserved_bytes"]]
+        tl.append(tr)
         device = "cuda" if len(tr) and (tr["device"] == "cuda").any() else "cpu"
         if len(tr):
             d = tr[tr["device"] == device]
@@ -142,8 +137,9 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
         s = per_rank[col].dropna()
         return float(s.max() / s.mean()) if len(s) and s.mean() > 0 else float("nan")
 
-    timeline = pd.DataFrame(tl, columns=["rank", "ts_us", "device", "allocated_bytes",
-                                         "reserved_bytes"])
+    cols = ["rank", "ts_us", "device", "allocated_bytes", "reserved_bytes"]
+    tl = [t for t in tl if len(t)]
+    timeline = (pd.concat(tl, ignore_index=True) if tl else pd.DataFrame(columns=cols))[cols]
     return MemoryResult(per_rank, timeline,
                         {"static": ratio("static_bytes"), "peak": ratio("peak_allocated_bytes")})
 

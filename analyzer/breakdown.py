@@ -34,8 +34,9 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer import intervals as iv
-from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
-                                       comm_threads, profiler_steps)
+from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, _by_name, cached, classify,
+                                       collective_type, comm_threads, on_threads, pattern_key,
+                                       profiler_steps)
 from pardiag.analyzer.load import RankTrace, TraceSet
 
 #: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).
@@ -106,17 +107,35 @@ def launching_comm_ops(trace: RankTrace, kernels: pd.DataFrame) -> list[pd.DataF
     (matched by ``correlation``), outermost first; an empty frame where there is none."""
     ev = trace.events
     rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
-    ops = ev[ev["name"].str.match(_LAUNCH_OP_RE) & ev["cat"].isin(["cpu_op", "user_annotation"])]
-    by_corr = dict(zip(rt["correlation"], zip(rt["ts"], rt["pid"], rt["tid"])))
+    launch_re = re.compile(_LAUNCH_OP_RE)
+    ops = ev[_by_name(ev["name"], launch_re.match)
+             & ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()]
+    by_corr: dict = {}
+    for c, t, pid, tid in zip(rt["correlation"], rt["ts"], rt["pid"], rt["tid"]):
+        by_corr[c] = (t, pid, tid)  # the last runtime call with the id wins, as before
+    empty = ops.iloc[:0]
+    if ops.empty:
+        return [empty] * len(kernels)
+    # per launching thread: the ops' starts and ends; a kernel's enclosing ops are those with
+    # start <= launch <= end (rows of ``ops`` in time order, so outermost first)
+    thread_ops: dict = {}
+    for key, idx in ops.groupby(["pid", "tid"], sort=False).indices.items():
+        thread_ops[key] = (idx, ops["ts"].to_numpy()[idx],
+                           (ops["ts"] + ops["dur"]).to_numpy()[idx])
     out = []
     for corr in kernels["correlation"]:
         hit = by_corr.get(int(corr))
         if hit is None:
-            out.append(ops.iloc[:0])
+            out.append(empty)
             continue
         t, pid, tid = hit
-        out.append(ops[(ops["pid"] == pid) & (ops["tid"] == tid) & (ops["ts"] <= t)
-                       & (ops["ts"] + ops["dur"] >= t)])
+        th = thread_ops.get((pid, tid))
+        if th is None:
+            out.append(empty)
+            continue
+        idx, starts, ends = th
+        sel = idx[(starts <= t) & (ends >= t)]
+        out.append(ops.iloc[sel] if len(sel) else empty)
     return out
 
 
@@ -132,6 +151,19 @@ class _RankParts:
 
 
 def _rank_parts(trace: RankTrace, comm_patterns, launch_window) -> _RankParts:
+    """The rank's computation/communication intervals, window, step windows and communication
+    events: from its summary when it has one made with the same patterns (and no launch window
+    is asked for), else from its events (computed once per trace and pattern list)."""
+    s = trace.summary
+    if s is not None and launch_window is None and s.matches(comm_patterns):
+        return s.parts
+    if launch_window is not None:
+        return _compute_rank_parts(trace, comm_patterns, launch_window)
+    return cached(trace, ("rank_parts", pattern_key(comm_patterns)),
+                  lambda: _compute_rank_parts(trace, comm_patterns, None))
+
+
+def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> _RankParts:
     kinds = classify(trace, comm_patterns)
     ev = trace.events
     steps = profiler_steps(trace, kinds)
@@ -168,8 +200,7 @@ def _rank_parts(trace: RankTrace, comm_patterns, launch_window) -> _RankParts:
     comm_ev = ev[kinds == Kind.CPU_COMM.value]
     c = _intervals(comm_ev)
     threads = comm_threads(trace)
-    on_worker = np.fromiter(((p, t) in threads for p, t in zip(ev["pid"], ev["tid"])),
-                            dtype=bool, count=len(ev))
+    on_worker = on_threads(ev, threads)
     not_compute = ev[kinds.isin([Kind.CPU_COMM.value, Kind.CPU_WAIT.value]).to_numpy() & ~on_worker]
     k = iv.subtract(_intervals(ev[kinds == Kind.CPU_COMPUTE.value]), _intervals(not_compute))
     timed = ev[kinds.isin([Kind.CPU_COMPUTE.value, Kind.CPU_COMM.value, Kind.CPU_WAIT.value,
@@ -180,8 +211,7 @@ def _rank_parts(trace: RankTrace, comm_patterns, launch_window) -> _RankParts:
     comm = comm_ev[["name", "ts", "dur", "args"]].copy()
     comm["type"] = [collective_type(n, a) for n, a in zip(comm["name"], comm["args"])]
     # Count transfers once: the worker-thread event (gloo:*) when there is one for the type.
-    worker = np.fromiter(((p, t) in threads for p, t in zip(comm_ev["pid"], comm_ev["tid"])),
-                         dtype=bool, count=len(comm_ev))
+    worker = on_threads(comm_ev, threads)
     comm["counted"] = worker
     no_worker_types = set(comm["type"]) - set(comm.loc[worker, "type"])
     comm.loc[comm["type"].isin(no_worker_types), "counted"] = True

@@ -54,6 +54,35 @@ _MEMORY_NAME_RE = re.compile(r"^(Memcpy|Memset)", re.IGNORECASE)
 _COMM_THREAD_RE = re.compile(r"gloo|nccl", re.IGNORECASE)
 
 
+def pattern_key(comm_patterns: Iterable) -> tuple[str, ...]:
+    """Hashable key of a list of ``--comm-kernel`` patterns (their source strings)."""
+    return tuple(p.pattern if isinstance(p, re.Pattern) else str(p) for p in comm_patterns)
+
+
+def cached(trace: RankTrace, key, compute):
+    """``compute()`` once per trace object and ``key``: the breakdown and the synchronization
+    analysis share one classification of each trace. The cache lives on the trace object, so a
+    trace made with ``dataclasses.replace`` starts afresh; do not modify ``trace.events`` in place
+    after analysing it."""
+    store = trace.__dict__.get("_pardiag_cache")
+    if store is None:
+        store = {}
+        object.__setattr__(trace, "_pardiag_cache", store)
+    if key not in store:
+        store[key] = compute()
+    return store[key]
+
+
+def _by_name(names: pd.Series, test) -> np.ndarray:
+    """``test(name)`` (a bool) for every name, evaluated once per distinct name."""
+    codes, uniques = pd.factorize(names, use_na_sentinel=False)
+    if len(uniques) == 0:
+        return np.zeros(len(names), dtype=bool)
+    hit = np.fromiter((bool(test(u)) if isinstance(u, str) else False for u in uniques),
+                      dtype=bool, count=len(uniques))
+    return hit[codes]
+
+
 def compile_comm_patterns(patterns: Iterable[str]) -> list[re.Pattern]:
     """Compile user ``--comm-kernel`` regular expressions.
 
@@ -81,51 +110,73 @@ def comm_threads(trace: RankTrace) -> set[tuple[str, str]]:
     Gloo runs point-to-point ``gloo:send``/``gloo:recv`` on the caller's (main) thread, which is
     therefore not a worker.
     """
+    return set(cached(trace, "comm_threads", lambda: _comm_threads(trace)))
+
+
+def _comm_threads(trace: RankTrace) -> frozenset:
     ev = trace.events
     named = trace.thread_names
     threads = {k for k, name in named.items() if _COMM_THREAD_RE.search(name)}
-    gloo = ev[ev["name"].str.startswith("gloo:")]
+    gloo = ev[_by_name(ev["name"], lambda n: n.startswith("gloo:"))]
     for pid, tid in set(zip(gloo["pid"], gloo["tid"])):
         if (pid, tid) not in named and pid != tid:
             threads.add((pid, tid))
-    return threads
+    return frozenset(threads)
 
 
 def classify(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = ()) -> pd.Series:
     """Kind of every event of ``trace``.
 
     Returns:
-        Series of :class:`Kind` values (as strings), aligned with ``trace.events``.
+        Series of :class:`Kind` values (as strings), aligned with ``trace.events``. Computed
+        once per trace and pattern list (see :func:`cached`).
     """
+    comm_patterns = list(comm_patterns)
+    return cached(trace, ("classify", pattern_key(comm_patterns)),
+                  lambda: _classify(trace, comm_patterns))
+
+
+def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
     ev = trace.events
     name = ev["name"]
     cat = ev["cat"]
     kind = np.full(len(ev), Kind.OTHER.value, dtype=object)
 
     is_kernel = (cat == "kernel").to_numpy()
-    is_gpu_mem = (cat.isin(["gpu_memcpy", "gpu_memset"])
-                  | (is_kernel & name.str.match(_MEMORY_NAME_RE))).to_numpy()
-    comm_k = name.str.contains(GPU_COMM_RE).to_numpy()
-    for pat in comm_patterns:
-        comm_k = comm_k | name.str.contains(pat).to_numpy()
+    is_gpu_mem = (cat.isin(["gpu_memcpy", "gpu_memset"]).to_numpy()
+                  | (is_kernel & _by_name(name, _MEMORY_NAME_RE.match)))
+    comm_k = _by_name(name, lambda n: GPU_COMM_RE.search(n) or any(p.search(n)
+                                                                   for p in comm_patterns))
     kind[is_kernel] = Kind.GPU_COMPUTE.value
     kind[is_kernel & comm_k] = Kind.GPU_COMM.value
     kind[is_gpu_mem] = Kind.GPU_MEMORY.value
 
     cpu_side = cat.isin(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]).to_numpy()
-    is_comm = cpu_side & name.str.match(CPU_COMM_RE).to_numpy()
-    is_wait = cpu_side & name.str.match(CPU_WAIT_RE).to_numpy()
-    threads = comm_threads(trace)
-    on_comm_thread = np.fromiter(((p, t) in threads for p, t in zip(ev["pid"], ev["tid"])),
-                                 dtype=bool, count=len(ev))
+    is_comm = cpu_side & _by_name(name, CPU_COMM_RE.match)
+    is_wait = cpu_side & _by_name(name, CPU_WAIT_RE.match)
+    on_comm_thread = on_threads(ev, comm_threads(trace))
     is_cpu_op = (cat == "cpu_op").to_numpy()
     kind[is_cpu_op & ~on_comm_thread] = Kind.CPU_COMPUTE.value
     kind[is_comm] = Kind.CPU_COMM.value
     kind[is_wait] = Kind.CPU_WAIT.value  # c10d::wait, wait_tensor: waiting, not transferring
-    is_step = cat.isin(["user_annotation", "cpu_op"]).to_numpy() & name.str.match(STEP_RE).to_numpy()
+    is_step = cat.isin(["user_annotation", "cpu_op"]).to_numpy() & _by_name(name, STEP_RE.match)
     kind[is_step] = Kind.STEP.value
     kind[(ev["ph"] == "i").to_numpy() & (name == "[memory]").to_numpy()] = Kind.MEMORY.value
     return pd.Series(kind, index=ev.index, name="kind")
+
+
+def on_threads(ev: pd.DataFrame, threads) -> np.ndarray:
+    """Bool per event: its ``(pid, tid)`` is in ``threads``."""
+    if not threads or ev.empty:
+        return np.zeros(len(ev), dtype=bool)
+    pid_ok = ev["pid"].isin({p for p, _ in threads}).to_numpy()
+    out = np.zeros(len(ev), dtype=bool)
+    idx = np.flatnonzero(pid_ok)
+    if len(idx):
+        sub = ev.iloc[idx]
+        out[idx] = np.fromiter(((p, t) in threads for p, t in zip(sub["pid"], sub["tid"])),
+                               dtype=bool, count=len(idx))
+    return out
 
 
 def profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:

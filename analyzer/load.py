@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import os
 import re
 import zlib
 from pathlib import Path
@@ -61,6 +62,25 @@ _STREAM_TID_RE = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
 _BARE_NONFINITE_RE = re.compile(r'(-?)\b(inf|infinity|nan)\b', re.IGNORECASE)
 
 
+class _LazyEvents:
+    """Descriptor of :attr:`RankTrace.events`: a rank loaded from its summary reads its raw
+    events from its file on first access (and keeps them)."""
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return dataclasses.MISSING  # a required dataclass field
+        ev = obj.__dict__.get("_events")
+        if ev is None:
+            doc = read_trace_json(obj.path)
+            ev = events_frame(doc.get("traceEvents") or [], obj.path,
+                              doc.get("displayTimeUnit"))[0]
+            obj.__dict__["_events"] = ev
+        return ev
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__["_events"] = value
+
+
 @dataclasses.dataclass(frozen=True)
 class RankTrace:
     """The events of one rank's trace file.
@@ -68,26 +88,38 @@ class RankTrace:
     Attributes:
         rank: global rank.
         path: the file it came from.
-        events: DataFrame with :data:`EVENT_COLUMNS`, sorted by ``ts``.
+        events: DataFrame with :data:`EVENT_COLUMNS`, sorted by ``ts``. A rank loaded from its
+            summary (``summary`` set, ``events=None`` given) reads them from ``path`` on first
+            access; the analyses use the summary and do not touch them.
         metadata: top-level keys of the trace other than ``traceEvents`` (``distributedInfo``,
             ``baseTimeNanoseconds``, ``deviceProperties``, ...).
         rank_source: ``"distributedInfo"``, ``"file name"`` or ``"assigned"``.
         thread_names: ``{(pid, tid): name}`` from ``thread_name`` metadata events.
         notes: informational lines (clipped overlaps and the like).
+        summary: the rank's :class:`pardiag.analyzer.summary.RankSummary` when it was loaded
+            from (or with) one, else None.
     """
 
     rank: int
     path: Path
-    events: pd.DataFrame
+    events: pd.DataFrame = _LazyEvents()
     metadata: dict
     rank_source: str
     thread_names: dict
     notes: tuple[str, ...] = ()
+    summary: object = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def has_gpu(self) -> bool:
         """True when the trace holds GPU kernels (then analyses use the device timeline)."""
+        if self.summary is not None and self.__dict__.get("_events") is None:
+            return bool(self.summary.has_gpu)
         return bool((self.events["cat"] == "kernel").any())
+
+    @property
+    def events_loaded(self) -> bool:
+        """False while the raw events of a rank loaded from its summary have not been read."""
+        return self.__dict__.get("_events") is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -530,11 +562,132 @@ def _world_size_warnings(rank_docs: list[tuple[int, dict]]) -> list[str]:
     return []
 
 
-def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
+@dataclasses.dataclass
+class _Parsed:
+    """What one worker learned from one file."""
+
+    path: Path
+    error: str | None = None
+    not_trace: bool = False
+    repairs: tuple[str, ...] = ()
+    metadata: dict | None = None
+    events: pd.DataFrame | None = None
+    thread_names: dict | None = None
+    ev_warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    has_steps: bool = False
+    summary: object = None
+
+
+def _has_step_names(events: pd.DataFrame) -> bool:
+    return bool(events["name"].str.startswith("ProfilerStep").any()) if len(events) else False
+
+
+def _parse_file(path: Path, summarize: bool = False, patterns: tuple[str, ...] = (),
+                cache: bool = False, keep_events: bool = True) -> _Parsed:
+    """Read, parse and (with ``summarize``) summarize one file; never raises for bad input."""
+    try:
+        try:
+            st = os.stat(path)
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        doc, repairs = read_trace_bytes(raw, path)
+    except TraceError as exc:
+        return _Parsed(path, error=str(exc))
+    del raw
+    if not _is_trace_doc(doc):
+        return _Parsed(path, not_trace=True)
+    meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+    events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], path,
+                                                            doc.get("displayTimeUnit"))
+    del doc
+    out = _Parsed(path, repairs=tuple(repairs), metadata=meta, events=events,
+                  thread_names=thread_names, ev_warnings=tuple(ev_warnings), notes=tuple(notes),
+                  has_steps=_has_step_names(events))
+    if summarize:
+        from pardiag.analyzer import summary as sm
+
+        trace = RankTrace(rank=-1, path=path, events=events, metadata=meta, rank_source="",
+                          thread_names=thread_names, notes=tuple(notes))
+        out.summary = sm.summarize_trace(trace, [re.compile(p) for p in patterns],
+                                         warnings=ev_warnings, repairs=repairs,
+                                         has_steps=out.has_steps, stat=st)
+        if cache:
+            sm.write_summary(out.summary, path)
+        if not keep_events:
+            out.events = None
+    return out
+
+
+def _from_summary(path: Path, s) -> _Parsed:
+    return _Parsed(path, repairs=s.repairs, metadata=s.metadata, events=None,
+                   thread_names=s.thread_names, ev_warnings=s.relocated(path)[0],
+                   notes=s.relocated(path)[1], has_steps=s.has_steps, summary=s)
+
+
+#: Below this many bytes of input, files are parsed in this process (workers cost ~0.1 s).
+PARALLEL_MIN_BYTES = 8_000_000
+
+
+def default_workers(files: list[Path]) -> int:
+    """Worker processes for parsing ``files``: one per CPU core (at most one per file), or 1
+    (this process) when the input is small."""
+    try:
+        total = sum(f.stat().st_size for f in files)
+    except OSError:
+        total = 0
+    if len(files) < 2 or total < PARALLEL_MIN_BYTES:
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(len(files), cpus or 1))
+
+
+def _parse_all(files: list[Path], workers: int, progress, **kw) -> list[_Parsed]:
+    """:func:`_parse_file` for every file, in ``workers`` processes; results in file order.
+    ``progress(done, total)`` is called from this process after each file."""
+    total = len(files)
+    if workers <= 1 or total <= 1:
+        out = []
+        for i, f in enumerate(files):
+            out.append(_parse_file(f, **kw))
+            if progress:
+                progress(i + 1, total)
+        return out
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    results: dict[int, _Parsed] = {}
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futs = {pool.submit(_parse_file, f, **kw): i for i, f in enumerate(files)}
+        for fut in cf.as_completed(futs):
+            results[futs[fut]] = fut.result()
+            if progress:
+                progress(len(results), total)
+    return [results[i] for i in range(total)]
+
+
+def load_traces(paths: Path | str | Iterable[Path | str], *, summarize: bool = False,
+                comm_patterns: Iterable[re.Pattern] = (), cache: bool = False,
+                workers: int | None = None, progress=None) -> TraceSet:
     """Load a run folder, a folder of Kineto traces, or a list of trace files.
 
     Files in a folder that are not traces (other JSON, pardiag sidecars) are skipped; unreadable
     trace files are skipped with a warning as long as one readable trace remains.
+
+    Args:
+        paths: folders and/or files.
+        summarize: also compute each rank's :class:`~pardiag.analyzer.summary.RankSummary`
+            (with ``comm_patterns``) in the worker that parses it, and keep only the summary of
+            ranks parsed in other processes (their ``events`` are read again on first access).
+            The analyses then work from the summaries.
+        comm_patterns: compiled ``--comm-kernel`` patterns for the summaries.
+        cache: with ``summarize``: use stored summaries that are current (same file size,
+            modification time and patterns) instead of parsing, and store new ones (see
+            :mod:`pardiag.analyzer.summary` for where).
+        workers: processes that parse files in parallel (default :func:`default_workers`).
+        progress: ``progress(done, total)`` after each file (for a progress bar).
 
     Returns:
         TraceSet with one RankTrace per file.
@@ -555,7 +708,8 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
     if not files:
         hint = ""
         sub = sorted({f.parent for p in paths if p.is_dir()
-                      for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))})
+                      for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))
+                      and f.parent.name != ".pardiag-cache"})
         if sub:
             hint = f"; subfolders hold some: {', '.join(str(d) for d in sub[:3])}"
         elif run_info is not None and run_info.get("hang"):
@@ -567,27 +721,50 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
                     f" profile with more steps or --wait 0 --warmup 0)")
         raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found{hint}")
 
-    docs: list[tuple[Path, dict]] = []
-    for f in files:
-        try:
+    patterns = list(comm_patterns)
+    parsed: dict[Path, _Parsed] = {}
+    if summarize and cache:
+        from pardiag.analyzer import summary as sm
+
+        for f in files:
             try:
-                raw = f.read_bytes()
-            except OSError as exc:
-                raise TraceError(f"{f}: cannot read ({exc.strerror or exc})") from None
-            doc, repairs = read_trace_bytes(raw, f)
-        except TraceError as exc:
+                s = sm.find_summary(f, patterns)
+            except OSError:
+                s = None
+            if s is not None:
+                parsed[f] = _from_summary(f, s)
+    todo = [f for f in files if f not in parsed]
+    n_workers = default_workers(todo) if workers is None else workers
+    done0 = len(parsed)
+
+    def step(done: int, total: int) -> None:
+        if progress:
+            progress(done0 + done, len(files))
+
+    if progress and done0:
+        progress(done0, len(files))
+    kw = dict(summarize=summarize, cache=cache,
+              patterns=tuple(p.pattern if isinstance(p, re.Pattern) else str(p) for p in patterns),
+              keep_events=n_workers <= 1)
+    for p in _parse_all(todo, n_workers, step, **kw):
+        parsed[p.path] = p
+
+    docs: list[_Parsed] = []
+    for f in files:
+        p = parsed[f]
+        if p.error is not None:
             if f in explicit:
-                raise
-            warnings.append(f"{exc} - skipped")
+                raise TraceError(p.error)
+            warnings.append(f"{p.error} - skipped")
             continue
-        if not _is_trace_doc(doc):
+        if p.not_trace:
             if f in explicit:
                 raise TraceError(f"{f}: not a Kineto trace (no traceEvents list)")
             warnings.append(f"{f}: not a Kineto trace (no traceEvents list) - skipped")
             continue
-        if repairs:
-            warnings.append(f"{f}: not strict JSON; read with repairs ({'; '.join(repairs)})")
-        docs.append((f, doc))
+        if p.repairs:
+            warnings.append(f"{f}: not strict JSON; read with repairs ({'; '.join(p.repairs)})")
+        docs.append(p)
     if not docs:
         first = warnings[-1].removesuffix(" - skipped") if warnings else ""
         raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace"
@@ -595,55 +772,60 @@ def load_traces(paths: Path | str | Iterable[Path | str]) -> TraceSet:
 
     # Ranks: distributedInfo first, then a number in the file name, then the first free rank.
     claimed: dict[int, Path] = {}
-    pending: list[tuple[Path, dict, str | None]] = []
-    assigned: list[tuple[int, Path, dict, str]] = []
-    for f, doc in docs:
-        info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    pending: list[tuple[_Parsed, str | None]] = []
+    assigned: list[tuple[int, _Parsed, str]] = []
+    for p in docs:
+        f = p.path
+        info = p.metadata.get("distributedInfo") if isinstance(p.metadata.get("distributedInfo"), dict) else {}
         r = info.get("rank")
         if isinstance(r, int) and not isinstance(r, bool) and r >= 0 and r not in claimed:
             claimed[r] = f
-            assigned.append((r, f, doc, "distributedInfo"))
+            assigned.append((r, p, "distributedInfo"))
         else:
             why = None
             if isinstance(r, int) and r in claimed:
                 why = f"rank {r} from distributedInfo is already taken by {claimed[r].name}"
             elif r is not None:
                 why = f"distributedInfo.rank {r!r} is not a rank number"
-            pending.append((f, doc, why))
-    still: list[tuple[Path, dict, str | None]] = []
-    for f, doc, why in pending:
+            pending.append((p, why))
+    still: list[tuple[_Parsed, str | None]] = []
+    for p, why in pending:
+        f = p.path
         m = _RANK_IN_NAME_RE.search(f.name)
         if m and int(m.group(1)) not in claimed:
             r = int(m.group(1))
             claimed[r] = f
-            assigned.append((r, f, doc, "file name"))
+            assigned.append((r, p, "file name"))
             if why:
                 warnings.append(f"{f}: {why}; using rank {r} from the file name")
         else:
-            still.append((f, doc, why))
-    for f, doc, why in still:
+            still.append((p, why))
+    for p, why in still:
         r = 0
         while r in claimed:
             r += 1
-        claimed[r] = f
-        assigned.append((r, f, doc, "assigned"))
+        claimed[r] = p.path
+        assigned.append((r, p, "assigned"))
         reason = why or "no rank in distributedInfo or in the file name"
-        warnings.append(f"{f}: {reason}; treated as rank {r}")
+        warnings.append(f"{p.path}: {reason}; treated as rank {r}")
 
     warnings.extend(_run_warnings(run_info, rank_meta, {r for r, *_ in assigned}))
-    warnings.extend(_world_size_warnings([(r, doc) for r, _, doc, _ in assigned]))
+    warnings.extend(_world_size_warnings([(r, p.metadata) for r, p, _ in assigned]))
     ranks: dict[int, RankTrace] = {}
-    for r, f, doc, how in sorted(assigned, key=lambda t: t[0]):
-        events, thread_names, ev_warnings, notes = events_frame(
-            doc["traceEvents"], f, doc.get("displayTimeUnit"))
-        warnings.extend(ev_warnings)
-        if events.empty:
+    for r, p, how in sorted(assigned, key=lambda t: t[0]):
+        f = p.path
+        warnings.extend(p.ev_warnings)
+        n_events = len(p.events) if p.events is not None else p.summary.n_events
+        if n_events == 0:
             warnings.append(f"{f}: rank {r} has no timed events")
-        elif not events["name"].str.startswith("ProfilerStep").any():
+        elif not p.has_steps:
             warnings.append(f"{f}: no ProfilerStep#N annotations; per-step results are empty for "
                             f"rank {r}")
-        meta = {k: v for k, v in doc.items() if k != "traceEvents"}
-        ranks[r] = RankTrace(rank=r, path=f, events=events, metadata=meta, rank_source=how,
-                             thread_names=thread_names, notes=tuple(notes))
+        s = p.summary
+        if s is not None:
+            s = dataclasses.replace(s, comm=s.comm.assign(rank=r) if len(s.comm) else s.comm)
+        ranks[r] = RankTrace(rank=r, path=f, events=p.events, metadata=p.metadata,
+                             rank_source=how, thread_names=p.thread_names, notes=tuple(p.notes),
+                             summary=s)
     return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
                     rank_meta=rank_meta, sidecars=others)

@@ -34,7 +34,7 @@ import pandas as pd
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.breakdown import launch_times, launching_comm_ops
 from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
-                                       comm_threads, profiler_steps)
+                                       comm_threads, on_threads, profiler_steps)
 from pardiag.analyzer.comm_records import DTYPE_BYTES, _numel
 from pardiag.analyzer.load import RankTrace, TraceSet
 
@@ -142,8 +142,7 @@ def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.D
         df = df.drop(columns="launch_us")
     else:
         threads = comm_threads(trace)
-        on_worker = np.fromiter(((p, t) in threads for p, t in zip(ev["pid"], ev["tid"])),
-                                dtype=bool, count=len(ev))
+        on_worker = on_threads(ev, threads)
         gl = ev[on_worker & ev["name"].str.startswith("gloo:").to_numpy()]
         df = pd.DataFrame({
             "rank": trace.rank, "pg": "?", "op": [collective_type(n) for n in gl["name"]],
@@ -163,10 +162,15 @@ def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
     trace; ``pg`` is ``"?"`` where the trace does not name the group.
     """
     frames = []
+    comm_patterns = list(comm_patterns)
     for rank, trace in traces.ranks.items():
+        doc = traces.sidecars.get("comms", {}).get(rank)
+        s = trace.summary
+        if s is not None and s.matches(comm_patterns):
+            frames.append(_from_records(rank, doc, s.steps) if doc else s.comm)
+            continue
         kinds = classify(trace, comm_patterns)
         steps = profiler_steps(trace, kinds)
-        doc = traces.sidecars.get("comms", {}).get(rank)
         frames.append(_from_records(rank, doc, steps) if doc else _from_trace(trace, kinds, steps))
     frames = [f for f in frames if len(f)]
     if not frames:

@@ -1,0 +1,329 @@
+"""Per-rank summaries: the part of every analysis that needs one rank's raw events.
+
+A :class:`RankSummary` is computed where the trace is (the end of ``pardiag profile`` on each
+rank, ``pardiag summarize`` elsewhere, or a worker process of ``pardiag report``) and holds what
+the cross-rank analyses need from that rank:
+
+* the time breakdown's parts (:class:`pardiag.analyzer.breakdown._RankParts`: computation and
+  communication interval sets, the window, the step windows, the communication events with their
+  collective type);
+* the synchronization analysis' communication events of the rank (:func:`sync._from_trace`) and
+  its ``ProfilerStep`` windows (to place pardiag's collective records in steps);
+* the ``[memory]`` events (time, device, allocated and reserved bytes);
+* the file's top-level metadata, thread names, warnings and notes.
+
+Everything a report computes from summaries equals what it computes from the raw events (the
+summary *is* the intermediate result); ``tests/test_summary.py`` checks it.
+
+On disk a summary is JSON (``<trace file name>.summary.json``, schema below) in a summary folder:
+``<trace folder>/.pardiag-cache/`` when it is writable, else ``$PARDIAG_CACHE_DIR`` or
+``~/.cache/pardiag/<hash of the trace folder>/``. It records the trace file's size and
+modification time (ns) and the ``--comm-kernel`` patterns; a summary whose file changed, whose
+patterns differ, or whose version is older is ignored and recomputed. Summaries are written only
+into these folders and only over pardiag's own summary files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from pardiag.analyzer.load import RankTrace
+
+#: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
+SUMMARY_VERSION = 1
+SUMMARY_KIND = "pardiag-rank-summary"
+#: Suffix appended to the trace file name: ``rank0.trace.json.gz.summary.json``.
+SUMMARY_SUFFIX = ".summary.json"
+#: Name of the summary folder inside a trace folder.
+CACHE_DIRNAME = ".pardiag-cache"
+
+_MEMORY_COLUMNS = ("ts_us", "device", "allocated_bytes", "reserved_bytes")
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSummary:
+    """What the analyses need from one rank's trace (see the module docstring).
+
+    Attributes:
+        path: the trace file summarized (as given when summarizing).
+        size: its size in bytes; ``mtime_ns``: its modification time (ns).
+        comm_patterns: the ``--comm-kernel`` regular expressions (source strings) used.
+        dist_rank: ``distributedInfo.rank`` as found in the file (any JSON value, or None).
+        metadata: the file's top-level keys other than ``traceEvents``.
+        thread_names: ``{(pid, tid): name}``.
+        warnings, notes: the loader's lines for this file (they start with the file path).
+        repairs: what reading the file had to repair (not strict JSON), one phrase each.
+        n_events: rows of the rank's event table.
+        has_steps: an event is named ``ProfilerStep...``.
+        has_gpu: the trace holds GPU kernels.
+        parts: the time breakdown's per-rank parts (:class:`breakdown._RankParts`).
+        comm: the rank's communication events as the synchronization analysis reads them from
+            the trace (:data:`sync.EVENT_COLUMNS`; ``rank`` is filled in when ranks are known).
+        steps: ``ProfilerStep`` windows: ``step``, ``start_us``, ``end_us``.
+        memory: ``[memory]`` events: ``ts_us``, ``device``, ``allocated_bytes``,
+            ``reserved_bytes`` (NaN where not a number).
+    """
+
+    path: str
+    size: int
+    mtime_ns: int
+    comm_patterns: tuple[str, ...]
+    dist_rank: object
+    metadata: dict
+    thread_names: dict
+    warnings: tuple[str, ...]
+    notes: tuple[str, ...]
+    repairs: tuple[str, ...]
+    n_events: int
+    has_steps: bool
+    has_gpu: bool
+    parts: object
+    comm: pd.DataFrame
+    steps: pd.DataFrame
+    memory: pd.DataFrame
+
+    def matches(self, comm_patterns: Iterable) -> bool:
+        """True when this summary was computed with the same ``--comm-kernel`` patterns."""
+        return self.comm_patterns == pattern_sources(comm_patterns)
+
+    def relocated(self, path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(warnings, notes) with the summarized path replaced by ``path``."""
+        old, new = str(self.path), str(path)
+        fix = (lambda s: new + s[len(old):] if s.startswith(old) else s) if old != new else (lambda s: s)
+        return tuple(fix(w) for w in self.warnings), tuple(fix(n) for n in self.notes)
+
+
+def pattern_sources(comm_patterns: Iterable) -> tuple[str, ...]:
+    """The source strings of compiled (or string) ``--comm-kernel`` patterns."""
+    return tuple(p.pattern if isinstance(p, re.Pattern) else str(p) for p in comm_patterns)
+
+
+def memory_rows(trace: RankTrace) -> pd.DataFrame:
+    """The ``[memory]`` events of a rank as :data:`_MEMORY_COLUMNS` (from its summary when it
+    has one).
+
+    Device: ``"cpu"`` for Device Type 0, ``"cuda"`` for 1, else the value as text. Bytes are NaN
+    where the trace does not hold a number.
+    """
+    s = trace.summary
+    if s is not None:
+        return s.memory
+    ev = trace.events[trace.events["name"] == "[memory]"]
+    rows = []
+    for ts, args in zip(ev["ts"], ev["args"]):
+        if not isinstance(args, dict):
+            continue
+        dev = {0: "cpu", 1: "cuda"}.get(args.get("Device Type"), str(args.get("Device Type")))
+        alloc, res = args.get("Total Allocated"), args.get("Total Reserved")
+        num = (int, float)
+        rows.append((float(ts), dev,
+                     float(alloc) if isinstance(alloc, num) and not isinstance(alloc, bool) else np.nan,
+                     float(res) if isinstance(res, num) and not isinstance(res, bool) else np.nan))
+    return pd.DataFrame(rows, columns=list(_MEMORY_COLUMNS)).astype(
+        {"ts_us": float, "device": object, "allocated_bytes": float, "reserved_bytes": float})
+
+
+def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings: Iterable[str] = (),
+                    repairs: Iterable[str] = (), has_steps: bool | None = None,
+                    stat: os.stat_result | None = None) -> RankSummary:
+    """Compute the summary of one rank's trace.
+
+    Args:
+        trace: the rank (its ``rank`` may be provisional: only the ``comm`` table carries it).
+        comm_patterns: compiled ``--comm-kernel`` patterns.
+        warnings: the loader's warnings for this file (kept with the summary).
+        repairs: what reading the file repaired.
+        has_steps: whether an event is named ``ProfilerStep...`` (default: looked up).
+        stat: ``os.stat`` of the trace file (default: taken now).
+    """
+    from pardiag.analyzer.breakdown import _rank_parts
+    from pardiag.analyzer.classify import profiler_steps
+    from pardiag.analyzer.sync import _from_trace
+    from pardiag.analyzer.classify import classify
+
+    patterns = list(comm_patterns)
+    st = stat or os.stat(trace.path)
+    parts = _rank_parts(trace, patterns, None)
+    kinds = classify(trace, patterns)
+    steps = profiler_steps(trace, kinds)
+    comm = _from_trace(trace, kinds, steps)
+    return RankSummary(
+        path=str(trace.path), size=int(st.st_size), mtime_ns=int(st.st_mtime_ns),
+        comm_patterns=pattern_sources(patterns),
+        dist_rank=(trace.metadata.get("distributedInfo") or {}).get("rank")
+        if isinstance(trace.metadata.get("distributedInfo"), dict) else None,
+        metadata=trace.metadata, thread_names=dict(trace.thread_names),
+        warnings=tuple(warnings), notes=tuple(trace.notes), repairs=tuple(repairs),
+        n_events=len(trace.events),
+        has_steps=bool(trace.events["name"].str.startswith("ProfilerStep").any())
+        if has_steps is None else has_steps,
+        has_gpu=trace.has_gpu, parts=parts, comm=comm, steps=steps, memory=memory_rows(trace))
+
+
+# -- JSON form -----------------------------------------------------------------------------------
+
+def _frame_json(df: pd.DataFrame) -> dict:
+    return {"columns": list(df.columns),
+            "dtypes": [str(t) for t in df.dtypes],
+            "data": [df[c].tolist() for c in df.columns]}
+
+
+def _frame_from(d: dict) -> pd.DataFrame:
+    cols = {}
+    for c, t, vals in zip(d["columns"], d["dtypes"], d["data"]):
+        if t == "object":
+            cols[c] = pd.Series(vals, dtype=object)
+        elif t.startswith(("int", "uint")) and None in vals:
+            cols[c] = pd.Series([np.nan if v is None else v for v in vals], dtype=float)
+        elif t.startswith(("float", "int", "uint", "bool")):
+            cols[c] = pd.Series([np.nan if v is None else v for v in vals], dtype=t)
+        else:
+            cols[c] = pd.Series(vals)
+    return pd.DataFrame(cols, columns=d["columns"])
+
+
+def to_json(s: RankSummary) -> bytes:
+    """The summary as JSON bytes (floats written exactly, NaN as null)."""
+    from pardiag.analyzer.breakdown import _RankParts  # noqa: F401  (shape documented there)
+
+    p = s.parts
+    comm_ev = p.comm_events.drop(columns=["args"], errors="ignore")
+    doc = {
+        "kind": SUMMARY_KIND, "version": SUMMARY_VERSION, "path": s.path, "size": s.size,
+        "mtime_ns": s.mtime_ns, "comm_patterns": list(s.comm_patterns), "dist_rank": s.dist_rank,
+        "metadata": s.metadata,
+        "thread_names": [[pid, tid, name] for (pid, tid), name in s.thread_names.items()],
+        "warnings": list(s.warnings), "notes": list(s.notes), "repairs": list(s.repairs),
+        "n_events": s.n_events, "has_steps": s.has_steps, "has_gpu": s.has_gpu,
+        "parts": {"domain": p.domain, "k": p.k.tolist(), "c": p.c.tolist(), "lo": p.lo,
+                  "hi": p.hi, "step_windows": [list(w) for w in p.step_windows],
+                  "comm_events": _frame_json(comm_ev)},
+        "comm": _frame_json(s.comm), "steps": _frame_json(s.steps),
+        "memory": _frame_json(s.memory),
+    }
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+                        default=_json_default)
+
+
+def _json_default(v):
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    if isinstance(v, (set, tuple)):
+        return list(v)
+    return str(v)
+
+
+def _intervals(rows) -> np.ndarray:
+    a = np.asarray(rows, dtype=np.float64)
+    return a.reshape(-1, 2) if a.size else np.empty((0, 2), dtype=np.float64)
+
+
+def from_json(data: bytes) -> RankSummary:
+    """Parse :func:`to_json` output.
+
+    Raises:
+        ValueError: not a pardiag rank summary of the current version.
+    """
+    from pardiag.analyzer.breakdown import _RankParts
+
+    doc = orjson.loads(data)
+    if not isinstance(doc, dict) or doc.get("kind") != SUMMARY_KIND:
+        raise ValueError("not a pardiag rank summary")
+    if doc.get("version") != SUMMARY_VERSION:
+        raise ValueError(f"summary version {doc.get('version')!r}, expected {SUMMARY_VERSION}")
+    p = doc["parts"]
+    comm_ev = _frame_from(p["comm_events"])
+    comm_ev["args"] = None
+    parts = _RankParts(p["domain"], _intervals(p["k"]), _intervals(p["c"]), float(p["lo"]),
+                       float(p["hi"]), [(int(a), float(b), float(c)) for a, b, c in
+                                        p["step_windows"]], comm_ev)
+    return RankSummary(
+        path=doc["path"], size=int(doc["size"]), mtime_ns=int(doc["mtime_ns"]),
+        comm_patterns=tuple(doc["comm_patterns"]), dist_rank=doc["dist_rank"],
+        metadata=doc["metadata"],
+        thread_names={(str(a), str(b)): str(c) for a, b, c in doc["thread_names"]},
+        warnings=tuple(doc["warnings"]), notes=tuple(doc["notes"]),
+        repairs=tuple(doc["repairs"]), n_events=int(doc["n_events"]),
+        has_steps=bool(doc["has_steps"]), has_gpu=bool(doc["has_gpu"]), parts=parts, comm=_frame_from(doc["comm"]),
+        steps=_frame_from(doc["steps"]), memory=_frame_from(doc["memory"]))
+
+
+# -- where summaries live ------------------------------------------------------------------------
+
+def _user_cache_root() -> Path:
+    env = os.environ.get("PARDIAG_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "pardiag"
+
+
+def summary_dirs(trace_path: Path) -> list[Path]:
+    """Folders where the summary of ``trace_path`` may be, in lookup order: the trace folder's
+    ``.pardiag-cache/``, then the user cache folder for that trace folder."""
+    folder = Path(trace_path).resolve().parent
+    digest = hashlib.sha1(str(folder).encode()).hexdigest()[:16]
+    return [folder / CACHE_DIRNAME, _user_cache_root() / digest]
+
+
+def summary_file_name(trace_path: Path) -> str:
+    """``rank0.trace.json.gz`` → ``rank0.trace.json.gz.summary.json``."""
+    return Path(trace_path).name + SUMMARY_SUFFIX
+
+
+def find_summary(trace_path: Path, comm_patterns: Iterable = (),
+                 stat: os.stat_result | None = None) -> RankSummary | None:
+    """The stored summary of ``trace_path`` if one is current: same size, modification time,
+    patterns and version; else None (nothing raised for missing or unreadable summaries)."""
+    st = stat or os.stat(trace_path)
+    want = pattern_sources(comm_patterns)
+    for d in summary_dirs(trace_path):
+        f = d / summary_file_name(trace_path)
+        try:
+            s = from_json(f.read_bytes())
+        except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+            continue
+        if s.size == st.st_size and s.mtime_ns == st.st_mtime_ns and s.comm_patterns == want:
+            return s
+    return None
+
+
+def _is_ours(f: Path) -> bool:
+    try:
+        with open(f, "rb") as fh:
+            head = fh.read(64)
+    except OSError:
+        return False
+    return head.startswith(b'{"kind":"' + SUMMARY_KIND.encode())
+
+
+def write_summary(s: RankSummary, trace_path: Path) -> Path | None:
+    """Store ``s`` for ``trace_path`` in the first writable summary folder (see
+    :func:`summary_dirs`); never over a file that is not a pardiag summary. Returns the file
+    written, or None when no folder is writable (the report still works, only slower next
+    time)."""
+    data = to_json(s)
+    for d in summary_dirs(trace_path):
+        f = d / summary_file_name(trace_path)
+        if f.exists() and not _is_ours(f):
+            continue
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            tmp = d / f".{f.name}.{os.getpid()}.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, f)
+            return f
+        except OSError:
+            continue
+    return None
