@@ -4,8 +4,9 @@ Every rank becomes its own process(es) on one timeline:
 
 * **pids**: the processes of rank R (its host process, GPU devices, Kineto's ``Spans``...) get
   ``R * PID_STRIDE + k``, k = 0 for the process with the most events (named ``rank R``), then in
-  order of first appearance (named ``rank R: <original process name>``). ``process_name`` and
-  ``process_sort_index`` metadata events say so, so ranks are listed in order. tids are kept.
+  order of first appearance (named ``rank R: <Kineto label such as GPU 0, or process name>``).
+  ``process_name`` and ``process_sort_index`` metadata events say so, so ranks are listed in
+  order. tids are kept.
 * **clocks**: each rank's timestamps (µs, as the loader reads them) minus its clock offset from
   :func:`pardiag.analyzer.sync.compute_sync` (median of its collective ends minus the consensus
   end), so collectives line up across hosts. A rank without matched collectives keeps offset 0.
@@ -78,6 +79,7 @@ def rank_events(doc: dict, rank: int, index: int, n_ranks: int,
     events = [e for e in raw if isinstance(e, dict)]
     dropped = len(raw) - len(events)
     names: dict[str, str] = {}
+    labels: dict[str, str] = {}
     counts: Counter = Counter()
     first_seen: dict[str, int] = {}
     for i, e in enumerate(events):
@@ -85,7 +87,9 @@ def rank_events(doc: dict, rank: int, index: int, n_ranks: int,
         first_seen.setdefault(key, i)
         if e.get("ph") == "M":
             if e.get("name") == "process_name" and isinstance(e.get("args"), dict):
-                names[key] = str(e["args"].get("name", ""))
+                names.setdefault(key, str(e["args"].get("name", "")))
+            elif e.get("name") == "process_labels" and isinstance(e.get("args"), dict):
+                labels[key] = str(e["args"].get("labels", ""))  # Kineto: "CPU", "GPU 0"
         else:
             counts[key] += 1
     order = sorted(first_seen, key=lambda k: (-counts[k], first_seen[k]))
@@ -97,7 +101,7 @@ def rank_events(doc: dict, rank: int, index: int, n_ranks: int,
     for k in order:
         pid = new_pid[k]
         label = f"rank {rank}" if pid == rank * PID_STRIDE else \
-            f"rank {rank}: {names.get(k) or 'pid ' + k}"
+            f"rank {rank}: {labels.get(k) or names.get(k) or 'pid ' + k}"
         out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                     "args": {"name": label}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,

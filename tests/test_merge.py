@@ -134,3 +134,26 @@ def test_sample_run_merges(tmp_path):
     names = {e["args"]["name"] for e in ev if e["name"] == "process_name"}
     assert {"rank 0", "rank 1"} <= names
     assert all({"ph", "pid", "tid"} <= set(e) for e in ev)
+
+
+def test_gpu_processes_are_named_by_their_kineto_label():
+    from pardiag.analyzer.merge import rank_events
+
+    doc = {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 59811, "tid": 0, "args": {"name": "python3"}},
+        {"ph": "M", "name": "process_labels", "pid": 59811, "tid": 0, "args": {"labels": "CPU"}},
+        {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "python3"}},
+        {"ph": "M", "name": "process_labels", "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
+        {"ph": "X", "name": "aten::mm", "pid": 59811, "tid": 59811, "ts": 10.0, "dur": 5.0},
+        {"ph": "X", "name": "aten::add", "pid": 59811, "tid": 59811, "ts": 20.0, "dur": 5.0},
+        {"ph": "X", "name": "gemm", "pid": 0, "tid": 7, "ts": 12.0, "dur": 2.0},
+        {"ph": "X", "name": "no ts", "pid": 0, "tid": 7},
+        "not an event",
+    ]}
+    events, pids, dropped = rank_events(doc, rank=3, index=1, n_ranks=4, offset_us=2.0)
+    assert pids == [3000, 3001] and dropped == 2
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {3000: "rank 3", 3001: "rank 3: GPU 0"}
+    assert [(e["name"], e["pid"], e["tid"], e["ts"]) for e in events if e["ph"] == "X"] == [
+        ("aten::mm", 3000, 59811, 8.0), ("aten::add", 3000, 59811, 18.0), ("gemm", 3001, 7, 10.0)]
+    assert [e["args"]["labels"] for e in events if e["name"] == "process_labels"] == ["CPU", "GPU 0"]
