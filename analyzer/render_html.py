@@ -34,6 +34,7 @@ from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
 from pardiag import __version__
+from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.pipeline import summarize_bubbles
 from pardiag.analyzer.registry import Report
 
@@ -396,8 +397,6 @@ _PHASE_COLORS = {"F": "#4C78A8", "B": "#F58518", "I": "#F58518", "W": "#72B7B2"}
 def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
     """Forward/backward chunks of one step per rank and stage (ms from the step's first
     forward), with each rank's bubbles (the step window minus its chunks) shaded red."""
-    import pardiag.analyzer.intervals as iv
-
     c = chunks[chunks["step"] == step].copy()
     t0, t1 = c["start_us"].min(), c["end_us"].max()
     c["row"] = [f"rank {r} · stage {s}" for r, s in zip(c["rank"], c["stage"])]
@@ -570,7 +569,8 @@ def _verdict_section(report: Report) -> list[str]:
     return out
 
 
-def _summary_section(report: Report) -> tuple[list[tuple[str, str]], list[str]]:
+def _summary_section(report: Report) -> list[tuple[str, str]]:
+    """(label, value) rows of the run summary: source, ranks, run metadata, headline numbers."""
     b, traces = report.breakdown, report.traces
     run = traces.run_info or {}
     domains = sorted(set(b.totals["domain"]))
@@ -611,7 +611,7 @@ def _summary_section(report: Report) -> tuple[list[tuple[str, str]], list[str]]:
         summary.append(("overlap (all ranks)", f"{100 * (comm - exposed) / comm:.1f}%" if comm
                         else "no communication found"))
     summary.append(("warnings", str(len(traces.warnings))))
-    return summary, []
+    return summary
 
 
 def _breakdown_section(report: Report, page: _Page) -> list[str]:
@@ -967,7 +967,7 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
     page = _Page()
     body: list[str] = []
     body += _verdict_section(report)
-    summary, _ = _summary_section(report)
+    summary = _summary_section(report)
     body += _breakdown_section(report, page)
     body += _overlap_section(report, page)
     body += _stragglers_section(report, page)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from synth import TraceBuilder, record, write_sidecar
@@ -111,7 +112,6 @@ def hostile_run(parent: Path) -> Path:
         doc["distributedInfo"]["pg_config"] = info["pg_config"]
         doc["traceName"] = p_link
         name = f"rank{r} {NAME_PAYLOAD}.json"
-        import json
         (out / name).write_text(json.dumps(doc))
         write_sidecar(out / f"rank{r}.comms.json", "comms", r,
                       {"process_groups": groups, "records": recs})
