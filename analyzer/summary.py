@@ -327,3 +327,72 @@ def write_summary(s: RankSummary, trace_path: Path) -> Path | None:
         except OSError:
             continue
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class SummarizeResult:
+    """Result of :func:`summarize_paths`.
+
+    Attributes:
+        written: ``{trace file: summary file}`` for the summaries computed now (summary file None
+            where no summary folder was writable).
+        current: trace files whose stored summary was already current (left as they are).
+        skipped: one line per file that is not a readable trace.
+    """
+
+    written: dict
+    current: tuple
+    skipped: tuple
+
+
+def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, int] = (0, 1),
+                    workers: int | None = None, progress=None) -> SummarizeResult:
+    """Compute and store the summary of every trace file under ``paths`` that lacks a current one.
+
+    Args:
+        paths: folders and/or trace files (as :func:`pardiag.analyzer.load.load_traces` takes).
+        comm_patterns: compiled ``--comm-kernel`` patterns.
+        shard: ``(i, n)``: handle only the files whose position in the sorted file list is ``i``
+            modulo ``n`` (run ``n`` copies, e.g. one per torchrun process or node).
+        workers: parsing processes (default: one per core for large inputs).
+        progress: ``progress(done, total)`` after each file.
+
+    Raises:
+        TraceError: a path does not exist, or no trace file is found.
+        ValueError: a bad shard.
+    """
+    from pardiag.analyzer.load import _parse_all, _trace_files, default_workers
+    from pardiag.errors import TraceError
+
+    i, n = shard
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"shard {i}/{n}: need 0 <= i < n")
+    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    files, _, source = _trace_files(paths)
+    if not files:
+        raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found")
+    files = sorted(files, key=str)[i::n]
+    patterns = list(comm_patterns)
+    current, todo = [], []
+    for f in files:
+        (current if find_summary(f, patterns) is not None else todo).append(f)
+    if progress and current:
+        progress(len(current), len(files))
+    n_workers = default_workers(todo) if workers is None else workers
+    done = len(current)
+
+    def step(k: int, total: int) -> None:
+        if progress:
+            progress(done + k, len(files))
+
+    written, skipped = {}, []
+    for p in _parse_all(todo, n_workers, step, summarize=True, cache=True,
+                        patterns=pattern_sources(patterns), keep_events=False):
+        if p.error is not None:
+            skipped.append(f"{p.error} - skipped")
+        elif p.not_trace:
+            skipped.append(f"{p.path}: not a Kineto trace (no traceEvents list) - skipped")
+        else:
+            found = [d / summary_file_name(p.path) for d in summary_dirs(p.path)]
+            written[p.path] = next((f for f in found if f.exists()), None)
+    return SummarizeResult(written, tuple(current), tuple(skipped))

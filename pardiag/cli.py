@@ -84,12 +84,19 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
               help="Extra GPU kernel names that are communication (repeatable).")
 @click.option("--cdn", is_flag=True, help="Link plotly.js from its CDN instead of inlining it.")
 @click.option("--quiet", "-q", is_flag=True, help="No terminal summary.")
+@click.option("--no-cache", is_flag=True,
+              help="Parse every trace; neither read nor store per-rank summaries.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes that parse traces [default: one per core for large inputs].")
 def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
-           comm_kernel: tuple[str, ...], cdn: bool, quiet: bool) -> None:
+           comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
+           workers: int | None) -> None:
     """Analyze a run folder, a folder of Kineto traces, or trace files.
 
     Writes a self-contained HTML report, prints a summary, and optionally writes JSON.
-    Bad input exits with code 2 and a one-line message.
+    Per-rank summaries are reused when current and stored for next time (in .pardiag-cache/ of
+    the trace folder, or ~/.cache/pardiag when it is read-only). Bad input exits with code 2
+    and a one-line message.
     """
     import orjson
     from rich.console import Console
@@ -99,10 +106,13 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     from pardiag.analyzer.registry import AnalysisOptions, build_report, report_json
     from pardiag.analyzer.render_html import render_html
     from pardiag.analyzer.render_terminal import render_terminal
+    from pardiag.progress import progress_reporter
 
     try:
         opts = AnalysisOptions(comm_patterns=tuple(compile_comm_patterns(comm_kernel)))
-        traces = load_traces(list(paths))
+        with progress_reporter("loading traces") as progress:
+            traces = load_traces(list(paths), summarize=True, comm_patterns=opts.comm_patterns,
+                                 cache=not no_cache, workers=workers, progress=progress)
     except PardiagError as err:
         _fail(err)
     inputs = {t.path.resolve() for t in traces.ranks.values()}
@@ -180,6 +190,55 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
     shifts = ", ".join(f"rank {r}: {o:+.1f} µs" for r, o in result.offsets_us.items())
     click.echo(f"pardiag: wrote {output} ({len(result.pids)} ranks, {result.events} events; "
                f"clock offsets subtracted: {shifts})", err=True)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--comm-kernel", "comm_kernel", multiple=True, metavar="REGEX",
+              help="Extra GPU kernel names that are communication (as for report).")
+@click.option("--shard", default=None, metavar="I/N",
+              help="Summarize only every N-th file from the I-th [default: $RANK/$WORLD_SIZE "
+                   "under torchrun, else all].")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes that parse traces [default: one per core for large inputs].")
+def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str | None,
+              workers: int | None) -> None:
+    """Write the per-rank summary of each trace, where the traces are.
+
+    `pardiag report` then reads the summaries instead of the raw traces. Spread the work over
+    processes or nodes with torchrun (each process takes its share of the files, --shard
+    $RANK/$WORLD_SIZE), e.g. `torchrun --nnodes 8 --nproc-per-node 4 -m pardiag summarize DIR`.
+    Summaries go to .pardiag-cache/ in the trace folder, or ~/.cache/pardiag when it is read-only.
+    """
+    from pardiag.analyzer.classify import compile_comm_patterns
+    from pardiag.analyzer.summary import summarize_paths
+    from pardiag.progress import progress_reporter
+
+    if shard is None and os.environ.get("WORLD_SIZE") and os.environ.get("RANK"):
+        shard = f"{os.environ['RANK']}/{os.environ['WORLD_SIZE']}"
+    try:
+        i, n = (int(x) for x in (shard or "0/1").split("/"))
+        if n < 1 or not 0 <= i < n:
+            raise ValueError
+    except ValueError:
+        _fail(PardiagError(f"--shard {shard!r}: expected I/N with 0 <= I < N"))
+    try:
+        with progress_reporter("summarizing traces") as progress:
+            res = summarize_paths(list(paths), compile_comm_patterns(comm_kernel), shard=(i, n),
+                                  workers=workers, progress=progress)
+    except PardiagError as err:
+        _fail(err)
+    for line in res.skipped:
+        click.echo(f"pardiag: warning: {line}", err=True)
+    unwritable = [str(t) for t, f in res.written.items() if f is None]
+    for t in unwritable:
+        click.echo(f"pardiag: warning: {t}: no writable folder for its summary", err=True)
+    folders = sorted({str(f.parent) for f in res.written.values() if f is not None})
+    click.echo(f"pardiag: summarized {len(res.written) - len(unwritable)} trace(s)"
+               f"{f' (shard {i}/{n})' if n > 1 else ''}, {len(res.current)} already current"
+               + (f"; summaries in {', '.join(folders[:3])}" if folders else ""), err=True)
+    if not res.written and not res.current:
+        sys.exit(2)
 
 
 def main() -> None:

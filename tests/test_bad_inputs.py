@@ -101,7 +101,7 @@ def test_corpus_is_complete():
 def test_bad_input(name, tmp_path, monkeypatch, capsys):
     code, text, overlap, ranks = EXPECTED[name]
     rc, _, err = _run(["report", str(CORPUS / name), "-o", str(tmp_path / "r.html"),
-                       "--json", str(tmp_path / "s.json"), "-q"],
+                       "--json", str(tmp_path / "s.json"), "-q", "--no-cache"],
                       monkeypatch, capsys)
     assert "Traceback" not in err
     assert rc == code, err
@@ -124,7 +124,8 @@ def test_bad_input(name, tmp_path, monkeypatch, capsys):
 
 def test_empty_folder(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty").mkdir()
-    rc, _, err = _run(["report", str(tmp_path / "empty"), "-o", str(tmp_path / "r.html")],
+    rc, _, err = _run(["report", str(tmp_path / "empty"), "-o", str(tmp_path / "r.html"),
+                       "--no-cache"],
                       monkeypatch, capsys)
     assert rc == 2
     assert err == f"pardiag: error: {tmp_path / 'empty'}: no trace files (*.json, *.json.gz) found\n"
@@ -142,6 +143,6 @@ def test_no_traceback_in_a_real_process(name, tmp_path):
     """The console script itself (not only main()): stderr has no traceback."""
     exe = Path(sys.executable).parent / "pardiag"
     res = subprocess.run([str(exe), "report", str(CORPUS / name), "-o", str(tmp_path / "r.html"),
-                          "-q"], capture_output=True, text=True, timeout=120)
+                          "-q", "--no-cache"], capture_output=True, text=True, timeout=120)
     assert "Traceback" not in res.stderr
     assert res.returncode == EXPECTED[name][0]
