@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer import intervals as iv
-from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, _by_name, cached, classify,
+from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, cached, classify, name_test,
                                        collective_type, comm_threads, on_threads, pattern_key,
                                        profiler_steps)
 from pardiag.analyzer.load import RankTrace, TraceSet
@@ -99,44 +99,49 @@ def launch_times(trace: RankTrace, kernels: pd.DataFrame) -> np.ndarray:
 
 
 _LAUNCH_OP_RE = r"^(nccl:|c10d::|record_param_comms)"
+_LAUNCH_OP = re.compile(_LAUNCH_OP_RE)
 
 
 def launching_comm_ops(trace: RankTrace, kernels: pd.DataFrame) -> list[pd.DataFrame]:
     """For each GPU kernel, the CPU communication ops (``c10d::*``, ``nccl:*``,
     ``record_param_comms``) on the launching thread that enclose its runtime launch call
     (matched by ``correlation``), outermost first; an empty frame where there is none."""
-    ev = trace.events
-    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
-    launch_re = re.compile(_LAUNCH_OP_RE)
-    ops = ev[_by_name(ev["name"], launch_re.match)
-             & ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()]
-    by_corr: dict = {}
-    for c, t, pid, tid in zip(rt["correlation"], rt["ts"], rt["pid"], rt["tid"]):
-        by_corr[c] = (t, pid, tid)  # the last runtime call with the id wins, as before
+    ops, rows = launching_op_rows(trace, kernels)
     empty = ops.iloc[:0]
+    return [ops.iloc[r] if len(r) else empty for r in rows]
+
+
+def launching_op_rows(trace: RankTrace, kernels: pd.DataFrame) -> tuple[pd.DataFrame, list[np.ndarray]]:
+    """:func:`launching_comm_ops` as positions: ``(ops, rows)`` where ``ops`` holds every CPU
+    communication op of the trace and ``rows[i]`` the positions in ``ops`` of kernel i's
+    enclosing ops, outermost first."""
+    ev = trace.events
+    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]).to_numpy()
+            & (ev["correlation"] >= 0).to_numpy()]
+    ops = ev[name_test(trace, "launch_op", _LAUNCH_OP.match)
+             & ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()]
+    none = np.empty(0, dtype=np.int64)
     if ops.empty:
-        return [empty] * len(kernels)
+        return ops, [none] * len(kernels)
+    by_corr = dict(zip(rt["correlation"].tolist(),  # the last runtime call with an id wins
+                       zip(rt["ts"].tolist(), rt["pid"].tolist(), rt["tid"].tolist())))
     # per launching thread: the ops' starts and ends; a kernel's enclosing ops are those with
-    # start <= launch <= end (rows of ``ops`` in time order, so outermost first)
-    thread_ops: dict = {}
-    for key, idx in ops.groupby(["pid", "tid"], sort=False).indices.items():
-        thread_ops[key] = (idx, ops["ts"].to_numpy()[idx],
-                           (ops["ts"] + ops["dur"]).to_numpy()[idx])
+    # start <= launch <= end (positions in time order, so outermost first)
+    starts_all = ops["ts"].to_numpy()
+    ends_all = starts_all + ops["dur"].to_numpy()
+    thread_ops = {key: (idx, starts_all[idx], ends_all[idx])
+                  for key, idx in ops.groupby(["pid", "tid"], sort=False).indices.items()}
     out = []
-    for corr in kernels["correlation"]:
-        hit = by_corr.get(int(corr))
-        if hit is None:
-            out.append(empty)
-            continue
-        t, pid, tid = hit
-        th = thread_ops.get((pid, tid))
+    for corr in kernels["correlation"].tolist():
+        hit = by_corr.get(corr)
+        th = thread_ops.get((hit[1], hit[2])) if hit is not None else None
         if th is None:
-            out.append(empty)
+            out.append(none)
             continue
         idx, starts, ends = th
-        sel = idx[(starts <= t) & (ends >= t)]
-        out.append(ops.iloc[sel] if len(sel) else empty)
-    return out
+        t = hit[0]
+        out.append(idx[(starts <= t) & (ends >= t)])
+    return ops, out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,14 +73,16 @@ def cached(trace: RankTrace, key, compute):
     return store[key]
 
 
-def _by_name(names: pd.Series, test) -> np.ndarray:
-    """``test(name)`` (a bool) for every name, evaluated once per distinct name."""
-    codes, uniques = pd.factorize(names, use_na_sentinel=False)
-    if len(uniques) == 0:
-        return np.zeros(len(names), dtype=bool)
-    hit = np.fromiter((bool(test(u)) if isinstance(u, str) else False for u in uniques),
-                      dtype=bool, count=len(uniques))
-    return hit[codes]
+def name_test(trace: RankTrace, key: str, test) -> np.ndarray:
+    """``test(name)`` for every event of ``trace`` (bool array), evaluated once per distinct
+    name and cached under ``key``; a fixed test per key."""
+    def compute() -> np.ndarray:
+        codes, uniques = cached(trace, "name_codes", lambda: pd.factorize(
+            trace.events["name"], use_na_sentinel=False))
+        hit = np.fromiter((bool(test(u)) if isinstance(u, str) else False for u in uniques),
+                          dtype=bool, count=len(uniques))
+        return hit[codes] if len(uniques) else np.zeros(len(codes), dtype=bool)
+    return cached(trace, ("name_test", key), compute)
 
 
 def compile_comm_patterns(patterns: Iterable[str]) -> list[re.Pattern]:
@@ -117,7 +119,7 @@ def _comm_threads(trace: RankTrace) -> frozenset:
     ev = trace.events
     named = trace.thread_names
     threads = {k for k, name in named.items() if _COMM_THREAD_RE.search(name)}
-    gloo = ev[_by_name(ev["name"], lambda n: n.startswith("gloo:"))]
+    gloo = ev[name_test(trace, "gloo", lambda n: n.startswith("gloo:"))]
     for pid, tid in set(zip(gloo["pid"], gloo["tid"])):
         if (pid, tid) not in named and pid != tid:
             threads.add((pid, tid))
@@ -144,22 +146,23 @@ def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
 
     is_kernel = (cat == "kernel").to_numpy()
     is_gpu_mem = (cat.isin(["gpu_memcpy", "gpu_memset"]).to_numpy()
-                  | (is_kernel & _by_name(name, _MEMORY_NAME_RE.match)))
-    comm_k = _by_name(name, lambda n: GPU_COMM_RE.search(n) or any(p.search(n)
-                                                                   for p in comm_patterns))
+                  | (is_kernel & name_test(trace, "memory_name", _MEMORY_NAME_RE.match)))
+    comm_k = name_test(trace, "gpu_comm", GPU_COMM_RE.search)
+    for pat in comm_patterns:
+        comm_k = comm_k | name_test(trace, ("pattern", pat.pattern), pat.search)
     kind[is_kernel] = Kind.GPU_COMPUTE.value
     kind[is_kernel & comm_k] = Kind.GPU_COMM.value
     kind[is_gpu_mem] = Kind.GPU_MEMORY.value
 
     cpu_side = cat.isin(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]).to_numpy()
-    is_comm = cpu_side & _by_name(name, CPU_COMM_RE.match)
-    is_wait = cpu_side & _by_name(name, CPU_WAIT_RE.match)
+    is_comm = cpu_side & name_test(trace, "cpu_comm", CPU_COMM_RE.match)
+    is_wait = cpu_side & name_test(trace, "cpu_wait", CPU_WAIT_RE.match)
     on_comm_thread = on_threads(ev, comm_threads(trace))
     is_cpu_op = (cat == "cpu_op").to_numpy()
     kind[is_cpu_op & ~on_comm_thread] = Kind.CPU_COMPUTE.value
     kind[is_comm] = Kind.CPU_COMM.value
     kind[is_wait] = Kind.CPU_WAIT.value  # c10d::wait, wait_tensor: waiting, not transferring
-    is_step = cat.isin(["user_annotation", "cpu_op"]).to_numpy() & _by_name(name, STEP_RE.match)
+    is_step = cat.isin(["user_annotation", "cpu_op"]).to_numpy() & name_test(trace, "step", STEP_RE.match)
     kind[is_step] = Kind.STEP.value
     kind[(ev["ph"] == "i").to_numpy() & (name == "[memory]").to_numpy()] = Kind.MEMORY.value
     return pd.Series(kind, index=ev.index, name="kind")
@@ -182,13 +185,18 @@ def on_threads(ev: pd.DataFrame, threads) -> np.ndarray:
 def profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
     """The ``ProfilerStep#N`` windows of a rank on the CPU timeline.
 
-    Annotations with the same step number are merged (earliest start, latest end).
+    Annotations with the same step number are merged (earliest start, latest end). Computed
+    once per trace (which events are steps does not depend on ``--comm-kernel`` patterns).
 
     Returns:
         DataFrame with columns ``step`` (int), ``start_us``, ``end_us`` (float, trace clock),
         sorted by start.
     """
-    ev = trace.events[kinds == Kind.STEP.value]
+    return cached(trace, "profiler_steps", lambda: _profiler_steps(trace, kinds))
+
+
+def _profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
+    ev = trace.events[(kinds == Kind.STEP.value).to_numpy()]
     if ev.empty:
         return pd.DataFrame({"step": pd.Series(dtype=np.int64), "start_us": pd.Series(dtype=float),
                              "end_us": pd.Series(dtype=float)})

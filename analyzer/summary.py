@@ -308,6 +308,16 @@ def _is_ours(f: Path) -> bool:
     return head.startswith(b'{"kind":"' + SUMMARY_KIND.encode())
 
 
+def _writable(folder: Path) -> bool:
+    """A folder pardiag may create its summary folder in: writable by us, and not marked
+    read-only by its permission bits (root can write anywhere; shared read-only material stays
+    untouched)."""
+    try:
+        return os.access(folder, os.W_OK) and bool(os.stat(folder).st_mode & 0o222)
+    except OSError:
+        return False
+
+
 def write_summary(s: RankSummary, trace_path: Path) -> Path | None:
     """Store ``s`` for ``trace_path`` in the first writable summary folder (see
     :func:`summary_dirs`); never over a file that is not a pardiag summary. Returns the file
@@ -317,6 +327,11 @@ def write_summary(s: RankSummary, trace_path: Path) -> Path | None:
     for d in summary_dirs(trace_path):
         f = d / summary_file_name(trace_path)
         if f.exists() and not _is_ours(f):
+            continue
+        anc = d
+        while not anc.exists() and anc.parent != anc:
+            anc = anc.parent
+        if not _writable(anc):
             continue
         try:
             d.mkdir(parents=True, exist_ok=True)

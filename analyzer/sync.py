@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer import intervals as iv
-from pardiag.analyzer.breakdown import launch_times, launching_comm_ops
+from pardiag.analyzer.breakdown import launch_times, launching_op_rows
 from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
                                        comm_threads, on_threads, profiler_steps)
 from pardiag.analyzer.comm_records import DTYPE_BYTES, _numel
@@ -113,28 +113,33 @@ def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.D
     if len(gpu):
         # metadata from the kernel's args, else from the CPU op that launched it
         launch = launch_times(trace, gpu)
-        enclosing = launching_comm_ops(trace, gpu)
+        ops, enclosing = launching_op_rows(trace, gpu)
+        op_names = ops["name"].tolist()
+        op_args = ops["args"].tolist()
         rows = []
-        for (_, k), lt, enc in zip(gpu.iterrows(), launch, enclosing):
-            args = k["args"] if isinstance(k["args"], dict) else {}
+        for name, ts, dur, kargs, lt, enc in zip(gpu["name"].tolist(), gpu["ts"].tolist(),
+                                                 gpu["dur"].tolist(), gpu["args"].tolist(),
+                                                 launch, enclosing):
+            args = kargs if isinstance(kargs, dict) else {}
             if "Collective name" not in args:
-                for a in enc["args"][::-1]:
+                for j in enc[::-1]:
+                    a = op_args[j]
                     if isinstance(a, dict) and "Collective name" in a:
                         args = {**a, **args}
                         break
                 else:
                     if len(enc):  # an older trace: the op name and its input shapes
-                        inner = enc.iloc[-1]
-                        a = inner["args"] if isinstance(inner["args"], dict) else {}
-                        args = {**args, "_op_name": inner["name"],
+                        a = op_args[enc[-1]]
+                        a = a if isinstance(a, dict) else {}
+                        args = {**args, "_op_name": op_names[enc[-1]],
                                 **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
-            op = collective_type(args.get("_op_name", k["name"]), args)
+            op = collective_type(args.get("_op_name", name), args)
             if op not in STANDARD_COLLECTIVES:
-                op = collective_type(k["name"], args)
+                op = collective_type(name, args)
             size = args.get("Group size")
             rows.append({"rank": trace.rank, "pg": str(args.get("Process Group Name", "?")),
-                         "op": op, "peer": None, "start_us": float(k["ts"]),
-                         "end_us": float(k["ts"] + k["dur"]), "bytes": _args_bytes(args),
+                         "op": op, "peer": None, "start_us": float(ts),
+                         "end_us": float(ts + dur), "bytes": _args_bytes(args),
                          "group_size": int(size) if isinstance(size, (int, float)) else world,
                          "launch_us": float(lt), "source": "trace"})
         df = pd.DataFrame(rows)
