@@ -27,6 +27,9 @@ class Recommendation:
         measured_peak_bytes: measured peak memory of the worst rank (bytes), None if unknown.
         predicted_peak_bytes: predicted peak memory of the worst rank (bytes), None if unknown.
         fits_memory: False when the prediction exceeds the device capacity (then not recommended).
+        params: the change in machine-readable form, e.g. ``{"microbatches": 16}``,
+            ``{"layers_per_stage": [5, 5]}``, ``{"without_rank": 1}``,
+            ``{"ddp_bucket_cap_bytes": 4194304}``, ``{"reshard_after_forward": False}``.
     """
 
     kind: str
@@ -40,6 +43,7 @@ class Recommendation:
     measured_peak_bytes: float | None = None
     predicted_peak_bytes: float | None = None
     fits_memory: bool = True
+    params: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"evidence": list(self.evidence),
@@ -79,6 +83,10 @@ from pardiag.analyzer.load import TraceSet  # noqa: E402
 
 #: A change must be predicted to save at least this share of the step to be recommended (%).
 MIN_GAIN_PCT = 2.0
+#: A straggler arrives last at this share of its collectives or more …
+STRAGGLER_LAST_SHARE = 0.6
+#: … and causes this many times the waiting it suffers.
+STRAGGLER_RATIO = 4.0
 
 
 def _ms(us: float) -> str:
@@ -99,7 +107,12 @@ class PipelineModel:
         samples: microbatch size (rows), or None when unknown.
         window_us: measured pipeline window (median over unprofiled steps, aligned clocks).
         period_us: measured step time (median start-to-start of consecutive unprofiled steps).
-        hop_us: calibrated point-to-point latency.
+        hop_us: point-to-point latency: the median time from a chunk's end to the start of the
+            chunk on another rank that waited for it (less the per-chunk gap); calibrated to
+            the measured step when no chunk waited.
+        residual_us: measured step minus the replayed one (added to every prediction).
+        gap_us: a rank's median time between two chunks when it waits for nothing (added to
+            each chunk's cost).
         tail_us: per rank, time from its last chunk of a step to its first chunk of the next
             when it need not wait (optimizer step plus what rank 0 does besides it).
         opt_us: per rank, median optimizer-step time (µs); empty when not recorded.
@@ -124,6 +137,8 @@ class PipelineModel:
     layers: tuple[tuple[tuple[str, float, int], ...], ...]
     steps: int
     basis: str
+    residual_us: float = 0.0
+    gap_us: float = 0.0
 
     def tails_for(self, stage_params: list[float] | None, v: int) -> dict[int, float]:
         """Per-rank tails when stage ``s`` (on rank ``s mod p``) holds ``stage_params[s]``
@@ -162,8 +177,10 @@ class PipelineModel:
         schedule, m, v = schedule or self.schedule, m or self.m, v or self.v
         if fwd_us is None:
             fwd_us, bwd_us = self.scaled(m)
-        return whatif.simulate_period(whatif.schedule_order(schedule, self.p, m, v), fwd_us,
-                                      bwd_us, self.hop_us, self.tails_for(stage_params, v))
+        period, sim = whatif.simulate_period(whatif.schedule_order(schedule, self.p, m, v),
+                                             fwd_us, bwd_us, self.hop_us,
+                                             self.tails_for(stage_params, v))
+        return period + self.residual_us, sim
 
     def layer_costs(self) -> tuple[list[str], list[float], list[float], list[float]] | None:
         """Per layer (all stages in order): names, forward µs, backward µs, and the per-chunk
@@ -286,9 +303,47 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
     else:
         tails, opt = {i: gap0 for i in range(len(ranks))}, {}
     orders = whatif.schedule_order(kind, p, m, v)
-    hop = whatif.calibrate_hop(orders, fwd, bwd, period, tails)
+    gap, hop_obs = _observed_gaps(c, n_stages)
+    fwd = tuple(t + gap for t in fwd)   # the rank's own time between chunks belongs to them
+    bwd = tuple(t + gap for t in bwd)
+    if hop_obs is not None:
+        hop = hop_obs
+        residual = period - whatif.simulate_period(orders, fwd, bwd, hop, tails)[0]
+    else:
+        hop = whatif.calibrate_hop(orders, fwd, bwd, period, tails)
+        residual = period - whatif.simulate_period(orders, fwd, bwd, hop, tails)[0]
     return PipelineModel(kind, p, m, v, fwd, bwd, fixed, samples, window, period, hop, tails,
-                         opt, layer_list, len(use), basis), ""
+                         opt, layer_list, len(use), basis, residual, gap), ""
+
+
+def _observed_gaps(chunks: pd.DataFrame, n_stages: int) -> tuple[float, float | None]:
+    """From the aligned chunk records: the median gap between a rank's consecutive chunks when
+    the second one had nothing to wait for (its own overhead per chunk, µs), and the median
+    time from a chunk's end to the start of the chunk on another rank that waited for it (the
+    hop latency, µs; None when no chunk waited)."""
+    end = {(r.step, r.stage, r.phase, r.microbatch): r.end_us for r in chunks.itertuples()}
+    rank_of = dict(zip(chunks["stage"], chunks["rank"]))
+    local, hops = [], []
+    for (_, rank), rc in chunks.groupby(["step", "rank"]):
+        rc = rc.sort_values("start_us")
+        prev_end = None
+        for r in rc.itertuples():
+            if r.phase == "F":
+                dep = (r.step, r.stage - 1, "F", r.microbatch) if r.stage > 0 else None
+            else:
+                dep = ((r.step, r.stage + 1, "B", r.microbatch) if r.stage < n_stages - 1
+                       else None)
+            dep_end = end.get(dep) if dep else None
+            cross = dep is not None and rank_of.get(dep[1]) != rank
+            if prev_end is not None:
+                if dep_end is None or dep_end <= prev_end or not cross:
+                    local.append(r.start_us - max(prev_end, dep_end or prev_end))
+                elif cross:
+                    hops.append(r.start_us - dep_end)
+            prev_end = r.end_us
+    gap = max(float(np.median(local)), 0.0) if local else 0.0
+    hop = max(float(np.median(hops)) - gap, 0.0) if hops else None
+    return gap, hop
 
 
 def _inflight(schedule: str, p: int, m: int, v: int) -> int:
@@ -347,7 +402,8 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
                   "microbatch size, measured from its operators; very small microbatches can "
                   "run below the hardware's efficient size",)
 
-    def rec(kind, title, change, sched, m, v, f=None, b=None, pb=None, extra_ev=(), caveats=()):
+    def rec(kind, title, change, sched, m, v, f=None, b=None, pb=None, extra_ev=(), caveats=(),
+            params=None):
         pred, sim = model.predict(sched, m, v, f, b, pb)
         pred_peak = None
         if peak is not None and act is not None:
@@ -360,7 +416,8 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
                 f"predicted bubble {statistics.fmean(sim.bubble_pct.values()):.1f}%",),
             caveats=tuple(caveats), measured_step_us=measured, predicted_step_us=pred,
             gain_pct=100.0 * (measured - pred) / measured if measured > 0 else 0.0,
-            measured_peak_bytes=peak, predicted_peak_bytes=pred_peak, fits_memory=fits))
+            measured_peak_bytes=peak, predicted_peak_bytes=pred_peak, fits_memory=fits,
+            params=params or {}))
 
     # more (or fewer) microbatches, same global batch
     for m2 in sorted({model.m * 2, model.m * 4, model.m // 2}):
@@ -373,11 +430,12 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
         n2 = f" of {model.samples * model.m // m2} samples" if model.samples else ""
         rec("microbatches", f"{'More' if m2 > model.m else 'Fewer'} microbatches: {m2} instead "
             f"of {model.m}", f"microbatches {m2}{n2} (same global batch)", model.schedule, m2,
-            model.v, caveats=caveats_mb)
+            model.v, caveats=caveats_mb, params={"microbatches": m2})
     # schedule: 1F1B holds fewer activations than GPipe at the same time
     if model.schedule == "gpipe":
         rec("schedule", "1F1B instead of GPipe", "schedule 1F1B", "1f1b", model.m, 1,
-            caveats=("1F1B mostly saves activation memory; its bubble equals GPipe's",))
+            caveats=("1F1B mostly saves activation memory; its bubble equals GPipe's",),
+            params={"schedule": "1f1b"})
     lc = model.layer_costs()
     # stage boundaries: the optimal contiguous split of the measured per-layer times
     if lc is not None:
@@ -398,7 +456,8 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
                               f"{n} {t / 1000:.2f} ms" for n, t in zip(names, total))),
                 caveats=("backward time per layer is taken proportional to its forward time "
                          "within its stage", "the first and last layers (embedding, head) "
-                         "may not be movable in your model"))
+                         "may not be movable in your model"),
+                params={"layers_per_stage": sizes, "layer_names": names})
         # interleaving: v stages per rank, same layers split into p·v stages
         if model.schedule != "interleaved":
             for v2 in (2, 4):
@@ -411,7 +470,9 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
                     f"schedule Interleaved1F1B, {v2} stages per rank, stage boundaries "
                     f"{whatif.boundaries_text(sizes2)}", "interleaved", model.m, v2, f, b, pb,
                     caveats=("each extra stage adds a point-to-point hop per microbatch, "
-                             "taken at the calibrated latency",))
+                             "taken at the calibrated latency",),
+                    params={"schedule": "interleaved", "stages_per_rank": v2,
+                            "layers_per_stage": sizes2, "layer_names": names})
     return out
 
 
@@ -423,7 +484,12 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
     steps = done["time_breakdown"].steps
     n_steps = max(int(steps["step"].nunique()), 1) if len(steps) else 1
     others = len(traces.ranks) - 1
-    caused = float(st["wait_caused_us"]) / n_steps / others  # each other rank's wait per step
+    # a straggler arrives last most of the time and makes others wait far more than it waits
+    if (st["last_arrivals"] < STRAGGLER_LAST_SHARE * st["instances"]
+            or st["wait_caused_us"] < STRAGGLER_RATIO * st["wait_suffered_us"]):
+        return []
+    # each other rank's wait per step, less what the straggler itself waits for them
+    caused = (float(st["wait_caused_us"]) - float(st["wait_suffered_us"])) / n_steps / others
     if not (caused > 0) or not (measured > 0):
         return []
     r = int(st["rank"])
@@ -442,7 +508,201 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
         evidence=tuple(ev), caveats=("the prediction removes the waiting rank "
                                      f"{r} causes; a second straggler would then show",),
         measured_step_us=measured, predicted_step_us=pred,
-        gain_pct=100.0 * caused / measured)]
+        gain_pct=100.0 * caused / measured, params={"without_rank": r})]
+
+
+def _layout(traces: TraceSet) -> dict:
+    """The run's layout (run.json, else rank 0's metadata), or {}."""
+    lay = (traces.run_info or {}).get("layout")
+    if not lay:
+        for meta in traces.rank_meta.values():
+            if isinstance(meta.get("layout"), dict):
+                lay = meta["layout"]
+                break
+    return lay if isinstance(lay, dict) else {}
+
+
+def _allreduce_fit(done: dict) -> tuple[float, float] | None:
+    """α (µs), β (µs/byte) of the run's all-reduces (transfer part: min over ranks)."""
+    sync = done.get("sync")
+    if sync is None or sync.instances.empty:
+        return None
+    ar = sync.instances[sync.instances["op"] == "all_reduce"]
+    try:
+        return whatif.fit_alpha_beta(pd.to_numeric(ar["bytes"], errors="coerce").tolist(),
+                                     ar["transfer_us"].tolist())
+    except ValueError:
+        return None
+
+
+def _ddp_ready_curves(traces: TraceSet, done: dict) -> list[list[tuple[float, float]]]:
+    """Per rank and profiled step, the gradient-ready curve ``[(µs, cumulative bytes)]`` read
+    from when DDP launched each bucket's all-reduce (the reducer launches a bucket as soon as
+    its gradients are ready). The curve starts where the measured launch rate extrapolates to
+    zero bytes."""
+    steps = done["time_breakdown"].steps
+    curves = []
+    for rank, doc in traces.sidecars.get("comms", {}).items():
+        recs = [r for r in doc.get("records") or [] if isinstance(r, dict)
+                and r.get("op") == "all_reduce" and isinstance(r.get("issue_us"), (int, float))
+                and isinstance(r.get("bytes"), (int, float))]
+        for st in steps[steps["rank"] == rank].itertuples():
+            rs = sorted((r for r in recs if st.start_us <= r["issue_us"] < st.end_us),
+                        key=lambda r: r["issue_us"])
+            if len(rs) < 2:
+                continue
+            t = [float(r["issue_us"]) for r in rs]
+            b = np.cumsum([float(r["bytes"]) for r in rs]).tolist()
+            rate = (b[-1] - b[0]) / (t[-1] - t[0]) if t[-1] > t[0] else 0.0
+            if rate <= 0:
+                continue
+            curves.append([(t[0] - b[0] / rate, 0.0), *zip(t, b)])
+    return curves
+
+
+def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommendation]:
+    lay = _layout(traces)
+    if "ddp" not in (lay.get("strategies") or []) or not (measured > 0):
+        return []
+    fit = _allreduce_fit(done)
+    curves = _ddp_ready_curves(traces, done)
+    if fit is None or not curves:
+        return []
+    alpha, beta = fit
+    cap = lay.get("ddp_bucket_cap_bytes")
+    caveats = ["gradients are taken to become ready at the rate DDP launched its buckets; "
+               "DDP never splits a parameter, so real buckets differ a little",
+               f"all-reduce time α + β·bytes fitted on the run (α {alpha:.0f} µs, "
+               f"{1 / beta / 1e3:.2f} GB/s algbw)" if beta > 0 else "no bandwidth measured"]
+    if not isinstance(cap, (int, float)) or cap <= 0:
+        cap = 25 * 2**20
+        caveats.append("the bucket size was not recorded; torch's default 25 MiB assumed")
+    now = [whatif.bucketed_allreduce_tail(c, cap, alpha, beta) for c in curves]
+    out = []
+    for new in sorted({cap / 4, cap / 2, cap * 2, cap * 4, 25 * 2**20}):
+        if new < 64 * 2**10 or abs(new - cap) < 1:
+            continue
+        tail = [whatif.bucketed_allreduce_tail(c, new, alpha, beta) for c in curves]
+        delta = float(np.median([a - b for a, b in zip(tail, now)]))
+        pred = measured + delta
+        out.append(Recommendation(
+            kind="ddp_bucket", title=f"DDP buckets of {new / 2**20:g} MiB",
+            change=f"DDP bucket_cap_mb={new / 2**20:g} (now {cap / 2**20:g})",
+            evidence=(f"the all-reduce of the last bucket ends {np.median(now) / 1000:.2f} ms "
+                      f"after the last gradient is ready (median over {len(curves)} rank-steps)",
+                      f"predicted: {np.median(tail) / 1000:.2f} ms"),
+            caveats=tuple(caveats), measured_step_us=measured, predicted_step_us=pred,
+            gain_pct=100.0 * (measured - pred) / measured,
+            params={"ddp_bucket_cap_bytes": int(new)}))
+    return out
+
+
+def _per_step(df: pd.DataFrame, done: dict) -> float:
+    n = done["time_breakdown"].steps.groupby("rank")["step"].nunique()
+    return float(n.median()) if len(n) else 1.0
+
+
+def _fsdp_recs(traces: TraceSet, done: dict, measured: float,
+               mem: tuple[float | None, float | None], cap: float | None) -> list[Recommendation]:
+    lay = _layout(traces)
+    if "fsdp2" not in (lay.get("strategies") or []) or not lay.get("fsdp_reshard_after_forward"):
+        return []
+    colls = done["time_breakdown"].collectives
+    ag = colls[colls["collective"] == "all_gather"]
+    if ag.empty or not (measured > 0):
+        return []
+    steps = _per_step(colls, done)
+    per_rank = ag.groupby("rank").agg(count=("count", "sum"), exposed=("exposed_us", "sum"))
+    n = float(per_rank["count"].median()) / steps          # all-gathers per step: 2u − 1
+    units = (n + 1) / 2
+    bwd_share = (units - 1) / n if n > 0 else 0.0
+    saving = float(per_rank["exposed"].median()) / steps * bwd_share
+    pred = measured - saving
+    peak, _ = mem
+    dp = int((lay.get("dims") or {}).get("dp") or 0)
+    pr = done["memory"].per_rank if done.get("memory") is not None else pd.DataFrame()
+    params = float(pr["params_bytes"].max()) if len(pr) and pr["params_bytes"].notna().any() else None
+    pred_peak = (peak + params * (dp - 1)) if (peak is not None and params and dp > 1) else None
+    return [Recommendation(
+        kind="fsdp_reshard", title="Keep parameters unsharded between forward and backward",
+        change="FSDP reshard_after_forward=False",
+        evidence=(f"{n:.0f} all-gathers per step ({units:.0f} FSDP units): the backward "
+                  f"re-gathers {units - 1:.0f} of them",
+                  f"all-gathers leave {per_rank['exposed'].median() / steps / 1000:.2f} ms per step "
+                  "exposed; the backward's share is saved"),
+        caveats=("exposure is taken to be shared evenly by forward and backward all-gathers",
+                 "each rank then holds the unsharded parameters of every unit from its forward "
+                 "to its backward"),
+        measured_step_us=measured, predicted_step_us=pred,
+        gain_pct=100.0 * saving / measured, measured_peak_bytes=peak, predicted_peak_bytes=pred_peak,
+        fits_memory=cap is None or pred_peak is None or pred_peak <= cap,
+        params={"reshard_after_forward": False})]
+
+
+def _memory_recs(traces: TraceSet, done: dict, measured: float,
+                 mem: tuple[float | None, float | None], cap: float | None) -> list[Recommendation]:
+    """ZeRO-1 or FSDP instead of DDP when the worst rank's peak is ≥ 90% of device memory."""
+    lay = _layout(traces)
+    strategies = set(lay.get("strategies") or [])
+    peak, _ = mem
+    dp = int((lay.get("dims") or {}).get("dp") or 0)
+    if ("ddp" not in strategies or strategies & {"zero1", "fsdp1", "fsdp2"} or cap is None
+            or peak is None or dp < 2 or peak < 0.9 * cap or not (measured > 0)):
+        return []
+    pr = done["memory"].per_rank
+    i = pr["static_bytes"].idxmax() if pr["static_bytes"].notna().any() else None
+    if i is None:
+        return []
+    p_, g_, o_ = (float(pr.loc[i, c] or 0) for c in ("params_bytes", "grads_bytes",
+                                                     "optimizer_state_bytes"))
+    fit = _allreduce_fit(done)
+    t_ar = (fit[0] + fit[1] * g_) if fit else float("nan")
+    out = []
+    for kind, title, saved, extra, what in (
+            ("zero1", "Shard the optimizer state (ZeRO-1)", o_ * (dp - 1) / dp, 0.5,
+             "ZeroRedundancyOptimizer (ZeRO-1)"),
+            ("fsdp", "Shard parameters, gradients and optimizer state (FSDP / ZeRO-3)",
+             (p_ + g_ + o_) * (dp - 1) / dp, 0.5, "FSDP fully_shard (ZeRO-3)")):
+        pred_peak = peak - saved
+        pred = measured + extra * t_ar if t_ar == t_ar else measured
+        out.append(Recommendation(
+            kind=kind, title=title, change=f"{what} instead of DDP over dp={dp}",
+            evidence=(f"peak {peak / 2**30:.2f} GiB of {cap / 2**30:.2f} GiB device memory "
+                      f"({100 * peak / cap:.0f}%)",
+                      f"static per rank: parameters {p_ / 2**30:.2f}, gradients {g_ / 2**30:.2f}, "
+                      f"optimizer state {o_ / 2**30:.2f} GiB"),
+            caveats=("adds an all-gather of the parameters per step (about half an all-reduce of "
+                     "the same bytes), taken as exposed",),
+            measured_step_us=measured, predicted_step_us=pred,
+            gain_pct=100.0 * (measured - pred) / measured, measured_peak_bytes=peak,
+            predicted_peak_bytes=pred_peak, fits_memory=pred_peak <= cap,
+            params={"strategy": kind}))
+    return out
+
+
+def clean_step_us(traces: TraceSet) -> tuple[float, int]:
+    """Median step time (µs) over the optimizer steps after the profiler's window, when the
+    ranks' metadata recorded every optimizer step (``pardiag profile``): the start-to-start time
+    of consecutive optimizer-step ends, taken only where both steps ran without the profiler.
+    Returns ``(nan, 0)`` when there is none."""
+    sch = (traces.run_info or {}).get("schedule") or {}
+    try:
+        first_clean = int(sch["wait"]) + int(sch["warmup"]) + int(sch["active"])
+    except (KeyError, TypeError, ValueError):
+        return float("nan"), 0
+    periods = []
+    for meta in traces.rank_meta.values():
+        rows = meta.get("optimizer_step_times_us") or []
+        ends = {}
+        for row in rows:
+            if isinstance(row, list) and len(row) == 3 and all(
+                    isinstance(x, (int, float)) for x in row):
+                ends[int(row[0])] = float(row[2])
+        periods += [ends[k] - ends[k - 1] for k in sorted(ends)
+                    if k - 1 >= first_clean and k - 1 in ends and ends[k] > ends[k - 1]]
+    if not periods:
+        return float("nan"), 0
+    return float(np.median(periods)), len(periods)
 
 
 def _measured_step_us(done: dict) -> float:
@@ -494,8 +754,33 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
         cands += _pipeline_recs(traces, done, model, mem, cap)
     elif measured == measured:  # in a pipeline, waiting for the neighbour stage is the bubble
         cands += _straggler_recs(traces, done, measured)
-    good = sorted((c for c in cands if c.fits_memory and c.gain_pct >= MIN_GAIN_PCT),
-                  key=lambda c: -c.gain_pct)
+    if measured == measured:
+        cands += _ddp_bucket_recs(traces, done, measured)
+        cands += _fsdp_recs(traces, done, measured, mem, cap)
+        memory = _memory_recs(traces, done, measured, mem, cap)
+        cands += memory
+    else:
+        memory = []
+    clean, n_clean = clean_step_us(traces)
+    if model is None and clean == clean and measured == measured and measured > 0:
+        # the profiler slows steps down (on CPU by 2–4×): predictions made on the profiled
+        # steps are applied as ratios to the step time measured without it
+        note = (f"step time {_ms(clean)} measured on {n_clean} unprofiled step(s) "
+                f"({_ms(measured)} while profiled); the predicted change is applied as a ratio")
+        scaled = []
+        for c in cands:
+            new = dataclasses.replace(
+                c, measured_step_us=clean,
+                predicted_step_us=clean * c.predicted_step_us / c.measured_step_us,
+                evidence=(*c.evidence, note))
+            scaled.append(new)
+            if c in memory:
+                memory[memory.index(c)] = new
+        cands = scaled
+    # a run that does not fit must shrink first: memory changes rank ahead of speed
+    good = sorted((c for c in cands if c.fits_memory and (c.gain_pct >= MIN_GAIN_PCT
+                                                          or c in memory)),
+                  key=lambda c: (c not in memory, -c.gain_pct))
     rejected = tuple(c for c in cands if c not in good)
     why_none = ""
     if not good:

@@ -20,6 +20,7 @@ from pardiag.analyzer.balance import (BalanceResult, LayoutResult, MemoryResult,
 from pardiag.analyzer.breakdown import TimeBreakdown, compute_time_breakdown
 from pardiag.analyzer.load import TraceSet
 from pardiag.analyzer.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
+from pardiag.analyzer.dim_overlap import DimOverlapResult, compute_dim_overlap
 from pardiag.analyzer.recommend import RecommendationResult, compute_recommendations
 from pardiag.analyzer.sync import SyncResult, compute_sync, P2P_OPS
 
@@ -122,6 +123,12 @@ def _pipeline(traces: TraceSet, opts: AnalysisOptions, done: dict) -> PipelineRe
                             done["time_breakdown"].steps, p2p)
 
 
+def _dim_overlap_json(r: DimOverlapResult, traces: TraceSet) -> dict:
+    return {"overlap_per_dimension": {"summary": records(r.summary),
+                                      "per_rank": records(r.per_rank),
+                                      "note": r.why_none or None}}
+
+
 def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
     return {"verdict": r.verdict,
             "recommendations": [c.to_json() for c in r.recommendations],
@@ -140,6 +147,8 @@ ANALYSES: tuple[Analysis, ...] = (
         traces, done["time_breakdown"].steps), _balance_json),
     Analysis("memory", lambda traces, opts, done: compute_memory(traces), _memory_json),
     Analysis("layout", lambda traces, opts, done: compute_layout(traces), _layout_json),
+    Analysis("dim_overlap", lambda traces, opts, done: compute_dim_overlap(
+        traces, done["sync"], done["layout"], opts.comm_patterns), _dim_overlap_json),
     Analysis("recommendations", lambda traces, opts, done: compute_recommendations(traces, done),
              _recommendations_json),
 )

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Iterable, Sequence
 
 #: One action of a pipeline rank: (stage, phase "F"/"B", microbatch).
@@ -384,3 +385,66 @@ def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:
              "chunk_us": statistics.median(d for d, _ in v),
              "fixed_share": 1.0 - statistics.median(f for _, f in v)}
             for (s, ph), v in sorted(acc.items())]
+
+
+def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> tuple[float, float]:
+    """Latency α (µs) and inverse bandwidth β (µs per byte) of ``t = α + β·S`` (Hockney model)
+    through the fastest transfer of each message size (least squares over the sizes; α ≥ 0,
+    β > 0). With a single size, α = 0 and β = t/S.
+
+    Raises:
+        ValueError: no transfer with a positive size and time.
+    """
+    best: dict[float, float] = {}
+    for s, t in zip(sizes_bytes, times_us):
+        if s and t and s > 0 and t > 0 and math.isfinite(s) and math.isfinite(t):
+            best[float(s)] = min(best.get(float(s), math.inf), float(t))
+    if not best:
+        raise ValueError("no transfer with a positive size and time")
+    if len(best) == 1:
+        (s, t), = best.items()
+        return 0.0, t / s
+    xs, ys = list(best), list(best.values())
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
+    if beta <= 0:
+        return 0.0, statistics.fmean(y / x for x, y in zip(xs, ys))
+    alpha = my - beta * mx
+    if alpha < 0:
+        return 0.0, statistics.fmean(y / x for x, y in zip(xs, ys))
+    return alpha, beta
+
+
+def bucketed_allreduce_tail(ready: Sequence[tuple[float, float]], cap_bytes: float, alpha_us: float,
+                            beta_us_per_byte: float) -> float:
+    """Time from the last gradient's readiness to the end of the last bucket's all-reduce (µs),
+    when gradients become ready along ``ready`` and are reduced in buckets of ``cap_bytes``.
+
+    Args:
+        ready: ``[(time µs, cumulative gradient bytes ready)]``, increasing; the last point is
+            the end of the backward pass (all bytes ready).
+        cap_bytes: bucket size; buckets launch when full (the last one with what remains), one
+            at a time, each taking ``α + β·bytes`` (DDP's reducer; Li et al., VLDB 2020).
+    """
+    total = ready[-1][1]
+    if total <= 0:
+        return 0.0
+    times = [t for t, _ in ready]
+    cum = [b for _, b in ready]
+
+    def when(b: float) -> float:
+        for i in range(1, len(cum)):
+            if cum[i] >= b - 1e-9:
+                lo_t, hi_t, lo_b, hi_b = times[i - 1], times[i], cum[i - 1], cum[i]
+                return lo_t + (hi_t - lo_t) * ((b - lo_b) / (hi_b - lo_b) if hi_b > lo_b else 1.0)
+        return times[-1]
+
+    free = -math.inf
+    launched = 0.0
+    while launched < total - 1e-9:
+        size = min(cap_bytes, total - launched)
+        launched += size
+        start = max(when(launched), free)
+        free = start + alpha_us + beta_us_per_byte * size
+    return max(free - times[-1], 0.0)

@@ -259,7 +259,7 @@ def detect_parallelism() -> dict:
     Returns:
         ``{"wrappers": [...], "meshes": [{"dims": {name: size}, "groups": {name: pg_name}}],
         "pipeline": {...} | None, "group_dims": {pg_name: dim}, "fsdp_reshard_after_forward":
-        bool | None}``.
+        bool | None, "ddp_bucket_cap_bytes": int | None}``.
     """
     from torch.distributed.device_mesh import DeviceMesh
     from torch.nn.parallel import DistributedDataParallel
@@ -286,6 +286,7 @@ def detect_parallelism() -> dict:
     schedules: list = []
     reshard: set[bool] = set()
     seen_mesh: set[tuple] = set()
+    ddp_cap = None
     with warnings.catch_warnings():  # isinstance on torch's lazy objects warns (reduce_op)
         warnings.simplefilter("ignore")
         objects = gc.get_objects()
@@ -295,6 +296,8 @@ def detect_parallelism() -> dict:
             if isinstance(obj, DistributedDataParallel):
                 wrappers.add("ddp")
                 group_dims.setdefault(_group_name(obj.process_group), "dp")
+                if isinstance(getattr(obj, "bucket_bytes_cap", None), int):
+                    ddp_cap = obj.bucket_bytes_cap
             elif FullyShardedDataParallel and isinstance(obj, FullyShardedDataParallel):
                 wrappers.add("fsdp1")
                 group_dims.setdefault(_group_name(obj.process_group), "dp")
@@ -348,7 +351,8 @@ def detect_parallelism() -> dict:
     return {"wrappers": sorted(wrappers), "meshes": meshes, "pipeline": pipeline,
             "group_dims": group_dims,
             # the root module may keep its parameters; any resharding block means "true"
-            "fsdp_reshard_after_forward": any(reshard) if reshard else None}
+            "fsdp_reshard_after_forward": any(reshard) if reshard else None,
+            "ddp_bucket_cap_bytes": ddp_cap}
 
 
 def _is_interesting(obj, classes: tuple) -> bool:

@@ -162,6 +162,8 @@ def _layout_of(parallel: dict, groups: list[dict], records: list[dict]) -> dict:
         out["pipeline"] = {**pipe, "stages_per_rank": v}
     if parallel.get("fsdp_reshard_after_forward") is not None:
         out["fsdp_reshard_after_forward"] = parallel["fsdp_reshard_after_forward"]
+    if parallel.get("ddp_bucket_cap_bytes") is not None:
+        out["ddp_bucket_cap_bytes"] = parallel["ddp_bucket_cap_bytes"]
     if "tp" in dims and "tp" not in out["strategies"]:
         out["strategies"] = sorted([*out["strategies"], "tp"])
     if "ep" in dims and "ep" not in out["strategies"]:
@@ -354,6 +356,9 @@ def main() -> None:
                                            if dist.is_available() and dist.is_initialized() else None),
         **_device_info(torch),
         "optimizer_steps": stepper.steps,
+        # every counted optimizer step, epoch µs: unprofiled steps time the script as it runs
+        "optimizer_step_times_us": [[st, a / 1000.0, b / 1000.0]
+                                    for st, a, b in stepper.times[-MAX_PIPELINE_RECORDS:]],
         "trace_file": traces_written[-1] if traces_written else None,
         "comm_records": n_records,
         "memory": {"static": captured.get("static"), **captured.get("peak", {}),

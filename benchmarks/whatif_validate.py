@@ -1,0 +1,172 @@
+"""Validate pardiag's what-if predictions against real runs (issue #5; not a CI test).
+
+For each base configuration of an example script this harness
+
+1. profiles it with ``pardiag profile`` and builds the report in-process;
+2. takes every change the recommender evaluated (recommended or not) that the example can run;
+3. runs each changed configuration — and the base — with plain ``torchrun`` (no pardiag) and
+   reads the example's own per-step wall times (``--times-out``);
+4. prints predicted vs measured step time and the error.
+
+Measured step time = median over steps ≥ ``SKIP`` of the slowest rank's step. Goal on CPU/gloo:
+median absolute error ≤ 10 %, worst ≤ 25 %.
+
+    .venv/bin/python benchmarks/whatif_validate.py            # all cases (~5 min on 2 cores)
+    .venv/bin/python benchmarks/whatif_validate.py pp_gpipe   # one case
+    .venv/bin/python benchmarks/whatif_validate.py --json out.json
+
+Run it on a quiet machine: other processes on the same cores distort every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+STEPS = 16
+SKIP = 3
+
+#: name: (script, ranks, base args)
+CASES = {
+    "pp_unbalanced": ("train_pp.py", 2, ["--schedule", "1f1b", "--microbatches", "4",
+                                         "--layers-per-stage", "1,5", "--batch", "128"]),
+    "pp_gpipe": ("train_pp.py", 2, ["--schedule", "gpipe", "--microbatches", "2",
+                                    "--batch", "128"]),
+    "ddp_straggler": ("train_ddp.py", 2, ["--slow-rank", "1", "--slow-ms", "20"]),
+    "ddp_buckets": ("train_ddp.py", 2, ["--bucket-mb", "1", "--width", "512"]),
+    "fsdp2": ("train_fsdp2.py", 2, ["--width", "512"]),
+}
+
+
+def _set(args: list[str], flag: str, value: str | None) -> list[str]:
+    """``args`` with ``flag`` set to ``value`` (removed when None)."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == flag:
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out if value is None else [*out, flag, value]
+
+
+def _blocks(layer_sizes: list[int]) -> str:
+    """Children per stage of ``train_pp.py`` → its ``--layers-per-stage`` (blocks per stage):
+    the first stage also holds the input projection, the last the head."""
+    blocks = list(layer_sizes)
+    blocks[0] -= 1
+    blocks[-1] -= 1
+    if min(blocks) < 1:
+        raise ValueError(f"a stage would hold no block: {layer_sizes}")
+    return ",".join(map(str, blocks))
+
+
+def changed_args(base: list[str], params: dict) -> list[str] | None:
+    """The example's arguments for a recommendation's ``params``; None when it cannot run it."""
+    a = list(base)
+    if "microbatches" in params:
+        a = _set(a, "--microbatches", str(params["microbatches"]))
+    if params.get("schedule") == "1f1b":
+        a = _set(a, "--schedule", "1f1b")
+    if params.get("schedule") == "interleaved":
+        a = _set(a, "--schedule", "interleaved")
+        a = _set(a, "--stages-per-rank", str(params["stages_per_rank"]))
+    if "layers_per_stage" in params:
+        try:
+            a = _set(a, "--layers-per-stage", _blocks(params["layers_per_stage"]))
+        except ValueError:
+            return None
+    if "without_rank" in params:
+        a = _set(_set(a, "--slow-rank", None), "--slow-ms", None)
+    if "ddp_bucket_cap_bytes" in params:
+        a = _set(a, "--bucket-mb", f"{params['ddp_bucket_cap_bytes'] / 2**20:g}")
+    if params.get("reshard_after_forward") is False:
+        a = _set(a, "--reshard-after-forward", "false")
+    if "strategy" in params:
+        return None
+    return a if a != base else None
+
+
+def measure(script: str, n: int, args: list[str], tmp: Path) -> float:
+    """Median slowest-rank step time (µs) of a plain torchrun run."""
+    times = tmp / f"t{abs(hash(tuple(args)))}"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+           str(EXAMPLES / script), *args, "--steps", str(STEPS), "--times-out", str(times)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr[-500:]}")
+    per_rank = [json.loads(Path(f"{times}.rank{r}").read_text()) for r in range(n)]
+    steps = [max(t) for t in zip(*per_rank)][SKIP:]
+    return statistics.median(steps) * 1e6
+
+
+def run_case(name: str, tmp: Path) -> list[dict]:
+    from pardiag.analyzer.load import load_traces
+    from pardiag.analyzer.registry import build_report
+
+    script, n, base = CASES[name]
+    out = tmp / name
+    cmd = [sys.executable, "-m", "pardiag", "profile", str(EXAMPLES / script),
+           "--nproc-per-node", str(n), "--out", str(out), "--overwrite", "--", *base,
+           "--steps", str(STEPS)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr[-500:]}")
+    rec = build_report(load_traces(out)).results["recommendations"]
+    rows = []
+    base_measured = measure(script, n, base, tmp)
+    evaluated = [*rec.recommendations, *rec.rejected]
+    if evaluated:
+        rows.append({"case": name, "change": "(base, as pardiag measured it)",
+                     "predicted_ms": evaluated[0].measured_step_us / 1e3,
+                     "measured_ms": base_measured / 1e3})
+    for c in evaluated:
+        args = changed_args(base, c.params)
+        if args is None:
+            continue
+        measured = measure(script, n, args, tmp)
+        rows.append({"case": name, "change": c.change, "recommended": c in rec.recommendations,
+                     "predicted_ms": c.predicted_step_us / 1e3, "measured_ms": measured / 1e3})
+    for r in rows:
+        r["error_pct"] = 100.0 * (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cases", nargs="*", default=list(CASES), choices=[*CASES, []])
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    args = ap.parse_args()
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="pardiag-whatif-") as d:
+        for name in args.cases or list(CASES):
+            case_rows = run_case(name, Path(d))
+            for r in case_rows:
+                print(f"{r['case']:14} {r['change'][:64]:64} pred {r['predicted_ms']:7.1f} ms  "
+                      f"meas {r['measured_ms']:7.1f} ms  err {r['error_pct']:+6.1f}%", flush=True)
+            rows += case_rows
+    changes = [r for r in rows if not r["change"].startswith("(base")]
+    errs = [abs(r["error_pct"]) for r in changes]
+    if errs:
+        print(f"\n{len(errs)} changes: median |error| {statistics.median(errs):.1f}%, "
+              f"worst {max(errs):.1f}%  (goal ≤ 10% / ≤ 25%)")
+    print("\n| case | change | recommended | predicted ms | measured ms | error |")
+    print("|---|---|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['case']} | {r['change']} | {'yes' if r.get('recommended') else ''} | "
+              f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error_pct']:+.1f}% |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
