@@ -7,8 +7,10 @@ Per rank and profiler step: a forward and a backward pass over ``layers`` layers
 compute kernel on stream 7 through ``cudaLaunchKernel`` with correlation ids and flow events),
 DDP-style gradient buckets (``record_param_comms`` + ``nccl:all_reduce`` on the CPU, an
 ``ncclKernel_AllReduce`` on stream 20 with NCCL metadata args) overlapping the backward pass,
-and ``[memory]`` instant events. Each rank's clock is shifted by up to ±200 µs; rank 3 computes
-15% slower (a straggler); the layer count varies a little per rank. Steps are added until the
+and ``[memory]`` instant events. Each rank's clock is shifted by up to ±200 µs; rank 3's kernels
+run 15% longer; the layer count varies a little per rank. Ranks are generated independently:
+a collective starts when that rank is ready, so cross-rank waiting is not modelled (the files
+exercise parsing and every analysis at scale, not a realistic straggler). Steps are added until the
 JSON of rank 0 reaches ``--mb`` MB (10⁶ bytes).
 """
 

@@ -1,0 +1,97 @@
+"""Per-rank summaries: a report built from summaries equals the report built from raw traces."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pardiag.analyzer import summary as sm
+from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.registry import build_report, report_json
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from synth_run import write_run  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARDIAG_CACHE_DIR", str(tmp_path / "user-cache"))
+
+
+def _json(traces) -> dict:
+    return orjson.loads(orjson.dumps(report_json(build_report(traces)),
+                                     option=orjson.OPT_SERIALIZE_NUMPY, default=str))
+
+
+def test_16_rank_report_from_summaries_equals_report_from_raw(tmp_path, monkeypatch, capsys):
+    run = write_run(tmp_path / "run", ranks=16, mb=0.05, layers=8)
+    raw = _json(load_traces(run))
+    # summarize in two shards, as two torchrun processes would
+    from pardiag import cli
+
+    for shard in ("0/2", "1/2"):
+        monkeypatch.setattr(sys, "argv", ["pardiag", "summarize", str(run), "--shard", shard])
+        with pytest.raises(SystemExit) as ex:
+            cli.main()
+        assert ex.value.code == 0
+    err = capsys.readouterr().err
+    assert "summarized 8 trace(s) (shard 0/2), 0 already current" in err
+    assert "summarized 8 trace(s) (shard 1/2), 0 already current" in err
+    assert len(list((run / ".pardiag-cache").iterdir())) == 16
+    ts = load_traces(run, summarize=True, cache=True)
+    assert not any(t.events_loaded for t in ts.ranks.values())
+    from_summaries = _json(ts)
+    assert not any(t.events_loaded for t in ts.ranks.values())  # no raw trace was opened
+    assert from_summaries == raw
+    # the numbers are real: 16 ranks with steps, collectives matched across all of them
+    assert len(raw["ranks"]) == 16 and all(len(r["steps"]) >= 1 for r in raw["ranks"])
+    assert {i["ranks"] for i in raw["sync"]["instances"]} == {16}
+
+
+def test_cpu_run_with_sidecars_from_summaries_equals_raw(tmp_path):
+    src = REPO / "sample_traces" / "pp_1f1b_cpu_4rank"
+    run = tmp_path / "pp"
+    shutil.copytree(src, run)
+    raw = _json(load_traces(run))
+    load_traces(run, summarize=True, cache=True)
+    ts = load_traces(run, summarize=True, cache=True)
+    assert not any(t.events_loaded for t in ts.ranks.values())
+    assert _json(ts) == raw
+
+
+def test_summary_json_round_trip_is_exact(tmp_path):
+    run = write_run(tmp_path / "run", ranks=2, mb=0.02, layers=8)
+    t = load_traces(run).ranks[1]
+    s = sm.summarize_trace(t)
+    back = sm.from_json(sm.to_json(s))
+    assert back.parts.k.tobytes() == s.parts.k.tobytes()
+    assert back.parts.c.tobytes() == s.parts.c.tobytes()
+    assert back.parts.step_windows == s.parts.step_windows
+    assert back.comm.equals(s.comm) and back.steps.equals(s.steps)
+    assert back.memory.equals(s.memory)
+    assert (back.n_events, back.has_gpu, back.dist_rank) == (len(t.events), True, 1)
+
+
+def test_summary_of_another_version_is_refused():
+    with pytest.raises(ValueError, match="summary version 0"):
+        sm.from_json(orjson.dumps({"kind": sm.SUMMARY_KIND, "version": 0}))
+    with pytest.raises(ValueError, match="not a pardiag rank summary"):
+        sm.from_json(b'{"traceEvents": []}')
+
+
+def test_summarize_bad_shard_and_empty_folder(tmp_path, monkeypatch, capsys):
+    from pardiag import cli
+
+    for args, msg in ((["summarize", str(tmp_path), "--shard", "2/2"], "--shard '2/2'"),
+                      (["summarize", str(tmp_path)], "no trace files")):
+        monkeypatch.setattr(sys, "argv", ["pardiag", *args])
+        with pytest.raises(SystemExit) as ex:
+            cli.main()
+        assert ex.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("pardiag: error: ") and msg in err and len(err.splitlines()) == 1
