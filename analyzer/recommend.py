@@ -83,6 +83,8 @@ from pardiag.analyzer.load import TraceSet  # noqa: E402
 
 #: A change must be predicted to save at least this share of the step to be recommended (%).
 MIN_GAIN_PCT = 2.0
+#: Stage splits replayed one by one up to this many (else the min-max partition is used).
+MAX_SPLITS = 400
 #: A straggler arrives last at this share of its collectives or more …
 STRAGGLER_LAST_SHARE = 0.6
 #: … and causes this many times the waiting it suffers.
@@ -203,6 +205,27 @@ class PipelineModel:
                 fw.append(t)
                 bw.append(t * ratio)
         return names, fw, bw, [statistics.fmean(ovh_f), statistics.fmean(ovh_b)]
+
+    def best_sizes(self, total_us: list[float], k: int, schedule: str, m: int, v: int
+                   ) -> list[int]:
+        """Layers per stage of the contiguous split with the shortest predicted step: every
+        split is replayed when there are at most :data:`MAX_SPLITS` of them (the optimizer tail
+        moves with the parameters), else the split minimizing the slowest stage's forward +
+        backward (:func:`whatif.best_partition`)."""
+        n = len(total_us)
+        if math.comb(n - 1, k - 1) > MAX_SPLITS:
+            return whatif.best_partition(total_us, k)
+        import itertools
+        best, best_t, best_worst = None, math.inf, math.inf
+        for cuts in itertools.combinations(range(1, n), k - 1):
+            edges = (0, *cuts, n)
+            sizes = [edges[i + 1] - edges[i] for i in range(k)]
+            f, b, pb = self.partition_costs(sizes)
+            t = self.predict(schedule, m, v, f, b, pb)[0]
+            worst = max(x + y for x, y in zip(f, b))   # ties: the most even split
+            if t < best_t - 1e-6 or (abs(t - best_t) <= 1e-6 and worst < best_worst - 1e-9):
+                best, best_t, best_worst = sizes, t, worst
+        return best
 
     def partition_costs(self, sizes: list[int]) -> tuple[list[float], list[float], list[float]]:
         """Per-stage forward/backward time (µs) and parameter bytes if the layers were split
@@ -442,7 +465,7 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
         names, fw, bw, _ = lc
         sizes_now = [len(ls) for ls in model.layers]
         total = [a + b for a, b in zip(fw, bw)]
-        sizes = whatif.best_partition(total, len(sizes_now))
+        sizes = model.best_sizes(total, len(sizes_now), model.schedule, model.m, model.v)
         if sizes != sizes_now:
             f, b, pb = model.partition_costs(sizes)
             stage_ms = ", ".join(f"S{s} {(fv + bv) / 1000:.2f} ms" for s, (fv, bv) in
@@ -464,7 +487,7 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
                 s2 = model.p * v2
                 if len(total) < s2 or model.m % max(1, model.m // model.p):
                     continue
-                sizes2 = whatif.best_partition(total, s2)
+                sizes2 = model.best_sizes(total, s2, "interleaved", model.m, v2)
                 f, b, pb = model.partition_costs(sizes2)
                 rec("interleave", f"Interleaved 1F1B with {v2} stages per rank",
                     f"schedule Interleaved1F1B, {v2} stages per rank, stage boundaries "
@@ -680,6 +703,117 @@ def _memory_recs(traces: TraceSet, done: dict, measured: float,
     return out
 
 
+def _dim_comm_per_step(done: dict) -> dict[str, tuple[float, float]]:
+    """``{dim: (communication µs, exposed µs)}`` per rank and step (means over ranks)."""
+    dov = done.get("dim_overlap")
+    if dov is None or dov.summary.empty:
+        return {}
+    steps = _per_step(None, done)
+    return {str(r.dim): (float(r.comm_us) / steps, float(r.exposed_us) / steps)
+            for r in dov.summary.itertuples()}
+
+
+def _ring(n: int) -> float:
+    """Bytes each rank moves per byte of buffer in a ring all-reduce, 2(n − 1)/n (the same for
+    all-gather + reduce-scatter); 0 for one rank (nccl-tests PERFORMANCE.md)."""
+    return 2.0 * (n - 1) / n if n > 1 else 0.0
+
+
+def _degree_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommendation]:
+    """Other DP × TP splits of the same ranks (pipeline degree unchanged), TP inside a node.
+
+    Per rank and step, with the global batch fixed: computation stays (the same work over the
+    same ranks); TP traffic scales with the activations a rank holds, ∝ 1/dp, times the ring
+    factor of tp; DP traffic scales with the gradient bytes, ∝ 1/tp, times the ring factor of dp;
+    each dimension keeps its measured time per byte and its exposed share."""
+    lay = done.get("layout")
+    dims = dict(lay.dims) if lay is not None else {}
+    dp, tp = int(dims.get("dp") or 1), int(dims.get("tp") or 1)
+    if tp < 2 or not (measured > 0):
+        return []   # without TP traffic measured there is nothing to scale from
+    comm = _dim_comm_per_step(done)
+    if "tp" not in comm:
+        return []
+    per_node = (min(len(r) for r in lay.nodes.values()) if lay.nodes
+                else len(traces.ranks))
+    t_tp, e_tp = comm["tp"]
+    t_dp, e_dp = comm.get("dp", (0.0, 0.0))
+    x_tp = e_tp / t_tp if t_tp > 0 else 1.0
+    x_dp = e_dp / t_dp if t_dp > 0 else 1.0
+    n = dp * tp
+    out = []
+    for tp2 in range(1, n + 1):
+        if n % tp2 or tp2 == tp or tp2 > per_node:
+            continue
+        dp2 = n // tp2
+        t_tp2 = t_tp * (dp / dp2) * (_ring(tp2) / _ring(tp)) if tp2 > 1 else 0.0
+        t_dp2 = (t_dp * (tp / tp2) * (_ring(dp2) / _ring(dp)) if dp > 1 and dp2 > 1 else
+                 (float("nan") if dp2 > 1 else 0.0))
+        if t_dp2 != t_dp2:
+            continue   # no DP traffic measured to scale from
+        pred = measured - (e_tp + e_dp) + x_tp * t_tp2 + x_dp * t_dp2
+        out.append(Recommendation(
+            kind="degrees", title=f"dp={dp2} × tp={tp2} instead of dp={dp} × tp={tp}",
+            change=f"dp={dp2}, tp={tp2} (TP inside each node; same global batch)",
+            evidence=(f"per rank and step: TP communication {t_tp / 1000:.2f} ms "
+                      f"({e_tp / 1000:.2f} exposed), DP {t_dp / 1000:.2f} ms "
+                      f"({e_dp / 1000:.2f} exposed)",
+                      f"predicted: TP {t_tp2 / 1000:.2f} ms, DP {t_dp2 / 1000:.2f} ms, each with "
+                      "its measured exposed share"),
+            caveats=("computation per rank is taken to stay the same (ideal scaling); TP's "
+                     "smaller matmuls can run less efficiently",
+                     "each dimension keeps the bandwidth measured on its current groups",
+                     "memory changes (parameters shard by tp, activations by dp) are not "
+                     "predicted"),
+            measured_step_us=measured, predicted_step_us=pred,
+            gain_pct=100.0 * (measured - pred) / measured, params={"dp": dp2, "tp": tp2}))
+    return out
+
+
+def _tp_node_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommendation]:
+    """TP (or EP/CP) groups that span nodes while another dimension's stay inside one: swap
+    them in the device mesh. Predicted with the busbw measured on each side."""
+    lay = done.get("layout")
+    sync = done.get("sync")
+    if lay is None or lay.groups.empty or sync is None or sync.bandwidth.empty or not (
+            measured > 0):
+        return []
+    g = lay.groups
+    comm = _dim_comm_per_step(done)
+    bw = sync.bandwidth.dropna(subset=["busbw_gbps"])
+    out = []
+    for dim in ("tp", "ep", "cp"):
+        mine = g[g["dim"] == dim]
+        if mine.empty or not mine["spans_nodes"].any() or dim not in comm:
+            continue
+        intra = g[(g["dim"] != dim) & ~g["spans_nodes"].astype(bool)]
+        if intra.empty:
+            continue
+        other = str(intra["dim"].iloc[0])
+        pgs_mine = set(mine["pg"].astype(str))
+        pgs_other = set(intra["pg"].astype(str))
+        b_inter = bw[bw["pg"].astype(str).isin(pgs_mine)]["busbw_gbps"].median()
+        b_intra = bw[bw["pg"].astype(str).isin(pgs_other)]["busbw_gbps"].median()
+        if not (b_inter > 0 and b_intra > 0) or b_inter >= b_intra:
+            continue
+        r = b_inter / b_intra
+        _, e_mine = comm[dim]
+        _, e_other = comm.get(other, (0.0, 0.0))
+        pred = measured - e_mine * (1 - r) + e_other * (1 / r - 1)
+        out.append(Recommendation(
+            kind="placement", title=f"Keep {dim.upper()} inside a node",
+            change=f"{dim}={int(mine['size'].max())} inside each node: order the device mesh "
+                   f"so {dim} is the innermost dimension ({other} across nodes)",
+            evidence=(f"{dim} groups span nodes: busbw {b_inter:.2f} GB/s vs {b_intra:.2f} GB/s "
+                      f"on the {other} groups inside a node",
+                      f"exposed per step: {dim} {e_mine / 1000:.2f} ms, {other} "
+                      f"{e_other / 1000:.2f} ms"),
+            caveats=(f"{other} traffic then crosses nodes at {dim}'s measured bandwidth",),
+            measured_step_us=measured, predicted_step_us=pred,
+            gain_pct=100.0 * (measured - pred) / measured, params={"innermost": dim}))
+    return out
+
+
 def clean_step_us(traces: TraceSet) -> tuple[float, int]:
     """Median step time (µs) over the optimizer steps after the profiler's window, when the
     ranks' metadata recorded every optimizer step (``pardiag profile``): the start-to-start time
@@ -757,6 +891,8 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     if measured == measured:
         cands += _ddp_bucket_recs(traces, done, measured)
         cands += _fsdp_recs(traces, done, measured, mem, cap)
+        cands += _degree_recs(traces, done, measured)
+        cands += _tp_node_recs(traces, done, measured)
         memory = _memory_recs(traces, done, measured, mem, cap)
         cands += memory
     else:

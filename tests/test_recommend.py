@@ -237,3 +237,108 @@ def test_no_recommendation_says_why(tmp_path):
     assert res.recommendations == ()
     assert res.why_none.startswith("nothing to evaluate")
     assert res.verdict.startswith("Step 0.1 ms")
+
+
+# ---- communication changes: exact on planted numbers ------------------------------------------
+
+def test_alpha_beta_fit_and_bucketed_tail():
+    # t = 50 µs + 1 µs per byte; the fastest transfer of each size is used
+    a, b = whatif.fit_alpha_beta([1000, 2000, 4000, 4000], [1050, 2050, 4050, 9000])
+    assert a == pytest.approx(50.0) and b == pytest.approx(1.0)
+    assert whatif.fit_alpha_beta([1000], [500]) == (0.0, 0.5)
+    with pytest.raises(ValueError):
+        whatif.fit_alpha_beta([0], [0])
+    # 4000 bytes ready linearly over 0–4000 µs; α = 100, β = 0.5 µs/byte
+    ready = [(0.0, 0.0), (4000.0, 4000.0)]
+    # one bucket: launched at 4000, takes 100 + 2000
+    assert whatif.bucketed_allreduce_tail(ready, 4000, 100, 0.5) == 2100
+    # buckets of 1000: ready at 1000, 2000, 3000, 4000; each 600 µs; the last ends at 4600
+    assert whatif.bucketed_allreduce_tail(ready, 1000, 100, 0.5) == 600
+    # buckets of 500: 350 µs each, ready every 500 µs: the last ends 350 µs after 4000
+    assert whatif.bucketed_allreduce_tail(ready, 500, 100, 0.5) == 350
+    # buckets of 250 (225 µs each, ready every 250 µs): 225
+    assert whatif.bucketed_allreduce_tail(ready, 250, 100, 0.5) == 225
+    # latency-bound: α = 1000 µs: small buckets queue up
+    assert whatif.bucketed_allreduce_tail(ready, 500, 1000, 0.5) == pytest.approx(
+        8 * 1250 - (4000 - 500))
+
+
+class _Obj:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _done(steps=2, dims=None, dim_comm=None, nodes=None, groups=None, bandwidth=None):
+    import pandas as pd
+    from pardiag.analyzer.balance import LayoutResult
+    from pardiag.analyzer.dim_overlap import DimOverlapResult
+    st = pd.DataFrame({"rank": [0] * steps, "step": list(range(steps)),
+                       "span_us": [10000.0] * steps})
+    summary = pd.DataFrame([{"dim": d, "ranks": 4, "comm_us": c * steps, "exposed_us": e * steps,
+                             "overlap_pct": 0.0} for d, (c, e) in (dim_comm or {}).items()])
+    lay = LayoutResult(dims=dims or {}, strategies=[], pipeline=None,
+                       groups=groups if groups is not None else pd.DataFrame(
+                           columns=["dim", "pg", "desc", "ranks", "size", "nodes",
+                                    "spans_nodes"]),
+                       nodes=nodes or {"h": [0, 1, 2, 3]})
+    sync = _Obj(bandwidth=bandwidth if bandwidth is not None else pd.DataFrame(),
+                stragglers=pd.DataFrame(), instances=pd.DataFrame())
+    return {"time_breakdown": _Obj(steps=st), "layout": lay, "sync": sync,
+            "dim_overlap": DimOverlapResult(pd.DataFrame(), summary)}
+
+
+def test_degree_predictions_are_exact():
+    """dp = 2 × tp = 2 on one node of 4: per step TP 4000 µs (half exposed), DP 1000 µs (all
+    exposed); step 10000 µs. dp = 4, tp = 1: no TP, DP × 2 (tp 2 → 1) × 1.5 (ring 1 → 1.5)
+    = 3000 exposed: 10000 − 3000 + 3000 = 10000. dp = 1, tp = 4: TP × 2 (dp 2 → 1) × 1.5 =
+    12000, half exposed; no DP: 10000 − 3000 + 6000 = 13000."""
+    from pardiag.analyzer.recommend import _degree_recs
+    recs = {c.change: c for c in _degree_recs(None, _done(dims={"dp": 2, "tp": 2}, dim_comm={
+        "tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)}), 10000.0)}
+    assert recs["dp=4, tp=1 (TP inside each node; same global batch)"].predicted_step_us == 10000
+    assert recs["dp=1, tp=4 (TP inside each node; same global batch)"].predicted_step_us == 13000
+    # two nodes of two ranks: tp = 4 would span nodes and is not evaluated
+    recs = _degree_recs(None, _done(dims={"dp": 2, "tp": 2}, nodes={"a": [0, 1], "b": [2, 3]},
+                                    dim_comm={"tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)}),
+                        10000.0)
+    assert [c.params for c in recs] == [{"dp": 4, "tp": 1}]
+
+
+def test_tp_across_nodes_is_moved_inside():
+    """TP groups span two nodes at busbw 1 GB/s, DP groups inside a node reach 10 GB/s; TP
+    leaves 3000 µs exposed per step, DP 200: swapping saves 3000 · 0.9 and costs 200 · 9."""
+    import pandas as pd
+    from pardiag.analyzer.recommend import _tp_node_recs
+    groups = pd.DataFrame([
+        {"dim": "tp", "pg": "1", "desc": "mesh_tp", "ranks": "0,2", "size": 2, "nodes": 2,
+         "spans_nodes": True},
+        {"dim": "dp", "pg": "2", "desc": "mesh_dp", "ranks": "0,1", "size": 2, "nodes": 1,
+         "spans_nodes": False}])
+    bw = pd.DataFrame([{"pg": "1", "op": "all_reduce", "busbw_gbps": 1.0},
+                       {"pg": "2", "op": "all_reduce", "busbw_gbps": 10.0}])
+    done = _done(dims={"dp": 2, "tp": 2}, dim_comm={"tp": (3000.0, 3000.0), "dp": (400.0, 200.0)},
+                 nodes={"a": [0, 1], "b": [2, 3]}, groups=groups, bandwidth=bw)
+    (rec,) = _tp_node_recs(None, done, 10000.0)
+    assert rec.kind == "placement" and rec.title == "Keep TP inside a node"
+    assert rec.predicted_step_us == pytest.approx(10000 - 2700 + 1800)
+
+
+def test_memory_bound_ddp_gets_sharding_that_fits():
+    """DDP over dp = 4; per rank 4 GiB parameters, 4 GiB gradients, 8 GiB optimizer state;
+    peak 75 GiB of 80 (94%). ZeRO-1 saves 8 · 3/4 = 6 GiB → 69; FSDP saves 16 · 3/4 = 12 → 63.
+    With 60 GiB devices neither fits and neither is recommended."""
+    import pandas as pd
+    from pardiag.analyzer.recommend import _memory_recs
+    G = 2**30
+    traces = _Obj(run_info={"layout": {"dims": {"dp": 4}, "strategies": ["ddp"]}}, rank_meta={})
+    done = _done()
+    done["memory"] = _Obj(per_rank=pd.DataFrame([{
+        "rank": 0, "params_bytes": 4 * G, "grads_bytes": 4 * G, "optimizer_state_bytes": 8 * G,
+        "static_bytes": 16 * G, "peak_allocated_bytes": 75 * G}]))
+    recs = {c.kind: c for c in _memory_recs(traces, done, 10000.0, (75 * G, 16 * G), 80 * G)}
+    assert recs["zero1"].predicted_peak_bytes == 69 * G and recs["zero1"].fits_memory
+    assert recs["fsdp"].predicted_peak_bytes == 63 * G and recs["fsdp"].fits_memory
+    small = _memory_recs(traces, done, 10000.0, (75 * G, 16 * G), 60 * G)
+    assert [c.fits_memory for c in small] == [False, False]
+    # not memory-bound (peak 50% of the device): nothing proposed
+    assert _memory_recs(traces, done, 10000.0, (40 * G, 16 * G), 80 * G) == []
