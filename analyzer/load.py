@@ -20,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import math
 import os
 import re
 import zlib
 from pathlib import Path
 from typing import Iterable
 
+import msgspec
 import numpy as np
 import orjson
 import pandas as pd
@@ -163,6 +165,15 @@ def read_trace_bytes(raw: bytes, path: Path) -> tuple[dict, list[str]]:
     Raises:
         TraceError: truncated or corrupt gzip, empty, not JSON, or not a JSON object.
     """
+    return _parse_json(_plain_bytes(raw, path), path)
+
+
+def _plain_bytes(raw: bytes, path: Path) -> bytes:
+    """The file's JSON bytes: gunzipped when gzip, without a UTF-8 byte-order mark.
+
+    Raises:
+        TraceError: truncated or corrupt gzip, or nothing but whitespace.
+    """
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
@@ -172,6 +183,10 @@ def read_trace_bytes(raw: bytes, path: Path) -> tuple[dict, list[str]]:
         raw = raw[3:]
     if not raw.strip():
         raise TraceError(f"{path}: empty file")
+    return raw
+
+
+def _parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
     repairs: list[str] = []
     try:
         doc = orjson.loads(raw)
@@ -242,7 +257,9 @@ def _int_or(v, default: int = -1) -> int:
     if isinstance(v, bool) or v is None:
         return default
     out = default
-    if isinstance(v, (int, float)) and np.isfinite(v):
+    if isinstance(v, int):
+        out = v
+    elif isinstance(v, float) and math.isfinite(v):
         out = int(v)
     elif isinstance(v, str):
         m = _STREAM_TID_RE.search(v)
@@ -304,6 +321,11 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
     except that a file with ``displayTimeUnit: "ns"`` whose timestamps are epoch nanoseconds is
     converted to µs with a warning.
 
+    Args:
+        raw_events: the ``traceEvents`` list (dicts; other entries are counted and left out).
+        path: the file, for messages.
+        display_time_unit: the file's ``displayTimeUnit``.
+
     Returns:
         (events, thread_names, warnings, notes). Events with a non-finite, negative or
         implausible (> :data:`MAX_PLAUSIBLE_US`) ``ts``/``dur`` and events at ``ts`` 0 among
@@ -319,9 +341,101 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
             thread_names[(str(e.get("pid")), str(e.get("tid")))] = str(e["args"].get("name", ""))
     keep = [e for e in objs
             if (ph := e.get("ph")) == "X" or (ph == "i" and e.get("name") == "[memory]")]
-    names = _str_column([e.get("name") for e in keep])
-    cats_raw = [e.get("cat") for e in keep]
-    cat_table = {}
+    phs = [e["ph"] for e in keep]
+    return _frame_from_columns(
+        path, display_time_unit, thread_names, not_objects,
+        names_raw=[e.get("name") for e in keep], cats_raw=[e.get("cat") for e in keep], phs=phs,
+        pids_raw=[e.get("pid", "") for e in keep], tid_raw=[e.get("tid", "") for e in keep],
+        ts_raw=[e.get("ts") for e in keep],
+        dur_raw=[e.get("dur") if ph == "X" else 0.0 for e, ph in zip(keep, phs)],
+        no_dur=sum(1 for e, ph in zip(keep, phs) if ph == "X" and "dur" not in e),
+        argss=[a if type(a := e.get("args")) is dict else {} for e in keep])
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The fields of a trace event that pardiag reads; ``args`` stays undecoded JSON."""
+
+    ph: object = None
+    name: object = None
+    cat: object = None
+    pid: object = ""
+    tid: object = ""
+    ts: object = None
+    dur: object = msgspec.UNSET
+    args: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+_TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
+_ANY_DECODER = msgspec.json.Decoder()
+#: Categories whose args are read (stream, correlation) whatever the event's name.
+_ARGS_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver",
+                        "Kernel", "Memcpy", "Memset", "Runtime", "Driver"})
+
+
+def parse_trace_fast(raw: bytes, path: Path, display_time_unit_default=None
+                     ) -> tuple[dict, tuple] | None:
+    """Strict-JSON fast path of reading a trace: the document's metadata and the
+    :func:`events_frame` result, decoding only the event fields pardiag uses (msgspec; each
+    event's ``args`` is decoded only where it is read). ``raw`` is the decompressed file.
+
+    Returns:
+        ``(metadata, (events, thread_names, warnings, notes))``, or None when the file is not a
+        strict-JSON object with a ``traceEvents`` list of objects (then the caller takes the
+        tolerant path, :func:`read_trace_bytes` + :func:`events_frame`, which gives the same
+        table or the right error).
+    """
+    try:
+        top = _TOP_DECODER.decode(raw)
+        if "traceEvents" not in top:
+            return None
+        meta = {k: _ANY_DECODER.decode(v) for k, v in top.items() if k != "traceEvents"}
+        evs = _EVENTS_DECODER.decode(top["traceEvents"])
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
+        return None
+    del top
+    thread_names: dict = {}
+    keep = []
+    for e in evs:
+        ph = e.ph
+        if ph == "X" or (ph == "i" and e.name == "[memory]"):
+            keep.append(e)
+        elif ph == "M" and e.name == "thread_name":
+            a = _ANY_DECODER.decode(e.args)
+            if isinstance(a, dict):
+                thread_names[(str(e.pid), str(e.tid))] = str(a.get("name", ""))
+    names_raw = [e.name for e in keep]
+    keep_name = {}
+    for n in set(names_raw) if all(type(n) is str for n in names_raw) else ():
+        keep_name[n] = bool(_KEEP_ARGS_RE.search(n))
+    argss = []
+    for e, n in zip(keep, names_raw):
+        b = bytes(e.args)
+        if len(b) <= 2:
+            argss.append({})
+            continue
+        need = (type(e.cat) is not str or e.cat in _ARGS_CATS
+                or (keep_name.get(n, True) if type(n) is str else True)
+                or b'"correlation"' in b or b'"stream"' in b)
+        if need:
+            a = _ANY_DECODER.decode(b)
+            argss.append(a if type(a) is dict else {})
+        else:
+            argss.append({})
+    phs = [e.ph for e in keep]
+    unit = meta.get("displayTimeUnit", display_time_unit_default)
+    frame = _frame_from_columns(
+        path, unit, thread_names, 0, names_raw=names_raw, cats_raw=[e.cat for e in keep],
+        phs=phs, pids_raw=[e.pid for e in keep], tid_raw=[e.tid for e in keep],
+        ts_raw=[e.ts for e in keep],
+        dur_raw=[e.dur if ph == "X" else 0.0 for e, ph in zip(keep, phs)],
+        no_dur=sum(1 for e, ph in zip(keep, phs) if ph == "X" and e.dur is msgspec.UNSET),
+        argss=argss)
+    return meta, frame
+
+
+def _normalize_cats(cats_raw: list) -> list[str]:
+    cat_table: dict = {}
     cats = []
     for c in cats_raw:
         try:
@@ -334,14 +448,19 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
             except TypeError:  # unhashable
                 pass
             cats.append(norm)
-    phs = [e["ph"] for e in keep]
-    pids = _str_column([e.get("pid", "") for e in keep])
-    tid_raw = [e.get("tid", "") for e in keep]
+    return cats
+
+
+def _frame_from_columns(path, display_time_unit, thread_names, not_objects, *, names_raw,
+                        cats_raw, phs, pids_raw, tid_raw, ts_raw, dur_raw, no_dur, argss):
+    """:func:`events_frame` from the raw field values of the kept events (one list per field;
+    ``argss`` holds dicts, ``{}`` where an event has none)."""
+    names = _str_column(names_raw)
+    cats = _normalize_cats(cats_raw)
+    pids = _str_column(pids_raw)
     tids = _str_column(tid_raw)
-    ts, ts_str = _float_column([e.get("ts") for e in keep])
-    no_dur = sum(1 for e, ph in zip(keep, phs) if ph == "X" and "dur" not in e)
-    dur, dur_str = _float_column([e.get("dur") if ph == "X" else 0.0 for e, ph in zip(keep, phs)])
-    argss = [a if type(a := e.get("args")) is dict else {} for e in keep]
+    ts, ts_str = _float_column(ts_raw)
+    dur, dur_str = _float_column(dur_raw)
     is_gpu = [c in GPU_CATS for c in cats]
     streams = _int_column([(a.get("stream", t if type(t) is int else None) if g else -1)
                            for a, g, t in zip(argss, is_gpu, tid_raw)])
@@ -592,16 +711,23 @@ def _parse_file(path: Path, summarize: bool = False, patterns: tuple[str, ...] =
             raw = path.read_bytes()
         except OSError as exc:
             raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        doc, repairs = read_trace_bytes(raw, path)
+        raw = _plain_bytes(raw, path)
+        fast = parse_trace_fast(raw, path)
+        if fast is not None:
+            repairs: list[str] = []
+            meta, (events, thread_names, ev_warnings, notes) = fast
+        else:
+            doc, repairs = _parse_json(raw, path)
     except TraceError as exc:
         return _Parsed(path, error=str(exc))
     del raw
-    if not _is_trace_doc(doc):
-        return _Parsed(path, not_trace=True)
-    meta = {k: v for k, v in doc.items() if k != "traceEvents"}
-    events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], path,
-                                                            doc.get("displayTimeUnit"))
-    del doc
+    if fast is None:
+        if not _is_trace_doc(doc):
+            return _Parsed(path, not_trace=True)
+        meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+        events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], path,
+                                                                doc.get("displayTimeUnit"))
+        del doc
     out = _Parsed(path, repairs=tuple(repairs), metadata=meta, events=events,
                   thread_names=thread_names, ev_warnings=tuple(ev_warnings), notes=tuple(notes),
                   has_steps=_has_step_names(events))
