@@ -65,9 +65,19 @@ class TimeBreakdown:
     collectives: pd.DataFrame
 
 
+def _overlapping(ivs: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """The rows of a sorted, disjoint interval set that may overlap ``[lo, hi)`` (a view; what
+    :func:`iv.clip` keeps of the set is the same with or without the other rows)."""
+    if len(ivs) < 64:
+        return ivs
+    i0 = int(np.searchsorted(ivs[:, 1], lo, side="right"))
+    i1 = int(np.searchsorted(ivs[:, 0], hi, side="left"))
+    return ivs[i0:max(i0, i1)]
+
+
 def _metrics(k: np.ndarray, c: np.ndarray, lo: float, hi: float) -> dict:
-    k = iv.clip(k, lo, hi)
-    c = iv.clip(c, lo, hi)
+    k = iv.clip(_overlapping(k, lo, hi), lo, hi)
+    c = iv.clip(_overlapping(c, lo, hi), lo, hi)
     span = max(0.0, hi - lo)
     comp = iv.total(k)
     comm = iv.total(c)
@@ -250,6 +260,31 @@ def _collective_rows(rank: int, parts: _RankParts) -> list[dict]:
     return rows
 
 
+def rank_breakdown_rows(trace: RankTrace, comm_patterns=()) -> tuple[dict, list[dict], list[dict]]:
+    """The per-rank part of :func:`compute_time_breakdown`: (whole-trace row, step rows,
+    collective rows), without the ``rank`` column. From the rank's summary when it has one made
+    with the same patterns, else computed from its events (once per trace)."""
+    s = trace.summary
+    if s is not None and s.matches(comm_patterns):
+        return s.breakdown
+    return cached(trace, ("breakdown_rows", pattern_key(comm_patterns)),
+                  lambda: breakdown_rows_of(_rank_parts(trace, comm_patterns, None)))
+
+
+def breakdown_rows_of(parts: _RankParts) -> tuple[dict, list[dict], list[dict]]:
+    """Whole-trace, per-step and per-collective rows (see :class:`TimeBreakdown`, without
+    ``rank``) of one rank's parts."""
+    total = {"domain": parts.domain, "start_us": parts.lo, "end_us": parts.hi,
+             **_metrics(parts.k, parts.c, parts.lo, parts.hi)}
+    steps = [{"step": step, "start_us": lo, "end_us": hi, **_metrics(parts.k, parts.c, lo, hi)}
+             for step, lo, hi in parts.step_windows]
+    colls = []
+    for r in _collective_rows(-1, parts):
+        r.pop("rank")
+        colls.append(r)
+    return total, steps, colls
+
+
 def compute_rank_breakdown(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = (),
                            launch_window: tuple[float, float] | None = None) -> dict:
     """Time breakdown of one rank over its whole trace.
@@ -280,13 +315,10 @@ def compute_time_breakdown(traces: TraceSet, comm_patterns: Iterable[re.Pattern]
     comm_patterns = list(comm_patterns)
     totals, steps, colls = [], [], []
     for rank, trace in traces.ranks.items():
-        parts = _rank_parts(trace, comm_patterns, None)
-        totals.append({"rank": rank, "domain": parts.domain, "start_us": parts.lo,
-                       "end_us": parts.hi, **_metrics(parts.k, parts.c, parts.lo, parts.hi)})
-        for step, lo, hi in parts.step_windows:
-            steps.append({"rank": rank, "step": step, "start_us": lo, "end_us": hi,
-                          **_metrics(parts.k, parts.c, lo, hi)})
-        colls.extend(_collective_rows(rank, parts))
+        total, step_rows, coll_rows = rank_breakdown_rows(trace, comm_patterns)
+        totals.append({"rank": rank, **total})
+        steps.extend({"rank": rank, **r} for r in step_rows)
+        colls.extend({"rank": rank, **r} for r in coll_rows)
     cols = ["rank", "domain", "start_us", "end_us", *BREAKDOWN_COLUMNS]
     step_cols = ["rank", "step", "start_us", "end_us", *BREAKDOWN_COLUMNS]
     coll_cols = ["rank", "collective", "count", "time_us", "exposed_us"]

@@ -73,9 +73,10 @@ class _LazyEvents:
             return dataclasses.MISSING  # a required dataclass field
         ev = obj.__dict__.get("_events")
         if ev is None:
-            doc = read_trace_json(obj.path)
-            ev = events_frame(doc.get("traceEvents") or [], obj.path,
-                              doc.get("displayTimeUnit"))[0]
+            p = _parse_file(Path(obj.path))
+            if p.error is not None or p.not_trace:
+                raise TraceError(p.error or f"{obj.path}: not a Kineto trace (no traceEvents list)")
+            ev = p.events
             obj.__dict__["_events"] = ev
         return ev
 

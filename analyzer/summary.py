@@ -39,7 +39,7 @@ import pandas as pd
 from pardiag.analyzer.load import RankTrace
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
 SUMMARY_KIND = "pardiag-rank-summary"
 #: Suffix appended to the trace file name: ``rank0.trace.json.gz.summary.json``.
 SUMMARY_SUFFIX = ".summary.json"
@@ -66,6 +66,8 @@ class RankSummary:
         has_steps: an event is named ``ProfilerStep...``.
         has_gpu: the trace holds GPU kernels.
         parts: the time breakdown's per-rank parts (:class:`breakdown._RankParts`).
+        breakdown: the time breakdown's rows of the rank (whole trace, steps, collectives;
+            :func:`breakdown.breakdown_rows_of`).
         comm: the rank's communication events as the synchronization analysis reads them from
             the trace (:data:`sync.EVENT_COLUMNS`; ``rank`` is filled in when ranks are known).
         steps: ``ProfilerStep`` windows: ``step``, ``start_us``, ``end_us``.
@@ -87,6 +89,7 @@ class RankSummary:
     has_steps: bool
     has_gpu: bool
     parts: object
+    breakdown: tuple
     comm: pd.DataFrame
     steps: pd.DataFrame
     memory: pd.DataFrame
@@ -145,7 +148,7 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         has_steps: whether an event is named ``ProfilerStep...`` (default: looked up).
         stat: ``os.stat`` of the trace file (default: taken now).
     """
-    from pardiag.analyzer.breakdown import _rank_parts
+    from pardiag.analyzer.breakdown import _rank_parts, breakdown_rows_of
     from pardiag.analyzer.classify import profiler_steps
     from pardiag.analyzer.sync import _from_trace
     from pardiag.analyzer.classify import classify
@@ -166,7 +169,7 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         n_events=len(trace.events),
         has_steps=bool(trace.events["name"].str.startswith("ProfilerStep").any())
         if has_steps is None else has_steps,
-        has_gpu=trace.has_gpu, parts=parts, comm=comm, steps=steps, memory=memory_rows(trace))
+        has_gpu=trace.has_gpu, parts=parts, breakdown=breakdown_rows_of(parts), comm=comm, steps=steps, memory=memory_rows(trace))
 
 
 # -- JSON form -----------------------------------------------------------------------------------
@@ -207,6 +210,8 @@ def to_json(s: RankSummary) -> bytes:
         "parts": {"domain": p.domain, "k": p.k.tolist(), "c": p.c.tolist(), "lo": p.lo,
                   "hi": p.hi, "step_windows": [list(w) for w in p.step_windows],
                   "comm_events": _frame_json(comm_ev)},
+        "breakdown": {"total": s.breakdown[0], "steps": s.breakdown[1],
+                      "collectives": s.breakdown[2]},
         "comm": _frame_json(s.comm), "steps": _frame_json(s.steps),
         "memory": _frame_json(s.memory),
     }
@@ -222,6 +227,11 @@ def _json_default(v):
     if isinstance(v, (set, tuple)):
         return list(v)
     return str(v)
+
+
+def _nan_row(row: dict) -> dict:
+    """A breakdown row read back from JSON: null (NaN when written) becomes NaN again."""
+    return {k: (float("nan") if v is None else v) for k, v in row.items()}
 
 
 def _intervals(rows) -> np.ndarray:
@@ -255,7 +265,10 @@ def from_json(data: bytes) -> RankSummary:
         thread_names={(str(a), str(b)): str(c) for a, b, c in doc["thread_names"]},
         warnings=tuple(doc["warnings"]), notes=tuple(doc["notes"]),
         repairs=tuple(doc["repairs"]), n_events=int(doc["n_events"]),
-        has_steps=bool(doc["has_steps"]), has_gpu=bool(doc["has_gpu"]), parts=parts, comm=_frame_from(doc["comm"]),
+        has_steps=bool(doc["has_steps"]), has_gpu=bool(doc["has_gpu"]), parts=parts,
+        breakdown=(_nan_row(doc["breakdown"]["total"]),
+                   [_nan_row(r) for r in doc["breakdown"]["steps"]],
+                   [_nan_row(r) for r in doc["breakdown"]["collectives"]]), comm=_frame_from(doc["comm"]),
         steps=_frame_from(doc["steps"]), memory=_frame_from(doc["memory"]))
 
 

@@ -320,8 +320,15 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
     st = pd.DataFrame({"rank": ranks})
     st["wait_suffered_us"] = [waited(pr[pr["rank"] == r]) for r in ranks]
     others = pr[pr["rank"] != pr["last_rank"]]
-    caused = {(int(last), int(step)): sum(waited(g) for _, g in grp.groupby("rank"))
-              for (last, step), grp in others.groupby(["last_rank", "step"])}
+    # per (last arrival, step): the sum over the waiting ranks (in rank order) of each one's
+    # waited time; positions instead of sub-frames (thousands of groups on big runs)
+    caused: dict[tuple[int, int], float] = {}
+    o_start = others["start_us"].to_numpy()
+    o_until = others["wait_until_us"].to_numpy()
+    groups = others.groupby(["last_rank", "step", "rank"], sort=True).indices
+    for (last, step, _), idx in sorted(groups.items(), key=lambda kv: kv[0]):
+        key = (int(last), int(step))
+        caused[key] = caused.get(key, 0) + iv.total(iv.union(o_start[idx], o_until[idx]))
     total_caused: dict[int, float] = {}
     for (last, _), v in caused.items():
         total_caused[last] = total_caused.get(last, 0.0) + v
