@@ -36,15 +36,16 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from pardiag import layout
 from pardiag.analyzer.load import RankTrace
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
 SUMMARY_VERSION = 2
 SUMMARY_KIND = "pardiag-rank-summary"
 #: Suffix appended to the trace file name: ``rank0.trace.json.gz.summary.json``.
-SUMMARY_SUFFIX = ".summary.json"
+SUMMARY_SUFFIX = layout.SUMMARY_SUFFIX
 #: Name of the summary folder inside a trace folder.
-CACHE_DIRNAME = ".pardiag-cache"
+CACHE_DIRNAME = layout.SUMMARY_DIR
 
 _MEMORY_COLUMNS = ("ts_us", "device", "allocated_bytes", "reserved_bytes")
 
@@ -424,3 +425,22 @@ def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, in
             found = [d / summary_file_name(p.path) for d in summary_dirs(p.path)]
             written[p.path] = next((f for f in found if f.exists()), None)
     return SummarizeResult(written, tuple(current), tuple(skipped))
+
+
+def summarize_file(path: Path, comm_patterns: Iterable = (), *, store: bool = True) -> RankSummary:
+    """Parse one trace file, compute its summary and (with ``store``) write it where
+    :func:`find_summary` looks (see :func:`write_summary`).
+
+    Raises:
+        TraceError: the file cannot be read or is not a Kineto trace.
+    """
+    from pardiag.analyzer.load import _parse_file
+    from pardiag.errors import TraceError
+
+    p = _parse_file(Path(path), summarize=True, cache=store,
+                    patterns=pattern_sources(comm_patterns), keep_events=False)
+    if p.error is not None:
+        raise TraceError(p.error)
+    if p.not_trace:
+        raise TraceError(f"{path}: not a Kineto trace (no traceEvents list)")
+    return p.summary

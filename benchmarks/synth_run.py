@@ -38,8 +38,10 @@ def _rank_events(rank: int, world: int, steps: int, layers: int) -> list[dict]:
          "args": {"name": f"thread {tid} (python3)"}},
         {"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}},
     ]
-    corr = 0
-    ext = 0
+    # ids start high, as in real traces (HTA 0.5.0 downcasts small correlation ids to int16
+    # and then fails to store event indices above 32767 in that column)
+    corr = 1_000_000
+    ext = 1_000_000
     seq = 0
     n_layers = layers + rank % 3
 

@@ -247,6 +247,18 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
     return lay, len(records)
 
 
+def _write_rank_summary(out: Path, rank: int) -> None:
+    """This rank's summary of its own trace (pardiag.analyzer.summary), so that `pardiag report`
+    needs no central pass over the raw traces. A failure is a warning, not an error."""
+    try:
+        from pardiag.analyzer.summary import summarize_file
+
+        summarize_file(layout.trace_path(out, rank))
+    except Exception as exc:
+        print(f"pardiag: rank {rank}: could not write its summary: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+
+
 def main() -> None:
     """Run the user's script as ``__main__`` under the profiler; never returns."""
     import torch
@@ -338,6 +350,7 @@ def main() -> None:
         except Exception as exc:  # sidecars are extra: the trace and metadata still count
             print(f"pardiag: rank {rank}: could not write collective records: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        _write_rank_summary(out, rank)
     if "static" not in captured and stepper.optimizer is not None:
         captured["static"] = hooks.static_memory(stepper.optimizer)
 

@@ -33,6 +33,10 @@ PIPELINE_TEMPLATE = "rank{rank}.pipeline.json"
 HANG_TEMPLATE = "rank{rank}.hang.json"
 #: Created by the launcher when --timeout expires; ranks then write their HANG_TEMPLATE file.
 DUMP_REQUEST = ".pardiag-dump-request"
+#: Folder (inside a trace folder) of per-rank summaries, one per trace file named
+#: ``<trace file name>`` + SUMMARY_SUFFIX (see pardiag.analyzer.summary).
+SUMMARY_DIR = ".pardiag-cache"
+SUMMARY_SUFFIX = ".summary.json"
 
 #: Names of files that are pardiag sidecars, never traces.
 _SIDECAR_RE = re.compile(r"^(run\.json|rank\d+\.(meta|comms|pipeline|hang)\.json)$")

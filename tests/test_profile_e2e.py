@@ -28,8 +28,12 @@ def test_profile_writes_the_run_folder(ddp_run):
     out, res = ddp_run
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [
+        ".pardiag-cache",
         "rank0.comms.json", "rank0.meta.json", "rank0.trace.json.gz",
         "rank1.comms.json", "rank1.meta.json", "rank1.trace.json.gz", "run.json"]
+    # each rank summarized its own trace (pardiag report reads these, not the raw traces)
+    assert sorted(p.name for p in (out / ".pardiag-cache").iterdir()) == [
+        "rank0.trace.json.gz.summary.json", "rank1.trace.json.gz.summary.json"]
     run = json.loads((out / "run.json").read_text())
     assert run["world_size"] == 2 and run["exit_code"] == 0
     assert run["script_args"] == ["--steps", "7"]
@@ -48,6 +52,11 @@ def test_report_on_profiled_run(ddp_run, tmp_path):
     assert res.returncode == 0, res.stderr
     data = json.loads(js.read_text())
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    # the ranks' own summaries give exactly what the raw traces give
+    raw = tmp_path / "raw.json"
+    assert pardiag("report", out, "-o", tmp_path / "r2.html", "--json", raw,
+                   "--no-cache").returncode == 0
+    assert json.loads(raw.read_text())["ranks"] == data["ranks"]
     for r in data["ranks"]:
         assert r["rank_source"] == "distributedInfo"
         # wait 1 + warmup 1 + active 3: steps 2, 3 and 4 of the optimizer are recorded
