@@ -97,6 +97,7 @@ def run_once(code: str, args: list[str], env: dict) -> tuple[float, float] | Non
     out, err = proc.communicate()
     stop.set()
     th.join()
+    run_once.last_output = out
     if proc.returncode != 0:
         print(f"  ({args[0]}: exit {proc.returncode}: {err.strip().splitlines()[-1:]})",
               file=sys.stderr)
