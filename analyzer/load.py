@@ -872,7 +872,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, summarize: bool = F
         progress(done0, len(files))
     kw = dict(summarize=summarize, cache=cache,
               patterns=tuple(p.pattern if isinstance(p, re.Pattern) else str(p) for p in patterns),
-              keep_events=n_workers <= 1)
+              keep_events=not summarize or n_workers <= 1)
     for p in _parse_all(todo, n_workers, step, **kw):
         parsed[p.path] = p
 

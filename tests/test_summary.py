@@ -95,3 +95,15 @@ def test_summarize_bad_shard_and_empty_folder(tmp_path, monkeypatch, capsys):
         assert ex.value.code == 2
         err = capsys.readouterr().err
         assert err.startswith("pardiag: error: ") and msg in err and len(err.splitlines()) == 1
+
+
+def test_parallel_load_keeps_the_same_events(tmp_path):
+    run = write_run(tmp_path / "run", ranks=3, mb=0.05, layers=8)
+    seq = load_traces(run, workers=1)
+    par = load_traces(run, workers=2)
+    assert par.warnings == seq.warnings
+    for r in (0, 1, 2):
+        assert par.ranks[r].events_loaded  # parsed in a worker, handed back whole
+        a, b = seq.ranks[r].events, par.ranks[r].events
+        assert a.drop(columns="args").equals(b.drop(columns="args"))
+        assert list(a["args"]) == list(b["args"])
