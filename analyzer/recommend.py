@@ -410,7 +410,9 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
     _, base = model.predict()
     out: list[Recommendation] = []
     peak, static = mem
-    act = (peak - static) if (peak is not None and static is not None and peak > static) else None
+    if peak is not None and (static is None or peak <= static):
+        static = 0.0   # a CPU trace's allocator view starts at the profiler: activations only
+    act = (peak - static) if (peak is not None and peak > static) else None
     infl0 = _inflight(model.schedule, model.p, model.m, model.v)
     bubble = statistics.fmean(base.bubble_pct.values())
     common_ev = (f"measured on {model.steps} {model.basis} step(s): step {_ms(measured)}, pipeline "

@@ -11,7 +11,7 @@ For each base configuration of an example script this harness
 Measured step time = median over steps ≥ ``SKIP`` of the slowest rank's step. Goal on CPU/gloo:
 median absolute error ≤ 10 %, worst ≤ 25 %.
 
-    .venv/bin/python benchmarks/whatif_validate.py            # all cases (~5 min on 2 cores)
+    .venv/bin/python benchmarks/whatif_validate.py            # all cases (~10 min on 2 cores)
     .venv/bin/python benchmarks/whatif_validate.py pp_gpipe   # one case
     .venv/bin/python benchmarks/whatif_validate.py --json out.json
 
@@ -31,8 +31,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-STEPS = 16
-SKIP = 3
+STEPS = 30
+SKIP = 5
 
 #: name: (script, ranks, base args)
 CASES = {
@@ -97,7 +97,7 @@ def changed_args(base: list[str], params: dict) -> list[str] | None:
 
 def measure(script: str, n: int, args: list[str], tmp: Path) -> float:
     """Median slowest-rank step time (µs) of a plain torchrun run."""
-    times = tmp / f"t{abs(hash(tuple(args)))}"
+    times = tmp / f"t{abs(hash((script, tuple(args))))}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
            str(EXAMPLES / script), *args, "--steps", str(STEPS), "--times-out", str(times)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -109,11 +109,14 @@ def measure(script: str, n: int, args: list[str], tmp: Path) -> float:
     return statistics.median(steps) * 1e6
 
 
-def run_case(name: str, tmp: Path) -> list[dict]:
+def profile_case(name: str, tmp: Path, pin: bool) -> list[dict]:
+    """Profile a case's base configuration; returns one row per runnable evaluated change (the
+    base first) with the prediction and the arguments to run."""
     from pardiag.analyzer.load import load_traces
     from pardiag.analyzer.registry import build_report
 
     script, n, base = CASES[name]
+    base = [*base, "--pin-cpu"] if pin else base
     out = tmp / name
     cmd = [sys.executable, "-m", "pardiag", "profile", str(EXAMPLES / script),
            "--nproc-per-node", str(n), "--out", str(out), "--overwrite", "--", *base,
@@ -122,48 +125,56 @@ def run_case(name: str, tmp: Path) -> list[dict]:
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr[-500:]}")
     rec = build_report(load_traces(out)).results["recommendations"]
-    rows = []
-    base_measured = measure(script, n, base, tmp)
     evaluated = [*rec.recommendations, *rec.rejected]
-    if evaluated:
-        rows.append({"case": name, "change": "(base, as pardiag measured it)",
-                     "predicted_ms": evaluated[0].measured_step_us / 1e3,
-                     "measured_ms": base_measured / 1e3})
+    if not evaluated:
+        return []
+    rows = [{"case": name, "script": script, "n": n, "args": base, "recommended": False,
+             "change": "(base, as pardiag measured it)",
+             "predicted_ms": evaluated[0].measured_step_us / 1e3}]
     for c in evaluated:
         args = changed_args(base, c.params)
-        if args is None:
-            continue
-        measured = measure(script, n, args, tmp)
-        rows.append({"case": name, "change": c.change, "recommended": c in rec.recommendations,
-                     "predicted_ms": c.predicted_step_us / 1e3, "measured_ms": measured / 1e3})
-    for r in rows:
-        r["error_pct"] = 100.0 * (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
+        if args is not None:
+            rows.append({"case": name, "script": script, "n": n, "args": args,
+                         "recommended": c in rec.recommendations, "change": c.change,
+                         "predicted_ms": c.predicted_step_us / 1e3})
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("cases", nargs="*", default=list(CASES), choices=[*CASES, []])
+    ap.add_argument("cases", nargs="*", help=f"cases to run (default: all of {', '.join(CASES)})")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="plain runs per configuration, interleaved; the median is used")
+    ap.add_argument("--pin-cpu", action="store_true", help="pass --pin-cpu to every run")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args()
+    unknown = set(args.cases) - set(CASES)
+    if unknown:
+        ap.error(f"unknown case(s) {sorted(unknown)}; choose from {sorted(CASES)}")
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="pardiag-whatif-") as d:
         for name in args.cases or list(CASES):
-            case_rows = run_case(name, Path(d))
-            for r in case_rows:
-                print(f"{r['case']:14} {r['change'][:64]:64} pred {r['predicted_ms']:7.1f} ms  "
-                      f"meas {r['measured_ms']:7.1f} ms  err {r['error_pct']:+6.1f}%", flush=True)
-            rows += case_rows
+            rows += profile_case(name, Path(d), args.pin_cpu)
+        samples: dict[int, list[float]] = {i: [] for i in range(len(rows))}
+        for rep in range(args.repeat):      # interleaved: drifts in machine load hit all alike
+            for i, r in enumerate(rows):
+                samples[i].append(measure(r["script"], r["n"], r["args"], Path(d)))
+            print(f"repetition {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
+    for i, r in enumerate(rows):
+        r["measured_ms"] = statistics.median(samples[i]) / 1e3
+        r["spread_pct"] = 100.0 * (max(samples[i]) - min(samples[i])) / statistics.median(samples[i])
+        r["error_pct"] = 100.0 * (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
     changes = [r for r in rows if not r["change"].startswith("(base")]
     errs = [abs(r["error_pct"]) for r in changes]
+    print("| case | change | recommended | predicted ms | measured ms | error | spread of runs |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['case']} | {r['change']} | {'yes' if r.get('recommended') else ''} | "
+              f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | "
+              f"{r['spread_pct']:.0f}% |")
     if errs:
         print(f"\n{len(errs)} changes: median |error| {statistics.median(errs):.1f}%, "
               f"worst {max(errs):.1f}%  (goal ≤ 10% / ≤ 25%)")
-    print("\n| case | change | recommended | predicted ms | measured ms | error |")
-    print("|---|---|---|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['case']} | {r['change']} | {'yes' if r.get('recommended') else ''} | "
-              f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error_pct']:+.1f}% |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
