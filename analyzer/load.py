@@ -13,6 +13,12 @@ a list of files; ``.json`` or ``.json.gz``. Handles the trace dialects seen in t
 
 Rank of each file: ``distributedInfo.rank``; else a rank or worker number in the file name; else a
 free rank, with a warning. Two files never collapse into one rank.
+
+Speed: strict-JSON files are decoded with msgspec into only the fields pardiag reads
+(:func:`parse_trace_fast`); anything else takes the tolerant orjson/json path, which builds the
+same table. Files are parsed in worker processes when the input is large
+(:func:`default_workers`); with ``summarize=True`` each worker reduces its rank to a
+:class:`pardiag.analyzer.summary.RankSummary` and hands back only that.
 """
 
 from __future__ import annotations

@@ -138,9 +138,16 @@ def rank_doc(rank: int, world: int, steps: int, layers: int = 24) -> dict:
             "traceName": f"rank{rank}.pt.trace.json", "displayTimeUnit": "ms"}
 
 
+def dumps(doc: dict) -> bytes:
+    """JSON spaced like Kineto's files (``"rank": 0``, ``, "``): HTA 0.5.0 finds a file's rank
+    with the pattern ``"rank":\\s+(\\d+)`` and takes every compact file for rank 0. (The
+    generated strings hold no ``":`` or ``,"``, so the replacement touches only separators.)"""
+    return orjson.dumps(doc).replace(b'":', b'": ').replace(b',"', b', "')
+
+
 def steps_for(mb: float, layers: int = 24) -> int:
     """Profiler steps that make one rank's JSON about ``mb`` MB."""
-    one = len(orjson.dumps(rank_doc(0, 2, 1, layers)))
+    one = len(dumps(rank_doc(0, 2, 1, layers)))
     return max(1, round(mb * 1e6 / one))
 
 
@@ -150,7 +157,7 @@ def write_run(out: Path, ranks: int, mb: float, gz: bool = False, layers: int = 
     out.mkdir(parents=True, exist_ok=True)
     steps = steps_for(mb, layers)
     for r in range(ranks):
-        data = orjson.dumps(rank_doc(r, ranks, steps, layers))
+        data = dumps(rank_doc(r, ranks, steps, layers))
         name = f"rank{r}.pt.trace.json" + (".gz" if gz else "")
         (out / name).write_bytes(gzip.compress(data, 3) if gz else data)
     return out
