@@ -372,7 +372,19 @@ class _Event(msgspec.Struct, gc=False):
     args: msgspec.Raw = msgspec.Raw(b"{}")
 
 
+class _LiteArgs(msgspec.Struct, gc=False):
+    """The two args the event table reads from events whose other args it does not keep."""
+
+    stream: object = msgspec.UNSET
+    correlation: object = msgspec.UNSET
+
+    def get(self, key: str, default=None):
+        v = getattr(self, key, msgspec.UNSET)
+        return default if v is msgspec.UNSET else v
+
+
 _TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_LITE_DECODER = msgspec.json.Decoder(_LiteArgs)
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 _ANY_DECODER = msgspec.json.Decoder()
 #: Categories whose args are read (stream, correlation) whatever the event's name.
@@ -421,12 +433,14 @@ def parse_trace_fast(raw: bytes, path: Path, display_time_unit_default=None
         if len(b) <= 2:
             argss.append({})
             continue
-        need = (type(e.cat) is not str or e.cat in _ARGS_CATS
-                or (keep_name.get(n, True) if type(n) is str else True)
-                or b'"correlation"' in b or b'"stream"' in b)
-        if need:
-            a = _ANY_DECODER.decode(b)
+        if type(e.cat) is not str or (keep_name.get(n, True) if type(n) is str else True):
+            a = _ANY_DECODER.decode(b)  # args kept whole (communication, memory), or odd input
             argss.append(a if type(a) is dict else {})
+        elif e.cat in _ARGS_CATS or b'"correlation"' in b or b'"stream"' in b:
+            try:
+                argss.append(_LITE_DECODER.decode(b))
+            except msgspec.ValidationError:  # args that are not an object
+                argss.append({})
         else:
             argss.append({})
     phs = [e.ph for e in keep]
