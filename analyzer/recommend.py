@@ -83,6 +83,8 @@ from pardiag.analyzer.load import TraceSet  # noqa: E402
 
 #: A change must be predicted to save at least this share of the step to be recommended (%).
 MIN_GAIN_PCT = 2.0
+#: Interleaving must beat rebalancing alone by this much (%, of the rebalanced step).
+INTERLEAVE_MARGIN_PCT = 5.0
 #: Stage splits replayed one by one up to this many (else the min-max partition is used).
 MAX_SPLITS = 400
 #: A straggler arrives last at this share of its collectives or more …
@@ -916,8 +918,20 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
                 memory[memory.index(c)] = new
         cands = scaled
     # a run that does not fit must shrink first: memory changes rank ahead of speed
-    good = sorted((c for c in cands if c.fits_memory and (c.gain_pct >= MIN_GAIN_PCT
-                                                          or c in memory)),
+    # interleaving re-splits the layers too: it must beat rebalancing alone by a margin to be
+    # worth its extra schedule change (more stages, more point-to-point hops per microbatch)
+    reb = [c for c in cands if c.kind == "rebalance_stages"]
+    demoted: list[Recommendation] = []
+    if reb:
+        limit = reb[0].predicted_step_us * (1 - INTERLEAVE_MARGIN_PCT / 100)
+        for i, c in enumerate(cands):
+            if c.kind == "interleave" and c.predicted_step_us > limit:
+                cands[i] = dataclasses.replace(c, caveats=(
+                    *c.caveats, "predicted no better than moving layers between the current "
+                    "stages, a smaller change"))
+                demoted.append(cands[i])
+    good = sorted((c for c in cands if c.fits_memory and c not in demoted
+                   and (c.gain_pct >= MIN_GAIN_PCT or c in memory)),
                   key=lambda c: (c not in memory, -c.gain_pct))
     rejected = tuple(c for c in cands if c not in good)
     why_none = ""
