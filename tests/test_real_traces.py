@@ -97,7 +97,9 @@ def test_dlrm_8rank_cli_prints_the_8_rank_breakdown(real_traces, tmp_path):
     res = CliRunner().invoke(cli, ["report", str(real_traces / "dlrm_8rank_v100"),
                                    "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 0
-    lines = [ln for ln in res.output.splitlines() if ln.startswith("│")]
+    out = res.output.splitlines()
+    start = next(i for i, ln in enumerate(out) if ln.startswith("Time breakdown per rank"))
+    lines = [ln for ln in out[start:] if ln.startswith("│")]   # after the recommendations
     ranks = [ln.split("│")[1].strip() for ln in lines[:8]]
     assert ranks == [str(r) for r in range(8)]
     assert "4.50" in lines[0] and "9.51" in lines[7]
