@@ -551,8 +551,8 @@ def _clip_same_stream(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
         return df, None
     sub = df.loc[gpu, ["pid", "stream", "ts", "dur"]]
     end = sub["ts"] + sub["dur"]
-    prev_end = end.groupby([sub["pid"], sub["stream"]], sort=False).transform(
-        lambda s: s.cummax().shift(1))
+    keys = [sub["pid"], sub["stream"]]
+    prev_end = end.groupby(keys, sort=False).cummax().groupby(keys, sort=False).shift(1)
     overlap = (prev_end > sub["ts"]).fillna(False).to_numpy()
     if not overlap.any():
         return df, None
