@@ -228,6 +228,11 @@ def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str 
                                   workers=workers, progress=progress)
     except PardiagError as err:
         _fail(err)
+    if not res.written and not res.current and res.skipped:
+        first = res.skipped[0].removesuffix(" - skipped")
+        _fail(PardiagError(first if len(res.skipped) == 1 else
+                           f"{paths[0]}: none of {len(res.skipped)} file(s) is a readable "
+                           f"Kineto trace (e.g. {first})"))
     for line in res.skipped:
         click.echo(f"pardiag: warning: {line}", err=True)
     unwritable = [str(t) for t, f in res.written.items() if f is None]
@@ -237,8 +242,6 @@ def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str 
     click.echo(f"pardiag: summarized {len(res.written) - len(unwritable)} trace(s)"
                f"{f' (shard {i}/{n})' if n > 1 else ''}, {len(res.current)} already current"
                + (f"; summaries in {', '.join(folders[:3])}" if folders else ""), err=True)
-    if not res.written and not res.current:
-        sys.exit(2)
 
 
 def main() -> None:

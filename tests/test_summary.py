@@ -87,8 +87,12 @@ def test_summary_of_another_version_is_refused():
 def test_summarize_bad_shard_and_empty_folder(tmp_path, monkeypatch, capsys):
     from pardiag import cli
 
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "t.json").write_text('{"traceEvents": [')
     for args, msg in ((["summarize", str(tmp_path), "--shard", "2/2"], "--shard '2/2'"),
-                      (["summarize", str(tmp_path)], "no trace files")):
+                      (["summarize", str(tmp_path)], "no trace files"),
+                      (["summarize", str(bad / "t.json")], f"{bad / 't.json'}: not valid JSON")):
         monkeypatch.setattr(sys, "argv", ["pardiag", *args])
         with pytest.raises(SystemExit) as ex:
             cli.main()
