@@ -150,9 +150,8 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         stat: ``os.stat`` of the trace file (default: taken now).
     """
     from pardiag.analyzer.breakdown import _rank_parts, breakdown_rows_of
-    from pardiag.analyzer.classify import profiler_steps
+    from pardiag.analyzer.classify import classify, profiler_steps
     from pardiag.analyzer.sync import _from_trace
-    from pardiag.analyzer.classify import classify
 
     patterns = list(comm_patterns)
     st = stat or os.stat(trace.path)
@@ -197,8 +196,6 @@ def _frame_from(d: dict) -> pd.DataFrame:
 
 def to_json(s: RankSummary) -> bytes:
     """The summary as JSON bytes (floats written exactly, NaN as null)."""
-    from pardiag.analyzer.breakdown import _RankParts  # noqa: F401  (shape documented there)
-
     p = s.parts
     comm_ev = p.comm_events.drop(columns=["args"], errors="ignore")
     doc = {
