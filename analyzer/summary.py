@@ -128,12 +128,19 @@ def memory_rows(trace: RankTrace) -> pd.DataFrame:
             continue
         dev = {0: "cpu", 1: "cuda"}.get(args.get("Device Type"), str(args.get("Device Type")))
         alloc, res = args.get("Total Allocated"), args.get("Total Reserved")
-        num = (int, float)
-        rows.append((float(ts), dev,
-                     float(alloc) if isinstance(alloc, num) and not isinstance(alloc, bool) else np.nan,
-                     float(res) if isinstance(res, num) and not isinstance(res, bool) else np.nan))
+        rows.append((float(ts), dev, _bytes_value(alloc), _bytes_value(res)))
     return pd.DataFrame(rows, columns=list(_MEMORY_COLUMNS)).astype(
         {"ts_us": float, "device": object, "allocated_bytes": float, "reserved_bytes": float})
+
+
+def _bytes_value(v) -> float:
+    """A byte count from a ``[memory]`` event's args as float; NaN when it is not a number."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        try:
+            return float(v)
+        except OverflowError:
+            return np.nan
+    return np.nan
 
 
 def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings: Iterable[str] = (),
@@ -334,7 +341,10 @@ def write_summary(s: RankSummary, trace_path: Path) -> Path | None:
     :func:`summary_dirs`); never over a file that is not a pardiag summary. Returns the file
     written, or None when no folder is writable (the report still works, only slower next
     time)."""
-    data = to_json(s)
+    try:
+        data = to_json(s)
+    except (TypeError, ValueError, orjson.JSONEncodeError):  # e.g. integers beyond 64 bits
+        return None
     for d in summary_dirs(trace_path):
         f = d / summary_file_name(trace_path)
         if f.exists() and not _is_ours(f):

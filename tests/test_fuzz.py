@@ -106,8 +106,15 @@ def test_loader_never_crashes(doc, how, cut, junk):
 @settings(max_examples=int(os.environ.get("FUZZ_REPORT_EXAMPLES", "150")))
 @given(doc=_doc)
 def test_analyses_never_crash_on_what_loads(doc):
-    """What the loader accepts, every analysis handles (no exception)."""
+    """What the loader accepts, every analysis handles (no exception), and the report from
+    stored summaries equals the report from the raw trace."""
+    import orjson
+
     from pardiag.analyzer.registry import build_report, report_json
+
+    def dump(ts) -> bytes:
+        return orjson.dumps(report_json(build_report(ts)), default=str,
+                            option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "rank0.json").write_text(json.dumps(doc, allow_nan=True))
@@ -115,7 +122,9 @@ def test_analyses_never_crash_on_what_loads(doc):
             ts = load_traces(d)
         except TraceError:
             return
-        report_json(build_report(ts))
+        raw = dump(ts)
+        load_traces(d, summarize=True, cache=True)  # computes and stores (in d/.pardiag-cache)
+        assert dump(load_traces(d, summarize=True, cache=True)) == raw  # from the stored one
 
 
 def _has_huge_int(v) -> bool:
