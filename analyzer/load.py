@@ -39,7 +39,7 @@ import orjson
 import pandas as pd
 
 from pardiag import layout
-from pardiag.errors import TraceError
+from pardiag.errors import PardiagError, TraceError
 
 #: Columns of :attr:`RankTrace.events` (one row per complete event, ``ph == "X"``, or memory
 #: instant event). ``ts``/``dur`` in µs on the trace's own clock; ``stream`` -1 for CPU events;
@@ -806,12 +806,16 @@ def _parse_all(files: list[Path], workers: int, progress, **kw) -> list[_Parsed]
 
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
     results: dict[int, _Parsed] = {}
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futs = {pool.submit(_parse_file, f, **kw): i for i, f in enumerate(files)}
-        for fut in cf.as_completed(futs):
-            results[futs[fut]] = fut.result()
-            if progress:
-                progress(len(results), total)
+    try:
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futs = {pool.submit(_parse_file, f, **kw): i for i, f in enumerate(files)}
+            for fut in cf.as_completed(futs):
+                results[futs[fut]] = fut.result()
+                if progress:
+                    progress(len(results), total)
+    except cf.process.BrokenProcessPool:
+        raise PardiagError(f"a process parsing {len(files)} trace file(s) died (out of memory?); "
+                           f"try fewer workers (--workers 1)", exit_code=1) from None
     return [results[i] for i in range(total)]
 
 
