@@ -423,6 +423,7 @@ def parse_trace_fast(raw: bytes, path: Path, display_time_unit_default=None
             a = _ANY_DECODER.decode(e.args)
             if isinstance(a, dict):
                 thread_names[(str(e.pid), str(e.tid))] = str(a.get("name", ""))
+    del evs  # metadata and flow events: not needed any more
     names_raw = [e.name for e in keep]
     keep_name = {}
     for n in set(names_raw) if all(type(n) is str for n in names_raw) else ():
