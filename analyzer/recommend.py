@@ -423,8 +423,9 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
                  "per stage forward / backward per microbatch: " + ", ".join(
                      f"S{s} {f / 1000:.2f}/{b / 1000:.2f} ms"
                      for s, (f, b) in enumerate(zip(model.fwd_us, model.bwd_us))),
-                 f"replayed bubble {bubble:.1f}% of the window; calibrated hop latency "
-                 f"{model.hop_us:.0f} µs")
+                 f"replayed bubble {bubble:.1f}% of the window; point-to-point hop "
+                 f"{model.hop_us:.0f} µs, {model.gap_us:.0f} µs between a rank's chunks, "
+                 f"{model.residual_us / 1000:+.2f} ms of the step not replayed")
     caveats_mb = ("a chunk's time is split into a fixed part and a part proportional to the "
                   "microbatch size, measured from its operators; very small microbatches can "
                   "run below the hardware's efficient size",)
@@ -497,7 +498,7 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
                     f"schedule Interleaved1F1B, {v2} stages per rank, stage boundaries "
                     f"{whatif.boundaries_text(sizes2)}", "interleaved", model.m, v2, f, b, pb,
                     caveats=("each extra stage adds a point-to-point hop per microbatch, "
-                             "taken at the calibrated latency",),
+                             "taken at the measured latency",),
                     params={"schedule": "interleaved", "stages_per_rank": v2,
                             "layers_per_stage": sizes2, "layer_names": names})
     return out
