@@ -369,7 +369,7 @@ class _Event(msgspec.Struct, gc=False):
     tid: object = ""
     ts: object = None
     dur: object = msgspec.UNSET
-    args: msgspec.Raw = msgspec.Raw(b"{}")
+    args: msgspec.Raw = msgspec.Raw(b"")  # empty: the event has no args
 
 
 class _LiteArgs(msgspec.Struct, gc=False):
@@ -419,7 +419,7 @@ def parse_trace_fast(raw: bytes, path: Path, display_time_unit_default=None
         ph = e.ph
         if ph == "X" or (ph == "i" and e.name == "[memory]"):
             keep.append(e)
-        elif ph == "M" and e.name == "thread_name":
+        elif ph == "M" and e.name == "thread_name" and len(e.args):
             a = _ANY_DECODER.decode(e.args)
             if isinstance(a, dict):
                 thread_names[(str(e.pid), str(e.tid))] = str(a.get("name", ""))

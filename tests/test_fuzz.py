@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from pardiag.analyzer.load import EVENT_COLUMNS, load_traces, read_trace_bytes
 from pardiag.errors import TraceError
@@ -140,6 +140,7 @@ def _has_huge_int(v) -> bool:
 
 
 @given(doc=_doc)
+@example(doc={"traceEvents": [{"ph": "M", "name": "thread_name"}]})  # found by the 10k run
 def test_fast_path_gives_the_tolerant_paths_table(doc):
     """The msgspec fast path (strict JSON) and the orjson/json path build the same events,
     thread names, warnings and metadata; only integers beyond 64 bits may differ (orjson reads
