@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SHARED_TRACES = REPO.parent / "shared" / "real_traces"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Summaries of read-only trace folders (../shared/real_traces) go to a throw-away cache, not to
+# the user's ~/.cache/pardiag (subprocesses inherit it).
+os.environ.setdefault("PARDIAG_CACHE_DIR", tempfile.mkdtemp(prefix="pardiag-test-cache-"))
 
 
 @pytest.fixture
