@@ -365,8 +365,8 @@ class _Event(msgspec.Struct, gc=False):
     ph: object = None
     name: object = None
     cat: object = None
-    pid: object = ""
-    tid: object = ""
+    pid: object = msgspec.UNSET
+    tid: object = msgspec.UNSET
     ts: object = None
     dur: object = msgspec.UNSET
     args: msgspec.Raw = msgspec.Raw(b"")  # empty: the event has no args
@@ -422,7 +422,9 @@ def parse_trace_fast(raw: bytes, path: Path, display_time_unit_default=None
         elif ph == "M" and e.name == "thread_name" and len(e.args):
             a = _ANY_DECODER.decode(e.args)
             if isinstance(a, dict):
-                thread_names[(str(e.pid), str(e.tid))] = str(a.get("name", ""))
+                pid = None if e.pid is msgspec.UNSET else e.pid
+                tid = None if e.tid is msgspec.UNSET else e.tid
+                thread_names[(str(pid), str(tid))] = str(a.get("name", ""))
     del evs  # metadata and flow events: not needed any more
     names_raw = [e.name for e in keep]
     keep_name = {}
@@ -448,7 +450,8 @@ def parse_trace_fast(raw: bytes, path: Path, display_time_unit_default=None
     unit = meta.get("displayTimeUnit", display_time_unit_default)
     frame = _frame_from_columns(
         path, unit, thread_names, 0, names_raw=names_raw, cats_raw=[e.cat for e in keep],
-        phs=phs, pids_raw=[e.pid for e in keep], tid_raw=[e.tid for e in keep],
+        phs=phs, pids_raw=[("" if (p := e.pid) is msgspec.UNSET else p) for e in keep],
+        tid_raw=[("" if (t := e.tid) is msgspec.UNSET else t) for e in keep],
         ts_raw=[e.ts for e in keep],
         dur_raw=[e.dur if ph == "X" else 0.0 for e, ph in zip(keep, phs)],
         no_dur=sum(1 for e, ph in zip(keep, phs) if ph == "X" and e.dur is msgspec.UNSET),

@@ -140,7 +140,8 @@ def _has_huge_int(v) -> bool:
 
 
 @given(doc=_doc)
-@example(doc={"traceEvents": [{"ph": "M", "name": "thread_name"}]})  # found by the 10k run
+@example(doc={"traceEvents": [{"ph": "M", "name": "thread_name"}]})  # found by 10k runs
+@example(doc={"traceEvents": [{"ph": "M", "name": "thread_name", "args": {}}]})
 def test_fast_path_gives_the_tolerant_paths_table(doc):
     """The msgspec fast path (strict JSON) and the orjson/json path build the same events,
     thread names, warnings and metadata; only integers beyond 64 bits may differ (orjson reads
