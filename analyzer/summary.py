@@ -18,14 +18,16 @@ summary *is* the intermediate result); ``tests/test_summary.py`` checks it.
 On disk a summary is JSON (``<trace file name>.summary.json``, schema below) in a summary folder:
 ``<trace folder>/.pardiag-cache/`` when it is writable, else ``$PARDIAG_CACHE_DIR`` or
 ``~/.cache/pardiag/<hash of the trace folder>/``. It records the trace file's size and
-modification time (ns) and the ``--comm-kernel`` patterns; a summary whose file changed, whose
-patterns differ, or whose version is older is ignored and recomputed. Summaries are written only
+modification time (ns), the ``--comm-kernel`` patterns and a hash of the analyzer code that made
+it; a summary whose file changed, whose patterns differ, or that other code made is ignored and
+recomputed. Summaries are written only
 into these folders and only over pardiag's own summary files.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import re
@@ -41,6 +43,8 @@ from pardiag.analyzer.load import RankTrace
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
 SUMMARY_VERSION = 2
+#: Modules whose code decides what a summary holds; a summary made by other code is recomputed.
+_CODE_MODULES = ("load", "classify", "breakdown", "sync", "intervals", "comm_records", "summary")
 SUMMARY_KIND = "pardiag-rank-summary"
 #: Suffix appended to the trace file name: ``rank0.trace.json.gz.summary.json``.
 SUMMARY_SUFFIX = layout.SUMMARY_SUFFIX
@@ -206,7 +210,8 @@ def to_json(s: RankSummary) -> bytes:
     p = s.parts
     comm_ev = p.comm_events.drop(columns=["args"], errors="ignore")
     doc = {
-        "kind": SUMMARY_KIND, "version": SUMMARY_VERSION, "path": s.path, "size": s.size,
+        "kind": SUMMARY_KIND, "version": SUMMARY_VERSION, "code": code_fingerprint(),
+        "path": s.path, "size": s.size,
         "mtime_ns": s.mtime_ns, "comm_patterns": list(s.comm_patterns), "dist_rank": s.dist_rank,
         "metadata": s.metadata,
         "thread_names": [[pid, tid, name] for (pid, tid), name in s.thread_names.items()],
@@ -257,6 +262,8 @@ def from_json(data: bytes) -> RankSummary:
         raise ValueError("not a pardiag rank summary")
     if doc.get("version") != SUMMARY_VERSION:
         raise ValueError(f"summary version {doc.get('version')!r}, expected {SUMMARY_VERSION}")
+    if doc.get("code") != code_fingerprint():
+        raise ValueError("summary made by another version of pardiag's analyzer")
     p = doc["parts"]
     comm_ev = _frame_from(p["comm_events"])
     comm_ev["args"] = None
@@ -278,6 +285,20 @@ def from_json(data: bytes) -> RankSummary:
 
 
 # -- where summaries live ------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """Hash of the analyzer modules that compute summaries (so a changed pardiag never reuses a
+    summary made by older code, even without a version bump)."""
+    h = hashlib.sha1(str(SUMMARY_VERSION).encode())
+    here = Path(__file__).resolve().parent
+    for m in _CODE_MODULES:
+        try:
+            h.update((here / f"{m}.py").read_bytes())
+        except OSError:
+            h.update(m.encode())
+    return h.hexdigest()[:16]
+
 
 def _user_cache_root() -> Path:
     env = os.environ.get("PARDIAG_CACHE_DIR")

@@ -111,3 +111,13 @@ def test_parallel_load_keeps_the_same_events(tmp_path):
         a, b = seq.ranks[r].events, par.ranks[r].events
         assert a.drop(columns="args").equals(b.drop(columns="args"))
         assert list(a["args"]) == list(b["args"])
+
+
+def test_summary_made_by_other_code_is_refused(tmp_path):
+    run = write_run(tmp_path / "run", ranks=1, mb=0.02, layers=8)
+    s = sm.summarize_trace(load_traces(run).ranks[0])
+    doc = orjson.loads(sm.to_json(s))
+    assert doc["code"] == sm.code_fingerprint()
+    doc["code"] = "0" * 16
+    with pytest.raises(ValueError, match="another version of pardiag"):
+        sm.from_json(orjson.dumps(doc))
