@@ -392,11 +392,13 @@ _ARGS_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "c
                         "Kernel", "Memcpy", "Memset", "Runtime", "Driver"})
 
 
-def parse_trace_fast(raw: bytes, path: Path, display_time_unit_default=None
+def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=None
                      ) -> tuple[dict, tuple] | None:
     """Strict-JSON fast path of reading a trace: the document's metadata and the
     :func:`events_frame` result, decoding only the event fields pardiag uses (msgspec; each
-    event's ``args`` is decoded only where it is read). ``raw`` is the decompressed file.
+    event's ``args`` is decoded only where it is read). ``raw`` is the decompressed file, or a
+    one-item list holding it: then the list is emptied on success so the bytes can be freed before
+    the table is built (and left as it was when None is returned).
 
     Returns:
         ``(metadata, (events, thread_names, warnings, notes))``, or None when the file is not a
@@ -404,6 +406,8 @@ def parse_trace_fast(raw: bytes, path: Path, display_time_unit_default=None
         tolerant path, :func:`read_trace_bytes` + :func:`events_frame`, which gives the same
         table or the right error).
     """
+    holder = raw if isinstance(raw, list) else None
+    raw = holder[0] if holder is not None else raw
     try:
         top = _TOP_DECODER.decode(raw)
         if "traceEvents" not in top:
@@ -413,6 +417,9 @@ def parse_trace_fast(raw: bytes, path: Path, display_time_unit_default=None
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
         return None
     del top
+    if holder is not None:
+        holder.clear()  # the events' raw args still refer to the bytes until ``keep`` goes
+    del raw
     thread_names: dict = {}
     keep = []
     for e in evs:
@@ -448,15 +455,16 @@ def parse_trace_fast(raw: bytes, path: Path, display_time_unit_default=None
             argss.append({})
     phs = [e.ph for e in keep]
     unit = meta.get("displayTimeUnit", display_time_unit_default)
-    frame = _frame_from_columns(
-        path, unit, thread_names, 0, names_raw=names_raw, cats_raw=[e.cat for e in keep],
-        phs=phs, pids_raw=[("" if (p := e.pid) is msgspec.UNSET else p) for e in keep],
+    cols = dict(
+        names_raw=names_raw, cats_raw=[e.cat for e in keep], phs=phs,
+        pids_raw=[("" if (p := e.pid) is msgspec.UNSET else p) for e in keep],
         tid_raw=[("" if (t := e.tid) is msgspec.UNSET else t) for e in keep],
         ts_raw=[e.ts for e in keep],
         dur_raw=[e.dur if ph == "X" else 0.0 for e, ph in zip(keep, phs)],
         no_dur=sum(1 for e, ph in zip(keep, phs) if ph == "X" and e.dur is msgspec.UNSET),
         argss=argss)
-    return meta, frame
+    del keep  # the structs, and with them the file's bytes
+    return meta, _frame_from_columns(path, unit, thread_names, 0, **cols)
 
 
 def _normalize_cats(cats_raw: list) -> list[str]:
@@ -736,16 +744,16 @@ def _parse_file(path: Path, summarize: bool = False, patterns: tuple[str, ...] =
             raw = path.read_bytes()
         except OSError as exc:
             raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        raw = _plain_bytes(raw, path)
-        fast = parse_trace_fast(raw, path)
+        holder = [_plain_bytes(raw, path)]
+        del raw
+        fast = parse_trace_fast(holder, path)  # empties the holder when it succeeds
         if fast is not None:
             repairs: list[str] = []
             meta, (events, thread_names, ev_warnings, notes) = fast
         else:
-            doc, repairs = _parse_json(raw, path)
+            doc, repairs = _parse_json(holder.pop(), path)
     except TraceError as exc:
         return _Parsed(path, error=str(exc))
-    del raw
     if fast is None:
         if not _is_trace_doc(doc):
             return _Parsed(path, not_trace=True)
