@@ -817,6 +817,10 @@ def _parse_all(files: list[Path], workers: int, progress, **kw) -> list[_Parsed]
     import multiprocessing as mp
 
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    if ctx is not None:
+        import gc
+
+        gc.freeze()  # forked workers: the collector does not touch (and so copy) parent pages
     results: dict[int, _Parsed] = {}
     try:
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
@@ -828,6 +832,11 @@ def _parse_all(files: list[Path], workers: int, progress, **kw) -> list[_Parsed]
     except cf.process.BrokenProcessPool:
         raise PardiagError(f"a process parsing {len(files)} trace file(s) died (out of memory?); "
                            f"try fewer workers (--workers 1)", exit_code=1) from None
+    finally:
+        if ctx is not None:
+            import gc
+
+            gc.unfreeze()
     return [results[i] for i in range(total)]
 
 
