@@ -200,7 +200,8 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
               help="Summarize only every N-th file from the I-th [default: $RANK/$WORLD_SIZE "
                    "under torchrun, else all].")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes that parse traces [default: one per core for large inputs].")
+              help="Processes that parse traces [default: one per core for large inputs; "
+                   "under torchrun the node's cores shared among its processes].")
 def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str | None,
               workers: int | None) -> None:
     """Write the per-rank summary of each trace, where the traces are.
@@ -216,6 +217,10 @@ def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str 
 
     if shard is None and os.environ.get("WORLD_SIZE") and os.environ.get("RANK"):
         shard = f"{os.environ['RANK']}/{os.environ['WORLD_SIZE']}"
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if workers is None and local.isdigit() and int(local) > 0:  # torchrun: share the node's cores
+        workers = max(1, len(os.sched_getaffinity(0)) // int(local)
+                      if hasattr(os, "sched_getaffinity") else 1)
     try:
         i, n = (int(x) for x in (shard or "0/1").split("/"))
         if n < 1 or not 0 <= i < n:
