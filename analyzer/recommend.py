@@ -83,8 +83,8 @@ from pardiag.analyzer.load import TraceSet  # noqa: E402
 
 #: A change must be predicted to save at least this share of the step to be recommended (%).
 MIN_GAIN_PCT = 2.0
-#: Interleaving must beat rebalancing alone by this much (%, of the rebalanced step).
-INTERLEAVE_MARGIN_PCT = 5.0
+#: Interleaving must beat the best schedule-keeping change by this much (% of its step).
+INTERLEAVE_MARGIN_PCT = 10.0
 #: Stage splits replayed one by one up to this many (else the min-max partition is used).
 MAX_SPLITS = 400
 #: A straggler arrives last at this share of its collectives or more …
@@ -117,6 +117,8 @@ class PipelineModel:
         residual_us: measured step minus the replayed one (added to every prediction).
         gap_us: a rank's median time between two chunks when it waits for nothing (added to
             each chunk's cost).
+        size_scaling: per stage, ``[(samples, forward µs, backward µs)]`` of its module timed at
+            other microbatch sizes after the run (sorted); empty when not measured.
         tail_us: per rank, time from its last chunk of a step to its first chunk of the next
             when it need not wait (optimizer step plus what rank 0 does besides it).
         opt_us: per rank, median optimizer-step time (µs); empty when not recorded.
@@ -143,6 +145,7 @@ class PipelineModel:
     basis: str
     residual_us: float = 0.0
     gap_us: float = 0.0
+    size_scaling: dict = dataclasses.field(default_factory=dict)
 
     def tails_for(self, stage_params: list[float] | None, v: int) -> dict[int, float]:
         """Per-rank tails when stage ``s`` (on rank ``s mod p``) holds ``stage_params[s]``
@@ -165,12 +168,27 @@ class PipelineModel:
         return [float(sum(b for _, _, b in ls)) for ls in self.layers]
 
     def scaled(self, m_new: int) -> tuple[list[float], list[float]]:
-        """Per-stage forward/backward times at ``m_new`` microbatches (same global batch)."""
-        f = [whatif.scaled_chunk_us(t, self.fixed_share.get((s, "F"), 0.0), 1.0, self.m / m_new)
-             for s, t in enumerate(self.fwd_us)]
-        b = [whatif.scaled_chunk_us(t, self.fixed_share.get((s, "B"), 0.0), 1.0, self.m / m_new)
-             for s, t in enumerate(self.bwd_us)]
-        return f, b
+        """Per-stage forward/backward times at ``m_new`` microbatches (same global batch):
+        scaled by the stage module's measured times at other microbatch sizes when pardiag
+        measured them (``size_scaling``), else by the chunk's fixed share."""
+        out = []
+        for phase, times in (("F", self.fwd_us), ("B", self.bwd_us)):
+            col = 1 if phase == "F" else 2
+            row = []
+            for s, t in enumerate(times):
+                pts = self.size_scaling.get(s)
+                if pts and self.samples:
+                    n0 = float(self.samples)
+                    n1 = n0 * self.m / m_new
+                    xs = [p[0] for p in pts]
+                    ys = [p[col] for p in pts]
+                    r = whatif.interpolate(xs, ys, n1) / whatif.interpolate(xs, ys, n0)
+                    row.append(t * r)
+                else:
+                    row.append(whatif.scaled_chunk_us(
+                        t, self.fixed_share.get((s, phase), 0.0), 1.0, self.m / m_new))
+            out.append(row)
+        return out[0], out[1]
 
     def predict(self, schedule: str | None = None, m: int | None = None, v: int | None = None,
                 fwd_us=None, bwd_us=None, stage_params=None) -> tuple[float, whatif.SimResult]:
@@ -302,6 +320,16 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
                          int(row.get("params_bytes") or 0)))
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
+    size_scaling: dict[int, list] = {}
+    for doc in traces.sidecars.get("pipeline", {}).values():
+        for row in doc.get("size_scaling") or []:
+            try:
+                size_scaling.setdefault(int(row["stage"]), []).append(
+                    (float(row["samples"]), float(row["fwd_us"]), float(row["bwd_us"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+    size_scaling = {k: sorted(v) for k, v in size_scaling.items()
+                    if len(v) >= 2 and all(x[1] > 0 and x[2] > 0 for x in v)}
     layer_list = tuple(tuple((n, t, b) for _, n, t, b in sorted(layers.get(s, [])))
                        for s in range(n_stages)) if layers else ()
     # per rank: optimizer time and the idle time between its last chunk and its next first one
@@ -338,7 +366,7 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
         hop = whatif.calibrate_hop(orders, fwd, bwd, period, tails)
         residual = period - whatif.simulate_period(orders, fwd, bwd, hop, tails)[0]
     return PipelineModel(kind, p, m, v, fwd, bwd, fixed, samples, window, period, hop, tails,
-                         opt, layer_list, len(use), basis, residual, gap), ""
+                         opt, layer_list, len(use), basis, residual, gap, size_scaling), ""
 
 
 def _observed_gaps(chunks: pd.DataFrame, n_stages: int) -> tuple[float, float | None]:
@@ -919,17 +947,20 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
                 memory[memory.index(c)] = new
         cands = scaled
     # a run that does not fit must shrink first: memory changes rank ahead of speed
-    # interleaving re-splits the layers too: it must beat rebalancing alone by a margin to be
-    # worth its extra schedule change (more stages, more point-to-point hops per microbatch)
-    reb = [c for c in cands if c.kind == "rebalance_stages"]
+    # interleaving changes the schedule, adds point-to-point hops and needs the model cut into
+    # more stages: it must beat the best change that keeps the schedule (moving layers, the
+    # microbatch count) by a margin
+    simpler = [c.predicted_step_us for c in cands if c.kind in ("rebalance_stages",
+                                                                "microbatches")]
     demoted: list[Recommendation] = []
-    if reb:
-        limit = reb[0].predicted_step_us * (1 - INTERLEAVE_MARGIN_PCT / 100)
+    if model is not None:
+        best = min([model.period_us, *simpler])
+        limit = best * (1 - INTERLEAVE_MARGIN_PCT / 100)
         for i, c in enumerate(cands):
             if c.kind == "interleave" and c.predicted_step_us > limit:
                 cands[i] = dataclasses.replace(c, caveats=(
-                    *c.caveats, "predicted no better than moving layers between the current "
-                    "stages, a smaller change"))
+                    *c.caveats, f"predicted less than {INTERLEAVE_MARGIN_PCT:g}% faster than the "
+                    "best change that keeps the schedule, so not recommended"))
                 demoted.append(cands[i])
     good = sorted((c for c in cands if c.fits_memory and c not in demoted
                    and (c.gain_pct >= MIN_GAIN_PCT or c in memory)),

@@ -228,6 +228,20 @@ def simulate_period(orders: dict[int, list[Action]], fwd_us: Sequence[float],
     return period, res
 
 
+def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear ``y(x)`` through the points (``xs`` increasing, ≥ 2 points), continued
+    linearly beyond the ends (never below 1% of the nearest measured value)."""
+    if x <= xs[0]:
+        i = 0
+    elif x >= xs[-1]:
+        i = len(xs) - 2
+    else:
+        i = max(j for j in range(len(xs) - 1) if xs[j] <= x)
+    x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+    y = y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 != x0 else y0
+    return max(y, 0.01 * (y0 if x <= x0 else y1))
+
+
 def scaled_chunk_us(t_us: float, fixed_share: float, n: float, n_new: float) -> float:
     """Time of a chunk at microbatch size ``n_new`` when it takes ``t_us`` at ``n``:
     ``t · (f + (1 − f) · n_new / n)``, *f* = ``fixed_share`` in [0, 1]."""
@@ -304,41 +318,82 @@ def boundaries_text(sizes: Iterable[int]) -> str:
 _MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul"}
 
 
-def _scales_with(name: str, dims, n: int) -> bool:
-    """Whether an operator's output grows with the microbatch size ``n``: a matmul whose result
-    has ``n`` rows (not a weight gradient, whose result has the weight's shape), or another
-    operator whose first shaped input has ``n`` rows."""
+def op_work(name: str, dims, n: int) -> tuple[float, float, float, float] | None:
+    """Work of one operator from its ``Input Dims``: ``(bytes, flops, bytes ∝ n, flops ∝ n)``,
+    the last two being the parts that grow with the microbatch size ``n`` (float32 bytes).
+
+    A matmul ``[M, K] × [K, N]`` (the last two 2-D inputs) moves ``4(MK + KN + MN)`` bytes and
+    does ``2MKN`` flops; a term grows with ``n`` when one of its dimensions is ``n`` — so a
+    weight gradient (``K = n``) has its flops but not its weight-shaped output grow. Another
+    operator moves twice its inputs' bytes (read and write); inputs whose first dimension is
+    ``n`` grow. None without shapes."""
     if not isinstance(dims, list):
-        return False
-    shaped = [d for d in dims if isinstance(d, list) and d]
+        return None
+    shaped = [d for d in dims if isinstance(d, list) and d
+              and all(isinstance(x, int) for x in d)]
     if not shaped:
-        return False
+        return None
     if name in _MATMUL_OPS:
-        mats = [d for d in shaped if len(d) >= 2]
-        return bool(mats) and mats[-2][0] == n if len(mats) >= 2 else shaped[0][0] == n
-    return shaped[0][0] == n
+        mats = [d[-2:] for d in shaped if len(d) >= 2]
+        if len(mats) >= 2 and mats[-2][1] == mats[-1][0]:
+            (m_, k_), (_, n_) = mats[-2], mats[-1]
+            terms = ((m_, k_), (k_, n_), (m_, n_))
+            by = 4.0 * sum(a * b for a, b in terms)
+            by_n = 4.0 * sum(a * b for a, b in terms if n in (a, b))
+            fl = 2.0 * m_ * k_ * n_
+            return by, fl, by_n, (fl if n in (m_, k_, n_) else 0.0)
+    numel = [float(math.prod(d)) for d in shaped]
+    by = 8.0 * sum(numel)
+    by_n = 8.0 * sum(x for d, x in zip(shaped, numel) if d[0] == n)
+    return by, 0.0, by_n, 0.0
+
+
+def _nnls3(rows: list[tuple[float, float, float]], y: list[float]) -> tuple[float, float, float]:
+    """Non-negative least squares for three coefficients, by trying every active set."""
+    import itertools
+
+    import numpy as np
+
+    A = np.asarray(rows, dtype=float)
+    b = np.asarray(y, dtype=float)
+    scale = np.maximum(np.abs(A).max(axis=0), 1e-30)
+    As = A / scale
+    best, best_res = np.zeros(3), float(np.sum(b ** 2))
+    for k in (1, 2, 3):
+        for cols in itertools.combinations(range(3), k):
+            x, *_ = np.linalg.lstsq(As[:, cols], b, rcond=None)
+            if (x < 0).any():
+                continue
+            res = float(np.sum((As[:, cols] @ x - b) ** 2))
+            if res < best_res:
+                best, best_res = np.zeros(3), res
+                best[list(cols)] = x
+    return tuple(float(v) for v in best / scale)
 
 
 def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:
     """Fixed share of each pipeline stage's forward and backward chunks, from the operators the
     profiler recorded inside pardiag's ``pardiag:PP:S{stage}:{phase}{mb}`` ranges.
 
-    An operator's self time (its duration minus its children's) counts as **per-sample** when
-    its output grows with the microbatch size (see :func:`_scales_with`; needs the trace's
-    ``Input Dims``, i.e. ``record_shapes``); everything else in the chunk — weight-gradient
-    matmuls and accumulation, autograd and Python overhead — is **fixed**.
+    Every operator's self time (its duration minus its children's) is modelled as
+    ``c + a·bytes + b·flops`` (an additive roofline, in the spirit of Lumos' operator
+    models), with ``a``, ``b``, ``c`` ≥ 0 fitted over all shaped operators of the trace's chunks
+    (least squares). The share of an operator's time that grows with the microbatch size is
+    ``(a·bytes∝n + b·flops∝n) / (c + a·bytes + b·flops)`` (:func:`op_work`); the rest of the
+    chunk — operators without shapes, autograd and Python time — is fixed. A weight gradient
+    is thus mostly fixed when it is bound by writing its weight-shaped result and mostly
+    per-sample when its flops dominate. Needs the trace's ``Input Dims`` (``record_shapes``).
 
     Args:
         raw_events: the trace's ``traceEvents``.
         samples: ``{stage: microbatch size}`` (rows of the stage's forward output).
 
     Returns:
-        ``[{"stage", "phase", "chunks", "chunk_us" (median), "fixed_share" (median)}]``; empty
-        when the trace has no chunk ranges or no shapes.
+        ``[{"stage", "phase", "chunks", "chunk_us" (median), "fixed_share" (median),
+        "fit": [c µs, a µs/byte, b µs/flop]}]``; empty when the trace has no chunk ranges.
     """
     import bisect
     import re
-    import statistics
 
     chunk_re = re.compile(r"^pardiag:PP:S(\d+):([FBIW])(\d+)$")
     by_tid: dict = {}
@@ -361,11 +416,12 @@ def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:
     for ops in by_tid.values():
         ops.sort()
     starts = {tid: [o[0] for o in ops] for tid, ops in by_tid.items()}
-    acc: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    per_chunk = []   # (stage, phase, dur, [(self µs, work)])
+    rows, ys = [], []
     for stage, phase, tid, ts, dur in chunks:
         n = samples.get(stage)
         ops = by_tid.get(tid, [])
-        if not n or not ops:
+        if not n or not ops or dur <= 0:
             continue
         lo = bisect.bisect_left(starts[tid], ts)
         hi = bisect.bisect_right(starts[tid], ts + dur)
@@ -378,12 +434,28 @@ def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:
             if stack:
                 self_t[stack[-1]] -= -o[1]
             stack.append(i)
-        scaled = sum(max(t, 0.0) for t, o in zip(self_t, inside) if _scales_with(o[2], o[3], n))
-        if dur > 0:
-            acc.setdefault((stage, phase), []).append((dur, min(scaled / dur, 1.0)))
+        work = []
+        for t, o in zip(self_t, inside):
+            w = op_work(o[2], o[3], n)
+            if w is not None and t > 0:
+                work.append((t, w))
+                rows.append((1.0, w[0], w[1]))
+                ys.append(t)
+        per_chunk.append((stage, phase, dur, work))
+    if not per_chunk:
+        return []
+    c, a, b = _nnls3(rows, ys) if rows else (0.0, 0.0, 0.0)
+    acc: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for stage, phase, dur, work in per_chunk:
+        scaled = 0.0
+        for t, (by, fl, by_n, fl_n) in work:
+            model = c + a * by + b * fl
+            if model > 0:
+                scaled += t * (a * by_n + b * fl_n) / model
+        acc.setdefault((stage, phase), []).append((dur, min(scaled / dur, 1.0)))
     return [{"stage": s, "phase": ph, "chunks": len(v),
              "chunk_us": statistics.median(d for d, _ in v),
-             "fixed_share": 1.0 - statistics.median(f for _, f in v)}
+             "fixed_share": 1.0 - statistics.median(f for _, f in v), "fit": [c, a, b]}
             for (s, ph), v in sorted(acc.items())]
 
 

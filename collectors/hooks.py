@@ -32,6 +32,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+def _sync(device) -> None:
+    if getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -147,16 +152,27 @@ class PipelineRecorder:
         self._patched: list[tuple[type, str, Any]] = []
         self._hooked: set[int] = set()
         self._handles: list[Any] = []
+        self._stages: list = []
+        #: per stage: (shape, dtype, floating) of the first input of its module
+        self.inputs: dict[int, tuple] = {}
 
     def _hook_layers(self, stage) -> None:
         """Forward pre/post hooks on the children of ``stage.submod`` (once per stage)."""
         if id(stage) in self._hooked:
             return
         self._hooked.add(id(stage))
+        self._stages.append(stage)
         submod = getattr(stage, "submod", None)
         if submod is None:
             return
         s = int(stage.stage_index)
+
+        def record_input(mod, inputs, _s=s):
+            first = inputs[0] if inputs else None
+            if isinstance(first, torch.Tensor) and first.dim() > 0 and _s not in self.inputs:
+                self.inputs[_s] = (tuple(first.shape), first.dtype, first.is_floating_point())
+
+        self._handles.append(submod.register_forward_pre_hook(record_input))
         for i, (name, child) in enumerate(submod.named_children()):
             entry = self.layers.setdefault((s, i), {
                 "stage": s, "index": i, "name": name, "type": type(child).__name__,
@@ -225,6 +241,58 @@ class PipelineRecorder:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+    def size_scaling(self, factors=(0.25, 0.5, 1.0, 2.0), repeats: int = 3) -> list[dict]:
+        """Time each local stage's module forward and backward on random inputs of other
+        microbatch sizes (``factor × samples``), after the script has finished: how a chunk's
+        time scales with the microbatch size, measured on the user's own module.
+
+        Returns ``[{"stage", "samples", "fwd_us", "bwd_us"}]`` (medians of ``repeats``); empty
+        when a stage's input is not one floating-point tensor or a call fails."""
+        rows = []
+        for stage in self._stages:
+            s = int(stage.stage_index)
+            submod = getattr(stage, "submod", None)
+            if submod is None or s not in self.inputs:
+                continue
+            shape, dtype, floating = self.inputs[s]
+            params = [q for q in submod.parameters() if q.requires_grad]
+            try:
+                device = next(submod.parameters()).device
+            except StopIteration:
+                continue
+            for f in factors:
+                n = max(1, int(round(shape[0] * f)))
+                fwd, bwd = [], []
+                try:
+                    for _ in range(repeats + 1):
+                        x = (torch.randn((n, *shape[1:]), dtype=dtype, device=device)
+                             if floating else torch.zeros((n, *shape[1:]), dtype=dtype,
+                                                          device=device))
+                        if floating and s > 0:
+                            x.requires_grad_(True)
+                        _sync(device)
+                        t0 = time.perf_counter_ns()
+                        out = submod(x)
+                        out = out[0] if isinstance(out, (tuple, list)) else out
+                        _sync(device)
+                        t1 = time.perf_counter_ns()
+                        if params or (floating and s > 0):
+                            out.float().sum().backward()
+                        _sync(device)
+                        t2 = time.perf_counter_ns()
+                        fwd.append((t1 - t0) / 1000.0)
+                        bwd.append((t2 - t1) / 1000.0)
+                except Exception:  # a module that wants other inputs: no measurement
+                    rows = [r for r in rows if r["stage"] != s]
+                    break
+                fwd, bwd = sorted(fwd[1:]), sorted(bwd[1:])   # the first call warms up
+                rows.append({"stage": s, "samples": n, "fwd_us": fwd[len(fwd) // 2],
+                             "bwd_us": bwd[len(bwd) // 2]})
+        for q in (q for st in self._stages for q in getattr(st, "submod", torch.nn.Module())
+                  .parameters()):
+            q.grad = None
+        return rows
 
     def layer_rows(self) -> list[dict]:
         """``layers`` as JSON rows: ``fwd_us`` = ``{step: mean forward µs per call}``."""

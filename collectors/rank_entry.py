@@ -191,8 +191,8 @@ def _trace_memory_peaks(events) -> dict:
 
 def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict],
                     pipe_records: list[dict], pipe_layers: list[dict] | None = None,
-                    optimizer_times: list[tuple[int, int, int]] | None = None
-                    ) -> tuple[dict, int]:
+                    optimizer_times: list[tuple[int, int, int]] | None = None,
+                    size_scaling: list[dict] | None = None) -> tuple[dict, int]:
     """Comms and pipeline sidecars of a rank whose trace was written; returns (layout, n records).
     Also stores the trace's memory peaks in ``captured["trace_memory"]``."""
     from pardiag.analyzer.comm_records import (attach_trace_times, records_from_flight_recorder,
@@ -240,6 +240,7 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
             "schedule": lay.get("pipeline"), "records": rows,
             # for the what-if model: per-layer forward times and the chunks' fixed shares
             "layers": pipe_layers or [],
+            "size_scaling": size_scaling or [],
             "optimizer": [{"optimizer_step": st, "start_us": (a - base) / 1000.0,
                            "end_us": (b - base) / 1000.0}
                           for st, a, b in (optimizer_times or [])[-MAX_PIPELINE_RECORDS:]],
@@ -343,10 +344,16 @@ def main() -> None:
         pipe.uninstall()
 
     lay, n_records = None, 0
+    scaling: list[dict] = []
+    if traces_written and pipe.records and error is None:
+        try:  # how the stages' chunks scale with the microbatch size (what-if model)
+            scaling = pipe.size_scaling()
+        except Exception as exc:
+            print(f"pardiag: rank {rank}: no microbatch-size measurement: {exc}", file=sys.stderr)
     if traces_written:
         try:
             lay, n_records = _write_sidecars(out, rank, captured, p2p.records, pipe.records,
-                                            pipe.layer_rows(), stepper.times)
+                                            pipe.layer_rows(), stepper.times, scaling)
         except Exception as exc:  # sidecars are extra: the trace and metadata still count
             print(f"pardiag: rank {rank}: could not write collective records: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)

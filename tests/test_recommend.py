@@ -82,25 +82,38 @@ def test_scaled_chunk_and_errors():
 
 
 def test_chunk_cost_split_on_planted_operators():
-    """A forward chunk of 100 µs: addmm with 8 rows (per-sample, 60 µs self) holding a copy_
-    (10 µs, rows 8: per-sample); an add_ on a weight (fixed, 20 µs); 10 µs of no operator.
-    Fixed share = 1 − 70/100."""
+    """Operators timed exactly 2 µs + 0.001 µs per byte moved (twice their inputs): [8, 100]
+    (8 rows = the microbatch: per-sample) 8.4 µs, [100, 50] (a weight: fixed) 42 µs, [8, 200]
+    14.8 µs, in a 100 µs forward chunk. Per-sample: 6.4 + 12.8 µs → fixed share 0.808."""
     ev = [{"ph": "X", "cat": "user_annotation", "name": "pardiag:PP:S0:F0", "tid": 1, "ts": 0,
-           "dur": 100},
-          {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "tid": 1, "ts": 0, "dur": 70,
-           "args": {"Input Dims": [[256], [8, 64], [64, 256]]}},
-          {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "tid": 1, "ts": 5, "dur": 10,
-           "args": {"Input Dims": [[8, 256], [8, 256]]}},
-          {"ph": "X", "cat": "cpu_op", "name": "aten::add_", "tid": 1, "ts": 75, "dur": 20,
-           "args": {"Input Dims": [[256, 64], [256, 64], []]}},
-          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 2, "ts": 0, "dur": 50,
-           "args": {"Input Dims": [[8, 4], [4, 4]]}}]   # another thread: not in the chunk
-    out = whatif.chunk_cost_split(ev, {0: 8})
-    assert out == [{"stage": 0, "phase": "F", "chunks": 1, "chunk_us": 100.0,
-                    "fixed_share": pytest.approx(0.3)}]
-    # a weight-gradient matmul (result has the weight's shape) is fixed
-    assert not whatif._scales_with("aten::mm", [[256, 8], [8, 64]], 8)
-    assert whatif._scales_with("aten::mm", [[8, 256], [256, 64]], 8)
+           "dur": 100}]
+    t = 0.0
+    for dims, dur in (([[8, 100]], 8.4), ([[100, 50]], 42.0), ([[8, 200]], 14.8)):
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::gelu", "tid": 1, "ts": t,
+                   "dur": dur, "args": {"Input Dims": dims}})
+        t += dur
+    ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 2, "ts": 0, "dur": 50,
+               "args": {"Input Dims": [[8, 4], [4, 4]]}})   # another thread: not in the chunk
+    (out,) = whatif.chunk_cost_split(ev, {0: 8})
+    assert (out["stage"], out["phase"], out["chunks"], out["chunk_us"]) == (0, "F", 1, 100.0)
+    assert out["fixed_share"] == pytest.approx(0.808)
+    assert out["fit"] == pytest.approx([2.0, 0.001, 0.0], abs=1e-9)
+
+
+def test_operator_work():
+    """addmm [8, 64] × [64, 256] with n = 8: 4·(512 + 16384 + 2048) bytes, 2·8·64·256 flops, of
+    which the input and output (rows n) and all flops grow; a weight gradient [256, 8] × [8, 64]
+    has all its flops grow (K = n) but not its weight-shaped result."""
+    assert whatif.op_work("aten::addmm", [[256], [8, 64], [64, 256]], 8) == (
+        75776.0, 262144.0, 10240.0, 262144.0)
+    assert whatif.op_work("aten::mm", [[256, 8], [8, 64]], 8) == (
+        75776.0, 262144.0, 10240.0, 262144.0)
+    assert whatif.op_work("aten::add_", [[256, 64], [256, 64], []], 8) == (
+        262144.0, 0.0, 0.0, 0.0)
+    assert whatif.op_work("aten::view", [], 8) is None
+    assert whatif.interpolate([1, 2, 4], [10, 20, 30], 3) == 25
+    assert whatif.interpolate([1, 2, 4], [10, 20, 30], 8) == 50     # continued linearly
+    assert whatif.interpolate([1, 2, 4], [10, 20, 30], 0.5) == 5
 
 
 # ---- planted runs: exact predictions ----------------------------------------------------------
@@ -189,7 +202,8 @@ def test_rebalancing_predictions_are_exact(tmp_path):
     Measured: stage 0 is busy every microbatch: 4 · 1800 + its 600 µs optimizer = 7800 µs (and
     so is any microbatch count: no gain). Balanced [0–3 | 4–7]: F 400, B 800 µs per stage,
     optimizer 400 µs each → window (m + 1) · 1200 = 6000, rank 0 restarts 400 µs later: 6400.
-    Interleaving re-splits the 8 layers too and, with no hop latency, is better still."""
+    Interleaving re-splits the 8 layers too and, with no hop latency, is better still: 5800 µs
+    with 2 stages per rank, 5500 with 4."""
     layers = {0: [(100.0, 1000)] * 6, 1: [(100.0, 1000)] * 2}
     traces = _pipeline_run(tmp_path, "1f1b", 2, 4, [600, 200], [1200, 400], {0: 600, 1: 200},
                            layers=layers, fixed_share=0.0, samples=8, opt={0: 600, 1: 200})
@@ -200,11 +214,13 @@ def test_rebalancing_predictions_are_exact(tmp_path):
     assert reb.change.startswith("stage boundaries [0–3 | 4–7] (layers per stage 4,4; now "
                                  "[0–5 | 6–7])")
     assert reb.measured_step_us == 7800 and reb.predicted_step_us == pytest.approx(6400.0)
-    v2 = [c for c in res.recommendations if c.change.startswith(
+    # interleaving must beat 6400 by 10%: 4 stages per rank (5500) does, 2 (5800) does not
+    v2 = [c for c in res.rejected if c.change.startswith(
         "schedule Interleaved1F1B, 2 stages per rank, stage boundaries [0–1 | 2–3 | 4–5 | 6–7]")]
     assert len(v2) == 1 and v2[0].predicted_step_us == pytest.approx(5800.0)
-    assert [c.kind for c in res.recommendations] == ["interleave", "interleave",
-                                                     "rebalance_stages"]
+    assert v2[0].caveats[-1].startswith("predicted less than 10% faster than the best change")
+    assert [c.kind for c in res.recommendations] == ["interleave", "rebalance_stages"]
+    assert res.recommendations[0].predicted_step_us == pytest.approx(5500.0)
     assert all(c.predicted_step_us == 7800 for c in res.rejected if c.kind == "microbatches")
 
 
