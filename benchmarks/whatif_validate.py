@@ -39,7 +39,7 @@ CASES = {
     "pp_unbalanced": ("train_pp.py", 2, ["--schedule", "1f1b", "--microbatches", "4",
                                          "--layers-per-stage", "1,5", "--batch", "128"]),
     "pp_gpipe": ("train_pp.py", 2, ["--schedule", "gpipe", "--microbatches", "2",
-                                    "--batch", "128"]),
+                                    "--batch", "512", "--width", "512"]),
     "ddp_straggler": ("train_ddp.py", 2, ["--slow-rank", "1", "--slow-ms", "20"]),
     "ddp_buckets": ("train_ddp.py", 2, ["--bucket-mb", "1", "--width", "512"]),
     "fsdp2": ("train_fsdp2.py", 2, ["--width", "512"]),
@@ -147,12 +147,17 @@ def main() -> None:
                     help="plain runs per configuration, interleaved; the median is used")
     ap.add_argument("--pin-cpu", action="store_true", help="pass --pin-cpu to every run")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="keep the profiled runs in this folder (default: a temporary one)")
     args = ap.parse_args()
     unknown = set(args.cases) - set(CASES)
     if unknown:
         ap.error(f"unknown case(s) {sorted(unknown)}; choose from {sorted(CASES)}")
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="pardiag-whatif-") as d:
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            d = str(args.keep)
         for name in args.cases or list(CASES):
             rows += profile_case(name, Path(d), args.pin_cpu)
         samples: dict[int, list[float]] = {i: [] for i in range(len(rows))}
