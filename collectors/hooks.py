@@ -248,7 +248,8 @@ class PipelineRecorder:
         time scales with the microbatch size, measured on the user's own module.
 
         Returns ``[{"stage", "samples", "fwd_us", "bwd_us"}]`` (medians of ``repeats``); empty
-        when a stage's input is not one floating-point tensor or a call fails."""
+        when a stage's input is not one floating-point tensor or a call fails (an out-of-memory
+        error included). On a GPU only sizes up to the run's own are tried."""
         rows = []
         for stage in self._stages:
             s = int(stage.stage_index)
@@ -261,7 +262,9 @@ class PipelineRecorder:
                 device = next(submod.parameters()).device
             except StopIteration:
                 continue
-            for f in factors:
+            # on a GPU a larger microbatch than the run's could run out of memory: not tried
+            sizes = [f for f in factors if f <= 1.0 or device.type == "cpu"]
+            for f in sizes:
                 n = max(1, int(round(shape[0] * f)))
                 fwd, bwd = [], []
                 try:
