@@ -139,9 +139,10 @@ class PipelineRecorder:
     forward records also carry ``"samples"`` (dim 0 of the chunk's output, the microbatch size).
     Each call also runs inside ``record_function("pardiag:PP:S{stage}:{phase}{microbatch}")``.
 
-    Layers: the direct children of each stage's module (in order) get forward hooks; ``layers``
-    holds per (stage, child index) its name, type, parameter bytes, and the forward time summed
-    per optimizer step (``fwd_ns``: ``{step: [total ns, calls]}``) — what the what-if model
+    Layers: after the run, :meth:`size_scaling` times each stage module at other microbatch
+    sizes and, at the run's own, each of its direct children (forward hooks attached only
+    then); ``layers`` holds per (stage, child index) its name, type, parameter bytes and
+    forward time (``fwd_ns``: ``{"after_run": [total ns, calls]}``) — what the what-if model
     needs to move layers between stages (:mod:`pardiag.analyzer.whatif`).
     """
 
@@ -157,7 +158,9 @@ class PipelineRecorder:
         self.inputs: dict[int, tuple] = {}
 
     def _hook_layers(self, stage) -> None:
-        """Forward pre/post hooks on the children of ``stage.submod`` (once per stage)."""
+        """Note a stage (once) and hook its module to learn its input's shape; the per-layer
+        hooks are attached only while :meth:`size_scaling` times the module after the run, so
+        training steps carry no per-layer overhead."""
         if id(stage) in self._hooked:
             return
         self._hooked.add(id(stage))
@@ -168,11 +171,22 @@ class PipelineRecorder:
         s = int(stage.stage_index)
 
         def record_input(mod, inputs, _s=s):
+            if _s in self.inputs:
+                return
             first = inputs[0] if inputs else None
-            if isinstance(first, torch.Tensor) and first.dim() > 0 and _s not in self.inputs:
+            if isinstance(first, torch.Tensor) and first.dim() > 0:
                 self.inputs[_s] = (tuple(first.shape), first.dtype, first.is_floating_point())
 
         self._handles.append(submod.register_forward_pre_hook(record_input))
+
+    def _layer_hooks(self, stage, key: str) -> list:
+        """Forward pre/post hooks timing each child of ``stage.submod``; times are summed per
+        ``key`` in ``layers``. Returns the handles."""
+        submod = getattr(stage, "submod", None)
+        if submod is None:
+            return []
+        s = int(stage.stage_index)
+        handles = []
         for i, (name, child) in enumerate(submod.named_children()):
             entry = self.layers.setdefault((s, i), {
                 "stage": s, "index": i, "name": name, "type": type(child).__name__,
@@ -186,12 +200,13 @@ class PipelineRecorder:
             def post(mod, inputs, output, _starts=starts, _entry=entry):
                 if _starts:
                     dt = time.perf_counter_ns() - _starts.pop()
-                    acc = _entry["fwd_ns"].setdefault(self._step(), [0, 0])
+                    acc = _entry["fwd_ns"].setdefault(key, [0, 0])
                     acc[0] += dt
                     acc[1] += 1
 
-            self._handles.append(child.register_forward_pre_hook(pre))
-            self._handles.append(child.register_forward_hook(post))
+            handles.append(child.register_forward_pre_hook(pre))
+            handles.append(child.register_forward_hook(post))
+        return handles
 
     def install(self) -> bool:
         try:
@@ -267,8 +282,12 @@ class PipelineRecorder:
             for f in sizes:
                 n = max(1, int(round(shape[0] * f)))
                 fwd, bwd = [], []
+                # at the run's own size, time each layer too (what moving layers needs)
+                handles: list = []
                 try:
-                    for _ in range(repeats + 1):
+                    for it in range(repeats + 1):
+                        if it == 1 and f == 1.0:   # after the warm-up call
+                            handles = self._layer_hooks(stage, "after_run")
                         x = (torch.randn((n, *shape[1:]), dtype=dtype, device=device)
                              if floating else torch.zeros((n, *shape[1:]), dtype=dtype,
                                                           device=device))
@@ -289,6 +308,9 @@ class PipelineRecorder:
                 except Exception:  # a module that wants other inputs: no measurement
                     rows = [r for r in rows if r["stage"] != s]
                     break
+                finally:
+                    for h in handles:
+                        h.remove()
                 fwd, bwd = sorted(fwd[1:]), sorted(bwd[1:])   # the first call warms up
                 rows.append({"stage": s, "samples": n, "fwd_us": fwd[len(fwd) // 2],
                              "bwd_us": bwd[len(bwd) // 2]})
@@ -303,7 +325,8 @@ class PipelineRecorder:
         for (s, i), e in sorted(self.layers.items()):
             rows.append({k: e[k] for k in ("stage", "index", "name", "type", "params_bytes")}
                         | {"fwd_us": {str(st): tot / cnt / 1000.0
-                                      for st, (tot, cnt) in sorted(e["fwd_ns"].items()) if cnt}})
+                                      for st, (tot, cnt) in sorted(e["fwd_ns"].items(), key=str)
+                                      if cnt}})
         return rows
 
 
