@@ -182,8 +182,10 @@ class PipelineModel:
                     n1 = n0 * self.m / m_new
                     xs = [p[0] for p in pts]
                     ys = [p[col] for p in pts]
-                    r = whatif.interpolate(xs, ys, n1) / whatif.interpolate(xs, ys, n0)
-                    row.append(t * r)
+                    b0, b1 = whatif.interpolate(xs, ys, n0), whatif.interpolate(xs, ys, n1)
+                    # what the chunk takes beyond the module itself (pipelining's own work per
+                    # chunk) stays; the module's part follows its measured size curve
+                    row.append(t - b0 + b1 if t > b0 else t * b1 / b0)
                 else:
                     row.append(whatif.scaled_chunk_us(
                         t, self.fixed_share.get((s, phase), 0.0), 1.0, self.m / m_new))
