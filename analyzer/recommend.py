@@ -510,6 +510,9 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
                 f"{','.join(map(str, sizes))}; now {whatif.boundaries_text(sizes_now)})",
                 model.schedule, model.m, model.v, f, b, pb,
                 extra_ev=(f"forward+backward per microbatch by stage: {stage_ms}",
+                          f"layers are the {len(names)} child modules of the stage modules, in "
+                          f"order ({names[0]} … {names[-1]}): count embeddings, heads and "
+                          "other non-block children too when you split your model",
                           "layers in order: " + ", ".join(
                               f"{n} {t / 1000:.2f} ms" for n, t in zip(names, total))),
                 caveats=("backward time per layer is taken proportional to its forward time "
@@ -543,7 +546,7 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
     n_steps = max(int(steps["step"].nunique()), 1) if len(steps) else 1
     others = len(traces.ranks) - 1
     # a straggler arrives last most of the time and makes others wait far more than it waits
-    if (st["last_arrivals"] < STRAGGLER_LAST_SHARE * st["instances"]
+    if (st["instances"] < 3 or st["last_arrivals"] < STRAGGLER_LAST_SHARE * st["instances"]
             or st["wait_caused_us"] < STRAGGLER_RATIO * st["wait_suffered_us"]):
         return []
     # each other rank's wait per step, less what the straggler itself waits for them
@@ -869,6 +872,7 @@ def clean_step_us(traces: TraceSet) -> tuple[float, int]:
     except (KeyError, TypeError, ValueError):
         return float("nan"), 0
     periods = []
+    steps_used: set[int] = set()
     for meta in traces.rank_meta.values():
         rows = meta.get("optimizer_step_times_us") or []
         ends = {}
@@ -876,11 +880,29 @@ def clean_step_us(traces: TraceSet) -> tuple[float, int]:
             if isinstance(row, list) and len(row) == 3 and all(
                     isinstance(x, (int, float)) for x in row):
                 ends[int(row[0])] = float(row[2])
-        periods += [ends[k] - ends[k - 1] for k in sorted(ends)
-                    if k - 1 >= first_clean and k - 1 in ends and ends[k] > ends[k - 1]]
+        ok = [k for k in sorted(ends)
+              if k - 1 >= first_clean and k - 1 in ends and ends[k] > ends[k - 1]]
+        periods += [ends[k] - ends[k - 1] for k in ok]
+        steps_used.update(ok)
     if not periods:
         return float("nan"), 0
-    return float(np.median(periods)), len(periods)
+    return float(np.median(periods)), len(steps_used)
+
+
+def _steps_unrecorded(traces: TraceSet) -> str:
+    """A sentence when ``pardiag profile``'s metadata shows that no rank recorded a training
+    step (the script made no more optimizer steps than ``--wait + --warmup``), else ""."""
+    sch = (traces.run_info or {}).get("schedule") or {}
+    try:
+        skip = int(sch["wait"]) + int(sch["warmup"])
+    except (KeyError, TypeError, ValueError):
+        return ""
+    steps = [m.get("optimizer_steps") for m in traces.rank_meta.values()]
+    if not steps or not all(isinstance(n, int) and n <= skip for n in steps):
+        return ""
+    return (f"The profiler recorded no training step: the script made {max(steps)} optimizer "
+            f"step(s) and recording starts after --wait + --warmup = {skip}; the traces show "
+            "only the script's end, so nothing is measured or recommended (profile more steps).")
 
 
 def _measured_step_us(done: dict) -> float:
@@ -921,6 +943,9 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
         traces: the run. done: earlier analyses by name (``time_breakdown``, ``sync``,
             ``pipeline``, ``balance``, ``memory``).
     """
+    unrecorded = _steps_unrecorded(traces)
+    if unrecorded:
+        return RecommendationResult(unrecorded, (), (), "the traces hold no training step")
     measured = _measured_step_us(done)
     model, why = (pipeline_model(traces, done["pipeline"]) if done.get("pipeline") is not None
                   else (None, "no pipeline"))

@@ -119,6 +119,27 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     for target in (output, json_out):
         if target is not None and str(target) != "-" and target.resolve() in inputs:
             _fail(PardiagError(f"{target}: is one of the input traces; choose another output path"))
+    # nothing the user produced is overwritten: no file of an input folder (traces, run.json,
+    # rank sidecars), also when reached through another name (hard link)
+    inode = {}
+    for folder in {pth for pth in paths if pth.is_dir()}:
+        for f in folder.iterdir():
+            if f.is_file():
+                st = f.stat()
+                inode[(st.st_dev, st.st_ino)] = f
+    for t in traces.ranks.values():
+        if t.path.exists():
+            st = t.path.stat()
+            inode[(st.st_dev, st.st_ino)] = t.path
+    for target in (output, json_out):
+        if target is not None and str(target) != "-" and target.exists():
+            st = target.stat()
+            if (st.st_dev, st.st_ino) in inode:
+                _fail(PardiagError(f"{target}: would overwrite {inode[(st.st_dev, st.st_ino)]} "
+                                   "of the input; choose another output path"))
+    if output is not None and json_out is not None and str(json_out) != "-" and (
+            output.resolve() == json_out.resolve()):
+        _fail(PardiagError(f"{output}: given for both the HTML report and --json"))
     for w in traces.warnings:
         click.echo(f"pardiag: warning: {w}", err=True)
     try:

@@ -203,3 +203,27 @@ def test_malformed_sidecars_are_left_out_with_warnings(tmp_path):
     assert "rank0.comms.json: left out 2 malformed 'records' entries" in res.output
     assert "rank1.pipeline.json: 'records' is not a list; the file is ignored" in res.output
     assert "rank0.pipeline.json: unreadable pardiag sidecar, ignored" in res.output
+
+
+def test_no_file_of_an_input_folder_is_overwritten(tmp_path):
+    """run.json, a rank sidecar, a hard link to a trace, or one path for both outputs: refused
+    with one line and exit 2, the files untouched."""
+    import os
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "sample_traces" / "ddp_cpu_2rank", run)
+    before = {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()}
+    os.link(run / "rank0.trace.json.gz", tmp_path / "hard.json.gz")
+    for args, msg in (
+            (["-o", str(run / "run.json")], "run.json: would overwrite"),
+            (["-o", str(tmp_path / "r.html"), "--json", str(run / "rank0.meta.json")],
+             "rank0.meta.json: would overwrite"),
+            (["-o", str(tmp_path / "hard.json.gz")], "hard.json.gz: would overwrite"),
+            (["-o", str(tmp_path / "same"), "--json", str(tmp_path / "same")],
+             "given for both the HTML report and --json")):
+        res = subprocess.run([sys.executable, "-m", "pardiag", "report", str(run), "-q", *args],
+                             capture_output=True, text=True)
+        assert res.returncode == 2, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert msg in lines[-1] and "Traceback" not in res.stderr
+    assert {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()} == before

@@ -358,3 +358,20 @@ def test_memory_bound_ddp_gets_sharding_that_fits():
     assert [c.fits_memory for c in small] == [False, False]
     # not memory-bound (peak 50% of the device): nothing proposed
     assert _memory_recs(traces, done, 10000.0, (40 * G, 16 * G), 80 * G) == []
+
+
+def test_run_that_recorded_no_training_step_gets_no_recommendation(tmp_path):
+    """--steps 2 under the default --wait 1 --warmup 1: the traces hold only the script's end
+    (its final barrier); the verdict says so instead of naming a straggler."""
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2, backend="gloo")
+        b.step(2, 0, 8000).cpu("c10d::barrier", 10, 7000 if r == 0 else 10)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        write_sidecar(tmp_path / f"rank{r}.meta.json", "rank", r, {"optimizer_steps": 2})
+    write_sidecar(tmp_path / "run.json", "run", None, {
+        "world_size": 2, "schedule": {"wait": 1, "warmup": 1, "active": 3}})
+    res = build_report(load_traces(tmp_path)).results["recommendations"]
+    assert res.recommendations == () and res.rejected == ()
+    assert res.verdict.startswith("The profiler recorded no training step: the script made 2 "
+                                  "optimizer step(s) and recording starts after --wait + "
+                                  "--warmup = 2")
