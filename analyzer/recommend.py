@@ -639,7 +639,10 @@ def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Reco
         caveats.append("the bucket size was not recorded; torch's default 25 MiB assumed")
     now = [whatif.bucketed_allreduce_tail(c, cap, alpha, beta) for c in curves]
     out = []
-    for new in sorted({cap / 4, cap / 2, cap * 2, cap * 4, 25 * 2**20}):
+    total = float(np.median([c[-1][1] for c in curves]))   # gradient bytes per step
+    # sizes around the current one, torch's default, and splits of all gradients in 2, 4, 8
+    options = {cap / 4, cap / 2, cap * 2, cap * 4, 25 * 2**20, total / 2, total / 4, total / 8}
+    for new in sorted(round(x / 2**16) * 2**16 for x in options if x > 0):
         if new < 64 * 2**10 or abs(new - cap) < 1:
             continue
         tail = [whatif.bucketed_allreduce_tail(c, new, alpha, beta) for c in curves]
@@ -647,7 +650,8 @@ def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Reco
         pred = measured + delta
         out.append(Recommendation(
             kind="ddp_bucket", title=f"DDP buckets of {new / 2**20:g} MiB",
-            change=f"DDP bucket_cap_mb={new / 2**20:g} (now {cap / 2**20:g})",
+            change=f"DDP bucket_cap_mb={new / 2**20:.4g} (now {cap / 2**20:.4g}; "
+                   f"{total / 2**20:.3g} MiB of gradients per step)",
             evidence=(f"the all-reduce of the last bucket ends {np.median(now) / 1000:.2f} ms "
                       f"after the last gradient is ready (median over {len(curves)} rank-steps)",
                       f"predicted: {np.median(tail) / 1000:.2f} ms"),

@@ -192,7 +192,8 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
         traces = load_traces(list(paths))
         target = output.resolve()
         inputs = {t.path.resolve() for t in traces.ranks.values()}
-        folders = {p.resolve() for p in paths if p.is_dir()}
+        folders = ({p.resolve() for p in paths if p.is_dir()}
+                   | {p.resolve().parent for p in paths if p.is_file()})
         if target in inputs:
             raise PardiagError(f"{output}: is one of the input traces; choose another output path")
         if target.parent in folders:
