@@ -917,7 +917,8 @@ def _measured_step_us(done: dict) -> float:
     return float(steps.groupby("step")["span_us"].max().median())
 
 
-def _verdict(done: dict, model: PipelineModel | None, measured: float) -> str:
+def _verdict(done: dict, model: PipelineModel | None, measured: float,
+             profiled: bool = False) -> str:
     tot = done["time_breakdown"].totals
     parts = []
     if len(tot) and tot["span_us"].sum() > 0:
@@ -930,7 +931,8 @@ def _verdict(done: dict, model: PipelineModel | None, measured: float) -> str:
     sync = done.get("sync")
     if sync is not None and len(sync.stragglers) and sync.stragglers["wait_caused_us"].iloc[0] > 0:
         parts.append(f"rank {int(sync.stragglers['rank'].iloc[0])} causes the most waiting")
-    head = f"Step {_ms(measured)}" if measured == measured else "No complete step"
+    head = (f"Step {_ms(measured)}" + (" (while profiled)" if profiled else "")
+            if measured == measured else "No complete step")
     return head + (": " + "; ".join(parts) if parts else "") + "."
 
 
@@ -1012,4 +1014,7 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
                     f"{MIN_GAIN_PCT:g}% of the step" if cands else
                     "nothing to evaluate: " + (why if why != "no pipeline" else
                                                "no pipeline, no straggler found"))
-    return RecommendationResult(_verdict(done, model, measured), tuple(good), rejected, why_none)
+    # the verdict's step time is the one the recommendations compare with: unprofiled when known
+    step = clean if (model is None and clean == clean) else measured
+    return RecommendationResult(_verdict(done, model, step, profiled=model is None
+                                         and clean != clean), tuple(good), rejected, why_none)

@@ -252,7 +252,7 @@ def test_no_recommendation_says_why(tmp_path):
     res = build_report(load_traces(tmp_path)).results["recommendations"]
     assert res.recommendations == ()
     assert res.why_none.startswith("nothing to evaluate")
-    assert res.verdict.startswith("Step 0.1 ms")
+    assert res.verdict.startswith("Step 0.1 ms (while profiled)")
 
 
 # ---- communication changes: exact on planted numbers ------------------------------------------
