@@ -9,6 +9,14 @@ Each :class:`Recommendation` is ranked by predicted gain, best first.
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
+
+import numpy as np
+import pandas as pd
+
+from pardiag.analyzer import whatif
+from pardiag.analyzer.load import TraceSet
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -23,7 +31,7 @@ class Recommendation:
         caveats: what the model does not know, one sentence each.
         measured_step_us: measured step time (µs), median over steps and ranks' max.
         predicted_step_us: predicted step time after the change (µs).
-        gain_pct: ``100 * (measured - predicted) / measured``.
+        gain_pct: ``100 * (measured - predicted) / measured`` (derived when not given).
         measured_peak_bytes: measured peak memory of the worst rank (bytes), None if unknown.
         predicted_peak_bytes: predicted peak memory of the worst rank (bytes), None if unknown.
         fits_memory: False when the prediction exceeds the device capacity (then not recommended).
@@ -39,11 +47,17 @@ class Recommendation:
     caveats: tuple[str, ...] = ()
     measured_step_us: float
     predicted_step_us: float
-    gain_pct: float
+    gain_pct: float | None = None
     measured_peak_bytes: float | None = None
     predicted_peak_bytes: float | None = None
     fits_memory: bool = True
     params: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.gain_pct is None:   # derived from the two step times unless given
+            m = self.measured_step_us
+            object.__setattr__(self, "gain_pct", 100.0 * (m - self.predicted_step_us) / m
+                               if m > 0 else 0.0)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"evidence": list(self.evidence),
@@ -72,17 +86,11 @@ class RecommendationResult:
 # The engine
 # --------------------------------------------------------------------------------------------
 
-import math  # noqa: E402
-import statistics  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from pardiag.analyzer import whatif  # noqa: E402
-from pardiag.analyzer.load import TraceSet  # noqa: E402
 
 #: A change must be predicted to save at least this share of the step to be recommended (%).
 MIN_GAIN_PCT = 2.0
+#: Kinds of the changes that shrink memory (recommended first when they fit).
+MEMORY_KINDS = ("zero1", "fsdp")
 #: Interleaving must beat the best schedule-keeping change by this much (% of its step).
 INTERLEAVE_MARGIN_PCT = 10.0
 #: Stage splits replayed one by one up to this many (else the min-max partition is used).
@@ -473,7 +481,6 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
             evidence=common_ev + tuple(extra_ev) + (
                 f"predicted bubble {statistics.fmean(sim.bubble_pct.values()):.1f}%",),
             caveats=tuple(caveats), measured_step_us=measured, predicted_step_us=pred,
-            gain_pct=100.0 * (measured - pred) / measured if measured > 0 else 0.0,
             measured_peak_bytes=peak, predicted_peak_bytes=pred_peak, fits_memory=fits,
             params=params or {}))
 
@@ -569,7 +576,7 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
         evidence=tuple(ev), caveats=("the prediction removes the waiting rank "
                                      f"{r} causes; a second straggler would then show",),
         measured_step_us=measured, predicted_step_us=pred,
-        gain_pct=100.0 * caused / measured, params={"without_rank": r})]
+        params={"without_rank": r})]
 
 
 def _layout(traces: TraceSet) -> dict:
@@ -656,12 +663,12 @@ def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Reco
                       f"after the last gradient is ready (median over {len(curves)} rank-steps)",
                       f"predicted: {np.median(tail) / 1000:.2f} ms"),
             caveats=tuple(caveats), measured_step_us=measured, predicted_step_us=pred,
-            gain_pct=100.0 * (measured - pred) / measured,
             params={"ddp_bucket_cap_bytes": int(new)}))
     return out
 
 
-def _per_step(df: pd.DataFrame, done: dict) -> float:
+def _per_step(done: dict) -> float:
+    """Median number of profiled steps per rank (≥ 1 when there are none)."""
     n = done["time_breakdown"].steps.groupby("rank")["step"].nunique()
     return float(n.median()) if len(n) else 1.0
 
@@ -675,7 +682,7 @@ def _fsdp_recs(traces: TraceSet, done: dict, measured: float,
     ag = colls[colls["collective"] == "all_gather"]
     if ag.empty or not (measured > 0):
         return []
-    steps = _per_step(colls, done)
+    steps = _per_step(done)
     per_rank = ag.groupby("rank").agg(count=("count", "sum"), exposed=("exposed_us", "sum"))
     n = float(per_rank["count"].median()) / steps
     # the backward's unsharding (re-gather, wait, copy-out) runs inside FSDP2's
@@ -708,7 +715,7 @@ def _fsdp_recs(traces: TraceSet, done: dict, measured: float,
         caveats=("each rank then holds the unsharded parameters of every unit from its forward "
                  "to its backward",),
         measured_step_us=measured, predicted_step_us=pred,
-        gain_pct=100.0 * saving / measured, measured_peak_bytes=peak, predicted_peak_bytes=pred_peak,
+        measured_peak_bytes=peak, predicted_peak_bytes=pred_peak,
         fits_memory=cap is None or pred_peak is None or pred_peak <= cap,
         params={"reshard_after_forward": False})]
 
@@ -748,7 +755,7 @@ def _memory_recs(traces: TraceSet, done: dict, measured: float,
             caveats=("adds an all-gather of the parameters per step (about half an all-reduce of "
                      "the same bytes), taken as exposed",),
             measured_step_us=measured, predicted_step_us=pred,
-            gain_pct=100.0 * (measured - pred) / measured, measured_peak_bytes=peak,
+            measured_peak_bytes=peak,
             predicted_peak_bytes=pred_peak, fits_memory=pred_peak <= cap,
             params={"strategy": kind}))
     return out
@@ -759,7 +766,7 @@ def _dim_comm_per_step(done: dict) -> dict[str, tuple[float, float]]:
     dov = done.get("dim_overlap")
     if dov is None or dov.summary.empty:
         return {}
-    steps = _per_step(None, done)
+    steps = _per_step(done)
     return {str(r.dim): (float(r.comm_us) / steps, float(r.exposed_us) / steps)
             for r in dov.summary.itertuples()}
 
@@ -817,7 +824,7 @@ def _degree_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommen
                      "memory changes (parameters shard by tp, activations by dp) are not "
                      "predicted"),
             measured_step_us=measured, predicted_step_us=pred,
-            gain_pct=100.0 * (measured - pred) / measured, params={"dp": dp2, "tp": tp2}))
+            params={"dp": dp2, "tp": tp2}))
     return out
 
 
@@ -861,7 +868,7 @@ def _tp_node_recs(traces: TraceSet, done: dict, measured: float) -> list[Recomme
                       f"{e_other / 1000:.2f} ms"),
             caveats=(f"{other} traffic then crosses nodes at {dim}'s measured bandwidth",),
             measured_step_us=measured, predicted_step_us=pred,
-            gain_pct=100.0 * (measured - pred) / measured, params={"innermost": dim}))
+            params={"innermost": dim}))
     return out
 
 
@@ -968,45 +975,37 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
         cands += _fsdp_recs(traces, done, measured, mem, cap)
         cands += _degree_recs(traces, done, measured)
         cands += _tp_node_recs(traces, done, measured)
-        memory = _memory_recs(traces, done, measured, mem, cap)
-        cands += memory
-    else:
-        memory = []
+        cands += _memory_recs(traces, done, measured, mem, cap)
     clean, n_clean = clean_step_us(traces)
     if model is None and clean == clean and measured == measured and measured > 0:
         # the profiler slows steps down (on CPU by 2–4×): predictions made on the profiled
         # steps are applied as ratios to the step time measured without it
         note = (f"step time {_ms(clean)} measured on {n_clean} unprofiled step(s) "
                 f"({_ms(measured)} while profiled); the predicted change is applied as a ratio")
-        scaled = []
-        for c in cands:
-            new = dataclasses.replace(
-                c, measured_step_us=clean,
-                predicted_step_us=clean * c.predicted_step_us / c.measured_step_us,
-                evidence=(*c.evidence, note))
-            scaled.append(new)
-            if c in memory:
-                memory[memory.index(c)] = new
-        cands = scaled
-    # a run that does not fit must shrink first: memory changes rank ahead of speed
+        cands = [dataclasses.replace(
+            c, measured_step_us=clean,
+            predicted_step_us=clean * c.predicted_step_us / c.measured_step_us,
+            evidence=(*c.evidence, note)) for c in cands]
     # interleaving changes the schedule, adds point-to-point hops and needs the model cut into
     # more stages: it must beat the best change that keeps the schedule (moving layers, the
     # microbatch count) by a margin
-    simpler = [c.predicted_step_us for c in cands if c.kind in ("rebalance_stages",
-                                                                "microbatches")]
-    demoted: list[Recommendation] = []
+    limit = math.inf
     if model is not None:
-        best = min([model.period_us, *simpler])
+        best = min([model.period_us, *(c.predicted_step_us for c in cands
+                                       if c.kind in ("rebalance_stages", "microbatches"))])
         limit = best * (1 - INTERLEAVE_MARGIN_PCT / 100)
-        for i, c in enumerate(cands):
-            if c.kind == "interleave" and c.predicted_step_us > limit:
-                cands[i] = dataclasses.replace(c, caveats=(
-                    *c.caveats, f"predicted less than {INTERLEAVE_MARGIN_PCT:g}% faster than the "
-                    "best change that keeps the schedule, so not recommended"))
-                demoted.append(cands[i])
-    good = sorted((c for c in cands if c.fits_memory and c not in demoted
-                   and (c.gain_pct >= MIN_GAIN_PCT or c in memory)),
-                  key=lambda c: (c not in memory, -c.gain_pct))
+
+    def not_worth(c: Recommendation) -> bool:
+        return c.kind == "interleave" and c.predicted_step_us > limit
+
+    cands = [dataclasses.replace(c, caveats=(
+        *c.caveats, f"predicted less than {INTERLEAVE_MARGIN_PCT:g}% faster than the best "
+        "change that keeps the schedule, so not recommended")) if not_worth(c) else c
+        for c in cands]
+    # a run that does not fit must shrink first: memory changes rank ahead of speed
+    good = sorted((c for c in cands if c.fits_memory and not not_worth(c)
+                   and (c.gain_pct >= MIN_GAIN_PCT or c.kind in MEMORY_KINDS)),
+                  key=lambda c: (c.kind not in MEMORY_KINDS, -c.gain_pct))
     rejected = tuple(c for c in cands if c not in good)
     why_none = ""
     if not good:

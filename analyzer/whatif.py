@@ -115,7 +115,7 @@ def normalize_schedule(name: str | None) -> str:
     s = (name or "").lower().removeprefix("schedule")
     if "interleaved" in s and "zero" not in s:
         return "interleaved"
-    if s in ("gpipe", "fillDrain".lower()):
+    if s in ("gpipe", "filldrain"):
         return "gpipe"
     if s == "1f1b":
         return "1f1b"
