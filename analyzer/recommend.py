@@ -15,7 +15,9 @@ import statistics
 import numpy as np
 import pandas as pd
 
+from pardiag.analyzer import intervals as iv
 from pardiag.analyzer import whatif
+from pardiag.analyzer.breakdown import _rank_parts
 from pardiag.analyzer.load import TraceSet
 
 
@@ -89,6 +91,11 @@ class RecommendationResult:
 
 #: A change must be predicted to save at least this share of the step to be recommended (%).
 MIN_GAIN_PCT = 2.0
+#: torch DDP's default bucket_cap_mb (bytes), and its first bucket's cap with that default.
+DDP_DEFAULT_CAP = 25 * 2**20
+DDP_FIRST_BUCKET = 2**20
+#: Straggler what-if: at most this many other ranks are read for their idle waiting.
+STRAGGLER_SAMPLE = 8
 #: Kinds of the changes that shrink memory (recommended first when they fit).
 MEMORY_KINDS = ("zero1", "fsdp")
 #: Interleaving must beat the best schedule-keeping change by this much (% of its step).
@@ -544,26 +551,54 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
     return out
 
 
+def _idle_waits(traces: TraceSet, sync, last: int, waiting: list[int]) -> dict[int, float]:
+    """Per rank of ``waiting``: how long (µs, all steps) it sat idle waiting for rank ``last``
+    to arrive — the union of its waiting intervals (arrival → last arrival) at the collectives
+    ``last`` arrived at last, less the time it computed meanwhile (an asynchronous collective,
+    such as a DDP bucket, is waited for while the backward goes on)."""
+    inst = sync.instances[["instance", "last_rank"]]
+    pr = sync.per_rank.merge(inst, on="instance")
+    pr = pr.assign(until=pr.groupby("instance")["start_us"].transform("max"))
+    pr = pr[(pr["last_rank"] == last) & pr["rank"].isin(waiting)]
+    offsets = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
+    out = {}
+    for rank, rows in pr.groupby("rank"):
+        waits = iv.union(rows["start_us"].to_numpy(), rows["until"].to_numpy())
+        trace = traces.ranks.get(rank)
+        if trace is not None and len(waits):
+            k = _rank_parts(trace, [], None).k
+            if len(k):   # compute intervals on the rank's clock → the corrected clock
+                waits = iv.subtract(waits, k - float(offsets.get(rank, 0.0)))
+        out[int(rank)] = iv.total(waits)
+    return out
+
+
 def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommendation]:
+    """The step without a significant straggler: the step less the time the other ranks sat
+    idle waiting for it (:func:`_idle_waits`, mean over them, per step) plus what it waited
+    for them. At most :data:`STRAGGLER_SAMPLE` other ranks are read (their compute
+    intervals)."""
     sync = done.get("sync")
     if sync is None or sync.stragglers.empty or len(traces.ranks) < 2:
         return []
     st = sync.stragglers.iloc[0]
     steps = done["time_breakdown"].steps
     n_steps = max(int(steps["step"].nunique()), 1) if len(steps) else 1
-    others = len(traces.ranks) - 1
     # a straggler arrives last most of the time and makes others wait far more than it waits
     if (st["instances"] < 3 or st["last_arrivals"] < STRAGGLER_LAST_SHARE * st["instances"]
             or st["wait_caused_us"] < STRAGGLER_RATIO * st["wait_suffered_us"]):
         return []
-    # each other rank's wait per step, less what the straggler itself waits for them
-    caused = (float(st["wait_caused_us"]) - float(st["wait_suffered_us"])) / n_steps / others
+    r = int(st["rank"])
+    others = sorted(int(x) for x in traces.ranks if int(x) != r)[:STRAGGLER_SAMPLE]
+    idle = _idle_waits(traces, sync, r, others)
+    own = sum(_idle_waits(traces, sync, o, [r]).get(r, 0.0) for o in others) / len(others)
+    caused = (float(np.mean([idle.get(o, 0.0) for o in others])) - own) / n_steps
     if not (caused > 0) or not (measured > 0):
         return []
-    r = int(st["rank"])
     comp = done["balance"].per_rank if done.get("balance") is not None else pd.DataFrame()
     ev = [f"rank {r} arrives last at {int(st['last_arrivals'])} collective(s); the other ranks "
-          f"wait {caused / 1000:.2f} ms per step for it (median step {_ms(measured)})"]
+          f"sit idle {caused / 1000:.2f} ms per step waiting for it (median step "
+          f"{_ms(measured)})"]
     if len(comp):
         c = comp.groupby("rank")["compute_us"].median()
         if r in c.index and len(c) > 1:
@@ -573,7 +608,7 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
     return [Recommendation(
         kind="straggler", title=f"Rank {r} is a straggler", change=f"if rank {r} were not slow "
         f"(find what delays it: host load, data loading, a slower device or link)",
-        evidence=tuple(ev), caveats=("the prediction removes the waiting rank "
+        evidence=tuple(ev), caveats=("the prediction removes the idle waiting rank "
                                      f"{r} causes; a second straggler would then show",),
         measured_step_us=measured, predicted_step_us=pred,
         params={"without_rank": r})]
@@ -628,6 +663,16 @@ def _ddp_ready_curves(traces: TraceSet, done: dict) -> list[list[tuple[float, fl
 
 
 def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommendation]:
+    """DDP bucket sizes around the current one, torch's default and splits of the step's
+    gradients in 2, 4 and 8.
+
+    Buckets are formed as DDP forms them (:func:`whatif.ddp_buckets`) from the gradient bytes
+    of each parameter ``pardiag profile`` recorded, else as equal splits. Each all-reduce takes
+    ``α + β·bytes`` (:func:`whatif.fit_alpha_beta` on the run's all-reduces). On a GPU the
+    all-reduces run beside the backward and only what ends after the last gradient shows
+    (:func:`whatif.bucketed_allreduce_tail`); on CPU they run on the cores the backward uses
+    (gloo), so all of their time adds to the step and only the count of buckets (α each)
+    changes with the size."""
     lay = _layout(traces)
     if "ddp" not in (lay.get("strategies") or []) or not (measured > 0):
         return []
@@ -637,33 +682,62 @@ def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Reco
         return []
     alpha, beta = fit
     cap = lay.get("ddp_bucket_cap_bytes")
-    caveats = ["gradients are taken to become ready at the rate DDP launched its buckets; "
-               "DDP never splits a parameter, so real buckets differ a little",
-               f"all-reduce time α + β·bytes fitted on the run (α {alpha:.0f} µs, "
+    on_gpu = any(t.has_gpu for t in traces.ranks.values())
+    caveats = [f"all-reduce time α + β·bytes fitted on the run (α {alpha:.0f} µs, "
                f"{1 / beta / 1e3:.2f} GB/s algbw)" if beta > 0 else "no bandwidth measured"]
+    if on_gpu:
+        caveats.insert(0, "gradients are taken to become ready at the rate DDP launched its "
+                          "buckets")
+    else:
+        caveats.insert(0, "on CPU the all-reduces share the cores with the backward (gloo): "
+                          "their time adds to the step, only their number changes with the "
+                          "bucket size")
     if not isinstance(cap, (int, float)) or cap <= 0:
-        cap = 25 * 2**20
+        cap = DDP_DEFAULT_CAP
         caveats.append("the bucket size was not recorded; torch's default 25 MiB assumed")
-    now = [whatif.bucketed_allreduce_tail(c, cap, alpha, beta) for c in curves]
-    out = []
+    params = lay.get("ddp_param_bytes")
+    params = ([float(b) for b in params] if isinstance(params, list) and params
+              and all(isinstance(b, (int, float)) and b >= 0 for b in params) else None)
     total = float(np.median([c[-1][1] for c in curves]))   # gradient bytes per step
-    # sizes around the current one, torch's default, and splits of all gradients in 2, 4, 8
-    options = {cap / 4, cap / 2, cap * 2, cap * 4, 25 * 2**20, total / 2, total / 4, total / 8}
-    for new in sorted(round(x / 2**16) * 2**16 for x in options if x > 0):
+    if params is None:
+        caveats.append("parameter sizes not recorded: buckets taken as equal splits (DDP never "
+                       "splits a parameter, so real buckets differ)")
+
+    def buckets(c: float, first: float | None) -> list[float]:
+        if params is not None:
+            return whatif.ddp_buckets(params, c, first)
+        return [c] * int(total // c) + ([total % c] if total % c > 0 else [])
+
+    # torch's first bucket is 1 MiB only when bucket_cap_mb is left at its default
+    now_b = buckets(cap, DDP_FIRST_BUCKET if abs(cap - DDP_DEFAULT_CAP) < 1 else None)
+    now = [whatif.bucketed_allreduce_tail(c, now_b, alpha, beta) for c in curves]
+    options = {cap / 4, cap / 2, cap * 2, cap * 4, DDP_DEFAULT_CAP, total / 2, total / 4,
+               total / 8}
+    out = []
+    seen = {tuple(now_b)}     # a size that forms the same buckets changes nothing
+    for new in sorted({round(x / 2**16) * 2**16 for x in options if x > 0}):
         if new < 64 * 2**10 or abs(new - cap) < 1:
             continue
-        tail = [whatif.bucketed_allreduce_tail(c, new, alpha, beta) for c in curves]
-        delta = float(np.median([a - b for a, b in zip(tail, now)]))
-        pred = measured + delta
+        new_b = buckets(new, None)     # an explicit bucket_cap_mb: every bucket takes it
+        if tuple(new_b) in seen:
+            continue
+        seen.add(tuple(new_b))
+        if on_gpu:
+            tail = [whatif.bucketed_allreduce_tail(c, new_b, alpha, beta) for c in curves]
+            delta = float(np.median([a - b for a, b in zip(tail, now)]))
+            how = (f"the all-reduce of the last bucket ends {np.median(now) / 1000:.2f} ms "
+                   f"after the last gradient is ready (median over {len(curves)} rank-steps)",
+                   f"predicted: {np.median(tail) / 1000:.2f} ms")
+        else:
+            delta = alpha * (len(new_b) - len(now_b))
+            how = (f"{len(now_b)} all-reduces per step now, {len(new_b)} with this size; each "
+                   f"costs α = {alpha:.0f} µs beyond its bytes",)
         out.append(Recommendation(
             kind="ddp_bucket", title=f"DDP buckets of {new / 2**20:g} MiB",
             change=f"DDP bucket_cap_mb={new / 2**20:.4g} (now {cap / 2**20:.4g}; "
                    f"{total / 2**20:.3g} MiB of gradients per step)",
-            evidence=(f"the all-reduce of the last bucket ends {np.median(now) / 1000:.2f} ms "
-                      f"after the last gradient is ready (median over {len(curves)} rank-steps)",
-                      f"predicted: {np.median(tail) / 1000:.2f} ms"),
-            caveats=tuple(caveats), measured_step_us=measured, predicted_step_us=pred,
-            params={"ddp_bucket_cap_bytes": int(new)}))
+            evidence=how, caveats=tuple(caveats), measured_step_us=measured,
+            predicted_step_us=measured + delta, params={"ddp_bucket_cap_bytes": int(new)}))
     return out
 
 

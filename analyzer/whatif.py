@@ -35,6 +35,9 @@ import math
 import statistics
 from typing import Iterable, Sequence
 
+#: message sizes within this fraction of each other are one size in :func:`fit_alpha_beta`
+SIZE_CLUSTER = 0.1
+
 #: One action of a pipeline rank: (stage, phase "F"/"B", microbatch).
 Action = tuple[int, str, int]
 
@@ -462,21 +465,29 @@ def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:
 def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> tuple[float, float]:
     """Latency α (µs) and inverse bandwidth β (µs per byte) of ``t = α + β·S`` (Hockney model)
     through the fastest transfer of each message size (least squares over the sizes; α ≥ 0,
-    β > 0). With a single size, α = 0 and β = t/S.
+    β > 0). Sizes within :data:`SIZE_CLUSTER` of each other count as one size (DDP's buckets
+    differ by a few bytes; their scatter would otherwise read as a steep slope), represented by
+    the fastest transfer among them. With a single size, α = 0 and β = t/S.
 
     Raises:
         ValueError: no transfer with a positive size and time.
     """
-    best: dict[float, float] = {}
-    for s, t in zip(sizes_bytes, times_us):
-        if s and t and s > 0 and t > 0 and math.isfinite(s) and math.isfinite(t):
-            best[float(s)] = min(best.get(float(s), math.inf), float(t))
-    if not best:
+    pts = sorted((float(s), float(t)) for s, t in zip(sizes_bytes, times_us)
+                 if s and t and s > 0 and t > 0 and math.isfinite(s) and math.isfinite(t))
+    if not pts:
         raise ValueError("no transfer with a positive size and time")
+    best: list[tuple[float, float]] = []     # (size, time) of the fastest in each cluster
+    lo = None
+    for s, t in pts:
+        if lo is None or s > lo * (1 + SIZE_CLUSTER):
+            lo = s
+            best.append((s, t))
+        elif t < best[-1][1]:
+            best[-1] = (s, t)
     if len(best) == 1:
-        (s, t), = best.items()
+        (s, t), = best
         return 0.0, t / s
-    xs, ys = list(best), list(best.values())
+    xs, ys = [b[0] for b in best], [b[1] for b in best]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     var = sum((x - mx) ** 2 for x in xs)
     beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
@@ -488,22 +499,53 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> t
     return alpha, beta
 
 
-def bucketed_allreduce_tail(ready: Sequence[tuple[float, float]], cap_bytes: float, alpha_us: float,
+def ddp_buckets(param_bytes: Sequence[float], cap_bytes: float,
+                first_cap_bytes: float | None = None) -> list[float]:
+    """Bucket sizes (bytes) DDP forms from gradients of ``param_bytes`` (in the order they
+    become ready): a bucket closes as soon as it holds ≥ its cap, so a parameter is never split
+    and a bucket can exceed the cap (torch's ``_compute_bucket_assignment_by_size``). The first
+    bucket's cap is ``first_cap_bytes`` (torch uses 1 MiB only when ``bucket_cap_mb`` is left at
+    its default), the others ``cap_bytes``."""
+    out: list[float] = []
+    cur = 0.0
+    for b in param_bytes:
+        cur += float(b)
+        limit = first_cap_bytes if (not out and first_cap_bytes) else cap_bytes
+        if cur >= limit:
+            out.append(cur)
+            cur = 0.0
+    if cur > 0:
+        out.append(cur)
+    return out
+
+
+def bucketed_allreduce_tail(ready: Sequence[tuple[float, float]],
+                            buckets: float | Sequence[float], alpha_us: float,
                             beta_us_per_byte: float) -> float:
     """Time from the last gradient's readiness to the end of the last bucket's all-reduce (µs),
-    when gradients become ready along ``ready`` and are reduced in buckets of ``cap_bytes``.
+    when gradients become ready along ``ready`` and are reduced in buckets.
 
     Args:
         ready: ``[(time µs, cumulative gradient bytes ready)]``, increasing; the last point is
             the end of the backward pass (all bytes ready).
-        cap_bytes: bucket size; buckets launch when full (the last one with what remains), one
-            at a time, each taking ``α + β·bytes`` (DDP's reducer; Li et al., VLDB 2020).
+        buckets: the bucket sizes in launch order (bytes, e.g. :func:`ddp_buckets`; scaled to
+            the curve's total), or one cap: equal buckets of that size, the last one with what
+            remains. A bucket launches when its gradients are ready, after the previous one
+            ends, and takes ``α + β·bytes`` (DDP's reducer; Li et al., VLDB 2020).
     """
     total = ready[-1][1]
     if total <= 0:
         return 0.0
     times = [t for t, _ in ready]
     cum = [b for _, b in ready]
+    if isinstance(buckets, (int, float)):
+        sizes, left = [], total
+        while left > 1e-9:
+            sizes.append(min(float(buckets), left))
+            left -= sizes[-1]
+    else:
+        given = sum(buckets)
+        sizes = [b * total / given for b in buckets] if given > 0 else [total]
 
     def when(b: float) -> float:
         for i in range(1, len(cum)):
@@ -514,9 +556,8 @@ def bucketed_allreduce_tail(ready: Sequence[tuple[float, float]], cap_bytes: flo
 
     free = -math.inf
     launched = 0.0
-    while launched < total - 1e-9:
-        size = min(cap_bytes, total - launched)
+    for size in sizes:
         launched += size
-        start = max(when(launched), free)
+        start = max(when(min(launched, total)), free)
         free = start + alpha_us + beta_us_per_byte * size
     return max(free - times[-1], 0.0)

@@ -353,7 +353,9 @@ def detect_parallelism() -> dict:
     Returns:
         ``{"wrappers": [...], "meshes": [{"dims": {name: size}, "groups": {name: pg_name}}],
         "pipeline": {...} | None, "group_dims": {pg_name: dim}, "fsdp_reshard_after_forward":
-        bool | None, "ddp_bucket_cap_bytes": int | None}``.
+        bool | None, "ddp_bucket_cap_bytes": int | None, "ddp_param_bytes": [int] | None}``
+        (``ddp_param_bytes``: gradient bytes of each trainable parameter of the DDP module, last
+        registered first — the order DDP's buckets take them in, for the bucket-size what-if).
     """
     from torch.distributed.device_mesh import DeviceMesh
     from torch.nn.parallel import DistributedDataParallel
@@ -380,7 +382,7 @@ def detect_parallelism() -> dict:
     schedules: list = []
     reshard: set[bool] = set()
     seen_mesh: set[tuple] = set()
-    ddp_cap = None
+    ddp_cap = ddp_params = None
     with warnings.catch_warnings():  # isinstance on torch's lazy objects warns (reduce_op)
         warnings.simplefilter("ignore")
         objects = gc.get_objects()
@@ -392,6 +394,8 @@ def detect_parallelism() -> dict:
                 group_dims.setdefault(_group_name(obj.process_group), "dp")
                 if isinstance(getattr(obj, "bucket_bytes_cap", None), int):
                     ddp_cap = obj.bucket_bytes_cap
+                ddp_params = [int(p.numel() * p.element_size())
+                              for p in reversed(list(obj.module.parameters())) if p.requires_grad]
             elif FullyShardedDataParallel and isinstance(obj, FullyShardedDataParallel):
                 wrappers.add("fsdp1")
                 group_dims.setdefault(_group_name(obj.process_group), "dp")
@@ -446,7 +450,7 @@ def detect_parallelism() -> dict:
             "group_dims": group_dims,
             # the root module may keep its parameters; any resharding block means "true"
             "fsdp_reshard_after_forward": any(reshard) if reshard else None,
-            "ddp_bucket_cap_bytes": ddp_cap}
+            "ddp_bucket_cap_bytes": ddp_cap, "ddp_param_bytes": ddp_params}
 
 
 def _is_interesting(obj, classes: tuple) -> bool:

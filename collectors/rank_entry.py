@@ -164,6 +164,8 @@ def _layout_of(parallel: dict, groups: list[dict], records: list[dict]) -> dict:
         out["fsdp_reshard_after_forward"] = parallel["fsdp_reshard_after_forward"]
     if parallel.get("ddp_bucket_cap_bytes") is not None:
         out["ddp_bucket_cap_bytes"] = parallel["ddp_bucket_cap_bytes"]
+    if parallel.get("ddp_param_bytes"):
+        out["ddp_param_bytes"] = parallel["ddp_param_bytes"]
     if "tp" in dims and "tp" not in out["strategies"]:
         out["strategies"] = sorted([*out["strategies"], "tp"])
     if "ep" in dims and "ep" not in out["strategies"]:

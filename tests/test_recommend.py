@@ -245,6 +245,30 @@ def test_straggler_is_named_with_its_cost(tmp_path):
     assert top.predicted_step_us == pytest.approx(2500 - 180)
 
 
+
+def test_straggler_saving_leaves_out_the_computing_while_it_waits(tmp_path):
+    """2 ranks, 2 steps of 5000 µs, 2 all-reduces per step; rank 1 arrives 1000 µs after rank 0
+    at each, and rank 0 computes 400 µs of each wait (an asynchronous collective): it sits idle
+    600 µs per all-reduce, 1200 µs per step — what the step would lose."""
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2, backend="gloo")
+        b.step(1, 0, 5000).step(2, 5000, 5000)
+        starts = (1000, 3000, 6000, 8000)
+        if r == 0:
+            for t in starts:
+                b.cpu("aten::mm", t + 100, 400)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        recs = [record("all_reduce", i, t + 1000 * r, t + 1200, ranks=(0, 1))
+                for i, t in enumerate(starts, start=1)]
+        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
+            "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1],
+                                "size": 2, "dim": "dp"}], "records": recs})
+    res = build_report(load_traces(tmp_path)).results["recommendations"]
+    top = res.recommendations[0]
+    assert top.kind == "straggler" and top.params == {"without_rank": 1}
+    assert top.predicted_step_us == pytest.approx(5000 - 1200)
+    assert "sit idle 1.20 ms per step" in top.evidence[0]
+
 def test_no_recommendation_says_why(tmp_path):
     b = TraceBuilder(rank=0, world_size=1, backend="gloo")
     b.step(1, 0, 100).cpu("aten::mm", 10, 50)
@@ -278,6 +302,59 @@ def test_alpha_beta_fit_and_bucketed_tail():
     assert whatif.bucketed_allreduce_tail(ready, 500, 1000, 0.5) == pytest.approx(
         8 * 1250 - (4000 - 500))
 
+
+
+def test_fit_takes_near_equal_sizes_as_one_and_ddp_forms_buckets_as_torch():
+    # 1000 and 1050 bytes are one size (its fastest transfer, 1100 µs); 3000 bytes: 3100 µs
+    assert whatif.fit_alpha_beta([1000, 1050, 3000], [1100, 1500, 3100]) == \
+        pytest.approx((100.0, 1.0))
+    # a bucket closes once it holds ≥ its cap; a parameter is never split
+    assert whatif.ddp_buckets([100, 300, 50, 600, 100], 400) == [400, 650, 100]
+    assert whatif.ddp_buckets([100, 300, 50, 600, 100], 400, 100) == [100, 950, 100]
+    # explicit bucket sizes: 1000 bytes ready at 1000 µs (ends 1600), 3000 more at 4000 µs
+    ready = [(0.0, 0.0), (4000.0, 4000.0)]
+    assert whatif.bucketed_allreduce_tail(ready, [1000, 3000], 100, 0.5) == 1600
+
+
+def _ddp_run(tmp_path, param_bytes, cap, buckets, alpha, beta, span=10000.0):
+    """2 CPU ranks, 2 steps of ``span`` µs; per step the ``buckets`` (bytes) are all-reduced
+    one after another (each α + β·bytes, arriving together), 1000 µs apart."""
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2, backend="gloo")
+        b.step(1, 0, span).step(2, span, span)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        recs, seq = [], 1
+        for step0 in (0.0, span):
+            t = step0 + 1000
+            for nb in buckets:
+                end = t + alpha + beta * nb
+                recs.append(record("all_reduce", seq, t, end, ranks=(0, 1), nbytes=int(nb)))
+                seq, t = seq + 1, end + 1000
+        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
+            "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1],
+                                "size": 2, "dim": "dp"}], "records": recs})
+    write_sidecar(tmp_path / "run.json", "run", None, {"world_size": 2, "layout": {
+        "dims": {"dp": 2}, "strategies": ["ddp"], "ddp_bucket_cap_bytes": cap,
+        "ddp_param_bytes": param_bytes}})
+    return load_traces(tmp_path)
+
+
+def test_ddp_bucket_sizes_on_cpu_change_the_step_by_the_count_of_all_reduces(tmp_path):
+    """Parameters of 1, 1, 2, 4 MiB (in gradient order), bucket_cap_mb = 2: buckets 2, 2, 4 MiB.
+    α = 100 µs, 1 MiB in 1000 µs. On CPU the all-reduces' time adds to the step, so a size
+    changes it by α per all-reduce: 0.5 MiB → 4 buckets (+100 µs); 4 MiB → 4, 4 (−100);
+    8 MiB → one (−200). 1 MiB and 25 MiB form the same buckets as 0.5 and 8: not listed."""
+    mib = 2**20
+    traces = _ddp_run(tmp_path, [mib, mib, 2 * mib, 4 * mib], 2 * mib, [2 * mib, 2 * mib, 4 * mib],
+                      alpha=100.0, beta=1000.0 / mib)
+    res = build_report(traces).results["recommendations"]
+    ch = {c.params["ddp_bucket_cap_bytes"]: c for c in (*res.recommendations, *res.rejected)
+          if c.kind == "ddp_bucket"}
+    assert {k / mib: c.predicted_step_us for k, c in ch.items()} == pytest.approx(
+        {0.5: 10100.0, 4: 9900.0, 8: 9800.0})
+    assert ch[8 * mib].change == "DDP bucket_cap_mb=8 (now 2; 8 MiB of gradients per step)"
+    assert ch[8 * mib].evidence[0].startswith("3 all-reduces per step now, 1 with this size; "
+                                              "each costs α = 100 µs")
 
 class _Obj:
     def __init__(self, **kw):
