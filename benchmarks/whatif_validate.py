@@ -1,15 +1,21 @@
 """Validate pardiag's what-if predictions against real runs (issue #5; not a CI test).
 
-For each base configuration of an example script this harness
+For each base configuration of an example script this harness, ``--repeat`` times over:
 
 1. profiles it with ``pardiag profile`` and builds the report in-process;
 2. takes every change the recommender evaluated (recommended or not) that the example can run;
-3. runs each changed configuration — and the base — with plain ``torchrun`` (no pardiag) and
-   reads the example's own per-step wall times (``--times-out``);
-4. prints predicted vs measured step time and the error.
+3. runs each changed configuration — and the base — with plain ``torchrun`` (no pardiag) right
+   after, and reads the example's own per-step wall times (``--times-out``);
+4. pairs each prediction with the measurement of the same repetition (the machine's speed
+   drifts over minutes; a prediction is compared with runs made next to its profile).
 
-Measured step time = median over steps ≥ ``SKIP`` of the slowest rank's step. Goal on CPU/gloo:
-median absolute error ≤ 10 %, worst ≤ 25 %.
+It prints the median prediction, the median measurement and the median of the paired errors.
+
+Measured step time = the median of every rank's step times over steps ≥ ``SKIP`` — the same
+statistic pardiag's own step time is (``clean_step_us``: the median of the ranks' optimizer-step
+periods after the profiler). A synchronous job's ranks share one period; the slowest rank *per
+step* would add their jitter to it (a rank that runs a step late runs the next one early).
+Goal on CPU/gloo: median absolute error ≤ 10 %, worst ≤ 25 %.
 
     .venv/bin/python benchmarks/whatif_validate.py            # all cases (~10 min on 2 cores)
     .venv/bin/python benchmarks/whatif_validate.py pp_gpipe   # one case
@@ -31,7 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-STEPS = 30
+STEPS = 40
 SKIP = 5
 
 #: name: (script, ranks, base args)
@@ -95,9 +101,10 @@ def changed_args(base: list[str], params: dict) -> list[str] | None:
     return a if a != base else None
 
 
-def measure(script: str, n: int, args: list[str], tmp: Path) -> float:
-    """Median slowest-rank step time (µs) of a plain torchrun run."""
-    times = tmp / f"t{abs(hash((script, tuple(args))))}"
+def measure(script: str, n: int, args: list[str], tmp: Path, tag: str) -> float:
+    """Median step time (µs) over every rank's steps ≥ ``SKIP`` of a plain torchrun run; its
+    per-step times stay in ``tmp/<tag>.rank<r>``."""
+    times = tmp / tag
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
            str(EXAMPLES / script), *args, "--steps", str(STEPS), "--times-out", str(times)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -105,11 +112,11 @@ def measure(script: str, n: int, args: list[str], tmp: Path) -> float:
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr[-500:]}")
     per_rank = [json.loads(Path(f"{times}.rank{r}").read_text()) for r in range(n)]
-    steps = [max(t) for t in zip(*per_rank)][SKIP:]
+    steps = [t for rank_times in per_rank for t in rank_times[SKIP:]]
     return statistics.median(steps) * 1e6
 
 
-def profile_case(name: str, tmp: Path, pin: bool) -> list[dict]:
+def profile_case(name: str, tmp: Path, pin: bool, rep: int) -> list[dict]:
     """Profile a case's base configuration; returns one row per runnable evaluated change (the
     base first) with the prediction and the arguments to run."""
     from pardiag.analyzer.load import load_traces
@@ -117,7 +124,7 @@ def profile_case(name: str, tmp: Path, pin: bool) -> list[dict]:
 
     script, n, base = CASES[name]
     base = [*base, "--pin-cpu"] if pin else base
-    out = tmp / name
+    out = tmp / f"{name}_rep{rep}"
     cmd = [sys.executable, "-m", "pardiag", "profile", str(EXAMPLES / script),
            "--nproc-per-node", str(n), "--out", str(out), "--overwrite", "--", *base,
            "--steps", str(STEPS)]
@@ -144,7 +151,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="*", help=f"cases to run (default: all of {', '.join(CASES)})")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="plain runs per configuration, interleaved; the median is used")
+                    help="repetitions: each profiles the base again and runs every configuration")
     ap.add_argument("--pin-cpu", action="store_true", help="pass --pin-cpu to every run")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     ap.add_argument("--keep", type=Path, default=None,
@@ -153,35 +160,46 @@ def main() -> None:
     unknown = set(args.cases) - set(CASES)
     if unknown:
         ap.error(f"unknown case(s) {sorted(unknown)}; choose from {sorted(CASES)}")
-    rows: list[dict] = []
+    table: dict[tuple, dict] = {}     # (case, args) → row, in order of first appearance
     with tempfile.TemporaryDirectory(prefix="pardiag-whatif-") as d:
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
             d = str(args.keep)
-        for name in args.cases or list(CASES):
-            rows += profile_case(name, Path(d), args.pin_cpu)
-        samples: dict[int, list[float]] = {i: [] for i in range(len(rows))}
-        for rep in range(args.repeat):      # interleaved: drifts in machine load hit all alike
-            for i, r in enumerate(rows):
-                samples[i].append(measure(r["script"], r["n"], r["args"], Path(d)))
+        for rep in range(args.repeat):
+            for name in args.cases or list(CASES):
+                for r in profile_case(name, Path(d), args.pin_cpu, rep):
+                    row = table.setdefault((name, tuple(r["args"])), {
+                        **{k: r[k] for k in ("case", "script", "n", "args", "change")},
+                        "predicted": {}, "measured": {}, "recommended": 0})
+                    row["predicted"][rep] = r["predicted_ms"]
+                    row["recommended"] += bool(r["recommended"])
+                for i, row in enumerate(t for t in table.values() if t["case"] == name):
+                    row["measured"][rep] = measure(row["script"], row["n"], row["args"], Path(d),
+                                                   f"plain_{name}_{i}_rep{rep}") / 1e3
             print(f"repetition {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
-    for i, r in enumerate(rows):
-        r["measured_ms"] = statistics.median(samples[i]) / 1e3
-        r["spread_pct"] = 100.0 * (max(samples[i]) - min(samples[i])) / statistics.median(samples[i])
-        r["error_pct"] = 100.0 * (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
+    rows = list(table.values())
+    for r in rows:
+        paired = [100.0 * (r["predicted"][k] - r["measured"][k]) / r["measured"][k]
+                  for k in r["predicted"] if k in r["measured"]]
+        meas = list(r["measured"].values())
+        r["predicted_ms"] = statistics.median(r["predicted"].values())
+        r["measured_ms"] = statistics.median(meas)
+        r["error_pct"] = statistics.median(paired)
+        r["spread_pct"] = 100.0 * (max(meas) - min(meas)) / r["measured_ms"]
+        r["predictions"] = len(r["predicted"])
     changes = [r for r in rows if not r["change"].startswith("(base")]
     errs = [abs(r["error_pct"]) for r in changes]
     print("| case | change | recommended | predicted ms | measured ms | error | spread of runs |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    print("|---|---|:-:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['case']} | {r['change']} | {'yes' if r.get('recommended') else ''} | "
-              f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | "
-              f"{r['spread_pct']:.0f}% |")
+        rec = f"{r['recommended']}/{r['predictions']}" if r["recommended"] else ""
+        print(f"| {r['case']} | {r['change']} | {rec} | {r['predicted_ms']:.1f} | "
+              f"{r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | {r['spread_pct']:.0f}% |")
     if errs:
         print(f"\n{len(errs)} changes: median |error| {statistics.median(errs):.1f}%, "
               f"worst {max(errs):.1f}%  (goal ≤ 10% / ≤ 25%)")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
 
 
 if __name__ == "__main__":
