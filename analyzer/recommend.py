@@ -96,6 +96,8 @@ DDP_DEFAULT_CAP = 25 * 2**20
 DDP_FIRST_BUCKET = 2**20
 #: Straggler what-if: at most this many other ranks are read for their idle waiting.
 STRAGGLER_SAMPLE = 8
+#: FSDP2 explicit prefetching evaluated: this many units ahead.
+FSDP_PREFETCH = 2
 #: Kinds of the changes that shrink memory (recommended first when they fit).
 MEMORY_KINDS = ("zero1", "fsdp")
 #: Interleaving must beat the best schedule-keeping change by this much (% of its step).
@@ -794,6 +796,71 @@ def _fsdp_recs(traces: TraceSet, done: dict, measured: float,
         params={"reshard_after_forward": False})]
 
 
+def _fsdp_prefetch_recs(traces: TraceSet, done: dict, measured: float,
+                        mem: tuple[float | None, float | None],
+                        cap: float | None) -> list[Recommendation]:
+    """FSDP2 explicit prefetching (``set_modules_to_forward_prefetch`` /
+    ``set_modules_to_backward_prefetch``, :data:`FSDP_PREFETCH` units ahead).
+
+    On a GPU the all-gathers run on their own stream: the forward's exposed all-gather time
+    (its share of the all-gathers) is saved except the first unit's, which nothing precedes.
+    On CPU FSDP2 waits for each all-gather in the thread that issues it — the backward's
+    prefetch (FSDP2's default) already shows this: its ranges last as long as the gathers — so
+    issuing them earlier hides nothing: predicted unchanged. One more gathered unit is held at
+    a time (the unsharded parameters over the units, added to the peak). Reads at most
+    :data:`STRAGGLER_SAMPLE` ranks' events."""
+    lay = _layout(traces)
+    if "fsdp2" not in (lay.get("strategies") or []) or not (measured > 0):
+        return []
+    colls = done["time_breakdown"].collectives
+    ag = colls[colls["collective"] == "all_gather"]
+    if ag.empty:
+        return []
+    steps = _per_step(done)
+    n_fwd, bwd_prefetch = [], []
+    for rank in sorted(traces.ranks)[:STRAGGLER_SAMPLE]:
+        ev = traces.ranks[rank].events
+        names = ev["name"]
+        n_fwd.append(int(names.str.startswith("FSDP::pre_forward").sum()) / steps)
+        sel = names.str.startswith("FSDP::backward_prefetch").to_numpy()
+        bwd_prefetch.append(float(ev.loc[sel, "dur"].sum()) / steps)
+    units = float(np.median(n_fwd)) if n_fwd else 0.0
+    if units < 2:
+        return []
+    per_rank = ag.groupby("rank").agg(count=("count", "sum"), exposed=("exposed_us", "sum"))
+    n_ag = float(per_rank["count"].median()) / steps
+    exposed = float(per_rank["exposed"].median()) / steps
+    on_gpu = any(t.has_gpu for t in traces.ranks.values())
+    if on_gpu:
+        fwd_exposed = exposed * min(units / n_ag, 1.0) if n_ag else 0.0
+        saving = fwd_exposed * (units - 1) / units
+        how = (f"{units:.0f} FSDP units gather in the forward; the all-gathers leave "
+               f"{exposed / 1000:.2f} ms per step exposed, {fwd_exposed / 1000:.2f} ms of it "
+               "in the forward", "the first unit's gather has nothing before it to hide behind")
+        caveats = ("assumes each gather fits behind the compute of the unit before it",)
+    else:
+        saving = 0.0
+        how = (f"on CPU FSDP2 waits for each all-gather where it is issued: its backward "
+               f"prefetch (on by default) spends {np.median(bwd_prefetch) / 1000:.2f} ms per "
+               f"step inside those ranges, so gathering earlier hides nothing",)
+        caveats = ("on CPU the gathers share the cores with the compute",)
+    peak, _ = mem
+    pr = done["memory"].per_rank if done.get("memory") is not None else pd.DataFrame()
+    dp = int((lay.get("dims") or {}).get("dp") or 0)
+    params = float(pr["params_bytes"].max()) if len(pr) and pr["params_bytes"].notna().any() else None
+    unit_bytes = params * max(dp, 1) / units if params else None   # one unsharded unit
+    pred_peak = peak + unit_bytes if (peak is not None and unit_bytes) else None
+    return [Recommendation(
+        kind="fsdp_prefetch", title=f"Prefetch {FSDP_PREFETCH} FSDP units ahead",
+        change=f"FSDP2 explicit prefetching: set_modules_to_forward_prefetch / "
+               f"set_modules_to_backward_prefetch with the next {FSDP_PREFETCH} units",
+        evidence=how, caveats=caveats, measured_step_us=measured,
+        predicted_step_us=measured - saving, measured_peak_bytes=peak,
+        predicted_peak_bytes=pred_peak,
+        fits_memory=cap is None or pred_peak is None or pred_peak <= cap,
+        params={"fsdp_prefetch": FSDP_PREFETCH})]
+
+
 def _memory_recs(traces: TraceSet, done: dict, measured: float,
                  mem: tuple[float | None, float | None], cap: float | None) -> list[Recommendation]:
     """ZeRO-1 or FSDP instead of DDP when the worst rank's peak is ≥ 90% of device memory."""
@@ -1047,6 +1114,7 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     if measured == measured:
         cands += _ddp_bucket_recs(traces, done, measured)
         cands += _fsdp_recs(traces, done, measured, mem, cap)
+        cands += _fsdp_prefetch_recs(traces, done, measured, mem, cap)
         cands += _degree_recs(traces, done, measured)
         cands += _tp_node_recs(traces, done, measured)
         cands += _memory_recs(traces, done, measured, mem, cap)

@@ -94,6 +94,8 @@ def changed_args(base: list[str], params: dict) -> list[str] | None:
         a = _set(_set(a, "--slow-rank", None), "--slow-ms", None)
     if "ddp_bucket_cap_bytes" in params:
         a = _set(a, "--bucket-mb", f"{params['ddp_bucket_cap_bytes'] / 2**20:g}")
+    if "fsdp_prefetch" in params:
+        a = _set(a, "--prefetch", str(params["fsdp_prefetch"]))
     if params.get("reshard_after_forward") is False:
         a = _set(a, "--reshard-after-forward", "false")
     if "strategy" in params:

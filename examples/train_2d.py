@@ -26,7 +26,7 @@ def main() -> None:
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel degree")
     p.add_argument("--seq", type=int, default=16, help="sequence length (divisible by tp)")
     args = p.parse_args()
-    env = C.init_distributed()
+    env = C.init_distributed(args.pin_cpu)
     if env.world_size % args.tp:
         raise SystemExit(f"world size {env.world_size} is not divisible by --tp {args.tp}")
     mesh = init_device_mesh(env.device.type, (env.world_size // args.tp, args.tp),

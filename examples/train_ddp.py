@@ -16,7 +16,7 @@ def main() -> None:
     p = C.base_parser(__doc__)
     p.add_argument("--bucket-mb", type=float, default=1.0, help="DDP bucket_cap_mb")
     args = p.parse_args()
-    env = C.init_distributed()
+    env = C.init_distributed(args.pin_cpu)
     model = C.build_model(args.width, args.layers).to(env.device)
     if env.world_size > 1:
         model = DDP(model, bucket_cap_mb=args.bucket_mb)

@@ -14,7 +14,7 @@ import _common as C
 
 def main() -> None:
     args = C.base_parser(__doc__).parse_args()
-    env = C.init_distributed()
+    env = C.init_distributed(args.pin_cpu)
     model = C.build_model(args.width, args.layers).to(env.device)
     model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({C.Block}), use_orig_params=True,
                  device_id=env.device)

@@ -63,7 +63,7 @@ def main() -> None:
     p = C.base_parser(__doc__)
     p.add_argument("--experts-per-rank", type=int, default=2)
     args = p.parse_args()
-    env = C.init_distributed()
+    env = C.init_distributed(args.pin_cpu)
     mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("ep",))
     group = mesh.get_group("ep")
     torch.manual_seed(0)

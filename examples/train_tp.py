@@ -28,7 +28,7 @@ def main() -> None:
     p = C.base_parser(__doc__)
     p.add_argument("--seq", type=int, default=16, help="sequence length (divisible by world)")
     args = p.parse_args()
-    env = C.init_distributed()
+    env = C.init_distributed(args.pin_cpu)
     mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("tp",))
     model = C.build_model(args.width, args.layers).to(env.device)
     for block in model:

@@ -17,7 +17,7 @@ def main() -> None:
     p = C.base_parser(__doc__)
     p.add_argument("--bucket-mb", type=float, default=1.0, help="DDP bucket_cap_mb")
     args = p.parse_args()
-    env = C.init_distributed()
+    env = C.init_distributed(args.pin_cpu)
     model = DDP(C.build_model(args.width, args.layers).to(env.device), bucket_cap_mb=args.bucket_mb)
     cls = torch.optim.Adam if args.optimizer == "adam" else torch.optim.SGD
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, lr=1e-3)

@@ -356,6 +356,66 @@ def test_ddp_bucket_sizes_on_cpu_change_the_step_by_the_count_of_all_reduces(tmp
     assert ch[8 * mib].evidence[0].startswith("3 all-reduces per step now, 1 with this size; "
                                               "each costs α = 100 µs")
 
+
+def _fsdp2_run(tmp_path, gpu: bool):
+    """2 ranks, 2 steps of 10000 µs, FSDP2 with 4 units. Forward: per unit a 500 µs all-gather
+    then 1000 µs of compute; backward: per unit a 500 µs gather (inside FSDP::pre_backward and
+    FSDP::backward_prefetch ranges) then 500 µs of compute. Nothing overlaps: every gather is
+    exposed. On GPU the same timeline runs as kernels (gathers on their own stream)."""
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2, backend="nccl" if gpu else "gloo")
+        recs, seq = [], 1
+        for k, t0 in enumerate((0.0, 10000.0)):
+            b.step(k + 1, t0, 10000)
+            t = t0
+            for phase, compute in (("fwd", 1000), ("bwd", 500)):
+                for u in range(4):
+                    if phase == "fwd":
+                        b.cpu("FSDP::pre_forward" + (f" ({u})" if u else ""), t, 500,
+                              cat="user_annotation")
+                    else:
+                        b.cpu("FSDP::pre_backward", t, 500, cat="user_annotation")
+                        b.cpu("FSDP::backward_prefetch for 1", t, 500, cat="user_annotation")
+                    recs.append(record("all_gather", seq, t, t + 500, ranks=(0, 1)))
+                    seq += 1
+                    if gpu:
+                        b.kernel("ncclDevKernel_AllGather_RING_LL", t, 500, stream=20,
+                                 launch_ts=t)
+                        b.kernel("sm90_gemm", t + 500, compute, launch_ts=t + 1)
+                    else:
+                        b.cpu("c10d::_allgather_base_", t, 500)
+                        b.cpu("aten::mm", t + 500, compute)
+                    t += 500 + compute
+        b.write(tmp_path / f"rank{r}.trace.json")
+        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
+            "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1],
+                                "size": 2, "dim": "dp"}], "records": recs})
+    write_sidecar(tmp_path / "run.json", "run", None, {"world_size": 2, "layout": {
+        "dims": {"dp": 2}, "strategies": ["fsdp2"], "fsdp_reshard_after_forward": True}})
+    return build_report(load_traces(tmp_path)).results["recommendations"]
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_fsdp_reshard_and_prefetch_predictions(tmp_path, gpu):
+    """Keeping parameters saves the backward's re-gathers: 4 × 500 µs per step. Prefetching
+    2 units ahead: on GPU the forward's exposed gathers (half of the 8, 2000 µs) are hidden
+    except the first unit's: 1500 µs saved; on CPU FSDP2 waits for each gather where it is
+    issued (its backward prefetch ranges, 2000 µs per step, show it): nothing is saved."""
+    res = _fsdp2_run(tmp_path, gpu)
+    ch = {c.kind: c for c in (*res.recommendations, *res.rejected)}
+    assert ch["fsdp_reshard"].measured_step_us == 10000
+    assert ch["fsdp_reshard"].predicted_step_us == pytest.approx(8000)
+    pf = ch["fsdp_prefetch"]
+    assert pf.params == {"fsdp_prefetch": 2}
+    assert pf.predicted_step_us == pytest.approx(8500 if gpu else 10000)
+    if gpu:
+        assert pf in res.recommendations
+        assert pf.evidence[0].startswith("4 FSDP units gather in the forward; the all-gathers "
+                                         "leave 4.00 ms per step exposed, 2.00 ms of it")
+    else:
+        assert pf in res.rejected
+        assert "spends 2.00 ms per step inside those ranges" in pf.evidence[0]
+
 class _Obj:
     def __init__(self, **kw):
         self.__dict__.update(kw)
