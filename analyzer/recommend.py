@@ -100,6 +100,9 @@ STRAGGLER_SAMPLE = 8
 FSDP_PREFETCH = 2
 #: Kinds of the changes that shrink memory (recommended first when they fit).
 MEMORY_KINDS = ("zero1", "fsdp")
+#: Kinds that change the parallel degrees: ranked after the changes that keep them (they
+#: re-partition the model, its memory per rank and its checkpoints, which no step time shows).
+DEGREE_KINDS = ("pp_to_dp", "degrees")
 #: Interleaving must beat the best schedule-keeping change by this much (% of its step).
 INTERLEAVE_MARGIN_PCT = 10.0
 #: Stage splits replayed one by one up to this many (else the min-max partition is used).
@@ -416,6 +419,86 @@ def _observed_gaps(chunks: pd.DataFrame, n_stages: int) -> tuple[float, float | 
     gap = max(float(np.median(local)), 0.0) if local else 0.0
     hop = max(float(np.median(hops)) - gap, 0.0) if hops else None
     return gap, hop
+
+
+def _pp_to_dp_recs(traces: TraceSet, done: dict, model: PipelineModel,
+                   cap: float | None) -> list[Recommendation]:
+    """The same ranks as data parallel instead of a pipeline (pp = p → dp = p, DDP with its
+    default buckets): every rank runs the whole model on 1/p of the global batch.
+
+    Step = Σ over stages of the stage module's forward + backward at that size (its times at
+    other microbatch sizes, measured after the run, interpolated) + the optimizer over all
+    parameters (Σ of the ranks' optimizer steps) + what rank 0 does besides (its tail less its
+    optimizer) + the gradient all-reduce: DDP's buckets of the stages' parameter bytes, each
+    α + β·bytes from the all-reduce times ``pardiag profile`` measured on the group after the
+    run. On CPU every bucket's time adds (gloo shares the cores); on a GPU only the last
+    bucket's (the others run beside the backward). Peak memory: every stage's static bytes
+    plus every stage's activations for one microbatch, scaled to the new batch. Only for a
+    pipeline with one stage per rank and no other parallel dimension."""
+    lay = done.get("layout")
+    dims = dict(lay.dims) if lay is not None else {}
+    if model.v != 1 or any(int(dims.get(d) or 1) > 1 for d in ("dp", "tp", "ep", "cp")):
+        return []
+    n_stages = len(model.fwd_us)
+    pb = model.stage_params()
+    if (not model.samples or any(s not in model.size_scaling for s in range(n_stages))
+            or pb is None or sum(pb) <= 0 or len(model.opt_us) != model.p):
+        return []
+    calib = [(float(r["bytes"]), float(r["us"]))
+             for doc in traces.sidecars.get("pipeline", {}).values()
+             for r in doc.get("allreduce_calibration") or []
+             if isinstance(r, dict) and isinstance(r.get("bytes"), (int, float))
+             and isinstance(r.get("us"), (int, float))]
+    try:
+        alpha, beta = whatif.fit_alpha_beta([b for b, _ in calib], [t for _, t in calib])
+    except ValueError:
+        return []
+    if len({b for b, _ in calib}) < 2:
+        return []
+    n_new = model.samples * model.m / model.p
+    compute = 0.0
+    for s in range(n_stages):
+        pts = model.size_scaling[s]
+        xs = [q[0] for q in pts]
+        compute += (whatif.interpolate(xs, [q[1] for q in pts], n_new)
+                    + whatif.interpolate(xs, [q[2] for q in pts], n_new))
+    opt = sum(model.opt_us.values())
+    other = max(model.tail_us.get(0, 0.0) - model.opt_us.get(0, 0.0), 0.0)
+    layer_bytes = [float(b) for ls in reversed(model.layers) for _, _, b in reversed(ls)]
+    buckets = whatif.ddp_buckets(layer_bytes, DDP_DEFAULT_CAP, DDP_FIRST_BUCKET)
+    on_gpu = any(t.has_gpu for t in traces.ranks.values())
+    ar_all = sum(alpha + beta * b for b in buckets)
+    ar = ar_all if not on_gpu else alpha + beta * buckets[-1]
+    pred = compute + opt + other + ar
+    measured = model.period_us
+    pred_peak = None
+    pr = done["memory"].per_rank if done.get("memory") is not None else pd.DataFrame()
+    if len(pr) and pr["static_bytes"].notna().all() and pr["peak_allocated_bytes"].notna().all():
+        infl = _inflight(model.schedule, model.p, model.m, model.v)
+        static = float(pr["static_bytes"].sum())
+        act = float((pr["peak_allocated_bytes"] - pr["static_bytes"]).clip(lower=0).sum())
+        pred_peak = static + act / infl * (n_new / model.samples)
+    total_b = sum(pb)
+    return [Recommendation(
+        kind="pp_to_dp", title=f"Data parallel instead of a {model.p}-stage pipeline",
+        change=f"dp={model.p}, pp=1: every rank runs the whole model on {n_new:g} samples "
+               f"(DDP, default buckets) instead of pp={model.p}",
+        evidence=(f"the stage modules take {compute / 1000:.2f} ms forward + backward at "
+                  f"{n_new:g} samples (measured at other sizes after the run)",
+                  f"optimizer over all parameters {opt / 1000:.2f} ms; other per-step work "
+                  f"{other / 1000:.2f} ms",
+                  f"{total_b / 2**20:.3g} MiB of gradients in {len(buckets)} bucket(s): "
+                  f"all-reduce {ar_all / 1000:.2f} ms (α {alpha:.0f} µs, "
+                  f"{1 / beta / 1e3:.2f} GB/s measured on the group after the run)"
+                  + ("; on a GPU only the last bucket's is added" if on_gpu else
+                     "; on CPU all of it adds to the step")),
+        caveats=("every rank then holds all parameters, gradients and optimizer state",
+                 "the all-reduce was timed on an idle group, not beside a backward"),
+        measured_step_us=measured, predicted_step_us=pred,
+        measured_peak_bytes=(float(pr["peak_allocated_bytes"].max()) if pred_peak else None),
+        predicted_peak_bytes=pred_peak,
+        fits_memory=cap is None or pred_peak is None or pred_peak <= cap,
+        params={"pp": 1, "dp": model.p})]
 
 
 def _inflight(schedule: str, p: int, m: int, v: int) -> int:
@@ -1109,6 +1192,7 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     if model is not None:
         measured = model.period_us  # unprofiled steps: the profiler slows pipelines down
         cands += _pipeline_recs(traces, done, model, mem, cap)
+        cands += _pp_to_dp_recs(traces, done, model, cap)
     elif measured == measured:  # in a pipeline, waiting for the neighbour stage is the bubble
         cands += _straggler_recs(traces, done, measured)
     if measured == measured:
@@ -1144,10 +1228,12 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
         *c.caveats, f"predicted less than {INTERLEAVE_MARGIN_PCT:g}% faster than the best "
         "change that keeps the schedule, so not recommended")) if not_worth(c) else c
         for c in cands]
-    # a run that does not fit must shrink first: memory changes rank ahead of speed
+    # a run that does not fit must shrink first: memory changes rank ahead of speed; changes
+    # of the parallel degrees rank after the changes that keep them
     good = sorted((c for c in cands if c.fits_memory and not not_worth(c)
                    and (c.gain_pct >= MIN_GAIN_PCT or c.kind in MEMORY_KINDS)),
-                  key=lambda c: (c.kind not in MEMORY_KINDS, -c.gain_pct))
+                  key=lambda c: (c.kind not in MEMORY_KINDS, c.kind in DEGREE_KINDS,
+                                 -c.gain_pct))
     rejected = tuple(c for c in cands if c not in good)
     why_none = ""
     if not good:

@@ -465,7 +465,8 @@ def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:
 def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> tuple[float, float]:
     """Latency α (µs) and inverse bandwidth β (µs per byte) of ``t = α + β·S`` (Hockney model)
     through the fastest transfer of each message size (least squares over the sizes; α ≥ 0,
-    β > 0). Sizes within :data:`SIZE_CLUSTER` of each other count as one size (DDP's buckets
+    β > 0; where the line would need α < 0, the least-squares line through the origin). Sizes
+    within :data:`SIZE_CLUSTER` of each other count as one size (DDP's buckets
     differ by a few bytes; their scatter would otherwise read as a steep slope), represented by
     the fastest transfer among them. With a single size, α = 0 and β = t/S.
 
@@ -491,11 +492,9 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> t
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     var = sum((x - mx) ** 2 for x in xs)
     beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
-    if beta <= 0:
-        return 0.0, statistics.fmean(y / x for x, y in zip(xs, ys))
     alpha = my - beta * mx
-    if alpha < 0:
-        return 0.0, statistics.fmean(y / x for x, y in zip(xs, ys))
+    if beta <= 0 or alpha < 0:   # no positive latency: least squares through the origin
+        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
     return alpha, beta
 
 

@@ -75,8 +75,35 @@ def _blocks(layer_sizes: list[int]) -> str:
     return ",".join(map(str, blocks))
 
 
-def changed_args(base: list[str], params: dict) -> list[str] | None:
-    """The example's arguments for a recommendation's ``params``; None when it cannot run it."""
+def _get(args: list[str], flag: str, default: str | None = None) -> str | None:
+    """The value of ``flag`` in ``args`` (the last one), else ``default``."""
+    val = default
+    for i, a in enumerate(args[:-1]):
+        if a == flag:
+            val = args[i + 1]
+    return val
+
+
+def _as_ddp(script: str, n: int, base: list[str]) -> tuple[str, list[str]] | None:
+    """``train_pp.py``'s model as ``train_ddp.py`` over the same ``n`` ranks: the same blocks,
+    width and global batch (DDP's ``--batch`` is per rank), DDP's default buckets."""
+    if script != "train_pp.py":
+        return None
+    per_stage = _get(base, "--layers-per-stage")
+    blocks = (sum(int(c) for c in per_stage.split(",")) if per_stage
+              else int(_get(base, "--layers", "2")) * n)   # train_pp: 2 blocks per stage
+    args = ["--batch", str(int(_get(base, "--batch", "32")) // n),
+            "--width", _get(base, "--width", "256"), "--layers", str(blocks),
+            "--optimizer", _get(base, "--optimizer", "adam"), "--bucket-mb", "0"]
+    return "train_ddp.py", args + (["--pin-cpu"] if "--pin-cpu" in base else [])
+
+
+def changed_args(script: str, n: int, base: list[str], params: dict
+                 ) -> tuple[str, list[str]] | None:
+    """The script and arguments for a recommendation's ``params``; None when the examples
+    cannot run it."""
+    if params.get("pp") == 1:
+        return _as_ddp(script, n, base)
     a = list(base)
     if "microbatches" in params:
         a = _set(a, "--microbatches", str(params["microbatches"]))
@@ -100,7 +127,7 @@ def changed_args(base: list[str], params: dict) -> list[str] | None:
         a = _set(a, "--reshard-after-forward", "false")
     if "strategy" in params:
         return None
-    return a if a != base else None
+    return (script, a) if a != base else None
 
 
 def measure(script: str, n: int, args: list[str], tmp: Path, tag: str) -> float:
@@ -141,9 +168,9 @@ def profile_case(name: str, tmp: Path, pin: bool, rep: int) -> list[dict]:
              "change": "(base, as pardiag measured it)",
              "predicted_ms": evaluated[0].measured_step_us / 1e3}]
     for c in evaluated:
-        args = changed_args(base, c.params)
-        if args is not None:
-            rows.append({"case": name, "script": script, "n": n, "args": args,
+        changed = changed_args(script, n, base, c.params)
+        if changed is not None:
+            rows.append({"case": name, "script": changed[0], "n": n, "args": changed[1],
                          "recommended": c in rec.recommendations, "change": c.change,
                          "predicted_ms": c.predicted_step_us / 1e3})
     return rows
@@ -170,7 +197,7 @@ def main() -> None:
         for rep in range(args.repeat):
             for name in args.cases or list(CASES):
                 for r in profile_case(name, Path(d), args.pin_cpu, rep):
-                    row = table.setdefault((name, tuple(r["args"])), {
+                    row = table.setdefault((name, r["script"], tuple(r["args"])), {
                         **{k: r[k] for k in ("case", "script", "n", "args", "change")},
                         "predicted": {}, "measured": {}, "recommended": 0})
                     row["predicted"][rep] = r["predicted_ms"]

@@ -32,9 +32,51 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+
 def _sync(device) -> None:
     if getattr(device, "type", "cpu") == "cuda":
         torch.cuda.synchronize(device)
+
+
+def allreduce_calibration(sizes=(2**16, 2**20, 2**22, 2**24), repeats: int = 5,
+                          timeout_s: float = 20.0) -> list[dict]:
+    """All-reduce times of the default process group at a few message sizes, after the script
+    has finished: what a run without data-parallel traffic (a pipeline) cannot show, and the
+    what-if of more data parallelism needs.
+
+    Every rank must call it (collectives on the default group, float32 on the group's device).
+    Each timing follows a 1-element all-reduce that lines the ranks up; the fastest of
+    ``repeats`` is kept. A rank that does not arrive within ``timeout_s`` makes the others give
+    up.
+
+    Returns:
+        ``[{"bytes": int, "us": float}]``, empty when there is no group of ≥ 2 ranks or a wait
+        failed or timed out.
+    """
+    import datetime
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return []
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    rows = []
+    try:
+        for nbytes in sizes:
+            t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+            one = torch.zeros(1, dtype=torch.float32, device=device)
+            times = []
+            for _ in range(repeats + 1):
+                dist.all_reduce(one, async_op=True).wait(timeout)
+                _sync(device)
+                t0 = time.perf_counter_ns()
+                dist.all_reduce(t, async_op=True).wait(timeout)
+                _sync(device)
+                times.append((time.perf_counter_ns() - t0) / 1000.0)
+            rows.append({"bytes": int(nbytes), "us": min(times[1:])})   # the first warms up
+    except Exception:   # a rank that never came, or a backend that cannot: no calibration
+        return []
+    return rows
 
 
 def _dtype_name(t: torch.Tensor) -> str:

@@ -243,6 +243,7 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
             # for the what-if model: per-layer forward times and the chunks' fixed shares
             "layers": pipe_layers or [],
             "size_scaling": size_scaling or [],
+            "allreduce_calibration": captured.get("allreduce_calibration") or [],
             "optimizer": [{"optimizer_step": st, "start_us": (a - base) / 1000.0,
                            "end_us": (b - base) / 1000.0}
                           for st, a, b in (optimizer_times or [])[-MAX_PIPELINE_RECORDS:]],
@@ -350,6 +351,8 @@ def main() -> None:
     if traces_written and pipe.records and error is None:
         try:  # how the stages' chunks scale with the microbatch size (what-if model)
             scaling = pipe.size_scaling()
+            # what a pipeline run cannot show: the group's all-reduce cost (more DP instead of PP)
+            captured["allreduce_calibration"] = hooks.allreduce_calibration()
         except Exception as exc:
             print(f"pardiag: rank {rank}: no microbatch-size measurement: {exc}", file=sys.stderr)
     if traces_written:

@@ -14,12 +14,13 @@ import _common as C
 
 def main() -> None:
     p = C.base_parser(__doc__)
-    p.add_argument("--bucket-mb", type=float, default=1.0, help="DDP bucket_cap_mb")
+    p.add_argument("--bucket-mb", type=float, default=1.0,
+                   help="DDP bucket_cap_mb (0: torch's default, 25 MiB after a 1 MiB first bucket)")
     args = p.parse_args()
     env = C.init_distributed(args.pin_cpu)
     model = C.build_model(args.width, args.layers).to(env.device)
     if env.world_size > 1:
-        model = DDP(model, bucket_cap_mb=args.bucket_mb)
+        model = DDP(model, bucket_cap_mb=args.bucket_mb or None)
     opt = C.make_optimizer(model.parameters(), args.optimizer)
     loss_fn = nn.CrossEntropyLoss()
     C.train(args, env, opt, lambda x, y: loss_fn(model(x), y), "train_ddp")

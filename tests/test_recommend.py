@@ -119,7 +119,7 @@ def test_operator_work():
 # ---- planted runs: exact predictions ----------------------------------------------------------
 
 def _pipeline_run(tmp_path, schedule, p, m, fwd, bwd, tails, steps=6, layers=None,
-                  fixed_share=None, samples=None, opt=None):
+                  fixed_share=None, samples=None, opt=None, extra=None):
     """Records of ``steps`` identical steps replayed with the given costs (hop 0), each rank
     idle ``tails[r]`` after its last chunk; optimizer records ``opt[r]`` µs at the start of
     the tail."""
@@ -153,6 +153,7 @@ def _pipeline_run(tmp_path, schedule, p, m, fwd, bwd, tails, steps=6, layers=Non
         if fixed_share is not None:
             body["chunk_costs"] = [{"stage": r, "phase": ph, "chunks": 4, "chunk_us": 1.0,
                                     "fixed_share": fixed_share} for ph in "FB"]
+        body.update((extra or {}).get(r, {}))
         write_sidecar(tmp_path / f"rank{r}.pipeline.json", "pipeline", r, body)
     names = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
     write_sidecar(tmp_path / "run.json", "run", None, {"world_size": p, "layout": {
@@ -223,6 +224,30 @@ def test_rebalancing_predictions_are_exact(tmp_path):
     assert res.recommendations[0].predicted_step_us == pytest.approx(5500.0)
     assert all(c.predicted_step_us == 7800 for c in res.rejected if c.kind == "microbatches")
 
+
+
+def test_data_parallel_instead_of_the_pipeline_is_exact(tmp_path):
+    """GPipe p = 2, m = 4 of 8 samples (step 15500 µs, as above); 2 layers of 1 MiB per stage;
+    optimizer 300 µs per rank, tails 500. As dp = 2 each rank runs 16 samples: the stage modules
+    take 1800 + 3600 µs each there (10800); optimizer 2 × 300; other 500 − 300 = 200; 4 MiB of
+    gradients in DDP's default buckets (1 MiB first, then the rest: 1 and 3 MiB), all-reduce
+    α = 100 µs + 1 MiB per 1000 µs (timed after the run): 1100 + 3100. On CPU all of it adds:
+    15800 µs."""
+    mib = 2**20
+    extra = {r: {"size_scaling": [{"stage": r, "samples": 8, "fwd_us": 1000, "bwd_us": 2000},
+                                  {"stage": r, "samples": 16, "fwd_us": 1800, "bwd_us": 3600}],
+                 "allreduce_calibration": [{"bytes": mib, "us": 1100},
+                                           {"bytes": 4 * mib, "us": 4100}]} for r in range(2)}
+    traces = _pipeline_run(tmp_path, "gpipe", 2, 4, [1000, 1000], [2000, 2000],
+                           {0: 500, 1: 500}, layers=[[(500, mib)] * 2] * 2, samples=8,
+                           opt={0: 300, 1: 300}, extra=extra)
+    res = build_report(traces).results["recommendations"]
+    (dp,) = [c for c in (*res.recommendations, *res.rejected) if c.kind == "pp_to_dp"]
+    assert dp.params == {"pp": 1, "dp": 2}
+    assert dp.measured_step_us == 15500
+    assert dp.predicted_step_us == pytest.approx(15800)
+    assert dp in res.rejected      # slower than the pipeline
+    assert dp.evidence[2].startswith("4 MiB of gradients in 2 bucket(s): all-reduce 4.20 ms")
 
 def test_straggler_is_named_with_its_cost(tmp_path):
     """3 ranks, 2 steps, 2 all-reduces per step; rank 2 arrives 100 µs after rank 0 and 80 µs

@@ -34,7 +34,8 @@ def run(tmp_path_factory):
             out = base / name
             res = subprocess.run(
                 [sys.executable, "-m", "pardiag", "profile", str(REPO / "examples" / script),
-                 "--nproc-per-node", "2", "--out", str(out), "--", "--steps", "12", *args],
+                 "--nproc-per-node", "2", "--out", str(out), "--", "--steps", "12", "--pin-cpu",
+                 *args],
                 capture_output=True, text=True, timeout=300, cwd=REPO)
             assert res.returncode == 0, res.stderr[-3000:]
             _cache[name] = build_report(load_traces(out))
@@ -62,6 +63,10 @@ def test_gpipe_with_few_microbatches_gets_more(run):
     assert top.kind == "microbatches", [c.change for c in res.recommendations]
     assert top.params["microbatches"] > 2
     assert top.gain_pct >= 2.0
+    # data parallel instead of the pipeline is evaluated too (ranked after the changes that
+    # keep the degrees, even when predicted faster)
+    dp = [c for c in (*res.recommendations, *res.rejected) if c.kind == "pp_to_dp"]
+    assert len(dp) == 1 and dp[0].params == {"pp": 1, "dp": 2}
 
 
 def test_planted_straggler_is_named(run):
