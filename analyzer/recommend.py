@@ -3,7 +3,9 @@
 Interface used by the renderers (HTML, terminal) and the JSON summary:
 
 ``report.results.get("recommendations")`` is a :class:`RecommendationResult` (or absent).
-Each :class:`Recommendation` is ranked by predicted gain, best first.
+Each :class:`Recommendation` is ranked by predicted gain, best first — memory-saving changes
+first on a memory-bound run, changes of the parallel degrees (:data:`DEGREE_KINDS`) after the
+changes that keep them.
 """
 
 from __future__ import annotations
@@ -709,15 +711,16 @@ def _layout(traces: TraceSet) -> dict:
     return lay
 
 
-def _allreduce_fit(done: dict) -> tuple[float, float] | None:
-    """α (µs), β (µs/byte) of the run's all-reduces (transfer part: min over ranks)."""
+def _allreduce_fit(done: dict, typical: bool = False) -> tuple[float, float] | None:
+    """α (µs), β (µs/byte) of the run's all-reduces (transfer part: min over ranks), through
+    the fastest of each size, or the median with ``typical``."""
     sync = done.get("sync")
     if sync is None or sync.instances.empty:
         return None
     ar = sync.instances[sync.instances["op"] == "all_reduce"]
     try:
         return whatif.fit_alpha_beta(pd.to_numeric(ar["bytes"], errors="coerce").tolist(),
-                                     ar["transfer_us"].tolist())
+                                     ar["transfer_us"].tolist(), typical)
     except ValueError:
         return None
 
@@ -753,7 +756,8 @@ def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Reco
 
     Buckets are formed as DDP forms them (:func:`whatif.ddp_buckets`) from the gradient bytes
     of each parameter ``pardiag profile`` recorded, else as equal splits. Each all-reduce takes
-    ``α + β·bytes`` (:func:`whatif.fit_alpha_beta` on the run's all-reduces). On a GPU the
+    ``α + β·bytes`` (:func:`whatif.fit_alpha_beta` on the run's all-reduces: the fastest of
+    each size on a GPU, the median on CPU, where they run amid the backward). On a GPU the
     all-reduces run beside the backward and only what ends after the last gradient shows
     (:func:`whatif.bucketed_allreduce_tail`); on CPU they run on the cores the backward uses
     (gloo), so all of their time adds to the step and only the count of buckets (α each)
@@ -761,14 +765,16 @@ def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Reco
     lay = _layout(traces)
     if "ddp" not in (lay.get("strategies") or []) or not (measured > 0):
         return []
-    fit = _allreduce_fit(done)
+    on_gpu = any(t.has_gpu for t in traces.ranks.values())
+    # on CPU an all-reduce costs the step what it typically takes amid the backward
+    fit = _allreduce_fit(done, typical=not on_gpu)
     curves = _ddp_ready_curves(traces, done)
     if fit is None or not curves:
         return []
     alpha, beta = fit
     cap = lay.get("ddp_bucket_cap_bytes")
-    on_gpu = any(t.has_gpu for t in traces.ranks.values())
-    caveats = [f"all-reduce time α + β·bytes fitted on the run (α {alpha:.0f} µs, "
+    caveats = [f"all-reduce time α + β·bytes fitted on the run's "
+               f"{'fastest' if on_gpu else 'median'} all-reduce of each size (α {alpha:.0f} µs, "
                f"{1 / beta / 1e3:.2f} GB/s algbw)" if beta > 0 else "no bandwidth measured"]
     if on_gpu:
         caveats.insert(0, "gradients are taken to become ready at the rate DDP launched its "

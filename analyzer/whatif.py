@@ -24,6 +24,9 @@ spirit of Lumos, Liang et al. 2025, and of the analytical model of Narayanan et 
 * **Stage boundaries**: :func:`best_partition` finds the contiguous split of per-layer costs
   into *k* stages that minimizes the slowest stage (the classic linear-partition dynamic
   program).
+* **Communication**: :func:`fit_alpha_beta` (Hockney's ``α + β·bytes``), :func:`ddp_buckets`
+  (DDP's bucket assignment) and :func:`bucketed_allreduce_tail` (the all-reduces that end after
+  the backward).
 
 All times are µs.
 """
@@ -462,13 +465,15 @@ def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:
             for (s, ph), v in sorted(acc.items())]
 
 
-def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> tuple[float, float]:
+def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float],
+                   typical: bool = False) -> tuple[float, float]:
     """Latency α (µs) and inverse bandwidth β (µs per byte) of ``t = α + β·S`` (Hockney model)
-    through the fastest transfer of each message size (least squares over the sizes; α ≥ 0,
-    β > 0; where the line would need α < 0, the least-squares line through the origin). Sizes
-    within :data:`SIZE_CLUSTER` of each other count as one size (DDP's buckets
-    differ by a few bytes; their scatter would otherwise read as a steep slope), represented by
-    the fastest transfer among them. With a single size, α = 0 and β = t/S.
+    through the fastest transfer of each message size — or, with ``typical``, through the
+    median transfer of each size (what a transfer costs amid the run's own work) — by least
+    squares over the sizes (α ≥ 0, β > 0; where the line would need α < 0, the least-squares
+    line through the origin). Sizes within :data:`SIZE_CLUSTER` of each other count as one
+    size (DDP's buckets differ by a few bytes; their scatter would otherwise read as a steep
+    slope). With a single size, α = 0 and β = t/S.
 
     Raises:
         ValueError: no transfer with a positive size and time.
@@ -477,14 +482,16 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> t
                  if s and t and s > 0 and t > 0 and math.isfinite(s) and math.isfinite(t))
     if not pts:
         raise ValueError("no transfer with a positive size and time")
-    best: list[tuple[float, float]] = []     # (size, time) of the fastest in each cluster
-    lo = None
+    clusters: list[list[tuple[float, float]]] = []
     for s, t in pts:
-        if lo is None or s > lo * (1 + SIZE_CLUSTER):
-            lo = s
-            best.append((s, t))
-        elif t < best[-1][1]:
-            best[-1] = (s, t)
+        if not clusters or s > clusters[-1][0][0] * (1 + SIZE_CLUSTER):
+            clusters.append([])
+        clusters[-1].append((s, t))
+    if typical:
+        best = [(statistics.median(s for s, _ in c), statistics.median(t for _, t in c))
+                for c in clusters]
+    else:
+        best = [min(c, key=lambda st: st[1]) for c in clusters]
     if len(best) == 1:
         (s, t), = best
         return 0.0, t / s

@@ -299,7 +299,7 @@ class PipelineRecorder:
             h.remove()
         self._handles.clear()
 
-    def size_scaling(self, factors=(0.25, 0.5, 1.0, 2.0), repeats: int = 3) -> list[dict]:
+    def size_scaling(self, factors=(0.25, 0.5, 1.0, 2.0), repeats: int = 7) -> list[dict]:
         """Time each local stage's module forward and backward on random inputs of other
         microbatch sizes (``factor × samples``), after the script has finished: how a chunk's
         time scales with the microbatch size, measured on the user's own module.
