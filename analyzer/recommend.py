@@ -433,8 +433,10 @@ def _pp_to_dp_recs(traces: TraceSet, done: dict, model: PipelineModel,
     parameters (Σ of the ranks' optimizer steps) + what rank 0 does besides (its tail less its
     optimizer) + the gradient all-reduce: DDP's buckets of the stages' parameter bytes, each
     α + β·bytes from the all-reduce times ``pardiag profile`` measured on the group after the
-    run. On CPU every bucket's time adds (gloo shares the cores); on a GPU only the last
-    bucket's (the others run beside the backward). Peak memory: every stage's static bytes
+    run. On CPU every bucket's time adds (gloo shares the cores) — or, when ``pardiag profile``
+    timed DDP itself on a stand-in model after the run (``ddp_calibration``), what DDP added
+    there, scaled by the gradient bytes; on a GPU only the last bucket's (the others run beside
+    the backward). Peak memory: every stage's static bytes
     plus every stage's activations for one microbatch, scaled to the new batch. Only for a
     pipeline with one stage per rank and no other parallel dimension."""
     lay = done.get("layout")
@@ -471,6 +473,19 @@ def _pp_to_dp_recs(traces: TraceSet, done: dict, model: PipelineModel,
     on_gpu = any(t.has_gpu for t in traces.ranks.values())
     ar_all = sum(alpha + beta * b for b in buckets)
     ar = ar_all if not on_gpu else alpha + beta * buckets[-1]
+    how_ar = ("; on a GPU only the last bucket's is added" if on_gpu else
+              "; on CPU all of it adds to the step")
+    cal = {}
+    for doc in traces.sidecars.get("pipeline", {}).values():
+        c = doc.get("ddp_calibration")
+        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) and c[k] > 0
+                                       for k in ("grad_bytes", "overhead_us")):
+            cal = c
+    if cal and not on_gpu:   # DDP itself timed on a stand-in with these gradient bytes
+        ar = cal["overhead_us"] * sum(pb) / cal["grad_bytes"]
+        how_ar = (f"; DDP itself, timed after the run on a stand-in with "
+                  f"{cal['grad_bytes'] / 2**20:.3g} MiB of gradients, adds "
+                  f"{cal['overhead_us'] / 1000:.2f} ms: {ar / 1000:.2f} ms at this size")
     pred = compute + opt + other + ar
     measured = model.period_us
     pred_peak = None
@@ -492,8 +507,7 @@ def _pp_to_dp_recs(traces: TraceSet, done: dict, model: PipelineModel,
                   f"{total_b / 2**20:.3g} MiB of gradients in {len(buckets)} bucket(s): "
                   f"all-reduce {ar_all / 1000:.2f} ms (α {alpha:.0f} µs, "
                   f"{1 / beta / 1e3:.2f} GB/s measured on the group after the run)"
-                  + ("; on a GPU only the last bucket's is added" if on_gpu else
-                     "; on CPU all of it adds to the step")),
+                  + how_ar),
         caveats=("every rank then holds all parameters, gradients and optimizer state",
                  "the all-reduce was timed on an idle group, not beside a backward"),
         measured_step_us=measured, predicted_step_us=pred,
@@ -756,8 +770,9 @@ def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Reco
 
     Buckets are formed as DDP forms them (:func:`whatif.ddp_buckets`) from the gradient bytes
     of each parameter ``pardiag profile`` recorded, else as equal splits. Each all-reduce takes
-    ``α + β·bytes`` (:func:`whatif.fit_alpha_beta` on the run's all-reduces: the fastest of
-    each size on a GPU, the median on CPU, where they run amid the backward). On a GPU the
+    ``α + β·bytes`` (:func:`whatif.fit_alpha_beta` through the run's fastest all-reduce of each
+    size; the median of each size was tried on CPU and scattered too much: a bucket that waits
+    behind another reads as slow). On a GPU the
     all-reduces run beside the backward and only what ends after the last gradient shows
     (:func:`whatif.bucketed_allreduce_tail`); on CPU they run on the cores the backward uses
     (gloo), so all of their time adds to the step and only the count of buckets (α each)
@@ -766,15 +781,14 @@ def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Reco
     if "ddp" not in (lay.get("strategies") or []) or not (measured > 0):
         return []
     on_gpu = any(t.has_gpu for t in traces.ranks.values())
-    # on CPU an all-reduce costs the step what it typically takes amid the backward
-    fit = _allreduce_fit(done, typical=not on_gpu)
+    fit = _allreduce_fit(done)
     curves = _ddp_ready_curves(traces, done)
     if fit is None or not curves:
         return []
     alpha, beta = fit
     cap = lay.get("ddp_bucket_cap_bytes")
-    caveats = [f"all-reduce time α + β·bytes fitted on the run's "
-               f"{'fastest' if on_gpu else 'median'} all-reduce of each size (α {alpha:.0f} µs, "
+    caveats = [f"all-reduce time α + β·bytes fitted on the run's fastest all-reduce of each "
+               f"size (α {alpha:.0f} µs, "
                f"{1 / beta / 1e3:.2f} GB/s algbw)" if beta > 0 else "no bandwidth measured"]
     if on_gpu:
         caveats.insert(0, "gradients are taken to become ready at the rate DDP launched its "

@@ -38,6 +38,59 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 8,
+                    cap_bytes: int = 2**28) -> dict:
+    """What DDP adds to a step on CPU for the whole model's gradients, after a pipelined run:
+    a stand-in of 1024 × 1024 linear layers (and one narrower) holding the ranks' summed gradient
+    bytes (at most ``cap_bytes``, to 4 KiB) runs forward + backward on ``rows`` rows (the
+    per-rank batch data parallelism would have: about the model's own matmul work, so the
+    all-reduces share the cores as they would) alone, then under DDP with its default buckets; the difference of the medians is DDP's cost (all-reduces, bucket copies, hooks,
+    sharing the cores with the backward) — what data parallelism instead of the pipeline would
+    add. Every rank must call it; only on CPU (gloo), and only right after
+    :func:`allreduce_calibration` succeeded (all ranks were there).
+
+    Returns:
+        ``{"grad_bytes", "rows", "plain_us", "ddp_us", "overhead_us"}`` (of the stand-in), or {}
+        without a gloo group of ≥ 2 ranks or on any failure.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if (not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2
+            or dist.get_backend() != "gloo"):
+        return {}
+    try:
+        total = torch.tensor([float(local_grad_bytes)])
+        dist.all_reduce(total)
+        target = int(min(float(total.item()), cap_bytes))
+        layer = 1024 * 1024 * 4
+        n, cols = target // layer, (target % layer) // (1024 * 4)   # the rest: a narrower layer
+
+        def make() -> torch.nn.Module:
+            torch.manual_seed(0)
+            mods = [torch.nn.Linear(1024, 1024, bias=False) for _ in range(n)]
+            if cols:
+                mods.append(torch.nn.Linear(1024, cols, bias=False))
+            return torch.nn.Sequential(*mods)
+
+        x = torch.randn(max(int(rows), 1), 1024)
+        med = {}
+        for name, model in (("plain", make()), ("ddp", DistributedDataParallel(make()))):
+            times = []
+            for _ in range(repeats + 1):
+                dist.barrier()
+                t0 = time.perf_counter_ns()
+                model(x).sum().backward()
+                times.append((time.perf_counter_ns() - t0) / 1000.0)
+            times = sorted(times[1:])          # the first call warms up
+            med[name] = times[len(times) // 2]
+        return {"grad_bytes": n * layer + cols * 1024 * 4, "rows": int(x.shape[0]),
+                "plain_us": med["plain"],
+                "ddp_us": med["ddp"],
+                "overhead_us": max(med["ddp"] - med["plain"], 0.0)}
+    except Exception:
+        return {}
+
+
 def allreduce_calibration(sizes=(2**16, 2**20, 2**22, 2**24), repeats: int = 5,
                           timeout_s: float = 20.0) -> list[dict]:
     """All-reduce times of the default process group at a few message sizes, after the script
@@ -360,6 +413,20 @@ class PipelineRecorder:
                   .parameters()):
             q.grad = None
         return rows
+
+    def dp_rows(self, world_size: int, microbatches: int | None) -> int:
+        """Rows per rank if the global batch (microbatch size × ``microbatches``) were split
+        over ``world_size`` data-parallel ranks; 8 when unknown."""
+        sizes = [shape[0] for shape, _, _ in self.inputs.values() if shape]
+        if not sizes or not microbatches or world_size < 1:
+            return 8
+        return max(1, int(sizes[0] * microbatches // world_size))
+
+    def grad_bytes(self) -> int:
+        """Bytes of this rank's trainable stage parameters (their gradients' size)."""
+        return int(sum(q.numel() * q.element_size() for st in self._stages
+                       for q in getattr(st, "submod", torch.nn.Module()).parameters()
+                       if q.requires_grad))
 
     def layer_rows(self) -> list[dict]:
         """``layers`` as JSON rows: ``fwd_us`` = ``{step: mean forward µs per call}``."""

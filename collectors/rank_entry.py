@@ -244,6 +244,7 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
             "layers": pipe_layers or [],
             "size_scaling": size_scaling or [],
             "allreduce_calibration": captured.get("allreduce_calibration") or [],
+            "ddp_calibration": captured.get("ddp_calibration") or {},
             "optimizer": [{"optimizer_step": st, "start_us": (a - base) / 1000.0,
                            "end_us": (b - base) / 1000.0}
                           for st, a, b in (optimizer_times or [])[-MAX_PIPELINE_RECORDS:]],
@@ -353,6 +354,10 @@ def main() -> None:
             scaling = pipe.size_scaling()
             # what a pipeline run cannot show: the group's all-reduce cost (more DP instead of PP)
             captured["allreduce_calibration"] = hooks.allreduce_calibration()
+            if captured["allreduce_calibration"]:   # every rank is there: DDP's own cost
+                m = ((captured.get("parallel") or {}).get("pipeline") or {}).get("microbatches")
+                captured["ddp_calibration"] = hooks.ddp_calibration(
+                    pipe.grad_bytes(), pipe.dp_rows(dist.get_world_size(), m))
         except Exception as exc:
             print(f"pardiag: rank {rank}: no microbatch-size measurement: {exc}", file=sys.stderr)
     if traces_written:

@@ -249,6 +249,28 @@ def test_data_parallel_instead_of_the_pipeline_is_exact(tmp_path):
     assert dp in res.rejected      # slower than the pipeline
     assert dp.evidence[2].startswith("4 MiB of gradients in 2 bucket(s): all-reduce 4.20 ms")
 
+
+def test_data_parallel_uses_ddp_timed_on_a_stand_in(tmp_path):
+    """As above, but pardiag profile also timed DDP itself on a stand-in with 2 MiB of
+    gradients: it added 1500 µs, so 4 MiB add 3000 (scaled by bytes): 10800 + 600 + 200 +
+    3000 = 14600 µs, faster than the pipeline's 15500."""
+    mib = 2**20
+    extra = {r: {"size_scaling": [{"stage": r, "samples": 8, "fwd_us": 1000, "bwd_us": 2000},
+                                  {"stage": r, "samples": 16, "fwd_us": 1800, "bwd_us": 3600}],
+                 "allreduce_calibration": [{"bytes": mib, "us": 1100},
+                                           {"bytes": 4 * mib, "us": 4100}],
+                 "ddp_calibration": {"grad_bytes": 2 * mib, "rows": 16, "plain_us": 500,
+                                     "ddp_us": 2000, "overhead_us": 1500}} for r in range(2)}
+    traces = _pipeline_run(tmp_path, "gpipe", 2, 4, [1000, 1000], [2000, 2000],
+                           {0: 500, 1: 500}, layers=[[(500, mib)] * 2] * 2, samples=8,
+                           opt={0: 300, 1: 300}, extra=extra)
+    res = build_report(traces).results["recommendations"]
+    (dp,) = [c for c in (*res.recommendations, *res.rejected) if c.kind == "pp_to_dp"]
+    assert dp.predicted_step_us == pytest.approx(14600)
+    assert dp in res.recommendations
+    assert dp.evidence[2].endswith("DDP itself, timed after the run on a stand-in with 2 MiB of "
+                                   "gradients, adds 1.50 ms: 3.00 ms at this size")
+
 def test_straggler_is_named_with_its_cost(tmp_path):
     """3 ranks, 2 steps, 2 all-reduces per step; rank 2 arrives 100 µs after rank 0 and 80 µs
     after rank 1 at each: each other rank waits (100 + 80)/2 · 2 = 180 µs per step for it."""
