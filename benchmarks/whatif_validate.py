@@ -222,7 +222,8 @@ def main() -> None:
     print("|---|---|:-:|---:|---:|---:|---:|")
     for r in rows:
         rec = f"{r['recommended']}/{r['predictions']}" if r["recommended"] else ""
-        print(f"| {r['case']} | {r['change']} | {rec} | {r['predicted_ms']:.1f} | "
+        change = r["change"].replace("|", "\\|")     # a table cell
+        print(f"| {r['case']} | {change} | {rec} | {r['predicted_ms']:.1f} | "
               f"{r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | {r['spread_pct']:.0f}% |")
     if errs:
         print(f"\n{len(errs)} changes: median |error| {statistics.median(errs):.1f}%, "
