@@ -20,6 +20,7 @@ import pandas as pd
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer import whatif
 from pardiag.analyzer.breakdown import _rank_parts
+from pardiag.analyzer.classify import cached
 from pardiag.analyzer.load import TraceSet
 
 
@@ -96,8 +97,8 @@ MIN_GAIN_PCT = 2.0
 #: torch DDP's default bucket_cap_mb (bytes), and its first bucket's cap with that default.
 DDP_DEFAULT_CAP = 25 * 2**20
 DDP_FIRST_BUCKET = 2**20
-#: Straggler what-if: at most this many other ranks are read for their idle waiting.
-STRAGGLER_SAMPLE = 8
+#: What-ifs that read events of each rank (idle waiting, FSDP ranges) read at most this many.
+SAMPLE_RANKS = 8
 #: FSDP2 explicit prefetching evaluated: this many units ahead.
 FSDP_PREFETCH = 2
 #: Kinds of the changes that shrink memory (recommended first when they fit).
@@ -677,7 +678,7 @@ def _idle_waits(traces: TraceSet, sync, last: int, waiting: list[int]) -> dict[i
 def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommendation]:
     """The step without a significant straggler: the step less the time the other ranks sat
     idle waiting for it (:func:`_idle_waits`, mean over them, per step) plus what it waited
-    for them. At most :data:`STRAGGLER_SAMPLE` other ranks are read (their compute
+    for them. At most :data:`SAMPLE_RANKS` other ranks are read (their compute
     intervals)."""
     sync = done.get("sync")
     if sync is None or sync.stragglers.empty or len(traces.ranks) < 2:
@@ -690,7 +691,7 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
             or st["wait_caused_us"] < STRAGGLER_RATIO * st["wait_suffered_us"]):
         return []
     r = int(st["rank"])
-    others = sorted(int(x) for x in traces.ranks if int(x) != r)[:STRAGGLER_SAMPLE]
+    others = sorted(int(x) for x in traces.ranks if int(x) != r)[:SAMPLE_RANKS]
     idle = _idle_waits(traces, sync, r, others)
     own = sum(_idle_waits(traces, sync, o, [r]).get(r, 0.0) for o in others) / len(others)
     caused = (float(np.mean([idle.get(o, 0.0) for o in others])) - own) / n_steps
@@ -725,16 +726,16 @@ def _layout(traces: TraceSet) -> dict:
     return lay
 
 
-def _allreduce_fit(done: dict, typical: bool = False) -> tuple[float, float] | None:
+def _allreduce_fit(done: dict) -> tuple[float, float] | None:
     """α (µs), β (µs/byte) of the run's all-reduces (transfer part: min over ranks), through
-    the fastest of each size, or the median with ``typical``."""
+    the fastest of each size."""
     sync = done.get("sync")
     if sync is None or sync.instances.empty:
         return None
     ar = sync.instances[sync.instances["op"] == "all_reduce"]
     try:
         return whatif.fit_alpha_beta(pd.to_numeric(ar["bytes"], errors="coerce").tolist(),
-                                     ar["transfer_us"].tolist(), typical)
+                                     ar["transfer_us"].tolist())
     except ValueError:
         return None
 
@@ -811,7 +812,7 @@ def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Reco
     def buckets(c: float, first: float | None) -> list[float]:
         if params is not None:
             return whatif.ddp_buckets(params, c, first)
-        return [c] * int(total // c) + ([total % c] if total % c > 0 else [])
+        return whatif.equal_buckets(total, c)
 
     # torch's first bucket is 1 MiB only when bucket_cap_mb is left at its default
     now_b = buckets(cap, DDP_FIRST_BUCKET if abs(cap - DDP_DEFAULT_CAP) < 1 else None)
@@ -852,28 +853,59 @@ def _per_step(done: dict) -> float:
     return float(n.median()) if len(n) else 1.0
 
 
+def _fsdp_ranges(traces: TraceSet, steps: float) -> pd.DataFrame:
+    """Per rank (at most :data:`SAMPLE_RANKS`), per step: ``pre_forward`` (FSDP2's
+    ``FSDP::pre_forward`` ranges: units gathered in the forward), ``pre_backward_us`` and
+    ``backward_prefetch_us`` (time inside ``FSDP::pre_backward`` / ``FSDP::backward_prefetch``
+    ranges). One pass over each trace's events, kept on the trace."""
+    def scan(trace) -> tuple[int, float, float]:
+        ev = trace.events
+        names = ev["name"]
+        fwd = names.str.startswith("FSDP::pre_forward").to_numpy()
+        bwd = names.str.startswith("FSDP::pre_backward").to_numpy()
+        pre = names.str.startswith("FSDP::backward_prefetch").to_numpy()
+        dur = ev["dur"].to_numpy()
+        return int(fwd.sum()), float(dur[bwd].sum()), float(dur[pre].sum())
+
+    rows = []
+    for rank in sorted(traces.ranks)[:SAMPLE_RANKS]:
+        n, bwd, pre = cached(traces.ranks[rank], "fsdp_ranges", lambda t=traces.ranks[rank]:
+                             scan(t))
+        rows.append({"rank": rank, "pre_forward": n / steps, "pre_backward_us": bwd / steps,
+                     "backward_prefetch_us": pre / steps})
+    return pd.DataFrame(rows, columns=["rank", "pre_forward", "pre_backward_us",
+                                       "backward_prefetch_us"])
+
+
+def _all_gathers(done: dict) -> pd.DataFrame:
+    """Per rank: ``count`` and ``exposed`` (µs) of its all-gathers over the profiled steps."""
+    colls = done["time_breakdown"].collectives
+    ag = colls[colls["collective"] == "all_gather"]
+    return ag.groupby("rank").agg(count=("count", "sum"), exposed=("exposed_us", "sum"))
+
+
+def _params_bytes(done: dict) -> float | None:
+    """The largest rank's parameter bytes (memory analysis), or None."""
+    pr = done["memory"].per_rank if done.get("memory") is not None else pd.DataFrame()
+    return float(pr["params_bytes"].max()) if len(pr) and pr["params_bytes"].notna().any() else None
+
+
 def _fsdp_recs(traces: TraceSet, done: dict, measured: float,
                mem: tuple[float | None, float | None], cap: float | None) -> list[Recommendation]:
     lay = _layout(traces)
     if "fsdp2" not in (lay.get("strategies") or []) or not lay.get("fsdp_reshard_after_forward"):
         return []
-    colls = done["time_breakdown"].collectives
-    ag = colls[colls["collective"] == "all_gather"]
-    if ag.empty or not (measured > 0):
+    per_rank = _all_gathers(done)
+    if per_rank.empty or not (measured > 0):
         return []
     steps = _per_step(done)
-    per_rank = ag.groupby("rank").agg(count=("count", "sum"), exposed=("exposed_us", "sum"))
     n = float(per_rank["count"].median()) / steps
     # the backward's unsharding (re-gather, wait, copy-out) runs inside FSDP2's
     # "FSDP::pre_backward" ranges: the time they take is what keeping the parameters saves
-    pre_bwd = []
-    for trace in traces.ranks.values():
-        ev = trace.events
-        sel = ev["name"].str.startswith("FSDP::pre_backward").to_numpy()
-        if sel.any():
-            pre_bwd.append(float(ev.loc[sel, "dur"].sum()) / steps)
-    if pre_bwd:
-        saving = float(np.median(pre_bwd))
+    pre_bwd = _fsdp_ranges(traces, steps)["pre_backward_us"]
+    pre_bwd = pre_bwd[pre_bwd > 0]
+    if len(pre_bwd):
+        saving = float(pre_bwd.median())
         how = (f"the backward's unsharding (FSDP::pre_backward) takes {saving / 1000:.2f} ms "
                "per step")
     else:   # no FSDP2 annotations: the backward's share of the exposed all-gathers
@@ -884,8 +916,7 @@ def _fsdp_recs(traces: TraceSet, done: dict, measured: float,
     pred = measured - saving
     peak, _ = mem
     dp = int((lay.get("dims") or {}).get("dp") or 0)
-    pr = done["memory"].per_rank if done.get("memory") is not None else pd.DataFrame()
-    params = float(pr["params_bytes"].max()) if len(pr) and pr["params_bytes"].notna().any() else None
+    params = _params_bytes(done)
     pred_peak = (peak + params * (dp - 1)) if (peak is not None and params and dp > 1) else None
     return [Recommendation(
         kind="fsdp_reshard", title="Keep parameters unsharded between forward and backward",
@@ -911,26 +942,18 @@ def _fsdp_prefetch_recs(traces: TraceSet, done: dict, measured: float,
     prefetch (FSDP2's default) already shows this: its ranges last as long as the gathers — so
     issuing them earlier hides nothing: predicted unchanged. One more gathered unit is held at
     a time (the unsharded parameters over the units, added to the peak). Reads at most
-    :data:`STRAGGLER_SAMPLE` ranks' events."""
+    :data:`SAMPLE_RANKS` ranks' events."""
     lay = _layout(traces)
     if "fsdp2" not in (lay.get("strategies") or []) or not (measured > 0):
         return []
-    colls = done["time_breakdown"].collectives
-    ag = colls[colls["collective"] == "all_gather"]
-    if ag.empty:
+    per_rank = _all_gathers(done)
+    if per_rank.empty:
         return []
     steps = _per_step(done)
-    n_fwd, bwd_prefetch = [], []
-    for rank in sorted(traces.ranks)[:STRAGGLER_SAMPLE]:
-        ev = traces.ranks[rank].events
-        names = ev["name"]
-        n_fwd.append(int(names.str.startswith("FSDP::pre_forward").sum()) / steps)
-        sel = names.str.startswith("FSDP::backward_prefetch").to_numpy()
-        bwd_prefetch.append(float(ev.loc[sel, "dur"].sum()) / steps)
-    units = float(np.median(n_fwd)) if n_fwd else 0.0
+    ranges = _fsdp_ranges(traces, steps)
+    units = float(ranges["pre_forward"].median()) if len(ranges) else 0.0
     if units < 2:
         return []
-    per_rank = ag.groupby("rank").agg(count=("count", "sum"), exposed=("exposed_us", "sum"))
     n_ag = float(per_rank["count"].median()) / steps
     exposed = float(per_rank["exposed"].median()) / steps
     on_gpu = any(t.has_gpu for t in traces.ranks.values())
@@ -943,14 +966,14 @@ def _fsdp_prefetch_recs(traces: TraceSet, done: dict, measured: float,
         caveats = ("assumes each gather fits behind the compute of the unit before it",)
     else:
         saving = 0.0
+        in_prefetch = float(ranges["backward_prefetch_us"].median())
         how = (f"on CPU FSDP2 waits for each all-gather where it is issued: its backward "
-               f"prefetch (on by default) spends {np.median(bwd_prefetch) / 1000:.2f} ms per "
+               f"prefetch (on by default) spends {in_prefetch / 1000:.2f} ms per "
                f"step inside those ranges, so gathering earlier hides nothing",)
         caveats = ("on CPU the gathers share the cores with the compute",)
     peak, _ = mem
-    pr = done["memory"].per_rank if done.get("memory") is not None else pd.DataFrame()
     dp = int((lay.get("dims") or {}).get("dp") or 0)
-    params = float(pr["params_bytes"].max()) if len(pr) and pr["params_bytes"].notna().any() else None
+    params = _params_bytes(done)
     unit_bytes = params * max(dp, 1) / units if params else None   # one unsharded unit
     pred_peak = peak + unit_bytes if (peak is not None and unit_bytes) else None
     return [Recommendation(

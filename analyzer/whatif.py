@@ -465,12 +465,9 @@ def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:
             for (s, ph), v in sorted(acc.items())]
 
 
-def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float],
-                   typical: bool = False) -> tuple[float, float]:
+def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> tuple[float, float]:
     """Latency α (µs) and inverse bandwidth β (µs per byte) of ``t = α + β·S`` (Hockney model)
-    through the fastest transfer of each message size — or, with ``typical``, through the
-    median transfer of each size (what a transfer costs amid the run's own work) — by least
-    squares over the sizes (α ≥ 0, β > 0; where the line would need α < 0, the least-squares
+    through the fastest transfer of each message size, by least squares over the sizes (α ≥ 0, β > 0; where the line would need α < 0, the least-squares
     line through the origin). Sizes within :data:`SIZE_CLUSTER` of each other count as one
     size (DDP's buckets differ by a few bytes; their scatter would otherwise read as a steep
     slope). With a single size, α = 0 and β = t/S.
@@ -487,11 +484,7 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float],
         if not clusters or s > clusters[-1][0][0] * (1 + SIZE_CLUSTER):
             clusters.append([])
         clusters[-1].append((s, t))
-    if typical:
-        best = [(statistics.median(s for s, _ in c), statistics.median(t for _, t in c))
-                for c in clusters]
-    else:
-        best = [min(c, key=lambda st: st[1]) for c in clusters]
+    best = [min(c, key=lambda st: st[1]) for c in clusters]
     if len(best) == 1:
         (s, t), = best
         return 0.0, t / s
@@ -525,6 +518,12 @@ def ddp_buckets(param_bytes: Sequence[float], cap_bytes: float,
     return out
 
 
+def equal_buckets(total_bytes: float, cap_bytes: float) -> list[float]:
+    """``total_bytes`` split into buckets of ``cap_bytes``, the last one with what remains."""
+    n, rest = divmod(float(total_bytes), float(cap_bytes))
+    return [float(cap_bytes)] * int(n) + ([rest] if rest > 1e-9 else [])
+
+
 def bucketed_allreduce_tail(ready: Sequence[tuple[float, float]],
                             buckets: float | Sequence[float], alpha_us: float,
                             beta_us_per_byte: float) -> float:
@@ -545,10 +544,7 @@ def bucketed_allreduce_tail(ready: Sequence[tuple[float, float]],
     times = [t for t, _ in ready]
     cum = [b for _, b in ready]
     if isinstance(buckets, (int, float)):
-        sizes, left = [], total
-        while left > 1e-9:
-            sizes.append(min(float(buckets), left))
-            left -= sizes[-1]
+        sizes = equal_buckets(total, buckets)
     else:
         given = sum(buckets)
         sizes = [b * total / given for b in buckets] if given > 0 else [total]
