@@ -114,6 +114,11 @@ def test_operator_work():
     assert whatif.interpolate([1, 2, 4], [10, 20, 30], 3) == 25
     assert whatif.interpolate([1, 2, 4], [10, 20, 30], 8) == 50     # continued linearly
     assert whatif.interpolate([1, 2, 4], [10, 20, 30], 0.5) == 5
+    # least squares through (1, 10), (2, 30), (3, 30), (4, 50): y = 12·x
+    assert whatif.affine([1, 2, 3, 4], [10, 30, 30, 50], 8) == pytest.approx(96)
+    assert whatif.affine([1, 2, 3, 4], [10, 30, 30, 50], 0) == pytest.approx(0.1)   # 1% floor
+    with pytest.raises(ValueError):
+        whatif.affine([2, 2], [10, 30], 4)
 
 
 # ---- planted runs: exact predictions ----------------------------------------------------------
@@ -193,6 +198,27 @@ def test_microbatch_predictions_are_exact(tmp_path):
     data = report_json(rep)
     assert data["recommendations"][0]["predicted_step_us"] == 14000
     assert {c["change"] for c in data["not_recommended"]} >= {"schedule 1F1B"}
+
+
+def test_microbatch_sizes_follow_the_line_through_the_timed_sizes(tmp_path):
+    """As above but without fixed shares: each stage module was timed at 4, 8, 16, 32 samples,
+    forward 300, 540, 840, 1720 µs — the line 100 + 50·n plus noise that leaves the
+    least-squares line unchanged — and backward twice that. A chunk keeps its ratio to the line
+    (1000 µs vs 500 at 8 samples): m = 2 (16 samples) → F' 1800, B' 3600: 3 · 5400 + 500 =
+    16700 µs (through the timings themselves, 840/540, it would be 16055); m = 8 → 600/1200:
+    9 · 1800 + 500 = 16700; m = 16 → 400/800: 17 · 1200 + 500 = 20900."""
+    fwd = {4: 300, 8: 540, 16: 840, 32: 1720}
+    extra = {r: {"size_scaling": [{"stage": r, "samples": n, "fwd_us": f, "bwd_us": 2 * f}
+                                  for n, f in fwd.items()]} for r in range(2)}
+    traces = _pipeline_run(tmp_path, "gpipe", 2, 4, [1000, 1000], [2000, 2000], {0: 500, 1: 500},
+                           samples=8, opt={0: 300, 1: 300}, extra=extra)
+    ch = _by_change(build_report(traces).results["recommendations"])
+    assert ch["microbatches 2 of 16 samples (same global batch)"].predicted_step_us == \
+        pytest.approx(16700)
+    assert ch["microbatches 8 of 4 samples (same global batch)"].predicted_step_us == \
+        pytest.approx(16700)
+    assert ch["microbatches 16 of 2 samples (same global batch)"].predicted_step_us == \
+        pytest.approx(20900)
 
 
 def test_rebalancing_predictions_are_exact(tmp_path):
