@@ -342,6 +342,53 @@ def test_straggler_saving_leaves_out_the_computing_while_it_waits(tmp_path):
     assert top.predicted_step_us == pytest.approx(5000 - 1200)
     assert "sit idle 1.20 ms per step" in top.evidence[0]
 
+def _straggler_that_computes_more(tmp_path, gpu: bool):
+    """2 ranks, 2 steps of 5000 µs, 2 all-reduces per step at 1000 and 3000 µs into it; rank 1
+    computes 400 µs right before each and arrives 1000 µs after rank 0, which does nothing
+    else besides 10 µs at each end of a step, as rank 1: rank 0 waits 2000 µs per step for it.
+    Idle per step: rank 1 5000 − 20 − 2 · (400 + 200) = 3780 µs, rank 0 5000 − 20 − 2 · 1200 =
+    2580: rank 1 idles 1200 µs more and computes 800 µs more."""
+    starts = (1000, 3000, 6000, 8000)
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2, backend="nccl" if gpu else "gloo")
+        b.step(1, 0, 5000).step(2, 5000, 5000)
+        for edge in (0, 4990, 5000, 9990):    # a step's work starts and ends at its edges
+            (b.kernel("elementwise_kernel", edge, 10, launch_ts=edge) if gpu else
+             b.cpu("aten::add", edge, 10))
+        for i, t in enumerate(starts, start=1):
+            if r == 1:
+                (b.kernel("sm80_xmma_gemm", t + 600, 400, launch_ts=t + 590) if gpu else
+                 b.cpu("aten::mm", t + 600, 400))
+            if gpu:
+                b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", t + 1000 * r, 1200 - 1000 * r,
+                         stream=20, launch_ts=t + 1000 * r - 5)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        recs = [record("all_reduce", i, t + 1000 * r, t + 1200, ranks=(0, 1))
+                for i, t in enumerate(starts, start=1)]
+        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
+            "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1],
+                                "size": 2, "dim": "dp"}], "records": recs})
+    res = build_report(load_traces(tmp_path)).results["recommendations"]
+    (top,) = [c for c in res.recommendations if c.kind == "straggler"]
+    assert top.params == {"without_rank": 1}
+    assert "sit idle 2.00 ms per step" in top.evidence[0]
+    assert top.evidence[1] == ("rank 1 is idle (no op, no collective) 1.20 ms per step more "
+                               "than the others (median)")
+    return top
+
+
+def test_straggler_saving_on_cpu_is_its_extra_idle_time(tmp_path):
+    """On CPU only the extra idle time is removed (op times follow the host): 5000 − 1200."""
+    top = _straggler_that_computes_more(tmp_path, gpu=False)
+    assert top.predicted_step_us == pytest.approx(5000 - 1200)
+
+
+def test_straggler_saving_on_gpu_adds_its_extra_compute(tmp_path):
+    """On a GPU its extra compute counts too: 1200 + 800 = all 2000 µs the other waits."""
+    top = _straggler_that_computes_more(tmp_path, gpu=True)
+    assert top.predicted_step_us == pytest.approx(5000 - 2000)
+
+
 def test_no_recommendation_says_why(tmp_path):
     b = TraceBuilder(rank=0, world_size=1, backend="gloo")
     b.step(1, 0, 100).cpu("aten::mm", 10, 50)
