@@ -882,13 +882,9 @@ def _ddp_bucket_recs(traces: TraceSet, done: dict, measured: float) -> list[Reco
     # torch's first bucket is 1 MiB only when bucket_cap_mb is left at its default
     now_b = buckets(cap, DDP_FIRST_BUCKET if abs(cap - DDP_DEFAULT_CAP) < 1 else None)
     now = [whatif.bucketed_allreduce_tail(c, now_b, alpha, beta) for c in curves]
-    options = {cap / 4, cap / 2, cap * 2, cap * 4, DDP_DEFAULT_CAP, total / 2, total / 4,
-               total / 8}
     out = []
     seen = {tuple(now_b)}     # a size that forms the same buckets changes nothing
-    for new in sorted({round(x / 2**16) * 2**16 for x in options if x > 0}):
-        if new < 64 * 2**10 or abs(new - cap) < 1:
-            continue
+    for new in whatif.ddp_cap_candidates(cap, total, DDP_DEFAULT_CAP):
         new_b = buckets(new, None)     # an explicit bucket_cap_mb: every bucket takes it
         if tuple(new_b) in seen:
             continue

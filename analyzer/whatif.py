@@ -533,6 +533,18 @@ def ddp_buckets(param_bytes: Sequence[float], cap_bytes: float,
     return out
 
 
+def ddp_cap_candidates(cap_bytes: float, total_bytes: float,
+                       default_cap_bytes: float = 25 * 2**20) -> list[int]:
+    """The DDP bucket sizes (bytes) the bucket-size what-if evaluates for a run with buckets of
+    ``cap_bytes`` and ``total_bytes`` of gradients per step: a quarter, half, twice and four
+    times the current size, torch's default, and splits of the gradients in 2, 4 and 8;
+    rounded to 64 KiB, at least 64 KiB, the current size left out."""
+    options = {cap_bytes / 4, cap_bytes / 2, cap_bytes * 2, cap_bytes * 4, default_cap_bytes,
+               total_bytes / 2, total_bytes / 4, total_bytes / 8}
+    out = sorted({int(round(x / 2**16)) * 2**16 for x in options if x > 0})
+    return [c for c in out if c >= 2**16 and abs(c - cap_bytes) >= 1]
+
+
 def equal_buckets(total_bytes: float, cap_bytes: float) -> list[float]:
     """``total_bytes`` split into buckets of ``cap_bytes``, the last one with what remains."""
     n, rest = divmod(float(total_bytes), float(cap_bytes))

@@ -434,6 +434,11 @@ def test_fit_takes_near_equal_sizes_as_one_and_ddp_forms_buckets_as_torch():
     # explicit bucket sizes: 1000 bytes ready at 1000 µs (ends 1600), 3000 more at 4000 µs
     ready = [(0.0, 0.0), (4000.0, 4000.0)]
     assert whatif.bucketed_allreduce_tail(ready, [1000, 3000], 100, 0.5) == 1600
+    # sizes evaluated for 1 MiB buckets of 4 MiB: ¼, ½, 2×, 4×, torch's 25 MiB and 4 MiB / 2,
+    # 4, 8 — the current 1 MiB left out, duplicates once
+    mib = 2**20
+    assert whatif.ddp_cap_candidates(mib, 4 * mib) == [mib // 4, mib // 2, 2 * mib, 4 * mib,
+                                                        25 * mib]
 
 
 def _ddp_run(tmp_path, param_bytes, cap, buckets, alpha, beta, span=10000.0):
