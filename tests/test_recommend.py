@@ -200,6 +200,29 @@ def test_microbatch_predictions_are_exact(tmp_path):
     assert {c["change"] for c in data["not_recommended"]} >= {"schedule 1F1B"}
 
 
+def test_unequal_stages_fit_a_chunk_as_a_line_in_its_layers(tmp_path):
+    """1F1B p = 2, m = 4; stage 0 holds 6 layers, stage 1 holds 2, 100 µs forward each; a
+    chunk's forward is 50 µs + its layers', its backward 300 µs + twice theirs (650/1500 and
+    250/700 µs). The lines through the two stages give exactly that back: per layer 100/200,
+    per chunk 50/300. Balanced [0–3 | 4–7]: 450 + 1100 µs per chunk, (m + 1) · 1550 = 7750,
+    rank 0 restarts 400 µs (its optimizer) later: 8150 µs. (The stages' mean overhead and each
+    stage's own backward/forward ratio would put 128 µs of the backward per chunk and 231 or 280
+    per layer.)"""
+    rec = __import__("pardiag.analyzer.recommend", fromlist=["x"])
+    layers = {0: [(100.0, 1000)] * 6, 1: [(100.0, 1000)] * 2}
+    traces = _pipeline_run(tmp_path, "1f1b", 2, 4, [650, 250], [1500, 700], {0: 600, 1: 200},
+                           layers=layers, fixed_share=0.0, samples=8, opt={0: 600, 1: 200})
+    rep = build_report(traces)
+    model, _ = rec.pipeline_model(traces, rep.results["pipeline"])
+    _, fw, bw, over = model.layer_costs()
+    assert fw == pytest.approx([100.0] * 8) and bw == pytest.approx([200.0] * 8)
+    assert over == pytest.approx([50.0, 300.0])
+    (reb,) = [c for c in rep.results["recommendations"].recommendations
+              if c.kind == "rebalance_stages"]
+    assert reb.params["layers_per_stage"] == [4, 4]
+    assert reb.predicted_step_us == pytest.approx(8150.0)
+
+
 def test_microbatch_sizes_follow_the_line_through_the_timed_sizes(tmp_path):
     """As above but without fixed shares: each stage module was timed at 4, 8, 16, 32 samples,
     forward 300, 540, 840, 1720 µs — the line 100 + 50·n plus noise that leaves the
