@@ -722,32 +722,18 @@ def _excess_idle(traces: TraceSet, sync, r: int, others: list[int]) -> float | N
     return None if mine is None or not theirs else mine - float(np.median(theirs))
 
 
-def _excess_compute(steps: pd.DataFrame, r: int, others: list[int]) -> float:
-    """How much more compute (µs per step) rank ``r`` has than the other ranks: its median over
-    steps less the median of theirs (time breakdown); 0 when a rank has no step rows."""
-    if not len(steps):
-        return 0.0
-    med = steps.groupby("rank")["compute_us"].median()
-    theirs = [float(med[o]) for o in others if o in med.index]
-    if r not in med.index or not theirs:
-        return 0.0
-    return float(med[r]) - float(np.median(theirs))
-
-
 def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommendation]:
     """The step without a significant straggler *r*: the step less what its delay costs the
-    others, per step:
+    others per step — the time they sat idle waiting for it (:func:`_idle_waits`, mean over
+    them) less what *r* waited for them.
 
-    ``min(caused, excess idle + excess device compute)``
-
-    - caused: the time the other ranks sat idle waiting for *r* (:func:`_idle_waits`, mean
-      over them) less what *r* waited for them;
-    - excess idle: *r*'s idle time (no op, no collective: data loading, host load, a sleep)
-      beyond the others' median (:func:`_idle_per_step`);
-    - excess device compute: *r*'s GPU compute beyond the others' median — on GPU traces only.
-      On CPU a rank's op times follow the host's state, not its work: the planted 20 ms sleep
-      made the straggler's ops 3.9 ms slower than the others' (1.2 ms without it), so the
-      others' waiting overstated what removing the sleep saves (23.8 ms measured vs 19.3 ms).
+    On CPU traces at most *r*'s own extra idle time (no op, no collective: data loading, host
+    load, a sleep) beyond the other ranks' median (:func:`_idle_per_step`): a rank's op times
+    follow the host's state, not its work — with the planted 20 ms sleep the straggler's ops ran
+    3.9 ms slower than the other rank's (1.2 ms without the sleep), so the others' waiting
+    (23.8 ms) overstated the 19.3 ms that removing the sleep saved. On GPU traces a rank's step
+    window starts at its first kernel, so a late start is not in its own idle time: the others'
+    waiting is used as it is.
 
     At most :data:`SAMPLE_RANKS` other ranks are read (their compute intervals)."""
     sync = done.get("sync")
@@ -768,9 +754,8 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
     if not (caused > 0) or not (measured > 0):
         return []
     on_gpu = any(t.has_gpu for t in traces.ranks.values())
-    idle_x = _excess_idle(traces, sync, r, others)
-    comp_x = max(_excess_compute(steps, r, others), 0.0) if on_gpu else 0.0
-    saving = caused if idle_x is None else min(caused, max(idle_x, 0.0) + comp_x)
+    idle_x = None if on_gpu else _excess_idle(traces, sync, r, others)
+    saving = caused if idle_x is None else min(caused, max(idle_x, 0.0))
     if not (saving > 0):
         return []
     comp = done["balance"].per_rank if done.get("balance") is not None else pd.DataFrame()
@@ -785,14 +770,15 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
         if r in c.index and len(c) > 1:
             ev.append(f"rank {r} computes {c[r] / 1000:.2f} ms per step, the others "
                       f"{c.drop(r).median() / 1000:.2f} ms (median)")
-    how = ("its extra idle time and GPU compute" if on_gpu else
-           "its extra idle time (on CPU its op times follow the host, not its work)")
+    how = ("the others' waiting for it" if idle_x is None else
+           "its extra idle time, at most the others' waiting for it (on CPU its op times "
+           "follow the host, not its work)")
     pred = max(measured - saving, 0.0)
     return [Recommendation(
         kind="straggler", title=f"Rank {r} is a straggler", change=f"if rank {r} were not slow "
         f"(find what delays it: host load, data loading, a slower device or link)",
-        evidence=tuple(ev), caveats=(f"the prediction removes {how}, at most the others' "
-                                     f"waiting for it; a second straggler would then show",),
+        evidence=tuple(ev), caveats=(f"the prediction removes {how}; a second straggler "
+                                     f"would then show",),
         measured_step_us=measured, predicted_step_us=pred,
         params={"without_rank": r})]
 
