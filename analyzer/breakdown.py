@@ -155,7 +155,20 @@ def launching_op_rows(trace: RankTrace, kernels: pd.DataFrame) -> tuple[pd.DataF
 
 
 @dataclasses.dataclass(frozen=True)
-class _RankParts:
+class RankParts:
+    """One rank's timeline in the parts the breakdown and the what-ifs read.
+
+    Attributes:
+        domain: ``"gpu"`` (kernels) or ``"cpu"`` (operators on the host).
+        k, c: computation and communication interval sets, shape (n, 2), µs on the rank's own
+            clock (merged, sorted).
+        lo, hi: the span of the rank's recorded work (µs).
+        step_windows: ``(step, start µs, end µs)`` per profiler step — on GPU from the first
+            kernel launched in the step's CPU range to the next step's first kernel (the last
+            step: to its last kernel's end), on CPU the ``ProfilerStep`` range.
+        comm_events: the communication events (``name, ts, dur, args, type, counted``).
+    """
+
     domain: str
     k: np.ndarray
     c: np.ndarray
@@ -165,10 +178,11 @@ class _RankParts:
     comm_events: pd.DataFrame  # name, ts, dur, args, type, counted
 
 
-def _rank_parts(trace: RankTrace, comm_patterns, launch_window) -> _RankParts:
-    """The rank's computation/communication intervals, window, step windows and communication
-    events: from its summary when it has one made with the same patterns (and no launch window
-    is asked for), else from its events (computed once per trace and pattern list)."""
+def rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankParts:
+    """The rank's :class:`RankParts`: from its summary when it has one made with the same
+    ``comm_patterns`` (extra communication name patterns; ``[]`` for the built-in ones) and no
+    ``launch_window`` (``(lo, hi)`` µs: only kernels launched then) is asked for, else from its
+    events (computed once per trace and pattern list)."""
     s = trace.summary
     if s is not None and launch_window is None and s.matches(comm_patterns):
         return s.parts
@@ -178,7 +192,7 @@ def _rank_parts(trace: RankTrace, comm_patterns, launch_window) -> _RankParts:
                   lambda: _compute_rank_parts(trace, comm_patterns, None))
 
 
-def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> _RankParts:
+def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankParts:
     kinds = classify(trace, comm_patterns)
     ev = trace.events
     steps = profiler_steps(trace, kinds)
@@ -210,7 +224,7 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> _Rank
                 windows.append((int(steps["step"].iloc[i]), float(row["first"]),
                                 float(max(row["first"], end))))
         comm = _gpu_comm_types(trace, comm_ev)
-        return _RankParts("gpu", k, c, lo, hi, windows, comm)
+        return RankParts("gpu", k, c, lo, hi, windows, comm)
 
     comm_ev = ev[kinds == Kind.CPU_COMM.value]
     c = _intervals(comm_ev)
@@ -230,7 +244,7 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> _Rank
     comm["counted"] = worker
     no_worker_types = set(comm["type"]) - set(comm.loc[worker, "type"])
     comm.loc[comm["type"].isin(no_worker_types), "counted"] = True
-    return _RankParts("cpu", k, c, lo, hi, windows, comm)
+    return RankParts("cpu", k, c, lo, hi, windows, comm)
 
 
 def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
@@ -250,7 +264,7 @@ def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     return comm
 
 
-def _collective_rows(rank: int, parts: _RankParts) -> list[dict]:
+def _collective_rows(rank: int, parts: RankParts) -> list[dict]:
     rows = []
     comm = parts.comm_events
     for typ, grp in comm.groupby("type", sort=True):
@@ -268,10 +282,10 @@ def rank_breakdown_rows(trace: RankTrace, comm_patterns=()) -> tuple[dict, list[
     if s is not None and s.matches(comm_patterns):
         return s.breakdown
     return cached(trace, ("breakdown_rows", pattern_key(comm_patterns)),
-                  lambda: breakdown_rows_of(_rank_parts(trace, comm_patterns, None)))
+                  lambda: breakdown_rows_of(rank_parts(trace, comm_patterns, None)))
 
 
-def breakdown_rows_of(parts: _RankParts) -> tuple[dict, list[dict], list[dict]]:
+def breakdown_rows_of(parts: RankParts) -> tuple[dict, list[dict], list[dict]]:
     """Whole-trace, per-step and per-collective rows (see :class:`TimeBreakdown`, without
     ``rank``) of one rank's parts."""
     total = {"domain": parts.domain, "start_us": parts.lo, "end_us": parts.hi,
@@ -299,7 +313,7 @@ def compute_rank_breakdown(trace: RankTrace, comm_patterns: Iterable[re.Pattern]
     Returns:
         dict with ``domain``, ``start_us``, ``end_us`` and :data:`BREAKDOWN_COLUMNS`.
     """
-    parts = _rank_parts(trace, list(comm_patterns), launch_window)
+    parts = rank_parts(trace, list(comm_patterns), launch_window)
     return {"domain": parts.domain, "start_us": parts.lo, "end_us": parts.hi,
             **_metrics(parts.k, parts.c, parts.lo, parts.hi)}
 

@@ -25,7 +25,7 @@ import pandas as pd
 
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.balance import LayoutResult
-from pardiag.analyzer.breakdown import _rank_parts
+from pardiag.analyzer.breakdown import rank_parts
 from pardiag.analyzer.load import TraceSet
 from pardiag.analyzer.sync import SyncResult
 
@@ -87,7 +87,7 @@ def compute_dim_overlap(traces: TraceSet, sync: SyncResult, layout: LayoutResult
         trace = traces.ranks.get(int(rank))
         if trace is None:
             continue
-        k = _rank_parts(trace, patterns, None).k
+        k = rank_parts(trace, patterns, None).k
         off = float(offsets.get(rank, 0.0))
         for dim, g in grp.groupby("dim", sort=True):
             c = iv.union(g["start_us"].to_numpy(dtype=float) + off,

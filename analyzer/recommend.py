@@ -19,7 +19,7 @@ import pandas as pd
 
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer import whatif
-from pardiag.analyzer.breakdown import _rank_parts
+from pardiag.analyzer.breakdown import rank_parts
 from pardiag.analyzer.classify import cached
 from pardiag.analyzer.load import TraceSet
 
@@ -686,7 +686,7 @@ def _idle_waits(traces: TraceSet, sync, last: int, waiting: list[int]) -> dict[i
         waits = iv.union(rows["start_us"].to_numpy(), rows["until"].to_numpy())
         trace = traces.ranks.get(rank)
         if trace is not None and len(waits):
-            k = _rank_parts(trace, [], None).k
+            k = rank_parts(trace, [], None).k
             if len(k):   # compute intervals on the rank's clock → the corrected clock
                 waits = iv.subtract(waits, k - float(offsets.get(rank, 0.0)))
         out[int(rank)] = iv.total(waits)
@@ -700,7 +700,7 @@ def _idle_per_step(traces: TraceSet, sync, rank: int) -> float | None:
     trace = traces.ranks.get(rank)
     if trace is None:
         return None
-    parts = _rank_parts(trace, [], None)
+    parts = rank_parts(trace, [], None)
     if not parts.step_windows:
         return None
     off = float(dict(zip(sync.offsets["rank"], sync.offsets["offset_us"])).get(rank, 0.0))

@@ -4,7 +4,7 @@ A :class:`RankSummary` is computed where the trace is (the end of ``pardiag prof
 rank, ``pardiag summarize`` elsewhere, or a worker process of ``pardiag report``) and holds what
 the cross-rank analyses need from that rank:
 
-* the time breakdown's parts (:class:`pardiag.analyzer.breakdown._RankParts`: computation and
+* the time breakdown's parts (:class:`pardiag.analyzer.breakdown.RankParts`: computation and
   communication interval sets, the window, the step windows, the communication events with their
   collective type);
 * the synchronization analysis' communication events of the rank (:func:`sync._from_trace`) and
@@ -70,7 +70,7 @@ class RankSummary:
         n_events: rows of the rank's event table.
         has_steps: an event is named ``ProfilerStep...``.
         has_gpu: the trace holds GPU kernels.
-        parts: the time breakdown's per-rank parts (:class:`breakdown._RankParts`).
+        parts: the time breakdown's per-rank parts (:class:`breakdown.RankParts`).
         breakdown: the time breakdown's rows of the rank (whole trace, steps, collectives;
             :func:`breakdown.breakdown_rows_of`).
         comm: the rank's communication events as the synchronization analysis reads them from
@@ -160,13 +160,13 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         has_steps: whether an event is named ``ProfilerStep...`` (default: looked up).
         stat: ``os.stat`` of the trace file (default: taken now).
     """
-    from pardiag.analyzer.breakdown import _rank_parts, breakdown_rows_of
+    from pardiag.analyzer.breakdown import rank_parts, breakdown_rows_of
     from pardiag.analyzer.classify import classify, profiler_steps
     from pardiag.analyzer.sync import _from_trace
 
     patterns = list(comm_patterns)
     st = stat or os.stat(trace.path)
-    parts = _rank_parts(trace, patterns, None)
+    parts = rank_parts(trace, patterns, None)
     kinds = classify(trace, patterns)
     steps = profiler_steps(trace, kinds)
     comm = _from_trace(trace, kinds, steps)
@@ -255,7 +255,7 @@ def from_json(data: bytes) -> RankSummary:
     Raises:
         ValueError: not a pardiag rank summary of the current version.
     """
-    from pardiag.analyzer.breakdown import _RankParts
+    from pardiag.analyzer.breakdown import RankParts
 
     doc = orjson.loads(data)
     if not isinstance(doc, dict) or doc.get("kind") != SUMMARY_KIND:
@@ -267,7 +267,7 @@ def from_json(data: bytes) -> RankSummary:
     p = doc["parts"]
     comm_ev = _frame_from(p["comm_events"])
     comm_ev["args"] = None
-    parts = _RankParts(p["domain"], _intervals(p["k"]), _intervals(p["c"]), float(p["lo"]),
+    parts = RankParts(p["domain"], _intervals(p["k"]), _intervals(p["c"]), float(p["lo"]),
                        float(p["hi"]), [(int(a), float(b), float(c)) for a, b, c in
                                         p["step_windows"]], comm_ev)
     return RankSummary(
