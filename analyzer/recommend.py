@@ -917,16 +917,22 @@ def _per_step(done: dict) -> float:
 
 
 def _fsdp_ranges(traces: TraceSet, steps: float) -> pd.DataFrame:
-    """Per rank (at most :data:`SAMPLE_RANKS`), per step: ``pre_forward`` (FSDP2's
-    ``FSDP::pre_forward`` ranges: units gathered in the forward), ``pre_backward_us`` and
-    ``backward_prefetch_us`` (time inside ``FSDP::pre_backward`` / ``FSDP::backward_prefetch``
-    ranges). One pass over each trace's events, kept on the trace."""
+    """Per rank (at most :data:`SAMPLE_RANKS`), per step: ``pre_forward`` (units gathered in
+    the forward: FSDP2's ``FSDP::pre_forward`` ranges, FSDP1's
+    ``FullyShardedDataParallel._pre_forward``), ``pre_backward_us`` and
+    ``backward_prefetch_us`` (time inside FSDP2's ``FSDP::pre_backward`` /
+    ``FSDP::backward_prefetch``, FSDP1's ``FullyShardedDataParallel._pre_backward_hook`` /
+    ``._pre_backward_prefetch`` ranges). One pass over each trace's events, kept on the
+    trace."""
     def scan(trace) -> tuple[int, float, float]:
         ev = trace.events
         names = ev["name"]
-        fwd = names.str.startswith("FSDP::pre_forward").to_numpy()
-        bwd = names.str.startswith("FSDP::pre_backward").to_numpy()
-        pre = names.str.startswith("FSDP::backward_prefetch").to_numpy()
+        fwd = (names.str.startswith("FSDP::pre_forward")
+               | (names == "FullyShardedDataParallel._pre_forward")).to_numpy()
+        bwd = (names.str.startswith("FSDP::pre_backward")
+               | (names == "FullyShardedDataParallel._pre_backward_hook")).to_numpy()
+        pre = (names.str.startswith("FSDP::backward_prefetch")
+               | (names == "FullyShardedDataParallel._pre_backward_prefetch")).to_numpy()
         dur = ev["dur"].to_numpy()
         return int(fwd.sum()), float(dur[bwd].sum()), float(dur[pre].sum())
 
@@ -955,8 +961,16 @@ def _params_bytes(done: dict) -> float | None:
 
 def _fsdp_recs(traces: TraceSet, done: dict, measured: float,
                mem: tuple[float | None, float | None], cap: float | None) -> list[Recommendation]:
+    """Keeping the parameters unsharded between forward and backward (FSDP2
+    ``reshard_after_forward=False``, FSDP1 ``ShardingStrategy.SHARD_GRAD_OP``) when the run
+    reshards: the backward's unsharding — the time inside FSDP2's ``FSDP::pre_backward`` /
+    FSDP1's ``_pre_backward_hook`` ranges, median over ranks per step — is saved; without those
+    ranges the backward's share of the exposed all-gather time. Peak: + the parameters
+    unsharded over the DP degree."""
     lay = _layout(traces)
-    if "fsdp2" not in (lay.get("strategies") or []) or not lay.get("fsdp_reshard_after_forward"):
+    strategies = lay.get("strategies") or []
+    fsdp1 = "fsdp1" in strategies and "fsdp2" not in strategies
+    if not ({"fsdp1", "fsdp2"} & set(strategies)) or not lay.get("fsdp_reshard_after_forward"):
         return []
     per_rank = _all_gathers(done)
     if per_rank.empty or not (measured > 0):
@@ -964,13 +978,14 @@ def _fsdp_recs(traces: TraceSet, done: dict, measured: float,
     steps = _per_step(done)
     n = float(per_rank["count"].median()) / steps
     # the backward's unsharding (re-gather, wait, copy-out) runs inside FSDP2's
-    # "FSDP::pre_backward" ranges: the time they take is what keeping the parameters saves
+    # "FSDP::pre_backward" (FSDP1's "_pre_backward_hook") ranges: the time they take is what
+    # keeping the parameters saves
     pre_bwd = _fsdp_ranges(traces, steps)["pre_backward_us"]
     pre_bwd = pre_bwd[pre_bwd > 0]
     if len(pre_bwd):
         saving = float(pre_bwd.median())
-        how = (f"the backward's unsharding (FSDP::pre_backward) takes {saving / 1000:.2f} ms "
-               "per step")
+        rng = "FullyShardedDataParallel._pre_backward_hook" if fsdp1 else "FSDP::pre_backward"
+        how = (f"the backward's unsharding ({rng}) takes {saving / 1000:.2f} ms per step")
     else:   # no FSDP2 annotations: the backward's share of the exposed all-gathers
         units = (n + 1) / 2
         saving = float(per_rank["exposed"].median()) / steps * ((units - 1) / n if n else 0.0)
@@ -981,33 +996,40 @@ def _fsdp_recs(traces: TraceSet, done: dict, measured: float,
     dp = int((lay.get("dims") or {}).get("dp") or 0)
     params = _params_bytes(done)
     pred_peak = (peak + params * (dp - 1)) if (peak is not None and params and dp > 1) else None
+    change, params = (("FSDP sharding_strategy=ShardingStrategy.SHARD_GRAD_OP",
+                       {"fsdp_sharding_strategy": "SHARD_GRAD_OP"}) if fsdp1 else
+                      ("FSDP reshard_after_forward=False", {"reshard_after_forward": False}))
     return [Recommendation(
         kind="fsdp_reshard", title="Keep parameters unsharded between forward and backward",
-        change="FSDP reshard_after_forward=False",
+        change=change,
         evidence=(f"{n:.0f} all-gathers per step, about half of them in the backward", how),
         caveats=("each rank then holds the unsharded parameters of every unit from its forward "
                  "to its backward",),
         measured_step_us=measured, predicted_step_us=pred,
         measured_peak_bytes=peak, predicted_peak_bytes=pred_peak,
         fits_memory=cap is None or pred_peak is None or pred_peak <= cap,
-        params={"reshard_after_forward": False})]
+        params=params)]
 
 
 def _fsdp_prefetch_recs(traces: TraceSet, done: dict, measured: float,
                         mem: tuple[float | None, float | None],
                         cap: float | None) -> list[Recommendation]:
     """FSDP2 explicit prefetching (``set_modules_to_forward_prefetch`` /
-    ``set_modules_to_backward_prefetch``, :data:`FSDP_PREFETCH` units ahead).
+    ``set_modules_to_backward_prefetch``, :data:`FSDP_PREFETCH` units ahead), or FSDP1's
+    ``forward_prefetch=True`` (the next unit; when the run did not set it).
 
     On a GPU the all-gathers run on their own stream: the forward's exposed all-gather time
     (its share of the all-gathers) is saved except the first unit's, which nothing precedes.
-    On CPU FSDP2 waits for each all-gather in the thread that issues it — the backward's
-    prefetch (FSDP2's default) already shows this: its ranges last as long as the gathers — so
+    On CPU FSDP waits for each all-gather in the thread that issues it — the backward's
+    prefetch (the default of both) already shows this: its ranges last as long as the gathers — so
     issuing them earlier hides nothing: predicted unchanged. One more gathered unit is held at
     a time (the unsharded parameters over the units, added to the peak). Reads at most
     :data:`SAMPLE_RANKS` ranks' events."""
     lay = _layout(traces)
-    if "fsdp2" not in (lay.get("strategies") or []) or not (measured > 0):
+    strategies = lay.get("strategies") or []
+    fsdp1 = "fsdp1" in strategies and "fsdp2" not in strategies
+    if (not ({"fsdp1", "fsdp2"} & set(strategies)) or not (measured > 0)
+            or (fsdp1 and lay.get("fsdp1_forward_prefetch"))):
         return []
     per_rank = _all_gathers(done)
     if per_rank.empty:
@@ -1030,24 +1052,31 @@ def _fsdp_prefetch_recs(traces: TraceSet, done: dict, measured: float,
     else:
         saving = 0.0
         in_prefetch = float(ranges["backward_prefetch_us"].median())
-        how = (f"on CPU FSDP2 waits for each all-gather where it is issued: its backward "
-               f"prefetch (on by default) spends {in_prefetch / 1000:.2f} ms per "
-               f"step inside those ranges, so gathering earlier hides nothing",)
+        how = (f"on CPU FSDP{1 if fsdp1 else 2} waits for each all-gather where it is "
+               f"issued: its backward prefetch (on by default) spends "
+               f"{in_prefetch / 1000:.2f} ms per step inside those ranges, so gathering "
+               f"earlier hides nothing",)
         caveats = ("on CPU the gathers share the cores with the compute",)
     peak, _ = mem
     dp = int((lay.get("dims") or {}).get("dp") or 0)
     params = _params_bytes(done)
     unit_bytes = params * max(dp, 1) / units if params else None   # one unsharded unit
     pred_peak = peak + unit_bytes if (peak is not None and unit_bytes) else None
+    if fsdp1:
+        title, change = "Prefetch the next FSDP unit in the forward", "FSDP forward_prefetch=True"
+        params = {"fsdp_forward_prefetch": True}
+    else:
+        title = f"Prefetch {FSDP_PREFETCH} FSDP units ahead"
+        change = (f"FSDP2 explicit prefetching: set_modules_to_forward_prefetch / "
+                  f"set_modules_to_backward_prefetch with the next {FSDP_PREFETCH} units")
+        params = {"fsdp_prefetch": FSDP_PREFETCH}
     return [Recommendation(
-        kind="fsdp_prefetch", title=f"Prefetch {FSDP_PREFETCH} FSDP units ahead",
-        change=f"FSDP2 explicit prefetching: set_modules_to_forward_prefetch / "
-               f"set_modules_to_backward_prefetch with the next {FSDP_PREFETCH} units",
+        kind="fsdp_prefetch", title=title, change=change,
         evidence=how, caveats=caveats, measured_step_us=measured,
         predicted_step_us=measured - saving, measured_peak_bytes=peak,
         predicted_peak_bytes=pred_peak,
         fits_memory=cap is None or pred_peak is None or pred_peak <= cap,
-        params={"fsdp_prefetch": FSDP_PREFETCH})]
+        params=params)]
 
 
 def _memory_recs(traces: TraceSet, done: dict, measured: float,

@@ -50,6 +50,7 @@ CASES = {
     "ddp_straggler": ("train_ddp.py", 2, ["--slow-rank", "1", "--slow-ms", "20"]),
     "ddp_buckets": ("train_ddp.py", 2, ["--bucket-mb", "1", "--width", "512"]),
     "fsdp2": ("train_fsdp2.py", 2, ["--width", "512"]),
+    "fsdp1": ("train_fsdp1.py", 2, ["--width", "512"]),
 }
 
 
@@ -126,6 +127,10 @@ def changed_args(script: str, n: int, base: list[str], params: dict
         a = _set(a, "--prefetch", str(params["fsdp_prefetch"]))
     if params.get("reshard_after_forward") is False:
         a = _set(a, "--reshard-after-forward", "false")
+    if params.get("fsdp_sharding_strategy") == "SHARD_GRAD_OP":
+        a = _set(a, "--sharding-strategy", "shard_grad_op")
+    if params.get("fsdp_forward_prefetch") and "--forward-prefetch" not in a:
+        a = [*a, "--forward-prefetch"]
     if "strategy" in params:
         return None
     return (script, a) if a != base else None

@@ -462,7 +462,9 @@ def detect_parallelism() -> dict:
     Returns:
         ``{"wrappers": [...], "meshes": [{"dims": {name: size}, "groups": {name: pg_name}}],
         "pipeline": {...} | None, "group_dims": {pg_name: dim}, "fsdp_reshard_after_forward":
-        bool | None, "ddp_bucket_cap_bytes": int | None, "ddp_param_bytes": [int] | None}``
+        bool | None (FSDP2's setting; FSDP1: its sharding strategy, FULL_SHARD / HYBRID_SHARD →
+        true, SHARD_GRAD_OP → false), "fsdp1_forward_prefetch": bool | None,
+        "ddp_bucket_cap_bytes": int | None, "ddp_param_bytes": [int] | None}``
         (``ddp_param_bytes``: gradient bytes of each trainable parameter of the DDP module, last
         registered first — the order DDP's buckets take them in, for the bucket-size what-if).
     """
@@ -490,6 +492,7 @@ def detect_parallelism() -> dict:
     stages: list = []
     schedules: list = []
     reshard: set[bool] = set()
+    fsdp1_fwd_prefetch: set[bool] = set()
     seen_mesh: set[tuple] = set()
     ddp_cap = ddp_params = None
     with warnings.catch_warnings():  # isinstance on torch's lazy objects warns (reduce_op)
@@ -508,6 +511,13 @@ def detect_parallelism() -> dict:
             elif FullyShardedDataParallel and isinstance(obj, FullyShardedDataParallel):
                 wrappers.add("fsdp1")
                 group_dims.setdefault(_group_name(obj.process_group), "dp")
+                strategy = getattr(getattr(obj, "sharding_strategy", None), "name", None)
+                if strategy in ("FULL_SHARD", "HYBRID_SHARD"):
+                    reshard.add(True)
+                elif strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
+                    reshard.add(False)
+                if isinstance(getattr(obj, "forward_prefetch", None), bool):
+                    fsdp1_fwd_prefetch.add(obj.forward_prefetch)
             elif FSDPModule and isinstance(obj, FSDPModule):
                 wrappers.add("fsdp2")
                 pg_group = obj._get_fsdp_state()._fsdp_param_group
@@ -559,6 +569,7 @@ def detect_parallelism() -> dict:
             "group_dims": group_dims,
             # the root module may keep its parameters; any resharding block means "true"
             "fsdp_reshard_after_forward": any(reshard) if reshard else None,
+            "fsdp1_forward_prefetch": all(fsdp1_fwd_prefetch) if fsdp1_fwd_prefetch else None,
             "ddp_bucket_cap_bytes": ddp_cap, "ddp_param_bytes": ddp_params}
 
 

@@ -507,11 +507,20 @@ def test_ddp_bucket_sizes_on_cpu_change_the_step_by_the_count_of_all_reduces(tmp
                                               "each costs α = 100 µs")
 
 
-def _fsdp2_run(tmp_path, gpu: bool):
-    """2 ranks, 2 steps of 10000 µs, FSDP2 with 4 units. Forward: per unit a 500 µs all-gather
-    then 1000 µs of compute; backward: per unit a 500 µs gather (inside FSDP::pre_backward and
-    FSDP::backward_prefetch ranges) then 500 µs of compute. Nothing overlaps: every gather is
-    exposed. On GPU the same timeline runs as kernels (gathers on their own stream)."""
+#: FSDP2's and FSDP1's range names: forward unshard, backward unshard, backward prefetch
+FSDP_RANGES = {2: ("FSDP::pre_forward", "FSDP::pre_backward", "FSDP::backward_prefetch for 1"),
+               1: ("FullyShardedDataParallel._pre_forward",
+                   "FullyShardedDataParallel._pre_backward_hook",
+                   "FullyShardedDataParallel._pre_backward_prefetch")}
+
+
+def _fsdp_run(tmp_path, gpu: bool, version: int = 2, layout_extra=None):
+    """2 ranks, 2 steps of 10000 µs, FSDP (``version`` 2 or 1) with 4 units. Forward: per unit
+    a 500 µs all-gather then 1000 µs of compute; backward: per unit a 500 µs gather (inside the
+    backward's unshard and prefetch ranges) then 500 µs of compute. Nothing overlaps: every
+    gather is exposed. On GPU the same timeline runs as kernels (gathers on their own
+    stream)."""
+    fwd_name, bwd_name, pre_name = FSDP_RANGES[version]
     for r in range(2):
         b = TraceBuilder(rank=r, world_size=2, backend="nccl" if gpu else "gloo")
         recs, seq = [], 1
@@ -521,11 +530,11 @@ def _fsdp2_run(tmp_path, gpu: bool):
             for phase, compute in (("fwd", 1000), ("bwd", 500)):
                 for u in range(4):
                     if phase == "fwd":
-                        b.cpu("FSDP::pre_forward" + (f" ({u})" if u else ""), t, 500,
+                        b.cpu(fwd_name + (f" ({u})" if u and version == 2 else ""), t, 500,
                               cat="user_annotation")
                     else:
-                        b.cpu("FSDP::pre_backward", t, 500, cat="user_annotation")
-                        b.cpu("FSDP::backward_prefetch for 1", t, 500, cat="user_annotation")
+                        b.cpu(bwd_name, t, 500, cat="user_annotation")
+                        b.cpu(pre_name, t, 500, cat="user_annotation")
                     recs.append(record("all_gather", seq, t, t + 500, ranks=(0, 1)))
                     seq += 1
                     if gpu:
@@ -541,22 +550,34 @@ def _fsdp2_run(tmp_path, gpu: bool):
             "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1],
                                 "size": 2, "dim": "dp"}], "records": recs})
     write_sidecar(tmp_path / "run.json", "run", None, {"world_size": 2, "layout": {
-        "dims": {"dp": 2}, "strategies": ["fsdp2"], "fsdp_reshard_after_forward": True}})
+        "dims": {"dp": 2}, "strategies": [f"fsdp{version}"], "fsdp_reshard_after_forward": True,
+        **(layout_extra or {})}})
     return build_report(load_traces(tmp_path)).results["recommendations"]
 
 
+@pytest.mark.parametrize("version", [2, 1])
 @pytest.mark.parametrize("gpu", [False, True])
-def test_fsdp_reshard_and_prefetch_predictions(tmp_path, gpu):
+def test_fsdp_reshard_and_prefetch_predictions(tmp_path, gpu, version):
     """Keeping parameters saves the backward's re-gathers: 4 × 500 µs per step. Prefetching
-    2 units ahead: on GPU the forward's exposed gathers (half of the 8, 2000 µs) are hidden
-    except the first unit's: 1500 µs saved; on CPU FSDP2 waits for each gather where it is
-    issued (its backward prefetch ranges, 2000 µs per step, show it): nothing is saved."""
-    res = _fsdp2_run(tmp_path, gpu)
+    (FSDP2: 2 units ahead; FSDP1: forward_prefetch): on GPU the forward's exposed gathers (half
+    of the 8, 2000 µs) are hidden except the first unit's: 1500 µs saved; on CPU FSDP waits for
+    each gather where it is issued (its backward prefetch ranges, 2000 µs per step, show it):
+    nothing is saved."""
+    res = _fsdp_run(tmp_path, gpu, version, {"fsdp1_forward_prefetch": False})
     ch = {c.kind: c for c in (*res.recommendations, *res.rejected)}
     assert ch["fsdp_reshard"].measured_step_us == 10000
     assert ch["fsdp_reshard"].predicted_step_us == pytest.approx(8000)
     pf = ch["fsdp_prefetch"]
-    assert pf.params == {"fsdp_prefetch": 2}
+    if version == 2:
+        assert ch["fsdp_reshard"].change == "FSDP reshard_after_forward=False"
+        assert pf.params == {"fsdp_prefetch": 2}
+    else:
+        assert ch["fsdp_reshard"].change == "FSDP sharding_strategy=ShardingStrategy.SHARD_GRAD_OP"
+        assert ch["fsdp_reshard"].evidence[1] == ("the backward's unsharding (FullyShardedData"
+                                                  "Parallel._pre_backward_hook) takes 2.00 ms "
+                                                  "per step")
+        assert pf.params == {"fsdp_forward_prefetch": True}
+        assert pf.change == "FSDP forward_prefetch=True"
     assert pf.predicted_step_us == pytest.approx(8500 if gpu else 10000)
     if gpu:
         assert pf in res.recommendations
@@ -565,6 +586,15 @@ def test_fsdp_reshard_and_prefetch_predictions(tmp_path, gpu):
     else:
         assert pf in res.rejected
         assert "spends 2.00 ms per step inside those ranges" in pf.evidence[0]
+
+
+def test_fsdp1_already_prefetching_and_not_resharding_is_left_alone(tmp_path):
+    """FSDP1 with forward_prefetch=True and SHARD_GRAD_OP: neither change is evaluated."""
+    res = _fsdp_run(tmp_path, False, 1, {"fsdp1_forward_prefetch": True,
+                                         "fsdp_reshard_after_forward": False})
+    kinds = {c.kind for c in (*res.recommendations, *res.rejected)}
+    assert not kinds & {"fsdp_reshard", "fsdp_prefetch"}
+
 
 class _Obj:
     def __init__(self, **kw):

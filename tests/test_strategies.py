@@ -20,6 +20,8 @@ RUNS = {
     "fsdp2": ("train_fsdp2.py", 2, [], {"dp": 2}, ["fsdp2"]),
     "fsdp2_keep": ("train_fsdp2.py", 2, ["--reshard-after-forward", "false"], {"dp": 2}, ["fsdp2"]),
     "fsdp1": ("train_fsdp1.py", 2, [], {"dp": 2}, ["fsdp1"]),
+    "fsdp1_keep": ("train_fsdp1.py", 2, ["--sharding-strategy", "shard_grad_op",
+                                         "--forward-prefetch"], {"dp": 2}, ["fsdp1"]),
     "zero1": ("train_zero1.py", 2, [], {"dp": 2}, ["ddp", "zero1"]),
     "tp": ("train_tp.py", 2, [], {"tp": 2}, ["tp"]),
     "moe": ("train_moe.py", 2, [], {"ep": 2}, ["ep"]),
@@ -109,8 +111,11 @@ def test_detected_layout(runs, name):
     lay = _json(out / "run.json")["layout"]
     assert lay["dims"] == dims
     assert lay["strategies"] == strategies
-    if name.startswith("fsdp2"):
-        assert lay["fsdp_reshard_after_forward"] is (name == "fsdp2")
+    if name.startswith("fsdp"):   # FSDP1: from its sharding strategy
+        assert lay["fsdp_reshard_after_forward"] is (name in ("fsdp2", "fsdp1"))
+    if name.startswith("fsdp1"):
+        meta_lay = _json(out / "rank0.meta.json")["layout"]
+        assert meta_lay["fsdp1_forward_prefetch"] is (name == "fsdp1_keep")
     run = _json(out / "run.json")
     assert run["nodes"] == {_json(out / "rank0.meta.json")["host"]: list(range(n))}
     assert run["backend"] == "gloo" and run["world_size"] == n
