@@ -456,7 +456,10 @@ def _pp_to_dp_recs(traces: TraceSet, done: dict, model: PipelineModel,
     timed DDP itself on a stand-in model after the run (``ddp_calibration``), what DDP added
     there, scaled by the gradient bytes; on a GPU only the last bucket's (the others run beside
     the backward). Peak memory: every stage's static bytes
-    plus every stage's activations for one microbatch, scaled to the new batch. Only for a
+    plus every stage's activations for one microbatch, scaled to the new batch (activations:
+    the allocated peak less the static bytes — or all of it when the peak is below them, as
+    in a CPU trace whose window sees only its own allocations; the measured peak is then
+    static + window peak). Only for a
     pipeline with one stage per rank and no other parallel dimension."""
     lay = done.get("layout")
     dims = dict(lay.dims) if lay is not None else {}
@@ -504,16 +507,25 @@ def _pp_to_dp_recs(traces: TraceSet, done: dict, model: PipelineModel,
         ar = cal["overhead_us"] * sum(pb) / cal["grad_bytes"]
         how_ar = (f"; DDP itself, timed after the run on a stand-in with "
                   f"{cal['grad_bytes'] / 2**20:.3g} MiB of gradients, adds "
-                  f"{cal['overhead_us'] / 1000:.2f} ms: {ar / 1000:.2f} ms at this size")
+                  f"{cal['overhead_us'] / 1000:.2f} ms"
+                  + (f": {ar / 1000:.2f} ms at this size"
+                     if abs(cal["grad_bytes"] - sum(pb)) > 0.01 * sum(pb) else ""))
     pred = compute + opt + other + ar
     measured = model.period_us
-    pred_peak = None
+    pred_peak = meas_peak = None
     pr = done["memory"].per_rank if done.get("memory") is not None else pd.DataFrame()
     if len(pr) and pr["static_bytes"].notna().all() and pr["peak_allocated_bytes"].notna().all():
         infl = _inflight(model.schedule, model.p, model.m, model.v)
-        static = float(pr["static_bytes"].sum())
-        act = float((pr["peak_allocated_bytes"] - pr["static_bytes"]).clip(lower=0).sum())
-        pred_peak = static + act / infl * (n_new / model.samples)
+        static = pr["static_bytes"].astype(float)
+        peak = pr["peak_allocated_bytes"].astype(float)
+        # a device's allocated peak holds the static state; a CPU trace's window peak counts
+        # only what was allocated inside the window (a rank's 20 MiB of parameters, gradients
+        # and optimizer state under a 1.6 MiB peak): then the peak is all activations
+        if (peak >= static).all():
+            act, meas_peak = (peak - static).clip(lower=0), float(peak.max())
+        else:
+            act, meas_peak = peak, float((peak + static).max())
+        pred_peak = float(static.sum()) + float(act.sum()) / infl * (n_new / model.samples)
     total_b = sum(pb)
     return [Recommendation(
         kind="pp_to_dp", title=f"Data parallel instead of a {model.p}-stage pipeline",
@@ -530,7 +542,7 @@ def _pp_to_dp_recs(traces: TraceSet, done: dict, model: PipelineModel,
         caveats=("every rank then holds all parameters, gradients and optimizer state",
                  "the all-reduce was timed on an idle group, not beside a backward"),
         measured_step_us=measured, predicted_step_us=pred,
-        measured_peak_bytes=(float(pr["peak_allocated_bytes"].max()) if pred_peak else None),
+        measured_peak_bytes=meas_peak,
         predicted_peak_bytes=pred_peak,
         fits_memory=cap is None or pred_peak is None or pred_peak <= cap,
         params={"pp": 1, "dp": model.p})]
@@ -640,7 +652,7 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
             stage_ms = ", ".join(f"S{s} {(fv + bv) / 1000:.2f} ms" for s, (fv, bv) in
                                  enumerate(zip(model.fwd_us, model.bwd_us)))
             rec("rebalance_stages", "Move layers between pipeline stages",
-                f"stage boundaries {whatif.boundaries_text(sizes)} (layers per stage "
+                f"stage boundaries {whatif.boundaries_text(sizes)} (child modules per stage "
                 f"{','.join(map(str, sizes))}; now {whatif.boundaries_text(sizes_now)})",
                 model.schedule, model.m, model.v, f, b, pb,
                 extra_ev=(f"forward+backward per microbatch by stage: {stage_ms}",
@@ -1319,8 +1331,9 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     if unrecorded:
         return RecommendationResult(unrecorded, (), (), "the traces hold no training step")
     measured = _measured_step_us(done)
-    model, why = (pipeline_model(traces, done["pipeline"]) if done.get("pipeline") is not None
-                  else (None, "no pipeline"))
+    pipe = done.get("pipeline")
+    is_pipeline = pipe is not None and (pipe.schedule is not None or not pipe.chunks.empty)
+    model, why = pipeline_model(traces, pipe) if is_pipeline else (None, "no pipeline")
     mem = _memory_of(done)
     cap = _capacity(traces)
     cands: list[Recommendation] = []
@@ -1375,7 +1388,8 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
         why_none = ("no modelled change is predicted to save ≥ "
                     f"{MIN_GAIN_PCT:g}% of the step" if cands else
                     "nothing to evaluate: " + (why if why != "no pipeline" else
-                                               "no pipeline, no straggler found"))
+                                               "no pipeline, no significant straggler, and no "
+                                               "DDP, FSDP or tensor-parallel setting to change"))
     # the verdict's step time is the one the recommendations compare with: unprofiled when known
     step = clean if (model is None and clean == clean) else measured
     return RecommendationResult(_verdict(done, model, step, profiled=model is None

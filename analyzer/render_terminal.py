@@ -45,7 +45,9 @@ def render_recommendations(report: Report, console: Console) -> None:
               title_justify="left", caption="step time and peak memory: measured → predicted",
               caption_justify="left")
     for col in ("#", "recommendation", "change", "step ms", "gain %", "peak MiB"):
-        t.add_column(col, justify="right" if col in ("#", "gain %") else "left")
+        # the change is what the user types: wrapped, even inside a long word, never cut
+        t.add_column(col, justify="right" if col in ("#", "gain %") else "left",
+                     overflow="fold" if col == "change" else "ellipsis")
     for i, r in enumerate(recs[:TOP_RECOMMENDATIONS], 1):
         mem = f"{_mib(r.measured_peak_bytes)} → {_mib(r.predicted_peak_bytes)}"
         t.add_row(str(i), Text(r.title), Text(r.change),

@@ -78,6 +78,17 @@ def _write_json(path: Path, obj, compact: bool = False) -> None:
     os.replace(tmp, path)
 
 
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (a message's own line breaks become spaces); a syntax error
+    also names its file and line (Python's own form spreads it over four lines with the code
+    and a caret)."""
+    if isinstance(exc, SyntaxError):
+        where = f" ({exc.filename}, line {exc.lineno})" if exc.filename else ""
+        return f"{type(exc).__name__}: {exc.msg}{where}"
+    text = "".join(traceback.format_exception_only(type(exc), exc))
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
 def _exit_code_of(exc: BaseException | None) -> int:
     if exc is None:
         return 0
@@ -400,7 +411,7 @@ def main() -> None:
         "ended_unix": time.time(),
         "exit_code": code,
         "status": "error" if failed else "ok",
-        "error": None if not failed else "".join(traceback.format_exception_only(type(error), error)).strip(),
+        "error": None if not failed else _one_line(error),
     }
     stop_watchdog.set()
     _write_json(layout.rank_meta_path(out, rank), meta)

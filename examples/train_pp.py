@@ -1,7 +1,10 @@
 """Pipeline parallel with ``torch.distributed.pipelining``: GPipe, 1F1B or Interleaved1F1B.
 
 Stages = ranks × ``--stages-per-rank`` (v; interleaved needs v ≥ 2). ``--layers-per-stage``
-sets how many blocks each stage holds, e.g. ``2,6`` for a planted imbalance (default: even).
+sets how many blocks each stage holds, e.g. ``2,6`` for a planted imbalance (default: even);
+it replaces ``--layers``. The first stage also holds the input projection and the last the
+head: pardiag's stage boundaries count those child modules too ([0–3 | 4–7], "child modules
+per stage 4,4", is ``--layers-per-stage 3,3`` here).
 
     pardiag profile examples/train_pp.py --nproc-per-node 2 -- --schedule 1f1b --microbatches 8
     pardiag profile examples/train_pp.py --nproc-per-node 4 -- --schedule gpipe
@@ -42,7 +45,7 @@ def main() -> None:
     p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default="1f1b")
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--stages-per-rank", type=int, default=1, help="v: virtual stages per rank")
-    p.add_argument("--layers-per-stage", default="", help="blocks per stage, comma-separated")
+    p.add_argument("--layers-per-stage", default="", help="blocks per stage, comma-separated (replaces --layers)")
     args = p.parse_args()
     env = C.init_distributed(args.pin_cpu)
     v = args.stages_per_rank

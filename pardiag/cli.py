@@ -161,7 +161,9 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     except OSError as exc:
         _fail(PardiagError(f"{exc.filename}: cannot write ({exc.strerror})"))
     if not quiet and str(json_out) != "-":
-        render_terminal(rep, Console(width=None if sys.stdout.isatty() else 120))
+        # a pipe or a file gets 120 columns unless COLUMNS says otherwise
+        wide = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
+        render_terminal(rep, Console(width=None if wide else 120))
     click.echo(f"pardiag: wrote {output}" + (f" and {json_out}" if json_out and str(json_out) != "-" else ""),
                err=True)
 

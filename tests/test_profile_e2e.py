@@ -140,3 +140,15 @@ def test_bad_out_folder_is_exit_2(tmp_path):
     res = pardiag("profile", EXAMPLE, "--out", tmp_path / "file" / "sub")
     assert res.returncode == 2 and "cannot create the run folder" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_script_error_is_told_on_one_line():
+    """A syntax error names its file and line on one line (Python's own form takes four); any
+    other error is ``Type: message``, its line breaks made spaces."""
+    from pardiag.collectors.rank_entry import _one_line
+    try:
+        compile("x = (\n", "/tmp/train.py", "exec")
+    except SyntaxError as exc:
+        assert _one_line(exc) == "SyntaxError: '(' was never closed (/tmp/train.py, line 1)"
+    assert _one_line(RuntimeError("planted failure\non rank 1")) == \
+        "RuntimeError: planted failure on rank 1"

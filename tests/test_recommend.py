@@ -261,8 +261,8 @@ def test_rebalancing_predictions_are_exact(tmp_path):
     ch = {c.kind + (c.change[:40] if c.kind == "interleave" else ""): c
           for c in res.recommendations}
     reb = ch["rebalance_stages"]
-    assert reb.change.startswith("stage boundaries [0–3 | 4–7] (layers per stage 4,4; now "
-                                 "[0–5 | 6–7])")
+    assert reb.change.startswith("stage boundaries [0–3 | 4–7] (child modules per stage 4,4; "
+                                 "now [0–5 | 6–7])")
     assert reb.measured_step_us == 7800 and reb.predicted_step_us == pytest.approx(6400.0)
     # interleaving must beat 6400 by 10%: 4 stages per rank (5500) does, 2 (5800) does not
     v2 = [c for c in res.rejected if c.change.startswith(
@@ -320,6 +320,35 @@ def test_data_parallel_uses_ddp_timed_on_a_stand_in(tmp_path):
     assert dp.evidence[2].endswith("DDP itself, timed after the run on a stand-in with 2 MiB of "
                                    "gradients, adds 1.50 ms: 3.00 ms at this size")
 
+@pytest.mark.parametrize("static,peak,meas,pred", [
+    ((10, 10), (14, 18), 18, 26),       # a device peak holds the static state
+    ((20, 20), (1, 2), 22, 41.5)])      # a CPU window's peak: only what it allocated
+def test_data_parallel_peak_memory(tmp_path, static, peak, meas, pred):
+    """GPipe m = 4 (4 microbatches in flight), 8 samples each; as dp = 2 each rank holds both
+    stages' static bytes and 16 samples' activations: Σ static + Σ activations / 4 · 2. A device
+    peak holds the static state (activations = peak − static: 4 + 8 MiB → 20 + 6 = 26 MiB,
+    measured 18); a CPU trace's window peak below the static bytes is all activations (1 + 2
+    MiB → 40 + 1.5 = 41.5 MiB; measured static + window peak, 22)."""
+    import pandas as pd
+    from pardiag.analyzer import recommend as R
+    mib = 2**20
+    extra = {r: {"size_scaling": [{"stage": r, "samples": 8, "fwd_us": 1000, "bwd_us": 2000},
+                                  {"stage": r, "samples": 16, "fwd_us": 1800, "bwd_us": 3600}],
+                 "allreduce_calibration": [{"bytes": mib, "us": 1100},
+                                           {"bytes": 4 * mib, "us": 4100}]} for r in range(2)}
+    traces = _pipeline_run(tmp_path, "gpipe", 2, 4, [1000, 1000], [2000, 2000],
+                           {0: 500, 1: 500}, layers=[[(500, mib)] * 2] * 2, samples=8,
+                           opt={0: 300, 1: 300}, extra=extra)
+    done = dict(build_report(traces).results)
+    model, _ = R.pipeline_model(traces, done["pipeline"])
+    done["memory"] = _Obj(per_rank=pd.DataFrame({
+        "rank": [0, 1], "static_bytes": [s * mib for s in static],
+        "peak_allocated_bytes": [p * mib for p in peak]}))
+    (dp,) = R._pp_to_dp_recs(traces, done, model, None)
+    assert dp.measured_peak_bytes == meas * mib
+    assert dp.predicted_peak_bytes == pytest.approx(pred * mib)
+
+
 def test_straggler_is_named_with_its_cost(tmp_path):
     """3 ranks, 2 steps, 2 all-reduces per step; rank 2 arrives 100 µs after rank 0 and 80 µs
     after rank 1 at each: each other rank waits (100 + 80)/2 · 2 = 180 µs per step for it."""
@@ -364,6 +393,7 @@ def test_straggler_saving_leaves_out_the_computing_while_it_waits(tmp_path):
     assert top.kind == "straggler" and top.params == {"without_rank": 1}
     assert top.predicted_step_us == pytest.approx(5000 - 1200)
     assert "sit idle 1.20 ms per step" in top.evidence[0]
+
 
 def _straggler_that_computes_more(tmp_path, gpu: bool):
     """2 ranks, 2 steps of 5000 µs, 2 all-reduces per step at 1000 and 3000 µs into it; rank 1
@@ -420,7 +450,8 @@ def test_no_recommendation_says_why(tmp_path):
     b.write(tmp_path / "rank0.trace.json")
     res = build_report(load_traces(tmp_path)).results["recommendations"]
     assert res.recommendations == ()
-    assert res.why_none.startswith("nothing to evaluate")
+    assert res.why_none == ("nothing to evaluate: no pipeline, no significant straggler, and "
+                            "no DDP, FSDP or tensor-parallel setting to change")
     assert res.verdict.startswith("Step 0.1 ms (while profiled)")
 
 

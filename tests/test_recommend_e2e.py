@@ -52,8 +52,8 @@ def test_unbalanced_pipeline_is_rebalanced(run):
     top = res.recommendations[0]
     assert top.kind == "rebalance_stages", [c.change for c in res.recommendations]
     assert top.params["layers_per_stage"] == [6, 6]
-    assert top.change.startswith("stage boundaries [0–5 | 6–11] (layers per stage 6,6; now "
-                                 "[0–1 | 2–11])")
+    assert top.change.startswith("stage boundaries [0–5 | 6–11] (child modules per stage 6,6; "
+                                 "now [0–1 | 2–11])")
     assert top.predicted_step_us < top.measured_step_us
     # the evidence carries the measured numbers behind it
     assert any(e.startswith("forward+backward per microbatch by stage: S0 ") for e in top.evidence)

@@ -170,6 +170,22 @@ def test_terminal_prints_verdict_and_recommendations_first(tmp_path):
     assert any("[/bold]odd" in line for line in lines)  # a trace name, shown as written
 
 
+def test_terminal_wraps_a_long_change_instead_of_cutting_it(tmp_path):
+    """On 80 columns the change — what the user types — is folded over lines, never cut."""
+    TraceBuilder(rank=0, backend="gloo").step(1, 0, 100).cpu("aten::mm", 0, 50).write(
+        tmp_path / "r0.json")
+    rep = build_report(load_traces(tmp_path))
+    change = "FSDP sharding_strategy=ShardingStrategy.SHARD_GRAD_OP"
+    rep.results["recommendations"] = RecommendationResult(
+        verdict="v", recommendations=(_planted_rec(change=change),))
+    con = Console(record=True, width=80, color_system=None)
+    render_terminal(rep, con)
+    text = con.export_text().split("step time and peak memory")[0]   # the first table
+    cells = [line.split("│")[3].strip() for line in text.splitlines() if line.startswith("│")]
+    assert "".join(cells) == change.replace(" ", "")   # every character shown, in order
+    assert "…" not in con.export_text()
+
+
 def test_overlap_per_dimension_planted(tmp_path):
     """Two ranks compute [0, 100); their tp all-reduce [50, 150) is half hidden, their dp
     all-reduce [200, 300) not at all."""
