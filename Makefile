@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/pardiag report sample_traces/ddp_cpu_2rank -o report.html --json summary.json
+	$(VENV)/bin/pardiag report sample_traces/pp_unbalanced_cpu_2rank -o report.html --json summary.json
 	@echo "open report.html in a browser"
 
 # The browser tests (tests/test_browser.py) drive Debian's chromium through Playwright (from the

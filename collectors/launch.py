@@ -103,9 +103,15 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise PardiagError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
-        for p in out.iterdir():  # remove only what pardiag itself writes; keep anything else
+        removed = []
+        for p in sorted(out.iterdir()):  # remove only what pardiag itself writes; keep the rest
             if layout.is_sidecar_name(p.name) or layout.is_trace_name(p.name):
                 p.unlink()
+                removed.append(p.name)
+        if removed:   # nothing the user produced goes silently
+            more = f", … ({len(removed) - 8} more)" if len(removed) > 8 else ""
+            print(f"pardiag: {out}: --overwrite removed the previous run's {len(removed)} "
+                  f"file(s): {', '.join(removed[:8])}{more}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
 
 

@@ -17,3 +17,4 @@ rec pp_interleaved_cpu_2rank examples/train_pp.py 2 --steps 6 --schedule interle
 rec pp_1f1b_cpu_4rank        examples/train_pp.py 4 --steps 6 --schedule 1f1b --microbatches 8
 rec fsdp_tp_2d_cpu_4rank     examples/train_2d.py 4 --steps 6
 rec ddp_slowrank1_cpu_2rank  examples/train_ddp.py 2 --steps 6 --slow-rank 1 --slow-ms 20
+rec pp_unbalanced_cpu_2rank examples/train_pp.py 2 --steps 20 --schedule 1f1b --microbatches 4 --layers-per-stage 1,5 --batch 128 --pin-cpu

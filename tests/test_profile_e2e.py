@@ -152,3 +152,16 @@ def test_a_script_error_is_told_on_one_line():
         assert _one_line(exc) == "SyntaxError: '(' was never closed (/tmp/train.py, line 1)"
     assert _one_line(RuntimeError("planted failure\non rank 1")) == \
         "RuntimeError: planted failure on rank 1"
+
+
+def test_overwrite_says_what_it_removed(tmp_path, capsys):
+    """--overwrite removes pardiag's own files of the previous run — naming them — and keeps
+    anything else."""
+    from pardiag.collectors.launch import _prepare_out
+    for name in ("rank0.trace.json.gz", "rank3.meta.json", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    _prepare_out(tmp_path, True)
+    err = capsys.readouterr().err
+    assert err.strip() == (f"pardiag: {tmp_path}: --overwrite removed the previous run's 2 "
+                           "file(s): rank0.trace.json.gz, rank3.meta.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

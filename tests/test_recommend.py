@@ -15,7 +15,8 @@ from synth import TraceBuilder, record, write_sidecar
 # ---- schedule orders and replays ------------------------------------------------------------
 
 @pytest.mark.parametrize("sample", ["pp_gpipe_cpu_2rank", "pp_1f1b_cpu_2rank",
-                                    "pp_1f1b_cpu_4rank", "pp_interleaved_cpu_2rank"])
+                                    "pp_unbalanced_cpu_2rank", "pp_1f1b_cpu_4rank",
+                                    "pp_interleaved_cpu_2rank"])
 def test_schedule_order_is_the_order_torch_ran(sample):
     """The recorded chunk order of every rank and step equals :func:`schedule_order`."""
     docs = {}
@@ -119,6 +120,18 @@ def test_operator_work():
     assert whatif.affine([1, 2, 3, 4], [10, 30, 30, 50], 0) == pytest.approx(0.1)   # 1% floor
     with pytest.raises(ValueError):
         whatif.affine([2, 2], [10, 30], 4)
+
+
+def test_the_demo_sample_recommends_moving_the_stage_boundary():
+    """``make demo``'s run (1F1B, stages of 1 and 5 blocks): the top recommendation moves the
+    boundary to [0–3 | 4–7] — 3 blocks each, the input projection and head counted — and
+    predicts a faster step; it shows first in the terminal summary's data and the JSON."""
+    rep = build_report(load_traces(REPO / "sample_traces" / "pp_unbalanced_cpu_2rank"))
+    res = rep.results["recommendations"]
+    top = res.recommendations[0]
+    assert top.kind == "rebalance_stages" and top.params["layers_per_stage"] == [4, 4]
+    assert top.predicted_step_us < 0.9 * top.measured_step_us
+    assert report_json(rep)["recommendations"][0]["change"] == top.change
 
 
 # ---- planted runs: exact predictions ----------------------------------------------------------
