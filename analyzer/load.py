@@ -721,6 +721,8 @@ class _Parsed:
     path: Path
     error: str | None = None
     not_trace: bool = False
+    #: a ``pardiag report --json`` output (not a trace; skipped without a warning)
+    own_report: bool = False
     repairs: tuple[str, ...] = ()
     metadata: dict | None = None
     events: pd.DataFrame | None = None
@@ -756,7 +758,8 @@ def _parse_file(path: Path, summarize: bool = False, patterns: tuple[str, ...] =
         return _Parsed(path, error=str(exc))
     if fast is None:
         if not _is_trace_doc(doc):
-            return _Parsed(path, not_trace=True)
+            return _Parsed(path, not_trace=True, own_report=isinstance(doc, dict) and all(
+                k in doc for k in ("schema_version", "source", "ranks")))
         meta = {k: v for k, v in doc.items() if k != "traceEvents"}
         events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], path,
                                                                 doc.get("displayTimeUnit"))
@@ -930,9 +933,11 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, summarize: bool = F
             warnings.append(f"{p.error} - skipped")
             continue
         if p.not_trace:
+            what = "a pardiag report's JSON" if p.own_report else "no traceEvents list"
             if f in explicit:
-                raise TraceError(f"{f}: not a Kineto trace (no traceEvents list)")
-            warnings.append(f"{f}: not a Kineto trace (no traceEvents list) - skipped")
+                raise TraceError(f"{f}: not a Kineto trace ({what})")
+            if not p.own_report:   # `report --json` written into the run folder: no warning
+                warnings.append(f"{f}: not a Kineto trace ({what}) - skipped")
             continue
         if p.repairs:
             warnings.append(f"{f}: not strict JSON; read with repairs ({'; '.join(p.repairs)})")

@@ -227,3 +227,20 @@ def test_no_file_of_an_input_folder_is_overwritten(tmp_path):
         lines = res.stderr.strip().splitlines()
         assert msg in lines[-1] and "Traceback" not in res.stderr
     assert {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()} == before
+
+
+def test_a_report_json_in_the_run_folder_is_not_taken_for_a_trace(tmp_path):
+    """`report --json` written into the run folder: the next report skips it without a warning;
+    named as the input, it is refused in one line."""
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "sample_traces" / "ddp_cpu_2rank", run)
+    cmd = [sys.executable, "-m", "pardiag", "report", str(run), "-q", "-o", str(tmp_path / "r.html")]
+    assert subprocess.run([*cmd, "--json", str(run / "summary.json")]).returncode == 0
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0 and "summary.json" not in res.stderr, res.stderr
+    res = subprocess.run([sys.executable, "-m", "pardiag", "report", str(run / "summary.json"),
+                          "-q", "-o", str(tmp_path / "s.html")], capture_output=True, text=True)
+    assert res.returncode == 2
+    assert res.stderr.strip() == (f"pardiag: error: {run / 'summary.json'}: not a Kineto trace "
+                                  "(a pardiag report's JSON)")
