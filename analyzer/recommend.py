@@ -705,33 +705,15 @@ def _idle_waits(traces: TraceSet, sync, last: int, waiting: list[int]) -> dict[i
     return out
 
 
-def _idle_per_step(traces: TraceSet, sync, rank: int) -> float | None:
-    """Median over the rank's steps of its idle time (µs): the step less its compute, its
-    communication in the trace and its collectives' records (arrival → end, from the
-    comms sidecar when there is one); None without steps."""
-    trace = traces.ranks.get(rank)
-    if trace is None:
+def _excess_idle(steps: pd.DataFrame, r: int, others: list[int]) -> float | None:
+    """How much longer rank ``r`` idles per step than the other ranks (µs): its median idle
+    time over steps less the median of theirs, from the time breakdown's per-step rows
+    (``idle_us``: neither computing nor communicating); None without rows for them."""
+    if not len(steps):
         return None
-    parts = rank_parts(trace, [], None)
-    if not parts.step_windows:
-        return None
-    off = float(dict(zip(sync.offsets["rank"], sync.offsets["offset_us"])).get(rank, 0.0))
-    mine = sync.per_rank[sync.per_rank["rank"] == rank]
-    busy = [iv for iv in (parts.k, parts.c) if len(iv)]
-    if len(mine):   # corrected clock → the rank's clock
-        busy.append(np.column_stack([mine["start_us"].to_numpy() + off,
-                                     mine["end_us"].to_numpy() + off]))
-    busy = np.concatenate(busy) if busy else np.empty((0, 2))
-    busy = iv.union(busy[:, 0], busy[:, 1])
-    return float(np.median([(hi - lo) - iv.total(iv.clip(busy, lo, hi))
-                            for _, lo, hi in parts.step_windows]))
-
-
-def _excess_idle(traces: TraceSet, sync, r: int, others: list[int]) -> float | None:
-    """How much longer rank ``r`` idles per step than the other ranks (µs; their median)."""
-    mine = _idle_per_step(traces, sync, r)
-    theirs = [x for x in (_idle_per_step(traces, sync, o) for o in others) if x is not None]
-    return None if mine is None or not theirs else mine - float(np.median(theirs))
+    med = steps.groupby("rank")["idle_us"].median()
+    theirs = [float(med[o]) for o in others if o in med.index]
+    return None if r not in med.index or not theirs else float(med[r]) - float(np.median(theirs))
 
 
 def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommendation]:
@@ -740,7 +722,7 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
     them) less what *r* waited for them.
 
     On CPU traces at most *r*'s own extra idle time (no op, no collective: data loading, host
-    load, a sleep) beyond the other ranks' median (:func:`_idle_per_step`): a rank's op times
+    load, a sleep) beyond the other ranks' median (:func:`_excess_idle`): a rank's op times
     follow the host's state, not its work — with the planted 20 ms sleep the straggler's ops ran
     3.9 ms slower than the other rank's (1.2 ms without the sleep), so the others' waiting
     (23.8 ms) overstated the 19.3 ms that removing the sleep saved. On GPU traces a rank's step
@@ -766,7 +748,7 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
     if not (caused > 0) or not (measured > 0):
         return []
     on_gpu = any(t.has_gpu for t in traces.ranks.values())
-    idle_x = None if on_gpu else _excess_idle(traces, sync, r, others)
+    idle_x = None if on_gpu else _excess_idle(steps, r, others)
     saving = caused if idle_x is None else min(caused, max(idle_x, 0.0))
     if not (saving > 0):
         return []

@@ -288,6 +288,21 @@ def test_rebalancing_predictions_are_exact(tmp_path):
 
 
 
+def _dp_run(tmp_path, **more):
+    """The GPipe run the data-parallel what-if is tested on (see the test below), with the
+    stage modules timed at 8 and 16 samples and all-reduces at 1 and 4 MiB after the run, plus
+    ``more`` pipeline-sidecar keys on each rank."""
+    mib = 2**20
+    extra = {r: {"size_scaling": [{"stage": r, "samples": 8, "fwd_us": 1000, "bwd_us": 2000},
+                                  {"stage": r, "samples": 16, "fwd_us": 1800, "bwd_us": 3600}],
+                 "allreduce_calibration": [{"bytes": mib, "us": 1100},
+                                           {"bytes": 4 * mib, "us": 4100}], **more}
+             for r in range(2)}
+    return _pipeline_run(tmp_path, "gpipe", 2, 4, [1000, 1000], [2000, 2000], {0: 500, 1: 500},
+                         layers=[[(500, mib)] * 2] * 2, samples=8, opt={0: 300, 1: 300},
+                         extra=extra)
+
+
 def test_data_parallel_instead_of_the_pipeline_is_exact(tmp_path):
     """GPipe p = 2, m = 4 of 8 samples (step 15500 µs, as above); 2 layers of 1 MiB per stage;
     optimizer 300 µs per rank, tails 500. As dp = 2 each rank runs 16 samples: the stage modules
@@ -295,14 +310,7 @@ def test_data_parallel_instead_of_the_pipeline_is_exact(tmp_path):
     gradients in DDP's default buckets (1 MiB first, then the rest: 1 and 3 MiB), all-reduce
     α = 100 µs + 1 MiB per 1000 µs (timed after the run): 1100 + 3100. On CPU all of it adds:
     15800 µs."""
-    mib = 2**20
-    extra = {r: {"size_scaling": [{"stage": r, "samples": 8, "fwd_us": 1000, "bwd_us": 2000},
-                                  {"stage": r, "samples": 16, "fwd_us": 1800, "bwd_us": 3600}],
-                 "allreduce_calibration": [{"bytes": mib, "us": 1100},
-                                           {"bytes": 4 * mib, "us": 4100}]} for r in range(2)}
-    traces = _pipeline_run(tmp_path, "gpipe", 2, 4, [1000, 1000], [2000, 2000],
-                           {0: 500, 1: 500}, layers=[[(500, mib)] * 2] * 2, samples=8,
-                           opt={0: 300, 1: 300}, extra=extra)
+    traces = _dp_run(tmp_path)
     res = build_report(traces).results["recommendations"]
     (dp,) = [c for c in (*res.recommendations, *res.rejected) if c.kind == "pp_to_dp"]
     assert dp.params == {"pp": 1, "dp": 2}
@@ -316,16 +324,9 @@ def test_data_parallel_uses_ddp_timed_on_a_stand_in(tmp_path):
     """As above, but pardiag profile also timed DDP itself on a stand-in with 2 MiB of
     gradients: it added 1500 µs, so 4 MiB add 3000 (scaled by bytes): 10800 + 600 + 200 +
     3000 = 14600 µs, faster than the pipeline's 15500."""
-    mib = 2**20
-    extra = {r: {"size_scaling": [{"stage": r, "samples": 8, "fwd_us": 1000, "bwd_us": 2000},
-                                  {"stage": r, "samples": 16, "fwd_us": 1800, "bwd_us": 3600}],
-                 "allreduce_calibration": [{"bytes": mib, "us": 1100},
-                                           {"bytes": 4 * mib, "us": 4100}],
-                 "ddp_calibration": {"grad_bytes": 2 * mib, "rows": 16, "plain_us": 500,
-                                     "ddp_us": 2000, "overhead_us": 1500}} for r in range(2)}
-    traces = _pipeline_run(tmp_path, "gpipe", 2, 4, [1000, 1000], [2000, 2000],
-                           {0: 500, 1: 500}, layers=[[(500, mib)] * 2] * 2, samples=8,
-                           opt={0: 300, 1: 300}, extra=extra)
+    traces = _dp_run(tmp_path, ddp_calibration={
+        "grad_bytes": 2 * 2**20, "rows": 16, "plain_us": 500, "ddp_us": 2000,
+        "overhead_us": 1500})
     res = build_report(traces).results["recommendations"]
     (dp,) = [c for c in (*res.recommendations, *res.rejected) if c.kind == "pp_to_dp"]
     assert dp.predicted_step_us == pytest.approx(14600)
@@ -345,13 +346,7 @@ def test_data_parallel_peak_memory(tmp_path, static, peak, meas, pred):
     import pandas as pd
     from pardiag.analyzer import recommend as R
     mib = 2**20
-    extra = {r: {"size_scaling": [{"stage": r, "samples": 8, "fwd_us": 1000, "bwd_us": 2000},
-                                  {"stage": r, "samples": 16, "fwd_us": 1800, "bwd_us": 3600}],
-                 "allreduce_calibration": [{"bytes": mib, "us": 1100},
-                                           {"bytes": 4 * mib, "us": 4100}]} for r in range(2)}
-    traces = _pipeline_run(tmp_path, "gpipe", 2, 4, [1000, 1000], [2000, 2000],
-                           {0: 500, 1: 500}, layers=[[(500, mib)] * 2] * 2, samples=8,
-                           opt={0: 300, 1: 300}, extra=extra)
+    traces = _dp_run(tmp_path)
     done = dict(build_report(traces).results)
     model, _ = R.pipeline_model(traces, done["pipeline"])
     done["memory"] = _Obj(per_rank=pd.DataFrame({
@@ -362,6 +357,21 @@ def test_data_parallel_peak_memory(tmp_path, static, peak, meas, pred):
     assert dp.predicted_peak_bytes == pytest.approx(pred * mib)
 
 
+def _write_all_reduces(b, tmp_path, r, spans, ranks, worker=True):
+    """Write rank ``r``'s trace — with each all-reduce ``(start, end)`` on gloo's worker
+    thread, as a profiled CPU run has it (``worker``) — and its comms sidecar."""
+    if worker:
+        b.thread_name(2, "thread 2 (pt_gloo_runloop)")
+        for start, end in spans:
+            b.cpu("gloo:all_reduce", start, end - start, tid=2, cat="user_annotation")
+    b.write(tmp_path / f"rank{r}.trace.json")
+    write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
+        "process_groups": [{"name": "0", "desc": "default_pg", "ranks": list(ranks),
+                            "size": len(ranks), "dim": "dp"}],
+        "records": [record("all_reduce", i, a, e, ranks=ranks)
+                    for i, (a, e) in enumerate(spans, start=1)]})
+
+
 def test_straggler_is_named_with_its_cost(tmp_path):
     """3 ranks, 2 steps, 2 all-reduces per step; rank 2 arrives 100 µs after rank 0 and 80 µs
     after rank 1 at each: each other rank waits (100 + 80)/2 · 2 = 180 µs per step for it."""
@@ -370,18 +380,13 @@ def test_straggler_is_named_with_its_cost(tmp_path):
         b = TraceBuilder(rank=r, world_size=3, backend="gloo")
         b.step(1, 0, 2500).step(2, 2500, 2500)
         b.cpu("aten::mm", 10, 5)
-        b.write(tmp_path / f"rank{r}.trace.json")
-        recs = [record("all_reduce", i, t + arrival[r], t + 150)
-                for i, t in enumerate((1000, 2000, 3000, 4000), start=1)]
-        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
-            "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1, 2],
-                                "size": 3, "dim": "dp"}], "records": recs})
+        _write_all_reduces(b, tmp_path, r, [(t + arrival[r], t + 150)
+                                            for t in (1000, 2000, 3000, 4000)], (0, 1, 2))
     res = build_report(load_traces(tmp_path)).results["recommendations"]
     top = res.recommendations[0]
     assert top.kind == "straggler" and top.title == "Rank 2 is a straggler"
     assert top.measured_step_us == 2500
     assert top.predicted_step_us == pytest.approx(2500 - 180)
-
 
 
 def test_straggler_saving_leaves_out_the_computing_while_it_waits(tmp_path):
@@ -395,12 +400,7 @@ def test_straggler_saving_leaves_out_the_computing_while_it_waits(tmp_path):
         if r == 0:
             for t in starts:
                 b.cpu("aten::mm", t + 100, 400)
-        b.write(tmp_path / f"rank{r}.trace.json")
-        recs = [record("all_reduce", i, t + 1000 * r, t + 1200, ranks=(0, 1))
-                for i, t in enumerate(starts, start=1)]
-        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
-            "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1],
-                                "size": 2, "dim": "dp"}], "records": recs})
+        _write_all_reduces(b, tmp_path, r, [(t + 1000 * r, t + 1200) for t in starts], (0, 1))
     res = build_report(load_traces(tmp_path)).results["recommendations"]
     top = res.recommendations[0]
     assert top.kind == "straggler" and top.params == {"without_rank": 1}
@@ -428,12 +428,8 @@ def _straggler_that_computes_more(tmp_path, gpu: bool):
             if gpu:
                 b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", t + 1000 * r, 1200 - 1000 * r,
                          stream=20, launch_ts=t + 1000 * r - 5)
-        b.write(tmp_path / f"rank{r}.trace.json")
-        recs = [record("all_reduce", i, t + 1000 * r, t + 1200, ranks=(0, 1))
-                for i, t in enumerate(starts, start=1)]
-        write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
-            "process_groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1],
-                                "size": 2, "dim": "dp"}], "records": recs})
+        _write_all_reduces(b, tmp_path, r, [(t + 1000 * r, t + 1200) for t in starts], (0, 1),
+                           worker=not gpu)
     res = build_report(load_traces(tmp_path)).results["recommendations"]
     (top,) = [c for c in res.recommendations if c.kind == "straggler"]
     assert top.params == {"without_rank": 1}
