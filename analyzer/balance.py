@@ -112,7 +112,9 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
         tr = memory_rows(trace).assign(rank=rank)[["rank", "ts_us", "device", "allocated_bytes",
                                                      "reserved_bytes"]]
         tl.append(tr)
-        device = "cuda" if len(tr) and (tr["device"] == "cuda").any() else "cpu"
+        # the accelerator's allocator when the trace has one (CUDA, XPU, HPU, ...), else the CPU's
+        accel = [d for d in tr["device"].unique() if d != "cpu"] if len(tr) else []
+        device = ("cuda" if "cuda" in accel else sorted(map(str, accel))[0]) if accel else "cpu"
         if len(tr):
             d = tr[tr["device"] == device]
             peaks = {"peak_allocated_bytes": float(d["allocated_bytes"].max()),

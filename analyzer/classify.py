@@ -2,11 +2,16 @@
 
 Rules (FACTS §1-2):
 
-* GPU kernels (``cat`` ``kernel``) whose name contains ``nccl``, ``rccl`` or ``hccl`` (any case:
-  ``ncclKernel_*``, ``ncclDevKernel_*``, ``rcclGenericKernel``, ...) or matches a user pattern
+* GPU kernels (``cat`` ``kernel``) whose name contains ``nccl``, ``rccl``, ``hccl``, ``oneccl``,
+  ``msccl`` or ``xccl`` (any case: ``ncclKernel_*``, ``ncclDevKernel_*``, ``rcclGenericKernel``,
+  Intel XPU's ``oneccl_allreduce_kernel<...>``, ...) or matches a user pattern
   (``--comm-kernel REGEX``, for custom kernels such as DeepEP ``dispatch``/``combine`` or
   ``multimem_all_reduce_kernel``) are **gpu_comm**; memcpy/memset (``gpu_memcpy``/``gpu_memset``
-  or names starting ``Memcpy``/``Memset``) are **gpu_memory**; other kernels are **gpu_compute**.
+  or names starting ``Memcpy``/``Memset``) are **gpu_memory** unless a user pattern names them
+  (copy-engine communication: ``Memcpy PtoP``, symmetric memory, async TP), then **gpu_comm**;
+  other kernels are **gpu_compute**. Kernels on XPU sit on SYCL queues (read as streams).
+* ``gloo:*`` events in a trace with GPU kernels are communication too (the gloo backend on CUDA
+  tensors: the transfer runs on a CPU worker thread while the computation runs on the GPU).
 * CPU events named ``gloo:*``, ``nccl:*``, ``c10d::*``, ``_c10d_functional::*`` or
   ``record_param_comms`` are **cpu_comm**; wait and synchronize calls (``c10d::wait``,
   ``_c10d_functional::wait_tensor``, ``aten::wait``, ``cuda*Synchronize``) are **cpu_wait**.
@@ -42,7 +47,7 @@ class Kind(str, enum.Enum):
     OTHER = "other"
 
 
-GPU_COMM_RE = re.compile(r"nccl|rccl|hccl", re.IGNORECASE)
+GPU_COMM_RE = re.compile(r"nccl|rccl|hccl|oneccl|msccl|xccl", re.IGNORECASE)
 CPU_COMM_RE = re.compile(  # _c10d_functional::_wrap_tensor_autograd and the like are helpers
     r"^(gloo:|nccl:|c10d::|_c10d_functional::(?!_)|c10d_functional::(?!_)|record_param_comms)")
 CPU_WAIT_RE = re.compile(
@@ -147,12 +152,14 @@ def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
     is_kernel = (cat == "kernel").to_numpy()
     is_gpu_mem = (cat.isin(["gpu_memcpy", "gpu_memset"]).to_numpy()
                   | (is_kernel & name_test(trace, "memory_name", _MEMORY_NAME_RE.match)))
-    comm_k = name_test(trace, "gpu_comm", GPU_COMM_RE.search)
+    user = np.zeros(len(ev), dtype=bool)
     for pat in comm_patterns:
-        comm_k = comm_k | name_test(trace, ("pattern", pat.pattern), pat.search)
+        user = user | name_test(trace, ("pattern", pat.pattern), pat.search)
+    comm_k = name_test(trace, "gpu_comm", GPU_COMM_RE.search) | user
     kind[is_kernel] = Kind.GPU_COMPUTE.value
     kind[is_kernel & comm_k] = Kind.GPU_COMM.value
     kind[is_gpu_mem] = Kind.GPU_MEMORY.value
+    kind[is_gpu_mem & user] = Kind.GPU_COMM.value  # copy-engine communication named by the user
 
     cpu_side = cat.isin(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]).to_numpy()
     is_comm = cpu_side & name_test(trace, "cpu_comm", CPU_COMM_RE.match)
