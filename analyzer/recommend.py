@@ -731,7 +731,7 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
 
     At most :data:`SAMPLE_RANKS` other ranks are read (their compute intervals)."""
     sync = done.get("sync")
-    if sync is None or sync.stragglers.empty or len(traces.ranks) < 2:
+    if sync is None or sync.straggler is None or len(traces.ranks) < 2:
         return []
     st = sync.stragglers.iloc[0]
     steps = done["time_breakdown"].steps
@@ -1289,8 +1289,8 @@ def _verdict(done: dict, model: PipelineModel | None, measured: float,
         b = model.predict()[1].bubble_pct
         parts.append(f"pipeline bubble {statistics.fmean(b.values()):.1f}% of the window")
     sync = done.get("sync")
-    if sync is not None and len(sync.stragglers) and sync.stragglers["wait_caused_us"].iloc[0] > 0:
-        parts.append(f"rank {int(sync.stragglers['rank'].iloc[0])} causes the most waiting")
+    if sync is not None and sync.straggler is not None:
+        parts.append(f"rank {sync.straggler} causes the most waiting")
     head = (f"Step {_ms(measured)}" + (" (while profiled)" if profiled else "")
             if measured == measured else "No complete step")
     return head + (": " + "; ".join(parts) if parts else "") + "."

@@ -86,6 +86,8 @@ def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict:
 def _sync_json(r: SyncResult, traces: TraceSet) -> dict:
     return {"sync": {
         "matched_by": r.matched_by,
+        "straggler": r.straggler,
+        "notes": list(r.notes),
         "clock_offsets": records(r.offsets),
         "stragglers": records(r.stragglers),
         "instances": records(r.instances),

@@ -37,6 +37,7 @@ from pardiag import __version__
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.pipeline import summarize_bubbles
 from pardiag.analyzer.registry import Report
+from pardiag.analyzer.sync import STRAGGLER_MIN_WAIT_US
 
 #: Colours of the four breakdown parts, shared by every breakdown chart.
 PART_COLORS = {"compute only": "#4C78A8", "overlapped": "#54A24B",
@@ -690,11 +691,21 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
         out.append(_muted("No collective was found on two or more ranks: synchronization across "
                           "ranks cannot be measured (a single rank, or no communication)."))
         return out
-    top = sync.stragglers.iloc[0]
-    out.append(f"<p>Matched {len(sync.instances)} collective instances across ranks "
-               f"(by {_e(sync.matched_by)}). The rank the others wait for most: "
-               f"<b>rank {int(top['rank'])}</b> ({top['wait_caused_us'] / 1000:.3f} ms of "
-               f"others' waiting; last to arrive in {int(top['last_arrivals'])} instances).</p>")
+    n_complete = int(sync.instances["complete"].sum()) if "complete" in sync.instances else len(
+        sync.instances)
+    head = (f"<p>Matched {len(sync.instances)} collective instances across ranks "
+            f"(by {_e(sync.matched_by)}; {n_complete} complete). ")
+    if sync.straggler is not None:
+        top = sync.stragglers.iloc[0]
+        head += (f"The rank the others wait for most: <b>rank {int(top['rank'])}</b> "
+                 f"({top['wait_caused_us'] / 1000:.3f} ms of others' waiting; last to arrive in "
+                 f"{int(top['last_arrivals'])} instances).</p>")
+    else:
+        head += ("No rank makes the others wait (at least "
+                 f"{STRAGGLER_MIN_WAIT_US:.0f} µs over complete instances).</p>")
+    out.append(head)
+    for note in sync.notes:
+        out.append(_muted(note))
     out.append(_table(_ms(sync.stragglers, ["wait_suffered_us", "wait_caused_us"]), {
         "rank": "rank", "wait_caused_us": "wait caused (ms)",
         "wait_suffered_us": "wait suffered (ms)", "last_arrivals": "last arrivals",
@@ -714,13 +725,15 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
         "max_skew_us": "max arrival skew (ms)", "transfer_us": "median transfer (ms)"},
         left=("op",), digits=3, sortable=True))
     if (sync.offsets["instances"] == 0).all():
-        out.append(_muted("No collective spans all ranks here, so clocks could not be "
-                          "aligned: times are compared as recorded (same host: one clock)."))
-    out.append("<p class='muted'>Clock offsets (estimated from aligned collective ends, "
-               "subtracted before comparing):</p>")
-    out.append(_table(sync.offsets, {"rank": "rank", "offset_us": "offset (µs)",
-                                     "instances": "collectives used"}, digits=1, sortable=True,
-                      what="ranks"))
+        out.append(_muted("No complete collective spans the ranks here, so clocks could not be "
+                          "aligned: times are compared as recorded."))
+        return out
+    out.append("<p class='muted'>Clock offsets relative to the lowest rank (estimated from aligned "
+               "ends of complete collectives; the offset is subtracted before comparing, the "
+               "residual is not — ranks on one host share one clock):</p>")
+    out.append(_table(sync.offsets.drop(columns=["host"]), {
+        "rank": "rank", "offset_us": "offset (µs)", "residual_us": "residual (µs)",
+        "instances": "collectives used"}, digits=1, sortable=True, what="ranks"))
     return out
 
 

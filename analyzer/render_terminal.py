@@ -104,6 +104,8 @@ def _parallel(report: Report, console: Console) -> None:
                       _n(row.wait_suffered_us / 1e3, 3), str(row.last_arrivals),
                       str(row.steps_as_top))
         console.print(t)
+        for note in sync.notes:
+            console.print(Text(f"note: {note}"))
     if len(pipe.bubbles):
         summ = summarize_bubbles(pipe.bubbles)
         t = Table(title="Pipeline bubbles (" + ("estimate" if (pipe.bubbles["method"] == "estimate")

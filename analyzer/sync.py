@@ -34,13 +34,19 @@ import pandas as pd
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.breakdown import launch_times, launching_op_rows
 from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
-                                       comm_threads, on_threads, profiler_steps)
+                                       comm_threads, name_test, on_threads, profiler_steps)
 from pardiag.analyzer.comm_records import DTYPE_BYTES, _numel
 from pardiag.analyzer.load import RankTrace, TraceSet
 
 #: Columns of :func:`comm_events` (µs on each rank's own clock; bytes of the full buffer).
-EVENT_COLUMNS = ("rank", "pg", "seq", "op", "peer", "start_us", "end_us", "bytes", "group_size",
-                 "step", "source")
+#: ``pg`` is the group's name as the rank knows it (names are per-rank creation order and can name
+#: different groups on different ranks); ``group`` is its identity, the sorted global ranks joined
+#: by commas (``"0,2"``), or ``""`` when the trace does not say; ``native_seq`` is True where
+#: ``seq`` is the group's own sequence number (pardiag's records, a trace's ``Seq``) rather than
+#: the position in the trace; ``peer`` is the global rank at the other end of a send/recv (None
+#: when unknown).
+EVENT_COLUMNS = ("rank", "pg", "group", "seq", "native_seq", "op", "peer", "start_us", "end_us",
+                 "bytes", "group_size", "step", "source")
 
 P2P_OPS = frozenset({"send", "recv", "send_recv"})
 
@@ -69,18 +75,91 @@ def _step_of(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     return out
 
 
+def group_key(ranks, desc: object = "") -> str:
+    """Identity of a process group: its sorted global ranks joined by commas (``"0,2"``), and
+    its description where the trace gives one (``"0,2|mesh_dp"``: two groups of the same ranks,
+    such as a mesh's dp and tp groups on 2 ranks, stay apart; every member describes a group
+    alike, while its name is the member's own creation-order number)."""
+    key = ",".join(str(r) for r in sorted({int(r) for r in ranks}))
+    desc = str(desc or "").strip().strip('"')
+    return f"{key}|{desc}" if desc else key
+
+
+def _int_arg(v) -> int | None:
+    """An integer from a trace arg (Kineto writes many as strings: ``"3"``); None otherwise."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return int(v) if np.isfinite(v) and v == int(v) else None
+    if isinstance(v, str):
+        try:
+            return int(v.strip().strip('"'))
+        except ValueError:
+            return None
+    return None
+
+
+def _rank_list(v) -> list[int] | None:
+    """Global ranks from ``Process Group Ranks`` / ``pg_config`` (a list, or text such as
+    ``"[0, 1]"``); None when unreadable or truncated (``"[0, 1, ...]"``)."""
+    if isinstance(v, str):
+        text = v.strip().strip('"').strip()
+        if not (text.startswith("[") and text.endswith("]")) or "..." in text:
+            return None
+        items = [t for t in text[1:-1].replace(" ", "").split(",") if t]
+        v = items
+    if not isinstance(v, (list, tuple)):
+        return None
+    out = [_int_arg(x) for x in v]
+    return out if out and all(x is not None and x >= 0 for x in out) else None
+
+
+def _group_ranks(args: dict, pg_ranks_by_name: dict[str, list[int]]) -> list[int] | None:
+    """The global ranks of a communication op's group: ``Process Group Ranks``, else
+    ``Global rank start``/``stride`` with ``Group size``, else ``distributedInfo.pg_config`` for
+    its group name (the rank's own names)."""
+    ranks = _rank_list(args.get("Process Group Ranks"))
+    if ranks:
+        return ranks
+    start, stride = _int_arg(args.get("Global rank start")), _int_arg(args.get("Global rank stride"))
+    size = _int_arg(args.get("Group size"))
+    if start is not None and stride and size and start >= 0 and stride > 0:
+        return [start + stride * i for i in range(size)]
+    name = args.get("Process Group Name")
+    return pg_ranks_by_name.get(str(name)) if name is not None else None
+
+
+def _pg_config(trace: RankTrace) -> tuple[dict[str, list[int]], int | None, int | None]:
+    """(``{pg name: global ranks}`` from ``distributedInfo.pg_config``, world size, pg count)."""
+    info = trace.metadata.get("distributedInfo")
+    info = info if isinstance(info, dict) else {}
+    by_name = {}
+    for g in info.get("pg_config") or [] if isinstance(info.get("pg_config"), list) else []:
+        if isinstance(g, dict):
+            ranks = _rank_list(g.get("ranks"))
+            if ranks:
+                by_name[str(g.get("pg_name"))] = ranks
+    world = _int_arg(info.get("world_size"))
+    return by_name, world, _int_arg(info.get("pg_count"))
+
+
 def _from_records(rank: int, doc: dict, steps: pd.DataFrame) -> pd.DataFrame:
     groups = {g["name"]: g for g in doc.get("process_groups", [])}
     rows = []
     for r in doc.get("records", []):
         if r.get("start_us") is None or r.get("end_us") is None:
             continue
-        size = len(r.get("pg_ranks") or groups.get(r["pg_name"], {}).get("ranks") or [])
-        rows.append({"rank": rank, "pg": str(r["pg_name"]), "seq": int(r["seq"]), "op": r["op"],
-                     "peer": r.get("peer"), "start_us": float(r["start_us"]),
-                     "end_us": float(r["end_us"]), "bytes": r.get("bytes"),
-                     "group_size": size or None, "issue_us": float(r["issue_us"]),
-                     "source": "records"})
+        g = groups.get(r["pg_name"], {})
+        members = _rank_list(r.get("pg_ranks") or g.get("ranks") or []) or []
+        desc = g.get("desc") or r.get("pg_desc")
+        rows.append({"rank": rank, "pg": str(r["pg_name"]),
+                     "group": group_key(members, desc) if members else "", "seq": int(r["seq"]),
+                     "native_seq": True, "op": r["op"], "peer": r.get("peer"),
+                     "start_us": float(r["start_us"]), "end_us": float(r["end_us"]),
+                     "bytes": r.get("bytes"), "group_size": len(members) or None,
+                     "issue_us": float(r["issue_us"]), "source": "records"})
     df = pd.DataFrame(rows, columns=[*EVENT_COLUMNS[:-2], "issue_us", "source"])
     df["step"] = _step_of(df["issue_us"].to_numpy(dtype=float), steps)
     return df.drop(columns="issue_us")
@@ -90,10 +169,10 @@ def _args_bytes(args) -> int | None:
     if not isinstance(args, dict):
         return None
     dtype = args.get("dtype")
-    n_in, n_out = args.get("In msg nelems"), args.get("Out msg nelems")
-    if isinstance(n_in, (int, float)) or isinstance(n_out, (int, float)):
-        n = max(int(n_in or 0), int(n_out or 0))
-        return n * DTYPE_BYTES.get(str(dtype), 4)
+    n_in, n_out = _int_arg(args.get("In msg nelems")), _int_arg(args.get("Out msg nelems"))
+    if n_in is not None or n_out is not None:
+        n = max(n_in or 0, n_out or 0)
+        return n * DTYPE_BYTES.get(str(dtype).strip('"'), 4)
     dims, types = args.get("Input Dims"), args.get("Input type")
     if isinstance(dims, list) and dims and isinstance(types, list) and types:
         try:
@@ -103,13 +182,47 @@ def _args_bytes(args) -> int | None:
     return None
 
 
+def _p2p_peer(op: str, args: dict, ranks: list[int] | None) -> int | None:
+    """Global rank at the other end of a send/recv: ``Dst Rank`` / ``Src Rank`` (global), else
+    ``Rank`` (Kineto's record of a send/recv holds the peer's rank *in the group* there)."""
+    peer = _int_arg(args.get("Dst Rank" if op == "send" else "Src Rank"))
+    if peer is not None:
+        return peer
+    local = _int_arg(args.get("Rank"))
+    if local is not None and ranks and 0 <= local < len(ranks):
+        return ranks[local]
+    return None
+
+
+def _gloo_p2p_peers(ev: pd.DataFrame, p2p: pd.DataFrame, world_group: bool) -> list:
+    """Peers of gloo's point-to-point events (``gloo:send``/``gloo:recv`` on the calling thread):
+    the i-th ``c10d::send`` (``c10d::recv_``) of the thread names the i-th transfer's peer in its
+    ``Concrete Inputs[2]`` (a rank in the group; global only when every group is the world,
+    ``world_group``). None where that does not hold."""
+    out: list = [None] * len(p2p)
+    if not world_group or p2p.empty:
+        return out
+    for op, c10d in (("send", "c10d::send"), ("recv", "c10d::recv_")):
+        calls = ev[ev["name"] == c10d]
+        for (pid, tid), idx in p2p[p2p["name"] == f"gloo:{op}"].groupby(["pid", "tid"]).indices.items():
+            mine = calls[(calls["pid"] == pid) & (calls["tid"] == tid)]
+            if len(mine) != len(idx):
+                continue  # cannot tell which call is which transfer
+            for i, a in zip(idx, mine["args"].tolist()):
+                ci = a.get("Concrete Inputs") if isinstance(a, dict) else None
+                out[i] = _int_arg(ci[2]) if isinstance(ci, list) and len(ci) > 2 else None
+    return out
+
+
 def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.DataFrame:
+    """The rank's communication events read from its trace (no pardiag records): GPU
+    communication kernels (group, sequence number, peer and sizes from their args or from the
+    launching ``record_param_comms`` op) and gloo's events (the worker threads' collectives; the
+    calling thread's send/recv), in :data:`EVENT_COLUMNS`."""
     ev = trace.events
-    world = None
-    info = trace.metadata.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("world_size"), int):
-        world = info["world_size"]
-    gpu = ev[kinds == Kind.GPU_COMM.value]
+    pg_ranks, world, pg_count = _pg_config(trace)
+    frames = []
+    gpu = ev[(kinds == Kind.GPU_COMM.value).to_numpy()]
     if len(gpu):
         # metadata from the kernel's args, else from the CPU op that launched it
         launch = launch_times(trace, gpu)
@@ -136,27 +249,52 @@ def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.D
             op = collective_type(args.get("_op_name", name), args)
             if op not in STANDARD_COLLECTIVES:
                 op = collective_type(name, args)
-            size = args.get("Group size")
+            members = _group_ranks(args, pg_ranks)
+            size = _int_arg(args.get("Group size"))
+            seq = _int_arg(args.get("Seq"))
             rows.append({"rank": trace.rank, "pg": str(args.get("Process Group Name", "?")),
-                         "op": op, "peer": None, "start_us": float(ts),
-                         "end_us": float(ts + dur), "bytes": _args_bytes(args),
-                         "group_size": int(size) if isinstance(size, (int, float)) else world,
+                         "group": group_key(members, args.get("Process Group Description"))
+                         if members else "",
+                         "seq": seq if seq is not None else -1,
+                         "native_seq": seq is not None and op not in P2P_OPS,
+                         "op": op, "peer": _p2p_peer(op, args, members) if op in P2P_OPS else None,
+                         "start_us": float(ts), "end_us": float(ts + dur),
+                         "bytes": _args_bytes(args),
+                         "group_size": size if size else (len(members) if members else world),
                          "launch_us": float(lt), "source": "trace"})
         df = pd.DataFrame(rows)
         df["step"] = _step_of(df["launch_us"].to_numpy(), steps)
-        df = df.drop(columns="launch_us")
-    else:
-        threads = comm_threads(trace)
-        on_worker = on_threads(ev, threads)
-        gl = ev[on_worker & ev["name"].str.startswith("gloo:").to_numpy()]
+        frames.append(df.drop(columns="launch_us"))
+    threads = comm_threads(trace)
+    gloo = ev[name_test(trace, "gloo", lambda n: n.startswith("gloo:"))]
+    if len(gloo):
+        on_worker = on_threads(gloo, threads)
+        ops = [collective_type(n) for n in gloo["name"]]
+        is_p2p = np.array([o in ("send", "recv") for o in ops], dtype=bool)
+        keep = on_worker | is_p2p  # collectives on the worker threads; send/recv on the caller's
+        gl = gloo[keep]
+        world_group = bool(pg_count == 1 or (pg_ranks and world and all(
+            len(r) == world for r in pg_ranks.values()) and pg_count == len(pg_ranks)))
+        peers: list = [None] * len(gl)
+        p2p_rows = np.flatnonzero(is_p2p[keep])
+        if len(p2p_rows):
+            for i, peer in zip(p2p_rows, _gloo_p2p_peers(ev, gl.iloc[p2p_rows], world_group)):
+                peers[i] = peer
         df = pd.DataFrame({
-            "rank": trace.rank, "pg": "?", "op": [collective_type(n) for n in gl["name"]],
-            "peer": None, "start_us": gl["ts"].to_numpy(dtype=float),
+            "rank": trace.rank, "pg": "?", "group": "", "seq": -1, "native_seq": False,
+            "op": [o for o, k in zip(ops, keep) if k], "peer": pd.Series(peers, dtype=object),
+            "start_us": gl["ts"].to_numpy(dtype=float),
             "end_us": (gl["ts"] + gl["dur"]).to_numpy(dtype=float),
-            "bytes": [_args_bytes(a) for a in gl["args"]], "group_size": world, "source": "trace"})
+            "bytes": [_args_bytes(a) for a in gl["args"]], "group_size": world,
+            "source": "trace"})
         df["step"] = _step_of(df["start_us"].to_numpy(dtype=float), steps)
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=list(EVENT_COLUMNS))
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
-    df["seq"] = df.groupby("pg").cumcount() + 1
+    order = df.groupby(["group", "pg"]).cumcount() + 1
+    df["seq"] = np.where(df["native_seq"].astype(bool), df["seq"], order)
     return df[list(EVENT_COLUMNS)]
 
 
@@ -188,21 +326,31 @@ class SyncResult:
     """Result of :func:`compute_sync`.
 
     Attributes:
-        offsets: per rank: ``rank``, ``offset_us`` (its clock minus the consensus, estimated from
-            collective ends), ``instances`` (collectives used).
-        instances: per collective instance: ``instance``, ``pg``, ``seq``, ``op``, ``ranks`` (n),
-            ``step``, ``bytes``, ``first_arrival_us``, ``arrival_skew_us``, ``transfer_us``,
-            ``last_rank``, ``algbw_gbps``, ``busbw_gbps`` (GB/s = 1e9 bytes/s; NaN without bytes),
-            ``inter_node`` (participants on more than one host; None when hosts are unknown).
+        offsets: per rank: ``rank``, ``offset_us`` (its clock minus the reference rank's — the
+            lowest rank present — as subtracted before comparing; 0 for ranks on the reference
+            rank's host), ``residual_us`` (what the collective ends suggest beyond that: on one
+            host the clocks are one clock, so this is jitter and is not subtracted),
+            ``instances`` (complete collective instances used), ``host`` (None when unknown).
+        instances: per collective instance: ``instance``, ``pg``, ``group`` (its ranks and
+            description, :func:`group_key`; ``""`` when unknown), ``seq``, ``op``, ``ranks`` (members present), ``expected`` (group
+            size), ``complete`` (every member present), ``step``, ``bytes``,
+            ``first_arrival_us``, ``arrival_skew_us``, ``transfer_us``, ``last_rank``,
+            ``algbw_gbps``, ``busbw_gbps`` (GB/s = 1e9 bytes/s; NaN without bytes or when
+            partial), ``inter_node`` (participants on more than one host; None when hosts are
+            unknown). Point-to-point transfers are instances of two ranks (a send and its recv).
         per_rank: per instance and rank: ``instance``, ``rank``, ``start_us``, ``end_us`` (corrected
             clock), ``dur_us``, ``wait_us``, ``arrival_delay_us``.
-        stragglers: per rank, most wait caused first: ``rank``, ``wait_suffered_us`` (|union of
-            its waiting intervals|), ``wait_caused_us`` (Σ over the other ranks of |union of
-            their waits for it|), ``last_arrivals``, ``steps_as_top`` (steps in which it caused
-            the most wait), ``instances``.
+        stragglers: per rank, most wait caused first, from complete instances only:
+            ``rank``, ``wait_suffered_us`` (|union of its waiting intervals|), ``wait_caused_us``
+            (Σ over the other ranks of |union of their waits for it|), ``last_arrivals``,
+            ``steps_as_top`` (steps in which it caused the most wait), ``instances``.
         bandwidth: per group, op, message size and ``inter_node`` (``"intra"``, ``"inter"`` or
             ``"unknown"``): ``count``, ``transfer_us``, ``algbw_gbps``, ``busbw_gbps`` (medians).
-        matched_by: ``"records"`` or ``"order"``.
+        matched_by: ``"records"``, ``"sequence numbers"``, ``"order"`` or ``"none"``.
+        straggler: the rank that causes the most waiting when that is at least
+            :data:`STRAGGLER_MIN_WAIT_US` over complete instances, else None.
+        notes: what the matching could not do (partial instances, unpaired point-to-point ops,
+            the clock model used), one line each.
     """
 
     offsets: pd.DataFrame
@@ -211,100 +359,209 @@ class SyncResult:
     stragglers: pd.DataFrame
     bandwidth: pd.DataFrame
     matched_by: str
+    straggler: int | None = None
+    notes: tuple[str, ...] = ()
+
+
+#: Waiting (µs, summed over the waiting ranks) below which no rank is named a straggler.
+STRAGGLER_MIN_WAIT_US = 10.0
 
 
 def match_instances(events: pd.DataFrame) -> pd.DataFrame:
-    """Add an ``instance`` key to every event: ``"pg:seq"`` for collectives, and
-    ``"p2p:pg:a>b:k"`` for the k-th transfer from rank a to rank b (send and recv alike).
+    """Add an ``instance`` key to every event (None where it cannot be matched).
 
-    Events of traces without records are matched by per-group order; where the ranks' op
-    sequences disagree, by per-group per-op order.
+    * Collectives: a group is its ranks (``group``), or its name where the trace does not give
+      the ranks. Where every event of a group carries the group's own sequence number
+      (``native_seq``: records, a trace's ``Seq``), the key is ``"<group>:<seq>"``, so ranks whose
+      windows start at different collectives still match. Otherwise instances are matched by
+      per-group order, and per-group per-op order where the ranks' op sequences differ.
+    * Point-to-point: ``"p2p:<group>:<a>><b>:<k>"`` for the k-th transfer from rank a to rank b,
+      send and recv alike. A send/recv whose peer is unknown gets None: it is never matched
+      as a group collective.
     """
     ev = events.copy()
-    coll = ~ev["op"].isin(["send", "recv"]) | ev["peer"].isna()
-    key = ev["pg"].astype(str) + ":" + ev["seq"].astype(str)
-    unordered = ev["source"].eq("trace")
-    if unordered.any():
-        sub = ev[unordered & coll]
-        ops = sub.groupby(["rank", "pg"])["op"].apply(tuple)
-        if ops.groupby(level="pg").nunique().gt(1).any():  # sequences differ: order per op
-            nth = sub.groupby(["rank", "pg", "op"]).cumcount() + 1
-            key.loc[sub.index] = (sub["pg"].astype(str) + ":" + sub["op"] + ":" + nth.astype(str))
-    p2p = ~coll
+    if "group" not in ev:
+        ev["group"] = ""
+    if "native_seq" not in ev:
+        ev["native_seq"] = ev["source"].eq("records")
+    gid = np.where(ev["group"].astype(str) != "", "g" + ev["group"].astype(str),
+                   "pg" + ev["pg"].astype(str))
+    ev["_gid"] = gid
+    p2p_op = ev["op"].isin(P2P_OPS).to_numpy()
+    has_peer = ev["peer"].notna().to_numpy()
+    coll = ~p2p_op
+    key = pd.Series([None] * len(ev), index=ev.index, dtype=object)
+    sub = ev[coll]
+    if len(sub):
+        native = sub.groupby("_gid")["native_seq"].transform("all").astype(bool)
+        nat = sub[native]
+        key.loc[nat.index] = nat["_gid"] + ":" + nat["seq"].astype(int).astype(str)
+        rest = sub[~native]
+        if len(rest):
+            nth = rest.groupby(["rank", "_gid"]).cumcount() + 1
+            k = rest["_gid"] + ":" + nth.astype(str)
+            ops = rest.groupby(["rank", "_gid"])["op"].apply(tuple)
+            differ = ops.groupby(level="_gid").nunique().gt(1)
+            bad = set(differ[differ].index)
+            if bad:  # the ranks' op sequences differ: order per op
+                per_op = rest["_gid"].isin(bad)
+                nth_op = rest[per_op].groupby(["rank", "_gid", "op"]).cumcount() + 1
+                k.loc[per_op] = (rest.loc[per_op, "_gid"] + ":" + rest.loc[per_op, "op"] + ":"
+                                 + nth_op.astype(str))
+            key.loc[rest.index] = k
+    p2p = p2p_op & has_peer & ev["op"].isin(["send", "recv"]).to_numpy()
     if p2p.any():
         sub = ev[p2p]
         src = np.where(sub["op"] == "send", sub["rank"], sub["peer"]).astype(int)
         dst = np.where(sub["op"] == "send", sub["peer"], sub["rank"]).astype(int)
         tmp = sub.assign(src=src, dst=dst)
-        nth = tmp.groupby(["rank", "pg", "src", "dst"]).cumcount() + 1
-        key.loc[sub.index] = ("p2p:" + tmp["pg"].astype(str) + ":" + tmp["src"].astype(str) + ">"
+        nth = tmp.groupby(["rank", "_gid", "src", "dst"]).cumcount() + 1
+        key.loc[sub.index] = ("p2p:" + tmp["_gid"].str[1:] + ":" + tmp["src"].astype(str) + ">"
                               + tmp["dst"].astype(str) + ":" + nth.astype(str))
     ev["instance"] = key
-    return ev
+    return ev.drop(columns="_gid")
 
 
-def _offsets(ev: pd.DataFrame) -> pd.DataFrame:
-    coll = ev[~ev["instance"].str.startswith("p2p:")]
-    multi = coll.groupby("instance")["rank"].transform("nunique") > 1
-    coll = coll[multi]
-    ranks = sorted(ev["rank"].unique())
+def _offsets(ev: pd.DataFrame, complete: set, hosts: dict[int, str]
+             ) -> tuple[pd.DataFrame, list[str]]:
+    """Clock offsets (see :class:`SyncResult`) from the ends of complete collective instances:
+    every member leaves a collective when the last arrives, so ``end(r) − median end`` is rank
+    r's clock error in that instance (TensorBoard profiler plugin: align on collective ends).
+    Ranks on one host share one clock and one offset (the median over its ranks); with every
+    rank on one host nothing is subtracted."""
+    ranks = sorted(int(r) for r in ev["rank"].unique())
+    out = pd.DataFrame({"rank": ranks})
+    out["host"] = [hosts.get(r) for r in ranks]
+    notes: list[str] = []
+    coll = ev[ev["instance"].isin(complete) & ~ev["instance"].astype(str).str.startswith("p2p:")]
     if coll.empty:
-        return pd.DataFrame({"rank": ranks, "offset_us": 0.0, "instances": 0})
+        out["offset_us"] = 0.0
+        out["residual_us"] = 0.0
+        out["instances"] = 0
+        return out[["rank", "offset_us", "residual_us", "instances", "host"]], notes
     consensus = coll.groupby("instance")["end_us"].transform("median")
     diff = (coll["end_us"] - consensus).groupby(coll["rank"])
-    med = diff.median()
-    out = pd.DataFrame({"rank": ranks})
-    out["offset_us"] = out["rank"].map(med).fillna(0.0).astype(float)
+    raw = out["rank"].map(diff.median())
+    ref = ranks[0]
+    raw = raw - (raw[out["rank"] == ref].iloc[0] if raw[out["rank"] == ref].notna().all() else 0.0)
+    raw = raw.fillna(0.0).astype(float)
     out["instances"] = out["rank"].map(diff.size()).fillna(0).astype(int)
-    return out
+    known = all(hosts.get(r) for r in ranks)
+    if known:
+        by_host = raw.groupby(out["host"]).median()
+        off = out["host"].map(by_host) - by_host[hosts[ref]]
+        out["offset_us"] = off.astype(float)
+        out["residual_us"] = raw - out["offset_us"]
+        n_hosts = len(set(hosts[r] for r in ranks))
+        if n_hosts == 1:
+            notes.append(f"all {len(ranks)} ranks ran on one host ({hosts[ref]}): one clock, no "
+                         f"offset subtracted (collective ends differ by at most "
+                         f"{float(raw.abs().max()):.1f} µs there)")
+        else:
+            notes.append(f"clock offsets of {n_hosts} hosts estimated from "
+                         f"{coll['instance'].nunique()} complete collective instances; ranks on "
+                         f"one host share one offset")
+    else:
+        out["offset_us"] = raw
+        out["residual_us"] = 0.0
+        notes.append(f"hosts unknown: a clock offset per rank estimated from "
+                     f"{coll['instance'].nunique()} complete collective instances")
+    return out[["rank", "offset_us", "residual_us", "instances", "host"]], notes
+
+
+def _hosts(traces: TraceSet) -> dict[int, str]:
+    """``{rank: host}`` from pardiag's rank metadata (traces from elsewhere do not say)."""
+    return {r: str(m["host"]) for r, m in traces.rank_meta.items()
+            if isinstance(m, dict) and m.get("host")}
 
 
 def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None = None) -> SyncResult:
-    """Match collectives across ranks, align clocks, and measure synchronization (see module)."""
+    """Match collectives across ranks, align clocks, and measure synchronization (see module).
+
+    Only *complete* instances (every member of the group present in the loaded traces) feed
+    clock offsets, stragglers and bandwidth; partial ones are listed (``complete`` False) and
+    counted in a note. A rank is named :attr:`SyncResult.straggler` only from complete ones.
+    """
     ev = comm_events(traces, comm_patterns) if events is None else events
     empty = pd.DataFrame()
+    no_stragglers = pd.DataFrame(columns=["rank", "wait_suffered_us", "wait_caused_us",
+                                          "last_arrivals", "steps_as_top", "instances"])
+    no_offsets = pd.DataFrame(columns=["rank", "offset_us", "residual_us", "instances", "host"])
     if ev.empty:
-        return SyncResult(pd.DataFrame(columns=["rank", "offset_us", "instances"]), empty, empty,
-                          pd.DataFrame(columns=["rank", "wait_suffered_us", "wait_caused_us",
-                                                "last_arrivals", "steps_as_top", "instances"]),
-                          empty, "none")
-    matched_by = "records" if ev["source"].eq("records").all() else "order"
+        return SyncResult(no_offsets, empty, empty, no_stragglers, empty, "none")
+    if ev["source"].eq("records").all():
+        matched_by = "records"
+    elif "native_seq" in ev and ev.loc[~ev["op"].isin(P2P_OPS), "native_seq"].astype(bool).all():
+        matched_by = "sequence numbers"
+    else:
+        matched_by = "order"
     ev = match_instances(ev)
-    offsets = _offsets(ev)
-    off = ev["rank"].map(dict(zip(offsets["rank"], offsets["offset_us"])))
+    notes: list[str] = []
+    unpaired = ev["instance"].isna()
+    if unpaired.any():
+        notes.append(f"{int(unpaired.sum())} point-to-point op(s) without a known peer were not "
+                     f"paired (never matched as a group collective)")
+    ev = ev[~unpaired].copy()
+    present = set(int(r) for r in traces.ranks) | set(int(r) for r in ev["rank"].unique())
+    g = ev.groupby("instance", sort=False)
+    inst = pd.DataFrame({
+        "pg": g["pg"].first(), "group": g["group"].first(), "seq": g["seq"].first(),
+        "op": g["op"].first(), "ranks": g["rank"].nunique(), "step": g["step"].max(),
+        "bytes": g["bytes"].max(), "group_size": g["group_size"].max(),
+    })
+    is_p2p = inst.index.to_series().str.startswith("p2p:")
+    members = inst["group"].map(lambda k: [int(x) for x in k.split("|")[0].split(",")] if k
+                                else None)
+    expected = inst["group_size"].astype(float)
+    expected = expected.where(expected.notna(), members.map(lambda m: len(m) if m else np.nan))
+    expected = expected.fillna(float(len(present)))
+    expected[is_p2p] = 2.0
+    inst["expected"] = expected.astype(int)
+    inst["complete"] = inst["ranks"] >= inst["expected"]
+    n_multi = int((inst["ranks"] > 1).sum())
+    partial = inst[~inst["complete"] & ~is_p2p]
+    if len(partial):
+        absent = sorted({r for m in members[partial.index].dropna() for r in m} - present)
+        notes.append(f"{len(partial)} of {int((~is_p2p).sum())} collective instance(s) lack "
+                     f"members" + (f" (ranks {absent[:8]}{'...' if len(absent) > 8 else ''} have no "
+                                   f"trace)" if absent else "")
+                     + ": not used for clock offsets, stragglers or bandwidth")
+    lone = inst[~inst["complete"] & is_p2p]
+    if len(lone):
+        notes.append(f"{len(lone)} point-to-point transfer(s) have only one side in the traces")
+    complete = set(inst.index[inst["complete"]])
+    hosts = _hosts(traces)
+    offsets, off_notes = _offsets(ev, complete, hosts)
+    notes.extend(off_notes)
+    off = ev["rank"].map(dict(zip(offsets["rank"], offsets["offset_us"]))).fillna(0.0)
     ev["start_us"] = ev["start_us"] - off
     ev["end_us"] = ev["end_us"] - off
     ev["dur_us"] = ev["end_us"] - ev["start_us"]
 
     g = ev.groupby("instance", sort=False)
-    inst = pd.DataFrame({
-        "pg": g["pg"].first(), "seq": g["seq"].first(), "op": g["op"].first(),
-        "ranks": g["rank"].nunique(), "step": g["step"].max(), "bytes": g["bytes"].max(),
-        "first_arrival_us": g["start_us"].min(),
-        "arrival_skew_us": g["start_us"].max() - g["start_us"].min(),
-        "transfer_us": g["dur_us"].min(),
-        "group_size": g["group_size"].max(),
-    })
+    inst["first_arrival_us"] = g["start_us"].min()
+    inst["arrival_skew_us"] = g["start_us"].max() - g["start_us"].min()
+    inst["transfer_us"] = g["dur_us"].min()
     last_idx = g["start_us"].idxmax()
-    inst["last_rank"] = ev.loc[last_idx.values, "rank"].to_numpy()
+    inst["last_rank"] = ev.loc[last_idx.reindex(inst.index).values, "rank"].to_numpy()
     inst = inst[inst["ranks"] > 1].copy()
-    n = inst["group_size"].fillna(inst["ranks"]).astype(float)
+    n = inst["group_size"].where(inst["group_size"].notna(), inst["ranks"]).astype(float)
     seconds = inst["transfer_us"] / 1e6
     inst["algbw_gbps"] = pd.to_numeric(inst["bytes"], errors="coerce") / seconds / 1e9
-    inst.loc[seconds <= 0, "algbw_gbps"] = np.nan
+    inst.loc[(seconds <= 0) | ~inst["complete"], "algbw_gbps"] = np.nan
     inst["busbw_gbps"] = inst["algbw_gbps"] * [busbw_factor(o, int(k)) for o, k in
                                                zip(inst["op"], n)]
     inst = inst.sort_values("first_arrival_us").reset_index(names="instance")
-    hosts = {r: m.get("host") for r, m in traces.rank_meta.items() if m.get("host")}
     if hosts:
-        members = ev.groupby("instance")["rank"].apply(lambda rs: {hosts.get(r) for r in rs})
+        hsets = ev.groupby("instance")["rank"].apply(lambda rs: {hosts.get(int(r)) for r in rs})
         inst["inter_node"] = inst["instance"].map(
-            lambda k: None if None in members.get(k, {None}) else len(members[k]) > 1)
+            lambda k: None if None in hsets.get(k, {None}) else len(hsets[k]) > 1)
     else:
         inst["inter_node"] = None
 
     pr = ev[ev["instance"].isin(inst["instance"])].copy()
-    pr = pr.merge(inst[["instance", "transfer_us", "first_arrival_us", "last_rank"]], on="instance")
+    pr = pr.merge(inst[["instance", "transfer_us", "first_arrival_us", "last_rank", "complete"]],
+                  on="instance")
     pr["wait_us"] = pr["dur_us"] - pr["transfer_us"]
     pr["arrival_delay_us"] = pr["start_us"] - pr["first_arrival_us"]
     # Waiting = from a rank's arrival to the last arrival. Aggregates take the union of those
@@ -312,11 +569,12 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
     pr["wait_until_us"] = pr.groupby("instance")["start_us"].transform("max")
     per_rank = pr[["instance", "rank", "start_us", "end_us", "dur_us", "wait_us",
                    "arrival_delay_us"]].reset_index(drop=True)
+    pr = pr[pr["complete"]]
 
     def waited(rows: pd.DataFrame) -> float:
         return iv.total(iv.union(rows["start_us"].to_numpy(), rows["wait_until_us"].to_numpy()))
 
-    ranks = sorted(ev["rank"].unique())
+    ranks = sorted(int(r) for r in ev["rank"].unique())
     st = pd.DataFrame({"rank": ranks})
     st["wait_suffered_us"] = [waited(pr[pr["rank"] == r]) for r in ranks]
     others = pr[pr["rank"] != pr["last_rank"]]
@@ -333,7 +591,8 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
     for (last, _), v in caused.items():
         total_caused[last] = total_caused.get(last, 0.0) + v
     st["wait_caused_us"] = st["rank"].map(total_caused).fillna(0.0)
-    st["last_arrivals"] = st["rank"].map(inst["last_rank"].value_counts()).fillna(0).astype(int)
+    done = inst[inst["complete"]]
+    st["last_arrivals"] = st["rank"].map(done["last_rank"].value_counts()).fillna(0).astype(int)
     top: dict[int, tuple[int, float]] = {}
     for (last, step), v in caused.items():
         if v > top.get(step, (None, -1.0))[1]:
@@ -342,8 +601,12 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
     st["steps_as_top"] = st["rank"].map(tops).fillna(0).astype(int)
     st["instances"] = st["rank"].map(pr.groupby("rank")["instance"].nunique()).fillna(0).astype(int)
     st = st.sort_values(["wait_caused_us", "rank"], ascending=[False, True]).reset_index(drop=True)
+    if done.empty and n_multi:
+        st = st.iloc[:0]
+    straggler = (int(st["rank"].iloc[0]) if len(st)
+                 and float(st["wait_caused_us"].iloc[0]) >= STRAGGLER_MIN_WAIT_US else None)
 
-    bw = inst.dropna(subset=["algbw_gbps"])
+    bw = done.dropna(subset=["algbw_gbps"])
     if len(bw):
         bandwidth = (bw.assign(inter_node=bw["inter_node"].map(
                          lambda v: "unknown" if v is None else ("inter" if v else "intra")))
@@ -353,4 +616,5 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
     else:
         bandwidth = pd.DataFrame(columns=["pg", "op", "bytes", "inter_node", "count", "transfer_us",
                                           "algbw_gbps", "busbw_gbps"])
-    return SyncResult(offsets, inst.drop(columns=["group_size"]), per_rank, st, bandwidth, matched_by)
+    return SyncResult(offsets, inst.drop(columns=["group_size"]), per_rank, st, bandwidth,
+                      matched_by, straggler, tuple(notes))
