@@ -12,7 +12,8 @@ compute-only + overlap + exposed + idle = window length.
 What counts as what:
 
 * **GPU traces** (any kernel in the file): K = compute kernels, C = communication kernels (see
-  :mod:`pardiag.analyzer.classify`); memcpy/memset and CPU events count as neither. The whole-trace
+  :mod:`pardiag.analyzer.classify`) and ``gloo:*`` events (the gloo backend on CUDA tensors runs
+  its transfers on a CPU thread); memcpy/memset and other CPU events count as neither. The whole-trace
   window is first kernel start to last kernel end. A kernel belongs to the profiler step in which
   its launching runtime call ran (``correlation``); step *s*'s device window runs from its first
   kernel's start to the next step's first kernel's start (the last step: to its last kernel's
@@ -93,6 +94,25 @@ def _metrics(k: np.ndarray, c: np.ndarray, lo: float, hi: float) -> dict:
     }
 
 
+def _metrics_over(k: np.ndarray, c: np.ndarray, spans: list[tuple[float, float]]) -> dict:
+    """:func:`_metrics` of a rank's time made of several spans (profiling windows): times
+    summed over the spans, shares of their summed length."""
+    if len(spans) == 1:
+        return _metrics(k, c, *spans[0])
+    parts = [_metrics(k, c, lo, hi) for lo, hi in spans]
+    tot = {key: float(sum(p[key] for p in parts)) for key in
+           ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us", "exposed_comm_us",
+            "idle_us")}
+    span = tot["span_us"]
+    pct = (lambda x: 100.0 * x / span) if span > 0 else (lambda x: float("nan"))
+    return {**tot,
+            "overlap_pct": 100.0 * tot["overlap_us"] / tot["comm_us"] if tot["comm_us"] > 0
+            else float("nan"),
+            "compute_only_pct": pct(tot["compute_only_us"]),
+            "overlap_share_pct": pct(tot["overlap_us"]),
+            "exposed_comm_pct": pct(tot["exposed_comm_us"]), "idle_pct": pct(tot["idle_us"])}
+
+
 def _intervals(ev: pd.DataFrame) -> np.ndarray:
     return iv.union(ev["ts"].to_numpy(), (ev["ts"] + ev["dur"]).to_numpy())
 
@@ -167,6 +187,9 @@ class RankParts:
             kernel launched in the step's CPU range to the next step's first kernel (the last
             step: to its last kernel's end), on CPU the ``ProfilerStep`` range.
         comm_events: the communication events (``name, ts, dur, args, type, counted``).
+        segments: ``((start µs, end µs), ...)`` inside ``[lo, hi]`` that are the rank's time
+            when its events come from several profiling windows (:attr:`RankTrace.windows`);
+            ``()`` for one window (then ``[lo, hi]`` is).
     """
 
     domain: str
@@ -176,6 +199,11 @@ class RankParts:
     hi: float
     step_windows: list[tuple[int, float, float]]
     comm_events: pd.DataFrame  # name, ts, dur, args, type, counted
+    segments: tuple = ()
+
+    def spans(self) -> list[tuple[float, float]]:
+        """The rank's time as ``[(start µs, end µs)]``: its segments, or ``[(lo, hi)]``."""
+        return list(self.segments) if self.segments else [(self.lo, self.hi)]
 
 
 def rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankParts:
@@ -198,8 +226,12 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
     steps = profiler_steps(trace, kinds)
     gpu_kinds = [Kind.GPU_COMPUTE.value, Kind.GPU_COMM.value, Kind.GPU_MEMORY.value]
     if kinds.isin(gpu_kinds).any():
-        kernels = ev[kinds.isin(gpu_kinds)]
-        kk = kinds[kernels.index]
+        dev = kinds.isin(gpu_kinds).to_numpy()
+        # gloo on CUDA tensors: the transfer runs on a CPU thread beside the GPU's computation
+        host_comm = (kinds == Kind.CPU_COMM.value).to_numpy() & name_test(
+            trace, "gloo", lambda n: n.startswith("gloo:"))
+        kernels = ev[dev | host_comm]
+        kk = kinds[kernels.index].where(~host_comm[dev | host_comm], Kind.GPU_COMM.value)
         launch = launch_times(trace, kernels)
         if launch_window is not None:
             sel = (launch >= launch_window[0]) & (launch < launch_window[1])
@@ -219,12 +251,17 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
                                       "e": ends[inside]})
                         .groupby("i").agg(first=("s", "min"), last_end=("e", "max")))
             starts = per_step["first"].to_numpy()
+            seg = _segment_of(starts, trace.windows)
             for j, (i, row) in enumerate(per_step.iterrows()):
-                end = starts[j + 1] if j + 1 < len(per_step) else row["last_end"]
+                # to the next step's first kernel, unless that lies in another profiling window
+                nxt = j + 1 < len(per_step) and seg[j + 1] == seg[j]
+                end = starts[j + 1] if nxt else row["last_end"]
                 windows.append((int(steps["step"].iloc[i]), float(row["first"]),
                                 float(max(row["first"], end))))
         comm = _gpu_comm_types(trace, comm_ev)
-        return RankParts("gpu", k, c, lo, hi, windows, comm)
+        ts = kernels["ts"].to_numpy()
+        return RankParts("gpu", k, c, lo, hi, windows, comm,
+                         _segments(ts, ts + kernels["dur"].to_numpy(), trace.windows))
 
     comm_ev = ev[kinds == Kind.CPU_COMM.value]
     c = _intervals(comm_ev)
@@ -244,7 +281,30 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
     comm["counted"] = worker
     no_worker_types = set(comm["type"]) - set(comm.loc[worker, "type"])
     comm.loc[comm["type"].isin(no_worker_types), "counted"] = True
-    return RankParts("cpu", k, c, lo, hi, windows, comm)
+    ts = timed["ts"].to_numpy()
+    return RankParts("cpu", k, c, lo, hi, windows, comm,
+                     _segments(ts, ts + timed["dur"].to_numpy(), trace.windows))
+
+
+def _segment_of(times: np.ndarray, windows) -> np.ndarray:
+    """Index of the profiling window (:attr:`RankTrace.windows`, in time order) holding each
+    time: the last window starting at or before it (0 with one window)."""
+    if len(windows) < 2:
+        return np.zeros(len(times), dtype=np.int64)
+    starts = np.array([w[0] for w in windows], dtype=float)
+    return np.maximum(np.searchsorted(starts, times, side="right") - 1, 0)
+
+
+def _segments(starts: np.ndarray, ends: np.ndarray, windows) -> tuple:
+    """Per profiling window of the rank (``()`` for one window): from the first start to the
+    last end of the events (``starts``/``ends``, µs) that start in it — what ``[lo, hi]`` is
+    for a rank with one window."""
+    if len(windows) < 2 or len(starts) == 0:
+        return ()
+    seg = _segment_of(starts, windows)
+    out = tuple((float(starts[seg == i].min()), float(ends[seg == i].max()))
+                for i in range(len(windows)) if (seg == i).any())
+    return out if len(out) > 1 else ()
 
 
 def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
@@ -289,7 +349,7 @@ def breakdown_rows_of(parts: RankParts) -> tuple[dict, list[dict], list[dict]]:
     """Whole-trace, per-step and per-collective rows (see :class:`TimeBreakdown`, without
     ``rank``) of one rank's parts."""
     total = {"domain": parts.domain, "start_us": parts.lo, "end_us": parts.hi,
-             **_metrics(parts.k, parts.c, parts.lo, parts.hi)}
+             **_metrics_over(parts.k, parts.c, parts.spans())}
     steps = [{"step": step, "start_us": lo, "end_us": hi, **_metrics(parts.k, parts.c, lo, hi)}
              for step, lo, hi in parts.step_windows]
     colls = []
@@ -315,7 +375,7 @@ def compute_rank_breakdown(trace: RankTrace, comm_patterns: Iterable[re.Pattern]
     """
     parts = rank_parts(trace, list(comm_patterns), launch_window)
     return {"domain": parts.domain, "start_us": parts.lo, "end_us": parts.hi,
-            **_metrics(parts.k, parts.c, parts.lo, parts.hi)}
+            **_metrics_over(parts.k, parts.c, parts.spans())}
 
 
 def compute_time_breakdown(traces: TraceSet, comm_patterns: Iterable[re.Pattern] = ()) -> TimeBreakdown:

@@ -8,11 +8,12 @@ a list of files; ``.json`` or ``.json.gz``. Handles the trace dialects seen in t
   strings such as ``"stream 7"``;
 * bare ``inf``/``-inf``/``nan``/``NaN``/``Infinity`` tokens and raw control characters in strings;
 * events at ``ts`` 0 with ``dur`` 0 among epoch timestamps (left out, counted in a warning);
-* kernels on one stream that overlap by a few ns (the later one is clipped to start where the
-  earlier ends, counted in a note).
+* kernels on one stream that overlap (the earlier one is clipped to end where the next starts:
+  a stream runs one kernel at a time; counted in a note).
 
-Rank of each file: ``distributedInfo.rank``; else a rank or worker number in the file name; else a
-free rank, with a warning. Two files never collapse into one rank.
+Rank of each file: see :mod:`pardiag.analyzer.ranks` (``distributedInfo.rank``, else a rank or
+worker number in the file name, else a free rank with a warning; files of one rank that do not
+overlap in time are its profiling windows; a merged multi-rank file is split into its ranks).
 
 Speed: strict-JSON files are decoded with msgspec into only the fields pardiag reads
 (:func:`parse_trace_fast`); anything else takes the tolerant orjson/json path, which builds the
@@ -39,6 +40,7 @@ import orjson
 import pandas as pd
 
 from pardiag import layout
+from pardiag.analyzer.ranks import FileFacts, assign_ranks, merged_rank_of_pids
 from pardiag.errors import PardiagError, TraceError
 
 #: Columns of :attr:`RankTrace.events` (one row per complete event, ``ph == "X"``, or memory
@@ -55,6 +57,10 @@ _CAT_ALIASES = {
     "cuda_driver": "cuda_driver", "user_annotation": "user_annotation",
     "gpu_user_annotation": "gpu_user_annotation", "cpu_instant_event": "cpu_instant_event",
     "python_function": "python_function", "cuda_sync": "cuda_sync",
+    # other accelerators' runtime calls (they carry the kernels' correlation ids): one name
+    "xpu_runtime": "cuda_runtime", "xpu_driver": "cuda_driver", "mtia_runtime": "cuda_runtime",
+    "privateuse1_runtime": "cuda_runtime", "privateuse1_driver": "cuda_driver",
+    "hpu_runtime": "cuda_runtime",
 }
 #: Categories of events that run on a GPU stream.
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -64,7 +70,6 @@ _KEEP_ARGS_RE = re.compile(
     r"^(gloo:|nccl:|c10d::|_c10d_functional::|c10d_functional::|record_param_comms|\[memory\])"
     r"|nccl|rccl|hccl", re.IGNORECASE)
 
-_RANK_IN_NAME_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 _STREAM_TID_RE = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
 # Bare non-JSON number tokens, outside strings (see _sanitize_json).
 _BARE_NONFINITE_RE = re.compile(r'(-?)\b(inf|infinity|nan)\b', re.IGNORECASE)
@@ -107,6 +112,10 @@ class RankTrace:
         notes: informational lines (clipped overlaps and the like).
         summary: the rank's :class:`pardiag.analyzer.summary.RankSummary` when it was loaded
             from (or with) one, else None.
+        windows: ``((start µs, end µs), ...)`` of each profiling window when the rank's events
+            come from several files (``schedule(repeat=N)``), else ``()``; the time between
+            windows is not the rank's time (the breakdown leaves it out).
+        files: every file the rank's events come from (``(path,)`` for one file).
     """
 
     rank: int
@@ -117,6 +126,8 @@ class RankTrace:
     thread_names: dict
     notes: tuple[str, ...] = ()
     summary: object = dataclasses.field(default=None, repr=False, compare=False)
+    windows: tuple[tuple[float, float], ...] = ()
+    files: tuple[Path, ...] = ()
 
     @property
     def has_gpu(self) -> bool:
@@ -359,6 +370,25 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
         argss=[a if type(a := e.get("args")) is dict else {} for e in keep])
 
 
+#: Metadata events that name a process (``pardiag merge`` and other tools name each rank's
+#: processes ``rank N``).
+_PROCESS_META = frozenset({"process_name", "process_labels"})
+#: Key under which the parser leaves ``{pid: [process names and labels]}`` in a file's metadata
+#: (read by :func:`_split_merged`, removed before the metadata is kept).
+PROCESS_NAMES_KEY = "_pardiag_process_names"
+
+
+def _process_names(objs: list) -> dict[str, list[str]]:
+    """``{pid: [process_name / process_labels values]}`` of raw trace events."""
+    out: dict[str, list[str]] = {}
+    for e in objs:
+        if (type(e) is dict and e.get("ph") == "M" and type(e.get("name")) is str
+                and e["name"] in _PROCESS_META and isinstance(e.get("args"), dict)):
+            a = e["args"]
+            out.setdefault(str(e.get("pid")), []).append(str(a.get("name", a.get("labels", ""))))
+    return out
+
+
 class _Event(msgspec.Struct, gc=False):
     """The fields of a trace event that pardiag reads; ``args`` stays undecoded JSON."""
 
@@ -373,13 +403,14 @@ class _Event(msgspec.Struct, gc=False):
 
 
 class _LiteArgs(msgspec.Struct, gc=False):
-    """The two args the event table reads from events whose other args it does not keep."""
+    """The args the event table reads from events whose other args it does not keep."""
 
     stream: object = msgspec.UNSET
     correlation: object = msgspec.UNSET
+    sycl_queue: object = msgspec.field(default=msgspec.UNSET, name="sycl queue")
 
     def get(self, key: str, default=None):
-        v = getattr(self, key, msgspec.UNSET)
+        v = getattr(self, key.replace(" ", "_"), msgspec.UNSET)
         return default if v is msgspec.UNSET else v
 
 
@@ -389,7 +420,9 @@ _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 _ANY_DECODER = msgspec.json.Decoder()
 #: Categories whose args are read (stream, correlation) whatever the event's name.
 _ARGS_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver",
-                        "Kernel", "Memcpy", "Memset", "Runtime", "Driver"})
+                        "Kernel", "Memcpy", "Memset", "Runtime", "Driver", "xpu_runtime",
+                        "xpu_driver", "mtia_runtime", "privateuse1_runtime", "privateuse1_driver",
+                        "hpu_runtime"})
 
 
 def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=None
@@ -421,6 +454,7 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
         holder.clear()  # the events' raw args still refer to the bytes until ``keep`` goes
     del raw
     thread_names: dict = {}
+    process_names: dict[str, list[str]] = {}
     keep = []
     for e in evs:
         ph = e.ph
@@ -432,6 +466,12 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
                 pid = None if e.pid is msgspec.UNSET else e.pid
                 tid = None if e.tid is msgspec.UNSET else e.tid
                 thread_names[(str(pid), str(tid))] = str(a.get("name", ""))
+        elif ph == "M" and type(e.name) is str and e.name in _PROCESS_META and len(e.args):
+            a = _ANY_DECODER.decode(e.args)
+            if isinstance(a, dict):
+                pid = None if e.pid is msgspec.UNSET else e.pid
+                process_names.setdefault(str(pid), []).append(
+                    str(a.get("name", a.get("labels", ""))))
     del evs  # metadata and flow events: not needed any more
     names_raw = [e.name for e in keep]
     keep_name = {}
@@ -446,7 +486,7 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
         if type(e.cat) is not str or (keep_name.get(n, True) if type(n) is str else True):
             a = _ANY_DECODER.decode(b)  # args kept whole (communication, memory), or odd input
             argss.append(a if type(a) is dict else {})
-        elif e.cat in _ARGS_CATS or b'"correlation"' in b or b'"stream"' in b:
+        elif e.cat in _ARGS_CATS or b'"correlation"' in b or b'"stream"' in b or b'"sycl queue"' in b:
             try:
                 argss.append(_LITE_DECODER.decode(b))
             except msgspec.ValidationError:  # args that are not an object
@@ -464,6 +504,8 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
         no_dur=sum(1 for e, ph in zip(keep, phs) if ph == "X" and e.dur is msgspec.UNSET),
         argss=argss)
     del keep  # the structs, and with them the file's bytes
+    if process_names:
+        meta[PROCESS_NAMES_KEY] = process_names
     return meta, _frame_from_columns(path, unit, thread_names, 0, **cols)
 
 
@@ -495,8 +537,9 @@ def _frame_from_columns(path, display_time_unit, thread_names, not_objects, *, n
     ts, ts_str = _float_column(ts_raw)
     dur, dur_str = _float_column(dur_raw)
     is_gpu = [c in GPU_CATS for c in cats]
-    streams = _int_column([(a.get("stream", t if type(t) is int else None) if g else -1)
-                           for a, g, t in zip(argss, is_gpu, tid_raw)])
+    # the stream (CUDA/HIP), else the SYCL queue (Intel XPU), else an integer tid
+    streams = _int_column([(a.get("stream", a.get("sycl queue", t if type(t) is int else None))
+                            if g else -1) for a, g, t in zip(argss, is_gpu, tid_raw)])
     if any(is_gpu):
         # "stream 7" tids of the legacy format, where args carry no stream
         bad = [i for i, (g, s) in enumerate(zip(is_gpu, streams)) if g and s == -1]
@@ -552,42 +595,45 @@ def _frame_from_columns(path, display_time_unit, thread_names, not_objects, *, n
 
 
 def _clip_same_stream(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
-    """Clip GPU events that start before the previous event on the same stream has ended.
+    """Clip GPU events whose recorded end passes the start of the next event on their stream.
 
-    Kernels on one CUDA stream run one after another; overlaps of a few ns in traces are
-    timestamp noise. Each such event starts where the latest earlier end on its stream lies
-    (``dur`` shrinks, never below 0).
+    A stream runs one kernel (or copy) at a time, so such an event ends where the next one
+    starts: its ``dur`` shrinks to ``next ts − ts`` (never below 0). Overlaps of a few ns are
+    timestamp noise; larger ones (a kernel "inside" another) are clipped the same way and the
+    note gives the largest clip.
     """
     gpu = df["cat"].isin(GPU_CATS).to_numpy()
     if not gpu.any():
         return df, None
-    sub = df.loc[gpu, ["pid", "stream", "ts", "dur"]]
-    end = sub["ts"] + sub["dur"]
+    sub = df.loc[gpu, ["pid", "stream", "ts", "dur"]]  # df is sorted by ts
     keys = [sub["pid"], sub["stream"]]
-    prev_end = end.groupby(keys, sort=False).cummax().groupby(keys, sort=False).shift(1)
-    overlap = (prev_end > sub["ts"]).fillna(False).to_numpy()
-    if not overlap.any():
+    next_start = sub["ts"].groupby(keys, sort=False).shift(-1)
+    end = sub["ts"] + sub["dur"]
+    over = (end > next_start).fillna(False).to_numpy()
+    if not over.any():
         return df, None
-    idx = sub.index[overlap]
-    new_ts = prev_end[overlap].to_numpy()
-    new_dur = np.maximum(0.0, end[overlap].to_numpy() - new_ts)
-    max_clip = float(np.max(np.minimum(new_ts - sub.loc[idx, "ts"].to_numpy(),
-                                       sub.loc[idx, "dur"].to_numpy())))
+    idx = sub.index[over]
+    new_dur = np.maximum(0.0, next_start[over].to_numpy() - sub.loc[idx, "ts"].to_numpy())
+    max_clip = float(np.max(sub.loc[idx, "dur"].to_numpy() - new_dur))
     df = df.copy()
-    df.loc[idx, "ts"] = new_ts
     df.loc[idx, "dur"] = new_dur
-    df = df.sort_values("ts", kind="stable").reset_index(drop=True)
-    return df, f"clipped {len(idx)} same-stream GPU events that overlapped an earlier one " \
+    return df, f"clipped {len(idx)} same-stream GPU events that ran past the next one's start " \
                f"(by up to {max_clip:.3f} µs)"
 
 
-def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str]:
-    """Expand folders into candidate files; returns (candidates, sidecars, source label)."""
+def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[str]]:
+    """Expand folders into candidate files; returns (candidates, sidecars, source label, info
+    lines). Trace files named one by one use the pardiag sidecars (``run.json``,
+    ``rank{R}.*.json``) of the one folder they share; files from several folders use none, and
+    an info line says which happened."""
     files: list[Path] = []
     sidecars: list[Path] = []
     seen: set[Path] = set()
+    named_dirs: set[Path] = set()
+    given_dirs: set[Path] = set()
     for p in paths:
         if p.is_dir():
+            given_dirs.add(p.resolve())
             for f in sorted(p.iterdir()):
                 if not f.is_file():
                     continue
@@ -597,13 +643,29 @@ def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str]:
                     seen.add(f.resolve())
                     files.append(f)
         elif p.is_file():
+            if layout.is_sidecar_name(p.name):
+                sidecars.append(p)
+                continue
             if p.resolve() not in seen:  # the same file named twice is one rank
                 seen.add(p.resolve())
                 files.append(p)
+                named_dirs.add(p.resolve().parent)
         else:
             raise TraceError(f"{p}: no such file or folder")
+    info: list[str] = []
+    beside = [d for d in named_dirs - given_dirs
+              if any(layout.is_sidecar_name(f.name) for f in d.iterdir() if f.is_file())]
+    if len(named_dirs) == 1 and beside:
+        d = beside[0]
+        extra = sorted(f for f in d.iterdir() if f.is_file() and layout.is_sidecar_name(f.name))
+        sidecars.extend(f for f in extra if f not in sidecars)
+        info.append(f"{d}: using the pardiag run's run.json and sidecars beside the named trace "
+                    f"files")
+    elif beside:
+        info.append(f"the named trace files come from {len(named_dirs)} folders: their pardiag "
+                    f"sidecars (run.json, rank*.meta/comms/pipeline.json) are not used")
     source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} paths"
-    return files, sidecars, source
+    return files, sidecars, source, info
 
 
 def _is_num(v) -> bool:
@@ -693,9 +755,54 @@ def _run_warnings(run_info: dict | None, rank_meta: dict[int, dict], ranks: set[
     return out
 
 
-def _world_size_warnings(rank_docs: list[tuple[int, dict]]) -> list[str]:
+def _time_range(p: _Parsed) -> tuple[float, float]:
+    """(first start, last end) of a parsed file's events (µs); NaN when it has none."""
+    if p.events is not None:
+        if not len(p.events):
+            return math.nan, math.nan
+        ts = p.events["ts"].to_numpy()
+        return float(ts.min()), float((ts + p.events["dur"].to_numpy()).max())
+    parts = getattr(p.summary, "parts", None)
+    if parts is not None and parts.hi > parts.lo:
+        return float(parts.lo), float(parts.hi)
+    return math.nan, math.nan
+
+
+def _join_windows(parts: list[_Parsed]) -> _Parsed:
+    """One rank from the files of its profiling windows: their events in one table (read again
+    where only a summary was kept; correlation ids of later windows shifted past the earlier
+    ones', since every window numbers them from the start), thread names together, the first
+    file's metadata; no summary (the analyses work from the events)."""
+    frames = []
+    names: dict = {}
+    for p in parts:
+        ev = p.events
+        if ev is None:
+            again = _parse_file(p.path)
+            if again.error is not None:
+                raise TraceError(again.error)
+            ev = again.events if not again.pieces else next(
+                q.events for q in again.pieces if q.rank_hint == p.rank_hint)
+        if frames:  # correlation ids restart in every window: keep them apart
+            base = max(int(f["correlation"].max()) for f in frames) + 1
+            ev = ev.assign(correlation=np.where(ev["correlation"] >= 0, ev["correlation"] + base,
+                                                ev["correlation"]))
+        frames.append(ev)
+        names.update(p.thread_names or {})
+    events = pd.concat(frames, ignore_index=True).sort_values("ts", kind="stable").reset_index(
+        drop=True)
+    first = parts[0]
+    notes = tuple(n for p in parts for n in p.notes)
+    return _Parsed(first.path, metadata=first.metadata, events=events, thread_names=names,
+                   notes=notes, has_steps=any(p.has_steps for p in parts))
+
+
+def _world_size_warnings(rank_docs: list[tuple[int, dict]], run_info: dict | None = None
+                         ) -> list[str]:
     """One warning when the traces' ``distributedInfo.world_size`` values disagree, or a rank
-    number is not below the world size the traces state."""
+    number is not below the world size the traces state; and one when fewer ranks than that
+    world size are present (``2 of 128 ranks present``; not repeated for pardiag runs, whose
+    ``run.json`` check names the absent ranks)."""
     sizes: dict[int, list[int]] = {}
     for r, doc in rank_docs:
         info = doc.get("distributedInfo")
@@ -711,6 +818,13 @@ def _world_size_warnings(rank_docs: list[tuple[int, dict]]) -> list[str]:
         over = sorted(r for r, _ in rank_docs if r >= ws)
         if over:
             return [f"rank(s) {over[:8]} are not below the world size {ws} the traces state"]
+        have = {r for r, _ in rank_docs}
+        if len(have) < ws and not (run_info and run_info.get("world_size")):
+            absent = sorted(set(range(ws)) - have)
+            return [f"{len(have)} of {ws} ranks present (the traces state world size {ws}; no "
+                    f"trace for rank(s) {absent[:8]}{'...' if len(absent) > 8 else ''}): "
+                    f"collectives that include absent ranks are partial, and no straggler or "
+                    f"clock offset is drawn from them"]
     return []
 
 
@@ -731,6 +845,10 @@ class _Parsed:
     notes: tuple[str, ...] = ()
     has_steps: bool = False
     summary: object = None
+    #: the rank this part of a merged multi-rank file holds (see :func:`_split_merged`)
+    rank_hint: int | None = None
+    #: a merged multi-rank file: its ranks' parts (then this entry holds no events itself)
+    pieces: list = dataclasses.field(default_factory=list)
 
 
 def _has_step_names(events: pd.DataFrame) -> bool:
@@ -761,25 +879,75 @@ def _parse_file(path: Path, summarize: bool = False, patterns: tuple[str, ...] =
             return _Parsed(path, not_trace=True, own_report=isinstance(doc, dict) and all(
                 k in doc for k in ("schema_version", "source", "ranks")))
         meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+        if isinstance(doc["traceEvents"], list):
+            pnames = _process_names(doc["traceEvents"])
+            if pnames:
+                meta[PROCESS_NAMES_KEY] = pnames
         events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], path,
                                                                 doc.get("displayTimeUnit"))
         del doc
+    pnames = meta.pop(PROCESS_NAMES_KEY, {})
+    split = _split_merged(path, events, thread_names, meta, pnames)
+    if split is not None:
+        pieces, split_warnings = split
+        for piece in pieces:
+            piece.repairs = tuple(repairs)
+            piece.ev_warnings = tuple(ev_warnings) + tuple(split_warnings)
+            piece.notes = tuple(notes)
+            if summarize:  # no stored summary: one file, several ranks
+                _summarize_into(piece, patterns, repairs, st, cache=False, keep_events=True)
+        return _Parsed(path, metadata=meta, pieces=pieces)
     out = _Parsed(path, repairs=tuple(repairs), metadata=meta, events=events,
                   thread_names=thread_names, ev_warnings=tuple(ev_warnings), notes=tuple(notes),
                   has_steps=_has_step_names(events))
     if summarize:
-        from pardiag.analyzer import summary as sm
-
-        trace = RankTrace(rank=-1, path=path, events=events, metadata=meta, rank_source="",
-                          thread_names=thread_names, notes=tuple(notes))
-        out.summary = sm.summarize_trace(trace, [re.compile(p) for p in patterns],
-                                         warnings=ev_warnings, repairs=repairs,
-                                         has_steps=out.has_steps, stat=st)
-        if cache:
-            sm.write_summary(out.summary, path)
-        if not keep_events:
-            out.events = None
+        _summarize_into(out, patterns, repairs, st, cache=cache, keep_events=keep_events)
     return out
+
+
+def _summarize_into(out: _Parsed, patterns, repairs, st, *, cache: bool, keep_events: bool) -> None:
+    from pardiag.analyzer import summary as sm
+
+    trace = RankTrace(rank=-1, path=out.path, events=out.events, metadata=out.metadata,
+                      rank_source="", thread_names=out.thread_names, notes=tuple(out.notes))
+    out.summary = sm.summarize_trace(trace, [re.compile(p) for p in patterns],
+                                     warnings=out.ev_warnings, repairs=repairs,
+                                     has_steps=out.has_steps, stat=st)
+    if cache:
+        sm.write_summary(out.summary, out.path)
+    if not keep_events:
+        out.events = None
+
+
+def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: dict,
+                  process_names: dict[str, list[str]]) -> tuple[list[_Parsed], list[str]] | None:
+    """The ranks of a merged multi-rank file (``pardiag merge`` output, or another tool's merge
+    whose processes are named ``rank N``), one :class:`_Parsed` each with the events of its
+    processes and ``distributedInfo.rank`` set to it; None for a single-rank file. Events of
+    processes that belong to no rank are left out (a warning says how many)."""
+    pids = sorted(set(events["pid"].tolist())) if len(events) else []
+    mapping = merged_rank_of_pids(process_names, pids, "pardiagMerge" in meta)
+    if mapping is None:
+        return None
+    rank_of = events["pid"].map(mapping)
+    warnings = []
+    stray = int(rank_of.isna().sum())
+    if stray:
+        warnings.append(f"{path}: left out {stray} events of processes that belong to no rank of "
+                        f"this merged file")
+    pieces = []
+    for r in sorted(set(mapping.values())):
+        ev = events[(rank_of == r).to_numpy()].reset_index(drop=True)
+        if ev.empty:
+            continue
+        mine = {p for p, rr in mapping.items() if rr == r}
+        info = dict(meta.get("distributedInfo") or {}) if isinstance(
+            meta.get("distributedInfo"), dict) else {}
+        info["rank"] = r
+        pieces.append(_Parsed(path, metadata={**meta, "distributedInfo": info}, events=ev,
+                              thread_names={k: v for k, v in thread_names.items() if k[0] in mine},
+                              has_steps=_has_step_names(ev), rank_hint=r))
+    return pieces, warnings
 
 
 def _from_summary(path: Path, s) -> _Parsed:
@@ -876,9 +1044,9 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, summarize: bool = F
     paths = [Path(p) for p in paths]
     if not paths:
         raise TraceError("no input given")
-    files, sidecars, source = _trace_files(paths)
+    files, sidecars, source, info = _trace_files(paths)
     explicit = {p for p in paths if p.is_file()}
-    warnings: list[str] = []
+    warnings: list[str] = list(info)
     run_info, rank_meta, others = _read_sidecars(sidecars, warnings)
     if not files:
         hint = ""
@@ -947,51 +1115,34 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, summarize: bool = F
         raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace"
                          f" (e.g. {first})")
 
-    # Ranks: distributedInfo first, then a number in the file name, then the first free rank.
-    claimed: dict[int, Path] = {}
-    pending: list[tuple[_Parsed, str | None]] = []
-    assigned: list[tuple[int, _Parsed, str]] = []
-    for p in docs:
-        f = p.path
-        info = p.metadata.get("distributedInfo") if isinstance(p.metadata.get("distributedInfo"), dict) else {}
-        r = info.get("rank")
-        if isinstance(r, int) and not isinstance(r, bool) and r >= 0 and r not in claimed:
-            claimed[r] = f
-            assigned.append((r, p, "distributedInfo"))
-        else:
-            why = None
-            if isinstance(r, int) and r in claimed:
-                why = f"rank {r} from distributedInfo is already taken by {claimed[r].name}"
-            elif r is not None:
-                why = f"distributedInfo.rank {r!r} is not a rank number"
-            pending.append((p, why))
-    still: list[tuple[_Parsed, str | None]] = []
-    for p, why in pending:
-        f = p.path
-        m = _RANK_IN_NAME_RE.search(f.name)
-        if m and int(m.group(1)) not in claimed:
-            r = int(m.group(1))
-            claimed[r] = f
-            assigned.append((r, p, "file name"))
-            if why:
-                warnings.append(f"{f}: {why}; using rank {r} from the file name")
-        else:
-            still.append((p, why))
-    for p, why in still:
-        r = 0
-        while r in claimed:
-            r += 1
-        claimed[r] = p.path
-        assigned.append((r, p, "assigned"))
-        reason = why or "no rank in distributedInfo or in the file name"
-        warnings.append(f"{p.path}: {reason}; treated as rank {r}")
+    # Ranks: a pure function of what each file (or merged file's part) says (analyzer.ranks).
+    units: list[_Parsed] = [q for p in docs for q in (p.pieces or [p])]
+    facts = []
+    for i, p in enumerate(units):
+        info = p.metadata.get("distributedInfo")
+        lo, hi = _time_range(p)
+        facts.append(FileFacts(key=i, path=p.path, dist_rank=info.get("rank") if isinstance(
+            info, dict) else None, start_us=lo, end_us=hi, rank_hint=p.rank_hint))
+    assignment, rank_warnings = assign_ranks(facts)
+    warnings.extend(rank_warnings)
+    if any(p.pieces for p in docs):
+        for p in docs:
+            if p.pieces:
+                warnings.append(f"{p.path}: holds {len(p.pieces)} ranks (a merged trace); split "
+                                f"into rank(s) {[q.rank_hint for q in p.pieces]}")
 
-    warnings.extend(_run_warnings(run_info, rank_meta, {r for r, *_ in assigned}))
-    warnings.extend(_world_size_warnings([(r, p.metadata) for r, p, _ in assigned]))
+    present = {a.rank for a in assignment}
+    warnings.extend(_run_warnings(run_info, rank_meta, present))
+    warnings.extend(_world_size_warnings([(a.rank, units[a.keys[0]].metadata) for a in assignment],
+                                         run_info))
     ranks: dict[int, RankTrace] = {}
-    for r, p, how in sorted(assigned, key=lambda t: t[0]):
+    for a in assignment:
+        r, how = a.rank, a.source
+        parts = [units[k] for k in a.keys]
+        for p in parts:
+            warnings.extend(p.ev_warnings)
+        p = parts[0] if len(parts) == 1 else _join_windows(parts)
         f = p.path
-        warnings.extend(p.ev_warnings)
         n_events = len(p.events) if p.events is not None else p.summary.n_events
         if n_events == 0:
             warnings.append(f"{f}: rank {r} has no timed events")
@@ -1001,8 +1152,9 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, summarize: bool = F
         s = p.summary
         if s is not None:
             s = dataclasses.replace(s, comm=s.comm.assign(rank=r) if len(s.comm) else s.comm)
+        windows = tuple(_time_range(q) for q in parts) if len(parts) > 1 else ()
         ranks[r] = RankTrace(rank=r, path=f, events=p.events, metadata=p.metadata,
                              rank_source=how, thread_names=p.thread_names, notes=tuple(p.notes),
-                             summary=s)
+                             summary=s, windows=windows, files=tuple(q.path for q in parts))
     return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
                     rank_meta=rank_meta, sidecars=others)

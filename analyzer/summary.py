@@ -42,7 +42,7 @@ from pardiag import layout
 from pardiag.analyzer.load import RankTrace
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
-SUMMARY_VERSION = 2
+SUMMARY_VERSION = 3
 #: Modules whose code decides what a summary holds; a summary made by other code is recomputed.
 _CODE_MODULES = ("load", "classify", "breakdown", "sync", "intervals", "comm_records", "summary")
 SUMMARY_KIND = "pardiag-rank-summary"
@@ -52,6 +52,11 @@ SUMMARY_SUFFIX = layout.SUMMARY_SUFFIX
 CACHE_DIRNAME = layout.SUMMARY_DIR
 
 _MEMORY_COLUMNS = ("ts_us", "device", "allocated_bytes", "reserved_bytes")
+#: ``Device Type`` of ``[memory]`` events: torch's ``c10::DeviceType`` enum (c10/core/DeviceType.h).
+DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip",
+                7: "fpga", 8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps",
+                14: "meta", 15: "hpu", 16: "ve", 17: "lazy", 18: "ipu", 19: "mtia",
+                20: "privateuse1"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +124,9 @@ def memory_rows(trace: RankTrace) -> pd.DataFrame:
     """The ``[memory]`` events of a rank as :data:`_MEMORY_COLUMNS` (from its summary when it
     has one).
 
-    Device: ``"cpu"`` for Device Type 0, ``"cuda"`` for 1, else the value as text. Bytes are NaN
-    where the trace does not hold a number.
+    Device: the name of ``Device Type`` (torch's ``c10::DeviceType`` numbers, :data:`DEVICE_TYPES`:
+    0 ``"cpu"``, 1 ``"cuda"``, 12 ``"xpu"``, ...), else the value as text. Bytes are NaN where the
+    trace does not hold a number.
     """
     s = trace.summary
     if s is not None:
@@ -130,7 +136,7 @@ def memory_rows(trace: RankTrace) -> pd.DataFrame:
     for ts, args in zip(ev["ts"], ev["args"]):
         if not isinstance(args, dict):
             continue
-        dev = {0: "cpu", 1: "cuda"}.get(args.get("Device Type"), str(args.get("Device Type")))
+        dev = DEVICE_TYPES.get(args.get("Device Type"), str(args.get("Device Type")))
         alloc, res = args.get("Total Allocated"), args.get("Total Reserved")
         rows.append((float(ts), dev, _bytes_value(alloc), _bytes_value(res)))
     return pd.DataFrame(rows, columns=list(_MEMORY_COLUMNS)).astype(
@@ -425,7 +431,7 @@ def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, in
     if n < 1 or not 0 <= i < n:
         raise ValueError(f"shard {i}/{n}: need 0 <= i < n")
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
-    files, _, source = _trace_files(paths)
+    files, _, source, _ = _trace_files(paths)
     if not files:
         raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found")
     files = sorted(files, key=str)[i::n]
