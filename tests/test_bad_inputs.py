@@ -33,8 +33,8 @@ EXPECTED: dict[str, tuple] = {
     "trace_events_not_list.json": (2, "not a Kineto trace (no traceEvents list)", None, None),
     "deeply_nested.json": (2, "not valid JSON (nested too deeply)", None, None),
     "sidecars_only": (2, "none of 1 file(s) is a readable Kineto trace", None, None),
-    "duplicate_ranks": (0, "rank 0 from distributedInfo is already taken by a.json; treated as "
-                           "rank 1", BASE_OVERLAP, [0, 1]),
+    "duplicate_ranks": (0, "b.json: rank 0 is already held by a.json, which overlaps it in time",
+                        BASE_OVERLAP, [0]),
     "mixed_world_sizes": (0, "the traces disagree on the world size (2 for rank(s) [0]; 4 for "
                              "rank(s) [1])", BASE_OVERLAP, [0, 1]),
     "ts_as_string.json": (0, "10 ts/dur values are strings; read as numbers", BASE_OVERLAP, [0]),
@@ -135,7 +135,7 @@ def test_overlap_clipping_is_a_note():
     from pardiag.analyzer.load import load_traces
     t = load_traces(CORPUS / "overlapping_same_stream.json").ranks[0]
     assert t.notes == (f"{CORPUS / 'overlapping_same_stream.json'}: clipped 1 same-stream GPU "
-                       f"events that overlapped an earlier one (by up to 0.002 µs)",)
+                       f"events that ran past the next one's start (by up to 0.002 µs)",)
 
 
 @pytest.mark.parametrize("name", ["truncated.json.gz", "int_above_int64.json", "deeply_nested.json"])

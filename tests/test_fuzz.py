@@ -84,6 +84,11 @@ def _check(events) -> None:
 
 
 @given(doc=_doc, how=st.integers(0, 3), cut=st.integers(0, 10_000), junk=st.binary(max_size=8))
+@example(doc={"traceEvents": [{"ph": "M", "name": []}]}, how=0, cut=0, junk=b"")  # unhashable
+@example(doc={"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0, "args": {
+    "name": "rank 0"}}, {"ph": "M", "name": "process_name", "pid": 1000, "args": {
+        "name": "rank 1"}}, {"ph": "X", "name": "k", "pid": 1000, "ts": 1, "dur": 1}]},
+         how=0, cut=0, junk=b"")  # a merged file with one rank's events only
 def test_loader_never_crashes(doc, how, cut, junk):
     data = _encode(doc, how, cut, junk)
     try:

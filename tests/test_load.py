@@ -107,12 +107,17 @@ def test_same_stream_overlap_is_clipped(tmp_path):
     b.kernel("k1", 0, 10, stream=7)
     b.kernel("k2", 9.998, 10.002, stream=7)   # starts 2 ns before k1 ends
     b.kernel("k3", 5, 10, stream=8)           # other stream: untouched
+    b.kernel("k4", 100, 100, stream=7)        # runs 50 µs past k5's start
+    b.kernel("k5", 150, 10, stream=7)
     b.write(tmp_path / "t.json")
     t = load_traces(tmp_path).ranks[0]
     ev = t.events.set_index("name")
-    assert ev.loc["k2", "ts"] == 10.0 and ev.loc["k2", "dur"] == pytest.approx(10.0)
+    assert ev.loc["k1", "ts"] == 0.0 and ev.loc["k1", "dur"] == pytest.approx(9.998)
+    assert ev.loc["k2", "ts"] == 9.998 and ev.loc["k2", "dur"] == pytest.approx(10.002)
     assert ev.loc["k3", "ts"] == 5.0 and ev.loc["k3", "dur"] == 10.0
-    assert any("clipped 1 same-stream" in n for n in t.notes)
+    assert (ev.loc["k4", "ts"], ev.loc["k4", "dur"]) == (100.0, 50.0)
+    assert (ev.loc["k5", "ts"], ev.loc["k5", "dur"]) == (150.0, 10.0)
+    assert any("clipped 2 same-stream" in n and "by up to 50.000" in n for n in t.notes)
 
 
 def test_rank_from_distributed_info_then_file_name_then_assigned(tmp_path):
@@ -127,14 +132,18 @@ def test_rank_from_distributed_info_then_file_name_then_assigned(tmp_path):
     assert any("trace.json: no rank" in w and "treated as rank 0" in w for w in ts.warnings)
 
 
-def test_two_files_never_collapse_into_one_rank(tmp_path):
+def test_files_claiming_one_rank_at_the_same_time_invent_no_rank(tmp_path):
+    # three files say distributedInfo.rank 0 and overlap in time: not windows of one process.
+    # The one whose name gives a free rank takes it; the copy is left out, never a new rank.
     TraceBuilder(rank=0).write(tmp_path / "a.json")
     TraceBuilder(rank=0).write(tmp_path / "b.json")
     TraceBuilder(rank=0).write(tmp_path / "c_rank4.json")
     ts = load_traces(tmp_path)
-    assert sorted(ts.ranks) == [0, 1, 4]
-    assert {t.path.name for t in ts.ranks.values()} == {"a.json", "b.json", "c_rank4.json"}
-    assert sum("already taken" in w for w in ts.warnings) == 2
+    assert sorted(ts.ranks) == [0, 4]
+    assert {r: t.path.name for r, t in ts.ranks.items()} == {0: "a.json", 4: "c_rank4.json"}
+    assert ts.ranks[4].rank_source == "file name"
+    assert sum("b.json: rank 0 is already held by a.json" in w and "left out" in w
+               for w in ts.warnings) == 1
 
 
 def test_non_trace_files_are_skipped_with_a_warning(tmp_path):

@@ -220,7 +220,9 @@ def test_sections_without_data_say_why(tmp_path):
     """One GPU rank: no other rank, no groups, no memory, no pipeline — each section says why."""
     from synth import gpu_rank
 
-    gpu_rank(0).write(tmp_path / "r0.json")
+    b = gpu_rank(0)
+    b.world_size = 1
+    b.write(tmp_path / "r0.json")
     page = render_html(build_report(load_traces(tmp_path)), include_plotlyjs="cdn")
     parts = re.split(r"<h2 id='(\w+)'>", page)
     sections = dict(zip(parts[1::2], parts[2::2]))

@@ -1,0 +1,381 @@
+"""Cross-rank results on planted multi-rank traces whose right answers are known (issue 13):
+process groups by their ranks, sequence numbers before position, point-to-point pairs, several
+windows per rank, merged multi-rank files, missing ranks, clocks per host, and the shared
+repro cases in ../shared/repros (each with its expect.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pardiag.analyzer.breakdown import compute_time_breakdown
+from pardiag.analyzer.classify import compile_comm_patterns
+from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.ranks import FileFacts, assign_ranks, merged_rank_of_pids
+from pardiag.analyzer.sync import compute_sync
+from pardiag.cli import cli
+from synth import TraceBuilder, write_sidecar
+
+REPROS = Path(__file__).resolve().parents[1].parent / "shared" / "repros"
+EPOCH = 1_700_000_000_000_000.0  # µs
+
+
+def _nccl_args(op: str, ranks, name: str, seq: int | None = None, nelems: int = 1 << 20,
+               **extra) -> dict:
+    a = {"Collective name": op, "dtype": "Float", "In msg nelems": nelems,
+         "Out msg nelems": nelems, "Group size": len(ranks), "Process Group Name": name,
+         "Process Group Description": "", "Process Group Ranks": str(list(ranks))}
+    if seq is not None:
+        a["Seq"] = str(seq)
+    a.update(extra)
+    return a
+
+
+def _coll(b: TraceBuilder, op: str, ranks, name: str, start: float, dur: float, launch: float,
+          seq: int | None = None, stream: int = 20, **extra) -> None:
+    b.kernel(f"ncclDevKernel_{op}(ncclDevKernelArgsStorage<4096ul>)", start, dur, stream=stream,
+             launch_ts=launch, args=_nccl_args(op, ranks, name, seq, **extra))
+
+
+def _report(args, tmp_path) -> dict:
+    out = tmp_path / "s.json"
+    res = CliRunner().invoke(cli, ["report", *map(str, args), "-q", "--no-cache", "--json",
+                                   str(out), "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output
+    return json.loads(out.read_text())
+
+
+# -- the shared repro cases -----------------------------------------------------------------------
+
+def _cases():
+    if not REPROS.is_dir():
+        return []
+    return sorted(d.name for d in REPROS.iterdir() if (d / "expect.json").is_file())
+
+
+@pytest.mark.parametrize("case", _cases())
+def test_repro_case_gives_its_expected_values(case, tmp_path):
+    folder = REPROS / case
+    exp = json.loads((folder / "expect.json").read_text())
+    args = [folder]
+    if exp.get("with_comm_kernel_regex"):
+        args += ["--comm-kernel", exp["with_comm_kernel_regex"]]
+    d = _report(args, tmp_path)
+    ranks = {r["rank"]: r for r in d["ranks"]}
+    if "ranks" in exp:
+        assert len(ranks) == exp["ranks"]
+    for r, v in exp.get("overlap_pct", {}).items():
+        assert ranks[int(r)]["total"]["overlap_pct"] == pytest.approx(v, abs=0.05)
+    for r, v in exp.get("compute_us", {}).items():
+        assert ranks[int(r)]["total"]["compute_us"] == pytest.approx(v, rel=5e-4)
+    offs = {o["rank"]: o["offset_us"] for o in d["sync"]["clock_offsets"]}
+    for r, v in exp.get("clock_offset_us", {}).items():
+        assert offs.get(int(r), 0.0) - offs.get(0, 0.0) == pytest.approx(v, abs=20)
+    if "straggler" in exp:
+        assert d["sync"]["straggler"] == exp["straggler"]
+
+
+def test_repro_cases_are_found():
+    if not REPROS.is_dir():
+        pytest.skip("../shared/repros is not beside the checkout")
+    assert len(_cases()) >= 5
+
+
+# -- rank assignment: a pure function ----------------------------------------------------------------
+
+def test_assign_ranks_windows_overlaps_names_and_free_ranks():
+    f = [FileFacts(0, Path("a.json"), 0, 0.0, 10.0),
+         FileFacts(1, Path("b.json"), 0, 100.0, 110.0),       # rank 0's second window
+         FileFacts(2, Path("c_rank3.json"), 0, 5.0, 20.0),     # overlaps a.json: name says 3
+         FileFacts(3, Path("d.json"), 0, 2.0, 8.0),            # overlaps a.json, no name: out
+         FileFacts(4, Path("e.json"), None, 0.0, 10.0),        # no rank at all: first free
+         FileFacts(5, Path("f.json"), 7, 0.0, 10.0)]
+    ranks, warnings = assign_ranks(f)
+    assert [(r.rank, r.keys, r.source) for r in ranks] == [
+        (0, (0, 1), "distributedInfo"), (1, (4,), "assigned"), (3, (2,), "file name"),
+        (7, (5,), "distributedInfo")]
+    assert any("rank 0: 2 files are 2 profiling windows" in w for w in warnings)
+    assert any(w.startswith("d.json: rank 0 is already held by a.json") for w in warnings)
+    assert any(w.startswith("e.json: no rank") and "treated as rank 1" in w for w in warnings)
+
+
+def test_merged_pids_need_two_named_ranks():
+    names = {"0": ["rank 0"], "1": ["rank 0: GPU 0"], "1000": ["rank 1"], "1001": ["rank 1: GPU 1"]}
+    assert merged_rank_of_pids(names, ["0", "1", "1000", "1001"], False) == {
+        "0": 0, "1": 0, "1000": 1, "1001": 1}
+    assert merged_rank_of_pids({"0": ["python"], "1": ["GPU 0"]}, ["0", "1"], False) is None
+    # pardiag merge output: pid R * 1000 + k is rank R's even where a process is unnamed
+    assert merged_rank_of_pids({"0": ["rank 0"], "1000": ["rank 1"]}, ["0", "2", "1000", "1003"],
+                               True) == {"0": 0, "2": 0, "1000": 1, "1003": 1}
+
+
+# -- process groups are sets of ranks --------------------------------------------------------------
+
+def test_2d_mesh_groups_with_reused_names_are_told_apart_by_their_ranks(tmp_path):
+    # mesh (dp, tp) = 2 x 2: tp groups {0,1} {2,3}, dp groups {0,2} {1,3}. Every rank calls its
+    # tp group "1" and its dp group "2". Rank 3 reaches its tp all-reduce 300 µs late; only
+    # rank 2 waits for it. Matched by name, ranks 0 and 1 would "wait" for rank 3 as well.
+    tp = {0: (0, 1), 1: (0, 1), 2: (2, 3), 3: (2, 3)}
+    dp = {0: (0, 2), 1: (1, 3), 2: (0, 2), 3: (1, 3)}
+    for r in range(4):
+        b = TraceBuilder(rank=r, world_size=4)
+        b.step(1, EPOCH, 2000)
+        b.kernel("gemm_kernel", EPOCH + 10, 90, launch_ts=EPOCH + 1)
+        late = 300.0 if r == 3 else 0.0
+        tp_start = EPOCH + 100 + late
+        _coll(b, "AllReduce", tp[r], "1", tp_start, 700 - (tp_start - EPOCH - 100) if r < 2
+              else (1000 - (tp_start - EPOCH)), EPOCH + 2)
+        _coll(b, "AllReduce", dp[r], "2", EPOCH + 1200, 100, EPOCH + 3)
+        b.write(tmp_path / f"rank{r}.json")
+    sync = compute_sync(load_traces(tmp_path))
+    inst = sync.instances.set_index("instance")
+    assert sorted(inst["group"]) == ["0,1", "0,2", "1,3", "2,3"]
+    assert set(inst["ranks"]) == {2} and inst["complete"].all()
+    assert sync.matched_by == "order"
+    st = sync.stragglers.set_index("rank")
+    assert sync.straggler == 3
+    assert st.loc[3, "wait_caused_us"] == pytest.approx(300.0)
+    assert st.loc[2, "wait_suffered_us"] == pytest.approx(300.0)
+    assert st.loc[0, "wait_suffered_us"] == 0.0 and st.loc[1, "wait_suffered_us"] == 0.0
+
+
+def test_sequence_numbers_match_windows_that_start_one_collective_apart(tmp_path):
+    # Both ranks run all-reduces seq 1..4 every 1000 µs on one clock; rank 1's profiler started
+    # one collective later (seq 2..4). By position, rank 1's seq 2 would pair with rank 0's
+    # seq 1 and suggest a 1000 µs clock offset and a straggler.
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        seqs = (1, 2, 3, 4) if r == 0 else (2, 3, 4)
+        for s in seqs:
+            t = EPOCH + 1000 * s
+            b.step(s, t, 1000)
+            b.kernel("gemm_kernel", t + 10, 100, launch_ts=t + 1)
+            _coll(b, "AllReduce", (0, 1), "0", t + 200, 300, t + 2, seq=s)
+        b.write(tmp_path / f"rank{r}.json")
+    sync = compute_sync(load_traces(tmp_path))
+    assert sync.matched_by == "sequence numbers"
+    inst = sync.instances
+    assert sorted(inst.loc[inst["complete"], "seq"]) == [2, 3, 4]
+    assert (inst.loc[inst["complete"], "arrival_skew_us"] == 0.0).all()
+    assert sync.offsets["offset_us"].tolist() == [0.0, 0.0]
+    assert sync.offsets["instances"].tolist() == [3, 3]
+    assert sync.straggler is None
+    assert any("1 of 4 collective instance(s) lack members" in n for n in sync.notes)
+
+
+# -- point-to-point is pairs ---------------------------------------------------------------------
+
+def _pipeline(tmp_path: Path, slow_us: float) -> None:
+    """3 stages, 2 microbatches, forward only, one clock. Stage s computes 400 µs per
+    microbatch (stage 1: 400 + slow_us), then sends to s+1; each recv waits for its send."""
+    compute = {0: 400.0, 1: 400.0 + slow_us, 2: 400.0}
+    hop = 100.0
+    ready = {}  # (stage, mb) -> time the activation leaves stage
+    for s in range(3):
+        for mb in range(2):
+            arrive = EPOCH if s == 0 else ready[(s - 1, mb)] + hop
+            free = ready.get((s, mb - 1), EPOCH) if mb else EPOCH
+            ready[(s, mb)] = max(arrive, free) + compute[s]
+    for s in range(3):
+        b = TraceBuilder(rank=s, world_size=3)
+        b.step(1, EPOCH, 20000)
+        for mb in range(2):
+            done = ready[(s, mb)]
+            if s > 0:  # recv (own stream): posted when the stage is free or the send starts,
+                # whichever is first; ends with the send
+                free = ready.get((s, mb - 1), EPOCH) if mb else EPOCH
+                posted = min(free, ready[(s - 1, mb)])
+                src_end = ready[(s - 1, mb)] + hop
+                b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", posted,
+                         src_end - posted, stream=31, launch_ts=posted - 1,
+                         args=_nccl_args("recv", (0, 1, 2), "1", seq=2 * mb + 1, **{
+                             "Src Rank": str(s - 1), "Rank": str(s - 1)}))
+            b.kernel("gemm_kernel", done - compute[s], compute[s], launch_ts=done - compute[s] - 1)
+            if s < 2:
+                b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", done, hop,
+                         stream=30, launch_ts=done - 1,
+                         args=_nccl_args("send", (0, 1, 2), "1", seq=2 * mb + 2, **{
+                             "Dst Rank": str(s + 1), "Rank": str(s + 1)}))
+        b.write(tmp_path / f"rank{s}.json")
+
+
+def test_sends_pair_with_their_receives_and_a_slow_stage_is_the_one_waited_for(tmp_path):
+    _pipeline(tmp_path, slow_us=250.0)
+    sync = compute_sync(load_traces(tmp_path))
+    inst = sync.instances.set_index("instance")
+    assert sorted(inst.index) == ["p2p:0,1,2:0>1:1", "p2p:0,1,2:0>1:2", "p2p:0,1,2:1>2:1",
+                                  "p2p:0,1,2:1>2:2"]
+    assert (inst["ranks"] == 2).all() and inst["complete"].all()
+    assert sync.offsets["offset_us"].tolist() == [0.0, 0.0, 0.0]
+    # stage 1 computes 650 µs per microbatch: ready at 1150 and 1800 µs. Rank 2 posts its
+    # recvs at 0 and 1650 and waits 1150 + 150 µs for rank 1; rank 1 waits 400 µs for rank 0's
+    # first send (its second recv is posted with the send).
+    st = sync.stragglers.set_index("rank")
+    assert sync.straggler == 1
+    assert st["wait_caused_us"].to_dict() == pytest.approx({0: 400.0, 1: 1300.0, 2: 0.0})
+    assert st["wait_suffered_us"].to_dict() == pytest.approx({0: 0.0, 1: 400.0, 2: 1300.0})
+
+
+def test_send_recv_without_a_known_peer_is_never_matched_as_a_collective(tmp_path):
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        b.step(1, EPOCH, 1000)
+        b.kernel("gemm_kernel", EPOCH + 10, 100, launch_ts=EPOCH + 1)
+        b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+                 EPOCH + 200 + 300 * r, 100, stream=30, launch_ts=EPOCH + 2)
+        b.write(tmp_path / f"rank{r}.json")
+    sync = compute_sync(load_traces(tmp_path))
+    assert sync.instances.empty and sync.straggler is None
+    assert any("2 point-to-point op(s) without a known peer were not paired" in n
+               for n in sync.notes)
+
+
+# -- several windows per rank ----------------------------------------------------------------------
+
+def test_three_windows_of_a_rank_are_one_rank_and_the_gaps_are_not_its_time(tmp_path):
+    # schedule(repeat=3): each rank writes 3 files 5 s apart; each window: one step of
+    # 1000 µs with a gemm [100, 700) and an exposed all-reduce [700, 1000).
+    for r in (0, 1):
+        for w in range(3):
+            t = EPOCH + 5e6 * w
+            b = TraceBuilder(rank=r)
+            b.step(10 * w + 1, t, 1000)
+            b.kernel("gemm_kernel", t + 100, 600, launch_ts=t + 1)
+            _coll(b, "AllReduce", (0, 1), "0", t + 700, 300, t + 2)
+            b.write(tmp_path / f"host_{100 + r}.{int(t)}.pt.trace.json")
+    ts = load_traces(tmp_path)
+    assert sorted(ts.ranks) == [0, 1]
+    assert len(ts.ranks[0].files) == 3 and len(ts.ranks[0].windows) == 3
+    bd = compute_time_breakdown(ts)
+    tot = bd.totals.set_index("rank")
+    assert tot.loc[0, "span_us"] == pytest.approx(3 * 900.0)  # first kernel to last end, x3
+    assert tot.loc[0, "compute_us"] == pytest.approx(1800.0)
+    assert tot.loc[0, "exposed_comm_us"] == pytest.approx(900.0)
+    steps = bd.steps[bd.steps["rank"] == 0]
+    assert steps["step"].tolist() == [1, 11, 21]
+    assert steps["span_us"].tolist() == pytest.approx([900.0, 900.0, 900.0])
+    sync = compute_sync(ts)
+    assert len(sync.instances) == 3 and sync.offsets["offset_us"].tolist() == [0.0, 0.0]
+    assert sync.straggler is None
+    assert any("3 files are 3 profiling windows" in w for w in ts.warnings)
+
+
+# -- a merged multi-rank file ----------------------------------------------------------------------
+
+def _two_ranks(tmp_path: Path) -> Path:
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        b.step(1, EPOCH, 2000)
+        b.kernel("gemm_kernel", EPOCH + 10, 500 + 300 * r, launch_ts=EPOCH + 1)
+        _coll(b, "AllReduce", (0, 1), "0", EPOCH + 400, 800 - 300 * r if r else 800, EPOCH + 2,
+              seq=1)
+        b.write(d / f"rank{r}.json")
+    return d
+
+
+def test_report_on_merge_output_equals_report_on_the_folder(tmp_path):
+    run = _two_ranks(tmp_path)
+    merged = tmp_path / "merged.json"
+    res = CliRunner().invoke(cli, ["merge", str(run), "-o", str(merged)])
+    assert res.exit_code == 0, res.output
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = _report([run], tmp_path / "a")
+    b = _report([merged], tmp_path / "b")
+    assert [r["rank"] for r in b["ranks"]] == [0, 1]
+    for ra, rb in zip(a["ranks"], b["ranks"]):
+        for key in ("compute_us", "comm_us", "overlap_us", "exposed_comm_us", "overlap_pct"):
+            assert rb["total"][key] == pytest.approx(ra["total"][key]), key
+    assert b["sync"]["straggler"] == a["sync"]["straggler"]
+    assert any("holds 2 ranks (a merged trace)" in w for w in b["warnings"])
+
+
+# -- missing ranks ---------------------------------------------------------------------------------
+
+def test_two_of_eight_ranks_name_no_straggler_and_no_clock_offset(tmp_path):
+    # all-reduces over 8 ranks; only ranks 0 and 1 are here, and rank 1 arrives 500 µs late
+    for r in (0, 1):
+        b = TraceBuilder(rank=r, world_size=8)
+        b.step(1, EPOCH, 3000)
+        b.kernel("gemm_kernel", EPOCH + 10, 100, launch_ts=EPOCH + 1)
+        _coll(b, "AllReduce", range(8), "0", EPOCH + 200 + 500 * r, 1000 - 500 * r, EPOCH + 2)
+        b.write(tmp_path / f"rank{r}.json")
+    ts = load_traces(tmp_path)
+    assert any(w.startswith("2 of 8 ranks present") for w in ts.warnings)
+    sync = compute_sync(ts)
+    assert sync.straggler is None and sync.stragglers.empty
+    assert not sync.instances["complete"].any()
+    assert sync.offsets["instances"].tolist() == [0, 0]
+    assert any("ranks [2, 3, 4, 5, 6, 7] have no trace" in n for n in sync.notes)
+
+
+# -- clocks: one per host --------------------------------------------------------------------------
+
+def _hosts_run(tmp_path: Path, hosts: dict[int, str]) -> Path:
+    """4 ranks; every all-reduce ends at the same true time; ranks 2 and 3's clocks read
+    +500 µs (recorded times), as if on another host."""
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in range(4):
+        skew = 500.0 if r >= 2 else 0.0
+        b = TraceBuilder(rank=r, world_size=4, backend="gloo")
+        b.thread_name(2, "pt_gloo_runloop")
+        for s in range(3):
+            t = EPOCH + 2000 * s + skew
+            b.step(s + 1, t, 2000)
+            b.cpu("aten::mm", t, 400)
+            b.cpu("gloo:all_reduce", t + 400 + 20 * r, 600 - 20 * r, tid=2,
+                  cat="user_annotation")
+        b.write(d / f"rank{r}.json")
+        write_sidecar(d / f"rank{r}.meta.json", "rank", r, {"host": hosts[r]})
+    return d
+
+
+def test_two_hosts_get_one_offset_each_estimated_from_collective_ends(tmp_path):
+    ts = load_traces(_hosts_run(tmp_path, {0: "a", 1: "a", 2: "b", 3: "b"}))
+    sync = compute_sync(ts)
+    off = sync.offsets.set_index("rank")
+    assert off["offset_us"].tolist() == pytest.approx([0.0, 0.0, 500.0, 500.0])
+    assert off["instances"].tolist() == [3, 3, 3, 3]
+    assert any("clock offsets of 2 hosts estimated from 3 complete" in n for n in sync.notes)
+    # after alignment rank 3 arrives last (it starts 20 µs after rank 2 on the true clock)
+    assert sync.instances["arrival_skew_us"].tolist() == pytest.approx([60.0] * 3)
+
+
+def test_one_host_is_one_clock_and_nothing_is_subtracted(tmp_path):
+    ts = load_traces(_hosts_run(tmp_path, {0: "a", 1: "a", 2: "a", 3: "a"}))
+    sync = compute_sync(ts)
+    off = sync.offsets.set_index("rank")
+    assert off["offset_us"].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert off["residual_us"].tolist() == pytest.approx([0.0, 0.0, 500.0, 500.0])
+    assert any("one host (a): one clock, no offset subtracted" in n for n in sync.notes)
+
+
+# -- devices and transports ------------------------------------------------------------------------
+
+def test_copy_engine_transfers_count_as_communication_when_named(tmp_path):
+    b = TraceBuilder(rank=0, world_size=1)
+    b.step(1, EPOCH, 1000)
+    b.kernel("gemm_kernel", EPOCH + 100, 400, launch_ts=EPOCH + 1)
+    b.kernel("Memcpy PtoP (Device -> Device)", EPOCH + 300, 400, stream=9, cat="gpu_memcpy",
+             launch_ts=EPOCH + 2)
+    b.write(tmp_path / "rank0.json")
+    plain = compute_time_breakdown(load_traces(tmp_path)).totals.iloc[0]
+    assert plain["comm_us"] == 0.0
+    named = compute_time_breakdown(load_traces(tmp_path), compile_comm_patterns(
+        [r"Memcpy PtoP"])).totals.iloc[0]
+    assert (named["comm_us"], named["overlap_us"], named["overlap_pct"]) == (400.0, 200.0, 50.0)
+
+
+def test_report_on_named_files_uses_the_sidecars_beside_them(tmp_path):
+    d = _hosts_run(tmp_path, {0: "a", 1: "a", 2: "b", 3: "b"})
+    ts = load_traces([d / "rank0.json", d / "rank2.json"])
+    assert set(ts.rank_meta) == {0, 1, 2, 3}
+    assert any("using the pardiag run's run.json and sidecars" in w for w in ts.warnings)
+    assert {r: m["host"] for r, m in ts.rank_meta.items()} == {0: "a", 1: "a", 2: "b", 3: "b"}
