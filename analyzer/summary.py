@@ -42,7 +42,7 @@ from pardiag import layout
 from pardiag.analyzer.load import RankTrace
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
-SUMMARY_VERSION = 2
+SUMMARY_VERSION = 3
 #: Modules whose code decides what a summary holds; a summary made by other code is recomputed.
 _CODE_MODULES = ("load", "classify", "breakdown", "sync", "intervals", "comm_records", "summary")
 SUMMARY_KIND = "pardiag-rank-summary"

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer import intervals as iv
-from pardiag.analyzer.breakdown import launch_times, launching_op_rows
+from pardiag.analyzer.breakdown import cpu_comm_types, launch_times, launching_op_rows
 from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
                                        comm_threads, on_threads, profiler_steps)
 from pardiag.analyzer.comm_records import DTYPE_BYTES, _numel
@@ -149,8 +149,10 @@ def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.D
         threads = comm_threads(trace)
         on_worker = on_threads(ev, threads)
         gl = ev[on_worker & ev["name"].str.startswith("gloo:").to_numpy()]
+        # named by the op the program issued (gloo's all_reduce of a reduce_scatter is one)
+        issued = cpu_comm_types(trace, kinds)["type"]
         df = pd.DataFrame({
-            "rank": trace.rank, "pg": "?", "op": [collective_type(n) for n in gl["name"]],
+            "rank": trace.rank, "pg": "?", "op": issued.reindex(gl.index).to_numpy(),
             "peer": None, "start_us": gl["ts"].to_numpy(dtype=float),
             "end_us": (gl["ts"] + gl["dur"]).to_numpy(dtype=float),
             "bytes": [_args_bytes(a) for a in gl["args"]], "group_size": world, "source": "trace"})
