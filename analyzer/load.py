@@ -615,9 +615,10 @@ def _frame_from_columns(path, display_time_unit, thread_names, not_objects, *, n
         stray, where = stray_timestamps(df["ts"].to_numpy(), df["dur"].to_numpy())
         if stray.any():
             kept = df["ts"].to_numpy()[~stray]
+            rest = (f"far from the other {len(kept)} (ts {kept.min():.0f}–{kept.max():.0f} µs)"
+                    if len(kept) else "no other events")
             warnings.append(f"{path}: left out {int(stray.sum())} events with stray timestamps "
-                            f"({where}), far from the other {len(kept)} (ts {kept.min():.0f}–"
-                            f"{kept.max():.0f} µs)")
+                            f"({where}), {rest}")
             df = df[~stray]
     df = df.sort_values("ts", kind="stable").reset_index(drop=True)
     df, clip_note = _clip_same_stream(df)

@@ -134,6 +134,7 @@ def test_stray_timestamps_rule():
     assert _stray([EPOCH, EPOCH + 1, EPOCH + 2], [1, 1, 1e15]) == ([2], "1 lasting up to "
                                                                    "1000000000000000 µs")
     assert _stray([0, 0, 0]) == ([], "")
+    assert _stray([0], [EPOCH]) == ([0], "1 lasting up to 1700000000000000 µs")
 
 
 @pytest.mark.parametrize("gz", [False, True])
