@@ -23,10 +23,18 @@ What counts as what:
   minus the time they spend inside communication or wait calls (waiting is not computing). The
   whole-trace window is first to last classified event; step windows are the ``ProfilerStep#N``
   annotations.
+
+Per collective type (:attr:`TimeBreakdown.collectives`): ``count`` is the number of ops the
+program *issued* — pardiag's collective records (``rank{R}.comms.json``) where the run has them,
+else the outermost ``c10d::*``/``_c10d_functional::*`` ops on the calling thread (GPU: the
+communication kernels) — so every member of a group shows the same count whatever its transport
+does; ``time_us``/``exposed_us`` are the union of the type's events, where the transport events
+that ran an op (gloo worker events) take the type the program issued (:func:`cpu_comm_types`).
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 from typing import Iterable
@@ -57,8 +65,12 @@ class TimeBreakdown:
             communication.
         steps: one row per rank and profiler step: ``rank``, ``step``, ``start_us``, ``end_us`` and
             :data:`BREAKDOWN_COLUMNS`.
-        collectives: one row per rank and collective type: ``rank``, ``collective``, ``count``,
-            ``time_us`` (|union of its intervals|), ``exposed_us`` (the part not under compute).
+        collectives: one row per rank and collective type (standard names: ``all_reduce``,
+            ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``broadcast``, ``send``,
+            ``recv``, ...): ``rank``, ``collective``, ``count`` (issued ops: the rank's records
+            when the run has them, else its trace), ``time_us`` (|union of its intervals|,
+            including the transport events that ran its ops), ``exposed_us`` (the part not under
+            compute).
     """
 
     totals: pd.DataFrame
@@ -274,15 +286,8 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
     lo = float(timed["ts"].min()) if len(timed) else 0.0
     hi = float((timed["ts"] + timed["dur"]).max()) if len(timed) else 0.0
     windows = [(int(r.step), float(r.start_us), float(r.end_us)) for r in steps.itertuples()]
-    comm = comm_ev[["name", "ts", "dur", "args"]].copy()
-    comm["type"] = [collective_type(n, a) for n, a in zip(comm["name"], comm["args"])]
-    # Count transfers once: the worker-thread event (gloo:*) when there is one for the type.
-    worker = on_threads(comm_ev, threads)
-    comm["counted"] = worker
-    no_worker_types = set(comm["type"]) - set(comm.loc[worker, "type"])
-    comm.loc[comm["type"].isin(no_worker_types), "counted"] = True
     ts = timed["ts"].to_numpy()
-    return RankParts("cpu", k, c, lo, hi, windows, comm,
+    return RankParts("cpu", k, c, lo, hi, windows, cpu_comm_types(trace, kinds),
                      _segments(ts, ts + timed["dur"].to_numpy(), trace.windows))
 
 
@@ -307,18 +312,169 @@ def _segments(starts: np.ndarray, ends: np.ndarray, windows) -> tuple:
     return out if len(out) > 1 else ()
 
 
+#: What a transport may run an issued collective as: gloo runs reduce_scatter as an all_reduce
+#: (FACTS §1); every other op runs as itself.
+TRANSPORT_OPS = {"reduce_scatter": ("reduce_scatter", "all_reduce")}
+_ISSUING = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|nccl:|record_param_comms)")
+#: How many later transport events an issued op looks at for one with its op and size.
+_PAIR_SCAN = 64
+
+
+def _entry_numel(entry) -> int | None:
+    """Elements of one ``Input Dims`` entry: a shape, or a list of shapes (coalesced ops)."""
+    if not isinstance(entry, list) or not entry:
+        return None
+    try:
+        if all(isinstance(x, list) for x in entry):
+            return sum(int(np.prod(x)) if x else 1 for x in entry)
+        return int(np.prod(entry))
+    except (TypeError, ValueError):
+        return None
+
+
+def _numels(args) -> set[int]:
+    dims = args.get("Input Dims") if isinstance(args, dict) else None
+    if not isinstance(dims, list):
+        return set()
+    return {n for n in map(_entry_numel, dims) if n is not None}
+
+
+def _first_numel(args) -> int | None:
+    """Elements of the first ``Input Dims`` entry (a transport event's buffer)."""
+    dims = args.get("Input Dims") if isinstance(args, dict) else None
+    return _entry_numel(dims[0]) if isinstance(dims, list) and dims else None
+
+
+def cpu_comm_types(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
+    """Collective type and count of a CPU trace's communication events (its ``cpu_comm`` events
+    by ``kinds``, which do not depend on ``--comm-kernel`` patterns; computed once per trace),
+    counting *issued* ops once and naming every event by the op the program issued.
+
+    * An **issued op** is an outermost communication op (``c10d::*``, ``_c10d_functional::*``,
+      ``nccl:*``, ``record_param_comms``) on a thread that is not a transport worker (see
+      :func:`classify.comm_threads`); the ops it encloses on its thread (``c10d::allreduce_`` in
+      ``_c10d_functional::all_reduce``) are the same op. Each issued op counts once; its type is
+      the first standard collective name among its own and its nested ops' names.
+    * A **transport event** (``gloo:*`` on any thread, or any communication event on a worker
+      thread) is where the transfer happens. It is paired with the issued op it ran: issued ops in
+      time order each take the earliest unpaired transport event that starts at or after the op,
+      runs the op (its own name, or what the transport runs it as: :data:`TRANSPORT_OPS`) and,
+      where both record ``Input Dims``, has the element count of one of the op's inputs. The
+      event takes the issued op's type (gloo's ``gloo:all_reduce`` of a reduce-scatter is a
+      ``reduce_scatter``) and counts nothing, however many worker threads there are. An unpaired
+      transport event (its op issued before the window) keeps its own type, or the one issued type
+      the transport runs as it.
+    * A trace without any issued op (worker events only) counts its transport events.
+
+    Returns:
+        ``name, ts, dur, args, type, counted`` per ``cpu_comm`` event (the events' index).
+    """
+    return cached(trace, "cpu_comm_types",
+                  lambda: _cpu_comm_types(trace, trace.events[(kinds == Kind.CPU_COMM.value).to_numpy()]))
+
+
+def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
+    comm = comm_ev[["name", "ts", "dur", "args"]].copy()
+    n = len(comm)
+    names = comm["name"].tolist()
+    args = comm["args"].tolist()
+    own = [collective_type(nm, a) for nm, a in zip(names, args)]
+    worker = on_threads(comm_ev, comm_threads(trace))
+    transport = worker | np.fromiter((nm.startswith("gloo:") for nm in names), dtype=bool, count=n)
+    issuing = ~transport & np.fromiter((bool(_ISSUING.match(nm)) for nm in names), dtype=bool,
+                                       count=n)
+    types = list(own)
+    counted = np.zeros(n, dtype=bool)
+    ts = comm["ts"].to_numpy(dtype=float)
+    end = ts + comm["dur"].to_numpy(dtype=float)
+    # issued ops: the outermost issuing op per thread; nested ones belong to it
+    owner = np.full(n, -1, dtype=np.int64)
+    pos = np.flatnonzero(issuing)
+    keys = list(zip(comm_ev["pid"].to_numpy()[pos], comm_ev["tid"].to_numpy()[pos]))
+    by_thread: dict = {}
+    for p, key in zip(pos.tolist(), keys):
+        by_thread.setdefault(key, []).append(p)
+    for rows in by_thread.values():
+        rows.sort(key=lambda i: (ts[i], -end[i]))
+        outer, outer_end = -1, -np.inf
+        for i in rows:
+            if ts[i] >= outer_end:
+                outer, outer_end = i, end[i]
+            owner[i] = outer
+    issued = np.flatnonzero(owner == np.arange(n))
+    members: dict[int, list[int]] = {}
+    for i in np.flatnonzero(owner >= 0).tolist():
+        members.setdefault(int(owner[i]), []).append(i)
+    issued_type = {}
+    for i in issued.tolist():
+        std = [own[j] for j in members[i] if own[j] in STANDARD_COLLECTIVES]
+        issued_type[i] = std[0] if std else own[i]
+        for j in members[i]:
+            types[j] = issued_type[i]
+    counted[issued] = True
+
+    # transport events per own type, in time order; each issued op takes one
+    tpos = np.flatnonzero(transport)
+    tpos = tpos[np.argsort(ts[tpos], kind="stable")]
+    lanes: dict[str, list[int]] = {}
+    for i in tpos.tolist():
+        lanes.setdefault(own[i], []).append(i)
+    lane_ts = {t: [ts[i] for i in rows] for t, rows in lanes.items()}
+    paired = np.zeros(n, dtype=bool)
+    for i in sorted(issued.tolist(), key=lambda i: ts[i]):
+        typ = issued_type[i]
+        sizes = set().union(*(_numels(args[j]) for j in members[i]))
+        best = None
+        for lane in TRANSPORT_OPS.get(typ, (typ,)):
+            rows = lanes.get(lane)
+            if not rows:
+                continue
+            k = bisect.bisect_left(lane_ts[lane], ts[i])
+            for j in rows[k:k + _PAIR_SCAN]:
+                if paired[j]:
+                    continue
+                got = _first_numel(args[j])
+                if sizes and got is not None and got not in sizes:
+                    continue
+                if best is None or ts[j] < ts[best]:
+                    best = j
+                break
+        if best is not None:
+            paired[best] = True
+            types[best] = typ
+    issued_types = set(issued_type.values())
+    for i in tpos.tolist():
+        if paired[i] or own[i] in issued_types:
+            continue
+        runs_as = [t for t in issued_types if own[i] in TRANSPORT_OPS.get(t, ())]
+        if len(runs_as) == 1:
+            types[i] = runs_as[0]
+    if not len(issued):
+        counted[tpos] = True
+    comm["type"] = types
+    comm["counted"] = counted
+    return comm
+
+
 def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     """Collective type of GPU communication kernels; generic kernels (RCCL's
-    ``ncclDevKernel_Generic``) take it from the CPU communication op that launched them."""
+    ``ncclDevKernel_Generic``) take it from the CPU communication op that launched them, and so do
+    NCCL's ``SendRecv`` kernels, which run all_to_all as well as send and recv (the innermost
+    launching op with a ``Collective name``, else the innermost one, as the synchronization
+    analysis names them)."""
     comm = comm_ev[["name", "ts", "dur", "args", "correlation"]].copy()
     types = [collective_type(n, a) for n, a in zip(comm["name"], comm["args"])]
-    generic = [i for i, t in enumerate(types) if t not in STANDARD_COLLECTIVES]
+    generic = [i for i, t in enumerate(types) if t not in STANDARD_COLLECTIVES or t == "send_recv"]
     if generic:
         enclosing = launching_comm_ops(trace, comm.iloc[generic])
         for i, enc in zip(generic, enclosing):
             if len(enc):
-                inner = enc.iloc[-1]
-                types[i] = collective_type(inner["name"], inner["args"])
+                named = [j for j, a in enumerate(enc["args"])
+                         if isinstance(a, dict) and a.get("Collective name")]
+                inner = enc.iloc[named[-1] if named else -1]
+                t = collective_type(inner["name"], inner["args"])
+                if types[i] != "send_recv" or t in STANDARD_COLLECTIVES:
+                    types[i] = t
     comm["type"] = types
     comm["counted"] = True
     return comm
@@ -359,6 +515,20 @@ def breakdown_rows_of(parts: RankParts) -> tuple[dict, list[dict], list[dict]]:
     return total, steps, colls
 
 
+def with_record_counts(rows: list[dict], records: list[dict]) -> list[dict]:
+    """Collective rows (without ``rank``) whose ``count`` is the number of pardiag's records of
+    the op (the ops the rank issued in the traced window); an op recorded but absent from the
+    trace gets a row with no time. Ops without records keep the trace's count."""
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[str(r["op"])] = counts.get(str(r["op"]), 0) + 1
+    out = [{**r, "count": counts.get(r["collective"], r["count"])} for r in rows]
+    have = {r["collective"] for r in rows}
+    out += [{"collective": op, "count": n, "time_us": 0.0, "exposed_us": 0.0}
+            for op, n in counts.items() if op not in have]
+    return sorted(out, key=lambda r: r["collective"])
+
+
 def compute_rank_breakdown(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = (),
                            launch_window: tuple[float, float] | None = None) -> dict:
     """Time breakdown of one rank over its whole trace.
@@ -390,6 +560,9 @@ def compute_time_breakdown(traces: TraceSet, comm_patterns: Iterable[re.Pattern]
     totals, steps, colls = [], [], []
     for rank, trace in traces.ranks.items():
         total, step_rows, coll_rows = rank_breakdown_rows(trace, comm_patterns)
+        doc = traces.sidecars.get("comms", {}).get(rank)
+        if doc:
+            coll_rows = with_record_counts(coll_rows, doc.get("records", []))
         totals.append({"rank": rank, **total})
         steps.extend({"rank": rank, **r} for r in step_rows)
         colls.extend({"rank": rank, **r} for r in coll_rows)

@@ -57,6 +57,8 @@ CPU_WAIT_RE = re.compile(
 STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
 _MEMORY_NAME_RE = re.compile(r"^(Memcpy|Memset)", re.IGNORECASE)
 _COMM_THREAD_RE = re.compile(r"gloo|nccl", re.IGNORECASE)
+#: The ops a program calls to issue communication (on its own thread).
+_ISSUING_RE = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::)")
 
 
 def pattern_key(comm_patterns: Iterable) -> tuple[str, ...]:
@@ -112,10 +114,11 @@ def compile_comm_patterns(patterns: Iterable[str]) -> list[re.Pattern]:
 def comm_threads(trace: RankTrace) -> set[tuple[str, str]]:
     """``(pid, tid)`` of communication worker threads (gloo/NCCL runloops).
 
-    A named thread is a worker when its name says gloo or nccl (``pt_gloo_runloop``); an
-    unnamed one when it holds ``gloo:*`` events and is not the process's main thread (tid ≠ pid).
-    Gloo runs point-to-point ``gloo:send``/``gloo:recv`` on the caller's (main) thread, which is
-    therefore not a worker.
+    A thread is a worker when its name says gloo or nccl (``pt_gloo_runloop``), or when it holds
+    ``gloo:*`` events, issues no ``c10d::*``/``_c10d_functional::*`` ops and is not the process's
+    main thread (tid ≠ pid): Kineto may name a gloo worker ``python3`` (its name when the profiler
+    first saw it). Gloo runs point-to-point ``gloo:send``/``gloo:recv`` on the caller's (main)
+    thread, which issues the ``c10d::*`` ops and is therefore not a worker.
     """
     return set(cached(trace, "comm_threads", lambda: _comm_threads(trace)))
 
@@ -125,8 +128,10 @@ def _comm_threads(trace: RankTrace) -> frozenset:
     named = trace.thread_names
     threads = {k for k, name in named.items() if _COMM_THREAD_RE.search(name)}
     gloo = ev[name_test(trace, "gloo", lambda n: n.startswith("gloo:"))]
+    issuing = ev[name_test(trace, "issuing", _ISSUING_RE.match)]
+    callers = set(zip(issuing["pid"], issuing["tid"]))
     for pid, tid in set(zip(gloo["pid"], gloo["tid"])):
-        if (pid, tid) not in named and pid != tid:
+        if (pid, tid) not in callers and pid != tid:
             threads.add((pid, tid))
     return frozenset(threads)
 

@@ -7,7 +7,9 @@ a list of files; ``.json`` or ``.json.gz``. Handles the trace dialects seen in t
 * legacy format: categories ``Kernel``/``Operator``/``Runtime``/``Memcpy``/``Memset`` and ``tid``
   strings such as ``"stream 7"``;
 * bare ``inf``/``-inf``/``nan``/``NaN``/``Infinity`` tokens and raw control characters in strings;
-* events at ``ts`` 0 with ``dur`` 0 among epoch timestamps (left out, counted in a warning);
+* stray timestamps: events at ``ts`` 0 among epoch timestamps, or years away from the rest of
+  the file, however many (left out, one warning per file that says how many and where:
+  :func:`stray_timestamps`);
 * kernels on one stream that overlap (the earlier one is clipped to end where the next starts:
   a stream runs one kernel at a time; counted in a note).
 
@@ -330,6 +332,78 @@ def _str_column(values: list) -> list[str]:
 MAX_PLAUSIBLE_US = 1e17
 
 
+#: Stray timestamps (:func:`stray_timestamps`): gaps shorter than this (µs, one hour) never
+#: separate events, so profiler windows of one file minutes apart stay together ...
+STRAY_MIN_GAP_US = 3.6e9
+#: ... and a gap separates them only when it is also this many times the extent of the events
+#: kept so far.
+STRAY_GAP_FACTOR = 1000.0
+
+
+def stray_timestamps(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, str]:
+    """Events whose timestamps lie far from the trace's main cluster, and where they were.
+
+    A profile covers seconds to minutes; a few events at ``ts`` 0 (an unset time) or years away
+    (another clock, a corrupt value) are not part of it, however many or few they are. The rule:
+
+    1. Sort the start times and cut wherever two consecutive ones are more than
+       :data:`STRAY_MIN_GAP_US` (one hour) apart; smaller gaps never cut, so two profiler windows
+       of one file seconds or minutes apart stay one cluster.
+    2. The main cluster is the one with the most events not at ``ts`` 0 exactly (ties: the
+       longer one; a trace whose events are all at 0 keeps them all): a file whose events are
+       mostly unset times with a minority at epoch times keeps the minority.
+    3. It absorbs a neighbouring cluster while the gap to it is at most
+       max(:data:`STRAY_MIN_GAP_US`, :data:`STRAY_GAP_FACTOR` × its own extent so far): only a
+       gap far larger than the kept events' own span separates events.
+    4. Events that start outside the main cluster, or end more than that same gap after its last
+       start (a duration of years), are stray.
+
+    Returns:
+        (bool mask over the events, a description of the stray ones: ``"3 at ts 0 µs, 2 at ts
+        1700000000000000–1700000000000100 µs"``; empty when there are none).
+    """
+    n = len(ts)
+    none = np.zeros(n, dtype=bool)
+    if n == 0:
+        return none, ""
+    order = np.argsort(ts, kind="stable")
+    s = ts[order]
+    cuts = np.flatnonzero(np.diff(s) > STRAY_MIN_GAP_US) + 1
+    starts = np.concatenate([[0], cuts])
+    ends = np.concatenate([cuts, [n]])
+    counts = ends - starts
+    nonzero = np.add.reduceat((s != 0).astype(np.int64), starts)
+    weight = nonzero if nonzero.any() else counts
+    extent = s[ends - 1] - s[starts]
+    main = max(range(len(starts)), key=lambda i: (weight[i], extent[i], -i))
+    a = b = main
+
+    def gap_allowed() -> float:
+        return max(STRAY_MIN_GAP_US, STRAY_GAP_FACTOR * float(s[ends[b] - 1] - s[starts[a]]))
+
+    grown = True
+    while grown:
+        grown = False
+        if a > 0 and s[starts[a]] - s[ends[a - 1] - 1] <= gap_allowed():
+            a, grown = a - 1, True
+        if b < len(starts) - 1 and s[starts[b + 1]] - s[ends[b] - 1] <= gap_allowed():
+            b, grown = b + 1, True
+    lo, hi = float(s[starts[a]]), float(s[ends[b] - 1])
+    with np.errstate(invalid="ignore"):
+        stray = (ts < lo) | (ts > hi) | (ts + dur > hi + gap_allowed())
+    if not stray.any():
+        return none, ""
+    parts = []
+    for i in [*range(a), *range(b + 1, len(starts))]:
+        x, y = float(s[starts[i]]), float(s[ends[i] - 1])
+        parts.append(f"{counts[i]} at ts {x:.0f} µs" if x == y
+                     else f"{counts[i]} at ts {x:.0f}–{y:.0f} µs")
+    long = int(stray.sum()) - int(sum(counts[i] for i in [*range(a), *range(b + 1, len(starts))]))
+    if long:
+        parts.append(f"{long} lasting up to {float(dur[stray].max()):.0f} µs")
+    return stray, ", ".join(parts)
+
+
 def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None = None
                  ) -> tuple[pd.DataFrame, dict, list[str], list[str]]:
     """Turn raw trace events into the :data:`EVENT_COLUMNS` table.
@@ -346,9 +420,10 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
 
     Returns:
         (events, thread_names, warnings, notes). Events with a non-finite, negative or
-        implausible (> :data:`MAX_PLAUSIBLE_US`) ``ts``/``dur`` and events at ``ts`` 0 among
-        epoch-scale timestamps are dropped and counted in warnings; numbers written as strings
-        are read and counted in a warning.
+        implausible (> :data:`MAX_PLAUSIBLE_US`) ``ts``/``dur`` and events with stray
+        timestamps (``ts`` 0 among epoch times, years away from the rest:
+        :func:`stray_timestamps`) are dropped and counted in warnings; numbers written as
+        strings are read and counted in a warning.
     """
     raw_events = raw_events if isinstance(raw_events, list) else list(raw_events)
     objs = [e for e in raw_events if type(e) is dict]
@@ -580,13 +655,14 @@ def _frame_from_columns(path, display_time_unit, thread_names, not_objects, *, n
                         + (f" ({no_dur} without dur)" if no_dur else ""))
         df = df[~bad]
     if len(df):
-        ts = df["ts"].to_numpy()
-        median = float(np.median(ts))
-        zero = (ts == 0) & (df["dur"].to_numpy() == 0) & (median > 1e6)
-        if zero.any():
-            warnings.append(f"{path}: left out {int(zero.sum())} events at ts 0 with dur 0 "
-                            f"(among timestamps near {median:.0f} µs)")
-            df = df[~zero]
+        stray, where = stray_timestamps(df["ts"].to_numpy(), df["dur"].to_numpy())
+        if stray.any():
+            kept = df["ts"].to_numpy()[~stray]
+            rest = (f"far from the other {len(kept)} (ts {kept.min():.0f}–{kept.max():.0f} µs)"
+                    if len(kept) else "no other events")
+            warnings.append(f"{path}: left out {int(stray.sum())} events with stray timestamps "
+                            f"({where}), {rest}")
+            df = df[~stray]
     df = df.sort_values("ts", kind="stable").reset_index(drop=True)
     df, clip_note = _clip_same_stream(df)
     if clip_note:

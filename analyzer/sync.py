@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer import intervals as iv
-from pardiag.analyzer.breakdown import launch_times, launching_op_rows
+from pardiag.analyzer.breakdown import cpu_comm_types, launch_times, launching_op_rows
 from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
                                        comm_threads, name_test, on_threads, profiler_steps)
 from pardiag.analyzer.comm_records import DTYPE_BYTES, _numel
@@ -269,7 +269,10 @@ def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.D
     gloo = ev[name_test(trace, "gloo", lambda n: n.startswith("gloo:"))]
     if len(gloo):
         on_worker = on_threads(gloo, threads)
-        ops = [collective_type(n) for n in gloo["name"]]
+        # named by the op the program issued (gloo's all_reduce of a reduce_scatter is one)
+        issued = cpu_comm_types(trace, kinds)["type"].reindex(gloo.index)
+        ops = [t if isinstance(t, str) else collective_type(n)
+               for t, n in zip(issued.tolist(), gloo["name"].tolist())]
         is_p2p = np.array([o in ("send", "recv") for o in ops], dtype=bool)
         keep = on_worker | is_p2p  # collectives on the worker threads; send/recv on the caller's
         gl = gloo[keep]

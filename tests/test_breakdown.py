@@ -1,10 +1,13 @@
 """Planted traces with known answers: the breakdown must reproduce them exactly."""
 
+import json
 import math
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from pardiag.analyzer.breakdown import compute_time_breakdown
+from pardiag.analyzer.breakdown import breakdown_rows_of, compute_time_breakdown, rank_parts
 from pardiag.analyzer.classify import Kind, classify, collective_type, compile_comm_patterns
 from pardiag.analyzer.load import load_traces
 from pardiag.errors import PardiagError
@@ -134,3 +137,86 @@ def test_collective_type(name, expected):
 
 def test_record_param_comms_uses_collective_name():
     assert collective_type("record_param_comms", {"Collective name": "_allgather_base"}) == "all_gather"
+
+
+def _gloo_rs_trace() -> TraceBuilder:
+    """Two reduce-scatters that gloo runs as gloo:all_reduce on two worker threads (one of them
+    named 'python3', as Kineto may name it), an all-reduce whose transfer starts before the first
+    reduce-scatter's, and an all-gather. Main thread: aten::mm [0,50), [60,100), [120,140)."""
+    b = TraceBuilder(rank=0, backend="gloo")
+    b.thread_name(1, "thread 1 (python3)").thread_name(2, "thread 2 (python3)")
+    b.thread_name(3, "thread 3 (pt_gloo_runloop)")
+    b.step(1, 0, 200)
+    for ts, dur in ((0, 50), (60, 40), (120, 20)):
+        b.cpu("aten::mm", ts, dur)
+    rs = {"Input Dims": [[512], [1024]], "Input type": ["float", "float"]}
+    b.cpu("c10d::_reduce_scatter_base_", 50, 2, args=rs)
+    b.cpu("c10d::allreduce_", 54, 2, args={"Input Dims": [[256]], "Input type": ["float"]})
+    b.cpu("gloo:all_reduce", 55, 15, tid=3, cat="user_annotation", args={"Input Dims": [[256]]})
+    b.cpu("gloo:all_reduce", 58, 22, tid=2, cat="user_annotation", args={"Input Dims": [[1024]]})
+    b.cpu("c10d::_reduce_scatter_base_", 100, 2, args=rs)
+    b.cpu("gloo:all_reduce", 102, 28, tid=3, cat="user_annotation", args={"Input Dims": [[1024]]})
+    b.cpu("c10d::_allgather_base_", 110, 2, args={"Input Dims": [[2048], [1024]]})
+    b.cpu("gloo:all_gather", 112, 38, tid=2, cat="user_annotation", args={"Input Dims": [[1024]]})
+    return b
+
+
+def test_gloo_reduce_scatter_on_two_worker_threads_counts_issued_ops(tmp_path):
+    _gloo_rs_trace().write(tmp_path / "a.json")
+    traces = load_traces(tmp_path)
+    c = compute_time_breakdown(traces).collectives
+    assert sorted(c["collective"]) == ["all_gather", "all_reduce", "reduce_scatter"]
+    rs, ar, ag = (_row(c, collective=t) for t in ("reduce_scatter", "all_reduce", "all_gather"))
+    # reduce_scatter: c10d [50,52) + gloo [58,80) + c10d [100,102) + gloo [102,130) = 54 µs;
+    # not under compute: [50,52) [58,60) [100,120) = 24
+    assert (rs["count"], rs.time_us, rs.exposed_us) == (2, 54.0, 24.0)
+    # all_reduce: c10d [54,56) ∪ gloo [55,70) = [54,70); exposed [54,60)
+    assert (ar["count"], ar.time_us, ar.exposed_us) == (1, 16.0, 6.0)
+    # all_gather: c10d [110,112) ∪ gloo [112,150); exposed [110,120) + [140,150)
+    assert (ag["count"], ag.time_us, ag.exposed_us) == (1, 40.0, 20.0)
+    # the synchronization analysis names the worker events by the op issued
+    from pardiag.analyzer.sync import comm_events
+    ev = comm_events(traces).sort_values("start_us")
+    assert ev["op"].tolist() == ["all_reduce", "reduce_scatter", "reduce_scatter", "all_gather"]
+    assert ev["start_us"].tolist() == [55.0, 58.0, 102.0, 112.0]
+
+
+def test_gloo_counts_come_from_records_when_the_run_has_them(tmp_path):
+    from synth import record, write_sidecar
+    _gloo_rs_trace().write(tmp_path / "rank0.trace.json")
+    recs = [record("reduce_scatter", 1, 58, 80), record("all_reduce", 2, 55, 70),
+            record("reduce_scatter", 3, 102, 130), record("all_gather", 4, 112, 150),
+            record("broadcast", 5, 160, 170)]
+    write_sidecar(tmp_path / "rank0.comms.json", "comms", 0,
+                  {"process_groups": [{"name": "0", "ranks": [0, 1, 2]}], "records": recs})
+    c = compute_time_breakdown(load_traces(tmp_path)).collectives
+    counts = dict(zip(c["collective"], c["count"]))
+    assert counts == {"all_gather": 1, "all_reduce": 1, "broadcast": 1, "reduce_scatter": 2}
+    bc = _row(c, collective="broadcast")   # recorded, not in the trace: counted, no time
+    assert (bc.time_us, bc.exposed_us) == (0.0, 0.0)
+    assert _row(c, collective="reduce_scatter").time_us == 54.0
+
+
+SAMPLES = sorted(p for p in (Path(__file__).resolve().parents[1] / "sample_traces").iterdir()
+                 if p.is_dir())
+
+
+def test_every_sample_run_has_comms_records():
+    assert len(SAMPLES) == 14    # the sample_traces/README.md table
+    assert all(len(list(p.glob("rank*.comms.json"))) >= 2 for p in SAMPLES)
+
+
+@pytest.mark.parametrize("run", SAMPLES, ids=lambda p: p.name)
+def test_sample_collective_counts_equal_the_records(run):
+    """Every rank's per-type count equals its comms.json records' — both as reported (records)
+    and as counted from the trace alone (issued c10d ops) — and every member of a group agrees."""
+    traces = load_traces(run)
+    c = compute_time_breakdown(traces).collectives
+    for f in sorted(run.glob("rank*.comms.json")):
+        doc = json.loads(f.read_text())
+        want = Counter(r["op"] for r in doc["records"])
+        rank = doc["rank"]
+        got = c[c["rank"] == rank]
+        assert dict(zip(got["collective"], got["count"])) == dict(want), (run.name, rank)
+        _, _, trace_rows = breakdown_rows_of(rank_parts(traces.ranks[rank], [], None))
+        assert {r["collective"]: r["count"] for r in trace_rows} == dict(want), (run.name, rank)

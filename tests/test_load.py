@@ -3,12 +3,14 @@
 import gzip
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from pardiag.analyzer.breakdown import compute_time_breakdown
-from pardiag.analyzer.load import load_traces, read_trace_json
+from pardiag.analyzer.load import load_traces, read_trace_json, stray_timestamps
 from pardiag.errors import TraceError
-from synth import TraceBuilder, gpu_rank
+from synth import TraceBuilder, cpu_rank, gpu_rank
 
 
 def test_gzip_and_plain_json_give_the_same_events(tmp_path):
@@ -97,9 +99,70 @@ def test_zero_timestamp_events_left_out_with_warning(tmp_path):
                      "ts": 0, "dur": 0})
     b.write(tmp_path / "t.json")
     ts = load_traces(tmp_path)
-    assert any("left out 2 events at ts 0" in w for w in ts.warnings)
+    assert [w.split(": ", 1)[1] for w in ts.warnings if "stray timestamps" in w] == [
+        "left out 2 events with stray timestamps (2 at ts 0 µs), far from the other 14 "
+        f"(ts {base}–{base + 140} µs)"]
     tot = compute_time_breakdown(ts).totals.iloc[0]
     assert tot.span_us == 170.0 and tot.overlap_us == 30.0
+
+
+def _stray(ts, dur=None):
+    ts = np.asarray(ts, dtype=float)
+    mask, where = stray_timestamps(ts, np.zeros(len(ts)) if dur is None else np.asarray(dur, float))
+    return np.flatnonzero(mask).tolist(), where
+
+
+EPOCH = 1_700_000_000_000_000.0
+
+
+def test_stray_timestamps_rule():
+    # a minority at ts 0 among epoch times, and a majority at ts 0 beside an epoch minority
+    assert _stray([0, 0, EPOCH, EPOCH + 10]) == ([0, 1], "2 at ts 0 µs")
+    assert _stray([0] * 10 + [EPOCH, EPOCH + 5e6]) == (list(range(10)), "10 at ts 0 µs")
+    # mostly epoch, a few decades off (either side)
+    bulk = [EPOCH + i * 1e5 for i in range(50)]
+    assert _stray(bulk + [EPOCH + 3e16, 1e12]) == ([50, 51], "1 at ts 1000000000000 µs, "
+                                                   "1 at ts 31700000000000000 µs")
+    # relative timestamps (newest format) with a few at epoch times; one at exactly 0 is real
+    rel = [i * 1e5 for i in range(50)]
+    assert _stray(rel + [EPOCH, EPOCH + 1]) == (
+        [50, 51], "2 at ts 1700000000000000–1700000000000001 µs")
+    # two profiler windows 5 s apart, and 40 minutes apart: one trace, nothing stray
+    assert _stray(rel + [5e6 + t for t in rel]) == ([], "")
+    assert _stray(rel + [2.4e9 + t for t in rel]) == ([], "")
+    # a duration of years is stray too; everything at 0 is kept
+    assert _stray([EPOCH, EPOCH + 1, EPOCH + 2], [1, 1, 1e15]) == ([2], "1 lasting up to "
+                                                                   "1000000000000000 µs")
+    assert _stray([0, 0, 0]) == ([], "")
+    assert _stray([0], [EPOCH]) == ([0], "1 lasting up to 1700000000000000 µs")
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_stray_timestamps_left_out_on_both_parse_paths(tmp_path, gz):
+    """A trace mostly at ts 0 with the real events at epoch times: the same table from the fast
+    (strict JSON) and the tolerant (bare NaN token) path, one warning, a span of µs not years."""
+    b = cpu_rank(0)
+    for e in b.events:
+        if "ts" in e:
+            e["ts"] += EPOCH
+    for i in range(30):
+        b.cpu("aten::empty", 0, 0)
+    b.cpu("aten::late", EPOCH + 4e16, 5)
+    for d in ("strict", "loose"):
+        (tmp_path / d).mkdir()
+    b.write(tmp_path / "strict" / "rank0.json", gz=gz)
+    # a bare NaN token: not strict JSON, so this one takes the tolerant path
+    loose = json.dumps(b.doc()).replace('"schemaVersion": 1', '"schemaVersion": 1, "x": NaN')
+    assert "NaN" in loose
+    (tmp_path / "loose" / "rank0.json").write_bytes(loose.encode())
+    a, c = load_traces(tmp_path / "strict"), load_traces(tmp_path / "loose")
+    pd.testing.assert_frame_equal(a.ranks[0].events, c.ranks[0].events)
+    for t in (a, c):
+        stray = [w for w in t.warnings if "stray timestamps" in w]
+        assert len(stray) == 1 and "left out 31 events with stray timestamps (30 at ts 0 µs, " \
+            "1 at ts 41700000000000000 µs)" in stray[0]
+        tot = compute_time_breakdown(t).totals.iloc[0]
+        assert tot.span_us == 100.0 and tot.comm_us == 35.0
 
 
 def test_same_stream_overlap_is_clipped(tmp_path):
