@@ -156,7 +156,7 @@ def rank_marks(trace: RankTrace) -> RankMarks:
     """Reduce one rank's events to its :class:`RankMarks` (from its summary when it has them;
     computed once per trace)."""
     s = trace.summary
-    if s is not None and getattr(s, "marks", None) is not None and not trace.events_loaded:
+    if s is not None and getattr(s, "marks", None) is not None:
         return s.marks
     return cached(trace, "layout_marks", lambda: _rank_marks(trace))
 
@@ -263,6 +263,13 @@ class InferredLayout:
     evidence: tuple[str, ...]
     not_inferred: tuple[str, ...]
     source: str = INFERRED_SOURCE
+
+
+def is_pardiag_run(traces: TraceSet) -> bool:
+    """True for a run folder of ``pardiag profile`` (``run.json``, rank metadata or sidecars):
+    its layout is recorded, never inferred."""
+    return bool(traces.run_info or traces.rank_meta
+                or any(traces.sidecars.get(k) for k in ("comms", "pipeline")))
 
 
 def _pg_config(trace: RankTrace) -> list[dict]:
