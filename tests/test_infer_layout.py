@@ -220,12 +220,15 @@ def plain_interleaved(tmp_path_factory):
     return out
 
 
-def test_plain_profiler_interleaved_run(plain_interleaved, capsys):
-    from pardiag.cli import main
+def test_plain_profiler_interleaved_run(plain_interleaved):
+    from click.testing import CliRunner
+    from pardiag.cli import cli
     js = plain_interleaved.parent / "interleaved.json"
-    assert main(["report", str(plain_interleaved), "-o", str(plain_interleaved.parent / "r.html"),
-                 "--json", str(js)]) == 0
-    term = capsys.readouterr().out
+    res = CliRunner().invoke(cli, ["report", str(plain_interleaved), "-o",
+                                    str(plain_interleaved.parent / "r.html"), "--json", str(js)],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    term = res.output
     assert "Layout (inferred from traces): PP=2 (pipeline); ScheduleInterleaved1F1B, 4 stages, " \
            "4 microbatches" in term
     j = json.loads(js.read_text())
