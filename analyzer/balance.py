@@ -22,6 +22,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from pardiag.analyzer.infer_layout import InferredLayout, is_pardiag_run
 from pardiag.analyzer.load import TraceSet
 from pardiag.analyzer.summary import memory_rows
 
@@ -157,6 +158,11 @@ class LayoutResult:
         groups: ``dim``, ``pg``, ``desc``, ``ranks``, ``size``, ``nodes`` (hosts spanned),
             ``spans_nodes``.
         nodes: ``{host: [ranks]}``.
+        source: ``"recorded"`` (pardiag's records of the run) or ``"inferred from traces"``
+            (:mod:`pardiag.analyzer.infer_layout`, for traces recorded without pardiag).
+        evidence: for an inferred layout, what each conclusion rests on (one line each).
+        not_inferred: for an inferred layout, what could not be inferred or is only estimated,
+            and how (one line each).
     """
 
     dims: dict
@@ -164,13 +170,18 @@ class LayoutResult:
     pipeline: dict | None
     groups: pd.DataFrame
     nodes: dict
+    source: str = "recorded"
+    evidence: tuple[str, ...] = ()
+    not_inferred: tuple[str, ...] = ()
 
 
-def compute_layout(traces: TraceSet) -> LayoutResult:
+def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> LayoutResult:
     """The run's parallel layout from ``run.json``, the comms sidecars and rank metadata.
 
     Traces from elsewhere carry less: process groups from ``distributedInfo.pg_config`` (with
-    dimension names taken from their descriptions, e.g. ``mesh_tp``), hosts unknown.
+    dimension names taken from their descriptions, e.g. ``mesh_tp``), hosts unknown; dimensions,
+    strategies and the pipeline come from ``inferred`` (:func:`infer_layout.infer_layout`), and
+    the result says so (``source``, ``evidence``, ``not_inferred``). A pardiag run keeps its recorded layout.
     """
     run = traces.run_info or {}
     lay = run.get("layout") or {}
@@ -205,5 +216,9 @@ def compute_layout(traces: TraceSet) -> LayoutResult:
                     "spans_nodes": len(spanned) > 1 if spanned else None})
     groups = pd.DataFrame(out, columns=["dim", "pg", "desc", "ranks", "size", "nodes",
                                         "spans_nodes"])
+    if inferred is not None and not is_pardiag_run(traces):
+        return LayoutResult(dict(inferred.dims), list(inferred.strategies), inferred.pipeline,
+                            groups, nodes, inferred.source, tuple(inferred.evidence),
+                            tuple(inferred.not_inferred))
     return LayoutResult(dict(lay.get("dims") or {}), list(lay.get("strategies") or []),
                         lay.get("pipeline"), groups, nodes)

@@ -21,7 +21,12 @@ window, so the unprofiled steps time the schedule as it runs without pardiag, an
 use them (:func:`summarize_bubbles`). The first step is
 left out when there are more than two (it also allocates the stages' buffers).
 
-Runs without schedule records get an **estimate** on pipeline ranks (those exchanging
+Traces recorded without pardiag (:mod:`pardiag.analyzer.infer_layout`) are measured the same way
+from their per-microbatch ranges (GPipe's ``Forward i``/``Backward i``, the action runtime's
+``PP:{stage}F{mb}``), less the wait for each chunk's input; the schedule then carries
+``"source": "inferred from traces"``.
+
+Runs without schedule records or ranges get an **estimate** on pipeline ranks (those exchanging
 point-to-point messages): idle plus exposed communication over the step (see
 :mod:`pardiag.analyzer.breakdown`), labelled as such.
 """
@@ -34,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer import intervals as iv
+from pardiag.analyzer.infer_layout import InferredLayout, is_pardiag_run
 from pardiag.analyzer.load import TraceSet
 
 BUBBLE_COLUMNS = ("rank", "stages", "step", "window_us", "busy_us", "bubble_us", "bubble_pct",
@@ -65,9 +71,18 @@ class PipelineResult:
     schedule: dict | None
 
 
-def _schedule(traces: TraceSet, chunks: pd.DataFrame) -> dict | None:
+def _schedule(traces: TraceSet, chunks: pd.DataFrame,
+              inferred: InferredLayout | None = None) -> dict | None:
     lay = (traces.run_info or {}).get("layout") or {}
     pipe = lay.get("pipeline") or {}
+    if not pipe and inferred is not None and inferred.pipeline and not is_pardiag_run(traces):
+        pipe = inferred.pipeline
+        sched = {"schedule": pipe["schedule"], "p": pipe["pp_group_size"],
+                 "m": pipe["microbatches"], "v": pipe["stages_per_rank"],
+                 "stages": pipe["stages"], "source": inferred.source}
+        if pipe.get("microbatches_from") == "sends":
+            sched["microbatches_estimated"] = True
+        return sched
     if chunks.empty and not pipe:
         return None
     stages = pipe.get("stages") or (int(chunks["stage"].max()) + 1 if len(chunks) else None)
@@ -98,7 +113,8 @@ def summarize_bubbles(bubbles: pd.DataFrame) -> pd.DataFrame:
 
 def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
                      breakdown_steps: pd.DataFrame | None = None,
-                     p2p_ranks: set[int] | None = None) -> PipelineResult:
+                     p2p_ranks: set[int] | None = None,
+                     inferred: InferredLayout | None = None) -> PipelineResult:
     """Bubbles per rank and step (see the module docstring).
 
     Args:
@@ -106,6 +122,8 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
         offsets: ``{rank: clock offset µs}`` to subtract (from :func:`sync.compute_sync`).
         breakdown_steps: per-step breakdown (for the estimate when there are no records).
         p2p_ranks: ranks that exchange point-to-point messages (pipeline ranks, for the estimate).
+        inferred: the layout inferred from traces recorded without pardiag; its chunks are used
+            where the run has no schedule records.
     """
     offsets = offsets or {}
     rows = []
@@ -116,9 +134,17 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
                          "phase": r["phase"], "step": r["optimizer_step"],
                          "start_us": r["start_us"] - off, "end_us": r["end_us"] - off,
                          "profiled": bool(r.get("profiled", True))})
+    if not rows and inferred is not None and not is_pardiag_run(traces):
+        for r in inferred.chunks.itertuples(index=False):
+            off = offsets.get(r.rank, 0.0)
+            rows.append({"rank": int(r.rank), "stage": int(r.stage),
+                         "microbatch": int(r.microbatch), "phase": r.phase, "step": int(r.step),
+                         "start_us": r.start_us - off, "end_us": r.end_us - off,
+                         "profiled": True})
     chunks = pd.DataFrame(rows, columns=["rank", "stage", "microbatch", "phase", "step",
                                          "start_us", "end_us", "profiled"])
-    sched = _schedule(traces, chunks)
+    chunks = chunks[chunks["step"] >= 0].reset_index(drop=True) if len(chunks) else chunks
+    sched = _schedule(traces, chunks, inferred)
     ideal = (ideal_bubble_pct(sched["p"], sched["m"], sched["v"])
              if sched and sched["p"] and sched["m"] else float("nan"))
     out = []

@@ -18,6 +18,7 @@ from pardiag import layout
 from pardiag.analyzer.balance import (BalanceResult, LayoutResult, MemoryResult, compute_balance,
                                       compute_layout, compute_memory)
 from pardiag.analyzer.breakdown import TimeBreakdown, compute_time_breakdown
+from pardiag.analyzer.infer_layout import InferredLayout, infer_layout, is_pardiag_run
 from pardiag.analyzer.load import TraceSet
 from pardiag.analyzer.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
 from pardiag.analyzer.dim_overlap import DimOverlapResult, compute_dim_overlap
@@ -111,8 +112,17 @@ def _memory_json(r: MemoryResult, traces: TraceSet) -> dict:
 
 
 def _layout_json(r: LayoutResult, traces: TraceSet) -> dict:
-    return {"layout": {"dims": r.dims, "strategies": r.strategies, "pipeline": r.pipeline,
-                       "nodes": r.nodes, "groups": records(r.groups)}}
+    out = {"source": r.source, "dims": r.dims, "strategies": r.strategies,
+           "pipeline": r.pipeline, "nodes": r.nodes, "groups": records(r.groups)}
+    if r.source != "recorded":
+        out["pipeline"] = (None if r.pipeline is None else
+                           {**r.pipeline, "stage_ranks": {str(k): v for k, v in
+                                                          r.pipeline["stage_ranks"].items()}})
+        out["evidence"] = list(r.evidence)
+        out["not_inferred"] = list(r.not_inferred)
+        out["note"] = ("the layout was not recorded by pardiag: it is inferred from what the "
+                       "traces show (evidence), and not_inferred lists what they do not")
+    return {"layout": out}
 
 
 def _pipeline(traces: TraceSet, opts: AnalysisOptions, done: dict) -> PipelineResult:
@@ -121,8 +131,11 @@ def _pipeline(traces: TraceSet, opts: AnalysisOptions, done: dict) -> PipelineRe
     if len(sync.per_rank):
         p2p_inst = sync.instances.loc[sync.instances["op"].isin(P2P_OPS), "instance"]
         p2p = set(sync.per_rank.loc[sync.per_rank["instance"].isin(p2p_inst), "rank"])
+    inferred: InferredLayout = done["inferred_layout"]
+    if not is_pardiag_run(traces):
+        p2p |= set(inferred.pp_ranks)
     return compute_pipeline(traces, dict(zip(sync.offsets["rank"], sync.offsets["offset_us"])),
-                            done["time_breakdown"].steps, p2p)
+                            done["time_breakdown"].steps, p2p, inferred)
 
 
 def _dim_overlap_json(r: DimOverlapResult, traces: TraceSet) -> dict:
@@ -144,11 +157,14 @@ ANALYSES: tuple[Analysis, ...] = (
              _breakdown_json),
     Analysis("sync", lambda traces, opts, done: compute_sync(traces, opts.comm_patterns),
              _sync_json),
+    Analysis("inferred_layout", lambda traces, opts, done: infer_layout(traces),
+             lambda r, traces: {}),   # shown through "layout" and "pipeline"
     Analysis("pipeline", _pipeline, _pipeline_json),
     Analysis("balance", lambda traces, opts, done: compute_balance(
         traces, done["time_breakdown"].steps), _balance_json),
     Analysis("memory", lambda traces, opts, done: compute_memory(traces), _memory_json),
-    Analysis("layout", lambda traces, opts, done: compute_layout(traces), _layout_json),
+    Analysis("layout", lambda traces, opts, done: compute_layout(traces, done["inferred_layout"]),
+             _layout_json),
     Analysis("dim_overlap", lambda traces, opts, done: compute_dim_overlap(
         traces, done["sync"], done["layout"], opts.comm_patterns), _dim_overlap_json),
     Analysis("recommendations", lambda traces, opts, done: compute_recommendations(traces, done),

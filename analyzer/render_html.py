@@ -745,9 +745,16 @@ def _pipeline_section(report: Report, page: _Page) -> list[str]:
                           "point-to-point traffic)."))
         return out
     b = pipe.bubbles
-    method = "estimated from idle and exposed point-to-point time (no schedule records)" \
-        if (b["method"] == "estimate").all() else "measured from the schedule records"
     sch = pipe.schedule or {}
+    inferred = sch.get("source")
+    method = "estimated from idle and exposed point-to-point time (no schedule records)" \
+        if (b["method"] == "estimate").all() else (
+            "measured from the trace's per-microbatch ranges (no schedule records)" if inferred
+            else "measured from the schedule records")
+    if inferred:
+        method += f"; schedule {inferred}" + (
+            ", microbatches estimated from the sends per step" if sch.get(
+                "microbatches_estimated") else "")
     ideal = b["ideal_pct"].iloc[0]
     out.append(f"<p>{_e(method)}; schedule {_e(sch.get('schedule'))}, p = {_e(sch.get('p'))} "
                f"ranks, m = {_e(sch.get('m'))} microbatches, v = {_e(sch.get('v'))}; ideal "
@@ -841,6 +848,26 @@ def _memory_section(report: Report, page: _Page) -> list[str]:
     return out
 
 
+def _inferred_layout(lay) -> list[str]:
+    """What an inferred layout rests on and what it leaves out (traces recorded without
+    pardiag)."""
+    out = [_muted(f"Layout {lay.source}: pardiag did not record this run, so the dimensions, "
+                  f"strategies and pipeline above are read from what the traces show.")]
+    pipe = lay.pipeline
+    if pipe:
+        out.append(f"<p>Pipeline ({_e(lay.source)}): schedule <b>{_e(pipe.get('schedule'))}</b>, "
+                   f"{_e(pipe.get('stages'))} stages, {_e(pipe.get('microbatches'))} microbatches"
+                   f"{' (estimated)' if pipe.get('microbatches_from') == 'sends' else ''}, "
+                   f"{_e(pipe.get('stages_per_rank'))} stage(s) per rank.</p>")
+    if lay.evidence:
+        out.append("<p>Inferred from:</p><ul>" + "".join(f"<li>{_e(x)}</li>" for x in lay.evidence)
+                   + "</ul>")
+    if lay.not_inferred:
+        out.append("<p>Not inferred, or only estimated:</p><ul>"
+                   + "".join(f"<li>{_e(x)}</li>" for x in lay.not_inferred) + "</ul>")
+    return out
+
+
 def _layout_section(report: Report) -> list[str]:
     lay, sync = report.results["layout"], report.results["sync"]
     out = [_h2("layout")]
@@ -849,6 +876,9 @@ def _layout_section(report: Report) -> list[str]:
         out.append(f"<p>Dimensions: <b>{_e(dims)}</b>; strategies: "
                    f"{_e(', '.join(map(str, lay.strategies)) or 'unknown')}; nodes: "
                    f"{_e(', '.join(f'{h}: {v}' for h, v in lay.nodes.items()) or 'unknown')}.</p>")
+    if lay.source != "recorded":
+        out += _inferred_layout(lay)
+    if lay.dims or len(lay.groups):
         g = lay.groups.assign(ranks=lay.groups["ranks"].map(
             lambda rs: str(rs) if len(rs) <= 32 else f"{len(rs)} ranks: {rs[:8]}…"))
         if len(sync.instances):

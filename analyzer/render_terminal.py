@@ -89,11 +89,20 @@ def render_terminal(report: Report, console: Console) -> None:
 def _parallel(report: Report, console: Console) -> None:
     r = report.results
     sync, pipe, bal, mem, lay = r["sync"], r["pipeline"], r["balance"], r["memory"], r["layout"]
+    inferred = lay.source != "recorded"
     if lay.dims:
         dims = ", ".join(f"{k.upper()}={v}" for k, v in lay.dims.items())
-        console.print(Text(f"Layout: {dims} ({', '.join(map(str, lay.strategies))})"
+        est = " (estimated)" if inferred and lay.pipeline and lay.pipeline.get(
+            "microbatches_from") == "sends" else ""
+        console.print(Text(f"Layout{f' ({lay.source})' if inferred else ''}: {dims} "
+                           f"({', '.join(map(str, lay.strategies))})"
                       + (f"; {lay.pipeline.get('schedule')}, {lay.pipeline.get('stages')} stages, "
-                         f"{lay.pipeline.get('microbatches')} microbatches" if lay.pipeline else "")))
+                         f"{lay.pipeline.get('microbatches')} microbatches{est}"
+                         if lay.pipeline else "")))
+    if inferred and lay.not_inferred:
+        console.print(Text("Not inferred from the traces:"))
+        for line in lay.not_inferred:
+            console.print(Text(f"  - {line}"))
     if len(sync.instances):
         t = Table(title=f"Stragglers ({len(sync.instances)} collective instances matched by "
                         f"{sync.matched_by})", title_justify="left")
@@ -108,8 +117,10 @@ def _parallel(report: Report, console: Console) -> None:
             console.print(Text(f"note: {note}"))
     if len(pipe.bubbles):
         summ = summarize_bubbles(pipe.bubbles)
+        src = (pipe.schedule or {}).get("source")
         t = Table(title="Pipeline bubbles (" + ("estimate" if (pipe.bubbles["method"] == "estimate")
-                                                 .all() else "measured") + ")", title_justify="left")
+                                                 .all() else "measured") + (
+            f"; schedule {src}" if src else "") + ")", title_justify="left")
         for col in ("rank", "stages", "steps", "bubble % (median)", "ideal %", "warmup ms",
                     "steady ms", "cooldown ms"):
             t.add_column(col, justify="right")

@@ -44,7 +44,8 @@ from pardiag.analyzer.load import RankTrace
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
 SUMMARY_VERSION = 3
 #: Modules whose code decides what a summary holds; a summary made by other code is recomputed.
-_CODE_MODULES = ("load", "classify", "breakdown", "sync", "intervals", "comm_records", "summary")
+_CODE_MODULES = ("load", "classify", "breakdown", "sync", "intervals", "comm_records", "summary",
+                 "infer_layout")
 SUMMARY_KIND = "pardiag-rank-summary"
 #: Suffix appended to the trace file name: ``rank0.trace.json.gz.summary.json``.
 SUMMARY_SUFFIX = layout.SUMMARY_SUFFIX
@@ -83,6 +84,8 @@ class RankSummary:
         steps: ``ProfilerStep`` windows: ``step``, ``start_us``, ``end_us``.
         memory: ``[memory]`` events: ``ts_us``, ``device``, ``allocated_bytes``,
             ``reserved_bytes`` (NaN where not a number).
+        marks: what the trace says about the parallel layout
+            (:class:`pardiag.analyzer.infer_layout.RankMarks`), or None.
     """
 
     path: str
@@ -103,6 +106,7 @@ class RankSummary:
     comm: pd.DataFrame
     steps: pd.DataFrame
     memory: pd.DataFrame
+    marks: object = None
 
     def matches(self, comm_patterns: Iterable) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""
@@ -168,6 +172,7 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
     """
     from pardiag.analyzer.breakdown import rank_parts, breakdown_rows_of
     from pardiag.analyzer.classify import classify, profiler_steps
+    from pardiag.analyzer.infer_layout import rank_marks
     from pardiag.analyzer.sync import _from_trace
 
     patterns = list(comm_patterns)
@@ -186,7 +191,8 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         n_events=len(trace.events),
         has_steps=bool(trace.events["name"].str.startswith("ProfilerStep").any())
         if has_steps is None else has_steps,
-        has_gpu=trace.has_gpu, parts=parts, breakdown=breakdown_rows_of(parts), comm=comm, steps=steps, memory=memory_rows(trace))
+        has_gpu=trace.has_gpu, parts=parts, breakdown=breakdown_rows_of(parts), comm=comm, steps=steps, memory=memory_rows(trace),
+        marks=rank_marks(trace))
 
 
 # -- JSON form -----------------------------------------------------------------------------------
@@ -230,6 +236,7 @@ def to_json(s: RankSummary) -> bytes:
                       "collectives": s.breakdown[2]},
         "comm": _frame_json(s.comm), "steps": _frame_json(s.steps),
         "memory": _frame_json(s.memory),
+        "marks": s.marks.to_json() if s.marks is not None else None,
     }
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
                         default=_json_default)
@@ -262,6 +269,7 @@ def from_json(data: bytes) -> RankSummary:
         ValueError: not a pardiag rank summary of the current version.
     """
     from pardiag.analyzer.breakdown import RankParts
+    from pardiag.analyzer.infer_layout import RankMarks
 
     doc = orjson.loads(data)
     if not isinstance(doc, dict) or doc.get("kind") != SUMMARY_KIND:
@@ -287,7 +295,8 @@ def from_json(data: bytes) -> RankSummary:
         breakdown=(_nan_row(doc["breakdown"]["total"]),
                    [_nan_row(r) for r in doc["breakdown"]["steps"]],
                    [_nan_row(r) for r in doc["breakdown"]["collectives"]]), comm=_frame_from(doc["comm"]),
-        steps=_frame_from(doc["steps"]), memory=_frame_from(doc["memory"]))
+        steps=_frame_from(doc["steps"]), memory=_frame_from(doc["memory"]),
+        marks=RankMarks.from_json(doc["marks"]) if doc.get("marks") else None)
 
 
 # -- where summaries live ------------------------------------------------------------------------

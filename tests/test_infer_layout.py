@@ -1,0 +1,246 @@
+"""Layout and pipeline schedule inferred from traces recorded without pardiag."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pardiag.analyzer.infer_layout import INFERRED_SOURCE, infer_layout
+from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.registry import build_report, report_json
+from synth import TraceBuilder
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_traces"
+PG_WORLD2 = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]}]
+
+
+def _rank(rank: int, pg_config=PG_WORLD2, world: int = 2) -> TraceBuilder:
+    b = TraceBuilder(rank=rank, world_size=world, backend="gloo", pid=100 + rank,
+                     main_tid=100 + rank)  # the main thread: tid == pid
+    b.step(1, 0, 100)
+    return b
+
+
+def _p2p(b: TraceBuilder, op: str, peer: int, ts: float, wait: float = 0.0) -> None:
+    """c10d::send / c10d::recv_ of 1 µs (peer in Concrete Inputs[2]); a receive's gloo:recv
+    lasts ``wait`` µs after it (the blocking wait for the message)."""
+    name = "c10d::send" if op == "send" else "c10d::recv_"
+    b.cpu(name, ts, 1, args={"Concrete Inputs": ["", "", str(peer), "0"],
+                             "Input Dims": [[[8, 256]], [], [], []]})
+    if op == "recv" and wait:
+        b.cpu("gloo:recv", ts + 1, wait, cat="user_annotation")
+
+
+def _write(tmp: Path, builders, pg_configs) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    for b, pgc in zip(builders, pg_configs):
+        d = b.doc()
+        d["distributedInfo"]["pg_config"] = pgc
+        d["distributedInfo"]["pg_count"] = len(pgc)
+        (tmp / f"rank{b.rank}.json").write_text(json.dumps(d))
+    return tmp
+
+
+def _gpipe(tmp: Path) -> Path:
+    """GPipe, 2 stages, 2 microbatches, one step [0, 100). Busy parts (after the waits for
+    input and before the sends): rank 0 [0,10) [11,21) [50,70) [72,90); rank 1 [12,22)
+    [24,34) [35,49) [50,71)."""
+    r0, r1 = _rank(0), _rank(1)
+    r0.cpu("Forward 0", 0, 11, cat="user_annotation").cpu("aten::mm", 0, 10)
+    _p2p(r0, "send", 1, 10)
+    r0.cpu("Forward 1", 11, 11, cat="user_annotation").cpu("aten::mm", 11, 10)
+    _p2p(r0, "send", 1, 21)
+    r0.cpu("Backward 0", 40, 30, cat="user_annotation").cpu("aten::mm", 50, 20)
+    _p2p(r0, "recv", 1, 40, wait=9)
+    r0.cpu("Backward 1", 70, 20, cat="user_annotation").cpu("aten::mm", 72, 18)
+    _p2p(r0, "recv", 1, 70, wait=1)
+    r1.cpu("Forward 0", 10, 12, cat="user_annotation").cpu("aten::mm", 12, 10)
+    _p2p(r1, "recv", 0, 10, wait=1)
+    r1.cpu("Forward 1", 22, 13, cat="user_annotation").cpu("aten::mm", 24, 10)
+    _p2p(r1, "recv", 0, 22, wait=1)
+    r1.cpu("Backward 0", 35, 15, cat="user_annotation").cpu("aten::mm", 35, 14)
+    _p2p(r1, "send", 0, 49)
+    r1.cpu("Backward 1", 50, 22, cat="user_annotation").cpu("aten::mm", 50, 21)
+    _p2p(r1, "send", 0, 71)
+    return _write(tmp, [r0, r1], [PG_WORLD2, PG_WORLD2])
+
+
+def test_gpipe_ranges_give_schedule_microbatches_and_measured_bubbles(tmp_path):
+    traces = load_traces(_gpipe(tmp_path / "gpipe"))
+    lay = infer_layout(traces)
+    assert lay.dims == {"pp": 2}
+    assert lay.strategies == ["pipeline"]
+    assert lay.pipeline == {"schedule": "ScheduleGPipe", "stages": 2, "microbatches": 2,
+                            "pp_group_size": 2, "stages_per_rank": 1,
+                            "stage_ranks": {0: 0, 1: 1}, "microbatches_from": "ranges"}
+    assert lay.not_inferred == ()
+    rep = build_report(traces)
+    b = rep.results["pipeline"].bubbles.set_index("rank")
+    assert (b["method"] == "measured").all()
+    assert b.loc[0, "window_us"] == 90.0 and b.loc[1, "window_us"] == 90.0
+    assert b.loc[0, "busy_us"] == 58.0 and b.loc[1, "busy_us"] == 55.0
+    assert b.loc[0, "bubble_pct"] == pytest.approx(100 * 32 / 90)
+    assert b.loc[1, "bubble_pct"] == pytest.approx(100 * 35 / 90)
+    assert [b.loc[0, c] for c in ("warmup_bubble_us", "steady_bubble_us",
+                                  "cooldown_bubble_us")] == [1.0, 29.0, 2.0]
+    assert [b.loc[1, c] for c in ("warmup_bubble_us", "steady_bubble_us",
+                                  "cooldown_bubble_us")] == [14.0, 1.0, 20.0]
+    assert b.loc[0, "ideal_pct"] == pytest.approx(100 / 3)
+    assert list(b["stages"]) == ["0", "1"]
+    j = report_json(rep)
+    assert j["layout"]["source"] == INFERRED_SOURCE
+    assert j["layout"]["pipeline"]["stage_ranks"] == {"0": 0, "1": 1}
+    assert j["pipeline"]["schedule"]["source"] == INFERRED_SOURCE
+    assert any("Forward i" in e for e in j["layout"]["evidence"])
+
+
+def test_1f1b_without_marks_estimates_microbatches_from_sends(tmp_path):
+    """1F1B marks no microbatch: the schedule comes from the order of stage 0's messages,
+    the microbatches from its sends per step, and the report says they are estimated."""
+    r0, r1 = _rank(0), _rank(1)
+    for op, ts in (("send", 5), ("send", 15), ("recv", 25), ("send", 35), ("recv", 45),
+                   ("recv", 60)):
+        _p2p(r0, op, 1, ts, wait=2)
+    for op, ts in (("recv", 6), ("send", 12), ("recv", 16), ("send", 30), ("recv", 36),
+                   ("send", 50)):
+        _p2p(r1, op, 0, ts, wait=2)
+    r0.cpu("aten::mm", 0, 5)
+    r1.cpu("aten::mm", 20, 5)
+    traces = load_traces(_write(tmp_path / "1f1b", [r0, r1], [PG_WORLD2, PG_WORLD2]))
+    lay = infer_layout(traces)
+    assert lay.pipeline["schedule"] == "Schedule1F1B"
+    assert lay.pipeline["microbatches"] == 3
+    assert lay.pipeline["microbatches_from"] == "sends"
+    assert lay.chunks.empty
+    assert len(lay.not_inferred) == 1 and "estimated" in lay.not_inferred[0]
+    rep = build_report(traces)
+    pipe = rep.results["pipeline"]
+    assert set(pipe.bubbles["method"]) == {"estimate"}
+    assert pipe.schedule["microbatches_estimated"] is True
+    assert pipe.bubbles["ideal_pct"].iloc[0] == pytest.approx(100 * 1 / 4)
+    # GPipe's order (every send before any receive) is told apart
+    r0g = _rank(0)
+    for op, ts in (("send", 5), ("send", 15), ("recv", 25), ("recv", 45)):
+        _p2p(r0g, op, 1, ts)
+    r1g = _rank(1)
+    for op, ts in (("recv", 6), ("recv", 16), ("send", 30), ("send", 50)):
+        _p2p(r1g, op, 0, ts)
+    lay = infer_layout(load_traces(_write(tmp_path / "g", [r0g, r1g], [PG_WORLD2, PG_WORLD2])))
+    assert (lay.pipeline["schedule"], lay.pipeline["microbatches"]) == ("ScheduleGPipe", 2)
+
+
+def test_mesh_descriptions_and_wrapper_marks(tmp_path):
+    """2 × 2 mesh: degrees from mesh_dp / mesh_tp; FSDP2 and TP from their marks."""
+    bs, pgs = [], []
+    for r in range(4):
+        b = TraceBuilder(rank=r, world_size=4, backend="gloo", pid=100 + r)
+        b.step(1, 0, 100).cpu("FSDP::pre_forward", 1, 2, cat="user_annotation")
+        b.cpu("_c10d_functional::all_reduce", 10, 2)
+        bs.append(b)
+        pgs.append([{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
+                    {"pg_name": "1", "pg_desc": "mesh_dp", "ranks": [r % 2, r % 2 + 2]},
+                    {"pg_name": "2", "pg_desc": "mesh_tp", "ranks": [r // 2 * 2, r // 2 * 2 + 1]}])
+    lay = infer_layout(load_traces(_write(tmp_path / "2d", bs, pgs)))
+    assert lay.dims == {"dp": 2, "tp": 2}
+    assert lay.strategies == ["fsdp2", "tp"]
+    assert lay.pipeline is None
+    # without descriptions, the world is split only when one degree is unknown
+    b0, b1 = _rank(0), _rank(1)
+    for b in (b0, b1):
+        b.cpu("DistributedDataParallel.forward", 1, 2, cat="user_annotation")
+    lay = infer_layout(load_traces(_write(tmp_path / "ddp", [b0, b1], [PG_WORLD2, PG_WORLD2])))
+    assert (lay.dims, lay.strategies) == ({"dp": 2}, ["ddp"])
+    for b in (b0, b1):
+        b.cpu("_c10d_functional::all_reduce", 10, 2)
+    lay = infer_layout(load_traces(_write(tmp_path / "ddp_tp", [b0, b1], [PG_WORLD2, PG_WORLD2])))
+    assert lay.dims == {} and lay.strategies == ["ddp", "tp"]
+    assert any("degrees of dp and tp" in x for x in lay.not_inferred)
+
+
+SAMPLE_CASES = ["ddp_cpu_2rank", "fsdp1_cpu_2rank", "fsdp2_cpu_2rank", "zero1_cpu_2rank",
+                "tp_sp_cpu_2rank", "moe_ep_cpu_2rank", "fsdp_tp_2d_cpu_4rank",
+                "pp_gpipe_cpu_2rank", "pp_1f1b_cpu_4rank", "pp_interleaved_cpu_2rank"]
+
+
+@pytest.mark.parametrize("name", SAMPLE_CASES)
+def test_sample_traces_without_records_infer_the_recorded_layout(tmp_path, name):
+    """The traces of pardiag's sample runs, without run.json and sidecars, are traces from
+    elsewhere: what is inferred must equal what pardiag recorded."""
+    src = SAMPLES / name
+    for f in src.glob("rank*.trace.json.gz"):
+        shutil.copy(f, tmp_path / f.name)
+    recorded = json.loads((src / "run.json").read_text())["layout"]
+    lay = infer_layout(load_traces(tmp_path))
+    assert lay.dims == recorded["dims"]
+    assert lay.strategies == sorted(recorded["strategies"])
+    rp = recorded.get("pipeline")
+    if rp:
+        got = lay.pipeline
+        assert (got["schedule"], got["stages"], got["microbatches"], got["pp_group_size"],
+                got["stages_per_rank"]) == (rp["schedule"], rp["stages"], rp["microbatches"],
+                                            rp["pp_group_size"], rp["stages_per_rank"])
+    else:
+        assert lay.pipeline is None
+
+
+def test_pardiag_runs_keep_their_recorded_layout():
+    for name in ("pp_gpipe_cpu_2rank", "zero1_cpu_2rank"):
+        traces = load_traces(SAMPLES / name, summarize=True)
+        rep = build_report(traces)
+        lay = rep.results["layout"]
+        recorded = json.loads((SAMPLES / name / "run.json").read_text())["layout"]
+        assert lay.source == "recorded" and lay.evidence == () and lay.not_inferred == ()
+        assert (lay.dims, lay.strategies, lay.pipeline) == (
+            recorded["dims"], recorded["strategies"], recorded.get("pipeline"))
+        j = report_json(rep)["layout"]
+        assert j["source"] == "recorded" and "not_inferred" not in j
+        pipe = rep.results["pipeline"]
+        assert pipe.schedule is None or "source" not in pipe.schedule
+
+
+@pytest.fixture(scope="module")
+def plain_interleaved(tmp_path_factory):
+    """One run of the interleaved example under plain torch.profiler (no pardiag hooks)."""
+    out = tmp_path_factory.mktemp("plain_interleaved")
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "benchmarks" / "_plain_profiler.py"), "1", "1", "3", str(out),
+           str(ROOT / "examples" / "train_pp.py"), "--steps", "6", "--schedule", "interleaved",
+           "--microbatches", "4", "--stages-per-rank", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+def test_plain_profiler_interleaved_run(plain_interleaved):
+    from click.testing import CliRunner
+    from pardiag.cli import cli
+    js = plain_interleaved.parent / "interleaved.json"
+    res = CliRunner().invoke(cli, ["report", str(plain_interleaved), "-o",
+                                    str(plain_interleaved.parent / "r.html"), "--json", str(js)],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    term = res.output
+    assert "Layout (inferred from traces): PP=2 (pipeline); ScheduleInterleaved1F1B, 4 stages, " \
+           "4 microbatches" in term
+    j = json.loads(js.read_text())
+    assert j["layout"]["source"] == INFERRED_SOURCE
+    assert j["layout"]["pipeline"]["stage_ranks"] == {"0": 0, "1": 1, "2": 0, "3": 1}
+    assert j["pipeline"]["schedule"] == {"schedule": "ScheduleInterleaved1F1B", "p": 2, "m": 4,
+                                         "v": 2, "stages": 4, "source": INFERRED_SOURCE}
+    summ = {r["rank"]: r for r in j["pipeline"]["summary"]}
+    assert summ[0]["stages"] == "0,2" and summ[1]["stages"] == "1,3"
+    assert summ[0]["ideal_pct"] == pytest.approx(100 * 1 / 9)
+    assert all(r["method"] == "measured" for r in j["pipeline"]["bubbles"])
+    assert all(0 < r["bubble_pct"] < 100 for r in j["pipeline"]["bubbles"])
+    # 3 profiled steps × 2 stages × 4 microbatches × (F, B) on each rank
+    html = (plain_interleaved.parent / "r.html").read_text()
+    assert "Layout inferred from traces" in html
