@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer.infer_layout import InferredLayout, is_pardiag_run
-from pardiag.analyzer.load import TraceSet
+from pardiag.analyzer.traceset import TraceSet
 from pardiag.analyzer.summary import memory_rows
 
 

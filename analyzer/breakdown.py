@@ -46,7 +46,7 @@ from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, cached, classify, name_test,
                                        collective_type, comm_threads, on_threads, pattern_key,
                                        profiler_steps)
-from pardiag.analyzer.load import RankTrace, TraceSet
+from pardiag.analyzer.traceset import RankTrace, TraceSet
 
 #: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).
 BREAKDOWN_COLUMNS = (

@@ -29,7 +29,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from pardiag.analyzer.load import RankTrace
+from pardiag.analyzer.traceset import RankTrace
 from pardiag.errors import PardiagError
 
 

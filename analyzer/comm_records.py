@@ -32,7 +32,7 @@ from collections import defaultdict
 import numpy as np
 
 from pardiag.analyzer.classify import STANDARD_COLLECTIVES, collective_type, comm_threads
-from pardiag.analyzer.load import RankTrace
+from pardiag.analyzer.traceset import RankTrace
 
 DTYPE_BYTES = {
     "Float": 4, "float32": 4, "float": 4, "Double": 8, "float64": 8, "double": 8, "Half": 2,

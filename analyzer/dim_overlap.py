@@ -26,7 +26,7 @@ import pandas as pd
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.balance import LayoutResult
 from pardiag.analyzer.breakdown import rank_parts
-from pardiag.analyzer.load import TraceSet
+from pardiag.analyzer.traceset import TraceSet
 from pardiag.analyzer.sync import SyncResult
 
 #: Columns of :attr:`DimOverlapResult.per_rank` (µs; % of the dimension's communication).

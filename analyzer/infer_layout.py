@@ -42,7 +42,7 @@ import pandas as pd
 
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.classify import STEP_RE, Kind, cached, classify
-from pardiag.analyzer.load import RankTrace, TraceSet
+from pardiag.analyzer.traceset import RankTrace, TraceSet
 
 #: What :attr:`InferredLayout.source` says (and the report shows).
 INFERRED_SOURCE = "inferred from traces"

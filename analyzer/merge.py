@@ -29,7 +29,8 @@ from pathlib import Path
 
 import orjson
 
-from pardiag.analyzer.load import TraceSet, read_trace_json
+from pardiag.analyzer.parse import read_trace_json
+from pardiag.analyzer.traceset import TraceSet
 from pardiag.errors import PardiagError
 
 #: pid of process k of rank R in the merged trace: ``R * PID_STRIDE + k``.

@@ -40,7 +40,7 @@ import pandas as pd
 
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.infer_layout import InferredLayout, is_pardiag_run
-from pardiag.analyzer.load import TraceSet
+from pardiag.analyzer.traceset import TraceSet
 
 BUBBLE_COLUMNS = ("rank", "stages", "step", "window_us", "busy_us", "bubble_us", "bubble_pct",
                   "warmup_bubble_us", "steady_bubble_us", "cooldown_bubble_us", "ideal_pct",

@@ -21,7 +21,7 @@ from pardiag.analyzer import intervals as iv
 from pardiag.analyzer import whatif
 from pardiag.analyzer.breakdown import rank_parts
 from pardiag.analyzer.classify import cached
-from pardiag.analyzer.load import TraceSet
+from pardiag.analyzer.traceset import TraceSet
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,7 @@ from pardiag.analyzer.balance import (BalanceResult, LayoutResult, MemoryResult,
                                       compute_layout, compute_memory)
 from pardiag.analyzer.breakdown import TimeBreakdown, compute_time_breakdown
 from pardiag.analyzer.infer_layout import InferredLayout, infer_layout, is_pardiag_run
-from pardiag.analyzer.load import TraceSet
+from pardiag.analyzer.traceset import TraceSet
 from pardiag.analyzer.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
 from pardiag.analyzer.dim_overlap import DimOverlapResult, compute_dim_overlap
 from pardiag.analyzer.recommend import RecommendationResult, compute_recommendations

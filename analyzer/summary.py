@@ -39,13 +39,19 @@ import orjson
 import pandas as pd
 
 from pardiag import layout
-from pardiag.analyzer.load import RankTrace
+from pardiag.analyzer.breakdown import RankParts, breakdown_rows_of, rank_parts
+from pardiag.analyzer.classify import classify, profiler_steps
+from pardiag.analyzer.infer_layout import RankMarks, rank_marks
+from pardiag.analyzer.load import _parse_all, _parse_file, _trace_files, default_workers
+from pardiag.analyzer.sync import _from_trace
+from pardiag.analyzer.traceset import RankTrace
+from pardiag.errors import TraceError
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
 SUMMARY_VERSION = 3
 #: Modules whose code decides what a summary holds; a summary made by other code is recomputed.
-_CODE_MODULES = ("load", "classify", "breakdown", "sync", "intervals", "comm_records", "summary",
-                 "infer_layout")
+_CODE_MODULES = ("traceset", "parse", "ranks", "load", "classify", "breakdown", "sync", "intervals",
+                 "comm_records", "summary", "infer_layout")
 SUMMARY_KIND = "pardiag-rank-summary"
 #: Suffix appended to the trace file name: ``rank0.trace.json.gz.summary.json``.
 SUMMARY_SUFFIX = layout.SUMMARY_SUFFIX
@@ -170,11 +176,6 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         has_steps: whether an event is named ``ProfilerStep...`` (default: looked up).
         stat: ``os.stat`` of the trace file (default: taken now).
     """
-    from pardiag.analyzer.breakdown import rank_parts, breakdown_rows_of
-    from pardiag.analyzer.classify import classify, profiler_steps
-    from pardiag.analyzer.infer_layout import rank_marks
-    from pardiag.analyzer.sync import _from_trace
-
     patterns = list(comm_patterns)
     st = stat or os.stat(trace.path)
     parts = rank_parts(trace, patterns, None)
@@ -268,8 +269,6 @@ def from_json(data: bytes) -> RankSummary:
     Raises:
         ValueError: not a pardiag rank summary of the current version.
     """
-    from pardiag.analyzer.breakdown import RankParts
-    from pardiag.analyzer.infer_layout import RankMarks
 
     doc = orjson.loads(data)
     if not isinstance(doc, dict) or doc.get("kind") != SUMMARY_KIND:
@@ -433,9 +432,6 @@ def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, in
         TraceError: a path does not exist, or no trace file is found.
         ValueError: a bad shard.
     """
-    from pardiag.analyzer.load import _parse_all, _trace_files, default_workers
-    from pardiag.errors import TraceError
-
     i, n = shard
     if n < 1 or not 0 <= i < n:
         raise ValueError(f"shard {i}/{n}: need 0 <= i < n")
@@ -458,7 +454,7 @@ def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, in
             progress(done + k, len(files))
 
     written, skipped = {}, []
-    for p in _parse_all(todo, n_workers, step, summarize=True, cache=True,
+    for p in _parse_all(todo, n_workers, step, reducer=REDUCER, cache=True,
                         patterns=pattern_sources(patterns), keep_events=False):
         if p.error is not None:
             skipped.append(f"{p.error} - skipped")
@@ -477,13 +473,34 @@ def summarize_file(path: Path, comm_patterns: Iterable = (), *, store: bool = Tr
     Raises:
         TraceError: the file cannot be read or is not a Kineto trace.
     """
-    from pardiag.analyzer.load import _parse_file
-    from pardiag.errors import TraceError
-
-    p = _parse_file(Path(path), summarize=True, cache=store,
+    p = _parse_file(Path(path), reducer=REDUCER, cache=store,
                     patterns=pattern_sources(comm_patterns), keep_events=False)
     if p.error is not None:
         raise TraceError(p.error)
     if p.not_trace:
         raise TraceError(f"{path}: not a Kineto trace (no traceEvents list)")
+    if p.pieces:
+        raise TraceError(f"{path}: holds {len(p.pieces)} ranks (a merged trace); summaries are "
+                         f"made per rank file")
     return p.summary
+
+
+class SummaryReducer:
+    """The per-rank reduction that :func:`pardiag.analyzer.load.load_traces` runs where it parses
+    a file (:class:`pardiag.analyzer.load.RankReducer`): :func:`summarize_trace`,
+    :func:`find_summary`, :func:`write_summary`."""
+
+    def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings=(), repairs=(),
+                  has_steps: bool | None = None, stat=None) -> RankSummary:
+        return summarize_trace(trace, comm_patterns, warnings=warnings, repairs=repairs,
+                               has_steps=has_steps, stat=stat)
+
+    def find(self, path: Path, comm_patterns: list) -> RankSummary | None:
+        return find_summary(path, comm_patterns)
+
+    def store(self, summary: RankSummary, path: Path) -> None:
+        write_summary(summary, path)
+
+
+#: Pass as ``load_traces(..., reducer=REDUCER)`` to load a run from (and into) summaries.
+REDUCER = SummaryReducer()

@@ -36,7 +36,7 @@ from pardiag.analyzer.breakdown import cpu_comm_types, launch_times, launching_o
 from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
                                        comm_threads, name_test, on_threads, profiler_steps)
 from pardiag.analyzer.comm_records import DTYPE_BYTES, _numel
-from pardiag.analyzer.load import RankTrace, TraceSet
+from pardiag.analyzer.traceset import RankTrace, TraceSet
 
 #: Columns of :func:`comm_events` (µs on each rank's own clock; bytes of the full buffer).
 #: ``pg`` is the group's name as the rank knows it (names are per-rank creation order and can name

@@ -36,13 +36,14 @@ import sys, time
 t0 = time.perf_counter()
 import pardiag.analyzer.load as load
 from pardiag.analyzer.registry import build_report
+from pardiag.analyzer.summary import REDUCER
 parsed = []
 _parse_all = load._parse_all
 def counting(files, *args, **kw):  # every raw trace the report parses goes through here
     parsed.extend(files)
     return _parse_all(files, *args, **kw)
 load._parse_all = counting
-ts = load.load_traces(sys.argv[1], summarize=True, cache=sys.argv[2] == "cache")
+ts = load.load_traces(sys.argv[1], reducer=REDUCER, cache=sys.argv[2] == "cache")
 rep = build_report(ts)
 lazily = sum(t.events_loaded for t in ts.ranks.values())
 n = len(rep.results["sync"].instances)

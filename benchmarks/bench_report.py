@@ -10,7 +10,7 @@ pages shared between processes, as after fork, count once in total) over the pro
 children (pardiag's and HTA's worker processes), sampled every 10 ms with psutil:
 
 * ``base``: gunzip (where gzipped) + ``orjson.loads`` of every trace file, one after another;
-* ``pardiag``: ``load_traces(summarize=True)`` + ``build_report`` (every analysis, no HTML), no
+* ``pardiag``: ``load_traces(reducer=REDUCER)`` + ``build_report`` (every analysis, no HTML), no
   stored summaries (cold);
 * ``HTA``: ``TraceAnalysis(trace_dir=...)`` (HTA 0.5.0: parse and build its dataframes);
 * ``cached``: pardiag again once summaries are stored (a second ``pardiag report``).
@@ -54,8 +54,9 @@ PARDIAG = """
 import sys, time
 t0 = time.perf_counter()
 from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.registry import build_report
-build_report(load_traces(sys.argv[1], summarize=True, cache=sys.argv[2] == "cache"))
+build_report(load_traces(sys.argv[1], reducer=REDUCER, cache=sys.argv[2] == "cache"))
 print(time.perf_counter() - t0)
 """
 HTA = """

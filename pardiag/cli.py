@@ -103,6 +103,7 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 
     from pardiag.analyzer.classify import compile_comm_patterns
     from pardiag.analyzer.load import load_traces
+    from pardiag.analyzer.summary import REDUCER
     from pardiag.analyzer.registry import AnalysisOptions, build_report, report_json
     from pardiag.analyzer.render_html import render_html
     from pardiag.analyzer.render_terminal import render_terminal
@@ -111,11 +112,11 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     try:
         opts = AnalysisOptions(comm_patterns=tuple(compile_comm_patterns(comm_kernel)))
         with progress_reporter("loading traces") as progress:
-            traces = load_traces(list(paths), summarize=True, comm_patterns=opts.comm_patterns,
+            traces = load_traces(list(paths), reducer=REDUCER, comm_patterns=opts.comm_patterns,
                                  cache=not no_cache, workers=workers, progress=progress)
     except PardiagError as err:
         _fail(err)
-    inputs = {t.path.resolve() for t in traces.ranks.values()}
+    inputs = {f.resolve() for t in traces.ranks.values() for f in (t.files or (t.path,))}
     for target in (output, json_out):
         if target is not None and str(target) != "-" and target.resolve() in inputs:
             _fail(PardiagError(f"{target}: is one of the input traces; choose another output path"))
@@ -193,7 +194,7 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
         patterns = tuple(compile_comm_patterns(comm_kernel))
         traces = load_traces(list(paths))
         target = output.resolve()
-        inputs = {t.path.resolve() for t in traces.ranks.values()}
+        inputs = {f.resolve() for t in traces.ranks.values() for f in (t.files or (t.path,))}
         folders = ({p.resolve() for p in paths if p.is_dir()}
                    | {p.resolve().parent for p in paths if p.is_file()})
         if target in inputs:

@@ -11,6 +11,7 @@ import pytest
 
 from pardiag.analyzer import summary as sm
 from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.registry import build_report
 from synth import gpu_rank
 
@@ -32,11 +33,11 @@ def _run(tmp_path, n=2):
 
 def test_second_load_reads_summaries_not_traces(tmp_path):
     run = _run(tmp_path)
-    first = load_traces(run, summarize=True, cache=True)
+    first = load_traces(run, reducer=REDUCER, cache=True)
     assert sorted(p.name for p in (run / ".pardiag-cache").iterdir()) == [
         "rank0.json.summary.json", "rank1.json.summary.json"]
     assert all(t.summary is not None for t in first.ranks.values())
-    second = load_traces(run, summarize=True, cache=True)
+    second = load_traces(run, reducer=REDUCER, cache=True)
     assert [t.events_loaded for t in second.ranks.values()] == [False, False]
     tot = build_report(second).breakdown.totals
     # overlap: all-reduce [30,60) under compute [10,40) [50,70): 20; all-gather [140,180) under
@@ -47,19 +48,19 @@ def test_second_load_reads_summaries_not_traces(tmp_path):
 
 def test_changed_file_invalidates_its_summary(tmp_path):
     run = _run(tmp_path)
-    load_traces(run, summarize=True, cache=True)
+    load_traces(run, reducer=REDUCER, cache=True)
     b = gpu_rank(1)
     b.kernel("void gemm_kernel<float>(float*)", 150, 40, launch_ts=103)  # [150,190) under AG
     b.write(run / "rank1.json")
     st = os.stat(run / "rank1.json")
     os.utime(run / "rank1.json", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-    ts = load_traces(run, summarize=True, cache=True)
+    ts = load_traces(run, reducer=REDUCER, cache=True)
     assert ts.ranks[0].events_loaded is False      # rank 0 unchanged: from its summary
     assert ts.ranks[1].events_loaded is True       # rank 1 changed: parsed again
     tot = build_report(ts).breakdown.totals.set_index("rank")
     assert tot.loc[0, "overlap_us"] == 30.0
     assert tot.loc[1, "overlap_us"] == 20.0 + 40.0  # all-gather [140,180) now all under compute
-    again = load_traces(run, summarize=True, cache=True)
+    again = load_traces(run, reducer=REDUCER, cache=True)
     assert [t.events_loaded for t in again.ranks.values()] == [False, False]
 
 
@@ -67,8 +68,8 @@ def test_other_patterns_do_not_reuse_a_summary(tmp_path):
     import re
 
     run = _run(tmp_path)
-    load_traces(run, summarize=True, cache=True)
-    ts = load_traces(run, summarize=True, cache=True, comm_patterns=[re.compile("relu")])
+    load_traces(run, reducer=REDUCER, cache=True)
+    ts = load_traces(run, reducer=REDUCER, cache=True, comm_patterns=[re.compile("relu")])
     assert [t.events_loaded for t in ts.ranks.values()] == [True, True]
     tot = build_report(ts, __import__("pardiag.analyzer.registry", fromlist=["x"])
                        .AnalysisOptions(comm_patterns=(re.compile("relu"),))).breakdown.totals
@@ -78,7 +79,7 @@ def test_other_patterns_do_not_reuse_a_summary(tmp_path):
 
 def test_no_cache_neither_reads_nor_writes(tmp_path):
     run = _run(tmp_path)
-    ts = load_traces(run, summarize=True, cache=False)
+    ts = load_traces(run, reducer=REDUCER, cache=False)
     assert not (run / ".pardiag-cache").exists()
     assert all(t.summary is not None for t in ts.ranks.values())
 
@@ -87,11 +88,11 @@ def test_read_only_folder_uses_the_user_cache(tmp_path, user_cache):
     run = _run(tmp_path)
     os.chmod(run, stat.S_IRUSR | stat.S_IXUSR)
     try:
-        load_traces(run, summarize=True, cache=True)
+        load_traces(run, reducer=REDUCER, cache=True)
         assert not (run / ".pardiag-cache").exists()
         stored = sorted(p.name for d in user_cache.iterdir() for p in d.iterdir())
         assert stored == ["rank0.json.summary.json", "rank1.json.summary.json"]
-        ts = load_traces(run, summarize=True, cache=True)
+        ts = load_traces(run, reducer=REDUCER, cache=True)
         assert [t.events_loaded for t in ts.ranks.values()] == [False, False]
     finally:
         os.chmod(run, stat.S_IRWXU)
@@ -102,24 +103,24 @@ def test_a_foreign_file_with_the_summary_name_is_never_overwritten(tmp_path):
     (run / ".pardiag-cache").mkdir()
     mine = run / ".pardiag-cache" / "rank0.json.summary.json"
     mine.write_text('{"user": "data"}')
-    load_traces(run, summarize=True, cache=True)
+    load_traces(run, reducer=REDUCER, cache=True)
     assert mine.read_text() == '{"user": "data"}'
 
 
 def test_corrupt_summary_is_ignored_and_replaced(tmp_path):
     run = _run(tmp_path, n=1)
-    load_traces(run, summarize=True, cache=True)
+    load_traces(run, reducer=REDUCER, cache=True)
     f = run / ".pardiag-cache" / "rank0.json.summary.json"
     f.write_bytes(f.read_bytes()[:100])
-    ts = load_traces(run, summarize=True, cache=True)
+    ts = load_traces(run, reducer=REDUCER, cache=True)
     assert ts.ranks[0].events_loaded is True
     assert json.loads(f.read_bytes())["kind"] == sm.SUMMARY_KIND
 
 
 def test_lazy_events_are_read_on_first_access(tmp_path):
     run = _run(tmp_path, n=1)
-    load_traces(run, summarize=True, cache=True)
-    t = load_traces(run, summarize=True, cache=True).ranks[0]
+    load_traces(run, reducer=REDUCER, cache=True)
+    t = load_traces(run, reducer=REDUCER, cache=True).ranks[0]
     assert t.events_loaded is False and t.has_gpu is True
     assert len(t.events) == len(load_traces(run).ranks[0].events) == 14  # 2 steps, 6 kernels, 6 launches
     assert t.events_loaded is True

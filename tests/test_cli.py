@@ -147,6 +147,52 @@ def test_analyzer_needs_no_torch(tmp_path):
     assert (tmp_path / "r.html").stat().st_size > 1_000_000
 
 
+#: The analyzer's layers, bottom first: a module imports (at the top or inside a function) only
+#: from layers below its own. Data types at the bottom (pyinstrument's session.py is the model:
+#: a leaf type that processors and renderers depend on, never the reverse).
+ANALYZER_LAYERS = [
+    {"traceset", "intervals", "ranks", "whatif"},           # data types, pure helpers
+    {"parse"},                                               # bytes -> event table
+    {"load"},                                                # files -> TraceSet (orchestration)
+    {"classify"},                                            # event kinds, steps
+    {"breakdown", "comm_records", "infer_layout"},           # per-rank analyses
+    {"sync"},                                                # cross-rank matching
+    {"summary"},                                             # the per-rank reduction
+    {"balance", "pipeline", "merge", "hang"},                # analyses over the run
+    {"dim_overlap"},
+    {"recommend"},
+    {"registry"},
+    {"render_terminal", "render_html"},
+]
+
+
+def _analyzer_imports(path):
+    """Every ``pardiag.analyzer`` module a file imports, at any depth of its code."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "pardiag.analyzer":
+                out |= {a.name for a in node.names}
+            elif node.module.startswith("pardiag.analyzer."):
+                out.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[2] for a in node.names
+                    if a.name.startswith("pardiag.analyzer.")}
+    return out
+
+
+def test_analyzer_modules_import_only_from_layers_below():
+    level = {m: i for i, layer in enumerate(ANALYZER_LAYERS) for m in layer}
+    files = sorted((REPO / "analyzer").glob("*.py"))
+    modules = {f.stem for f in files} - {"__init__"}
+    assert modules == set(level), f"place every module in a layer: {modules ^ set(level)}"
+    wrong = [(f.stem, m) for f in files if f.stem in level for m in _analyzer_imports(f)
+             if level.get(m, -1) >= level[f.stem]]
+    assert wrong == []
+
+
 def test_output_onto_an_input_is_refused(tmp_path):
     t = gpu_rank(0).write(tmp_path / "rank0.json")
     before = t.read_bytes()

@@ -13,6 +13,7 @@ import pytest
 
 from pardiag.analyzer.infer_layout import INFERRED_SOURCE, infer_layout
 from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.registry import build_report, report_json
 from synth import TraceBuilder
 
@@ -192,7 +193,7 @@ def test_sample_traces_without_records_infer_the_recorded_layout(tmp_path, name)
 
 def test_pardiag_runs_keep_their_recorded_layout():
     for name in ("pp_gpipe_cpu_2rank", "zero1_cpu_2rank"):
-        traces = load_traces(SAMPLES / name, summarize=True)
+        traces = load_traces(SAMPLES / name, reducer=REDUCER)
         rep = build_report(traces)
         lay = rep.results["layout"]
         recorded = json.loads((SAMPLES / name / "run.json").read_text())["layout"]

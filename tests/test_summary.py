@@ -11,6 +11,7 @@ import pytest
 
 from pardiag.analyzer import summary as sm
 from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.registry import build_report, report_json
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,7 +44,7 @@ def test_16_rank_report_from_summaries_equals_report_from_raw(tmp_path, monkeypa
     assert "summarized 8 trace(s) (shard 0/2), 0 already current" in err
     assert "summarized 8 trace(s) (shard 1/2), 0 already current" in err
     assert len(list((run / ".pardiag-cache").iterdir())) == 16
-    ts = load_traces(run, summarize=True, cache=True)
+    ts = load_traces(run, reducer=REDUCER, cache=True)
     assert not any(t.events_loaded for t in ts.ranks.values())
     from_summaries = _json(ts)
     assert not any(t.events_loaded for t in ts.ranks.values())  # no raw trace was opened
@@ -58,8 +59,8 @@ def test_cpu_run_with_sidecars_from_summaries_equals_raw(tmp_path):
     run = tmp_path / "pp"
     shutil.copytree(src, run)
     raw = _json(load_traces(run))
-    load_traces(run, summarize=True, cache=True)
-    ts = load_traces(run, summarize=True, cache=True)
+    load_traces(run, reducer=REDUCER, cache=True)
+    ts = load_traces(run, reducer=REDUCER, cache=True)
     assert not any(t.events_loaded for t in ts.ranks.values())
     assert _json(ts) == raw
 
