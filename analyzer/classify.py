@@ -265,3 +265,35 @@ def collective_type(name: str, args: dict | None = None) -> str:
             return _canonical(m.group(1))
         return name.split("(")[0]
     return name.split("(")[0][:80]
+
+
+#: Device names in ``deviceProperties`` → the accelerator kind (first match wins).
+_DEVICE_NAME_KINDS = (
+    (re.compile(r"nvidia|tesla|geforce|quadro|\b[ahlbv]100\b|\bh200\b|\bgb?200\b", re.I), "cuda"),
+    (re.compile(r"\bamd\b|instinct|radeon|\bmi\d{3}", re.I), "rocm"),
+    (re.compile(r"intel|data center gpu max|\barc\b", re.I), "xpu"),
+    (re.compile(r"gaudi|habana|\bhl-\d", re.I), "hpu"),
+    (re.compile(r"mtia", re.I), "mtia"),
+)
+#: ``distributedInfo.backend`` → the accelerator kind, where the backend tells.
+_BACKEND_KINDS = {"xccl": "xpu", "ccl": "xpu", "hccl": "hpu", "nccl": "cuda"}
+
+
+def device_kind(trace: RankTrace) -> str:
+    """The rank's device: ``"cpu"`` (no kernels), else ``"cuda"``, ``"rocm"``, ``"xpu"``,
+    ``"hpu"``, ``"mtia"`` from the device name in ``deviceProperties``, else from
+    ``distributedInfo.backend`` (``nccl`` → cuda, ``xccl`` → xpu, ``hccl`` → hpu), else
+    ``"unknown"`` (a device the trace does not name is reported as unknown, never guessed)."""
+    if not trace.has_gpu:
+        return "cpu"
+    props = trace.metadata.get("deviceProperties")
+    names = [str(p.get("name", "")) for p in props if isinstance(p, dict)] if isinstance(
+        props, list) else []
+    for name in names:
+        for pat, kind in _DEVICE_NAME_KINDS:
+            if pat.search(name):
+                return kind
+    info = trace.metadata.get("distributedInfo")
+    backend = str(info.get("backend", "")).lower() if isinstance(info, dict) else ""
+    return _BACKEND_KINDS.get(backend, "unknown")
+

@@ -18,6 +18,7 @@ from pardiag import layout
 from pardiag.analyzer.balance import (BalanceResult, LayoutResult, MemoryResult, compute_balance,
                                       compute_layout, compute_memory)
 from pardiag.analyzer.breakdown import TimeBreakdown, compute_time_breakdown
+from pardiag.analyzer.classify import device_kind
 from pardiag.analyzer.infer_layout import InferredLayout, infer_layout, is_pardiag_run
 from pardiag.analyzer.traceset import TraceSet
 from pardiag.analyzer.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
@@ -77,6 +78,7 @@ def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict:
         ranks.append({
             "rank": rank, "file": str(trace.path), "rank_source": trace.rank_source,
             "domain": tot["domain"].iloc[0] if len(tot) else None,
+            "device": device_kind(trace),
             "total": records(tot, _TOTAL_KEYS)[0] if len(tot) else {},
             "steps": records(steps, ["step", "start_us", "end_us", *_TOTAL_KEYS]),
             "collectives": records(colls, ["collective", "count", "time_us", "exposed_us"]),

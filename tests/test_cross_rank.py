@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from pardiag.analyzer.breakdown import compute_time_breakdown
-from pardiag.analyzer.classify import compile_comm_patterns
+from pardiag.analyzer.classify import compile_comm_patterns, device_kind
 from pardiag.analyzer.load import load_traces
 from pardiag.analyzer.ranks import FileFacts, assign_ranks, merged_rank_of_pids
 from pardiag.analyzer.sync import compute_sync
@@ -379,3 +379,23 @@ def test_report_on_named_files_uses_the_sidecars_beside_them(tmp_path):
     assert set(ts.rank_meta) == {0, 1, 2, 3}
     assert any("using the pardiag run's run.json and sidecars" in w for w in ts.warnings)
     assert {r: m["host"] for r, m in ts.rank_meta.items()} == {0: "a", 1: "a", 2: "b", 3: "b"}
+
+
+@pytest.mark.parametrize("meta, kind", [
+    ({"deviceProperties": [{"name": "Intel(R) Data Center GPU Max 1550"}],
+      "distributedInfo": {"backend": "xccl"}}, "xpu"),
+    ({"deviceProperties": [{"name": "AMD Instinct MI300X"}]}, "rocm"),
+    ({"deviceProperties": [{"name": "NVIDIA H100 80GB HBM3"}]}, "cuda"),
+    ({"deviceProperties": [{"name": "GAUDI2"}]}, "hpu"),
+    ({"distributedInfo": {"backend": "hccl"}}, "hpu"),
+    ({"deviceProperties": [{"name": "Some Accelerator 9000"}]}, "unknown"),
+    ({}, "unknown"),
+])
+def test_device_kind_names_what_the_trace_says_and_unknown_otherwise(meta, kind, tmp_path):
+    b = TraceBuilder(rank=0, world_size=1, backend="")
+    b.kernel("some_kernel", EPOCH, 10, launch_ts=EPOCH - 1)
+    doc = {**b.doc(), **meta}
+    if "distributedInfo" in meta:
+        doc["distributedInfo"] = {"rank": 0, "world_size": 1, **meta["distributedInfo"]}
+    (tmp_path / "rank0.json").write_text(json.dumps(doc))
+    assert device_kind(load_traces(tmp_path).ranks[0]) == kind
