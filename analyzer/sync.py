@@ -49,6 +49,8 @@ EVENT_COLUMNS = ("rank", "pg", "group", "seq", "native_seq", "op", "peer", "star
                  "bytes", "group_size", "step", "source")
 
 P2P_OPS = frozenset({"send", "recv", "send_recv"})
+#: Larger group sizes in a trace's args are not believed (no group's ranks are built from them).
+MAX_GROUP_SIZE = 1 << 20
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -125,7 +127,8 @@ def _group_ranks(args: dict, pg_ranks_by_name: dict[str, list[int]]) -> list[int
         return ranks
     start, stride = _int_arg(args.get("Global rank start")), _int_arg(args.get("Global rank stride"))
     size = _int_arg(args.get("Group size"))
-    if start is not None and stride and size and start >= 0 and stride > 0:
+    if start is not None and stride and size and start >= 0 and stride > 0 \
+            and size <= MAX_GROUP_SIZE:
         return [start + stride * i for i in range(size)]
     name = args.get("Process Group Name")
     return pg_ranks_by_name.get(str(name)) if name is not None else None

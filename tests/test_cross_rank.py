@@ -399,3 +399,19 @@ def test_device_kind_names_what_the_trace_says_and_unknown_otherwise(meta, kind,
         doc["distributedInfo"] = {"rank": 0, "world_size": 1, **meta["distributedInfo"]}
     (tmp_path / "rank0.json").write_text(json.dumps(doc))
     assert device_kind(load_traces(tmp_path).ranks[0]) == kind
+
+
+def test_absurd_world_and_group_sizes_are_read_without_building_them(tmp_path):
+    # found by the fuzz run: a world size of 10^15 built a set of every rank (out of memory)
+    b = TraceBuilder(rank=0, world_size=10 ** 15)
+    b.step(1, EPOCH, 1000)
+    b.kernel("gemm_kernel", EPOCH + 10, 100, launch_ts=EPOCH + 1)
+    b.kernel("ncclDevKernel_AllReduce(x)", EPOCH + 200, 100, stream=20, launch_ts=EPOCH + 2,
+             args={"Collective name": "allreduce", "Group size": 10 ** 12,
+                   "Global rank start": 0, "Global rank stride": 1})
+    b.write(tmp_path / "rank0.json")
+    ts = load_traces(tmp_path)
+    assert any(w.startswith(f"1 of {10 ** 15} ranks present") and "[1, 2, 3, 4, 5, 6, 7, 8]..."
+               in w for w in ts.warnings)
+    sync = compute_sync(ts)
+    assert sync.instances.empty and sync.straggler is None
