@@ -245,3 +245,42 @@ def test_plain_profiler_interleaved_run(plain_interleaved):
     # 3 profiled steps × 2 stages × 4 microbatches × (F, B) on each rank
     html = (plain_interleaved.parent / "r.html").read_text()
     assert "Layout inferred from traces" in html
+
+
+#: Examples run under plain torch.profiler (no pardiag hooks) and the layout the report must
+#: infer from their traces alone: (ranks, script args, dims, strategies, schedule, microbatches).
+PLAIN_RUNS = {
+    "gpipe": (2, ["train_pp.py", "--schedule", "gpipe", "--microbatches", "4"], {"pp": 2},
+              ["pipeline"], "ScheduleGPipe", 4),
+    "1f1b": (2, ["train_pp.py", "--schedule", "1f1b", "--microbatches", "4"], {"pp": 2},
+             ["pipeline"], "Schedule1F1B", 4),
+    "fsdp2": (2, ["train_fsdp2.py"], {"dp": 2}, ["fsdp2"], None, None),
+    "tp": (2, ["train_tp.py"], {"tp": 2}, ["tp"], None, None),
+    "2d": (4, ["train_2d.py"], {"dp": 2, "tp": 2}, ["fsdp2", "tp"], None, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN_RUNS))
+def test_plain_profiler_runs_infer_their_layout(name, tmp_path):
+    n, (script, *args), dims, strategies, schedule, m = PLAIN_RUNS[name][0], *PLAIN_RUNS[name][1:]
+    out = tmp_path / name
+    out.mkdir()
+    torchrun = Path(sys.executable).parent / "torchrun"
+    r = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", str(n),
+                        str(ROOT / "benchmarks" / "_plain_profiler.py"), "1", "1", "3", str(out),
+                        str(ROOT / "examples" / script), "--steps", "6", *args],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    j = report_json(build_report(load_traces(out)))
+    lay = j["layout"]
+    assert lay["source"] == INFERRED_SOURCE
+    assert (lay["dims"], lay["strategies"]) == (dims, strategies)
+    if schedule is None:
+        assert lay["pipeline"] is None and j["pipeline"] is None
+    else:
+        assert (lay["pipeline"]["schedule"], lay["pipeline"]["microbatches"]) == (schedule, m)
+        assert j["pipeline"]["schedule"]["schedule"] == schedule
+        estimated = schedule == "Schedule1F1B"  # 1F1B marks no microbatch: m counted from sends
+        assert bool(j["pipeline"]["schedule"].get("microbatches_estimated")) == estimated
+        assert any("marks no microbatch" in x for x in lay["not_inferred"]) == estimated
