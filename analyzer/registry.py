@@ -95,6 +95,7 @@ def _sync_json(r: SyncResult, traces: TraceSet) -> dict:
         "stragglers": records(r.stragglers),
         "instances": records(r.instances),
         "bandwidth": records(r.bandwidth),
+        "p2p": records(r.p2p),
     }}
 
 

@@ -724,6 +724,13 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
         "op": "collective", "count": "instances", "arrival_skew_us": "median arrival skew (ms)",
         "max_skew_us": "max arrival skew (ms)", "transfer_us": "median transfer (ms)"},
         left=("op",), digits=3, sortable=True))
+    if len(sync.p2p):
+        out.append("<p class='muted'>Point-to-point links (each send paired with its recv):</p>")
+        out.append(_table(_ms(sync.p2p, ["hop_us", "recv_wait_us", "send_wait_us"]), {
+            "src": "from rank", "dst": "to rank", "count": "transfers",
+            "hop_us": "hop (ms, median)", "recv_wait_us": "receiver waits (ms, median)",
+            "send_wait_us": "sender waits (ms, median)", "bytes": "bytes (median)"}, digits=3,
+            sortable=True, what="links"))
     if (sync.offsets["instances"] == 0).all():
         out.append(_muted("No complete collective spans the ranks here, so clocks could not be "
                           "aligned: times are compared as recorded."))

@@ -115,6 +115,11 @@ def _parallel(report: Report, console: Console) -> None:
         console.print(t)
         for note in sync.notes:
             console.print(Text(f"note: {note}"))
+        for row in sync.p2p.head(8).itertuples():
+            console.print(Text(f"point-to-point {row.src} → {row.dst}: {row.count} transfers, hop "
+                               f"{row.hop_us / 1e3:.3f} ms (median), receiver waits "
+                               f"{row.recv_wait_us / 1e3:.3f} ms, sender waits "
+                               f"{row.send_wait_us / 1e3:.3f} ms"))
     if len(pipe.bubbles):
         summ = summarize_bubbles(pipe.bubbles)
         src = (pipe.schedule or {}).get("source")

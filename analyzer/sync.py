@@ -353,6 +353,11 @@ class SyncResult:
         bandwidth: per group, op, message size and ``inter_node`` (``"intra"``, ``"inter"`` or
             ``"unknown"``): ``count``, ``transfer_us``, ``algbw_gbps``, ``busbw_gbps`` (medians).
         matched_by: ``"records"``, ``"sequence numbers"``, ``"order"`` or ``"none"``.
+        p2p: per pair of ranks that exchange point-to-point transfers (complete pairs: a send
+            and its recv): ``src``, ``dst``, ``count``, ``hop_us`` (median transfer time, the
+            minimum of the two sides' durations: the link's latency for that size),
+            ``recv_wait_us`` and ``send_wait_us`` (median time the receiver / sender waited for
+            the other side to arrive), ``bytes`` (median). Empty without such pairs.
         straggler: the rank that causes the most waiting when that is at least
             :data:`STRAGGLER_MIN_WAIT_US` over complete instances, else None.
         notes: what the matching could not do (partial instances, unpaired point-to-point ops,
@@ -367,8 +372,11 @@ class SyncResult:
     matched_by: str
     straggler: int | None = None
     notes: tuple[str, ...] = ()
+    p2p: pd.DataFrame = dataclasses.field(default_factory=lambda: pd.DataFrame(columns=P2P_COLUMNS))
 
 
+#: Columns of :attr:`SyncResult.p2p`.
+P2P_COLUMNS = ["src", "dst", "count", "hop_us", "recv_wait_us", "send_wait_us", "bytes"]
 #: Waiting (µs, summed over the waiting ranks) below which no rank is named a straggler.
 STRAGGLER_MIN_WAIT_US = 10.0
 
@@ -623,4 +631,26 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
         bandwidth = pd.DataFrame(columns=["pg", "op", "bytes", "inter_node", "count", "transfer_us",
                                           "algbw_gbps", "busbw_gbps"])
     return SyncResult(offsets, inst.drop(columns=["group_size"]), per_rank, st, bandwidth,
-                      matched_by, straggler, tuple(notes))
+                      matched_by, straggler, tuple(notes), _p2p_pairs(inst, pr))
+
+
+def _p2p_pairs(inst: pd.DataFrame, pr: pd.DataFrame) -> pd.DataFrame:
+    """:attr:`SyncResult.p2p` from the complete point-to-point instances and their per-rank
+    rows (``pr``: corrected times, ``wait_until_us``)."""
+    pairs = inst[inst["instance"].str.startswith("p2p:") & inst["complete"]]
+    if pairs.empty:
+        return pd.DataFrame(columns=P2P_COLUMNS)
+    ends = pairs["instance"].str.split(":").str[-2].str.split(">")
+    pairs = pairs.assign(src=ends.str[0].astype(int), dst=ends.str[1].astype(int))
+    rows = pr[pr["instance"].isin(pairs["instance"])].merge(
+        pairs[["instance", "src", "dst"]], on="instance")
+    rows = rows.assign(waited=rows["wait_until_us"] - rows["start_us"])
+    recv = rows[rows["rank"] == rows["dst"]].set_index("instance")["waited"]
+    send = rows[rows["rank"] == rows["src"]].set_index("instance")["waited"]
+    pairs = pairs.assign(recv_wait_us=pairs["instance"].map(recv),
+                         send_wait_us=pairs["instance"].map(send))
+    out = (pairs.groupby(["src", "dst"], as_index=False)
+           .agg(count=("instance", "size"), hop_us=("transfer_us", "median"),
+                recv_wait_us=("recv_wait_us", "median"), send_wait_us=("send_wait_us", "median"),
+                bytes=("bytes", "median")))
+    return out[P2P_COLUMNS]

@@ -218,6 +218,12 @@ def test_sends_pair_with_their_receives_and_a_slow_stage_is_the_one_waited_for(t
     assert sync.straggler == 1
     assert st["wait_caused_us"].to_dict() == pytest.approx({0: 400.0, 1: 1300.0, 2: 0.0})
     assert st["wait_suffered_us"].to_dict() == pytest.approx({0: 0.0, 1: 400.0, 2: 1300.0})
+    # the pairs give the hop latency (100 µs per transfer) and the receivers' waits per link
+    p2p = sync.p2p.set_index(["src", "dst"])
+    assert p2p.loc[(0, 1), ["count", "hop_us", "recv_wait_us", "send_wait_us"]].tolist() == \
+        pytest.approx([2, 100.0, 200.0, 0.0])  # waits 400 and 0: median 200
+    assert p2p.loc[(1, 2), ["count", "hop_us", "recv_wait_us", "send_wait_us"]].tolist() == \
+        pytest.approx([2, 100.0, 650.0, 0.0])  # waits 1150 and 150
 
 
 def test_send_recv_without_a_known_peer_is_never_matched_as_a_collective(tmp_path):
