@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from pardiag import layout
 from pardiag.analyzer.balance import (BalanceResult, LayoutResult, MemoryResult, compute_balance,
                                       compute_layout, compute_memory)
 from pardiag.analyzer.breakdown import TimeBreakdown, compute_time_breakdown
@@ -25,6 +24,13 @@ from pardiag.analyzer.pipeline import PipelineResult, compute_pipeline, summariz
 from pardiag.analyzer.dim_overlap import DimOverlapResult, compute_dim_overlap
 from pardiag.analyzer.recommend import RecommendationResult, compute_recommendations
 from pardiag.analyzer.sync import SyncResult, compute_sync, P2P_OPS
+
+
+#: Version of the report JSON (``pardiag report --json``, :meth:`pardiag.Report.to_json`); its
+#: own number, apart from the run folder's sidecars. 2: ``ranks[].device``; ``sync.straggler``,
+#: ``notes``, ``p2p``; clock offsets relative to the lowest rank with ``residual_us`` and
+#: ``host``; instances with ``group``, ``expected`` and ``complete``.
+REPORT_SCHEMA_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -177,22 +183,54 @@ ANALYSES: tuple[Analysis, ...] = (
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-    """Everything a report shows: the loaded traces and each analysis' result by name."""
+    """Everything a report shows: the loaded traces and one typed field per analysis (the HTML,
+    terminal and JSON renderers only format these; :class:`pardiag.Report` adds the notebook
+    conveniences).
+
+    Attributes:
+        traces: the loaded run.
+        time_breakdown: per rank, step and collective type (:class:`TimeBreakdown`).
+        sync: matched collectives, clock offsets, stragglers, bandwidth (:class:`SyncResult`).
+        inferred_layout: the layout read from traces recorded without pardiag
+            (:class:`InferredLayout`).
+        pipeline: bubbles per rank and step (:class:`PipelineResult`).
+        balance: load imbalance per group (:class:`BalanceResult`).
+        memory: static and peak memory per rank (:class:`MemoryResult`).
+        layout: dimensions, strategies, groups, nodes (:class:`LayoutResult`).
+        dim_overlap: overlap per parallel dimension (:class:`DimOverlapResult`).
+        recommendations: verdict and ranked changes (:class:`RecommendationResult`).
+    """
 
     traces: TraceSet
-    results: dict[str, Any]
+    time_breakdown: TimeBreakdown
+    sync: SyncResult
+    inferred_layout: InferredLayout
+    pipeline: PipelineResult
+    balance: BalanceResult
+    memory: MemoryResult
+    layout: LayoutResult
+    dim_overlap: DimOverlapResult
+    recommendations: RecommendationResult
 
     @property
     def breakdown(self) -> TimeBreakdown:
-        return self.results["time_breakdown"]
+        """The time breakdown (same as :attr:`time_breakdown`)."""
+        return self.time_breakdown
+
+    @property
+    def results(self) -> dict[str, Any]:
+        """``{analysis name: result}`` in registry order (a view of the fields)."""
+        return {a.name: getattr(self, a.name) for a in ANALYSES}
 
 
-def build_report(traces: TraceSet, options: AnalysisOptions = AnalysisOptions()) -> Report:
-    """Run every registered analysis on ``traces``, in registry order."""
+def build_report(traces: TraceSet, options: AnalysisOptions = AnalysisOptions(),
+                 cls: type[Report] = Report) -> Report:
+    """Run every registered analysis on ``traces``, in registry order, into a ``cls`` (a
+    :class:`Report` or a subclass)."""
     results: dict[str, Any] = {}
     for a in ANALYSES:
         results[a.name] = a.compute(traces, options, results)
-    return Report(traces, results)
+    return cls(traces=traces, **results)
 
 
 def report_json(report: Report) -> dict:
@@ -213,12 +251,12 @@ def report_json(report: Report) -> dict:
     window; null where undefined (no communication).
     """
     out = {
-        "schema_version": layout.SCHEMA_VERSION,
+        "schema_version": REPORT_SCHEMA_VERSION,
         "source": report.traces.source,
         "warnings": list(report.traces.warnings),
         "notes": [n for t in report.traces.ranks.values() for n in t.notes],
         "run": report.traces.run_info,
     }
     for a in ANALYSES:
-        out.update(a.to_json(report.results[a.name], report.traces))
+        out.update(a.to_json(getattr(report, a.name), report.traces))
     return out

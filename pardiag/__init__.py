@@ -1,8 +1,28 @@
 """pardiag: profiling and diagnostics analyzer for distributed PyTorch training.
 
-The distribution installs three packages: ``pardiag`` (CLI and on-disk run layout),
-``pardiag.analyzer`` (trace loading and analyses, no torch needed) and
+The distribution installs three packages: ``pardiag`` (CLI, on-disk run layout and the Python
+API), ``pardiag.analyzer`` (trace loading and analyses, no torch needed) and
 ``pardiag.collectors`` (runs inside each training rank, needs torch).
+
+Python API (:mod:`pardiag.api`, imported on first use so that ``import pardiag`` inside a
+training rank stays light)::
+
+    import pardiag
+    rep = pardiag.analyze("pardiag_runs/ddp")      # -> pardiag.Report
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["analyze", "Report", "PardiagError", "TraceError", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in ("analyze", "Report"):
+        from pardiag import api
+
+        return getattr(api, name)
+    if name in ("PardiagError", "TraceError"):
+        from pardiag import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'pardiag' has no attribute {name!r}")

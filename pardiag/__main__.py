@@ -1,3 +1,3 @@
 from pardiag.cli import main
 
-main()
+raise SystemExit(main())

@@ -12,12 +12,66 @@ from pardiag import __version__
 from pardiag.errors import PardiagError
 
 
-def _fail(err: PardiagError) -> None:
-    click.echo(f"pardiag: error: {err}", err=True)
-    sys.exit(err.exit_code)
+class _Cli(click.Group):
+    """The command group; the one place where errors become exit codes: a
+    :class:`~pardiag.errors.PardiagError` raised by any command is one line
+    ``pardiag: error: <message>`` and its ``exit_code`` (2 for bad input), never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except PardiagError as err:
+            click.echo(f"pardiag: error: {err}", err=True)
+            ctx.exit(err.exit_code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def comm_kernel_option(f):
+    """``--comm-kernel REGEX`` (repeatable), shared by report, merge and summarize."""
+    return click.option("--comm-kernel", "comm_kernel", multiple=True, metavar="REGEX",
+                        help="Extra GPU kernel names that are communication (repeatable).")(f)
+
+
+def workers_option(f):
+    """``--workers N``, shared by report and summarize."""
+    return click.option("--workers", type=click.IntRange(min=1), default=None,
+                        help="Processes that parse traces [default: one per core for large "
+                             "inputs].")(f)
+
+
+def guard_outputs(outputs: list[Path | None], inputs: list[Path], traces=None) -> None:
+    """Refuse output paths that would overwrite or later be read as input — the one check every
+    command that writes uses.
+
+    Raises:
+        PardiagError: an output is an input trace, the same file as any file of an input folder
+            (also through another name: hard links), or two outputs are the same file.
+    """
+    outs = [o for o in outputs if o is not None and str(o) != "-"]
+    trace_files = ({f.resolve() for t in traces.ranks.values() for f in (t.files or (t.path,))}
+                   if traces is not None else set())
+    inode = {}
+    for folder in {pth for pth in inputs if pth.is_dir()}:
+        for f in folder.iterdir():
+            if f.is_file():
+                st = f.stat()
+                inode[(st.st_dev, st.st_ino)] = f
+    for f in trace_files:
+        if f.exists():
+            st = f.stat()
+            inode[(st.st_dev, st.st_ino)] = f
+    for target in outs:
+        if target.resolve() in trace_files:
+            raise PardiagError(f"{target}: is one of the input traces; choose another output path")
+        if target.exists():
+            st = target.stat()
+            if (st.st_dev, st.st_ino) in inode:
+                raise PardiagError(f"{target}: would overwrite {inode[(st.st_dev, st.st_ino)]} "
+                                   "of the input; choose another output path")
+    if len(outs) == 2 and outs[0].resolve() == outs[1].resolve():
+        raise PardiagError(f"{outs[0]}: given for both the HTML report and --json")
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="pardiag")
 def cli() -> None:
     """Profile distributed PyTorch training and diagnose why scaling disappoints."""
@@ -47,13 +101,10 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
 
     if out is None:
         out = Path("pardiag_runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        cfg = ProfileConfig(script=script, args=tuple(script_args), out=out,
-                            nproc_per_node=nproc_per_node, wait=wait, warmup=warmup,
-                            active=active, overwrite=overwrite, timeout_s=timeout_s)
-        result = run_profile(cfg)
-    except PardiagError as err:
-        _fail(err)
+    cfg = ProfileConfig(script=script, args=tuple(script_args), out=out,
+                        nproc_per_node=nproc_per_node, wait=wait, warmup=warmup,
+                        active=active, overwrite=overwrite, timeout_s=timeout_s)
+    result = run_profile(cfg)
     for i, (r, msg) in enumerate(result.failed_ranks.items()):
         first = " (first failure)" if i == 0 and len(result.failed_ranks) > 1 else ""
         click.echo(f"pardiag: rank {r} failed{first}: {msg}", err=True)
@@ -80,14 +131,12 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
               default=Path("report.html"), show_default=True, help="HTML report to write.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the JSON summary to this file ('-' for standard output).")
-@click.option("--comm-kernel", "comm_kernel", multiple=True, metavar="REGEX",
-              help="Extra GPU kernel names that are communication (repeatable).")
+@comm_kernel_option
 @click.option("--cdn", is_flag=True, help="Link plotly.js from its CDN instead of inlining it.")
 @click.option("--quiet", "-q", is_flag=True, help="No terminal summary.")
 @click.option("--no-cache", is_flag=True,
               help="Parse every trace; neither read nor store per-rank summaries.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes that parse traces [default: one per core for large inputs].")
+@workers_option
 def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
            comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
            workers: int | None) -> None:
@@ -103,68 +152,41 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 
     from pardiag.analyzer.classify import compile_comm_patterns
     from pardiag.analyzer.load import load_traces
+    from pardiag.analyzer.registry import AnalysisOptions, build_report
     from pardiag.analyzer.summary import REDUCER
-    from pardiag.analyzer.registry import AnalysisOptions, build_report, report_json
-    from pardiag.analyzer.render_html import render_html
-    from pardiag.analyzer.render_terminal import render_terminal
+    from pardiag.api import Report
     from pardiag.progress import progress_reporter
 
-    try:
-        opts = AnalysisOptions(comm_patterns=tuple(compile_comm_patterns(comm_kernel)))
-        with progress_reporter("loading traces") as progress:
-            traces = load_traces(list(paths), reducer=REDUCER, comm_patterns=opts.comm_patterns,
-                                 cache=not no_cache, workers=workers, progress=progress)
-    except PardiagError as err:
-        _fail(err)
-    inputs = {f.resolve() for t in traces.ranks.values() for f in (t.files or (t.path,))}
-    for target in (output, json_out):
-        if target is not None and str(target) != "-" and target.resolve() in inputs:
-            _fail(PardiagError(f"{target}: is one of the input traces; choose another output path"))
-    # nothing the user produced is overwritten: no file of an input folder (traces, run.json,
-    # rank sidecars), also when reached through another name (hard link)
-    inode = {}
-    for folder in {pth for pth in paths if pth.is_dir()}:
-        for f in folder.iterdir():
-            if f.is_file():
-                st = f.stat()
-                inode[(st.st_dev, st.st_ino)] = f
-    for t in traces.ranks.values():
-        if t.path.exists():
-            st = t.path.stat()
-            inode[(st.st_dev, st.st_ino)] = t.path
-    for target in (output, json_out):
-        if target is not None and str(target) != "-" and target.exists():
-            st = target.stat()
-            if (st.st_dev, st.st_ino) in inode:
-                _fail(PardiagError(f"{target}: would overwrite {inode[(st.st_dev, st.st_ino)]} "
-                                   "of the input; choose another output path"))
-    if output is not None and json_out is not None and str(json_out) != "-" and (
-            output.resolve() == json_out.resolve()):
-        _fail(PardiagError(f"{output}: given for both the HTML report and --json"))
+    opts = AnalysisOptions(comm_patterns=tuple(compile_comm_patterns(comm_kernel)))
+    with progress_reporter("loading traces") as progress:
+        traces = load_traces(list(paths), reducer=REDUCER, comm_patterns=opts.comm_patterns,
+                             cache=not no_cache, workers=workers, progress=progress)
+    # nothing the user produced is overwritten: no trace, no file of an input folder
+    guard_outputs([output, json_out], list(paths), traces)
     for w in traces.warnings:
         click.echo(f"pardiag: warning: {w}", err=True)
     try:
-        rep = build_report(traces, opts)
+        rep = build_report(traces, opts, cls=Report)  # what pardiag.analyze() returns
     except Exception as exc:  # a bug, or input no check caught: one line, details on request
         if os.environ.get("PARDIAG_DEBUG"):
             raise
-        _fail(PardiagError(f"{traces.source}: analysis failed ({type(exc).__name__}: {exc}); "
-                           f"set PARDIAG_DEBUG=1 for the traceback", exit_code=1))
-    try:
-        if json_out is not None:
-            data = orjson.dumps(report_json(rep), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
-            if str(json_out) == "-":
-                sys.stdout.buffer.write(data + b"\n")
-                sys.stdout.flush()
-            else:
+        raise PardiagError(f"{traces.source}: analysis failed ({type(exc).__name__}: {exc}); "
+                           f"set PARDIAG_DEBUG=1 for the traceback", exit_code=1) from None
+    if json_out is not None:
+        data = orjson.dumps(rep.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+        if str(json_out) == "-":
+            sys.stdout.buffer.write(data + b"\n")
+            sys.stdout.flush()
+        else:
+            try:
                 json_out.write_bytes(data)
-        output.write_text(render_html(rep, include_plotlyjs="cdn" if cdn else True), encoding="utf-8")
-    except OSError as exc:
-        _fail(PardiagError(f"{exc.filename}: cannot write ({exc.strerror})"))
+            except OSError as exc:
+                raise PardiagError(f"{exc.filename}: cannot write ({exc.strerror})") from None
+    rep.to_html(output, cdn=cdn)
     if not quiet and str(json_out) != "-":
         # a pipe or a file gets 120 columns unless COLUMNS says otherwise
         wide = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
-        render_terminal(rep, Console(width=None if wide else 120))
+        rep.print_summary(Console(width=None if wide else 120))
     click.echo(f"pardiag: wrote {output}" + (f" and {json_out}" if json_out and str(json_out) != "-" else ""),
                err=True)
 
@@ -174,8 +196,7 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("merged.json.gz"), show_default=True,
               help="Merged trace to write (gzip-compressed when the name ends in .gz).")
-@click.option("--comm-kernel", "comm_kernel", multiple=True, metavar="REGEX",
-              help="Extra GPU kernel names that are communication (repeatable).")
+@comm_kernel_option
 def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -> None:
     """Merge the ranks' traces into one trace for Perfetto or chrome://tracing.
 
@@ -190,25 +211,20 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
     from pardiag.analyzer.merge import merge_traces
     from pardiag.analyzer.sync import compute_sync
 
-    try:
-        patterns = tuple(compile_comm_patterns(comm_kernel))
-        traces = load_traces(list(paths))
-        target = output.resolve()
-        inputs = {f.resolve() for t in traces.ranks.values() for f in (t.files or (t.path,))}
-        folders = ({p.resolve() for p in paths if p.is_dir()}
-                   | {p.resolve().parent for p in paths if p.is_file()})
-        if target in inputs:
-            raise PardiagError(f"{output}: is one of the input traces; choose another output path")
-        if target.parent in folders:
-            raise PardiagError(f"{output}: is inside the input folder {target.parent} (a later "
-                               f"report would read it as one more rank); choose another path")
-        for w in traces.warnings:
-            click.echo(f"pardiag: warning: {w}", err=True)
-        sync = compute_sync(traces, patterns)
-        offsets = dict(zip(sync.offsets["rank"].astype(int), sync.offsets["offset_us"]))
-        result = merge_traces(traces, offsets, output)
-    except PardiagError as err:
-        _fail(err)
+    patterns = tuple(compile_comm_patterns(comm_kernel))
+    traces = load_traces(list(paths))
+    guard_outputs([output], list(paths), traces)
+    target = output.resolve()
+    folders = ({p.resolve() for p in paths if p.is_dir()}
+               | {p.resolve().parent for p in paths if p.is_file()})
+    if target.parent in folders:
+        raise PardiagError(f"{output}: is inside the input folder {target.parent} (a later "
+                           f"report would read it as one more rank); choose another path")
+    for w in traces.warnings:
+        click.echo(f"pardiag: warning: {w}", err=True)
+    sync = compute_sync(traces, patterns)
+    offsets = dict(zip(sync.offsets["rank"].astype(int), sync.offsets["offset_us"]))
+    result = merge_traces(traces, offsets, output)
     if result.dropped:
         click.echo(f"pardiag: warning: left out {result.dropped} events without a numeric ts",
                    err=True)
@@ -219,14 +235,11 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
 
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--comm-kernel", "comm_kernel", multiple=True, metavar="REGEX",
-              help="Extra GPU kernel names that are communication (as for report).")
+@comm_kernel_option
 @click.option("--shard", default=None, metavar="I/N",
               help="Summarize only every N-th file from the I-th [default: $RANK/$WORLD_SIZE "
                    "under torchrun, else all].")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes that parse traces [default: one per core for large inputs; "
-                   "under torchrun the node's cores shared among its processes].")
+@workers_option
 def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str | None,
               workers: int | None) -> None:
     """Write the per-rank summary of each trace, where the traces are.
@@ -251,18 +264,15 @@ def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str 
         if n < 1 or not 0 <= i < n:
             raise ValueError
     except ValueError:
-        _fail(PardiagError(f"--shard {shard!r}: expected I/N with 0 <= I < N"))
-    try:
-        with progress_reporter("summarizing traces") as progress:
-            res = summarize_paths(list(paths), compile_comm_patterns(comm_kernel), shard=(i, n),
-                                  workers=workers, progress=progress)
-    except PardiagError as err:
-        _fail(err)
+        raise PardiagError(f"--shard {shard!r}: expected I/N with 0 <= I < N") from None
+    with progress_reporter("summarizing traces") as progress:
+        res = summarize_paths(list(paths), compile_comm_patterns(comm_kernel), shard=(i, n),
+                              workers=workers, progress=progress)
     if not res.written and not res.current and res.skipped:
         first = res.skipped[0].removesuffix(" - skipped")
-        _fail(PardiagError(first if len(res.skipped) == 1 else
+        raise PardiagError(first if len(res.skipped) == 1 else
                            f"{paths[0]}: none of {len(res.skipped)} file(s) is a readable "
-                           f"Kineto trace (e.g. {first})"))
+                           f"Kineto trace (e.g. {first})")
     for line in res.skipped:
         click.echo(f"pardiag: warning: {line}", err=True)
     unwritable = [str(t) for t, f in res.written.items() if f is None]
@@ -274,17 +284,25 @@ def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str 
                + (f"; summaries in {', '.join(folders[:3])}" if folders else ""), err=True)
 
 
-def main() -> None:
-    """Console-script entry point: usage errors become one line and exit code 2."""
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line (``argv`` without the program name; default ``sys.argv[1:]``) and
+    return the exit code: a usage error is one line and 2, an interrupt 130, a
+    :class:`~pardiag.errors.PardiagError` one line and its code. The console script is
+    ``sys.exit(main())``; tests call ``main([...])`` in-process."""
     try:
-        code = cli.main(prog_name="pardiag", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="pardiag", standalone_mode=False)
     except click.UsageError as err:
         click.echo(f"pardiag: error: {err.format_message()}", err=True)
-        sys.exit(2)
+        return 2
     except click.ClickException as err:
         click.echo(f"pardiag: error: {err.format_message()}", err=True)
-        sys.exit(err.exit_code)
+        return err.exit_code
+    except click.exceptions.Exit as exc:  # ctx.exit(code), --help, --version
+        return exc.exit_code
     except click.Abort:
         click.echo("pardiag: aborted", err=True)
-        sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
+        return 130
+    except PardiagError as err:
+        click.echo(f"pardiag: error: {err}", err=True)
+        return err.exit_code
+    return code if isinstance(code, int) else 0

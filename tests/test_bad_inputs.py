@@ -85,11 +85,9 @@ EXPECTED: dict[str, tuple] = {
 
 
 def _run(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["pardiag", *args])
-    with pytest.raises(SystemExit) as ex:
-        cli.main()
+    code = cli.main(args)  # in-process: main(argv) returns the exit code
     out = capsys.readouterr()
-    return ex.value.code, out.out, out.err
+    return code, out.out, out.err
 
 
 def test_corpus_is_complete():

@@ -5,6 +5,7 @@ In CI (``CI`` set) a missing driver or browser fails these tests; elsewhere they
 Screenshots are kept in ``test-artifacts/`` at the repository root (git-ignored).
 """
 
+import dataclasses
 import os
 import shutil
 
@@ -140,7 +141,7 @@ def test_64_ranks_render(browser, tmp_path):
 
 def test_hostile_trace_runs_no_script(browser, tmp_path):
     rep = build_report(load_traces(hostile_run(tmp_path)))
-    rep.results["recommendations"] = hostile_recommendations()
+    rep = dataclasses.replace(rep, recommendations=hostile_recommendations())
     out = tmp_path / "hostile.html"
     out.write_text(render_html(rep), encoding="utf-8")
     page, errors = _open(browser, out)

@@ -39,7 +39,7 @@ def test_report_on_sample_traces(tmp_path):
     assert 'id="pd-plotlyjs"' in page and 1_500_000 < out.stat().st_size < 3_000_000
     assert re.search(r"<script[^>]*\bsrc=", page) is None
     data = json.loads(js.read_text())
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     for r in data["ranks"]:
         t = r["total"]

@@ -56,10 +56,7 @@ def test_cli_report_in_a_log_has_no_control_codes(tmp_path, monkeypatch, capsys)
     monkeypatch.setenv("PARDIAG_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(sys, "argv", ["pardiag", "report", str(run), "-q", "--no-cache",
                                       "-o", str(tmp_path / "r.html")])
-    try:
-        cli.main()
-    except SystemExit as ex:
-        assert ex.code == 0
+    assert cli.main() == 0
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\r" not in err
     assert [ln for ln in err.splitlines() if "loading traces" in ln] == [

@@ -1,6 +1,7 @@
 """The HTML page without a browser: size at scale, --cdn, escaping, recommendations, terminal."""
 
 import base64
+import dataclasses
 import gzip
 import html
 import re
@@ -85,7 +86,7 @@ def _scripts(page):
 
 def test_hostile_strings_are_escaped_in_the_source(tmp_path):
     rep = build_report(load_traces(hostile_run(tmp_path)))
-    rep.results["recommendations"] = hostile_recommendations()
+    rep = dataclasses.replace(rep, recommendations=hostile_recommendations())
     page = render_html(rep)
     # only the page's own script elements: figure/template JSON, packed plotly.js, the boot script
     tags = _scripts(page)
@@ -115,14 +116,14 @@ def _planted_rec(**kw):
 
 def test_verdict_and_recommendations_come_first():
     rep = build_report(load_traces(REPO / "sample_traces" / "ddp_cpu_2rank"))
-    rep.results["recommendations"] = RecommendationResult(
+    rep = dataclasses.replace(rep, recommendations=RecommendationResult(
         verdict="Exposed communication is 63% of the step.",
         recommendations=(_planted_rec(), _planted_rec(title="Overlap the all-reduce",
                                                        change="bucket_cap_mb 100", gain_pct=5.0,
                                                        predicted_step_us=38_000.0,
                                                        measured_peak_bytes=None,
                                                        predicted_peak_bytes=None)),
-        rejected=(_planted_rec(fits_memory=False),))
+        rejected=(_planted_rec(fits_memory=False),)))
     page = render_html(rep, include_plotlyjs="cdn")
     heads = re.findall(r"<h2 id='(\w+)'>", page)
     assert heads == [k for k, _ in SECTIONS] and heads[0] == "verdict"
@@ -145,9 +146,7 @@ def test_verdict_and_recommendations_come_first():
 ])
 def test_no_recommendations_says_why(result, text):
     rep = build_report(load_traces(REPO / "sample_traces" / "ddp_cpu_2rank"))
-    rep.results.pop("recommendations", None)
-    if result is not None:
-        rep.results["recommendations"] = result
+    rep = dataclasses.replace(rep, recommendations=result)
     verdict = render_html(rep, include_plotlyjs="cdn").split("<h2 id='verdict'>")[1].split("<h2")[0]
     assert f"<p class='muted'>{text}</p>" in verdict
     assert "<table" not in verdict
@@ -157,8 +156,8 @@ def test_terminal_prints_verdict_and_recommendations_first(tmp_path):
     TraceBuilder(rank=0, backend="gloo").step(1, 0, 100).cpu("aten::mm", 0, 50).cpu(
         "gloo:[/bold]odd", 50, 20, tid=2, cat="user_annotation").write(tmp_path / "r0.json")
     rep = build_report(load_traces(tmp_path))
-    rep.results["recommendations"] = RecommendationResult(
-        verdict="Idle is 30% of the step [bold].", recommendations=(_planted_rec(title="[red]x"),))
+    rep = dataclasses.replace(rep, recommendations=RecommendationResult(
+        verdict="Idle is 30% of the step [bold].", recommendations=(_planted_rec(title="[red]x"),)))
     con = Console(record=True, width=200, color_system=None)
     render_terminal(rep, con)
     lines = con.export_text().splitlines()
@@ -176,8 +175,8 @@ def test_terminal_wraps_a_long_change_instead_of_cutting_it(tmp_path):
         tmp_path / "r0.json")
     rep = build_report(load_traces(tmp_path))
     change = "FSDP sharding_strategy=ShardingStrategy.SHARD_GRAD_OP"
-    rep.results["recommendations"] = RecommendationResult(
-        verdict="v", recommendations=(_planted_rec(change=change),))
+    rep = dataclasses.replace(rep, recommendations=RecommendationResult(
+        verdict="v", recommendations=(_planted_rec(change=change),)))
     con = Console(record=True, width=80, color_system=None)
     render_terminal(rep, con)
     text = con.export_text().split("step time and peak memory")[0]   # the first table

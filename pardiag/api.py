@@ -1,0 +1,257 @@
+"""pardiag's Python API, for notebooks and scripts: :func:`analyze` a run, get a :class:`Report`.
+
+::
+
+    import pardiag
+    rep = pardiag.analyze("pardiag_runs/ddp")          # a run folder, trace folder or files
+    rep.verdict                                         # one sentence
+    rep.ranks                                           # DataFrame: per-rank breakdown (µs, %)
+    rep.figures["breakdown"]                            # a plotly figure
+    rep.to_html("report.html"); rep.to_json()
+
+The command line (``pardiag report``) is a thin layer over the same calls.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from pardiag.analyzer.registry import AnalysisOptions
+from pardiag.analyzer.registry import Report as _TypedReport
+from pardiag.analyzer.registry import build_report, report_json
+from pardiag.errors import PardiagError
+
+
+class Report(_TypedReport):
+    """The analysis of one run: one typed field per analysis (inherited from
+    :class:`pardiag.analyzer.registry.Report`: ``traces``, ``time_breakdown``, ``sync``,
+    ``inferred_layout``, ``pipeline``, ``balance``, ``memory``, ``layout``, ``dim_overlap``,
+    ``recommendations``), plus the tables a notebook reads most, the figures, and the outputs.
+
+    Units everywhere: durations in µs (``*_us``), sizes in bytes (``*_bytes``), bandwidth in
+    GB/s (10⁹ B/s, ``*_gbps``), shares in % (``*_pct``: ``overlap_pct`` of communication time,
+    the others of the window).
+    """
+
+    # -- tables --------------------------------------------------------------------------------
+
+    @property
+    def ranks(self) -> pd.DataFrame:
+        """One row per rank: ``rank``, ``domain`` (``gpu``/``cpu``), ``start_us``, ``end_us``,
+        ``span_us``, ``compute_us``, ``comm_us``, ``overlap_us``, ``compute_only_us``,
+        ``exposed_comm_us``, ``idle_us``, ``overlap_pct``, ``compute_only_pct``,
+        ``overlap_share_pct``, ``exposed_comm_pct``, ``idle_pct`` (HTA's overlap, Lumos'
+        breakdown: compute only + overlap + exposed + idle = span)."""
+        return self.time_breakdown.totals
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """One row per rank and profiler step: ``rank``, ``step``, ``start_us``, ``end_us`` (the
+        step's window) and the duration and share columns of :attr:`ranks` (``span_us``,
+        ``compute_us``, ..., ``idle_pct``) over that window."""
+        return self.time_breakdown.steps
+
+    @property
+    def collectives(self) -> pd.DataFrame:
+        """One row per rank and collective type: ``rank``, ``collective``, ``count`` (issued
+        ops), ``time_us`` (|union of its intervals|), ``exposed_us`` (not under compute)."""
+        return self.time_breakdown.collectives
+
+    @property
+    def instances(self) -> pd.DataFrame:
+        """One row per collective instance matched across ranks (and per point-to-point
+        transfer): ``instance``, ``pg``, ``group``, ``seq``, ``op``, ``ranks``, ``expected``,
+        ``complete``, ``step``, ``bytes``, ``first_arrival_us``, ``arrival_skew_us``,
+        ``transfer_us``, ``last_rank``, ``algbw_gbps``, ``busbw_gbps``, ``inter_node``."""
+        return self.sync.instances
+
+    @property
+    def stragglers(self) -> pd.DataFrame:
+        """One row per rank, most wait caused first (complete instances only): ``rank``,
+        ``wait_suffered_us``, ``wait_caused_us``, ``last_arrivals``, ``steps_as_top``,
+        ``instances``. :attr:`straggler` names the rank, or is None."""
+        return self.sync.stragglers
+
+    @property
+    def straggler(self) -> int | None:
+        """The rank the others wait for most (≥ 10 µs over complete instances), else None."""
+        return self.sync.straggler
+
+    @property
+    def clock_offsets(self) -> pd.DataFrame:
+        """One row per rank: ``rank``, ``offset_us`` (subtracted before comparing; relative to
+        the lowest rank), ``residual_us`` (not subtracted: ranks on one host share a clock),
+        ``instances`` (complete collectives used), ``host``."""
+        return self.sync.offsets
+
+    @property
+    def bubbles(self) -> pd.DataFrame:
+        """Pipeline bubbles per rank and step: ``rank``, ``stages``, ``step``, ``window_us``,
+        ``busy_us``, ``bubble_us``, ``bubble_pct``, the warmup / steady / cooldown parts
+        (``*_bubble_us``), ``ideal_pct`` ((p−1)/(v·m+p−1), Narayanan et al. SC'21), ``method``
+        (``measured`` or ``estimate``), ``profiled``, ``clean``. Empty without a pipeline."""
+        return self.pipeline.bubbles
+
+    @property
+    def imbalance(self) -> pd.DataFrame:
+        """Load imbalance per parallel-dimension group: ``dim``, ``pg``, ``imbalance``
+        (max/mean of compute per step), ``cost_us`` (max − mean per step), ``slowest_rank``."""
+        return self.balance.summary
+
+    @property
+    def memory_per_rank(self) -> pd.DataFrame:
+        """One row per rank: ``rank``, ``params_bytes``, ``grads_bytes``,
+        ``optimizer_state_bytes``, ``static_bytes``, ``peak_allocated_bytes``,
+        ``peak_reserved_bytes``, ``peak_rss_bytes`` (NaN where unknown)."""
+        return self.memory.per_rank
+
+    @property
+    def process_groups(self) -> pd.DataFrame:
+        """The layout's groups: ``dim``, ``pg``, ``desc``, ``ranks``, ``size``, ``nodes``,
+        ``spans_nodes``; the degrees are ``layout.dims``, the strategies
+        ``layout.strategies``."""
+        return self.layout.groups
+
+    @property
+    def verdict(self) -> str:
+        """One sentence: the step time and where it goes."""
+        return self.recommendations.verdict
+
+    @property
+    def recommendations_table(self) -> pd.DataFrame:
+        """The recommended changes, best first: ``kind``, ``title``, ``change``,
+        ``measured_step_us``, ``predicted_step_us``, ``gain_pct``, ``measured_peak_bytes``,
+        ``predicted_peak_bytes``, ``fits_memory``, ``params``, ``evidence``, ``caveats``."""
+        rows = [r.to_json() for r in self.recommendations.recommendations]
+        cols = ["kind", "title", "change", "measured_step_us", "predicted_step_us", "gain_pct",
+                "measured_peak_bytes", "predicted_peak_bytes", "fits_memory", "params",
+                "evidence", "caveats"]
+        return pd.DataFrame(rows, columns=cols)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What loading had to say (files skipped, ranks joined or missing, repairs)."""
+        return self.traces.warnings
+
+    # -- figures and outputs -------------------------------------------------------------------
+
+    @property
+    def figures(self) -> dict:
+        """``{name: plotly Figure}`` of the report's charts that have data: ``breakdown``
+        (per rank), ``step_breakdown``, ``overlap``, ``overlap_per_dimension``, ``stragglers``
+        (wait heatmap), ``memory``, ``memory_timeline``, ``bandwidth``. A notebook shows each as
+        it is (``rep.figures["breakdown"]``)."""
+        from pardiag.analyzer import render_html as rh
+
+        b = self.time_breakdown
+        out = {}
+        if len(b.totals):
+            out["breakdown"] = rh.breakdown_figure(b.totals)
+            out["overlap"] = rh.overlap_figure(b.totals)
+        if len(b.steps):
+            out["step_breakdown"] = rh.step_breakdown_figure(b.steps)
+        if len(self.dim_overlap.per_rank):
+            out["overlap_per_dimension"] = rh.dim_overlap_figure(self.dim_overlap.per_rank)
+        if len(self.sync.instances) and len(self.sync.per_rank):
+            out["stragglers"] = rh.straggler_heatmap(self.sync.per_rank, self.sync.instances)
+        if len(self.memory.per_rank) and self.memory.per_rank.drop(columns="rank").notna().any(
+                axis=None):
+            out["memory"] = rh.memory_figure(self.memory.per_rank)
+        if len(self.memory.timeline):
+            out["memory_timeline"] = rh.memory_timeline(self.memory.timeline)
+        if len(self.sync.instances) and self.sync.instances["busbw_gbps"].notna().any():
+            out["bandwidth"] = rh.bandwidth_figure(self.sync.instances)
+        return out
+
+    def to_json(self) -> dict:
+        """The JSON summary (what ``pardiag report --json`` writes; ``schema_version`` 2): a dict
+        of plain Python values, NaN as None. Keys are listed in the README."""
+        return report_json(self)
+
+    def to_html(self, path: str | Path, *, cdn: bool = False) -> Path:
+        """Write the self-contained HTML report to ``path`` (plotly.js inlined; linked from its
+        CDN with ``cdn``) and return the path.
+
+        Raises:
+            PardiagError: the file cannot be written.
+        """
+        from pardiag.analyzer.render_html import render_html
+
+        path = Path(path)
+        try:
+            path.write_text(render_html(self, include_plotlyjs="cdn" if cdn else True),
+                            encoding="utf-8")
+        except OSError as exc:
+            raise PardiagError(f"{path}: cannot write ({exc.strerror})") from None
+        return path
+
+    def summary(self, width: int = 120) -> str:
+        """The terminal summary as text (verdict, recommendations, breakdown, stragglers, ...),
+        ``width`` columns wide."""
+        from rich.console import Console
+
+        from pardiag.analyzer.render_terminal import render_terminal
+
+        console = Console(width=width, record=True, color_system=None, file=_Null())
+        render_terminal(self, console)
+        return console.export_text()
+
+    def print_summary(self, console=None) -> None:
+        """Print the terminal summary to ``console`` (a :class:`rich.console.Console`; default:
+        standard output at its own width)."""
+        from rich.console import Console
+
+        from pardiag.analyzer.render_terminal import render_terminal
+
+        render_terminal(self, console or Console())
+
+
+class _Null:
+    """A file that swallows writes (the summary is recorded, not printed)."""
+
+    def write(self, s: str) -> int:
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[str] = (),
+            cache: bool = True, workers: int | None = None, progress=None) -> Report:
+    """Load a run and run every analysis on it.
+
+    Args:
+        paths: a run folder written by ``pardiag profile``, a folder of Kineto traces from
+            elsewhere, or trace files (``.json``/``.json.gz``); one or a list.
+        comm_kernels: regular expressions naming extra communication kernels (custom
+            collectives such as DeepEP's ``dispatch``/``combine``; copy-engine transfers), as
+            ``--comm-kernel``.
+        cache: read current per-rank summaries and store new ones (``.pardiag-cache/`` beside
+            the traces, else ``~/.cache/pardiag``); False parses every trace and stores nothing.
+        workers: processes that parse traces (default: one per core for large inputs).
+        progress: ``progress(done, total)`` after each file is loaded.
+
+    Returns:
+        :class:`Report`; loading's warnings are in :attr:`Report.warnings`.
+
+    Raises:
+        PardiagError: a bad ``comm_kernels`` pattern (exit code 2 on the command line).
+        TraceError: a path does not exist, or no readable trace is found (the message names the
+            file and the problem).
+    """
+    from pardiag.analyzer.classify import compile_comm_patterns
+    from pardiag.analyzer.load import load_traces
+    from pardiag.analyzer.summary import REDUCER
+
+    if isinstance(comm_kernels, (str, re.Pattern)):
+        comm_kernels = [comm_kernels]
+    patterns = tuple(compile_comm_patterns(
+        p.pattern if isinstance(p, re.Pattern) else p for p in comm_kernels))
+    opts = AnalysisOptions(comm_patterns=patterns)
+    traces = load_traces(paths, reducer=REDUCER, comm_patterns=patterns, cache=cache,
+                         workers=workers, progress=progress)
+    return build_report(traces, opts, cls=Report)
