@@ -77,6 +77,23 @@ class TimeBreakdown:
     steps: pd.DataFrame
     collectives: pd.DataFrame
 
+    @property
+    def collective_totals(self) -> pd.DataFrame:
+        """One row per collective type over all ranks, most time first: ``collective``,
+        ``ranks`` (ranks that ran it), ``count`` (issued ops, summed), ``time_us`` and
+        ``exposed_us`` (summed over ranks), ``exposed_pct`` (% of that time not under compute;
+        NaN without time). The HTML, terminal and JSON reports all show this table."""
+        c = self.collectives
+        if c.empty:
+            return pd.DataFrame(columns=["collective", "ranks", "count", "time_us", "exposed_us",
+                                         "exposed_pct"])
+        agg = (c.groupby("collective", as_index=False)
+               .agg(ranks=("rank", "nunique"), count=("count", "sum"), time_us=("time_us", "sum"),
+                    exposed_us=("exposed_us", "sum")))
+        agg["exposed_pct"] = 100.0 * agg["exposed_us"] / agg["time_us"].where(agg["time_us"] > 0)
+        return agg.sort_values(["time_us", "collective"], ascending=[False, True],
+                               kind="stable").reset_index(drop=True)
+
 
 def _overlapping(ivs: np.ndarray, lo: float, hi: float) -> np.ndarray:
     """The rows of a sorted, disjoint interval set that may overlap ``[lo, hi)`` (a view; what

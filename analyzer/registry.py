@@ -89,7 +89,7 @@ def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict:
             "steps": records(steps, ["step", "start_us", "end_us", *_TOTAL_KEYS]),
             "collectives": records(colls, ["collective", "count", "time_us", "exposed_us"]),
         })
-    return {"ranks": ranks}
+    return {"ranks": ranks, "collectives": records(b.collective_totals)}
 
 
 def _sync_json(r: SyncResult, traces: TraceSet) -> dict:
@@ -102,6 +102,7 @@ def _sync_json(r: SyncResult, traces: TraceSet) -> dict:
         "instances": records(r.instances),
         "bandwidth": records(r.bandwidth),
         "p2p": records(r.p2p),
+        "skew": records(r.skew),
     }}
 
 

@@ -374,6 +374,22 @@ class SyncResult:
     notes: tuple[str, ...] = ()
     p2p: pd.DataFrame = dataclasses.field(default_factory=lambda: pd.DataFrame(columns=P2P_COLUMNS))
 
+    @property
+    def skew(self) -> pd.DataFrame:
+        """Arrival skew per collective type (:func:`skew_by_op`)."""
+        return skew_by_op(self.instances)
+
+
+def skew_by_op(instances: pd.DataFrame) -> pd.DataFrame:
+    """Arrival skew per collective type: ``op``, ``count`` (instances), ``arrival_skew_us``
+    (median), ``max_skew_us``, ``transfer_us`` (median); from :attr:`SyncResult.instances`."""
+    if instances.empty:
+        return pd.DataFrame(columns=["op", "count", "arrival_skew_us", "max_skew_us",
+                                     "transfer_us"])
+    return (instances.groupby("op", as_index=False)
+            .agg(count=("instance", "size"), arrival_skew_us=("arrival_skew_us", "median"),
+                 max_skew_us=("arrival_skew_us", "max"), transfer_us=("transfer_us", "median")))
+
 
 #: Columns of :attr:`SyncResult.p2p`.
 P2P_COLUMNS = ["src", "dst", "count", "hop_us", "recv_wait_us", "send_wait_us", "bytes"]
