@@ -78,6 +78,12 @@ class TimeBreakdown:
     collectives: pd.DataFrame
 
     @property
+    def step_time(self) -> pd.DataFrame:
+        """Step time and its spread (:func:`step_time_spread`): one row per rank and a last row
+        for the run (``rank`` None: per step the slowest rank's span)."""
+        return step_time_spread(self.steps)
+
+    @property
     def collective_totals(self) -> pd.DataFrame:
         """One row per collective type over all ranks, most time first: ``collective``,
         ``ranks`` (ranks that ran it), ``count`` (issued ops, summed), ``time_us`` and
@@ -93,6 +99,50 @@ class TimeBreakdown:
         agg["exposed_pct"] = 100.0 * agg["exposed_us"] / agg["time_us"].where(agg["time_us"] > 0)
         return agg.sort_values(["time_us", "collective"], ascending=[False, True],
                                kind="stable").reset_index(drop=True)
+
+
+#: A step longer than this multiple of its rank's median step is an outlier (a step that holds
+#: an evaluation, a checkpoint, a first-step warm-up): flagged and left out of medians.
+OUTLIER_STEP_FACTOR = 1.5
+#: Columns of :func:`step_time_spread`.
+STEP_TIME_COLUMNS = ("rank", "steps", "median_us", "q1_us", "q3_us", "min_us", "max_us",
+                     "outlier_steps")
+
+
+def _spread_row(rank, spans: pd.Series) -> dict:
+    """Median, quartiles and range (µs) of one series of step spans indexed by step number,
+    outliers (> :data:`OUTLIER_STEP_FACTOR` × the median) left out and named."""
+    med = float(spans.median())
+    out = spans[spans > OUTLIER_STEP_FACTOR * med] if len(spans) > 2 else spans.iloc[:0]
+    used = spans.drop(out.index)
+    q = used.quantile([0.25, 0.5, 0.75]).to_numpy() if len(used) else [np.nan] * 3
+    return {"rank": rank, "steps": int(len(used)), "median_us": float(q[1]), "q1_us": float(q[0]),
+            "q3_us": float(q[2]), "min_us": float(used.min()) if len(used) else np.nan,
+            "max_us": float(used.max()) if len(used) else np.nan,
+            "outlier_steps": [int(x) for x in out.index]}
+
+
+def step_time_spread(steps: pd.DataFrame) -> pd.DataFrame:
+    """Step time per rank and for the run, with its spread over the profiled steps.
+
+    Args:
+        steps: :attr:`TimeBreakdown.steps` (``rank``, ``step``, ``span_us``, ...).
+
+    Returns:
+        :data:`STEP_TIME_COLUMNS`: ``rank`` (None for the run: per step the slowest rank's span,
+        as the step takes as long as its slowest rank), ``steps`` (steps used), ``median_us``,
+        ``q1_us``, ``q3_us`` (quartiles, linear interpolation), ``min_us``, ``max_us`` (µs), and
+        ``outlier_steps``: steps longer than :data:`OUTLIER_STEP_FACTOR` × the median (needs 3
+        or more steps), left out of the other columns.
+    """
+    if steps is None or steps.empty:
+        return pd.DataFrame(columns=list(STEP_TIME_COLUMNS))
+    rows = [_spread_row(int(r), g.set_index("step")["span_us"])
+            for r, g in steps.groupby("rank", sort=True)]
+    rows.append(_spread_row(None, steps.groupby("step")["span_us"].max()))
+    out = pd.DataFrame(rows, columns=list(STEP_TIME_COLUMNS))
+    out["rank"] = pd.Series([r["rank"] for r in rows], dtype=object)
+    return out
 
 
 def _overlapping(ivs: np.ndarray, lo: float, hi: float) -> np.ndarray:

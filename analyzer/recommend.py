@@ -19,7 +19,7 @@ import pandas as pd
 
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer import whatif
-from pardiag.analyzer.breakdown import rank_parts
+from pardiag.analyzer.breakdown import OUTLIER_STEP_FACTOR, rank_parts
 from pardiag.analyzer.classify import cached
 from pardiag.analyzer.traceset import TraceSet
 
@@ -1270,11 +1270,34 @@ def _steps_unrecorded(traces: TraceSet) -> str:
 
 
 def _measured_step_us(done: dict) -> float:
-    """Median over profiled steps of the slowest rank's step span (µs)."""
-    steps = done["time_breakdown"].steps
-    if steps is None or steps.empty:
-        return float("nan")
-    return float(steps.groupby("step")["span_us"].max().median())
+    """Median over profiled steps of the slowest rank's step span (µs), outlier steps left out
+    (:func:`pardiag.analyzer.breakdown.step_time_spread`)."""
+    run = _run_step(done)
+    return float(run["median_us"]) if run is not None else float("nan")
+
+
+def _run_step(done: dict) -> dict | None:
+    """The run's row of the step-time spread, or None without steps."""
+    st = done["time_breakdown"].step_time
+    run = st[st["rank"].isna()]
+    return None if run.empty else run.iloc[0].to_dict()
+
+
+def _spread_text(done: dict) -> str:
+    """``" (IQR a–b, range c–d ms over n steps)"``, a one-step caveat, and outlier steps."""
+    run = _run_step(done)
+    if run is None or not run["steps"]:
+        return ""
+    n = int(run["steps"])
+    if n == 1:
+        text = " (1 step recorded: a one-off cannot be told from a persistent cause)"
+    else:
+        text = (f" (IQR {run['q1_us'] / 1e3:.1f}–{run['q3_us'] / 1e3:.1f}, range "
+                f"{run['min_us'] / 1e3:.1f}–{run['max_us'] / 1e3:.1f} ms over {n} steps)")
+    if run["outlier_steps"]:
+        text += (f"; step(s) {run['outlier_steps']} over {OUTLIER_STEP_FACTOR:g}× the median "
+                 f"left out")
+    return text
 
 
 def _verdict(done: dict, model: PipelineModel | None, measured: float,
@@ -1291,8 +1314,12 @@ def _verdict(done: dict, model: PipelineModel | None, measured: float,
     sync = done.get("sync")
     if sync is not None and sync.straggler is not None:
         parts.append(f"rank {sync.straggler} causes the most waiting")
-    head = (f"Step {_ms(measured)}" + (" (while profiled)" if profiled else "")
-            if measured == measured else "No complete step")
+    spread = ""
+    if profiled:  # measured on the profiled steps: their spread, " (while profiled; IQR ...)"
+        spread = _spread_text(done)
+        spread = (" (while profiled; " + spread[2:] if spread.startswith(" (")
+                  else " (while profiled)" + spread)
+    head = f"Step {_ms(measured)}{spread}" if measured == measured else "No complete step"
     return head + (": " + "; ".join(parts) if parts else "") + "."
 
 

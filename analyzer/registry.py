@@ -89,7 +89,8 @@ def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict:
             "steps": records(steps, ["step", "start_us", "end_us", *_TOTAL_KEYS]),
             "collectives": records(colls, ["collective", "count", "time_us", "exposed_us"]),
         })
-    return {"ranks": ranks, "collectives": records(b.collective_totals)}
+    return {"ranks": ranks, "collectives": records(b.collective_totals),
+            "step_time": records(b.step_time)}
 
 
 def _sync_json(r: SyncResult, traces: TraceSet) -> dict:

@@ -5,6 +5,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from pardiag.analyzer.breakdown import breakdown_rows_of, compute_time_breakdown, rank_parts
@@ -220,3 +221,19 @@ def test_sample_collective_counts_equal_the_records(run):
         assert dict(zip(got["collective"], got["count"])) == dict(want), (run.name, rank)
         _, _, trace_rows = breakdown_rows_of(rank_parts(traces.ranks[rank], [], None))
         assert {r["collective"]: r["count"] for r in trace_rows} == dict(want), (run.name, rank)
+
+
+def test_step_time_spread_quartiles_range_and_outliers():
+    from pardiag.analyzer.breakdown import step_time_spread
+
+    spans = {0: [100.0, 110.0, 120.0, 130.0, 400.0], 1: [90.0, 100.0, 100.0, 100.0, 100.0]}
+    steps = pd.DataFrame([{"rank": r, "step": i + 1, "span_us": v}
+                          for r, vs in spans.items() for i, v in enumerate(vs)])
+    st = step_time_spread(steps).set_index(steps.columns[0], drop=False)
+    r0 = st.iloc[0]   # 400 > 1.5 x 120: step 5 is an outlier, left out
+    assert (r0["steps"], r0["median_us"], r0["q1_us"], r0["q3_us"], r0["min_us"], r0["max_us"],
+            r0["outlier_steps"]) == (4, 115.0, 107.5, 122.5, 100.0, 130.0, [5])
+    run = st.iloc[-1]  # per step the slowest rank: 100, 110, 120, 130, 400
+    assert run["rank"] is None and run["outlier_steps"] == [5] and run["median_us"] == 115.0
+    one = step_time_spread(steps[steps["step"] == 1]).iloc[-1]
+    assert (one["steps"], one["median_us"], one["outlier_steps"]) == (1, 100.0, [])

@@ -461,7 +461,8 @@ def test_no_recommendation_says_why(tmp_path):
     assert res.recommendations == ()
     assert res.why_none == ("nothing to evaluate: no pipeline, no significant straggler, and "
                             "no DDP, FSDP or tensor-parallel setting to change")
-    assert res.verdict.startswith("Step 0.1 ms (while profiled)")
+    assert res.verdict.startswith("Step 0.1 ms (while profiled; 1 step recorded: a one-off "
+                                  "cannot be told from a persistent cause)")
 
 
 # ---- communication changes: exact on planted numbers ------------------------------------------
