@@ -200,7 +200,10 @@ def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> 
     if not rows:  # traces from elsewhere: distributedInfo.pg_config
         for t in traces.ranks.values():
             info = t.metadata.get("distributedInfo")
-            for g in (info.get("pg_config") or []) if isinstance(info, dict) else []:
+            groups = info.get("pg_config") if isinstance(info, dict) else None
+            for g in groups if isinstance(groups, list) else []:
+                if not isinstance(g, dict):
+                    continue
                 ranks = g.get("ranks") if isinstance(g.get("ranks"), list) else []
                 key = (str(g.get("pg_name")), tuple(ranks))
                 if key not in seen:

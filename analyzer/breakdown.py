@@ -434,7 +434,9 @@ def cpu_comm_types(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
     * A trace without any issued op (worker events only) counts its transport events.
 
     Returns:
-        ``name, ts, dur, args, type, counted`` per ``cpu_comm`` event (the events' index).
+        ``name, ts, dur, args, type, counted, issuer_record`` per ``cpu_comm`` event (the
+        events' index); ``issuer_record`` is the args of the ``record_param_comms`` of the op
+        that issued a transport event (group ranks, description, ``Seq``), else None.
     """
     return cached(trace, "cpu_comm_types",
                   lambda: _cpu_comm_types(trace, trace.events[(kinds == Kind.CPU_COMM.value).to_numpy()]))
@@ -488,6 +490,7 @@ def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
         lanes.setdefault(own[i], []).append(i)
     lane_ts = {t: [ts[i] for i in rows] for t, rows in lanes.items()}
     paired = np.zeros(n, dtype=bool)
+    issuer = np.full(n, -1, dtype=np.int64)
     for i in sorted(issued.tolist(), key=lambda i: ts[i]):
         typ = issued_type[i]
         sizes = set().union(*(_numels(args[j]) for j in members[i]))
@@ -509,6 +512,7 @@ def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
         if best is not None:
             paired[best] = True
             types[best] = typ
+            issuer[best] = i
     issued_types = set(issued_type.values())
     for i in tpos.tolist():
         if paired[i] or own[i] in issued_types:
@@ -520,6 +524,14 @@ def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
         counted[tpos] = True
     comm["type"] = types
     comm["counted"] = counted
+    # the record of the op that issued each transport event (record_param_comms: its group's
+    # ranks, description, Seq) — gloo's worker events name no group themselves
+    record = {}
+    for i in issued.tolist():
+        record[i] = next((args[j] for j in members[i] if isinstance(args[j], dict)
+                          and "Collective name" in args[j]), None)
+    comm["issuer_record"] = pd.Series([record.get(int(k)) if k >= 0 else None for k in issuer],
+                                      index=comm.index, dtype=object)
     return comm
 
 

@@ -275,7 +275,8 @@ def is_pardiag_run(traces: TraceSet) -> bool:
 def _pg_config(trace: RankTrace) -> list[dict]:
     info = trace.metadata.get("distributedInfo")
     groups = info.get("pg_config") if isinstance(info, dict) else None
-    return [g for g in groups or [] if isinstance(g, dict) and isinstance(g.get("ranks"), list)]
+    return [g for g in (groups if isinstance(groups, list) else [])
+            if isinstance(g, dict) and isinstance(g.get("ranks"), list)]
 
 
 def _world(traces: TraceSet) -> int:

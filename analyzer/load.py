@@ -371,16 +371,29 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
     if stray:
         warnings.append(f"{path}: left out {stray} events of processes that belong to no rank of "
                         f"this merged file")
+    # pardiag merge keeps each rank's own metadata; other tools copy one rank's header, whose
+    # group list (pg_config) is that rank's alone
+    header = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    merged = meta.get("pardiagMerge") if isinstance(meta.get("pardiagMerge"), dict) else {}
+    own = {e.get("rank"): e.get("metadata") for e in merged.get("ranks") or []
+           if isinstance(e, dict) and isinstance(e.get("metadata"), dict)}
+    base = {k: v for k, v in meta.items() if k != "pardiagMerge"}
     pieces = []
     for r in sorted(set(mapping.values())):
         ev = events[(rank_of == r).to_numpy()].reset_index(drop=True)
         if ev.empty:
             continue
         mine = {p for p, rr in mapping.items() if rr == r}
-        info = dict(meta.get("distributedInfo") or {}) if isinstance(
-            meta.get("distributedInfo"), dict) else {}
+        if r in own:
+            rmeta = {**base, **own[r]}
+            info = dict(rmeta.get("distributedInfo") or {})
+        else:
+            rmeta = dict(base)
+            info = dict(header)
+            if info.get("rank") != r:
+                info.pop("pg_config", None)
         info["rank"] = r
-        pieces.append(_Parsed(path, metadata={**meta, "distributedInfo": info}, events=ev,
+        pieces.append(_Parsed(path, metadata={**rmeta, "distributedInfo": info}, events=ev,
                               thread_names={k: v for k, v in thread_names.items() if k[0] in mine},
                               has_steps=_has_step_names(ev), rank_hint=r))
     return pieces, warnings

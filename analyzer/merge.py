@@ -15,7 +15,9 @@ Every rank becomes its own process(es) on one timeline:
   (i = the rank's index among the merged ranks), a string id gets ``:r<rank>`` appended.
 * events that are not objects, or whose ``ts`` is not a finite number, are left out (counted).
 
-The output is ``{"traceEvents": [...], "displayTimeUnit": "ms", "pardiagMerge": {...}}``,
+The output is ``{"traceEvents": [...], "displayTimeUnit": "ms", "pardiagMerge": {...}}``
+(``pardiagMerge.ranks[]`` holds each rank's file, offset, pids and its ``distributedInfo`` and
+``deviceProperties``, so ``pardiag report`` on the merged file reads each rank as before),
 gzip-compressed when the file name ends in ``.gz``.
 """
 
@@ -170,7 +172,12 @@ def merge_traces(traces: TraceSet, offsets_us: dict[int, float], output: Path) -
                     fh.write(body if first else b"," + body)
                     first = False
                 info["ranks"].append({"rank": rank, "file": str(trace.path),
-                                      "offset_us": offsets[rank], "pids": rank_pids})
+                                      "offset_us": offsets[rank], "pids": rank_pids,
+                                      # what report needs to read the rank back out of the
+                                      # merged file as it read it here
+                                      "metadata": {k: trace.metadata[k] for k in (
+                                          "distributedInfo", "deviceProperties")
+                                          if k in trace.metadata}})
                 del doc, evs
             fh.write(b'],"displayTimeUnit":"ms","pardiagMerge":' + orjson.dumps(info) + b"}")
     except OSError as exc:

@@ -221,7 +221,7 @@ def _frame_from(d: dict) -> pd.DataFrame:
 def to_json(s: RankSummary) -> bytes:
     """The summary as JSON bytes (floats written exactly, NaN as null)."""
     p = s.parts
-    comm_ev = p.comm_events.drop(columns=["args"], errors="ignore")
+    comm_ev = p.comm_events.drop(columns=["args", "issuer_record"], errors="ignore")
     doc = {
         "kind": SUMMARY_KIND, "version": SUMMARY_VERSION, "code": code_fingerprint(),
         "path": s.path, "size": s.size,

@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer import intervals as iv
-from pardiag.analyzer.breakdown import cpu_comm_types, launch_times, launching_op_rows
+from pardiag.analyzer.breakdown import (_segment_of, cpu_comm_types, launch_times,
+                                       launching_op_rows)
 from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
                                        comm_threads, name_test, on_threads, profiler_steps)
 from pardiag.analyzer.comm_records import DTYPE_BYTES, _numel
@@ -44,9 +45,10 @@ from pardiag.analyzer.traceset import RankTrace, TraceSet
 #: by commas (``"0,2"``), or ``""`` when the trace does not say; ``native_seq`` is True where
 #: ``seq`` is the group's own sequence number (pardiag's records, a trace's ``Seq``) rather than
 #: the position in the trace; ``peer`` is the global rank at the other end of a send/recv (None
-#: when unknown).
+#: when unknown); ``window`` is the profiling window (file) of the rank the event comes from, in
+#: time order (0 for a rank with one window).
 EVENT_COLUMNS = ("rank", "pg", "group", "seq", "native_seq", "op", "peer", "start_us", "end_us",
-                 "bytes", "group_size", "step", "source")
+                 "bytes", "group_size", "step", "source", "window")
 
 P2P_OPS = frozenset({"send", "recv", "send_recv"})
 #: Larger group sizes in a trace's args are not believed (no group's ranks are built from them).
@@ -91,16 +93,18 @@ def _int_arg(v) -> int | None:
     """An integer from a trace arg (Kineto writes many as strings: ``"3"``); None otherwise."""
     if isinstance(v, bool) or v is None:
         return None
+    out = None
     if isinstance(v, int):
-        return v
-    if isinstance(v, float):
-        return int(v) if np.isfinite(v) and v == int(v) else None
-    if isinstance(v, str):
+        out = v
+    elif isinstance(v, float):
+        out = int(v) if np.isfinite(v) and v == int(v) else None
+    elif isinstance(v, str):
         try:
-            return int(v.strip().strip('"'))
+            out = int(v.strip().strip('"'))
         except ValueError:
             return None
-    return None
+    # beyond 2^53 it is no count, rank or sequence number (and would not fit the tables)
+    return out if out is not None and abs(out) < 2 ** 53 else None
 
 
 def _rank_list(v) -> list[int] | None:
@@ -163,9 +167,10 @@ def _from_records(rank: int, doc: dict, steps: pd.DataFrame) -> pd.DataFrame:
                      "start_us": float(r["start_us"]), "end_us": float(r["end_us"]),
                      "bytes": r.get("bytes"), "group_size": len(members) or None,
                      "issue_us": float(r["issue_us"]), "source": "records"})
-    df = pd.DataFrame(rows, columns=[*EVENT_COLUMNS[:-2], "issue_us", "source"])
+    df = pd.DataFrame(rows, columns=[*EVENT_COLUMNS[:-3], "issue_us", "source"])
     df["step"] = _step_of(df["issue_us"].to_numpy(dtype=float), steps)
-    return df.drop(columns="issue_us")
+    df["window"] = 0
+    return df.drop(columns="issue_us")[list(EVENT_COLUMNS)]
 
 
 def _args_bytes(args) -> int | None:
@@ -174,14 +179,15 @@ def _args_bytes(args) -> int | None:
     dtype = args.get("dtype")
     n_in, n_out = _int_arg(args.get("In msg nelems")), _int_arg(args.get("Out msg nelems"))
     if n_in is not None or n_out is not None:
-        n = max(n_in or 0, n_out or 0)
-        return n * DTYPE_BYTES.get(str(dtype).strip('"'), 4)
+        n = max(n_in or 0, n_out or 0) * DTYPE_BYTES.get(str(dtype).strip('"'), 4)
+        return n if n < 2 ** 53 else None
     dims, types = args.get("Input Dims"), args.get("Input type")
     if isinstance(dims, list) and dims and isinstance(types, list) and types:
         try:
-            return _numel(dims[:1]) * DTYPE_BYTES.get(str(types[0]), 4)
+            n = _numel(dims[:1]) * DTYPE_BYTES.get(str(types[0]), 4)
         except (TypeError, ValueError):
             return None
+        return n if n < 2 ** 53 else None
     return None
 
 
@@ -225,7 +231,10 @@ def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.D
     ev = trace.events
     pg_ranks, world, pg_count = _pg_config(trace)
     frames = []
-    gpu = ev[(kinds == Kind.GPU_COMM.value).to_numpy()]
+    # communication kernels; copies a --comm-kernel pattern names (Memcpy PtoP) have no
+    # rendezvous across ranks, so they are not matched
+    gpu = ev[(kinds == Kind.GPU_COMM.value).to_numpy()
+             & ~ev["cat"].isin(["gpu_memcpy", "gpu_memset"]).to_numpy()]
     if len(gpu):
         # metadata from the kernel's args, else from the CPU op that launched it
         launch = launch_times(trace, gpu)
@@ -237,21 +246,21 @@ def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.D
                                                  gpu["dur"].tolist(), gpu["args"].tolist(),
                                                  launch, enclosing):
             args = kargs if isinstance(kargs, dict) else {}
-            if "Collective name" not in args:
-                for j in enc[::-1]:
-                    a = op_args[j]
-                    if isinstance(a, dict) and "Collective name" in a:
-                        args = {**a, **args}
-                        break
-                else:
-                    if len(enc):  # an older trace: the op name and its input shapes
-                        a = op_args[enc[-1]]
-                        a = a if isinstance(a, dict) else {}
-                        args = {**args, "_op_name": op_names[enc[-1]],
-                                **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
+            rpc = next((op_args[j] for j in enc[::-1] if isinstance(op_args[j], dict)
+                        and "Collective name" in op_args[j]), None)
+            if rpc is not None:  # the launching op's record fills what the kernel lacks (Seq)
+                args = {**rpc, **args}
+            if "Collective name" not in args and len(enc):
+                # an older trace: the op name and its input shapes
+                a = op_args[enc[-1]]
+                a = a if isinstance(a, dict) else {}
+                args = {**args, "_op_name": op_names[enc[-1]],
+                        **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
             op = collective_type(args.get("_op_name", name), args)
             if op not in STANDARD_COLLECTIVES:
                 op = collective_type(name, args)
+            if op not in STANDARD_COLLECTIVES and "sendrecv" in name.lower().replace("_", ""):
+                op = "send_recv"  # batched p2p ("coalesced"): a transfer, never a collective
             members = _group_ranks(args, pg_ranks)
             size = _int_arg(args.get("Group size"))
             seq = _int_arg(args.get("Seq"))
@@ -272,8 +281,11 @@ def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.D
     gloo = ev[name_test(trace, "gloo", lambda n: n.startswith("gloo:"))]
     if len(gloo):
         on_worker = on_threads(gloo, threads)
-        # named by the op the program issued (gloo's all_reduce of a reduce_scatter is one)
-        issued = cpu_comm_types(trace, kinds)["type"].reindex(gloo.index)
+        # named by the op the program issued (gloo's all_reduce of a reduce_scatter is one),
+        # in the group that op's record names
+        cct = cpu_comm_types(trace, kinds)
+        issued = cct["type"].reindex(gloo.index)
+        recs = cct["issuer_record"].reindex(gloo.index).tolist()
         ops = [t if isinstance(t, str) else collective_type(n)
                for t, n in zip(issued.tolist(), gloo["name"].tolist())]
         is_p2p = np.array([o in ("send", "recv") for o in ops], dtype=bool)
@@ -286,12 +298,21 @@ def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.D
         if len(p2p_rows):
             for i, peer in zip(p2p_rows, _gloo_p2p_peers(ev, gl.iloc[p2p_rows], world_group)):
                 peers[i] = peer
+        recs = [r if isinstance(r, dict) else {} for r, k in zip(recs, keep) if k]
+        members = [_group_ranks(r, pg_ranks) if r else None for r in recs]
+        seqs = [_int_arg(r.get("Seq")) for r in recs]
+        kept_ops = [o for o, k in zip(ops, keep) if k]
         df = pd.DataFrame({
-            "rank": trace.rank, "pg": "?", "group": "", "seq": -1, "native_seq": False,
-            "op": [o for o, k in zip(ops, keep) if k], "peer": pd.Series(peers, dtype=object),
+            "rank": trace.rank, "pg": [str(r.get("Process Group Name", "?")) for r in recs],
+            "group": [group_key(m, r.get("Process Group Description")) if m else ""
+                      for m, r in zip(members, recs)],
+            "seq": [q if q is not None else -1 for q in seqs],
+            "native_seq": [q is not None and o not in P2P_OPS for q, o in zip(seqs, kept_ops)],
+            "op": kept_ops, "peer": pd.Series(peers, dtype=object),
             "start_us": gl["ts"].to_numpy(dtype=float),
             "end_us": (gl["ts"] + gl["dur"]).to_numpy(dtype=float),
-            "bytes": [_args_bytes(a) for a in gl["args"]], "group_size": world,
+            "bytes": [_args_bytes(a) for a in gl["args"]],
+            "group_size": [len(m) if m else world for m in members],
             "source": "trace"})
         df["step"] = _step_of(df["start_us"].to_numpy(dtype=float), steps)
         frames.append(df)
@@ -299,7 +320,8 @@ def _from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.D
         return pd.DataFrame(columns=list(EVENT_COLUMNS))
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
-    order = df.groupby(["group", "pg"]).cumcount() + 1
+    df["window"] = _segment_of(df["start_us"].to_numpy(dtype=float), trace.windows)
+    order = df.groupby(["group", "pg", "window"]).cumcount() + 1
     df["seq"] = np.where(df["native_seq"].astype(bool), df["seq"], order)
     return df[list(EVENT_COLUMNS)]
 
@@ -393,6 +415,9 @@ def skew_by_op(instances: pd.DataFrame) -> pd.DataFrame:
 
 #: Columns of :attr:`SyncResult.p2p`.
 P2P_COLUMNS = ["src", "dst", "count", "hop_us", "recv_wait_us", "send_wait_us", "bytes"]
+#: A send and its recv whose recorded intervals miss each other by more than this (µs) are not
+#: taken to run on one clock.
+P2P_OVERLAP_SLACK_US = 1.0
 #: Waiting (µs, summed over the waiting ranks) below which no rank is named a straggler.
 STRAGGLER_MIN_WAIT_US = 10.0
 
@@ -424,10 +449,19 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     sub = ev[coll]
     if len(sub):
         native = sub.groupby("_gid")["native_seq"].transform("all").astype(bool)
+        # a sequence number that repeats on a rank (ops of one coalescing block, a constant)
+        # identifies nothing: that group is matched by order
+        dup = sub.duplicated(["rank", "_gid", "seq"], keep=False)
+        native &= ~dup.groupby(sub["_gid"]).transform("any").astype(bool)
         nat = sub[native]
         key.loc[nat.index] = nat["_gid"] + ":" + nat["seq"].astype(int).astype(str)
         rest = sub[~native]
         if len(rest):
+            # by position within each profiling window: a window that lost a collective shifts
+            # no later window's matches
+            win = rest["window"].astype(int).astype(str) if "window" in rest else "0"
+            gw = rest["_gid"] + ":w" + win
+            rest = rest.assign(_gid=gw)
             nth = rest.groupby(["rank", "_gid"]).cumcount() + 1
             k = rest["_gid"] + ":" + nth.astype(str)
             ops = rest.groupby(["rank", "_gid"])["op"].apply(tuple)
@@ -452,30 +486,110 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     return ev.drop(columns="_gid")
 
 
+def _clock_groups(ev: pd.DataFrame, complete: set, ranks: list[int]
+                  ) -> tuple[dict[int, float], dict[int, int], dict[int, int], int]:
+    """Offsets of ranks whose clocks complete instances link (hosts unknown).
+
+    Complete collectives join ranks into groups (union-find over their members); inside a group
+    each rank's offset is the median over its collectives of ``end − median end`` (everyone
+    leaves together), relative to the group's lowest rank. Groups that only point-to-point pairs
+    join are one clock when every pair's send and recv overlap in time. Returns
+    (``{rank: offset µs}`` relative to its group's lowest rank, ``{rank: collectives used}``,
+    ``{rank: clock set id}``, point-to-point pairs between groups)."""
+    parent = {r: r for r in ranks}
+
+    def find(r):
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    is_p2p = ev["instance"].astype(str).str.startswith("p2p:")
+    coll = ev[ev["instance"].isin(complete) & ~is_p2p]
+    for _, members in coll.groupby("instance")["rank"]:
+        m = sorted(int(x) for x in members)
+        for x in m[1:]:
+            parent[find(x)] = find(m[0])
+    raw: dict[int, float] = {r: 0.0 for r in ranks}
+    used: dict[int, int] = {r: 0 for r in ranks}
+    if len(coll):
+        consensus = coll.groupby("instance")["end_us"].transform("median")
+        diff = (coll["end_us"] - consensus).groupby(coll["rank"])
+        med, size = diff.median(), diff.size()
+        for r in ranks:
+            raw[r] = float(med.get(r, 0.0))
+            used[r] = int(size.get(r, 0))
+    comps: dict[int, list[int]] = {}
+    for r in ranks:
+        comps.setdefault(find(r), []).append(r)
+    root = {r: min(comps[find(r)]) for r in ranks}
+    within = {r: raw[r] - raw[root[r]] for r in ranks}
+    # groups that only point-to-point transfers join: a send and its recv run together, so on
+    # one clock their recorded intervals overlap. Groups whose every pair overlaps are taken as
+    # one clock (no offset is made up from transfer ends, which a mispaired transfer would
+    # skew); a pair that does not overlap says the clocks differ (or the pairing is off), and
+    # those groups are not compared.
+    pairs = ev[ev["instance"].isin(complete) & is_p2p]
+    ok: dict[tuple[int, int], bool] = {}
+    n_pairs = 0
+    for _, g in pairs.groupby("instance"):
+        if len(g) != 2:
+            continue
+        rs = [int(r) for r in g["rank"]]
+        ca, cb = root[rs[0]], root[rs[1]]
+        if ca == cb:
+            continue
+        n_pairs += 1
+        st = [float(x) - within[r] for x, r in zip(g["start_us"], rs)]
+        en = [float(x) - within[r] for x, r in zip(g["end_us"], rs)]
+        overlap = max(st) <= min(en) + P2P_OVERLAP_SLACK_US
+        key = (min(ca, cb), max(ca, cb))
+        ok[key] = ok.get(key, True) and overlap
+    linked = {}
+    for start in sorted(set(root.values())):
+        if start in linked:
+            continue
+        linked[start] = start
+        todo = [start]
+        while todo:
+            a = todo.pop()
+            for (x, y), good in ok.items():
+                if good and a in (x, y):
+                    other = y if a == x else x
+                    if other not in linked:
+                        linked[other] = start
+                        todo.append(other)
+    offset = {r: within[r] for r in ranks}
+    return offset, used, {r: linked[root[r]] for r in ranks}, n_pairs
+
+
 def _offsets(ev: pd.DataFrame, complete: set, hosts: dict[int, str]
-             ) -> tuple[pd.DataFrame, list[str]]:
-    """Clock offsets (see :class:`SyncResult`) from the ends of complete collective instances:
-    every member leaves a collective when the last arrives, so ``end(r) − median end`` is rank
-    r's clock error in that instance (TensorBoard profiler plugin: align on collective ends).
-    Ranks on one host share one clock and one offset (the median over its ranks); with every
-    rank on one host nothing is subtracted."""
+             ) -> tuple[pd.DataFrame, list[str], dict[int, int]]:
+    """Clock offsets (see :class:`SyncResult`) from the ends of complete instances (every
+    member leaves a collective when the last arrives; TensorBoard profiler plugin: align on
+    collective ends). Ranks on one host share one clock and one offset (the median over its
+    ranks); with every rank on one host nothing is subtracted. Hosts unknown: per rank, linked
+    through collectives, and one clock where only point-to-point pairs join ranks and every pair
+    overlaps in time (:func:`_clock_groups`); ranks nothing links to the lowest rank keep their
+    clock (offset 0), and a note says so.
+
+    Returns:
+        (offsets table, notes, ``{rank: clock set}``: ranks in different sets have clocks that
+        nothing relates, so instances spanning two sets are not compared).
+    """
     ranks = sorted(int(r) for r in ev["rank"].unique())
     out = pd.DataFrame({"rank": ranks})
     out["host"] = [hosts.get(r) for r in ranks]
     notes: list[str] = []
-    coll = ev[ev["instance"].isin(complete) & ~ev["instance"].astype(str).str.startswith("p2p:")]
-    if coll.empty:
-        out["offset_us"] = 0.0
-        out["residual_us"] = 0.0
-        out["instances"] = 0
-        return out[["rank", "offset_us", "residual_us", "instances", "host"]], notes
-    consensus = coll.groupby("instance")["end_us"].transform("median")
-    diff = (coll["end_us"] - consensus).groupby(coll["rank"])
-    raw = out["rank"].map(diff.median())
+    if not ranks:
+        return (pd.DataFrame(columns=["rank", "offset_us", "residual_us", "instances", "host"]),
+                notes, {})
+    offset, used, linked, n_pairs = _clock_groups(ev, complete, ranks)
+    out["instances"] = out["rank"].map(used).astype(int)
     ref = ranks[0]
-    raw = raw - (raw[out["rank"] == ref].iloc[0] if raw[out["rank"] == ref].notna().all() else 0.0)
-    raw = raw.fillna(0.0).astype(float)
-    out["instances"] = out["rank"].map(diff.size()).fillna(0).astype(int)
+    raw = out["rank"].map(offset).astype(float)
+    n_coll = ev.loc[ev["instance"].isin(complete)
+                    & ~ev["instance"].astype(str).str.startswith("p2p:"), "instance"].nunique()
     known = all(hosts.get(r) for r in ranks)
     if known:
         by_host = raw.groupby(out["host"]).median()
@@ -487,16 +601,26 @@ def _offsets(ev: pd.DataFrame, complete: set, hosts: dict[int, str]
             notes.append(f"all {len(ranks)} ranks ran on one host ({hosts[ref]}): one clock, no "
                          f"offset subtracted (collective ends differ by at most "
                          f"{float(raw.abs().max()):.1f} µs there)")
+            linked = {r: 0 for r in ranks}
         else:
-            notes.append(f"clock offsets of {n_hosts} hosts estimated from "
-                         f"{coll['instance'].nunique()} complete collective instances; ranks on "
-                         f"one host share one offset")
+            notes.append(f"clock offsets of {n_hosts} hosts estimated from {n_coll} complete "
+                         f"collective instances; ranks on one host share one offset")
     else:
         out["offset_us"] = raw
         out["residual_us"] = 0.0
-        notes.append(f"hosts unknown: a clock offset per rank estimated from "
-                     f"{coll['instance'].nunique()} complete collective instances")
-    return out[["rank", "offset_us", "residual_us", "instances", "host"]], notes
+        if n_coll or n_pairs:
+            notes.append(f"hosts unknown: a clock offset per rank estimated from {n_coll} "
+                         f"complete collective instances"
+                         + (f"; {n_pairs} point-to-point pairs between ranks that no collective "
+                            f"joins checked for one clock" if n_pairs else ""))
+        apart = sorted(r for r in ranks if linked[r] != linked[ref])
+        if apart:
+            notes.append(f"no complete collective links rank(s) {apart[:8]}"
+                         f"{'...' if len(apart) > 8 else ''} to rank {ref}, and their "
+                         f"point-to-point transfers with it do not overlap in time as recorded "
+                         f"(other clocks, or transfers that cannot be paired): what they exchange "
+                         f"with it is not compared")
+    return out[["rank", "offset_us", "residual_us", "instances", "host"]], notes, linked
 
 
 def _hosts(traces: TraceSet) -> dict[int, str]:
@@ -547,22 +671,33 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
     expected = expected.fillna(float(len(present)))
     expected[is_p2p] = 2.0
     inst["expected"] = expected.astype(int)
-    inst["complete"] = inst["ranks"] >= inst["expected"]
+    inst["complete"] = inst["ranks"] == inst["expected"]
+    over = inst[inst["ranks"] > inst["expected"]]
+    if len(over):
+        notes.append(f"{len(over)} instance(s) hold more ranks than their group has (a group "
+                     f"matched by a name that ranks reuse for different groups?): not used for "
+                     f"clock offsets, stragglers or bandwidth")
     n_multi = int((inst["ranks"] > 1).sum())
-    partial = inst[~inst["complete"] & ~is_p2p]
+    partial = inst[(inst["ranks"] < inst["expected"]) & ~is_p2p]
     if len(partial):
         absent = sorted({r for m in members[partial.index].dropna() for r in m} - present)
         notes.append(f"{len(partial)} of {int((~is_p2p).sum())} collective instance(s) lack "
                      f"members" + (f" (ranks {absent[:8]}{'...' if len(absent) > 8 else ''} have no "
                                    f"trace)" if absent else "")
                      + ": not used for clock offsets, stragglers or bandwidth")
-    lone = inst[~inst["complete"] & is_p2p]
+    lone = inst[(inst["ranks"] < inst["expected"]) & is_p2p]
     if len(lone):
         notes.append(f"{len(lone)} point-to-point transfer(s) have only one side in the traces")
     complete = set(inst.index[inst["complete"]])
     hosts = _hosts(traces)
-    offsets, off_notes = _offsets(ev, complete, hosts)
+    offsets, off_notes, clock_set = _offsets(ev, complete, hosts)
     notes.extend(off_notes)
+    # an instance whose members' clocks nothing relates cannot be compared
+    sets = ev.groupby("instance")["rank"].agg(lambda rs: len({clock_set[int(r)] for r in rs}))
+    apart = set(sets.index[sets > 1])
+    if apart:
+        inst.loc[inst.index.isin(apart), "complete"] = False
+        complete -= apart
     off = ev["rank"].map(dict(zip(offsets["rank"], offsets["offset_us"]))).fillna(0.0)
     ev["start_us"] = ev["start_us"] - off
     ev["end_us"] = ev["end_us"] - off
