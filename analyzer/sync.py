@@ -374,7 +374,8 @@ class SyncResult:
             ``steps_as_top`` (steps in which it caused the most wait), ``instances``.
         bandwidth: per group, op, message size and ``inter_node`` (``"intra"``, ``"inter"`` or
             ``"unknown"``): ``count``, ``transfer_us``, ``algbw_gbps``, ``busbw_gbps`` (medians).
-        matched_by: ``"records"``, ``"sequence numbers"``, ``"order"`` or ``"none"``.
+        matched_by: ``"records"``, ``"sequence numbers"``, ``"order"`` (some group had no
+            usable sequence numbers), ``"point-to-point pairs"`` (no collective) or ``"none"``.
         p2p: per pair of ranks that exchange point-to-point transfers (complete pairs: a send
             and its recv): ``src``, ``dst``, ``count``, ``hop_us`` (median transfer time, the
             minimum of the two sides' durations: the link's latency for that size),
@@ -446,6 +447,7 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     has_peer = ev["peer"].notna().to_numpy()
     coll = ~p2p_op
     key = pd.Series([None] * len(ev), index=ev.index, dtype=object)
+    how = pd.Series([None] * len(ev), index=ev.index, dtype=object)
     sub = ev[coll]
     if len(sub):
         native = sub.groupby("_gid")["native_seq"].transform("all").astype(bool)
@@ -455,6 +457,7 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
         native &= ~dup.groupby(sub["_gid"]).transform("any").astype(bool)
         nat = sub[native]
         key.loc[nat.index] = nat["_gid"] + ":" + nat["seq"].astype(int).astype(str)
+        how.loc[nat.index] = "seq"
         rest = sub[~native]
         if len(rest):
             # by position within each profiling window: a window that lost a collective shifts
@@ -473,6 +476,7 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
                 k.loc[per_op] = (rest.loc[per_op, "_gid"] + ":" + rest.loc[per_op, "op"] + ":"
                                  + nth_op.astype(str))
             key.loc[rest.index] = k
+            how.loc[rest.index] = "order"
     p2p = p2p_op & has_peer & ev["op"].isin(["send", "recv"]).to_numpy()
     if p2p.any():
         sub = ev[p2p]
@@ -482,7 +486,9 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
         nth = tmp.groupby(["rank", "_gid", "src", "dst"]).cumcount() + 1
         key.loc[sub.index] = ("p2p:" + tmp["_gid"].str[1:] + ":" + tmp["src"].astype(str) + ">"
                               + tmp["dst"].astype(str) + ":" + nth.astype(str))
+        how.loc[sub.index] = "pair"
     ev["instance"] = key
+    ev["matched"] = how
     return ev.drop(columns="_gid")
 
 
@@ -643,13 +649,18 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
     no_offsets = pd.DataFrame(columns=["rank", "offset_us", "residual_us", "instances", "host"])
     if ev.empty:
         return SyncResult(no_offsets, empty, empty, no_stragglers, empty, "none")
+    ev = match_instances(ev)
+    hows = set(ev["matched"].dropna())
     if ev["source"].eq("records").all():
         matched_by = "records"
-    elif "native_seq" in ev and ev.loc[~ev["op"].isin(P2P_OPS), "native_seq"].astype(bool).all():
-        matched_by = "sequence numbers"
-    else:
+    elif "order" in hows:
         matched_by = "order"
-    ev = match_instances(ev)
+    elif "seq" in hows:
+        matched_by = "sequence numbers"
+    elif "pair" in hows:
+        matched_by = "point-to-point pairs"
+    else:
+        matched_by = "none"
     notes: list[str] = []
     unpaired = ev["instance"].isna()
     if unpaired.any():

@@ -421,3 +421,162 @@ def test_absurd_world_and_group_sizes_are_read_without_building_them(tmp_path):
                in w for w in ts.warnings)
     sync = compute_sync(ts)
     assert sync.instances.empty and sync.straggler is None
+
+
+# -- found by a break test (each was a made-up offset or straggler) ---------------------------------
+
+def _lockstep(tmp_path: Path, n: int = 2, seqs=None, late: dict | None = None, **kw) -> Path:
+    """n ranks, one clock, 4 all-reduces in lock step (rank r late by ``late[r]`` µs, ending
+    together); ``seqs[r]``: the Seq of each of rank r's all-reduces (None: no Seq)."""
+    late = late or {}
+    for r in range(n):
+        b = TraceBuilder(rank=r, world_size=n)
+        b.step(1, EPOCH, 5000)
+        for k in range(4):
+            t = EPOCH + 1000 * k
+            b.kernel("gemm_kernel", t + 10, 300, launch_ts=t + 1)
+            s = seqs[r][k] if seqs else None
+            _coll(b, "AllReduce", range(n), "0", t + 400 + late.get(r, 0), 400 - late.get(r, 0),
+                  t + 2, seq=s, **kw)
+        b.write(tmp_path / f"rank{r}.json")
+    return tmp_path
+
+
+def test_a_sequence_number_that_repeats_on_a_rank_is_not_used(tmp_path):
+    # every Seq 0 (or one Seq for a coalescing block): matching by it would fold four
+    # all-reduces into one instance and make rank 0 "wait" for its own later calls
+    sync = compute_sync(load_traces(_lockstep(tmp_path, seqs=[[0] * 4, [0] * 4])))
+    assert sync.matched_by == "order" and len(sync.instances) == 4
+    assert sync.straggler is None and sync.offsets["offset_us"].tolist() == [0.0, 0.0]
+
+
+def test_an_instance_with_more_ranks_than_its_group_is_not_used(tmp_path):
+    # 4 ranks that all call their own 2-rank group "1" (only Group size, no ranks in the args)
+    for r in range(4):
+        b = TraceBuilder(rank=r, world_size=4)
+        b.step(1, EPOCH, 2000)
+        b.kernel("gemm_kernel", EPOCH + 10, 100, launch_ts=EPOCH + 1)
+        b.kernel("ncclDevKernel_AllReduce(x)", EPOCH + 200 + (300 if r >= 2 else 0), 300,
+                 stream=20, launch_ts=EPOCH + 2,
+                 args={"Collective name": "allreduce", "Group size": 2,
+                       "Process Group Name": "1", "In msg nelems": 1024, "dtype": "Float"})
+        b.write(tmp_path / f"rank{r}.json")
+    sync = compute_sync(load_traces(tmp_path))
+    assert sync.straggler is None and (sync.offsets["offset_us"] == 0.0).all()
+    assert any("hold more ranks than their group has" in n for n in sync.notes)
+
+
+def test_order_matching_restarts_in_every_window(tmp_path):
+    # two windows per rank, no Seq; rank 1's first window lost its last all-reduce
+    for r in (0, 1):
+        for w in range(2):
+            t0 = EPOCH + 5e6 * w
+            b = TraceBuilder(rank=r)
+            b.step(w + 1, t0, 4000)
+            n = 2 if (r == 1 and w == 0) else 3
+            for k in range(n):
+                t = t0 + 1000 * k
+                b.kernel("gemm_kernel", t + 10, 300, launch_ts=t + 1)
+                _coll(b, "AllReduce", (0, 1), "0", t + 400, 400, t + 2)
+            b.write(tmp_path / f"rank{r}.{int(t0)}.pt.trace.json")
+    sync = compute_sync(load_traces(tmp_path))
+    assert sync.offsets["offset_us"].tolist() == [0.0, 0.0]
+    assert sync.straggler is None
+    assert int(sync.instances["complete"].sum()) == 5
+
+
+def test_gloo_worker_events_take_their_issuing_ops_group(tmp_path):
+    # a 2 x 2 mesh on gloo: the worker events name no group; the caller's record_param_comms
+    # does. Rank 3 is 300 µs late to its tp all-reduce: only rank 2 waits for it.
+    tp = {0: (0, 1), 1: (0, 1), 2: (2, 3), 3: (2, 3)}
+    for r in range(4):
+        b = TraceBuilder(rank=r, world_size=4, backend="gloo")
+        b.thread_name(2, "pt_gloo_runloop")
+        b.step(1, EPOCH, 3000)
+        b.cpu("aten::mm", EPOCH, 100)
+        t = EPOCH + 200 + (300 if r == 3 else 0)
+        args = _nccl_args("allreduce", tp[r], "1")
+        b.cpu("c10d::allreduce_", t, 20)
+        b.cpu("record_param_comms", t + 1, 10, args=args)
+        b.cpu("gloo:all_reduce", t + 20, 800 - (t - EPOCH - 200) - 20, tid=2,
+              cat="user_annotation")
+        b.write(tmp_path / f"rank{r}.json")
+    sync = compute_sync(load_traces(tmp_path))
+    assert sorted(sync.instances["group"]) == ["0,1", "2,3"]
+    st = sync.stragglers.set_index("rank")
+    assert sync.straggler == 3 and st.loc[3, "wait_caused_us"] == pytest.approx(300.0)
+    assert st.loc[0, "wait_suffered_us"] == 0.0 and st.loc[1, "wait_suffered_us"] == 0.0
+    assert sync.offsets["offset_us"].tolist() == [0.0] * 4
+
+
+def test_merge_keeps_the_world_size_so_absent_ranks_stay_absent(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    _lockstep(run, n=2, late={1: 200})
+    for r in (0, 1):  # the traces state world size 4: ranks 2 and 3 are absent
+        p = run / f"rank{r}.json"
+        doc = json.loads(p.read_text())
+        doc["distributedInfo"]["world_size"] = 4
+        doc["traceEvents"] = [dict(e, args={**e["args"], "Group size": 4,
+                                            "Process Group Ranks": "[0, 1, 2, 3]"})
+                              if "Collective name" in e.get("args", {}) else e
+                              for e in doc["traceEvents"]]
+        p.write_text(json.dumps(doc))
+    merged = tmp_path / "merged.json"
+    assert CliRunner().invoke(cli, ["merge", str(run), "-o", str(merged)]).exit_code == 0
+    for ts in (load_traces(run), load_traces(merged)):
+        assert any(w.startswith("2 of 4 ranks present") for w in ts.warnings)
+        sync = compute_sync(ts)
+        assert sync.straggler is None and not sync.instances["complete"].any()
+
+
+def test_point_to_point_only_ranks_on_other_clocks_are_not_compared(tmp_path):
+    # two ranks exchange only send/recv; rank 1's clock reads +5000 µs, so no pair overlaps
+    for r, skew in ((0, 0.0), (1, 5000.0)):
+        b = TraceBuilder(rank=r)
+        b.step(1, EPOCH + skew, 10000)
+        for k in range(3):
+            t = EPOCH + skew + 1000 * k
+            op, peer = ("send", "Dst Rank") if r == 0 else ("recv", "Src Rank")
+            b.kernel("ncclDevKernel_SendRecv(x)", t + 100, 200, stream=30, launch_ts=t + 1,
+                     args=_nccl_args(op, (0, 1), "0", **{peer: str(1 - r)}))
+        b.write(tmp_path / f"rank{r}.json")
+    sync = compute_sync(load_traces(tmp_path))
+    assert sync.straggler is None
+    assert any("no complete collective links rank(s) [1] to rank 0" in n for n in sync.notes)
+    # the same exchange on one clock is compared: the pairs overlap
+    for f in tmp_path.glob("rank1.json"):
+        doc = json.loads(f.read_text())
+        for e in doc["traceEvents"]:
+            if "ts" in e:
+                e["ts"] -= 5000.0
+        f.write_text(json.dumps(doc))
+    sync = compute_sync(load_traces(tmp_path))
+    assert len(sync.p2p) == 1 and not any("links rank(s)" in n for n in sync.notes)
+
+
+def test_batched_sendrecv_and_named_copies_are_never_matched_as_collectives(tmp_path):
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        b.step(1, EPOCH, 3000)
+        b.kernel("ncclDevKernel_SendRecv(x)", EPOCH + 100 + 300 * r, 200, stream=30,
+                 launch_ts=EPOCH + 1, args=_nccl_args("coalesced", (0, 1), "0"))
+        b.kernel("Memcpy PtoP (Device -> Device)", EPOCH + 1000 + 500 * r, 100, stream=9,
+                 cat="gpu_memcpy", launch_ts=EPOCH + 2)
+        b.write(tmp_path / f"rank{r}.json")
+    sync = compute_sync(load_traces(tmp_path), compile_comm_patterns(["Memcpy PtoP"]))
+    assert sync.instances.empty and sync.straggler is None
+    assert (sync.offsets["offset_us"] == 0.0).all() if len(sync.offsets) else True
+
+
+def test_huge_integers_and_odd_pg_config_are_read_without_failing(tmp_path):
+    d = _lockstep(tmp_path, seqs=[[10 ** 20] * 4, [10 ** 20] * 4])
+    for f in d.glob("rank*.json"):
+        doc = json.loads(f.read_text())
+        doc["distributedInfo"]["pg_config"] = [5]
+        for e in doc["traceEvents"]:
+            if "Collective name" in e.get("args", {}):
+                e["args"]["In msg nelems"] = 10 ** 20
+        f.write_text(json.dumps(doc))
+    out = _report([d], tmp_path)
+    assert len(out["ranks"]) == 2 and out["sync"]["straggler"] is None
