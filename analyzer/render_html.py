@@ -186,6 +186,8 @@ def _pe(x) -> str:
 
 
 def _fmt(v, digits: int = 1) -> str:
+    """One format per unit, as the terminal prints them: quantities with thousands separators
+    (``68,608`` bytes, ``1,053,696`` bytes, ``12.500`` ms), identifiers (:func:`_fmt_id`) bare."""
     if v is None or (isinstance(v, float) and pd.isna(v)):
         return "–"
     if isinstance(v, (bool, np.bool_)):
@@ -193,12 +195,25 @@ def _fmt(v, digits: int = 1) -> str:
     if isinstance(v, float):
         return f"{v:,.{digits}f}"
     if isinstance(v, int):
-        return f"{v:,}" if abs(v) >= 100_000 else str(v)
+        return f"{v:,}"
     return _e(v)
 
 
+def _fmt_id(v) -> str:
+    """A rank or step number: an identifier, never ``1,024``."""
+    return "–" if v is None or (isinstance(v, float) and pd.isna(v)) else _e(v)
+
+
 _INT_COLUMNS = {"rank", "last_rank", "slowest_rank", "count", "instances", "steps",
-                "last_arrivals", "steps_as_top", "size", "nodes", "ranks", "bytes", "step"}
+                "last_arrivals", "steps_as_top", "size", "nodes", "ranks", "bytes", "step",
+                "src", "dst"}
+#: Identifier columns: printed bare (every other number is a quantity, with separators).
+_ID_COLUMNS = {"rank", "last_rank", "slowest_rank", "step", "src", "dst", "pg"}
+
+
+def _is_bytes(column: str) -> bool:
+    """Byte counts: always whole numbers with thousands separators (``68,608``)."""
+    return column == "bytes" or column.endswith("_bytes")
 
 
 def _shown(n_shown: int, n_total: int, what: str) -> str:
@@ -219,6 +234,8 @@ def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = ()
         if c in _INT_COLUMNS and pd.api.types.is_float_dtype(df[c]) and df[c].dropna().apply(
                 float.is_integer).all():
             df[c] = df[c].astype("Int64")
+        elif _is_bytes(c) and pd.api.types.is_float_dtype(df[c]):  # a median of byte counts
+            df[c] = df[c].round().astype("Int64")
     head = "".join(f'<th class="{"l" if c in left else ""}">{_e(h)}</th>' for c, h in columns.items())
     rows = []
     # column-wise values keep each column's type (iterrows would turn ints into floats)
@@ -228,8 +245,9 @@ def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = ()
             num = (isinstance(v, (int, float, np.integer, np.floating))
                    and not isinstance(v, (bool, np.bool_)))
             dv = f' data-v="{float(v)!r}"' if sortable and num else ""
-            cells.append(f'<td class="{"l" if c in left else ""}"{dv}>'
-                         f'{_fmt(v, 2 if c.endswith("_pct") else digits)}</td>')
+            text = (_fmt_id(v) if c in _ID_COLUMNS and num
+                    else _fmt(v, 2 if c.endswith("_pct") else digits))
+            cells.append(f'<td class="{"l" if c in left else ""}"{dv}>{text}</td>')
         rows.append(f"<tr>{''.join(cells)}</tr>")
     cls = ' class="pd-sort"' if sortable else ""
     return (f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
@@ -466,8 +484,13 @@ def bandwidth_figure(instances: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for op, g in d.groupby("op"):
         fig.add_scatter(name=_pe(op), x=_f32(g["bytes"]), y=_f32(g["busbw_gbps"]), mode="markers",
-                        hovertemplate=_pe(op) + ": %{x} B, %{y:.3f} GB/s<extra></extra>")
+                        hovertemplate=_pe(op) + ": %{x:,.0f} B, %{y:.3f} GB/s<extra></extra>")
+    # bytes as the tables print them (68,608): ticks at 1, 2 and 5 of each decade, or at the
+    # powers of ten alone over three decades or more (plotly's own choice crowds them)
+    sizes = d["bytes"][d["bytes"] > 0]
+    wide = len(sizes) and np.log10(sizes.max() / sizes.min()) >= 3
     fig.update_layout(title="Bus bandwidth by message size", xaxis_type="log",
+                      xaxis_tickformat=",.0f", xaxis_dtick=1 if wide else "D2",
                       xaxis_title="bytes", yaxis_title="busbw (GB/s)", height=360)
     return fig
 
