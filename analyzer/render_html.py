@@ -672,29 +672,57 @@ def _breakdown_section(report: Report, page: _Page) -> list[str]:
     return out
 
 
+#: What an overlap chart whose bars are all 0% shows instead.
+NO_OVERLAP = "No overlap: all communication exposed"
+
+
+def _no_overlap(overlap_us: pd.Series) -> bool:
+    """True when no rank overlaps any communication (every bar of the chart would be 0%)."""
+    v = pd.to_numeric(overlap_us, errors="coerce").dropna()
+    return len(v) > 0 and bool((v <= 0).all())
+
+
 def _overlap_section(report: Report, page: _Page) -> list[str]:
     b = report.breakdown
     out = [_h2("overlap")]
-    if b.totals["overlap_pct"].notna().any():
-        out.append(page.fig(overlap_figure(b.totals)))
-    else:
+    if not b.totals["overlap_pct"].notna().any():
         out.append(_muted("No communication found in any rank, so there is no overlap to "
                           "measure."))
         return out
+    measured = b.totals.dropna(subset=["overlap_pct"])
+    if _no_overlap(measured["overlap_us"]):
+        # a chart of zero-height bars reads as a broken page: say what it would show
+        out.append(_muted(f"{NO_OVERLAP} (0% overlapped by computation on every one of "
+                          f"{len(measured)} ranks; "
+                          f"{_fmt(measured['comm_us'].mean() / 1000.0, 3)} ms of communication "
+                          "per rank, mean), so no chart is drawn."))
+    else:
+        out.append(page.fig(overlap_figure(b.totals)))
     out.append("<h3>Per parallel dimension</h3>")
     dov = report.results.get("dim_overlap")
     if dov is None:
         from pardiag.analyzer.dim_overlap import compute_dim_overlap
         dov = compute_dim_overlap(report.traces, report.results["sync"], report.results["layout"],
                                   report.results.get("comm_patterns", ()))
-    if len(dov.per_rank):
+    if len(dov.per_rank) and set(dov.per_rank["dim"]) == {"all"}:
+        # one row "all" is the per-rank chart again (matched collectives only): leave it out
+        out.append(_muted(
+            "Overlap per dimension left out: the parallel dimensions are unknown (no pardiag "
+            "metadata and no process-group configuration in the traces), so all matched "
+            "communication is one dimension and the chart would repeat the per-rank chart "
+            "above."))
+    elif len(dov.per_rank):
         if report.results["layout"].groups.empty:
-            how = ("the traces name no process group either, so all matched communication is "
-                   "one row, \"all\"" if set(dov.per_rank["dim"]) == {"all"} else
-                   "communication is split by the process group the trace names instead")
             out.append(_muted("The parallel dimensions are unknown (no pardiag metadata and no "
-                              f"process-group configuration in the traces): {how}."))
-        out.append(page.fig(dim_overlap_figure(dov.per_rank)))
+                              "process-group configuration in the traces): communication is "
+                              "split by the process group the trace names instead."))
+        if _no_overlap(dov.per_rank["overlap_us"]):
+            dims = ", ".join(map(str, sorted(set(dov.per_rank["dim"]))))
+            out.append(_muted(f"{NO_OVERLAP} on every dimension ({dims}): 0% of each "
+                              "dimension's communication overlapped by computation on every "
+                              "rank, so no chart is drawn."))
+        else:
+            out.append(page.fig(dim_overlap_figure(dov.per_rank)))
         out.append(_table(_ms(dov.summary, ["comm_us", "exposed_us"]), {
             "dim": "dimension", "ranks": "ranks", "comm_us": "communication per rank (ms, mean)",
             "exposed_us": "exposed per rank (ms, mean)", "overlap_pct": "overlap %"},
