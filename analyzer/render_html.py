@@ -370,11 +370,30 @@ def dim_overlap_figure(per_rank: pd.DataFrame) -> go.Figure:
     return fig
 
 
+#: Most tick labels on the straggler heatmap's instance axis (every k-th instance is labelled;
+#: each cell's hover names its instance in full).
+HEATMAP_MAX_TICKS = 16
+
+
+def _tick_step(n: int, max_ticks: int) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, … that labels at most ``max_ticks`` of ``n``."""
+    step, k = 1, 0
+    while -(-n // step) > max_ticks:
+        k += 1
+        step = (1, 2, 5)[k % 3] * 10 ** (k // 3)
+    return step
+
+
 def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame,
-                      max_columns: int = HEATMAP_MAX_COLUMNS) -> go.Figure:
+                      max_columns: int = HEATMAP_MAX_COLUMNS,
+                      max_ticks: int = HEATMAP_MAX_TICKS) -> go.Figure:
     """Wait per rank and collective instance (ms, heatmap, instances in time order) under the
     arrival skew of each instance (ms, bars). Above ``max_columns`` instances, consecutive
-    instances are binned: each cell is the largest wait of the bin, each bar the largest skew."""
+    instances are binned: each cell is the largest wait of the bin, each bar the largest skew.
+
+    Each column is named in full (``#8 reduce_scatter``, or ``#40–#42`` for a bin), which the
+    hover shows; the axis labels at most ``max_ticks`` columns with the short ``#8``, so the
+    labels stay whole and apart at any number of instances."""
     n = len(instances)
     binned = n > max_columns
     col = np.arange(n) * max_columns // n if binned else np.arange(n)
@@ -388,8 +407,11 @@ def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame,
     if binned:
         first = pd.Series(np.arange(n), index=col).groupby(level=0).agg(["min", "max"])
         labels = [f"#{a}–#{b}" for a, b in zip(first["min"], first["max"])]
+        short = [f"#{a}" for a in first["min"]]
     else:
         labels = [f"#{i} {_pe(op)}" for i, op in enumerate(instances["op"])]
+        short = [f"#{i}" for i in range(n)]
+    ticks = list(range(0, ncols, _tick_step(ncols, max_ticks)))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.25, 0.75],
                         vertical_spacing=0.04)
     fig.add_bar(x=labels, y=_f32(skew.reindex(range(ncols)).to_numpy() / 1000.0),
@@ -403,9 +425,11 @@ def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame,
                       + (" — instances binned, max per bin" if binned else ""),
                       height=min(1400, max(420, 240 + 16 * len(z))), showlegend=False)
     fig.update_yaxes(title_text="skew ms", row=1, col=1)
-    fig.update_yaxes(autorange="reversed", row=2, col=1)
-    fig.update_xaxes(title_text="collective instance (time order)", showticklabels=not binned
-                     and n <= 60, row=2, col=1)
+    fig.update_yaxes(autorange="reversed", automargin=True, row=2, col=1)
+    fig.update_xaxes(title_text="collective instance (time order; hover a cell for its name)",
+                     tickmode="array", tickvals=[labels[i] for i in ticks],
+                     ticktext=[short[i] for i in ticks], tickangle=0, automargin=True,
+                     row=2, col=1)
     return fig
 
 
