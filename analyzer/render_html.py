@@ -481,9 +481,9 @@ def memory_figure(per_rank: pd.DataFrame) -> go.Figure:
     fig.add_scatter(name="peak allocated (trace window)", x=x,
                     y=_f32(per_rank["peak_allocated_bytes"] / 2**20), mode="markers",
                     marker={"symbol": "diamond", "size": 12, "color": "#222"})
+    # the legend to the right of the plot: a horizontal one below it lies over the "rank" title
     fig.update_layout(barmode="stack", title="Memory per rank (MiB)", yaxis_title="MiB",
-                      xaxis_title="rank",
-                      legend_orientation="h", height=400)
+                      xaxis_title="rank", height=400)
     return fig
 
 
