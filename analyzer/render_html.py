@@ -768,8 +768,14 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
         return out
     n_complete = int(sync.instances["complete"].sum()) if "complete" in sync.instances else len(
         sync.instances)
-    head = (f"<p>Matched {len(sync.instances)} collective instances across ranks "
-            f"(by {_e(sync.matched_by)}; {n_complete} complete). ")
+    n_p2p = int(sync.instances["instance"].astype(str).str.startswith("p2p:").sum())
+    n_coll = len(sync.instances) - n_p2p
+    what = (f"{n_coll} collective instances" if not n_p2p else
+            f"{n_p2p} point-to-point transfers (no collective)" if not n_coll else
+            f"{len(sync.instances)} instances ({n_coll} collectives, {n_p2p} point-to-point "
+            "transfers)")
+    head = (f"<p>Matched {what} across ranks (by {_e(sync.matched_by)}; {n_complete} "
+            "complete). ")
     if sync.straggler is not None:
         top = sync.stragglers.iloc[0]
         head += (f"The rank the others wait for most: <b>rank {int(top['rank'])}</b> "
@@ -806,9 +812,17 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
             "hop_us": "hop (ms, median)", "recv_wait_us": "receiver waits (ms, median)",
             "send_wait_us": "sender waits (ms, median)", "bytes": "bytes (median)"}, digits=3,
             sortable=True, what="links"))
-    if (sync.offsets["instances"] == 0).all():
-        out.append(_muted("No complete collective spans the ranks here, so clocks could not be "
-                          "aligned: times are compared as recorded."))
+    # Either the offsets or why there are none, never both: a table of zeros next to "could not
+    # be aligned" contradicts itself (pipeline runs match only point-to-point transfers).
+    if not len(sync.offsets) or (sync.offsets["instances"] == 0).all():
+        hosts = set(sync.offsets["host"]) if len(sync.offsets) else set()
+        one_host = (f" Every rank ran on one host ({next(iter(hosts))}), which has one clock."
+                    if len(hosts) == 1 and None not in hosts else "")
+        p2p_only = bool(sync.instances["instance"].astype(str).str.startswith("p2p:").all())
+        out.append(_muted(
+            "No complete collective spans the ranks here"
+            + (" (only point-to-point transfers were matched)" if p2p_only else "")
+            + ", so no clock offsets were estimated: times are compared as recorded." + one_host))
         return out
     out.append("<p class='muted'>Clock offsets relative to the lowest rank (estimated from aligned "
                "ends of complete collectives; the offset is subtracted before comparing, the "
