@@ -300,7 +300,7 @@ def breakdown_figure(totals: pd.DataFrame) -> go.Figure:
         fig.add_bar(name=part, x=x, y=_f32(totals[col] / 1000.0), marker_color=PART_COLORS[part],
                     hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
     fig.update_layout(barmode="stack", title="Time breakdown per rank (whole trace)",
-                      yaxis_title="time (ms)", xaxis_title="rank", legend_orientation="h", height=420)
+                      yaxis_title="time (ms)", xaxis_title="rank", height=420)
     return fig
 
 
@@ -313,7 +313,7 @@ def step_breakdown_figure(steps: pd.DataFrame) -> go.Figure:
                     hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
     fig.update_layout(barmode="stack", title="Time breakdown per rank and profiler step",
                       yaxis_title="time (ms)", xaxis_title="rank r, step s",
-                      legend_orientation="h", height=420)
+                      height=420)
     return fig
 
 
@@ -326,7 +326,7 @@ def step_mean_figure(steps: pd.DataFrame) -> go.Figure:
         fig.add_bar(name=part, x=x, y=_f32(mean[col] / 1000.0), marker_color=PART_COLORS[part],
                     hovertemplate="%{x}: %{y:.3f} ms (mean over ranks)<extra>" + part + "</extra>")
     fig.update_layout(barmode="stack", title="Time breakdown per profiler step (mean over ranks)",
-                      yaxis_title="time (ms)", legend_orientation="h", height=380)
+                      yaxis_title="time (ms)", height=380)
     return fig
 
 
@@ -366,7 +366,7 @@ def dim_overlap_figure(per_rank: pd.DataFrame) -> go.Figure:
     fig.update_layout(barmode="group", title="Overlap per rank and parallel dimension",
                       xaxis_title="rank",
                       yaxis_title="overlap (% of the dimension's communication)",
-                      yaxis_range=[0, 100], legend_orientation="h", height=380)
+                      yaxis_range=[0, 100], height=380)
     return fig
 
 
@@ -465,7 +465,7 @@ def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
             hovertemplate="%{y}: %{text} %{base:.2f} ms, %{x:.2f} ms long<extra></extra>")
     fig.update_layout(barmode="overlay", title=f"Pipeline schedule of step {step} (red: bubbles)",
                       xaxis_title="ms from the step's first forward", plot_bgcolor="#fafafa",
-                      height=180 + 36 * c["row"].nunique(), legend_orientation="h",
+                      height=180 + 36 * c["row"].nunique(),
                       yaxis={"autorange": "reversed", "automargin": True})
     return fig
 
@@ -481,7 +481,8 @@ def memory_figure(per_rank: pd.DataFrame) -> go.Figure:
     fig.add_scatter(name="peak allocated (trace window)", x=x,
                     y=_f32(per_rank["peak_allocated_bytes"] / 2**20), mode="markers",
                     marker={"symbol": "diamond", "size": 12, "color": "#222"})
-    # the legend to the right of the plot: a horizontal one below it lies over the "rank" title
+    # legends sit to the right of the plot (plotly's default): a horizontal one below it lies
+    # over the x-axis title ("parameters" over "rank")
     fig.update_layout(barmode="stack", title="Memory per rank (MiB)", yaxis_title="MiB",
                       xaxis_title="rank", height=400)
     return fig
@@ -497,7 +498,9 @@ def memory_timeline(timeline: pd.DataFrame, points_per_rank: int = 1500) -> go.F
             t = t.iloc[:: -(-len(t) // points_per_rank)]
         fig.add_scatter(name=f"rank {rank}", x=_f32((t["ts_us"] - t["ts_us"].min()) / 1000.0),
                         y=_f32(t["allocated_bytes"] / 2**20), mode="lines", line_shape="hv")
-    fig.update_layout(title="Allocated memory over the traced window (MiB)", height=360,
+    # tall enough for the legend's entries (a legend taller than the plot is cut at its foot)
+    fig.update_layout(title="Allocated memory over the traced window (MiB)",
+                      height=max(360, 160 + 20 * timeline["rank"].nunique()),
                       xaxis_title="ms from the rank's first memory event", yaxis_title="MiB")
     return fig
 
@@ -515,6 +518,8 @@ def bandwidth_figure(instances: pd.DataFrame) -> go.Figure:
     wide = len(sizes) and np.log10(sizes.max() / sizes.min()) >= 3
     fig.update_layout(title="Bus bandwidth by message size", xaxis_type="log",
                       xaxis_tickformat=",.0f", xaxis_dtick=1 if wide else "D2",
+                      # a tick label at the plot's left end would run into the y-axis labels
+                      xaxis_ticklabeloverflow="hide past domain",
                       xaxis_title="bytes", yaxis_title="busbw (GB/s)", height=360)
     return fig
 
