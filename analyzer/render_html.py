@@ -186,6 +186,8 @@ def _pe(x) -> str:
 
 
 def _fmt(v, digits: int = 1) -> str:
+    """One format per unit, as the terminal prints them: quantities with thousands separators
+    (``68,608`` bytes, ``1,053,696`` bytes, ``12.500`` ms), identifiers (:func:`_fmt_id`) bare."""
     if v is None or (isinstance(v, float) and pd.isna(v)):
         return "–"
     if isinstance(v, (bool, np.bool_)):
@@ -193,12 +195,25 @@ def _fmt(v, digits: int = 1) -> str:
     if isinstance(v, float):
         return f"{v:,.{digits}f}"
     if isinstance(v, int):
-        return f"{v:,}" if abs(v) >= 100_000 else str(v)
+        return f"{v:,}"
     return _e(v)
 
 
+def _fmt_id(v) -> str:
+    """A rank or step number: an identifier, never ``1,024``."""
+    return "–" if v is None or (isinstance(v, float) and pd.isna(v)) else _e(v)
+
+
 _INT_COLUMNS = {"rank", "last_rank", "slowest_rank", "count", "instances", "steps",
-                "last_arrivals", "steps_as_top", "size", "nodes", "ranks", "bytes", "step"}
+                "last_arrivals", "steps_as_top", "size", "nodes", "ranks", "bytes", "step",
+                "src", "dst"}
+#: Identifier columns: printed bare (every other number is a quantity, with separators).
+_ID_COLUMNS = {"rank", "last_rank", "slowest_rank", "step", "src", "dst", "pg"}
+
+
+def _is_bytes(column: str) -> bool:
+    """Byte counts: always whole numbers with thousands separators (``68,608``)."""
+    return column == "bytes" or column.endswith("_bytes")
 
 
 def _shown(n_shown: int, n_total: int, what: str) -> str:
@@ -219,6 +234,8 @@ def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = ()
         if c in _INT_COLUMNS and pd.api.types.is_float_dtype(df[c]) and df[c].dropna().apply(
                 float.is_integer).all():
             df[c] = df[c].astype("Int64")
+        elif _is_bytes(c) and pd.api.types.is_float_dtype(df[c]):  # a median of byte counts
+            df[c] = df[c].round().astype("Int64")
     head = "".join(f'<th class="{"l" if c in left else ""}">{_e(h)}</th>' for c, h in columns.items())
     rows = []
     # column-wise values keep each column's type (iterrows would turn ints into floats)
@@ -228,8 +245,9 @@ def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = ()
             num = (isinstance(v, (int, float, np.integer, np.floating))
                    and not isinstance(v, (bool, np.bool_)))
             dv = f' data-v="{float(v)!r}"' if sortable and num else ""
-            cells.append(f'<td class="{"l" if c in left else ""}"{dv}>'
-                         f'{_fmt(v, 2 if c.endswith("_pct") else digits)}</td>')
+            text = (_fmt_id(v) if c in _ID_COLUMNS and num
+                    else _fmt(v, 2 if c.endswith("_pct") else digits))
+            cells.append(f'<td class="{"l" if c in left else ""}"{dv}>{text}</td>')
         rows.append(f"<tr>{''.join(cells)}</tr>")
     cls = ' class="pd-sort"' if sortable else ""
     return (f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
@@ -282,7 +300,7 @@ def breakdown_figure(totals: pd.DataFrame) -> go.Figure:
         fig.add_bar(name=part, x=x, y=_f32(totals[col] / 1000.0), marker_color=PART_COLORS[part],
                     hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
     fig.update_layout(barmode="stack", title="Time breakdown per rank (whole trace)",
-                      yaxis_title="time (ms)", xaxis_title="rank", legend_orientation="h", height=420)
+                      yaxis_title="time (ms)", xaxis_title="rank", height=420)
     return fig
 
 
@@ -295,7 +313,7 @@ def step_breakdown_figure(steps: pd.DataFrame) -> go.Figure:
                     hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
     fig.update_layout(barmode="stack", title="Time breakdown per rank and profiler step",
                       yaxis_title="time (ms)", xaxis_title="rank r, step s",
-                      legend_orientation="h", height=420)
+                      height=420)
     return fig
 
 
@@ -308,7 +326,7 @@ def step_mean_figure(steps: pd.DataFrame) -> go.Figure:
         fig.add_bar(name=part, x=x, y=_f32(mean[col] / 1000.0), marker_color=PART_COLORS[part],
                     hovertemplate="%{x}: %{y:.3f} ms (mean over ranks)<extra>" + part + "</extra>")
     fig.update_layout(barmode="stack", title="Time breakdown per profiler step (mean over ranks)",
-                      yaxis_title="time (ms)", legend_orientation="h", height=380)
+                      yaxis_title="time (ms)", height=380)
     return fig
 
 
@@ -348,15 +366,34 @@ def dim_overlap_figure(per_rank: pd.DataFrame) -> go.Figure:
     fig.update_layout(barmode="group", title="Overlap per rank and parallel dimension",
                       xaxis_title="rank",
                       yaxis_title="overlap (% of the dimension's communication)",
-                      yaxis_range=[0, 100], legend_orientation="h", height=380)
+                      yaxis_range=[0, 100], height=380)
     return fig
 
 
+#: Most tick labels on the straggler heatmap's instance axis (every k-th instance is labelled;
+#: each cell's hover names its instance in full).
+HEATMAP_MAX_TICKS = 16
+
+
+def _tick_step(n: int, max_ticks: int) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, … that labels at most ``max_ticks`` of ``n``."""
+    step, k = 1, 0
+    while -(-n // step) > max_ticks:
+        k += 1
+        step = (1, 2, 5)[k % 3] * 10 ** (k // 3)
+    return step
+
+
 def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame,
-                      max_columns: int = HEATMAP_MAX_COLUMNS) -> go.Figure:
+                      max_columns: int = HEATMAP_MAX_COLUMNS,
+                      max_ticks: int = HEATMAP_MAX_TICKS) -> go.Figure:
     """Wait per rank and collective instance (ms, heatmap, instances in time order) under the
     arrival skew of each instance (ms, bars). Above ``max_columns`` instances, consecutive
-    instances are binned: each cell is the largest wait of the bin, each bar the largest skew."""
+    instances are binned: each cell is the largest wait of the bin, each bar the largest skew.
+
+    Each column is named in full (``#8 reduce_scatter``, or ``#40–#42`` for a bin), which the
+    hover shows; the axis labels at most ``max_ticks`` columns with the short ``#8``, so the
+    labels stay whole and apart at any number of instances."""
     n = len(instances)
     binned = n > max_columns
     col = np.arange(n) * max_columns // n if binned else np.arange(n)
@@ -370,8 +407,11 @@ def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame,
     if binned:
         first = pd.Series(np.arange(n), index=col).groupby(level=0).agg(["min", "max"])
         labels = [f"#{a}–#{b}" for a, b in zip(first["min"], first["max"])]
+        short = [f"#{a}" for a in first["min"]]
     else:
         labels = [f"#{i} {_pe(op)}" for i, op in enumerate(instances["op"])]
+        short = [f"#{i}" for i in range(n)]
+    ticks = list(range(0, ncols, _tick_step(ncols, max_ticks)))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.25, 0.75],
                         vertical_spacing=0.04)
     fig.add_bar(x=labels, y=_f32(skew.reindex(range(ncols)).to_numpy() / 1000.0),
@@ -385,9 +425,11 @@ def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame,
                       + (" — instances binned, max per bin" if binned else ""),
                       height=min(1400, max(420, 240 + 16 * len(z))), showlegend=False)
     fig.update_yaxes(title_text="skew ms", row=1, col=1)
-    fig.update_yaxes(autorange="reversed", row=2, col=1)
-    fig.update_xaxes(title_text="collective instance (time order)", showticklabels=not binned
-                     and n <= 60, row=2, col=1)
+    fig.update_yaxes(autorange="reversed", automargin=True, row=2, col=1)
+    fig.update_xaxes(title_text="collective instance (time order; hover a cell for its name)",
+                     tickmode="array", tickvals=[labels[i] for i in ticks],
+                     ticktext=[short[i] for i in ticks], tickangle=0, automargin=True,
+                     row=2, col=1)
     return fig
 
 
@@ -423,7 +465,7 @@ def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
             hovertemplate="%{y}: %{text} %{base:.2f} ms, %{x:.2f} ms long<extra></extra>")
     fig.update_layout(barmode="overlay", title=f"Pipeline schedule of step {step} (red: bubbles)",
                       xaxis_title="ms from the step's first forward", plot_bgcolor="#fafafa",
-                      height=180 + 36 * c["row"].nunique(), legend_orientation="h",
+                      height=180 + 36 * c["row"].nunique(),
                       yaxis={"autorange": "reversed", "automargin": True})
     return fig
 
@@ -439,9 +481,10 @@ def memory_figure(per_rank: pd.DataFrame) -> go.Figure:
     fig.add_scatter(name="peak allocated (trace window)", x=x,
                     y=_f32(per_rank["peak_allocated_bytes"] / 2**20), mode="markers",
                     marker={"symbol": "diamond", "size": 12, "color": "#222"})
+    # legends sit to the right of the plot (plotly's default): a horizontal one below it lies
+    # over the x-axis title ("parameters" over "rank")
     fig.update_layout(barmode="stack", title="Memory per rank (MiB)", yaxis_title="MiB",
-                      xaxis_title="rank",
-                      legend_orientation="h", height=400)
+                      xaxis_title="rank", height=400)
     return fig
 
 
@@ -455,7 +498,9 @@ def memory_timeline(timeline: pd.DataFrame, points_per_rank: int = 1500) -> go.F
             t = t.iloc[:: -(-len(t) // points_per_rank)]
         fig.add_scatter(name=f"rank {rank}", x=_f32((t["ts_us"] - t["ts_us"].min()) / 1000.0),
                         y=_f32(t["allocated_bytes"] / 2**20), mode="lines", line_shape="hv")
-    fig.update_layout(title="Allocated memory over the traced window (MiB)", height=360,
+    # tall enough for the legend's entries (a legend taller than the plot is cut at its foot)
+    fig.update_layout(title="Allocated memory over the traced window (MiB)",
+                      height=max(360, 160 + 20 * timeline["rank"].nunique()),
                       xaxis_title="ms from the rank's first memory event", yaxis_title="MiB")
     return fig
 
@@ -466,8 +511,15 @@ def bandwidth_figure(instances: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for op, g in d.groupby("op"):
         fig.add_scatter(name=_pe(op), x=_f32(g["bytes"]), y=_f32(g["busbw_gbps"]), mode="markers",
-                        hovertemplate=_pe(op) + ": %{x} B, %{y:.3f} GB/s<extra></extra>")
+                        hovertemplate=_pe(op) + ": %{x:,.0f} B, %{y:.3f} GB/s<extra></extra>")
+    # bytes as the tables print them (68,608): ticks at 1, 2 and 5 of each decade, or at the
+    # powers of ten alone over three decades or more (plotly's own choice crowds them)
+    sizes = d["bytes"][d["bytes"] > 0]
+    wide = len(sizes) and np.log10(sizes.max() / sizes.min()) >= 3
     fig.update_layout(title="Bus bandwidth by message size", xaxis_type="log",
+                      xaxis_tickformat=",.0f", xaxis_dtick=1 if wide else "D2",
+                      # a tick label at the plot's left end would run into the y-axis labels
+                      xaxis_ticklabeloverflow="hide past domain",
                       xaxis_title="bytes", yaxis_title="busbw (GB/s)", height=360)
     return fig
 
@@ -649,29 +701,57 @@ def _breakdown_section(report: Report, page: _Page) -> list[str]:
     return out
 
 
+#: What an overlap chart whose bars are all 0% shows instead.
+NO_OVERLAP = "No overlap: all communication exposed"
+
+
+def _no_overlap(overlap_us: pd.Series) -> bool:
+    """True when no rank overlaps any communication (every bar of the chart would be 0%)."""
+    v = pd.to_numeric(overlap_us, errors="coerce").dropna()
+    return len(v) > 0 and bool((v <= 0).all())
+
+
 def _overlap_section(report: Report, page: _Page) -> list[str]:
     b = report.breakdown
     out = [_h2("overlap")]
-    if b.totals["overlap_pct"].notna().any():
-        out.append(page.fig(overlap_figure(b.totals)))
-    else:
+    if not b.totals["overlap_pct"].notna().any():
         out.append(_muted("No communication found in any rank, so there is no overlap to "
                           "measure."))
         return out
+    measured = b.totals.dropna(subset=["overlap_pct"])
+    if _no_overlap(measured["overlap_us"]):
+        # a chart of zero-height bars reads as a broken page: say what it would show
+        out.append(_muted(f"{NO_OVERLAP} (0% overlapped by computation on every one of "
+                          f"{len(measured)} ranks; "
+                          f"{_fmt(measured['comm_us'].mean() / 1000.0, 3)} ms of communication "
+                          "per rank, mean), so no chart is drawn."))
+    else:
+        out.append(page.fig(overlap_figure(b.totals)))
     out.append("<h3>Per parallel dimension</h3>")
     dov = report.results.get("dim_overlap")
     if dov is None:
         from pardiag.analyzer.dim_overlap import compute_dim_overlap
         dov = compute_dim_overlap(report.traces, report.results["sync"], report.results["layout"],
                                   report.results.get("comm_patterns", ()))
-    if len(dov.per_rank):
+    if len(dov.per_rank) and set(dov.per_rank["dim"]) == {"all"}:
+        # one row "all" is the per-rank chart again (matched collectives only): leave it out
+        out.append(_muted(
+            "Overlap per dimension left out: the parallel dimensions are unknown (no pardiag "
+            "metadata and no process-group configuration in the traces), so all matched "
+            "communication is one dimension and the chart would repeat the per-rank chart "
+            "above."))
+    elif len(dov.per_rank):
         if report.results["layout"].groups.empty:
-            how = ("the traces name no process group either, so all matched communication is "
-                   "one row, \"all\"" if set(dov.per_rank["dim"]) == {"all"} else
-                   "communication is split by the process group the trace names instead")
             out.append(_muted("The parallel dimensions are unknown (no pardiag metadata and no "
-                              f"process-group configuration in the traces): {how}."))
-        out.append(page.fig(dim_overlap_figure(dov.per_rank)))
+                              "process-group configuration in the traces): communication is "
+                              "split by the process group the trace names instead."))
+        if _no_overlap(dov.per_rank["overlap_us"]):
+            dims = ", ".join(map(str, sorted(set(dov.per_rank["dim"]))))
+            out.append(_muted(f"{NO_OVERLAP} on every dimension ({dims}): 0% of each "
+                              "dimension's communication overlapped by computation on every "
+                              "rank, so no chart is drawn."))
+        else:
+            out.append(page.fig(dim_overlap_figure(dov.per_rank)))
         out.append(_table(_ms(dov.summary, ["comm_us", "exposed_us"]), {
             "dim": "dimension", "ranks": "ranks", "comm_us": "communication per rank (ms, mean)",
             "exposed_us": "exposed per rank (ms, mean)", "overlap_pct": "overlap %"},
@@ -693,8 +773,14 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
         return out
     n_complete = int(sync.instances["complete"].sum()) if "complete" in sync.instances else len(
         sync.instances)
-    head = (f"<p>Matched {len(sync.instances)} collective instances across ranks "
-            f"(by {_e(sync.matched_by)}; {n_complete} complete). ")
+    n_p2p = int(sync.instances["instance"].astype(str).str.startswith("p2p:").sum())
+    n_coll = len(sync.instances) - n_p2p
+    what = (f"{n_coll} collective instances" if not n_p2p else
+            f"{n_p2p} point-to-point transfers (no collective)" if not n_coll else
+            f"{len(sync.instances)} instances ({n_coll} collectives, {n_p2p} point-to-point "
+            "transfers)")
+    head = (f"<p>Matched {what} across ranks (by {_e(sync.matched_by)}; {n_complete} "
+            "complete). ")
     if sync.straggler is not None:
         top = sync.stragglers.iloc[0]
         head += (f"The rank the others wait for most: <b>rank {int(top['rank'])}</b> "
@@ -731,9 +817,17 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
             "hop_us": "hop (ms, median)", "recv_wait_us": "receiver waits (ms, median)",
             "send_wait_us": "sender waits (ms, median)", "bytes": "bytes (median)"}, digits=3,
             sortable=True, what="links"))
-    if (sync.offsets["instances"] == 0).all():
-        out.append(_muted("No complete collective spans the ranks here, so clocks could not be "
-                          "aligned: times are compared as recorded."))
+    # Either the offsets or why there are none, never both: a table of zeros next to "could not
+    # be aligned" contradicts itself (pipeline runs match only point-to-point transfers).
+    if not len(sync.offsets) or (sync.offsets["instances"] == 0).all():
+        hosts = set(sync.offsets["host"]) if len(sync.offsets) else set()
+        one_host = (f" Every rank ran on one host ({next(iter(hosts))}), which has one clock."
+                    if len(hosts) == 1 and None not in hosts else "")
+        p2p_only = bool(sync.instances["instance"].astype(str).str.startswith("p2p:").all())
+        out.append(_muted(
+            "No complete collective spans the ranks here"
+            + (" (only point-to-point transfers were matched)" if p2p_only else "")
+            + ", so no clock offsets were estimated: times are compared as recorded." + one_host))
         return out
     out.append("<p class='muted'>Clock offsets relative to the lowest rank (estimated from aligned "
                "ends of complete collectives; the offset is subtracted before comparing, the "

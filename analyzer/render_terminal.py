@@ -1,9 +1,17 @@
-"""Terminal summary of a report (rich tables)."""
+"""Terminal summary of a report (rich tables).
+
+Every table fits the console (``COLUMNS=80`` included) without cutting a header or a number:
+:func:`print_table` gives each column the width of its longest header word and its longest cell
+(numbers never wrap; headers and prose wrap at spaces, trace names anywhere), and when that is
+still too wide it leaves out the least important columns and says which in the caption.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -18,12 +26,103 @@ def _n(v: float, digits: int = 1) -> str:
     return f"{v:,.{digits}f}"
 
 
+def _i(v) -> str:
+    """A count as the HTML report prints it (``1,234``); ranks and steps stay bare."""
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{int(v):,}"
+
+
 #: Recommendations listed in the terminal (the HTML report and the JSON list all).
 TOP_RECOMMENDATIONS = 5
 
 
 def _mib(v) -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v / 2**20:,.1f}"
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column of a terminal table."""
+
+    header: str
+    """Heading; wraps at spaces, never cut."""
+    justify: str = "right"
+    """``"left"`` or ``"right"``."""
+    drop: int = 0
+    """0: always shown; otherwise, when the table is wider than the console, columns are left
+    out highest ``drop`` first until it fits."""
+    wrap: str = ""
+    """How cells may wrap: ``""`` never (numbers), ``"word"`` at spaces (prose), ``"fold"``
+    anywhere (trace names, commands: every character shown)."""
+
+
+#: Narrowest a folding column gets (a name folded over more lines than that is hard to read).
+FOLD_MIN_WIDTH = 12
+
+
+def _plain(cell) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def _words(text: str) -> int:
+    return max((cell_len(w) for line in text.splitlines() for w in line.split()), default=0)
+
+
+def _lines(text: str) -> int:
+    return max((cell_len(line) for line in text.splitlines()), default=0)
+
+
+def fit_columns(cols: list[Col], rows: list[tuple], width: int) -> tuple[list[int], list[int]]:
+    """(indices of the columns shown, their content widths) for a table of ``cols`` and
+    ``rows`` in ``width`` console columns (each column adds 3: padding and a border, plus 1)."""
+    lo, hi = [], []
+    for j, c in enumerate(cols):
+        cells = [_plain(r[j]) for r in rows]
+        need = [_lines(t) if not c.wrap else _words(t) if c.wrap == "word"
+                else min(_lines(t), FOLD_MIN_WIDTH) for t in cells]
+        lo.append(max([_words(c.header), *need, 1]))
+        hi.append(max([_lines(c.header), *(_lines(t) for t in cells), lo[-1]]))
+    keep = list(range(len(cols)))
+
+    def room() -> int:
+        return width - 3 * len(keep) - 1 - sum(lo[j] for j in keep)
+
+    for j in sorted((j for j in keep if cols[j].drop), key=lambda j: -cols[j].drop):
+        if room() >= 0:
+            break
+        keep.remove(j)
+    widths = {j: lo[j] for j in keep}
+    spare = max(0, room())
+    while spare:  # the rest goes one column at a time to those that would wrap
+        grow = [j for j in keep if widths[j] < hi[j]]
+        if not grow:
+            break
+        for j in grow:
+            if spare:
+                widths[j] += 1
+                spare -= 1
+    return keep, [widths[j] for j in keep]
+
+
+def print_table(console: Console, title, cols: list[Col], rows: list[tuple],
+                caption: str = "") -> None:
+    """Print a rich table that fits ``console.width``: see :func:`fit_columns`; the caption
+    names the columns left out."""
+    keep, widths = fit_columns(cols, rows, console.width)
+    dropped = [cols[j].header for j in range(len(cols)) if j not in keep]
+    if dropped:
+        caption = (caption + "; " if caption else "") + (
+            f"left out at {console.width} columns: {', '.join(dropped)} (a wider terminal "
+            "shows them)")
+    t = Table(title=title, title_justify="left", caption=caption or None,
+              caption_justify="left")
+    for j, w in zip(keep, widths):
+        c = cols[j]
+        # a number fits its column by construction; the header wraps at its spaces (no_wrap
+        # would cut it), and nothing is ever cut with "…": what is too long folds
+        t.add_column(c.header, justify=c.justify, width=w, overflow="fold")
+    for r in rows:
+        t.add_row(*(r[j] for j in keep))
+    console.print(t)
 
 
 def render_recommendations(report: Report, console: Console) -> None:
@@ -41,19 +140,19 @@ def render_recommendations(report: Report, console: Console) -> None:
     if not recs:
         console.print(Text(f"No recommendations: {rec.why_none or 'none computed'}."))
         return
-    t = Table(title=f"Top recommendations ({min(len(recs), TOP_RECOMMENDATIONS)} of {len(recs)})",
-              title_justify="left", caption="step time and peak memory: measured → predicted",
-              caption_justify="left")
-    for col in ("#", "recommendation", "change", "step ms", "gain %", "peak MiB"):
-        # the change is what the user types: wrapped, even inside a long word, never cut
-        t.add_column(col, justify="right" if col in ("#", "gain %") else "left",
-                     overflow="fold" if col == "change" else "ellipsis")
+    rows = []
     for i, r in enumerate(recs[:TOP_RECOMMENDATIONS], 1):
         mem = f"{_mib(r.measured_peak_bytes)} → {_mib(r.predicted_peak_bytes)}"
-        t.add_row(str(i), Text(r.title), Text(r.change),
-                  f"{r.measured_step_us / 1e3:,.3f} → {r.predicted_step_us / 1e3:,.3f}",
-                  f"{r.gain_pct:,.1f}", mem + ("" if r.fits_memory else " (does not fit)"))
-    console.print(t)
+        rows.append((str(i), Text(r.title), Text(r.change),
+                     f"{r.measured_step_us / 1e3:,.3f} → {r.predicted_step_us / 1e3:,.3f}",
+                     f"{r.gain_pct:,.1f}", mem + ("" if r.fits_memory else " (does not fit)")))
+    # the change is what the user types: wrapped, even inside a long word, never cut
+    print_table(console, f"Top recommendations ({min(len(recs), TOP_RECOMMENDATIONS)} of "
+                f"{len(recs)})", [
+                    Col("#"), Col("recommendation", "left", wrap="word"),
+                    Col("change", "left", wrap="fold"), Col("step ms", "left", wrap="word"),
+                    Col("gain %"), Col("peak MiB", "left", wrap="word")],
+                rows, caption="step time and peak memory: measured → predicted")
 
 
 def render_terminal(report: Report, console: Console) -> None:
@@ -61,28 +160,26 @@ def render_terminal(report: Report, console: Console) -> None:
     collectives table and the parallel analyses to ``console``."""
     render_recommendations(report, console)
     b = report.breakdown
-    t = Table(title=Text(f"Time breakdown per rank (ms) — {report.traces.source}"), title_justify="left",
-              caption="compute = compute only; overlap % = overlapped / communication; "
-                      "exposed % = exposed comm / span", caption_justify="left")
-    for col in ("rank", "on", "span", "compute", "overlapped", "exposed", "idle", "overlap %",
-                "exposed %"):
-        t.add_column(col, justify="left" if col == "on" else "right")
-    for r in b.totals.itertuples():
-        t.add_row(str(r.rank), r.domain, _n(r.span_us / 1e3, 3), _n(r.compute_only_us / 1e3, 3),
-                  _n(r.overlap_us / 1e3, 3), _n(r.exposed_comm_us / 1e3, 3),
-                  _n(r.idle_us / 1e3, 3), _n(r.overlap_pct, 2), _n(r.exposed_comm_pct, 1))
-    console.print(t)
+    rows = [(str(r.rank), r.domain, _n(r.span_us / 1e3, 3), _n(r.compute_only_us / 1e3, 3),
+             _n(r.overlap_us / 1e3, 3), _n(r.exposed_comm_us / 1e3, 3), _n(r.idle_us / 1e3, 3),
+             _n(r.overlap_pct, 2), _n(r.exposed_comm_pct, 1)) for r in b.totals.itertuples()]
+    # on a narrow terminal the timeline kind goes first (one kind in nearly every run), then the
+    # overlapped ms (overlap % says it relative to the communication)
+    print_table(console, Text(f"Time breakdown per rank (ms) — {report.traces.source}"), [
+        Col("rank"), Col("on", "left", drop=3), Col("span"), Col("compute"),
+        Col("overlapped", drop=2), Col("exposed"), Col("idle"), Col("overlap %"),
+        Col("exposed %", drop=1)], rows,
+        caption="compute = compute only; overlap % = overlapped / communication; "
+                "exposed % = exposed comm / span")
     if len(b.collectives):
         agg = (b.collectives.groupby("collective", as_index=False)
                .agg(ranks=("rank", "nunique"), count=("count", "sum"), time_us=("time_us", "sum"),
                     exposed_us=("exposed_us", "sum")))
-        c = Table(title="Collectives (all ranks)", title_justify="left")
-        for col in ("collective", "ranks", "count", "time ms", "exposed ms"):
-            c.add_column(col, justify="left" if col == "collective" else "right")
-        for r in agg.itertuples():
-            c.add_row(Text(str(r.collective)), str(r.ranks), str(r.count), _n(r.time_us / 1e3, 3),
-                      _n(r.exposed_us / 1e3, 3))
-        console.print(c)
+        print_table(console, "Collectives (all ranks)", [
+            Col("collective", "left", wrap="fold"), Col("ranks"), Col("count"), Col("time ms"),
+            Col("exposed ms")],
+            [(Text(str(r.collective)), _i(r.ranks), _i(r.count), _n(r.time_us / 1e3, 3),
+              _n(r.exposed_us / 1e3, 3)) for r in agg.itertuples()])
     _parallel(report, console)
 
 
@@ -104,15 +201,13 @@ def _parallel(report: Report, console: Console) -> None:
         for line in lay.not_inferred:
             console.print(Text(f"  - {line}"))
     if len(sync.instances):
-        t = Table(title=f"Stragglers ({len(sync.instances)} collective instances matched by "
-                        f"{sync.matched_by})", title_justify="left")
-        for col in ("rank", "wait caused ms", "wait suffered ms", "last arrivals", "top in steps"):
-            t.add_column(col, justify="right")
-        for row in sync.stragglers.head(8).itertuples():
-            t.add_row(str(row.rank), _n(row.wait_caused_us / 1e3, 3),
-                      _n(row.wait_suffered_us / 1e3, 3), str(row.last_arrivals),
-                      str(row.steps_as_top))
-        console.print(t)
+        print_table(console, f"Stragglers ({len(sync.instances)} collective instances matched "
+                    f"by {sync.matched_by})", [
+                        Col("rank"), Col("wait caused ms"), Col("wait suffered ms"),
+                        Col("last arrivals"), Col("top in steps")],
+                    [(str(row.rank), _n(row.wait_caused_us / 1e3, 3),
+                      _n(row.wait_suffered_us / 1e3, 3), _i(row.last_arrivals),
+                      _i(row.steps_as_top)) for row in sync.stragglers.head(8).itertuples()])
         for note in sync.notes:
             console.print(Text(f"note: {note}"))
         for row in sync.p2p.head(8).itertuples():
@@ -123,33 +218,29 @@ def _parallel(report: Report, console: Console) -> None:
     if len(pipe.bubbles):
         summ = summarize_bubbles(pipe.bubbles)
         src = (pipe.schedule or {}).get("source")
-        t = Table(title="Pipeline bubbles (" + ("estimate" if (pipe.bubbles["method"] == "estimate")
-                                                 .all() else "measured") + (
-            f"; schedule {src}" if src else "") + ")", title_justify="left")
-        for col in ("rank", "stages", "steps", "bubble % (median)", "ideal %", "warmup ms",
-                    "steady ms", "cooldown ms"):
-            t.add_column(col, justify="right")
-        for row in summ.itertuples():
-            t.add_row(str(row.rank), Text(str(row.stages)), f"{row.steps} {row.basis}", _n(row.bubble_pct, 1),
-                      _n(row.ideal_pct, 1), _n(row.warmup_us / 1e3, 3), _n(row.steady_us / 1e3, 3),
-                      _n(row.cooldown_us / 1e3, 3))
-        console.print(t)
+        title = "Pipeline bubbles (" + ("estimate" if (pipe.bubbles["method"] == "estimate")
+                                         .all() else "measured") + (
+            f"; schedule {src}" if src else "") + ")"
+        print_table(console, title, [
+            Col("rank"), Col("stages", wrap="word"), Col("steps", wrap="word"),
+            Col("bubble % (median)"), Col("ideal %"), Col("warmup ms"), Col("steady ms"),
+            Col("cooldown ms")],
+            [(str(row.rank), Text(str(row.stages)), f"{_i(row.steps)} {row.basis}",
+              _n(row.bubble_pct, 1), _n(row.ideal_pct, 1), _n(row.warmup_us / 1e3, 3),
+              _n(row.steady_us / 1e3, 3), _n(row.cooldown_us / 1e3, 3))
+             for row in summ.itertuples()])
     if len(bal.summary):
-        t = Table(title="Load imbalance (compute per step)", title_justify="left")
-        for col in ("dimension", "group", "max/mean", "cost ms/step", "slowest rank"):
-            t.add_column(col, justify="right")
-        for row in bal.summary.itertuples():
-            t.add_row(Text(str(row.dim)), Text(str(row.pg)), _n(row.imbalance, 3), _n(row.cost_us / 1e3, 3),
-                      str(row.slowest_rank))
-        console.print(t)
+        print_table(console, "Load imbalance (compute per step)", [
+            Col("dimension", wrap="fold"), Col("group", wrap="fold"), Col("max/mean"),
+            Col("cost ms/step"), Col("slowest rank")],
+            [(Text(str(row.dim)), Text(str(row.pg)), _n(row.imbalance, 3),
+              _n(row.cost_us / 1e3, 3), str(row.slowest_rank))
+             for row in bal.summary.itertuples()])
     m = mem.per_rank
     if m["static_bytes"].notna().any():
-        t = Table(title="Memory per rank (MiB)", title_justify="left")
-        for col in ("rank", "params", "grads", "optimizer", "static",
-                    "peak alloc. (traced window)", "peak RSS"):
-            t.add_column(col, justify="right")
-        for row in m.itertuples():
-            t.add_row(str(row.rank), *(_n(v / 2**20, 2) for v in (
+        print_table(console, "Memory per rank (MiB)", [
+            Col("rank"), Col("params"), Col("grads"), Col("optimizer"), Col("static"),
+            Col("peak alloc. (traced window)"), Col("peak RSS")],
+            [(str(row.rank), *(_n(v / 2**20, 2) for v in (
                 row.params_bytes, row.grads_bytes, row.optimizer_state_bytes, row.static_bytes,
-                row.peak_allocated_bytes, row.peak_rss_bytes)))
-        console.print(t)
+                row.peak_allocated_bytes, row.peak_rss_bytes))) for row in m.itertuples()])

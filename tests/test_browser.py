@@ -7,6 +7,7 @@ Screenshots are kept in ``test-artifacts/`` at the repository root (git-ignored)
 
 import dataclasses
 import os
+import re
 import shutil
 
 import pytest
@@ -22,7 +23,8 @@ from conftest import REPO
 
 ARTIFACTS = REPO / "test-artifacts"
 #: Figures each shipped sample's report draws.
-SAMPLES = {"ddp_cpu_2rank": 8, "pp_1f1b_cpu_4rank": 9, "fsdp_tp_2d_cpu_4rank": 8}
+#: (pp_1f1b_cpu_4rank overlaps nothing: both overlap charts are a sentence instead.)
+SAMPLES = {"ddp_cpu_2rank": 8, "pp_1f1b_cpu_4rank": 7, "fsdp_tp_2d_cpu_4rank": 8}
 
 
 def _unavailable(why: str):
@@ -84,6 +86,57 @@ def _check_drawn(page, n_figures):
     assert headings == [title for _, title in SECTIONS]
 
 
+# Every label plotly drew (title, axis titles, tick labels, legend entries, colour bar, notes)
+# with its rendered box, per figure, and the box of the figure's SVG.
+_LABELS_JS = r"""() => Array.from(document.querySelectorAll('div.pd-plot')).map(d => {
+  const svg = d.querySelector('svg.main-svg');
+  const b = svg.getBoundingClientRect();
+  const labels = [], seen = new Set();
+  const add = (kind, sel) => d.querySelectorAll(sel).forEach(e => {
+    if (seen.has(e)) { return; }
+    seen.add(e);
+    const r = e.getBoundingClientRect();
+    if (r.width > 0 && r.height > 0 && e.textContent.trim() !== '') {
+      labels.push({kind: kind, text: e.textContent, box: [r.left, r.top, r.right, r.bottom]});
+    }
+  });
+  add('title', 'text.gtitle');
+  add('axis title', 'g.infolayer text[class$="title"]:not(.gtitle)');
+  add('tick', 'g[class$="axislayer-above"] g[class$="tick"] text');
+  add('legend', 'g.legend text.legendtext');
+  add('colour bar', 'g.colorbar text');
+  add('note', 'g.annotation text');
+  return {id: d.id, title: (d.querySelector('text.gtitle') || {}).textContent || '',
+          box: [b.left, b.top, b.right, b.bottom], labels: labels};
+})"""
+
+
+def _label_problems(fig, tol=1.0):
+    """Labels cut by the figure's edge, and pairs of labels whose boxes overlap (more than
+    ``tol`` px both ways)."""
+    x0, y0, x1, y1 = fig["box"]
+    out = [f"cut: {a['kind']} {a['text']!r}" for a in fig["labels"]
+           if a["box"][0] < x0 - tol or a["box"][1] < y0 - tol or a["box"][2] > x1 + tol
+           or a["box"][3] > y1 + tol]
+    labels = fig["labels"]
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            w = min(a["box"][2], b["box"][2]) - max(a["box"][0], b["box"][0])
+            h = min(a["box"][3], b["box"][3]) - max(a["box"][1], b["box"][1])
+            if w > tol and h > tol:
+                out.append(f"overlap: {a['kind']} {a['text']!r} and {b['kind']} {b['text']!r}")
+    return out
+
+
+def _check_labels(page):
+    """No label of any figure is cut or overlaps another; returns the figures' labels."""
+    figs = page.evaluate(_LABELS_JS)
+    problems = {f"{f['id']} ({f['title']})": p for f in figs if (p := _label_problems(f))}
+    assert problems == {}
+    assert all(f["labels"] for f in figs)
+    return figs
+
+
 def _screenshot(page, name):
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
@@ -101,6 +154,7 @@ def test_sample_report_renders(browser, sample, tmp_path):
     page, errors = _open(browser, out)
     assert errors == []
     _check_drawn(page, SAMPLES[sample])
+    _check_labels(page)
     _screenshot(page, f"report-{sample}")
     page.close()
 
@@ -135,6 +189,7 @@ def test_64_ranks_render(browser, tmp_path):
     _check_drawn(page, 10)
     heat = page.evaluate("document.querySelectorAll('g.hm').length")
     assert heat == 3  # exposed-comm and idle per rank × step, waits per rank × instance
+    _check_labels(page)  # 64 rank labels, 480 instances binned into 200 labelled columns
     _screenshot(page, "report-64-ranks")
     page.close()
 
@@ -146,7 +201,7 @@ def test_hostile_trace_runs_no_script(browser, tmp_path):
     out.write_text(render_html(rep), encoding="utf-8")
     page, errors = _open(browser, out)
     assert errors == []
-    _check_drawn(page, 8)
+    _check_drawn(page, 6)  # no overlap planted: both overlap charts are a sentence
     for header in page.locator("table.pd-sort th").all()[:6]:
         header.click()  # the sort script must not bring anything to life either
     assert page.evaluate("typeof window.__pwned") == "undefined"
@@ -183,4 +238,135 @@ def test_single_rank_report_renders(browser, tmp_path):
     page, errors = _open(browser, out)
     assert errors == []
     _check_drawn(page, 3)
+    page.close()
+
+
+#: Issue 21 (report polish) on the demo, pipeline, FSDP2, MoE and a real GPU trace: what each
+#: page must show. overlap: the per-rank overlap chart is drawn (else the "no overlap" sentence);
+#: dims: the per-dimension chart is "drawn", replaced by the "no overlap" sentence, or "left out"
+#: (dimensions unknown); offsets: the clock-offset table (else the note why there is none);
+#: instances: columns of the straggler heatmap; bytes: byte counts in the tables.
+POLISH = {
+    "pp_unbalanced_cpu_2rank": dict(overlap=False, dims="no overlap", offsets=False,
+                                    instances=24, memory=True, bytes={"32,768"}),
+    "pp_1f1b_cpu_4rank": dict(overlap=False, dims="no overlap", offsets=False, instances=144,
+                              memory=True, bytes={"4,096"}),
+    "fsdp2_cpu_2rank": dict(overlap=True, dims="drawn", offsets=True, instances=45, memory=True,
+                            bytes={"76,840", "1,053,696"}),
+    "moe_ep_cpu_2rank": dict(overlap=True, dims="drawn", offsets=True, instances=48,
+                             memory=True, bytes=None),
+    # hosts unknown: one clock offset per rank, measured on the 8 all-to-alls and all-reduces
+    "dlrm_8rank_v100": dict(overlap=True, dims="left out", offsets=True, instances=8,
+                            memory=False, bytes={"192", "448", "1,536", "13,568", "24,576", "907,840",
+                                                 "1,576,964"}),
+}
+
+_SECTION_JS = """key => { const out = []; let e = document.getElementById(key).nextElementSibling;
+  while (e && e.tagName !== 'H2') { out.push(e); e = e.nextElementSibling; }
+  return {text: out.map(x => x.innerText || '').join('\\n'),
+          plots: out.filter(x => x.matches('div.pd-plot')).map(x => x.id),
+          heads: out.filter(x => x.tagName === 'TABLE').map(t =>
+            Array.from(t.tHead.rows[0].cells).map(c => c.textContent))}; }"""
+
+_BYTES_JS = """() => Array.from(document.querySelectorAll('table')).flatMap(t => {
+  if (!t.tHead) { return []; }
+  const heads = Array.from(t.tHead.rows[0].cells).map(c => c.textContent);
+  return heads.flatMap((h, j) => h.startsWith('bytes') ?
+    Array.from(t.tBodies[0].rows).map(r => r.cells[j].textContent) : []); })"""
+
+
+def _run_path(request, name):
+    if (REPO / "sample_traces" / name).is_dir():
+        return REPO / "sample_traces" / name
+    return request.getfixturevalue("real_traces") / name
+
+
+@pytest.mark.parametrize("run", sorted(POLISH))
+def test_report_reads_whole_and_consistent(browser, run, request, tmp_path):
+    """Issue 21 items 1–6 in the browser: no chart of empty bars, no label over another or cut
+    (every figure, rendered boxes compared), short heatmap ticks with the full name on hover,
+    one byte format, offsets or the reason for none, no per-dimension chart that repeats the
+    per-rank one."""
+    want = POLISH[run]
+    out = tmp_path / "report.html"
+    res = CliRunner().invoke(cli, ["report", str(_run_path(request, run)), "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    page, errors = _open(browser, out)
+    assert errors == []
+    assert page.evaluate("document.body.getAttribute('data-plots')") == "drawn"
+    _screenshot(page, f"polish-{run}")
+    figs = {f["id"]: f for f in _check_labels(page)}          # items 2 and 3, every figure
+
+    # 1 and 6: overlap charts, or the sentence that says why there is none
+    ov = page.evaluate(_SECTION_JS, "overlap")
+    titles = [figs[i]["title"] for i in ov["plots"]]
+    assert ("Communication overlapped by computation" in titles) == want["overlap"]
+    assert ("No overlap: all communication exposed (0% overlapped by computation on every one "
+            "of" in ov["text"]) == (not want["overlap"])
+    assert ("Overlap per rank and parallel dimension" in titles) == (want["dims"] == "drawn")
+    assert ("No overlap: all communication exposed on every dimension" in ov["text"]) == (
+        want["dims"] == "no overlap")
+    assert ("Overlap per dimension left out: the parallel dimensions are unknown" in ov["text"]
+            ) == (want["dims"] == "left out")
+    for fid in ov["plots"]:   # a chart that is drawn has bars above 0 %
+        assert page.evaluate(f"Math.max(...document.getElementById('{fid}')._fullData"
+                             ".flatMap(t => Array.from(t.y)))") > 0
+
+    # 2: the memory legend beside the plot, clear of the "rank" axis title
+    mem = page.evaluate(_SECTION_JS, "memory")
+    mem_figs = [figs[i] for i in mem["plots"] if figs[i]["title"] == "Memory per rank (MiB)"]
+    assert len(mem_figs) == int(want["memory"])
+    for f in mem_figs:
+        legend = [a for a in f["labels"] if a["kind"] == "legend"]
+        rank_title = [a for a in f["labels"] if a["kind"] == "axis title" and a["text"] == "rank"]
+        assert sorted(a["text"] for a in legend) == ["gradients", "optimizer state",
+                                                     "parameters",
+                                                     "peak allocated (trace window)"]
+        assert len(rank_title) == 1
+        assert all(a["box"][0] > rank_title[0]["box"][2] for a in legend)  # right of it
+
+    # 3: heatmap ticks short, at most 16, in order; the hover names the instance in full
+    st = page.evaluate(_SECTION_JS, "stragglers")
+    heat = [figs[i] for i in st["plots"]]
+    assert len(heat) == 1
+    ticks = [a["text"] for a in heat[0]["labels"] if a["kind"] == "tick"
+             and a["text"].startswith("#")]
+    step = int(ticks[1][1:]) if len(ticks) > 1 else 1
+    assert ticks == [f"#{i}" for i in range(0, want["instances"], step)] and len(ticks) <= 16
+    cells = page.locator(f"#{heat[0]['id']} g.hm image")
+    cells.scroll_into_view_if_needed()
+    box = cells.bounding_box()
+    page.mouse.move(box["x"] + 3, box["y"] + box["height"] - 3)   # first instance, last rank
+    hover = page.locator(f"#{heat[0]['id']} g.hoverlayer g.hovertext text.nums")
+    hover.wait_for(timeout=5_000)
+    text = hover.text_content()
+    assert re.fullmatch(r"rank \d+, #0 [a-z_:]+: wait \d+\.\d{3} ms", text), text
+
+    # 4: one byte format: whole numbers with thousands separators everywhere
+    cells = page.evaluate(_BYTES_JS)
+    assert cells and all(re.fullmatch(r"\d{1,3}(,\d{3})*", c) for c in cells), cells
+    if want["bytes"]:
+        assert set(cells) == want["bytes"]
+
+    # 5: the clock offsets or why there are none, never both
+    has_table = any("offset (µs)" in h for h in st["heads"])
+    has_note = "so no clock offsets were estimated" in st["text"]
+    assert (has_table, has_note) == (want["offsets"], not want["offsets"])
+    if not want["offsets"]:
+        assert ("No complete collective spans the ranks here (only point-to-point transfers "
+                "were matched), so no clock offsets were estimated: times are compared as "
+                "recorded. Every rank ran on one host (vm), which has one clock.") in st["text"]
+    page.close()
+
+
+@pytest.mark.parametrize("run", ["fsdp2_cpu_2rank", "pp_1f1b_cpu_4rank"])
+def test_labels_stay_apart_on_a_narrow_window(browser, run, tmp_path):
+    """At 800 px the figures shrink, and still no label is cut or overlaps another."""
+    out = tmp_path / "report.html"
+    assert CliRunner().invoke(cli, ["report", str(REPO / "sample_traces" / run), "-o",
+                                    str(out), "-q"]).exit_code == 0
+    page, errors = _open(browser, out, width=800)
+    assert errors == []
+    _check_labels(page)
+    _screenshot(page, f"polish-{run}-800px")
     page.close()
