@@ -23,6 +23,7 @@ import datetime
 import functools
 import gzip
 import html
+import importlib.resources
 from pathlib import Path
 
 import numpy as np
@@ -78,100 +79,19 @@ GANTT_MAX_ROWS = 64
 
 PLOTLY_CDN_URL = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;
-color:#222;padding:0 16px}
-h1{font-size:1.6em;margin-bottom:4px} h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:4px;
-margin-top:32px} h3{font-size:1em;margin:20px 0 4px} table{border-collapse:collapse;font-size:.9em;margin:8px 0}
-th,td{border:1px solid #ddd;padding:4px 8px;text-align:right;vertical-align:top} th{background:#f4f4f4}
-td.l,th.l{text-align:left} .muted{color:#666} .warn{color:#a05a00} ul{padding-left:20px}
-.kv td{text-align:left} .verdict{font-size:1.1em;background:#fff7e6;border-left:4px solid #f0a020;
-padding:8px 12px} table.pd-sort th{cursor:pointer;user-select:none} table.pd-sort th:after{content:" \\2195";
-color:#aaa} td ul{margin:0;padding-left:16px;text-align:left} .pd-plot{min-height:120px}
-.pd-err{color:#b00020}
-"""
+def _static(name: str) -> str:
+    """A file of the page's own CSS or script, shipped in ``pardiag/analyzer/static/``."""
+    return importlib.resources.files("pardiag.analyzer").joinpath("static", name).read_text(
+        encoding="utf-8")
 
-# The page's own script: unpack plotly.js, draw every figure, make tables sortable. It reads
-# figure JSON with JSON.parse and moves existing table rows; it never writes HTML.
-_BOOT_JS = r"""
-(function () {
-  "use strict";
-  var CONFIG = {displaylogo: false, responsive: true};
-  function loadPlotly() {
-    if (window.Plotly) { return Promise.resolve(window.Plotly); }
-    var packed = document.getElementById("pd-plotlyjs");
-    if (!packed) { return Promise.reject(new Error("plotly.js did not load (no network for --cdn?)")); }
-    if (typeof DecompressionStream === "undefined") {
-      return Promise.reject(new Error("this browser cannot unpack the inlined plotly.js; " +
-                                      "write the report with --cdn"));
-    }
-    var bin = atob(packed.textContent.trim());
-    var bytes = new Uint8Array(bin.length);
-    for (var i = 0; i < bin.length; i++) { bytes[i] = bin.charCodeAt(i); }
-    var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
-    return new Response(stream).text().then(function (src) {
-      var s = document.createElement("script");
-      s.textContent = src;
-      document.head.appendChild(s);
-      return window.Plotly;
-    });
-  }
-  function drawAll(P) {
-    var tpl = JSON.parse(document.getElementById("pd-template").textContent);
-    var divs = document.querySelectorAll("div.pd-plot");
-    var done = [];
-    for (var i = 0; i < divs.length; i++) {
-      var fig = JSON.parse(document.getElementById(divs[i].id + "-data").textContent);
-      fig.layout.template = tpl;
-      done.push(P.newPlot(divs[i], fig.data, fig.layout, CONFIG));
-    }
-    return Promise.all(done);
-  }
-  loadPlotly().then(drawAll).then(function () {
-    document.body.setAttribute("data-plots", "drawn");
-  }).catch(function (err) {
-    document.body.setAttribute("data-plots", "failed");
-    var divs = document.querySelectorAll("div.pd-plot");
-    for (var i = 0; i < divs.length; i++) {
-      divs[i].textContent = "Figure not drawn: " + err.message;
-      divs[i].className += " pd-err";
-    }
-  });
-  function key(cell) {
-    var v = cell.getAttribute("data-v");
-    var s = v === null ? cell.textContent : v;
-    var n = parseFloat(s);
-    return (v !== null || /^-?[\d.,]+$/.test(s.trim())) && !isNaN(n) ? n : s.toLowerCase();
-  }
-  function sortBy(table, col, th) {
-    var asc = th.getAttribute("aria-sort") !== "ascending";
-    var heads = table.tHead.rows[0].cells;
-    for (var h = 0; h < heads.length; h++) { heads[h].removeAttribute("aria-sort"); }
-    th.setAttribute("aria-sort", asc ? "ascending" : "descending");
-    var body = table.tBodies[0];
-    var rows = Array.prototype.slice.call(body.rows);
-    rows.sort(function (a, b) {
-      var x = key(a.cells[col]), y = key(b.cells[col]);
-      var c = (typeof x === typeof y) ? (x < y ? -1 : x > y ? 1 : 0)
-                                      : (typeof x === "number" ? -1 : 1);
-      return asc ? c : -c;
-    });
-    for (var r = 0; r < rows.length; r++) { body.appendChild(rows[r]); }
-  }
-  var tables = document.querySelectorAll("table.pd-sort");
-  for (var t = 0; t < tables.length; t++) {
-    (function (table) {
-      var heads = table.tHead.rows[0].cells;
-      for (var c = 0; c < heads.length; c++) {
-        (function (col, th) {
-          th.title = "sort";
-          th.addEventListener("click", function () { sortBy(table, col, th); });
-        })(c, heads[c]);
-      }
-    })(tables[t]);
-  }
-})();
-"""
+
+#: The page's style sheet (``static/report.css``).
+_CSS = _static("report.css")
+
+#: The page's own script (``static/report.js``): unpack plotly.js, draw every figure, make tables
+#: sortable. It reads figure JSON with JSON.parse and moves existing table rows; it never writes
+#: HTML.
+_BOOT_JS = _static("report.js")
 
 
 def _e(x) -> str:
@@ -582,10 +502,10 @@ def _mib_or_dash(v) -> str:
 
 
 def _verdict_section(report: Report) -> list[str]:
-    """Verdict sentence and the ranked recommendations (``report.results["recommendations"]``,
+    """Verdict sentence and the ranked recommendations (``report.recommendations``,
     a :class:`pardiag.analyzer.recommend.RecommendationResult`, may be absent)."""
     out = [_h2("verdict")]
-    rec = report.results.get("recommendations")
+    rec = report.recommendations
     if rec is None:
         out.append(_muted("No recommendations computed."))
         return out
@@ -728,11 +648,7 @@ def _overlap_section(report: Report, page: _Page) -> list[str]:
     else:
         out.append(page.fig(overlap_figure(b.totals)))
     out.append("<h3>Per parallel dimension</h3>")
-    dov = report.results.get("dim_overlap")
-    if dov is None:
-        from pardiag.analyzer.dim_overlap import compute_dim_overlap
-        dov = compute_dim_overlap(report.traces, report.results["sync"], report.results["layout"],
-                                  report.results.get("comm_patterns", ()))
+    dov = report.dim_overlap
     if len(dov.per_rank) and set(dov.per_rank["dim"]) == {"all"}:
         # one row "all" is the per-rank chart again (matched collectives only): leave it out
         out.append(_muted(
@@ -741,7 +657,7 @@ def _overlap_section(report: Report, page: _Page) -> list[str]:
             "communication is one dimension and the chart would repeat the per-rank chart "
             "above."))
     elif len(dov.per_rank):
-        if report.results["layout"].groups.empty:
+        if report.layout.groups.empty:
             out.append(_muted("The parallel dimensions are unknown (no pardiag metadata and no "
                               "process-group configuration in the traces): communication is "
                               "split by the process group the trace names instead."))
@@ -765,7 +681,7 @@ def _overlap_section(report: Report, page: _Page) -> list[str]:
 
 
 def _stragglers_section(report: Report, page: _Page) -> list[str]:
-    sync = report.results["sync"]
+    sync = report.sync
     out = [_h2("stragglers")]
     if not len(sync.instances):
         out.append(_muted("No collective was found on two or more ranks: synchronization across "
@@ -803,9 +719,7 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
             f"{HEATMAP_MAX_COLUMNS} columns of consecutive instances (largest wait and skew per "
             "column); the tables cover every instance."))
     out.append(page.fig(straggler_heatmap(sync.per_rank, sync.instances)))
-    skew = (sync.instances.groupby("op", as_index=False)
-            .agg(count=("instance", "size"), arrival_skew_us=("arrival_skew_us", "median"),
-                 max_skew_us=("arrival_skew_us", "max"), transfer_us=("transfer_us", "median")))
+    skew = sync.skew
     out.append(_table(_ms(skew, ["arrival_skew_us", "max_skew_us", "transfer_us"]), {
         "op": "collective", "count": "instances", "arrival_skew_us": "median arrival skew (ms)",
         "max_skew_us": "max arrival skew (ms)", "transfer_us": "median transfer (ms)"},
@@ -839,7 +753,7 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
 
 
 def _pipeline_section(report: Report, page: _Page) -> list[str]:
-    pipe = report.results["pipeline"]
+    pipe = report.pipeline
     out = [_h2("pipeline")]
     if not len(pipe.bubbles):
         out.append(_muted("No pipeline parallelism detected (no schedule records and no "
@@ -892,7 +806,7 @@ def _pipeline_section(report: Report, page: _Page) -> list[str]:
 
 
 def _imbalance_section(report: Report) -> list[str]:
-    bal = report.results["balance"]
+    bal = report.balance
     out = [_h2("imbalance")]
     if len(bal.summary):
         out.append(_table(_ms(bal.summary, ["cost_us"]), {
@@ -907,7 +821,7 @@ def _imbalance_section(report: Report) -> list[str]:
 
 
 def _memory_section(report: Report, page: _Page) -> list[str]:
-    mem = report.results["memory"]
+    mem = report.memory
     out = [_h2("memory")]
     m = mem.per_rank
     if not m[["static_bytes", "peak_allocated_bytes"]].notna().any().any():
@@ -970,7 +884,7 @@ def _inferred_layout(lay) -> list[str]:
 
 
 def _layout_section(report: Report) -> list[str]:
-    lay, sync = report.results["layout"], report.results["sync"]
+    lay, sync = report.layout, report.sync
     out = [_h2("layout")]
     if lay.dims or len(lay.groups):
         dims = ", ".join(f"{str(k).upper()} = {v}" for k, v in lay.dims.items()) or "unknown"
@@ -1013,7 +927,7 @@ def _layout_section(report: Report) -> list[str]:
 
 
 def _bandwidth_section(report: Report, page: _Page) -> list[str]:
-    sync = report.results["sync"]
+    sync = report.sync
     out = [_h2("bandwidth")]
     if not len(sync.instances):
         out.append(_muted("No collective was matched across ranks (a single rank, or no "
@@ -1044,16 +958,12 @@ def _bandwidth_section(report: Report, page: _Page) -> list[str]:
 
 
 def _collectives_section(report: Report) -> list[str]:
-    b, sync = report.breakdown, report.results["sync"]
+    b, sync = report.breakdown, report.sync
     out = [_h2("collectives")]
     if not len(b.collectives):
         out.append(_muted("No communication events found in any trace."))
         return out
-    agg = (b.collectives.groupby("collective", as_index=False)
-           .agg(ranks=("rank", "nunique"), count=("count", "sum"), time_us=("time_us", "sum"),
-                exposed_us=("exposed_us", "sum")))
-    agg["exposed_pct"] = 100.0 * agg["exposed_us"] / agg["time_us"].where(agg["time_us"] > 0)
-    agg = agg.sort_values("time_us", ascending=False)
+    agg = b.collective_totals  # the same table as the terminal's and the JSON's
     out.append("<h3>By type (all ranks)</h3>")
     out.append(_table(_ms(agg, ["time_us", "exposed_us"]), {
         "collective": "collective", "ranks": "ranks", "count": "count",
@@ -1104,7 +1014,7 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
     """The whole report page as a string (UTF-8 text, one self-contained HTML document).
 
     Args:
-        report: the analyses to show; ``report.results["recommendations"]`` is optional.
+        report: the analyses to show; ``report.recommendations`` is optional.
         include_plotlyjs: True inlines plotly.js (gzip + base64, works offline); ``"cdn"``
             links it from the plotly CDN instead (a page of a few hundred kB).
     """

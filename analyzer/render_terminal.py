@@ -126,12 +126,12 @@ def print_table(console: Console, title, cols: list[Col], rows: list[tuple],
 
 
 def render_recommendations(report: Report, console: Console) -> None:
-    """Print the verdict and the top recommendations (``report.results["recommendations"]``, a
+    """Print the verdict and the top recommendations (``report.recommendations``, a
     :class:`pardiag.analyzer.recommend.RecommendationResult`; a line saying so when absent).
 
     Trace strings are printed as text (``markup=False``; tables cells as :class:`rich.text.Text`).
     """
-    rec = report.results.get("recommendations")
+    rec = report.recommendations
     if rec is None:
         console.print("Verdict: no recommendations computed.", markup=False, highlight=False)
         return
@@ -172,9 +172,7 @@ def render_terminal(report: Report, console: Console) -> None:
         caption="compute = compute only; overlap % = overlapped / communication; "
                 "exposed % = exposed comm / span")
     if len(b.collectives):
-        agg = (b.collectives.groupby("collective", as_index=False)
-               .agg(ranks=("rank", "nunique"), count=("count", "sum"), time_us=("time_us", "sum"),
-                    exposed_us=("exposed_us", "sum")))
+        agg = b.collective_totals  # the same table as the HTML's and the JSON's
         print_table(console, "Collectives (all ranks)", [
             Col("collective", "left", wrap="fold"), Col("ranks"), Col("count"), Col("time ms"),
             Col("exposed ms")],
@@ -184,8 +182,8 @@ def render_terminal(report: Report, console: Console) -> None:
 
 
 def _parallel(report: Report, console: Console) -> None:
-    r = report.results
-    sync, pipe, bal, mem, lay = r["sync"], r["pipeline"], r["balance"], r["memory"], r["layout"]
+    sync, pipe, bal, mem, lay = (report.sync, report.pipeline, report.balance, report.memory,
+                                 report.layout)
     inferred = lay.source != "recorded"
     if lay.dims:
         dims = ", ".join(f"{k.upper()}={v}" for k, v in lay.dims.items())
