@@ -54,9 +54,11 @@ class RankReducer(Protocol):
 
 def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[str]]:
     """Expand folders into candidate files; returns (candidates, sidecars, source label, info
-    lines). Trace files named one by one use the pardiag sidecars (``run.json``,
-    ``rank{R}.*.json``) of the one folder they share; files from several folders use none, and
-    an info line says which happened."""
+    lines). A folder's pardiag sidecars are found where :func:`pardiag.layout.find_sidecars`
+    looks (its ``pardiag/`` subfolder, or beside the traces in run folders of the older layout).
+    Trace files named one by one use the pardiag sidecars (``run.json``, ``rank{R}.*.json``) of
+    the one run folder they share; files from several folders use none, and an info line says
+    which happened."""
     files: list[Path] = []
     sidecars: list[Path] = []
     seen: set[Path] = set()
@@ -65,12 +67,11 @@ def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[s
     for p in paths:
         if p.is_dir():
             given_dirs.add(p.resolve())
+            sidecars.extend(f for f in layout.find_sidecars(p) if f not in sidecars)
             for f in sorted(p.iterdir()):
-                if not f.is_file():
+                if not f.is_file() or layout.is_sidecar_name(f.name):
                     continue
-                if layout.is_sidecar_name(f.name):
-                    sidecars.append(f)
-                elif f.name.endswith((".json", ".json.gz")) and f.resolve() not in seen:
+                if f.name.endswith((".json", ".json.gz")) and f.resolve() not in seen:
                     seen.add(f.resolve())
                     files.append(f)
         elif p.is_file():
@@ -84,12 +85,10 @@ def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[s
         else:
             raise TraceError(f"{p}: no such file or folder")
     info: list[str] = []
-    beside = [d for d in named_dirs - given_dirs
-              if any(layout.is_sidecar_name(f.name) for f in d.iterdir() if f.is_file())]
+    beside = [d for d in named_dirs - given_dirs if layout.find_sidecars(d)]
     if len(named_dirs) == 1 and beside:
         d = beside[0]
-        extra = sorted(f for f in d.iterdir() if f.is_file() and layout.is_sidecar_name(f.name))
-        sidecars.extend(f for f in extra if f not in sidecars)
+        sidecars.extend(f for f in layout.find_sidecars(d) if f not in sidecars)
         info.append(f"{d}: using the pardiag run's run.json and sidecars beside the named trace "
                     f"files")
     elif beside:
@@ -505,7 +504,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
         hint = ""
         sub = sorted({f.parent for p in paths if p.is_dir()
                       for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))
-                      and f.parent.name != ".pardiag-cache"})
+                      and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
         if sub:
             hint = f"; subfolders hold some: {', '.join(str(d) for d in sub[:3])}"
         elif run_info is not None and run_info.get("hang"):

@@ -104,15 +104,18 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
         if not overwrite:
             raise PardiagError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
         removed = []
-        for p in sorted(out.iterdir()):  # remove only what pardiag itself writes; keep the rest
-            if layout.is_sidecar_name(p.name) or layout.is_trace_name(p.name):
-                p.unlink()
-                removed.append(p.name)
+        for p in layout.owned_files(out):  # remove only what pardiag itself writes; keep the rest
+            p.unlink()
+            removed.append(str(p.relative_to(out)))
+        try:
+            layout.sidecar_dir(out).rmdir()  # recreated below; kept when it holds other files
+        except OSError:
+            pass
         if removed:   # nothing the user produced goes silently
             more = f", … ({len(removed) - 8} more)" if len(removed) > 8 else ""
             print(f"pardiag: {out}: --overwrite removed the previous run's {len(removed)} "
                   f"file(s): {', '.join(removed[:8])}{more}", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
+    layout.sidecar_dir(out).mkdir(parents=True, exist_ok=True)
 
 
 #: Exit code of a job stopped by --timeout (as coreutils' timeout).
@@ -202,7 +205,7 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig) -> t
     except KeyboardInterrupt:
         _stop(proc)
         raise
-    request = out / layout.DUMP_REQUEST
+    request = layout.dump_request_path(out)
     request.touch()
     deadline = time.time() + 15.0
     while time.time() < deadline and not all(layout.hang_path(out, r).exists() for r in range(n)):

@@ -72,6 +72,7 @@ class _OptimizerStepper:
 
 
 def _write_json(path: Path, obj, compact: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, default=str, **({"separators": (",", ":")} if compact
                                                    else {"indent": 1})))
@@ -121,7 +122,7 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thr
     """
     from pardiag.collectors.hooks import flight_recorder_entries, process_groups
 
-    request = out / layout.DUMP_REQUEST
+    request = layout.dump_request_path(out)
     main_id = threading.main_thread().ident
 
     def run() -> None:

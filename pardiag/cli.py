@@ -123,8 +123,9 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     # nothing the user produced is overwritten: no file of an input folder (traces, run.json,
     # rank sidecars), also when reached through another name (hard link)
     inode = {}
+    from pardiag import layout
     for folder in {pth for pth in paths if pth.is_dir()}:
-        for f in folder.iterdir():
+        for f in [*folder.iterdir(), *layout.owned_files(folder)]:
             if f.is_file():
                 st = f.stat()
                 inode[(st.st_dev, st.st_ino)] = f
