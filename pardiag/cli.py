@@ -211,8 +211,11 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
     except PardiagError as err:
         _fail(err)
     if result.dropped:
-        click.echo(f"pardiag: warning: left out {result.dropped} events without a numeric ts",
-                   err=True)
+        click.echo(f"pardiag: warning: left out {result.dropped} events without a numeric ts "
+                   f"(or an X event without a duration >= 0)", err=True)
+    if result.unmatched_flows:
+        click.echo(f"pardiag: note: left out {result.unmatched_flows} flow events whose start or "
+                   f"end is not in the trace", err=True)
     shifts = ", ".join(f"rank {r}: {o:+.1f} µs" for r, o in result.offsets_us.items())
     click.echo(f"pardiag: wrote {output} ({len(result.pids)} ranks, {result.events} events; "
                f"clock offsets subtracted: {shifts})", err=True)
