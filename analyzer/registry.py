@@ -23,6 +23,7 @@ from pardiag.analyzer.infer_layout import InferredLayout, infer_layout, is_pardi
 from pardiag.analyzer.traceset import TraceSet
 from pardiag.analyzer.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
 from pardiag.analyzer.dim_overlap import DimOverlapResult, compute_dim_overlap
+from pardiag.analyzer.hta_extras import compute_hta_extras, hta_json
 from pardiag.analyzer.recommend import RecommendationResult, compute_recommendations
 from pardiag.analyzer.sync import SyncResult, compute_sync, P2P_OPS
 
@@ -33,9 +34,12 @@ class AnalysisOptions:
 
     Attributes:
         comm_patterns: compiled regular expressions naming extra communication kernels.
+        hta: also run the opt-in HTA analyses (idle time breakdown, kernel launch statistics).
     """
 
     comm_patterns: tuple[re.Pattern, ...] = ()
+    #: run the opt-in HTA analyses (:mod:`pardiag.analyzer.hta_extras`; ``report --hta``)
+    hta: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +179,14 @@ ANALYSES: tuple[Analysis, ...] = (
 )
 
 
+#: Opt-in analyses, run after ANALYSES only when their AnalysisOptions flag is set:
+#: (flag, analysis). Their JSON keys appear only when they ran.
+OPT_IN: tuple[tuple[str, Analysis], ...] = (
+    ("hta", Analysis("hta", lambda traces, opts, done: compute_hta_extras(
+        traces, opts.comm_patterns), lambda r, traces: hta_json(r))),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
     """Everything a report shows: the loaded traces and each analysis' result by name."""
@@ -192,6 +204,9 @@ def build_report(traces: TraceSet, options: AnalysisOptions = AnalysisOptions())
     results: dict[str, Any] = {}
     for a in ANALYSES:
         results[a.name] = a.compute(traces, options, results)
+    for flag, a in OPT_IN:
+        if getattr(options, flag):
+            results[a.name] = a.compute(traces, options, results)
     return Report(traces, results)
 
 
@@ -221,4 +236,7 @@ def report_json(report: Report) -> dict:
     }
     for a in ANALYSES:
         out.update(a.to_json(report.results[a.name], report.traces))
+    for _, a in OPT_IN:
+        if a.name in report.results:
+            out.update(a.to_json(report.results[a.name], report.traces))
     return out

@@ -59,6 +59,7 @@ SECTIONS = (
     ("bandwidth", "Bandwidth"),
     ("collectives", "Collectives"),
     ("warnings", "Warnings and notes"),
+    ("hta", "HTA: GPU idle time and kernel launches"),   # report --hta only
 )
 
 #: Most rows of any table; the rest are left out and the page says "showing N of M".
@@ -1006,6 +1007,39 @@ def _warnings_section(report: Report) -> list[str]:
     return out
 
 
+def _hta_section(report: Report) -> list[str]:
+    """``report --hta``: HTA's idle time breakdown per stream and its kernel launch statistics
+    per rank (:class:`pardiag.analyzer.hta_extras.HtaExtras`), and a line per HTA failure."""
+    h = report.results.get("hta")
+    if h is None:
+        return []
+    out = [_h2("hta"), _muted(
+        f"Holistic Trace Analysis {h.hta_version or ''} on each rank's trace, on HTA's window "
+        f"(events launched before the last profiler step; whole µs). Idle time of a stream = "
+        f"the gaps between its kernels: host wait (launched after the previous kernel ended), "
+        f"kernel wait (gap < {h.consecutive_kernel_delay_us:g} µs), other.")]
+    if len(h.idle):
+        out.append(_table(_ms(h.idle, ["idle_us"]), {
+            "rank": "rank", "stream": "stream", "category": "idle category",
+            "idle_us": "idle (ms)", "idle_pct": "share of the stream's idle (%)"},
+            left=("category",), digits=3, sortable=True, what="rows"))
+    if len(h.launches):
+        out.append(_table(h.launches, {
+            "rank": "rank", "launches": "launches", "cpu_us_median": "runtime call median (µs)",
+            "gpu_us_median": "GPU event median (µs)",
+            "launch_delay_us_median": "launch delay median (µs)",
+            "launch_delay_us_p95": "launch delay p95 (µs)",
+            "launch_delay_us_max": "launch delay max (µs)",
+            "runtime_outliers": f"runtime calls > {h.runtime_cutoff_us:g} µs",
+            "delay_outliers": f"delays > {h.launch_delay_cutoff_us:g} µs",
+            "gpu_shorter": "GPU event shorter than its launch"},
+            sortable=True, what="ranks"))
+    out += [f"<p class='warn'>{_e(m)}</p>" for m in h.messages]
+    if not len(h.idle) and not len(h.launches) and not h.messages:
+        out.append(_muted("HTA found nothing to analyze."))
+    return out
+
+
 def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
     """The whole report page as a string (UTF-8 text, one self-contained HTML document).
 
@@ -1027,6 +1061,7 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
     body += _layout_section(report)
     body += _bandwidth_section(report, page)
     body += _collectives_section(report)
+    body += _hta_section(report)
     body += _warnings_section(report)
     # The run summary sits second but lists what later sections sampled, so it is built last.
     reductions = ("<p class='muted'>Reduced to keep the page small:</p><ul>"
@@ -1050,7 +1085,8 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
                   f"{_packed_plotlyjs()}</script>")
     else:
         head_js, packed = "", ""
-    toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in SECTIONS)
+    toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in SECTIONS
+                     if k != "hta" or "hta" in report.results)
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>pardiag report: {_e(Path(str(traces.source)).name)}</title>"

@@ -88,9 +88,12 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
               help="Parse every trace; neither read nor store per-rank summaries.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes that parse traces [default: one per core for large inputs].")
+@click.option("--hta", is_flag=True,
+              help="Also run Holistic Trace Analysis' idle time breakdown and kernel launch "
+                   "statistics on each GPU rank (needs HolisticTraceAnalysis).")
 def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
            comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
-           workers: int | None) -> None:
+           workers: int | None, hta: bool) -> None:
     """Analyze a run folder, a folder of Kineto traces, or trace files.
 
     Writes a self-contained HTML report, prints a summary, and optionally writes JSON.
@@ -110,7 +113,7 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     from pardiag.progress import progress_reporter
 
     try:
-        opts = AnalysisOptions(comm_patterns=tuple(compile_comm_patterns(comm_kernel)))
+        opts = AnalysisOptions(comm_patterns=tuple(compile_comm_patterns(comm_kernel)), hta=hta)
         with progress_reporter("loading traces") as progress:
             traces = load_traces(list(paths), reducer=REDUCER, comm_patterns=opts.comm_patterns,
                                  cache=not no_cache, workers=workers, progress=progress)
