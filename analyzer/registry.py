@@ -12,6 +12,7 @@ import math
 import re
 from typing import Any, Callable
 
+import msgspec
 import pandas as pd
 
 from pardiag import layout
@@ -232,7 +233,7 @@ def report_json(report: Report) -> dict:
         "source": report.traces.source,
         "warnings": list(report.traces.warnings),
         "notes": [n for t in report.traces.ranks.values() for n in t.notes],
-        "run": report.traces.run_info,
+        "run": msgspec.to_builtins(report.traces.run_info),
     }
     for a in ANALYSES:
         out.update(a.to_json(report.results[a.name], report.traces))

@@ -59,8 +59,9 @@ SECTIONS = (
     ("bandwidth", "Bandwidth"),
     ("collectives", "Collectives"),
     ("warnings", "Warnings and notes"),
-    ("hta", "HTA: GPU idle time and kernel launches"),   # report --hta only
 )
+#: The section of ``report --hta`` (listed before the warnings when the report has it).
+HTA_SECTION = ("hta", "HTA: GPU idle time and kernel launches")
 
 #: Most rows of any table; the rest are left out and the page says "showing N of M".
 MAX_TABLE_ROWS = 200
@@ -574,7 +575,7 @@ def _verdict_section(report: Report) -> list[str]:
 def _summary_section(report: Report) -> list[tuple[str, str]]:
     """(label, value) rows of the run summary: source, ranks, run metadata, headline numbers."""
     b, traces = report.breakdown, report.traces
-    run = traces.run_info or {}
+    run = traces.run_info
     domains = sorted(set(b.totals["domain"]))
     summary = [
         ("source", traces.source),
@@ -584,13 +585,15 @@ def _summary_section(report: Report) -> list[tuple[str, str]]:
                                for d in domains)),
     ]
     if run:
-        summary += [("command", run.get("command", "")),
-                    ("world size", run.get("world_size", "")),
-                    ("exit code", run.get("exit_code", ""))]
-        for key, label in (("torch_version", "torch"), ("start_time", "started")):
-            if run.get(key):
-                summary.append((label, run[key]))
-        lay = run.get("layout") or {}
+        summary += [("command", run.command or ""),
+                    ("world size", run.world_size if run.world_size is not None else ""),
+                    ("exit code", run.exit_code if run.exit_code is not None else "")]
+        if run.torch_version:
+            summary.append(("torch", run.torch_version))
+        if run.started_unix is not None:   # run.json's started_unix (UTC)
+            summary.append(("started", datetime.datetime.fromtimestamp(
+                run.started_unix, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")))
+        lay = run.layout or {}
         if isinstance(lay, dict) and lay:
             dims = ", ".join(f"{k.upper()}={v}" for k, v in (lay.get("dims") or {}).items())
             pipe = lay.get("pipeline")
@@ -1013,7 +1016,7 @@ def _hta_section(report: Report) -> list[str]:
     h = report.results.get("hta")
     if h is None:
         return []
-    out = [_h2("hta"), _muted(
+    out = [f"<h2 id='{HTA_SECTION[0]}'>{_e(HTA_SECTION[1])}</h2>", _muted(
         f"Holistic Trace Analysis {h.hta_version or ''} on each rank's trace, on HTA's window "
         f"(events launched before the last profiler step; whole µs). Idle time of a stream = "
         f"the gaps between its kernels: host wait (launched after the previous kernel ended), "
@@ -1085,8 +1088,8 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
                   f"{_packed_plotlyjs()}</script>")
     else:
         head_js, packed = "", ""
-    toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in SECTIONS
-                     if k != "hta" or "hta" in report.results)
+    toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in SECTIONS[:-1] + (
+        (HTA_SECTION,) if "hta" in report.results else ()) + SECTIONS[-1:])
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>pardiag report: {_e(Path(str(traces.source)).name)}</title>"

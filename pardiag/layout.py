@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 SCHEMA_VERSION = 1
 
@@ -140,3 +143,178 @@ def owned_files(run_dir: Path) -> list[Path]:
 def sidecar_header(kind: str) -> dict:
     """The keys every sidecar starts with: schema, schema version and kind (``run`` or ``rank``)."""
     return {"schema": SIDECAR_SCHEMA, "schema_version": SCHEMA_VERSION, "kind": kind}
+
+
+# --- What the run file and the rank metadata hold ------------------------------------------------
+# Written by the collectors (launch.py: RunFile; rank_entry.py: RankMeta) with encode_sidecar,
+# decoded once by the loader (pardiag.analyzer.load) with decode_sidecar. Every field has a
+# default, so a file of an older pardiag (or a test's partial one) decodes; unknown keys are
+# ignored, so a newer pardiag's file decodes too. A value of the wrong type is an error that names
+# the field (the loader then ignores the file with a warning).
+
+
+class ProfilerSchedule(msgspec.Struct, kw_only=True, frozen=True):
+    """The ``torch.profiler`` schedule the ranks used (``--wait/--warmup/--active``).
+
+    Attributes:
+        wait: optimizer steps skipped before the profiler warms up.
+        warmup: optimizer steps profiled and discarded.
+        active: optimizer steps recorded in the trace.
+    """
+
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+
+
+class RunFile(msgspec.Struct, kw_only=True, frozen=True):
+    """``pardiag/run.json``: one per run, written by the launcher when torchrun has finished.
+
+    Attributes:
+        schema: always SIDECAR_SCHEMA (tells a pardiag sidecar from other JSON).
+        schema_version: SCHEMA_VERSION of the writer.
+        kind: always ``"run"``.
+        pardiag_version: the pardiag that wrote the run.
+        command: the ``pardiag profile`` command line (shell-quoted).
+        script: the training script as given.
+        script_args: the script's own arguments.
+        world_size: ranks started (all nodes).
+        nproc_per_node: ranks started on this node.
+        nnodes: nodes (1: ``pardiag profile`` runs ``torchrun --standalone``).
+        schedule: the profiler schedule.
+        started_unix: when torchrun was started (seconds since the epoch, UTC).
+        ended_unix: when torchrun had finished (seconds since the epoch, UTC).
+        torchrun_exit_code: torchrun's own exit code.
+        exit_code: the exit code passed on: the first non-zero rank's, 124 after ``--timeout``,
+            else torchrun's.
+        timed_out_after_s: the ``--timeout`` that expired (None: it did not).
+        hang: one line per collective the job was stuck in when it was stopped.
+        nodes: ``{host name: [ranks on it]}`` from the rank metadata.
+        layout: the parallel layout rank 0 detected: ``dims`` (``{"dp": 2, ...}``),
+            ``strategies``, ``pipeline`` (schedule, stages, microbatches, ...) and
+            ``fsdp_reshard_after_forward`` when known.
+        backend: the process group backend (``gloo``, ``nccl``; a list when ranks differ).
+        torch_version: torch's version (a list when ranks differ).
+        failed_ranks: ``{rank as a string: error line}`` of ranks that raised or exited non-zero.
+        missing_ranks: ranks that wrote no metadata (killed before they finished).
+    """
+
+    schema: str = SIDECAR_SCHEMA
+    schema_version: int = SCHEMA_VERSION
+    kind: str = "run"
+    pardiag_version: str | None = None
+    command: str | None = None
+    script: str | None = None
+    script_args: list[str] = msgspec.field(default_factory=list)
+    world_size: int | None = None
+    nproc_per_node: int | None = None
+    nnodes: int | None = None
+    schedule: ProfilerSchedule | None = None
+    started_unix: float | None = None
+    ended_unix: float | None = None
+    torchrun_exit_code: int | None = None
+    exit_code: int | None = None
+    timed_out_after_s: float | None = None
+    hang: list[str] = msgspec.field(default_factory=list)
+    nodes: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    layout: dict[str, Any] | None = None
+    backend: str | list[str] | None = None
+    torch_version: str | list[str] | None = None
+    failed_ranks: dict[str, str] = msgspec.field(default_factory=dict)
+    missing_ranks: list[int] = msgspec.field(default_factory=list)
+
+
+class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
+    """``pardiag/rank{R}.meta.json``: written by each rank when its script has ended.
+
+    Attributes:
+        schema: always SIDECAR_SCHEMA.
+        schema_version: SCHEMA_VERSION of the writer.
+        kind: always ``"rank"``.
+        rank: global rank.
+        world_size: ranks of the job.
+        local_rank: rank on its node.
+        pid: the rank's process id.
+        host: host name (ranks with the same one share a clock).
+        cpu_count: CPUs of the host (``os.cpu_count()``).
+        nccl_version: NCCL's version on GPU hosts.
+        nvidia_smi_topo: ``nvidia-smi topo -m`` output (local rank 0 of GPU hosts).
+        torch_version: torch's version.
+        pardiag_version: the pardiag that wrote the file.
+        backend: the process group backend (None: no process group).
+        device: ``cpu`` or ``cuda:N``.
+        device_name: the GPU's name, or the CPU's.
+        device_memory_bytes: the GPU's memory (None on CPU).
+        optimizer_steps: optimizer steps the rank counted (the profiler steps with them).
+        optimizer_step_times_us: ``[step, start, end]`` of every counted optimizer step (epoch µs).
+        trace_file: the trace's file name in the run folder (None: no trace was written).
+        comm_records: collective and point-to-point records written to its comms sidecar.
+        memory: ``static`` (bytes of local parameters, gradients, optimizer state), peak RSS or
+            CUDA peak allocated/reserved bytes, ``trace_peaks`` (the trace's memory events' peak
+            per device type).
+        layout: the parallel layout the rank detected (dims, strategies, group_dims, pipeline,
+            DDP bucket cap and parameter bytes, FSDP settings), or None.
+        started_unix: when the script started (seconds since the epoch, UTC).
+        ended_unix: when it ended.
+        exit_code: the script's exit code.
+        status: ``ok`` or ``error``.
+        error: the script's exception on one line when ``status`` is ``error``.
+    """
+
+    schema: str = SIDECAR_SCHEMA
+    schema_version: int = SCHEMA_VERSION
+    kind: str = "rank"
+    rank: int
+    world_size: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    cpu_count: int | None = None
+    nccl_version: str | None = None
+    nvidia_smi_topo: str | None = None
+    torch_version: str | None = None
+    pardiag_version: str | None = None
+    backend: str | None = None
+    device: str | None = None
+    device_name: str | None = None
+    device_memory_bytes: int | None = None
+    optimizer_steps: int | None = None
+    optimizer_step_times_us: list[list[float]] = msgspec.field(default_factory=list)
+    trace_file: str | None = None
+    comm_records: int = 0
+    memory: dict[str, Any] = msgspec.field(default_factory=dict)
+    layout: dict[str, Any] | None = None
+    started_unix: float | None = None
+    ended_unix: float | None = None
+    exit_code: int | None = None
+    status: str | None = None
+    error: str | None = None
+
+
+#: The typed sidecars by their ``kind``.
+TYPED_SIDECARS: dict[str, type] = {"run": RunFile, "rank": RankMeta}
+
+
+def encode_sidecar(obj: msgspec.Struct) -> bytes:
+    """A typed sidecar as the JSON bytes written to its file (indented, keys in field order);
+    a value JSON has no type for (a ``torch.__version__``, a path) is written as its ``str``."""
+    return msgspec.json.format(msgspec.json.encode(obj, enc_hook=str), indent=1)
+
+
+def decode_sidecar(doc: dict | bytes, kind: str):
+    """A typed sidecar (``RunFile`` for ``"run"``, ``RankMeta`` for ``"rank"``) from its parsed
+    JSON object or its bytes.
+
+    Raises:
+        ValueError: a value has the wrong type, or a required field is missing (the message
+            names the field, e.g. ``Expected `int`, got `str` - at `$.world_size```).
+    """
+    cls = TYPED_SIDECARS[kind]
+    try:
+        if isinstance(doc, (bytes, bytearray)):
+            return msgspec.json.decode(doc, type=cls)
+        return msgspec.convert(doc, cls)
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise ValueError(str(exc)) from None

@@ -94,3 +94,41 @@ def test_find_sidecars_and_owned_files(tmp_path):
     assert [str(p.relative_to(tmp_path)) for p in layout.owned_files(tmp_path)] == [
         "pardiag/rank0.comms.json", "pardiag/run.json", "rank0.meta.json",
         "rank0.trace.json.gz", "run.json"]
+
+
+def test_every_committed_sidecar_decodes_into_its_type():
+    import orjson
+    n = 0
+    for f in sorted(SAMPLES.glob("*/*.json")):
+        doc = orjson.loads(f.read_bytes())
+        if doc.get("kind") in layout.TYPED_SIDECARS:
+            typed = layout.decode_sidecar(doc, doc["kind"])
+            assert layout.decode_sidecar(layout.encode_sidecar(typed), doc["kind"]) == typed
+            n += 1
+    assert n == 14 + 32   # 14 runs, 32 ranks
+    run = layout.decode_sidecar(orjson.loads((SAMPLES / "ddp_cpu_2rank" / "run.json").read_bytes()),
+                                "run")
+    assert run.schedule == layout.ProfilerSchedule(wait=1, warmup=1, active=3)
+    assert run.started_unix < run.ended_unix and run.layout["dims"] == {"dp": 2}
+
+
+def test_a_wrong_value_names_the_field_and_the_file_is_ignored(tmp_path):
+    new = relayout(SAMPLES / "ddp_cpu_2rank", tmp_path / "d")
+    run = json.loads((new / "pardiag" / "run.json").read_text())
+    run["world_size"] = "two"
+    (new / "pardiag" / "run.json").write_text(json.dumps(run))
+    ts = load_traces(new)
+    assert ts.run_info is None and set(ts.rank_meta) == {0, 1}
+    assert any(w.endswith("run.json: pardiag sidecar with a wrong value, ignored (Expected `int "
+                          "| null`, got `str` - at `$.world_size`)") for w in ts.warnings), ts.warnings
+
+
+def test_the_report_shows_when_the_run_started(tmp_path):
+    """run.json holds ``started_unix``; the summary once read an absent ``start_time``."""
+    import datetime
+    from pardiag.analyzer.render_html import render_html
+    ts = load_traces(SAMPLES / "ddp_cpu_2rank")
+    page = render_html(build_report(ts), include_plotlyjs=False)
+    when = datetime.datetime.fromtimestamp(ts.run_info.started_unix, datetime.timezone.utc)
+    assert f"<th class='l'>started</th><td>{when:%Y-%m-%d %H:%M:%S} UTC</td>" in page
+    assert report_json(build_report(ts))["run"]["started_unix"] == ts.run_info.started_unix

@@ -38,6 +38,11 @@ def test_profile_writes_the_run_folder(ddp_run):
     run = json.loads((out / "pardiag" / "run.json").read_text())
     assert run["world_size"] == 2 and run["exit_code"] == 0
     assert run["script_args"] == ["--steps", "7"]
+    from pardiag import layout   # the typed form the loader decodes
+    typed = layout.decode_sidecar((out / "pardiag" / "run.json").read_bytes(), "run")
+    assert typed.started_unix < typed.ended_unix and typed.schedule.active == 3
+    assert typed.nodes == {layout.decode_sidecar(
+        (out / "pardiag" / "rank0.meta.json").read_bytes(), "rank").host: [0, 1]}
     for r in (0, 1):
         meta = json.loads((out / "pardiag" / f"rank{r}.meta.json").read_text())
         assert meta["rank"] == r and meta["world_size"] == 2 and meta["status"] == "ok"
