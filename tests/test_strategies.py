@@ -78,7 +78,7 @@ def test_every_collective_has_a_record(runs, name):
     traces = load_traces(out)
     assert len(traces.ranks) == RUNS[name][1] and not traces.warnings
     for rank, trace in traces.ranks.items():
-        comms = _json(out / f"rank{rank}.comms.json")
+        comms = _json(out / "pardiag" / f"rank{rank}.comms.json")
         recs = comms["records"]
         assert recs, (name, rank)
         groups = {g["name"]: g for g in comms["process_groups"]}
