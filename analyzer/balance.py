@@ -106,7 +106,7 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
     """Per-rank static and peak memory, the allocator timeline, and their imbalance."""
     rows, tl = [], []
     for rank, trace in traces.ranks.items():
-        meta = traces.rank_meta.get(rank, {}).get("memory") or {}
+        meta = traces.rank_meta[rank].memory if rank in traces.rank_meta else {}
         static = meta.get("static") or {}
         peaks = {}
         # [memory] events, from the rank's summary when it has one (pardiag.analyzer.summary)
@@ -183,10 +183,10 @@ def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> 
     strategies and the pipeline come from ``inferred`` (:func:`infer_layout.infer_layout`), and
     the result says so (``source``, ``evidence``, ``not_inferred``). A pardiag run keeps its recorded layout.
     """
-    run = traces.run_info or {}
-    lay = run.get("layout") or {}
-    hosts = {r: m.get("host") for r, m in traces.rank_meta.items() if m.get("host")}
-    nodes = run.get("nodes") or {}
+    run = traces.run_info
+    lay = (run.layout if run else None) or {}
+    hosts = {r: m.host for r, m in traces.rank_meta.items() if m.host}
+    nodes = (run.nodes if run else None) or {}
     if not nodes and hosts:
         for r, h in sorted(hosts.items()):
             nodes.setdefault(h, []).append(r)

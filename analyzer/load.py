@@ -54,9 +54,11 @@ class RankReducer(Protocol):
 
 def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[str]]:
     """Expand folders into candidate files; returns (candidates, sidecars, source label, info
-    lines). Trace files named one by one use the pardiag sidecars (``run.json``,
-    ``rank{R}.*.json``) of the one folder they share; files from several folders use none, and
-    an info line says which happened."""
+    lines). A folder's pardiag sidecars are found where :func:`pardiag.layout.find_sidecars`
+    looks (its ``pardiag/`` subfolder, or beside the traces in run folders of the older layout).
+    Trace files named one by one use the pardiag sidecars (``run.json``, ``rank{R}.*.json``) of
+    the one run folder they share; files from several folders use none, and an info line says
+    which happened."""
     files: list[Path] = []
     sidecars: list[Path] = []
     seen: set[Path] = set()
@@ -65,12 +67,11 @@ def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[s
     for p in paths:
         if p.is_dir():
             given_dirs.add(p.resolve())
+            sidecars.extend(f for f in layout.find_sidecars(p) if f not in sidecars)
             for f in sorted(p.iterdir()):
-                if not f.is_file():
+                if not f.is_file() or layout.is_sidecar_name(f.name):
                     continue
-                if layout.is_sidecar_name(f.name):
-                    sidecars.append(f)
-                elif f.name.endswith((".json", ".json.gz")) and f.resolve() not in seen:
+                if f.name.endswith((".json", ".json.gz")) and f.resolve() not in seen:
                     seen.add(f.resolve())
                     files.append(f)
         elif p.is_file():
@@ -84,12 +85,10 @@ def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[s
         else:
             raise TraceError(f"{p}: no such file or folder")
     info: list[str] = []
-    beside = [d for d in named_dirs - given_dirs
-              if any(layout.is_sidecar_name(f.name) for f in d.iterdir() if f.is_file())]
+    beside = [d for d in named_dirs - given_dirs if layout.find_sidecars(d)]
     if len(named_dirs) == 1 and beside:
         d = beside[0]
-        extra = sorted(f for f in d.iterdir() if f.is_file() and layout.is_sidecar_name(f.name))
-        sidecars.extend(f for f in extra if f not in sidecars)
+        sidecars.extend(f for f in layout.find_sidecars(d) if f not in sidecars)
         info.append(f"{d}: using the pardiag run's run.json and sidecars beside the named trace "
                     f"files")
     elif beside:
@@ -135,9 +134,13 @@ def _check_sidecar(path: Path, doc: dict, warnings: list[str]) -> dict | None:
 
 
 def _read_sidecars(sidecars: list[Path], warnings: list[str]
-                   ) -> tuple[dict | None, dict[int, dict], dict[str, dict[int, dict]]]:
+                   ) -> tuple[layout.RunFile | None, dict[int, layout.RankMeta],
+                              dict[str, dict[int, dict]]]:
+    """The run file and rank metadata decoded into their types (:class:`pardiag.layout.RunFile`,
+    :class:`pardiag.layout.RankMeta`), the other sidecars (comms, pipeline) as checked dicts;
+    a file that cannot be read or decoded is ignored with a warning."""
     run_info = None
-    rank_meta: dict[int, dict] = {}
+    rank_meta: dict[int, layout.RankMeta] = {}
     others: dict[str, dict[int, dict]] = {}
     for f in sidecars:
         try:
@@ -148,10 +151,16 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str]
         if not isinstance(doc, dict) or doc.get("schema") != layout.SIDECAR_SCHEMA:
             warnings.append(f"{f}: not a pardiag sidecar, ignored")
             continue
-        if doc.get("kind") == "run":
-            run_info = doc
-        elif doc.get("kind") == "rank" and isinstance(doc.get("rank"), int):
-            rank_meta[doc["rank"]] = doc
+        if doc.get("kind") in layout.TYPED_SIDECARS:
+            try:
+                typed = layout.decode_sidecar(doc, doc["kind"])
+            except ValueError as exc:
+                warnings.append(f"{f}: pardiag sidecar with a wrong value, ignored ({exc})")
+                continue
+            if doc["kind"] == "run":
+                run_info = typed
+            else:
+                rank_meta[typed.rank] = typed
         elif isinstance(doc.get("kind"), str) and isinstance(doc.get("rank"), int):
             checked = _check_sidecar(f, doc, warnings)
             if checked is not None:
@@ -166,19 +175,20 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str]
     return run_info, rank_meta, others
 
 
-def _run_warnings(run_info: dict | None, rank_meta: dict[int, dict], ranks: set[int]) -> list[str]:
+def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.RankMeta],
+                  ranks: set[int]) -> list[str]:
     """What ``run.json`` and the rank metadata say went wrong in a ``pardiag profile`` run."""
     out: list[str] = []
     if run_info:
-        if run_info.get("exit_code"):
-            out.append(f"the profiled run exited with code {run_info['exit_code']}")
-        for r, msg in sorted((run_info.get("failed_ranks") or {}).items()):
+        if run_info.exit_code:
+            out.append(f"the profiled run exited with code {run_info.exit_code}")
+        for r, msg in sorted(run_info.failed_ranks.items()):
             out.append(f"rank {r} failed during the profiled run: {msg}")
-        for r in run_info.get("missing_ranks") or []:
+        for r in run_info.missing_ranks:
             out.append(f"rank {r} did not finish the profiled run")
-        for line in run_info.get("hang") or []:
+        for line in run_info.hang:
             out.append(f"the profiled run hung and was stopped: {line}")
-        ws = run_info.get("world_size")
+        ws = run_info.world_size
         if isinstance(ws, int) and ws > 0:
             absent = sorted(set(range(ws)) - ranks)
             if absent:
@@ -228,7 +238,8 @@ def _join_windows(parts: list[_Parsed]) -> _Parsed:
                    notes=notes, has_steps=any(p.has_steps for p in parts))
 
 
-def _world_size_warnings(rank_docs: list[tuple[int, dict]], run_info: dict | None = None
+def _world_size_warnings(rank_docs: list[tuple[int, dict]],
+                         run_info: layout.RunFile | None = None
                          ) -> list[str]:
     """One warning when the traces' ``distributedInfo.world_size`` values disagree, or a rank
     number is not below the world size the traces state; and one when fewer ranks than that
@@ -250,7 +261,7 @@ def _world_size_warnings(rank_docs: list[tuple[int, dict]], run_info: dict | Non
         if over:
             return [f"rank(s) {over[:8]} are not below the world size {ws} the traces state"]
         have = {r for r, _ in rank_docs}
-        if len(have) < ws and not (run_info and run_info.get("world_size")):
+        if len(have) < ws and not (run_info and run_info.world_size):
             absent = []  # the first few (a world size can be any number the file says)
             for r in range(ws):
                 if r not in have:
@@ -518,14 +529,14 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
         hint = ""
         sub = sorted({f.parent for p in paths if p.is_dir()
                       for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))
-                      and f.parent.name != ".pardiag-cache"})
+                      and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
         if sub:
             hint = f"; subfolders hold some: {', '.join(str(d) for d in sub[:3])}"
-        elif run_info is not None and run_info.get("hang"):
+        elif run_info is not None and run_info.hang:
             hint = ("; the profiled run hung and was stopped before a trace was written: "
-                    + run_info["hang"][0])
+                    + run_info.hang[0])
         elif run_info is not None or rank_meta:
-            steps = {r: m.get("optimizer_steps") for r, m in sorted(rank_meta.items())}
+            steps = {r: m.optimizer_steps for r, m in sorted(rank_meta.items())}
             hint = (f"; this pardiag run wrote no trace (optimizer steps per rank: {steps};"
                     f" profile with more steps or --wait 0 --warmup 0)")
         raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found{hint}")

@@ -73,7 +73,7 @@ class PipelineResult:
 
 def _schedule(traces: TraceSet, chunks: pd.DataFrame,
               inferred: InferredLayout | None = None) -> dict | None:
-    lay = (traces.run_info or {}).get("layout") or {}
+    lay = (traces.run_info.layout if traces.run_info else None) or {}
     pipe = lay.get("pipeline") or {}
     if not pipe and inferred is not None and inferred.pipeline and not is_pardiag_run(traces):
         pipe = inferred.pipeline

@@ -779,10 +779,10 @@ def _straggler_recs(traces: TraceSet, done: dict, measured: float) -> list[Recom
 
 def _layout(traces: TraceSet) -> dict:
     """The run's layout (run.json, else rank 0's metadata), or {}."""
-    lay = dict((traces.run_info or {}).get("layout") or {})
+    lay = dict((traces.run_info.layout if traces.run_info else None) or {})
     for meta in traces.rank_meta.values():   # rank metadata has keys run.json may not carry
-        if isinstance(meta.get("layout"), dict):
-            for k, v in meta["layout"].items():
+        if isinstance(meta.layout, dict):
+            for k, v in meta.layout.items():
                 lay.setdefault(k, v)
     return lay
 
@@ -1230,15 +1230,14 @@ def clean_step_us(traces: TraceSet) -> tuple[float, int]:
     ranks' metadata recorded every optimizer step (``pardiag profile``): the start-to-start time
     of consecutive optimizer-step ends, taken only where both steps ran without the profiler.
     Returns ``(nan, 0)`` when there is none."""
-    sch = (traces.run_info or {}).get("schedule") or {}
-    try:
-        first_clean = int(sch["wait"]) + int(sch["warmup"]) + int(sch["active"])
-    except (KeyError, TypeError, ValueError):
+    sch = traces.run_info.schedule if traces.run_info else None
+    if sch is None:
         return float("nan"), 0
+    first_clean = sch.wait + sch.warmup + sch.active
     periods = []
     steps_used: set[int] = set()
     for meta in traces.rank_meta.values():
-        rows = meta.get("optimizer_step_times_us") or []
+        rows = meta.optimizer_step_times_us
         ends = {}
         for row in rows:
             if isinstance(row, list) and len(row) == 3 and all(
@@ -1256,12 +1255,11 @@ def clean_step_us(traces: TraceSet) -> tuple[float, int]:
 def _steps_unrecorded(traces: TraceSet) -> str:
     """A sentence when ``pardiag profile``'s metadata shows that no rank recorded a training
     step (the script made no more optimizer steps than ``--wait + --warmup``), else ""."""
-    sch = (traces.run_info or {}).get("schedule") or {}
-    try:
-        skip = int(sch["wait"]) + int(sch["warmup"])
-    except (KeyError, TypeError, ValueError):
+    sch = traces.run_info.schedule if traces.run_info else None
+    if sch is None:
         return ""
-    steps = [m.get("optimizer_steps") for m in traces.rank_meta.values()]
+    skip = sch.wait + sch.warmup
+    steps = [m.optimizer_steps for m in traces.rank_meta.values()]
     if not steps or not all(isinstance(n, int) and n <= skip for n in steps):
         return ""
     return (f"The profiler recorded no training step: the script made {max(steps)} optimizer "

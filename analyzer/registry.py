@@ -12,6 +12,7 @@ import math
 import re
 from typing import Any, Callable
 
+import msgspec
 import pandas as pd
 
 from pardiag.analyzer.balance import (BalanceResult, LayoutResult, MemoryResult, compute_balance,
@@ -22,6 +23,7 @@ from pardiag.analyzer.infer_layout import InferredLayout, infer_layout, is_pardi
 from pardiag.analyzer.traceset import TraceSet
 from pardiag.analyzer.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
 from pardiag.analyzer.dim_overlap import DimOverlapResult, compute_dim_overlap
+from pardiag.analyzer.hta_extras import HtaExtras, compute_hta_extras, hta_json
 from pardiag.analyzer.recommend import RecommendationResult, compute_recommendations
 from pardiag.analyzer.sync import SyncResult, compute_sync, P2P_OPS
 
@@ -39,9 +41,12 @@ class AnalysisOptions:
 
     Attributes:
         comm_patterns: compiled regular expressions naming extra communication kernels.
+        hta: also run the opt-in HTA analyses (idle time breakdown, kernel launch statistics).
     """
 
     comm_patterns: tuple[re.Pattern, ...] = ()
+    #: run the opt-in HTA analyses (:mod:`pardiag.analyzer.hta_extras`; ``report --hta``)
+    hta: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +188,14 @@ ANALYSES: tuple[Analysis, ...] = (
 )
 
 
+#: Opt-in analyses, run after ANALYSES only when their AnalysisOptions flag is set:
+#: (flag, analysis). Their JSON keys appear only when they ran.
+OPT_IN: tuple[tuple[str, Analysis], ...] = (
+    ("hta", Analysis("hta", lambda traces, opts, done: compute_hta_extras(
+        traces, opts.comm_patterns), lambda r, traces: hta_json(r))),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
     """Everything a report shows: the loaded traces and one typed field per analysis (the HTML,
@@ -201,6 +214,8 @@ class Report:
         layout: dimensions, strategies, groups, nodes (:class:`LayoutResult`).
         dim_overlap: overlap per parallel dimension (:class:`DimOverlapResult`).
         recommendations: verdict and ranked changes (:class:`RecommendationResult`).
+        hta: HTA's idle time breakdown and kernel launch statistics (:class:`HtaExtras`), only
+            with ``AnalysisOptions(hta=True)`` (``report --hta``), else None.
     """
 
     traces: TraceSet
@@ -213,6 +228,7 @@ class Report:
     layout: LayoutResult
     dim_overlap: DimOverlapResult
     recommendations: RecommendationResult
+    hta: HtaExtras | None = None
 
     @property
     def breakdown(self) -> TimeBreakdown:
@@ -221,8 +237,12 @@ class Report:
 
     @property
     def results(self) -> dict[str, Any]:
-        """``{analysis name: result}`` in registry order (a view of the fields)."""
-        return {a.name: getattr(self, a.name) for a in ANALYSES}
+        """``{analysis name: result}`` in registry order (a view of the fields; opt-in
+        analyses only when they ran)."""
+        out = {a.name: getattr(self, a.name) for a in ANALYSES}
+        out.update({a.name: getattr(self, a.name) for _, a in OPT_IN
+                    if getattr(self, a.name, None) is not None})
+        return out
 
 
 def build_report(traces: TraceSet, options: AnalysisOptions = AnalysisOptions(),
@@ -232,6 +252,9 @@ def build_report(traces: TraceSet, options: AnalysisOptions = AnalysisOptions(),
     results: dict[str, Any] = {}
     for a in ANALYSES:
         results[a.name] = a.compute(traces, options, results)
+    for flag, a in OPT_IN:
+        if getattr(options, flag):
+            results[a.name] = a.compute(traces, options, results)
     return cls(traces=traces, **results)
 
 
@@ -257,8 +280,11 @@ def report_json(report: Report) -> dict:
         "source": report.traces.source,
         "warnings": list(report.traces.warnings),
         "notes": [n for t in report.traces.ranks.values() for n in t.notes],
-        "run": report.traces.run_info,
+        "run": msgspec.to_builtins(report.traces.run_info),
     }
     for a in ANALYSES:
         out.update(a.to_json(getattr(report, a.name), report.traces))
+    for _, a in OPT_IN:
+        if getattr(report, a.name, None) is not None:
+            out.update(a.to_json(getattr(report, a.name), report.traces))
     return out

@@ -61,6 +61,8 @@ SECTIONS = (
     ("collectives", "Collectives"),
     ("warnings", "Warnings and notes"),
 )
+#: The section of ``report --hta`` (listed before the warnings when the report has it).
+HTA_SECTION = ("hta", "HTA: GPU idle time and kernel launches")
 
 #: Most rows of any table; the rest are left out and the page says "showing N of M".
 MAX_TABLE_ROWS = 200
@@ -545,7 +547,7 @@ def _verdict_section(report: Report) -> list[str]:
 def _summary_section(report: Report) -> list[tuple[str, str]]:
     """(label, value) rows of the run summary: source, ranks, run metadata, headline numbers."""
     b, traces = report.breakdown, report.traces
-    run = traces.run_info or {}
+    run = traces.run_info
     domains = sorted(set(b.totals["domain"]))
     summary = [
         ("source", traces.source),
@@ -555,13 +557,15 @@ def _summary_section(report: Report) -> list[tuple[str, str]]:
                                for d in domains)),
     ]
     if run:
-        summary += [("command", run.get("command", "")),
-                    ("world size", run.get("world_size", "")),
-                    ("exit code", run.get("exit_code", ""))]
-        for key, label in (("torch_version", "torch"), ("start_time", "started")):
-            if run.get(key):
-                summary.append((label, run[key]))
-        lay = run.get("layout") or {}
+        summary += [("command", run.command or ""),
+                    ("world size", run.world_size if run.world_size is not None else ""),
+                    ("exit code", run.exit_code if run.exit_code is not None else "")]
+        if run.torch_version:
+            summary.append(("torch", run.torch_version))
+        if run.started_unix is not None:   # run.json's started_unix (UTC)
+            summary.append(("started", datetime.datetime.fromtimestamp(
+                run.started_unix, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")))
+        lay = run.layout or {}
         if isinstance(lay, dict) and lay:
             dims = ", ".join(f"{k.upper()}={v}" for k, v in (lay.get("dims") or {}).items())
             pipe = lay.get("pipeline")
@@ -1010,6 +1014,39 @@ def _warnings_section(report: Report) -> list[str]:
     return out
 
 
+def _hta_section(report: Report) -> list[str]:
+    """``report --hta``: HTA's idle time breakdown per stream and its kernel launch statistics
+    per rank (:class:`pardiag.analyzer.hta_extras.HtaExtras`), and a line per HTA failure."""
+    h = report.hta
+    if h is None:
+        return []
+    out = [f"<h2 id='{HTA_SECTION[0]}'>{_e(HTA_SECTION[1])}</h2>", _muted(
+        f"Holistic Trace Analysis {h.hta_version or ''} on each rank's trace, on HTA's window "
+        f"(events launched before the last profiler step; whole µs). Idle time of a stream = "
+        f"the gaps between its kernels: host wait (launched after the previous kernel ended), "
+        f"kernel wait (gap < {h.consecutive_kernel_delay_us:g} µs), other.")]
+    if len(h.idle):
+        out.append(_table(_ms(h.idle, ["idle_us"]), {
+            "rank": "rank", "stream": "stream", "category": "idle category",
+            "idle_us": "idle (ms)", "idle_pct": "share of the stream's idle (%)"},
+            left=("category",), digits=3, sortable=True, what="rows"))
+    if len(h.launches):
+        out.append(_table(h.launches, {
+            "rank": "rank", "launches": "launches", "cpu_us_median": "runtime call median (µs)",
+            "gpu_us_median": "GPU event median (µs)",
+            "launch_delay_us_median": "launch delay median (µs)",
+            "launch_delay_us_p95": "launch delay p95 (µs)",
+            "launch_delay_us_max": "launch delay max (µs)",
+            "runtime_outliers": f"runtime calls > {h.runtime_cutoff_us:g} µs",
+            "delay_outliers": f"delays > {h.launch_delay_cutoff_us:g} µs",
+            "gpu_shorter": "GPU event shorter than its launch"},
+            sortable=True, what="ranks"))
+    out += [f"<p class='warn'>{_e(m)}</p>" for m in h.messages]
+    if not len(h.idle) and not len(h.launches) and not h.messages:
+        out.append(_muted("HTA found nothing to analyze."))
+    return out
+
+
 def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
     """The whole report page as a string (UTF-8 text, one self-contained HTML document).
 
@@ -1031,6 +1068,7 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
     body += _layout_section(report)
     body += _bandwidth_section(report, page)
     body += _collectives_section(report)
+    body += _hta_section(report)
     body += _warnings_section(report)
     # The run summary sits second but lists what later sections sampled, so it is built last.
     reductions = ("<p class='muted'>Reduced to keep the page small:</p><ul>"
@@ -1054,7 +1092,8 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
                   f"{_packed_plotlyjs()}</script>")
     else:
         head_js, packed = "", ""
-    toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in SECTIONS)
+    toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in SECTIONS[:-1] + (
+        (HTA_SECTION,) if report.hta is not None else ()) + SECTIONS[-1:])
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>pardiag report: {_e(Path(str(traces.source)).name)}</title>"

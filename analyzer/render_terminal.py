@@ -179,6 +179,35 @@ def render_terminal(report: Report, console: Console) -> None:
             [(Text(str(r.collective)), _i(r.ranks), _i(r.count), _n(r.time_us / 1e3, 3),
               _n(r.exposed_us / 1e3, 3)) for r in agg.itertuples()])
     _parallel(report, console)
+    _hta(report, console)
+
+
+def _hta(report: Report, console: Console) -> None:
+    """``report --hta``: idle time per rank and category, launch delays, HTA's failures."""
+    h = report.hta
+    if h is None:
+        return
+    if len(h.idle):
+        idle = h.idle.pivot_table(index="rank", columns="category", values="idle_us",
+                                  aggfunc="sum", fill_value=0.0)
+        t = Table(title="HTA: GPU idle time per rank (ms, all streams)", title_justify="left")
+        for col in ("rank", "host wait", "kernel wait", "other"):
+            t.add_column(col, justify="right")
+        for rank, row in idle.iterrows():
+            t.add_row(str(rank), *(_n(row.get(c, 0.0) / 1e3, 3)
+                                   for c in ("host_wait", "kernel_wait", "other")))
+        console.print(t)
+    if len(h.launches):
+        t = Table(title="HTA: kernel launches", title_justify="left")
+        for col in ("rank", "launches", "delay median µs", "delay p95 µs",
+                    f"delays > {h.launch_delay_cutoff_us:g} µs"):
+            t.add_column(col, justify="right")
+        for row in h.launches.itertuples():
+            t.add_row(str(row.rank), str(row.launches), _n(row.launch_delay_us_median),
+                      _n(row.launch_delay_us_p95), str(row.delay_outliers))
+        console.print(t)
+    for m in h.messages:
+        console.print(Text(f"note: {m}"))
 
 
 def _parallel(report: Report, console: Console) -> None:

@@ -631,8 +631,7 @@ def _offsets(ev: pd.DataFrame, complete: set, hosts: dict[int, str]
 
 def _hosts(traces: TraceSet) -> dict[int, str]:
     """``{rank: host}`` from pardiag's rank metadata (traces from elsewhere do not say)."""
-    return {r: str(m["host"]) for r, m in traces.rank_meta.items()
-            if isinstance(m, dict) and m.get("host")}
+    return {r: str(m.host) for r, m in traces.rank_meta.items() if m.host}
 
 
 def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None = None) -> SyncResult:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from pardiag.errors import TraceError
+from pardiag.layout import RankMeta, RunFile
 
 #: Columns of :attr:`RankTrace.events` (one row per complete event, ``ph == "X"``, or memory
 #: instant event). ``ts``/``dur`` in µs on the trace's own clock; ``stream`` -1 for CPU events;
@@ -103,8 +104,10 @@ class TraceSet:
         ranks: ``{rank: RankTrace}`` in rank order.
         source: what was loaded (folder or file list), for display.
         warnings: one line per problem met while loading (files skipped, ranks assigned, ...).
-        run_info: contents of ``run.json`` when the folder came from ``pardiag profile``.
-        rank_meta: ``{rank: metadata}`` from ``rank{R}.meta.json`` sidecars.
+        run_info: ``run.json`` (:class:`pardiag.layout.RunFile`) when the folder came from
+            ``pardiag profile``.
+        rank_meta: ``{rank: RankMeta}`` from the ``rank{R}.meta.json`` sidecars
+            (:class:`pardiag.layout.RankMeta`).
         sidecars: other pardiag sidecars by kind and rank: ``{"comms": {rank: doc},
             "pipeline": {rank: doc}, "hang": {rank: doc}}`` (see :mod:`pardiag.layout`).
     """
@@ -112,6 +115,6 @@ class TraceSet:
     ranks: dict[int, RankTrace]
     source: str
     warnings: tuple[str, ...] = ()
-    run_info: dict | None = None
-    rank_meta: dict[int, dict] = dataclasses.field(default_factory=dict)
+    run_info: RunFile | None = None
+    rank_meta: dict[int, RankMeta] = dataclasses.field(default_factory=dict)
     sidecars: dict[str, dict[int, dict]] = dataclasses.field(default_factory=dict)

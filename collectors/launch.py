@@ -104,15 +104,18 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
         if not overwrite:
             raise PardiagError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
         removed = []
-        for p in sorted(out.iterdir()):  # remove only what pardiag itself writes; keep the rest
-            if layout.is_sidecar_name(p.name) or layout.is_trace_name(p.name):
-                p.unlink()
-                removed.append(p.name)
+        for p in layout.owned_files(out):  # remove only what pardiag itself writes; keep the rest
+            p.unlink()
+            removed.append(str(p.relative_to(out)))
+        try:
+            layout.sidecar_dir(out).rmdir()  # recreated below; kept when it holds other files
+        except OSError:
+            pass
         if removed:   # nothing the user produced goes silently
             more = f", … ({len(removed) - 8} more)" if len(removed) > 8 else ""
             print(f"pardiag: {out}: --overwrite removed the previous run's {len(removed)} "
                   f"file(s): {', '.join(removed[:8])}{more}", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
+    layout.sidecar_dir(out).mkdir(parents=True, exist_ok=True)
 
 
 #: Exit code of a job stopped by --timeout (as coreutils' timeout).
@@ -202,7 +205,7 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig) -> t
     except KeyboardInterrupt:
         _stop(proc)
         raise
-    request = out / layout.DUMP_REQUEST
+    request = layout.dump_request_path(out)
     request.touch()
     deadline = time.time() + 15.0
     while time.time() < deadline and not all(layout.hang_path(out, r).exists() for r in range(n)):
@@ -213,7 +216,7 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig) -> t
     for r in range(n):
         p = layout.hang_path(out, r)
         if p.exists():
-            dumps[r] = json.loads(p.read_text())
+            dumps[r] = json.loads(p.read_text())   # hang dumps stay plain JSON (flight recorder)
     stuck = diagnose_hang(dumps, n)
     stacks = {r: d.get("main_stack", []) for r, d in dumps.items()}
     lines = [describe(s, stacks) for s in stuck]
@@ -247,51 +250,35 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     # a profiled window of FSDP or pipeline steps can hold more.
     env = {"OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "20000", **os.environ,
            CONFIG_ENV: json.dumps(rank_cfg)}
-    run_info = {
-        **layout.sidecar_header("run"),
-        "pardiag_version": __version__,
-        "command": shlex.join(["pardiag", "profile", str(cfg.script),
-                               "--nproc-per-node", str(cfg.nproc_per_node), "--", *cfg.args]),
-        "script": str(cfg.script),
-        "script_args": list(cfg.args),
-        "world_size": cfg.nproc_per_node,
-        "nproc_per_node": cfg.nproc_per_node,
-        "nnodes": 1,
-        "schedule": {"wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active},
-        "started_unix": time.time(),
-    }
+    started = time.time()
     returncode, hang = _run_torchrun(cmd, env, out, cfg)
-    run_info["ended_unix"] = time.time()
-    run_info["torchrun_exit_code"] = returncode
-    if hang is not None:
-        run_info["timed_out_after_s"] = cfg.timeout_s
-        run_info["hang"] = hang
+    ended = time.time()
 
     failed: dict[int, str] = {}
-    metas: dict[int, dict] = {}
+    metas: dict[int, layout.RankMeta] = {}
     missing: list[int] = []
     codes: list[int] = []
     no_trace: dict[int, int] = {}
     short: dict[int, int] = {}
-    ended: dict[int, float] = {}
+    ended_at: dict[int, float] = {}
     for r in range(cfg.nproc_per_node):
         p = layout.rank_meta_path(out, r)
         if not p.is_file():
             missing.append(r)
             continue
-        meta = json.loads(p.read_text())
+        meta = layout.decode_sidecar(p.read_bytes(), "rank")
         metas[r] = meta
-        codes.append(int(meta.get("exit_code") or 0))
-        steps = int(meta.get("optimizer_steps") or 0)
+        codes.append(int(meta.exit_code or 0))
+        steps = int(meta.optimizer_steps or 0)
         recorded = max(0, min(cfg.active, steps - cfg.wait - cfg.warmup))
-        if not meta.get("trace_file"):
+        if not meta.trace_file:
             no_trace[r] = steps
-        elif recorded < cfg.active and meta.get("status") == "ok":
+        elif recorded < cfg.active and meta.status == "ok":
             short[r] = recorded
-        ended[r] = float(meta.get("ended_unix") or 0.0)
-        if meta.get("status") == "error" or meta.get("exit_code"):
-            failed[r] = meta.get("error") or f"exit code {meta.get('exit_code')}"
-    failed = dict(sorted(failed.items(), key=lambda kv: ended.get(kv[0], 0.0)))
+        ended_at[r] = float(meta.ended_unix or 0.0)
+        if meta.status == "error" or meta.exit_code:
+            failed[r] = meta.error or f"exit code {meta.exit_code}"
+    failed = dict(sorted(failed.items(), key=lambda kv: ended_at.get(kv[0], 0.0)))
     nonzero = [c for c in codes if c != 0]
     if nonzero:
         exit_code = nonzero[0]
@@ -301,26 +288,36 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
         exit_code = returncode or 1
     else:
         exit_code = 0
-    run_info["exit_code"] = exit_code
     nodes: dict[str, list[int]] = {}
     for r, m in sorted(metas.items()):
-        nodes.setdefault(str(m.get("host")), []).append(r)
-    run_info["nodes"] = nodes
-    layouts = {r: m.get("layout") for r, m in metas.items() if m.get("layout")}
+        nodes.setdefault(str(m.host), []).append(r)
+    run_layout = None
+    layouts = {r: m.layout for r, m in metas.items() if m.layout}
     if layouts:
         first = layouts[min(layouts)]
-        run_info["layout"] = {"dims": first["dims"], "strategies": first["strategies"],
-                              **({"pipeline": first["pipeline"]} if first.get("pipeline") else {}),
-                              **({"fsdp_reshard_after_forward": first["fsdp_reshard_after_forward"]}
-                                 if "fsdp_reshard_after_forward" in first else {})}
-    backends = {m.get("backend") for m in metas.values() if m.get("backend")}
-    torch_versions = {m.get("torch_version") for m in metas.values() if m.get("torch_version")}
-    run_info["backend"] = backends.pop() if len(backends) == 1 else sorted(backends) or None
-    run_info["torch_version"] = torch_versions.pop() if len(torch_versions) == 1 else sorted(torch_versions) or None
-    run_info["failed_ranks"] = {str(k): v for k, v in failed.items()}
-    run_info["missing_ranks"] = missing
+        run_layout = {"dims": first["dims"], "strategies": first["strategies"],
+                      **({"pipeline": first["pipeline"]} if first.get("pipeline") else {}),
+                      **({"fsdp_reshard_after_forward": first["fsdp_reshard_after_forward"]}
+                         if "fsdp_reshard_after_forward" in first else {})}
+    backends = {m.backend for m in metas.values() if m.backend}
+    torch_versions = {m.torch_version for m in metas.values() if m.torch_version}
+    run = layout.RunFile(
+        pardiag_version=__version__,
+        command=shlex.join(["pardiag", "profile", str(cfg.script),
+                            "--nproc-per-node", str(cfg.nproc_per_node), "--", *cfg.args]),
+        script=str(cfg.script), script_args=list(cfg.args),
+        world_size=cfg.nproc_per_node, nproc_per_node=cfg.nproc_per_node, nnodes=1,
+        schedule=layout.ProfilerSchedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active),
+        started_unix=started, ended_unix=ended, torchrun_exit_code=returncode,
+        exit_code=exit_code,
+        timed_out_after_s=cfg.timeout_s if hang is not None else None, hang=hang or [],
+        nodes=nodes, layout=run_layout,
+        backend=backends.pop() if len(backends) == 1 else sorted(backends) or None,
+        torch_version=(torch_versions.pop() if len(torch_versions) == 1
+                       else sorted(torch_versions) or None),
+        failed_ranks={str(k): v for k, v in failed.items()}, missing_ranks=missing)
     tmp = layout.run_file_path(out).with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(run_info, indent=2))
+    tmp.write_bytes(layout.encode_sidecar(run))
     os.replace(tmp, layout.run_file_path(out))
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=failed, missing_ranks=missing,
                          no_trace=no_trace, short_ranks=short, hang=hang or [])

@@ -72,10 +72,16 @@ class _OptimizerStepper:
 
 
 def _write_json(path: Path, obj, compact: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, default=str, **({"separators": (",", ":")} if compact
                                                    else {"indent": 1})))
     os.replace(tmp, path)
+
+
+def _plain(obj):
+    """``obj`` as plain JSON values (what ``_write_json`` writes: anything else as its str)."""
+    return json.loads(json.dumps(obj, default=str))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -121,7 +127,7 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thr
     """
     from pardiag.collectors.hooks import flight_recorder_entries, process_groups
 
-    request = out / layout.DUMP_REQUEST
+    request = layout.dump_request_path(out)
     main_id = threading.main_thread().ident
 
     def run() -> None:
@@ -386,38 +392,32 @@ def main() -> None:
 
     code = _exit_code_of(error)
     failed = error is not None and code != 0
-    meta = {
-        **layout.sidecar_header("rank"),
-        "rank": rank,
-        "world_size": world_size,
-        "local_rank": local_rank,
-        "pid": os.getpid(),
-        **hooks.topology(local_rank),
-        "torch_version": torch.__version__,
-        "pardiag_version": __version__,
-        "backend": captured["backend"] or (str(dist.get_backend())
-                                           if dist.is_available() and dist.is_initialized() else None),
+    topo = hooks.topology(local_rank)
+    meta = layout.RankMeta(
+        rank=rank, world_size=world_size, local_rank=local_rank, pid=os.getpid(),
+        host=topo.get("host"), cpu_count=topo.get("cpu_count"),
+        nccl_version=topo.get("nccl_version"), nvidia_smi_topo=topo.get("nvidia_smi_topo"),
+        torch_version=str(torch.__version__), pardiag_version=__version__,
+        backend=captured["backend"] or (str(dist.get_backend())
+                                        if dist.is_available() and dist.is_initialized() else None),
         **_device_info(torch),
-        "optimizer_steps": stepper.steps,
+        optimizer_steps=stepper.steps,
         # every counted optimizer step, epoch µs: unprofiled steps time the script as it runs
-        "optimizer_step_times_us": [[st, a / 1000.0, b / 1000.0]
-                                    for st, a, b in stepper.times[-MAX_PIPELINE_RECORDS:]],
-        "trace_file": traces_written[-1] if traces_written else None,
-        "comm_records": n_records,
-        "memory": {"static": captured.get("static"), **captured.get("peak", {}),
-                   "trace_peaks": captured.get("trace_memory")},
-        "layout": lay,
-        "started_unix": started,
-        "ended_unix": time.time(),
-        "exit_code": code,
-        "status": "error" if failed else "ok",
-        "error": None if not failed else _one_line(error),
-    }
+        optimizer_step_times_us=[[st, a / 1000.0, b / 1000.0]
+                                 for st, a, b in stepper.times[-MAX_PIPELINE_RECORDS:]],
+        trace_file=traces_written[-1] if traces_written else None,
+        comm_records=n_records,
+        memory=_plain({"static": captured.get("static"), **captured.get("peak", {}),
+                       "trace_peaks": captured.get("trace_memory")}),
+        layout=_plain(lay), started_unix=started, ended_unix=time.time(), exit_code=code,
+        status="error" if failed else "ok", error=None if not failed else _one_line(error))
     stop_watchdog.set()
-    _write_json(layout.rank_meta_path(out, rank), meta)
+    path = layout.rank_meta_path(out, rank)
+    path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(meta))
+    os.replace(path.with_suffix(".json.tmp"), path)
     if failed:
         traceback.print_exception(type(error), error, error.__traceback__)
-        print(f"pardiag: rank {rank} raised {meta['error']}", file=sys.stderr, flush=True)
+        print(f"pardiag: rank {rank} raised {meta.error}", file=sys.stderr, flush=True)
     elif dist.is_available() and dist.is_initialized():
         try:
             dist.barrier()  # then os._exit, without destroying the group (FACTS §1: 20/20 clean)

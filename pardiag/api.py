@@ -221,7 +221,8 @@ class _Null:
 
 
 def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[str] = (),
-            cache: bool = True, workers: int | None = None, progress=None) -> Report:
+            cache: bool = True, workers: int | None = None, progress=None,
+            hta: bool = False) -> Report:
     """Load a run and run every analysis on it.
 
     Args:
@@ -234,6 +235,8 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
             the traces, else ``~/.cache/pardiag``); False parses every trace and stores nothing.
         workers: processes that parse traces (default: one per core for large inputs).
         progress: ``progress(done, total)`` after each file is loaded.
+        hta: also run Holistic Trace Analysis' idle time breakdown and kernel launch statistics
+            on each GPU rank (:attr:`Report.hta`; as ``report --hta``).
 
     Returns:
         :class:`Report`; loading's warnings are in :attr:`Report.warnings`.
@@ -251,7 +254,7 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
         comm_kernels = [comm_kernels]
     patterns = tuple(compile_comm_patterns(
         p.pattern if isinstance(p, re.Pattern) else p for p in comm_kernels))
-    opts = AnalysisOptions(comm_patterns=patterns)
+    opts = AnalysisOptions(comm_patterns=patterns, hta=hta)
     traces = load_traces(paths, reducer=REDUCER, comm_patterns=patterns, cache=cache,
                          workers=workers, progress=progress)
     return build_report(traces, opts, cls=Report)

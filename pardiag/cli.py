@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from pardiag import __version__
+from pardiag import __version__, layout
 from pardiag.errors import PardiagError
 
 
@@ -51,7 +51,7 @@ def guard_outputs(outputs: list[Path | None], inputs: list[Path], traces=None) -
                    if traces is not None else set())
     inode = {}
     for folder in {pth for pth in inputs if pth.is_dir()}:
-        for f in folder.iterdir():
+        for f in [*folder.iterdir(), *layout.owned_files(folder)]:  # sidecars in pardiag/ too
             if f.is_file():
                 st = f.stat()
                 inode[(st.st_dev, st.st_ino)] = f
@@ -137,9 +137,12 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
 @click.option("--no-cache", is_flag=True,
               help="Parse every trace; neither read nor store per-rank summaries.")
 @workers_option
+@click.option("--hta", is_flag=True,
+              help="Also run Holistic Trace Analysis' idle time breakdown and kernel launch "
+                   "statistics on each GPU rank (needs HolisticTraceAnalysis).")
 def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
            comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
-           workers: int | None) -> None:
+           workers: int | None, hta: bool) -> None:
     """Analyze a run folder, a folder of Kineto traces, or trace files.
 
     Writes a self-contained HTML report, prints a summary, and optionally writes JSON.
@@ -157,7 +160,7 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     from pardiag.api import Report
     from pardiag.progress import progress_reporter
 
-    opts = AnalysisOptions(comm_patterns=tuple(compile_comm_patterns(comm_kernel)))
+    opts = AnalysisOptions(comm_patterns=tuple(compile_comm_patterns(comm_kernel)), hta=hta)
     with progress_reporter("loading traces") as progress:
         traces = load_traces(list(paths), reducer=REDUCER, comm_patterns=opts.comm_patterns,
                              cache=not no_cache, workers=workers, progress=progress)
@@ -226,8 +229,11 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
     offsets = dict(zip(sync.offsets["rank"].astype(int), sync.offsets["offset_us"]))
     result = merge_traces(traces, offsets, output)
     if result.dropped:
-        click.echo(f"pardiag: warning: left out {result.dropped} events without a numeric ts",
-                   err=True)
+        click.echo(f"pardiag: warning: left out {result.dropped} events without a numeric ts "
+                   f"(or an X event without a duration >= 0)", err=True)
+    if result.unmatched_flows:
+        click.echo(f"pardiag: note: left out {result.unmatched_flows} flow events whose start or "
+                   f"end is not in the trace", err=True)
     shifts = ", ".join(f"rank {r}: {o:+.1f} µs" for r, o in result.offsets_us.items())
     click.echo(f"pardiag: wrote {output} ({len(result.pids)} ranks, {result.events} events; "
                f"clock offsets subtracted: {shifts})", err=True)

@@ -2,14 +2,24 @@
 
 A run folder written by ``pardiag profile`` holds::
 
-    run.json                      RUN_FILE: one per run (command, start time, world size, ...)
     rank{R}.trace.json.gz         TRACE_TEMPLATE: gzipped Kineto Chrome trace of rank R
-    rank{R}.meta.json             RANK_META_TEMPLATE: per-rank metadata (host, device, status,
+    pardiag/                      SIDECAR_DIR: everything else pardiag writes
+        run.json                  RUN_FILE: one per run (command, start time, world size, ...)
+        rank{R}.meta.json         RANK_META_TEMPLATE: per-rank metadata (host, device, status,
                                   memory, topology, detected parallel layout)
-    rank{R}.comms.json            COMMS_TEMPLATE: process groups and every collective and
+        rank{R}.comms.json        COMMS_TEMPLATE: process groups and every collective and
                                   point-to-point op (group, seq, bytes, issue/start/end)
-    rank{R}.pipeline.json         PIPELINE_TEMPLATE: forward/backward per stage and microbatch
-    rank{R}.hang.json             HANG_TEMPLATE: what a rank was doing when --timeout expired
+        rank{R}.pipeline.json     PIPELINE_TEMPLATE: forward/backward per stage and microbatch
+        rank{R}.hang.json         HANG_TEMPLATE: what a rank was doing when --timeout expired
+        dump-request              DUMP_REQUEST: created by the launcher when --timeout expires
+    .pardiag-cache/               SUMMARY_DIR: per-rank summaries of the traces
+
+Only the ranks' traces sit at the top: tools that take every ``*.json``/``*.gz`` file of a
+folder as a trace (Holistic Trace Analysis 0.5 ``TraceAnalysis(trace_dir=...)``, which lists the
+folder with ``os.listdir`` and keeps names ending in ``.json`` or ``.gz``, never descending into
+subfolders) load exactly the ranks. Run folders written before (:data:`LEGACY`: the sidecars
+beside the traces, ``.pardiag-dump-request``) are still read: :func:`find_sidecars` looks in
+both places, and ``--overwrite`` removes both.
 
 Every sidecar carries ``"schema": SIDECAR_SCHEMA`` and ``"schema_version": SCHEMA_VERSION`` so
 the loader can tell them from traces and from JSON files of other tools.
@@ -19,20 +29,28 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 SCHEMA_VERSION = 1
 
 #: Value of the ``schema`` key in every pardiag sidecar file.
 SIDECAR_SCHEMA = "pardiag"
 
+#: Subfolder of a run folder that holds every file pardiag writes except the traces.
+SIDECAR_DIR = "pardiag"
 RUN_FILE = "run.json"
 TRACE_TEMPLATE = "rank{rank}.trace.json.gz"
 RANK_META_TEMPLATE = "rank{rank}.meta.json"
 COMMS_TEMPLATE = "rank{rank}.comms.json"
 PIPELINE_TEMPLATE = "rank{rank}.pipeline.json"
 HANG_TEMPLATE = "rank{rank}.hang.json"
-#: Created by the launcher when --timeout expires; ranks then write their HANG_TEMPLATE file.
-DUMP_REQUEST = ".pardiag-dump-request"
+#: Created (in SIDECAR_DIR) by the launcher when --timeout expires; ranks then write their
+#: HANG_TEMPLATE file.
+DUMP_REQUEST = "dump-request"
+#: The dump request of run folders written before SIDECAR_DIR (at the top of the run folder).
+LEGACY_DUMP_REQUEST = ".pardiag-dump-request"
 #: Folder (inside a trace folder) of per-rank summaries, one per trace file named
 #: ``<trace file name>`` + SUMMARY_SUFFIX (see pardiag.analyzer.summary).
 SUMMARY_DIR = ".pardiag-cache"
@@ -43,34 +61,44 @@ _SIDECAR_RE = re.compile(r"^(run\.json|rank\d+\.(meta|comms|pipeline|hang)\.json
 _TRACE_RE = re.compile(r"^rank\d+\.trace\.json\.gz$")
 
 
+def sidecar_dir(run_dir: Path) -> Path:
+    """The folder of ``run_dir`` that holds pardiag's sidecars (``run_dir/pardiag``)."""
+    return Path(run_dir) / SIDECAR_DIR
+
+
 def trace_path(run_dir: Path, rank: int) -> Path:
-    """Path of rank ``rank``'s trace inside ``run_dir``."""
+    """Path of rank ``rank``'s trace inside ``run_dir`` (at the top: the only files there)."""
     return Path(run_dir) / TRACE_TEMPLATE.format(rank=rank)
 
 
 def rank_meta_path(run_dir: Path, rank: int) -> Path:
     """Path of rank ``rank``'s metadata sidecar inside ``run_dir``."""
-    return Path(run_dir) / RANK_META_TEMPLATE.format(rank=rank)
+    return sidecar_dir(run_dir) / RANK_META_TEMPLATE.format(rank=rank)
 
 
 def comms_path(run_dir: Path, rank: int) -> Path:
     """Path of rank ``rank``'s collective records inside ``run_dir``."""
-    return Path(run_dir) / COMMS_TEMPLATE.format(rank=rank)
+    return sidecar_dir(run_dir) / COMMS_TEMPLATE.format(rank=rank)
 
 
 def pipeline_path(run_dir: Path, rank: int) -> Path:
     """Path of rank ``rank``'s pipeline schedule records inside ``run_dir``."""
-    return Path(run_dir) / PIPELINE_TEMPLATE.format(rank=rank)
+    return sidecar_dir(run_dir) / PIPELINE_TEMPLATE.format(rank=rank)
 
 
 def hang_path(run_dir: Path, rank: int) -> Path:
     """Path of rank ``rank``'s hang dump inside ``run_dir``."""
-    return Path(run_dir) / HANG_TEMPLATE.format(rank=rank)
+    return sidecar_dir(run_dir) / HANG_TEMPLATE.format(rank=rank)
 
 
 def run_file_path(run_dir: Path) -> Path:
     """Path of the run file inside ``run_dir``."""
-    return Path(run_dir) / RUN_FILE
+    return sidecar_dir(run_dir) / RUN_FILE
+
+
+def dump_request_path(run_dir: Path) -> Path:
+    """Path of the file whose existence asks every rank for its hang dump."""
+    return sidecar_dir(run_dir) / DUMP_REQUEST
 
 
 def is_sidecar_name(name: str) -> bool:
@@ -83,6 +111,210 @@ def is_trace_name(name: str) -> bool:
     return _TRACE_RE.match(name) is not None
 
 
+def find_sidecars(folder: Path) -> list[Path]:
+    """pardiag's sidecar files of a run folder, in this layout (``folder/pardiag/``) and in the
+    legacy one (beside the traces); sorted, the legacy ones first. Empty for a folder that is no
+    pardiag run (or cannot be listed)."""
+    out: list[Path] = []
+    for d in (Path(folder), sidecar_dir(folder)):
+        try:
+            out.extend(sorted(f for f in d.iterdir() if is_sidecar_name(f.name) and f.is_file()))
+        except OSError:
+            continue
+    return out
+
+
+def owned_files(run_dir: Path) -> list[Path]:
+    """Every file pardiag wrote into ``run_dir`` (traces, sidecars and dump requests, both
+    layouts; not the summaries in SUMMARY_DIR, which are checked against their traces):
+    what ``--overwrite`` replaces, and what a report must never write over."""
+    run_dir = Path(run_dir)
+    out = list(find_sidecars(run_dir))
+    try:
+        out += sorted(f for f in run_dir.iterdir() if f.is_file() and (
+            is_trace_name(f.name) or f.name == LEGACY_DUMP_REQUEST))
+    except OSError:
+        pass
+    if dump_request_path(run_dir).is_file():
+        out.append(dump_request_path(run_dir))
+    return sorted(out)
+
+
 def sidecar_header(kind: str) -> dict:
     """The keys every sidecar starts with: schema, schema version and kind (``run`` or ``rank``)."""
     return {"schema": SIDECAR_SCHEMA, "schema_version": SCHEMA_VERSION, "kind": kind}
+
+
+# --- What the run file and the rank metadata hold ------------------------------------------------
+# Written by the collectors (launch.py: RunFile; rank_entry.py: RankMeta) with encode_sidecar,
+# decoded once by the loader (pardiag.analyzer.load) with decode_sidecar. Every field has a
+# default, so a file of an older pardiag (or a test's partial one) decodes; unknown keys are
+# ignored, so a newer pardiag's file decodes too. A value of the wrong type is an error that names
+# the field (the loader then ignores the file with a warning).
+
+
+class ProfilerSchedule(msgspec.Struct, kw_only=True, frozen=True):
+    """The ``torch.profiler`` schedule the ranks used (``--wait/--warmup/--active``).
+
+    Attributes:
+        wait: optimizer steps skipped before the profiler warms up.
+        warmup: optimizer steps profiled and discarded.
+        active: optimizer steps recorded in the trace.
+    """
+
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+
+
+class RunFile(msgspec.Struct, kw_only=True, frozen=True):
+    """``pardiag/run.json``: one per run, written by the launcher when torchrun has finished.
+
+    Attributes:
+        schema: always SIDECAR_SCHEMA (tells a pardiag sidecar from other JSON).
+        schema_version: SCHEMA_VERSION of the writer.
+        kind: always ``"run"``.
+        pardiag_version: the pardiag that wrote the run.
+        command: the ``pardiag profile`` command line (shell-quoted).
+        script: the training script as given.
+        script_args: the script's own arguments.
+        world_size: ranks started (all nodes).
+        nproc_per_node: ranks started on this node.
+        nnodes: nodes (1: ``pardiag profile`` runs ``torchrun --standalone``).
+        schedule: the profiler schedule.
+        started_unix: when torchrun was started (seconds since the epoch, UTC).
+        ended_unix: when torchrun had finished (seconds since the epoch, UTC).
+        torchrun_exit_code: torchrun's own exit code.
+        exit_code: the exit code passed on: the first non-zero rank's, 124 after ``--timeout``,
+            else torchrun's.
+        timed_out_after_s: the ``--timeout`` that expired (None: it did not).
+        hang: one line per collective the job was stuck in when it was stopped.
+        nodes: ``{host name: [ranks on it]}`` from the rank metadata.
+        layout: the parallel layout rank 0 detected: ``dims`` (``{"dp": 2, ...}``),
+            ``strategies``, ``pipeline`` (schedule, stages, microbatches, ...) and
+            ``fsdp_reshard_after_forward`` when known.
+        backend: the process group backend (``gloo``, ``nccl``; a list when ranks differ).
+        torch_version: torch's version (a list when ranks differ).
+        failed_ranks: ``{rank as a string: error line}`` of ranks that raised or exited non-zero.
+        missing_ranks: ranks that wrote no metadata (killed before they finished).
+    """
+
+    schema: str = SIDECAR_SCHEMA
+    schema_version: int = SCHEMA_VERSION
+    kind: str = "run"
+    pardiag_version: str | None = None
+    command: str | None = None
+    script: str | None = None
+    script_args: list[str] = msgspec.field(default_factory=list)
+    world_size: int | None = None
+    nproc_per_node: int | None = None
+    nnodes: int | None = None
+    schedule: ProfilerSchedule | None = None
+    started_unix: float | None = None
+    ended_unix: float | None = None
+    torchrun_exit_code: int | None = None
+    exit_code: int | None = None
+    timed_out_after_s: float | None = None
+    hang: list[str] = msgspec.field(default_factory=list)
+    nodes: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    layout: dict[str, Any] | None = None
+    backend: str | list[str] | None = None
+    torch_version: str | list[str] | None = None
+    failed_ranks: dict[str, str] = msgspec.field(default_factory=dict)
+    missing_ranks: list[int] = msgspec.field(default_factory=list)
+
+
+class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
+    """``pardiag/rank{R}.meta.json``: written by each rank when its script has ended.
+
+    Attributes:
+        schema: always SIDECAR_SCHEMA.
+        schema_version: SCHEMA_VERSION of the writer.
+        kind: always ``"rank"``.
+        rank: global rank.
+        world_size: ranks of the job.
+        local_rank: rank on its node.
+        pid: the rank's process id.
+        host: host name (ranks with the same one share a clock).
+        cpu_count: CPUs of the host (``os.cpu_count()``).
+        nccl_version: NCCL's version on GPU hosts.
+        nvidia_smi_topo: ``nvidia-smi topo -m`` output (local rank 0 of GPU hosts).
+        torch_version: torch's version.
+        pardiag_version: the pardiag that wrote the file.
+        backend: the process group backend (None: no process group).
+        device: ``cpu`` or ``cuda:N``.
+        device_name: the GPU's name, or the CPU's.
+        device_memory_bytes: the GPU's memory (None on CPU).
+        optimizer_steps: optimizer steps the rank counted (the profiler steps with them).
+        optimizer_step_times_us: ``[step, start, end]`` of every counted optimizer step (epoch µs).
+        trace_file: the trace's file name in the run folder (None: no trace was written).
+        comm_records: collective and point-to-point records written to its comms sidecar.
+        memory: ``static`` (bytes of local parameters, gradients, optimizer state), peak RSS or
+            CUDA peak allocated/reserved bytes, ``trace_peaks`` (the trace's memory events' peak
+            per device type).
+        layout: the parallel layout the rank detected (dims, strategies, group_dims, pipeline,
+            DDP bucket cap and parameter bytes, FSDP settings), or None.
+        started_unix: when the script started (seconds since the epoch, UTC).
+        ended_unix: when it ended.
+        exit_code: the script's exit code.
+        status: ``ok`` or ``error``.
+        error: the script's exception on one line when ``status`` is ``error``.
+    """
+
+    schema: str = SIDECAR_SCHEMA
+    schema_version: int = SCHEMA_VERSION
+    kind: str = "rank"
+    rank: int
+    world_size: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    cpu_count: int | None = None
+    nccl_version: str | None = None
+    nvidia_smi_topo: str | None = None
+    torch_version: str | None = None
+    pardiag_version: str | None = None
+    backend: str | None = None
+    device: str | None = None
+    device_name: str | None = None
+    device_memory_bytes: int | None = None
+    optimizer_steps: int | None = None
+    optimizer_step_times_us: list[list[float]] = msgspec.field(default_factory=list)
+    trace_file: str | None = None
+    comm_records: int = 0
+    memory: dict[str, Any] = msgspec.field(default_factory=dict)
+    layout: dict[str, Any] | None = None
+    started_unix: float | None = None
+    ended_unix: float | None = None
+    exit_code: int | None = None
+    status: str | None = None
+    error: str | None = None
+
+
+#: The typed sidecars by their ``kind``.
+TYPED_SIDECARS: dict[str, type] = {"run": RunFile, "rank": RankMeta}
+
+
+def encode_sidecar(obj: msgspec.Struct) -> bytes:
+    """A typed sidecar as the JSON bytes written to its file (indented, keys in field order);
+    a value JSON has no type for (a ``torch.__version__``, a path) is written as its ``str``."""
+    return msgspec.json.format(msgspec.json.encode(obj, enc_hook=str), indent=1)
+
+
+def decode_sidecar(doc: dict | bytes, kind: str):
+    """A typed sidecar (``RunFile`` for ``"run"``, ``RankMeta`` for ``"rank"``) from its parsed
+    JSON object or its bytes.
+
+    Raises:
+        ValueError: a value has the wrong type, or a required field is missing (the message
+            names the field, e.g. ``Expected `int`, got `str` - at `$.world_size```).
+    """
+    cls = TYPED_SIDECARS[kind]
+    try:
+        if isinstance(doc, (bytes, bytearray)):
+            return msgspec.json.decode(doc, type=cls)
+        return msgspec.convert(doc, cls)
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise ValueError(str(exc)) from None

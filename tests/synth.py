@@ -119,3 +119,19 @@ def record(op: str, seq: int, start: float, end: float, pg: str = "0", ranks=(0,
             "bytes": nbytes, "in_bytes": nbytes, "out_bytes": nbytes, "dtype": "Float",
             "peer": peer, "issue_us": start if issue is None else issue, "start_us": start,
             "end_us": end, "matched": "gloo", "source": "flight_recorder"}
+
+
+def relayout(src: Path, dst: Path) -> Path:
+    """A copy of the run folder ``src`` (older layout: sidecars beside the traces) in today's
+    layout (:mod:`pardiag.layout`: only the traces at the top, sidecars in ``pardiag/``)."""
+    import shutil
+
+    from pardiag import layout
+
+    dst = Path(dst)
+    layout.sidecar_dir(dst).mkdir(parents=True)
+    for f in Path(src).iterdir():
+        if f.is_file():
+            to = layout.sidecar_dir(dst) if layout.is_sidecar_name(f.name) else dst
+            shutil.copy2(f, to / f.name)
+    return dst

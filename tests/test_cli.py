@@ -158,7 +158,7 @@ ANALYZER_LAYERS = [
     {"breakdown", "comm_records", "infer_layout"},           # per-rank analyses
     {"sync"},                                                # cross-rank matching
     {"summary"},                                             # the per-rank reduction
-    {"balance", "pipeline", "merge", "hang"},                # analyses over the run
+    {"balance", "pipeline", "merge", "hang", "hta_extras"},  # analyses over the run
     {"dim_overlap"},
     {"recommend"},
     {"registry"},

@@ -384,7 +384,7 @@ def test_report_on_named_files_uses_the_sidecars_beside_them(tmp_path):
     ts = load_traces([d / "rank0.json", d / "rank2.json"])
     assert set(ts.rank_meta) == {0, 1, 2, 3}
     assert any("using the pardiag run's run.json and sidecars" in w for w in ts.warnings)
-    assert {r: m["host"] for r, m in ts.rank_meta.items()} == {0: "a", 1: "a", 2: "b", 3: "b"}
+    assert {r: m.host for r, m in ts.rank_meta.items()} == {0: "a", 1: "a", 2: "b", 3: "b"}
 
 
 @pytest.mark.parametrize("meta, kind", [

@@ -1,6 +1,7 @@
 """`pardiag merge`: one Chrome trace, a process per rank, clock offsets corrected."""
 
 import gzip
+import re
 
 import orjson
 from click.testing import CliRunner
@@ -59,13 +60,13 @@ def test_planted_offset_is_corrected_exactly(tmp_path):
     doc = read_trace_json(out)
     ev = doc["traceEvents"]
     assert res.events == len(ev) and res.dropped == 0
-    assert res.pids == {r: [r * PID_STRIDE, r * PID_STRIDE + 1] for r in range(3)}
+    assert res.pids == {r: [r * PID_STRIDE] for r in range(3)}
     # every event is Chrome-trace-format: ph, pid, tid; all but metadata have ts
     assert all({"ph", "pid", "tid"} <= set(e) for e in ev)
     assert all(isinstance(e["ts"], float | int) for e in ev if e["ph"] != "M")
     names = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
-    assert names == {0: "rank 0", 1: "rank 0: pid Spans", 1000: "rank 1",
-                     1001: "rank 1: pid Spans", 2000: "rank 2", 2001: "rank 2: pid Spans"}
+    # Kineto's "Spans" process is a thread of the rank's process, not a process of its own
+    assert names == {0: "rank 0", 1000: "rank 1", 2000: "rank 2"}
     sort = {e["pid"]: e["args"]["sort_index"] for e in ev if e["name"] == "process_sort_index"}
     assert sort == {p: p for p in names}
     # the all-reduces end together on the corrected clock, and rank 2 moved by exactly SKEW_US
@@ -83,7 +84,7 @@ def test_planted_offset_is_corrected_exactly(tmp_path):
     assert not any(e["name"] == "process_name" and e["args"]["name"] == "python3" for e in ev)
     assert {(e["pid"], e["args"]["name"]) for e in ev if e["name"] == "thread_name"} == {
         (p, n) for p in (0, 1000, 2000)
-        for n in ("thread 1 (python3)", "thread 2 (pt_gloo_runloop)")}
+        for n in ("thread 1 (python3)", "thread 2 (pt_gloo_runloop)", "Spans: PyTorch Profiler")}
     assert doc["pardiagMerge"]["ranks"][2]["offset_us"] == SKEW_US
 
 
@@ -93,8 +94,9 @@ def test_cli_merge_and_its_errors(tmp_path):
     res = CliRunner().invoke(cli, ["merge", str(d), "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert "3 ranks" in res.output and "rank 2: +500.0 µs" in res.output
-    # per rank: 12 events, less its 2 process metadata events, plus name and sort index of 2 pids
-    assert len(read_trace_json(out)["traceEvents"]) == 3 * (12 - 2 + 2 * 2)
+    # per rank: 12 events, less its 2 process metadata events, plus name and sort index of its
+    # one process and the name of the thread Kineto's "Spans" process became
+    assert len(read_trace_json(out)["traceEvents"]) == 3 * (12 - 2 + 2 + 1)
     before = (d / "rank0.json").read_bytes()
     for target in (d / "rank0.json", d / "new.json.gz"):  # an input; inside an input folder
         res = CliRunner().invoke(cli, ["merge", str(d), "-o", str(target)])
@@ -112,8 +114,8 @@ def test_cli_merge_and_its_errors(tmp_path):
 
 
 def test_sample_run_merges(tmp_path):
-    """A recorded run: every event kept (the per-rank process metadata replaced), the ranks'
-    processes renamed, each rank shifted by its offset."""
+    """A recorded run: every timed event kept (flows whose start and end are both there), the
+    ranks' processes renamed, each rank shifted by its offset."""
     sample = REPO / "sample_traces" / "ddp_cpu_2rank"
     traces = load_traces(sample)
     sync = compute_sync(traces)
@@ -124,16 +126,15 @@ def test_sample_run_merges(tmp_path):
     expected = 0
     for r, t in traces.ranks.items():
         raw = read_trace_json(t.path)["traceEvents"]
-        replaced = sum(e.get("ph") == "M" and e.get("name") in ("process_name",
-                                                                "process_sort_index") for e in raw)
-        expected += len(raw) - replaced + 2 * len(res.pids[r])
+        expected += sum(e.get("ph") != "M" for e in raw)
         first = min(e["ts"] for e in raw if e.get("ph") == "X")
         merged_first = min(e["ts"] for e in ev if e["ph"] == "X" and e["pid"] // PID_STRIDE == r)
         assert merged_first == first - offsets[r]
-    assert len(ev) == expected == res.events
+    assert sum(e["ph"] != "M" for e in ev) == expected and res.unmatched_flows == 0
+    assert len(ev) == res.events and res.pids == {0: [0], 1: [1000]}
     names = {e["args"]["name"] for e in ev if e["name"] == "process_name"}
-    assert {"rank 0", "rank 1"} <= names
-    assert all({"ph", "pid", "tid"} <= set(e) for e in ev)
+    assert names == {"rank 0", "rank 1"}
+    check_chrome_trace(ev)
 
 
 def test_gpu_processes_are_named_by_their_kineto_label():
@@ -150,10 +151,108 @@ def test_gpu_processes_are_named_by_their_kineto_label():
         {"ph": "X", "name": "no ts", "pid": 0, "tid": 7},
         "not an event",
     ]}
-    events, pids, dropped = rank_events(doc, rank=3, index=1, n_ranks=4, offset_us=2.0)
+    got = rank_events(doc, rank=3, index=1, n_ranks=4, offset_us=2.0)
+    events, pids, dropped = got.events, got.pids, got.dropped
     assert pids == [3000, 3001] and dropped == 2
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert names == {3000: "rank 3", 3001: "rank 3: GPU 0"}
     assert [(e["name"], e["pid"], e["tid"], e["ts"]) for e in events if e["ph"] == "X"] == [
         ("aten::mm", 3000, 59811, 8.0), ("aten::add", 3000, 59811, 18.0), ("gemm", 3001, 7, 10.0)]
     assert [e["args"]["labels"] for e in events if e["name"] == "process_labels"] == ["CPU", "GPU 0"]
+
+
+def check_chrome_trace(ev: list) -> None:
+    """The Chrome trace event format rules Perfetto's JSON importer relies on: ``ph`` a string;
+    integer ``pid`` and ``tid``; a finite number ``ts`` on every event but metadata, and a
+    ``dur`` >= 0 on complete events; each flow id (with its ``cat``) has exactly one start
+    ``s`` and one end ``f``, the end not before the start; metadata events are the known kinds
+    with their ``args``; every process with events has exactly one name and one sort index
+    (ranks in order: ``rank R`` first, sort index = pid), every thread with events a name;
+    no process without events."""
+    import math
+    from collections import Counter, defaultdict
+
+    known = {"process_name": "name", "process_labels": "labels", "process_sort_index":
+             "sort_index", "thread_name": "name", "thread_sort_index": "sort_index"}
+    flows = defaultdict(list)
+    timed_pids, timed_threads = Counter(), set()
+    for e in ev:
+        assert isinstance(e["ph"], str) and len(e["ph"]) == 1, e
+        assert type(e["pid"]) is int and type(e["tid"]) is int, e
+        if e["ph"] == "M":
+            assert e["name"] in known and isinstance(e["args"], dict), e
+            assert known[e["name"]] in e["args"], e
+            continue
+        assert type(e["ts"]) in (int, float) and math.isfinite(e["ts"]), e
+        if e["ph"] == "X":
+            assert type(e["dur"]) in (int, float) and math.isfinite(e["dur"]) and e["dur"] >= 0
+        if e["ph"] in "stf":
+            assert isinstance(e.get("cat"), str) and type(e["id"]) in (int, str), e
+            flows[(e["cat"], e["id"])].append(e)
+        timed_pids[e["pid"]] += 1
+        timed_threads.add((e["pid"], e["tid"]))
+    for key, fl in flows.items():
+        phs = Counter(f["ph"] for f in fl)
+        assert phs["s"] == 1 and phs["f"] == 1, (key, phs)
+        s = next(f for f in fl if f["ph"] == "s")
+        f = next(f for f in fl if f["ph"] == "f")
+        assert f["ts"] >= s["ts"], key
+    pnames = Counter(e["pid"] for e in ev if e["ph"] == "M" and e["name"] == "process_name")
+    sort = {e["pid"]: e["args"]["sort_index"] for e in ev
+            if e["ph"] == "M" and e["name"] == "process_sort_index"}
+    assert set(pnames) == set(timed_pids) == set(sort) and set(pnames.values()) == {1}
+    names = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    for pid, name in names.items():
+        rank = pid // PID_STRIDE
+        assert name == f"rank {rank}" if pid % PID_STRIDE == 0 else name.startswith(f"rank {rank}: ")
+        assert sort[pid] == pid and not re.search(r"pid (Spans|Traces)?$", name), name
+    tnames = {(e["pid"], e["tid"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert timed_threads <= tnames
+
+
+def test_merged_real_gpu_run_keeps_the_format(real_traces, tmp_path):
+    """dlrm_8rank_v100 (8 GPU ranks): no empty processes (Kineto names all 8 GPUs of each host),
+    no Spans/Traces processes, a host and a GPU process per rank; Kineto's ac2g flow ends whose
+    start is not in the trace are left out, counted."""
+    run = real_traces / "dlrm_8rank_v100"
+    traces = load_traces(run)
+    res = merge_traces(traces, {}, tmp_path / "m.json")
+    ev = orjson.loads((tmp_path / "m.json").read_bytes())["traceEvents"]
+    check_chrome_trace(ev)
+    assert res.pids == {r: [r * PID_STRIDE, r * PID_STRIDE + 1] for r in range(8)}
+    names = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    assert all(names[r * PID_STRIDE + 1] == f"rank {r}: GPU {r}" for r in range(8))
+    orphan = 0
+    for t in traces.ranks.values():   # independently: f events whose (cat, id) has no s
+        raw = read_trace_json(t.path)["traceEvents"]
+        starts = {(e.get("cat"), e.get("id")) for e in raw if e.get("ph") == "s"}
+        ends = {(e.get("cat"), e.get("id")) for e in raw if e.get("ph") == "f"}
+        orphan += sum(e.get("ph") in ("s", "f") and (e.get("cat"), e.get("id")) not in
+                      starts & ends for e in raw)
+        # every kernel of the trace is in the merged file
+        kernels = sum(e.get("cat") == "kernel" for e in raw)
+        assert kernels == sum(e.get("cat") == "kernel" and e["pid"] // PID_STRIDE == t.rank
+                              for e in ev) > 0
+    assert res.unmatched_flows == orphan > 0
+
+
+def test_string_tids_and_bad_durations():
+    """Legacy ``"stream 7"`` tids become integers named after the string; an X event with a
+    negative or missing dur is left out; a process with only metadata is not written."""
+    from pardiag.analyzer.merge import rank_events
+
+    doc = {"traceEvents": [
+        {"ph": "M", "name": "process_labels", "pid": 5, "tid": 0, "args": {"labels": "GPU 5"}},
+        {"ph": "X", "name": "op", "pid": 1, "tid": 3, "ts": 1.0, "dur": 4.0},
+        {"ph": "X", "name": "k", "pid": 0, "tid": "stream 7", "ts": 2.0, "dur": 1.0},
+        {"ph": "X", "name": "neg", "pid": 1, "tid": 3, "ts": 2.0, "dur": -1.0},
+        {"ph": "X", "name": "nodur", "pid": 1, "tid": 3, "ts": 2.0},
+        {"ph": "s", "id": 1, "cat": "ac2g", "pid": 1, "tid": 3, "ts": 1.0},
+        {"ph": "f", "id": 2, "cat": "ac2g", "pid": 0, "tid": "stream 7", "ts": 2.0, "bp": "e"},
+    ]}
+    got = rank_events(doc, rank=0, index=0, n_ranks=1, offset_us=0.0)
+    assert got.dropped == 2 and got.unmatched_flows == 2 and got.pids == [0, 1]
+    check_chrome_trace(got.events)
+    k = next(e for e in got.events if e.get("name") == "k")
+    assert k["tid"] == 4 and {"ph": "M", "name": "thread_name", "pid": 1, "tid": 4,
+                              "args": {"name": "stream 7"}} in got.events

@@ -27,22 +27,53 @@ def ddp_run(tmp_path_factory):
 def test_profile_writes_the_run_folder(ddp_run):
     out, res = ddp_run
     assert res.returncode == 0, res.stderr[-3000:]
+    # only the traces at the top (tools such as HTA take every *.json / *.gz file for a trace)
     assert sorted(p.name for p in out.iterdir()) == [
-        ".pardiag-cache",
-        "rank0.comms.json", "rank0.meta.json", "rank0.trace.json.gz",
-        "rank1.comms.json", "rank1.meta.json", "rank1.trace.json.gz", "run.json"]
+        ".pardiag-cache", "pardiag", "rank0.trace.json.gz", "rank1.trace.json.gz"]
+    assert sorted(p.name for p in (out / "pardiag").iterdir()) == [
+        "rank0.comms.json", "rank0.meta.json", "rank1.comms.json", "rank1.meta.json", "run.json"]
     # each rank summarized its own trace (pardiag report reads these, not the raw traces)
     assert sorted(p.name for p in (out / ".pardiag-cache").iterdir()) == [
         "rank0.trace.json.gz.summary.json", "rank1.trace.json.gz.summary.json"]
-    run = json.loads((out / "run.json").read_text())
+    run = json.loads((out / "pardiag" / "run.json").read_text())
     assert run["world_size"] == 2 and run["exit_code"] == 0
     assert run["script_args"] == ["--steps", "7"]
+    from pardiag import layout   # the typed form the loader decodes
+    typed = layout.decode_sidecar((out / "pardiag" / "run.json").read_bytes(), "run")
+    assert typed.started_unix < typed.ended_unix and typed.schedule.active == 3
+    assert typed.nodes == {layout.decode_sidecar(
+        (out / "pardiag" / "rank0.meta.json").read_bytes(), "rank").host: [0, 1]}
     for r in (0, 1):
-        meta = json.loads((out / f"rank{r}.meta.json").read_text())
+        meta = json.loads((out / "pardiag" / f"rank{r}.meta.json").read_text())
         assert meta["rank"] == r and meta["world_size"] == 2 and meta["status"] == "ok"
         assert meta["backend"] == "gloo" and meta["device"] == "cpu"
         assert meta["optimizer_steps"] == 7
         assert meta["torch_version"].startswith("2.")
+
+
+def test_hta_loads_the_run_folder(ddp_run):
+    """Holistic Trace Analysis 0.5 loads the run folder as it is (only the traces at the top)
+    and sees what pardiag sees: on CPU traces HTA computes little (FACTS §1), but it keeps, per
+    rank, the CPU operators and annotations that start before the last ProfilerStep (its
+    window, ``Trace._filter_irrelevant_gpu_kernels``); their number and their time span equal
+    pardiag's events on that window, in HTA's whole µs (start rounded up, end rounded down)."""
+    import numpy as np
+    from hta.trace_analysis import TraceAnalysis
+
+    from pardiag.analyzer.load import load_traces
+    out, _ = ddp_run
+    hta = TraceAnalysis(trace_dir=str(out))
+    assert hta.t.get_ranks() == [0, 1]
+    mine = load_traces(out)
+    for r in (0, 1):
+        df = hta.t.get_trace(r)
+        ev = mine.ranks[r].events
+        ops = ev[(ev["ph"] == "X") & ev["cat"].isin(["cpu_op", "user_annotation"])]
+        t0, t1 = np.ceil(ops["ts"]), np.floor(ops["ts"] + ops["dur"])
+        last = t0[ops["name"].str.startswith("ProfilerStep#")].max()
+        keep = (t0 < last).to_numpy()
+        assert len(df) == keep.sum() > 100
+        assert (df["ts"] + df["dur"]).max() - df["ts"].min() == t1[keep].max() - t0[keep].min()
 
 
 def test_report_on_profiled_run(ddp_run, tmp_path):
@@ -88,11 +119,11 @@ def test_failing_rank_is_named_and_exit_code_nonzero(tmp_path):
     # the planted failure comes first, before rank 0's consequential gloo error (if any)
     assert re.match(r"pardiag: rank 1 failed( \(first failure\))?: RuntimeError: planted failure "
                     r"on rank 1 at step 6", failed[0]), failed
-    meta = json.loads((out / "rank1.meta.json").read_text())
+    meta = json.loads((out / "pardiag" / "rank1.meta.json").read_text())
     assert meta["status"] == "error" and meta["exit_code"] == 1
     # traces of ranks that got that far are kept
     assert (out / "rank0.trace.json.gz").is_file() and (out / "rank1.trace.json.gz").is_file()
-    run = json.loads((out / "run.json").read_text())
+    run = json.loads((out / "pardiag" / "run.json").read_text())
     assert run["exit_code"] != 0 and "1" in run["failed_ranks"]
 
 
@@ -101,7 +132,7 @@ def test_script_exit_code_is_passed_on(tmp_path):
     script.write_text("import sys\nprint('bye')\nsys.exit(3)\n")
     res = pardiag("profile", script, "--nproc-per-node", 1, "--out", tmp_path / "o")
     assert res.returncode == 3, res.stderr
-    meta = json.loads((tmp_path / "o" / "rank0.meta.json").read_text())
+    meta = json.loads((tmp_path / "o" / "pardiag" / "rank0.meta.json").read_text())
     assert meta["exit_code"] == 3
 
 
@@ -164,4 +195,18 @@ def test_overwrite_says_what_it_removed(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.strip() == (f"pardiag: {tmp_path}: --overwrite removed the previous run's 2 "
                            "file(s): rank0.trace.json.gz, rank3.meta.json")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "pardiag"]
+
+
+def test_overwrite_removes_both_layouts(tmp_path, capsys):
+    """--overwrite on a run folder of today's layout (sidecars in pardiag/) removes them there,
+    and keeps a file of the user's in pardiag/."""
+    from pardiag.collectors.launch import _prepare_out
+    (tmp_path / "pardiag").mkdir()
+    for name in ("rank0.trace.json.gz", "pardiag/run.json", "pardiag/rank0.hang.json",
+                 "pardiag/dump-request", ".pardiag-dump-request", "pardiag/mine.txt"):
+        (tmp_path / name).write_text("x")
+    _prepare_out(tmp_path, True)
+    assert "removed the previous run's 5 file(s)" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "pardiag", "pardiag/mine.txt"]

@@ -704,7 +704,9 @@ def test_memory_bound_ddp_gets_sharding_that_fits():
     import pandas as pd
     from pardiag.analyzer.recommend import _memory_recs
     G = 2**30
-    traces = _Obj(run_info={"layout": {"dims": {"dp": 4}, "strategies": ["ddp"]}}, rank_meta={})
+    from pardiag.layout import RunFile
+    traces = _Obj(run_info=RunFile(layout={"dims": {"dp": 4}, "strategies": ["ddp"]}),
+                  rank_meta={})
     done = _done()
     done["memory"] = _Obj(per_rank=pd.DataFrame([{
         "rank": 0, "params_bytes": 4 * G, "grads_bytes": 4 * G, "optimizer_state_bytes": 8 * G,

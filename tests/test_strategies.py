@@ -78,7 +78,7 @@ def test_every_collective_has_a_record(runs, name):
     traces = load_traces(out)
     assert len(traces.ranks) == RUNS[name][1] and not traces.warnings
     for rank, trace in traces.ranks.items():
-        comms = _json(out / f"rank{rank}.comms.json")
+        comms = _json(out / "pardiag" / f"rank{rank}.comms.json")
         recs = comms["records"]
         assert recs, (name, rank)
         groups = {g["name"]: g for g in comms["process_groups"]}
@@ -108,16 +108,16 @@ def test_every_collective_has_a_record(runs, name):
 def test_detected_layout(runs, name):
     out = runs(name)
     _, n, _, dims, strategies = RUNS[name]
-    lay = _json(out / "run.json")["layout"]
+    lay = _json(out / "pardiag" / "run.json")["layout"]
     assert lay["dims"] == dims
     assert lay["strategies"] == strategies
     if name.startswith("fsdp"):   # FSDP1: from its sharding strategy
         assert lay["fsdp_reshard_after_forward"] is (name in ("fsdp2", "fsdp1"))
     if name.startswith("fsdp1"):
-        meta_lay = _json(out / "rank0.meta.json")["layout"]
+        meta_lay = _json(out / "pardiag" / "rank0.meta.json")["layout"]
         assert meta_lay["fsdp1_forward_prefetch"] is (name == "fsdp1_keep")
-    run = _json(out / "run.json")
-    assert run["nodes"] == {_json(out / "rank0.meta.json")["host"]: list(range(n))}
+    run = _json(out / "pardiag" / "run.json")
+    assert run["nodes"] == {_json(out / "pardiag" / "rank0.meta.json")["host"]: list(range(n))}
     assert run["backend"] == "gloo" and run["world_size"] == n
 
 
@@ -125,13 +125,13 @@ def test_detected_layout(runs, name):
 def test_pipeline_records(runs, name):
     out = runs(name)
     sched, stages, mbs, v = PIPELINES[name]
-    pipe = _json(out / "run.json")["layout"]["pipeline"]
+    pipe = _json(out / "pardiag" / "run.json")["layout"]["pipeline"]
     assert (pipe["schedule"], pipe["stages"], pipe["microbatches"], pipe["stages_per_rank"]) == (
         sched, stages, mbs, v)
     n = RUNS[name][1]
     seen = Counter()
     for rank in range(n):
-        allrecs = _json(out / f"rank{rank}.pipeline.json")["records"]
+        allrecs = _json(out / "pardiag" / f"rank{rank}.pipeline.json")["records"]
         # every optimizer step is recorded; the profiled ones are flagged
         assert {r["optimizer_step"] for r in allrecs} == set(range(6))
         recs = [r for r in allrecs if r["profiled"]]
@@ -147,7 +147,7 @@ def test_pipeline_records(runs, name):
 def test_static_memory_of_sharded_optimizers(runs):
     """FSDP and ZeRO shard the optimizer state: about 1/world of DDP's on each rank."""
     def static(name, rank=0):
-        return _json(runs(name) / f"rank{rank}.meta.json")["memory"]["static"]
+        return _json(runs(name) / "pardiag" / f"rank{rank}.meta.json")["memory"]["static"]
     ddp = static("ddp")
     # Adam: exp_avg + exp_avg_sq per parameter, plus a 4-byte step counter per parameter tensor
     assert ddp["optimizer_state_bytes"] == 2 * ddp["params_bytes"] + 4 * ddp["params"]
@@ -161,7 +161,7 @@ def test_static_memory_of_sharded_optimizers(runs):
     assert static("zero1")["params_bytes"] == ddp["params_bytes"]
     # 2D mesh dp×tp = 2×2: a quarter of everything
     assert static("2d")["params_bytes"] / ddp["params_bytes"] == pytest.approx(0.25, abs=0.02)
-    meta = _json(runs("ddp") / "rank0.meta.json")
+    meta = _json(runs("ddp") / "pardiag" / "rank0.meta.json")
     assert meta["memory"]["peak_rss_bytes"] > 50 * 2**20
     # the allocator peak seen in the trace covers at least the gradients' buckets it allocated
     assert meta["memory"]["trace_peaks"]["cpu"]["peak_allocated_bytes"] > 0
@@ -178,9 +178,10 @@ def test_planted_hang_is_diagnosed(tmp_path):
     line = next(ln for ln in res.stderr.splitlines() if ln.startswith("pardiag: hang after"))
     assert re.search(r"rank\(s\) \[0\] wait in gloo:all_reduce #\d+ on process group 0 "
                      r"\(default_pg\); missing: rank 1 \(last entered #\d+; at .*in plant\)", line), line
-    run = _json(tmp_path / "h" / "run.json")
+    run = _json(tmp_path / "h" / "pardiag" / "run.json")
     assert run["exit_code"] == 124 and run["hang"] and run["timed_out_after_s"] == 12
-    assert (tmp_path / "h" / "rank0.hang.json").is_file()
+    assert (tmp_path / "h" / "pardiag" / "rank0.hang.json").is_file()
+    assert not (tmp_path / "h" / "pardiag" / "dump-request").exists()
 
 
 def _report(out):

@@ -1,0 +1,134 @@
+"""The run folder layout (pardiag/layout.py): only the ranks' traces at the top, pardiag's sidecars
+in ``pardiag/``, so that Holistic Trace Analysis loads exactly the ranks; run folders of the older
+layout (sidecars beside the traces, as the committed sample_traces/) still read the same."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from pardiag import layout
+from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.registry import build_report, report_json
+from pardiag.analyzer.summary import REDUCER
+from synth import relayout
+
+SAMPLES = REPO / "sample_traces"
+
+
+def _without_paths(doc: dict, *folders) -> str:
+    """The report JSON as text, with the run folder's path (source, warnings, files) left out."""
+    text = json.dumps({k: v for k, v in doc.items() if k != "source"}, sort_keys=True)
+    for f in folders:
+        text = text.replace(str(f), "RUN")
+    return text
+
+
+@pytest.mark.parametrize("name", ["pp_unbalanced_cpu_2rank", "fsdp_tp_2d_cpu_4rank"])
+def test_old_and_new_layout_give_the_same_report(tmp_path, name):
+    old = SAMPLES / name
+    new = relayout(old, tmp_path / name)
+    assert sorted(p.name for p in new.iterdir() if p.is_file()) == sorted(
+        p.name for p in old.glob("rank*.trace.json.gz"))
+    a, b = (load_traces(d) for d in (old, new))
+    assert a.run_info == b.run_info and a.rank_meta == b.rank_meta and a.sidecars == b.sidecars
+    assert a.run_info is not None and set(a.rank_meta) == set(a.ranks)
+    assert _without_paths(report_json(build_report(a)), old) == _without_paths(
+        report_json(build_report(b)), new)
+
+
+def test_hta_lists_exactly_the_ranks_traces(tmp_path):
+    """HTA's own file listing (hta.common.trace_file, what TraceAnalysis(trace_dir=) uses): in the
+    old layout rank 1's metadata is taken as its trace (FACTS §5); in this one the traces only."""
+    from hta.common.trace_file import create_rank_to_trace_dict_from_dir
+
+    old = SAMPLES / "ddp_cpu_2rank"
+    ok, mapping = create_rank_to_trace_dict_from_dir(str(old))
+    assert ok and not all(v.endswith(".trace.json.gz") for v in mapping.values())
+    new = relayout(old, tmp_path / "ddp")
+    load_traces(new, reducer=REDUCER, cache=True)   # writes .pardiag-cache/ as `report` does
+    assert (new / layout.SUMMARY_DIR).is_dir()
+    ok, mapping = create_rank_to_trace_dict_from_dir(str(new))
+    assert ok and mapping == {r: str(new / f"rank{r}.trace.json.gz") for r in (0, 1)}
+
+
+def test_named_trace_files_use_the_sidecars_of_their_run(tmp_path):
+    new = relayout(SAMPLES / "pp_1f1b_cpu_2rank", tmp_path / "pp")
+    ts = load_traces([new / "rank0.trace.json.gz", new / "rank1.trace.json.gz"])
+    assert any("using the pardiag run's run.json and sidecars" in w for w in ts.warnings)
+    assert ts.run_info is not None and set(ts.sidecars["pipeline"]) == {0, 1}
+
+
+def test_run_without_traces_says_so(tmp_path):
+    """A run folder of this layout whose ranks wrote no trace: the hint names the optimizer
+    steps, not the pardiag/ subfolder as one holding traces."""
+    from pardiag.errors import TraceError
+    new = relayout(SAMPLES / "ddp_cpu_2rank", tmp_path / "d")
+    for f in new.glob("rank*.trace.json.gz"):
+        f.unlink()
+    with pytest.raises(TraceError, match=r"this pardiag run wrote no trace \(optimizer steps"):
+        load_traces(new)
+
+
+def test_report_never_writes_over_a_sidecar_of_this_layout(tmp_path):
+    new = relayout(SAMPLES / "ddp_cpu_2rank", tmp_path / "run")
+    before = {p: p.read_bytes() for p in new.rglob("*") if p.is_file()}
+    for target in (new / "pardiag" / "run.json", new / "pardiag" / "rank1.comms.json"):
+        res = subprocess.run([sys.executable, "-m", "pardiag", "report", str(new), "-q",
+                              "--no-cache", "-o", str(target)], capture_output=True, text=True)
+        assert res.returncode == 2 and re.search(rf"{target.name}: would overwrite",
+                                                 res.stderr.strip().splitlines()[-1]), res.stderr
+    assert {p: p.read_bytes() for p in new.rglob("*") if p.is_file()} == before
+
+
+def test_find_sidecars_and_owned_files(tmp_path):
+    (tmp_path / "pardiag").mkdir()
+    for name in ("run.json", "rank0.meta.json", "pardiag/run.json", "pardiag/rank0.comms.json",
+                 "pardiag/notes.json", "rank0.trace.json.gz", "other.json"):
+        (tmp_path / name).write_text("{}")
+    assert [str(p.relative_to(tmp_path)) for p in layout.find_sidecars(tmp_path)] == [
+        "rank0.meta.json", "run.json", "pardiag/rank0.comms.json", "pardiag/run.json"]
+    assert [str(p.relative_to(tmp_path)) for p in layout.owned_files(tmp_path)] == [
+        "pardiag/rank0.comms.json", "pardiag/run.json", "rank0.meta.json",
+        "rank0.trace.json.gz", "run.json"]
+
+
+def test_every_committed_sidecar_decodes_into_its_type():
+    import orjson
+    n = 0
+    for f in sorted(SAMPLES.glob("*/*.json")):
+        doc = orjson.loads(f.read_bytes())
+        if doc.get("kind") in layout.TYPED_SIDECARS:
+            typed = layout.decode_sidecar(doc, doc["kind"])
+            assert layout.decode_sidecar(layout.encode_sidecar(typed), doc["kind"]) == typed
+            n += 1
+    assert n == 14 + 32   # 14 runs, 32 ranks
+    run = layout.decode_sidecar(orjson.loads((SAMPLES / "ddp_cpu_2rank" / "run.json").read_bytes()),
+                                "run")
+    assert run.schedule == layout.ProfilerSchedule(wait=1, warmup=1, active=3)
+    assert run.started_unix < run.ended_unix and run.layout["dims"] == {"dp": 2}
+
+
+def test_a_wrong_value_names_the_field_and_the_file_is_ignored(tmp_path):
+    new = relayout(SAMPLES / "ddp_cpu_2rank", tmp_path / "d")
+    run = json.loads((new / "pardiag" / "run.json").read_text())
+    run["world_size"] = "two"
+    (new / "pardiag" / "run.json").write_text(json.dumps(run))
+    ts = load_traces(new)
+    assert ts.run_info is None and set(ts.rank_meta) == {0, 1}
+    assert any(w.endswith("run.json: pardiag sidecar with a wrong value, ignored (Expected `int "
+                          "| null`, got `str` - at `$.world_size`)") for w in ts.warnings), ts.warnings
+
+
+def test_the_report_shows_when_the_run_started(tmp_path):
+    """run.json holds ``started_unix``; the summary once read an absent ``start_time``."""
+    import datetime
+    from pardiag.analyzer.render_html import render_html
+    ts = load_traces(SAMPLES / "ddp_cpu_2rank")
+    page = render_html(build_report(ts), include_plotlyjs=False)
+    when = datetime.datetime.fromtimestamp(ts.run_info.started_unix, datetime.timezone.utc)
+    assert f"<th class='l'>started</th><td>{when:%Y-%m-%d %H:%M:%S} UTC</td>" in page
+    assert report_json(build_report(ts))["run"]["started_unix"] == ts.run_info.started_unix
