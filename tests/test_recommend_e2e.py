@@ -51,9 +51,14 @@ def test_unbalanced_pipeline_is_rebalanced(run):
     res = rep.results["recommendations"]
     top = res.recommendations[0]
     assert top.kind == "rebalance_stages", [c.change for c in res.recommendations]
-    assert top.params["layers_per_stage"] == [6, 6]
-    assert top.change.startswith("stage boundaries [0–5 | 6–11] (child modules per stage 6,6; "
-                                 "now [0–1 | 2–11])")
+    # the planted split is 2 | 10 of 12 equal blocks; within the timing noise of a 2-core
+    # machine an even split and one block either way are the same answer (a full run on an idle
+    # machine gave 7,5 once in three)
+    split = top.params["layers_per_stage"]
+    assert split in ([6, 6], [7, 5], [5, 7]), split
+    a = split[0]
+    assert top.change.startswith(f"stage boundaries [0–{a - 1} | {a}–11] (child modules per "
+                                 f"stage {a},{12 - a}; now [0–1 | 2–11])")
     assert top.predicted_step_us < top.measured_step_us
     # the evidence carries the measured numbers behind it
     assert any(e.startswith("forward+backward per microbatch by stage: S0 ") for e in top.evidence)
