@@ -37,6 +37,7 @@ from pardiag.analyzer.breakdown import (_segment_of, cpu_comm_types, launch_time
 from pardiag.analyzer.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
                                        comm_threads, name_test, on_threads, profiler_steps)
 from pardiag.analyzer.comm_records import DTYPE_BYTES, _numel
+from pardiag.analyzer.infer_layout import _pg_config as pg_config_groups
 from pardiag.analyzer.traceset import RankTrace, TraceSet
 
 #: Columns of :func:`comm_events` (µs on each rank's own clock; bytes of the full buffer).
@@ -143,11 +144,10 @@ def _pg_config(trace: RankTrace) -> tuple[dict[str, list[int]], int | None, int 
     info = trace.metadata.get("distributedInfo")
     info = info if isinstance(info, dict) else {}
     by_name = {}
-    for g in info.get("pg_config") or [] if isinstance(info.get("pg_config"), list) else []:
-        if isinstance(g, dict):
-            ranks = _rank_list(g.get("ranks"))
-            if ranks:
-                by_name[str(g.get("pg_name"))] = ranks
+    for g in pg_config_groups(trace):  # the well-formed entries, as the layout reads them
+        ranks = _rank_list(g.get("ranks"))
+        if ranks:
+            by_name[str(g.get("pg_name"))] = ranks
     world = _int_arg(info.get("world_size"))
     return by_name, world, _int_arg(info.get("pg_count"))
 

@@ -565,8 +565,8 @@ def test_batched_sendrecv_and_named_copies_are_never_matched_as_collectives(tmp_
                  cat="gpu_memcpy", launch_ts=EPOCH + 2)
         b.write(tmp_path / f"rank{r}.json")
     sync = compute_sync(load_traces(tmp_path), compile_comm_patterns(["Memcpy PtoP"]))
-    assert sync.instances.empty and sync.straggler is None
-    assert (sync.offsets["offset_us"] == 0.0).all() if len(sync.offsets) else True
+    assert sync.instances.empty and sync.straggler is None and sync.offsets.empty
+    assert any(n.startswith("2 point-to-point op(s) without a known peer") for n in sync.notes)
 
 
 def test_huge_integers_and_odd_pg_config_are_read_without_failing(tmp_path):
