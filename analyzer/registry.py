@@ -164,7 +164,10 @@ def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
     return {"verdict": r.verdict,
             "recommendations": [c.to_json() for c in r.recommendations],
             "not_recommended": [c.to_json() for c in r.rejected],
-            "recommendations_note": r.why_none or None}
+            "recommendations_note": r.why_none or None,
+            "recommendations_rule": r.noise_rule or None,
+            "step_noise_us": r.noise_us if r.noise_us == r.noise_us else None,
+            "peak_definition": r.peak_definition or None}
 
 
 ANALYSES: tuple[Analysis, ...] = (

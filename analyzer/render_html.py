@@ -517,12 +517,12 @@ def _verdict_section(report: Report) -> list[str]:
     if not recs:
         out.append(_muted(rec.why_none or "No recommendations computed."))
     else:
-        head = ("<tr><th>#</th><th class='l'>recommendation</th><th class='l'>change</th>"
+        head = ("<tr><th>tier</th><th class='l'>recommendation</th><th class='l'>change</th>"
                 "<th>step time (ms) measured → predicted</th><th>gain %</th>"
                 "<th>peak memory (MiB) measured → predicted</th><th class='l'>evidence</th>"
                 "<th class='l'>caveats</th></tr>")
         rows = []
-        for i, r in enumerate(recs, 1):
+        for r in recs:
             def bullets(items):
                 return ("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in items) + "</ul>"
                         if items else "–")
@@ -530,13 +530,21 @@ def _verdict_section(report: Report) -> list[str]:
             if not r.fits_memory:
                 mem += " (does not fit)"
             rows.append(
-                f"<tr><td>{i}</td><td class='l'><b>{_e(r.title)}</b></td>"
+                f"<tr><td>{r.tier or '–'}</td><td class='l'><b>{_e(r.title)}</b></td>"
                 f"<td class='l'>{_e(r.change)}</td>"
                 f"<td>{r.measured_step_us / 1000:,.3f} → {r.predicted_step_us / 1000:,.3f}</td>"
                 f"<td>{r.gain_pct:,.1f}</td><td>{_e(mem)}</td>"
                 f"<td class='l'>{bullets(r.evidence)}</td><td class='l'>{bullets(r.caveats)}</td>"
                 "</tr>")
         out.append(f"<table class='recs'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>")
+        notes = ["Recommendations of one tier are predicted within noise of each other: a set, "
+                 "not a ranking."]
+        if getattr(rec, "noise_rule", ""):
+            notes.append("Rule: " + rec.noise_rule + ".")
+        if getattr(rec, "peak_definition", "") and any(
+                r.measured_peak_bytes is not None for r in recs):
+            notes.append("Measured peak memory: " + rec.peak_definition + ".")
+        out.append(_muted(" ".join(notes)))
     rejected = list(getattr(rec, "rejected", ()) or ())
     if rejected:
         out.append(_muted(f"{len(rejected)} other change(s) were evaluated and not recommended "

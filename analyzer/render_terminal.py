@@ -141,18 +141,23 @@ def render_recommendations(report: Report, console: Console) -> None:
         console.print(Text(f"No recommendations: {rec.why_none or 'none computed'}."))
         return
     rows = []
-    for i, r in enumerate(recs[:TOP_RECOMMENDATIONS], 1):
+    for r in recs[:TOP_RECOMMENDATIONS]:
         mem = f"{_mib(r.measured_peak_bytes)} → {_mib(r.predicted_peak_bytes)}"
-        rows.append((str(i), Text(r.title), Text(r.change),
+        rows.append((str(r.tier or "–"), Text(r.title), Text(r.change),
                      f"{r.measured_step_us / 1e3:,.3f} → {r.predicted_step_us / 1e3:,.3f}",
                      f"{r.gain_pct:,.1f}", mem + ("" if r.fits_memory else " (does not fit)")))
     # the change is what the user types: wrapped, even inside a long word, never cut
     print_table(console, f"Top recommendations ({min(len(recs), TOP_RECOMMENDATIONS)} of "
                 f"{len(recs)})", [
-                    Col("#"), Col("recommendation", "left", wrap="word"),
+                    Col("tier"), Col("recommendation", "left", wrap="word"),
                     Col("change", "left", wrap="fold"), Col("step ms", "left", wrap="word"),
                     Col("gain %"), Col("peak MiB", "left", wrap="word")],
-                rows, caption="step time and peak memory: measured → predicted")
+                rows, caption="step time and peak memory: measured → predicted; one tier: "
+                "within noise of each other")
+    if rec.noise_rule:
+        console.print(Text("Rule: " + rec.noise_rule + "."))
+    if rec.peak_definition and any(r.measured_peak_bytes is not None for r in recs):
+        console.print(Text("Peak memory: " + rec.peak_definition + "."))
 
 
 def render_terminal(report: Report, console: Console) -> None:

@@ -344,15 +344,15 @@ def test_data_parallel_peak_memory(tmp_path, static, peak, meas, pred):
     measured 18); a CPU trace's window peak below the static bytes is all activations (1 + 2
     MiB → 40 + 1.5 = 41.5 MiB; measured static + window peak, 22)."""
     import pandas as pd
-    from pardiag.analyzer import recommend as R
+    from pardiag.analyzer.recommend import build_context
+    from pardiag.analyzer.recommend.rules.pp_to_dp import pp_to_dp
     mib = 2**20
     traces = _dp_run(tmp_path)
     done = dict(build_report(traces).results)
-    model, _ = R.pipeline_model(traces, done["pipeline"])
     done["memory"] = _Obj(per_rank=pd.DataFrame({
         "rank": [0, 1], "static_bytes": [s * mib for s in static],
         "peak_allocated_bytes": [p * mib for p in peak]}))
-    (dp,) = R._pp_to_dp_recs(traces, done, model, None)
+    (dp,) = pp_to_dp(build_context(traces, done))   # the rule, on the run's real context
     assert dp.measured_peak_bytes == meas * mib
     assert dp.predicted_peak_bytes == pytest.approx(pred * mib)
 
@@ -642,10 +642,15 @@ class _Obj:
         self.__dict__.update(kw)
 
 
-def _done(steps=2, dims=None, dim_comm=None, nodes=None, groups=None, bandwidth=None):
+def _ctx(steps=2, dims=None, dim_comm=None, nodes=None, groups=None, bandwidth=None,
+         settings=None, memory=None, peak=None, capacity=None):
+    """A :class:`RuleContext` of a planted run: ``steps`` steps of 10000 µs on rank 0, the
+    given layout, per-dimension communication per step and bandwidth."""
     import pandas as pd
     from pardiag.analyzer.balance import LayoutResult
+    from pardiag.analyzer.breakdown import TimeBreakdown
     from pardiag.analyzer.dim_overlap import DimOverlapResult
+    from pardiag.analyzer.recommend.context import MeasuredPeak, RuleContext, step_noise
     st = pd.DataFrame({"rank": [0] * steps, "step": list(range(steps)),
                        "span_us": [10000.0] * steps})
     summary = pd.DataFrame([{"dim": d, "ranks": 4, "comm_us": c * steps, "exposed_us": e * steps,
@@ -657,8 +662,14 @@ def _done(steps=2, dims=None, dim_comm=None, nodes=None, groups=None, bandwidth=
                        nodes=nodes or {"h": [0, 1, 2, 3]})
     sync = _Obj(bandwidth=bandwidth if bandwidth is not None else pd.DataFrame(),
                 stragglers=pd.DataFrame(), instances=pd.DataFrame())
-    return {"time_breakdown": _Obj(steps=st), "layout": lay, "sync": sync,
-            "dim_overlap": DimOverlapResult(pd.DataFrame(), summary)}
+    return RuleContext(
+        traces=_Obj(ranks={r: None for r in range(4)}), layout=lay, sync=sync,
+        breakdown=TimeBreakdown(totals=pd.DataFrame(), steps=st, collectives=pd.DataFrame(
+            columns=["rank", "collective", "count", "time_us", "exposed_us"])),
+        dim_overlap=DimOverlapResult(pd.DataFrame(), summary), settings=settings or {},
+        memory=memory, step=step_noise([10000.0] * steps, f"{steps} planted steps"),
+        peak=peak or MeasuredPeak(peak_bytes=None, static_bytes=None, definition="none"),
+        capacity=capacity)
 
 
 def test_degree_predictions_are_exact():
@@ -666,15 +677,14 @@ def test_degree_predictions_are_exact():
     exposed); step 10000 µs. dp = 4, tp = 1: no TP, DP × 2 (tp 2 → 1) × 1.5 (ring 1 → 1.5)
     = 3000 exposed: 10000 − 3000 + 3000 = 10000. dp = 1, tp = 4: TP × 2 (dp 2 → 1) × 1.5 =
     12000, half exposed; no DP: 10000 − 3000 + 6000 = 13000."""
-    from pardiag.analyzer.recommend import _degree_recs
-    recs = {c.change: c for c in _degree_recs(None, _done(dims={"dp": 2, "tp": 2}, dim_comm={
-        "tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)}), 10000.0)}
+    from pardiag.analyzer.recommend.rules.degrees import degrees
+    recs = {c.change: c for c in degrees(_ctx(dims={"dp": 2, "tp": 2}, dim_comm={
+        "tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)}))}
     assert recs["dp=4, tp=1 (TP inside each node; same global batch)"].predicted_step_us == 10000
     assert recs["dp=1, tp=4 (TP inside each node; same global batch)"].predicted_step_us == 13000
     # two nodes of two ranks: tp = 4 would span nodes and is not evaluated
-    recs = _degree_recs(None, _done(dims={"dp": 2, "tp": 2}, nodes={"a": [0, 1], "b": [2, 3]},
-                                    dim_comm={"tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)}),
-                        10000.0)
+    recs = degrees(_ctx(dims={"dp": 2, "tp": 2}, nodes={"a": [0, 1], "b": [2, 3]},
+                        dim_comm={"tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)}))
     assert [c.params for c in recs] == [{"dp": 4, "tp": 1}]
 
 
@@ -682,7 +692,7 @@ def test_tp_across_nodes_is_moved_inside():
     """TP groups span two nodes at busbw 1 GB/s, DP groups inside a node reach 10 GB/s; TP
     leaves 3000 µs exposed per step, DP 200: swapping saves 3000 · 0.9 and costs 200 · 9."""
     import pandas as pd
-    from pardiag.analyzer.recommend import _tp_node_recs
+    from pardiag.analyzer.recommend.rules.placement import placement
     groups = pd.DataFrame([
         {"dim": "tp", "pg": "1", "desc": "mesh_tp", "ranks": "0,2", "size": 2, "nodes": 2,
          "spans_nodes": True},
@@ -690,9 +700,9 @@ def test_tp_across_nodes_is_moved_inside():
          "spans_nodes": False}])
     bw = pd.DataFrame([{"pg": "1", "op": "all_reduce", "busbw_gbps": 1.0},
                        {"pg": "2", "op": "all_reduce", "busbw_gbps": 10.0}])
-    done = _done(dims={"dp": 2, "tp": 2}, dim_comm={"tp": (3000.0, 3000.0), "dp": (400.0, 200.0)},
-                 nodes={"a": [0, 1], "b": [2, 3]}, groups=groups, bandwidth=bw)
-    (rec,) = _tp_node_recs(None, done, 10000.0)
+    (rec,) = placement(_ctx(dims={"dp": 2, "tp": 2}, dim_comm={"tp": (3000.0, 3000.0),
+                                                                "dp": (400.0, 200.0)},
+                            nodes={"a": [0, 1], "b": [2, 3]}, groups=groups, bandwidth=bw))
     assert rec.kind == "placement" and rec.title == "Keep TP inside a node"
     assert rec.predicted_step_us == pytest.approx(10000 - 2700 + 1800)
 
@@ -702,22 +712,23 @@ def test_memory_bound_ddp_gets_sharding_that_fits():
     peak 75 GiB of 80 (94%). ZeRO-1 saves 8 · 3/4 = 6 GiB → 69; FSDP saves 16 · 3/4 = 12 → 63.
     With 60 GiB devices neither fits and neither is recommended."""
     import pandas as pd
-    from pardiag.analyzer.recommend import _memory_recs
+    from pardiag.analyzer.recommend.context import MeasuredPeak
+    from pardiag.analyzer.recommend.rules.memory import memory_sharding
     G = 2**30
-    from pardiag.layout import RunFile
-    traces = _Obj(run_info=RunFile(layout={"dims": {"dp": 4}, "strategies": ["ddp"]}),
-                  rank_meta={})
-    done = _done()
-    done["memory"] = _Obj(per_rank=pd.DataFrame([{
+    mem = _Obj(per_rank=pd.DataFrame([{
         "rank": 0, "params_bytes": 4 * G, "grads_bytes": 4 * G, "optimizer_state_bytes": 8 * G,
         "static_bytes": 16 * G, "peak_allocated_bytes": 75 * G}]))
-    recs = {c.kind: c for c in _memory_recs(traces, done, 10000.0, (75 * G, 16 * G), 80 * G)}
+
+    def rule(peak, cap):
+        return memory_sharding(_ctx(settings={"dims": {"dp": 4}, "strategies": ["ddp"]},
+                                    memory=mem, capacity=cap, peak=MeasuredPeak(
+                                        peak_bytes=peak, static_bytes=16 * G, definition="")))
+    recs = {c.kind: c for c in rule(75 * G, 80 * G)}
     assert recs["zero1"].predicted_peak_bytes == 69 * G and recs["zero1"].fits_memory
     assert recs["fsdp"].predicted_peak_bytes == 63 * G and recs["fsdp"].fits_memory
-    small = _memory_recs(traces, done, 10000.0, (75 * G, 16 * G), 60 * G)
-    assert [c.fits_memory for c in small] == [False, False]
+    assert [c.fits_memory for c in rule(75 * G, 60 * G)] == [False, False]
     # not memory-bound (peak 50% of the device): nothing proposed
-    assert _memory_recs(traces, done, 10000.0, (40 * G, 16 * G), 80 * G) == []
+    assert rule(40 * G, 80 * G) == []
 
 
 def test_run_that_recorded_no_training_step_gets_no_recommendation(tmp_path):

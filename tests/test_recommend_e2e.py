@@ -49,8 +49,9 @@ def run(tmp_path_factory):
 def test_unbalanced_pipeline_is_rebalanced(run):
     rep = run("pp_unbalanced")
     res = rep.results["recommendations"]
-    top = res.recommendations[0]
-    assert top.kind == "rebalance_stages", [c.change for c in res.recommendations]
+    # within the run's noise another change may tie: the answer is the top tier, a set
+    (top,) = [c for c in res.top_tier if c.kind == "rebalance_stages"] or [None]
+    assert top is not None, [(c.tier, c.change) for c in res.recommendations]
     # the planted split is 2 | 10 of 12 equal blocks; within the timing noise of a 2-core
     # machine an even split and one block either way are the same answer (a full run on an idle
     # machine gave 7,5 once in three)
@@ -62,13 +63,14 @@ def test_unbalanced_pipeline_is_rebalanced(run):
     assert top.predicted_step_us < top.measured_step_us
     # the evidence carries the measured numbers behind it
     assert any(e.startswith("forward+backward per microbatch by stage: S0 ") for e in top.evidence)
-    assert report_json(rep)["recommendations"][0]["kind"] == "rebalance_stages"
+    tier1 = [c for c in report_json(rep)["recommendations"] if c["tier"] == 1]
+    assert "rebalance_stages" in {c["kind"] for c in tier1}
 
 
 def test_gpipe_with_few_microbatches_gets_more(run):
     res = run("pp_gpipe_few").results["recommendations"]
-    top = res.recommendations[0]
-    assert top.kind == "microbatches", [c.change for c in res.recommendations]
+    (top,) = [c for c in res.top_tier if c.kind == "microbatches"] or [None]
+    assert top is not None, [(c.tier, c.change) for c in res.recommendations]
     assert top.params["microbatches"] > 2
     assert top.gain_pct >= 2.0
     # data parallel instead of the pipeline is evaluated too (ranked after the changes that
@@ -79,7 +81,8 @@ def test_gpipe_with_few_microbatches_gets_more(run):
 
 def test_planted_straggler_is_named(run):
     res = run("ddp_straggler").results["recommendations"]
-    top = res.recommendations[0]
+    (top,) = [c for c in res.top_tier if c.kind == "straggler"] or [None]
+    assert top is not None, [(c.tier, c.change) for c in res.recommendations]
     assert (top.kind, top.params) == ("straggler", {"without_rank": 1})
     assert top.title == "Rank 1 is a straggler"
     # rank 1 sleeps 30 ms per step: removing it saves a good part of the step

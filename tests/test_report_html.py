@@ -110,7 +110,8 @@ def _planted_rec(**kw):
     base = dict(kind="microbatches", title="More microbatches", change="microbatches 16",
                 evidence=("bubble 48% of the step",), caveats=("activations grow",),
                 measured_step_us=40_000.0, predicted_step_us=30_000.0, gain_pct=25.0,
-                measured_peak_bytes=float(512 << 20), predicted_peak_bytes=float(640 << 20))
+                measured_peak_bytes=float(512 << 20), predicted_peak_bytes=float(640 << 20),
+                tier=1)
     return Recommendation(**(base | kw))
 
 
@@ -118,7 +119,7 @@ def test_verdict_and_recommendations_come_first():
     rep = build_report(load_traces(REPO / "sample_traces" / "ddp_cpu_2rank"))
     rep = dataclasses.replace(rep, recommendations=RecommendationResult(
         verdict="Exposed communication is 63% of the step.",
-        recommendations=(_planted_rec(), _planted_rec(title="Overlap the all-reduce",
+        recommendations=(_planted_rec(), _planted_rec(title="Overlap the all-reduce", tier=2,
                                                        change="bucket_cap_mb 100", gain_pct=5.0,
                                                        predicted_step_us=38_000.0,
                                                        measured_peak_bytes=None,

@@ -1,0 +1,86 @@
+"""The recommendation types: one proposed change, and the ranked result of a report."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    """One proposed change and its predicted effect.
+
+    Attributes:
+        kind: short machine name (``"microbatches"``, ``"rebalance_stages"``, ``"straggler"``…).
+        title: one-line human summary.
+        change: the concrete change (e.g. ``"microbatches 16"``, ``"stages [0–5 | 6–11]"``).
+        evidence: measured numbers behind it, one sentence each.
+        caveats: what the model does not know, one sentence each.
+        measured_step_us: measured step time (µs), median over steps and ranks' max.
+        predicted_step_us: predicted step time after the change (µs).
+        gain_pct: ``100 * (measured - predicted) / measured`` (derived when not given).
+        measured_peak_bytes: measured peak memory of the worst rank (bytes), None if unknown.
+        predicted_peak_bytes: predicted peak memory of the worst rank (bytes), None if unknown.
+        fits_memory: False when the prediction exceeds the device capacity (then not recommended).
+        params: the change in machine-readable form, e.g. ``{"microbatches": 16}``,
+            ``{"layers_per_stage": [5, 5]}``, ``{"without_rank": 1}``,
+            ``{"ddp_bucket_cap_bytes": 4194304}``, ``{"reshard_after_forward": False}``.
+        tier: 1 for the best recommendations, 2 for the next…: recommendations whose predicted
+            step times lie within the run's noise of each other share a tier
+            (:mod:`pardiag.analyzer.recommend.policy`); None when not recommended.
+    """
+
+    kind: str
+    title: str
+    change: str
+    evidence: tuple[str, ...] = ()
+    caveats: tuple[str, ...] = ()
+    measured_step_us: float
+    predicted_step_us: float
+    gain_pct: float | None = None
+    measured_peak_bytes: float | None = None
+    predicted_peak_bytes: float | None = None
+    fits_memory: bool = True
+    params: dict = dataclasses.field(default_factory=dict)
+    tier: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.gain_pct is None:   # derived from the two step times unless given
+            m = self.measured_step_us
+            object.__setattr__(self, "gain_pct", 100.0 * (m - self.predicted_step_us) / m
+                               if m > 0 else 0.0)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self) | {"evidence": list(self.evidence),
+                                           "caveats": list(self.caveats)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RecommendationResult:
+    """Ranked recommendations plus a one-sentence verdict.
+
+    Attributes:
+        verdict: one sentence: the largest loss and what it costs (e.g. "exposed communication
+            is 31% of the step").
+        recommendations: ranked, best first; only those that fit in memory and gain > 0.
+        rejected: evaluated changes not recommended (no gain, or do not fit), for the JSON.
+        why_none: when ``recommendations`` is empty, why (e.g. "no traces with steps").
+        noise_rule: the rule a predicted gain had to clear, with the measured noise it used
+            (one sentence, :func:`pardiag.analyzer.recommend.policy.rank`).
+        noise_us: the step's noise: half its median's bootstrap interval (µs; NaN when it
+            could not be measured).
+        peak_definition: how every measured peak of the recommendations was taken
+            (:class:`pardiag.analyzer.recommend.context.MeasuredPeak`).
+    """
+
+    verdict: str
+    recommendations: tuple[Recommendation, ...] = ()
+    rejected: tuple[Recommendation, ...] = ()
+    why_none: str = ""
+    noise_rule: str = ""
+    noise_us: float = float("nan")
+    peak_definition: str = ""
+
+    @property
+    def top_tier(self) -> tuple[Recommendation, ...]:
+        """The recommendations of the best tier (within noise of each other), or ()."""
+        return tuple(c for c in self.recommendations if c.tier == 1)

@@ -1,0 +1,82 @@
+"""The noise rule and the tiers of the recommendation policy (issue #14): a change is
+recommended only when its predicted gain clears the step's measured noise, and changes within
+noise of each other are one tier, not a ranking."""
+
+import pytest
+
+from pardiag.analyzer.recommend import Recommendation
+from pardiag.analyzer.recommend.context import StepNoise, measured_peak, step_noise
+from pardiag.analyzer.recommend.policy import MIN_GAIN_PCT, rank
+
+
+def _rec(kind, pred, change=None):
+    return Recommendation(kind=kind, title=kind, change=change or f"{kind} {pred}",
+                          measured_step_us=10_000.0, predicted_step_us=pred)
+
+
+#: a step of 10 ms whose median is known to ±0.5 ms (5%)
+NOISY = StepNoise(median_us=10_000.0, low_us=9_500.0, high_us=10_500.0,
+                  samples_us=(10_000.0,) * 8, source="8 planted steps")
+
+
+def test_a_gain_inside_the_noise_is_not_recommended():
+    cands = [_rec("microbatches", 9_200.0), _rec("rebalance_stages", 9_400.0),
+             _rec("ddp_bucket", 9_600.0), _rec("straggler", 9_900.0)]
+    good, rejected, rule, margin = rank(cands, NOISY, None)
+    # 8% and 6% clear the ±5% noise; 4% clears MIN_GAIN_PCT but not the noise; 1% neither
+    assert [c.kind for c in good] == ["microbatches", "rebalance_stages"]
+    assert {c.kind for c in rejected} == {"ddp_bucket", "straggler"}
+    assert margin == 5.0
+    assert "save ≥ 5.0% of the step" in rule and "±5.0% (±0.5 ms" in rule
+    assert "8 planted steps" in rule
+
+
+def test_changes_within_noise_of_each_other_share_a_tier():
+    cands = [_rec("microbatches", 9_200.0), _rec("rebalance_stages", 9_400.0),
+             _rec("interleave", 8_000.0), _rec("degrees", 7_000.0)]
+    good, _, _, _ = rank(cands, NOISY, None)
+    # 8.0 ms leads; 9.2 and 9.4 ms are 1.2 ms behind (> 0.5 ms) and 0.2 ms apart: tier 2;
+    # a change of the parallel degrees ranks after those that keep them, in its own tier
+    assert [(c.kind, c.tier) for c in good] == [("interleave", 1), ("microbatches", 2),
+                                                ("rebalance_stages", 2), ("degrees", 3)]
+
+
+def test_without_measured_noise_the_floor_is_the_minimum_gain():
+    one = step_noise([10_000.0, 10_400.0], "2 steps")
+    assert not one.known and one.median_us == 10_200.0
+    good, _, rule, margin = rank([_rec("ddp_bucket", 9_600.0)], one, None)
+    assert margin == MIN_GAIN_PCT and [c.tier for c in good] == [1]
+    assert "noise is not measured (2 step(s)" in rule
+
+
+def test_step_noise_is_a_deterministic_bootstrap_interval_of_the_median():
+    same = step_noise([5_000.0] * 6, "six equal steps")
+    assert (same.median_us, same.low_us, same.high_us) == (5_000.0, 5_000.0, 5_000.0)
+    xs = [9_000.0, 10_000.0, 10_000.0, 10_000.0, 11_000.0, 30_000.0]
+    a, b = step_noise(xs, "x"), step_noise(list(reversed(xs)), "x")
+    assert a.median_us == 10_000.0
+    # the interval lies between the sample's values around the median and holds it
+    assert 9_000.0 <= a.low_us <= 10_000.0 <= a.high_us <= 30_000.0
+    assert (a.low_us, a.high_us) == (step_noise(xs, "x").low_us, step_noise(xs, "x").high_us)
+    assert b.median_us == a.median_us
+    with pytest.raises(ValueError):
+        step_noise([], "none")
+
+
+def test_one_memory_baseline():
+    """A device peak holds the static state; a CPU window's peak below the static bytes is
+    transient only, and the static bytes are added (the same definition for every rule)."""
+    import pandas as pd
+
+    class M:
+        def __init__(self, static, peak):
+            self.per_rank = pd.DataFrame({"rank": [0, 1], "static_bytes": static,
+                                          "peak_allocated_bytes": peak,
+                                          "peak_rss_bytes": [None, None]})
+    dev = measured_peak(M([10.0, 10.0], [14.0, 18.0]))
+    assert (dev.peak_bytes, dev.static_bytes, dev.transient_bytes) == (18.0, 10.0, 8.0)
+    assert "holds the static state" in dev.definition
+    cpu = measured_peak(M([20.0, 20.0], [1.0, 2.0]))
+    assert (cpu.peak_bytes, cpu.static_bytes, cpu.transient_bytes) == (22.0, 20.0, 2.0)
+    assert "window" in cpu.definition
+    assert measured_peak(None).peak_bytes is None
