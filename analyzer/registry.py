@@ -167,6 +167,7 @@ def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
             "recommendations_note": r.why_none or None,
             "recommendations_rule": r.noise_rule or None,
             "step_noise_us": r.noise_us if r.noise_us == r.noise_us else None,
+            "min_gain_pct": r.min_gain_pct if r.min_gain_pct == r.min_gain_pct else None,
             "peak_definition": r.peak_definition or None}
 
 

@@ -123,11 +123,12 @@ class Report(_TypedReport):
 
     @property
     def recommendations_table(self) -> pd.DataFrame:
-        """The recommended changes, best first: ``kind``, ``title``, ``change``,
+        """The recommended changes, best first: ``tier`` (1 = best; one tier = predicted
+        within the run's noise of each other), ``kind``, ``title``, ``change``,
         ``measured_step_us``, ``predicted_step_us``, ``gain_pct``, ``measured_peak_bytes``,
         ``predicted_peak_bytes``, ``fits_memory``, ``params``, ``evidence``, ``caveats``."""
         rows = [r.to_json() for r in self.recommendations.recommendations]
-        cols = ["kind", "title", "change", "measured_step_us", "predicted_step_us", "gain_pct",
+        cols = ["tier", "kind", "title", "change", "measured_step_us", "predicted_step_us", "gain_pct",
                 "measured_peak_bytes", "predicted_peak_bytes", "fits_memory", "params",
                 "evidence", "caveats"]
         return pd.DataFrame(rows, columns=cols)

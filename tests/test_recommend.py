@@ -746,3 +746,49 @@ def test_run_that_recorded_no_training_step_gets_no_recommendation(tmp_path):
     assert res.verdict.startswith("The profiler recorded no training step: the script made 2 "
                                   "optimizer step(s) and recording starts after --wait + "
                                   "--warmup = 2")
+
+
+def _planted_sleeper(tmp_path, sleep_us):
+    """2 ranks (gloo), 3 steps of 10000 µs, all-reduces at 1000, 5000 and 8000 µs into each.
+    Rank 1 sleeps ``sleep_us`` at the start of each step (no op, no collective), so it arrives
+    last at the first all-reduce only (1 of 3: rank 0 computes 200 µs longer before the other
+    two); everything else either rank does is compute or communication."""
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2, backend="gloo")
+        spans = []
+        for s in range(3):
+            t = 10000 * s
+            b.step(s + 1, t, 10000)
+            a0 = 1000 if r == 0 else max(1000, sleep_us)       # arrival at the first all-reduce
+            e0 = max(1000, sleep_us) + 200
+            arrive = [a0, 5200 if r == 0 else 5000, 8200 if r == 0 else 8000]
+            ends = [e0, 5400, 8400]
+            if r == 0:
+                b.cpu("aten::mm", t, 1000)
+            b.cpu("aten::mm", t + e0, arrive[1] - e0)
+            b.cpu("aten::mm", t + 5400, arrive[2] - 5400)
+            b.cpu("aten::mm", t + 8400, 1600)
+            spans += [(t + a, t + e) for a, e in zip(arrive, ends)]
+        _write_all_reduces(b, tmp_path, r, spans, (0, 1))
+    return build_report(load_traces(tmp_path)).results["recommendations"]
+
+
+def test_a_rank_that_idles_longer_is_a_straggler_however_many_collectives(tmp_path):
+    """Rank 1 idles 3000 µs per step more than rank 0 (30% of the step, in 3 of 3 steps) but
+    is last at only 3 of 9 all-reduces: it is named, by the idle criterion (issue #14)."""
+    res = _planted_sleeper(tmp_path, 3000)
+    assert res.verdict.endswith("rank 1 is a straggler: it idles 3.0 ms per step more than the "
+                                "others (in 3 of 3 steps).")
+    (top,) = [c for c in res.recommendations if c.kind == "straggler"]
+    assert top.params == {"without_rank": 1}
+    # rank 0 waits 2000 µs per step for it, it waits 2 · 200 µs for rank 0: 1600 µs net, under
+    # its 3000 µs of extra idle time
+    assert top.predicted_step_us == pytest.approx(10000 - (2000 - 400))
+
+
+def test_symmetric_or_small_waits_name_nobody(tmp_path):
+    """A 300 µs sleep (3% of the step, under the 5% criterion): nobody is named, in the
+    verdict or the recommendations."""
+    res = _planted_sleeper(tmp_path, 1300)
+    assert "straggler" not in res.verdict
+    assert not [c for c in (*res.recommendations, *res.rejected) if c.kind == "straggler"]

@@ -20,7 +20,7 @@ RUNS = {
     # (6 layers): with 4 per stage, Interleaved1F1B with 4 stages per rank was predicted — and
     # measured: 193.9 vs 214.7 ms — about 10% faster than 4 microbatches, the margin at which
     # it is recommended first, so the top recommendation flipped between runs
-    "pp_gpipe_few": ("train_pp.py", ["--schedule", "gpipe", "--microbatches", "2",
+    "pp_gpipe_few": ("train_pp.py", ["--schedule", "gpipe", "--microbatches", "2", "--steps", "16",
                                      "--batch", "1024", "--width", "512", "--layers", "2"]),
     "ddp_straggler": ("train_ddp.py", ["--slow-rank", "1", "--slow-ms", "30"]),
 }
@@ -69,10 +69,15 @@ def test_unbalanced_pipeline_is_rebalanced(run):
 
 def test_gpipe_with_few_microbatches_gets_more(run):
     res = run("pp_gpipe_few").results["recommendations"]
-    (top,) = [c for c in res.top_tier if c.kind == "microbatches"] or [None]
-    assert top is not None, [(c.tier, c.change) for c in res.recommendations]
-    assert top.params["microbatches"] > 2
-    assert top.gain_pct >= 2.0
+    mb = [c for c in (*res.recommendations, *res.rejected) if c.kind == "microbatches"]
+    top = [c for c in res.top_tier if c.kind == "microbatches"]
+    if top:
+        assert top[0].params["microbatches"] > 2 and top[0].gain_pct >= res.min_gain_pct
+    else:
+        # a loaded machine: the steps' noise exceeds every microbatch change's predicted
+        # gain, and the report does not claim one (nothing inside the noise is recommended)
+        assert res.min_gain_pct > 2.0, [(c.tier, c.change) for c in res.recommendations]
+        assert all(c.gain_pct < res.min_gain_pct and c.tier is None for c in mb)
     # data parallel instead of the pipeline is evaluated too (ranked after the changes that
     # keep the degrees, even when predicted faster)
     dp = [c for c in (*res.recommendations, *res.rejected) if c.kind == "pp_to_dp"]
@@ -87,4 +92,4 @@ def test_planted_straggler_is_named(run):
     assert top.title == "Rank 1 is a straggler"
     # rank 1 sleeps 30 ms per step: removing it saves a good part of the step
     assert top.gain_pct > 20
-    assert res.verdict.endswith("rank 1 causes the most waiting.")
+    assert "; rank 1 is a straggler: it " in res.verdict

@@ -81,5 +81,5 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     base = clean if use_clean else ctx.step
     noise_us = (base.half_width_us if base is not None else float("nan"))
     return RecommendationResult(verdict(ctx, step, profiled=ctx.model is None and clean is None),
-                                good, rejected, why_none, rule, noise_us,
+                                good, rejected, why_none, rule, noise_us, margin,
                                 ctx.peak.definition)

@@ -66,6 +66,8 @@ class RecommendationResult:
         why_none: when ``recommendations`` is empty, why (e.g. "no traces with steps").
         noise_rule: the rule a predicted gain had to clear, with the measured noise it used
             (one sentence, :func:`pardiag.analyzer.recommend.policy.rank`).
+        min_gain_pct: the predicted saving a change needed to be recommended (% of the step:
+            the larger of the fixed minimum and the noise).
         noise_us: the step's noise: half its median's bootstrap interval (µs; NaN when it
             could not be measured).
         peak_definition: how every measured peak of the recommendations was taken
@@ -78,6 +80,7 @@ class RecommendationResult:
     why_none: str = ""
     noise_rule: str = ""
     noise_us: float = float("nan")
+    min_gain_pct: float = float("nan")
     peak_definition: str = ""
 
     @property

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import statistics
 
+import pandas as pd
+
 from pardiag.analyzer.breakdown import OUTLIER_STEP_FACTOR
+from pardiag.analyzer.pipeline import summarize_bubbles
 from pardiag.analyzer.recommend.context import RuleContext, ms, run_step_row
+from pardiag.analyzer.recommend.rules.straggler import identify_straggler
 from pardiag.analyzer.traceset import TraceSet
 
 
@@ -42,8 +46,58 @@ def spread_text(ctx: RuleContext) -> str:
     return text
 
 
+def exposed_split(ctx: RuleContext) -> tuple[float, float, float] | None:
+    """Exposed communication split into waiting and transfer, summed over ranks (µs):
+    ``(exposed, waiting, transfer)``. Waiting is each rank's time inside collectives and
+    point-to-point transfers beyond the fastest participant's (``wait_us`` of
+    :attr:`pardiag.analyzer.sync.SyncResult.per_rank`: waiting for a peer to arrive — in a
+    pipeline, the bubble), at most the rank's exposed time; transfer is the rest. None
+    without exposed communication."""
+    tot = ctx.breakdown.totals
+    if not len(tot) or not (tot["exposed_comm_us"].sum() > 0):
+        return None
+    exposed = tot.set_index("rank")["exposed_comm_us"].astype(float)
+    waits = (ctx.sync.per_rank.groupby("rank")["wait_us"].sum()
+             if ctx.sync is not None and len(ctx.sync.per_rank) else pd.Series(dtype=float))
+    waiting = sum(min(float(waits.get(r, 0.0) or 0.0), float(e)) for r, e in exposed.items())
+    return float(exposed.sum()), waiting, float(exposed.sum()) - waiting
+
+
+def bubble_text(ctx: RuleContext) -> str | None:
+    """``"pipeline bubble 71% of the window, measured (the replay gives 30% and accounts for
+    27.1 of the 55.0 ms step)"``: the bubble measured from the schedule records
+    (:func:`pardiag.analyzer.pipeline.summarize_bubbles`, mean over ranks) with the replay's
+    beside it and how much of the measured step the replay explains."""
+    pipe = ctx.pipeline
+    measured = None
+    if pipe is not None and len(pipe.bubbles):
+        summ = summarize_bubbles(pipe.bubbles)
+        if len(summ) and summ["bubble_pct"].notna().any():
+            measured = float(summ["bubble_pct"].mean())
+    model = ctx.model
+    replay = None
+    if model is not None:
+        replay = statistics.fmean(model.predict()[1].bubble_pct.values())
+    if measured is None and replay is None:
+        return None
+    if measured is None:
+        return f"pipeline bubble {replay:.1f}% of the window (replayed; not measured)"
+    text = f"pipeline bubble {measured:.1f}% of the window, measured"
+    if replay is not None:
+        replayed = model.period_us - model.residual_us
+        text += (f" (the replay gives {replay:.1f}% and accounts for {ms(replayed)} of the "
+                 f"{ms(model.period_us)} step)")
+    return text
+
+
 def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
-    """``"Step 12.3 ms (…spread…): exposed communication …; pipeline bubble …; …"``.
+    """``"Step 12.3 ms (…spread…): exposed communication …; pipeline bubble …; rank N is a
+    straggler: …"``.
+
+    Exposed communication is split into waiting for a peer and transfer
+    (:func:`exposed_split`) so that the waiting a pipeline's bubble also counts is said once.
+    A rank is named only when it meets the straggler criteria
+    (:func:`pardiag.analyzer.recommend.rules.straggler.identify_straggler`).
 
     Args:
         step_us: the step time the recommendations compare with (µs; NaN: "No complete step").
@@ -51,14 +105,23 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
     tot = ctx.breakdown.totals
     parts = []
     if len(tot) and tot["span_us"].sum() > 0:
-        exp = 100.0 * tot["exposed_comm_us"].sum() / tot["span_us"].sum()
-        idle = 100.0 * tot["idle_us"].sum() / tot["span_us"].sum()
-        parts.append(f"exposed communication {exp:.1f}% and idle {idle:.1f}% of the ranks' time")
-    if ctx.model is not None:
-        b = ctx.model.predict()[1].bubble_pct
-        parts.append(f"pipeline bubble {statistics.fmean(b.values()):.1f}% of the window")
-    if ctx.sync is not None and ctx.sync.straggler is not None:
-        parts.append(f"rank {ctx.sync.straggler} causes the most waiting")
+        span = tot["span_us"].sum()
+        idle = 100.0 * tot["idle_us"].sum() / span
+        split = exposed_split(ctx)
+        if split is None:
+            parts.append(f"exposed communication 0.0% and idle {idle:.1f}% of the ranks' time")
+        else:
+            exp, wait, xfer = (100.0 * x / span for x in split)
+            peer = "a peer stage (the bubble)" if ctx.pipeline is not None and len(
+                ctx.pipeline.chunks) else "other ranks"
+            parts.append(f"exposed communication {exp:.1f}% of the ranks' time ({wait:.1f}% "
+                         f"waiting for {peer}, {xfer:.1f}% transfer) and idle {idle:.1f}%")
+    bubble = bubble_text(ctx)
+    if bubble:
+        parts.append(bubble)
+    found = identify_straggler(ctx)
+    if found is not None:
+        parts.append(found.describe())
     spread = ""
     if profiled:  # measured on the profiled steps: their spread, " (while profiled; IQR ...)"
         spread = spread_text(ctx)

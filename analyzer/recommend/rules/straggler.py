@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
@@ -52,10 +54,122 @@ def _excess_idle(steps: pd.DataFrame, r: int, others: list[int]) -> float | None
     return None if r not in med.index or not theirs else float(med[r]) - float(np.median(theirs))
 
 
+#: A rank that idles (no op, no collective) this share of the step or more per step beyond
+#: the other ranks' median, in most steps, is a straggler however many collectives it is last
+#: at (%).
+STRAGGLER_IDLE_PCT = 5.0
+#: … in at least this share of the steps (and 2 or more steps).
+STRAGGLER_STEP_SHARE = 0.8
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StragglerFinding:
+    """A rank that slows the others down, and the criterion it met.
+
+    Attributes:
+        rank: the straggler.
+        criterion: ``"arrives last"`` (it is last at ≥ :data:`STRAGGLER_LAST_SHARE` of ≥ 3
+            collectives and causes ≥ :data:`STRAGGLER_RATIO` × the waiting it suffers; on CPU
+            traces it also idles ≥ :data:`STRAGGLER_IDLE_PCT` % of the step more than the
+            others, as op times there follow the host's load) or
+            ``"idles longer"`` (it idles ≥ :data:`STRAGGLER_IDLE_PCT` % of the step per step
+            more than the other ranks' median, in ≥ :data:`STRAGGLER_STEP_SHARE` of ≥ 2 steps,
+            and causes more waiting than it suffers).
+        last_arrivals, instances: collectives it arrived last at, of those it joined.
+        wait_caused_us, wait_suffered_us: waiting it caused the others / suffered (µs, all
+            steps; :attr:`pardiag.analyzer.sync.SyncResult.stragglers`).
+        excess_idle_us: median over steps of its idle time less the other ranks' median in the
+            same step (µs per step); None without per-step rows.
+        steps_over, steps: steps in which it idled longer than the others' median, of all.
+    """
+
+    rank: int
+    criterion: str
+    last_arrivals: int
+    instances: int
+    wait_caused_us: float
+    wait_suffered_us: float
+    excess_idle_us: float | None
+    steps_over: int
+    steps: int
+
+    def describe(self) -> str:
+        """``"rank 1 is a straggler: it idles 30.1 ms per step more than the others (in 9 of 9
+        steps)"`` or ``"…: it arrives last at 40 of 45 collectives"``."""
+        if self.criterion == "idles longer":
+            how = (f"it idles {self.excess_idle_us / 1000:.1f} ms per step more than the others "
+                   f"(in {self.steps_over} of {self.steps} steps)")
+        else:
+            how = f"it arrives last at {self.last_arrivals} of {self.instances} collectives"
+        return f"rank {self.rank} is a straggler: {how}"
+
+
+def _excess_idle_by_step(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and step: ``excess_us``, its idle time less the median idle time of the other
+    ranks in that step (µs). Rows of steps that only one rank has are left out."""
+    if steps is None or steps.empty or steps["rank"].nunique() < 2:
+        return pd.DataFrame(columns=["rank", "step", "excess_us"])
+    idle = steps.pivot_table(index="step", columns="rank", values="idle_us", aggfunc="sum")
+    idle = idle.dropna()
+    rows = []
+    for r in idle.columns:
+        others = idle.drop(columns=r).median(axis=1)
+        for st, v in (idle[r] - others).items():
+            rows.append({"rank": int(r), "step": int(st), "excess_us": float(v)})
+    return pd.DataFrame(rows, columns=["rank", "step", "excess_us"])
+
+
+def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
+    """The run's straggler, when one rank meets :class:`StragglerFinding`'s criteria; None
+    when none does (waiting that is about symmetric names nobody). Pipelines have none: waiting
+    for the neighbour stage is their bubble."""
+    sync = ctx.sync
+    if (ctx.model is not None or sync is None or len(ctx.traces.ranks) < 2
+            or sync.stragglers is None or sync.stragglers.empty):
+        return None
+    table = sync.stragglers.set_index("rank")
+    ex = _excess_idle_by_step(ctx.breakdown.steps)
+    step_us = ctx.measured_us
+
+    def finding(r: int, criterion: str) -> StragglerFinding:
+        row = table.loc[r] if r in table.index else None
+        mine = ex[ex["rank"] == r]["excess_us"]
+        return StragglerFinding(
+            rank=r, criterion=criterion,
+            last_arrivals=int(row["last_arrivals"]) if row is not None else 0,
+            instances=int(row["instances"]) if row is not None else 0,
+            wait_caused_us=float(row["wait_caused_us"]) if row is not None else 0.0,
+            wait_suffered_us=float(row["wait_suffered_us"]) if row is not None else 0.0,
+            excess_idle_us=float(mine.median()) if len(mine) else None,
+            steps_over=int((mine > 0).sum()), steps=int(len(mine)))
+
+    # arrives last most of the time and makes the others wait far more than it waits; on CPU
+    # also idles longer: there a rank's op times follow the host's load (two ranks on two
+    # cores), so slower ops alone are contention, not a slow rank
+    st = sync.stragglers.iloc[0]
+    if (st["instances"] >= 3 and st["last_arrivals"] >= STRAGGLER_LAST_SHARE * st["instances"]
+            and st["wait_caused_us"] >= STRAGGLER_RATIO * st["wait_suffered_us"]
+            and st["wait_caused_us"] > 0):
+        f = finding(int(st["rank"]), "arrives last")
+        if ctx.on_gpu or (f.excess_idle_us is not None and step_us > 0
+                          and f.excess_idle_us >= STRAGGLER_IDLE_PCT / 100.0 * step_us):
+            return f
+    # idles longer than its peers step after step, however many collectives the step has
+    if len(ex) and step_us > 0:
+        med = ex.groupby("rank")["excess_us"].median().sort_values(ascending=False)
+        r = int(med.index[0])
+        f = finding(r, "idles longer")
+        if (f.steps >= 2 and f.excess_idle_us >= STRAGGLER_IDLE_PCT / 100.0 * step_us
+                and f.steps_over >= STRAGGLER_STEP_SHARE * f.steps
+                and f.wait_caused_us > f.wait_suffered_us):
+            return f
+    return None
+
+
 def straggler(ctx: RuleContext) -> list[Recommendation]:
-    """The step without a significant straggler *r*: the step less what its delay costs the
-    others per step — the time they sat idle waiting for it (:func:`_idle_waits`, mean over
-    them) less what *r* waited for them.
+    """The step without the run's straggler *r* (:func:`identify_straggler`): the step less
+    what its delay costs the others per step — the time they sat idle waiting for it
+    (:func:`_idle_waits`, mean over them) less what *r* waited for them.
 
     On CPU traces at most *r*'s own extra idle time (no op, no collective: data loading, host
     load, a sleep) beyond the other ranks' median (:func:`_excess_idle`): a rank's op times
@@ -67,18 +181,12 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
 
     At most :data:`SAMPLE_RANKS` other ranks are read (their compute intervals)."""
     traces, sync, measured = ctx.traces, ctx.sync, ctx.measured_us
-    if ctx.model is not None:
-        return []   # in a pipeline, waiting for the neighbour stage is the bubble
-    if sync is None or sync.straggler is None or len(traces.ranks) < 2:
+    found = identify_straggler(ctx)
+    if found is None:
         return []
-    st = sync.stragglers.iloc[0]
     steps = ctx.breakdown.steps
     n_steps = max(int(steps["step"].nunique()), 1) if len(steps) else 1
-    # a straggler arrives last most of the time and makes others wait far more than it waits
-    if (st["instances"] < 3 or st["last_arrivals"] < STRAGGLER_LAST_SHARE * st["instances"]
-            or st["wait_caused_us"] < STRAGGLER_RATIO * st["wait_suffered_us"]):
-        return []
-    r = int(st["rank"])
+    r = found.rank
     others = sorted(int(x) for x in traces.ranks if int(x) != r)[:SAMPLE_RANKS]
     idle = _idle_waits(traces, sync, r, others)
     own = sum(_idle_waits(traces, sync, o, [r]).get(r, 0.0) for o in others) / len(others)
@@ -91,9 +199,9 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
     if not (saving > 0):
         return []
     comp = ctx.balance.per_rank if ctx.balance is not None else pd.DataFrame()
-    ev = [f"rank {r} arrives last at {int(st['last_arrivals'])} collective(s); the other ranks "
-          f"sit idle {caused / 1000:.2f} ms per step waiting for it (median step "
-          f"{ms(measured)})"]
+    ev = [f"rank {r} arrives last at {found.last_arrivals} of {found.instances} collective(s); "
+          f"the other ranks sit idle {caused / 1000:.2f} ms per step waiting for it (median "
+          f"step {ms(measured)})"]
     if idle_x is not None:
         ev.append(f"rank {r} is idle (no op, no collective) {idle_x / 1000:.2f} ms per step "
                   f"more than the others (median)")
@@ -102,6 +210,7 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
         if r in c.index and len(c) > 1:
             ev.append(f"rank {r} computes {c[r] / 1000:.2f} ms per step, the others "
                       f"{c.drop(r).median() / 1000:.2f} ms (median)")
+    ev.append(found.describe() + f" ({found.criterion}: the straggler criterion it meets)")
     how = ("the others' waiting for it" if idle_x is None else
            "its extra idle time, at most the others' waiting for it (on CPU its op times "
            "follow the host, not its work)")
