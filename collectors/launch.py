@@ -38,6 +38,8 @@ class ProfileConfig:
             first write what they were doing (``rank{R}.hang.json``).
         exit_grace_s: once a rank has finished, how long the others may take to finish too
             before they are taken as hung at exit and stopped.
+        pin_cpu: give each rank of a node its own cores (cores / local ranks) and as many
+            intra-op threads, before the script starts (``--pin-cpu``).
     """
 
     script: Path
@@ -50,6 +52,7 @@ class ProfileConfig:
     overwrite: bool = False
     timeout_s: float | None = None
     exit_grace_s: float = 60.0
+    pin_cpu: bool = False
 
     def __post_init__(self) -> None:
         if not Path(self.script).is_file():
@@ -75,6 +78,8 @@ class ProfileResult:
         missing_ranks: ranks that wrote no metadata (killed before they finished).
         hang: one line per collective the job was stuck in when ``timeout_s`` expired, or the
             ranks stopped after ``exit_grace_s``.
+        contention: a sentence when the CPU ranks contended for cores
+            (:func:`pardiag.layout.contention_note`), else None.
         no_trace: ``{rank: optimizer steps seen}`` for ranks that finished without a trace
             (too few optimizer steps for the profiler schedule).
         short_ranks: ``{rank: active steps recorded}`` for ranks whose trace holds fewer steps
@@ -88,6 +93,7 @@ class ProfileResult:
     no_trace: dict[int, int] = dataclasses.field(default_factory=dict)
     short_ranks: dict[int, int] = dataclasses.field(default_factory=dict)
     hang: list[str] = dataclasses.field(default_factory=list)
+    contention: str | None = None
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -242,7 +248,8 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     _prepare_out(out, cfg.overwrite)
     script = str(Path(cfg.script).resolve())
     rank_cfg = {"out": str(out), "script": script, "args": list(cfg.args),
-                "wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active}
+                "wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active,
+                "pin_cpu": cfg.pin_cpu}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
            "--nproc-per-node", str(cfg.nproc_per_node), "-m", "pardiag.collectors.rank_entry"]
     # torchrun sets OMP_NUM_THREADS=1 when unset, with a banner; set the same value quietly.
@@ -304,7 +311,8 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     run = layout.RunFile(
         pardiag_version=__version__,
         command=shlex.join(["pardiag", "profile", str(cfg.script),
-                            "--nproc-per-node", str(cfg.nproc_per_node), "--", *cfg.args]),
+                            "--nproc-per-node", str(cfg.nproc_per_node),
+                            *(["--pin-cpu"] if cfg.pin_cpu else []), "--", *cfg.args]),
         script=str(cfg.script), script_args=list(cfg.args),
         world_size=cfg.nproc_per_node, nproc_per_node=cfg.nproc_per_node, nnodes=1,
         schedule=layout.ProfilerSchedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active),
@@ -320,4 +328,5 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     tmp.write_bytes(layout.encode_sidecar(run))
     os.replace(tmp, layout.run_file_path(out))
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=failed, missing_ranks=missing,
-                         no_trace=no_trace, short_ranks=short, hang=hang or [])
+                         no_trace=no_trace, short_ranks=short, hang=hang or [],
+                         contention=layout.contention_note(metas.values()))

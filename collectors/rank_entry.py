@@ -283,6 +283,32 @@ def _write_rank_summary(out: Path, rank: int) -> None:
               file=sys.stderr)
 
 
+def _affinity() -> list[int] | None:
+    """The cores this process may run on, or None where the OS does not say."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def _pin_cpu(torch, local_rank: int, local_world: int) -> bool:
+    """Give this rank its own share of the cores it may use: ``cores // local_world`` of them
+    (at least one; the ranks of a node get disjoint shares while there are enough cores) and as
+    many intra-op threads. Returns False where the OS cannot pin (then nothing changes)."""
+    cores = _affinity()
+    if not cores:
+        return False
+    k = max(1, len(cores) // max(1, local_world))
+    lo = (local_rank * k) % len(cores)
+    share = set(cores[lo:lo + k]) or {cores[local_rank % len(cores)]}
+    try:
+        os.sched_setaffinity(0, share)
+    except OSError:
+        return False
+    torch.set_num_threads(len(share))
+    return True
+
+
 def main() -> None:
     """Run the user's script as ``__main__`` under the profiler; never returns."""
     import torch
@@ -298,6 +324,8 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    pinned = bool(cfg.get("pin_cpu")) and _pin_cpu(
+        torch, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     script = cfg["script"]
     wait, warmup = cfg["wait"], cfg["warmup"]
     cuda = torch.cuda.is_available()
@@ -396,6 +424,8 @@ def main() -> None:
     meta = layout.RankMeta(
         rank=rank, world_size=world_size, local_rank=local_rank, pid=os.getpid(),
         host=topo.get("host"), cpu_count=topo.get("cpu_count"),
+        intra_op_threads=torch.get_num_threads(), cpu_affinity=_affinity(),
+        pinned_by_pardiag=pinned,
         nccl_version=topo.get("nccl_version"), nvidia_smi_topo=topo.get("nvidia_smi_topo"),
         torch_version=str(torch.__version__), pardiag_version=__version__,
         backend=captured["backend"] or (str(dist.get_backend())

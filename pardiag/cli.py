@@ -89,8 +89,12 @@ def cli() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace pardiag's files in an existing run folder.")
 @click.option("--timeout", "timeout_s", type=float, default=None, metavar="SECONDS",
               help="Stop a job still running after SECONDS and name the rank(s) it waits for.")
+@click.option("--pin-cpu", is_flag=True,
+              help="Give each rank its own cores (cores / ranks on the node) and as many torch "
+                   "threads, so CPU ranks do not slow each other down.")
 def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out: Path | None,
-            wait: int, warmup: int, active: int, overwrite: bool, timeout_s: float | None) -> None:
+            wait: int, warmup: int, active: int, overwrite: bool, timeout_s: float | None,
+            pin_cpu: bool) -> None:
     """Run SCRIPT under torchrun with every rank profiled.
 
     Arguments after `--` go to the script unchanged. The run folder gets one gzipped Kineto trace
@@ -103,7 +107,8 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
         out = Path("pardiag_runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = ProfileConfig(script=script, args=tuple(script_args), out=out,
                         nproc_per_node=nproc_per_node, wait=wait, warmup=warmup,
-                        active=active, overwrite=overwrite, timeout_s=timeout_s)
+                        active=active, overwrite=overwrite, timeout_s=timeout_s,
+                        pin_cpu=pin_cpu)
     result = run_profile(cfg)
     for i, (r, msg) in enumerate(result.failed_ranks.items()):
         first = " (first failure)" if i == 0 and len(result.failed_ranks) > 1 else ""
@@ -121,6 +126,8 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
         click.echo(f"pardiag: {prefix}: {line}", err=True)
     for r in result.missing_ranks:
         click.echo(f"pardiag: rank {r} did not finish (no metadata written)", err=True)
+    if result.contention:
+        click.echo(f"pardiag: warning: {result.contention}", err=True)
     click.echo(f"pardiag: run folder {result.out} (exit code {result.exit_code})", err=True)
     sys.exit(result.exit_code)
 

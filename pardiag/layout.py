@@ -237,6 +237,11 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
         pid: the rank's process id.
         host: host name (ranks with the same one share a clock).
         cpu_count: CPUs of the host (``os.cpu_count()``).
+        intra_op_threads: torch's intra-op threads when the script ended
+            (``torch.get_num_threads()``).
+        cpu_affinity: the cores the rank may run on when the script ended
+            (``os.sched_getaffinity``), None where the OS does not say.
+        pinned_by_pardiag: ``pardiag profile --pin-cpu`` gave the rank its own cores.
         nccl_version: NCCL's version on GPU hosts.
         nvidia_smi_topo: ``nvidia-smi topo -m`` output (local rank 0 of GPU hosts).
         torch_version: torch's version.
@@ -270,6 +275,9 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
     pid: int | None = None
     host: str | None = None
     cpu_count: int | None = None
+    intra_op_threads: int | None = None
+    cpu_affinity: list[int] | None = None
+    pinned_by_pardiag: bool = False
     nccl_version: str | None = None
     nvidia_smi_topo: str | None = None
     torch_version: str | None = None
@@ -289,6 +297,47 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
     exit_code: int | None = None
     status: str | None = None
     error: str | None = None
+
+
+def contention_note(metas) -> str | None:
+    """One sentence when CPU ranks on one host contend for its cores, else None.
+
+    Contended: the host's CPU ranks run more intra-op threads in all than the cores they may
+    use, or two of them may run on the same core (their ``cpu_affinity`` sets intersect: the
+    OS may put both on it). GPU ranks are left out: their timings are the device's. Ranks
+    without ``intra_op_threads`` (recorded before pardiag 0.x, or traces from elsewhere) are
+    not judged.
+
+    Args:
+        metas: :class:`RankMeta` of the run's ranks (any iterable)."""
+    hosts: dict[str, list] = {}
+    for m in metas:
+        if m.device and not str(m.device).startswith("cpu"):
+            continue
+        hosts.setdefault(str(m.host or "?"), []).append(m)
+    found = []
+    for host, ms in sorted(hosts.items()):
+        if not all(m.intra_op_threads for m in ms):
+            continue
+        ranks = ",".join(str(m.rank) for m in sorted(ms, key=lambda m: m.rank))
+        threads = sum(int(m.intra_op_threads) for m in ms)
+        affs = [frozenset(m.cpu_affinity) for m in ms if m.cpu_affinity]
+        cores = (len(frozenset().union(*affs)) if len(affs) == len(ms)
+                 else max(int(m.cpu_count or 0) for m in ms))
+        shared = len(affs) == len(ms) and any(
+            a & b for i, a in enumerate(affs) for b in affs[i + 1:])
+        where = f"on {host}" if len(hosts) > 1 else "on this host"
+        if cores and threads > cores:
+            found.append(f"ranks {ranks} run {threads} intra-op threads on {cores} core(s) "
+                         f"{where}")
+        elif shared:
+            span = sorted(frozenset().union(*affs))
+            found.append(f"ranks {ranks} may run on the same cores {where} (each may use "
+                         f"{len(affs[0])} of cores {span[0]}–{span[-1]})")
+    if not found:
+        return None
+    return ("timings are contended: " + "; ".join(found) + " — pin each rank to its own cores "
+            "(pardiag profile --pin-cpu) or give each fewer threads (torch.set_num_threads)")
 
 
 #: The typed sidecars by their ``kind``.

@@ -132,3 +132,26 @@ def test_the_report_shows_when_the_run_started(tmp_path):
     when = datetime.datetime.fromtimestamp(ts.run_info.started_unix, datetime.timezone.utc)
     assert f"<th class='l'>started</th><td>{when:%Y-%m-%d %H:%M:%S} UTC</td>" in page
     assert report_json(build_report(ts))["run"]["started_unix"] == ts.run_info.started_unix
+
+
+def test_contention_note_says_when_cpu_ranks_share_cores():
+    """Two CPU ranks that may both run on cores 0–1 share them; 2 ranks × 2 threads on 2 cores
+    oversubscribe; disjoint pinned ranks, GPU ranks and ranks without thread counts are not
+    judged contended."""
+    from pardiag.layout import RankMeta, contention_note
+
+    def m(rank, threads, aff, device="cpu", host="h"):
+        return RankMeta(rank=rank, host=host, cpu_count=2, device=device,
+                        intra_op_threads=threads, cpu_affinity=aff)
+    assert contention_note([m(0, 1, [0, 1]), m(1, 1, [0, 1])]) == (
+        "timings are contended: ranks 0,1 may run on the same cores on this host (each may use "
+        "2 of cores 0–1) — pin each rank to its own cores (pardiag profile --pin-cpu) or give "
+        "each fewer threads (torch.set_num_threads)")
+    assert contention_note([m(0, 2, [0]), m(1, 2, [1])]).startswith(
+        "timings are contended: ranks 0,1 run 4 intra-op threads on 2 core(s) on this host —")
+    assert contention_note([m(0, 1, [0]), m(1, 1, [1])]) is None
+    assert contention_note([m(0, 1, [0, 1], "cuda:0"), m(1, 1, [0, 1], "cuda:1")]) is None
+    assert contention_note([m(0, None, [0, 1]), m(1, None, [0, 1])]) is None
+    # two hosts: each judged alone, and named
+    assert "on b" in contention_note([m(0, 1, [0]), m(1, 1, [1]), m(2, 1, [0, 1], host="b"),
+                                      m(3, 1, [0, 1], host="b")])

@@ -2,6 +2,7 @@
 
 import json
 import re
+import os
 import subprocess
 import sys
 
@@ -49,6 +50,12 @@ def test_profile_writes_the_run_folder(ddp_run):
         assert meta["backend"] == "gloo" and meta["device"] == "cpu"
         assert meta["optimizer_steps"] == 7
         assert meta["torch_version"].startswith("2.")
+        # what contention needs: torch's threads (torchrun's OMP_NUM_THREADS=1) and the cores
+        assert meta["intra_op_threads"] == 1 and meta["pinned_by_pardiag"] is False
+        assert meta["cpu_affinity"] == sorted(os.sched_getaffinity(0))
+    if len(os.sched_getaffinity(0)) >= 2:   # unpinned ranks may share every core: said so
+        assert "pardiag: warning: timings are contended: ranks 0,1 may run on the same cores" \
+            in res.stderr
 
 
 def test_hta_loads_the_run_folder(ddp_run):
@@ -160,10 +167,21 @@ def test_script_without_optimizer(tmp_path):
 
 
 def test_short_run_warns(tmp_path):
-    res = pardiag("profile", EXAMPLE, "--nproc-per-node", 2, "--out", tmp_path / "o", "--",
-                  "--steps", 3)
+    """Also ``--pin-cpu``: each rank gets its own cores and as many threads, and no contention
+    is reported."""
+    res = pardiag("profile", EXAMPLE, "--nproc-per-node", 2, "--pin-cpu", "--out",
+                  tmp_path / "o", "--", "--steps", 3)
     assert res.returncode == 0
     assert "rank 0 recorded 1 of --active 3 steps" in res.stderr
+    cores = sorted(os.sched_getaffinity(0))
+    metas = [json.loads((tmp_path / "o" / "pardiag" / f"rank{r}.meta.json").read_text())
+             for r in (0, 1)]
+    assert all(m["pinned_by_pardiag"] for m in metas)
+    if len(cores) >= 2:
+        k = len(cores) // 2
+        assert [m["cpu_affinity"] for m in metas] == [cores[:k], cores[k:2 * k]]
+        assert [m["intra_op_threads"] for m in metas] == [k, k]
+        assert "contended" not in res.stderr
 
 
 def test_bad_out_folder_is_exit_2(tmp_path):

@@ -24,6 +24,7 @@ from pardiag.analyzer.pipeline import PipelineResult
 from pardiag.analyzer.replay import PipelineModel, pipeline_model
 from pardiag.analyzer.sync import SyncResult
 from pardiag.analyzer.traceset import TraceSet
+from pardiag.layout import contention_note
 
 #: Bootstrap resamples for the interval of the median step time (:func:`step_noise`).
 BOOTSTRAP_RESAMPLES = 2000
@@ -249,6 +250,8 @@ class RuleContext:
         peak: the worst rank's measured peak (:func:`measured_peak`).
         capacity: device memory per rank (bytes), None on CPU.
         on_gpu: whether any rank has GPU activity.
+        contention: a sentence when the run's CPU ranks contended for cores
+            (:func:`pardiag.layout.contention_note`), else None.
     """
 
     traces: TraceSet
@@ -268,6 +271,7 @@ class RuleContext:
                                       definition="not recorded")
     capacity: float | None = None
     on_gpu: bool = False
+    contention: str | None = None
 
     @property
     def measured_us(self) -> float:
@@ -364,4 +368,5 @@ def build_context(traces: TraceSet, done: dict) -> RuleContext:
         balance=done.get("balance"), memory=done.get("memory"), layout=done.get("layout"),
         dim_overlap=done.get("dim_overlap"), settings=recorded_settings(traces), model=model,
         model_why=why, step=step, clean=clean, peak=measured_peak(done.get("memory")),
-        capacity=capacity_bytes(traces), on_gpu=any(t.has_gpu for t in traces.ranks.values()))
+        capacity=capacity_bytes(traces), on_gpu=any(t.has_gpu for t in traces.ranks.values()),
+        contention=contention_note(traces.rank_meta.values()))

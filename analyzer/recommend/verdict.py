@@ -128,4 +128,7 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
         spread = (" (while profiled; " + spread[2:] if spread.startswith(" (")
                   else " (while profiled)" + spread)
     head = f"Step {ms(step_us)}{spread}" if step_us == step_us else "No complete step"
-    return head + (": " + "; ".join(parts) if parts else "") + "."
+    text = head + (": " + "; ".join(parts) if parts else "") + "."
+    if ctx.contention:
+        text += " " + ctx.contention[0].upper() + ctx.contention[1:] + "."
+    return text
