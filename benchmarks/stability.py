@@ -1,0 +1,150 @@
+"""Do identical runs get the same diagnosis? (issue #14; a benchmark, not a CI test).
+
+For each case, ``--repeat`` identical ``pardiag profile`` runs, with and without ``--pin-cpu``
+(each rank on its own cores), each reported in-process. Per run it keeps:
+
+* the **top tier**: the kinds of the recommendations of tier 1 (within the run's noise of each
+  other, :mod:`pardiag.analyzer.recommend.policy`), or ``nothing`` when nothing is recommended;
+* the **straggler** the verdict names (or none): :func:`pardiag.analyzer.recommend.rules.
+  straggler.identify_straggler`.
+
+and reports how many of the runs agree with the most common answer. Goal: ≥ 4 of 5 for every
+case, pinned and unpinned.
+
+Straggler mode (``--stragglers``): per strategy, ``--repeat`` runs with a planted per-step
+sleep on one rank (``--slow-rank 1 --slow-ms MS``) and ``--repeat`` without; counts the runs
+whose verdict names the planted rank, and the unplanted runs that name nobody. Goal: ≥ 9 of 10.
+
+    .venv/bin/python benchmarks/stability.py                      # 5 cases × 5 runs × 2
+    .venv/bin/python benchmarks/stability.py --stragglers --repeat 10
+    .venv/bin/python benchmarks/stability.py ddp fsdp2 --repeat 3 --json out.json
+
+Every run is a real 2-rank CPU/gloo job (about 10–30 s each on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+STEPS = 12
+
+#: name: (script, ranks, args) — the issue's five cases
+CASES = {
+    "ddp": ("train_ddp.py", 2, []),
+    "zero1": ("train_zero1.py", 2, []),
+    "fsdp2": ("train_fsdp2.py", 2, []),
+    "pp_unbalanced": ("train_pp.py", 2, ["--schedule", "1f1b", "--microbatches", "4",
+                                         "--layers-per-stage", "1,9", "--batch", "256"]),
+    "pp_gpipe_m2": ("train_pp.py", 2, ["--schedule", "gpipe", "--microbatches", "2",
+                                       "--batch", "1024", "--width", "512", "--layers", "2"]),
+}
+#: strategies of the straggler benchmark: (script, ranks, args)
+STRAGGLER_CASES = {
+    "ddp": ("train_ddp.py", 2, []),
+    "fsdp2": ("train_fsdp2.py", 2, []),
+    "zero1": ("train_zero1.py", 2, []),
+    "tp": ("train_tp.py", 2, []),
+    "1f1b": ("train_pp.py", 2, ["--schedule", "1f1b", "--microbatches", "4"]),
+}
+
+
+def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: str) -> dict:
+    """Profile one run and report it: ``{"top_tier": [...], "straggler": rank | None,
+    "verdict": str, "step_ms": float}``."""
+    from pardiag.analyzer.load import load_traces
+    from pardiag.analyzer.recommend import build_context
+    from pardiag.analyzer.recommend.rules.straggler import identify_straggler
+    from pardiag.analyzer.registry import build_report
+
+    out = tmp / tag
+    cmd = [sys.executable, "-m", "pardiag", "profile", str(EXAMPLES / script),
+           "--nproc-per-node", str(n), "--out", str(out),
+           *(["--pin-cpu"] if pin else []), "--", "--steps", str(STEPS), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    if res.returncode != 0:
+        raise SystemExit(f"{tag}: profile failed:\n{res.stderr[-2000:]}")
+    rep = build_report(load_traces(out))
+    rec = rep.recommendations
+    found = identify_straggler(build_context(rep.traces, rep.results))
+    top = sorted({c.kind for c in rec.top_tier}) or ["nothing"]
+    return {"top_tier": top, "straggler": None if found is None else found.rank,
+            "verdict": rec.verdict, "step_ms": rec.recommendations[0].measured_step_us / 1e3
+            if rec.recommendations else None}
+
+
+def agreement(answers: list) -> tuple[str, int]:
+    """The most common answer (as text) and how many runs gave it."""
+    counts = collections.Counter(json.dumps(a, sort_keys=True) for a in answers)
+    text, k = counts.most_common(1)[0]
+    return text, k
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cases", nargs="*", help="cases to run (default: all)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--stragglers", action="store_true", help="the straggler benchmark")
+    ap.add_argument("--slow-ms", type=float, nargs="+", default=[20.0, 30.0])
+    ap.add_argument("--pin", choices=["both", "pinned", "unpinned"], default="both")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    table = STRAGGLER_CASES if a.stragglers else CASES
+    names = a.cases or list(table)
+    pins = {"both": [False, True], "pinned": [True], "unpinned": [False]}[a.pin]
+    rows = []
+    started = time.time()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for name in names:
+            script, n, args = table[name]
+            for pin in pins:
+                p = "pinned" if pin else "unpinned"
+                if not a.stragglers:
+                    runs = [run_once(script, n, args, pin, tmp, f"{name}-{p}-{i}")
+                            for i in range(a.repeat)]
+                    answer, k = agreement([r["top_tier"] for r in runs])
+                    rows.append({"case": name, "pin": p, "runs": len(runs), "same_top": k,
+                                 "top_tier": answer,
+                                 "stragglers": [r["straggler"] for r in runs]})
+                    print(f"{name:14s} {p:8s} top tier {answer} in {k}/{len(runs)}; "
+                          f"stragglers named {[r['straggler'] for r in runs]}", flush=True)
+                    continue
+                for ms in a.slow_ms:
+                    planted = [run_once(script, n, [*args, "--slow-rank", "1", "--slow-ms",
+                                                    f"{ms:g}"], pin, tmp,
+                                        f"{name}-{p}-slow{ms:g}-{i}")
+                               for i in range(a.repeat)]
+                    named = sum(r["straggler"] == 1 for r in planted)
+                    rows.append({"case": name, "pin": p, "slow_ms": ms, "runs": len(planted),
+                                 "named_planted": named,
+                                 "named": [r["straggler"] for r in planted]})
+                    print(f"{name:6s} {p:8s} sleep {ms:g} ms: rank 1 named in "
+                          f"{named}/{len(planted)}", flush=True)
+                clean = [run_once(script, n, args, pin, tmp, f"{name}-{p}-clean-{i}")
+                         for i in range(a.repeat)]
+                nobody = sum(r["straggler"] is None for r in clean)
+                rows.append({"case": name, "pin": p, "slow_ms": 0, "runs": len(clean),
+                             "named_nobody": nobody, "named": [r["straggler"] for r in clean]})
+                print(f"{name:6s} {p:8s} no sleep: nobody named in {nobody}/{len(clean)}",
+                      flush=True)
+    meta = {"machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, "
+                       f"{platform.platform()}", "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d"), "minutes": round((time.time() - started) / 60, 1),
+            "repeat": a.repeat, "steps": STEPS}
+    print(json.dumps(meta))
+    if a.json:
+        a.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
