@@ -51,6 +51,10 @@ CASES = {
     "ddp_buckets": ("train_ddp.py", 2, ["--bucket-mb", "1", "--width", "512"]),
     "fsdp2": ("train_fsdp2.py", 2, ["--width", "512"]),
     "fsdp1": ("train_fsdp1.py", 2, ["--width", "512"]),
+    # FSDP2 over dp × tensor parallel over tp (issue #14): 2 × 2 on 4 ranks, and TP only
+    # (dp = 1) on 2 ranks; the changes are other dp × tp splits at the same global batch
+    "2d": ("train_2d.py", 4, ["--tp", "2"]),
+    "tp_only": ("train_2d.py", 2, ["--tp", "2"]),
 }
 
 
@@ -107,6 +111,15 @@ def changed_args(script: str, n: int, base: list[str], params: dict
     if params.get("pp") == 1:
         return _as_ddp(script, n, base)
     a = list(base)
+    if "tp" in params and "dp" in params:
+        if script != "train_2d.py":
+            return None
+        tp_now = int(_get(a, "--tp", "2"))
+        per_replica = int(_get(a, "--batch", "32")) * (n // tp_now)   # the global batch
+        if per_replica % params["dp"]:
+            return None
+        a = _set(_set(a, "--tp", str(params["tp"])), "--batch",
+                 str(per_replica // params["dp"]))
     if "microbatches" in params:
         a = _set(a, "--microbatches", str(params["microbatches"]))
     if params.get("schedule") == "1f1b":

@@ -792,3 +792,31 @@ def test_symmetric_or_small_waits_name_nobody(tmp_path):
     res = _planted_sleeper(tmp_path, 1300)
     assert "straggler" not in res.verdict
     assert not [c for c in (*res.recommendations, *res.rejected) if c.kind == "straggler"]
+
+
+def test_tp_only_run_gets_dp_with_each_groups_alpha_beta():
+    """TP only (tp = 2 on 2 ranks): its all-reduces of 1000 and 101000 bytes take 1100 and
+    2100 µs → β = 1000 / 100000 = 0.01 µs/byte, α = 1100 − 10 = 1090 µs; per step TP
+    communicates 4000 µs, 3000 exposed. dp = 2, tp = 1: TP goes (−3000 exposed); DDP adds an
+    all-reduce of the rank's 50000 parameter bytes × 2 (the TP shards rejoin) in one bucket at
+    the TP groups' α–β, all exposed on CPU: 1090 + 0.01 · 100000 = 2090 µs.
+    10000 − 3000 + 2090 = 9090."""
+    import pandas as pd
+    from pardiag.analyzer.recommend.rules.degrees import _traffic, degrees
+    groups = pd.DataFrame([{"dim": "tp", "pg": "0", "desc": "default_pg", "ranks": [0, 1],
+                            "size": 2, "nodes": 1, "spans_nodes": False}])
+    inst = pd.DataFrame([{"instance": i, "group": "0,1|default_pg", "op": "all_reduce",
+                          "bytes": b, "transfer_us": t, "complete": True}
+                         for i, (b, t) in enumerate([(1000, 1100.0), (101000, 2100.0)] * 2)])
+    ctx = _ctx(dims={"tp": 2}, dim_comm={"tp": (4000.0, 3000.0)}, nodes={"h": [0, 1]},
+               groups=groups, memory=_Obj(per_rank=pd.DataFrame({"params_bytes": [50000.0]})))
+    ctx = __import__("dataclasses").replace(ctx, sync=_Obj(
+        instances=inst, bandwidth=pd.DataFrame(), stragglers=pd.DataFrame()))
+    t = _traffic(ctx)["tp"]
+    assert (t.alpha_us, t.beta_us_per_byte) == pytest.approx((1090.0, 0.01))
+    assert t.time_us(2, 1.0) == pytest.approx(3200.0)
+    (rec,) = degrees(ctx)
+    assert rec.params == {"dp": 2, "tp": 1}
+    assert rec.predicted_step_us == pytest.approx(9090.0)
+    assert any("DDP: an all-reduce of 0.0954 MiB of gradients in 1 bucket(s)" in e
+               for e in rec.evidence)
