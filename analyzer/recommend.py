@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
 
 from pardiag.analyzer import intervals as iv
+from pardiag.analyzer import shapes
 from pardiag.analyzer import whatif
 from pardiag.analyzer.breakdown import OUTLIER_STEP_FACTOR, rank_parts
 from pardiag.analyzer.classify import cached
@@ -43,6 +45,14 @@ class Recommendation:
         params: the change in machine-readable form, e.g. ``{"microbatches": 16}``,
             ``{"layers_per_stage": [5, 5]}``, ``{"without_rank": 1}``,
             ``{"ddp_bucket_cap_bytes": 4194304}``, ``{"reshard_after_forward": False}``.
+        ruled_out: why the candidate cannot be built with the model's shapes or batch
+            (:mod:`pardiag.analyzer.shapes`, e.g. ``"tp=4 does not divide 6 attention heads
+            (attn)"``); then it is not recommended and has no prediction (NaN step time).
+            Empty when it can be built.
+        batch: what the change does to the global batch, per-rank batch, microbatch size and
+            optimizer steps per sample (:func:`pardiag.analyzer.shapes.optimizer_effects`).
+        optimizer_effect: the same as one statement; when the global batch changes it says
+            that the learning rate and warm-up need retuning. Defaults to "nothing changes".
     """
 
     kind: str
@@ -57,12 +67,19 @@ class Recommendation:
     predicted_peak_bytes: float | None = None
     fits_memory: bool = True
     params: dict = dataclasses.field(default_factory=dict)
+    ruled_out: str = ""
+    batch: dict = dataclasses.field(default_factory=dict)
+    optimizer_effect: str = ""
 
     def __post_init__(self) -> None:
         if self.gain_pct is None:   # derived from the two step times unless given
             m = self.measured_step_us
             object.__setattr__(self, "gain_pct", 100.0 * (m - self.predicted_step_us) / m
                                if m > 0 else 0.0)
+        if not self.optimizer_effect and not self.ruled_out:   # a change that keeps the batch
+            batch, text = shapes.optimizer_effects(shapes.Batch())
+            object.__setattr__(self, "batch", batch)
+            object.__setattr__(self, "optimizer_effect", text)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"evidence": list(self.evidence),
@@ -121,6 +138,14 @@ STRAGGLER_RATIO = 4.0
 
 def _ms(us: float) -> str:
     return f"{us / 1000.0:.1f} ms"
+
+
+def _ruled_out(kind: str, title: str, change: str, params: dict, measured: float,
+               why: str) -> Recommendation:
+    """A candidate the model's shapes or batch rule out (:mod:`pardiag.analyzer.shapes`): listed
+    among those not recommended with the reason, and no prediction (NaN step time)."""
+    return Recommendation(kind=kind, title=title, change=change, measured_step_us=measured,
+                          predicted_step_us=float("nan"), ruled_out=why, params=params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,6 +490,13 @@ def _pp_to_dp_recs(traces: TraceSet, done: dict, model: PipelineModel,
     dims = dict(lay.dims) if lay is not None else {}
     if model.v != 1 or any(int(dims.get(d) or 1) > 1 for d in ("dp", "tp", "ep", "cp")):
         return []
+    # the global batch must split into whole samples per rank (issue #20)
+    why = shapes.check_dp_degree(model.p, model.samples * model.m if model.samples else None)
+    if why:
+        return [_ruled_out("pp_to_dp", f"Data parallel instead of a {model.p}-stage pipeline",
+                           f"dp={model.p}, pp=1: every rank runs the whole model on 1/{model.p} "
+                           f"of the global batch (DDP, default buckets) instead of pp={model.p}",
+                           {"pp": 1, "dp": model.p}, model.period_us, why)]
     n_stages = len(model.fwd_us)
     pb = model.stage_params()
     if (not model.samples or any(s not in model.size_scaling for s in range(n_stages))
@@ -545,7 +577,11 @@ def _pp_to_dp_recs(traces: TraceSet, done: dict, model: PipelineModel,
         measured_peak_bytes=meas_peak,
         predicted_peak_bytes=pred_peak,
         fits_memory=cap is None or pred_peak is None or pred_peak <= cap,
-        params={"pp": 1, "dp": model.p})]
+        params={"pp": 1, "dp": model.p},
+        # the same global batch; each rank takes 1/p of it in one pass instead of m microbatches
+        **_batch_fields(shapes.Batch(model.samples * model.m, model.samples * model.m,
+                                     model.samples),
+                        per_rank_x=Fraction(1, model.p), micro_x=Fraction(model.m, model.p)))]
 
 
 def _inflight(schedule: str, p: int, m: int, v: int) -> int:
@@ -606,9 +642,17 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
     caveats_mb = ("a chunk's time is split into a fixed part and a part proportional to the "
                   "microbatch size, measured from its operators; very small microbatches can "
                   "run below the hardware's efficient size",)
+    # the batch a step takes and the layers there are to split (issue #20)
+    lay = done.get("layout")
+    dp = int((dict(lay.dims) if lay is not None else {}).get("dp") or 1)
+    step_batch = model.samples * model.m if model.samples else None
+    now = shapes.Batch(step_batch * dp if step_batch else None, step_batch, model.samples)
+    if not model.samples:
+        caveats_mb += ("not checked against the global batch: the microbatch size was not "
+                       "recorded",)
 
     def rec(kind, title, change, sched, m, v, f=None, b=None, pb=None, extra_ev=(), caveats=(),
-            params=None):
+            params=None, batch_x=None):
         pred, sim = model.predict(sched, m, v, f, b, pb)
         pred_peak = None
         if peak is not None and act is not None:
@@ -621,20 +665,25 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
                 f"predicted bubble {statistics.fmean(sim.bubble_pct.values()):.1f}%",),
             caveats=tuple(caveats), measured_step_us=measured, predicted_step_us=pred,
             measured_peak_bytes=peak, predicted_peak_bytes=pred_peak, fits_memory=fits,
-            params=params or {}))
+            params=params or {}, **_batch_fields(now, **(batch_x or {}))))
 
     # more (or fewer) microbatches, same global batch
     for m2 in sorted({model.m * 2, model.m * 4, model.m // 2}):
         if m2 < 1 or m2 == model.m:
             continue
-        if model.samples and (model.samples * model.m) % m2:
-            continue  # the global batch does not split evenly
+        title = f"{'More' if m2 > model.m else 'Fewer'} microbatches: {m2} instead of {model.m}"
+        why = shapes.check_microbatches(m2, step_batch,
+                                        "global batch" if dp == 1 else "per-rank batch")
+        if why:   # the batch does not split into whole microbatches
+            out.append(_ruled_out("microbatches", title, f"microbatches {m2} (same global "
+                                  "batch)", {"microbatches": m2}, measured, why))
+            continue
         if model.schedule == "interleaved" and m2 % max(1, m2 // model.p):
             continue
         n2 = f" of {model.samples * model.m // m2} samples" if model.samples else ""
-        rec("microbatches", f"{'More' if m2 > model.m else 'Fewer'} microbatches: {m2} instead "
-            f"of {model.m}", f"microbatches {m2}{n2} (same global batch)", model.schedule, m2,
-            model.v, caveats=caveats_mb, params={"microbatches": m2})
+        rec("microbatches", title, f"microbatches {m2}{n2} (same global batch)", model.schedule,
+            m2, model.v, caveats=caveats_mb, params={"microbatches": m2},
+            batch_x={"micro_x": Fraction(model.m, m2)})
     # schedule: 1F1B holds fewer activations than GPipe at the same time
     if model.schedule == "gpipe":
         rec("schedule", "1F1B instead of GPipe", "schedule 1F1B", "1f1b", model.m, 1,
@@ -667,8 +716,16 @@ def _pipeline_recs(traces: TraceSet, done: dict, model: PipelineModel,
                 params={"layers_per_stage": sizes, "layer_names": names})
         # interleaving: v stages per rank, same layers split into p·v stages
         if model.schedule != "interleaved":
+            layers = shapes.constraints(traces).layers or len(total)
             for v2 in (2, 4):
                 s2 = model.p * v2
+                why = shapes.check_stages(model.p, v2, layers)
+                if why:   # more stages than layers to put in them
+                    out.append(_ruled_out(
+                        "interleave", f"Interleaved 1F1B with {v2} stages per rank",
+                        f"schedule Interleaved1F1B, {v2} stages per rank",
+                        {"schedule": "interleaved", "stages_per_rank": v2}, measured, why))
+                    continue
                 if len(total) < s2 or model.m % max(1, model.m // model.p):
                     continue
                 sizes2 = model.best_sizes(total, s2, "interleaved", model.m, v2)
@@ -1152,11 +1209,26 @@ def _degree_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommen
     x_tp = e_tp / t_tp if t_tp > 0 else 1.0
     x_dp = e_dp / t_dp if t_dp > 0 else 1.0
     n = dp * tp
+    # the model's shapes and batch (issue #20): a degree that cannot be built is listed with why
+    con = shapes.constraints(traces)
+    pipe_m = (lay.pipeline or {}).get("microbatches") if isinstance(lay.pipeline, dict) else None
+    now = shapes.run_batch(con, dp, pipe_m if isinstance(pipe_m, int) else None)
+    unchecked = tuple(x for x in (
+        shapes.unchecked_tp(con),
+        None if now.global_samples else "not checked against the global batch: its size was "
+        "not recorded") if x)
     out = []
     for tp2 in range(1, n + 1):
         if n % tp2 or tp2 == tp or tp2 > per_node:
             continue
         dp2 = n // tp2
+        why = (shapes.check_tp_degree(tp2, con)
+               or shapes.check_dp_degree(dp2, now.global_samples, now.microbatches))
+        if why:
+            out.append(_ruled_out("degrees", f"dp={dp2} × tp={tp2} instead of dp={dp} × tp={tp}",
+                                  f"dp={dp2}, tp={tp2} (TP inside each node; same global batch)",
+                                  {"dp": dp2, "tp": tp2}, measured, why))
+            continue
         t_tp2 = t_tp * (dp / dp2) * (_ring(tp2) / _ring(tp)) if tp2 > 1 else 0.0
         t_dp2 = (t_dp * (tp / tp2) * (_ring(dp2) / _ring(dp)) if dp > 1 and dp2 > 1 else
                  (float("nan") if dp2 > 1 else 0.0))
@@ -1175,10 +1247,18 @@ def _degree_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommen
                      "smaller matmuls can run less efficiently",
                      "each dimension keeps the bandwidth measured on its current groups",
                      "memory changes (parameters shard by tp, activations by dp) are not "
-                     "predicted"),
+                     "predicted", *unchecked),
             measured_step_us=measured, predicted_step_us=pred,
-            params={"dp": dp2, "tp": tp2}))
+            params={"dp": dp2, "tp": tp2},
+            **_batch_fields(now, per_rank_x=Fraction(dp, dp2), micro_x=Fraction(dp, dp2))))
     return out
+
+
+def _batch_fields(now: shapes.Batch, **factors) -> dict:
+    """``batch`` and ``optimizer_effect`` of a :class:`Recommendation` whose change multiplies
+    the batch sizes by ``factors`` (:func:`pardiag.analyzer.shapes.optimizer_effects`)."""
+    batch, text = shapes.optimizer_effects(now, **factors)
+    return {"batch": batch, "optimizer_effect": text}
 
 
 def _tp_node_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommendation]:
@@ -1327,8 +1407,10 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     Changes: pipeline microbatch count, schedule (1F1B for GPipe), interleaving, stage
     boundaries (optimal contiguous partition of measured per-layer times), and the step without
     the worst straggler. Each carries evidence, predicted vs measured step time and peak
-    memory. Recommended: predicted gain ≥ :data:`MIN_GAIN_PCT` and fits in device memory
-    (capacity from ``deviceProperties``; unknown on CPU, where everything fits).
+    memory, and what it does to the batch and the optimizer. Recommended: predicted gain ≥
+    :data:`MIN_GAIN_PCT`, fits in device memory (capacity from ``deviceProperties``; unknown
+    on CPU, where everything fits) and not ruled out by the model's shapes or batch
+    (``ruled_out``: listed among the rejected with the reason).
 
     Args:
         traces: the run. done: earlier analyses by name (``time_breakdown``, ``sync``,
@@ -1373,7 +1455,8 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     limit = math.inf
     if model is not None:
         best = min([model.period_us, *(c.predicted_step_us for c in cands
-                                       if c.kind in ("rebalance_stages", "microbatches"))])
+                                       if c.kind in ("rebalance_stages", "microbatches")
+                                       and not c.ruled_out)])
         limit = best * (1 - INTERLEAVE_MARGIN_PCT / 100)
 
     def not_worth(c: Recommendation) -> bool:
@@ -1385,14 +1468,16 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
         for c in cands]
     # a run that does not fit must shrink first: memory changes rank ahead of speed; changes
     # of the parallel degrees rank after the changes that keep them
-    good = sorted((c for c in cands if c.fits_memory and not not_worth(c)
+    good = sorted((c for c in cands if c.fits_memory and not not_worth(c) and not c.ruled_out
                    and (c.gain_pct >= MIN_GAIN_PCT or c.kind in MEMORY_KINDS)),
                   key=lambda c: (c.kind not in MEMORY_KINDS, c.kind in DEGREE_KINDS,
                                  -c.gain_pct))
     rejected = tuple(c for c in cands if c not in good)
     why_none = ""
     if not good:
-        why_none = ("no modelled change is predicted to save ≥ "
+        why_none = ("every change evaluated is ruled out by the model's shapes or batch"
+                    if cands and all(c.ruled_out for c in cands) else
+                    "no modelled change is predicted to save ≥ "
                     f"{MIN_GAIN_PCT:g}% of the step" if cands else
                     "nothing to evaluate: " + (why if why != "no pipeline" else
                                                "no pipeline, no significant straggler, and no "
