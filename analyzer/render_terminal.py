@@ -139,6 +139,7 @@ def render_recommendations(report: Report, console: Console) -> None:
     recs = list(rec.recommendations or ())
     if not recs:
         console.print(Text(f"No recommendations: {rec.why_none or 'none computed'}."))
+        _ruled_out(rec, console)
         return
     rows = []
     for i, r in enumerate(recs[:TOP_RECOMMENDATIONS], 1):
@@ -153,6 +154,33 @@ def render_recommendations(report: Report, console: Console) -> None:
                     Col("change", "left", wrap="fold"), Col("step ms", "left", wrap="word"),
                     Col("gain %"), Col("peak MiB", "left", wrap="word")],
                 rows, caption="step time and peak memory: measured → predicted")
+    # what each shown change does to the batch and the optimizer; those that change nothing
+    # share one line
+    shown = recs[:TOP_RECOMMENDATIONS]
+    same = [i for i, r in enumerate(shown, 1) if not _moves_batch(r)]
+    if same:
+        console.print(Text(f"Batch and optimizer: {', '.join(f'#{i}' for i in same)} keep the "
+                           "global batch, per-rank batch, microbatch size and optimizer steps "
+                           "per sample."))
+    for i, r in enumerate(shown, 1):
+        if _moves_batch(r):
+            console.print(Text(f"#{i}: {r.optimizer_effect}"))
+    _ruled_out(rec, console)
+
+
+def _moves_batch(r) -> bool:
+    """True when a recommendation changes any batch size (its ``batch`` factors)."""
+    batch = getattr(r, "batch", None) or {}
+    return any(isinstance(v, dict) and v.get("factor", 1.0) != 1.0 for v in batch.values())
+
+
+def _ruled_out(rec, console: Console) -> None:
+    """One line per evaluated change that the model's shapes or batch rule out, with why."""
+    ruled = [r for r in (getattr(rec, "rejected", ()) or ()) if getattr(r, "ruled_out", "")]
+    if ruled:
+        console.print(Text("Ruled out by the model's shapes or batch:", style="bold"))
+        for r in ruled:
+            console.print(Text(f"  {r.change}: {r.ruled_out}"))
 
 
 def render_terminal(report: Report, console: Console) -> None:
