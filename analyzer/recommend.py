@@ -82,8 +82,11 @@ class Recommendation:
             object.__setattr__(self, "optimizer_effect", text)
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self) | {"evidence": list(self.evidence),
-                                           "caveats": list(self.caveats)}
+        """The fields as JSON values (a NaN, such as a ruled-out candidate's prediction, as
+        None)."""
+        out = dataclasses.asdict(self) | {"evidence": list(self.evidence),
+                                          "caveats": list(self.caveats)}
+        return {k: None if isinstance(v, float) and v != v else v for k, v in out.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1213,10 +1216,9 @@ def _degree_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommen
     con = shapes.constraints(traces)
     pipe_m = (lay.pipeline or {}).get("microbatches") if isinstance(lay.pipeline, dict) else None
     now = shapes.run_batch(con, dp, pipe_m if isinstance(pipe_m, int) else None)
-    unchecked = tuple(x for x in (
-        shapes.unchecked_tp(con),
-        None if now.global_samples else "not checked against the global batch: its size was "
-        "not recorded") if x)
+    unchecked_batch = () if now.global_samples else (
+        "not checked against the global batch: its size was not recorded",)
+    unchecked_tp = tuple(x for x in (shapes.unchecked_tp(con),) if x)
     out = []
     for tp2 in range(1, n + 1):
         if n % tp2 or tp2 == tp or tp2 > per_node:
@@ -1247,7 +1249,7 @@ def _degree_recs(traces: TraceSet, done: dict, measured: float) -> list[Recommen
                      "smaller matmuls can run less efficiently",
                      "each dimension keeps the bandwidth measured on its current groups",
                      "memory changes (parameters shard by tp, activations by dp) are not "
-                     "predicted", *unchecked),
+                     "predicted", *(unchecked_tp if tp2 > 1 else ()), *unchecked_batch),
             measured_step_us=measured, predicted_step_us=pred,
             params={"dp": dp2, "tp": tp2},
             **_batch_fields(now, per_rank_x=Fraction(dp, dp2), micro_x=Fraction(dp, dp2))))

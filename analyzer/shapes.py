@@ -277,9 +277,12 @@ def optimizer_effects(now: Batch, *, global_x: Fraction | int = 1, per_rank_x: F
                        + (f" ({_samples(g)})" if g else "") + ", per-rank batch, microbatch size "
                        "and optimizer steps per sample stay the same.")
     moved = []
+    # without microbatches (one forward/backward per step) the per-rank batch says it all
+    one_pass = (now.per_rank == now.microbatch and now.per_rank is not None
+                and xs["per_rank_batch"] == xs["microbatch"])
     for key, label in (("per_rank_batch", "per-rank batch"), ("microbatch", "microbatch")):
         x, n = xs[key], nows[key]
-        if x != 1:
+        if x != 1 and not (one_pass and key == "microbatch"):
             moved.append(f"{label} {n:,} → {_size(n, x):,} samples" if n is not None
                          and _size(n, x) is not None else f"{label} ×{float(x):g}")
     if xs["global_batch"] == 1:

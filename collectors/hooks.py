@@ -739,11 +739,12 @@ def model_shapes(roots=None, stages=None):
 
 class BatchRecorder:
     """Records the per-rank batch while installed (the launcher removes it at the first
-    optimizer step): dim 0 of the first tensor given to the outermost module call with the most
-    parameters (the model, not its loss), and how many times that module was called with
-    gradients on (more than once: gradient accumulation, or a pipeline's microbatches; calls
-    under ``torch.no_grad``, such as an evaluation pass, do not count). Global module forward
-    hooks; dim 0 is taken as the batch (a sequence-first input would give its length).
+    optimizer step): dim 0 of the first tensor given to the outermost module call with
+    gradients on that has the most parameters (the model, not its loss), and how many times
+    that module was called so (more than once: gradient accumulation, or a pipeline's
+    microbatches; calls under ``torch.no_grad``, such as an evaluation pass, do not count).
+    Global module forward hooks; dim 0 is taken as the batch (a sequence-first input would
+    give its length).
 
     Attributes:
         samples: that dim 0 (samples), or None; module: the module's class name; calls: the
@@ -759,17 +760,17 @@ class BatchRecorder:
         self._handles: list = []
 
     def _pre(self, module, args) -> None:
-        if self._depth == 0:
+        if self._depth == 0 and torch.is_grad_enabled():
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if first is not None and first.dim() > 0:
                 if self._best is not None and self._best[0] == id(module):
-                    self.calls += torch.is_grad_enabled()
+                    self.calls += 1
                 else:
                     n = sum(p.numel() for p in module.parameters())
                     if self._best is None or n > self._best[1]:
                         self._best = (id(module), n)
                         self.samples, self.module = int(first.shape[0]), type(module).__name__
-                        self.calls = int(torch.is_grad_enabled())
+                        self.calls = 1
         self._depth += 1
 
     def _post(self, module, args, output) -> None:

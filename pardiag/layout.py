@@ -278,8 +278,9 @@ class ModelShapes(msgspec.Struct, kw_only=True, frozen=True):
             key), the layers its module can be split into: its direct children, a container
             child (``ModuleList``, ``ModuleDict``, ``Sequential``) counted by its items.
         batch_samples: dim 0 of the first tensor given to the rank's top-level module (the
-            outermost module call with the most parameters before the first optimizer step):
-            the per-rank batch in samples, or the microbatch in a pipeline; None when unseen.
+            outermost module call with gradients on that has the most parameters, before the
+            first optimizer step): the per-rank batch in samples (one accumulation step's), or
+            the microbatch in a pipeline; None when unseen.
         batch_module: the class name of that module.
         batch_calls: that module's calls with gradients on before the first optimizer step
             (gradient accumulation: more than 1; in a pipeline, microbatches × local stages).
