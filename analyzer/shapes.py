@@ -38,7 +38,8 @@ class Constraints:
         recorded: True when pardiag recorded the shapes (``pardiag profile``); False for
             traces from elsewhere, whose candidates are not checked against them.
         sharded: tensor-parallel parameters (one per name and shape).
-        attention: attention modules with their heads (one per module name).
+        attention: attention modules with their heads (one per module name and head counts:
+            stages on different ranks may reuse a name).
         layers: layers the pipeline's stage modules can be split into (summed over stages
             0…S−1), None when not a pipeline or a stage was not recorded.
         batch_samples: dim 0 of the input of rank 0's top-level module (samples), or None.
@@ -57,13 +58,13 @@ class Constraints:
 
 def constraints_of(per_rank: dict[int, ModelShapes]) -> Constraints:
     """Merge the ranks' recorded shapes (``{rank: ModelShapes}``) into one :class:`Constraints`:
-    parameters and attention modules once per name, pipeline layers summed over the stages
+    parameters and attention modules once per name and shape, pipeline layers summed over the stages
     (each stage counted once, from whichever rank holds it), the batch of the lowest rank that
     saw one."""
     if not per_rank:
         return Constraints()
     sharded: dict[tuple, ShardedParam] = {}
-    heads: dict[str, AttentionHeads] = {}
+    heads: dict[tuple, AttentionHeads] = {}
     stages: dict[int, int] = {}
     batch = calls = None
     for rank in sorted(per_rank):
@@ -71,7 +72,7 @@ def constraints_of(per_rank: dict[int, ModelShapes]) -> Constraints:
         for p in s.sharded_params:
             sharded.setdefault((p.name, tuple(p.shape), tuple(p.tp_dims)), p)
         for a in s.attention:
-            heads.setdefault(a.module, a)
+            heads.setdefault((a.module, a.heads, a.kv_heads), a)
         for idx, n in s.stage_layers.items():
             if str(idx).isdigit():
                 stages.setdefault(int(idx), int(n))
