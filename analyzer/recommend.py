@@ -1450,7 +1450,8 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
         cands = [dataclasses.replace(
             c, measured_step_us=clean,
             predicted_step_us=clean * c.predicted_step_us / c.measured_step_us,
-            evidence=(*c.evidence, note)) for c in cands]
+            evidence=(*c.evidence, note)) if not c.ruled_out else
+            dataclasses.replace(c, measured_step_us=clean) for c in cands]
     # interleaving changes the schedule, adds point-to-point hops and needs the model cut into
     # more stages: it must beat the best change that keeps the schedule (moving layers, the
     # microbatch count) by a margin
