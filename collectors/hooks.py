@@ -698,7 +698,8 @@ def model_shapes(roots=None, stages=None):
     heads: list = []
     seen: set[int] = set()
     truncated = False
-    fsdp = any(isinstance(m, fsdp_types) for r in roots for m in r.modules()) if fsdp_types else False
+    fsdp = bool(fsdp_types) and any(isinstance(m, fsdp_types) for r in roots
+                                    for m in r.modules())
     for root in roots:
         try:
             for name, mod in root.named_modules():

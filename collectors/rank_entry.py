@@ -428,7 +428,8 @@ def main() -> None:
         comm_records=n_records,
         memory=_plain({"static": captured.get("static"), **captured.get("peak", {}),
                        "trace_peaks": captured.get("trace_memory")}),
-        layout=_plain(lay), shapes=shapes, started_unix=started, ended_unix=time.time(), exit_code=code,
+        layout=_plain(lay), shapes=shapes, started_unix=started, ended_unix=time.time(),
+        exit_code=code,
         status="error" if failed else "ok", error=None if not failed else _one_line(error))
     stop_watchdog.set()
     path = layout.rank_meta_path(out, rank)

@@ -45,7 +45,8 @@ def test_mlp_widths_rule_out_tp3_and_allow_tp2_and_tp4(tp_mesh):
     parallelize_module(mlp, tp_mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(),
                                       "3": ColwiseParallel(), "5": RowwiseParallel()})
     rec = _recorded(roots=[mlp])
-    assert [(p.name, p.shape, p.tp_dims, p.placements, p.mesh_dims) for p in rec.sharded_params] == [
+    got = [(p.name, p.shape, p.tp_dims, p.placements, p.mesh_dims) for p in rec.sharded_params]
+    assert got == [
         ("0.weight", [1000, 64], [0], ["Shard(dim=0)"], ["tp"]),
         ("0.bias", [1000], [0], ["Shard(dim=0)"], ["tp"]),
         ("2.weight", [64, 1000], [1], ["Shard(dim=1)"], ["tp"]),
@@ -147,10 +148,12 @@ def test_batch_recorder_takes_the_model_and_counts_accumulation():
 def test_batch_checks():
     assert shapes.check_microbatches(8, 4) == ("8 microbatches would be under 1 sample each "
                                                "(global batch of 4 samples)")
-    assert shapes.check_microbatches(3, 32) == "3 microbatches do not divide the global batch of 32 samples"
+    assert shapes.check_microbatches(3, 32) == ("3 microbatches do not divide the global batch "
+                                                "of 32 samples")
     assert shapes.check_microbatches(4, 32) is None and shapes.check_microbatches(3, None) is None
     assert shapes.check_dp_degree(2, 3) == "dp=2 does not divide the global batch of 3 samples"
-    assert shapes.check_dp_degree(8, 6) == "dp=8 leaves under 1 sample per rank of the global batch of 6"
+    assert shapes.check_dp_degree(8, 6) == ("dp=8 leaves under 1 sample per rank of the global "
+                                            "batch of 6")
     assert shapes.check_dp_degree(4, 24, microbatches=4) == (
         "dp=4: 4 microbatches do not divide the per-rank batch of 6 samples")
     assert shapes.check_dp_degree(2, 24, microbatches=4) is None
