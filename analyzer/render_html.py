@@ -520,7 +520,7 @@ def _verdict_section(report: Report) -> list[str]:
         head = ("<tr><th>tier</th><th class='l'>recommendation</th><th class='l'>change</th>"
                 "<th>step time (ms) measured → predicted</th><th>gain %</th>"
                 "<th>peak memory (MiB) measured → predicted</th><th class='l'>evidence</th>"
-                "<th class='l'>caveats</th></tr>")
+                "<th class='l'>caveats</th><th class='l'>batch and optimizer</th></tr>")
         rows = []
         for r in recs:
             def bullets(items):
@@ -535,7 +535,7 @@ def _verdict_section(report: Report) -> list[str]:
                 f"<td>{r.measured_step_us / 1000:,.3f} → {r.predicted_step_us / 1000:,.3f}</td>"
                 f"<td>{r.gain_pct:,.1f}</td><td>{_e(mem)}</td>"
                 f"<td class='l'>{bullets(r.evidence)}</td><td class='l'>{bullets(r.caveats)}</td>"
-                "</tr>")
+                f"<td class='l'>{_e(getattr(r, 'optimizer_effect', '') or '–')}</td></tr>")
         out.append(f"<table class='recs'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>")
         notes = ["Recommendations of one tier are predicted within noise of each other: a set, "
                  "not a ranking."]
@@ -546,8 +546,16 @@ def _verdict_section(report: Report) -> list[str]:
             notes.append("Measured peak memory: " + rec.peak_definition + ".")
         out.append(_muted(" ".join(notes)))
     rejected = list(getattr(rec, "rejected", ()) or ())
-    if rejected:
-        out.append(_muted(f"{len(rejected)} other change(s) were evaluated and not recommended "
+    ruled = [r for r in rejected if getattr(r, "ruled_out", "")]
+    if ruled:   # candidates the model's shapes or batch rule out, with the reason
+        rows = "".join(f"<tr><td class='l'>{_e(r.change)}</td><td class='l'>{_e(r.ruled_out)}"
+                       "</td></tr>" for r in ruled)
+        out.append("<h3>Ruled out by the model's shapes or batch</h3><table class='ruled-out'>"
+                   "<thead><tr><th class='l'>change</th><th class='l'>why it cannot be built"
+                   f"</th></tr></thead><tbody>{rows}</tbody></table>")
+    other = len(rejected) - len(ruled)
+    if other:
+        out.append(_muted(f"{other} other change(s) were evaluated and not recommended "
                           "(no gain, or they do not fit in memory); the JSON summary lists them."))
     return out
 

@@ -139,6 +139,7 @@ def render_recommendations(report: Report, console: Console) -> None:
     recs = list(rec.recommendations or ())
     if not recs:
         console.print(Text(f"No recommendations: {rec.why_none or 'none computed'}."))
+        _ruled_out(rec, console)
         return
     rows = []
     for r in recs[:TOP_RECOMMENDATIONS]:
@@ -158,6 +159,33 @@ def render_recommendations(report: Report, console: Console) -> None:
         console.print(Text("Rule: " + rec.noise_rule + "."))
     if rec.peak_definition and any(r.measured_peak_bytes is not None for r in recs):
         console.print(Text("Peak memory: " + rec.peak_definition + "."))
+    # what each shown change does to the batch and the optimizer; those that change nothing
+    # share one line
+    shown = recs[:TOP_RECOMMENDATIONS]
+    moving = [r for r in shown if _moves_batch(r)]
+    if len(moving) < len(shown):
+        console.print(Text(("Batch and optimizer: the other changes shown" if moving else
+                            "Batch and optimizer: every change shown") + " keep the global "
+                           "batch, per-rank batch, microbatch size and optimizer steps per "
+                           "sample."))
+    for r in moving:
+        console.print(Text(f"{r.title}: {r.optimizer_effect}"))
+    _ruled_out(rec, console)
+
+
+def _moves_batch(r) -> bool:
+    """True when a recommendation changes any batch size (its ``batch`` factors)."""
+    batch = getattr(r, "batch", None) or {}
+    return any(isinstance(v, dict) and v.get("factor", 1.0) != 1.0 for v in batch.values())
+
+
+def _ruled_out(rec, console: Console) -> None:
+    """One line per evaluated change that the model's shapes or batch rule out, with why."""
+    ruled = [r for r in (getattr(rec, "rejected", ()) or ()) if getattr(r, "ruled_out", "")]
+    if ruled:
+        console.print(Text("Ruled out by the model's shapes or batch:", style="bold"))
+        for r in ruled:
+            console.print(Text(f"  {r.change}: {r.ruled_out}"))
 
 
 def render_terminal(report: Report, console: Console) -> None:

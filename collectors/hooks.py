@@ -10,6 +10,8 @@ size) is recorded here:
   description, per-group sequence number, sizes, dtypes, creation time).
 * :class:`PipelineRecorder` — forward/backward of every pipeline stage and microbatch (1F1B
   annotates nothing by itself), as ``record_function`` ranges and as records.
+* :func:`model_shapes`, :class:`BatchRecorder` — the tensor shapes, attention heads, pipeline
+  layers and batch that constrain how the model can be split (issue #20).
 * :func:`process_groups`, :func:`detect_parallelism`, :func:`static_memory`, :func:`topology`.
 
 Times are epoch nanoseconds (``time.time_ns()``), the clock of the trace's
@@ -578,6 +580,213 @@ def _is_interesting(obj, classes: tuple) -> bool:
         return isinstance(obj, classes)
     except Exception:  # objects whose __class__ lookup fails
         return False
+
+
+#: Attributes an attention module exposes its heads in: torch's ``nn.MultiheadAttention`` and
+#: Hugging Face (``num_heads``, ``num_attention_heads``), torchtitan and Megatron-style code
+#: (``n_heads``, ``n_head``); KV heads under grouped-query attention likewise.
+_HEAD_ATTRS = ("num_attention_heads", "num_heads", "n_heads", "n_head")
+_KV_HEAD_ATTRS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
+
+
+def _int_attr(obj, names) -> int | None:
+    for n in names:
+        v = getattr(obj, n, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def _heads_of(module) -> tuple[int, int | None, str] | None:
+    """``(heads, kv_heads, source)`` of an attention module, or None: from its attributes
+    (:data:`_HEAD_ATTRS`, :data:`_KV_HEAD_ATTRS`), else, for a module whose class name holds
+    "Attention", from its ``config``'s attributes or from ``q_proj``/``k_proj`` output
+    features over ``head_dim`` (Hugging Face attention modules, which keep no head count)."""
+    heads = _int_attr(module, _HEAD_ATTRS)
+    if heads is not None:
+        return heads, _int_attr(module, _KV_HEAD_ATTRS), "attributes"
+    if "attention" not in type(module).__name__.lower():
+        return None
+    config = getattr(module, "config", None)
+    heads = _int_attr(config, ("num_attention_heads", "n_head", "n_heads")) if config else None
+    if heads is not None:
+        return heads, _int_attr(config, _KV_HEAD_ATTRS), "attributes"
+    head_dim = getattr(module, "head_dim", None)
+    q, k = getattr(module, "q_proj", None), getattr(module, "k_proj", None)
+    wq, wk = getattr(q, "weight", None), getattr(k, "weight", None)
+    if isinstance(head_dim, int) and head_dim > 0 and isinstance(wq, torch.Tensor):
+        if wq.shape[0] % head_dim == 0:   # a DTensor's shape is the full one
+            kv = (wk.shape[0] // head_dim if isinstance(wk, torch.Tensor)
+                  and wk.shape[0] % head_dim == 0 else None)
+            return wq.shape[0] // head_dim, kv, "projections"
+    return None
+
+
+def _splittable(module) -> int:
+    """Layers a pipeline stage's module can be split into: its direct children, a container
+    child (``ModuleList``, ``ModuleDict``, ``Sequential``) counted by its items."""
+    containers = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
+    return sum(len(c) if isinstance(c, containers) else 1 for c in module.children())
+
+
+def _tp_dims(param, fsdp: bool) -> tuple[list[str], list[str | None], list[int]]:
+    """``(placements, mesh dim names, tensor dims sharded over the TP mesh dimension)`` of a
+    DTensor parameter (see :class:`pardiag.layout.ShardedParam`)."""
+    from torch.distributed.tensor import Shard
+
+    names = list(param.device_mesh.mesh_dim_names or [None] * param.device_mesh.ndim)
+    placements = list(param.placements)
+    dims = []
+    for name, pl in zip(names, placements):
+        is_tp = (canonical_dim(name) == "tp" if name is not None
+                 else len(names) == 1 and not fsdp)
+        # _StridedShard (FSDP2 over a TP-sharded dim) subclasses Shard; on a TP dim it is TP's
+        if is_tp and isinstance(pl, Shard):
+            dims.append(int(pl.dim) % max(param.dim(), 1))
+    return [repr(p) for p in placements], names, sorted(set(dims))
+
+
+def model_shapes(roots=None, stages=None):
+    """What constrains how this rank's model can be split (issue #20), from its live modules.
+
+    * every tensor-parallel DTensor parameter: its full shape, placements and the dimensions
+      sharded over the TP mesh dimension (a TP degree must divide each);
+    * attention modules' heads and KV heads (:func:`_heads_of`);
+    * per local pipeline stage, the layers its module can be split into (:func:`_splittable`).
+
+    Args:
+        roots: modules to read (each with its submodules); default: every live ``nn.Module``
+            that is no other live module's child (a scan of the garbage collector's objects).
+        stages: ``{stage index: stage module}``; default: the live pipeline stages'
+            ``submod``.
+
+    Returns:
+        a :class:`pardiag.layout.ModelShapes` (``batch_samples`` unset: see
+        :class:`BatchRecorder`). Never raises on odd modules: a module whose attributes cannot
+        be read is skipped.
+    """
+    from pardiag import layout
+
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - old torch
+        DTensor = ()
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+        fsdp_types = (FSDPModule, FullyShardedDataParallel)
+    except ImportError:  # pragma: no cover
+        fsdp_types = ()
+    if roots is None or stages is None:
+        try:
+            from torch.distributed.pipelining.stage import _PipelineStageBase
+        except ImportError:  # pragma: no cover
+            _PipelineStageBase = ()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            classes = tuple(c for c in (torch.nn.Module, _PipelineStageBase)
+                            if isinstance(c, type))
+            found = [o for o in gc.get_objects() if _is_interesting(o, classes)]
+        modules = [o for o in found if isinstance(o, torch.nn.Module)]
+        if roots is None:
+            children = {id(c) for m in modules for c in m.children()}
+            roots = [m for m in modules if id(m) not in children]
+        if stages is None:
+            stages = {int(st.stage_index): st.submod for st in found
+                      if not isinstance(st, torch.nn.Module)
+                      and isinstance(getattr(st, "submod", None), torch.nn.Module)}
+    params: list = []
+    heads: list = []
+    seen: set[int] = set()
+    truncated = False
+    fsdp = bool(fsdp_types) and any(isinstance(m, fsdp_types) for r in roots
+                                    for m in r.modules())
+    for root in roots:
+        try:
+            for name, mod in root.named_modules():
+                if id(mod) in seen:
+                    continue
+                seen.add(id(mod))
+                h = _heads_of(mod)
+                if h is not None:
+                    if len(heads) >= layout.MAX_SHAPES:
+                        truncated = True
+                        continue
+                    heads.append(layout.AttentionHeads(module=name, type=type(mod).__name__,
+                                                       heads=h[0], kv_heads=h[1], source=h[2]))
+            for name, p in root.named_parameters():
+                if id(p) in seen or not (DTensor and isinstance(p, DTensor)):
+                    continue
+                seen.add(id(p))
+                placements, mesh_dims, dims = _tp_dims(p, fsdp)
+                if not dims:
+                    continue   # FSDP/ZeRO shards constrain nothing (uneven shards are padded)
+                if len(params) >= layout.MAX_SHAPES:
+                    truncated = True
+                    continue
+                params.append(layout.ShardedParam(name=name, shape=[int(x) for x in p.shape],
+                                                  placements=placements, mesh_dims=mesh_dims,
+                                                  tp_dims=dims))
+        except Exception:  # a module whose attributes cannot be read: the rest still count
+            continue
+    stage_layers = {}
+    for idx, submod in (stages or {}).items():
+        try:
+            stage_layers[str(int(idx))] = _splittable(submod)
+        except Exception:
+            continue
+    return layout.ModelShapes(sharded_params=params, attention=heads, stage_layers=stage_layers,
+                              truncated=truncated)
+
+
+class BatchRecorder:
+    """Records the per-rank batch while installed (the launcher removes it at the first
+    optimizer step): dim 0 of the first tensor given to the outermost module call with
+    gradients on that has the most parameters (the model, not its loss), and how many times
+    that module was called so (more than once: gradient accumulation, or a pipeline's
+    microbatches; calls under ``torch.no_grad``, such as an evaluation pass, do not count).
+    Global module forward hooks; dim 0 is taken as the batch (a sequence-first input would
+    give its length).
+
+    Attributes:
+        samples: that dim 0 (samples), or None; module: the module's class name; calls: the
+            module's calls with gradients on.
+    """
+
+    def __init__(self) -> None:
+        self.samples: int | None = None
+        self.module: str | None = None
+        self.calls = 0
+        self._best: tuple[int, int] | None = None   # (id of the module, its parameters)
+        self._depth = 0
+        self._handles: list = []
+
+    def _pre(self, module, args) -> None:
+        if self._depth == 0 and torch.is_grad_enabled():
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is not None and first.dim() > 0:
+                if self._best is not None and self._best[0] == id(module):
+                    self.calls += 1
+                else:
+                    n = sum(p.numel() for p in module.parameters())
+                    if self._best is None or n > self._best[1]:
+                        self._best = (id(module), n)
+                        self.samples, self.module = int(first.shape[0]), type(module).__name__
+                        self.calls = 1
+        self._depth += 1
+
+    def _post(self, module, args, output) -> None:
+        self._depth = max(self._depth - 1, 0)
+
+    def install(self) -> None:
+        from torch.nn.modules.module import (register_module_forward_hook,
+                                             register_module_forward_pre_hook)
+        self._handles = [register_module_forward_pre_hook(self._pre),
+                         register_module_forward_hook(self._post)]
+
+    def uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

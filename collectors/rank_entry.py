@@ -9,7 +9,9 @@ first top-level optimizer, and writes the rank's trace and sidecars into the run
 * ``rank{R}.comms.json`` — process groups (with their parallel dimension) and every collective
   and point-to-point op of the traced window, placed on the trace's clock;
 * ``rank{R}.pipeline.json`` — forward/backward per stage and microbatch (pipelined scripts);
-* ``rank{R}.meta.json`` — host, device, versions, memory, topology, detected layout, status.
+* ``rank{R}.meta.json`` — host, device, versions, memory, topology, detected layout, the
+  shapes that constrain splitting the model (tensor-parallel parameters, attention heads,
+  pipeline layers, per-rank batch), status.
 
 Then it ends the process cleanly (barrier, flush, ``os._exit``) with the script's own exit code:
 gloo runs that leave the process group alive end in SIGABRT 10-40% of the time (FACTS §1).
@@ -26,6 +28,8 @@ import threading
 import time
 import traceback
 from pathlib import Path
+
+import msgspec
 
 from pardiag import __version__, layout
 
@@ -344,6 +348,11 @@ def main() -> None:
         captured["flight_recorder"] = hooks.flight_recorder_entries()
         captured["groups"] = hooks.process_groups()
         captured["parallel"] = hooks.detect_parallelism()
+        try:  # what constrains the split of the model (tensor shapes, heads, pipeline layers)
+            captured["shapes"] = hooks.model_shapes()
+        except Exception as exc:  # extra information: never the run's failure
+            print(f"pardiag: rank {rank}: could not record the model's shapes: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
         captured["peak"] = hooks.peak_memory(cuda)
         if dist.is_available() and dist.is_initialized():  # the script may destroy it later
             captured["backend"] = str(dist.get_backend())
@@ -357,6 +366,8 @@ def main() -> None:
     )
 
     def on_step(count: int, optimizer) -> None:
+        if count == 1:   # the first step's forward has shown the per-rank batch
+            batch.uninstall()
         if count == wait + warmup and cuda:
             torch.cuda.reset_peak_memory_stats()  # the active window starts now
         if count == wait + warmup + 1:  # end of the first active step: state and grads exist
@@ -364,6 +375,8 @@ def main() -> None:
         prof.step()
 
     stepper = _OptimizerStepper(on_step)
+    batch = hooks.BatchRecorder()
+    batch.install()
     p2p = hooks.P2PRecorder()
     p2p.install()
     pipe = hooks.PipelineRecorder(lambda: stepper.steps)
@@ -393,6 +406,7 @@ def main() -> None:
             print(f"pardiag: rank {rank}: could not write the trace: {exc}", file=sys.stderr)
         p2p.uninstall()
         pipe.uninstall()
+        batch.uninstall()
 
     lay, n_records = None, 0
     scaling: list[dict] = []
@@ -418,6 +432,11 @@ def main() -> None:
     if "static" not in captured and stepper.optimizer is not None:
         captured["static"] = hooks.static_memory(stepper.optimizer)
 
+    shapes = captured.get("shapes")
+    if shapes is not None or batch.samples is not None:
+        shapes = msgspec.structs.replace(shapes or layout.ModelShapes(),
+                                         batch_samples=batch.samples, batch_module=batch.module,
+                                         batch_calls=batch.calls if batch.samples else None)
     code = _exit_code_of(error)
     failed = error is not None and code != 0
     topo = hooks.topology(local_rank)
@@ -439,7 +458,8 @@ def main() -> None:
         comm_records=n_records,
         memory=_plain({"static": captured.get("static"), **captured.get("peak", {}),
                        "trace_peaks": captured.get("trace_memory")}),
-        layout=_plain(lay), started_unix=started, ended_unix=time.time(), exit_code=code,
+        layout=_plain(lay), shapes=shapes, started_unix=started, ended_unix=time.time(),
+        exit_code=code,
         status="error" if failed else "ok", error=None if not failed else _one_line(error))
     stop_watchdog.set()
     path = layout.rank_meta_path(out, rank)

@@ -224,6 +224,83 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
     missing_ranks: list[int] = msgspec.field(default_factory=list)
 
 
+class ShardedParam(msgspec.Struct, kw_only=True, frozen=True):
+    """A tensor-parallel (DTensor) parameter: what a TP degree must divide.
+
+    Attributes:
+        name: qualified parameter name in its root module (``layers.0.w1.weight``).
+        shape: the full (global, unsharded) shape, elements per dimension.
+        placements: the DTensor placement on each mesh dimension as torch writes it
+            (``Shard(dim=0)``, ``Replicate()``, ``_StridedShard(dim=0, sf=2)``).
+        mesh_dims: the mesh dimension names (``["dp", "tp"]``; None for an unnamed one).
+        tp_dims: the tensor dimensions sharded over the tensor-parallel mesh dimension (a mesh
+            dimension named ``tp``/``tensor``/``sp``, or the only dimension of an unnamed 1-D mesh
+            when no FSDP manages the parameter).
+    """
+
+    name: str
+    shape: list[int]
+    placements: list[str] = msgspec.field(default_factory=list)
+    mesh_dims: list[str | None] = msgspec.field(default_factory=list)
+    tp_dims: list[int] = msgspec.field(default_factory=list)
+
+
+class AttentionHeads(msgspec.Struct, kw_only=True, frozen=True):
+    """An attention module's heads: a TP degree must divide them (and the KV heads under GQA).
+
+    Attributes:
+        module: qualified module name in its root module.
+        type: the module's class name.
+        heads: attention (query) heads.
+        kv_heads: key/value heads (grouped-query attention); None when equal to ``heads`` or
+            not exposed.
+        source: ``"attributes"`` (``num_heads``, ``num_attention_heads``, ``n_heads``,
+            ``num_key_value_heads``, ``n_kv_heads``) or ``"projections"`` (output features of
+            ``q_proj``/``k_proj`` over ``head_dim``).
+    """
+
+    module: str
+    type: str
+    heads: int
+    kv_heads: int | None = None
+    source: str = "attributes"
+
+
+class ModelShapes(msgspec.Struct, kw_only=True, frozen=True):
+    """The shapes that constrain how a rank's model can be split, recorded by the collector
+    (``pardiag.collectors.hooks.model_shapes``) when the profiler's window ends.
+
+    Attributes:
+        sharded_params: the rank's tensor-parallel parameters (FSDP/ZeRO shards need nothing:
+            they pad uneven shards).
+        attention: attention modules whose heads are exposed.
+        stage_layers: per local pipeline stage (its index as a decimal string: a JSON object
+            key), the layers its module can be split into: its direct children, a container
+            child (``ModuleList``, ``ModuleDict``, ``Sequential``) counted by its items.
+        batch_samples: dim 0 of the first tensor given to the rank's top-level module (the
+            outermost module call with gradients on that has the most parameters, before the
+            first optimizer step): the per-rank batch in samples (one accumulation step's), or
+            the microbatch in a pipeline; None when unseen.
+        batch_module: the class name of that module.
+        batch_calls: that module's calls with gradients on before the first optimizer step
+            (gradient accumulation: more than 1; in a pipeline, microbatches × local stages).
+        truncated: True when more than ``MAX_SHAPES`` parameters or modules were found (the
+            rest are not recorded).
+    """
+
+    sharded_params: list[ShardedParam] = msgspec.field(default_factory=list)
+    attention: list[AttentionHeads] = msgspec.field(default_factory=list)
+    stage_layers: dict[str, int] = msgspec.field(default_factory=dict)
+    batch_samples: int | None = None
+    batch_module: str | None = None
+    batch_calls: int | None = None
+    truncated: bool = False
+
+
+#: At most this many sharded parameters and attention modules are recorded per rank.
+MAX_SHAPES = 20_000
+
+
 class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
     """``pardiag/rank{R}.meta.json``: written by each rank when its script has ended.
 
@@ -259,6 +336,8 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
             per device type).
         layout: the parallel layout the rank detected (dims, strategies, group_dims, pipeline,
             DDP bucket cap and parameter bytes, FSDP settings), or None.
+        shapes: what constrains the split of the rank's model (tensor-parallel shapes,
+            attention heads, pipeline layers, batch), or None (not recorded).
         started_unix: when the script started (seconds since the epoch, UTC).
         ended_unix: when it ended.
         exit_code: the script's exit code.
@@ -292,6 +371,7 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
     comm_records: int = 0
     memory: dict[str, Any] = msgspec.field(default_factory=dict)
     layout: dict[str, Any] | None = None
+    shapes: ModelShapes | None = None
     started_unix: float | None = None
     ended_unix: float | None = None
     exit_code: int | None = None

@@ -663,7 +663,8 @@ def _ctx(steps=2, dims=None, dim_comm=None, nodes=None, groups=None, bandwidth=N
     sync = _Obj(bandwidth=bandwidth if bandwidth is not None else pd.DataFrame(),
                 stragglers=pd.DataFrame(), instances=pd.DataFrame())
     return RuleContext(
-        traces=_Obj(ranks={r: None for r in range(4)}), layout=lay, sync=sync,
+        traces=_Obj(ranks={r: None for r in range(4)}, rank_meta={}, run_info=None),
+        layout=lay, sync=sync,
         breakdown=TimeBreakdown(totals=pd.DataFrame(), steps=st, collectives=pd.DataFrame(
             columns=["rank", "collective", "count", "time_us", "exposed_us"])),
         dim_overlap=DimOverlapResult(pd.DataFrame(), summary), settings=settings or {},
@@ -820,3 +821,42 @@ def test_tp_only_run_gets_dp_with_each_groups_alpha_beta():
     assert rec.predicted_step_us == pytest.approx(9090.0)
     assert any("DDP: an all-reduce of 0.0954 MiB of gradients in 1 bucket(s)" in e
                for e in rec.evidence)
+
+
+def test_pipeline_candidates_the_layers_and_batch_rule_out(tmp_path):
+    """GPipe over 3 ranks, m = 4 microbatches of 1 sample (global batch 4), stage modules of 2,
+    2 and 1 layers (5). Interleaving 2 or 4 stages per rank needs 6 or 12 stages; 8 and 16
+    microbatches would be under 1 sample; dp = 3 does not divide 4 samples. Each is listed
+    among those not recommended with its reason (JSON, HTML); 2 microbatches of 2 samples are
+    evaluated and say what changes for the optimizer (issue #20)."""
+    from pardiag.analyzer.render_html import render_html
+    layers = {0: [(100.0, 1000)] * 2, 1: [(100.0, 1000)] * 2, 2: [(100.0, 1000)]}
+    traces = _pipeline_run(tmp_path, "gpipe", 3, 4, [200, 200, 100], [400, 400, 200],
+                           {0: 100, 1: 100, 2: 100}, layers=layers, fixed_share=0.0, samples=1,
+                           opt={0: 100, 1: 100, 2: 100})
+    rep = build_report(traces)
+    data = report_json(rep)
+    ruled = {c["change"]: c["ruled_out"] for c in data["not_recommended"] if c["ruled_out"]}
+    assert ruled == {
+        "microbatches 8 (same global batch)":
+            "8 microbatches would be under 1 sample each (global batch of 4 samples)",
+        "microbatches 16 (same global batch)":
+            "16 microbatches would be under 1 sample each (global batch of 4 samples)",
+        "schedule Interleaved1F1B, 2 stages per rank":
+            "3 stages × 2 chunks per rank = 6 stages, more than the 5 layers the stage modules "
+            "can be split into",
+        "schedule Interleaved1F1B, 4 stages per rank":
+            "3 stages × 4 chunks per rank = 12 stages, more than the 5 layers the stage modules "
+            "can be split into",
+        "dp=3, pp=1: every rank runs the whole model on 1/3 of the global batch (DDP, default "
+        "buckets) instead of pp=3": "dp=3 does not divide the global batch of 4 samples"}
+    assert not any(c["ruled_out"] for c in data["recommendations"])
+    (m2,) = [c for c in data["recommendations"] + data["not_recommended"]
+             if c["change"] == "microbatches 2 of 2 samples (same global batch)"]
+    assert m2["batch"]["microbatch"] == {"now": 1, "after": 2, "factor": 2.0}
+    assert m2["optimizer_effect"].startswith("Same global batch of 4 samples and optimizer steps "
+                                             "per sample: learning rate and schedule carry over; "
+                                             "microbatch 1 → 2 samples")
+    page = render_html(rep, include_plotlyjs="cdn")
+    for reason in ruled.values():
+        assert f"<td class='l'>{reason}</td>" in page

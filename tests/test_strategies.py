@@ -23,7 +23,8 @@ RUNS = {
     "fsdp1_keep": ("train_fsdp1.py", 2, ["--sharding-strategy", "shard_grad_op",
                                          "--forward-prefetch"], {"dp": 2}, ["fsdp1"]),
     "zero1": ("train_zero1.py", 2, [], {"dp": 2}, ["ddp", "zero1"]),
-    "tp": ("train_tp.py", 2, [], {"tp": 2}, ["tp"]),
+    # 3 samples per step (TP ranks share them): dp = 2 cannot split them (issue #20)
+    "tp": ("train_tp.py", 2, ["--batch", "3"], {"tp": 2}, ["tp"]),
     "moe": ("train_moe.py", 2, [], {"ep": 2}, ["ep"]),
     "pp_gpipe2": ("train_pp.py", 2, ["--schedule", "gpipe", "--microbatches", "4"], {"pp": 2},
                   ["pipeline"]),
@@ -265,3 +266,54 @@ def test_dlrm_report_names_the_ranks_others_wait_for(real_traces):
     assert len(rep.results["sync"].instances) == 8
     assert list(st["rank"][:3]) == [7, 5, 4]
     assert st[st["wait_caused_us"] > 0]["rank"].tolist() == [7, 5, 4]
+
+
+def test_shapes_are_recorded_and_checked(runs):
+    """Issue #20. The TP example records its tensor-parallel parameters (full shapes, the dim
+    sharded over tp: column-wise weights and biases on dim 0, row-wise weights on dim 1; the
+    replicated LayerNorms and row-wise biases are left out) and its batch of 3 samples; its
+    report lists dp = 2, tp = 1 as ruled out, with why. The 2D run's TP dims are recorded
+    without FSDP's dp shards; its DP × TP candidates keep the global batch of 2 × 32 samples.
+    The 4-stage pipeline's stage modules split into 2 + 2 + 2 + 4 layers."""
+    from pardiag.analyzer import shapes
+    from pardiag.analyzer.registry import report_json
+
+    def recorded(name, rank=0):
+        return _json(runs(name) / "pardiag" / f"rank{rank}.meta.json")["shapes"]
+
+    tp = recorded("tp")
+    blocks = [p for b in range(1, 5) for p in (
+        (f"{b}.w1.weight", [512, 256], [0]), (f"{b}.w1.bias", [512], [0]),
+        (f"{b}.w2.weight", [256, 512], [1]))]
+    assert [(p["name"], p["shape"], p["tp_dims"]) for p in tp["sharded_params"]] == [
+        ("0.weight", [256, 64], [0]), ("0.bias", [256], [0]), *blocks,
+        ("5.weight", [10, 256], [1])]
+    assert {p["mesh_dims"][0] for p in tp["sharded_params"]} == {"tp"}
+    assert (tp["batch_samples"], tp["batch_calls"], tp["attention"]) == (3, 1, [])
+    data = report_json(_report(runs("tp")))
+    assert [(c["change"], c["ruled_out"]) for c in data["not_recommended"] if c["ruled_out"]] == [
+        ("dp=2, tp=1 (TP inside each node; same global batch)",
+         "dp=2 does not divide the global batch of 3 samples")]
+
+    two_d = recorded("2d")
+    assert [(p["name"], p["mesh_dims"], p["tp_dims"]) for p in two_d["sharded_params"]][:2] == [
+        ("0.weight", ["dp", "tp"], [0]), ("0.bias", ["dp", "tp"], [0])]
+    assert len(two_d["sharded_params"]) == 15 and two_d["batch_samples"] == 32
+    data = report_json(_report(runs("2d")))
+    degrees = {c["change"]: c for c in data["recommendations"] + data["not_recommended"]
+               if c["kind"] == "degrees"}
+    assert set(degrees) == {"dp=4, tp=1 (TP inside each node; same global batch)",
+                            "dp=1, tp=4 (TP inside each node; same global batch)"}
+    for c in degrees.values():
+        assert c["ruled_out"] == "" and c["batch"]["global_batch"]["after"] == 64
+    assert degrees["dp=4, tp=1 (TP inside each node; same global batch)"]["optimizer_effect"] == (
+        "Same global batch of 64 samples and optimizer steps per sample: learning rate and "
+        "schedule carry over; per-rank batch 32 → 16 samples (activation memory per rank "
+        "changes, and so does the batch a BatchNorm layer normalizes over).")
+
+    pipe = {r: _json(runs("pp_1f1b4") / "pardiag" / f"rank{r}.meta.json")["shapes"]
+            for r in range(4)}
+    assert [pipe[r]["stage_layers"] for r in range(4)] == [{"0": 2}, {"1": 2}, {"2": 2},
+                                                           {"3": 4}]
+    traces = load_traces(runs("pp_1f1b4"))
+    assert shapes.constraints(traces).layers == 10

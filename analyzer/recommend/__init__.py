@@ -36,6 +36,9 @@ __all__ = ["DEGREE_KINDS", "MEMORY_KINDS", "MIN_GAIN_PCT", "PipelineModel", "RUL
 def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResult:
     """Evaluate the changes pardiag models and rank those predicted to help.
 
+    Candidates the model's shapes or batch rule out (:mod:`pardiag.analyzer.shapes`) are listed
+    among those not recommended with ``ruled_out``, the reason, and no prediction.
+
     Changes (:data:`RULES`): pipeline microbatch count, schedule (1F1B for GPipe),
     interleaving, stage boundaries, data parallel instead of the pipeline, the step without the
     worst straggler, DDP bucket sizes, FSDP resharding and prefetching, DP × TP degrees, TP
@@ -64,12 +67,15 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
         cands = [dataclasses.replace(
             c, measured_step_us=clean.median_us,
             predicted_step_us=clean.median_us * c.predicted_step_us / c.measured_step_us,
-            evidence=(*c.evidence, note)) for c in cands]
+            evidence=(*c.evidence, note)) if not c.ruled_out else
+            dataclasses.replace(c, measured_step_us=clean.median_us) for c in cands]
     good, rejected, rule, margin = rank(
         cands, ctx.step, ctx.model.period_us if ctx.model is not None else None)
     why_none = ""
     if not good:
-        why_none = (f"no modelled change is predicted to save ≥ {margin:.1f}% of the step"
+        why_none = ("every change evaluated is ruled out by the model's shapes or batch"
+                    if cands and all(c.ruled_out for c in cands) else
+                    f"no modelled change is predicted to save ≥ {margin:.1f}% of the step"
                     if cands else
                     "nothing to evaluate: " + (ctx.model_why if ctx.model_why != "no pipeline"
                                                else "no pipeline, no significant straggler, and "

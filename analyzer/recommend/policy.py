@@ -57,7 +57,8 @@ def _interleave_limit(cands: list[Recommendation], period_us: float | None) -> f
     if period_us is None:
         return math.inf
     best = min([period_us, *(c.predicted_step_us for c in cands
-                             if c.kind in ("rebalance_stages", "microbatches"))])
+                             if c.kind in ("rebalance_stages", "microbatches")
+                             and not c.ruled_out)])
     return best * (1 - INTERLEAVE_MARGIN_PCT / 100)
 
 
@@ -89,7 +90,7 @@ def rank(cands: list[Recommendation], step: StepNoise | None, pipeline_period_us
         *c.caveats, f"predicted less than {INTERLEAVE_MARGIN_PCT:g}% faster than the best "
         "change that keeps the schedule, so not recommended")) if not_worth(c) else c
         for c in cands]
-    good = sorted((c for c in cands if c.fits_memory and not not_worth(c)
+    good = sorted((c for c in cands if c.fits_memory and not not_worth(c) and not c.ruled_out
                    and (c.gain_pct >= margin or c.kind in MEMORY_KINDS)),
                   key=lambda c: (*_order(c), -c.gain_pct))
     out, tier, lead = [], 0, None

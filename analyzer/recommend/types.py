@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
+
+from pardiag.analyzer import shapes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -24,6 +27,14 @@ class Recommendation:
         params: the change in machine-readable form, e.g. ``{"microbatches": 16}``,
             ``{"layers_per_stage": [5, 5]}``, ``{"without_rank": 1}``,
             ``{"ddp_bucket_cap_bytes": 4194304}``, ``{"reshard_after_forward": False}``.
+        ruled_out: why the candidate cannot be built with the model's shapes or batch
+            (:mod:`pardiag.analyzer.shapes`, e.g. ``"tp=4 does not divide 6 attention heads
+            (attn)"``); then it is not recommended and has no prediction (NaN step time).
+            Empty when it can be built.
+        batch: what the change does to the global batch, per-rank batch, microbatch size and
+            optimizer steps per sample (:func:`pardiag.analyzer.shapes.optimizer_effects`).
+        optimizer_effect: the same as one statement; when the global batch changes it says
+            that the learning rate and warm-up need retuning. Defaults to "nothing changes".
         tier: 1 for the best recommendations, 2 for the next…: recommendations whose predicted
             step times lie within the run's noise of each other share a tier
             (:mod:`pardiag.analyzer.recommend.policy`); None when not recommended.
@@ -41,6 +52,9 @@ class Recommendation:
     predicted_peak_bytes: float | None = None
     fits_memory: bool = True
     params: dict = dataclasses.field(default_factory=dict)
+    ruled_out: str = ""
+    batch: dict = dataclasses.field(default_factory=dict)
+    optimizer_effect: str = ""
     tier: int | None = None
 
     def __post_init__(self) -> None:
@@ -48,10 +62,32 @@ class Recommendation:
             m = self.measured_step_us
             object.__setattr__(self, "gain_pct", 100.0 * (m - self.predicted_step_us) / m
                                if m > 0 else 0.0)
+        if not self.optimizer_effect and not self.ruled_out:   # a change that keeps the batch
+            batch, text = shapes.optimizer_effects(shapes.Batch())
+            object.__setattr__(self, "batch", batch)
+            object.__setattr__(self, "optimizer_effect", text)
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self) | {"evidence": list(self.evidence),
-                                           "caveats": list(self.caveats)}
+        """The fields as JSON values (a NaN, such as a ruled-out candidate's prediction, as
+        None)."""
+        out = dataclasses.asdict(self) | {"evidence": list(self.evidence),
+                                          "caveats": list(self.caveats)}
+        return {k: None if isinstance(v, float) and v != v else v for k, v in out.items()}
+
+
+def ruled_out(kind: str, title: str, change: str, params: dict, measured: float,
+              why: str) -> Recommendation:
+    """A candidate the model's shapes or batch rule out (:mod:`pardiag.analyzer.shapes`): listed
+    among those not recommended with the reason, and no prediction (NaN step time)."""
+    return Recommendation(kind=kind, title=title, change=change, measured_step_us=measured,
+                          predicted_step_us=float("nan"), ruled_out=why, params=params)
+
+
+def batch_fields(now: shapes.Batch, **factors: Fraction) -> dict:
+    """``batch`` and ``optimizer_effect`` of a :class:`Recommendation` whose change multiplies
+    the batch sizes by ``factors`` (:func:`pardiag.analyzer.shapes.optimizer_effects`)."""
+    batch, text = shapes.optimizer_effects(now, **factors)
+    return {"batch": batch, "optimizer_effect": text}
 
 
 @dataclasses.dataclass(frozen=True)

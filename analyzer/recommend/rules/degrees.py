@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 
-from pardiag.analyzer import whatif
+from pardiag.analyzer import shapes, whatif
 from pardiag.analyzer.recommend.context import RuleContext
-from pardiag.analyzer.recommend.types import Recommendation
+from pardiag.analyzer.recommend.types import Recommendation, batch_fields, ruled_out
 from pardiag.analyzer.sync import P2P_OPS, busbw_factor
 
 
@@ -150,11 +151,25 @@ def degrees(ctx: RuleContext) -> list[Recommendation]:
     x_dp = e_dp / t_dp if t_dp > 0 else 1.0
     traffic = _traffic(ctx)
     n = dp * tp
+    # the model's shapes and batch (issue #20): a degree that cannot be built is listed with why
+    con = shapes.constraints(ctx.traces)
+    pipe_m = (lay.pipeline or {}).get("microbatches") if isinstance(lay.pipeline, dict) else None
+    now = shapes.run_batch(con, dp, pipe_m if isinstance(pipe_m, int) else None)
+    unchecked_batch = () if now.global_samples else (
+        "not checked against the global batch: its size was not recorded",)
+    unchecked_tp = tuple(x for x in (shapes.unchecked_tp(con),) if x)
     out = []
     for tp2 in range(1, n + 1):
         if n % tp2 or tp2 == tp or tp2 > per_node:
             continue
         dp2 = n // tp2
+        why = (shapes.check_tp_degree(tp2, con)
+               or shapes.check_dp_degree(dp2, now.global_samples, now.microbatches))
+        if why:
+            out.append(ruled_out("degrees", f"dp={dp2} × tp={tp2} instead of dp={dp} × tp={tp}",
+                                 f"dp={dp2}, tp={tp2} (TP inside each node; same global batch)",
+                                 {"dp": dp2, "tp": tp2}, measured, why))
+            continue
         ev_model = ""
         if "tp" in traffic:
             # a dimension that stays scales its measured time (transfer and the waiting at its
@@ -210,7 +225,8 @@ def degrees(ctx: RuleContext) -> list[Recommendation]:
                      "each dimension keeps the latency and bandwidth measured on its current "
                      "groups",
                      "memory changes (parameters shard by tp, activations by dp) are not "
-                     "predicted"),
+                     "predicted", *(unchecked_tp if tp2 > 1 else ()), *unchecked_batch),
             measured_step_us=measured, predicted_step_us=pred,
-            params={"dp": dp2, "tp": tp2}))
+            params={"dp": dp2, "tp": tp2},
+            **batch_fields(now, per_rank_x=Fraction(dp, dp2), micro_x=Fraction(dp, dp2))))
     return out

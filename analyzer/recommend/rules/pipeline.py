@@ -4,10 +4,11 @@ boundaries, interleaving."""
 from __future__ import annotations
 
 import statistics
+from fractions import Fraction
 
-from pardiag.analyzer import whatif
+from pardiag.analyzer import shapes, whatif
 from pardiag.analyzer.recommend.context import RuleContext, ms
-from pardiag.analyzer.recommend.types import Recommendation
+from pardiag.analyzer.recommend.types import Recommendation, batch_fields, ruled_out
 from pardiag.analyzer.replay import inflight
 
 
@@ -41,9 +42,16 @@ def pipeline_changes(ctx: RuleContext) -> list[Recommendation]:
     caveats_mb = ("a chunk's time is split into a fixed part and a part proportional to the "
                   "microbatch size, measured from its operators; very small microbatches can "
                   "run below the hardware's efficient size",)
+    # the batch a step takes and the layers there are to split (issue #20)
+    dp = int(ctx.dims.get("dp") or 1)
+    step_batch = model.samples * model.m if model.samples else None
+    now = shapes.Batch(step_batch * dp if step_batch else None, step_batch, model.samples)
+    if not model.samples:
+        caveats_mb += ("not checked against the global batch: the microbatch size was not "
+                       "recorded",)
 
     def rec(kind, title, change, sched, m, v, f=None, b=None, pb=None, extra_ev=(), caveats=(),
-            params=None):
+            params=None, batch_x=None):
         pred, sim = model.predict(sched, m, v, f, b, pb)
         pred_peak = None
         if peak is not None and act is not None:
@@ -56,20 +64,25 @@ def pipeline_changes(ctx: RuleContext) -> list[Recommendation]:
                 f"predicted bubble {statistics.fmean(sim.bubble_pct.values()):.1f}%",),
             caveats=tuple(caveats), measured_step_us=measured, predicted_step_us=pred,
             measured_peak_bytes=peak, predicted_peak_bytes=pred_peak, fits_memory=fits,
-            params=params or {}))
+            params=params or {}, **batch_fields(now, **(batch_x or {}))))
 
     # more (or fewer) microbatches, same global batch
     for m2 in sorted({model.m * 2, model.m * 4, model.m // 2}):
         if m2 < 1 or m2 == model.m:
             continue
-        if model.samples and (model.samples * model.m) % m2:
-            continue  # the global batch does not split evenly
+        title = f"{'More' if m2 > model.m else 'Fewer'} microbatches: {m2} instead of {model.m}"
+        why = shapes.check_microbatches(m2, step_batch,
+                                        "global batch" if dp == 1 else "per-rank batch")
+        if why:   # the batch does not split into whole microbatches
+            out.append(ruled_out("microbatches", title, f"microbatches {m2} (same global "
+                                 "batch)", {"microbatches": m2}, measured, why))
+            continue
         if model.schedule == "interleaved" and m2 % max(1, m2 // model.p):
             continue
         n2 = f" of {model.samples * model.m // m2} samples" if model.samples else ""
-        rec("microbatches", f"{'More' if m2 > model.m else 'Fewer'} microbatches: {m2} instead "
-            f"of {model.m}", f"microbatches {m2}{n2} (same global batch)", model.schedule, m2,
-            model.v, caveats=caveats_mb, params={"microbatches": m2})
+        rec("microbatches", title, f"microbatches {m2}{n2} (same global batch)", model.schedule,
+            m2, model.v, caveats=caveats_mb, params={"microbatches": m2},
+            batch_x={"micro_x": Fraction(model.m, m2)})
     # schedule: 1F1B holds fewer activations than GPipe at the same time
     if model.schedule == "gpipe":
         rec("schedule", "1F1B instead of GPipe", "schedule 1F1B", "1f1b", model.m, 1,
@@ -102,8 +115,16 @@ def pipeline_changes(ctx: RuleContext) -> list[Recommendation]:
                 params={"layers_per_stage": sizes, "layer_names": names})
         # interleaving: v stages per rank, same layers split into p·v stages
         if model.schedule != "interleaved":
+            layers = shapes.constraints(ctx.traces).layers or len(total)
             for v2 in (2, 4):
                 s2 = model.p * v2
+                why = shapes.check_stages(model.p, v2, layers)
+                if why:   # more stages than layers to put in them
+                    out.append(ruled_out(
+                        "interleave", f"Interleaved 1F1B with {v2} stages per rank",
+                        f"schedule Interleaved1F1B, {v2} stages per rank",
+                        {"schedule": "interleaved", "stages_per_rank": v2}, measured, why))
+                    continue
                 if len(total) < s2 or model.m % max(1, model.m // model.p):
                     continue
                 sizes2 = model.best_sizes(total, s2, "interleaved", model.m, v2)

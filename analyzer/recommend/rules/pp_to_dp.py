@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pandas as pd
 
-from pardiag.analyzer import whatif
+from pardiag.analyzer import shapes, whatif
 from pardiag.analyzer.recommend.context import RuleContext
-from pardiag.analyzer.recommend.types import Recommendation
+from pardiag.analyzer.recommend.types import Recommendation, batch_fields, ruled_out
 from pardiag.analyzer.recommend.rules.ddp_buckets import DDP_DEFAULT_CAP, DDP_FIRST_BUCKET
 from pardiag.analyzer.replay import inflight
 
@@ -34,6 +36,13 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
         return []
     if model.v != 1 or any(int(dims.get(d) or 1) > 1 for d in ("dp", "tp", "ep", "cp")):
         return []
+    # the global batch must split into whole samples per rank (issue #20)
+    why = shapes.check_dp_degree(model.p, model.samples * model.m if model.samples else None)
+    if why:
+        return [ruled_out("pp_to_dp", f"Data parallel instead of a {model.p}-stage pipeline",
+                          f"dp={model.p}, pp=1: every rank runs the whole model on 1/{model.p} "
+                          f"of the global batch (DDP, default buckets) instead of pp={model.p}",
+                          {"pp": 1, "dp": model.p}, model.period_us, why)]
     n_stages = len(model.fwd_us)
     pb = model.stage_params()
     if (not model.samples or any(s not in model.size_scaling for s in range(n_stages))
@@ -111,4 +120,8 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
         measured_peak_bytes=meas_peak,
         predicted_peak_bytes=pred_peak,
         fits_memory=ctx.fits(pred_peak),
-        params={"pp": 1, "dp": model.p})]
+        params={"pp": 1, "dp": model.p},
+        # the same global batch; each rank takes 1/p of it in one pass instead of m microbatches
+        **batch_fields(shapes.Batch(model.samples * model.m, model.samples * model.m,
+                                    model.samples),
+                       per_rank_x=Fraction(1, model.p), micro_x=Fraction(model.m, model.p)))]
