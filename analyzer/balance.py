@@ -38,11 +38,71 @@ class BalanceResult:
             ``slowest_rank``.
         summary: per dimension and group over steps: ``dim``, ``pg``, ``imbalance`` (mean),
             ``cost_us`` (mean per step), ``slowest_rank`` (most often slowest).
+        skew: where each rank's arrival skew arises (:func:`skew_origin`, :data:`SKEW_COLUMNS`).
     """
 
     per_rank: pd.DataFrame
     groups: pd.DataFrame
     summary: pd.DataFrame
+    skew: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=list(SKEW_COLUMNS)))
+
+
+#: Columns of :func:`skew_origin`.
+SKEW_COLUMNS = ("rank", "steps", "start_late_us", "delay_us", "top_collective", "top_delay_us",
+                "top_share_pct")
+
+
+def skew_origin(steps: pd.DataFrame, sync) -> pd.DataFrame:
+    """Where each rank's arrival skew arises: at the step's start, or at one collective.
+
+    Args:
+        steps: :attr:`pardiag.analyzer.breakdown.TimeBreakdown.steps` (``rank``, ``step``,
+            ``start_us`` on the rank's clock).
+        sync: the :class:`pardiag.analyzer.sync.SyncResult` (clock offsets, and per instance
+            and rank the ``arrival_delay_us``: arrival − the first rank's arrival).
+
+    Returns:
+        :data:`SKEW_COLUMNS`, one row per rank: ``steps`` (steps every rank has),
+        ``start_late_us`` (median over them of how long after the earliest rank it starts the
+        step, clocks aligned; µs), ``delay_us`` (its arrival delay summed over the complete
+        collectives, per step; µs), ``top_collective`` (``"op on group"`` holding most of that
+        delay), ``top_delay_us`` (its share per step, µs) and ``top_share_pct`` (% of
+        ``delay_us``). Empty without two ranks with steps or matched collectives.
+    """
+    empty = pd.DataFrame(columns=list(SKEW_COLUMNS))
+    if steps is None or steps.empty or sync is None or steps["rank"].nunique() < 2:
+        return empty
+    off = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"])) if len(sync.offsets) else {}
+    st = steps.assign(start=steps["start_us"] - steps["rank"].map(off).fillna(0.0))
+    starts = st.pivot_table(index="step", columns="rank", values="start", aggfunc="min").dropna()
+    if starts.empty:
+        return empty
+    late = starts.sub(starts.min(axis=1), axis=0).median()
+    n = len(starts)
+    inst = sync.instances
+    pr = sync.per_rank
+    delays = pd.DataFrame(columns=["rank", "where", "arrival_delay_us"])
+    if len(pr) and len(inst):
+        done = inst.loc[inst["complete"].astype(bool), ["instance", "op", "group", "step"]]
+        d = pr.merge(done, on="instance").sort_values(["rank", "step", "start_us"])
+        if len(d):   # a collective is its op, its place in the step and its group
+            k = d.groupby(["rank", "step", "group"], dropna=False).cumcount() + 1
+            on = d["group"].fillna("").astype(str).map(lambda g: f" on {g}" if g else "")
+            delays = d.assign(where=d["op"].astype(str) + " #" + k.astype(str) + " of the step"
+                              + on)
+    rows = []
+    for r in sorted(int(x) for x in starts.columns):
+        mine = delays[delays["rank"] == r]
+        by = (mine.groupby("where")["arrival_delay_us"].sum()
+              .sort_values(ascending=False, kind="stable"))
+        total = float(mine["arrival_delay_us"].sum()) / n if len(mine) else 0.0
+        top = str(by.index[0]) if len(by) and by.iloc[0] > 0 else None
+        top_us = float(by.iloc[0]) / n if top else 0.0
+        rows.append({"rank": r, "steps": n, "start_late_us": float(late[r]), "delay_us": total,
+                     "top_collective": top, "top_delay_us": top_us,
+                     "top_share_pct": 100.0 * top_us / total if total > 0 else float("nan")})
+    return pd.DataFrame(rows, columns=list(SKEW_COLUMNS))
 
 
 def dimension_groups(traces: TraceSet) -> list[tuple[str, str, list[int]]]:
@@ -59,8 +119,9 @@ def dimension_groups(traces: TraceSet) -> list[tuple[str, str, list[int]]]:
     return sorted(seen.values(), key=lambda t: (t[0], t[2]))
 
 
-def compute_balance(traces: TraceSet, breakdown_steps: pd.DataFrame) -> BalanceResult:
-    """Compute-time imbalance per dimension group and step (see the module docstring)."""
+def compute_balance(traces: TraceSet, breakdown_steps: pd.DataFrame, sync=None) -> BalanceResult:
+    """Compute-time imbalance per dimension group and step (see the module docstring), and
+    where each rank's arrival skew arises (:func:`skew_origin`, with ``sync``)."""
     per_rank = breakdown_steps[["rank", "step", "compute_us", "span_us"]].copy()
     rows = []
     for dim, pg, ranks in dimension_groups(traces):
@@ -81,7 +142,8 @@ def compute_balance(traces: TraceSet, breakdown_steps: pd.DataFrame) -> BalanceR
                         slowest_rank=("slowest_rank", lambda x: int(x.mode().iloc[0]))))
     else:
         summary = pd.DataFrame(columns=["dim", "pg", "imbalance", "cost_us", "slowest_rank"])
-    return BalanceResult(per_rank.reset_index(drop=True), groups, summary)
+    return BalanceResult(per_rank.reset_index(drop=True), groups, summary,
+                         skew_origin(breakdown_steps, sync))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -119,7 +119,8 @@ def _pipeline_json(r: PipelineResult, traces: TraceSet) -> dict:
 
 
 def _balance_json(r: BalanceResult, traces: TraceSet) -> dict:
-    return {"imbalance": {"summary": records(r.summary), "groups": records(r.groups)}}
+    return {"imbalance": {"summary": records(r.summary), "groups": records(r.groups),
+                          "skew_origin": records(r.skew)}}
 
 
 def _memory_json(r: MemoryResult, traces: TraceSet) -> dict:
@@ -181,7 +182,7 @@ ANALYSES: tuple[Analysis, ...] = (
              lambda r, traces: {}),   # shown through "layout" and "pipeline"
     Analysis("pipeline", _pipeline, _pipeline_json),
     Analysis("balance", lambda traces, opts, done: compute_balance(
-        traces, done["time_breakdown"].steps), _balance_json),
+        traces, done["time_breakdown"].steps, done["sync"]), _balance_json),
     Analysis("memory", lambda traces, opts, done: compute_memory(traces), _memory_json),
     Analysis("layout", lambda traces, opts, done: compute_layout(traces, done["inferred_layout"]),
              _layout_json),

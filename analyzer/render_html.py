@@ -837,6 +837,18 @@ def _imbalance_section(report: Report) -> list[str]:
                           "step would be if every rank matched the mean."))
     else:
         out.append(_muted("Imbalance needs two or more ranks with profiler steps."))
+    skew = getattr(bal, "skew", None)
+    if skew is not None and len(skew):
+        out.append(_table(_ms(skew, ["start_late_us", "delay_us", "top_delay_us"]), {
+            "rank": "rank", "steps": "steps", "start_late_us": "starts the step late by (ms)",
+            "delay_us": "arrives late, per step (ms)", "top_collective": "mostly at",
+            "top_delay_us": "there, per step (ms)", "top_share_pct": "share %"},
+            left=("top_collective",), digits=3, sortable=True, what="ranks"))
+        out.append(_muted("Where the arrival skew arises: how long after the earliest rank each "
+                          "rank starts a step (median, clocks aligned), and the collective that "
+                          "holds most of its arrival delay. A delay at the step's first "
+                          "collective that equals the late start lies before the step (data "
+                          "loading, the previous step's tail), not in its compute."))
     return out
 
 

@@ -105,6 +105,20 @@ def test_dlrm_8rank_cli_prints_the_8_rank_breakdown(real_traces, tmp_path):
     assert "4.50" in lines[0] and "9.51" in lines[7]
 
 
+def test_dlrm_8rank_skew_lies_before_the_step(real_traces):
+    """Read by an expert (issue #18): rank 7 enters the step about 7.5 ms late and almost all
+    of its skew sits in the step's first collective (an all_to_all) — the delay lies before the
+    step, not in its compute."""
+    from pardiag.analyzer.registry import build_report
+    skew = build_report(load_traces(real_traces / "dlrm_8rank_v100")).balance.skew
+    r7 = skew.set_index("rank").loc[7]
+    assert 7000 < r7["start_late_us"] < 8500
+    assert r7["top_collective"].startswith("all_to_all #1 of the step")
+    assert r7["top_share_pct"] > 70
+    # the rank that starts first has no late start
+    assert skew["start_late_us"].min() == 0
+
+
 def test_real_trace_quirks(real_traces):
     # AMD: every kernel on stream 0, no rank anywhere: one rank, assigned, with a warning
     amd = load_traces(real_traces / "amd_mi250_single")

@@ -860,3 +860,18 @@ def test_pipeline_candidates_the_layers_and_batch_rule_out(tmp_path):
     page = render_html(rep, include_plotlyjs="cdn")
     for reason in ruled.values():
         assert f"<td class='l'>{reason}</td>" in page
+
+
+def test_where_the_skew_arises(tmp_path):
+    """The planted sleeper: both ranks start each step together; rank 1 reaches the step's
+    first all-reduce 2000 µs after rank 0 (all of its delay), rank 0 reaches the second and
+    third 200 µs after rank 1 (400 µs per step, half at each)."""
+    _planted_sleeper(tmp_path, 3000)
+    skew = build_report(load_traces(tmp_path)).balance.skew.set_index("rank")
+    assert skew.loc[1, "start_late_us"] == 0 and skew.loc[0, "start_late_us"] == 0
+    assert skew.loc[1, "delay_us"] == pytest.approx(2000.0)
+    assert skew.loc[1, "top_collective"] == "all_reduce #1 of the step on 0,1|default_pg"
+    assert skew.loc[1, "top_share_pct"] == pytest.approx(100.0)
+    assert skew.loc[0, "delay_us"] == pytest.approx(400.0)
+    assert skew.loc[0, "top_collective"] == "all_reduce #2 of the step on 0,1|default_pg"
+    assert skew.loc[0, "top_share_pct"] == pytest.approx(50.0)
