@@ -522,6 +522,8 @@ def _verdict_section(report: Report) -> list[str]:
                 "<th>peak memory (MiB) measured → predicted</th><th class='l'>evidence</th>"
                 "<th class='l'>caveats</th><th class='l'>batch and optimizer</th></tr>")
         rows = []
+        nu = getattr(rec, "noise_us", float("nan"))
+        noise = f" ±{nu / 1000:,.3f}" if nu == nu else ""   # the measured step's noise
         for r in recs:
             def bullets(items):
                 return ("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in items) + "</ul>"
@@ -532,7 +534,8 @@ def _verdict_section(report: Report) -> list[str]:
             rows.append(
                 f"<tr><td>{r.tier or '–'}</td><td class='l'><b>{_e(r.title)}</b></td>"
                 f"<td class='l'>{_e(r.change)}</td>"
-                f"<td>{r.measured_step_us / 1000:,.3f} → {r.predicted_step_us / 1000:,.3f}</td>"
+                f"<td>{r.measured_step_us / 1000:,.3f}{noise} → "
+                f"{r.predicted_step_us / 1000:,.3f}</td>"
                 f"<td>{r.gain_pct:,.1f}</td><td>{_e(mem)}</td>"
                 f"<td class='l'>{bullets(r.evidence)}</td><td class='l'>{bullets(r.caveats)}</td>"
                 f"<td class='l'>{_e(getattr(r, 'optimizer_effect', '') or '–')}</td></tr>")

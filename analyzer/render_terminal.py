@@ -142,10 +142,12 @@ def render_recommendations(report: Report, console: Console) -> None:
         _ruled_out(rec, console)
         return
     rows = []
+    nu = getattr(rec, "noise_us", float("nan"))
+    noise = f" ±{nu / 1e3:,.3f}" if nu == nu else ""   # the measured step's noise
     for r in recs[:TOP_RECOMMENDATIONS]:
         mem = f"{_mib(r.measured_peak_bytes)} → {_mib(r.predicted_peak_bytes)}"
         rows.append((str(r.tier or "–"), Text(r.title), Text(r.change),
-                     f"{r.measured_step_us / 1e3:,.3f} → {r.predicted_step_us / 1e3:,.3f}",
+                     f"{r.measured_step_us / 1e3:,.3f}{noise} → {r.predicted_step_us / 1e3:,.3f}",
                      f"{r.gain_pct:,.1f}", mem + ("" if r.fits_memory else " (does not fit)")))
     # the change is what the user types: wrapped, even inside a long word, never cut
     print_table(console, f"Top recommendations ({min(len(recs), TOP_RECOMMENDATIONS)} of "

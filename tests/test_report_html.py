@@ -158,7 +158,8 @@ def test_terminal_prints_verdict_and_recommendations_first(tmp_path):
         "gloo:[/bold]odd", 50, 20, tid=2, cat="user_annotation").write(tmp_path / "r0.json")
     rep = build_report(load_traces(tmp_path))
     rep = dataclasses.replace(rep, recommendations=RecommendationResult(
-        verdict="Idle is 30% of the step [bold].", recommendations=(_planted_rec(title="[red]x"),)))
+        verdict="Idle is 30% of the step [bold].", recommendations=(_planted_rec(title="[red]x"),),
+        noise_us=1500.0))
     con = Console(record=True, width=200, color_system=None)
     render_terminal(rep, con)
     lines = con.export_text().splitlines()
@@ -166,7 +167,7 @@ def test_terminal_prints_verdict_and_recommendations_first(tmp_path):
     assert lines[1].strip() == "Top recommendations (1 of 1)"
     row = next(line for line in lines if "[red]x" in line)
     assert [c.strip() for c in row.split("│")[1:-1]] == [
-        "1", "[red]x", "microbatches 16", "40.000 → 30.000", "25.0", "512.0 → 640.0"]
+        "1", "[red]x", "microbatches 16", "40.000 ±1.500 → 30.000", "25.0", "512.0 → 640.0"]
     assert any("[/bold]odd" in line for line in lines)  # a trace name, shown as written
 
 
