@@ -69,6 +69,49 @@ class Recommendation:
                                            "caveats": list(self.caveats)}
 
 
+#: What a :class:`StepTime` is measured on, in words (its ``basis``).
+STEP_BASES = {
+    "pipeline": "unprofiled pipeline steps (start to start, from pardiag's chunk records)",
+    "unprofiled": "unprofiled steps (optimizer-step periods after the profiler's window)",
+    "profiled": "profiled steps (per step the slowest rank's span)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """The step time a run's recommendations are measured against (their
+    ``measured_step_us``; the verdict's step), with the per-step values it is the median of.
+
+    Attributes:
+        basis: a key of :data:`STEP_BASES`: ``"pipeline"`` (start-to-start time of consecutive
+            unprofiled pipeline steps), ``"unprofiled"`` (periods of consecutive optimizer steps
+            after the profiler's window, every rank's), ``"profiled"`` (per profiled step the
+            slowest rank's span, steps over :data:`OUTLIER_STEP_FACTOR` × the median left out,
+            as :func:`pardiag.analyzer.breakdown.step_time_spread`).
+        samples_us: the per-step values (µs), in step order.
+    """
+
+    basis: str
+    samples_us: tuple[float, ...]
+
+    def _q(self, q: float) -> float:
+        return float(np.quantile(self.samples_us, q)) if self.samples_us else float("nan")
+
+    @property
+    def median_us(self) -> float:
+        """Median of the samples (µs)."""
+        return float(np.median(self.samples_us)) if self.samples_us else float("nan")
+
+    def to_json(self) -> dict:
+        """``{"basis", "basis_text", "steps", "median_us", "q1_us", "q3_us", "min_us", "max_us",
+        "samples_us"}`` (µs; quartiles by linear interpolation, numpy's default)."""
+        s = self.samples_us
+        return {"basis": self.basis, "basis_text": STEP_BASES.get(self.basis, self.basis),
+                "steps": len(s), "median_us": self.median_us, "q1_us": self._q(0.25),
+                "q3_us": self._q(0.75), "min_us": min(s) if s else None,
+                "max_us": max(s) if s else None, "samples_us": [float(x) for x in s]}
+
+
 @dataclasses.dataclass(frozen=True)
 class RecommendationResult:
     """Ranked recommendations plus a one-sentence verdict.
@@ -79,12 +122,15 @@ class RecommendationResult:
         recommendations: ranked, best first; only those that fit in memory and gain > 0.
         rejected: evaluated changes not recommended (no gain, or do not fit), for the JSON.
         why_none: when ``recommendations`` is empty, why (e.g. "no traces with steps").
+        step: the measured step time the recommendations compare with (:class:`StepTime`),
+            None when the traces hold no step.
     """
 
     verdict: str
     recommendations: tuple[Recommendation, ...] = ()
     rejected: tuple[Recommendation, ...] = ()
     why_none: str = ""
+    step: StepTime | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,6 +197,8 @@ class PipelineModel:
         layers: per stage, ``[(name, fwd_us, params_bytes)]`` of its layers (children of the
             stage module), empty when not recorded.
         steps: how many steps the medians are over; basis: ``"unprofiled"`` or ``"profiled"``.
+        periods_us: the start-to-start times whose median is ``period_us`` (empty when the
+            period is the window: a single step).
     """
 
     schedule: str
@@ -172,6 +220,7 @@ class PipelineModel:
     residual_us: float = 0.0
     gap_us: float = 0.0
     size_scaling: dict = dataclasses.field(default_factory=dict)
+    periods_us: tuple[float, ...] = ()
 
     def tails_for(self, stage_params: list[float] | None, v: int) -> dict[int, float]:
         """Per-rank tails when stage ``s`` (on rank ``s mod p``) holds ``stage_params[s]``
@@ -409,7 +458,8 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
         hop = whatif.calibrate_hop(orders, fwd, bwd, period, tails)
         residual = period - whatif.simulate_period(orders, fwd, bwd, hop, tails)[0]
     return PipelineModel(kind, p, m, v, fwd, bwd, fixed, samples, window, period, hop, tails,
-                         opt, layer_list, len(use), basis, residual, gap, size_scaling), ""
+                         opt, layer_list, len(use), basis, residual, gap, size_scaling,
+                         tuple(float(x) for x in periods)), ""
 
 
 def _observed_gaps(chunks: pd.DataFrame, n_stages: int) -> tuple[float, float | None]:
@@ -1230,9 +1280,16 @@ def clean_step_us(traces: TraceSet) -> tuple[float, int]:
     ranks' metadata recorded every optimizer step (``pardiag profile``): the start-to-start time
     of consecutive optimizer-step ends, taken only where both steps ran without the profiler.
     Returns ``(nan, 0)`` when there is none."""
+    periods, n = clean_step_periods(traces)
+    return (float(np.median(periods)), n) if periods else (float("nan"), 0)
+
+
+def clean_step_periods(traces: TraceSet) -> tuple[list[float], int]:
+    """The periods (µs) :func:`clean_step_us` is the median of, every rank's in rank and step
+    order, and the number of distinct steps they cover; ``([], 0)`` when there is none."""
     sch = traces.run_info.schedule if traces.run_info else None
     if sch is None:
-        return float("nan"), 0
+        return [], 0
     first_clean = sch.wait + sch.warmup + sch.active
     periods = []
     steps_used: set[int] = set()
@@ -1247,9 +1304,21 @@ def clean_step_us(traces: TraceSet) -> tuple[float, int]:
               if k - 1 >= first_clean and k - 1 in ends and ends[k] > ends[k - 1]]
         periods += [ends[k] - ends[k - 1] for k in ok]
         steps_used.update(ok)
-    if not periods:
-        return float("nan"), 0
-    return float(np.median(periods)), len(steps_used)
+    return periods, len(steps_used)
+
+
+def profiled_step_samples(done: dict) -> list[float]:
+    """Per profiled step, the slowest rank's span (µs), in step order, steps over
+    :data:`OUTLIER_STEP_FACTOR` × the median left out (the values whose median is the run row
+    of :func:`pardiag.analyzer.breakdown.step_time_spread`)."""
+    steps = done["time_breakdown"].steps
+    if steps.empty:
+        return []
+    spans = steps.groupby("step", sort=True)["span_us"].max()
+    med = float(spans.median())
+    if len(spans) > 2:
+        spans = spans[spans <= OUTLIER_STEP_FACTOR * med]
+    return [float(x) for x in spans]
 
 
 def _steps_unrecorded(traces: TraceSet) -> str:
@@ -1399,5 +1468,13 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
                                                "DDP, FSDP or tensor-parallel setting to change"))
     # the verdict's step time is the one the recommendations compare with: unprofiled when known
     step = clean if (model is None and clean == clean) else measured
+    if model is not None:
+        step_time = StepTime("pipeline", model.periods_us or (model.period_us,))
+    elif clean == clean:
+        step_time = StepTime("unprofiled", tuple(clean_step_periods(traces)[0]))
+    else:
+        samples = profiled_step_samples(done)
+        step_time = StepTime("profiled", tuple(samples)) if samples else None
     return RecommendationResult(_verdict(done, model, step, profiled=model is None
-                                         and clean != clean), tuple(good), rejected, why_none)
+                                         and clean != clean), tuple(good), rejected, why_none,
+                                step_time)

@@ -410,7 +410,8 @@ def main() -> None:
         memory=_plain({"static": captured.get("static"), **captured.get("peak", {}),
                        "trace_peaks": captured.get("trace_memory")}),
         layout=_plain(lay), started_unix=started, ended_unix=time.time(), exit_code=code,
-        status="error" if failed else "ok", error=None if not failed else _one_line(error))
+        status="error" if failed else "ok", error=None if not failed else _one_line(error),
+        env={k: v for k, v in sorted(os.environ.items()) if k.startswith(layout.ENV_PREFIXES)})
     stop_watchdog.set()
     path = layout.rank_meta_path(out, rank)
     path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(meta))
