@@ -162,7 +162,9 @@ ANALYZER_LAYERS = [
     {"dim_overlap", "runsetup"},
     {"recommend"},
     {"registry"},
+    {"compare"},                                             # two runs' summaries
     {"render_terminal", "render_html"},
+    {"render_compare"},
 ]
 
 
