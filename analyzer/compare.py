@@ -500,7 +500,8 @@ def setup_rows(sa: dict, sb: dict) -> pd.DataFrame:
                 add("env", label, ea, eb, "env" in ua, "env" in ub)
                 continue
             for name in sorted(set(ea) | set(eb)):
-                add(f"env.{name}", name, ea.get(name), eb.get(name), False, False)
+                add(f"env.{name}", name, ea.get(name, "(not set)"), eb.get(name, "(not set)"),
+                    False, False)
             if not ea and not eb:
                 add("env", label, "(none set)", "(none set)", False, False)
             continue
@@ -705,7 +706,7 @@ def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
             if have is None:
                 unknown.append("B's strategies")
             elif any(str(s).startswith(str(want)) for s in have):
-                parts.append(f"strategy {want}")
+                parts.append(f"B uses {want}")
             else:
                 differ.append(f"strategy {want}: B uses {_value_text(have)}")
             continue
@@ -721,7 +722,7 @@ def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
                 key, f"B's {key} is not known")
             unknown.append(what)
         elif _same(want, have):
-            parts.append(f"{key} {_value_text(want)}")
+            parts.append(f"B has {key} {_value_text(want)}")
         else:
             differ.append(f"{key}: recommended {_value_text(want)}, B has {_value_text(have)}")
     if differ:
@@ -730,7 +731,7 @@ def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
         return "unknown", "; ".join(unknown)
     if not parts:
         return "unknown", "the recommendation names no setting"
-    return "applied", "B has " + ", ".join(parts)
+    return "applied", "; ".join(parts)
 
 
 def _checks(summary_a: dict, summary_b: dict, sb: dict, setup: pd.DataFrame,
