@@ -22,6 +22,7 @@ from rich.text import Text
 from pardiag import __version__
 from pardiag.analyzer.compare import (PARTS, Comparison, GateResult, RecommendationCheck,
                                       _value_text)
+from pardiag.analyzer.render_html import _mib as _mib_table
 from pardiag.analyzer.render_html import (_BOOT_JS, _CSS, PART_COLORS, PLOTLY_CDN_URL, _e,
                                           _json_script, _muted, _packed_plotlyjs, _Page,
                                           _table, _template_json)
@@ -205,6 +206,7 @@ def operators_figure(ops: pd.DataFrame) -> go.Figure:
         hovertemplate="%{y} %{customdata}: %{x:+.3f} ms<extra></extra>"))
     fig.update_layout(title="Operators that moved most: B − A per rank and step (ms)",
                       xaxis_title="ms (red: slower in B, green: faster)",
+                      yaxis={"type": "category"},
                       height=max(300, 120 + 22 * len(top)), showlegend=False)
     return fig
 
@@ -437,7 +439,7 @@ def _memory_section(c: Comparison, page: _Page) -> list[str]:
         out.append(_muted("No memory information in either run."))
         return out
     out.append(page.fig(memory_figure(c)))
-    out.append(_table(r.assign(**{k: r[k] / 2**20 for k in cols}), {
+    out.append(_table(_mib_table(r, cols), {
         "key": "rank" if c.by == "rank" else "role",
         "a_static_bytes": "A static (MiB)", "b_static_bytes": "B static (MiB)",
         "a_peak_allocated_bytes": "A peak allocated (MiB)",
