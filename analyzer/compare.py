@@ -201,8 +201,9 @@ class Comparison:
             ``a_/b_cost_us`` (max − mean per step).
         collectives: per collective type: ``collective``, ``a_/b_count``, ``a_/b_time_us``,
             ``a_/b_exposed_us`` (per rank and profiled step).
-        bandwidth: per dimension (or group) and collective: ``group``, ``op``, ``a_/b_count``,
-            ``a_/b_busbw_gbps`` (median over matched instances).
+        bandwidth: per dimension (or group) and collective: ``group``, ``op``, ``a_/b_count``
+            (complete matched instances), ``a_/b_transfer_us`` and ``a_/b_busbw_gbps`` (medians
+            over them).
         operators: the :data:`TOP_OPERATORS` operators whose time moved most: ``kind``,
             ``name``, ``a_us``, ``b_us`` (per rank and profiled step), ``delta_us``,
             ``delta_pct`` (None for an operator new in B), ``a_count``, ``b_count`` (per rank
@@ -581,21 +582,25 @@ def _collectives(summary: dict) -> pd.DataFrame:
 
 
 def _bandwidth(summary: dict) -> pd.DataFrame:
-    """Median busbw per (dimension or group, collective) over matched instances."""
+    """Per (dimension or group, collective) over the complete matched instances: ``count``
+    (instances), median
+    ``transfer_us`` (an instance's transfer: its shortest duration over the ranks) and median
+    ``busbw_gbps`` (instances with a message size)."""
     dim_of = {str(g.get("pg")): g.get("dim") for g in _rows(summary, "layout", "groups")}
     rows = []
     for r in _rows(summary, "sync", "instances"):
-        bw = _num(r.get("busbw_gbps"))
-        if bw != bw or r.get("complete") is False:
+        if r.get("complete") is False:
             continue
         dim = dim_of.get(str(r.get("pg")))
         rows.append({"group": str(dim) if dim else str(r.get("group") or r.get("pg")),
-                     "op": str(r.get("op")), "busbw_gbps": bw})
-    df = pd.DataFrame(rows, columns=["group", "op", "busbw_gbps"])
+                     "op": str(r.get("op")), "transfer_us": _num(r.get("transfer_us")),
+                     "busbw_gbps": _num(r.get("busbw_gbps"))})
+    df = pd.DataFrame(rows, columns=["group", "op", "transfer_us", "busbw_gbps"])
     if df.empty:
-        return pd.DataFrame(columns=["group", "op", "count", "busbw_gbps"])
+        return pd.DataFrame(columns=["group", "op", "count", "transfer_us", "busbw_gbps"])
     return df.groupby(["group", "op"], as_index=False, sort=True).agg(
-        count=("busbw_gbps", "size"), busbw_gbps=("busbw_gbps", "median"))
+        count=("op", "size"), transfer_us=("transfer_us", "median"),
+        busbw_gbps=("busbw_gbps", "median"))
 
 
 def _operators(sa: dict, sb: dict) -> tuple[pd.DataFrame, str]:
@@ -841,7 +846,7 @@ def compare_summaries(a: dict, b: dict, *, a_source: str = "A",
         collectives=_merge(_collectives(a), _collectives(b), "collective",
                            ["count", "time_us", "exposed_us"]),
         bandwidth=_merge(_bandwidth(a), _bandwidth(b), ["group", "op"],
-                         ["count", "busbw_gbps"]),
+                         ["count", "transfer_us", "busbw_gbps"]),
         operators=ops, operators_note=ops_note,
         checks=_checks(a, b, sb, setup, step))
 

@@ -468,13 +468,18 @@ def _collectives_section(c: Comparison, page: _Page) -> list[str]:
             left=("collective",), digits=3, sortable=True, what="types"))
         out.append(_muted("Per rank and profiled step: issued ops, |union| of their intervals "
                           "and its part not under compute."))
-    if not _empty(c.bandwidth, ["a_busbw_gbps", "b_busbw_gbps"]):
-        out.append("<h3>Bus bandwidth</h3>")
-        out.append(_table(c.bandwidth, {
+    if not _empty(c.bandwidth, ["a_count", "b_count"]):
+        bw = c.bandwidth
+        out.append("<h3>Per dimension (or group): transfer and bus bandwidth</h3>")
+        out.append(_table(bw.assign(a_transfer_us=bw["a_transfer_us"] / 1e3,
+                                    b_transfer_us=bw["b_transfer_us"] / 1e3), {
             "group": "dimension or group", "op": "collective", "a_count": "A instances",
-            "b_count": "B instances", "a_busbw_gbps": "A busbw median (GB/s)",
+            "b_count": "B instances", "a_transfer_us": "A transfer median (ms)",
+            "b_transfer_us": "B transfer median (ms)", "a_busbw_gbps": "A busbw median (GB/s)",
             "b_busbw_gbps": "B busbw median (GB/s)"}, left=("group", "op"), digits=3,
             sortable=True, what="rows"))
+        out.append(_muted("Complete instances matched across ranks; transfer = an instance's "
+                          "shortest duration over its ranks; busbw as nccl-tests defines it."))
     return out
 
 

@@ -76,6 +76,10 @@ def test_straggler_skew_memory_collectives_operators(pair):
     coll = c.collectives.set_index("collective").loc["all_reduce"]
     # per rank and step: A (300 + 100) / 2, B 100; one all-reduce issued per rank and step
     assert (coll["a_time_us"], coll["b_time_us"], coll["a_count"]) == (200.0, 100.0, 1.0)
+    bw = c.bandwidth.set_index(["group", "op"]).loc[("dp", "all_reduce")]
+    # 1 MB in 100 µs (transfer: rank 1's duration), busbw = 10 GB/s × 2(n−1)/n = 10 GB/s
+    assert (bw["a_count"], bw["a_transfer_us"], bw["b_transfer_us"], bw["b_busbw_gbps"]) == (
+        4, 100.0, 100.0, pytest.approx(10.0))
     ops = c.operators
     assert ops[["kind", "name", "a_us", "b_us", "delta_us"]].values.tolist() == [
         ["cpu", "aten::mm", 600.0, 500.0, -100.0]]

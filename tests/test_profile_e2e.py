@@ -49,6 +49,9 @@ def test_profile_writes_the_run_folder(ddp_run):
         assert meta["backend"] == "gloo" and meta["device"] == "cpu"
         assert meta["optimizer_steps"] == 7
         assert meta["torch_version"].startswith("2.")
+        # the NCCL/torch environment compare diffs: pardiag's own flight-recorder size is in it
+        assert meta["env"]["TORCH_FR_BUFFER_SIZE"] == "20000"
+        assert all(k.startswith(layout.ENV_PREFIXES) for k in meta["env"])
 
 
 def test_hta_loads_the_run_folder(ddp_run):
