@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from pardiag.analyzer.recommend import STEP_BASES
-from pardiag.analyzer.runsetup import SETUP_LABELS, schedule_name
+from pardiag.analyzer.runsetup import SETUP_LABELS, applicable_fields, schedule_name
 
 #: Version of the comparison JSON (``pardiag compare --json``).
 COMPARE_SCHEMA_VERSION = 1
@@ -309,7 +309,7 @@ def _setup_of(summary: dict) -> dict:
            "torch_version": run.get("torch_version"),
            "profiler_schedule": [sch.get("wait"), sch.get("warmup"), sch.get("active")]
            if sch else None}
-    out["unknown"] = [k for k in SETUP_LABELS if out.get(k) is None]
+    out["unknown"] = [k for k in SETUP_LABELS if k in applicable_fields(out) and out.get(k) is None]
     return out
 
 
@@ -340,9 +340,10 @@ def rank_table(summary: dict) -> pd.DataFrame:
         steps = [s for s in rk.get("steps") or [] if isinstance(s, dict)]
         n = len(steps)
         if n:
-            mean = {c: float(np.nanmean([_num(s.get(c)) for s in steps]))
-                    for c in ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
-                              "idle_us")}
+            mean = {}
+            for c in ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "idle_us"):
+                v = [x for x in (_num(s.get(c)) for s in steps) if x == x]
+                mean[c] = float(np.mean(v)) if v else float("nan")
         else:   # no profiler step: the whole trace is one "step"
             tot = rk.get("total") or {}
             mean = {c: _num(tot.get(c)) for c in ("span_us", "compute_only_us", "overlap_us",

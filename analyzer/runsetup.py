@@ -213,10 +213,10 @@ def compute_setup(traces: TraceSet, lay: LayoutResult) -> RunSetup:
         env=env,
     )
     return RunSetup(**setup, unknown=tuple(k for k in SETUP_LABELS
-                                           if k in _applicable(setup) and setup[k] is None))
+                                           if k in applicable_fields(setup) and setup[k] is None))
 
 
-def _applicable(setup: dict) -> set[str]:
+def applicable_fields(setup: dict) -> set[str]:
     """The fields a run of this kind has (what pardiag records for every run, and the
     settings of the strategies it uses): those of them that are None are unknown; the others
     are None because they do not apply (no pipeline, no FSDP)."""
