@@ -827,7 +827,7 @@ def compare_summaries(a: dict, b: dict, *, a_source: str = "A",
     for p in parts:
         va = float(ra[p].mean()) if len(ra) else float("nan")
         vb = float(rb[p].mean()) if len(rb) else float("nan")
-        bd.append({"part": p, "label": "step (span)" if p == "span_us" else PARTS[p],
+        bd.append({"part": p, "label": "step span" if p == "span_us" else PARTS[p],
                    "a_us": va, "b_us": vb, "delta_us": vb - va, "delta_pct": _pct(va, vb)})
     breakdown = pd.DataFrame(bd, columns=["part", "label", "a_us", "b_us", "delta_us",
                                           "delta_pct"])

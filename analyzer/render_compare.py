@@ -588,7 +588,7 @@ def render_compare_terminal(c: Comparison, console: Console,
                      _ms(s.b.median_us if s.b else None), _signed(s.delta_us / 1e3, 3),
                      _signed(s.delta_pct)))
     for r in c.breakdown.itertuples():
-        rows.append((f"{r.label} (per profiled step)", _ms(r.a_us), _ms(r.b_us),
+        rows.append((f"{r.label}, per profiled step", _ms(r.a_us), _ms(r.b_us),
                      _signed(r.delta_us / 1e3, 3), _signed(r.delta_pct)))
     print_table(console, "Step time and breakdown (ms)", [
         Col("", "left", wrap="word"), Col("A"), Col("B"), Col("B − A"), Col("B − A %")], rows,
@@ -597,7 +597,7 @@ def render_compare_terminal(c: Comparison, console: Console,
     if len(r):
         print_table(console, f"Per {'rank' if c.by == 'rank' else 'role'} (ms per profiled "
                     "step; MiB)", [
-                        Col("rank" if c.by == "rank" else "role", "left", wrap="word"),
+                        Col("rank" if c.by == "rank" else "role", "left"),
                         Col("A step"), Col("B step"), Col("A exposed"), Col("B exposed"),
                         Col("A idle", drop=2), Col("B idle", drop=2),
                         Col("A peak MiB", drop=1), Col("B peak MiB", drop=1)],

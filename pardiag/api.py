@@ -280,6 +280,8 @@ def load_summary(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: b
     """
     from pardiag.errors import TraceError
 
+    import orjson
+
     p = Path(path)
     if p.is_file() and p.suffix == ".json":
         try:
@@ -288,8 +290,6 @@ def load_summary(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: b
         except OSError as exc:
             raise TraceError(f"{p}: cannot read ({exc.strerror})") from None
         if _SUMMARY_HEAD.match(head):
-            import orjson
-
             try:
                 doc = orjson.loads(p.read_bytes())
             except (OSError, orjson.JSONDecodeError) as exc:
@@ -297,8 +297,21 @@ def load_summary(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: b
             if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list):
                 raise TraceError(f"{p}: not a pardiag report summary (no ranks list)")
             return doc
-    return analyze(p, comm_kernels=comm_kernels, cache=cache, workers=workers,
-                   progress=progress).to_json()
+    try:
+        return analyze(p, comm_kernels=comm_kernels, cache=cache, workers=workers,
+                       progress=progress).to_json()
+    except TraceError as exc:
+        # a summary rewritten with its keys in another order (json.dump(sort_keys=True))
+        if not (p.is_file() and p.suffix == ".json" and "not a Kineto trace" in str(exc)):
+            raise
+        try:
+            doc = orjson.loads(p.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            raise exc from None
+        if isinstance(doc, dict) and "schema_version" in doc and isinstance(doc.get("ranks"),
+                                                                           list):
+            return doc
+        raise
 
 
 class Comparison(_TypedComparison):

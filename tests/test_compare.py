@@ -177,6 +177,10 @@ def test_summaries_compare_like_their_runs(pair, tmp_path):
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["step"]["delta_us"] == -300.0 and data["operators"][0]["delta_us"] == -100.0
     assert data["recommendation_checks"][0]["status"] == "applied"
+    # a summary rewritten with sorted keys is still recognized
+    resorted = tmp_path / "sorted.json"
+    resorted.write_text(json.dumps(json.loads((tmp_path / "b.json").read_text()), sort_keys=True))
+    assert pardiag.compare(tmp_path / "a.json", resorted).step.delta_us == -300.0
     # an older summary (schema 2: no step samples, setup or operators) still compares
     old = json.loads((tmp_path / "a.json").read_text())
     for k in ("step", "setup", "operators"):
