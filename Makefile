@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/pardiag report sample_traces/pp_unbalanced_cpu_2rank -o report.html --json summary.json
-	$(VENV)/bin/pardiag compare sample_traces/pp_unbalanced_cpu_2rank sample_traces/pp_rebalanced_cpu_2rank \
+	$(VENV)/bin/pardiag compare sample_traces/pp_before_cpu_2rank sample_traces/pp_after_cpu_2rank \
 		-o compare.html --json compare.json -q
 	@echo "open report.html and compare.html in a browser"
 

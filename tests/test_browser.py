@@ -451,14 +451,15 @@ def test_compare_page_runs_no_script(browser, tmp_path):
 
 
 def test_demo_comparison_renders(browser, tmp_path):
-    """The comparison `make demo` writes: the shipped unbalanced pipeline against the run with
-    its top recommendation applied."""
+    """The comparison `make demo` writes: the unbalanced pipeline against the run recorded
+    right after it with its top recommendation applied (2 microbatches instead of 4)."""
     samples = REPO / "sample_traces"
-    page, plots = _compare_page(browser, samples / "pp_unbalanced_cpu_2rank",
-                                samples / "pp_rebalanced_cpu_2rank", tmp_path, name="demo")
+    page, plots = _compare_page(browser, samples / "pp_before_cpu_2rank",
+                                samples / "pp_after_cpu_2rank", tmp_path, name="demo")
     assert len(plots) == 6   # step, breakdown, bubbles, memory, collectives, operators
     _check_labels(page)
     text = page.evaluate("document.body.innerText")
-    assert "B made the change A's report recommended first (stage boundaries [0–3 | 4–7]" in text
+    assert ("B made the change A's report recommended first (microbatches 2 of 64 samples (same "
+            "global batch)): predicted step 28.725 ms, measured 27.606 ms (error +4.1%).") in text
     _screenshot(page, "compare-demo")
     page.close()
