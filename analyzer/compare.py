@@ -425,7 +425,9 @@ def _per_key(ranks: pd.DataFrame, by: str) -> pd.DataFrame:
     return out[["key", "ranks", *RANK_VALUES]]
 
 
-def _value_text(v) -> str:
+def value_text(v) -> str:
+    """A setup value as short text: ``–`` for None, ``k=v, …`` for a dict, ``a, b`` for a
+    list."""
     if v is None:
         return "–"
     if isinstance(v, dict):
@@ -714,13 +716,13 @@ def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
             elif any(str(s).startswith(str(want)) for s in have):
                 parts.append(f"B uses {want}")
             else:
-                differ.append(f"strategy {want}: B uses {_value_text(have)}")
+                differ.append(f"strategy {want}: B uses {value_text(have)}")
             continue
         have = _param_value(key, sb)
         field = _PARAM_FIELD.get(key)
         if have is None and field and sb.get("source") == "recorded" and field not in (
                 sb.get("unknown") or ()):
-            differ.append(f"{key}: recommended {_value_text(want)}, B has no "
+            differ.append(f"{key}: recommended {value_text(want)}, B has no "
                           f"{SETUP_LABELS.get(field, field)}")
         elif have is None:
             what = {"fsdp_prefetch": "FSDP2 explicit prefetching is not recorded",
@@ -728,9 +730,9 @@ def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
                 key, f"B's {key} is not known")
             unknown.append(what)
         elif _same(want, have):
-            parts.append(f"B has {key} {_value_text(want)}")
+            parts.append(f"B has {key} {value_text(want)}")
         else:
-            differ.append(f"{key}: recommended {_value_text(want)}, B has {_value_text(have)}")
+            differ.append(f"{key}: recommended {value_text(want)}, B has {value_text(have)}")
     if differ:
         return "not applied", "; ".join(differ)
     if unknown:

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from pardiag import __version__
 from pardiag.analyzer.compare import (PARTS, Comparison, GateResult, RecommendationCheck,
-                                      _value_text)
+                                      value_text)
 from pardiag.analyzer.render_html import _mib as _mib_table
 from pardiag.analyzer.render_html import (_BOOT_JS, _CSS, PART_COLORS, PLOTLY_CDN_URL, _e,
                                           _json_script, _muted, _packed_plotlyjs, _Page,
@@ -78,7 +78,7 @@ def setup_text(field: str, v) -> str:
     """A setup value as text: script arguments as a command line, lists and dicts flat."""
     if field == "script_args" and isinstance(v, list):
         return shlex.join(map(str, v)) or "(none)"
-    return _value_text(v)
+    return value_text(v)
 
 
 def _empty(df: pd.DataFrame, cols) -> bool:
