@@ -23,7 +23,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/pardiag report sample_traces/pp_unbalanced_cpu_2rank -o report.html --json summary.json
-	@echo "open report.html in a browser"
+	$(VENV)/bin/pardiag compare sample_traces/pp_before_cpu_2rank sample_traces/pp_after_cpu_2rank \
+		-o compare.html --json compare.json -q
+	@echo "open report.html and compare.html in a browser"
 
 # The browser tests (tests/test_browser.py) drive Debian's chromium through Playwright (from the
 # test extra; it downloads no browser of its own). As root with apt, a missing chromium is
@@ -42,4 +44,4 @@ test: $(STAMP) browser
 	$(PY) -m pytest
 
 clean:
-	rm -rf $(VENV) report.html summary.json
+	rm -rf $(VENV) report.html summary.json compare.html compare.json

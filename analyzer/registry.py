@@ -24,15 +24,20 @@ from pardiag.analyzer.traceset import TraceSet
 from pardiag.analyzer.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
 from pardiag.analyzer.dim_overlap import DimOverlapResult, compute_dim_overlap
 from pardiag.analyzer.hta_extras import HtaExtras, compute_hta_extras, hta_json
+from pardiag.analyzer.operators import (MAX_JSON_OPERATORS, OperatorsResult,
+                                        compute_operators)
 from pardiag.analyzer.recommend import RecommendationResult, compute_recommendations
+from pardiag.analyzer.runsetup import RunSetup, compute_setup
 from pardiag.analyzer.sync import SyncResult, compute_sync, P2P_OPS
 
 
 #: Version of the report JSON (``pardiag report --json``, :meth:`pardiag.Report.to_json`); its
 #: own number, apart from the run folder's sidecars. 2: ``ranks[].device``; ``sync.straggler``,
 #: ``notes``, ``p2p``; clock offsets relative to the lowest rank with ``residual_us`` and
-#: ``host``; instances with ``group``, ``expected`` and ``complete``.
-REPORT_SCHEMA_VERSION = 2
+#: ``host``; instances with ``group``, ``expected`` and ``complete``. 3: ``step`` (the step
+#: time the recommendations compare with, and its samples), ``setup``, ``operators`` (what
+#: ``pardiag compare`` reads from a summary).
+REPORT_SCHEMA_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -163,6 +168,8 @@ def _dim_overlap_json(r: DimOverlapResult, traces: TraceSet) -> dict:
 
 def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
     return {"verdict": r.verdict,
+            "step": {k: _clean(v) if not isinstance(v, list) else v
+                     for k, v in r.step.to_json().items()} if r.step is not None else None,
             "recommendations": [c.to_json() for c in r.recommendations],
             "not_recommended": [c.to_json() for c in r.rejected],
             "recommendations_note": r.why_none or None,
@@ -172,10 +179,18 @@ def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
             "peak_definition": r.peak_definition or None}
 
 
+def _operators_json(r: OperatorsResult, traces: TraceSet) -> dict:
+    rows = r.totals.head(MAX_JSON_OPERATORS)
+    return {"operators": {"rank_steps": r.rank_steps, "total": len(r.totals),
+                          "rows": records(rows)}}
+
+
 ANALYSES: tuple[Analysis, ...] = (
     Analysis("time_breakdown",
              lambda traces, opts, done: compute_time_breakdown(traces, opts.comm_patterns),
              _breakdown_json),
+    Analysis("operators", lambda traces, opts, done: compute_operators(traces),
+             _operators_json),
     Analysis("sync", lambda traces, opts, done: compute_sync(traces, opts.comm_patterns),
              _sync_json),
     Analysis("inferred_layout", lambda traces, opts, done: infer_layout(traces),
@@ -186,6 +201,8 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("memory", lambda traces, opts, done: compute_memory(traces), _memory_json),
     Analysis("layout", lambda traces, opts, done: compute_layout(traces, done["inferred_layout"]),
              _layout_json),
+    Analysis("setup", lambda traces, opts, done: compute_setup(traces, done["layout"]),
+             lambda r, traces: {"setup": r.to_json()}),
     Analysis("dim_overlap", lambda traces, opts, done: compute_dim_overlap(
         traces, done["sync"], done["layout"], opts.comm_patterns), _dim_overlap_json),
     Analysis("recommendations", lambda traces, opts, done: compute_recommendations(traces, done),
@@ -219,6 +236,8 @@ class Report:
         layout: dimensions, strategies, groups, nodes (:class:`LayoutResult`).
         dim_overlap: overlap per parallel dimension (:class:`DimOverlapResult`).
         recommendations: verdict and ranked changes (:class:`RecommendationResult`).
+        operators: time per GPU kernel and CPU operator name (:class:`OperatorsResult`).
+        setup: what was run and on what (:class:`RunSetup`).
         hta: HTA's idle time breakdown and kernel launch statistics (:class:`HtaExtras`), only
             with ``AnalysisOptions(hta=True)`` (``report --hta``), else None.
     """
@@ -233,6 +252,8 @@ class Report:
     layout: LayoutResult
     dim_overlap: DimOverlapResult
     recommendations: RecommendationResult
+    operators: OperatorsResult
+    setup: RunSetup
     hta: HtaExtras | None = None
 
     @property

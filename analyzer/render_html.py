@@ -156,7 +156,8 @@ def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = ()
         if c in _INT_COLUMNS and pd.api.types.is_float_dtype(df[c]) and df[c].dropna().apply(
                 float.is_integer).all():
             df[c] = df[c].astype("Int64")
-        elif _is_bytes(c) and pd.api.types.is_float_dtype(df[c]):  # a median of byte counts
+        elif (_is_bytes(c) and c not in df.attrs.get("mib", ())
+              and pd.api.types.is_float_dtype(df[c])):  # a median of byte counts
             df[c] = df[c].round().astype("Int64")
     head = "".join(f'<th class="{"l" if c in left else ""}">{_e(h)}</th>' for c, h in columns.items())
     rows = []
@@ -188,9 +189,12 @@ def _ms(df: pd.DataFrame, cols) -> pd.DataFrame:
 
 
 def _mib(df: pd.DataFrame, cols) -> pd.DataFrame:
+    """``df`` with ``cols`` (byte counts) in MiB; :func:`_table` then prints them with their
+    digits instead of as whole byte counts (``df.attrs["mib"]`` names them)."""
     out = df.copy()
     for c in cols:
         out[c] = pd.to_numeric(out[c], errors="coerce") / 2**20
+    out.attrs["mib"] = tuple(out.attrs.get("mib", ())) + tuple(cols)
     return out
 
 

@@ -10,6 +10,7 @@ the cross-rank analyses need from that rank:
 * the synchronization analysis' communication events of the rank (:func:`sync._from_trace`) and
   its ``ProfilerStep`` windows (to place pardiag's collective records in steps);
 * the ``[memory]`` events (time, device, allocated and reserved bytes);
+* the time per operator name (:mod:`pardiag.analyzer.operators`: GPU kernels, CPU operators);
 * the file's top-level metadata, thread names, warnings and notes.
 
 Everything a report computes from summaries equals what it computes from the raw events (the
@@ -43,15 +44,16 @@ from pardiag.analyzer.breakdown import RankParts, breakdown_rows_of, rank_parts
 from pardiag.analyzer.classify import classify, profiler_steps
 from pardiag.analyzer.infer_layout import RankMarks, rank_marks
 from pardiag.analyzer.load import _parse_all, _parse_file, _trace_files, default_workers
+from pardiag.analyzer.operators import operators_of_events
 from pardiag.analyzer.sync import _from_trace
 from pardiag.analyzer.traceset import RankTrace
 from pardiag.errors import TraceError
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
-SUMMARY_VERSION = 3
+SUMMARY_VERSION = 4
 #: Modules whose code decides what a summary holds; a summary made by other code is recomputed.
 _CODE_MODULES = ("traceset", "parse", "ranks", "load", "classify", "breakdown", "sync", "intervals",
-                 "comm_records", "summary", "infer_layout")
+                 "comm_records", "summary", "infer_layout", "operators")
 SUMMARY_KIND = "pardiag-rank-summary"
 #: Suffix appended to the trace file name: ``rank0.trace.json.gz.summary.json``.
 SUMMARY_SUFFIX = layout.SUMMARY_SUFFIX
@@ -92,6 +94,9 @@ class RankSummary:
             ``reserved_bytes`` (NaN where not a number).
         marks: what the trace says about the parallel layout
             (:class:`pardiag.analyzer.infer_layout.RankMarks`), or None.
+        operators: time per operator name (:func:`pardiag.analyzer.operators.operators_of_events`:
+            ``kind``, ``name``, ``count``, ``time_us``), or None.
+        operator_steps: the trace's profiler steps (what ``operators`` is divided by per step).
     """
 
     path: str
@@ -113,6 +118,8 @@ class RankSummary:
     steps: pd.DataFrame
     memory: pd.DataFrame
     marks: object = None
+    operators: pd.DataFrame | None = None
+    operator_steps: int = 0
 
     def matches(self, comm_patterns: Iterable) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""
@@ -182,6 +189,7 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
     kinds = classify(trace, patterns)
     steps = profiler_steps(trace, kinds)
     comm = _from_trace(trace, kinds, steps)
+    ops, op_steps = operators_of_events(trace.events)
     return RankSummary(
         path=str(trace.path), size=int(st.st_size), mtime_ns=int(st.st_mtime_ns),
         comm_patterns=pattern_sources(patterns),
@@ -193,7 +201,7 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         has_steps=bool(trace.events["name"].str.startswith("ProfilerStep").any())
         if has_steps is None else has_steps,
         has_gpu=trace.has_gpu, parts=parts, breakdown=breakdown_rows_of(parts), comm=comm, steps=steps, memory=memory_rows(trace),
-        marks=rank_marks(trace))
+        marks=rank_marks(trace), operators=ops, operator_steps=op_steps)
 
 
 # -- JSON form -----------------------------------------------------------------------------------
@@ -238,6 +246,8 @@ def to_json(s: RankSummary) -> bytes:
         "comm": _frame_json(s.comm), "steps": _frame_json(s.steps),
         "memory": _frame_json(s.memory),
         "marks": s.marks.to_json() if s.marks is not None else None,
+        "operators": _frame_json(s.operators) if s.operators is not None else None,
+        "operator_steps": s.operator_steps,
     }
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
                         default=_json_default)
@@ -295,7 +305,9 @@ def from_json(data: bytes) -> RankSummary:
                    [_nan_row(r) for r in doc["breakdown"]["steps"]],
                    [_nan_row(r) for r in doc["breakdown"]["collectives"]]), comm=_frame_from(doc["comm"]),
         steps=_frame_from(doc["steps"]), memory=_frame_from(doc["memory"]),
-        marks=RankMarks.from_json(doc["marks"]) if doc.get("marks") else None)
+        marks=RankMarks.from_json(doc["marks"]) if doc.get("marks") else None,
+        operators=_frame_from(doc["operators"]) if doc.get("operators") else None,
+        operator_steps=int(doc.get("operator_steps") or 0))
 
 
 # -- where summaries live ------------------------------------------------------------------------

@@ -460,7 +460,8 @@ def main() -> None:
                        "trace_peaks": captured.get("trace_memory")}),
         layout=_plain(lay), shapes=shapes, started_unix=started, ended_unix=time.time(),
         exit_code=code,
-        status="error" if failed else "ok", error=None if not failed else _one_line(error))
+        status="error" if failed else "ok", error=None if not failed else _one_line(error),
+        env={k: v for k, v in sorted(os.environ.items()) if k.startswith(layout.ENV_PREFIXES)})
     stop_watchdog.set()
     path = layout.rank_meta_path(out, rank)
     path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(meta))

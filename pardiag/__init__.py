@@ -9,15 +9,17 @@ training rank stays light)::
 
     import pardiag
     rep = pardiag.analyze("pardiag_runs/ddp")      # -> pardiag.Report
+    cmp = pardiag.compare("runs/before", "runs/after")   # -> pardiag.Comparison
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["analyze", "Report", "PardiagError", "TraceError", "__version__"]
+__all__ = ["analyze", "Report", "compare", "Comparison", "PardiagError", "TraceError",
+           "__version__"]
 
 
 def __getattr__(name: str):
-    if name in ("analyze", "Report"):
+    if name in ("analyze", "Report", "compare", "Comparison"):
         from pardiag import api
 
         return getattr(api, name)

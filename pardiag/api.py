@@ -14,12 +14,14 @@ The command line (``pardiag report``) is a thin layer over the same calls.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
 
+from pardiag.analyzer.compare import Comparison as _TypedComparison
 from pardiag.analyzer.registry import AnalysisOptions
 from pardiag.analyzer.registry import Report as _TypedReport
 from pardiag.analyzer.registry import build_report, report_json
@@ -259,3 +261,149 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
     traces = load_traces(paths, reducer=REDUCER, comm_patterns=patterns, cache=cache,
                          workers=workers, progress=progress)
     return build_report(traces, opts, cls=Report)
+
+
+# -- comparing two runs ----------------------------------------------------------------------
+
+#: A pardiag report summary (``report --json``) starts with this key (orjson keeps the order).
+_SUMMARY_HEAD = re.compile(rb'^\s*\{\s*"schema_version"\s*:')
+
+
+def load_summary(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: bool = True,
+                 workers: int | None = None, progress=None) -> dict:
+    """A run's JSON summary (what ``pardiag report --json`` writes): read from ``path`` when
+    it is such a summary, else computed by :func:`analyze` from the run folder, trace folder or
+    trace file ``path``.
+
+    Raises:
+        TraceError: ``path`` does not exist, is a summary that cannot be read, or holds no
+            readable trace (the message names the file and the problem).
+    """
+    from pardiag.errors import TraceError
+
+    import orjson
+
+    p = Path(path)
+    if p.is_file() and p.suffix == ".json":
+        try:
+            with open(p, "rb") as fh:
+                head = fh.read(4096)
+        except OSError as exc:
+            raise TraceError(f"{p}: cannot read ({exc.strerror})") from None
+        if _SUMMARY_HEAD.match(head):
+            try:
+                doc = orjson.loads(p.read_bytes())
+            except (OSError, orjson.JSONDecodeError) as exc:
+                raise TraceError(f"{p}: not a readable pardiag summary ({exc})") from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list):
+                raise TraceError(f"{p}: not a pardiag report summary (no ranks list)")
+            return doc
+    try:
+        return analyze(p, comm_kernels=comm_kernels, cache=cache, workers=workers,
+                       progress=progress).to_json()
+    except TraceError as exc:
+        # a summary rewritten with its keys in another order (json.dump(sort_keys=True))
+        if not (p.is_file() and p.suffix == ".json" and "not a Kineto trace" in str(exc)):
+            raise
+        try:
+            doc = orjson.loads(p.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            raise exc from None
+        if isinstance(doc, dict) and "schema_version" in doc and isinstance(doc.get("ranks"),
+                                                                           list):
+            return doc
+        raise
+
+
+class Comparison(_TypedComparison):
+    """Two runs compared (:func:`compare`): the typed result (inherited from
+    :class:`pardiag.analyzer.compare.Comparison`: ``setup``, ``step``, ``breakdown``,
+    ``ranks``, ``dims``, ``bubbles``, ``stragglers``, ``skew``, ``imbalance``,
+    ``collectives``, ``bandwidth``, ``operators``, ``checks``, ``warnings``) and its outputs.
+    Every delta is B − A; µs, bytes, GB/s, %.
+    """
+
+    def gate(self, fail_if_slower_pct: float):
+        """The ``--fail-if-slower PCT`` check (:func:`pardiag.analyzer.compare.gate`): a
+        :class:`~pardiag.analyzer.compare.GateResult` (``failed``, ``line``)."""
+        from pardiag.analyzer.compare import gate
+
+        return gate(self, fail_if_slower_pct)
+
+    def to_json(self, fail_if_slower_pct: float | None = None) -> dict:
+        """What ``pardiag compare --json`` writes (with the gate when a limit is given)."""
+        from pardiag.analyzer.compare import comparison_json
+
+        g = None if fail_if_slower_pct is None else self.gate(fail_if_slower_pct)
+        return comparison_json(self, g)
+
+    def to_html(self, path: str | Path, *, cdn: bool = False,
+                fail_if_slower_pct: float | None = None) -> Path:
+        """Write the comparison page to ``path`` (plotly.js inlined, or linked with ``cdn``)
+        and return the path.
+
+        Raises:
+            PardiagError: the file cannot be written.
+        """
+        from pardiag.analyzer.render_compare import render_compare_html
+
+        path = Path(path)
+        g = None if fail_if_slower_pct is None else self.gate(fail_if_slower_pct)
+        try:
+            path.write_text(render_compare_html(self, gate_result=g,
+                                                include_plotlyjs="cdn" if cdn else True),
+                            encoding="utf-8")
+        except OSError as exc:
+            raise PardiagError(f"{path}: cannot write ({exc.strerror})") from None
+        return path
+
+    def summary(self, width: int = 120) -> str:
+        """The terminal summary as text, ``width`` columns wide."""
+        from rich.console import Console
+
+        console = Console(width=width, record=True, color_system=None, file=_Null())
+        self.print_summary(console)
+        return console.export_text()
+
+    def print_summary(self, console=None, gate_result=None) -> None:
+        """Print the terminal summary to ``console`` (a :class:`rich.console.Console`; default:
+        standard output), with the gate's line when ``gate_result`` is given."""
+        from rich.console import Console
+
+        from pardiag.analyzer.render_compare import render_compare_terminal
+
+        render_compare_terminal(self, console or Console(), gate_result=gate_result)
+
+
+def compare(a, b, *, comm_kernels: Iterable[str] = (), cache: bool = True,
+            workers: int | None = None, names: tuple[str, str] | None = None) -> Comparison:
+    """Compare run ``b`` (the candidate) with run ``a`` (the reference).
+
+    Args:
+        a, b: each a run folder written by ``pardiag profile``, a folder of Kineto traces, a
+            trace file, a JSON summary written by ``pardiag report --json``, or such a summary
+            as a dict.
+        comm_kernels, cache, workers: as for :func:`analyze` (for inputs that are analyzed).
+        names: how the page and the JSON name A and B (default: the paths as given, or a
+            summary's ``source``).
+
+    Returns:
+        :class:`Comparison`; runs that are not comparable (different scripts, world sizes) are
+        compared where they can be, with ``warnings``.
+
+    Raises:
+        TraceError: an input is missing or unreadable (the message names it).
+    """
+    from pardiag.analyzer.compare import compare_summaries
+
+    docs, given = [], []
+    for x in (a, b):
+        if isinstance(x, dict):
+            docs.append(x)
+            given.append(str(x.get("source") or "summary"))
+        else:
+            docs.append(load_summary(x, comm_kernels=comm_kernels, cache=cache, workers=workers))
+            given.append(str(x))
+    names = names or tuple(given)
+    res = compare_summaries(docs[0], docs[1], a_source=names[0], b_source=names[1])
+    return Comparison(**{f.name: getattr(res, f.name) for f in dataclasses.fields(res)})

@@ -43,12 +43,14 @@ def guard_outputs(outputs: list[Path | None], inputs: list[Path], traces=None) -
     command that writes uses.
 
     Raises:
-        PardiagError: an output is an input trace, the same file as any file of an input folder
-            (also through another name: hard links), or two outputs are the same file.
+        PardiagError: an output is an input trace or input file, the same file as any file of
+            an input folder (also through another name: hard links), or two outputs are the
+            same file.
     """
     outs = [o for o in outputs if o is not None and str(o) != "-"]
     trace_files = ({f.resolve() for t in traces.ranks.values() for f in (t.files or (t.path,))}
                    if traces is not None else set())
+    trace_files |= {p.resolve() for p in inputs if p.is_file()}
     inode = {}
     for folder in {pth for pth in inputs if pth.is_dir()}:
         for f in [*folder.iterdir(), *layout.owned_files(folder)]:  # sidecars in pardiag/ too
@@ -61,7 +63,9 @@ def guard_outputs(outputs: list[Path | None], inputs: list[Path], traces=None) -
             inode[(st.st_dev, st.st_ino)] = f
     for target in outs:
         if target.resolve() in trace_files:
-            raise PardiagError(f"{target}: is one of the input traces; choose another output path")
+            what = ("inputs" if any(target.resolve() == p.resolve() for p in inputs)
+                    and traces is None else "input traces")
+            raise PardiagError(f"{target}: is one of the {what}; choose another output path")
         if target.exists():
             st = target.stat()
             if (st.st_dev, st.st_ino) in inode:
@@ -199,6 +203,82 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
         rep.print_summary(Console(width=None if wide else 120))
     click.echo(f"pardiag: wrote {output}" + (f" and {json_out}" if json_out and str(json_out) != "-" else ""),
                err=True)
+
+
+@cli.command()
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("compare.html"), show_default=True, help="HTML page to write.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the comparison as JSON to this file ('-' for standard output).")
+@click.option("--fail-if-slower", "fail_pct", type=click.FloatRange(min=0), default=None,
+              metavar="PCT", help="Exit 1 when B's step time is more than PCT % slower than "
+                                  "A's and beyond the runs' noise.")
+@comm_kernel_option
+@click.option("--cdn", is_flag=True, help="Link plotly.js from its CDN instead of inlining it.")
+@click.option("--quiet", "-q", is_flag=True, help="No terminal summary.")
+@click.option("--no-cache", is_flag=True,
+              help="Parse every trace; neither read nor store per-rank summaries.")
+@workers_option
+def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: float | None,
+            comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
+            workers: int | None) -> None:
+    """Compare run B (the candidate) with run A (the reference).
+
+    A and B are run folders, trace folders or JSON summaries written by `pardiag report
+    --json`. Shows what changed in the setup and in the time (step time against both runs'
+    noise, breakdown, overlap, bubbles, stragglers, memory, collectives, operators) and, when B
+    made a change A's report recommended, its predicted against its measured step time. With
+    --fail-if-slower the exit code is 1 when B is slower beyond the limit and the noise. A
+    missing or unreadable input exits with code 2 and a one-line message.
+    """
+    import orjson
+    from rich.console import Console
+
+    from pardiag.api import compare as compare_runs
+    from pardiag.api import load_summary
+    from pardiag.progress import progress_reporter
+
+    guard_outputs([output, json_out], [a, b])
+    docs = []
+    for label, path in (("A", a), ("B", b)):
+        with progress_reporter(f"loading {label}") as progress:
+            docs.append(load_summary(path, comm_kernels=comm_kernel, cache=not no_cache,
+                                     workers=workers, progress=progress))
+    try:
+        cmp = compare_runs(docs[0], docs[1], names=(str(a), str(b)))
+    except PardiagError:
+        raise
+    except Exception as exc:  # a bug, or input no check caught: one line, details on request
+        if os.environ.get("PARDIAG_DEBUG"):
+            raise
+        raise PardiagError(f"{a} vs {b}: comparison failed ({type(exc).__name__}: {exc}); "
+                           f"set PARDIAG_DEBUG=1 for the traceback", exit_code=1) from None
+    for w in cmp.warnings:
+        click.echo(f"pardiag: warning: {w}", err=True)
+    result = cmp.gate(fail_pct) if fail_pct is not None else None
+    if json_out is not None:
+        data = orjson.dumps(cmp.to_json(fail_pct), option=orjson.OPT_INDENT_2
+                            | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+        if str(json_out) == "-":
+            sys.stdout.buffer.write(data + b"\n")
+            sys.stdout.flush()
+        else:
+            try:
+                json_out.write_bytes(data)
+            except OSError as exc:
+                raise PardiagError(f"{exc.filename}: cannot write ({exc.strerror})") from None
+    cmp.to_html(output, cdn=cdn, fail_if_slower_pct=fail_pct)
+    if not quiet and str(json_out) != "-":
+        wide = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
+        cmp.print_summary(Console(width=None if wide else 120))   # the gate: one line below
+    click.echo(f"pardiag: wrote {output}" + (f" and {json_out}" if json_out and str(json_out) != "-" else ""),
+               err=True)
+    if result is not None:
+        click.echo(f"pardiag: {'FAIL' if result.failed else 'pass'}: {result.line}", err=True)
+        if result.failed:
+            click.get_current_context().exit(1)
 
 
 @cli.command()

@@ -145,6 +145,11 @@ def sidecar_header(kind: str) -> dict:
     return {"schema": SIDECAR_SCHEMA, "schema_version": SCHEMA_VERSION, "kind": kind}
 
 
+#: Prefixes of the environment variables each rank records (``RankMeta.env``): the settings of
+#: NCCL and of torch (``pardiag compare`` shows the differences between two runs).
+ENV_PREFIXES = ("NCCL_", "TORCH_", "PYTORCH_")
+
+
 # --- What the run file and the rank metadata hold ------------------------------------------------
 # Written by the collectors (launch.py: RunFile; rank_entry.py: RankMeta) with encode_sidecar,
 # decoded once by the loader (pardiag.analyzer.load) with decode_sidecar. Every field has a
@@ -343,6 +348,9 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
         exit_code: the script's exit code.
         status: ``ok`` or ``error``.
         error: the script's exception on one line when ``status`` is ``error``.
+        env: the rank's environment variables whose names start with one of
+            :data:`ENV_PREFIXES` (``NCCL_*``, ``TORCH_*``, ``PYTORCH_*``); None: not recorded
+            (runs of an older pardiag).
     """
 
     schema: str = SIDECAR_SCHEMA
@@ -377,6 +385,7 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
     exit_code: int | None = None
     status: str | None = None
     error: str | None = None
+    env: dict[str, str] | None = None
 
 
 def contention_note(metas) -> str | None:

@@ -18,3 +18,8 @@ rec pp_1f1b_cpu_4rank        examples/train_pp.py 4 --steps 6 --schedule 1f1b --
 rec fsdp_tp_2d_cpu_4rank     examples/train_2d.py 4 --steps 6
 rec ddp_slowrank1_cpu_2rank  examples/train_ddp.py 2 --steps 6 --slow-rank 1 --slow-ms 20
 rec pp_unbalanced_cpu_2rank examples/train_pp.py 2 --steps 20 --schedule 1f1b --microbatches 4 --layers-per-stage 1,5 --batch 128 --pin-cpu
+# the demo's comparison (make demo: compare.html): the unbalanced pipeline, then, right after it, the
+# same with that run's top recommendation applied (it was "microbatches 2"; check `pardiag report
+# sample_traces/pp_before_cpu_2rank` and change the second line when it recommends something else)
+rec pp_before_cpu_2rank     examples/train_pp.py 2 --steps 20 --schedule 1f1b --microbatches 4 --layers-per-stage 1,5 --batch 128 --pin-cpu
+rec pp_after_cpu_2rank      examples/train_pp.py 2 --steps 20 --schedule 1f1b --microbatches 2 --layers-per-stage 1,5 --batch 128 --pin-cpu

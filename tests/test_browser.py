@@ -370,3 +370,96 @@ def test_labels_stay_apart_on_a_narrow_window(browser, run, tmp_path):
     _check_labels(page)
     _screenshot(page, f"polish-{run}-800px")
     page.close()
+
+
+# ---------------------------------------------------------------- pardiag compare (issue 16)
+
+
+def _compare_page(browser, a, b, tmp_path, width=1280, name="compare", extra=()):
+    from pardiag.analyzer.render_compare import COMPARE_SECTIONS
+
+    out = tmp_path / f"{name}.html"
+    res = CliRunner().invoke(cli, ["compare", str(a), str(b), "-o", str(out), "-q", *extra])
+    assert res.exit_code in (0, 1), res.output
+    page, errors = _open(browser, out, width=width)
+    assert errors == []
+    assert page.evaluate("document.body.getAttribute('data-plots')") == "drawn"
+    headings = page.evaluate("Array.from(document.querySelectorAll('h2')).map(h => h.textContent)")
+    assert headings == [title for _, title in COMPARE_SECTIONS]
+    plots = page.evaluate(_PLOTS_JS)
+    for svgs, traces, marks in plots:
+        assert svgs >= 1 and traces >= 1 and marks > 0
+    return page, plots
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_compare_page_renders(browser, tmp_path, width):
+    """The planted pair: step, breakdown (A | B panels), memory, collectives and operators
+    charts (no overlap anywhere: a sentence instead), no label cut or over another."""
+    from synth_compare import ddp_run
+
+    a = ddp_run(tmp_path / "a", compute_us=600, late_us=200, env={"NCCL_DEBUG": "INFO"})
+    b = ddp_run(tmp_path / "b", compute_us=500, late_us=0, static_bytes=2_000_000,
+                env={"NCCL_DEBUG": "WARN"})
+    page, plots = _compare_page(browser, a, b, tmp_path, width=width,
+                                extra=("--fail-if-slower", "5"))
+    figs = {f["title"] for f in _check_labels(page)}
+    assert figs == {"Step time per step (ms)", "Mean profiled step per rank or role (ms)",
+                    "Memory per rank or role (MiB)",
+                    "Time per collective type per rank and step (ms)",
+                    "Operators that moved most: B − A per rank and step (ms)"}
+    text = page.evaluate("document.body.innerText")
+    assert "B's step is 32.8% faster than A's: 0.61 vs 0.92 ms" in text
+    assert "B made the change A's report recommended first (if rank 1 were not slow" in text
+    assert "pass: B's step is 32.8% faster" in text
+    assert "No overlap in either run" in text
+    # the checked recommendation's table: A measured, predicted, B measured
+    table = page.locator("h2#checks ~ table").first
+    heads = table.evaluate("t => Array.from(t.tHead.rows[0].cells).map(c => c.textContent)")
+    assert heads[:6] == ["A's recommendation #", "change", "A measured (ms)", "predicted (ms)",
+                         "B measured (ms)", "error %"]
+    row = table.evaluate("t => Array.from(t.tBodies[0].rows[0].cells).map(c => c.textContent)")
+    assert row[0] == "1" and row[2] == "0.915" and row[4] == "0.615"
+    # sortable: the per-rank table sorts by B's step on a click
+    ranks = page.locator("h2#breakdown ~ table.pd-sort").first
+    first_col = "t => Array.from(t.tBodies[0].rows).map(r => r.cells[0].textContent)"
+    assert ranks.evaluate(first_col) == ["rank 0", "rank 1"]
+    ranks.locator("th").nth(0).click()
+    ranks.locator("th").nth(0).click()
+    assert ranks.evaluate(first_col) == ["rank 1", "rank 0"]
+    _screenshot(page, f"compare-planted-{width}px")
+    page.close()
+
+
+def test_compare_page_runs_no_script(browser, tmp_path):
+    """Script arguments and environment values are shown as text, never run."""
+    from synth_compare import ddp_run
+
+    a = ddp_run(tmp_path / "a", compute_us=600, late_us=0, script_args=list(PAYLOADS),
+                env={"NCCL_DEBUG": PAYLOADS[1]})
+    b = ddp_run(tmp_path / "b", compute_us=500, late_us=0, env={"NCCL_DEBUG": PAYLOADS[0]})
+    page, _ = _compare_page(browser, a, b, tmp_path, name="hostile")
+    for header in page.locator("table.pd-sort th").all()[:6]:
+        header.click()
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.evaluate("document.querySelectorAll('img, iframe, object, embed').length") == 0
+    assert page.evaluate("document.querySelectorAll('script:not([type])').length") == 2
+    text = page.evaluate("document.body.innerText")
+    for p in PAYLOADS:
+        assert p in text, p
+    page.close()
+
+
+def test_demo_comparison_renders(browser, tmp_path):
+    """The comparison `make demo` writes: the unbalanced pipeline against the run recorded
+    right after it with its top recommendation applied (2 microbatches instead of 4)."""
+    samples = REPO / "sample_traces"
+    page, plots = _compare_page(browser, samples / "pp_before_cpu_2rank",
+                                samples / "pp_after_cpu_2rank", tmp_path, name="demo")
+    assert len(plots) == 6   # step, breakdown, bubbles, memory, collectives, operators
+    _check_labels(page)
+    text = page.evaluate("document.body.innerText")
+    assert ("B made the change A's report recommended first (microbatches 2 of 64 samples (same "
+            "global batch)): predicted step 28.725 ms, measured 27.606 ms (error +4.1%).") in text
+    _screenshot(page, "compare-demo")
+    page.close()

@@ -39,7 +39,7 @@ def test_report_on_sample_traces(tmp_path):
     assert 'id="pd-plotlyjs"' in page and 1_500_000 < out.stat().st_size < 3_000_000
     assert re.search(r"<script[^>]*\bsrc=", page) is None
     data = json.loads(js.read_text())
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     for r in data["ranks"]:
         t = r["total"]
@@ -156,14 +156,16 @@ ANALYZER_LAYERS = [
     {"parse"},                                               # bytes -> event table
     {"load"},                                                # files -> TraceSet (orchestration)
     {"classify"},                                            # event kinds, steps
-    {"breakdown", "comm_records", "infer_layout", "shapes"},  # per-rank analyses, model shapes
+    {"breakdown", "comm_records", "infer_layout", "operators", "shapes"},  # per-rank analyses
     {"sync"},                                                # cross-rank matching
     {"summary"},                                             # the per-rank reduction
     {"balance", "pipeline", "merge", "hang", "hta_extras"},  # analyses over the run
-    {"dim_overlap"},
+    {"dim_overlap", "runsetup"},
     {"recommend"},
     {"registry"},
+    {"compare"},                                             # two runs' summaries
     {"render_terminal", "render_html"},
+    {"render_compare"},
 ]
 
 

@@ -56,6 +56,9 @@ def test_profile_writes_the_run_folder(ddp_run):
     if len(os.sched_getaffinity(0)) >= 2:   # unpinned ranks may share every core: said so
         assert "pardiag: warning: timings are contended: ranks 0,1 may run on the same cores" \
             in res.stderr
+        # the NCCL/torch environment compare diffs: pardiag's own flight-recorder size is in it
+        assert meta["env"]["TORCH_FR_BUFFER_SIZE"] == "20000"
+        assert all(k.startswith(layout.ENV_PREFIXES) for k in meta["env"])
 
 
 def test_hta_loads_the_run_folder(ddp_run):

@@ -25,6 +25,17 @@ RUNS = {
     "ddp_straggler": ("train_ddp.py", ["--slow-rank", "1", "--slow-ms", "30"]),
 }
 _cache: dict = {}
+#: Run folders of the profiled RUNS (what compare reads again).
+_folders: dict = {}
+
+
+def _profile(out, script, args):
+    res = subprocess.run(
+        [sys.executable, "-m", "pardiag", "profile", str(REPO / "examples" / script),
+         "--nproc-per-node", "2", "--out", str(out), "--", "--steps", "12", "--pin-cpu", *args],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +45,8 @@ def run(tmp_path_factory):
     def get(name):
         if name not in _cache:
             script, args = RUNS[name]
-            out = base / name
-            res = subprocess.run(
-                [sys.executable, "-m", "pardiag", "profile", str(REPO / "examples" / script),
-                 "--nproc-per-node", "2", "--out", str(out), "--", "--steps", "12", "--pin-cpu",
-                 *args],
-                capture_output=True, text=True, timeout=300, cwd=REPO)
-            assert res.returncode == 0, res.stderr[-3000:]
-            _cache[name] = build_report(load_traces(out))
+            _folders[name] = _profile(base / name, script, args)
+            _cache[name] = build_report(load_traces(_folders[name]))
         return _cache[name]
     return get
 
@@ -93,3 +98,59 @@ def test_planted_straggler_is_named(run):
     # rank 1 sleeps 30 ms per step: removing it saves a good part of the step
     assert top.gain_pct > 20
     assert "; rank 1 is a straggler: it " in res.verdict
+
+
+def _with_params(args: list[str], params: dict) -> list[str]:
+    """``train_pp.py``'s arguments with a pipeline recommendation's ``params`` applied: its
+    ``--layers-per-stage`` counts blocks, while ``layers_per_stage`` counts each stage's child
+    modules (the first stage also holds the input projection, the last the head)."""
+    def put(a, flag, value):
+        out = [x for i, x in enumerate(a) if x != flag and (i == 0 or a[i - 1] != flag)]
+        return [*out, flag, value]
+
+    a = list(args)
+    if "microbatches" in params:
+        a = put(a, "--microbatches", str(params["microbatches"]))
+    if params.get("schedule") == "interleaved":
+        a = put(put(a, "--schedule", "interleaved"), "--stages-per-rank",
+                str(params["stages_per_rank"]))
+    if "layers_per_stage" in params:
+        blocks = list(params["layers_per_stage"])
+        blocks[0] -= 1
+        blocks[-1] -= 1
+        a = put(a, "--layers-per-stage", ",".join(map(str, blocks)))
+    return a
+
+
+def test_compare_closes_the_loop_on_the_top_recommendation(run, tmp_path):
+    """Profile the unbalanced 1F1B example, apply its top recommendation's params to the
+    example's arguments, profile again: compare names the change as A's first recommendation,
+    with the predicted step time next to B's measured one."""
+    import json
+
+    rep_a = run("pp_unbalanced")
+    top = rep_a.recommendations.recommendations[0]
+    assert top.kind in ("rebalance_stages", "microbatches", "interleave"), top.kind
+    script, args = RUNS["pp_unbalanced"]
+    b = _profile(tmp_path / "applied", script, _with_params(args, top.params))
+    out = tmp_path / "compare.json"
+    res = subprocess.run([sys.executable, "-m", "pardiag", "compare", str(_folders["pp_unbalanced"]),
+                          str(b), "-o", str(tmp_path / "compare.html"), "--json", str(out)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    checks = [c for c in data["recommendation_checks"] if c["status"] == "applied"]
+    assert [(c["kind"], c["rank"]) for c in checks] == [(top.kind, 1)], data["recommendation_checks"]
+    check = checks[0]
+    b_step = data["step"]["b"]     # B's step as its own report measures it
+    assert check["predicted_step_us"] == pytest.approx(top.predicted_step_us)
+    assert check["b_step_us"] == b_step["median_us"] and b_step["basis"] == "pipeline"
+    assert check["error_pct"] == pytest.approx(
+        100 * (top.predicted_step_us - b_step["median_us"]) / b_step["median_us"])
+    assert check["args_changed"] and all(x.startswith(("--layers-per-stage", "--microbatches",
+                                                       "--schedule", "--stages-per-rank"))
+                                         for x in check["args_changed"])
+    # the terminal says it in one sentence, and the setup table shows what changed
+    assert "B made the change A's report recommended first (" in res.stdout
+    changed = {r["field"] for r in data["setup"] if r["status"] == "changed"}
+    assert changed & {"layers_per_stage", "microbatches", "pipeline_schedule"}

@@ -23,13 +23,15 @@ from pardiag.analyzer.recommend.context import (RuleContext, StepNoise, build_co
 from pardiag.analyzer.recommend.policy import (DEGREE_KINDS, MEMORY_KINDS, MIN_GAIN_PCT,
                                                rank)
 from pardiag.analyzer.recommend.rules import RULES, Rule
-from pardiag.analyzer.recommend.types import Recommendation, RecommendationResult
+from pardiag.analyzer.recommend.types import (STEP_BASES, Recommendation,
+                                              RecommendationResult, StepTime)
 from pardiag.analyzer.recommend.verdict import steps_unrecorded, verdict
 from pardiag.analyzer.replay import PipelineModel, pipeline_model
 from pardiag.analyzer.traceset import TraceSet
 
 __all__ = ["DEGREE_KINDS", "MEMORY_KINDS", "MIN_GAIN_PCT", "PipelineModel", "RULES",
-           "Recommendation", "RecommendationResult", "Rule", "RuleContext", "StepNoise",
+           "Recommendation", "RecommendationResult", "Rule", "RuleContext", "STEP_BASES",
+           "StepNoise", "StepTime",
            "build_context", "clean_step_us", "compute_recommendations", "pipeline_model"]
 
 
@@ -86,6 +88,8 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     step = clean.median_us if use_clean else measured
     base = clean if use_clean else ctx.step
     noise_us = (base.half_width_us if base is not None else float("nan"))
+    basis = "pipeline" if ctx.model is not None else ("unprofiled" if use_clean else "profiled")
+    step_time = StepTime(basis, base.samples_us) if base is not None else None
     return RecommendationResult(verdict(ctx, step, profiled=ctx.model is None and clean is None),
                                 good, rejected, why_none, rule, noise_us, margin,
-                                ctx.peak.definition)
+                                ctx.peak.definition, step_time)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from fractions import Fraction
 
+import numpy as np
+
 from pardiag.analyzer import shapes
 
 
@@ -90,6 +92,48 @@ def batch_fields(now: shapes.Batch, **factors: Fraction) -> dict:
     return {"batch": batch, "optimizer_effect": text}
 
 
+#: What a :class:`StepTime` is measured on, in words (its ``basis``).
+STEP_BASES = {
+    "pipeline": "unprofiled pipeline steps (start to start, from pardiag's chunk records)",
+    "unprofiled": "unprofiled steps (optimizer-step periods after the profiler's window)",
+    "profiled": "profiled steps (per step the slowest rank's span)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """The step time a run's recommendations are measured against (their
+    ``measured_step_us``; the verdict's step), with the per-step values it is the median of.
+
+    Attributes:
+        basis: a key of :data:`STEP_BASES`: ``"pipeline"`` (start-to-start time of consecutive
+            unprofiled pipeline steps), ``"unprofiled"`` (periods of consecutive optimizer steps
+            after the profiler's window, every rank's), ``"profiled"`` (per profiled step the
+            slowest rank's span); outlier steps (over 1.5 × the median) left out.
+        samples_us: the per-step values (µs).
+    """
+
+    basis: str
+    samples_us: tuple[float, ...]
+
+    def _q(self, q: float) -> float:
+        return float(np.quantile(self.samples_us, q)) if self.samples_us else float("nan")
+
+    @property
+    def median_us(self) -> float:
+        """Median of the samples (µs)."""
+        return float(np.median(self.samples_us)) if self.samples_us else float("nan")
+
+    def to_json(self) -> dict:
+        """``{"basis", "basis_text", "steps", "median_us", "q1_us", "q3_us", "min_us", "max_us",
+        "samples_us"}`` (µs; quartiles by linear interpolation, numpy's default)."""
+        s = self.samples_us
+        return {"basis": self.basis, "basis_text": STEP_BASES.get(self.basis, self.basis),
+                "steps": len(s), "median_us": self.median_us, "q1_us": self._q(0.25),
+                "q3_us": self._q(0.75), "min_us": min(s) if s else None,
+                "max_us": max(s) if s else None, "samples_us": [float(x) for x in s]}
+
+
 @dataclasses.dataclass(frozen=True)
 class RecommendationResult:
     """Ranked recommendations plus a one-sentence verdict.
@@ -106,6 +150,8 @@ class RecommendationResult:
             the larger of the fixed minimum and the noise).
         noise_us: the step's noise: half its median's bootstrap interval (µs; NaN when it
             could not be measured).
+        step: the measured step time the recommendations compare with (:class:`StepTime`),
+            None when the traces hold no step.
         peak_definition: how every measured peak of the recommendations was taken
             (:class:`pardiag.analyzer.recommend.context.MeasuredPeak`).
     """
@@ -118,6 +164,7 @@ class RecommendationResult:
     noise_us: float = float("nan")
     min_gain_pct: float = float("nan")
     peak_definition: str = ""
+    step: StepTime | None = None
 
     @property
     def top_tier(self) -> tuple[Recommendation, ...]:
