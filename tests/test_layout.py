@@ -105,7 +105,7 @@ def test_every_committed_sidecar_decodes_into_its_type():
             typed = layout.decode_sidecar(doc, doc["kind"])
             assert layout.decode_sidecar(layout.encode_sidecar(typed), doc["kind"]) == typed
             n += 1
-    assert n == 14 + 32   # 14 runs, 32 ranks
+    assert n == 16 + 36   # 16 runs, 36 ranks
     run = layout.decode_sidecar(orjson.loads((SAMPLES / "ddp_cpu_2rank" / "run.json").read_bytes()),
                                 "run")
     assert run.schedule == layout.ProfilerSchedule(wait=1, warmup=1, active=3)
