@@ -114,7 +114,7 @@ def main() -> None:
                             for i in range(a.repeat)]
                     answer, k = agreement([r["top_tier"] for r in runs])
                     rows.append({"case": name, "pin": p, "runs": len(runs), "same_top": k,
-                                 "top_tier": answer,
+                                 "top_tier": answer, "tops": [r["top_tier"] for r in runs],
                                  "stragglers": [r["straggler"] for r in runs]})
                     print(f"{name:14s} {p:8s} top tier {answer} in {k}/{len(runs)}; "
                           f"stragglers named {[r['straggler'] for r in runs]}", flush=True)

@@ -23,6 +23,10 @@ RUNS = {
     "pp_gpipe_few": ("train_pp.py", ["--schedule", "gpipe", "--microbatches", "2", "--steps", "16",
                                      "--batch", "1024", "--width", "512", "--layers", "2"]),
     "ddp_straggler": ("train_ddp.py", ["--slow-rank", "1", "--slow-ms", "30"]),
+    # a pipeline rank that sleeps 40 ms per step: named by the idle criterion, which a
+    # pipeline's bubble alone does not meet (the unplanted examples' last stage idles 8–13%)
+    "pp_straggler": ("train_pp.py", ["--schedule", "1f1b", "--microbatches", "4",
+                                     "--slow-rank", "1", "--slow-ms", "40"]),
 }
 _cache: dict = {}
 #: Run folders of the profiled RUNS (what compare reads again).
@@ -154,3 +158,10 @@ def test_compare_closes_the_loop_on_the_top_recommendation(run, tmp_path):
     assert "B made the change A's report recommended first (" in res.stdout
     changed = {r["field"] for r in data["setup"] if r["status"] == "changed"}
     assert changed & {"layers_per_stage", "microbatches", "pipeline_schedule"}
+
+
+def test_planted_pipeline_straggler_is_named(run):
+    res = run("pp_straggler").results["recommendations"]
+    assert "rank 1 is a straggler: it idles " in res.verdict, res.verdict
+    # the pipeline's changes are replayed on its schedule: no 'without the straggler' change
+    assert not [c for c in (*res.recommendations, *res.rejected) if c.kind == "straggler"]
