@@ -111,6 +111,8 @@ def changed_args(script: str, n: int, base: list[str], params: dict
     if params.get("pp") == 1:
         return _as_ddp(script, n, base)
     a = list(base)
+    if script == "train_2d.py" and not ("tp" in params and "dp" in params):
+        return None   # train_2d.py runs only other dp × tp splits
     if "tp" in params and "dp" in params:
         if script != "train_2d.py":
             return None
