@@ -166,8 +166,8 @@ def render_recommendations(report: Report, console: Console) -> None:
     shown = recs[:TOP_RECOMMENDATIONS]
     moving = [r for r in shown if _moves_batch(r)]
     if len(moving) < len(shown):
-        console.print(Text(("Batch and optimizer: the other changes shown" if moving else
-                            "Batch and optimizer: every change shown") + " keep the global "
+        console.print(Text(("Batch and optimizer: the other changes shown keep" if moving else
+                            "Batch and optimizer: every change shown keeps") + " the global "
                            "batch, per-rank batch, microbatch size and optimizer steps per "
                            "sample."))
     for r in moving:

@@ -79,9 +79,9 @@ def test_gpu_traces_match_an_independent_computation(real_traces, name):
         assert row["delay_outliers"] == sum(d > 100 for d in delays)
 
 
-def test_planted_values_on_ddp_2rank():
+def test_planted_values_on_ddp_2rank(real_traces):
     """Spelled out for one trace: what HTA 0.5 says about rank 0 of the 2-rank DDP run."""
-    traces = load_traces(REPO.parent / "shared" / "real_traces" / "ddp_2rank_v100_rank0")
+    traces = load_traces(real_traces / "ddp_2rank_v100_rank0")
     res = compute_hta_extras(traces)
     got = {(r.stream, r.category): r.idle_us for r in res.idle.itertuples()}
     assert got == {(7, "host_wait"): 357247.0, (7, "kernel_wait"): 2155.0, (7, "other"): 0.0,

@@ -71,8 +71,12 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
             predicted_step_us=clean.median_us * c.predicted_step_us / c.measured_step_us,
             evidence=(*c.evidence, note)) if not c.ruled_out else
             dataclasses.replace(c, measured_step_us=clean.median_us) for c in cands]
+    # the noise of the step the predictions are finally stated against: the unprofiled steps
+    # when they were measured (more of them, and without the profiler's own jitter)
+    use_clean = ctx.model is None and clean is not None
     good, rejected, rule, margin = rank(
-        cands, ctx.step, ctx.model.period_us if ctx.model is not None else None)
+        cands, clean if use_clean else ctx.step,
+        ctx.model.period_us if ctx.model is not None else None)
     why_none = ""
     if not good:
         why_none = ("every change evaluated is ruled out by the model's shapes or batch"
@@ -84,7 +88,6 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
                                                "no DDP, FSDP or tensor-parallel setting to "
                                                "change"))
     # the verdict's step time is the one the recommendations compare with: unprofiled when known
-    use_clean = ctx.model is None and clean is not None
     step = clean.median_us if use_clean else measured
     base = clean if use_clean else ctx.step
     noise_us = (base.half_width_us if base is not None else float("nan"))
