@@ -23,8 +23,9 @@ from pardiag import __version__
 from pardiag.analyzer.compare import (PARTS, Comparison, GateResult, RecommendationCheck,
                                       value_text)
 from pardiag.analyzer.render_html import _mib as _mib_table
-from pardiag.analyzer.render_html import (_BOOT_JS, _CSS, PART_COLORS, PLOTLY_CDN_URL, _e,
-                                          _json_script, _muted, _packed_plotlyjs, _Page,
+from pardiag.analyzer.render_html import plotly_script
+from pardiag.analyzer.render_html import (_BOOT_JS, _CSS, PART_COLORS, _e,
+                                          _json_script, _muted, _Page,
                                           _table, _template_json)
 from pardiag.analyzer.render_terminal import Col, print_table
 
@@ -529,14 +530,7 @@ def render_compare_html(c: Comparison, *, gate_result: GateResult | None = None,
             + _memory_section(c, page) + _collectives_section(c, page)
             + _operators_section(c, page) + _warnings_section(c))
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    if include_plotlyjs == "cdn":
-        head_js, packed = f'<script src="{PLOTLY_CDN_URL}" charset="utf-8"></script>', ""
-    elif include_plotlyjs:
-        head_js = ""
-        packed = (f'<script type="application/octet-stream" id="pd-plotlyjs">'
-                  f"{_packed_plotlyjs()}</script>")
-    else:
-        head_js, packed = "", ""
+    head_js, packed = plotly_script(include_plotlyjs)
     toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in COMPARE_SECTIONS)
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"

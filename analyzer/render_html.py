@@ -507,6 +507,17 @@ def _mib_or_dash(v) -> str:
     return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v / 2**20:,.1f}"
 
 
+def plotly_script(include_plotlyjs) -> tuple[str, str]:
+    """``(head, body)`` HTML that brings plotly.js into a page: a CDN ``<script src>`` in the
+    head (``"cdn"``), the packed library in the body (true: offline), or nothing (false)."""
+    if include_plotlyjs == "cdn":
+        return f'<script src="{PLOTLY_CDN_URL}" charset="utf-8"></script>', ""
+    if include_plotlyjs:
+        return "", (f'<script type="application/octet-stream" id="pd-plotlyjs">'
+                    f"{_packed_plotlyjs()}</script>")
+    return "", ""
+
+
 def _verdict_section(report: Report) -> list[str]:
     """Verdict sentence and the ranked recommendations (``report.recommendations``,
     a :class:`pardiag.analyzer.recommend.RecommendationResult`, may be absent)."""
@@ -1118,15 +1129,7 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
 
     traces = report.traces
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    if include_plotlyjs == "cdn":
-        head_js = f'<script src="{PLOTLY_CDN_URL}" charset="utf-8"></script>'
-        packed = ""
-    elif include_plotlyjs:
-        head_js = ""
-        packed = (f'<script type="application/octet-stream" id="pd-plotlyjs">'
-                  f"{_packed_plotlyjs()}</script>")
-    else:
-        head_js, packed = "", ""
+    head_js, packed = plotly_script(include_plotlyjs)
     toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in SECTIONS[:-1] + (
         (HTA_SECTION,) if report.hta is not None else ()) + SECTIONS[-1:])
     return (

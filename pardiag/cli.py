@@ -81,6 +81,21 @@ def cli() -> None:
     """Profile distributed PyTorch training and diagnose why scaling disappoints."""
 
 
+
+def _write_json(data: bytes, json_out: Path) -> None:
+    """Write a JSON document to ``json_out``, or to stdout when it is ``-``.
+
+    Raises:
+        PardiagError: the file cannot be written (one line naming it)."""
+    if str(json_out) == "-":
+        sys.stdout.buffer.write(data + b"\n")
+        sys.stdout.flush()
+        return
+    try:
+        json_out.write_bytes(data)
+    except OSError as exc:
+        raise PardiagError(f"{exc.filename}: cannot write ({exc.strerror})") from None
+
 @cli.command(context_settings={"ignore_unknown_options": True})
 @click.argument("script", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -188,14 +203,7 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
                            f"set PARDIAG_DEBUG=1 for the traceback", exit_code=1) from None
     if json_out is not None:
         data = orjson.dumps(rep.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
-        if str(json_out) == "-":
-            sys.stdout.buffer.write(data + b"\n")
-            sys.stdout.flush()
-        else:
-            try:
-                json_out.write_bytes(data)
-            except OSError as exc:
-                raise PardiagError(f"{exc.filename}: cannot write ({exc.strerror})") from None
+        _write_json(data, json_out)
     rep.to_html(output, cdn=cdn)
     if not quiet and str(json_out) != "-":
         # a pipe or a file gets 120 columns unless COLUMNS says otherwise
@@ -261,14 +269,7 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
     if json_out is not None:
         data = orjson.dumps(cmp.to_json(fail_pct), option=orjson.OPT_INDENT_2
                             | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
-        if str(json_out) == "-":
-            sys.stdout.buffer.write(data + b"\n")
-            sys.stdout.flush()
-        else:
-            try:
-                json_out.write_bytes(data)
-            except OSError as exc:
-                raise PardiagError(f"{exc.filename}: cannot write ({exc.strerror})") from None
+        _write_json(data, json_out)
     cmp.to_html(output, cdn=cdn, fail_if_slower_pct=fail_pct)
     if not quiet and str(json_out) != "-":
         wide = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
