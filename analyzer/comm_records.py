@@ -223,3 +223,144 @@ def _comm_kernels_by_launch(trace: RankTrace) -> dict[int, tuple[float, float]]:
                     out[int(idx)] = k_by_corr[int(c)]
                     break
     return out
+
+
+# -- all-to-all split sizes (MoE routing) -------------------------------------------------------
+
+#: Columns of :func:`all_to_all_ops`: one row per all-to-all the rank issued (``ts_us``/``end_us``
+#: of the issuing op on the rank's own clock, µs); ``send_splits``/``recv_splits``: rows sent
+#: to / received from each member of the group, in group-rank order (a list; ``[]`` when the op
+#: split evenly; None when the trace does not say); ``send_elems``/``recv_elems``: elements sent
+#: and received in all; ``row_elems``: elements per row (dim 0 of the buffer: a token when the
+#: buffer is tokens × hidden), None when unknown; ``elem_bytes``: bytes per element (None when
+#: the dtype is unknown); ``source``: ``"c10d"`` (``c10d::alltoall_base_``: its ``Concrete
+#: Inputs`` hold the split sizes, its ``Input Dims`` the shapes) or ``"record_param_comms"``
+#: (``In split size``/``Out split size``, ``In msg nelems``/``Out msg nelems``, ``dtype``).
+A2A_COLUMNS = ("ts_us", "end_us", "send_splits", "recv_splits", "send_elems", "recv_elems",
+               "row_elems", "elem_bytes", "source")
+
+
+def parse_splits(v) -> list[int] | None:
+    """Split sizes from a trace arg: a list, or text such as ``"[226, 30]"``; ``[]`` for an
+    even split (``"[]"``); None when absent, unreadable or cut short (``"[1, 2, ...]"``)."""
+    if isinstance(v, (list, tuple)):
+        items = list(v)
+    elif isinstance(v, str):
+        text = v.strip().strip('"').strip()
+        if not (text.startswith("[") and text.endswith("]")) or "..." in text:
+            return None
+        items = [t for t in text[1:-1].replace(" ", "").split(",") if t]
+    else:
+        return None
+    out = []
+    for x in items:
+        try:
+            n = int(x)
+        except (TypeError, ValueError):
+            return None
+        if n < 0 or n >= 2 ** 53:
+            return None
+        out.append(n)
+    return out
+
+
+def _a2a_int(v) -> int | None:
+    try:
+        n = int(str(v).strip().strip('"')) if not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        return None
+    return n if n is not None and 0 <= n < 2 ** 53 else None
+
+
+def _from_c10d(args: dict) -> dict | None:
+    """``c10d::alltoall_base_(output, input, group, output_split_sizes, input_split_sizes,
+    ...)``: shapes from ``Input Dims``, split sizes from ``Concrete Inputs`` (recorded with
+    ``record_shapes``)."""
+    dims, ci = args.get("Input Dims"), args.get("Concrete Inputs")
+    if not isinstance(dims, list) or len(dims) < 2:
+        return None
+    out_d, in_d = dims[0], dims[1]
+    if not (isinstance(out_d, list) and isinstance(in_d, list) and out_d and in_d):
+        return None
+    try:
+        recv_elems, send_elems = _numel([out_d]), _numel([in_d])
+        row = _numel([in_d[1:]]) if len(in_d) > 1 else 1
+    except (TypeError, ValueError):
+        return None
+    ci = ci if isinstance(ci, list) else []
+    types = args.get("Input type")
+    dtype = str(types[1] if isinstance(types, list) and len(types) > 1 else "")
+    return {"recv_splits": parse_splits(ci[3]) if len(ci) > 3 else None,
+            "send_splits": parse_splits(ci[4]) if len(ci) > 4 else None,
+            "send_elems": send_elems, "recv_elems": recv_elems, "row_elems": row,
+            "elem_bytes": DTYPE_BYTES.get(dtype), "source": "c10d"}
+
+
+def _from_rpc(args: dict) -> dict:
+    """``record_param_comms`` of an all-to-all: split sizes and element counts."""
+    send_s, recv_s = parse_splits(args.get("In split size")), parse_splits(args.get("Out split size"))
+    send_e, recv_e = _a2a_int(args.get("In msg nelems")), _a2a_int(args.get("Out msg nelems"))
+    row = None
+    if send_s and send_e is not None and sum(send_s) > 0 and send_e % sum(send_s) == 0:
+        row = send_e // sum(send_s)
+    elif recv_s and recv_e is not None and sum(recv_s) > 0 and recv_e % sum(recv_s) == 0:
+        row = recv_e // sum(recv_s)
+    return {"send_splits": send_s, "recv_splits": recv_s, "send_elems": send_e,
+            "recv_elems": recv_e, "row_elems": row,
+            "elem_bytes": DTYPE_BYTES.get(str(args.get("dtype", "")).strip('"')),
+            "source": "record_param_comms"}
+
+
+def all_to_all_ops(events) -> "pd.DataFrame":
+    """The all-to-alls a rank issued, with their split sizes (:data:`A2A_COLUMNS`), from its
+    event table (:data:`pardiag.analyzer.traceset.EVENT_COLUMNS`), in time order.
+
+    ``c10d::alltoall_base_`` ops (CPU and GPU traces recorded with shapes) and
+    ``record_param_comms`` events of an all-to-all (``Collective name``) are read; a
+    ``record_param_comms`` inside a ``c10d::alltoall_base_`` of the same thread fills what that
+    op's row lacks instead of adding a row."""
+    import pandas as pd
+
+    cols = list(A2A_COLUMNS)
+    if events is None or events.empty:
+        return pd.DataFrame(columns=cols)
+    names = events["name"]
+    c10d = events[names.isin(["c10d::alltoall_base_", "c10d::alltoall_base"])]
+    rpc = events[(names == "record_param_comms")]
+    rows: list[dict] = []
+    spans: list[tuple] = []
+    for pid, tid, ts, dur, args in zip(c10d["pid"], c10d["tid"], c10d["ts"], c10d["dur"],
+                                       c10d["args"]):
+        row = _from_c10d(args) if isinstance(args, dict) else None
+        if row is None:
+            row = {"send_splits": None, "recv_splits": None, "send_elems": None,
+                   "recv_elems": None, "row_elems": None, "elem_bytes": None, "source": "c10d"}
+        row.update(ts_us=float(ts), end_us=float(ts + dur))
+        rows.append(row)
+        spans.append((pid, tid, float(ts), float(ts + dur)))
+    by_thread: dict[tuple, tuple[list, list]] = {}
+    for i, (p, t, a, _) in sorted(enumerate(spans), key=lambda x: x[1][2]):
+        starts, idx = by_thread.setdefault((p, t), ([], []))
+        starts.append(a)
+        idx.append(i)
+    for pid, tid, ts, dur, args in zip(rpc["pid"], rpc["tid"], rpc["ts"], rpc["dur"], rpc["args"]):
+        if not isinstance(args, dict) or collective_type("record_param_comms", args) != "all_to_all":
+            continue
+        rec = _from_rpc(args)
+        starts, idx = by_thread.get((pid, tid), ([], []))
+        k = bisect.bisect_right(starts, float(ts)) - 1   # the op started last before it
+        inside = idx[k] if k >= 0 and spans[idx[k]][3] >= float(ts) else None
+        if inside is None:
+            rec.update(ts_us=float(ts), end_us=float(ts + dur))
+            rows.append(rec)
+            continue
+        row = rows[inside]
+        for k, v in rec.items():
+            if row.get(k) is None and v is not None and k != "source":
+                row[k] = v
+    if not rows:
+        return pd.DataFrame(columns=cols)
+    df = pd.DataFrame(rows)[cols]
+    for c in ("send_splits", "recv_splits"):
+        df[c] = df[c].astype(object)
+    return df.sort_values("ts_us", kind="stable").reset_index(drop=True)

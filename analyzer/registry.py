@@ -27,6 +27,7 @@ from pardiag.analyzer.hta_extras import HtaExtras, compute_hta_extras, hta_json
 from pardiag.analyzer.operators import (MAX_JSON_OPERATORS, OperatorsResult,
                                         compute_operators)
 from pardiag.analyzer.recommend import RecommendationResult, compute_recommendations
+from pardiag.analyzer.routing import RoutingResult, compute_routing
 from pardiag.analyzer.runsetup import RunSetup, compute_setup
 from pardiag.analyzer.sync import SyncResult, compute_sync, P2P_OPS
 
@@ -166,6 +167,20 @@ def _dim_overlap_json(r: DimOverlapResult, traces: TraceSet) -> dict:
                                       "note": r.why_none or None}}
 
 
+def _routing_json(r: RoutingResult, traces: TraceSet) -> dict:
+    """``{"routing": {"groups", "steps", "per_rank", "instances", "matrix", "notes", "finding"}}``
+    (:class:`RoutingResult`; rows in the unit of each group, µs), or ``{"routing": null}``
+    without routed all-to-alls."""
+    if r.groups.empty:
+        return {"routing": None if not r.notes else {"groups": [], "steps": [], "per_rank": [],
+                                                     "instances": [], "matrix": [],
+                                                     "notes": list(r.notes), "finding": None}}
+    return {"routing": {"groups": records(r.groups), "steps": records(r.steps),
+                        "per_rank": records(r.per_rank), "instances": records(r.instances),
+                        "matrix": records(r.matrix), "notes": list(r.notes),
+                        "finding": r.describe()}}
+
+
 def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
     return {"verdict": r.verdict,
             "step": {k: _clean(v) if not isinstance(v, list) else v
@@ -205,6 +220,8 @@ ANALYSES: tuple[Analysis, ...] = (
              lambda r, traces: {"setup": r.to_json()}),
     Analysis("dim_overlap", lambda traces, opts, done: compute_dim_overlap(
         traces, done["sync"], done["layout"], opts.comm_patterns), _dim_overlap_json),
+    Analysis("routing", lambda traces, opts, done: compute_routing(
+        traces, done["sync"], done["layout"]), _routing_json),
     Analysis("recommendations", lambda traces, opts, done: compute_recommendations(traces, done),
              _recommendations_json),
 )
@@ -237,6 +254,8 @@ class Report:
         dim_overlap: overlap per parallel dimension (:class:`DimOverlapResult`).
         recommendations: verdict and ranked changes (:class:`RecommendationResult`).
         operators: time per GPU kernel and CPU operator name (:class:`OperatorsResult`).
+        routing: expert-parallel routing imbalance from the all-to-alls' split sizes
+            (:class:`RoutingResult`).
         setup: what was run and on what (:class:`RunSetup`).
         hta: HTA's idle time breakdown and kernel launch statistics (:class:`HtaExtras`), only
             with ``AnalysisOptions(hta=True)`` (``report --hta``), else None.
@@ -254,6 +273,7 @@ class Report:
     recommendations: RecommendationResult
     operators: OperatorsResult
     setup: RunSetup
+    routing: RoutingResult
     hta: HtaExtras | None = None
 
     @property

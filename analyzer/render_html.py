@@ -38,6 +38,7 @@ from pardiag import __version__
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.pipeline import summarize_bubbles
 from pardiag.analyzer.registry import Report
+from pardiag.analyzer.routing import IMBALANCE_MIN
 from pardiag.analyzer.sync import STRAGGLER_MIN_WAIT_US
 
 #: Colours of the four breakdown parts, shared by every breakdown chart.
@@ -55,6 +56,7 @@ SECTIONS = (
     ("stragglers", "Stragglers and synchronization"),
     ("pipeline", "Pipeline bubbles"),
     ("imbalance", "Load imbalance"),
+    ("routing", "MoE routing"),
     ("memory", "Memory"),
     ("layout", "Layout and topology"),
     ("bandwidth", "Bandwidth"),
@@ -447,6 +449,42 @@ def bandwidth_figure(instances: pd.DataFrame) -> go.Figure:
                       # a tick label at the plot's left end would run into the y-axis labels
                       xaxis_ticklabeloverflow="hide past domain",
                       xaxis_title="bytes", yaxis_title="busbw (GB/s)", height=360)
+    return fig
+
+
+def routing_figure(routing) -> go.Figure:
+    """MoE routing of the most costly expert-parallel group (:class:`pardiag.analyzer.routing.
+    RoutingResult`): left, each rank's expert-side rows per step (median over steps, bars) with
+    the group's mean (line); right, when split sizes are known, the rows each source rank sends
+    each destination per step (mean over steps, heatmap)."""
+    grp = routing.groups["group"].iloc[0]
+    unit = "tokens" if routing.groups["unit"].iloc[0] == "rows" else "elements"
+    pr = routing.per_rank[routing.per_rank["group"] == grp]
+    load = pr.groupby("rank")["load_rows"].median()
+    mean = float(pr.groupby("step")["load_rows"].mean().median())
+    m = routing.matrix[routing.matrix["group"] == grp]
+    fig = make_subplots(rows=1, cols=2 if len(m) else 1, horizontal_spacing=0.18,
+                        subplot_titles=[f"{unit} per rank and step (expert side)"]
+                        + (["rows sent, source → destination, per step"] if len(m) else []))
+    x = _ranks(load.index)
+    fig.add_bar(x=x, y=_f32(load.to_numpy()), name="rank", marker_color="#4C78A8",
+                hovertemplate="%{x}: %{y:,.0f} " + unit + " per step<extra></extra>",
+                row=1, col=1)
+    fig.add_scatter(x=x, y=[mean] * len(x), mode="lines", name="mean",
+                    line={"color": "#E45756", "dash": "dash"},
+                    hovertemplate="mean %{y:,.0f}<extra></extra>", row=1, col=1)
+    if len(m):
+        piv = m.pivot_table(index="src", columns="dst", values="rows", aggfunc="sum")
+        fig.add_heatmap(z=_f32(piv.to_numpy()), x=_ranks(piv.columns), y=_ranks(piv.index),
+                        colorscale="Blues", colorbar={"title": "rows"},
+                        hovertemplate="%{y} → %{x}: %{z:,.0f} rows<extra></extra>", row=1, col=2)
+        fig.update_xaxes(title_text="destination rank", type="category", row=1, col=2)
+        fig.update_yaxes(title_text="source rank", type="category", autorange="reversed",
+                         row=1, col=2)
+    fig.update_xaxes(title_text="rank", type="category", row=1, col=1)
+    fig.update_yaxes(title_text=f"{unit} per step", row=1, col=1)
+    fig.update_layout(title=f"MoE routing, group {_pe(str(grp).split('|')[0])}", height=400,
+                      showlegend=False)
     return fig
 
 
@@ -870,6 +908,44 @@ def _imbalance_section(report: Report) -> list[str]:
     return out
 
 
+def _routing_section(report: Report, page: _Page) -> list[str]:
+    r = report.routing
+    out = [_h2("routing")]
+    if r.groups.empty:
+        out.append(_muted("No routed all-to-all: no all-to-all whose split sizes differ across "
+                          "ranks (MoE routing shows in expert-parallel runs' dispatch and "
+                          "combine)." + (" " + " ".join(r.notes) if r.notes else "")))
+        return out
+    text = r.describe()
+    out.append(f"<p>{_e(text)}.</p>" if text else _muted(
+        "Tokens are routed about evenly: no group's median max/mean reaches "
+        f"{IMBALANCE_MIN:g}."))
+    out.append(page.fig(routing_figure(r)))
+    out.append(_table(_ms(r.groups, ["wait_us", "saving_us", "saving_q1_us", "saving_q3_us"]), {
+        "group": "group", "dim": "dimension", "ranks": "ranks", "steps": "steps",
+        "unit": "unit", "imbalance": "max/mean (median)", "imbalance_min": "min",
+        "imbalance_max": "max", "hot_rank": "hot rank", "hot_steps": "hot in steps",
+        "hot_rows": "hot rank per step", "mean_rows": "mean per step",
+        "wait_us": "others wait per step (ms)", "saving_us": "saving per step (ms)",
+        "saving_q1_us": "saving Q1 (ms)", "saving_q3_us": "saving Q3 (ms)"},
+        left=("group", "dim", "unit"), digits=3, sortable=True, what="groups"))
+    out.append(_table(_ms(r.per_rank, ["waited_us"]), {
+        "group": "group", "step": "step", "rank": "rank", "sent_rows": "sent",
+        "recv_rows": "received", "load_rows": "expert side", "waited_us": "waited (ms)"},
+        left=("group",), digits=3, sortable=True, what="rows"))
+    out.append(_muted(
+        "Rows of the all-to-alls' split sizes (dim 0 of the buffer: a token per row of a "
+        "tokens × hidden buffer), summed per rank and step over the routed all-to-alls (a token "
+        "counts once per all-to-all it crosses: dispatch, combine and their backward). The expert "
+        "side is the direction whose max/mean is larger (received for a dispatch, sent for a "
+        "combine). Others wait = their waiting at the all-to-alls the hot rank arrived last "
+        "at (clocks aligned); saving = that / ranks, the step's predicted saving if every rank "
+        "held the mean load and expert time were linear in tokens."))
+    for n in r.notes:
+        out.append(_muted(n))
+    return out
+
+
 def _memory_section(report: Report, page: _Page) -> list[str]:
     mem = report.memory
     out = [_h2("memory")]
@@ -1110,6 +1186,7 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
     body += _stragglers_section(report, page)
     body += _pipeline_section(report, page)
     body += _imbalance_section(report)
+    body += _routing_section(report, page)
     body += _memory_section(report, page)
     body += _layout_section(report)
     body += _bandwidth_section(report, page)

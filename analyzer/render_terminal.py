@@ -245,6 +245,27 @@ def _hta(report: Report, console: Console) -> None:
         console.print(Text(f"note: {m}"))
 
 
+def _routing(report: Report, console: Console) -> None:
+    """MoE routing: per expert-parallel group, max/mean tokens, the hot rank, the others' wait
+    and the saving with even routing (per step, medians), and the cause in words."""
+    r = report.routing
+    if r.groups.empty:
+        return
+    print_table(console, "MoE routing (all-to-all split sizes, per step)", [
+        Col("group", "left", wrap="fold"), Col("unit", "left", drop=2), Col("steps", drop=3),
+        Col("max/mean"), Col("range", drop=1), Col("hot rank"), Col("hot rank rows"),
+        Col("mean rows"), Col("others wait ms"), Col("saving ms")],
+        [(Text(str(g.group).split("|")[0]), g.unit, _i(g.steps), _n(g.imbalance, 2),
+          f"{g.imbalance_min:.2f}–{g.imbalance_max:.2f}", str(g.hot_rank), _n(g.hot_rows, 0),
+          _n(g.mean_rows, 0), _n(g.wait_us / 1e3, 3), _n(g.saving_us / 1e3, 3))
+         for g in r.groups.itertuples()],
+        caption="rows on the expert side summed over the step's routed all-to-alls (median "
+                "over steps); saving = others' wait / ranks")
+    text = r.describe()
+    if text:
+        console.print(Text(f"cause: {text}"))
+
+
 def _parallel(report: Report, console: Console) -> None:
     sync, pipe, bal, mem, lay = (report.sync, report.pipeline, report.balance, report.memory,
                                  report.layout)
@@ -298,6 +319,7 @@ def _parallel(report: Report, console: Console) -> None:
             [(Text(str(row.dim)), Text(str(row.pg)), _n(row.imbalance, 3),
               _n(row.cost_us / 1e3, 3), str(row.slowest_rank))
              for row in bal.summary.itertuples()])
+    _routing(report, console)
     m = mem.per_rank
     if m["static_bytes"].notna().any():
         print_table(console, "Memory per rank (MiB)", [

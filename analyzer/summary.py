@@ -42,6 +42,7 @@ import pandas as pd
 from pardiag import layout
 from pardiag.analyzer.breakdown import RankParts, breakdown_rows_of, rank_parts
 from pardiag.analyzer.classify import classify, profiler_steps
+from pardiag.analyzer.comm_records import all_to_all_ops
 from pardiag.analyzer.infer_layout import RankMarks, rank_marks
 from pardiag.analyzer.load import _parse_all, _parse_file, _trace_files, default_workers
 from pardiag.analyzer.operators import operators_of_events
@@ -50,7 +51,7 @@ from pardiag.analyzer.traceset import RankTrace
 from pardiag.errors import TraceError
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
-SUMMARY_VERSION = 4
+SUMMARY_VERSION = 5
 #: Modules whose code decides what a summary holds; a summary made by other code is recomputed.
 _CODE_MODULES = ("traceset", "parse", "ranks", "load", "classify", "breakdown", "sync", "intervals",
                  "comm_records", "summary", "infer_layout", "operators")
@@ -97,6 +98,8 @@ class RankSummary:
         operators: time per operator name (:func:`pardiag.analyzer.operators.operators_of_events`:
             ``kind``, ``name``, ``count``, ``time_us``), or None.
         operator_steps: the trace's profiler steps (what ``operators`` is divided by per step).
+        a2a: the all-to-alls the rank issued with their split sizes
+            (:func:`pardiag.analyzer.comm_records.all_to_all_ops`), or None (an older summary).
     """
 
     path: str
@@ -120,6 +123,7 @@ class RankSummary:
     marks: object = None
     operators: pd.DataFrame | None = None
     operator_steps: int = 0
+    a2a: pd.DataFrame | None = None
 
     def matches(self, comm_patterns: Iterable) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""
@@ -201,7 +205,8 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         has_steps=bool(trace.events["name"].str.startswith("ProfilerStep").any())
         if has_steps is None else has_steps,
         has_gpu=trace.has_gpu, parts=parts, breakdown=breakdown_rows_of(parts), comm=comm, steps=steps, memory=memory_rows(trace),
-        marks=rank_marks(trace), operators=ops, operator_steps=op_steps)
+        marks=rank_marks(trace), operators=ops, operator_steps=op_steps,
+        a2a=all_to_all_ops(trace.events))
 
 
 # -- JSON form -----------------------------------------------------------------------------------
@@ -248,6 +253,7 @@ def to_json(s: RankSummary) -> bytes:
         "marks": s.marks.to_json() if s.marks is not None else None,
         "operators": _frame_json(s.operators) if s.operators is not None else None,
         "operator_steps": s.operator_steps,
+        "a2a": _frame_json(s.a2a) if s.a2a is not None else None,
     }
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
                         default=_json_default)
@@ -307,7 +313,8 @@ def from_json(data: bytes) -> RankSummary:
         steps=_frame_from(doc["steps"]), memory=_frame_from(doc["memory"]),
         marks=RankMarks.from_json(doc["marks"]) if doc.get("marks") else None,
         operators=_frame_from(doc["operators"]) if doc.get("operators") else None,
-        operator_steps=int(doc.get("operator_steps") or 0))
+        operator_steps=int(doc.get("operator_steps") or 0),
+        a2a=_frame_from(doc["a2a"]) if doc.get("a2a") else None)
 
 
 # -- where summaries live ------------------------------------------------------------------------

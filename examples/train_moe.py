@@ -2,8 +2,13 @@
 ``all_to_all_single`` (dispatch and combine); the dense layers are data parallel (all-reduce).
 
 Each rank holds ``--experts-per-rank`` experts; a top-1 router sends each token to one expert.
+``--route-skew S`` (0 to 1) plants a skewed router: on every rank the first ``round(S × tokens)``
+tokens go to the first expert of ``--hot-rank`` (default 0), the rest where the router sends them,
+so that rank's experts process at least ``S`` of all tokens and the others wait for it at the
+combine.
 
     pardiag profile examples/train_moe.py --nproc-per-node 2
+    pardiag profile examples/train_moe.py --nproc-per-node 2 -- --route-skew 0.8 --batch 256
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ warnings.filterwarnings("ignore", message=".*all_to_all_single is deprecated.*")
 class MoE(nn.Module):
     """Top-1 routed experts, ``experts_per_rank`` on each rank of the EP group."""
 
-    def __init__(self, width: int, experts_per_rank: int, group, rank: int, world: int) -> None:
+    def __init__(self, width: int, experts_per_rank: int, group, rank: int, world: int,
+                 route_skew: float = 0.0, hot_rank: int = 0) -> None:
         super().__init__()
         self.group, self.world, self.local = group, world, experts_per_rank
+        self.route_skew, self.hot_expert = route_skew, hot_rank * experts_per_rank
         self.router = nn.Linear(width, experts_per_rank * world)
         torch.manual_seed(100 + rank)
         self.experts = nn.ModuleList(nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(),
@@ -37,6 +44,10 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         expert = self.router(x).argmax(dim=-1)                 # (tokens,)
+        skewed = round(self.route_skew * expert.shape[0])
+        if skewed:  # the planted skewed router: these tokens all go to one expert
+            expert = torch.cat([torch.full_like(expert[:skewed], self.hot_expert),
+                                expert[skewed:]])
         order = torch.argsort(expert)
         dest = expert[order] // self.local                     # destination rank per token
         send_counts = torch.bincount(dest, minlength=self.world)
@@ -62,13 +73,19 @@ class MoE(nn.Module):
 def main() -> None:
     p = C.base_parser(__doc__)
     p.add_argument("--experts-per-rank", type=int, default=2)
+    p.add_argument("--route-skew", type=float, default=0.0,
+                   help="share of every rank's tokens routed to --hot-rank's first expert (0-1)")
+    p.add_argument("--hot-rank", type=int, default=0, help="the rank the skewed router favours")
     args = p.parse_args()
     env = C.init_distributed(args.pin_cpu)
     mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("ep",))
     group = mesh.get_group("ep")
     torch.manual_seed(0)
     dense = nn.Sequential(nn.Linear(64, args.width), C.Block(args.width))
-    moe = MoE(args.width, args.experts_per_rank, group, env.rank, env.world_size)
+    if not 0.0 <= args.route_skew <= 1.0:
+        p.error("--route-skew must be between 0 and 1")
+    moe = MoE(args.width, args.experts_per_rank, group, env.rank, env.world_size,
+              args.route_skew, args.hot_rank % env.world_size)
     head = nn.Linear(args.width, 10)
     model = nn.ModuleDict({"dense": dense, "moe": moe, "head": head}).to(env.device)
     expert_params = {id(q) for q in moe.experts.parameters()}

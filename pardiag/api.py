@@ -32,7 +32,7 @@ class Report(_TypedReport):
     """The analysis of one run: one typed field per analysis (inherited from
     :class:`pardiag.analyzer.registry.Report`: ``traces``, ``time_breakdown``, ``sync``,
     ``inferred_layout``, ``pipeline``, ``balance``, ``memory``, ``layout``, ``dim_overlap``,
-    ``recommendations``), plus the tables a notebook reads most, the figures, and the outputs.
+    ``routing``, ``recommendations``), plus the tables a notebook reads most, the figures, and the outputs.
 
     Units everywhere: durations in µs (``*_us``), sizes in bytes (``*_bytes``), bandwidth in
     GB/s (10⁹ B/s, ``*_gbps``), shares in % (``*_pct``: ``overlap_pct`` of communication time,
@@ -105,6 +105,21 @@ class Report(_TypedReport):
         return self.balance.summary
 
     @property
+    def moe_routing(self) -> pd.DataFrame:
+        """MoE routing imbalance per expert-parallel group, from the all-to-alls' split sizes
+        (most costly first): ``group``, ``dim``, ``ranks``, ``steps``, ``unit`` (``rows``: a
+        token per row of a tokens × hidden buffer; ``elements`` where the row size is
+        unknown), ``row_bytes``, ``imbalance`` (max/mean of the ranks' expert-side rows per
+        step, median over steps) with ``imbalance_min``/``imbalance_max``, ``hot_rank``,
+        ``hot_steps``, ``hot_rows``/``mean_rows`` (per step, median), ``wait_us`` (the others'
+        waiting for the hot rank at the all-to-alls per step, median), ``saving_us`` (the
+        predicted saving with even routing = ``wait_us`` / ranks) with its quartiles. Per
+        rank and step: ``routing.per_rank``; per step: ``routing.steps``; per all-to-all:
+        ``routing.instances``; the source × destination rows: ``routing.matrix``. Empty
+        without routed all-to-alls (:mod:`pardiag.analyzer.routing`)."""
+        return self.routing.groups
+
+    @property
     def memory_per_rank(self) -> pd.DataFrame:
         """One row per rank: ``rank``, ``params_bytes``, ``grads_bytes``,
         ``optimizer_state_bytes``, ``static_bytes``, ``peak_allocated_bytes``,
@@ -146,7 +161,8 @@ class Report(_TypedReport):
     def figures(self) -> dict:
         """``{name: plotly Figure}`` of the report's charts that have data: ``breakdown``
         (per rank), ``step_breakdown``, ``overlap``, ``overlap_per_dimension``, ``stragglers``
-        (wait heatmap), ``memory``, ``memory_timeline``, ``bandwidth``. A notebook shows each as
+        (wait heatmap), ``memory``, ``memory_timeline``, ``bandwidth``, ``moe_routing``
+        (tokens per rank and step, source × destination). A notebook shows each as
         it is (``rep.figures["breakdown"]``)."""
         from pardiag.analyzer import render_html as rh
 
@@ -168,6 +184,8 @@ class Report(_TypedReport):
             out["memory_timeline"] = rh.memory_timeline(self.memory.timeline)
         if len(self.sync.instances) and self.sync.instances["busbw_gbps"].notna().any():
             out["bandwidth"] = rh.bandwidth_figure(self.sync.instances)
+        if len(self.routing.per_rank):
+            out["moe_routing"] = rh.routing_figure(self.routing)
         return out
 
     def to_json(self) -> dict:

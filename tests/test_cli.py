@@ -159,7 +159,7 @@ ANALYZER_LAYERS = [
     {"breakdown", "comm_records", "infer_layout", "operators", "shapes"},  # per-rank analyses
     {"sync"},                                                # cross-rank matching
     {"summary"},                                             # the per-rank reduction
-    {"balance", "pipeline", "merge", "hang", "hta_extras"},  # analyses over the run
+    {"balance", "pipeline", "merge", "hang", "hta_extras", "routing"},  # analyses over the run
     {"dim_overlap", "runsetup"},
     {"recommend"},
     {"registry"},

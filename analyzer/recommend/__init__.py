@@ -43,7 +43,7 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
 
     Changes (:data:`RULES`): pipeline microbatch count, schedule (1F1B for GPipe),
     interleaving, stage boundaries, data parallel instead of the pipeline, the step without the
-    worst straggler, DDP bucket sizes, FSDP resharding and prefetching, DP × TP degrees, TP
+    worst straggler, expert-parallel tokens routed evenly, DDP bucket sizes, FSDP resharding and prefetching, DP × TP degrees, TP
     inside a node, ZeRO-1/FSDP on a memory-bound DDP run. Each carries evidence, predicted vs
     measured step time and peak memory. Recommended: predicted gain clears the noise rule
     (:mod:`~pardiag.analyzer.recommend.policy`) and fits in device memory (capacity from

@@ -97,7 +97,9 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
     Exposed communication is split into waiting for a peer and transfer
     (:func:`exposed_split`) so that the waiting a pipeline's bubble also counts is said once.
     A rank is named only when it meets the straggler criteria
-    (:func:`pardiag.analyzer.recommend.rules.straggler.identify_straggler`).
+    (:func:`pardiag.analyzer.recommend.rules.straggler.identify_straggler`); imbalanced MoE
+    routing only from :data:`pardiag.analyzer.routing.IMBALANCE_MIN`
+    (:meth:`pardiag.analyzer.routing.RoutingResult.describe`).
 
     Args:
         step_us: the step time the recommendations compare with (µs; NaN: "No complete step").
@@ -122,6 +124,9 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
     found = identify_straggler(ctx)
     if found is not None:
         parts.append(found.describe())
+    routing = ctx.routing.describe() if ctx.routing is not None else None
+    if routing:
+        parts.append(routing)
     spread = ""
     if profiled:  # measured on the profiled steps: their spread, " (while profiled; IQR ...)"
         spread = spread_text(ctx)

@@ -20,6 +20,7 @@ from pardiag.analyzer.recommend.rules.memory import memory_sharding
 from pardiag.analyzer.recommend.rules.pipeline import pipeline_changes
 from pardiag.analyzer.recommend.rules.placement import placement
 from pardiag.analyzer.recommend.rules.pp_to_dp import pp_to_dp
+from pardiag.analyzer.recommend.rules.routing import moe_routing
 from pardiag.analyzer.recommend.rules.straggler import straggler
 from pardiag.analyzer.recommend.types import Recommendation
 
@@ -37,6 +38,7 @@ RULES: tuple[Rule, ...] = (
     Rule("pipeline", pipeline_changes),
     Rule("pp_to_dp", pp_to_dp),
     Rule("straggler", straggler),
+    Rule("moe_routing", moe_routing),
     Rule("ddp_buckets", ddp_buckets),
     Rule("fsdp_reshard", fsdp_reshard),
     Rule("fsdp_prefetch", fsdp_prefetch),
