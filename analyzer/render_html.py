@@ -455,8 +455,8 @@ def bandwidth_figure(instances: pd.DataFrame) -> go.Figure:
 def routing_figure(routing) -> go.Figure:
     """MoE routing of the most costly expert-parallel group (:class:`pardiag.analyzer.routing.
     RoutingResult`): left, each rank's expert-side rows per step (median over steps, bars) with
-    the group's mean (line); right, when split sizes are known, the rows each source rank sends
-    each destination per step (mean over steps, heatmap)."""
+    the group's mean (line); right, when split sizes are known, the rows of each source rank's
+    tokens each destination's experts take per all-to-all (mean, heatmap)."""
     grp = routing.groups["group"].iloc[0]
     unit = "tokens" if routing.groups["unit"].iloc[0] == "rows" else "elements"
     pr = routing.per_rank[routing.per_rank["group"] == grp]
@@ -465,7 +465,7 @@ def routing_figure(routing) -> go.Figure:
     m = routing.matrix[routing.matrix["group"] == grp]
     fig = make_subplots(rows=1, cols=2 if len(m) else 1, horizontal_spacing=0.18,
                         subplot_titles=[f"{unit} per rank and step (expert side)"]
-                        + (["rows sent, source → destination, per step"] if len(m) else []))
+                        + (["rows per all-to-all, source → expert rank"] if len(m) else []))
     x = _ranks(load.index)
     fig.add_bar(x=x, y=_f32(load.to_numpy()), name="rank", marker_color="#4C78A8",
                 hovertemplate="%{x}: %{y:,.0f} " + unit + " per step<extra></extra>",
@@ -478,12 +478,12 @@ def routing_figure(routing) -> go.Figure:
         fig.add_heatmap(z=_f32(piv.to_numpy()), x=_ranks(piv.columns), y=_ranks(piv.index),
                         colorscale="Blues", colorbar={"title": "rows"},
                         hovertemplate="%{y} → %{x}: %{z:,.0f} rows<extra></extra>", row=1, col=2)
-        fig.update_xaxes(title_text="destination rank", type="category", row=1, col=2)
+        fig.update_xaxes(title_text="expert rank", type="category", row=1, col=2)
         fig.update_yaxes(title_text="source rank", type="category", autorange="reversed",
                          row=1, col=2)
     fig.update_xaxes(title_text="rank", type="category", row=1, col=1)
     fig.update_yaxes(title_text=f"{unit} per step", row=1, col=1)
-    fig.update_layout(title=f"MoE routing, group {_pe(str(grp).split('|')[0])}", height=400,
+    fig.update_layout(title=f"MoE routing, group {_pe(str(grp).split('|')[0] or '?')}", height=400,
                       showlegend=False)
     return fig
 

@@ -90,7 +90,9 @@ class RoutingResult:
             ``saving_us`` (median per step) with ``saving_q1_us``/``saving_q3_us``
             (quartiles). Sorted by ``saving_us``, largest first.
         matrix: per group, source and destination rank: ``group``, ``src``, ``dst``,
-            ``rows`` (mean per step of the rows ``src`` sends ``dst``; from split sizes only).
+            ``rows`` (rows of ``src``'s tokens that ``dst``'s experts take, mean per routed
+            all-to-all: a dispatch's send splits, a combine's receive splits; group ranks in
+            ascending order; from split sizes only).
         notes: what could not be measured, one line each.
     """
 
@@ -130,7 +132,8 @@ class RoutingResult:
 
 
 def _ranks_text(group: str) -> str:
-    return str(group).split("|")[0]
+    """``"0,1"`` of a group key; ``"ranks unknown"`` where the trace does not give them."""
+    return str(group).split("|")[0] or "ranks unknown"
 
 
 def empty_routing(notes: tuple[str, ...] = ()) -> RoutingResult:
@@ -270,10 +273,13 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
                            "sent_rows": float(s_), "recv_rows": float(v),
                            "load_rows": float(ld), "waited_us": waits[r],
                            "_last": last, "_instance": key})
-        for r, (s, _, row, _) in zip(members, parts):
-            if s is not None and unit == "rows":
-                for dst, x in zip(members, s):
-                    matrix_rows.append({"group": meta["group"], "step": int(meta["step"]),
+        for r, (s, rv, row, _) in zip(members, parts):
+            # src → the rank whose experts take the rows: a dispatch's send splits, a combine's
+            # receive splits (the rows coming back from each expert rank)
+            out = s if side == "recv" else rv
+            if out is not None and unit == "rows":
+                for dst, x in zip(members, out):
+                    matrix_rows.append({"group": meta["group"], "instance": key,
                                         "src": r, "dst": dst, "rows": float(x)})
             eb = _size(ops[members.index(r)].get("elem_bytes"))
             if row and eb:
@@ -328,9 +334,9 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
               .sort_values(["saving_us", "imbalance"], ascending=False).reset_index(drop=True))
     if matrix_rows:
         m = pd.DataFrame(matrix_rows)
-        n_steps = m.groupby("group")["step"].nunique()
+        n_inst = m.groupby("group")["instance"].nunique()
         matrix = m.groupby(["group", "src", "dst"], as_index=False)["rows"].sum()
-        matrix["rows"] = matrix["rows"] / matrix["group"].map(n_steps)
+        matrix["rows"] = matrix["rows"] / matrix["group"].map(n_inst)
     else:
         matrix = pd.DataFrame(columns=["group", "src", "dst", "rows"])
     return RoutingResult(instances, per_rank, steps, groups, matrix, tuple(notes))

@@ -27,7 +27,7 @@ def moe_routing(ctx: RuleContext) -> list[Recommendation]:
         return []
     hot, n = int(f["hot_rank"]), int(f["ranks"])
     what = "tokens" if f["unit"] == "rows" else "elements"
-    ev = [f"the expert-parallel group [{str(f['group']).split('|')[0]}] routes "
+    ev = [f"the expert-parallel group [{str(f['group']).split('|')[0] or 'ranks unknown'}] routes "
           f"{f['hot_rows']:,.0f} {what} per step to rank {hot}'s experts against a mean of "
           f"{f['mean_rows']:,.0f}: max/mean {f['imbalance']:.2f} (median over {f['steps']} "
           f"step(s), range {f['imbalance_min']:.2f}–{f['imbalance_max']:.2f}; rank {hot} is the "

@@ -1,0 +1,160 @@
+"""MoE routing imbalance (issue #18 item 5): planted split sizes, exact values."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import pardiag
+from pardiag.analyzer.comm_records import all_to_all_ops, parse_splits
+from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.routing import IMBALANCE_MIN
+from pardiag.cli import cli
+from synth import TraceBuilder
+
+EPOCH = 1_700_000_000_000_000.0  # µs
+REPO = Path(__file__).resolve().parents[1]
+#: rows rank src sends rank dst in the dispatch (H = 8 floats per row): every rank sends 40,
+#: rank 0 receives 80 of the 160 (max/mean 2.0)
+S = [[10, 10, 10, 10], [25, 5, 5, 5], [25, 5, 5, 5], [20, 10, 5, 5]]
+H = 8
+
+
+def _a2a(b: TraceBuilder, seq: int, start: float, dur: float, send, recv, dtype="Float",
+         row: int = H) -> None:
+    """One all-to-all: the record_param_comms op issuing it and its NCCL kernel."""
+    args = {"Collective name": "all_to_all", "dtype": dtype, "In msg nelems": sum(send) * row,
+            "Out msg nelems": sum(recv) * row, "Group size": 4, "Process Group Name": "0",
+            "Process Group Description": "ep", "Process Group Ranks": "[0, 1, 2, 3]",
+            "Seq": str(seq), "In split size": str(send), "Out split size": str(recv)}
+    b.cpu("record_param_comms", EPOCH + start - 20, 10, args=args)
+    b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", EPOCH + start, dur,
+             stream=20, launch_ts=EPOCH + start - 15, args=args)
+
+
+def _planted(tmp_path: Path) -> Path:
+    """4 ranks, 2 steps. Per step: a count exchange (even split), the dispatch (everyone at
+    +100 µs for 50 µs) and the combine: rank 0 (the hot rank) arrives at +600 in step 1 (the
+    others at 300, 350, 350) and at +700 in step 2 (the others at 400); the combine ends at
+    +650 / +750 everywhere."""
+    for r in range(4):
+        b = TraceBuilder(rank=r, world_size=4)
+        for k, t0 in enumerate((0.0, 1000.0)):
+            b.step(k + 1, EPOCH + t0, 1000)
+            _a2a(b, 3 * k + 1, t0 + 40, 10, [], [], dtype="Long", row=1)
+            _a2a(b, 3 * k + 2, t0 + 100, 50, S[r], [S[s][r] for s in range(4)])
+            arrive = ({0: 600, 1: 300, 2: 350, 3: 350} if k == 0 else
+                      {0: 700, 1: 400, 2: 400, 3: 400})[r]
+            end = 650 if k == 0 else 750
+            _a2a(b, 3 * k + 3, t0 + arrive, end - arrive, [S[s][r] for s in range(4)], S[r])
+        b.write(tmp_path / f"rank{r}.json")
+    return tmp_path
+
+
+def test_split_sizes_parse():
+    assert parse_splits("[226, 30]") == [226, 30]
+    assert parse_splits("[]") == [] and parse_splits([3, 4]) == [3, 4]
+    assert parse_splits("[1, 2, ...]") is None and parse_splits(None) is None
+    assert parse_splits("[-1]") is None and parse_splits("abc") is None
+
+
+def test_c10d_alltoall_base_gives_splits_shapes_and_row_size(tmp_path):
+    # as torch 2.13 records it on CPU (record_shapes): output, input, group, output splits,
+    # input splits
+    b = TraceBuilder(rank=0, backend="gloo")
+    b.cpu("c10d::alltoall_base_", 100, 50, args={
+        "Concrete Inputs": ["", "", "", "[226, 231]", "[226, 30]", "False", "-1"],
+        "Input type": ["float", "float", "", "ScalarList", "ScalarList", "Scalar", "Scalar"],
+        "Input Dims": [[457, 256], [256, 256], [], [], [], [], []]})
+    ev = load_traces(b.write(tmp_path / "rank0.json")).ranks[0].events
+    ops = all_to_all_ops(ev)
+    assert len(ops) == 1
+    row = ops.iloc[0]
+    assert row["send_splits"] == [226, 30] and row["recv_splits"] == [226, 231]
+    assert (row["send_elems"], row["recv_elems"], row["row_elems"], row["elem_bytes"]) == (
+        256 * 256, 457 * 256, 256, 4)
+    assert row["source"] == "c10d"
+
+
+def test_planted_routing_exact_values(tmp_path):
+    rep = pardiag.analyze(_planted(tmp_path), cache=False)
+    r = rep.routing
+    assert "2 all-to-all instance(s) split evenly" in " ".join(r.notes)
+    inst = r.instances
+    assert len(inst) == 4 and set(inst["unit"]) == {"rows"}
+    assert list(inst["side"]) == ["recv", "send", "recv", "send"]
+    assert inst["imbalance"].tolist() == pytest.approx([2.0] * 4)
+    assert set(inst["hot_rank"]) == {0}
+    assert inst["last_rank"].tolist()[1::2] == [0, 0]
+    assert inst["wait_us"].tolist()[1::2] == pytest.approx([800.0, 900.0])
+    pr = r.per_rank.set_index(["step", "rank"])
+    # rank 0: dispatch receives 80, combine sends 80; everyone sends and receives 40 of its own
+    assert pr.loc[(1, 0), ["sent_rows", "recv_rows", "load_rows"]].tolist() == [120, 120, 160]
+    assert [pr.loc[(1, k), "load_rows"] for k in range(4)] == [160, 60, 50, 50]
+    assert [pr.loc[(1, k), "waited_us"] for k in range(4)] == pytest.approx([0, 300, 250, 250])
+    st = r.steps.set_index("step")
+    assert st["imbalance"].tolist() == pytest.approx([2.0, 2.0])
+    assert st["max_rows"].tolist() == [160, 160] and st["mean_rows"].tolist() == [80, 80]
+    assert st["wait_us"].tolist() == pytest.approx([800.0, 900.0])
+    assert st["saving_us"].tolist() == pytest.approx([200.0, 225.0])
+    g = r.groups.iloc[0]
+    assert g["group"] == "0,1,2,3|ep" and g["ranks"] == 4 and g["steps"] == 2
+    assert g["hot_rank"] == 0 and g["hot_steps"] == 2 and g["row_bytes"] == H * 4
+    assert g["imbalance"] == pytest.approx(2.0)
+    assert (g["hot_rows"], g["mean_rows"]) == (160, 80)
+    assert g["wait_us"] == pytest.approx(850.0) and g["saving_us"] == pytest.approx(212.5)
+    assert (g["saving_q1_us"], g["saving_q3_us"]) == pytest.approx((206.25, 218.75))
+    m = r.matrix.set_index(["src", "dst"])["rows"]
+    assert [[m[(s, d)] for d in range(4)] for s in range(4)] == S
+    assert r.finding is not None and r.finding["hot_rank"] == 0
+    assert "rank 0's experts take 2.00× the mean tokens" in rep.verdict
+    # the rule: the step less the saving (profiled steps: 1000 µs each)
+    rec = [c for c in (*rep.recommendations.recommendations, *rep.recommendations.rejected)
+           if c.kind == "moe_routing"]
+    assert len(rec) == 1 and rec[0].params["hot_rank"] == 0
+    assert rec[0].measured_step_us - rec[0].predicted_step_us == pytest.approx(212.5)
+    assert any("capacity factor drops" in c for c in rec[0].caveats)
+
+
+def test_planted_routing_in_json_html_and_terminal(tmp_path):
+    (tmp_path / "run").mkdir()
+    d = _planted(tmp_path / "run")
+    out = tmp_path / "s.json"
+    res = CliRunner().invoke(cli, ["report", str(d), "--no-cache", "--json", str(out), "-o",
+                                   str(tmp_path / "r.html")], env={"COLUMNS": "120"})
+    assert res.exit_code == 0, res.output
+    assert "cause: MoE routing is imbalanced: rank 0's experts take 2.00×" in " ".join(
+        res.output.split())
+    j = json.loads(out.read_text())["routing"]
+    assert set(j) == {"groups", "steps", "per_rank", "instances", "matrix", "notes", "finding"}
+    assert j["groups"][0]["saving_us"] == pytest.approx(212.5)
+    assert len(j["per_rank"]) == 8 and len(j["matrix"]) == 16
+    page = (tmp_path / "r.html").read_text()
+    assert "<h2 id='routing'" in page and "MoE routing, group 0,1,2,3" in page
+
+
+def test_even_routing_names_no_imbalance(tmp_path):
+    # every rank sends 10 rows to every rank: split sizes given, all equal -> not routed
+    for r in range(4):
+        b = TraceBuilder(rank=r, world_size=4)
+        b.step(1, EPOCH, 1000)
+        _a2a(b, 1, 100, 50, [10] * 4, [10] * 4)
+        b.write(tmp_path / f"rank{r}.json")
+    rep = pardiag.analyze(tmp_path, cache=False)
+    assert rep.routing.groups.empty and rep.routing.finding is None
+    assert "1 all-to-all instance(s) split evenly" in rep.routing.notes[0]
+    assert "MoE routing" not in rep.verdict
+    assert rep.to_json()["routing"]["finding"] is None
+
+
+def test_dlrm_all_to_alls_are_not_called_imbalanced(real_traces):
+    # DLRM's embedding all-to-alls: about even sizes (one rank's differ), no MoE imbalance
+    rep = pardiag.analyze(real_traces / "dlrm_8rank_v100")
+    g = rep.routing.groups
+    assert len(g) <= 1 and (g.empty or g["imbalance"].iloc[0] < IMBALANCE_MIN)
+    assert rep.routing.finding is None and "MoE routing" not in rep.verdict
