@@ -158,3 +158,28 @@ def test_dlrm_all_to_alls_are_not_called_imbalanced(real_traces):
     g = rep.routing.groups
     assert len(g) <= 1 and (g.empty or g["imbalance"].iloc[0] < IMBALANCE_MIN)
     assert rep.routing.finding is None and "MoE routing" not in rep.verdict
+
+
+def test_profiled_skewed_router_is_named(tmp_path):
+    # train_moe.py --route-skew 0.9: on every rank 90% of the tokens go to rank 0's first
+    # expert, so in every dispatch rank 0 receives ≥ 0.9 of all tokens: max/mean ≥ 1.8 by
+    # construction (2 ranks), whatever the timing
+    out = tmp_path / "moe"
+    res = subprocess.run([sys.executable, "-m", "pardiag", "profile", REPO / "examples" /
+                          "train_moe.py", "--nproc-per-node", "2", "--pin-cpu", "--out", out,
+                          "--", "--steps", "6", "--batch", "128", "--route-skew", "0.9"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep = pardiag.analyze(out)
+    g = rep.moe_routing
+    assert len(g) == 1 and g["dim"].iloc[0] == "ep" and g["unit"].iloc[0] == "rows"
+    assert g["hot_rank"].iloc[0] == 0 and g["hot_steps"].iloc[0] == g["steps"].iloc[0] >= 2
+    assert g["imbalance_min"].iloc[0] >= 1.8
+    assert (rep.routing.steps["instances"] >= 3).all()   # dispatch, ids, combine (+ backward)
+    assert g["wait_us"].iloc[0] > 0          # rank 1 waits for rank 0's experts
+    assert "MoE routing is imbalanced: rank 0's experts take" in rep.verdict
+    assert "cause: MoE routing is imbalanced: rank 0" in " ".join(rep.summary(width=120).split())
+    rec = [c for c in (*rep.recommendations.recommendations, *rep.recommendations.rejected)
+           if c.kind == "moe_routing"]
+    assert len(rec) == 1 and rec[0].params["hot_rank"] == 0
+    assert rec[0].predicted_step_us < rec[0].measured_step_us
