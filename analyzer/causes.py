@@ -323,7 +323,7 @@ def compute_causes(traces, run_step_us: float = float("nan")) -> CausesResult:
 CAUSE_ADVICE = {
     "data_loading_us": ("its data loading", "its input pipeline: more DataLoader workers "
                         "(num_workers), pin_memory=True, prefetching (prefetch_factor)"),
-    "other_us": ("time outside any operator (Python, sleeps, host contention)",
+    "other_us": ("outside any operator (Python, sleeps, host contention)",
                  "what it does outside any operator: Python work, sleeps, other processes on "
                  "its cores (host contention)"),
     "forward_us": ("its forward operators", "why its operators run slower: host contention or "
@@ -387,8 +387,7 @@ class StragglerCause:
             verb = "is" if self.part == "other_us" else "takes"
             bits.append(f"{what} {verb} {self.excess_us / 1e3:.1f} ms longer than its peers'"
                         if self.part != "other_us" else
-                        f"it spends {self.excess_us / 1e3:.1f} ms more than its peers "
-                        f"{what}")
+                        f"it spends {self.excess_us / 1e3:.1f} ms more than its peers {what}")
         elif self.where == "step entry":
             bits.append("nothing inside its step takes longer: the delay lies before the step "
                         "(data loading before the step began, the previous step's tail)")

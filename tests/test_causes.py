@@ -144,7 +144,8 @@ def test_dlrm_is_host_bound_and_rank_7_late_at_step_entry(real_traces):
     assert len(doc["causes"]["per_step"]) == 8 and doc["causes"]["input_bound"] is None
     (st,) = [r for r in (*rep.recommendations.recommendations, *rep.recommendations.rejected)
              if r.kind == "straggler"] or [None]
-    assert st is not None and st.params["where"] == "step entry"
+    assert st is not None and "rank 7 enters each step" in st.evidence[1]
+    assert "before each step" in st.change
 
 
 def test_profiled_slow_dataloader_is_named(tmp_path):

@@ -250,5 +250,4 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
         evidence=tuple(ev), caveats=(f"the prediction removes {how}; a second straggler "
                                      f"would then show",),
         measured_step_us=measured, predicted_step_us=pred,
-        params={"without_rank": r, "cause": cause.part if cause is not None else None,
-                "where": cause.where if cause is not None else None})]
+        params={"without_rank": r})]
