@@ -18,6 +18,7 @@ import pandas as pd
 from pardiag.analyzer.balance import (BalanceResult, LayoutResult, MemoryResult, compute_balance,
                                       compute_layout, compute_memory)
 from pardiag.analyzer.breakdown import TimeBreakdown, compute_time_breakdown
+from pardiag.analyzer.causes import CausesResult, compute_causes
 from pardiag.analyzer.classify import device_kind
 from pardiag.analyzer.infer_layout import InferredLayout, infer_layout, is_pardiag_run
 from pardiag.analyzer.traceset import TraceSet
@@ -129,6 +130,25 @@ def _balance_json(r: BalanceResult, traces: TraceSet) -> dict:
                           "skew_origin": records(r.skew)}}
 
 
+def _causes_json(r: CausesResult, traces: TraceSet) -> dict:
+    return {"causes": {"per_rank": records(r.per_rank), "per_step": records(r.per_step),
+                       "excess": records(r.excess),
+                       "input_bound": None if r.input_bound is None else {
+                           k: ({str(a): _clean(b) for a, b in v.items()} if isinstance(v, dict)
+                               else _clean(v) if not isinstance(v, list) else v)
+                           for k, v in r.input_bound.items()},
+                       "host_bound": None if r.host_bound is None else {
+                           k: _clean(v) if not isinstance(v, list) else v
+                           for k, v in r.host_bound.items()}}}
+
+
+def _run_step_us(b: TimeBreakdown) -> float:
+    """The run's median step (µs; per step the slowest rank's span), NaN without steps."""
+    st = b.step_time
+    run = st[st["rank"].isna()] if len(st) else st
+    return float(run["median_us"].iloc[0]) if len(run) else float("nan")
+
+
 def _memory_json(r: MemoryResult, traces: TraceSet) -> dict:
     return {"memory": {"per_rank": records(r.per_rank),
                        "imbalance": {k: _clean(v) for k, v in r.imbalance.items()}}}
@@ -213,6 +233,8 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("pipeline", _pipeline, _pipeline_json),
     Analysis("balance", lambda traces, opts, done: compute_balance(
         traces, done["time_breakdown"].steps, done["sync"]), _balance_json),
+    Analysis("causes", lambda traces, opts, done: compute_causes(
+        traces, _run_step_us(done["time_breakdown"])), _causes_json),
     Analysis("memory", lambda traces, opts, done: compute_memory(traces), _memory_json),
     Analysis("layout", lambda traces, opts, done: compute_layout(traces, done["inferred_layout"]),
              _layout_json),
@@ -249,6 +271,8 @@ class Report:
             (:class:`InferredLayout`).
         pipeline: bubbles per rank and step (:class:`PipelineResult`).
         balance: load imbalance per group (:class:`BalanceResult`).
+        causes: where each rank's step goes on the host, why its device idles, the cross-rank
+            excess, input- and host-bound findings (:class:`CausesResult`).
         memory: static and peak memory per rank (:class:`MemoryResult`).
         layout: dimensions, strategies, groups, nodes (:class:`LayoutResult`).
         dim_overlap: overlap per parallel dimension (:class:`DimOverlapResult`).
@@ -267,6 +291,7 @@ class Report:
     inferred_layout: InferredLayout
     pipeline: PipelineResult
     balance: BalanceResult
+    causes: CausesResult
     memory: MemoryResult
     layout: LayoutResult
     dim_overlap: DimOverlapResult

@@ -54,6 +54,7 @@ SECTIONS = (
     ("breakdown", "Time breakdown per rank and step"),
     ("overlap", "Overlap per rank and per dimension"),
     ("stragglers", "Stragglers and synchronization"),
+    ("causes", "Why ranks are slow or idle"),
     ("pipeline", "Pipeline bubbles"),
     ("imbalance", "Load imbalance"),
     ("routing", "MoE routing"),
@@ -828,6 +829,90 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
     return out
 
 
+#: Colours and labels of the host and device parts (:mod:`pardiag.analyzer.causes`).
+HOST_PART_COLORS = {"data_loading_us": ("data loading", "#F58518"),
+                    "sync_us": ("synchronization", "#B279A2"),
+                    "comm_us": ("communication calls and waits", "#E45756"),
+                    "launch_us": ("kernel launches", "#72B7B2"),
+                    "optimizer_us": ("optimizer", "#EECA3B"),
+                    "backward_us": ("backward", "#54A24B"),
+                    "forward_us": ("forward and other operators", "#4C78A8"),
+                    "other_us": ("outside any operator", "#BAB0AC")}
+DEVICE_PART_COLORS = {"dev_compute_us": ("computing", "#4C78A8"),
+                      "dev_memory_us": ("copying", "#72B7B2"),
+                      "wait_comm_us": ("communication", "#E45756"),
+                      "wait_host_us": ("idle: waiting for the host", "#F58518"),
+                      "wait_sync_us": ("idle: host synchronization", "#B279A2"),
+                      "wait_other_us": ("idle: work queued", "#BAB0AC")}
+
+
+def parts_figure(per_rank: pd.DataFrame, parts: dict, title: str) -> go.Figure:
+    """Stacked bar per rank of the median per step of each part (ms)."""
+    fig = go.Figure()
+    x = _ranks(per_rank["rank"].astype(int))
+    for col, (label, color) in parts.items():
+        fig.add_bar(name=label, x=x, y=_f32(per_rank[col] / 1000.0), marker_color=color,
+                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + _e(label) + "</extra>")
+    fig.update_layout(barmode="stack", title=title, yaxis_title="ms per step (median)",
+                      xaxis_title="rank", height=420)
+    return fig
+
+
+def _causes_section(report: Report, page: _Page) -> list[str]:
+    """Where each rank's step goes on the host and the device, the straggler's cause, the
+    input- and host-bound findings (:mod:`pardiag.analyzer.causes`)."""
+    out = [_h2("causes")]
+    c = getattr(report, "causes", None)
+    if c is None or c.per_rank.empty:
+        out.append(_muted("Needs profiler steps (ProfilerStep#N) in the traces."))
+        return out
+    rec = report.recommendations
+    lines = []
+    if c.host_bound is not None:
+        hb = c.host_bound
+        lines.append(f"Host-bound: the GPU computes {hb['busy_pct']:.1f}% of the step and idles "
+                     f"waiting for the host {hb['wait_host_pct']:.1f}% (median over ranks).")
+    if c.input_bound is not None:
+        ib = c.input_bound
+        lines.append("Input-bound: data loading takes " + ", ".join(
+            f"{ib['share_pct'][r]:.0f}% of the step on rank {r} "
+            f"({ib['data_loading_us'][r] / 1e3:.1f} ms)" for r in ib["ranks"])
+            + (f"; without it the step would take about {ib['predicted_step_us'] / 1e3:.1f} ms "
+               f"(now {ib['step_us'] / 1e3:.1f} ms)"
+               if ib["predicted_step_us"] == ib["predicted_step_us"] else "") + ".")
+    for r in tuple(getattr(rec, "recommendations", ())) + tuple(getattr(rec, "rejected", ())):
+        if r.kind == "straggler":
+            lines.append(f"{r.title}: " + "; ".join(r.evidence[1:3]) + f" — {r.change}.")
+            break
+    out += [f"<p>{_e(t)}</p>" for t in lines]
+    pr = c.per_rank
+    out.append(page.fig(parts_figure(pr, HOST_PART_COLORS,
+                                     "Where the step goes on the host, per rank")))
+    out.append(_muted("Each instant of a step's CPU window goes to the first part that holds it: "
+                      "data loading (the DataLoader iterator), synchronization (cuda*Synchronize, "
+                      "wait_tensor, .item()), communication calls (and, outside any operator, "
+                      "waiting while a communication worker transfers), kernel launches, "
+                      "optimizer, backward, other operators (forward, loss), and the rest: "
+                      "outside any operator (Python, sleeps, host contention)."))
+    gpu = pr[pr["dev_compute_us"].notna()]
+    if len(gpu):
+        out.append(page.fig(parts_figure(gpu, DEVICE_PART_COLORS,
+                                         "Where the step goes on the device, per rank")))
+        out.append(_muted("Over the step's CPU window: compute kernels, copies, communication "
+                          "kernels alone, and idle time classified by the kernel that ends it: "
+                          "launched after the device fell idle (waiting for the host; during a "
+                          "host synchronization shown apart) or queued earlier (a dependency)."))
+    cols = {"rank": "rank", "steps": "steps", "span_us": "step (ms)",
+            **{k: v[0] + " (ms)" for k, v in HOST_PART_COLORS.items()},
+            "data_loading_pct": "data loading %"}
+    if len(gpu):
+        cols.update({k: "device " + v[0] + " (ms)" for k, v in DEVICE_PART_COLORS.items()})
+        cols["dev_compute_pct"] = "device busy %"
+    ms_cols = [k for k in cols if k.endswith("_us")]
+    out.append(_table(_ms(pr, ms_cols), cols, digits=2, sortable=True, what="ranks"))
+    return out
+
+
 def _pipeline_section(report: Report, page: _Page) -> list[str]:
     pipe = report.pipeline
     out = [_h2("pipeline")]
@@ -1184,6 +1269,7 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
     body += _breakdown_section(report, page)
     body += _overlap_section(report, page)
     body += _stragglers_section(report, page)
+    body += _causes_section(report, page)
     body += _pipeline_section(report, page)
     body += _imbalance_section(report)
     body += _routing_section(report, page)

@@ -213,8 +213,47 @@ def render_terminal(report: Report, console: Console) -> None:
             Col("exposed ms")],
             [(Text(str(r.collective)), _i(r.ranks), _i(r.count), _n(r.time_us / 1e3, 3),
               _n(r.exposed_us / 1e3, 3)) for r in agg.itertuples()])
+    _causes(report, console)
     _parallel(report, console)
     _hta(report, console)
+
+
+#: Most ranks in the terminal's tables of where the step goes.
+MAX_CAUSE_RANKS = 16
+
+
+def _causes(report: Report, console: Console) -> None:
+    """Where each rank's step goes on the host and, on GPU runs, on the device (medians over
+    steps, ms; :mod:`pardiag.analyzer.causes`)."""
+    c = getattr(report, "causes", None)
+    if c is None or c.per_rank.empty:
+        return
+    pr = c.per_rank.head(MAX_CAUSE_RANKS)
+    more = (f"; showing {MAX_CAUSE_RANKS} of {len(c.per_rank)} ranks"
+            if len(c.per_rank) > MAX_CAUSE_RANKS else "")
+    host = ["data_loading_us", "sync_us", "comm_us", "launch_us", "optimizer_us", "backward_us",
+            "forward_us", "other_us"]
+    print_table(console, "Where the step goes on the host (ms per step, median)", [
+        Col("rank"), Col("step"), Col("data", drop=1), Col("sync", drop=3), Col("comm"),
+        Col("launch", drop=4), Col("optim", drop=5), Col("backward", drop=6),
+        Col("forward+", drop=7), Col("outside ops", drop=2)],
+        [(str(int(r["rank"])), _n(r["span_us"] / 1e3, 2), *(_n(r[k] / 1e3, 2) for k in host))
+         for _, r in pr.iterrows()],
+        caption="data = DataLoader; comm = communication calls and waits; forward+ = "
+                "operators outside backward and optimizer; outside ops = Python, sleeps, "
+                "host contention" + more)
+    gpu = pr[pr["dev_compute_us"].notna()]
+    if len(gpu):
+        dev = ["dev_compute_us", "dev_memory_us", "wait_comm_us", "wait_host_us",
+               "wait_sync_us", "wait_other_us"]
+        print_table(console, "Where the step goes on the device (ms per step, median)", [
+            Col("rank"), Col("step"), Col("compute"), Col("copy", drop=3), Col("comm"),
+            Col("idle: host"), Col("idle: sync", drop=2), Col("idle: queued", drop=1)],
+            [(str(int(r["rank"])), _n(r["span_us"] / 1e3, 2), *(_n(r[k] / 1e3, 2) for k in dev))
+             for _, r in gpu.iterrows()],
+            caption="idle: host = nothing queued, the host was launching or computing; sync = "
+                    "nothing queued during a host synchronization; queued = work waiting on a "
+                    "dependency" + more)
 
 
 def _hta(report: Report, console: Console) -> None:

@@ -40,6 +40,7 @@ import orjson
 import pandas as pd
 
 from pardiag import layout
+from pardiag.analyzer.causes import causes_of_trace
 from pardiag.analyzer.breakdown import RankParts, breakdown_rows_of, rank_parts
 from pardiag.analyzer.classify import classify, profiler_steps
 from pardiag.analyzer.comm_records import all_to_all_ops
@@ -51,10 +52,10 @@ from pardiag.analyzer.traceset import RankTrace
 from pardiag.errors import TraceError
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
-SUMMARY_VERSION = 5
+SUMMARY_VERSION = 6
 #: Modules whose code decides what a summary holds; a summary made by other code is recomputed.
 _CODE_MODULES = ("traceset", "parse", "ranks", "load", "classify", "breakdown", "sync", "intervals",
-                 "comm_records", "summary", "infer_layout", "operators")
+                 "comm_records", "summary", "infer_layout", "operators", "causes")
 SUMMARY_KIND = "pardiag-rank-summary"
 #: Suffix appended to the trace file name: ``rank0.trace.json.gz.summary.json``.
 SUMMARY_SUFFIX = layout.SUMMARY_SUFFIX
@@ -100,6 +101,8 @@ class RankSummary:
         operator_steps: the trace's profiler steps (what ``operators`` is divided by per step).
         a2a: the all-to-alls the rank issued with their split sizes
             (:func:`pardiag.analyzer.comm_records.all_to_all_ops`), or None (an older summary).
+        causes: host and device parts per profiler step (:func:`pardiag.analyzer.causes.rank_causes`),
+            or None.
     """
 
     path: str
@@ -124,6 +127,7 @@ class RankSummary:
     operators: pd.DataFrame | None = None
     operator_steps: int = 0
     a2a: pd.DataFrame | None = None
+    causes: pd.DataFrame | None = None
 
     def matches(self, comm_patterns: Iterable) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""
@@ -206,7 +210,8 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         if has_steps is None else has_steps,
         has_gpu=trace.has_gpu, parts=parts, breakdown=breakdown_rows_of(parts), comm=comm, steps=steps, memory=memory_rows(trace),
         marks=rank_marks(trace), operators=ops, operator_steps=op_steps,
-        a2a=all_to_all_ops(trace.events))
+        a2a=all_to_all_ops(trace.events),
+        causes=causes_of_trace(trace))
 
 
 # -- JSON form -----------------------------------------------------------------------------------
@@ -254,6 +259,7 @@ def to_json(s: RankSummary) -> bytes:
         "operators": _frame_json(s.operators) if s.operators is not None else None,
         "operator_steps": s.operator_steps,
         "a2a": _frame_json(s.a2a) if s.a2a is not None else None,
+        "causes": _frame_json(s.causes) if s.causes is not None else None,
     }
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
                         default=_json_default)
@@ -314,7 +320,8 @@ def from_json(data: bytes) -> RankSummary:
         marks=RankMarks.from_json(doc["marks"]) if doc.get("marks") else None,
         operators=_frame_from(doc["operators"]) if doc.get("operators") else None,
         operator_steps=int(doc.get("operator_steps") or 0),
-        a2a=_frame_from(doc["a2a"]) if doc.get("a2a") else None)
+        a2a=_frame_from(doc["a2a"]) if doc.get("a2a") else None,
+        causes=_frame_from(doc["causes"]) if doc.get("causes") else None)
 
 
 # -- where summaries live ------------------------------------------------------------------------

@@ -2,8 +2,12 @@
 
 Every example takes the options that matter for diagnosis: ``--steps``, ``--batch``, ``--width``,
 ``--layers``, ``--optimizer``, and planted problems ``--slow-rank R --slow-ms D`` (sleep D ms
-every step on rank R), ``--fail-rank R --fail-step S`` (raise), ``--hang-rank R --hang-step S``
-(block forever), plus ``--times-out FILE`` (per-step wall times, for benchmarks/overhead.py).
+every step on rank R, outside any operator), ``--slow-data-rank R --slow-data-ms D`` (rank R's
+DataLoader takes D ms longer per batch: a slow input pipeline), ``--tiny-ops N`` (N extra tiny
+tensor ops per step: launch- or CPU-bound), ``--fail-rank R --fail-step S`` (raise),
+``--hang-rank R --hang-step S`` (block forever), plus ``--times-out FILE`` (per-step wall times,
+for benchmarks/overhead.py). Batches come from a ``torch.utils.data.DataLoader``
+(``num_workers=0``), so the traces show data loading as real scripts do.
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     p.add_argument("--slow-rank", type=int, default=-1, help="rank that sleeps every step")
     p.add_argument("--slow-ms", type=float, default=0.0, help="how long the slow rank sleeps (ms)")
+    p.add_argument("--slow-data-rank", type=int, default=-1,
+                   help="rank whose DataLoader is slow (sleeps in __getitem__)")
+    p.add_argument("--slow-data-ms", type=float, default=0.0,
+                   help="how much longer the slow data rank's DataLoader takes per batch (ms)")
+    p.add_argument("--tiny-ops", type=int, default=0,
+                   help="extra tiny tensor ops per step (a launch- or CPU-bound step)")
     p.add_argument("--fail-rank", type=int, default=-1, help="rank that raises at --fail-step")
     p.add_argument("--fail-step", type=int, default=2)
     p.add_argument("--hang-rank", type=int, default=-1, help="rank that blocks at --hang-step")
@@ -103,6 +113,48 @@ def batch(env: Env, n: int, step: int, in_dim: int = 64, classes: int = 10, seq:
     return x.to(env.device), y.to(env.device)
 
 
+class StepBatches(torch.utils.data.Dataset):
+    """Item ``i`` is step ``i``'s batch (:func:`batch`, on the CPU); on ``--slow-data-rank`` each
+    item takes ``--slow-data-ms`` longer (a slow input pipeline)."""
+
+    def __init__(self, args: argparse.Namespace, env: Env, n: int, seq: int | None,
+                 data_env: Env, make=None) -> None:
+        self.args, self.env, self.n, self.seq, self.data_env = args, env, n, seq, data_env
+        self.make = make
+
+    def __len__(self) -> int:
+        return self.args.steps
+
+    def __getitem__(self, step: int):
+        if self.make is not None:
+            return self.make(step)
+        cpu = dataclasses.replace(self.data_env, device=torch.device("cpu"))
+        if self.env.rank == self.args.slow_data_rank and self.args.slow_data_ms > 0:
+            time.sleep(self.args.slow_data_ms / 1000.0)
+        return batch(cpu, self.n, step, seq=self.seq)
+
+
+def batches(args: argparse.Namespace, env: Env, n: int, seq: int | None = None,
+            data_env: Env | None = None, make=None):
+    """Every step's batch (of ``data_env``: whose batch this rank sees; ``make(step)`` when
+    given: the CPU tensors ``(x, y)`` of a step) through a DataLoader
+    (``num_workers=0``; moved to the device), the iterator's
+    ``enumerate(DataLoader)#...__next__`` events in the trace."""
+    loader = torch.utils.data.DataLoader(StepBatches(args, env, n, seq, data_env or env, make),
+                                         batch_size=None,
+                                         shuffle=False, num_workers=0)
+    for x, y in loader:
+        yield x.to(env.device), y.to(env.device)
+
+
+def tiny_ops(args: argparse.Namespace, env: Env) -> None:
+    """``--tiny-ops`` small element-wise ops (each a kernel launch on a GPU)."""
+    if args.tiny_ops > 0:
+        t = torch.zeros(8, device=env.device)
+        for _ in range(args.tiny_ops):
+            t = t + 1.0
+
+
 def plant(args: argparse.Namespace, env: Env, step: int) -> None:
     """The planted problems: raise, block, or sleep on the chosen rank."""
     if env.rank == args.fail_rank and step == args.fail_step:
@@ -145,9 +197,9 @@ def train(args: argparse.Namespace, env: Env, opt: torch.optim.Optimizer, loss_o
     """
     timer = StepTimes(args.times_out, env)
     loss = None
-    for step in range(args.steps):
-        x, y = batch(batch_env or env, args.batch, step, seq=seq)
+    for step, (x, y) in enumerate(batches(args, env, args.batch, seq, batch_env)):
         plant(args, env, step)
+        tiny_ops(args, env)
         opt.zero_grad(set_to_none=True)
         loss = loss_of(x, y)
         loss.backward()

@@ -67,11 +67,15 @@ def main() -> None:
     opt = C.make_optimizer(params, args.optimizer)
     timer = C.StepTimes(args.times_out, env)
     first, last = 0 in my, (num_stages - 1) in my
-    for step in range(args.steps):
+
+    def make(step):
         g = torch.Generator().manual_seed(step)  # the same batch on every rank
-        x = torch.randn(args.batch, 64, generator=g).to(env.device)
-        y = torch.randint(0, 10, (args.batch,), generator=g).to(env.device)
+        return torch.randn(args.batch, 64, generator=g), torch.randint(0, 10, (args.batch,),
+                                                                        generator=g)
+
+    for step, (x, y) in enumerate(C.batches(args, env, args.batch, make=make)):
         C.plant(args, env, step)
+        C.tiny_ops(args, env)
         # keep the gradient buffers: re-allocating them makes each step's first backward slower
         opt.zero_grad(set_to_none=False)
         losses: list = []

@@ -31,8 +31,8 @@ from pardiag.errors import PardiagError
 class Report(_TypedReport):
     """The analysis of one run: one typed field per analysis (inherited from
     :class:`pardiag.analyzer.registry.Report`: ``traces``, ``time_breakdown``, ``sync``,
-    ``inferred_layout``, ``pipeline``, ``balance``, ``memory``, ``layout``, ``dim_overlap``,
-    ``routing``, ``recommendations``), plus the tables a notebook reads most, the figures, and the outputs.
+    ``inferred_layout``, ``pipeline``, ``balance``, ``causes``, ``memory``, ``layout``,
+    ``dim_overlap``, ``routing``, ``recommendations``), plus the tables a notebook reads most, the figures, and the outputs.
 
     Units everywhere: durations in µs (``*_us``), sizes in bytes (``*_bytes``), bandwidth in
     GB/s (10⁹ B/s, ``*_gbps``), shares in % (``*_pct``: ``overlap_pct`` of communication time,
@@ -56,6 +56,17 @@ class Report(_TypedReport):
         step's window) and the duration and share columns of :attr:`ranks` (``span_us``,
         ``compute_us``, ..., ``idle_pct``) over that window."""
         return self.time_breakdown.steps
+
+    @property
+    def step_parts(self) -> pd.DataFrame:
+        """Where each rank's steps go (:mod:`pardiag.analyzer.causes`): one row per rank and
+        profiler step: ``rank``, ``step``, ``start_us``, ``end_us``, ``span_us``; host parts
+        ``data_loading_us``, ``sync_us``, ``comm_us``, ``launch_us``, ``optimizer_us``,
+        ``backward_us``, ``forward_us``, ``other_us`` (outside any operator), summing to the
+        span; device parts (GPU, else NaN) ``dev_compute_us``, ``dev_memory_us``,
+        ``wait_comm_us``, ``wait_sync_us``, ``wait_host_us``, ``wait_other_us``, summing to the
+        span."""
+        return self.causes.per_step
 
     @property
     def collectives(self) -> pd.DataFrame:

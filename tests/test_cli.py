@@ -156,7 +156,7 @@ ANALYZER_LAYERS = [
     {"parse"},                                               # bytes -> event table
     {"load"},                                                # files -> TraceSet (orchestration)
     {"classify"},                                            # event kinds, steps
-    {"breakdown", "comm_records", "infer_layout", "operators", "shapes"},  # per-rank analyses
+    {"breakdown", "comm_records", "infer_layout", "operators", "shapes", "causes"},  # per-rank analyses
     {"sync"},                                                # cross-rank matching
     {"summary"},                                             # the per-rank reduction
     {"balance", "pipeline", "merge", "hang", "hta_extras", "routing"},  # analyses over the run

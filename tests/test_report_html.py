@@ -91,7 +91,9 @@ def test_hostile_strings_are_escaped_in_the_source(tmp_path):
     # only the page's own script elements: figure/template JSON, packed plotly.js, the boot script
     tags = _scripts(page)
     n_figs = page.count('<div class="pd-plot"')
-    assert n_figs == 6  # its communication never overlaps: both overlap charts are a sentence
+    # its communication never overlaps: both overlap charts are a sentence; + where the step
+    # goes on the host (a CPU run: no device chart)
+    assert n_figs == 7
     assert tags.count("<script>") == 1
     assert sum(t.startswith('<script type="application/json" id="pd-') for t in tags) == n_figs + 1
     assert len(tags) == n_figs + 3
@@ -246,4 +248,5 @@ def test_sections_without_data_say_why(tmp_path):
     }
     for key, text in why.items():
         assert f"<p class='muted'>{html.escape(text, quote=True)}</p>" in sections[key], key
-    assert page.count('<div class="pd-plot"') == 3  # breakdown, per step, overlap per rank
+    # breakdown, per step, overlap per rank, where the step goes on the host and the device
+    assert page.count('<div class="pd-plot"') == 5

@@ -19,6 +19,7 @@ import pandas as pd
 from pardiag.analyzer import whatif
 from pardiag.analyzer.balance import BalanceResult, LayoutResult, MemoryResult
 from pardiag.analyzer.breakdown import OUTLIER_STEP_FACTOR, TimeBreakdown
+from pardiag.analyzer.causes import CausesResult
 from pardiag.analyzer.dim_overlap import DimOverlapResult
 from pardiag.analyzer.pipeline import PipelineResult
 from pardiag.analyzer.replay import PipelineModel, pipeline_model
@@ -238,7 +239,7 @@ class RuleContext:
 
     Attributes:
         traces: the run.
-        breakdown, sync, pipeline, balance, memory, layout, dim_overlap, routing: the earlier
+        breakdown, sync, pipeline, balance, memory, layout, dim_overlap, routing, causes: the earlier
             analyses' results (None where an analysis did not run).
         settings: the run's recorded settings (:func:`recorded_settings`).
         model: the pipeline replay (:class:`pardiag.analyzer.replay.PipelineModel`) of a
@@ -264,6 +265,7 @@ class RuleContext:
     layout: LayoutResult | None = None
     dim_overlap: DimOverlapResult | None = None
     routing: RoutingResult | None = None
+    causes: CausesResult | None = None
     settings: dict = dataclasses.field(default_factory=dict)
     model: PipelineModel | None = None
     model_why: str = "no pipeline"
@@ -368,7 +370,7 @@ def build_context(traces: TraceSet, done: dict) -> RuleContext:
     return RuleContext(
         traces=traces, breakdown=bd, sync=done.get("sync"), pipeline=pipe,
         balance=done.get("balance"), memory=done.get("memory"), layout=done.get("layout"),
-        dim_overlap=done.get("dim_overlap"), routing=done.get("routing"), settings=recorded_settings(traces), model=model,
+        dim_overlap=done.get("dim_overlap"), routing=done.get("routing"), causes=done.get("causes"), settings=recorded_settings(traces), model=model,
         model_why=why, step=step, clean=clean, peak=measured_peak(done.get("memory")),
         capacity=capacity_bytes(traces), on_gpu=any(t.has_gpu for t in traces.ranks.values()),
         contention=contention_note(traces.rank_meta.values()))

@@ -90,6 +90,33 @@ def bubble_text(ctx: RuleContext) -> str | None:
     return text
 
 
+def causes_text(ctx: RuleContext) -> list[str]:
+    """The host-bound and input-bound lines of the verdict
+    (:class:`pardiag.analyzer.causes.CausesResult`): ``"host-bound: the GPU computes 6.9% of
+    the step and idles waiting for the host 55.5%"``, ``"input-bound: data loading takes 32% of
+    the step on rank 1 (7.2 ms); without it the step would take about 15.1 ms"``."""
+    c = ctx.causes
+    out = []
+    if c is None:
+        return out
+    hb = c.host_bound
+    if hb is not None:
+        out.append(f"host-bound: the GPU computes {hb['busy_pct']:.1f}% of the step and idles "
+                   f"waiting for the host {hb['wait_host_pct']:.1f}% (median over ranks)")
+    ib = c.input_bound
+    if ib is not None:
+        ranks = ib["ranks"]
+        share = max(ib["share_pct"][r] for r in ranks)
+        who = ("every rank" if ib["all_ranks"] else
+               f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks)))
+        text = (f"input-bound: data loading takes up to {share:.0f}% of the step on {who} "
+                f"({max(ib['data_loading_us'][r] for r in ranks) / 1e3:.1f} ms)")
+        if ib["predicted_step_us"] == ib["predicted_step_us"]:
+            text += f"; without it the step would take about {ms(ib['predicted_step_us'])}"
+        out.append(text)
+    return out
+
+
 def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
     """``"Step 12.3 ms (…spread…): exposed communication …; pipeline bubble …; rank N is a
     straggler: …"``.
@@ -123,10 +150,12 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
         parts.append(bubble)
     found = identify_straggler(ctx)
     if found is not None:
-        parts.append(found.describe())
+        parts.append(found.describe() + (f" — {found.cause.sentence()}" if found.cause
+                                         is not None else ""))
     routing = ctx.routing.describe() if ctx.routing is not None else None
     if routing:
         parts.append(routing)
+    parts += causes_text(ctx)
     spread = ""
     if profiled:  # measured on the profiled steps: their spread, " (while profiled; IQR ...)"
         spread = spread_text(ctx)

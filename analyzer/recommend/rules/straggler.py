@@ -9,6 +9,7 @@ import pandas as pd
 
 from pardiag.analyzer import intervals as iv
 from pardiag.analyzer.breakdown import rank_parts
+from pardiag.analyzer.causes import PART_LABELS, StragglerCause, straggler_cause
 from pardiag.analyzer.recommend.context import RuleContext, ms, run_step_row
 from pardiag.analyzer.recommend.types import Recommendation
 from pardiag.analyzer.traceset import TraceSet
@@ -85,6 +86,9 @@ class StragglerFinding:
         excess_idle_us: median over steps of its idle time less the other ranks' median in the
             same step (µs per step); None without per-step rows.
         steps_over, steps: steps in which it idled longer than the others' median, of all.
+        cause: why it is slow (:func:`pardiag.analyzer.causes.straggler_cause`): where its
+            delay arises (step entry or in the step) and the part it spends longer on than its
+            peers; None without the causes analysis.
     """
 
     rank: int
@@ -96,6 +100,7 @@ class StragglerFinding:
     excess_idle_us: float | None
     steps_over: int
     steps: int
+    cause: StragglerCause | None = None
 
     def describe(self) -> str:
         """``"rank 1 is a straggler: it idles 30.1 ms per step more than the others (in 9 of 9
@@ -148,7 +153,9 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
             wait_caused_us=float(row["wait_caused_us"]) if row is not None else 0.0,
             wait_suffered_us=float(row["wait_suffered_us"]) if row is not None else 0.0,
             excess_idle_us=float(mine.median()) if len(mine) else None,
-            steps_over=int((mine > 0).sum()), steps=int(len(mine)))
+            steps_over=int((mine > 0).sum()), steps=int(len(mine)),
+            cause=straggler_cause(ctx.causes, ctx.balance.skew if ctx.balance is not None
+                                  else None, r) if ctx.causes is not None else None)
 
     # arrives last most of the time and makes the others wait far more than it waits; on CPU
     # also idles longer: there a rank's op times follow the host's load (two ranks on two
@@ -215,7 +222,19 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
     if idle_x is not None:
         ev.append(f"rank {r} is idle (no op, no collective) {idle_x / 1000:.2f} ms per step "
                   f"more than the others (median)")
-    if len(comp):
+    cause = found.cause
+    if cause is not None:
+        ev.append(cause.sentence())
+        extra = sorted(((v, p) for p, v in cause.parts.items() if v == v and abs(v) >= 100.0),
+                       reverse=True)
+        if extra:
+            ev.append(f"rank {r}'s time per step beyond its peers' (median): " + ", ".join(
+                f"{PART_LABELS[p]} {v / 1000:+.2f} ms" for v, p in extra[:6]))
+    # its operators' time only when they are the cause (or none is known): a planted sleep
+    # lies outside any operator, and there its ops' times follow the host, not its work
+    operators_cause = cause is None or cause.part in (None, "forward_us", "backward_us",
+                                                      "optimizer_us", "dev_compute_us")
+    if len(comp) and operators_cause:
         c = comp.groupby("rank")["compute_us"].median()
         if r in c.index and len(c) > 1:
             ev.append(f"rank {r} computes {c[r] / 1000:.2f} ms per step, the others "
@@ -227,7 +246,7 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
     pred = max(measured - saving, 0.0)
     return [Recommendation(
         kind="straggler", title=f"Rank {r} is a straggler", change=f"if rank {r} were not slow "
-        f"(find what delays it: host load, data loading, a slower device or link)",
+        f"(look at {cause.advice() if cause is not None else 'what delays it: host load, data loading, a slower device or link'})",
         evidence=tuple(ev), caveats=(f"the prediction removes {how}; a second straggler "
                                      f"would then show",),
         measured_step_us=measured, predicted_step_us=pred,

@@ -1,0 +1,168 @@
+"""Why a rank is slow or idle (issue #18): host parts, device idle, straggler cause, input-bound.
+
+Planted synthetic traces with exact answers; the real DLRM trace (host-bound, rank 7 late at
+step entry); one profiled run with a slow DataLoader on one rank."""
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from pardiag.analyzer.causes import (HOST_PARTS, DEVICE_PARTS, CausesResult, causes_of_trace,
+                                     compute_causes, excess_table, straggler_cause)
+from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.registry import build_report, report_json
+from conftest import REPO
+from synth import TraceBuilder
+
+
+def _cpu_planted(rank=0, data_ms=100.0) -> TraceBuilder:
+    """One step [0, 1000) µs with every host part planted (answers in the test)."""
+    b = TraceBuilder(rank=rank, backend="gloo")
+    b.thread_name(1, "thread 1 (python3)").thread_name(2, "thread 2 (pt_gloo_runloop)")
+    b.step(1, 0, 1000)
+    b.cpu("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, data_ms,
+          cat="user_annotation")
+    b.cpu("aten::randn", 10, 20)                                   # inside data loading
+    b.cpu("DistributedDataParallel.forward", 100, 200, cat="user_annotation")
+    b.cpu("aten::addmm", 110, 90)
+    b.cpu("cudaLaunchKernel", 200, 10, cat="cuda_runtime")       # launch 10
+    b.cpu("aten::_local_scalar_dense", 250, 20)                   # .item(): sync 20
+    b.cpu("autograd::engine::evaluate_function: AddmmBackward0", 300, 200)
+    b.cpu("c10d::allreduce_", 450, 10)                            # comm 10
+    b.cpu("Optimizer.step#Adam.step", 600, 200, cat="user_annotation")
+    b.cpu("aten::add_", 610, 90)
+    b.cpu("c10d::wait", 800, 50)                                  # sync 50
+    b.cpu("gloo:all_reduce", 900, 50, tid=2, cat="user_annotation")  # waited for: comm 50
+    return b
+
+
+def test_host_parts_of_a_planted_cpu_step(tmp_path):
+    _cpu_planted().write(tmp_path / "rank0.json")
+    t = causes_of_trace(load_traces(tmp_path).ranks[0])
+    row = t.iloc[0]
+    got = {p: float(row[p]) for p in HOST_PARTS}
+    assert got == {"data_loading_us": 100.0, "sync_us": 70.0, "comm_us": 60.0,
+                   "launch_us": 10.0, "optimizer_us": 200.0, "backward_us": 190.0,
+                   "forward_us": 170.0, "other_us": 200.0}
+    assert sum(got.values()) == row["span_us"] == 1000.0
+    assert t[list(DEVICE_PARTS)].isna().all().all()   # a CPU trace has no device parts
+
+
+def test_device_idle_of_a_planted_gpu_step(tmp_path):
+    b = TraceBuilder(rank=0)
+    b.step(1, 0, 1000)
+    b.kernel("void gemm_kernel<float>(float*)", 100, 200, launch_ts=50)
+    b.cpu("cudaStreamSynchronize", 300, 30, cat="cuda_runtime")
+    b.kernel("void relu_kernel(float*)", 400, 100, launch_ts=350)   # gap [300,400): not queued
+    b.kernel("void relu_kernel(float*)", 550, 50, launch_ts=420)    # gap [500,550): queued
+    b.kernel("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*)", 600, 200, stream=20,
+             launch_ts=590)
+    b.kernel("Memcpy DtoH (Device -> Pinned)", 800, 50, stream=9, launch_ts=795,
+             cat="gpu_memcpy")
+    b.write(tmp_path / "rank0.json")
+    row = causes_of_trace(load_traces(tmp_path).ranks[0]).iloc[0]
+    got = {p: float(row[p]) for p in DEVICE_PARTS}
+    # idle [0,100) and [850,1000): nothing queued, host wait; [300,400): 30 in the host's
+    # synchronization, 70 host; [500,550): the next kernel was queued at 420
+    assert got == {"dev_compute_us": 350.0, "dev_memory_us": 50.0, "wait_comm_us": 200.0,
+                   "wait_sync_us": 30.0, "wait_host_us": 320.0, "wait_other_us": 50.0}
+    assert sum(got.values()) == 1000.0
+    assert row["sync_us"] == 30.0 and row["launch_us"] == 5.0
+
+
+def _per_step(values: dict[int, dict[str, float]], steps=(1, 2, 3)) -> pd.DataFrame:
+    rows = []
+    for r, parts in values.items():
+        for s in steps:
+            rows.append({"rank": r, "step": s, "start_us": 0.0, "end_us": 1000.0,
+                         "span_us": 1000.0, **{p: parts.get(p, 0.0) for p in HOST_PARTS},
+                         **{p: float("nan") for p in DEVICE_PARTS}})
+    return pd.DataFrame(rows)
+
+
+def test_excess_and_straggler_cause_name_the_planted_part():
+    ps = _per_step({0: {"data_loading_us": 10.0, "comm_us": 500.0},
+                    1: {"data_loading_us": 30.0, "comm_us": 480.0},
+                    2: {"data_loading_us": 510.0, "comm_us": 20.0}})
+    ex = excess_table(ps)
+    mine = ex[(ex["rank"] == 2) & (ex["part"] == "data_loading_us")].iloc[0]
+    assert (mine["rank_us"], mine["peers_us"], mine["excess_us"]) == (510.0, 20.0, 490.0)
+    res = CausesResult(ps, pd.DataFrame(), ex)
+    skew = pd.DataFrame([{"rank": 2, "steps": 3, "start_late_us": 0.0, "delay_us": 480.0,
+                          "top_collective": "all_reduce #1 of the step", "top_delay_us": 480.0,
+                          "top_share_pct": 100.0}])
+    c = straggler_cause(res, skew, 2)
+    assert (c.where, c.part, c.excess_us) == ("in the step", "data_loading_us", 490.0)
+    assert c.sentence() == ("rank 2 arrives 0.5 ms late at all_reduce #1 of the step; its data "
+                            "loading takes 0.5 ms longer than its peers'")
+    assert "num_workers" in c.advice() and "pin_memory" in c.advice()
+    # a sleep: time outside any operator, never "computes"
+    ps = _per_step({0: {"other_us": 10.0}, 1: {"other_us": 10.0},
+                    2: {"other_us": 400.0, "forward_us": 100.0}})
+    c = straggler_cause(CausesResult(ps, pd.DataFrame(), excess_table(ps)), skew, 2)
+    assert c.part == "other_us" and "outside any operator" in c.sentence()
+
+
+def test_late_step_entry_with_nothing_longer_inside_the_step():
+    ps = _per_step({0: {"forward_us": 100.0}, 1: {"forward_us": 101.0},
+                    2: {"forward_us": 102.0}})
+    skew = pd.DataFrame([{"rank": 2, "steps": 3, "start_late_us": 7500.0, "delay_us": 8000.0,
+                          "top_collective": "all_to_all #1 of the step", "top_delay_us": 7600.0,
+                          "top_share_pct": 95.0}])
+    c = straggler_cause(CausesResult(ps, pd.DataFrame(), excess_table(ps)), skew, 2)
+    assert (c.where, c.part) == ("step entry", None)
+    assert c.sentence().startswith("rank 2 enters each step 7.5 ms late; nothing inside its "
+                                   "step takes longer: the delay lies before the step")
+    assert "before each step" in c.advice()
+
+
+def test_input_bound_on_every_rank_predicts_the_step_without_loading(tmp_path):
+    for r in (0, 1):
+        b = _cpu_planted(rank=r, data_ms=100.0 + 100.0 * r)   # rank 1 loads 200 µs
+        b.write(tmp_path / f"rank{r}.json")
+    res = compute_causes(load_traces(tmp_path), run_step_us=1000.0)
+    ib = res.input_bound
+    assert ib["ranks"] == [0, 1] and ib["all_ranks"] is True
+    assert ib["share_pct"] == {0: 10.0, 1: 20.0}
+    assert ib["predicted_step_us"] == 800.0     # 1000 less the largest loading (200)
+    assert res.host_bound is None
+
+
+def test_dlrm_is_host_bound_and_rank_7_late_at_step_entry(real_traces):
+    rep = build_report(load_traces(real_traces / "dlrm_8rank_v100", cache=False))
+    hb = rep.causes.host_bound
+    # compute kernels ~1 ms of 12.5-19.9 ms steps
+    assert hb is not None and 5.0 < hb["busy_pct"] < 10.0 and hb["wait_host_pct"] > 40.0
+    v = rep.recommendations.verdict
+    assert "host-bound: the GPU computes" in v
+    assert "rank 7 is a straggler" in v and "rank 7 enters each step" in v
+    assert "the delay lies before the step" in v
+    doc = report_json(rep)
+    assert doc["causes"]["host_bound"]["ranks"] == list(range(8))
+    assert len(doc["causes"]["per_step"]) == 8 and doc["causes"]["input_bound"] is None
+    (st,) = [r for r in (*rep.recommendations.recommendations, *rep.recommendations.rejected)
+             if r.kind == "straggler"] or [None]
+    assert st is not None and "rank 7 enters each step" in st.evidence[1]
+    assert "before each step" in st.change
+
+
+def test_profiled_slow_dataloader_is_named(tmp_path):
+    """A rank whose DataLoader sleeps 60 ms per batch: input-bound on that rank, named as the
+    straggler's cause (a sleep never returns early, so its data loading is ≥ 60 ms)."""
+    out = tmp_path / "run"
+    res = subprocess.run(
+        [sys.executable, "-m", "pardiag", "profile", str(REPO / "examples" / "train_ddp.py"),
+         "--nproc-per-node", "2", "--out", str(out), "--", "--steps", "7", "--pin-cpu",
+         "--slow-data-rank", "1", "--slow-data-ms", "60"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep = build_report(load_traces(out))
+    pr = rep.causes.per_rank.set_index("rank")
+    assert pr.loc[1, "data_loading_us"] >= 60_000.0
+    assert pr.loc[0, "data_loading_us"] < 30_000.0
+    assert rep.causes.input_bound is not None and 1 in rep.causes.input_bound["ranks"]
+    v = rep.recommendations.verdict
+    assert "input-bound: data loading" in v
+    assert "rank 1 is a straggler" in v and "its data loading takes" in v
