@@ -98,3 +98,34 @@ def test_framework_profiled_unmodified(framework_run):
     counts = {c["collective"]: c["count"] for c in report["collectives"]}
     assert counts["all_reduce"] == 2 * ACTIVE   # both ranks' gradient all-reduces
     assert report["step"]["steps"] == ACTIVE
+
+
+def test_a_second_torch_profiler_is_refused_with_a_clear_error():
+    """A script's own torch profiler (Lightning's ``Trainer(profiler="pytorch")``) beside
+    pardiag's crashed both ranks with SIGSEGV; under pardiag it raises a clear error instead,
+    pardiag's own profiler still records, and uninstalling restores torch's profilers."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from pardiag.collectors.rank_entry import OWN_PROFILER_ERROR, _refuse_other_profilers
+
+    ours = profile(activities=[ProfilerActivity.CPU])
+    patched = _refuse_other_profilers(ours)
+    try:
+        ours.start()
+        with pytest.raises(RuntimeError) as err:
+            with profile(activities=[ProfilerActivity.CPU]):
+                pass
+        assert str(err.value) == OWN_PROFILER_ERROR
+        with pytest.raises(RuntimeError, match="torch profiler of its own"):
+            with torch.autograd.profiler.profile():
+                pass
+        torch.ones(4, 4).matmul(torch.ones(4, 4))
+        ours.stop()
+        assert any(e.name == "aten::matmul" for e in ours.events())
+    finally:
+        for cls, name, orig in patched:
+            setattr(cls, name, orig)
+    with profile(activities=[ProfilerActivity.CPU]) as other:   # restored: works again
+        torch.ones(2).add(1)
+    assert any(e.name == "aten::add" for e in other.events())

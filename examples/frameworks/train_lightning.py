@@ -34,6 +34,8 @@ class LitLM(L.LightningModule):
 def main() -> None:
     p = _data.parser(__doc__)
     p.add_argument("--devices", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    p.add_argument("--profiler", choices=["simple", "advanced", "pytorch"], default=None,
+                   help="Lightning's own profiler (pytorch: a second torch profiler)")
     args = p.parse_args()
     n = args.batch * args.grad_accum * (args.steps + 1) * 8
     loader = torch.utils.data.DataLoader(_data.RandomTokens(n, args.seq), batch_size=args.batch)
@@ -41,7 +43,7 @@ def main() -> None:
         accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=args.devices,
         strategy="ddp", max_steps=args.steps, accumulate_grad_batches=args.grad_accum,
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False)
+        enable_model_summary=False, profiler=args.profiler)
     trainer.fit(LitLM(args.hidden, args.layers, args.seq), loader)
 
 
