@@ -738,6 +738,24 @@ def model_shapes(roots=None, stages=None):
                               truncated=truncated)
 
 
+def _first_tensor(obj, depth: int = 4) -> torch.Tensor | None:
+    """The first tensor of at least one dimension in ``obj``, looking into mappings, lists and
+    tuples (in order) down to ``depth`` levels; None if there is none."""
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.dim() > 0 else None
+    if depth <= 0:
+        return None
+    from collections.abc import Mapping
+
+    items = obj.values() if isinstance(obj, Mapping) else obj if isinstance(
+        obj, (list, tuple)) else ()
+    for item in items:
+        found = _first_tensor(item, depth - 1)
+        if found is not None:
+            return found
+    return None
+
+
 class BatchRecorder:
     """Records the per-rank batch while installed (the launcher removes it at the first
     optimizer step): dim 0 of the first tensor given to the outermost module call with
@@ -745,7 +763,9 @@ class BatchRecorder:
     that module was called so (more than once: gradient accumulation, or a pipeline's
     microbatches; calls under ``torch.no_grad``, such as an evaluation pass, do not count).
     Global module forward hooks; dim 0 is taken as the batch (a sequence-first input would
-    give its length).
+    give its length). The first tensor is looked for in the positional arguments, then the
+    keyword arguments, and inside dicts, lists and tuples among them (:func:`_first_tensor`):
+    Hugging Face models take ``model(**batch)``, Lightning's DDP wrapper ``(batch_dict, idx)``.
 
     Attributes:
         samples: that dim 0 (samples), or None; module: the module's class name; calls: the
@@ -761,9 +781,14 @@ class BatchRecorder:
         self._handles: list = []
 
     def _pre(self, module, args) -> None:
+        self._depth += 1
+
+    def _post(self, module, args, kwargs, output) -> None:
+        # decided when the outermost call returns: only the post hook sees keyword arguments
+        self._depth = max(self._depth - 1, 0)
         if self._depth == 0 and torch.is_grad_enabled():
-            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is not None and first.dim() > 0:
+            first = _first_tensor((args, kwargs))
+            if first is not None:
                 if self._best is not None and self._best[0] == id(module):
                     self.calls += 1
                 else:
@@ -772,16 +797,12 @@ class BatchRecorder:
                         self._best = (id(module), n)
                         self.samples, self.module = int(first.shape[0]), type(module).__name__
                         self.calls = 1
-        self._depth += 1
-
-    def _post(self, module, args, output) -> None:
-        self._depth = max(self._depth - 1, 0)
 
     def install(self) -> None:
         from torch.nn.modules.module import (register_module_forward_hook,
                                              register_module_forward_pre_hook)
         self._handles = [register_module_forward_pre_hook(self._pre),
-                         register_module_forward_hook(self._post)]
+                         register_module_forward_hook(self._post, with_kwargs=True)]
 
     def uninstall(self) -> None:
         for h in self._handles:

@@ -19,6 +19,7 @@ gloo runs that leave the process group alive end in SIGABRT 10-40% of the time (
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -73,6 +74,47 @@ class _OptimizerStepper:
             self.times.append((self.steps, self._t0, time.time_ns()))
             self.steps += 1
             self._on_step(self.steps, optimizer)
+
+
+#: The error a script's own torch profiler raises under ``pardiag profile`` (FACTS: Lightning
+#: ``Trainer(profiler="pytorch")`` beside pardiag's profiler ended both ranks in SIGSEGV).
+OWN_PROFILER_ERROR = (
+    "pardiag: the script starts a torch profiler of its own (such as Lightning's "
+    "Trainer(profiler=\"pytorch\"), Accelerate's ProfileKwargs or torch.profiler.profile) while "
+    "pardiag profiles it; two torch profilers in one process crash it: turn the script's "
+    "profiler off under pardiag profile")
+
+
+def _refuse_other_profilers(ours) -> list[tuple]:
+    """Make every torch profiler but ``ours`` raise ``RuntimeError(OWN_PROFILER_ERROR)`` when
+    it would start tracing (``torch.profiler`` profilers when they prepare their trace, the
+    legacy ``torch.autograd.profiler.profile`` on ``__enter__``), instead of crashing the
+    process. Returns ``[(class, attribute, original)]`` to restore."""
+    import torch.autograd.profiler as autograd_profiler
+    from torch.profiler import profiler as torch_profiler
+
+    patched = []
+    kineto = torch_profiler._KinetoProfile
+    orig_prepare = kineto.prepare_trace
+
+    @functools.wraps(orig_prepare)
+    def prepare_trace(self, *args, **kwargs):
+        if self is not ours:
+            raise RuntimeError(OWN_PROFILER_ERROR)
+        return orig_prepare(self, *args, **kwargs)
+
+    legacy = autograd_profiler.profile
+    orig_enter = legacy.__enter__
+
+    @functools.wraps(orig_enter)
+    def enter(self, *args, **kwargs):
+        raise RuntimeError(OWN_PROFILER_ERROR)
+
+    for cls, name, orig, new in ((kineto, "prepare_trace", orig_prepare, prepare_trace),
+                                 (legacy, "__enter__", orig_enter, enter)):
+        setattr(cls, name, new)
+        patched.append((cls, name, orig))
+    return patched
 
 
 def _write_json(path: Path, obj, compact: bool = False) -> None:
@@ -383,6 +425,7 @@ def main() -> None:
     pipe.install()
     hook_handles = [register_optimizer_step_pre_hook(stepper.pre),
                     register_optimizer_step_post_hook(stepper.post)]
+    refused = _refuse_other_profilers(prof)
     stop_watchdog = threading.Event()
     _watchdog(out, rank, p2p, stop_watchdog)
 
@@ -400,6 +443,8 @@ def main() -> None:
         sys.argv = saved_argv
         for h in hook_handles:
             h.remove()
+        for cls, name, orig in refused:
+            setattr(cls, name, orig)
         try:
             prof.stop()
         except Exception as exc:  # a trace that cannot be written must not hide the script's result

@@ -64,18 +64,22 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 
 
 def init_distributed(pin_cpu: bool = False) -> Env:
-    """Start the default process group (NCCL with CUDA, else gloo) when run under torchrun."""
+    """Start the default process group (NCCL with CUDA, else gloo) when run under torchrun.
+
+    ``EXAMPLES_BACKEND=gloo`` chooses gloo on GPUs too; then several ranks may share a GPU
+    (local rank modulo the GPUs), as ``benchmarks/gpu_check.sh`` runs 2 ranks on one GPU."""
     use_cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if pin_cpu and hasattr(os, "sched_setaffinity"):
         cores = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+    gpu = local_rank % torch.cuda.device_count() if use_cuda else 0
     if use_cuda:
-        torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+        torch.cuda.set_device(gpu)
+    device = torch.device("cuda", gpu) if use_cuda else torch.device("cpu")
     if "WORLD_SIZE" not in os.environ:
         return Env(0, 1, 0, device, None)
-    backend = "nccl" if use_cuda else "gloo"
+    backend = os.environ.get("EXAMPLES_BACKEND") or ("nccl" if use_cuda else "gloo")
     dist.init_process_group(backend)
     return Env(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
 

@@ -145,6 +145,46 @@ def test_batch_recorder_takes_the_model_and_counts_accumulation():
     assert shapes.run_batch(c, dp=1, pipeline_microbatches=4) == shapes.Batch(12, 12, 3)
 
 
+def test_batch_recorder_reads_keyword_and_dict_inputs():
+    """Hugging Face models take ``model(**batch)`` (keyword tensors only) and Lightning's DDP
+    wrapper ``(batch_dict, batch_idx)``: the first tensor of at least one dimension in the
+    keyword arguments or inside a dict is the batch (a 0-d tensor before it is not)."""
+    import torch
+    from torch import nn
+    from pardiag.collectors.hooks import BatchRecorder
+
+    class KwModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, scale=None, input_ids=None, labels=None):
+            return self.lin(input_ids).sum()
+
+    class Wrapper(nn.Module):   # what Lightning's strategy wrapper receives
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, batch, idx):
+            return self.inner(**batch)
+
+    model = KwModel()
+    wrapper = Wrapper(model)
+    for call, expected in (
+            (lambda: model(scale=torch.tensor(2.0), input_ids=torch.zeros(6, 4),
+                           labels=torch.zeros(6)), (6, "KwModel", 3)),
+            (lambda: wrapper({"input_ids": torch.zeros(5, 4)}, 0), (5, "Wrapper", 3))):
+        rec = BatchRecorder()
+        rec.install()
+        try:
+            for _ in range(3):
+                call()
+        finally:
+            rec.uninstall()
+        assert (rec.samples, rec.module, rec.calls) == expected
+
+
 def test_batch_checks():
     assert shapes.check_microbatches(8, 4) == ("8 microbatches would be under 1 sample each "
                                                "(global batch of 4 samples)")
