@@ -122,6 +122,24 @@ def _device_info(torch) -> dict:
             "device_memory_bytes": None}
 
 
+def claim_files(out: Path, rank: int, overwrite: bool) -> str | None:
+    """Make sure this rank writes over nothing of an earlier run: where its own files are in
+    ``out`` (a run folder shared by several nodes or launchers, where nobody checked the whole
+    folder first), remove them with ``overwrite`` (saying so), else return the one-line error.
+    Touches no other rank's file."""
+    found = [p for p in layout.rank_files(out, rank) if p.exists()]
+    if not found:
+        return None
+    names = ", ".join(str(p.relative_to(out)) for p in found)
+    if not overwrite:
+        return (f"{out}: rank {rank}'s files of an earlier run are there ({names}); pass "
+                f"--overwrite to replace them, or another --out")
+    for p in found:
+        p.unlink(missing_ok=True)
+    print(f"pardiag: {out}: --overwrite removed rank {rank}'s {names}", file=sys.stderr)
+    return None
+
+
 def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thread:
     """A daemon thread that writes ``rank{R}.hang.json`` when the launcher asks (--timeout).
 
@@ -141,6 +159,7 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thr
             frame = sys._current_frames().get(main_id)
             dump = {
                 **layout.sidecar_header("hang"), "rank": rank, "time_ns": time.time_ns(),
+                "launch_id": os.environ.get("PARDIAG_LAUNCH_ID"),
                 "flight_recorder": flight_recorder_entries()[-200:],
                 "p2p": p2p.records[-50:], "process_groups": process_groups(),
                 "main_stack": traceback.format_stack(frame) if frame else [],
@@ -313,8 +332,16 @@ def _pin_cpu(torch, local_rank: int, local_world: int) -> bool:
     return True
 
 
-def main() -> None:
-    """Run the user's script as ``__main__`` under the profiler; never returns."""
+def main(cfg: dict | None = None, before_exit=None) -> None:
+    """Run the user's script as ``__main__`` under the profiler; never returns.
+
+    Args:
+        cfg: the configuration (as ``PARDIAG_PROFILE_CONFIG`` holds it: ``out``, ``script``,
+            ``args``, ``wait``, ``warmup``, ``active``, ``pin_cpu``, ``overwrite``, optional
+            ``node_rank``); default: read from that variable.
+        before_exit: called with the rank's :class:`~pardiag.layout.RankMeta` after the final
+            barrier, before the process ends (``pardiag wrap`` writes the node's run file).
+    """
     import torch
     import torch.distributed as dist
     from torch.optim.optimizer import (register_optimizer_step_post_hook,
@@ -323,9 +350,14 @@ def main() -> None:
 
     from pardiag.collectors import hooks
 
-    cfg = json.loads(os.environ[CONFIG_ENV])
+    cfg = cfg if cfg is not None else json.loads(os.environ[CONFIG_ENV])
     out = Path(cfg["out"])
     rank = int(os.environ.get("RANK", "0"))
+    problem = claim_files(out, rank, bool(cfg.get("overwrite")))
+    if problem:
+        print(f"pardiag: error: {problem}", file=sys.stderr, flush=True)
+        os._exit(2)
+    group = cfg.get("node_rank", os.environ.get("GROUP_RANK"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     pinned = bool(cfg.get("pin_cpu")) and _pin_cpu(
@@ -461,7 +493,9 @@ def main() -> None:
         layout=_plain(lay), shapes=shapes, started_unix=started, ended_unix=time.time(),
         exit_code=code,
         status="error" if failed else "ok", error=None if not failed else _one_line(error),
-        env={k: v for k, v in sorted(os.environ.items()) if k.startswith(layout.ENV_PREFIXES)})
+        env={k: v for k, v in sorted(os.environ.items()) if k.startswith(layout.ENV_PREFIXES)},
+        node_rank=int(group) if str(group).isdigit() else None,
+        launch_id=os.environ.get("PARDIAG_LAUNCH_ID"))
     stop_watchdog.set()
     path = layout.rank_meta_path(out, rank)
     path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(meta))
@@ -474,6 +508,12 @@ def main() -> None:
             dist.barrier()  # then os._exit, without destroying the group (FACTS §1: 20/20 clean)
         except Exception:  # a peer already gone: nothing left to synchronise with
             pass
+    if before_exit is not None:
+        try:
+            before_exit(meta)
+        except Exception as exc:  # the run file is extra: the rank's own files are written
+            print(f"pardiag: rank {rank}: could not write the node's run file: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
