@@ -191,9 +191,10 @@ class NoiseFilter:
     :meth:`close`.
     """
 
-    DROP = re.compile(rb"^USDT:.*\.cpp:\d+\] ")
-    ONCE = (re.compile(rb"^\[W[^\]]*CPUAllocator\.cpp:\d+\] Memory block of unknown size"),)
-    _PREFIXES = (b"USDT:", b"[W")
+    DROP = re.compile(rb"^(\[rank\d+\]:)?USDT:.*\.cpp:\d+\] ")
+    ONCE = (re.compile(rb"^(\[rank\d+\]:)?\[W[^\]]*CPUAllocator\.cpp:\d+\] Memory block of unknown "
+                       rb"size"),)
+    _PREFIXES = (b"USDT:", b"[W", b"[rank")
 
     def __init__(self, sink=None) -> None:
         self.read_fd, self.write_fd = os.pipe()
