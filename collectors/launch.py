@@ -286,6 +286,32 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
 
 #: Exit code of a job stopped by --timeout (as coreutils' timeout).
 TIMEOUT_EXIT_CODE = 124
+#: Every rank has written all its files: how long its processes may take to exit before they
+#: are taken as stuck in their teardown and stopped (seconds). The script's exit code stands.
+EXIT_STUCK_S = 30.0
+
+
+def _rank_pids(pid: int) -> list[int]:
+    """Rank processes below ``pid`` (their command line runs pardiag's rank entry)."""
+    out = []
+    for p in _descendants(pid):
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"pardiag.collectors.rank_entry" in cmd:
+            out.append(p)
+    return out
+
+
+def _main_thread_at(text: str) -> str | None:
+    """The innermost frame of the main thread in a faulthandler dump (it lists the threads
+    newest first: the main thread last), as ``File "...", line N in f``."""
+    blocks = [b for b in text.strip().split("\n\n") if "File " in b]
+    if not blocks:
+        return None
+    frames = [ln.strip() for ln in blocks[-1].splitlines() if ln.strip().startswith("File ")]
+    return frames[0] if frames else None
 
 
 def _descendants(pid: int) -> list[int]:
@@ -414,6 +440,7 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig,
 def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | None]:
     started = time.time()
     first_done: float | None = None
+    all_done = 0.0
     n = cfg.nproc_per_node
     try:
         while True:
@@ -431,6 +458,15 @@ def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | 
             others = any((m.ended_unix or 0) >= started for m in ranks.all.values())
             if (done or others) and first_done is None:
                 first_done = now
+            world = n * cfg.nnodes
+            if sum((m.ended_unix or 0) >= started for m in ranks.all.values()) >= world:
+                all_done = all_done or now
+                if now - all_done > EXIT_STUCK_S:   # every file is written: nothing is lost
+                    _stop(proc, graceful=False)
+                    return proc.returncode if proc.returncode is not None else -9, [
+                        f"{EXIT_STUCK_S:g} s after every rank had written its files, "
+                        f"this node's ranks had not exited; they were stopped (their files "
+                        f"are complete)"]
             if first_done is not None and done < n and now - first_done > cfg.exit_grace_s:
                 _stop(proc, graceful=False)
                 ranks.scan()
@@ -469,12 +505,40 @@ def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | 
         if mine_done is not None and time.time() - mine_done > 3.0:
             break   # this node's dumps are written; the other nodes' had time to appear
         time.sleep(0.2)
+    got = dumps()
+    ranks.scan()
+    # a rank whose main thread holds the interpreter in native code cannot answer the request
+    # (its watchdog thread never runs): faulthandler writes every thread's stack on SIGUSR1
+    import signal
+    silent = [r for r in (ranks.expected(cfg) or []) if r not in got and r not in ranks.mine]
+    if silent or (ranks.expected(cfg) is None and len(got) < world):
+        for pid in _rank_pids(proc.pid):
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
+        time.sleep(2.0)
     _stop(proc, graceful=False)  # the dumps are written; nothing left to wait for
     request.unlink(missing_ok=True)
-    got = dumps()
     stuck = diagnose_hang(got, world)
     stacks = {r: d.get("main_stack", []) for r, d in got.items()}
     lines = [describe(s, stacks) for s in stuck]
+    for r in range(world):
+        if r in got:
+            continue
+        try:
+            text = layout.stacks_path(out, r).read_text(errors="replace")
+        except OSError:
+            continue
+        at = _main_thread_at(text)
+        if at:
+            lines.append(f"rank {r} wrote no hang dump (its main thread did not let the "
+                         f"watchdog run); its main thread was at {at} (all threads: "
+                         f"{layout.stacks_path(out, r)})")
+    ranks.scan()
+    if not lines and len(ranks.mine) == n:
+        lines = [f"every rank of this node had written its files and was ending when the "
+                 f"--timeout expired; they were stopped (their files are complete)"]
     if not lines:
         lines = [f"no collective is waiting on a missing rank; ranks with a dump: {sorted(got)}"]
     return proc.returncode if proc.returncode is not None else -9, lines
@@ -542,8 +606,13 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
             failed[r] = meta.error or f"exit code {meta.exit_code}"
     failed = dict(sorted(failed.items(), key=lambda kv: ended_at.get(kv[0], 0.0)))
     nonzero = [c for c in codes if c != 0]
+    complete = not missing and len(metas) == cfg.nproc_per_node   # every rank wrote its files
     if nonzero:
         exit_code = nonzero[0]
+    elif hang is not None and complete and (
+            hang[0].startswith(f"{EXIT_STUCK_S:g} s after every rank")
+            or hang[0].startswith("every rank of this node had written")):
+        exit_code = 0   # the script ended and everything was written; only the exit stuck
     elif hang is not None:
         exit_code = TIMEOUT_EXIT_CODE
     elif returncode != 0 or missing or len(metas) < cfg.nproc_per_node:

@@ -140,6 +140,50 @@ def claim_files(out: Path, rank: int, overwrite: bool) -> str | None:
     return None
 
 
+#: How long a rank that has written everything waits for the others at the end (seconds).
+EXIT_SYNC_S = 120.0
+
+
+def _exit_together(dist, world_size: int, timeout_s: float = EXIT_SYNC_S) -> bool:
+    """Wait until every rank has written its files, then return (the caller ends the process).
+
+    A counter in the job's key-value store (the store ``init_process_group`` used), not a
+    collective barrier: ``dist.barrier()`` also waits for every collective still queued or
+    running on the group (``ProcessGroupGloo::barrier`` waits for all prior work) and has no
+    limit short of the group's timeout (30 min), and short runs whose ranks had written every
+    file stayed in it until the job was stopped. No rank leaves while another has not finished
+    (gloo aborts a rank whose peer vanished mid-collective, FACTS §1); at most ``timeout_s`` is
+    waited. Returns whether every rank arrived."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        n = store.add("pardiag_exit_sync", 1)
+        deadline = time.time() + timeout_s
+        while n < world_size and time.time() < deadline:
+            time.sleep(0.05)
+            n = store.add("pardiag_exit_sync", 0)
+        return n >= world_size
+    except Exception:  # no store, or its host (rank 0 under srun) already gone: nobody to wait for
+        return False
+
+
+def _stack_dump_on_signal(out: Path, rank: int):
+    """Make SIGUSR1 write every thread's Python stack to ``pardiag/rank{R}.stacks.txt``
+    (:mod:`faulthandler`: it writes from the signal handler, without the interpreter lock, so
+    it also answers when the main thread is stuck in native code that holds it and the
+    watchdog thread cannot run). Returns the open file, or None where it cannot be set up."""
+    import faulthandler
+    import signal
+
+    if not hasattr(signal, "SIGUSR1"):
+        return None
+    try:
+        f = open(layout.stacks_path(out, rank), "w")   # noqa: SIM115 - held until the end
+        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+        return f
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
 def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thread:
     """A daemon thread that writes ``rank{R}.hang.json`` when the launcher asks (--timeout).
 
@@ -358,6 +402,7 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
         print(f"pardiag: error: {problem}", file=sys.stderr, flush=True)
         os._exit(2)
     group = cfg.get("node_rank", os.environ.get("GROUP_RANK"))
+    stacks = _stack_dump_on_signal(out, rank)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     pinned = bool(cfg.get("pin_cpu")) and _pin_cpu(
@@ -496,7 +541,6 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
         env={k: v for k, v in sorted(os.environ.items()) if k.startswith(layout.ENV_PREFIXES)},
         node_rank=int(group) if str(group).isdigit() else None,
         launch_id=os.environ.get("PARDIAG_LAUNCH_ID"))
-    stop_watchdog.set()
     path = layout.rank_meta_path(out, rank)
     path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(meta))
     os.replace(path.with_suffix(".json.tmp"), path)
@@ -504,16 +548,22 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
         traceback.print_exception(type(error), error, error.__traceback__)
         print(f"pardiag: rank {rank} raised {meta.error}", file=sys.stderr, flush=True)
     elif dist.is_available() and dist.is_initialized():
-        try:
-            dist.barrier()  # then os._exit, without destroying the group (FACTS §1: 20/20 clean)
-        except Exception:  # a peer already gone: nothing left to synchronise with
-            pass
+        # then os._exit, without destroying the group (FACTS §1: 20/20 clean)
+        _exit_together(dist, world_size)
     if before_exit is not None:
         try:
             before_exit(meta)
         except Exception as exc:  # the run file is extra: the rank's own files are written
             print(f"pardiag: rank {rank}: could not write the node's run file: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    stop_watchdog.set()
+    if stacks is not None:   # nothing was asked for: leave no empty file behind
+        stacks.close()
+        try:
+            if layout.stacks_path(out, rank).stat().st_size == 0:
+                layout.stacks_path(out, rank).unlink()
+        except OSError:
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -14,6 +14,8 @@ A run folder written by ``pardiag profile`` holds::
                                   point-to-point op (group, seq, bytes, issue/start/end)
         rank{R}.pipeline.json     PIPELINE_TEMPLATE: forward/backward per stage and microbatch
         rank{R}.hang.json         HANG_TEMPLATE: what a rank was doing when --timeout expired
+        rank{R}.stacks.txt        STACKS_TEMPLATE: every thread's Python stack, written when
+                                  a rank that wrote no hang dump was signalled (--timeout)
         dump-request              DUMP_REQUEST: created by the launcher when --timeout expires
     .pardiag-cache/               SUMMARY_DIR: per-rank summaries of the traces
 
@@ -49,6 +51,7 @@ RANK_META_TEMPLATE = "rank{rank}.meta.json"
 COMMS_TEMPLATE = "rank{rank}.comms.json"
 PIPELINE_TEMPLATE = "rank{rank}.pipeline.json"
 HANG_TEMPLATE = "rank{rank}.hang.json"
+STACKS_TEMPLATE = "rank{rank}.stacks.txt"
 #: Node N's part of run.json in a multi-node run (node 0 writes RUN_FILE: the job and its part).
 NODE_RUN_TEMPLATE = "run.node{node}.json"
 #: Created (in SIDECAR_DIR) by the launcher when --timeout expires; ranks then write their
@@ -97,6 +100,11 @@ def hang_path(run_dir: Path, rank: int) -> Path:
     return sidecar_dir(run_dir) / HANG_TEMPLATE.format(rank=rank)
 
 
+def stacks_path(run_dir: Path, rank: int) -> Path:
+    """Path of rank ``rank``'s thread stacks (written on SIGUSR1) inside ``run_dir``."""
+    return sidecar_dir(run_dir) / STACKS_TEMPLATE.format(rank=rank)
+
+
 def run_file_path(run_dir: Path) -> Path:
     """Path of the run file inside ``run_dir``."""
     return sidecar_dir(run_dir) / RUN_FILE
@@ -115,7 +123,7 @@ def rank_files(run_dir: Path, rank: int) -> list[Path]:
     """The files rank ``rank`` writes into ``run_dir`` (trace and sidecars; not the summary,
     which is checked against its trace)."""
     return [trace_path(run_dir, rank), rank_meta_path(run_dir, rank), comms_path(run_dir, rank),
-            pipeline_path(run_dir, rank), hang_path(run_dir, rank)]
+            pipeline_path(run_dir, rank), hang_path(run_dir, rank), stacks_path(run_dir, rank)]
 
 
 def dump_request_path(run_dir: Path) -> Path:
@@ -159,6 +167,10 @@ def owned_files(run_dir: Path) -> list[Path]:
         pass
     if dump_request_path(run_dir).is_file():
         out.append(dump_request_path(run_dir))
+    try:
+        out += sorted(f for f in sidecar_dir(run_dir).glob("rank*.stacks.txt") if f.is_file())
+    except OSError:
+        pass
     return sorted(out)
 
 
