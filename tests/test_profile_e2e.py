@@ -231,3 +231,20 @@ def test_overwrite_removes_both_layouts(tmp_path, capsys):
     assert "removed the previous run's 5 file(s)" in capsys.readouterr().err
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "pardiag", "pardiag/mine.txt"]
+
+
+def test_a_rank_stuck_holding_the_interpreter_still_says_where(tmp_path):
+    """A rank stuck in native code that holds the interpreter lock cannot let its watchdog
+    thread write the --timeout dump (the issue's empty dumps): the launcher then asks it for
+    its threads' stacks (SIGUSR1, faulthandler) and names where its main thread was."""
+    script = tmp_path / "stuck.py"
+    script.write_text("import ctypes, torch\nm = torch.nn.Linear(4, 4)\n"
+                      "opt = torch.optim.SGD(m.parameters(), 0.1)\n"
+                      "for step in range(3):\n    m(torch.randn(2, 4)).sum().backward()\n"
+                      "    opt.step()\n"
+                      "ctypes.PyDLL(None).sleep(600)  # holds the GIL\n")
+    res = pardiag("profile", script, "--out", tmp_path / "o", "--timeout", 8)
+    assert res.returncode == 124, res.stderr[-2000:]
+    line = next(ln for ln in res.stderr.splitlines() if ln.startswith("pardiag: hang after"))
+    assert "rank 0 wrote no hang dump" in line and f'File "{script}", line 7 in <module>' in line
+    assert (tmp_path / "o" / "pardiag" / "rank0.stacks.txt").is_file()

@@ -238,3 +238,51 @@ def test_wrap_under_slurm(tmp_path):
         assert meta["status"] == "ok" and meta["world_size"] == 2 and meta["optimizer_steps"] == 4
     if why is not None:
         pytest.skip(f"ran with SLURM's variables set by hand: {why}")
+
+
+def test_ranks_leave_together_through_the_store():
+    """The end of every rank: a counter in the job's store, not a collective barrier; it
+    returns when every rank arrived, or after its limit."""
+    import threading
+
+    from pardiag.collectors.rank_entry import _exit_together
+
+    class Store:
+        def __init__(self):
+            self.n, self.lock = 0, threading.Lock()
+
+        def add(self, key, k):
+            assert key == "pardiag_exit_sync"
+            with self.lock:
+                self.n += k
+                return self.n
+
+    class Dist:
+        class distributed_c10d:
+            store = Store()
+
+            @staticmethod
+            def _get_default_store():
+                return Dist.distributed_c10d.store
+
+    others = threading.Timer(0.3, lambda: Dist.distributed_c10d.store.add("pardiag_exit_sync", 2))
+    others.start()
+    assert _exit_together(Dist, 3, timeout_s=30) is True
+    assert _exit_together(Dist, 5, timeout_s=0.2) is False   # nobody else comes: the limit
+
+    class NoStore:
+        class distributed_c10d:
+            @staticmethod
+            def _get_default_store():
+                raise RuntimeError("no default store")
+    assert _exit_together(NoStore, 2, timeout_s=1) is False
+
+
+def test_main_thread_of_a_faulthandler_dump():
+    from pardiag.collectors.launch import _main_thread_at
+    text = ('Thread 0x00007f5d61ebc6c0 (most recent call first):\n'
+            '  File "/x/w.py", line 5 in w\n  File "/usr/lib/threading.py", line 982 in run\n\n'
+            'Current thread 0x00007f5d62c21b80 (most recent call first):\n'
+            '  File "/x/t.py", line 8 in loop\n  File "/x/t.py", line 9 in <module>\n')
+    assert _main_thread_at(text) == 'File "/x/t.py", line 8 in loop'
+    assert _main_thread_at("") is None
