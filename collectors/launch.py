@@ -152,7 +152,7 @@ class ProfileResult:
 
 def _prepare_out(out: Path, overwrite: bool, cfg: ProfileConfig | None = None) -> None:
     try:
-        if cfg is not None and not cfg.standalone:
+        if cfg is not None and cfg.nnodes > 1:   # the folder may be shared with other nodes
             _prepare_node_out(out, overwrite, cfg)
         else:
             _prepare_out_unchecked(out, overwrite)
