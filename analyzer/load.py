@@ -195,7 +195,7 @@ def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.R
                               for n in run_info.missing_nodes)
             out.append(f"the run had {run_info.nnodes} nodes; no part of node(s) "
                        f"{run_info.missing_nodes} was found ({files}): with node-local run "
-                       f"folders, give every node's folder (pardiag report DIR_NODE0 DIR_NODE1 ...)")
+                       f"folders, give every node's folder (pardiag report DIR0 DIR1 ...)")
         ws = run_info.world_size
         if isinstance(ws, int) and ws > 0:
             absent = sorted(set(range(ws)) - ranks)

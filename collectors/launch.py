@@ -651,7 +651,7 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
                        else sorted(torch_versions) or None),
         failed_ranks={str(k): v for k, v in failed.items()}, missing_ranks=missing)
     part = layout.node_run_path(out, node_rank if node_rank is not None
-                                else re.sub(r"[^\w.-]", "_", socket.gethostname()))
+                                else "-" + re.sub(r"[^\w.-]", "_", socket.gethostname()))
     tmp = part.with_suffix(".json.tmp")
     tmp.write_bytes(layout.encode_sidecar(run))
     os.replace(tmp, part)

@@ -241,7 +241,7 @@ def _write_node_part(cfg: WrapConfig, out: Path, where: RankEnv, started: float,
         backend=meta.backend, torch_version=meta.torch_version,
         failed_ranks=failed, missing_ranks=missing)
     part = layout.node_run_path(out, where.node_rank if where.node_rank is not None
-                                else re.sub(r"[^\w.-]", "_", socket.gethostname()))
+                                else "-" + re.sub(r"[^\w.-]", "_", socket.gethostname()))
     tmp = part.with_suffix(".json.tmp")
     tmp.write_bytes(layout.encode_sidecar(run))
     os.replace(tmp, part)

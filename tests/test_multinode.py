@@ -67,7 +67,8 @@ class _Network:
             self.ok = True
         except (subprocess.CalledProcessError, OSError) as exc:
             err = getattr(exc, "stderr", "") or str(exc)
-            self.why = f"network namespaces refused ({err.strip().splitlines()[-1] if err else exc})"
+            last = err.strip().splitlines()[-1] if err else str(exc)
+            self.why = f"network namespaces refused ({last})"
             self.close()
 
     def prefix(self, node: int) -> list[str]:

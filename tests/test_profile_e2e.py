@@ -39,6 +39,9 @@ def test_profile_writes_the_run_folder(ddp_run):
     run = json.loads((out / "pardiag" / "run.json").read_text())
     assert run["world_size"] == 2 and run["exit_code"] == 0
     assert run["script_args"] == ["--steps", "7"]
+    # the last line is the next command; torch's profiler lines are left out or shown once
+    assert res.stderr.strip().splitlines()[-1] == f"pardiag: next: pardiag report {out}"
+    assert "USDT:" not in res.stderr and res.stderr.count("CPUAllocator.cpp") <= 1
     from pardiag import layout   # the typed form the loader decodes
     typed = layout.decode_sidecar((out / "pardiag" / "run.json").read_bytes(), "run")
     assert typed.started_unix < typed.ended_unix and typed.schedule.active == 3

@@ -92,7 +92,7 @@ def test_open_mpi_variables():
         rank_env({"SLURM_PROCID": "x", "SLURM_NTASKS": "2"})
 
 
-# --- command-line habits (no torch run) ------------------------------------------------------------
+# --- command-line habits (no torch run) ---------------------------------------------------------
 
 @pytest.mark.parametrize("argv, says", [
     (["profile", "t.py", "--steps", "3", "--out", "o"],
