@@ -165,7 +165,7 @@ def test_wrap_under_torchrun(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "pardiag", "wrap", "--out", str(out), "--wait", "0", "--warmup", "1",
-         "--active", "2", str(EXAMPLE), "--", "--steps", "4"],
+         "--active", "2", str(EXAMPLE), "--", "--steps", "3"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
@@ -179,14 +179,18 @@ def test_wrap_under_torchrun(tmp_path):
     from pardiag.analyzer.load import load_traces
     traces = load_traces(out)
     assert sorted(traces.ranks) == [0, 1] and not [w for w in traces.warnings if "rank" in w]
-    # a second run into the same folder: each rank refuses to write over its files
-    again = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-         "-m", "pardiag", "wrap", "--out", str(out), str(EXAMPLE), "--", "--steps", "1"],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert again.returncode != 0
-    assert "rank 0's files of an earlier run are there" in again.stderr
-    assert json.loads((out / "pardiag" / "run.json").read_text()) == run
+    # a second run into the same folder: each rank refuses to write over its own files (and
+    # with --overwrite removes only those)
+    from pardiag.collectors.rank_entry import claim_files
+    before = sorted(p.name for p in (out / "pardiag").iterdir())
+    assert "rank 1's files of an earlier run are there (rank1.trace.json.gz, pardiag/rank1." \
+        in claim_files(out, 1, overwrite=False)
+    assert sorted(p.name for p in (out / "pardiag").iterdir()) == before
+    assert claim_files(out, 1, overwrite=True) is None
+    assert sorted(p.name for p in out.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz"]
+    assert (out / "pardiag" / "rank0.meta.json").is_file()
+    assert not (out / "pardiag" / "rank1.meta.json").exists()
+    assert claim_files(out, 1, overwrite=False) is None   # nothing of rank 1's left
 
 
 def _slurm_ready() -> str | None:
