@@ -139,7 +139,7 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str]
     """The run file and rank metadata decoded into their types (:class:`pardiag.layout.RunFile`,
     :class:`pardiag.layout.RankMeta`), the other sidecars (comms, pipeline) as checked dicts;
     a file that cannot be read or decoded is ignored with a warning."""
-    run_info = None
+    run_parts: list[layout.RunFile] = []
     rank_meta: dict[int, layout.RankMeta] = {}
     others: dict[str, dict[int, dict]] = {}
     for f in sidecars:
@@ -158,7 +158,7 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str]
                 warnings.append(f"{f}: pardiag sidecar with a wrong value, ignored ({exc})")
                 continue
             if doc["kind"] == "run":
-                run_info = typed
+                run_parts.append(typed)
             else:
                 rank_meta[typed.rank] = typed
         elif isinstance(doc.get("kind"), str) and isinstance(doc.get("rank"), int):
@@ -172,7 +172,9 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str]
         if have and rank_meta and set(rank_meta) - have:
             warnings.append(f"no usable {kind} records for rank(s) {sorted(set(rank_meta) - have)}"
                             f" (other ranks have them)")
-    return run_info, rank_meta, others
+    # a multi-node run: node 0's run.json and the other nodes' run.node{N}.json, from one
+    # shared run folder or from each node's own
+    return layout.join_run_files(run_parts), rank_meta, others
 
 
 def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.RankMeta],
@@ -188,6 +190,12 @@ def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.R
             out.append(f"rank {r} did not finish the profiled run")
         for line in run_info.hang:
             out.append(f"the profiled run hung and was stopped: {line}")
+        if run_info.missing_nodes:
+            files = ", ".join(layout.node_run_path(Path(layout.SIDECAR_DIR), n).as_posix()
+                              for n in run_info.missing_nodes)
+            out.append(f"the run had {run_info.nnodes} nodes; no part of node(s) "
+                       f"{run_info.missing_nodes} was found ({files}): with node-local run "
+                       f"folders, give every node's folder (pardiag report DIR0 DIR1 ...)")
         ws = run_info.world_size
         if isinstance(ws, int) and ws > 0:
             absent = sorted(set(range(ws)) - ranks)

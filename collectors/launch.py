@@ -10,9 +10,12 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import shlex
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +43,16 @@ class ProfileConfig:
             before they are taken as hung at exit and stopped.
         pin_cpu: give each rank of a node its own cores (cores / local ranks) and as many
             intra-op threads, before the script starts (``--pin-cpu``).
+        nnodes: nodes of the job; every node runs the same ``pardiag profile`` command with its
+            own ``node_rank`` (torchrun's ``--nnodes``).
+        node_rank: this node's rank (torchrun's ``--node-rank``; needed with the static
+            rendezvous, torchrun's default, when ``nnodes`` > 1).
+        rdzv_backend, rdzv_endpoint, rdzv_id: torchrun's rendezvous options (``static``/``c10d``,
+            ``HOST:PORT``, a job id shared by the nodes).
+        master_addr, master_port: torchrun's ``--master-addr``/``--master-port`` (the static
+            rendezvous' meeting point where no ``rdzv_endpoint`` is given).
+        noise_filter: pass the ranks' standard error through :class:`NoiseFilter` (torch's
+            profiler lines shown once or not at all).
     """
 
     script: Path
@@ -53,6 +66,33 @@ class ProfileConfig:
     timeout_s: float | None = None
     exit_grace_s: float = 60.0
     pin_cpu: bool = False
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    noise_filter: bool = True
+
+    @property
+    def standalone(self) -> bool:
+        """One node, no rendezvous option given: ``torchrun --standalone`` (a free port)."""
+        return self.nnodes == 1 and not any((self.rdzv_backend, self.rdzv_endpoint, self.rdzv_id,
+                                             self.master_addr, self.master_port))
+
+    def torchrun_args(self) -> list[str]:
+        """torchrun's options for the nodes and their rendezvous (not ``--nproc-per-node``)."""
+        if self.standalone:
+            return ["--standalone", "--nnodes", "1"]
+        out = ["--nnodes", str(self.nnodes)]
+        for flag, value in (("--node-rank", self.node_rank), ("--rdzv-backend", self.rdzv_backend),
+                            ("--rdzv-endpoint", self.rdzv_endpoint), ("--rdzv-id", self.rdzv_id),
+                            ("--master-addr", self.master_addr),
+                            ("--master-port", self.master_port)):
+            if value is not None:
+                out += [flag, str(value)]
+        return out
 
     def __post_init__(self) -> None:
         if not Path(self.script).is_file():
@@ -61,6 +101,20 @@ class ProfileConfig:
             raise PardiagError(f"--nproc-per-node must be >= 1, got {self.nproc_per_node}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise PardiagError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+        if self.nnodes < 1:
+            raise PardiagError(f"--nnodes must be >= 1, got {self.nnodes}")
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
+            raise PardiagError(f"--node-rank must be in 0..{self.nnodes - 1} (--nnodes "
+                               f"{self.nnodes}), got {self.node_rank}")
+        static = self.rdzv_backend in (None, "static")
+        if self.nnodes > 1 and static and self.node_rank is None:
+            raise PardiagError(f"--nnodes {self.nnodes} needs --node-rank (0..{self.nnodes - 1}, "
+                               f"one per node) with torchrun's static rendezvous; or pass "
+                               f"--rdzv-backend c10d")
+        if self.nnodes > 1 and not (self.rdzv_endpoint or self.master_addr):
+            raise PardiagError(f"--nnodes {self.nnodes} needs where the nodes meet: "
+                               f"--rdzv-endpoint HOST:PORT (or --master-addr HOST "
+                               f"--master-port PORT), the same on every node")
         if self.wait < 0 or self.warmup < 0 or self.active < 1:
             raise PardiagError(
                 f"profiler schedule needs wait >= 0, warmup >= 0, active >= 1; "
@@ -96,11 +150,117 @@ class ProfileResult:
     contention: str | None = None
 
 
-def _prepare_out(out: Path, overwrite: bool) -> None:
+def _prepare_out(out: Path, overwrite: bool, cfg: ProfileConfig | None = None) -> None:
     try:
-        _prepare_out_unchecked(out, overwrite)
+        if cfg is not None and cfg.nnodes > 1:   # the folder may be shared with other nodes
+            _prepare_node_out(out, overwrite, cfg)
+        else:
+            _prepare_out_unchecked(out, overwrite)
     except OSError as exc:
         raise PardiagError(f"{out}: cannot create the run folder ({exc.strerror or exc})") from None
+
+
+def _prepare_node_out(out: Path, overwrite: bool, cfg: ProfileConfig) -> None:
+    """A node of a multi-node run: the run folder may be shared with the other nodes, which
+    write into it at the same time, so only this node's own part is checked here; each rank
+    checks its own files when it starts (:func:`pardiag.collectors.rank_entry.claim_files`)."""
+    if out.exists() and not out.is_dir():
+        raise PardiagError(f"{out}: exists and is not a folder")
+    layout.sidecar_dir(out).mkdir(parents=True, exist_ok=True)
+    if cfg.node_rank is None:
+        return
+    part = layout.node_run_path(out, cfg.node_rank)
+    if part.exists():
+        if not overwrite:
+            raise PardiagError(f"{part}: node {cfg.node_rank}'s part of an earlier run is there "
+                               f"(pass --overwrite on every node to replace the nodes' files)")
+        part.unlink()
+        print(f"pardiag: {out}: --overwrite removed {part.relative_to(out)}", file=sys.stderr)
+
+
+class NoiseFilter:
+    """Passes a child's standard error on, leaving out torch's own noise.
+
+    Every rank prints ``USDT:... profiler_start``/``profiler_stop`` (Kineto) around its
+    profiler window and ``[W... CPUAllocator.cpp:...] Memory block of unknown size was allocated
+    before the profiling started ...`` once per rank: the first are left out, the second shown
+    once. Everything else passes unchanged and at once (a line still being written, e.g. a
+    progress bar's ``\\r`` update, is passed on before its end unless it may be one of these).
+
+    Use: ``Popen(..., stderr=f.write_fd)``, then :meth:`started` and, after the child ended,
+    :meth:`close`.
+    """
+
+    DROP = re.compile(rb"^(\[rank\d+\]:)?USDT:.*\.cpp:\d+\] ")
+    ONCE = (re.compile(rb"^(\[rank\d+\]:)?\[W[^\]]*CPUAllocator\.cpp:\d+\] Memory block of unknown "
+                       rb"size"),)
+    _PREFIXES = (b"USDT:", b"[W", b"[rank")
+
+    def __init__(self, sink=None) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        self._sink = sink if sink is not None else sys.stderr.buffer
+        self._shown: set[int] = set()
+        #: lines left out
+        self.hidden = 0
+        self._thread = threading.Thread(target=self._run, name="pardiag-stderr", daemon=True)
+        self._thread.start()
+
+    def started(self) -> None:
+        """The child holds the pipe's write end: close ours (end of file when the child ends)."""
+        os.close(self.write_fd)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait (at most ``timeout`` s: a left-over grandchild may hold the pipe) for the rest."""
+        self._thread.join(timeout)
+
+    def keep(self, line: bytes) -> bool:
+        """Whether a whole line is passed on (counts the ones left out)."""
+        if self.DROP.match(line):
+            self.hidden += 1
+            return False
+        for i, pat in enumerate(self.ONCE):
+            if pat.match(line):
+                if i in self._shown:
+                    self.hidden += 1
+                    return False
+                self._shown.add(i)
+        return True
+
+    def _maybe_noise(self, part: bytes) -> bool:
+        return any(part.startswith(p) or p.startswith(part) for p in self._PREFIXES)
+
+    def _write(self, chunks: list[bytes]) -> None:
+        try:
+            self._sink.write(b"".join(chunks))
+            self._sink.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _run(self) -> None:
+        buf = b""
+        passing = False   # the current line's start was passed on: pass the rest too
+        while True:
+            try:
+                chunk = os.read(self.read_fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+            out = []
+            while (nl := buf.find(b"\n")) >= 0:
+                line, buf = buf[:nl + 1], buf[nl + 1:]
+                if passing or self.keep(line):
+                    out.append(line)
+                passing = False
+            if buf and (passing or not self._maybe_noise(buf)):
+                out.append(buf)
+                buf, passing = b"", True
+            if out:
+                self._write(out)
+        if buf and (passing or self.keep(buf)):
+            self._write([buf])
+        os.close(self.read_fd)
 
 
 def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
@@ -126,6 +286,32 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
 
 #: Exit code of a job stopped by --timeout (as coreutils' timeout).
 TIMEOUT_EXIT_CODE = 124
+#: Every rank has written all its files: how long its processes may take to exit before they
+#: are taken as stuck in their teardown and stopped (seconds). The script's exit code stands.
+EXIT_STUCK_S = 30.0
+
+
+def _rank_pids(pid: int) -> list[int]:
+    """Rank processes below ``pid`` (their command line runs pardiag's rank entry)."""
+    out = []
+    for p in _descendants(pid):
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"pardiag.collectors.rank_entry" in cmd:
+            out.append(p)
+    return out
+
+
+def _main_thread_at(text: str) -> str | None:
+    """The innermost frame of the main thread in a faulthandler dump (it lists the threads
+    newest first: the main thread last), as ``File "...", line N in f``."""
+    blocks = [b for b in text.strip().split("\n\n") if "File " in b]
+    if not blocks:
+        return None
+    frames = [ln.strip() for ln in blocks[-1].splitlines() if ln.strip().startswith("File ")]
+    return frames[0] if frames else None
 
 
 def _descendants(pid: int) -> list[int]:
@@ -176,17 +362,85 @@ def _stop(proc: subprocess.Popen, graceful: bool = True) -> None:
             continue
 
 
-def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig) -> tuple[int, list | None]:
+#: Environment variable naming the ``pardiag profile`` process that started a rank.
+LAUNCH_ID_ENV = "PARDIAG_LAUNCH_ID"
+
+
+class _NodeRanks:
+    """The rank metadata in the run folder, read as it appears: all of it (another node's too,
+    in a shared run folder) and this launcher's own ranks (their ``launch_id``)."""
+
+    def __init__(self, out: Path, launch_id: str) -> None:
+        self.out, self.launch_id = out, launch_id
+        self.all: dict[int, layout.RankMeta] = {}
+        self._read: dict[str, int] = {}   # file name: modification time (ns) when read
+
+    def scan(self) -> None:
+        """Decode the metadata files not read yet (each is written once, atomically)."""
+        try:
+            files = list(layout.sidecar_dir(self.out).glob("rank*.meta.json"))
+        except OSError:
+            return
+        for f in files:
+            try:
+                mtime = f.stat().st_mtime_ns
+                if self._read.get(f.name) == mtime:
+                    continue
+                meta = layout.decode_sidecar(f.read_bytes(), "rank")
+            except (OSError, ValueError):
+                continue   # gone, or an earlier run's file of another format
+            self._read[f.name] = mtime
+            self.all[meta.rank] = meta
+
+    @property
+    def mine(self) -> dict[int, layout.RankMeta]:
+        return {r: m for r, m in self.all.items() if m.launch_id == self.launch_id}
+
+    def node_rank(self, cfg: ProfileConfig) -> int | None:
+        """This node's rank: torchrun's group rank as its ranks recorded it, else --node-rank."""
+        got = {m.node_rank for m in self.mine.values() if m.node_rank is not None}
+        if len(got) == 1:
+            return got.pop()
+        return 0 if cfg.standalone else cfg.node_rank
+
+    def expected(self, cfg: ProfileConfig) -> list[int] | None:
+        """The global ranks of this node (torchrun numbers a node's ranks from node rank ×
+        ranks per node), None where the node's rank is unknown."""
+        g = self.node_rank(cfg)
+        n = cfg.nproc_per_node
+        return None if g is None else list(range(g * n, (g + 1) * n))
+
+
+def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig,
+                  ranks: _NodeRanks) -> tuple[int, list | None]:
     """Run torchrun; on timeout ask every rank for a hang dump, stop the job, diagnose it.
+
+    In a multi-node run every node's launcher does this for its own ranks; with a shared run
+    folder each reads the other nodes' rank metadata and hang dumps too.
 
     Returns:
         (torchrun's exit code, None) or (its exit code, lines describing the hang).
     """
     from pardiag.analyzer.hang import describe, diagnose_hang
 
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    noise = NoiseFilter() if cfg.noise_filter else None
+    try:
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                stderr=noise.write_fd if noise else None)
+    finally:
+        if noise:
+            noise.started()
+    try:
+        return _watch(proc, out, cfg, ranks, describe, diagnose_hang)
+    finally:
+        if noise:
+            noise.close()
+
+
+def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | None]:
     started = time.time()
     first_done: float | None = None
+    all_done = 0.0
     n = cfg.nproc_per_node
     try:
         while True:
@@ -199,45 +453,107 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig) -> t
                 break
             # A rank that finished while another never exits: a hang at teardown (seen with
             # gloo when objects holding a process group are freed). Stop it after a grace.
-            done = sum(layout.rank_meta_path(out, r).exists() for r in range(n))
-            if done and first_done is None:
+            ranks.scan()
+            done = len(ranks.mine)
+            others = any((m.ended_unix or 0) >= started for m in ranks.all.values())
+            if (done or others) and first_done is None:
                 first_done = now
+            world = n * cfg.nnodes
+            if sum((m.ended_unix or 0) >= started for m in ranks.all.values()) >= world:
+                all_done = all_done or now
+                if now - all_done > EXIT_STUCK_S:   # every file is written: nothing is lost
+                    _stop(proc, graceful=False)
+                    return proc.returncode if proc.returncode is not None else -9, [
+                        f"{EXIT_STUCK_S:g} s after every rank had written its files, "
+                        f"this node's ranks had not exited; they were stopped (their files "
+                        f"are complete)"]
             if first_done is not None and done < n and now - first_done > cfg.exit_grace_s:
                 _stop(proc, graceful=False)
+                ranks.scan()
+                expected = ranks.expected(cfg)
+                which = (f"rank(s) {[r for r in expected if r not in ranks.mine]}" if expected
+                         else f"{n - len(ranks.mine)} of this node's {n} ranks")
                 return proc.returncode if proc.returncode is not None else -9, [
-                    f"rank(s) {[r for r in range(n) if not layout.rank_meta_path(out, r).exists()]}"
-                    f" did not exit within {cfg.exit_grace_s:g} s after another rank finished "
-                    f"(a hang at the end of the script or in its teardown); they were stopped"]
+                    f"{which} did not exit within {cfg.exit_grace_s:g} s after another rank "
+                    f"finished (a hang at the end of the script or in its teardown); they were "
+                    f"stopped"]
     except KeyboardInterrupt:
         _stop(proc)
         raise
     request = layout.dump_request_path(out)
-    request.touch()
+    world = n * cfg.nnodes
+
+    def dumps() -> dict[int, dict]:
+        got = {}
+        for r in range(world):
+            try:   # hang dumps stay plain JSON (flight recorder)
+                got[r] = json.loads(layout.hang_path(out, r).read_text())
+            except (OSError, ValueError):
+                continue
+        return got
+
     deadline = time.time() + 15.0
-    while time.time() < deadline and not all(layout.hang_path(out, r).exists() for r in range(n)):
+    mine_done: float | None = None
+    while time.time() < deadline:
+        request.touch()   # again and again: another node's launcher may remove it meanwhile
+        got = dumps()
+        if len(got) == world:
+            break
+        if mine_done is None and sum(d.get("launch_id") == ranks.launch_id
+                                     for d in got.values()) >= n:
+            mine_done = time.time()
+        if mine_done is not None and time.time() - mine_done > 3.0:
+            break   # this node's dumps are written; the other nodes' had time to appear
         time.sleep(0.2)
+    got = dumps()
+    ranks.scan()
+    # a rank whose main thread holds the interpreter in native code cannot answer the request
+    # (its watchdog thread never runs): faulthandler writes every thread's stack on SIGUSR1
+    import signal
+    silent = [r for r in (ranks.expected(cfg) or []) if r not in got and r not in ranks.mine]
+    if silent or (ranks.expected(cfg) is None and len(got) < world):
+        for pid in _rank_pids(proc.pid):
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
+        time.sleep(2.0)
     _stop(proc, graceful=False)  # the dumps are written; nothing left to wait for
     request.unlink(missing_ok=True)
-    dumps = {}
-    for r in range(n):
-        p = layout.hang_path(out, r)
-        if p.exists():
-            dumps[r] = json.loads(p.read_text())   # hang dumps stay plain JSON (flight recorder)
-    stuck = diagnose_hang(dumps, n)
-    stacks = {r: d.get("main_stack", []) for r, d in dumps.items()}
+    stuck = diagnose_hang(got, world)
+    stacks = {r: d.get("main_stack", []) for r, d in got.items()}
     lines = [describe(s, stacks) for s in stuck]
+    for r in range(world):
+        if r in got:
+            continue
+        try:
+            text = layout.stacks_path(out, r).read_text(errors="replace")
+        except OSError:
+            continue
+        at = _main_thread_at(text)
+        if at:
+            lines.append(f"rank {r} wrote no hang dump (its main thread did not let the "
+                         f"watchdog run); its main thread was at {at} (all threads: "
+                         f"{layout.stacks_path(out, r)})")
+    ranks.scan()
+    if not lines and len(ranks.mine) == n:
+        lines = [f"every rank of this node had written its files and was ending when the "
+                 f"--timeout expired; they were stopped (their files are complete)"]
     if not lines:
-        lines = [f"no collective is waiting on a missing rank; ranks with a dump: {sorted(dumps)}"]
+        lines = [f"no collective is waiting on a missing rank; ranks with a dump: {sorted(got)}"]
     return proc.returncode if proc.returncode is not None else -9, lines
 
 
 def run_profile(cfg: ProfileConfig) -> ProfileResult:
     """Run ``cfg.script`` under torchrun with the profiler on every rank.
 
-    Writes ``cfg.out`` as described in :mod:`pardiag.layout`. Output of the script passes through.
+    Writes ``cfg.out`` as described in :mod:`pardiag.layout`. Output of the script passes
+    through (standard error without torch's profiler noise, :class:`NoiseFilter`). In a
+    multi-node run (``cfg.nnodes`` > 1) every node runs this with its own ``node_rank``; each
+    writes its ranks' files and its part of the run file (:func:`pardiag.layout.node_run_path`).
 
     Returns:
-        ProfileResult with the exit code to pass on.
+        ProfileResult with the exit code to pass on (this node's ranks').
 
     Raises:
         PardiagError: torch is not installed, the script is missing, or ``out`` is not empty.
@@ -245,36 +561,39 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     if importlib.util.find_spec("torch") is None:
         raise PardiagError("pardiag profile needs torch: pip install 'pardiag[profile]'")
     out = Path(cfg.out).resolve()
-    _prepare_out(out, cfg.overwrite)
+    _prepare_out(out, cfg.overwrite, cfg)
     script = str(Path(cfg.script).resolve())
+    launch_id = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
     rank_cfg = {"out": str(out), "script": script, "args": list(cfg.args),
                 "wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active,
-                "pin_cpu": cfg.pin_cpu}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                "pin_cpu": cfg.pin_cpu, "overwrite": cfg.overwrite}
+    cmd = [sys.executable, "-m", "torch.distributed.run", *cfg.torchrun_args(),
            "--nproc-per-node", str(cfg.nproc_per_node), "-m", "pardiag.collectors.rank_entry"]
     # torchrun sets OMP_NUM_THREADS=1 when unset, with a banner; set the same value quietly.
     # The flight recorder (collectives with group, seq, sizes) holds 2000 entries by default;
     # a profiled window of FSDP or pipeline steps can hold more.
     env = {"OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "20000", **os.environ,
-           CONFIG_ENV: json.dumps(rank_cfg)}
+           CONFIG_ENV: json.dumps(rank_cfg), LAUNCH_ID_ENV: launch_id}
+    ranks = _NodeRanks(out, launch_id)
     started = time.time()
-    returncode, hang = _run_torchrun(cmd, env, out, cfg)
+    returncode, hang = _run_torchrun(cmd, env, out, cfg, ranks)
     ended = time.time()
+    ranks.scan()
+    metas = ranks.mine
+    node_rank = ranks.node_rank(cfg)
+    expected = ranks.expected(cfg)
+    missing = [r for r in expected if r not in metas] if expected is not None else []
+    if expected is None and len(metas) < cfg.nproc_per_node:
+        print(f"pardiag: {cfg.nproc_per_node - len(metas)} of this node's ranks wrote no "
+              f"metadata (their numbers are unknown: no rank of the node finished)",
+              file=sys.stderr)
 
     failed: dict[int, str] = {}
-    metas: dict[int, layout.RankMeta] = {}
-    missing: list[int] = []
     codes: list[int] = []
     no_trace: dict[int, int] = {}
     short: dict[int, int] = {}
     ended_at: dict[int, float] = {}
-    for r in range(cfg.nproc_per_node):
-        p = layout.rank_meta_path(out, r)
-        if not p.is_file():
-            missing.append(r)
-            continue
-        meta = layout.decode_sidecar(p.read_bytes(), "rank")
-        metas[r] = meta
+    for r, meta in sorted(metas.items()):
         codes.append(int(meta.exit_code or 0))
         steps = int(meta.optimizer_steps or 0)
         recorded = max(0, min(cfg.active, steps - cfg.wait - cfg.warmup))
@@ -287,11 +606,16 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
             failed[r] = meta.error or f"exit code {meta.exit_code}"
     failed = dict(sorted(failed.items(), key=lambda kv: ended_at.get(kv[0], 0.0)))
     nonzero = [c for c in codes if c != 0]
+    complete = not missing and len(metas) == cfg.nproc_per_node   # every rank wrote its files
     if nonzero:
         exit_code = nonzero[0]
+    elif hang is not None and complete and (
+            hang[0].startswith(f"{EXIT_STUCK_S:g} s after every rank")
+            or hang[0].startswith("every rank of this node had written")):
+        exit_code = 0   # the script ended and everything was written; only the exit stuck
     elif hang is not None:
         exit_code = TIMEOUT_EXIT_CODE
-    elif returncode != 0 or missing:
+    elif returncode != 0 or missing or len(metas) < cfg.nproc_per_node:
         exit_code = returncode or 1
     else:
         exit_code = 0
@@ -299,7 +623,7 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     for r, m in sorted(metas.items()):
         nodes.setdefault(str(m.host), []).append(r)
     run_layout = None
-    layouts = {r: m.layout for r, m in metas.items() if m.layout}
+    layouts = {r: m.layout for r, m in ranks.all.items() if m.layout}
     if layouts:
         first = layouts[min(layouts)]
         run_layout = {"dims": first["dims"], "strategies": first["strategies"],
@@ -308,13 +632,15 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
                          if "fsdp_reshard_after_forward" in first else {})}
     backends = {m.backend for m in metas.values() if m.backend}
     torch_versions = {m.torch_version for m in metas.values() if m.torch_version}
+    node_opts = [] if cfg.standalone else cfg.torchrun_args()
     run = layout.RunFile(
         pardiag_version=__version__,
         command=shlex.join(["pardiag", "profile", str(cfg.script),
-                            "--nproc-per-node", str(cfg.nproc_per_node),
+                            "--nproc-per-node", str(cfg.nproc_per_node), *node_opts,
                             *(["--pin-cpu"] if cfg.pin_cpu else []), "--", *cfg.args]),
         script=str(cfg.script), script_args=list(cfg.args),
-        world_size=cfg.nproc_per_node, nproc_per_node=cfg.nproc_per_node, nnodes=1,
+        world_size=cfg.nproc_per_node * cfg.nnodes, nproc_per_node=cfg.nproc_per_node,
+        nnodes=cfg.nnodes, node_rank=node_rank,
         schedule=layout.ProfilerSchedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active),
         started_unix=started, ended_unix=ended, torchrun_exit_code=returncode,
         exit_code=exit_code,
@@ -324,9 +650,11 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
         torch_version=(torch_versions.pop() if len(torch_versions) == 1
                        else sorted(torch_versions) or None),
         failed_ranks={str(k): v for k, v in failed.items()}, missing_ranks=missing)
-    tmp = layout.run_file_path(out).with_suffix(".json.tmp")
+    part = layout.node_run_path(out, node_rank if node_rank is not None
+                                else "-" + re.sub(r"[^\w.-]", "_", socket.gethostname()))
+    tmp = part.with_suffix(".json.tmp")
     tmp.write_bytes(layout.encode_sidecar(run))
-    os.replace(tmp, layout.run_file_path(out))
+    os.replace(tmp, part)
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=failed, missing_ranks=missing,
                          no_trace=no_trace, short_ranks=short, hang=hang or [],
                          contention=layout.contention_note(metas.values()))

@@ -164,6 +164,70 @@ def _device_info(torch) -> dict:
             "device_memory_bytes": None}
 
 
+def claim_files(out: Path, rank: int, overwrite: bool) -> str | None:
+    """Make sure this rank writes over nothing of an earlier run: where its own files are in
+    ``out`` (a run folder shared by several nodes or launchers, where nobody checked the whole
+    folder first), remove them with ``overwrite`` (saying so), else return the one-line error.
+    Touches no other rank's file."""
+    found = [p for p in layout.rank_files(out, rank) if p.exists()]
+    if not found:
+        return None
+    names = ", ".join(str(p.relative_to(out)) for p in found)
+    if not overwrite:
+        return (f"{out}: rank {rank}'s files of an earlier run are there ({names}); pass "
+                f"--overwrite to replace them, or another --out")
+    for p in found:
+        p.unlink(missing_ok=True)
+    print(f"pardiag: {out}: --overwrite removed rank {rank}'s {names}", file=sys.stderr)
+    return None
+
+
+#: How long a rank that has written everything waits for the others at the end (seconds).
+EXIT_SYNC_S = 120.0
+
+
+def _exit_together(dist, world_size: int, timeout_s: float = EXIT_SYNC_S) -> bool:
+    """Wait until every rank has written its files, then return (the caller ends the process).
+
+    A counter in the job's key-value store (the store ``init_process_group`` used), not a
+    collective barrier: ``dist.barrier()`` also waits for every collective still queued or
+    running on the group (``ProcessGroupGloo::barrier`` waits for all prior work) and has no
+    limit short of the group's timeout (30 min). With it, 1 of 8 two-step runs in a loop (2-core
+    machine, loaded) had both ranks write every file and then not exit for the 23 s until
+    ``--timeout`` stopped them (where exactly was not captured). No rank leaves while another
+    has not finished
+    (gloo aborts a rank whose peer vanished mid-collective, FACTS §1); at most ``timeout_s`` is
+    waited. Returns whether every rank arrived."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        n = store.add("pardiag_exit_sync", 1)
+        deadline = time.time() + timeout_s
+        while n < world_size and time.time() < deadline:
+            time.sleep(0.05)
+            n = store.add("pardiag_exit_sync", 0)
+        return n >= world_size
+    except Exception:  # no store, or its host (rank 0 under srun) already gone: nobody to wait for
+        return False
+
+
+def _stack_dump_on_signal(out: Path, rank: int):
+    """Make SIGUSR1 write every thread's Python stack to ``pardiag/rank{R}.stacks.txt``
+    (:mod:`faulthandler`: it writes from the signal handler, without the interpreter lock, so
+    it also answers when the main thread is stuck in native code that holds it and the
+    watchdog thread cannot run). Returns the open file, or None where it cannot be set up."""
+    import faulthandler
+    import signal
+
+    if not hasattr(signal, "SIGUSR1"):
+        return None
+    try:
+        f = open(layout.stacks_path(out, rank), "w")   # noqa: SIM115 - held until the end
+        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+        return f
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
 def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thread:
     """A daemon thread that writes ``rank{R}.hang.json`` when the launcher asks (--timeout).
 
@@ -183,6 +247,7 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thr
             frame = sys._current_frames().get(main_id)
             dump = {
                 **layout.sidecar_header("hang"), "rank": rank, "time_ns": time.time_ns(),
+                "launch_id": os.environ.get("PARDIAG_LAUNCH_ID"),
                 "flight_recorder": flight_recorder_entries()[-200:],
                 "p2p": p2p.records[-50:], "process_groups": process_groups(),
                 "main_stack": traceback.format_stack(frame) if frame else [],
@@ -355,8 +420,16 @@ def _pin_cpu(torch, local_rank: int, local_world: int) -> bool:
     return True
 
 
-def main() -> None:
-    """Run the user's script as ``__main__`` under the profiler; never returns."""
+def main(cfg: dict | None = None, before_exit=None) -> None:
+    """Run the user's script as ``__main__`` under the profiler; never returns.
+
+    Args:
+        cfg: the configuration (as ``PARDIAG_PROFILE_CONFIG`` holds it: ``out``, ``script``,
+            ``args``, ``wait``, ``warmup``, ``active``, ``pin_cpu``, ``overwrite``, optional
+            ``node_rank``); default: read from that variable.
+        before_exit: called with the rank's :class:`~pardiag.layout.RankMeta` after the final
+            barrier, before the process ends (``pardiag wrap`` writes the node's run file).
+    """
     import torch
     import torch.distributed as dist
     from torch.optim.optimizer import (register_optimizer_step_post_hook,
@@ -365,9 +438,15 @@ def main() -> None:
 
     from pardiag.collectors import hooks
 
-    cfg = json.loads(os.environ[CONFIG_ENV])
+    cfg = cfg if cfg is not None else json.loads(os.environ[CONFIG_ENV])
     out = Path(cfg["out"])
     rank = int(os.environ.get("RANK", "0"))
+    problem = claim_files(out, rank, bool(cfg.get("overwrite")))
+    if problem:
+        print(f"pardiag: error: {problem}", file=sys.stderr, flush=True)
+        os._exit(2)
+    group = cfg.get("node_rank", os.environ.get("GROUP_RANK"))
+    stacks = _stack_dump_on_signal(out, rank)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     pinned = bool(cfg.get("pin_cpu")) and _pin_cpu(
@@ -506,8 +585,9 @@ def main() -> None:
         layout=_plain(lay), shapes=shapes, started_unix=started, ended_unix=time.time(),
         exit_code=code,
         status="error" if failed else "ok", error=None if not failed else _one_line(error),
-        env={k: v for k, v in sorted(os.environ.items()) if k.startswith(layout.ENV_PREFIXES)})
-    stop_watchdog.set()
+        env={k: v for k, v in sorted(os.environ.items()) if k.startswith(layout.ENV_PREFIXES)},
+        node_rank=int(group) if str(group).isdigit() else None,
+        launch_id=os.environ.get("PARDIAG_LAUNCH_ID"))
     path = layout.rank_meta_path(out, rank)
     path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(meta))
     os.replace(path.with_suffix(".json.tmp"), path)
@@ -515,9 +595,21 @@ def main() -> None:
         traceback.print_exception(type(error), error, error.__traceback__)
         print(f"pardiag: rank {rank} raised {meta.error}", file=sys.stderr, flush=True)
     elif dist.is_available() and dist.is_initialized():
+        # then os._exit, without destroying the group (FACTS §1: 20/20 clean)
+        _exit_together(dist, world_size)
+    if before_exit is not None:
         try:
-            dist.barrier()  # then os._exit, without destroying the group (FACTS §1: 20/20 clean)
-        except Exception:  # a peer already gone: nothing left to synchronise with
+            before_exit(meta)
+        except Exception as exc:  # the run file is extra: the rank's own files are written
+            print(f"pardiag: rank {rank}: could not write the node's run file: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    stop_watchdog.set()
+    if stacks is not None:   # nothing was asked for: leave no empty file behind
+        stacks.close()
+        try:
+            if layout.stacks_path(out, rank).stat().st_size == 0:
+                layout.stacks_path(out, rank).unlink()
+        except OSError:
             pass
     sys.stdout.flush()
     sys.stderr.flush()

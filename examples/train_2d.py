@@ -2,6 +2,9 @@
 parallel) over ``tp``, on a (dp, tp) device mesh; 4 ranks by default (2 × 2).
 
     pardiag profile examples/train_2d.py --nproc-per-node 4 -- --tp 2
+
+``--tp-outer`` orders the mesh (tp, dp) instead: each TP group then holds ranks world/tp apart,
+so on 2 nodes of 2 ranks each TP group spans both nodes (a placement to correct).
 """
 
 from __future__ import annotations
@@ -25,12 +28,18 @@ def main() -> None:
     p = C.base_parser(__doc__)
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel degree")
     p.add_argument("--seq", type=int, default=16, help="sequence length (divisible by tp)")
+    p.add_argument("--tp-outer", action="store_true",
+                   help="mesh (tp, dp): TP groups of ranks world/tp apart (across nodes)")
     args = p.parse_args()
     env = C.init_distributed(args.pin_cpu)
     if env.world_size % args.tp:
         raise SystemExit(f"world size {env.world_size} is not divisible by --tp {args.tp}")
-    mesh = init_device_mesh(env.device.type, (env.world_size // args.tp, args.tp),
-                            mesh_dim_names=("dp", "tp"))
+    if args.tp_outer:
+        mesh = init_device_mesh(env.device.type, (args.tp, env.world_size // args.tp),
+                                mesh_dim_names=("tp", "dp"))
+    else:
+        mesh = init_device_mesh(env.device.type, (env.world_size // args.tp, args.tp),
+                                mesh_dim_names=("dp", "tp"))
     model = C.build_model(args.width, args.layers).to(env.device)
     for block in model:
         if isinstance(block, C.Block):

@@ -75,6 +75,69 @@ def guard_outputs(outputs: list[Path | None], inputs: list[Path], traces=None) -
         raise PardiagError(f"{outs[0]}: given for both the HTML report and --json")
 
 
+def _script_usage_error(cmd: click.Command, ctx: click.Context, args: list[str]) -> None:
+    """Refuse a command line whose options could belong to pardiag or to the script.
+
+    Raises:
+        click.UsageError: an option of ``cmd`` is given twice (the second would silently replace
+            the first), an option ``cmd`` does not define comes before SCRIPT, or an option of
+            ``cmd`` follows SCRIPT among the script's own arguments without a ``--`` between
+            them (``pardiag profile train.py --steps 3 --out x``: whose ``--out``?).
+    """
+    opts: dict[str, click.Option] = {}
+    for p in cmd.get_params(ctx):
+        if isinstance(p, click.Option):
+            for o in (*p.opts, *p.secondary_opts):
+                opts[o] = p
+    seen: dict[str, str] = {}
+    after: list[str] = []
+    script_at = None
+    script_args = False
+    dash = False
+    i = 0
+    usage = (f"pardiag {cmd.name} [OPTIONS] SCRIPT [OPTIONS] -- [SCRIPT ARGS]")
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            dash = True
+            break
+        name = a.split("=", 1)[0] if a.startswith("--") else a
+        p = opts.get(name)
+        if p is not None:
+            if p.name in seen and not p.multiple:
+                raise click.UsageError(
+                    f"{name} is given twice ({seen[p.name]} ... {name}): the second would replace "
+                    f"the first; an option of the script's own goes after `--`: {usage}")
+            seen[p.name] = name
+            if script_at is not None:
+                after.append(name)
+            i += 2 if (not p.is_flag and not p.count and "=" not in a) else 1
+            continue
+        if script_at is None:
+            if a.startswith("-") and a != "-":
+                raise click.UsageError(f"{a}: not an option of pardiag {cmd.name}; the script's "
+                                       f"options go after SCRIPT and `--`: {usage}")
+            script_at = i
+        else:
+            script_args = True
+        i += 1
+    if after and script_args and not dash:
+        raise click.UsageError(
+            f"{after[0]} is an option of pardiag {cmd.name}, given after SCRIPT among the "
+            f"script's arguments without `--`: is it pardiag's or the script's? Put pardiag's "
+            f"options before `--` and the script's after it: {usage}")
+
+
+class _ScriptCommand(click.Command):
+    """A command that runs a script: ``pardiag CMD [OPTIONS] SCRIPT [OPTIONS] -- [SCRIPT ARGS]``.
+    Arguments after ``--`` go to the script unchanged; an ambiguous command line is a usage
+    error (:func:`_script_usage_error`), never an option silently taken by the wrong side."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        _script_usage_error(self, ctx, list(args))
+        return super().parse_args(ctx, args)
+
+
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="pardiag")
 def cli() -> None:
@@ -96,28 +159,60 @@ def _write_json(data: bytes, json_out: Path) -> None:
     except OSError as exc:
         raise PardiagError(f"{exc.filename}: cannot write ({exc.strerror})") from None
 
-@cli.command(context_settings={"ignore_unknown_options": True})
+def _schedule_options(f):
+    """``--out``, ``--wait``, ``--warmup``, ``--active``, ``--overwrite``, ``--pin-cpu``: shared by
+    profile and wrap."""
+    for opt in reversed([
+        click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path),
+                     default=None,
+                     help="Run folder to write [default: pardiag_runs/<script>-<time>]."),
+        click.option("--wait", default=1, show_default=True,
+                     help="Optimizer steps skipped before profiling."),
+        click.option("--warmup", default=1, show_default=True,
+                     help="Optimizer steps profiled and discarded."),
+        click.option("--active", default=3, show_default=True,
+                     help="Optimizer steps recorded in the trace."),
+        click.option("--overwrite", is_flag=True,
+                     help="Replace pardiag's files in an existing run folder."),
+        click.option("--pin-cpu", is_flag=True,
+                     help="Give each rank its own cores (cores / ranks on the node) and as many "
+                          "torch threads, so CPU ranks do not slow each other down.")]):
+        f = opt(f)
+    return f
+
+
+@cli.command(cls=_ScriptCommand, context_settings={"ignore_unknown_options": True})
 @click.argument("script", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--nproc-per-node", default=1, show_default=True, help="Ranks to start on this node.")
-@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run folder to write [default: pardiag_runs/<script>-<time>].")
-@click.option("--wait", default=1, show_default=True, help="Optimizer steps skipped before profiling.")
-@click.option("--warmup", default=1, show_default=True, help="Optimizer steps profiled and discarded.")
-@click.option("--active", default=3, show_default=True, help="Optimizer steps recorded in the trace.")
-@click.option("--overwrite", is_flag=True, help="Replace pardiag's files in an existing run folder.")
+@_schedule_options
 @click.option("--timeout", "timeout_s", type=float, default=None, metavar="SECONDS",
               help="Stop a job still running after SECONDS and name the rank(s) it waits for.")
-@click.option("--pin-cpu", is_flag=True,
-              help="Give each rank its own cores (cores / ranks on the node) and as many torch "
-                   "threads, so CPU ranks do not slow each other down.")
+@click.option("--nnodes", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Nodes of the job; run the same command on each (torchrun's --nnodes).")
+@click.option("--node-rank", type=click.IntRange(min=0), default=None,
+              help="This node's rank, 0..NNODES-1 (torchrun's static rendezvous).")
+@click.option("--rdzv-backend", default=None, metavar="NAME",
+              help="torchrun's rendezvous backend (static, c10d).")
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+              help="Where the nodes meet (torchrun's --rdzv-endpoint).")
+@click.option("--rdzv-id", default=None, metavar="ID", help="Job id shared by the nodes.")
+@click.option("--master-addr", default=None, metavar="HOST",
+              help="torchrun's --master-addr (static rendezvous without --rdzv-endpoint).")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+              help="torchrun's --master-port.")
 def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out: Path | None,
             wait: int, warmup: int, active: int, overwrite: bool, timeout_s: float | None,
-            pin_cpu: bool) -> None:
+            pin_cpu: bool, nnodes: int, node_rank: int | None, rdzv_backend: str | None,
+            rdzv_endpoint: str | None, rdzv_id: str | None, master_addr: str | None,
+            master_port: int | None) -> None:
     """Run SCRIPT under torchrun with every rank profiled.
 
     Arguments after `--` go to the script unchanged. The run folder gets one gzipped Kineto trace
-    per rank, per-rank metadata and run.json. The exit code is the script's.
+    per rank, per-rank metadata and run.json. The exit code is the script's. On several nodes,
+    run the same command on each with --nnodes, --node-rank and --rdzv-endpoint: each node
+    writes its own ranks' files into --out (a shared folder, or one per node that `pardiag
+    report` joins).
     """
     from pardiag.collectors.launch import ProfileConfig, run_profile
     import time
@@ -127,7 +222,9 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     cfg = ProfileConfig(script=script, args=tuple(script_args), out=out,
                         nproc_per_node=nproc_per_node, wait=wait, warmup=warmup,
                         active=active, overwrite=overwrite, timeout_s=timeout_s,
-                        pin_cpu=pin_cpu)
+                        pin_cpu=pin_cpu, nnodes=nnodes, node_rank=node_rank,
+                        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                        master_addr=master_addr, master_port=master_port)
     result = run_profile(cfg)
     for i, (r, msg) in enumerate(result.failed_ranks.items()):
         first = " (first failure)" if i == 0 and len(result.failed_ranks) > 1 else ""
@@ -148,7 +245,48 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     if result.contention:
         click.echo(f"pardiag: warning: {result.contention}", err=True)
     click.echo(f"pardiag: run folder {result.out} (exit code {result.exit_code})", err=True)
+    if any(result.out.glob("rank*.trace.json.gz")):
+        where = _shell_path(result.out)
+        more = " (with node-local folders: every node's folder)" if nnodes > 1 else ""
+        click.echo(f"pardiag: next: pardiag report {where}{more}", err=True)
     sys.exit(result.exit_code)
+
+
+def _shell_path(p: Path) -> str:
+    """``p`` relative to the working folder where it lies below it, shell-quoted."""
+    import shlex
+    try:
+        p = p.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
+    return shlex.quote(str(p))
+
+
+@cli.command(cls=_ScriptCommand, context_settings={"ignore_unknown_options": True})
+@click.argument("script", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@_schedule_options
+def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int, warmup: int,
+         active: int, overwrite: bool, pin_cpu: bool) -> None:
+    """Profile one rank of a job another launcher started (torchrun, srun, mpirun, accelerate).
+
+    Every process runs `python -m pardiag wrap [OPTIONS] SCRIPT -- ARGS`, e.g.
+    `torchrun --nproc-per-node 4 -m pardiag wrap train.py -- --steps 20` or
+    `srun python -m pardiag wrap --out /shared/run train.py -- --steps 20`. The rank comes from
+    RANK/LOCAL_RANK/WORLD_SIZE, else SLURM's variables (the master from the node list), else
+    Open MPI's. Each rank writes its own files into --out (one folder on a shared file system);
+    the exit code is the script's. --out is needed unless the job is one process.
+    """
+    from pardiag.collectors.wrap import WrapConfig, rank_env, run_wrap
+
+    if out is None:
+        if rank_env().world_size > 1:   # each rank would name its own folder by its own clock
+            raise PardiagError("pardiag wrap: give --out DIR (one folder for every rank of the "
+                               "job, on a shared file system or the same path on each node)")
+        import time
+        out = Path("pardiag_runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_wrap(WrapConfig(script=script, args=tuple(script_args), out=out, wait=wait,
+                        warmup=warmup, active=active, overwrite=overwrite, pin_cpu=pin_cpu))
 
 
 @cli.command()

@@ -4,13 +4,18 @@ A run folder written by ``pardiag profile`` holds::
 
     rank{R}.trace.json.gz         TRACE_TEMPLATE: gzipped Kineto Chrome trace of rank R
     pardiag/                      SIDECAR_DIR: everything else pardiag writes
-        run.json                  RUN_FILE: one per run (command, start time, world size, ...)
+        run.json                  RUN_FILE: one per run (command, start time, world size, ...);
+                                  of a multi-node run: the job and node 0's part
+        run.node{N}.json          NODE_RUN_TEMPLATE: node N's part of a multi-node run (its
+                                  hosts, ranks, exit codes); :func:`join_run_files` joins them
         rank{R}.meta.json         RANK_META_TEMPLATE: per-rank metadata (host, device, status,
                                   memory, topology, detected parallel layout)
         rank{R}.comms.json        COMMS_TEMPLATE: process groups and every collective and
                                   point-to-point op (group, seq, bytes, issue/start/end)
         rank{R}.pipeline.json     PIPELINE_TEMPLATE: forward/backward per stage and microbatch
         rank{R}.hang.json         HANG_TEMPLATE: what a rank was doing when --timeout expired
+        rank{R}.stacks.txt        STACKS_TEMPLATE: every thread's Python stack, written when
+                                  a rank that wrote no hang dump was signalled (--timeout)
         dump-request              DUMP_REQUEST: created by the launcher when --timeout expires
     .pardiag-cache/               SUMMARY_DIR: per-rank summaries of the traces
 
@@ -46,6 +51,9 @@ RANK_META_TEMPLATE = "rank{rank}.meta.json"
 COMMS_TEMPLATE = "rank{rank}.comms.json"
 PIPELINE_TEMPLATE = "rank{rank}.pipeline.json"
 HANG_TEMPLATE = "rank{rank}.hang.json"
+STACKS_TEMPLATE = "rank{rank}.stacks.txt"
+#: Node N's part of run.json in a multi-node run (node 0 writes RUN_FILE: the job and its part).
+NODE_RUN_TEMPLATE = "run.node{node}.json"
 #: Created (in SIDECAR_DIR) by the launcher when --timeout expires; ranks then write their
 #: HANG_TEMPLATE file.
 DUMP_REQUEST = "dump-request"
@@ -57,7 +65,8 @@ SUMMARY_DIR = ".pardiag-cache"
 SUMMARY_SUFFIX = ".summary.json"
 
 #: Names of files that are pardiag sidecars, never traces.
-_SIDECAR_RE = re.compile(r"^(run\.json|rank\d+\.(meta|comms|pipeline|hang)\.json)$")
+_SIDECAR_RE = re.compile(
+    r"^(run\.json|run\.node[\w.-]+\.json|rank\d+\.(meta|comms|pipeline|hang)\.json)$")
 _TRACE_RE = re.compile(r"^rank\d+\.trace\.json\.gz$")
 
 
@@ -91,9 +100,30 @@ def hang_path(run_dir: Path, rank: int) -> Path:
     return sidecar_dir(run_dir) / HANG_TEMPLATE.format(rank=rank)
 
 
+def stacks_path(run_dir: Path, rank: int) -> Path:
+    """Path of rank ``rank``'s thread stacks (written on SIGUSR1) inside ``run_dir``."""
+    return sidecar_dir(run_dir) / STACKS_TEMPLATE.format(rank=rank)
+
+
 def run_file_path(run_dir: Path) -> Path:
     """Path of the run file inside ``run_dir``."""
     return sidecar_dir(run_dir) / RUN_FILE
+
+
+def node_run_path(run_dir: Path, node: int | str | None) -> Path:
+    """Path of a node's part of the run file: ``run.json`` for node 0 (or a single-node run,
+    ``node`` None or 0), else ``run.node{node}.json`` (``node`` may be a host name where the
+    node's rank is unknown)."""
+    if node in (None, 0):
+        return run_file_path(run_dir)
+    return sidecar_dir(run_dir) / NODE_RUN_TEMPLATE.format(node=node)
+
+
+def rank_files(run_dir: Path, rank: int) -> list[Path]:
+    """The files rank ``rank`` writes into ``run_dir`` (trace and sidecars; not the summary,
+    which is checked against its trace)."""
+    return [trace_path(run_dir, rank), rank_meta_path(run_dir, rank), comms_path(run_dir, rank),
+            pipeline_path(run_dir, rank), hang_path(run_dir, rank), stacks_path(run_dir, rank)]
 
 
 def dump_request_path(run_dir: Path) -> Path:
@@ -137,6 +167,10 @@ def owned_files(run_dir: Path) -> list[Path]:
         pass
     if dump_request_path(run_dir).is_file():
         out.append(dump_request_path(run_dir))
+    try:
+        out += sorted(f for f in sidecar_dir(run_dir).glob("rank*.stacks.txt") if f.is_file())
+    except OSError:
+        pass
     return sorted(out)
 
 
@@ -185,7 +219,10 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
         script_args: the script's own arguments.
         world_size: ranks started (all nodes).
         nproc_per_node: ranks started on this node.
-        nnodes: nodes (1: ``pardiag profile`` runs ``torchrun --standalone``).
+        nnodes: nodes of the job (1: ``pardiag profile`` ran ``torchrun --standalone``).
+        node_rank: the node this file describes (0 also writes the job's fields; None: not
+            known). A multi-node run has one file per node (``run.json`` of node 0,
+            ``run.node{N}.json`` of the others): :func:`join_run_files` makes them one.
         schedule: the profiler schedule.
         started_unix: when torchrun was started (seconds since the epoch, UTC).
         ended_unix: when torchrun had finished (seconds since the epoch, UTC).
@@ -194,7 +231,8 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
             else torchrun's.
         timed_out_after_s: the ``--timeout`` that expired (None: it did not).
         hang: one line per collective the job was stuck in when it was stopped.
-        nodes: ``{host name: [ranks on it]}`` from the rank metadata.
+        nodes: ``{host name: [ranks on it]}`` from the rank metadata (of this node's ranks in a
+            node's part).
         layout: the parallel layout rank 0 detected: ``dims`` (``{"dp": 2, ...}``),
             ``strategies``, ``pipeline`` (schedule, stages, microbatches, ...) and
             ``fsdp_reshard_after_forward`` when known.
@@ -202,6 +240,8 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
         torch_version: torch's version (a list when ranks differ).
         failed_ranks: ``{rank as a string: error line}`` of ranks that raised or exited non-zero.
         missing_ranks: ranks that wrote no metadata (killed before they finished).
+        missing_nodes: nodes whose part was not found when the parts were joined (filled in by
+            :func:`join_run_files`, never written).
     """
 
     schema: str = SIDECAR_SCHEMA
@@ -214,6 +254,7 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
     world_size: int | None = None
     nproc_per_node: int | None = None
     nnodes: int | None = None
+    node_rank: int | None = None
     schedule: ProfilerSchedule | None = None
     started_unix: float | None = None
     ended_unix: float | None = None
@@ -227,6 +268,48 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
     torch_version: str | list[str] | None = None
     failed_ranks: dict[str, str] = msgspec.field(default_factory=dict)
     missing_ranks: list[int] = msgspec.field(default_factory=list)
+    missing_nodes: list[int] = msgspec.field(default_factory=list)
+
+
+def join_run_files(parts: list[RunFile]) -> RunFile | None:
+    """One run file from the parts of a run's nodes (``run.json`` and ``run.node{N}.json``, from
+    one shared run folder or each node's own).
+
+    The job's fields (command, script, world size, nnodes, schedule, start) come from node 0's
+    part (else the lowest node's); hosts, failed and missing ranks and hang lines are the union
+    of the parts; the start is the earliest and the end the latest; the exit code the first
+    non-zero one (node order); ``missing_nodes`` lists the nodes below ``nnodes`` with no part.
+    None when ``parts`` is empty."""
+    if not parts:
+        return None
+    if len(parts) == 1 and not (parts[0].nnodes or 1) > 1:
+        return parts[0]
+    by_node = sorted(parts, key=lambda p: (p.node_rank is None, p.node_rank or 0))
+    base = by_node[0]
+    nodes: dict[str, list[int]] = {}
+    failed: dict[str, str] = {}
+    missing: set[int] = set()
+    hang: list[str] = []
+    for p in by_node:
+        for host, ranks in p.nodes.items():
+            nodes[host] = sorted({*nodes.get(host, []), *ranks})
+        failed.update(p.failed_ranks)
+        missing.update(p.missing_ranks)
+        hang.extend(h for h in p.hang if h not in hang)
+    have = {p.node_rank for p in parts if p.node_rank is not None}
+    n = base.nnodes or 1
+    starts = [p.started_unix for p in parts if p.started_unix is not None]
+    ends = [p.ended_unix for p in parts if p.ended_unix is not None]
+    codes = [p.exit_code for p in by_node if p.exit_code]
+    return msgspec.structs.replace(
+        base, nodes=dict(sorted(nodes.items(), key=lambda kv: min(kv[1] or [0]))),
+        failed_ranks=dict(sorted(failed.items(), key=lambda kv: int(kv[0]))),
+        missing_ranks=sorted(missing), hang=hang,
+        started_unix=min(starts) if starts else None, ended_unix=max(ends) if ends else None,
+        exit_code=codes[0] if codes else base.exit_code,
+        timed_out_after_s=next((p.timed_out_after_s for p in by_node
+                                if p.timed_out_after_s is not None), None),
+        missing_nodes=sorted(set(range(n)) - have) if have else [])
 
 
 class ShardedParam(msgspec.Struct, kw_only=True, frozen=True):
@@ -351,6 +434,10 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
         env: the rank's environment variables whose names start with one of
             :data:`ENV_PREFIXES` (``NCCL_*``, ``TORCH_*``, ``PYTORCH_*``); None: not recorded
             (runs of an older pardiag).
+        node_rank: the rank's node (torchrun's ``GROUP_RANK``, SLURM's ``SLURM_NODEID``);
+            None: not known.
+        launch_id: the ``pardiag profile`` process that started the rank (tells a node's
+            launcher its own ranks in a shared run folder); None under ``pardiag wrap``.
     """
 
     schema: str = SIDECAR_SCHEMA
@@ -386,6 +473,8 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
     status: str | None = None
     error: str | None = None
     env: dict[str, str] | None = None
+    node_rank: int | None = None
+    launch_id: str | None = None
 
 
 def contention_note(metas) -> str | None:

@@ -155,3 +155,29 @@ def test_contention_note_says_when_cpu_ranks_share_cores():
     # two hosts: each judged alone, and named
     assert "on b" in contention_note([m(0, 1, [0]), m(1, 1, [1]), m(2, 1, [0, 1], host="b"),
                                       m(3, 1, [0, 1], host="b")])
+
+
+def test_the_parts_of_a_multi_node_run_file_are_joined():
+    """run.json (node 0: the job and its part) and run.node{N}.json (node N's part) become one
+    run file: hosts, failed and missing ranks joined, the first failing node's exit code, and
+    the nodes below nnodes without a part named."""
+    from pardiag.layout import RunFile, join_run_files
+    job = dict(command="pardiag profile t.py", world_size=6, nproc_per_node=2, nnodes=3)
+    n0 = RunFile(**job, node_rank=0, nodes={"a": [0, 1]}, started_unix=10.0, ended_unix=20.0,
+                 exit_code=0)
+    n2 = RunFile(**job, node_rank=2, nodes={"c": [4, 5]}, started_unix=9.5, ended_unix=25.0,
+                 exit_code=1, failed_ranks={"5": "RuntimeError: x"}, missing_ranks=[4],
+                 hang=["h"])
+    run = join_run_files([n2, n0])
+    assert run.command == "pardiag profile t.py" and run.node_rank == 0
+    assert run.nodes == {"a": [0, 1], "c": [4, 5]}
+    assert run.failed_ranks == {"5": "RuntimeError: x"} and run.missing_ranks == [4]
+    assert (run.exit_code, run.started_unix, run.ended_unix, run.hang) == (1, 9.5, 25.0, ["h"])
+    assert run.missing_nodes == [1]
+    assert join_run_files([]) is None
+    single = RunFile(**{**job, "nnodes": 1}, node_rank=0)
+    assert join_run_files([single]) is single
+    import pardiag.layout as L
+    assert L.is_sidecar_name("run.node2.json") and L.is_sidecar_name("run.node-gpu07.json")
+    assert L.node_run_path("r", 0).name == "run.json" and L.node_run_path("r", 3).name == \
+        "run.node3.json"

@@ -39,6 +39,9 @@ def test_profile_writes_the_run_folder(ddp_run):
     run = json.loads((out / "pardiag" / "run.json").read_text())
     assert run["world_size"] == 2 and run["exit_code"] == 0
     assert run["script_args"] == ["--steps", "7"]
+    # the last line is the next command; torch's profiler lines are left out or shown once
+    assert res.stderr.strip().splitlines()[-1] == f"pardiag: next: pardiag report {out}"
+    assert "USDT:" not in res.stderr and res.stderr.count("CPUAllocator.cpp") <= 1
     from pardiag import layout   # the typed form the loader decodes
     typed = layout.decode_sidecar((out / "pardiag" / "run.json").read_bytes(), "run")
     assert typed.started_unix < typed.ended_unix and typed.schedule.active == 3
@@ -231,3 +234,23 @@ def test_overwrite_removes_both_layouts(tmp_path, capsys):
     assert "removed the previous run's 5 file(s)" in capsys.readouterr().err
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "pardiag", "pardiag/mine.txt"]
+
+
+def test_a_rank_stuck_holding_the_interpreter_still_says_where(tmp_path):
+    """A rank stuck in native code that holds the interpreter lock cannot let its watchdog
+    thread write the --timeout dump (the issue's empty dumps): the launcher then asks it for
+    its threads' stacks (SIGUSR1, faulthandler) and names where its main thread was."""
+    script = tmp_path / "stuck.py"
+    script.write_text("import ctypes, torch\nm = torch.nn.Linear(4, 4)\n"
+                      "opt = torch.optim.SGD(m.parameters(), 0.1)\n"
+                      "for step in range(3):\n    m(torch.randn(2, 4)).sum().backward()\n"
+                      "    opt.step()\n"
+                      "ctypes.PyDLL(None).sleep(600)  # holds the GIL\n")
+    res = pardiag("profile", script, "--out", tmp_path / "o", "--timeout", 15)
+    assert res.returncode == 124, res.stderr[-2000:]
+    line = next(ln for ln in res.stderr.splitlines() if ln.startswith("pardiag: hang after"))
+    assert "rank 0 wrote no hang dump" in line and "its main thread was at File " in line, line
+    stacks = (tmp_path / "o" / "pardiag" / "rank0.stacks.txt").read_text()
+    assert "most recent call first" in stacks
+    if str(script) in stacks:   # a loaded machine may still be importing torch after 15 s
+        assert f'File "{script}", line 7 in <module>' in line, line
