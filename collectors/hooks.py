@@ -20,6 +20,7 @@ Times are epoch nanoseconds (``time.time_ns()``), the clock of the trace's
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import warnings
@@ -28,6 +29,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -134,10 +136,6 @@ def allreduce_calibration(sizes=(2**16, 2**20, 2**22, 2**24), repeats: int = 5,
     return rows
 
 
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
 def _group_name(group) -> str:
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     return dist.distributed_c10d._world.pg_names.get(pg, "")
@@ -146,34 +144,82 @@ def _group_name(group) -> str:
 class P2PRecorder:
     """Wraps ``torch.distributed.{send,recv,isend,irecv}`` to record each call.
 
-    Records: ``{"op": "send"|"recv", "peer": global rank, "pg_name", "bytes", "dtype",
-    "issue_ns", "returned_ns", "source": "p2p_hook"}``.
+    Records (while :attr:`recording`, i.e. inside the profiler's window, the only calls the
+    comms sidecar keeps): ``{"op": "send"|"recv", "peer": global rank, "pg_name", "bytes",
+    "dtype", "issue_ns", "returned_ns", "seq", "source": "p2p_hook"}`` (``seq``: 1-based count
+    of this rank's calls with the same group, op and peer since the script started, so ranks
+    pair their sends and receives whatever step the window starts at).
+
+    Outside the window a call costs two clock reads, a counter and a tuple appended to a
+    bounded buffer (:attr:`recent`, the last :data:`RECENT` calls, for a hang dump): the
+    peer's global rank, group name, bytes and dtype are only worked out while recording or
+    when a hang dump asks (:meth:`recent_rows`).
+
+    Attributes:
+        calls_outside, calls_recorded: calls seen outside and inside the window.
     """
 
     _NAMES = ("send", "recv", "isend", "irecv")
+    #: calls kept for a hang dump
+    RECENT = 50
 
     def __init__(self) -> None:
         self.records: list[dict] = []
+        self.recording = False
+        self.recent: collections.deque = collections.deque(maxlen=self.RECENT)
+        self.calls_outside = 0
+        self.calls_recorded = 0
+        self._seq: dict[tuple, int] = {}
         self._originals: dict[str, Any] = {}
+
+    @staticmethod
+    def _row(raw: tuple) -> dict:
+        """A raw call ``(op, peer, group, group_peer, bytes, dtype, issue_ns, returned_ns,
+        seq)`` as a record."""
+        op, peer, group, group_peer, nbytes, dtype, t0, t1, seq = raw
+        if peer is None and group_peer is not None and group is not None:
+            peer = dist.get_global_rank(group, group_peer)
+        return {"op": op, "peer": peer, "pg_name": _group_name(group),
+                "bytes": nbytes, "dtype": str(dtype).removeprefix("torch."),
+                "issue_ns": t0, "returned_ns": t1, "seq": seq, "source": "p2p_hook"}
+
+    def recent_rows(self) -> list[dict]:
+        """The last :data:`RECENT` calls as records (for a hang dump; rows that cannot be
+        resolved are left out)."""
+        out = []
+        for raw in list(self.recent):
+            try:
+                out.append(self._row(raw))
+            except Exception:  # a group already destroyed
+                continue
+        return out
 
     def _wrap(self, name: str, fn):
         op = "send" if "send" in name else "recv"
-        records = self.records
+        rec = self
+        seqs = self._seq
+        recent = self.recent
 
         @functools.wraps(fn)
         def wrapper(tensor, *args, **kwargs):
             t0 = time.time_ns()
             out = fn(tensor, *args, **kwargs)
+            t1 = time.time_ns()
             peer = args[0] if args else kwargs.get("dst" if op == "send" else "src")
             group = args[1] if len(args) > 1 else kwargs.get("group")
             group_peer = kwargs.get("group_dst" if op == "send" else "group_src")
-            if peer is None and group_peer is not None and group is not None:
-                peer = dist.get_global_rank(group, group_peer)
-            records.append({
-                "op": op, "peer": peer, "pg_name": _group_name(group),
-                "bytes": tensor.numel() * tensor.element_size(), "dtype": _dtype_name(tensor),
-                "issue_ns": t0, "returned_ns": time.time_ns(), "source": "p2p_hook",
-            })
+            key = (op, peer, group_peer, id(group))
+            seq = seqs.get(key, 0) + 1
+            seqs[key] = seq
+            # sizes, not the tensor: the buffer must not keep activations alive
+            raw = (op, peer, group, group_peer, tensor.numel() * tensor.element_size(),
+                   tensor.dtype, t0, t1, seq)
+            recent.append(raw)
+            if rec.recording:
+                rec.calls_recorded += 1
+                rec.records.append(rec._row(raw))
+            else:
+                rec.calls_outside += 1
             return out
 
         return wrapper
@@ -234,7 +280,10 @@ class PipelineRecorder:
     Records: ``{"stage", "microbatch", "phase": "F"|"B"|"I"|"W", "start_ns", "end_ns",
     "optimizer_step"}`` (B = full backward, I = input-gradient only, W = weight gradient);
     forward records also carry ``"samples"`` (dim 0 of the chunk's output, the microbatch size).
-    Each call also runs inside ``record_function("pardiag:PP:S{stage}:{phase}{microbatch}")``.
+    Records are taken on every step (two clock reads and a dict per chunk): unprofiled steps
+    time the schedule as it runs. While :attr:`recording` (the profiler's window) each call
+    also runs inside ``record_function("pardiag:PP:S{stage}:{phase}{microbatch}")``; outside it
+    no range is opened (``calls_outside`` / ``calls_recorded`` count the calls).
 
     Layers: after the run, :meth:`size_scaling` times each stage module at other microbatch
     sizes and, at the run's own, each of its direct children (forward hooks attached only
@@ -246,6 +295,9 @@ class PipelineRecorder:
     def __init__(self, step_counter) -> None:
         self.records: list[dict] = []
         self.layers: dict[tuple[int, int], dict] = {}
+        self.recording = False
+        self.calls_outside = 0
+        self.calls_recorded = 0
         self._step = step_counter
         self._patched: list[tuple[type, str, Any]] = []
         self._hooked: set[int] = set()
@@ -255,9 +307,10 @@ class PipelineRecorder:
         self.inputs: dict[int, tuple] = {}
 
     def _hook_layers(self, stage) -> None:
-        """Note a stage (once) and hook its module to learn its input's shape; the per-layer
-        hooks are attached only while :meth:`size_scaling` times the module after the run, so
-        training steps carry no per-layer overhead."""
+        """Note a stage (once) and hook its module to learn its input's shape (the hook removes
+        itself after the first call); the per-layer hooks are attached only while
+        :meth:`size_scaling` times the module after the run, so training steps carry no
+        per-layer overhead."""
         if id(stage) in self._hooked:
             return
         self._hooked.add(id(stage))
@@ -267,14 +320,17 @@ class PipelineRecorder:
             return
         s = int(stage.stage_index)
 
-        def record_input(mod, inputs, _s=s):
-            if _s in self.inputs:
-                return
-            first = inputs[0] if inputs else None
-            if isinstance(first, torch.Tensor) and first.dim() > 0:
-                self.inputs[_s] = (tuple(first.shape), first.dtype, first.is_floating_point())
+        handle = None
 
-        self._handles.append(submod.register_forward_pre_hook(record_input))
+        def record_input(mod, inputs, _s=s):
+            first = inputs[0] if inputs else None
+            if _s not in self.inputs and isinstance(first, torch.Tensor) and first.dim() > 0:
+                self.inputs[_s] = (tuple(first.shape), first.dtype, first.is_floating_point())
+            if handle is not None:   # once: a module without hooks takes torch's fast path
+                handle.remove()
+
+        handle = submod.register_forward_pre_hook(record_input)
+        self._handles.append(handle)
 
     def _layer_hooks(self, stage, key: str) -> list:
         """Forward pre/post hooks timing each child of ``stage.submod``; times are summed per
@@ -318,11 +374,17 @@ class PipelineRecorder:
             @functools.wraps(orig)
             def wrapper(stage, chunk_id, *args, **kwargs):
                 phase = phase_of(args, kwargs)
-                label = f"pardiag:PP:S{stage.stage_index}:{phase}{chunk_id}"
-                if phase == "F":
+                if phase == "F" and id(stage) not in rec._hooked:
                     rec._hook_layers(stage)
-                t0 = time.time_ns()
-                with torch.profiler.record_function(label):
+                if rec.recording:   # a range only where the profiler records it
+                    rec.calls_recorded += 1
+                    t0 = time.time_ns()
+                    with torch.profiler.record_function(
+                            f"pardiag:PP:S{stage.stage_index}:{phase}{chunk_id}"):
+                        out = orig(stage, chunk_id, *args, **kwargs)
+                else:
+                    rec.calls_outside += 1
+                    t0 = time.time_ns()
                     out = orig(stage, chunk_id, *args, **kwargs)
                 row = {"stage": stage.stage_index, "microbatch": int(chunk_id), "phase": phase,
                        "start_ns": t0, "end_ns": time.time_ns(), "optimizer_step": rec._step()}
@@ -455,11 +517,13 @@ def canonical_dim(name: str | None) -> str | None:
     return _DIM_ALIASES.get(key)
 
 
-def detect_parallelism() -> dict:
+def detect_parallelism(objects: list | None = None) -> dict:
     """What the live objects of the script say about its parallel layout.
 
     Scans the garbage collector's objects once for DDP, FSDP1, FSDP2 modules,
-    ZeroRedundancyOptimizer, device meshes, pipeline stages and schedules.
+    ZeroRedundancyOptimizer, device meshes, pipeline stages and schedules — or ``objects``, the
+    result of one :func:`live_instances` pass over :func:`scan_classes` shared with
+    :func:`model_shapes`.
 
     Returns:
         ``{"wrappers": [...], "meshes": [{"dims": {name: size}, "groups": {name: pg_name}}],
@@ -470,20 +534,18 @@ def detect_parallelism() -> dict:
         (``ddp_param_bytes``: gradient bytes of each trainable parameter of the DDP module, last
         registered first — the order DDP's buckets take them in, for the bucket-size what-if).
     """
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.nn.parallel import DistributedDataParallel
 
-    try:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-    except ImportError:  # pragma: no cover - old torch
-        FSDPModule = FullyShardedDataParallel = ()
-    from torch.distributed.optim import ZeroRedundancyOptimizer
+    # only the modules the script imported: this runs in the step after the profiler's window
+    def cls(module: str, name: str):
+        return (_loaded(module, name) or ((),))[0]   # () when not imported: no instance
 
-    try:
-        from torch.distributed.pipelining.schedules import _PipelineSchedule
-        from torch.distributed.pipelining.stage import _PipelineStageBase
-    except ImportError:  # pragma: no cover
-        _PipelineSchedule = _PipelineStageBase = ()
+    DeviceMesh = cls("torch.distributed.device_mesh", "DeviceMesh")
+    FullyShardedDataParallel = cls("torch.distributed.fsdp", "FullyShardedDataParallel")
+    FSDPModule = cls("torch.distributed.fsdp", "FSDPModule")
+    ZeroRedundancyOptimizer = cls("torch.distributed.optim", "ZeroRedundancyOptimizer")
+    _PipelineSchedule = cls("torch.distributed.pipelining.schedules", "_PipelineSchedule")
+    _PipelineStageBase = cls("torch.distributed.pipelining.stage", "_PipelineStageBase")
 
     interesting = tuple(c for c in (DistributedDataParallel, FullyShardedDataParallel, FSDPModule,
                                      ZeroRedundancyOptimizer, DeviceMesh, _PipelineStageBase,
@@ -497,10 +559,8 @@ def detect_parallelism() -> dict:
     fsdp1_fwd_prefetch: set[bool] = set()
     seen_mesh: set[tuple] = set()
     ddp_cap = ddp_params = None
-    with warnings.catch_warnings():  # isinstance on torch's lazy objects warns (reduce_op)
-        warnings.simplefilter("ignore")
-        objects = gc.get_objects()
-        found = [o for o in objects if _is_interesting(o, interesting)]
+    found = (live_instances(interesting) if objects is None
+             else [o for o in objects if isinstance(o, interesting)])
     for obj in found:
         try:
             if isinstance(obj, DistributedDataParallel):
@@ -575,11 +635,50 @@ def detect_parallelism() -> dict:
             "ddp_bucket_cap_bytes": ddp_cap, "ddp_param_bytes": ddp_params}
 
 
-def _is_interesting(obj, classes: tuple) -> bool:
-    try:
-        return isinstance(obj, classes)
-    except Exception:  # objects whose __class__ lookup fails
-        return False
+def _loaded(module: str, *names: str) -> tuple:
+    """The classes ``names`` of ``module`` when it is already imported, else ``()``: a class
+    whose module nobody imported has no live instance, and importing it only to look (FSDP, the
+    distributed optimizers: seconds on a loaded machine) would stall the step it runs in."""
+    mod = sys.modules.get(module)
+    return tuple(c for c in (getattr(mod, n, None) for n in names) if isinstance(c, type))
+
+
+def scan_classes() -> tuple:
+    """Every class :func:`detect_parallelism` and :func:`model_shapes` look for among the live
+    objects (of the modules already imported), for one shared :func:`live_instances` pass."""
+    return (torch.nn.Module, *_loaded("torch.nn.parallel", "DistributedDataParallel"),
+            *_loaded("torch.distributed.fsdp", "FullyShardedDataParallel", "FSDPModule"),
+            *_loaded("torch.distributed.optim", "ZeroRedundancyOptimizer"),
+            *_loaded("torch.distributed.device_mesh", "DeviceMesh"),
+            *_loaded("torch.distributed.pipelining.stage", "_PipelineStageBase"),
+            *_loaded("torch.distributed.pipelining.schedules", "_PipelineSchedule"))
+
+
+def live_instances(classes: tuple) -> list:
+    """The garbage collector's objects whose type is a subclass of one of ``classes``.
+
+    One pass over ``gc.get_objects()``; the class test is made once per type (``issubclass`` of
+    the object's type, cached) instead of an ``isinstance`` per object — 0.17 M objects with
+    torch imported, few distinct types. An object whose ``__class__`` pretends to be another
+    (a proxy) is judged by its real type. Types whose test raises are left out."""
+    if not classes:
+        return []
+    cache: dict[type, bool] = {}
+    out = []
+    with warnings.catch_warnings():  # subclass tests on torch's lazy objects warn (reduce_op)
+        warnings.simplefilter("ignore")
+        for o in gc.get_objects():
+            t = type(o)
+            hit = cache.get(t)
+            if hit is None:
+                try:
+                    hit = issubclass(t, classes)
+                except Exception:  # a type whose subclass test fails
+                    hit = False
+                cache[t] = hit
+            if hit:
+                out.append(o)
+    return out
 
 
 #: Attributes an attention module exposes its heads in: torch's ``nn.MultiheadAttention`` and
@@ -646,7 +745,7 @@ def _tp_dims(param, fsdp: bool) -> tuple[list[str], list[str | None], list[int]]
     return [repr(p) for p in placements], names, sorted(set(dims))
 
 
-def model_shapes(roots=None, stages=None):
+def model_shapes(roots=None, stages=None, objects: list | None = None):
     """What constrains how this rank's model can be split (issue #20), from its live modules.
 
     * every tensor-parallel DTensor parameter: its full shape, placements and the dimensions
@@ -659,6 +758,8 @@ def model_shapes(roots=None, stages=None):
             that is no other live module's child (a scan of the garbage collector's objects).
         stages: ``{stage index: stage module}``; default: the live pipeline stages'
             ``submod``.
+        objects: the live objects to take those defaults from (one :func:`live_instances`
+            pass over :func:`scan_classes`); default: a scan of its own.
 
     Returns:
         a :class:`pardiag.layout.ModelShapes` (``batch_samples`` unset: see
@@ -667,25 +768,14 @@ def model_shapes(roots=None, stages=None):
     """
     from pardiag import layout
 
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - old torch
-        DTensor = ()
-    try:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-        fsdp_types = (FSDPModule, FullyShardedDataParallel)
-    except ImportError:  # pragma: no cover
-        fsdp_types = ()
+    # only the modules the script imported (no DTensor without torch.distributed.tensor)
+    DTensor = (_loaded("torch.distributed.tensor", "DTensor") or ((),))[0]
+    fsdp_types = _loaded("torch.distributed.fsdp", "FSDPModule", "FullyShardedDataParallel")
     if roots is None or stages is None:
-        try:
-            from torch.distributed.pipelining.stage import _PipelineStageBase
-        except ImportError:  # pragma: no cover
-            _PipelineStageBase = ()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            classes = tuple(c for c in (torch.nn.Module, _PipelineStageBase)
-                            if isinstance(c, type))
-            found = [o for o in gc.get_objects() if _is_interesting(o, classes)]
+        classes = (torch.nn.Module,
+                   *_loaded("torch.distributed.pipelining.stage", "_PipelineStageBase"))
+        found = (live_instances(classes) if objects is None
+                 else [o for o in objects if isinstance(o, classes)])
         modules = [o for o in found if isinstance(o, torch.nn.Module)]
         if roots is None:
             children = {id(c) for m in modules for c in m.children()}
