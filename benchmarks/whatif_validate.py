@@ -22,7 +22,10 @@ Goal on CPU/gloo: median absolute error ≤ 10 %, worst ≤ 25 %.
     .venv/bin/python benchmarks/whatif_validate.py pp_gpipe   # one case
     .venv/bin/python benchmarks/whatif_validate.py --json out.json
 
-Run it on a quiet machine: other processes on the same cores distort every number.
+Run it on a quiet machine: other processes on the same cores distort every number. The
+machine is recorded with the results (CPU model, cores, load average before and after; printed
+above the table and written with ``--json``): a validation is only comparable with one made on
+a machine like it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import describe, finish, machine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -210,6 +216,11 @@ def main() -> None:
     unknown = set(args.cases) - set(CASES)
     if unknown:
         ap.error(f"unknown case(s) {sorted(unknown)}; choose from {sorted(CASES)}")
+    if args.repeat < 3:
+        print(f"note: {args.repeat} repetition(s); a validation for the README needs 3 or more",
+              file=sys.stderr)
+    info = machine()
+    print(f"machine: {describe(info)}", file=sys.stderr, flush=True)
     table: dict[tuple, dict] = {}     # (case, args) → row, in order of first appearance
     with tempfile.TemporaryDirectory(prefix="pardiag-whatif-") as d:
         if args.keep:
@@ -227,6 +238,7 @@ def main() -> None:
                     row["measured"][rep] = measure(row["script"], row["n"], row["args"], Path(d),
                                                    f"plain_{name}_{i}_rep{rep}") / 1e3
             print(f"repetition {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
+    info = finish(info)
     rows = list(table.values())
     for r in rows:
         paired = [100.0 * (r["predicted"][k] - r["measured"][k]) / r["measured"][k]
@@ -239,6 +251,9 @@ def main() -> None:
         r["predictions"] = len(r["predicted"])
     changes = [r for r in rows if not r["change"].startswith("(base")]
     errs = [abs(r["error_pct"]) for r in changes]
+    print(f"machine: {describe(info)}")
+    print(f"{args.repeat} repetition(s){', ranks pinned' if args.pin_cpu else ''}; cases: "
+          f"{', '.join(args.cases or CASES)}\n")
     print("| case | change | recommended | predicted ms | measured ms | error | spread of runs |")
     print("|---|---|:-:|---:|---:|---:|---:|")
     for r in rows:
@@ -250,7 +265,8 @@ def main() -> None:
         print(f"\n{len(errs)} changes: median |error| {statistics.median(errs):.1f}%, "
               f"worst {max(errs):.1f}%  (goal ≤ 10% / ≤ 25%)")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1, default=str))
+        args.json.write_text(json.dumps({"machine": info, "repeat": args.repeat, "rows": rows},
+                                        indent=1, default=str))
 
 
 if __name__ == "__main__":
