@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -42,20 +43,25 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 8,
+def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 15,
                     cap_bytes: int = 2**28) -> dict:
     """What DDP adds to a step on CPU for the whole model's gradients, after a pipelined run:
     a stand-in of 1024 × 1024 linear layers (and one narrower) holding the ranks' summed gradient
     bytes (at most ``cap_bytes``, to 4 KiB) runs forward + backward on ``rows`` rows (the
     per-rank batch data parallelism would have: about the model's own matmul work, so the
-    all-reduces share the cores as they would) alone, then under DDP with its default buckets; the difference of the medians is DDP's cost (all-reduces, bucket copies, hooks,
-    sharing the cores with the backward) — what data parallelism instead of the pipeline would
-    add. Every rank must call it; only on CPU (gloo), and only right after
-    :func:`allreduce_calibration` succeeded (all ranks were there).
+    all-reduces share the cores as they would) alone and under DDP with its default buckets,
+    alternately, ``repeats`` times each after one warm-up call of both; DDP's cost (all-reduces,
+    bucket copies, hooks, sharing the cores with the backward) — what data parallelism instead
+    of the pipeline would add — is the median of the paired differences (DDP − alone of the
+    same repetition, so a drift of the machine cancels), and the samples are kept so that the
+    prediction resting on it can carry the interval of that median (issue #19). Every rank must
+    call it; only on CPU (gloo), and only right after :func:`allreduce_calibration` succeeded
+    (all ranks were there).
 
     Returns:
-        ``{"grad_bytes", "rows", "plain_us", "ddp_us", "overhead_us"}`` (of the stand-in), or {}
-        without a gloo group of ≥ 2 ranks or on any failure.
+        ``{"grad_bytes", "rows", "plain_us", "ddp_us", "overhead_us", "plain_samples_us",
+        "ddp_samples_us", "overhead_samples_us"}`` (of the stand-in; µs; medians and the
+        per-repetition times), or {} without a gloo group of ≥ 2 ranks or on any failure.
     """
     from torch.nn.parallel import DistributedDataParallel
 
@@ -77,20 +83,22 @@ def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 8,
             return torch.nn.Sequential(*mods)
 
         x = torch.randn(max(int(rows), 1), 1024)
-        med = {}
-        for name, model in (("plain", make()), ("ddp", DistributedDataParallel(make()))):
-            times = []
-            for _ in range(repeats + 1):
+        models = {"plain": make(), "ddp": DistributedDataParallel(make())}
+        times: dict[str, list[float]] = {"plain": [], "ddp": []}
+        for it in range(repeats + 1):
+            for name, model in models.items():   # alternately: a drift hits both alike
                 dist.barrier()
                 t0 = time.perf_counter_ns()
                 model(x).sum().backward()
-                times.append((time.perf_counter_ns() - t0) / 1000.0)
-            times = sorted(times[1:])          # the first call warms up
-            med[name] = times[len(times) // 2]
+                if it:                            # the first call of each warms up
+                    times[name].append((time.perf_counter_ns() - t0) / 1000.0)
+        diff = [d - p for p, d in zip(times["plain"], times["ddp"])]
         return {"grad_bytes": n * layer + cols * 1024 * 4, "rows": int(x.shape[0]),
-                "plain_us": med["plain"],
-                "ddp_us": med["ddp"],
-                "overhead_us": max(med["ddp"] - med["plain"], 0.0)}
+                "plain_us": statistics.median(times["plain"]),
+                "ddp_us": statistics.median(times["ddp"]),
+                "overhead_us": max(statistics.median(diff), 0.0),
+                "plain_samples_us": times["plain"], "ddp_samples_us": times["ddp"],
+                "overhead_samples_us": diff}
     except Exception:
         return {}
 
@@ -103,12 +111,13 @@ def allreduce_calibration(sizes=(2**16, 2**20, 2**22, 2**24), repeats: int = 5,
 
     Every rank must call it (collectives on the default group, float32 on the group's device).
     Each timing follows a 1-element all-reduce that lines the ranks up; the fastest of
-    ``repeats`` is kept. A rank that does not arrive within ``timeout_s`` makes the others give
+    ``repeats`` is kept, and every timing (``samples_us``) for the interval of a prediction
+    resting on them. A rank that does not arrive within ``timeout_s`` makes the others give
     up.
 
     Returns:
-        ``[{"bytes": int, "us": float}]``, empty when there is no group of ≥ 2 ranks or a wait
-        failed or timed out.
+        ``[{"bytes": int, "us": float, "samples_us": [float]}]`` (µs), empty when there is no
+        group of ≥ 2 ranks or a wait failed or timed out.
     """
     import datetime
 
@@ -130,7 +139,8 @@ def allreduce_calibration(sizes=(2**16, 2**20, 2**22, 2**24), repeats: int = 5,
                 dist.all_reduce(t, async_op=True).wait(timeout)
                 _sync(device)
                 times.append((time.perf_counter_ns() - t0) / 1000.0)
-            rows.append({"bytes": int(nbytes), "us": min(times[1:])})   # the first warms up
+            rows.append({"bytes": int(nbytes), "us": min(times[1:]),   # the first warms up
+                         "samples_us": times[1:]})
     except Exception:   # a rank that never came, or a backend that cannot: no calibration
         return []
     return rows
@@ -421,9 +431,11 @@ class PipelineRecorder:
         microbatch sizes (``factor × samples``), after the script has finished: how a chunk's
         time scales with the microbatch size, measured on the user's own module.
 
-        Returns ``[{"stage", "samples", "fwd_us", "bwd_us"}]`` (medians of ``repeats``); empty
-        when a stage's input is not one floating-point tensor or a call fails (an out-of-memory
-        error included). On a GPU only sizes up to the run's own are tried."""
+        Returns ``[{"stage", "samples", "fwd_us", "bwd_us", "fwd_samples_us",
+        "bwd_samples_us"}]`` (µs: medians of ``repeats``, and the timings themselves, for the
+        interval of a prediction resting on them); empty when a stage's input is not one
+        floating-point tensor or a call fails (an out-of-memory error included). On a GPU only
+        sizes up to the run's own are tried."""
         rows = []
         for stage in self._stages:
             s = int(stage.stage_index)
@@ -470,9 +482,10 @@ class PipelineRecorder:
                 finally:
                     for h in handles:
                         h.remove()
-                fwd, bwd = sorted(fwd[1:]), sorted(bwd[1:])   # the first call warms up
-                rows.append({"stage": s, "samples": n, "fwd_us": fwd[len(fwd) // 2],
-                             "bwd_us": bwd[len(bwd) // 2]})
+                fwd, bwd = fwd[1:], bwd[1:]   # the first call warms up
+                rows.append({"stage": s, "samples": n, "fwd_us": sorted(fwd)[len(fwd) // 2],
+                             "bwd_us": sorted(bwd)[len(bwd) // 2],
+                             "fwd_samples_us": fwd, "bwd_samples_us": bwd})
         for q in (q for st in self._stages for q in getattr(st, "submod", torch.nn.Module())
                   .parameters()):
             q.grad = None
