@@ -12,7 +12,10 @@ repetitions), so a drift of the machine hits both alike; the overhead of a repet
 pardiag / plain − 1 of that pair. The table shows the median over the repetitions and their
 [min, max], and the plain runs' own spread (max − min over the repetitions, in % of their
 median): an overhead inside that spread is inside the machine's noise. Also shown: pardiag's
-work when the window ends (``post_window_s`` of the ranks' metadata; not in any measured step).
+work when the window ends (``post_window_s`` of the ranks' metadata; not in any measured step)
+and what its wrappers add per step outside the window by their own measurement (calls outside
+the window per unprofiled step × each wrapper's cost per call timed on a no-op after the run,
+``wrapper_cost_us``; the largest rank's), the part of the overhead the hooks explain.
 
 ``--inside`` adds plain ``torch.profiler`` runs with the same schedule and options
 (``_plain_profiler.py``) and compares the profiled steps with them.
@@ -57,8 +60,9 @@ def _times(path: Path, n: int) -> list[list[float]]:
 
 
 def run(kind: str, script: Path, n: int, args: list[str], steps: int, tmp: Path
-        ) -> tuple[list[list[float]], list[float]]:
-    """Per-rank step times (s) of one run and, under pardiag, the ranks' post-window seconds."""
+        ) -> tuple[list[list[float]], list[float], list[float]]:
+    """Per-rank step times (s) of one run and, under pardiag, the ranks' post-window seconds
+    and the µs per unprofiled step their wrappers measured they add."""
     times = tmp / f"{kind}.times"
     sargs = [*args, "--steps", str(steps), "--times-out", str(times)]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -76,14 +80,19 @@ def run(kind: str, script: Path, n: int, args: list[str], steps: int, tmp: Path
         res = subprocess.run(cmd, capture_output=True, text=True,
                              env={"OMP_NUM_THREADS": "1", **os.environ})
         if res.returncode == 0:
-            post = []
+            post, wrap = [], []
             if kind == "pardiag":
                 for r in range(n):
                     meta = json.loads((tmp / "run" / "pardiag" / f"rank{r}.meta.json").read_text())
-                    s = (meta.get("instrumentation") or {}).get("post_window_s")
-                    if isinstance(s, (int, float)):
-                        post.append(float(s))
-            return _times(times, n), post
+                    inst = meta.get("instrumentation") or {}
+                    if isinstance(inst.get("post_window_s"), (int, float)):
+                        post.append(float(inst["post_window_s"]))
+                    cost = inst.get("wrapper_cost_us") or {}
+                    outside_steps = max(steps - ACTIVE, 1)
+                    wrap.append(sum((inst.get(f"{k}_calls") or {}).get("outside", 0)
+                                    * float(cost.get(k) or 0.0) for k in ("p2p", "chunk"))
+                                / outside_steps)
+            return _times(times, n), post, wrap
     raise RuntimeError(f"{kind} {script.name} failed 3 times:\n{res.stderr[-2000:]}")
 
 
@@ -119,12 +128,16 @@ def main() -> None:
         args = [*args, "--pin-cpu"] if a.pin_cpu else args
         reps: dict[str, list] = {k: [] for k in kinds}
         post: list[float] = []
+        wrap: list[float] = []
         for rep in range(a.repeat):   # interleaved, alternating order: drifts hit both alike
             for kind in (kinds if rep % 2 == 0 else kinds[::-1]):
                 with tempfile.TemporaryDirectory() as d:
-                    t, pw = run(kind, REPO / "examples" / script, n, args, a.steps, Path(d))
+                    t, pw, wr = run(kind, REPO / "examples" / script, n, args, a.steps,
+                                    Path(d))
                 reps[kind].append(t)
                 post += pw
+                if wr:
+                    wrap.append(max(wr))
         plain = [step_ms(t, after) for t in reps["plain"]]
         prof = [step_ms(t, after) for t in reps["pardiag"]]
         ratio = [100.0 * (o / q - 1) for o, q in zip(prof, plain)]
@@ -132,7 +145,8 @@ def main() -> None:
                "plain_ms": plain, "pardiag_ms": prof, "outside_pct": ratio,
                "outside_median_pct": statistics.median(ratio),
                "plain_spread_pct": 100.0 * (max(plain) - min(plain)) / statistics.median(plain),
-               "post_window_s": statistics.median(post) if post else None}
+               "post_window_s": statistics.median(post) if post else None,
+               "wrappers_us_per_step": statistics.median(wrap) if wrap else None}
         if a.inside:
             tp = [step_ms(t, window) for t in reps["torch_profiler"]]
             inside = [step_ms(t, window) for t in reps["pardiag"]]
@@ -146,9 +160,9 @@ def main() -> None:
           f"{WAIT + WARMUP + ACTIVE - 1}, steps {AFTER}–{a.steps - 1} counted"
           f"{', ranks pinned' if a.pin_cpu else ''}\n")
     head = ("| example | plain ms | pardiag ms | outside (median) | [min, max] | plain runs' "
-            "spread | post-window s |")
+            "spread | post-window s | wrappers' own µs/step |")
     print(head + (" inside vs torch.profiler |" if a.inside else ""))
-    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if a.inside else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if a.inside else ""))
     for r in rows:
         verdict = ("inside the noise" if abs(r["outside_median_pct"]) < r["plain_spread_pct"]
                    else "")
@@ -157,7 +171,9 @@ def main() -> None:
                 f"{' (' + verdict + ')' if verdict else ''} | "
                 f"[{min(r['outside_pct']):+.1f}, {max(r['outside_pct']):+.1f}]% | "
                 f"{r['plain_spread_pct']:.1f}% | "
-                + (f"{r['post_window_s']:.2f}" if r["post_window_s"] is not None else "–") + " |")
+                + (f"{r['post_window_s']:.2f}" if r["post_window_s"] is not None else "–")
+                + " | " + (f"{r['wrappers_us_per_step']:.1f}"
+                           if r["wrappers_us_per_step"] is not None else "–") + " |")
         if a.inside:
             line += (f" {statistics.median(r['inside_pct']):+.1f}% "
                      f"[{min(r['inside_pct']):+.1f}, {max(r['inside_pct']):+.1f}] |")

@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from typing import Any
 
 import torch
@@ -204,6 +205,36 @@ class P2PRecorder:
                 continue
         return out
 
+    def self_cost_us(self, calls: int = 2000, blocks: int = 5) -> float:
+        """What the wrapper adds to one call outside the window (µs): ``calls`` calls of a
+        wrapped no-op less as many of the no-op, median of ``blocks``; measured after the run,
+        its counts and buffer taken back."""
+        def noop(tensor, dst=None, group=None):
+            return None
+
+        wrapped = self._wrap("send", noop)
+        t = torch.zeros(1)
+        state = (list(self.recent), dict(self._seq), self.calls_outside, self.recording)
+        self.recording = False
+        costs = []
+        try:
+            for _ in range(blocks):
+                t0 = time.perf_counter_ns()
+                for _ in range(calls):
+                    wrapped(t, 1, None)
+                t1 = time.perf_counter_ns()
+                for _ in range(calls):
+                    noop(t, 1, None)
+                t2 = time.perf_counter_ns()
+                costs.append(max((t1 - t0) - (t2 - t1), 0) / calls / 1000.0)
+        finally:
+            recent, seq, self.calls_outside, self.recording = state
+            self.recent.clear()
+            self.recent.extend(recent)
+            self._seq.clear()
+            self._seq.update(seq)
+        return statistics.median(costs)
+
     def _wrap(self, name: str, fn):
         op = "send" if "send" in name else "recv"
         rec = self
@@ -371,42 +402,75 @@ class PipelineRecorder:
             handles.append(child.register_forward_hook(post))
         return handles
 
+    def _wrapper(self, orig, phase_of):
+        """``orig`` (a stage's chunk method) wrapped to record its calls."""
+        rec = self
+
+        @functools.wraps(orig)
+        def wrapper(stage, chunk_id, *args, **kwargs):
+            phase = phase_of(args, kwargs)
+            if phase == "F" and id(stage) not in rec._hooked:
+                rec._hook_layers(stage)
+            if rec.recording:   # a range only where the profiler records it
+                rec.calls_recorded += 1
+                t0 = time.time_ns()
+                with torch.profiler.record_function(
+                        f"pardiag:PP:S{stage.stage_index}:{phase}{chunk_id}"):
+                    out = orig(stage, chunk_id, *args, **kwargs)
+            else:
+                rec.calls_outside += 1
+                t0 = time.time_ns()
+                out = orig(stage, chunk_id, *args, **kwargs)
+            row = {"stage": stage.stage_index, "microbatch": int(chunk_id), "phase": phase,
+                   "start_ns": t0, "end_ns": time.time_ns(), "optimizer_step": rec._step()}
+            if phase == "F":
+                first = out[0] if isinstance(out, (tuple, list)) and out else out
+                if isinstance(first, torch.Tensor) and first.dim() > 0:
+                    row["samples"] = int(first.shape[0])
+            rec.records.append(row)
+            return out
+
+        return wrapper
+
+    def self_cost_us(self, calls: int = 2000, blocks: int = 5) -> float:
+        """What the wrapper adds to one chunk call outside the window (µs): ``calls`` calls of
+        a wrapped no-op less as many of the no-op, median of ``blocks``; measured after the
+        run, its records and counts taken back. Forward calls (the longest path)."""
+        def noop(stage, chunk_id):
+            return None
+
+        stage = types.SimpleNamespace(stage_index=0)
+        self._hooked.add(id(stage))
+        wrapped = self._wrapper(noop, lambda a, k: "F")
+        n_rec, outside, recording = len(self.records), self.calls_outside, self.recording
+        self.recording = False
+        costs = []
+        try:
+            for _ in range(blocks):
+                t0 = time.perf_counter_ns()
+                for i in range(calls):
+                    wrapped(stage, i)
+                t1 = time.perf_counter_ns()
+                for i in range(calls):
+                    noop(stage, i)
+                t2 = time.perf_counter_ns()
+                costs.append(max((t1 - t0) - (t2 - t1), 0) / calls / 1000.0)
+                del self.records[n_rec:]
+        finally:
+            self._hooked.discard(id(stage))
+            self.calls_outside, self.recording = outside, recording
+        return statistics.median(costs)
+
     def install(self) -> bool:
         try:
             from torch.distributed.pipelining.stage import _PipelineStageBase
         except ImportError:
             return False
-        rec = self
 
         def wrap(name: str, phase_of):
             orig = getattr(_PipelineStageBase, name)
-
-            @functools.wraps(orig)
-            def wrapper(stage, chunk_id, *args, **kwargs):
-                phase = phase_of(args, kwargs)
-                if phase == "F" and id(stage) not in rec._hooked:
-                    rec._hook_layers(stage)
-                if rec.recording:   # a range only where the profiler records it
-                    rec.calls_recorded += 1
-                    t0 = time.time_ns()
-                    with torch.profiler.record_function(
-                            f"pardiag:PP:S{stage.stage_index}:{phase}{chunk_id}"):
-                        out = orig(stage, chunk_id, *args, **kwargs)
-                else:
-                    rec.calls_outside += 1
-                    t0 = time.time_ns()
-                    out = orig(stage, chunk_id, *args, **kwargs)
-                row = {"stage": stage.stage_index, "microbatch": int(chunk_id), "phase": phase,
-                       "start_ns": t0, "end_ns": time.time_ns(), "optimizer_step": rec._step()}
-                if phase == "F":
-                    first = out[0] if isinstance(out, (tuple, list)) and out else out
-                    if isinstance(first, torch.Tensor) and first.dim() > 0:
-                        row["samples"] = int(first.shape[0])
-                rec.records.append(row)
-                return out
-
             self._patched.append((_PipelineStageBase, name, orig))
-            setattr(_PipelineStageBase, name, wrapper)
+            setattr(_PipelineStageBase, name, self._wrapper(orig, phase_of))
 
         def backward_phase(args, kwargs):
             full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)

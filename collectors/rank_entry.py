@@ -437,6 +437,12 @@ def main() -> None:
         pipe.uninstall()
         batch.uninstall()
 
+    # what the wrappers add to each call outside the window, measured (not assumed)
+    try:
+        instrumentation["wrapper_cost_us"] = {"p2p": p2p.self_cost_us(),
+                                              "chunk": pipe.self_cost_us()}
+    except Exception as exc:  # extra information: never the run's failure
+        print(f"pardiag: rank {rank}: could not time its own wrappers: {exc}", file=sys.stderr)
     lay, n_records = None, 0
     scaling: list[dict] = []
     if traces_written and pipe.records and error is None:

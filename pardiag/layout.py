@@ -351,8 +351,10 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
             live-object scans; it follows optimizer step ``post_window_after_step``, so the
             period of the next step holds it and is never used as a step time), and per
             wrapper the calls inside the window (recorded) and outside it (``p2p_calls``,
-            ``chunk_calls``: ``{"window": n, "outside": n}``); None: not recorded (runs of an
-            older pardiag).
+            ``chunk_calls``: ``{"window": n, "outside": n}``), and ``wrapper_cost_us``: what
+            each wrapper adds to one call outside the window, timed on a no-op after the
+            script (``{"p2p": µs, "chunk": µs}``); None: not recorded (runs of an older
+            pardiag).
         status: ``ok`` or ``error``.
         error: the script's exception on one line when ``status`` is ``error``.
         env: the rank's environment variables whose names start with one of

@@ -128,3 +128,16 @@ def test_live_instances_and_modules_not_imported():
     assert hooks._loaded("pardiag_no_such_module", "X") == ()
     assert hooks._loaded("torch.nn", "Linear", "NoSuchClass") == (torch.nn.Linear,)
     assert torch.nn.Module in hooks.scan_classes()
+
+
+def test_wrappers_time_their_own_cost_and_leave_no_trace(fake_stage_base):
+    """The per-call cost outside the window is measured on a no-op after the run; measuring
+    it leaves the recorders as they were (no record, count or buffered call added)."""
+    step = [0]
+    pipe = hooks.PipelineRecorder(lambda: step[0])
+    p2p = hooks.P2PRecorder()
+    assert pipe.self_cost_us(calls=50, blocks=3) >= 0.0
+    assert p2p.self_cost_us(calls=50, blocks=3) >= 0.0
+    assert pipe.records == [] and pipe.calls_outside == 0 and not pipe._hooked
+    assert p2p.records == [] and p2p.calls_outside == 0 and len(p2p.recent) == 0
+    assert p2p._seq == {}
