@@ -141,3 +141,24 @@ def test_wrappers_time_their_own_cost_and_leave_no_trace(fake_stage_base):
     assert pipe.records == [] and pipe.calls_outside == 0 and not pipe._hooked
     assert p2p.records == [] and p2p.calls_outside == 0 and len(p2p.recent) == 0
     assert p2p._seq == {}
+
+
+def test_profiler_warmup_steps_do_not_calibrate_the_pipeline(tmp_path):
+    """Issue #19 item 2: the pipeline's clean (undisturbed) steps leave out the profiler's
+    warm-up steps as well as the first step; with the schedule unknown only the first."""
+    import dataclasses
+
+    import msgspec
+
+    from pardiag import layout
+    from pardiag.analyzer.pipeline import compute_pipeline
+    from test_recommend import _pipeline_run
+
+    traces = _pipeline_run(tmp_path, "1f1b", 2, 4, [600, 200], [1200, 400], {0: 600, 1: 200},
+                           steps=8)
+    clean = compute_pipeline(traces).bubbles.groupby("step")["clean"].all()
+    assert list(clean.index) == list(range(1, 8)) and clean.all()   # step 0 left out
+    with_schedule = dataclasses.replace(traces, run_info=msgspec.structs.replace(
+        traces.run_info, schedule=layout.ProfilerSchedule(wait=1, warmup=2, active=3)))
+    clean = compute_pipeline(with_schedule).bubbles.groupby("step")["clean"].all()
+    assert [s for s, c in clean.items() if not c] == [1, 2]   # the warm-up steps
