@@ -92,7 +92,9 @@ def records_from_flight_recorder(entries: list[dict], groups: list[dict]) -> lis
 
 
 def records_from_p2p(records: list[dict], groups: list[dict]) -> list[dict]:
-    """Normalise pardiag's point-to-point hook records; ``seq`` counts per group and peer."""
+    """Normalise pardiag's point-to-point hook records; ``seq`` counts per group, op and peer:
+    the count the hook recorded (every call since the script started, also those outside the
+    profiler's window, which it does not keep), else the records' own count."""
     by_name = {g["name"]: g for g in groups}
     counters: dict[tuple, int] = defaultdict(int)
     out = []
@@ -103,7 +105,8 @@ def records_from_p2p(records: list[dict], groups: list[dict]) -> list[dict]:
         esize = DTYPE_BYTES.get(r.get("dtype"), 4)
         out.append({
             "op": r["op"], "trace_name": f"gloo:{r['op']}", "pg_name": r["pg_name"],
-            "pg_desc": g.get("desc", ""), "pg_ranks": g.get("ranks"), "seq": counters[key],
+            "pg_desc": g.get("desc", ""), "pg_ranks": g.get("ranks"),
+            "seq": int(r["seq"]) if isinstance(r.get("seq"), int) else counters[key],
             "in_bytes": r["bytes"], "out_bytes": r["bytes"], "bytes": r["bytes"],
             "numel": r["bytes"] // esize if esize else None, "dtype": r.get("dtype"),
             "peer": r["peer"], "issue_ns": int(r["issue_ns"]),

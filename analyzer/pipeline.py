@@ -19,7 +19,8 @@ Schedule records cover every optimizer step, not only the profiled ones (``profi
 which): the torch profiler slows CPU pipelines down by a factor that grows over the active
 window, so the unprofiled steps time the schedule as it runs without pardiag, and summaries
 use them (:func:`summarize_bubbles`). The first step is
-left out when there are more than two (it also allocates the stages' buffers).
+left out when there are more than two (it also allocates the stages' buffers); so are, as
+"clean" steps, the profiler's warm-up steps and the step after the window (the trace's export).
 
 Traces recorded without pardiag (:mod:`pardiag.analyzer.infer_layout`) are measured the same way
 from their per-microbatch ranges (GPipe's ``Forward i``/``Backward i``, the action runtime's
@@ -150,13 +151,17 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
     out = []
     prof_steps = set(chunks.loc[chunks["profiled"], "step"])
     after_window = max(prof_steps) + 1 if prof_steps else None
+    sch = traces.run_info.schedule if traces.run_info else None
+    # the profiler's warm-up steps: it is already set up (on a GPU CUPTI runs), not yet tracing
+    warmup = set(range(sch.wait, sch.wait + sch.warmup)) if sch is not None else set()
     for step, sc in chunks.groupby("step"):
         if step == 0 and chunks["step"].nunique() > 2:
             continue  # the first step also builds the stages' buffers: not the steady schedule
         lo, hi = float(sc["start_us"].min()), float(sc["end_us"].max())
         profiled = bool(sc["profiled"].all())
-        # unprofiled, and not the step after the window (it waits for the trace export)
-        clean = not profiled and step != after_window
+        # undisturbed: unprofiled, not a warm-up step of the profiler, and not the step after
+        # the window (it waits for the trace export and the live-object scans)
+        clean = not profiled and step != after_window and step not in warmup
         window = hi - lo
         for rank, rc in sc.groupby("rank"):
             busy = iv.union(rc["start_us"].to_numpy(), rc["end_us"].to_numpy())

@@ -1,12 +1,28 @@
-"""Overhead of `pardiag profile`: step time of each example unprofiled, under pardiag (outside
-and inside the active window), and under plain torch.profiler with the same schedule.
+"""Cost of `pardiag profile` outside the profiler's window (issue #19): each example under plain
+``torchrun`` and under ``pardiag profile`` with the same arguments, interleaved.
 
-    .venv/bin/python benchmarks/overhead.py [--steps 40] [--only ddp,fsdp2]
+    .venv/bin/python benchmarks/overhead.py [--repeat 5] [--steps 40] [--pin-cpu]
+        [--only ddp,pp_1f1b] [--inside] [--json out.json]
 
-Per-step wall times come from the examples' ``--times-out`` (rank 0). Outside the window: the
-steps after the profiler has finished, compared with the same steps unprofiled. Inside: the
-active steps, compared with the same steps under plain torch.profiler. Medians over steps; not a
-test, nothing asserts a time. Goals: ≤ 2% outside, ≤ 5% above plain torch.profiler inside.
+Per-step wall times come from the examples' ``--times-out`` (every rank). A run's step time is
+the median of every rank's steps from the second step after the window to the end (the first
+after the window waits for the trace's export; the same steps of the plain run). Each
+repetition runs plain and pardiag back to back, in alternating order (plain first in even
+repetitions), so a drift of the machine hits both alike; the overhead of a repetition is
+pardiag / plain − 1 of that pair. The table shows the median over the repetitions and their
+[min, max], and the plain runs' own spread (max − min over the repetitions, in % of their
+median): an overhead inside that spread is inside the machine's noise. Also shown: pardiag's
+work when the window ends (``post_window_s`` of the ranks' metadata; not in any measured step)
+and what its wrappers add per step outside the window by their own measurement (calls outside
+the window per unprofiled step × each wrapper's cost per call timed on a no-op after the run,
+``wrapper_cost_us``; the largest rank's), the part of the overhead the hooks explain.
+
+``--inside`` adds plain ``torch.profiler`` runs with the same schedule and options
+(``_plain_profiler.py``) and compares the profiled steps with them.
+
+Not a test: nothing asserts a time. Goal: ≤ 2% median outside the window on every example.
+The machine (CPU model, cores, load average before and after) is printed and written with the
+rows (``--json``). Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -20,22 +36,33 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import describe, finish, machine  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = {
     "ddp": ("train_ddp.py", 2, []), "fsdp2": ("train_fsdp2.py", 2, []),
     "fsdp1": ("train_fsdp1.py", 2, []), "zero1": ("train_zero1.py", 2, []),
     "tp": ("train_tp.py", 2, []), "moe": ("train_moe.py", 2, []),
     "pp_1f1b": ("train_pp.py", 2, ["--schedule", "1f1b", "--microbatches", "8"]),
+    # the what-if validation's pipeline (benchmarks/whatif_validate.py pp_unbalanced)
+    "pp_unbalanced": ("train_pp.py", 2, ["--schedule", "1f1b", "--microbatches", "4",
+                                         "--layers-per-stage", "1,5", "--batch", "128"]),
     "2d": ("train_2d.py", 4, []),
 }
 WAIT, WARMUP, ACTIVE = 8, 1, 5
+#: first step counted after the window: the one after the window waits for the export
+AFTER = WAIT + WARMUP + ACTIVE + 1
 
 
-def _times(path: Path) -> list[float]:
-    return json.loads(Path(f"{path}.rank0").read_text())
+def _times(path: Path, n: int) -> list[list[float]]:
+    return [json.loads(Path(f"{path}.rank{r}").read_text()) for r in range(n)]
 
 
-def run(kind: str, script: Path, n: int, args: list[str], steps: int, tmp: Path) -> list[float]:
+def run(kind: str, script: Path, n: int, args: list[str], steps: int, tmp: Path
+        ) -> tuple[list[list[float]], list[float], list[float]]:
+    """Per-rank step times (s) of one run and, under pardiag, the ranks' post-window seconds
+    and the µs per unprofiled step their wrappers measured they add."""
     times = tmp / f"{kind}.times"
     sargs = [*args, "--steps", str(steps), "--times-out", str(times)]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -49,43 +76,113 @@ def run(kind: str, script: Path, n: int, args: list[str], steps: int, tmp: Path)
         cmd = [sys.executable, "-m", "pardiag", "profile", str(script), "--nproc-per-node", str(n),
                "--out", str(tmp / "run"), "--overwrite", "--wait", str(WAIT), "--warmup",
                str(WARMUP), "--active", str(ACTIVE), "--", *sargs]
-    for attempt in range(3):  # a rare abort at exit of a gloo process is retried, not measured
+    for _attempt in range(3):  # a rare abort at exit of a gloo process is retried, not measured
         res = subprocess.run(cmd, capture_output=True, text=True,
                              env={"OMP_NUM_THREADS": "1", **os.environ})
         if res.returncode == 0:
-            return _times(times)
+            post, wrap = [], []
+            if kind == "pardiag":
+                for r in range(n):
+                    meta = json.loads((tmp / "run" / "pardiag" / f"rank{r}.meta.json").read_text())
+                    inst = meta.get("instrumentation") or {}
+                    if isinstance(inst.get("post_window_s"), (int, float)):
+                        post.append(float(inst["post_window_s"]))
+                    cost = inst.get("wrapper_cost_us") or {}
+                    outside_steps = max(steps - ACTIVE, 1)
+                    wrap.append(sum((inst.get(f"{k}_calls") or {}).get("outside", 0)
+                                    * float(cost.get(k) or 0.0) for k in ("p2p", "chunk"))
+                                / outside_steps)
+            return _times(times, n), post, wrap
     raise RuntimeError(f"{kind} {script.name} failed 3 times:\n{res.stderr[-2000:]}")
 
 
+def step_ms(per_rank: list[list[float]], sl: slice) -> float:
+    """Median (ms) of every rank's step times in ``sl``."""
+    return statistics.median(t for rank in per_rank for t in rank[sl]) * 1e3
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--only", default="", help="comma-separated subset of " + ",".join(EXAMPLES))
     p.add_argument("--repeat", type=int, default=5, help="interleaved repetitions per example")
+    p.add_argument("--pin-cpu", action="store_true",
+                   help="pass --pin-cpu to every example (each rank on its own core)")
+    p.add_argument("--inside", action="store_true",
+                   help="also run plain torch.profiler and compare the profiled steps")
+    p.add_argument("--json", type=Path, default=None, help="write the rows and the machine")
     a = p.parse_args()
     names = a.only.split(",") if a.only else list(EXAMPLES)
-    window = slice(WAIT + WARMUP, WAIT + WARMUP + ACTIVE)
-    after = slice(WAIT + WARMUP + ACTIVE + 2, a.steps)  # 2 steps for export to settle
-    print(f"{'example':10} {'plain ms':>9} {'outside ms':>11} {'outside':>8} {'range':>15} "
-          f"{'torch.prof ms':>14} {'inside ms':>10} {'inside':>8} {'range':>15}")
-    med = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
+    unknown = set(names) - set(EXAMPLES)
+    if unknown:
+        p.error(f"unknown example(s) {sorted(unknown)}; choose from {sorted(EXAMPLES)}")
+    if a.steps < AFTER + 3:
+        p.error(f"--steps must be at least {AFTER + 3} (window ends at step {AFTER - 1})")
+    info = machine()
+    print(f"machine: {describe(info)}", flush=True)
+    window, after = slice(WAIT + WARMUP, WAIT + WARMUP + ACTIVE), slice(AFTER, a.steps)
+    kinds = ["plain", "pardiag"] + (["torch_profiler"] if a.inside else [])
+    rows = []
     for name in names:
         script, n, args = EXAMPLES[name]
-        reps = {"plain": [], "torch_profiler": [], "pardiag": []}
-        for _ in range(a.repeat):  # interleaved, so drifts of the machine hit all three alike
-            for kind in reps:
+        args = [*args, "--pin-cpu"] if a.pin_cpu else args
+        reps: dict[str, list] = {k: [] for k in kinds}
+        post: list[float] = []
+        wrap: list[float] = []
+        for rep in range(a.repeat):   # interleaved, alternating order: drifts hit both alike
+            for kind in (kinds if rep % 2 == 0 else kinds[::-1]):
                 with tempfile.TemporaryDirectory() as d:
-                    reps[kind].append(run(kind, REPO / "examples" / script, n, args, a.steps, Path(d)))
-        out_ratio = [med(o[after]) / med(p[after]) - 1 for o, p in zip(reps["pardiag"], reps["plain"])]
-        in_ratio = [med(o[window]) / med(t[window]) - 1
-                    for o, t in zip(reps["pardiag"], reps["torch_profiler"])]
-        mm = lambda kind, sl: statistics.median(med(x[sl]) for x in reps[kind])  # noqa: E731
-        print(f"{name:10} {mm('plain', after):9.2f} {mm('pardiag', after):11.2f} "
-              f"{100 * statistics.median(out_ratio):+7.1f}% "
-              f"[{100 * min(out_ratio):+5.1f},{100 * max(out_ratio):+5.1f}]% "
-              f"{mm('torch_profiler', window):14.2f} {mm('pardiag', window):10.2f} "
-              f"{100 * statistics.median(in_ratio):+7.1f}% "
-              f"[{100 * min(in_ratio):+5.1f},{100 * max(in_ratio):+5.1f}]%", flush=True)
+                    t, pw, wr = run(kind, REPO / "examples" / script, n, args, a.steps,
+                                    Path(d))
+                reps[kind].append(t)
+                post += pw
+                if wr:
+                    wrap.append(max(wr))
+        plain = [step_ms(t, after) for t in reps["plain"]]
+        prof = [step_ms(t, after) for t in reps["pardiag"]]
+        ratio = [100.0 * (o / q - 1) for o, q in zip(prof, plain)]
+        row = {"example": name, "ranks": n, "args": args, "repeat": a.repeat,
+               "plain_ms": plain, "pardiag_ms": prof, "outside_pct": ratio,
+               "outside_median_pct": statistics.median(ratio),
+               "plain_spread_pct": 100.0 * (max(plain) - min(plain)) / statistics.median(plain),
+               "post_window_s": statistics.median(post) if post else None,
+               "wrappers_us_per_step": statistics.median(wrap) if wrap else None}
+        if a.inside:
+            tp = [step_ms(t, window) for t in reps["torch_profiler"]]
+            inside = [step_ms(t, window) for t in reps["pardiag"]]
+            row |= {"torch_profiler_ms": tp, "inside_ms": inside,
+                    "inside_pct": [100.0 * (i / q - 1) for i, q in zip(inside, tp)]}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "args"}, default=str), flush=True)
+    info = finish(info)
+    print(f"\nmachine: {describe(info)}")
+    print(f"{a.repeat} interleaved repetitions, {a.steps} steps, window {WAIT + WARMUP}–"
+          f"{WAIT + WARMUP + ACTIVE - 1}, steps {AFTER}–{a.steps - 1} counted"
+          f"{', ranks pinned' if a.pin_cpu else ''}\n")
+    head = ("| example | plain ms | pardiag ms | outside (median) | [min, max] | plain runs' "
+            "spread | post-window s | wrappers' own µs/step |")
+    print(head + (" inside vs torch.profiler |" if a.inside else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if a.inside else ""))
+    for r in rows:
+        verdict = ("inside the noise" if abs(r["outside_median_pct"]) < r["plain_spread_pct"]
+                   else "")
+        line = (f"| {r['example']} | {statistics.median(r['plain_ms']):.2f} | "
+                f"{statistics.median(r['pardiag_ms']):.2f} | {r['outside_median_pct']:+.1f}%"
+                f"{' (' + verdict + ')' if verdict else ''} | "
+                f"[{min(r['outside_pct']):+.1f}, {max(r['outside_pct']):+.1f}]% | "
+                f"{r['plain_spread_pct']:.1f}% | "
+                + (f"{r['post_window_s']:.2f}" if r["post_window_s"] is not None else "–")
+                + " | " + (f"{r['wrappers_us_per_step']:.1f}"
+                           if r["wrappers_us_per_step"] is not None else "–") + " |")
+        if a.inside:
+            line += (f" {statistics.median(r['inside_pct']):+.1f}% "
+                     f"[{min(r['inside_pct']):+.1f}, {max(r['inside_pct']):+.1f}] |")
+        print(line)
+    over = [r["example"] for r in rows if r["outside_median_pct"] > 2.0]
+    print(f"\ngoal ≤ 2% median outside the window: "
+          + ("met on every example" if not over else f"not met on {', '.join(over)}"))
+    if a.json:
+        a.json.write_text(json.dumps({"machine": info, "rows": rows}, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,10 @@ Goal on CPU/gloo: median absolute error ≤ 10 %, worst ≤ 25 %.
     .venv/bin/python benchmarks/whatif_validate.py pp_gpipe   # one case
     .venv/bin/python benchmarks/whatif_validate.py --json out.json
 
-Run it on a quiet machine: other processes on the same cores distort every number.
+Run it on a quiet machine: other processes on the same cores distort every number. The
+machine is recorded with the results (CPU model, cores, load average before and after; printed
+above the table and written with ``--json``): a validation is only comparable with one made on
+a machine like it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import describe, finish, machine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -193,7 +199,10 @@ def profile_case(name: str, tmp: Path, pin: bool, rep: int) -> list[dict]:
         if changed is not None:
             rows.append({"case": name, "script": changed[0], "n": n, "args": changed[1],
                          "recommended": c in rec.recommendations, "change": c.change,
-                         "predicted_ms": c.predicted_step_us / 1e3})
+                         "predicted_ms": c.predicted_step_us / 1e3,
+                         # the stand-in interval, where the prediction rests on one (issue #19)
+                         "interval_ms": ([c.predicted_low_us / 1e3, c.predicted_high_us / 1e3]
+                                         if c.interval_known else None)})
     return rows
 
 
@@ -210,6 +219,11 @@ def main() -> None:
     unknown = set(args.cases) - set(CASES)
     if unknown:
         ap.error(f"unknown case(s) {sorted(unknown)}; choose from {sorted(CASES)}")
+    if args.repeat < 3:
+        print(f"note: {args.repeat} repetition(s); a validation for the README needs 3 or more",
+              file=sys.stderr)
+    info = machine()
+    print(f"machine: {describe(info)}", file=sys.stderr, flush=True)
     table: dict[tuple, dict] = {}     # (case, args) → row, in order of first appearance
     with tempfile.TemporaryDirectory(prefix="pardiag-whatif-") as d:
         if args.keep:
@@ -220,13 +234,16 @@ def main() -> None:
                 for r in profile_case(name, Path(d), args.pin_cpu, rep):
                     row = table.setdefault((name, r["script"], tuple(r["args"])), {
                         **{k: r[k] for k in ("case", "script", "n", "args", "change")},
-                        "predicted": {}, "measured": {}, "recommended": 0})
+                        "predicted": {}, "measured": {}, "recommended": 0, "intervals": {}})
                     row["predicted"][rep] = r["predicted_ms"]
+                    if r.get("interval_ms"):
+                        row["intervals"][rep] = r["interval_ms"]
                     row["recommended"] += bool(r["recommended"])
                 for i, row in enumerate(t for t in table.values() if t["case"] == name):
                     row["measured"][rep] = measure(row["script"], row["n"], row["args"], Path(d),
                                                    f"plain_{name}_{i}_rep{rep}") / 1e3
             print(f"repetition {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
+    info = finish(info)
     rows = list(table.values())
     for r in rows:
         paired = [100.0 * (r["predicted"][k] - r["measured"][k]) / r["measured"][k]
@@ -237,20 +254,34 @@ def main() -> None:
         r["error_pct"] = statistics.median(paired)
         r["spread_pct"] = 100.0 * (max(meas) - min(meas)) / r["measured_ms"]
         r["predictions"] = len(r["predicted"])
+        # measurements inside the stand-in interval of their own repetition
+        r["inside_interval"] = (sum(lo <= r["measured"][k] <= hi
+                                    for k, (lo, hi) in r["intervals"].items()
+                                    if k in r["measured"]) if r["intervals"] else None)
     changes = [r for r in rows if not r["change"].startswith("(base")]
     errs = [abs(r["error_pct"]) for r in changes]
-    print("| case | change | recommended | predicted ms | measured ms | error | spread of runs |")
-    print("|---|---|:-:|---:|---:|---:|---:|")
+    print(f"machine: {describe(info)}")
+    print(f"{args.repeat} repetition(s){', ranks pinned' if args.pin_cpu else ''}; cases: "
+          f"{', '.join(args.cases or CASES)}\n")
+    print("| case | change | recommended | predicted ms | stand-in interval ms | measured ms | "
+          "error | spread of runs |")
+    print("|---|---|:-:|---:|---:|---:|---:|---:|")
     for r in rows:
         rec = f"{r['recommended']}/{r['predictions']}" if r["recommended"] else ""
         change = r["change"].replace("|", "\\|")     # a table cell
-        print(f"| {r['case']} | {change} | {rec} | {r['predicted_ms']:.1f} | "
+        iv = "–"
+        if r["intervals"]:   # median ends over the repetitions; how many measurements fell in
+            lo = statistics.median(v[0] for v in r["intervals"].values())
+            hi = statistics.median(v[1] for v in r["intervals"].values())
+            iv = f"{lo:.1f}–{hi:.1f} ({r['inside_interval']}/{len(r['intervals'])} inside)"
+        print(f"| {r['case']} | {change} | {rec} | {r['predicted_ms']:.1f} | {iv} | "
               f"{r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | {r['spread_pct']:.0f}% |")
     if errs:
         print(f"\n{len(errs)} changes: median |error| {statistics.median(errs):.1f}%, "
               f"worst {max(errs):.1f}%  (goal ≤ 10% / ≤ 25%)")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1, default=str))
+        args.json.write_text(json.dumps({"machine": info, "repeat": args.repeat, "rows": rows},
+                                        indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ Times are epoch nanoseconds (``time.time_ns()``), the clock of the trace's
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import warnings
@@ -27,8 +28,11 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
+import sys
 import time
+import types
 from typing import Any
 
 import torch
@@ -40,20 +44,25 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 8,
+def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 15,
                     cap_bytes: int = 2**28) -> dict:
     """What DDP adds to a step on CPU for the whole model's gradients, after a pipelined run:
     a stand-in of 1024 × 1024 linear layers (and one narrower) holding the ranks' summed gradient
     bytes (at most ``cap_bytes``, to 4 KiB) runs forward + backward on ``rows`` rows (the
     per-rank batch data parallelism would have: about the model's own matmul work, so the
-    all-reduces share the cores as they would) alone, then under DDP with its default buckets; the difference of the medians is DDP's cost (all-reduces, bucket copies, hooks,
-    sharing the cores with the backward) — what data parallelism instead of the pipeline would
-    add. Every rank must call it; only on CPU (gloo), and only right after
-    :func:`allreduce_calibration` succeeded (all ranks were there).
+    all-reduces share the cores as they would) alone and under DDP with its default buckets,
+    alternately, ``repeats`` times each after one warm-up call of both; DDP's cost (all-reduces,
+    bucket copies, hooks, sharing the cores with the backward) — what data parallelism instead
+    of the pipeline would add — is the median of the paired differences (DDP − alone of the
+    same repetition, so a drift of the machine cancels), and the samples are kept so that the
+    prediction resting on it can carry the interval of that median (issue #19). Every rank must
+    call it; only on CPU (gloo), and only right after :func:`allreduce_calibration` succeeded
+    (all ranks were there).
 
     Returns:
-        ``{"grad_bytes", "rows", "plain_us", "ddp_us", "overhead_us"}`` (of the stand-in), or {}
-        without a gloo group of ≥ 2 ranks or on any failure.
+        ``{"grad_bytes", "rows", "plain_us", "ddp_us", "overhead_us", "plain_samples_us",
+        "ddp_samples_us", "overhead_samples_us"}`` (of the stand-in; µs; medians and the
+        per-repetition times), or {} without a gloo group of ≥ 2 ranks or on any failure.
     """
     from torch.nn.parallel import DistributedDataParallel
 
@@ -75,20 +84,22 @@ def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 8,
             return torch.nn.Sequential(*mods)
 
         x = torch.randn(max(int(rows), 1), 1024)
-        med = {}
-        for name, model in (("plain", make()), ("ddp", DistributedDataParallel(make()))):
-            times = []
-            for _ in range(repeats + 1):
+        models = {"plain": make(), "ddp": DistributedDataParallel(make())}
+        times: dict[str, list[float]] = {"plain": [], "ddp": []}
+        for it in range(repeats + 1):
+            for name, model in models.items():   # alternately: a drift hits both alike
                 dist.barrier()
                 t0 = time.perf_counter_ns()
                 model(x).sum().backward()
-                times.append((time.perf_counter_ns() - t0) / 1000.0)
-            times = sorted(times[1:])          # the first call warms up
-            med[name] = times[len(times) // 2]
+                if it:                            # the first call of each warms up
+                    times[name].append((time.perf_counter_ns() - t0) / 1000.0)
+        diff = [d - p for p, d in zip(times["plain"], times["ddp"])]
         return {"grad_bytes": n * layer + cols * 1024 * 4, "rows": int(x.shape[0]),
-                "plain_us": med["plain"],
-                "ddp_us": med["ddp"],
-                "overhead_us": max(med["ddp"] - med["plain"], 0.0)}
+                "plain_us": statistics.median(times["plain"]),
+                "ddp_us": statistics.median(times["ddp"]),
+                "overhead_us": max(statistics.median(diff), 0.0),
+                "plain_samples_us": times["plain"], "ddp_samples_us": times["ddp"],
+                "overhead_samples_us": diff}
     except Exception:
         return {}
 
@@ -101,12 +112,13 @@ def allreduce_calibration(sizes=(2**16, 2**20, 2**22, 2**24), repeats: int = 5,
 
     Every rank must call it (collectives on the default group, float32 on the group's device).
     Each timing follows a 1-element all-reduce that lines the ranks up; the fastest of
-    ``repeats`` is kept. A rank that does not arrive within ``timeout_s`` makes the others give
+    ``repeats`` is kept, and every timing (``samples_us``) for the interval of a prediction
+    resting on them. A rank that does not arrive within ``timeout_s`` makes the others give
     up.
 
     Returns:
-        ``[{"bytes": int, "us": float}]``, empty when there is no group of ≥ 2 ranks or a wait
-        failed or timed out.
+        ``[{"bytes": int, "us": float, "samples_us": [float]}]`` (µs), empty when there is no
+        group of ≥ 2 ranks or a wait failed or timed out.
     """
     import datetime
 
@@ -128,14 +140,11 @@ def allreduce_calibration(sizes=(2**16, 2**20, 2**22, 2**24), repeats: int = 5,
                 dist.all_reduce(t, async_op=True).wait(timeout)
                 _sync(device)
                 times.append((time.perf_counter_ns() - t0) / 1000.0)
-            rows.append({"bytes": int(nbytes), "us": min(times[1:])})   # the first warms up
+            rows.append({"bytes": int(nbytes), "us": min(times[1:]),   # the first warms up
+                         "samples_us": times[1:]})
     except Exception:   # a rank that never came, or a backend that cannot: no calibration
         return []
     return rows
-
-
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
 
 
 def _group_name(group) -> str:
@@ -146,34 +155,112 @@ def _group_name(group) -> str:
 class P2PRecorder:
     """Wraps ``torch.distributed.{send,recv,isend,irecv}`` to record each call.
 
-    Records: ``{"op": "send"|"recv", "peer": global rank, "pg_name", "bytes", "dtype",
-    "issue_ns", "returned_ns", "source": "p2p_hook"}``.
+    Records (while :attr:`recording`, i.e. inside the profiler's window, the only calls the
+    comms sidecar keeps): ``{"op": "send"|"recv", "peer": global rank, "pg_name", "bytes",
+    "dtype", "issue_ns", "returned_ns", "seq", "source": "p2p_hook"}`` (``seq``: 1-based count
+    of this rank's calls with the same group, op and peer since the script started, so ranks
+    pair their sends and receives whatever step the window starts at).
+
+    Outside the window a call costs two clock reads, a counter and a tuple appended to a
+    bounded buffer (:attr:`recent`, the last :data:`RECENT` calls, for a hang dump): the
+    peer's global rank, group name, bytes and dtype are only worked out while recording or
+    when a hang dump asks (:meth:`recent_rows`).
+
+    Attributes:
+        calls_outside, calls_recorded: calls seen outside and inside the window.
     """
 
     _NAMES = ("send", "recv", "isend", "irecv")
+    #: calls kept for a hang dump
+    RECENT = 50
 
     def __init__(self) -> None:
         self.records: list[dict] = []
+        self.recording = False
+        self.recent: collections.deque = collections.deque(maxlen=self.RECENT)
+        self.calls_outside = 0
+        self.calls_recorded = 0
+        self._seq: dict[tuple, int] = {}
         self._originals: dict[str, Any] = {}
+
+    @staticmethod
+    def _row(raw: tuple) -> dict:
+        """A raw call ``(op, peer, group, group_peer, bytes, dtype, issue_ns, returned_ns,
+        seq)`` as a record."""
+        op, peer, group, group_peer, nbytes, dtype, t0, t1, seq = raw
+        if peer is None and group_peer is not None and group is not None:
+            peer = dist.get_global_rank(group, group_peer)
+        return {"op": op, "peer": peer, "pg_name": _group_name(group),
+                "bytes": nbytes, "dtype": str(dtype).removeprefix("torch."),
+                "issue_ns": t0, "returned_ns": t1, "seq": seq, "source": "p2p_hook"}
+
+    def recent_rows(self) -> list[dict]:
+        """The last :data:`RECENT` calls as records (for a hang dump; rows that cannot be
+        resolved are left out)."""
+        out = []
+        for raw in list(self.recent):
+            try:
+                out.append(self._row(raw))
+            except Exception:  # a group already destroyed
+                continue
+        return out
+
+    def self_cost_us(self, calls: int = 2000, blocks: int = 5) -> float:
+        """What the wrapper adds to one call outside the window (µs): ``calls`` calls of a
+        wrapped no-op less as many of the no-op, median of ``blocks``; measured after the run,
+        its counts and buffer taken back."""
+        def noop(tensor, dst=None, group=None):
+            return None
+
+        wrapped = self._wrap("send", noop)
+        t = torch.zeros(1)
+        state = (list(self.recent), dict(self._seq), self.calls_outside, self.recording)
+        self.recording = False
+        costs = []
+        try:
+            for _ in range(blocks):
+                t0 = time.perf_counter_ns()
+                for _ in range(calls):
+                    wrapped(t, 1, None)
+                t1 = time.perf_counter_ns()
+                for _ in range(calls):
+                    noop(t, 1, None)
+                t2 = time.perf_counter_ns()
+                costs.append(max((t1 - t0) - (t2 - t1), 0) / calls / 1000.0)
+        finally:
+            recent, seq, self.calls_outside, self.recording = state
+            self.recent.clear()
+            self.recent.extend(recent)
+            self._seq.clear()
+            self._seq.update(seq)
+        return statistics.median(costs)
 
     def _wrap(self, name: str, fn):
         op = "send" if "send" in name else "recv"
-        records = self.records
+        rec = self
+        seqs = self._seq
+        recent = self.recent
 
         @functools.wraps(fn)
         def wrapper(tensor, *args, **kwargs):
             t0 = time.time_ns()
             out = fn(tensor, *args, **kwargs)
+            t1 = time.time_ns()
             peer = args[0] if args else kwargs.get("dst" if op == "send" else "src")
             group = args[1] if len(args) > 1 else kwargs.get("group")
             group_peer = kwargs.get("group_dst" if op == "send" else "group_src")
-            if peer is None and group_peer is not None and group is not None:
-                peer = dist.get_global_rank(group, group_peer)
-            records.append({
-                "op": op, "peer": peer, "pg_name": _group_name(group),
-                "bytes": tensor.numel() * tensor.element_size(), "dtype": _dtype_name(tensor),
-                "issue_ns": t0, "returned_ns": time.time_ns(), "source": "p2p_hook",
-            })
+            key = (op, peer, group_peer, id(group))
+            seq = seqs.get(key, 0) + 1
+            seqs[key] = seq
+            # sizes, not the tensor: the buffer must not keep activations alive
+            raw = (op, peer, group, group_peer, tensor.numel() * tensor.element_size(),
+                   tensor.dtype, t0, t1, seq)
+            recent.append(raw)
+            if rec.recording:
+                rec.calls_recorded += 1
+                rec.records.append(rec._row(raw))
+            else:
+                rec.calls_outside += 1
             return out
 
         return wrapper
@@ -234,7 +321,10 @@ class PipelineRecorder:
     Records: ``{"stage", "microbatch", "phase": "F"|"B"|"I"|"W", "start_ns", "end_ns",
     "optimizer_step"}`` (B = full backward, I = input-gradient only, W = weight gradient);
     forward records also carry ``"samples"`` (dim 0 of the chunk's output, the microbatch size).
-    Each call also runs inside ``record_function("pardiag:PP:S{stage}:{phase}{microbatch}")``.
+    Records are taken on every step (two clock reads and a dict per chunk): unprofiled steps
+    time the schedule as it runs. While :attr:`recording` (the profiler's window) each call
+    also runs inside ``record_function("pardiag:PP:S{stage}:{phase}{microbatch}")``; outside it
+    no range is opened (``calls_outside`` / ``calls_recorded`` count the calls).
 
     Layers: after the run, :meth:`size_scaling` times each stage module at other microbatch
     sizes and, at the run's own, each of its direct children (forward hooks attached only
@@ -246,6 +336,9 @@ class PipelineRecorder:
     def __init__(self, step_counter) -> None:
         self.records: list[dict] = []
         self.layers: dict[tuple[int, int], dict] = {}
+        self.recording = False
+        self.calls_outside = 0
+        self.calls_recorded = 0
         self._step = step_counter
         self._patched: list[tuple[type, str, Any]] = []
         self._hooked: set[int] = set()
@@ -255,9 +348,10 @@ class PipelineRecorder:
         self.inputs: dict[int, tuple] = {}
 
     def _hook_layers(self, stage) -> None:
-        """Note a stage (once) and hook its module to learn its input's shape; the per-layer
-        hooks are attached only while :meth:`size_scaling` times the module after the run, so
-        training steps carry no per-layer overhead."""
+        """Note a stage (once) and hook its module to learn its input's shape (the hook removes
+        itself after the first call); the per-layer hooks are attached only while
+        :meth:`size_scaling` times the module after the run, so training steps carry no
+        per-layer overhead."""
         if id(stage) in self._hooked:
             return
         self._hooked.add(id(stage))
@@ -267,14 +361,17 @@ class PipelineRecorder:
             return
         s = int(stage.stage_index)
 
-        def record_input(mod, inputs, _s=s):
-            if _s in self.inputs:
-                return
-            first = inputs[0] if inputs else None
-            if isinstance(first, torch.Tensor) and first.dim() > 0:
-                self.inputs[_s] = (tuple(first.shape), first.dtype, first.is_floating_point())
+        handle = None
 
-        self._handles.append(submod.register_forward_pre_hook(record_input))
+        def record_input(mod, inputs, _s=s):
+            first = inputs[0] if inputs else None
+            if _s not in self.inputs and isinstance(first, torch.Tensor) and first.dim() > 0:
+                self.inputs[_s] = (tuple(first.shape), first.dtype, first.is_floating_point())
+            if handle is not None:   # once: a module without hooks takes torch's fast path
+                handle.remove()
+
+        handle = submod.register_forward_pre_hook(record_input)
+        self._handles.append(handle)
 
     def _layer_hooks(self, stage, key: str) -> list:
         """Forward pre/post hooks timing each child of ``stage.submod``; times are summed per
@@ -305,36 +402,75 @@ class PipelineRecorder:
             handles.append(child.register_forward_hook(post))
         return handles
 
+    def _wrapper(self, orig, phase_of):
+        """``orig`` (a stage's chunk method) wrapped to record its calls."""
+        rec = self
+
+        @functools.wraps(orig)
+        def wrapper(stage, chunk_id, *args, **kwargs):
+            phase = phase_of(args, kwargs)
+            if phase == "F" and id(stage) not in rec._hooked:
+                rec._hook_layers(stage)
+            if rec.recording:   # a range only where the profiler records it
+                rec.calls_recorded += 1
+                t0 = time.time_ns()
+                with torch.profiler.record_function(
+                        f"pardiag:PP:S{stage.stage_index}:{phase}{chunk_id}"):
+                    out = orig(stage, chunk_id, *args, **kwargs)
+            else:
+                rec.calls_outside += 1
+                t0 = time.time_ns()
+                out = orig(stage, chunk_id, *args, **kwargs)
+            row = {"stage": stage.stage_index, "microbatch": int(chunk_id), "phase": phase,
+                   "start_ns": t0, "end_ns": time.time_ns(), "optimizer_step": rec._step()}
+            if phase == "F":
+                first = out[0] if isinstance(out, (tuple, list)) and out else out
+                if isinstance(first, torch.Tensor) and first.dim() > 0:
+                    row["samples"] = int(first.shape[0])
+            rec.records.append(row)
+            return out
+
+        return wrapper
+
+    def self_cost_us(self, calls: int = 2000, blocks: int = 5) -> float:
+        """What the wrapper adds to one chunk call outside the window (µs): ``calls`` calls of
+        a wrapped no-op less as many of the no-op, median of ``blocks``; measured after the
+        run, its records and counts taken back. Forward calls (the longest path)."""
+        def noop(stage, chunk_id):
+            return None
+
+        stage = types.SimpleNamespace(stage_index=0)
+        self._hooked.add(id(stage))
+        wrapped = self._wrapper(noop, lambda a, k: "F")
+        n_rec, outside, recording = len(self.records), self.calls_outside, self.recording
+        self.recording = False
+        costs = []
+        try:
+            for _ in range(blocks):
+                t0 = time.perf_counter_ns()
+                for i in range(calls):
+                    wrapped(stage, i)
+                t1 = time.perf_counter_ns()
+                for i in range(calls):
+                    noop(stage, i)
+                t2 = time.perf_counter_ns()
+                costs.append(max((t1 - t0) - (t2 - t1), 0) / calls / 1000.0)
+                del self.records[n_rec:]
+        finally:
+            self._hooked.discard(id(stage))
+            self.calls_outside, self.recording = outside, recording
+        return statistics.median(costs)
+
     def install(self) -> bool:
         try:
             from torch.distributed.pipelining.stage import _PipelineStageBase
         except ImportError:
             return False
-        rec = self
 
         def wrap(name: str, phase_of):
             orig = getattr(_PipelineStageBase, name)
-
-            @functools.wraps(orig)
-            def wrapper(stage, chunk_id, *args, **kwargs):
-                phase = phase_of(args, kwargs)
-                label = f"pardiag:PP:S{stage.stage_index}:{phase}{chunk_id}"
-                if phase == "F":
-                    rec._hook_layers(stage)
-                t0 = time.time_ns()
-                with torch.profiler.record_function(label):
-                    out = orig(stage, chunk_id, *args, **kwargs)
-                row = {"stage": stage.stage_index, "microbatch": int(chunk_id), "phase": phase,
-                       "start_ns": t0, "end_ns": time.time_ns(), "optimizer_step": rec._step()}
-                if phase == "F":
-                    first = out[0] if isinstance(out, (tuple, list)) and out else out
-                    if isinstance(first, torch.Tensor) and first.dim() > 0:
-                        row["samples"] = int(first.shape[0])
-                rec.records.append(row)
-                return out
-
             self._patched.append((_PipelineStageBase, name, orig))
-            setattr(_PipelineStageBase, name, wrapper)
+            setattr(_PipelineStageBase, name, self._wrapper(orig, phase_of))
 
         def backward_phase(args, kwargs):
             full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
@@ -359,9 +495,11 @@ class PipelineRecorder:
         microbatch sizes (``factor × samples``), after the script has finished: how a chunk's
         time scales with the microbatch size, measured on the user's own module.
 
-        Returns ``[{"stage", "samples", "fwd_us", "bwd_us"}]`` (medians of ``repeats``); empty
-        when a stage's input is not one floating-point tensor or a call fails (an out-of-memory
-        error included). On a GPU only sizes up to the run's own are tried."""
+        Returns ``[{"stage", "samples", "fwd_us", "bwd_us", "fwd_samples_us",
+        "bwd_samples_us"}]`` (µs: medians of ``repeats``, and the timings themselves, for the
+        interval of a prediction resting on them); empty when a stage's input is not one
+        floating-point tensor or a call fails (an out-of-memory error included). On a GPU only
+        sizes up to the run's own are tried."""
         rows = []
         for stage in self._stages:
             s = int(stage.stage_index)
@@ -408,9 +546,10 @@ class PipelineRecorder:
                 finally:
                     for h in handles:
                         h.remove()
-                fwd, bwd = sorted(fwd[1:]), sorted(bwd[1:])   # the first call warms up
-                rows.append({"stage": s, "samples": n, "fwd_us": fwd[len(fwd) // 2],
-                             "bwd_us": bwd[len(bwd) // 2]})
+                fwd, bwd = fwd[1:], bwd[1:]   # the first call warms up
+                rows.append({"stage": s, "samples": n, "fwd_us": sorted(fwd)[len(fwd) // 2],
+                             "bwd_us": sorted(bwd)[len(bwd) // 2],
+                             "fwd_samples_us": fwd, "bwd_samples_us": bwd})
         for q in (q for st in self._stages for q in getattr(st, "submod", torch.nn.Module())
                   .parameters()):
             q.grad = None
@@ -455,11 +594,13 @@ def canonical_dim(name: str | None) -> str | None:
     return _DIM_ALIASES.get(key)
 
 
-def detect_parallelism() -> dict:
+def detect_parallelism(objects: list | None = None) -> dict:
     """What the live objects of the script say about its parallel layout.
 
     Scans the garbage collector's objects once for DDP, FSDP1, FSDP2 modules,
-    ZeroRedundancyOptimizer, device meshes, pipeline stages and schedules.
+    ZeroRedundancyOptimizer, device meshes, pipeline stages and schedules — or ``objects``, the
+    result of one :func:`live_instances` pass over :func:`scan_classes` shared with
+    :func:`model_shapes`.
 
     Returns:
         ``{"wrappers": [...], "meshes": [{"dims": {name: size}, "groups": {name: pg_name}}],
@@ -470,20 +611,18 @@ def detect_parallelism() -> dict:
         (``ddp_param_bytes``: gradient bytes of each trainable parameter of the DDP module, last
         registered first — the order DDP's buckets take them in, for the bucket-size what-if).
     """
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.nn.parallel import DistributedDataParallel
 
-    try:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-    except ImportError:  # pragma: no cover - old torch
-        FSDPModule = FullyShardedDataParallel = ()
-    from torch.distributed.optim import ZeroRedundancyOptimizer
+    # only the modules the script imported: this runs in the step after the profiler's window
+    def cls(module: str, name: str):
+        return (_loaded(module, name) or ((),))[0]   # () when not imported: no instance
 
-    try:
-        from torch.distributed.pipelining.schedules import _PipelineSchedule
-        from torch.distributed.pipelining.stage import _PipelineStageBase
-    except ImportError:  # pragma: no cover
-        _PipelineSchedule = _PipelineStageBase = ()
+    DeviceMesh = cls("torch.distributed.device_mesh", "DeviceMesh")
+    FullyShardedDataParallel = cls("torch.distributed.fsdp", "FullyShardedDataParallel")
+    FSDPModule = cls("torch.distributed.fsdp", "FSDPModule")
+    ZeroRedundancyOptimizer = cls("torch.distributed.optim", "ZeroRedundancyOptimizer")
+    _PipelineSchedule = cls("torch.distributed.pipelining.schedules", "_PipelineSchedule")
+    _PipelineStageBase = cls("torch.distributed.pipelining.stage", "_PipelineStageBase")
 
     interesting = tuple(c for c in (DistributedDataParallel, FullyShardedDataParallel, FSDPModule,
                                      ZeroRedundancyOptimizer, DeviceMesh, _PipelineStageBase,
@@ -497,10 +636,8 @@ def detect_parallelism() -> dict:
     fsdp1_fwd_prefetch: set[bool] = set()
     seen_mesh: set[tuple] = set()
     ddp_cap = ddp_params = None
-    with warnings.catch_warnings():  # isinstance on torch's lazy objects warns (reduce_op)
-        warnings.simplefilter("ignore")
-        objects = gc.get_objects()
-        found = [o for o in objects if _is_interesting(o, interesting)]
+    found = (live_instances(interesting) if objects is None
+             else [o for o in objects if isinstance(o, interesting)])
     for obj in found:
         try:
             if isinstance(obj, DistributedDataParallel):
@@ -575,11 +712,50 @@ def detect_parallelism() -> dict:
             "ddp_bucket_cap_bytes": ddp_cap, "ddp_param_bytes": ddp_params}
 
 
-def _is_interesting(obj, classes: tuple) -> bool:
-    try:
-        return isinstance(obj, classes)
-    except Exception:  # objects whose __class__ lookup fails
-        return False
+def _loaded(module: str, *names: str) -> tuple:
+    """The classes ``names`` of ``module`` when it is already imported, else ``()``: a class
+    whose module nobody imported has no live instance, and importing it only to look (FSDP, the
+    distributed optimizers: seconds on a loaded machine) would stall the step it runs in."""
+    mod = sys.modules.get(module)
+    return tuple(c for c in (getattr(mod, n, None) for n in names) if isinstance(c, type))
+
+
+def scan_classes() -> tuple:
+    """Every class :func:`detect_parallelism` and :func:`model_shapes` look for among the live
+    objects (of the modules already imported), for one shared :func:`live_instances` pass."""
+    return (torch.nn.Module, *_loaded("torch.nn.parallel", "DistributedDataParallel"),
+            *_loaded("torch.distributed.fsdp", "FullyShardedDataParallel", "FSDPModule"),
+            *_loaded("torch.distributed.optim", "ZeroRedundancyOptimizer"),
+            *_loaded("torch.distributed.device_mesh", "DeviceMesh"),
+            *_loaded("torch.distributed.pipelining.stage", "_PipelineStageBase"),
+            *_loaded("torch.distributed.pipelining.schedules", "_PipelineSchedule"))
+
+
+def live_instances(classes: tuple) -> list:
+    """The garbage collector's objects whose type is a subclass of one of ``classes``.
+
+    One pass over ``gc.get_objects()``; the class test is made once per type (``issubclass`` of
+    the object's type, cached) instead of an ``isinstance`` per object — 0.17 M objects with
+    torch imported, few distinct types. An object whose ``__class__`` pretends to be another
+    (a proxy) is judged by its real type. Types whose test raises are left out."""
+    if not classes:
+        return []
+    cache: dict[type, bool] = {}
+    out = []
+    with warnings.catch_warnings():  # subclass tests on torch's lazy objects warn (reduce_op)
+        warnings.simplefilter("ignore")
+        for o in gc.get_objects():
+            t = type(o)
+            hit = cache.get(t)
+            if hit is None:
+                try:
+                    hit = issubclass(t, classes)
+                except Exception:  # a type whose subclass test fails
+                    hit = False
+                cache[t] = hit
+            if hit:
+                out.append(o)
+    return out
 
 
 #: Attributes an attention module exposes its heads in: torch's ``nn.MultiheadAttention`` and
@@ -646,7 +822,7 @@ def _tp_dims(param, fsdp: bool) -> tuple[list[str], list[str | None], list[int]]
     return [repr(p) for p in placements], names, sorted(set(dims))
 
 
-def model_shapes(roots=None, stages=None):
+def model_shapes(roots=None, stages=None, objects: list | None = None):
     """What constrains how this rank's model can be split (issue #20), from its live modules.
 
     * every tensor-parallel DTensor parameter: its full shape, placements and the dimensions
@@ -659,6 +835,8 @@ def model_shapes(roots=None, stages=None):
             that is no other live module's child (a scan of the garbage collector's objects).
         stages: ``{stage index: stage module}``; default: the live pipeline stages'
             ``submod``.
+        objects: the live objects to take those defaults from (one :func:`live_instances`
+            pass over :func:`scan_classes`); default: a scan of its own.
 
     Returns:
         a :class:`pardiag.layout.ModelShapes` (``batch_samples`` unset: see
@@ -667,25 +845,14 @@ def model_shapes(roots=None, stages=None):
     """
     from pardiag import layout
 
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - old torch
-        DTensor = ()
-    try:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-        fsdp_types = (FSDPModule, FullyShardedDataParallel)
-    except ImportError:  # pragma: no cover
-        fsdp_types = ()
+    # only the modules the script imported (no DTensor without torch.distributed.tensor)
+    DTensor = (_loaded("torch.distributed.tensor", "DTensor") or ((),))[0]
+    fsdp_types = _loaded("torch.distributed.fsdp", "FSDPModule", "FullyShardedDataParallel")
     if roots is None or stages is None:
-        try:
-            from torch.distributed.pipelining.stage import _PipelineStageBase
-        except ImportError:  # pragma: no cover
-            _PipelineStageBase = ()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            classes = tuple(c for c in (torch.nn.Module, _PipelineStageBase)
-                            if isinstance(c, type))
-            found = [o for o in gc.get_objects() if _is_interesting(o, classes)]
+        classes = (torch.nn.Module,
+                   *_loaded("torch.distributed.pipelining.stage", "_PipelineStageBase"))
+        found = (live_instances(classes) if objects is None
+                 else [o for o in objects if isinstance(o, classes)])
         modules = [o for o in found if isinstance(o, torch.nn.Module)]
         if roots is None:
             children = {id(c) for m in modules for c in m.children()}

@@ -249,7 +249,7 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thr
                 **layout.sidecar_header("hang"), "rank": rank, "time_ns": time.time_ns(),
                 "launch_id": os.environ.get("PARDIAG_LAUNCH_ID"),
                 "flight_recorder": flight_recorder_entries()[-200:],
-                "p2p": p2p.records[-50:], "process_groups": process_groups(),
+                "p2p": p2p.recent_rows(), "process_groups": process_groups(),
                 "main_stack": traceback.format_stack(frame) if frame else [],
             }
             _write_json(layout.hang_path(out, rank), dump)
@@ -463,18 +463,28 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
     captured: dict = {"backend": None}
 
     def on_trace_ready(prof) -> None:
+        t0 = time.perf_counter()
         prof.export_chrome_trace(str(trace_file))
         traces_written.append(trace_file.name)
+        t1 = time.perf_counter()
         # what only the live process can tell, taken while the script's objects exist
         captured["flight_recorder"] = hooks.flight_recorder_entries()
+        t2 = time.perf_counter()
         captured["groups"] = hooks.process_groups()
-        captured["parallel"] = hooks.detect_parallelism()
+        live = hooks.live_instances(hooks.scan_classes())   # one pass over the live objects
+        t3 = time.perf_counter()
+        captured["parallel"] = hooks.detect_parallelism(live)
+        t4 = time.perf_counter()
         try:  # what constrains the split of the model (tensor shapes, heads, pipeline layers)
-            captured["shapes"] = hooks.model_shapes()
+            captured["shapes"] = hooks.model_shapes(objects=live)
         except Exception as exc:  # extra information: never the run's failure
             print(f"pardiag: rank {rank}: could not record the model's shapes: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
         captured["peak"] = hooks.peak_memory(cuda)
+        t5 = time.perf_counter()
+        instrumentation["post_window_parts_s"] = {
+            "export": t1 - t0, "flight_recorder": t2 - t1, "live_objects": t3 - t2,
+            "layout": t4 - t3, "shapes": t5 - t4}
         if dist.is_available() and dist.is_initialized():  # the script may destroy it later
             captured["backend"] = str(dist.get_backend())
 
@@ -486,15 +496,32 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
         profile_memory=True,
     )
 
+    window_end = wait + warmup + cfg["active"]
+
     def on_step(count: int, optimizer) -> None:
+        """After ``count`` optimizer steps. Outside the profiler's window only the step's times
+        are taken: the profiler is no longer stepped once its window has ended, and the
+        wrappers record no ranges (``recording``)."""
         if count == 1:   # the first step's forward has shown the per-rank batch
             batch.uninstall()
         if count == wait + warmup and cuda:
             torch.cuda.reset_peak_memory_stats()  # the active window starts now
         if count == wait + warmup + 1:  # end of the first active step: state and grads exist
             captured["static"] = hooks.static_memory(optimizer)
-        prof.step()
+        if count > window_end:
+            return
+        recording = wait + warmup <= count < window_end
+        pipe.recording = p2p.recording = recording
+        if count == window_end:   # the trace's export and the live-object scans run now
+            t0 = time.perf_counter()
+            prof.step()
+            instrumentation["post_window_s"] = time.perf_counter() - t0
+            instrumentation["post_window_after_step"] = count - 1
+        else:
+            prof.step()
 
+    # what pardiag's own instrumentation did (RankMeta.instrumentation)
+    instrumentation: dict = {"post_window_s": None, "post_window_after_step": None}
     stepper = _OptimizerStepper(on_step)
     batch = hooks.BatchRecorder()
     batch.install()
@@ -502,6 +529,8 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
     p2p.install()
     pipe = hooks.PipelineRecorder(lambda: stepper.steps)
     pipe.install()
+    # a window that starts with the script (wait = warmup = 0) records from the first call
+    pipe.recording = p2p.recording = wait + warmup == 0
     hook_handles = [register_optimizer_step_pre_hook(stepper.pre),
                     register_optimizer_step_post_hook(stepper.post)]
     refused = _refuse_other_profilers(prof)
@@ -532,6 +561,12 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
         pipe.uninstall()
         batch.uninstall()
 
+    # what the wrappers add to each call outside the window, measured (not assumed)
+    try:
+        instrumentation["wrapper_cost_us"] = {"p2p": p2p.self_cost_us(),
+                                              "chunk": pipe.self_cost_us()}
+    except Exception as exc:  # extra information: never the run's failure
+        print(f"pardiag: rank {rank}: could not time its own wrappers: {exc}", file=sys.stderr)
     lay, n_records = None, 0
     scaling: list[dict] = []
     if traces_written and pipe.records and error is None:
@@ -584,6 +619,10 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
                        "trace_peaks": captured.get("trace_memory")}),
         layout=_plain(lay), shapes=shapes, started_unix=started, ended_unix=time.time(),
         exit_code=code,
+        instrumentation=_plain({
+            **instrumentation,
+            "p2p_calls": {"window": p2p.calls_recorded, "outside": p2p.calls_outside},
+            "chunk_calls": {"window": pipe.calls_recorded, "outside": pipe.calls_outside}}),
         status="error" if failed else "ok", error=None if not failed else _one_line(error),
         env={k: v for k, v in sorted(os.environ.items()) if k.startswith(layout.ENV_PREFIXES)},
         node_rank=int(group) if str(group).isdigit() else None,

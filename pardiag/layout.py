@@ -429,6 +429,15 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
         started_unix: when the script started (seconds since the epoch, UTC).
         ended_unix: when it ended.
         exit_code: the script's exit code.
+        instrumentation: what pardiag's own hooks did: ``post_window_s`` (seconds the work
+            when the profiler's window ended took: trace export, flight-recorder dump,
+            live-object scans; it follows optimizer step ``post_window_after_step``, so the
+            period of the next step holds it and is never used as a step time), and per
+            wrapper the calls inside the window (recorded) and outside it (``p2p_calls``,
+            ``chunk_calls``: ``{"window": n, "outside": n}``), and ``wrapper_cost_us``: what
+            each wrapper adds to one call outside the window, timed on a no-op after the
+            script (``{"p2p": µs, "chunk": µs}``); None: not recorded (runs of an older
+            pardiag).
         status: ``ok`` or ``error``.
         error: the script's exception on one line when ``status`` is ``error``.
         env: the rank's environment variables whose names start with one of
@@ -470,6 +479,7 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
     started_unix: float | None = None
     ended_unix: float | None = None
     exit_code: int | None = None
+    instrumentation: dict[str, Any] | None = None
     status: str | None = None
     error: str | None = None
     env: dict[str, str] | None = None

@@ -80,3 +80,27 @@ def test_one_memory_baseline():
     assert (cpu.peak_bytes, cpu.static_bytes, cpu.transient_bytes) == (22.0, 20.0, 2.0)
     assert "window" in cpu.definition
     assert measured_peak(None).peak_bytes is None
+
+
+def test_a_stand_in_interval_that_reaches_the_step_is_not_recommended():
+    """Issue #19: a prediction resting on stand-in timings carries their interval; when it
+    reaches the measured step (the change may gain nothing) the change is not recommended,
+    however good its point prediction; an interval clear of the step changes nothing."""
+    wide = Recommendation(kind="pp_to_dp", title="dp", change="dp=2", measured_step_us=10_000.0,
+                          predicted_step_us=8_000.0, predicted_low_us=6_500.0,
+                          predicted_high_us=10_200.0)
+    clear = Recommendation(kind="microbatches", title="m", change="m 8",
+                           measured_step_us=10_000.0, predicted_step_us=8_500.0,
+                           predicted_low_us=8_000.0, predicted_high_us=9_400.0)
+    plain = _rec("rebalance_stages", 8_800.0)   # no stand-in: no interval
+    assert wide.interval_spans_no_gain and not clear.interval_spans_no_gain
+    assert not plain.interval_known and not plain.interval_spans_no_gain
+    good, rejected, _, _ = rank([wide, clear, plain], NOISY, None)
+    assert [c.kind for c in good] == ["microbatches", "rebalance_stages"]
+    (r,) = rejected
+    assert r.kind == "pp_to_dp" and r.caveats[-1] == (
+        "the stand-in timings it rests on put it at 6.5 ms–10.2 ms (95% interval), which "
+        "reaches the measured 10.0 ms: it may gain nothing, so it is not recommended")
+    # the interval is in the JSON (NaN as null where there is none)
+    assert r.to_json()["predicted_high_us"] == 10_200.0
+    assert plain.to_json()["predicted_low_us"] is None

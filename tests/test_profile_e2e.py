@@ -56,6 +56,14 @@ def test_profile_writes_the_run_folder(ddp_run):
         # what contention needs: torch's threads (torchrun's OMP_NUM_THREADS=1) and the cores
         assert meta["intra_op_threads"] == 1 and meta["pinned_by_pardiag"] is False
         assert meta["cpu_affinity"] == sorted(os.sched_getaffinity(0))
+        # pardiag's own work when the window (steps 2-4) ended follows step 4: the period of
+        # step 5 holds it and is never a step time; DDP issues no point-to-point call
+        inst = meta["instrumentation"]
+        assert inst["post_window_after_step"] == 4 and inst["post_window_s"] > 0
+        assert set(inst["post_window_parts_s"]) == {"export", "flight_recorder",
+                                                    "live_objects", "layout", "shapes"}
+        assert inst["p2p_calls"] == {"window": 0, "outside": 0}
+        assert inst["chunk_calls"] == {"window": 0, "outside": 0}
     if len(os.sched_getaffinity(0)) >= 2:   # unpinned ranks may share every core: said so
         assert "pardiag: warning: timings are contended: ranks 0,1 may run on the same cores" \
             in res.stderr

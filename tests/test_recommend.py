@@ -334,6 +334,59 @@ def test_data_parallel_uses_ddp_timed_on_a_stand_in(tmp_path):
     assert dp.evidence[2].endswith("DDP itself, timed after the run on a stand-in with 2 MiB of "
                                    "gradients, adds 1.50 ms: 3.00 ms at this size")
 
+def _scaling_with_samples(spread):
+    """size_scaling rows as in _dp_run, each median with 3 timings ± ``spread`` µs (the 95%
+    bootstrap interval of a median of 3 is their [min, max])."""
+    return {"size_scaling": [
+        {"stage": r, "samples": n, "fwd_us": f, "bwd_us": b,
+         "fwd_samples_us": [f - spread, f, f + spread],
+         "bwd_samples_us": [b - spread, b, b + spread]}
+        for r in range(2) for n, f, b in ((8, 1000, 2000), (16, 1800, 3600))]}
+
+
+def _dp_interval_run(tmp_path, overhead_samples):
+    mib = 2**20
+    traces = _dp_run(tmp_path, ddp_calibration={
+        "grad_bytes": 2 * mib, "rows": 16, "plain_us": 500, "ddp_us": 2000,
+        "overhead_us": 1500, "overhead_samples_us": overhead_samples},
+        **_scaling_with_samples(100))   # both stages' rows on each rank: the same lines
+    return traces
+
+
+def test_data_parallel_carries_the_stand_in_interval(tmp_path):
+    """Issue #19: as the stand-in test above (14600 µs), with the stage modules' timings ± 100
+    µs and DDP's cost timed 1400, 1500, 1600 µs. The lines through the low and high ends give
+    1700 + 3500 and 1900 + 3700 µs per stage at 16 samples: 10400–11200 for both; DDP's 1400–
+    1600 µs for 2 MiB is 2800–3200 for 4 MiB. Step: 10400 + 800 + 2800 = 14000 to 11200 + 800
+    + 3200 = 15200 µs, below the measured 15500: still recommended."""
+    traces = _dp_interval_run(tmp_path, [1400, 1500, 1600])
+    res = build_report(traces).results["recommendations"]
+    (dp,) = [c for c in (*res.recommendations, *res.rejected) if c.kind == "pp_to_dp"]
+    assert dp.predicted_step_us == pytest.approx(14600)
+    assert dp.predicted_low_us == pytest.approx(14000)
+    assert dp.predicted_high_us == pytest.approx(15200)
+    assert dp in res.recommendations
+    assert dp.evidence[3] == (
+        "with the stand-in timings' 95% intervals the step is 14.00–15.20 ms (stage modules "
+        "10.40–11.20 ms, gradient synchronisation 2.80–3.20 ms; bootstrap intervals of their "
+        "medians)")
+
+
+def test_data_parallel_whose_interval_spans_no_gain_is_not_recommended(tmp_path):
+    """The same with DDP's cost timed 500, 1500, 2500 µs: 1000–5000 µs for 4 MiB, so the step
+    is 12200–17000 µs; the interval reaches the measured 15500: not recommended although the
+    point prediction (14600) is 5.8% faster."""
+    traces = _dp_interval_run(tmp_path, [500, 1500, 2500])
+    res = build_report(traces).results["recommendations"]
+    (dp,) = [c for c in (*res.recommendations, *res.rejected) if c.kind == "pp_to_dp"]
+    assert dp.predicted_step_us == pytest.approx(14600)
+    assert (dp.predicted_low_us, dp.predicted_high_us) == (pytest.approx(12200),
+                                                           pytest.approx(17000))
+    assert dp in res.rejected
+    assert dp.caveats[-1].endswith("which reaches the measured 15.5 ms: it may gain nothing, "
+                                   "so it is not recommended")
+
+
 @pytest.mark.parametrize("static,peak,meas,pred", [
     ((10, 10), (14, 18), 18, 26),       # a device peak holds the static state
     ((20, 20), (1, 2), 22, 41.5)])      # a CPU window's peak: only what it allocated

@@ -9,6 +9,11 @@ what the step's own noise moves its median by. Recommendations whose predicted s
 within that same margin of each other form one tier ("within noise of each other"): a tier is
 a set, not a ranking.
 
+Stand-in rule: a change whose prediction rests on stand-in timings taken after the run (DDP on
+a stand-in model, the stage modules at other sizes, all-reduces of chosen sizes) carries their
+95% interval (:attr:`Recommendation.predicted_high_us`); when the interval reaches the measured
+step — the change might gain nothing — it is not recommended, whatever its point prediction.
+
 Order: a run that does not fit in memory must shrink first — memory-saving changes
 (:data:`MEMORY_KINDS`) rank ahead of speed; changes of the parallel degrees
 (:data:`DEGREE_KINDS`) after the changes that keep them; then by predicted gain, tier by tier.
@@ -48,6 +53,13 @@ def noise_margin_pct(step: StepNoise | None) -> tuple[float, str]:
                     f"(±{ms(step.half_width_us)}: half the 95% bootstrap interval of the median "
                     f"over {step.source}); changes predicted within {margin:.1f}% of each other "
                     "are one tier, within noise of each other")
+
+
+def spans_no_gain(c: Recommendation) -> str:
+    """The caveat of a change whose stand-in interval reaches the measured step."""
+    return (f"the stand-in timings it rests on put it at {ms(c.predicted_low_us)}–"
+            f"{ms(c.predicted_high_us)} (95% interval), which reaches the measured "
+            f"{ms(c.measured_step_us)}: it may gain nothing, so it is not recommended")
 
 
 def _interleave_limit(cands: list[Recommendation], period_us: float | None) -> float:
@@ -90,7 +102,10 @@ def rank(cands: list[Recommendation], step: StepNoise | None, pipeline_period_us
         *c.caveats, f"predicted less than {INTERLEAVE_MARGIN_PCT:g}% faster than the best "
         "change that keeps the schedule, so not recommended")) if not_worth(c) else c
         for c in cands]
+    cands = [dataclasses.replace(c, caveats=(*c.caveats, spans_no_gain(c)))
+             if c.interval_spans_no_gain and not c.ruled_out else c for c in cands]
     good = sorted((c for c in cands if c.fits_memory and not not_worth(c) and not c.ruled_out
+                   and not c.interval_spans_no_gain
                    and (c.gain_pct >= margin or c.kind in MEMORY_KINDS)),
                   key=lambda c: (*_order(c), -c.gain_pct))
     out, tier, lead = [], 0, None

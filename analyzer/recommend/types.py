@@ -40,6 +40,14 @@ class Recommendation:
         tier: 1 for the best recommendations, 2 for the next…: recommendations whose predicted
             step times lie within the run's noise of each other share a tier
             (:mod:`pardiag.analyzer.recommend.policy`); None when not recommended.
+        predicted_low_us, predicted_high_us: the 95% interval of the prediction (µs) where it
+            rests on stand-in timings taken after the run (a stand-in model under DDP, the
+            stage modules at other sizes, all-reduces of chosen sizes): the prediction with
+            each stand-in median at the low, then the high end of its bootstrap interval
+            (:func:`pardiag.analyzer.recommend.context.step_noise`); NaN when the prediction
+            rests on no stand-in or its samples were not recorded. A change whose interval
+            reaches the measured step ("no gain") is not recommended
+            (:func:`pardiag.analyzer.recommend.policy.rank`).
     """
 
     kind: str
@@ -58,6 +66,19 @@ class Recommendation:
     batch: dict = dataclasses.field(default_factory=dict)
     optimizer_effect: str = ""
     tier: int | None = None
+    predicted_low_us: float = float("nan")
+    predicted_high_us: float = float("nan")
+
+    @property
+    def interval_known(self) -> bool:
+        """Whether the prediction carries a stand-in interval."""
+        return self.predicted_low_us == self.predicted_low_us and \
+            self.predicted_high_us == self.predicted_high_us
+
+    @property
+    def interval_spans_no_gain(self) -> bool:
+        """Whether the prediction's interval reaches the measured step (False when unknown)."""
+        return self.interval_known and self.predicted_high_us >= self.measured_step_us
 
     def __post_init__(self) -> None:
         if self.gain_pct is None:   # derived from the two step times unless given

@@ -7,10 +7,36 @@ from fractions import Fraction
 import pandas as pd
 
 from pardiag.analyzer import shapes, whatif
-from pardiag.analyzer.recommend.context import RuleContext
+from pardiag.analyzer.recommend.context import RuleContext, step_noise
 from pardiag.analyzer.recommend.types import Recommendation, batch_fields, ruled_out
 from pardiag.analyzer.recommend.rules.ddp_buckets import DDP_DEFAULT_CAP, DDP_FIRST_BUCKET
 from pardiag.analyzer.replay import inflight
+
+
+def median_interval(samples) -> tuple[float, float] | None:
+    """The 95% percentile-bootstrap interval (µs) of the median of ``samples`` (µs;
+    :func:`pardiag.analyzer.recommend.context.step_noise`), or None with fewer than 3 numbers."""
+    xs = [float(x) for x in samples or [] if isinstance(x, (int, float))]
+    if len(xs) < 3:
+        return None
+    noise = step_noise(xs, "stand-in timings")
+    return noise.low_us, noise.high_us
+
+
+def _scaling_intervals(traces) -> dict[tuple[int, float], tuple[tuple, tuple]]:
+    """``{(stage, samples): ((fwd low, high), (bwd low, high))}`` (µs) of the stage modules'
+    timings after the run (``size_scaling`` rows with their samples)."""
+    out = {}
+    for doc in traces.sidecars.get("pipeline", {}).values():
+        for row in doc.get("size_scaling") or []:
+            try:
+                f = median_interval(row.get("fwd_samples_us"))
+                b = median_interval(row.get("bwd_samples_us"))
+                if f and b:
+                    out[(int(row["stage"]), float(row["samples"]))] = (f, b)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+    return out
 
 
 def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
@@ -30,7 +56,13 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
     the allocated peak less the static bytes — or all of it when the peak is below them, as
     in a CPU trace whose window sees only its own allocations; the measured peak is then
     static + window peak). Only for a
-    pipeline with one stage per rank and no other parallel dimension."""
+    pipeline with one stage per rank and no other parallel dimension.
+
+    Every time above that was taken on a stand-in after the run carries the 95% bootstrap
+    interval of its median (:func:`median_interval`; issue #19): the prediction is repeated with
+    each at the low end, then at the high end of its interval (``predicted_low_us``,
+    ``predicted_high_us``; the policy does not recommend a change whose interval reaches the
+    measured step). The optimizer and the rest are the run's own undisturbed steps."""
     model, traces, dims = ctx.model, ctx.traces, ctx.dims
     if model is None:
         return []
@@ -61,11 +93,21 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
         return []
     n_new = model.samples * model.m / model.p
     compute = 0.0
+    ivs = _scaling_intervals(traces)
+    compute_iv: list[float] | None = [0.0, 0.0]
     for s in range(n_stages):
         pts = model.size_scaling[s]
         xs = [q[0] for q in pts]
-        compute += (whatif.affine(xs, [q[1] for q in pts], n_new)
-                    + whatif.affine(xs, [q[2] for q in pts], n_new))
+        point = (whatif.affine(xs, [q[1] for q in pts], n_new)
+                 + whatif.affine(xs, [q[2] for q in pts], n_new))
+        compute += point
+        if compute_iv is None or any((s, x) not in ivs for x in xs):
+            compute_iv = None
+            continue
+        ends = [whatif.affine(xs, [ivs[(s, x)][0][e] for x in xs], n_new)
+                + whatif.affine(xs, [ivs[(s, x)][1][e] for x in xs], n_new) for e in (0, 1)]
+        compute_iv[0] += min(point, *ends)   # an extrapolated line may swap the ends
+        compute_iv[1] += max(point, *ends)
     opt = sum(model.opt_us.values())
     other = max(model.tail_us.get(0, 0.0) - model.opt_us.get(0, 0.0), 0.0)
     layer_bytes = [float(b) for ls in reversed(model.layers) for _, _, b in reversed(ls)]
@@ -73,6 +115,21 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
     on_gpu = ctx.on_gpu
     ar_all = sum(alpha + beta * b for b in buckets)
     ar = ar_all if not on_gpu else alpha + beta * buckets[-1]
+    # the all-reduces' interval: the line through the fastest timings (the point) to the one
+    # through the high ends of the medians' intervals
+    highs = [(float(r["bytes"]), median_interval(r.get("samples_us")))
+             for doc in traces.sidecars.get("pipeline", {}).values()
+             for r in doc.get("allreduce_calibration") or []
+             if isinstance(r, dict) and isinstance(r.get("bytes"), (int, float))]
+    ar_iv = None
+    if highs and all(h is not None for _, h in highs):
+        try:
+            a_hi, b_hi = whatif.fit_alpha_beta([b for b, _ in highs], [h[1] for _, h in highs])
+            hi = (sum(a_hi + b_hi * b for b in buckets) if not on_gpu
+                  else a_hi + b_hi * buckets[-1])
+            ar_iv = (min(ar, hi), max(ar, hi))
+        except ValueError:
+            ar_iv = None
     how_ar = ("; on a GPU only the last bucket's is added" if on_gpu else
               "; on CPU all of it adds to the step")
     cal = {}
@@ -83,6 +140,9 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
             cal = c
     if cal and not on_gpu:   # DDP itself timed on a stand-in with these gradient bytes
         ar = cal["overhead_us"] * sum(pb) / cal["grad_bytes"]
+        ov = median_interval(cal.get("overhead_samples_us"))
+        ar_iv = (tuple(max(v, 0.0) * sum(pb) / cal["grad_bytes"] for v in ov)
+                 if ov is not None else None)
         how_ar = (f"; DDP itself, timed after the run on a stand-in with "
                   f"{cal['grad_bytes'] / 2**20:.3g} MiB of gradients, adds "
                   f"{cal['overhead_us'] / 1000:.2f} ms"
@@ -90,6 +150,16 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
                      if abs(cal["grad_bytes"] - sum(pb)) > 0.01 * sum(pb) else ""))
     pred = compute + opt + other + ar
     measured = model.period_us
+    low = high = float("nan")
+    interval = ()
+    if compute_iv is not None and ar_iv is not None:
+        low = compute_iv[0] + opt + other + min(ar_iv[0], ar)
+        high = compute_iv[1] + opt + other + max(ar_iv[1], ar)
+        interval = (f"with the stand-in timings' 95% intervals the step is {low / 1000:.2f}–"
+                    f"{high / 1000:.2f} ms (stage modules {compute_iv[0] / 1000:.2f}–"
+                    f"{compute_iv[1] / 1000:.2f} ms, gradient synchronisation "
+                    f"{ar_iv[0] / 1000:.2f}–{ar_iv[1] / 1000:.2f} ms; bootstrap intervals of "
+                    "their medians)",)
     pred_peak = None
     meas_peak = ctx.peak.peak_bytes
     pr = ctx.memory.per_rank if ctx.memory is not None else pd.DataFrame()
@@ -113,10 +183,11 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
                   f"{total_b / 2**20:.3g} MiB of gradients in {len(buckets)} bucket(s): "
                   f"all-reduce {ar_all / 1000:.2f} ms (α {alpha:.0f} µs, "
                   f"{1 / beta / 1e3:.2f} GB/s measured on the group after the run)"
-                  + how_ar),
+                  + how_ar, *interval),
         caveats=("every rank then holds all parameters, gradients and optimizer state",
                  "the all-reduce was timed on an idle group, not beside a backward"),
         measured_step_us=measured, predicted_step_us=pred,
+        predicted_low_us=low, predicted_high_us=high,
         measured_peak_bytes=meas_peak,
         predicted_peak_bytes=pred_peak,
         fits_memory=ctx.fits(pred_peak),

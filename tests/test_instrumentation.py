@@ -1,0 +1,164 @@
+"""pardiag's hooks outside the profiler's window (issue #19): what they still do there.
+
+The wrappers run on every step, so outside the window they must do only what the analyses
+use from those steps (the pipeline's chunk times, the point-to-point calls a hang dump shows)
+and nothing the profiler alone needs (``record_function`` ranges, full records)."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pardiag.analyzer.comm_records import records_from_p2p  # noqa: E402
+from pardiag.collectors import hooks  # noqa: E402
+
+
+class _Group:
+    """A stand-in process group (``_group_name`` finds no name for it: "")."""
+
+
+def test_p2p_wrapper_keeps_no_record_outside_the_window():
+    rec = hooks.P2PRecorder()
+    calls = []
+
+    def send(tensor, dst=None, group=None):
+        calls.append(dst)
+        return "sent"
+
+    wrapped = rec._wrap("send", send)
+    group = _Group()
+    t = torch.zeros(8, dtype=torch.float16)
+    assert wrapped(t, 1, group) == "sent" and wrapped(t, 1, group) == "sent"
+    assert calls == [1, 1]
+    # outside: counted and kept in the bounded buffer for a hang dump, no record
+    assert rec.records == [] and rec.calls_outside == 2 and rec.calls_recorded == 0
+    assert len(rec.recent) == 2
+    rec.recording = True
+    wrapped(t, 1, group)
+    assert rec.calls_recorded == 1 and len(rec.records) == 1
+    row = rec.records[0]
+    # the count runs over every call, so both ranks pair their calls whatever the window
+    assert row["seq"] == 3 and row["op"] == "send" and row["peer"] == 1
+    assert row["bytes"] == 16 and row["dtype"] == "float16" and row["pg_name"] == ""
+    assert row["issue_ns"] <= row["returned_ns"]
+    # the hang dump's rows: the last calls, inside and outside the window alike
+    assert [r["seq"] for r in rec.recent_rows()] == [1, 2, 3]
+    rec.recording = False
+    for _ in range(hooks.P2PRecorder.RECENT + 5):
+        wrapped(t, 1, group)
+    assert len(rec.records) == 1 and len(rec.recent) == hooks.P2PRecorder.RECENT
+
+
+def test_records_from_p2p_keep_the_recorded_count():
+    base = {"op": "recv", "peer": 0, "pg_name": "0", "bytes": 64, "dtype": "float32",
+            "issue_ns": 10, "returned_ns": 20}
+    out = records_from_p2p([{**base, "seq": 7}, {**base, "issue_ns": 30, "returned_ns": 40}], [])
+    assert [r["seq"] for r in out] == [7, 2]   # a record without its count: the records' own
+
+
+@pytest.fixture
+def fake_stage_base(monkeypatch):
+    """``_PipelineStageBase`` with chunk methods that run the stage's module (no group)."""
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    def forward_one_chunk(stage, chunk_id, x):
+        return stage.submod(x)
+
+    def backward_one_chunk(stage, chunk_id, loss=None, full_backward=True):
+        return None
+
+    monkeypatch.setattr(_PipelineStageBase, "forward_one_chunk", forward_one_chunk)
+    monkeypatch.setattr(_PipelineStageBase, "backward_one_chunk", backward_one_chunk)
+    if hasattr(_PipelineStageBase, "backward_weight_one_chunk"):
+        monkeypatch.setattr(_PipelineStageBase, "backward_weight_one_chunk",
+                            lambda stage, chunk_id: None)
+    ranges = []
+
+    @contextlib.contextmanager
+    def record_function(name):
+        ranges.append(name)
+        yield
+
+    monkeypatch.setattr(torch.profiler, "record_function", record_function)
+    return _PipelineStageBase, ranges
+
+
+def test_pipeline_wrapper_opens_ranges_only_in_the_window(fake_stage_base):
+    base, ranges = fake_stage_base
+    step = [0]
+    rec = hooks.PipelineRecorder(lambda: step[0])
+    assert rec.install()
+    try:
+        stage = types.SimpleNamespace(stage_index=0, submod=torch.nn.Linear(4, 3))
+        x = torch.randn(5, 4)
+        for mb in range(2):
+            base.forward_one_chunk(stage, mb, x)
+            base.backward_one_chunk(stage, mb, full_backward=True)
+        # outside the window: records (the unprofiled steps time the schedule), no range
+        assert ranges == [] and rec.calls_outside == 4 and rec.calls_recorded == 0
+        assert [(r["phase"], r["microbatch"]) for r in rec.records] == [
+            ("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+        assert rec.records[0]["samples"] == 5 and rec.records[0]["optimizer_step"] == 0
+        # the module's input was seen once; its hook is gone (the module's fast path)
+        assert rec.inputs[0] == ((5, 4), torch.float32, True)
+        assert len(stage.submod._forward_pre_hooks) == 0
+        step[0] = 1
+        rec.recording = True
+        base.forward_one_chunk(stage, 0, x)
+        base.backward_one_chunk(stage, 0, full_backward=False)
+        assert ranges == ["pardiag:PP:S0:F0", "pardiag:PP:S0:I0"]
+        assert rec.calls_recorded == 2 and len(rec.records) == 6
+        assert rec.records[-1]["optimizer_step"] == 1
+    finally:
+        rec.uninstall()
+    assert base.forward_one_chunk.__name__ == "forward_one_chunk"   # the original again
+
+
+def test_live_instances_and_modules_not_imported():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    found = hooks.live_instances((torch.nn.Sequential,))
+    assert any(o is model for o in found)
+    assert all(isinstance(o, torch.nn.Sequential) for o in found)
+    assert hooks.live_instances(()) == []
+    # a module nobody imported has no live instance and is not imported to look
+    assert hooks._loaded("pardiag_no_such_module", "X") == ()
+    assert hooks._loaded("torch.nn", "Linear", "NoSuchClass") == (torch.nn.Linear,)
+    assert torch.nn.Module in hooks.scan_classes()
+
+
+def test_wrappers_time_their_own_cost_and_leave_no_trace(fake_stage_base):
+    """The per-call cost outside the window is measured on a no-op after the run; measuring
+    it leaves the recorders as they were (no record, count or buffered call added)."""
+    step = [0]
+    pipe = hooks.PipelineRecorder(lambda: step[0])
+    p2p = hooks.P2PRecorder()
+    assert pipe.self_cost_us(calls=50, blocks=3) >= 0.0
+    assert p2p.self_cost_us(calls=50, blocks=3) >= 0.0
+    assert pipe.records == [] and pipe.calls_outside == 0 and not pipe._hooked
+    assert p2p.records == [] and p2p.calls_outside == 0 and len(p2p.recent) == 0
+    assert p2p._seq == {}
+
+
+def test_profiler_warmup_steps_do_not_calibrate_the_pipeline(tmp_path):
+    """Issue #19 item 2: the pipeline's clean (undisturbed) steps leave out the profiler's
+    warm-up steps as well as the first step; with the schedule unknown only the first."""
+    import dataclasses
+
+    import msgspec
+
+    from pardiag import layout
+    from pardiag.analyzer.pipeline import compute_pipeline
+    from test_recommend import _pipeline_run
+
+    traces = _pipeline_run(tmp_path, "1f1b", 2, 4, [600, 200], [1200, 400], {0: 600, 1: 200},
+                           steps=8)
+    clean = compute_pipeline(traces).bubbles.groupby("step")["clean"].all()
+    assert list(clean.index) == list(range(1, 8)) and clean.all()   # step 0 left out
+    with_schedule = dataclasses.replace(traces, run_info=msgspec.structs.replace(
+        traces.run_info, schedule=layout.ProfilerSchedule(wait=1, warmup=2, active=3)))
+    clean = compute_pipeline(with_schedule).bubbles.groupby("step")["clean"].all()
+    assert [s for s, c in clean.items() if not c] == [1, 2]   # the warm-up steps
