@@ -45,7 +45,7 @@ def _sync(device) -> None:
 
 
 def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 15,
-                    cap_bytes: int = 2**28) -> dict:
+                    cap_bytes: int = 2**28, budget_s: float = 4.0, min_repeats: int = 5) -> dict:
     """What DDP adds to a step on CPU for the whole model's gradients, after a pipelined run:
     a stand-in of 1024 × 1024 linear layers (and one narrower) holding the ranks' summed gradient
     bytes (at most ``cap_bytes``, to 4 KiB) runs forward + backward on ``rows`` rows (the
@@ -55,7 +55,11 @@ def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 15,
     bucket copies, hooks, sharing the cores with the backward) — what data parallelism instead
     of the pipeline would add — is the median of the paired differences (DDP − alone of the
     same repetition, so a drift of the machine cancels), and the samples are kept so that the
-    prediction resting on it can carry the interval of that median (issue #19). Every rank must
+    prediction resting on it can carry the interval of that median (issue #19). The repetitions
+    are cut to what fits in ``budget_s`` seconds (the warm-up pair's time, the slowest rank's,
+    so every rank runs the same number), never fewer than ``min_repeats``: a large model's
+    stand-in took 1.1 s per pair on the 2-core machine, 17 s for 15 pairs after the script,
+    and fewer samples only widen the interval. Every rank must
     call it; only on CPU (gloo), and only right after :func:`allreduce_calibration` succeeded
     (all ranks were there).
 
@@ -86,13 +90,21 @@ def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 15,
         x = torch.randn(max(int(rows), 1), 1024)
         models = {"plain": make(), "ddp": DistributedDataParallel(make())}
         times: dict[str, list[float]] = {"plain": [], "ddp": []}
-        for it in range(repeats + 1):
+        it, total = 0, repeats + 1
+        while it < total:
+            t_pair = time.perf_counter()
             for name, model in models.items():   # alternately: a drift hits both alike
                 dist.barrier()
                 t0 = time.perf_counter_ns()
                 model(x).sum().backward()
                 if it:                            # the first call of each warms up
                     times[name].append((time.perf_counter_ns() - t0) / 1000.0)
+            if it == 0:   # the slowest rank's warm-up pair sets how many fit in the budget
+                pair = torch.tensor([time.perf_counter() - t_pair])
+                dist.all_reduce(pair, op=dist.ReduceOp.MAX)
+                fit = int(budget_s / max(float(pair.item()), 1e-6))
+                total = 1 + max(min(repeats, fit), min(min_repeats, repeats))
+            it += 1
         diff = [d - p for p, d in zip(times["plain"], times["ddp"])]
         return {"grad_bytes": n * layer + cols * 1024 * 4, "rows": int(x.shape[0]),
                 "plain_us": statistics.median(times["plain"]),

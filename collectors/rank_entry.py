@@ -569,15 +569,28 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
         print(f"pardiag: rank {rank}: could not time its own wrappers: {exc}", file=sys.stderr)
     lay, n_records = None, 0
     scaling: list[dict] = []
+    # the work after the script, timed per part (seconds): what a user waits for at the end
+    after: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        after[name] = round(now - clock, 4)
+        clock = now
+
     if traces_written and pipe.records and error is None:
         try:  # how the stages' chunks scale with the microbatch size (what-if model)
             scaling = pipe.size_scaling()
+            lap("size_scaling")
             # what a pipeline run cannot show: the group's all-reduce cost (more DP instead of PP)
             captured["allreduce_calibration"] = hooks.allreduce_calibration()
+            lap("allreduce_calibration")
             if captured["allreduce_calibration"]:   # every rank is there: DDP's own cost
                 m = ((captured.get("parallel") or {}).get("pipeline") or {}).get("microbatches")
                 captured["ddp_calibration"] = hooks.ddp_calibration(
                     pipe.grad_bytes(), pipe.dp_rows(dist.get_world_size(), m))
+                lap("ddp_calibration")
         except Exception as exc:
             print(f"pardiag: rank {rank}: no microbatch-size measurement: {exc}", file=sys.stderr)
     if traces_written:
@@ -587,7 +600,10 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
         except Exception as exc:  # sidecars are extra: the trace and metadata still count
             print(f"pardiag: rank {rank}: could not write collective records: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        lap("sidecars")
         _write_rank_summary(out, rank)
+        lap("rank_summary")
+    instrumentation["after_script_parts_s"] = after
     if "static" not in captured and stepper.optimizer is not None:
         captured["static"] = hooks.static_memory(stepper.optimizer)
 
