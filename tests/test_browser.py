@@ -24,7 +24,7 @@ from conftest import REPO
 ARTIFACTS = REPO / "test-artifacts"
 #: Figures each shipped sample's report draws.
 #: (pp_1f1b_cpu_4rank overlaps nothing: both overlap charts are a sentence instead.)
-SAMPLES = {"ddp_cpu_2rank": 8, "pp_1f1b_cpu_4rank": 7, "fsdp_tp_2d_cpu_4rank": 8}
+SAMPLES = {"ddp_cpu_2rank": 9, "pp_1f1b_cpu_4rank": 8, "fsdp_tp_2d_cpu_4rank": 9}
 
 
 def _unavailable(why: str):
@@ -186,7 +186,7 @@ def test_64_ranks_render(browser, tmp_path):
     assert out.stat().st_size <= 5_000_000
     page, errors = _open(browser, out)
     assert errors == []
-    _check_drawn(page, 10)
+    _check_drawn(page, 11)
     heat = page.evaluate("document.querySelectorAll('g.hm').length")
     assert heat == 3  # exposed-comm and idle per rank × step, waits per rank × instance
     _check_labels(page)  # 64 rank labels, 480 instances binned into 200 labelled columns
@@ -201,7 +201,7 @@ def test_hostile_trace_runs_no_script(browser, tmp_path):
     out.write_text(render_html(rep), encoding="utf-8")
     page, errors = _open(browser, out)
     assert errors == []
-    _check_drawn(page, 6)  # no overlap planted: both overlap charts are a sentence
+    _check_drawn(page, 7)  # no overlap planted: both overlap charts are a sentence
     for header in page.locator("table.pd-sort th").all()[:6]:
         header.click()  # the sort script must not bring anything to life either
     assert page.evaluate("typeof window.__pwned") == "undefined"
@@ -237,7 +237,7 @@ def test_single_rank_report_renders(browser, tmp_path):
     assert CliRunner().invoke(cli, ["report", str(tmp_path), "-o", str(out), "-q"]).exit_code == 0
     page, errors = _open(browser, out)
     assert errors == []
-    _check_drawn(page, 3)
+    _check_drawn(page, 5)
     page.close()
 
 
@@ -460,6 +460,6 @@ def test_demo_comparison_renders(browser, tmp_path):
     _check_labels(page)
     text = page.evaluate("document.body.innerText")
     assert ("B made the change A's report recommended first (microbatches 2 of 64 samples (same "
-            "global batch)): predicted step 28.725 ms, measured 27.606 ms (error +4.1%).") in text
+            "global batch)): predicted step 28.690 ms, measured 27.529 ms (error +4.2%).") in text
     _screenshot(page, "compare-demo")
     page.close()
