@@ -1,6 +1,6 @@
 """Property-based fuzzing of the loader: any bytes give events or a TraceError, never a crash.
 
-Profiles: ``ci`` (default, 1000 examples for the loader) and ``fuzz`` (10,000; used by
+Profiles: ``ci`` (default, 400 examples for the loader, derandomized) and ``fuzz`` (10,000; used by
 ``benchmarks/fuzz_loader.py``). Select with ``HYPOTHESIS_PROFILE=fuzz``.
 """
 
@@ -19,7 +19,7 @@ from pardiag.analyzer.load import EVENT_COLUMNS, load_traces, read_trace_bytes
 from pardiag.analyzer.summary import REDUCER
 from pardiag.errors import TraceError
 
-settings.register_profile("ci", max_examples=1000, deadline=None, derandomize=True,
+settings.register_profile("ci", max_examples=400, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("fuzz", max_examples=int(os.environ.get("FUZZ_LOADER_EXAMPLES", "10000")),
                           deadline=None,
@@ -109,7 +109,7 @@ def test_loader_never_crashes(doc, how, cut, junk):
             _check(t.events)
 
 
-@settings(max_examples=int(os.environ.get("FUZZ_REPORT_EXAMPLES", "150")))
+@settings(max_examples=int(os.environ.get("FUZZ_REPORT_EXAMPLES", "80")))
 @given(doc=_doc)
 def test_analyses_never_crash_on_what_loads(doc):
     """What the loader accepts, every analysis handles (no exception), and the report from
