@@ -40,8 +40,10 @@ browser:
 		echo "no chromium and no apt as root: the browser tests will be skipped"; \
 	fi
 
+# Two workers, whole test files each (module fixtures hold profiled runs): the profiled runs'
+# start-up and waits overlap the analysis tests on a 2-core machine.
 test: $(STAMP) browser
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) report.html summary.json compare.html compare.json
