@@ -97,7 +97,9 @@ def test_framework_profiled_unmodified(framework_run):
     assert "Layout: DP=2 (ddp)" in terminal
     counts = {c["collective"]: c["count"] for c in report["collectives"]}
     assert counts["all_reduce"] == 2 * ACTIVE   # both ranks' gradient all-reduces
-    assert report["step"]["steps"] == ACTIVE
+    # the step time is over the profiled steps; one slower than 1.5x the median (a loaded
+    # machine: two xdist workers on 2 cores) is left out as an outlier
+    assert ACTIVE - 1 <= report["step"]["steps"] <= ACTIVE
 
 
 def test_a_second_torch_profiler_is_refused_with_a_clear_error():
