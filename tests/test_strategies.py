@@ -196,8 +196,10 @@ def test_planted_straggler_comes_first(runs):
     rep = _report(runs("ddp_slow1"))
     st = rep.results["sync"].stragglers
     assert st.iloc[0]["rank"] == 1
-    # rank 1 sleeps 30 ms before every step: it arrives last and keeps rank 0 waiting
-    assert st.iloc[0]["wait_caused_us"] > 3 * 20_000 and st.iloc[0]["steps_as_top"] == ACTIVE
+    # rank 1 sleeps 30 ms before every step: it arrives last and keeps rank 0 waiting; with
+    # another test worker's ranks on the same 2 cores one step's noise can exceed the sleep
+    # (seen once: top in 2 of 3 steps, 81 ms of waiting caused)
+    assert st.iloc[0]["wait_caused_us"] > 3 * 20_000 and st.iloc[0]["steps_as_top"] >= ACTIVE - 1
     assert rep.results["sync"].matched_by == "records"
 
 
