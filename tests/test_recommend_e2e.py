@@ -121,8 +121,10 @@ def test_planted_straggler_is_named(run):
         return
     assert (top.kind, top.params) == ("straggler", {"without_rank": 1})
     assert top.title == "Rank 1 is a straggler"
-    # rank 1 sleeps 30 ms per step: removing it saves a good part of the step
-    assert top.gain_pct > 20
+    # rank 1 sleeps 30 ms per step: removing it saves at least half of that (as a share of the
+    # step it depends on the load: 9.5% once with two xdist workers on the 2 cores, > 20% idle)
+    assert top.measured_step_us - top.predicted_step_us > 15_000, \
+        (top.measured_step_us, top.predicted_step_us)
     assert "; rank 1 is a straggler: it " in res.verdict
 
 
