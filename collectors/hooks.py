@@ -44,6 +44,25 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _added_cost_us(wrapped, plain, args, calls: int, blocks: int, after_block=None) -> float:
+    """What ``wrapped`` adds to one call of ``plain`` (µs): ``calls`` calls of each with
+    ``args(i)``, the difference per call, median over ``blocks`` (``after_block()`` runs after
+    each block, e.g. to drop the records the wrapper made)."""
+    costs = []
+    for _ in range(blocks):
+        t0 = time.perf_counter_ns()
+        for i in range(calls):
+            wrapped(*args(i))
+        t1 = time.perf_counter_ns()
+        for i in range(calls):
+            plain(*args(i))
+        t2 = time.perf_counter_ns()
+        costs.append(max((t1 - t0) - (t2 - t1), 0) / calls / 1000.0)
+        if after_block is not None:
+            after_block()
+    return statistics.median(costs)
+
+
 def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 15,
                     cap_bytes: int = 2**28, budget_s: float = 4.0, min_repeats: int = 5) -> dict:
     """What DDP adds to a step on CPU for the whole model's gradients, after a pipelined run:
@@ -228,24 +247,14 @@ class P2PRecorder:
         t = torch.zeros(1)
         state = (list(self.recent), dict(self._seq), self.calls_outside, self.recording)
         self.recording = False
-        costs = []
         try:
-            for _ in range(blocks):
-                t0 = time.perf_counter_ns()
-                for _ in range(calls):
-                    wrapped(t, 1, None)
-                t1 = time.perf_counter_ns()
-                for _ in range(calls):
-                    noop(t, 1, None)
-                t2 = time.perf_counter_ns()
-                costs.append(max((t1 - t0) - (t2 - t1), 0) / calls / 1000.0)
+            return _added_cost_us(wrapped, noop, lambda i: (t, 1, None), calls, blocks)
         finally:
             recent, seq, self.calls_outside, self.recording = state
             self.recent.clear()
             self.recent.extend(recent)
             self._seq.clear()
             self._seq.update(seq)
-        return statistics.median(costs)
 
     def _wrap(self, name: str, fn):
         op = "send" if "send" in name else "recv"
@@ -456,22 +465,13 @@ class PipelineRecorder:
         wrapped = self._wrapper(noop, lambda a, k: "F")
         n_rec, outside, recording = len(self.records), self.calls_outside, self.recording
         self.recording = False
-        costs = []
         try:
-            for _ in range(blocks):
-                t0 = time.perf_counter_ns()
-                for i in range(calls):
-                    wrapped(stage, i)
-                t1 = time.perf_counter_ns()
-                for i in range(calls):
-                    noop(stage, i)
-                t2 = time.perf_counter_ns()
-                costs.append(max((t1 - t0) - (t2 - t1), 0) / calls / 1000.0)
-                del self.records[n_rec:]
+            return _added_cost_us(wrapped, noop, lambda i: (stage, i), calls, blocks,
+                                  after_block=lambda: self.records.__delitem__(
+                                      slice(n_rec, None)))
         finally:
             self._hooked.discard(id(stage))
             self.calls_outside, self.recording = outside, recording
-        return statistics.median(costs)
 
     def install(self) -> bool:
         try:
