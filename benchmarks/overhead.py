@@ -11,7 +11,8 @@ repetition runs plain and pardiag back to back, in alternating order (plain firs
 repetitions), so a drift of the machine hits both alike; the overhead of a repetition is
 pardiag / plain − 1 of that pair. The table shows the median over the repetitions and their
 [min, max], and the plain runs' own spread (max − min over the repetitions, in % of their
-median): an overhead inside that spread is inside the machine's noise. Also shown: pardiag's
+median). An overhead is "inside the noise" when the paired overheads change sign over the
+repetitions; "every pair above" marks a cost found in every repetition. Also shown: pardiag's
 work when the window ends (``post_window_s`` of the ranks' metadata; not in any measured step)
 and what its wrappers add per step outside the window by their own measurement (calls outside
 the window per unprofiled step × each wrapper's cost per call timed on a no-op after the run,
@@ -164,8 +165,10 @@ def main() -> None:
     print(head + (" inside vs torch.profiler |" if a.inside else ""))
     print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if a.inside else ""))
     for r in rows:
-        verdict = ("inside the noise" if abs(r["outside_median_pct"]) < r["plain_spread_pct"]
-                   else "")
+        # inside the noise: the paired overheads change sign over the repetitions (a cost the
+        # instrumentation adds to every run would make every pair positive)
+        verdict = ("inside the noise" if min(r["outside_pct"]) < 0 < max(r["outside_pct"])
+                   else "every pair above" if min(r["outside_pct"]) > 0 else "every pair below")
         line = (f"| {r['example']} | {statistics.median(r['plain_ms']):.2f} | "
                 f"{statistics.median(r['pardiag_ms']):.2f} | {r['outside_median_pct']:+.1f}%"
                 f"{' (' + verdict + ')' if verdict else ''} | "

@@ -27,12 +27,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import describe, finish, load_average, machine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -78,6 +81,7 @@ def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: st
     found = identify_straggler(build_context(rep.traces, rep.results))
     top = sorted({c.kind for c in rec.top_tier}) or ["nothing"]
     return {"top_tier": top, "straggler": None if found is None else found.rank,
+            "load_1m": (load_average() or [None])[0],
             "verdict": rec.verdict, "step_ms": rec.recommendations[0].measured_step_us / 1e3
             if rec.recommendations else None}
 
@@ -103,6 +107,9 @@ def main() -> None:
     pins = {"both": [False, True], "pinned": [True], "unpinned": [False]}[a.pin]
     rows = []
     started = time.time()
+    info = machine()
+    print(f"machine: {describe(info)}", flush=True)
+    loads: list[float] = []   # the 1-minute load average after each run
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for name in names:
@@ -112,6 +119,7 @@ def main() -> None:
                 if not a.stragglers:
                     runs = [run_once(script, n, args, pin, tmp, f"{name}-{p}-{i}")
                             for i in range(a.repeat)]
+                    loads += [r["load_1m"] for r in runs if r["load_1m"] is not None]
                     answer, k = agreement([r["top_tier"] for r in runs])
                     rows.append({"case": name, "pin": p, "runs": len(runs), "same_top": k,
                                  "top_tier": answer, "tops": [r["top_tier"] for r in runs],
@@ -124,6 +132,7 @@ def main() -> None:
                                                     f"{ms:g}"], pin, tmp,
                                         f"{name}-{p}-slow{ms:g}-{i}")
                                for i in range(a.repeat)]
+                    loads += [r["load_1m"] for r in planted if r["load_1m"] is not None]
                     named = sum(r["straggler"] == 1 for r in planted)
                     rows.append({"case": name, "pin": p, "slow_ms": ms, "runs": len(planted),
                                  "named_planted": named,
@@ -132,15 +141,20 @@ def main() -> None:
                           f"{named}/{len(planted)}", flush=True)
                 clean = [run_once(script, n, args, pin, tmp, f"{name}-{p}-clean-{i}")
                          for i in range(a.repeat)]
+                loads += [r["load_1m"] for r in clean if r["load_1m"] is not None]
                 nobody = sum(r["straggler"] is None for r in clean)
                 rows.append({"case": name, "pin": p, "slow_ms": 0, "runs": len(clean),
                              "named_nobody": nobody, "named": [r["straggler"] for r in clean]})
                 print(f"{name:6s} {p:8s} no sleep: nobody named in {nobody}/{len(clean)}",
                       flush=True)
-    meta = {"machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, "
-                       f"{platform.platform()}", "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d"), "minutes": round((time.time() - started) / 60, 1),
-            "repeat": a.repeat, "steps": STEPS}
+    info = finish(info)
+    meta = {"machine": info, "date": time.strftime("%Y-%m-%d"),
+            "minutes": round((time.time() - started) / 60, 1), "repeat": a.repeat,
+            "steps": STEPS,
+            # how loaded the machine was while the runs ran (1-minute load after each run)
+            "load_1m_after_runs": ({"median": statistics.median(loads), "min": min(loads),
+                                    "max": max(loads)} if loads else None)}
+    print(f"machine: {describe(info)}")
     print(json.dumps(meta))
     if a.json:
         a.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

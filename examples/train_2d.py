@@ -1,5 +1,6 @@
 """2D parallelism: FSDP2 over the ``dp`` mesh dimension × tensor parallel (with sequence
-parallel) over ``tp``, on a (dp, tp) device mesh; 4 ranks by default (2 × 2).
+parallel) over ``tp``, on a (dp, tp) device mesh; 4 ranks by default (2 × 2). ``--tp 1`` is
+FSDP2 alone over every rank (no TP plan).
 
     pardiag profile examples/train_2d.py --nproc-per-node 4 -- --tp 2
 
@@ -41,14 +42,19 @@ def main() -> None:
         mesh = init_device_mesh(env.device.type, (env.world_size // args.tp, args.tp),
                                 mesh_dim_names=("dp", "tp"))
     model = C.build_model(args.width, args.layers).to(env.device)
+    # tp=1 is plain FSDP2 over every rank: no TP plan over a one-rank mesh (its DTensor
+    # dispatch would cost time a run without TP does not spend)
+    tp = args.tp > 1
     for block in model:
         if isinstance(block, C.Block):
-            parallelize_module(block, mesh["tp"], tp_plan())
+            if tp:
+                parallelize_module(block, mesh["tp"], tp_plan())
             fully_shard(block, mesh=mesh["dp"])
-    parallelize_module(model[0], mesh["tp"], ColwiseParallel(output_layouts=Shard(1),
-                                                             input_layouts=Replicate()))
-    parallelize_module(model[-1], mesh["tp"], RowwiseParallel(input_layouts=Shard(1),
-                                                              output_layouts=Replicate()))
+    if tp:
+        parallelize_module(model[0], mesh["tp"], ColwiseParallel(output_layouts=Shard(1),
+                                                                 input_layouts=Replicate()))
+        parallelize_module(model[-1], mesh["tp"], RowwiseParallel(input_layouts=Shard(1),
+                                                                  output_layouts=Replicate()))
     fully_shard(model, mesh=mesh["dp"])
     opt = C.make_optimizer(model.parameters(), args.optimizer)
     loss_fn = nn.CrossEntropyLoss()
