@@ -63,8 +63,22 @@ def _bytes(sizes, dtypes) -> int:
     return total
 
 
+def full_buffer_bytes(op: str, in_bytes: int, out_bytes: int, group_size: int | None) -> int:
+    """The full buffer of a collective (bytes; nccl-tests' S): the larger of its input and
+    output, except for an all-gather whose recorded output is no larger than its input over a
+    group of more than one rank: its input × the group's size. (The flight recorder gives the
+    input for both when a functional collective allocates the output itself, as DTensor's
+    tensor-parallel gathers do: 256 KiB recorded for a 512 KiB gather at tp=2, 256 KiB again
+    for the 1 MiB gather at tp=4.)"""
+    if op == "all_gather" and group_size and group_size > 1 and 0 < out_bytes <= in_bytes:
+        return in_bytes * group_size
+    return max(in_bytes, out_bytes)
+
+
 def records_from_flight_recorder(entries: list[dict], groups: list[dict]) -> list[dict]:
     """Normalise flight-recorder entries (``_dump_fr_trace_json()["entries"]``).
+
+    ``bytes`` is the full buffer: :func:`full_buffer_bytes`.
 
     Args:
         entries: raw entries.
@@ -78,12 +92,15 @@ def records_from_flight_recorder(entries: list[dict], groups: list[dict]) -> lis
         in_b = _bytes(e.get("input_sizes"), e.get("input_dtypes"))
         out_b = _bytes(e.get("output_sizes"), e.get("output_dtypes"))
         dtypes = e.get("input_dtypes") or e.get("output_dtypes") or [None]
+        op = collective_type(name)
+        ranks = by_name.get(str(pg[0]), {}).get("ranks")
+        full = full_buffer_bytes(op, in_b, out_b, len(ranks) if ranks else None)
         out.append({
-            "op": collective_type(name), "trace_name": name,
+            "op": op, "trace_name": name,
             "pg_name": str(pg[0]), "pg_desc": str(pg[1]) if len(pg) > 1 else "",
-            "pg_ranks": by_name.get(str(pg[0]), {}).get("ranks"),
+            "pg_ranks": ranks,
             "seq": int(e["p2p_seq_id"] if e.get("is_p2p") else e.get("collective_seq_id", -1)),
-            "in_bytes": in_b, "out_bytes": out_b, "bytes": max(in_b, out_b),
+            "in_bytes": in_b, "out_bytes": out_b, "bytes": full,
             "numel": _numel(e.get("input_sizes")),
             "dtype": dtypes[0], "peer": None, "issue_ns": int(e.get("time_created_ns", 0)),
             "source": "flight_recorder",

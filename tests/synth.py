@@ -115,8 +115,10 @@ def write_sidecar(path: Path, kind: str, rank: int | None, body: dict) -> Path:
 def record(op: str, seq: int, start: float, end: float, pg: str = "0", ranks=(0, 1, 2),
            nbytes: int = 1_000_000, issue: float | None = None, peer=None) -> dict:
     """One collective record as rank{R}.comms.json holds it (µs on the rank's clock)."""
+    # an all-gather's input is its share of the gathered buffer (the recorder's sizes)
+    in_bytes = nbytes // max(len(ranks), 1) if op == "all_gather" else nbytes
     return {"op": op, "pg_name": pg, "pg_desc": "default_pg", "pg_ranks": list(ranks), "seq": seq,
-            "bytes": nbytes, "in_bytes": nbytes, "out_bytes": nbytes, "dtype": "Float",
+            "bytes": nbytes, "in_bytes": in_bytes, "out_bytes": nbytes, "dtype": "Float",
             "peer": peer, "issue_us": start if issue is None else issue, "start_us": start,
             "end_us": end, "matched": "gloo", "source": "flight_recorder"}
 

@@ -4,7 +4,7 @@ from pardiag.analyzer.comm_records import (attach_trace_times, records_from_flig
                                            records_from_p2p)
 from pardiag.analyzer.hang import describe, diagnose_hang
 from pardiag.analyzer.load import load_traces
-from synth import TraceBuilder
+from synth import TraceBuilder, write_sidecar
 
 BASE = 1_700_000_000_000_000_000  # baseTimeNanoseconds of the planted traces
 GROUPS = [{"name": "0", "desc": "default_pg", "ranks": [0, 1], "size": 2},
@@ -28,6 +28,30 @@ def test_flight_recorder_records_sizes_and_groups():
         "all_gather", "1", "mesh_tp", [0, 1], 3)
     # nccl-tests' S for all_gather is the gathered buffer: 2 × 500 bf16 = 2000 bytes
     assert (r["in_bytes"], r["out_bytes"], r["bytes"], r["dtype"]) == (1000, 2000, 2000, "BFloat16")
+
+
+def test_an_all_gather_recorded_with_its_input_as_output_counts_the_gathered_buffer(tmp_path):
+    """DTensor's functional all-gathers reach the flight recorder with the input's size as the
+    output's (measured: 256 KiB for TP's 512 KiB gathers at tp=2): the full buffer is the input
+    × the group's size. A reduce-scatter (its input is the full buffer) and a one-rank gather
+    keep the larger size. Run folders written before the repair get it when loaded."""
+    import json
+    recs = records_from_flight_recorder(
+        [fr(1, "gloo:all_gather", 10, sizes=((512,),), pg=("1", "mesh_tp")),
+         fr(2, "gloo:reduce_scatter", 20, sizes=((1024,),), pg=("1", "mesh_tp"))], GROUPS)
+    assert [(r["in_bytes"], r["out_bytes"], r["bytes"]) for r in recs] == [
+        (2048, 2048, 4096), (4096, 4096, 4096)]
+    one = records_from_flight_recorder([fr(1, "gloo:all_gather", 10, sizes=((512,),))],
+                                       [{"name": "0", "desc": "default_pg", "ranks": [0]}])
+    assert one[0]["bytes"] == 2048
+    # an older run folder's comms sidecar with the recorder's size: repaired on load
+    b = TraceBuilder(rank=0, world_size=2, backend="gloo")
+    b.cpu("aten::mm", 0, 100)
+    b.write(tmp_path / "rank0.trace.json")
+    write_sidecar(tmp_path / "rank0.comms.json", "comms", 0,
+                  {"process_groups": GROUPS, "records": [{**recs[0], "bytes": 2048}]})
+    traces = load_traces(tmp_path)
+    assert traces.sidecars["comms"][0]["records"][0]["bytes"] == 4096
 
 
 def test_p2p_records_count_per_peer():

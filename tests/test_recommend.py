@@ -879,6 +879,48 @@ def test_tp_only_run_gets_dp_with_each_groups_alpha_beta():
                for e in rec.evidence)
 
 
+def test_degrees_scale_the_transfer_and_keep_the_waiting():
+    """dp = 2 × tp = 2 on 4 ranks, 2 steps. Each TP group runs all-reduces of 1000 and 101000
+    bytes in 1100 and 2100 µs (α 1090 µs, β 0.01 µs/byte): 1600 µs of transfer per rank and
+    step, of 4000 µs of TP communication (2000 exposed) — 2400 µs is waiting for late peers.
+    Each DP group: 1000 and 101000 bytes in 350 and 650 µs (α 347, β 0.003): 500 µs of
+    transfer of 1000 µs (all exposed). dp = 1, tp = 4: TP's α–β time × 3 (3 ring steps instead
+    of 1, bytes × 2 · bus factor 1.5): its transfer grows by 2 · 1600 = 3200 µs, half exposed
+    (+1600); DP goes (−1000): 10000 + 1600 − 1000 = 10600 (scaling TP's waiting too would say
+    13000). dp = 4, tp = 1: TP goes (−2000 exposed); DP's transfer × 3 (+1000, all exposed):
+    9000."""
+    import dataclasses
+    import pandas as pd
+    from pardiag.analyzer.recommend.rules.degrees import _traffic, degrees
+    groups = pd.DataFrame([
+        {"dim": d, "pg": str(i), "desc": f"mesh_{d}", "ranks": r, "size": 2, "nodes": 1,
+         "spans_nodes": False}
+        for i, (d, r) in enumerate([("tp", [0, 1]), ("tp", [2, 3]), ("dp", [0, 2]),
+                                    ("dp", [1, 3])])])
+    rows = []
+    for grp, dim, sizes in [("0,1", "tp", [(1000, 1100.0), (101000, 2100.0)]),
+                            ("2,3", "tp", [(1000, 1100.0), (101000, 2100.0)]),
+                            ("0,2", "dp", [(1000, 350.0), (101000, 650.0)]),
+                            ("1,3", "dp", [(1000, 350.0), (101000, 650.0)])]:
+        rows += [{"instance": len(rows) + i, "group": f"{grp}|mesh_{dim}", "op": "all_reduce",
+                  "bytes": b, "transfer_us": t, "complete": True}
+                 for i, (b, t) in enumerate(sizes)]
+    ctx = _ctx(dims={"dp": 2, "tp": 2}, groups=groups, dim_comm={
+        "tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)})
+    ctx = dataclasses.replace(ctx, sync=_Obj(instances=pd.DataFrame(rows),
+                                             bandwidth=pd.DataFrame(),
+                                             stragglers=pd.DataFrame()))
+    t = _traffic(ctx)
+    assert t["tp"].transfer_us == pytest.approx(1600.0)
+    assert t["dp"].transfer_us == pytest.approx(500.0)
+    assert (t["tp"].alpha_us, t["tp"].beta_us_per_byte) == pytest.approx((1090.0, 0.01))
+    recs = {c.change: c for c in degrees(ctx)}
+    assert recs["dp=1, tp=4 (TP inside each node; same global batch)"].predicted_step_us == \
+        pytest.approx(10600.0)
+    assert recs["dp=4, tp=1 (TP inside each node; same global batch)"].predicted_step_us == \
+        pytest.approx(9000.0)
+
+
 def test_pipeline_candidates_the_layers_and_batch_rule_out(tmp_path):
     """GPipe over 3 ranks, m = 4 microbatches of 1 sample (global batch 4), stage modules of 2,
     2 and 1 layers (5). Interleaving 2 or 4 stages per rank needs 6 or 12 stages; 8 and 16

@@ -35,6 +35,9 @@ class DimTraffic:
             each size (:func:`whatif.fit_alpha_beta`; bus bytes = bytes ×
             :func:`pardiag.analyzer.sync.busbw_factor`, nccl-tests' convention).
         sizes: distinct bus-byte sizes the fit rests on.
+        transfer_us: per rank and step, the measured transfer of its collectives (each
+            instance from its last arrival to its end, :mod:`pardiag.analyzer.sync`): its
+            communication time less the waiting for late peers.
     """
 
     dim: str
@@ -43,6 +46,7 @@ class DimTraffic:
     alpha_us: float
     beta_us_per_byte: float
     sizes: int
+    transfer_us: float = 0.0
 
     def time_us(self, size: int, scale: float, alpha_us: float | None = None,
                 beta: float | None = None) -> float:
@@ -90,7 +94,8 @@ def _traffic(ctx: RuleContext) -> dict[str, DimTraffic]:
         for _, _, op, b, _ in mine:
             per[(op, b)] = per.get((op, b), 0) + 1
         ops = tuple((op, b, n / max(groups, 1) / steps) for (op, b), n in sorted(per.items()))
-        out[dim] = DimTraffic(dim, size, ops, alpha, beta, len({round(v) for v in x}))
+        transfer = sum(t for *_, t in mine) / max(groups, 1) / steps
+        out[dim] = DimTraffic(dim, size, ops, alpha, beta, len({round(v) for v in x}), transfer)
     return out
 
 
@@ -118,6 +123,13 @@ def _new_dp_traffic(ctx: RuleContext, like: DimTraffic, tp_now: int, tp2: int
     return DimTraffic("dp", 2, ops, like.alpha_us, like.beta_us_per_byte, like.sizes), how
 
 
+def _transfer(traffic: DimTraffic, comm_us: float) -> float:
+    """The part of a dimension's communication time per rank and step (``comm_us``) that is
+    transfer: its instances' measured transfer, at most ``comm_us``; all of it when no transfer
+    was measured."""
+    return min(traffic.transfer_us, comm_us) if traffic.transfer_us > 0 else comm_us
+
+
 def degrees(ctx: RuleContext) -> list[Recommendation]:
     """Other DP × TP splits of the same ranks (pipeline degree unchanged), TP inside a node.
 
@@ -127,8 +139,10 @@ def degrees(ctx: RuleContext) -> list[Recommendation]:
     each takes ``α + β·bus bytes`` fitted on that dimension's own instances (:func:`_traffic`;
     small gloo messages are latency-bound, so bytes alone mispredict: on the 2D example
     scaling by bytes predicted dp=4 × tp=1 1.6% faster where it ran ~32% faster). A dimension
-    that stays scales its measured time (transfer and the waiting at its collectives) by the
-    model's ratio; one that goes (degree 1) takes all of it with it. The step changes by each
+    that stays scales its measured transfer (:attr:`DimTraffic.transfer_us`) by the model's
+    ratio and keeps its waiting for late peers (arrival skew does not grow with bytes: scaling
+    it too predicted TP's time at tp=4 ×3 where it grew ×2.2); one that goes (degree 1) takes
+    all of its time with it. The step changes by each
     dimension's exposed share (measured) of its predicted time change. A run
     without data parallel (TP only) gets DDP's gradient all-reduce — or FSDP's gathers when it
     uses FSDP — at the TP groups' α–β, all of it exposed on CPU (gloo shares the cores), only
@@ -172,13 +186,18 @@ def degrees(ctx: RuleContext) -> list[Recommendation]:
             continue
         ev_model = ""
         if "tp" in traffic:
-            # a dimension that stays scales its measured time (transfer and the waiting at its
-            # collectives) by the α–β model's ratio; one that goes (degree 1) takes all of it
+            # a dimension that stays scales its measured transfer by the α–β model's ratio and
+            # keeps its waiting for late peers (arrival skew, not bytes); one that goes
+            # (degree 1) takes all of its time with it
             ttp = traffic["tp"]
-            d_tp = t_tp * (ttp.time_us(tp2, dp / dp2) / ttp.time_us(tp, 1.0) - 1.0)
+            d_tp = (-t_tp if tp2 == 1 else
+                    _transfer(ttp, t_tp) * (ttp.time_us(tp2, dp / dp2) / ttp.time_us(tp, 1.0)
+                                            - 1.0))
             if dp > 1 and "dp" in traffic:
                 tdp = traffic["dp"]
-                d_dp = t_dp * (tdp.time_us(dp2, tp / tp2) / tdp.time_us(dp, 1.0) - 1.0)
+                d_dp = (-t_dp if dp2 == 1 else
+                        _transfer(tdp, t_dp) * (tdp.time_us(dp2, tp / tp2)
+                                                / tdp.time_us(dp, 1.0) - 1.0))
                 new_dp = ""
             elif dp > 1:
                 continue   # data parallel measured but not matched to instances
