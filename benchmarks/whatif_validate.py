@@ -195,6 +195,8 @@ def profile_case(name: str, tmp: Path, pin: bool, rep: int) -> list[dict]:
              "change": "(base, as pardiag measured it)",
              "predicted_ms": evaluated[0].measured_step_us / 1e3}]
     for c in evaluated:
+        if c.ruled_out:   # not predicted: the model's shapes or batch rule it out (issue #20)
+            continue
         changed = changed_args(script, n, base, c.params)
         if changed is not None:
             rows.append({"case": name, "script": changed[0], "n": n, "args": changed[1],
