@@ -32,6 +32,7 @@ from collections import defaultdict
 import numpy as np
 
 from pardiag.analyzer.classify import STANDARD_COLLECTIVES, collective_type, comm_threads
+from pardiag.layout import full_buffer_bytes  # noqa: F401  (what a record's bytes mean)
 from pardiag.analyzer.traceset import RankTrace
 
 DTYPE_BYTES = {
@@ -63,22 +64,10 @@ def _bytes(sizes, dtypes) -> int:
     return total
 
 
-def full_buffer_bytes(op: str, in_bytes: int, out_bytes: int, group_size: int | None) -> int:
-    """The full buffer of a collective (bytes; nccl-tests' S): the larger of its input and
-    output, except for an all-gather whose recorded output is no larger than its input over a
-    group of more than one rank: its input × the group's size. (The flight recorder gives the
-    input for both when a functional collective allocates the output itself, as DTensor's
-    tensor-parallel gathers do: 256 KiB recorded for a 512 KiB gather at tp=2, 256 KiB again
-    for the 1 MiB gather at tp=4.)"""
-    if op == "all_gather" and group_size and group_size > 1 and 0 < out_bytes <= in_bytes:
-        return in_bytes * group_size
-    return max(in_bytes, out_bytes)
-
-
 def records_from_flight_recorder(entries: list[dict], groups: list[dict]) -> list[dict]:
     """Normalise flight-recorder entries (``_dump_fr_trace_json()["entries"]``).
 
-    ``bytes`` is the full buffer: :func:`full_buffer_bytes`.
+    ``bytes`` is the full buffer: :func:`pardiag.layout.full_buffer_bytes`.
 
     Args:
         entries: raw entries.

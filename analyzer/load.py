@@ -31,7 +31,6 @@ from pardiag.analyzer.parse import (  # noqa: F401  (re-exported: the loader's p
     MAX_PLAUSIBLE_US, PROCESS_NAMES_KEY, _is_trace_doc, _parse_json, _plain_bytes,
     _process_names, events_frame, parse_trace_fast, read_trace_bytes, read_trace_json,
     stray_timestamps)
-from pardiag.analyzer.comm_records import full_buffer_bytes
 from pardiag.analyzer.ranks import FileFacts, assign_ranks, merged_rank_of_pids
 from pardiag.analyzer.traceset import EVENT_COLUMNS, GPU_CATS, RankTrace, TraceSet  # noqa: F401
 from pardiag.errors import PardiagError, TraceError
@@ -137,13 +136,12 @@ def _check_sidecar(path: Path, doc: dict, warnings: list[str]) -> dict | None:
 
 
 def _repaired(rec: dict) -> dict:
-    """A comms record with ``bytes`` the full buffer
-    (:func:`pardiag.analyzer.comm_records.full_buffer_bytes`)."""
+    """A comms record with ``bytes`` the full buffer (:func:`pardiag.layout.full_buffer_bytes`)."""
     ib, ob, ranks = rec.get("in_bytes"), rec.get("out_bytes"), rec.get("pg_ranks")
     if rec.get("op") != "all_gather" or not (_is_num(ib) and _is_num(ob)) \
             or not isinstance(ranks, list):
         return rec
-    full = full_buffer_bytes("all_gather", int(ib), int(ob), len(ranks))
+    full = layout.full_buffer_bytes("all_gather", int(ib), int(ob), len(ranks))
     return rec if full == rec.get("bytes") else {**rec, "bytes": full}
 
 

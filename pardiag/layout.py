@@ -174,6 +174,18 @@ def owned_files(run_dir: Path) -> list[Path]:
     return sorted(out)
 
 
+def full_buffer_bytes(op: str, in_bytes: int, out_bytes: int, group_size: int | None) -> int:
+    """The full buffer of a collective (bytes; nccl-tests' S): the larger of its input and
+    output, except for an all-gather whose recorded output is no larger than its input over a
+    group of more than one rank: its input × the group's size. (The flight recorder gives the
+    input for both when a functional collective allocates the output itself, as DTensor's
+    tensor-parallel gathers do: 256 KiB recorded for a 512 KiB gather at tp=2, 256 KiB again
+    for the 1 MiB gather at tp=4.)"""
+    if op == "all_gather" and group_size and group_size > 1 and 0 < out_bytes <= in_bytes:
+        return in_bytes * group_size
+    return max(in_bytes, out_bytes)
+
+
 def sidecar_header(kind: str) -> dict:
     """The keys every sidecar starts with: schema, schema version and kind (``run`` or ``rank``)."""
     return {"schema": SIDECAR_SCHEMA, "schema_version": SCHEMA_VERSION, "kind": kind}
