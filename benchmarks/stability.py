@@ -112,14 +112,19 @@ def main() -> None:
     loads: list[float] = []   # the 1-minute load average after each run
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+
+        def repeat(script: str, n: int, args: list[str], pin: bool, tag: str) -> list[dict]:
+            """``a.repeat`` runs of one configuration; their loads go to ``loads``."""
+            runs = [run_once(script, n, args, pin, tmp, f"{tag}-{i}") for i in range(a.repeat)]
+            loads.extend(r["load_1m"] for r in runs if r["load_1m"] is not None)
+            return runs
+
         for name in names:
             script, n, args = table[name]
             for pin in pins:
                 p = "pinned" if pin else "unpinned"
                 if not a.stragglers:
-                    runs = [run_once(script, n, args, pin, tmp, f"{name}-{p}-{i}")
-                            for i in range(a.repeat)]
-                    loads += [r["load_1m"] for r in runs if r["load_1m"] is not None]
+                    runs = repeat(script, n, args, pin, f"{name}-{p}")
                     answer, k = agreement([r["top_tier"] for r in runs])
                     rows.append({"case": name, "pin": p, "runs": len(runs), "same_top": k,
                                  "top_tier": answer, "tops": [r["top_tier"] for r in runs],
@@ -128,20 +133,15 @@ def main() -> None:
                           f"stragglers named {[r['straggler'] for r in runs]}", flush=True)
                     continue
                 for ms in a.slow_ms:
-                    planted = [run_once(script, n, [*args, "--slow-rank", "1", "--slow-ms",
-                                                    f"{ms:g}"], pin, tmp,
-                                        f"{name}-{p}-slow{ms:g}-{i}")
-                               for i in range(a.repeat)]
-                    loads += [r["load_1m"] for r in planted if r["load_1m"] is not None]
+                    planted = repeat(script, n, [*args, "--slow-rank", "1", "--slow-ms",
+                                                 f"{ms:g}"], pin, f"{name}-{p}-slow{ms:g}")
                     named = sum(r["straggler"] == 1 for r in planted)
                     rows.append({"case": name, "pin": p, "slow_ms": ms, "runs": len(planted),
                                  "named_planted": named,
                                  "named": [r["straggler"] for r in planted]})
                     print(f"{name:6s} {p:8s} sleep {ms:g} ms: rank 1 named in "
                           f"{named}/{len(planted)}", flush=True)
-                clean = [run_once(script, n, args, pin, tmp, f"{name}-{p}-clean-{i}")
-                         for i in range(a.repeat)]
-                loads += [r["load_1m"] for r in clean if r["load_1m"] is not None]
+                clean = repeat(script, n, args, pin, f"{name}-{p}-clean")
                 nobody = sum(r["straggler"] is None for r in clean)
                 rows.append({"case": name, "pin": p, "slow_ms": 0, "runs": len(clean),
                              "named_nobody": nobody, "named": [r["straggler"] for r in clean]})

@@ -123,11 +123,15 @@ def _new_dp_traffic(ctx: RuleContext, like: DimTraffic, tp_now: int, tp2: int
     return DimTraffic("dp", 2, ops, like.alpha_us, like.beta_us_per_byte, like.sizes), how
 
 
-def _transfer(traffic: DimTraffic, comm_us: float) -> float:
-    """The part of a dimension's communication time per rank and step (``comm_us``) that is
-    transfer: its instances' measured transfer, at most ``comm_us``; all of it when no transfer
-    was measured."""
-    return min(traffic.transfer_us, comm_us) if traffic.transfer_us > 0 else comm_us
+def _change_us(traffic: DimTraffic, comm_us: float, size: int, scale: float) -> float:
+    """How a dimension's communication per rank and step (``comm_us``, measured) changes at
+    group ``size`` with ``scale`` × the bytes: all of it goes at size 1; otherwise its transfer
+    (:attr:`DimTraffic.transfer_us`, at most ``comm_us``; all of it when none was measured) grows
+    by the α–β model's ratio and its waiting for late peers stays."""
+    if size == 1:
+        return -comm_us
+    transfer = min(traffic.transfer_us, comm_us) if traffic.transfer_us > 0 else comm_us
+    return transfer * (traffic.time_us(size, scale) / traffic.time_us(traffic.size, 1.0) - 1.0)
 
 
 def degrees(ctx: RuleContext) -> list[Recommendation]:
@@ -190,14 +194,10 @@ def degrees(ctx: RuleContext) -> list[Recommendation]:
             # keeps its waiting for late peers (arrival skew, not bytes); one that goes
             # (degree 1) takes all of its time with it
             ttp = traffic["tp"]
-            d_tp = (-t_tp if tp2 == 1 else
-                    _transfer(ttp, t_tp) * (ttp.time_us(tp2, dp / dp2) / ttp.time_us(tp, 1.0)
-                                            - 1.0))
+            d_tp = _change_us(ttp, t_tp, tp2, dp / dp2)
             if dp > 1 and "dp" in traffic:
                 tdp = traffic["dp"]
-                d_dp = (-t_dp if dp2 == 1 else
-                        _transfer(tdp, t_dp) * (tdp.time_us(dp2, tp / tp2)
-                                                / tdp.time_us(dp, 1.0) - 1.0))
+                d_dp = _change_us(tdp, t_dp, dp2, tp / tp2)
                 new_dp = ""
             elif dp > 1:
                 continue   # data parallel measured but not matched to instances
