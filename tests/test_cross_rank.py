@@ -77,6 +77,8 @@ def test_repro_case_gives_its_expected_values(case, tmp_path):
         assert offs.get(int(r), 0.0) - offs.get(0, 0.0) == pytest.approx(v, abs=20)
     if "straggler" in exp:
         assert d["sync"]["straggler"] == exp["straggler"]
+    if exp.get("clear_error_or_warning"):   # analysed, and the user is told what was assumed
+        assert [w for w in d["warnings"] if "expect.json" not in w], d["warnings"]
 
 
 def test_repro_cases_are_found():
