@@ -24,6 +24,19 @@ of every host thread but the communication workers, :func:`classify.comm_threads
 
 The parts sum to the step's span (``span_us``).
 
+**DTensor's host work** per rank and step (``dtensor_us``, beside the parts, overlapping them):
+the host time, outside the optimizer, inside DTensor's redistributions (``Redistribute``,
+``RedistributeBackward``, ``NestedRedistribute``, with the collectives and waits they hold) and
+its wrapping of local tensors (``_FromTorchTensor``, ``_ToTorchTensor``), plus its dispatch of
+operators on DTensors: an operator holding a ``PythonSubclass`` event (torch's tensor-subclass
+dispatch), less the local operators that event runs. With tensor (or sequence) parallelism on
+DTensor the activations are DTensors, so this is TP's own host work; FSDP2 alone computes on
+plain tensors and dispatches on DTensors only in the optimizer, which is left out.
+
+**FSDP2's host work** per rank and step (``fsdp_us``, beside the parts): the host time inside
+FSDP2's hooks (events named ``FSDP::...``: gathering and copying parameters in, resharding,
+reducing gradients, with the waits for their collectives).
+
 **Device time** per rank and step (GPU traces; NaN on CPU traces), over the same CPU step
 window (:data:`DEVICE_PARTS`): ``dev_compute_us`` (compute kernels), ``dev_memory_us``
 (memcpy/memset not under compute), ``wait_comm_us`` (communication kernels alone, plus idle
@@ -61,7 +74,15 @@ HOST_PARTS = ("data_loading_us", "sync_us", "comm_us", "launch_us", "optimizer_u
 DEVICE_PARTS = ("dev_compute_us", "dev_memory_us", "wait_comm_us", "wait_sync_us",
                 "wait_host_us", "wait_other_us")
 #: Columns of one rank's table (:func:`rank_causes`); the run's tables add ``rank`` first.
-CAUSE_COLUMNS = ("step", "start_us", "end_us", "span_us", *HOST_PARTS, *DEVICE_PARTS)
+CAUSE_COLUMNS = ("step", "start_us", "end_us", "span_us", *HOST_PARTS, *DEVICE_PARTS,
+                 "dtensor_us", "fsdp_us")
+#: FSDP2's hooks (``torch.distributed.fsdp.fully_shard``) name their record_function ranges so.
+FSDP_RE = re.compile(r"^FSDP::")
+#: DTensor's redistributions and local-tensor wraps (torch.distributed.tensor), by event name.
+DTENSOR_EVENTS = frozenset({"Redistribute", "RedistributeBackward", "NestedRedistribute",
+                            "_FromTorchTensor", "_ToTorchTensor"})
+#: The event torch's profiler records around a tensor subclass's ``__torch_dispatch__``.
+SUBCLASS_DISPATCH = "PythonSubclass"
 
 #: What each part is, in words (terminal, HTML, straggler evidence).
 PART_LABELS = {
@@ -134,6 +155,9 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
     gpu = trace.has_gpu
     if gpu:
         dev = _device_sets(trace, kinds)
+    dtensor = iv.subtract(dtensor_intervals(ev[host]), _iv(ev[host & named("optimizer",
+                                                                           OPTIMIZER_RE)]))
+    fsdp = _iv(ev[host & named("fsdp", FSDP_RE)])
     rows = []
     for step, lo, hi in steps[["step", "start_us", "end_us"]].itertuples(index=False):
         row = {"step": int(step), "start_us": float(lo), "end_us": float(hi),
@@ -143,9 +167,47 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
         row["other_us"] = row["span_us"] - sum(row[p] for p in HOST_PARTS[:-1])
         row.update(_device_row(dev, parts, lo, hi) if gpu else
                    {p: np.nan for p in DEVICE_PARTS})
+        row["dtensor_us"] = iv.total(iv.clip(dtensor, lo, hi))
+        row["fsdp_us"] = iv.total(iv.clip(fsdp, lo, hi))
         rows.append(row)
     return pd.DataFrame(rows, columns=list(CAUSE_COLUMNS)).astype(
         {c: float for c in CAUSE_COLUMNS if c != "step"})
+
+
+def dtensor_intervals(host: pd.DataFrame) -> np.ndarray:
+    """DTensor's host work among ``host`` events (rows of :data:`traceset.EVENT_COLUMNS`):
+    the union of its redistribution and wrap events (:data:`DTENSOR_EVENTS`) and of each
+    subclass dispatch's overhead, the operator around a :data:`SUBCLASS_DISPATCH` event less
+    the operators that event holds directly (nesting per thread from ``ts``/``dur``). Sorted
+    disjoint ``[start, end]`` µs rows; empty when the trace has no DTensor."""
+    names = host["name"]
+    red = host[names.isin(DTENSOR_EVENTS)]
+    out = _iv(red)
+    if not (names == SUBCLASS_DISPATCH).any():
+        return out
+    outer, inner = [], []
+    for _, ev in host.groupby("tid", sort=False):
+        if not (ev["name"] == SUBCLASS_DISPATCH).any():
+            continue
+        order = np.lexsort((-ev["dur"].to_numpy(float), ev["ts"].to_numpy(float)))
+        ts = ev["ts"].to_numpy(float)[order]
+        end = ts + ev["dur"].to_numpy(float)[order]
+        nm = ev["name"].to_numpy()[order]
+        stack: list[int] = []
+        for i in range(len(ts)):
+            while stack and ts[i] >= end[stack[-1]]:
+                stack.pop()
+            if stack:
+                parent = stack[-1]
+                if nm[i] == SUBCLASS_DISPATCH:
+                    outer.append((ts[parent], end[parent]))
+                elif nm[parent] == SUBCLASS_DISPATCH:
+                    inner.append((ts[i], end[i]))
+            stack.append(i)
+    if outer:
+        o, n = np.array(outer), np.array(inner).reshape(-1, 2)
+        out = iv.merge(out, iv.subtract(iv.union(o[:, 0], o[:, 1]), iv.union(n[:, 0], n[:, 1])))
+    return out
 
 
 def _device_sets(trace: RankTrace, kinds: pd.Series) -> dict:

@@ -166,3 +166,43 @@ def test_profiled_slow_dataloader_is_named(tmp_path):
     v = rep.recommendations.verdict
     assert "input-bound: data loading" in v
     assert "rank 1 is a straggler" in v and "its data loading takes" in v
+
+
+def test_dtensor_host_work_of_a_planted_step(tmp_path):
+    """One step [0, 1000) µs on CPU. A ``Redistribute`` [100, 300) holds a functional
+    all-gather and its wait (all 200 µs count: the redistribution's host time, waits included);
+    ``_ToTorchTensor`` [300, 320) wraps (20); ``aten::addmm`` [400, 500) dispatches on a
+    DTensor (``PythonSubclass`` [410, 490)) whose local ``aten::addmm`` [420, 470) computes: the
+    dispatch is the 100 µs less the 50 of the local op. In the optimizer [600, 900) a
+    ``PythonSubclass`` dispatch of 100 µs is left out (FSDP2 alone has it too), and so is a
+    plain ``aten::mm`` with no subclass. dtensor_us = 200 + 20 + 50 = 270."""
+    b = TraceBuilder(rank=0, backend="gloo")
+    b.thread_name(1, "thread 1 (python3)").thread_name(2, "thread 2 (pt_gloo_runloop)")
+    b.step(1, 0, 1000)
+    b.cpu("Redistribute", 100, 200, cat="user_annotation")
+    b.cpu("_c10d_functional::all_gather_into_tensor", 110, 20)
+    b.cpu("_c10d_functional::wait_tensor", 150, 140)
+    b.cpu("_ToTorchTensor", 300, 20, cat="user_annotation")
+    b.cpu("aten::addmm", 400, 100)
+    b.cpu("PythonSubclass", 410, 80, cat="user_annotation")
+    b.cpu("aten::addmm", 420, 50)
+    b.cpu("aten::mm", 520, 40)
+    b.cpu("Optimizer.step#Adam.step", 600, 300, cat="user_annotation")
+    b.cpu("aten::add_", 610, 100)
+    b.cpu("PythonSubclass", 620, 80, cat="user_annotation")
+    b.cpu("aten::add_", 630, 10)
+    b.cpu("gloo:all_gather", 120, 150, tid=2, cat="user_annotation")
+    b.cpu("FSDP::pre_forward (1)", 920, 40, cat="user_annotation")   # FSDP2's hooks: 40 + 30
+    b.cpu("FSDP::all_gather (1)", 925, 20, cat="user_annotation")
+    b.cpu("FSDP::post_backward_reduce", 965, 30, cat="user_annotation")
+    b.write(tmp_path / "rank0.json")
+    row = causes_of_trace(load_traces(tmp_path).ranks[0]).iloc[0]
+    assert row["dtensor_us"] == 270.0 and row["fsdp_us"] == 70.0
+    assert sum(float(row[p]) for p in HOST_PARTS) == row["span_us"] == 1000.0
+
+
+def test_no_dtensor_no_host_work(tmp_path):
+    """The planted step without DTensor or FSDP2 events: dtensor_us and fsdp_us are 0."""
+    _cpu_planted().write(tmp_path / "rank0.json")
+    row = causes_of_trace(load_traces(tmp_path).ranks[0]).iloc[0]
+    assert row["dtensor_us"] == row["fsdp_us"] == 0.0
