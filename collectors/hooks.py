@@ -619,6 +619,10 @@ def detect_parallelism(objects: list | None = None) -> dict:
         "pipeline": {...} | None, "group_dims": {pg_name: dim}, "fsdp_reshard_after_forward":
         bool | None (FSDP2's setting; FSDP1: its sharding strategy, FULL_SHARD / HYBRID_SHARD →
         true, SHARD_GRAD_OP → false), "fsdp1_forward_prefetch": bool | None,
+        "fsdp_units": int | None (FSDP modules holding parameters: each gathers them in the
+        forward and reduce-scatters their gradients once per step), "fsdp_resharding_units":
+        int | None (those of them that reshard after the forward and gather again in the
+        backward),
         "ddp_bucket_cap_bytes": int | None, "ddp_param_bytes": [int] | None}``
         (``ddp_param_bytes``: gradient bytes of each trainable parameter of the DDP module, last
         registered first — the order DDP's buckets take them in, for the bucket-size what-if).
@@ -645,6 +649,7 @@ def detect_parallelism(objects: list | None = None) -> dict:
     stages: list = []
     schedules: list = []
     reshard: set[bool] = set()
+    units = [0, 0]   # FSDP units with parameters; those that reshard after forward
     fsdp1_fwd_prefetch: set[bool] = set()
     seen_mesh: set[tuple] = set()
     ddp_cap = ddp_params = None
@@ -667,6 +672,9 @@ def detect_parallelism(objects: list | None = None) -> dict:
                     reshard.add(True)
                 elif strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
                     reshard.add(False)
+                units[0] += 1   # the root keeps its parameters for the backward
+                units[1] += (strategy in ("FULL_SHARD", "HYBRID_SHARD")
+                             and not getattr(obj, "_is_root", False))
                 if isinstance(getattr(obj, "forward_prefetch", None), bool):
                     fsdp1_fwd_prefetch.add(obj.forward_prefetch)
             elif FSDPModule and isinstance(obj, FSDPModule):
@@ -678,6 +686,8 @@ def detect_parallelism(objects: list | None = None) -> dict:
                         group_dims.setdefault(_group_name(info.shard_process_group), "dp")
                     # reshard_after_forward=False keeps no post-forward mesh
                     reshard.add(pg_group.post_forward_mesh_info is not None)
+                    units[0] += 1
+                    units[1] += pg_group.post_forward_mesh_info is not None
             elif isinstance(obj, ZeroRedundancyOptimizer):
                 wrappers.add("zero1")
                 group_dims.setdefault(_group_name(obj.process_group), "dp")
@@ -721,6 +731,7 @@ def detect_parallelism(objects: list | None = None) -> dict:
             # the root module may keep its parameters; any resharding block means "true"
             "fsdp_reshard_after_forward": any(reshard) if reshard else None,
             "fsdp1_forward_prefetch": all(fsdp1_fwd_prefetch) if fsdp1_fwd_prefetch else None,
+            "fsdp_units": units[0] or None, "fsdp_resharding_units": units[1] if units[0] else None,
             "ddp_bucket_cap_bytes": ddp_cap, "ddp_param_bytes": ddp_params}
 
 

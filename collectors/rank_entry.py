@@ -290,6 +290,9 @@ def _layout_of(parallel: dict, groups: list[dict], records: list[dict]) -> dict:
         out["pipeline"] = {**pipe, "stages_per_rank": v}
     if parallel.get("fsdp_reshard_after_forward") is not None:
         out["fsdp_reshard_after_forward"] = parallel["fsdp_reshard_after_forward"]
+    for key in ("fsdp_units", "fsdp_resharding_units"):
+        if parallel.get(key) is not None:
+            out[key] = parallel[key]
     if parallel.get("fsdp1_forward_prefetch") is not None:
         out["fsdp1_forward_prefetch"] = parallel["fsdp1_forward_prefetch"]
     if parallel.get("ddp_bucket_cap_bytes") is not None:

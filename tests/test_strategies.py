@@ -117,6 +117,13 @@ def test_detected_layout(runs, name):
     if name.startswith("fsdp1"):
         meta_lay = _json(out / "pardiag" / "rank0.meta.json")["layout"]
         assert meta_lay["fsdp1_forward_prefetch"] is (name == "fsdp1_keep")
+    if name.startswith("fsdp") or name == "2d":
+        # 4 blocks and the root. FSDP2's root keeps its parameters after the forward unless the
+        # script set reshard_after_forward itself (train_fsdp2.py does; train_2d.py does not)
+        meta_lay = _json(out / "pardiag" / "rank0.meta.json")["layout"]
+        assert (meta_lay["fsdp_units"], meta_lay["fsdp_resharding_units"]) == {
+            "fsdp2": (5, 5), "fsdp2_keep": (5, 0), "2d": (5, 4), "fsdp1": (5, 4),
+            "fsdp1_keep": (5, 0)}[name]
     run = _json(out / "pardiag" / "run.json")
     assert run["nodes"] == {_json(out / "pardiag" / "rank0.meta.json")["host"]: list(range(n))}
     assert run["backend"] == "gloo" and run["world_size"] == n
