@@ -973,3 +973,93 @@ def test_where_the_skew_arises(tmp_path):
     assert skew.loc[0, "delay_us"] == pytest.approx(400.0)
     assert skew.loc[0, "top_collective"] == "all_reduce #2 of the step on 0,1|default_pg"
     assert skew.loc[0, "top_share_pct"] == pytest.approx(50.0)
+
+
+def test_degrees_take_the_links_and_drop_tp_host_work():
+    """The run of :func:`test_degrees_scale_the_transfer_and_keep_the_waiting`, on one 2-core
+    host with ranks pinned to core rank % 2 (``--pin-cpu``): each DP pair {0, 2}, {1, 3} takes
+    turns on one core, each TP pair crosses cores. DTensor's host work is 3000 µs per rank and
+    step (more than TP's 2000 exposed).
+
+    dp = 4, tp = 1: the DP ring 0→1→2→3 crosses cores, as TP's pairs do, so it takes TP's α–β
+    (1090 µs, 0.01 µs/byte): per rank and step 0.5 × (3 · 1090 + 0.01 · 1000 · 2 · 1.5) +
+    0.5 × (3 · 1090 + 0.01 · 101000 · 2 · 1.5) = 4800 µs against 500 at its own: its 500 µs of
+    transfer × 9.6 = +4300, all exposed; TP goes with its host work (−3000, not −2000):
+    10000 − 3000 + 4300 = 11300. dp = 1, tp = 4: the TP ring crosses cores as before (its own
+    α–β) and TP's host work stays: 10600, as without the placement."""
+    import dataclasses
+    import pandas as pd
+    from pardiag.analyzer.recommend.rules.degrees import degrees, hop_kinds, mesh_groups
+    groups = pd.DataFrame([
+        {"dim": d, "pg": str(i), "desc": f"mesh_{d}", "ranks": r, "size": 2, "nodes": 1,
+         "spans_nodes": False}
+        for i, (d, r) in enumerate([("tp", [0, 1]), ("tp", [2, 3]), ("dp", [0, 2]),
+                                    ("dp", [1, 3])])])
+    rows = []
+    for grp, dim, sizes in [("0,1", "tp", [(1000, 1100.0), (101000, 2100.0)]),
+                            ("2,3", "tp", [(1000, 1100.0), (101000, 2100.0)]),
+                            ("0,2", "dp", [(1000, 350.0), (101000, 650.0)]),
+                            ("1,3", "dp", [(1000, 350.0), (101000, 650.0)])]:
+        rows += [{"instance": len(rows) + i, "group": f"{grp}|mesh_{dim}", "op": "all_reduce",
+                  "bytes": b, "transfer_us": t, "complete": True}
+                 for i, (b, t) in enumerate(sizes)]
+    meta = {r: _Obj(host="vm", cpu_count=2, cpu_affinity=[r % 2], shapes=None) for r in range(4)}
+    assert hop_kinds([0, 2], meta) == {"one core"}
+    assert hop_kinds([0, 1, 2, 3], meta) == {"across cores"}
+    assert hop_kinds([0, 1], {0: _Obj(host="a", cpu_count=2, cpu_affinity=[0]),
+                              1: _Obj(host="b", cpu_count=2, cpu_affinity=[0])}) == {"across nodes"}
+    assert hop_kinds([0, 1], {r: _Obj(host="a", cpu_count=2, cpu_affinity=[0, 1])
+                              for r in (0, 1)}) == {"same node"}
+    assert mesh_groups(4, 2, "dp") == [[0, 2], [1, 3]] and mesh_groups(4, 1, "dp") == [[0, 1, 2, 3]]
+    ctx = _ctx(dims={"dp": 2, "tp": 2}, groups=groups, dim_comm={
+        "tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)})
+    per_step = pd.DataFrame({"rank": [0, 0], "step": [0, 1], "dtensor_us": [3000.0, 3000.0]})
+    ctx = dataclasses.replace(
+        ctx, sync=_Obj(instances=pd.DataFrame(rows), bandwidth=pd.DataFrame(),
+                       stragglers=pd.DataFrame()),
+        traces=_Obj(ranks={r: None for r in range(4)}, rank_meta=meta, run_info=None),
+        causes=_Obj(per_step=per_step))
+    recs = {c.change: c for c in degrees(ctx)}
+    dp4 = recs["dp=4, tp=1 (TP inside each node; same global batch)"]
+    assert dp4.predicted_step_us == pytest.approx(11300.0)
+    assert any("DP's new groups' rings would run across cores, as TP's do" in e
+               for e in dp4.evidence)
+    assert any("take 3.00 ms per rank and step" in e for e in dp4.evidence)
+    assert recs["dp=1, tp=4 (TP inside each node; same global batch)"].predicted_step_us == \
+        pytest.approx(10600.0)
+    # FSDP2's hooks take 2500 µs per rank and step: at dp=1 they go (a run at dp=1 needs no
+    # FSDP), more than DP's 1000 exposed: 10000 + 1600 − 2500 = 9100
+    ctx = dataclasses.replace(ctx, settings={"strategies": ["fsdp2", "tp"]}, causes=_Obj(
+        per_step=per_step.assign(fsdp_us=[2500.0, 2500.0])))
+    tp4 = {c.change: c for c in degrees(ctx)}["dp=1, tp=4 (TP inside each node; same global batch)"]
+    assert tp4.predicted_step_us == pytest.approx(9100.0)
+    assert any("FSDP's host work goes" in e and "take 2.50 ms" in e for e in tp4.evidence)
+
+
+def test_tp_only_fsdp_run_gets_dp_per_unit_at_the_contended_links():
+    """TP only with FSDP2 over a 1-rank DP mesh (tp = 2 on 2 ranks), 2 steps. The TP all-reduces
+    of 1000 and 101000 bytes take 1100 and 2100 µs at best (α 1090 µs, β 0.01 µs/byte) and
+    3300 and 6300 the second time: per step 6400 µs of transfer against 3200 at the α–β, × 2.0
+    (the contention the links show). dp = 2, tp = 1 with 5 FSDP units, 4 of which reshard after
+    the forward: 9 all-gathers and 5 reduce-scatters of 2 · 50000 / 5 = 20000 bytes, each
+    1090 + 0.01 · 20000 · 0.5 = 1190 µs at the TP α–β: 16660 × 2.0 = 33320 µs, all exposed;
+    TP goes (−3000): 10000 − 3000 + 33320 = 40320."""
+    import dataclasses
+    import pandas as pd
+    from pardiag.analyzer.recommend.rules.degrees import degrees
+    groups = pd.DataFrame([{"dim": "tp", "pg": "0", "desc": "default_pg", "ranks": [0, 1],
+                            "size": 2, "nodes": 1, "spans_nodes": False}])
+    inst = pd.DataFrame([{"instance": i, "group": "0,1|default_pg", "op": "all_reduce",
+                          "bytes": b, "transfer_us": t, "complete": True}
+                         for i, (b, t) in enumerate([(1000, 1100.0), (101000, 2100.0),
+                                                     (1000, 3300.0), (101000, 6300.0)])])
+    ctx = _ctx(dims={"tp": 2}, dim_comm={"tp": (8000.0, 3000.0)}, nodes={"h": [0, 1]},
+               groups=groups, memory=_Obj(per_rank=pd.DataFrame({"params_bytes": [50000.0]})),
+               settings={"strategies": ["fsdp2", "tp"], "fsdp_units": 5,
+                         "fsdp_resharding_units": 4})
+    ctx = dataclasses.replace(ctx, sync=_Obj(instances=inst, bandwidth=pd.DataFrame(),
+                                             stragglers=pd.DataFrame()))
+    (rec,) = degrees(ctx)
+    assert rec.predicted_step_us == pytest.approx(40320.0)
+    assert any("FSDP: 9 all-gather(s) and 5 reduce-scatter(s) per step of 0.0954 MiB of "
+               "parameters in 5 unit(s), at the TP groups' α–β × 2.00" in e for e in rec.evidence)
