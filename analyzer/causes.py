@@ -293,7 +293,8 @@ class CausesResult:
 
     Attributes:
         per_step: per rank and step: ``rank`` and :data:`CAUSE_COLUMNS` (µs).
-        per_rank: per rank, the median over its steps of each part (µs) and
+        per_rank: per rank, the median over its steps of each part and of ``dtensor_us`` and
+            ``fsdp_us`` (µs), and
             ``data_loading_pct`` / ``dev_compute_pct`` / ``wait_host_pct``: the median over steps
             of the part's share of the step (%; device shares NaN on CPU).
         excess: :func:`excess_table`.
@@ -321,7 +322,7 @@ class CausesResult:
 
 
 def _per_rank(per_step: pd.DataFrame) -> pd.DataFrame:
-    cols = [*HOST_PARTS, *DEVICE_PARTS]
+    cols = [*HOST_PARTS, *DEVICE_PARTS, "dtensor_us", "fsdp_us"]
     out_cols = ["rank", "steps", "span_us", *cols, "data_loading_pct", "dev_compute_pct",
                 "wait_host_pct"]
     if per_step.empty:

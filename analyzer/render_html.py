@@ -908,8 +908,19 @@ def _causes_section(report: Report, page: _Page) -> list[str]:
     if len(gpu):
         cols.update({k: "device " + v[0] + " (ms)" for k, v in DEVICE_PART_COLORS.items()})
         cols["dev_compute_pct"] = "device busy %"
+    extra = {k: label for k, label in (("dtensor_us", "DTensor host work (ms)"),
+                                       ("fsdp_us", "FSDP2 hooks (ms)"))
+             if k in pr and (pd.to_numeric(pr[k], errors="coerce") > 0).any()}
+    cols.update(extra)
     ms_cols = [k for k in cols if k.endswith("_us")]
     out.append(_table(_ms(pr, ms_cols), cols, digits=2, sortable=True, what="ranks"))
+    if extra:
+        out.append(_muted("Beside the parts (they overlap them): DTensor host work is the host "
+                          "time outside the optimizer in DTensor's redistributions (their "
+                          "collectives and waits included) and its dispatch of operators on "
+                          "DTensors — tensor parallelism's own host work; FSDP2 hooks is the host "
+                          "time in FSDP2's hooks (FSDP::...), waits included. The DP × TP what-if "
+                          "takes them away with their dimension."))
     return out
 
 
