@@ -1063,3 +1063,31 @@ def test_tp_only_fsdp_run_gets_dp_per_unit_at_the_contended_links():
     assert rec.predicted_step_us == pytest.approx(40320.0)
     assert any("FSDP: 9 all-gather(s) and 5 reduce-scatter(s) per step of 0.0954 MiB of "
                "parameters in 5 unit(s), at the TP groups' α–β × 2.00" in e for e in rec.evidence)
+
+
+def test_a_pipeline_stage_that_idles_is_named_though_it_waits_more_than_it_causes():
+    """2 stages, 3 steps of 100 ms. Rank 1 idles 40 ms per step more than rank 0 (no op, no
+    transfer: 45 against 5 ms), yet suffers 180 ms of waiting and causes 60 (a first stage slowed
+    by a loaded host makes the last one wait: the bubble). In a pipeline the waiting is the
+    schedule's, so the idle criterion alone names rank 1 (40 % of the step ≥ 20 %); outside a
+    pipeline the same numbers name nobody (it suffers more waiting than it causes)."""
+    import dataclasses
+    import pandas as pd
+    from pardiag.analyzer.breakdown import TimeBreakdown
+    from pardiag.analyzer.recommend.rules.straggler import identify_straggler
+    steps = pd.DataFrame([{"rank": r, "step": s, "span_us": 100000.0,
+                           "idle_us": 45000.0 if r == 1 else 5000.0} for r in (0, 1)
+                          for s in (1, 2, 3)])
+    strag = pd.DataFrame([{"rank": 0, "wait_suffered_us": 60000.0, "wait_caused_us": 180000.0,
+                           "last_arrivals": 15, "steps_as_top": 2, "instances": 24},
+                          {"rank": 1, "wait_suffered_us": 180000.0, "wait_caused_us": 60000.0,
+                           "last_arrivals": 9, "steps_as_top": 1, "instances": 24}])
+    ctx = _ctx(steps=3)
+    ctx = dataclasses.replace(
+        ctx, traces=_Obj(ranks={0: None, 1: None}, rank_meta={}, run_info=None),
+        sync=_Obj(stragglers=strag, instances=pd.DataFrame(), bandwidth=pd.DataFrame()),
+        breakdown=TimeBreakdown(totals=pd.DataFrame(), steps=steps, collectives=pd.DataFrame(
+            columns=["rank", "collective", "count", "time_us", "exposed_us"])))
+    assert identify_straggler(ctx) is None
+    f = identify_straggler(dataclasses.replace(ctx, pipeline=_Obj(chunks=[0])))
+    assert (f.rank, f.criterion, f.excess_idle_us, f.steps_over) == (1, "idles longer", 40000.0, 3)

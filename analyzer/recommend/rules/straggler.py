@@ -79,7 +79,8 @@ class StragglerFinding:
             others, as op times there follow the host's load) or
             ``"idles longer"`` (it idles ≥ :data:`STRAGGLER_IDLE_PCT` % of the step per step
             more than the other ranks' median, in ≥ :data:`STRAGGLER_STEP_SHARE` of ≥ 2 steps,
-            and causes more waiting than it suffers).
+            and, outside pipelines, causes more waiting than it suffers; in a pipeline ≥
+            :data:`STRAGGLER_IDLE_PCT_PIPELINE` %, and the waiting is the bubble's).
         last_arrivals, instances: collectives it arrived last at, of those it joined.
         wait_caused_us, wait_suffered_us: waiting it caused the others / suffered (µs, all
             steps; :attr:`pardiag.analyzer.sync.SyncResult.stragglers`).
@@ -174,9 +175,13 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
         r = int(med.index[0])
         f = finding(r, "idles longer")
         pct = STRAGGLER_IDLE_PCT_PIPELINE if pipeline else STRAGGLER_IDLE_PCT
+        # in a pipeline the waiting a rank causes or suffers is the schedule's bubble: a slow
+        # first stage makes the last one wait whatever the last one does (under a second
+        # suite's load a last stage that slept 40 ms per step suffered 180 ms of waiting and
+        # caused 63), so there the idle time alone decides; it is neither an op nor a transfer
         if (f.steps >= 2 and f.excess_idle_us >= pct / 100.0 * step_us
                 and f.steps_over >= STRAGGLER_STEP_SHARE * f.steps
-                and f.wait_caused_us > f.wait_suffered_us):
+                and (pipeline or f.wait_caused_us > f.wait_suffered_us)):
             return f
     return None
 
