@@ -879,19 +879,11 @@ def test_tp_only_run_gets_dp_with_each_groups_alpha_beta():
                for e in rec.evidence)
 
 
-def test_degrees_scale_the_transfer_and_keep_the_waiting():
-    """dp = 2 × tp = 2 on 4 ranks, 2 steps. Each TP group runs all-reduces of 1000 and 101000
-    bytes in 1100 and 2100 µs (α 1090 µs, β 0.01 µs/byte): 1600 µs of transfer per rank and
-    step, of 4000 µs of TP communication (2000 exposed) — 2400 µs is waiting for late peers.
-    Each DP group: 1000 and 101000 bytes in 350 and 650 µs (α 347, β 0.003): 500 µs of
-    transfer of 1000 µs (all exposed). dp = 1, tp = 4: TP's α–β time × 3 (3 ring steps instead
-    of 1, bytes × 2 · bus factor 1.5): its transfer grows by 2 · 1600 = 3200 µs, half exposed
-    (+1600); DP goes (−1000): 10000 + 1600 − 1000 = 10600 (scaling TP's waiting too would say
-    13000). dp = 4, tp = 1: TP goes (−2000 exposed); DP's transfer × 3 (+1000, all exposed):
-    9000."""
-    import dataclasses
+def _planted_2d():
+    """(layout groups, sync instances) of a planted dp = 2 × tp = 2 run on 4 ranks: each TP
+    group's all-reduces of 1000 and 101000 bytes take 1100 and 2100 µs, each DP group's 350 and
+    650 µs."""
     import pandas as pd
-    from pardiag.analyzer.recommend.rules.degrees import _traffic, degrees
     groups = pd.DataFrame([
         {"dim": d, "pg": str(i), "desc": f"mesh_{d}", "ranks": r, "size": 2, "nodes": 1,
          "spans_nodes": False}
@@ -905,6 +897,23 @@ def test_degrees_scale_the_transfer_and_keep_the_waiting():
         rows += [{"instance": len(rows) + i, "group": f"{grp}|mesh_{dim}", "op": "all_reduce",
                   "bytes": b, "transfer_us": t, "complete": True}
                  for i, (b, t) in enumerate(sizes)]
+    return groups, rows
+
+
+def test_degrees_scale_the_transfer_and_keep_the_waiting():
+    """dp = 2 × tp = 2 on 4 ranks, 2 steps. Each TP group runs all-reduces of 1000 and 101000
+    bytes in 1100 and 2100 µs (α 1090 µs, β 0.01 µs/byte): 1600 µs of transfer per rank and
+    step, of 4000 µs of TP communication (2000 exposed) — 2400 µs is waiting for late peers.
+    Each DP group: 1000 and 101000 bytes in 350 and 650 µs (α 347, β 0.003): 500 µs of
+    transfer of 1000 µs (all exposed). dp = 1, tp = 4: TP's α–β time × 3 (3 ring steps instead
+    of 1, bytes × 2 · bus factor 1.5): its transfer grows by 2 · 1600 = 3200 µs, half exposed
+    (+1600); DP goes (−1000): 10000 + 1600 − 1000 = 10600 (scaling TP's waiting too would say
+    13000). dp = 4, tp = 1: TP goes (−2000 exposed); DP's transfer × 3 (+1000, all exposed):
+    9000."""
+    import dataclasses
+    import pandas as pd
+    from pardiag.analyzer.recommend.rules.degrees import _traffic, degrees
+    groups, rows = _planted_2d()
     ctx = _ctx(dims={"dp": 2, "tp": 2}, groups=groups, dim_comm={
         "tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)})
     ctx = dataclasses.replace(ctx, sync=_Obj(instances=pd.DataFrame(rows),
@@ -990,19 +999,7 @@ def test_degrees_take_the_links_and_drop_tp_host_work():
     import dataclasses
     import pandas as pd
     from pardiag.analyzer.recommend.rules.degrees import degrees, hop_kinds, mesh_groups
-    groups = pd.DataFrame([
-        {"dim": d, "pg": str(i), "desc": f"mesh_{d}", "ranks": r, "size": 2, "nodes": 1,
-         "spans_nodes": False}
-        for i, (d, r) in enumerate([("tp", [0, 1]), ("tp", [2, 3]), ("dp", [0, 2]),
-                                    ("dp", [1, 3])])])
-    rows = []
-    for grp, dim, sizes in [("0,1", "tp", [(1000, 1100.0), (101000, 2100.0)]),
-                            ("2,3", "tp", [(1000, 1100.0), (101000, 2100.0)]),
-                            ("0,2", "dp", [(1000, 350.0), (101000, 650.0)]),
-                            ("1,3", "dp", [(1000, 350.0), (101000, 650.0)])]:
-        rows += [{"instance": len(rows) + i, "group": f"{grp}|mesh_{dim}", "op": "all_reduce",
-                  "bytes": b, "transfer_us": t, "complete": True}
-                 for i, (b, t) in enumerate(sizes)]
+    groups, rows = _planted_2d()
     meta = {r: _Obj(host="vm", cpu_count=2, cpu_affinity=[r % 2], shapes=None) for r in range(4)}
     assert hop_kinds([0, 2], meta) == {"one core"}
     assert hop_kinds([0, 1, 2, 3], meta) == {"across cores"}
