@@ -61,9 +61,11 @@ STRAGGLER_CASES = {
 }
 
 
-def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: str) -> dict:
-    """Profile one run and report it: ``{"top_tier": [...], "straggler": rank | None,
-    "verdict": str, "step_ms": float}``."""
+def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: str,
+             steps: int = STEPS) -> dict:
+    """Profile one run of ``steps`` optimizer steps and report it: ``{"top_tier": [...],
+    "straggler": rank | None, "verdict": str, "step_ms": float, "noise_pct": float}``
+    (noise_pct: the step's noise the tiers used, % of the step)."""
     from pardiag.analyzer.load import load_traces
     from pardiag.analyzer.recommend import build_context
     from pardiag.analyzer.recommend.rules.straggler import identify_straggler
@@ -72,7 +74,7 @@ def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: st
     out = tmp / tag
     cmd = [sys.executable, "-m", "pardiag", "profile", str(EXAMPLES / script),
            "--nproc-per-node", str(n), "--out", str(out),
-           *(["--pin-cpu"] if pin else []), "--", "--steps", str(STEPS), *args]
+           *(["--pin-cpu"] if pin else []), "--", "--steps", str(steps), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     if res.returncode != 0:
         raise SystemExit(f"{tag}: profile failed:\n{res.stderr[-2000:]}")
@@ -83,6 +85,8 @@ def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: st
     return {"top_tier": top, "straggler": None if found is None else found.rank,
             "load_1m": (load_average() or [None])[0],
             "verdict": rec.verdict, "step_ms": rec.recommendations[0].measured_step_us / 1e3
+            if rec.recommendations else None,
+            "noise_pct": round(100 * rec.noise_us / rec.recommendations[0].measured_step_us, 1)
             if rec.recommendations else None}
 
 
@@ -101,6 +105,9 @@ def main() -> None:
     ap.add_argument("--slow-ms", type=float, nargs="+", default=[20.0, 30.0])
     ap.add_argument("--pin", choices=["both", "pinned", "unpinned"], default="both")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--steps", type=int, default=STEPS,
+                    help=f"optimizer steps per run (default {STEPS}: 5 unprofiled step periods "
+                    "after the profiler's window)")
     a = ap.parse_args()
     table = STRAGGLER_CASES if a.stragglers else CASES
     names = a.cases or list(table)
@@ -115,7 +122,8 @@ def main() -> None:
 
         def repeat(script: str, n: int, args: list[str], pin: bool, tag: str) -> list[dict]:
             """``a.repeat`` runs of one configuration; their loads go to ``loads``."""
-            runs = [run_once(script, n, args, pin, tmp, f"{tag}-{i}") for i in range(a.repeat)]
+            runs = [run_once(script, n, args, pin, tmp, f"{tag}-{i}", a.steps)
+                    for i in range(a.repeat)]
             loads.extend(r["load_1m"] for r in runs if r["load_1m"] is not None)
             return runs
 
@@ -128,9 +136,11 @@ def main() -> None:
                     answer, k = agreement([r["top_tier"] for r in runs])
                     rows.append({"case": name, "pin": p, "runs": len(runs), "same_top": k,
                                  "top_tier": answer, "tops": [r["top_tier"] for r in runs],
-                                 "stragglers": [r["straggler"] for r in runs]})
+                                 "stragglers": [r["straggler"] for r in runs],
+                                 "noise_pct": [r["noise_pct"] for r in runs]})
                     print(f"{name:14s} {p:8s} top tier {answer} in {k}/{len(runs)}; "
-                          f"stragglers named {[r['straggler'] for r in runs]}", flush=True)
+                          f"stragglers named {[r['straggler'] for r in runs]}; noise % "
+                          f"{[r['noise_pct'] for r in runs]}", flush=True)
                     continue
                 for ms in a.slow_ms:
                     planted = repeat(script, n, [*args, "--slow-rank", "1", "--slow-ms",
@@ -150,7 +160,7 @@ def main() -> None:
     info = finish(info)
     meta = {"machine": info, "date": time.strftime("%Y-%m-%d"),
             "minutes": round((time.time() - started) / 60, 1), "repeat": a.repeat,
-            "steps": STEPS,
+            "steps": a.steps,
             # how loaded the machine was while the runs ran (1-minute load after each run)
             "load_1m_after_runs": ({"median": statistics.median(loads), "min": min(loads),
                                     "max": max(loads)} if loads else None)}
