@@ -6,7 +6,7 @@ import pytest
 
 from pardiag.analyzer.recommend import Recommendation
 from pardiag.analyzer.recommend.context import StepNoise, measured_peak, step_noise
-from pardiag.analyzer.recommend.policy import MIN_GAIN_PCT, rank
+from pardiag.analyzer.recommend.policy import FEW_NOISE_STEPS, MIN_GAIN_PCT, rank
 
 
 def _rec(kind, pred, change=None):
@@ -47,6 +47,20 @@ def test_without_measured_noise_the_floor_is_the_minimum_gain():
     good, _, rule, margin = rank([_rec("ddp_bucket", 9_600.0)], one, None)
     assert margin == MIN_GAIN_PCT and [c.tier for c in good] == [1]
     assert "noise is not measured (2 step(s)" in rule
+
+
+def test_noise_measured_on_few_steps_says_the_tiers_may_change():
+    """Below FEW_NOISE_STEPS steps the rule says that its noise estimate is itself uncertain
+    (the stability benchmark's unbalanced pipeline: ±4.9–13.8% from 5 steps, ±2.1–5.2% from 17),
+    with what to do; from FEW_NOISE_STEPS steps on it does not."""
+    five = step_noise([10_000.0, 9_000.0, 11_000.0, 10_500.0, 9_500.0], "5 planted steps")
+    *_, rule, _ = rank([_rec("microbatches", 8_000.0)], five, None)
+    assert "measured on only 5 steps, the noise estimate itself varies" in rule
+    assert rule.endswith("profile 20 steps or more for steadier tiers")
+    ten = step_noise([10_000.0, 9_000.0, 11_000.0, 10_500.0, 9_500.0] * 2, "10 planted steps")
+    *_, rule, _ = rank([_rec("microbatches", 8_000.0)], ten, None)
+    assert FEW_NOISE_STEPS == 10 and "measured on only" not in rule
+    assert rule.endswith("within noise of each other")
 
 
 def test_step_noise_is_a_deterministic_bootstrap_interval_of_the_median():

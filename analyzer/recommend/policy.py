@@ -36,11 +36,18 @@ MEMORY_KINDS = ("zero1", "fsdp")
 DEGREE_KINDS = ("pp_to_dp", "degrees")
 #: Interleaving must beat the best schedule-keeping change by this much (% of its step).
 INTERLEAVE_MARGIN_PCT = 10.0
+#: Below this many steps the noise estimate is itself noisy: the relative standard error of a
+#: sample's standard deviation is about 1/√(2(n − 1)) (normal data; e.g. Ahn & Fessler 2003),
+#: over 24% below 10 steps. ``benchmarks/stability.py`` measured it on one configuration (the
+#: unbalanced 1F1B pipeline, 5 runs × 2 pinnings): ±4.9–13.8% from 5 unprofiled steps,
+#: ±2.1–5.2% from 17; its top tier agreed in 3 of 5 runs, then 5 of 5.
+FEW_NOISE_STEPS = 10
 
 
 def noise_margin_pct(step: StepNoise | None) -> tuple[float, str]:
     """The least predicted saving (% of the step) a change needs, and the rule as a sentence
-    quoting the measured noise it rests on."""
+    quoting the measured noise it rests on (and, below :data:`FEW_NOISE_STEPS` steps, that
+    the noise estimate itself is uncertain)."""
     if step is None or not step.known or not (step.median_us > 0):
         n = step.steps if step is not None else 0
         return MIN_GAIN_PCT, (f"recommended when predicted to save ≥ {MIN_GAIN_PCT:g}% of the "
@@ -48,11 +55,15 @@ def noise_margin_pct(step: StepNoise | None) -> tuple[float, str]:
                               "are needed), so a smaller effect cannot be told from noise")
     noise = 100.0 * step.half_width_us / step.median_us
     margin = max(MIN_GAIN_PCT, noise)
+    few = (f"; measured on only {step.steps} steps, the noise estimate itself varies between "
+           "identical runs, so a change near the margin, or a tier boundary, can differ from "
+           "one run to the next: profile 20 steps or more for steadier tiers"
+           if step.steps < FEW_NOISE_STEPS else "")
     return margin, (f"recommended when predicted to save ≥ {margin:.1f}% of the step: the larger "
                     f"of {MIN_GAIN_PCT:g}% and the step's noise, ±{noise:.1f}% "
                     f"(±{ms(step.half_width_us)}: half the 95% bootstrap interval of the median "
                     f"over {step.source}); changes predicted within {margin:.1f}% of each other "
-                    "are one tier, within noise of each other")
+                    f"are one tier, within noise of each other{few}")
 
 
 def spans_no_gain(c: Recommendation) -> str:
