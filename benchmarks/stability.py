@@ -64,7 +64,8 @@ STRAGGLER_CASES = {
 def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: str,
              steps: int = STEPS) -> dict:
     """Profile one run of ``steps`` optimizer steps and report it: ``{"top_tier": [...],
-    "straggler": rank | None, "verdict": str, "step_ms": float, "noise_pct": float}``
+    "straggler": rank | None, "lead": kind, "verdict": str, "step_ms": float,
+    "noise_pct": float}`` (lead: the first-listed recommendation's kind, or "nothing")
     (noise_pct: the step's noise the tiers used, % of the step)."""
     from pardiag.analyzer.load import load_traces
     from pardiag.analyzer.recommend import build_context
@@ -83,6 +84,7 @@ def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: st
     found = identify_straggler(build_context(rep.traces, rep.results))
     top = sorted({c.kind for c in rec.top_tier}) or ["nothing"]
     return {"top_tier": top, "straggler": None if found is None else found.rank,
+            "lead": rec.recommendations[0].kind if rec.recommendations else "nothing",
             "load_1m": (load_average() or [None])[0],
             "verdict": rec.verdict, "step_ms": rec.recommendations[0].measured_step_us / 1e3
             if rec.recommendations else None,
@@ -137,9 +139,11 @@ def main() -> None:
                     rows.append({"case": name, "pin": p, "runs": len(runs), "same_top": k,
                                  "top_tier": answer, "tops": [r["top_tier"] for r in runs],
                                  "stragglers": [r["straggler"] for r in runs],
-                                 "noise_pct": [r["noise_pct"] for r in runs]})
+                                 "noise_pct": [r["noise_pct"] for r in runs],
+                                 "leads": [r["lead"] for r in runs]})
                     print(f"{name:14s} {p:8s} top tier {answer} in {k}/{len(runs)}; "
-                          f"stragglers named {[r['straggler'] for r in runs]}; noise % "
+                          f"stragglers named {[r['straggler'] for r in runs]}; first listed "
+                          f"{[r['lead'] for r in runs]}; noise % "
                           f"{[r['noise_pct'] for r in runs]}", flush=True)
                     continue
                 for ms in a.slow_ms:
