@@ -6,7 +6,8 @@ For each case, ``--repeat`` identical ``pardiag profile`` runs, with and without
 * the **top tier**: the kinds of the recommendations of tier 1 (within the run's noise of each
   other, :mod:`pardiag.analyzer.recommend.policy`), or ``nothing`` when nothing is recommended;
 * the **straggler** the verdict names (or none): :func:`pardiag.analyzer.recommend.rules.
-  straggler.identify_straggler`.
+  straggler.identify_straggler`;
+* the first-listed recommendation's kind, and the step's noise the tiers used (% of the step).
 
 and reports how many of the runs agree with the most common answer. Goal: ≥ 4 of 5 for every
 case, pinned and unpinned.
@@ -18,6 +19,7 @@ whose verdict names the planted rank, and the unplanted runs that name nobody. G
     .venv/bin/python benchmarks/stability.py                      # 5 cases × 5 runs × 2
     .venv/bin/python benchmarks/stability.py --stragglers --repeat 10
     .venv/bin/python benchmarks/stability.py ddp fsdp2 --repeat 3 --json out.json
+    .venv/bin/python benchmarks/stability.py --steps 24     # 17 unprofiled step periods, not 5
 
 Every run is a real 2-rank CPU/gloo job (about 10–30 s each on 2 cores).
 """

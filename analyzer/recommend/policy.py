@@ -40,7 +40,7 @@ INTERLEAVE_MARGIN_PCT = 10.0
 #: sample's standard deviation is about 1/√(2(n − 1)) (normal data; e.g. Ahn & Fessler 2003),
 #: over 24% below 10 steps. ``benchmarks/stability.py`` measured it on one configuration (the
 #: unbalanced 1F1B pipeline, 5 runs × 2 pinnings): ±4.9–13.8% from 5 unprofiled steps,
-#: ±2.1–5.2% from 17; its top tier agreed in 3 of 5 runs, then 5 of 5.
+#: ±1.9–7.0% from 17 (two such runs).
 FEW_NOISE_STEPS = 10
 
 
