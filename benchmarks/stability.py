@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -66,9 +67,10 @@ STRAGGLER_CASES = {
 def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: str,
              steps: int = STEPS) -> dict:
     """Profile one run of ``steps`` optimizer steps and report it: ``{"top_tier": [...],
-    "straggler": rank | None, "lead": kind, "verdict": str, "step_ms": float,
-    "noise_pct": float}`` (lead: the first-listed recommendation's kind, or "nothing")
-    (noise_pct: the step's noise the tiers used, % of the step)."""
+    "straggler": rank | None, "lead": kind, "verdict": str, "step_ms": float, "noise_pct":
+    float}``. lead: the first-listed recommendation's kind, or "nothing"; step_ms and
+    noise_pct: the step the recommendations are measured against and its noise (% of it), the
+    margin the noise rule and the tiers used (None without a step)."""
     from pardiag.analyzer.load import load_traces
     from pardiag.analyzer.recommend import build_context
     from pardiag.analyzer.recommend.rules.straggler import identify_straggler
@@ -85,13 +87,13 @@ def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: st
     rec = rep.recommendations
     found = identify_straggler(build_context(rep.traces, rep.results))
     top = sorted({c.kind for c in rec.top_tier}) or ["nothing"]
+    step = rec.step.median_us if rec.step is not None else None
     return {"top_tier": top, "straggler": None if found is None else found.rank,
             "lead": rec.recommendations[0].kind if rec.recommendations else "nothing",
             "load_1m": (load_average() or [None])[0],
-            "verdict": rec.verdict, "step_ms": rec.recommendations[0].measured_step_us / 1e3
-            if rec.recommendations else None,
-            "noise_pct": round(100 * rec.noise_us / rec.recommendations[0].measured_step_us, 1)
-            if rec.recommendations else None}
+            "verdict": rec.verdict, "step_ms": step / 1e3 if step else None,
+            "noise_pct": round(100 * rec.noise_us / step, 1)
+            if step and math.isfinite(rec.noise_us) else None}
 
 
 def agreement(answers: list) -> tuple[str, int]:

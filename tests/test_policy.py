@@ -51,8 +51,8 @@ def test_without_measured_noise_the_floor_is_the_minimum_gain():
 
 def test_noise_measured_on_few_steps_says_the_tiers_may_change():
     """Below FEW_NOISE_STEPS steps the rule says that its noise estimate is itself uncertain
-    (the stability benchmark's unbalanced pipeline: ±4.9–13.8% from 5 steps, ±1.9–7.0% from 17),
-    with what to do; from FEW_NOISE_STEPS steps on it does not."""
+    (measured on the stability benchmark's unbalanced pipeline: ±4.9–13.8% from 5 steps,
+    ±1.9–7.0% from 17), with what to do; from FEW_NOISE_STEPS steps on it does not."""
     five = step_noise([10_000.0, 9_000.0, 11_000.0, 10_500.0, 9_500.0], "5 planted steps")
     *_, rule, _ = rank([_rec("microbatches", 8_000.0)], five, None)
     assert "measured on only 5 steps, the noise estimate itself varies" in rule

@@ -38,9 +38,9 @@ DEGREE_KINDS = ("pp_to_dp", "degrees")
 INTERLEAVE_MARGIN_PCT = 10.0
 #: Below this many steps the noise estimate is itself noisy: the relative standard error of a
 #: sample's standard deviation is about 1/√(2(n − 1)) (normal data; e.g. Ahn & Fessler 2003),
-#: over 24% below 10 steps. ``benchmarks/stability.py`` measured it on one configuration (the
-#: unbalanced 1F1B pipeline, 5 runs × 2 pinnings): ±4.9–13.8% from 5 unprofiled steps,
-#: ±1.9–7.0% from 17 (two such runs).
+#: over 24% below 10 steps. Measured on one configuration (``benchmarks/stability.py``'s
+#: unbalanced 1F1B pipeline, 2026-12-01): ±4.9–13.8% over 8 runs of 12 steps (5 unprofiled
+#: step periods each), ±1.9–7.0% over 20 runs of 24 steps (17 periods).
 FEW_NOISE_STEPS = 10
 
 

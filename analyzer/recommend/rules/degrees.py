@@ -170,13 +170,14 @@ def _new_dp_traffic(ctx: RuleContext, like: DimTraffic, tp_now: int, tp2: int
     """The gradient synchronization a run without data parallel would add at dp > 1, at the
     α–β of ``like`` (another dimension's groups on the same links): DDP's all-reduce of the
     gradients in 25 MiB buckets (:data:`DDP_BUCKET_BYTES`), or FSDP's all-gathers and
-    reduce-scatters of the parameters when the run uses FSDP: each of its units (``fsdp_units``, recorded by ``pardiag profile``; one when not
-    recorded: then two all-gathers, or one when it keeps the parameters unsharded) gathers once
-    in the forward and once more in the backward when it reshards after the forward
-    (``fsdp_resharding_units``), and reduce-scatters once; the parameters split evenly over
-    the units. Gradient bytes: the rank's parameter bytes × tp / tp2 (TP's shards
-    rejoin). The α–β is ``like``'s, through its fastest instances; :func:`degrees` scales the
-    time by ``like``'s measured transfer over its α–β time (the contention its links show)."""
+    reduce-scatters of the parameters when the run uses FSDP: each of its units
+    (``fsdp_units``, recorded by ``pardiag profile``; one when not recorded: then two
+    all-gathers, or one when it keeps the parameters unsharded) gathers once in the forward and
+    once more in the backward when it reshards after the forward (``fsdp_resharding_units``),
+    and reduce-scatters once; the parameters split evenly over the units. Gradient bytes: the
+    rank's parameter bytes × tp / tp2 (TP's shards rejoin). The α–β is ``like``'s, through its
+    fastest instances; :func:`degrees` scales the time by ``like``'s measured transfer over its
+    α–β time (the contention its links show)."""
     params = ctx.params_bytes
     if not params:
         return None
