@@ -500,6 +500,27 @@ class PipelineRecorder:
             h.remove()
         self._handles.clear()
 
+    @staticmethod
+    def _time_call(submod, s: int, n: int, shape, dtype, floating: bool, device, params
+                   ) -> tuple[float, float]:
+        """One forward and backward of ``submod`` on a random input of ``n`` rows shaped like
+        the stage's own (``shape``): ``(forward µs, backward µs)``."""
+        x = (torch.randn((n, *shape[1:]), dtype=dtype, device=device) if floating
+             else torch.zeros((n, *shape[1:]), dtype=dtype, device=device))
+        if floating and s > 0:
+            x.requires_grad_(True)
+        _sync(device)
+        t0 = time.perf_counter_ns()
+        out = submod(x)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        _sync(device)
+        t1 = time.perf_counter_ns()
+        if params or (floating and s > 0):
+            out.float().sum().backward()
+        _sync(device)
+        t2 = time.perf_counter_ns()
+        return (t1 - t0) / 1000.0, (t2 - t1) / 1000.0
+
     def size_scaling(self, factors=(0.25, 0.5, 1.0, 2.0), repeats: int = 7) -> list[dict]:
         """Time each local stage's module forward and backward on random inputs of other
         microbatch sizes (``factor × samples``), after the script has finished: how a chunk's
@@ -509,7 +530,8 @@ class PipelineRecorder:
         "bwd_samples_us"}]`` (µs: medians of ``repeats``, and the timings themselves, for the
         interval of a prediction resting on them); empty when a stage's input is not one
         floating-point tensor or a call fails (an out-of-memory error included). On a GPU only
-        sizes up to the run's own are tried."""
+        sizes up to the run's own are tried. The sizes are timed in turn, one call each per
+        round (a first round warms up), so drift on the host falls on every size alike."""
         rows = []
         for stage in self._stages:
             s = int(stage.stage_index)
@@ -523,43 +545,39 @@ class PipelineRecorder:
             except StopIteration:
                 continue
             # on a GPU a larger microbatch than the run's could run out of memory: not tried
-            sizes = [f for f in factors if f <= 1.0 or device.type == "cpu"]
-            for f in sizes:
-                n = max(1, int(round(shape[0] * f)))
-                fwd, bwd = [], []
-                # at the run's own size, time each layer too (what moving layers needs)
-                handles: list = []
-                try:
-                    for it in range(repeats + 1):
-                        if it == 1 and f == 1.0:   # after the warm-up call
-                            handles = self._layer_hooks(stage, "after_run")
-                        x = (torch.randn((n, *shape[1:]), dtype=dtype, device=device)
-                             if floating else torch.zeros((n, *shape[1:]), dtype=dtype,
-                                                          device=device))
-                        if floating and s > 0:
-                            x.requires_grad_(True)
-                        _sync(device)
-                        t0 = time.perf_counter_ns()
-                        out = submod(x)
-                        out = out[0] if isinstance(out, (tuple, list)) else out
-                        _sync(device)
-                        t1 = time.perf_counter_ns()
-                        if params or (floating and s > 0):
-                            out.float().sum().backward()
-                        _sync(device)
-                        t2 = time.perf_counter_ns()
-                        fwd.append((t1 - t0) / 1000.0)
-                        bwd.append((t2 - t1) / 1000.0)
-                except Exception:  # a module that wants other inputs: no measurement
-                    rows = [r for r in rows if r["stage"] != s]
-                    break
-                finally:
-                    for h in handles:
-                        h.remove()
-                fwd, bwd = fwd[1:], bwd[1:]   # the first call warms up
-                rows.append({"stage": s, "samples": n, "fwd_us": sorted(fwd)[len(fwd) // 2],
-                             "bwd_us": sorted(bwd)[len(bwd) // 2],
-                             "fwd_samples_us": fwd, "bwd_samples_us": bwd})
+            ns = list(dict.fromkeys(max(1, int(round(shape[0] * f))) for f in factors
+                                    if f <= 1.0 or device.type == "cpu"))
+            own = max(1, int(round(shape[0])))
+            fwd: dict[int, list[float]] = {n: [] for n in ns}
+            bwd: dict[int, list[float]] = {n: [] for n in ns}
+            try:
+                # round-robin over the sizes, not one size after another: what else the host
+                # runs drifts during the timings (the other ranks finish their own and move
+                # on), and timed in blocks the drift fell on some sizes and not others (a
+                # stage's 2x calls read 8.7 ms first and 15.1 ms later in one block), bending
+                # the size curve the microbatch prediction rests on differently in each run
+                for it in range(repeats + 1):
+                    for n in ns:
+                        # at the run's own size, time each layer too (what moving layers
+                        # needs), after the warm-up round
+                        handles = (self._layer_hooks(stage, "after_run")
+                                   if it >= 1 and n == own else [])
+                        try:
+                            f_us, b_us = self._time_call(submod, s, n, shape, dtype, floating,
+                                                         device, params)
+                        finally:
+                            for h in handles:
+                                h.remove()
+                        if it >= 1:   # the first round warms up
+                            fwd[n].append(f_us)
+                            bwd[n].append(b_us)
+            except Exception:  # a module that wants other inputs: no measurement
+                continue
+            for n in ns:
+                f_, b_ = fwd[n], bwd[n]
+                rows.append({"stage": s, "samples": n, "fwd_us": sorted(f_)[len(f_) // 2],
+                             "bwd_us": sorted(b_)[len(b_) // 2],
+                             "fwd_samples_us": f_, "bwd_samples_us": b_})
         for q in (q for st in self._stages for q in getattr(st, "submod", torch.nn.Module())
                   .parameters()):
             q.grad = None

@@ -183,3 +183,28 @@ def test_layer_times_are_the_fastest_call():
     assert rec.layer_rows()[0]["fwd_us"] == {"after_run": 1000.0}
     rec.layers[(1, 0)]["fwd_ns"]["after_run"] = [5_000_000, 1_000_000] * 3 + [5_000_000]
     assert rec.layer_rows()[0]["fwd_us"] == {"after_run": 1000.0}
+
+
+def test_size_scaling_times_the_sizes_in_turn():
+    """The stage module is timed at each size in turn, one call per size per round (a first
+    round warms up), not all calls of one size and then the next: drift on the host then falls
+    on every size alike. Each size keeps ``repeats`` timings; the layers are timed only at the
+    run's own size, once per timed round."""
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(int(x.shape[0]))
+            return x * 2
+
+    rec = hooks.PipelineRecorder(lambda: 0)
+    stage = types.SimpleNamespace(stage_index=1, submod=torch.nn.Sequential(
+        torch.nn.Linear(4, 4), Probe()))
+    rec._stages.append(stage)
+    rec.inputs[1] = ((8, 4), torch.float32, True)
+    rows = rec.size_scaling(repeats=3)
+    assert seen == [2, 4, 8, 16] * 4
+    assert [(r["samples"], len(r["fwd_samples_us"]), len(r["bwd_samples_us"])) for r in rows] == [
+        (2, 3, 3), (4, 3, 3), (8, 3, 3), (16, 3, 3)]
+    assert [len(e["fwd_ns"]["after_run"]) for _, e in sorted(rec.layers.items())] == [3, 3]
+    assert all(r["fwd_us"] == sorted(r["fwd_samples_us"])[1] for r in rows)
