@@ -103,6 +103,26 @@ def agreement(answers: list) -> tuple[str, int]:
     return text, k
 
 
+def goal_chance(k: int, n: int, goal: int = 4, of: int = 5) -> dict:
+    """How often one run gives the most common answer (``k`` of ``n`` runs), with its 95%
+    Wilson interval (Wilson 1927; :func:`scipy.stats.binomtest`), and the chance that ``of``
+    fresh runs give it at least ``goal`` times — the issue's goal (≥ 4 of 5) is itself a
+    sample of 5 — at the rate and at the interval's ends (binomial, runs independent).
+
+    Returns ``{"rate", "rate_low", "rate_high", "goal_chance", "goal_chance_low",
+    "goal_chance_high"}`` (fractions, 0–1)."""
+    from scipy import stats
+
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+
+    def chance(p: float) -> float:
+        return float(stats.binom.sf(goal - 1, of, p))
+
+    return {"rate": k / n, "rate_low": float(ci.low), "rate_high": float(ci.high),
+            "goal_chance": chance(k / n), "goal_chance_low": chance(float(ci.low)),
+            "goal_chance_high": chance(float(ci.high))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cases", nargs="*", help="cases to run (default: all)")
@@ -140,12 +160,17 @@ def main() -> None:
                 if not a.stragglers:
                     runs = repeat(script, n, args, pin, f"{name}-{p}")
                     answer, k = agreement([r["top_tier"] for r in runs])
+                    odds = goal_chance(k, len(runs))
                     rows.append({"case": name, "pin": p, "runs": len(runs), "same_top": k,
                                  "top_tier": answer, "tops": [r["top_tier"] for r in runs],
                                  "stragglers": [r["straggler"] for r in runs],
                                  "noise_pct": [r["noise_pct"] for r in runs],
-                                 "leads": [r["lead"] for r in runs]})
-                    print(f"{name:14s} {p:8s} top tier {answer} in {k}/{len(runs)}; "
+                                 "leads": [r["lead"] for r in runs], **odds})
+                    print(f"{name:14s} {p:8s} top tier {answer} in {k}/{len(runs)} (per run "
+                          f"{odds['rate']:.2f}, 95% {odds['rate_low']:.2f}–"
+                          f"{odds['rate_high']:.2f}; 5 runs give it ≥ 4 times with chance "
+                          f"{odds['goal_chance']:.2f}, {odds['goal_chance_low']:.2f}–"
+                          f"{odds['goal_chance_high']:.2f}); "
                           f"stragglers named {[r['straggler'] for r in runs]}; first listed "
                           f"{[r['lead'] for r in runs]}; noise % "
                           f"{[r['noise_pct'] for r in runs]}", flush=True)
