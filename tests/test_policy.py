@@ -6,7 +6,7 @@ import pytest
 
 from pardiag.analyzer.recommend import Recommendation
 from pardiag.analyzer.recommend.context import StepNoise, measured_peak, step_noise
-from pardiag.analyzer.recommend.policy import FEW_NOISE_STEPS, MIN_GAIN_PCT, rank
+from pardiag.analyzer.recommend.policy import CONTENDED_TIERS, FEW_NOISE_STEPS, MIN_GAIN_PCT, rank
 
 
 def _rec(kind, pred, change=None):
@@ -61,6 +61,20 @@ def test_noise_measured_on_few_steps_says_the_tiers_may_change():
     *_, rule, _ = rank([_rec("microbatches", 8_000.0)], ten, None)
     assert FEW_NOISE_STEPS == 10 and "measured on only" not in rule
     assert rule.endswith("within noise of each other")
+
+
+def test_contended_ranks_say_the_tiers_may_change_between_runs():
+    """When the ranks contended for cores the rule says that how they shared them is not in
+    the run's noise and that pinning gives steadier tiers; the margin and the tiers themselves
+    do not change (measured: the unbalanced 1F1B pipeline's top tier recurred in 11–18 of 20
+    unpinned runs and 19–20 of 20 pinned ones)."""
+    cands = [_rec("microbatches", 9_200.0), _rec("rebalance_stages", 9_400.0)]
+    calm = rank(cands, NOISY, None)
+    busy = rank(cands, NOISY, None, contended=True)
+    assert busy[0] == calm[0] and busy[3] == calm[3] == 5.0
+    assert CONTENDED_TIERS not in calm[2]
+    assert busy[2] == calm[2] + CONTENDED_TIERS
+    assert busy[2].endswith("pin the ranks (pardiag profile --pin-cpu) for steadier tiers")
 
 
 def test_step_noise_is_a_deterministic_bootstrap_interval_of_the_median():

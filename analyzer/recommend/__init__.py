@@ -76,7 +76,7 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     use_clean = ctx.model is None and clean is not None
     good, rejected, rule, margin = rank(
         cands, clean if use_clean else ctx.step,
-        ctx.model.period_us if ctx.model is not None else None)
+        ctx.model.period_us if ctx.model is not None else None, ctx.contention is not None)
     why_none = ""
     if not good:
         why_none = ("every change evaluated is ruled out by the model's shapes or batch"

@@ -42,12 +42,22 @@ INTERLEAVE_MARGIN_PCT = 10.0
 #: unbalanced 1F1B pipeline, 2026-12-01): ±4.9–13.8% over 8 runs of 12 steps (5 unprofiled
 #: step periods each), ±1.9–7.0% over 20 runs of 24 steps (17 periods).
 FEW_NOISE_STEPS = 10
+#: Said with the rule when the ranks contended for cores (:func:`pardiag.layout.
+#: contention_note`). How the OS shares the cores differs between runs and holds for a whole
+#: run, so a run's own step noise does not show it: on the stability benchmark's unbalanced
+#: 1F1B pipeline (2026-12-01, 12 steps, 20 runs per batch) the top tier recurred in 11, 17 and
+#: 18 of 20 unpinned runs and in 19, 20 and 20 of 20 runs with ``--pin-cpu``.
+CONTENDED_TIERS = ("; the ranks contended for cores, and how they shared them differs between "
+                   "identical runs without showing in one run's noise, so tiers near the margin "
+                   "can differ from one run to the next: pin the ranks (pardiag profile "
+                   "--pin-cpu) for steadier tiers")
 
 
-def noise_margin_pct(step: StepNoise | None) -> tuple[float, str]:
+def noise_margin_pct(step: StepNoise | None, contended: bool = False) -> tuple[float, str]:
     """The least predicted saving (% of the step) a change needs, and the rule as a sentence
     quoting the measured noise it rests on (and, below :data:`FEW_NOISE_STEPS` steps, that
-    the noise estimate itself is uncertain)."""
+    the noise estimate itself is uncertain; when the ranks contended for cores, that how they
+    shared them is not in the run's noise — see :data:`CONTENDED_TIERS`)."""
     if step is None or not step.known or not (step.median_us > 0):
         n = step.steps if step is not None else 0
         return MIN_GAIN_PCT, (f"recommended when predicted to save ≥ {MIN_GAIN_PCT:g}% of the "
@@ -59,6 +69,7 @@ def noise_margin_pct(step: StepNoise | None) -> tuple[float, str]:
            "identical runs, so a change near the margin, or a tier boundary, can differ from "
            "one run to the next: profile 20 steps or more for steadier tiers"
            if step.steps < FEW_NOISE_STEPS else "")
+    few += CONTENDED_TIERS if contended else ""
     return margin, (f"recommended when predicted to save ≥ {margin:.1f}% of the step: the larger "
                     f"of {MIN_GAIN_PCT:g}% and the step's noise, ±{noise:.1f}% "
                     f"(±{ms(step.half_width_us)}: half the 95% bootstrap interval of the median "
@@ -89,7 +100,8 @@ def _order(c: Recommendation) -> tuple[bool, bool]:
     return (c.kind not in MEMORY_KINDS, c.kind in DEGREE_KINDS)
 
 
-def rank(cands: list[Recommendation], step: StepNoise | None, pipeline_period_us: float | None
+def rank(cands: list[Recommendation], step: StepNoise | None, pipeline_period_us: float | None,
+         contended: bool = False
          ) -> tuple[tuple[Recommendation, ...], tuple[Recommendation, ...], str, float]:
     """Split evaluated changes into recommended (ranked, with tiers) and not recommended.
 
@@ -98,12 +110,14 @@ def rank(cands: list[Recommendation], step: StepNoise | None, pipeline_period_us
         step: the measured step the rules' predictions started from, with its noise.
         pipeline_period_us: the measured pipeline step when the run is a pipeline (for the
             interleaving margin), else None.
+        contended: whether the run's ranks contended for cores (the rule then says that its
+            tiers can change between runs).
 
     Returns:
         ``(recommended, not_recommended, rule, margin_pct)``: recommended best first, each with
         its ``tier`` (1 = best; equal tiers are within noise of each other); rule: the noise
         rule as a sentence (:func:`noise_margin_pct`)."""
-    margin, rule = noise_margin_pct(step)
+    margin, rule = noise_margin_pct(step, contended)
     limit = _interleave_limit(cands, pipeline_period_us)
 
     def not_worth(c: Recommendation) -> bool:
