@@ -68,7 +68,8 @@ def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: st
              steps: int = STEPS) -> dict:
     """Profile one run of ``steps`` optimizer steps and report it: ``{"top_tier": [...],
     "straggler": rank | None, "lead": kind, "verdict": str, "step_ms": float, "noise_pct":
-    float}``. lead: the first-listed recommendation's kind, or "nothing"; step_ms and
+    float, "gains": {kind: %}}``. lead: the first-listed recommendation's kind, or "nothing";
+    gains: each evaluated kind's best predicted gain (% of the step); step_ms and
     noise_pct: the step the recommendations are measured against and its noise (% of it), the
     margin the noise rule and the tiers used (None without a step)."""
     from pardiag.analyzer.load import load_traces
@@ -87,11 +88,15 @@ def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: st
     rec = rep.recommendations
     found = identify_straggler(build_context(rep.traces, rep.results))
     top = sorted({c.kind for c in rec.top_tier}) or ["nothing"]
+    gains: dict[str, float] = {}   # each kind's best predicted gain (% of the step)
+    for c in (*rec.recommendations, *rec.rejected):
+        if not c.ruled_out and math.isfinite(c.gain_pct):
+            gains[c.kind] = max(gains.get(c.kind, -math.inf), round(c.gain_pct, 1))
     step = rec.step.median_us if rec.step is not None else None
     return {"top_tier": top, "straggler": None if found is None else found.rank,
             "lead": rec.recommendations[0].kind if rec.recommendations else "nothing",
             "load_1m": (load_average() or [None])[0],
-            "verdict": rec.verdict, "step_ms": step / 1e3 if step else None,
+            "verdict": rec.verdict, "step_ms": step / 1e3 if step else None, "gains": gains,
             "noise_pct": round(100 * rec.noise_us / step, 1)
             if step and math.isfinite(rec.noise_us) else None}
 
@@ -165,7 +170,8 @@ def main() -> None:
                                  "top_tier": answer, "tops": [r["top_tier"] for r in runs],
                                  "stragglers": [r["straggler"] for r in runs],
                                  "noise_pct": [r["noise_pct"] for r in runs],
-                                 "leads": [r["lead"] for r in runs], **odds})
+                                 "leads": [r["lead"] for r in runs],
+                                 "gains": [r["gains"] for r in runs], **odds})
                     print(f"{name:14s} {p:8s} top tier {answer} in {k}/{len(runs)} (per run "
                           f"{odds['rate']:.2f}, 95% {odds['rate_low']:.2f}–"
                           f"{odds['rate_high']:.2f}; 5 runs give it ≥ 4 times with chance "
