@@ -38,6 +38,8 @@ import math
 import statistics
 from typing import Iterable, Sequence
 
+import numpy as np
+
 #: message sizes within this fraction of each other are one size in :func:`fit_alpha_beta`
 SIZE_CLUSTER = 0.1
 
@@ -500,10 +502,14 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> t
             clusters.append([])
         clusters[-1].append((s, t))
     best = [min(c, key=lambda st: st[1]) for c in clusters]
-    if len(best) == 1:
-        (s, t), = best
-        return 0.0, t / s
-    xs, ys = [b[0] for b in best], [b[1] for b in best]
+    return _hockney_line([b[0] for b in best], [b[1] for b in best])
+
+
+def _hockney_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """α, β of the least-squares line through one point per size (α ≥ 0, β > 0, as
+    :func:`fit_alpha_beta` states)."""
+    if len(xs) == 1:
+        return 0.0, ys[0] / xs[0]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     var = sum((x - mx) ** 2 for x in xs)
     beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
@@ -511,6 +517,43 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> t
     if beta <= 0 or alpha < 0:   # no positive latency: least squares through the origin
         return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
     return alpha, beta
+
+
+def alpha_beta_resamples(sizes_bytes: Sequence[float], times_us: Sequence[float],
+                         resamples: int = 1000, seed: int = 0) -> np.ndarray:
+    """Bootstrap of :func:`fit_alpha_beta`: the transfers resampled with replacement
+    ``resamples`` times (Efron & Tibshirani 1993), each resample fitted through the fastest
+    transfer of each size (the sizes clustered once, as :func:`fit_alpha_beta` does; a
+    cluster's size is its mean). How far α and β move when other transfers had been the
+    fastest: a fit through few sizes, or sizes whose fastest transfer is one lucky call, moves
+    far. Deterministic (``seed``).
+
+    Returns:
+        array of shape ``(resamples, 2)``: α (µs), β (µs per byte) per resample.
+
+    Raises:
+        ValueError: no transfer with a positive size and time."""
+    pts = sorted((float(s), float(t)) for s, t in zip(sizes_bytes, times_us)
+                 if s and t and s > 0 and t > 0 and math.isfinite(s) and math.isfinite(t))
+    if not pts:
+        raise ValueError("no transfer with a positive size and time")
+    cid, k, first = [], -1, None
+    for s, _ in pts:
+        if first is None or s > first * (1 + SIZE_CLUSTER):
+            k, first = k + 1, s
+        cid.append(k)
+    cid_a = np.asarray(cid)
+    t_a = np.asarray([t for _, t in pts])
+    size = np.bincount(cid_a, weights=[s for s, _ in pts]) / np.bincount(cid_a)
+    rng = np.random.default_rng(seed)
+    out = np.empty((resamples, 2))
+    for i in range(resamples):
+        idx = rng.integers(0, len(pts), len(pts))
+        mins = np.full(k + 1, np.inf)
+        np.minimum.at(mins, cid_a[idx], t_a[idx])
+        have = np.isfinite(mins)
+        out[i] = _hockney_line(size[have].tolist(), mins[have].tolist())
+    return out
 
 
 def ddp_buckets(param_bytes: Sequence[float], cap_bytes: float,

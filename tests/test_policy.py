@@ -127,7 +127,7 @@ def test_a_stand_in_interval_that_reaches_the_step_is_not_recommended():
     assert [c.kind for c in good] == ["microbatches", "rebalance_stages"]
     (r,) = rejected
     assert r.kind == "pp_to_dp" and r.caveats[-1] == (
-        "the stand-in timings it rests on put it at 6.5 ms–10.2 ms (95% interval), which "
+        "the timings it rests on put it at 6.5 ms–10.2 ms (95% interval), which "
         "reaches the measured 10.0 ms: it may gain nothing, so it is not recommended")
     # the interval is in the JSON (NaN as null where there is none)
     assert r.to_json()["predicted_high_us"] == 10_200.0

@@ -560,18 +560,22 @@ def test_fit_takes_near_equal_sizes_as_one_and_ddp_forms_buckets_as_torch():
                                                         25 * mib]
 
 
-def _ddp_run(tmp_path, param_bytes, cap, buckets, alpha, beta, span=10000.0):
-    """2 CPU ranks, 2 steps of ``span`` µs; per step the ``buckets`` (bytes) are all-reduced
-    one after another (each α + β·bytes, arriving together), 1000 µs apart."""
+def _ddp_run(tmp_path, param_bytes, cap, buckets, alpha, beta, span=10000.0, took=None,
+             steps=2):
+    """2 CPU ranks, ``steps`` steps of ``span`` µs; per step the ``buckets`` (bytes) are
+    all-reduced one after another (each α + β·bytes, arriving together, unless
+    ``took[(step, bucket)]`` gives its µs), 1000 µs apart."""
+    took = took or {}
     for r in range(2):
         b = TraceBuilder(rank=r, world_size=2, backend="gloo")
-        b.step(1, 0, span).step(2, span, span)
+        for k in range(steps):
+            b.step(k + 1, k * span, span)
         b.write(tmp_path / f"rank{r}.trace.json")
         recs, seq = [], 1
-        for step0 in (0.0, span):
+        for k, step0 in enumerate(k * span for k in range(steps)):
             t = step0 + 1000
-            for nb in buckets:
-                end = t + alpha + beta * nb
+            for i, nb in enumerate(buckets):
+                end = t + took.get((k, i), alpha + beta * nb)
                 recs.append(record("all_reduce", seq, t, end, ranks=(0, 1), nbytes=int(nb)))
                 seq, t = seq + 1, end + 1000
         write_sidecar(tmp_path / f"rank{r}.comms.json", "comms", r, {
@@ -599,6 +603,40 @@ def test_ddp_bucket_sizes_on_cpu_change_the_step_by_the_count_of_all_reduces(tmp
     assert ch[8 * mib].change == "DDP bucket_cap_mb=8 (now 2; 8 MiB of gradients per step)"
     assert ch[8 * mib].evidence[0].startswith("3 all-reduces per step now, 1 with this size; "
                                               "each costs α = 100 µs")
+
+
+def test_ddp_bucket_size_resting_on_one_lucky_all_reduce_is_not_recommended(tmp_path):
+    """The fit's interval (the all-reduces resampled) decides. Buckets of 2, 2, 4 MiB: every 2
+    MiB all-reduce takes 2100 µs, the 4 MiB ones 4200 µs except the first step's (3000 µs).
+    Through the fastest of each size α = 2·2100 − 3000 = 1200 µs, so 8 MiB buckets (1
+    all-reduce, not 3) are predicted 2400 µs faster. A resample of the 6 all-reduces misses the
+    lucky one with chance (5/6)⁶ = 33%, and then α = 2·2100 − 4200 = 0: the interval reaches
+    the measured step, and the change is not recommended, with the reason. With every 4 MiB
+    call at 3000 µs over 6 steps (a resample misses all 6 with chance (2/3)¹⁸ < 0.1%) the fit
+    holds in the interval and the change is recommended."""
+    mib = 2**20
+    traces = _ddp_run(tmp_path, [mib, mib, 2 * mib, 4 * mib], 2 * mib, [2 * mib, 2 * mib, 4 * mib],
+                      alpha=100.0, beta=1000.0 / mib,
+                      took={(0, 0): 2100.0, (0, 1): 2100.0, (0, 2): 3000.0,
+                            (1, 0): 2100.0, (1, 1): 2100.0, (1, 2): 4200.0})
+    res = build_report(traces).results["recommendations"]
+    assert not [c for c in res.recommendations if c.kind == "ddp_bucket"]
+    c = next(c for c in res.rejected if c.params.get("ddp_bucket_cap_bytes") == 8 * mib)
+    assert c.predicted_step_us == pytest.approx(10000.0 - 2400.0)
+    assert c.predicted_low_us == pytest.approx(7600.0) and c.predicted_high_us == 10000.0
+    assert any("may gain nothing, so it is not recommended" in x for x in c.caveats)
+    assert any("bootstrap interval (1000 resamples" in e and "α 0–1200 µs" in e
+               for e in c.evidence)
+    # the same run with every 4 MiB call at 3000 µs: the fit holds in every resample
+    (tmp_path / "clean").mkdir()
+    clean = _ddp_run(tmp_path / "clean", [mib, mib, 2 * mib, 4 * mib], 2 * mib,
+                     [2 * mib, 2 * mib, 4 * mib], alpha=100.0, beta=1000.0 / mib, steps=6,
+                     took={(k, i): (3000.0 if i == 2 else 2100.0) for k in range(6)
+                           for i in range(3)})
+    res = build_report(clean).results["recommendations"]
+    c = next(c for c in res.recommendations if c.params.get("ddp_bucket_cap_bytes") == 8 * mib)
+    assert (c.predicted_low_us, c.predicted_step_us, c.predicted_high_us) == pytest.approx(
+        (7600.0, 7600.0, 7600.0))
 
 
 #: FSDP2's and FSDP1's range names: forward unshard, backward unshard, backward prefetch
@@ -1088,3 +1126,25 @@ def test_a_pipeline_stage_that_idles_is_named_though_it_waits_more_than_it_cause
     assert identify_straggler(ctx) is None
     f = identify_straggler(dataclasses.replace(ctx, pipeline=_Obj(chunks=[0])))
     assert (f.rank, f.criterion, f.excess_idle_us, f.steps_over) == (1, "idles longer", 40000.0, 3)
+
+
+def test_ddp_bucket_interval_on_a_gpu_replays_the_resampled_fits(tmp_path):
+    """On a GPU each resample's α–β replays the gradient-ready curves (the first
+    GPU_RESAMPLES); the interval holds the point prediction and, with every call of a size
+    alike, collapses onto it."""
+    import dataclasses
+
+    from pardiag.analyzer.recommend import build_context
+    from pardiag.analyzer.recommend.rules.ddp_buckets import ddp_buckets
+
+    mib = 2**20
+    traces = _ddp_run(tmp_path, [mib, mib, 2 * mib, 4 * mib], 2 * mib, [2 * mib, 2 * mib, 4 * mib],
+                      alpha=100.0, beta=1000.0 / mib, steps=6)
+    rep = build_report(traces)
+    ctx = dataclasses.replace(build_context(rep.traces, rep.results), on_gpu=True)
+    got = {c.params["ddp_bucket_cap_bytes"] // mib: c for c in ddp_buckets(ctx)}
+    assert set(got) == {0, 4, 8}   # 0.5 MiB rounds down to 0 here
+    for c in got.values():
+        assert c.predicted_low_us == pytest.approx(c.predicted_step_us)
+        assert c.predicted_high_us == pytest.approx(c.predicted_step_us)
+        assert any("bootstrap interval (200 resamples" in e for e in c.evidence)

@@ -316,6 +316,21 @@ class RuleContext:
             return None
 
     @functools.cached_property
+    def allreduce_fit_resamples(self) -> np.ndarray | None:
+        """Bootstrap of :attr:`allreduce_fit` (:func:`whatif.alpha_beta_resamples`, seeded
+        :data:`BOOTSTRAP_SEED`): shape ``(1000, 2)``, α (µs), β (µs/byte) per resample; None
+        without all-reduces."""
+        if self.sync is None or self.sync.instances.empty:
+            return None
+        ar = self.sync.instances[self.sync.instances["op"] == "all_reduce"]
+        try:
+            return whatif.alpha_beta_resamples(
+                pd.to_numeric(ar["bytes"], errors="coerce").tolist(), ar["transfer_us"].tolist(),
+                resamples=1000, seed=BOOTSTRAP_SEED)
+        except ValueError:
+            return None
+
+    @functools.cached_property
     def all_gathers(self) -> pd.DataFrame:
         """Per rank (index): ``count`` and ``exposed`` (µs) of its all-gathers over the
         profiled steps."""

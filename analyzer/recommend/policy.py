@@ -9,10 +9,11 @@ what the step's own noise moves its median by. Recommendations whose predicted s
 within that same margin of each other form one tier ("within noise of each other"): a tier is
 a set, not a ranking.
 
-Stand-in rule: a change whose prediction rests on stand-in timings taken after the run (DDP on
-a stand-in model, the stage modules at other sizes, all-reduces of chosen sizes) carries their
-95% interval (:attr:`Recommendation.predicted_high_us`); when the interval reaches the measured
-step — the change might gain nothing — it is not recommended, whatever its point prediction.
+Interval rule: a change whose prediction rests on stand-in timings taken after the run (DDP on
+a stand-in model, the stage modules at other sizes, all-reduces of chosen sizes) or on a fit
+to the run's own transfers (DDP bucket sizes: the all-reduces' α–β) carries their 95% interval
+(:attr:`Recommendation.predicted_high_us`); when the interval reaches the measured step — the
+change might gain nothing — it is not recommended, whatever its point prediction.
 
 Order: a run that does not fit in memory must shrink first — memory-saving changes
 (:data:`MEMORY_KINDS`) rank ahead of speed; changes of the parallel degrees
@@ -79,7 +80,7 @@ def noise_margin_pct(step: StepNoise | None, contended: bool = False) -> tuple[f
 
 def spans_no_gain(c: Recommendation) -> str:
     """The caveat of a change whose stand-in interval reaches the measured step."""
-    return (f"the stand-in timings it rests on put it at {ms(c.predicted_low_us)}–"
+    return (f"the timings it rests on put it at {ms(c.predicted_low_us)}–"
             f"{ms(c.predicted_high_us)} (95% interval), which reaches the measured "
             f"{ms(c.measured_step_us)}: it may gain nothing, so it is not recommended")
 

@@ -11,6 +11,9 @@ from pardiag.analyzer.recommend.types import Recommendation
 #: torch DDP's default bucket_cap_mb (bytes), and its first bucket's cap with that default.
 DDP_DEFAULT_CAP = 25 * 2**20
 DDP_FIRST_BUCKET = 2**20
+#: Resamples of the α–β fit replayed per size on a GPU (each replays every rank-step's
+#: gradient-ready curve; on CPU a size's change is α × the change in bucket count, all 1000).
+GPU_RESAMPLES = 200
 
 
 def _ddp_ready_curves(ctx: RuleContext) -> list[list[tuple[float, float]]]:
@@ -50,7 +53,13 @@ def ddp_buckets(ctx: RuleContext) -> list[Recommendation]:
     all-reduces run beside the backward and only what ends after the last gradient shows
     (:func:`whatif.bucketed_allreduce_tail`); on CPU they run on the cores the backward uses
     (gloo), so all of their time adds to the step and only the count of buckets (α each)
-    changes with the size."""
+    changes with the size.
+
+    Each prediction carries the 95% interval the α–β fit gives it
+    (:attr:`RuleContext.allreduce_fit_resamples`: the run's all-reduces resampled; on a GPU
+    the first :data:`GPU_RESAMPLES` of them): a fit through few sizes, or through one lucky
+    fast call, moves far, and when the interval reaches the measured step the change may
+    gain nothing and is not recommended (:mod:`~pardiag.analyzer.recommend.policy`)."""
     lay, measured = ctx.settings, ctx.measured_us
     if "ddp" not in ctx.strategies or not (measured > 0):
         return []
@@ -90,6 +99,9 @@ def ddp_buckets(ctx: RuleContext) -> list[Recommendation]:
     # torch's first bucket is 1 MiB only when bucket_cap_mb is left at its default
     now_b = buckets(cap, DDP_FIRST_BUCKET if abs(cap - DDP_DEFAULT_CAP) < 1 else None)
     now = [whatif.bucketed_allreduce_tail(c, now_b, alpha, beta) for c in curves]
+    boot = ctx.allreduce_fit_resamples
+    if boot is not None and on_gpu:
+        boot = boot[:GPU_RESAMPLES]
     out = []
     seen = {tuple(now_b)}     # a size that forms the same buckets changes nothing
     for new in whatif.ddp_cap_candidates(cap, total, DDP_DEFAULT_CAP):
@@ -107,10 +119,26 @@ def ddp_buckets(ctx: RuleContext) -> list[Recommendation]:
             delta = alpha * (len(new_b) - len(now_b))
             how = (f"{len(now_b)} all-reduces per step now, {len(new_b)} with this size; each "
                    f"costs α = {alpha:.0f} µs beyond its bytes",)
+        low = high = float("nan")
+        if boot is not None and len(boot):
+            if on_gpu:
+                deltas = [float(np.median(
+                    [whatif.bucketed_allreduce_tail(c, new_b, a, b)
+                     - whatif.bucketed_allreduce_tail(c, now_b, a, b) for c in curves]))
+                    for a, b in boot]
+            else:
+                deltas = boot[:, 0] * (len(new_b) - len(now_b))
+            lo_d, hi_d = np.quantile(deltas, [0.025, 0.975])
+            low, high = measured + min(float(lo_d), delta), measured + max(float(hi_d), delta)
+            how = (*how, f"with the α–β fit's 95% bootstrap interval ({len(boot)} resamples of "
+                         f"the run's all-reduces, α {np.quantile(boot[:, 0], 0.025):.0f}–"
+                         f"{np.quantile(boot[:, 0], 0.975):.0f} µs) the step is "
+                         f"{low / 1000:.2f}–{high / 1000:.2f} ms")
         out.append(Recommendation(
             kind="ddp_bucket", title=f"DDP buckets of {new / 2**20:g} MiB",
             change=f"DDP bucket_cap_mb={new / 2**20:.4g} (now {cap / 2**20:.4g}; "
                    f"{total / 2**20:.3g} MiB of gradients per step)",
             evidence=how, caveats=tuple(caveats), measured_step_us=measured,
-            predicted_step_us=measured + delta, params={"ddp_bucket_cap_bytes": int(new)}))
+            predicted_step_us=measured + delta, predicted_low_us=low, predicted_high_us=high,
+            params={"ddp_bucket_cap_bytes": int(new)}))
     return out
