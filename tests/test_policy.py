@@ -67,7 +67,7 @@ def test_contended_ranks_say_the_tiers_may_change_between_runs():
     """When the ranks contended for cores the rule says that how they shared them is not in
     the run's noise and that pinning gives steadier tiers; the margin and the tiers themselves
     do not change (measured: the unbalanced 1F1B pipeline's top tier recurred in 11–18 of 20
-    unpinned runs and 19–20 of 20 pinned ones)."""
+    unpinned runs and 18–20 of 20 pinned ones)."""
     cands = [_rec("microbatches", 9_200.0), _rec("rebalance_stages", 9_400.0)]
     calm = rank(cands, NOISY, None)
     busy = rank(cands, NOISY, None, contended=True)

@@ -46,8 +46,9 @@ FEW_NOISE_STEPS = 10
 #: Said with the rule when the ranks contended for cores (:func:`pardiag.layout.
 #: contention_note`). How the OS shares the cores differs between runs and holds for a whole
 #: run, so a run's own step noise does not show it: on the stability benchmark's unbalanced
-#: 1F1B pipeline (2026-12-01, 12 steps, 20 runs per batch) the top tier recurred in 11, 17 and
-#: 18 of 20 unpinned runs and in 19, 20 and 20 of 20 runs with ``--pin-cpu``.
+#: 1F1B pipeline (2026-12-01 06:23–07:08 UTC, 12 steps, four batches of 20 runs) the top tier
+#: recurred in 18, 17, 11 and 16 of 20 unpinned runs and in 20, 20, 19 and 18 of 20 runs with
+#: ``--pin-cpu``.
 CONTENDED_TIERS = ("; the ranks contended for cores, and how they shared them differs between "
                    "identical runs without showing in one run's noise, so tiers near the margin "
                    "can differ from one run to the next: pin the ranks (pardiag profile "
