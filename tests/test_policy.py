@@ -2,6 +2,8 @@
 recommended only when its predicted gain clears the step's measured noise, and changes within
 noise of each other are one tier, not a ranking."""
 
+import dataclasses
+
 import pytest
 
 from pardiag.analyzer.recommend import Recommendation
@@ -132,3 +134,26 @@ def test_a_stand_in_interval_that_reaches_the_step_is_not_recommended():
     # the interval is in the JSON (NaN as null where there is none)
     assert r.to_json()["predicted_high_us"] == 10_200.0
     assert plain.to_json()["predicted_low_us"] is None
+
+
+def test_an_interval_is_restated_with_its_prediction_against_the_unprofiled_step():
+    """Outside pipelines the predictions are made on the profiled steps (on CPU 2–4× slower)
+    and applied as ratios to the unprofiled step: the interval scales with them, so the
+    interval rule compares it with the step it is stated against. A change predicted at
+    18–19 ms of a 20 ms profiled step is 9–9.5 ms of a 10 ms unprofiled one: it still clears it
+    (unscaled, its 19 ms high end would have read as reaching the 10 ms step)."""
+    from pardiag.analyzer.recommend import as_ratio
+
+    c = Recommendation(kind="ddp_bucket", title="b", change="b", measured_step_us=20_000.0,
+                       predicted_step_us=18_000.0, predicted_low_us=17_000.0,
+                       predicted_high_us=19_000.0)
+    r = as_ratio(c, 10_000.0, "step time 10 ms unprofiled")
+    assert (r.measured_step_us, r.predicted_low_us, r.predicted_step_us,
+            r.predicted_high_us) == (10_000.0, 8_500.0, 9_000.0, 9_500.0)
+    assert not r.interval_spans_no_gain and r.evidence == ("step time 10 ms unprofiled",)
+    good, _, _, _ = rank([r], NOISY, None)
+    assert [x.kind for x in good] == ["ddp_bucket"]
+    # without an interval the prediction alone is scaled
+    bare = as_ratio(dataclasses.replace(c, predicted_low_us=float("nan"),
+                                        predicted_high_us=float("nan")), 10_000.0)
+    assert bare.predicted_step_us == 9_000.0 and not bare.interval_known

@@ -35,6 +35,20 @@ __all__ = ["DEGREE_KINDS", "MEMORY_KINDS", "MIN_GAIN_PCT", "PipelineModel", "RUL
            "build_context", "clean_step_us", "compute_recommendations", "pipeline_model"]
 
 
+def as_ratio(c: Recommendation, step_us: float, note: str = "") -> Recommendation:
+    """``c`` restated against a step of ``step_us`` (µs; the unprofiled step): its predicted
+    step and interval (:attr:`Recommendation.predicted_low_us`/``predicted_high_us``) scaled by
+    ``step_us`` / its measured step, so the interval rule compares like with like; ``note``
+    joins its evidence. A ruled-out change only takes the new measured step."""
+    if c.ruled_out:
+        return dataclasses.replace(c, measured_step_us=step_us)
+    k = step_us / c.measured_step_us
+    return dataclasses.replace(
+        c, measured_step_us=step_us, predicted_step_us=c.predicted_step_us * k,
+        predicted_low_us=c.predicted_low_us * k, predicted_high_us=c.predicted_high_us * k,
+        evidence=(*c.evidence, note) if note else c.evidence)
+
+
 def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResult:
     """Evaluate the changes pardiag models and rank those predicted to help.
 
@@ -66,11 +80,7 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
         note = (f"step time {ms(clean.median_us)} measured on {clean.steps} unprofiled step "
                 f"period(s) ({ms(measured)} while profiled); the predicted change is applied as "
                 "a ratio")
-        cands = [dataclasses.replace(
-            c, measured_step_us=clean.median_us,
-            predicted_step_us=clean.median_us * c.predicted_step_us / c.measured_step_us,
-            evidence=(*c.evidence, note)) if not c.ruled_out else
-            dataclasses.replace(c, measured_step_us=clean.median_us) for c in cands]
+        cands = [as_ratio(c, clean.median_us, note) for c in cands]
     # the noise of the step the predictions are finally stated against: the unprofiled steps
     # when they were measured (more of them, and without the profiler's own jitter)
     use_clean = ctx.model is None and clean is not None
