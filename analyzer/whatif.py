@@ -492,17 +492,32 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> t
     Raises:
         ValueError: no transfer with a positive size and time.
     """
+    pts, cid = _size_clusters(sizes_bytes, times_us)
+    best: dict[int, tuple[float, float]] = {}
+    for k, (s, t) in zip(cid, pts):
+        if k not in best or t < best[k][1]:
+            best[k] = (s, t)
+    return _hockney_line([b[0] for b in best.values()], [b[1] for b in best.values()])
+
+
+def _size_clusters(sizes_bytes: Sequence[float], times_us: Sequence[float]
+                   ) -> tuple[list[tuple[float, float]], list[int]]:
+    """The transfers with a positive size and time as ``(bytes, µs)`` sorted by size, and each
+    one's size cluster (0, 1, …): a size more than :data:`SIZE_CLUSTER` above its cluster's
+    first starts the next.
+
+    Raises:
+        ValueError: no transfer with a positive size and time."""
     pts = sorted((float(s), float(t)) for s, t in zip(sizes_bytes, times_us)
                  if s and t and s > 0 and t > 0 and math.isfinite(s) and math.isfinite(t))
     if not pts:
         raise ValueError("no transfer with a positive size and time")
-    clusters: list[list[tuple[float, float]]] = []
-    for s, t in pts:
-        if not clusters or s > clusters[-1][0][0] * (1 + SIZE_CLUSTER):
-            clusters.append([])
-        clusters[-1].append((s, t))
-    best = [min(c, key=lambda st: st[1]) for c in clusters]
-    return _hockney_line([b[0] for b in best], [b[1] for b in best])
+    cid, k, first = [], -1, 0.0
+    for s, _ in pts:
+        if k < 0 or s > first * (1 + SIZE_CLUSTER):
+            k, first = k + 1, s
+        cid.append(k)
+    return pts, cid
 
 
 def _hockney_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -533,15 +548,8 @@ def alpha_beta_resamples(sizes_bytes: Sequence[float], times_us: Sequence[float]
 
     Raises:
         ValueError: no transfer with a positive size and time."""
-    pts = sorted((float(s), float(t)) for s, t in zip(sizes_bytes, times_us)
-                 if s and t and s > 0 and t > 0 and math.isfinite(s) and math.isfinite(t))
-    if not pts:
-        raise ValueError("no transfer with a positive size and time")
-    cid, k, first = [], -1, None
-    for s, _ in pts:
-        if first is None or s > first * (1 + SIZE_CLUSTER):
-            k, first = k + 1, s
-        cid.append(k)
+    pts, cid = _size_clusters(sizes_bytes, times_us)
+    k = cid[-1]
     cid_a = np.asarray(cid)
     t_a = np.asarray([t for _, t in pts])
     size = np.bincount(cid_a, weights=[s for s, _ in pts]) / np.bincount(cid_a)

@@ -547,7 +547,7 @@ class PipelineRecorder:
             # on a GPU a larger microbatch than the run's could run out of memory: not tried
             ns = list(dict.fromkeys(max(1, int(round(shape[0] * f))) for f in factors
                                     if f <= 1.0 or device.type == "cpu"))
-            own = max(1, int(round(shape[0])))
+            own = max(1, int(shape[0]))   # the run's own size (factor 1)
             fwd: dict[int, list[float]] = {n: [] for n in ns}
             bwd: dict[int, list[float]] = {n: [] for n in ns}
             try:

@@ -32,7 +32,8 @@ from pardiag.analyzer.traceset import TraceSet
 __all__ = ["DEGREE_KINDS", "MEMORY_KINDS", "MIN_GAIN_PCT", "PipelineModel", "RULES",
            "Recommendation", "RecommendationResult", "Rule", "RuleContext", "STEP_BASES",
            "StepNoise", "StepTime",
-           "build_context", "clean_step_us", "compute_recommendations", "pipeline_model"]
+           "as_ratio", "build_context", "clean_step_us", "compute_recommendations",
+           "pipeline_model"]
 
 
 def as_ratio(c: Recommendation, step_us: float, note: str = "") -> Recommendation:

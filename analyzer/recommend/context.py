@@ -303,15 +303,19 @@ class RuleContext:
         return float(n.median()) if len(n) else 1.0
 
     @functools.cached_property
+    def _allreduce_points(self) -> tuple[list[float], list[float]]:
+        """The run's all-reduces: bytes and transfer µs (min over ranks), in two lists."""
+        if self.sync is None or self.sync.instances.empty:
+            return [], []
+        ar = self.sync.instances[self.sync.instances["op"] == "all_reduce"]
+        return pd.to_numeric(ar["bytes"], errors="coerce").tolist(), ar["transfer_us"].tolist()
+
+    @functools.cached_property
     def allreduce_fit(self) -> tuple[float, float] | None:
         """α (µs), β (µs/byte) of the run's all-reduces (transfer part: min over ranks)
         through the fastest of each size (:func:`whatif.fit_alpha_beta`), or None."""
-        if self.sync is None or self.sync.instances.empty:
-            return None
-        ar = self.sync.instances[self.sync.instances["op"] == "all_reduce"]
         try:
-            return whatif.fit_alpha_beta(pd.to_numeric(ar["bytes"], errors="coerce").tolist(),
-                                         ar["transfer_us"].tolist())
+            return whatif.fit_alpha_beta(*self._allreduce_points)
         except ValueError:
             return None
 
@@ -320,13 +324,9 @@ class RuleContext:
         """Bootstrap of :attr:`allreduce_fit` (:func:`whatif.alpha_beta_resamples`, seeded
         :data:`BOOTSTRAP_SEED`): shape ``(1000, 2)``, α (µs), β (µs/byte) per resample; None
         without all-reduces."""
-        if self.sync is None or self.sync.instances.empty:
-            return None
-        ar = self.sync.instances[self.sync.instances["op"] == "all_reduce"]
         try:
-            return whatif.alpha_beta_resamples(
-                pd.to_numeric(ar["bytes"], errors="coerce").tolist(), ar["transfer_us"].tolist(),
-                resamples=1000, seed=BOOTSTRAP_SEED)
+            return whatif.alpha_beta_resamples(*self._allreduce_points, resamples=1000,
+                                               seed=BOOTSTRAP_SEED)
         except ValueError:
             return None
 

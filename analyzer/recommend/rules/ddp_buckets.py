@@ -102,6 +102,9 @@ def ddp_buckets(ctx: RuleContext) -> list[Recommendation]:
     boot = ctx.allreduce_fit_resamples
     if boot is not None and on_gpu:
         boot = boot[:GPU_RESAMPLES]
+        # the current buckets' tails under each resampled fit, once for every candidate size
+        now_boot = [[whatif.bucketed_allreduce_tail(c, now_b, a, b) for c in curves]
+                    for a, b in boot]
     out = []
     seen = {tuple(now_b)}     # a size that forms the same buckets changes nothing
     for new in whatif.ddp_cap_candidates(cap, total, DDP_DEFAULT_CAP):
@@ -123,9 +126,8 @@ def ddp_buckets(ctx: RuleContext) -> list[Recommendation]:
         if boot is not None and len(boot):
             if on_gpu:
                 deltas = [float(np.median(
-                    [whatif.bucketed_allreduce_tail(c, new_b, a, b)
-                     - whatif.bucketed_allreduce_tail(c, now_b, a, b) for c in curves]))
-                    for a, b in boot]
+                    [whatif.bucketed_allreduce_tail(c, new_b, a, b) - t0
+                     for c, t0 in zip(curves, now_i)])) for (a, b), now_i in zip(boot, now_boot)]
             else:
                 deltas = boot[:, 0] * (len(new_b) - len(now_b))
             lo_d, hi_d = np.quantile(deltas, [0.025, 0.975])
