@@ -572,8 +572,8 @@ def _ddp_run(tmp_path, param_bytes, cap, buckets, alpha, beta, span=10000.0, too
             b.step(k + 1, k * span, span)
         b.write(tmp_path / f"rank{r}.trace.json")
         recs, seq = [], 1
-        for k, step0 in enumerate(k * span for k in range(steps)):
-            t = step0 + 1000
+        for k in range(steps):
+            t = k * span + 1000
             for i, nb in enumerate(buckets):
                 end = t + took.get((k, i), alpha + beta * nb)
                 recs.append(record("all_reduce", seq, t, end, ranks=(0, 1), nbytes=int(nb)))
