@@ -4,13 +4,13 @@ A :class:`RankSummary` is computed where the trace is (the end of ``pardiag prof
 rank, ``pardiag summarize`` elsewhere, or a worker process of ``pardiag report``) and holds what
 the cross-rank analyses need from that rank:
 
-* the time breakdown's parts (:class:`pardiag.analyzer.breakdown.RankParts`: computation and
+* the time breakdown's parts (:class:`pardiag.analyzer.analyses.breakdown.RankParts`: computation and
   communication interval sets, the window, the step windows, the communication events with their
   collective type);
 * the synchronization analysis' communication events of the rank (:func:`sync._from_trace`) and
   its ``ProfilerStep`` windows (to place pardiag's collective records in steps);
 * the ``[memory]`` events (time, device, allocated and reserved bytes);
-* the time per operator name (:mod:`pardiag.analyzer.operators`: GPU kernels, CPU operators);
+* the time per operator name (:mod:`pardiag.analyzer.analyses.operators`: GPU kernels, CPU operators);
 * the file's top-level metadata, thread names, warnings and notes.
 
 Everything a report computes from summaries equals what it computes from the raw events (the
@@ -40,15 +40,15 @@ import orjson
 import pandas as pd
 
 from pardiag import layout
-from pardiag.analyzer.causes import causes_of_trace
-from pardiag.analyzer.breakdown import RankParts, breakdown_rows_of, rank_parts
-from pardiag.analyzer.classify import classify, profiler_steps
-from pardiag.analyzer.comm_records import all_to_all_ops
-from pardiag.analyzer.infer_layout import RankMarks, rank_marks
-from pardiag.analyzer.load import _parse_all, _parse_file, _trace_files, default_workers
-from pardiag.analyzer.operators import operators_of_events
-from pardiag.analyzer.sync import _from_trace
-from pardiag.analyzer.traceset import RankTrace
+from .analyses.causes import causes_of_trace
+from .analyses.breakdown import RankParts, breakdown_rows_of, rank_parts
+from .trace.classify import classify, profiler_steps
+from .trace.comm_records import all_to_all_ops
+from .analyses.infer_layout import RankMarks, rank_marks
+from .trace.load import _parse_all, _parse_file, _trace_files, default_workers
+from .analyses.operators import operators_of_events
+from .analyses.sync import _from_trace
+from .trace.traceset import RankTrace
 from pardiag.errors import TraceError
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
@@ -95,13 +95,13 @@ class RankSummary:
         memory: ``[memory]`` events: ``ts_us``, ``device``, ``allocated_bytes``,
             ``reserved_bytes`` (NaN where not a number).
         marks: what the trace says about the parallel layout
-            (:class:`pardiag.analyzer.infer_layout.RankMarks`), or None.
-        operators: time per operator name (:func:`pardiag.analyzer.operators.operators_of_events`:
+            (:class:`pardiag.analyzer.analyses.infer_layout.RankMarks`), or None.
+        operators: time per operator name (:func:`pardiag.analyzer.analyses.operators.operators_of_events`:
             ``kind``, ``name``, ``count``, ``time_us``), or None.
         operator_steps: the trace's profiler steps (what ``operators`` is divided by per step).
         a2a: the all-to-alls the rank issued with their split sizes
-            (:func:`pardiag.analyzer.comm_records.all_to_all_ops`), or None (an older summary).
-        causes: host and device parts per profiler step (:func:`pardiag.analyzer.causes.rank_causes`),
+            (:func:`pardiag.analyzer.trace.comm_records.all_to_all_ops`), or None (an older summary).
+        causes: host and device parts per profiler step (:func:`pardiag.analyzer.analyses.causes.rank_causes`),
             or None.
     """
 
@@ -447,7 +447,7 @@ def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, in
     """Compute and store the summary of every trace file under ``paths`` that lacks a current one.
 
     Args:
-        paths: folders and/or trace files (as :func:`pardiag.analyzer.load.load_traces` takes).
+        paths: folders and/or trace files (as :func:`pardiag.analyzer.trace.load.load_traces` takes).
         comm_patterns: compiled ``--comm-kernel`` patterns.
         shard: ``(i, n)``: handle only the files whose position in the sorted file list is ``i``
             modulo ``n`` (run ``n`` copies, e.g. one per torchrun process or node).
@@ -512,8 +512,8 @@ def summarize_file(path: Path, comm_patterns: Iterable = (), *, store: bool = Tr
 
 
 class SummaryReducer:
-    """The per-rank reduction that :func:`pardiag.analyzer.load.load_traces` runs where it parses
-    a file (:class:`pardiag.analyzer.load.RankReducer`): :func:`summarize_trace`,
+    """The per-rank reduction that :func:`pardiag.analyzer.trace.load.load_traces` runs where it parses
+    a file (:class:`pardiag.analyzer.trace.load.RankReducer`): :func:`summarize_trace`,
     :func:`find_summary`, :func:`write_summary`."""
 
     def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings=(), repairs=(),

@@ -34,8 +34,8 @@ from synth_run import write_run  # noqa: E402
 REPORT = """
 import sys, time
 t0 = time.perf_counter()
-import pardiag.analyzer.load as load
-from pardiag.analyzer.registry import build_report
+import pardiag.analyzer.trace.load as load
+from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.summary import REDUCER
 parsed = []
 _parse_all = load._parse_all

@@ -4,8 +4,8 @@ For each case, ``--repeat`` identical ``pardiag profile`` runs, with and without
 (each rank on its own cores), each reported in-process. Per run it keeps:
 
 * the **top tier**: the kinds of the recommendations of tier 1 (within the run's noise of each
-  other, :mod:`pardiag.analyzer.recommend.policy`), or ``nothing`` when nothing is recommended;
-* the **straggler** the verdict names (or none): :func:`pardiag.analyzer.recommend.rules.
+  other, :mod:`pardiag.analyzer.predict.recommend.policy`), or ``nothing`` when nothing is recommended;
+* the **straggler** the verdict names (or none): :func:`pardiag.analyzer.predict.recommend.rules.
   straggler.identify_straggler`;
 * the first-listed recommendation's kind, and the step's noise the tiers used (% of the step).
 
@@ -72,10 +72,10 @@ def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: st
     gains: each evaluated kind's best predicted gain (% of the step); step_ms and
     noise_pct: the step the recommendations are measured against and its noise (% of it), the
     margin the noise rule and the tiers used (None without a step)."""
-    from pardiag.analyzer.load import load_traces
-    from pardiag.analyzer.recommend import build_context
-    from pardiag.analyzer.recommend.rules.straggler import identify_straggler
-    from pardiag.analyzer.registry import build_report
+    from pardiag.analyzer.trace.load import load_traces
+    from pardiag.analyzer.predict.recommend import build_context
+    from pardiag.analyzer.predict.recommend.rules.straggler import identify_straggler
+    from pardiag.analyzer.report.registry import build_report
 
     out = tmp / tag
     cmd = [sys.executable, "-m", "pardiag", "profile", str(EXAMPLES / script),

@@ -351,7 +351,7 @@ class PipelineRecorder:
     sizes and, at the run's own, each of its direct children (forward hooks attached only
     then); ``layers`` holds per (stage, child index) its name, type, parameter bytes and
     forward time (``fwd_ns``: ``{"after_run": [ns of each call]}``) — what the what-if model
-    needs to move layers between stages (:mod:`pardiag.analyzer.whatif`).
+    needs to move layers between stages (:mod:`pardiag.analyzer.predict.whatif`).
     """
 
     def __init__(self, step_counter) -> None:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from pardiag import __version__, layout
-from pardiag.collectors.rank_entry import CONFIG_ENV
+from .rank_entry import CONFIG_ENV
 from pardiag.errors import PardiagError
 
 
@@ -421,7 +421,7 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig,
     Returns:
         (torchrun's exit code, None) or (its exit code, lines describing the hang).
     """
-    from pardiag.analyzer.hang import describe, diagnose_hang
+    from ..analyzer.analyses.hang import describe, diagnose_hang
 
     noise = NoiseFilter() if cfg.noise_filter else None
     try:

@@ -235,7 +235,7 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thr
     GIL) and records the flight recorder's entries, recent point-to-point calls and the main
     thread's Python stack.
     """
-    from pardiag.collectors.hooks import flight_recorder_entries, process_groups
+    from .hooks import flight_recorder_entries, process_groups
 
     request = layout.dump_request_path(out)
     main_id = threading.main_thread().ident
@@ -262,7 +262,7 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thr
 
 def _layout_of(parallel: dict, groups: list[dict], records: list[dict]) -> dict:
     """Parallel dimensions and degrees from the detected objects and the records."""
-    from pardiag.collectors.hooks import canonical_dim
+    from .hooks import canonical_dim
 
     dims: dict[str, int] = {}
     for mesh in parallel.get("meshes", []):
@@ -330,9 +330,9 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
                     size_scaling: list[dict] | None = None) -> tuple[dict, int]:
     """Comms and pipeline sidecars of a rank whose trace was written; returns (layout, n records).
     Also stores the trace's memory peaks in ``captured["trace_memory"]``."""
-    from pardiag.analyzer.comm_records import (attach_trace_times, records_from_flight_recorder,
+    from ..analyzer.trace.comm_records import (attach_trace_times, records_from_flight_recorder,
                                                records_from_p2p)
-    from pardiag.analyzer.load import RankTrace, events_frame, read_trace_json
+    from ..analyzer.trace.load import RankTrace, events_frame, read_trace_json
 
     path = layout.trace_path(out, rank)
     doc = read_trace_json(path)
@@ -368,7 +368,7 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
             if "samples" in r:
                 row["samples"] = r["samples"]
             rows.append(row)
-        from pardiag.analyzer.whatif import chunk_cost_split
+        from ..analyzer.predict.whatif import chunk_cost_split
         samples = {r["stage"]: r["samples"] for r in pipe_records if "samples" in r}
         _write_json(layout.pipeline_path(out, rank), {
             **layout.sidecar_header("pipeline"), "rank": rank,
@@ -389,7 +389,7 @@ def _write_rank_summary(out: Path, rank: int) -> None:
     """This rank's summary of its own trace (pardiag.analyzer.summary), so that `pardiag report`
     needs no central pass over the raw traces. A failure is a warning, not an error."""
     try:
-        from pardiag.analyzer.summary import summarize_file
+        from ..analyzer.summary import summarize_file
 
         summarize_file(layout.trace_path(out, rank))
     except Exception as exc:
@@ -439,7 +439,7 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
                                        register_optimizer_step_pre_hook)
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from pardiag.collectors import hooks
+    from . import hooks
 
     cfg = cfg if cfg is not None else json.loads(os.environ[CONFIG_ENV])
     out = Path(cfg["out"])

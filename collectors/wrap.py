@@ -266,7 +266,7 @@ def run_wrap(cfg: WrapConfig) -> None:
     """
     import importlib.util
 
-    from pardiag.collectors import rank_entry
+    from . import rank_entry
 
     if importlib.util.find_spec("torch") is None:
         raise PardiagError("pardiag wrap needs torch: pip install 'pardiag[profile]'")

@@ -21,16 +21,16 @@ from typing import Iterable
 
 import pandas as pd
 
-from pardiag.analyzer.compare import Comparison as _TypedComparison
-from pardiag.analyzer.registry import AnalysisOptions
-from pardiag.analyzer.registry import Report as _TypedReport
-from pardiag.analyzer.registry import build_report, report_json
+from pardiag.analyzer.report.compare import Comparison as _TypedComparison
+from pardiag.analyzer.report.registry import AnalysisOptions
+from pardiag.analyzer.report.registry import Report as _TypedReport
+from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.errors import PardiagError
 
 
 class Report(_TypedReport):
     """The analysis of one run: one typed field per analysis (inherited from
-    :class:`pardiag.analyzer.registry.Report`: ``traces``, ``time_breakdown``, ``sync``,
+    :class:`pardiag.analyzer.report.registry.Report`: ``traces``, ``time_breakdown``, ``sync``,
     ``inferred_layout``, ``pipeline``, ``balance``, ``causes``, ``memory``, ``layout``,
     ``dim_overlap``, ``routing``, ``recommendations``), plus the tables a notebook reads most, the figures, and the outputs.
 
@@ -59,7 +59,7 @@ class Report(_TypedReport):
 
     @property
     def step_parts(self) -> pd.DataFrame:
-        """Where each rank's steps go (:mod:`pardiag.analyzer.causes`): one row per rank and
+        """Where each rank's steps go (:mod:`pardiag.analyzer.analyses.causes`): one row per rank and
         profiler step: ``rank``, ``step``, ``start_us``, ``end_us``, ``span_us``; host parts
         ``data_loading_us``, ``sync_us``, ``comm_us``, ``launch_us``, ``optimizer_us``,
         ``backward_us``, ``forward_us``, ``other_us`` (outside any operator), summing to the
@@ -127,7 +127,7 @@ class Report(_TypedReport):
         predicted saving with even routing = ``wait_us`` / ranks) with its quartiles. Per
         rank and step: ``routing.per_rank``; per step: ``routing.steps``; per all-to-all:
         ``routing.instances``; the source × destination rows: ``routing.matrix``. Empty
-        without routed all-to-alls (:mod:`pardiag.analyzer.routing`)."""
+        without routed all-to-alls (:mod:`pardiag.analyzer.analyses.routing`)."""
         return self.routing.groups
 
     @property
@@ -175,7 +175,7 @@ class Report(_TypedReport):
         (wait heatmap), ``memory``, ``memory_timeline``, ``bandwidth``, ``moe_routing``
         (tokens per rank and step, source × destination). A notebook shows each as
         it is (``rep.figures["breakdown"]``)."""
-        from pardiag.analyzer import render_html as rh
+        from pardiag.analyzer.render import html as rh
 
         b = self.time_breakdown
         out = {}
@@ -211,7 +211,7 @@ class Report(_TypedReport):
         Raises:
             PardiagError: the file cannot be written.
         """
-        from pardiag.analyzer.render_html import render_html
+        from pardiag.analyzer.render.html import render_html
 
         path = Path(path)
         try:
@@ -226,7 +226,7 @@ class Report(_TypedReport):
         ``width`` columns wide."""
         from rich.console import Console
 
-        from pardiag.analyzer.render_terminal import render_terminal
+        from pardiag.analyzer.render.terminal import render_terminal
 
         console = Console(width=width, record=True, color_system=None, file=_Null())
         render_terminal(self, console)
@@ -237,7 +237,7 @@ class Report(_TypedReport):
         standard output at its own width)."""
         from rich.console import Console
 
-        from pardiag.analyzer.render_terminal import render_terminal
+        from pardiag.analyzer.render.terminal import render_terminal
 
         render_terminal(self, console or Console())
 
@@ -278,8 +278,8 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
         TraceError: a path does not exist, or no readable trace is found (the message names the
             file and the problem).
     """
-    from pardiag.analyzer.classify import compile_comm_patterns
-    from pardiag.analyzer.load import load_traces
+    from pardiag.analyzer.trace.classify import compile_comm_patterns
+    from pardiag.analyzer.trace.load import load_traces
     from pardiag.analyzer.summary import REDUCER
 
     if isinstance(comm_kernels, (str, re.Pattern)):
@@ -346,22 +346,22 @@ def load_summary(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: b
 
 class Comparison(_TypedComparison):
     """Two runs compared (:func:`compare`): the typed result (inherited from
-    :class:`pardiag.analyzer.compare.Comparison`: ``setup``, ``step``, ``breakdown``,
+    :class:`pardiag.analyzer.report.compare.Comparison`: ``setup``, ``step``, ``breakdown``,
     ``ranks``, ``dims``, ``bubbles``, ``stragglers``, ``skew``, ``imbalance``,
     ``collectives``, ``bandwidth``, ``operators``, ``checks``, ``warnings``) and its outputs.
     Every delta is B − A; µs, bytes, GB/s, %.
     """
 
     def gate(self, fail_if_slower_pct: float):
-        """The ``--fail-if-slower PCT`` check (:func:`pardiag.analyzer.compare.gate`): a
-        :class:`~pardiag.analyzer.compare.GateResult` (``failed``, ``line``)."""
-        from pardiag.analyzer.compare import gate
+        """The ``--fail-if-slower PCT`` check (:func:`pardiag.analyzer.report.compare.gate`): a
+        :class:`~pardiag.analyzer.report.compare.GateResult` (``failed``, ``line``)."""
+        from pardiag.analyzer.report.compare import gate
 
         return gate(self, fail_if_slower_pct)
 
     def to_json(self, fail_if_slower_pct: float | None = None) -> dict:
         """What ``pardiag compare --json`` writes (with the gate when a limit is given)."""
-        from pardiag.analyzer.compare import comparison_json
+        from pardiag.analyzer.report.compare import comparison_json
 
         g = None if fail_if_slower_pct is None else self.gate(fail_if_slower_pct)
         return comparison_json(self, g)
@@ -374,7 +374,7 @@ class Comparison(_TypedComparison):
         Raises:
             PardiagError: the file cannot be written.
         """
-        from pardiag.analyzer.render_compare import render_compare_html
+        from pardiag.analyzer.render.comparison import render_compare_html
 
         path = Path(path)
         g = None if fail_if_slower_pct is None else self.gate(fail_if_slower_pct)
@@ -399,7 +399,7 @@ class Comparison(_TypedComparison):
         standard output), with the gate's line when ``gate_result`` is given."""
         from rich.console import Console
 
-        from pardiag.analyzer.render_compare import render_compare_terminal
+        from pardiag.analyzer.render.comparison import render_compare_terminal
 
         render_compare_terminal(self, console or Console(), gate_result=gate_result)
 
@@ -423,7 +423,7 @@ def compare(a, b, *, comm_kernels: Iterable[str] = (), cache: bool = True,
     Raises:
         TraceError: an input is missing or unreadable (the message names it).
     """
-    from pardiag.analyzer.compare import compare_summaries
+    from pardiag.analyzer.report.compare import compare_summaries
 
     docs, given = [], []
     for x in (a, b):

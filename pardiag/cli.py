@@ -317,9 +317,9 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     import orjson
     from rich.console import Console
 
-    from pardiag.analyzer.classify import compile_comm_patterns
-    from pardiag.analyzer.load import load_traces
-    from pardiag.analyzer.registry import AnalysisOptions, build_report
+    from pardiag.analyzer.trace.classify import compile_comm_patterns
+    from pardiag.analyzer.trace.load import load_traces
+    from pardiag.analyzer.report.registry import AnalysisOptions, build_report
     from pardiag.analyzer.summary import REDUCER
     from pardiag.api import Report
     from pardiag.progress import progress_reporter
@@ -435,10 +435,10 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
     inputs or lie in an input folder (a later report would read it as a rank). Bad input exits
     with code 2 and a one-line message.
     """
-    from pardiag.analyzer.classify import compile_comm_patterns
-    from pardiag.analyzer.load import load_traces
-    from pardiag.analyzer.merge import merge_traces
-    from pardiag.analyzer.sync import compute_sync
+    from pardiag.analyzer.trace.classify import compile_comm_patterns
+    from pardiag.analyzer.trace.load import load_traces
+    from pardiag.analyzer.render.merge import merge_traces
+    from pardiag.analyzer.analyses.sync import compute_sync
 
     patterns = tuple(compile_comm_patterns(comm_kernel))
     traces = load_traces(list(paths))
@@ -481,7 +481,7 @@ def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str 
     $RANK/$WORLD_SIZE), e.g. `torchrun --nnodes 8 --nproc-per-node 4 -m pardiag summarize DIR`.
     Summaries go to .pardiag-cache/ in the trace folder, or ~/.cache/pardiag when it is read-only.
     """
-    from pardiag.analyzer.classify import compile_comm_patterns
+    from pardiag.analyzer.trace.classify import compile_comm_patterns
     from pardiag.analyzer.summary import summarize_paths
     from pardiag.progress import progress_reporter
 

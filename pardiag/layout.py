@@ -198,7 +198,7 @@ ENV_PREFIXES = ("NCCL_", "TORCH_", "PYTORCH_")
 
 # --- What the run file and the rank metadata hold ------------------------------------------------
 # Written by the collectors (launch.py: RunFile; rank_entry.py: RankMeta) with encode_sidecar,
-# decoded once by the loader (pardiag.analyzer.load) with decode_sidecar. Every field has a
+# decoded once by the loader (pardiag.analyzer.trace.load) with decode_sidecar. Every field has a
 # default, so a file of an older pardiag (or a test's partial one) decodes; unknown keys are
 # ignored, so a newer pardiag's file decodes too. A value of the wrong type is an error that names
 # the field (the loader then ignores the file with a warning).

@@ -130,7 +130,7 @@ def hostile_run(parent: Path) -> Path:
 
 def hostile_recommendations():
     """A RecommendationResult whose every string field carries the payloads."""
-    from pardiag.analyzer.recommend import Recommendation, RecommendationResult
+    from pardiag.analyzer.predict.recommend import Recommendation, RecommendationResult
 
     p_script, p_img, p_link, p_js = PAYLOADS
     rec = Recommendation(kind="straggler", title=f"Fix {p_script}", change=p_link,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pardiag.analyzer.breakdown import breakdown_rows_of, compute_time_breakdown, rank_parts
-from pardiag.analyzer.classify import Kind, classify, collective_type, compile_comm_patterns
-from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.analyses.breakdown import breakdown_rows_of, compute_time_breakdown, rank_parts
+from pardiag.analyzer.trace.classify import Kind, classify, collective_type, compile_comm_patterns
+from pardiag.analyzer.trace.load import load_traces
 from pardiag.errors import PardiagError
 from synth import TraceBuilder, cpu_rank, gpu_rank
 
@@ -176,7 +176,7 @@ def test_gloo_reduce_scatter_on_two_worker_threads_counts_issued_ops(tmp_path):
     # all_gather: c10d [110,112) ∪ gloo [112,150); exposed [110,120) + [140,150)
     assert (ag["count"], ag.time_us, ag.exposed_us) == (1, 40.0, 20.0)
     # the synchronization analysis names the worker events by the op issued
-    from pardiag.analyzer.sync import comm_events
+    from pardiag.analyzer.analyses.sync import comm_events
     ev = comm_events(traces).sort_values("start_us")
     assert ev["op"].tolist() == ["all_reduce", "reduce_scatter", "reduce_scatter", "all_gather"]
     assert ev["start_us"].tolist() == [55.0, 58.0, 102.0, 112.0]
@@ -224,7 +224,7 @@ def test_sample_collective_counts_equal_the_records(run):
 
 
 def test_step_time_spread_quartiles_range_and_outliers():
-    from pardiag.analyzer.breakdown import step_time_spread
+    from pardiag.analyzer.analyses.breakdown import step_time_spread
 
     spans = {0: [100.0, 110.0, 120.0, 130.0, 400.0], 1: [90.0, 100.0, 100.0, 100.0, 100.0]}
     steps = pd.DataFrame([{"rank": r, "step": i + 1, "span_us": v}

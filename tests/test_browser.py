@@ -13,9 +13,9 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from pardiag.analyzer.load import load_traces
-from pardiag.analyzer.registry import build_report
-from pardiag.analyzer.render_html import SECTIONS, render_html
+from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.report.registry import build_report
+from pardiag.analyzer.render.html import SECTIONS, render_html
 from pardiag.cli import cli
 from synth_report import PAYLOADS, big_run, hostile_recommendations, hostile_run
 
@@ -376,7 +376,7 @@ def test_labels_stay_apart_on_a_narrow_window(browser, run, tmp_path):
 
 
 def _compare_page(browser, a, b, tmp_path, width=1280, name="compare", extra=()):
-    from pardiag.analyzer.render_compare import COMPARE_SECTIONS
+    from pardiag.analyzer.render.comparison import COMPARE_SECTIONS
 
     out = tmp_path / f"{name}.html"
     res = CliRunner().invoke(cli, ["compare", str(a), str(b), "-o", str(out), "-q", *extra])

@@ -10,9 +10,9 @@ import stat
 import pytest
 
 from pardiag.analyzer import summary as sm
-from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.trace.load import load_traces
 from pardiag.analyzer.summary import REDUCER
-from pardiag.analyzer.registry import build_report
+from pardiag.analyzer.report.registry import build_report
 from synth import gpu_rank
 
 
@@ -71,7 +71,7 @@ def test_other_patterns_do_not_reuse_a_summary(tmp_path):
     load_traces(run, reducer=REDUCER, cache=True)
     ts = load_traces(run, reducer=REDUCER, cache=True, comm_patterns=[re.compile("relu")])
     assert [t.events_loaded for t in ts.ranks.values()] == [True, True]
-    tot = build_report(ts, __import__("pardiag.analyzer.registry", fromlist=["x"])
+    tot = build_report(ts, __import__("pardiag.analyzer.report.registry", fromlist=["x"])
                        .AnalysisOptions(comm_patterns=(re.compile("relu"),))).breakdown.totals
     # relu [50,70) is communication now: C = [30,70) [140,180), K = [10,40) [110,150)
     assert list(tot["comm_us"]) == [80.0, 80.0] and list(tot["overlap_us"]) == [20.0, 20.0]

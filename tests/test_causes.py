@@ -9,10 +9,10 @@ import sys
 import pandas as pd
 import pytest
 
-from pardiag.analyzer.causes import (HOST_PARTS, DEVICE_PARTS, CausesResult, causes_of_trace,
+from pardiag.analyzer.analyses.causes import (HOST_PARTS, DEVICE_PARTS, CausesResult, causes_of_trace,
                                      compute_causes, excess_table, straggler_cause)
-from pardiag.analyzer.load import load_traces
-from pardiag.analyzer.registry import build_report, report_json
+from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.report.registry import build_report, report_json
 from conftest import REPO
 from synth import TraceBuilder
 

@@ -147,68 +147,6 @@ def test_analyzer_needs_no_torch(tmp_path):
     assert (tmp_path / "r.html").stat().st_size > 1_000_000
 
 
-#: The analyzer's layers, bottom first: a module imports (at the top or inside a function) only
-#: from layers below its own. Data types at the bottom (pyinstrument's session.py is the model:
-#: a leaf type that processors and renderers depend on, never the reverse).
-ANALYZER_LAYERS = [
-    {"traceset", "intervals", "ranks", "whatif"},           # data types, pure helpers
-    {"replay"},                                              # the pipeline replay over whatif
-    {"parse"},                                               # bytes -> event table
-    {"load"},                                                # files -> TraceSet (orchestration)
-    {"classify"},                                            # event kinds, steps
-    {"breakdown", "comm_records", "infer_layout", "operators", "shapes", "causes"},  # per-rank analyses
-    {"sync"},                                                # cross-rank matching
-    {"summary"},                                             # the per-rank reduction
-    {"balance", "pipeline", "merge", "hang", "hta_extras", "routing"},  # analyses over the run
-    {"dim_overlap", "runsetup"},
-    {"recommend"},
-    {"registry"},
-    {"compare"},                                             # two runs' summaries
-    {"render_terminal", "render_html"},
-    {"render_compare"},
-]
-
-
-def _analyzer_imports(path):
-    """Every ``pardiag.analyzer`` module a file imports, at any depth of its code."""
-    import ast
-
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "pardiag.analyzer":
-                out |= {a.name for a in node.names}
-            elif node.module.startswith("pardiag.analyzer."):
-                out.add(node.module.split(".")[2])
-        elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[2] for a in node.names
-                    if a.name.startswith("pardiag.analyzer.")}
-    return out
-
-
-def _analyzer_modules():
-    """``{module: [files]}``: a package (``recommend/``) is one module of all its files."""
-    out = {}
-    for f in sorted((REPO / "analyzer").rglob("*.py")):
-        rel = f.relative_to(REPO / "analyzer")
-        if rel.parts[0] == "__init__.py":
-            continue
-        out.setdefault(rel.parts[0].removesuffix(".py"), []).append(f)
-    return out
-
-
-def test_analyzer_modules_import_only_from_layers_below():
-    level = {m: i for i, layer in enumerate(ANALYZER_LAYERS) for m in layer}
-    modules = _analyzer_modules()
-    assert set(modules) == set(level), f"place every module in a layer: {set(modules) ^ set(level)}"
-    # a package's files import each other freely; from other modules only those below
-    wrong = [(f.relative_to(REPO).as_posix(), m) for name, files in modules.items()
-             for f in files for m in _analyzer_imports(f)
-             if m != name and level.get(m, -1) >= level[name]]
-    assert wrong == []
-    assert "recommend" in modules and len(modules["recommend"]) > 5   # the rules package
-
-
 def test_output_onto_an_input_is_refused(tmp_path):
     t = gpu_rank(0).write(tmp_path / "rank0.json")
     before = t.read_bytes()

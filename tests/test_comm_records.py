@@ -1,9 +1,9 @@
 """Record normalisation, placement on the trace, and hang diagnosis — on planted data."""
 
-from pardiag.analyzer.comm_records import (attach_trace_times, records_from_flight_recorder,
+from pardiag.analyzer.trace.comm_records import (attach_trace_times, records_from_flight_recorder,
                                            records_from_p2p)
-from pardiag.analyzer.hang import describe, diagnose_hang
-from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.analyses.hang import describe, diagnose_hang
+from pardiag.analyzer.trace.load import load_traces
 from synth import TraceBuilder, write_sidecar
 
 BASE = 1_700_000_000_000_000_000  # baseTimeNanoseconds of the planted traces

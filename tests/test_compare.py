@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import pardiag
-from pardiag.analyzer.compare import compare_summaries, gate
-from pardiag.analyzer.operators import operators_of_events
+from pardiag.analyzer.report.compare import compare_summaries, gate
+from pardiag.analyzer.analyses.operators import operators_of_events
 from pardiag.cli import cli
 from synth import gpu_rank
 from synth_compare import ddp_run, pipeline_run

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pardiag.analyzer.infer_layout import INFERRED_SOURCE, infer_layout
-from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.analyses.infer_layout import INFERRED_SOURCE, infer_layout
+from pardiag.analyzer.trace.load import load_traces
 from pardiag.analyzer.summary import REDUCER
-from pardiag.analyzer.registry import build_report, report_json
+from pardiag.analyzer.report.registry import build_report, report_json
 from synth import TraceBuilder
 
 ROOT = Path(__file__).resolve().parents[1]

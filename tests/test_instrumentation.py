@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pardiag.analyzer.comm_records import records_from_p2p  # noqa: E402
+from pardiag.analyzer.trace.comm_records import records_from_p2p  # noqa: E402
 from pardiag.collectors import hooks  # noqa: E402
 
 
@@ -151,7 +151,7 @@ def test_profiler_warmup_steps_do_not_calibrate_the_pipeline(tmp_path):
     import msgspec
 
     from pardiag import layout
-    from pardiag.analyzer.pipeline import compute_pipeline
+    from pardiag.analyzer.analyses.pipeline import compute_pipeline
     from test_recommend import _pipeline_run
 
     traces = _pipeline_run(tmp_path, "1f1b", 2, 4, [600, 200], [1200, 400], {0: 600, 1: 200},

@@ -1,6 +1,6 @@
 import numpy as np
 
-from pardiag.analyzer import intervals as iv
+from pardiag.analyzer.trace import intervals as iv
 
 
 def test_union_merges_overlapping_touching_and_drops_empty():

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import REPO
 from pardiag import layout
-from pardiag.analyzer.load import load_traces
-from pardiag.analyzer.registry import build_report, report_json
+from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.summary import REDUCER
 from synth import relayout
 
@@ -126,7 +126,7 @@ def test_a_wrong_value_names_the_field_and_the_file_is_ignored(tmp_path):
 def test_the_report_shows_when_the_run_started(tmp_path):
     """run.json holds ``started_unix``; the summary once read an absent ``start_time``."""
     import datetime
-    from pardiag.analyzer.render_html import render_html
+    from pardiag.analyzer.render.html import render_html
     ts = load_traces(SAMPLES / "ddp_cpu_2rank")
     page = render_html(build_report(ts), include_plotlyjs=False)
     when = datetime.datetime.fromtimestamp(ts.run_info.started_unix, datetime.timezone.utc)

@@ -6,9 +6,9 @@ import re
 import orjson
 from click.testing import CliRunner
 
-from pardiag.analyzer.load import load_traces, read_trace_json
-from pardiag.analyzer.merge import PID_STRIDE, merge_traces
-from pardiag.analyzer.sync import compute_sync
+from pardiag.analyzer.trace.load import load_traces, read_trace_json
+from pardiag.analyzer.render.merge import PID_STRIDE, merge_traces
+from pardiag.analyzer.analyses.sync import compute_sync
 from pardiag.cli import cli
 from synth import TraceBuilder
 
@@ -138,7 +138,7 @@ def test_sample_run_merges(tmp_path):
 
 
 def test_gpu_processes_are_named_by_their_kineto_label():
-    from pardiag.analyzer.merge import rank_events
+    from pardiag.analyzer.render.merge import rank_events
 
     doc = {"traceEvents": [
         {"ph": "M", "name": "process_name", "pid": 59811, "tid": 0, "args": {"name": "python3"}},
@@ -239,7 +239,7 @@ def test_merged_real_gpu_run_keeps_the_format(real_traces, tmp_path):
 def test_string_tids_and_bad_durations():
     """Legacy ``"stream 7"`` tids become integers named after the string; an X event with a
     negative or missing dur is left out; a process with only metadata is not written."""
-    from pardiag.analyzer.merge import rank_events
+    from pardiag.analyzer.render.merge import rank_events
 
     doc = {"traceEvents": [
         {"ph": "M", "name": "process_labels", "pid": 5, "tid": 0, "args": {"labels": "GPU 5"}},

@@ -5,12 +5,12 @@ import math
 
 import pytest
 
-from pardiag.analyzer.balance import compute_balance, compute_layout, compute_memory
-from pardiag.analyzer.breakdown import compute_time_breakdown
-from pardiag.analyzer.load import load_traces
-from pardiag.analyzer.pipeline import compute_pipeline, ideal_bubble_pct
-from pardiag.analyzer.registry import build_report, report_json
-from pardiag.analyzer.sync import busbw_factor, compute_sync
+from pardiag.analyzer.analyses.imbalance import compute_balance, compute_layout, compute_memory
+from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
+from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.analyses.pipeline import compute_pipeline, ideal_bubble_pct
+from pardiag.analyzer.report.registry import build_report, report_json
+from pardiag.analyzer.analyses.sync import busbw_factor, compute_sync
 from synth import TraceBuilder, record, write_sidecar
 
 OFFSET = {0: 0.0, 1: 500.0, 2: 0.0}      # rank 1's clock runs 500 µs ahead

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pardiag.analyzer.load import load_traces
-from pardiag.analyzer.registry import build_report
+from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.report.registry import build_report
 from conftest import REPO
 
 
@@ -28,7 +28,7 @@ def test_balanced_pipeline_bubble_is_near_the_ideal(tmp_path, schedule, microbat
     to +9.8 points. So the bubble must not fall below the ideal by more than 5 points and not
     exceed it by more than 12; a second run is taken when the first misses the 5-point band,
     and both values are shown when both miss the wide one."""
-    from pardiag.analyzer.pipeline import summarize_bubbles
+    from pardiag.analyzer.analyses.pipeline import summarize_bubbles
 
     ideal = 100.0 / (microbatches + 1)
     measured = []

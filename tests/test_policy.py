@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from pardiag.analyzer.recommend import Recommendation
-from pardiag.analyzer.recommend.context import StepNoise, measured_peak, step_noise
-from pardiag.analyzer.recommend.policy import CONTENDED_TIERS, FEW_NOISE_STEPS, MIN_GAIN_PCT, rank
+from pardiag.analyzer.predict.recommend import Recommendation
+from pardiag.analyzer.predict.recommend.context import StepNoise, measured_peak, step_noise
+from pardiag.analyzer.predict.recommend.policy import CONTENDED_TIERS, FEW_NOISE_STEPS, MIN_GAIN_PCT, rank
 
 
 def _rec(kind, pred, change=None):
@@ -142,7 +142,7 @@ def test_an_interval_is_restated_with_its_prediction_against_the_unprofiled_step
     interval rule compares it with the step it is stated against. A change predicted at
     18–19 ms of a 20 ms profiled step is 9–9.5 ms of a 10 ms unprofiled one: it still clears it
     (unscaled, its 19 ms high end would have read as reaching the 10 ms step)."""
-    from pardiag.analyzer.recommend import as_ratio
+    from pardiag.analyzer.predict.recommend import as_ratio
 
     c = Recommendation(kind="ddp_bucket", title="b", change="b", measured_step_us=20_000.0,
                        predicted_step_us=18_000.0, predicted_low_us=17_000.0,

@@ -13,9 +13,9 @@ import warnings
 import numpy as np
 import pytest
 
-from pardiag.analyzer.breakdown import compute_rank_breakdown, compute_time_breakdown
-from pardiag.analyzer.classify import classify, profiler_steps
-from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.analyses.breakdown import compute_rank_breakdown, compute_time_breakdown
+from pardiag.analyzer.trace.classify import classify, profiler_steps
+from pardiag.analyzer.trace.load import load_traces
 from pardiag.cli import cli
 
 REFERENCE_OVERLAP_PCT = {
@@ -109,7 +109,7 @@ def test_dlrm_8rank_skew_lies_before_the_step(real_traces):
     """Read by an expert (issue #18): rank 7 enters the step about 7.5 ms late and almost all
     of its skew sits in the step's first collective (an all_to_all) — the delay lies before the
     step, not in its compute."""
-    from pardiag.analyzer.registry import build_report
+    from pardiag.analyzer.report.registry import build_report
     skew = build_report(load_traces(real_traces / "dlrm_8rank_v100")).balance.skew
     r7 = skew.set_index("rank").loc[7]
     assert 7000 < r7["start_late_us"] < 8500

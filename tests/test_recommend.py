@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from pardiag.analyzer import whatif
-from pardiag.analyzer.load import load_traces
-from pardiag.analyzer.registry import build_report, report_json
+from pardiag.analyzer.predict import whatif
+from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.report.registry import build_report, report_json
 from conftest import REPO
 from synth import TraceBuilder, record, write_sidecar
 
@@ -192,7 +192,7 @@ def test_microbatch_predictions_are_exact(tmp_path):
     traces = _pipeline_run(tmp_path, "gpipe", 2, 4, [1000, 1000], [2000, 2000], {0: 500, 1: 500},
                            fixed_share=0.5, samples=8, opt={0: 300, 1: 300})
     rep = build_report(traces)
-    model, why = __import__("pardiag.analyzer.recommend", fromlist=["x"]).pipeline_model(
+    model, why = __import__("pardiag.analyzer.predict.recommend", fromlist=["x"]).pipeline_model(
         traces, rep.results["pipeline"])
     assert why == ""
     assert (model.fwd_us, model.bwd_us, model.period_us, model.hop_us) == \
@@ -221,7 +221,7 @@ def test_unequal_stages_fit_a_chunk_as_a_line_in_its_layers(tmp_path):
     rank 0 restarts 400 µs (its optimizer) later: 8150 µs. (The stages' mean overhead and each
     stage's own backward/forward ratio would put 128 µs of the backward per chunk and 231 or 280
     per layer.)"""
-    rec = __import__("pardiag.analyzer.recommend", fromlist=["x"])
+    rec = __import__("pardiag.analyzer.predict.recommend", fromlist=["x"])
     layers = {0: [(100.0, 1000)] * 6, 1: [(100.0, 1000)] * 2}
     traces = _pipeline_run(tmp_path, "1f1b", 2, 4, [650, 250], [1500, 700], {0: 600, 1: 200},
                            layers=layers, fixed_share=0.0, samples=8, opt={0: 600, 1: 200})
@@ -397,8 +397,8 @@ def test_data_parallel_peak_memory(tmp_path, static, peak, meas, pred):
     measured 18); a CPU trace's window peak below the static bytes is all activations (1 + 2
     MiB → 40 + 1.5 = 41.5 MiB; measured static + window peak, 22)."""
     import pandas as pd
-    from pardiag.analyzer.recommend import build_context
-    from pardiag.analyzer.recommend.rules.pp_to_dp import pp_to_dp
+    from pardiag.analyzer.predict.recommend import build_context
+    from pardiag.analyzer.predict.recommend.rules.pp_to_dp import pp_to_dp
     mib = 2**20
     traces = _dp_run(tmp_path)
     done = dict(build_report(traces).results)
@@ -738,10 +738,10 @@ def _ctx(steps=2, dims=None, dim_comm=None, nodes=None, groups=None, bandwidth=N
     """A :class:`RuleContext` of a planted run: ``steps`` steps of 10000 µs on rank 0, the
     given layout, per-dimension communication per step and bandwidth."""
     import pandas as pd
-    from pardiag.analyzer.balance import LayoutResult
-    from pardiag.analyzer.breakdown import TimeBreakdown
-    from pardiag.analyzer.dim_overlap import DimOverlapResult
-    from pardiag.analyzer.recommend.context import MeasuredPeak, RuleContext, step_noise
+    from pardiag.analyzer.analyses.imbalance import LayoutResult
+    from pardiag.analyzer.analyses.breakdown import TimeBreakdown
+    from pardiag.analyzer.analyses.dim_overlap import DimOverlapResult
+    from pardiag.analyzer.predict.recommend.context import MeasuredPeak, RuleContext, step_noise
     st = pd.DataFrame({"rank": [0] * steps, "step": list(range(steps)),
                        "span_us": [10000.0] * steps})
     summary = pd.DataFrame([{"dim": d, "ranks": 4, "comm_us": c * steps, "exposed_us": e * steps,
@@ -769,7 +769,7 @@ def test_degree_predictions_are_exact():
     exposed); step 10000 µs. dp = 4, tp = 1: no TP, DP × 2 (tp 2 → 1) × 1.5 (ring 1 → 1.5)
     = 3000 exposed: 10000 − 3000 + 3000 = 10000. dp = 1, tp = 4: TP × 2 (dp 2 → 1) × 1.5 =
     12000, half exposed; no DP: 10000 − 3000 + 6000 = 13000."""
-    from pardiag.analyzer.recommend.rules.degrees import degrees
+    from pardiag.analyzer.predict.recommend.rules.degrees import degrees
     recs = {c.change: c for c in degrees(_ctx(dims={"dp": 2, "tp": 2}, dim_comm={
         "tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)}))}
     assert recs["dp=4, tp=1 (TP inside each node; same global batch)"].predicted_step_us == 10000
@@ -784,7 +784,7 @@ def test_tp_across_nodes_is_moved_inside():
     """TP groups span two nodes at busbw 1 GB/s, DP groups inside a node reach 10 GB/s; TP
     leaves 3000 µs exposed per step, DP 200: swapping saves 3000 · 0.9 and costs 200 · 9."""
     import pandas as pd
-    from pardiag.analyzer.recommend.rules.placement import placement
+    from pardiag.analyzer.predict.recommend.rules.placement import placement
     groups = pd.DataFrame([
         {"dim": "tp", "pg": "1", "desc": "mesh_tp", "ranks": "0,2", "size": 2, "nodes": 2,
          "spans_nodes": True},
@@ -804,8 +804,8 @@ def test_memory_bound_ddp_gets_sharding_that_fits():
     peak 75 GiB of 80 (94%). ZeRO-1 saves 8 · 3/4 = 6 GiB → 69; FSDP saves 16 · 3/4 = 12 → 63.
     With 60 GiB devices neither fits and neither is recommended."""
     import pandas as pd
-    from pardiag.analyzer.recommend.context import MeasuredPeak
-    from pardiag.analyzer.recommend.rules.memory import memory_sharding
+    from pardiag.analyzer.predict.recommend.context import MeasuredPeak
+    from pardiag.analyzer.predict.recommend.rules.memory import memory_sharding
     G = 2**30
     mem = _Obj(per_rank=pd.DataFrame([{
         "rank": 0, "params_bytes": 4 * G, "grads_bytes": 4 * G, "optimizer_state_bytes": 8 * G,
@@ -897,7 +897,7 @@ def test_tp_only_run_gets_dp_with_each_groups_alpha_beta():
     the TP groups' α–β, all exposed on CPU: 1090 + 0.01 · 100000 = 2090 µs.
     10000 − 3000 + 2090 = 9090."""
     import pandas as pd
-    from pardiag.analyzer.recommend.rules.degrees import _traffic, degrees
+    from pardiag.analyzer.predict.recommend.rules.degrees import _traffic, degrees
     groups = pd.DataFrame([{"dim": "tp", "pg": "0", "desc": "default_pg", "ranks": [0, 1],
                             "size": 2, "nodes": 1, "spans_nodes": False}])
     inst = pd.DataFrame([{"instance": i, "group": "0,1|default_pg", "op": "all_reduce",
@@ -950,7 +950,7 @@ def test_degrees_scale_the_transfer_and_keep_the_waiting():
     9000."""
     import dataclasses
     import pandas as pd
-    from pardiag.analyzer.recommend.rules.degrees import _traffic, degrees
+    from pardiag.analyzer.predict.recommend.rules.degrees import _traffic, degrees
     groups, rows = _planted_2d()
     ctx = _ctx(dims={"dp": 2, "tp": 2}, groups=groups, dim_comm={
         "tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)})
@@ -974,7 +974,7 @@ def test_pipeline_candidates_the_layers_and_batch_rule_out(tmp_path):
     microbatches would be under 1 sample; dp = 3 does not divide 4 samples. Each is listed
     among those not recommended with its reason (JSON, HTML); 2 microbatches of 2 samples are
     evaluated and say what changes for the optimizer (issue #20)."""
-    from pardiag.analyzer.render_html import render_html
+    from pardiag.analyzer.render.html import render_html
     layers = {0: [(100.0, 1000)] * 2, 1: [(100.0, 1000)] * 2, 2: [(100.0, 1000)]}
     traces = _pipeline_run(tmp_path, "gpipe", 3, 4, [200, 200, 100], [400, 400, 200],
                            {0: 100, 1: 100, 2: 100}, layers=layers, fixed_share=0.0, samples=1,
@@ -1036,7 +1036,7 @@ def test_degrees_take_the_links_and_drop_tp_host_work():
     α–β) and TP's host work stays: 10600, as without the placement."""
     import dataclasses
     import pandas as pd
-    from pardiag.analyzer.recommend.rules.degrees import degrees, hop_kinds, mesh_groups
+    from pardiag.analyzer.predict.recommend.rules.degrees import degrees, hop_kinds, mesh_groups
     groups, rows = _planted_2d()
     meta = {r: _Obj(host="vm", cpu_count=2, cpu_affinity=[r % 2], shapes=None) for r in range(4)}
     assert hop_kinds([0, 2], meta) == {"one core"}
@@ -1081,7 +1081,7 @@ def test_tp_only_fsdp_run_gets_dp_per_unit_at_the_contended_links():
     TP goes (−3000): 10000 − 3000 + 33320 = 40320."""
     import dataclasses
     import pandas as pd
-    from pardiag.analyzer.recommend.rules.degrees import degrees
+    from pardiag.analyzer.predict.recommend.rules.degrees import degrees
     groups = pd.DataFrame([{"dim": "tp", "pg": "0", "desc": "default_pg", "ranks": [0, 1],
                             "size": 2, "nodes": 1, "spans_nodes": False}])
     inst = pd.DataFrame([{"instance": i, "group": "0,1|default_pg", "op": "all_reduce",
@@ -1108,8 +1108,8 @@ def test_a_pipeline_stage_that_idles_is_named_though_it_waits_more_than_it_cause
     pipeline the same numbers name nobody (it suffers more waiting than it causes)."""
     import dataclasses
     import pandas as pd
-    from pardiag.analyzer.breakdown import TimeBreakdown
-    from pardiag.analyzer.recommend.rules.straggler import identify_straggler
+    from pardiag.analyzer.analyses.breakdown import TimeBreakdown
+    from pardiag.analyzer.predict.recommend.rules.straggler import identify_straggler
     steps = pd.DataFrame([{"rank": r, "step": s, "span_us": 100000.0,
                            "idle_us": 45000.0 if r == 1 else 5000.0} for r in (0, 1)
                           for s in (1, 2, 3)])
@@ -1134,8 +1134,8 @@ def test_ddp_bucket_interval_on_a_gpu_replays_the_resampled_fits(tmp_path):
     alike, collapses onto it."""
     import dataclasses
 
-    from pardiag.analyzer.recommend import build_context
-    from pardiag.analyzer.recommend.rules.ddp_buckets import ddp_buckets
+    from pardiag.analyzer.predict.recommend import build_context
+    from pardiag.analyzer.predict.recommend.rules.ddp_buckets import ddp_buckets
 
     mib = 2**20
     traces = _ddp_run(tmp_path, [mib, mib, 2 * mib, 4 * mib], 2 * mib, [2 * mib, 2 * mib, 4 * mib],

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pardiag.analyzer.load import load_traces
-from pardiag.analyzer.registry import build_report, report_json
+from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.report.registry import build_report, report_json
 from conftest import REPO
 
 RUNS = {

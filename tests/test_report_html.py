@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from pardiag.analyzer.dim_overlap import compute_dim_overlap
-from pardiag.analyzer.load import load_traces
-from pardiag.analyzer.recommend import Recommendation, RecommendationResult
-from pardiag.analyzer.registry import build_report
-from pardiag.analyzer.render_html import PLOTLY_CDN_URL, SECTIONS, render_html
-from pardiag.analyzer.render_terminal import render_terminal
+from pardiag.analyzer.analyses.dim_overlap import compute_dim_overlap
+from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.predict.recommend import Recommendation, RecommendationResult
+from pardiag.analyzer.report.registry import build_report
+from pardiag.analyzer.render.html import PLOTLY_CDN_URL, SECTIONS, render_html
+from pardiag.analyzer.render.terminal import render_terminal
 from pardiag.cli import cli
 from plotly.offline import get_plotlyjs
 from synth import TraceBuilder, record, write_sidecar

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 import pardiag
-from pardiag.analyzer.comm_records import all_to_all_ops, parse_splits
-from pardiag.analyzer.load import load_traces
-from pardiag.analyzer.routing import IMBALANCE_MIN
+from pardiag.analyzer.trace.comm_records import all_to_all_ops, parse_splits
+from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.analyses.routing import IMBALANCE_MIN
 from pardiag.cli import cli
 from synth import TraceBuilder
 

@@ -8,10 +8,10 @@ from fractions import Fraction
 
 import pytest
 
-from pardiag.analyzer import shapes
-from pardiag.analyzer.load import load_traces
-from pardiag.analyzer.registry import build_report, report_json
-from pardiag.analyzer.render_html import render_html
+from pardiag.analyzer.predict import shapes
+from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.report.registry import build_report, report_json
+from pardiag.analyzer.render.html import render_html
 from synth_report import big_run
 
 
@@ -242,7 +242,7 @@ def _tp_run(tmp_path, recorded=True):
 
 def test_ruled_out_degree_reaches_json_html_and_terminal(tmp_path):
     from rich.console import Console
-    from pardiag.analyzer.render_terminal import render_recommendations
+    from pardiag.analyzer.render.terminal import render_recommendations
 
     rep = _tp_run(tmp_path)
     data = report_json(rep)

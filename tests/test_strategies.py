@@ -10,8 +10,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pardiag.analyzer.classify import comm_threads
-from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.trace.classify import comm_threads
+from pardiag.analyzer.trace.load import load_traces
 from conftest import REPO
 
 # name: (script, ranks, script args, expected layout dims, expected strategies)
@@ -195,7 +195,7 @@ def test_planted_hang_is_diagnosed(tmp_path):
 
 
 def _report(out):
-    from pardiag.analyzer.registry import build_report
+    from pardiag.analyzer.report.registry import build_report
     return build_report(load_traces(out))
 
 
@@ -257,8 +257,8 @@ def test_shapes_are_recorded_and_checked(runs):
     report lists dp = 2, tp = 1 as ruled out, with why. The 2D run's TP dims are recorded
     without FSDP's dp shards; its DP × TP candidates keep the global batch of 2 × 32 samples.
     The 4-stage pipeline's stage modules split into 2 + 2 + 2 + 4 layers."""
-    from pardiag.analyzer import shapes
-    from pardiag.analyzer.registry import report_json
+    from pardiag.analyzer.predict import shapes
+    from pardiag.analyzer.report.registry import report_json
 
     def recorded(name, rank=0):
         return _json(runs(name) / "pardiag" / f"rank{rank}.meta.json")["shapes"]

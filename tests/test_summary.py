@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from pardiag.analyzer import summary as sm
-from pardiag.analyzer.load import load_traces
+from pardiag.analyzer.trace.load import load_traces
 from pardiag.analyzer.summary import REDUCER
-from pardiag.analyzer.registry import build_report, report_json
+from pardiag.analyzer.report.registry import build_report, report_json
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))

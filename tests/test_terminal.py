@@ -4,9 +4,9 @@
 import pytest
 from rich.console import Console
 
-from pardiag.analyzer.load import load_traces
-from pardiag.analyzer.registry import build_report
-from pardiag.analyzer.render_terminal import render_terminal
+from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.report.registry import build_report
+from pardiag.analyzer.render.terminal import render_terminal
 
 from conftest import REPO
 
@@ -94,7 +94,7 @@ def test_breakdown_values_at_80_columns(request, reports):
 
 def test_fit_columns_drops_least_important_first():
     """Planted widths: 3 columns of 10 need 3·10 + 3·3 + 1 = 40 console columns."""
-    from pardiag.analyzer.render_terminal import Col, fit_columns
+    from pardiag.analyzer.render.terminal import Col, fit_columns
 
     cols = [Col("a"), Col("b", drop=1), Col("c", drop=2)]
     rows = [("x" * 10, "y" * 10, "z" * 10)]

@@ -1,0 +1,557 @@
+"""The parallel layout and pipeline schedule of traces recorded without pardiag.
+
+A run profiled with plain ``torch.profiler`` (or torchtitan's, Megatron's profiling) has no
+``run.json`` and no sidecars, but its traces still say much (FACTS §1):
+
+* ``distributedInfo.pg_config``: the groups that contain the rank, with descriptions naming mesh
+  dimensions (``mesh_dp``, ``mesh_tp``, ...); ``pg_count`` counts all groups;
+* wrappers' ranges: FSDP2 ``FSDP::pre_forward`` / ``FSDP::all_gather`` / ``FSDP::pre_backward``,
+  FSDP1 ``FullyShardedDataParallel.*``, DDP ``DistributedDataParallel.forward``,
+  ``ZeroRedundancyOptimizer`` steps (with their ``broadcast``s);
+* tensor parallelism's functional collectives (``_c10d_functional::all_reduce``,
+  ``all_gather_into_tensor``, ``reduce_scatter_tensor``); expert parallelism's ``all_to_all``;
+* ``torch.distributed.pipelining``'s ranges: ``Forward i`` / ``Backward i`` (GPipe),
+  ``PP:{stage}F{mb}`` / ``PP:{stage}B{mb}`` / ``I`` / ``W`` (schedules run by the action runtime,
+  e.g. Interleaved1F1B); Schedule1F1B marks no microbatch; and the point-to-point messages between
+  stages (``c10d::send`` / ``c10d::recv_`` with the peer's group rank in ``Concrete Inputs[2]``,
+  or NCCL's ``record_param_comms`` with ``Collective name`` send/recv).
+
+Two steps, as for the other analyses: :func:`rank_marks` reduces one rank's events to the few
+marks above (kept in the rank's summary, so a report from stored summaries never re-reads a trace),
+and :func:`infer_layout` combines the ranks' marks into an :class:`InferredLayout`: dimensions
+and degrees, strategies, and the pipeline (schedule, stages, microbatches, stages per rank),
+with one line of evidence per conclusion and one line per thing that could not be inferred or
+is only estimated. pardiag never presents it as recorded: its ``source`` is
+:data:`INFERRED_SOURCE`.
+
+Pipeline chunks: the per-microbatch ranges, minus the point-to-point calls and waits inside them
+(GPipe's ``Forward i`` holds the receive of its input and the send of its output), are the busy
+intervals from which :func:`pardiag.analyzer.analyses.pipeline.compute_pipeline` measures bubbles as for
+pardiag's own records. Where no range marks microbatches (1F1B), the number of microbatches is
+counted from the messages (sends per step to one neighbouring stage) and the bubble can only be
+estimated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pandas as pd
+
+from ..trace import intervals as iv
+from ..trace.classify import STEP_RE, Kind, cached, classify
+from ..trace.traceset import RankTrace, TraceSet
+
+#: What :attr:`InferredLayout.source` says (and the report shows).
+INFERRED_SOURCE = "inferred from traces"
+
+#: Columns of :attr:`RankMarks.chunks`: the busy pieces of the pipeline's per-microbatch ranges.
+#: ``stage`` -1 where the range does not name it (GPipe's ``Forward i``); ``phase`` F, B, I or
+#: W; ``step`` the ``ProfilerStep`` holding the range (-1 outside every step); µs on the rank's
+#: own clock.
+CHUNK_COLUMNS = ("stage", "microbatch", "phase", "step", "start_us", "end_us")
+#: Columns of :attr:`RankMarks.p2p`: ``op`` ``send``/``recv``; ``peer`` the peer's rank in the
+#: group the message used (-1 where the trace does not say); ``step`` as above; µs.
+P2P_COLUMNS = ("op", "peer", "step", "start_us", "end_us")
+#: Keys of :attr:`RankMarks.counts` (events per marker).
+MARKERS = ("fsdp2", "fsdp1", "ddp", "zero", "functional", "all_to_all")
+
+_MARKER_RES = {
+    "fsdp2": re.compile(r"^FSDP::(pre_forward|all_gather|pre_backward)"),
+    "fsdp1": re.compile(r"^FullyShardedDataParallel\.(forward|_pre_forward|_pre_backward_hook)"),
+    "ddp": re.compile(r"^DistributedDataParallel\.forward"),
+    "zero": re.compile(r"ZeroRedundancyOptimizer"),
+    "functional": re.compile(r"^_?c10d_functional::(all_reduce|all_gather_into_tensor"
+                             r"|reduce_scatter_tensor)"),
+    "all_to_all": re.compile(r"^(c10d::alltoall|gloo:all_to_all|nccl:all_to_all)"),
+}
+_GPIPE_RE = re.compile(r"^(Forward|Backward) (\d+)$")
+_ACTION_RE = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
+_P2P_OP_RE = re.compile(r"^c10d::(send|recv_)$")
+_RECV_RE = re.compile(r"^(c10d::recv_|gloo:recv|nccl:recv)")
+_P2P_NCCL = {"send": "send", "recv": "recv", "_send": "send", "_recv": "recv"}
+_DIM_ALIASES = {"dp": "dp", "data": "dp", "dp_shard": "dp", "dp_replicate": "dp", "fsdp": "dp",
+                "ddp": "dp", "hsdp": "dp", "tp": "tp", "tensor": "tp", "sp": "tp", "pp": "pp",
+                "pipe": "pp", "pipeline": "pp", "ep": "ep", "expert": "ep", "moe": "ep",
+                "cp": "cp", "context": "cp"}
+
+
+def canonical_dim(desc: str | None) -> str | None:
+    """A group description (``mesh_tp``, ``mesh_dp_shard``) → ``dp``/``tp``/``pp``/``ep``/``cp``,
+    or None (``default_pg``, flattened dimensions such as ``mesh_dp_shard_cp``)."""
+    if not desc or not str(desc).startswith("mesh_"):
+        return None
+    return _DIM_ALIASES.get(str(desc).lower().removeprefix("mesh_"))
+
+
+@dataclasses.dataclass(frozen=True)
+class RankMarks:
+    """What one rank's trace says about the layout (see the module docstring).
+
+    Attributes:
+        counts: ``{marker: events}`` for :data:`MARKERS` (FSDP2 / FSDP1 / DDP ranges,
+            ZeroRedundancyOptimizer ranges, functional collectives, all-to-alls).
+        chunks: :data:`CHUNK_COLUMNS`, one row per busy piece of a per-microbatch range.
+        p2p: :data:`P2P_COLUMNS`, one row per point-to-point call.
+        device_chunks: True when ``chunks`` come from the device timeline
+            (``gpu_user_annotation`` copies of the ranges), False for the CPU ranges.
+    """
+
+    counts: dict
+    chunks: pd.DataFrame
+    p2p: pd.DataFrame
+    device_chunks: bool = False
+
+    def to_json(self) -> dict:
+        return {"counts": dict(self.counts), "device_chunks": self.device_chunks,
+                "chunks": [list(r) for r in self.chunks.itertuples(index=False)],
+                "p2p": [list(r) for r in self.p2p.itertuples(index=False)]}
+
+    @staticmethod
+    def from_json(d: dict) -> "RankMarks":
+        return RankMarks({k: int(v) for k, v in d["counts"].items()},
+                         _chunk_frame(d["chunks"]), _p2p_frame(d["p2p"]),
+                         bool(d.get("device_chunks")))
+
+
+def _chunk_frame(rows) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=list(CHUNK_COLUMNS)).astype(
+        {"stage": np.int64, "microbatch": np.int64, "phase": object, "step": np.int64,
+         "start_us": float, "end_us": float})
+
+
+def _p2p_frame(rows) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=list(P2P_COLUMNS)).astype(
+        {"op": object, "peer": np.int64, "step": np.int64, "start_us": float, "end_us": float})
+
+
+def _step_of(times: np.ndarray, steps: list[tuple[int, float, float]]) -> np.ndarray:
+    out = np.full(len(times), -1, dtype=np.int64)
+    for n, lo, hi in steps:
+        out[(times >= lo) & (times < hi)] = n
+    return out
+
+
+def _peer(args) -> int:
+    """The peer's group rank of a ``c10d::send``/``c10d::recv_`` (``Concrete Inputs[2]``) or of
+    NCCL's ``record_param_comms`` (``Peer``/``dst``/``src`` where the trace has one); -1."""
+    if not isinstance(args, dict):
+        return -1
+    ci = args.get("Concrete Inputs")
+    if isinstance(ci, list) and len(ci) > 2:
+        try:
+            return int(str(ci[2]))
+        except ValueError:
+            pass
+    for k in ("Peer", "peer", "dst", "src", "Dst rank", "Src rank"):
+        v = args.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return int(v)
+    return -1
+
+
+def rank_marks(trace: RankTrace) -> RankMarks:
+    """Reduce one rank's events to its :class:`RankMarks` (from its summary when it has them;
+    computed once per trace)."""
+    s = trace.summary
+    if s is not None and getattr(s, "marks", None) is not None:
+        return s.marks
+    return cached(trace, "layout_marks", lambda: _rank_marks(trace))
+
+
+def _rank_marks(trace: RankTrace) -> RankMarks:
+    ev = trace.events
+    names = ev["name"]
+    cat = ev["cat"].to_numpy()
+    cpu = np.isin(cat, ["cpu_op", "user_annotation"])
+    counts = {}
+    uniq = pd.unique(names)
+    for key, rx in _MARKER_RES.items():
+        hit = {u for u in uniq if isinstance(u, str) and rx.search(u)}
+        counts[key] = int((names.isin(hit).to_numpy() & cpu).sum()) if hit else 0
+    steps = [(int(m.group(1)), float(t), float(t + d)) for n, t, d in
+             zip(names[cpu], ev["ts"][cpu], ev["dur"][cpu]) if (m := STEP_RE.match(n))]
+
+    # point-to-point calls
+    p2p_rows = []
+    sel = cpu & names.isin({u for u in uniq if isinstance(u, str) and (
+        _P2P_OP_RE.match(u) or u == "record_param_comms")}).to_numpy()
+    for n, t, d, a in zip(names[sel], ev["ts"][sel], ev["dur"][sel], ev["args"][sel]):
+        if n == "record_param_comms":
+            op = _P2P_NCCL.get(str((a or {}).get("Collective name", "")).lower()) \
+                if isinstance(a, dict) else None
+        else:
+            op = "send" if n == "c10d::send" else "recv"
+        if op:
+            p2p_rows.append((op, _peer(a), float(t), float(t + d)))
+    p2p = _p2p_frame([(op, peer, -1, t0, t1) for op, peer, t0, t1 in p2p_rows])
+    p2p["step"] = _step_of(p2p["start_us"].to_numpy(), steps)
+
+    # per-microbatch ranges: the device timeline's copies when there are any
+    rng = names.isin({u for u in uniq if isinstance(u, str) and (
+        _GPIPE_RE.match(u) or _ACTION_RE.match(u))}).to_numpy()
+    gpu_rng = rng & (cat == "gpu_user_annotation")
+    device = bool(gpu_rng.any())
+    rng = gpu_rng if device else rng & (cat == "user_annotation")
+    # busy part of a CPU range: from the end of the wait for its input (a receive or wait that
+    # ends inside it while it computes little) to the end of its last computation
+    kinds = classify(trace).to_numpy()
+    comp = ev[kinds == Kind.CPU_COMPUTE.value]
+    blocking = ev[((kinds == Kind.CPU_COMM.value) & (cat == "cpu_op")) | (kinds == Kind.CPU_WAIT.value)]
+    k = iv.subtract(iv.union(comp["ts"].to_numpy(dtype=float),
+                             (comp["ts"] + comp["dur"]).to_numpy(dtype=float)),
+                    iv.union(blocking["ts"].to_numpy(dtype=float),
+                             (blocking["ts"] + blocking["dur"]).to_numpy(dtype=float)))
+    recv = names.isin({u for u in uniq if isinstance(u, str) and _RECV_RE.match(u)}).to_numpy()
+    waits = ev[(recv & np.isin(cat, ["cpu_op", "user_annotation"])) | (kinds == Kind.CPU_WAIT.value)]
+    wait_end = (waits["ts"] + waits["dur"]).to_numpy(dtype=float)
+    rows = []
+    for n, t, d in zip(names[rng], ev["ts"][rng], ev["dur"][rng]):
+        m = _GPIPE_RE.match(n)
+        if m:
+            stage, phase, mb = -1, m.group(1)[0], int(m.group(2))
+        else:
+            m = _ACTION_RE.match(n)
+            stage, phase, mb = int(m.group(1)), m.group(2), int(m.group(3))
+        lo, hi = float(t), float(t + d)
+        if not device:
+            inside = wait_end[(wait_end > lo) & (wait_end < hi)]
+            if len(inside):
+                w = float(inside.max())
+                if iv.total(iv.clip(k, lo, w)) < 0.5 * (w - lo):
+                    lo = w
+            kk = iv.clip(k, lo, hi)
+            if len(kk):
+                hi = float(kk[-1, 1])
+        rows.append((stage, mb, phase, -1, lo, max(lo, hi)))
+    chunks = _chunk_frame(rows)
+    # a chunk's step: the step holding the start of its range (pieces keep their range's step)
+    chunks["step"] = _step_of(chunks["start_us"].to_numpy(), steps)
+    return RankMarks(counts, chunks.sort_values("start_us", kind="stable").reset_index(drop=True),
+                     p2p.sort_values("start_us", kind="stable").reset_index(drop=True), device)
+
+
+@dataclasses.dataclass(frozen=True)
+class InferredLayout:
+    """Result of :func:`infer_layout`: what the traces say about the layout.
+
+    Attributes:
+        dims: ``{dim: degree}`` (``dp``, ``tp``, ``pp``, ``ep``, ``cp``); only degrees the traces
+            determine.
+        strategies: sorted, in pardiag's vocabulary: ``ddp``, ``fsdp1``, ``fsdp2``, ``zero1``,
+            ``tp``, ``ep``, ``pipeline``.
+        pipeline: ``{"schedule"`` (torch's class name: ``ScheduleGPipe``, ``Schedule1F1B``,
+            ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``), ``"stages"``,
+            ``"microbatches"``, ``"pp_group_size"``, ``"stages_per_rank"``, ``"stage_ranks"``
+            (``{stage: rank}``), ``"microbatches_from"`` (``"ranges"`` or ``"sends"``)``}``, or None.
+        chunks: the per-microbatch busy intervals of every rank: ``rank``, ``stage``,
+            ``microbatch``, ``phase``, ``step``, ``start_us``, ``end_us`` (µs, each rank's own
+            clock); empty where the traces mark no microbatch.
+        pp_ranks: ranks that exchange point-to-point messages with another pipeline stage.
+        evidence: one line per conclusion: what in the traces it rests on.
+        not_inferred: one line per thing that could not be inferred, or is only estimated and how.
+        source: always :data:`INFERRED_SOURCE`.
+    """
+
+    dims: dict
+    strategies: list
+    pipeline: dict | None
+    chunks: pd.DataFrame
+    pp_ranks: tuple[int, ...]
+    evidence: tuple[str, ...]
+    not_inferred: tuple[str, ...]
+    source: str = INFERRED_SOURCE
+
+
+def is_pardiag_run(traces: TraceSet) -> bool:
+    """True for a run folder of ``pardiag profile`` (``run.json``, rank metadata or sidecars):
+    its layout is recorded, never inferred."""
+    return bool(traces.run_info or traces.rank_meta
+                or any(traces.sidecars.get(k) for k in ("comms", "pipeline")))
+
+
+def _pg_config(trace: RankTrace) -> list[dict]:
+    info = trace.metadata.get("distributedInfo")
+    groups = info.get("pg_config") if isinstance(info, dict) else None
+    return [g for g in (groups if isinstance(groups, list) else [])
+            if isinstance(g, dict) and isinstance(g.get("ranks"), list)]
+
+
+def _world(traces: TraceSet) -> int:
+    sizes = [t.metadata["distributedInfo"].get("world_size") for t in traces.ranks.values()
+             if isinstance(t.metadata.get("distributedInfo"), dict)]
+    sizes = [s for s in sizes if isinstance(s, int) and s > 0]
+    return max(sizes) if sizes else len(traces.ranks)
+
+
+def _mesh_dims(traces: TraceSet) -> tuple[dict, dict, dict]:
+    """``({dim: degree}, {dim: "descriptions"}, {rank: {dim: group ranks}})`` from the groups'
+    ``mesh_*`` descriptions (dp of a hybrid mesh: replicate × shard)."""
+    by_desc: dict[str, int] = {}
+    member: dict[int, dict[str, list[int]]] = {}
+    for rank, t in traces.ranks.items():
+        for g in _pg_config(t):
+            desc = str(g.get("pg_desc", ""))
+            dim = canonical_dim(desc)
+            if dim:
+                by_desc.setdefault(desc, len(g["ranks"]))
+                member.setdefault(rank, {}).setdefault(dim, list(g["ranks"]))
+    dims: dict[str, int] = {}
+    descs: dict[str, list[str]] = {}
+    for desc, size in sorted(by_desc.items()):
+        dim = canonical_dim(desc)
+        dims[dim] = dims.get(dim, 1) * size
+        descs.setdefault(dim, []).append(desc)
+    return dims, {d: ", ".join(v) for d, v in descs.items()}, member
+
+
+def _global_peers(traces: TraceSet, marks: dict, member: dict) -> tuple[dict, list[str]]:
+    """``{rank: DataFrame of its p2p with a global ``peer``}``, notes."""
+    notes, out = [], {}
+    for rank, m in marks.items():
+        p = m.p2p[m.p2p["peer"] >= 0].copy()
+        if p.empty:
+            continue
+        groups = _pg_config(traces.ranks[rank])
+        pp_group = member.get(rank, {}).get("pp")
+        if pp_group:
+            ranks = pp_group
+        elif len(groups) <= 1:
+            ranks = groups[0]["ranks"] if groups else None
+        else:
+            ranks = None
+            notes.append(f"rank {rank}: several process groups and none described as mesh_pp; "
+                         f"point-to-point peers read as global ranks")
+        if ranks:
+            p["peer"] = [ranks[q] if 0 <= q < len(ranks) else -1 for q in p["peer"]]
+            p = p[p["peer"] >= 0]
+        out[rank] = p
+    return out, notes
+
+
+def _components(edges: dict[int, set[int]]) -> list[list[int]]:
+    seen, comps = set(), []
+    for r in sorted(edges):
+        if r in seen:
+            continue
+        stack, comp = [r], []
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            comp.append(x)
+            stack.extend(edges.get(x, ()))
+        comps.append(sorted(comp))
+    return comps
+
+
+def _first_step(p: pd.DataFrame) -> pd.DataFrame:
+    """The rank's point-to-point calls of one whole profiled step (the second when there are
+    more than two: the first may be cut by the profiler's start)."""
+    steps = sorted(s for s in p["step"].unique() if s >= 0)
+    if not steps:
+        return p
+    return p[p["step"] == steps[1 if len(steps) > 2 else 0]]
+
+
+def _stage_order(comp: list[int], peers: dict, marks: dict) -> tuple[list[int], str]:
+    """Pipeline ranks in stage order, and how it was found."""
+    named = {r: sorted(set(marks[r].chunks.loc[marks[r].chunks["stage"] >= 0, "stage"]))
+             for r in comp}
+    if all(named.values()):
+        return sorted(comp, key=lambda r: named[r][0]), "stage numbers of the PP: ranges"
+    first = {}
+    for r in comp:
+        s = _first_step(peers[r])
+        if len(s):
+            first[r] = s.iloc[0]
+    heads = [r for r, row in first.items() if row["op"] == "send"]
+    pred = {r: int(row["peer"]) for r, row in first.items() if row["op"] == "recv"}
+    if len(heads) == 1 and len(first) == len(comp):
+        order, nxt = [heads[0]], {v: k for k, v in pred.items()}
+        while order[-1] in nxt and nxt[order[-1]] not in order:
+            order.append(nxt[order[-1]])
+        if len(order) == len(comp):
+            return order, ("the direction of the first message of a step (stage 0 sends first, "
+                           "every later stage first receives from the one before)")
+    return sorted(comp), "rank order (the messages did not show the order of the stages)"
+
+
+def infer_layout(traces: TraceSet) -> InferredLayout:
+    """The layout and pipeline schedule the traces show (see the module docstring)."""
+    marks = {r: rank_marks(t) for r, t in traces.ranks.items()}
+    world = _world(traces)
+    evidence, missing = [], []
+    dims, descs, member = _mesh_dims(traces)
+    for d, n in dims.items():
+        evidence.append(f"{d}={n}: process groups described as {descs[d]} "
+                        f"(distributedInfo.pg_config)")
+    total = {k: sum(m.counts.get(k, 0) for m in marks.values()) for k in MARKERS}
+    first_rank = {k: next((r for r, m in marks.items() if m.counts.get(k)), None) for k in MARKERS}
+    strategies = set()
+    what = {"fsdp2": ("fsdp2", "FSDP2's FSDP::pre_forward / all_gather / pre_backward ranges"),
+            "fsdp1": ("fsdp1", "FSDP1's FullyShardedDataParallel.forward / _pre_forward ranges"),
+            "ddp": ("ddp", "DistributedDataParallel.forward ranges"),
+            "zero": ("zero1", "ZeroRedundancyOptimizer step ranges"),
+            "functional": ("tp", "functional collectives (_c10d_functional::all_reduce / "
+                                 "all_gather_into_tensor / reduce_scatter_tensor)"),
+            "all_to_all": ("ep", "all-to-all collectives (taken as expert parallelism)")}
+    for key, (strategy, text) in what.items():
+        if total[key]:
+            strategies.add(strategy)
+            evidence.append(f"{strategy}: {text}, {total[key]} events "
+                            f"(first on rank {first_rank[key]})")
+    for d, s in (("tp", "tp"), ("ep", "ep")):
+        if d in dims:
+            strategies.add(s)
+
+    # pipeline: ranks exchanging point-to-point messages
+    peers, notes = _global_peers(traces, marks, member)
+    missing += notes
+    edges: dict[int, set[int]] = {}
+    for r, p in peers.items():
+        for q in set(p["peer"]) - {r}:
+            edges.setdefault(r, set()).add(int(q))
+            edges.setdefault(int(q), set()).add(r)
+    comps = [c for c in _components(edges) if len(c) > 1]
+    pipeline, chunks_out, pp_ranks = None, [], []
+    if comps:
+        pipeline, chunks_out, pp_ranks = _infer_pipeline(comps, peers, marks, evidence, missing)
+        strategies.add("pipeline")
+        if pipeline and "pp" not in dims:
+            dims["pp"] = pipeline["pp_group_size"]
+
+    # degrees that no group description gives: what the world leaves for the one unknown
+    rest = world
+    for d in dims.values():
+        rest //= max(int(d), 1)
+    unknown = [d for d, s in (("dp", {"ddp", "fsdp1", "fsdp2", "zero1"}), ("tp", {"tp"}),
+                              ("ep", {"ep"})) if strategies & s and d not in dims]
+    if len(unknown) == 1 and rest > 1:
+        dims[unknown[0]] = rest
+        evidence.append(f"{unknown[0]}={rest}: the world of {world} ranks over the other "
+                        f"degrees ({', '.join(f'{k}={v}' for k, v in dims.items() if k != unknown[0]) or 'none'})")
+    elif len(unknown) > 1:
+        missing.append(f"degrees of {' and '.join(unknown)}: no process group is described as "
+                       f"their mesh dimension (mesh_dp, mesh_tp, ...), so the traces do not split "
+                       f"the {rest} ranks between them")
+    if not strategies and not dims:
+        missing.append("no parallel strategy recognized: no DDP, FSDP, ZeRO, tensor-parallel, "
+                       "expert-parallel or pipeline marks in the traces")
+    if "fsdp2" in strategies or "fsdp1" in strategies:
+        missing.append("FSDP's reshard-after-forward / sharding strategy is not in the traces")
+    if "ddp" in strategies:
+        missing.append("DDP's bucket size is not in the traces")
+    if any(isinstance(t.metadata.get("distributedInfo"), dict)
+           and isinstance(t.metadata["distributedInfo"].get("pg_count"), int)
+           and t.metadata["distributedInfo"]["pg_count"] > len(_pg_config(t))
+           for t in traces.ranks.values()) and not dims:
+        missing.append("process groups: pg_config lists only the groups holding each rank, "
+                       "and none is described as a mesh dimension")
+    cols = ["rank", *CHUNK_COLUMNS]
+    chunks = (pd.concat(chunks_out, ignore_index=True)[cols] if chunks_out
+              else pd.DataFrame(columns=cols))
+    order = {"dp": 0, "pp": 1, "tp": 2, "cp": 3, "ep": 4}
+    dims = {k: int(dims[k]) for k in sorted(dims, key=lambda d: order.get(d, 9))}
+    return InferredLayout(dims, sorted(strategies), pipeline, chunks, tuple(sorted(pp_ranks)),
+                          tuple(evidence), tuple(missing))
+
+
+def _infer_pipeline(comps, peers, marks, evidence, missing):
+    """Schedule, stages and microbatches of the largest pipeline group (see
+    :func:`infer_layout`); appends to ``evidence`` and ``missing``."""
+    comp = max(comps, key=len)
+    p = len(comp)
+    if len(comps) > 1 and len({len(c) for c in comps}) > 1:
+        missing.append(f"pipeline groups of different sizes {sorted(len(c) for c in comps)}: "
+                       f"the largest is described")
+    order, how = _stage_order(comp, peers, marks)
+    pos = {r: i for i, r in enumerate(order)}
+    all_pp = sorted(r for c in comps for r in c)
+    evidence.append(f"pipeline over ranks {order} ({p} ranks per pipeline, {len(comps)} "
+                    f"pipeline(s)): point-to-point sends and receives between them; stage order "
+                    f"from {how}")
+    chunks = {r: marks[r].chunks for r in all_pp}
+    has_action = any((c["stage"] >= 0).any() for c in chunks.values())
+    has_gpipe = any(len(c) and (c["stage"] < 0).any() for c in chunks.values())
+    phases = set().union(*(set(c["phase"]) for c in chunks.values()))
+    out = []
+    for r in all_pp:
+        c = chunks[r]
+        if len(c):
+            c = c.copy()
+            if (c["stage"] < 0).any():  # GPipe's ranges name no stage: the rank's position
+                local = {rr: i for c2 in comps for i, rr in enumerate(
+                    _stage_order(c2, peers, marks)[0])}
+                c.loc[c["stage"] < 0, "stage"] = local.get(r, pos.get(r, 0))
+            out.append(c.assign(rank=r))
+    head = peers.get(order[0])
+    if has_action:
+        stages = int(max(int(c["stage"].max()) for c in chunks.values() if len(c))) + 1
+    else:
+        stages = p
+    v = max(stages // p, 1)
+    m_from = None
+    if out:
+        allc = pd.concat(out, ignore_index=True)
+        f = allc[allc["phase"] == "F"]
+        per = f.groupby(["rank", "stage", "step"])["microbatch"].nunique()
+        m = int(per.max()) if len(per) else None
+        m_from = "ranges"
+        evidence.append(f"microbatches {m}: per-microbatch ranges "
+                        + ("PP:{stage}F{mb} / B{mb}" if has_action else "'Forward i' / 'Backward i'")
+                        + " per stage and step")
+    else:
+        m = None
+        if head is not None and len(order) > 1:
+            sends = head[(head["op"] == "send") & (head["peer"] == order[1]) & (head["step"] >= 0)]
+            per = sends.groupby("step").size()
+            if len(per):
+                m = int(np.median(per.to_numpy()))
+                m_from = "sends"
+    if has_action and v > 1:
+        schedule = ("ScheduleInterleavedZeroBubble" if phases & {"I", "W"}
+                    else "ScheduleInterleaved1F1B")
+        why = f"{stages} stages over {p} ranks in PP: action ranges ({v} stages per rank)"
+    elif has_gpipe and not has_action:
+        schedule, why = "ScheduleGPipe", "'Forward i' / 'Backward i' ranges (only GPipe marks them)"
+    else:
+        schedule, why = _order_schedule(head, order)
+    evidence.append(f"schedule {schedule}: {why}")
+    if m_from == "sends":
+        missing.append(f"microbatches: {schedule} marks no microbatch in the trace; {m} is "
+                       f"estimated as the activations stage 0 (rank {order[0]}) sends to stage 1 "
+                       f"(rank {order[1]}) per step; the bubbles are estimated as idle + exposed "
+                       f"point-to-point time, without the warmup / steady / cooldown split")
+    elif m is None:
+        missing.append("microbatches: neither ranges nor messages per step show them")
+    stage_ranks = {}
+    for c in out:
+        for s in sorted(set(c["stage"])):
+            stage_ranks.setdefault(int(s), int(c["rank"].iloc[0]))
+    if not stage_ranks:
+        stage_ranks = {i: r for i, r in enumerate(order)}
+    pipe = {"schedule": schedule, "stages": stages, "microbatches": m, "pp_group_size": p,
+            "stages_per_rank": v, "stage_ranks": dict(sorted(stage_ranks.items())),
+            "microbatches_from": m_from}
+    return pipe, out, all_pp
+
+
+def _order_schedule(head: pd.DataFrame | None, order: list[int]) -> tuple[str, str]:
+    """GPipe or 1F1B from the order of stage 0's messages in a step: GPipe sends every
+    activation before it receives any gradient; 1F1B receives gradients between sends."""
+    if head is None or len(order) < 2:
+        return "Schedule1F1B", "no per-microbatch ranges (1F1B marks none)"
+    s = _first_step(head)
+    s = s[s["peer"] == order[1]]
+    sends = s.loc[s["op"] == "send", "start_us"]
+    recvs = s.loc[s["op"] == "recv", "start_us"]
+    if len(sends) and len(recvs) and recvs.min() < sends.max():
+        return "Schedule1F1B", ("no per-microbatch ranges (1F1B marks none), and stage 0 receives "
+                                "gradients between its sends of activations")
+    return "ScheduleGPipe", ("no per-microbatch ranges, and stage 0 sends every activation before "
+                             "it receives a gradient (GPipe's order; 1F1B with no more "
+                             "microbatches than stages has the same)")

@@ -1,0 +1,109 @@
+"""Recommendations: what to change, and how much it will help (issue #5).
+
+Interface used by the renderers (HTML, terminal) and the JSON summary:
+``report.recommendations`` is a :class:`RecommendationResult` (or None). Each
+:class:`Recommendation` carries its predicted step time and peak memory, the evidence behind
+it, and its ``tier``: recommended changes are ranked by the policy of
+:mod:`pardiag.analyzer.predict.recommend.policy` (memory-saving changes first on a memory-bound run,
+changes of the parallel degrees after those that keep them, then by predicted gain), and
+changes predicted within the run's noise of each other share a tier.
+
+Structure: :func:`compute_recommendations` builds one typed context
+(:mod:`~pardiag.analyzer.predict.recommend.context`), runs every rule of
+:data:`~pardiag.analyzer.predict.recommend.rules.RULES` on it, scales the predictions to the
+unprofiled step when one was measured, and lets the policy rank them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .context import (RuleContext, StepNoise, build_context,
+                                                clean_step_us, ms)
+from .policy import (DEGREE_KINDS, MEMORY_KINDS, MIN_GAIN_PCT,
+                                               rank)
+from .rules import RULES, Rule
+from .types import (STEP_BASES, Recommendation,
+                                              RecommendationResult, StepTime)
+from .verdict import steps_unrecorded, verdict
+from ..replay import PipelineModel, pipeline_model
+from ...trace.traceset import TraceSet
+
+__all__ = ["DEGREE_KINDS", "MEMORY_KINDS", "MIN_GAIN_PCT", "PipelineModel", "RULES",
+           "Recommendation", "RecommendationResult", "Rule", "RuleContext", "STEP_BASES",
+           "StepNoise", "StepTime",
+           "as_ratio", "build_context", "clean_step_us", "compute_recommendations",
+           "pipeline_model"]
+
+
+def as_ratio(c: Recommendation, step_us: float, note: str = "") -> Recommendation:
+    """``c`` restated against a step of ``step_us`` (µs; the unprofiled step): its predicted
+    step and interval (:attr:`Recommendation.predicted_low_us`/``predicted_high_us``) scaled by
+    ``step_us`` / its measured step, so the interval rule compares like with like; ``note``
+    joins its evidence. A ruled-out change only takes the new measured step."""
+    if c.ruled_out:
+        return dataclasses.replace(c, measured_step_us=step_us)
+    k = step_us / c.measured_step_us
+    return dataclasses.replace(
+        c, measured_step_us=step_us, predicted_step_us=c.predicted_step_us * k,
+        predicted_low_us=c.predicted_low_us * k, predicted_high_us=c.predicted_high_us * k,
+        evidence=(*c.evidence, note) if note else c.evidence)
+
+
+def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResult:
+    """Evaluate the changes pardiag models and rank those predicted to help.
+
+    Candidates the model's shapes or batch rule out (:mod:`pardiag.analyzer.predict.shapes`) are listed
+    among those not recommended with ``ruled_out``, the reason, and no prediction.
+
+    Changes (:data:`RULES`): pipeline microbatch count, schedule (1F1B for GPipe),
+    interleaving, stage boundaries, data parallel instead of the pipeline, the step without the
+    worst straggler, expert-parallel tokens routed evenly, DDP bucket sizes, FSDP resharding and prefetching, DP × TP degrees, TP
+    inside a node, ZeRO-1/FSDP on a memory-bound DDP run. Each carries evidence, predicted vs
+    measured step time and peak memory. Recommended: predicted gain clears the noise rule
+    (:mod:`~pardiag.analyzer.predict.recommend.policy`) and fits in device memory (capacity from
+    ``deviceProperties``; unknown on CPU, where everything fits).
+
+    Args:
+        traces: the run. done: earlier analyses by registry name (``time_breakdown``,
+            ``sync``, ``pipeline``, ``balance``, ``memory``, ``layout``, ``dim_overlap``).
+    """
+    unrecorded = steps_unrecorded(traces)
+    if unrecorded:
+        return RecommendationResult(unrecorded, (), (), "the traces hold no training step")
+    ctx = build_context(traces, done)
+    cands: list[Recommendation] = [c for rule in RULES for c in rule.compute(ctx)]
+    measured = ctx.measured_us
+    clean = ctx.clean
+    if ctx.model is None and clean is not None and measured > 0:
+        # the profiler slows steps down (on CPU by 2–4×): predictions made on the profiled
+        # steps are applied as ratios to the step time measured without it
+        note = (f"step time {ms(clean.median_us)} measured on {clean.steps} unprofiled step "
+                f"period(s) ({ms(measured)} while profiled); the predicted change is applied as "
+                "a ratio")
+        cands = [as_ratio(c, clean.median_us, note) for c in cands]
+    # the noise of the step the predictions are finally stated against: the unprofiled steps
+    # when they were measured (more of them, and without the profiler's own jitter)
+    use_clean = ctx.model is None and clean is not None
+    good, rejected, rule, margin = rank(
+        cands, clean if use_clean else ctx.step,
+        ctx.model.period_us if ctx.model is not None else None, ctx.contention is not None)
+    why_none = ""
+    if not good:
+        why_none = ("every change evaluated is ruled out by the model's shapes or batch"
+                    if cands and all(c.ruled_out for c in cands) else
+                    f"no modelled change is predicted to save ≥ {margin:.1f}% of the step"
+                    if cands else
+                    "nothing to evaluate: " + (ctx.model_why if ctx.model_why != "no pipeline"
+                                               else "no pipeline, no significant straggler, and "
+                                               "no DDP, FSDP or tensor-parallel setting to "
+                                               "change"))
+    # the verdict's step time is the one the recommendations compare with: unprofiled when known
+    step = clean.median_us if use_clean else measured
+    base = clean if use_clean else ctx.step
+    noise_us = (base.half_width_us if base is not None else float("nan"))
+    basis = "pipeline" if ctx.model is not None else ("unprofiled" if use_clean else "profiled")
+    step_time = StepTime(basis, base.samples_us) if base is not None else None
+    return RecommendationResult(verdict(ctx, step, profiled=ctx.model is None and clean is None),
+                                good, rejected, why_none, rule, noise_us, margin,
+                                ctx.peak.definition, step_time)

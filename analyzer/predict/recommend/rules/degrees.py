@@ -1,0 +1,400 @@
+"""Other DP × TP degrees of the same ranks, each dimension at its measured latency and bandwidth."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import pandas as pd
+
+from ... import shapes
+from ... import whatif
+from ..context import RuleContext
+from ..types import Recommendation, batch_fields, ruled_out
+from ....analyses.sync import P2P_OPS, busbw_factor
+
+
+def _ring(n: int) -> float:
+    """Bytes each rank moves per byte of buffer in a ring all-reduce, 2(n − 1)/n (the same for
+    all-gather + reduce-scatter); 0 for one rank (nccl-tests PERFORMANCE.md)."""
+    return 2.0 * (n - 1) / n if n > 1 else 0.0
+
+
+#: A DDP bucket's cap (torch's default bucket_cap_mb, bytes): the buckets a DDP gradient
+#: all-reduce is predicted in when the run has no data parallel to measure.
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class DimTraffic:
+    """One parallel dimension's measured collectives, per rank and step.
+
+    Attributes:
+        dim: ``"tp"``, ``"dp"``…; size: its groups' size.
+        ops: ``[(op, bytes, count per rank per step)]`` of its complete instances (bytes: the
+            median per op and size class).
+        alpha_us, beta_us_per_byte: ``t = α + β·bus bytes`` through the fastest instance of
+            each size (:func:`whatif.fit_alpha_beta`; bus bytes = bytes ×
+            :func:`pardiag.analyzer.analyses.sync.busbw_factor`, nccl-tests' convention).
+        sizes: distinct bus-byte sizes the fit rests on.
+        transfer_us: per rank and step, the measured transfer of its collectives (each
+            instance from its last arrival to its end, :mod:`pardiag.analyzer.analyses.sync`): its
+            communication time less the waiting for late peers.
+    """
+
+    dim: str
+    size: int
+    ops: tuple[tuple[str, float, float], ...]
+    alpha_us: float
+    beta_us_per_byte: float
+    sizes: int
+    transfer_us: float = 0.0
+    placement: frozenset[str] | None = None
+
+    def time_us(self, size: int, scale: float, alpha_us: float | None = None,
+                beta: float | None = None) -> float:
+        """Per rank and step (µs): the same collectives over groups of ``size`` ranks with
+        ``scale`` × the bytes each. Latency grows with the ring's steps, (size − 1)/(k − 1)
+        (Hockney model over a ring: Thakur, Rabenseifner & Gropp 2005)."""
+        a = self.alpha_us if alpha_us is None else alpha_us
+        b = self.beta_us_per_byte if beta is None else beta
+        if size <= 1:
+            return 0.0
+        steps = (size - 1) / max(self.size - 1, 1)
+        return sum(n * (a * steps + b * nbytes * scale * busbw_factor(op, size))
+                   for op, nbytes, n in self.ops)
+
+
+def hop_kinds(ranks, meta: dict) -> frozenset[str] | None:
+    """The kinds of link a ring over ``ranks`` (in rank order, back to the first) crosses:
+    ``"across nodes"`` (different hosts), ``"one core"`` (both ranks pinned to the same cores,
+    fewer than the host has: they take turns on them), ``"across cores"`` (pinned to disjoint
+    cores) or ``"same node"`` (anything else). ``meta``: ``{rank: RankMeta}``
+    (``host``, ``cpu_affinity``, ``cpu_count``). None when a rank has no host recorded or the
+    ring has one rank."""
+    ranks = list(ranks)
+    if len(ranks) < 2 or any(r not in meta or not meta[r].host for r in ranks):
+        return None
+    out = set()
+    for a, b in zip(ranks, ranks[1:] + ranks[:1]):
+        ma, mb = meta[a], meta[b]
+        ca, cb = frozenset(ma.cpu_affinity or ()), frozenset(mb.cpu_affinity or ())
+        if ma.host != mb.host:
+            out.add("across nodes")
+        elif ca and ca == cb and len(ca) < (ma.cpu_count or len(ca) + 1):
+            out.add("one core")
+        elif ca and cb and ca.isdisjoint(cb):
+            out.add("across cores")
+        else:
+            out.add("same node")
+    return frozenset(out)
+
+
+def _placement(groups, meta: dict) -> frozenset[str] | None:
+    """The union of :func:`hop_kinds` over ``groups`` (lists of ranks); None when one is
+    unknown."""
+    out: set[str] = set()
+    for g in groups:
+        k = hop_kinds(g, meta)
+        if k is None:
+            return None
+        out |= k
+    return frozenset(out)
+
+
+def mesh_groups(n: int, tp: int, dim: str) -> list[list[int]]:
+    """The groups of ``dim`` (``"tp"`` or ``"dp"``) when ``n`` ranks form a dp × tp mesh in
+    rank order with TP innermost (TP groups: runs of ``tp`` consecutive ranks; DP groups: ranks
+    ``tp`` apart)."""
+    if dim == "tp":
+        return [list(range(i, i + tp)) for i in range(0, n, tp)]
+    return [list(range(j, n, tp)) for j in range(tp)]
+
+
+def _traffic(ctx: RuleContext) -> dict[str, DimTraffic]:
+    """Per dimension with complete collective instances: its :class:`DimTraffic` (groups
+    matched to dimensions by their ranks, :attr:`pardiag.analyzer.analyses.imbalance.LayoutResult.groups`)."""
+    lay, sync = ctx.layout, ctx.sync
+    if lay is None or lay.groups.empty or sync is None or sync.instances.empty:
+        return {}
+    dims, members = {}, {}
+    for g in lay.groups.itertuples():
+        if isinstance(g.dim, str) and g.dim:
+            dims[frozenset(int(r) for r in g.ranks)] = (g.dim, int(g.size))
+            members.setdefault(g.dim, []).append(sorted(int(r) for r in g.ranks))
+    inst = sync.instances[sync.instances["complete"].astype(bool)]
+    inst = inst[~inst["op"].isin(P2P_OPS)]
+    rows = []
+    for i in inst.itertuples():
+        key = frozenset(int(r) for r in str(i.group).split("|")[0].split(",") if r.strip())
+        if key in dims and i.bytes == i.bytes and i.bytes > 0 and i.transfer_us > 0:
+            rows.append((*dims[key], str(i.op), float(i.bytes), float(i.transfer_us)))
+    out = {}
+    steps = ctx.steps_per_rank
+    for dim in sorted({r[0] for r in rows}):
+        mine = [r for r in rows if r[0] == dim]
+        size = mine[0][1]
+        groups = sum(1 for d, k in dims.values() if d == dim)
+        x = [b * busbw_factor(op, size) for _, _, op, b, _ in mine]
+        try:
+            alpha, beta = whatif.fit_alpha_beta(x, [t for *_, t in mine])
+        except ValueError:
+            continue
+        per: dict[tuple[str, float], int] = {}
+        for _, _, op, b, _ in mine:
+            per[(op, b)] = per.get((op, b), 0) + 1
+        ops = tuple((op, b, n / max(groups, 1) / steps) for (op, b), n in sorted(per.items()))
+        transfer = sum(t for *_, t in mine) / max(groups, 1) / steps
+        out[dim] = DimTraffic(dim, size, ops, alpha, beta, len({round(v) for v in x}), transfer,
+                              _placement(members.get(dim, []), ctx.traces.rank_meta))
+    return out
+
+
+def _links_like(traffic: dict[str, DimTraffic], dim: str, groups: list[list[int]], meta: dict
+                ) -> DimTraffic | None:
+    """The measured dimension whose groups cross the same kinds of link as ``groups`` (the
+    groups ``dim`` would have) when ``dim``'s own groups cross other kinds, else None: the
+    α–β belongs to the links, not to the dimension."""
+    own = traffic[dim].placement
+    new = _placement(groups, meta)
+    if own is None or new is None or new == own:
+        return None
+    for other in sorted(traffic):
+        if other != dim and traffic[other].placement == new:
+            return traffic[other]
+    return None
+
+
+def _new_dp_traffic(ctx: RuleContext, like: DimTraffic, tp_now: int, tp2: int
+                    ) -> tuple[DimTraffic, str] | None:
+    """The gradient synchronization a run without data parallel would add at dp > 1, at the
+    α–β of ``like`` (another dimension's groups on the same links): DDP's all-reduce of the
+    gradients in 25 MiB buckets (:data:`DDP_BUCKET_BYTES`), or FSDP's all-gathers and
+    reduce-scatters of the parameters when the run uses FSDP: each of its units
+    (``fsdp_units``, recorded by ``pardiag profile``; one when not recorded: then two
+    all-gathers, or one when it keeps the parameters unsharded) gathers once in the forward and
+    once more in the backward when it reshards after the forward (``fsdp_resharding_units``),
+    and reduce-scatters once; the parameters split evenly over the units. Gradient bytes: the
+    rank's parameter bytes × tp / tp2 (TP's shards rejoin). The α–β is ``like``'s, through its
+    fastest instances; :func:`degrees` scales the time by ``like``'s measured transfer over its
+    α–β time (the contention its links show)."""
+    params = ctx.params_bytes
+    if not params:
+        return None
+    full = params * tp_now / tp2
+    fsdp = bool({"fsdp1", "fsdp2"} & ctx.strategies)
+    if fsdp:
+        units = ctx.settings.get("fsdp_units")
+        if isinstance(units, int) and units > 0:
+            gathers = units + int(ctx.settings.get("fsdp_resharding_units") or 0)
+        else:   # not recorded: the whole model as one unit
+            units = 1
+            gathers = 2 if ctx.settings.get("fsdp_reshard_after_forward", True) else 1
+        ops = (("all_gather", full / units, float(gathers)),
+               ("reduce_scatter", full / units, float(units)))
+        how = (f"FSDP: {gathers} all-gather(s) and {units} reduce-scatter(s) per step of "
+               f"{full / 2**20:.3g} MiB of parameters in {units} unit(s)")
+    else:
+        n = max(1, math.ceil(full / DDP_BUCKET_BYTES))
+        ops = (("all_reduce", full / n, float(n)),)
+        how = f"DDP: an all-reduce of {full / 2**20:.3g} MiB of gradients in {n} bucket(s)"
+    return DimTraffic("dp", 2, ops, like.alpha_us, like.beta_us_per_byte, like.sizes), how
+
+
+def _change_us(traffic: DimTraffic, comm_us: float, size: int, scale: float,
+               links: DimTraffic | None = None) -> float:
+    """How a dimension's communication per rank and step (``comm_us``, measured) changes at
+    group ``size`` with ``scale`` × the bytes: all of it goes at size 1; otherwise its transfer
+    (:attr:`DimTraffic.transfer_us`, at most ``comm_us``; all of it when none was measured) grows
+    by the α–β model's ratio and its waiting for late peers stays. ``links``: the dimension
+    whose α–β the new groups take (:func:`_links_like`), else its own."""
+    if size == 1:
+        return -comm_us
+    transfer = min(traffic.transfer_us, comm_us) if traffic.transfer_us > 0 else comm_us
+    new = (traffic.time_us(size, scale) if links is None else
+           traffic.time_us(size, scale, links.alpha_us, links.beta_us_per_byte))
+    return transfer * (new / traffic.time_us(traffic.size, 1.0) - 1.0)
+
+
+def _kinds(placement) -> str:
+    """``{"across cores"}`` → ``"across cores"``; several joined with "and"."""
+    return " and ".join(sorted(placement or ()))
+
+
+def host_us(ctx: RuleContext, part: str) -> float:
+    """A host work per rank and step (µs; mean over ranks and profiled steps of a column of
+    :func:`pardiag.analyzer.analyses.causes.rank_causes`): ``"dtensor_us"``, DTensor's redistributions
+    with their collectives and waits and its dispatch of operators on DTensors, outside the
+    optimizer (TP's host work); ``"fsdp_us"``, FSDP2's hooks with their waits. 0 when not
+    measured."""
+    c = ctx.causes
+    if c is None or c.per_step.empty or part not in c.per_step:
+        return 0.0
+    v = pd.to_numeric(c.per_step[part], errors="coerce").dropna()
+    return float(v.mean()) if len(v) else 0.0
+
+
+def degrees(ctx: RuleContext) -> list[Recommendation]:
+    """Other DP × TP splits of the same ranks (pipeline degree unchanged), TP inside a node.
+
+    Per rank and step, with the global batch fixed: computation stays (the same work over the
+    same ranks). Each dimension's collectives keep their count; their bytes scale — TP's with
+    the activations a rank holds (∝ 1/dp), DP's with the parameters a rank holds (∝ 1/tp) — and
+    each takes ``α + β·bus bytes`` fitted on that dimension's own instances (:func:`_traffic`;
+    small gloo messages are latency-bound, so bytes alone mispredict: on the 2D example
+    scaling by bytes predicted dp=4 × tp=1 1.6% faster where it ran ~32% faster). A dimension
+    that stays scales its measured transfer (:attr:`DimTraffic.transfer_us`) by the model's
+    ratio and keeps its waiting for late peers (arrival skew does not grow with bytes: scaling
+    it too predicted TP's time at tp=4 ×3 where it grew ×2.2); one that goes (degree 1) takes
+    all of its time with it. The α–β belongs to the links a ring crosses, not to the
+    dimension: when a dimension's new groups would cross other kinds of link than its groups
+    do now (:func:`hop_kinds`: across nodes, across cores, ranks taking turns on one core) and
+    another dimension's groups cross those, the new groups take that dimension's α–β (on the
+    2-core machine, dp=2 × tp=2 with ``--pin-cpu`` puts each DP pair on one core; at dp=4 its
+    ring crosses cores as TP's pairs do). The step changes by each dimension's exposed share
+    (measured) of its predicted time change. On CPU, a dimension that goes takes its host work
+    with it (:func:`host_us`, measured from the trace): at tp=1 DTensor's redistributions and
+    dispatch, at dp=1 FSDP2's hooks (a run at dp=1 needs no FSDP); the step loses that or the
+    dimension's exposed communication, whichever is larger (the host work holds the waits; on
+    the 2D example DTensor's took 130 ms of a 320 ms step, where TP's exposed communication
+    was 69 ms and the step at tp=1 took 128 ms less). A run
+    without data parallel (TP only) gets DDP's gradient all-reduce — or FSDP's gathers when it
+    uses FSDP — at the TP groups' α–β, all of it exposed on CPU (gloo shares the cores), only
+    the last bucket on a GPU.
+
+    Without instances to fit (traces without collective records), each dimension's measured
+    time is scaled by bytes and ring factors instead."""
+    lay, dims, measured = ctx.layout, ctx.dims, ctx.measured_us
+    dp, tp = int(dims.get("dp") or 1), int(dims.get("tp") or 1)
+    if tp < 2 or not (measured > 0):
+        return []   # without TP traffic measured there is nothing to scale from
+    comm = ctx.dim_comm_per_step
+    if "tp" not in comm:
+        return []
+    per_node = (min(len(r) for r in lay.nodes.values()) if lay.nodes
+                else len(ctx.traces.ranks))
+    t_tp, e_tp = comm["tp"]
+    t_dp, e_dp = comm.get("dp", (0.0, 0.0))
+    x_tp = e_tp / t_tp if t_tp > 0 else 1.0
+    x_dp = e_dp / t_dp if t_dp > 0 else 1.0
+    traffic = _traffic(ctx)
+    n = dp * tp
+    meta = ctx.traces.rank_meta
+    whole = n == len(ctx.traces.ranks)   # the dp × tp mesh holds every rank (no pipeline)
+    # on CPU the host work is the step; on a GPU it runs ahead of the kernels
+    host = host_us(ctx, "dtensor_us") if not ctx.on_gpu else 0.0
+    fsdp_host = (host_us(ctx, "fsdp_us") if not ctx.on_gpu and "fsdp2" in ctx.strategies
+                 else 0.0)
+    # the model's shapes and batch (issue #20): a degree that cannot be built is listed with why
+    con = shapes.constraints(ctx.traces)
+    pipe_m = (lay.pipeline or {}).get("microbatches") if isinstance(lay.pipeline, dict) else None
+    now = shapes.run_batch(con, dp, pipe_m if isinstance(pipe_m, int) else None)
+    unchecked_batch = () if now.global_samples else (
+        "not checked against the global batch: its size was not recorded",)
+    unchecked_tp = tuple(x for x in (shapes.unchecked_tp(con),) if x)
+    out = []
+    for tp2 in range(1, n + 1):
+        if n % tp2 or tp2 == tp or tp2 > per_node:
+            continue
+        dp2 = n // tp2
+        why = (shapes.check_tp_degree(tp2, con)
+               or shapes.check_dp_degree(dp2, now.global_samples, now.microbatches))
+        if why:
+            out.append(ruled_out("degrees", f"dp={dp2} × tp={tp2} instead of dp={dp} × tp={tp}",
+                                 f"dp={dp2}, tp={tp2} (TP inside each node; same global batch)",
+                                 {"dp": dp2, "tp": tp2}, measured, why))
+            continue
+        ev_model = ev_host = ""
+        if "tp" in traffic:
+            # a dimension that stays scales its measured transfer by the α–β model's ratio and
+            # keeps its waiting for late peers (arrival skew, not bytes); one that goes
+            # (degree 1) takes all of its time with it
+            ttp = traffic["tp"]
+            tp_links = (_links_like(traffic, "tp", mesh_groups(n, tp2, "tp"), meta)
+                        if tp2 > 1 and whole else None)
+            d_tp = _change_us(ttp, t_tp, tp2, dp / dp2, tp_links)
+            dp_links = None
+            if dp > 1 and "dp" in traffic:
+                tdp = traffic["dp"]
+                dp_links = (_links_like(traffic, "dp", mesh_groups(n, tp2, "dp"), meta)
+                            if dp2 > 1 and whole else None)
+                d_dp = _change_us(tdp, t_dp, dp2, tp / tp2, dp_links)
+                new_dp = ""
+            elif dp > 1:
+                continue   # data parallel measured but not matched to instances
+            elif dp2 > 1:
+                made = _new_dp_traffic(ctx, ttp, tp, tp2)
+                if made is None:
+                    continue
+                tdp, new_dp = made
+                # the contention TP's links show: its measured transfer over its α–β time
+                slow = (ttp.transfer_us / ttp.time_us(ttp.size, 1.0)
+                        if ttp.transfer_us > 0 and ttp.time_us(ttp.size, 1.0) > 0 else 1.0)
+                slow = max(slow, 1.0)
+                new_dp += (f", at the TP groups' α–β × {slow:.2f} (TP's measured transfer "
+                           "over its α–β time)" if slow > 1.0 else ", at the TP groups' α–β")
+                full = tdp.time_us(dp2, 1.0) * slow
+                if ctx.on_gpu and tdp.ops[0][0] == "all_reduce":   # beside the backward
+                    full *= 1.0 / max(tdp.ops[0][2], 1.0)
+                d_dp, x_dp = full, 1.0
+            else:
+                d_dp, new_dp = 0.0, ""
+            tp_term, dp_term = x_tp * d_tp, x_dp * d_dp
+            if tp2 == 1 and host > e_tp:   # TP's host work goes with its communication
+                tp_term = -host
+            if dp2 == 1 and dp > 1 and fsdp_host > e_dp:   # and FSDP's, at dp=1
+                dp_term = -fsdp_host
+            pred = measured + tp_term + dp_term
+            t_tp2, t_dp2 = max(t_tp + d_tp, 0.0), max(t_dp + d_dp, 0.0)
+            ev_model = (f"α–β per dimension, fitted on its own collectives: TP α "
+                        f"{ttp.alpha_us:.0f} µs, {1 / ttp.beta_us_per_byte / 1e3:.2f} GB/s bus "
+                        f"bandwidth ({ttp.sizes} size(s))"
+                        + (f"; DP α {traffic['dp'].alpha_us:.0f} µs, "
+                           f"{1 / traffic['dp'].beta_us_per_byte / 1e3:.2f} GB/s"
+                           if "dp" in traffic else "")
+                        + (f"; no data parallel now: {new_dp}" if new_dp else "")
+                        + "".join(f"; {d.upper()}'s new groups' rings would run "
+                                  f"{_kinds(lk.placement)}, as {lk.dim.upper()}'s do: they "
+                                  f"take {lk.dim.upper()}'s α–β"
+                                  for d, lk in (("tp", tp_links), ("dp", dp_links)) if lk))
+            if tp2 == 1 and host > e_tp:
+                ev_host = (f"at tp=1 TP's host work goes with its communication: DTensor's "
+                           f"redistributions (their collectives and waits included) and "
+                           f"dispatch take {host / 1000:.2f} ms per rank and step outside the "
+                           f"optimizer, more than TP's exposed communication "
+                           f"({e_tp / 1000:.2f} ms)")
+            if dp2 == 1 and dp > 1 and fsdp_host > e_dp:
+                ev_host = (f"at dp=1 FSDP's host work goes with its communication: its hooks "
+                           f"(their collectives' waits included) take {fsdp_host / 1000:.2f} ms "
+                           f"per rank and step, more than DP's exposed communication "
+                           f"({e_dp / 1000:.2f} ms)")
+        else:
+            t_tp2 = t_tp * (dp / dp2) * (_ring(tp2) / _ring(tp)) if tp2 > 1 else 0.0
+            t_dp2 = (t_dp * (tp / tp2) * (_ring(dp2) / _ring(dp)) if dp > 1 and dp2 > 1 else
+                     (float("nan") if dp2 > 1 else 0.0))
+            if t_dp2 != t_dp2:
+                continue   # no DP traffic measured to scale from
+            pred = measured - (e_tp + e_dp) + x_tp * t_tp2 + x_dp * t_dp2
+        ev = [f"per rank and step: TP communication {t_tp / 1000:.2f} ms "
+              f"({e_tp / 1000:.2f} exposed), DP {t_dp / 1000:.2f} ms ({e_dp / 1000:.2f} exposed)",
+              f"predicted: TP {t_tp2 / 1000:.2f} ms, DP {t_dp2 / 1000:.2f} ms, each with "
+              "its measured exposed share"]
+        if ev_model:
+            ev.append(ev_model)
+        if ev_host:
+            ev.append(ev_host)
+        out.append(Recommendation(
+            kind="degrees", title=f"dp={dp2} × tp={tp2} instead of dp={dp} × tp={tp}",
+            change=f"dp={dp2}, tp={tp2} (TP inside each node; same global batch)",
+            evidence=tuple(ev),
+            caveats=("computation per rank is taken to stay the same (ideal scaling); TP's "
+                     "smaller matmuls can run less efficiently",
+                     "each dimension keeps the latency and bandwidth measured on its current "
+                     "groups",
+                     "memory changes (parameters shard by tp, activations by dp) are not "
+                     "predicted", *(unchecked_tp if tp2 > 1 else ()), *unchecked_batch),
+            measured_step_us=measured, predicted_step_us=pred,
+            params={"dp": dp2, "tp": tp2},
+            **batch_fields(now, per_rank_x=Fraction(dp, dp2), micro_x=Fraction(dp, dp2))))
+    return out

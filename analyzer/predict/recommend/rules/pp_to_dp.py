@@ -1,0 +1,199 @@
+"""Data parallel instead of a pipeline, predicted from the stage modules timed at other sizes."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pandas as pd
+
+from ... import shapes
+from ... import whatif
+from ..context import RuleContext, step_noise
+from ..types import Recommendation, batch_fields, ruled_out
+from .ddp_buckets import DDP_DEFAULT_CAP, DDP_FIRST_BUCKET
+from ...replay import inflight
+
+
+def median_interval(samples) -> tuple[float, float] | None:
+    """The 95% percentile-bootstrap interval (µs) of the median of ``samples`` (µs;
+    :func:`pardiag.analyzer.predict.recommend.context.step_noise`), or None with fewer than 3 numbers."""
+    xs = [float(x) for x in samples or [] if isinstance(x, (int, float))]
+    if len(xs) < 3:
+        return None
+    noise = step_noise(xs, "stand-in timings")
+    return noise.low_us, noise.high_us
+
+
+def _scaling_intervals(traces) -> dict[tuple[int, float], tuple[tuple, tuple]]:
+    """``{(stage, samples): ((fwd low, high), (bwd low, high))}`` (µs) of the stage modules'
+    timings after the run (``size_scaling`` rows with their samples)."""
+    out = {}
+    for doc in traces.sidecars.get("pipeline", {}).values():
+        for row in doc.get("size_scaling") or []:
+            try:
+                f = median_interval(row.get("fwd_samples_us"))
+                b = median_interval(row.get("bwd_samples_us"))
+                if f and b:
+                    out[(int(row["stage"]), float(row["samples"]))] = (f, b)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+    return out
+
+
+def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
+    """The same ranks as data parallel instead of a pipeline (pp = p → dp = p, DDP with its
+    default buckets): every rank runs the whole model on 1/p of the global batch.
+
+    Step = Σ over stages of the stage module's forward + backward at that size (its times at
+    other microbatch sizes, measured after the run, the line through them) + the optimizer over all
+    parameters (Σ of the ranks' optimizer steps) + what rank 0 does besides (its tail less its
+    optimizer) + the gradient all-reduce: DDP's buckets of the stages' parameter bytes, each
+    α + β·bytes from the all-reduce times ``pardiag profile`` measured on the group after the
+    run. On CPU every bucket's time adds (gloo shares the cores) — or, when ``pardiag profile``
+    timed DDP itself on a stand-in model after the run (``ddp_calibration``), what DDP added
+    there, scaled by the gradient bytes; on a GPU only the last bucket's (the others run beside
+    the backward). Peak memory: every stage's static bytes
+    plus every stage's activations for one microbatch, scaled to the new batch (activations:
+    the allocated peak less the static bytes — or all of it when the peak is below them, as
+    in a CPU trace whose window sees only its own allocations; the measured peak is then
+    static + window peak). Only for a
+    pipeline with one stage per rank and no other parallel dimension.
+
+    Every time above that was taken on a stand-in after the run carries the 95% bootstrap
+    interval of its median (:func:`median_interval`; issue #19): the prediction is repeated with
+    each at the low end, then at the high end of its interval (``predicted_low_us``,
+    ``predicted_high_us``; the policy does not recommend a change whose interval reaches the
+    measured step). The optimizer and the rest are the run's own undisturbed steps."""
+    model, traces, dims = ctx.model, ctx.traces, ctx.dims
+    if model is None:
+        return []
+    if model.v != 1 or any(int(dims.get(d) or 1) > 1 for d in ("dp", "tp", "ep", "cp")):
+        return []
+    # the global batch must split into whole samples per rank (issue #20)
+    why = shapes.check_dp_degree(model.p, model.samples * model.m if model.samples else None)
+    if why:
+        return [ruled_out("pp_to_dp", f"Data parallel instead of a {model.p}-stage pipeline",
+                          f"dp={model.p}, pp=1: every rank runs the whole model on 1/{model.p} "
+                          f"of the global batch (DDP, default buckets) instead of pp={model.p}",
+                          {"pp": 1, "dp": model.p}, model.period_us, why)]
+    n_stages = len(model.fwd_us)
+    pb = model.stage_params()
+    if (not model.samples or any(s not in model.size_scaling for s in range(n_stages))
+            or pb is None or sum(pb) <= 0 or len(model.opt_us) != model.p):
+        return []
+    calib = [(float(r["bytes"]), float(r["us"]))
+             for doc in traces.sidecars.get("pipeline", {}).values()
+             for r in doc.get("allreduce_calibration") or []
+             if isinstance(r, dict) and isinstance(r.get("bytes"), (int, float))
+             and isinstance(r.get("us"), (int, float))]
+    try:
+        alpha, beta = whatif.fit_alpha_beta([b for b, _ in calib], [t for _, t in calib])
+    except ValueError:
+        return []
+    if len({b for b, _ in calib}) < 2:
+        return []
+    n_new = model.samples * model.m / model.p
+    compute = 0.0
+    ivs = _scaling_intervals(traces)
+    compute_iv: list[float] | None = [0.0, 0.0]
+    for s in range(n_stages):
+        pts = model.size_scaling[s]
+        xs = [q[0] for q in pts]
+        point = (whatif.affine(xs, [q[1] for q in pts], n_new)
+                 + whatif.affine(xs, [q[2] for q in pts], n_new))
+        compute += point
+        if compute_iv is None or any((s, x) not in ivs for x in xs):
+            compute_iv = None
+            continue
+        ends = [whatif.affine(xs, [ivs[(s, x)][0][e] for x in xs], n_new)
+                + whatif.affine(xs, [ivs[(s, x)][1][e] for x in xs], n_new) for e in (0, 1)]
+        compute_iv[0] += min(point, *ends)   # an extrapolated line may swap the ends
+        compute_iv[1] += max(point, *ends)
+    opt = sum(model.opt_us.values())
+    other = max(model.tail_us.get(0, 0.0) - model.opt_us.get(0, 0.0), 0.0)
+    layer_bytes = [float(b) for ls in reversed(model.layers) for _, _, b in reversed(ls)]
+    buckets = whatif.ddp_buckets(layer_bytes, DDP_DEFAULT_CAP, DDP_FIRST_BUCKET)
+    on_gpu = ctx.on_gpu
+    ar_all = sum(alpha + beta * b for b in buckets)
+    ar = ar_all if not on_gpu else alpha + beta * buckets[-1]
+    # the all-reduces' interval: the line through the fastest timings (the point) to the one
+    # through the high ends of the medians' intervals
+    highs = [(float(r["bytes"]), median_interval(r.get("samples_us")))
+             for doc in traces.sidecars.get("pipeline", {}).values()
+             for r in doc.get("allreduce_calibration") or []
+             if isinstance(r, dict) and isinstance(r.get("bytes"), (int, float))]
+    ar_iv = None
+    if highs and all(h is not None for _, h in highs):
+        try:
+            a_hi, b_hi = whatif.fit_alpha_beta([b for b, _ in highs], [h[1] for _, h in highs])
+            hi = (sum(a_hi + b_hi * b for b in buckets) if not on_gpu
+                  else a_hi + b_hi * buckets[-1])
+            ar_iv = (min(ar, hi), max(ar, hi))
+        except ValueError:
+            ar_iv = None
+    how_ar = ("; on a GPU only the last bucket's is added" if on_gpu else
+              "; on CPU all of it adds to the step")
+    cal = {}
+    for doc in traces.sidecars.get("pipeline", {}).values():
+        c = doc.get("ddp_calibration")
+        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) and c[k] > 0
+                                       for k in ("grad_bytes", "overhead_us")):
+            cal = c
+    if cal and not on_gpu:   # DDP itself timed on a stand-in with these gradient bytes
+        ar = cal["overhead_us"] * sum(pb) / cal["grad_bytes"]
+        ov = median_interval(cal.get("overhead_samples_us"))
+        ar_iv = (tuple(max(v, 0.0) * sum(pb) / cal["grad_bytes"] for v in ov)
+                 if ov is not None else None)
+        how_ar = (f"; DDP itself, timed after the run on a stand-in with "
+                  f"{cal['grad_bytes'] / 2**20:.3g} MiB of gradients, adds "
+                  f"{cal['overhead_us'] / 1000:.2f} ms"
+                  + (f": {ar / 1000:.2f} ms at this size"
+                     if abs(cal["grad_bytes"] - sum(pb)) > 0.01 * sum(pb) else ""))
+    pred = compute + opt + other + ar
+    measured = model.period_us
+    low = high = float("nan")
+    interval = ()
+    if compute_iv is not None and ar_iv is not None:
+        low = compute_iv[0] + opt + other + min(ar_iv[0], ar)
+        high = compute_iv[1] + opt + other + max(ar_iv[1], ar)
+        interval = (f"with the stand-in timings' 95% intervals the step is {low / 1000:.2f}–"
+                    f"{high / 1000:.2f} ms (stage modules {compute_iv[0] / 1000:.2f}–"
+                    f"{compute_iv[1] / 1000:.2f} ms, gradient synchronisation "
+                    f"{ar_iv[0] / 1000:.2f}–{ar_iv[1] / 1000:.2f} ms; bootstrap intervals of "
+                    "their medians)",)
+    pred_peak = None
+    meas_peak = ctx.peak.peak_bytes
+    pr = ctx.memory.per_rank if ctx.memory is not None else pd.DataFrame()
+    if len(pr) and pr["static_bytes"].notna().all() and pr["peak_allocated_bytes"].notna().all():
+        infl = inflight(model.schedule, model.p, model.m, model.v)
+        static = pr["static_bytes"].astype(float)
+        peak = pr["peak_allocated_bytes"].astype(float)
+        # a device's allocated peak holds the static state; a CPU trace's window peak counts
+        # only what was allocated inside the window (context.measured_peak)
+        act = (peak - static).clip(lower=0) if (peak >= static).all() else peak
+        pred_peak = float(static.sum()) + float(act.sum()) / infl * (n_new / model.samples)
+    total_b = sum(pb)
+    return [Recommendation(
+        kind="pp_to_dp", title=f"Data parallel instead of a {model.p}-stage pipeline",
+        change=f"dp={model.p}, pp=1: every rank runs the whole model on {n_new:g} samples "
+               f"(DDP, default buckets) instead of pp={model.p}",
+        evidence=(f"the stage modules take {compute / 1000:.2f} ms forward + backward at "
+                  f"{n_new:g} samples (measured at other sizes after the run)",
+                  f"optimizer over all parameters {opt / 1000:.2f} ms; other per-step work "
+                  f"{other / 1000:.2f} ms",
+                  f"{total_b / 2**20:.3g} MiB of gradients in {len(buckets)} bucket(s): "
+                  f"all-reduce {ar_all / 1000:.2f} ms (α {alpha:.0f} µs, "
+                  f"{1 / beta / 1e3:.2f} GB/s measured on the group after the run)"
+                  + how_ar, *interval),
+        caveats=("every rank then holds all parameters, gradients and optimizer state",
+                 "the all-reduce was timed on an idle group, not beside a backward"),
+        measured_step_us=measured, predicted_step_us=pred,
+        predicted_low_us=low, predicted_high_us=high,
+        measured_peak_bytes=meas_peak,
+        predicted_peak_bytes=pred_peak,
+        fits_memory=ctx.fits(pred_peak),
+        params={"pp": 1, "dp": model.p},
+        # the same global batch; each rank takes 1/p of it in one pass instead of m microbatches
+        **batch_fields(shapes.Batch(model.samples * model.m, model.samples * model.m,
+                                    model.samples),
+                       per_rank_x=Fraction(1, model.p), micro_x=Fraction(model.m, model.p)))]

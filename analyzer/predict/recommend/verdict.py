@@ -1,0 +1,168 @@
+"""The report's one-sentence verdict: the step time with its spread, and the largest losses."""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from ...analyses.breakdown import OUTLIER_STEP_FACTOR
+from ...analyses.pipeline import summarize_bubbles
+from .context import RuleContext, ms, run_step_row
+from .rules.straggler import identify_straggler
+from ...trace.traceset import TraceSet
+
+
+def steps_unrecorded(traces: TraceSet) -> str:
+    """A sentence when ``pardiag profile``'s metadata shows that no rank recorded a training
+    step (the script made no more optimizer steps than ``--wait + --warmup``), else ""."""
+    sch = traces.run_info.schedule if traces.run_info else None
+    if sch is None:
+        return ""
+    skip = sch.wait + sch.warmup
+    steps = [m.optimizer_steps for m in traces.rank_meta.values()]
+    if not steps or not all(isinstance(n, int) and n <= skip for n in steps):
+        return ""
+    return (f"The profiler recorded no training step: the script made {max(steps)} optimizer "
+            f"step(s) and recording starts after --wait + --warmup = {skip}; the traces show "
+            "only the script's end, so nothing is measured or recommended (profile more steps).")
+
+
+def spread_text(ctx: RuleContext) -> str:
+    """``" (IQR a–b, range c–d ms over n steps)"`` of the profiled steps, a one-step caveat,
+    and the outlier steps left out."""
+    run = run_step_row(ctx.breakdown)
+    if run is None or not run["steps"]:
+        return ""
+    n = int(run["steps"])
+    if n == 1:
+        text = " (1 step recorded: a one-off cannot be told from a persistent cause)"
+    else:
+        text = (f" (IQR {run['q1_us'] / 1e3:.1f}–{run['q3_us'] / 1e3:.1f}, range "
+                f"{run['min_us'] / 1e3:.1f}–{run['max_us'] / 1e3:.1f} ms over {n} steps)")
+    if run["outlier_steps"]:
+        text += (f"; step(s) {run['outlier_steps']} over {OUTLIER_STEP_FACTOR:g}× the median "
+                 f"left out")
+    return text
+
+
+def exposed_split(ctx: RuleContext) -> tuple[float, float, float] | None:
+    """Exposed communication split into waiting and transfer, summed over ranks (µs):
+    ``(exposed, waiting, transfer)``. Waiting is each rank's time inside collectives and
+    point-to-point transfers beyond the fastest participant's (``wait_us`` of
+    :attr:`pardiag.analyzer.analyses.sync.SyncResult.per_rank`: waiting for a peer to arrive — in a
+    pipeline, the bubble), at most the rank's exposed time; transfer is the rest. None
+    without exposed communication."""
+    tot = ctx.breakdown.totals
+    if not len(tot) or not (tot["exposed_comm_us"].sum() > 0):
+        return None
+    exposed = tot.set_index("rank")["exposed_comm_us"].astype(float)
+    waits = (ctx.sync.per_rank.groupby("rank")["wait_us"].sum()
+             if ctx.sync is not None and len(ctx.sync.per_rank) else pd.Series(dtype=float))
+    waiting = sum(min(float(waits.get(r, 0.0) or 0.0), float(e)) for r, e in exposed.items())
+    return float(exposed.sum()), waiting, float(exposed.sum()) - waiting
+
+
+def bubble_text(ctx: RuleContext) -> str | None:
+    """``"pipeline bubble 71% of the window, measured (the replay gives 30% and accounts for
+    27.1 of the 55.0 ms step)"``: the bubble measured from the schedule records
+    (:func:`pardiag.analyzer.analyses.pipeline.summarize_bubbles`, mean over ranks) with the replay's
+    beside it and how much of the measured step the replay explains."""
+    pipe = ctx.pipeline
+    measured = None
+    if pipe is not None and len(pipe.bubbles):
+        summ = summarize_bubbles(pipe.bubbles)
+        if len(summ) and summ["bubble_pct"].notna().any():
+            measured = float(summ["bubble_pct"].mean())
+    model = ctx.model
+    replay = None
+    if model is not None:
+        replay = statistics.fmean(model.predict()[1].bubble_pct.values())
+    if measured is None and replay is None:
+        return None
+    if measured is None:
+        return f"pipeline bubble {replay:.1f}% of the window (replayed; not measured)"
+    text = f"pipeline bubble {measured:.1f}% of the window, measured"
+    if replay is not None:
+        replayed = model.period_us - model.residual_us
+        text += (f" (the replay gives {replay:.1f}% and accounts for {ms(replayed)} of the "
+                 f"{ms(model.period_us)} step)")
+    return text
+
+
+def causes_text(ctx: RuleContext) -> list[str]:
+    """The host-bound and input-bound lines of the verdict
+    (:class:`pardiag.analyzer.analyses.causes.CausesResult`): ``"host-bound: the GPU computes 6.9% of
+    the step and idles waiting for the host 55.5%"``, ``"input-bound: data loading takes 32% of
+    the step on rank 1 (7.2 ms); without it the step would take about 15.1 ms"``."""
+    c = ctx.causes
+    out = []
+    if c is None:
+        return out
+    hb = c.host_bound
+    if hb is not None:
+        out.append(f"host-bound: the GPU computes {hb['busy_pct']:.1f}% of the step and idles "
+                   f"waiting for the host {hb['wait_host_pct']:.1f}% (median over ranks)")
+    ib = c.input_bound
+    if ib is not None:
+        ranks = ib["ranks"]
+        share = max(ib["share_pct"][r] for r in ranks)
+        who = ("every rank" if ib["all_ranks"] else
+               f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks)))
+        text = (f"input-bound: data loading takes up to {share:.0f}% of the step on {who} "
+                f"({max(ib['data_loading_us'][r] for r in ranks) / 1e3:.1f} ms)")
+        if ib["predicted_step_us"] == ib["predicted_step_us"]:
+            text += f"; without it the step would take about {ms(ib['predicted_step_us'])}"
+        out.append(text)
+    return out
+
+
+def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
+    """``"Step 12.3 ms (…spread…): exposed communication …; pipeline bubble …; rank N is a
+    straggler: …"``.
+
+    Exposed communication is split into waiting for a peer and transfer
+    (:func:`exposed_split`) so that the waiting a pipeline's bubble also counts is said once.
+    A rank is named only when it meets the straggler criteria
+    (:func:`pardiag.analyzer.predict.recommend.rules.straggler.identify_straggler`); imbalanced MoE
+    routing only from :data:`pardiag.analyzer.analyses.routing.IMBALANCE_MIN`
+    (:meth:`pardiag.analyzer.analyses.routing.RoutingResult.describe`).
+
+    Args:
+        step_us: the step time the recommendations compare with (µs; NaN: "No complete step").
+        profiled: the step was measured on the profiled steps (their spread is quoted)."""
+    tot = ctx.breakdown.totals
+    parts = []
+    if len(tot) and tot["span_us"].sum() > 0:
+        span = tot["span_us"].sum()
+        idle = 100.0 * tot["idle_us"].sum() / span
+        split = exposed_split(ctx)
+        if split is None:
+            parts.append(f"exposed communication 0.0% and idle {idle:.1f}% of the ranks' time")
+        else:
+            exp, wait, xfer = (100.0 * x / span for x in split)
+            peer = "a peer stage (the bubble)" if ctx.pipeline is not None and len(
+                ctx.pipeline.chunks) else "other ranks"
+            parts.append(f"exposed communication {exp:.1f}% of the ranks' time ({wait:.1f}% "
+                         f"waiting for {peer}, {xfer:.1f}% transfer) and idle {idle:.1f}%")
+    bubble = bubble_text(ctx)
+    if bubble:
+        parts.append(bubble)
+    found = identify_straggler(ctx)
+    if found is not None:
+        parts.append(found.describe() + (f" — {found.cause.sentence()}" if found.cause
+                                         is not None else ""))
+    routing = ctx.routing.describe() if ctx.routing is not None else None
+    if routing:
+        parts.append(routing)
+    parts += causes_text(ctx)
+    spread = ""
+    if profiled:  # measured on the profiled steps: their spread, " (while profiled; IQR ...)"
+        spread = spread_text(ctx)
+        spread = (" (while profiled; " + spread[2:] if spread.startswith(" (")
+                  else " (while profiled)" + spread)
+    head = f"Step {ms(step_us)}{spread}" if step_us == step_us else "No complete step"
+    text = head + (": " + "; ".join(parts) if parts else "") + "."
+    if ctx.contention:
+        text += " " + ctx.contention[0].upper() + ctx.contention[1:] + "."
+    return text

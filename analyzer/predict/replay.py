@@ -1,0 +1,355 @@
+"""The pipeline replay: a run's measured pipeline (per-stage chunk times, hop latency, the
+ranks' tails) as a :class:`PipelineModel` that :mod:`pardiag.analyzer.predict.whatif` replays under a
+changed schedule, microbatch count, interleaving or stage split. Built once per report by
+:func:`pipeline_model`; the recommendation rules (:mod:`pardiag.analyzer.predict.recommend`) ask it
+for predictions."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import statistics
+
+import numpy as np
+import pandas as pd
+
+from . import whatif
+from ..trace.traceset import TraceSet
+
+#: Stages whose summed layer times differ by at least this share of their mean let a chunk's
+#: time be fitted as a line in its layers' time (PipelineModel.layer_costs).
+FIT_SPREAD = 0.25
+#: Stage splits replayed one by one up to this many (else the min-max partition is used).
+MAX_SPLITS = 400
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineModel:
+    """The measured pipeline, ready to be replayed by :mod:`pardiag.analyzer.predict.whatif`.
+
+    Attributes:
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"``; p, m, v: ranks, microbatches,
+            stages per rank.
+        fwd_us, bwd_us: per stage, median forward/backward time of one microbatch on unprofiled
+            steps (µs).
+        fixed_share: ``{(stage, phase): share}`` of a chunk's time that does not scale with the
+            microbatch size (:func:`whatif.chunk_cost_split`); missing → 0.
+        samples: microbatch size (rows), or None when unknown.
+        window_us: measured pipeline window (median over unprofiled steps, aligned clocks).
+        period_us: measured step time (median start-to-start of consecutive unprofiled steps).
+        hop_us: point-to-point latency: the median time from a chunk's end to the start of the
+            chunk on another rank that waited for it (less the per-chunk gap); calibrated to
+            the measured step when no chunk waited.
+        residual_us: measured step minus the replayed one (added to every prediction).
+        gap_us: a rank's median time between two chunks when it waits for nothing (added to
+            each chunk's cost).
+        size_scaling: per stage, ``[(samples, forward µs, backward µs)]`` of its module timed at
+            other microbatch sizes after the run (sorted); empty when not measured.
+        tail_us: per rank, time from its last chunk of a step to its first chunk of the next
+            when it need not wait (optimizer step plus what rank 0 does besides it).
+        opt_us: per rank, median optimizer-step time (µs); empty when not recorded.
+        layers: per stage, ``[(name, fwd_us, params_bytes)]`` of its layers (children of the
+            stage module), empty when not recorded.
+        steps: how many steps the medians are over; basis: ``"unprofiled"`` or ``"profiled"``.
+        periods_us: the start-to-start times of the steps ``period_us`` is the median of (µs).
+    """
+
+    schedule: str
+    p: int
+    m: int
+    v: int
+    fwd_us: tuple[float, ...]
+    bwd_us: tuple[float, ...]
+    fixed_share: dict
+    samples: int | None
+    window_us: float
+    period_us: float
+    hop_us: float
+    tail_us: dict
+    opt_us: dict
+    layers: tuple[tuple[tuple[str, float, int], ...], ...]
+    steps: int
+    basis: str
+    residual_us: float = 0.0
+    gap_us: float = 0.0
+    size_scaling: dict = dataclasses.field(default_factory=dict)
+    periods_us: tuple[float, ...] = ()
+
+    def tails_for(self, stage_params: list[float] | None, v: int) -> dict[int, float]:
+        """Per-rank tails when stage ``s`` (on rank ``s mod p``) holds ``stage_params[s]``
+        parameter bytes: the optimizer part scales with the rank's parameter bytes (rate
+        measured over all ranks); without per-layer parameters, the measured tails."""
+        now = self.stage_params()
+        if stage_params is None or not self.opt_us or now is None or sum(now) <= 0:
+            return dict(self.tail_us)
+        rate = sum(self.opt_us.values()) / sum(now)
+        per_rank_now = {r: sum(b for s, b in enumerate(now) if s % self.p == r) for r in range(self.p)}
+        per_rank = {r: sum(b for s, b in enumerate(stage_params) if s % self.p == r)
+                    for r in range(self.p)}
+        return {r: self.tail_us.get(r, 0.0) - self.opt_us.get(r, rate * per_rank_now[r])
+                + rate * per_rank[r] for r in range(self.p)}
+
+    def stage_params(self) -> list[float] | None:
+        """Parameter bytes per stage from the layer records, or None."""
+        if not self.layers:
+            return None
+        return [float(sum(b for _, _, b in ls)) for ls in self.layers]
+
+    def scaled(self, m_new: int) -> tuple[list[float], list[float]]:
+        """Per-stage forward/backward times at ``m_new`` microbatches (same global batch):
+        times the ratio of the stage module's times at the new and the current size, read off
+        the least-squares line through its times measured at other microbatch sizes
+        (``size_scaling``, :func:`whatif.affine`) when pardiag measured them, else scaled by
+        the chunk's fixed share."""
+        out = []
+        for phase, times in (("F", self.fwd_us), ("B", self.bwd_us)):
+            col = 1 if phase == "F" else 2
+            row = []
+            for s, t in enumerate(times):
+                pts = self.size_scaling.get(s)
+                if pts and self.samples:
+                    n0 = float(self.samples)
+                    n1 = n0 * self.m / m_new
+                    xs = [p[0] for p in pts]
+                    ys = [p[col] for p in pts]
+                    # the chunk follows its module's size curve (the line through every
+                    # timed size); what it takes beyond the module (sends, the loss, the
+                    # schedule's own work) keeps its share: measured 13–15% at 8 and 32 rows
+                    row.append(t * whatif.affine(xs, ys, n1) / whatif.affine(xs, ys, n0))
+                else:
+                    row.append(whatif.scaled_chunk_us(
+                        t, self.fixed_share.get((s, phase), 0.0), 1.0, self.m / m_new))
+            out.append(row)
+        return out[0], out[1]
+
+    def predict(self, schedule: str | None = None, m: int | None = None, v: int | None = None,
+                fwd_us=None, bwd_us=None, stage_params=None) -> tuple[float, whatif.SimResult]:
+        """Replay with a changed schedule, microbatch count, stages per rank or stage costs.
+
+        Returns:
+            (predicted step time µs, the replayed step)."""
+        schedule, m, v = schedule or self.schedule, m or self.m, v or self.v
+        if fwd_us is None:
+            fwd_us, bwd_us = self.scaled(m)
+        period, sim = whatif.simulate_period(whatif.schedule_order(schedule, self.p, m, v),
+                                             fwd_us, bwd_us, self.hop_us,
+                                             self.tails_for(stage_params, v))
+        return period + self.residual_us, sim
+
+    def layer_costs(self) -> tuple[list[str], list[float], list[float], list[float]] | None:
+        """Per layer (all stages in order): names, forward µs, backward µs, and the per-chunk
+        forward/backward overhead that no layer accounts for (µs, as a 2-list in the last
+        slot). None without layer records.
+
+        When the stages' summed layer times differ (by ≥ :data:`FIT_SPREAD`), a chunk is
+        taken as ``a + b·Σ layer forward`` — forward and backward each a least-squares line
+        over the stages (measured on 1F1B [1, 5] layers: forward 188 µs + 1.07·Σ, backward
+        347 µs + 2.01·Σ; the backward's fixed part is not the forward's times the stage's
+        ratio). Otherwise, or when a line comes out with a negative part, the overhead is the
+        stages' mean chunk time beyond their layers and a layer's backward is its forward times
+        its stage's backward/forward ratio."""
+        if not self.layers or any(not ls for ls in self.layers):
+            return None
+        work = [sum(t for _, t, _ in ls) for ls in self.layers]
+        if min(work) <= 0:
+            return None
+        names = [f"S{s}.{name}" for s, ls in enumerate(self.layers) for name, _, _ in ls]
+        times = [t for ls in self.layers for _, t, _ in ls]
+        if len(work) >= 2 and (max(work) - min(work)) >= FIT_SPREAD * statistics.fmean(work):
+            bf, af = statistics.linear_regression(work, list(self.fwd_us))
+            bb, ab = statistics.linear_regression(work, list(self.bwd_us))
+            if min(af, ab) >= 0 and min(bf, bb) > 0:
+                return names, [t * bf for t in times], [t * bb for t in times], [af, ab]
+        fw, bw, ovh_f, ovh_b = [], [], [], []
+        for s, ls in enumerate(self.layers):
+            of = max(self.fwd_us[s] - work[s], 0.0)
+            ratio = self.bwd_us[s] / max(self.fwd_us[s], 1e-9)
+            ovh_f.append(of)
+            ovh_b.append(of * ratio)
+            for _, t, _ in ls:
+                fw.append(t)
+                bw.append(t * ratio)
+        return names, fw, bw, [statistics.fmean(ovh_f), statistics.fmean(ovh_b)]
+
+    def best_sizes(self, total_us: list[float], k: int, schedule: str, m: int, v: int
+                   ) -> list[int]:
+        """Layers per stage of the contiguous split with the shortest predicted step: every
+        split is replayed when there are at most :data:`MAX_SPLITS` of them (the optimizer tail
+        moves with the parameters), else the split minimizing the slowest stage's forward +
+        backward (:func:`whatif.best_partition`)."""
+        n = len(total_us)
+        if math.comb(n - 1, k - 1) > MAX_SPLITS:
+            return whatif.best_partition(total_us, k)
+        best, best_t, best_worst = None, math.inf, math.inf
+        for cuts in itertools.combinations(range(1, n), k - 1):
+            edges = (0, *cuts, n)
+            sizes = [edges[i + 1] - edges[i] for i in range(k)]
+            f, b, pb = self.partition_costs(sizes)
+            t = self.predict(schedule, m, v, f, b, pb)[0]
+            worst = max(x + y for x, y in zip(f, b))   # ties: the most even split
+            if t < best_t - 1e-6 or (abs(t - best_t) <= 1e-6 and worst < best_worst - 1e-9):
+                best, best_t, best_worst = sizes, t, worst
+        return best
+
+    def partition_costs(self, sizes: list[int]) -> tuple[list[float], list[float], list[float]]:
+        """Per-stage forward/backward time (µs) and parameter bytes if the layers were split
+        into consecutive stages of ``sizes`` layers."""
+        names, fw, bw, (of, ob) = self.layer_costs()
+        params = [b for ls in self.layers for _, _, b in ls]
+        f, b, pb, lo = [], [], [], 0
+        for n in sizes:
+            f.append(of + sum(fw[lo:lo + n]))
+            b.append(ob + sum(bw[lo:lo + n]))
+            pb.append(float(sum(params[lo:lo + n])))
+            lo += n
+        return f, b, pb
+
+
+def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
+    """Build the :class:`PipelineModel` of a run from its pipeline result (aligned chunks) and
+    pipeline sidecars. Returns ``(model, "")`` or ``(None, why)``."""
+    chunks = pipe.chunks
+    sched = pipe.schedule or {}
+    if chunks is None or chunks.empty:
+        return None, "no pipeline schedule records (run under `pardiag profile`)"
+    if chunks["phase"].isin(["I", "W"]).any():
+        return None, "zero-bubble schedules (split backward) are not modelled"
+    try:
+        kind = whatif.normalize_schedule(sched.get("schedule"))
+    except ValueError as exc:
+        return None, str(exc)
+    p, m, v = int(sched.get("p") or 0), int(sched.get("m") or 0), int(sched.get("v") or 1)
+    n_stages = int(chunks["stage"].max()) + 1
+    if p < 2 or m < 1 or n_stages != p * v:
+        return None, f"pipeline layout not understood (p={p}, m={m}, v={v}, {n_stages} stages)"
+    steps = sorted(chunks["step"].unique())
+    if len(steps) > 2:
+        steps = steps[1:]  # the first step also builds the stages' buffers
+    clean = set(pipe.bubbles.loc[pipe.bubbles["clean"], "step"]) if len(pipe.bubbles) else set()
+    use = [s for s in steps if s in clean] or steps
+    basis = "unprofiled" if use and use[0] in clean else "profiled"
+    c = chunks[chunks["step"].isin(use)]
+    med = c.assign(d=c["end_us"] - c["start_us"]).groupby(["stage", "phase"])["d"].median()
+    try:
+        fwd = tuple(float(med[(s, "F")]) for s in range(n_stages))
+        bwd = tuple(float(med[(s, "B")]) for s in range(n_stages))
+    except KeyError:
+        return None, "a stage has no forward or backward records"
+    per_step = c.groupby("step").agg(lo=("start_us", "min"), hi=("end_us", "max"))
+    window = float((per_step["hi"] - per_step["lo"]).median())
+    starts = chunks.groupby("step")["start_us"].min().sort_index()
+    periods = [starts[s + 1] - starts[s] for s in use if s + 1 in starts.index]
+    period = float(np.median(periods)) if periods else window
+    fixed: dict = {}
+    samples = None
+    layers: dict[int, list[tuple[int, str, float]]] = {}
+    use_keys = {str(s) for s in use}
+    for doc in traces.sidecars.get("pipeline", {}).values():
+        for row in doc.get("chunk_costs") or []:
+            try:
+                fixed[(int(row["stage"]), str(row["phase"]))] = float(row["fixed_share"])
+            except (KeyError, TypeError, ValueError):
+                continue
+        for r in doc.get("records") or []:
+            if isinstance(r, dict) and isinstance(r.get("samples"), int) and r["samples"] > 0:
+                samples = samples or r["samples"]
+        for row in doc.get("layers") or []:
+            try:
+                times = [float(t) for k, t in (row.get("fwd_us") or {}).items() if k in use_keys]
+                if not times:
+                    times = [float(t) for t in (row.get("fwd_us") or {}).values()]
+                if times:
+                    layers.setdefault(int(row["stage"]), []).append(
+                        (int(row["index"]), str(row["name"]), float(np.median(times)),
+                         int(row.get("params_bytes") or 0)))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+    size_scaling: dict[int, list] = {}
+    for doc in traces.sidecars.get("pipeline", {}).values():
+        for row in doc.get("size_scaling") or []:
+            try:
+                size_scaling.setdefault(int(row["stage"]), []).append(
+                    (float(row["samples"]), float(row["fwd_us"]), float(row["bwd_us"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+    size_scaling = {k: sorted(v) for k, v in size_scaling.items()
+                    if len({x[0] for x in v}) >= 2 and all(x[1] > 0 and x[2] > 0 for x in v)}
+    layer_list = tuple(tuple((n, t, b) for _, n, t, b in sorted(layers.get(s, [])))
+                       for s in range(n_stages)) if layers else ()
+    # per rank: optimizer time and the idle time between its last chunk and its next first one
+    opt: dict[int, float] = {}
+    for rank, doc in traces.sidecars.get("pipeline", {}).items():
+        d = [float(o["end_us"]) - float(o["start_us"]) for o in doc.get("optimizer") or []
+             if isinstance(o, dict) and o.get("optimizer_step") in set(use)]
+        if d:
+            opt[int(rank)] = float(np.median(d))
+    gaps = []
+    r0 = chunks[chunks["rank"] == chunks.loc[chunks["stage"] == 0, "rank"].iloc[0]]
+    last0 = r0.groupby("step")["end_us"].max()
+    first0 = r0.groupby("step")["start_us"].min()
+    for st in use:
+        if st + 1 in first0.index and st in last0.index:
+            gaps.append(float(first0[st + 1] - last0[st]))
+    gap0 = float(np.median(gaps)) if gaps else max(period - window, 0.0)
+    rank0 = int(r0["rank"].iloc[0])
+    ranks = sorted(chunks["rank"].unique())
+    if len(opt) == len(ranks) and rank0 in opt:
+        other = max(gap0 - opt[rank0], 0.0)
+        tails = {i: opt[r] + other for i, r in enumerate(ranks)}
+        opt = {i: opt[r] for i, r in enumerate(ranks)}
+    else:
+        tails, opt = {i: gap0 for i in range(len(ranks))}, {}
+    orders = whatif.schedule_order(kind, p, m, v)
+    gap, hop_obs = _observed_gaps(c, n_stages)
+    fwd = tuple(t + gap for t in fwd)   # the rank's own time between chunks belongs to them
+    bwd = tuple(t + gap for t in bwd)
+    if hop_obs is not None:
+        hop = hop_obs
+        residual = period - whatif.simulate_period(orders, fwd, bwd, hop, tails)[0]
+    else:
+        hop = whatif.calibrate_hop(orders, fwd, bwd, period, tails)
+        residual = period - whatif.simulate_period(orders, fwd, bwd, hop, tails)[0]
+    return PipelineModel(kind, p, m, v, fwd, bwd, fixed, samples, window, period, hop, tails,
+                         opt, layer_list, len(use), basis, residual, gap, size_scaling,
+                         tuple(float(x) for x in periods)), ""
+
+
+def _observed_gaps(chunks: pd.DataFrame, n_stages: int) -> tuple[float, float | None]:
+    """From the aligned chunk records: the median gap between a rank's consecutive chunks when
+    the second one had nothing to wait for (its own overhead per chunk, µs), and the median
+    time from a chunk's end to the start of the chunk on another rank that waited for it (the
+    hop latency, µs; None when no chunk waited)."""
+    end = {(r.step, r.stage, r.phase, r.microbatch): r.end_us for r in chunks.itertuples()}
+    rank_of = dict(zip(chunks["stage"], chunks["rank"]))
+    local, hops = [], []
+    for (_, rank), rc in chunks.groupby(["step", "rank"]):
+        rc = rc.sort_values("start_us")
+        prev_end = None
+        for r in rc.itertuples():
+            if r.phase == "F":
+                dep = (r.step, r.stage - 1, "F", r.microbatch) if r.stage > 0 else None
+            else:
+                dep = ((r.step, r.stage + 1, "B", r.microbatch) if r.stage < n_stages - 1
+                       else None)
+            dep_end = end.get(dep) if dep else None
+            cross = dep is not None and rank_of.get(dep[1]) != rank
+            if prev_end is not None:
+                if dep_end is None or dep_end <= prev_end or not cross:
+                    local.append(r.start_us - max(prev_end, dep_end or prev_end))
+                elif cross:
+                    hops.append(r.start_us - dep_end)
+            prev_end = r.end_us
+    gap = max(float(np.median(local)), 0.0) if local else 0.0
+    hop = max(float(np.median(hops)) - gap, 0.0) if hops else None
+    return gap, hop
+
+
+def inflight(schedule: str, p: int, m: int, v: int) -> int:
+    """Most microbatches whose activations a pipeline rank holds at once (stage 0's rank)."""
+    if schedule == "gpipe":
+        return m * v
+    if schedule == "1f1b":
+        return min(m, p)
+    rounds = max(1, m // p)
+    return min((v - 1) * (m // rounds) + 2 * (p - 1) + 1, m * v)

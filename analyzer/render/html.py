@@ -1,0 +1,1317 @@
+"""The HTML report: one self-contained file that opens offline.
+
+Figures are built from analysis results here and nowhere else.
+
+**Safety.** Every string that comes from a trace, a sidecar or a file name is HTML-escaped before
+it reaches the page, in tables and in figures alike (plotly renders a subset of HTML in labels,
+so figure strings are escaped too). Figure data travels as JSON in inert
+``<script type="application/json">`` elements with ``<``, ``>`` and ``&`` escaped; the page's
+only scripts are plotly.js and :data:`_BOOT_JS` (which draws the figures and sorts tables by
+moving rows, never by writing HTML).
+
+**Size.** plotly.js (about 4.8 MB) is inlined gzip-compressed and base64-encoded (about 1.9 MB)
+and unpacked by the browser (``DecompressionStream``), so large runs fit in a few MB; ``--cdn``
+links it instead. Large runs are aggregated or sampled where a figure or table would grow with
+ranks × steps × collectives (limits below); the page says so where it happens and lists every
+such reduction under "Run summary".
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import functools
+import gzip
+import html
+import importlib.resources
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
+from plotly.subplots import make_subplots
+
+from pardiag import __version__
+from ..trace import intervals as iv
+from ..analyses.pipeline import summarize_bubbles
+from ..report.registry import Report
+from ..analyses.routing import IMBALANCE_MIN
+from ..analyses.sync import STRAGGLER_MIN_WAIT_US
+
+#: Colours of the four breakdown parts, shared by every breakdown chart.
+PART_COLORS = {"compute only": "#4C78A8", "overlapped": "#54A24B",
+               "exposed comm": "#E45756", "idle": "#BAB0AC"}
+_PART_COLUMNS = {"compute only": "compute_only_us", "overlapped": "overlap_us",
+                 "exposed comm": "exposed_comm_us", "idle": "idle_us"}
+
+#: Section headings, in page order (each is an ``<h2>`` with the id next to it).
+SECTIONS = (
+    ("verdict", "Verdict and recommendations"),
+    ("summary", "Run summary"),
+    ("breakdown", "Time breakdown per rank and step"),
+    ("overlap", "Overlap per rank and per dimension"),
+    ("stragglers", "Stragglers and synchronization"),
+    ("causes", "Why ranks are slow or idle"),
+    ("pipeline", "Pipeline bubbles"),
+    ("imbalance", "Load imbalance"),
+    ("routing", "MoE routing"),
+    ("memory", "Memory"),
+    ("layout", "Layout and topology"),
+    ("bandwidth", "Bandwidth"),
+    ("collectives", "Collectives"),
+    ("warnings", "Warnings and notes"),
+)
+#: The section of ``report --hta`` (listed before the warnings when the report has it).
+HTA_SECTION = ("hta", "HTA: GPU idle time and kernel launches")
+
+#: Most rows of any table; the rest are left out and the page says "showing N of M".
+MAX_TABLE_ROWS = 200
+#: Most bars in the per-rank-and-step chart; above it the chart shows the mean over ranks per
+#: step and a rank × step heatmap shows every rank.
+MAX_STEP_BARS = 400
+#: Most columns of the straggler heatmap; above it consecutive instances are binned (max wait).
+HEATMAP_MAX_COLUMNS = 200
+#: Most ranks drawn in the memory timeline (those with the highest peaks), and points per chart.
+TIMELINE_MAX_RANKS = 16
+TIMELINE_POINTS = 12_000
+#: Most points of the bandwidth scatter (evenly sampled per collective type above it).
+BANDWIDTH_MAX_POINTS = 3_000
+#: Pipeline Gantt: at most this many (rank, stage) rows.
+GANTT_MAX_ROWS = 64
+
+PLOTLY_CDN_URL = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
+
+def _static(name: str) -> str:
+    """A file of the page's own CSS or script, shipped in ``pardiag/analyzer/render/static/``."""
+    return importlib.resources.files("pardiag.analyzer.render").joinpath("static", name).read_text(
+        encoding="utf-8")
+
+
+#: The page's style sheet (``static/report.css``).
+_CSS = _static("report.css")
+
+#: The page's own script (``static/report.js``): unpack plotly.js, draw every figure, make tables
+#: sortable. It reads figure JSON with JSON.parse and moves existing table rows; it never writes
+#: HTML.
+_BOOT_JS = _static("report.js")
+
+
+def _e(x) -> str:
+    """HTML-escape anything (quotes too) for text and attribute values."""
+    return html.escape(str(x), quote=True)
+
+
+def _pe(x) -> str:
+    """Escape a string for a plotly label: plotly renders a subset of HTML (``<b>``, ``<a>``)
+    in text, so trace strings go in as entities, which it shows literally."""
+    return html.escape(str(x), quote=True)
+
+
+def _fmt(v, digits: int = 1) -> str:
+    """One format per unit, as the terminal prints them: quantities with thousands separators
+    (``68,608`` bytes, ``1,053,696`` bytes, ``12.500`` ms), identifiers (:func:`_fmt_id`) bare."""
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return "–"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return _e(v)
+
+
+def _fmt_id(v) -> str:
+    """A rank or step number: an identifier, never ``1,024``."""
+    return "–" if v is None or (isinstance(v, float) and pd.isna(v)) else _e(v)
+
+
+_INT_COLUMNS = {"rank", "last_rank", "slowest_rank", "count", "instances", "steps",
+                "last_arrivals", "steps_as_top", "size", "nodes", "ranks", "bytes", "step",
+                "src", "dst"}
+#: Identifier columns: printed bare (every other number is a quantity, with separators).
+_ID_COLUMNS = {"rank", "last_rank", "slowest_rank", "step", "src", "dst", "pg"}
+
+
+def _is_bytes(column: str) -> bool:
+    """Byte counts: always whole numbers with thousands separators (``68,608``)."""
+    return column == "bytes" or column.endswith("_bytes")
+
+
+def _shown(n_shown: int, n_total: int, what: str) -> str:
+    return _muted(f"Showing {n_shown} of {n_total} {what}.") if n_shown < n_total else ""
+
+
+def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = (),
+           digits: int = 1, sortable: bool = False, max_rows: int = MAX_TABLE_ROWS,
+           what: str = "rows") -> str:
+    """HTML table of ``df``; ``columns`` maps column → header. Values escaped.
+
+    At most ``max_rows`` rows (the first ones; the page then says "Showing N of M <what>").
+    ``sortable`` tables sort on a header click; numeric cells carry their value in ``data-v``.
+    """
+    total = len(df)
+    df = df.head(max_rows).copy()
+    for c in columns:  # counts and ranks that pandas turned into floats print as integers
+        if c in _INT_COLUMNS and pd.api.types.is_float_dtype(df[c]) and df[c].dropna().apply(
+                float.is_integer).all():
+            df[c] = df[c].astype("Int64")
+        elif (_is_bytes(c) and c not in df.attrs.get("mib", ())
+              and pd.api.types.is_float_dtype(df[c])):  # a median of byte counts
+            df[c] = df[c].round().astype("Int64")
+    head = "".join(f'<th class="{"l" if c in left else ""}">{_e(h)}</th>' for c, h in columns.items())
+    rows = []
+    # column-wise values keep each column's type (iterrows would turn ints into floats)
+    for values in zip(*(df[c].astype(object).where(df[c].notna(), None).tolist() for c in columns)):
+        cells = []
+        for c, v in zip(columns, values):
+            num = (isinstance(v, (int, float, np.integer, np.floating))
+                   and not isinstance(v, (bool, np.bool_)))
+            dv = f' data-v="{float(v)!r}"' if sortable and num else ""
+            text = (_fmt_id(v) if c in _ID_COLUMNS and num
+                    else _fmt(v, 2 if c.endswith("_pct") else digits))
+            cells.append(f'<td class="{"l" if c in left else ""}"{dv}>{text}</td>')
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    cls = ' class="pd-sort"' if sortable else ""
+    return (f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            + _shown(len(df), total, what))
+
+
+def _muted(text: str) -> str:
+    return f"<p class='muted'>{_e(text)}</p>"
+
+
+def _ms(df: pd.DataFrame, cols) -> pd.DataFrame:
+    out = df.copy()
+    for c in cols:
+        out[c] = pd.to_numeric(out[c], errors="coerce") / 1000.0
+    return out
+
+
+def _mib(df: pd.DataFrame, cols) -> pd.DataFrame:
+    """``df`` with ``cols`` (byte counts) in MiB; :func:`_table` then prints them with their
+    digits instead of as whole byte counts (``df.attrs["mib"]`` names them)."""
+    out = df.copy()
+    for c in cols:
+        out[c] = pd.to_numeric(out[c], errors="coerce") / 2**20
+    out.attrs["mib"] = tuple(out.attrs.get("mib", ())) + tuple(cols)
+    return out
+
+
+def _f32(values) -> np.ndarray:
+    """Figure data as float32 (half the bytes on the page; µs→ms values keep ~7 digits)."""
+    return np.asarray(values, dtype=np.float32)
+
+
+#: Above this many ranks, rank axes show bare numbers (``"12"``) instead of ``"rank 12"``.
+SHORT_RANK_LABELS_ABOVE = 16
+
+
+def _ranks(ranks) -> list[str]:
+    """Category labels of a rank axis: ``"rank r"``, or ``"r"`` for many ranks."""
+    ranks = list(ranks)
+    if len(set(ranks)) > SHORT_RANK_LABELS_ABOVE:
+        return [str(r) for r in ranks]
+    return [f"rank {r}" for r in ranks]
+
+
+# ---------------------------------------------------------------- figures
+
+
+def breakdown_figure(totals: pd.DataFrame) -> go.Figure:
+    """Stacked bar per rank: compute only, overlapped, exposed communication, idle (ms)."""
+    fig = go.Figure()
+    x = _ranks(totals["rank"])
+    for part, col in _PART_COLUMNS.items():
+        fig.add_bar(name=part, x=x, y=_f32(totals[col] / 1000.0), marker_color=PART_COLORS[part],
+                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
+    fig.update_layout(barmode="stack", title="Time breakdown per rank (whole trace)",
+                      yaxis_title="time (ms)", xaxis_title="rank", height=420)
+    return fig
+
+
+def step_breakdown_figure(steps: pd.DataFrame) -> go.Figure:
+    """Stacked bar per rank and profiler step (ms)."""
+    fig = go.Figure()
+    x = [f"r{r} s{s}" for r, s in zip(steps["rank"], steps["step"])]
+    for part, col in _PART_COLUMNS.items():
+        fig.add_bar(name=part, x=x, y=_f32(steps[col] / 1000.0), marker_color=PART_COLORS[part],
+                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
+    fig.update_layout(barmode="stack", title="Time breakdown per rank and profiler step",
+                      yaxis_title="time (ms)", xaxis_title="rank r, step s",
+                      height=420)
+    return fig
+
+
+def step_mean_figure(steps: pd.DataFrame) -> go.Figure:
+    """Stacked bar per profiler step of the mean over ranks of each part (ms)."""
+    mean = steps.groupby("step", sort=True)[list(_PART_COLUMNS.values())].mean()
+    fig = go.Figure()
+    x = [f"step {s}" for s in mean.index]
+    for part, col in _PART_COLUMNS.items():
+        fig.add_bar(name=part, x=x, y=_f32(mean[col] / 1000.0), marker_color=PART_COLORS[part],
+                    hovertemplate="%{x}: %{y:.3f} ms (mean over ranks)<extra>" + part + "</extra>")
+    fig.update_layout(barmode="stack", title="Time breakdown per profiler step (mean over ranks)",
+                      yaxis_title="time (ms)", height=380)
+    return fig
+
+
+def step_heatmap(steps: pd.DataFrame, column: str, title: str) -> go.Figure:
+    """Heatmap rank × profiler step of one breakdown column (µs in, ms shown)."""
+    z = steps.pivot_table(index="rank", columns="step", values=column, aggfunc="first")
+    fig = go.Figure(go.Heatmap(z=_f32(z.to_numpy() / 1000.0), x=[f"step {s}" for s in z.columns],
+                               y=[f"rank {r}" for r in z.index], colorscale="Reds",
+                               colorbar_title="ms",
+                               hovertemplate="%{y}, %{x}: %{z:.3f} ms<extra></extra>"))
+    fig.update_layout(title=title, height=min(1200, max(320, 140 + 14 * len(z))),
+                      yaxis={"autorange": "reversed"})
+    return fig
+
+
+def overlap_figure(totals: pd.DataFrame) -> go.Figure:
+    """Bar per rank: overlap % = |compute ∩ comm| / |comm|."""
+    t = totals.dropna(subset=["overlap_pct"])
+    fig = go.Figure(go.Bar(x=_ranks(t["rank"]), y=_f32(t["overlap_pct"]),
+                           marker_color=PART_COLORS["overlapped"],
+                           hovertemplate="%{x}: %{y:.2f} %<extra></extra>"))
+    fig.update_layout(title="Communication overlapped by computation", yaxis_title="overlap (%)",
+                      xaxis_title="rank",
+                      yaxis_range=[0, 100], height=360)
+    return fig
+
+
+def dim_overlap_figure(per_rank: pd.DataFrame) -> go.Figure:
+    """Grouped bars per rank, one series per parallel dimension: overlap % of that dimension's
+    communication."""
+    fig = go.Figure()
+    for dim, g in per_rank.groupby("dim", sort=True):
+        fig.add_bar(name=_pe(dim), x=_ranks(g["rank"]), y=_f32(g["overlap_pct"]),
+                    customdata=_f32(g["exposed_us"] / 1000.0),
+                    hovertemplate="%{x}: %{y:.2f} % overlapped, %{customdata:.3f} ms exposed"
+                                  "<extra>" + _pe(dim) + "</extra>")
+    fig.update_layout(barmode="group", title="Overlap per rank and parallel dimension",
+                      xaxis_title="rank",
+                      yaxis_title="overlap (% of the dimension's communication)",
+                      yaxis_range=[0, 100], height=380)
+    return fig
+
+
+#: Most tick labels on the straggler heatmap's instance axis (every k-th instance is labelled;
+#: each cell's hover names its instance in full).
+HEATMAP_MAX_TICKS = 16
+
+
+def _tick_step(n: int, max_ticks: int) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, … that labels at most ``max_ticks`` of ``n``."""
+    step, k = 1, 0
+    while -(-n // step) > max_ticks:
+        k += 1
+        step = (1, 2, 5)[k % 3] * 10 ** (k // 3)
+    return step
+
+
+def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame,
+                      max_columns: int = HEATMAP_MAX_COLUMNS,
+                      max_ticks: int = HEATMAP_MAX_TICKS) -> go.Figure:
+    """Wait per rank and collective instance (ms, heatmap, instances in time order) under the
+    arrival skew of each instance (ms, bars). Above ``max_columns`` instances, consecutive
+    instances are binned: each cell is the largest wait of the bin, each bar the largest skew.
+
+    Each column is named in full (``#8 reduce_scatter``, or ``#40–#42`` for a bin), which the
+    hover shows; the axis labels at most ``max_ticks`` columns with the short ``#8``, so the
+    labels stay whole and apart at any number of instances."""
+    n = len(instances)
+    binned = n > max_columns
+    col = np.arange(n) * max_columns // n if binned else np.arange(n)
+    col_of = dict(zip(instances["instance"], col))
+    sub = per_rank[per_rank["instance"].isin(col_of)]
+    z = (sub.assign(col=sub["instance"].map(col_of))
+         .pivot_table(index="rank", columns="col", values="wait_us", aggfunc="max"))
+    ncols = int(col.max()) + 1 if n else 0
+    z = z.reindex(columns=range(ncols))
+    skew = pd.Series(instances["arrival_skew_us"].to_numpy(), index=col).groupby(level=0).max()
+    if binned:
+        first = pd.Series(np.arange(n), index=col).groupby(level=0).agg(["min", "max"])
+        labels = [f"#{a}–#{b}" for a, b in zip(first["min"], first["max"])]
+        short = [f"#{a}" for a in first["min"]]
+    else:
+        labels = [f"#{i} {_pe(op)}" for i, op in enumerate(instances["op"])]
+        short = [f"#{i}" for i in range(n)]
+    ticks = list(range(0, ncols, _tick_step(ncols, max_ticks)))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.25, 0.75],
+                        vertical_spacing=0.04)
+    fig.add_bar(x=labels, y=_f32(skew.reindex(range(ncols)).to_numpy() / 1000.0),
+                marker_color="#F58518", name="arrival skew",
+                hovertemplate="%{x}: arrival skew %{y:.3f} ms<extra></extra>", row=1, col=1)
+    fig.add_heatmap(z=_f32(z.to_numpy() / 1000.0), x=labels, y=[f"rank {r}" for r in z.index],
+                    colorscale="Reds", colorbar={"title": {"text": "wait ms"}, "y": 0.38,
+                                                 "len": 0.75},
+                    hovertemplate="%{y}, %{x}: wait %{z:.3f} ms<extra></extra>", row=2, col=1)
+    fig.update_layout(title="Arrival skew (top) and wait per rank and collective instance (ms)"
+                      + (" — instances binned, max per bin" if binned else ""),
+                      height=min(1400, max(420, 240 + 16 * len(z))), showlegend=False)
+    fig.update_yaxes(title_text="skew ms", row=1, col=1)
+    fig.update_yaxes(autorange="reversed", automargin=True, row=2, col=1)
+    fig.update_xaxes(title_text="collective instance (time order; hover a cell for its name)",
+                     tickmode="array", tickvals=[labels[i] for i in ticks],
+                     ticktext=[short[i] for i in ticks], tickangle=0, automargin=True,
+                     row=2, col=1)
+    return fig
+
+
+_PHASE_NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weight)"}
+_PHASE_COLORS = {"F": "#4C78A8", "B": "#F58518", "I": "#F58518", "W": "#72B7B2"}
+
+
+def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
+    """Forward/backward chunks of one step per rank and stage (ms from the step's first
+    forward), with each rank's bubbles (the step window minus its chunks) shaded red."""
+    c = chunks[chunks["step"] == step].copy()
+    t0, t1 = c["start_us"].min(), c["end_us"].max()
+    c["row"] = [f"rank {r} · stage {s}" for r, s in zip(c["rank"], c["stage"])]
+    fig = go.Figure()
+    bx, bb, by = [], [], []
+    for (rank, row), rc in c.groupby(["rank", "row"], sort=True):
+        busy = iv.union(c.loc[c["rank"] == rank, "start_us"].to_numpy(),
+                        c.loc[c["rank"] == rank, "end_us"].to_numpy())
+        gaps = iv.subtract(np.array([[t0, t1]], dtype=float), busy)
+        for a, b in gaps:
+            bb.append((a - t0) / 1000.0)
+            bx.append((b - a) / 1000.0)
+            by.append(row)
+    fig.add_bar(name="bubble (idle in the step window)", orientation="h", base=_f32(bb),
+                x=_f32(bx), y=by, marker_color="rgba(228,87,86,0.30)",
+                hovertemplate="%{y}: bubble %{x:.2f} ms<extra></extra>")
+    for phase, grp in c.groupby("phase", sort=True):
+        fig.add_bar(
+            name=_pe(_PHASE_NAMES.get(phase, phase)), orientation="h",
+            base=_f32((grp["start_us"] - t0) / 1000.0), x=_f32((grp["end_us"] - grp["start_us"]) / 1000.0),
+            y=list(grp["row"]), text=[f"{_pe(phase)}{m}" for m in grp["microbatch"]],
+            textposition="inside", marker_color=_PHASE_COLORS.get(phase, "#999"),
+            hovertemplate="%{y}: %{text} %{base:.2f} ms, %{x:.2f} ms long<extra></extra>")
+    fig.update_layout(barmode="overlay", title=f"Pipeline schedule of step {step} (red: bubbles)",
+                      xaxis_title="ms from the step's first forward", plot_bgcolor="#fafafa",
+                      height=180 + 36 * c["row"].nunique(),
+                      yaxis={"autorange": "reversed", "automargin": True})
+    return fig
+
+
+def memory_figure(per_rank: pd.DataFrame) -> go.Figure:
+    """Static memory per rank by component, with the peak allocated as a marker (MiB)."""
+    fig = go.Figure()
+    x = _ranks(per_rank["rank"])
+    for col, name, color in (("params_bytes", "parameters", "#4C78A8"),
+                             ("grads_bytes", "gradients", "#72B7B2"),
+                             ("optimizer_state_bytes", "optimizer state", "#F58518")):
+        fig.add_bar(name=name, x=x, y=_f32(per_rank[col] / 2**20), marker_color=color)
+    fig.add_scatter(name="peak allocated (trace window)", x=x,
+                    y=_f32(per_rank["peak_allocated_bytes"] / 2**20), mode="markers",
+                    marker={"symbol": "diamond", "size": 12, "color": "#222"})
+    # legends sit to the right of the plot (plotly's default): a horizontal one below it lies
+    # over the x-axis title ("parameters" over "rank")
+    fig.update_layout(barmode="stack", title="Memory per rank (MiB)", yaxis_title="MiB",
+                      xaxis_title="rank", height=400)
+    return fig
+
+
+def memory_timeline(timeline: pd.DataFrame, points_per_rank: int = 1500) -> go.Figure:
+    """Allocated bytes over time per rank from the trace's memory events (MiB); at most
+    ``points_per_rank`` evenly sampled points per rank."""
+    fig = go.Figure()
+    for rank, t in timeline.groupby("rank"):
+        t = t.sort_values("ts_us")
+        if len(t) > points_per_rank:
+            t = t.iloc[:: -(-len(t) // points_per_rank)]
+        fig.add_scatter(name=f"rank {rank}", x=_f32((t["ts_us"] - t["ts_us"].min()) / 1000.0),
+                        y=_f32(t["allocated_bytes"] / 2**20), mode="lines", line_shape="hv")
+    # tall enough for the legend's entries (a legend taller than the plot is cut at its foot)
+    fig.update_layout(title="Allocated memory over the traced window (MiB)",
+                      height=max(360, 160 + 20 * timeline["rank"].nunique()),
+                      xaxis_title="ms from the rank's first memory event", yaxis_title="MiB")
+    return fig
+
+
+def bandwidth_figure(instances: pd.DataFrame) -> go.Figure:
+    """busbw of every collective instance (rows of ``instances``) against its message size."""
+    d = instances.dropna(subset=["busbw_gbps"])
+    fig = go.Figure()
+    for op, g in d.groupby("op"):
+        fig.add_scatter(name=_pe(op), x=_f32(g["bytes"]), y=_f32(g["busbw_gbps"]), mode="markers",
+                        hovertemplate=_pe(op) + ": %{x:,.0f} B, %{y:.3f} GB/s<extra></extra>")
+    # bytes as the tables print them (68,608): ticks at 1, 2 and 5 of each decade, or at the
+    # powers of ten alone over three decades or more (plotly's own choice crowds them)
+    sizes = d["bytes"][d["bytes"] > 0]
+    wide = len(sizes) and np.log10(sizes.max() / sizes.min()) >= 3
+    fig.update_layout(title="Bus bandwidth by message size", xaxis_type="log",
+                      xaxis_tickformat=",.0f", xaxis_dtick=1 if wide else "D2",
+                      # a tick label at the plot's left end would run into the y-axis labels
+                      xaxis_ticklabeloverflow="hide past domain",
+                      xaxis_title="bytes", yaxis_title="busbw (GB/s)", height=360)
+    return fig
+
+
+def routing_figure(routing) -> go.Figure:
+    """MoE routing of the most costly expert-parallel group (:class:`pardiag.analyzer.analyses.routing.
+    RoutingResult`): left, each rank's expert-side rows per step (median over steps, bars) with
+    the group's mean (line); right, when split sizes are known, the rows of each source rank's
+    tokens each destination's experts take per all-to-all (mean, heatmap)."""
+    grp = routing.groups["group"].iloc[0]
+    unit = "tokens" if routing.groups["unit"].iloc[0] == "rows" else "elements"
+    pr = routing.per_rank[routing.per_rank["group"] == grp]
+    load = pr.groupby("rank")["load_rows"].median()
+    mean = float(pr.groupby("step")["load_rows"].mean().median())
+    m = routing.matrix[routing.matrix["group"] == grp]
+    fig = make_subplots(rows=1, cols=2 if len(m) else 1, horizontal_spacing=0.18,
+                        subplot_titles=[f"{unit} per rank and step (expert side)"]
+                        + (["rows per all-to-all, source → expert rank"] if len(m) else []))
+    x = _ranks(load.index)
+    fig.add_bar(x=x, y=_f32(load.to_numpy()), name="rank", marker_color="#4C78A8",
+                hovertemplate="%{x}: %{y:,.0f} " + unit + " per step<extra></extra>",
+                row=1, col=1)
+    fig.add_scatter(x=x, y=[mean] * len(x), mode="lines", name="mean",
+                    line={"color": "#E45756", "dash": "dash"},
+                    hovertemplate="mean %{y:,.0f}<extra></extra>", row=1, col=1)
+    if len(m):
+        piv = m.pivot_table(index="src", columns="dst", values="rows", aggfunc="sum")
+        fig.add_heatmap(z=_f32(piv.to_numpy()), x=_ranks(piv.columns), y=_ranks(piv.index),
+                        colorscale="Blues", colorbar={"title": "rows"},
+                        hovertemplate="%{y} → %{x}: %{z:,.0f} rows<extra></extra>", row=1, col=2)
+        fig.update_xaxes(title_text="expert rank", type="category", row=1, col=2)
+        fig.update_yaxes(title_text="source rank", type="category", autorange="reversed",
+                         row=1, col=2)
+    fig.update_xaxes(title_text="rank", type="category", row=1, col=1)
+    fig.update_yaxes(title_text=f"{unit} per step", row=1, col=1)
+    fig.update_layout(title=f"MoE routing, group {_pe(str(grp).split('|')[0] or '?')}", height=400,
+                      showlegend=False)
+    return fig
+
+
+# ---------------------------------------------------------------- page assembly
+
+
+class _Page:
+    """Collects figures (as inert JSON) and the notes about what was sampled."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sampled: list[str] = []
+
+    def fig(self, fig: go.Figure) -> str:
+        """A figure's placeholder div and its JSON (template stripped; added once by the page)."""
+        self.n += 1
+        fid = f"pd-fig-{self.n}"
+        spec = fig.to_plotly_json()
+        spec["layout"].pop("template", None)
+        spec["layout"].setdefault("margin", {"t": 60})
+        return f'<div class="pd-plot" id="{fid}"></div>' + _json_script(f"{fid}-data", spec)
+
+    def sample(self, text: str) -> str:
+        """Record a reduction for the summary and return it as a note for its section."""
+        self.sampled.append(text)
+        return _muted(text)
+
+
+def _json_script(element_id: str, obj) -> str:
+    """``obj`` as JSON in an inert script element; ``<``, ``>``, ``&`` and U+2028/9 escaped so
+    no string can end the element or start markup."""
+    text = pio.to_json(obj, validate=False) if not isinstance(obj, (bytes, str)) else obj
+    if isinstance(text, bytes):
+        text = text.decode()
+    for a, b in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"),
+                 ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(a, b)
+    return f'<script type="application/json" id="{_e(element_id)}">{text}</script>'
+
+
+@functools.lru_cache(maxsize=1)
+def _packed_plotlyjs() -> str:
+    """plotly.min.js, gzip-compressed and base64-encoded (unpacked by the page)."""
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode("ascii")
+
+
+@functools.lru_cache(maxsize=1)
+def _template_json() -> str:
+    return orjson.dumps(pio.templates["plotly"].layout.to_plotly_json(),
+                        option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def _h2(key: str) -> str:
+    return f"<h2 id='{key}'>{_e(dict(SECTIONS)[key])}</h2>"
+
+
+def _mib_or_dash(v) -> str:
+    return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v / 2**20:,.1f}"
+
+
+def plotly_script(include_plotlyjs) -> tuple[str, str]:
+    """``(head, body)`` HTML that brings plotly.js into a page: a CDN ``<script src>`` in the
+    head (``"cdn"``), the packed library in the body (true: offline), or nothing (false)."""
+    if include_plotlyjs == "cdn":
+        return f'<script src="{PLOTLY_CDN_URL}" charset="utf-8"></script>', ""
+    if include_plotlyjs:
+        return "", (f'<script type="application/octet-stream" id="pd-plotlyjs">'
+                    f"{_packed_plotlyjs()}</script>")
+    return "", ""
+
+
+def _verdict_section(report: Report) -> list[str]:
+    """Verdict sentence and the ranked recommendations (``report.recommendations``,
+    a :class:`pardiag.analyzer.predict.recommend.RecommendationResult`, may be absent)."""
+    out = [_h2("verdict")]
+    rec = report.recommendations
+    if rec is None:
+        out.append(_muted("No recommendations computed."))
+        return out
+    if getattr(rec, "verdict", ""):
+        out.append(f"<p class='verdict'>{_e(rec.verdict)}</p>")
+    recs = list(getattr(rec, "recommendations", ()) or ())
+    if not recs:
+        out.append(_muted(rec.why_none or "No recommendations computed."))
+    else:
+        head = ("<tr><th>tier</th><th class='l'>recommendation</th><th class='l'>change</th>"
+                "<th>step time (ms) measured → predicted</th><th>gain %</th>"
+                "<th>peak memory (MiB) measured → predicted</th><th class='l'>evidence</th>"
+                "<th class='l'>caveats</th><th class='l'>batch and optimizer</th></tr>")
+        rows = []
+        nu = getattr(rec, "noise_us", float("nan"))
+        noise = f" ±{nu / 1000:,.3f}" if nu == nu else ""   # the measured step's noise
+        for r in recs:
+            def bullets(items):
+                return ("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in items) + "</ul>"
+                        if items else "–")
+            mem = f"{_mib_or_dash(r.measured_peak_bytes)} → {_mib_or_dash(r.predicted_peak_bytes)}"
+            if not r.fits_memory:
+                mem += " (does not fit)"
+            rows.append(
+                f"<tr><td>{r.tier or '–'}</td><td class='l'><b>{_e(r.title)}</b></td>"
+                f"<td class='l'>{_e(r.change)}</td>"
+                f"<td>{r.measured_step_us / 1000:,.3f}{noise} → "
+                f"{r.predicted_step_us / 1000:,.3f}</td>"
+                f"<td>{r.gain_pct:,.1f}</td><td>{_e(mem)}</td>"
+                f"<td class='l'>{bullets(r.evidence)}</td><td class='l'>{bullets(r.caveats)}</td>"
+                f"<td class='l'>{_e(getattr(r, 'optimizer_effect', '') or '–')}</td></tr>")
+        out.append(f"<table class='recs'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>")
+        notes = ["Recommendations of one tier are predicted within noise of each other: a set, "
+                 "not a ranking."]
+        if getattr(rec, "noise_rule", ""):
+            notes.append("Rule: " + rec.noise_rule + ".")
+        if getattr(rec, "peak_definition", "") and any(
+                r.measured_peak_bytes is not None for r in recs):
+            notes.append("Measured peak memory: " + rec.peak_definition + ".")
+        out.append(_muted(" ".join(notes)))
+    rejected = list(getattr(rec, "rejected", ()) or ())
+    ruled = [r for r in rejected if getattr(r, "ruled_out", "")]
+    if ruled:   # candidates the model's shapes or batch rule out, with the reason
+        rows = "".join(f"<tr><td class='l'>{_e(r.change)}</td><td class='l'>{_e(r.ruled_out)}"
+                       "</td></tr>" for r in ruled)
+        out.append("<h3>Ruled out by the model's shapes or batch</h3><table class='ruled-out'>"
+                   "<thead><tr><th class='l'>change</th><th class='l'>why it cannot be built"
+                   f"</th></tr></thead><tbody>{rows}</tbody></table>")
+    other = len(rejected) - len(ruled)
+    if other:
+        out.append(_muted(f"{other} other change(s) were evaluated and not recommended "
+                          "(no gain, or they do not fit in memory); the JSON summary lists them."))
+    return out
+
+
+def _summary_section(report: Report) -> list[tuple[str, str]]:
+    """(label, value) rows of the run summary: source, ranks, run metadata, headline numbers."""
+    b, traces = report.breakdown, report.traces
+    run = traces.run_info
+    domains = sorted(set(b.totals["domain"]))
+    summary = [
+        ("source", traces.source),
+        ("ranks", f"{len(traces.ranks)} ({', '.join(str(r) for r in traces.ranks)})"
+         if len(traces.ranks) <= 16 else f"{len(traces.ranks)}"),
+        ("timeline", ", ".join("GPU kernels" if d == "gpu" else "CPU events (no GPU kernels)"
+                               for d in domains)),
+    ]
+    if run:
+        summary += [("command", run.command or ""),
+                    ("world size", run.world_size if run.world_size is not None else ""),
+                    ("exit code", run.exit_code if run.exit_code is not None else "")]
+        if run.torch_version:
+            summary.append(("torch", run.torch_version))
+        if run.started_unix is not None:   # run.json's started_unix (UTC)
+            summary.append(("started", datetime.datetime.fromtimestamp(
+                run.started_unix, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")))
+        lay = run.layout or {}
+        if isinstance(lay, dict) and lay:
+            dims = ", ".join(f"{k.upper()}={v}" for k, v in (lay.get("dims") or {}).items())
+            pipe = lay.get("pipeline")
+            extra = (f"; {pipe.get('schedule')}, {pipe.get('stages')} stages, "
+                     f"{pipe.get('microbatches')} microbatches" if isinstance(pipe, dict) else "")
+            summary.append(("parallel layout",
+                            f"{dims} ({', '.join(map(str, lay.get('strategies') or []))})" + extra))
+    backends = sorted({str(t.metadata.get("distributedInfo", {}).get("backend"))
+                       for t in traces.ranks.values()
+                       if isinstance(t.metadata.get("distributedInfo"), dict)
+                       and t.metadata["distributedInfo"].get("backend")})
+    if backends:
+        summary.append(("backend", ", ".join(backends)))
+    if len(b.totals):
+        comm = b.totals["comm_us"].sum()
+        exposed = b.totals["exposed_comm_us"].sum()
+        span = b.totals["span_us"].sum()
+        summary.append(("exposed communication",
+                        f"{100 * exposed / span:.1f}% of rank time" if span else "–"))
+        summary.append(("overlap (all ranks)", f"{100 * (comm - exposed) / comm:.1f}%" if comm
+                        else "no communication found"))
+    summary.append(("warnings", str(len(traces.warnings))))
+    return summary
+
+
+def _breakdown_section(report: Report, page: _Page) -> list[str]:
+    b = report.breakdown
+    out = [_h2("breakdown")]
+    if len(b.totals):
+        out.append(page.fig(breakdown_figure(b.totals)))
+        ms = _ms(b.totals, ["span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
+                            "idle_us"])
+        out.append(_table(ms, {
+            "rank": "rank", "domain": "timeline", "span_us": "span (ms)",
+            "compute_only_us": "compute only (ms)", "overlap_us": "overlapped (ms)",
+            "exposed_comm_us": "exposed comm (ms)", "idle_us": "idle (ms)",
+            "overlap_pct": "overlap %"}, left=("domain",), digits=3, sortable=True, what="ranks"))
+    else:
+        out.append(_muted("No timed events found in any trace."))
+    out.append("<h3>Per profiler step</h3>")
+    if len(b.steps):
+        if len(b.steps) <= MAX_STEP_BARS:
+            out.append(page.fig(step_breakdown_figure(b.steps)))
+        else:
+            n_r, n_s = b.steps["rank"].nunique(), b.steps["step"].nunique()
+            out.append(page.sample(
+                f"Per-step chart aggregated: {n_r} ranks × {n_s} steps ({len(b.steps)} bars) is "
+                f"more than {MAX_STEP_BARS}, so the bars show the mean over ranks per step; the "
+                "heatmaps below show every rank and step."))
+            out.append(page.fig(step_mean_figure(b.steps)))
+            out.append(page.fig(step_heatmap(b.steps, "exposed_comm_us",
+                                             "Exposed communication per rank and step (ms)")))
+            out.append(page.fig(step_heatmap(b.steps, "idle_us", "Idle per rank and step (ms)")))
+    else:
+        out.append(_muted("No ProfilerStep#N annotations in the traces: per-step breakdown "
+                          "unavailable."))
+    return out
+
+
+#: What an overlap chart whose bars are all 0% shows instead.
+NO_OVERLAP = "No overlap: all communication exposed"
+
+
+def _no_overlap(overlap_us: pd.Series) -> bool:
+    """True when no rank overlaps any communication (every bar of the chart would be 0%)."""
+    v = pd.to_numeric(overlap_us, errors="coerce").dropna()
+    return len(v) > 0 and bool((v <= 0).all())
+
+
+def _overlap_section(report: Report, page: _Page) -> list[str]:
+    b = report.breakdown
+    out = [_h2("overlap")]
+    if not b.totals["overlap_pct"].notna().any():
+        out.append(_muted("No communication found in any rank, so there is no overlap to "
+                          "measure."))
+        return out
+    measured = b.totals.dropna(subset=["overlap_pct"])
+    if _no_overlap(measured["overlap_us"]):
+        # a chart of zero-height bars reads as a broken page: say what it would show
+        out.append(_muted(f"{NO_OVERLAP} (0% overlapped by computation on every one of "
+                          f"{len(measured)} ranks; "
+                          f"{_fmt(measured['comm_us'].mean() / 1000.0, 3)} ms of communication "
+                          "per rank, mean), so no chart is drawn."))
+    else:
+        out.append(page.fig(overlap_figure(b.totals)))
+    out.append("<h3>Per parallel dimension</h3>")
+    dov = report.dim_overlap
+    if len(dov.per_rank) and set(dov.per_rank["dim"]) == {"all"}:
+        # one row "all" is the per-rank chart again (matched collectives only): leave it out
+        out.append(_muted(
+            "Overlap per dimension left out: the parallel dimensions are unknown (no pardiag "
+            "metadata and no process-group configuration in the traces), so all matched "
+            "communication is one dimension and the chart would repeat the per-rank chart "
+            "above."))
+    elif len(dov.per_rank):
+        if report.layout.groups.empty:
+            out.append(_muted("The parallel dimensions are unknown (no pardiag metadata and no "
+                              "process-group configuration in the traces): communication is "
+                              "split by the process group the trace names instead."))
+        if _no_overlap(dov.per_rank["overlap_us"]):
+            dims = ", ".join(map(str, sorted(set(dov.per_rank["dim"]))))
+            out.append(_muted(f"{NO_OVERLAP} on every dimension ({dims}): 0% of each "
+                              "dimension's communication overlapped by computation on every "
+                              "rank, so no chart is drawn."))
+        else:
+            out.append(page.fig(dim_overlap_figure(dov.per_rank)))
+        out.append(_table(_ms(dov.summary, ["comm_us", "exposed_us"]), {
+            "dim": "dimension", "ranks": "ranks", "comm_us": "communication per rank (ms, mean)",
+            "exposed_us": "exposed per rank (ms, mean)", "overlap_pct": "overlap %"},
+            left=("dim",), digits=3, sortable=True, what="dimensions"))
+        out.append(_muted("Per dimension: the rank's matched collectives on that dimension's "
+                          "groups against the same computation as above; collectives of two "
+                          "dimensions in flight together count in both."))
+    else:
+        out.append(_muted(f"Overlap per dimension unavailable: {dov.why_none}."))
+    return out
+
+
+def _stragglers_section(report: Report, page: _Page) -> list[str]:
+    sync = report.sync
+    out = [_h2("stragglers")]
+    if not len(sync.instances):
+        out.append(_muted("No collective was found on two or more ranks: synchronization across "
+                          "ranks cannot be measured (a single rank, or no communication)."))
+        return out
+    n_complete = int(sync.instances["complete"].sum()) if "complete" in sync.instances else len(
+        sync.instances)
+    n_p2p = int(sync.instances["instance"].astype(str).str.startswith("p2p:").sum())
+    n_coll = len(sync.instances) - n_p2p
+    what = (f"{n_coll} collective instances" if not n_p2p else
+            f"{n_p2p} point-to-point transfers (no collective)" if not n_coll else
+            f"{len(sync.instances)} instances ({n_coll} collectives, {n_p2p} point-to-point "
+            "transfers)")
+    head = (f"<p>Matched {what} across ranks (by {_e(sync.matched_by)}; {n_complete} "
+            "complete). ")
+    if sync.straggler is not None:
+        top = sync.stragglers.iloc[0]
+        head += (f"The rank the others wait for most: <b>rank {int(top['rank'])}</b> "
+                 f"({top['wait_caused_us'] / 1000:.3f} ms of others' waiting; last to arrive in "
+                 f"{int(top['last_arrivals'])} instances).</p>")
+    else:
+        head += ("No rank makes the others wait (at least "
+                 f"{STRAGGLER_MIN_WAIT_US:.0f} µs over complete instances).</p>")
+    out.append(head)
+    for note in sync.notes:
+        out.append(_muted(note))
+    out.append(_table(_ms(sync.stragglers, ["wait_suffered_us", "wait_caused_us"]), {
+        "rank": "rank", "wait_caused_us": "wait caused (ms)",
+        "wait_suffered_us": "wait suffered (ms)", "last_arrivals": "last arrivals",
+        "steps_as_top": "steps as top straggler", "instances": "instances"}, digits=3,
+        sortable=True, what="ranks (most wait caused first)"))
+    if len(sync.instances) > HEATMAP_MAX_COLUMNS:
+        out.append(page.sample(
+            f"Straggler heatmap binned: {len(sync.instances)} instances are shown as "
+            f"{HEATMAP_MAX_COLUMNS} columns of consecutive instances (largest wait and skew per "
+            "column); the tables cover every instance."))
+    out.append(page.fig(straggler_heatmap(sync.per_rank, sync.instances)))
+    skew = sync.skew
+    out.append(_table(_ms(skew, ["arrival_skew_us", "max_skew_us", "transfer_us"]), {
+        "op": "collective", "count": "instances", "arrival_skew_us": "median arrival skew (ms)",
+        "max_skew_us": "max arrival skew (ms)", "transfer_us": "median transfer (ms)"},
+        left=("op",), digits=3, sortable=True))
+    if len(sync.p2p):
+        out.append("<p class='muted'>Point-to-point links (each send paired with its recv):</p>")
+        out.append(_table(_ms(sync.p2p, ["hop_us", "recv_wait_us", "send_wait_us"]), {
+            "src": "from rank", "dst": "to rank", "count": "transfers",
+            "hop_us": "hop (ms, median)", "recv_wait_us": "receiver waits (ms, median)",
+            "send_wait_us": "sender waits (ms, median)", "bytes": "bytes (median)"}, digits=3,
+            sortable=True, what="links"))
+    # Either the offsets or why there are none, never both: a table of zeros next to "could not
+    # be aligned" contradicts itself (pipeline runs match only point-to-point transfers).
+    if not len(sync.offsets) or (sync.offsets["instances"] == 0).all():
+        hosts = set(sync.offsets["host"]) if len(sync.offsets) else set()
+        one_host = (f" Every rank ran on one host ({next(iter(hosts))}), which has one clock."
+                    if len(hosts) == 1 and None not in hosts else "")
+        p2p_only = bool(sync.instances["instance"].astype(str).str.startswith("p2p:").all())
+        out.append(_muted(
+            "No complete collective spans the ranks here"
+            + (" (only point-to-point transfers were matched)" if p2p_only else "")
+            + ", so no clock offsets were estimated: times are compared as recorded." + one_host))
+        return out
+    out.append("<p class='muted'>Clock offsets relative to the lowest rank (estimated from aligned "
+               "ends of complete collectives; the offset is subtracted before comparing, the "
+               "residual is not — ranks on one host share one clock):</p>")
+    out.append(_table(sync.offsets.drop(columns=["host"]), {
+        "rank": "rank", "offset_us": "offset (µs)", "residual_us": "residual (µs)",
+        "instances": "collectives used"}, digits=1, sortable=True, what="ranks"))
+    return out
+
+
+#: Colours and labels of the host and device parts (:mod:`pardiag.analyzer.analyses.causes`).
+HOST_PART_COLORS = {"data_loading_us": ("data loading", "#F58518"),
+                    "sync_us": ("synchronization", "#B279A2"),
+                    "comm_us": ("communication calls and waits", "#E45756"),
+                    "launch_us": ("kernel launches", "#72B7B2"),
+                    "optimizer_us": ("optimizer", "#EECA3B"),
+                    "backward_us": ("backward", "#54A24B"),
+                    "forward_us": ("forward and other operators", "#4C78A8"),
+                    "other_us": ("outside any operator", "#BAB0AC")}
+DEVICE_PART_COLORS = {"dev_compute_us": ("computing", "#4C78A8"),
+                      "dev_memory_us": ("copying", "#72B7B2"),
+                      "wait_comm_us": ("communication", "#E45756"),
+                      "wait_host_us": ("idle: waiting for the host", "#F58518"),
+                      "wait_sync_us": ("idle: host synchronization", "#B279A2"),
+                      "wait_other_us": ("idle: work queued", "#BAB0AC")}
+
+
+def parts_figure(per_rank: pd.DataFrame, parts: dict, title: str) -> go.Figure:
+    """Stacked bar per rank of the median per step of each part (ms)."""
+    fig = go.Figure()
+    x = _ranks(per_rank["rank"].astype(int))
+    for col, (label, color) in parts.items():
+        fig.add_bar(name=label, x=x, y=_f32(per_rank[col] / 1000.0), marker_color=color,
+                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + _e(label) + "</extra>")
+    fig.update_layout(barmode="stack", title=title, yaxis_title="ms per step (median)",
+                      xaxis_title="rank", height=420)
+    return fig
+
+
+def _causes_section(report: Report, page: _Page) -> list[str]:
+    """Where each rank's step goes on the host and the device, the straggler's cause, the
+    input- and host-bound findings (:mod:`pardiag.analyzer.analyses.causes`)."""
+    out = [_h2("causes")]
+    c = getattr(report, "causes", None)
+    if c is None or c.per_rank.empty:
+        out.append(_muted("Needs profiler steps (ProfilerStep#N) in the traces."))
+        return out
+    rec = report.recommendations
+    lines = []
+    if c.host_bound is not None:
+        hb = c.host_bound
+        lines.append(f"Host-bound: the GPU computes {hb['busy_pct']:.1f}% of the step and idles "
+                     f"waiting for the host {hb['wait_host_pct']:.1f}% (median over ranks).")
+    if c.input_bound is not None:
+        ib = c.input_bound
+        lines.append("Input-bound: data loading takes " + ", ".join(
+            f"{ib['share_pct'][r]:.0f}% of the step on rank {r} "
+            f"({ib['data_loading_us'][r] / 1e3:.1f} ms)" for r in ib["ranks"])
+            + (f"; without it the step would take about {ib['predicted_step_us'] / 1e3:.1f} ms "
+               f"(now {ib['step_us'] / 1e3:.1f} ms)"
+               if ib["predicted_step_us"] == ib["predicted_step_us"] else "") + ".")
+    for r in tuple(getattr(rec, "recommendations", ())) + tuple(getattr(rec, "rejected", ())):
+        if r.kind == "straggler":
+            lines.append(f"{r.title}: " + "; ".join(r.evidence[1:3]) + f" — {r.change}.")
+            break
+    out += [f"<p>{_e(t)}</p>" for t in lines]
+    pr = c.per_rank
+    out.append(page.fig(parts_figure(pr, HOST_PART_COLORS,
+                                     "Where the step goes on the host, per rank")))
+    out.append(_muted("Each instant of a step's CPU window goes to the first part that holds it: "
+                      "data loading (the DataLoader iterator), synchronization (cuda*Synchronize, "
+                      "wait_tensor, .item()), communication calls (and, outside any operator, "
+                      "waiting while a communication worker transfers), kernel launches, "
+                      "optimizer, backward, other operators (forward, loss), and the rest: "
+                      "outside any operator (Python, sleeps, host contention)."))
+    gpu = pr[pr["dev_compute_us"].notna()]
+    if len(gpu):
+        out.append(page.fig(parts_figure(gpu, DEVICE_PART_COLORS,
+                                         "Where the step goes on the device, per rank")))
+        out.append(_muted("Over the step's CPU window: compute kernels, copies, communication "
+                          "kernels alone, and idle time classified by the kernel that ends it: "
+                          "launched after the device fell idle (waiting for the host; during a "
+                          "host synchronization shown apart) or queued earlier (a dependency)."))
+    cols = {"rank": "rank", "steps": "steps", "span_us": "step (ms)",
+            **{k: v[0] + " (ms)" for k, v in HOST_PART_COLORS.items()},
+            "data_loading_pct": "data loading %"}
+    if len(gpu):
+        cols.update({k: "device " + v[0] + " (ms)" for k, v in DEVICE_PART_COLORS.items()})
+        cols["dev_compute_pct"] = "device busy %"
+    extra = {k: label for k, label in (("dtensor_us", "DTensor host work (ms)"),
+                                       ("fsdp_us", "FSDP2 hooks (ms)"))
+             if k in pr and (pd.to_numeric(pr[k], errors="coerce") > 0).any()}
+    cols.update(extra)
+    ms_cols = [k for k in cols if k.endswith("_us")]
+    out.append(_table(_ms(pr, ms_cols), cols, digits=2, sortable=True, what="ranks"))
+    if extra:
+        out.append(_muted("Beside the parts (they overlap them): DTensor host work is the host "
+                          "time outside the optimizer in DTensor's redistributions (their "
+                          "collectives and waits included) and its dispatch of operators on "
+                          "DTensors — tensor parallelism's own host work; FSDP2 hooks is the host "
+                          "time in FSDP2's hooks (FSDP::...), waits included. The DP × TP what-if "
+                          "takes them away with their dimension."))
+    return out
+
+
+def _pipeline_section(report: Report, page: _Page) -> list[str]:
+    pipe = report.pipeline
+    out = [_h2("pipeline")]
+    if not len(pipe.bubbles):
+        out.append(_muted("No pipeline parallelism detected (no schedule records and no "
+                          "point-to-point traffic)."))
+        return out
+    b = pipe.bubbles
+    sch = pipe.schedule or {}
+    inferred = sch.get("source")
+    method = "estimated from idle and exposed point-to-point time (no schedule records)" \
+        if (b["method"] == "estimate").all() else (
+            "measured from the trace's per-microbatch ranges (no schedule records)" if inferred
+            else "measured from the schedule records")
+    if inferred:
+        method += f"; schedule {inferred}" + (
+            ", microbatches estimated from the sends per step" if sch.get(
+                "microbatches_estimated") else "")
+    ideal = b["ideal_pct"].iloc[0]
+    out.append(f"<p>{_e(method)}; schedule {_e(sch.get('schedule'))}, p = {_e(sch.get('p'))} "
+               f"ranks, m = {_e(sch.get('m'))} microbatches, v = {_e(sch.get('v'))}; ideal "
+               f"bubble {_fmt(float(ideal))}% of the step.</p>")
+    summ = summarize_bubbles(b)
+    out.append(_table(_ms(summ, ["warmup_us", "steady_us", "cooldown_us", "window_us"]), {
+        "rank": "rank", "stages": "stages", "steps": "steps", "basis": "steps used",
+        "window_us": "step window (ms)", "bubble_pct": "bubble % (median)",
+        "ideal_pct": "ideal %", "warmup_us": "warmup (ms)", "steady_us": "steady (ms)",
+        "cooldown_us": "cooldown (ms)"}, left=("stages", "basis"), digits=3, sortable=True,
+        what="ranks"))
+    if len(pipe.chunks):
+        clean = sorted(b.loc[b["clean"], "step"].unique())
+        pool = clean or sorted(b["step"].unique())
+        step = int(pool[len(pool) // 2])
+        chunks = pipe.chunks
+        rows = chunks[["rank", "stage"]].drop_duplicates().sort_values(["rank", "stage"])
+        if len(rows) > GANTT_MAX_ROWS:
+            keep = rows.head(GANTT_MAX_ROWS)
+            chunks = chunks.merge(keep, on=["rank", "stage"])
+            out.append(page.sample(f"Pipeline Gantt sampled: the first {GANTT_MAX_ROWS} of "
+                                   f"{len(rows)} (rank, stage) rows are drawn."))
+        out.append(page.fig(pipeline_gantt(chunks, step)))
+        n_steps = chunks["step"].nunique()
+        out.append(page.sample(
+            f"Pipeline Gantt shows one step of {n_steps}: step {step} "
+            f"({'an unprofiled step, like the table' if clean else 'no unprofiled step was recorded'}). "
+            "Table columns are medians over steps each, so the phases need not add up to the "
+            "bubble."))
+    else:
+        out.append(_muted("No Gantt chart: without schedule records (pardiag profile records "
+                          "them) the chunks of each stage are unknown."))
+    return out
+
+
+def _imbalance_section(report: Report) -> list[str]:
+    bal = report.balance
+    out = [_h2("imbalance")]
+    if len(bal.summary):
+        out.append(_table(_ms(bal.summary, ["cost_us"]), {
+            "dim": "dimension", "pg": "group", "imbalance": "compute max/mean",
+            "cost_us": "cost per step (ms)", "slowest_rank": "slowest rank"},
+            left=("dim", "pg"), digits=3, sortable=True, what="groups"))
+        out.append(_muted("Cost = max − mean compute of the group's ranks: how much shorter each "
+                          "step would be if every rank matched the mean."))
+    else:
+        out.append(_muted("Imbalance needs two or more ranks with profiler steps."))
+    skew = getattr(bal, "skew", None)
+    if skew is not None and len(skew):
+        out.append(_table(_ms(skew, ["start_late_us", "delay_us", "top_delay_us"]), {
+            "rank": "rank", "steps": "steps", "start_late_us": "starts the step late by (ms)",
+            "delay_us": "arrives late, per step (ms)", "top_collective": "mostly at",
+            "top_delay_us": "there, per step (ms)", "top_share_pct": "share %"},
+            left=("top_collective",), digits=3, sortable=True, what="ranks"))
+        out.append(_muted("Where the arrival skew arises: how long after the earliest rank each "
+                          "rank starts a step (median, clocks aligned), and the collective that "
+                          "holds most of its arrival delay. A delay at the step's first "
+                          "collective that equals the late start lies before the step (data "
+                          "loading, the previous step's tail), not in its compute."))
+    return out
+
+
+def _routing_section(report: Report, page: _Page) -> list[str]:
+    r = report.routing
+    out = [_h2("routing")]
+    if r.groups.empty:
+        out.append(_muted("No routed all-to-all: no all-to-all whose split sizes differ across "
+                          "ranks (MoE routing shows in expert-parallel runs' dispatch and "
+                          "combine)." + (" " + " ".join(r.notes) if r.notes else "")))
+        return out
+    text = r.describe()
+    out.append(f"<p>{_e(text)}.</p>" if text else _muted(
+        "Tokens are routed about evenly: no group's median max/mean reaches "
+        f"{IMBALANCE_MIN:g}."))
+    out.append(page.fig(routing_figure(r)))
+    out.append(_table(_ms(r.groups, ["wait_us", "saving_us", "saving_q1_us", "saving_q3_us"]), {
+        "group": "group", "dim": "dimension", "ranks": "ranks", "steps": "steps",
+        "unit": "unit", "imbalance": "max/mean (median)", "imbalance_min": "min",
+        "imbalance_max": "max", "hot_rank": "hot rank", "hot_steps": "hot in steps",
+        "hot_rows": "hot rank per step", "mean_rows": "mean per step",
+        "wait_us": "others wait per step (ms)", "saving_us": "saving per step (ms)",
+        "saving_q1_us": "saving Q1 (ms)", "saving_q3_us": "saving Q3 (ms)"},
+        left=("group", "dim", "unit"), digits=3, sortable=True, what="groups"))
+    out.append(_table(_ms(r.per_rank, ["waited_us"]), {
+        "group": "group", "step": "step", "rank": "rank", "sent_rows": "sent",
+        "recv_rows": "received", "load_rows": "expert side", "waited_us": "waited (ms)"},
+        left=("group",), digits=3, sortable=True, what="rows"))
+    out.append(_muted(
+        "Rows of the all-to-alls' split sizes (dim 0 of the buffer: a token per row of a "
+        "tokens × hidden buffer), summed per rank and step over the routed all-to-alls (a token "
+        "counts once per all-to-all it crosses: dispatch, combine and their backward). The expert "
+        "side is the direction whose max/mean is larger (received for a dispatch, sent for a "
+        "combine). Others wait = their waiting at the all-to-alls the hot rank arrived last "
+        "at (clocks aligned); saving = that / ranks, the step's predicted saving if every rank "
+        "held the mean load and expert time were linear in tokens."))
+    for n in r.notes:
+        out.append(_muted(n))
+    return out
+
+
+def _memory_section(report: Report, page: _Page) -> list[str]:
+    mem = report.memory
+    out = [_h2("memory")]
+    m = mem.per_rank
+    if not m[["static_bytes", "peak_allocated_bytes"]].notna().any().any():
+        out.append(_muted("No memory information: the traces have no memory events and no "
+                          "pardiag metadata (profile with pardiag for static memory)."))
+        return out
+    if m["static_bytes"].notna().any():
+        out.append(page.fig(memory_figure(m)))
+    else:
+        out.append(_muted("No static memory by component: it comes from pardiag's metadata "
+                          "(profile with pardiag); peaks below are from the trace."))
+    out.append(_table(_mib(m, ["params_bytes", "grads_bytes", "optimizer_state_bytes",
+                               "static_bytes", "peak_allocated_bytes", "peak_rss_bytes"]), {
+        "rank": "rank", "params_bytes": "parameters (MiB)", "grads_bytes": "gradients (MiB)",
+        "optimizer_state_bytes": "optimizer state (MiB)", "static_bytes": "static (MiB)",
+        "peak_allocated_bytes": "peak allocated in traced window (MiB)",
+        "peak_rss_bytes": "peak RSS (MiB)"}, digits=2, sortable=True, what="ranks"))
+    imb = mem.imbalance
+    out.append(_muted(f"Imbalance across ranks (max/mean): static {_fmt(imb.get('static'), 3)}, "
+                      f"peak {_fmt(imb.get('peak'), 3)}."))
+    tl = mem.timeline
+    if len(tl):
+        ranks = tl["rank"].unique()
+        if len(ranks) > TIMELINE_MAX_RANKS:
+            peaks = tl.groupby("rank")["allocated_bytes"].max().sort_values(ascending=False)
+            keep = sorted(peaks.index[:TIMELINE_MAX_RANKS])
+            tl = tl[tl["rank"].isin(keep)]
+            out.append(page.sample(
+                f"Memory timeline sampled: the {TIMELINE_MAX_RANKS} ranks of {len(ranks)} with "
+                f"the highest peak are drawn ({', '.join(map(str, keep))})."))
+        per = max(100, TIMELINE_POINTS // max(1, tl["rank"].nunique()))
+        if tl.groupby("rank").size().max() > per:
+            out.append(page.sample(f"Memory timeline thinned to at most {per} evenly spaced "
+                                   "points per rank."))
+        out.append(page.fig(memory_timeline(tl, per)))
+    else:
+        out.append(_muted("No memory timeline: the traces have no [memory] events (profile "
+                          "with profile_memory=True; pardiag profile does)."))
+    return out
+
+
+def _inferred_layout(lay) -> list[str]:
+    """What an inferred layout rests on and what it leaves out (traces recorded without
+    pardiag)."""
+    out = [_muted(f"Layout {lay.source}: pardiag did not record this run, so the dimensions, "
+                  f"strategies and pipeline above are read from what the traces show.")]
+    pipe = lay.pipeline
+    if pipe:
+        out.append(f"<p>Pipeline ({_e(lay.source)}): schedule <b>{_e(pipe.get('schedule'))}</b>, "
+                   f"{_e(pipe.get('stages'))} stages, {_e(pipe.get('microbatches'))} microbatches"
+                   f"{' (estimated)' if pipe.get('microbatches_from') == 'sends' else ''}, "
+                   f"{_e(pipe.get('stages_per_rank'))} stage(s) per rank.</p>")
+    if lay.evidence:
+        out.append("<p>Inferred from:</p><ul>" + "".join(f"<li>{_e(x)}</li>" for x in lay.evidence)
+                   + "</ul>")
+    if lay.not_inferred:
+        out.append("<p>Not inferred, or only estimated:</p><ul>"
+                   + "".join(f"<li>{_e(x)}</li>" for x in lay.not_inferred) + "</ul>")
+    return out
+
+
+def _layout_section(report: Report) -> list[str]:
+    lay, sync = report.layout, report.sync
+    out = [_h2("layout")]
+    if lay.dims or len(lay.groups):
+        dims = ", ".join(f"{str(k).upper()} = {v}" for k, v in lay.dims.items()) or "unknown"
+        out.append(f"<p>Dimensions: <b>{_e(dims)}</b>; strategies: "
+                   f"{_e(', '.join(map(str, lay.strategies)) or 'unknown')}; nodes: "
+                   f"{_e(', '.join(f'{h}: {v}' for h, v in lay.nodes.items()) or 'unknown')}.</p>")
+    if lay.source != "recorded":
+        out += _inferred_layout(lay)
+    if lay.dims or len(lay.groups):
+        g = lay.groups.assign(ranks=lay.groups["ranks"].map(
+            lambda rs: str(rs) if len(rs) <= 32 else f"{len(rs)} ranks: {rs[:8]}…"))
+        if len(sync.instances):
+            bw = sync.instances.dropna(subset=["busbw_gbps"]).groupby(
+                sync.instances["pg"].astype(str))["busbw_gbps"].agg(["median", "max", "size"])
+            g = g.assign(busbw_median=g["pg"].astype(str).map(bw["median"]),
+                         busbw_max=g["pg"].astype(str).map(bw["max"]),
+                         busbw_n=g["pg"].astype(str).map(bw["size"]))
+        else:
+            g = g.assign(busbw_median=np.nan, busbw_max=np.nan, busbw_n=np.nan)
+        g = g.rename(columns={"busbw_n": "count"})
+        out.append(_table(g, {
+            "pg": "group", "desc": "description", "dim": "dimension", "size": "size",
+            "ranks": "ranks", "nodes": "nodes", "spans_nodes": "spans nodes",
+            "busbw_median": "busbw median (GB/s)", "busbw_max": "busbw max (GB/s)",
+            "count": "collectives measured"},
+            left=("pg", "desc", "dim", "ranks"), digits=3, sortable=True, what="groups"))
+        out.append(_muted("busbw per group: medians over its matched collectives of every size "
+                          "(the Bandwidth section splits them by operation and size)."))
+    else:
+        out.append(_muted("No layout information in these traces (no pardiag metadata and no "
+                          "process-group configuration)."))
+    if lay.nodes:
+        out.append(_table(pd.DataFrame({"host": list(lay.nodes),
+                                        "ranks": [str(v) for v in lay.nodes.values()]}),
+                          {"host": "node", "ranks": "ranks"}, left=("host", "ranks")))
+    else:
+        out.append(_muted("Nodes unknown: the traces do not say which host ran each rank "
+                          "(pardiag metadata does)."))
+    return out
+
+
+def _bandwidth_section(report: Report, page: _Page) -> list[str]:
+    sync = report.sync
+    out = [_h2("bandwidth")]
+    if not len(sync.instances):
+        out.append(_muted("No collective was matched across ranks (a single rank, or no "
+                          "communication), so no bandwidth can be measured."))
+        return out
+    if not len(sync.bandwidth):
+        out.append(_muted("No message sizes found for the matched collectives, so no "
+                          "bandwidth."))
+        return out
+    inst = sync.instances.dropna(subset=["busbw_gbps"])
+    if len(inst) > BANDWIDTH_MAX_POINTS:
+        keep = inst.groupby("op", group_keys=False).apply(
+            lambda g: g.iloc[:: -(-len(g) * len(inst) // BANDWIDTH_MAX_POINTS // len(g))]
+            if len(g) else g)
+        out.append(page.sample(f"Bandwidth scatter sampled: {len(keep)} of {len(inst)} instances "
+                               "(evenly spaced per collective); the table covers all."))
+        inst = keep
+    out.append(page.fig(bandwidth_figure(inst)))
+    out.append(_table(_ms(sync.bandwidth, ["transfer_us"]), {
+        "pg": "group", "op": "collective", "bytes": "bytes", "inter_node": "intra/inter node",
+        "count": "count", "transfer_us": "transfer (ms)", "algbw_gbps": "algbw (GB/s)",
+        "busbw_gbps": "busbw (GB/s)"}, left=("pg", "op", "inter_node"), digits=3, sortable=True,
+        what="(group, collective, size) rows"))
+    out.append(_muted("algbw = bytes / transfer time (the minimum duration over the ranks); "
+                      "busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for all_gather, "
+                      "reduce_scatter and all_to_all, 1 otherwise (nccl-tests)."))
+    return out
+
+
+def _collectives_section(report: Report) -> list[str]:
+    b, sync = report.breakdown, report.sync
+    out = [_h2("collectives")]
+    if not len(b.collectives):
+        out.append(_muted("No communication events found in any trace."))
+        return out
+    agg = b.collective_totals  # the same table as the terminal's and the JSON's
+    out.append("<h3>By type (all ranks)</h3>")
+    out.append(_table(_ms(agg, ["time_us", "exposed_us"]), {
+        "collective": "collective", "ranks": "ranks", "count": "count",
+        "time_us": "time, sum over ranks (ms)", "exposed_us": "exposed, sum over ranks (ms)",
+        "exposed_pct": "exposed %"}, left=("collective",), digits=3, sortable=True,
+        what="types"))
+    out.append("<h3>By rank and type</h3>")
+    per = b.collectives.sort_values(["exposed_us", "rank"], ascending=[False, True])
+    out.append(_table(_ms(per, ["time_us", "exposed_us"]), {
+        "rank": "rank", "collective": "collective", "count": "count",
+        "time_us": "time (ms)", "exposed_us": "exposed (ms)"}, left=("collective",), digits=3,
+        sortable=True, what="rows (most exposed first)"))
+    out.append("<h3>Matched instances</h3>")
+    if len(sync.instances):
+        inst = sync.instances.sort_values("arrival_skew_us", ascending=False)
+        out.append(_table(_ms(inst, ["arrival_skew_us", "transfer_us"]), {
+            "instance": "instance", "pg": "group", "op": "collective", "step": "step",
+            "ranks": "ranks", "bytes": "bytes", "arrival_skew_us": "arrival skew (ms)",
+            "transfer_us": "transfer (ms)", "last_rank": "last to arrive",
+            "busbw_gbps": "busbw (GB/s)"}, left=("instance", "pg", "op"), digits=3,
+            sortable=True, what="instances (largest arrival skew first)"))
+    else:
+        out.append(_muted("No collective instance was matched across ranks."))
+    out.append(_muted("Click a column heading to sort."))
+    return out
+
+
+#: Most per-rank notes listed (every warning is always listed).
+MAX_NOTES = 200
+
+
+def _warnings_section(report: Report) -> list[str]:
+    traces = report.traces
+    out = [_h2("warnings")]
+    warnings = list(traces.warnings)
+    notes = [n for t in traces.ranks.values() for n in t.notes]
+    if warnings or notes:
+        out.append("<ul>" + "".join(f"<li class='warn'>{_e(w)}</li>" for w in warnings)
+                   + "".join(f"<li class='muted'>{_e(n)}</li>" for n in notes[:MAX_NOTES])
+                   + "</ul>")
+        out.append(_shown(min(len(notes), MAX_NOTES), len(notes), "notes (every warning is listed)"))
+    else:
+        out.append(_muted("None."))
+    return out
+
+
+def _hta_section(report: Report) -> list[str]:
+    """``report --hta``: HTA's idle time breakdown per stream and its kernel launch statistics
+    per rank (:class:`pardiag.analyzer.analyses.hta_extras.HtaExtras`), and a line per HTA failure."""
+    h = report.hta
+    if h is None:
+        return []
+    out = [f"<h2 id='{HTA_SECTION[0]}'>{_e(HTA_SECTION[1])}</h2>", _muted(
+        f"Holistic Trace Analysis {h.hta_version or ''} on each rank's trace, on HTA's window "
+        f"(events launched before the last profiler step; whole µs). Idle time of a stream = "
+        f"the gaps between its kernels: host wait (launched after the previous kernel ended), "
+        f"kernel wait (gap < {h.consecutive_kernel_delay_us:g} µs), other.")]
+    if len(h.idle):
+        out.append(_table(_ms(h.idle, ["idle_us"]), {
+            "rank": "rank", "stream": "stream", "category": "idle category",
+            "idle_us": "idle (ms)", "idle_pct": "share of the stream's idle (%)"},
+            left=("category",), digits=3, sortable=True, what="rows"))
+    if len(h.launches):
+        out.append(_table(h.launches, {
+            "rank": "rank", "launches": "launches", "cpu_us_median": "runtime call median (µs)",
+            "gpu_us_median": "GPU event median (µs)",
+            "launch_delay_us_median": "launch delay median (µs)",
+            "launch_delay_us_p95": "launch delay p95 (µs)",
+            "launch_delay_us_max": "launch delay max (µs)",
+            "runtime_outliers": f"runtime calls > {h.runtime_cutoff_us:g} µs",
+            "delay_outliers": f"delays > {h.launch_delay_cutoff_us:g} µs",
+            "gpu_shorter": "GPU event shorter than its launch"},
+            sortable=True, what="ranks"))
+    out += [f"<p class='warn'>{_e(m)}</p>" for m in h.messages]
+    if not len(h.idle) and not len(h.launches) and not h.messages:
+        out.append(_muted("HTA found nothing to analyze."))
+    return out
+
+
+def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
+    """The whole report page as a string (UTF-8 text, one self-contained HTML document).
+
+    Args:
+        report: the analyses to show; ``report.recommendations`` is optional.
+        include_plotlyjs: True inlines plotly.js (gzip + base64, works offline); ``"cdn"``
+            links it from the plotly CDN instead (a page of a few hundred kB).
+    """
+    page = _Page()
+    body: list[str] = []
+    body += _verdict_section(report)
+    summary = _summary_section(report)
+    body += _breakdown_section(report, page)
+    body += _overlap_section(report, page)
+    body += _stragglers_section(report, page)
+    body += _causes_section(report, page)
+    body += _pipeline_section(report, page)
+    body += _imbalance_section(report)
+    body += _routing_section(report, page)
+    body += _memory_section(report, page)
+    body += _layout_section(report)
+    body += _bandwidth_section(report, page)
+    body += _collectives_section(report)
+    body += _hta_section(report)
+    body += _warnings_section(report)
+    # The run summary sits second but lists what later sections sampled, so it is built last.
+    reductions = ("<p class='muted'>Reduced to keep the page small:</p><ul>"
+                  + "".join(f"<li class='muted'>{_e(s)}</li>" for s in page.sampled) + "</ul>"
+                  if page.sampled else "<p class='muted'>Nothing on this page is sampled or "
+                  "aggregated beyond what each section says.</p>")
+    summary_html = [_h2("summary"), "<table class='kv'>" + "".join(
+        f"<tr><th class='l'>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in summary)
+        + "</table>", reductions]
+    n_verdict = next(i for i, p in enumerate(body) if p.startswith("<h2 id='breakdown'"))
+    body = body[:n_verdict] + summary_html + body[n_verdict:]
+
+    traces = report.traces
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    head_js, packed = plotly_script(include_plotlyjs)
+    toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in SECTIONS[:-1] + (
+        (HTA_SECTION,) if report.hta is not None else ()) + SECTIONS[-1:])
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>pardiag report: {_e(Path(str(traces.source)).name)}</title>"
+        f"<style>{_CSS}</style>{head_js}</head><body>"
+        f"<h1>pardiag report</h1><p class='muted'>{_e(traces.source)} · pardiag {__version__}"
+        f" · {stamp}</p><p class='muted'>{toc}</p>" + "".join(body)
+        + _json_script("pd-template", _template_json()) + packed
+        + f"<script>{_BOOT_JS}</script></body></html>"
+    )

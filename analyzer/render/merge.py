@@ -1,0 +1,300 @@
+"""Merge the per-rank traces of a run into one Chrome trace (Perfetto, chrome://tracing).
+
+Every rank becomes its own process(es) on one timeline:
+
+* **pids**: the processes of rank R that hold events get ``R * PID_STRIDE + k``; k = 0 for its
+  host process (the integer pid with the most events, named ``rank R``), then in order of
+  event count and first appearance (named ``rank R: <Kineto label such as GPU 0, or process
+  name>``). ``process_name`` and ``process_sort_index`` (= the pid) metadata events say so, so
+  ranks are listed in order. A process without events (Kineto names every GPU of the host, used
+  or not) is left out with its metadata. Kineto's bookkeeping processes with string pids
+  (``Spans``: the ``PyTorch Profiler (0)`` span; ``Traces`` and ``""``: the iteration-start and
+  record-window-end instants) become threads of the host process, named after their pid and
+  tid, instead of processes called ``pid Spans``.
+* **tids** are integers: integer tids are kept; a string tid (legacy ``"stream 7"``, Kineto's
+  ``"PyTorch Profiler"``) gets the next free integer of its rank, and its thread keeps the
+  string (or its ``thread_name``) as name. Every thread with events has a ``thread_name``.
+* **clocks**: each rank's timestamps (µs, as the loader reads them) minus its clock offset from
+  :func:`pardiag.analyzer.analyses.sync.compute_sync` (median of its collective ends minus the consensus
+  end), so collectives line up across hosts. A rank without matched collectives keeps offset 0.
+* **ids** of flow and async events (``s``/``t``/``f``, ``b``/``e``/``n``...) would link events of
+  different ranks that share a correlation id: an integer id becomes ``id * n_ranks + i``
+  (i = the rank's index among the merged ranks), a string id gets ``:r<rank>`` appended. A flow
+  event whose ``(cat, id)`` lacks its start (``s``) or its end (``f``) in the rank's trace is
+  left out (Kineto writes ``ac2g`` ends without starts; Perfetto drops them anyway), counted.
+* events that are not objects, whose ``ts`` is not a finite number, or complete events (``X``)
+  whose ``dur`` is not a finite number ≥ 0 are left out (counted).
+
+So the output keeps the rules Perfetto's JSON importer relies on (``tests/test_merge.py``
+checks them): ``ph`` a string, ``pid``/``tid`` integers, ``ts`` finite numbers, ``dur`` ≥ 0,
+each flow id one ``s`` and one ``f`` of one category, metadata events with their ``args``.
+
+The output is ``{"traceEvents": [...], "displayTimeUnit": "ms", "pardiagMerge": {...}}``
+(``pardiagMerge.ranks[]`` holds each rank's file, offset, pids and its ``distributedInfo`` and
+``deviceProperties``, so ``pardiag report`` on the merged file reads each rank as before),
+gzip-compressed when the file name ends in ``.gz``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import math
+from collections import Counter
+from pathlib import Path
+
+import orjson
+
+from ..trace.parse import read_trace_json
+from ..trace.traceset import TraceSet
+from pardiag.errors import PardiagError
+
+#: pid of process k of rank R in the merged trace: ``R * PID_STRIDE + k``.
+PID_STRIDE = 1000
+
+#: Flow event phases: start, step, end (Chrome trace format "flow events", v1).
+_FLOW = {"s", "t", "f"}
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeResult:
+    """What :func:`merge_traces` wrote.
+
+    Attributes:
+        output: the file written.
+        events: events written (metadata events included).
+        dropped: events left out (not objects, ``ts`` not a finite number, ``X`` without a
+            finite ``dur`` ≥ 0).
+        offsets_us: ``{rank: clock offset subtracted (µs)}``.
+        pids: ``{rank: [merged pids]}``, host process first.
+        unmatched_flows: flow events left out because their start or end is missing.
+    """
+
+    output: Path
+    events: int
+    dropped: int
+    offsets_us: dict[int, float]
+    pids: dict[int, list[int]]
+    unmatched_flows: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RankEvents:
+    """One rank's events remapped for the merged trace (:func:`rank_events`).
+
+    Attributes:
+        events: metadata events first (processes, then threads), then the timed events.
+        pids: merged pids of the rank, host process first.
+        dropped: events left out as malformed.
+        unmatched_flows: flow events left out because their start or end is missing.
+    """
+
+    events: list[dict]
+    pids: list[int]
+    dropped: int
+    unmatched_flows: int
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _key(v) -> str:
+    """A hashable key for a pid/tid/id of any JSON type."""
+    return v if isinstance(v, str) else repr(v)
+
+
+def rank_events(doc: dict, rank: int, index: int, n_ranks: int,
+                offset_us: float) -> RankEvents:
+    """The events of one rank's trace document, remapped for the merged trace (see the module
+    docstring).
+
+    Args:
+        doc: the rank's trace (``{"traceEvents": [...], ...}``).
+        rank: its global rank (sets the pids and names).
+        index: its position among the merged ranks (0-based; sets the flow ids).
+        n_ranks: number of merged ranks.
+        offset_us: clock offset to subtract from every ``ts`` (µs).
+    """
+    raw = doc.get("traceEvents") or []
+    events = [e for e in raw if isinstance(e, dict)]
+    dropped = len(raw) - len(events)
+    meta: list[dict] = []
+    timed: list[dict] = []
+    for e in events:
+        if e.get("ph") == "M":
+            meta.append(e)
+        elif not isinstance(e.get("ph"), str) or not _is_finite(e.get("ts")) or (
+                e["ph"] == "X" and not (_is_finite(e.get("dur")) and e["dur"] >= 0)):
+            dropped += 1
+        else:
+            timed.append(e)
+    # flows: keep a (cat, id) only with both its start and its end
+    ends = {(str(e.get("cat")), _key(e.get("id"))) for e in timed if e["ph"] == "f"}
+    starts = {(str(e.get("cat")), _key(e.get("id"))) for e in timed if e["ph"] == "s"}
+    matched = starts & ends
+    n_timed = len(timed)
+    timed = [e for e in timed if e["ph"] not in _FLOW
+             or (str(e.get("cat")), _key(e.get("id"))) in matched]
+    unmatched = n_timed - len(timed)
+
+    names: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    for e in meta:
+        if isinstance(e.get("args"), dict):
+            k = _key(e.get("pid"))
+            if e.get("name") == "process_name":
+                names.setdefault(k, str(e["args"].get("name", "")))
+            elif e.get("name") == "process_labels":
+                labels[k] = str(e["args"].get("labels", ""))  # Kineto: "CPU", "GPU 0"
+    counts: Counter = Counter()
+    first_seen: dict[str, int] = {}
+    is_int_pid: dict[str, bool] = {}
+    for i, e in enumerate(timed):
+        k = _key(e.get("pid"))
+        counts[k] += 1
+        first_seen.setdefault(k, i)
+        is_int_pid[k] = _is_int(e.get("pid"))
+    order = sorted(first_seen, key=lambda k: (not is_int_pid[k], -counts[k], first_seen[k]))
+    host = order[0] if order else None
+    own = [k for k in order if k == host or is_int_pid[k]]  # processes of their own
+    if len(own) > PID_STRIDE:
+        raise PardiagError(f"rank {rank}: {len(own)} processes in one trace; at most "
+                           f"{PID_STRIDE} can be merged")
+    new_pid = {k: rank * PID_STRIDE + i for i, k in enumerate(own)}
+    folded = {k for k in order if k not in new_pid}  # Kineto's Spans/Traces/"": into the host
+    for k in folded:
+        new_pid[k] = new_pid[host]
+
+    thread_names: dict[tuple[str, str], str] = {}
+    for e in meta:
+        if e.get("name") == "thread_name" and isinstance(e.get("args"), dict):
+            thread_names.setdefault((_key(e.get("pid")), _key(e.get("tid"))),
+                                    str(e["args"].get("name", "")))
+    used = [e.get("tid") for e in events if _is_int(e.get("tid"))]
+    next_tid = max(used, default=0) + 1
+    new_tid: dict[tuple[str, str], int] = {}
+    named: dict[tuple[int, int], str] = {}
+
+    def tid_of(pid_key: str, tid) -> int:
+        nonlocal next_tid
+        key = (pid_key, _key(tid))
+        if key not in new_tid:
+            if _is_int(tid) and pid_key not in folded:
+                new_tid[key] = tid
+            else:
+                new_tid[key] = next_tid
+                next_tid += 1
+            label = thread_names.get(key) or (tid if isinstance(tid, str) else "")
+            if pid_key in folded:   # e.g. "Spans: PyTorch Profiler"
+                label = ": ".join(x for x in (pid_key, label) if x) or "profiler"
+            named[(new_pid[pid_key], new_tid[key])] = label or f"thread {new_tid[key]}"
+        return new_tid[key]
+
+    out: list[dict] = []
+    for k in own:
+        pid = new_pid[k]
+        label = f"rank {rank}" if k == host else \
+            f"rank {rank}: {labels.get(k) or names.get(k) or 'pid ' + k}"
+        out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                    "args": {"name": label}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                    "args": {"sort_index": pid}})
+    body: list[dict] = []
+    for e in timed:
+        e = dict(e)
+        k = _key(e.get("pid"))
+        e["pid"] = new_pid[k]
+        e["tid"] = tid_of(k, e.get("tid"))
+        e["ts"] = e["ts"] - offset_us
+        if "id" in e:
+            i = e["id"]
+            e["id"] = i * n_ranks + index if _is_int(i) else f"{i}:r{rank}"
+        body.append(e)
+    threads: list[dict] = []
+    seen_threads: set[tuple[str, int, int]] = set()
+    for e in meta:   # the rest of the metadata, of processes and threads that are kept
+        k = _key(e.get("pid"))
+        name = e.get("name")
+        if name in ("process_name", "process_sort_index") or k not in new_pid:
+            continue   # replaced above, or a process without events
+        if name in ("process_labels",) and k in folded:
+            continue
+        if name in ("thread_name", "thread_sort_index"):
+            if (k, _key(e.get("tid"))) not in new_tid:
+                continue   # a thread without events
+            e = dict(e, pid=new_pid[k], tid=new_tid[(k, _key(e.get("tid")))])
+            if (name, e["pid"], e["tid"]) in seen_threads:
+                continue   # Kineto may name a thread twice; the first name counts
+            seen_threads.add((name, e["pid"], e["tid"]))
+            if name == "thread_name":
+                e["args"] = {"name": named[(e["pid"], e["tid"])]}
+            threads.append(e)
+            continue
+        e = dict(e, pid=new_pid[k], tid=e.get("tid") if _is_int(e.get("tid")) else 0)
+        if "ts" in e and not _is_finite(e["ts"]):
+            e.pop("ts")
+        elif "ts" in e:
+            e["ts"] = e["ts"] - offset_us
+        out.append(e)
+    have = {(e["pid"], e["tid"]) for e in threads if e["name"] == "thread_name"}
+    for (pid, tid), label in sorted(named.items()):
+        if (pid, tid) not in have:
+            threads.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                            "args": {"name": label}})
+    return RankEvents(out + threads + body, [new_pid[k] for k in own], dropped, unmatched)
+
+
+def merge_traces(traces: TraceSet, offsets_us: dict[int, float], output: Path) -> MergeResult:
+    """Write the merged trace of ``traces`` to ``output`` (see the module docstring).
+
+    Each rank's file is read again (raw events, not the loader's table) one at a time, so memory
+    holds one rank's events at a time plus the compressor.
+
+    Args:
+        traces: the loaded run (which files, which ranks).
+        offsets_us: ``{rank: clock offset (µs)}`` to subtract; missing ranks get 0.
+        output: file to write; gzip-compressed when its name ends in ``.gz``.
+
+    Raises:
+        PardiagError: a trace cannot be read again, or the output cannot be written.
+    """
+    output = Path(output)
+    n = len(traces.ranks)
+    info = {"source": traces.source, "pid_stride": PID_STRIDE, "ranks": []}
+    written = dropped = unmatched = 0
+    pids: dict[int, list[int]] = {}
+    offsets = {r: float(offsets_us.get(r, 0.0)) for r in traces.ranks}
+    opener = gzip.open if output.name.endswith(".gz") else open
+    try:
+        with opener(output, "wb") as fh:
+            fh.write(b'{"traceEvents":[')
+            first = True
+            for index, (rank, trace) in enumerate(traces.ranks.items()):
+                doc = read_trace_json(trace.path)
+                got = rank_events(doc, rank, index, n, offsets[rank])
+                evs, rank_pids = got.events, got.pids
+                pids[rank] = rank_pids
+                dropped += got.dropped
+                unmatched += got.unmatched_flows
+                written += len(evs)
+                if evs:
+                    body = orjson.dumps(evs, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+                    fh.write(body if first else b"," + body)
+                    first = False
+                info["ranks"].append({"rank": rank, "file": str(trace.path),
+                                      "offset_us": offsets[rank], "pids": rank_pids,
+                                      # what report needs to read the rank back out of the
+                                      # merged file as it read it here
+                                      "metadata": {k: trace.metadata[k] for k in (
+                                          "distributedInfo", "deviceProperties")
+                                          if k in trace.metadata}})
+                del doc, evs
+            fh.write(b'],"displayTimeUnit":"ms","pardiagMerge":' + orjson.dumps(info) + b"}")
+    except OSError as exc:
+        raise PardiagError(f"{output}: cannot write ({exc.strerror or exc})") from None
+    return MergeResult(output, written, dropped, offsets, pids, unmatched)

@@ -1,0 +1,369 @@
+"""Terminal summary of a report (rich tables).
+
+Every table fits the console (``COLUMNS=80`` included) without cutting a header or a number:
+:func:`print_table` gives each column the width of its longest header word and its longest cell
+(numbers never wrap; headers and prose wrap at spaces, trace names anywhere), and when that is
+still too wide it leaves out the least important columns and says which in the caption.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..analyses.pipeline import summarize_bubbles
+from ..report.registry import Report
+
+
+def _n(v: float, digits: int = 1) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:,.{digits}f}"
+
+
+def _i(v) -> str:
+    """A count as the HTML report prints it (``1,234``); ranks and steps stay bare."""
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{int(v):,}"
+
+
+#: Recommendations listed in the terminal (the HTML report and the JSON list all).
+TOP_RECOMMENDATIONS = 5
+
+
+def _mib(v) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v / 2**20:,.1f}"
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column of a terminal table."""
+
+    header: str
+    """Heading; wraps at spaces, never cut."""
+    justify: str = "right"
+    """``"left"`` or ``"right"``."""
+    drop: int = 0
+    """0: always shown; otherwise, when the table is wider than the console, columns are left
+    out highest ``drop`` first until it fits."""
+    wrap: str = ""
+    """How cells may wrap: ``""`` never (numbers), ``"word"`` at spaces (prose), ``"fold"``
+    anywhere (trace names, commands: every character shown)."""
+
+
+#: Narrowest a folding column gets (a name folded over more lines than that is hard to read).
+FOLD_MIN_WIDTH = 12
+
+
+def _plain(cell) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def _words(text: str) -> int:
+    return max((cell_len(w) for line in text.splitlines() for w in line.split()), default=0)
+
+
+def _lines(text: str) -> int:
+    return max((cell_len(line) for line in text.splitlines()), default=0)
+
+
+def fit_columns(cols: list[Col], rows: list[tuple], width: int) -> tuple[list[int], list[int]]:
+    """(indices of the columns shown, their content widths) for a table of ``cols`` and
+    ``rows`` in ``width`` console columns (each column adds 3: padding and a border, plus 1)."""
+    lo, hi = [], []
+    for j, c in enumerate(cols):
+        cells = [_plain(r[j]) for r in rows]
+        need = [_lines(t) if not c.wrap else _words(t) if c.wrap == "word"
+                else min(_lines(t), FOLD_MIN_WIDTH) for t in cells]
+        lo.append(max([_words(c.header), *need, 1]))
+        hi.append(max([_lines(c.header), *(_lines(t) for t in cells), lo[-1]]))
+    keep = list(range(len(cols)))
+
+    def room() -> int:
+        return width - 3 * len(keep) - 1 - sum(lo[j] for j in keep)
+
+    for j in sorted((j for j in keep if cols[j].drop), key=lambda j: -cols[j].drop):
+        if room() >= 0:
+            break
+        keep.remove(j)
+    widths = {j: lo[j] for j in keep}
+    spare = max(0, room())
+    while spare:  # the rest goes one column at a time to those that would wrap
+        grow = [j for j in keep if widths[j] < hi[j]]
+        if not grow:
+            break
+        for j in grow:
+            if spare:
+                widths[j] += 1
+                spare -= 1
+    return keep, [widths[j] for j in keep]
+
+
+def print_table(console: Console, title, cols: list[Col], rows: list[tuple],
+                caption: str = "") -> None:
+    """Print a rich table that fits ``console.width``: see :func:`fit_columns`; the caption
+    names the columns left out."""
+    keep, widths = fit_columns(cols, rows, console.width)
+    dropped = [cols[j].header for j in range(len(cols)) if j not in keep]
+    if dropped:
+        caption = (caption + "; " if caption else "") + (
+            f"left out at {console.width} columns: {', '.join(dropped)} (a wider terminal "
+            "shows them)")
+    t = Table(title=title, title_justify="left", caption=caption or None,
+              caption_justify="left")
+    for j, w in zip(keep, widths):
+        c = cols[j]
+        # a number fits its column by construction; the header wraps at its spaces (no_wrap
+        # would cut it), and nothing is ever cut with "…": what is too long folds
+        t.add_column(c.header, justify=c.justify, width=w, overflow="fold")
+    for r in rows:
+        t.add_row(*(r[j] for j in keep))
+    console.print(t)
+
+
+def render_recommendations(report: Report, console: Console) -> None:
+    """Print the verdict and the top recommendations (``report.recommendations``, a
+    :class:`pardiag.analyzer.predict.recommend.RecommendationResult`; a line saying so when absent).
+
+    Trace strings are printed as text (``markup=False``; tables cells as :class:`rich.text.Text`).
+    """
+    rec = report.recommendations
+    if rec is None:
+        console.print("Verdict: no recommendations computed.", markup=False, highlight=False)
+        return
+    console.print(Text("Verdict: ", style="bold") + Text(rec.verdict or "–"))
+    recs = list(rec.recommendations or ())
+    if not recs:
+        console.print(Text(f"No recommendations: {rec.why_none or 'none computed'}."))
+        _ruled_out(rec, console)
+        return
+    rows = []
+    nu = getattr(rec, "noise_us", float("nan"))
+    noise = f" ±{nu / 1e3:,.3f}" if nu == nu else ""   # the measured step's noise
+    for r in recs[:TOP_RECOMMENDATIONS]:
+        mem = f"{_mib(r.measured_peak_bytes)} → {_mib(r.predicted_peak_bytes)}"
+        rows.append((str(r.tier or "–"), Text(r.title), Text(r.change),
+                     f"{r.measured_step_us / 1e3:,.3f}{noise} → {r.predicted_step_us / 1e3:,.3f}",
+                     f"{r.gain_pct:,.1f}", mem + ("" if r.fits_memory else " (does not fit)")))
+    # the change is what the user types: wrapped, even inside a long word, never cut
+    print_table(console, f"Top recommendations ({min(len(recs), TOP_RECOMMENDATIONS)} of "
+                f"{len(recs)})", [
+                    Col("tier"), Col("recommendation", "left", wrap="word"),
+                    Col("change", "left", wrap="fold"), Col("step ms", "left", wrap="word"),
+                    Col("gain %"), Col("peak MiB", "left", wrap="word")],
+                rows, caption="step time and peak memory: measured → predicted; one tier: "
+                "within noise of each other")
+    if rec.noise_rule:
+        console.print(Text("Rule: " + rec.noise_rule + "."))
+    if rec.peak_definition and any(r.measured_peak_bytes is not None for r in recs):
+        console.print(Text("Peak memory: " + rec.peak_definition + "."))
+    # what each shown change does to the batch and the optimizer; those that change nothing
+    # share one line
+    shown = recs[:TOP_RECOMMENDATIONS]
+    moving = [r for r in shown if _moves_batch(r)]
+    if len(moving) < len(shown):
+        console.print(Text(("Batch and optimizer: the other changes shown keep" if moving else
+                            "Batch and optimizer: every change shown keeps") + " the global "
+                           "batch, per-rank batch, microbatch size and optimizer steps per "
+                           "sample."))
+    for r in moving:
+        console.print(Text(f"{r.title}: {r.optimizer_effect}"))
+    _ruled_out(rec, console)
+
+
+def _moves_batch(r) -> bool:
+    """True when a recommendation changes any batch size (its ``batch`` factors)."""
+    batch = getattr(r, "batch", None) or {}
+    return any(isinstance(v, dict) and v.get("factor", 1.0) != 1.0 for v in batch.values())
+
+
+def _ruled_out(rec, console: Console) -> None:
+    """One line per evaluated change that the model's shapes or batch rule out, with why."""
+    ruled = [r for r in (getattr(rec, "rejected", ()) or ()) if getattr(r, "ruled_out", "")]
+    if ruled:
+        console.print(Text("Ruled out by the model's shapes or batch:", style="bold"))
+        for r in ruled:
+            console.print(Text(f"  {r.change}: {r.ruled_out}"))
+
+
+def render_terminal(report: Report, console: Console) -> None:
+    """Print the verdict and top recommendations first, then the per-rank breakdown, the
+    collectives table and the parallel analyses to ``console``."""
+    render_recommendations(report, console)
+    b = report.breakdown
+    rows = [(str(r.rank), r.domain, _n(r.span_us / 1e3, 3), _n(r.compute_only_us / 1e3, 3),
+             _n(r.overlap_us / 1e3, 3), _n(r.exposed_comm_us / 1e3, 3), _n(r.idle_us / 1e3, 3),
+             _n(r.overlap_pct, 2), _n(r.exposed_comm_pct, 1)) for r in b.totals.itertuples()]
+    # on a narrow terminal the timeline kind goes first (one kind in nearly every run), then the
+    # overlapped ms (overlap % says it relative to the communication)
+    print_table(console, Text(f"Time breakdown per rank (ms) — {report.traces.source}"), [
+        Col("rank"), Col("on", "left", drop=3), Col("span"), Col("compute"),
+        Col("overlapped", drop=2), Col("exposed"), Col("idle"), Col("overlap %"),
+        Col("exposed %", drop=1)], rows,
+        caption="compute = compute only; overlap % = overlapped / communication; "
+                "exposed % = exposed comm / span")
+    if len(b.collectives):
+        agg = b.collective_totals  # the same table as the HTML's and the JSON's
+        print_table(console, "Collectives (all ranks)", [
+            Col("collective", "left", wrap="fold"), Col("ranks"), Col("count"), Col("time ms"),
+            Col("exposed ms")],
+            [(Text(str(r.collective)), _i(r.ranks), _i(r.count), _n(r.time_us / 1e3, 3),
+              _n(r.exposed_us / 1e3, 3)) for r in agg.itertuples()])
+    _causes(report, console)
+    _parallel(report, console)
+    _hta(report, console)
+
+
+#: Most ranks in the terminal's tables of where the step goes.
+MAX_CAUSE_RANKS = 16
+
+
+def _causes(report: Report, console: Console) -> None:
+    """Where each rank's step goes on the host and, on GPU runs, on the device (medians over
+    steps, ms; :mod:`pardiag.analyzer.analyses.causes`)."""
+    c = getattr(report, "causes", None)
+    if c is None or c.per_rank.empty:
+        return
+    pr = c.per_rank.head(MAX_CAUSE_RANKS)
+    more = (f"; showing {MAX_CAUSE_RANKS} of {len(c.per_rank)} ranks"
+            if len(c.per_rank) > MAX_CAUSE_RANKS else "")
+    host = ["data_loading_us", "sync_us", "comm_us", "launch_us", "optimizer_us", "backward_us",
+            "forward_us", "other_us"]
+    print_table(console, "Where the step goes on the host (ms per step, median)", [
+        Col("rank"), Col("step"), Col("data", drop=1), Col("sync", drop=3), Col("comm"),
+        Col("launch", drop=4), Col("optim", drop=5), Col("backward", drop=6),
+        Col("forward+", drop=7), Col("outside ops", drop=2)],
+        [(str(int(r["rank"])), _n(r["span_us"] / 1e3, 2), *(_n(r[k] / 1e3, 2) for k in host))
+         for _, r in pr.iterrows()],
+        caption="data = DataLoader; comm = communication calls and waits; forward+ = "
+                "operators outside backward and optimizer; outside ops = Python, sleeps, "
+                "host contention" + more)
+    gpu = pr[pr["dev_compute_us"].notna()]
+    if len(gpu):
+        dev = ["dev_compute_us", "dev_memory_us", "wait_comm_us", "wait_host_us",
+               "wait_sync_us", "wait_other_us"]
+        print_table(console, "Where the step goes on the device (ms per step, median)", [
+            Col("rank"), Col("step"), Col("compute"), Col("copy", drop=3), Col("comm"),
+            Col("idle: host"), Col("idle: sync", drop=2), Col("idle: queued", drop=1)],
+            [(str(int(r["rank"])), _n(r["span_us"] / 1e3, 2), *(_n(r[k] / 1e3, 2) for k in dev))
+             for _, r in gpu.iterrows()],
+            caption="idle: host = nothing queued, the host was launching or computing; sync = "
+                    "nothing queued during a host synchronization; queued = work waiting on a "
+                    "dependency" + more)
+
+
+def _hta(report: Report, console: Console) -> None:
+    """``report --hta``: idle time per rank and category, launch delays, HTA's failures."""
+    h = report.hta
+    if h is None:
+        return
+    if len(h.idle):
+        idle = h.idle.pivot_table(index="rank", columns="category", values="idle_us",
+                                  aggfunc="sum", fill_value=0.0)
+        t = Table(title="HTA: GPU idle time per rank (ms, all streams)", title_justify="left")
+        for col in ("rank", "host wait", "kernel wait", "other"):
+            t.add_column(col, justify="right")
+        for rank, row in idle.iterrows():
+            t.add_row(str(rank), *(_n(row.get(c, 0.0) / 1e3, 3)
+                                   for c in ("host_wait", "kernel_wait", "other")))
+        console.print(t)
+    if len(h.launches):
+        t = Table(title="HTA: kernel launches", title_justify="left")
+        for col in ("rank", "launches", "delay median µs", "delay p95 µs",
+                    f"delays > {h.launch_delay_cutoff_us:g} µs"):
+            t.add_column(col, justify="right")
+        for row in h.launches.itertuples():
+            t.add_row(str(row.rank), str(row.launches), _n(row.launch_delay_us_median),
+                      _n(row.launch_delay_us_p95), str(row.delay_outliers))
+        console.print(t)
+    for m in h.messages:
+        console.print(Text(f"note: {m}"))
+
+
+def _routing(report: Report, console: Console) -> None:
+    """MoE routing: per expert-parallel group, max/mean tokens, the hot rank, the others' wait
+    and the saving with even routing (per step, medians), and the cause in words."""
+    r = report.routing
+    if r.groups.empty:
+        return
+    print_table(console, "MoE routing (all-to-all split sizes, per step)", [
+        Col("group", "left", wrap="fold"), Col("unit", "left", drop=2), Col("steps", drop=3),
+        Col("max/mean"), Col("range", drop=1), Col("hot rank"), Col("hot rank rows"),
+        Col("mean rows"), Col("others wait ms"), Col("saving ms")],
+        [(Text(str(g.group).split("|")[0]), g.unit, _i(g.steps), _n(g.imbalance, 2),
+          f"{g.imbalance_min:.2f}–{g.imbalance_max:.2f}", str(g.hot_rank), _n(g.hot_rows, 0),
+          _n(g.mean_rows, 0), _n(g.wait_us / 1e3, 3), _n(g.saving_us / 1e3, 3))
+         for g in r.groups.itertuples()],
+        caption="rows on the expert side summed over the step's routed all-to-alls (median "
+                "over steps); saving = others' wait / ranks")
+    text = r.describe()
+    if text:
+        console.print(Text(f"cause: {text}"))
+
+
+def _parallel(report: Report, console: Console) -> None:
+    sync, pipe, bal, mem, lay = (report.sync, report.pipeline, report.balance, report.memory,
+                                 report.layout)
+    inferred = lay.source != "recorded"
+    if lay.dims:
+        dims = ", ".join(f"{k.upper()}={v}" for k, v in lay.dims.items())
+        est = " (estimated)" if inferred and lay.pipeline and lay.pipeline.get(
+            "microbatches_from") == "sends" else ""
+        console.print(Text(f"Layout{f' ({lay.source})' if inferred else ''}: {dims} "
+                           f"({', '.join(map(str, lay.strategies))})"
+                      + (f"; {lay.pipeline.get('schedule')}, {lay.pipeline.get('stages')} stages, "
+                         f"{lay.pipeline.get('microbatches')} microbatches{est}"
+                         if lay.pipeline else "")))
+    if inferred and lay.not_inferred:
+        console.print(Text("Not inferred from the traces:"))
+        for line in lay.not_inferred:
+            console.print(Text(f"  - {line}"))
+    if len(sync.instances):
+        print_table(console, f"Stragglers ({len(sync.instances)} collective instances matched "
+                    f"by {sync.matched_by})", [
+                        Col("rank"), Col("wait caused ms"), Col("wait suffered ms"),
+                        Col("last arrivals"), Col("top in steps")],
+                    [(str(row.rank), _n(row.wait_caused_us / 1e3, 3),
+                      _n(row.wait_suffered_us / 1e3, 3), _i(row.last_arrivals),
+                      _i(row.steps_as_top)) for row in sync.stragglers.head(8).itertuples()])
+        for note in sync.notes:
+            console.print(Text(f"note: {note}"))
+        for row in sync.p2p.head(8).itertuples():
+            console.print(Text(f"point-to-point {row.src} → {row.dst}: {row.count} transfers, hop "
+                               f"{row.hop_us / 1e3:.3f} ms (median), receiver waits "
+                               f"{row.recv_wait_us / 1e3:.3f} ms, sender waits "
+                               f"{row.send_wait_us / 1e3:.3f} ms"))
+    if len(pipe.bubbles):
+        summ = summarize_bubbles(pipe.bubbles)
+        src = (pipe.schedule or {}).get("source")
+        title = "Pipeline bubbles (" + ("estimate" if (pipe.bubbles["method"] == "estimate")
+                                         .all() else "measured") + (
+            f"; schedule {src}" if src else "") + ")"
+        print_table(console, title, [
+            Col("rank"), Col("stages", wrap="word"), Col("steps", wrap="word"),
+            Col("bubble % (median)"), Col("ideal %"), Col("warmup ms"), Col("steady ms"),
+            Col("cooldown ms")],
+            [(str(row.rank), Text(str(row.stages)), f"{_i(row.steps)} {row.basis}",
+              _n(row.bubble_pct, 1), _n(row.ideal_pct, 1), _n(row.warmup_us / 1e3, 3),
+              _n(row.steady_us / 1e3, 3), _n(row.cooldown_us / 1e3, 3))
+             for row in summ.itertuples()])
+    if len(bal.summary):
+        print_table(console, "Load imbalance (compute per step)", [
+            Col("dimension", wrap="fold"), Col("group", wrap="fold"), Col("max/mean"),
+            Col("cost ms/step"), Col("slowest rank")],
+            [(Text(str(row.dim)), Text(str(row.pg)), _n(row.imbalance, 3),
+              _n(row.cost_us / 1e3, 3), str(row.slowest_rank))
+             for row in bal.summary.itertuples()])
+    _routing(report, console)
+    m = mem.per_rank
+    if m["static_bytes"].notna().any():
+        print_table(console, "Memory per rank (MiB)", [
+            Col("rank"), Col("params"), Col("grads"), Col("optimizer"), Col("static"),
+            Col("peak alloc. (traced window)"), Col("peak RSS")],
+            [(str(row.rank), *(_n(v / 2**20, 2) for v in (
+                row.params_bytes, row.grads_bytes, row.optimizer_state_bytes, row.static_bytes,
+                row.peak_allocated_bytes, row.peak_rss_bytes))) for row in m.itertuples()])

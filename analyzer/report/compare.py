@@ -1,0 +1,923 @@
+"""Compare two runs: what changed in the setup, in the time, in the operators, and whether a
+change the first run's report recommended did what it predicted.
+
+Both runs are read as their JSON summaries (``pardiag report --json``, :func:`registry.report_json`:
+what a run folder's report computes, or a summary written earlier), so a comparison needs no
+trace once the summaries exist. A is the reference, B the candidate; every delta is B − A.
+
+What is compared, and how:
+
+* **Setup** (:func:`setup_rows`): the fields of :class:`pardiag.analyzer.analyses.runsetup.RunSetup`
+  (script and arguments, world size, degrees, pipeline schedule and microbatches, bucket sizes,
+  FSDP settings, versions, hosts, ``NCCL_*``/``TORCH_*`` environment); each is ``same``,
+  ``changed`` or unknown in a run (traces recorded without pardiag state little, and say so).
+* **Step time** (:class:`StepDelta`): each run's step time is the one its recommendations compare
+  with (the report's ``step``: unprofiled steps when pardiag recorded them, else the profiled
+  ones), median and quartiles over its steps. The difference **clears both runs' noise** when the
+  middle halves of their steps do not overlap (B's first quartile above A's third, or B's third
+  below A's first); with fewer than two steps in a run the noise is unknown.
+* **Time per profiled step** (:attr:`Comparison.breakdown`, :attr:`Comparison.ranks`): compute
+  only, overlapped, exposed communication split into waiting and transfer, and idle, the mean
+  over a rank's profiled steps (HTA's overlap, Lumos' breakdown). A rank's waiting is the wait it
+  suffered in matched collectives (TensorBoard's synchronization time) per profiled step, counted
+  as exposed first (a rank waiting for its peers has nothing to overlap) and at most its exposed
+  communication; the rest of the exposed communication is transfer. Ranks are compared rank by
+  rank when the two layouts match (same world size, degrees and stages), else by role: a
+  pipeline stage, or all ranks together (means over the ranks of the role).
+* Overlap per parallel dimension, pipeline bubbles per stage, stragglers and arrival skew per
+  collective type, imbalance per dimension, memory per rank or role (static and peak), time per
+  collective type per rank and profiled step, busbw per dimension (or group) and collective.
+* **Operators that moved** (:attr:`Comparison.operators`): the GPU kernels and CPU operators whose
+  time per rank and profiled step changed most (:mod:`pardiag.analyzer.analyses.operators`; Holistic Trace
+  Analysis' TraceDiff idea, on pardiag's own summaries).
+* **Closing the loop** (:attr:`Comparison.checks`): each change A's report evaluated (recommended
+  or not) whose ``params`` B's setup equals is ``applied``: its predicted step time and peak
+  memory are shown beside B's measured ones, with the error 100 · (predicted − measured) /
+  measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..predict.recommend import STEP_BASES
+from ..analyses.runsetup import SETUP_LABELS, applicable_fields, schedule_name
+
+#: Version of the comparison JSON (``pardiag compare --json``).
+COMPARE_SCHEMA_VERSION = 1
+#: Operators listed as "moved" (the most change in time per rank and step first).
+TOP_OPERATORS = 30
+#: Labels of the time breakdown parts, in order (µs per profiled step, mean over ranks).
+PARTS = {"compute_only_us": "compute only", "overlap_us": "overlapped",
+         "exposed_transfer_us": "exposed comm: transfer", "exposed_wait_us": "exposed comm: waiting",
+         "idle_us": "idle"}
+#: Values compared per rank or role (µs per profiled step; bytes).
+RANK_VALUES = ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "exposed_wait_us",
+               "exposed_transfer_us", "idle_us", "wait_caused_us", "static_bytes",
+               "peak_allocated_bytes", "peak_rss_bytes")
+#: ``params`` keys that describe a recommendation but are not part of the change.
+_DESCRIPTIVE_PARAMS = {"layer_names"}
+#: Setup fields a recommendation's ``params`` key is about (other changed fields are listed
+#: as "also changed").
+_PARAM_FIELDS = {
+    "microbatches": {"microbatches"}, "schedule": {"pipeline_schedule"},
+    "stages_per_rank": {"stages_per_rank", "pipeline_stages"},
+    "layers_per_stage": {"layers_per_stage"},
+    "pp": {"dims", "strategies", "pipeline_schedule", "pipeline_stages", "stages_per_rank",
+           "microbatches", "layers_per_stage", "ddp_bucket_cap_bytes"},
+    "dp": {"dims"}, "tp": {"dims", "strategies"},
+    "ddp_bucket_cap_bytes": {"ddp_bucket_cap_bytes"},
+    "reshard_after_forward": {"fsdp_reshard_after_forward"},
+    "fsdp_sharding_strategy": {"fsdp_reshard_after_forward"},
+    "fsdp_forward_prefetch": {"fsdp1_forward_prefetch"},
+    "strategy": {"strategies"},
+}
+
+
+# ---------------------------------------------------------------------------- result types
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+    """One run's step time (µs) as its report measured it.
+
+    Attributes:
+        basis: ``pipeline``, ``unprofiled`` or ``profiled``
+            (:data:`pardiag.analyzer.predict.recommend.STEP_BASES`).
+        basis_text: the basis in words.
+        steps: how many per-step values the statistics are over.
+        median_us, q1_us, q3_us, min_us, max_us: median, quartiles and range (µs).
+        samples_us: the per-step values (empty for a summary of schema 2, which has only the
+            statistics of its profiled steps).
+    """
+
+    basis: str
+    basis_text: str
+    steps: int
+    median_us: float
+    q1_us: float
+    q3_us: float
+    min_us: float
+    max_us: float
+    samples_us: tuple[float, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StepDelta:
+    """The two runs' step times and their difference.
+
+    Attributes:
+        a, b: each run's :class:`StepStats`, None when it has no step.
+        delta_us: B's median − A's (µs); NaN without both.
+        delta_pct: 100 · delta / A's median (positive: B is slower).
+        beyond_noise: True when the middle halves (quartiles) of the two runs' steps do not
+            overlap, False when they do, None when a run has fewer than two steps.
+        noise: the rule's outcome in words.
+    """
+
+    a: StepStats | None
+    b: StepStats | None
+    delta_us: float
+    delta_pct: float
+    beyond_noise: bool | None
+    noise: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RecommendationCheck:
+    """One change A's report evaluated, checked against B's setup.
+
+    Attributes:
+        kind, title, change, params: the recommendation as A's report gave it.
+        rank: its place among A's recommendations (1 = top), None when it was evaluated and not
+            recommended.
+        status: ``"applied"`` (B's setup equals every part of ``params``), ``"not applied"`` (a
+            part differs) or ``"unknown"`` (B's setup does not show a part).
+        why: one line: what matched, differed or is unknown.
+        a_step_us: A's measured step the prediction started from (µs).
+        predicted_step_us: A's prediction (µs).
+        b_step_us: B's measured step (µs; :attr:`StepDelta.b`).
+        error_pct: 100 · (predicted − B's measured) / B's measured; None unless applied.
+        predicted_peak_bytes: A's predicted peak memory of the worst rank (bytes), or None.
+        b_peak_bytes: B's measured peak of its worst rank (peak allocated, else peak RSS, as
+            the recommendations measure it), or None.
+        peak_error_pct: 100 · (predicted − measured) / measured peak; None unless both known.
+        also_changed: labels of other setup fields that differ between A and B (they also move
+            the measurement).
+        args_changed: the script arguments that differ, ``"--flag: a → b"`` each (how the
+            change was made, and anything else changed with it).
+    """
+
+    kind: str
+    title: str
+    change: str
+    params: dict
+    rank: int | None
+    status: str
+    why: str
+    a_step_us: float | None
+    predicted_step_us: float | None
+    b_step_us: float | None
+    error_pct: float | None
+    predicted_peak_bytes: float | None
+    b_peak_bytes: float | None
+    peak_error_pct: float | None
+    also_changed: tuple[str, ...] = ()
+    args_changed: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Result of :func:`compare_summaries` (every delta is B − A; µs, bytes, GB/s, %).
+
+    Attributes:
+        a_source, b_source: what was compared (paths as given).
+        warnings: what makes the runs less comparable (different scripts or world sizes,
+            step times on different bases, summaries without some data), one line each.
+        by: ``"rank"`` (layouts match: rank by rank) or ``"role"`` (pipeline stage, else all
+            ranks together).
+        setup: one row per setup field: ``field``, ``label``, ``a``, ``b``, ``status``
+            (``same``, ``changed``, ``unknown in A``, ``unknown in B``, ``unknown``),
+            ``detail`` (the changed script arguments, flag by flag).
+        step: :class:`StepDelta`.
+        breakdown: per part of the step (``span_us`` first, then :data:`PARTS`): ``part``,
+            ``label``, ``a_us``, ``b_us``, ``delta_us``, ``delta_pct`` (per profiled step,
+            mean over ranks).
+        ranks: one row per rank or role (``key``): ``a_<v>``, ``b_<v>`` for each of
+            :data:`RANK_VALUES` (µs per profiled step; bytes) and ``a_ranks``/``b_ranks``.
+        dims: per parallel dimension: ``dim``, ``a_overlap_pct``, ``b_overlap_pct``,
+            ``a_exposed_us``, ``b_exposed_us`` (per rank and profiled step).
+        bubbles: per pipeline stage (``stage``): ``a_/b_bubble_pct``, ``a_/b_ideal_pct``,
+            ``a_/b_bubble_us`` (per step: bubble % of the window), ``a_/b_basis``.
+        stragglers: ``{"a": rank or None, "b": rank or None}``.
+        skew: per collective type: ``op``, ``a_/b_count``, ``a_/b_arrival_skew_us`` (median),
+            ``a_/b_max_skew_us``.
+        imbalance: per dimension: ``dim``, ``a_/b_imbalance`` (max/mean of compute per step),
+            ``a_/b_cost_us`` (max − mean per step).
+        collectives: per collective type: ``collective``, ``a_/b_count``, ``a_/b_time_us``,
+            ``a_/b_exposed_us`` (per rank and profiled step).
+        bandwidth: per dimension (or group) and collective: ``group``, ``op``, ``a_/b_count``
+            (complete matched instances), ``a_/b_transfer_us`` and ``a_/b_busbw_gbps`` (medians
+            over them).
+        operators: the :data:`TOP_OPERATORS` operators whose time moved most: ``kind``,
+            ``name``, ``a_us``, ``b_us`` (per rank and profiled step), ``delta_us``,
+            ``delta_pct`` (None for an operator new in B), ``a_count``, ``b_count`` (per rank
+            and profiled step).
+        operators_note: why operators are missing or what they rest on.
+        checks: every change A's report evaluated, checked against B
+            (:class:`RecommendationCheck`); applied first, recommended before not.
+    """
+
+    a_source: str
+    b_source: str
+    warnings: tuple[str, ...]
+    by: str
+    setup: pd.DataFrame
+    step: StepDelta
+    breakdown: pd.DataFrame
+    ranks: pd.DataFrame
+    dims: pd.DataFrame
+    bubbles: pd.DataFrame
+    stragglers: dict
+    skew: pd.DataFrame
+    imbalance: pd.DataFrame
+    collectives: pd.DataFrame
+    bandwidth: pd.DataFrame
+    operators: pd.DataFrame
+    operators_note: str
+    checks: tuple[RecommendationCheck, ...]
+
+    @property
+    def applied(self) -> tuple[RecommendationCheck, ...]:
+        """The checks whose change B made (``status == "applied"``)."""
+        return tuple(c for c in self.checks if c.status == "applied")
+
+
+@dataclasses.dataclass(frozen=True)
+class GateResult:
+    """Outcome of the ``--fail-if-slower PCT`` regression gate (:func:`gate`).
+
+    Attributes:
+        failed: True when B is slower than A by more than the limit and beyond the runs' noise
+            (or the step times cannot be compared).
+        line: the reason, one line.
+    """
+
+    failed: bool
+    line: str
+
+
+# ---------------------------------------------------------------------------- reading a summary
+
+
+def _num(v) -> float:
+    """A JSON number as float (None and non-numbers: NaN)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return float("nan")
+    return float(v)
+
+
+def _rows(summary: dict, *path) -> list[dict]:
+    """A list of row dicts at ``path`` in a summary (``[]`` where missing or malformed)."""
+    cur: Any = summary
+    for p in path:
+        cur = cur.get(p) if isinstance(cur, dict) else None
+    return [r for r in cur if isinstance(r, dict)] if isinstance(cur, list) else []
+
+
+def step_stats(summary: dict) -> StepStats | None:
+    """A run's step time from its summary: ``step`` (schema 3), else the run row of
+    ``step_time`` (profiled steps; schema 2 has no samples), else None."""
+    st = summary.get("step")
+    if isinstance(st, dict) and _num(st.get("median_us")) == _num(st.get("median_us")):
+        samples = tuple(float(x) for x in st.get("samples_us") or [] if isinstance(x, (int, float)))
+        return StepStats(str(st.get("basis")), str(st.get("basis_text") or st.get("basis")),
+                         int(st.get("steps") or len(samples)), _num(st.get("median_us")),
+                         _num(st.get("q1_us")), _num(st.get("q3_us")), _num(st.get("min_us")),
+                         _num(st.get("max_us")), samples)
+    run = [r for r in _rows(summary, "step_time") if r.get("rank") is None]
+    if run and _num(run[0].get("median_us")) == _num(run[0].get("median_us")):
+        r = run[0]
+        return StepStats("profiled", STEP_BASES["profiled"], int(r.get("steps") or 0),
+                         _num(r.get("median_us")), _num(r.get("q1_us")), _num(r.get("q3_us")),
+                         _num(r.get("min_us")), _num(r.get("max_us")))
+    return None
+
+
+def _setup_of(summary: dict) -> dict:
+    """The summary's ``setup`` (schema 3), else what its ``run`` and ``layout`` hold."""
+    s = summary.get("setup")
+    if isinstance(s, dict):
+        return s
+    run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
+    lay = summary.get("layout") if isinstance(summary.get("layout"), dict) else {}
+    pipe = lay.get("pipeline") if isinstance(lay.get("pipeline"), dict) else {}
+    sch = run.get("schedule") if isinstance(run.get("schedule"), dict) else None
+    out = {"source": "recorded" if run else "traces", "script": run.get("script"),
+           "script_args": run.get("script_args") if run.get("script") else None,
+           "world_size": run.get("world_size"), "nnodes": run.get("nnodes"),
+           "hosts": run.get("nodes") or lay.get("nodes") or None,
+           "dims": lay.get("dims") or None, "strategies": lay.get("strategies") or None,
+           "pipeline_schedule": schedule_name(pipe.get("schedule")),
+           "pipeline_stages": pipe.get("stages"), "stages_per_rank": pipe.get("stages_per_rank"),
+           "microbatches": pipe.get("microbatches"), "backend": run.get("backend"),
+           "torch_version": run.get("torch_version"),
+           "profiler_schedule": [sch.get("wait"), sch.get("warmup"), sch.get("active")]
+           if sch else None}
+    out["unknown"] = [k for k in SETUP_LABELS if k in applicable_fields(out) and out.get(k) is None]
+    return out
+
+
+def _roles(summary: dict) -> dict[int, str]:
+    """Rank → role: ``"stage s"`` for pipeline ranks (their stages), else ``"all ranks"``."""
+    stages = {int(r["rank"]): str(r.get("stages")) for r in _rows(summary, "pipeline", "summary")
+              if isinstance(r.get("rank"), int)}
+    return {int(r["rank"]): (f"stage {stages[r['rank']]}" if r["rank"] in stages else "all ranks")
+            for r in _rows(summary, "ranks") if isinstance(r.get("rank"), int)}
+
+
+def rank_table(summary: dict) -> pd.DataFrame:
+    """Per rank of a summary: ``rank``, ``role``, ``steps`` (profiled), the mean per profiled
+    step of ``span_us``, ``compute_only_us``, ``overlap_us``, ``exposed_comm_us``, ``idle_us``;
+    ``wait_suffered_us`` and ``wait_caused_us`` per profiled step (matched collectives),
+    ``exposed_wait_us`` = min(waiting, exposed) and ``exposed_transfer_us`` = exposed − that;
+    ``static_bytes``, ``peak_allocated_bytes``, ``peak_rss_bytes``."""
+    roles = _roles(summary)
+    waits = {int(r["rank"]): r for r in _rows(summary, "sync", "stragglers")
+             if isinstance(r.get("rank"), int)}
+    mem = {int(r["rank"]): r for r in _rows(summary, "memory", "per_rank")
+           if isinstance(r.get("rank"), int)}
+    rows = []
+    for rk in _rows(summary, "ranks"):
+        if not isinstance(rk.get("rank"), int):
+            continue
+        r = rk["rank"]
+        steps = [s for s in rk.get("steps") or [] if isinstance(s, dict)]
+        n = len(steps)
+        if n:
+            mean = {}
+            for c in ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "idle_us"):
+                v = [x for x in (_num(s.get(c)) for s in steps) if x == x]
+                mean[c] = float(np.mean(v)) if v else float("nan")
+        else:   # no profiler step: the whole trace is one "step"
+            tot = rk.get("total") or {}
+            mean = {c: _num(tot.get(c)) for c in ("span_us", "compute_only_us", "overlap_us",
+                                                  "exposed_comm_us", "idle_us")}
+        per = max(n, 1)
+        w = waits.get(r, {})
+        suffered = _num(w.get("wait_suffered_us")) / per if w else 0.0
+        caused = _num(w.get("wait_caused_us")) / per if w else 0.0
+        exposed = mean["exposed_comm_us"]
+        wait_exp = min(suffered, exposed) if exposed == exposed else float("nan")
+        m = mem.get(r, {})
+        rows.append({"rank": r, "role": roles.get(r, "all ranks"), "steps": n, **mean,
+                     "wait_suffered_us": suffered, "wait_caused_us": caused,
+                     "exposed_wait_us": wait_exp, "exposed_transfer_us": exposed - wait_exp,
+                     "static_bytes": _num(m.get("static_bytes")),
+                     "peak_allocated_bytes": _num(m.get("peak_allocated_bytes")),
+                     "peak_rss_bytes": _num(m.get("peak_rss_bytes"))})
+    cols = ["rank", "role", "steps", "span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
+            "idle_us", "wait_suffered_us", "wait_caused_us", "exposed_wait_us",
+            "exposed_transfer_us", "static_bytes", "peak_allocated_bytes", "peak_rss_bytes"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def peak_bytes(summary: dict) -> float | None:
+    """The worst rank's peak memory (bytes) as the recommendations measure it: peak allocated
+    in the traced window, else peak RSS; None when unknown."""
+    best = None
+    for r in _rows(summary, "memory", "per_rank"):
+        v = _num(r.get("peak_allocated_bytes"))
+        if v != v:
+            v = _num(r.get("peak_rss_bytes"))
+        if v == v and (best is None or v > best):
+            best = v
+    return best
+
+
+# ---------------------------------------------------------------------------- comparing
+
+
+def _pct(a: float, b: float) -> float:
+    """100 · (b − a) / a; NaN when a is 0 or unknown."""
+    return 100.0 * (b - a) / a if (a == a and b == b and a != 0) else float("nan")
+
+
+def _merge(fa: pd.DataFrame, fb: pd.DataFrame, key: str | list[str],
+           values: list[str]) -> pd.DataFrame:
+    """Outer join of two per-key tables: ``key`` then ``a_<v>``, ``b_<v>`` for each value."""
+    keys = [key] if isinstance(key, str) else key
+    a = fa[keys + values].rename(columns={v: f"a_{v}" for v in values})
+    b = fb[keys + values].rename(columns={v: f"b_{v}" for v in values})
+    out = a.merge(b, on=keys, how="outer", sort=False)
+    order = [f"{p}_{v}" for v in values for p in ("a", "b")]
+    return out[keys + order].reset_index(drop=True)
+
+
+def _layouts_match(sa: dict, sb: dict, ra: pd.DataFrame, rb: pd.DataFrame) -> bool:
+    return (sorted(ra["rank"]) == sorted(rb["rank"])
+            and (sa.get("dims") or {}) == (sb.get("dims") or {})
+            and sa.get("pipeline_stages") == sb.get("pipeline_stages")
+            and sa.get("stages_per_rank") == sb.get("stages_per_rank"))
+
+
+def _per_key(ranks: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Per rank (``key`` = ``rank r``) or per role (means over its ranks) and, by role, a last
+    row ``all ranks`` (the mean over every rank) so that runs of different roles (a pipeline
+    and data parallelism) still meet; with ``ranks`` (how many ranks each row is over)."""
+    if ranks.empty:
+        return pd.DataFrame(columns=["key", "ranks", *RANK_VALUES])
+    if by == "rank":
+        return ranks.assign(key=[f"rank {r}" for r in ranks["rank"]], ranks=1)[
+            ["key", "ranks", *RANK_VALUES]]
+    g = ranks.groupby("role", sort=True)
+    out = g[list(RANK_VALUES)].mean().reset_index().rename(columns={"role": "key"})
+    out["ranks"] = g.size().to_numpy()
+    if "all ranks" not in set(out["key"]):
+        everyone = ranks[list(RANK_VALUES)].mean().to_dict()
+        out = pd.concat([out, pd.DataFrame([{"key": "all ranks", "ranks": len(ranks),
+                                             **everyone}])], ignore_index=True)
+    return out[["key", "ranks", *RANK_VALUES]]
+
+
+def value_text(v) -> str:
+    """A setup value as short text: ``–`` for None, ``k=v, …`` for a dict, ``a, b`` for a
+    list."""
+    if v is None:
+        return "–"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={x}" for k, x in v.items()) or "{}"
+    if isinstance(v, list):
+        return ", ".join(map(str, v)) if not any(isinstance(x, (list, dict)) for x in v) else str(v)
+    return str(v)
+
+
+def _args_map(args) -> dict[str, str]:
+    """``["--a", "1", "--flag", "pos"]`` → ``{"--a": "1", "--flag": "", "arg 1": "pos"}``."""
+    out, i, pos = {}, 0, 0
+    args = [str(a) for a in args or []]
+    while i < len(args):
+        a = args[i]
+        if a.startswith("-"):
+            name, eq, val = a.partition("=")
+            if eq:
+                out[name] = val
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                out[name] = args[i + 1]
+                i += 1
+            else:
+                out[name] = ""
+        else:
+            pos += 1
+            out[f"arg {pos}"] = a
+        i += 1
+    return out
+
+
+def args_changes(a_args, b_args) -> list[str]:
+    """The script arguments that differ, one ``"--flag: a → b"`` each (``(not set)`` where a
+    run lacks the flag; a flag without a value shows ``set``)."""
+    ma, mb = _args_map(a_args), _args_map(b_args)
+    out = []
+    for k in list(ma) + [k for k in mb if k not in ma]:
+        va, vb = ma.get(k), mb.get(k)
+        if va != vb:
+            def show(v):
+                return "(not set)" if v is None else (v if v != "" else "set")
+            out.append(f"{k}: {show(va)} → {show(vb)}")
+    return out
+
+
+def setup_rows(sa: dict, sb: dict) -> pd.DataFrame:
+    """One row per setup field (see :attr:`Comparison.setup`); ``env`` is split into one row
+    per variable (``env.NAME``). Fields that apply to neither run (no pipeline, no FSDP) are
+    left out."""
+    ua, ub = set(sa.get("unknown") or ()), set(sb.get("unknown") or ())
+    rows = []
+
+    def add(field, label, va, vb, ka, kb):
+        if va is None and vb is None and not (ka or kb):
+            return
+        if va is None and vb is None:
+            status = "unknown"
+        elif va is None:
+            status = "unknown in A" if ka else "changed"
+        elif vb is None:
+            status = "unknown in B" if kb else "changed"
+        else:
+            status = "same" if va == vb else "changed"
+        detail = ""
+        if field == "script_args" and status == "changed":
+            detail = "; ".join(args_changes(va, vb))
+        rows.append({"field": field, "label": label, "a": va, "b": vb, "status": status,
+                     "detail": detail})
+
+    for field, label in SETUP_LABELS.items():
+        if field == "env":
+            ea, eb = sa.get("env"), sb.get("env")
+            if ea is None or eb is None:
+                add("env", label, ea, eb, "env" in ua, "env" in ub)
+                continue
+            for name in sorted(set(ea) | set(eb)):
+                add(f"env.{name}", name, ea.get(name, "(not set)"), eb.get(name, "(not set)"),
+                    False, False)
+            if not ea and not eb:
+                add("env", label, "(none set)", "(none set)", False, False)
+            continue
+        add(field, label, sa.get(field), sb.get(field), field in ua, field in ub)
+    return pd.DataFrame(rows, columns=["field", "label", "a", "b", "status", "detail"])
+
+
+def step_delta(a: StepStats | None, b: StepStats | None) -> StepDelta:
+    """The step times' difference and whether it clears both runs' noise (module docstring)."""
+    if a is None or b is None:
+        missing = " and ".join(x for x, s in (("A", a), ("B", b)) if s is None)
+        return StepDelta(a, b, float("nan"), float("nan"), None,
+                         f"no step time in {missing}: the traces hold no complete step")
+    d = b.median_us - a.median_us
+    pct = _pct(a.median_us, b.median_us)
+    few = [x for x, s in (("A", a), ("B", b)) if s.steps < 2]
+    if few:
+        return StepDelta(a, b, d, pct, None, f"noise unknown: {' and '.join(few)} "
+                         f"{'has' if len(few) == 1 else 'have'} fewer than 2 steps")
+    iqr = (f"IQR A {a.q1_us / 1e3:.2f}–{a.q3_us / 1e3:.2f} ms, B {b.q1_us / 1e3:.2f}–"
+           f"{b.q3_us / 1e3:.2f} ms")
+    if b.q1_us > a.q3_us or b.q3_us < a.q1_us:
+        return StepDelta(a, b, d, pct, True, f"beyond both runs' noise ({iqr}: the middle "
+                         "halves of their steps do not overlap)")
+    return StepDelta(a, b, d, pct, False, f"within the runs' noise ({iqr} overlap)")
+
+
+def _steps_per_rank(summary: dict) -> float:
+    """Mean profiled steps per rank (at least 1)."""
+    n = [len(r.get("steps") or []) for r in _rows(summary, "ranks")]
+    return max(float(np.mean(n)) if n else 1.0, 1.0)
+
+
+def _dims(summary: dict) -> pd.DataFrame:
+    per = _steps_per_rank(summary)
+    rows = [{"dim": str(r.get("dim")), "overlap_pct": _num(r.get("overlap_pct")),
+             "exposed_us": _num(r.get("exposed_us")) / per}
+            for r in _rows(summary, "overlap_per_dimension", "summary")]
+    return pd.DataFrame(rows, columns=["dim", "overlap_pct", "exposed_us"])
+
+
+def _bubbles(summary: dict) -> pd.DataFrame:
+    rows = []
+    for r in _rows(summary, "pipeline", "summary"):
+        pct, win = _num(r.get("bubble_pct")), _num(r.get("window_us"))
+        rows.append({"stage": str(r.get("stages")), "bubble_pct": pct,
+                     "ideal_pct": _num(r.get("ideal_pct")), "bubble_us": pct / 100.0 * win,
+                     "basis": r.get("basis")})
+    df = pd.DataFrame(rows, columns=["stage", "bubble_pct", "ideal_pct", "bubble_us", "basis"])
+    return df.groupby("stage", as_index=False, sort=True).agg(
+        bubble_pct=("bubble_pct", "mean"), ideal_pct=("ideal_pct", "mean"),
+        bubble_us=("bubble_us", "mean"), basis=("basis", "first")) if len(df) else df
+
+
+def _skew(summary: dict) -> pd.DataFrame:
+    rows = [{"op": str(r.get("op")), "count": _num(r.get("count")),
+             "arrival_skew_us": _num(r.get("arrival_skew_us")),
+             "max_skew_us": _num(r.get("max_skew_us"))} for r in _rows(summary, "sync", "skew")]
+    return pd.DataFrame(rows, columns=["op", "count", "arrival_skew_us", "max_skew_us"])
+
+
+def _imbalance(summary: dict) -> pd.DataFrame:
+    rows = [{"dim": str(r.get("dim")), "imbalance": _num(r.get("imbalance")),
+             "cost_us": _num(r.get("cost_us"))} for r in _rows(summary, "imbalance", "summary")]
+    df = pd.DataFrame(rows, columns=["dim", "imbalance", "cost_us"])
+    return df.groupby("dim", as_index=False, sort=True).agg(
+        imbalance=("imbalance", "max"), cost_us=("cost_us", "max")) if len(df) else df
+
+
+def _collectives(summary: dict) -> pd.DataFrame:
+    steps = sum(max(len(r.get("steps") or []), 1) for r in _rows(summary, "ranks")) or 1
+    rows = [{"collective": str(r.get("collective")), "count": _num(r.get("count")) / steps,
+             "time_us": _num(r.get("time_us")) / steps,
+             "exposed_us": _num(r.get("exposed_us")) / steps}
+            for r in _rows(summary, "collectives")]
+    return pd.DataFrame(rows, columns=["collective", "count", "time_us", "exposed_us"])
+
+
+def _bandwidth(summary: dict) -> pd.DataFrame:
+    """Per (dimension or group, collective) over the complete matched instances: ``count``
+    (instances), median
+    ``transfer_us`` (an instance's transfer: its shortest duration over the ranks) and median
+    ``busbw_gbps`` (instances with a message size)."""
+    dim_of = {str(g.get("pg")): g.get("dim") for g in _rows(summary, "layout", "groups")}
+    rows = []
+    for r in _rows(summary, "sync", "instances"):
+        if r.get("complete") is False:
+            continue
+        dim = dim_of.get(str(r.get("pg")))
+        rows.append({"group": str(dim) if dim else str(r.get("group") or r.get("pg")),
+                     "op": str(r.get("op")), "transfer_us": _num(r.get("transfer_us")),
+                     "busbw_gbps": _num(r.get("busbw_gbps"))})
+    df = pd.DataFrame(rows, columns=["group", "op", "transfer_us", "busbw_gbps"])
+    if df.empty:
+        return pd.DataFrame(columns=["group", "op", "count", "transfer_us", "busbw_gbps"])
+    return df.groupby(["group", "op"], as_index=False, sort=True).agg(
+        count=("op", "size"), transfer_us=("transfer_us", "median"),
+        busbw_gbps=("busbw_gbps", "median"))
+
+
+def _operators(sa: dict, sb: dict) -> tuple[pd.DataFrame, str]:
+    cols = ["kind", "name", "a_us", "b_us", "delta_us", "delta_pct", "a_count", "b_count"]
+    oa, ob = sa.get("operators"), sb.get("operators")
+    missing = [x for x, o in (("A", oa), ("B", ob)) if not isinstance(o, dict)]
+    if missing:
+        return pd.DataFrame(columns=cols), (
+            f"no operator times in {' and '.join(missing)} (a summary written before pardiag "
+            "kept them: report the run folder again)")
+
+    def frame(o):
+        steps = max(int(o.get("rank_steps") or 1), 1)
+        rows = [{"kind": str(r.get("kind")), "name": str(r.get("name")),
+                 "us": _num(r.get("time_us")) / steps, "count": _num(r.get("count")) / steps}
+                for r in o.get("rows") or [] if isinstance(r, dict)]
+        return pd.DataFrame(rows, columns=["kind", "name", "us", "count"])
+
+    fa, fb = frame(oa), frame(ob)
+    m = fa.merge(fb, on=["kind", "name"], how="outer", suffixes=("_a", "_b"))
+    m = m.rename(columns={"us_a": "a_us", "us_b": "b_us", "count_a": "a_count",
+                          "count_b": "b_count"})
+    m[["a_us", "b_us", "a_count", "b_count"]] = m[["a_us", "b_us", "a_count",
+                                                   "b_count"]].fillna(0.0)
+    m["delta_us"] = m["b_us"] - m["a_us"]
+    m["delta_pct"] = [_pct(a, b) if a > 0 else None for a, b in zip(m["a_us"], m["b_us"])]
+    m = m.assign(_abs=m["delta_us"].abs()).sort_values(
+        ["_abs", "kind", "name"], ascending=[False, True, True], kind="stable")
+    note = ("time per rank and profiled step of each GPU kernel and CPU operator name (CPU "
+            "operators nest: each name's time includes the operators it calls)")
+    cut = [x for x, o in (("A", oa), ("B", ob)) if int(o.get("total") or 0) > len(o.get("rows") or [])]
+    if cut:
+        note += (f"; {' and '.join(cut)} listed only the names with the most time, so a name "
+                 "below them counts as 0 there")
+    return m[cols].head(TOP_OPERATORS).reset_index(drop=True), note
+
+
+#: The setup field each ``params`` key is read from (for "B has none" versus "unknown").
+_PARAM_FIELD = {"microbatches": "microbatches", "schedule": "pipeline_schedule",
+                "stages_per_rank": "stages_per_rank", "layers_per_stage": "layers_per_stage",
+                "ddp_bucket_cap_bytes": "ddp_bucket_cap_bytes",
+                "reshard_after_forward": "fsdp_reshard_after_forward",
+                "fsdp_sharding_strategy": "fsdp_reshard_after_forward",
+                "fsdp_forward_prefetch": "fsdp1_forward_prefetch", "pp": "dims", "dp": "dims",
+                "tp": "dims"}
+
+
+def _param_value(key: str, setup: dict):
+    """What a run's setup says about one ``params`` key of a recommendation (None: unknown or
+    not applicable, see :data:`_PARAM_FIELD`)."""
+    dims = setup.get("dims")
+    strategies = setup.get("strategies")
+    if key == "microbatches":
+        return setup.get("microbatches")
+    if key == "schedule":
+        return setup.get("pipeline_schedule")
+    if key == "stages_per_rank":
+        return setup.get("stages_per_rank")
+    if key == "layers_per_stage":
+        return setup.get("layers_per_stage")
+    if key in ("pp", "dp", "tp"):
+        return None if dims is None else int(dims.get(key, 1))
+    if key == "ddp_bucket_cap_bytes":
+        return setup.get("ddp_bucket_cap_bytes")
+    if key == "reshard_after_forward":
+        return setup.get("fsdp_reshard_after_forward")
+    if key == "fsdp_sharding_strategy":
+        raf = setup.get("fsdp_reshard_after_forward")
+        if strategies is None or raf is None or "fsdp1" not in strategies:
+            return None
+        return "FULL_SHARD" if raf else "SHARD_GRAD_OP"
+    if key == "fsdp_forward_prefetch":
+        return setup.get("fsdp1_forward_prefetch")
+    if key == "strategy":
+        return None
+    return None
+
+
+def _same(want, have) -> bool:
+    if isinstance(want, (int, float)) and isinstance(have, (int, float)) and not isinstance(
+            want, bool) and not isinstance(have, bool):
+        return abs(want - have) <= 0.01 * max(abs(want), 1e-12)   # 1%: bucket_cap_mb rounding
+    if isinstance(want, str) and isinstance(have, str) and want != have:
+        return (schedule_name(want) or want) == (schedule_name(have) or have)
+    return want == have
+
+
+def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
+    """(status, why) of one recommendation's ``params`` against B's setup."""
+    parts, unknown, differ = [], [], []
+    for key, want in params.items():
+        if key in _DESCRIPTIVE_PARAMS:
+            continue
+        if key == "without_rank":
+            sb_strag = (summary_b.get("sync") or {}).get("straggler") if isinstance(
+                summary_b.get("sync"), dict) else None
+            if not isinstance(summary_b.get("sync"), dict):
+                unknown.append(f"whether rank {want} still straggles (B has no synchronization "
+                               "analysis)")
+            elif sb_strag == want:
+                differ.append(f"rank {want} is still the straggler in B")
+            else:
+                parts.append(f"rank {want} is no longer the straggler in B (measured: the setup "
+                             "cannot show what slowed it)")
+            continue
+        if key == "strategy":
+            have = sb.get("strategies")
+            if have is None:
+                unknown.append("B's strategies")
+            elif any(str(s).startswith(str(want)) for s in have):
+                parts.append(f"B uses {want}")
+            else:
+                differ.append(f"strategy {want}: B uses {value_text(have)}")
+            continue
+        have = _param_value(key, sb)
+        field = _PARAM_FIELD.get(key)
+        if have is None and field and sb.get("source") == "recorded" and field not in (
+                sb.get("unknown") or ()):
+            differ.append(f"{key}: recommended {value_text(want)}, B has no "
+                          f"{SETUP_LABELS.get(field, field)}")
+        elif have is None:
+            what = {"fsdp_prefetch": "FSDP2 explicit prefetching is not recorded",
+                    "innermost": "the order of the mesh dimensions is not recorded"}.get(
+                key, f"B's {key} is not known")
+            unknown.append(what)
+        elif _same(want, have):
+            parts.append(f"B has {key} {value_text(want)}")
+        else:
+            differ.append(f"{key}: recommended {value_text(want)}, B has {value_text(have)}")
+    if differ:
+        return "not applied", "; ".join(differ)
+    if unknown:
+        return "unknown", "; ".join(unknown)
+    if not parts:
+        return "unknown", "the recommendation names no setting"
+    return "applied", "; ".join(parts)
+
+
+def _checks(summary_a: dict, summary_b: dict, sb: dict, setup: pd.DataFrame,
+            step: StepDelta) -> tuple[RecommendationCheck, ...]:
+    b_step = step.b.median_us if step.b is not None else None
+    b_peak = peak_bytes(summary_b)
+    args = setup[setup["field"] == "script_args"]
+    args_changed = tuple(x for d in args["detail"] for x in str(d).split("; ") if x)
+    changed = setup[setup["status"] == "changed"]
+    out = []
+    recs = [(i, r) for i, r in enumerate(summary_a.get("recommendations") or [], 1)
+            if isinstance(r, dict)]
+    recs += [(None, r) for r in summary_a.get("not_recommended") or [] if isinstance(r, dict)]
+    for rank, r in recs:
+        params = r.get("params") if isinstance(r.get("params"), dict) else {}
+        status, why = _check_params(params, sb, summary_b)
+        explained = {"script_args"} | {f for k in params for f in _PARAM_FIELDS.get(k, ())}
+        also = tuple(row.label for row in changed.itertuples() if row.field not in explained)
+        pred = _num(r.get("predicted_step_us"))
+        ppeak = _num(r.get("predicted_peak_bytes"))
+        applied = status == "applied"
+        out.append(RecommendationCheck(
+            kind=str(r.get("kind")), title=str(r.get("title")), change=str(r.get("change")),
+            params=params, rank=rank, status=status, why=why,
+            a_step_us=_num(r.get("measured_step_us")), predicted_step_us=pred,
+            b_step_us=b_step,
+            error_pct=_pct(b_step, pred) if applied and b_step else None,
+            predicted_peak_bytes=ppeak if ppeak == ppeak else None, b_peak_bytes=b_peak,
+            peak_error_pct=(_pct(b_peak, ppeak) if applied and b_peak and ppeak == ppeak
+                            else None),
+            also_changed=also, args_changed=args_changed))
+    order = {"applied": 0, "unknown": 1, "not applied": 2}
+    return tuple(sorted(out, key=lambda c: (order.get(c.status, 3), c.rank is None,
+                                            c.rank or 0)))
+
+
+def _warnings(sa_sum: dict, sb_sum: dict, sa: dict, sb: dict, step: StepDelta,
+              by: str) -> list[str]:
+    out = []
+    for x, s in (("A", sa_sum), ("B", sb_sum)):
+        v = s.get("schema_version")
+        if isinstance(v, int) and v < 3:
+            out.append(f"{x} is a summary of schema {v} (an older pardiag): it has no setup "
+                       "beyond run.json, no operator times and no step samples")
+    if sa.get("script") and sb.get("script") and sa["script"] != sb["script"]:
+        out.append(f"A and B ran different scripts ({sa['script']} and {sb['script']}): they may "
+                   "be different models; what both measured is compared")
+    wa, wb = sa.get("world_size"), sb.get("world_size")
+    if wa and wb and wa != wb:
+        out.append(f"world sizes differ ({wa} and {wb}): ranks are compared by role (pipeline "
+                   "stage, else all ranks together), and totals per rank")
+    elif by == "role":
+        out.append("the layouts differ: ranks are compared by role (pipeline stage, else all "
+                   "ranks together)")
+    da = {r.get("domain") for r in _rows(sa_sum, "ranks")}
+    db = {r.get("domain") for r in _rows(sb_sum, "ranks")}
+    if da and db and da != db:
+        out.append(f"A's timeline is {'/'.join(sorted(map(str, da)))} and B's "
+                   f"{'/'.join(sorted(map(str, db)))}: GPU kernels and CPU events are measured "
+                   "differently")
+    if step.a is not None and step.b is not None and step.a.basis != step.b.basis:
+        out.append(f"A's step time is measured on {step.a.basis_text} and B's on "
+                   f"{step.b.basis_text}: the difference mixes the two")
+    return out
+
+
+def compare_summaries(a: dict, b: dict, *, a_source: str = "A",
+                      b_source: str = "B") -> Comparison:
+    """Compare two runs' JSON summaries (``pardiag report --json``; A the reference, B the
+    candidate). Runs that are not comparable (different scripts, world sizes) are compared
+    where they can be, with :attr:`Comparison.warnings`.
+
+    Raises:
+        ValueError: a summary is not a pardiag report summary (no ``ranks`` list).
+    """
+    for x, s in (("A", a), ("B", b)):
+        if not isinstance(s, dict) or not isinstance(s.get("ranks"), list):
+            raise ValueError(f"{x} is not a pardiag report summary (no ranks list)")
+    sa, sb = _setup_of(a), _setup_of(b)
+    setup = setup_rows(sa, sb)
+    step = step_delta(step_stats(a), step_stats(b))
+    ra, rb = rank_table(a), rank_table(b)
+    by = "rank" if _layouts_match(sa, sb, ra, rb) else "role"
+    ranks = _merge(_per_key(ra, by), _per_key(rb, by), "key", ["ranks", *RANK_VALUES])
+    parts = ["span_us", *PARTS]
+    bd = []
+    for p in parts:
+        va = float(ra[p].mean()) if len(ra) else float("nan")
+        vb = float(rb[p].mean()) if len(rb) else float("nan")
+        bd.append({"part": p, "label": "step span" if p == "span_us" else PARTS[p],
+                   "a_us": va, "b_us": vb, "delta_us": vb - va, "delta_pct": _pct(va, vb)})
+    breakdown = pd.DataFrame(bd, columns=["part", "label", "a_us", "b_us", "delta_us",
+                                          "delta_pct"])
+    sync_a = a.get("sync") if isinstance(a.get("sync"), dict) else {}
+    sync_b = b.get("sync") if isinstance(b.get("sync"), dict) else {}
+    ops, ops_note = _operators(a, b)
+    return Comparison(
+        a_source=a_source, b_source=b_source,
+        warnings=tuple(_warnings(a, b, sa, sb, step, by)), by=by, setup=setup, step=step,
+        breakdown=breakdown, ranks=ranks,
+        dims=_merge(_dims(a), _dims(b), "dim", ["overlap_pct", "exposed_us"]),
+        bubbles=_merge(_bubbles(a), _bubbles(b), "stage",
+                       ["bubble_pct", "ideal_pct", "bubble_us", "basis"]),
+        stragglers={"a": sync_a.get("straggler"), "b": sync_b.get("straggler")},
+        skew=_merge(_skew(a), _skew(b), "op", ["count", "arrival_skew_us", "max_skew_us"]),
+        imbalance=_merge(_imbalance(a), _imbalance(b), "dim", ["imbalance", "cost_us"]),
+        collectives=_merge(_collectives(a), _collectives(b), "collective",
+                           ["count", "time_us", "exposed_us"]),
+        bandwidth=_merge(_bandwidth(a), _bandwidth(b), ["group", "op"],
+                         ["count", "transfer_us", "busbw_gbps"]),
+        operators=ops, operators_note=ops_note,
+        checks=_checks(a, b, sb, setup, step))
+
+
+# ---------------------------------------------------------------------------- the gate
+
+
+def gate(c: Comparison, pct: float) -> GateResult:
+    """The ``--fail-if-slower PCT`` check: fail when B's step time is slower than A's by more
+    than ``pct`` % and the difference is beyond the runs' noise (:attr:`StepDelta.beyond_noise`;
+    with the noise unknown, the limit alone decides); also fail when a step time is missing.
+    The line says why, with both medians and the basis."""
+    s = c.step
+    if s.a is None or s.b is None:
+        return GateResult(True, f"cannot check --fail-if-slower {pct:g}%: {s.noise}")
+    how = (f"{abs(s.delta_pct):.1f}% {'slower' if s.delta_pct > 0 else 'faster'} than"
+           if s.delta_pct != 0 else "as long as")
+    head = (f"B's step is {how} A's ({s.b.median_us / 1e3:.2f} vs {s.a.median_us / 1e3:.2f} "
+            f"ms, median of {s.b.basis_text})")
+    if s.delta_pct <= pct:
+        return GateResult(False, f"{head}: within --fail-if-slower {pct:g}%")
+    if s.beyond_noise is False:
+        return GateResult(False, f"{head}: over --fail-if-slower {pct:g}% but {s.noise}")
+    return GateResult(True, f"{head}: over --fail-if-slower {pct:g}%, {s.noise}")
+
+
+# ---------------------------------------------------------------------------- JSON
+
+
+def _clean(v):
+    if hasattr(v, "item") and not isinstance(v, (list, dict, str)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    return [{c: _clean(v) for c, v in zip(df.columns, row)}
+            for row in df.itertuples(index=False)]
+
+
+def comparison_json(c: Comparison, gate_result: GateResult | None = None) -> dict:
+    """The comparison as plain JSON values (``pardiag compare --json``; NaN as null)::
+
+        {"schema_version", "a", "b", "warnings", "by", "setup": [...], "step": {"a", "b",
+         "delta_us", "delta_pct", "beyond_noise", "noise"}, "breakdown", "ranks", "dims",
+         "bubbles", "stragglers", "skew", "imbalance", "collectives", "bandwidth",
+         "operators", "operators_note", "recommendation_checks": [...], "gate"}
+    """
+    def stats(s: StepStats | None):
+        return None if s is None else {k: _clean(v) if not isinstance(v, tuple) else list(v)
+                                       for k, v in dataclasses.asdict(s).items()}
+
+    return {
+        "schema_version": COMPARE_SCHEMA_VERSION, "a": c.a_source, "b": c.b_source,
+        "warnings": list(c.warnings), "by": c.by, "setup": _records(c.setup),
+        "step": {"a": stats(c.step.a), "b": stats(c.step.b), "delta_us": _clean(c.step.delta_us),
+                 "delta_pct": _clean(c.step.delta_pct), "beyond_noise": c.step.beyond_noise,
+                 "noise": c.step.noise},
+        "breakdown": _records(c.breakdown), "ranks": _records(c.ranks),
+        "dims": _records(c.dims), "bubbles": _records(c.bubbles), "stragglers": c.stragglers,
+        "skew": _records(c.skew), "imbalance": _records(c.imbalance),
+        "collectives": _records(c.collectives), "bandwidth": _records(c.bandwidth),
+        "operators": _records(c.operators), "operators_note": c.operators_note,
+        "recommendation_checks": [{k: _clean(v) if not isinstance(v, (dict, tuple)) else
+                                   (list(v) if isinstance(v, tuple) else v)
+                                   for k, v in dataclasses.asdict(x).items()}
+                                  for x in c.checks],
+        "gate": None if gate_result is None else dataclasses.asdict(gate_result),
+    }

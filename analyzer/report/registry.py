@@ -1,0 +1,361 @@
+"""The one list of analyses: the report, the JSON output and the CLI read it.
+
+Each analysis is a pure function ``(TraceSet, AnalysisOptions, earlier results) -> result``
+registered here, in dependency order, with the function that turns its result into the keys it
+adds to the JSON summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Callable
+
+import msgspec
+import pandas as pd
+
+from ..analyses.imbalance import (BalanceResult, LayoutResult, MemoryResult, compute_balance,
+                                      compute_layout, compute_memory)
+from ..analyses.breakdown import TimeBreakdown, compute_time_breakdown
+from ..analyses.causes import CausesResult, compute_causes
+from ..trace.classify import device_kind
+from ..analyses.infer_layout import InferredLayout, infer_layout, is_pardiag_run
+from ..trace.traceset import TraceSet
+from ..analyses.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
+from ..analyses.dim_overlap import DimOverlapResult, compute_dim_overlap
+from ..analyses.hta_extras import HtaExtras, compute_hta_extras, hta_json
+from ..analyses.operators import (MAX_JSON_OPERATORS, OperatorsResult,
+                                        compute_operators)
+from ..predict.recommend import RecommendationResult, compute_recommendations
+from ..analyses.routing import RoutingResult, compute_routing
+from ..analyses.runsetup import RunSetup, compute_setup
+from ..analyses.sync import SyncResult, compute_sync, P2P_OPS
+
+
+#: Version of the report JSON (``pardiag report --json``, :meth:`pardiag.Report.to_json`); its
+#: own number, apart from the run folder's sidecars. 2: ``ranks[].device``; ``sync.straggler``,
+#: ``notes``, ``p2p``; clock offsets relative to the lowest rank with ``residual_us`` and
+#: ``host``; instances with ``group``, ``expected`` and ``complete``. 3: ``step`` (the step
+#: time the recommendations compare with, and its samples), ``setup``, ``operators`` (what
+#: ``pardiag compare`` reads from a summary).
+REPORT_SCHEMA_VERSION = 3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AnalysisOptions:
+    """Options shared by all analyses.
+
+    Attributes:
+        comm_patterns: compiled regular expressions naming extra communication kernels.
+        hta: also run the opt-in HTA analyses (idle time breakdown, kernel launch statistics).
+    """
+
+    comm_patterns: tuple[re.Pattern, ...] = ()
+    #: run the opt-in HTA analyses (:mod:`pardiag.analyzer.analyses.hta_extras`; ``report --hta``)
+    hta: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    """One registered analysis: a name, the function computing it, and its JSON form (a dict of
+    top-level keys of the JSON summary)."""
+
+    name: str
+    compute: Callable[[TraceSet, AnalysisOptions, dict], Any]
+    to_json: Callable[[Any, TraceSet], dict]
+
+
+def _clean(v):
+    """JSON-safe scalar: NaN/inf become None, numpy scalars become Python numbers."""
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def records(df: pd.DataFrame, columns=None) -> list[dict]:
+    """Rows of ``df`` as JSON-safe dicts (NaN → None)."""
+    cols = list(columns or df.columns)
+    return [{c: _clean(v) for c, v in zip(cols, row)} for row in df[cols].itertuples(index=False)]
+
+
+_TOTAL_KEYS = ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us",
+               "exposed_comm_us", "idle_us", "overlap_pct", "compute_only_pct",
+               "overlap_share_pct", "exposed_comm_pct", "idle_pct")
+
+
+def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict:
+    """``{"ranks": [...]}``: per rank its file, totals, steps and collectives."""
+    ranks = []
+    for rank, trace in traces.ranks.items():
+        tot = b.totals[b.totals["rank"] == rank]
+        steps = b.steps[b.steps["rank"] == rank]
+        colls = b.collectives[b.collectives["rank"] == rank]
+        ranks.append({
+            "rank": rank, "file": str(trace.path), "rank_source": trace.rank_source,
+            "domain": tot["domain"].iloc[0] if len(tot) else None,
+            "device": device_kind(trace),
+            "total": records(tot, _TOTAL_KEYS)[0] if len(tot) else {},
+            "steps": records(steps, ["step", "start_us", "end_us", *_TOTAL_KEYS]),
+            "collectives": records(colls, ["collective", "count", "time_us", "exposed_us"]),
+        })
+    return {"ranks": ranks, "collectives": records(b.collective_totals),
+            "step_time": records(b.step_time)}
+
+
+def _sync_json(r: SyncResult, traces: TraceSet) -> dict:
+    return {"sync": {
+        "matched_by": r.matched_by,
+        "straggler": r.straggler,
+        "notes": list(r.notes),
+        "clock_offsets": records(r.offsets),
+        "stragglers": records(r.stragglers),
+        "instances": records(r.instances),
+        "bandwidth": records(r.bandwidth),
+        "p2p": records(r.p2p),
+        "skew": records(r.skew),
+    }}
+
+
+def _pipeline_json(r: PipelineResult, traces: TraceSet) -> dict:
+    return {"pipeline": None if r.bubbles.empty else {
+        "schedule": r.schedule, "summary": records(summarize_bubbles(r.bubbles)),
+        "bubbles": records(r.bubbles)}}
+
+
+def _balance_json(r: BalanceResult, traces: TraceSet) -> dict:
+    return {"imbalance": {"summary": records(r.summary), "groups": records(r.groups),
+                          "skew_origin": records(r.skew)}}
+
+
+def _causes_json(r: CausesResult, traces: TraceSet) -> dict:
+    return {"causes": {"per_rank": records(r.per_rank), "per_step": records(r.per_step),
+                       "excess": records(r.excess),
+                       "input_bound": None if r.input_bound is None else {
+                           k: ({str(a): _clean(b) for a, b in v.items()} if isinstance(v, dict)
+                               else _clean(v) if not isinstance(v, list) else v)
+                           for k, v in r.input_bound.items()},
+                       "host_bound": None if r.host_bound is None else {
+                           k: _clean(v) if not isinstance(v, list) else v
+                           for k, v in r.host_bound.items()}}}
+
+
+def _run_step_us(b: TimeBreakdown) -> float:
+    """The run's median step (µs; per step the slowest rank's span), NaN without steps."""
+    st = b.step_time
+    run = st[st["rank"].isna()] if len(st) else st
+    return float(run["median_us"].iloc[0]) if len(run) else float("nan")
+
+
+def _memory_json(r: MemoryResult, traces: TraceSet) -> dict:
+    return {"memory": {"per_rank": records(r.per_rank),
+                       "imbalance": {k: _clean(v) for k, v in r.imbalance.items()}}}
+
+
+def _layout_json(r: LayoutResult, traces: TraceSet) -> dict:
+    out = {"source": r.source, "dims": r.dims, "strategies": r.strategies,
+           "pipeline": r.pipeline, "nodes": r.nodes, "groups": records(r.groups)}
+    if r.source != "recorded":
+        out["pipeline"] = (None if r.pipeline is None else
+                           {**r.pipeline, "stage_ranks": {str(k): v for k, v in
+                                                          r.pipeline["stage_ranks"].items()}})
+        out["evidence"] = list(r.evidence)
+        out["not_inferred"] = list(r.not_inferred)
+        out["note"] = ("the layout was not recorded by pardiag: it is inferred from what the "
+                       "traces show (evidence), and not_inferred lists what they do not")
+    return {"layout": out}
+
+
+def _pipeline(traces: TraceSet, opts: AnalysisOptions, done: dict) -> PipelineResult:
+    sync: SyncResult = done["sync"]
+    p2p = set()
+    if len(sync.per_rank):
+        p2p_inst = sync.instances.loc[sync.instances["op"].isin(P2P_OPS), "instance"]
+        p2p = set(sync.per_rank.loc[sync.per_rank["instance"].isin(p2p_inst), "rank"])
+    inferred: InferredLayout = done["inferred_layout"]
+    if not is_pardiag_run(traces):
+        p2p |= set(inferred.pp_ranks)
+    return compute_pipeline(traces, dict(zip(sync.offsets["rank"], sync.offsets["offset_us"])),
+                            done["time_breakdown"].steps, p2p, inferred)
+
+
+def _dim_overlap_json(r: DimOverlapResult, traces: TraceSet) -> dict:
+    return {"overlap_per_dimension": {"summary": records(r.summary),
+                                      "per_rank": records(r.per_rank),
+                                      "note": r.why_none or None}}
+
+
+def _routing_json(r: RoutingResult, traces: TraceSet) -> dict:
+    """``{"routing": {"groups", "steps", "per_rank", "instances", "matrix", "notes", "finding"}}``
+    (:class:`RoutingResult`; rows in the unit of each group, µs), or ``{"routing": null}``
+    without routed all-to-alls."""
+    if r.groups.empty:
+        return {"routing": None if not r.notes else {"groups": [], "steps": [], "per_rank": [],
+                                                     "instances": [], "matrix": [],
+                                                     "notes": list(r.notes), "finding": None}}
+    return {"routing": {"groups": records(r.groups), "steps": records(r.steps),
+                        "per_rank": records(r.per_rank), "instances": records(r.instances),
+                        "matrix": records(r.matrix), "notes": list(r.notes),
+                        "finding": r.describe()}}
+
+
+def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
+    return {"verdict": r.verdict,
+            "step": {k: _clean(v) if not isinstance(v, list) else v
+                     for k, v in r.step.to_json().items()} if r.step is not None else None,
+            "recommendations": [c.to_json() for c in r.recommendations],
+            "not_recommended": [c.to_json() for c in r.rejected],
+            "recommendations_note": r.why_none or None,
+            "recommendations_rule": r.noise_rule or None,
+            "step_noise_us": r.noise_us if r.noise_us == r.noise_us else None,
+            "min_gain_pct": r.min_gain_pct if r.min_gain_pct == r.min_gain_pct else None,
+            "peak_definition": r.peak_definition or None}
+
+
+def _operators_json(r: OperatorsResult, traces: TraceSet) -> dict:
+    rows = r.totals.head(MAX_JSON_OPERATORS)
+    return {"operators": {"rank_steps": r.rank_steps, "total": len(r.totals),
+                          "rows": records(rows)}}
+
+
+ANALYSES: tuple[Analysis, ...] = (
+    Analysis("time_breakdown",
+             lambda traces, opts, done: compute_time_breakdown(traces, opts.comm_patterns),
+             _breakdown_json),
+    Analysis("operators", lambda traces, opts, done: compute_operators(traces),
+             _operators_json),
+    Analysis("sync", lambda traces, opts, done: compute_sync(traces, opts.comm_patterns),
+             _sync_json),
+    Analysis("inferred_layout", lambda traces, opts, done: infer_layout(traces),
+             lambda r, traces: {}),   # shown through "layout" and "pipeline"
+    Analysis("pipeline", _pipeline, _pipeline_json),
+    Analysis("balance", lambda traces, opts, done: compute_balance(
+        traces, done["time_breakdown"].steps, done["sync"]), _balance_json),
+    Analysis("causes", lambda traces, opts, done: compute_causes(
+        traces, _run_step_us(done["time_breakdown"])), _causes_json),
+    Analysis("memory", lambda traces, opts, done: compute_memory(traces), _memory_json),
+    Analysis("layout", lambda traces, opts, done: compute_layout(traces, done["inferred_layout"]),
+             _layout_json),
+    Analysis("setup", lambda traces, opts, done: compute_setup(traces, done["layout"]),
+             lambda r, traces: {"setup": r.to_json()}),
+    Analysis("dim_overlap", lambda traces, opts, done: compute_dim_overlap(
+        traces, done["sync"], done["layout"], opts.comm_patterns), _dim_overlap_json),
+    Analysis("routing", lambda traces, opts, done: compute_routing(
+        traces, done["sync"], done["layout"]), _routing_json),
+    Analysis("recommendations", lambda traces, opts, done: compute_recommendations(traces, done),
+             _recommendations_json),
+)
+
+
+#: Opt-in analyses, run after ANALYSES only when their AnalysisOptions flag is set:
+#: (flag, analysis). Their JSON keys appear only when they ran.
+OPT_IN: tuple[tuple[str, Analysis], ...] = (
+    ("hta", Analysis("hta", lambda traces, opts, done: compute_hta_extras(
+        traces, opts.comm_patterns), lambda r, traces: hta_json(r))),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """Everything a report shows: the loaded traces and one typed field per analysis (the HTML,
+    terminal and JSON renderers only format these; :class:`pardiag.Report` adds the notebook
+    conveniences).
+
+    Attributes:
+        traces: the loaded run.
+        time_breakdown: per rank, step and collective type (:class:`TimeBreakdown`).
+        sync: matched collectives, clock offsets, stragglers, bandwidth (:class:`SyncResult`).
+        inferred_layout: the layout read from traces recorded without pardiag
+            (:class:`InferredLayout`).
+        pipeline: bubbles per rank and step (:class:`PipelineResult`).
+        balance: load imbalance per group (:class:`BalanceResult`).
+        causes: where each rank's step goes on the host, why its device idles, the cross-rank
+            excess, input- and host-bound findings (:class:`CausesResult`).
+        memory: static and peak memory per rank (:class:`MemoryResult`).
+        layout: dimensions, strategies, groups, nodes (:class:`LayoutResult`).
+        dim_overlap: overlap per parallel dimension (:class:`DimOverlapResult`).
+        recommendations: verdict and ranked changes (:class:`RecommendationResult`).
+        operators: time per GPU kernel and CPU operator name (:class:`OperatorsResult`).
+        routing: expert-parallel routing imbalance from the all-to-alls' split sizes
+            (:class:`RoutingResult`).
+        setup: what was run and on what (:class:`RunSetup`).
+        hta: HTA's idle time breakdown and kernel launch statistics (:class:`HtaExtras`), only
+            with ``AnalysisOptions(hta=True)`` (``report --hta``), else None.
+    """
+
+    traces: TraceSet
+    time_breakdown: TimeBreakdown
+    sync: SyncResult
+    inferred_layout: InferredLayout
+    pipeline: PipelineResult
+    balance: BalanceResult
+    causes: CausesResult
+    memory: MemoryResult
+    layout: LayoutResult
+    dim_overlap: DimOverlapResult
+    recommendations: RecommendationResult
+    operators: OperatorsResult
+    setup: RunSetup
+    routing: RoutingResult
+    hta: HtaExtras | None = None
+
+    @property
+    def breakdown(self) -> TimeBreakdown:
+        """The time breakdown (same as :attr:`time_breakdown`)."""
+        return self.time_breakdown
+
+    @property
+    def results(self) -> dict[str, Any]:
+        """``{analysis name: result}`` in registry order (a view of the fields; opt-in
+        analyses only when they ran)."""
+        out = {a.name: getattr(self, a.name) for a in ANALYSES}
+        out.update({a.name: getattr(self, a.name) for _, a in OPT_IN
+                    if getattr(self, a.name, None) is not None})
+        return out
+
+
+def build_report(traces: TraceSet, options: AnalysisOptions = AnalysisOptions(),
+                 cls: type[Report] = Report) -> Report:
+    """Run every registered analysis on ``traces``, in registry order, into a ``cls`` (a
+    :class:`Report` or a subclass)."""
+    results: dict[str, Any] = {}
+    for a in ANALYSES:
+        results[a.name] = a.compute(traces, options, results)
+    for flag, a in OPT_IN:
+        if getattr(options, flag):
+            results[a.name] = a.compute(traces, options, results)
+    return cls(traces=traces, **results)
+
+
+def report_json(report: Report) -> dict:
+    """The JSON summary: run-level keys plus each analysis' own keys.
+
+    Shape::
+
+        {"schema_version", "source", "warnings": [...], "notes": [...], "run": {...} | null,
+         "ranks": [{"rank", "file", "rank_source", "domain",
+                    "total": {"span_us", "compute_us", "comm_us", "overlap_us",
+                              "compute_only_us", "exposed_comm_us", "idle_us", "overlap_pct",
+                              "compute_only_pct", "overlap_share_pct", "exposed_comm_pct",
+                              "idle_pct"},
+                    "steps": [{"step", "start_us", "end_us", ...the same keys}],
+                    "collectives": [{"collective", "count", "time_us", "exposed_us"}]}]}
+
+    Durations in µs; ``overlap_pct`` in % of communication time, the other ``*_pct`` in % of the
+    window; null where undefined (no communication).
+    """
+    out = {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "source": report.traces.source,
+        "warnings": list(report.traces.warnings),
+        "notes": [n for t in report.traces.ranks.values() for n in t.notes],
+        "run": msgspec.to_builtins(report.traces.run_info),
+    }
+    for a in ANALYSES:
+        out.update(a.to_json(getattr(report, a.name), report.traces))
+    for _, a in OPT_IN:
+        if getattr(report, a.name, None) is not None:
+            out.update(a.to_json(getattr(report, a.name), report.traces))
+    return out

@@ -1,0 +1,299 @@
+"""Classify trace events: communication vs computation, GPU vs CPU, steps, memory.
+
+Rules (FACTS §1-2):
+
+* GPU kernels (``cat`` ``kernel``) whose name contains ``nccl``, ``rccl``, ``hccl``, ``oneccl``,
+  ``msccl`` or ``xccl`` (any case: ``ncclKernel_*``, ``ncclDevKernel_*``, ``rcclGenericKernel``,
+  Intel XPU's ``oneccl_allreduce_kernel<...>``, ...) or matches a user pattern
+  (``--comm-kernel REGEX``, for custom kernels such as DeepEP ``dispatch``/``combine`` or
+  ``multimem_all_reduce_kernel``) are **gpu_comm**; memcpy/memset (``gpu_memcpy``/``gpu_memset``
+  or names starting ``Memcpy``/``Memset``) are **gpu_memory** unless a user pattern names them
+  (copy-engine communication: ``Memcpy PtoP``, symmetric memory, async TP), then **gpu_comm**;
+  other kernels are **gpu_compute**. Kernels on XPU sit on SYCL queues (read as streams).
+* ``gloo:*`` events in a trace with GPU kernels are communication too (the gloo backend on CUDA
+  tensors: the transfer runs on a CPU worker thread while the computation runs on the GPU).
+* CPU events named ``gloo:*``, ``nccl:*``, ``c10d::*``, ``_c10d_functional::*`` or
+  ``record_param_comms`` are **cpu_comm**; wait and synchronize calls (``c10d::wait``,
+  ``_c10d_functional::wait_tensor``, ``aten::wait``, ``cuda*Synchronize``) are **cpu_wait**.
+* CPU operators (``cpu_op``) on threads that are not communication worker threads are
+  **cpu_compute** (worker threads: see :func:`comm_threads`).
+* ``ProfilerStep#N`` CPU annotations are **step**; ``[memory]`` instant events are **memory**.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from .traceset import RankTrace
+from pardiag.errors import PardiagError
+
+
+class Kind(str, enum.Enum):
+    """Event classes used by every analysis."""
+
+    GPU_COMPUTE = "gpu_compute"
+    GPU_COMM = "gpu_comm"
+    GPU_MEMORY = "gpu_memory"
+    CPU_COMPUTE = "cpu_compute"
+    CPU_COMM = "cpu_comm"
+    CPU_WAIT = "cpu_wait"
+    STEP = "step"
+    MEMORY = "memory"
+    OTHER = "other"
+
+
+GPU_COMM_RE = re.compile(r"nccl|rccl|hccl|oneccl|msccl|xccl", re.IGNORECASE)
+CPU_COMM_RE = re.compile(  # _c10d_functional::_wrap_tensor_autograd and the like are helpers
+    r"^(gloo:|nccl:|c10d::|_c10d_functional::(?!_)|c10d_functional::(?!_)|record_param_comms)")
+CPU_WAIT_RE = re.compile(
+    r"^(aten::_?wait\b|c10d::wait|_c10d_functional::wait_tensor|c10d_functional::wait_tensor"
+    r"|cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize"
+    r"|cudaStreamWaitEvent|hipStreamSynchronize|hipDeviceSynchronize|hipEventSynchronize)")
+STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
+_MEMORY_NAME_RE = re.compile(r"^(Memcpy|Memset)", re.IGNORECASE)
+_COMM_THREAD_RE = re.compile(r"gloo|nccl", re.IGNORECASE)
+#: The ops a program calls to issue communication (on its own thread).
+_ISSUING_RE = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::)")
+
+
+def pattern_key(comm_patterns: Iterable) -> tuple[str, ...]:
+    """Hashable key of a list of ``--comm-kernel`` patterns (their source strings)."""
+    return tuple(p.pattern if isinstance(p, re.Pattern) else str(p) for p in comm_patterns)
+
+
+def cached(trace: RankTrace, key, compute):
+    """``compute()`` once per trace object and ``key``: the breakdown and the synchronization
+    analysis share one classification of each trace. The cache lives on the trace object, so a
+    trace made with ``dataclasses.replace`` starts afresh; do not modify ``trace.events`` in place
+    after analysing it."""
+    store = trace.__dict__.get("_pardiag_cache")
+    if store is None:
+        store = {}
+        object.__setattr__(trace, "_pardiag_cache", store)
+    if key not in store:
+        store[key] = compute()
+    return store[key]
+
+
+def name_test(trace: RankTrace, key: str, test) -> np.ndarray:
+    """``test(name)`` for every event of ``trace`` (bool array), evaluated once per distinct
+    name and cached under ``key``; a fixed test per key."""
+    def compute() -> np.ndarray:
+        codes, uniques = cached(trace, "name_codes", lambda: pd.factorize(
+            trace.events["name"], use_na_sentinel=False))
+        hit = np.fromiter((bool(test(u)) if isinstance(u, str) else False for u in uniques),
+                          dtype=bool, count=len(uniques))
+        return hit[codes] if len(uniques) else np.zeros(len(codes), dtype=bool)
+    return cached(trace, ("name_test", key), compute)
+
+
+def compile_comm_patterns(patterns: Iterable[str]) -> list[re.Pattern]:
+    """Compile user ``--comm-kernel`` regular expressions.
+
+    Raises:
+        PardiagError: a pattern is not a valid regular expression, or matches every name.
+    """
+    out = []
+    for p in patterns:
+        try:
+            pat = re.compile(p)
+        except re.error as exc:
+            raise PardiagError(f"--comm-kernel {p!r}: invalid regular expression ({exc})") from None
+        if pat.search("") is not None:
+            raise PardiagError(f"--comm-kernel {p!r}: matches the empty string, so every kernel "
+                               f"would count as communication")
+        out.append(pat)
+    return out
+
+
+def comm_threads(trace: RankTrace) -> set[tuple[str, str]]:
+    """``(pid, tid)`` of communication worker threads (gloo/NCCL runloops).
+
+    A thread is a worker when its name says gloo or nccl (``pt_gloo_runloop``), or when it holds
+    ``gloo:*`` events, issues no ``c10d::*``/``_c10d_functional::*`` ops and is not the process's
+    main thread (tid ≠ pid): Kineto may name a gloo worker ``python3`` (its name when the profiler
+    first saw it). Gloo runs point-to-point ``gloo:send``/``gloo:recv`` on the caller's (main)
+    thread, which issues the ``c10d::*`` ops and is therefore not a worker.
+    """
+    return set(cached(trace, "comm_threads", lambda: _comm_threads(trace)))
+
+
+def _comm_threads(trace: RankTrace) -> frozenset:
+    ev = trace.events
+    named = trace.thread_names
+    threads = {k for k, name in named.items() if _COMM_THREAD_RE.search(name)}
+    gloo = ev[name_test(trace, "gloo", lambda n: n.startswith("gloo:"))]
+    issuing = ev[name_test(trace, "issuing", _ISSUING_RE.match)]
+    callers = set(zip(issuing["pid"], issuing["tid"]))
+    for pid, tid in set(zip(gloo["pid"], gloo["tid"])):
+        if (pid, tid) not in callers and pid != tid:
+            threads.add((pid, tid))
+    return frozenset(threads)
+
+
+def classify(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = ()) -> pd.Series:
+    """Kind of every event of ``trace``.
+
+    Returns:
+        Series of :class:`Kind` values (as strings), aligned with ``trace.events``. Computed
+        once per trace and pattern list (see :func:`cached`).
+    """
+    comm_patterns = list(comm_patterns)
+    return cached(trace, ("classify", pattern_key(comm_patterns)),
+                  lambda: _classify(trace, comm_patterns))
+
+
+def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
+    ev = trace.events
+    name = ev["name"]
+    cat = ev["cat"]
+    kind = np.full(len(ev), Kind.OTHER.value, dtype=object)
+
+    is_kernel = (cat == "kernel").to_numpy()
+    is_gpu_mem = (cat.isin(["gpu_memcpy", "gpu_memset"]).to_numpy()
+                  | (is_kernel & name_test(trace, "memory_name", _MEMORY_NAME_RE.match)))
+    user = np.zeros(len(ev), dtype=bool)
+    for pat in comm_patterns:
+        user = user | name_test(trace, ("pattern", pat.pattern), pat.search)
+    comm_k = name_test(trace, "gpu_comm", GPU_COMM_RE.search) | user
+    kind[is_kernel] = Kind.GPU_COMPUTE.value
+    kind[is_kernel & comm_k] = Kind.GPU_COMM.value
+    kind[is_gpu_mem] = Kind.GPU_MEMORY.value
+    kind[is_gpu_mem & user] = Kind.GPU_COMM.value  # copy-engine communication named by the user
+
+    cpu_side = cat.isin(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]).to_numpy()
+    is_comm = cpu_side & name_test(trace, "cpu_comm", CPU_COMM_RE.match)
+    is_wait = cpu_side & name_test(trace, "cpu_wait", CPU_WAIT_RE.match)
+    on_comm_thread = on_threads(ev, comm_threads(trace))
+    is_cpu_op = (cat == "cpu_op").to_numpy()
+    kind[is_cpu_op & ~on_comm_thread] = Kind.CPU_COMPUTE.value
+    kind[is_comm] = Kind.CPU_COMM.value
+    kind[is_wait] = Kind.CPU_WAIT.value  # c10d::wait, wait_tensor: waiting, not transferring
+    is_step = cat.isin(["user_annotation", "cpu_op"]).to_numpy() & name_test(trace, "step", STEP_RE.match)
+    kind[is_step] = Kind.STEP.value
+    kind[(ev["ph"] == "i").to_numpy() & (name == "[memory]").to_numpy()] = Kind.MEMORY.value
+    return pd.Series(kind, index=ev.index, name="kind")
+
+
+def on_threads(ev: pd.DataFrame, threads) -> np.ndarray:
+    """Bool per event: its ``(pid, tid)`` is in ``threads``."""
+    if not threads or ev.empty:
+        return np.zeros(len(ev), dtype=bool)
+    pid_ok = ev["pid"].isin({p for p, _ in threads}).to_numpy()
+    out = np.zeros(len(ev), dtype=bool)
+    idx = np.flatnonzero(pid_ok)
+    if len(idx):
+        sub = ev.iloc[idx]
+        out[idx] = np.fromiter(((p, t) in threads for p, t in zip(sub["pid"], sub["tid"])),
+                               dtype=bool, count=len(idx))
+    return out
+
+
+def profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
+    """The ``ProfilerStep#N`` windows of a rank on the CPU timeline.
+
+    Annotations with the same step number are merged (earliest start, latest end). Computed
+    once per trace (which events are steps does not depend on ``--comm-kernel`` patterns).
+
+    Returns:
+        DataFrame with columns ``step`` (int), ``start_us``, ``end_us`` (float, trace clock),
+        sorted by start.
+    """
+    return cached(trace, "profiler_steps", lambda: _profiler_steps(trace, kinds))
+
+
+def _profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
+    ev = trace.events[(kinds == Kind.STEP.value).to_numpy()]
+    if ev.empty:
+        return pd.DataFrame({"step": pd.Series(dtype=np.int64), "start_us": pd.Series(dtype=float),
+                             "end_us": pd.Series(dtype=float)})
+    step = ev["name"].str.extract(STEP_RE, expand=False).astype(np.int64)
+    df = pd.DataFrame({"step": step, "start_us": ev["ts"], "end_us": ev["ts"] + ev["dur"]})
+    df = df.groupby("step", as_index=False).agg(start_us=("start_us", "min"), end_us=("end_us", "max"))
+    return df.sort_values("start_us", kind="stable").reset_index(drop=True)
+
+
+_NCCL_TYPE_RE = re.compile(
+    r"(AllReduce|AllGather|ReduceScatter|AllToAll|Broadcast|Reduce|SendRecv|Send|Recv)",
+    re.IGNORECASE)
+#: Collective names with underscores removed → the standard name.
+_CANON = {
+    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+    "alltoall": "all_to_all", "alltoallv": "all_to_all", "broadcast": "broadcast",
+    "reduce": "reduce", "sendrecv": "send_recv", "send": "send", "recv": "recv",
+    "recvanysource": "recv", "barrier": "barrier", "gather": "gather", "scatter": "scatter",
+}
+#: The standard collective names :func:`collective_type` returns for known operations.
+STANDARD_COLLECTIVES = frozenset(_CANON.values())
+_OP_SUFFIXES = ("_coalesced", "_base", "_single", "_into_tensor", "_tensor")
+
+
+def _canonical(op: str) -> str:
+    """``_allgather_base_`` → ``all_gather``; ``reduce_scatter_tensor_coalesced`` →
+    ``reduce_scatter``; unknown names come back lower-cased."""
+    key = op.lower().strip("_")
+    changed = True
+    while changed:
+        changed = False
+        for suffix in _OP_SUFFIXES:
+            if key.endswith(suffix):
+                key = key[: -len(suffix)].strip("_")
+                changed = True
+    return _CANON.get(key.replace("_", ""), op.lower().strip("_"))
+
+
+def collective_type(name: str, args: dict | None = None) -> str:
+    """Standard collective name (``all_reduce``, ``all_gather``, ``reduce_scatter``,
+    ``all_to_all``, ``broadcast``, ``send_recv``, ...) of a communication event.
+
+    ``record_param_comms`` and generic kernels take the ``Collective name`` arg when present.
+    Names that match nothing known come back unchanged (custom kernels keep their own name).
+    """
+    if isinstance(args, dict) and args.get("Collective name"):
+        return _canonical(str(args["Collective name"]))
+    for prefix in ("gloo:", "nccl:", "c10d::", "_c10d_functional::", "c10d_functional::"):
+        if name.startswith(prefix):
+            return _canonical(name[len(prefix):])
+    if GPU_COMM_RE.search(name):
+        m = _NCCL_TYPE_RE.search(name.split("(")[0])
+        if m:
+            return _canonical(m.group(1))
+        return name.split("(")[0]
+    return name.split("(")[0][:80]
+
+
+#: Device names in ``deviceProperties`` → the accelerator kind (first match wins).
+_DEVICE_NAME_KINDS = (
+    (re.compile(r"nvidia|tesla|geforce|quadro|\b[ahlbv]100\b|\bh200\b|\bgb?200\b", re.I), "cuda"),
+    (re.compile(r"\bamd\b|instinct|radeon|\bmi\d{3}", re.I), "rocm"),
+    (re.compile(r"intel|data center gpu max|\barc\b", re.I), "xpu"),
+    (re.compile(r"gaudi|habana|\bhl-\d", re.I), "hpu"),
+    (re.compile(r"mtia", re.I), "mtia"),
+)
+#: ``distributedInfo.backend`` → the accelerator kind, where the backend tells.
+_BACKEND_KINDS = {"xccl": "xpu", "ccl": "xpu", "hccl": "hpu", "nccl": "cuda"}
+
+
+def device_kind(trace: RankTrace) -> str:
+    """The rank's device: ``"cpu"`` (no kernels), else ``"cuda"``, ``"rocm"``, ``"xpu"``,
+    ``"hpu"``, ``"mtia"`` from the device name in ``deviceProperties``, else from
+    ``distributedInfo.backend`` (``nccl`` → cuda, ``xccl`` → xpu, ``hccl`` → hpu), else
+    ``"unknown"`` (a device the trace does not name is reported as unknown, never guessed)."""
+    if not trace.has_gpu:
+        return "cpu"
+    props = trace.metadata.get("deviceProperties")
+    names = [str(p.get("name", "")) for p in props if isinstance(p, dict)] if isinstance(
+        props, list) else []
+    for name in names:
+        for pat, kind in _DEVICE_NAME_KINDS:
+            if pat.search(name):
+                return kind
+    info = trace.metadata.get("distributedInfo")
+    backend = str(info.get("backend", "")).lower() if isinstance(info, dict) else ""
+    return _BACKEND_KINDS.get(backend, "unknown")
+

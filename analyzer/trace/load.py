@@ -1,0 +1,657 @@
+"""Load a run: a run folder written by ``pardiag profile``, any folder of Kineto traces from
+elsewhere, or a list of files.
+
+The loader orchestrates and computes nothing itself: it finds the files and pardiag's sidecars
+(:mod:`pardiag.layout`), parses each file (:mod:`pardiag.analyzer.trace.parse`), splits merged
+multi-rank files, assigns ranks (:func:`pardiag.analyzer.trace.ranks.assign_ranks`, a pure function),
+joins a rank's profiling windows, and returns a :class:`~pardiag.analyzer.trace.traceset.TraceSet`.
+
+Speed: files are parsed in worker processes when the input is large (:func:`default_workers`);
+with a ``reducer`` (the per-rank reduction, passed in: :data:`pardiag.analyzer.summary.REDUCER`)
+each worker reduces its rank to a summary and hands back only that, and stored summaries are
+used instead of parsing where they are current. The loader never imports an analysis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import re
+from pathlib import Path
+from typing import Iterable, Protocol
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from pardiag import layout
+from .parse import (  # noqa: F401  (re-exported: the loader's public names)
+    MAX_PLAUSIBLE_US, PROCESS_NAMES_KEY, _is_trace_doc, _parse_json, _plain_bytes,
+    _process_names, events_frame, parse_trace_fast, read_trace_bytes, read_trace_json,
+    stray_timestamps)
+from .ranks import FileFacts, assign_ranks, merged_rank_of_pids
+from .traceset import EVENT_COLUMNS, GPU_CATS, RankTrace, TraceSet  # noqa: F401
+from pardiag.errors import PardiagError, TraceError
+
+
+class RankReducer(Protocol):
+    """The per-rank reduction the loader runs where a file is parsed (worker processes), passed
+    in by the caller (:data:`pardiag.analyzer.summary.REDUCER`)."""
+
+    def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings, repairs,
+                  has_steps: bool, stat) -> object:
+        """The rank's summary (``trace.rank`` is provisional, -1)."""
+
+    def find(self, path: Path, comm_patterns: list) -> object | None:
+        """A stored summary of ``path`` that is current, else None (may raise OSError)."""
+
+    def store(self, summary: object, path: Path) -> None:
+        """Store ``summary`` of ``path`` where :meth:`find` looks."""
+
+
+
+def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[str]]:
+    """Expand folders into candidate files; returns (candidates, sidecars, source label, info
+    lines). A folder's pardiag sidecars are found where :func:`pardiag.layout.find_sidecars`
+    looks (its ``pardiag/`` subfolder, or beside the traces in run folders of the older layout).
+    Trace files named one by one use the pardiag sidecars (``run.json``, ``rank{R}.*.json``) of
+    the one run folder they share; files from several folders use none, and an info line says
+    which happened."""
+    files: list[Path] = []
+    sidecars: list[Path] = []
+    seen: set[Path] = set()
+    named_dirs: set[Path] = set()
+    given_dirs: set[Path] = set()
+    for p in paths:
+        if p.is_dir():
+            given_dirs.add(p.resolve())
+            sidecars.extend(f for f in layout.find_sidecars(p) if f not in sidecars)
+            for f in sorted(p.iterdir()):
+                if not f.is_file() or layout.is_sidecar_name(f.name):
+                    continue
+                if f.name.endswith((".json", ".json.gz")) and f.resolve() not in seen:
+                    seen.add(f.resolve())
+                    files.append(f)
+        elif p.is_file():
+            if layout.is_sidecar_name(p.name):
+                sidecars.append(p)
+                continue
+            if p.resolve() not in seen:  # the same file named twice is one rank
+                seen.add(p.resolve())
+                files.append(p)
+                named_dirs.add(p.resolve().parent)
+        else:
+            raise TraceError(f"{p}: no such file or folder")
+    info: list[str] = []
+    beside = [d for d in named_dirs - given_dirs if layout.find_sidecars(d)]
+    if len(named_dirs) == 1 and beside:
+        d = beside[0]
+        sidecars.extend(f for f in layout.find_sidecars(d) if f not in sidecars)
+        info.append(f"{d}: using the pardiag run's run.json and sidecars beside the named trace "
+                    f"files")
+    elif beside:
+        info.append(f"the named trace files come from {len(named_dirs)} folders: their pardiag "
+                    f"sidecars (run.json, rank*.meta/comms/pipeline.json) are not used")
+    source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} paths"
+    return files, sidecars, source, info
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+
+#: Required keys of the list entries of each sidecar kind, and the keys that must be numbers.
+_SIDECAR_LISTS = {
+    "comms": (("records", ("op", "pg_name", "seq"), ("seq",)),
+              ("process_groups", ("name", "ranks"), ())),
+    "pipeline": (("records", ("stage", "microbatch", "phase", "start_us", "end_us",
+                              "optimizer_step"),
+                  ("stage", "microbatch", "start_us", "end_us", "optimizer_step")),),
+}
+
+
+def _check_sidecar(path: Path, doc: dict, warnings: list[str]) -> dict | None:
+    """Keep the well-formed entries of a comms/pipeline sidecar; warn about the rest."""
+    spec = _SIDECAR_LISTS.get(doc.get("kind"))
+    if spec is None:
+        return doc
+    doc = dict(doc)
+    for key, required, numeric in spec:
+        items = doc.get(key)
+        if not isinstance(items, list):
+            warnings.append(f"{path}: '{key}' is not a list; the file is ignored")
+            return None
+        good = [e for e in items if isinstance(e, dict) and all(k in e for k in required)
+                and all(_is_num(e[k]) for k in numeric)
+                and all(e.get(k) is None or _is_num(e.get(k))
+                        for k in ("start_us", "end_us", "issue_us", "bytes"))]
+        if len(good) < len(items):
+            warnings.append(f"{path}: left out {len(items) - len(good)} malformed '{key}' entries")
+        doc[key] = good
+    if doc.get("kind") == "comms":   # runs recorded before the all-gather repair
+        doc["records"] = [_repaired(r) for r in doc["records"]]
+    return doc
+
+
+def _repaired(rec: dict) -> dict:
+    """A comms record with ``bytes`` the full buffer (:func:`pardiag.layout.full_buffer_bytes`)."""
+    ib, ob, ranks = rec.get("in_bytes"), rec.get("out_bytes"), rec.get("pg_ranks")
+    if rec.get("op") != "all_gather" or not (_is_num(ib) and _is_num(ob)) \
+            or not isinstance(ranks, list):
+        return rec
+    full = layout.full_buffer_bytes("all_gather", int(ib), int(ob), len(ranks))
+    return rec if full == rec.get("bytes") else {**rec, "bytes": full}
+
+
+def _read_sidecars(sidecars: list[Path], warnings: list[str]
+                   ) -> tuple[layout.RunFile | None, dict[int, layout.RankMeta],
+                              dict[str, dict[int, dict]]]:
+    """The run file and rank metadata decoded into their types (:class:`pardiag.layout.RunFile`,
+    :class:`pardiag.layout.RankMeta`), the other sidecars (comms, pipeline) as checked dicts;
+    a file that cannot be read or decoded is ignored with a warning."""
+    run_parts: list[layout.RunFile] = []
+    rank_meta: dict[int, layout.RankMeta] = {}
+    others: dict[str, dict[int, dict]] = {}
+    for f in sidecars:
+        try:
+            doc = orjson.loads(f.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            warnings.append(f"{f}: unreadable pardiag sidecar, ignored ({exc})")
+            continue
+        if not isinstance(doc, dict) or doc.get("schema") != layout.SIDECAR_SCHEMA:
+            warnings.append(f"{f}: not a pardiag sidecar, ignored")
+            continue
+        if doc.get("kind") in layout.TYPED_SIDECARS:
+            try:
+                typed = layout.decode_sidecar(doc, doc["kind"])
+            except ValueError as exc:
+                warnings.append(f"{f}: pardiag sidecar with a wrong value, ignored ({exc})")
+                continue
+            if doc["kind"] == "run":
+                run_parts.append(typed)
+            else:
+                rank_meta[typed.rank] = typed
+        elif isinstance(doc.get("kind"), str) and isinstance(doc.get("rank"), int):
+            checked = _check_sidecar(f, doc, warnings)
+            if checked is not None:
+                others.setdefault(doc["kind"], {})[doc["rank"]] = checked
+        else:
+            warnings.append(f"{f}: pardiag sidecar without a known kind and rank, ignored")
+    for kind in ("comms", "pipeline"):
+        have = set(others.get(kind, {}))
+        if have and rank_meta and set(rank_meta) - have:
+            warnings.append(f"no usable {kind} records for rank(s) {sorted(set(rank_meta) - have)}"
+                            f" (other ranks have them)")
+    # a multi-node run: node 0's run.json and the other nodes' run.node{N}.json, from one
+    # shared run folder or from each node's own
+    return layout.join_run_files(run_parts), rank_meta, others
+
+
+def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.RankMeta],
+                  ranks: set[int]) -> list[str]:
+    """What ``run.json`` and the rank metadata say went wrong in a ``pardiag profile`` run."""
+    out: list[str] = []
+    if run_info:
+        if run_info.exit_code:
+            out.append(f"the profiled run exited with code {run_info.exit_code}")
+        for r, msg in sorted(run_info.failed_ranks.items()):
+            out.append(f"rank {r} failed during the profiled run: {msg}")
+        for r in run_info.missing_ranks:
+            out.append(f"rank {r} did not finish the profiled run")
+        for line in run_info.hang:
+            out.append(f"the profiled run hung and was stopped: {line}")
+        if run_info.missing_nodes:
+            files = ", ".join(layout.node_run_path(Path(layout.SIDECAR_DIR), n).as_posix()
+                              for n in run_info.missing_nodes)
+            out.append(f"the run had {run_info.nnodes} nodes; no part of node(s) "
+                       f"{run_info.missing_nodes} was found ({files}): with node-local run "
+                       f"folders, give every node's folder (pardiag report DIR0 DIR1 ...)")
+        ws = run_info.world_size
+        if isinstance(ws, int) and ws > 0:
+            absent = sorted(set(range(ws)) - ranks)
+            if absent:
+                out.append(f"run.json says world size {ws}; no trace for rank(s) {absent}")
+    return out
+
+
+def _time_range(p: _Parsed) -> tuple[float, float]:
+    """(first start, last end) of a parsed file's events (µs); NaN when it has none."""
+    if p.events is not None:
+        if not len(p.events):
+            return math.nan, math.nan
+        ts = p.events["ts"].to_numpy()
+        return float(ts.min()), float((ts + p.events["dur"].to_numpy()).max())
+    parts = getattr(p.summary, "parts", None)
+    if parts is not None and parts.hi > parts.lo:
+        return float(parts.lo), float(parts.hi)
+    return math.nan, math.nan
+
+
+def _join_windows(parts: list[_Parsed]) -> _Parsed:
+    """One rank from the files of its profiling windows: their events in one table (read again
+    where only a summary was kept; correlation ids of later windows shifted past the earlier
+    ones', since every window numbers them from the start), thread names together, the first
+    file's metadata; no summary (the analyses work from the events)."""
+    frames = []
+    names: dict = {}
+    for p in parts:
+        ev = p.events
+        if ev is None:
+            again = _parse_file(p.path)
+            if again.error is not None:
+                raise TraceError(again.error)
+            ev = again.events if not again.pieces else next(
+                q.events for q in again.pieces if q.rank_hint == p.rank_hint)
+        if frames:  # correlation ids restart in every window: keep them apart
+            base = max(int(f["correlation"].max()) for f in frames) + 1
+            ev = ev.assign(correlation=np.where(ev["correlation"] >= 0, ev["correlation"] + base,
+                                                ev["correlation"]))
+        frames.append(ev)
+        names.update(p.thread_names or {})
+    events = pd.concat(frames, ignore_index=True).sort_values("ts", kind="stable").reset_index(
+        drop=True)
+    first = parts[0]
+    notes = tuple(n for p in parts for n in p.notes)
+    return _Parsed(first.path, metadata=first.metadata, events=events, thread_names=names,
+                   notes=notes, has_steps=any(p.has_steps for p in parts))
+
+
+def _world_size_warnings(rank_docs: list[tuple[int, dict]],
+                         run_info: layout.RunFile | None = None
+                         ) -> list[str]:
+    """One warning when the traces' ``distributedInfo.world_size`` values disagree, or a rank
+    number is not below the world size the traces state; and one when fewer ranks than that
+    world size are present (``2 of 128 ranks present``; not repeated for pardiag runs, whose
+    ``run.json`` check names the absent ranks)."""
+    sizes: dict[int, list[int]] = {}
+    for r, doc in rank_docs:
+        info = doc.get("distributedInfo")
+        ws = info.get("world_size") if isinstance(info, dict) else None
+        if isinstance(ws, int) and not isinstance(ws, bool):
+            sizes.setdefault(ws, []).append(r)
+    if len(sizes) > 1:
+        desc = "; ".join(f"{ws} for rank(s) {rs[:8]}{'...' if len(rs) > 8 else ''}"
+                         for ws, rs in sorted(sizes.items()))
+        return [f"the traces disagree on the world size ({desc}): are they from one run?"]
+    if sizes:
+        ws = next(iter(sizes))
+        over = sorted(r for r, _ in rank_docs if r >= ws)
+        if over:
+            return [f"rank(s) {over[:8]} are not below the world size {ws} the traces state"]
+        have = {r for r, _ in rank_docs}
+        if len(have) < ws and not (run_info and run_info.world_size):
+            absent = []  # the first few (a world size can be any number the file says)
+            for r in range(ws):
+                if r not in have:
+                    absent.append(r)
+                    if len(absent) > 8:
+                        break
+            return [f"{len(have)} of {ws} ranks present (the traces state world size {ws}; no "
+                    f"trace for rank(s) {absent[:8]}{'...' if len(absent) > 8 else ''}): "
+                    f"collectives that include absent ranks are partial, and no straggler or "
+                    f"clock offset is drawn from them"]
+    return []
+
+
+@dataclasses.dataclass
+class _Parsed:
+    """What one worker learned from one file."""
+
+    path: Path
+    error: str | None = None
+    not_trace: bool = False
+    #: a ``pardiag report --json`` output (not a trace; skipped without a warning)
+    own_report: bool = False
+    repairs: tuple[str, ...] = ()
+    metadata: dict | None = None
+    events: pd.DataFrame | None = None
+    thread_names: dict | None = None
+    ev_warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    has_steps: bool = False
+    summary: object = None
+    #: the rank this part of a merged multi-rank file holds (see :func:`_split_merged`)
+    rank_hint: int | None = None
+    #: a merged multi-rank file: its ranks' parts (then this entry holds no events itself)
+    pieces: list = dataclasses.field(default_factory=list)
+
+
+def _has_step_names(events: pd.DataFrame) -> bool:
+    return bool(events["name"].str.startswith("ProfilerStep").any()) if len(events) else False
+
+
+def _parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[str, ...] = (),
+                cache: bool = False, keep_events: bool = True) -> _Parsed:
+    """Read, parse and (with a ``reducer``) summarize one file; never raises for bad input."""
+    try:
+        try:
+            st = os.stat(path)
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        holder = [_plain_bytes(raw, path)]
+        del raw
+        fast = parse_trace_fast(holder, path)  # empties the holder when it succeeds
+        if fast is not None:
+            repairs: list[str] = []
+            meta, (events, thread_names, ev_warnings, notes) = fast
+        else:
+            doc, repairs = _parse_json(holder.pop(), path)
+    except TraceError as exc:
+        return _Parsed(path, error=str(exc))
+    if fast is None:
+        if not _is_trace_doc(doc):
+            return _Parsed(path, not_trace=True, own_report=isinstance(doc, dict) and all(
+                k in doc for k in ("schema_version", "source", "ranks")))
+        meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+        if isinstance(doc["traceEvents"], list):
+            pnames = _process_names(doc["traceEvents"])
+            if pnames:
+                meta[PROCESS_NAMES_KEY] = pnames
+        events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], path,
+                                                                doc.get("displayTimeUnit"))
+        del doc
+    pnames = meta.pop(PROCESS_NAMES_KEY, {})
+    split = _split_merged(path, events, thread_names, meta, pnames)
+    if split is not None:
+        pieces, split_warnings = split
+        for piece in pieces:
+            piece.repairs = tuple(repairs)
+            piece.ev_warnings = tuple(ev_warnings) + tuple(split_warnings)
+            piece.notes = tuple(notes)
+            if reducer is not None:  # no stored summary: one file, several ranks
+                _summarize_into(reducer, piece, patterns, repairs, st, cache=False,
+                                keep_events=True)
+        return _Parsed(path, metadata=meta, pieces=pieces)
+    out = _Parsed(path, repairs=tuple(repairs), metadata=meta, events=events,
+                  thread_names=thread_names, ev_warnings=tuple(ev_warnings), notes=tuple(notes),
+                  has_steps=_has_step_names(events))
+    if reducer is not None:
+        _summarize_into(reducer, out, patterns, repairs, st, cache=cache, keep_events=keep_events)
+    return out
+
+
+def _summarize_into(reducer: RankReducer, out: _Parsed, patterns, repairs, st, *, cache: bool,
+                    keep_events: bool) -> None:
+    trace = RankTrace(rank=-1, path=out.path, events=out.events, metadata=out.metadata,
+                      rank_source="", thread_names=out.thread_names, notes=tuple(out.notes))
+    out.summary = reducer.summarize(trace, [re.compile(p) for p in patterns],
+                                     warnings=out.ev_warnings, repairs=repairs,
+                                     has_steps=out.has_steps, stat=st)
+    if cache:
+        reducer.store(out.summary, out.path)
+    if not keep_events:
+        out.events = None
+
+
+def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: dict,
+                  process_names: dict[str, list[str]]) -> tuple[list[_Parsed], list[str]] | None:
+    """The ranks of a merged multi-rank file (``pardiag merge`` output, or another tool's merge
+    whose processes are named ``rank N``), one :class:`_Parsed` each with the events of its
+    processes and ``distributedInfo.rank`` set to it; None for a single-rank file. Events of
+    processes that belong to no rank are left out (a warning says how many)."""
+    pids = sorted(set(events["pid"].tolist())) if len(events) else []
+    mapping = merged_rank_of_pids(process_names, pids, "pardiagMerge" in meta)
+    if mapping is None:
+        return None
+    rank_of = events["pid"].map(mapping)
+    warnings = []
+    stray = int(rank_of.isna().sum())
+    if stray:
+        warnings.append(f"{path}: left out {stray} events of processes that belong to no rank of "
+                        f"this merged file")
+    # pardiag merge keeps each rank's own metadata; other tools copy one rank's header, whose
+    # group list (pg_config) is that rank's alone
+    header = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    merged = meta.get("pardiagMerge") if isinstance(meta.get("pardiagMerge"), dict) else {}
+    own = {e.get("rank"): e.get("metadata") for e in merged.get("ranks") or []
+           if isinstance(e, dict) and isinstance(e.get("metadata"), dict)}
+    base = {k: v for k, v in meta.items() if k != "pardiagMerge"}
+    pieces = []
+    for r in sorted(set(mapping.values())):
+        ev = events[(rank_of == r).to_numpy()].reset_index(drop=True)
+        if ev.empty:
+            continue
+        mine = {p for p, rr in mapping.items() if rr == r}
+        if r in own:
+            rmeta = {**base, **own[r]}
+            info = dict(rmeta.get("distributedInfo") or {})
+        else:
+            rmeta = dict(base)
+            info = dict(header)
+            if info.get("rank") != r:
+                info.pop("pg_config", None)
+        info["rank"] = r
+        pieces.append(_Parsed(path, metadata={**rmeta, "distributedInfo": info}, events=ev,
+                              thread_names={k: v for k, v in thread_names.items() if k[0] in mine},
+                              has_steps=_has_step_names(ev), rank_hint=r))
+    return pieces, warnings
+
+
+def _read_events(path: Path, rank_hint: int | None = None) -> pd.DataFrame:
+    """The event table of ``path`` (of rank ``rank_hint``'s part of a merged file), for a rank
+    that kept only its summary (:attr:`RankTrace.reader`).
+
+    Raises:
+        TraceError: the file cannot be read or is not a trace.
+    """
+    p = _parse_file(Path(path))
+    if p.error is not None or p.not_trace:
+        raise TraceError(p.error or f"{path}: not a Kineto trace (no traceEvents list)")
+    if p.pieces:
+        return next(q.events for q in p.pieces if q.rank_hint == rank_hint)
+    return p.events
+
+
+def _from_summary(path: Path, s) -> _Parsed:
+    return _Parsed(path, repairs=s.repairs, metadata=s.metadata, events=None,
+                   thread_names=s.thread_names, ev_warnings=s.relocated(path)[0],
+                   notes=s.relocated(path)[1], has_steps=s.has_steps, summary=s)
+
+
+#: Below this many bytes of input, files are parsed in this process (workers cost ~0.1 s).
+PARALLEL_MIN_BYTES = 8_000_000
+
+
+def default_workers(files: list[Path]) -> int:
+    """Worker processes for parsing ``files``: one per CPU core (at most one per file), or 1
+    (this process) when the input is small."""
+    try:
+        total = sum(f.stat().st_size for f in files)
+    except OSError:
+        total = 0
+    if len(files) < 2 or total < PARALLEL_MIN_BYTES:
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(len(files), cpus or 1))
+
+
+def _parse_all(files: list[Path], workers: int, progress, **kw) -> list[_Parsed]:
+    """:func:`_parse_file` for every file, in ``workers`` processes; results in file order.
+    ``progress(done, total)`` is called from this process after each file."""
+    total = len(files)
+    if workers <= 1 or total <= 1:
+        out = []
+        for i, f in enumerate(files):
+            out.append(_parse_file(f, **kw))
+            if progress:
+                progress(i + 1, total)
+        return out
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    if ctx is not None:
+        import gc
+
+        gc.freeze()  # forked workers: the collector does not touch (and so copy) parent pages
+    results: dict[int, _Parsed] = {}
+    try:
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futs = {pool.submit(_parse_file, f, **kw): i for i, f in enumerate(files)}
+            for fut in cf.as_completed(futs):
+                results[futs[fut]] = fut.result()
+                if progress:
+                    progress(len(results), total)
+    except cf.process.BrokenProcessPool:
+        raise PardiagError(f"a process parsing {len(files)} trace file(s) died (out of memory?); "
+                           f"try fewer workers (--workers 1)", exit_code=1) from None
+    finally:
+        if ctx is not None:
+            import gc
+
+            gc.unfreeze()
+    return [results[i] for i in range(total)]
+
+
+def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReducer | None = None,
+                comm_patterns: Iterable[re.Pattern] = (), cache: bool = False,
+                workers: int | None = None, progress=None) -> TraceSet:
+    """Load a run folder, a folder of Kineto traces, or a list of trace files.
+
+    Files in a folder that are not traces (other JSON, pardiag sidecars) are skipped; unreadable
+    trace files are skipped with a warning as long as one readable trace remains.
+
+    Args:
+        paths: folders and/or files.
+        reducer: the per-rank reduction (:data:`pardiag.analyzer.summary.REDUCER`): each
+            rank's summary is computed (with ``comm_patterns``) in the worker that parses it,
+            and only the summary of ranks parsed in other processes is kept (their ``events``
+            are read again on first access). The analyses then work from the summaries.
+            None: ranks keep their events and carry no summary.
+        comm_patterns: compiled ``--comm-kernel`` patterns for the summaries.
+        cache: with a ``reducer``: use stored summaries that are current (same file size,
+            modification time and patterns) instead of parsing, and store new ones (see
+            :mod:`pardiag.analyzer.summary` for where).
+        workers: processes that parse files in parallel (default :func:`default_workers`).
+        progress: ``progress(done, total)`` after each file (for a progress bar).
+
+    Returns:
+        TraceSet with one RankTrace per rank (a rank's profiling windows joined; a merged
+        multi-rank file split into its ranks).
+
+    Raises:
+        TraceError: a path does not exist, no trace file is found, or none can be read. An
+            explicitly named file that cannot be read is an error too.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise TraceError("no input given")
+    files, sidecars, source, info = _trace_files(paths)
+    explicit = {p for p in paths if p.is_file()}
+    warnings: list[str] = list(info)
+    run_info, rank_meta, others = _read_sidecars(sidecars, warnings)
+    if not files:
+        hint = ""
+        sub = sorted({f.parent for p in paths if p.is_dir()
+                      for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))
+                      and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
+        if sub:
+            hint = f"; subfolders hold some: {', '.join(str(d) for d in sub[:3])}"
+        elif run_info is not None and run_info.hang:
+            hint = ("; the profiled run hung and was stopped before a trace was written: "
+                    + run_info.hang[0])
+        elif run_info is not None or rank_meta:
+            steps = {r: m.optimizer_steps for r, m in sorted(rank_meta.items())}
+            hint = (f"; this pardiag run wrote no trace (optimizer steps per rank: {steps};"
+                    f" profile with more steps or --wait 0 --warmup 0)")
+        raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found{hint}")
+
+    patterns = list(comm_patterns)
+    parsed: dict[Path, _Parsed] = {}
+    if reducer is not None and cache:
+        for f in files:
+            try:
+                s = reducer.find(f, patterns)
+            except OSError:
+                s = None
+            if s is not None:
+                parsed[f] = _from_summary(f, s)
+    todo = [f for f in files if f not in parsed]
+    n_workers = default_workers(todo) if workers is None else workers
+    done0 = len(parsed)
+
+    def step(done: int, total: int) -> None:
+        if progress:
+            progress(done0 + done, len(files))
+
+    if progress and done0:
+        progress(done0, len(files))
+    kw = dict(reducer=reducer, cache=cache,
+              patterns=tuple(p.pattern if isinstance(p, re.Pattern) else str(p) for p in patterns),
+              keep_events=reducer is None or n_workers <= 1)
+    for p in _parse_all(todo, n_workers, step, **kw):
+        parsed[p.path] = p
+
+    docs: list[_Parsed] = []
+    for f in files:
+        p = parsed[f]
+        if p.error is not None:
+            if f in explicit:
+                raise TraceError(p.error)
+            warnings.append(f"{p.error} - skipped")
+            continue
+        if p.not_trace:
+            what = "a pardiag report's JSON" if p.own_report else "no traceEvents list"
+            if f in explicit:
+                raise TraceError(f"{f}: not a Kineto trace ({what})")
+            if not p.own_report:   # `report --json` written into the run folder: no warning
+                warnings.append(f"{f}: not a Kineto trace ({what}) - skipped")
+            continue
+        if p.repairs:
+            warnings.append(f"{f}: not strict JSON; read with repairs ({'; '.join(p.repairs)})")
+        docs.append(p)
+    if not docs:
+        first = warnings[-1].removesuffix(" - skipped") if warnings else ""
+        raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace"
+                         f" (e.g. {first})")
+
+    # Ranks: a pure function of what each file (or merged file's part) says (analyzer.ranks).
+    units: list[_Parsed] = [q for p in docs for q in (p.pieces or [p])]
+    facts = []
+    for i, p in enumerate(units):
+        info = p.metadata.get("distributedInfo")
+        lo, hi = _time_range(p)
+        facts.append(FileFacts(key=i, path=p.path, dist_rank=info.get("rank") if isinstance(
+            info, dict) else None, start_us=lo, end_us=hi, rank_hint=p.rank_hint))
+    assignment, rank_warnings = assign_ranks(facts)
+    warnings.extend(rank_warnings)
+    if any(p.pieces for p in docs):
+        for p in docs:
+            if p.pieces:
+                warnings.append(f"{p.path}: holds {len(p.pieces)} ranks (a merged trace); split "
+                                f"into rank(s) {[q.rank_hint for q in p.pieces]}")
+
+    present = {a.rank for a in assignment}
+    warnings.extend(_run_warnings(run_info, rank_meta, present))
+    warnings.extend(_world_size_warnings([(a.rank, units[a.keys[0]].metadata) for a in assignment],
+                                         run_info))
+    ranks: dict[int, RankTrace] = {}
+    for a in assignment:
+        r, how = a.rank, a.source
+        parts = [units[k] for k in a.keys]
+        for p in parts:
+            warnings.extend(p.ev_warnings)
+        p = parts[0] if len(parts) == 1 else _join_windows(parts)
+        f = p.path
+        n_events = len(p.events) if p.events is not None else p.summary.n_events
+        if n_events == 0:
+            warnings.append(f"{f}: rank {r} has no timed events")
+        elif not p.has_steps:
+            warnings.append(f"{f}: no ProfilerStep#N annotations; per-step results are empty for "
+                            f"rank {r}")
+        s = p.summary
+        if s is not None:
+            s = dataclasses.replace(s, comm=s.comm.assign(rank=r) if len(s.comm) else s.comm)
+        windows = tuple(_time_range(q) for q in parts) if len(parts) > 1 else ()
+        reader = (functools.partial(_read_events, f, p.rank_hint) if p.events is None
+                  else None)
+        ranks[r] = RankTrace(rank=r, path=f, events=p.events, metadata=p.metadata, reader=reader,
+                             rank_source=how, thread_names=p.thread_names, notes=tuple(p.notes),
+                             summary=s, windows=windows, files=tuple(q.path for q in parts))
+    return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
+                    rank_meta=rank_meta, sidecars=others)

@@ -1,0 +1,592 @@
+"""Parse one Kineto (PyTorch profiler) Chrome-trace file into the event table.
+
+Bytes in (``.json`` or gzipped), :data:`pardiag.analyzer.trace.traceset.EVENT_COLUMNS` table out, with
+the dialects seen in the field (FACTS §2):
+
+* newest format: ``ts`` relative to ``baseTimeNanoseconds``, fractional µs;
+* legacy format: categories ``Kernel``/``Operator``/``Runtime``/``Memcpy``/``Memset`` and ``tid``
+  strings such as ``"stream 7"``; other accelerators' runtime categories (``xpu_runtime``, ...);
+* bare ``inf``/``-inf``/``nan``/``NaN``/``Infinity`` tokens and raw control characters in strings;
+* stray timestamps: events at ``ts`` 0 among epoch timestamps, or years away from the rest of
+  the file, however many (left out, one warning per file that says how many and where:
+  :func:`stray_timestamps`);
+* kernels on one stream that overlap (the earlier one is clipped to end where the next starts:
+  a stream runs one kernel at a time; counted in a note).
+
+Strict-JSON files are decoded with msgspec into only the fields pardiag reads
+(:func:`parse_trace_fast`); anything else takes the tolerant orjson/json path
+(:func:`read_trace_bytes` + :func:`events_frame`), which builds the same table. No file system
+access except :func:`read_trace_json`; no analysis.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import zlib
+from pathlib import Path
+from typing import Iterable
+
+import msgspec
+import numpy as np
+import orjson
+import pandas as pd
+
+from .traceset import GPU_CATS
+from pardiag.errors import TraceError
+
+#: Category spellings of the legacy format mapped to the current ones.
+_CAT_ALIASES = {
+    "kernel": "kernel", "operator": "cpu_op", "runtime": "cuda_runtime", "driver": "cuda_driver",
+    "memcpy": "gpu_memcpy", "memset": "gpu_memset", "gpu_memcpy": "gpu_memcpy",
+    "gpu_memset": "gpu_memset", "cpu_op": "cpu_op", "cuda_runtime": "cuda_runtime",
+    "cuda_driver": "cuda_driver", "user_annotation": "user_annotation",
+    "gpu_user_annotation": "gpu_user_annotation", "cpu_instant_event": "cpu_instant_event",
+    "python_function": "python_function", "cuda_sync": "cuda_sync",
+    # other accelerators' runtime calls (they carry the kernels' correlation ids): one name
+    "xpu_runtime": "cuda_runtime", "xpu_driver": "cuda_driver", "mtia_runtime": "cuda_runtime",
+    "privateuse1_runtime": "cuda_runtime", "privateuse1_driver": "cuda_driver",
+    "hpu_runtime": "cuda_runtime",
+}
+
+#: Events whose raw args are kept (communication metadata, memory counters).
+_KEEP_ARGS_RE = re.compile(
+    r"^(gloo:|nccl:|c10d::|_c10d_functional::|c10d_functional::|record_param_comms|\[memory\])"
+    r"|nccl|rccl|hccl", re.IGNORECASE)
+
+_STREAM_TID_RE = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
+# Bare non-JSON number tokens, outside strings (see _sanitize_json).
+_BARE_NONFINITE_RE = re.compile(r'(-?)\b(inf|infinity|nan)\b', re.IGNORECASE)
+
+
+def _sanitize_json(text: str) -> str:
+    """Replace bare inf/nan tokens that are outside JSON strings with ``null``."""
+    out: list[str] = []
+    # Split on string literals; odd pieces are strings and are kept as they are.
+    for i, piece in enumerate(re.split(r'("(?:[^"\\]|\\.)*")', text, flags=re.DOTALL)):
+        out.append(piece if i % 2 else _BARE_NONFINITE_RE.sub("null", piece))
+    return "".join(out)
+
+
+def read_trace_bytes(raw: bytes, path: Path) -> tuple[dict, list[str]]:
+    """Parse the bytes of one trace file (gzip or plain JSON).
+
+    Like :func:`read_trace_json` but from bytes already read, and also returns what had to be
+    repaired (one line each: invalid UTF-8 replaced, bare ``NaN``/``inf`` tokens read as null,
+    raw control characters accepted, integers beyond 64 bits read as floats).
+
+    Raises:
+        TraceError: truncated or corrupt gzip, empty, not JSON, or not a JSON object.
+    """
+    return _parse_json(_plain_bytes(raw, path), path)
+
+
+def _plain_bytes(raw: bytes, path: Path) -> bytes:
+    """The file's JSON bytes: gunzipped when gzip, without a UTF-8 byte-order mark.
+
+    Raises:
+        TraceError: truncated or corrupt gzip, or nothing but whitespace.
+    """
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"{path}: truncated or corrupt gzip ({exc})") from None
+    if raw[:3] == b"\xef\xbb\xbf":  # UTF-8 byte-order mark
+        raw = raw[3:]
+    if not raw.strip():
+        raise TraceError(f"{path}: empty file")
+    return raw
+
+
+def _parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
+    repairs: list[str] = []
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = raw.decode("utf-8", errors="replace")
+            repairs.append("invalid UTF-8 bytes replaced by U+FFFD")
+        clean = _sanitize_json(text)
+        if clean != text:
+            repairs.append("bare NaN/Infinity tokens read as null")
+        try:
+            doc = json.loads(clean, strict=False)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise TraceError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}"
+                             f" column {exc.colno})" if isinstance(exc, json.JSONDecodeError)
+                             else f"{path}: not valid JSON (nested too deeply)") from None
+        if not repairs:
+            repairs.append("raw control characters inside strings accepted"
+                           if re.search(rb"[\x00-\x1f]", raw.replace(b"\n", b"").replace(
+                               b"\r", b"").replace(b"\t", b""))
+                           else "integers beyond 64 bits read as floats")
+    if not isinstance(doc, dict):
+        raise TraceError(f"{path}: not a Kineto trace (top level is not a JSON object)")
+    return doc, repairs
+
+
+def read_trace_json(path: Path) -> dict:
+    """Read one trace file (``.json`` or ``.json.gz``) into a dict.
+
+    Tries orjson first; on failure retries with bare ``inf``/``nan`` tokens replaced by ``null``,
+    raw control characters allowed inside strings and invalid UTF-8 replaced.
+
+    Raises:
+        TraceError: the file is unreadable, truncated, not JSON, or not a JSON object.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return read_trace_bytes(raw, path)[0]
+
+
+def _is_trace_doc(doc: dict) -> bool:
+    return isinstance(doc.get("traceEvents"), list)
+
+
+def _num(v) -> float:
+    """Number from an event field; strings that hold numbers are accepted, else NaN."""
+    if isinstance(v, bool):
+        return float("nan")
+    try:
+        if isinstance(v, (int, float, str)):
+            return float(v)
+    except (ValueError, OverflowError):  # "abc", or an integer beyond float range
+        pass
+    return float("nan")
+
+
+_INT64_MAX = 2 ** 63 - 1
+
+
+def _int_or(v, default: int = -1) -> int:
+    """Integer from an event field (``"stream 7"`` → 7); ``default`` when there is none or it
+    does not fit in 64 bits."""
+    if isinstance(v, bool) or v is None:
+        return default
+    out = default
+    if isinstance(v, int):
+        out = v
+    elif isinstance(v, float) and math.isfinite(v):
+        out = int(v)
+    elif isinstance(v, str):
+        m = _STREAM_TID_RE.search(v)
+        if m:
+            out = int(m.group(1))
+        else:
+            try:
+                out = int(v)
+            except ValueError:
+                return default
+    return out if -_INT64_MAX <= out <= _INT64_MAX else default
+
+
+_NUMBER_TYPES = {int, float}
+
+
+def _float_column(values: list) -> tuple[np.ndarray, int]:
+    """float64 array of ``values`` (see :func:`_num`) and how many were numeric strings."""
+    types = set(map(type, values))
+    if types <= _NUMBER_TYPES:
+        try:
+            return np.array(values, dtype=np.float64), 0
+        except OverflowError:  # an integer beyond float range
+            pass
+    n_str = sum(1 for v in values if type(v) is str) if str in types else 0
+    return np.array([_num(v) for v in values], dtype=np.float64), n_str
+
+
+def _int_column(values: list) -> np.ndarray:
+    """int64 array of ``values`` (see :func:`_int_or`)."""
+    if set(map(type, values)) <= {int}:
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass
+    return np.array([_int_or(v) for v in values], dtype=np.int64)
+
+
+def _str_column(values: list) -> list[str]:
+    """``str`` of each value (None → ``""``), equal strings shared (less memory, faster pickle)."""
+    types = set(map(type, values))
+    if types <= {int, str}:
+        table = {v: str(v) for v in set(values)}
+        return [table[v] for v in values]
+    return [("" if v is None else str(v)) for v in values]
+
+
+#: Timestamps and durations beyond this (µs; ~3,000 years) are not times; events with them are
+#: left out. Epoch µs today are ~1.8e15; epoch ns (a file in the wrong unit) ~1.8e18.
+MAX_PLAUSIBLE_US = 1e17
+
+
+#: Stray timestamps (:func:`stray_timestamps`): gaps shorter than this (µs, one hour) never
+#: separate events, so profiler windows of one file minutes apart stay together ...
+STRAY_MIN_GAP_US = 3.6e9
+#: ... and a gap separates them only when it is also this many times the extent of the events
+#: kept so far.
+STRAY_GAP_FACTOR = 1000.0
+
+
+def stray_timestamps(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, str]:
+    """Events whose timestamps lie far from the trace's main cluster, and where they were.
+
+    A profile covers seconds to minutes; a few events at ``ts`` 0 (an unset time) or years away
+    (another clock, a corrupt value) are not part of it, however many or few they are. The rule:
+
+    1. Sort the start times and cut wherever two consecutive ones are more than
+       :data:`STRAY_MIN_GAP_US` (one hour) apart; smaller gaps never cut, so two profiler windows
+       of one file seconds or minutes apart stay one cluster.
+    2. The main cluster is the one with the most events not at ``ts`` 0 exactly (ties: the
+       longer one; a trace whose events are all at 0 keeps them all): a file whose events are
+       mostly unset times with a minority at epoch times keeps the minority.
+    3. It absorbs a neighbouring cluster while the gap to it is at most
+       max(:data:`STRAY_MIN_GAP_US`, :data:`STRAY_GAP_FACTOR` × its own extent so far): only a
+       gap far larger than the kept events' own span separates events.
+    4. Events that start outside the main cluster, or end more than that same gap after its last
+       start (a duration of years), are stray.
+
+    Returns:
+        (bool mask over the events, a description of the stray ones: ``"3 at ts 0 µs, 2 at ts
+        1700000000000000–1700000000000100 µs"``; empty when there are none).
+    """
+    n = len(ts)
+    none = np.zeros(n, dtype=bool)
+    if n == 0:
+        return none, ""
+    order = np.argsort(ts, kind="stable")
+    s = ts[order]
+    cuts = np.flatnonzero(np.diff(s) > STRAY_MIN_GAP_US) + 1
+    starts = np.concatenate([[0], cuts])
+    ends = np.concatenate([cuts, [n]])
+    counts = ends - starts
+    nonzero = np.add.reduceat((s != 0).astype(np.int64), starts)
+    weight = nonzero if nonzero.any() else counts
+    extent = s[ends - 1] - s[starts]
+    main = max(range(len(starts)), key=lambda i: (weight[i], extent[i], -i))
+    a = b = main
+
+    def gap_allowed() -> float:
+        return max(STRAY_MIN_GAP_US, STRAY_GAP_FACTOR * float(s[ends[b] - 1] - s[starts[a]]))
+
+    grown = True
+    while grown:
+        grown = False
+        if a > 0 and s[starts[a]] - s[ends[a - 1] - 1] <= gap_allowed():
+            a, grown = a - 1, True
+        if b < len(starts) - 1 and s[starts[b + 1]] - s[ends[b] - 1] <= gap_allowed():
+            b, grown = b + 1, True
+    lo, hi = float(s[starts[a]]), float(s[ends[b] - 1])
+    with np.errstate(invalid="ignore"):
+        stray = (ts < lo) | (ts > hi) | (ts + dur > hi + gap_allowed())
+    if not stray.any():
+        return none, ""
+    parts = []
+    for i in [*range(a), *range(b + 1, len(starts))]:
+        x, y = float(s[starts[i]]), float(s[ends[i] - 1])
+        parts.append(f"{counts[i]} at ts {x:.0f} µs" if x == y
+                     else f"{counts[i]} at ts {x:.0f}–{y:.0f} µs")
+    long = int(stray.sum()) - int(sum(counts[i] for i in [*range(a), *range(b + 1, len(starts))]))
+    if long:
+        parts.append(f"{long} lasting up to {float(dur[stray].max()):.0f} µs")
+    return stray, ", ".join(parts)
+
+
+def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None = None
+                 ) -> tuple[pd.DataFrame, dict, list[str], list[str]]:
+    """Turn raw trace events into the :data:`EVENT_COLUMNS` table.
+
+    Keeps complete events (``ph`` ``X``) and ``[memory]`` instant events; reads thread names.
+    ``ts``/``dur`` are µs (Chrome trace format; ``displayTimeUnit`` only sets the display unit),
+    except that a file with ``displayTimeUnit: "ns"`` whose timestamps are epoch nanoseconds is
+    converted to µs with a warning.
+
+    Args:
+        raw_events: the ``traceEvents`` list (dicts; other entries are counted and left out).
+        path: the file, for messages.
+        display_time_unit: the file's ``displayTimeUnit``.
+
+    Returns:
+        (events, thread_names, warnings, notes). Events with a non-finite, negative or
+        implausible (> :data:`MAX_PLAUSIBLE_US`) ``ts``/``dur`` and events with stray
+        timestamps (``ts`` 0 among epoch times, years away from the rest:
+        :func:`stray_timestamps`) are dropped and counted in warnings; numbers written as
+        strings are read and counted in a warning.
+    """
+    raw_events = raw_events if isinstance(raw_events, list) else list(raw_events)
+    objs = [e for e in raw_events if type(e) is dict]
+    not_objects = len(raw_events) - len(objs)
+    thread_names: dict = {}
+    for e in objs:
+        if e.get("ph") == "M" and e.get("name") == "thread_name" and isinstance(e.get("args"), dict):
+            thread_names[(str(e.get("pid")), str(e.get("tid")))] = str(e["args"].get("name", ""))
+    keep = [e for e in objs
+            if (ph := e.get("ph")) == "X" or (ph == "i" and e.get("name") == "[memory]")]
+    phs = [e["ph"] for e in keep]
+    return _frame_from_columns(
+        path, display_time_unit, thread_names, not_objects,
+        names_raw=[e.get("name") for e in keep], cats_raw=[e.get("cat") for e in keep], phs=phs,
+        pids_raw=[e.get("pid", "") for e in keep], tid_raw=[e.get("tid", "") for e in keep],
+        ts_raw=[e.get("ts") for e in keep],
+        dur_raw=[e.get("dur") if ph == "X" else 0.0 for e, ph in zip(keep, phs)],
+        no_dur=sum(1 for e, ph in zip(keep, phs) if ph == "X" and "dur" not in e),
+        argss=[a if type(a := e.get("args")) is dict else {} for e in keep])
+
+
+#: Metadata events that name a process (``pardiag merge`` and other tools name each rank's
+#: processes ``rank N``).
+_PROCESS_META = frozenset({"process_name", "process_labels"})
+#: Key under which the parser leaves ``{pid: [process names and labels]}`` in a file's metadata
+#: (read by :func:`_split_merged`, removed before the metadata is kept).
+PROCESS_NAMES_KEY = "_pardiag_process_names"
+
+
+def _process_names(objs: list) -> dict[str, list[str]]:
+    """``{pid: [process_name / process_labels values]}`` of raw trace events."""
+    out: dict[str, list[str]] = {}
+    for e in objs:
+        if (type(e) is dict and e.get("ph") == "M" and type(e.get("name")) is str
+                and e["name"] in _PROCESS_META and isinstance(e.get("args"), dict)):
+            a = e["args"]
+            out.setdefault(str(e.get("pid")), []).append(str(a.get("name", a.get("labels", ""))))
+    return out
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The fields of a trace event that pardiag reads; ``args`` stays undecoded JSON."""
+
+    ph: object = None
+    name: object = None
+    cat: object = None
+    pid: object = msgspec.UNSET
+    tid: object = msgspec.UNSET
+    ts: object = None
+    dur: object = msgspec.UNSET
+    args: msgspec.Raw = msgspec.Raw(b"")  # empty: the event has no args
+
+
+class _LiteArgs(msgspec.Struct, gc=False):
+    """The args the event table reads from events whose other args it does not keep."""
+
+    stream: object = msgspec.UNSET
+    correlation: object = msgspec.UNSET
+    sycl_queue: object = msgspec.field(default=msgspec.UNSET, name="sycl queue")
+
+    def get(self, key: str, default=None):
+        v = getattr(self, key.replace(" ", "_"), msgspec.UNSET)
+        return default if v is msgspec.UNSET else v
+
+
+_TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_LITE_DECODER = msgspec.json.Decoder(_LiteArgs)
+_EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
+_ANY_DECODER = msgspec.json.Decoder()
+#: Categories whose args are read (stream, correlation) whatever the event's name.
+_ARGS_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver",
+                        "Kernel", "Memcpy", "Memset", "Runtime", "Driver", "xpu_runtime",
+                        "xpu_driver", "mtia_runtime", "privateuse1_runtime", "privateuse1_driver",
+                        "hpu_runtime"})
+
+
+def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=None
+                     ) -> tuple[dict, tuple] | None:
+    """Strict-JSON fast path of reading a trace: the document's metadata and the
+    :func:`events_frame` result, decoding only the event fields pardiag uses (msgspec; each
+    event's ``args`` is decoded only where it is read). ``raw`` is the decompressed file, or a
+    one-item list holding it: then the list is emptied on success so the bytes can be freed before
+    the table is built (and left as it was when None is returned).
+
+    Returns:
+        ``(metadata, (events, thread_names, warnings, notes))``, or None when the file is not a
+        strict-JSON object with a ``traceEvents`` list of objects (then the caller takes the
+        tolerant path, :func:`read_trace_bytes` + :func:`events_frame`, which gives the same
+        table or the right error).
+    """
+    holder = raw if isinstance(raw, list) else None
+    raw = holder[0] if holder is not None else raw
+    try:
+        top = _TOP_DECODER.decode(raw)
+        if "traceEvents" not in top:
+            return None
+        meta = {k: _ANY_DECODER.decode(v) for k, v in top.items() if k != "traceEvents"}
+        evs = _EVENTS_DECODER.decode(top["traceEvents"])
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
+        return None
+    del top
+    if holder is not None:
+        holder.clear()  # the events' raw args still refer to the bytes until ``keep`` goes
+    del raw
+    thread_names: dict = {}
+    process_names: dict[str, list[str]] = {}
+    keep = []
+    for e in evs:
+        ph = e.ph
+        if ph == "X" or (ph == "i" and e.name == "[memory]"):
+            keep.append(e)
+        elif ph == "M" and e.name == "thread_name" and len(e.args):
+            a = _ANY_DECODER.decode(e.args)
+            if isinstance(a, dict):
+                pid = None if e.pid is msgspec.UNSET else e.pid
+                tid = None if e.tid is msgspec.UNSET else e.tid
+                thread_names[(str(pid), str(tid))] = str(a.get("name", ""))
+        elif ph == "M" and type(e.name) is str and e.name in _PROCESS_META and len(e.args):
+            a = _ANY_DECODER.decode(e.args)
+            if isinstance(a, dict):
+                pid = None if e.pid is msgspec.UNSET else e.pid
+                process_names.setdefault(str(pid), []).append(
+                    str(a.get("name", a.get("labels", ""))))
+    del evs  # metadata and flow events: not needed any more
+    names_raw = [e.name for e in keep]
+    keep_name = {}
+    for n in set(names_raw) if all(type(n) is str for n in names_raw) else ():
+        keep_name[n] = bool(_KEEP_ARGS_RE.search(n))
+    argss = []
+    for e, n in zip(keep, names_raw):
+        b = bytes(e.args)
+        if len(b) <= 2:
+            argss.append({})
+            continue
+        if type(e.cat) is not str or (keep_name.get(n, True) if type(n) is str else True):
+            a = _ANY_DECODER.decode(b)  # args kept whole (communication, memory), or odd input
+            argss.append(a if type(a) is dict else {})
+        elif e.cat in _ARGS_CATS or b'"correlation"' in b or b'"stream"' in b or b'"sycl queue"' in b:
+            try:
+                argss.append(_LITE_DECODER.decode(b))
+            except msgspec.ValidationError:  # args that are not an object
+                argss.append({})
+        else:
+            argss.append({})
+    phs = [e.ph for e in keep]
+    unit = meta.get("displayTimeUnit", display_time_unit_default)
+    cols = dict(
+        names_raw=names_raw, cats_raw=[e.cat for e in keep], phs=phs,
+        pids_raw=[("" if (p := e.pid) is msgspec.UNSET else p) for e in keep],
+        tid_raw=[("" if (t := e.tid) is msgspec.UNSET else t) for e in keep],
+        ts_raw=[e.ts for e in keep],
+        dur_raw=[e.dur if ph == "X" else 0.0 for e, ph in zip(keep, phs)],
+        no_dur=sum(1 for e, ph in zip(keep, phs) if ph == "X" and e.dur is msgspec.UNSET),
+        argss=argss)
+    del keep  # the structs, and with them the file's bytes
+    if process_names:
+        meta[PROCESS_NAMES_KEY] = process_names
+    return meta, _frame_from_columns(path, unit, thread_names, 0, **cols)
+
+
+def _normalize_cats(cats_raw: list) -> list[str]:
+    cat_table: dict = {}
+    cats = []
+    for c in cats_raw:
+        try:
+            cats.append(cat_table[c])
+        except (KeyError, TypeError):
+            low = str(c or "").lower()
+            norm = _CAT_ALIASES.get(low, low)
+            try:
+                cat_table[c] = norm
+            except TypeError:  # unhashable
+                pass
+            cats.append(norm)
+    return cats
+
+
+def _frame_from_columns(path, display_time_unit, thread_names, not_objects, *, names_raw,
+                        cats_raw, phs, pids_raw, tid_raw, ts_raw, dur_raw, no_dur, argss):
+    """:func:`events_frame` from the raw field values of the kept events (one list per field;
+    ``argss`` holds dicts, ``{}`` where an event has none)."""
+    names = _str_column(names_raw)
+    cats = _normalize_cats(cats_raw)
+    pids = _str_column(pids_raw)
+    tids = _str_column(tid_raw)
+    ts, ts_str = _float_column(ts_raw)
+    dur, dur_str = _float_column(dur_raw)
+    is_gpu = [c in GPU_CATS for c in cats]
+    # the stream (CUDA/HIP), else the SYCL queue (Intel XPU), else an integer tid
+    streams = _int_column([(a.get("stream", a.get("sycl queue", t if type(t) is int else None))
+                            if g else -1) for a, g, t in zip(argss, is_gpu, tid_raw)])
+    if any(is_gpu):
+        # "stream 7" tids of the legacy format, where args carry no stream
+        bad = [i for i, (g, s) in enumerate(zip(is_gpu, streams)) if g and s == -1]
+        for i in bad:
+            streams[i] = _int_or(argss[i].get("stream"), _int_or(tid_raw[i]))
+    corrs = _int_column([a.get("correlation", -1) for a in argss])
+    keep_args = {n: bool(_KEEP_ARGS_RE.search(n)) for n in set(names)}
+    kept_args = [a if (a and keep_args[n]) else None for a, n in zip(argss, names)]
+
+    df = pd.DataFrame({
+        "name": pd.Series(names, dtype=object), "cat": pd.Series(cats, dtype=object),
+        "ph": pd.Series(phs, dtype=object), "pid": pd.Series(pids, dtype=object),
+        "tid": pd.Series(tids, dtype=object),
+        "ts": ts, "dur": dur, "stream": streams, "correlation": corrs,
+        "args": pd.Series(kept_args, dtype=object),
+    })
+    warnings: list[str] = []
+    notes: list[str] = []
+    if not_objects:
+        warnings.append(f"{path}: left out {not_objects} traceEvents entries that are not objects")
+    if ts_str or dur_str:
+        warnings.append(f"{path}: {ts_str + dur_str} ts/dur values are strings; read as numbers"
+                        f" where they hold one")
+    if len(df) and str(display_time_unit).lower() == "ns":
+        finite = ts[np.isfinite(ts)]
+        if len(finite) and float(np.median(finite)) > MAX_PLAUSIBLE_US:
+            df["ts"] = df["ts"] / 1000.0
+            df["dur"] = df["dur"] / 1000.0
+            warnings.append(f"{path}: displayTimeUnit is \"ns\" and timestamps are epoch "
+                            f"nanoseconds; read ts/dur as ns and converted to µs")
+    tsv, durv = df["ts"].to_numpy(), df["dur"].to_numpy()
+    with np.errstate(invalid="ignore"):
+        bad = (~np.isfinite(tsv) | ~np.isfinite(durv) | (durv < 0) | (tsv < 0)
+               | (tsv > MAX_PLAUSIBLE_US) | (durv > MAX_PLAUSIBLE_US))
+    if bad.any():
+        warnings.append(f"{path}: left out {int(bad.sum())} events with a missing, non-numeric, "
+                        f"non-finite, negative or implausibly large ts/dur"
+                        + (f" ({no_dur} without dur)" if no_dur else ""))
+        df = df[~bad]
+    if len(df):
+        stray, where = stray_timestamps(df["ts"].to_numpy(), df["dur"].to_numpy())
+        if stray.any():
+            kept = df["ts"].to_numpy()[~stray]
+            rest = (f"far from the other {len(kept)} (ts {kept.min():.0f}–{kept.max():.0f} µs)"
+                    if len(kept) else "no other events")
+            warnings.append(f"{path}: left out {int(stray.sum())} events with stray timestamps "
+                            f"({where}), {rest}")
+            df = df[~stray]
+    df = df.sort_values("ts", kind="stable").reset_index(drop=True)
+    df, clip_note = _clip_same_stream(df)
+    if clip_note:
+        notes.append(f"{path}: {clip_note}")
+    return df, thread_names, warnings, notes
+
+
+def _clip_same_stream(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """Clip GPU events whose recorded end passes the start of the next event on their stream.
+
+    A stream runs one kernel (or copy) at a time, so such an event ends where the next one
+    starts: its ``dur`` shrinks to ``next ts − ts`` (never below 0). Overlaps of a few ns are
+    timestamp noise; larger ones (a kernel "inside" another) are clipped the same way and the
+    note gives the largest clip.
+    """
+    gpu = df["cat"].isin(GPU_CATS).to_numpy()
+    if not gpu.any():
+        return df, None
+    sub = df.loc[gpu, ["pid", "stream", "ts", "dur"]]  # df is sorted by ts
+    keys = [sub["pid"], sub["stream"]]
+    next_start = sub["ts"].groupby(keys, sort=False).shift(-1)
+    end = sub["ts"] + sub["dur"]
+    over = (end > next_start).fillna(False).to_numpy()
+    if not over.any():
+        return df, None
+    idx = sub.index[over]
+    new_dur = np.maximum(0.0, next_start[over].to_numpy() - sub.loc[idx, "ts"].to_numpy())
+    max_clip = float(np.max(sub.loc[idx, "dur"].to_numpy() - new_dur))
+    df = df.copy()
+    df.loc[idx, "dur"] = new_dur
+    return df, f"clipped {len(idx)} same-stream GPU events that ran past the next one's start " \
+               f"(by up to {max_clip:.3f} µs)"

@@ -1,0 +1,187 @@
+"""Which rank each trace file holds: a pure function of what the files say about themselves.
+
+:func:`assign_ranks` takes one :class:`FileFacts` per parsed file (or per rank of a file that
+holds several ranks, see :func:`split_merged`) and returns the ranks with their files and one
+warning line per decision a user should know about. It reads nothing from disk.
+
+Rules, in order:
+
+1. A file's rank is ``distributedInfo.rank`` (or, for a rank cut out of a merged file, the rank
+   its process name gives), else a rank or worker number in its file name (``rank3``,
+   ``worker_3``), else none yet.
+2. Files that claim the same rank and whose time ranges do not overlap are **windows** of that
+   rank (``schedule(repeat=N)``, ``tensorboard_trace_handler``'s ``<worker>.<time>.pt.trace.json``
+   names): one rank, its windows in time order. Never new ranks.
+3. Files that claim the same rank and overlap in time cannot be windows of one process. A file
+   whose name gives another rank that no file claims takes that rank (its ``distributedInfo``
+   was wrong); otherwise the later one (in file-name order) is left out with a warning.
+4. Files with no rank take the lowest rank no file claims, with a warning.
+
+A merged multi-rank file (``pardiag merge`` output, or another tool's merge that names each
+rank's processes ``rank N``) is split back into its ranks by :func:`split_merged`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+_RANK_IN_NAME_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+_RANK_PROCESS_RE = re.compile(r"^\s*rank\s*(\d+)\b", re.IGNORECASE)
+#: pid stride of ``pardiag merge`` output (``pardiag.analyzer.render.merge.PID_STRIDE``).
+MERGE_PID_STRIDE = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class FileFacts:
+    """What rank assignment reads of one parsed trace file (or one rank's part of a merged file).
+
+    Attributes:
+        key: the caller's index of the file.
+        path: the file.
+        dist_rank: ``distributedInfo.rank`` as found (any JSON value; None when absent).
+        start_us, end_us: the time range of its events (µs, trace clock; NaN when it has none).
+        rank_hint: the rank a merged file's process names give to this part, else None.
+    """
+
+    key: int
+    path: Path
+    dist_rank: object = None
+    start_us: float = math.nan
+    end_us: float = math.nan
+    rank_hint: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RankFiles:
+    """One rank and the files that hold it.
+
+    Attributes:
+        rank: global rank.
+        keys: the files' keys (:attr:`FileFacts.key`), one per profiling window, in time order.
+        source: ``"distributedInfo"``, ``"merged file"``, ``"file name"`` or ``"assigned"``.
+    """
+
+    rank: int
+    keys: tuple[int, ...]
+    source: str
+
+
+def rank_from_name(name: str) -> int | None:
+    """The rank or worker number in a file name (``rank3.json``, ``worker_3...``), else None."""
+    m = _RANK_IN_NAME_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _valid_rank(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _overlaps(a: FileFacts, b: FileFacts) -> bool:
+    if any(math.isnan(x) for x in (a.start_us, a.end_us, b.start_us, b.end_us)):
+        return True  # no time range: cannot be told apart from the other
+    return a.start_us < b.end_us and b.start_us < a.end_us
+
+
+def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
+    """Assign every file to a rank (see the module docstring for the rules).
+
+    Args:
+        files: one entry per parsed file or merged-file part, in file-name order.
+
+    Returns:
+        (ranks in rank order, warning lines). A file left out is named in a warning.
+    """
+    warnings: list[str] = []
+    claim: dict[int, tuple[int, str]] = {}  # key -> (rank, source)
+    pending: list[tuple[FileFacts, str | None]] = []
+    by_key = {f.key: f for f in files}
+    for f in files:
+        if f.rank_hint is not None:
+            claim[f.key] = (f.rank_hint, "merged file")
+        elif _valid_rank(f.dist_rank):
+            claim[f.key] = (int(f.dist_rank), "distributedInfo")
+        else:
+            why = None if f.dist_rank is None else \
+                f"distributedInfo.rank {f.dist_rank!r} is not a rank number"
+            r = rank_from_name(f.path.name)
+            if r is not None:
+                claim[f.key] = (r, "file name")
+                if why:
+                    warnings.append(f"{f.path}: {why}; using rank {r} from the file name")
+            else:
+                pending.append((f, why))
+
+    groups: dict[int, list[FileFacts]] = {}
+    for key, (r, _) in claim.items():
+        groups.setdefault(r, []).append(by_key[key])
+    taken = set(groups)
+    out: dict[int, tuple[list[FileFacts], str]] = {}
+    for r in sorted(groups):
+        members = sorted(groups[r], key=lambda f: (f.start_us if not math.isnan(f.start_us)
+                                                   else math.inf, f.key))
+        kept: list[FileFacts] = []
+        for f in members:
+            clash = next((k for k in kept if _overlaps(k, f)), None)
+            if clash is None:
+                kept.append(f)
+                continue
+            alt = rank_from_name(f.path.name)
+            if alt is not None and alt not in taken:
+                taken.add(alt)
+                out[alt] = ([f], "file name")
+                warnings.append(f"{f.path}: rank {r} from {claim[f.key][1]} is also claimed by "
+                                f"{clash.path.name}, which overlaps it in time; using rank {alt} "
+                                f"from the file name")
+            else:
+                warnings.append(f"{f.path}: rank {r} is already held by {clash.path.name}, which "
+                                f"overlaps it in time (not a second profiling window: the same "
+                                f"trace twice, or another run?); left out")
+        src = claim[kept[0].key][1]
+        out[r] = (kept, src)
+        if len(kept) > 1:
+            warnings.append(f"rank {r}: {len(kept)} files are {len(kept)} profiling windows of "
+                            f"that rank ({', '.join(f.path.name for f in kept)}); their steps are "
+                            f"analysed together, the gaps between them left out")
+    for f, why in pending:
+        r = 0
+        while r in taken:
+            r += 1
+        taken.add(r)
+        out[r] = ([f], "assigned")
+        warnings.append(f"{f.path}: {why or 'no rank in distributedInfo or in the file name'}; "
+                        f"treated as rank {r}")
+    ranks = [RankFiles(r, tuple(f.key for f in fs), src) for r, (fs, src) in sorted(out.items())]
+    return ranks, warnings
+
+
+def merged_rank_of_pids(process_names: dict[str, list[str]], pids: list[str],
+                        pardiag_merge: bool) -> dict[str, int] | None:
+    """``{pid: rank}`` for a file that holds several ranks, else None.
+
+    A process is a rank's when its ``process_name`` or ``process_labels`` starts with
+    ``rank N`` (``pardiag merge`` and other merge tools name them so); in ``pardiag merge``
+    output (``pardiagMerge`` key) every pid ``R * 1000 + k`` is rank R's. A file is merged when
+    two or more ranks are named this way.
+
+    Args:
+        process_names: ``{pid: [process_name and process_labels values]}``.
+        pids: every pid that holds events.
+        pardiag_merge: the file carries ``pardiagMerge``.
+    """
+    out: dict[str, int] = {}
+    for pid, names in process_names.items():
+        for n in names:
+            m = _RANK_PROCESS_RE.match(str(n))
+            if m:
+                out[str(pid)] = int(m.group(1))
+                break
+    if pardiag_merge:
+        for pid in pids:
+            try:
+                out.setdefault(str(pid), int(float(pid)) // MERGE_PID_STRIDE)
+            except ValueError:
+                pass
+    return out if len(set(out.values())) >= 2 else None

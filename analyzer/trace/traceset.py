@@ -1,0 +1,120 @@
+"""The loaded run as data: :class:`RankTrace` (one rank's event table and metadata) and
+:class:`TraceSet` (all ranks, warnings, pardiag's sidecars).
+
+The bottom layer of the analyzer: no I/O, no parsing, no analysis. Parsing
+(:mod:`pardiag.analyzer.trace.parse`) and loading (:mod:`pardiag.analyzer.trace.load`) build these types;
+every analysis reads them, never the reverse (``tests/test_layers.py`` holds that line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+
+from pardiag.errors import TraceError
+from pardiag.layout import RankMeta, RunFile
+
+#: Columns of :attr:`RankTrace.events` (one row per complete event, ``ph == "X"``, or memory
+#: instant event). ``ts``/``dur`` in µs on the trace's own clock; ``stream`` -1 for CPU events;
+#: ``correlation`` -1 when absent; ``args`` holds the raw args dict for communication and memory
+#: events (None otherwise).
+EVENT_COLUMNS = ("name", "cat", "ph", "pid", "tid", "ts", "dur", "stream", "correlation", "args")
+#: Categories of events that run on a GPU stream.
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+
+class _LazyEvents:
+    """Descriptor of :attr:`RankTrace.events`: a rank loaded from its summary reads its raw
+    events on first access through its :attr:`RankTrace.reader` (which the loader sets) and
+    keeps them."""
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return dataclasses.MISSING  # a required dataclass field
+        ev = obj.__dict__.get("_events")
+        if ev is None:
+            reader = obj.__dict__.get("reader")
+            if reader is None:
+                raise TraceError(f"{obj.path}: the rank's events were not loaded")
+            ev = reader()
+            obj.__dict__["_events"] = ev
+        return ev
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__["_events"] = value
+
+
+@dataclasses.dataclass(frozen=True)
+class RankTrace:
+    """The events of one rank's trace file.
+
+    Attributes:
+        rank: global rank.
+        path: the file it came from.
+        events: DataFrame with :data:`EVENT_COLUMNS`, sorted by ``ts``. A rank loaded from its
+            summary (``summary`` set, ``events=None`` given) reads them from ``path`` on first
+            access; the analyses use the summary and do not touch them.
+        metadata: top-level keys of the trace other than ``traceEvents`` (``distributedInfo``,
+            ``baseTimeNanoseconds``, ``deviceProperties``, ...).
+        rank_source: ``"distributedInfo"``, ``"file name"`` or ``"assigned"``.
+        thread_names: ``{(pid, tid): name}`` from ``thread_name`` metadata events.
+        notes: informational lines (clipped overlaps and the like).
+        summary: the rank's :class:`pardiag.analyzer.summary.RankSummary` when it was loaded
+            from (or with) one, else None.
+        windows: ``((start µs, end µs), ...)`` of each profiling window when the rank's events
+            come from several files (``schedule(repeat=N)``), else ``()``; the time between
+            windows is not the rank's time (the breakdown leaves it out).
+        files: every file the rank's events come from (``(path,)`` for one file).
+        reader: ``reader() -> events`` for a rank whose events were not kept (set by the
+            loader; reading is I/O, which this module does not do itself).
+    """
+
+    rank: int
+    path: Path
+    events: pd.DataFrame = _LazyEvents()
+    metadata: dict
+    rank_source: str
+    thread_names: dict
+    notes: tuple[str, ...] = ()
+    summary: object = dataclasses.field(default=None, repr=False, compare=False)
+    windows: tuple[tuple[float, float], ...] = ()
+    files: tuple[Path, ...] = ()
+    reader: object = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def has_gpu(self) -> bool:
+        """True when the trace holds GPU kernels (then analyses use the device timeline)."""
+        if self.summary is not None and self.__dict__.get("_events") is None:
+            return bool(self.summary.has_gpu)
+        return bool((self.events["cat"] == "kernel").any())
+
+    @property
+    def events_loaded(self) -> bool:
+        """False while the raw events of a rank loaded from its summary have not been read."""
+        return self.__dict__.get("_events") is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceSet:
+    """All ranks of one run.
+
+    Attributes:
+        ranks: ``{rank: RankTrace}`` in rank order.
+        source: what was loaded (folder or file list), for display.
+        warnings: one line per problem met while loading (files skipped, ranks assigned, ...).
+        run_info: ``run.json`` (:class:`pardiag.layout.RunFile`) when the folder came from
+            ``pardiag profile``.
+        rank_meta: ``{rank: RankMeta}`` from the ``rank{R}.meta.json`` sidecars
+            (:class:`pardiag.layout.RankMeta`).
+        sidecars: other pardiag sidecars by kind and rank: ``{"comms": {rank: doc},
+            "pipeline": {rank: doc}, "hang": {rank: doc}}`` (see :mod:`pardiag.layout`).
+    """
+
+    ranks: dict[int, RankTrace]
+    source: str
+    warnings: tuple[str, ...] = ()
+    run_info: RunFile | None = None
+    rank_meta: dict[int, RankMeta] = dataclasses.field(default_factory=dict)
+    sidecars: dict[str, dict[int, dict]] = dataclasses.field(default_factory=dict)
