@@ -7,7 +7,7 @@ the cross-rank analyses need from that rank:
 * the time breakdown's parts (:class:`pardiag.analyzer.analyses.breakdown.RankParts`: computation and
   communication interval sets, the window, the step windows, the communication events with their
   collective type);
-* the synchronization analysis' communication events of the rank (:func:`sync._from_trace`) and
+* the synchronization analysis' communication events of the rank (:func:`pardiag.analyzer.analyses.comm_events.events_from_trace`) and
   its ``ProfilerStep`` windows (to place pardiag's collective records in steps);
 * the ``[memory]`` events (time, device, allocated and reserved bytes);
 * the time per operator name (:mod:`pardiag.analyzer.analyses.operators`: GPU kernels, CPU operators);
@@ -47,7 +47,7 @@ from .trace.comm_records import all_to_all_ops
 from .analyses.infer_layout import RankMarks, rank_marks
 from .trace.load import _parse_all, _parse_file, _trace_files, default_workers
 from .analyses.operators import operators_of_events
-from .analyses.sync import _from_trace
+from .analyses.comm_events import events_from_trace
 from .trace.traceset import RankTrace
 from pardiag.errors import TraceError
 
@@ -90,7 +90,7 @@ class RankSummary:
         breakdown: the time breakdown's rows of the rank (whole trace, steps, collectives;
             :func:`breakdown.breakdown_rows_of`).
         comm: the rank's communication events as the synchronization analysis reads them from
-            the trace (:data:`sync.EVENT_COLUMNS`; ``rank`` is filled in when ranks are known).
+            the trace (:data:`pardiag.analyzer.analyses.comm_events.EVENT_COLUMNS`; ``rank`` is filled in when ranks are known).
         steps: ``ProfilerStep`` windows: ``step``, ``start_us``, ``end_us``.
         memory: ``[memory]`` events: ``ts_us``, ``device``, ``allocated_bytes``,
             ``reserved_bytes`` (NaN where not a number).
@@ -196,7 +196,7 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
     parts = rank_parts(trace, patterns, None)
     kinds = classify(trace, patterns)
     steps = profiler_steps(trace, kinds)
-    comm = _from_trace(trace, kinds, steps)
+    comm = events_from_trace(trace, kinds, steps)
     ops, op_steps = operators_of_events(trace.events)
     return RankSummary(
         path=str(trace.path), size=int(st.st_size), mtime_ns=int(st.st_mtime_ns),

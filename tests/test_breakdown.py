@@ -176,7 +176,7 @@ def test_gloo_reduce_scatter_on_two_worker_threads_counts_issued_ops(tmp_path):
     # all_gather: c10d [110,112) ∪ gloo [112,150); exposed [110,120) + [140,150)
     assert (ag["count"], ag.time_us, ag.exposed_us) == (1, 40.0, 20.0)
     # the synchronization analysis names the worker events by the op issued
-    from pardiag.analyzer.analyses.sync import comm_events
+    from pardiag.analyzer.analyses.comm_events import comm_events
     ev = comm_events(traces).sort_values("start_us")
     assert ev["op"].tolist() == ["all_reduce", "reduce_scatter", "reduce_scatter", "all_gather"]
     assert ev["start_us"].tolist() == [55.0, 58.0, 102.0, 112.0]

@@ -69,7 +69,7 @@ class RoutingResult:
 
     Attributes:
         instances: per routed all-to-all instance: ``instance`` (the sync analysis' key),
-            ``group`` (its ranks and description, :func:`pardiag.analyzer.analyses.sync.group_key`),
+            ``group`` (its ranks and description, :func:`pardiag.analyzer.analyses.comm_events.group_key`),
             ``step``, ``seq``, ``unit`` (``"rows"``, or ``"elements"`` where the row size is
             unknown), ``ranks`` (members, group order), ``send_rows``/``recv_rows`` (lists in
             that order), ``side`` (``"recv"`` or ``"send"``: the expert side), ``imbalance``

@@ -30,7 +30,8 @@ from ..analyses.operators import (MAX_JSON_OPERATORS, OperatorsResult,
 from ..predict.recommend import RecommendationResult, compute_recommendations
 from ..analyses.routing import RoutingResult, compute_routing
 from ..analyses.runsetup import RunSetup, compute_setup
-from ..analyses.sync import SyncResult, compute_sync, P2P_OPS
+from ..analyses.comm_events import P2P_OPS
+from ..analyses.sync import SyncResult, compute_sync
 
 
 #: Version of the report JSON (``pardiag report --json``, :meth:`pardiag.Report.to_json`); its

@@ -12,7 +12,8 @@ from ... import shapes
 from ... import whatif
 from ..context import RuleContext
 from ..types import Recommendation, batch_fields, ruled_out
-from ....analyses.sync import P2P_OPS, busbw_factor
+from ....analyses.comm_events import P2P_OPS
+from ....analyses.sync import busbw_factor
 
 
 def _ring(n: int) -> float:

@@ -1,0 +1,323 @@
+"""Communication events per rank: every collective and point-to-point op of a rank's trace, in one
+table (:data:`EVENT_COLUMNS`) that the cross-rank matching (:mod:`pardiag.analyzer.analyses.sync`)
+reads.
+
+Sources, in order: pardiag's collective records (``rank{R}.comms.json``: group, per-group sequence
+number, bytes) when the run has them; else the trace — NCCL/RCCL kernels (group and sizes from
+their args or from the launching ``record_param_comms`` op) or gloo worker events (sizes from
+``Input Dims``), numbered in time order per group. A rank's events from its trace are part of its
+summary (:func:`events_from_trace` runs where the trace is parsed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..trace.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
+                              comm_threads, name_test, on_threads, profiler_steps)
+from ..trace.comm_records import DTYPE_BYTES, _numel
+from ..trace.traceset import RankTrace, TraceSet
+from .breakdown import _segment_of, cpu_comm_types, launch_times, launching_op_rows
+from .infer_layout import _pg_config as pg_config_groups
+
+
+#: Columns of :func:`comm_events` (µs on each rank's own clock; bytes of the full buffer).
+#: ``pg`` is the group's name as the rank knows it (names are per-rank creation order and can name
+#: different groups on different ranks); ``group`` is its identity, the sorted global ranks joined
+#: by commas (``"0,2"``), or ``""`` when the trace does not say; ``native_seq`` is True where
+#: ``seq`` is the group's own sequence number (pardiag's records, a trace's ``Seq``) rather than
+#: the position in the trace; ``peer`` is the global rank at the other end of a send/recv (None
+#: when unknown); ``window`` is the profiling window (file) of the rank the event comes from, in
+#: time order (0 for a rank with one window).
+EVENT_COLUMNS = ("rank", "pg", "group", "seq", "native_seq", "op", "peer", "start_us", "end_us",
+                 "bytes", "group_size", "step", "source", "window")
+
+
+P2P_OPS = frozenset({"send", "recv", "send_recv"})
+
+
+#: Larger group sizes in a trace's args are not believed (no group's ranks are built from them).
+MAX_GROUP_SIZE = 1 << 20
+
+
+def _step_of(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """Profiler step whose CPU window holds each time; -1 outside every step."""
+    out = np.full(len(times), -1, dtype=np.int64)
+    if steps.empty or len(times) == 0:
+        return out
+    starts = steps["start_us"].to_numpy()
+    ends = steps["end_us"].to_numpy()
+    idx = np.searchsorted(starts, times, side="right") - 1
+    ok = (idx >= 0) & (times < ends[np.clip(idx, 0, None)])
+    out[ok] = steps["step"].to_numpy()[idx[ok]]
+    return out
+
+
+def group_key(ranks, desc: object = "") -> str:
+    """Identity of a process group: its sorted global ranks joined by commas (``"0,2"``), and
+    its description where the trace gives one (``"0,2|mesh_dp"``: two groups of the same ranks,
+    such as a mesh's dp and tp groups on 2 ranks, stay apart; every member describes a group
+    alike, while its name is the member's own creation-order number)."""
+    key = ",".join(str(r) for r in sorted({int(r) for r in ranks}))
+    desc = str(desc or "").strip().strip('"')
+    return f"{key}|{desc}" if desc else key
+
+
+def _int_arg(v) -> int | None:
+    """An integer from a trace arg (Kineto writes many as strings: ``"3"``); None otherwise."""
+    if isinstance(v, bool) or v is None:
+        return None
+    out = None
+    if isinstance(v, int):
+        out = v
+    elif isinstance(v, float):
+        out = int(v) if np.isfinite(v) and v == int(v) else None
+    elif isinstance(v, str):
+        try:
+            out = int(v.strip().strip('"'))
+        except ValueError:
+            return None
+    # beyond 2^53 it is no count, rank or sequence number (and would not fit the tables)
+    return out if out is not None and abs(out) < 2 ** 53 else None
+
+
+def _rank_list(v) -> list[int] | None:
+    """Global ranks from ``Process Group Ranks`` / ``pg_config`` (a list, or text such as
+    ``"[0, 1]"``); None when unreadable or truncated (``"[0, 1, ...]"``)."""
+    if isinstance(v, str):
+        text = v.strip().strip('"').strip()
+        if not (text.startswith("[") and text.endswith("]")) or "..." in text:
+            return None
+        items = [t for t in text[1:-1].replace(" ", "").split(",") if t]
+        v = items
+    if not isinstance(v, (list, tuple)):
+        return None
+    out = [_int_arg(x) for x in v]
+    return out if out and all(x is not None and x >= 0 for x in out) else None
+
+
+def _group_ranks(args: dict, pg_ranks_by_name: dict[str, list[int]]) -> list[int] | None:
+    """The global ranks of a communication op's group: ``Process Group Ranks``, else
+    ``Global rank start``/``stride`` with ``Group size``, else ``distributedInfo.pg_config`` for
+    its group name (the rank's own names)."""
+    ranks = _rank_list(args.get("Process Group Ranks"))
+    if ranks:
+        return ranks
+    start, stride = _int_arg(args.get("Global rank start")), _int_arg(args.get("Global rank stride"))
+    size = _int_arg(args.get("Group size"))
+    if start is not None and stride and size and start >= 0 and stride > 0 \
+            and size <= MAX_GROUP_SIZE:
+        return [start + stride * i for i in range(size)]
+    name = args.get("Process Group Name")
+    return pg_ranks_by_name.get(str(name)) if name is not None else None
+
+
+def _pg_config(trace: RankTrace) -> tuple[dict[str, list[int]], int | None, int | None]:
+    """(``{pg name: global ranks}`` from ``distributedInfo.pg_config``, world size, pg count)."""
+    info = trace.metadata.get("distributedInfo")
+    info = info if isinstance(info, dict) else {}
+    by_name = {}
+    for g in pg_config_groups(trace):  # the well-formed entries, as the layout reads them
+        ranks = _rank_list(g.get("ranks"))
+        if ranks:
+            by_name[str(g.get("pg_name"))] = ranks
+    world = _int_arg(info.get("world_size"))
+    return by_name, world, _int_arg(info.get("pg_count"))
+
+
+def _from_records(rank: int, doc: dict, steps: pd.DataFrame) -> pd.DataFrame:
+    groups = {g["name"]: g for g in doc.get("process_groups", [])}
+    rows = []
+    for r in doc.get("records", []):
+        if r.get("start_us") is None or r.get("end_us") is None:
+            continue
+        g = groups.get(r["pg_name"], {})
+        members = _rank_list(r.get("pg_ranks") or g.get("ranks") or []) or []
+        desc = g.get("desc") or r.get("pg_desc")
+        rows.append({"rank": rank, "pg": str(r["pg_name"]),
+                     "group": group_key(members, desc) if members else "", "seq": int(r["seq"]),
+                     "native_seq": True, "op": r["op"], "peer": r.get("peer"),
+                     "start_us": float(r["start_us"]), "end_us": float(r["end_us"]),
+                     "bytes": r.get("bytes"), "group_size": len(members) or None,
+                     "issue_us": float(r["issue_us"]), "source": "records"})
+    df = pd.DataFrame(rows, columns=[*EVENT_COLUMNS[:-3], "issue_us", "source"])
+    df["step"] = _step_of(df["issue_us"].to_numpy(dtype=float), steps)
+    df["window"] = 0
+    return df.drop(columns="issue_us")[list(EVENT_COLUMNS)]
+
+
+def _args_bytes(args) -> int | None:
+    if not isinstance(args, dict):
+        return None
+    dtype = args.get("dtype")
+    n_in, n_out = _int_arg(args.get("In msg nelems")), _int_arg(args.get("Out msg nelems"))
+    if n_in is not None or n_out is not None:
+        n = max(n_in or 0, n_out or 0) * DTYPE_BYTES.get(str(dtype).strip('"'), 4)
+        return n if n < 2 ** 53 else None
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if isinstance(dims, list) and dims and isinstance(types, list) and types:
+        try:
+            n = _numel(dims[:1]) * DTYPE_BYTES.get(str(types[0]), 4)
+        except (TypeError, ValueError):
+            return None
+        return n if n < 2 ** 53 else None
+    return None
+
+
+def _p2p_peer(op: str, args: dict, ranks: list[int] | None) -> int | None:
+    """Global rank at the other end of a send/recv: ``Dst Rank`` / ``Src Rank`` (global), else
+    ``Rank`` (Kineto's record of a send/recv holds the peer's rank *in the group* there)."""
+    peer = _int_arg(args.get("Dst Rank" if op == "send" else "Src Rank"))
+    if peer is not None:
+        return peer
+    local = _int_arg(args.get("Rank"))
+    if local is not None and ranks and 0 <= local < len(ranks):
+        return ranks[local]
+    return None
+
+
+def _gloo_p2p_peers(ev: pd.DataFrame, p2p: pd.DataFrame, world_group: bool) -> list:
+    """Peers of gloo's point-to-point events (``gloo:send``/``gloo:recv`` on the calling thread):
+    the i-th ``c10d::send`` (``c10d::recv_``) of the thread names the i-th transfer's peer in its
+    ``Concrete Inputs[2]`` (a rank in the group; global only when every group is the world,
+    ``world_group``). None where that does not hold."""
+    out: list = [None] * len(p2p)
+    if not world_group or p2p.empty:
+        return out
+    for op, c10d in (("send", "c10d::send"), ("recv", "c10d::recv_")):
+        calls = ev[ev["name"] == c10d]
+        for (pid, tid), idx in p2p[p2p["name"] == f"gloo:{op}"].groupby(["pid", "tid"]).indices.items():
+            mine = calls[(calls["pid"] == pid) & (calls["tid"] == tid)]
+            if len(mine) != len(idx):
+                continue  # cannot tell which call is which transfer
+            for i, a in zip(idx, mine["args"].tolist()):
+                ci = a.get("Concrete Inputs") if isinstance(a, dict) else None
+                out[i] = _int_arg(ci[2]) if isinstance(ci, list) and len(ci) > 2 else None
+    return out
+
+
+def events_from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.DataFrame:
+    """The rank's communication events read from its trace (no pardiag records): GPU
+    communication kernels (group, sequence number, peer and sizes from their args or from the
+    launching ``record_param_comms`` op) and gloo's events (the worker threads' collectives; the
+    calling thread's send/recv), in :data:`EVENT_COLUMNS`."""
+    ev = trace.events
+    pg_ranks, world, pg_count = _pg_config(trace)
+    frames = []
+    # communication kernels; copies a --comm-kernel pattern names (Memcpy PtoP) have no
+    # rendezvous across ranks, so they are not matched
+    gpu = ev[(kinds == Kind.GPU_COMM.value).to_numpy()
+             & ~ev["cat"].isin(["gpu_memcpy", "gpu_memset"]).to_numpy()]
+    if len(gpu):
+        # metadata from the kernel's args, else from the CPU op that launched it
+        launch = launch_times(trace, gpu)
+        ops, enclosing = launching_op_rows(trace, gpu)
+        op_names = ops["name"].tolist()
+        op_args = ops["args"].tolist()
+        rows = []
+        for name, ts, dur, kargs, lt, enc in zip(gpu["name"].tolist(), gpu["ts"].tolist(),
+                                                 gpu["dur"].tolist(), gpu["args"].tolist(),
+                                                 launch, enclosing):
+            args = kargs if isinstance(kargs, dict) else {}
+            rpc = next((op_args[j] for j in enc[::-1] if isinstance(op_args[j], dict)
+                        and "Collective name" in op_args[j]), None)
+            if rpc is not None:  # the launching op's record fills what the kernel lacks (Seq)
+                args = {**rpc, **args}
+            if "Collective name" not in args and len(enc):
+                # an older trace: the op name and its input shapes
+                a = op_args[enc[-1]]
+                a = a if isinstance(a, dict) else {}
+                args = {**args, "_op_name": op_names[enc[-1]],
+                        **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
+            op = collective_type(args.get("_op_name", name), args)
+            if op not in STANDARD_COLLECTIVES:
+                op = collective_type(name, args)
+            if op not in STANDARD_COLLECTIVES and "sendrecv" in name.lower().replace("_", ""):
+                op = "send_recv"  # batched p2p ("coalesced"): a transfer, never a collective
+            members = _group_ranks(args, pg_ranks)
+            size = _int_arg(args.get("Group size"))
+            seq = _int_arg(args.get("Seq"))
+            rows.append({"rank": trace.rank, "pg": str(args.get("Process Group Name", "?")),
+                         "group": group_key(members, args.get("Process Group Description"))
+                         if members else "",
+                         "seq": seq if seq is not None else -1,
+                         "native_seq": seq is not None and op not in P2P_OPS,
+                         "op": op, "peer": _p2p_peer(op, args, members) if op in P2P_OPS else None,
+                         "start_us": float(ts), "end_us": float(ts + dur),
+                         "bytes": _args_bytes(args),
+                         "group_size": size if size else (len(members) if members else world),
+                         "launch_us": float(lt), "source": "trace"})
+        df = pd.DataFrame(rows)
+        df["step"] = _step_of(df["launch_us"].to_numpy(), steps)
+        frames.append(df.drop(columns="launch_us"))
+    threads = comm_threads(trace)
+    gloo = ev[name_test(trace, "gloo", lambda n: n.startswith("gloo:"))]
+    if len(gloo):
+        on_worker = on_threads(gloo, threads)
+        # named by the op the program issued (gloo's all_reduce of a reduce_scatter is one),
+        # in the group that op's record names
+        cct = cpu_comm_types(trace, kinds)
+        issued = cct["type"].reindex(gloo.index)
+        recs = cct["issuer_record"].reindex(gloo.index).tolist()
+        ops = [t if isinstance(t, str) else collective_type(n)
+               for t, n in zip(issued.tolist(), gloo["name"].tolist())]
+        is_p2p = np.array([o in ("send", "recv") for o in ops], dtype=bool)
+        keep = on_worker | is_p2p  # collectives on the worker threads; send/recv on the caller's
+        gl = gloo[keep]
+        world_group = bool(pg_count == 1 or (pg_ranks and world and all(
+            len(r) == world for r in pg_ranks.values()) and pg_count == len(pg_ranks)))
+        peers: list = [None] * len(gl)
+        p2p_rows = np.flatnonzero(is_p2p[keep])
+        if len(p2p_rows):
+            for i, peer in zip(p2p_rows, _gloo_p2p_peers(ev, gl.iloc[p2p_rows], world_group)):
+                peers[i] = peer
+        recs = [r if isinstance(r, dict) else {} for r, k in zip(recs, keep) if k]
+        members = [_group_ranks(r, pg_ranks) if r else None for r in recs]
+        seqs = [_int_arg(r.get("Seq")) for r in recs]
+        kept_ops = [o for o, k in zip(ops, keep) if k]
+        df = pd.DataFrame({
+            "rank": trace.rank, "pg": [str(r.get("Process Group Name", "?")) for r in recs],
+            "group": [group_key(m, r.get("Process Group Description")) if m else ""
+                      for m, r in zip(members, recs)],
+            "seq": [q if q is not None else -1 for q in seqs],
+            "native_seq": [q is not None and o not in P2P_OPS for q, o in zip(seqs, kept_ops)],
+            "op": kept_ops, "peer": pd.Series(peers, dtype=object),
+            "start_us": gl["ts"].to_numpy(dtype=float),
+            "end_us": (gl["ts"] + gl["dur"]).to_numpy(dtype=float),
+            "bytes": [_args_bytes(a) for a in gl["args"]],
+            "group_size": [len(m) if m else world for m in members],
+            "source": "trace"})
+        df["step"] = _step_of(df["start_us"].to_numpy(dtype=float), steps)
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=list(EVENT_COLUMNS))
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
+    df["window"] = _segment_of(df["start_us"].to_numpy(dtype=float), trace.windows)
+    order = df.groupby(["group", "pg", "window"]).cumcount() + 1
+    df["seq"] = np.where(df["native_seq"].astype(bool), df["seq"], order)
+    return df[list(EVENT_COLUMNS)]
+
+
+def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
+    """Every communication event of every rank, with :data:`EVENT_COLUMNS`.
+
+    ``seq`` is the per-group sequence number from the records, or the per-group order in the
+    trace; ``pg`` is ``"?"`` where the trace does not name the group.
+    """
+    frames = []
+    comm_patterns = list(comm_patterns)
+    for rank, trace in traces.ranks.items():
+        doc = traces.sidecars.get("comms", {}).get(rank)
+        s = trace.summary
+        if s is not None and s.matches(comm_patterns):
+            frames.append(_from_records(rank, doc, s.steps) if doc else s.comm)
+            continue
+        kinds = classify(trace, comm_patterns)
+        steps = profiler_steps(trace, kinds)
+        frames.append(_from_records(rank, doc, steps) if doc else events_from_trace(trace, kinds, steps))
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=list(EVENT_COLUMNS))
+    return pd.concat(frames, ignore_index=True)[list(EVENT_COLUMNS)]
