@@ -48,6 +48,7 @@ from .analyses.infer_layout import RankMarks, rank_marks
 from .trace.load import _parse_all, _parse_file, _trace_files, default_workers
 from .analyses.operators import operators_of_events
 from .analyses.comm_events import events_from_trace
+from .analyses.memory import memory_rows
 from .trace.traceset import RankTrace
 from pardiag.errors import TraceError
 
@@ -61,13 +62,6 @@ SUMMARY_KIND = "pardiag-rank-summary"
 SUMMARY_SUFFIX = layout.SUMMARY_SUFFIX
 #: Name of the summary folder inside a trace folder.
 CACHE_DIRNAME = layout.SUMMARY_DIR
-
-_MEMORY_COLUMNS = ("ts_us", "device", "allocated_bytes", "reserved_bytes")
-#: ``Device Type`` of ``[memory]`` events: torch's ``c10::DeviceType`` enum (c10/core/DeviceType.h).
-DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip",
-                7: "fpga", 8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps",
-                14: "meta", 15: "hpu", 16: "ve", 17: "lazy", 18: "ipu", 19: "mtia",
-                20: "privateuse1"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,39 +137,6 @@ class RankSummary:
 def pattern_sources(comm_patterns: Iterable) -> tuple[str, ...]:
     """The source strings of compiled (or string) ``--comm-kernel`` patterns."""
     return tuple(p.pattern if isinstance(p, re.Pattern) else str(p) for p in comm_patterns)
-
-
-def memory_rows(trace: RankTrace) -> pd.DataFrame:
-    """The ``[memory]`` events of a rank as :data:`_MEMORY_COLUMNS` (from its summary when it
-    has one).
-
-    Device: the name of ``Device Type`` (torch's ``c10::DeviceType`` numbers, :data:`DEVICE_TYPES`:
-    0 ``"cpu"``, 1 ``"cuda"``, 12 ``"xpu"``, ...), else the value as text. Bytes are NaN where the
-    trace does not hold a number.
-    """
-    s = trace.summary
-    if s is not None:
-        return s.memory
-    ev = trace.events[trace.events["name"] == "[memory]"]
-    rows = []
-    for ts, args in zip(ev["ts"], ev["args"]):
-        if not isinstance(args, dict):
-            continue
-        dev = DEVICE_TYPES.get(args.get("Device Type"), str(args.get("Device Type")))
-        alloc, res = args.get("Total Allocated"), args.get("Total Reserved")
-        rows.append((float(ts), dev, _bytes_value(alloc), _bytes_value(res)))
-    return pd.DataFrame(rows, columns=list(_MEMORY_COLUMNS)).astype(
-        {"ts_us": float, "device": object, "allocated_bytes": float, "reserved_bytes": float})
-
-
-def _bytes_value(v) -> float:
-    """A byte count from a ``[memory]`` event's args as float; NaN when it is not a number."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        try:
-            return float(v)
-        except OverflowError:
-            return np.nan
-    return np.nan
 
 
 def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings: Iterable[str] = (),

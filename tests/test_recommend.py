@@ -738,7 +738,7 @@ def _ctx(steps=2, dims=None, dim_comm=None, nodes=None, groups=None, bandwidth=N
     """A :class:`RuleContext` of a planted run: ``steps`` steps of 10000 µs on rank 0, the
     given layout, per-dimension communication per step and bandwidth."""
     import pandas as pd
-    from pardiag.analyzer.analyses.imbalance import LayoutResult
+    from pardiag.analyzer.analyses.layout import LayoutResult
     from pardiag.analyzer.analyses.breakdown import TimeBreakdown
     from pardiag.analyzer.analyses.dim_overlap import DimOverlapResult
     from pardiag.analyzer.predict.recommend.context import MeasuredPeak, RuleContext, step_noise

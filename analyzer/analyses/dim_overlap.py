@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
-from .imbalance import LayoutResult
+from .layout import LayoutResult
 from .breakdown import rank_parts
 from ..trace.traceset import TraceSet
 from .sync import SyncResult

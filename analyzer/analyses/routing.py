@@ -200,7 +200,7 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
     Args:
         traces: the run (each rank's all-to-all ops with their split sizes).
         sync: the matched collectives (all-to-all instances, clock offsets, per-rank times).
-        layout: :class:`pardiag.analyzer.analyses.imbalance.LayoutResult`, to name a group's dimension.
+        layout: :class:`pardiag.analyzer.analyses.layout.LayoutResult`, to name a group's dimension.
 
     Returns:
         :class:`RoutingResult`; empty (with a note when all-to-alls were seen) when no

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .imbalance import LayoutResult
+from .layout import LayoutResult
 from ..trace.traceset import TraceSet
 from ..predict.whatif import normalize_schedule
 
@@ -155,7 +155,7 @@ def _dist_infos(traces: TraceSet) -> list[dict]:
 
 def compute_setup(traces: TraceSet, lay: LayoutResult) -> RunSetup:
     """The setup of ``traces`` (see :class:`RunSetup`); ``lay`` is the run's layout
-    (:func:`pardiag.analyzer.analyses.imbalance.compute_layout`)."""
+    (:func:`pardiag.analyzer.analyses.layout.compute_layout`)."""
     run = traces.run_info
     metas = [traces.rank_meta[r] for r in sorted(traces.rank_meta)]
     infos = _dist_infos(traces)

@@ -15,8 +15,9 @@ from typing import Any, Callable
 import msgspec
 import pandas as pd
 
-from ..analyses.imbalance import (BalanceResult, LayoutResult, MemoryResult, compute_balance,
-                                      compute_layout, compute_memory)
+from ..analyses.imbalance import BalanceResult, compute_balance
+from ..analyses.layout import LayoutResult, compute_layout
+from ..analyses.memory import MemoryResult, compute_memory
 from ..analyses.breakdown import TimeBreakdown, compute_time_breakdown
 from ..analyses.causes import CausesResult, compute_causes
 from ..trace.classify import device_kind

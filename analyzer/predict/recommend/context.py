@@ -17,7 +17,9 @@ import numpy as np
 import pandas as pd
 
 from .. import whatif
-from ...analyses.imbalance import BalanceResult, LayoutResult, MemoryResult
+from ...analyses.imbalance import BalanceResult
+from ...analyses.layout import LayoutResult
+from ...analyses.memory import MemoryResult
 from ...analyses.breakdown import OUTLIER_STEP_FACTOR, TimeBreakdown
 from ...analyses.causes import CausesResult
 from ...analyses.dim_overlap import DimOverlapResult

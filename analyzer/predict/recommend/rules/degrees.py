@@ -115,7 +115,7 @@ def mesh_groups(n: int, tp: int, dim: str) -> list[list[int]]:
 
 def _traffic(ctx: RuleContext) -> dict[str, DimTraffic]:
     """Per dimension with complete collective instances: its :class:`DimTraffic` (groups
-    matched to dimensions by their ranks, :attr:`pardiag.analyzer.analyses.imbalance.LayoutResult.groups`)."""
+    matched to dimensions by their ranks, :attr:`pardiag.analyzer.analyses.layout.LayoutResult.groups`)."""
     lay, sync = ctx.layout, ctx.sync
     if lay is None or lay.groups.empty or sync is None or sync.instances.empty:
         return {}

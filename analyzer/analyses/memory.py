@@ -1,0 +1,122 @@
+"""Memory per rank: static bytes of parameters, gradients and optimizer state (local shards, from
+``rank{R}.meta.json``), peaks (the trace's ``[memory]`` events, CUDA allocator peaks or peak RSS),
+the allocator timeline from the trace, and the imbalance ``max / mean`` across ranks.
+
+:func:`memory_rows` reads a rank's ``[memory]`` events; the per-rank summary keeps its result
+(:mod:`pardiag.analyzer.summary`), so a report from summaries reads no raw event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from ..trace.traceset import RankTrace, TraceSet
+
+
+_MEMORY_COLUMNS = ("ts_us", "device", "allocated_bytes", "reserved_bytes")
+
+
+#: ``Device Type`` of ``[memory]`` events: torch's ``c10::DeviceType`` enum (c10/core/DeviceType.h).
+DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip",
+                7: "fpga", 8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps",
+                14: "meta", 15: "hpu", 16: "ve", 17: "lazy", 18: "ipu", 19: "mtia",
+                20: "privateuse1"}
+
+
+def memory_rows(trace: RankTrace) -> pd.DataFrame:
+    """The ``[memory]`` events of a rank as :data:`_MEMORY_COLUMNS` (from its summary when it
+    has one).
+
+    Device: the name of ``Device Type`` (torch's ``c10::DeviceType`` numbers, :data:`DEVICE_TYPES`:
+    0 ``"cpu"``, 1 ``"cuda"``, 12 ``"xpu"``, ...), else the value as text. Bytes are NaN where the
+    trace does not hold a number.
+    """
+    s = trace.summary
+    if s is not None:
+        return s.memory
+    ev = trace.events[trace.events["name"] == "[memory]"]
+    rows = []
+    for ts, args in zip(ev["ts"], ev["args"]):
+        if not isinstance(args, dict):
+            continue
+        dev = DEVICE_TYPES.get(args.get("Device Type"), str(args.get("Device Type")))
+        alloc, res = args.get("Total Allocated"), args.get("Total Reserved")
+        rows.append((float(ts), dev, _bytes_value(alloc), _bytes_value(res)))
+    return pd.DataFrame(rows, columns=list(_MEMORY_COLUMNS)).astype(
+        {"ts_us": float, "device": object, "allocated_bytes": float, "reserved_bytes": float})
+
+
+def _bytes_value(v) -> float:
+    """A byte count from a ``[memory]`` event's args as float; NaN when it is not a number."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        try:
+            return float(v)
+        except OverflowError:
+            return np.nan
+    return np.nan
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryResult:
+    """Result of :func:`compute_memory`.
+
+    Attributes:
+        per_rank: ``rank``, ``params_bytes``, ``grads_bytes``, ``optimizer_state_bytes``,
+            ``static_bytes``, ``peak_allocated_bytes`` (trace, or CUDA peak), ``peak_reserved_bytes``,
+            ``peak_rss_bytes`` (NaN where unknown).
+        timeline: ``rank``, ``ts_us``, ``allocated_bytes``, ``reserved_bytes``, ``device`` from
+            the trace's ``[memory]`` events.
+        imbalance: ``{"static": max/mean, "peak": max/mean}`` across ranks (NaN if unknown).
+    """
+
+    per_rank: pd.DataFrame
+    timeline: pd.DataFrame
+    imbalance: dict
+
+
+def compute_memory(traces: TraceSet) -> MemoryResult:
+    """Per-rank static and peak memory, the allocator timeline, and their imbalance."""
+    rows, tl = [], []
+    for rank, trace in traces.ranks.items():
+        meta = traces.rank_meta[rank].memory if rank in traces.rank_meta else {}
+        static = meta.get("static") or {}
+        peaks = {}
+        # [memory] events, from the rank's summary when it has one (pardiag.analyzer.summary)
+        tr = memory_rows(trace).assign(rank=rank)[["rank", "ts_us", "device", "allocated_bytes",
+                                                     "reserved_bytes"]]
+        tl.append(tr)
+        # the accelerator's allocator when the trace has one (CUDA, XPU, HPU, ...), else the CPU's
+        accel = [d for d in tr["device"].unique() if d != "cpu"] if len(tr) else []
+        device = ("cuda" if "cuda" in accel else sorted(map(str, accel))[0]) if accel else "cpu"
+        if len(tr):
+            d = tr[tr["device"] == device]
+            peaks = {"peak_allocated_bytes": float(d["allocated_bytes"].max()),
+                     "peak_reserved_bytes": float(d["reserved_bytes"].max())}
+        if "peak_allocated_bytes" in meta:  # CUDA allocator peaks beat the trace's view
+            peaks = {"peak_allocated_bytes": meta["peak_allocated_bytes"],
+                     "peak_reserved_bytes": meta.get("peak_reserved_bytes")}
+        p, g, o = (static.get(k) for k in ("params_bytes", "grads_bytes", "optimizer_state_bytes"))
+        rows.append({"rank": rank, "params_bytes": p, "grads_bytes": g, "optimizer_state_bytes": o,
+                     "static_bytes": static.get("total_bytes"),
+                     "peak_allocated_bytes": peaks.get("peak_allocated_bytes"),
+                     "peak_reserved_bytes": peaks.get("peak_reserved_bytes"),
+                     "peak_rss_bytes": meta.get("peak_rss_bytes")})
+    per_rank = pd.DataFrame(rows, columns=["rank", "params_bytes", "grads_bytes",
+                                           "optimizer_state_bytes", "static_bytes",
+                                           "peak_allocated_bytes", "peak_reserved_bytes",
+                                           "peak_rss_bytes"]).astype(
+        {c: float for c in ["params_bytes", "grads_bytes", "optimizer_state_bytes", "static_bytes",
+                            "peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes"]})
+
+    def ratio(col):
+        s = per_rank[col].dropna()
+        return float(s.max() / s.mean()) if len(s) and s.mean() > 0 else float("nan")
+
+    cols = ["rank", "ts_us", "device", "allocated_bytes", "reserved_bytes"]
+    tl = [t for t in tl if len(t)]
+    timeline = (pd.concat(tl, ignore_index=True) if tl else pd.DataFrame(columns=cols))[cols]
+    return MemoryResult(per_rank, timeline,
+                        {"static": ratio("static_bytes"), "peak": ratio("peak_allocated_bytes")})
