@@ -14,7 +14,8 @@ from pardiag.analyzer.analyses.dim_overlap import compute_dim_overlap
 from pardiag.analyzer.trace.load import load_traces
 from pardiag.analyzer.predict.recommend import Recommendation, RecommendationResult
 from pardiag.analyzer.report.registry import build_report
-from pardiag.analyzer.render.html import PLOTLY_CDN_URL, SECTIONS, render_html
+from pardiag.analyzer.render.html import SECTIONS, render_html
+from pardiag.analyzer.render.page import PLOTLY_CDN_URL
 from pardiag.analyzer.render.terminal import render_terminal
 from pardiag.cli import cli
 from plotly.offline import get_plotlyjs

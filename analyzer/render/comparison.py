@@ -8,7 +8,6 @@ side (grouped bars, or two panels sharing an axis); A is blue, B orange on every
 
 from __future__ import annotations
 
-import datetime
 import math
 import shlex
 
@@ -19,14 +18,9 @@ from plotly.subplots import make_subplots
 from rich.console import Console
 from rich.text import Text
 
-from pardiag import __version__
 from ..report.compare import (PARTS, Comparison, GateResult, RecommendationCheck,
                                       value_text)
-from .html import _mib as _mib_table
-from .html import plotly_script
-from .html import (_BOOT_JS, _CSS, PART_COLORS, _e,
-                                          _json_script, _muted, _Page,
-                                          _table, _template_json)
+from .page import PART_COLORS, Page, document, escape, in_mib, muted, table
 from .terminal import Col, print_table
 
 #: Section headings of the comparison page, in order.
@@ -59,7 +53,7 @@ TERMINAL_OPERATORS = 10
 
 
 def _h2(key: str) -> str:
-    return f"<h2 id='{key}'>{_e(dict(COMPARE_SECTIONS)[key])}</h2>"
+    return f"<h2 id='{key}'>{escape(dict(COMPARE_SECTIONS)[key])}</h2>"
 
 
 def _ms(v) -> str:
@@ -198,7 +192,7 @@ def operators_figure(ops: pd.DataFrame) -> go.Figure:
     (the table below names them; the hover too)."""
     top = ops.head(CHART_OPERATORS).iloc[::-1]
     labels = [f"#{i}" for i in range(len(top), 0, -1)]
-    names = [f"{_e(k)}: {_e(n if len(n) <= 80 else n[:77] + '...')}"
+    names = [f"{escape(k)}: {escape(n if len(n) <= 80 else n[:77] + '...')}"
              for k, n in zip(top["kind"], top["name"])]
     fig = go.Figure(go.Bar(
         x=(top["delta_us"] / 1e3).astype("float32"), y=labels, orientation="h",
@@ -216,14 +210,14 @@ def operators_figure(ops: pd.DataFrame) -> go.Figure:
 
 
 def _verdict_section(c: Comparison, gate_result: GateResult | None) -> list[str]:
-    out = [_h2("verdict"), f"<p class='verdict'>{_e(headline(c))}</p>"]
+    out = [_h2("verdict"), f"<p class='verdict'>{escape(headline(c))}</p>"]
     for ch in c.applied:
-        out.append(f"<p><b>{_e(check_sentence(ch))}</b></p>")
+        out.append(f"<p><b>{escape(check_sentence(ch))}</b></p>")
     if gate_result is not None:
         cls = "warn" if gate_result.failed else "muted"
         out.append(f"<p class='{cls}'>{'FAIL' if gate_result.failed else 'pass'}: "
-                   f"{_e(gate_result.line)}</p>")
-    out.append(_muted(f"A (reference): {c.a_source} · B (candidate): {c.b_source} · every "
+                   f"{escape(gate_result.line)}</p>")
+    out.append(muted(f"A (reference): {c.a_source} · B (candidate): {c.b_source} · every "
                       "delta is B − A."))
     return out
 
@@ -231,7 +225,7 @@ def _verdict_section(c: Comparison, gate_result: GateResult | None) -> list[str]
 def _checks_section(c: Comparison) -> list[str]:
     out = [_h2("checks")]
     if not c.checks:
-        out.append(_muted("A's report evaluated no change (no recommendation to check)."))
+        out.append(muted("A's report evaluated no change (no recommendation to check)."))
         return out
     applied = pd.DataFrame([{
         "rank": ch.rank if ch.rank else "not recommended", "change": ch.change,
@@ -242,7 +236,7 @@ def _checks_section(c: Comparison) -> list[str]:
     if len(applied):
         out.append("<p>Changes of A's report that B made (A's predicted step time and peak "
                    "memory against B's measured ones):</p>")
-        out.append(_table(applied.assign(
+        out.append(table(applied.assign(
             a_step=applied["a_step"] / 1e3, predicted=applied["predicted"] / 1e3,
             measured=applied["measured"] / 1e3, pred_peak=applied["pred_peak"] / 2**20,
             b_peak=applied["b_peak"] / 2**20), {
@@ -251,11 +245,11 @@ def _checks_section(c: Comparison) -> list[str]:
             "error_pct": "error %", "pred_peak": "predicted peak (MiB)",
             "b_peak": "B peak (MiB)", "peak_error_pct": "peak error %",
             "also": "also changed"}, left=("change", "also"), digits=3))
-        out.append(_muted("error = (predicted − measured) / measured. \"Also changed\": the "
+        out.append(muted("error = (predicted − measured) / measured. \"Also changed\": the "
                           "script arguments and other setup fields that differ between A and "
                           "B — they move the measurement too."))
     else:
-        out.append(_muted(f"B made none of the {len(c.checks)} changes A's report evaluated "
+        out.append(muted(f"B made none of the {len(c.checks)} changes A's report evaluated "
                           "(or its setup does not show them); the table says why for each."))
     others = [ch for ch in c.checks if ch.status != "applied"]
     if others:
@@ -264,7 +258,7 @@ def _checks_section(c: Comparison) -> list[str]:
                             if ch.predicted_step_us is not None else None,
                             "status": ch.status, "why": ch.why} for ch in others])
         out.append("<h3>Other changes A's report evaluated</h3>")
-        out.append(_table(df, {"rank": "A's recommendation #", "change": "change",
+        out.append(table(df, {"rank": "A's recommendation #", "change": "change",
                                "predicted": "predicted (ms)", "status": "in B",
                                "why": "why"}, left=("rank", "change", "status", "why"),
                           digits=3, sortable=True, what="changes"))
@@ -278,29 +272,29 @@ def _setup_section(c: Comparison) -> list[str]:
     shown["a"] = [setup_text(f, v) for f, v in zip(shown["field"], shown["a"])]
     shown["b"] = [setup_text(f, v) for f, v in zip(shown["field"], shown["b"])]
     if len(shown):
-        out.append(_table(shown, {"label": "setting", "a": "A", "b": "B", "status": "status",
+        out.append(table(shown, {"label": "setting", "a": "A", "b": "B", "status": "status",
                                   "detail": "detail"}, left=("label", "a", "b", "status",
                                                             "detail"), what="settings"))
     else:
-        out.append(_muted("Nothing differs in what both runs recorded."))
+        out.append(muted("Nothing differs in what both runs recorded."))
     same = s[s["status"] == "same"]
     if len(same):
-        out.append(_muted("The same in both: " + "; ".join(
+        out.append(muted("The same in both: " + "; ".join(
             f"{lab} {setup_text(f, v)}" for f, lab, v in zip(same["field"], same["label"],
                                                              same["a"])) + "."))
     unknown = s[s["status"].str.startswith("unknown")]
     if len(unknown):
-        out.append(_muted("Unknown: what a run does not record (traces from elsewhere state "
+        out.append(muted("Unknown: what a run does not record (traces from elsewhere state "
                           "little: no script, environment or hosts; runs of an older pardiag "
                           "lack the environment)."))
     return out
 
 
-def _step_section(c: Comparison, page: _Page) -> list[str]:
+def _step_section(c: Comparison, page: Page) -> list[str]:
     out = [_h2("step")]
     s = c.step
     if s.a is None and s.b is None:
-        out.append(_muted(s.noise))
+        out.append(muted(s.noise))
         return out
     out.append(page.fig(step_figure(c)))
     rows = []
@@ -310,28 +304,28 @@ def _step_section(c: Comparison, page: _Page) -> list[str]:
         rows.append({"run": name, "basis": st.basis_text, "steps": st.steps,
                      "median": st.median_us / 1e3, "q1": st.q1_us / 1e3, "q3": st.q3_us / 1e3,
                      "min": st.min_us / 1e3, "max": st.max_us / 1e3})
-    out.append(_table(pd.DataFrame(rows), {
+    out.append(table(pd.DataFrame(rows), {
         "run": "run", "basis": "measured on", "steps": "steps", "median": "median (ms)",
         "q1": "first quartile (ms)", "q3": "third quartile (ms)", "min": "min (ms)",
         "max": "max (ms)"}, left=("run", "basis"), digits=3))
     if s.a is not None and s.b is not None:
         out.append(f"<p>B − A: {_signed(s.delta_us / 1e3, 3)} ms "
-                   f"({_signed(s.delta_pct)}%), {_e(s.noise)}.</p>")
+                   f"({_signed(s.delta_pct)}%), {escape(s.noise)}.</p>")
     return out
 
 
-def _breakdown_section(c: Comparison, page: _Page) -> list[str]:
+def _breakdown_section(c: Comparison, page: Page) -> list[str]:
     out = [_h2("breakdown")]
     if _empty(c.ranks, ["a_span_us", "b_span_us"]):
-        out.append(_muted("Neither run has timed events."))
+        out.append(muted("Neither run has timed events."))
         return out
     out.append(page.fig(breakdown_figure(c)))
-    out.append(_table(c.breakdown.assign(a_us=c.breakdown["a_us"] / 1e3,
+    out.append(table(c.breakdown.assign(a_us=c.breakdown["a_us"] / 1e3,
                                          b_us=c.breakdown["b_us"] / 1e3,
                                          delta_us=c.breakdown["delta_us"] / 1e3), {
         "label": "part", "a_us": "A (ms)", "b_us": "B (ms)", "delta_us": "B − A (ms)",
         "delta_pct": "B − A (%)"}, left=("label",), digits=3))
-    out.append(_muted("Mean over ranks of the mean profiled step. Exposed communication is "
+    out.append(muted("Mean over ranks of the mean profiled step. Exposed communication is "
                       "split into waiting (the wait the rank suffered in matched collectives, "
                       "counted as exposed first) and transfer (the rest)."))
     r = c.ranks
@@ -339,7 +333,7 @@ def _breakdown_section(c: Comparison, page: _Page) -> list[str]:
           for v in ("span_us", "exposed_comm_us", "exposed_wait_us", "idle_us",
                     "wait_caused_us")}
     out.append(f"<h3>By {'rank' if c.by == 'rank' else 'role (the layouts differ)'}</h3>")
-    out.append(_table(r.assign(**ms), {
+    out.append(table(r.assign(**ms), {
         "key": "rank" if c.by == "rank" else "role", "a_span_us": "A step (ms)",
         "b_span_us": "B step (ms)", "a_exposed_comm_us": "A exposed (ms)",
         "b_exposed_comm_us": "B exposed (ms)", "a_exposed_wait_us": "A waiting (ms)",
@@ -350,20 +344,20 @@ def _breakdown_section(c: Comparison, page: _Page) -> list[str]:
     return out
 
 
-def _overlap_section(c: Comparison, page: _Page) -> list[str]:
+def _overlap_section(c: Comparison, page: Page) -> list[str]:
     out = [_h2("overlap")]
     d = c.dims
     if _empty(d, ["a_overlap_pct", "b_overlap_pct"]):
-        out.append(_muted("No communication on a known parallel dimension in either run."))
+        out.append(muted("No communication on a known parallel dimension in either run."))
         return out
     vals = pd.concat([d["a_overlap_pct"], d["b_overlap_pct"]]).dropna()
     if len(vals) and (vals <= 0).all():
-        out.append(_muted("No overlap in either run: all communication exposed on every "
+        out.append(muted("No overlap in either run: all communication exposed on every "
                           "dimension, so no chart is drawn."))
     else:
         out.append(page.fig(_grouped(d, "dim", "overlap_pct", "Overlap per parallel dimension",
                                      "overlap (%)", xtitle="dimension")))
-    out.append(_table(d.assign(a_exposed_us=d["a_exposed_us"] / 1e3,
+    out.append(table(d.assign(a_exposed_us=d["a_exposed_us"] / 1e3,
                                b_exposed_us=d["b_exposed_us"] / 1e3), {
         "dim": "dimension", "a_overlap_pct": "A overlap %", "b_overlap_pct": "B overlap %",
         "a_exposed_us": "A exposed per rank and step (ms)",
@@ -371,23 +365,23 @@ def _overlap_section(c: Comparison, page: _Page) -> list[str]:
     return out
 
 
-def _pipeline_section(c: Comparison, page: _Page) -> list[str]:
+def _pipeline_section(c: Comparison, page: Page) -> list[str]:
     out = [_h2("pipeline")]
     b = c.bubbles
     if _empty(b, ["a_bubble_pct", "b_bubble_pct"]):
-        out.append(_muted("Neither run is a pipeline."))
+        out.append(muted("Neither run is a pipeline."))
         return out
     out.append(page.fig(_grouped(b.assign(stage=[f"stage {s}" for s in b["stage"]]), "stage",
                                  "bubble_pct", "Pipeline bubble per stage (% of the window)",
                                  "bubble (%)")))
-    out.append(_table(b.assign(a_bubble_us=b["a_bubble_us"] / 1e3,
+    out.append(table(b.assign(a_bubble_us=b["a_bubble_us"] / 1e3,
                                b_bubble_us=b["b_bubble_us"] / 1e3), {
         "stage": "stage", "a_bubble_pct": "A bubble %", "b_bubble_pct": "B bubble %",
         "a_ideal_pct": "A ideal %", "b_ideal_pct": "B ideal %",
         "a_bubble_us": "A bubble per step (ms)", "b_bubble_us": "B bubble per step (ms)",
         "a_basis": "A steps", "b_basis": "B steps"}, left=("stage", "a_basis", "b_basis"),
         digits=3))
-    out.append(_muted("Bubble = the window less the rank's forward and backward chunks; ideal "
+    out.append(muted("Bubble = the window less the rank's forward and backward chunks; ideal "
                       "(p−1)/(v·m+p−1) (Narayanan et al., SC'21)."))
     return out
 
@@ -402,10 +396,10 @@ def _stragglers_section(c: Comparison) -> list[str]:
     line = f"Straggler: A {who(sa)}, B {who(sb)}"
     if sa is not None and sa != sb:
         line += f" — rank {sa} no longer makes the others wait"
-    out.append(f"<p>{_e(line)}.</p>")
+    out.append(f"<p>{escape(line)}.</p>")
     if not _empty(c.skew, ["a_arrival_skew_us", "b_arrival_skew_us"]):
         k = c.skew
-        out.append(_table(k.assign(**{f"{p}_{v}": k[f"{p}_{v}"] / 1e3 for p in ("a", "b")
+        out.append(table(k.assign(**{f"{p}_{v}": k[f"{p}_{v}"] / 1e3 for p in ("a", "b")
                                       for v in ("arrival_skew_us", "max_skew_us")}), {
             "op": "collective", "a_count": "A instances", "b_count": "B instances",
             "a_arrival_skew_us": "A median arrival skew (ms)",
@@ -413,102 +407,102 @@ def _stragglers_section(c: Comparison) -> list[str]:
             "a_max_skew_us": "A max skew (ms)", "b_max_skew_us": "B max skew (ms)"},
             left=("op",), digits=3, sortable=True))
     else:
-        out.append(_muted("No collective matched across ranks in either run."))
+        out.append(muted("No collective matched across ranks in either run."))
     return out
 
 
 def _imbalance_section(c: Comparison) -> list[str]:
     out = [_h2("imbalance")]
     if _empty(c.imbalance, ["a_imbalance", "b_imbalance"]):
-        out.append(_muted("No parallel-dimension group with compute in either run."))
+        out.append(muted("No parallel-dimension group with compute in either run."))
         return out
     i = c.imbalance
-    out.append(_table(i.assign(a_cost_us=i["a_cost_us"] / 1e3, b_cost_us=i["b_cost_us"] / 1e3), {
+    out.append(table(i.assign(a_cost_us=i["a_cost_us"] / 1e3, b_cost_us=i["b_cost_us"] / 1e3), {
         "dim": "dimension", "a_imbalance": "A max/mean", "b_imbalance": "B max/mean",
         "a_cost_us": "A cost per step (ms)", "b_cost_us": "B cost per step (ms)"},
         left=("dim",), digits=3))
-    out.append(_muted("Compute per step: max/mean over the group's ranks; cost = max − mean."))
+    out.append(muted("Compute per step: max/mean over the group's ranks; cost = max − mean."))
     return out
 
 
-def _memory_section(c: Comparison, page: _Page) -> list[str]:
+def _memory_section(c: Comparison, page: Page) -> list[str]:
     out = [_h2("memory")]
     r = c.ranks
     cols = [f"{p}_{v}" for p in ("a", "b") for v in ("static_bytes", "peak_allocated_bytes",
                                                      "peak_rss_bytes")]
     if _empty(r, cols):
-        out.append(_muted("No memory information in either run."))
+        out.append(muted("No memory information in either run."))
         return out
     out.append(page.fig(memory_figure(c)))
-    out.append(_table(_mib_table(r, cols), {
+    out.append(table(in_mib(r, cols), {
         "key": "rank" if c.by == "rank" else "role",
         "a_static_bytes": "A static (MiB)", "b_static_bytes": "B static (MiB)",
         "a_peak_allocated_bytes": "A peak allocated (MiB)",
         "b_peak_allocated_bytes": "B peak allocated (MiB)",
         "a_peak_rss_bytes": "A peak RSS (MiB)", "b_peak_rss_bytes": "B peak RSS (MiB)"},
         left=("key",), digits=2, sortable=True, what="rows"))
-    out.append(_muted("Static: parameters, gradients and optimizer state of the rank; peak "
+    out.append(muted("Static: parameters, gradients and optimizer state of the rank; peak "
                       "allocated: in the traced window (markers: peak allocated, else peak RSS)."))
     return out
 
 
-def _collectives_section(c: Comparison, page: _Page) -> list[str]:
+def _collectives_section(c: Comparison, page: Page) -> list[str]:
     out = [_h2("collectives")]
     k = c.collectives
     if _empty(k, ["a_time_us", "b_time_us"]):
-        out.append(_muted("No communication in either run."))
+        out.append(muted("No communication in either run."))
     else:
         out.append(page.fig(_grouped(k, "collective", "time_us",
                                      "Time per collective type per rank and step (ms)", "ms",
                                      scale=1e3)))
-        out.append(_table(k.assign(**{f"{p}_{v}": k[f"{p}_{v}"] / 1e3 for p in ("a", "b")
+        out.append(table(k.assign(**{f"{p}_{v}": k[f"{p}_{v}"] / 1e3 for p in ("a", "b")
                                       for v in ("time_us", "exposed_us")}), {
             "collective": "collective", "a_count": "A count", "b_count": "B count",
             "a_time_us": "A time (ms)", "b_time_us": "B time (ms)",
             "a_exposed_us": "A exposed (ms)", "b_exposed_us": "B exposed (ms)"},
             left=("collective",), digits=3, sortable=True, what="types"))
-        out.append(_muted("Per rank and profiled step: issued ops, |union| of their intervals "
+        out.append(muted("Per rank and profiled step: issued ops, |union| of their intervals "
                           "and its part not under compute."))
     if not _empty(c.bandwidth, ["a_count", "b_count"]):
         bw = c.bandwidth
         out.append("<h3>Per dimension (or group): transfer and bus bandwidth</h3>")
-        out.append(_table(bw.assign(a_transfer_us=bw["a_transfer_us"] / 1e3,
+        out.append(table(bw.assign(a_transfer_us=bw["a_transfer_us"] / 1e3,
                                     b_transfer_us=bw["b_transfer_us"] / 1e3), {
             "group": "dimension or group", "op": "collective", "a_count": "A instances",
             "b_count": "B instances", "a_transfer_us": "A transfer median (ms)",
             "b_transfer_us": "B transfer median (ms)", "a_busbw_gbps": "A busbw median (GB/s)",
             "b_busbw_gbps": "B busbw median (GB/s)"}, left=("group", "op"), digits=3,
             sortable=True, what="rows"))
-        out.append(_muted("Complete instances matched across ranks; transfer = an instance's "
+        out.append(muted("Complete instances matched across ranks; transfer = an instance's "
                           "shortest duration over its ranks; busbw as nccl-tests defines it."))
     return out
 
 
-def _operators_section(c: Comparison, page: _Page) -> list[str]:
+def _operators_section(c: Comparison, page: Page) -> list[str]:
     out = [_h2("operators")]
     o = c.operators
     if o.empty:
-        out.append(_muted(c.operators_note or "No operators in either run."))
+        out.append(muted(c.operators_note or "No operators in either run."))
         return out
     out.append(page.fig(operators_figure(o)))
-    out.append(_table(o.assign(n=[f"#{i}" for i in range(1, len(o) + 1)],
+    out.append(table(o.assign(n=[f"#{i}" for i in range(1, len(o) + 1)],
                                a_us=o["a_us"] / 1e3, b_us=o["b_us"] / 1e3,
                                delta_us=o["delta_us"] / 1e3), {
         "n": "#", "kind": "kind", "name": "operator", "a_us": "A (ms)", "b_us": "B (ms)",
         "delta_us": "B − A (ms)", "delta_pct": "B − A (%)", "a_count": "A count",
         "b_count": "B count"}, left=("n", "kind", "name"), digits=3, sortable=True,
         what="operators"))
-    out.append(_muted(c.operators_note[0].upper() + c.operators_note[1:] + "."))
+    out.append(muted(c.operators_note[0].upper() + c.operators_note[1:] + "."))
     return out
 
 
 def _warnings_section(c: Comparison) -> list[str]:
     out = [_h2("warnings")]
     if c.warnings:
-        out.append("<ul>" + "".join(f"<li class='warn'>{_e(w)}</li>" for w in c.warnings)
+        out.append("<ul>" + "".join(f"<li class='warn'>{escape(w)}</li>" for w in c.warnings)
                    + "</ul>")
     else:
-        out.append(_muted("None: the two runs are comparable rank by rank."
+        out.append(muted("None: the two runs are comparable rank by rank."
                           if c.by == "rank" else "None."))
     return out
 
@@ -523,23 +517,15 @@ def render_compare_html(c: Comparison, *, gate_result: GateResult | None = None,
         include_plotlyjs: True inlines plotly.js (gzip + base64, works offline); ``"cdn"``
             links it from the plotly CDN instead.
     """
-    page = _Page()
+    page = Page()
     body = (_verdict_section(c, gate_result) + _checks_section(c) + _setup_section(c)
             + _step_section(c, page) + _breakdown_section(c, page) + _overlap_section(c, page)
             + _pipeline_section(c, page) + _stragglers_section(c) + _imbalance_section(c)
             + _memory_section(c, page) + _collectives_section(c, page)
             + _operators_section(c, page) + _warnings_section(c))
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    head_js, packed = plotly_script(include_plotlyjs)
-    toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in COMPARE_SECTIONS)
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>pardiag compare: {_e(c.a_source)} → {_e(c.b_source)}</title>"
-        f"<style>{_CSS}</style>{head_js}</head><body>"
-        f"<h1>pardiag compare</h1><p class='muted'>A {_e(c.a_source)} → B {_e(c.b_source)} · "
-        f"pardiag {__version__} · {stamp}</p><p class='muted'>{toc}</p>" + "".join(body)
-        + _json_script("pd-template", _template_json()) + packed
-        + f"<script>{_BOOT_JS}</script></body></html>")
+    return document(f"pardiag compare: {c.a_source} → {c.b_source}", "pardiag compare",
+                    f"A {c.a_source} → B {c.b_source}", COMPARE_SECTIONS, "".join(body),
+                    include_plotlyjs)
 
 
 # ---------------------------------------------------------------------------- terminal

@@ -1,49 +1,33 @@
-"""The HTML report: one self-contained file that opens offline.
+"""The HTML report: one self-contained file that opens offline, built with the page kit
+(:mod:`pardiag.analyzer.render.page`: escaping, tables, inert figure data, plotly.js inlined).
 
-Figures are built from analysis results here and nowhere else.
+Figures are built from analysis results here and nowhere else; every string from a trace goes
+into them escaped (plotly renders a subset of HTML in labels, :func:`_pe`).
 
-**Safety.** Every string that comes from a trace, a sidecar or a file name is HTML-escaped before
-it reaches the page, in tables and in figures alike (plotly renders a subset of HTML in labels,
-so figure strings are escaped too). Figure data travels as JSON in inert
-``<script type="application/json">`` elements with ``<``, ``>`` and ``&`` escaped; the page's
-only scripts are plotly.js and :data:`_BOOT_JS` (which draws the figures and sorts tables by
-moving rows, never by writing HTML).
-
-**Size.** plotly.js (about 4.8 MB) is inlined gzip-compressed and base64-encoded (about 1.9 MB)
-and unpacked by the browser (``DecompressionStream``), so large runs fit in a few MB; ``--cdn``
-links it instead. Large runs are aggregated or sampled where a figure or table would grow with
+**Size.** Large runs are aggregated or sampled where a figure or table would grow with
 ranks × steps × collectives (limits below); the page says so where it happens and lists every
 such reduction under "Run summary".
 """
 
 from __future__ import annotations
 
-import base64
 import datetime
-import functools
-import gzip
 import html
-import importlib.resources
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pandas as pd
 import plotly.graph_objects as go
-import plotly.io as pio
-from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
-from pardiag import __version__
 from ..trace import intervals as iv
+from .page import (PART_COLORS, Page, document, escape, fmt, in_mib,
+                   in_ms, muted, shown, table)
 from ..analyses.pipeline import summarize_bubbles
 from ..report.registry import Report
 from ..analyses.routing import IMBALANCE_MIN
 from ..analyses.sync import STRAGGLER_MIN_WAIT_US
 
-#: Colours of the four breakdown parts, shared by every breakdown chart.
-PART_COLORS = {"compute only": "#4C78A8", "overlapped": "#54A24B",
-               "exposed comm": "#E45756", "idle": "#BAB0AC"}
 _PART_COLUMNS = {"compute only": "compute_only_us", "overlapped": "overlap_us",
                  "exposed comm": "exposed_comm_us", "idle": "idle_us"}
 
@@ -67,8 +51,6 @@ SECTIONS = (
 #: The section of ``report --hta`` (listed before the warnings when the report has it).
 HTA_SECTION = ("hta", "HTA: GPU idle time and kernel launches")
 
-#: Most rows of any table; the rest are left out and the page says "showing N of M".
-MAX_TABLE_ROWS = 200
 #: Most bars in the per-rank-and-step chart; above it the chart shows the mean over ranks per
 #: step and a rank × step heatmap shows every rank.
 MAX_STEP_BARS = 400
@@ -82,123 +64,11 @@ BANDWIDTH_MAX_POINTS = 3_000
 #: Pipeline Gantt: at most this many (rank, stage) rows.
 GANTT_MAX_ROWS = 64
 
-PLOTLY_CDN_URL = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
-
-def _static(name: str) -> str:
-    """A file of the page's own CSS or script, shipped in ``pardiag/analyzer/render/static/``."""
-    return importlib.resources.files("pardiag.analyzer.render").joinpath("static", name).read_text(
-        encoding="utf-8")
-
-
-#: The page's style sheet (``static/report.css``).
-_CSS = _static("report.css")
-
-#: The page's own script (``static/report.js``): unpack plotly.js, draw every figure, make tables
-#: sortable. It reads figure JSON with JSON.parse and moves existing table rows; it never writes
-#: HTML.
-_BOOT_JS = _static("report.js")
-
-
-def _e(x) -> str:
-    """HTML-escape anything (quotes too) for text and attribute values."""
-    return html.escape(str(x), quote=True)
-
 
 def _pe(x) -> str:
     """Escape a string for a plotly label: plotly renders a subset of HTML (``<b>``, ``<a>``)
     in text, so trace strings go in as entities, which it shows literally."""
     return html.escape(str(x), quote=True)
-
-
-def _fmt(v, digits: int = 1) -> str:
-    """One format per unit, as the terminal prints them: quantities with thousands separators
-    (``68,608`` bytes, ``1,053,696`` bytes, ``12.500`` ms), identifiers (:func:`_fmt_id`) bare."""
-    if v is None or (isinstance(v, float) and pd.isna(v)):
-        return "–"
-    if isinstance(v, (bool, np.bool_)):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return _e(v)
-
-
-def _fmt_id(v) -> str:
-    """A rank or step number: an identifier, never ``1,024``."""
-    return "–" if v is None or (isinstance(v, float) and pd.isna(v)) else _e(v)
-
-
-_INT_COLUMNS = {"rank", "last_rank", "slowest_rank", "count", "instances", "steps",
-                "last_arrivals", "steps_as_top", "size", "nodes", "ranks", "bytes", "step",
-                "src", "dst"}
-#: Identifier columns: printed bare (every other number is a quantity, with separators).
-_ID_COLUMNS = {"rank", "last_rank", "slowest_rank", "step", "src", "dst", "pg"}
-
-
-def _is_bytes(column: str) -> bool:
-    """Byte counts: always whole numbers with thousands separators (``68,608``)."""
-    return column == "bytes" or column.endswith("_bytes")
-
-
-def _shown(n_shown: int, n_total: int, what: str) -> str:
-    return _muted(f"Showing {n_shown} of {n_total} {what}.") if n_shown < n_total else ""
-
-
-def _table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = (),
-           digits: int = 1, sortable: bool = False, max_rows: int = MAX_TABLE_ROWS,
-           what: str = "rows") -> str:
-    """HTML table of ``df``; ``columns`` maps column → header. Values escaped.
-
-    At most ``max_rows`` rows (the first ones; the page then says "Showing N of M <what>").
-    ``sortable`` tables sort on a header click; numeric cells carry their value in ``data-v``.
-    """
-    total = len(df)
-    df = df.head(max_rows).copy()
-    for c in columns:  # counts and ranks that pandas turned into floats print as integers
-        if c in _INT_COLUMNS and pd.api.types.is_float_dtype(df[c]) and df[c].dropna().apply(
-                float.is_integer).all():
-            df[c] = df[c].astype("Int64")
-        elif (_is_bytes(c) and c not in df.attrs.get("mib", ())
-              and pd.api.types.is_float_dtype(df[c])):  # a median of byte counts
-            df[c] = df[c].round().astype("Int64")
-    head = "".join(f'<th class="{"l" if c in left else ""}">{_e(h)}</th>' for c, h in columns.items())
-    rows = []
-    # column-wise values keep each column's type (iterrows would turn ints into floats)
-    for values in zip(*(df[c].astype(object).where(df[c].notna(), None).tolist() for c in columns)):
-        cells = []
-        for c, v in zip(columns, values):
-            num = (isinstance(v, (int, float, np.integer, np.floating))
-                   and not isinstance(v, (bool, np.bool_)))
-            dv = f' data-v="{float(v)!r}"' if sortable and num else ""
-            text = (_fmt_id(v) if c in _ID_COLUMNS and num
-                    else _fmt(v, 2 if c.endswith("_pct") else digits))
-            cells.append(f'<td class="{"l" if c in left else ""}"{dv}>{text}</td>')
-        rows.append(f"<tr>{''.join(cells)}</tr>")
-    cls = ' class="pd-sort"' if sortable else ""
-    return (f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-            + _shown(len(df), total, what))
-
-
-def _muted(text: str) -> str:
-    return f"<p class='muted'>{_e(text)}</p>"
-
-
-def _ms(df: pd.DataFrame, cols) -> pd.DataFrame:
-    out = df.copy()
-    for c in cols:
-        out[c] = pd.to_numeric(out[c], errors="coerce") / 1000.0
-    return out
-
-
-def _mib(df: pd.DataFrame, cols) -> pd.DataFrame:
-    """``df`` with ``cols`` (byte counts) in MiB; :func:`_table` then prints them with their
-    digits instead of as whole byte counts (``df.attrs["mib"]`` names them)."""
-    out = df.copy()
-    for c in cols:
-        out[c] = pd.to_numeric(out[c], errors="coerce") / 2**20
-    out.attrs["mib"] = tuple(out.attrs.get("mib", ())) + tuple(cols)
-    return out
 
 
 def _f32(values) -> np.ndarray:
@@ -492,69 +362,12 @@ def routing_figure(routing) -> go.Figure:
 # ---------------------------------------------------------------- page assembly
 
 
-class _Page:
-    """Collects figures (as inert JSON) and the notes about what was sampled."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.sampled: list[str] = []
-
-    def fig(self, fig: go.Figure) -> str:
-        """A figure's placeholder div and its JSON (template stripped; added once by the page)."""
-        self.n += 1
-        fid = f"pd-fig-{self.n}"
-        spec = fig.to_plotly_json()
-        spec["layout"].pop("template", None)
-        spec["layout"].setdefault("margin", {"t": 60})
-        return f'<div class="pd-plot" id="{fid}"></div>' + _json_script(f"{fid}-data", spec)
-
-    def sample(self, text: str) -> str:
-        """Record a reduction for the summary and return it as a note for its section."""
-        self.sampled.append(text)
-        return _muted(text)
-
-
-def _json_script(element_id: str, obj) -> str:
-    """``obj`` as JSON in an inert script element; ``<``, ``>``, ``&`` and U+2028/9 escaped so
-    no string can end the element or start markup."""
-    text = pio.to_json(obj, validate=False) if not isinstance(obj, (bytes, str)) else obj
-    if isinstance(text, bytes):
-        text = text.decode()
-    for a, b in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"),
-                 ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
-        text = text.replace(a, b)
-    return f'<script type="application/json" id="{_e(element_id)}">{text}</script>'
-
-
-@functools.lru_cache(maxsize=1)
-def _packed_plotlyjs() -> str:
-    """plotly.min.js, gzip-compressed and base64-encoded (unpacked by the page)."""
-    return base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode("ascii")
-
-
-@functools.lru_cache(maxsize=1)
-def _template_json() -> str:
-    return orjson.dumps(pio.templates["plotly"].layout.to_plotly_json(),
-                        option=orjson.OPT_SERIALIZE_NUMPY).decode()
-
-
 def _h2(key: str) -> str:
-    return f"<h2 id='{key}'>{_e(dict(SECTIONS)[key])}</h2>"
+    return f"<h2 id='{key}'>{escape(dict(SECTIONS)[key])}</h2>"
 
 
 def _mib_or_dash(v) -> str:
     return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v / 2**20:,.1f}"
-
-
-def plotly_script(include_plotlyjs) -> tuple[str, str]:
-    """``(head, body)`` HTML that brings plotly.js into a page: a CDN ``<script src>`` in the
-    head (``"cdn"``), the packed library in the body (true: offline), or nothing (false)."""
-    if include_plotlyjs == "cdn":
-        return f'<script src="{PLOTLY_CDN_URL}" charset="utf-8"></script>', ""
-    if include_plotlyjs:
-        return "", (f'<script type="application/octet-stream" id="pd-plotlyjs">'
-                    f"{_packed_plotlyjs()}</script>")
-    return "", ""
 
 
 def _verdict_section(report: Report) -> list[str]:
@@ -563,13 +376,13 @@ def _verdict_section(report: Report) -> list[str]:
     out = [_h2("verdict")]
     rec = report.recommendations
     if rec is None:
-        out.append(_muted("No recommendations computed."))
+        out.append(muted("No recommendations computed."))
         return out
     if getattr(rec, "verdict", ""):
-        out.append(f"<p class='verdict'>{_e(rec.verdict)}</p>")
+        out.append(f"<p class='verdict'>{escape(rec.verdict)}</p>")
     recs = list(getattr(rec, "recommendations", ()) or ())
     if not recs:
-        out.append(_muted(rec.why_none or "No recommendations computed."))
+        out.append(muted(rec.why_none or "No recommendations computed."))
     else:
         head = ("<tr><th>tier</th><th class='l'>recommendation</th><th class='l'>change</th>"
                 "<th>step time (ms) measured → predicted</th><th>gain %</th>"
@@ -580,19 +393,19 @@ def _verdict_section(report: Report) -> list[str]:
         noise = f" ±{nu / 1000:,.3f}" if nu == nu else ""   # the measured step's noise
         for r in recs:
             def bullets(items):
-                return ("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in items) + "</ul>"
+                return ("<ul>" + "".join(f"<li>{escape(x)}</li>" for x in items) + "</ul>"
                         if items else "–")
             mem = f"{_mib_or_dash(r.measured_peak_bytes)} → {_mib_or_dash(r.predicted_peak_bytes)}"
             if not r.fits_memory:
                 mem += " (does not fit)"
             rows.append(
-                f"<tr><td>{r.tier or '–'}</td><td class='l'><b>{_e(r.title)}</b></td>"
-                f"<td class='l'>{_e(r.change)}</td>"
+                f"<tr><td>{r.tier or '–'}</td><td class='l'><b>{escape(r.title)}</b></td>"
+                f"<td class='l'>{escape(r.change)}</td>"
                 f"<td>{r.measured_step_us / 1000:,.3f}{noise} → "
                 f"{r.predicted_step_us / 1000:,.3f}</td>"
-                f"<td>{r.gain_pct:,.1f}</td><td>{_e(mem)}</td>"
+                f"<td>{r.gain_pct:,.1f}</td><td>{escape(mem)}</td>"
                 f"<td class='l'>{bullets(r.evidence)}</td><td class='l'>{bullets(r.caveats)}</td>"
-                f"<td class='l'>{_e(getattr(r, 'optimizer_effect', '') or '–')}</td></tr>")
+                f"<td class='l'>{escape(getattr(r, 'optimizer_effect', '') or '–')}</td></tr>")
         out.append(f"<table class='recs'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>")
         notes = ["Recommendations of one tier are predicted within noise of each other: a set, "
                  "not a ranking."]
@@ -601,18 +414,18 @@ def _verdict_section(report: Report) -> list[str]:
         if getattr(rec, "peak_definition", "") and any(
                 r.measured_peak_bytes is not None for r in recs):
             notes.append("Measured peak memory: " + rec.peak_definition + ".")
-        out.append(_muted(" ".join(notes)))
+        out.append(muted(" ".join(notes)))
     rejected = list(getattr(rec, "rejected", ()) or ())
     ruled = [r for r in rejected if getattr(r, "ruled_out", "")]
     if ruled:   # candidates the model's shapes or batch rule out, with the reason
-        rows = "".join(f"<tr><td class='l'>{_e(r.change)}</td><td class='l'>{_e(r.ruled_out)}"
+        rows = "".join(f"<tr><td class='l'>{escape(r.change)}</td><td class='l'>{escape(r.ruled_out)}"
                        "</td></tr>" for r in ruled)
         out.append("<h3>Ruled out by the model's shapes or batch</h3><table class='ruled-out'>"
                    "<thead><tr><th class='l'>change</th><th class='l'>why it cannot be built"
                    f"</th></tr></thead><tbody>{rows}</tbody></table>")
     other = len(rejected) - len(ruled)
     if other:
-        out.append(_muted(f"{other} other change(s) were evaluated and not recommended "
+        out.append(muted(f"{other} other change(s) were evaluated and not recommended "
                           "(no gain, or they do not fit in memory); the JSON summary lists them."))
     return out
 
@@ -664,20 +477,20 @@ def _summary_section(report: Report) -> list[tuple[str, str]]:
     return summary
 
 
-def _breakdown_section(report: Report, page: _Page) -> list[str]:
+def _breakdown_section(report: Report, page: Page) -> list[str]:
     b = report.breakdown
     out = [_h2("breakdown")]
     if len(b.totals):
         out.append(page.fig(breakdown_figure(b.totals)))
-        ms = _ms(b.totals, ["span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
+        ms = in_ms(b.totals, ["span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
                             "idle_us"])
-        out.append(_table(ms, {
+        out.append(table(ms, {
             "rank": "rank", "domain": "timeline", "span_us": "span (ms)",
             "compute_only_us": "compute only (ms)", "overlap_us": "overlapped (ms)",
             "exposed_comm_us": "exposed comm (ms)", "idle_us": "idle (ms)",
             "overlap_pct": "overlap %"}, left=("domain",), digits=3, sortable=True, what="ranks"))
     else:
-        out.append(_muted("No timed events found in any trace."))
+        out.append(muted("No timed events found in any trace."))
     out.append("<h3>Per profiler step</h3>")
     if len(b.steps):
         if len(b.steps) <= MAX_STEP_BARS:
@@ -693,7 +506,7 @@ def _breakdown_section(report: Report, page: _Page) -> list[str]:
                                              "Exposed communication per rank and step (ms)")))
             out.append(page.fig(step_heatmap(b.steps, "idle_us", "Idle per rank and step (ms)")))
     else:
-        out.append(_muted("No ProfilerStep#N annotations in the traces: per-step breakdown "
+        out.append(muted("No ProfilerStep#N annotations in the traces: per-step breakdown "
                           "unavailable."))
     return out
 
@@ -708,19 +521,19 @@ def _no_overlap(overlap_us: pd.Series) -> bool:
     return len(v) > 0 and bool((v <= 0).all())
 
 
-def _overlap_section(report: Report, page: _Page) -> list[str]:
+def _overlap_section(report: Report, page: Page) -> list[str]:
     b = report.breakdown
     out = [_h2("overlap")]
     if not b.totals["overlap_pct"].notna().any():
-        out.append(_muted("No communication found in any rank, so there is no overlap to "
+        out.append(muted("No communication found in any rank, so there is no overlap to "
                           "measure."))
         return out
     measured = b.totals.dropna(subset=["overlap_pct"])
     if _no_overlap(measured["overlap_us"]):
         # a chart of zero-height bars reads as a broken page: say what it would show
-        out.append(_muted(f"{NO_OVERLAP} (0% overlapped by computation on every one of "
+        out.append(muted(f"{NO_OVERLAP} (0% overlapped by computation on every one of "
                           f"{len(measured)} ranks; "
-                          f"{_fmt(measured['comm_us'].mean() / 1000.0, 3)} ms of communication "
+                          f"{fmt(measured['comm_us'].mean() / 1000.0, 3)} ms of communication "
                           "per rank, mean), so no chart is drawn."))
     else:
         out.append(page.fig(overlap_figure(b.totals)))
@@ -728,40 +541,40 @@ def _overlap_section(report: Report, page: _Page) -> list[str]:
     dov = report.dim_overlap
     if len(dov.per_rank) and set(dov.per_rank["dim"]) == {"all"}:
         # one row "all" is the per-rank chart again (matched collectives only): leave it out
-        out.append(_muted(
+        out.append(muted(
             "Overlap per dimension left out: the parallel dimensions are unknown (no pardiag "
             "metadata and no process-group configuration in the traces), so all matched "
             "communication is one dimension and the chart would repeat the per-rank chart "
             "above."))
     elif len(dov.per_rank):
         if report.layout.groups.empty:
-            out.append(_muted("The parallel dimensions are unknown (no pardiag metadata and no "
+            out.append(muted("The parallel dimensions are unknown (no pardiag metadata and no "
                               "process-group configuration in the traces): communication is "
                               "split by the process group the trace names instead."))
         if _no_overlap(dov.per_rank["overlap_us"]):
             dims = ", ".join(map(str, sorted(set(dov.per_rank["dim"]))))
-            out.append(_muted(f"{NO_OVERLAP} on every dimension ({dims}): 0% of each "
+            out.append(muted(f"{NO_OVERLAP} on every dimension ({dims}): 0% of each "
                               "dimension's communication overlapped by computation on every "
                               "rank, so no chart is drawn."))
         else:
             out.append(page.fig(dim_overlap_figure(dov.per_rank)))
-        out.append(_table(_ms(dov.summary, ["comm_us", "exposed_us"]), {
+        out.append(table(in_ms(dov.summary, ["comm_us", "exposed_us"]), {
             "dim": "dimension", "ranks": "ranks", "comm_us": "communication per rank (ms, mean)",
             "exposed_us": "exposed per rank (ms, mean)", "overlap_pct": "overlap %"},
             left=("dim",), digits=3, sortable=True, what="dimensions"))
-        out.append(_muted("Per dimension: the rank's matched collectives on that dimension's "
+        out.append(muted("Per dimension: the rank's matched collectives on that dimension's "
                           "groups against the same computation as above; collectives of two "
                           "dimensions in flight together count in both."))
     else:
-        out.append(_muted(f"Overlap per dimension unavailable: {dov.why_none}."))
+        out.append(muted(f"Overlap per dimension unavailable: {dov.why_none}."))
     return out
 
 
-def _stragglers_section(report: Report, page: _Page) -> list[str]:
+def _stragglers_section(report: Report, page: Page) -> list[str]:
     sync = report.sync
     out = [_h2("stragglers")]
     if not len(sync.instances):
-        out.append(_muted("No collective was found on two or more ranks: synchronization across "
+        out.append(muted("No collective was found on two or more ranks: synchronization across "
                           "ranks cannot be measured (a single rank, or no communication)."))
         return out
     n_complete = int(sync.instances["complete"].sum()) if "complete" in sync.instances else len(
@@ -772,7 +585,7 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
             f"{n_p2p} point-to-point transfers (no collective)" if not n_coll else
             f"{len(sync.instances)} instances ({n_coll} collectives, {n_p2p} point-to-point "
             "transfers)")
-    head = (f"<p>Matched {what} across ranks (by {_e(sync.matched_by)}; {n_complete} "
+    head = (f"<p>Matched {what} across ranks (by {escape(sync.matched_by)}; {n_complete} "
             "complete). ")
     if sync.straggler is not None:
         top = sync.stragglers.iloc[0]
@@ -784,8 +597,8 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
                  f"{STRAGGLER_MIN_WAIT_US:.0f} µs over complete instances).</p>")
     out.append(head)
     for note in sync.notes:
-        out.append(_muted(note))
-    out.append(_table(_ms(sync.stragglers, ["wait_suffered_us", "wait_caused_us"]), {
+        out.append(muted(note))
+    out.append(table(in_ms(sync.stragglers, ["wait_suffered_us", "wait_caused_us"]), {
         "rank": "rank", "wait_caused_us": "wait caused (ms)",
         "wait_suffered_us": "wait suffered (ms)", "last_arrivals": "last arrivals",
         "steps_as_top": "steps as top straggler", "instances": "instances"}, digits=3,
@@ -797,13 +610,13 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
             "column); the tables cover every instance."))
     out.append(page.fig(straggler_heatmap(sync.per_rank, sync.instances)))
     skew = sync.skew
-    out.append(_table(_ms(skew, ["arrival_skew_us", "max_skew_us", "transfer_us"]), {
+    out.append(table(in_ms(skew, ["arrival_skew_us", "max_skew_us", "transfer_us"]), {
         "op": "collective", "count": "instances", "arrival_skew_us": "median arrival skew (ms)",
         "max_skew_us": "max arrival skew (ms)", "transfer_us": "median transfer (ms)"},
         left=("op",), digits=3, sortable=True))
     if len(sync.p2p):
         out.append("<p class='muted'>Point-to-point links (each send paired with its recv):</p>")
-        out.append(_table(_ms(sync.p2p, ["hop_us", "recv_wait_us", "send_wait_us"]), {
+        out.append(table(in_ms(sync.p2p, ["hop_us", "recv_wait_us", "send_wait_us"]), {
             "src": "from rank", "dst": "to rank", "count": "transfers",
             "hop_us": "hop (ms, median)", "recv_wait_us": "receiver waits (ms, median)",
             "send_wait_us": "sender waits (ms, median)", "bytes": "bytes (median)"}, digits=3,
@@ -815,7 +628,7 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
         one_host = (f" Every rank ran on one host ({next(iter(hosts))}), which has one clock."
                     if len(hosts) == 1 and None not in hosts else "")
         p2p_only = bool(sync.instances["instance"].astype(str).str.startswith("p2p:").all())
-        out.append(_muted(
+        out.append(muted(
             "No complete collective spans the ranks here"
             + (" (only point-to-point transfers were matched)" if p2p_only else "")
             + ", so no clock offsets were estimated: times are compared as recorded." + one_host))
@@ -823,7 +636,7 @@ def _stragglers_section(report: Report, page: _Page) -> list[str]:
     out.append("<p class='muted'>Clock offsets relative to the lowest rank (estimated from aligned "
                "ends of complete collectives; the offset is subtracted before comparing, the "
                "residual is not — ranks on one host share one clock):</p>")
-    out.append(_table(sync.offsets.drop(columns=["host"]), {
+    out.append(table(sync.offsets.drop(columns=["host"]), {
         "rank": "rank", "offset_us": "offset (µs)", "residual_us": "residual (µs)",
         "instances": "collectives used"}, digits=1, sortable=True, what="ranks"))
     return out
@@ -852,19 +665,19 @@ def parts_figure(per_rank: pd.DataFrame, parts: dict, title: str) -> go.Figure:
     x = _ranks(per_rank["rank"].astype(int))
     for col, (label, color) in parts.items():
         fig.add_bar(name=label, x=x, y=_f32(per_rank[col] / 1000.0), marker_color=color,
-                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + _e(label) + "</extra>")
+                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + escape(label) + "</extra>")
     fig.update_layout(barmode="stack", title=title, yaxis_title="ms per step (median)",
                       xaxis_title="rank", height=420)
     return fig
 
 
-def _causes_section(report: Report, page: _Page) -> list[str]:
+def _causes_section(report: Report, page: Page) -> list[str]:
     """Where each rank's step goes on the host and the device, the straggler's cause, the
     input- and host-bound findings (:mod:`pardiag.analyzer.analyses.causes`)."""
     out = [_h2("causes")]
     c = getattr(report, "causes", None)
     if c is None or c.per_rank.empty:
-        out.append(_muted("Needs profiler steps (ProfilerStep#N) in the traces."))
+        out.append(muted("Needs profiler steps (ProfilerStep#N) in the traces."))
         return out
     rec = report.recommendations
     lines = []
@@ -884,11 +697,11 @@ def _causes_section(report: Report, page: _Page) -> list[str]:
         if r.kind == "straggler":
             lines.append(f"{r.title}: " + "; ".join(r.evidence[1:3]) + f" — {r.change}.")
             break
-    out += [f"<p>{_e(t)}</p>" for t in lines]
+    out += [f"<p>{escape(t)}</p>" for t in lines]
     pr = c.per_rank
     out.append(page.fig(parts_figure(pr, HOST_PART_COLORS,
                                      "Where the step goes on the host, per rank")))
-    out.append(_muted("Each instant of a step's CPU window goes to the first part that holds it: "
+    out.append(muted("Each instant of a step's CPU window goes to the first part that holds it: "
                       "data loading (the DataLoader iterator), synchronization (cuda*Synchronize, "
                       "wait_tensor, .item()), communication calls (and, outside any operator, "
                       "waiting while a communication worker transfers), kernel launches, "
@@ -898,7 +711,7 @@ def _causes_section(report: Report, page: _Page) -> list[str]:
     if len(gpu):
         out.append(page.fig(parts_figure(gpu, DEVICE_PART_COLORS,
                                          "Where the step goes on the device, per rank")))
-        out.append(_muted("Over the step's CPU window: compute kernels, copies, communication "
+        out.append(muted("Over the step's CPU window: compute kernels, copies, communication "
                           "kernels alone, and idle time classified by the kernel that ends it: "
                           "launched after the device fell idle (waiting for the host; during a "
                           "host synchronization shown apart) or queued earlier (a dependency)."))
@@ -913,9 +726,9 @@ def _causes_section(report: Report, page: _Page) -> list[str]:
              if k in pr and (pd.to_numeric(pr[k], errors="coerce") > 0).any()}
     cols.update(extra)
     ms_cols = [k for k in cols if k.endswith("_us")]
-    out.append(_table(_ms(pr, ms_cols), cols, digits=2, sortable=True, what="ranks"))
+    out.append(table(in_ms(pr, ms_cols), cols, digits=2, sortable=True, what="ranks"))
     if extra:
-        out.append(_muted("Beside the parts (they overlap them): DTensor host work is the host "
+        out.append(muted("Beside the parts (they overlap them): DTensor host work is the host "
                           "time outside the optimizer in DTensor's redistributions (their "
                           "collectives and waits included) and its dispatch of operators on "
                           "DTensors — tensor parallelism's own host work; FSDP2 hooks is the host "
@@ -924,11 +737,11 @@ def _causes_section(report: Report, page: _Page) -> list[str]:
     return out
 
 
-def _pipeline_section(report: Report, page: _Page) -> list[str]:
+def _pipeline_section(report: Report, page: Page) -> list[str]:
     pipe = report.pipeline
     out = [_h2("pipeline")]
     if not len(pipe.bubbles):
-        out.append(_muted("No pipeline parallelism detected (no schedule records and no "
+        out.append(muted("No pipeline parallelism detected (no schedule records and no "
                           "point-to-point traffic)."))
         return out
     b = pipe.bubbles
@@ -943,11 +756,11 @@ def _pipeline_section(report: Report, page: _Page) -> list[str]:
             ", microbatches estimated from the sends per step" if sch.get(
                 "microbatches_estimated") else "")
     ideal = b["ideal_pct"].iloc[0]
-    out.append(f"<p>{_e(method)}; schedule {_e(sch.get('schedule'))}, p = {_e(sch.get('p'))} "
-               f"ranks, m = {_e(sch.get('m'))} microbatches, v = {_e(sch.get('v'))}; ideal "
-               f"bubble {_fmt(float(ideal))}% of the step.</p>")
+    out.append(f"<p>{escape(method)}; schedule {escape(sch.get('schedule'))}, p = {escape(sch.get('p'))} "
+               f"ranks, m = {escape(sch.get('m'))} microbatches, v = {escape(sch.get('v'))}; ideal "
+               f"bubble {fmt(float(ideal))}% of the step.</p>")
     summ = summarize_bubbles(b)
-    out.append(_table(_ms(summ, ["warmup_us", "steady_us", "cooldown_us", "window_us"]), {
+    out.append(table(in_ms(summ, ["warmup_us", "steady_us", "cooldown_us", "window_us"]), {
         "rank": "rank", "stages": "stages", "steps": "steps", "basis": "steps used",
         "window_us": "step window (ms)", "bubble_pct": "bubble % (median)",
         "ideal_pct": "ideal %", "warmup_us": "warmup (ms)", "steady_us": "steady (ms)",
@@ -972,7 +785,7 @@ def _pipeline_section(report: Report, page: _Page) -> list[str]:
             "Table columns are medians over steps each, so the phases need not add up to the "
             "bubble."))
     else:
-        out.append(_muted("No Gantt chart: without schedule records (pardiag profile records "
+        out.append(muted("No Gantt chart: without schedule records (pardiag profile records "
                           "them) the chunks of each stage are unknown."))
     return out
 
@@ -981,22 +794,22 @@ def _imbalance_section(report: Report) -> list[str]:
     bal = report.balance
     out = [_h2("imbalance")]
     if len(bal.summary):
-        out.append(_table(_ms(bal.summary, ["cost_us"]), {
+        out.append(table(in_ms(bal.summary, ["cost_us"]), {
             "dim": "dimension", "pg": "group", "imbalance": "compute max/mean",
             "cost_us": "cost per step (ms)", "slowest_rank": "slowest rank"},
             left=("dim", "pg"), digits=3, sortable=True, what="groups"))
-        out.append(_muted("Cost = max − mean compute of the group's ranks: how much shorter each "
+        out.append(muted("Cost = max − mean compute of the group's ranks: how much shorter each "
                           "step would be if every rank matched the mean."))
     else:
-        out.append(_muted("Imbalance needs two or more ranks with profiler steps."))
+        out.append(muted("Imbalance needs two or more ranks with profiler steps."))
     skew = getattr(bal, "skew", None)
     if skew is not None and len(skew):
-        out.append(_table(_ms(skew, ["start_late_us", "delay_us", "top_delay_us"]), {
+        out.append(table(in_ms(skew, ["start_late_us", "delay_us", "top_delay_us"]), {
             "rank": "rank", "steps": "steps", "start_late_us": "starts the step late by (ms)",
             "delay_us": "arrives late, per step (ms)", "top_collective": "mostly at",
             "top_delay_us": "there, per step (ms)", "top_share_pct": "share %"},
             left=("top_collective",), digits=3, sortable=True, what="ranks"))
-        out.append(_muted("Where the arrival skew arises: how long after the earliest rank each "
+        out.append(muted("Where the arrival skew arises: how long after the earliest rank each "
                           "rank starts a step (median, clocks aligned), and the collective that "
                           "holds most of its arrival delay. A delay at the step's first "
                           "collective that equals the late start lies before the step (data "
@@ -1004,20 +817,20 @@ def _imbalance_section(report: Report) -> list[str]:
     return out
 
 
-def _routing_section(report: Report, page: _Page) -> list[str]:
+def _routing_section(report: Report, page: Page) -> list[str]:
     r = report.routing
     out = [_h2("routing")]
     if r.groups.empty:
-        out.append(_muted("No routed all-to-all: no all-to-all whose split sizes differ across "
+        out.append(muted("No routed all-to-all: no all-to-all whose split sizes differ across "
                           "ranks (MoE routing shows in expert-parallel runs' dispatch and "
                           "combine)." + (" " + " ".join(r.notes) if r.notes else "")))
         return out
     text = r.describe()
-    out.append(f"<p>{_e(text)}.</p>" if text else _muted(
+    out.append(f"<p>{escape(text)}.</p>" if text else muted(
         "Tokens are routed about evenly: no group's median max/mean reaches "
         f"{IMBALANCE_MIN:g}."))
     out.append(page.fig(routing_figure(r)))
-    out.append(_table(_ms(r.groups, ["wait_us", "saving_us", "saving_q1_us", "saving_q3_us"]), {
+    out.append(table(in_ms(r.groups, ["wait_us", "saving_us", "saving_q1_us", "saving_q3_us"]), {
         "group": "group", "dim": "dimension", "ranks": "ranks", "steps": "steps",
         "unit": "unit", "imbalance": "max/mean (median)", "imbalance_min": "min",
         "imbalance_max": "max", "hot_rank": "hot rank", "hot_steps": "hot in steps",
@@ -1025,11 +838,11 @@ def _routing_section(report: Report, page: _Page) -> list[str]:
         "wait_us": "others wait per step (ms)", "saving_us": "saving per step (ms)",
         "saving_q1_us": "saving Q1 (ms)", "saving_q3_us": "saving Q3 (ms)"},
         left=("group", "dim", "unit"), digits=3, sortable=True, what="groups"))
-    out.append(_table(_ms(r.per_rank, ["waited_us"]), {
+    out.append(table(in_ms(r.per_rank, ["waited_us"]), {
         "group": "group", "step": "step", "rank": "rank", "sent_rows": "sent",
         "recv_rows": "received", "load_rows": "expert side", "waited_us": "waited (ms)"},
         left=("group",), digits=3, sortable=True, what="rows"))
-    out.append(_muted(
+    out.append(muted(
         "Rows of the all-to-alls' split sizes (dim 0 of the buffer: a token per row of a "
         "tokens × hidden buffer), summed per rank and step over the routed all-to-alls (a token "
         "counts once per all-to-all it crosses: dispatch, combine and their backward). The expert "
@@ -1038,32 +851,32 @@ def _routing_section(report: Report, page: _Page) -> list[str]:
         "at (clocks aligned); saving = that / ranks, the step's predicted saving if every rank "
         "held the mean load and expert time were linear in tokens."))
     for n in r.notes:
-        out.append(_muted(n))
+        out.append(muted(n))
     return out
 
 
-def _memory_section(report: Report, page: _Page) -> list[str]:
+def _memory_section(report: Report, page: Page) -> list[str]:
     mem = report.memory
     out = [_h2("memory")]
     m = mem.per_rank
     if not m[["static_bytes", "peak_allocated_bytes"]].notna().any().any():
-        out.append(_muted("No memory information: the traces have no memory events and no "
+        out.append(muted("No memory information: the traces have no memory events and no "
                           "pardiag metadata (profile with pardiag for static memory)."))
         return out
     if m["static_bytes"].notna().any():
         out.append(page.fig(memory_figure(m)))
     else:
-        out.append(_muted("No static memory by component: it comes from pardiag's metadata "
+        out.append(muted("No static memory by component: it comes from pardiag's metadata "
                           "(profile with pardiag); peaks below are from the trace."))
-    out.append(_table(_mib(m, ["params_bytes", "grads_bytes", "optimizer_state_bytes",
+    out.append(table(in_mib(m, ["params_bytes", "grads_bytes", "optimizer_state_bytes",
                                "static_bytes", "peak_allocated_bytes", "peak_rss_bytes"]), {
         "rank": "rank", "params_bytes": "parameters (MiB)", "grads_bytes": "gradients (MiB)",
         "optimizer_state_bytes": "optimizer state (MiB)", "static_bytes": "static (MiB)",
         "peak_allocated_bytes": "peak allocated in traced window (MiB)",
         "peak_rss_bytes": "peak RSS (MiB)"}, digits=2, sortable=True, what="ranks"))
     imb = mem.imbalance
-    out.append(_muted(f"Imbalance across ranks (max/mean): static {_fmt(imb.get('static'), 3)}, "
-                      f"peak {_fmt(imb.get('peak'), 3)}."))
+    out.append(muted(f"Imbalance across ranks (max/mean): static {fmt(imb.get('static'), 3)}, "
+                      f"peak {fmt(imb.get('peak'), 3)}."))
     tl = mem.timeline
     if len(tl):
         ranks = tl["rank"].unique()
@@ -1080,7 +893,7 @@ def _memory_section(report: Report, page: _Page) -> list[str]:
                                    "points per rank."))
         out.append(page.fig(memory_timeline(tl, per)))
     else:
-        out.append(_muted("No memory timeline: the traces have no [memory] events (profile "
+        out.append(muted("No memory timeline: the traces have no [memory] events (profile "
                           "with profile_memory=True; pardiag profile does)."))
     return out
 
@@ -1088,20 +901,20 @@ def _memory_section(report: Report, page: _Page) -> list[str]:
 def _inferred_layout(lay) -> list[str]:
     """What an inferred layout rests on and what it leaves out (traces recorded without
     pardiag)."""
-    out = [_muted(f"Layout {lay.source}: pardiag did not record this run, so the dimensions, "
+    out = [muted(f"Layout {lay.source}: pardiag did not record this run, so the dimensions, "
                   f"strategies and pipeline above are read from what the traces show.")]
     pipe = lay.pipeline
     if pipe:
-        out.append(f"<p>Pipeline ({_e(lay.source)}): schedule <b>{_e(pipe.get('schedule'))}</b>, "
-                   f"{_e(pipe.get('stages'))} stages, {_e(pipe.get('microbatches'))} microbatches"
+        out.append(f"<p>Pipeline ({escape(lay.source)}): schedule <b>{escape(pipe.get('schedule'))}</b>, "
+                   f"{escape(pipe.get('stages'))} stages, {escape(pipe.get('microbatches'))} microbatches"
                    f"{' (estimated)' if pipe.get('microbatches_from') == 'sends' else ''}, "
-                   f"{_e(pipe.get('stages_per_rank'))} stage(s) per rank.</p>")
+                   f"{escape(pipe.get('stages_per_rank'))} stage(s) per rank.</p>")
     if lay.evidence:
-        out.append("<p>Inferred from:</p><ul>" + "".join(f"<li>{_e(x)}</li>" for x in lay.evidence)
+        out.append("<p>Inferred from:</p><ul>" + "".join(f"<li>{escape(x)}</li>" for x in lay.evidence)
                    + "</ul>")
     if lay.not_inferred:
         out.append("<p>Not inferred, or only estimated:</p><ul>"
-                   + "".join(f"<li>{_e(x)}</li>" for x in lay.not_inferred) + "</ul>")
+                   + "".join(f"<li>{escape(x)}</li>" for x in lay.not_inferred) + "</ul>")
     return out
 
 
@@ -1110,9 +923,9 @@ def _layout_section(report: Report) -> list[str]:
     out = [_h2("layout")]
     if lay.dims or len(lay.groups):
         dims = ", ".join(f"{str(k).upper()} = {v}" for k, v in lay.dims.items()) or "unknown"
-        out.append(f"<p>Dimensions: <b>{_e(dims)}</b>; strategies: "
-                   f"{_e(', '.join(map(str, lay.strategies)) or 'unknown')}; nodes: "
-                   f"{_e(', '.join(f'{h}: {v}' for h, v in lay.nodes.items()) or 'unknown')}.</p>")
+        out.append(f"<p>Dimensions: <b>{escape(dims)}</b>; strategies: "
+                   f"{escape(', '.join(map(str, lay.strategies)) or 'unknown')}; nodes: "
+                   f"{escape(', '.join(f'{h}: {v}' for h, v in lay.nodes.items()) or 'unknown')}.</p>")
     if lay.source != "recorded":
         out += _inferred_layout(lay)
     if lay.dims or len(lay.groups):
@@ -1127,36 +940,36 @@ def _layout_section(report: Report) -> list[str]:
         else:
             g = g.assign(busbw_median=np.nan, busbw_max=np.nan, busbw_n=np.nan)
         g = g.rename(columns={"busbw_n": "count"})
-        out.append(_table(g, {
+        out.append(table(g, {
             "pg": "group", "desc": "description", "dim": "dimension", "size": "size",
             "ranks": "ranks", "nodes": "nodes", "spans_nodes": "spans nodes",
             "busbw_median": "busbw median (GB/s)", "busbw_max": "busbw max (GB/s)",
             "count": "collectives measured"},
             left=("pg", "desc", "dim", "ranks"), digits=3, sortable=True, what="groups"))
-        out.append(_muted("busbw per group: medians over its matched collectives of every size "
+        out.append(muted("busbw per group: medians over its matched collectives of every size "
                           "(the Bandwidth section splits them by operation and size)."))
     else:
-        out.append(_muted("No layout information in these traces (no pardiag metadata and no "
+        out.append(muted("No layout information in these traces (no pardiag metadata and no "
                           "process-group configuration)."))
     if lay.nodes:
-        out.append(_table(pd.DataFrame({"host": list(lay.nodes),
+        out.append(table(pd.DataFrame({"host": list(lay.nodes),
                                         "ranks": [str(v) for v in lay.nodes.values()]}),
                           {"host": "node", "ranks": "ranks"}, left=("host", "ranks")))
     else:
-        out.append(_muted("Nodes unknown: the traces do not say which host ran each rank "
+        out.append(muted("Nodes unknown: the traces do not say which host ran each rank "
                           "(pardiag metadata does)."))
     return out
 
 
-def _bandwidth_section(report: Report, page: _Page) -> list[str]:
+def _bandwidth_section(report: Report, page: Page) -> list[str]:
     sync = report.sync
     out = [_h2("bandwidth")]
     if not len(sync.instances):
-        out.append(_muted("No collective was matched across ranks (a single rank, or no "
+        out.append(muted("No collective was matched across ranks (a single rank, or no "
                           "communication), so no bandwidth can be measured."))
         return out
     if not len(sync.bandwidth):
-        out.append(_muted("No message sizes found for the matched collectives, so no "
+        out.append(muted("No message sizes found for the matched collectives, so no "
                           "bandwidth."))
         return out
     inst = sync.instances.dropna(subset=["busbw_gbps"])
@@ -1168,12 +981,12 @@ def _bandwidth_section(report: Report, page: _Page) -> list[str]:
                                "(evenly spaced per collective); the table covers all."))
         inst = keep
     out.append(page.fig(bandwidth_figure(inst)))
-    out.append(_table(_ms(sync.bandwidth, ["transfer_us"]), {
+    out.append(table(in_ms(sync.bandwidth, ["transfer_us"]), {
         "pg": "group", "op": "collective", "bytes": "bytes", "inter_node": "intra/inter node",
         "count": "count", "transfer_us": "transfer (ms)", "algbw_gbps": "algbw (GB/s)",
         "busbw_gbps": "busbw (GB/s)"}, left=("pg", "op", "inter_node"), digits=3, sortable=True,
         what="(group, collective, size) rows"))
-    out.append(_muted("algbw = bytes / transfer time (the minimum duration over the ranks); "
+    out.append(muted("algbw = bytes / transfer time (the minimum duration over the ranks); "
                       "busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for all_gather, "
                       "reduce_scatter and all_to_all, 1 otherwise (nccl-tests)."))
     return out
@@ -1183,33 +996,33 @@ def _collectives_section(report: Report) -> list[str]:
     b, sync = report.breakdown, report.sync
     out = [_h2("collectives")]
     if not len(b.collectives):
-        out.append(_muted("No communication events found in any trace."))
+        out.append(muted("No communication events found in any trace."))
         return out
     agg = b.collective_totals  # the same table as the terminal's and the JSON's
     out.append("<h3>By type (all ranks)</h3>")
-    out.append(_table(_ms(agg, ["time_us", "exposed_us"]), {
+    out.append(table(in_ms(agg, ["time_us", "exposed_us"]), {
         "collective": "collective", "ranks": "ranks", "count": "count",
         "time_us": "time, sum over ranks (ms)", "exposed_us": "exposed, sum over ranks (ms)",
         "exposed_pct": "exposed %"}, left=("collective",), digits=3, sortable=True,
         what="types"))
     out.append("<h3>By rank and type</h3>")
     per = b.collectives.sort_values(["exposed_us", "rank"], ascending=[False, True])
-    out.append(_table(_ms(per, ["time_us", "exposed_us"]), {
+    out.append(table(in_ms(per, ["time_us", "exposed_us"]), {
         "rank": "rank", "collective": "collective", "count": "count",
         "time_us": "time (ms)", "exposed_us": "exposed (ms)"}, left=("collective",), digits=3,
         sortable=True, what="rows (most exposed first)"))
     out.append("<h3>Matched instances</h3>")
     if len(sync.instances):
         inst = sync.instances.sort_values("arrival_skew_us", ascending=False)
-        out.append(_table(_ms(inst, ["arrival_skew_us", "transfer_us"]), {
+        out.append(table(in_ms(inst, ["arrival_skew_us", "transfer_us"]), {
             "instance": "instance", "pg": "group", "op": "collective", "step": "step",
             "ranks": "ranks", "bytes": "bytes", "arrival_skew_us": "arrival skew (ms)",
             "transfer_us": "transfer (ms)", "last_rank": "last to arrive",
             "busbw_gbps": "busbw (GB/s)"}, left=("instance", "pg", "op"), digits=3,
             sortable=True, what="instances (largest arrival skew first)"))
     else:
-        out.append(_muted("No collective instance was matched across ranks."))
-    out.append(_muted("Click a column heading to sort."))
+        out.append(muted("No collective instance was matched across ranks."))
+    out.append(muted("Click a column heading to sort."))
     return out
 
 
@@ -1223,12 +1036,12 @@ def _warnings_section(report: Report) -> list[str]:
     warnings = list(traces.warnings)
     notes = [n for t in traces.ranks.values() for n in t.notes]
     if warnings or notes:
-        out.append("<ul>" + "".join(f"<li class='warn'>{_e(w)}</li>" for w in warnings)
-                   + "".join(f"<li class='muted'>{_e(n)}</li>" for n in notes[:MAX_NOTES])
+        out.append("<ul>" + "".join(f"<li class='warn'>{escape(w)}</li>" for w in warnings)
+                   + "".join(f"<li class='muted'>{escape(n)}</li>" for n in notes[:MAX_NOTES])
                    + "</ul>")
-        out.append(_shown(min(len(notes), MAX_NOTES), len(notes), "notes (every warning is listed)"))
+        out.append(shown(min(len(notes), MAX_NOTES), len(notes), "notes (every warning is listed)"))
     else:
-        out.append(_muted("None."))
+        out.append(muted("None."))
     return out
 
 
@@ -1238,18 +1051,18 @@ def _hta_section(report: Report) -> list[str]:
     h = report.hta
     if h is None:
         return []
-    out = [f"<h2 id='{HTA_SECTION[0]}'>{_e(HTA_SECTION[1])}</h2>", _muted(
+    out = [f"<h2 id='{HTA_SECTION[0]}'>{escape(HTA_SECTION[1])}</h2>", muted(
         f"Holistic Trace Analysis {h.hta_version or ''} on each rank's trace, on HTA's window "
         f"(events launched before the last profiler step; whole µs). Idle time of a stream = "
         f"the gaps between its kernels: host wait (launched after the previous kernel ended), "
         f"kernel wait (gap < {h.consecutive_kernel_delay_us:g} µs), other.")]
     if len(h.idle):
-        out.append(_table(_ms(h.idle, ["idle_us"]), {
+        out.append(table(in_ms(h.idle, ["idle_us"]), {
             "rank": "rank", "stream": "stream", "category": "idle category",
             "idle_us": "idle (ms)", "idle_pct": "share of the stream's idle (%)"},
             left=("category",), digits=3, sortable=True, what="rows"))
     if len(h.launches):
-        out.append(_table(h.launches, {
+        out.append(table(h.launches, {
             "rank": "rank", "launches": "launches", "cpu_us_median": "runtime call median (µs)",
             "gpu_us_median": "GPU event median (µs)",
             "launch_delay_us_median": "launch delay median (µs)",
@@ -1259,9 +1072,9 @@ def _hta_section(report: Report) -> list[str]:
             "delay_outliers": f"delays > {h.launch_delay_cutoff_us:g} µs",
             "gpu_shorter": "GPU event shorter than its launch"},
             sortable=True, what="ranks"))
-    out += [f"<p class='warn'>{_e(m)}</p>" for m in h.messages]
+    out += [f"<p class='warn'>{escape(m)}</p>" for m in h.messages]
     if not len(h.idle) and not len(h.launches) and not h.messages:
-        out.append(_muted("HTA found nothing to analyze."))
+        out.append(muted("HTA found nothing to analyze."))
     return out
 
 
@@ -1273,7 +1086,7 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
         include_plotlyjs: True inlines plotly.js (gzip + base64, works offline); ``"cdn"``
             links it from the plotly CDN instead (a page of a few hundred kB).
     """
-    page = _Page()
+    page = Page()
     body: list[str] = []
     body += _verdict_section(report)
     summary = _summary_section(report)
@@ -1292,26 +1105,16 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
     body += _warnings_section(report)
     # The run summary sits second but lists what later sections sampled, so it is built last.
     reductions = ("<p class='muted'>Reduced to keep the page small:</p><ul>"
-                  + "".join(f"<li class='muted'>{_e(s)}</li>" for s in page.sampled) + "</ul>"
+                  + "".join(f"<li class='muted'>{escape(s)}</li>" for s in page.sampled) + "</ul>"
                   if page.sampled else "<p class='muted'>Nothing on this page is sampled or "
                   "aggregated beyond what each section says.</p>")
     summary_html = [_h2("summary"), "<table class='kv'>" + "".join(
-        f"<tr><th class='l'>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in summary)
+        f"<tr><th class='l'>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in summary)
         + "</table>", reductions]
     n_verdict = next(i for i, p in enumerate(body) if p.startswith("<h2 id='breakdown'"))
     body = body[:n_verdict] + summary_html + body[n_verdict:]
 
-    traces = report.traces
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    head_js, packed = plotly_script(include_plotlyjs)
-    toc = " · ".join(f"<a href='#{k}'>{_e(t)}</a>" for k, t in SECTIONS[:-1] + (
-        (HTA_SECTION,) if report.hta is not None else ()) + SECTIONS[-1:])
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>pardiag report: {_e(Path(str(traces.source)).name)}</title>"
-        f"<style>{_CSS}</style>{head_js}</head><body>"
-        f"<h1>pardiag report</h1><p class='muted'>{_e(traces.source)} · pardiag {__version__}"
-        f" · {stamp}</p><p class='muted'>{toc}</p>" + "".join(body)
-        + _json_script("pd-template", _template_json()) + packed
-        + f"<script>{_BOOT_JS}</script></body></html>"
-    )
+    toc = SECTIONS[:-1] + ((HTA_SECTION,) if report.hta is not None else ()) + SECTIONS[-1:]
+    source = report.traces.source
+    return document(f"pardiag report: {Path(str(source)).name}", "pardiag report", str(source),
+                    toc, "".join(body), include_plotlyjs)

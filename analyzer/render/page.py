@@ -1,0 +1,234 @@
+"""The page kit every HTML output of pardiag is built with (the report, the comparison): one
+self-contained document that opens offline, its tables, escaping, and the inert figure data.
+
+**Safety.** Every string that comes from a trace, a sidecar or a file name goes through
+:func:`escape` before it reaches the page. Figure data travels as JSON in inert
+``<script type="application/json">`` elements (:func:`json_script`) with ``<``, ``>`` and ``&``
+escaped; the page's only scripts are plotly.js and :data:`BOOT_JS` (``static/report.js``: it
+draws the figures and sorts tables by moving rows, never by writing HTML).
+
+**Size.** plotly.js (about 4.8 MB) is inlined gzip-compressed and base64-encoded (about 1.9 MB)
+and unpacked by the browser (``DecompressionStream``); ``include_plotlyjs="cdn"`` links it
+instead (:func:`plotly_script`).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import functools
+import gzip
+import html
+import importlib.resources
+
+import numpy as np
+import orjson
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+from pardiag import __version__
+
+
+#: Colours of the four breakdown parts, shared by every breakdown chart.
+PART_COLORS = {"compute only": "#4C78A8", "overlapped": "#54A24B",
+               "exposed comm": "#E45756", "idle": "#BAB0AC"}
+
+
+#: Most rows of any table; the rest are left out and the page says "showing N of M".
+MAX_TABLE_ROWS = 200
+
+
+PLOTLY_CDN_URL = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
+
+
+def _static(name: str) -> str:
+    """A file of the page's own CSS or script, shipped in ``pardiag/analyzer/render/static/``."""
+    return importlib.resources.files("pardiag.analyzer.render").joinpath("static", name).read_text(
+        encoding="utf-8")
+
+
+#: The page's style sheet (``static/report.css``).
+CSS = _static("report.css")
+
+
+#: The page's own script (``static/report.js``): unpack plotly.js, draw every figure, make tables
+#: sortable. It reads figure JSON with JSON.parse and moves existing table rows; it never writes
+#: HTML.
+BOOT_JS = _static("report.js")
+
+
+def escape(x) -> str:
+    """HTML-escape anything (quotes too) for text and attribute values."""
+    return html.escape(str(x), quote=True)
+
+
+def fmt(v, digits: int = 1) -> str:
+    """One format per unit, as the terminal prints them: quantities with thousands separators
+    (``68,608`` bytes, ``1,053,696`` bytes, ``12.500`` ms), identifiers (:func:`fmt_id`) bare."""
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return "–"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return escape(v)
+
+
+def fmt_id(v) -> str:
+    """A rank or step number: an identifier, never ``1,024``."""
+    return "–" if v is None or (isinstance(v, float) and pd.isna(v)) else escape(v)
+
+
+_INT_COLUMNS = {"rank", "last_rank", "slowest_rank", "count", "instances", "steps",
+                "last_arrivals", "steps_as_top", "size", "nodes", "ranks", "bytes", "step",
+                "src", "dst"}
+
+
+#: Identifier columns: printed bare (every other number is a quantity, with separators).
+_ID_COLUMNS = {"rank", "last_rank", "slowest_rank", "step", "src", "dst", "pg"}
+
+
+def _is_bytes(column: str) -> bool:
+    """Byte counts: always whole numbers with thousands separators (``68,608``)."""
+    return column == "bytes" or column.endswith("_bytes")
+
+
+def shown(n_shown: int, n_total: int, what: str) -> str:
+    return muted(f"Showing {n_shown} of {n_total} {what}.") if n_shown < n_total else ""
+
+
+def table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = (),
+           digits: int = 1, sortable: bool = False, max_rows: int = MAX_TABLE_ROWS,
+           what: str = "rows") -> str:
+    """HTML table of ``df``; ``columns`` maps column → header. Values escaped.
+
+    At most ``max_rows`` rows (the first ones; the page then says "Showing N of M <what>").
+    ``sortable`` tables sort on a header click; numeric cells carry their value in ``data-v``.
+    """
+    total = len(df)
+    df = df.head(max_rows).copy()
+    for c in columns:  # counts and ranks that pandas turned into floats print as integers
+        if c in _INT_COLUMNS and pd.api.types.is_float_dtype(df[c]) and df[c].dropna().apply(
+                float.is_integer).all():
+            df[c] = df[c].astype("Int64")
+        elif (_is_bytes(c) and c not in df.attrs.get("mib", ())
+              and pd.api.types.is_float_dtype(df[c])):  # a median of byte counts
+            df[c] = df[c].round().astype("Int64")
+    head = "".join(f'<th class="{"l" if c in left else ""}">{escape(h)}</th>' for c, h in columns.items())
+    rows = []
+    # column-wise values keep each column's type (iterrows would turn ints into floats)
+    for values in zip(*(df[c].astype(object).where(df[c].notna(), None).tolist() for c in columns)):
+        cells = []
+        for c, v in zip(columns, values):
+            num = (isinstance(v, (int, float, np.integer, np.floating))
+                   and not isinstance(v, (bool, np.bool_)))
+            dv = f' data-v="{float(v)!r}"' if sortable and num else ""
+            text = (fmt_id(v) if c in _ID_COLUMNS and num
+                    else fmt(v, 2 if c.endswith("_pct") else digits))
+            cells.append(f'<td class="{"l" if c in left else ""}"{dv}>{text}</td>')
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    cls = ' class="pd-sort"' if sortable else ""
+    return (f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            + shown(len(df), total, what))
+
+
+def muted(text: str) -> str:
+    return f"<p class='muted'>{escape(text)}</p>"
+
+
+def in_ms(df: pd.DataFrame, cols) -> pd.DataFrame:
+    out = df.copy()
+    for c in cols:
+        out[c] = pd.to_numeric(out[c], errors="coerce") / 1000.0
+    return out
+
+
+def in_mib(df: pd.DataFrame, cols) -> pd.DataFrame:
+    """``df`` with ``cols`` (byte counts) in MiB; :func:`table` then prints them with their
+    digits instead of as whole byte counts (``df.attrs["mib"]`` names them)."""
+    out = df.copy()
+    for c in cols:
+        out[c] = pd.to_numeric(out[c], errors="coerce") / 2**20
+    out.attrs["mib"] = tuple(out.attrs.get("mib", ())) + tuple(cols)
+    return out
+
+
+class Page:
+    """Collects figures (as inert JSON) and the notes about what was sampled."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sampled: list[str] = []
+
+    def fig(self, fig: go.Figure) -> str:
+        """A figure's placeholder div and its JSON (template stripped; added once by the page)."""
+        self.n += 1
+        fid = f"pd-fig-{self.n}"
+        spec = fig.to_plotly_json()
+        spec["layout"].pop("template", None)
+        spec["layout"].setdefault("margin", {"t": 60})
+        return f'<div class="pd-plot" id="{fid}"></div>' + json_script(f"{fid}-data", spec)
+
+    def sample(self, text: str) -> str:
+        """Record a reduction for the summary and return it as a note for its section."""
+        self.sampled.append(text)
+        return muted(text)
+
+
+def json_script(element_id: str, obj) -> str:
+    """``obj`` as JSON in an inert script element; ``<``, ``>``, ``&`` and U+2028/9 escaped so
+    no string can end the element or start markup."""
+    text = pio.to_json(obj, validate=False) if not isinstance(obj, (bytes, str)) else obj
+    if isinstance(text, bytes):
+        text = text.decode()
+    for a, b in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"),
+                 ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(a, b)
+    return f'<script type="application/json" id="{escape(element_id)}">{text}</script>'
+
+
+@functools.lru_cache(maxsize=1)
+def _packed_plotlyjs() -> str:
+    """plotly.min.js, gzip-compressed and base64-encoded (unpacked by the page)."""
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode("ascii")
+
+
+@functools.lru_cache(maxsize=1)
+def template_json() -> str:
+    return orjson.dumps(pio.templates["plotly"].layout.to_plotly_json(),
+                        option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def plotly_script(include_plotlyjs) -> tuple[str, str]:
+    """``(head, body)`` HTML that brings plotly.js into a page: a CDN ``<script src>`` in the
+    head (``"cdn"``), the packed library in the body (true: offline), or nothing (false)."""
+    if include_plotlyjs == "cdn":
+        return f'<script src="{PLOTLY_CDN_URL}" charset="utf-8"></script>', ""
+    if include_plotlyjs:
+        return "", (f'<script type="application/octet-stream" id="pd-plotlyjs">'
+                    f"{_packed_plotlyjs()}</script>")
+    return "", ""
+
+
+def document(title: str, heading: str, subtitle: str, toc, body: str,
+             include_plotlyjs: bool | str = True) -> str:
+    """One self-contained HTML document (a string): ``heading`` with ``subtitle``, pardiag's
+    version and the time it was made, links to the sections (``toc``: ``(id, title)`` pairs), the
+    ``body`` HTML, and what draws its figures (:data:`BOOT_JS`; plotly.js as
+    :func:`plotly_script` brings it). ``title``, ``heading`` and ``subtitle`` are escaped here."""
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    head_js, packed = plotly_script(include_plotlyjs)
+    links = " · ".join(f"<a href='#{k}'>{escape(t)}</a>" for k, t in toc)
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{escape(title)}</title>"
+        f"<style>{CSS}</style>{head_js}</head><body>"
+        f"<h1>{escape(heading)}</h1><p class='muted'>{escape(subtitle)} · pardiag {__version__}"
+        f" · {stamp}</p><p class='muted'>{links}</p>" + body
+        + json_script("pd-template", template_json()) + packed
+        + f"<script>{BOOT_JS}</script></body></html>"
+    )
