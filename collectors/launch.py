@@ -19,7 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-from pardiag import __version__, layout
+from pardiag import layout
+from pardiag.version import __version__
 from .rank_entry import CONFIG_ENV
 from pardiag.errors import PardiagError
 

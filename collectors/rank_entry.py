@@ -32,7 +32,8 @@ from pathlib import Path
 
 import msgspec
 
-from pardiag import __version__, layout
+from pardiag import layout
+from pardiag.version import __version__
 
 CONFIG_ENV = "PARDIAG_PROFILE_CONFIG"
 #: Pipeline chunk records kept per rank (the most recent ones).
@@ -332,7 +333,7 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
     Also stores the trace's memory peaks in ``captured["trace_memory"]``."""
     from ..analyzer.trace.comm_records import (attach_trace_times, records_from_flight_recorder,
                                                records_from_p2p)
-    from ..analyzer.trace.load import RankTrace, events_frame, read_trace_json
+    from ..analyzer.trace import RankTrace, events_frame, read_trace_json
 
     path = layout.trace_path(out, rank)
     doc = read_trace_json(path)

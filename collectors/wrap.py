@@ -33,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from pardiag import __version__, layout
+from pardiag import layout
+from pardiag.version import __version__
 from pardiag.errors import PardiagError
 
 #: The port SLURM jobs meet on: 29500 + (job id mod PORT_SPAN), so two jobs sharing a node

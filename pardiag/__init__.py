@@ -12,7 +12,7 @@ training rank stays light)::
     cmp = pardiag.compare("runs/before", "runs/after")   # -> pardiag.Comparison
 """
 
-__version__ = "0.1.0"
+from pardiag.version import __version__
 
 __all__ = ["analyze", "Report", "compare", "Comparison", "PardiagError", "TraceError",
            "__version__"]

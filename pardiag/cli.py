@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from pardiag import __version__, layout
+from pardiag import layout
+from pardiag.version import __version__
 from pardiag.errors import PardiagError
 
 
@@ -318,7 +319,7 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     from rich.console import Console
 
     from pardiag.analyzer.trace.classify import compile_comm_patterns
-    from pardiag.analyzer.trace.load import load_traces
+    from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.report.registry import AnalysisOptions, build_report
     from pardiag.analyzer.summary import REDUCER
     from pardiag.api import Report
@@ -436,7 +437,7 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
     with code 2 and a one-line message.
     """
     from pardiag.analyzer.trace.classify import compile_comm_patterns
-    from pardiag.analyzer.trace.load import load_traces
+    from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.render.merge import merge_traces
     from pardiag.analyzer.analyses.sync import compute_sync
 

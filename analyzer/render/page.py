@@ -28,18 +28,14 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
-from pardiag import __version__
+from pardiag.version import __version__
 
 
 #: Colours of the four breakdown parts, shared by every breakdown chart.
 PART_COLORS = {"compute only": "#4C78A8", "overlapped": "#54A24B",
                "exposed comm": "#E45756", "idle": "#BAB0AC"}
-
-
 #: Most rows of any table; the rest are left out and the page says "showing N of M".
 MAX_TABLE_ROWS = 200
-
-
 PLOTLY_CDN_URL = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
 
 
@@ -51,8 +47,6 @@ def _static(name: str) -> str:
 
 #: The page's style sheet (``static/report.css``).
 CSS = _static("report.css")
-
-
 #: The page's own script (``static/report.js``): unpack plotly.js, draw every figure, make tables
 #: sortable. It reads figure JSON with JSON.parse and moves existing table rows; it never writes
 #: HTML.
@@ -86,8 +80,6 @@ def fmt_id(v) -> str:
 _INT_COLUMNS = {"rank", "last_rank", "slowest_rank", "count", "instances", "steps",
                 "last_arrivals", "steps_as_top", "size", "nodes", "ranks", "bytes", "step",
                 "src", "dst"}
-
-
 #: Identifier columns: printed bare (every other number is a quantity, with separators).
 _ID_COLUMNS = {"rank", "last_rank", "slowest_rank", "step", "src", "dst", "pg"}
 
