@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib
 import os
 import re
 from pathlib import Path
@@ -45,7 +46,7 @@ from .analyses.breakdown import RankParts, breakdown_rows_of, rank_parts
 from .trace.classify import classify, profiler_steps
 from .trace.comm_records import all_to_all_ops
 from .analyses.infer_layout import RankMarks, rank_marks
-from .trace.load import _parse_all, _parse_file, _trace_files, default_workers
+from .trace.load import parse_files, parse_file, find_trace_files, default_workers
 from .analyses.operators import operators_of_events
 from .analyses.comm_events import events_from_trace
 from .analyses.memory import memory_rows
@@ -53,10 +54,18 @@ from .trace.traceset import RankTrace
 from pardiag.errors import TraceError
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
-SUMMARY_VERSION = 6
-#: Modules whose code decides what a summary holds; a summary made by other code is recomputed.
-_CODE_MODULES = ("traceset", "parse", "ranks", "load", "classify", "breakdown", "sync", "intervals",
-                 "comm_records", "summary", "infer_layout", "operators", "causes")
+SUMMARY_VERSION = 7
+#: Modules whose code decides what a summary holds (this one and every analyzer module it
+#: imports, directly or through them; ``tests/test_summary.py`` holds that): a summary made by
+#: other code is recomputed.
+_CODE_MODULES = ("pardiag.analyzer.summary",
+                 "pardiag.analyzer.trace.traceset", "pardiag.analyzer.trace.parse",
+                 "pardiag.analyzer.trace.ranks", "pardiag.analyzer.trace.load",
+                 "pardiag.analyzer.trace.classify", "pardiag.analyzer.trace.intervals",
+                 "pardiag.analyzer.trace.comm_records",
+                 "pardiag.analyzer.analyses.breakdown", "pardiag.analyzer.analyses.causes",
+                 "pardiag.analyzer.analyses.comm_events", "pardiag.analyzer.analyses.infer_layout",
+                 "pardiag.analyzer.analyses.memory", "pardiag.analyzer.analyses.operators")
 SUMMARY_KIND = "pardiag-rank-summary"
 #: Suffix appended to the trace file name: ``rank0.trace.json.gz.summary.json``.
 SUMMARY_SUFFIX = layout.SUMMARY_SUFFIX
@@ -289,15 +298,21 @@ def from_json(data: bytes) -> RankSummary:
 
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """Hash of the analyzer modules that compute summaries (so a changed pardiag never reuses a
-    summary made by older code, even without a version bump)."""
+    """Hash of the source of :data:`_CODE_MODULES` (so a changed pardiag never reuses a summary
+    made by older code, even without a version bump).
+
+    Raises:
+        RuntimeError: a module's source file cannot be read (a broken install): hashing its
+            name instead would let summaries of other code pass for current.
+    """
     h = hashlib.sha1(str(SUMMARY_VERSION).encode())
-    here = Path(__file__).resolve().parent
-    for m in _CODE_MODULES:
+    for name in _CODE_MODULES:
+        path = Path(importlib.import_module(name).__file__)
         try:
-            h.update((here / f"{m}.py").read_bytes())
-        except OSError:
-            h.update(m.encode())
+            h.update(path.read_bytes())
+        except OSError as exc:
+            raise RuntimeError(f"{path}: cannot read the source of {name} to fingerprint "
+                               f"pardiag's summaries ({exc.strerror or exc})") from None
     return h.hexdigest()[:16]
 
 
@@ -423,7 +438,7 @@ def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, in
     if n < 1 or not 0 <= i < n:
         raise ValueError(f"shard {i}/{n}: need 0 <= i < n")
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
-    files, _, source, _ = _trace_files(paths)
+    files, _, source, _ = find_trace_files(paths)
     if not files:
         raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found")
     files = sorted(files, key=str)[i::n]
@@ -441,7 +456,7 @@ def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, in
             progress(done + k, len(files))
 
     written, skipped = {}, []
-    for p in _parse_all(todo, n_workers, step, reducer=REDUCER, cache=True,
+    for p in parse_files(todo, n_workers, step, reducer=REDUCER, cache=True,
                         patterns=pattern_sources(patterns), keep_events=False):
         if p.error is not None:
             skipped.append(f"{p.error} - skipped")
@@ -460,7 +475,7 @@ def summarize_file(path: Path, comm_patterns: Iterable = (), *, store: bool = Tr
     Raises:
         TraceError: the file cannot be read or is not a Kineto trace.
     """
-    p = _parse_file(Path(path), reducer=REDUCER, cache=store,
+    p = parse_file(Path(path), reducer=REDUCER, cache=store,
                     patterns=pattern_sources(comm_patterns), keep_events=False)
     if p.error is not None:
         raise TraceError(p.error)

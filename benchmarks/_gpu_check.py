@@ -30,7 +30,7 @@ def main() -> int:
     p.add_argument("--backend", choices=["nccl", "gloo"], required=True)
     p.add_argument("--expect-comm-kernels", action="store_true")
     a = p.parse_args()
-    from pardiag.analyzer.trace.load import read_trace_json
+    from pardiag.analyzer.trace import read_trace_json
 
     failed = 0
 

@@ -38,11 +38,11 @@ import pardiag.analyzer.trace.load as load
 from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.summary import REDUCER
 parsed = []
-_parse_all = load._parse_all
+parse_files = load.parse_files
 def counting(files, *args, **kw):  # every raw trace the report parses goes through here
     parsed.extend(files)
-    return _parse_all(files, *args, **kw)
-load._parse_all = counting
+    return parse_files(files, *args, **kw)
+load.parse_files = counting
 ts = load.load_traces(sys.argv[1], reducer=REDUCER, cache=sys.argv[2] == "cache")
 rep = build_report(ts)
 lazily = sum(t.events_loaded for t in ts.ranks.values())

@@ -53,7 +53,7 @@ print(time.perf_counter() - t0)
 PARDIAG = """
 import sys, time
 t0 = time.perf_counter()
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.report.registry import build_report
 build_report(load_traces(sys.argv[1], reducer=REDUCER, cache=sys.argv[2] == "cache"))

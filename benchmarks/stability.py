@@ -5,8 +5,8 @@ For each case, ``--repeat`` identical ``pardiag profile`` runs, with and without
 
 * the **top tier**: the kinds of the recommendations of tier 1 (within the run's noise of each
   other, :mod:`pardiag.analyzer.predict.recommend.policy`), or ``nothing`` when nothing is recommended;
-* the **straggler** the verdict names (or none): :func:`pardiag.analyzer.predict.recommend.rules.
-  straggler.identify_straggler`;
+* the **straggler** the verdict names (or none): :func:`pardiag.analyzer.predict.recommend.findings.
+  identify_straggler`;
 * the first-listed recommendation's kind, and the step's noise the tiers used (% of the step).
 
 and reports how many of the runs agree with the most common answer. Goal: ≥ 4 of 5 for every
@@ -72,9 +72,9 @@ def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: st
     gains: each evaluated kind's best predicted gain (% of the step); step_ms and
     noise_pct: the step the recommendations are measured against and its noise (% of it), the
     margin the noise rule and the tiers used (None without a step)."""
-    from pardiag.analyzer.trace.load import load_traces
+    from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.predict.recommend import build_context
-    from pardiag.analyzer.predict.recommend.rules.straggler import identify_straggler
+    from pardiag.analyzer.predict.recommend.findings import identify_straggler
     from pardiag.analyzer.report.registry import build_report
 
     out = tmp / tag

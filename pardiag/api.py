@@ -279,7 +279,7 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
             file and the problem).
     """
     from pardiag.analyzer.trace.classify import compile_comm_patterns
-    from pardiag.analyzer.trace.load import load_traces
+    from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.summary import REDUCER
 
     if isinstance(comm_kernels, (str, re.Pattern)):

@@ -131,7 +131,7 @@ def test_empty_folder(tmp_path, monkeypatch, capsys):
 
 
 def test_overlap_clipping_is_a_note():
-    from pardiag.analyzer.trace.load import load_traces
+    from pardiag.analyzer.trace import load_traces
     t = load_traces(CORPUS / "overlapping_same_stream.json").ranks[0]
     assert t.notes == (f"{CORPUS / 'overlapping_same_stream.json'}: clipped 1 same-stream GPU "
                        f"events that ran past the next one's start (by up to 0.002 µs)",)

@@ -13,7 +13,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.render.html import SECTIONS, render_html
 from pardiag.cli import cli

@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from pardiag.analyzer import summary as sm
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.report.registry import build_report
 from synth import gpu_rank

@@ -11,7 +11,7 @@ import pytest
 
 from pardiag.analyzer.analyses.causes import (HOST_PARTS, DEVICE_PARTS, CausesResult, causes_of_trace,
                                      compute_causes, excess_table, straggler_cause)
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.report.registry import build_report, report_json
 from conftest import REPO
 from synth import TraceBuilder

@@ -3,7 +3,7 @@
 from pardiag.analyzer.trace.comm_records import (attach_trace_times, records_from_flight_recorder,
                                            records_from_p2p)
 from pardiag.analyzer.analyses.hang import describe, diagnose_hang
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from synth import TraceBuilder, write_sidecar
 
 BASE = 1_700_000_000_000_000_000  # baseTimeNanoseconds of the planted traces

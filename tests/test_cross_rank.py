@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
 from pardiag.analyzer.trace.classify import compile_comm_patterns, device_kind
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.trace.ranks import FileFacts, assign_ranks, merged_rank_of_pids
 from pardiag.analyzer.analyses.sync import compute_sync
 from pardiag.cli import cli

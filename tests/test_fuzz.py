@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from pardiag.analyzer.trace.load import EVENT_COLUMNS, load_traces, read_trace_bytes
+from pardiag.analyzer.trace import EVENT_COLUMNS, load_traces, read_trace_bytes
 from pardiag.analyzer.summary import REDUCER
 from pardiag.errors import TraceError
 
@@ -152,7 +152,7 @@ def test_fast_path_gives_the_tolerant_paths_table(doc):
     """The msgspec fast path (strict JSON) and the orjson/json path build the same events,
     thread names, warnings and metadata; only integers beyond 64 bits may differ (orjson reads
     them as floats, msgspec exactly)."""
-    from pardiag.analyzer.trace.load import events_frame, parse_trace_fast
+    from pardiag.analyzer.trace import events_frame, parse_trace_fast
 
     data = json.dumps(doc).encode() if not _has_nonfinite(doc) else None
     if data is None:

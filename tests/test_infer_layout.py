@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pardiag.analyzer.analyses.infer_layout import INFERRED_SOURCE, infer_layout
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.report.registry import build_report, report_json
 from synth import TraceBuilder

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO
 from pardiag import layout
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.summary import REDUCER
 from synth import relayout

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
-from pardiag.analyzer.trace.load import load_traces, read_trace_json, stray_timestamps
+from pardiag.analyzer.trace import load_traces, read_trace_json, stray_timestamps
 from pardiag.errors import TraceError
 from synth import TraceBuilder, cpu_rank, gpu_rank
 

@@ -6,7 +6,7 @@ import re
 import orjson
 from click.testing import CliRunner
 
-from pardiag.analyzer.trace.load import load_traces, read_trace_json
+from pardiag.analyzer.trace import load_traces, read_trace_json
 from pardiag.analyzer.render.merge import PID_STRIDE, merge_traces
 from pardiag.analyzer.analyses.sync import compute_sync
 from pardiag.cli import cli

@@ -195,7 +195,7 @@ def test_node_local_folders_are_joined(two_nodes, tmp_path):
                 shutil.copy(out / "pardiag" / f"rank{r}.{kind}.json", d / "pardiag")
         part = "run.json" if node == 0 else "run.node1.json"
         shutil.copy(out / "pardiag" / part, d / "pardiag")
-    from pardiag.analyzer.trace.load import load_traces
+    from pardiag.analyzer.trace import load_traces
     both = load_traces(folders)
     assert sorted(both.ranks) == [0, 1, 2, 3]
     assert both.run_info.nodes == {"node0": [0, 1], "node1": [2, 3]}

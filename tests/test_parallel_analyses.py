@@ -9,7 +9,7 @@ from pardiag.analyzer.analyses.imbalance import compute_balance
 from pardiag.analyzer.analyses.layout import compute_layout
 from pardiag.analyzer.analyses.memory import compute_memory
 from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.analyses.pipeline import compute_pipeline, ideal_bubble_pct
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.analyses.sync import busbw_factor, compute_sync

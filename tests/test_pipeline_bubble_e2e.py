@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.report.registry import build_report
 from conftest import REPO
 

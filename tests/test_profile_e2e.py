@@ -81,7 +81,7 @@ def test_hta_loads_the_run_folder(ddp_run):
     import numpy as np
     from hta.trace_analysis import TraceAnalysis
 
-    from pardiag.analyzer.trace.load import load_traces
+    from pardiag.analyzer.trace import load_traces
     out, _ = ddp_run
     hta = TraceAnalysis(trace_dir=str(out))
     assert hta.t.get_ranks() == [0, 1]

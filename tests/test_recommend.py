@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pardiag.analyzer.predict import whatif
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.report.registry import build_report, report_json
 from conftest import REPO
 from synth import TraceBuilder, record, write_sidecar
@@ -1109,7 +1109,7 @@ def test_a_pipeline_stage_that_idles_is_named_though_it_waits_more_than_it_cause
     import dataclasses
     import pandas as pd
     from pardiag.analyzer.analyses.breakdown import TimeBreakdown
-    from pardiag.analyzer.predict.recommend.rules.straggler import identify_straggler
+    from pardiag.analyzer.predict.recommend.findings import identify_straggler
     steps = pd.DataFrame([{"rank": r, "step": s, "span_us": 100000.0,
                            "idle_us": 45000.0 if r == 1 else 5000.0} for r in (0, 1)
                           for s in (1, 2, 3)])

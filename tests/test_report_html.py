@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from pardiag.analyzer.analyses.dim_overlap import compute_dim_overlap
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.predict.recommend import Recommendation, RecommendationResult
 from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.render.html import SECTIONS, render_html

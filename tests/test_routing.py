@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import pardiag
 from pardiag.analyzer.trace.comm_records import all_to_all_ops, parse_splits
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.analyses.routing import IMBALANCE_MIN
 from pardiag.cli import cli
 from synth import TraceBuilder

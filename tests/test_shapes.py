@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 
 from pardiag.analyzer.predict import shapes
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.render.html import render_html
 from synth_report import big_run

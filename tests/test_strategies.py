@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pardiag.analyzer.trace.classify import comm_threads
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from conftest import REPO
 
 # name: (script, ranks, script args, expected layout dims, expected strategies)

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from pardiag.analyzer import summary as sm
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.report.registry import build_report, report_json
 
@@ -118,3 +118,61 @@ def test_summary_made_by_other_code_is_refused(tmp_path):
     doc["code"] = "0" * 16
     with pytest.raises(ValueError, match="another version of pardiag"):
         sm.from_json(orjson.dumps(doc))
+
+
+def _analyzer_imports(module: str) -> set[str]:
+    """The ``pardiag.analyzer`` modules ``module``'s source imports (relative imports resolved),
+    at any depth of its code."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    pkg = module if spec.submodule_search_locations else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(Path(spec.origin).read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), pkg) \
+                if node.level else node.module
+            for a in node.names:   # "from . import whatif" names a module
+                full = f"{base}.{a.name}"
+                out.add(full if importlib.util.find_spec(base) and _is_module(full) else base)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return {m for m in out if m.startswith("pardiag.analyzer.")}
+
+
+def _is_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def test_code_fingerprint_covers_every_module_the_summary_runs():
+    seen, todo = set(), ["pardiag.analyzer.summary"]
+    while todo:   # what summary.py imports, and what those import, inside the analyzer
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        todo.extend(x for x in _analyzer_imports(m) if not x.endswith(".__init__"))
+    packages = {m for m in seen if Path(__import__("importlib").util.find_spec(m).origin).name
+                == "__init__.py"}
+    assert seen - packages == set(sm._CODE_MODULES)
+
+
+def test_code_fingerprint_refuses_an_unreadable_module(monkeypatch):
+    import importlib
+
+    mod = importlib.import_module("pardiag.analyzer.trace.parse")
+    sm.code_fingerprint.cache_clear()
+    monkeypatch.setattr(mod, "__file__", "/nonexistent/parse.py")
+    try:
+        with pytest.raises(RuntimeError, match="/nonexistent/parse.py: cannot read the source"):
+            sm.code_fingerprint()
+    finally:
+        monkeypatch.undo()
+        sm.code_fingerprint.cache_clear()
+    assert len(sm.code_fingerprint()) == 16

@@ -4,7 +4,7 @@
 import pytest
 from rich.console import Console
 
-from pardiag.analyzer.trace.load import load_traces
+from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.render.terminal import render_terminal
 

@@ -176,7 +176,7 @@ def test_wrap_under_torchrun(tmp_path):
     host = json.loads((out / "pardiag" / "rank0.meta.json").read_text())["host"]
     assert run["world_size"] == 2 and run["nodes"] == {host: [0, 1]} and run["exit_code"] == 0
     assert run["schedule"] == {"wait": 0, "warmup": 1, "active": 2}
-    from pardiag.analyzer.trace.load import load_traces
+    from pardiag.analyzer.trace import load_traces
     traces = load_traces(out)
     assert sorted(traces.ranks) == [0, 1] and not [w for w in traces.warnings if "rank" in w]
     # a second run into the same folder: each rank refuses to write over its own files (and

@@ -330,7 +330,7 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
                                       "e": ends[inside]})
                         .groupby("i").agg(first=("s", "min"), last_end=("e", "max")))
             starts = per_step["first"].to_numpy()
-            seg = _segment_of(starts, trace.windows)
+            seg = iv.window_of(starts, trace.windows)
             for j, (i, row) in enumerate(per_step.iterrows()):
                 # to the next step's first kernel, unless that lies in another profiling window
                 nxt = j + 1 < len(per_step) and seg[j + 1] == seg[j]
@@ -358,22 +358,13 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
                      _segments(ts, ts + timed["dur"].to_numpy(), trace.windows))
 
 
-def _segment_of(times: np.ndarray, windows) -> np.ndarray:
-    """Index of the profiling window (:attr:`RankTrace.windows`, in time order) holding each
-    time: the last window starting at or before it (0 with one window)."""
-    if len(windows) < 2:
-        return np.zeros(len(times), dtype=np.int64)
-    starts = np.array([w[0] for w in windows], dtype=float)
-    return np.maximum(np.searchsorted(starts, times, side="right") - 1, 0)
-
-
 def _segments(starts: np.ndarray, ends: np.ndarray, windows) -> tuple:
     """Per profiling window of the rank (``()`` for one window): from the first start to the
     last end of the events (``starts``/``ends``, µs) that start in it — what ``[lo, hi]`` is
     for a rank with one window."""
     if len(windows) < 2 or len(starts) == 0:
         return ()
-    seg = _segment_of(starts, windows)
+    seg = iv.window_of(starts, windows)
     out = tuple((float(starts[seg == i].min()), float(ends[seg == i].max()))
                 for i in range(len(windows)) if (seg == i).any())
     return out if len(out) > 1 else ()

@@ -16,10 +16,10 @@ import pandas as pd
 
 from ..trace.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
                               comm_threads, name_test, on_threads, profiler_steps)
-from ..trace.comm_records import DTYPE_BYTES, _numel
+from ..trace.comm_records import DTYPE_BYTES, numel
 from ..trace.traceset import RankTrace, TraceSet
-from .breakdown import _segment_of, cpu_comm_types, launch_times, launching_op_rows
-from .infer_layout import _pg_config as pg_config_groups
+from ..trace import intervals as iv
+from .breakdown import cpu_comm_types, launch_times, launching_op_rows
 
 
 #: Columns of :func:`comm_events` (µs on each rank's own clock; bytes of the full buffer).
@@ -32,8 +32,6 @@ from .infer_layout import _pg_config as pg_config_groups
 #: time order (0 for a rank with one window).
 EVENT_COLUMNS = ("rank", "pg", "group", "seq", "native_seq", "op", "peer", "start_us", "end_us",
                  "bytes", "group_size", "step", "source", "window")
-
-
 P2P_OPS = frozenset({"send", "recv", "send_recv"})
 
 
@@ -118,7 +116,7 @@ def _pg_config(trace: RankTrace) -> tuple[dict[str, list[int]], int | None, int 
     info = trace.metadata.get("distributedInfo")
     info = info if isinstance(info, dict) else {}
     by_name = {}
-    for g in pg_config_groups(trace):  # the well-formed entries, as the layout reads them
+    for g in trace.pg_config:  # the well-formed entries, as the layout reads them
         ranks = _rank_list(g.get("ranks"))
         if ranks:
             by_name[str(g.get("pg_name"))] = ranks
@@ -158,7 +156,7 @@ def _args_bytes(args) -> int | None:
     dims, types = args.get("Input Dims"), args.get("Input type")
     if isinstance(dims, list) and dims and isinstance(types, list) and types:
         try:
-            n = _numel(dims[:1]) * DTYPE_BYTES.get(str(types[0]), 4)
+            n = numel(dims[:1]) * DTYPE_BYTES.get(str(types[0]), 4)
         except (TypeError, ValueError):
             return None
         return n if n < 2 ** 53 else None
@@ -294,7 +292,7 @@ def events_from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -
         return pd.DataFrame(columns=list(EVENT_COLUMNS))
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
-    df["window"] = _segment_of(df["start_us"].to_numpy(dtype=float), trace.windows)
+    df["window"] = iv.window_of(df["start_us"].to_numpy(dtype=float), trace.windows)
     order = df.groupby(["group", "pg", "window"]).cumcount() + 1
     df["seq"] = np.where(df["native_seq"].astype(bool), df["seq"], order)
     return df[list(EVENT_COLUMNS)]

@@ -272,13 +272,6 @@ def is_pardiag_run(traces: TraceSet) -> bool:
                 or any(traces.sidecars.get(k) for k in ("comms", "pipeline")))
 
 
-def _pg_config(trace: RankTrace) -> list[dict]:
-    info = trace.metadata.get("distributedInfo")
-    groups = info.get("pg_config") if isinstance(info, dict) else None
-    return [g for g in (groups if isinstance(groups, list) else [])
-            if isinstance(g, dict) and isinstance(g.get("ranks"), list)]
-
-
 def _world(traces: TraceSet) -> int:
     sizes = [t.metadata["distributedInfo"].get("world_size") for t in traces.ranks.values()
              if isinstance(t.metadata.get("distributedInfo"), dict)]
@@ -292,7 +285,7 @@ def _mesh_dims(traces: TraceSet) -> tuple[dict, dict, dict]:
     by_desc: dict[str, int] = {}
     member: dict[int, dict[str, list[int]]] = {}
     for rank, t in traces.ranks.items():
-        for g in _pg_config(t):
+        for g in t.pg_config:
             desc = str(g.get("pg_desc", ""))
             dim = canonical_dim(desc)
             if dim:
@@ -314,7 +307,7 @@ def _global_peers(traces: TraceSet, marks: dict, member: dict) -> tuple[dict, li
         p = m.p2p[m.p2p["peer"] >= 0].copy()
         if p.empty:
             continue
-        groups = _pg_config(traces.ranks[rank])
+        groups = traces.ranks[rank].pg_config
         pp_group = member.get(rank, {}).get("pp")
         if pp_group:
             ranks = pp_group
@@ -447,7 +440,7 @@ def infer_layout(traces: TraceSet) -> InferredLayout:
         missing.append("DDP's bucket size is not in the traces")
     if any(isinstance(t.metadata.get("distributedInfo"), dict)
            and isinstance(t.metadata["distributedInfo"].get("pg_count"), int)
-           and t.metadata["distributedInfo"]["pg_count"] > len(_pg_config(t))
+           and t.metadata["distributedInfo"]["pg_count"] > len(t.pg_config)
            for t in traces.ranks.values()) and not dims:
         missing.append("process groups: pg_config lists only the groups holding each rank, "
                        "and none is described as a mesh dimension")

@@ -14,7 +14,7 @@ from typing import Any
 
 from .layout import LayoutResult
 from ..trace.traceset import TraceSet
-from ..predict.whatif import normalize_schedule
+from ..trace.classify import normalize_schedule
 
 #: Labels of the setup fields, in the order a comparison lists them.
 SETUP_LABELS = {

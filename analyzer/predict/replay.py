@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from . import whatif
+from ..trace.classify import normalize_schedule
 from ..trace.traceset import TraceSet
 
 #: Stages whose summed layer times differ by at least this share of their mean let a chunk's
@@ -216,7 +217,7 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
     if chunks["phase"].isin(["I", "W"]).any():
         return None, "zero-bubble schedules (split backward) are not modelled"
     try:
-        kind = whatif.normalize_schedule(sched.get("schedule"))
+        kind = normalize_schedule(sched.get("schedule"))
     except ValueError as exc:
         return None, str(exc)
     p, m, v = int(sched.get("p") or 0), int(sched.get("m") or 0), int(sched.get("v") or 1)

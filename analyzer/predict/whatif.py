@@ -40,6 +40,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..trace.classify import normalize_schedule
+
 #: message sizes within this fraction of each other are one size in :func:`fit_alpha_beta`
 SIZE_CLUSTER = 0.1
 
@@ -115,19 +117,6 @@ def schedule_order(schedule: str, p: int, m: int, v: int = 1) -> dict[int, list[
             seq.append(bwd(op))
         orders[r] = seq
     return orders
-
-
-def normalize_schedule(name: str | None) -> str:
-    """``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` from a schedule name such as
-    ``"ScheduleInterleaved1F1B"``; raises ValueError for other names (zero-bubble, DualPipe…)."""
-    s = (name or "").lower().removeprefix("schedule")
-    if "interleaved" in s and "zero" not in s:
-        return "interleaved"
-    if s in ("gpipe", "filldrain"):
-        return "gpipe"
-    if s == "1f1b":
-        return "1f1b"
-    raise ValueError(f"schedule {name!r} is not modelled (GPipe, 1F1B and Interleaved1F1B are)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -564,6 +553,12 @@ def alpha_beta_resamples(sizes_bytes: Sequence[float], times_us: Sequence[float]
     return out
 
 
+#: torch DDP's default bucket_cap_mb (bytes), and its first bucket's cap with that default
+#: (torch's ``_DEFAULT_FIRST_BUCKET_BYTES``).
+DDP_DEFAULT_CAP = 25 * 2**20
+DDP_FIRST_BUCKET = 2**20
+
+
 def ddp_buckets(param_bytes: Sequence[float], cap_bytes: float,
                 first_cap_bytes: float | None = None) -> list[float]:
     """Bucket sizes (bytes) DDP forms from gradients of ``param_bytes`` (in the order they
@@ -585,7 +580,7 @@ def ddp_buckets(param_bytes: Sequence[float], cap_bytes: float,
 
 
 def ddp_cap_candidates(cap_bytes: float, total_bytes: float,
-                       default_cap_bytes: float = 25 * 2**20) -> list[int]:
+                       default_cap_bytes: float = DDP_DEFAULT_CAP) -> list[int]:
     """The DDP bucket sizes (bytes) the bucket-size what-if evaluates for a run with buckets of
     ``cap_bytes`` and ``total_bytes`` of gradients per step: a quarter, half, twice and four
     times the current size, torch's default, and splits of the gradients in 2, 4 and 8;

@@ -267,6 +267,19 @@ def collective_type(name: str, args: dict | None = None) -> str:
     return name.split("(")[0][:80]
 
 
+def normalize_schedule(name: str | None) -> str:
+    """``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` from a schedule name such as
+    ``"ScheduleInterleaved1F1B"``; raises ValueError for other names (zero-bubble, DualPipe…)."""
+    s = (name or "").lower().removeprefix("schedule")
+    if "interleaved" in s and "zero" not in s:
+        return "interleaved"
+    if s in ("gpipe", "filldrain"):
+        return "gpipe"
+    if s == "1f1b":
+        return "1f1b"
+    raise ValueError(f"schedule {name!r} is not modelled (GPipe, 1F1B and Interleaved1F1B are)")
+
+
 #: Device names in ``deviceProperties`` → the accelerator kind (first match wins).
 _DEVICE_NAME_KINDS = (
     (re.compile(r"nvidia|tesla|geforce|quadro|\b[ahlbv]100\b|\bh200\b|\bgb?200\b", re.I), "cuda"),

@@ -44,7 +44,9 @@ DTYPE_BYTES = {
 }
 
 
-def _numel(sizes) -> int:
+def numel(sizes) -> int:
+    """Elements of the tensors of ``sizes`` (a list of shapes, such as a flight-recorder entry's
+    ``input_sizes`` or an op's ``Input Dims``); a missing shape counts 0."""
     total = 0
     for s in sizes or []:
         n = 1
@@ -90,7 +92,7 @@ def records_from_flight_recorder(entries: list[dict], groups: list[dict]) -> lis
             "pg_ranks": ranks,
             "seq": int(e["p2p_seq_id"] if e.get("is_p2p") else e.get("collective_seq_id", -1)),
             "in_bytes": in_b, "out_bytes": out_b, "bytes": full,
-            "numel": _numel(e.get("input_sizes")),
+            "numel": numel(e.get("input_sizes")),
             "dtype": dtypes[0], "peer": None, "issue_ns": int(e.get("time_created_ns", 0)),
             "source": "flight_recorder",
         })
@@ -126,7 +128,7 @@ def _input_numel(args) -> int | None:
     if not isinstance(args, dict) or not isinstance(args.get("Input Dims"), list):
         return None
     try:
-        return _numel(args["Input Dims"][:1])
+        return numel(args["Input Dims"][:1])
     except (TypeError, ValueError):
         return None
 
@@ -292,8 +294,8 @@ def _from_c10d(args: dict) -> dict | None:
     if not (isinstance(out_d, list) and isinstance(in_d, list) and out_d and in_d):
         return None
     try:
-        recv_elems, send_elems = _numel([out_d]), _numel([in_d])
-        row = _numel([in_d[1:]]) if len(in_d) > 1 else 1
+        recv_elems, send_elems = numel([out_d]), numel([in_d])
+        row = numel([in_d[1:]]) if len(in_d) > 1 else 1
     except (TypeError, ValueError):
         return None
     ci = ci if isinstance(ci, list) else []

@@ -95,3 +95,13 @@ def clip(iv: np.ndarray, lo: float, hi: float) -> np.ndarray:
     e = np.minimum(iv[:, 1], hi)
     keep = e > s
     return np.column_stack([s[keep], e[keep]])
+
+
+def window_of(times: np.ndarray, windows) -> np.ndarray:
+    """Index of the profiling window holding each of ``times`` (µs): the last of ``windows``
+    (``((start, end), ...)`` in time order, :attr:`pardiag.analyzer.trace.traceset.RankTrace.windows`)
+    starting at or before it; 0 with fewer than two windows. Shape ``(len(times),)``, int64."""
+    if len(windows) < 2:
+        return np.zeros(len(times), dtype=np.int64)
+    starts = np.array([w[0] for w in windows], dtype=float)
+    return np.maximum(np.searchsorted(starts, times, side="right") - 1, 0)

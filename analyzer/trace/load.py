@@ -27,12 +27,10 @@ import orjson
 import pandas as pd
 
 from pardiag import layout
-from .parse import (  # noqa: F401  (re-exported: the loader's public names)
-    MAX_PLAUSIBLE_US, PROCESS_NAMES_KEY, _is_trace_doc, _parse_json, _plain_bytes,
-    _process_names, events_frame, parse_trace_fast, read_trace_bytes, read_trace_json,
-    stray_timestamps)
+from .parse import (PROCESS_NAMES_KEY, events_frame, is_trace_doc, parse_json, parse_trace_fast,
+                    plain_bytes, read_process_names)
 from .ranks import FileFacts, assign_ranks, merged_rank_of_pids
-from .traceset import EVENT_COLUMNS, GPU_CATS, RankTrace, TraceSet  # noqa: F401
+from .traceset import RankTrace, TraceSet
 from pardiag.errors import PardiagError, TraceError
 
 
@@ -52,7 +50,7 @@ class RankReducer(Protocol):
 
 
 
-def _trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[str]]:
+def find_trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[str]]:
     """Expand folders into candidate files; returns (candidates, sidecars, source label, info
     lines). A folder's pardiag sidecars are found where :func:`pardiag.layout.find_sidecars`
     looks (its ``pardiag/`` subfolder, or beside the traces in run folders of the older layout).
@@ -216,7 +214,7 @@ def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.R
     return out
 
 
-def _time_range(p: _Parsed) -> tuple[float, float]:
+def _time_range(p: ParsedFile) -> tuple[float, float]:
     """(first start, last end) of a parsed file's events (µs); NaN when it has none."""
     if p.events is not None:
         if not len(p.events):
@@ -229,7 +227,7 @@ def _time_range(p: _Parsed) -> tuple[float, float]:
     return math.nan, math.nan
 
 
-def _join_windows(parts: list[_Parsed]) -> _Parsed:
+def _join_windows(parts: list[ParsedFile]) -> ParsedFile:
     """One rank from the files of its profiling windows: their events in one table (read again
     where only a summary was kept; correlation ids of later windows shifted past the earlier
     ones', since every window numbers them from the start), thread names together, the first
@@ -239,7 +237,7 @@ def _join_windows(parts: list[_Parsed]) -> _Parsed:
     for p in parts:
         ev = p.events
         if ev is None:
-            again = _parse_file(p.path)
+            again = parse_file(p.path)
             if again.error is not None:
                 raise TraceError(again.error)
             ev = again.events if not again.pieces else next(
@@ -254,7 +252,7 @@ def _join_windows(parts: list[_Parsed]) -> _Parsed:
         drop=True)
     first = parts[0]
     notes = tuple(n for p in parts for n in p.notes)
-    return _Parsed(first.path, metadata=first.metadata, events=events, thread_names=names,
+    return ParsedFile(first.path, metadata=first.metadata, events=events, thread_names=names,
                    notes=notes, has_steps=any(p.has_steps for p in parts))
 
 
@@ -296,7 +294,7 @@ def _world_size_warnings(rank_docs: list[tuple[int, dict]],
 
 
 @dataclasses.dataclass
-class _Parsed:
+class ParsedFile:
     """What one worker learned from one file."""
 
     path: Path
@@ -322,8 +320,8 @@ def _has_step_names(events: pd.DataFrame) -> bool:
     return bool(events["name"].str.startswith("ProfilerStep").any()) if len(events) else False
 
 
-def _parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[str, ...] = (),
-                cache: bool = False, keep_events: bool = True) -> _Parsed:
+def parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[str, ...] = (),
+                cache: bool = False, keep_events: bool = True) -> ParsedFile:
     """Read, parse and (with a ``reducer``) summarize one file; never raises for bad input."""
     try:
         try:
@@ -331,23 +329,23 @@ def _parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[
             raw = path.read_bytes()
         except OSError as exc:
             raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        holder = [_plain_bytes(raw, path)]
+        holder = [plain_bytes(raw, path)]
         del raw
         fast = parse_trace_fast(holder, path)  # empties the holder when it succeeds
         if fast is not None:
             repairs: list[str] = []
             meta, (events, thread_names, ev_warnings, notes) = fast
         else:
-            doc, repairs = _parse_json(holder.pop(), path)
+            doc, repairs = parse_json(holder.pop(), path)
     except TraceError as exc:
-        return _Parsed(path, error=str(exc))
+        return ParsedFile(path, error=str(exc))
     if fast is None:
-        if not _is_trace_doc(doc):
-            return _Parsed(path, not_trace=True, own_report=isinstance(doc, dict) and all(
+        if not is_trace_doc(doc):
+            return ParsedFile(path, not_trace=True, own_report=isinstance(doc, dict) and all(
                 k in doc for k in ("schema_version", "source", "ranks")))
         meta = {k: v for k, v in doc.items() if k != "traceEvents"}
         if isinstance(doc["traceEvents"], list):
-            pnames = _process_names(doc["traceEvents"])
+            pnames = read_process_names(doc["traceEvents"])
             if pnames:
                 meta[PROCESS_NAMES_KEY] = pnames
         events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], path,
@@ -364,8 +362,8 @@ def _parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[
             if reducer is not None:  # no stored summary: one file, several ranks
                 _summarize_into(reducer, piece, patterns, repairs, st, cache=False,
                                 keep_events=True)
-        return _Parsed(path, metadata=meta, pieces=pieces)
-    out = _Parsed(path, repairs=tuple(repairs), metadata=meta, events=events,
+        return ParsedFile(path, metadata=meta, pieces=pieces)
+    out = ParsedFile(path, repairs=tuple(repairs), metadata=meta, events=events,
                   thread_names=thread_names, ev_warnings=tuple(ev_warnings), notes=tuple(notes),
                   has_steps=_has_step_names(events))
     if reducer is not None:
@@ -373,7 +371,7 @@ def _parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[
     return out
 
 
-def _summarize_into(reducer: RankReducer, out: _Parsed, patterns, repairs, st, *, cache: bool,
+def _summarize_into(reducer: RankReducer, out: ParsedFile, patterns, repairs, st, *, cache: bool,
                     keep_events: bool) -> None:
     trace = RankTrace(rank=-1, path=out.path, events=out.events, metadata=out.metadata,
                       rank_source="", thread_names=out.thread_names, notes=tuple(out.notes))
@@ -387,9 +385,9 @@ def _summarize_into(reducer: RankReducer, out: _Parsed, patterns, repairs, st, *
 
 
 def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: dict,
-                  process_names: dict[str, list[str]]) -> tuple[list[_Parsed], list[str]] | None:
+                  process_names: dict[str, list[str]]) -> tuple[list[ParsedFile], list[str]] | None:
     """The ranks of a merged multi-rank file (``pardiag merge`` output, or another tool's merge
-    whose processes are named ``rank N``), one :class:`_Parsed` each with the events of its
+    whose processes are named ``rank N``), one :class:`ParsedFile` each with the events of its
     processes and ``distributedInfo.rank`` set to it; None for a single-rank file. Events of
     processes that belong to no rank are left out (a warning says how many)."""
     pids = sorted(set(events["pid"].tolist())) if len(events) else []
@@ -424,7 +422,7 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
             if info.get("rank") != r:
                 info.pop("pg_config", None)
         info["rank"] = r
-        pieces.append(_Parsed(path, metadata={**rmeta, "distributedInfo": info}, events=ev,
+        pieces.append(ParsedFile(path, metadata={**rmeta, "distributedInfo": info}, events=ev,
                               thread_names={k: v for k, v in thread_names.items() if k[0] in mine},
                               has_steps=_has_step_names(ev), rank_hint=r))
     return pieces, warnings
@@ -437,7 +435,7 @@ def _read_events(path: Path, rank_hint: int | None = None) -> pd.DataFrame:
     Raises:
         TraceError: the file cannot be read or is not a trace.
     """
-    p = _parse_file(Path(path))
+    p = parse_file(Path(path))
     if p.error is not None or p.not_trace:
         raise TraceError(p.error or f"{path}: not a Kineto trace (no traceEvents list)")
     if p.pieces:
@@ -445,8 +443,8 @@ def _read_events(path: Path, rank_hint: int | None = None) -> pd.DataFrame:
     return p.events
 
 
-def _from_summary(path: Path, s) -> _Parsed:
-    return _Parsed(path, repairs=s.repairs, metadata=s.metadata, events=None,
+def _from_summary(path: Path, s) -> ParsedFile:
+    return ParsedFile(path, repairs=s.repairs, metadata=s.metadata, events=None,
                    thread_names=s.thread_names, ev_warnings=s.relocated(path)[0],
                    notes=s.relocated(path)[1], has_steps=s.has_steps, summary=s)
 
@@ -468,14 +466,14 @@ def default_workers(files: list[Path]) -> int:
     return max(1, min(len(files), cpus or 1))
 
 
-def _parse_all(files: list[Path], workers: int, progress, **kw) -> list[_Parsed]:
-    """:func:`_parse_file` for every file, in ``workers`` processes; results in file order.
+def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedFile]:
+    """:func:`parse_file` for every file, in ``workers`` processes; results in file order.
     ``progress(done, total)`` is called from this process after each file."""
     total = len(files)
     if workers <= 1 or total <= 1:
         out = []
         for i, f in enumerate(files):
-            out.append(_parse_file(f, **kw))
+            out.append(parse_file(f, **kw))
             if progress:
                 progress(i + 1, total)
         return out
@@ -487,10 +485,10 @@ def _parse_all(files: list[Path], workers: int, progress, **kw) -> list[_Parsed]
         import gc
 
         gc.freeze()  # forked workers: the collector does not touch (and so copy) parent pages
-    results: dict[int, _Parsed] = {}
+    results: dict[int, ParsedFile] = {}
     try:
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futs = {pool.submit(_parse_file, f, **kw): i for i, f in enumerate(files)}
+            futs = {pool.submit(parse_file, f, **kw): i for i, f in enumerate(files)}
             for fut in cf.as_completed(futs):
                 results[futs[fut]] = fut.result()
                 if progress:
@@ -541,7 +539,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     paths = [Path(p) for p in paths]
     if not paths:
         raise TraceError("no input given")
-    files, sidecars, source, info = _trace_files(paths)
+    files, sidecars, source, info = find_trace_files(paths)
     explicit = {p for p in paths if p.is_file()}
     warnings: list[str] = list(info)
     run_info, rank_meta, others = _read_sidecars(sidecars, warnings)
@@ -562,7 +560,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
         raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found{hint}")
 
     patterns = list(comm_patterns)
-    parsed: dict[Path, _Parsed] = {}
+    parsed: dict[Path, ParsedFile] = {}
     if reducer is not None and cache:
         for f in files:
             try:
@@ -584,10 +582,10 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     kw = dict(reducer=reducer, cache=cache,
               patterns=tuple(p.pattern if isinstance(p, re.Pattern) else str(p) for p in patterns),
               keep_events=reducer is None or n_workers <= 1)
-    for p in _parse_all(todo, n_workers, step, **kw):
+    for p in parse_files(todo, n_workers, step, **kw):
         parsed[p.path] = p
 
-    docs: list[_Parsed] = []
+    docs: list[ParsedFile] = []
     for f in files:
         p = parsed[f]
         if p.error is not None:
@@ -611,7 +609,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
                          f" (e.g. {first})")
 
     # Ranks: a pure function of what each file (or merged file's part) says (analyzer.ranks).
-    units: list[_Parsed] = [q for p in docs for q in (p.pieces or [p])]
+    units: list[ParsedFile] = [q for p in docs for q in (p.pieces or [p])]
     facts = []
     for i, p in enumerate(units):
         info = p.metadata.get("distributedInfo")

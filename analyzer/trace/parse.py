@@ -80,10 +80,10 @@ def read_trace_bytes(raw: bytes, path: Path) -> tuple[dict, list[str]]:
     Raises:
         TraceError: truncated or corrupt gzip, empty, not JSON, or not a JSON object.
     """
-    return _parse_json(_plain_bytes(raw, path), path)
+    return parse_json(plain_bytes(raw, path), path)
 
 
-def _plain_bytes(raw: bytes, path: Path) -> bytes:
+def plain_bytes(raw: bytes, path: Path) -> bytes:
     """The file's JSON bytes: gunzipped when gzip, without a UTF-8 byte-order mark.
 
     Raises:
@@ -101,7 +101,7 @@ def _plain_bytes(raw: bytes, path: Path) -> bytes:
     return raw
 
 
-def _parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
+def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
     repairs: list[str] = []
     try:
         doc = orjson.loads(raw)
@@ -147,7 +147,7 @@ def read_trace_json(path: Path) -> dict:
     return read_trace_bytes(raw, path)[0]
 
 
-def _is_trace_doc(doc: dict) -> bool:
+def is_trace_doc(doc: dict) -> bool:
     return isinstance(doc.get("traceEvents"), list)
 
 
@@ -348,7 +348,7 @@ _PROCESS_META = frozenset({"process_name", "process_labels"})
 PROCESS_NAMES_KEY = "_pardiag_process_names"
 
 
-def _process_names(objs: list) -> dict[str, list[str]]:
+def read_process_names(objs: list) -> dict[str, list[str]]:
     """``{pid: [process_name / process_labels values]}`` of raw trace events."""
     out: dict[str, list[str]] = {}
     for e in objs:

@@ -91,6 +91,16 @@ class RankTrace:
         return bool((self.events["cat"] == "kernel").any())
 
     @property
+    def pg_config(self) -> list[dict]:
+        """The well-formed entries of ``distributedInfo.pg_config`` (dicts with a ``ranks``
+        list): the process groups the trace says the rank belongs to, with ``pg_name`` and
+        ``pg_desc`` where given; ``[]`` when it says none."""
+        info = self.metadata.get("distributedInfo")
+        groups = info.get("pg_config") if isinstance(info, dict) else None
+        return [g for g in (groups if isinstance(groups, list) else [])
+                if isinstance(g, dict) and isinstance(g.get("ranks"), list)]
+
+    @property
     def events_loaded(self) -> bool:
         """False while the raw events of a rank loaded from its summary have not been read."""
         return self.__dict__.get("_events") is not None

@@ -9,7 +9,7 @@ import pandas as pd
 from ...analyses.breakdown import OUTLIER_STEP_FACTOR
 from ...analyses.pipeline import summarize_bubbles
 from .context import RuleContext, ms, run_step_row
-from .rules.straggler import identify_straggler
+from .findings import identify_straggler
 from ...trace.traceset import TraceSet
 
 
@@ -124,7 +124,7 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
     Exposed communication is split into waiting for a peer and transfer
     (:func:`exposed_split`) so that the waiting a pipeline's bubble also counts is said once.
     A rank is named only when it meets the straggler criteria
-    (:func:`pardiag.analyzer.predict.recommend.rules.straggler.identify_straggler`); imbalanced MoE
+    (:func:`pardiag.analyzer.predict.recommend.findings.identify_straggler`); imbalanced MoE
     routing only from :data:`pardiag.analyzer.analyses.routing.IMBALANCE_MIN`
     (:meth:`pardiag.analyzer.analyses.routing.RoutingResult.describe`).
 

@@ -8,9 +8,6 @@ from ... import whatif
 from ..context import RuleContext
 from ..types import Recommendation
 
-#: torch DDP's default bucket_cap_mb (bytes), and its first bucket's cap with that default.
-DDP_DEFAULT_CAP = 25 * 2**20
-DDP_FIRST_BUCKET = 2**20
 #: Resamples of the α–β fit replayed per size on a GPU (each replays every rank-step's
 #: gradient-ready curve; on CPU a size's change is α × the change in bucket count, all 1000).
 GPU_RESAMPLES = 200
@@ -81,7 +78,7 @@ def ddp_buckets(ctx: RuleContext) -> list[Recommendation]:
                           "their time adds to the step, only their number changes with the "
                           "bucket size")
     if not isinstance(cap, (int, float)) or cap <= 0:
-        cap = DDP_DEFAULT_CAP
+        cap = whatif.DDP_DEFAULT_CAP
         caveats.append("the bucket size was not recorded; torch's default 25 MiB assumed")
     params = lay.get("ddp_param_bytes")
     params = ([float(b) for b in params] if isinstance(params, list) and params
@@ -97,7 +94,8 @@ def ddp_buckets(ctx: RuleContext) -> list[Recommendation]:
         return whatif.equal_buckets(total, c)
 
     # torch's first bucket is 1 MiB only when bucket_cap_mb is left at its default
-    now_b = buckets(cap, DDP_FIRST_BUCKET if abs(cap - DDP_DEFAULT_CAP) < 1 else None)
+    now_b = buckets(cap, whatif.DDP_FIRST_BUCKET if abs(cap - whatif.DDP_DEFAULT_CAP) < 1
+                    else None)
     now = [whatif.bucketed_allreduce_tail(c, now_b, alpha, beta) for c in curves]
     boot = ctx.allreduce_fit_resamples
     if boot is not None and on_gpu:
@@ -107,7 +105,7 @@ def ddp_buckets(ctx: RuleContext) -> list[Recommendation]:
                     for a, b in boot]
     out = []
     seen = {tuple(now_b)}     # a size that forms the same buckets changes nothing
-    for new in whatif.ddp_cap_candidates(cap, total, DDP_DEFAULT_CAP):
+    for new in whatif.ddp_cap_candidates(cap, total, whatif.DDP_DEFAULT_CAP):
         new_b = buckets(new, None)     # an explicit bucket_cap_mb: every bucket takes it
         if tuple(new_b) in seen:
             continue

@@ -22,11 +22,6 @@ def _ring(n: int) -> float:
     return 2.0 * (n - 1) / n if n > 1 else 0.0
 
 
-#: A DDP bucket's cap (torch's default bucket_cap_mb, bytes): the buckets a DDP gradient
-#: all-reduce is predicted in when the run has no data parallel to measure.
-DDP_BUCKET_BYTES = 25 * 2**20
-
-
 @dataclasses.dataclass(frozen=True)
 class DimTraffic:
     """One parallel dimension's measured collectives, per rank and step.
@@ -171,7 +166,7 @@ def _new_dp_traffic(ctx: RuleContext, like: DimTraffic, tp_now: int, tp2: int
                     ) -> tuple[DimTraffic, str] | None:
     """The gradient synchronization a run without data parallel would add at dp > 1, at the
     α–β of ``like`` (another dimension's groups on the same links): DDP's all-reduce of the
-    gradients in 25 MiB buckets (:data:`DDP_BUCKET_BYTES`), or FSDP's all-gathers and
+    gradients in torch's default 25 MiB buckets (:data:`whatif.DDP_DEFAULT_CAP`), or FSDP's all-gathers and
     reduce-scatters of the parameters when the run uses FSDP: each of its units
     (``fsdp_units``, recorded by ``pardiag profile``; one when not recorded: then two
     all-gathers, or one when it keeps the parameters unsharded) gathers once in the forward and
@@ -197,7 +192,7 @@ def _new_dp_traffic(ctx: RuleContext, like: DimTraffic, tp_now: int, tp2: int
         how = (f"FSDP: {gathers} all-gather(s) and {units} reduce-scatter(s) per step of "
                f"{full / 2**20:.3g} MiB of parameters in {units} unit(s)")
     else:
-        n = max(1, math.ceil(full / DDP_BUCKET_BYTES))
+        n = max(1, math.ceil(full / whatif.DDP_DEFAULT_CAP))
         ops = (("all_reduce", full / n, float(n)),)
         how = f"DDP: an all-reduce of {full / 2**20:.3g} MiB of gradients in {n} bucket(s)"
     return DimTraffic("dp", 2, ops, like.alpha_us, like.beta_us_per_byte, like.sizes), how

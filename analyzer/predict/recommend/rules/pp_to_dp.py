@@ -10,7 +10,6 @@ from ... import shapes
 from ... import whatif
 from ..context import RuleContext, step_noise
 from ..types import Recommendation, batch_fields, ruled_out
-from .ddp_buckets import DDP_DEFAULT_CAP, DDP_FIRST_BUCKET
 from ...replay import inflight
 
 
@@ -112,7 +111,7 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
     opt = sum(model.opt_us.values())
     other = max(model.tail_us.get(0, 0.0) - model.opt_us.get(0, 0.0), 0.0)
     layer_bytes = [float(b) for ls in reversed(model.layers) for _, _, b in reversed(ls)]
-    buckets = whatif.ddp_buckets(layer_bytes, DDP_DEFAULT_CAP, DDP_FIRST_BUCKET)
+    buckets = whatif.ddp_buckets(layer_bytes, whatif.DDP_DEFAULT_CAP, whatif.DDP_FIRST_BUCKET)
     on_gpu = ctx.on_gpu
     ar_all = sum(alpha + beta * b for b in buckets)
     ar = ar_all if not on_gpu else alpha + beta * buckets[-1]
