@@ -3,10 +3,18 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.pardiag-installed
+LINKED := $(VENV)/.pardiag-linked
+# The editable install is static (setuptools' strict mode): it links every file of the package
+# into build/__editable__.*/ and puts that folder on sys.path with a .pth file, so `import
+# pardiag` works wherever Python starts (also in the folder that holds a clone named pardiag) and
+# static tools follow the package. A file added or removed is linked again by `make setup`.
+STRICT := --config-settings editable_mode=strict
+FILES  := find pardiag analyzer collectors -type f \( -name '*.py' -o -name '*.css' -o -name '*.js' \) \
+	| LC_ALL=C sort
 
-.PHONY: demo test setup browser clean
+.PHONY: demo test lint setup links browser clean
 
-setup: $(STAMP)
+setup: links
 
 # The venv sees the system site-packages so an already installed torch (for example a CUDA
 # build) is reused; torch 2.13.0 (CPU build) is installed only when no torch is importable.
@@ -18,14 +26,29 @@ $(STAMP): pyproject.toml
 		echo "no torch importable: installing torch==2.13.0"; \
 		$(PY) -m pip install -q torch==2.13.0; \
 	fi
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test]" $(STRICT)
+	@$(FILES) > $(LINKED)
 	@touch $(STAMP)
 
-demo: $(STAMP)
+# Links the package's files again when the set of files changed since they were linked.
+links: $(STAMP)
+	@$(FILES) > $(LINKED).new
+	@if cmp -s $(LINKED).new $(LINKED); then rm -f $(LINKED).new; else \
+		echo "linking the package's files into the editable install"; \
+		$(PY) -m pip install -q --no-deps -e . $(STRICT) && mv $(LINKED).new $(LINKED); fi
+
+demo: links
 	$(VENV)/bin/pardiag report sample_traces/pp_unbalanced_cpu_2rank -o report.html --json summary.json
 	$(VENV)/bin/pardiag compare sample_traces/pp_before_cpu_2rank sample_traces/pp_after_cpu_2rank \
 		-o compare.html --json compare.json -q
 	@echo "open report.html and compare.html in a browser"
+
+# ruff (style and errors, pyproject.toml [tool.ruff]) and import-linter (the analyzer's stage
+# order and the other import contracts, [tool.importlinter]). import-linter runs from inside
+# .venv: in the checkout, Python would find the package face pardiag/ before the linked package.
+lint: links
+	$(VENV)/bin/ruff check .
+	cd $(VENV) && bin/lint-imports ../pyproject.toml --no-cache
 
 # The browser tests (tests/test_browser.py) drive Debian's chromium through Playwright (from the
 # test extra; it downloads no browser of its own). As root with apt, a missing chromium is
@@ -42,8 +65,8 @@ browser:
 
 # Two workers, whole test files each (module fixtures hold profiled runs): the profiled runs'
 # start-up and waits overlap the analysis tests on a 2-core machine.
-test: $(STAMP) browser
+test: links browser
 	$(PY) -m pytest -n 2 --dist loadfile
 
 clean:
-	rm -rf $(VENV) report.html summary.json compare.html compare.json
+	rm -rf $(VENV) build report.html summary.json compare.html compare.json

@@ -12,7 +12,17 @@ training rank stays light)::
     cmp = pardiag.compare("runs/before", "runs/after")   # -> pardiag.Comparison
 """
 
+import pkgutil
+
 from pardiag.version import __version__
+
+# In a checkout this folder holds only the package's face: pardiag.analyzer and
+# pardiag.collectors live in analyzer/ and collectors/ beside it. The editable install
+# (``make setup``: ``pip install -e . --config-settings editable_mode=strict``) links the whole
+# package into one folder on sys.path (a static .pth entry, which static tools follow too). When
+# Python runs inside the checkout, this folder is found first, and extend_path adds the linked
+# package's folder, so the subpackages are found there.
+__path__ = pkgutil.extend_path(__path__, __name__)
 
 __all__ = ["analyze", "Report", "compare", "Comparison", "PardiagError", "TraceError",
            "__version__"]

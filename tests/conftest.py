@@ -20,6 +20,34 @@ if _RUN:
 os.environ.setdefault("PARDIAG_CACHE_DIR", tempfile.mkdtemp(prefix="pardiag-test-cache-"))
 
 
+def _unlinked_modules() -> list[str]:
+    """The package's modules in the checkout that the editable install cannot import (it links
+    each file: a module added since ``make setup`` is not linked yet)."""
+    import importlib.util
+
+    roots = {"pardiag": "pardiag", "analyzer": "pardiag.analyzer", "collectors": "pardiag.collectors"}
+    out = []
+    for folder, package in roots.items():
+        for f in sorted((REPO / folder).rglob("*.py")):
+            parts = f.relative_to(REPO / folder).with_suffix("").parts
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            try:
+                found = importlib.util.find_spec(name) is not None
+            except ImportError:
+                found = False
+            if not found:
+                out.append(str(f.relative_to(REPO)))
+    return out
+
+
+def pytest_sessionstart(session):
+    missing = _unlinked_modules()
+    if missing:
+        pytest.exit(f"the editable install does not hold {', '.join(missing[:3])}"
+                    f"{' ...' if len(missing) > 3 else ''}: run `make setup` to link new files",
+                    returncode=4)
+
+
 @pytest.fixture
 def real_traces() -> Path:
     """../shared/real_traces beside the checkout (read by path, never copied)."""
