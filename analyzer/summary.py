@@ -33,25 +33,26 @@ import hashlib
 import importlib
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import orjson
 import pandas as pd
 
 from pardiag import layout
-from .analyses.causes import causes_of_trace
+from pardiag.errors import TraceError
+
 from .analyses.breakdown import RankParts, breakdown_rows_of, rank_parts
+from .analyses.causes import causes_of_trace
+from .analyses.comm_events import events_from_trace
+from .analyses.infer_layout import RankMarks, rank_marks
+from .analyses.memory import memory_rows
+from .analyses.operators import operators_of_events
 from .trace.classify import classify, profiler_steps
 from .trace.comm_records import all_to_all_ops
-from .analyses.infer_layout import RankMarks, rank_marks
-from .trace.load import parse_files, parse_file, find_trace_files, default_workers
-from .analyses.operators import operators_of_events
-from .analyses.comm_events import events_from_trace
-from .analyses.memory import memory_rows
+from .trace.load import default_workers, find_trace_files, parse_file, parse_files
 from .trace.traceset import RankTrace
-from pardiag.errors import TraceError
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
 SUMMARY_VERSION = 7

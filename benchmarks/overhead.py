@@ -182,7 +182,7 @@ def main() -> None:
                      f"[{min(r['inside_pct']):+.1f}, {max(r['inside_pct']):+.1f}] |")
         print(line)
     over = [r["example"] for r in rows if r["outside_median_pct"] > 2.0]
-    print(f"\ngoal ≤ 2% median outside the window: "
+    print("\ngoal ≤ 2% median outside the window: "
           + ("met on every example" if not over else f"not met on {', '.join(over)}"))
     if a.json:
         a.json.write_text(json.dumps({"machine": info, "rows": rows}, indent=1, default=str))

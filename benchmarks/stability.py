@@ -72,10 +72,10 @@ def run_once(script: str, n: int, args: list[str], pin: bool, tmp: Path, tag: st
     gains: each evaluated kind's best predicted gain (% of the step); step_ms and
     noise_pct: the step the recommendations are measured against and its noise (% of it), the
     margin the noise rule and the tiers used (None without a step)."""
-    from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.predict.recommend import build_context
     from pardiag.analyzer.predict.recommend.findings import identify_straggler
     from pardiag.analyzer.report.registry import build_report
+    from pardiag.analyzer.trace import load_traces
 
     out = tmp / tag
     cmd = [sys.executable, "-m", "pardiag", "profile", str(EXAMPLES / script),

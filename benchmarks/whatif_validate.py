@@ -175,8 +175,8 @@ def measure(script: str, n: int, args: list[str], tmp: Path, tag: str) -> float:
 def profile_case(name: str, tmp: Path, pin: bool, rep: int) -> list[dict]:
     """Profile a case's base configuration; returns one row per runnable evaluated change (the
     base first) with the prediction and the arguments to run."""
-    from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.report.registry import build_report
+    from pardiag.analyzer.trace import load_traces
 
     script, n, base = CASES[name]
     base = [*base, "--pin-cpu"] if pin else base

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import functools
 import gc
-import warnings
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ import subprocess
 import sys
 import time
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -606,7 +606,7 @@ class PipelineRecorder:
         3.6–4.8 ms where the others read 0.7–0.9 (the preemptions fell on the same blocks of
         every call); the stage split that rests on them moved by two blocks."""
         rows = []
-        for (s, i), e in sorted(self.layers.items()):
+        for _, e in sorted(self.layers.items()):
             rows.append({k: e[k] for k in ("stage", "index", "name", "type", "params_bytes")}
                         | {"fwd_us": {str(st): min(ns) / 1000.0
                                       for st, ns in sorted(e["fwd_ns"].items(), key=str)
@@ -1011,8 +1011,10 @@ class BatchRecorder:
                         self.calls = 1
 
     def install(self) -> None:
-        from torch.nn.modules.module import (register_module_forward_hook,
-                                             register_module_forward_pre_hook)
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
         self._handles = [register_module_forward_pre_hook(self._pre),
                          register_module_forward_hook(self._post, with_kwargs=True)]
 

@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 
 from pardiag import layout
-from pardiag.version import __version__
-from .rank_entry import CONFIG_ENV
 from pardiag.errors import PardiagError
+from pardiag.version import __version__
+
+from .rank_entry import CONFIG_ENV
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -538,8 +539,8 @@ def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | 
                          f"{layout.stacks_path(out, r)})")
     ranks.scan()
     if not lines and len(ranks.mine) == n:
-        lines = [f"every rank of this node had written its files and was ending when the "
-                 f"--timeout expired; they were stopped (their files are complete)"]
+        lines = ["every rank of this node had written its files and was ending when the "
+                 "--timeout expired; they were stopped (their files are complete)"]
     if not lines:
         lines = [f"no collective is waiting on a missing rank; ranks with a dump: {sorted(got)}"]
     return proc.returncode if proc.returncode is not None else -9, lines

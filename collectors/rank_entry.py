@@ -331,9 +331,12 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
                     size_scaling: list[dict] | None = None) -> tuple[dict, int]:
     """Comms and pipeline sidecars of a rank whose trace was written; returns (layout, n records).
     Also stores the trace's memory peaks in ``captured["trace_memory"]``."""
-    from ..analyzer.trace.comm_records import (attach_trace_times, records_from_flight_recorder,
-                                               records_from_p2p)
     from ..analyzer.trace import RankTrace, events_frame, read_trace_json
+    from ..analyzer.trace.comm_records import (
+        attach_trace_times,
+        records_from_flight_recorder,
+        records_from_p2p,
+    )
 
     path = layout.trace_path(out, rank)
     doc = read_trace_json(path)
@@ -436,8 +439,10 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
     """
     import torch
     import torch.distributed as dist
-    from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                       register_optimizer_step_pre_hook)
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from . import hooks

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 from pardiag import layout
-from pardiag.version import __version__
 from pardiag.errors import PardiagError
+from pardiag.version import __version__
 
 #: The port SLURM jobs meet on: 29500 + (job id mod PORT_SPAN), so two jobs sharing a node
 #: rarely collide; MASTER_PORT set by the user wins.

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import warnings
 
+import _common as C
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-import _common as C
 from train_tp import tp_plan
 
 # The root's output is a view of the replicated TP output; nothing here modifies it in place.

@@ -6,10 +6,9 @@
 
 from __future__ import annotations
 
+import _common as C
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-import _common as C
 
 
 def main() -> None:

@@ -8,11 +8,11 @@ backward; ``--forward-prefetch`` gathers the next unit during the current one's 
 
 from __future__ import annotations
 
-from torch import nn
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
 import _common as C
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 
 def main() -> None:

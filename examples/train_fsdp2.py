@@ -5,10 +5,9 @@
 
 from __future__ import annotations
 
+import _common as C
 from torch import nn
 from torch.distributed.fsdp import fully_shard
-
-import _common as C
 
 
 def main() -> None:

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import warnings
 
+import _common as C
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.nn.functional import all_to_all_single
-
-import _common as C
 
 # The autograd-aware all_to_all_single is deprecated in favour of the functional collectives,
 # whose gloo path falls back to all-gather + chunk; keep the real all-to-all on gloo.

@@ -13,12 +13,15 @@ per stage 4,4", is ``--layers-per-stage 3,3`` here).
 
 from __future__ import annotations
 
+import _common as C
 import torch
 from torch import nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B)
-
-import _common as C
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
 
 
 def stage_layers(args, num_stages: int) -> list[int]:

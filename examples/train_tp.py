@@ -8,13 +8,16 @@ are (batch, seq, features) with the sequence sharded between blocks.
 
 from __future__ import annotations
 
+import _common as C
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
-
-import _common as C
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 
 def tp_plan() -> dict:

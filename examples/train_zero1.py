@@ -5,12 +5,11 @@
 
 from __future__ import annotations
 
+import _common as C
 import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-import _common as C
 
 
 def main() -> None:

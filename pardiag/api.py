@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 
 from pardiag.analyzer.report.compare import Comparison as _TypedComparison
-from pardiag.analyzer.report.registry import AnalysisOptions
+from pardiag.analyzer.report.registry import AnalysisOptions, build_report, report_json
 from pardiag.analyzer.report.registry import Report as _TypedReport
-from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.errors import PardiagError
 
 
@@ -278,9 +277,9 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
         TraceError: a path does not exist, or no readable trace is found (the message names the
             file and the problem).
     """
-    from pardiag.analyzer.trace.classify import compile_comm_patterns
-    from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.summary import REDUCER
+    from pardiag.analyzer.trace import load_traces
+    from pardiag.analyzer.trace.classify import compile_comm_patterns
 
     if isinstance(comm_kernels, (str, re.Pattern)):
         comm_kernels = [comm_kernels]
@@ -308,9 +307,9 @@ def load_summary(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: b
         TraceError: ``path`` does not exist, is a summary that cannot be read, or holds no
             readable trace (the message names the file and the problem).
     """
-    from pardiag.errors import TraceError
-
     import orjson
+
+    from pardiag.errors import TraceError
 
     p = Path(path)
     if p.is_file() and p.suffix == ".json":

@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from pardiag import layout
-from pardiag.version import __version__
 from pardiag.errors import PardiagError
+from pardiag.version import __version__
 
 
 class _Cli(click.Group):
@@ -215,8 +215,9 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     writes its own ranks' files into --out (a shared folder, or one per node that `pardiag
     report` joins).
     """
-    from pardiag.collectors.launch import ProfileConfig, run_profile
     import time
+
+    from pardiag.collectors.launch import ProfileConfig, run_profile
 
     if out is None:
         out = Path("pardiag_runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -318,10 +319,10 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     import orjson
     from rich.console import Console
 
-    from pardiag.analyzer.trace.classify import compile_comm_patterns
-    from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.report.registry import AnalysisOptions, build_report
     from pardiag.analyzer.summary import REDUCER
+    from pardiag.analyzer.trace import load_traces
+    from pardiag.analyzer.trace.classify import compile_comm_patterns
     from pardiag.api import Report
     from pardiag.progress import progress_reporter
 
@@ -436,10 +437,10 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
     inputs or lie in an input folder (a later report would read it as a rank). Bad input exits
     with code 2 and a one-line message.
     """
-    from pardiag.analyzer.trace.classify import compile_comm_patterns
-    from pardiag.analyzer.trace import load_traces
-    from pardiag.analyzer.render.merge import merge_traces
     from pardiag.analyzer.analyses.sync import compute_sync
+    from pardiag.analyzer.render.merge import merge_traces
+    from pardiag.analyzer.trace import load_traces
+    from pardiag.analyzer.trace.classify import compile_comm_patterns
 
     patterns = tuple(compile_comm_patterns(comm_kernel))
     traces = load_traces(list(paths))
@@ -482,8 +483,8 @@ def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str 
     $RANK/$WORLD_SIZE), e.g. `torchrun --nnodes 8 --nproc-per-node 4 -m pardiag summarize DIR`.
     Summaries go to .pardiag-cache/ in the trace folder, or ~/.cache/pardiag when it is read-only.
     """
-    from pardiag.analyzer.trace.classify import compile_comm_patterns
     from pardiag.analyzer.summary import summarize_paths
+    from pardiag.analyzer.trace.classify import compile_comm_patterns
     from pardiag.progress import progress_reporter
 
     if shard is None and os.environ.get("WORLD_SIZE") and os.environ.get("RANK"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 #: Files from which a non-terminal standard error gets plain progress lines.
 PLAIN_MIN_FILES = 32
@@ -23,8 +23,13 @@ def progress_reporter(label: str, stream=None) -> Iterator[Callable[[int, int], 
     tty = bool(getattr(stream, "isatty", lambda: False)())
     if tty:
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn(), console=Console(file=stream), transient=True,

@@ -20,13 +20,13 @@ class TraceBuilder:
         self.main_tid = main_tid
         self._corr = 0
 
-    def thread_name(self, tid, name: str) -> "TraceBuilder":
+    def thread_name(self, tid, name: str) -> TraceBuilder:
         self.events.append({"ph": "M", "name": "thread_name", "pid": self.pid, "tid": tid,
                             "args": {"name": name}})
         return self
 
     def cpu(self, name: str, ts: float, dur: float, tid=None, cat: str = "cpu_op",
-            args: dict | None = None) -> "TraceBuilder":
+            args: dict | None = None) -> TraceBuilder:
         ev = {"ph": "X", "cat": cat, "name": name, "pid": self.pid,
               "tid": self.main_tid if tid is None else tid, "ts": ts, "dur": dur}
         if args:
@@ -34,11 +34,11 @@ class TraceBuilder:
         self.events.append(ev)
         return self
 
-    def step(self, n: int, ts: float, dur: float) -> "TraceBuilder":
+    def step(self, n: int, ts: float, dur: float) -> TraceBuilder:
         return self.cpu(f"ProfilerStep#{n}", ts, dur, cat="user_annotation")
 
     def kernel(self, name: str, ts: float, dur: float, stream: int = 7, launch_ts: float | None = None,
-               cat: str = "kernel", args: dict | None = None) -> "TraceBuilder":
+               cat: str = "kernel", args: dict | None = None) -> TraceBuilder:
         """A GPU kernel; with ``launch_ts`` a cudaLaunchKernel runtime event links to it."""
         self._corr += 1
         kargs = {"device": 0, "stream": stream, "correlation": self._corr, **(args or {})}

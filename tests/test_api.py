@@ -9,12 +9,11 @@ import re
 import plotly.graph_objects as go
 import pytest
 from click.testing import CliRunner
+from conftest import REPO
+from synth import gpu_rank
 
 import pardiag
 from pardiag.cli import cli, main
-from synth import gpu_rank
-
-from conftest import REPO
 
 SLOW = REPO / "sample_traces" / "ddp_slowrank1_cpu_2rank"
 

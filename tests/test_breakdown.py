@@ -7,12 +7,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from pardiag.analyzer.analyses.breakdown import breakdown_rows_of, compute_time_breakdown, rank_parts
-from pardiag.analyzer.trace.classify import Kind, classify, collective_type, compile_comm_patterns
-from pardiag.analyzer.trace import load_traces
-from pardiag.errors import PardiagError
 from synth import TraceBuilder, cpu_rank, gpu_rank
+
+from pardiag.analyzer.analyses.breakdown import (
+    breakdown_rows_of,
+    compute_time_breakdown,
+    rank_parts,
+)
+from pardiag.analyzer.trace import load_traces
+from pardiag.analyzer.trace.classify import Kind, classify, collective_type, compile_comm_patterns
+from pardiag.errors import PardiagError
 
 
 def _row(df, **where):

@@ -12,14 +12,13 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-
-from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.report.registry import build_report
-from pardiag.analyzer.render.html import SECTIONS, render_html
-from pardiag.cli import cli
+from conftest import REPO
 from synth_report import PAYLOADS, big_run, hostile_recommendations, hostile_run
 
-from conftest import REPO
+from pardiag.analyzer.render.html import SECTIONS, render_html
+from pardiag.analyzer.report.registry import build_report
+from pardiag.analyzer.trace import load_traces
+from pardiag.cli import cli
 
 ARTIFACTS = REPO / "test-artifacts"
 #: Figures each shipped sample's report draws.

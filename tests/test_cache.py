@@ -8,12 +8,12 @@ import os
 import stat
 
 import pytest
+from synth import gpu_rank
 
 from pardiag.analyzer import summary as sm
-from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.report.registry import build_report
-from synth import gpu_rank
+from pardiag.analyzer.summary import REDUCER
+from pardiag.analyzer.trace import load_traces
 
 
 @pytest.fixture(autouse=True)

@@ -7,14 +7,20 @@ import subprocess
 import sys
 
 import pandas as pd
-import pytest
-
-from pardiag.analyzer.analyses.causes import (HOST_PARTS, DEVICE_PARTS, CausesResult, causes_of_trace,
-                                     compute_causes, excess_table, straggler_cause)
-from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.report.registry import build_report, report_json
 from conftest import REPO
 from synth import TraceBuilder
+
+from pardiag.analyzer.analyses.causes import (
+    DEVICE_PARTS,
+    HOST_PARTS,
+    CausesResult,
+    causes_of_trace,
+    compute_causes,
+    excess_table,
+    straggler_cause,
+)
+from pardiag.analyzer.report.registry import build_report, report_json
+from pardiag.analyzer.trace import load_traces
 
 
 def _cpu_planted(rank=0, data_ms=100.0) -> TraceBuilder:

@@ -7,11 +7,10 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-
-from pardiag.cli import cli
+from conftest import REPO
 from synth import cpu_rank, gpu_rank
 
-from conftest import REPO
+from pardiag.cli import cli
 
 SAMPLE = REPO / "sample_traces" / "ddp_cpu_2rank"
 

@@ -1,10 +1,14 @@
 """Record normalisation, placement on the trace, and hang diagnosis — on planted data."""
 
-from pardiag.analyzer.trace.comm_records import (attach_trace_times, records_from_flight_recorder,
-                                           records_from_p2p)
+from synth import TraceBuilder, write_sidecar
+
 from pardiag.analyzer.analyses.hang import describe, diagnose_hang
 from pardiag.analyzer.trace import load_traces
-from synth import TraceBuilder, write_sidecar
+from pardiag.analyzer.trace.comm_records import (
+    attach_trace_times,
+    records_from_flight_recorder,
+    records_from_p2p,
+)
 
 BASE = 1_700_000_000_000_000_000  # baseTimeNanoseconds of the planted traces
 GROUPS = [{"name": "0", "desc": "default_pg", "ranks": [0, 1], "size": 2},
@@ -35,7 +39,6 @@ def test_an_all_gather_recorded_with_its_input_as_output_counts_the_gathered_buf
     output's (measured: 256 KiB for TP's 512 KiB gathers at tp=2): the full buffer is the input
     × the group's size. A reduce-scatter (its input is the full buffer) and a one-rank gather
     keep the larger size. Run folders written before the repair get it when loaded."""
-    import json
     recs = records_from_flight_recorder(
         [fr(1, "gloo:all_gather", 10, sizes=((512,),), pg=("1", "mesh_tp")),
          fr(2, "gloo:reduce_scatter", 20, sizes=((1024,),), pg=("1", "mesh_tp"))], GROUPS)

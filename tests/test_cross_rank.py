@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from synth import TraceBuilder, write_sidecar
 
 from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
-from pardiag.analyzer.trace.classify import compile_comm_patterns, device_kind
-from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.trace.ranks import FileFacts, assign_ranks, merged_rank_of_pids
 from pardiag.analyzer.analyses.sync import compute_sync
+from pardiag.analyzer.trace import load_traces
+from pardiag.analyzer.trace.classify import compile_comm_patterns, device_kind
+from pardiag.analyzer.trace.ranks import FileFacts, assign_ranks, merged_rank_of_pids
 from pardiag.cli import cli
-from synth import TraceBuilder, write_sidecar
 
 REPROS = Path(__file__).resolve().parents[1].parent / "shared" / "repros"
 EPOCH = 1_700_000_000_000_000.0  # µs

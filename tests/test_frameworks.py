@@ -17,7 +17,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 EXAMPLES = REPO / "examples" / "frameworks"

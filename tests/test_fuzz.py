@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
-from pardiag.analyzer.trace import EVENT_COLUMNS, load_traces, read_trace_bytes
 from pardiag.analyzer.summary import REDUCER
+from pardiag.analyzer.trace import EVENT_COLUMNS, load_traces, read_trace_bytes
 from pardiag.errors import TraceError
 
 settings.register_profile("ci", max_examples=400, deadline=None, derandomize=True,
@@ -170,7 +172,7 @@ def test_fast_path_gives_the_tolerant_paths_table(doc):
 
 def _has_nonfinite(v) -> bool:
     if isinstance(v, float):
-        return v != v or v in (float("inf"), float("-inf"))
+        return not math.isfinite(v)
     if isinstance(v, dict):
         return any(_has_nonfinite(x) for x in v.values())
     if isinstance(v, list):

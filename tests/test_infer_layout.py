@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from synth import TraceBuilder
 
 from pardiag.analyzer.analyses.infer_layout import INFERRED_SOURCE, infer_layout
-from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.report.registry import build_report, report_json
-from synth import TraceBuilder
+from pardiag.analyzer.summary import REDUCER
+from pardiag.analyzer.trace import load_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
@@ -223,6 +223,7 @@ def plain_interleaved(tmp_path_factory):
 
 def test_plain_profiler_interleaved_run(plain_interleaved):
     from click.testing import CliRunner
+
     from pardiag.cli import cli
     js = plain_interleaved.parent / "interleaved.json"
     res = CliRunner().invoke(cli, ["report", str(plain_interleaved), "-o",

@@ -149,10 +149,10 @@ def test_profiler_warmup_steps_do_not_calibrate_the_pipeline(tmp_path):
     import dataclasses
 
     import msgspec
+    from test_recommend import _pipeline_run
 
     from pardiag import layout
     from pardiag.analyzer.analyses.pipeline import compute_pipeline
-    from test_recommend import _pipeline_run
 
     traces = _pipeline_run(tmp_path, "1f1b", 2, 4, [600, 200], [1200, 400], {0: 600, 1: 200},
                            steps=8)

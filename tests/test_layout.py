@@ -8,13 +8,13 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+from synth import relayout
+
 from pardiag import layout
-from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.summary import REDUCER
-from synth import relayout
+from pardiag.analyzer.trace import load_traces
 
 SAMPLES = REPO / "sample_traces"
 
@@ -126,6 +126,7 @@ def test_a_wrong_value_names_the_field_and_the_file_is_ignored(tmp_path):
 def test_the_report_shows_when_the_run_started(tmp_path):
     """run.json holds ``started_unix``; the summary once read an absent ``start_time``."""
     import datetime
+
     from pardiag.analyzer.render.html import render_html
     ts = load_traces(SAMPLES / "ddp_cpu_2rank")
     page = render_html(build_report(ts), include_plotlyjs=False)

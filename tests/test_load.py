@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from synth import TraceBuilder, cpu_rank, gpu_rank
 
 from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
 from pardiag.analyzer.trace import load_traces, read_trace_json, stray_timestamps
 from pardiag.errors import TraceError
-from synth import TraceBuilder, cpu_rank, gpu_rank
 
 
 def test_gzip_and_plain_json_give_the_same_events(tmp_path):
@@ -145,7 +145,7 @@ def test_stray_timestamps_left_out_on_both_parse_paths(tmp_path, gz):
     for e in b.events:
         if "ts" in e:
             e["ts"] += EPOCH
-    for i in range(30):
+    for _ in range(30):
         b.cpu("aten::empty", 0, 0)
     b.cpu("aten::late", EPOCH + 4e16, 5)
     for d in ("strict", "loose"):

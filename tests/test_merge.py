@@ -5,14 +5,13 @@ import re
 
 import orjson
 from click.testing import CliRunner
-
-from pardiag.analyzer.trace import load_traces, read_trace_json
-from pardiag.analyzer.render.merge import PID_STRIDE, merge_traces
-from pardiag.analyzer.analyses.sync import compute_sync
-from pardiag.cli import cli
+from conftest import REPO
 from synth import TraceBuilder
 
-from conftest import REPO
+from pardiag.analyzer.analyses.sync import compute_sync
+from pardiag.analyzer.render.merge import PID_STRIDE, merge_traces
+from pardiag.analyzer.trace import load_traces, read_trace_json
+from pardiag.cli import cli
 
 SKEW_US = 500.0  # rank 2's clock runs this far ahead of ranks 0 and 1
 

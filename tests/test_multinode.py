@@ -20,7 +20,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 EXAMPLE = REPO / "examples" / "train_2d.py"

@@ -4,16 +4,16 @@ planted multi-rank runs whose answers are known exactly."""
 import math
 
 import pytest
+from synth import TraceBuilder, record, write_sidecar
 
+from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
 from pardiag.analyzer.analyses.imbalance import compute_balance
 from pardiag.analyzer.analyses.layout import compute_layout
 from pardiag.analyzer.analyses.memory import compute_memory
-from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
-from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.analyses.pipeline import compute_pipeline, ideal_bubble_pct
-from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.analyses.sync import busbw_factor, compute_sync
-from synth import TraceBuilder, record, write_sidecar
+from pardiag.analyzer.report.registry import build_report, report_json
+from pardiag.analyzer.trace import load_traces
 
 OFFSET = {0: 0.0, 1: 500.0, 2: 0.0}      # rank 1's clock runs 500 µs ahead
 ARRIVAL = {0: 0.0, 1: 20.0, 2: 100.0}    # rank 2 always arrives 100 µs late

@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-
-from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.report.registry import build_report
 from conftest import REPO
+
+from pardiag.analyzer.report.registry import build_report
+from pardiag.analyzer.trace import load_traces
 
 
 def _report(out):

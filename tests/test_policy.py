@@ -8,7 +8,12 @@ import pytest
 
 from pardiag.analyzer.predict.recommend import Recommendation
 from pardiag.analyzer.predict.recommend.context import StepNoise, measured_peak, step_noise
-from pardiag.analyzer.predict.recommend.policy import CONTENDED_TIERS, FEW_NOISE_STEPS, MIN_GAIN_PCT, rank
+from pardiag.analyzer.predict.recommend.policy import (
+    CONTENDED_TIERS,
+    FEW_NOISE_STEPS,
+    MIN_GAIN_PCT,
+    rank,
+)
 
 
 def _rec(kind, pred, change=None):

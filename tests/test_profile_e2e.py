@@ -1,13 +1,12 @@
 """`pardiag profile` end to end on CPU/gloo with 2 ranks, then `pardiag report` on its output."""
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
@@ -42,7 +41,7 @@ def test_profile_writes_the_run_folder(ddp_run):
     # the last line is the next command; torch's profiler lines are left out or shown once
     assert res.stderr.strip().splitlines()[-1] == f"pardiag: next: pardiag report {out}"
     assert "USDT:" not in res.stderr and res.stderr.count("CPUAllocator.cpp") <= 1
-    from pardiag import layout   # the typed form the loader decodes
+    from pardiag import layout  # the typed form the loader decodes
     typed = layout.decode_sidecar((out / "pardiag" / "run.json").read_bytes(), "run")
     assert typed.started_unix < typed.ended_unix and typed.schedule.active == 3
     assert typed.nodes == {layout.decode_sidecar(

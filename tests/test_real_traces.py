@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from pardiag.analyzer.analyses.breakdown import compute_rank_breakdown, compute_time_breakdown
-from pardiag.analyzer.trace.classify import classify, profiler_steps
 from pardiag.analyzer.trace import load_traces
+from pardiag.analyzer.trace.classify import classify, profiler_steps
 from pardiag.cli import cli
 
 REFERENCE_OVERLAP_PCT = {

@@ -4,13 +4,12 @@ closed-form replays, the optimal partition, and exact predictions on planted run
 import json
 
 import pytest
-
-from pardiag.analyzer.predict import whatif
-from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.report.registry import build_report, report_json
 from conftest import REPO
 from synth import TraceBuilder, record, write_sidecar
 
+from pardiag.analyzer.predict import whatif
+from pardiag.analyzer.report.registry import build_report, report_json
+from pardiag.analyzer.trace import load_traces
 
 # ---- schedule orders and replays ------------------------------------------------------------
 
@@ -397,6 +396,7 @@ def test_data_parallel_peak_memory(tmp_path, static, peak, meas, pred):
     measured 18); a CPU trace's window peak below the static bytes is all activations (1 + 2
     MiB → 40 + 1.5 = 41.5 MiB; measured static + window peak, 22)."""
     import pandas as pd
+
     from pardiag.analyzer.predict.recommend import build_context
     from pardiag.analyzer.predict.recommend.rules.pp_to_dp import pp_to_dp
     mib = 2**20
@@ -474,7 +474,7 @@ def _straggler_that_computes_more(tmp_path, gpu: bool):
         for edge in (0, 4990, 5000, 9990):    # a step's work starts and ends at its edges
             (b.kernel("elementwise_kernel", edge, 10, launch_ts=edge) if gpu else
              b.cpu("aten::add", edge, 10))
-        for i, t in enumerate(starts, start=1):
+        for t in starts:
             if r == 1:
                 (b.kernel("sm80_xmma_gemm", t + 600, 400, launch_ts=t + 590) if gpu else
                  b.cpu("aten::mm", t + 600, 400))
@@ -738,9 +738,10 @@ def _ctx(steps=2, dims=None, dim_comm=None, nodes=None, groups=None, bandwidth=N
     """A :class:`RuleContext` of a planted run: ``steps`` steps of 10000 µs on rank 0, the
     given layout, per-dimension communication per step and bandwidth."""
     import pandas as pd
-    from pardiag.analyzer.analyses.layout import LayoutResult
+
     from pardiag.analyzer.analyses.breakdown import TimeBreakdown
     from pardiag.analyzer.analyses.dim_overlap import DimOverlapResult
+    from pardiag.analyzer.analyses.layout import LayoutResult
     from pardiag.analyzer.predict.recommend.context import MeasuredPeak, RuleContext, step_noise
     st = pd.DataFrame({"rank": [0] * steps, "step": list(range(steps)),
                        "span_us": [10000.0] * steps})
@@ -784,6 +785,7 @@ def test_tp_across_nodes_is_moved_inside():
     """TP groups span two nodes at busbw 1 GB/s, DP groups inside a node reach 10 GB/s; TP
     leaves 3000 µs exposed per step, DP 200: swapping saves 3000 · 0.9 and costs 200 · 9."""
     import pandas as pd
+
     from pardiag.analyzer.predict.recommend.rules.placement import placement
     groups = pd.DataFrame([
         {"dim": "tp", "pg": "1", "desc": "mesh_tp", "ranks": "0,2", "size": 2, "nodes": 2,
@@ -804,6 +806,7 @@ def test_memory_bound_ddp_gets_sharding_that_fits():
     peak 75 GiB of 80 (94%). ZeRO-1 saves 8 · 3/4 = 6 GiB → 69; FSDP saves 16 · 3/4 = 12 → 63.
     With 60 GiB devices neither fits and neither is recommended."""
     import pandas as pd
+
     from pardiag.analyzer.predict.recommend.context import MeasuredPeak
     from pardiag.analyzer.predict.recommend.rules.memory import memory_sharding
     G = 2**30
@@ -897,6 +900,7 @@ def test_tp_only_run_gets_dp_with_each_groups_alpha_beta():
     the TP groups' α–β, all exposed on CPU: 1090 + 0.01 · 100000 = 2090 µs.
     10000 − 3000 + 2090 = 9090."""
     import pandas as pd
+
     from pardiag.analyzer.predict.recommend.rules.degrees import _traffic, degrees
     groups = pd.DataFrame([{"dim": "tp", "pg": "0", "desc": "default_pg", "ranks": [0, 1],
                             "size": 2, "nodes": 1, "spans_nodes": False}])
@@ -949,7 +953,9 @@ def test_degrees_scale_the_transfer_and_keep_the_waiting():
     13000). dp = 4, tp = 1: TP goes (−2000 exposed); DP's transfer × 3 (+1000, all exposed):
     9000."""
     import dataclasses
+
     import pandas as pd
+
     from pardiag.analyzer.predict.recommend.rules.degrees import _traffic, degrees
     groups, rows = _planted_2d()
     ctx = _ctx(dims={"dp": 2, "tp": 2}, groups=groups, dim_comm={
@@ -1035,7 +1041,9 @@ def test_degrees_take_the_links_and_drop_tp_host_work():
     10000 − 3000 + 4300 = 11300. dp = 1, tp = 4: the TP ring crosses cores as before (its own
     α–β) and TP's host work stays: 10600, as without the placement."""
     import dataclasses
+
     import pandas as pd
+
     from pardiag.analyzer.predict.recommend.rules.degrees import degrees, hop_kinds, mesh_groups
     groups, rows = _planted_2d()
     meta = {r: _Obj(host="vm", cpu_count=2, cpu_affinity=[r % 2], shapes=None) for r in range(4)}
@@ -1080,7 +1088,9 @@ def test_tp_only_fsdp_run_gets_dp_per_unit_at_the_contended_links():
     1090 + 0.01 · 20000 · 0.5 = 1190 µs at the TP α–β: 16660 × 2.0 = 33320 µs, all exposed;
     TP goes (−3000): 10000 − 3000 + 33320 = 40320."""
     import dataclasses
+
     import pandas as pd
+
     from pardiag.analyzer.predict.recommend.rules.degrees import degrees
     groups = pd.DataFrame([{"dim": "tp", "pg": "0", "desc": "default_pg", "ranks": [0, 1],
                             "size": 2, "nodes": 1, "spans_nodes": False}])
@@ -1107,7 +1117,9 @@ def test_a_pipeline_stage_that_idles_is_named_though_it_waits_more_than_it_cause
     schedule's, so the idle criterion alone names rank 1 (40 % of the step ≥ 20 %); outside a
     pipeline the same numbers name nobody (it suffers more waiting than it causes)."""
     import dataclasses
+
     import pandas as pd
+
     from pardiag.analyzer.analyses.breakdown import TimeBreakdown
     from pardiag.analyzer.predict.recommend.findings import identify_straggler
     steps = pd.DataFrame([{"rank": r, "step": s, "span_us": 100000.0,

@@ -8,21 +8,20 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from rich.console import Console
-
-from pardiag.analyzer.analyses.dim_overlap import compute_dim_overlap
-from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.predict.recommend import Recommendation, RecommendationResult
-from pardiag.analyzer.report.registry import build_report
-from pardiag.analyzer.render.html import SECTIONS, render_html
-from pardiag.analyzer.render.page import PLOTLY_CDN_URL
-from pardiag.analyzer.render.terminal import render_terminal
-from pardiag.cli import cli
+from conftest import REPO
 from plotly.offline import get_plotlyjs
+from rich.console import Console
 from synth import TraceBuilder, record, write_sidecar
 from synth_report import PAYLOADS, big_run, hostile_recommendations, hostile_run
 
-from conftest import REPO
+from pardiag.analyzer.analyses.dim_overlap import compute_dim_overlap
+from pardiag.analyzer.predict.recommend import Recommendation, RecommendationResult
+from pardiag.analyzer.render.html import SECTIONS, render_html
+from pardiag.analyzer.render.page import PLOTLY_CDN_URL
+from pardiag.analyzer.render.terminal import render_terminal
+from pardiag.analyzer.report.registry import build_report
+from pardiag.analyzer.trace import load_traces
+from pardiag.cli import cli
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from synth import TraceBuilder
 
 import pardiag
-from pardiag.analyzer.trace.comm_records import all_to_all_ops, parse_splits
-from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.analyses.routing import IMBALANCE_MIN
+from pardiag.analyzer.trace import load_traces
+from pardiag.analyzer.trace.comm_records import all_to_all_ops, parse_splits
 from pardiag.cli import cli
-from synth import TraceBuilder
 
 EPOCH = 1_700_000_000_000_000.0  # µs
 REPO = Path(__file__).resolve().parents[1]

@@ -7,12 +7,12 @@ import json
 from fractions import Fraction
 
 import pytest
+from synth_report import big_run
 
 from pardiag.analyzer.predict import shapes
-from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.render.html import render_html
-from synth_report import big_run
+from pardiag.analyzer.report.registry import build_report, report_json
+from pardiag.analyzer.trace import load_traces
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +38,11 @@ def test_mlp_widths_rule_out_tp3_and_allow_tp2_and_tp4(tp_mesh):
     """Widths 1,000 and 4,096, column-wise then row-wise (Megatron MLP twice): tp = 3 divides
     neither; 2 and 4 divide both. Biases of row-wise layers stay replicated (not recorded)."""
     from torch import nn
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
     mlp = nn.Sequential(nn.Linear(64, 1000), nn.ReLU(), nn.Linear(1000, 64),
                         nn.Linear(64, 4096), nn.ReLU(), nn.Linear(4096, 64))
     parallelize_module(mlp, tp_mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(),
@@ -126,6 +129,7 @@ def test_batch_recorder_takes_the_model_and_counts_accumulation():
     and the loss module: the model's 3 samples, 2 calls."""
     import torch
     from torch import nn
+
     from pardiag.collectors.hooks import BatchRecorder
 
     model, loss = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)), nn.CrossEntropyLoss()
@@ -151,6 +155,7 @@ def test_batch_recorder_reads_keyword_and_dict_inputs():
     keyword arguments or inside a dict is the batch (a 0-d tensor before it is not)."""
     import torch
     from torch import nn
+
     from pardiag.collectors.hooks import BatchRecorder
 
     class KwModel(nn.Module):
@@ -242,6 +247,7 @@ def _tp_run(tmp_path, recorded=True):
 
 def test_ruled_out_degree_reaches_json_html_and_terminal(tmp_path):
     from rich.console import Console
+
     from pardiag.analyzer.render.terminal import render_recommendations
 
     rep = _tp_run(tmp_path)

@@ -9,10 +9,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
-from pardiag.analyzer.trace.classify import comm_threads
-from pardiag.analyzer.trace import load_traces
 from conftest import REPO
+
+from pardiag.analyzer.trace import load_traces
+from pardiag.analyzer.trace.classify import comm_threads
 
 # name: (script, ranks, script args, expected layout dims, expected strategies)
 RUNS = {

@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from pardiag.analyzer import summary as sm
-from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.report.registry import build_report, report_json
+from pardiag.analyzer.summary import REDUCER
+from pardiag.analyzer.trace import load_traces
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))

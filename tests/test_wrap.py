@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from pardiag.cli import main
 from pardiag.collectors.wrap import expand_nodelist, rank_env
 from pardiag.errors import PardiagError

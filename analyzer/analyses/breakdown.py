@@ -37,15 +37,24 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
-from ..trace.classify import (STANDARD_COLLECTIVES, Kind, cached, classify, name_test,
-                                       collective_type, comm_threads, on_threads, pattern_key,
-                                       profiler_steps)
+from ..trace.classify import (
+    STANDARD_COLLECTIVES,
+    Kind,
+    cached,
+    classify,
+    collective_type,
+    comm_threads,
+    name_test,
+    on_threads,
+    pattern_key,
+    profiler_steps,
+)
 from ..trace.traceset import RankTrace, TraceSet
 
 #: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).

@@ -57,14 +57,23 @@ exceeds the median of the other ranks in the same step (median over steps, µs).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
-from ..trace.classify import (CPU_WAIT_RE, Kind, cached, classify, comm_threads,
-                                       name_test, on_threads, profiler_steps)
+from ..trace.classify import (
+    CPU_WAIT_RE,
+    Kind,
+    cached,
+    classify,
+    comm_threads,
+    name_test,
+    on_threads,
+    profiler_steps,
+)
 from ..trace.traceset import RankTrace
 
 #: Host parts of a step, in the order that decides an instant held by several.
@@ -241,7 +250,7 @@ def _device_row(dev: dict, parts: dict, lo: float, hi: float) -> dict:
         # the kernel that ends the gap: the first one starting at or after its end
         i = int(np.searchsorted(dev["start"], b, side="left"))
         lt = dev["launch"][i] if i < len(dev["start"]) and dev["start"][i] <= hi else np.nan
-        (other if lt == lt and lt < a else host_wait).append((a, b))
+        (other if not math.isnan(lt) and lt < a else host_wait).append((a, b))
     hw = np.asarray(host_wait, dtype=float).reshape(-1, 2)
     sync = iv.intersect(hw, parts["sync_us"])
     comm = iv.intersect(iv.subtract(hw, sync), parts["comm_us"])
@@ -371,7 +380,7 @@ def compute_causes(traces, run_step_us: float = float("nan")) -> CausesResult:
                 "all_ranks": len(heavy) == len(per_rank),
                 "step_us": float(run_step_us),
                 "predicted_step_us": float(max(run_step_us - worst, 0.0))
-                if run_step_us == run_step_us else float("nan")}
+                if not math.isnan(run_step_us) else float("nan")}
         gpu = per_rank[per_rank["dev_compute_pct"].notna()]
         if len(gpu):
             busy = float(gpu["dev_compute_pct"].median())
@@ -490,11 +499,11 @@ def straggler_cause(causes: CausesResult | None, skew: pd.DataFrame | None,
     delay = float(row["delay_us"]) if row is not None else float("nan")
     top = row["top_collective"] if row is not None else None
     top_us = float(row["top_delay_us"]) if row is not None else 0.0
-    where = ("step entry" if late == late and late > 0 and (not delay > 0 or late >= 0.5 * delay)
+    where = ("step entry" if not math.isnan(late) and late > 0 and (not delay > 0 or late >= 0.5 * delay)
              else "in the step")
     parts = causes.excess_of(rank) if causes is not None else {}
-    cand = {p: v for p, v in parts.items() if p in CAUSE_ADVICE and v == v and v > 0}
-    lag = max(x for x in (late, top_us, 0.0) if x == x)
+    cand = {p: v for p, v in parts.items() if p in CAUSE_ADVICE and not math.isnan(v) and v > 0}
+    lag = max(x for x in (late, top_us, 0.0) if not math.isnan(x))
     need = CAUSE_MIN_SHARE * (lag if lag > 0 else sum(cand.values()))
     cand = {p: v for p, v in cand.items() if v >= need and v > 0}
     part, ex = None, 0.0

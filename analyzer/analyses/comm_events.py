@@ -14,13 +14,20 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..trace.classify import (STANDARD_COLLECTIVES, Kind, classify, collective_type,
-                              comm_threads, name_test, on_threads, profiler_steps)
+from ..trace import intervals as iv
+from ..trace.classify import (
+    STANDARD_COLLECTIVES,
+    Kind,
+    classify,
+    collective_type,
+    comm_threads,
+    name_test,
+    on_threads,
+    profiler_steps,
+)
 from ..trace.comm_records import DTYPE_BYTES, numel
 from ..trace.traceset import RankTrace, TraceSet
-from ..trace import intervals as iv
 from .breakdown import cpu_comm_types, launch_times, launching_op_rows
-
 
 #: Columns of :func:`comm_events` (µs on each rank's own clock; bytes of the full buffer).
 #: ``pg`` is the group's name as the rank knows it (names are per-rank creation order and can name

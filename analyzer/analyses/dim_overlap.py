@@ -18,15 +18,15 @@ does not name it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
-from .layout import LayoutResult
-from .breakdown import rank_parts
 from ..trace.traceset import TraceSet
+from .breakdown import rank_parts
+from .layout import LayoutResult
 from .sync import SyncResult
 
 #: Columns of :attr:`DimOverlapResult.per_rank` (µs; % of the dimension's communication).

@@ -110,7 +110,7 @@ class RankMarks:
                 "p2p": [list(r) for r in self.p2p.itertuples(index=False)]}
 
     @staticmethod
-    def from_json(d: dict) -> "RankMarks":
+    def from_json(d: dict) -> RankMarks:
         return RankMarks({k: int(v) for k, v in d["counts"].items()},
                          _chunk_frame(d["chunks"]), _p2p_frame(d["p2p"]),
                          bool(d.get("device_chunks")))

@@ -15,7 +15,6 @@ import pandas as pd
 
 from ..trace.traceset import RankTrace, TraceSet
 
-
 _MEMORY_COLUMNS = ("ts_us", "device", "allocated_bytes", "reserved_bytes")
 #: ``Device Type`` of ``[memory]`` events: torch's ``c10::DeviceType`` enum (c10/core/DeviceType.h).
 DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip",

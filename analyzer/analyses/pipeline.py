@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
-from .infer_layout import InferredLayout, is_pardiag_run
 from ..trace.traceset import TraceSet
+from .infer_layout import InferredLayout, is_pardiag_run
 
 BUBBLE_COLUMNS = ("rank", "stages", "step", "window_us", "busy_us", "bubble_us", "bubble_pct",
                   "warmup_bubble_us", "steady_bubble_us", "cooldown_bubble_us", "ideal_pct",

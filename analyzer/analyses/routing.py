@@ -34,13 +34,14 @@ linear in rows, rank r waits ``t·(L_max − L_r)`` for a per-row time t, so
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pandas as pd
 
 from ..trace.comm_records import all_to_all_ops
-from .sync import SyncResult
 from ..trace.traceset import TraceSet
+from .sync import SyncResult
 
 #: An all-to-all event takes an issuing op that started at most this long after it (µs).
 MATCH_TOLERANCE_US = 50.0
@@ -151,7 +152,7 @@ def _rank_ops(trace) -> pd.DataFrame:
 
 
 def _size(v) -> float | None:
-    return None if v is None or (isinstance(v, float) and v != v) else float(v)
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
 def _match(events: pd.DataFrame, ops: pd.DataFrame) -> dict:

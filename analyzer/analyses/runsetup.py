@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .layout import LayoutResult
-from ..trace.traceset import TraceSet
 from ..trace.classify import normalize_schedule
+from ..trace.traceset import TraceSet
+from .layout import LayoutResult
 
 #: Labels of the setup fields, in the order a comparison lists them.
 SETUP_LABELS = {

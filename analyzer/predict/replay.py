@@ -14,9 +14,9 @@ import statistics
 import numpy as np
 import pandas as pd
 
-from . import whatif
 from ..trace.classify import normalize_schedule
 from ..trace.traceset import TraceSet
+from . import whatif
 
 #: Stages whose summed layer times differ by at least this share of their mean let a chunk's
 #: time be fitted as a line in its layers' time (PipelineModel.layer_costs).

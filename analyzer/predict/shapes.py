@@ -23,8 +23,9 @@ from __future__ import annotations
 import dataclasses
 from fractions import Fraction
 
-from ..trace.traceset import TraceSet
 from pardiag.layout import AttentionHeads, ModelShapes, ShardedParam
+
+from ..trace.traceset import TraceSet
 
 #: At most this many failures are named in one reason (the rest are counted).
 MAX_REASONS = 3

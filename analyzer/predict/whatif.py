@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -91,32 +91,34 @@ def schedule_order(schedule: str, p: int, m: int, v: int = 1) -> dict[int, list[
         raise ValueError(f"interleaved 1F1B needs microbatches ({m}) to be a multiple of its "
                          f"rounds ({rounds})")
     per_round = m // rounds
-    for r in range(p):
-        warm = min((v - 1) * per_round + 2 * (p - 1 - r), m * v)
-        total = m * v
-        fwd_mb: dict[int, int] = {}
-        bwd_mb: dict[int, int] = {}
-        seq = []
+    return {r: _interleaved_order(r, p, m, v, per_round) for r in range(p)}
 
-        def fwd(op: int) -> Action:
-            s = ((op // per_round) % v) * p + r
-            fwd_mb[s] = fwd_mb.get(s, -1) + 1
-            return (s, "F", fwd_mb[s])
 
-        def bwd(op: int) -> Action:
-            s = (v - 1 - ((op - warm) // per_round) % v) * p + r
-            bwd_mb[s] = bwd_mb.get(s, -1) + 1
-            return (s, "B", bwd_mb[s])
+def _interleaved_order(r: int, p: int, m: int, v: int, per_round: int) -> list[Action]:
+    """Rank *r*'s actions under Interleaved1F1B (torch's ScheduleInterleaved1F1B): warm-up
+    forwards, then one forward and one backward alternately, then the remaining backwards; each
+    forward (backward) takes the next microbatch of the stage its position selects."""
+    warm = min((v - 1) * per_round + 2 * (p - 1 - r), m * v)
+    total = m * v
+    fwd_mb: dict[int, int] = {}
+    bwd_mb: dict[int, int] = {}
 
-        for op in range(warm):
-            seq.append(fwd(op))
-        for op in range(warm, total):
-            seq.append(fwd(op))
-            seq.append(bwd(op))
-        for op in range(total, total + warm):
-            seq.append(bwd(op))
-        orders[r] = seq
-    return orders
+    def fwd(op: int) -> Action:
+        s = ((op // per_round) % v) * p + r
+        fwd_mb[s] = fwd_mb.get(s, -1) + 1
+        return (s, "F", fwd_mb[s])
+
+    def bwd(op: int) -> Action:
+        s = (v - 1 - ((op - warm) // per_round) % v) * p + r
+        bwd_mb[s] = bwd_mb.get(s, -1) + 1
+        return (s, "B", bwd_mb[s])
+
+    seq = [fwd(op) for op in range(warm)]
+    for op in range(warm, total):
+        seq.append(fwd(op))
+        seq.append(bwd(op))
+    seq.extend(bwd(op) for op in range(total, total + warm))
+    return seq
 
 
 @dataclasses.dataclass(frozen=True)

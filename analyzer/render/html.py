@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import html
+import math
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +21,12 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..trace import intervals as iv
-from .page import (PART_COLORS, Page, document, escape, fmt, in_mib,
-                   in_ms, muted, shown, table)
 from ..analyses.pipeline import summarize_bubbles
-from ..report.registry import Report
 from ..analyses.routing import IMBALANCE_MIN
 from ..analyses.sync import STRAGGLER_MIN_WAIT_US
+from ..report.registry import Report
+from ..trace import intervals as iv
+from .page import PART_COLORS, Page, document, escape, fmt, in_mib, in_ms, muted, shown, table
 
 _PART_COLUMNS = {"compute only": "compute_only_us", "overlapped": "overlap_us",
                  "exposed comm": "exposed_comm_us", "idle": "idle_us"}
@@ -244,7 +244,7 @@ def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
     c["row"] = [f"rank {r} · stage {s}" for r, s in zip(c["rank"], c["stage"])]
     fig = go.Figure()
     bx, bb, by = [], [], []
-    for (rank, row), rc in c.groupby(["rank", "row"], sort=True):
+    for (rank, row), _ in c.groupby(["rank", "row"], sort=True):
         busy = iv.union(c.loc[c["rank"] == rank, "start_us"].to_numpy(),
                         c.loc[c["rank"] == rank, "end_us"].to_numpy())
         gaps = iv.subtract(np.array([[t0, t1]], dtype=float), busy)
@@ -390,7 +390,7 @@ def _verdict_section(report: Report) -> list[str]:
                 "<th class='l'>caveats</th><th class='l'>batch and optimizer</th></tr>")
         rows = []
         nu = getattr(rec, "noise_us", float("nan"))
-        noise = f" ±{nu / 1000:,.3f}" if nu == nu else ""   # the measured step's noise
+        noise = f" ±{nu / 1000:,.3f}" if not math.isnan(nu) else ""   # the measured step's noise
         for r in recs:
             def bullets(items):
                 return ("<ul>" + "".join(f"<li>{escape(x)}</li>" for x in items) + "</ul>"

@@ -45,9 +45,10 @@ from pathlib import Path
 
 import orjson
 
+from pardiag.errors import PardiagError
+
 from ..trace.parse import read_trace_json
 from ..trace.traceset import TraceSet
-from pardiag.errors import PardiagError
 
 #: pid of process k of rank R in the merged trace: ``R * PID_STRIDE + k``.
 PID_STRIDE = 1000

@@ -30,7 +30,6 @@ from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
 from pardiag.version import __version__
 
-
 #: Colours of the four breakdown parts, shared by every breakdown chart.
 PART_COLORS = {"compute only": "#4C78A8", "overlapped": "#54A24B",
                "exposed comm": "#E45756", "idle": "#BAB0AC"}

@@ -143,7 +143,7 @@ def render_recommendations(report: Report, console: Console) -> None:
         return
     rows = []
     nu = getattr(rec, "noise_us", float("nan"))
-    noise = f" ±{nu / 1e3:,.3f}" if nu == nu else ""   # the measured step's noise
+    noise = f" ±{nu / 1e3:,.3f}" if not math.isnan(nu) else ""   # the measured step's noise
     for r in recs[:TOP_RECOMMENDATIONS]:
         mem = f"{_mib(r.measured_peak_bytes)} → {_mib(r.predicted_peak_bytes)}"
         rows.append((str(r.tier or "–"), Text(r.title), Text(r.change),

@@ -6,7 +6,14 @@ Enters: a TraceSet. Leaves: a :class:`~.registry.Report` (one field per register
 """
 
 from .compare import Comparison, compare_summaries, comparison_json, gate
-from .registry import ANALYSES, REPORT_SCHEMA_VERSION, AnalysisOptions, Report, build_report, report_json
+from .registry import (
+           ANALYSES,
+           REPORT_SCHEMA_VERSION,
+           AnalysisOptions,
+           Report,
+           build_report,
+           report_json,
+)
 
 __all__ = ["ANALYSES", "AnalysisOptions", "Comparison", "REPORT_SCHEMA_VERSION", "Report",
            "build_report", "compare_summaries", "comparison_json", "gate", "report_json"]

@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..predict.recommend import STEP_BASES
 from ..analyses.runsetup import SETUP_LABELS, applicable_fields, schedule_name
+from ..predict.recommend import STEP_BASES
 
 #: Version of the comparison JSON (``pardiag compare --json``).
 COMPARE_SCHEMA_VERSION = 1
@@ -342,7 +342,7 @@ def rank_table(summary: dict) -> pd.DataFrame:
         if n:
             mean = {}
             for c in ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "idle_us"):
-                v = [x for x in (_num(s.get(c)) for s in steps) if x == x]
+                v = [x for x in (_num(s.get(c)) for s in steps) if not math.isnan(x)]
                 mean[c] = float(np.mean(v)) if v else float("nan")
         else:   # no profiler step: the whole trace is one "step"
             tot = rk.get("total") or {}
@@ -353,7 +353,7 @@ def rank_table(summary: dict) -> pd.DataFrame:
         suffered = _num(w.get("wait_suffered_us")) / per if w else 0.0
         caused = _num(w.get("wait_caused_us")) / per if w else 0.0
         exposed = mean["exposed_comm_us"]
-        wait_exp = min(suffered, exposed) if exposed == exposed else float("nan")
+        wait_exp = min(suffered, exposed) if not math.isnan(exposed) else float("nan")
         m = mem.get(r, {})
         rows.append({"rank": r, "role": roles.get(r, "all ranks"), "steps": n, **mean,
                      "wait_suffered_us": suffered, "wait_caused_us": caused,
@@ -373,9 +373,9 @@ def peak_bytes(summary: dict) -> float | None:
     best = None
     for r in _rows(summary, "memory", "per_rank"):
         v = _num(r.get("peak_allocated_bytes"))
-        if v != v:
+        if math.isnan(v):
             v = _num(r.get("peak_rss_bytes"))
-        if v == v and (best is None or v > best):
+        if not math.isnan(v) and (best is None or v > best):
             best = v
     return best
 
@@ -385,7 +385,7 @@ def peak_bytes(summary: dict) -> float | None:
 
 def _pct(a: float, b: float) -> float:
     """100 · (b − a) / a; NaN when a is 0 or unknown."""
-    return 100.0 * (b - a) / a if (a == a and b == b and a != 0) else float("nan")
+    return 100.0 * (b - a) / a if not (math.isnan(a) or math.isnan(b)) and a != 0 else float("nan")
 
 
 def _merge(fa: pd.DataFrame, fb: pd.DataFrame, key: str | list[str],
@@ -767,8 +767,8 @@ def _checks(summary_a: dict, summary_b: dict, sb: dict, setup: pd.DataFrame,
             a_step_us=_num(r.get("measured_step_us")), predicted_step_us=pred,
             b_step_us=b_step,
             error_pct=_pct(b_step, pred) if applied and b_step else None,
-            predicted_peak_bytes=ppeak if ppeak == ppeak else None, b_peak_bytes=b_peak,
-            peak_error_pct=(_pct(b_peak, ppeak) if applied and b_peak and ppeak == ppeak
+            predicted_peak_bytes=ppeak if not math.isnan(ppeak) else None, b_peak_bytes=b_peak,
+            peak_error_pct=(_pct(b_peak, ppeak) if applied and b_peak and not math.isnan(ppeak)
                             else None),
             also_changed=also, args_changed=args_changed))
     order = {"applied": 0, "unknown": 1, "not applied": 2}

@@ -10,30 +10,29 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import pandas as pd
 
-from ..analyses.imbalance import BalanceResult, compute_balance
-from ..analyses.layout import LayoutResult, compute_layout
-from ..analyses.memory import MemoryResult, compute_memory
 from ..analyses.breakdown import TimeBreakdown, compute_time_breakdown
 from ..analyses.causes import CausesResult, compute_causes
-from ..trace.classify import device_kind
-from ..analyses.infer_layout import InferredLayout, infer_layout, is_pardiag_run
-from ..trace.traceset import TraceSet
-from ..analyses.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
+from ..analyses.comm_events import P2P_OPS
 from ..analyses.dim_overlap import DimOverlapResult, compute_dim_overlap
 from ..analyses.hta_extras import HtaExtras, compute_hta_extras, hta_json
-from ..analyses.operators import (MAX_JSON_OPERATORS, OperatorsResult,
-                                        compute_operators)
-from ..predict.recommend import RecommendationResult, compute_recommendations
+from ..analyses.imbalance import BalanceResult, compute_balance
+from ..analyses.infer_layout import InferredLayout, infer_layout, is_pardiag_run
+from ..analyses.layout import LayoutResult, compute_layout
+from ..analyses.memory import MemoryResult, compute_memory
+from ..analyses.operators import MAX_JSON_OPERATORS, OperatorsResult, compute_operators
+from ..analyses.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
 from ..analyses.routing import RoutingResult, compute_routing
 from ..analyses.runsetup import RunSetup, compute_setup
-from ..analyses.comm_events import P2P_OPS
 from ..analyses.sync import SyncResult, compute_sync
-
+from ..predict.recommend import RecommendationResult, compute_recommendations
+from ..trace.classify import device_kind
+from ..trace.traceset import TraceSet
 
 #: Version of the report JSON (``pardiag report --json``, :meth:`pardiag.Report.to_json`); its
 #: own number, apart from the run folder's sidecars. 2: ``ranks[].device``; ``sync.straggler``,
@@ -211,8 +210,8 @@ def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
             "not_recommended": [c.to_json() for c in r.rejected],
             "recommendations_note": r.why_none or None,
             "recommendations_rule": r.noise_rule or None,
-            "step_noise_us": r.noise_us if r.noise_us == r.noise_us else None,
-            "min_gain_pct": r.min_gain_pct if r.min_gain_pct == r.min_gain_pct else None,
+            "step_noise_us": r.noise_us if not math.isnan(r.noise_us) else None,
+            "min_gain_pct": r.min_gain_pct if not math.isnan(r.min_gain_pct) else None,
             "peak_definition": r.peak_definition or None}
 
 

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
 
-from .traceset import RankTrace
 from pardiag.errors import PardiagError
+
+from .traceset import RankTrace
 
 
 class Kind(str, enum.Enum):

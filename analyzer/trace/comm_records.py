@@ -30,9 +30,11 @@ import bisect
 from collections import defaultdict
 
 import numpy as np
+import pandas as pd
+
+from pardiag.layout import full_buffer_bytes
 
 from .classify import STANDARD_COLLECTIVES, collective_type, comm_threads
-from pardiag.layout import full_buffer_bytes  # noqa: F401  (what a record's bytes mean)
 from .traceset import RankTrace
 
 DTYPE_BYTES = {
@@ -322,7 +324,7 @@ def _from_rpc(args: dict) -> dict:
             "source": "record_param_comms"}
 
 
-def all_to_all_ops(events) -> "pd.DataFrame":
+def all_to_all_ops(events) -> pd.DataFrame:
     """The all-to-alls a rank issued, with their split sizes (:data:`A2A_COLUMNS`), from its
     event table (:data:`pardiag.analyzer.trace.traceset.EVENT_COLUMNS`), in time order.
 
@@ -330,8 +332,6 @@ def all_to_all_ops(events) -> "pd.DataFrame":
     ``record_param_comms`` events of an all-to-all (``Collective name``) are read; a
     ``record_param_comms`` inside a ``c10d::alltoall_base_`` of the same thread fills what that
     op's row lacks instead of adding a row."""
-    import pandas as pd
-
     cols = list(A2A_COLUMNS)
     if events is None or events.empty:
         return pd.DataFrame(columns=cols)

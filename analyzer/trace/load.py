@@ -19,19 +19,28 @@ import functools
 import math
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Protocol
 
 import numpy as np
 import orjson
 import pandas as pd
 
 from pardiag import layout
-from .parse import (PROCESS_NAMES_KEY, events_frame, is_trace_doc, parse_json, parse_trace_fast,
-                    plain_bytes, read_process_names)
+from pardiag.errors import PardiagError, TraceError
+
+from .parse import (
+    PROCESS_NAMES_KEY,
+    events_frame,
+    is_trace_doc,
+    parse_json,
+    parse_trace_fast,
+    plain_bytes,
+    read_process_names,
+)
 from .ranks import FileFacts, assign_ranks, merged_rank_of_pids
 from .traceset import RankTrace, TraceSet
-from pardiag.errors import PardiagError, TraceError
 
 
 class RankReducer(Protocol):

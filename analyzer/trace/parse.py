@@ -26,16 +26,17 @@ import json
 import math
 import re
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import msgspec
 import numpy as np
 import orjson
 import pandas as pd
 
-from .traceset import GPU_CATS
 from pardiag.errors import TraceError
+
+from .traceset import GPU_CATS
 
 #: Category spellings of the legacy format mapped to the current ones.
 _CAT_ALIASES = {

@@ -11,10 +11,9 @@ optimizer step on all but every ``--grad-accum``-th micro-batch.
 
 from __future__ import annotations
 
+import _data
 import torch
 from accelerate import Accelerator
-
-import _data
 
 
 def main() -> None:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import tempfile
 
+import _data
 import torch
 from transformers import Trainer, TrainingArguments
-
-import _data
 
 
 def main() -> None:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 
+import _data
 import lightning as L
 import torch
-
-import _data
 
 
 class LitLM(L.LightningModule):

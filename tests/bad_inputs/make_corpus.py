@@ -10,7 +10,6 @@ overlapping by 10 µs per step (overlap 33.33 % of communication).
 
 from __future__ import annotations
 
-import copy
 import gzip
 import json
 import shutil

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from .context import (RuleContext, StepNoise, build_context,
-                                                clean_step_us, ms)
-from .policy import (DEGREE_KINDS, MEMORY_KINDS, MIN_GAIN_PCT,
-                                               rank)
-from .rules import RULES, Rule
-from .types import (STEP_BASES, Recommendation,
-                                              RecommendationResult, StepTime)
-from .verdict import steps_unrecorded, verdict
-from ..replay import PipelineModel, pipeline_model
 from ...trace.traceset import TraceSet
+from ..replay import PipelineModel, pipeline_model
+from .context import RuleContext, StepNoise, build_context, clean_step_us, ms
+from .policy import DEGREE_KINDS, MEMORY_KINDS, MIN_GAIN_PCT, rank
+from .rules import RULES, Rule
+from .types import STEP_BASES, Recommendation, RecommendationResult, StepTime
+from .verdict import steps_unrecorded, verdict
 
 __all__ = ["DEGREE_KINDS", "MEMORY_KINDS", "MIN_GAIN_PCT", "PipelineModel", "RULES",
            "Recommendation", "RecommendationResult", "Rule", "RuleContext", "STEP_BASES",

@@ -12,23 +12,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 import pandas as pd
 
-from .. import whatif
-from ...analyses.imbalance import BalanceResult
-from ...analyses.layout import LayoutResult
-from ...analyses.memory import MemoryResult
+from pardiag.layout import contention_note
+
 from ...analyses.breakdown import OUTLIER_STEP_FACTOR, TimeBreakdown
 from ...analyses.causes import CausesResult
 from ...analyses.dim_overlap import DimOverlapResult
+from ...analyses.imbalance import BalanceResult
+from ...analyses.layout import LayoutResult
+from ...analyses.memory import MemoryResult
 from ...analyses.pipeline import PipelineResult
-from ..replay import PipelineModel, pipeline_model
 from ...analyses.routing import RoutingResult
 from ...analyses.sync import SyncResult
 from ...trace.traceset import TraceSet
-from pardiag.layout import contention_note
+from .. import whatif
+from ..replay import PipelineModel, pipeline_model
 
 #: Bootstrap resamples for the interval of the median step time (:func:`step_noise`).
 BOOTSTRAP_RESAMPLES = 2000
@@ -77,7 +79,7 @@ class StepNoise:
     @property
     def known(self) -> bool:
         """Whether the interval could be measured (3 or more steps)."""
-        return self.half_width_us == self.half_width_us
+        return not math.isnan(self.half_width_us)
 
 
 def step_noise(samples_us, source: str) -> StepNoise:
@@ -86,7 +88,7 @@ def step_noise(samples_us, source: str) -> StepNoise:
 
     Raises:
         ValueError: when ``samples_us`` is empty."""
-    x = np.asarray([float(s) for s in samples_us if s == s], dtype=float)
+    x = np.asarray([float(s) for s in samples_us if pd.notna(s)], dtype=float)
     if not len(x):
         raise ValueError("no step times")
     med = float(np.median(x))

@@ -14,7 +14,6 @@ import pandas as pd
 from ...analyses.causes import StragglerCause, straggler_cause
 from .context import RuleContext, run_step_row
 
-
 #: A straggler arrives last at this share of its collectives or more …
 STRAGGLER_LAST_SHARE = 0.6
 #: … and causes this many times the waiting it suffers.

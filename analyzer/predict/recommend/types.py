@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -72,8 +73,7 @@ class Recommendation:
     @property
     def interval_known(self) -> bool:
         """Whether the prediction carries a stand-in interval."""
-        return self.predicted_low_us == self.predicted_low_us and \
-            self.predicted_high_us == self.predicted_high_us
+        return not (math.isnan(self.predicted_low_us) or math.isnan(self.predicted_high_us))
 
     @property
     def interval_spans_no_gain(self) -> bool:
@@ -95,7 +95,7 @@ class Recommendation:
         None)."""
         out = dataclasses.asdict(self) | {"evidence": list(self.evidence),
                                           "caveats": list(self.caveats)}
-        return {k: None if isinstance(v, float) and v != v else v for k, v in out.items()}
+        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
 
 
 def ruled_out(kind: str, title: str, change: str, params: dict, measured: float,

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pandas as pd
 
 from ...analyses.breakdown import OUTLIER_STEP_FACTOR
 from ...analyses.pipeline import summarize_bubbles
+from ...trace.traceset import TraceSet
 from .context import RuleContext, ms, run_step_row
 from .findings import identify_straggler
-from ...trace.traceset import TraceSet
 
 
 def steps_unrecorded(traces: TraceSet) -> str:
@@ -161,7 +162,7 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
         spread = spread_text(ctx)
         spread = (" (while profiled; " + spread[2:] if spread.startswith(" (")
                   else " (while profiled)" + spread)
-    head = f"Step {ms(step_us)}{spread}" if step_us == step_us else "No complete step"
+    head = f"Step {ms(step_us)}{spread}" if not math.isnan(step_us) else "No complete step"
     text = head + (": " + "; ".join(parts) if parts else "") + "."
     if ctx.contention:
         text += " " + ctx.contention[0].upper() + ctx.contention[1:] + "."

@@ -10,9 +10,10 @@ line in :data:`RULES`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from ..context import RuleContext
+from ..types import Recommendation
 from .ddp_buckets import ddp_buckets
 from .degrees import degrees
 from .fsdp import fsdp_prefetch, fsdp_reshard
@@ -22,7 +23,6 @@ from .placement import placement
 from .pp_to_dp import pp_to_dp
 from .routing import moe_routing
 from .straggler import straggler
-from ..types import Recommendation
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,12 +8,11 @@ from fractions import Fraction
 
 import pandas as pd
 
-from ... import shapes
-from ... import whatif
-from ..context import RuleContext
-from ..types import Recommendation, batch_fields, ruled_out
 from ....analyses.comm_events import P2P_OPS
 from ....analyses.sync import busbw_factor
+from ... import shapes, whatif
+from ..context import RuleContext
+from ..types import Recommendation, batch_fields, ruled_out
 
 
 def _ring(n: int) -> float:
@@ -124,7 +123,7 @@ def _traffic(ctx: RuleContext) -> dict[str, DimTraffic]:
     rows = []
     for i in inst.itertuples():
         key = frozenset(int(r) for r in str(i.group).split("|")[0].split(",") if r.strip())
-        if key in dims and i.bytes == i.bytes and i.bytes > 0 and i.transfer_us > 0:
+        if key in dims and pd.notna(i.bytes) and i.bytes > 0 and i.transfer_us > 0:
             rows.append((*dims[key], str(i.op), float(i.bytes), float(i.transfer_us)))
     out = {}
     steps = ctx.steps_per_rank
@@ -369,7 +368,7 @@ def degrees(ctx: RuleContext) -> list[Recommendation]:
             t_tp2 = t_tp * (dp / dp2) * (_ring(tp2) / _ring(tp)) if tp2 > 1 else 0.0
             t_dp2 = (t_dp * (tp / tp2) * (_ring(dp2) / _ring(dp)) if dp > 1 and dp2 > 1 else
                      (float("nan") if dp2 > 1 else 0.0))
-            if t_dp2 != t_dp2:
+            if math.isnan(t_dp2):
                 continue   # no DP traffic measured to scale from
             pred = measured - (e_tp + e_dp) + x_tp * t_tp2 + x_dp * t_dp2
         ev = [f"per rank and step: TP communication {t_tp / 1000:.2f} ms "

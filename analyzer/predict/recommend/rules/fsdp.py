@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 
 from ....trace.classify import cached
+from ....trace.traceset import TraceSet
 from ..context import RuleContext
 from ..types import Recommendation
-from ....trace.traceset import TraceSet
 
 #: Ranks whose events are read (FSDP ranges), at most.
 SAMPLE_RANKS = 8

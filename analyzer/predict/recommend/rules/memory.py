@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ..context import RuleContext
 from ..types import Recommendation
 
@@ -30,7 +32,7 @@ def memory_sharding(ctx: RuleContext) -> list[Recommendation]:
             ("fsdp", "Shard parameters, gradients and optimizer state (FSDP / ZeRO-3)",
              (p_ + g_ + o_) * (dp - 1) / dp, 0.5, "FSDP fully_shard (ZeRO-3)")):
         pred_peak = peak - saved
-        pred = measured + extra * t_ar if t_ar == t_ar else measured
+        pred = measured + extra * t_ar if not math.isnan(t_ar) else measured
         out.append(Recommendation(
             kind=kind, title=title, change=f"{what} instead of DDP over dp={dp}",
             evidence=(f"peak {peak / 2**30:.2f} GiB of {cap / 2**30:.2f} GiB device memory "

@@ -6,11 +6,10 @@ from __future__ import annotations
 import statistics
 from fractions import Fraction
 
-from ... import shapes
-from ... import whatif
+from ... import shapes, whatif
+from ...replay import inflight
 from ..context import RuleContext, ms
 from ..types import Recommendation, batch_fields, ruled_out
-from ...replay import inflight
 
 
 def pipeline_changes(ctx: RuleContext) -> list[Recommendation]:

@@ -6,11 +6,10 @@ from fractions import Fraction
 
 import pandas as pd
 
-from ... import shapes
-from ... import whatif
+from ... import shapes, whatif
+from ...replay import inflight
 from ..context import RuleContext, step_noise
 from ..types import Recommendation, batch_fields, ruled_out
-from ...replay import inflight
 
 
 def median_interval(samples) -> tuple[float, float] | None:

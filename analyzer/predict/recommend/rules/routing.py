@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ....analyses.routing import IMBALANCE_MIN
 from ..context import RuleContext, ms
 from ..types import Recommendation
-from ....analyses.routing import IMBALANCE_MIN
 
 
 def moe_routing(ctx: RuleContext) -> list[Recommendation]:

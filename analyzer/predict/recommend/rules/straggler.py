@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import math
 
 import numpy as np
 import pandas as pd
 
-from ....trace import intervals as iv
 from ....analyses.breakdown import rank_parts
 from ....analyses.causes import PART_LABELS
+from ....trace import intervals as iv
+from ....trace.traceset import TraceSet
 from ..context import RuleContext, ms
 from ..findings import identify_straggler
 from ..types import Recommendation
-from ....trace.traceset import TraceSet
 
 #: What-ifs that read events of each rank (idle waiting) read at most this many.
 SAMPLE_RANKS = 8
@@ -95,7 +96,7 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
     cause = found.cause
     if cause is not None:
         ev.append(cause.sentence())
-        extra = sorted(((v, p) for p, v in cause.parts.items() if v == v and abs(v) >= 100.0),
+        extra = sorted(((v, p) for p, v in cause.parts.items() if not math.isnan(v) and abs(v) >= 100.0),
                        reverse=True)
         if extra:
             ev.append(f"rank {r}'s time per step beyond its peers' (median): " + ", ".join(
