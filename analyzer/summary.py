@@ -4,13 +4,15 @@ A :class:`RankSummary` is computed where the trace is (the end of ``pardiag prof
 rank, ``pardiag summarize`` elsewhere, or a worker process of ``pardiag report``) and holds what
 the cross-rank analyses need from that rank:
 
-* the time breakdown's parts (:class:`pardiag.analyzer.analyses.breakdown.RankParts`: computation and
-  communication interval sets, the window, the step windows, the communication events with their
+* the time breakdown's parts (:class:`pardiag.analyzer.analyses.breakdown.RankParts`: computation
+  and communication interval sets, the window, the step windows, the communication events with their
   collective type);
-* the synchronization analysis' communication events of the rank (:func:`pardiag.analyzer.analyses.comm_events.events_from_trace`) and
-  its ``ProfilerStep`` windows (to place pardiag's collective records in steps);
+* the synchronization analysis' communication events of the rank
+  (:func:`pardiag.analyzer.analyses.comm_events.events_from_trace`) and its ``ProfilerStep`` windows
+  (to place pardiag's collective records in steps);
 * the ``[memory]`` events (time, device, allocated and reserved bytes);
-* the time per operator name (:mod:`pardiag.analyzer.analyses.operators`: GPU kernels, CPU operators);
+* the time per operator name (:mod:`pardiag.analyzer.analyses.operators`: GPU kernels, CPU
+  operators);
 * the file's top-level metadata, thread names, warnings and notes.
 
 Everything a report computes from summaries equals what it computes from the raw events (the
@@ -93,20 +95,23 @@ class RankSummary:
         parts: the time breakdown's per-rank parts (:class:`breakdown.RankParts`).
         breakdown: the time breakdown's rows of the rank (whole trace, steps, collectives;
             :func:`breakdown.breakdown_rows_of`).
-        comm: the rank's communication events as the synchronization analysis reads them from
-            the trace (:data:`pardiag.analyzer.analyses.comm_events.EVENT_COLUMNS`; ``rank`` is filled in when ranks are known).
+        comm: the rank's communication events as the synchronization analysis reads them from the
+            trace (:data:`pardiag.analyzer.analyses.comm_events.EVENT_COLUMNS`; ``rank`` is filled
+            in when ranks are known).
         steps: ``ProfilerStep`` windows: ``step``, ``start_us``, ``end_us``.
         memory: ``[memory]`` events: ``ts_us``, ``device``, ``allocated_bytes``,
             ``reserved_bytes`` (NaN where not a number).
         marks: what the trace says about the parallel layout
             (:class:`pardiag.analyzer.analyses.infer_layout.RankMarks`), or None.
-        operators: time per operator name (:func:`pardiag.analyzer.analyses.operators.operators_of_events`:
-            ``kind``, ``name``, ``count``, ``time_us``), or None.
+        operators: time per operator name
+            (:func:`pardiag.analyzer.analyses.operators.operators_of_events`: ``kind``, ``name``,
+            ``count``, ``time_us``), or None.
         operator_steps: the trace's profiler steps (what ``operators`` is divided by per step).
         a2a: the all-to-alls the rank issued with their split sizes
-            (:func:`pardiag.analyzer.trace.comm_records.all_to_all_ops`), or None (an older summary).
-        causes: host and device parts per profiler step (:func:`pardiag.analyzer.analyses.causes.rank_causes`),
-            or None.
+            (:func:`pardiag.analyzer.trace.comm_records.all_to_all_ops`), or None (an older
+            summary).
+        causes: host and device parts per profiler step
+            (:func:`pardiag.analyzer.analyses.causes.rank_causes`), or None.
     """
 
     path: str
@@ -424,7 +429,8 @@ def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, in
     """Compute and store the summary of every trace file under ``paths`` that lacks a current one.
 
     Args:
-        paths: folders and/or trace files (as :func:`pardiag.analyzer.trace.load.load_traces` takes).
+        paths: folders and/or trace files (as :func:`pardiag.analyzer.trace.load.load_traces`
+            takes).
         comm_patterns: compiled ``--comm-kernel`` patterns.
         shard: ``(i, n)``: handle only the files whose position in the sorted file list is ``i``
             modulo ``n`` (run ``n`` copies, e.g. one per torchrun process or node).
@@ -489,8 +495,8 @@ def summarize_file(path: Path, comm_patterns: Iterable = (), *, store: bool = Tr
 
 
 class SummaryReducer:
-    """The per-rank reduction that :func:`pardiag.analyzer.trace.load.load_traces` runs where it parses
-    a file (:class:`pardiag.analyzer.trace.load.RankReducer`): :func:`summarize_trace`,
+    """The per-rank reduction that :func:`pardiag.analyzer.trace.load.load_traces` runs where it
+    parses a file (:class:`pardiag.analyzer.trace.load.RankReducer`): :func:`summarize_trace`,
     :func:`find_summary`, :func:`write_summary`."""
 
     def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings=(), repairs=(),

@@ -4,7 +4,8 @@ For each case, ``--repeat`` identical ``pardiag profile`` runs, with and without
 (each rank on its own cores), each reported in-process. Per run it keeps:
 
 * the **top tier**: the kinds of the recommendations of tier 1 (within the run's noise of each
-  other, :mod:`pardiag.analyzer.predict.recommend.policy`), or ``nothing`` when nothing is recommended;
+  other, :mod:`pardiag.analyzer.predict.recommend.policy`), or ``nothing`` when nothing is
+  recommended;
 * the **straggler** the verdict names (or none): :func:`pardiag.analyzer.predict.recommend.findings.
   identify_straggler`;
 * the first-listed recommendation's kind, and the step's noise the tiers used (% of the step).

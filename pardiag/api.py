@@ -31,7 +31,8 @@ class Report(_TypedReport):
     """The analysis of one run: one typed field per analysis (inherited from
     :class:`pardiag.analyzer.report.registry.Report`: ``traces``, ``time_breakdown``, ``sync``,
     ``inferred_layout``, ``pipeline``, ``balance``, ``causes``, ``memory``, ``layout``,
-    ``dim_overlap``, ``routing``, ``recommendations``), plus the tables a notebook reads most, the figures, and the outputs.
+    ``dim_overlap``, ``routing``, ``recommendations``), plus the tables a notebook reads most, the
+    figures, and the outputs.
 
     Units everywhere: durations in µs (``*_us``), sizes in bytes (``*_bytes``), bandwidth in
     GB/s (10⁹ B/s, ``*_gbps``), shares in % (``*_pct``: ``overlap_pct`` of communication time,
@@ -58,7 +59,8 @@ class Report(_TypedReport):
 
     @property
     def step_parts(self) -> pd.DataFrame:
-        """Where each rank's steps go (:mod:`pardiag.analyzer.analyses.causes`): one row per rank and
+        """Where each rank's steps go (:mod:`pardiag.analyzer.analyses.causes`): one row per rank
+        and
         profiler step: ``rank``, ``step``, ``start_us``, ``end_us``, ``span_us``; host parts
         ``data_loading_us``, ``sync_us``, ``comm_us``, ``launch_us``, ``optimizer_us``,
         ``backward_us``, ``forward_us``, ``other_us`` (outside any operator), summing to the

@@ -1,7 +1,7 @@
-"""``pardiag compare`` on planted pairs of runs whose deltas are known exactly (tests/synth_compare.py):
-step time and its noise, the time breakdown with exposed communication split into waiting and
-transfer, a straggler removed, memory, a pipeline bubble, operators, the setup, closing the loop
-on a recommendation, the --fail-if-slower gate, and bad input."""
+"""``pardiag compare`` on planted pairs of runs whose deltas are known exactly
+(tests/synth_compare.py): step time and its noise, the time breakdown with exposed communication
+split into waiting and transfer, a straggler removed, memory, a pipeline bubble, operators, the
+setup, closing the loop on a recommendation, the --fail-if-slower gate, and bad input."""
 
 import json
 import subprocess

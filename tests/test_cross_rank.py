@@ -87,7 +87,8 @@ def test_repro_cases_are_found():
     assert len(_cases()) >= 5
 
 
-# -- rank assignment: a pure function ----------------------------------------------------------------
+# -- rank assignment: a pure function
+# ----------------------------------------------------------------
 
 def test_assign_ranks_windows_overlaps_names_and_free_ranks():
     f = [FileFacts(0, Path("a.json"), 0, 0.0, 10.0),
@@ -425,7 +426,8 @@ def test_absurd_world_and_group_sizes_are_read_without_building_them(tmp_path):
     assert sync.instances.empty and sync.straggler is None
 
 
-# -- found by a break test (each was a made-up offset or straggler) ---------------------------------
+# -- found by a break test (each was a made-up offset or straggler)
+# ---------------------------------
 
 def _lockstep(tmp_path: Path, n: int = 2, seqs=None, late: dict | None = None, **kw) -> Path:
     """n ranks, one clock, 4 all-reduces in lock step (rank r late by ``late[r]`` µs, ending

@@ -18,12 +18,13 @@ KERNEL_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset
 
 
 def _reference(path):
-    """From the raw trace, on HTA's window (CPU events starting before the last ProfilerStep,
-    the GPU events they launched; the whole trace when it names one profiler step only) and with HTA's whole µs (start rounded up, end rounded down:
+    """From the raw trace, on HTA's window (CPU events starting before the last ProfilerStep, the
+    GPU events they launched; the whole trace when it names one profiler step only) and with HTA's
+    whole µs (start rounded up, end rounded down:
     ``hta.common.trace_parser.round_down_time_stamps``): per stream the total idle time (gaps
-    between consecutive kernels) and its host-wait part (gaps after which the kernel's launch
-    came after the previous kernel's end), and the launch delays (GPU start - end of the launch
-    call, clipped at 0)."""
+    between consecutive kernels) and its host-wait part (gaps after which the kernel's launch came
+    after the previous kernel's end), and the launch delays (GPU start - end of the launch call,
+    clipped at 0)."""
     ev = [e for e in read_trace_json(path)["traceEvents"] if e.get("ph") == "X"]
     for e in ev:
         e["t0"], e["t1"] = math.ceil(e["ts"]), math.floor(e["ts"] + e["dur"])

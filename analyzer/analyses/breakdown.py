@@ -12,11 +12,11 @@ compute-only + overlap + exposed + idle = window length.
 What counts as what:
 
 * **GPU traces** (any kernel in the file): K = compute kernels, C = communication kernels (see
-  :mod:`pardiag.analyzer.trace.classify`) and ``gloo:*`` events (the gloo backend on CUDA tensors runs
-  its transfers on a CPU thread); memcpy/memset and other CPU events count as neither. The whole-trace
-  window is first kernel start to last kernel end. A kernel belongs to the profiler step in which
-  its launching runtime call ran (``correlation``); step *s*'s device window runs from its first
-  kernel's start to the next step's first kernel's start (the last step: to its last kernel's
+  :mod:`pardiag.analyzer.trace.classify`) and ``gloo:*`` events (the gloo backend on CUDA tensors
+  runs its transfers on a CPU thread); memcpy/memset and other CPU events count as neither. The
+  whole-trace window is first kernel start to last kernel end. A kernel belongs to the profiler step
+  in which its launching runtime call ran (``correlation``); step *s*'s device window runs from its
+  first kernel's start to the next step's first kernel's start (the last step: to its last kernel's
   end), so step windows tile the device timeline.
 * **CPU traces** (gloo): C = every ``gloo:*``/``c10d::*``/``nccl:*``/``record_param_comms`` event on
   any thread (the gloo worker threads carry the transfers); K = CPU operators on the other threads

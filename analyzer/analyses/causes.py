@@ -487,8 +487,8 @@ _WAITING = {"comm_us", "wait_comm_us", "wait_other_us", "wait_host_us", "wait_sy
 
 def straggler_cause(causes: CausesResult | None, skew: pd.DataFrame | None,
                     rank: int) -> StragglerCause:
-    """Decompose rank ``rank``'s extra time over its peers: where in the step it arises
-    (``skew``: :func:`pardiag.analyzer.analyses.imbalance.skew_origin`) and which part it spends longer on
+    """Decompose rank ``rank``'s extra time over its peers: where in the step it arises (``skew``:
+    :func:`pardiag.analyzer.analyses.imbalance.skew_origin`) and which part it spends longer on
     (``causes.excess``; on GPU ranks the device's computing, on every rank the host parts but
     those that are waiting for the others: communication, device waits)."""
     row = None

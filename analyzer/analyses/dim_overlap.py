@@ -1,7 +1,7 @@
 """Communication/computation overlap per parallel dimension (dp, tp, pp, ...).
 
-The whole-rank overlap (:mod:`pardiag.analyzer.analyses.breakdown`, HTA's definition) mixes every process
-group. Here the communication of each rank is split by the dimension of the group it ran on
+The whole-rank overlap (:mod:`pardiag.analyzer.analyses.breakdown`, HTA's definition) mixes every
+process group. Here the communication of each rank is split by the dimension of the group it ran on
 (from the layout: ``rank{R}.comms.json`` process groups or ``distributedInfo.pg_config``
 descriptions such as ``mesh_tp``); per rank and dimension d:
 

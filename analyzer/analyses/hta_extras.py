@@ -12,14 +12,14 @@
   CPU runtime call's duration, the GPU event's duration and the launch delay (GPU start minus
   the runtime call's end, clipped at 0), summarized per rank.
 
-HTA's own window applies: it keeps the CPU events that start before the last ``ProfilerStep``
-and the GPU events they launched, and rounds times down to whole µs. HTA reads one file per rank
-(a rank of several profiling windows or of a merged file is left out, said in one line), knows
-CUDA launch names only (HIP traces give no launch statistics), and fails on traces without GPU
-kernels (FACTS §1; those ranks are not given to HTA, one line says so): each failure is caught
-and said in one line (ranks with the same failure share it). HTA does not use ``--comm-kernel``: custom communication kernels are kernels to it
-like any other, which is right for both analyses (a stream busy with a communication kernel is
-not idle). HTA is imported here, lazily; it needs no torch.
+HTA's own window applies: it keeps the CPU events that start before the last ``ProfilerStep`` and
+the GPU events they launched, and rounds times down to whole µs. HTA reads one file per rank (a rank
+of several profiling windows or of a merged file is left out, said in one line), knows CUDA launch
+names only (HIP traces give no launch statistics), and fails on traces without GPU kernels (FACTS
+§1; those ranks are not given to HTA, one line says so): each failure is caught and said in one line
+(ranks with the same failure share it). HTA does not use ``--comm-kernel``: custom communication
+kernels are kernels to it like any other, which is right for both analyses (a stream busy with a
+communication kernel is not idle). HTA is imported here, lazily; it needs no torch.
 """
 
 from __future__ import annotations

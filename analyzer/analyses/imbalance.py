@@ -48,8 +48,8 @@ def skew_origin(steps: pd.DataFrame, sync) -> pd.DataFrame:
     Args:
         steps: :attr:`pardiag.analyzer.analyses.breakdown.TimeBreakdown.steps` (``rank``, ``step``,
             ``start_us`` on the rank's clock).
-        sync: the :class:`pardiag.analyzer.analyses.sync.SyncResult` (clock offsets, and per instance
-            and rank the ``arrival_delay_us``: arrival − the first rank's arrival).
+        sync: the :class:`pardiag.analyzer.analyses.sync.SyncResult` (clock offsets, and per
+            instance and rank the ``arrival_delay_us``: arrival − the first rank's arrival).
 
     Returns:
         :data:`SKEW_COLUMNS`, one row per rank: ``steps`` (steps every rank has),

@@ -26,8 +26,8 @@ is only estimated. pardiag never presents it as recorded: its ``source`` is
 
 Pipeline chunks: the per-microbatch ranges, minus the point-to-point calls and waits inside them
 (GPipe's ``Forward i`` holds the receive of its input and the send of its output), are the busy
-intervals from which :func:`pardiag.analyzer.analyses.pipeline.compute_pipeline` measures bubbles as for
-pardiag's own records. Where no range marks microbatches (1F1B), the number of microbatches is
+intervals from which :func:`pardiag.analyzer.analyses.pipeline.compute_pipeline` measures bubbles as
+for pardiag's own records. Where no range marks microbatches (1F1B), the number of microbatches is
 counted from the messages (sends per step to one neighbouring stage) and the bubble can only be
 estimated.
 """
@@ -245,7 +245,8 @@ class InferredLayout:
         pipeline: ``{"schedule"`` (torch's class name: ``ScheduleGPipe``, ``Schedule1F1B``,
             ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``), ``"stages"``,
             ``"microbatches"``, ``"pp_group_size"``, ``"stages_per_rank"``, ``"stage_ranks"``
-            (``{stage: rank}``), ``"microbatches_from"`` (``"ranges"`` or ``"sends"``)``}``, or None.
+            (``{stage: rank}``), ``"microbatches_from"`` (``"ranges"`` or ``"sends"``)``}``, or
+            None.
         chunks: the per-microbatch busy intervals of every rank: ``rank``, ``stage``,
             ``microbatch``, ``phase``, ``step``, ``start_us``, ``end_us`` (µs, each rank's own
             clock); empty where the traces mark no microbatch.

@@ -51,8 +51,9 @@ def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> 
 
     Traces from elsewhere carry less: process groups from ``distributedInfo.pg_config`` (with
     dimension names taken from their descriptions, e.g. ``mesh_tp``), hosts unknown; dimensions,
-    strategies and the pipeline come from ``inferred`` (:func:`infer_layout.infer_layout`), and
-    the result says so (``source``, ``evidence``, ``not_inferred``). A pardiag run keeps its recorded layout.
+    strategies and the pipeline come from ``inferred`` (:func:`infer_layout.infer_layout`), and the
+    result says so (``source``, ``evidence``, ``not_inferred``). A pardiag run keeps its recorded
+    layout.
     """
     run = traces.run_info
     lay = (run.layout if run else None) or {}

@@ -62,8 +62,8 @@ class MemoryResult:
 
     Attributes:
         per_rank: ``rank``, ``params_bytes``, ``grads_bytes``, ``optimizer_state_bytes``,
-            ``static_bytes``, ``peak_allocated_bytes`` (trace, or CUDA peak), ``peak_reserved_bytes``,
-            ``peak_rss_bytes`` (NaN where unknown).
+            ``static_bytes``, ``peak_allocated_bytes`` (trace, or CUDA peak),
+            ``peak_reserved_bytes``, ``peak_rss_bytes`` (NaN where unknown).
         timeline: ``rank``, ``ts_us``, ``allocated_bytes``, ``reserved_bytes``, ``device`` from
             the trace's ``[memory]`` events.
         imbalance: ``{"static": max/mean, "peak": max/mean}`` across ranks (NaN if unknown).

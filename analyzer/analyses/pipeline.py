@@ -1,8 +1,8 @@
 """Pipeline bubbles per rank and step, measured from pardiag's schedule records.
 
 For profiler step *s*, the pipeline's window runs from the first forward chunk start to the last
-backward chunk end over all ranks (clocks aligned by :mod:`pardiag.analyzer.analyses.sync`). A rank's
-**bubble** is the part of the window in which none of its stages runs a forward or backward
+backward chunk end over all ranks (clocks aligned by :mod:`pardiag.analyzer.analyses.sync`). A
+rank's **bubble** is the part of the window in which none of its stages runs a forward or backward
 chunk: ``bubble = window − |union of its chunks|``; its share is ``bubble / window``.
 
 The bubble is split at two moments of the rank's own schedule: its first backward start (b1)
@@ -22,9 +22,9 @@ use them (:func:`summarize_bubbles`). The first step is
 left out when there are more than two (it also allocates the stages' buffers); so are, as
 "clean" steps, the profiler's warm-up steps and the step after the window (the trace's export).
 
-Traces recorded without pardiag (:mod:`pardiag.analyzer.analyses.infer_layout`) are measured the same way
-from their per-microbatch ranges (GPipe's ``Forward i``/``Backward i``, the action runtime's
-``PP:{stage}F{mb}``), less the wait for each chunk's input; the schedule then carries
+Traces recorded without pardiag (:mod:`pardiag.analyzer.analyses.infer_layout`) are measured the
+same way from their per-microbatch ranges (GPipe's ``Forward i``/``Backward i``, the action
+runtime's ``PP:{stage}F{mb}``), less the wait for each chunk's input; the schedule then carries
 ``"source": "inferred from traces"``.
 
 Runs without schedule records or ranges get an **estimate** on pipeline ranks (those exchanging

@@ -19,16 +19,16 @@ other direction is each rank's own tokens, even in a data-parallel batch. An ins
 every rank sends and receives the same rows (an even split: a count exchange, or a
 capacity-padded dispatch, in which routing cannot show) is not a routed instance.
 
-Per group and step (:attr:`RoutingResult.steps`), over its routed instances: each rank's
-*load* = Σ of its rows on the expert side (a token dispatched and combined, forward and
-backward, counts once per all-to-all it crosses); imbalance = max/mean of the load over the
-group's ranks (the MoE literature's load-balance ratio, e.g. Fedus et al., *Switch
-Transformers*, JMLR 2022, §2.2); the *hot rank* holds the max. The cost: at every routed
-instance the hot rank arrives last at, each other rank waits from its arrival to the hot rank's
-(clocks aligned, :mod:`pardiag.analyzer.analyses.sync`); ``wait_us`` sums those waits. If expert time is
-linear in rows, rank r waits ``t·(L_max − L_r)`` for a per-row time t, so
-``Σ_r wait_r = t·n·(L_max − mean L)``: with every rank given the mean load the step would be
-``t·(L_max − mean L) = wait_us / n`` shorter (``saving_us``).
+Per group and step (:attr:`RoutingResult.steps`), over its routed instances: each rank's *load* = Σ
+of its rows on the expert side (a token dispatched and combined, forward and backward, counts once
+per all-to-all it crosses); imbalance = max/mean of the load over the group's ranks (the MoE
+literature's load-balance ratio, e.g. Fedus et al., *Switch Transformers*, JMLR 2022, §2.2); the
+*hot rank* holds the max. The cost: at every routed instance the hot rank arrives last at, each
+other rank waits from its arrival to the hot rank's (clocks aligned,
+:mod:`pardiag.analyzer.analyses.sync`); ``wait_us`` sums those waits. If expert time is linear in
+rows, rank r waits ``t·(L_max − L_r)`` for a per-row time t, so ``Σ_r wait_r = t·n·(L_max − mean
+L)``: with every rank given the mean load the step would be ``t·(L_max − mean L) = wait_us / n``
+shorter (``saving_us``).
 """
 
 from __future__ import annotations
@@ -69,13 +69,13 @@ class RoutingResult:
     """Result of :func:`compute_routing` (see the module docstring for the definitions).
 
     Attributes:
-        instances: per routed all-to-all instance: ``instance`` (the sync analysis' key),
-            ``group`` (its ranks and description, :func:`pardiag.analyzer.analyses.comm_events.group_key`),
+        instances: per routed all-to-all instance: ``instance`` (the sync analysis' key), ``group``
+            (its ranks and description, :func:`pardiag.analyzer.analyses.comm_events.group_key`),
             ``step``, ``seq``, ``unit`` (``"rows"``, or ``"elements"`` where the row size is
-            unknown), ``ranks`` (members, group order), ``send_rows``/``recv_rows`` (lists in
-            that order), ``side`` (``"recv"`` or ``"send"``: the expert side), ``imbalance``
-            (max/mean of the expert side), ``hot_rank``, ``last_rank`` (last to arrive),
-            ``wait_us`` (Σ over the other ranks of their wait for the last arrival, µs).
+            unknown), ``ranks`` (members, group order), ``send_rows``/``recv_rows`` (lists in that
+            order), ``side`` (``"recv"`` or ``"send"``: the expert side), ``imbalance`` (max/mean of
+            the expert side), ``hot_rank``, ``last_rank`` (last to arrive), ``wait_us`` (Σ over the
+            other ranks of their wait for the last arrival, µs).
         per_rank: per group, step and rank: ``sent_rows``, ``recv_rows`` (Σ over the routed
             instances), ``load_rows`` (Σ on the expert side), ``waited_us`` (its waits at them,
             µs).

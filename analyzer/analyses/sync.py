@@ -1,6 +1,7 @@
 """Collectives across ranks: matching, clock alignment, synchronization, stragglers, bandwidth.
 
-Input: every rank's communication events (:func:`pardiag.analyzer.analyses.comm_events.comm_events`).
+Input: every rank's communication events
+    (:func:`pardiag.analyzer.analyses.comm_events.comm_events`).
 
 1. **Matching** (:func:`match_instances`): one collective *instance* is the set of events with the
    same group and sequence number on every participant; sends and receives pair by group, the
@@ -55,12 +56,13 @@ class SyncResult:
             host the clocks are one clock, so this is jitter and is not subtracted),
             ``instances`` (complete collective instances used), ``host`` (None when unknown).
         instances: per collective instance: ``instance``, ``pg``, ``group`` (its ranks and
-            description, :func:`pardiag.analyzer.analyses.comm_events.group_key`; ``""`` when unknown), ``seq``, ``op``, ``ranks`` (members present), ``expected`` (group
-            size), ``complete`` (every member present), ``step``, ``bytes``,
-            ``first_arrival_us``, ``arrival_skew_us``, ``transfer_us``, ``last_rank``,
-            ``algbw_gbps``, ``busbw_gbps`` (GB/s = 1e9 bytes/s; NaN without bytes or when
-            partial), ``inter_node`` (participants on more than one host; None when hosts are
-            unknown). Point-to-point transfers are instances of two ranks (a send and its recv).
+            description, :func:`pardiag.analyzer.analyses.comm_events.group_key`; ``""`` when
+            unknown), ``seq``, ``op``, ``ranks`` (members present), ``expected`` (group size),
+            ``complete`` (every member present), ``step``, ``bytes``, ``first_arrival_us``,
+            ``arrival_skew_us``, ``transfer_us``, ``last_rank``, ``algbw_gbps``, ``busbw_gbps``
+            (GB/s = 1e9 bytes/s; NaN without bytes or when partial), ``inter_node`` (participants on
+            more than one host; None when hosts are unknown). Point-to-point transfers are instances
+            of two ranks (a send and its recv).
         per_rank: per instance and rank: ``instance``, ``rank``, ``start_us``, ``end_us`` (corrected
             clock), ``dur_us``, ``wait_us``, ``arrival_delay_us``.
         stragglers: per rank, most wait caused first, from complete instances only:

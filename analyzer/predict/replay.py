@@ -1,5 +1,5 @@
-"""The pipeline replay: a run's measured pipeline (per-stage chunk times, hop latency, the
-ranks' tails) as a :class:`PipelineModel` that :mod:`pardiag.analyzer.predict.whatif` replays under a
+"""The pipeline replay: a run's measured pipeline (per-stage chunk times, hop latency, the ranks'
+tails) as a :class:`PipelineModel` that :mod:`pardiag.analyzer.predict.whatif` replays under a
 changed schedule, microbatch count, interleaving or stage split. Built once per report by
 :func:`pipeline_model`; the recommendation rules (:mod:`pardiag.analyzer.predict.recommend`) ask it
 for predictions."""

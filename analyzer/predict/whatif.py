@@ -475,10 +475,10 @@ def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:
 
 def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> tuple[float, float]:
     """Latency α (µs) and inverse bandwidth β (µs per byte) of ``t = α + β·S`` (Hockney model)
-    through the fastest transfer of each message size, by least squares over the sizes (α ≥ 0,
-    β > 0; where the line would need α < 0, the least-squares line through the origin). Sizes within :data:`SIZE_CLUSTER` of each other count as one
-    size (DDP's buckets differ by a few bytes; their scatter would otherwise read as a steep
-    slope). With a single size, α = 0 and β = t/S.
+    through the fastest transfer of each message size, by least squares over the sizes (α ≥ 0, β >
+    0; where the line would need α < 0, the least-squares line through the origin). Sizes within
+    :data:`SIZE_CLUSTER` of each other count as one size (DDP's buckets differ by a few bytes; their
+    scatter would otherwise read as a steep slope). With a single size, α = 0 and β = t/S.
 
     Raises:
         ValueError: no transfer with a positive size and time.

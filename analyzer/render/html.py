@@ -324,10 +324,11 @@ def bandwidth_figure(instances: pd.DataFrame) -> go.Figure:
 
 
 def routing_figure(routing) -> go.Figure:
-    """MoE routing of the most costly expert-parallel group (:class:`pardiag.analyzer.analyses.routing.
-    RoutingResult`): left, each rank's expert-side rows per step (median over steps, bars) with
-    the group's mean (line); right, when split sizes are known, the rows of each source rank's
-    tokens each destination's experts take per all-to-all (mean, heatmap)."""
+    """MoE routing of the most costly expert-parallel group
+    (:class:`pardiag.analyzer.analyses.routing. RoutingResult`): left, each rank's expert-side rows
+    per step (median over steps, bars) with the group's mean (line); right, when split sizes are
+    known, the rows of each source rank's tokens each destination's experts take per all-to-all
+    (mean, heatmap)."""
     grp = routing.groups["group"].iloc[0]
     unit = "tokens" if routing.groups["unit"].iloc[0] == "rows" else "elements"
     pr = routing.per_rank[routing.per_rank["group"] == grp]
@@ -1047,7 +1048,8 @@ def _warnings_section(report: Report) -> list[str]:
 
 def _hta_section(report: Report) -> list[str]:
     """``report --hta``: HTA's idle time breakdown per stream and its kernel launch statistics
-    per rank (:class:`pardiag.analyzer.analyses.hta_extras.HtaExtras`), and a line per HTA failure."""
+    per rank (:class:`pardiag.analyzer.analyses.hta_extras.HtaExtras`), and a line per HTA
+    failure."""
     h = report.hta
     if h is None:
         return []

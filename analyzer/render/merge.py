@@ -15,8 +15,9 @@ Every rank becomes its own process(es) on one timeline:
   ``"PyTorch Profiler"``) gets the next free integer of its rank, and its thread keeps the
   string (or its ``thread_name``) as name. Every thread with events has a ``thread_name``.
 * **clocks**: each rank's timestamps (µs, as the loader reads them) minus its clock offset from
-  :func:`pardiag.analyzer.analyses.sync.compute_sync` (median of its collective ends minus the consensus
-  end), so collectives line up across hosts. A rank without matched collectives keeps offset 0.
+  :func:`pardiag.analyzer.analyses.sync.compute_sync` (median of its collective ends minus the
+  consensus end), so collectives line up across hosts. A rank without matched collectives keeps
+  offset 0.
 * **ids** of flow and async events (``s``/``t``/``f``, ``b``/``e``/``n``...) would link events of
   different ranks that share a correlation id: an integer id becomes ``id * n_ranks + i``
   (i = the rank's index among the merged ranks), a string id gets ``:r<rank>`` appended. A flow

@@ -28,8 +28,8 @@ What is compared, and how:
   collective type, imbalance per dimension, memory per rank or role (static and peak), time per
   collective type per rank and profiled step, busbw per dimension (or group) and collective.
 * **Operators that moved** (:attr:`Comparison.operators`): the GPU kernels and CPU operators whose
-  time per rank and profiled step changed most (:mod:`pardiag.analyzer.analyses.operators`; Holistic Trace
-  Analysis' TraceDiff idea, on pardiag's own summaries).
+  time per rank and profiled step changed most (:mod:`pardiag.analyzer.analyses.operators`; Holistic
+  Trace Analysis' TraceDiff idea, on pardiag's own summaries).
 * **Closing the loop** (:attr:`Comparison.checks`): each change A's report evaluated (recommended
   or not) whose ``params`` B's setup equals is ``applied``: its predicted step time and peak
   memory are shown beside B's measured ones, with the error 100 · (predicted − measured) /

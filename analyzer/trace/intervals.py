@@ -99,8 +99,9 @@ def clip(iv: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 def window_of(times: np.ndarray, windows) -> np.ndarray:
     """Index of the profiling window holding each of ``times`` (µs): the last of ``windows``
-    (``((start, end), ...)`` in time order, :attr:`pardiag.analyzer.trace.traceset.RankTrace.windows`)
-    starting at or before it; 0 with fewer than two windows. Shape ``(len(times),)``, int64."""
+    (``((start, end), ...)`` in time order,
+    :attr:`pardiag.analyzer.trace.traceset.RankTrace.windows`) starting at or before it; 0 with
+    fewer than two windows. Shape ``(len(times),)``, int64."""
     if len(windows) < 2:
         return np.zeros(len(times), dtype=np.int64)
     starts = np.array([w[0] for w in windows], dtype=float)

@@ -3,8 +3,9 @@ elsewhere, or a list of files.
 
 The loader orchestrates and computes nothing itself: it finds the files and pardiag's sidecars
 (:mod:`pardiag.layout`), parses each file (:mod:`pardiag.analyzer.trace.parse`), splits merged
-multi-rank files, assigns ranks (:func:`pardiag.analyzer.trace.ranks.assign_ranks`, a pure function),
-joins a rank's profiling windows, and returns a :class:`~pardiag.analyzer.trace.traceset.TraceSet`.
+multi-rank files, assigns ranks (:func:`pardiag.analyzer.trace.ranks.assign_ranks`, a pure
+function), joins a rank's profiling windows, and returns a
+:class:`~pardiag.analyzer.trace.traceset.TraceSet`.
 
 Speed: files are parsed in worker processes when the input is large (:func:`default_workers`);
 with a ``reducer`` (the per-rank reduction, passed in: :data:`pardiag.analyzer.summary.REDUCER`)

@@ -1,7 +1,7 @@
 """Parse one Kineto (PyTorch profiler) Chrome-trace file into the event table.
 
-Bytes in (``.json`` or gzipped), :data:`pardiag.analyzer.trace.traceset.EVENT_COLUMNS` table out, with
-the dialects seen in the field (FACTS §2):
+Bytes in (``.json`` or gzipped), :data:`pardiag.analyzer.trace.traceset.EVENT_COLUMNS` table out,
+with the dialects seen in the field (FACTS §2):
 
 * newest format: ``ts`` relative to ``baseTimeNanoseconds``, fractional µs;
 * legacy format: categories ``Kernel``/``Operator``/``Runtime``/``Memcpy``/``Memset`` and ``tid``

@@ -2,8 +2,8 @@
 :class:`TraceSet` (all ranks, warnings, pardiag's sidecars).
 
 The bottom layer of the analyzer: no I/O, no parsing, no analysis. Parsing
-(:mod:`pardiag.analyzer.trace.parse`) and loading (:mod:`pardiag.analyzer.trace.load`) build these types;
-every analysis reads them, never the reverse (``tests/test_layers.py`` holds that line).
+(:mod:`pardiag.analyzer.trace.parse`) and loading (:mod:`pardiag.analyzer.trace.load`) build these
+types; every analysis reads them, never the reverse (``tests/test_layers.py`` holds that line).
 """
 
 from __future__ import annotations

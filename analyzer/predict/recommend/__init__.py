@@ -50,16 +50,16 @@ def as_ratio(c: Recommendation, step_us: float, note: str = "") -> Recommendatio
 def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResult:
     """Evaluate the changes pardiag models and rank those predicted to help.
 
-    Candidates the model's shapes or batch rule out (:mod:`pardiag.analyzer.predict.shapes`) are listed
-    among those not recommended with ``ruled_out``, the reason, and no prediction.
+    Candidates the model's shapes or batch rule out (:mod:`pardiag.analyzer.predict.shapes`) are
+    listed among those not recommended with ``ruled_out``, the reason, and no prediction.
 
-    Changes (:data:`RULES`): pipeline microbatch count, schedule (1F1B for GPipe),
-    interleaving, stage boundaries, data parallel instead of the pipeline, the step without the
-    worst straggler, expert-parallel tokens routed evenly, DDP bucket sizes, FSDP resharding and prefetching, DP × TP degrees, TP
-    inside a node, ZeRO-1/FSDP on a memory-bound DDP run. Each carries evidence, predicted vs
-    measured step time and peak memory. Recommended: predicted gain clears the noise rule
-    (:mod:`~pardiag.analyzer.predict.recommend.policy`) and fits in device memory (capacity from
-    ``deviceProperties``; unknown on CPU, where everything fits).
+    Changes (:data:`RULES`): pipeline microbatch count, schedule (1F1B for GPipe), interleaving,
+    stage boundaries, data parallel instead of the pipeline, the step without the worst straggler,
+    expert-parallel tokens routed evenly, DDP bucket sizes, FSDP resharding and prefetching, DP × TP
+    degrees, TP inside a node, ZeRO-1/FSDP on a memory-bound DDP run. Each carries evidence,
+    predicted vs measured step time and peak memory. Recommended: predicted gain clears the noise
+    rule (:mod:`~pardiag.analyzer.predict.recommend.policy`) and fits in device memory (capacity
+    from ``deviceProperties``; unknown on CPU, where everything fits).
 
     Args:
         traces: the run. done: earlier analyses by registry name (``time_breakdown``,

@@ -243,8 +243,8 @@ class RuleContext:
 
     Attributes:
         traces: the run.
-        breakdown, sync, pipeline, balance, memory, layout, dim_overlap, routing, causes: the earlier
-            analyses' results (None where an analysis did not run).
+        breakdown, sync, pipeline, balance, memory, layout, dim_overlap, routing, causes: the
+            earlier analyses' results (None where an analysis did not run).
         settings: the run's recorded settings (:func:`recorded_settings`).
         model: the pipeline replay (:class:`pardiag.analyzer.predict.replay.PipelineModel`) of a
             pipeline run, else None; model_why: why there is none.

@@ -100,8 +100,8 @@ class Recommendation:
 
 def ruled_out(kind: str, title: str, change: str, params: dict, measured: float,
               why: str) -> Recommendation:
-    """A candidate the model's shapes or batch rule out (:mod:`pardiag.analyzer.predict.shapes`): listed
-    among those not recommended with the reason, and no prediction (NaN step time)."""
+    """A candidate the model's shapes or batch rule out (:mod:`pardiag.analyzer.predict.shapes`):
+    listed among those not recommended with the reason, and no prediction (NaN step time)."""
     return Recommendation(kind=kind, title=title, change=change, measured_step_us=measured,
                           predicted_step_us=float("nan"), ruled_out=why, params=params)
 

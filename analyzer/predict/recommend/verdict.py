@@ -65,10 +65,10 @@ def exposed_split(ctx: RuleContext) -> tuple[float, float, float] | None:
 
 
 def bubble_text(ctx: RuleContext) -> str | None:
-    """``"pipeline bubble 71% of the window, measured (the replay gives 30% and accounts for
-    27.1 of the 55.0 ms step)"``: the bubble measured from the schedule records
-    (:func:`pardiag.analyzer.analyses.pipeline.summarize_bubbles`, mean over ranks) with the replay's
-    beside it and how much of the measured step the replay explains."""
+    """``"pipeline bubble 71% of the window, measured (the replay gives 30% and accounts for 27.1 of
+    the 55.0 ms step)"``: the bubble measured from the schedule records
+    (:func:`pardiag.analyzer.analyses.pipeline.summarize_bubbles`, mean over ranks) with the
+    replay's beside it and how much of the measured step the replay explains."""
     pipe = ctx.pipeline
     measured = None
     if pipe is not None and len(pipe.bubbles):
@@ -93,8 +93,8 @@ def bubble_text(ctx: RuleContext) -> str | None:
 
 def causes_text(ctx: RuleContext) -> list[str]:
     """The host-bound and input-bound lines of the verdict
-    (:class:`pardiag.analyzer.analyses.causes.CausesResult`): ``"host-bound: the GPU computes 6.9% of
-    the step and idles waiting for the host 55.5%"``, ``"input-bound: data loading takes 32% of
+    (:class:`pardiag.analyzer.analyses.causes.CausesResult`): ``"host-bound: the GPU computes 6.9%
+    of the step and idles waiting for the host 55.5%"``, ``"input-bound: data loading takes 32% of
     the step on rank 1 (7.2 ms); without it the step would take about 15.1 ms"``."""
     c = ctx.causes
     out = []

@@ -1,10 +1,10 @@
 """The recommendation rules, one per kind of change, registered in :data:`RULES`.
 
-A rule is a plain function ``(RuleContext) -> list[Recommendation]``: it reads the one typed
-context (:class:`pardiag.analyzer.predict.recommend.context.RuleContext`), evaluates its changes and
-returns them all — those predicted not to help too; ranking them, the noise rule and the
-verdict are :mod:`pardiag.analyzer.predict.recommend.policy`'s. A new rule is one module here and one
-line in :data:`RULES`.
+A rule is a plain function ``(RuleContext) -> list[Recommendation]``: it reads the one typed context
+(:class:`pardiag.analyzer.predict.recommend.context.RuleContext`), evaluates its changes and returns
+them all — those predicted not to help too; ranking them, the noise rule and the verdict are
+:mod:`pardiag.analyzer.predict.recommend.policy`'s. A new rule is one module here and one line in
+:data:`RULES`.
 """
 
 from __future__ import annotations

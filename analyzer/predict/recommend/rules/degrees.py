@@ -109,7 +109,8 @@ def mesh_groups(n: int, tp: int, dim: str) -> list[list[int]]:
 
 def _traffic(ctx: RuleContext) -> dict[str, DimTraffic]:
     """Per dimension with complete collective instances: its :class:`DimTraffic` (groups
-    matched to dimensions by their ranks, :attr:`pardiag.analyzer.analyses.layout.LayoutResult.groups`)."""
+    matched to dimensions by their ranks,
+    :attr:`pardiag.analyzer.analyses.layout.LayoutResult.groups`)."""
     lay, sync = ctx.layout, ctx.sync
     if lay is None or lay.groups.empty or sync is None or sync.instances.empty:
         return {}
@@ -163,17 +164,17 @@ def _links_like(traffic: dict[str, DimTraffic], dim: str, groups: list[list[int]
 
 def _new_dp_traffic(ctx: RuleContext, like: DimTraffic, tp_now: int, tp2: int
                     ) -> tuple[DimTraffic, str] | None:
-    """The gradient synchronization a run without data parallel would add at dp > 1, at the
-    α–β of ``like`` (another dimension's groups on the same links): DDP's all-reduce of the
-    gradients in torch's default 25 MiB buckets (:data:`whatif.DDP_DEFAULT_CAP`), or FSDP's all-gathers and
-    reduce-scatters of the parameters when the run uses FSDP: each of its units
-    (``fsdp_units``, recorded by ``pardiag profile``; one when not recorded: then two
-    all-gathers, or one when it keeps the parameters unsharded) gathers once in the forward and
-    once more in the backward when it reshards after the forward (``fsdp_resharding_units``),
-    and reduce-scatters once; the parameters split evenly over the units. Gradient bytes: the
-    rank's parameter bytes × tp / tp2 (TP's shards rejoin). The α–β is ``like``'s, through its
-    fastest instances; :func:`degrees` scales the time by ``like``'s measured transfer over its
-    α–β time (the contention its links show)."""
+    """The gradient synchronization a run without data parallel would add at dp > 1, at the α–β of
+    ``like`` (another dimension's groups on the same links): DDP's all-reduce of the gradients in
+    torch's default 25 MiB buckets (:data:`whatif.DDP_DEFAULT_CAP`), or FSDP's all-gathers and
+    reduce-scatters of the parameters when the run uses FSDP: each of its units (``fsdp_units``,
+    recorded by ``pardiag profile``; one when not recorded: then two all-gathers, or one when it
+    keeps the parameters unsharded) gathers once in the forward and once more in the backward when
+    it reshards after the forward (``fsdp_resharding_units``), and reduce-scatters once; the
+    parameters split evenly over the units. Gradient bytes: the rank's parameter bytes × tp / tp2
+    (TP's shards rejoin). The α–β is ``like``'s, through its fastest instances; :func:`degrees`
+    scales the time by ``like``'s measured transfer over its α–β time (the contention its links
+    show)."""
     params = ctx.params_bytes
     if not params:
         return None
@@ -219,10 +220,10 @@ def _kinds(placement) -> str:
 
 def host_us(ctx: RuleContext, part: str) -> float:
     """A host work per rank and step (µs; mean over ranks and profiled steps of a column of
-    :func:`pardiag.analyzer.analyses.causes.rank_causes`): ``"dtensor_us"``, DTensor's redistributions
-    with their collectives and waits and its dispatch of operators on DTensors, outside the
-    optimizer (TP's host work); ``"fsdp_us"``, FSDP2's hooks with their waits. 0 when not
-    measured."""
+    :func:`pardiag.analyzer.analyses.causes.rank_causes`): ``"dtensor_us"``, DTensor's
+    redistributions with their collectives and waits and its dispatch of operators on DTensors,
+    outside the optimizer (TP's host work); ``"fsdp_us"``, FSDP2's hooks with their waits. 0 when
+    not measured."""
     c = ctx.causes
     if c is None or c.per_step.empty or part not in c.per_step:
         return 0.0

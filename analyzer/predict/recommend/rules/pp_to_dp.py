@@ -14,7 +14,8 @@ from ..types import Recommendation, batch_fields, ruled_out
 
 def median_interval(samples) -> tuple[float, float] | None:
     """The 95% percentile-bootstrap interval (µs) of the median of ``samples`` (µs;
-    :func:`pardiag.analyzer.predict.recommend.context.step_noise`), or None with fewer than 3 numbers."""
+    :func:`pardiag.analyzer.predict.recommend.context.step_noise`), or None with fewer than 3
+    numbers."""
     xs = [float(x) for x in samples or [] if isinstance(x, (int, float))]
     if len(xs) < 3:
         return None

@@ -10,10 +10,10 @@ from ..types import Recommendation
 def moe_routing(ctx: RuleContext) -> list[Recommendation]:
     """The step if every rank of the most costly imbalanced expert-parallel group
     (:attr:`pardiag.analyzer.analyses.routing.RoutingResult.finding`: median max/mean load ≥
-    :data:`~pardiag.analyzer.analyses.routing.IMBALANCE_MIN`) held the mean load: the measured step less
-    the median per step of ``saving_us`` — the others' waiting at the all-to-alls the hot rank
-    arrives last at, divided by the group's ranks (the hot rank's excess over the mean, with
-    expert time linear in tokens; :mod:`pardiag.analyzer.analyses.routing`). How to get there is the
+    :data:`~pardiag.analyzer.analyses.routing.IMBALANCE_MIN`) held the mean load: the measured step
+    less the median per step of ``saving_us`` — the others' waiting at the all-to-alls the hot rank
+    arrives last at, divided by the group's ranks (the hot rank's excess over the mean, with expert
+    time linear in tokens; :mod:`pardiag.analyzer.analyses.routing`). How to get there is the
     model's choice, so the change is a suggestion with its caveats: a larger load-balancing
     (auxiliary) loss weight, or a capacity factor that caps the tokens per expert.
 
