@@ -145,7 +145,8 @@ class RankSummary:
     def relocated(self, path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(warnings, notes) with the summarized path replaced by ``path``."""
         old, new = str(self.path), str(path)
-        fix = (lambda s: new + s[len(old):] if s.startswith(old) else s) if old != new else (lambda s: s)
+        fix = ((lambda s: new + s[len(old):] if s.startswith(old) else s) if old != new
+               else (lambda s: s))
         return tuple(fix(w) for w in self.warnings), tuple(fix(n) for n in self.notes)
 
 
@@ -184,7 +185,8 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         n_events=len(trace.events),
         has_steps=bool(trace.events["name"].str.startswith("ProfilerStep").any())
         if has_steps is None else has_steps,
-        has_gpu=trace.has_gpu, parts=parts, breakdown=breakdown_rows_of(parts), comm=comm, steps=steps, memory=memory_rows(trace),
+        has_gpu=trace.has_gpu, parts=parts, breakdown=breakdown_rows_of(parts), comm=comm,
+        steps=steps, memory=memory_rows(trace),
         marks=rank_marks(trace), operators=ops, operator_steps=op_steps,
         a2a=all_to_all_ops(trace.events),
         causes=causes_of_trace(trace))
@@ -291,7 +293,8 @@ def from_json(data: bytes) -> RankSummary:
         has_steps=bool(doc["has_steps"]), has_gpu=bool(doc["has_gpu"]), parts=parts,
         breakdown=(_nan_row(doc["breakdown"]["total"]),
                    [_nan_row(r) for r in doc["breakdown"]["steps"]],
-                   [_nan_row(r) for r in doc["breakdown"]["collectives"]]), comm=_frame_from(doc["comm"]),
+                   [_nan_row(r) for r in doc["breakdown"]["collectives"]]),
+        comm=_frame_from(doc["comm"]),
         steps=_frame_from(doc["steps"]), memory=_frame_from(doc["memory"]),
         marks=RankMarks.from_json(doc["marks"]) if doc.get("marks") else None,
         operators=_frame_from(doc["operators"]) if doc.get("operators") else None,

@@ -96,7 +96,8 @@ def main() -> None:
     info_s = run_once.last_output.splitlines()[0] if from_summaries else ""
     from_raw = run_once(REPORT, [str(run), "nocache"], env)
     info_r = run_once.last_output.splitlines()[0] if from_raw else ""
-    print(f"{a.ranks} ranks x {a.mb:g} MB ({size:.0f} MB of JSON), {len(os.sched_getaffinity(0))} cores")
+    print(f"{a.ranks} ranks x {a.mb:g} MB ({size:.0f} MB of JSON), "
+          f"{len(os.sched_getaffinity(0))} cores")
     print(f"{'step':48} {'s':>7} {'peak MB':>8}")
     print(f"{'summarize (' + how + ')':48} {t_sum:7.1f} {'':>8}   {n_sum} summaries")
     for label, m, info in (("report load + analyses from summaries", from_summaries, info_s),

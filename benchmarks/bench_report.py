@@ -139,7 +139,8 @@ def main() -> None:
     a = p.parse_args()
     folders = a.folders
     if not folders:
-        folders = sorted(d for d in (REPO.parent / "shared" / "real_traces").iterdir() if d.is_dir())
+        folders = sorted(d for d in (REPO.parent / "shared" / "real_traces").iterdir()
+                         if d.is_dir())
         folders.append(synthetic(a.work, 8, 15))
         if a.scale:
             folders.append(synthetic(a.work, 64, 15))
@@ -165,7 +166,8 @@ def main() -> None:
               f"{fmt(t(ours), '.2f', 9)} {fmt(t(hta), '.2f', 7)} "
               f"{fmt(r(t(ours), t(hta)), '.2f', 6)} {fmt(r(t(ours), t(base)), '.2f', 6)} "
               f"{fmt(t(cached), '.2f', 8)} {fmt(r(t(ours), t(cached)), '.1f', 7)} "
-              f"{fmt(ours[1] if ours else None, '.0f', 10)} {fmt(hta[1] if hta else None, '.0f', 7)} "
+              f"{fmt(ours[1] if ours else None, '.0f', 10)} "
+              f"{fmt(hta[1] if hta else None, '.0f', 7)} "
               f"{fmt(r(ours[1] if ours else None, hta[1] if hta else None), '.2f', 9)}", flush=True)
     shutil.rmtree(cache_root, ignore_errors=True)
     print(f"cores: {len(os.sched_getaffinity(0))}, load average: "

@@ -25,8 +25,8 @@ def main() -> int:
     p.add_argument("--report-examples", type=int, default=1_000,
                    help="examples run through every analysis")
     a = p.parse_args()
-    env = {**os.environ, "HYPOTHESIS_PROFILE": "fuzz", "FUZZ_REPORT_EXAMPLES": str(a.report_examples),
-           "FUZZ_LOADER_EXAMPLES": str(a.examples)}
+    env = {**os.environ, "HYPOTHESIS_PROFILE": "fuzz",
+           "FUZZ_REPORT_EXAMPLES": str(a.report_examples), "FUZZ_LOADER_EXAMPLES": str(a.examples)}
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "--hypothesis-show-statistics", str(REPO / "tests" / "test_fuzz.py")],
@@ -37,7 +37,8 @@ def main() -> int:
     print(f"{'test':42} {'examples':>9}")
     for name, n in rows:
         print(f"{name:42} {n:9d}")
-    print(f"wall {time.perf_counter() - t0:.0f} s, {'no crash' if res.returncode == 0 else 'FAILED'}")
+    print(f"wall {time.perf_counter() - t0:.0f} s, "
+          f"{'no crash' if res.returncode == 0 else 'FAILED'}")
     return 0 if res.returncode == 0 else 1
 
 

@@ -74,7 +74,8 @@ def _rank_events(rank: int, world: int, steps: int, layers: int) -> list[dict]:
         ev.append(step_ev)
         for phase in ("fwd", "bwd"):
             for layer in range(n_layers):
-                op = "aten::linear" if phase == "fwd" else "autograd::engine::evaluate_function: AddmmBackward0"
+                op = ("aten::linear" if phase == "fwd"
+                      else "autograd::engine::evaluate_function: AddmmBackward0")
                 dur = rng.uniform(30, 50)
                 ext += 1
                 ev.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": pid, "tid": tid,

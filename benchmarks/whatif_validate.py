@@ -18,8 +18,8 @@ step* would add their jitter to it (a rank that runs a step late runs the next o
 +0.3–1.1% measured).
 Goal on CPU/gloo: median absolute error ≤ 10 %, worst ≤ 25 %.
 
-    .venv/bin/python benchmarks/whatif_validate.py            # all cases (~6 min per repetition on 2 cores)
-    .venv/bin/python benchmarks/whatif_validate.py pp_gpipe   # one case
+    .venv/bin/python benchmarks/whatif_validate.py  # all cases (~6 min per repetition on 2 cores)
+    .venv/bin/python benchmarks/whatif_validate.py pp_gpipe  # one case
     .venv/bin/python benchmarks/whatif_validate.py --json out.json
 
 Run it on a quiet machine: other processes on the same cores distort every number. The

@@ -270,7 +270,8 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
         raise PardiagError(f"{out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
-            raise PardiagError(f"{out}: folder exists and is not empty (pass --overwrite to replace it)")
+            raise PardiagError(f"{out}: folder exists and is not empty "
+                               "(pass --overwrite to replace it)")
         removed = []
         for p in layout.owned_files(out):  # remove only what pardiag itself writes; keep the rest
             p.unlink()

@@ -8,7 +8,8 @@ per stage 4,4", is ``--layers-per-stage 3,3`` here).
 
     pardiag profile examples/train_pp.py --nproc-per-node 2 -- --schedule 1f1b --microbatches 8
     pardiag profile examples/train_pp.py --nproc-per-node 4 -- --schedule gpipe
-    pardiag profile examples/train_pp.py --nproc-per-node 2 -- --schedule interleaved --stages-per-rank 2
+    pardiag profile examples/train_pp.py --nproc-per-node 2 -- --schedule interleaved
+        --stages-per-rank 2
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def stage_layers(args, num_stages: int) -> list[int]:
     if args.layers_per_stage:
         counts = [int(c) for c in args.layers_per_stage.split(",")]
         if len(counts) != num_stages:
-            raise SystemExit(f"--layers-per-stage has {len(counts)} entries for {num_stages} stages")
+            raise SystemExit(f"--layers-per-stage has {len(counts)} entries for "
+                             f"{num_stages} stages")
         return counts
     return [args.layers] * num_stages
 
@@ -48,7 +50,8 @@ def main() -> None:
     p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default="1f1b")
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--stages-per-rank", type=int, default=1, help="v: virtual stages per rank")
-    p.add_argument("--layers-per-stage", default="", help="blocks per stage, comma-separated (replaces --layers)")
+    p.add_argument("--layers-per-stage", default="",
+                   help="blocks per stage, comma-separated (replaces --layers)")
     args = p.parse_args()
     env = C.init_distributed(args.pin_cpu)
     v = args.stages_per_rank

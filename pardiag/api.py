@@ -157,8 +157,8 @@ class Report(_TypedReport):
         ``measured_step_us``, ``predicted_step_us``, ``gain_pct``, ``measured_peak_bytes``,
         ``predicted_peak_bytes``, ``fits_memory``, ``params``, ``evidence``, ``caveats``."""
         rows = [r.to_json() for r in self.recommendations.recommendations]
-        cols = ["tier", "kind", "title", "change", "measured_step_us", "predicted_step_us", "gain_pct",
-                "measured_peak_bytes", "predicted_peak_bytes", "fits_memory", "params",
+        cols = ["tier", "kind", "title", "change", "measured_step_us", "predicted_step_us",
+                "gain_pct", "measured_peak_bytes", "predicted_peak_bytes", "fits_memory", "params",
                 "evidence", "caveats"]
         return pd.DataFrame(rows, columns=cols)
 

@@ -349,8 +349,8 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
         # a pipe or a file gets 120 columns unless COLUMNS says otherwise
         wide = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
         rep.print_summary(Console(width=None if wide else 120))
-    click.echo(f"pardiag: wrote {output}" + (f" and {json_out}" if json_out and str(json_out) != "-" else ""),
-               err=True)
+    click.echo(f"pardiag: wrote {output}"
+               + (f" and {json_out}" if json_out and str(json_out) != "-" else ""), err=True)
 
 
 @cli.command()
@@ -414,8 +414,8 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
     if not quiet and str(json_out) != "-":
         wide = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
         cmp.print_summary(Console(width=None if wide else 120))   # the gate: one line below
-    click.echo(f"pardiag: wrote {output}" + (f" and {json_out}" if json_out and str(json_out) != "-" else ""),
-               err=True)
+    click.echo(f"pardiag: wrote {output}"
+               + (f" and {json_out}" if json_out and str(json_out) != "-" else ""), err=True)
     if result is not None:
         click.echo(f"pardiag: {'FAIL' if result.failed else 'pass'}: {result.line}", err=True)
         if result.failed:

@@ -25,7 +25,8 @@ def _unlinked_modules() -> list[str]:
     each file: a module added since ``make setup`` is not linked yet)."""
     import importlib.util
 
-    roots = {"pardiag": "pardiag", "analyzer": "pardiag.analyzer", "collectors": "pardiag.collectors"}
+    roots = {"pardiag": "pardiag", "analyzer": "pardiag.analyzer",
+             "collectors": "pardiag.collectors"}
     out = []
     for folder, package in roots.items():
         for f in sorted((REPO / folder).rglob("*.py")):

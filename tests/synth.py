@@ -37,8 +37,9 @@ class TraceBuilder:
     def step(self, n: int, ts: float, dur: float) -> TraceBuilder:
         return self.cpu(f"ProfilerStep#{n}", ts, dur, cat="user_annotation")
 
-    def kernel(self, name: str, ts: float, dur: float, stream: int = 7, launch_ts: float | None = None,
-               cat: str = "kernel", args: dict | None = None) -> TraceBuilder:
+    def kernel(self, name: str, ts: float, dur: float, stream: int = 7,
+               launch_ts: float | None = None, cat: str = "kernel",
+               args: dict | None = None) -> TraceBuilder:
         """A GPU kernel; with ``launch_ts`` a cudaLaunchKernel runtime event links to it."""
         self._corr += 1
         kargs = {"device": 0, "stream": stream, "correlation": self._corr, **(args or {})}

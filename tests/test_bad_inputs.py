@@ -127,7 +127,8 @@ def test_empty_folder(tmp_path, monkeypatch, capsys):
                        "--no-cache"],
                       monkeypatch, capsys)
     assert rc == 2
-    assert err == f"pardiag: error: {tmp_path / 'empty'}: no trace files (*.json, *.json.gz) found\n"
+    assert err == (f"pardiag: error: {tmp_path / 'empty'}: no trace files "
+                   "(*.json, *.json.gz) found\n")
 
 
 def test_overlap_clipping_is_a_note():
@@ -137,7 +138,8 @@ def test_overlap_clipping_is_a_note():
                        f"events that ran past the next one's start (by up to 0.002 µs)",)
 
 
-@pytest.mark.parametrize("name", ["truncated.json.gz", "int_above_int64.json", "deeply_nested.json"])
+@pytest.mark.parametrize("name", ["truncated.json.gz", "int_above_int64.json",
+                                  "deeply_nested.json"])
 def test_no_traceback_in_a_real_process(name, tmp_path):
     """The console script itself (not only main()): stderr has no traceback."""
     exe = Path(sys.executable).parent / "pardiag"

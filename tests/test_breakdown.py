@@ -71,7 +71,8 @@ def test_cpu_planted_gloo_trace(tmp_path):
     assert (t.compute_only_us, t.exposed_comm_us, t.idle_us) == (60.0, 17.0, 5.0)
     assert t.overlap_pct == pytest.approx(100 * 18 / 35, abs=1e-12)
     s = _row(b.steps, rank=0, step=5)
-    assert (s.start_us, s.end_us, s.compute_us, s.comm_us, s.overlap_us) == (0.0, 100.0, 78.0, 35.0, 18.0)
+    assert ((s.start_us, s.end_us, s.compute_us, s.comm_us, s.overlap_us)
+            == (0.0, 100.0, 78.0, 35.0, 18.0))
     ar = _row(b.collectives, collective="all_reduce")
     # one transfer (the gloo worker event), the c10d issue op is not counted twice
     assert (ar["count"], ar.time_us, ar.exposed_us) == (1, 35.0, 17.0)
@@ -141,7 +142,8 @@ def test_collective_type(name, expected):
 
 
 def test_record_param_comms_uses_collective_name():
-    assert collective_type("record_param_comms", {"Collective name": "_allgather_base"}) == "all_gather"
+    assert collective_type("record_param_comms",
+                           {"Collective name": "_allgather_base"}) == "all_gather"
 
 
 def _gloo_rs_trace() -> TraceBuilder:

@@ -256,8 +256,8 @@ POLISH = {
                              memory=True, bytes=None),
     # hosts unknown: one clock offset per rank, measured on the 8 all-to-alls and all-reduces
     "dlrm_8rank_v100": dict(overlap=True, dims="left out", offsets=True, instances=8,
-                            memory=False, bytes={"192", "448", "1,536", "13,568", "24,576", "907,840",
-                                                 "1,576,964"}),
+                            memory=False, bytes={"192", "448", "1,536", "13,568", "24,576",
+                                                 "907,840", "1,576,964"}),
 }
 
 _SECTION_JS = """key => { const out = []; let e = document.getElementById(key).nextElementSibling;

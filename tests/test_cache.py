@@ -122,7 +122,8 @@ def test_lazy_events_are_read_on_first_access(tmp_path):
     load_traces(run, reducer=REDUCER, cache=True)
     t = load_traces(run, reducer=REDUCER, cache=True).ranks[0]
     assert t.events_loaded is False and t.has_gpu is True
-    assert len(t.events) == len(load_traces(run).ranks[0].events) == 14  # 2 steps, 6 kernels, 6 launches
+    # 2 steps, 6 kernels, 6 launches
+    assert len(t.events) == len(load_traces(run).ranks[0].events) == 14
     assert t.events_loaded is True
 
 

@@ -138,7 +138,8 @@ def test_analyzer_needs_no_torch(tmp_path):
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "from pardiag.cli import main\n"
-        f"sys.argv = ['pardiag', 'report', {str(SAMPLE)!r}, '-o', {str(tmp_path / 'r.html')!r}, '-q']\n"
+        f"sys.argv = ['pardiag', 'report', {str(SAMPLE)!r}, "
+        f"'-o', {str(tmp_path / 'r.html')!r}, '-q']\n"
         "main()\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -158,7 +159,8 @@ def test_output_onto_an_input_is_refused(tmp_path):
 
 def test_usage_errors_are_one_line(tmp_path):
     for args in (["report"], ["report", str(tmp_path), "--bogus"], ["nosuchcommand"]):
-        res = subprocess.run([sys.executable, "-m", "pardiag", *args], capture_output=True, text=True)
+        res = subprocess.run([sys.executable, "-m", "pardiag", *args], capture_output=True,
+                             text=True)
         assert res.returncode == 2, args
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("pardiag: error: "), res.stderr
@@ -234,7 +236,8 @@ def test_a_report_json_in_the_run_folder_is_not_taken_for_a_trace(tmp_path):
     import shutil
     run = tmp_path / "run"
     shutil.copytree(REPO / "sample_traces" / "ddp_cpu_2rank", run)
-    cmd = [sys.executable, "-m", "pardiag", "report", str(run), "-q", "-o", str(tmp_path / "r.html")]
+    cmd = [sys.executable, "-m", "pardiag", "report", str(run), "-q", "-o",
+           str(tmp_path / "r.html")]
     assert subprocess.run([*cmd, "--json", str(run / "summary.json")]).returncode == 0
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0 and "summary.json" not in res.stderr, res.stderr

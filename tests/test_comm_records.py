@@ -19,7 +19,8 @@ def fr(seq, name, t_us, sizes=((1000,),), out_sizes=None, pg=("0", "default_pg")
     return {"collective_seq_id": seq, "p2p_seq_id": 0, "is_p2p": False, "profiling_name": name,
             "process_group": list(pg), "input_sizes": [list(s) for s in sizes],
             "output_sizes": [list(s) for s in (out_sizes or sizes)],
-            "input_dtypes": [dtype] * len(sizes), "output_dtypes": [dtype] * len(out_sizes or sizes),
+            "input_dtypes": [dtype] * len(sizes),
+            "output_dtypes": [dtype] * len(out_sizes or sizes),
             "time_created_ns": BASE + int(t_us * 1000), "state": "scheduled"}
 
 

@@ -90,7 +90,8 @@ def test_setup_differences(pair):
     assert s.loc["env.NCCL_DEBUG", ["a", "b", "status"]].tolist() == ["INFO", "WARN", "changed"]
     assert s.loc["env.TORCH_SHOW_CPP_STACKTRACES", ["a", "b"]].tolist() == ["(not set)", "1"]
     assert s.loc["script_args", "detail"] == "--slow-rank: 1 → (not set); --steps: (not set) → 6"
-    assert s.loc["world_size", "status"] == "same" and s.loc["ddp_bucket_cap_bytes", "a"] == 25 * 2**20
+    assert (s.loc["world_size", "status"] == "same"
+            and s.loc["ddp_bucket_cap_bytes", "a"] == 25 * 2**20)
     # not recorded by these runs: unknown in both, and said so
     assert s.loc["profiler_schedule", "status"] == "unknown"
     assert "pipeline_schedule" not in s.index   # applies to neither run

@@ -42,7 +42,8 @@ def _reference(path):
               if runtime.get(k["args"].get("correlation"), {}).get("name") in LAUNCH_NAMES]
     idle, host = {}, {}
     for stream in {k["args"].get("stream") for k in kept if k["cat"] in KERNEL_CATS}:
-        ks = sorted((k for k in kept if k["cat"] in KERNEL_CATS and k["args"].get("stream") == stream),
+        ks = sorted((k for k in kept
+                     if k["cat"] in KERNEL_CATS and k["args"].get("stream") == stream),
                     key=lambda k: k["t0"])
         gaps = [(b["t0"] - a["t1"],
                  runtime.get(b["args"].get("correlation"), {}).get("t0", -math.inf) > a["t1"])

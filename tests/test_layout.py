@@ -120,7 +120,8 @@ def test_a_wrong_value_names_the_field_and_the_file_is_ignored(tmp_path):
     ts = load_traces(new)
     assert ts.run_info is None and set(ts.rank_meta) == {0, 1}
     assert any(w.endswith("run.json: pardiag sidecar with a wrong value, ignored (Expected `int "
-                          "| null`, got `str` - at `$.world_size`)") for w in ts.warnings), ts.warnings
+                          "| null`, got `str` - at `$.world_size`)")
+               for w in ts.warnings), ts.warnings
 
 
 def test_the_report_shows_when_the_run_started(tmp_path):

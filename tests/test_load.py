@@ -68,7 +68,8 @@ def test_bare_inf_nan_tokens_and_control_characters(tmp_path):
             ' "dur": 5, "args": {"stream": 7, "est. achieved occupancy %": inf, "x": NaN}},'
             '{"ph": "X", "cat": "kernel", "name": "name with inf, nan inside", "pid": 0, "tid": 7,'
             ' "ts": 20, "dur": -inf},'
-            '{"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 30, "dur": Infinity}'
+            '{"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 30,'
+            ' "dur": Infinity}'
             ']}')
     p = tmp_path / "t.json"
     p.write_text(text)
@@ -223,8 +224,9 @@ def test_non_trace_files_are_skipped_with_a_warning(tmp_path):
 
 @pytest.mark.parametrize("setup,message", [
     (lambda d: None, "no trace files"),
-    (lambda d: (d / "x.json").write_text("[1, 2]"), r"none of 1 file\(s\) is a readable Kineto trace"
-                                                     r" \(e\.g\. .*x\.json: not a Kineto trace"),
+    (lambda d: (d / "x.json").write_text("[1, 2]"),
+     r"none of 1 file\(s\) is a readable Kineto trace"
+     r" \(e\.g\. .*x\.json: not a Kineto trace"),
     (lambda d: (d / "x.json").write_text(""), r"none of 1 file\(s\) .*x\.json: empty file"),
 ])
 def test_folder_without_readable_traces_is_an_error(tmp_path, setup, message):

@@ -157,7 +157,8 @@ def test_gpu_processes_are_named_by_their_kineto_label():
     assert names == {3000: "rank 3", 3001: "rank 3: GPU 0"}
     assert [(e["name"], e["pid"], e["tid"], e["ts"]) for e in events if e["ph"] == "X"] == [
         ("aten::mm", 3000, 59811, 8.0), ("aten::add", 3000, 59811, 18.0), ("gemm", 3001, 7, 10.0)]
-    assert [e["args"]["labels"] for e in events if e["name"] == "process_labels"] == ["CPU", "GPU 0"]
+    assert ([e["args"]["labels"] for e in events if e["name"] == "process_labels"]
+            == ["CPU", "GPU 0"])
 
 
 def check_chrome_trace(ev: list) -> None:
@@ -200,10 +201,12 @@ def check_chrome_trace(ev: list) -> None:
     sort = {e["pid"]: e["args"]["sort_index"] for e in ev
             if e["ph"] == "M" and e["name"] == "process_sort_index"}
     assert set(pnames) == set(timed_pids) == set(sort) and set(pnames.values()) == {1}
-    names = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    names = {e["pid"]: e["args"]["name"] for e in ev
+             if e["ph"] == "M" and e["name"] == "process_name"}
     for pid, name in names.items():
         rank = pid // PID_STRIDE
-        assert name == f"rank {rank}" if pid % PID_STRIDE == 0 else name.startswith(f"rank {rank}: ")
+        assert (name == f"rank {rank}" if pid % PID_STRIDE == 0
+                else name.startswith(f"rank {rank}: "))
         assert sort[pid] == pid and not re.search(r"pid (Spans|Traces)?$", name), name
     tnames = {(e["pid"], e["tid"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
     assert timed_threads <= tnames

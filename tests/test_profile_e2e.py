@@ -174,7 +174,8 @@ def test_script_without_optimizer(tmp_path):
     res = pardiag("profile", script, "--out", tmp_path / "b", "--wait", 0, "--warmup", 0)
     assert res.returncode == 0 and "no trace" not in res.stderr
     js = tmp_path / "s.json"
-    assert pardiag("report", tmp_path / "b", "-o", tmp_path / "r.html", "--json", js).returncode == 0
+    assert pardiag("report", tmp_path / "b", "-o", tmp_path / "r.html",
+                   "--json", js).returncode == 0
     total = json.loads(js.read_text())["ranks"][0]["total"]
     assert total["compute_us"] > 0 and total["comm_us"] == 0 and total["overlap_pct"] is None
 

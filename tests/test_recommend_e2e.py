@@ -171,8 +171,9 @@ def test_compare_closes_the_loop_on_the_top_recommendation(run, tmp_path):
     script, args = RUNS["pp_unbalanced"]
     b = _profile(tmp_path / "applied", script, _with_params(args, top.params))
     out = tmp_path / "compare.json"
-    res = subprocess.run([sys.executable, "-m", "pardiag", "compare", str(_folders["pp_unbalanced"]),
-                          str(b), "-o", str(tmp_path / "compare.html"), "--json", str(out)],
+    res = subprocess.run([sys.executable, "-m", "pardiag", "compare",
+                          str(_folders["pp_unbalanced"]), str(b), "-o",
+                          str(tmp_path / "compare.html"), "--json", str(out)],
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())

@@ -46,7 +46,8 @@ def test_64_ranks_10_steps_fit_in_5_mb_and_say_what_was_reduced(big, tmp_path):
                  "Straggler heatmap binned: 480 instances are shown as 200 columns",
                  "Memory timeline sampled: the 16 ranks of 64 with the highest peak are drawn",
                  "Showing 200 of 480 instances (largest arrival skew first)."):
-        assert page.count(html.escape(note, quote=True)) == (2 if "Showing" not in note else 1), note
+        assert (page.count(html.escape(note, quote=True))
+                == (2 if "Showing" not in note else 1)), note
     # every rank is in the per-rank table (64 rows after the header)
     breakdown = page.split("<h2 id='breakdown'>")[1].split("<h2 id='overlap'>")[0]
     table = breakdown.split("<table")[1]

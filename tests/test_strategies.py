@@ -43,8 +43,8 @@ RUNS = {
 }
 PIPELINES = {  # name: (schedule class, stages, microbatches, stages per rank)
     "pp_gpipe2": ("ScheduleGPipe", 2, 4, 1), "pp_1f1b2": ("Schedule1F1B", 2, 8, 1),
-    "pp_interleaved2": ("ScheduleInterleaved1F1B", 4, 4, 2), "pp_gpipe4": ("ScheduleGPipe", 4, 4, 1),
-    "pp_1f1b4": ("Schedule1F1B", 4, 4, 1),
+    "pp_interleaved2": ("ScheduleInterleaved1F1B", 4, 4, 2),
+    "pp_gpipe4": ("ScheduleGPipe", 4, 4, 1), "pp_1f1b4": ("Schedule1F1B", 4, 4, 1),
 }
 ACTIVE = 3
 
@@ -187,7 +187,8 @@ def test_planted_hang_is_diagnosed(tmp_path):
     assert res.returncode == 124
     line = next(ln for ln in res.stderr.splitlines() if ln.startswith("pardiag: hang after"))
     assert re.search(r"rank\(s\) \[0\] wait in gloo:all_reduce #\d+ on process group 0 "
-                     r"\(default_pg\); missing: rank 1 \(last entered #\d+; at .*in plant\)", line), line
+                     r"\(default_pg\); missing: rank 1 \(last entered #\d+; at .*in plant\)",
+                     line), line
     run = _json(tmp_path / "h" / "pardiag" / "run.json")
     assert run["exit_code"] == 124 and run["hang"] and run["timed_out_after_s"] == 30
     assert (tmp_path / "h" / "pardiag" / "rank0.hang.json").is_file()
@@ -218,7 +219,8 @@ def test_uneven_stages_show_as_pipeline_imbalance(runs):
     assert summary.loc["pp", "slowest_rank"] == 1 and summary.loc["pp", "imbalance"] > 1.3
     bub = rep.results["pipeline"].bubbles
     # the light first stage waits on the heavy second one
-    assert bub[bub["rank"] == 0]["bubble_pct"].median() > bub[bub["rank"] == 1]["bubble_pct"].median()
+    assert (bub[bub["rank"] == 0]["bubble_pct"].median()
+            > bub[bub["rank"] == 1]["bubble_pct"].median())
 
 
 def test_memory_analysis_of_sharded_runs(runs):

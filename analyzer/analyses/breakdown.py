@@ -60,7 +60,8 @@ from ..trace.traceset import RankTrace, TraceSet
 #: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).
 BREAKDOWN_COLUMNS = (
     "span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us", "exposed_comm_us",
-    "idle_us", "overlap_pct", "compute_only_pct", "overlap_share_pct", "exposed_comm_pct", "idle_pct",
+    "idle_us", "overlap_pct", "compute_only_pct", "overlap_share_pct", "exposed_comm_pct",
+    "idle_pct",
 )
 
 
@@ -229,7 +230,8 @@ def launching_comm_ops(trace: RankTrace, kernels: pd.DataFrame) -> list[pd.DataF
     return [ops.iloc[r] if len(r) else empty for r in rows]
 
 
-def launching_op_rows(trace: RankTrace, kernels: pd.DataFrame) -> tuple[pd.DataFrame, list[np.ndarray]]:
+def launching_op_rows(trace: RankTrace,
+                      kernels: pd.DataFrame) -> tuple[pd.DataFrame, list[np.ndarray]]:
     """:func:`launching_comm_ops` as positions: ``(ops, rows)`` where ``ops`` holds every CPU
     communication op of the trace and ``rows[i]`` the positions in ``ops`` of kernel i's
     enclosing ops, outermost first."""
@@ -439,7 +441,8 @@ def cpu_comm_types(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
         that issued a transport event (group ranks, description, ``Seq``), else None.
     """
     return cached(trace, "cpu_comm_types",
-                  lambda: _cpu_comm_types(trace, trace.events[(kinds == Kind.CPU_COMM.value).to_numpy()]))
+                  lambda: _cpu_comm_types(trace,
+                                          trace.events[(kinds == Kind.CPU_COMM.value).to_numpy()]))
 
 
 def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
@@ -627,7 +630,8 @@ def compute_rank_breakdown(trace: RankTrace, comm_patterns: Iterable[re.Pattern]
             **_metrics_over(parts.k, parts.c, parts.spans())}
 
 
-def compute_time_breakdown(traces: TraceSet, comm_patterns: Iterable[re.Pattern] = ()) -> TimeBreakdown:
+def compute_time_breakdown(traces: TraceSet,
+                           comm_patterns: Iterable[re.Pattern] = ()) -> TimeBreakdown:
     """Per-rank and per-step time breakdown and overlap for every rank of ``traces``.
 
     See the module docstring for the definitions (HTA overlap, Lumos breakdown).

@@ -499,8 +499,8 @@ def straggler_cause(causes: CausesResult | None, skew: pd.DataFrame | None,
     delay = float(row["delay_us"]) if row is not None else float("nan")
     top = row["top_collective"] if row is not None else None
     top_us = float(row["top_delay_us"]) if row is not None else 0.0
-    where = ("step entry" if not math.isnan(late) and late > 0 and (not delay > 0 or late >= 0.5 * delay)
-             else "in the step")
+    where = ("step entry" if not math.isnan(late) and late > 0
+             and (not delay > 0 or late >= 0.5 * delay) else "in the step")
     parts = causes.excess_of(rank) if causes is not None else {}
     cand = {p: v for p, v in parts.items() if p in CAUSE_ADVICE and not math.isnan(v) and v > 0}
     lag = max(x for x in (late, top_us, 0.0) if not math.isnan(x))

@@ -109,7 +109,8 @@ def _group_ranks(args: dict, pg_ranks_by_name: dict[str, list[int]]) -> list[int
     ranks = _rank_list(args.get("Process Group Ranks"))
     if ranks:
         return ranks
-    start, stride = _int_arg(args.get("Global rank start")), _int_arg(args.get("Global rank stride"))
+    start, stride = (_int_arg(args.get("Global rank start")),
+                     _int_arg(args.get("Global rank stride")))
     size = _int_arg(args.get("Group size"))
     if start is not None and stride and size and start >= 0 and stride > 0 \
             and size <= MAX_GROUP_SIZE:
@@ -192,7 +193,8 @@ def _gloo_p2p_peers(ev: pd.DataFrame, p2p: pd.DataFrame, world_group: bool) -> l
         return out
     for op, c10d in (("send", "c10d::send"), ("recv", "c10d::recv_")):
         calls = ev[ev["name"] == c10d]
-        for (pid, tid), idx in p2p[p2p["name"] == f"gloo:{op}"].groupby(["pid", "tid"]).indices.items():
+        for (pid, tid), idx in (p2p[p2p["name"] == f"gloo:{op}"]
+                                .groupby(["pid", "tid"]).indices.items()):
             mine = calls[(calls["pid"] == pid) & (calls["tid"] == tid)]
             if len(mine) != len(idx):
                 continue  # cannot tell which call is which transfer
@@ -321,7 +323,8 @@ def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
             continue
         kinds = classify(trace, comm_patterns)
         steps = profiler_steps(trace, kinds)
-        frames.append(_from_records(rank, doc, steps) if doc else events_from_trace(trace, kinds, steps))
+        frames.append(_from_records(rank, doc, steps) if doc
+                      else events_from_trace(trace, kinds, steps))
     frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame(columns=list(EVENT_COLUMNS))

@@ -199,13 +199,15 @@ def _rank_marks(trace: RankTrace) -> RankMarks:
     # ends inside it while it computes little) to the end of its last computation
     kinds = classify(trace).to_numpy()
     comp = ev[kinds == Kind.CPU_COMPUTE.value]
-    blocking = ev[((kinds == Kind.CPU_COMM.value) & (cat == "cpu_op")) | (kinds == Kind.CPU_WAIT.value)]
+    blocking = ev[((kinds == Kind.CPU_COMM.value) & (cat == "cpu_op"))
+                  | (kinds == Kind.CPU_WAIT.value)]
     k = iv.subtract(iv.union(comp["ts"].to_numpy(dtype=float),
                              (comp["ts"] + comp["dur"]).to_numpy(dtype=float)),
                     iv.union(blocking["ts"].to_numpy(dtype=float),
                              (blocking["ts"] + blocking["dur"]).to_numpy(dtype=float)))
     recv = names.isin({u for u in uniq if isinstance(u, str) and _RECV_RE.match(u)}).to_numpy()
-    waits = ev[(recv & np.isin(cat, ["cpu_op", "user_annotation"])) | (kinds == Kind.CPU_WAIT.value)]
+    waits = ev[(recv & np.isin(cat, ["cpu_op", "user_annotation"]))
+               | (kinds == Kind.CPU_WAIT.value)]
     wait_end = (waits["ts"] + waits["dur"]).to_numpy(dtype=float)
     rows = []
     for n, t, d in zip(names[rng], ev["ts"][rng], ev["dur"][rng]):
@@ -426,8 +428,9 @@ def infer_layout(traces: TraceSet) -> InferredLayout:
                               ("ep", {"ep"})) if strategies & s and d not in dims]
     if len(unknown) == 1 and rest > 1:
         dims[unknown[0]] = rest
-        evidence.append(f"{unknown[0]}={rest}: the world of {world} ranks over the other "
-                        f"degrees ({', '.join(f'{k}={v}' for k, v in dims.items() if k != unknown[0]) or 'none'})")
+        evidence.append(
+            f"{unknown[0]}={rest}: the world of {world} ranks over the other degrees "
+            f"({', '.join(f'{k}={v}' for k, v in dims.items() if k != unknown[0]) or 'none'})")
     elif len(unknown) > 1:
         missing.append(f"degrees of {' and '.join(unknown)}: no process group is described as "
                        f"their mesh dimension (mesh_dp, mesh_tp, ...), so the traces do not split "
@@ -496,7 +499,8 @@ def _infer_pipeline(comps, peers, marks, evidence, missing):
         m = int(per.max()) if len(per) else None
         m_from = "ranges"
         evidence.append(f"microbatches {m}: per-microbatch ranges "
-                        + ("PP:{stage}F{mb} / B{mb}" if has_action else "'Forward i' / 'Backward i'")
+                        + ("PP:{stage}F{mb} / B{mb}" if has_action
+                           else "'Forward i' / 'Backward i'")
                         + " per stage and step")
     else:
         m = None

@@ -68,7 +68,8 @@ def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> 
             key = (str(g["name"]), tuple(g.get("ranks") or ()))
             if key not in seen:
                 seen.add(key)
-                rows.append((g.get("dim"), str(g["name"]), g.get("desc", ""), list(g.get("ranks") or [])))
+                rows.append((g.get("dim"), str(g["name"]), g.get("desc", ""),
+                             list(g.get("ranks") or [])))
     if not rows:  # traces from elsewhere: distributedInfo.pg_config
         for t in traces.ranks.values():
             info = t.metadata.get("distributedInfo")

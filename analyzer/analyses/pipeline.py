@@ -173,7 +173,8 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
             phase_bubble = [(cuts[i + 1] - cuts[i]) - iv.total(iv.clip(busy, cuts[i], cuts[i + 1]))
                             for i in range(3)]
             busy_us = iv.total(busy)
-            out.append({"rank": rank, "stages": ",".join(str(s) for s in sorted(rc["stage"].unique())),
+            out.append({"rank": rank,
+                        "stages": ",".join(str(s) for s in sorted(rc["stage"].unique())),
                         "step": int(step), "window_us": window, "busy_us": busy_us,
                         "bubble_us": window - busy_us,
                         "bubble_pct": 100.0 * (window - busy_us) / window if window > 0 else np.nan,

@@ -331,7 +331,8 @@ def _hosts(traces: TraceSet) -> dict[int, str]:
     return {r: str(m.host) for r, m in traces.rank_meta.items() if m.host}
 
 
-def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None = None) -> SyncResult:
+def compute_sync(traces: TraceSet, comm_patterns=(),
+                 events: pd.DataFrame | None = None) -> SyncResult:
     """Match collectives across ranks, align clocks, and measure synchronization (see module).
 
     Only *complete* instances (every member of the group present in the loaded traces) feed
@@ -389,8 +390,8 @@ def compute_sync(traces: TraceSet, comm_patterns=(), events: pd.DataFrame | None
     if len(partial):
         absent = sorted({r for m in members[partial.index].dropna() for r in m} - present)
         notes.append(f"{len(partial)} of {int((~is_p2p).sum())} collective instance(s) lack "
-                     f"members" + (f" (ranks {absent[:8]}{'...' if len(absent) > 8 else ''} have no "
-                                   f"trace)" if absent else "")
+                     f"members" + (f" (ranks {absent[:8]}{'...' if len(absent) > 8 else ''} have "
+                                   f"no trace)" if absent else "")
                      + ": not used for clock offsets, stragglers or bandwidth")
     lone = inst[(inst["ranks"] < inst["expected"]) & is_p2p]
     if len(lone):

@@ -85,7 +85,8 @@ class PipelineModel:
         if stage_params is None or not self.opt_us or now is None or sum(now) <= 0:
             return dict(self.tail_us)
         rate = sum(self.opt_us.values()) / sum(now)
-        per_rank_now = {r: sum(b for s, b in enumerate(now) if s % self.p == r) for r in range(self.p)}
+        per_rank_now = {r: sum(b for s, b in enumerate(now) if s % self.p == r)
+                        for r in range(self.p)}
         per_rank = {r: sum(b for s, b in enumerate(stage_params) if s % self.p == r)
                     for r in range(self.p)}
         return {r: self.tail_us.get(r, 0.0) - self.opt_us.get(r, rate * per_rank_now[r])

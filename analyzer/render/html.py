@@ -258,7 +258,8 @@ def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
     for phase, grp in c.groupby("phase", sort=True):
         fig.add_bar(
             name=_pe(_PHASE_NAMES.get(phase, phase)), orientation="h",
-            base=_f32((grp["start_us"] - t0) / 1000.0), x=_f32((grp["end_us"] - grp["start_us"]) / 1000.0),
+            base=_f32((grp["start_us"] - t0) / 1000.0),
+            x=_f32((grp["end_us"] - grp["start_us"]) / 1000.0),
             y=list(grp["row"]), text=[f"{_pe(phase)}{m}" for m in grp["microbatch"]],
             textposition="inside", marker_color=_PHASE_COLORS.get(phase, "#999"),
             hovertemplate="%{y}: %{text} %{base:.2f} ms, %{x:.2f} ms long<extra></extra>")
@@ -407,7 +408,8 @@ def _verdict_section(report: Report) -> list[str]:
                 f"<td>{r.gain_pct:,.1f}</td><td>{escape(mem)}</td>"
                 f"<td class='l'>{bullets(r.evidence)}</td><td class='l'>{bullets(r.caveats)}</td>"
                 f"<td class='l'>{escape(getattr(r, 'optimizer_effect', '') or '–')}</td></tr>")
-        out.append(f"<table class='recs'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>")
+        out.append(f"<table class='recs'><thead>{head}</thead>"
+                   f"<tbody>{''.join(rows)}</tbody></table>")
         notes = ["Recommendations of one tier are predicted within noise of each other: a set, "
                  "not a ranking."]
         if getattr(rec, "noise_rule", ""):
@@ -419,7 +421,8 @@ def _verdict_section(report: Report) -> list[str]:
     rejected = list(getattr(rec, "rejected", ()) or ())
     ruled = [r for r in rejected if getattr(r, "ruled_out", "")]
     if ruled:   # candidates the model's shapes or batch rule out, with the reason
-        rows = "".join(f"<tr><td class='l'>{escape(r.change)}</td><td class='l'>{escape(r.ruled_out)}"
+        rows = "".join(f"<tr><td class='l'>{escape(r.change)}</td>"
+                       f"<td class='l'>{escape(r.ruled_out)}"
                        "</td></tr>" for r in ruled)
         out.append("<h3>Ruled out by the model's shapes or batch</h3><table class='ruled-out'>"
                    "<thead><tr><th class='l'>change</th><th class='l'>why it cannot be built"
@@ -757,9 +760,9 @@ def _pipeline_section(report: Report, page: Page) -> list[str]:
             ", microbatches estimated from the sends per step" if sch.get(
                 "microbatches_estimated") else "")
     ideal = b["ideal_pct"].iloc[0]
-    out.append(f"<p>{escape(method)}; schedule {escape(sch.get('schedule'))}, p = {escape(sch.get('p'))} "
-               f"ranks, m = {escape(sch.get('m'))} microbatches, v = {escape(sch.get('v'))}; ideal "
-               f"bubble {fmt(float(ideal))}% of the step.</p>")
+    out.append(f"<p>{escape(method)}; schedule {escape(sch.get('schedule'))}, "
+               f"p = {escape(sch.get('p'))} ranks, m = {escape(sch.get('m'))} microbatches, "
+               f"v = {escape(sch.get('v'))}; ideal bubble {fmt(float(ideal))}% of the step.</p>")
     summ = summarize_bubbles(b)
     out.append(table(in_ms(summ, ["warmup_us", "steady_us", "cooldown_us", "window_us"]), {
         "rank": "rank", "stages": "stages", "steps": "steps", "basis": "steps used",
@@ -782,7 +785,8 @@ def _pipeline_section(report: Report, page: Page) -> list[str]:
         n_steps = chunks["step"].nunique()
         out.append(page.sample(
             f"Pipeline Gantt shows one step of {n_steps}: step {step} "
-            f"({'an unprofiled step, like the table' if clean else 'no unprofiled step was recorded'}). "
+            f"""({'an unprofiled step, like the table' if clean
+                  else 'no unprofiled step was recorded'}). """
             "Table columns are medians over steps each, so the phases need not add up to the "
             "bubble."))
     else:
@@ -906,13 +910,14 @@ def _inferred_layout(lay) -> list[str]:
                   f"strategies and pipeline above are read from what the traces show.")]
     pipe = lay.pipeline
     if pipe:
-        out.append(f"<p>Pipeline ({escape(lay.source)}): schedule <b>{escape(pipe.get('schedule'))}</b>, "
-                   f"{escape(pipe.get('stages'))} stages, {escape(pipe.get('microbatches'))} microbatches"
+        out.append(f"<p>Pipeline ({escape(lay.source)}): schedule "
+                   f"<b>{escape(pipe.get('schedule'))}</b>, {escape(pipe.get('stages'))} stages, "
+                   f"{escape(pipe.get('microbatches'))} microbatches"
                    f"{' (estimated)' if pipe.get('microbatches_from') == 'sends' else ''}, "
                    f"{escape(pipe.get('stages_per_rank'))} stage(s) per rank.</p>")
     if lay.evidence:
-        out.append("<p>Inferred from:</p><ul>" + "".join(f"<li>{escape(x)}</li>" for x in lay.evidence)
-                   + "</ul>")
+        out.append("<p>Inferred from:</p><ul>"
+                   + "".join(f"<li>{escape(x)}</li>" for x in lay.evidence) + "</ul>")
     if lay.not_inferred:
         out.append("<p>Not inferred, or only estimated:</p><ul>"
                    + "".join(f"<li>{escape(x)}</li>" for x in lay.not_inferred) + "</ul>")
@@ -926,7 +931,8 @@ def _layout_section(report: Report) -> list[str]:
         dims = ", ".join(f"{str(k).upper()} = {v}" for k, v in lay.dims.items()) or "unknown"
         out.append(f"<p>Dimensions: <b>{escape(dims)}</b>; strategies: "
                    f"{escape(', '.join(map(str, lay.strategies)) or 'unknown')}; nodes: "
-                   f"{escape(', '.join(f'{h}: {v}' for h, v in lay.nodes.items()) or 'unknown')}.</p>")
+                   f"{escape(', '.join(f'{h}: {v}' for h, v in lay.nodes.items()) or 'unknown')}"
+                   ".</p>")
     if lay.source != "recorded":
         out += _inferred_layout(lay)
     if lay.dims or len(lay.groups):

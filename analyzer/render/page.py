@@ -109,7 +109,8 @@ def table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = (),
         elif (_is_bytes(c) and c not in df.attrs.get("mib", ())
               and pd.api.types.is_float_dtype(df[c])):  # a median of byte counts
             df[c] = df[c].round().astype("Int64")
-    head = "".join(f'<th class="{"l" if c in left else ""}">{escape(h)}</th>' for c, h in columns.items())
+    head = "".join(f'<th class="{"l" if c in left else ""}">{escape(h)}</th>'
+                   for c, h in columns.items())
     rows = []
     # column-wise values keep each column's type (iterrows would turn ints into floats)
     for values in zip(*(df[c].astype(object).where(df[c].notna(), None).tolist() for c in columns)):

@@ -54,8 +54,8 @@ COMPARE_SCHEMA_VERSION = 1
 TOP_OPERATORS = 30
 #: Labels of the time breakdown parts, in order (µs per profiled step, mean over ranks).
 PARTS = {"compute_only_us": "compute only", "overlap_us": "overlapped",
-         "exposed_transfer_us": "exposed comm: transfer", "exposed_wait_us": "exposed comm: waiting",
-         "idle_us": "idle"}
+         "exposed_transfer_us": "exposed comm: transfer",
+         "exposed_wait_us": "exposed comm: waiting", "idle_us": "idle"}
 #: Values compared per rank or role (µs per profiled step; bytes).
 RANK_VALUES = ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "exposed_wait_us",
                "exposed_transfer_us", "idle_us", "wait_caused_us", "static_bytes",
@@ -634,7 +634,8 @@ def _operators(sa: dict, sb: dict) -> tuple[pd.DataFrame, str]:
         ["_abs", "kind", "name"], ascending=[False, True, True], kind="stable")
     note = ("time per rank and profiled step of each GPU kernel and CPU operator name (CPU "
             "operators nest: each name's time includes the operators it calls)")
-    cut = [x for x, o in (("A", oa), ("B", ob)) if int(o.get("total") or 0) > len(o.get("rows") or [])]
+    cut = [x for x, o in (("A", oa), ("B", ob))
+           if int(o.get("total") or 0) > len(o.get("rows") or [])]
     if cut:
         note += (f"; {' and '.join(cut)} listed only the names with the most time, so a name "
                  "below them counts as 0 there")

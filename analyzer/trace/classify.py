@@ -175,7 +175,8 @@ def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
     kind[is_cpu_op & ~on_comm_thread] = Kind.CPU_COMPUTE.value
     kind[is_comm] = Kind.CPU_COMM.value
     kind[is_wait] = Kind.CPU_WAIT.value  # c10d::wait, wait_tensor: waiting, not transferring
-    is_step = cat.isin(["user_annotation", "cpu_op"]).to_numpy() & name_test(trace, "step", STEP_RE.match)
+    is_step = (cat.isin(["user_annotation", "cpu_op"]).to_numpy()
+               & name_test(trace, "step", STEP_RE.match))
     kind[is_step] = Kind.STEP.value
     kind[(ev["ph"] == "i").to_numpy() & (name == "[memory]").to_numpy()] = Kind.MEMORY.value
     return pd.Series(kind, index=ev.index, name="kind")
@@ -215,7 +216,8 @@ def _profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
                              "end_us": pd.Series(dtype=float)})
     step = ev["name"].str.extract(STEP_RE, expand=False).astype(np.int64)
     df = pd.DataFrame({"step": step, "start_us": ev["ts"], "end_us": ev["ts"] + ev["dur"]})
-    df = df.groupby("step", as_index=False).agg(start_us=("start_us", "min"), end_us=("end_us", "max"))
+    df = df.groupby("step", as_index=False).agg(start_us=("start_us", "min"),
+                                                end_us=("end_us", "max"))
     return df.sort_values("start_us", kind="stable").reset_index(drop=True)
 
 

@@ -135,7 +135,8 @@ def _input_numel(args) -> int | None:
         return None
 
 
-def attach_trace_times(records: list[dict], trace: RankTrace, tolerance_us: float = 50.0) -> list[dict]:
+def attach_trace_times(records: list[dict], trace: RankTrace,
+                       tolerance_us: float = 50.0) -> list[dict]:
     """Place records on ``trace``'s timeline (see the module docstring).
 
     Records whose issue time lies outside the trace's time range are dropped (the flight
@@ -311,7 +312,8 @@ def _from_c10d(args: dict) -> dict | None:
 
 def _from_rpc(args: dict) -> dict:
     """``record_param_comms`` of an all-to-all: split sizes and element counts."""
-    send_s, recv_s = parse_splits(args.get("In split size")), parse_splits(args.get("Out split size"))
+    send_s, recv_s = (parse_splits(args.get("In split size")),
+                      parse_splits(args.get("Out split size")))
     send_e, recv_e = _a2a_int(args.get("In msg nelems")), _a2a_int(args.get("Out msg nelems"))
     row = None
     if send_s and send_e is not None and sum(send_s) > 0 and send_e % sum(send_s) == 0:
@@ -355,7 +357,8 @@ def all_to_all_ops(events) -> pd.DataFrame:
         starts.append(a)
         idx.append(i)
     for pid, tid, ts, dur, args in zip(rpc["pid"], rpc["tid"], rpc["ts"], rpc["dur"], rpc["args"]):
-        if not isinstance(args, dict) or collective_type("record_param_comms", args) != "all_to_all":
+        if (not isinstance(args, dict)
+                or collective_type("record_param_comms", args) != "all_to_all"):
             continue
         rec = _from_rpc(args)
         starts, idx = by_thread.get((pid, tid), ([], []))

@@ -326,7 +326,8 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
     not_objects = len(raw_events) - len(objs)
     thread_names: dict = {}
     for e in objs:
-        if e.get("ph") == "M" and e.get("name") == "thread_name" and isinstance(e.get("args"), dict):
+        if (e.get("ph") == "M" and e.get("name") == "thread_name"
+                and isinstance(e.get("args"), dict)):
             thread_names[(str(e.get("pid")), str(e.get("tid")))] = str(e["args"].get("name", ""))
     keep = [e for e in objs
             if (ph := e.get("ph")) == "X" or (ph == "i" and e.get("name") == "[memory]")]
@@ -457,7 +458,8 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
         if type(e.cat) is not str or (keep_name.get(n, True) if type(n) is str else True):
             a = _ANY_DECODER.decode(b)  # args kept whole (communication, memory), or odd input
             argss.append(a if type(a) is dict else {})
-        elif e.cat in _ARGS_CATS or b'"correlation"' in b or b'"stream"' in b or b'"sycl queue"' in b:
+        elif (e.cat in _ARGS_CATS or b'"correlation"' in b or b'"stream"' in b
+              or b'"sycl queue"' in b):
             try:
                 argss.append(_LITE_DECODER.decode(b))
             except msgspec.ValidationError:  # args that are not an object

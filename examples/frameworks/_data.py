@@ -27,12 +27,14 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def tiny_gpt2(hidden: int, layers: int, seq: int, vocab: int = 512):
-    """A GPT-2 language model of ``layers`` layers and ``hidden`` width (4 heads), random weights."""
+    """A GPT-2 language model of ``layers`` layers and ``hidden`` width (4 heads), random
+    weights."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=hidden, n_layer=layers, n_head=4,
-                     bos_token_id=vocab - 1, eos_token_id=vocab - 1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                     bos_token_id=vocab - 1, eos_token_id=vocab - 1, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0)
     return GPT2LMHeadModel(cfg)
 
 

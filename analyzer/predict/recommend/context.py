@@ -389,7 +389,8 @@ def build_context(traces: TraceSet, done: dict) -> RuleContext:
     return RuleContext(
         traces=traces, breakdown=bd, sync=done.get("sync"), pipeline=pipe,
         balance=done.get("balance"), memory=done.get("memory"), layout=done.get("layout"),
-        dim_overlap=done.get("dim_overlap"), routing=done.get("routing"), causes=done.get("causes"), settings=recorded_settings(traces), model=model,
+        dim_overlap=done.get("dim_overlap"), routing=done.get("routing"),
+        causes=done.get("causes"), settings=recorded_settings(traces), model=model,
         model_why=why, step=step, clean=clean, peak=measured_peak(done.get("memory")),
         capacity=capacity_bytes(traces), on_gpu=any(t.has_gpu for t in traces.ranks.values()),
         contention=contention_note(traces.rank_meta.values()))

@@ -125,7 +125,8 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
     # also idles longer: there a rank's op times follow the host's load (two ranks on two
     # cores), so slower ops alone are contention, not a slow rank
     st = sync.stragglers.iloc[0]
-    if (not pipeline and st["instances"] >= 3 and st["last_arrivals"] >= STRAGGLER_LAST_SHARE * st["instances"]
+    if (not pipeline and st["instances"] >= 3
+            and st["last_arrivals"] >= STRAGGLER_LAST_SHARE * st["instances"]
             and st["wait_caused_us"] >= STRAGGLER_RATIO * st["wait_suffered_us"]
             and st["wait_caused_us"] > 0):
         f = finding(int(st["rank"]), "arrives last")

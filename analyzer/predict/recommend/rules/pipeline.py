@@ -32,7 +32,8 @@ def pipeline_changes(ctx: RuleContext) -> list[Recommendation]:
     bubble = statistics.fmean(base.bubble_pct.values())
     common_ev = (f"measured on {model.steps} {model.basis} step(s): step {ms(measured)}, pipeline "
                  f"window {ms(model.window_us)}, {model.p} ranks × {model.v} stage(s) per rank, "
-                 f"{model.m} microbatches" + (f" of {model.samples} samples" if model.samples else ""),
+                 f"{model.m} microbatches"
+                 + (f" of {model.samples} samples" if model.samples else ""),
                  "per stage forward / backward per microbatch: " + ", ".join(
                      f"S{s} {f / 1000:.2f}/{b / 1000:.2f} ms"
                      for s, (f, b) in enumerate(zip(model.fwd_us, model.bwd_us))),

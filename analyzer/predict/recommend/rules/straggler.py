@@ -96,8 +96,8 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
     cause = found.cause
     if cause is not None:
         ev.append(cause.sentence())
-        extra = sorted(((v, p) for p, v in cause.parts.items() if not math.isnan(v) and abs(v) >= 100.0),
-                       reverse=True)
+        extra = sorted(((v, p) for p, v in cause.parts.items()
+                        if not math.isnan(v) and abs(v) >= 100.0), reverse=True)
         if extra:
             ev.append(f"rank {r}'s time per step beyond its peers' (median): " + ", ".join(
                 f"{PART_LABELS[p]} {v / 1000:+.2f} ms" for v, p in extra[:6]))
@@ -117,7 +117,8 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
     pred = max(measured - saving, 0.0)
     return [Recommendation(
         kind="straggler", title=f"Rank {r} is a straggler", change=f"if rank {r} were not slow "
-        f"(look at {cause.advice() if cause is not None else 'what delays it: host load, data loading, a slower device or link'})",
+        f"""(look at {cause.advice() if cause is not None else
+                      'what delays it: host load, data loading, a slower device or link'})""",
         evidence=tuple(ev), caveats=(f"the prediction removes {how}; a second straggler "
                                      f"would then show",),
         measured_step_us=measured, predicted_step_us=pred,
