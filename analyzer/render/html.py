@@ -783,10 +783,9 @@ def _pipeline_section(report: Report, page: Page) -> list[str]:
                                    f"{len(rows)} (rank, stage) rows are drawn."))
         out.append(page.fig(pipeline_gantt(chunks, step)))
         n_steps = chunks["step"].nunique()
+        which = "an unprofiled step, like the table" if clean else "no unprofiled step was recorded"
         out.append(page.sample(
-            f"Pipeline Gantt shows one step of {n_steps}: step {step} "
-            f"""({'an unprofiled step, like the table' if clean
-                  else 'no unprofiled step was recorded'}). """
+            f"Pipeline Gantt shows one step of {n_steps}: step {step} ({which}). "
             "Table columns are medians over steps each, so the phases need not add up to the "
             "bubble."))
     else:

@@ -115,10 +115,11 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
            "its extra idle time, at most the others' waiting for it (on CPU its op times "
            "follow the host, not its work)")
     pred = max(measured - saving, 0.0)
+    look_at = (cause.advice() if cause is not None
+               else "what delays it: host load, data loading, a slower device or link")
     return [Recommendation(
-        kind="straggler", title=f"Rank {r} is a straggler", change=f"if rank {r} were not slow "
-        f"""(look at {cause.advice() if cause is not None else
-                      'what delays it: host load, data loading, a slower device or link'})""",
+        kind="straggler", title=f"Rank {r} is a straggler",
+        change=f"if rank {r} were not slow (look at {look_at})",
         evidence=tuple(ev), caveats=(f"the prediction removes {how}; a second straggler "
                                      f"would then show",),
         measured_step_us=measured, predicted_step_us=pred,
