@@ -65,7 +65,7 @@ browser:
 
 # Two workers, whole test files each (module fixtures hold profiled runs): the profiled runs'
 # start-up and waits overlap the analysis tests on a 2-core machine.
-test: links browser
+test: lint browser
 	$(PY) -m pytest -n 2 --dist loadfile
 
 clean:
