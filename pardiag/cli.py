@@ -305,7 +305,7 @@ def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int
 @workers_option
 @click.option("--hta", is_flag=True,
               help="Also run Holistic Trace Analysis' idle time breakdown and kernel launch "
-                   "statistics on each GPU rank (needs HolisticTraceAnalysis).")
+                   "statistics on each GPU rank (needs HTA: pip install traceinsight).")
 def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
            comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
            workers: int | None, hta: bool) -> None:

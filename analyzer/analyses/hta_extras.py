@@ -67,7 +67,9 @@ class HtaExtras:
         idle: per rank, stream and category (:data:`IDLE_COLUMNS`).
         launches: per rank (:data:`LAUNCH_COLUMNS`); ranks without launches are absent.
         messages: one line per HTA failure or limit (ranks with the same one share a line).
-        hta_version: the HolisticTraceAnalysis version used, None when it is not installed.
+        hta_version: the version of Holistic Trace Analysis used (the ``traceinsight``
+            distribution, or the older ``HolisticTraceAnalysis``), None when it is not
+            installed.
         runtime_cutoff_us: runtime calls longer than this are outliers (HTA's default 50).
         launch_delay_cutoff_us: launch delays longer than this are outliers (HTA's default 100).
         consecutive_kernel_delay_us: gaps shorter than this are kernel wait (HTA's default 30).
@@ -95,6 +97,24 @@ def _ranks_text(ranks: list[int]) -> str:
 def _one_line(exc: BaseException) -> str:
     text = re.sub(r"\s+", " ", str(exc)).strip()
     return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__
+
+
+#: Distributions that install HTA's ``hta`` package: the maintained release, then its former
+#: name.
+HTA_DISTRIBUTIONS = ("traceinsight", "HolisticTraceAnalysis")
+
+
+def _hta_version() -> str | None:
+    """The installed HTA's version, from the first of :data:`HTA_DISTRIBUTIONS` installed; None
+    for a source checkout of HTA (no distribution metadata)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in HTA_DISTRIBUTIONS:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 def _summarize_launches(rank: int, df: pd.DataFrame, runtime_cutoff: float,
@@ -126,14 +146,9 @@ def compute_hta_extras(traces: TraceSet, comm_patterns=(), *, runtime_cutoff_us:
         from hta.trace_analysis import TraceAnalysis
     except Exception as exc:  # not installed, or broken: say so, report the rest
         return HtaExtras(_empty(IDLE_COLUMNS), _empty(LAUNCH_COLUMNS), (
-            f"HTA analyses skipped: HolisticTraceAnalysis is not importable ({_one_line(exc)}); "
-            f"pip install HolisticTraceAnalysis",), None, **kw)
-    try:
-        from importlib.metadata import version
-
-        hta_version = version("HolisticTraceAnalysis")
-    except Exception:   # a source checkout of HTA: no distribution metadata
-        hta_version = None
+            f"HTA analyses skipped: Holistic Trace Analysis is not importable ({_one_line(exc)}); "
+            f"pip install traceinsight",), None, **kw)
+    hta_version = _hta_version()
     messages: list[str] = []
     files: dict[int, str] = {}
     several: list[int] = []
