@@ -1,13 +1,12 @@
 import os
-import sys
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED_TRACES = REPO.parent / "shared" / "real_traces"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from .paths import REPO, SHARED_TRACES
+
 # Summaries of read-only trace folders (../shared/real_traces) go to a throw-away cache, not to
 # the user's ~/.cache/pardiag (subprocesses inherit it).
 # Under xdist (make test) the workers share one such cache: a real trace is summarized once, not
@@ -57,3 +56,45 @@ def real_traces() -> Path:
             pytest.fail(f"{SHARED_TRACES} not present in CI")
         pytest.skip(f"{SHARED_TRACES} not present")
     return SHARED_TRACES
+
+
+# -- the e2e marker, enforced ---------------------------------------------------------------------
+#: What starts a training job: the launchers and the per-rank entry, or pardiag's own commands
+#: that start one.
+_LAUNCHERS = ("torch.distributed.run", "torchrun", "pardiag.collectors.rank_entry", "srun",
+              "mpirun")
+_current = {"e2e": True, "test": ""}   # outside a test (collection, session fixtures): no check
+
+
+def _command_words(args) -> list[str]:
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    return " ".join(os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a)
+                    for a in argv).split()
+
+
+def _launches_job(words: list[str]) -> bool:
+    if any(w.endswith(_LAUNCHERS) or os.path.basename(w) in _LAUNCHERS for w in words):
+        return True
+    return any(a == "pardiag" and b in ("profile", "wrap") for a, b in zip(words, words[1:]))
+
+
+_popen_init = subprocess.Popen.__init__
+
+
+def _guarded_popen_init(self, args, *a, **kw):
+    if not _current["e2e"]:
+        words = _command_words(args)
+        if _launches_job(words):
+            raise RuntimeError(f"{_current['test']} starts a training job "
+                               f"({' '.join(words)[:200]}): mark it @pytest.mark.e2e")
+    _popen_init(self, args, *a, **kw)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    # module fixtures are set up inside the first test that needs them: they count as its job
+    _current.update(e2e=item.get_closest_marker("e2e") is not None, test=item.nodeid)
+    yield

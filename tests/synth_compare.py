@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from synth import TraceBuilder, record, write_sidecar
+from .synth import TraceBuilder, record, write_sidecar
 
 #: Extra idle at the end of each profiled step (µs): the steps' spread, the same in every run.
 JITTER = (0.0, 10.0, 20.0, 30.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from synth import TraceBuilder, record, write_sidecar
+from .synth import TraceBuilder, record, write_sidecar
 
 #: Strings a hostile trace carries: a script, an image whose error handler runs code, a
 #: javascript: link, and a bare javascript: URL. Each sets window.__pwned if it ever runs.

@@ -9,11 +9,12 @@ import re
 import plotly.graph_objects as go
 import pytest
 from click.testing import CliRunner
-from conftest import REPO
-from synth import gpu_rank
 
 import pardiag
 from pardiag.cli import cli, main
+
+from .paths import REPO
+from .synth import gpu_rank
 
 SLOW = REPO / "sample_traces" / "ddp_slowrank1_cpu_2rank"
 

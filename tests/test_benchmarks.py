@@ -1,14 +1,10 @@
-"""The benchmarks' own statistics (benchmarks/ is not a package: imported by path)."""
+"""The benchmarks' own statistics."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from stability import agreement, goal_chance  # noqa: E402
+from benchmarks.stability import agreement, goal_chance
 
 
 def test_agreement_is_the_most_common_answer():

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from synth import TraceBuilder, cpu_rank, gpu_rank
 
 from pardiag.analyzer.analyses.breakdown import (
     breakdown_rows_of,
@@ -17,6 +16,8 @@ from pardiag.analyzer.analyses.breakdown import (
 from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.trace.classify import Kind, classify, collective_type, compile_comm_patterns
 from pardiag.errors import PardiagError
+
+from .synth import TraceBuilder, cpu_rank, gpu_rank
 
 
 def _row(df, **where):
@@ -189,7 +190,7 @@ def test_gloo_reduce_scatter_on_two_worker_threads_counts_issued_ops(tmp_path):
 
 
 def test_gloo_counts_come_from_records_when_the_run_has_them(tmp_path):
-    from synth import record, write_sidecar
+    from .synth import record, write_sidecar
     _gloo_rs_trace().write(tmp_path / "rank0.trace.json")
     recs = [record("reduce_scatter", 1, 58, 80), record("all_reduce", 2, 55, 70),
             record("reduce_scatter", 3, 102, 130), record("all_gather", 4, 112, 150),

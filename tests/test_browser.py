@@ -12,13 +12,14 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from conftest import REPO
-from synth_report import PAYLOADS, big_run, hostile_recommendations, hostile_run
 
 from pardiag.analyzer.render.html import SECTIONS, render_html
 from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.trace import load_traces
 from pardiag.cli import cli
+
+from .paths import REPO
+from .synth_report import PAYLOADS, big_run, hostile_recommendations, hostile_run
 
 ARTIFACTS = REPO / "test-artifacts"
 #: Figures each shipped sample's report draws.
@@ -229,7 +230,7 @@ def test_hostile_trace_runs_no_script(browser, tmp_path):
 
 def test_single_rank_report_renders(browser, tmp_path):
     """A report whose later sections have no data still loads cleanly and draws its figures."""
-    from synth import gpu_rank
+    from .synth import gpu_rank
 
     gpu_rank(0).write(tmp_path / "r0.json")
     out = tmp_path / "one.html"
@@ -395,7 +396,7 @@ def _compare_page(browser, a, b, tmp_path, width=1280, name="compare", extra=())
 def test_compare_page_renders(browser, tmp_path, width):
     """The planted pair: step, breakdown (A | B panels), memory, collectives and operators
     charts (no overlap anywhere: a sentence instead), no label cut or over another."""
-    from synth_compare import ddp_run
+    from .synth_compare import ddp_run
 
     a = ddp_run(tmp_path / "a", compute_us=600, late_us=200, env={"NCCL_DEBUG": "INFO"})
     b = ddp_run(tmp_path / "b", compute_us=500, late_us=0, static_bytes=2_000_000,
@@ -432,7 +433,7 @@ def test_compare_page_renders(browser, tmp_path, width):
 
 def test_compare_page_runs_no_script(browser, tmp_path):
     """Script arguments and environment values are shown as text, never run."""
-    from synth_compare import ddp_run
+    from .synth_compare import ddp_run
 
     a = ddp_run(tmp_path / "a", compute_us=600, late_us=0, script_args=list(PAYLOADS),
                 env={"NCCL_DEBUG": PAYLOADS[1]})

@@ -8,12 +8,13 @@ import os
 import stat
 
 import pytest
-from synth import gpu_rank
 
 from pardiag.analyzer import summary as sm
 from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.trace import load_traces
+
+from .synth import gpu_rank
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 import pandas as pd
-from conftest import REPO
-from synth import TraceBuilder
+import pytest
 
 from pardiag.analyzer.analyses.causes import (
     DEVICE_PARTS,
@@ -21,6 +20,9 @@ from pardiag.analyzer.analyses.causes import (
 )
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.trace import load_traces
+
+from .paths import REPO
+from .synth import TraceBuilder
 
 
 def _cpu_planted(rank=0, data_ms=100.0) -> TraceBuilder:
@@ -154,6 +156,7 @@ def test_dlrm_is_host_bound_and_rank_7_late_at_step_entry(real_traces):
     assert "before each step" in st.change
 
 
+@pytest.mark.e2e
 def test_profiled_slow_dataloader_is_named(tmp_path):
     """A rank whose DataLoader sleeps 60 ms per batch: input-bound on that rank, named as the
     straggler's cause (a sleep never returns early, so its data loading is ≥ 60 ms)."""

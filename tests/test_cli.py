@@ -7,10 +7,11 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from conftest import REPO
-from synth import cpu_rank, gpu_rank
 
 from pardiag.cli import cli
+
+from .paths import REPO
+from .synth import cpu_rank, gpu_rank
 
 SAMPLE = REPO / "sample_traces" / "ddp_cpu_2rank"
 
@@ -82,7 +83,7 @@ def test_json_to_stdout(tmp_path):
 
 
 def test_comm_kernel_option(tmp_path):
-    from synth import TraceBuilder
+    from .synth import TraceBuilder
     b = TraceBuilder(rank=0)
     b.kernel("void gemm(float*)", 0, 10)
     b.kernel("my_custom_allreduce_kernel", 5, 10, stream=3)

@@ -1,7 +1,5 @@
 """Record normalisation, placement on the trace, and hang diagnosis — on planted data."""
 
-from synth import TraceBuilder, write_sidecar
-
 from pardiag.analyzer.analyses.hang import describe, diagnose_hang
 from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.trace.comm_records import (
@@ -9,6 +7,8 @@ from pardiag.analyzer.trace.comm_records import (
     records_from_flight_recorder,
     records_from_p2p,
 )
+
+from .synth import TraceBuilder, write_sidecar
 
 BASE = 1_700_000_000_000_000_000  # baseTimeNanoseconds of the planted traces
 GROUPS = [{"name": "0", "desc": "default_pg", "ranks": [0, 1], "size": 2},

@@ -9,13 +9,14 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from synth import gpu_rank
-from synth_compare import ddp_run, pipeline_run
 
 import pardiag
 from pardiag.analyzer.analyses.operators import operators_of_events
 from pardiag.analyzer.report.compare import compare_summaries, gate
 from pardiag.cli import cli
+
+from .synth import gpu_rank
+from .synth_compare import ddp_run, pipeline_run
 
 
 def run(*args):

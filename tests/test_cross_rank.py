@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from synth import TraceBuilder, write_sidecar
 
 from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
 from pardiag.analyzer.analyses.sync import compute_sync
@@ -19,7 +18,9 @@ from pardiag.analyzer.trace.classify import compile_comm_patterns, device_kind
 from pardiag.analyzer.trace.ranks import FileFacts, assign_ranks, merged_rank_of_pids
 from pardiag.cli import cli
 
-REPROS = Path(__file__).resolve().parents[1].parent / "shared" / "repros"
+from .paths import REPROS
+from .synth import TraceBuilder, write_sidecar
+
 EPOCH = 1_700_000_000_000_000.0  # µs
 
 
@@ -51,14 +52,33 @@ def _report(args, tmp_path) -> dict:
 
 # -- the shared repro cases -----------------------------------------------------------------------
 
+#: Repro kinds the cross-rank model does not handle yet, with what goes wrong: each must fail
+#: (strict), so that a change that fixes one says so by failing here.
+OPEN_KINDS = {
+    "h32_broadcast_rooted_ends": "a rooted broadcast's members leave at different times, and "
+                                 "its ends are taken as one moment: clock offsets of 50-150 us",
+    "h33_kernels_dropped_at_session_start": "collectives whose kernels the profiler dropped on one "
+                                            "rank shift the matching by order: a 2 ms offset",
+    "h34_gpu_clock_drift_rocm": "GPU clock drift over the window reads as waiting: a straggler "
+                                "where nobody waits",
+    "h37_torchtitan_flattened_dp_mesh": "torchtitan's flattened dp mesh is counted beside "
+                                        "dp_replicate and dp_shard: dp=16 instead of 4",
+    "h40_alltoall_many_kernels_per_call": "an all-to-all that runs as one kernel per peer is "
+                                          "counted as that many collectives",
+}
+
+
 def _cases():
     if not REPROS.is_dir():
         return []
-    return sorted(d.name for d in REPROS.iterdir() if (d / "expect.json").is_file())
+    names = sorted(d.name for d in REPROS.iterdir() if (d / "expect.json").is_file())
+    return [pytest.param(n, marks=pytest.mark.xfail(reason=OPEN_KINDS[n], strict=True))
+            if n in OPEN_KINDS else n for n in names]
 
 
 @pytest.mark.parametrize("case", _cases())
 def test_repro_case_gives_its_expected_values(case, tmp_path):
+    """Every key of the case's expect.json, judged as ../shared/tools/check_repros.py does."""
     folder = REPROS / case
     exp = json.loads((folder / "expect.json").read_text())
     args = [folder]
@@ -77,6 +97,17 @@ def test_repro_case_gives_its_expected_values(case, tmp_path):
         assert offs.get(int(r), 0.0) - offs.get(0, 0.0) == pytest.approx(v, abs=20)
     if "straggler" in exp:
         assert d["sync"]["straggler"] == exp["straggler"]
+    if "layout_dims" in exp:   # degree-1 dimensions ignored
+        got = {k: v for k, v in (d["layout"]["dims"] or {}).items() if v != 1}
+        assert got == {k: v for k, v in exp["layout_dims"].items() if v != 1}
+    for op, want in exp.get("collective_count", {}).items():
+        for r in d["ranks"]:
+            counts = {c["collective"]: c["count"] for c in r["collectives"]}
+            assert counts.get(op) == want, (r["rank"], op)
+    for op, want in exp.get("algbw_gbps", {}).items():
+        got = [b["algbw_gbps"] for b in d["sync"]["bandwidth"] if b["op"] == op
+               and b["algbw_gbps"]]
+        assert got and all(g == pytest.approx(want, rel=0.05) for g in got), (op, got)
     if exp.get("clear_error_or_warning"):   # analysed, and the user is told what was assumed
         assert [w for w in d["warnings"] if "expect.json" not in w], d["warnings"]
 

@@ -17,7 +17,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+
+from .paths import REPO
 
 EXAMPLES = REPO / "examples" / "frameworks"
 STEPS, BATCH, ACCUM, ACTIVE = 6, 4, 2, 3   # pardiag's default schedule: wait 1, warmup 1, active 3
@@ -53,6 +54,7 @@ def framework_run(request, tmp_path_factory):
     return name, out, res, json.loads((tmp / "report.json").read_text()), rep.stdout
 
 
+@pytest.mark.e2e
 def test_framework_profiled_unmodified(framework_run):
     name, out, res, report, terminal = framework_run
     # the framework wrote nothing into the working folder but what it was asked to

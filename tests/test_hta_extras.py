@@ -7,11 +7,12 @@ import math
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import REPO
 
 from pardiag.analyzer.analyses.hta_extras import IDLE_COLUMNS, LAUNCH_COLUMNS, compute_hta_extras
 from pardiag.analyzer.trace import load_traces, read_trace_json
 from pardiag.cli import cli
+
+from .paths import REPO
 
 LAUNCH_NAMES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync"}
 KERNEL_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}

@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from synth import TraceBuilder
 
 from pardiag.analyzer.analyses.infer_layout import INFERRED_SOURCE, infer_layout
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.trace import load_traces
+
+from .synth import TraceBuilder
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
@@ -221,6 +222,7 @@ def plain_interleaved(tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e
 def test_plain_profiler_interleaved_run(plain_interleaved):
     from click.testing import CliRunner
 
@@ -261,6 +263,7 @@ PLAIN_RUNS = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(PLAIN_RUNS))
 def test_plain_profiler_runs_infer_their_layout(name, tmp_path):
     n, (script, *args), dims, strategies, schedule, m = PLAIN_RUNS[name][0], *PLAIN_RUNS[name][1:]

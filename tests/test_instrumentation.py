@@ -143,6 +143,7 @@ def test_wrappers_time_their_own_cost_and_leave_no_trace(fake_stage_base):
     assert p2p._seq == {}
 
 
+@pytest.mark.e2e
 def test_profiler_warmup_steps_do_not_calibrate_the_pipeline(tmp_path):
     """Issue #19 item 2: the pipeline's clean (undisturbed) steps leave out the profiler's
     warm-up steps as well as the first step; with the schedule unknown only the first."""

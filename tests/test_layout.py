@@ -8,13 +8,14 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
-from synth import relayout
 
 from pardiag import layout
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.trace import load_traces
+
+from .paths import REPO
+from .synth import relayout
 
 SAMPLES = REPO / "sample_traces"
 

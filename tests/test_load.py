@@ -6,11 +6,12 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from synth import TraceBuilder, cpu_rank, gpu_rank
 
 from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
 from pardiag.analyzer.trace import load_traces, read_trace_json, stray_timestamps
 from pardiag.errors import TraceError
+
+from .synth import TraceBuilder, cpu_rank, gpu_rank
 
 
 def test_gzip_and_plain_json_give_the_same_events(tmp_path):

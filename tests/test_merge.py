@@ -5,13 +5,14 @@ import re
 
 import orjson
 from click.testing import CliRunner
-from conftest import REPO
-from synth import TraceBuilder
 
 from pardiag.analyzer.analyses.sync import compute_sync
 from pardiag.analyzer.render.merge import PID_STRIDE, merge_traces
 from pardiag.analyzer.trace import load_traces, read_trace_json
 from pardiag.cli import cli
+
+from .paths import REPO
+from .synth import TraceBuilder
 
 SKEW_US = 500.0  # rank 2's clock runs this far ahead of ranks 0 and 1
 

@@ -20,7 +20,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+
+from .paths import REPO
+
+#: Every test here starts a training job.
+pytestmark = pytest.mark.e2e
 
 EXAMPLE = REPO / "examples" / "train_2d.py"
 #: TP's activations dwarf FSDP's parameters: TP traffic is what crosses the nodes

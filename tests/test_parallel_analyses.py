@@ -4,7 +4,6 @@ planted multi-rank runs whose answers are known exactly."""
 import math
 
 import pytest
-from synth import TraceBuilder, record, write_sidecar
 
 from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
 from pardiag.analyzer.analyses.imbalance import compute_balance
@@ -14,6 +13,8 @@ from pardiag.analyzer.analyses.pipeline import compute_pipeline, ideal_bubble_pc
 from pardiag.analyzer.analyses.sync import busbw_factor, compute_sync
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.trace import load_traces
+
+from .synth import TraceBuilder, record, write_sidecar
 
 OFFSET = {0: 0.0, 1: 500.0, 2: 0.0}      # rank 1's clock runs 500 µs ahead
 ARRIVAL = {0: 0.0, 1: 20.0, 2: 100.0}    # rank 2 always arrives 100 µs late

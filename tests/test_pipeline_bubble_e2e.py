@@ -6,10 +6,14 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
 
 from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.trace import load_traces
+
+from .paths import REPO
+
+#: Every test here starts a training job.
+pytestmark = pytest.mark.e2e
 
 
 def _report(out):

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+
+from .paths import REPO
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 
@@ -24,6 +25,7 @@ def ddp_run(tmp_path_factory):
     return out, res
 
 
+@pytest.mark.e2e
 def test_profile_writes_the_run_folder(ddp_run):
     out, res = ddp_run
     assert res.returncode == 0, res.stderr[-3000:]
@@ -71,6 +73,7 @@ def test_profile_writes_the_run_folder(ddp_run):
         assert all(k.startswith(layout.ENV_PREFIXES) for k in meta["env"])
 
 
+@pytest.mark.e2e
 def test_hta_loads_the_run_folder(ddp_run):
     """Holistic Trace Analysis 0.5 loads the run folder as it is (only the traces at the top)
     and sees what pardiag sees: on CPU traces HTA computes little (FACTS §1), but it keeps, per
@@ -96,6 +99,7 @@ def test_hta_loads_the_run_folder(ddp_run):
         assert (df["ts"] + df["dur"]).max() - df["ts"].min() == t1[keep].max() - t0[keep].min()
 
 
+@pytest.mark.e2e
 def test_report_on_profiled_run(ddp_run, tmp_path):
     out, _ = ddp_run
     js = tmp_path / "s.json"
@@ -120,6 +124,7 @@ def test_report_on_profiled_run(ddp_run, tmp_path):
         assert 0 <= t["overlap_pct"] <= 100
 
 
+@pytest.mark.e2e
 def test_existing_output_is_not_overwritten(ddp_run):
     out, _ = ddp_run
     before = (out / "rank0.trace.json.gz").read_bytes()
@@ -129,6 +134,7 @@ def test_existing_output_is_not_overwritten(ddp_run):
     assert (out / "rank0.trace.json.gz").read_bytes() == before
 
 
+@pytest.mark.e2e
 def test_failing_rank_is_named_and_exit_code_nonzero(tmp_path):
     out = tmp_path / "fail"
     # rank 1 raises at step 6, after the profiled window (steps 2-4) was written
@@ -147,6 +153,7 @@ def test_failing_rank_is_named_and_exit_code_nonzero(tmp_path):
     assert run["exit_code"] != 0 and "1" in run["failed_ranks"]
 
 
+@pytest.mark.e2e
 def test_script_exit_code_is_passed_on(tmp_path):
     script = tmp_path / "exit3.py"
     script.write_text("import sys\nprint('bye')\nsys.exit(3)\n")
@@ -156,12 +163,14 @@ def test_script_exit_code_is_passed_on(tmp_path):
     assert meta["exit_code"] == 3
 
 
+@pytest.mark.e2e
 def test_missing_script_is_exit_2(tmp_path):
     res = pardiag("profile", tmp_path / "nope.py", "--out", tmp_path / "o")
     assert res.returncode == 2 and "no such script" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.e2e
 def test_script_without_optimizer(tmp_path):
     script = tmp_path / "noopt.py"
     script.write_text("import torch\nx = torch.randn(64, 64)\nfor _ in range(3):\n"
@@ -180,6 +189,7 @@ def test_script_without_optimizer(tmp_path):
     assert total["compute_us"] > 0 and total["comm_us"] == 0 and total["overlap_pct"] is None
 
 
+@pytest.mark.e2e
 def test_short_run_warns(tmp_path):
     """Also ``--pin-cpu``: each rank gets its own cores and as many threads, and no contention
     is reported."""
@@ -198,6 +208,7 @@ def test_short_run_warns(tmp_path):
         assert "contended" not in res.stderr
 
 
+@pytest.mark.e2e
 def test_bad_out_folder_is_exit_2(tmp_path):
     (tmp_path / "file").write_text("x")
     res = pardiag("profile", EXAMPLE, "--out", tmp_path / "file" / "sub")
@@ -244,6 +255,7 @@ def test_overwrite_removes_both_layouts(tmp_path, capsys):
         "pardiag", "pardiag/mine.txt"]
 
 
+@pytest.mark.e2e
 def test_a_rank_stuck_holding_the_interpreter_still_says_where(tmp_path):
     """A rank stuck in native code that holds the interpreter lock cannot let its watchdog
     thread write the --timeout dump (the issue's empty dumps): the launcher then asks it for

@@ -46,9 +46,9 @@ def test_terminal_gets_a_bar_that_is_cleared():
 def test_cli_report_in_a_log_has_no_control_codes(tmp_path, monkeypatch, capsys):
     import sys
 
-    from synth import gpu_rank
-
     from pardiag import cli
+
+    from .synth import gpu_rank
 
     run = tmp_path / "run"
     run.mkdir()

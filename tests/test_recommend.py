@@ -4,12 +4,13 @@ closed-form replays, the optimal partition, and exact predictions on planted run
 import json
 
 import pytest
-from conftest import REPO
-from synth import TraceBuilder, record, write_sidecar
 
 from pardiag.analyzer.predict import whatif
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.trace import load_traces
+
+from .paths import REPO
+from .synth import TraceBuilder, record, write_sidecar
 
 # ---- schedule orders and replays ------------------------------------------------------------
 

@@ -6,10 +6,14 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
 
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.trace import load_traces
+
+from .paths import REPO
+
+#: Every test here starts a training job.
+pytestmark = pytest.mark.e2e
 
 RUNS = {
     # stage 0: in_proj + 1 block; stage 1: 9 blocks + head → 12 layers, 6 | 6 balanced

@@ -8,11 +8,8 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from conftest import REPO
 from plotly.offline import get_plotlyjs
 from rich.console import Console
-from synth import TraceBuilder, record, write_sidecar
-from synth_report import PAYLOADS, big_run, hostile_recommendations, hostile_run
 
 from pardiag.analyzer.analyses.dim_overlap import compute_dim_overlap
 from pardiag.analyzer.predict.recommend import Recommendation, RecommendationResult
@@ -22,6 +19,10 @@ from pardiag.analyzer.render.terminal import render_terminal
 from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.trace import load_traces
 from pardiag.cli import cli
+
+from .paths import REPO
+from .synth import TraceBuilder, record, write_sidecar
+from .synth_report import PAYLOADS, big_run, hostile_recommendations, hostile_run
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +223,7 @@ def test_overlap_per_dimension_planted(tmp_path):
 
 def test_sections_without_data_say_why(tmp_path):
     """One GPU rank: no other rank, no groups, no memory, no pipeline — each section says why."""
-    from synth import gpu_rank
+    from .synth import gpu_rank
 
     b = gpu_rank(0)
     b.world_size = 1

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from synth import TraceBuilder
 
 import pardiag
 from pardiag.analyzer.analyses.routing import IMBALANCE_MIN
@@ -17,8 +16,10 @@ from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.trace.comm_records import all_to_all_ops, parse_splits
 from pardiag.cli import cli
 
+from .paths import REPO
+from .synth import TraceBuilder
+
 EPOCH = 1_700_000_000_000_000.0  # µs
-REPO = Path(__file__).resolve().parents[1]
 #: rows rank src sends rank dst in the dispatch (H = 8 floats per row): every rank sends 40,
 #: rank 0 receives 80 of the 160 (max/mean 2.0)
 S = [[10, 10, 10, 10], [25, 5, 5, 5], [25, 5, 5, 5], [20, 10, 5, 5]]
@@ -160,6 +161,7 @@ def test_dlrm_all_to_alls_are_not_called_imbalanced(real_traces):
     assert rep.routing.finding is None and "MoE routing" not in rep.verdict
 
 
+@pytest.mark.e2e
 def test_profiled_skewed_router_is_named(tmp_path):
     # train_moe.py --route-skew 0.9: on every rank 90% of the tokens go to rank 0's first
     # expert, so in every dispatch rank 0 receives ≥ 0.9 of all tokens: max/mean ≥ 1.8 by

@@ -7,12 +7,13 @@ import json
 from fractions import Fraction
 
 import pytest
-from synth_report import big_run
 
 from pardiag.analyzer.predict import shapes
 from pardiag.analyzer.render.html import render_html
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.trace import load_traces
+
+from .synth_report import big_run
 
 
 @pytest.fixture(scope="module")

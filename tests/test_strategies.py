@@ -9,10 +9,11 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import REPO
 
 from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.trace.classify import comm_threads
+
+from .paths import REPO
 
 # name: (script, ranks, script args, expected layout dims, expected strategies)
 RUNS = {
@@ -73,6 +74,7 @@ def _json(path):
     return json.loads(path.read_text())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", list(RUNS))
 def test_every_collective_has_a_record(runs, name):
     out = runs(name)
@@ -105,6 +107,7 @@ def test_every_collective_has_a_record(runs, name):
             assert ((issue >= s) & (issue <= s + d)).any(), (name, rank, n, s)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", list(RUNS))
 def test_detected_layout(runs, name):
     out = runs(name)
@@ -129,6 +132,7 @@ def test_detected_layout(runs, name):
     assert run["backend"] == "gloo" and run["world_size"] == n
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", list(PIPELINES))
 def test_pipeline_records(runs, name):
     out = runs(name)
@@ -152,6 +156,7 @@ def test_pipeline_records(runs, name):
     assert seen == {(s, p): ACTIVE * mbs for s in range(stages) for p in "FB"}
 
 
+@pytest.mark.e2e
 def test_static_memory_of_sharded_optimizers(runs):
     """FSDP and ZeRO shard the optimizer state: about 1/world of DDP's on each rank."""
     def static(name, rank=0):
@@ -176,6 +181,7 @@ def test_static_memory_of_sharded_optimizers(runs):
     assert meta["cpu_count"] >= 1 and meta["host"]
 
 
+@pytest.mark.e2e
 def test_planted_hang_is_diagnosed(tmp_path):
     # --timeout 30: under load (two xdist workers on 2 cores) a rank was still in
     # init_process_group 12 s after the launch, before it reached the planted hang
@@ -200,6 +206,7 @@ def _report(out):
     return build_report(load_traces(out))
 
 
+@pytest.mark.e2e
 def test_planted_straggler_comes_first(runs):
     rep = _report(runs("ddp_slow1"))
     st = rep.results["sync"].stragglers
@@ -213,6 +220,7 @@ def test_planted_straggler_comes_first(runs):
     assert rep.results["sync"].matched_by == "records"
 
 
+@pytest.mark.e2e
 def test_uneven_stages_show_as_pipeline_imbalance(runs):
     rep = _report(runs("pp_uneven"))
     summary = rep.results["balance"].summary.set_index("dim")
@@ -223,6 +231,7 @@ def test_uneven_stages_show_as_pipeline_imbalance(runs):
             > bub[bub["rank"] == 1]["bubble_pct"].median())
 
 
+@pytest.mark.e2e
 def test_memory_analysis_of_sharded_runs(runs):
     def static(name):
         return _report(runs(name)).results["memory"].per_rank.set_index("rank")
@@ -234,6 +243,7 @@ def test_memory_analysis_of_sharded_runs(runs):
     assert ddp["peak_allocated_bytes"].gt(0).all() and ddp["peak_rss_bytes"].gt(0).all()
 
 
+@pytest.mark.e2e
 def test_layout_analysis_of_the_2d_run(runs):
     lay = _report(runs("2d")).results["layout"]
     assert lay.dims == {"dp": 2, "tp": 2} and lay.strategies == ["fsdp2", "tp"]
@@ -252,6 +262,7 @@ def test_dlrm_report_names_the_ranks_others_wait_for(real_traces):
     assert st[st["wait_caused_us"] > 0]["rank"].tolist() == [7, 5, 4]
 
 
+@pytest.mark.e2e
 def test_shapes_are_recorded_and_checked(runs):
     """Issue #20. The TP example records its tensor-parallel parameters (full shapes, the dim
     sharded over tp: column-wise weights and biases on dim 0, row-wise weights on dim 1; the

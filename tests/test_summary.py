@@ -9,14 +9,13 @@ from pathlib import Path
 import orjson
 import pytest
 
+from benchmarks.synth_run import write_run
 from pardiag.analyzer import summary as sm
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.trace import load_traces
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
-from synth_run import write_run  # noqa: E402
+from .paths import REPO
 
 
 @pytest.fixture(autouse=True)

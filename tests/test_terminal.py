@@ -2,12 +2,13 @@
 "…", no line wider than the console; what does not fit is left out and named."""
 
 import pytest
-from conftest import REPO
 from rich.console import Console
 
 from pardiag.analyzer.render.terminal import render_terminal
 from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.trace import load_traces
+
+from .paths import REPO
 
 #: The demo, a 4-stage pipeline, FSDP2 and a real GPU trace (read by path).
 RUNS = ["pp_unbalanced_cpu_2rank", "pp_1f1b_cpu_4rank", "fsdp2_cpu_2rank", "dlrm_8rank_v100"]

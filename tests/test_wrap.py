@@ -11,11 +11,12 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
 
 from pardiag.cli import main
 from pardiag.collectors.wrap import expand_nodelist, rank_env
 from pardiag.errors import PardiagError
+
+from .paths import REPO
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 
@@ -160,6 +161,7 @@ def test_noise_filter_drops_and_shows_once():
 
 # --- real launchers ------------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_wrap_under_torchrun(tmp_path):
     out = tmp_path / "run"
     res = subprocess.run(
@@ -202,6 +204,7 @@ def _slurm_ready() -> str | None:
     return None
 
 
+@pytest.mark.e2e
 def test_wrap_under_slurm(tmp_path):
     """Two tasks under a real `srun` where this machine runs SLURM (CI sets up slurmctld and
     slurmd on localhost as root, .ci/run); elsewhere the same two processes get SLURM's
