@@ -124,17 +124,21 @@ def record(op: str, seq: int, start: float, end: float, pg: str = "0", ranks=(0,
             "end_us": end, "matched": "gloo", "source": "flight_recorder"}
 
 
-def relayout(src: Path, dst: Path) -> Path:
-    """A copy of the run folder ``src`` (older layout: sidecars beside the traces) in today's
-    layout (:mod:`pardiag.layout`: only the traces at the top, sidecars in ``pardiag/``)."""
+def relayout(src: Path, dst: Path, *, old: bool = False) -> Path:
+    """A copy of the run folder ``src`` (of either layout) in today's layout
+    (:mod:`pardiag.layout`: only the traces at the top, sidecars in ``pardiag/``), or with
+    ``old`` in the older one (sidecars beside the traces)."""
     import shutil
 
     from pardiag import layout
 
     dst = Path(dst)
-    layout.sidecar_dir(dst).mkdir(parents=True)
+    side = dst if old else layout.sidecar_dir(dst)
+    side.mkdir(parents=True, exist_ok=True)
+    sidecars = layout.find_sidecars(src)
+    for f in sidecars:
+        shutil.copy2(f, side / f.name)
     for f in Path(src).iterdir():
-        if f.is_file():
-            to = layout.sidecar_dir(dst) if layout.is_sidecar_name(f.name) else dst
-            shutil.copy2(f, to / f.name)
+        if f.is_file() and f not in sidecars:
+            shutil.copy2(f, dst / f.name)
     return dst

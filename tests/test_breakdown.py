@@ -211,7 +211,7 @@ SAMPLES = sorted(p for p in (Path(__file__).resolve().parents[1] / "sample_trace
 
 def test_every_sample_run_has_comms_records():
     assert len(SAMPLES) == 16    # the sample_traces/README.md table
-    assert all(len(list(p.glob("rank*.comms.json"))) >= 2 for p in SAMPLES)
+    assert all(len(list(p.glob("pardiag/rank*.comms.json"))) >= 2 for p in SAMPLES)
 
 
 @pytest.mark.parametrize("run", SAMPLES, ids=lambda p: p.name)

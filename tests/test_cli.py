@@ -177,9 +177,9 @@ def test_failed_run_is_flagged_in_the_report(tmp_path):
     import shutil
     run_dir = tmp_path / "run"
     shutil.copytree(SAMPLE, run_dir)
-    info = json.loads((run_dir / "run.json").read_text())
+    info = json.loads((run_dir / "pardiag" / "run.json").read_text())
     info.update(exit_code=1, failed_ranks={"1": "RuntimeError: boom"}, world_size=3)
-    (run_dir / "run.json").write_text(json.dumps(info))
+    (run_dir / "pardiag" / "run.json").write_text(json.dumps(info))
     res = run("report", run_dir, "-o", tmp_path / "r.html", "-q")
     assert res.exit_code == 0
     for w in ("the profiled run exited with code 1", "rank 1 failed during the profiled run: "
@@ -192,14 +192,15 @@ def test_malformed_sidecars_are_left_out_with_warnings(tmp_path):
     import shutil
     run_dir = tmp_path / "run"
     shutil.copytree(REPO / "sample_traces" / "pp_1f1b_cpu_2rank", run_dir)
-    comms = json.loads((run_dir / "rank0.comms.json").read_text())
+    side = run_dir / "pardiag"
+    comms = json.loads((side / "rank0.comms.json").read_text())
     comms["records"][0]["start_us"] = "x"
     del comms["records"][1]["seq"]
-    (run_dir / "rank0.comms.json").write_text(json.dumps(comms))
-    pipe = json.loads((run_dir / "rank1.pipeline.json").read_text())
+    (side / "rank0.comms.json").write_text(json.dumps(comms))
+    pipe = json.loads((side / "rank1.pipeline.json").read_text())
     pipe["records"] = {"not": "a list"}
-    (run_dir / "rank1.pipeline.json").write_text(json.dumps(pipe))
-    (run_dir / "rank0.pipeline.json").write_text("{broken")
+    (side / "rank1.pipeline.json").write_text(json.dumps(pipe))
+    (side / "rank0.pipeline.json").write_text("{broken")
     res = run("report", run_dir, "-o", tmp_path / "r.html", "-q")
     assert res.exit_code == 0, res.output
     assert "rank0.comms.json: left out 2 malformed 'records' entries" in res.output
@@ -214,11 +215,11 @@ def test_no_file_of_an_input_folder_is_overwritten(tmp_path):
     import shutil
     run = tmp_path / "run"
     shutil.copytree(REPO / "sample_traces" / "ddp_cpu_2rank", run)
-    before = {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()}
+    before = {f: f.read_bytes() for f in run.rglob("*") if f.is_file()}
     os.link(run / "rank0.trace.json.gz", tmp_path / "hard.json.gz")
     for args, msg in (
-            (["-o", str(run / "run.json")], "run.json: would overwrite"),
-            (["-o", str(tmp_path / "r.html"), "--json", str(run / "rank0.meta.json")],
+            (["-o", str(run / "pardiag" / "run.json")], "run.json: would overwrite"),
+            (["-o", str(tmp_path / "r.html"), "--json", str(run / "pardiag" / "rank0.meta.json")],
              "rank0.meta.json: would overwrite"),
             (["-o", str(tmp_path / "hard.json.gz")], "hard.json.gz: would overwrite"),
             (["-o", str(tmp_path / "same"), "--json", str(tmp_path / "same")],
@@ -228,7 +229,7 @@ def test_no_file_of_an_input_folder_is_overwritten(tmp_path):
         assert res.returncode == 2, res.stderr
         lines = res.stderr.strip().splitlines()
         assert msg in lines[-1] and "Traceback" not in res.stderr
-    assert {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()} == before
+    assert {f: f.read_bytes() for f in run.rglob("*") if f.is_file()} == before
 
 
 def test_a_report_json_in_the_run_folder_is_not_taken_for_a_trace(tmp_path):

@@ -178,7 +178,7 @@ def test_sample_traces_without_records_infer_the_recorded_layout(tmp_path, name)
     src = SAMPLES / name
     for f in src.glob("rank*.trace.json.gz"):
         shutil.copy(f, tmp_path / f.name)
-    recorded = json.loads((src / "run.json").read_text())["layout"]
+    recorded = json.loads((src / "pardiag" / "run.json").read_text())["layout"]
     lay = infer_layout(load_traces(tmp_path))
     assert lay.dims == recorded["dims"]
     assert lay.strategies == sorted(recorded["strategies"])
@@ -197,7 +197,7 @@ def test_pardiag_runs_keep_their_recorded_layout():
         traces = load_traces(SAMPLES / name, reducer=REDUCER)
         rep = build_report(traces)
         lay = rep.results["layout"]
-        recorded = json.loads((SAMPLES / name / "run.json").read_text())["layout"]
+        recorded = json.loads((SAMPLES / name / "pardiag" / "run.json").read_text())["layout"]
         assert lay.source == "recorded" and lay.evidence == () and lay.not_inferred == ()
         assert (lay.dims, lay.strategies, lay.pipeline) == (
             recorded["dims"], recorded["strategies"], recorded.get("pipeline"))

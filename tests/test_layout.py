@@ -1,6 +1,7 @@
 """The run folder layout (pardiag/layout.py): only the ranks' traces at the top, pardiag's sidecars
-in ``pardiag/``, so that Holistic Trace Analysis loads exactly the ranks; run folders of the older
-layout (sidecars beside the traces, as the committed sample_traces/) still read the same."""
+in ``pardiag/``, so that Holistic Trace Analysis loads exactly the ranks (the committed
+sample_traces/ are in this layout); run folders of the older layout (sidecars beside the traces)
+still read the same."""
 
 import json
 import re
@@ -30,8 +31,8 @@ def _without_paths(doc: dict, *folders) -> str:
 
 @pytest.mark.parametrize("name", ["pp_unbalanced_cpu_2rank", "fsdp_tp_2d_cpu_4rank"])
 def test_old_and_new_layout_give_the_same_report(tmp_path, name):
-    old = SAMPLES / name
-    new = relayout(old, tmp_path / name)
+    new = SAMPLES / name
+    old = relayout(new, tmp_path / name, old=True)
     assert sorted(p.name for p in new.iterdir() if p.is_file()) == sorted(
         p.name for p in old.glob("rank*.trace.json.gz"))
     a, b = (load_traces(d) for d in (old, new))
@@ -46,7 +47,7 @@ def test_hta_lists_exactly_the_ranks_traces(tmp_path):
     old layout rank 1's metadata is taken as its trace (FACTS §5); in this one the traces only."""
     from hta.common.trace_file import create_rank_to_trace_dict_from_dir
 
-    old = SAMPLES / "ddp_cpu_2rank"
+    old = relayout(SAMPLES / "ddp_cpu_2rank", tmp_path / "old", old=True)
     ok, mapping = create_rank_to_trace_dict_from_dir(str(old))
     assert ok and not all(v.endswith(".trace.json.gz") for v in mapping.values())
     new = relayout(old, tmp_path / "ddp")
@@ -100,14 +101,14 @@ def test_find_sidecars_and_owned_files(tmp_path):
 def test_every_committed_sidecar_decodes_into_its_type():
     import orjson
     n = 0
-    for f in sorted(SAMPLES.glob("*/*.json")):
+    for f in sorted(SAMPLES.glob("*/pardiag/*.json")):
         doc = orjson.loads(f.read_bytes())
         if doc.get("kind") in layout.TYPED_SIDECARS:
             typed = layout.decode_sidecar(doc, doc["kind"])
             assert layout.decode_sidecar(layout.encode_sidecar(typed), doc["kind"]) == typed
             n += 1
     assert n == 16 + 36   # 16 runs, 36 ranks
-    run = layout.decode_sidecar(orjson.loads((SAMPLES / "ddp_cpu_2rank" / "run.json").read_bytes()),
+    run = layout.decode_sidecar(orjson.loads((SAMPLES / "ddp_cpu_2rank" / "pardiag" / "run.json").read_bytes()),
                                 "run")
     assert run.schedule == layout.ProfilerSchedule(wait=1, warmup=1, active=3)
     assert run.started_unix < run.ended_unix and run.layout["dims"] == {"dp": 2}
@@ -184,3 +185,19 @@ def test_the_parts_of_a_multi_node_run_file_are_joined():
     assert L.is_sidecar_name("run.node2.json") and L.is_sidecar_name("run.node-gpu07.json")
     assert L.node_run_path("r", 0).name == "run.json" and L.node_run_path("r", 3).name == \
         "run.node3.json"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SAMPLES.iterdir() if p.is_dir()))
+def test_hta_loads_every_sample_run_as_it_is(name):
+    """The shipped runs are in today's layout: Holistic Trace Analysis' TraceAnalysis loads each
+    folder as it is, with the ranks pardiag finds and each rank's CPU operators."""
+    from hta.trace_analysis import TraceAnalysis
+
+    folder = SAMPLES / name
+    hta = TraceAnalysis(trace_dir=str(folder))
+    ranks = sorted(load_traces(folder).ranks)
+    assert hta.t.get_ranks() == ranks and len(ranks) >= 2
+    for r in ranks:
+        assert len(hta.t.get_trace(r)) > 100
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == [
+        f"rank{r}.trace.json.gz" for r in ranks]

@@ -20,7 +20,7 @@ from .synth import TraceBuilder, record, write_sidecar
 def test_schedule_order_is_the_order_torch_ran(sample):
     """The recorded chunk order of every rank and step equals :func:`schedule_order`."""
     docs = {}
-    for f in (REPO / "sample_traces" / sample).glob("rank*.pipeline.json"):
+    for f in (REPO / "sample_traces" / sample / "pardiag").glob("rank*.pipeline.json"):
         d = json.loads(f.read_text())
         docs[d["rank"]] = d
     sch = docs[0]["schedule"]
