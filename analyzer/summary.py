@@ -1,4 +1,8 @@
-"""Per-rank summaries: the part of every analysis that needs one rank's raw events.
+"""Stage 3, summary: one rank's events in, what every analysis needs from them out.
+
+Enters: a :class:`~pardiag.analyzer.trace.traceset.RankTrace` with its events (the loader hands
+each parsed file to :data:`REDUCER`). Leaves: its :class:`RankSummary`, stored beside the trace
+so that a later report reads it instead of the events.
 
 A :class:`RankSummary` is computed where the trace is (the end of ``pardiag profile`` on each
 rank, ``pardiag summarize`` elsewhere, or a worker process of ``pardiag report``) and holds what
