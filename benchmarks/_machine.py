@@ -1,4 +1,4 @@
-"""The machine a benchmark ran on, recorded with its results (issue #19): CPU model, cores,
+"""The machine a benchmark ran on, recorded with its results: CPU model, cores,
 the cores this process may use, load average before and after, versions."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cost of `pardiag profile` outside the profiler's window (issue #19): each example under plain
+"""Cost of `pardiag profile` outside the profiler's window: each example under plain
 ``torchrun`` and under ``pardiag profile`` with the same arguments, interleaved.
 
     .venv/bin/python benchmarks/overhead.py [--repeat 5] [--steps 40] [--pin-cpu]

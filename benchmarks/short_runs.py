@@ -1,4 +1,4 @@
-"""Stress benchmark of issue #15 item 5: short runs that end before the profiler's window does.
+"""Stress benchmark: short runs that end before the profiler's window does.
 
 Runs ``pardiag profile --nproc-per-node 2`` N times (default 30) on 2-step scripts — the
 profiled window (wait 1, warmup 1, active 3) never completes — alternating two endings:

@@ -1,4 +1,4 @@
-"""Do identical runs get the same diagnosis? (issue #14; a benchmark, not a CI test).
+"""Do identical runs get the same diagnosis? (a benchmark, not a CI test).
 
 For each case, ``--repeat`` identical ``pardiag profile`` runs, with and without ``--pin-cpu``
 (each rank on its own cores), each reported in-process. Per run it keeps:

@@ -1,4 +1,4 @@
-"""Validate pardiag's what-if predictions against real runs (issue #5; not a CI test).
+"""Validate pardiag's what-if predictions against real runs (not a CI test).
 
 For each base configuration of an example script this harness, ``--repeat`` times over:
 
@@ -57,7 +57,7 @@ CASES = {
     "ddp_buckets": ("train_ddp.py", 2, ["--bucket-mb", "1", "--width", "512"]),
     "fsdp2": ("train_fsdp2.py", 2, ["--width", "512"]),
     "fsdp1": ("train_fsdp1.py", 2, ["--width", "512"]),
-    # FSDP2 over dp × tensor parallel over tp (issue #14): 2 × 2 on 4 ranks, and TP only
+    # FSDP2 over dp × tensor parallel over tp: 2 × 2 on 4 ranks, and TP only
     # (dp = 1) on 2 ranks; the changes are other dp × tp splits at the same global batch
     "2d": ("train_2d.py", 4, ["--tp", "2"]),
     "tp_only": ("train_2d.py", 2, ["--tp", "2"]),
@@ -195,14 +195,14 @@ def profile_case(name: str, tmp: Path, pin: bool, rep: int) -> list[dict]:
              "change": "(base, as pardiag measured it)",
              "predicted_ms": evaluated[0].measured_step_us / 1e3}]
     for c in evaluated:
-        if c.ruled_out:   # not predicted: the model's shapes or batch rule it out (issue #20)
+        if c.ruled_out:   # not predicted: the model's shapes or batch rule it out
             continue
         changed = changed_args(script, n, base, c.params)
         if changed is not None:
             rows.append({"case": name, "script": changed[0], "n": n, "args": changed[1],
                          "recommended": c in rec.recommendations, "change": c.change,
                          "predicted_ms": c.predicted_step_us / 1e3,
-                         # the stand-in interval, where the prediction rests on one (issue #19)
+                         # the stand-in interval, where the prediction rests on one
                          "interval_ms": ([c.predicted_low_us / 1e3, c.predicted_high_us / 1e3]
                                          if c.interval_known else None)})
     return rows

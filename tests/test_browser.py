@@ -372,7 +372,7 @@ def test_labels_stay_apart_on_a_narrow_window(browser, run, tmp_path):
     page.close()
 
 
-# ---------------------------------------------------------------- pardiag compare (issue 16)
+# ---------------------------------------------------------------- pardiag compare
 
 
 def _compare_page(browser, a, b, tmp_path, width=1280, name="compare", extra=()):

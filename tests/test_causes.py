@@ -1,4 +1,4 @@
-"""Why a rank is slow or idle (issue #18): host parts, device idle, straggler cause, input-bound.
+"""Why a rank is slow or idle: host parts, device idle, straggler cause, input-bound.
 
 Planted synthetic traces with exact answers; the real DLRM trace (host-bound, rank 7 late at
 step entry); one profiled run with a slow DataLoader on one rank."""

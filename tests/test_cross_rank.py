@@ -1,4 +1,4 @@
-"""Cross-rank results on planted multi-rank traces whose right answers are known (issue 13):
+"""Cross-rank results on planted multi-rank traces whose right answers are known:
 process groups by their ranks, sequence numbers before position, point-to-point pairs, several
 windows per rank, merged multi-rank files, missing ranks, clocks per host, and the shared
 repro cases in ../shared/repros (each with its expect.json)."""

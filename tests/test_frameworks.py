@@ -1,4 +1,4 @@
-"""Training frameworks, unmodified, under `pardiag profile` on CPU/gloo with 2 ranks (issue #15):
+"""Training frameworks, unmodified, under `pardiag profile` on CPU/gloo with 2 ranks:
 the Hugging Face Transformers ``Trainer``, Lightning ``Trainer(strategy="ddp")`` and an
 Accelerate loop (``examples/frameworks/``), each with gradient accumulation (2 micro-batches
 of 4 sequences per optimizer step) and its own optimizer wrapper. Each run must count the

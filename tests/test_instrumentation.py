@@ -1,4 +1,4 @@
-"""pardiag's hooks outside the profiler's window (issue #19): what they still do there.
+"""pardiag's hooks outside the profiler's window: what they still do there.
 
 The wrappers run on every step, so outside the window they must do only what the analyses
 use from those steps (the pipeline's chunk times, the point-to-point calls a hang dump shows)

@@ -108,8 +108,8 @@ def test_every_committed_sidecar_decodes_into_its_type():
             assert layout.decode_sidecar(layout.encode_sidecar(typed), doc["kind"]) == typed
             n += 1
     assert n == 16 + 36   # 16 runs, 36 ranks
-    run = layout.decode_sidecar(orjson.loads((SAMPLES / "ddp_cpu_2rank" / "pardiag" / "run.json").read_bytes()),
-                                "run")
+    run_json = SAMPLES / "ddp_cpu_2rank" / "pardiag" / "run.json"
+    run = layout.decode_sidecar(orjson.loads(run_json.read_bytes()), "run")
     assert run.schedule == layout.ProfilerSchedule(wait=1, warmup=1, active=3)
     assert run.started_unix < run.ended_unix and run.layout["dims"] == {"dp": 2}
 

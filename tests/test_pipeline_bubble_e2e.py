@@ -25,11 +25,10 @@ def test_balanced_pipeline_bubble_is_near_the_ideal(tmp_path, schedule, microbat
     """Balanced stages, compute-heavy chunks, ranks pinned to their own core: the measured
     bubble (median over the unprofiled steps) is near (p-1)/(m+p-1).
 
-    On the idle 2-core machine it measured within 5 points of the ideal in an earlier session
-    and +4.5 to +7.6 points on 2026-11-30 (the code before that day's changes alike: 16.1% for
-    an ideal of 11.1%). Host contention only adds bubble (a rank slowed by another process
-    makes its neighbour wait): with a second test suite on the same 2 cores it measured +6.8
-    to +9.8 points. So the bubble must not fall below the ideal by more than 5 points and not
+    On the idle 2-core machine it measured from within 5 points of the ideal to +7.6 points
+    (16.1% for an ideal of 11.1%). Host contention only adds bubble (a rank slowed by another
+    process makes its neighbour wait): with a second test suite on the same 2 cores it measured
+    +6.8 to +9.8 points. So the bubble must not fall below the ideal by more than 5 points and not
     exceed it by more than 12; a second run is taken when the first misses the 5-point band,
     and both values are shown when both miss the wide one."""
     from pardiag.analyzer.analyses.pipeline import summarize_bubbles

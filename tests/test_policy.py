@@ -1,4 +1,4 @@
-"""The noise rule and the tiers of the recommendation policy (issue #14): a change is
+"""The noise rule and the tiers of the recommendation policy: a change is
 recommended only when its predicted gain clears the step's measured noise, and changes within
 noise of each other are one tier, not a ranking."""
 

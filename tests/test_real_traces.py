@@ -106,7 +106,7 @@ def test_dlrm_8rank_cli_prints_the_8_rank_breakdown(real_traces, tmp_path):
 
 
 def test_dlrm_8rank_skew_lies_before_the_step(real_traces):
-    """Read by an expert (issue #18): rank 7 enters the step about 7.5 ms late and almost all
+    """Read by an expert: rank 7 enters the step about 7.5 ms late and almost all
     of its skew sits in the step's first collective (an all_to_all) — the delay lies before the
     step, not in its compute."""
     from pardiag.analyzer.report.registry import build_report

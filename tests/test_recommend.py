@@ -1,4 +1,4 @@
-"""The what-if model and the recommendations (issue #5): schedule orders as torch runs them,
+"""The what-if model and the recommendations: schedule orders as torch runs them,
 closed-form replays, the optimal partition, and exact predictions on planted runs."""
 
 import json
@@ -871,11 +871,11 @@ def _planted_sleeper(tmp_path, sleep_us):
 
 def test_a_rank_that_idles_longer_is_a_straggler_however_many_collectives(tmp_path):
     """Rank 1 idles 3000 µs per step more than rank 0 (30% of the step, in 3 of 3 steps) but
-    is last at only 3 of 9 all-reduces: it is named, by the idle criterion (issue #14)."""
+    is last at only 3 of 9 all-reduces: it is named, by the idle criterion."""
     res = _planted_sleeper(tmp_path, 3000)
     assert ("rank 1 is a straggler: it idles 3.0 ms per step more than the others (in 3 of 3 "
             "steps) — " in res.verdict)
-    # its cause (issue #18): the planted idle time lies outside any operator
+    # its cause: the planted idle time lies outside any operator
     assert res.verdict.endswith("it spends 3.0 ms more than its peers outside any operator "
                                 "(Python, sleeps, host contention).")
     (top,) = [c for c in res.recommendations if c.kind == "straggler"]
@@ -980,7 +980,7 @@ def test_pipeline_candidates_the_layers_and_batch_rule_out(tmp_path):
     2 and 1 layers (5). Interleaving 2 or 4 stages per rank needs 6 or 12 stages; 8 and 16
     microbatches would be under 1 sample; dp = 3 does not divide 4 samples. Each is listed
     among those not recommended with its reason (JSON, HTML); 2 microbatches of 2 samples are
-    evaluated and say what changes for the optimizer (issue #20)."""
+    evaluated and say what changes for the optimizer."""
     from pardiag.analyzer.render.html import render_html
     layers = {0: [(100.0, 1000)] * 2, 1: [(100.0, 1000)] * 2, 2: [(100.0, 1000)]}
     traces = _pipeline_run(tmp_path, "gpipe", 3, 4, [200, 200, 100], [400, 400, 200],

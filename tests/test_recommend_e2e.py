@@ -1,4 +1,4 @@
-"""Recommendations on real CPU/gloo runs of the examples (issue #5): an unbalanced pipeline is
+"""Recommendations on real CPU/gloo runs of the examples: an unbalanced pipeline is
 told to move layers (with the right boundaries), GPipe with few microbatches to use more, and a
 planted straggler is named."""
 

@@ -1,4 +1,4 @@
-"""MoE routing imbalance (issue #18 item 5): planted split sizes, exact values."""
+"""MoE routing imbalance: planted split sizes, exact values."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Recommendations that respect tensor shapes and say what changes for the optimizer (issue #20):
+"""Recommendations that respect tensor shapes and say what changes for the optimizer:
 the collector's shape recording on planted torch modules (in-process, one gloo rank), the
 checks on what it recorded, the batch statements, and the reasons in a report's JSON, HTML and
 terminal output."""

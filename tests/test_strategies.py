@@ -1,5 +1,5 @@
 """Every parallelism strategy under `pardiag profile` on CPU/gloo: records, pipeline schedule,
-memory, layout (issue: collectors for every strategy)."""
+memory, layout."""
 
 import json
 import re
@@ -24,7 +24,7 @@ RUNS = {
     "fsdp1_keep": ("train_fsdp1.py", 2, ["--sharding-strategy", "shard_grad_op",
                                          "--forward-prefetch"], {"dp": 2}, ["fsdp1"]),
     "zero1": ("train_zero1.py", 2, [], {"dp": 2}, ["ddp", "zero1"]),
-    # 3 samples per step (TP ranks share them): dp = 2 cannot split them (issue #20)
+    # 3 samples per step (TP ranks share them): dp = 2 cannot split them
     "tp": ("train_tp.py", 2, ["--batch", "3"], {"tp": 2}, ["tp"]),
     "moe": ("train_moe.py", 2, [], {"ep": 2}, ["ep"]),
     "pp_gpipe2": ("train_pp.py", 2, ["--schedule", "gpipe", "--microbatches", "4"], {"pp": 2},

@@ -1,4 +1,4 @@
-"""The terminal summary at 80 and 120 columns (issue 21, item 7): no header or cell cut with
+"""The terminal summary at 80 and 120 columns: no header or cell cut with
 "…", no line wider than the console; what does not fit is left out and named."""
 
 import pytest

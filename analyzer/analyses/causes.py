@@ -1,5 +1,5 @@
 """Why a rank is slow or idle: where its step goes on the host, why its device idles, what a
-straggler does longer than its peers, and whether the run is input-bound (issue #18).
+straggler does longer than its peers, and whether the run is input-bound.
 
 **Host time** per rank and ``ProfilerStep`` (:data:`HOST_PARTS`). The step's CPU window is cut
 into exclusive parts, each instant going to the first part in this order that holds it (events

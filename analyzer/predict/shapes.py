@@ -1,4 +1,4 @@
-"""What the model's shapes and batch allow, and what a change does to the optimizer (issue #20).
+"""What the model's shapes and batch allow, and what a change does to the optimizer.
 
 A candidate parallel layout must be buildable: a tensor-parallel degree must divide every
 dimension it shards and the attention heads (the KV heads under grouped-query attention:

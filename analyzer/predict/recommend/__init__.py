@@ -1,4 +1,4 @@
-"""Recommendations: what to change, and how much it will help (issue #5).
+"""Recommendations: what to change, and how much it will help.
 
 Interface used by the renderers (HTML, terminal) and the JSON summary:
 ``report.recommendations`` is a :class:`RecommendationResult` (or None). Each

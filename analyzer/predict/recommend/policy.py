@@ -39,16 +39,17 @@ DEGREE_KINDS = ("pp_to_dp", "degrees")
 INTERLEAVE_MARGIN_PCT = 10.0
 #: Below this many steps the noise estimate is itself noisy: the relative standard error of a
 #: sample's standard deviation is about 1/√(2(n − 1)) (normal data; e.g. Ahn & Fessler 2003),
-#: over 24% below 10 steps. Measured on one configuration (``benchmarks/stability.py``'s
-#: unbalanced 1F1B pipeline, 2026-12-01): ±4.9–13.8% over 8 runs of 12 steps (5 unprofiled
-#: step periods each), ±1.9–7.0% over 20 runs of 24 steps (17 periods).
+#: over 24% below 10 steps. On the stability benchmark's unbalanced 1F1B pipeline the noise
+#: estimate ranged ±4.9–13.8% over runs of 12 steps (5 unprofiled step periods each) and
+#: ±1.9–7.0% over runs of 24 steps (17 periods):
+#: benchmarks/results/stability_xeon-2core_2026-12-01-0409.md and -0430.md.
 FEW_NOISE_STEPS = 10
 #: Said with the rule when the ranks contended for cores (:func:`pardiag.layout.
 #: contention_note`). How the OS shares the cores differs between runs and holds for a whole
 #: run, so a run's own step noise does not show it: on the stability benchmark's unbalanced
-#: 1F1B pipeline (2026-12-01 06:23–07:08 UTC, 12 steps, four batches of 20 runs) the top tier
-#: recurred in 18, 17, 11 and 16 of 20 unpinned runs and in 20, 20, 19 and 18 of 20 runs with
-#: ``--pin-cpu``.
+#: 1F1B pipeline the top tier recurred in 11–18 of 20 unpinned runs and in 18–20 of 20 runs
+#: with ``--pin-cpu`` (four batches of 20 runs of 12 steps:
+#: benchmarks/results/stability_xeon-2core_2026-12-01-0635.md and -0702.md).
 CONTENDED_TIERS = ("; the ranks contended for cores, and how they shared them differs between "
                    "identical runs without showing in one run's noise, so tiers near the margin "
                    "can differ from one run to the next: pin the ranks (pardiag profile "

@@ -1,4 +1,4 @@
-"""The step with expert-parallel tokens routed evenly (issue #18, item 5)."""
+"""The step with expert-parallel tokens routed evenly."""
 
 from __future__ import annotations
 
