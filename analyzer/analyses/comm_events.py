@@ -209,94 +209,10 @@ def events_from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -
     communication kernels (group, sequence number, peer and sizes from their args or from the
     launching ``record_param_comms`` op) and gloo's events (the worker threads' collectives; the
     calling thread's send/recv), in :data:`EVENT_COLUMNS`."""
-    ev = trace.events
     pg_ranks, world, pg_count = _pg_config(trace)
-    frames = []
-    # communication kernels; copies a --comm-kernel pattern names (Memcpy PtoP) have no
-    # rendezvous across ranks, so they are not matched
-    gpu = ev[(kinds == Kind.GPU_COMM.value).to_numpy()
-             & ~ev["cat"].isin(["gpu_memcpy", "gpu_memset"]).to_numpy()]
-    if len(gpu):
-        # metadata from the kernel's args, else from the CPU op that launched it
-        launch = launch_times(trace, gpu)
-        ops, enclosing = launching_op_rows(trace, gpu)
-        op_names = ops["name"].tolist()
-        op_args = ops["args"].tolist()
-        rows = []
-        for name, ts, dur, kargs, lt, enc in zip(gpu["name"].tolist(), gpu["ts"].tolist(),
-                                                 gpu["dur"].tolist(), gpu["args"].tolist(),
-                                                 launch, enclosing):
-            args = kargs if isinstance(kargs, dict) else {}
-            rpc = next((op_args[j] for j in enc[::-1] if isinstance(op_args[j], dict)
-                        and "Collective name" in op_args[j]), None)
-            if rpc is not None:  # the launching op's record fills what the kernel lacks (Seq)
-                args = {**rpc, **args}
-            if "Collective name" not in args and len(enc):
-                # an older trace: the op name and its input shapes
-                a = op_args[enc[-1]]
-                a = a if isinstance(a, dict) else {}
-                args = {**args, "_op_name": op_names[enc[-1]],
-                        **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
-            op = collective_type(args.get("_op_name", name), args)
-            if op not in STANDARD_COLLECTIVES:
-                op = collective_type(name, args)
-            if op not in STANDARD_COLLECTIVES and "sendrecv" in name.lower().replace("_", ""):
-                op = "send_recv"  # batched p2p ("coalesced"): a transfer, never a collective
-            members = _group_ranks(args, pg_ranks)
-            size = _int_arg(args.get("Group size"))
-            seq = _int_arg(args.get("Seq"))
-            rows.append({"rank": trace.rank, "pg": str(args.get("Process Group Name", "?")),
-                         "group": group_key(members, args.get("Process Group Description"))
-                         if members else "",
-                         "seq": seq if seq is not None else -1,
-                         "native_seq": seq is not None and op not in P2P_OPS,
-                         "op": op, "peer": _p2p_peer(op, args, members) if op in P2P_OPS else None,
-                         "start_us": float(ts), "end_us": float(ts + dur),
-                         "bytes": _args_bytes(args),
-                         "group_size": size if size else (len(members) if members else world),
-                         "launch_us": float(lt), "source": "trace"})
-        df = pd.DataFrame(rows)
-        df["step"] = _step_of(df["launch_us"].to_numpy(), steps)
-        frames.append(df.drop(columns="launch_us"))
-    threads = comm_threads(trace)
-    gloo = ev[name_test(trace, "gloo", lambda n: n.startswith("gloo:"))]
-    if len(gloo):
-        on_worker = on_threads(gloo, threads)
-        # named by the op the program issued (gloo's all_reduce of a reduce_scatter is one),
-        # in the group that op's record names
-        cct = cpu_comm_types(trace, kinds)
-        issued = cct["type"].reindex(gloo.index)
-        recs = cct["issuer_record"].reindex(gloo.index).tolist()
-        ops = [t if isinstance(t, str) else collective_type(n)
-               for t, n in zip(issued.tolist(), gloo["name"].tolist())]
-        is_p2p = np.array([o in ("send", "recv") for o in ops], dtype=bool)
-        keep = on_worker | is_p2p  # collectives on the worker threads; send/recv on the caller's
-        gl = gloo[keep]
-        world_group = bool(pg_count == 1 or (pg_ranks and world and all(
-            len(r) == world for r in pg_ranks.values()) and pg_count == len(pg_ranks)))
-        peers: list = [None] * len(gl)
-        p2p_rows = np.flatnonzero(is_p2p[keep])
-        if len(p2p_rows):
-            for i, peer in zip(p2p_rows, _gloo_p2p_peers(ev, gl.iloc[p2p_rows], world_group)):
-                peers[i] = peer
-        recs = [r if isinstance(r, dict) else {} for r, k in zip(recs, keep) if k]
-        members = [_group_ranks(r, pg_ranks) if r else None for r in recs]
-        seqs = [_int_arg(r.get("Seq")) for r in recs]
-        kept_ops = [o for o, k in zip(ops, keep) if k]
-        df = pd.DataFrame({
-            "rank": trace.rank, "pg": [str(r.get("Process Group Name", "?")) for r in recs],
-            "group": [group_key(m, r.get("Process Group Description")) if m else ""
-                      for m, r in zip(members, recs)],
-            "seq": [q if q is not None else -1 for q in seqs],
-            "native_seq": [q is not None and o not in P2P_OPS for q, o in zip(seqs, kept_ops)],
-            "op": kept_ops, "peer": pd.Series(peers, dtype=object),
-            "start_us": gl["ts"].to_numpy(dtype=float),
-            "end_us": (gl["ts"] + gl["dur"]).to_numpy(dtype=float),
-            "bytes": [_args_bytes(a) for a in gl["args"]],
-            "group_size": [len(m) if m else world for m in members],
-            "source": "trace"})
-        df["step"] = _step_of(df["start_us"].to_numpy(dtype=float), steps)
-        frames.append(df)
+    frames = [df for df in (_gpu_comm_events(trace, kinds, steps, pg_ranks, world),
+                            _gloo_events(trace, kinds, steps, pg_ranks, world, pg_count))
+              if df is not None]
     if not frames:
         return pd.DataFrame(columns=list(EVENT_COLUMNS))
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
@@ -305,6 +221,122 @@ def events_from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -
     order = df.groupby(["group", "pg", "window"]).cumcount() + 1
     df["seq"] = np.where(df["native_seq"].astype(bool), df["seq"], order)
     return df[list(EVENT_COLUMNS)]
+
+
+def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
+                     pg_ranks: dict[str, list[int]], world: int | None) -> pd.DataFrame | None:
+    """The rank's GPU communication kernels as events, their metadata from the kernel's args,
+    else from the CPU op that launched it.
+
+    ``kinds``: :func:`pardiag.analyzer.trace.classify.classify` of the events; ``steps``: the
+    profiler steps; ``pg_ranks``/``world``: :func:`_pg_config`.
+
+    Returns:
+        :data:`EVENT_COLUMNS` but ``window`` (``step`` last; times in µs on the rank's clock,
+        ``seq`` -1 where the trace gives none), one row per kernel; None without kernels.
+    """
+    ev = trace.events
+    # communication kernels; copies a --comm-kernel pattern names (Memcpy PtoP) have no
+    # rendezvous across ranks, so they are not matched
+    gpu = ev[(kinds == Kind.GPU_COMM.value).to_numpy()
+             & ~ev["cat"].isin(["gpu_memcpy", "gpu_memset"]).to_numpy()]
+    if not len(gpu):
+        return None
+    launch = launch_times(trace, gpu)
+    ops, enclosing = launching_op_rows(trace, gpu)
+    op_names = ops["name"].tolist()
+    op_args = ops["args"].tolist()
+    rows = []
+    for name, ts, dur, kargs, lt, enc in zip(gpu["name"].tolist(), gpu["ts"].tolist(),
+                                             gpu["dur"].tolist(), gpu["args"].tolist(),
+                                             launch, enclosing):
+        args = kargs if isinstance(kargs, dict) else {}
+        rpc = next((op_args[j] for j in enc[::-1] if isinstance(op_args[j], dict)
+                    and "Collective name" in op_args[j]), None)
+        if rpc is not None:  # the launching op's record fills what the kernel lacks (Seq)
+            args = {**rpc, **args}
+        if "Collective name" not in args and len(enc):
+            # an older trace: the op name and its input shapes
+            a = op_args[enc[-1]]
+            a = a if isinstance(a, dict) else {}
+            args = {**args, "_op_name": op_names[enc[-1]],
+                    **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
+        op = collective_type(args.get("_op_name", name), args)
+        if op not in STANDARD_COLLECTIVES:
+            op = collective_type(name, args)
+        if op not in STANDARD_COLLECTIVES and "sendrecv" in name.lower().replace("_", ""):
+            op = "send_recv"  # batched p2p ("coalesced"): a transfer, never a collective
+        members = _group_ranks(args, pg_ranks)
+        size = _int_arg(args.get("Group size"))
+        seq = _int_arg(args.get("Seq"))
+        rows.append({"rank": trace.rank, "pg": str(args.get("Process Group Name", "?")),
+                     "group": group_key(members, args.get("Process Group Description"))
+                     if members else "",
+                     "seq": seq if seq is not None else -1,
+                     "native_seq": seq is not None and op not in P2P_OPS,
+                     "op": op, "peer": _p2p_peer(op, args, members) if op in P2P_OPS else None,
+                     "start_us": float(ts), "end_us": float(ts + dur),
+                     "bytes": _args_bytes(args),
+                     "group_size": size if size else (len(members) if members else world),
+                     "launch_us": float(lt), "source": "trace"})
+    df = pd.DataFrame(rows)
+    df["step"] = _step_of(df["launch_us"].to_numpy(), steps)
+    return df.drop(columns="launch_us")
+
+
+def _gloo_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
+                 pg_ranks: dict[str, list[int]], world: int | None, pg_count: int | None
+                 ) -> pd.DataFrame | None:
+    """The rank's gloo events: the collectives on its communication worker threads, and the
+    send/recv on the calling thread, each named by the op the program issued (gloo's all_reduce
+    of a reduce_scatter is one), in the group that op's record names.
+
+    ``kinds``, ``steps``: as for :func:`_gpu_comm_events`; ``pg_ranks``/``world``/``pg_count``:
+    :func:`_pg_config`.
+
+    Returns:
+        :data:`EVENT_COLUMNS` but ``window`` (``step`` last; µs on the rank's clock, ``seq`` -1
+        where the record gives none); None without gloo events.
+    """
+    ev = trace.events
+    threads = comm_threads(trace)
+    gloo = ev[name_test(trace, "gloo", lambda n: n.startswith("gloo:"))]
+    if not len(gloo):
+        return None
+    on_worker = on_threads(gloo, threads)
+    cct = cpu_comm_types(trace, kinds)
+    issued = cct["type"].reindex(gloo.index)
+    recs = cct["issuer_record"].reindex(gloo.index).tolist()
+    ops = [t if isinstance(t, str) else collective_type(n)
+           for t, n in zip(issued.tolist(), gloo["name"].tolist())]
+    is_p2p = np.array([o in ("send", "recv") for o in ops], dtype=bool)
+    keep = on_worker | is_p2p  # collectives on the worker threads; send/recv on the caller's
+    gl = gloo[keep]
+    world_group = bool(pg_count == 1 or (pg_ranks and world and all(
+        len(r) == world for r in pg_ranks.values()) and pg_count == len(pg_ranks)))
+    peers: list = [None] * len(gl)
+    p2p_rows = np.flatnonzero(is_p2p[keep])
+    if len(p2p_rows):
+        for i, peer in zip(p2p_rows, _gloo_p2p_peers(ev, gl.iloc[p2p_rows], world_group)):
+            peers[i] = peer
+    recs = [r if isinstance(r, dict) else {} for r, k in zip(recs, keep) if k]
+    members = [_group_ranks(r, pg_ranks) if r else None for r in recs]
+    seqs = [_int_arg(r.get("Seq")) for r in recs]
+    kept_ops = [o for o, k in zip(ops, keep) if k]
+    df = pd.DataFrame({
+        "rank": trace.rank, "pg": [str(r.get("Process Group Name", "?")) for r in recs],
+        "group": [group_key(m, r.get("Process Group Description")) if m else ""
+                  for m, r in zip(members, recs)],
+        "seq": [q if q is not None else -1 for q in seqs],
+        "native_seq": [q is not None and o not in P2P_OPS for q, o in zip(seqs, kept_ops)],
+        "op": kept_ops, "peer": pd.Series(peers, dtype=object),
+        "start_us": gl["ts"].to_numpy(dtype=float),
+        "end_us": (gl["ts"] + gl["dur"]).to_numpy(dtype=float),
+        "bytes": [_args_bytes(a) for a in gl["args"]],
+        "group_size": [len(m) if m else world for m in members],
+        "source": "trace"})
+    df["step"] = _step_of(df["start_us"].to_numpy(dtype=float), steps)
+    return df
 
 
 def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:

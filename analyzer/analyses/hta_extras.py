@@ -149,6 +149,36 @@ def compute_hta_extras(traces: TraceSet, comm_patterns=(), *, runtime_cutoff_us:
             f"HTA analyses skipped: Holistic Trace Analysis is not importable ({_one_line(exc)}); "
             f"pip install traceinsight",), None, **kw)
     hta_version = _hta_version()
+    files, messages = _hta_files(traces)
+    if comm_patterns:
+        messages.append("HTA does not use --comm-kernel: custom communication kernels are "
+                        "kernels like any other to it (right for both analyses: a stream busy "
+                        "communicating is not idle)")
+    idle_rows: list[pd.DataFrame] = []
+    launch_rows: list[dict] = []
+    if files:
+        hta_log = logging.getLogger("hta")
+        level = hta_log.level
+        hta_log.setLevel(logging.CRITICAL)   # HTA logs every file it parses
+        try:
+            idle_rows, launch_rows, run_messages = _run_hta(
+                TraceAnalysis, traces, files, runtime_cutoff_us, launch_delay_cutoff_us,
+                consecutive_kernel_delay_us)
+            messages.extend(run_messages)
+        finally:
+            hta_log.setLevel(level)
+    launches = pd.DataFrame(launch_rows, columns=list(LAUNCH_COLUMNS)) if launch_rows else \
+        _empty(LAUNCH_COLUMNS)
+    return HtaExtras(_idle_table(idle_rows), launches, tuple(messages), hta_version, **kw)
+
+
+def _hta_files(traces: TraceSet) -> tuple[dict[int, str], list[str]]:
+    """The ranks HTA can read: one trace file per rank (not several profiling windows, not a
+    merged file shared with other ranks) with GPU kernels.
+
+    Returns:
+        (``{rank: resolved path of its trace file}``, one message per kind of rank left out).
+    """
     messages: list[str] = []
     files: dict[int, str] = {}
     several: list[int] = []
@@ -175,69 +205,75 @@ def compute_hta_extras(traces: TraceSet, comm_patterns=(), *, runtime_cutoff_us:
         messages.append(f"HTA analyses skipped for {_ranks_text(several)}: HTA reads one trace "
                         f"file per rank (these have several profiling windows or share a "
                         f"merged file)")
-    if comm_patterns:
-        messages.append("HTA does not use --comm-kernel: custom communication kernels are "
-                        "kernels like any other to it (right for both analyses: a stream busy "
-                        "communicating is not idle)")
+    return files, messages
+
+
+def _run_hta(trace_analysis, traces: TraceSet, files: dict[int, str], runtime_cutoff_us: float,
+             launch_delay_cutoff_us: float, consecutive_kernel_delay_us: float
+             ) -> tuple[list[pd.DataFrame], list[dict], list[str]]:
+    """Load ``files`` (``{rank: path}``) into HTA's ``TraceAnalysis`` (``trace_analysis``, the
+    class) and run both analyses on each rank; cutoffs and delay in µs.
+
+    Returns:
+        (HTA's idle time breakdown per rank, ``rank`` added; the launch summaries per rank, rows
+        of :data:`LAUNCH_COLUMNS`; one message per failure, ranks with the same one sharing it).
+    """
     idle_rows: list[pd.DataFrame] = []
     launch_rows: list[dict] = []
-    if files:
-        hta_log = logging.getLogger("hta")
-        level = hta_log.level
-        hta_log.setLevel(logging.CRITICAL)   # HTA logs every file it parses
+    messages: list[str] = []
+    try:
+        ta = trace_analysis(trace_files=dict(files), trace_dir="/")
+    except Exception as exc:
+        messages.append(f"HTA could not load the traces ({_one_line(exc)}); no HTA "
+                        f"analyses")
+        ta = None
+    failed: dict[str, list[int]] = {}
+    for rank in sorted(files) if ta is not None else ():
         try:
-            try:
-                ta = TraceAnalysis(trace_files=dict(files), trace_dir="/")
-            except Exception as exc:
-                messages.append(f"HTA could not load the traces ({_one_line(exc)}); no HTA "
-                                f"analyses")
-                ta = None
-            failed: dict[str, list[int]] = {}
-            for rank in sorted(files) if ta is not None else ():
-                try:
-                    idle, _ = ta.get_idle_time_breakdown(
-                        ranks=[rank], visualize=False,
-                        consecutive_kernel_delay=consecutive_kernel_delay_us)
-                    idle_rows.append(idle.assign(rank=rank))
-                except Exception as exc:
-                    failed.setdefault(f"idle time breakdown failed ({_one_line(exc)})",
-                                      []).append(rank)
-                try:
-                    stats = ta.get_cuda_kernel_launch_stats(
-                        ranks=[rank], runtime_cutoff=runtime_cutoff_us,
-                        launch_delay_cutoff=launch_delay_cutoff_us, visualize=False)[rank]
-                    if len(stats):
-                        launch_rows.append(_summarize_launches(
-                            rank, stats, runtime_cutoff_us, launch_delay_cutoff_us))
-                    else:
-                        failed.setdefault("kernel launch statistics: no CUDA launch "
-                                          "(cudaLaunchKernel, cudaMemcpyAsync, …) matched to a "
-                                          "GPU event", []).append(rank)
-                except Exception as exc:
-                    failed.setdefault(f"kernel launch statistics failed ({_one_line(exc)})",
-                                      []).append(rank)
-            rocm = {r for r, t in traces.ranks.items() if device_kind(t) == "rocm"}
-            for what, ranks in failed.items():
-                why = ("; HTA knows CUDA launch names only (a ROCm trace)"
-                       if set(ranks) <= rocm and what.startswith("kernel launch") else "")
-                messages.append(f"HTA {what} on {_ranks_text(ranks)}{why}")
-        finally:
-            hta_log.setLevel(level)
+            idle, _ = ta.get_idle_time_breakdown(
+                ranks=[rank], visualize=False,
+                consecutive_kernel_delay=consecutive_kernel_delay_us)
+            idle_rows.append(idle.assign(rank=rank))
+        except Exception as exc:
+            failed.setdefault(f"idle time breakdown failed ({_one_line(exc)})",
+                              []).append(rank)
+        try:
+            stats = ta.get_cuda_kernel_launch_stats(
+                ranks=[rank], runtime_cutoff=runtime_cutoff_us,
+                launch_delay_cutoff=launch_delay_cutoff_us, visualize=False)[rank]
+            if len(stats):
+                launch_rows.append(_summarize_launches(
+                    rank, stats, runtime_cutoff_us, launch_delay_cutoff_us))
+            else:
+                failed.setdefault("kernel launch statistics: no CUDA launch "
+                                  "(cudaLaunchKernel, cudaMemcpyAsync, …) matched to a "
+                                  "GPU event", []).append(rank)
+        except Exception as exc:
+            failed.setdefault(f"kernel launch statistics failed ({_one_line(exc)})",
+                              []).append(rank)
+    rocm = {r for r, t in traces.ranks.items() if device_kind(t) == "rocm"}
+    for what, ranks in failed.items():
+        why = ("; HTA knows CUDA launch names only (a ROCm trace)"
+               if set(ranks) <= rocm and what.startswith("kernel launch") else "")
+        messages.append(f"HTA {what} on {_ranks_text(ranks)}{why}")
+    return idle_rows, launch_rows, messages
+
+
+def _idle_table(idle_rows: list[pd.DataFrame]) -> pd.DataFrame:
+    """:attr:`HtaExtras.idle` from HTA's idle time breakdowns (:func:`_run_hta`): µs, and the
+    share recomputed from the times (HTA rounds it to 2 digits)."""
     idle = (pd.concat(idle_rows, ignore_index=True) if idle_rows else None)
-    if idle is not None and len(idle):
-        idle = pd.DataFrame({"rank": idle["rank"].astype(int),
-                             "stream": idle["stream"].astype(int),
-                             "category": idle["idle_category"].astype(str),
-                             "idle_us": idle["idle_time"].astype(float),
-                             "idle_pct": 100.0 * idle["idle_time_ratio"].astype(float)})
-        # HTA rounds the ratio to 2 digits: recompute it from the times
-        tot = idle.groupby(["rank", "stream"])["idle_us"].transform("sum")
-        idle["idle_pct"] = (100.0 * idle["idle_us"] / tot).where(tot > 0, math.nan)
-    else:
-        idle = _empty(IDLE_COLUMNS)
-    launches = pd.DataFrame(launch_rows, columns=list(LAUNCH_COLUMNS)) if launch_rows else \
-        _empty(LAUNCH_COLUMNS)
-    return HtaExtras(idle, launches, tuple(messages), hta_version, **kw)
+    if idle is None or not len(idle):
+        return _empty(IDLE_COLUMNS)
+    idle = pd.DataFrame({"rank": idle["rank"].astype(int),
+                         "stream": idle["stream"].astype(int),
+                         "category": idle["idle_category"].astype(str),
+                         "idle_us": idle["idle_time"].astype(float),
+                         "idle_pct": 100.0 * idle["idle_time_ratio"].astype(float)})
+    # HTA rounds the ratio to 2 digits: recompute it from the times
+    tot = idle.groupby(["rank", "stream"])["idle_us"].transform("sum")
+    idle["idle_pct"] = (100.0 * idle["idle_us"] / tot).where(tot > 0, math.nan)
+    return idle
 
 
 def _no_kernels(trace) -> bool:

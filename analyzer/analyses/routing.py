@@ -212,6 +212,37 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
     inst = sync.instances[(sync.instances["op"] == "all_to_all") & sync.instances["complete"]]
     if inst.empty:
         return empty_routing()
+    routed = _route_instances(inst, _matched_per_rank(traces, sync, inst))
+    notes = []
+    if routed.unsized:
+        notes.append(f"{routed.unsized} all-to-all instance(s) without split sizes or sizes on "
+                     "every member (the issuing op was not recorded with its shapes): not counted")
+    if routed.even:
+        notes.append(f"{routed.even} all-to-all instance(s) split evenly (every rank sends and "
+                     "receives the same rows: a count exchange, or a capacity-padded dispatch "
+                     "in which routing cannot show): not counted as routed")
+    if not routed.instances:
+        return empty_routing(tuple(notes))
+    instances = pd.DataFrame(routed.instances, columns=list(INSTANCE_COLUMNS))
+    r = pd.DataFrame(routed.rank_rows)
+    per_rank = (r.groupby(["group", "step", "rank"], as_index=False)
+                .agg(sent_rows=("sent_rows", "sum"), recv_rows=("recv_rows", "sum"),
+                     load_rows=("load_rows", "sum"), waited_us=("waited_us", "sum")))
+    steps = _step_table(per_rank, r)
+    groups = _group_table(steps, instances, routed.row_bytes, _dims(layout))
+    return RoutingResult(instances, per_rank, steps, groups, _matrix(routed.matrix_rows),
+                         tuple(notes))
+
+
+def _matched_per_rank(traces: TraceSet, sync: SyncResult, inst: pd.DataFrame) -> pd.DataFrame:
+    """The per-rank rows of the all-to-all instances ``inst`` (:attr:`SyncResult.per_rank`
+    with the instance's ``bytes``), each with the op that issued it on its rank
+    (:func:`_match`).
+
+    Returns:
+        those rows with ``raw_start`` (the rank's own clock, µs), ``op`` (the op's row, a dict;
+        None when unmatched), ``until`` (the last arrival, µs) and ``waited`` (µs) added.
+    """
     off = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
     pr = sync.per_rank[sync.per_rank["instance"].isin(inst["instance"])].merge(
         inst[["instance", "bytes"]], on="instance")
@@ -225,7 +256,42 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
     pr = pr.assign(op=pd.Series({i: op_of.get(i) for i in pr.index}, dtype=object))
     pr["until"] = pr.groupby("instance")["start_us"].transform("max")
     pr["waited"] = pr["until"] - pr["start_us"]
+    return pr
 
+
+@dataclasses.dataclass(frozen=True)
+class _Routed:
+    """What :func:`_route_instances` found.
+
+    Attributes:
+        instances: one dict per routed instance, :data:`INSTANCE_COLUMNS`.
+        rank_rows: one dict per routed instance and rank: ``group``, ``step``, ``rank``,
+            ``sent_rows``, ``recv_rows``, ``load_rows``, ``waited_us`` (µs), ``_last`` (the
+            last to arrive), ``_instance``.
+        matrix_rows: one dict per routed instance, source and destination: ``group``,
+            ``instance``, ``src``, ``dst``, ``rows``.
+        row_bytes: ``{group: bytes per row of its largest routed buffer}``.
+        unsized: instances left out for want of sizes.
+        even: instances left out as split evenly.
+    """
+
+    instances: list[dict]
+    rank_rows: list[dict]
+    matrix_rows: list[dict]
+    row_bytes: dict[str, float]
+    unsized: int
+    even: int
+
+
+def _ratio(x: np.ndarray) -> float:
+    """max/mean of ``x``; 1 when the mean is not positive."""
+    return float(x.max() / x.mean()) if x.mean() > 0 else 1.0
+
+
+def _route_instances(inst: pd.DataFrame, pr: pd.DataFrame) -> _Routed:
+    """The routed instances among ``inst`` (all-to-all rows of :attr:`SyncResult.instances`):
+    rows sent and received per member, the expert side, the hot rank and the waits
+    (module docstring); ``pr``: :func:`_matched_per_rank`."""
     rows_i, rows_r, matrix_rows = [], [], []
     unsized = even = 0
     row_bytes: dict[str, float] = {}
@@ -233,33 +299,18 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
         meta = inst[inst["instance"] == key].iloc[0]
         g = g.sort_values("rank")
         members = [int(r) for r in g["rank"]]
-        n = len(members)
         if g["op"].isna().any():
             unsized += 1
             continue
         ops = g["op"].tolist()
-        parts = [_rows(o, n) for o in ops]
-        unit = "rows" if all(p[3] == "rows" for p in parts) else "elements"
-        sent, recv = [], []
-        for o, (s, r, row, _) in zip(ops, parts):
-            scale = row if unit == "rows" else 1.0
-            se, re_ = _size(o.get("send_elems")), _size(o.get("recv_elems"))
-            sent.append(float(sum(s)) if s is not None and unit == "rows" else
-                        (se / scale if se is not None else np.nan))
-            recv.append(float(sum(r)) if r is not None and unit == "rows" else
-                        (re_ / scale if re_ is not None else np.nan))
-        sent_a, recv_a = np.array(sent, dtype=float), np.array(recv, dtype=float)
+        parts, unit, sent_a, recv_a = _sent_received(ops, len(members))
         if np.isnan(sent_a).any() or np.isnan(recv_a).any():
             unsized += 1
             continue
         if np.all(sent_a == sent_a[0]) and np.all(recv_a == recv_a[0]):
             even += 1
             continue
-
-        def ratio(x: np.ndarray) -> float:
-            return float(x.max() / x.mean()) if x.mean() > 0 else 1.0
-
-        side = "recv" if ratio(recv_a) >= ratio(sent_a) else "send"
+        side = "recv" if _ratio(recv_a) >= _ratio(sent_a) else "send"
         load = recv_a if side == "recv" else sent_a
         hot = members[int(np.argmax(load))]
         last = int(meta["last_rank"])
@@ -267,7 +318,7 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
         rows_i.append({"instance": key, "group": meta["group"], "step": int(meta["step"]),
                        "seq": int(meta["seq"]), "unit": unit, "ranks": members,
                        "send_rows": sent_a.tolist(), "recv_rows": recv_a.tolist(), "side": side,
-                       "imbalance": ratio(load), "hot_rank": hot, "last_rank": last,
+                       "imbalance": _ratio(load), "hot_rank": hot, "last_rank": last,
                        "wait_us": float(sum(w for r, w in waits.items() if r != last))})
         for r, s_, v, ld in zip(members, sent_a, recv_a, load):
             rows_r.append({"group": meta["group"], "step": int(meta["step"]), "rank": r,
@@ -285,22 +336,34 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
             eb = _size(ops[members.index(r)].get("elem_bytes"))
             if row and eb:
                 row_bytes[meta["group"]] = max(row_bytes.get(meta["group"], 0.0), row * eb)
+    return _Routed(rows_i, rows_r, matrix_rows, row_bytes, unsized, even)
 
-    notes = []
-    if unsized:
-        notes.append(f"{unsized} all-to-all instance(s) without split sizes or sizes on every "
-                     "member (the issuing op was not recorded with its shapes): not counted")
-    if even:
-        notes.append(f"{even} all-to-all instance(s) split evenly (every rank sends and "
-                     "receives the same rows: a count exchange, or a capacity-padded dispatch "
-                     "in which routing cannot show): not counted as routed")
-    if not rows_i:
-        return empty_routing(tuple(notes))
-    instances = pd.DataFrame(rows_i, columns=list(INSTANCE_COLUMNS))
-    r = pd.DataFrame(rows_r)
-    per_rank = (r.groupby(["group", "step", "rank"], as_index=False)
-                .agg(sent_rows=("sent_rows", "sum"), recv_rows=("recv_rows", "sum"),
-                     load_rows=("load_rows", "sum"), waited_us=("waited_us", "sum")))
+
+def _sent_received(ops: list[dict], n: int) -> tuple[list, str, np.ndarray, np.ndarray]:
+    """Rows (elements where some member's row size is unknown) each of the ``n`` members
+    sends and receives at one instance, from its op (``ops``, group order).
+
+    Returns:
+        (:func:`_rows` of each op, unit ``"rows"`` or ``"elements"``, sent and received per
+        member as float arrays, NaN where unknown).
+    """
+    parts = [_rows(o, n) for o in ops]
+    unit = "rows" if all(p[3] == "rows" for p in parts) else "elements"
+    sent, recv = [], []
+    for o, (s, r, row, _) in zip(ops, parts):
+        scale = row if unit == "rows" else 1.0
+        se, re_ = _size(o.get("send_elems")), _size(o.get("recv_elems"))
+        sent.append(float(sum(s)) if s is not None and unit == "rows" else
+                    (se / scale if se is not None else np.nan))
+        recv.append(float(sum(r)) if r is not None and unit == "rows" else
+                    (re_ / scale if re_ is not None else np.nan))
+    return parts, unit, np.array(sent, dtype=float), np.array(recv, dtype=float)
+
+
+def _step_table(per_rank: pd.DataFrame, r: pd.DataFrame) -> pd.DataFrame:
+    """:attr:`RoutingResult.steps` from :attr:`RoutingResult.per_rank` and the per-instance
+    rank rows ``r`` (:attr:`_Routed.rank_rows`: the waits at the instances the hot rank
+    arrived last at, µs)."""
     step_rows = []
     for (grp, step), g in per_rank.groupby(["group", "step"]):
         load = g.set_index("rank")["load_rows"]
@@ -314,8 +377,14 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
                           "imbalance": float(load.max() / mean) if mean > 0 else 1.0,
                           "hot_rank": hot, "wait_us": float(waited),
                           "saving_us": float(waited) / len(load)})
-    steps = pd.DataFrame(step_rows, columns=list(STEP_COLUMNS))
-    dims = _dims(layout)
+    return pd.DataFrame(step_rows, columns=list(STEP_COLUMNS))
+
+
+def _group_table(steps: pd.DataFrame, instances: pd.DataFrame, row_bytes: dict[str, float],
+                 dims: dict[str, str]) -> pd.DataFrame:
+    """:attr:`RoutingResult.groups` (largest saving first) from :attr:`RoutingResult.steps`
+    and :attr:`RoutingResult.instances` (each group's unit); ``row_bytes``: bytes per row per
+    group; ``dims``: :func:`_dims`."""
     grows = []
     for grp, g in steps.groupby("group"):
         hot = g["hot_rank"].value_counts()
@@ -331,16 +400,20 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
             "saving_us": float(g["saving_us"].median()),
             "saving_q1_us": float(g["saving_us"].quantile(0.25)),
             "saving_q3_us": float(g["saving_us"].quantile(0.75))})
-    groups = (pd.DataFrame(grows, columns=list(GROUP_COLUMNS))
-              .sort_values(["saving_us", "imbalance"], ascending=False).reset_index(drop=True))
-    if matrix_rows:
-        m = pd.DataFrame(matrix_rows)
-        n_inst = m.groupby("group")["instance"].nunique()
-        matrix = m.groupby(["group", "src", "dst"], as_index=False)["rows"].sum()
-        matrix["rows"] = matrix["rows"] / matrix["group"].map(n_inst)
-    else:
-        matrix = pd.DataFrame(columns=["group", "src", "dst", "rows"])
-    return RoutingResult(instances, per_rank, steps, groups, matrix, tuple(notes))
+    return (pd.DataFrame(grows, columns=list(GROUP_COLUMNS))
+            .sort_values(["saving_us", "imbalance"], ascending=False).reset_index(drop=True))
+
+
+def _matrix(matrix_rows: list[dict]) -> pd.DataFrame:
+    """:attr:`RoutingResult.matrix` (mean rows per routed instance of the group) from
+    :attr:`_Routed.matrix_rows`."""
+    if not matrix_rows:
+        return pd.DataFrame(columns=["group", "src", "dst", "rows"])
+    m = pd.DataFrame(matrix_rows)
+    n_inst = m.groupby("group")["instance"].nunique()
+    matrix = m.groupby(["group", "src", "dst"], as_index=False)["rows"].sum()
+    matrix["rows"] = matrix["rows"] / matrix["group"].map(n_inst)
+    return matrix
 
 
 def _dims(layout) -> dict[str, str]:

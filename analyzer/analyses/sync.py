@@ -346,6 +346,31 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     no_offsets = pd.DataFrame(columns=["rank", "offset_us", "residual_us", "instances", "host"])
     if ev.empty:
         return SyncResult(no_offsets, empty, empty, no_stragglers, empty, "none")
+    ev, matched_by, notes = _matched_events(ev)
+    present = set(int(r) for r in traces.ranks) | set(int(r) for r in ev["rank"].unique())
+    inst, inst_notes, n_multi = _count_instances(ev, present)
+    notes.extend(inst_notes)
+    hosts = _hosts(traces)
+    ev, inst, offsets, off_notes = _align_clocks(ev, inst, hosts)
+    notes.extend(off_notes)
+    inst = _instance_times(ev, inst, hosts)
+    per_rank, pr = _per_rank_waits(ev, inst)
+    ranks = sorted(int(r) for r in ev["rank"].unique())
+    st, straggler = _stragglers(ranks, inst, pr, n_multi)
+    bandwidth = _bandwidth_table(inst[inst["complete"]])
+    return SyncResult(offsets, inst.drop(columns=["group_size"]), per_rank, st, bandwidth,
+                      matched_by, straggler, tuple(notes), _p2p_pairs(inst, pr))
+
+
+def _matched_events(ev: pd.DataFrame) -> tuple[pd.DataFrame, str, list[str]]:
+    """Match the communication events (:data:`EVENT_COLUMNS`) into instances
+    (:func:`match_instances`).
+
+    Returns:
+        (the matched events, ``instance`` and ``matched`` added, without the point-to-point ops
+        whose peer is unknown; :attr:`SyncResult.matched_by`; a note when such ops were left
+        out).
+    """
     ev = match_instances(ev)
     hows = set(ev["matched"].dropna())
     if ev["source"].eq("records").all():
@@ -363,8 +388,23 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     if unpaired.any():
         notes.append(f"{int(unpaired.sum())} point-to-point op(s) without a known peer were not "
                      f"paired (never matched as a group collective)")
-    ev = ev[~unpaired].copy()
-    present = set(int(r) for r in traces.ranks) | set(int(r) for r in ev["rank"].unique())
+    return ev[~unpaired].copy(), matched_by, notes
+
+
+def _count_instances(ev: pd.DataFrame, present: set[int]
+                     ) -> tuple[pd.DataFrame, list[str], int]:
+    """One row per matched instance of ``ev`` (matched events, every ``instance`` set).
+
+    ``present``: the ranks that have a trace (a group without sizes is taken to span them).
+
+    Returns:
+        (instances indexed by ``instance``: ``pg``, ``group``, ``seq``, ``op``, ``ranks``
+        (members present), ``step`` (max), ``bytes`` (max over members), ``group_size``,
+        ``expected`` (group size; 2 for a point-to-point pair), ``complete``; notes on
+        over-full, partial and one-sided instances; the number of instances of more than one
+        rank).
+    """
+    notes: list[str] = []
     g = ev.groupby("instance", sort=False)
     inst = pd.DataFrame({
         "pg": g["pg"].first(), "group": g["group"].first(), "seq": g["seq"].first(),
@@ -396,21 +436,49 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     lone = inst[(inst["ranks"] < inst["expected"]) & is_p2p]
     if len(lone):
         notes.append(f"{len(lone)} point-to-point transfer(s) have only one side in the traces")
+    return inst, notes, n_multi
+
+
+def _align_clocks(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
+    """Estimate the clock offsets (:func:`_offsets`) from the complete instances of ``inst``
+    (:func:`_count_instances`) and correct the event times of ``ev`` by them.
+
+    Returns:
+        (``ev`` with ``start_us``/``end_us`` corrected and ``dur_us`` added (µs); ``inst`` with
+        ``complete`` False for instances whose members' clocks nothing relates; the offsets
+        table (:attr:`SyncResult.offsets`); notes on the clock model).
+    """
     complete = set(inst.index[inst["complete"]])
-    hosts = _hosts(traces)
-    offsets, off_notes, clock_set = _offsets(ev, complete, hosts)
-    notes.extend(off_notes)
+    offsets, notes, clock_set = _offsets(ev, complete, hosts)
     # an instance whose members' clocks nothing relates cannot be compared
     sets = ev.groupby("instance")["rank"].agg(lambda rs: len({clock_set[int(r)] for r in rs}))
     apart = set(sets.index[sets > 1])
     if apart:
+        inst = inst.copy()
         inst.loc[inst.index.isin(apart), "complete"] = False
-        complete -= apart
+    ev = ev.copy()
     off = ev["rank"].map(dict(zip(offsets["rank"], offsets["offset_us"]))).fillna(0.0)
     ev["start_us"] = ev["start_us"] - off
     ev["end_us"] = ev["end_us"] - off
     ev["dur_us"] = ev["end_us"] - ev["start_us"]
+    return ev, inst, offsets, notes
 
+
+def _instance_times(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
+                    ) -> pd.DataFrame:
+    """Arrival, transfer time and bandwidth of each instance of more than one rank.
+
+    ``ev``: the events on corrected clocks (:func:`_align_clocks`); ``inst``: the instances
+    (:func:`_count_instances`), indexed by ``instance``.
+
+    Returns:
+        the instances of more than one rank with ``instance`` a column again, in order of
+        ``first_arrival_us``, with ``first_arrival_us``, ``arrival_skew_us``, ``transfer_us``
+        (µs), ``last_rank``, ``algbw_gbps``, ``busbw_gbps`` (GB/s; NaN when partial or without
+        bytes) and ``inter_node`` added (:attr:`SyncResult.instances`, plus ``group_size``).
+    """
+    inst = inst.copy()
     g = ev.groupby("instance", sort=False)
     inst["first_arrival_us"] = g["start_us"].min()
     inst["arrival_skew_us"] = g["start_us"].max() - g["start_us"].min()
@@ -431,7 +499,21 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
             lambda k: None if None in hsets.get(k, {None}) else len(hsets[k]) > 1)
     else:
         inst["inter_node"] = None
+    return inst
 
+
+def _per_rank_waits(ev: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each rank's time at each instance of :func:`_instance_times`.
+
+    ``ev``: the events on corrected clocks (:func:`_align_clocks`).
+
+    Returns:
+        (:attr:`SyncResult.per_rank`: ``instance``, ``rank``, ``start_us``, ``end_us``,
+        ``dur_us``, ``wait_us``, ``arrival_delay_us`` (µs); the rows of complete instances with
+        every column of ``ev`` plus ``transfer_us``, ``first_arrival_us``, ``last_rank``,
+        ``complete``, ``wait_us``, ``arrival_delay_us`` and ``wait_until_us`` (the last arrival,
+        µs)).
+    """
     pr = ev[ev["instance"].isin(inst["instance"])].copy()
     pr = pr.merge(inst[["instance", "transfer_us", "first_arrival_us", "last_rank", "complete"]],
                   on="instance")
@@ -442,17 +524,20 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     pr["wait_until_us"] = pr.groupby("instance")["start_us"].transform("max")
     per_rank = pr[["instance", "rank", "start_us", "end_us", "dur_us", "wait_us",
                    "arrival_delay_us"]].reset_index(drop=True)
-    pr = pr[pr["complete"]]
+    return per_rank, pr[pr["complete"]]
 
-    def waited(rows: pd.DataFrame) -> float:
-        return iv.total(iv.union(rows["start_us"].to_numpy(), rows["wait_until_us"].to_numpy()))
 
-    ranks = sorted(int(r) for r in ev["rank"].unique())
-    st = pd.DataFrame({"rank": ranks})
-    st["wait_suffered_us"] = [waited(pr[pr["rank"] == r]) for r in ranks]
+def _waited(rows: pd.DataFrame) -> float:
+    """|union of the waiting intervals ``start_us``–``wait_until_us``| of ``rows`` (µs)."""
+    return iv.total(iv.union(rows["start_us"].to_numpy(), rows["wait_until_us"].to_numpy()))
+
+
+def _wait_caused(pr: pd.DataFrame) -> dict[tuple[int, int], float]:
+    """``{(last arrival, step): wait caused (µs)}``: per last-arriving rank and step, the sum over
+    the waiting ranks (in rank order) of |union of each one's waits|; ``pr``: the rows of
+    complete instances (:func:`_per_rank_waits`)."""
     others = pr[pr["rank"] != pr["last_rank"]]
-    # per (last arrival, step): the sum over the waiting ranks (in rank order) of each one's
-    # waited time; positions instead of sub-frames (thousands of groups on big runs)
+    # positions instead of sub-frames (thousands of groups on big runs)
     caused: dict[tuple[int, int], float] = {}
     o_start = others["start_us"].to_numpy()
     o_until = others["wait_until_us"].to_numpy()
@@ -460,6 +545,23 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     for (last, step, _), idx in sorted(groups.items(), key=lambda kv: kv[0]):
         key = (int(last), int(step))
         caused[key] = caused.get(key, 0) + iv.total(iv.union(o_start[idx], o_until[idx]))
+    return caused
+
+
+def _stragglers(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_multi: int
+                ) -> tuple[pd.DataFrame, int | None]:
+    """Per-rank waits from the complete instances.
+
+    ``ranks``: every rank with events; ``inst``: :func:`_instance_times`; ``pr``: the rows of
+    complete instances (:func:`_per_rank_waits`); ``n_multi``: instances of more than one rank
+    (with none of them complete, the table is empty).
+
+    Returns:
+        (:attr:`SyncResult.stragglers`, most wait caused first; :attr:`SyncResult.straggler`).
+    """
+    st = pd.DataFrame({"rank": ranks})
+    st["wait_suffered_us"] = [_waited(pr[pr["rank"] == r]) for r in ranks]
+    caused = _wait_caused(pr)
     total_caused: dict[int, float] = {}
     for (last, _), v in caused.items():
         total_caused[last] = total_caused.get(last, 0.0) + v
@@ -478,19 +580,21 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
         st = st.iloc[:0]
     straggler = (int(st["rank"].iloc[0]) if len(st)
                  and float(st["wait_caused_us"].iloc[0]) >= STRAGGLER_MIN_WAIT_US else None)
+    return st, straggler
 
+
+def _bandwidth_table(done: pd.DataFrame) -> pd.DataFrame:
+    """:attr:`SyncResult.bandwidth` (medians per group, op, bytes and ``inter_node``; µs, GB/s)
+    from the complete instances ``done`` (:func:`_instance_times`)."""
     bw = done.dropna(subset=["algbw_gbps"])
     if len(bw):
-        bandwidth = (bw.assign(inter_node=bw["inter_node"].map(
-                         lambda v: "unknown" if v is None else ("inter" if v else "intra")))
-                     .groupby(["pg", "op", "bytes", "inter_node"], as_index=False)
-                     .agg(count=("instance", "size"), transfer_us=("transfer_us", "median"),
-                          algbw_gbps=("algbw_gbps", "median"), busbw_gbps=("busbw_gbps", "median")))
-    else:
-        bandwidth = pd.DataFrame(columns=["pg", "op", "bytes", "inter_node", "count", "transfer_us",
-                                          "algbw_gbps", "busbw_gbps"])
-    return SyncResult(offsets, inst.drop(columns=["group_size"]), per_rank, st, bandwidth,
-                      matched_by, straggler, tuple(notes), _p2p_pairs(inst, pr))
+        return (bw.assign(inter_node=bw["inter_node"].map(
+                    lambda v: "unknown" if v is None else ("inter" if v else "intra")))
+                .groupby(["pg", "op", "bytes", "inter_node"], as_index=False)
+                .agg(count=("instance", "size"), transfer_us=("transfer_us", "median"),
+                     algbw_gbps=("algbw_gbps", "median"), busbw_gbps=("busbw_gbps", "median")))
+    return pd.DataFrame(columns=["pg", "op", "bytes", "inter_node", "count", "transfer_us",
+                                 "algbw_gbps", "busbw_gbps"])
 
 
 def _p2p_pairs(inst: pd.DataFrame, pr: pd.DataFrame) -> pd.DataFrame:

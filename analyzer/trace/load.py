@@ -40,7 +40,7 @@ from .parse import (
     plain_bytes,
     read_process_names,
 )
-from .ranks import FileFacts, assign_ranks, merged_rank_of_pids
+from .ranks import FileFacts, RankFiles, assign_ranks, merged_rank_of_pids
 from .traceset import RankTrace, TraceSet
 
 
@@ -554,22 +554,56 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     warnings: list[str] = list(info)
     run_info, rank_meta, others = _read_sidecars(sidecars, warnings)
     if not files:
-        hint = ""
-        sub = sorted({f.parent for p in paths if p.is_dir()
-                      for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))
-                      and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
-        if sub:
-            hint = f"; subfolders hold some: {', '.join(str(d) for d in sub[:3])}"
-        elif run_info is not None and run_info.hang:
-            hint = ("; the profiled run hung and was stopped before a trace was written: "
-                    + run_info.hang[0])
-        elif run_info is not None or rank_meta:
-            steps = {r: m.optimizer_steps for r, m in sorted(rank_meta.items())}
-            hint = (f"; this pardiag run wrote no trace (optimizer steps per rank: {steps};"
-                    f" profile with more steps or --wait 0 --warmup 0)")
-        raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found{hint}")
+        raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found"
+                         f"{_no_files_hint(paths, run_info, rank_meta)}")
+    parsed = _parse_all(files, reducer=reducer, patterns=list(comm_patterns), cache=cache,
+                        workers=workers, progress=progress)
+    docs = _readable(files, parsed, explicit, warnings)
+    if not docs:
+        first = warnings[-1].removesuffix(" - skipped") if warnings else ""
+        raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace"
+                         f" (e.g. {first})")
+    units, assignment = _assign(docs, warnings)
+    present = {a.rank for a in assignment}
+    warnings.extend(_run_warnings(run_info, rank_meta, present))
+    warnings.extend(_world_size_warnings([(a.rank, units[a.keys[0]].metadata) for a in assignment],
+                                         run_info))
+    ranks: dict[int, RankTrace] = {}
+    for a in assignment:
+        ranks[a.rank] = _rank_trace(a, units, warnings)
+    return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
+                    rank_meta=rank_meta, sidecars=others)
 
-    patterns = list(comm_patterns)
+
+def _no_files_hint(paths: list[Path], run_info: layout.RunFile | None,
+                   rank_meta: dict[int, layout.RankMeta]) -> str:
+    """Why no trace file was found, for the error (``"; subfolders hold some: ..."``; ``""``
+    when there is nothing to say): subfolders that hold traces, a run that hung, or a pardiag
+    run that wrote none."""
+    hint = ""
+    sub = sorted({f.parent for p in paths if p.is_dir()
+                  for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))
+                  and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
+    if sub:
+        hint = f"; subfolders hold some: {', '.join(str(d) for d in sub[:3])}"
+    elif run_info is not None and run_info.hang:
+        hint = ("; the profiled run hung and was stopped before a trace was written: "
+                + run_info.hang[0])
+    elif run_info is not None or rank_meta:
+        steps = {r: m.optimizer_steps for r, m in sorted(rank_meta.items())}
+        hint = (f"; this pardiag run wrote no trace (optimizer steps per rank: {steps};"
+                f" profile with more steps or --wait 0 --warmup 0)")
+    return hint
+
+
+def _parse_all(files: list[Path], *, reducer: RankReducer | None, patterns: list,
+               cache: bool, workers: int | None, progress) -> dict[Path, ParsedFile]:
+    """Every file parsed (:func:`parse_files`), or read from its stored summary (with a
+    ``reducer`` and ``cache``); ``progress(done, total)`` counts both.
+
+    Returns:
+        ``{file: ParsedFile}``.
+    """
     parsed: dict[Path, ParsedFile] = {}
     if reducer is not None and cache:
         for f in files:
@@ -594,7 +628,18 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
               keep_events=reducer is None or n_workers <= 1)
     for p in parse_files(todo, n_workers, step, **kw):
         parsed[p.path] = p
+    return parsed
 
+
+def _readable(files: list[Path], parsed: dict[Path, ParsedFile], explicit: set[Path],
+              warnings: list[str]) -> list[ParsedFile]:
+    """The parsed files that are traces, in file order; the others are skipped with a line in
+    ``warnings`` (a ``pardiag report --json`` output without one), and files read with repairs
+    are named there.
+
+    Raises:
+        TraceError: a file in ``explicit`` (named on its own) cannot be read or is no trace.
+    """
     docs: list[ParsedFile] = []
     for f in files:
         p = parsed[f]
@@ -613,12 +658,19 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
         if p.repairs:
             warnings.append(f"{f}: not strict JSON; read with repairs ({'; '.join(p.repairs)})")
         docs.append(p)
-    if not docs:
-        first = warnings[-1].removesuffix(" - skipped") if warnings else ""
-        raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace"
-                         f" (e.g. {first})")
+    return docs
 
-    # Ranks: a pure function of what each file (or merged file's part) says (analyzer.ranks).
+
+def _assign(docs: list[ParsedFile], warnings: list[str]
+            ) -> tuple[list[ParsedFile], list[RankFiles]]:
+    """Ranks: a pure function of what each file (or merged file's part) says
+    (:func:`pardiag.analyzer.trace.ranks.assign_ranks`); its warnings, and a line per merged
+    file split, go to ``warnings``.
+
+    Returns:
+        (the units: each file, or each part of a merged file, in order; the ranks, whose
+        ``keys`` index the units).
+    """
     units: list[ParsedFile] = [q for p in docs for q in (p.pieces or [p])]
     facts = []
     for i, p in enumerate(units):
@@ -633,33 +685,31 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
             if p.pieces:
                 warnings.append(f"{p.path}: holds {len(p.pieces)} ranks (a merged trace); split "
                                 f"into rank(s) {[q.rank_hint for q in p.pieces]}")
+    return units, assignment
 
-    present = {a.rank for a in assignment}
-    warnings.extend(_run_warnings(run_info, rank_meta, present))
-    warnings.extend(_world_size_warnings([(a.rank, units[a.keys[0]].metadata) for a in assignment],
-                                         run_info))
-    ranks: dict[int, RankTrace] = {}
-    for a in assignment:
-        r, how = a.rank, a.source
-        parts = [units[k] for k in a.keys]
-        for p in parts:
-            warnings.extend(p.ev_warnings)
-        p = parts[0] if len(parts) == 1 else _join_windows(parts)
-        f = p.path
-        n_events = len(p.events) if p.events is not None else p.summary.n_events
-        if n_events == 0:
-            warnings.append(f"{f}: rank {r} has no timed events")
-        elif not p.has_steps:
-            warnings.append(f"{f}: no ProfilerStep#N annotations; per-step results are empty for "
-                            f"rank {r}")
-        s = p.summary
-        if s is not None:
-            s = dataclasses.replace(s, comm=s.comm.assign(rank=r) if len(s.comm) else s.comm)
-        windows = tuple(_time_range(q) for q in parts) if len(parts) > 1 else ()
-        reader = (functools.partial(_read_events, f, p.rank_hint) if p.events is None
-                  else None)
-        ranks[r] = RankTrace(rank=r, path=f, events=p.events, metadata=p.metadata, reader=reader,
-                             rank_source=how, thread_names=p.thread_names, notes=tuple(p.notes),
-                             summary=s, windows=windows, files=tuple(q.path for q in parts))
-    return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
-                    rank_meta=rank_meta, sidecars=others)
+
+def _rank_trace(a: RankFiles, units: list[ParsedFile], warnings: list[str]) -> RankTrace:
+    """The :class:`RankTrace` of rank ``a`` from its units (profiling windows joined,
+    :func:`_join_windows`); the units' event warnings, and a line when the rank has no timed
+    events or no step annotations, go to ``warnings``."""
+    r, how = a.rank, a.source
+    parts = [units[k] for k in a.keys]
+    for p in parts:
+        warnings.extend(p.ev_warnings)
+    p = parts[0] if len(parts) == 1 else _join_windows(parts)
+    f = p.path
+    n_events = len(p.events) if p.events is not None else p.summary.n_events
+    if n_events == 0:
+        warnings.append(f"{f}: rank {r} has no timed events")
+    elif not p.has_steps:
+        warnings.append(f"{f}: no ProfilerStep#N annotations; per-step results are empty for "
+                        f"rank {r}")
+    s = p.summary
+    if s is not None:
+        s = dataclasses.replace(s, comm=s.comm.assign(rank=r) if len(s.comm) else s.comm)
+    windows = tuple(_time_range(q) for q in parts) if len(parts) > 1 else ()
+    reader = (functools.partial(_read_events, f, p.rank_hint) if p.events is None
+              else None)
+    return RankTrace(rank=r, path=f, events=p.events, metadata=p.metadata, reader=reader,
+                     rank_source=how, thread_names=p.thread_names, notes=tuple(p.notes),
+                     summary=s, windows=windows, files=tuple(q.path for q in parts))
