@@ -201,7 +201,7 @@ class Report(_TypedReport):
         return out
 
     def to_json(self) -> dict:
-        """The JSON summary (what ``pardiag report --json`` writes; ``schema_version`` 2): a dict
+        """The JSON summary (what ``pardiag report --json`` writes; ``schema_version`` 3, docs/json-schema.md): a dict
         of plain Python values, NaN as None. Keys are listed in the README."""
         return report_json(self)
 
