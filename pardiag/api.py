@@ -201,8 +201,8 @@ class Report(_TypedReport):
         return out
 
     def to_json(self) -> dict:
-        """The JSON summary (what ``pardiag report --json`` writes; ``schema_version`` 3, docs/json-schema.md): a dict
-        of plain Python values, NaN as None. Keys are listed in the README."""
+        """The JSON summary (what ``pardiag report --json`` writes; ``schema_version`` 3): a dict
+        of plain Python values, NaN as None. Its keys: docs/json-schema.md."""
         return report_json(self)
 
     def to_html(self, path: str | Path, *, cdn: bool = False) -> Path:
