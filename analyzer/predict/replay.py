@@ -208,13 +208,10 @@ class PipelineModel:
         return f, b, pb
 
 
-def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
-    """Build the :class:`PipelineModel` of a run from its pipeline result (aligned chunks) and
-    pipeline sidecars. Returns ``(model, "")`` or ``(None, why)``."""
-    chunks = pipe.chunks
-    sched = pipe.schedule or {}
-    if chunks is None or chunks.empty:
-        return None, "no pipeline schedule records (run under `pardiag profile`)"
+def _schedule_layout(chunks: pd.DataFrame, sched: dict
+                     ) -> tuple[tuple[str, int, int, int, int] | None, str]:
+    """The pipeline's layout from its schedule record and chunks: ``((schedule, p, m, v,
+    stages), "")``, or ``(None, why)`` when it is not one the replay models."""
     if chunks["phase"].isin(["I", "W"]).any():
         return None, "zero-bubble schedules (split backward) are not modelled"
     try:
@@ -225,24 +222,40 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
     n_stages = int(chunks["stage"].max()) + 1
     if p < 2 or m < 1 or n_stages != p * v:
         return None, f"pipeline layout not understood (p={p}, m={m}, v={v}, {n_stages} stages)"
+    return (kind, p, m, v, n_stages), ""
+
+
+def _steps_used(chunks: pd.DataFrame, pipe) -> tuple[list, str]:
+    """The steps the medians are over and their basis: the unprofiled ones (``clean`` in the
+    pipeline's bubbles) past the first (which also builds the stages' buffers) when there are
+    more than two, ``"unprofiled"``; else all of those, ``"profiled"``."""
     steps = sorted(chunks["step"].unique())
     if len(steps) > 2:
         steps = steps[1:]  # the first step also builds the stages' buffers
     clean = set(pipe.bubbles.loc[pipe.bubbles["clean"], "step"]) if len(pipe.bubbles) else set()
     use = [s for s in steps if s in clean] or steps
     basis = "unprofiled" if use and use[0] in clean else "profiled"
-    c = chunks[chunks["step"].isin(use)]
-    med = c.assign(d=c["end_us"] - c["start_us"]).groupby(["stage", "phase"])["d"].median()
-    try:
-        fwd = tuple(float(med[(s, "F")]) for s in range(n_stages))
-        bwd = tuple(float(med[(s, "B")]) for s in range(n_stages))
-    except KeyError:
-        return None, "a stage has no forward or backward records"
+    return use, basis
+
+
+def _step_times(chunks: pd.DataFrame, c: pd.DataFrame, use: list
+                ) -> tuple[float, float, list[float]]:
+    """``(window, period, periods)`` (µs): the median pipeline window of the used steps' chunks
+    ``c``, the median start-to-start time from each used step to the next (the window when
+    there is none) and those start-to-start times."""
     per_step = c.groupby("step").agg(lo=("start_us", "min"), hi=("end_us", "max"))
     window = float((per_step["hi"] - per_step["lo"]).median())
     starts = chunks.groupby("step")["start_us"].min().sort_index()
     periods = [starts[s + 1] - starts[s] for s in use if s + 1 in starts.index]
     period = float(np.median(periods)) if periods else window
+    return window, period, periods
+
+
+def _sidecar_records(traces: TraceSet, use: list, n_stages: int
+                     ) -> tuple[dict, int | None, tuple]:
+    """From the pipeline sidecars: ``(fixed shares {(stage, phase): share}, the microbatch size
+    or None, per stage its layers ((name, forward µs, parameter bytes), in order; the median
+    over the used steps, else over all))``; layers ``()`` when none were recorded."""
     fixed: dict = {}
     samples = None
     layers: dict[int, list[tuple[int, str, float]]] = {}
@@ -267,6 +280,15 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
                          int(row.get("params_bytes") or 0)))
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
+    layer_list = tuple(tuple((n, t, b) for _, n, t, b in sorted(layers.get(s, [])))
+                       for s in range(n_stages)) if layers else ()
+    return fixed, samples, layer_list
+
+
+def _size_scaling(traces: TraceSet) -> dict[int, list]:
+    """Per stage, ``[(samples, forward µs, backward µs)]`` of its module timed at other
+    microbatch sizes after the run (sorted), for stages timed at two sizes or more with
+    positive times."""
     size_scaling: dict[int, list] = {}
     for doc in traces.sidecars.get("pipeline", {}).values():
         for row in doc.get("size_scaling") or []:
@@ -275,11 +297,17 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
                     (float(row["samples"]), float(row["fwd_us"]), float(row["bwd_us"])))
             except (KeyError, TypeError, ValueError):
                 continue
-    size_scaling = {k: sorted(v) for k, v in size_scaling.items()
-                    if len({x[0] for x in v}) >= 2 and all(x[1] > 0 and x[2] > 0 for x in v)}
-    layer_list = tuple(tuple((n, t, b) for _, n, t, b in sorted(layers.get(s, [])))
-                       for s in range(n_stages)) if layers else ()
-    # per rank: optimizer time and the idle time between its last chunk and its next first one
+    return {k: sorted(v) for k, v in size_scaling.items()
+            if len({x[0] for x in v}) >= 2 and all(x[1] > 0 and x[2] > 0 for x in v)}
+
+
+def _tails(traces: TraceSet, chunks: pd.DataFrame, use: list, period: float, window: float
+           ) -> tuple[dict[int, float], dict[int, float]]:
+    """Per rank (numbered in rank order): ``(tail µs, optimizer µs)``. The tail is the idle time
+    between stage 0's rank's last chunk of a step and its first of the next (median over the
+    used steps; the period less the window when none), split as each rank's optimizer step
+    plus what rank 0 does besides; without every rank's optimizer recorded, that time for all
+    and no optimizer times."""
     opt: dict[int, float] = {}
     for rank, doc in traces.sidecars.get("pipeline", {}).items():
         d = [float(o["end_us"]) - float(o["start_us"]) for o in doc.get("optimizer") or []
@@ -302,6 +330,33 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
         opt = {i: opt[r] for i, r in enumerate(ranks)}
     else:
         tails, opt = {i: gap0 for i in range(len(ranks))}, {}
+    return tails, opt
+
+
+def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
+    """Build the :class:`PipelineModel` of a run from its pipeline result (aligned chunks) and
+    pipeline sidecars. Returns ``(model, "")`` or ``(None, why)``."""
+    chunks = pipe.chunks
+    sched = pipe.schedule or {}
+    if chunks is None or chunks.empty:
+        return None, "no pipeline schedule records (run under `pardiag profile`)"
+    layout, why = _schedule_layout(chunks, sched)
+    if layout is None:
+        return None, why
+    kind, p, m, v, n_stages = layout
+    use, basis = _steps_used(chunks, pipe)
+    c = chunks[chunks["step"].isin(use)]
+    med = c.assign(d=c["end_us"] - c["start_us"]).groupby(["stage", "phase"])["d"].median()
+    try:
+        fwd = tuple(float(med[(s, "F")]) for s in range(n_stages))
+        bwd = tuple(float(med[(s, "B")]) for s in range(n_stages))
+    except KeyError:
+        return None, "a stage has no forward or backward records"
+    window, period, periods = _step_times(chunks, c, use)
+    fixed, samples, layer_list = _sidecar_records(traces, use, n_stages)
+    size_scaling = _size_scaling(traces)
+    # per rank: optimizer time and the idle time between its last chunk and its next first one
+    tails, opt = _tails(traces, chunks, use, period, window)
     orders = whatif.schedule_order(kind, p, m, v)
     gap, hop_obs = _observed_gaps(c, n_stages)
     fwd = tuple(t + gap for t in fwd)   # the rank's own time between chunks belongs to them

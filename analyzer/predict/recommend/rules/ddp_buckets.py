@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ... import whatif
@@ -38,6 +40,128 @@ def _ddp_ready_curves(ctx: RuleContext) -> list[list[tuple[float, float]]]:
     return curves
 
 
+def _bucket_settings(ctx: RuleContext, curves: list, alpha: float, beta: float
+                     ) -> tuple[float, list[float] | None, float, list[str]]:
+    """``(the bucket cap now (bytes; torch's default when not recorded), the gradient bytes of
+    each parameter (None when not recorded), the gradient bytes per step (the median over the
+    ready ``curves``), the caveats)``; ``alpha`` (µs), ``beta`` (µs per byte): the all-reduce
+    fit."""
+    lay = ctx.settings
+    cap = lay.get("ddp_bucket_cap_bytes")
+    caveats = [f"all-reduce time α + β·bytes fitted on the run's fastest all-reduce of each "
+               f"size (α {alpha:.0f} µs, "
+               f"{1 / beta / 1e3:.2f} GB/s algbw)" if beta > 0 else "no bandwidth measured"]
+    if ctx.on_gpu:
+        caveats.insert(0, "gradients are taken to become ready at the rate DDP launched its "
+                          "buckets")
+    else:
+        caveats.insert(0, "on CPU the all-reduces share the cores with the backward (gloo): "
+                          "their time adds to the step, only their number changes with the "
+                          "bucket size")
+    if not isinstance(cap, (int, float)) or cap <= 0:
+        cap = whatif.DDP_DEFAULT_CAP
+        caveats.append("the bucket size was not recorded; torch's default 25 MiB assumed")
+    params = lay.get("ddp_param_bytes")
+    params = ([float(b) for b in params] if isinstance(params, list) and params
+              and all(isinstance(b, (int, float)) and b >= 0 for b in params) else None)
+    total = float(np.median([c[-1][1] for c in curves]))   # gradient bytes per step
+    if params is None:
+        caveats.append("parameter sizes not recorded: buckets taken as equal splits (DDP never "
+                       "splits a parameter, so real buckets differ)")
+    return cap, params, total, caveats
+
+
+def _buckets(params: list[float] | None, total: float, cap: float, first: float | None
+             ) -> list[float]:
+    """The buckets (bytes each) DDP forms at ``cap`` bytes (``first``: the first bucket's cap)
+    from the parameters' gradient bytes ``params``, else equal splits of ``total`` bytes."""
+    if params is not None:
+        return whatif.ddp_buckets(params, cap, first)
+    return whatif.equal_buckets(total, cap)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Current:
+    """The current buckets, what every candidate size is predicted against.
+
+    Attributes:
+        curves: :func:`_ddp_ready_curves`; buckets: the current buckets (bytes each).
+        tails_us: per curve, how long after the last gradient the current buckets' all-reduces
+            end (µs; :func:`whatif.bucketed_allreduce_tail`).
+        alpha_us, beta_us_per_byte: the all-reduce fit; on_gpu: the run's device.
+        boot: the fit's resamples (rows α µs, β µs per byte; on a GPU the first
+            :data:`GPU_RESAMPLES`), or None.
+        boot_tails_us: per resample, ``tails_us`` under it (on a GPU with resamples; else
+            None).
+    """
+
+    curves: list
+    buckets: list[float]
+    tails_us: list[float]
+    alpha_us: float
+    beta_us_per_byte: float
+    on_gpu: bool
+    boot: np.ndarray | None
+    boot_tails_us: list[list[float]] | None
+
+
+def _current(ctx: RuleContext, curves: list, now_b: list[float], alpha: float, beta: float
+             ) -> _Current:
+    """The current buckets ``now_b`` (bytes each) and their tails under the fit ``alpha`` µs,
+    ``beta`` µs per byte and under each of its resamples (:class:`_Current`)."""
+    now = [whatif.bucketed_allreduce_tail(c, now_b, alpha, beta) for c in curves]
+    boot = ctx.allreduce_fit_resamples
+    now_boot = None
+    if boot is not None and ctx.on_gpu:
+        boot = boot[:GPU_RESAMPLES]
+        # the current buckets' tails under each resampled fit, once for every candidate size
+        now_boot = [[whatif.bucketed_allreduce_tail(c, now_b, a, b) for c in curves]
+                    for a, b in boot]
+    return _Current(curves, now_b, now, alpha, beta, ctx.on_gpu, boot, now_boot)
+
+
+def _step_change(cur: _Current, new_b: list[float]) -> tuple[float, tuple[str, ...]]:
+    """The step's change (µs) with buckets ``new_b`` (bytes each) and the evidence lines: on a
+    GPU the median change of the last all-reduce's tail over the rank-steps, on CPU α × the
+    change in bucket count."""
+    curves, alpha = cur.curves, cur.alpha_us
+    if cur.on_gpu:
+        tail = [whatif.bucketed_allreduce_tail(c, new_b, alpha, cur.beta_us_per_byte)
+                for c in curves]
+        delta = float(np.median([a - b for a, b in zip(tail, cur.tails_us)]))
+        how = (f"the all-reduce of the last bucket ends {np.median(cur.tails_us) / 1000:.2f} ms "
+               f"after the last gradient is ready (median over {len(curves)} rank-steps)",
+               f"predicted: {np.median(tail) / 1000:.2f} ms")
+    else:
+        delta = alpha * (len(new_b) - len(cur.buckets))
+        how = (f"{len(cur.buckets)} all-reduces per step now, {len(new_b)} with this size; each "
+               f"costs α = {alpha:.0f} µs beyond its bytes",)
+    return delta, how
+
+
+def _fit_interval(cur: _Current, new_b: list[float], measured: float, delta: float
+                  ) -> tuple[float, float, tuple[str, ...]]:
+    """``(low, high, evidence)``: the predicted step's 95% interval (µs) under the fit's
+    resamples (the step's change ``delta`` µs stays inside it; ``measured``: the step, µs) and
+    the evidence line saying so; NaN, NaN and no line without resamples."""
+    boot = cur.boot
+    if boot is None or not len(boot):
+        return float("nan"), float("nan"), ()
+    if cur.on_gpu:
+        deltas = [float(np.median(
+            [whatif.bucketed_allreduce_tail(c, new_b, a, b) - t0
+             for c, t0 in zip(cur.curves, now_i)]))
+            for (a, b), now_i in zip(boot, cur.boot_tails_us)]
+    else:
+        deltas = boot[:, 0] * (len(new_b) - len(cur.buckets))
+    lo_d, hi_d = np.quantile(deltas, [0.025, 0.975])
+    low, high = measured + min(float(lo_d), delta), measured + max(float(hi_d), delta)
+    return low, high, (f"with the α–β fit's 95% bootstrap interval ({len(boot)} resamples of "
+                       f"the run's all-reduces, α {np.quantile(boot[:, 0], 0.025):.0f}–"
+                       f"{np.quantile(boot[:, 0], 0.975):.0f} µs) the step is "
+                       f"{low / 1000:.2f}–{high / 1000:.2f} ms",)
+
+
 def ddp_buckets(ctx: RuleContext) -> list[Recommendation]:
     """DDP bucket sizes around the current one, torch's default and splits of the step's
     gradients in 2, 4 and 8.
@@ -57,88 +181,34 @@ def ddp_buckets(ctx: RuleContext) -> list[Recommendation]:
     the first :data:`GPU_RESAMPLES` of them): a fit through few sizes, or through one lucky
     fast call, moves far, and when the interval reaches the measured step the change may
     gain nothing and is not recommended (:mod:`~pardiag.analyzer.predict.recommend.policy`)."""
-    lay, measured = ctx.settings, ctx.measured_us
+    measured = ctx.measured_us
     if "ddp" not in ctx.strategies or not (measured > 0):
         return []
-    on_gpu = ctx.on_gpu
     fit = ctx.allreduce_fit
     curves = _ddp_ready_curves(ctx)
     if fit is None or not curves:
         return []
     alpha, beta = fit
-    cap = lay.get("ddp_bucket_cap_bytes")
-    caveats = [f"all-reduce time α + β·bytes fitted on the run's fastest all-reduce of each "
-               f"size (α {alpha:.0f} µs, "
-               f"{1 / beta / 1e3:.2f} GB/s algbw)" if beta > 0 else "no bandwidth measured"]
-    if on_gpu:
-        caveats.insert(0, "gradients are taken to become ready at the rate DDP launched its "
-                          "buckets")
-    else:
-        caveats.insert(0, "on CPU the all-reduces share the cores with the backward (gloo): "
-                          "their time adds to the step, only their number changes with the "
-                          "bucket size")
-    if not isinstance(cap, (int, float)) or cap <= 0:
-        cap = whatif.DDP_DEFAULT_CAP
-        caveats.append("the bucket size was not recorded; torch's default 25 MiB assumed")
-    params = lay.get("ddp_param_bytes")
-    params = ([float(b) for b in params] if isinstance(params, list) and params
-              and all(isinstance(b, (int, float)) and b >= 0 for b in params) else None)
-    total = float(np.median([c[-1][1] for c in curves]))   # gradient bytes per step
-    if params is None:
-        caveats.append("parameter sizes not recorded: buckets taken as equal splits (DDP never "
-                       "splits a parameter, so real buckets differ)")
-
-    def buckets(c: float, first: float | None) -> list[float]:
-        if params is not None:
-            return whatif.ddp_buckets(params, c, first)
-        return whatif.equal_buckets(total, c)
-
+    cap, params, total, caveats = _bucket_settings(ctx, curves, alpha, beta)
     # torch's first bucket is 1 MiB only when bucket_cap_mb is left at its default
-    now_b = buckets(cap, whatif.DDP_FIRST_BUCKET if abs(cap - whatif.DDP_DEFAULT_CAP) < 1
-                    else None)
-    now = [whatif.bucketed_allreduce_tail(c, now_b, alpha, beta) for c in curves]
-    boot = ctx.allreduce_fit_resamples
-    if boot is not None and on_gpu:
-        boot = boot[:GPU_RESAMPLES]
-        # the current buckets' tails under each resampled fit, once for every candidate size
-        now_boot = [[whatif.bucketed_allreduce_tail(c, now_b, a, b) for c in curves]
-                    for a, b in boot]
+    now_b = _buckets(params, total, cap, whatif.DDP_FIRST_BUCKET
+                     if abs(cap - whatif.DDP_DEFAULT_CAP) < 1 else None)
+    cur = _current(ctx, curves, now_b, alpha, beta)
     out = []
     seen = {tuple(now_b)}     # a size that forms the same buckets changes nothing
     for new in whatif.ddp_cap_candidates(cap, total, whatif.DDP_DEFAULT_CAP):
-        new_b = buckets(new, None)     # an explicit bucket_cap_mb: every bucket takes it
+        # an explicit bucket_cap_mb: every bucket takes it
+        new_b = _buckets(params, total, new, None)
         if tuple(new_b) in seen:
             continue
         seen.add(tuple(new_b))
-        if on_gpu:
-            tail = [whatif.bucketed_allreduce_tail(c, new_b, alpha, beta) for c in curves]
-            delta = float(np.median([a - b for a, b in zip(tail, now)]))
-            how = (f"the all-reduce of the last bucket ends {np.median(now) / 1000:.2f} ms "
-                   f"after the last gradient is ready (median over {len(curves)} rank-steps)",
-                   f"predicted: {np.median(tail) / 1000:.2f} ms")
-        else:
-            delta = alpha * (len(new_b) - len(now_b))
-            how = (f"{len(now_b)} all-reduces per step now, {len(new_b)} with this size; each "
-                   f"costs α = {alpha:.0f} µs beyond its bytes",)
-        low = high = float("nan")
-        if boot is not None and len(boot):
-            if on_gpu:
-                deltas = [float(np.median(
-                    [whatif.bucketed_allreduce_tail(c, new_b, a, b) - t0
-                     for c, t0 in zip(curves, now_i)])) for (a, b), now_i in zip(boot, now_boot)]
-            else:
-                deltas = boot[:, 0] * (len(new_b) - len(now_b))
-            lo_d, hi_d = np.quantile(deltas, [0.025, 0.975])
-            low, high = measured + min(float(lo_d), delta), measured + max(float(hi_d), delta)
-            how = (*how, f"with the α–β fit's 95% bootstrap interval ({len(boot)} resamples of "
-                         f"the run's all-reduces, α {np.quantile(boot[:, 0], 0.025):.0f}–"
-                         f"{np.quantile(boot[:, 0], 0.975):.0f} µs) the step is "
-                         f"{low / 1000:.2f}–{high / 1000:.2f} ms")
+        delta, how = _step_change(cur, new_b)
+        low, high, how_iv = _fit_interval(cur, new_b, measured, delta)
         out.append(Recommendation(
             kind="ddp_bucket", title=f"DDP buckets of {new / 2**20:g} MiB",
             change=f"DDP bucket_cap_mb={new / 2**20:.4g} (now {cap / 2**20:.4g}; "
                    f"{total / 2**20:.3g} MiB of gradients per step)",
-            evidence=how, caveats=tuple(caveats), measured_step_us=measured,
+            evidence=(*how, *how_iv), caveats=tuple(caveats), measured_step_us=measured,
             predicted_step_us=measured + delta, predicted_low_us=low, predicted_high_us=high,
             params={"ddp_bucket_cap_bytes": int(new)}))
     return out

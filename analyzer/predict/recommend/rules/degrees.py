@@ -231,6 +231,254 @@ def host_us(ctx: RuleContext, part: str) -> float:
     return float(v.mean()) if len(v) else 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class _Measured:
+    """The run's DP × TP split as :func:`degrees` scales it, per rank and step.
+
+    Attributes:
+        dp, tp: the degrees now; n: dp × tp, the ranks the mesh holds; per_node: the fewest
+            ranks a node has (TP stays inside one).
+        measured_us: the measured step (µs).
+        t_tp_us, e_tp_us, t_dp_us, e_dp_us: each dimension's communication and its exposed
+            part (µs; :attr:`RuleContext.dim_comm_per_step`, DP's 0 when not measured).
+        x_tp, x_dp: each dimension's exposed share (exposed over all; 1 with none measured).
+        traffic: :func:`_traffic`; meta: ``{rank: RankMeta}``.
+        whole: the mesh holds every rank (no pipeline), so its groups are :func:`mesh_groups`.
+        host_us, fsdp_host_us: on CPU, DTensor's and FSDP2's host work (:func:`host_us`, µs);
+            0 on a GPU, where it runs ahead of the kernels.
+    """
+
+    dp: int
+    tp: int
+    n: int
+    per_node: int
+    measured_us: float
+    t_tp_us: float
+    e_tp_us: float
+    t_dp_us: float
+    e_dp_us: float
+    x_tp: float
+    x_dp: float
+    traffic: dict
+    meta: dict
+    whole: bool
+    host_us: float
+    fsdp_host_us: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prediction:
+    """One candidate's predicted step (µs), each dimension's predicted communication per rank
+    and step (µs) and the evidence lines the prediction adds (the α–β fits, the host work)."""
+
+    step_us: float
+    t_tp_us: float
+    t_dp_us: float
+    evidence: tuple[str, ...] = ()
+
+
+def _measured(ctx: RuleContext) -> _Measured | None:
+    """The measured traffic per dimension (:class:`_Measured`), or None without TP or its
+    communication measured (nothing to scale from)."""
+    lay, dims, measured = ctx.layout, ctx.dims, ctx.measured_us
+    dp, tp = int(dims.get("dp") or 1), int(dims.get("tp") or 1)
+    if tp < 2 or not (measured > 0):
+        return None   # without TP traffic measured there is nothing to scale from
+    comm = ctx.dim_comm_per_step
+    if "tp" not in comm:
+        return None
+    per_node = (min(len(r) for r in lay.nodes.values()) if lay.nodes
+                else len(ctx.traces.ranks))
+    t_tp, e_tp = comm["tp"]
+    t_dp, e_dp = comm.get("dp", (0.0, 0.0))
+    n = dp * tp
+    # on CPU the host work is the step; on a GPU it runs ahead of the kernels
+    host = host_us(ctx, "dtensor_us") if not ctx.on_gpu else 0.0
+    fsdp_host = (host_us(ctx, "fsdp_us") if not ctx.on_gpu and "fsdp2" in ctx.strategies
+                 else 0.0)
+    return _Measured(
+        dp=dp, tp=tp, n=n, per_node=per_node, measured_us=measured,
+        t_tp_us=t_tp, e_tp_us=e_tp, t_dp_us=t_dp, e_dp_us=e_dp,
+        x_tp=e_tp / t_tp if t_tp > 0 else 1.0, x_dp=e_dp / t_dp if t_dp > 0 else 1.0,
+        traffic=_traffic(ctx), meta=ctx.traces.rank_meta,
+        whole=n == len(ctx.traces.ranks),   # the dp × tp mesh holds every rank (no pipeline)
+        host_us=host, fsdp_host_us=fsdp_host)
+
+
+def _batch_check(ctx: RuleContext, dp: int
+                 ) -> tuple[shapes.Constraints, shapes.Batch, tuple[str, ...], tuple[str, ...]]:
+    """The model's shapes and batch (issue #20): ``(constraints, the run's batch, the caveat
+    when TP's shapes could not be checked, the caveat when the global batch was not
+    recorded)``; the caveats are empty tuples when there is nothing to say."""
+    lay = ctx.layout
+    con = shapes.constraints(ctx.traces)
+    pipe_m = (lay.pipeline or {}).get("microbatches") if isinstance(lay.pipeline, dict) else None
+    now = shapes.run_batch(con, dp, pipe_m if isinstance(pipe_m, int) else None)
+    unchecked_batch = () if now.global_samples else (
+        "not checked against the global batch: its size was not recorded",)
+    unchecked_tp = tuple(x for x in (shapes.unchecked_tp(con),) if x)
+    return con, now, unchecked_tp, unchecked_batch
+
+
+def _candidate_tps(run: _Measured) -> list[int]:
+    """The other TP degrees of the same ranks, ascending: divisors of dp × tp, TP inside a
+    node."""
+    return [tp2 for tp2 in range(1, run.n + 1)
+            if not (run.n % tp2 or tp2 == run.tp or tp2 > run.per_node)]
+
+
+def _new_dp_change(ctx: RuleContext, ttp: DimTraffic, tp: int, tp2: int, dp2: int
+                   ) -> tuple[float, str] | None:
+    """A run without data parallel at dp2 > 1: the time per rank and step (µs) the new
+    gradient synchronization adds (:func:`_new_dp_traffic` at the TP groups' α–β, times the
+    contention TP's links show; on a GPU only DDP's last bucket) and how it was made, in words;
+    None when the parameter bytes are unknown."""
+    made = _new_dp_traffic(ctx, ttp, tp, tp2)
+    if made is None:
+        return None
+    tdp, new_dp = made
+    # the contention TP's links show: its measured transfer over its α–β time
+    slow = (ttp.transfer_us / ttp.time_us(ttp.size, 1.0)
+            if ttp.transfer_us > 0 and ttp.time_us(ttp.size, 1.0) > 0 else 1.0)
+    slow = max(slow, 1.0)
+    new_dp += (f", at the TP groups' α–β × {slow:.2f} (TP's measured transfer "
+               "over its α–β time)" if slow > 1.0 else ", at the TP groups' α–β")
+    full = tdp.time_us(dp2, 1.0) * slow
+    if ctx.on_gpu and tdp.ops[0][0] == "all_reduce":   # beside the backward
+        full *= 1.0 / max(tdp.ops[0][2], 1.0)
+    return full, new_dp
+
+
+def _dp_change(ctx: RuleContext, run: _Measured, tp2: int, dp2: int
+               ) -> tuple[float, float, str, DimTraffic | None] | None:
+    """DP's side of a candidate: ``(its communication's change per rank and step (µs), its
+    exposed share, how a new DP's synchronization was made ("" when DP stays or there is
+    none), the dimension whose α–β DP's new groups take (:func:`_links_like`) or None)``.
+    None when the candidate cannot be predicted: DP measured but not matched to instances, or
+    a new DP without the parameter bytes."""
+    traffic, dp = run.traffic, run.dp
+    if dp > 1 and "dp" in traffic:
+        dp_links = (_links_like(traffic, "dp", mesh_groups(run.n, tp2, "dp"), run.meta)
+                    if dp2 > 1 and run.whole else None)
+        d_dp = _change_us(traffic["dp"], run.t_dp_us, dp2, run.tp / tp2, dp_links)
+        return d_dp, run.x_dp, "", dp_links
+    if dp > 1:
+        return None   # data parallel measured but not matched to instances
+    if dp2 > 1:
+        made = _new_dp_change(ctx, traffic["tp"], run.tp, tp2, dp2)
+        if made is None:
+            return None
+        return made[0], 1.0, made[1], None
+    return 0.0, run.x_dp, "", None
+
+
+def _model_evidence(traffic: dict[str, DimTraffic], new_dp: str,
+                    tp_links: DimTraffic | None, dp_links: DimTraffic | None) -> str:
+    """The evidence line of the α–β fits: each dimension's α (µs) and bus bandwidth (GB/s),
+    a new DP's synchronization (``new_dp``) and the dimensions whose new groups take another's
+    α–β."""
+    ttp = traffic["tp"]
+    return (f"α–β per dimension, fitted on its own collectives: TP α "
+            f"{ttp.alpha_us:.0f} µs, {1 / ttp.beta_us_per_byte / 1e3:.2f} GB/s bus "
+            f"bandwidth ({ttp.sizes} size(s))"
+            + (f"; DP α {traffic['dp'].alpha_us:.0f} µs, "
+               f"{1 / traffic['dp'].beta_us_per_byte / 1e3:.2f} GB/s"
+               if "dp" in traffic else "")
+            + (f"; no data parallel now: {new_dp}" if new_dp else "")
+            + "".join(f"; {d.upper()}'s new groups' rings would run "
+                      f"{_kinds(lk.placement)}, as {lk.dim.upper()}'s do: they "
+                      f"take {lk.dim.upper()}'s α–β"
+                      for d, lk in (("tp", tp_links), ("dp", dp_links)) if lk))
+
+
+def _host_evidence(run: _Measured, tp2: int, dp2: int) -> str:
+    """The evidence line when a dimension that goes takes its host work (ms) with it, larger
+    than its exposed communication: DTensor's at tp=1, FSDP's at dp=1; "" otherwise."""
+    ev_host = ""
+    if tp2 == 1 and run.host_us > run.e_tp_us:
+        ev_host = (f"at tp=1 TP's host work goes with its communication: DTensor's "
+                   f"redistributions (their collectives and waits included) and "
+                   f"dispatch take {run.host_us / 1000:.2f} ms per rank and step outside the "
+                   f"optimizer, more than TP's exposed communication "
+                   f"({run.e_tp_us / 1000:.2f} ms)")
+    if dp2 == 1 and run.dp > 1 and run.fsdp_host_us > run.e_dp_us:
+        ev_host = (f"at dp=1 FSDP's host work goes with its communication: its hooks "
+                   f"(their collectives' waits included) take {run.fsdp_host_us / 1000:.2f} ms "
+                   f"per rank and step, more than DP's exposed communication "
+                   f"({run.e_dp_us / 1000:.2f} ms)")
+    return ev_host
+
+
+def _predict_fitted(ctx: RuleContext, run: _Measured, tp2: int, dp2: int
+                    ) -> _Prediction | None:
+    """A candidate predicted from each dimension's α–β (:func:`_change_us`, new groups at the
+    α–β of the links they would cross), the step changing by each dimension's exposed share of
+    its change — or, on CPU, by the host work of a dimension that goes when that is larger;
+    None when DP's side cannot be predicted (:func:`_dp_change`)."""
+    # a dimension that stays scales its measured transfer by the α–β model's ratio and
+    # keeps its waiting for late peers (arrival skew, not bytes); one that goes
+    # (degree 1) takes all of its time with it
+    traffic = run.traffic
+    tp_links = (_links_like(traffic, "tp", mesh_groups(run.n, tp2, "tp"), run.meta)
+                if tp2 > 1 and run.whole else None)
+    d_tp = _change_us(traffic["tp"], run.t_tp_us, tp2, run.dp / dp2, tp_links)
+    dp_side = _dp_change(ctx, run, tp2, dp2)
+    if dp_side is None:
+        return None
+    d_dp, x_dp, new_dp, dp_links = dp_side
+    tp_term, dp_term = run.x_tp * d_tp, x_dp * d_dp
+    if tp2 == 1 and run.host_us > run.e_tp_us:   # TP's host work goes with its communication
+        tp_term = -run.host_us
+    if dp2 == 1 and run.dp > 1 and run.fsdp_host_us > run.e_dp_us:   # and FSDP's, at dp=1
+        dp_term = -run.fsdp_host_us
+    ev_host = _host_evidence(run, tp2, dp2)
+    return _Prediction(
+        step_us=run.measured_us + tp_term + dp_term,
+        t_tp_us=max(run.t_tp_us + d_tp, 0.0), t_dp_us=max(run.t_dp_us + d_dp, 0.0),
+        evidence=(_model_evidence(traffic, new_dp, tp_links, dp_links),
+                  *((ev_host,) if ev_host else ())))
+
+
+def _predict_scaled(run: _Measured, tp2: int, dp2: int) -> _Prediction | None:
+    """A candidate predicted without instances to fit: each dimension's measured time scaled
+    by its bytes and ring factors, at its exposed share; None when a DP stays but none was
+    measured."""
+    dp, tp, t_tp, t_dp = run.dp, run.tp, run.t_tp_us, run.t_dp_us
+    t_tp2 = t_tp * (dp / dp2) * (_ring(tp2) / _ring(tp)) if tp2 > 1 else 0.0
+    t_dp2 = (t_dp * (tp / tp2) * (_ring(dp2) / _ring(dp)) if dp > 1 and dp2 > 1 else
+             (float("nan") if dp2 > 1 else 0.0))
+    if math.isnan(t_dp2):
+        return None   # no DP traffic measured to scale from
+    pred = run.measured_us - (run.e_tp_us + run.e_dp_us) + run.x_tp * t_tp2 + run.x_dp * t_dp2
+    return _Prediction(pred, t_tp2, t_dp2)
+
+
+def _recommendation(run: _Measured, tp2: int, dp2: int, pred: _Prediction, now: shapes.Batch,
+                    unchecked_tp: tuple[str, ...], unchecked_batch: tuple[str, ...]
+                    ) -> Recommendation:
+    """The :class:`Recommendation` of dp2 × tp2: the measured and predicted communication per
+    dimension (ms) with the prediction's own evidence, the caveats and the batch sizes."""
+    dp, tp = run.dp, run.tp
+    ev = [f"per rank and step: TP communication {run.t_tp_us / 1000:.2f} ms "
+          f"({run.e_tp_us / 1000:.2f} exposed), DP {run.t_dp_us / 1000:.2f} ms "
+          f"({run.e_dp_us / 1000:.2f} exposed)",
+          f"predicted: TP {pred.t_tp_us / 1000:.2f} ms, DP {pred.t_dp_us / 1000:.2f} ms, each "
+          "with its measured exposed share", *pred.evidence]
+    return Recommendation(
+        kind="degrees", title=f"dp={dp2} × tp={tp2} instead of dp={dp} × tp={tp}",
+        change=f"dp={dp2}, tp={tp2} (TP inside each node; same global batch)",
+        evidence=tuple(ev),
+        caveats=("computation per rank is taken to stay the same (ideal scaling); TP's "
+                 "smaller matmuls can run less efficiently",
+                 "each dimension keeps the latency and bandwidth measured on its current "
+                 "groups",
+                 "memory changes (parameters shard by tp, activations by dp) are not "
+                 "predicted", *(unchecked_tp if tp2 > 1 else ()), *unchecked_batch),
+        measured_step_us=run.measured_us, predicted_step_us=pred.step_us,
+        params={"dp": dp2, "tp": tp2},
+        **batch_fields(now, per_rank_x=Fraction(dp, dp2), micro_x=Fraction(dp, dp2)))
+
+
 def degrees(ctx: RuleContext) -> list[Recommendation]:
     """Other DP × TP splits of the same ranks (pipeline degree unchanged), TP inside a node.
 
@@ -261,136 +509,25 @@ def degrees(ctx: RuleContext) -> list[Recommendation]:
 
     Without instances to fit (traces without collective records), each dimension's measured
     time is scaled by bytes and ring factors instead."""
-    lay, dims, measured = ctx.layout, ctx.dims, ctx.measured_us
-    dp, tp = int(dims.get("dp") or 1), int(dims.get("tp") or 1)
-    if tp < 2 or not (measured > 0):
-        return []   # without TP traffic measured there is nothing to scale from
-    comm = ctx.dim_comm_per_step
-    if "tp" not in comm:
+    run = _measured(ctx)
+    if run is None:
         return []
-    per_node = (min(len(r) for r in lay.nodes.values()) if lay.nodes
-                else len(ctx.traces.ranks))
-    t_tp, e_tp = comm["tp"]
-    t_dp, e_dp = comm.get("dp", (0.0, 0.0))
-    x_tp = e_tp / t_tp if t_tp > 0 else 1.0
-    x_dp = e_dp / t_dp if t_dp > 0 else 1.0
-    traffic = _traffic(ctx)
-    n = dp * tp
-    meta = ctx.traces.rank_meta
-    whole = n == len(ctx.traces.ranks)   # the dp × tp mesh holds every rank (no pipeline)
-    # on CPU the host work is the step; on a GPU it runs ahead of the kernels
-    host = host_us(ctx, "dtensor_us") if not ctx.on_gpu else 0.0
-    fsdp_host = (host_us(ctx, "fsdp_us") if not ctx.on_gpu and "fsdp2" in ctx.strategies
-                 else 0.0)
-    # the model's shapes and batch (issue #20): a degree that cannot be built is listed with why
-    con = shapes.constraints(ctx.traces)
-    pipe_m = (lay.pipeline or {}).get("microbatches") if isinstance(lay.pipeline, dict) else None
-    now = shapes.run_batch(con, dp, pipe_m if isinstance(pipe_m, int) else None)
-    unchecked_batch = () if now.global_samples else (
-        "not checked against the global batch: its size was not recorded",)
-    unchecked_tp = tuple(x for x in (shapes.unchecked_tp(con),) if x)
+    con, now, unchecked_tp, unchecked_batch = _batch_check(ctx, run.dp)
+    dp, tp = run.dp, run.tp
     out = []
-    for tp2 in range(1, n + 1):
-        if n % tp2 or tp2 == tp or tp2 > per_node:
-            continue
-        dp2 = n // tp2
+    for tp2 in _candidate_tps(run):
+        dp2 = run.n // tp2
+        # the model's shapes and batch (issue #20): a degree that cannot be built is listed
+        # with why
         why = (shapes.check_tp_degree(tp2, con)
                or shapes.check_dp_degree(dp2, now.global_samples, now.microbatches))
         if why:
             out.append(ruled_out("degrees", f"dp={dp2} × tp={tp2} instead of dp={dp} × tp={tp}",
                                  f"dp={dp2}, tp={tp2} (TP inside each node; same global batch)",
-                                 {"dp": dp2, "tp": tp2}, measured, why))
+                                 {"dp": dp2, "tp": tp2}, run.measured_us, why))
             continue
-        ev_model = ev_host = ""
-        if "tp" in traffic:
-            # a dimension that stays scales its measured transfer by the α–β model's ratio and
-            # keeps its waiting for late peers (arrival skew, not bytes); one that goes
-            # (degree 1) takes all of its time with it
-            ttp = traffic["tp"]
-            tp_links = (_links_like(traffic, "tp", mesh_groups(n, tp2, "tp"), meta)
-                        if tp2 > 1 and whole else None)
-            d_tp = _change_us(ttp, t_tp, tp2, dp / dp2, tp_links)
-            dp_links = None
-            if dp > 1 and "dp" in traffic:
-                tdp = traffic["dp"]
-                dp_links = (_links_like(traffic, "dp", mesh_groups(n, tp2, "dp"), meta)
-                            if dp2 > 1 and whole else None)
-                d_dp = _change_us(tdp, t_dp, dp2, tp / tp2, dp_links)
-                new_dp = ""
-            elif dp > 1:
-                continue   # data parallel measured but not matched to instances
-            elif dp2 > 1:
-                made = _new_dp_traffic(ctx, ttp, tp, tp2)
-                if made is None:
-                    continue
-                tdp, new_dp = made
-                # the contention TP's links show: its measured transfer over its α–β time
-                slow = (ttp.transfer_us / ttp.time_us(ttp.size, 1.0)
-                        if ttp.transfer_us > 0 and ttp.time_us(ttp.size, 1.0) > 0 else 1.0)
-                slow = max(slow, 1.0)
-                new_dp += (f", at the TP groups' α–β × {slow:.2f} (TP's measured transfer "
-                           "over its α–β time)" if slow > 1.0 else ", at the TP groups' α–β")
-                full = tdp.time_us(dp2, 1.0) * slow
-                if ctx.on_gpu and tdp.ops[0][0] == "all_reduce":   # beside the backward
-                    full *= 1.0 / max(tdp.ops[0][2], 1.0)
-                d_dp, x_dp = full, 1.0
-            else:
-                d_dp, new_dp = 0.0, ""
-            tp_term, dp_term = x_tp * d_tp, x_dp * d_dp
-            if tp2 == 1 and host > e_tp:   # TP's host work goes with its communication
-                tp_term = -host
-            if dp2 == 1 and dp > 1 and fsdp_host > e_dp:   # and FSDP's, at dp=1
-                dp_term = -fsdp_host
-            pred = measured + tp_term + dp_term
-            t_tp2, t_dp2 = max(t_tp + d_tp, 0.0), max(t_dp + d_dp, 0.0)
-            ev_model = (f"α–β per dimension, fitted on its own collectives: TP α "
-                        f"{ttp.alpha_us:.0f} µs, {1 / ttp.beta_us_per_byte / 1e3:.2f} GB/s bus "
-                        f"bandwidth ({ttp.sizes} size(s))"
-                        + (f"; DP α {traffic['dp'].alpha_us:.0f} µs, "
-                           f"{1 / traffic['dp'].beta_us_per_byte / 1e3:.2f} GB/s"
-                           if "dp" in traffic else "")
-                        + (f"; no data parallel now: {new_dp}" if new_dp else "")
-                        + "".join(f"; {d.upper()}'s new groups' rings would run "
-                                  f"{_kinds(lk.placement)}, as {lk.dim.upper()}'s do: they "
-                                  f"take {lk.dim.upper()}'s α–β"
-                                  for d, lk in (("tp", tp_links), ("dp", dp_links)) if lk))
-            if tp2 == 1 and host > e_tp:
-                ev_host = (f"at tp=1 TP's host work goes with its communication: DTensor's "
-                           f"redistributions (their collectives and waits included) and "
-                           f"dispatch take {host / 1000:.2f} ms per rank and step outside the "
-                           f"optimizer, more than TP's exposed communication "
-                           f"({e_tp / 1000:.2f} ms)")
-            if dp2 == 1 and dp > 1 and fsdp_host > e_dp:
-                ev_host = (f"at dp=1 FSDP's host work goes with its communication: its hooks "
-                           f"(their collectives' waits included) take {fsdp_host / 1000:.2f} ms "
-                           f"per rank and step, more than DP's exposed communication "
-                           f"({e_dp / 1000:.2f} ms)")
-        else:
-            t_tp2 = t_tp * (dp / dp2) * (_ring(tp2) / _ring(tp)) if tp2 > 1 else 0.0
-            t_dp2 = (t_dp * (tp / tp2) * (_ring(dp2) / _ring(dp)) if dp > 1 and dp2 > 1 else
-                     (float("nan") if dp2 > 1 else 0.0))
-            if math.isnan(t_dp2):
-                continue   # no DP traffic measured to scale from
-            pred = measured - (e_tp + e_dp) + x_tp * t_tp2 + x_dp * t_dp2
-        ev = [f"per rank and step: TP communication {t_tp / 1000:.2f} ms "
-              f"({e_tp / 1000:.2f} exposed), DP {t_dp / 1000:.2f} ms ({e_dp / 1000:.2f} exposed)",
-              f"predicted: TP {t_tp2 / 1000:.2f} ms, DP {t_dp2 / 1000:.2f} ms, each with "
-              "its measured exposed share"]
-        if ev_model:
-            ev.append(ev_model)
-        if ev_host:
-            ev.append(ev_host)
-        out.append(Recommendation(
-            kind="degrees", title=f"dp={dp2} × tp={tp2} instead of dp={dp} × tp={tp}",
-            change=f"dp={dp2}, tp={tp2} (TP inside each node; same global batch)",
-            evidence=tuple(ev),
-            caveats=("computation per rank is taken to stay the same (ideal scaling); TP's "
-                     "smaller matmuls can run less efficiently",
-                     "each dimension keeps the latency and bandwidth measured on its current "
-                     "groups",
-                     "memory changes (parameters shard by tp, activations by dp) are not "
-                     "predicted", *(unchecked_tp if tp2 > 1 else ()), *unchecked_batch),
-            measured_step_us=measured, predicted_step_us=pred,
-            params={"dp": dp2, "tp": tp2},
-            **batch_fields(now, per_rank_x=Fraction(dp, dp2), micro_x=Fraction(dp, dp2))))
+        pred = (_predict_fitted(ctx, run, tp2, dp2) if "tp" in run.traffic
+                else _predict_scaled(run, tp2, dp2))
+        if pred is not None:
+            out.append(_recommendation(run, tp2, dp2, pred, now, unchecked_tp, unchecked_batch))
     return out

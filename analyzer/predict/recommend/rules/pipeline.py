@@ -3,28 +3,48 @@ boundaries, interleaving."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from fractions import Fraction
 
 from ... import shapes, whatif
-from ...replay import inflight
+from ...replay import PipelineModel, inflight
 from ..context import RuleContext, ms
 from ..types import Recommendation, batch_fields, ruled_out
 
 
-def pipeline_changes(ctx: RuleContext) -> list[Recommendation]:
-    """Changes replayed on the measured pipeline (:class:`pardiag.analyzer.predict.replay.
-    PipelineModel`): more or fewer microbatches (same global batch), 1F1B instead of GPipe,
-    stage boundaries (the contiguous split of the measured per-layer times with the shortest
-    replayed step) and interleaving (2 or 4 stages per rank). Peak memory: the static bytes plus
-    the activations of the microbatches a rank holds at once (:func:`replay.inflight`), scaled
-    by the microbatch size."""
-    model = ctx.model
-    if model is None:
-        return []
+@dataclasses.dataclass(frozen=True)
+class _Replay:
+    """What every replayed change shares.
+
+    Attributes:
+        ctx: the rule's context; model: its pipeline replay.
+        measured_us: the measured step (µs).
+        peak_bytes: the measured peak (None when not measured); static_bytes: its static part
+            (0 when not measured); act_bytes: the rest, the activations (None when the peak is
+            not above the static bytes).
+        inflight: the microbatches a rank holds at once now (:func:`replay.inflight`).
+        evidence: the evidence lines every change starts with (the measured pipeline).
+        batch: the run's batch sizes.
+    """
+
+    ctx: RuleContext
+    model: PipelineModel
+    measured_us: float
+    peak_bytes: float | None
+    static_bytes: float
+    act_bytes: float | None
+    inflight: int
+    evidence: tuple[str, ...]
+    batch: shapes.Batch
+
+
+def _replay_base(ctx: RuleContext, model: PipelineModel) -> _Replay:
+    """The measured pipeline (:class:`_Replay`): its step, peak memory, the microbatches in
+    flight, the replayed bubble and the evidence lines describing it, and the batch a step
+    takes."""
     measured = model.period_us
     _, base = model.predict()
-    out: list[Recommendation] = []
     peak = ctx.peak.peak_bytes
     static = ctx.peak.static_bytes if ctx.peak.static_bytes is not None else 0.0
     act = (peak - static) if (peak is not None and peak > static) else None
@@ -40,34 +60,50 @@ def pipeline_changes(ctx: RuleContext) -> list[Recommendation]:
                  f"replayed bubble {bubble:.1f}% of the window; point-to-point hop "
                  f"{model.hop_us:.0f} µs, {model.gap_us:.0f} µs between a rank's chunks, "
                  f"{model.residual_us / 1000:+.2f} ms of the step not replayed")
-    caveats_mb = ("a chunk's time is split into a fixed part and a part proportional to the "
-                  "microbatch size, measured from its operators; very small microbatches can "
-                  "run below the hardware's efficient size",)
-    # the batch a step takes and the layers there are to split (issue #20)
+    # the batch a step takes (issue #20)
     dp = int(ctx.dims.get("dp") or 1)
     step_batch = model.samples * model.m if model.samples else None
     now = shapes.Batch(step_batch * dp if step_batch else None, step_batch, model.samples)
+    return _Replay(ctx, model, measured, peak, static, act, infl0, common_ev, now)
+
+
+def _replayed(rp: _Replay, kind, title, change, sched, m, v, f=None, b=None, pb=None,
+              extra_ev=(), caveats=(), params=None, batch_x=None) -> Recommendation:
+    """The :class:`Recommendation` of a change replayed on the measured pipeline
+    (:meth:`PipelineModel.predict` with schedule ``sched``, ``m`` microbatches, ``v`` stages
+    per rank and, when given, per-stage forward/backward µs ``f``/``b`` and parameter bytes
+    ``pb``): its predicted step and bubble, and its peak memory (the static bytes plus the
+    activations of the microbatches in flight, scaled by the microbatch size)."""
+    model = rp.model
+    pred, sim = model.predict(sched, m, v, f, b, pb)
+    pred_peak = None
+    if rp.peak_bytes is not None and rp.act_bytes is not None:
+        n_ratio = model.m / m
+        pred_peak = rp.static_bytes + rp.act_bytes * (
+            inflight(sched, model.p, m, v) * n_ratio / rp.inflight)
+    fits = rp.ctx.fits(pred_peak)
+    return Recommendation(
+        kind=kind, title=title, change=change,
+        evidence=rp.evidence + tuple(extra_ev) + (
+            f"predicted bubble {statistics.fmean(sim.bubble_pct.values()):.1f}%",),
+        caveats=tuple(caveats), measured_step_us=rp.measured_us, predicted_step_us=pred,
+        measured_peak_bytes=rp.peak_bytes, predicted_peak_bytes=pred_peak, fits_memory=fits,
+        params=params or {}, **batch_fields(rp.batch, **(batch_x or {})))
+
+
+def _microbatches(rp: _Replay) -> list[Recommendation]:
+    """More (or fewer) microbatches, same global batch: 2× and 4× as many and half as many;
+    those the batch does not split into are ruled out."""
+    model, measured = rp.model, rp.measured_us
+    caveats_mb = ("a chunk's time is split into a fixed part and a part proportional to the "
+                  "microbatch size, measured from its operators; very small microbatches can "
+                  "run below the hardware's efficient size",)
+    dp = int(rp.ctx.dims.get("dp") or 1)
+    step_batch = model.samples * model.m if model.samples else None
     if not model.samples:
         caveats_mb += ("not checked against the global batch: the microbatch size was not "
                        "recorded",)
-
-    def rec(kind, title, change, sched, m, v, f=None, b=None, pb=None, extra_ev=(), caveats=(),
-            params=None, batch_x=None):
-        pred, sim = model.predict(sched, m, v, f, b, pb)
-        pred_peak = None
-        if peak is not None and act is not None:
-            n_ratio = model.m / m
-            pred_peak = static + act * (inflight(sched, model.p, m, v) * n_ratio / infl0)
-        fits = ctx.fits(pred_peak)
-        out.append(Recommendation(
-            kind=kind, title=title, change=change,
-            evidence=common_ev + tuple(extra_ev) + (
-                f"predicted bubble {statistics.fmean(sim.bubble_pct.values()):.1f}%",),
-            caveats=tuple(caveats), measured_step_us=measured, predicted_step_us=pred,
-            measured_peak_bytes=peak, predicted_peak_bytes=pred_peak, fits_memory=fits,
-            params=params or {}, **batch_fields(now, **(batch_x or {}))))
-
-    # more (or fewer) microbatches, same global batch
+    out = []
     for m2 in sorted({model.m * 2, model.m * 4, model.m // 2}):
         if m2 < 1 or m2 == model.m:
             continue
@@ -81,60 +117,100 @@ def pipeline_changes(ctx: RuleContext) -> list[Recommendation]:
         if model.schedule == "interleaved" and m2 % max(1, m2 // model.p):
             continue
         n2 = f" of {model.samples * model.m // m2} samples" if model.samples else ""
-        rec("microbatches", title, f"microbatches {m2}{n2} (same global batch)", model.schedule,
-            m2, model.v, caveats=caveats_mb, params={"microbatches": m2},
-            batch_x={"micro_x": Fraction(model.m, m2)})
+        out.append(_replayed(
+            rp, "microbatches", title, f"microbatches {m2}{n2} (same global batch)",
+            model.schedule, m2, model.v, caveats=caveats_mb, params={"microbatches": m2},
+            batch_x={"micro_x": Fraction(model.m, m2)}))
+    return out
+
+
+def _rebalance(rp: _Replay, names: list[str], total: list[float]) -> list[Recommendation]:
+    """Stage boundaries: the contiguous split of the per-layer forward + backward times
+    (``total``, µs, of the layers ``names``) with the shortest replayed step, when it differs
+    from the current one."""
+    model = rp.model
+    sizes_now = [len(ls) for ls in model.layers]
+    sizes = model.best_sizes(total, len(sizes_now), model.schedule, model.m, model.v)
+    if sizes == sizes_now:
+        return []
+    f, b, pb = model.partition_costs(sizes)
+    stage_ms = ", ".join(f"S{s} {(fv + bv) / 1000:.2f} ms" for s, (fv, bv) in
+                         enumerate(zip(model.fwd_us, model.bwd_us)))
+    return [_replayed(
+        rp, "rebalance_stages", "Move layers between pipeline stages",
+        f"stage boundaries {whatif.boundaries_text(sizes)} (child modules per stage "
+        f"{','.join(map(str, sizes))}; now {whatif.boundaries_text(sizes_now)})",
+        model.schedule, model.m, model.v, f, b, pb,
+        extra_ev=(f"forward+backward per microbatch by stage: {stage_ms}",
+                  f"layers are the {len(names)} child modules of the stage modules, in "
+                  f"order ({names[0]} … {names[-1]}): count embeddings, heads and "
+                  "other non-block children too when you split your model",
+                  "layers in order: " + ", ".join(
+                      f"{n} {t / 1000:.2f} ms" for n, t in zip(names, total))),
+        caveats=("a layer's backward time is taken proportional to its forward time",
+                 "the first and last layers (embedding, head) "
+                 "may not be movable in your model"),
+        params={"layers_per_stage": sizes, "layer_names": names})]
+
+
+def _interleave(rp: _Replay, names: list[str], total: list[float]) -> list[Recommendation]:
+    """Interleaving: 2 or 4 stages per rank, the same layers (``names``, forward + backward
+    ``total`` µs each) split into p·v stages by the shortest replayed step; a v with more
+    stages than the model has layers is ruled out. Nothing for a run already interleaved."""
+    model, measured = rp.model, rp.measured_us
+    if model.schedule == "interleaved":
+        return []
+    out = []
+    layers = shapes.constraints(rp.ctx.traces).layers or len(total)
+    for v2 in (2, 4):
+        s2 = model.p * v2
+        why = shapes.check_stages(model.p, v2, layers)
+        if why:   # more stages than layers to put in them
+            out.append(ruled_out(
+                "interleave", f"Interleaved 1F1B with {v2} stages per rank",
+                f"schedule Interleaved1F1B, {v2} stages per rank",
+                {"schedule": "interleaved", "stages_per_rank": v2}, measured, why))
+            continue
+        if len(total) < s2 or model.m % max(1, model.m // model.p):
+            continue
+        sizes2 = model.best_sizes(total, s2, "interleaved", model.m, v2)
+        f, b, pb = model.partition_costs(sizes2)
+        out.append(_replayed(
+            rp, "interleave", f"Interleaved 1F1B with {v2} stages per rank",
+            f"schedule Interleaved1F1B, {v2} stages per rank, stage boundaries "
+            f"{whatif.boundaries_text(sizes2)}", "interleaved", model.m, v2, f, b, pb,
+            caveats=("each extra stage adds a point-to-point hop per microbatch, "
+                     "taken at the measured latency",),
+            params={"schedule": "interleaved", "stages_per_rank": v2,
+                    "layers_per_stage": sizes2, "layer_names": names}))
+    return out
+
+
+def pipeline_changes(ctx: RuleContext) -> list[Recommendation]:
+    """Changes replayed on the measured pipeline (:class:`pardiag.analyzer.predict.replay.
+    PipelineModel`): more or fewer microbatches (same global batch), 1F1B instead of GPipe,
+    stage boundaries (the contiguous split of the measured per-layer times with the shortest
+    replayed step) and interleaving (2 or 4 stages per rank). Peak memory: the static bytes plus
+    the activations of the microbatches a rank holds at once (:func:`replay.inflight`), scaled
+    by the microbatch size."""
+    model = ctx.model
+    if model is None:
+        return []
+    rp = _replay_base(ctx, model)
+    # more (or fewer) microbatches, same global batch
+    out: list[Recommendation] = _microbatches(rp)
     # schedule: 1F1B holds fewer activations than GPipe at the same time
     if model.schedule == "gpipe":
-        rec("schedule", "1F1B instead of GPipe", "schedule 1F1B", "1f1b", model.m, 1,
+        out.append(_replayed(
+            rp, "schedule", "1F1B instead of GPipe", "schedule 1F1B", "1f1b", model.m, 1,
             caveats=("1F1B mostly saves activation memory; its bubble equals GPipe's",),
-            params={"schedule": "1f1b"})
+            params={"schedule": "1f1b"}))
     lc = model.layer_costs()
-    # stage boundaries: the optimal contiguous split of the measured per-layer times
     if lc is not None:
         names, fw, bw, _ = lc
-        sizes_now = [len(ls) for ls in model.layers]
         total = [a + b for a, b in zip(fw, bw)]
-        sizes = model.best_sizes(total, len(sizes_now), model.schedule, model.m, model.v)
-        if sizes != sizes_now:
-            f, b, pb = model.partition_costs(sizes)
-            stage_ms = ", ".join(f"S{s} {(fv + bv) / 1000:.2f} ms" for s, (fv, bv) in
-                                 enumerate(zip(model.fwd_us, model.bwd_us)))
-            rec("rebalance_stages", "Move layers between pipeline stages",
-                f"stage boundaries {whatif.boundaries_text(sizes)} (child modules per stage "
-                f"{','.join(map(str, sizes))}; now {whatif.boundaries_text(sizes_now)})",
-                model.schedule, model.m, model.v, f, b, pb,
-                extra_ev=(f"forward+backward per microbatch by stage: {stage_ms}",
-                          f"layers are the {len(names)} child modules of the stage modules, in "
-                          f"order ({names[0]} … {names[-1]}): count embeddings, heads and "
-                          "other non-block children too when you split your model",
-                          "layers in order: " + ", ".join(
-                              f"{n} {t / 1000:.2f} ms" for n, t in zip(names, total))),
-                caveats=("a layer's backward time is taken proportional to its forward time",
-                         "the first and last layers (embedding, head) "
-                         "may not be movable in your model"),
-                params={"layers_per_stage": sizes, "layer_names": names})
+        # stage boundaries: the optimal contiguous split of the measured per-layer times
+        out += _rebalance(rp, names, total)
         # interleaving: v stages per rank, same layers split into p·v stages
-        if model.schedule != "interleaved":
-            layers = shapes.constraints(ctx.traces).layers or len(total)
-            for v2 in (2, 4):
-                s2 = model.p * v2
-                why = shapes.check_stages(model.p, v2, layers)
-                if why:   # more stages than layers to put in them
-                    out.append(ruled_out(
-                        "interleave", f"Interleaved 1F1B with {v2} stages per rank",
-                        f"schedule Interleaved1F1B, {v2} stages per rank",
-                        {"schedule": "interleaved", "stages_per_rank": v2}, measured, why))
-                    continue
-                if len(total) < s2 or model.m % max(1, model.m // model.p):
-                    continue
-                sizes2 = model.best_sizes(total, s2, "interleaved", model.m, v2)
-                f, b, pb = model.partition_costs(sizes2)
-                rec("interleave", f"Interleaved 1F1B with {v2} stages per rank",
-                    f"schedule Interleaved1F1B, {v2} stages per rank, stage boundaries "
-                    f"{whatif.boundaries_text(sizes2)}", "interleaved", model.m, v2, f, b, pb,
-                    caveats=("each extra stage adds a point-to-point hop per microbatch, "
-                             "taken at the measured latency",),
-                    params={"schedule": "interleaved", "stages_per_rank": v2,
-                            "layers_per_stage": sizes2, "layer_names": names})
+        out += _interleave(rp, names, total)
     return out

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 import pandas as pd
 
 from ... import shapes, whatif
-from ...replay import inflight
+from ...replay import PipelineModel, inflight
 from ..context import RuleContext, step_noise
 from ..types import Recommendation, batch_fields, ruled_out
 
@@ -37,6 +38,170 @@ def _scaling_intervals(traces) -> dict[tuple[int, float], tuple[tuple, tuple]]:
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
     return out
+
+
+def _calibration_rows(traces) -> list[dict]:
+    """The all-reduce timings ``pardiag profile`` took on the group after the run
+    (``allreduce_calibration`` rows of the pipeline sidecars with numeric ``bytes``)."""
+    return [r for doc in traces.sidecars.get("pipeline", {}).values()
+            for r in doc.get("allreduce_calibration") or []
+            if isinstance(r, dict) and isinstance(r.get("bytes"), (int, float))]
+
+
+def _allreduce_fit(rows: list[dict]) -> tuple[float, float] | None:
+    """``(α µs, β µs per byte)`` of the all-reduce through the calibration ``rows``' fastest
+    timings (:func:`whatif.fit_alpha_beta`), or None without two sizes to fit."""
+    calib = [(float(r["bytes"]), float(r["us"])) for r in rows
+             if isinstance(r.get("us"), (int, float))]
+    try:
+        alpha, beta = whatif.fit_alpha_beta([b for b, _ in calib], [t for _, t in calib])
+    except ValueError:
+        return None
+    if len({b for b, _ in calib}) < 2:
+        return None
+    return alpha, beta
+
+
+def _stage_compute(model: PipelineModel, ivs: dict, n_new: float
+                   ) -> tuple[float, list[float] | None]:
+    """Σ over stages of the stage module's forward + backward at ``n_new`` samples (µs; the
+    line through its times at other microbatch sizes, :func:`whatif.affine`) and its interval
+    ``[low, high]`` (µs) from the timings' intervals (``ivs``, :func:`_scaling_intervals`), or
+    None when a timing has none."""
+    compute = 0.0
+    compute_iv: list[float] | None = [0.0, 0.0]
+    for s in range(len(model.fwd_us)):
+        pts = model.size_scaling[s]
+        xs = [q[0] for q in pts]
+        point = (whatif.affine(xs, [q[1] for q in pts], n_new)
+                 + whatif.affine(xs, [q[2] for q in pts], n_new))
+        compute += point
+        if compute_iv is None or any((s, x) not in ivs for x in xs):
+            compute_iv = None
+            continue
+        ends = [whatif.affine(xs, [ivs[(s, x)][0][e] for x in xs], n_new)
+                + whatif.affine(xs, [ivs[(s, x)][1][e] for x in xs], n_new) for e in (0, 1)]
+        compute_iv[0] += min(point, *ends)   # an extrapolated line may swap the ends
+        compute_iv[1] += max(point, *ends)
+    return compute, compute_iv
+
+
+@dataclasses.dataclass(frozen=True)
+class _GradSync:
+    """DDP's gradient synchronization after the change, per step.
+
+    Attributes:
+        buckets: DDP's default buckets of the stages' parameter bytes (bytes each).
+        all_us: every bucket's all-reduce at the fitted α–β (µs).
+        step_us: what of it adds to the step (µs): all of it on CPU (or what DDP added on the
+            stand-in it was timed on), the last bucket's on a GPU.
+        interval_us: ``(low, high)`` of ``step_us`` (µs), or None without the timings' samples.
+        how: how ``step_us`` was made, appended to the all-reduce's evidence line.
+    """
+
+    buckets: list[float]
+    all_us: float
+    step_us: float
+    interval_us: tuple[float, float] | None
+    how: str
+
+
+def _allreduce_interval(rows: list[dict], buckets: list[float], ar: float, on_gpu: bool
+                        ) -> tuple[float, float] | None:
+    """The all-reduces' interval (µs): from ``ar`` (the line through the fastest timings) to
+    the line through the high ends of the timings' medians' intervals (:func:`median_interval`);
+    None when a calibration row has no samples or the line cannot be fitted."""
+    highs = [(float(r["bytes"]), median_interval(r.get("samples_us"))) for r in rows]
+    if not highs or not all(h is not None for _, h in highs):
+        return None
+    try:
+        a_hi, b_hi = whatif.fit_alpha_beta([b for b, _ in highs], [h[1] for _, h in highs])
+    except ValueError:
+        return None
+    hi = (sum(a_hi + b_hi * b for b in buckets) if not on_gpu
+          else a_hi + b_hi * buckets[-1])
+    return (min(ar, hi), max(ar, hi))
+
+
+def _ddp_calibration(traces) -> dict:
+    """The last pipeline sidecar's ``ddp_calibration`` (DDP itself timed on a stand-in after
+    the run: ``grad_bytes``, ``overhead_us`` > 0, ``overhead_samples_us``), or {}."""
+    cal = {}
+    for doc in traces.sidecars.get("pipeline", {}).values():
+        c = doc.get("ddp_calibration")
+        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) and c[k] > 0
+                                       for k in ("grad_bytes", "overhead_us")):
+            cal = c
+    return cal
+
+
+def _grad_sync(ctx: RuleContext, fit: tuple[float, float], rows: list[dict], grad_bytes: float
+               ) -> _GradSync:
+    """The gradient all-reduce of DDP's default buckets of the stages' layers' parameter bytes
+    (``grad_bytes`` in all) at the fitted ``(α µs, β µs per byte)``: every bucket's time adds
+    on CPU, the last bucket's on a GPU; on CPU, when DDP itself was timed on a stand-in
+    (:func:`_ddp_calibration`), what it added there, scaled by the gradient bytes."""
+    model, on_gpu = ctx.model, ctx.on_gpu
+    alpha, beta = fit
+    layer_bytes = [float(b) for ls in reversed(model.layers) for _, _, b in reversed(ls)]
+    buckets = whatif.ddp_buckets(layer_bytes, whatif.DDP_DEFAULT_CAP, whatif.DDP_FIRST_BUCKET)
+    ar_all = sum(alpha + beta * b for b in buckets)
+    ar = ar_all if not on_gpu else alpha + beta * buckets[-1]
+    # the all-reduces' interval: the line through the fastest timings (the point) to the one
+    # through the high ends of the medians' intervals
+    ar_iv = _allreduce_interval(rows, buckets, ar, on_gpu)
+    how_ar = ("; on a GPU only the last bucket's is added" if on_gpu else
+              "; on CPU all of it adds to the step")
+    cal = _ddp_calibration(ctx.traces)
+    if cal and not on_gpu:   # DDP itself timed on a stand-in with these gradient bytes
+        ar = cal["overhead_us"] * grad_bytes / cal["grad_bytes"]
+        ov = median_interval(cal.get("overhead_samples_us"))
+        ar_iv = (tuple(max(v, 0.0) * grad_bytes / cal["grad_bytes"] for v in ov)
+                 if ov is not None else None)
+        how_ar = (f"; DDP itself, timed after the run on a stand-in with "
+                  f"{cal['grad_bytes'] / 2**20:.3g} MiB of gradients, adds "
+                  f"{cal['overhead_us'] / 1000:.2f} ms"
+                  + (f": {ar / 1000:.2f} ms at this size"
+                     if abs(cal["grad_bytes"] - grad_bytes) > 0.01 * grad_bytes else ""))
+    return _GradSync(buckets, ar_all, ar, ar_iv, how_ar)
+
+
+def _step_interval(compute_iv: list[float] | None, rest_us: tuple[float, float],
+                   sync: _GradSync) -> tuple[float, float, tuple[str, ...]]:
+    """``(low, high, evidence)``: the predicted step (µs) with every stand-in timing at the low,
+    then at the high end of its interval, ``rest_us`` (the optimizer, the other per-step work;
+    µs) as measured, and the evidence line saying so; NaN, NaN and no line without
+    intervals."""
+    opt, other = rest_us
+    ar, ar_iv = sync.step_us, sync.interval_us
+    if compute_iv is None or ar_iv is None:
+        return float("nan"), float("nan"), ()
+    low = compute_iv[0] + opt + other + min(ar_iv[0], ar)
+    high = compute_iv[1] + opt + other + max(ar_iv[1], ar)
+    return low, high, (
+        f"with the stand-in timings' 95% intervals the step is {low / 1000:.2f}–"
+        f"{high / 1000:.2f} ms (stage modules {compute_iv[0] / 1000:.2f}–"
+        f"{compute_iv[1] / 1000:.2f} ms, gradient synchronisation "
+        f"{ar_iv[0] / 1000:.2f}–{ar_iv[1] / 1000:.2f} ms; bootstrap intervals of "
+        "their medians)",)
+
+
+def _predicted_peak(ctx: RuleContext, n_new: float) -> float | None:
+    """The peak memory as data parallel (bytes): every stage's static bytes plus every stage's
+    activations for one microbatch, scaled to ``n_new`` samples; None without every rank's
+    static bytes and allocated peak."""
+    model = ctx.model
+    pr = ctx.memory.per_rank if ctx.memory is not None else pd.DataFrame()
+    if not (len(pr) and pr["static_bytes"].notna().all()
+            and pr["peak_allocated_bytes"].notna().all()):
+        return None
+    infl = inflight(model.schedule, model.p, model.m, model.v)
+    static = pr["static_bytes"].astype(float)
+    peak = pr["peak_allocated_bytes"].astype(float)
+    # a device's allocated peak holds the static state; a CPU trace's window peak counts
+    # only what was allocated inside the window (context.measured_peak)
+    act = (peak - static).clip(lower=0) if (peak >= static).all() else peak
+    return float(static.sum()) + float(act.sum()) / infl * (n_new / model.samples)
 
 
 def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
@@ -80,98 +245,20 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
     if (not model.samples or any(s not in model.size_scaling for s in range(n_stages))
             or pb is None or sum(pb) <= 0 or len(model.opt_us) != model.p):
         return []
-    calib = [(float(r["bytes"]), float(r["us"]))
-             for doc in traces.sidecars.get("pipeline", {}).values()
-             for r in doc.get("allreduce_calibration") or []
-             if isinstance(r, dict) and isinstance(r.get("bytes"), (int, float))
-             and isinstance(r.get("us"), (int, float))]
-    try:
-        alpha, beta = whatif.fit_alpha_beta([b for b, _ in calib], [t for _, t in calib])
-    except ValueError:
+    rows = _calibration_rows(traces)
+    fit = _allreduce_fit(rows)
+    if fit is None:
         return []
-    if len({b for b, _ in calib}) < 2:
-        return []
+    alpha, beta = fit
     n_new = model.samples * model.m / model.p
-    compute = 0.0
-    ivs = _scaling_intervals(traces)
-    compute_iv: list[float] | None = [0.0, 0.0]
-    for s in range(n_stages):
-        pts = model.size_scaling[s]
-        xs = [q[0] for q in pts]
-        point = (whatif.affine(xs, [q[1] for q in pts], n_new)
-                 + whatif.affine(xs, [q[2] for q in pts], n_new))
-        compute += point
-        if compute_iv is None or any((s, x) not in ivs for x in xs):
-            compute_iv = None
-            continue
-        ends = [whatif.affine(xs, [ivs[(s, x)][0][e] for x in xs], n_new)
-                + whatif.affine(xs, [ivs[(s, x)][1][e] for x in xs], n_new) for e in (0, 1)]
-        compute_iv[0] += min(point, *ends)   # an extrapolated line may swap the ends
-        compute_iv[1] += max(point, *ends)
+    compute, compute_iv = _stage_compute(model, _scaling_intervals(traces), n_new)
     opt = sum(model.opt_us.values())
     other = max(model.tail_us.get(0, 0.0) - model.opt_us.get(0, 0.0), 0.0)
-    layer_bytes = [float(b) for ls in reversed(model.layers) for _, _, b in reversed(ls)]
-    buckets = whatif.ddp_buckets(layer_bytes, whatif.DDP_DEFAULT_CAP, whatif.DDP_FIRST_BUCKET)
-    on_gpu = ctx.on_gpu
-    ar_all = sum(alpha + beta * b for b in buckets)
-    ar = ar_all if not on_gpu else alpha + beta * buckets[-1]
-    # the all-reduces' interval: the line through the fastest timings (the point) to the one
-    # through the high ends of the medians' intervals
-    highs = [(float(r["bytes"]), median_interval(r.get("samples_us")))
-             for doc in traces.sidecars.get("pipeline", {}).values()
-             for r in doc.get("allreduce_calibration") or []
-             if isinstance(r, dict) and isinstance(r.get("bytes"), (int, float))]
-    ar_iv = None
-    if highs and all(h is not None for _, h in highs):
-        try:
-            a_hi, b_hi = whatif.fit_alpha_beta([b for b, _ in highs], [h[1] for _, h in highs])
-            hi = (sum(a_hi + b_hi * b for b in buckets) if not on_gpu
-                  else a_hi + b_hi * buckets[-1])
-            ar_iv = (min(ar, hi), max(ar, hi))
-        except ValueError:
-            ar_iv = None
-    how_ar = ("; on a GPU only the last bucket's is added" if on_gpu else
-              "; on CPU all of it adds to the step")
-    cal = {}
-    for doc in traces.sidecars.get("pipeline", {}).values():
-        c = doc.get("ddp_calibration")
-        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) and c[k] > 0
-                                       for k in ("grad_bytes", "overhead_us")):
-            cal = c
-    if cal and not on_gpu:   # DDP itself timed on a stand-in with these gradient bytes
-        ar = cal["overhead_us"] * sum(pb) / cal["grad_bytes"]
-        ov = median_interval(cal.get("overhead_samples_us"))
-        ar_iv = (tuple(max(v, 0.0) * sum(pb) / cal["grad_bytes"] for v in ov)
-                 if ov is not None else None)
-        how_ar = (f"; DDP itself, timed after the run on a stand-in with "
-                  f"{cal['grad_bytes'] / 2**20:.3g} MiB of gradients, adds "
-                  f"{cal['overhead_us'] / 1000:.2f} ms"
-                  + (f": {ar / 1000:.2f} ms at this size"
-                     if abs(cal["grad_bytes"] - sum(pb)) > 0.01 * sum(pb) else ""))
-    pred = compute + opt + other + ar
-    measured = model.period_us
-    low = high = float("nan")
-    interval = ()
-    if compute_iv is not None and ar_iv is not None:
-        low = compute_iv[0] + opt + other + min(ar_iv[0], ar)
-        high = compute_iv[1] + opt + other + max(ar_iv[1], ar)
-        interval = (f"with the stand-in timings' 95% intervals the step is {low / 1000:.2f}–"
-                    f"{high / 1000:.2f} ms (stage modules {compute_iv[0] / 1000:.2f}–"
-                    f"{compute_iv[1] / 1000:.2f} ms, gradient synchronisation "
-                    f"{ar_iv[0] / 1000:.2f}–{ar_iv[1] / 1000:.2f} ms; bootstrap intervals of "
-                    "their medians)",)
-    pred_peak = None
-    meas_peak = ctx.peak.peak_bytes
-    pr = ctx.memory.per_rank if ctx.memory is not None else pd.DataFrame()
-    if len(pr) and pr["static_bytes"].notna().all() and pr["peak_allocated_bytes"].notna().all():
-        infl = inflight(model.schedule, model.p, model.m, model.v)
-        static = pr["static_bytes"].astype(float)
-        peak = pr["peak_allocated_bytes"].astype(float)
-        # a device's allocated peak holds the static state; a CPU trace's window peak counts
-        # only what was allocated inside the window (context.measured_peak)
-        act = (peak - static).clip(lower=0) if (peak >= static).all() else peak
-        pred_peak = float(static.sum()) + float(act.sum()) / infl * (n_new / model.samples)
     total_b = sum(pb)
+    sync = _grad_sync(ctx, fit, rows, total_b)
+    pred = compute + opt + other + sync.step_us
+    low, high, interval = _step_interval(compute_iv, (opt, other), sync)
+    pred_peak = _predicted_peak(ctx, n_new)
     return [Recommendation(
         kind="pp_to_dp", title=f"Data parallel instead of a {model.p}-stage pipeline",
         change=f"dp={model.p}, pp=1: every rank runs the whole model on {n_new:g} samples "
@@ -180,15 +267,15 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
                   f"{n_new:g} samples (measured at other sizes after the run)",
                   f"optimizer over all parameters {opt / 1000:.2f} ms; other per-step work "
                   f"{other / 1000:.2f} ms",
-                  f"{total_b / 2**20:.3g} MiB of gradients in {len(buckets)} bucket(s): "
-                  f"all-reduce {ar_all / 1000:.2f} ms (α {alpha:.0f} µs, "
+                  f"{total_b / 2**20:.3g} MiB of gradients in {len(sync.buckets)} bucket(s): "
+                  f"all-reduce {sync.all_us / 1000:.2f} ms (α {alpha:.0f} µs, "
                   f"{1 / beta / 1e3:.2f} GB/s measured on the group after the run)"
-                  + how_ar, *interval),
+                  + sync.how, *interval),
         caveats=("every rank then holds all parameters, gradients and optimizer state",
                  "the all-reduce was timed on an idle group, not beside a backward"),
-        measured_step_us=measured, predicted_step_us=pred,
+        measured_step_us=model.period_us, predicted_step_us=pred,
         predicted_low_us=low, predicted_high_us=high,
-        measured_peak_bytes=meas_peak,
+        measured_peak_bytes=ctx.peak.peak_bytes,
         predicted_peak_bytes=pred_peak,
         fits_memory=ctx.fits(pred_peak),
         params={"pp": 1, "dp": model.p},
