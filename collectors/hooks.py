@@ -11,7 +11,7 @@ size) is recorded here:
 * :class:`PipelineRecorder` — forward/backward of every pipeline stage and microbatch (1F1B
   annotates nothing by itself), as ``record_function`` ranges and as records.
 * :func:`model_shapes`, :class:`BatchRecorder` — the tensor shapes, attention heads, pipeline
-  layers and batch that constrain how the model can be split (issue #20).
+  layers and batch that constrain how the model can be split.
 * :func:`process_groups`, :func:`detect_parallelism`, :func:`static_memory`, :func:`topology`.
 
 Times are epoch nanoseconds (``time.time_ns()``), the clock of the trace's
@@ -21,6 +21,7 @@ Times are epoch nanoseconds (``time.time_ns()``), the clock of the trace's
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import gc
 import json
@@ -74,7 +75,7 @@ def ddp_calibration(local_grad_bytes: int, rows: int = 8, repeats: int = 15,
     bucket copies, hooks, sharing the cores with the backward) — what data parallelism instead
     of the pipeline would add — is the median of the paired differences (DDP − alone of the
     same repetition, so a drift of the machine cancels), and the samples are kept so that the
-    prediction resting on it can carry the interval of that median (issue #19). The repetitions
+    prediction resting on it can carry the interval of that median. The repetitions
     are cut to what fits in ``budget_s`` seconds (the warm-up pair's time, the slowest rank's,
     so every rank runs the same number), never fewer than ``min_repeats``: a large model's
     stand-in took 1.1 s per pair on the 2-core machine, 17 s for 15 pairs after the script,
@@ -628,6 +629,167 @@ def canonical_dim(name: str | None) -> str | None:
     return _DIM_ALIASES.get(key)
 
 
+@dataclasses.dataclass(frozen=True)
+class _ParallelClasses:
+    """The classes :func:`detect_parallelism` looks for; ``()`` for one whose module the script
+    did not import (it has no instance)."""
+
+    ddp: Any
+    fsdp1: Any
+    fsdp2: Any
+    zero: Any
+    mesh: Any
+    stage: Any
+    schedule: Any
+
+    def interesting(self) -> tuple:
+        """The classes that exist, for one :func:`live_instances` pass."""
+        return tuple(c for c in (self.ddp, self.fsdp1, self.fsdp2, self.zero, self.mesh,
+                                 self.stage, self.schedule) if isinstance(c, type))
+
+
+def _parallel_classes() -> _ParallelClasses:
+    """The parallel wrappers, meshes and pipeline classes, among the modules already imported
+    (DDP always)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    # only the modules the script imported: this runs in the step after the profiler's window
+    def cls(module: str, name: str):
+        return (_loaded(module, name) or ((),))[0]   # () when not imported: no instance
+
+    return _ParallelClasses(
+        ddp=DistributedDataParallel,
+        fsdp1=cls("torch.distributed.fsdp", "FullyShardedDataParallel"),
+        fsdp2=cls("torch.distributed.fsdp", "FSDPModule"),
+        zero=cls("torch.distributed.optim", "ZeroRedundancyOptimizer"),
+        mesh=cls("torch.distributed.device_mesh", "DeviceMesh"),
+        stage=cls("torch.distributed.pipelining.stage", "_PipelineStageBase"),
+        schedule=cls("torch.distributed.pipelining.schedules", "_PipelineSchedule"))
+
+
+@dataclasses.dataclass
+class _ParallelScan:
+    """What :func:`_scan_parallel` found among the live objects (see
+    :func:`detect_parallelism`'s result for the meaning)."""
+
+    wrappers: set[str] = dataclasses.field(default_factory=set)
+    group_dims: dict[str, str] = dataclasses.field(default_factory=dict)
+    meshes: list[dict] = dataclasses.field(default_factory=list)
+    stages: list = dataclasses.field(default_factory=list)
+    schedules: list = dataclasses.field(default_factory=list)
+    reshard: set[bool] = dataclasses.field(default_factory=set)
+    #: FSDP units with parameters; those that reshard after forward
+    units: list[int] = dataclasses.field(default_factory=lambda: [0, 0])
+    fsdp1_fwd_prefetch: set[bool] = dataclasses.field(default_factory=set)
+    seen_mesh: set[tuple] = dataclasses.field(default_factory=set)
+    ddp_cap: int | None = None
+    ddp_params: list[int] | None = None
+
+
+def _note_ddp(scan: _ParallelScan, obj) -> None:
+    """Record a DDP module: its group (dp), bucket cap and parameters' gradient bytes."""
+    scan.wrappers.add("ddp")
+    scan.group_dims.setdefault(_group_name(obj.process_group), "dp")
+    if isinstance(getattr(obj, "bucket_bytes_cap", None), int):
+        scan.ddp_cap = obj.bucket_bytes_cap
+    scan.ddp_params = [int(p.numel() * p.element_size())
+                       for p in reversed(list(obj.module.parameters())) if p.requires_grad]
+
+
+def _note_fsdp1(scan: _ParallelScan, obj) -> None:
+    """Record an FSDP1 module: its group (dp), sharding strategy, unit and forward prefetch."""
+    scan.wrappers.add("fsdp1")
+    scan.group_dims.setdefault(_group_name(obj.process_group), "dp")
+    strategy = getattr(getattr(obj, "sharding_strategy", None), "name", None)
+    if strategy in ("FULL_SHARD", "HYBRID_SHARD"):
+        scan.reshard.add(True)
+    elif strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
+        scan.reshard.add(False)
+    scan.units[0] += 1   # the root keeps its parameters for the backward
+    scan.units[1] += (strategy in ("FULL_SHARD", "HYBRID_SHARD")
+                      and not getattr(obj, "_is_root", False))
+    if isinstance(getattr(obj, "forward_prefetch", None), bool):
+        scan.fsdp1_fwd_prefetch.add(obj.forward_prefetch)
+
+
+def _note_fsdp2(scan: _ParallelScan, obj) -> None:
+    """Record an FSDP2 module: its shard group (dp), whether it reshards, its unit."""
+    scan.wrappers.add("fsdp2")
+    pg_group = obj._get_fsdp_state()._fsdp_param_group
+    if pg_group is not None:
+        info = pg_group.mesh_info
+        if hasattr(info, "shard_process_group"):
+            scan.group_dims.setdefault(_group_name(info.shard_process_group), "dp")
+        # reshard_after_forward=False keeps no post-forward mesh
+        scan.reshard.add(pg_group.post_forward_mesh_info is not None)
+        scan.units[0] += 1
+        scan.units[1] += pg_group.post_forward_mesh_info is not None
+
+
+def _note_mesh(scan: _ParallelScan, obj) -> None:
+    """Record a device mesh not seen yet: its dimensions, their groups and parallel dims."""
+    names = obj.mesh_dim_names or ()
+    key = (tuple(names), tuple(obj.mesh.shape), tuple(obj.mesh.flatten().tolist()))
+    if key in scan.seen_mesh:
+        return
+    scan.seen_mesh.add(key)
+    dims, groups = {}, {}
+    for i, n in enumerate(names):
+        dims[n] = int(obj.mesh.shape[i])
+        try:
+            groups[n] = _group_name(obj.get_group(n))
+        except (RuntimeError, ValueError, KeyError):
+            continue
+        if canonical_dim(n):
+            scan.group_dims[groups[n]] = canonical_dim(n)
+    scan.meshes.append({"dims": dims, "groups": groups})
+
+
+def _scan_parallel(found: list, c: _ParallelClasses) -> _ParallelScan:
+    """Go through the live objects ``found`` (instances of ``c``'s classes) once; returns what
+    they say. An object that is gone (a weak reference) is skipped."""
+    scan = _ParallelScan()
+    for obj in found:
+        try:
+            if isinstance(obj, c.ddp):
+                _note_ddp(scan, obj)
+            elif c.fsdp1 and isinstance(obj, c.fsdp1):
+                _note_fsdp1(scan, obj)
+            elif c.fsdp2 and isinstance(obj, c.fsdp2):
+                _note_fsdp2(scan, obj)
+            elif isinstance(obj, c.zero):
+                scan.wrappers.add("zero1")
+                scan.group_dims.setdefault(_group_name(obj.process_group), "dp")
+            elif isinstance(obj, c.mesh):
+                _note_mesh(scan, obj)
+            elif c.stage and isinstance(obj, c.stage):
+                scan.stages.append(obj)
+            elif c.schedule and isinstance(obj, c.schedule):
+                scan.schedules.append(obj)
+        except ReferenceError:  # a weakly referenced object that is gone
+            continue
+    return scan
+
+
+def _pipeline_of(scan: _ParallelScan) -> dict | None:
+    """The pipeline's schedule and stages (None without any); marks the wrapper and the
+    stages' groups (pp) in ``scan``."""
+    if not (scan.stages or scan.schedules):
+        return None
+    stages, schedules = scan.stages, scan.schedules
+    scan.wrappers.add("pipeline")
+    for st in stages:
+        scan.group_dims.setdefault(_group_name(st.group), "pp")
+    sched = schedules[0] if schedules else None
+    return {
+        "schedule": type(sched).__name__ if sched else None,
+        "microbatches": getattr(sched, "_n_microbatches", None),
+        "stages": stages[0].num_stages if stages else None,
+        "local_stages": sorted(st.stage_index for st in stages),
+        "pp_group_size": stages[0].group_size if stages else None,
+    }
+
+
 def detect_parallelism(objects: list | None = None) -> dict:
     """What the live objects of the script say about its parallel layout.
 
@@ -649,112 +811,20 @@ def detect_parallelism(objects: list | None = None) -> dict:
         (``ddp_param_bytes``: gradient bytes of each trainable parameter of the DDP module, last
         registered first — the order DDP's buckets take them in, for the bucket-size what-if).
     """
-    from torch.nn.parallel import DistributedDataParallel
-
-    # only the modules the script imported: this runs in the step after the profiler's window
-    def cls(module: str, name: str):
-        return (_loaded(module, name) or ((),))[0]   # () when not imported: no instance
-
-    DeviceMesh = cls("torch.distributed.device_mesh", "DeviceMesh")
-    FullyShardedDataParallel = cls("torch.distributed.fsdp", "FullyShardedDataParallel")
-    FSDPModule = cls("torch.distributed.fsdp", "FSDPModule")
-    ZeroRedundancyOptimizer = cls("torch.distributed.optim", "ZeroRedundancyOptimizer")
-    _PipelineSchedule = cls("torch.distributed.pipelining.schedules", "_PipelineSchedule")
-    _PipelineStageBase = cls("torch.distributed.pipelining.stage", "_PipelineStageBase")
-
-    interesting = tuple(c for c in (DistributedDataParallel, FullyShardedDataParallel, FSDPModule,
-                                     ZeroRedundancyOptimizer, DeviceMesh, _PipelineStageBase,
-                                     _PipelineSchedule) if isinstance(c, type))
-    wrappers: set[str] = set()
-    group_dims: dict[str, str] = {}
-    meshes: list[dict] = []
-    stages: list = []
-    schedules: list = []
-    reshard: set[bool] = set()
-    units = [0, 0]   # FSDP units with parameters; those that reshard after forward
-    fsdp1_fwd_prefetch: set[bool] = set()
-    seen_mesh: set[tuple] = set()
-    ddp_cap = ddp_params = None
+    c = _parallel_classes()
+    interesting = c.interesting()
     found = (live_instances(interesting) if objects is None
              else [o for o in objects if isinstance(o, interesting)])
-    for obj in found:
-        try:
-            if isinstance(obj, DistributedDataParallel):
-                wrappers.add("ddp")
-                group_dims.setdefault(_group_name(obj.process_group), "dp")
-                if isinstance(getattr(obj, "bucket_bytes_cap", None), int):
-                    ddp_cap = obj.bucket_bytes_cap
-                ddp_params = [int(p.numel() * p.element_size())
-                              for p in reversed(list(obj.module.parameters())) if p.requires_grad]
-            elif FullyShardedDataParallel and isinstance(obj, FullyShardedDataParallel):
-                wrappers.add("fsdp1")
-                group_dims.setdefault(_group_name(obj.process_group), "dp")
-                strategy = getattr(getattr(obj, "sharding_strategy", None), "name", None)
-                if strategy in ("FULL_SHARD", "HYBRID_SHARD"):
-                    reshard.add(True)
-                elif strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
-                    reshard.add(False)
-                units[0] += 1   # the root keeps its parameters for the backward
-                units[1] += (strategy in ("FULL_SHARD", "HYBRID_SHARD")
-                             and not getattr(obj, "_is_root", False))
-                if isinstance(getattr(obj, "forward_prefetch", None), bool):
-                    fsdp1_fwd_prefetch.add(obj.forward_prefetch)
-            elif FSDPModule and isinstance(obj, FSDPModule):
-                wrappers.add("fsdp2")
-                pg_group = obj._get_fsdp_state()._fsdp_param_group
-                if pg_group is not None:
-                    info = pg_group.mesh_info
-                    if hasattr(info, "shard_process_group"):
-                        group_dims.setdefault(_group_name(info.shard_process_group), "dp")
-                    # reshard_after_forward=False keeps no post-forward mesh
-                    reshard.add(pg_group.post_forward_mesh_info is not None)
-                    units[0] += 1
-                    units[1] += pg_group.post_forward_mesh_info is not None
-            elif isinstance(obj, ZeroRedundancyOptimizer):
-                wrappers.add("zero1")
-                group_dims.setdefault(_group_name(obj.process_group), "dp")
-            elif isinstance(obj, DeviceMesh):
-                names = obj.mesh_dim_names or ()
-                key = (tuple(names), tuple(obj.mesh.shape), tuple(obj.mesh.flatten().tolist()))
-                if key in seen_mesh:
-                    continue
-                seen_mesh.add(key)
-                dims, groups = {}, {}
-                for i, n in enumerate(names):
-                    dims[n] = int(obj.mesh.shape[i])
-                    try:
-                        groups[n] = _group_name(obj.get_group(n))
-                    except (RuntimeError, ValueError, KeyError):
-                        continue
-                    if canonical_dim(n):
-                        group_dims[groups[n]] = canonical_dim(n)
-                meshes.append({"dims": dims, "groups": groups})
-            elif _PipelineStageBase and isinstance(obj, _PipelineStageBase):
-                stages.append(obj)
-            elif _PipelineSchedule and isinstance(obj, _PipelineSchedule):
-                schedules.append(obj)
-        except ReferenceError:  # a weakly referenced object that is gone
-            continue
-    pipeline = None
-    if stages or schedules:
-        wrappers.add("pipeline")
-        for st in stages:
-            group_dims.setdefault(_group_name(st.group), "pp")
-        sched = schedules[0] if schedules else None
-        pipeline = {
-            "schedule": type(sched).__name__ if sched else None,
-            "microbatches": getattr(sched, "_n_microbatches", None),
-            "stages": stages[0].num_stages if stages else None,
-            "local_stages": sorted(st.stage_index for st in stages),
-            "pp_group_size": stages[0].group_size if stages else None,
-        }
-    return {"wrappers": sorted(wrappers), "meshes": meshes, "pipeline": pipeline,
-            "group_dims": group_dims,
+    scan = _scan_parallel(found, c)
+    pipeline = _pipeline_of(scan)
+    reshard, units, fsdp1_fwd_prefetch = scan.reshard, scan.units, scan.fsdp1_fwd_prefetch
+    return {"wrappers": sorted(scan.wrappers), "meshes": scan.meshes, "pipeline": pipeline,
+            "group_dims": scan.group_dims,
             # the root module may keep its parameters; any resharding block means "true"
             "fsdp_reshard_after_forward": any(reshard) if reshard else None,
             "fsdp1_forward_prefetch": all(fsdp1_fwd_prefetch) if fsdp1_fwd_prefetch else None,
             "fsdp_units": units[0] or None, "fsdp_resharding_units": units[1] if units[0] else None,
-            "ddp_bucket_cap_bytes": ddp_cap, "ddp_param_bytes": ddp_params}
+            "ddp_bucket_cap_bytes": scan.ddp_cap, "ddp_param_bytes": scan.ddp_params}
 
 
 def _loaded(module: str, *names: str) -> tuple:
@@ -868,7 +938,7 @@ def _tp_dims(param, fsdp: bool) -> tuple[list[str], list[str | None], list[int]]
 
 
 def model_shapes(roots=None, stages=None, objects: list | None = None):
-    """What constrains how this rank's model can be split (issue #20), from its live modules.
+    """What constrains how this rank's model can be split, from its live modules.
 
     * every tensor-parallel DTensor parameter: its full shape, placements and the dimensions
       sharded over the TP mesh dimension (a TP degree must divide each);

@@ -440,7 +440,11 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig,
             noise.close()
 
 
-def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | None]:
+def _wait_or_timeout(proc, cfg, ranks) -> tuple[int, list | None] | None:
+    """Wait for torchrun to end; stop its ranks when they are stuck at exit (every rank has
+    written its files, or one finished and this node's others did not within
+    ``cfg.exit_grace_s``). Returns ``(exit code, hang lines or None)``, or None when
+    ``cfg.timeout_s`` expired first. On Ctrl-C stops the job and raises again."""
     started = time.time()
     first_done: float | None = None
     all_done = 0.0
@@ -453,7 +457,7 @@ def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | 
                 pass
             now = time.time()
             if cfg.timeout_s is not None and now - started > cfg.timeout_s:
-                break
+                return None
             # A rank that finished while another never exits: a hang at teardown (seen with
             # gloo when objects holding a process group are freed). Stop it after a grace.
             ranks.scan()
@@ -483,23 +487,27 @@ def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | 
     except KeyboardInterrupt:
         _stop(proc)
         raise
-    request = layout.dump_request_path(out)
-    world = n * cfg.nnodes
 
-    def dumps() -> dict[int, dict]:
-        got = {}
-        for r in range(world):
-            try:   # hang dumps stay plain JSON (flight recorder)
-                got[r] = json.loads(layout.hang_path(out, r).read_text())
-            except (OSError, ValueError):
-                continue
-        return got
 
+def _hang_dumps(out: Path, world: int) -> dict[int, dict]:
+    """``{rank: hang dump}`` of the dumps written so far in ``out``."""
+    got = {}
+    for r in range(world):
+        try:   # hang dumps stay plain JSON (flight recorder)
+            got[r] = json.loads(layout.hang_path(out, r).read_text())
+        except (OSError, ValueError):
+            continue
+    return got
+
+
+def _request_hang_dumps(request: Path, out: Path, ranks, n: int, world: int) -> None:
+    """Ask every rank for its hang dump (``request``) and wait, at most 15 s, until all are
+    written, or this node's are and the other nodes' had 3 s more to appear."""
     deadline = time.time() + 15.0
     mine_done: float | None = None
     while time.time() < deadline:
         request.touch()   # again and again: another node's launcher may remove it meanwhile
-        got = dumps()
+        got = _hang_dumps(out, world)
         if len(got) == world:
             break
         if mine_done is None and sum(d.get("launch_id") == ranks.launch_id
@@ -508,8 +516,11 @@ def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | 
         if mine_done is not None and time.time() - mine_done > 3.0:
             break   # this node's dumps are written; the other nodes' had time to appear
         time.sleep(0.2)
-    got = dumps()
-    ranks.scan()
+
+
+def _stack_dump_silent(proc, cfg, ranks, got: dict[int, dict], world: int) -> None:
+    """SIGUSR1 to this node's ranks when some wrote neither a hang dump nor their files, then
+    2 s for faulthandler to write their stacks."""
     # a rank whose main thread holds the interpreter in native code cannot answer the request
     # (its watchdog thread never runs): faulthandler writes every thread's stack on SIGUSR1
     import signal
@@ -521,8 +532,12 @@ def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | 
             except OSError:
                 pass
         time.sleep(2.0)
-    _stop(proc, graceful=False)  # the dumps are written; nothing left to wait for
-    request.unlink(missing_ok=True)
+
+
+def _hang_lines(out: Path, got: dict[int, dict], world: int, ranks, n: int, describe,
+                diagnose_hang) -> list[str]:
+    """The lines describing the hang: the stuck collectives of the dumps ``got``, where the
+    main thread of each rank without a dump was (its stacks file), or why nothing was stuck."""
     stuck = diagnose_hang(got, world)
     stacks = {r: d.get("main_stack", []) for r, d in got.items()}
     lines = [describe(s, stacks) for s in stuck]
@@ -544,29 +559,33 @@ def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | 
                  "--timeout expired; they were stopped (their files are complete)"]
     if not lines:
         lines = [f"no collective is waiting on a missing rank; ranks with a dump: {sorted(got)}"]
+    return lines
+
+
+def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | None]:
+    """Watch torchrun until it ends (:func:`_wait_or_timeout`); when ``cfg.timeout_s``
+    expires, collect the ranks' hang dumps, stop the job and describe the hang. Returns
+    ``(exit code, hang lines or None)``."""
+    ended = _wait_or_timeout(proc, cfg, ranks)
+    if ended is not None:
+        return ended
+    n = cfg.nproc_per_node
+    request = layout.dump_request_path(out)
+    world = n * cfg.nnodes
+    _request_hang_dumps(request, out, ranks, n, world)
+    got = _hang_dumps(out, world)
+    ranks.scan()
+    _stack_dump_silent(proc, cfg, ranks, got, world)
+    _stop(proc, graceful=False)  # the dumps are written; nothing left to wait for
+    request.unlink(missing_ok=True)
+    lines = _hang_lines(out, got, world, ranks, n, describe, diagnose_hang)
     return proc.returncode if proc.returncode is not None else -9, lines
 
 
-def run_profile(cfg: ProfileConfig) -> ProfileResult:
-    """Run ``cfg.script`` under torchrun with the profiler on every rank.
-
-    Writes ``cfg.out`` as described in :mod:`pardiag.layout`. Output of the script passes
-    through (standard error without torch's profiler noise, :class:`NoiseFilter`). In a
-    multi-node run (``cfg.nnodes`` > 1) every node runs this with its own ``node_rank``; each
-    writes its ranks' files and its part of the run file (:func:`pardiag.layout.node_run_path`).
-
-    Returns:
-        ProfileResult with the exit code to pass on (this node's ranks').
-
-    Raises:
-        PardiagError: torch is not installed, the script is missing, or ``out`` is not empty.
-    """
-    if importlib.util.find_spec("torch") is None:
-        raise PardiagError("pardiag profile needs torch: pip install 'pardiag[profile]'")
-    out = Path(cfg.out).resolve()
-    _prepare_out(out, cfg.overwrite, cfg)
-    script = str(Path(cfg.script).resolve())
-    launch_id = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+def _command_and_env(cfg: ProfileConfig, out: Path, script: str,
+                     launch_id: str) -> tuple[list[str], dict]:
+    """torchrun's command line (every rank runs pardiag's rank entry) and its environment
+    (the ranks' configuration, the launch id); returns ``(cmd, env)``."""
     rank_cfg = {"out": str(out), "script": script, "args": list(cfg.args),
                 "wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active,
                 "pin_cpu": cfg.pin_cpu, "overwrite": cfg.overwrite}
@@ -577,20 +596,28 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     # a profiled window of FSDP or pipeline steps can hold more.
     env = {"OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "20000", **os.environ,
            CONFIG_ENV: json.dumps(rank_cfg), LAUNCH_ID_ENV: launch_id}
-    ranks = _NodeRanks(out, launch_id)
-    started = time.time()
-    returncode, hang = _run_torchrun(cmd, env, out, cfg, ranks)
-    ended = time.time()
-    ranks.scan()
-    metas = ranks.mine
-    node_rank = ranks.node_rank(cfg)
-    expected = ranks.expected(cfg)
-    missing = [r for r in expected if r not in metas] if expected is not None else []
-    if expected is None and len(metas) < cfg.nproc_per_node:
-        print(f"pardiag: {cfg.nproc_per_node - len(metas)} of this node's ranks wrote no "
-              f"metadata (their numbers are unknown: no rank of the node finished)",
-              file=sys.stderr)
+    return cmd, env
 
+
+@dataclasses.dataclass
+class _RankOutcomes:
+    """What this node's ranks' metadata say (:func:`_rank_outcomes`).
+
+    Attributes:
+        failed: ``{rank: error line}``, first failure first.
+        codes: the ranks' exit codes, in rank order.
+        no_trace: ``{rank: optimizer steps}`` of ranks without a trace.
+        short: ``{rank: active steps recorded}`` of ranks with fewer than ``cfg.active``.
+    """
+
+    failed: dict[int, str]
+    codes: list[int]
+    no_trace: dict[int, int]
+    short: dict[int, int]
+
+
+def _rank_outcomes(metas: dict, cfg: ProfileConfig) -> _RankOutcomes:
+    """Exit codes, failures, missing and short traces of the ranks' metadata ``metas``."""
     failed: dict[int, str] = {}
     codes: list[int] = []
     no_trace: dict[int, int] = {}
@@ -608,20 +635,35 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
         if meta.status == "error" or meta.exit_code:
             failed[r] = meta.error or f"exit code {meta.exit_code}"
     failed = dict(sorted(failed.items(), key=lambda kv: ended_at.get(kv[0], 0.0)))
+    return _RankOutcomes(failed, codes, no_trace, short)
+
+
+def _exit_code(codes: list[int], hang: list | None, returncode: int, missing: list[int],
+               n_metas: int, cfg: ProfileConfig) -> int:
+    """The exit code to pass on: the first rank's non-zero one; 0 where only the exit stuck
+    after every file was written; ``TIMEOUT_EXIT_CODE`` on a hang; torchrun's (or 1) where a
+    rank is missing; else 0."""
     nonzero = [c for c in codes if c != 0]
-    complete = not missing and len(metas) == cfg.nproc_per_node   # every rank wrote its files
+    complete = not missing and n_metas == cfg.nproc_per_node   # every rank wrote its files
     if nonzero:
-        exit_code = nonzero[0]
-    elif hang is not None and complete and (
+        return nonzero[0]
+    if hang is not None and complete and (
             hang[0].startswith(f"{EXIT_STUCK_S:g} s after every rank")
             or hang[0].startswith("every rank of this node had written")):
-        exit_code = 0   # the script ended and everything was written; only the exit stuck
-    elif hang is not None:
-        exit_code = TIMEOUT_EXIT_CODE
-    elif returncode != 0 or missing or len(metas) < cfg.nproc_per_node:
-        exit_code = returncode or 1
-    else:
-        exit_code = 0
+        return 0   # the script ended and everything was written; only the exit stuck
+    if hang is not None:
+        return TIMEOUT_EXIT_CODE
+    if returncode != 0 or missing or n_metas < cfg.nproc_per_node:
+        return returncode or 1
+    return 0
+
+
+def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank: int | None,
+                    times: tuple[float, float], returncode: int, exit_code: int,
+                    hang: list | None, failed: dict[int, str], missing: list[int]) -> None:
+    """Write this node's part of the run file (``times``: started, ended)."""
+    metas = ranks.mine
+    started, ended = times
     nodes: dict[str, list[int]] = {}
     for r, m in sorted(metas.items()):
         nodes.setdefault(str(m.host), []).append(r)
@@ -658,6 +700,47 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     tmp = part.with_suffix(".json.tmp")
     tmp.write_bytes(layout.encode_sidecar(run))
     os.replace(tmp, part)
-    return ProfileResult(exit_code=exit_code, out=out, failed_ranks=failed, missing_ranks=missing,
-                         no_trace=no_trace, short_ranks=short, hang=hang or [],
-                         contention=layout.contention_note(metas.values()))
+
+
+def run_profile(cfg: ProfileConfig) -> ProfileResult:
+    """Run ``cfg.script`` under torchrun with the profiler on every rank.
+
+    Writes ``cfg.out`` as described in :mod:`pardiag.layout`. Output of the script passes
+    through (standard error without torch's profiler noise, :class:`NoiseFilter`). In a
+    multi-node run (``cfg.nnodes`` > 1) every node runs this with its own ``node_rank``; each
+    writes its ranks' files and its part of the run file (:func:`pardiag.layout.node_run_path`).
+
+    Returns:
+        ProfileResult with the exit code to pass on (this node's ranks').
+
+    Raises:
+        PardiagError: torch is not installed, the script is missing, or ``out`` is not empty.
+    """
+    if importlib.util.find_spec("torch") is None:
+        raise PardiagError("pardiag profile needs torch: pip install 'pardiag[profile]'")
+    out = Path(cfg.out).resolve()
+    _prepare_out(out, cfg.overwrite, cfg)
+    script = str(Path(cfg.script).resolve())
+    launch_id = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+    cmd, env = _command_and_env(cfg, out, script, launch_id)
+    ranks = _NodeRanks(out, launch_id)
+    started = time.time()
+    returncode, hang = _run_torchrun(cmd, env, out, cfg, ranks)
+    ended = time.time()
+    ranks.scan()
+    metas = ranks.mine
+    node_rank = ranks.node_rank(cfg)
+    expected = ranks.expected(cfg)
+    missing = [r for r in expected if r not in metas] if expected is not None else []
+    if expected is None and len(metas) < cfg.nproc_per_node:
+        print(f"pardiag: {cfg.nproc_per_node - len(metas)} of this node's ranks wrote no "
+              f"metadata (their numbers are unknown: no rank of the node finished)",
+              file=sys.stderr)
+
+    got = _rank_outcomes(metas, cfg)
+    exit_code = _exit_code(got.codes, hang, returncode, missing, len(metas), cfg)
+    _write_run_file(out, cfg, ranks, node_rank, (started, ended), returncode, exit_code, hang,
+                    got.failed, missing)
+    return ProfileResult(exit_code=exit_code, out=out, failed_ranks=got.failed,
+                         missing_ranks=missing, no_trace=got.no_trace, short_ranks=got.short,
+                         hang=hang or [], contention=layout.contention_note(metas.values()))

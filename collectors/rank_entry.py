@@ -19,6 +19,7 @@ gloo runs that leave the process group alive end in SIGABRT 10-40% of the time (
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -193,12 +194,11 @@ def _exit_together(dist, world_size: int, timeout_s: float = EXIT_SYNC_S) -> boo
     A counter in the job's key-value store (the store ``init_process_group`` used), not a
     collective barrier: ``dist.barrier()`` also waits for every collective still queued or
     running on the group (``ProcessGroupGloo::barrier`` waits for all prior work) and has no
-    limit short of the group's timeout (30 min). With it, 1 of 8 two-step runs in a loop (2-core
-    machine, loaded) had both ranks write every file and then not exit for the 23 s until
-    ``--timeout`` stopped them (where exactly was not captured). No rank leaves while another
-    has not finished
-    (gloo aborts a rank whose peer vanished mid-collective, FACTS §1); at most ``timeout_s`` is
-    waited. Returns whether every rank arrived."""
+    limit short of the group's timeout (30 min): with it, short runs in a loop sometimes had both
+    ranks write every file and then not exit until ``--timeout`` stopped them
+    (benchmarks/results/short-runs_xeon-2core_2026-11-30.md). No rank leaves while another has
+    not finished (gloo aborts a rank whose peer vanished mid-collective, FACTS §1); at most
+    ``timeout_s`` is waited. Returns whether every rank arrived."""
     try:
         store = dist.distributed_c10d._get_default_store()
         n = store.add("pardiag_exit_sync", 1)
@@ -427,25 +427,58 @@ def _pin_cpu(torch, local_rank: int, local_world: int) -> bool:
     return True
 
 
-def main(cfg: dict | None = None, before_exit=None) -> None:
-    """Run the user's script as ``__main__`` under the profiler; never returns.
+@dataclasses.dataclass
+class _RankRun:
+    """The state :func:`main`'s phases hand on to each other.
 
-    Args:
-        cfg: the configuration (as ``PARDIAG_PROFILE_CONFIG`` holds it: ``out``, ``script``,
-            ``args``, ``wait``, ``warmup``, ``active``, ``pin_cpu``, ``overwrite``, optional
-            ``node_rank``); default: read from that variable.
-        before_exit: called with the rank's :class:`~pardiag.layout.RankMeta` after the final
-            barrier, before the process ends (``pardiag wrap`` writes the node's run file).
+    Set by :func:`_configure`: the configuration and where this rank stands; by
+    :func:`_make_profiler`: ``prof``; by :func:`_install_hooks`: the recorders, the optimizer
+    stepper, the hooks to remove and the watchdog's stop event; by :func:`_run_script`:
+    ``started`` and ``error``.
     """
-    import torch
-    import torch.distributed as dist
-    from torch.optim.optimizer import (
-        register_optimizer_step_post_hook,
-        register_optimizer_step_pre_hook,
-    )
-    from torch.profiler import ProfilerActivity, profile, schedule
 
-    from . import hooks
+    cfg: dict
+    out: Path
+    rank: int
+    world_size: int
+    local_rank: int
+    #: the node's rank as torchrun or the configuration gives it (str, int or None)
+    group: object
+    #: the open stacks file of SIGUSR1 (:func:`_stack_dump_on_signal`), or None
+    stacks: object
+    pinned: bool
+    cuda: bool
+    trace_file: Path
+    wait: int
+    warmup: int
+    traces_written: list[str] = dataclasses.field(default_factory=list)
+    #: what only the live process can tell, taken when the trace is written
+    captured: dict = dataclasses.field(default_factory=lambda: {"backend": None})
+    #: what pardiag's own instrumentation did (RankMeta.instrumentation)
+    instrumentation: dict = dataclasses.field(
+        default_factory=lambda: {"post_window_s": None, "post_window_after_step": None})
+    prof: object = None
+    stepper: _OptimizerStepper | None = None
+    batch: object = None
+    p2p: object = None
+    pipe: object = None
+    hook_handles: list = dataclasses.field(default_factory=list)
+    refused: list[tuple] = dataclasses.field(default_factory=list)
+    stop_watchdog: threading.Event | None = None
+    started: float = 0.0
+    error: BaseException | None = None
+
+    @property
+    def window_end(self) -> int:
+        """The optimizer step count at which the profiler's active window ends."""
+        return self.wait + self.warmup + self.cfg["active"]
+
+
+def _configure(cfg: dict | None) -> _RankRun:
+    """Read the configuration (``cfg`` or ``PARDIAG_PROFILE_CONFIG``) and the rank's place;
+    claim its files (ends the process with exit code 2 when an earlier run's are there),
+    set up the stack dump on SIGUSR1 and pin the CPU cores when asked. Returns the run."""
+    import torch
 
     cfg = cfg if cfg is not None else json.loads(os.environ[CONFIG_ENV])
     out = Path(cfg["out"])
@@ -460,120 +493,189 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     pinned = bool(cfg.get("pin_cpu")) and _pin_cpu(
         torch, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    script = cfg["script"]
-    wait, warmup = cfg["wait"], cfg["warmup"]
-    cuda = torch.cuda.is_available()
+    return _RankRun(cfg=cfg, out=out, rank=rank, world_size=world_size, local_rank=local_rank,
+                    group=group, stacks=stacks, pinned=pinned, cuda=torch.cuda.is_available(),
+                    trace_file=layout.trace_path(out, rank), wait=cfg["wait"],
+                    warmup=cfg["warmup"])
+
+
+def _on_trace_ready(run: _RankRun, prof) -> None:
+    """The profiler's window ended: export the trace, then take what only the live process
+    can tell (flight recorder, process groups, parallel layout, model shapes, peak memory)
+    into ``run.captured``, timing each part into ``run.instrumentation``."""
+    import torch.distributed as dist
+
+    from . import hooks
+
+    captured, rank = run.captured, run.rank
+    t0 = time.perf_counter()
+    prof.export_chrome_trace(str(run.trace_file))
+    run.traces_written.append(run.trace_file.name)
+    t1 = time.perf_counter()
+    # what only the live process can tell, taken while the script's objects exist
+    captured["flight_recorder"] = hooks.flight_recorder_entries()
+    t2 = time.perf_counter()
+    captured["groups"] = hooks.process_groups()
+    live = hooks.live_instances(hooks.scan_classes())   # one pass over the live objects
+    t3 = time.perf_counter()
+    captured["parallel"] = hooks.detect_parallelism(live)
+    t4 = time.perf_counter()
+    try:  # what constrains the split of the model (tensor shapes, heads, pipeline layers)
+        captured["shapes"] = hooks.model_shapes(objects=live)
+    except Exception as exc:  # extra information: never the run's failure
+        print(f"pardiag: rank {rank}: could not record the model's shapes: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    captured["peak"] = hooks.peak_memory(run.cuda)
+    t5 = time.perf_counter()
+    run.instrumentation["post_window_parts_s"] = {
+        "export": t1 - t0, "flight_recorder": t2 - t1, "live_objects": t3 - t2,
+        "layout": t4 - t3, "shapes": t5 - t4}
+    if dist.is_available() and dist.is_initialized():  # the script may destroy it later
+        captured["backend"] = str(dist.get_backend())
+
+
+def _make_profiler(run: _RankRun):
+    """The torch profiler of the rank (CPU, and CUDA where there is a GPU) with its
+    wait/warmup/active schedule; its trace is written by :func:`_on_trace_ready`. Returns it
+    (not started)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     activities = [ProfilerActivity.CPU]
-    if cuda:
+    if run.cuda:
         activities.append(ProfilerActivity.CUDA)
-    trace_file = layout.trace_path(out, rank)
-    traces_written: list[str] = []
-    captured: dict = {"backend": None}
-
-    def on_trace_ready(prof) -> None:
-        t0 = time.perf_counter()
-        prof.export_chrome_trace(str(trace_file))
-        traces_written.append(trace_file.name)
-        t1 = time.perf_counter()
-        # what only the live process can tell, taken while the script's objects exist
-        captured["flight_recorder"] = hooks.flight_recorder_entries()
-        t2 = time.perf_counter()
-        captured["groups"] = hooks.process_groups()
-        live = hooks.live_instances(hooks.scan_classes())   # one pass over the live objects
-        t3 = time.perf_counter()
-        captured["parallel"] = hooks.detect_parallelism(live)
-        t4 = time.perf_counter()
-        try:  # what constrains the split of the model (tensor shapes, heads, pipeline layers)
-            captured["shapes"] = hooks.model_shapes(objects=live)
-        except Exception as exc:  # extra information: never the run's failure
-            print(f"pardiag: rank {rank}: could not record the model's shapes: "
-                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        captured["peak"] = hooks.peak_memory(cuda)
-        t5 = time.perf_counter()
-        instrumentation["post_window_parts_s"] = {
-            "export": t1 - t0, "flight_recorder": t2 - t1, "live_objects": t3 - t2,
-            "layout": t4 - t3, "shapes": t5 - t4}
-        if dist.is_available() and dist.is_initialized():  # the script may destroy it later
-            captured["backend"] = str(dist.get_backend())
-
-    prof = profile(
+    return profile(
         activities=activities,
-        schedule=schedule(wait=wait, warmup=warmup, active=cfg["active"], repeat=1),
-        on_trace_ready=on_trace_ready,
+        schedule=schedule(wait=run.wait, warmup=run.warmup, active=run.cfg["active"], repeat=1),
+        on_trace_ready=functools.partial(_on_trace_ready, run),
         record_shapes=True,
         profile_memory=True,
     )
 
-    window_end = wait + warmup + cfg["active"]
 
-    def on_step(count: int, optimizer) -> None:
-        """After ``count`` optimizer steps. Outside the profiler's window only the step's times
-        are taken: the profiler is no longer stepped once its window has ended, and the
-        wrappers record no ranges (``recording``)."""
-        if count == 1:   # the first step's forward has shown the per-rank batch
-            batch.uninstall()
-        if count == wait + warmup and cuda:
-            torch.cuda.reset_peak_memory_stats()  # the active window starts now
-        if count == wait + warmup + 1:  # end of the first active step: state and grads exist
-            captured["static"] = hooks.static_memory(optimizer)
-        if count > window_end:
-            return
-        recording = wait + warmup <= count < window_end
-        pipe.recording = p2p.recording = recording
-        if count == window_end:   # the trace's export and the live-object scans run now
-            t0 = time.perf_counter()
-            prof.step()
-            instrumentation["post_window_s"] = time.perf_counter() - t0
-            instrumentation["post_window_after_step"] = count - 1
-        else:
-            prof.step()
+def _on_step(run: _RankRun, count: int, optimizer) -> None:
+    """After ``count`` optimizer steps. Outside the profiler's window only the step's times
+    are taken: the profiler is no longer stepped once its window has ended, and the
+    wrappers record no ranges (``recording``)."""
+    import torch
 
-    # what pardiag's own instrumentation did (RankMeta.instrumentation)
-    instrumentation: dict = {"post_window_s": None, "post_window_after_step": None}
-    stepper = _OptimizerStepper(on_step)
-    batch = hooks.BatchRecorder()
-    batch.install()
-    p2p = hooks.P2PRecorder()
-    p2p.install()
-    pipe = hooks.PipelineRecorder(lambda: stepper.steps)
-    pipe.install()
+    from . import hooks
+
+    wait, warmup, window_end = run.wait, run.warmup, run.window_end
+    if count == 1:   # the first step's forward has shown the per-rank batch
+        run.batch.uninstall()
+    if count == wait + warmup and run.cuda:
+        torch.cuda.reset_peak_memory_stats()  # the active window starts now
+    if count == wait + warmup + 1:  # end of the first active step: state and grads exist
+        run.captured["static"] = hooks.static_memory(optimizer)
+    if count > window_end:
+        return
+    recording = wait + warmup <= count < window_end
+    run.pipe.recording = run.p2p.recording = recording
+    if count == window_end:   # the trace's export and the live-object scans run now
+        t0 = time.perf_counter()
+        run.prof.step()
+        run.instrumentation["post_window_s"] = time.perf_counter() - t0
+        run.instrumentation["post_window_after_step"] = count - 1
+    else:
+        run.prof.step()
+
+
+def _install_hooks(run: _RankRun) -> None:
+    """Install the batch, point-to-point and pipeline recorders, the optimizer step hooks
+    (:func:`_on_step`), the refusal of other profilers and the watchdog thread; stores them
+    in ``run``."""
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    from . import hooks
+
+    run.stepper = stepper = _OptimizerStepper(functools.partial(_on_step, run))
+    run.batch = hooks.BatchRecorder()
+    run.batch.install()
+    run.p2p = hooks.P2PRecorder()
+    run.p2p.install()
+    run.pipe = hooks.PipelineRecorder(lambda: stepper.steps)
+    run.pipe.install()
     # a window that starts with the script (wait = warmup = 0) records from the first call
-    pipe.recording = p2p.recording = wait + warmup == 0
-    hook_handles = [register_optimizer_step_pre_hook(stepper.pre),
-                    register_optimizer_step_post_hook(stepper.post)]
-    refused = _refuse_other_profilers(prof)
-    stop_watchdog = threading.Event()
-    _watchdog(out, rank, p2p, stop_watchdog)
+    run.pipe.recording = run.p2p.recording = run.wait + run.warmup == 0
+    run.hook_handles = [register_optimizer_step_pre_hook(stepper.pre),
+                        register_optimizer_step_post_hook(stepper.post)]
+    run.refused = _refuse_other_profilers(run.prof)
+    run.stop_watchdog = threading.Event()
+    _watchdog(run.out, run.rank, run.p2p, run.stop_watchdog)
 
-    started = time.time()
-    error: BaseException | None = None
+
+def _run_script(run: _RankRun) -> None:
+    """Run the user's script as ``__main__`` under the started profiler; its exception (exit
+    included) goes to ``run.error``. Then restore ``sys.argv``, remove the hooks, stop the
+    profiler (a trace that cannot be written is a warning) and uninstall the recorders."""
+    script = run.cfg["script"]
+    run.started = time.time()
+    run.error = None
     saved_argv = sys.argv
-    sys.argv = [script, *cfg["args"]]
+    sys.argv = [script, *run.cfg["args"]]
     sys.path.insert(0, str(Path(script).resolve().parent))
-    prof.start()
+    run.prof.start()
     try:
         runpy.run_path(script, run_name="__main__")
     except BaseException as exc:  # the script's own failure: recorded, reported, exit code kept
-        error = exc
+        run.error = exc
     finally:
         sys.argv = saved_argv
-        for h in hook_handles:
+        for h in run.hook_handles:
             h.remove()
-        for cls, name, orig in refused:
+        for cls, name, orig in run.refused:
             setattr(cls, name, orig)
         try:
-            prof.stop()
+            run.prof.stop()
         except Exception as exc:  # a trace that cannot be written must not hide the script's result
-            print(f"pardiag: rank {rank}: could not write the trace: {exc}", file=sys.stderr)
-        p2p.uninstall()
-        pipe.uninstall()
-        batch.uninstall()
+            print(f"pardiag: rank {run.rank}: could not write the trace: {exc}", file=sys.stderr)
+        run.p2p.uninstall()
+        run.pipe.uninstall()
+        run.batch.uninstall()
 
+
+def _size_scaling(run: _RankRun, lap) -> list[dict]:
+    """Of a pipelined script that ran without error: how the stages' chunks scale with the
+    microbatch size, and the all-reduce and DDP calibrations (into ``run.captured``); ``lap``
+    times each part. Returns the scaling rows (``[]`` where it cannot be measured)."""
+    import torch.distributed as dist
+
+    from . import hooks
+
+    scaling: list[dict] = []
+    pipe, captured = run.pipe, run.captured
+    try:  # how the stages' chunks scale with the microbatch size (what-if model)
+        scaling = pipe.size_scaling()
+        lap("size_scaling")
+        # what a pipeline run cannot show: the group's all-reduce cost (more DP instead of PP)
+        captured["allreduce_calibration"] = hooks.allreduce_calibration()
+        lap("allreduce_calibration")
+        if captured["allreduce_calibration"]:   # every rank is there: DDP's own cost
+            m = ((captured.get("parallel") or {}).get("pipeline") or {}).get("microbatches")
+            captured["ddp_calibration"] = hooks.ddp_calibration(
+                pipe.grad_bytes(), pipe.dp_rows(dist.get_world_size(), m))
+            lap("ddp_calibration")
+    except Exception as exc:
+        print(f"pardiag: rank {run.rank}: no microbatch-size measurement: {exc}",
+              file=sys.stderr)
+    return scaling
+
+
+def _after_script(run: _RankRun) -> tuple[dict | None, int]:
+    """The work after the script, each part timed into
+    ``run.instrumentation["after_script_parts_s"]``: the wrappers' own cost, the microbatch
+    scaling (:func:`_size_scaling`), the sidecars and the rank's summary (where a trace was
+    written), the static memory. Returns ``(layout or None, collective records written)``."""
+    from . import hooks
+
+    rank, pipe, p2p = run.rank, run.pipe, run.p2p
     # what the wrappers add to each call outside the window, measured (not assumed)
     try:
-        instrumentation["wrapper_cost_us"] = {"p2p": p2p.self_cost_us(),
-                                              "chunk": pipe.self_cost_us()}
+        run.instrumentation["wrapper_cost_us"] = {"p2p": p2p.self_cost_us(),
+                                                  "chunk": pipe.self_cost_us()}
     except Exception as exc:  # extra information: never the run's failure
         print(f"pardiag: rank {rank}: could not time its own wrappers: {exc}", file=sys.stderr)
     lay, n_records = None, 0
@@ -588,47 +690,46 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
         after[name] = round(now - clock, 4)
         clock = now
 
-    if traces_written and pipe.records and error is None:
-        try:  # how the stages' chunks scale with the microbatch size (what-if model)
-            scaling = pipe.size_scaling()
-            lap("size_scaling")
-            # what a pipeline run cannot show: the group's all-reduce cost (more DP instead of PP)
-            captured["allreduce_calibration"] = hooks.allreduce_calibration()
-            lap("allreduce_calibration")
-            if captured["allreduce_calibration"]:   # every rank is there: DDP's own cost
-                m = ((captured.get("parallel") or {}).get("pipeline") or {}).get("microbatches")
-                captured["ddp_calibration"] = hooks.ddp_calibration(
-                    pipe.grad_bytes(), pipe.dp_rows(dist.get_world_size(), m))
-                lap("ddp_calibration")
-        except Exception as exc:
-            print(f"pardiag: rank {rank}: no microbatch-size measurement: {exc}", file=sys.stderr)
-    if traces_written:
+    if run.traces_written and pipe.records and run.error is None:
+        scaling = _size_scaling(run, lap)
+    if run.traces_written:
         try:
-            lay, n_records = _write_sidecars(out, rank, captured, p2p.records, pipe.records,
-                                            pipe.layer_rows(), stepper.times, scaling)
+            lay, n_records = _write_sidecars(run.out, rank, run.captured, p2p.records,
+                                            pipe.records, pipe.layer_rows(), run.stepper.times,
+                                            scaling)
         except Exception as exc:  # sidecars are extra: the trace and metadata still count
             print(f"pardiag: rank {rank}: could not write collective records: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
         lap("sidecars")
-        _write_rank_summary(out, rank)
+        _write_rank_summary(run.out, rank)
         lap("rank_summary")
-    instrumentation["after_script_parts_s"] = after
-    if "static" not in captured and stepper.optimizer is not None:
-        captured["static"] = hooks.static_memory(stepper.optimizer)
+    run.instrumentation["after_script_parts_s"] = after
+    if "static" not in run.captured and run.stepper.optimizer is not None:
+        run.captured["static"] = hooks.static_memory(run.stepper.optimizer)
+    return lay, n_records
 
+
+def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int,
+                failed: bool) -> layout.RankMeta:
+    """Write the rank's metadata (``rank{R}.meta.json``, atomically) and return it."""
+    import torch
+    import torch.distributed as dist
+
+    from . import hooks
+
+    captured, stepper, batch, p2p, pipe = (run.captured, run.stepper, run.batch, run.p2p,
+                                           run.pipe)
     shapes = captured.get("shapes")
     if shapes is not None or batch.samples is not None:
         shapes = msgspec.structs.replace(shapes or layout.ModelShapes(),
                                          batch_samples=batch.samples, batch_module=batch.module,
                                          batch_calls=batch.calls if batch.samples else None)
-    code = _exit_code_of(error)
-    failed = error is not None and code != 0
-    topo = hooks.topology(local_rank)
+    topo = hooks.topology(run.local_rank)
     meta = layout.RankMeta(
-        rank=rank, world_size=world_size, local_rank=local_rank, pid=os.getpid(),
+        rank=run.rank, world_size=run.world_size, local_rank=run.local_rank, pid=os.getpid(),
         host=topo.get("host"), cpu_count=topo.get("cpu_count"),
         intra_op_threads=torch.get_num_threads(), cpu_affinity=_affinity(),
-        pinned_by_pardiag=pinned,
+        pinned_by_pardiag=run.pinned,
         nccl_version=topo.get("nccl_version"), nvidia_smi_topo=topo.get("nvidia_smi_topo"),
         torch_version=str(torch.__version__), pardiag_version=__version__,
         backend=captured["backend"] or (str(dist.get_backend())
@@ -638,46 +739,85 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
         # every counted optimizer step, epoch µs: unprofiled steps time the script as it runs
         optimizer_step_times_us=[[st, a / 1000.0, b / 1000.0]
                                  for st, a, b in stepper.times[-MAX_PIPELINE_RECORDS:]],
-        trace_file=traces_written[-1] if traces_written else None,
+        trace_file=run.traces_written[-1] if run.traces_written else None,
         comm_records=n_records,
         memory=_plain({"static": captured.get("static"), **captured.get("peak", {}),
                        "trace_peaks": captured.get("trace_memory")}),
-        layout=_plain(lay), shapes=shapes, started_unix=started, ended_unix=time.time(),
+        layout=_plain(lay), shapes=shapes, started_unix=run.started, ended_unix=time.time(),
         exit_code=code,
         instrumentation=_plain({
-            **instrumentation,
+            **run.instrumentation,
             "p2p_calls": {"window": p2p.calls_recorded, "outside": p2p.calls_outside},
             "chunk_calls": {"window": pipe.calls_recorded, "outside": pipe.calls_outside}}),
-        status="error" if failed else "ok", error=None if not failed else _one_line(error),
+        status="error" if failed else "ok", error=None if not failed else _one_line(run.error),
         env={k: v for k, v in sorted(os.environ.items()) if k.startswith(layout.ENV_PREFIXES)},
-        node_rank=int(group) if str(group).isdigit() else None,
+        node_rank=int(run.group) if str(run.group).isdigit() else None,
         launch_id=os.environ.get("PARDIAG_LAUNCH_ID"))
-    path = layout.rank_meta_path(out, rank)
+    path = layout.rank_meta_path(run.out, run.rank)
     path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(meta))
     os.replace(path.with_suffix(".json.tmp"), path)
+    return meta
+
+
+def _finish(run: _RankRun, meta: layout.RankMeta, code: int, failed: bool,
+            before_exit) -> None:
+    """Report the script's failure, or wait for the other ranks (:func:`_exit_together`);
+    call ``before_exit``, stop the watchdog, drop an empty stacks file, flush and end the
+    process with ``code`` (never returns)."""
+    import torch.distributed as dist
+
+    error, rank = run.error, run.rank
     if failed:
         traceback.print_exception(type(error), error, error.__traceback__)
         print(f"pardiag: rank {rank} raised {meta.error}", file=sys.stderr, flush=True)
     elif dist.is_available() and dist.is_initialized():
         # then os._exit, without destroying the group (FACTS §1: 20/20 clean)
-        _exit_together(dist, world_size)
+        _exit_together(dist, run.world_size)
     if before_exit is not None:
         try:
             before_exit(meta)
         except Exception as exc:  # the run file is extra: the rank's own files are written
             print(f"pardiag: rank {rank}: could not write the node's run file: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
-    stop_watchdog.set()
-    if stacks is not None:   # nothing was asked for: leave no empty file behind
-        stacks.close()
+    run.stop_watchdog.set()
+    if run.stacks is not None:   # nothing was asked for: leave no empty file behind
+        run.stacks.close()
         try:
-            if layout.stacks_path(out, rank).stat().st_size == 0:
-                layout.stacks_path(out, rank).unlink()
+            if layout.stacks_path(run.out, rank).stat().st_size == 0:
+                layout.stacks_path(run.out, rank).unlink()
         except OSError:
             pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def main(cfg: dict | None = None, before_exit=None) -> None:
+    """Run the user's script as ``__main__`` under the profiler; never returns.
+
+    Args:
+        cfg: the configuration (as ``PARDIAG_PROFILE_CONFIG`` holds it: ``out``, ``script``,
+            ``args``, ``wait``, ``warmup``, ``active``, ``pin_cpu``, ``overwrite``, optional
+            ``node_rank``); default: read from that variable.
+        before_exit: called with the rank's :class:`~pardiag.layout.RankMeta` after the final
+            barrier, before the process ends (``pardiag wrap`` writes the node's run file).
+    """
+    import torch  # noqa: F401 - loaded before the script, as the phases below need it
+    import torch.distributed  # noqa: F401
+    import torch.optim.optimizer  # noqa: F401
+    import torch.profiler  # noqa: F401
+
+    from . import hooks  # noqa: F401
+
+    run = _configure(cfg)                  # configuration, files claimed, stacks, pinning
+    run.prof = _make_profiler(run)         # the profiler and its schedule
+    _install_hooks(run)                    # recorders, optimizer hooks, watchdog
+    _run_script(run)                       # the script itself, then the hooks removed
+    lay, n_records = _after_script(run)    # sidecars and summary, timed
+    code = _exit_code_of(run.error)
+    failed = run.error is not None and code != 0
+    meta = _write_meta(run, lay, n_records, code, failed)
+    _finish(run, meta, code, failed, before_exit)   # wait for the other ranks, exit
 
 
 if __name__ == "__main__":

@@ -110,18 +110,11 @@ def _key(v) -> str:
     return v if isinstance(v, str) else repr(v)
 
 
-def rank_events(doc: dict, rank: int, index: int, n_ranks: int,
-                offset_us: float) -> RankEvents:
-    """The events of one rank's trace document, remapped for the merged trace (see the module
-    docstring).
-
-    Args:
-        doc: the rank's trace (``{"traceEvents": [...], ...}``).
-        rank: its global rank (sets the pids and names).
-        index: its position among the merged ranks (0-based; sets the flow ids).
-        n_ranks: number of merged ranks.
-        offset_us: clock offset to subtract from every ``ts`` (µs).
-    """
+def _split_events(doc: dict) -> tuple[list[dict], list[dict], list[dict], int]:
+    """The events of ``doc`` sorted out: returns ``(events, meta, timed, dropped)`` — every
+    event that is an object, its metadata (``M``) events, its well-formed timed events, and how
+    many were left out as malformed (not objects, ``ts`` not finite, ``X`` without a finite
+    ``dur`` ≥ 0)."""
     raw = doc.get("traceEvents") or []
     events = [e for e in raw if isinstance(e, dict)]
     dropped = len(raw) - len(events)
@@ -135,15 +128,23 @@ def rank_events(doc: dict, rank: int, index: int, n_ranks: int,
             dropped += 1
         else:
             timed.append(e)
-    # flows: keep a (cat, id) only with both its start and its end
+    return events, meta, timed, dropped
+
+
+def _matched_flows(timed: list[dict]) -> tuple[list[dict], int]:
+    """``timed`` without the flow events whose ``(cat, id)`` lacks its start or its end;
+    returns ``(kept events, flow events left out)``."""
     ends = {(str(e.get("cat")), _key(e.get("id"))) for e in timed if e["ph"] == "f"}
     starts = {(str(e.get("cat")), _key(e.get("id"))) for e in timed if e["ph"] == "s"}
     matched = starts & ends
     n_timed = len(timed)
     timed = [e for e in timed if e["ph"] not in _FLOW
              or (str(e.get("cat")), _key(e.get("id"))) in matched]
-    unmatched = n_timed - len(timed)
+    return timed, n_timed - len(timed)
 
+
+def _process_names(meta: list[dict]) -> tuple[dict[str, str], dict[str, str]]:
+    """``(process names, Kineto process labels)`` by pid key, from the metadata events."""
     names: dict[str, str] = {}
     labels: dict[str, str] = {}
     for e in meta:
@@ -153,6 +154,33 @@ def rank_events(doc: dict, rank: int, index: int, n_ranks: int,
                 names.setdefault(k, str(e["args"].get("name", "")))
             elif e.get("name") == "process_labels":
                 labels[k] = str(e["args"].get("labels", ""))  # Kineto: "CPU", "GPU 0"
+    return names, labels
+
+
+@dataclasses.dataclass
+class _RankPids:
+    """How one rank's pids map to merged pids (:func:`_map_pids`).
+
+    Attributes:
+        own: pid keys that stay processes of their own, host process first.
+        host: the host process's pid key (None in a trace without timed events).
+        new_pid: ``{pid key: merged pid}`` for every pid with events.
+        folded: pid keys folded into the host process (Kineto's Spans/Traces/"").
+    """
+
+    own: list[str]
+    host: str | None
+    new_pid: dict[str, int]
+    folded: set[str]
+
+
+def _map_pids(timed: list[dict], rank: int) -> _RankPids:
+    """The merged pids of the processes of ``rank`` that hold timed events: the host first,
+    then by event count and first appearance; string pids fold into the host.
+
+    Raises:
+        PardiagError: more than ``PID_STRIDE`` processes.
+    """
     counts: Counter = Counter()
     first_seen: dict[str, int] = {}
     is_int_pid: dict[str, bool] = {}
@@ -171,52 +199,88 @@ def rank_events(doc: dict, rank: int, index: int, n_ranks: int,
     folded = {k for k in order if k not in new_pid}  # Kineto's Spans/Traces/"": into the host
     for k in folded:
         new_pid[k] = new_pid[host]
+    return _RankPids(own, host, new_pid, folded)
 
-    thread_names: dict[tuple[str, str], str] = {}
-    for e in meta:
-        if e.get("name") == "thread_name" and isinstance(e.get("args"), dict):
-            thread_names.setdefault((_key(e.get("pid")), _key(e.get("tid"))),
-                                    str(e["args"].get("name", "")))
-    used = [e.get("tid") for e in events if _is_int(e.get("tid"))]
-    next_tid = max(used, default=0) + 1
-    new_tid: dict[tuple[str, str], int] = {}
-    named: dict[tuple[int, int], str] = {}
 
-    def tid_of(pid_key: str, tid) -> int:
-        nonlocal next_tid
+class _TidMap:
+    """Integer tids of one rank's threads, assigned as :meth:`tid_of` first meets them:
+    integer tids of processes of their own are kept, others get the next free integer.
+
+    Attributes:
+        new_tid: ``{(pid key, tid key): merged tid}``.
+        named: ``{(merged pid, merged tid): thread name}`` of every thread met.
+    """
+
+    def __init__(self, meta: list[dict], events: list[dict], pids: _RankPids) -> None:
+        self._pids = pids
+        self._thread_names: dict[tuple[str, str], str] = {}
+        for e in meta:
+            if e.get("name") == "thread_name" and isinstance(e.get("args"), dict):
+                self._thread_names.setdefault((_key(e.get("pid")), _key(e.get("tid"))),
+                                              str(e["args"].get("name", "")))
+        used = [e.get("tid") for e in events if _is_int(e.get("tid"))]
+        self._next_tid = max(used, default=0) + 1
+        self.new_tid: dict[tuple[str, str], int] = {}
+        self.named: dict[tuple[int, int], str] = {}
+
+    def tid_of(self, pid_key: str, tid) -> int:
+        """The merged tid of thread ``tid`` of process ``pid_key`` (named when first met)."""
+        folded, new_tid = self._pids.folded, self.new_tid
         key = (pid_key, _key(tid))
         if key not in new_tid:
             if _is_int(tid) and pid_key not in folded:
                 new_tid[key] = tid
             else:
-                new_tid[key] = next_tid
-                next_tid += 1
-            label = thread_names.get(key) or (tid if isinstance(tid, str) else "")
+                new_tid[key] = self._next_tid
+                self._next_tid += 1
+            label = self._thread_names.get(key) or (tid if isinstance(tid, str) else "")
             if pid_key in folded:   # e.g. "Spans: PyTorch Profiler"
                 label = ": ".join(x for x in (pid_key, label) if x) or "profiler"
-            named[(new_pid[pid_key], new_tid[key])] = label or f"thread {new_tid[key]}"
+            self.named[(self._pids.new_pid[pid_key], new_tid[key])] = (
+                label or f"thread {new_tid[key]}")
         return new_tid[key]
 
+
+def _process_meta(pids: _RankPids, rank: int, names: dict[str, str],
+                  labels: dict[str, str]) -> list[dict]:
+    """``process_name`` and ``process_sort_index`` events of the rank's own processes."""
     out: list[dict] = []
-    for k in own:
-        pid = new_pid[k]
-        label = f"rank {rank}" if k == host else \
+    for k in pids.own:
+        pid = pids.new_pid[k]
+        label = f"rank {rank}" if k == pids.host else \
             f"rank {rank}: {labels.get(k) or names.get(k) or 'pid ' + k}"
         out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                     "args": {"name": label}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
                     "args": {"sort_index": pid}})
+    return out
+
+
+def _remap_timed(timed: list[dict], pids: _RankPids, tids: _TidMap, rank: int, index: int,
+                 n_ranks: int, offset_us: float) -> list[dict]:
+    """Copies of the timed events with merged pids, tids, shifted ``ts`` and rank-unique ids
+    (assigns the tids in ``tids`` as it goes)."""
     body: list[dict] = []
     for e in timed:
         e = dict(e)
         k = _key(e.get("pid"))
-        e["pid"] = new_pid[k]
-        e["tid"] = tid_of(k, e.get("tid"))
+        e["pid"] = pids.new_pid[k]
+        e["tid"] = tids.tid_of(k, e.get("tid"))
         e["ts"] = e["ts"] - offset_us
         if "id" in e:
             i = e["id"]
             e["id"] = i * n_ranks + index if _is_int(i) else f"{i}:r{rank}"
         body.append(e)
+    return body
+
+
+def _other_meta(meta: list[dict], pids: _RankPids, tids: _TidMap,
+                offset_us: float) -> tuple[list[dict], list[dict]]:
+    """The rest of the metadata, of processes and threads that are kept (after the timed
+    events were remapped); returns ``(process metadata, thread metadata)``, every thread met
+    named once."""
+    new_pid, folded, new_tid = pids.new_pid, pids.folded, tids.new_tid
+    out: list[dict] = []
     threads: list[dict] = []
     seen_threads: set[tuple[str, int, int]] = set()
     for e in meta:   # the rest of the metadata, of processes and threads that are kept
@@ -234,7 +298,7 @@ def rank_events(doc: dict, rank: int, index: int, n_ranks: int,
                 continue   # Kineto may name a thread twice; the first name counts
             seen_threads.add((name, e["pid"], e["tid"]))
             if name == "thread_name":
-                e["args"] = {"name": named[(e["pid"], e["tid"])]}
+                e["args"] = {"name": tids.named[(e["pid"], e["tid"])]}
             threads.append(e)
             continue
         e = dict(e, pid=new_pid[k], tid=e.get("tid") if _is_int(e.get("tid")) else 0)
@@ -244,11 +308,36 @@ def rank_events(doc: dict, rank: int, index: int, n_ranks: int,
             e["ts"] = e["ts"] - offset_us
         out.append(e)
     have = {(e["pid"], e["tid"]) for e in threads if e["name"] == "thread_name"}
-    for (pid, tid), label in sorted(named.items()):
+    for (pid, tid), label in sorted(tids.named.items()):
         if (pid, tid) not in have:
             threads.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                             "args": {"name": label}})
-    return RankEvents(out + threads + body, [new_pid[k] for k in own], dropped, unmatched)
+    return out, threads
+
+
+def rank_events(doc: dict, rank: int, index: int, n_ranks: int,
+                offset_us: float) -> RankEvents:
+    """The events of one rank's trace document, remapped for the merged trace (see the module
+    docstring).
+
+    Args:
+        doc: the rank's trace (``{"traceEvents": [...], ...}``).
+        rank: its global rank (sets the pids and names).
+        index: its position among the merged ranks (0-based; sets the flow ids).
+        n_ranks: number of merged ranks.
+        offset_us: clock offset to subtract from every ``ts`` (µs).
+    """
+    events, meta, timed, dropped = _split_events(doc)
+    # flows: keep a (cat, id) only with both its start and its end
+    timed, unmatched = _matched_flows(timed)
+    names, labels = _process_names(meta)
+    pids = _map_pids(timed, rank)
+    tids = _TidMap(meta, events, pids)
+    out = _process_meta(pids, rank, names, labels)
+    body = _remap_timed(timed, pids, tids, rank, index, n_ranks, offset_us)
+    rest, threads = _other_meta(meta, pids, tids, offset_us)
+    return RankEvents(out + rest + threads + body, [pids.new_pid[k] for k in pids.own],
+                      dropped, unmatched)
 
 
 def merge_traces(traces: TraceSet, offsets_us: dict[int, float], output: Path) -> MergeResult:
