@@ -241,7 +241,7 @@ def test_single_rank_report_renders(browser, tmp_path):
     page.close()
 
 
-#: Issue 21 (report polish) on the demo, pipeline, FSDP2, MoE and a real GPU trace: what each
+#: The report's layout on the demo, pipeline, FSDP2, MoE and a real GPU trace: what each
 #: page must show. overlap: the per-rank overlap chart is drawn (else the "no overlap" sentence);
 #: dims: the per-dimension chart is "drawn", replaced by the "no overlap" sentence, or "left out"
 #: (dimensions unknown); offsets: the clock-offset table (else the note why there is none);
@@ -283,7 +283,7 @@ def _run_path(request, name):
 
 @pytest.mark.parametrize("run", sorted(POLISH))
 def test_report_reads_whole_and_consistent(browser, run, request, tmp_path):
-    """Issue 21 items 1–6 in the browser: no chart of empty bars, no label over another or cut
+    """In the browser: no chart of empty bars, no label over another or cut
     (every figure, rendered boxes compared), short heatmap ticks with the full name on hover,
     one byte format, offsets or the reason for none, no per-dimension chart that repeats the
     per-rank one."""

@@ -143,17 +143,17 @@ def test_wrappers_time_their_own_cost_and_leave_no_trace(fake_stage_base):
     assert p2p._seq == {}
 
 
-@pytest.mark.e2e
 def test_profiler_warmup_steps_do_not_calibrate_the_pipeline(tmp_path):
-    """Issue #19 item 2: the pipeline's clean (undisturbed) steps leave out the profiler's
+    """The pipeline's clean (undisturbed) steps leave out the profiler's
     warm-up steps as well as the first step; with the schedule unknown only the first."""
     import dataclasses
 
     import msgspec
-    from test_recommend import _pipeline_run
 
     from pardiag import layout
     from pardiag.analyzer.analyses.pipeline import compute_pipeline
+
+    from .test_recommend import _pipeline_run
 
     traces = _pipeline_run(tmp_path, "1f1b", 2, 4, [600, 200], [1200, 400], {0: 600, 1: 200},
                            steps=8)

@@ -118,7 +118,7 @@ def test_one_memory_baseline():
 
 
 def test_a_stand_in_interval_that_reaches_the_step_is_not_recommended():
-    """Issue #19: a prediction resting on stand-in timings carries their interval; when it
+    """A prediction resting on stand-in timings carries their interval; when it
     reaches the measured step (the change may gain nothing) the change is not recommended,
     however good its point prediction; an interval clear of the step changes nothing."""
     wide = Recommendation(kind="pp_to_dp", title="dp", change="dp=2", measured_step_us=10_000.0,

@@ -354,7 +354,7 @@ def _dp_interval_run(tmp_path, overhead_samples):
 
 
 def test_data_parallel_carries_the_stand_in_interval(tmp_path):
-    """Issue #19: as the stand-in test above (14600 µs), with the stage modules' timings ± 100
+    """As the stand-in test above (14600 µs), with the stage modules' timings ± 100
     µs and DDP's cost timed 1400, 1500, 1600 µs. The lines through the low and high ends give
     1700 + 3500 and 1900 + 3700 µs per stage at 16 samples: 10400–11200 for both; DDP's 1400–
     1600 µs for 2 MiB is 2800–3200 for 4 MiB. Step: 10400 + 800 + 2800 = 14000 to 11200 + 800

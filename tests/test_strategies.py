@@ -264,7 +264,7 @@ def test_dlrm_report_names_the_ranks_others_wait_for(real_traces):
 
 @pytest.mark.e2e
 def test_shapes_are_recorded_and_checked(runs):
-    """Issue #20. The TP example records its tensor-parallel parameters (full shapes, the dim
+    """The TP example records its tensor-parallel parameters (full shapes, the dim
     sharded over tp: column-wise weights and biases on dim 0, row-wise weights on dim 1; the
     replicated LayerNorms and row-wise biases are left out) and its batch of 3 samples; its
     report lists dp = 2, tp = 1 as ruled out, with why. The 2D run's TP dims are recorded

@@ -307,7 +307,7 @@ def _measured(ctx: RuleContext) -> _Measured | None:
 
 def _batch_check(ctx: RuleContext, dp: int
                  ) -> tuple[shapes.Constraints, shapes.Batch, tuple[str, ...], tuple[str, ...]]:
-    """The model's shapes and batch (issue #20): ``(constraints, the run's batch, the caveat
+    """The model's shapes and batch: ``(constraints, the run's batch, the caveat
     when TP's shapes could not be checked, the caveat when the global batch was not
     recorded)``; the caveats are empty tuples when there is nothing to say."""
     lay = ctx.layout
@@ -517,7 +517,7 @@ def degrees(ctx: RuleContext) -> list[Recommendation]:
     out = []
     for tp2 in _candidate_tps(run):
         dp2 = run.n // tp2
-        # the model's shapes and batch (issue #20): a degree that cannot be built is listed
+        # the model's shapes and batch: a degree that cannot be built is listed
         # with why
         why = (shapes.check_tp_degree(tp2, con)
                or shapes.check_dp_degree(dp2, now.global_samples, now.microbatches))

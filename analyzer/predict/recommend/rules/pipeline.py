@@ -60,7 +60,7 @@ def _replay_base(ctx: RuleContext, model: PipelineModel) -> _Replay:
                  f"replayed bubble {bubble:.1f}% of the window; point-to-point hop "
                  f"{model.hop_us:.0f} µs, {model.gap_us:.0f} µs between a rank's chunks, "
                  f"{model.residual_us / 1000:+.2f} ms of the step not replayed")
-    # the batch a step takes (issue #20)
+    # the batch a step takes
     dp = int(ctx.dims.get("dp") or 1)
     step_batch = model.samples * model.m if model.samples else None
     now = shapes.Batch(step_batch * dp if step_batch else None, step_batch, model.samples)

@@ -224,7 +224,7 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
     pipeline with one stage per rank and no other parallel dimension.
 
     Every time above that was taken on a stand-in after the run carries the 95% bootstrap
-    interval of its median (:func:`median_interval`; issue #19): the prediction is repeated with
+    interval of its median (:func:`median_interval`): the prediction is repeated with
     each at the low end, then at the high end of its interval (``predicted_low_us``,
     ``predicted_high_us``; the policy does not recommend a change whose interval reaches the
     measured step). The optimizer and the rest are the run's own undisturbed steps."""
@@ -233,7 +233,7 @@ def pp_to_dp(ctx: RuleContext) -> list[Recommendation]:
         return []
     if model.v != 1 or any(int(dims.get(d) or 1) > 1 for d in ("dp", "tp", "ep", "cp")):
         return []
-    # the global batch must split into whole samples per rank (issue #20)
+    # the global batch must split into whole samples per rank
     why = shapes.check_dp_degree(model.p, model.samples * model.m if model.samples else None)
     if why:
         return [ruled_out("pp_to_dp", f"Data parallel instead of a {model.p}-stage pipeline",
