@@ -63,10 +63,9 @@ browser:
 		echo "no chromium and no apt as root: the browser tests will be skipped"; \
 	fi
 
-# Two workers, whole test files each (module fixtures hold profiled runs): the profiled runs'
-# start-up and waits overlap the analysis tests on a 2-core machine.
+# Two workers, whole test files each (pyproject.toml's addopts).
 test: lint browser
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest
 
 clean:
 	rm -rf $(VENV) build report.html summary.json compare.html compare.json

@@ -28,7 +28,7 @@ def main() -> int:
     env = {**os.environ, "HYPOTHESIS_PROFILE": "fuzz",
            "FUZZ_REPORT_EXAMPLES": str(a.report_examples), "FUZZ_LOADER_EXAMPLES": str(a.examples)}
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
                           "--hypothesis-show-statistics", str(REPO / "tests" / "test_fuzz.py")],
                          env=env, cwd=REPO)
     rows = (("loader (read_trace_bytes + load_traces)", a.examples),
