@@ -60,7 +60,8 @@ def test_api_tables_equal_the_cli_json(tmp_path):
         r["title"] for r in cli_json["recommendations"]]
     assert set(rep.collectives.columns) == {"rank", "collective", "count", "time_us",
                                             "exposed_us"}
-    assert set(rep.clock_offsets.columns) == {"rank", "offset_us", "residual_us", "instances",
+    assert set(rep.clock_offsets.columns) == {"rank", "offset_us", "drift_us_per_s",
+                                              "drift_ci_us_per_s", "residual_us", "instances",
                                               "host"}
 
 

@@ -145,15 +145,17 @@ def test_dlrm_is_host_bound_and_rank_7_late_at_step_entry(real_traces):
     assert hb is not None and 5.0 < hb["busy_pct"] < 10.0 and hb["wait_host_pct"] > 40.0
     v = rep.recommendations.verdict
     assert "host-bound: the GPU computes" in v
-    assert "rank 7 is a straggler" in v and "rank 7 enters each step" in v
-    assert "the delay lies before the step" in v
+    # One step recorded, and the ranks' traces start 7.5 ms apart: rank 7 arrives last at
+    # every collective of that step, which is the window's head (a profiler that opened late
+    # looks the same), so no straggler is named and no recommendation rests on one.
+    assert "straggler" not in v
+    sync = rep.results["sync"]
+    assert sync.straggler is None and sync.instances["head"].all()
+    assert any("traces start 7.5 ms apart" in n for n in sync.notes)
     doc = report_json(rep)
     assert doc["causes"]["host_bound"]["ranks"] == list(range(8))
     assert len(doc["causes"]["per_step"]) == 8 and doc["causes"]["input_bound"] is None
-    (st,) = [r for r in (*rep.recommendations.recommendations, *rep.recommendations.rejected)
-             if r.kind == "straggler"] or [None]
-    assert st is not None and "rank 7 enters each step" in st.evidence[1]
-    assert "before each step" in st.change
+    assert not [r for r in rep.recommendations.recommendations if r.kind == "straggler"]
 
 
 @pytest.mark.e2e

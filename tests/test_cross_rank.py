@@ -54,18 +54,7 @@ def _report(args, tmp_path) -> dict:
 
 #: Repro kinds the cross-rank model does not handle yet, with what goes wrong: each must fail
 #: (strict), so that a change that fixes one says so by failing here.
-OPEN_KINDS = {
-    "h32_broadcast_rooted_ends": "a rooted broadcast's members leave at different times, and "
-                                 "its ends are taken as one moment: clock offsets of 50-150 us",
-    "h33_kernels_dropped_at_session_start": "collectives whose kernels the profiler dropped on one "
-                                            "rank shift the matching by order: a 2 ms offset",
-    "h34_gpu_clock_drift_rocm": "GPU clock drift over the window reads as waiting: a straggler "
-                                "where nobody waits",
-    "h37_torchtitan_flattened_dp_mesh": "torchtitan's flattened dp mesh is counted beside "
-                                        "dp_replicate and dp_shard: dp=16 instead of 4",
-    "h40_alltoall_many_kernels_per_call": "an all-to-all that runs as one kernel per peer is "
-                                          "counted as that many collectives",
-}
+OPEN_KINDS: dict[str, str] = {}
 
 
 def _cases():
@@ -383,7 +372,8 @@ def test_two_hosts_get_one_offset_each_estimated_from_collective_ends(tmp_path):
     off = sync.offsets.set_index("rank")
     assert off["offset_us"].tolist() == pytest.approx([0.0, 0.0, 500.0, 500.0])
     assert off["instances"].tolist() == [3, 3, 3, 3]
-    assert any("clock offsets of 2 hosts estimated from 3 complete" in n for n in sync.notes)
+    assert any("offset and drift per host fitted (Theil–Sen) to the ends of 3 complete" in n
+               for n in sync.notes)
     # after alignment rank 3 arrives last (it starts 20 µs after rank 2 on the true clock)
     assert sync.instances["arrival_skew_us"].tolist() == pytest.approx([60.0] * 3)
 

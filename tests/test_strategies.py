@@ -256,10 +256,12 @@ def test_layout_analysis_of_the_2d_run(runs):
 def test_dlrm_report_names_the_ranks_others_wait_for(real_traces):
     rep = _report(real_traces / "dlrm_8rank_v100")
     st = rep.results["sync"].stragglers
-    # all 8 collectives matched on all 8 ranks; ranks 7, 5 and 4 arrive last
-    assert len(rep.results["sync"].instances) == 8
-    assert list(st["rank"][:3]) == [7, 5, 4]
-    assert st[st["wait_caused_us"] > 0]["rank"].tolist() == [7, 5, 4]
+    # all 8 collectives matched on all 8 ranks; ranks 7, 5 and 4 arrive last — but the one
+    # recorded step is the window's head (traces 7.5 ms apart), so nobody is named for it
+    inst = rep.results["sync"].instances
+    assert len(inst) == 8 and inst["complete"].all() and inst["head"].all()
+    assert inst["last_rank"].tolist() == [7, 7, 7, 7, 7, 5, 5, 4]
+    assert st.empty and rep.results["sync"].straggler is None
 
 
 @pytest.mark.e2e

@@ -264,6 +264,20 @@ def launching_op_rows(trace: RankTrace,
     return ops, out
 
 
+def issuing_op(op_args: list, enclosing: np.ndarray) -> int:
+    """The op that issued a kernel, as a position in the ``ops`` of :func:`launching_op_rows`:
+    the innermost enclosing ``record_param_comms`` with a ``Collective name`` (c10d records one
+    per op the program issues, whatever number of kernels the op launches: an all_to_all as one
+    ``SendRecv`` per peer, a coalesced block as one kernel for many ops), else the outermost
+    enclosing communication op (``nccl:coalesced``, ``nccl:all_reduce``); -1 without one.
+    ``enclosing``: the kernel's row of :func:`launching_op_rows`, outermost first."""
+    for j in enclosing[::-1].tolist():
+        a = op_args[j]
+        if isinstance(a, dict) and "Collective name" in a:
+            return int(j)
+    return int(enclosing[0]) if len(enclosing) else -1
+
+
 @dataclasses.dataclass(frozen=True)
 class RankParts:
     """One rank's timeline in the parts the breakdown and the what-ifs read.
@@ -546,20 +560,42 @@ def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     analysis names them)."""
     comm = comm_ev[["name", "ts", "dur", "args", "correlation"]].copy()
     types = [collective_type(n, a) for n, a in zip(comm["name"], comm["args"])]
-    generic = [i for i, t in enumerate(types) if t not in STANDARD_COLLECTIVES or t == "send_recv"]
-    if generic:
-        enclosing = launching_comm_ops(trace, comm.iloc[generic])
-        for i, enc in zip(generic, enclosing):
-            if len(enc):
-                named = [j for j, a in enumerate(enc["args"])
-                         if isinstance(a, dict) and a.get("Collective name")]
-                inner = enc.iloc[named[-1] if named else -1]
-                t = collective_type(inner["name"], inner["args"])
+    counted = np.ones(len(comm), dtype=bool)
+    if len(comm):
+        ops, enclosing = launching_op_rows(trace, comm)
+        op_args = ops["args"].tolist()
+        op_names = ops["name"].tolist()
+        seen: set[int] = set()
+        for i, enc in enumerate(enclosing):
+            if not len(enc):
+                continue
+            # the launching op names the op the program issued, before the kernel's name:
+            # SendRecv kernels run all_to_all, and NCCL <= 2.13 ran some all-reduces as one
+            if types[i] not in STANDARD_COLLECTIVES or types[i] == "send_recv":
+                t = _issued_type(op_names, op_args, enc)
                 if types[i] != "send_recv" or t in STANDARD_COLLECTIVES:
                     types[i] = t
+            who = issuing_op(op_args, enc)
+            counted[i] = who not in seen  # one count per issued op, not per kernel
+            seen.add(who)
     comm["type"] = types
-    comm["counted"] = True
+    comm["counted"] = counted
     return comm
+
+
+def _issued_type(op_names: list, op_args: list, enclosing: np.ndarray) -> str:
+    """The collective type the enclosing CPU ops of a kernel name (innermost first): a
+    ``Collective name`` record, else the first op whose name is a standard collective
+    (``nccl:all_reduce``), else the innermost op's name."""
+    for j in enclosing[::-1].tolist():
+        a = op_args[j]
+        if isinstance(a, dict) and a.get("Collective name"):
+            return collective_type(op_names[j], a)
+    for j in enclosing[::-1].tolist():
+        t = collective_type(op_names[j], None)
+        if t in STANDARD_COLLECTIVES and t != "send_recv":
+            return t
+    return collective_type(op_names[enclosing[-1]], op_args[enclosing[-1]])
 
 
 def _collective_rows(rank: int, parts: RankParts) -> list[dict]:

@@ -27,7 +27,8 @@ from ..trace.classify import (
 )
 from ..trace.comm_records import DTYPE_BYTES, numel
 from ..trace.traceset import RankTrace, TraceSet
-from .breakdown import cpu_comm_types, launch_times, launching_op_rows
+from .breakdown import cpu_comm_types, issuing_op, launch_times, launching_op_rows
+from .op_semantics import P2P_OPS, ROOTED, semantics
 
 #: Columns of :func:`comm_events` (µs on each rank's own clock; bytes of the full buffer).
 #: ``pg`` is the group's name as the rank knows it (names are per-rank creation order and can name
@@ -36,10 +37,11 @@ from .breakdown import cpu_comm_types, launch_times, launching_op_rows
 #: ``seq`` is the group's own sequence number (pardiag's records, a trace's ``Seq``) rather than
 #: the position in the trace; ``peer`` is the global rank at the other end of a send/recv (None
 #: when unknown); ``window`` is the profiling window (file) of the rank the event comes from, in
-#: time order (0 for a rank with one window).
-EVENT_COLUMNS = ("rank", "pg", "group", "seq", "native_seq", "op", "peer", "start_us", "end_us",
-                 "bytes", "group_size", "step", "source", "window")
-P2P_OPS = frozenset({"send", "recv", "send_recv"})
+#: time order (0 for a rank with one window); ``root`` is the global rank of a rooted op's root
+#: where the record names it (None otherwise). One row per op the program issued (an op's several
+#: kernels are one row, from the first kernel's start to the last one's end).
+EVENT_COLUMNS = ("rank", "pg", "group", "seq", "native_seq", "op", "peer", "root", "start_us",
+                 "end_us", "bytes", "group_size", "step", "source", "window")
 
 
 #: Larger group sizes in a trace's args are not believed (no group's ranks are built from them).
@@ -144,6 +146,7 @@ def _from_records(rank: int, doc: dict, steps: pd.DataFrame) -> pd.DataFrame:
         rows.append({"rank": rank, "pg": str(r["pg_name"]),
                      "group": group_key(members, desc) if members else "", "seq": int(r["seq"]),
                      "native_seq": True, "op": r["op"], "peer": r.get("peer"),
+                     "root": r.get("root"),
                      "start_us": float(r["start_us"]), "end_us": float(r["end_us"]),
                      "bytes": r.get("bytes"), "group_size": len(members) or None,
                      "issue_us": float(r["issue_us"]), "source": "records"})
@@ -216,24 +219,34 @@ def events_from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -
     if not frames:
         return pd.DataFrame(columns=list(EVENT_COLUMNS))
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
-    df["window"] = iv.window_of(df["start_us"].to_numpy(dtype=float), trace.windows)
+    # in the order the program issued them: ops whose kernels were lost keep their place
+    df = df.sort_values("issue_us", kind="stable").reset_index(drop=True)
+    df["window"] = iv.window_of(df["issue_us"].to_numpy(dtype=float), trace.windows)
     order = df.groupby(["group", "pg", "window"]).cumcount() + 1
     df["seq"] = np.where(df["native_seq"].astype(bool), df["seq"], order)
+    df = df[~df["missing"].astype(bool)]
+    df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
     return df[list(EVENT_COLUMNS)]
 
 
 def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
                      pg_ranks: dict[str, list[int]], world: int | None) -> pd.DataFrame | None:
-    """The rank's GPU communication kernels as events, their metadata from the kernel's args,
-    else from the CPU op that launched it.
+    """The rank's GPU communication as events, one per *issued op*: the kernels one op launched
+    (an all_to_all's ``SendRecv`` per peer, a coalesced block's kernel) are one event from the
+    first kernel's start to the last kernel's end, with the op's bytes and its type from the
+    launching CPU op before the kernel's name (:func:`breakdown.issuing_op`); metadata from the
+    kernel's args, else from the launching ``record_param_comms``.
+
+    Ops the program issued whose kernels the trace lost (CUPTI drops records at a session's
+    start) keep their place in their group's order: a row with NaN times (``missing``), so the
+    positions of the ops that follow still say which collective of the group they are.
 
     ``kinds``: :func:`pardiag.analyzer.trace.classify.classify` of the events; ``steps``: the
     profiler steps; ``pg_ranks``/``world``: :func:`_pg_config`.
 
     Returns:
-        :data:`EVENT_COLUMNS` but ``window`` (``step`` last; times in µs on the rank's clock,
-        ``seq`` -1 where the trace gives none), one row per kernel; None without kernels.
+        :data:`EVENT_COLUMNS` but ``window``, plus ``issue_us`` (the launch, µs) and ``missing``
+        (bool); ``seq`` -1 where the trace gives none; None without kernels.
     """
     ev = trace.events
     # communication kernels; copies a --comm-kernel pattern names (Memcpy PtoP) have no
@@ -246,42 +259,124 @@ def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
     ops, enclosing = launching_op_rows(trace, gpu)
     op_names = ops["name"].tolist()
     op_args = ops["args"].tolist()
+    by_issuer: dict[int, dict] = {}
     rows = []
     for name, ts, dur, kargs, lt, enc in zip(gpu["name"].tolist(), gpu["ts"].tolist(),
                                              gpu["dur"].tolist(), gpu["args"].tolist(),
                                              launch, enclosing):
-        args = kargs if isinstance(kargs, dict) else {}
-        rpc = next((op_args[j] for j in enc[::-1] if isinstance(op_args[j], dict)
-                    and "Collective name" in op_args[j]), None)
-        if rpc is not None:  # the launching op's record fills what the kernel lacks (Seq)
-            args = {**rpc, **args}
-        if "Collective name" not in args and len(enc):
-            # an older trace: the op name and its input shapes
-            a = op_args[enc[-1]]
-            a = a if isinstance(a, dict) else {}
-            args = {**args, "_op_name": op_names[enc[-1]],
-                    **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
-        op = collective_type(args.get("_op_name", name), args)
-        if op not in STANDARD_COLLECTIVES:
-            op = collective_type(name, args)
-        if op not in STANDARD_COLLECTIVES and "sendrecv" in name.lower().replace("_", ""):
-            op = "send_recv"  # batched p2p ("coalesced"): a transfer, never a collective
-        members = _group_ranks(args, pg_ranks)
-        size = _int_arg(args.get("Group size"))
-        seq = _int_arg(args.get("Seq"))
-        rows.append({"rank": trace.rank, "pg": str(args.get("Process Group Name", "?")),
-                     "group": group_key(members, args.get("Process Group Description"))
-                     if members else "",
-                     "seq": seq if seq is not None else -1,
-                     "native_seq": seq is not None and op not in P2P_OPS,
-                     "op": op, "peer": _p2p_peer(op, args, members) if op in P2P_OPS else None,
-                     "start_us": float(ts), "end_us": float(ts + dur),
-                     "bytes": _args_bytes(args),
-                     "group_size": size if size else (len(members) if members else world),
-                     "launch_us": float(lt), "source": "trace"})
+        who = issuing_op(op_args, enc)
+        row = by_issuer.get(who) if who >= 0 else None
+        if row is not None:  # another kernel of the same issued op
+            row["start_us"] = min(row["start_us"], float(ts))
+            row["end_us"] = max(row["end_us"], float(ts + dur))
+            row["_kernel_bytes"] += _args_bytes(kargs) or 0
+            continue
+        row = _kernel_row(trace.rank, name, kargs, enc, op_names, op_args, pg_ranks, world)
+        row.update(start_us=float(ts), end_us=float(ts + dur), issue_us=float(lt),
+                   missing=False, _kernel_bytes=_args_bytes(kargs) or 0)
+        rows.append(row)
+        if who >= 0:
+            by_issuer[who] = row
+    if any(isinstance(op_args[j], dict) and "Collective name" in op_args[j] for j in by_issuer):
+        # only where kernels are tied to their records: else every record would look lost
+        rows.extend(_kernelless_ops(trace, ops, set(by_issuer), pg_ranks, world))
     df = pd.DataFrame(rows)
-    df["step"] = _step_of(df["launch_us"].to_numpy(), steps)
-    return df.drop(columns="launch_us")
+    # a coalesced block's kernels without metadata: the op's bytes are its kernels' together
+    kb = df.pop("_kernel_bytes").astype(float)
+    df["bytes"] = df["bytes"].where(df["bytes"].notna(), kb.where(kb > 0))
+    df["step"] = _step_of(df["issue_us"].to_numpy(dtype=float), steps)
+    return df
+
+
+def _kernel_row(rank: int, name: str, kargs, enc: np.ndarray, op_names: list, op_args: list,
+                pg_ranks: dict[str, list[int]], world: int | None) -> dict:
+    """The event of an issued op from its first kernel (``name``, ``kargs``) and its enclosing
+    CPU ops (positions ``enc`` in ``op_names``/``op_args``, outermost first): op type, group,
+    sequence number, peer and bytes (:data:`EVENT_COLUMNS` but the times, ``step`` and
+    ``window``)."""
+    args = kargs if isinstance(kargs, dict) else {}
+    rpc = next((op_args[j] for j in enc[::-1] if isinstance(op_args[j], dict)
+                and "Collective name" in op_args[j]), None)
+    if rpc is not None:  # the launching op's record fills what the kernel lacks (Seq)
+        args = {**rpc, **args}
+    if "Collective name" not in args and len(enc):
+        # an older trace: the op name and its input shapes
+        a = op_args[enc[-1]]
+        a = a if isinstance(a, dict) else {}
+        args = {**args, **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
+    op = _issued_op_type(name, args, [op_names[j] for j in enc[::-1]])
+    return _op_row(rank, op, args, pg_ranks, world)
+
+
+def _issued_op_type(kernel: str, args: dict, op_names: list[str]) -> str:
+    """The type of an issued op: its record's ``Collective name``, else the first standard
+    collective among its launching CPU ops (innermost first: ``nccl:all_reduce`` says a
+    ``SendRecv`` kernel of NCCL <= 2.13 ran an all-reduce), else the kernel's name; a
+    ``SendRecv`` kernel of no known op is ``send_recv`` (batched point-to-point)."""
+    if args.get("Collective name"):
+        op = collective_type(kernel, args)
+        if op in STANDARD_COLLECTIVES:
+            return op
+    for n in op_names:
+        op = collective_type(n, None)
+        if op in STANDARD_COLLECTIVES and op != "send_recv":
+            return op
+    op = collective_type(kernel, args)
+    if op not in STANDARD_COLLECTIVES and "sendrecv" in kernel.lower().replace("_", ""):
+        op = "send_recv"
+    return op
+
+
+def _op_row(rank: int, op: str, args: dict, pg_ranks: dict[str, list[int]],
+            world: int | None) -> dict:
+    """Group, sequence number, peer and bytes of an op from its record's ``args``."""
+    members = _group_ranks(args, pg_ranks)
+    size = _int_arg(args.get("Group size"))
+    seq = _int_arg(args.get("Seq"))
+    return {"rank": rank, "pg": str(args.get("Process Group Name", "?")),
+            "group": group_key(members, args.get("Process Group Description"))
+            if members else "",
+            "seq": seq if seq is not None else -1,
+            "native_seq": seq is not None and op not in P2P_OPS,
+            "op": op, "peer": _p2p_peer(op, args, members) if op in P2P_OPS else None,
+            "bytes": _args_bytes(args), "root": _root(op, args, members),
+            "group_size": size if size else (len(members) if members else world),
+            "source": "trace"}
+
+
+def _root(op: str, args: dict, members: list[int] | None) -> int | None:
+    """Global rank of a rooted op's root: the record's ``Rank`` (c10d records the root there for
+    broadcast, reduce, scatter and gather) read as a rank in the group; None otherwise."""
+    if semantics(op) != ROOTED:
+        return None
+    local = _int_arg(args.get("Rank"))
+    if local is None:
+        return None
+    if members and 0 <= local < len(members):
+        return members[local]
+    return local
+
+
+def _kernelless_ops(trace: RankTrace, ops: pd.DataFrame, with_kernels: set[int],
+                    pg_ranks: dict[str, list[int]], world: int | None) -> list[dict]:
+    """Issued ops of a known group (a ``record_param_comms`` naming its group) that launched no
+    kernel the trace holds, as rows with NaN times and ``missing`` True, on the threads that
+    launched communication kernels."""
+    if ops.empty:
+        return []
+    names = ops["name"].tolist()
+    rows = []
+    for j, (a, ts) in enumerate(zip(ops["args"].tolist(), ops["ts"].tolist())):
+        if j in with_kernels or names[j] != "record_param_comms" or not isinstance(a, dict) \
+                or "Collective name" not in a:
+            continue
+        row = _op_row(trace.rank, collective_type(names[j], a), a, pg_ranks, world)
+        if not row["group"] and row["pg"] == "?":
+            continue  # no group: its place in no group's order is known
+        row.update(start_us=np.nan, end_us=np.nan, issue_us=float(ts), missing=True,
+                   _kernel_bytes=0)
+        rows.append(row)
+    return rows
 
 
 def _gloo_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
@@ -334,8 +429,11 @@ def _gloo_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
         "end_us": (gl["ts"] + gl["dur"]).to_numpy(dtype=float),
         "bytes": [_args_bytes(a) for a in gl["args"]],
         "group_size": [len(m) if m else world for m in members],
+        "root": [_root(o, r, m) for o, r, m in zip(kept_ops, recs, members)],
         "source": "trace"})
     df["step"] = _step_of(df["start_us"].to_numpy(dtype=float), steps)
+    df["issue_us"] = df["start_us"]
+    df["missing"] = False
     return df
 
 

@@ -43,6 +43,7 @@ import pandas as pd
 from ..trace import intervals as iv
 from ..trace.classify import STEP_RE, Kind, cached, classify
 from ..trace.traceset import RankTrace, TraceSet
+from .mesh import dim_of, mesh_dims
 
 #: What :attr:`InferredLayout.source` says (and the report shows).
 INFERRED_SOURCE = "inferred from traces"
@@ -72,18 +73,13 @@ _ACTION_RE = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
 _P2P_OP_RE = re.compile(r"^c10d::(send|recv_)$")
 _RECV_RE = re.compile(r"^(c10d::recv_|gloo:recv|nccl:recv)")
 _P2P_NCCL = {"send": "send", "recv": "recv", "_send": "send", "_recv": "recv"}
-_DIM_ALIASES = {"dp": "dp", "data": "dp", "dp_shard": "dp", "dp_replicate": "dp", "fsdp": "dp",
-                "ddp": "dp", "hsdp": "dp", "tp": "tp", "tensor": "tp", "sp": "tp", "pp": "pp",
-                "pipe": "pp", "pipeline": "pp", "ep": "ep", "expert": "ep", "moe": "ep",
-                "cp": "cp", "context": "cp"}
 
 
 def canonical_dim(desc: str | None) -> str | None:
-    """A group description (``mesh_tp``, ``mesh_dp_shard``) → ``dp``/``tp``/``pp``/``ep``/``cp``,
-    or None (``default_pg``, flattened dimensions such as ``mesh_dp_shard_cp``)."""
-    if not desc or not str(desc).startswith("mesh_"):
-        return None
-    return _DIM_ALIASES.get(str(desc).lower().removeprefix("mesh_"))
+    """A group description (``mesh_tp``, ``mesh_dp_shard``, Megatron's
+    ``TENSOR_MODEL_PARALLEL_GROUP``) → ``dp``/``tp``/``pp``/``ep``/``cp``, or None
+    (``default_pg``, embedding groups; :func:`pardiag.analyzer.analyses.mesh.dim_of`)."""
+    return dim_of(desc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,25 +278,14 @@ def _world(traces: TraceSet) -> int:
     return max(sizes) if sizes else len(traces.ranks)
 
 
-def _mesh_dims(traces: TraceSet) -> tuple[dict, dict, dict]:
-    """``({dim: degree}, {dim: "descriptions"}, {rank: {dim: group ranks}})`` from the groups'
-    ``mesh_*`` descriptions (dp of a hybrid mesh: replicate × shard)."""
-    by_desc: dict[str, int] = {}
-    member: dict[int, dict[str, list[int]]] = {}
-    for rank, t in traces.ranks.items():
-        for g in t.pg_config:
-            desc = str(g.get("pg_desc", ""))
-            dim = canonical_dim(desc)
-            if dim:
-                by_desc.setdefault(desc, len(g["ranks"]))
-                member.setdefault(rank, {}).setdefault(dim, list(g["ranks"]))
-    dims: dict[str, int] = {}
-    descs: dict[str, list[str]] = {}
-    for desc, size in sorted(by_desc.items()):
-        dim = canonical_dim(desc)
-        dims[dim] = dims.get(dim, 1) * size
-        descs.setdefault(dim, []).append(desc)
-    return dims, {d: ", ".join(v) for d, v in descs.items()}, member
+def _mesh_dims(traces: TraceSet) -> tuple[dict, dict, dict, tuple[str, ...]]:
+    """``({dim: degree}, {dim: "descriptions"}, {rank: {dim: group ranks}}, notes)`` from the
+    groups' descriptions, a mesh or nothing (:func:`pardiag.analyzer.analyses.mesh.mesh_dims`:
+    dp of a hybrid mesh is replicate × shard; a flattened ``mesh_dp`` is no further dimension)."""
+    groups = [(str(g.get("pg_desc", "")), list(g["ranks"]))
+              for t in traces.ranks.values() for g in t.pg_config]
+    m = mesh_dims(groups)
+    return dict(m.dims), dict(m.descs), m.member, m.notes
 
 
 def _global_peers(traces: TraceSet, marks: dict, member: dict) -> tuple[dict, list[str]]:
@@ -381,7 +366,8 @@ def infer_layout(traces: TraceSet) -> InferredLayout:
     marks = {r: rank_marks(t) for r, t in traces.ranks.items()}
     world = _world(traces)
     evidence, missing = [], []
-    dims, descs, member = _mesh_dims(traces)
+    dims, descs, member, mesh_notes = _mesh_dims(traces)
+    missing += list(mesh_notes)
     for d, n in dims.items():
         evidence.append(f"{d}={n}: process groups described as {descs[d]} "
                         f"(distributedInfo.pg_config)")
@@ -448,6 +434,7 @@ def infer_layout(traces: TraceSet) -> InferredLayout:
            for t in traces.ranks.values()) and not dims:
         missing.append("process groups: pg_config lists only the groups holding each rank, "
                        "and none is described as a mesh dimension")
+    dims = _as_mesh(dims, world, missing)
     cols = ["rank", *CHUNK_COLUMNS]
     chunks = (pd.concat(chunks_out, ignore_index=True)[cols] if chunks_out
               else pd.DataFrame(columns=cols))
@@ -455,6 +442,23 @@ def infer_layout(traces: TraceSet) -> InferredLayout:
     dims = {k: int(dims[k]) for k in sorted(dims, key=lambda d: order.get(d, 9))}
     return InferredLayout(dims, sorted(strategies), pipeline, chunks, tuple(sorted(pp_ranks)),
                           tuple(evidence), tuple(missing))
+
+
+def _as_mesh(dims: dict, world: int, missing: list[str]) -> dict:
+    """``dims`` when they can be a mesh of ``world`` ranks (degrees multiplying to it, or to a
+    divisor of it that leaves the rest to data parallelism nobody described), else ``{}`` with
+    a note in ``missing`` that says why: never an impossible layout."""
+    dims = {k: int(v) for k, v in dims.items() if int(v) > 1}
+    prod = int(np.prod(list(dims.values()))) if dims else 1
+    if prod == world or not dims:
+        return dims
+    if world % prod == 0 and "dp" not in dims:
+        missing.append(f"dp={world // prod}: no group describes it; the {world} ranks over the "
+                       f"other degrees")
+        return {**dims, "dp": world // prod}
+    missing.append(f"no layout: the degrees found ({', '.join(f'{k}={v}' for k, v in dims.items())}"
+                   f") multiply to {prod}, not to the world of {world} ranks")
+    return {}
 
 
 def _infer_pipeline(comps, peers, marks, evidence, missing):

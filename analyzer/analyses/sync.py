@@ -1,25 +1,33 @@
-"""Collectives across ranks: matching, clock alignment, synchronization, stragglers, bandwidth.
+"""Collectives across ranks: matching, clocks, synchronization, stragglers, bandwidth.
 
-Input: every rank's communication events
-    (:func:`pardiag.analyzer.analyses.comm_events.comm_events`).
+Input: every rank's issued communication ops
+    (:func:`pardiag.analyzer.analyses.comm_events.comm_events`: one row per op the program
+    issued, however many kernels it ran as). What each op says across ranks is one table,
+    :mod:`pardiag.analyzer.analyses.op_semantics`.
 
 1. **Matching** (:func:`match_instances`): one collective *instance* is the set of events with the
-   same group and sequence number on every participant; sends and receives pair by group, the
-   two ranks and their per-peer count. Traces without records are matched by per-group order
-   (by per-group, per-op order where the op sequences of the ranks differ).
-2. **Clock alignment**: every participant of a collective leaves it at about the same moment (the
-   last arrival releases all), so the clock offset of rank r is the median over its collectives of
-   ``end(r) − median over ranks of end`` (TensorBoard profiler plugin: align on collective ends).
-   Times are corrected by it before anything is compared; the offsets are reported.
-3. **Synchronization vs transfer** (TensorBoard profiler plugin): the transfer time of an
+   same group and sequence number on every participant (pardiag's records, a trace's ``Seq``);
+   without them each member's sequence of issued ops is aligned with the group's longest by op
+   type, bytes and profiler step (records missing at a window's head or in a step shift
+   nothing; never a positional zip). Sends and receives pair by group, the two ranks and their
+   per-peer count. Ops whose group is unknown are only matched with ops of unknown group.
+2. **Clocks** (:mod:`pardiag.analyzer.analyses.clocks`): an offset and a drift per host (per rank
+   when hosts are unknown), fitted robustly (Theil–Sen) to the ends of complete
+   release-together instances only — rooted ops end along their chain, point-to-point pairs
+   relate two ranks. Ranks that no complete collective joins are separate clock domains, never
+   compared. Times are corrected before anything is compared; offsets and drifts are reported.
+3. **Window heads**: instances before every rank's trace has started, and the first step after
+   where the traces start more than :data:`HEAD_SKEW_US` apart, are no evidence of a slow rank.
+4. **Synchronization vs transfer** (TensorBoard profiler plugin): the transfer time of an
    instance is its minimum duration over the ranks; each rank's wait is its duration minus that.
-   Arrival skew = latest start − earliest start. A rank waits from its arrival to the last
-   arrival; the last to arrive *causes* that wait. Per-rank totals (wait suffered, wait caused)
-   are lengths of unions of those intervals, so collectives in flight together (DDP buckets)
-   count once.
-4. **Bandwidth** (nccl-tests, doc/PERFORMANCE.md): algbw = S / t with S the bytes of the full
-   buffer and t the transfer time; busbw = algbw × factor, factor 2(n−1)/n for all_reduce,
-   (n−1)/n for all_gather, reduce_scatter and all_to_all, 1 for broadcast, reduce and send/recv.
+   Arrival skew = latest start − earliest start. A rank waits from its arrival to the arrival it
+   waits for (the last one; at a broadcast or scatter the root's), and that rank *causes* the
+   wait. Per-rank totals (wait suffered, wait caused) are lengths of unions of those intervals,
+   so collectives in flight together (DDP buckets) count once. A straggler is named only from
+   instances that are evidence: complete, not at a window's head, of known semantics.
+5. **Bandwidth** (nccl-tests, doc/PERFORMANCE.md): algbw = S / t with S the bytes of the full
+   buffer and t the transfer time (an op of several kernels: first start to last end); busbw =
+   algbw × factor (:func:`pardiag.analyzer.analyses.op_semantics.busbw_factor`).
 """
 
 from __future__ import annotations
@@ -30,19 +38,12 @@ import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
+from ..trace.classify import classify, profiler_steps
 from ..trace.traceset import TraceSet
-from .comm_events import P2P_OPS, comm_events
-
-
-def busbw_factor(op: str, n: int) -> float:
-    """nccl-tests' bus-bandwidth factor of collective ``op`` over ``n`` ranks."""
-    if n <= 1:
-        return 0.0 if op not in P2P_OPS else 1.0
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
+from .breakdown import rank_breakdown_rows
+from .clocks import ClockModel, fit_clocks, together_ends
+from .comm_events import comm_events
+from .op_semantics import FROM_ROOT, P2P_OPS, ROOTED, UNKNOWN, busbw_factor, semantics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,22 +51,25 @@ class SyncResult:
     """Result of :func:`compute_sync`.
 
     Attributes:
-        offsets: per rank: ``rank``, ``offset_us`` (its clock minus the reference rank's — the
-            lowest rank present — as subtracted before comparing; 0 for ranks on the reference
-            rank's host), ``residual_us`` (what the collective ends suggest beyond that: on one
-            host the clocks are one clock, so this is jitter and is not subtracted),
-            ``instances`` (complete collective instances used), ``host`` (None when unknown).
+        offsets: per rank (:attr:`pardiag.analyzer.analyses.clocks.ClockModel.table`):
+            ``rank``, ``offset_us`` (its clock minus the reference rank's — the lowest rank of
+            its clock domain — as subtracted before comparing; 0 for ranks on the reference
+            rank's host), ``drift_us_per_s``, ``drift_ci_us_per_s``, ``residual_us`` (after the
+            fit; on one host, where nothing is subtracted, what the ends suggest),
+            ``instances`` (release-together instances used), ``host`` (None when unknown).
         instances: per collective instance: ``instance``, ``pg``, ``group`` (its ranks and
             description, :func:`pardiag.analyzer.analyses.comm_events.group_key`; ``""`` when
             unknown), ``seq``, ``op``, ``ranks`` (members present), ``expected`` (group size),
             ``complete`` (every member present), ``step``, ``bytes``, ``first_arrival_us``,
-            ``arrival_skew_us``, ``transfer_us``, ``last_rank``, ``algbw_gbps``, ``busbw_gbps``
-            (GB/s = 1e9 bytes/s; NaN without bytes or when partial), ``inter_node`` (participants on
-            more than one host; None when hosts are unknown). Point-to-point transfers are instances
-            of two ranks (a send and its recv).
+            ``arrival_skew_us``, ``transfer_us``, ``last_rank`` (the rank waited for), ``root``
+            (rooted ops), ``semantics``, ``algbw_gbps``, ``busbw_gbps`` (GB/s = 1e9 bytes/s;
+            NaN without bytes or when partial), ``inter_node`` (participants on more than one
+            host; None when hosts are unknown), ``head`` (at a window's head), ``evidence``
+            (counted in waits and stragglers). Point-to-point transfers are instances of two
+            ranks (a send and its recv).
         per_rank: per instance and rank: ``instance``, ``rank``, ``start_us``, ``end_us`` (corrected
-            clock), ``dur_us``, ``wait_us``, ``arrival_delay_us``.
-        stragglers: per rank, most wait caused first, from complete instances only:
+            clock), ``dur_us``, ``wait_us``, ``arrival_delay_us``, ``evidence``.
+        stragglers: per rank, most wait caused first, from the instances that are evidence:
             ``rank``, ``wait_suffered_us`` (|union of its waiting intervals|), ``wait_caused_us``
             (Σ over the other ranks of |union of their waits for it|), ``last_arrivals``,
             ``steps_as_top`` (steps in which it caused the most wait), ``instances``.
@@ -116,8 +120,18 @@ P2P_COLUMNS = ["src", "dst", "count", "hop_us", "recv_wait_us", "send_wait_us", 
 #: A send and its recv whose recorded intervals miss each other by more than this (µs) are not
 #: taken to run on one clock.
 P2P_OVERLAP_SLACK_US = 1.0
-#: Waiting (µs, summed over the waiting ranks) below which no rank is named a straggler.
+#: Waiting per profiler step (µs, summed over the waiting ranks) below which no rank is named a
+#: straggler.
 STRAGGLER_MIN_WAIT_US = 10.0
+#: A straggler arrives last at least at this share of the ops it joins.
+STRAGGLER_LAST_SHARE = 0.5
+#: ... and costs each waiting rank at least this share of the step (the collectives' span per
+#: step), per step.
+STRAGGLER_MIN_STEP_SHARE = 0.02
+#: The rank that causes the most waiting is named only when it causes at least this many times
+#: what the next rank does: waiting that jitter spreads over the ranks names nobody (it is
+#: inside the noise, and the notes say so).
+STRAGGLER_DOMINANCE = 3.0
 
 
 def match_instances(events: pd.DataFrame) -> pd.DataFrame:
@@ -126,8 +140,10 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     * Collectives: a group is its ranks (``group``), or its name where the trace does not give
       the ranks. Where every event of a group carries the group's own sequence number
       (``native_seq``: records, a trace's ``Seq``), the key is ``"<group>:<seq>"``, so ranks whose
-      windows start at different collectives still match. Otherwise instances are matched by
-      per-group order, and per-group per-op order where the ranks' op sequences differ.
+      windows start at different collectives still match. Otherwise each member's sequence of
+      issued ops is aligned with the longest one of the group (:func:`_align`) by op type, bytes
+      and profiler step, per profiling window: records missing at a window's head, or a step's,
+      shift nothing.
     * Point-to-point: ``"p2p:<group>:<a>><b>:<k>"`` for the k-th transfer from rank a to rank b,
       send and recv alike. A send/recv whose peer is unknown gets None: it is never matched
       as a group collective.
@@ -149,7 +165,7 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     if len(sub):
         native = sub.groupby("_gid")["native_seq"].transform("all").astype(bool)
         # a sequence number that repeats on a rank (ops of one coalescing block, a constant)
-        # identifies nothing: that group is matched by order
+        # identifies nothing: that group is aligned instead
         dup = sub.duplicated(["rank", "_gid", "seq"], keep=False)
         native &= ~dup.groupby(sub["_gid"]).transform("any").astype(bool)
         nat = sub[native]
@@ -157,22 +173,7 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
         how.loc[nat.index] = "seq"
         rest = sub[~native]
         if len(rest):
-            # by position within each profiling window: a window that lost a collective shifts
-            # no later window's matches
-            win = rest["window"].astype(int).astype(str) if "window" in rest else "0"
-            gw = rest["_gid"] + ":w" + win
-            rest = rest.assign(_gid=gw)
-            nth = rest.groupby(["rank", "_gid"]).cumcount() + 1
-            k = rest["_gid"] + ":" + nth.astype(str)
-            ops = rest.groupby(["rank", "_gid"])["op"].apply(tuple)
-            differ = ops.groupby(level="_gid").nunique().gt(1)
-            bad = set(differ[differ].index)
-            if bad:  # the ranks' op sequences differ: order per op
-                per_op = rest["_gid"].isin(bad)
-                nth_op = rest[per_op].groupby(["rank", "_gid", "op"]).cumcount() + 1
-                k.loc[per_op] = (rest.loc[per_op, "_gid"] + ":" + rest.loc[per_op, "op"] + ":"
-                                 + nth_op.astype(str))
-            key.loc[rest.index] = k
+            key.loc[rest.index] = _aligned_keys(rest)
             how.loc[rest.index] = "order"
     p2p = p2p_op & has_peer & ev["op"].isin(["send", "recv"]).to_numpy()
     if p2p.any():
@@ -189,16 +190,89 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     return ev.drop(columns="_gid")
 
 
-def _clock_groups(ev: pd.DataFrame, complete: set, ranks: list[int]
-                  ) -> tuple[dict[int, float], dict[int, int], dict[int, int], int]:
-    """Offsets of ranks whose clocks complete instances link (hosts unknown).
+def _aligned_keys(rest: pd.DataFrame) -> pd.Series:
+    """Instance keys of collectives without usable sequence numbers: per group (``_gid``) and
+    profiling window, and per profiler step where every event of the unit has one, each member's
+    ops in their order (``seq``: positions among the ops it issued) aligned with the member that
+    has the most (:func:`_align`); ``"<gid>:w<window>:s<step>:<position in that member>"``."""
+    rest = rest.sort_values(["rank", "seq"], kind="stable")
+    win = rest["window"].astype(int) if "window" in rest else pd.Series(0, index=rest.index)
+    step = rest["step"].astype(int) if "step" in rest else pd.Series(-1, index=rest.index)
+    unit_has_steps = (step >= 0).groupby([rest["_gid"], win]).transform("all")
+    step = step.where(unit_has_steps, -1)
+    sig = (rest["op"].astype(str) + "/" + rest["bytes"].astype(str)).to_numpy()
+    codes = pd.factorize(sig)[0]
+    ends = rest["end_us"].to_numpy(dtype=float)
+    ranks = rest["rank"].to_numpy()
+    out = np.empty(len(rest), dtype=object)
+    units = pd.DataFrame({"g": rest["_gid"].to_numpy(), "w": win.to_numpy(),
+                          "s": step.to_numpy(), "r": ranks}).groupby(["g", "w", "s"]).indices
+    seqs = rest["seq"].to_numpy(dtype=np.int64)
+    for (g, w, st), idx in units.items():
+        by_rank: dict = {}
+        for i in idx.tolist():
+            by_rank.setdefault(ranks[i], []).append(i)
+        # each member's ops laid out by their place in its issue order: an op whose kernels
+        # were lost is a gap (-1) that matches nothing
+        laid = {r: _laid_out(np.array(rows), seqs, codes, ends) for r, rows in by_rank.items()}
+        ref = max(sorted(laid), key=lambda r: int((laid[r][0] >= 0).sum()))
+        for r, rows in by_rank.items():
+            a, a_end, pos = laid[r]
+            d = 0 if r == ref else _align(a, laid[ref][0], a_end, laid[ref][1])
+            for k, i in zip(pos.tolist(), rows):
+                out[i] = f"{g}:w{w}:s{st}:{k + d}"
+    return pd.Series(out, index=rest.index).reindex(rest.index)
 
-    Complete collectives join ranks into groups (union-find over their members); inside a group
-    each rank's offset is the median over its collectives of ``end − median end`` (everyone
-    leaves together), relative to the group's lowest rank. Groups that only point-to-point pairs
-    join are one clock when every pair's send and recv overlap in time. Returns
-    (``{rank: offset µs}`` relative to its group's lowest rank, ``{rank: collectives used}``,
-    ``{rank: clock set id}``, point-to-point pairs between groups)."""
+
+def _laid_out(rows: np.ndarray, seqs: np.ndarray, codes: np.ndarray, ends: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(codes, ends, positions)`` of one member's ops in a unit, indexed by position in its
+    issue order from the unit's first op (gaps: code -1, end NaN)."""
+    s = seqs[rows]
+    if len(np.unique(s)) < len(s):  # a repeated (unusable) sequence number: issue order
+        s = np.arange(len(s))
+    pos = s - s.min()
+    a = np.full(int(pos.max()) + 1, -1, dtype=np.int64)
+    e = np.full(len(a), np.nan)
+    a[pos] = codes[rows]
+    e[pos] = ends[rows]
+    return a, e, pos
+
+
+def _align(a: np.ndarray, b: np.ndarray, a_end: np.ndarray, b_end: np.ndarray) -> int:
+    """The shift ``d`` that pairs op ``i`` of one member with op ``i + d`` of the reference.
+
+    ``a``, ``b``: signature codes (op type and bytes) of the two sequences in issue order;
+    ``a_end``, ``b_end``: their end times (µs, each on its own clock). The shift with the most
+    equal signatures wins — a member whose records begin late or end early matches the
+    reference's middle, never by position alone; between shifts that match as many, the one
+    whose end-time differences are most constant (smallest median absolute deviation: members
+    leave a collective together, so on any two clocks the differences are one offset), then the
+    smallest ``|d|``."""
+    n, m = len(a), len(b)
+    if n == m and np.array_equal(a, b) and (a >= 0).all():
+        return 0
+    best: tuple | None = None
+    for d in range(-(n - 1), m):
+        lo, hi = max(0, -d), min(n, m - d)
+        if hi <= lo:
+            continue
+        same = (a[lo:hi] == b[lo + d:hi + d]) & (a[lo:hi] >= 0)
+        hits = int(same.sum())
+        if hits == 0:
+            continue
+        diff = a_end[lo:hi][same] - b_end[lo + d:hi + d][same]
+        diff = diff[np.isfinite(diff)]
+        spread = float(np.median(np.abs(diff - np.median(diff)))) if len(diff) else np.inf
+        score = (-hits, spread, abs(d))
+        if best is None or score < best[0]:
+            best = (score, d)
+    return 0 if best is None else best[1]
+
+
+def _link(ev: pd.DataFrame, complete: set, ranks: list[int]) -> dict[int, int]:
+    """``{rank: lowest rank it is linked to}``: complete collectives (release-together or
+    rooted) join their members (union-find); ranks nothing joins are their own."""
     parent = {r: r for r in ranks}
 
     def find(r):
@@ -213,42 +287,40 @@ def _clock_groups(ev: pd.DataFrame, complete: set, ranks: list[int]
         m = sorted(int(x) for x in members)
         for x in m[1:]:
             parent[find(x)] = find(m[0])
-    raw: dict[int, float] = {r: 0.0 for r in ranks}
-    used: dict[int, int] = {r: 0 for r in ranks}
-    if len(coll):
-        consensus = coll.groupby("instance")["end_us"].transform("median")
-        diff = (coll["end_us"] - consensus).groupby(coll["rank"])
-        med, size = diff.median(), diff.size()
-        for r in ranks:
-            raw[r] = float(med.get(r, 0.0))
-            used[r] = int(size.get(r, 0))
     comps: dict[int, list[int]] = {}
     for r in ranks:
         comps.setdefault(find(r), []).append(r)
-    root = {r: min(comps[find(r)]) for r in ranks}
-    within = {r: raw[r] - raw[root[r]] for r in ranks}
-    # groups that only point-to-point transfers join: a send and its recv run together, so on
-    # one clock their recorded intervals overlap. Groups whose every pair overlaps are taken as
-    # one clock (no offset is made up from transfer ends, which a mispaired transfer would
-    # skew); a pair that does not overlap says the clocks differ (or the pairing is off), and
-    # those groups are not compared.
+    return {r: min(comps[find(r)]) for r in ranks}
+
+
+def _p2p_links(ev: pd.DataFrame, complete: set, root: dict[int, int], model: ClockModel
+               ) -> tuple[dict[int, int], int]:
+    """Join the clock domains that only point-to-point pairs relate: a send and its recv run
+    together, so on one clock their recorded intervals overlap. Domains whose every pair
+    overlaps are taken as one clock (no offset is made up from transfer ends, which a
+    mispaired transfer would skew); a pair that does not overlap says the clocks differ (or the
+    pairing is off), and those domains are not compared.
+
+    Returns:
+        (``{rank: domain}``, point-to-point pairs between domains).
+    """
+    is_p2p = ev["instance"].astype(str).str.startswith("p2p:")
     pairs = ev[ev["instance"].isin(complete) & is_p2p]
     ok: dict[tuple[int, int], bool] = {}
     n_pairs = 0
     for _, g in pairs.groupby("instance"):
         if len(g) != 2:
             continue
-        rs = [int(r) for r in g["rank"]]
-        ca, cb = root[rs[0]], root[rs[1]]
+        rs = g["rank"].to_numpy()
+        ca, cb = root[int(rs[0])], root[int(rs[1])]
         if ca == cb:
             continue
         n_pairs += 1
-        st = [float(x) - within[r] for x, r in zip(g["start_us"], rs)]
-        en = [float(x) - within[r] for x, r in zip(g["end_us"], rs)]
-        overlap = max(st) <= min(en) + P2P_OVERLAP_SLACK_US
+        st = model.correct(rs, g["start_us"].to_numpy(dtype=float))
+        en = model.correct(rs, g["end_us"].to_numpy(dtype=float))
         key = (min(ca, cb), max(ca, cb))
-        ok[key] = ok.get(key, True) and overlap
-    linked = {}
+        ok[key] = ok.get(key, True) and bool(st.max() <= en.min() + P2P_OVERLAP_SLACK_US)
+    linked: dict[int, int] = {}
     for start in sorted(set(root.values())):
         if start in linked:
             continue
@@ -262,68 +334,85 @@ def _clock_groups(ev: pd.DataFrame, complete: set, ranks: list[int]
                     if other not in linked:
                         linked[other] = start
                         todo.append(other)
-    offset = {r: within[r] for r in ranks}
-    return offset, used, {r: linked[root[r]] for r in ranks}, n_pairs
+    return {r: linked[root[r]] for r in root}, n_pairs
 
 
-def _offsets(ev: pd.DataFrame, complete: set, hosts: dict[int, str]
-             ) -> tuple[pd.DataFrame, list[str], dict[int, int]]:
-    """Clock offsets (see :class:`SyncResult`) from the ends of complete instances (every
-    member leaves a collective when the last arrives; TensorBoard profiler plugin: align on
-    collective ends). Ranks on one host share one clock and one offset (the median over its
-    ranks); with every rank on one host nothing is subtracted. Hosts unknown: per rank, linked
-    through collectives, and one clock where only point-to-point pairs join ranks and every pair
-    overlaps in time (:func:`_clock_groups`); ranks nothing links to the lowest rank keep their
-    clock (offset 0), and a note says so.
+def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str]
+                 ) -> tuple[ClockModel, list[str]]:
+    """The clocks of the ranks (:mod:`pardiag.analyzer.analyses.clocks`): one offset and drift
+    per host where every rank's host is known (with one host, one clock: nothing subtracted),
+    else per rank, relative to the lowest rank of each clock domain and fitted over the ends of
+    complete release-together instances only. Ranks nothing links to the lowest rank keep their
+    clock, and a note says so.
 
     Returns:
-        (offsets table, notes, ``{rank: clock set}``: ranks in different sets have clocks that
-        nothing relates, so instances spanning two sets are not compared).
+        (the model, notes on it).
     """
     ranks = sorted(int(r) for r in ev["rank"].unique())
-    out = pd.DataFrame({"rank": ranks})
-    out["host"] = [hosts.get(r) for r in ranks]
     notes: list[str] = []
+    cols = ["rank", "offset_us", "drift_us_per_s", "drift_ci_us_per_s", "residual_us",
+            "instances", "host"]
     if not ranks:
-        return (pd.DataFrame(columns=["rank", "offset_us", "residual_us", "instances", "host"]),
-                notes, {})
-    offset, used, linked, n_pairs = _clock_groups(ev, complete, ranks)
-    out["instances"] = out["rank"].map(used).astype(int)
+        return ClockModel(pd.DataFrame(columns=cols), 0.0, {}, False), notes
     ref = ranks[0]
-    raw = out["rank"].map(offset).astype(float)
-    n_coll = ev.loc[ev["instance"].isin(complete)
-                    & ~ev["instance"].astype(str).str.startswith("p2p:"), "instance"].nunique()
+    t0 = float(np.nanmin(ev.loc[ev["rank"] == ref, "start_us"].to_numpy(dtype=float)))
+    root = _link(ev, complete, ranks)
+    rows = together_ends(ev, complete)
     known = all(hosts.get(r) for r in ranks)
-    if known:
-        by_host = raw.groupby(out["host"]).median()
-        off = out["host"].map(by_host) - by_host[hosts[ref]]
-        out["offset_us"] = off.astype(float)
-        out["residual_us"] = raw - out["offset_us"]
-        n_hosts = len(set(hosts[r] for r in ranks))
-        if n_hosts == 1:
-            notes.append(f"all {len(ranks)} ranks ran on one host ({hosts[ref]}): one clock, no "
-                         f"offset subtracted (collective ends differ by at most "
-                         f"{float(raw.abs().max()):.1f} µs there)")
-            linked = {r: 0 for r in ranks}
-        else:
-            notes.append(f"clock offsets of {n_hosts} hosts estimated from {n_coll} complete "
-                         f"collective instances; ranks on one host share one offset")
-    else:
-        out["offset_us"] = raw
-        out["residual_us"] = 0.0
-        if n_coll or n_pairs:
-            notes.append(f"hosts unknown: a clock offset per rank estimated from {n_coll} "
-                         f"complete collective instances"
-                         + (f"; {n_pairs} point-to-point pairs between ranks that no collective "
-                            f"joins checked for one clock" if n_pairs else ""))
-        apart = sorted(r for r in ranks if linked[r] != linked[ref])
-        if apart:
-            notes.append(f"no complete collective links rank(s) {apart[:8]}"
-                         f"{'...' if len(apart) > 8 else ''} to rank {ref}, and their "
-                         f"point-to-point transfers with it do not overlap in time as recorded "
-                         f"(other clocks, or transfers that cannot be paired): what they exchange "
-                         f"with it is not compared")
-    return out[["rank", "offset_us", "residual_us", "instances", "host"]], notes, linked
+    one_host = known and len({hosts[r] for r in ranks}) == 1
+    # one host is one clock; its ranks are still fitted one by one, to say how far apart the
+    # ends are there
+    unit = {r: hosts[r] for r in ranks} if known and not one_host else {r: r for r in ranks}
+    fit = fit_clocks(rows, unit, t0)
+    used = rows.groupby("rank")["instance"].nunique()
+    none = (0.0, 0.0, np.nan, 0.0, 0)
+    out = pd.DataFrame({"rank": ranks, "host": [hosts.get(r) for r in ranks]})
+    out["instances"] = out["rank"].map(used).fillna(0).astype(int)
+    a = np.array([fit.get(unit[r], none)[0] for r in ranks], dtype=float)
+    b = np.array([fit.get(unit[r], none)[1] for r in ranks], dtype=float)
+    a = np.nan_to_num(a)
+    # relative to the lowest rank of each domain (its own clock)
+    ref_of = [root[r] for r in ranks]
+    pos = {r: i for i, r in enumerate(ranks)}
+    out["offset_us"] = [a[i] - a[pos[q]] for i, q in enumerate(ref_of)]
+    out["drift_us_per_s"] = [b[i] - b[pos[q]] for i, q in enumerate(ref_of)]
+    out["drift_ci_us_per_s"] = [fit.get(unit[r], none)[2] for r in ranks]
+    out["residual_us"] = [fit.get(unit[r], none)[3] for r in ranks]
+    n_coll = rows["instance"].nunique()
+    applied = True
+    if one_host:
+        applied = False
+        out["residual_us"] = out["offset_us"]
+        out["offset_us"] = 0.0
+        out["drift_us_per_s"] = 0.0
+        notes.append(f"all {len(ranks)} ranks ran on one host ({hosts[ref]}): one clock, no "
+                     f"offset subtracted (collective ends differ by at most "
+                     f"{float(np.abs(out['residual_us']).max()):.1f} µs there)")
+        return ClockModel(out[cols], t0, {r: 0 for r in ranks}, applied), notes
+    model = ClockModel(out[cols], t0, dict(root), applied)
+    domain, n_pairs = _p2p_links(ev, complete, root, model)
+    model = dataclasses.replace(model, domain=domain)
+    what = "host" if known else "rank"
+    if n_coll or n_pairs:
+        notes.append(f"{'hosts known' if known else 'hosts unknown'}: a clock offset and drift "
+                     f"per {what} fitted (Theil–Sen) to the ends of {n_coll} complete "
+                     f"release-together collective instances"
+                     + (f"; {n_pairs} point-to-point pairs between ranks that no collective "
+                        f"joins checked for one clock" if n_pairs else ""))
+    drifting = out[out["drift_us_per_s"].abs() > 0]
+    if len(drifting):
+        worst = drifting.loc[drifting["drift_us_per_s"].abs().idxmax()]
+        notes.append(f"clock drift found on {len(drifting)} rank(s) (up to "
+                     f"{float(worst['drift_us_per_s']):+.1f} µs/s on rank {int(worst['rank'])}): "
+                     f"times corrected by offset and drift")
+    apart = sorted(r for r in ranks if domain[r] != domain[ref])
+    if apart:
+        notes.append(f"no complete collective links rank(s) {apart[:8]}"
+                     f"{'...' if len(apart) > 8 else ''} to rank {ref}, and their "
+                     f"point-to-point transfers with it do not overlap in time as recorded "
+                     f"(other clocks, or transfers that cannot be paired): separate clock "
+                     f"domains, never compared")
+    return model, notes
 
 
 def _hosts(traces: TraceSet) -> dict[int, str]:
@@ -351,14 +440,22 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     inst, inst_notes, n_multi = _count_instances(ev, present)
     notes.extend(inst_notes)
     hosts = _hosts(traces)
-    ev, inst, offsets, off_notes = _align_clocks(ev, inst, hosts)
+    ev, inst, clock, off_notes = _align_clocks(ev, inst, hosts)
     notes.extend(off_notes)
     inst = _instance_times(ev, inst, hosts)
+    head, head_note = _window_heads(ev, inst, _window_starts(traces), clock)
+    inst["head"] = head.to_numpy()
+    inst["evidence"] = inst["complete"] & ~inst["head"] & inst["semantics"].ne(UNKNOWN)
+    if head_note:
+        notes.append(head_note)
     per_rank, pr = _per_rank_waits(ev, inst)
     ranks = sorted(int(r) for r in ev["rank"].unique())
-    st, straggler = _stragglers(ranks, inst, pr, n_multi)
+    st, straggler = _stragglers(ranks, inst, pr[pr["evidence"].astype(bool)], n_multi)
+    noise = straggler_noise_note(st, straggler)
+    if noise:
+        notes.append(noise)
     bandwidth = _bandwidth_table(inst[inst["complete"]])
-    return SyncResult(offsets, inst.drop(columns=["group_size"]), per_rank, st, bandwidth,
+    return SyncResult(clock.table, inst.drop(columns=["group_size"]), per_rank, st, bandwidth,
                       matched_by, straggler, tuple(notes), _p2p_pairs(inst, pr))
 
 
@@ -410,7 +507,9 @@ def _count_instances(ev: pd.DataFrame, present: set[int]
         "pg": g["pg"].first(), "group": g["group"].first(), "seq": g["seq"].first(),
         "op": g["op"].first(), "ranks": g["rank"].nunique(), "step": g["step"].max(),
         "bytes": g["bytes"].max(), "group_size": g["group_size"].max(),
+        "root": g["root"].first() if "root" in ev else None,
     })
+    inst["semantics"] = inst["op"].map(semantics)
     is_p2p = inst.index.to_series().str.startswith("p2p:")
     members = inst["group"].map(lambda k: [int(x) for x in k.split("|")[0].split(",")] if k
                                 else None)
@@ -440,29 +539,30 @@ def _count_instances(ev: pd.DataFrame, present: set[int]
 
 
 def _align_clocks(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
-                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
-    """Estimate the clock offsets (:func:`_offsets`) from the complete instances of ``inst``
-    (:func:`_count_instances`) and correct the event times of ``ev`` by them.
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, ClockModel, list[str]]:
+    """Fit the clock model (:func:`_clock_model`) to the complete instances of ``inst``
+    (:func:`_count_instances`) and correct the event times of ``ev`` by it.
 
     Returns:
-        (``ev`` with ``start_us``/``end_us`` corrected and ``dur_us`` added (µs); ``inst`` with
-        ``complete`` False for instances whose members' clocks nothing relates; the offsets
-        table (:attr:`SyncResult.offsets`); notes on the clock model).
+        (``ev`` with ``start_us``/``end_us`` on the reference clock and ``dur_us`` added (µs);
+        ``inst`` with ``complete`` False for instances whose members' clocks nothing relates;
+        the model; notes on it).
     """
     complete = set(inst.index[inst["complete"]])
-    offsets, notes, clock_set = _offsets(ev, complete, hosts)
+    model, notes = _clock_model(ev, complete, hosts)
     # an instance whose members' clocks nothing relates cannot be compared
-    sets = ev.groupby("instance")["rank"].agg(lambda rs: len({clock_set[int(r)] for r in rs}))
+    sets = ev.groupby("instance")["rank"].agg(
+        lambda rs: len({model.domain.get(int(r), int(r)) for r in rs}))
     apart = set(sets.index[sets > 1])
     if apart:
         inst = inst.copy()
         inst.loc[inst.index.isin(apart), "complete"] = False
     ev = ev.copy()
-    off = ev["rank"].map(dict(zip(offsets["rank"], offsets["offset_us"]))).fillna(0.0)
-    ev["start_us"] = ev["start_us"] - off
-    ev["end_us"] = ev["end_us"] - off
+    rk = ev["rank"].to_numpy()
+    ev["start_us"] = model.correct(rk, ev["start_us"].to_numpy(dtype=float))
+    ev["end_us"] = model.correct(rk, ev["end_us"].to_numpy(dtype=float))
     ev["dur_us"] = ev["end_us"] - ev["start_us"]
-    return ev, inst, offsets, notes
+    return ev, inst, model, notes
 
 
 def _instance_times(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
@@ -472,11 +572,18 @@ def _instance_times(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
     ``ev``: the events on corrected clocks (:func:`_align_clocks`); ``inst``: the instances
     (:func:`_count_instances`), indexed by ``instance``.
 
+    ``last_rank`` is the rank the others waited for: the last to arrive at a release-together
+    op or a point-to-point pair; the root of a broadcast or scatter (members wait for the root
+    only; their ends follow the chain by design) and the last member of a reduce or gather
+    (the root waits for it). A rooted op's root is the one its record names, else the member
+    that finished first.
+
     Returns:
         the instances of more than one rank with ``instance`` a column again, in order of
         ``first_arrival_us``, with ``first_arrival_us``, ``arrival_skew_us``, ``transfer_us``
-        (µs), ``last_rank``, ``algbw_gbps``, ``busbw_gbps`` (GB/s; NaN when partial or without
-        bytes) and ``inter_node`` added (:attr:`SyncResult.instances`, plus ``group_size``).
+        (µs), ``last_rank``, ``root``, ``algbw_gbps``, ``busbw_gbps`` (GB/s; NaN when partial or
+        without bytes) and ``inter_node`` added (:attr:`SyncResult.instances`, plus
+        ``group_size``).
     """
     inst = inst.copy()
     g = ev.groupby("instance", sort=False)
@@ -485,6 +592,17 @@ def _instance_times(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
     inst["transfer_us"] = g["dur_us"].min()
     last_idx = g["start_us"].idxmax()
     inst["last_rank"] = ev.loc[last_idx.reindex(inst.index).values, "rank"].to_numpy()
+    rooted = inst["semantics"].eq(ROOTED)
+    if rooted.any():
+        first_end = ev.loc[g["end_us"].idxmin().reindex(inst.index).values, "rank"].to_numpy()
+        members = g["rank"].agg(lambda rs: {int(r) for r in rs}).reindex(inst.index)
+        root = [int(r) if pd.notna(r) and int(r) in m else int(fe)
+                for r, m, fe in zip(inst["root"], members, first_end)]
+        inst["root"] = np.where(rooted, root, None)
+        from_root = rooted & inst["op"].isin(FROM_ROOT)
+        inst.loc[from_root, "last_rank"] = inst.loc[from_root, "root"].astype("int64")
+    else:
+        inst["root"] = None
     inst = inst[inst["ranks"] > 1].copy()
     n = inst["group_size"].where(inst["group_size"].notna(), inst["ranks"]).astype(float)
     seconds = inst["transfer_us"] / 1e6
@@ -502,29 +620,121 @@ def _instance_times(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
     return inst
 
 
+#: Traces of one window that start further apart than this (µs, on the reference clock) say a
+#: profiler opened late: the first step after every rank has started is left out of waits too.
+HEAD_SKEW_US = 1000.0
+
+
+def _window_starts(traces: TraceSet) -> dict[int, list[float]]:
+    """``{rank: [start µs of each profiling window]}`` on each rank's own clock: its first
+    profiler step or its first recorded work, whichever is earlier (the window starts of a rank
+    loaded from several files), alike from a summary or from the events."""
+    out: dict[int, list[float]] = {}
+    for r, t in traces.ranks.items():
+        if t.windows:
+            out[int(r)] = [float(w[0]) for w in t.windows]
+            continue
+        start = rank_breakdown_rows(t)[0].get("start_us")
+        steps = (t.summary.steps if t.summary is not None and not t.events_loaded
+                 else profiler_steps(t, classify(t, ())))
+        firsts = [float(x) for x in (start, steps["start_us"].min() if len(steps) else None)
+                  if x is not None and np.isfinite(x)]
+        if firsts:  # its first profiler step, or its first recorded work before that
+            out[int(r)] = [min(firsts)]
+    return out
+
+
+def _window_heads(ev: pd.DataFrame, inst: pd.DataFrame, starts: dict[int, list[float]],
+                  clock: ClockModel) -> tuple[pd.Series, str | None]:
+    """Which instances sit at a window's head: before every rank's trace of that profiling
+    window has started, and — where the traces start more than :data:`HEAD_SKEW_US` apart (a
+    rank whose profiler opened late arrives late at its first collectives, which says nothing
+    about its speed) — the first profiler step after that (the whole step where every event
+    has a step; else each group's first instance after).
+
+    ``ev``: the events on the reference clock; ``inst``: :func:`_instance_times`; ``starts``:
+    :func:`_window_starts`; ``clock``: the clock model that put ``ev`` on the reference clock.
+
+    Returns:
+        (a boolean Series aligned with ``inst``; a note when any instance is left out).
+    """
+    head = pd.Series(False, index=inst.index)
+    if inst.empty:
+        return head, None
+    window = ev.groupby("instance")["window"].first()
+    inst_win = inst["instance"].map(window).fillna(0).astype(int)
+    skewed = 0.0
+    for w, sub in ev.groupby("window"):
+        ranks = sorted(int(r) for r in sub["rank"].unique())
+        own = [starts.get(r, [])[int(w)] if int(w) < len(starts.get(r, [])) else np.nan
+               for r in ranks]
+        t0 = clock.correct(np.array(ranks), np.array(own, dtype=float))
+        t0 = np.where(np.isfinite(t0), t0, sub.groupby("rank")["start_us"].min()
+                      .reindex(ranks).to_numpy())
+        t_all, spread = float(np.max(t0)), float(np.max(t0) - np.min(t0))
+        mine = inst_win.eq(int(w))
+        early = mine & (inst["first_arrival_us"] < t_all)
+        after = pd.Series(False, index=inst.index)
+        if spread > HEAD_SKEW_US:
+            skewed = max(skewed, spread)
+            steps = sub.loc[sub["step"] >= 0].groupby("rank")["step"].min()
+            if (sub["step"] >= 0).all() and len(steps) == len(ranks):
+                after = mine & (inst["step"] <= int(steps.max()))
+            else:
+                rows = inst[mine & ~early].sort_values("first_arrival_us")
+                keys = rows["group"].astype(str) + "|" + rows["pg"].astype(str)
+                after = pd.Series(inst.index.isin(rows.index[~keys.duplicated()]),
+                                  index=inst.index)
+        head |= early | after
+    n = int((head & inst["complete"]).sum())
+    note = None
+    if n:
+        note = (f"{n} complete collective instance(s) at the head of a profiling window kept out "
+                f"of waits and stragglers: before every rank's trace had started"
+                + (f", and the first step after (the traces start {skewed / 1e3:.1f} ms apart: a "
+                   f"rank whose profiler opened late is late there without being slow)"
+                   if skewed else ""))
+    return head, note
+
+
 def _per_rank_waits(ev: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each rank's time at each instance of :func:`_instance_times`.
 
-    ``ev``: the events on corrected clocks (:func:`_align_clocks`).
+    ``ev``: the events on corrected clocks (:func:`_align_clocks`). A member of a
+    release-together op or a point-to-point pair waits from its arrival to the last arrival
+    (what it took beyond the fastest member's duration, the transfer, is its wait: TensorBoard
+    profiler plugin); a member of a broadcast or scatter waits from its arrival to the root's;
+    the root of a reduce or gather to the last member's.
 
     Returns:
         (:attr:`SyncResult.per_rank`: ``instance``, ``rank``, ``start_us``, ``end_us``,
-        ``dur_us``, ``wait_us``, ``arrival_delay_us`` (µs); the rows of complete instances with
-        every column of ``ev`` plus ``transfer_us``, ``first_arrival_us``, ``last_rank``,
-        ``complete``, ``wait_us``, ``arrival_delay_us`` and ``wait_until_us`` (the last arrival,
-        µs)).
+        ``dur_us``, ``wait_us``, ``arrival_delay_us`` (µs), ``evidence``; the rows of complete
+        instances with every column of ``ev`` plus ``transfer_us``, ``first_arrival_us``,
+        ``last_rank``, ``complete``, ``evidence``, ``wait_us``, ``arrival_delay_us`` and
+        ``wait_until_us`` (the arrival waited for, µs)).
     """
     pr = ev[ev["instance"].isin(inst["instance"])].copy()
-    pr = pr.merge(inst[["instance", "transfer_us", "first_arrival_us", "last_rank", "complete"]],
+    pr = pr.merge(inst[["instance", "transfer_us", "first_arrival_us", "last_rank", "complete",
+                        "semantics", "root", "evidence"]].rename(columns={"root": "_root"}),
                   on="instance")
     pr["wait_us"] = pr["dur_us"] - pr["transfer_us"]
     pr["arrival_delay_us"] = pr["start_us"] - pr["first_arrival_us"]
-    # Waiting = from a rank's arrival to the last arrival. Aggregates take the union of those
-    # intervals, so collectives in flight at the same time (DDP buckets) are not counted twice.
+    # Waiting = from a rank's arrival to the arrival it waits for. Aggregates take the union of
+    # those intervals, so collectives in flight at the same time (DDP buckets) count once.
     pr["wait_until_us"] = pr.groupby("instance")["start_us"].transform("max")
+    rooted = pr["semantics"].eq(ROOTED).to_numpy()
+    if rooted.any():
+        is_root = (pr["rank"] == pr["_root"]).to_numpy()
+        root_start = pr["start_us"].where(is_root).groupby(pr["instance"]).transform("max")
+        from_root = rooted & pr["op"].isin(FROM_ROOT).to_numpy()
+        until = np.where(from_root & ~is_root, np.maximum(pr["start_us"], root_start),
+                         pr["start_us"])
+        until = np.where(rooted & ~from_root & is_root, pr["wait_until_us"], until)
+        pr["wait_until_us"] = np.where(rooted, until, pr["wait_until_us"])
+        pr["wait_us"] = np.where(rooted, pr["wait_until_us"] - pr["start_us"], pr["wait_us"])
     per_rank = pr[["instance", "rank", "start_us", "end_us", "dur_us", "wait_us",
-                   "arrival_delay_us"]].reset_index(drop=True)
-    return per_rank, pr[pr["complete"]]
+                   "arrival_delay_us", "evidence"]].reset_index(drop=True)
+    return per_rank, pr[pr["complete"].astype(bool)].drop(columns="_root")
 
 
 def _waited(rows: pd.DataFrame) -> float:
@@ -566,7 +776,7 @@ def _stragglers(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_multi:
     for (last, _), v in caused.items():
         total_caused[last] = total_caused.get(last, 0.0) + v
     st["wait_caused_us"] = st["rank"].map(total_caused).fillna(0.0)
-    done = inst[inst["complete"]]
+    done = inst[inst["evidence"]] if "evidence" in inst else inst[inst["complete"]]
     st["last_arrivals"] = st["rank"].map(done["last_rank"].value_counts()).fillna(0).astype(int)
     top: dict[int, tuple[int, float]] = {}
     for (last, step), v in caused.items():
@@ -578,9 +788,46 @@ def _stragglers(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_multi:
     st = st.sort_values(["wait_caused_us", "rank"], ascending=[False, True]).reset_index(drop=True)
     if done.empty and n_multi:
         st = st.iloc[:0]
-    straggler = (int(st["rank"].iloc[0]) if len(st)
-                 and float(st["wait_caused_us"].iloc[0]) >= STRAGGLER_MIN_WAIT_US else None)
+    straggler = None
+    n_steps = max(1, int(done["step"].nunique())) if len(done) else 1
+    if len(st) and float(st["wait_caused_us"].iloc[0]) >= STRAGGLER_MIN_WAIT_US * n_steps:
+        top = float(st["wait_caused_us"].iloc[0])
+        second = float(st["wait_caused_us"].iloc[1]) if len(st) > 1 else 0.0
+        # consistent: far ahead of the next rank, last at most of the ops it joins, and what
+        # each waiting rank loses per step is a share of the step that matters
+        per_waiter = top / n_steps / max(1, len(ranks) - 1)
+        if (top >= STRAGGLER_DOMINANCE * second and st["last_arrivals"].iloc[0]
+                >= STRAGGLER_LAST_SHARE * max(1, int(st["instances"].iloc[0]))
+                and per_waiter >= STRAGGLER_MIN_STEP_SHARE * _step_span(done)):
+            straggler = int(st["rank"].iloc[0])
     return st, straggler
+
+
+def _step_span(done: pd.DataFrame) -> float:
+    """Median over profiler steps of the time the instances of ``done`` span (first arrival to
+    last end, µs on the reference clock): the step as the collectives see it."""
+    if done.empty:
+        return 0.0
+    end = done["first_arrival_us"] + done["arrival_skew_us"] + done["transfer_us"]
+    g = pd.DataFrame({"step": done["step"], "lo": done["first_arrival_us"], "hi": end})
+    spans = g.groupby("step").agg(lo=("lo", "min"), hi=("hi", "max"))
+    return float((spans["hi"] - spans["lo"]).median())
+
+
+def straggler_noise_note(st: pd.DataFrame, straggler: int | None) -> str | None:
+    """A note when waiting was caused but nobody is named because it is spread over the ranks
+    (:data:`STRAGGLER_DOMINANCE`); ``st``: :attr:`SyncResult.stragglers`."""
+    if straggler is not None or len(st) < 2:
+        return None
+    top, second = (float(x) for x in st["wait_caused_us"].iloc[:2])
+    if top < STRAGGLER_MIN_WAIT_US:
+        return None
+    return (f"no straggler named: the waiting is spread over the ranks or too small (rank "
+            f"{int(st['rank'].iloc[0])} causes {top:.0f} µs, rank {int(st['rank'].iloc[1])} "
+            f"{second:.0f} µs; a straggler causes {STRAGGLER_DOMINANCE:g}× the next rank's, at "
+            f"least {STRAGGLER_MIN_WAIT_US:g} µs per step and {STRAGGLER_MIN_STEP_SHARE:.0%} of "
+            f"the step per waiting rank, and arrives last at {STRAGGLER_LAST_SHARE:.0%} of its "
+            f"ops or more: this is inside the noise)")
 
 
 def _bandwidth_table(done: pd.DataFrame) -> pd.DataFrame:

@@ -126,6 +126,7 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
     # cores), so slower ops alone are contention, not a slow rank
     st = sync.stragglers.iloc[0]
     if (not pipeline and st["instances"] >= 3
+            and getattr(sync, "straggler", int(st["rank"])) == int(st["rank"])
             and st["last_arrivals"] >= STRAGGLER_LAST_SHARE * st["instances"]
             and st["wait_caused_us"] >= STRAGGLER_RATIO * st["wait_suffered_us"]
             and st["wait_caused_us"] > 0):

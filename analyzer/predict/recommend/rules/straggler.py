@@ -26,6 +26,8 @@ def _idle_waits(traces: TraceSet, sync, last: int, waiting: list[int]) -> dict[i
     such as a DDP bucket, is waited for while the backward goes on)."""
     inst = sync.instances[["instance", "last_rank"]]
     pr = sync.per_rank.merge(inst, on="instance")
+    if "evidence" in pr:  # a window's head and ops of unknown kind say nothing of lateness
+        pr = pr[pr["evidence"].astype(bool)]
     pr = pr.assign(until=pr.groupby("instance")["start_us"].transform("max"))
     pr = pr[(pr["last_rank"] == last) & pr["rank"].isin(waiting)]
     offsets = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))

@@ -1,0 +1,136 @@
+"""A parallel layout that is a device mesh: dimensions from the process groups' descriptions,
+accepted only when they partition the ranks and their degrees multiply to the world.
+
+Candidate dimensions come from the groups' descriptions in ``distributedInfo.pg_config``:
+torchtitan's and DeviceMesh's ``mesh_<dim>`` (with the flattened ``mesh_dp`` and
+``mesh_dp_shard_cp`` it synthesizes for data loading and loss reduction), Megatron-LM's
+``DATA_PARALLEL_GROUP``, ``TENSOR_MODEL_PARALLEL_GROUP``, ``PIPELINE_MODEL_PARALLEL_GROUP``,
+``EXPERT_MODEL_PARALLEL_GROUP``, ``CONTEXT_PARALLEL_GROUP`` (their ``*_GLOO`` twins are the same
+ranks on another backend). A description is a dimension only when its groups all have one size
+and are disjoint (a partition of the ranks it covers); one whose every group is the span of
+other accepted dimensions' groups (torchtitan's ``mesh_dp`` = ``dp_replicate`` × ``dp_shard``,
+Megatron's ``MODEL_PARALLEL_GROUP`` = tp × pp) is their product, not a further dimension.
+Dimensions that name one canonical dimension multiply (``dp_replicate`` × ``dp_shard`` is dp).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+#: ``mesh_<name>`` → canonical dimension (DeviceMesh dimension names seen in torchtitan and
+#: torch's own examples; flattened names such as ``dp_shard_cp`` take their first part).
+MESH_ALIASES = {"dp": "dp", "data": "dp", "dp_shard": "dp", "dp_replicate": "dp",
+                "fsdp": "dp", "ddp": "dp", "hsdp": "dp", "replicate": "dp", "shard": "dp",
+                "tp": "tp", "tensor": "tp", "sp": "tp", "pp": "pp", "pipe": "pp",
+                "pipeline": "pp", "ep": "ep", "expert": "ep", "moe": "ep", "cp": "cp",
+                "context": "cp", "dp_cp": "dp", "dp_shard_cp": "dp", "dp_shard_mod_ep": "dp",
+                "dp_shard_in_ep": "ep", "etp": "tp"}
+#: Megatron-LM's group names (megatron/core/parallel_state.py) → canonical dimension; None for
+#: groups that are no dimension of the mesh (embedding groups hold the first and last stages).
+MEGATRON_GROUPS = {"DATA_PARALLEL_GROUP": "dp", "DATA_PARALLEL_GROUP_WITH_CP": "dp",
+                   "TENSOR_MODEL_PARALLEL_GROUP": "tp", "PIPELINE_MODEL_PARALLEL_GROUP": "pp",
+                   "EXPERT_MODEL_PARALLEL_GROUP": "ep", "CONTEXT_PARALLEL_GROUP": "cp",
+                   "MODEL_PARALLEL_GROUP": "tp", "TENSOR_AND_DATA_PARALLEL_GROUP": "dp",
+                   "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp",
+                   "EMBEDDING_GROUP": None, "POSITION_EMBEDDING_GROUP": None}
+_MEGATRON_RE = re.compile(r"^(?:mcore_)?([A-Z_]+?)(?:_GLOO)?$")
+
+
+def dim_of(desc: str | None) -> str | None:
+    """The canonical dimension (``dp``, ``tp``, ``pp``, ``ep``, ``cp``) a group description
+    names, or None (``default_pg``, an embedding group, a name of no known family)."""
+    if not desc:
+        return None
+    d = str(desc).strip()
+    if d.startswith("mesh_"):
+        key = d[len("mesh_"):].lower()
+        return MESH_ALIASES.get(key, MESH_ALIASES.get(key.split("_")[0]))
+    m = _MEGATRON_RE.match(d)
+    if m and m.group(1) in MEGATRON_GROUPS:
+        return MEGATRON_GROUPS[m.group(1)]
+    return None
+
+
+def family(desc: str) -> str:
+    """A description without a ``_GLOO`` suffix: the gloo twin of a group is the same group."""
+    return desc[:-len("_GLOO")] if desc.endswith("_GLOO") else desc
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    """Dimensions found by :func:`mesh_dims`.
+
+    Attributes:
+        dims: ``{canonical dim: degree}`` (products of the accepted descriptions' sizes).
+        descs: ``{canonical dim: "description, ..."}`` of the accepted descriptions.
+        member: ``{rank: {canonical dim: its group's ranks}}`` (the first accepted description
+            of that dimension holding the rank).
+        notes: one line per description left out, and why.
+    """
+
+    dims: dict
+    descs: dict
+    member: dict
+    notes: tuple[str, ...]
+
+
+def _span(r: int, basis: list[dict], ranks_of: dict) -> frozenset:
+    """The ranks reachable from ``r`` moving along the groups of ``basis`` (each
+    ``{rank: frozenset}``)."""
+    seen, todo = {r}, [r]
+    while todo:
+        x = todo.pop()
+        for g in basis:
+            for y in g.get(x, ()):
+                if y not in seen:
+                    seen.add(y)
+                    todo.append(y)
+    return frozenset(seen)
+
+
+def mesh_dims(groups: list[tuple[str, list[int]]]) -> Mesh:
+    """The mesh the described groups form.
+
+    ``groups``: ``(description, ranks)`` of every group the traces list (repeats allowed).
+
+    Returns:
+        :class:`Mesh`; degree-1 dimensions are kept out.
+    """
+    by_desc: dict[str, dict[int, frozenset]] = {}
+    notes: list[str] = []
+    for desc, ranks in groups:
+        if dim_of(desc) is None or not ranks:
+            continue
+        g = frozenset(int(r) for r in ranks)
+        by_desc.setdefault(family(desc), {}).update({r: g for r in g})
+    cands = []
+    for desc, gmap in by_desc.items():
+        distinct = set(gmap.values())
+        sizes = {len(g) for g in distinct}
+        if len(sizes) != 1 or sum(len(g) for g in distinct) != len(gmap):
+            notes.append(f"groups described as {desc} are not one partition of the ranks "
+                         f"(sizes {sorted(sizes)}): not a mesh dimension")
+            continue
+        cands.append((sizes.pop(), desc, gmap))
+    basis: list[tuple[int, str, dict]] = []
+    for size, desc, gmap in sorted(cands, key=lambda c: (c[0], c[1])):
+        if size == 1:
+            continue
+        inside = [b for b in basis if all(b[2].get(r, frozenset({r})) <= g
+                                          for r, g in gmap.items())]
+        if inside and all(_span(r, [b[2] for b in inside], gmap) == g for r, g in gmap.items()):
+            notes.append(f"{desc} ({size} ranks) is the product of "
+                         f"{' × '.join(b[1] for b in inside)}: not a further dimension")
+            continue
+        basis.append((size, desc, gmap))
+    dims: dict[str, int] = {}
+    descs: dict[str, list[str]] = {}
+    member: dict[int, dict[str, list[int]]] = {}
+    for size, desc, gmap in basis:
+        dim = dim_of(desc)
+        dims[dim] = dims.get(dim, 1) * size
+        descs.setdefault(dim, []).append(desc)
+        for r, g in gmap.items():
+            member.setdefault(r, {}).setdefault(dim, sorted(g))
+    return Mesh(dims, {d: ", ".join(v) for d, v in descs.items()}, member, tuple(notes))

@@ -1,0 +1,152 @@
+"""How often the cross-rank conclusions are right on traces whose truth is known.
+
+Draws random jobs from the ground-truth generator (:mod:`benchmarks.multirank_gen`: every kind ×
+metadata level), analyses each with pardiag in-process and judges, per job:
+
+* ``straggler``: the report's ``sync.straggler`` is the planted slow rank, or None when nobody
+  was planted (profiler-start skew, clock offsets and drift are never a straggler);
+* ``offsets``: every rank's ``clock_offsets[].offset_us`` (relative to rank 0) within
+  :data:`OFFSET_TOL_US` of the truth — judged only where a clock differs (other hosts), since
+  ranks of one host share one clock;
+* ``layout``: ``layout.dims`` (degree > 1; FSDP counts as dp) equal the mesh, judged on meshes of
+  two or more dimensions whose groups the traces describe (metadata ``seq`` and ``names``) in a
+  naming that says their dimension (DeviceMesh/torchtitan ``mesh_*``, Megatron-LM);
+* ``counts``: every rank's issued-op count per collective type equals the truth.
+
+Usage::
+
+    python -m benchmarks.cross_rank_accuracy --jobs 1000 --seed 0 [--out FILE.md]
+
+prints one row per kind and metadata level (share right of each judged metric) and the jobs that
+failed (kind, metadata, seed: each can be rerun with ``--only KIND:META:SEED``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import platform
+import random
+import re
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks.multirank_gen import KINDS, METADATA, Truth, generate, random_job
+
+#: Offsets are right within this (µs), the cross-rank model's goal.
+OFFSET_TOL_US = 20.0
+METRICS = ("straggler", "offsets", "layout", "counts")
+
+
+def analyse(folder: Path, truth: Truth) -> dict:
+    """pardiag's JSON report of a generated job (in-process, no cache)."""
+    from pardiag.analyzer.report.registry import AnalysisOptions, build_report, report_json
+    from pardiag.analyzer.trace import load_traces
+
+    pats = (re.compile(truth.comm_kernel_regex),) if truth.comm_kernel_regex else ()
+    traces = load_traces(folder, cache=False)
+    return report_json(build_report(traces, AnalysisOptions(comm_patterns=pats)))
+
+
+def judge(truth: Truth, doc: dict, metadata: str) -> dict[str, bool | None]:
+    """``{metric: right?}`` for one job (None: not judged for this job); see the module."""
+    sync = doc.get("sync") or {}
+    out: dict[str, bool | None] = {"straggler": sync.get("straggler") == truth.straggler}
+    offs = {int(o["rank"]): float(o.get("offset_us") or 0.0)
+            for o in sync.get("clock_offsets") or []}
+    hosts = set(truth.hosts.values())
+    if len(hosts) > 1:
+        base = offs.get(0, 0.0)
+        out["offsets"] = all(abs(offs.get(r, 0.0) - base - v) <= OFFSET_TOL_US
+                             for r, v in truth.offset_us.items())
+    else:
+        out["offsets"] = None
+    want = {("dp" if k == "fsdp" else k): v for k, v in truth.layout.items() if v != 1}
+    if metadata in ("seq", "names") and len(want) > 1 and re.search(
+            r"pg naming (mesh|torchtitan|megatron)", truth.notes, re.I):
+        # judged where the traces describe the groups in a naming that says their dimension
+        got = {k: v for k, v in ((doc.get("layout") or {}).get("dims") or {}).items() if v != 1}
+        out["layout"] = got == want
+    else:
+        out["layout"] = None
+    counts_ok = True
+    for r in doc.get("ranks") or []:
+        got = {c["collective"]: c["count"] for c in r.get("collectives") or []}
+        want = truth.counts.get(int(r["rank"]), {})
+        if any(got.get(op, 0) != n for op, n in want.items() if n):
+            counts_ok = False
+    out["counts"] = counts_ok
+    return out
+
+
+def run_one(kind: str, metadata: str, seed: int) -> tuple[dict, Truth]:
+    """Generate and judge one job (:func:`judge`)."""
+    job = random_job(random.Random(seed), kind=kind, metadata=metadata)
+    with tempfile.TemporaryDirectory() as tmp:
+        truth = generate(job, tmp)
+        return judge(truth, analyse(Path(tmp), truth), metadata), truth
+
+
+def _table(results: dict) -> list[str]:
+    lines = ["| kind | metadata | jobs | " + " | ".join(METRICS) + " |",
+             "|---|---|---|" + "---|" * len(METRICS)]
+    for (kind, meta), rows in sorted(results.items()):
+        cells = []
+        for m in METRICS:
+            judged = [r[m] for r in rows if r.get(m) is not None]
+            cells.append(f"{sum(judged)}/{len(judged)}" if judged else "–")
+        lines.append(f"| {kind} | {meta} | {len(rows)} | " + " | ".join(cells) + " |")
+    tot = []
+    for m in METRICS:
+        judged = [r[m] for rows in results.values() for r in rows if r.get(m) is not None]
+        tot.append(f"{100 * sum(judged) / len(judged):.1f}% ({sum(judged)}/{len(judged)})"
+                   if judged else "–")
+    lines.append("| **all** | | " + str(sum(len(v) for v in results.values())) + " | "
+                 + " | ".join(tot) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", help="KIND:META:SEED, one job")
+    ap.add_argument("--out", type=Path, help="write the table (markdown) here too")
+    a = ap.parse_args(argv)
+    if a.only:
+        kind, meta, seed = a.only.split(":")
+        res, truth = run_one(kind, meta, int(seed))
+        print(res, dataclasses.replace(truth, files=[]))
+        return 0
+    rng = random.Random(a.seed)
+    results: dict = defaultdict(list)
+    failed = []
+    t0 = time.time()
+    for i in range(a.jobs):
+        kind, meta = KINDS[i % len(KINDS)], METADATA[(i // len(KINDS)) % len(METADATA)]
+        seed = rng.randrange(1 << 30)
+        try:
+            res, _ = run_one(kind, meta, seed)
+        except Exception as exc:  # a crash is a wrong answer on every metric
+            res = {m: False for m in METRICS}
+            res["error"] = f"{type(exc).__name__}: {exc}"
+        results[(kind, meta)].append(res)
+        bad = [m for m in METRICS if res.get(m) is False]
+        if bad:
+            failed.append(f"{kind}:{meta}:{seed} {','.join(bad)} {res.get('error', '')}")
+    lines = [f"{a.jobs} jobs, seed {a.seed}, {time.time() - t0:.0f} s; "
+             f"{platform.processor() or platform.machine()}, Python {platform.python_version()}",
+             "", *_table(results), "", "Failed jobs (kind:metadata:seed metrics):",
+             *[f"- {f}" for f in failed]]
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        a.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1244 @@
+"""Ground-truth generator of multi-rank Kineto (PyTorch profiler) traces.
+
+`generate(job, out_dir)` simulates a distributed training job in true time (µs) and writes one
+Chrome-trace JSON file per rank (and per profiling window), as the PyTorch profiler / Kineto
+would, together with the `Truth` of what was planted. `random_job(rng, kind, metadata)` draws a
+valid job of one of `KINDS`.
+
+What is modelled
+----------------
+* Each rank runs its step program on a compute stream and on communication streams (one main
+  comm stream, one per peer and direction for point-to-point). A CPU thread runs ahead of the GPU
+  and launches every kernel (`cudaLaunchKernel` / `hipLaunchKernel` / `urEnqueueKernelLaunch`
+  with `correlation`; kernel and launch share `correlation` and `External id`; an `ac2g` flow
+  pair joins them), blocking only on the synchronisation at the end of each step.
+* Collectives (Kineto trace format: `record_param_comms` args, `distributedInfo.pg_config`,
+  `ProfilerStep#N` user annotations). A member's kernel starts when its stream reaches it.
+  Release-together ops (all_reduce, all_gather, reduce_scatter, all_to_all) end on every member
+  at max(arrivals) + transfer. Rooted broadcasts end on the root first and one hop later on each
+  next rank of the chain (TraceLens#22). send/recv end together at max(arrivals) + transfer.
+  transfer = latency + S / algbw with algbw = busbw / factor, the bus-bandwidth factors of
+  nccl-tests doc/PERFORMANCE.md (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all
+  (n-1)/n; broadcast, send/recv 1), busbw lower across hosts.
+* One `all_to_all_single` on NCCL launches group-size `ncclDevKernel_SendRecv` kernels in sequence
+  (kineto#1380); the op spans its first kernel's start to its last kernel's end.
+* Coalesced DP reductions: per member op a `record_param_comms` (sharing one `Seq`) without a
+  launch, then one `nccl:coalesced` op launching one kernel per member, kernels carrying no
+  comm metadata (chakra#178). Counting: **every member all_reduce counts as one issued
+  all_reduce** (a block of 3 buckets is 3 all_reduces, each with its own byte size and kernel).
+* NCCL <= 2.13 kernel names, where an all_reduce may run as a `...SendRecv...` kernel and only
+  the launching CPU op `nccl:all_reduce` tells the op (NCCL#714, RCCL#505); RCCL's
+  `ncclDevKernel_Generic` (ROCm/roctracer#101); Intel XPU oneCCL kernels on SYCL queues; custom
+  comm kernel names (matched by `Truth.comm_kernel_regex`).
+* Clocks: recorded(t) = t + host offset + drift * t / 1e6 (t from the job start); ranks of one
+  host share a clock. With `gpu_only_drift` only GPU timestamps drift, CPU ones keep the offset
+  (Kineto converts GPU timestamps with one offset taken at start, kineto#1082).
+* Profiler-start skew: the rank starts (and its trace opens) late, so the others wait at the
+  first collective; it is not a straggler. Dropped kernels: CUPTI buffer loss, the kernel event
+  vanishes while its CPU ops and launch remain (pytorch#192021).
+* Pipelines (GPipe, 1F1B, interleaved with 2 chunks per rank in breadth-first "looped" order)
+  over send/recv; the bubble (Narayanan et al., SC'21: (p-1)/(m+p-1)) is measured on the
+  simulated timeline.
+* Metadata levels: "seq" (newest torch: `Seq`, group ranks, comm args copied onto kernels),
+  "names" (group names/descriptions and sizes, no Seq/ranks), "none" (no record_param_comms,
+  no pg_config), "records" (a pardiag run folder: the "none" trace gzipped as
+  `rank{R}.trace.json.gz` plus `pardiag/run.json`, `pardiag/rank{R}.meta.json` and
+  `pardiag/rank{R}.comms.json` with every collective and p2p op: group, seq, bytes,
+  issue/start/end on the rank's trace clock).
+
+Not modelled: the gloo backend (`backend="gloo"` raises NotImplementedError), memory events,
+CPU-bound phases, torchtitan's flattened meshes.
+
+Run `python -m benchmarks.multirank_gen --smoke DIR` to write one job of every kind x metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+try:  # orjson when available: faster, same output
+    import orjson
+except ImportError:  # pragma: no cover
+    orjson = None
+
+KINDS: tuple[str, ...] = (
+    "lockstep", "straggler", "clock_offset", "drift", "start_skew", "dropped",
+    "multi_kernel_a2a", "coalesced", "old_nccl", "rccl", "xpu_oneccl", "custom_kernel",
+    "rooted_broadcast", "pipeline", "windows", "mesh_layout",
+)
+METADATA: tuple[str, ...] = ("records", "seq", "names", "none")
+OPS: tuple[str, ...] = (
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
+RELEASE_TOGETHER = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+SCHEDULES = ("ddp", "fsdp", "tp", "pp_gpipe", "pp_1f1b", "pp_interleaved", "ep")
+BASE_US = 1_700_000_000_000_000.0
+ELEM = 2  # bf16
+
+
+@dataclass
+class Job:
+    """A simulated job. `steps` is the number of recorded steps per profiling window.
+    Extra knobs beyond the brief: `broadcasts_per_step` (rooted broadcasts from the DP/world
+    group's first rank at each step's start) and `compute_scale` (multiplies compute time; long
+    steps make drift visible)."""
+    mesh: dict[str, int]
+    schedule: str
+    steps: int = 4
+    microbatches: int = 4
+    ranks_per_host: int = 8
+    slow_ranks: dict[int, float] = field(default_factory=dict)
+    host_offset_us: dict[int, float] = field(default_factory=dict)
+    host_drift_us_per_s: dict[int, float] = field(default_factory=dict)
+    gpu_only_drift: bool = False
+    start_skew_us: dict[int, float] = field(default_factory=dict)
+    metadata: str = "seq"
+    kernels: str = "nccl"
+    coalesced: bool = False
+    drop: dict[int, list[int]] = field(default_factory=dict)
+    windows: int = 1
+    jitter_us: float = 0.0
+    seed: int = 0
+    backend: str = "gpu"
+    broadcasts_per_step: int = 0
+    compute_scale: float = 1.0
+
+
+@dataclass
+class Truth:
+    """What `generate` planted. `counts` counts every op the program issued in the recorded
+    windows (a coalesced block of k all_reduces counts k; a multi-kernel all_to_all counts once;
+    ops whose kernels were dropped still count). `algbw_gbps` is given for release-together
+    types with one size and one transfer time; `bubble` is measured on the simulated timeline
+    (idle share of the F/B span of each pipeline group's step, averaged over stages and steps)."""
+    world: int
+    layout: dict[str, int]
+    hosts: dict[int, int]
+    offset_us: dict[int, float]
+    drift_us_per_s: dict[int, float]
+    straggler: int | None
+    counts: dict[int, dict[str, int]]
+    bytes: dict[str, list[int]]
+    algbw_gbps: dict[str, float]
+    bubble: float | None
+    comm_kernel_regex: str | None
+    files: list[str]
+    notes: str
+
+
+# --------------------------------------------------------------------------------------------
+# Mesh and process groups
+
+
+def _dims(job: Job) -> list[tuple[str, int]]:
+    return [(d, int(n)) for d, n in job.mesh.items()]
+
+
+def _world(job: Job) -> int:
+    return int(np.prod([n for _, n in _dims(job)])) if job.mesh else 1
+
+
+def _coords(rank: int, dims: list[tuple[str, int]]) -> list[int]:
+    out = []
+    for _, n in reversed(dims):
+        out.append(rank % n)
+        rank //= n
+    return out[::-1]
+
+
+def _rank_of(coords: list[int], dims: list[tuple[str, int]]) -> int:
+    r = 0
+    for c, (_, n) in zip(coords, dims):
+        r = r * n + c
+    return r
+
+
+def _group(rank: int, dims: list[tuple[str, int]], dim: str) -> tuple[int, ...]:
+    names = [d for d, _ in dims]
+    if dim not in names:
+        return (rank,)
+    i = names.index(dim)
+    c = _coords(rank, dims)
+    out = []
+    for k in range(dims[i][1]):
+        c2 = list(c)
+        c2[i] = k
+        out.append(_rank_of(c2, dims))
+    return tuple(out)
+
+
+_DESC = {
+    "plain": {"dp": "dp", "fsdp": "fsdp", "tp": "tp", "pp": "pp", "ep": "ep", "cp": "cp"},
+    "torchtitan": {"dp": "mesh_dp_replicate", "fsdp": "mesh_dp_shard", "tp": "mesh_tp",
+                   "pp": "mesh_pp", "ep": "mesh_ep", "cp": "mesh_cp"},
+    "megatron": {"dp": "DATA_PARALLEL_GROUP", "fsdp": "INTRA_PARTIAL_DATA_PARALLEL_GROUP",
+                 "tp": "TENSOR_MODEL_PARALLEL_GROUP", "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
+                 "ep": "EXPERT_MODEL_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP"},
+    "deepspeed": {d: "undefined" for d in ("dp", "fsdp", "tp", "pp", "ep", "cp")},
+}
+
+
+def _pg_tables(job: Job, P: dict) -> tuple[dict, dict]:
+    """Per rank: {group ranks: (pg_name, pg_desc, dim)} and pg_count. Names are creation-order
+    ids; with the "local" scheme each rank creates only its own groups, in its own order, so one
+    group can have different names on different ranks."""
+    dims, world = _dims(job), _world(job)
+    fam = _DESC[P["family"]]
+    allr = tuple(range(world))
+    per_dim = []
+    for d, n in dims:
+        if n <= 1 or n == world:
+            continue
+        gs = sorted({_group(r, dims, d) for r in range(world)})
+        per_dim.append((d, gs))
+    tables, counts = {}, {}
+    for r in range(world):
+        t = {allr: ("0", "default_pg", "world")}
+        if P["naming"] == "mesh":
+            nxt = 1
+            for d, gs in per_dim:
+                for g in gs:
+                    if r in g:
+                        t[g] = (str(nxt), fam[d], d)
+                    nxt += 1
+            counts[r] = nxt
+        else:
+            order = list(per_dim)
+            random.Random(job.seed * 1009 + r).shuffle(order)
+            for k, (d, _) in enumerate(order, start=1):
+                t[_group(r, dims, d)] = (str(k), fam[d], d)
+            counts[r] = len(order) + 1
+        for d, n in dims:  # a dim spanning the world uses the default group
+            if n == world and n > 1:
+                t[allr] = ("0", "default_pg", d)
+        tables[r] = t
+    return tables, counts
+
+
+# --------------------------------------------------------------------------------------------
+# Programs
+
+
+@dataclass
+class _Ins:
+    kind: str  # comp | comm | wait | waitall | sync | step
+    dur: float = 0.0
+    name: str = ""
+    op: str = ""
+    ranks: tuple = ()
+    stream: str = "comm"
+    dep: str = "end"
+    sizes: tuple = ()
+    nk: int = 1
+    peer: int = -1
+    ref: int = -1
+    step: int = 0
+    tag: str = ""
+    wrap: str = ""
+
+
+def _params(job: Job) -> dict:
+    g = np.random.default_rng([job.seed, 7])
+    s = job.compute_scale
+    P = {
+        "layers": int(g.integers(2, 5)), "F": float(g.uniform(250, 600)) * s,
+        "buckets": int(g.integers(2, 5)), "ar_n": int(2 ** g.integers(20, 23)),
+        "tp_n": int(2 ** g.integers(18, 21)), "ag_n": int(2 ** g.integers(19, 22)),
+        "a2a_n": int(2 ** g.integers(20, 23)), "bc_n": int(2 ** g.integers(18, 21)),
+        "p2p_n": int(2 ** g.integers(17, 20)),
+        "family": str(g.choice(list(_DESC))), "naming": str(g.choice(["mesh", "local"])),
+        "p2p_style": str(g.choice(["dst_src", "rank_only"])),
+        "fsdp_style": int(g.integers(0, 2)), "old_sendrecv_ar": bool(g.integers(0, 2)),
+        "rccl_generic": bool(g.integers(0, 2)), "gap_steps": 2,
+    }
+    if P["family"] == "megatron":
+        P["p2p_style"] = "dst_src"
+    P["total_steps"] = job.steps * job.windows + P["gap_steps"] * (job.windows - 1)
+    P["step0"] = int(g.integers(1, 11))
+    return P
+
+
+def _comm(op, ranks, sizes, stream="comm", dep="end", nk=1, peer=-1, wrap="") -> _Ins:
+    return _Ins("comm", op=op, ranks=tuple(ranks), sizes=tuple(sizes), stream=stream, dep=dep,
+                nk=nk, peer=peer, wrap=wrap)
+
+
+def _multi_kernel(job: Job, n: int) -> int:
+    return n if job.kernels in ("nccl", "nccl_old") else 1
+
+
+def _layer_pass(job, P, rank, dims, prog, fwd: bool, dp_role: str):
+    """Forward or backward over the layers, with each dim's collectives."""
+    names = {d for d, n in dims if n > 1}
+    L, F = P["layers"], P["F"]
+    layers = range(L) if fwd else range(L - 1, -1, -1)
+    per_bucket = max(1, math.ceil(L / P["buckets"]))
+    for i, _layer in enumerate(layers):
+        if dp_role == "fsdp":
+            g = _group(rank, dims, "fsdp" if "fsdp" in names else "dp")
+            n = len(g)
+            prog.append(_comm("all_gather", g, (P["ag_n"] * n * ELEM,), dep="start"))
+            prog.append(_Ins("wait", ref=len(prog) - 1))
+        prog.append(_Ins("comp", dur=F if fwd else 2 * F, name="gemm"))
+        if "tp" in names:
+            prog.append(_comm("all_reduce", _group(rank, dims, "tp"), (P["tp_n"] * ELEM,),
+                              wrap="_c10d_functional::all_reduce"))
+            prog.append(_Ins("wait", ref=len(prog) - 1))
+        if "ep" in names:
+            g = _group(rank, dims, "ep")
+            for k in range(2):
+                prog.append(_comm("all_to_all", g, (P["a2a_n"] * ELEM,),
+                                  nk=_multi_kernel(job, len(g)),
+                                  wrap="_c10d_functional::all_to_all_single"))
+                prog.append(_Ins("wait", ref=len(prog) - 1))
+                if k == 0:
+                    prog.append(_Ins("comp", dur=0.5 * F if fwd else F, name="expert"))
+        if fwd:
+            continue
+        if dp_role == "fsdp":
+            g = _group(rank, dims, "fsdp" if "fsdp" in names else "dp")
+            prog.append(_comm("reduce_scatter", g, (P["ag_n"] * len(g) * ELEM,)))
+        if dp_role == "ddp" and not job.coalesced and ((i + 1) % per_bucket == 0 or i == L - 1):
+            prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ar_n"] * ELEM,)))
+    if not fwd and dp_role == "ddp" and job.coalesced:
+        nb = math.ceil(L / per_bucket)
+        prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ar_n"] * ELEM,) * nb))
+
+
+def _dp_role(job: Job, dims) -> str:
+    names = {d for d, n in dims if n > 1}
+    if job.schedule == "fsdp" or "fsdp" in names:
+        return "fsdp" if ("fsdp" in names or "dp" in names) else ""
+    return "ddp" if "dp" in names else ""
+
+
+def _pp_order(job: Job, p: int, s: int, m: int) -> list[tuple[str, int, int]]:
+    """(F|B, chunk, microbatch) in the order stage s runs them."""
+    if job.schedule == "pp_interleaved":
+        return ([("F", c, i) for c in range(2) for i in range(m)]
+                + [("B", c, i) for c in (1, 0) for i in range(m)])
+    if job.schedule == "pp_gpipe":
+        return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
+    w = min(p - s - 1, m)
+    out = [("F", 0, i) for i in range(w)]
+    for i in range(m - w):
+        out += [("F", 0, w + i), ("B", 0, i)]
+    return out + [("B", 0, i) for i in range(m - w, m)]
+
+
+def _pp_step(job, P, rank, dims, prog):
+    names = [d for d, _ in dims]
+    p = dims[names.index("pp")][1]
+    v = 2 if job.schedule == "pp_interleaved" else 1
+    c = _coords(rank, dims)
+    s = c[names.index("pp")]
+    g = _group(rank, dims, "pp")
+    V, f = p * v, P["F"] * P["layers"] / v / max(1, job.microbatches) * 2
+
+    def rank_of_vs(vs):
+        return g[vs % p]
+
+    nbytes = (P["p2p_n"] * ELEM,)
+    for kind, ch, _mb in _pp_order(job, p, s, job.microbatches):
+        vs = ch * p + s
+        src = vs - 1 if kind == "F" else vs + 1
+        dst = vs + 1 if kind == "F" else vs - 1
+        if 0 <= src < V:
+            peer = rank_of_vs(src)
+            prog.append(_comm("recv", g, nbytes, stream=f"p2p:{peer}>{rank}", peer=peer))
+            prog.append(_Ins("wait", ref=len(prog) - 1))
+        prog.append(_Ins("comp", dur=f if kind == "F" else 2 * f, name="gemm", tag="pp"))
+        if "tp" in names and dims[names.index("tp")][1] > 1:
+            prog.append(_comm("all_reduce", _group(rank, dims, "tp"), (P["tp_n"] * ELEM,),
+                              wrap="_c10d_functional::all_reduce"))
+            prog.append(_Ins("wait", ref=len(prog) - 1))
+        if 0 <= dst < V:
+            peer = rank_of_vs(dst)
+            prog.append(_comm("send", g, nbytes, stream=f"p2p:{rank}>{peer}", peer=peer))
+    if _dp_role(job, dims) == "ddp":
+        prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ar_n"] * ELEM,)))
+
+
+def _program(job: Job, P: dict, rank: int) -> list[_Ins]:
+    dims = _dims(job)
+    names = {d for d, n in dims if n > 1}
+    prog: list[_Ins] = []
+    bgroup = _group(rank, dims, "dp") if "dp" in names else tuple(range(_world(job)))
+    for st in range(P["total_steps"]):
+        prog.append(_Ins("step", step=st))
+        for _ in range(job.broadcasts_per_step):
+            prog.append(_comm("broadcast", bgroup, (P["bc_n"] * ELEM,), dep="none"))
+        if "pp" in names:
+            _pp_step(job, P, rank, dims, prog)
+        else:
+            role = _dp_role(job, dims)
+            _layer_pass(job, P, rank, dims, prog, True, role)
+            _layer_pass(job, P, rank, dims, prog, False, role)
+        prog.append(_Ins("waitall"))
+        prog.append(_Ins("comp", dur=0.15 * P["F"], name="optim"))
+        prog.append(_Ins("sync"))
+    for ins in prog:  # step index of every instruction
+        if ins.kind == "step":
+            cur = ins.step
+        ins.step = cur
+    return prog
+
+
+# --------------------------------------------------------------------------------------------
+# Simulation
+
+
+def _xfer(op: str, nbytes: int, ranks: tuple, rph: int) -> float:
+    n = max(2, len(ranks))
+    inter = len({r // rph for r in ranks}) > 1
+    busbw, lat = (22.0, 22.0) if inter else (170.0, 9.0)
+    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n,
+              "reduce_scatter": (n - 1) / n, "all_to_all": (n - 1) / n}.get(op, 1.0)
+    return lat + nbytes / (busbw / factor * 1e3)
+
+
+def _resolve(ins: _Ins, arr: dict[int, float], rph: int) -> tuple[dict, list[float]]:
+    """Kernel intervals per member, and the transfer time of each member op."""
+    mx = max(arr.values())
+    out: dict[int, list[tuple[float, float]]] = {}
+    if ins.op == "broadcast":
+        T = _xfer(ins.op, ins.sizes[0], ins.ranks, rph)
+        hop = 0.2 * T
+        for k, r in enumerate(ins.ranks):
+            out[r] = [(arr[r], mx + T + k * hop)]
+        return out, [T]
+    if len(ins.sizes) > 1:  # coalesced block: members back to back
+        Ts, t, ends = [], mx, []
+        for sz in ins.sizes:
+            T = _xfer(ins.op, sz, ins.ranks, rph)
+            Ts.append(T)
+            ends.append((t, t + T))
+            t += T + 2.0
+        for r in arr:
+            out[r] = [(arr[r], ends[0][1])] + ends[1:]
+        return out, Ts
+    T = _xfer(ins.op, ins.sizes[0], ins.ranks, rph)
+    if ins.nk > 1:
+        T = max(T, 30.0 * ins.nk)
+        seg = T / ins.nk
+        gap = min(5.0, 0.1 * seg)
+        for r in arr:
+            ks = []
+            for i in range(ins.nk):
+                s = arr[r] if i == 0 else mx + i * seg
+                e = mx + (i + 1) * seg - (gap if i < ins.nk - 1 else 0.0)
+                ks.append((s, e))
+            out[r] = ks
+        return out, [T]
+    for r in arr:
+        out[r] = [(arr[r], mx + T)]
+    return out, [T]
+
+
+class _Rank:
+    def __init__(self, rank: int, prog: list[_Ins], start: float, seed: int):
+        self.rank, self.prog, self.pc = rank, prog, 0
+        self.tc = self.cpu = start
+        self.last_start = start
+        self.streams: dict[str, object] = {}
+        self.keys: dict[int, tuple] = {}
+        self.counter: dict[tuple, int] = {}
+        self.seq: dict[tuple, int] = {}
+        self.queues: dict[str, list[dict]] = {}
+        self.recs: list[dict] = []
+        self.rng = np.random.default_rng([seed, rank, 11])
+
+    def cost(self, c: float) -> float:
+        return c * float(self.rng.uniform(1.0, 1.25))
+
+
+def _stream_free(st: _Rank, s: str, results: dict) -> float | None:
+    v = st.streams.get(s, 0.0)
+    if isinstance(v, tuple):
+        res = results.get(v)
+        return None if res is None else res[0][st.rank][-1][1]
+    return v
+
+
+def _park_comm(st: _Rank, ins: _Ins, idx: int) -> None:
+    """The CPU issues the op now (launch times, key, seq); its stream starts it when free."""
+    dep_t = {"end": st.tc, "start": st.last_start + 10.0, "none": 0.0}[ins.dep]
+    c0 = st.cpu
+    nl = ins.nk if len(ins.sizes) == 1 else len(ins.sizes)
+    launches = [c0 + 6.0 + 12.0 * i for i in range(nl)]
+    ready = max(dep_t, launches[0] + st.cost(6.0))
+    st.cpu = c0 + st.cost(16.0 + 12.0 * nl)
+    if ins.op in ("send", "recv"):
+        src, dst = (st.rank, ins.peer) if ins.op == "send" else (ins.peer, st.rank)
+        gkey: tuple = ("p2p", src, dst)
+    else:
+        gkey = ("g", ins.ranks)
+    n = st.counter.get(gkey, 0)
+    st.counter[gkey] = n + 1
+    key = (gkey, n)
+    pg = ins.ranks
+    seq = st.seq.get(pg, 1 + (len(pg) * 3 + pg[0]) % 5)
+    st.seq[pg] = seq + 1
+    st.keys[idx] = key
+    rec = {"t": "comm", "ins": ins, "cpu": c0, "cpu_end": st.cpu, "launches": launches,
+           "key": key, "seq": seq, "step": ins.step, "ready": ready}
+    st.recs.append(rec)
+    st.queues.setdefault(ins.stream, []).append(rec)
+
+
+def _flush(st: _Rank, pending: dict, results: dict, rph: int) -> bool:
+    """Start every parked op whose stream is free; True when one started."""
+    moved = False
+    for s, q in st.queues.items():
+        while q:
+            free = _stream_free(st, s, results)
+            if free is None:
+                break
+            rec = q.pop(0)
+            ins, key = rec["ins"], rec["key"]
+            arrival = max(free, rec["ready"])
+            st.streams[s] = key
+            members = 2 if ins.op in ("send", "recv") else len(ins.ranks)
+            slot = pending.setdefault(key, {})
+            slot[st.rank] = arrival
+            if len(slot) == members:
+                results[key] = _resolve(ins, dict(slot), rph) + (dict(slot),)
+                del pending[key]
+            moved = True
+    return moved
+
+
+def _advance(st: _Rank, pending: dict, results: dict, job: Job, extra: dict, rph: int) -> bool:
+    """Run `st` as far as it can; True when it moved."""
+    moved = _flush(st, pending, results, rph)
+    while st.pc < len(st.prog):
+        ins = st.prog[st.pc]
+        if ins.kind == "comm":
+            _park_comm(st, ins, st.pc)
+            _flush(st, pending, results, rph)
+        elif ins.kind == "wait":
+            res = results.get(st.keys[ins.ref])
+            if res is None:
+                return moved
+            st.tc = max(st.tc, res[0][st.rank][-1][1])
+        elif ins.kind == "waitall":
+            frees = [_stream_free(st, s, results) for s in st.streams]
+            if any(f is None for f in frees) or any(st.queues.values()):
+                return moved
+            st.tc = max([st.tc] + frees)
+        elif ins.kind == "comp":
+            launch = st.cpu + 4.0
+            start = max(st.tc, launch + st.cost(6.0))
+            dur = ins.dur + extra.get(ins.step, 0.0)
+            if job.jitter_us:
+                dur += float(st.rng.uniform(-job.jitter_us, job.jitter_us))
+            dur = max(dur, 5.0)
+            st.recs.append({"t": "comp", "name": ins.name, "cpu": st.cpu, "launch": launch,
+                            "start": start, "end": start + dur, "step": ins.step, "tag": ins.tag})
+            st.cpu += st.cost(14.0)
+            st.tc, st.last_start = start + dur, start
+        elif ins.kind == "sync":
+            c0 = st.cpu
+            st.cpu = max(st.cpu, st.tc) + st.cost(5.0)
+            st.recs.append({"t": "sync", "cpu": c0, "cpu_end": st.cpu, "step": ins.step})
+        elif ins.kind == "step":
+            st.recs.append({"t": "step", "cpu": st.cpu, "step": ins.step})
+            st.cpu += st.cost(3.0)
+        st.pc += 1
+        moved = True
+    return moved
+
+
+def _simulate(job: Job, P: dict) -> tuple[list[_Rank], dict]:
+    world = _world(job)
+    rph = max(1, job.ranks_per_host)
+    ranks = []
+    for r in range(world):
+        prog = _program(job, P, r)
+        start = 10.0 + float(np.random.default_rng([job.seed, r, 3]).uniform(0, 20))
+        st = _Rank(r, prog, start + job.start_skew_us.get(r, 0.0), job.seed)
+        ncomp = sum(1 for i in prog if i.kind == "comp" and i.step == 0)
+        st_extra = job.slow_ranks.get(r, 0.0) / max(1, ncomp)
+        ranks.append((st, {s: st_extra for s in range(P["total_steps"])}))
+    pending: dict = {}
+    results: dict = {}
+    while True:
+        moved = False
+        for st, extra in ranks:
+            moved |= _advance(st, pending, results, job, extra, rph)
+        if all(st.pc >= len(st.prog) and not any(st.queues.values()) for st, _ in ranks):
+            break
+        if not moved:
+            raise RuntimeError(f"simulated job deadlocked: {len(pending)} ops waiting")
+    return [st for st, _ in ranks], results
+
+
+# --------------------------------------------------------------------------------------------
+# Naming
+
+
+_NCCL_OP = {"all_reduce": "nccl:all_reduce", "all_gather": "nccl:_all_gather_base",
+            "reduce_scatter": "nccl:_reduce_scatter_base", "all_to_all": "nccl:all_to_all",
+            "broadcast": "nccl:broadcast", "send": "nccl:send", "recv": "nccl:recv"}
+_C10D_OP = {"all_reduce": "c10d::allreduce_", "all_gather": "c10d::_allgather_base_",
+            "reduce_scatter": "c10d::_reduce_scatter_base_", "all_to_all": "c10d::alltoall_base_",
+            "broadcast": "c10d::broadcast_", "send": "c10d::send", "recv": "c10d::recv_"}
+_COLL_NAME = {"all_reduce": "allreduce", "all_gather": "_allgather_base",
+              "reduce_scatter": "_reduce_scatter_base", "all_to_all": "all_to_allv",
+              "broadcast": "broadcast", "send": "send", "recv": "recv"}
+_NEW = {"all_reduce": "AllReduce_Sum_bf16_RING_LL", "all_gather": "AllGather_RING_LL",
+        "reduce_scatter": "ReduceScatter_Sum_bf16_RING_LL", "broadcast": "Broadcast_RING_LL",
+        "all_to_all": "SendRecv", "send": "SendRecv", "recv": "SendRecv"}
+_OLD = {"all_reduce": "AllReduce_RING_LL_Sum_bfloat16",
+        "all_gather": "AllGather_RING_LL_Sum_int8_t",
+        "reduce_scatter": "ReduceScatter_RING_LL_Sum_bfloat16",
+        "broadcast": "Broadcast_RING_LL_Sum_int8_t"}
+_ONECCL = {"all_reduce": "oneccl_allreduce_kernel<bf16, 2, 16, 1, 1, 2>",
+           "all_gather": "oneccl_allgatherv_kernel<bf16, 2, 16>",
+           "reduce_scatter": "oneccl_reduce_scatter_kernel<bf16, 2, 16>",
+           "all_to_all": "oneccl_alltoallv_kernel<bf16, 2>",
+           "broadcast": "oneccl_bcast_kernel<bf16>",
+           "send": "oneccl_send_kernel<bf16>", "recv": "oneccl_recv_kernel<bf16>"}
+_CUSTOM = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+           "all_to_all": "alltoall", "broadcast": "broadcast", "send": "send", "recv": "recv"}
+CUSTOM_REGEX = r"^my_[a-z]+_kernel"
+_GEMM = {"nvidia": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1"
+                   "_execute_segment_k_off_kernel__5x_cublas",
+         "amd": "Cijk_Alik_Bljk_BBS_BH_MT256x256x64_MI32x32x8x1_SN_1LDSB1_GRVW8_K1_WG32_8_1",
+         "xpu": "gemm_kernel"}
+_OPTIM = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+          "(anonymous namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::"
+          "FusedAdamMathFunctor<float, 4>>(...)")
+_EXPERT = ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn"
+           "_align8>")
+
+
+def _vendor(job: Job) -> str:
+    return {"rccl": "amd", "oneccl": "xpu"}.get(job.kernels, "nvidia")
+
+
+def _kernel_name(job: Job, P: dict, op: str) -> str:
+    k = job.kernels
+    if k == "nccl":
+        return f"ncclDevKernel_{_NEW[op]}(ncclDevKernelArgsStorage<4096ul>)"
+    if k == "nccl_old":
+        base = _OLD.get(op, "SendRecv_RING_SIMPLE_Sum_int8_t")
+        if op == "all_reduce" and P["old_sendrecv_ar"]:
+            base = "SendRecv_RING_SIMPLE_Sum_int8_t"
+        return f"ncclKernel_{base}(ncclDevComm*, unsigned long, ncclWork*)"
+    if k == "rccl":
+        if P["rccl_generic"]:
+            return "ncclDevKernel_Generic(ncclDevComm*, channelMasks, ncclWork*)"
+        base = _OLD.get(op, "SendRecv_RING_SIMPLE_Sum_int8_t").replace("bfloat16", "bf16")
+        return f"ncclKernel_{base}(ncclDevComm*, unsigned long, ncclWork*)"
+    if k == "oneccl":
+        return _ONECCL[op]
+    return f"my_{_CUSTOM[op]}_kernel"
+
+
+# --------------------------------------------------------------------------------------------
+# Emission
+
+
+class _Clock:
+    def __init__(self, job: Job, rank: int, base: float):
+        host = rank // max(1, job.ranks_per_host)
+        self.off = job.host_offset_us.get(host, 0.0)
+        self.drift = job.host_drift_us_per_s.get(host, 0.0)
+        self.gpu_only, self.base = job.gpu_only_drift, base
+
+    def cpu(self, t: float) -> float:
+        d = 0.0 if self.gpu_only else self.drift * t / 1e6
+        return round(self.base + t + self.off + d, 3)
+
+    def gpu(self, t: float) -> float:
+        return round(self.base + t + self.off + self.drift * t / 1e6, 3)
+
+
+class _Emitter:
+    """Builds one rank's events; ids continue across its windows."""
+
+    def __init__(self, job: Job, P: dict, rank: int, tables: dict, clock: _Clock):
+        self.job, self.P, self.rank, self.table, self.clk = job, P, rank, tables[rank], clock
+        self.pid = 4000 + 37 * rank + int(job.seed % 97)
+        self.dev = rank % max(1, job.ranks_per_host)
+        self.ext, self.corr, self.comm_k = 50, 1000, 0
+        self.drops = set(job.drop.get(rank, []))
+        self.sidecar: list[dict] = []
+        self.streams: dict[str, int] = {}
+
+    def stream_id(self, s: str) -> int:
+        if s == "compute":
+            return 0 if self.job.kernels == "rccl" else 7
+        if s not in self.streams:
+            self.streams[s] = 20 + 4 * len(self.streams)
+        return self.streams[s]
+
+    def nid(self, attr: str) -> int:
+        v = getattr(self, attr) + 1
+        setattr(self, attr, v)
+        return v
+
+    def x(self, ev: list, cat: str, name: str, t0: float, t1: float, args: dict, gpu=False,
+          tid=None) -> dict:
+        ts = self.clk.gpu(t0) if gpu else self.clk.cpu(t0)
+        te = self.clk.gpu(t1) if gpu else self.clk.cpu(t1)
+        e = {"ph": "X", "cat": cat, "name": name, "pid": self.dev if gpu else self.pid,
+             "tid": tid if tid is not None else self.pid, "ts": ts, "dur": round(te - ts, 3),
+             "args": args}
+        ev.append(e)
+        return e
+
+    def launch(self, ev: list, t: float, ext: int, corr: int, kname: str, k0: float, k1: float,
+               stream: str, comm_args: dict | None, drop: bool) -> None:
+        v = _vendor(self.job)
+        rt = {"nvidia": "cudaLaunchKernel", "amd": "hipLaunchKernel",
+              "xpu": "urEnqueueKernelLaunch"}[v]
+        cat = "xpu_runtime" if v == "xpu" else "cuda_runtime"
+        self.x(ev, cat, rt, t, t + 3.5, {"External id": ext, "cbid": 211, "correlation": corr})
+        if drop:
+            return
+        sid = self.stream_id(stream)
+        args = {"External id": ext, "queued": 0, "device": self.dev, "context": 1,
+                "correlation": corr, "registers per thread": 32, "shared memory": 0,
+                "grid": [132, 1, 1], "block": [256, 1, 1]}
+        if v == "xpu":
+            args.update({"sycl queue": sid, "l0 queue": f"0x55d0c1{sid:02x}", "appended": 0,
+                         "submitted": 0, "engine_ordinal": 0, "engine_index": 0})
+        else:
+            args["stream"] = sid
+        args.update(comm_args or {})
+        self.x(ev, "kernel", kname, k0, k1, args, gpu=True, tid=sid)
+        ev.append({"ph": "s", "id": corr, "pid": self.pid, "tid": self.pid,
+                   "ts": self.clk.cpu(t), "cat": "ac2g", "name": "ac2g"})
+        ev.append({"ph": "f", "id": corr, "pid": self.dev, "tid": sid, "ts": self.clk.gpu(k0),
+                   "cat": "ac2g", "name": "ac2g", "bp": "e"})
+
+    def comp(self, ev: list, rec: dict) -> None:
+        ext, corr = self.nid("ext"), self.nid("corr")
+        v = _vendor(self.job)
+        kname = {"gemm": _GEMM[v], "optim": _OPTIM, "expert": _EXPERT}[rec["name"]]
+        if v != "nvidia" and rec["name"] != "gemm":
+            kname = _GEMM[v]
+        op = "aten::mm" if rec["name"] != "optim" else "aten::_fused_adamw_"
+        self.x(ev, "cpu_op", op, rec["cpu"], rec["cpu"] + 12.0, {"External id": ext})
+        self.launch(ev, rec["launch"], ext, corr, kname, rec["start"], rec["end"], "compute",
+                    None, False)
+
+
+def _comm_args(em: _Emitter, ins: _Ins, seq: int, size: int, nsum: int) -> dict:
+    """record_param_comms args for the metadata level (empty for "none"/"records")."""
+    lvl = em.job.metadata
+    if lvl not in ("seq", "names"):
+        return {}
+    name, desc, _ = em.table[ins.ranks]
+    n = len(ins.ranks)
+    op = ins.op
+    nel = nsum // ELEM
+    in_n, out_n = nel, nel
+    if op == "all_gather":
+        in_n = nel // n
+    elif op == "reduce_scatter":
+        out_n = nel // n
+    cname = _COLL_NAME[op]
+    if op in ("all_gather", "reduce_scatter") and em.P["fsdp_style"]:
+        cname = {"all_gather": "allgather_into_tensor_coalesced",
+                 "reduce_scatter": "reduce_scatter_tensor_coalesced"}[op]
+    a = {"Collective name": cname, "dtype": "BFloat16", "In msg nelems": in_n,
+         "Out msg nelems": out_n, "Group size": n, "In split size": "[]", "Out split size": "[]",
+         "Process Group Name": name, "Process Group Description": desc}
+    grank = ins.ranks.index(em.rank)
+    if op in ("send", "recv"):
+        grank = ins.ranks.index(ins.peer)
+    elif op == "broadcast":
+        grank = 0
+    a["Rank"] = grank
+    if lvl == "seq":
+        r = list(ins.ranks)
+        stride = r[1] - r[0] if n > 1 else 1
+        arith = all(r[i + 1] - r[i] == stride for i in range(n - 1))
+        a["Global rank start"] = r[0] if arith else -1
+        a["Global rank stride"] = stride if arith else -1
+        a["Process Group Ranks"] = str(r)
+        a["Seq"] = seq
+    if op in ("send", "recv") and em.P["p2p_style"] == "dst_src":
+        a["Dst Rank" if op == "send" else "Src Rank"] = ins.peer
+    return a
+
+
+def _cpu_op_name(em: _Emitter, op: str) -> tuple[str, str]:
+    if em.job.kernels == "oneccl":
+        return "cpu_op", _C10D_OP[op]
+    name = _NCCL_OP[op]
+    if op in ("all_gather", "reduce_scatter") and em.P["fsdp_style"]:
+        name = {"all_gather": "nccl:all_gather_into_tensor_coalesced",
+                "reduce_scatter": "nccl:reduce_scatter_tensor_coalesced"}[op]
+    return "user_annotation", name
+
+
+def _emit_comm(em: _Emitter, ev: list, rec: dict, results: dict) -> None:
+    ins: _Ins = rec["ins"]
+    kints, Ts, _ = results[rec["key"]]
+    kints = kints[em.rank]
+    c0, c1 = rec["cpu"], rec["cpu_end"]
+    coalesced = len(ins.sizes) > 1
+    if ins.wrap:
+        em.x(ev, "cpu_op", ins.wrap, c0, c1, {"External id": em.nid("ext")})
+    cat, opname = _cpu_op_name(em, ins.op)
+    if coalesced:
+        for i, sz in enumerate(ins.sizes):
+            a = _comm_args(em, ins, rec["seq"], sz, sz)
+            if a:
+                t = c0 + 0.5 + i * 1.5
+                em.x(ev, "cpu_op", "record_param_comms", t, t + 1.2,
+                     {"External id": em.nid("ext"), **a})
+        cat, opname = "user_annotation", "nccl:coalesced"
+        copy = {}
+    else:
+        copy = _comm_args(em, ins, rec["seq"], ins.sizes[0], ins.sizes[0])
+        if copy:
+            em.x(ev, "cpu_op", "record_param_comms", c0 + 1.0, c1 - 1.0,
+                 {"External id": em.nid("ext"), **copy})
+    ext = em.nid("ext")
+    em.x(ev, cat, opname, c0 + 2.0, c1 - 2.0, {"External id": ext})
+    kops = [ins.op] * len(kints)
+    for i, (k0, k1) in enumerate(kints):
+        drop = em.comm_k in em.drops
+        em.comm_k += 1
+        kname = _kernel_name(em.job, em.P, kops[i])
+        em.launch(ev, rec["launches"][i], ext, em.nid("corr"), kname, k0, k1, ins.stream,
+                  copy, drop)
+        if coalesced or i == 0:
+            em.sidecar.append(_side_rec(em, rec, i, kints, drop, c0, c1))
+
+
+def _side_rec(em: _Emitter, rec: dict, i: int, kints: list, drop: bool, c0, c1) -> dict:
+    ins: _Ins = rec["ins"]
+    name, desc, _ = em.table[ins.ranks]
+    sz = ins.sizes[i] if len(ins.sizes) > 1 else ins.sizes[0]
+    n = len(ins.ranks)
+    in_b = sz // n if ins.op == "all_gather" else sz
+    out_b = sz // n if ins.op == "reduce_scatter" else sz
+    if len(ins.sizes) > 1:
+        s, e = kints[i]
+    else:
+        s, e = kints[0][0], kints[-1][1]
+    gpu = not drop
+    return {"op": ins.op, "trace_name": _cpu_op_name(em, ins.op)[1], "pg_name": name,
+            "pg_desc": desc, "pg_ranks": list(ins.ranks), "seq": rec["seq"],
+            "in_bytes": in_b, "out_bytes": out_b, "bytes": sz, "numel": sz // ELEM,
+            "dtype": "BFloat16", "peer": ins.peer if ins.peer >= 0 else None,
+            "source": "p2p_hook" if ins.op in ("send", "recv") else "flight_recorder",
+            "issue_us": em.clk.cpu(c0),
+            "start_us": em.clk.gpu(s) if gpu else em.clk.cpu(c0 + 2.0),
+            "end_us": em.clk.gpu(e) if gpu else em.clk.cpu(c1 - 2.0),
+            "matched": "kernel" if gpu else "cpu_op"}
+
+
+def _meta_events(em: _Emitter) -> list[dict]:
+    v = _vendor(em.job)
+    ev = [{"ph": "M", "name": "process_name", "pid": em.pid, "tid": 0, "args": {"name": "python"}},
+          {"ph": "M", "name": "process_labels", "pid": em.pid, "tid": 0, "args": {"labels": "CPU"}},
+          {"ph": "M", "name": "thread_name", "pid": em.pid, "tid": em.pid,
+           "args": {"name": f"thread {em.pid} (python)"}},
+          {"ph": "M", "name": "process_name", "pid": em.dev, "tid": 0, "args": {"name": "python"}},
+          {"ph": "M", "name": "process_labels", "pid": em.dev, "tid": 0,
+           "args": {"labels": f"{'XPU' if v == 'xpu' else 'GPU'} {em.dev}"}}]
+    for s in ["compute"] + list(em.streams):
+        sid = em.stream_id(s)
+        ev.append({"ph": "M", "name": "thread_name", "pid": em.dev, "tid": sid,
+                   "args": {"name": f"stream {sid}"}})
+    return ev
+
+
+def _header(job: Job, P: dict, rank: int, tables: dict, counts: dict) -> dict:
+    v = _vendor(job)
+    dev = {"nvidia": ("NVIDIA H100 80GB HBM3", 85029158912, 9, 0, 132),
+           "amd": ("AMD Instinct MI300X", 206141652992, 9, 4, 304),
+           "xpu": ("Intel(R) Data Center GPU Max 1550", 68719476736, 12, 60, 1024)}[v]
+    backend = "xccl" if v == "xpu" else "nccl"
+    di: dict = {"backend": backend, "rank": rank, "world_size": _world(job)}
+    if job.metadata in ("seq", "names"):
+        cfg = []
+        for g, (name, desc, _) in sorted(tables[rank].items(), key=lambda kv: int(kv[1][0])):
+            cfg.append({"pg_name": name, "pg_desc": desc,
+                        "backend_config": "xpu:xccl" if v == "xpu" else "cuda:nccl",
+                        "pg_size": len(g), "ranks": list(g)})
+        di.update({"pg_count": counts[rank], "pg_config": cfg})
+    hdr = {"schemaVersion": 1,
+           "deviceProperties": [{"id": rank % max(1, job.ranks_per_host), "name": dev[0],
+                                 "totalGlobalMem": dev[1], "computeMajor": dev[2],
+                                 "computeMinor": dev[3], "numSms": dev[4]}],
+           "distributedInfo": di, "record_shapes": 1, "displayTimeUnit": "ms",
+           "traceName": "trace.json"}
+    if job.metadata in ("seq", "records"):
+        hdr["host_name"] = f"node{rank // max(1, job.ranks_per_host):02d}"
+    return hdr
+
+
+def _windows(job: Job, P: dict) -> list[list[int]]:
+    out = []
+    for w in range(job.windows):
+        s0 = w * (job.steps + P["gap_steps"])
+        out.append(list(range(s0, s0 + job.steps)))
+    return out
+
+
+def _emit_window(em: _Emitter, st: _Rank, steps: list[int], results: dict, P: dict) -> list:
+    ev: list = []
+    want = set(steps)
+    recs = [r for r in st.recs if r["step"] in want]
+    step_recs = [r for r in st.recs if r["t"] == "step"]
+    for rec in recs:
+        t = rec["t"]
+        if t == "step":
+            nxt = [s for s in step_recs if s["step"] == rec["step"] + 1]
+            end = nxt[0]["cpu"] if nxt else max(r.get("cpu_end", r["cpu"]) for r in recs)
+            if nxt and rec["step"] + 1 not in want:
+                end = max(r.get("cpu_end", r["cpu"]) for r in recs if r["step"] == rec["step"])
+            em.x(ev, "user_annotation", f"ProfilerStep#{P['step0'] + rec['step']}", rec["cpu"],
+                 end, {"External id": em.nid("ext")})
+        elif t == "comp":
+            em.comp(ev, rec)
+        elif t == "comm":
+            _emit_comm(em, ev, rec, results)
+        elif t == "sync":
+            name = "hipDeviceSynchronize" if em.job.kernels == "rccl" else "cudaDeviceSynchronize"
+            cat = "xpu_runtime" if em.job.kernels == "oneccl" else "cuda_runtime"
+            em.x(ev, cat, name, rec["cpu"], rec["cpu_end"],
+                 {"External id": em.nid("ext"), "cbid": 165, "correlation": em.nid("corr")})
+    return ev
+
+
+def _dump(path: Path, doc: dict, gz: bool) -> None:
+    data = orjson.dumps(doc) if orjson is not None else json.dumps(doc).encode()
+    if gz:
+        with gzip.open(path, "wb", compresslevel=3) as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+
+
+# --------------------------------------------------------------------------------------------
+# Truth
+
+
+def _truth_comm(job: Job, sts: list[_Rank], results: dict, P: dict):
+    want = {s for w in _windows(job, P) for s in w}
+    counts = {st.rank: dict.fromkeys(OPS, 0) for st in sts}
+    sizes: dict[str, set] = {}
+    xfer: dict[str, set] = {}
+    seen = set()
+    for st in sts:
+        for rec in st.recs:
+            if rec["t"] != "comm" or rec["step"] not in want:
+                continue
+            ins = rec["ins"]
+            counts[st.rank][ins.op] += len(ins.sizes)
+            for sz in ins.sizes:
+                sizes.setdefault(ins.op, set()).add(int(sz))
+            if rec["key"] in seen:
+                continue
+            seen.add(rec["key"])
+            for sz, T in zip(ins.sizes, results[rec["key"]][1]):
+                xfer.setdefault(ins.op, set()).add((int(sz), round(T, 6)))
+    algbw = {}
+    for op, pairs in xfer.items():
+        if op in RELEASE_TOGETHER and len(pairs) == 1 and len(sizes[op]) == 1:
+            sz, T = next(iter(pairs))
+            algbw[op] = sz / T / 1e3
+    return counts, {op: sorted(v) for op, v in sizes.items()}, algbw
+
+
+def _straggler(job: Job, sts: list[_Rank], results: dict, P: dict) -> int | None:
+    """The planted slow rank blamed for the most waiting (last arrival of release-together and
+    p2p ops in the recorded windows; >= 10 µs), else None."""
+    want = {s for w in _windows(job, P) for s in w}
+    blame: dict[int, float] = {}
+    seen = set()
+    for st in sts:
+        for rec in st.recs:
+            if rec["t"] != "comm" or rec["step"] not in want or rec["key"] in seen:
+                continue
+            seen.add(rec["key"])
+            if rec["ins"].op == "broadcast":
+                continue
+            arr = results[rec["key"]][2]
+            last = max(arr, key=arr.get)
+            wait = sum(arr[last] - a for a in arr.values())
+            blame[last] = blame.get(last, 0.0) + wait
+    cands = [(blame.get(r, 0.0), r) for r in job.slow_ranks if job.slow_ranks[r] > 0]
+    if not cands:
+        return None
+    b, r = max(cands)
+    return r if b >= 10.0 else None
+
+
+def _bubble(job: Job, sts: list[_Rank], P: dict) -> float | None:
+    if not job.schedule.startswith("pp") or "pp" not in job.mesh:
+        return None
+    dims = _dims(job)
+    want = [s for w in _windows(job, P) for s in w]
+    groups = sorted({_group(st.rank, dims, "pp") for st in sts})
+    vals = []
+    for g in groups:
+        for s in want:
+            ivs = {r: [(c["start"], c["end"]) for c in sts[r].recs
+                       if c["t"] == "comp" and c["tag"] == "pp" and c["step"] == s] for r in g}
+            lo = min(a for v in ivs.values() for a, _ in v)
+            hi = max(b for v in ivs.values() for _, b in v)
+            for v in ivs.values():
+                vals.append(1.0 - sum(b - a for a, b in v) / (hi - lo))
+    return float(np.mean(vals)) if vals else None
+
+
+def _clock_truth(job: Job, sts: list[_Rank], P: dict, base: float):
+    first = _windows(job, P)[0][0]
+    t0 = next(r["cpu"] for r in sts[0].recs if r["t"] == "step" and r["step"] == first)
+    c0 = _Clock(job, 0, base)
+    off, drift = {}, {}
+    for st in sts:
+        c = _Clock(job, st.rank, base)
+        off[st.rank] = round(c.gpu(t0) - c0.gpu(t0), 3)
+        drift[st.rank] = c.drift - c0.drift
+    return off, drift
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def _validate(job: Job) -> None:
+    if job.backend != "gpu":
+        raise NotImplementedError("only backend='gpu' is modelled (gloo is not)")
+    if job.schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {job.schedule!r}")
+    if job.metadata not in METADATA:
+        raise ValueError(f"unknown metadata level {job.metadata!r}")
+    if job.kernels not in ("nccl", "nccl_old", "rccl", "oneccl", "custom"):
+        raise ValueError(f"unknown kernels {job.kernels!r}")
+    pp = job.mesh.get("pp", 1) > 1
+    if job.schedule.startswith("pp") != pp:
+        raise ValueError("pp_* schedules need a pp dim of degree > 1, and a pp dim needs one")
+    if job.schedule == "pp_interleaved" and job.microbatches < job.mesh["pp"]:
+        raise ValueError("pp_interleaved needs microbatches >= pp")
+    if job.schedule == "ep" and job.mesh.get("ep", 1) < 2:
+        raise ValueError("schedule 'ep' needs an ep dim")
+
+
+def _write_records(job: Job, out: Path, r: int, em: _Emitter, tables: dict, files: list) -> None:
+    side = out / "pardiag"
+    side.mkdir(exist_ok=True)
+    hdr = {"schema": "pardiag", "schema_version": 1}
+    pgs = [{"name": n, "desc": d, "ranks": list(g), "size": len(g), "backend": "nccl",
+            "dim": dim if dim != "world" else None} for g, (n, d, dim) in tables[r].items()]
+    comms = {**hdr, "kind": "comms", "rank": r, "process_groups": pgs, "records": em.sidecar}
+    host = r // max(1, job.ranks_per_host)
+    meta = {**hdr, "kind": "rank", "rank": r, "world_size": _world(job),
+            "local_rank": r % max(1, job.ranks_per_host), "node_rank": host, "pid": em.pid,
+            "host": f"node{host:02d}", "backend": "nccl", "device": f"cuda:{em.dev}",
+            "device_name": "NVIDIA H100 80GB HBM3", "trace_file": f"rank{r}.trace.json.gz",
+            "comm_records": len(em.sidecar), "status": "ok", "exit_code": 0}
+    for name, doc in ((f"rank{r}.comms.json", comms), (f"rank{r}.meta.json", meta)):
+        (side / name).write_text(json.dumps(doc))
+        files.append(str(side / name))
+
+
+def _write_run(job: Job, out: Path, files: list) -> None:
+    world, rph = _world(job), max(1, job.ranks_per_host)
+    nodes: dict[str, list[int]] = {}
+    for r in range(world):
+        nodes.setdefault(f"node{r // rph:02d}", []).append(r)
+    doc = {"schema": "pardiag", "schema_version": 1, "kind": "run", "pardiag_version": "0.1.0",
+           "command": "pardiag profile train.py", "script": "train.py", "script_args": [],
+           "world_size": world, "nproc_per_node": min(world, rph),
+           "nnodes": max(1, math.ceil(world / rph)), "node_rank": 0,
+           "schedule": {"wait": 1, "warmup": 1, "active": job.steps},
+           "started_unix": 1700000000.0, "ended_unix": 1700000100.0, "torchrun_exit_code": 0,
+           "exit_code": 0, "nodes": nodes, "backend": "nccl", "failed_ranks": {},
+           "missing_ranks": []}
+    (out / "pardiag" / "run.json").write_text(json.dumps(doc))
+    files.append(str(out / "pardiag" / "run.json"))
+
+
+def generate(job: Job, out_dir: str | os.PathLike) -> Truth:
+    """Simulate `job`, write its traces under `out_dir`, return what was planted."""
+    _validate(job)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    P = _params(job)
+    sts, results = _simulate(job, P)
+    tables, pgcounts = _pg_tables(job, P)
+    base = BASE_US + float(np.random.default_rng([job.seed, 5]).uniform(0, 5e10))
+    files: list[str] = []
+    for st in sts:
+        r = st.rank
+        em = _Emitter(job, P, r, tables, _Clock(job, r, base))
+        for steps in _windows(job, P):
+            ev = _emit_window(em, st, steps, results, P)
+            doc = {**_header(job, P, r, tables, pgcounts), "traceEvents": _meta_events(em) + ev}
+            ts0 = min(e["ts"] for e in ev if e["ph"] == "X")
+            if job.metadata == "records" and job.windows == 1:
+                path = out / f"rank{r}.trace.json.gz"
+            elif job.windows > 1:
+                path = out / f"rank{r}.{int(ts0 * 1000)}.pt.trace.json"
+            else:
+                path = out / f"rank{r}.json"
+            _dump(path, doc, gz=path.suffix == ".gz")
+            files.append(str(path))
+        if job.metadata == "records":
+            _write_records(job, out, r, em, tables, files)
+    if job.metadata == "records":
+        _write_run(job, out, files)
+    return _truth(job, P, sts, results, base, files)
+
+
+def _truth(job, P, sts, results, base, files) -> Truth:
+    counts, sizes, algbw = _truth_comm(job, sts, results, P)
+    off, drift = _clock_truth(job, sts, P, base)
+    world = _world(job)
+    strag = _straggler(job, sts, results, P)
+    bub = _bubble(job, sts, P)
+    parts = [f"{world} ranks, mesh {job.mesh}, schedule {job.schedule}, {job.steps} steps x "
+             f"{job.windows} window(s), metadata {job.metadata}, kernels {job.kernels}"]
+    if job.slow_ranks:
+        parts.append(f"slow ranks {job.slow_ranks} (µs/step) -> straggler {strag}")
+    if job.host_offset_us:
+        parts.append(f"host clock offsets {job.host_offset_us} µs")
+    if job.host_drift_us_per_s:
+        parts.append(f"host drift {job.host_drift_us_per_s} µs/s"
+                     + (" on GPU timestamps only" if job.gpu_only_drift else ""))
+    if job.start_skew_us:
+        parts.append(f"profiler-start skew {job.start_skew_us} µs (not a straggler)")
+    if job.drop:
+        parts.append(f"dropped comm kernels {job.drop}")
+    if job.coalesced:
+        parts.append("DP all_reduces in one nccl:coalesced block per step")
+    if job.broadcasts_per_step:
+        parts.append(f"{job.broadcasts_per_step} rooted broadcasts per step (chain ends)")
+    if bub is not None:
+        p, m = job.mesh["pp"], job.microbatches
+        v = 2 if job.schedule == "pp_interleaved" else 1
+        parts.append(f"bubble {bub:.4f} measured (ideal {(p - 1) / (v * m + p - 1):.4f})")
+    parts.append(f"pg naming {P['naming']}/{P['family']}, p2p keys {P['p2p_style']}")
+    return Truth(
+        world=world, layout={d: n for d, n in job.mesh.items() if n > 1},
+        hosts={r: r // max(1, job.ranks_per_host) for r in range(world)},
+        offset_us=off, drift_us_per_s=drift, straggler=strag, counts=counts, bytes=sizes,
+        algbw_gbps={k: round(v, 4) for k, v in algbw.items()}, bubble=bub,
+        comm_kernel_regex=CUSTOM_REGEX if job.kernels == "custom" else None,
+        files=files, notes="; ".join(parts) + ".")
+
+
+def _base_mesh(rng: random.Random, schedule: str) -> dict[str, int]:
+    n = rng.choice([2, 4, 8])
+    return {"ddp": {"dp": n}, "fsdp": {"fsdp": n}, "tp": {"tp": n}, "ep": {"ep": n}}[schedule]
+
+
+def random_job(rng: random.Random, kind: str | None = None,
+               metadata: str | None = None) -> Job:
+    """A random valid job of `kind` (one of KINDS; random when None)."""
+    kind = kind or rng.choice(KINDS)
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}")
+    sched = rng.choice(["ddp", "fsdp", "tp", "ep"])
+    job = Job(mesh=_base_mesh(rng, sched), schedule=sched, steps=rng.randint(3, 5),
+              metadata=metadata or rng.choice(METADATA), seed=rng.randrange(1 << 30),
+              jitter_us=rng.choice([0.0, 0.0, 2.0]))
+    w = _world(job)
+    if kind == "straggler":
+        job.slow_ranks = {rng.randrange(w): rng.uniform(400, 1500)}
+    elif kind in ("clock_offset", "drift"):
+        job.schedule, job.mesh, job.ranks_per_host = "ddp", {"dp": rng.choice([4, 8])}, 2
+        hosts = _world(job) // 2
+        if kind == "clock_offset":
+            job.host_offset_us = {h: rng.uniform(-900, 900) for h in range(1, hosts)}
+        else:
+            job.host_drift_us_per_s = {h: rng.choice([-1, 1]) * rng.uniform(20, 60)
+                                       for h in range(1, hosts)}
+            job.host_offset_us = {h: rng.uniform(-300, 300) for h in range(1, hosts)}
+            job.gpu_only_drift, job.compute_scale = rng.random() < 0.5, 150.0
+            job.steps = rng.randint(12, 20)
+    elif kind == "start_skew":
+        job.start_skew_us = {rng.randrange(1, w): rng.uniform(5000, 40000)}
+    elif kind == "dropped":
+        r = rng.randrange(w)
+        job.drop = {r: sorted(rng.sample(range(6), rng.randint(1, 3)))}
+    elif kind == "multi_kernel_a2a":
+        job.schedule, job.mesh, job.kernels = "ep", {"ep": rng.choice([4, 8])}, "nccl"
+    elif kind == "coalesced":
+        job.schedule, job.mesh, job.coalesced = "ddp", {"dp": rng.choice([2, 4, 8])}, True
+    elif kind in ("old_nccl", "rccl", "xpu_oneccl", "custom_kernel"):
+        job.kernels = {"old_nccl": "nccl_old", "rccl": "rccl", "xpu_oneccl": "oneccl",
+                       "custom_kernel": "custom"}[kind]
+    elif kind == "rooted_broadcast":
+        job.schedule, job.mesh, job.broadcasts_per_step = "ddp", {"dp": rng.choice([4, 8])}, 2
+    elif kind == "pipeline":
+        job.schedule = rng.choice(["pp_gpipe", "pp_1f1b", "pp_interleaved"])
+        p = rng.choice([2, 4])
+        job.mesh = rng.choice([{"pp": p}, {"pp": 2, "dp": 2}])
+        job.microbatches = rng.choice([4, 8])
+    elif kind == "windows":
+        job.windows = rng.randint(2, 3)
+    elif kind == "mesh_layout":
+        job.mesh, job.schedule = rng.choice([
+            ({"dp": 2, "tp": 2}, "ddp"), ({"fsdp": 2, "tp": 4}, "fsdp"),
+            ({"dp": 4, "tp": 2}, "ddp"), ({"dp": 2, "ep": 4}, "ep"),
+            ({"pp": 2, "dp": 2, "tp": 2}, "pp_1f1b")])
+        job.ranks_per_host = rng.choice([4, 8])
+    return job
+
+
+# --------------------------------------------------------------------------------------------
+# Smoke test
+
+
+def _check_files(truth: Truth) -> None:
+    """Every file loads as JSON; every kernel has a runtime launch with its correlation."""
+    for f in truth.files:
+        opener = gzip.open if f.endswith(".gz") else open
+        with opener(f, "rb") as fh:
+            doc = json.loads(fh.read())
+        if "traceEvents" not in doc:
+            continue
+        ev = doc["traceEvents"]
+        launches = {e["args"]["correlation"] for e in ev
+                    if e.get("cat") in ("cuda_runtime", "xpu_runtime")}
+        for e in ev:
+            if e.get("cat") == "kernel" and e["args"]["correlation"] not in launches:
+                raise AssertionError(f"{f}: kernel {e['name']} has no launch")
+            if e.get("ph") == "X" and e["dur"] < 0:
+                raise AssertionError(f"{f}: negative duration on {e['name']}")
+
+
+def _smoke(out: Path) -> None:
+    rng = random.Random(1234)
+    for kind in KINDS:
+        for md in METADATA:
+            job = random_job(rng, kind, md)
+            truth = generate(job, out / f"{kind}_{md}")
+            _check_files(truth)
+            print(f"{kind:16s} {md:8s} world={truth.world:<3d} files={len(truth.files):<3d} "
+                  f"straggler={truth.straggler} layout={truth.layout}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", metavar="DIR", help="write one job of every kind x metadata")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        _smoke(Path(args.smoke))
+    else:
+        ap.print_help()
+
+
+if __name__ == "__main__":
+    main()
