@@ -16,26 +16,26 @@ What is modelled
   `ProfilerStep#N` user annotations). A member's kernel starts when its stream reaches it.
   Release-together ops (all_reduce, all_gather, reduce_scatter, all_to_all) end on every member
   at max(arrivals) + transfer. Rooted broadcasts end on the root first and one hop later on each
-  next rank of the chain (TraceLens#22). send/recv end together at max(arrivals) + transfer.
+  next rank of the chain. send/recv end together at max(arrivals) + transfer.
   transfer = latency + S / algbw with algbw = busbw / factor, the bus-bandwidth factors of
   nccl-tests doc/PERFORMANCE.md (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all
   (n-1)/n; broadcast, send/recv 1), busbw lower across hosts.
 * One `all_to_all_single` on NCCL launches group-size `ncclDevKernel_SendRecv` kernels in sequence
-  (kineto#1380); the op spans its first kernel's start to its last kernel's end.
+  (a known Kineto trace shape); the op spans its first kernel's start to its last kernel's end.
 * Coalesced DP reductions: per member op a `record_param_comms` (sharing one `Seq`) without a
   launch, then one `nccl:coalesced` op launching one kernel per member, kernels carrying no
-  comm metadata (chakra#178). Counting: **every member all_reduce counts as one issued
+  comm metadata. Counting: **every member all_reduce counts as one issued
   all_reduce** (a block of 3 buckets is 3 all_reduces, each with its own byte size and kernel).
 * NCCL <= 2.13 kernel names, where an all_reduce may run as a `...SendRecv...` kernel and only
-  the launching CPU op `nccl:all_reduce` tells the op (NCCL#714, RCCL#505); RCCL's
-  `ncclDevKernel_Generic` (ROCm/roctracer#101); Intel XPU oneCCL kernels on SYCL queues; custom
+  the launching CPU op `nccl:all_reduce` tells the op; RCCL's
+  `ncclDevKernel_Generic`; Intel XPU oneCCL kernels on SYCL queues; custom
   comm kernel names (matched by `Truth.comm_kernel_regex`).
 * Clocks: recorded(t) = t + host offset + drift * t / 1e6 (t from the job start); ranks of one
   host share a clock. With `gpu_only_drift` only GPU timestamps drift, CPU ones keep the offset
-  (Kineto converts GPU timestamps with one offset taken at start, kineto#1082).
+  (Kineto converts GPU timestamps with one offset taken at start).
 * Profiler-start skew: the rank starts (and its trace opens) late, so the others wait at the
   first collective; it is not a straggler. Dropped kernels: CUPTI buffer loss, the kernel event
-  vanishes while its CPU ops and launch remain (pytorch#192021).
+  vanishes while its CPU ops and launch remain.
 * Pipelines (GPipe, 1F1B, interleaved with 2 chunks per rank in breadth-first "looped" order)
   over send/recv; the bubble (Narayanan et al., SC'21: (p-1)/(m+p-1)) is measured on the
   simulated timeline.

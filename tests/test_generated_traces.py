@@ -27,7 +27,7 @@ NO_RECORDS_DROPPED = ("dropped", "none")
 
 def _check(kind: str, meta: str, seed: int) -> None:
     if (kind, meta) == NO_RECORDS_DROPPED:
-        return
+        pytest.skip("lost kernels without any record: a named shortfall of the benchmark")
     res, truth = run_one(kind, meta, seed)
     for metric, ok in res.items():
         if metric == "counts" and kind in COUNTS_SHORT:
@@ -37,7 +37,7 @@ def _check(kind: str, meta: str, seed: int) -> None:
         assert ok is not False, (metric, kind, meta, seed, truth.notes)
 
 
-@pytest.mark.parametrize("kind", [k for k in KINDS])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("meta", ["seq", "names", "none"])
 def test_every_kind_and_metadata_level_fixed_seed(kind, meta):
     _check(kind, meta, 7)

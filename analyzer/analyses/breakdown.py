@@ -221,20 +221,13 @@ _LAUNCH_OP_RE = r"^(nccl:|c10d::|record_param_comms)"
 _LAUNCH_OP = re.compile(_LAUNCH_OP_RE)
 
 
-def launching_comm_ops(trace: RankTrace, kernels: pd.DataFrame) -> list[pd.DataFrame]:
-    """For each GPU kernel, the CPU communication ops (``c10d::*``, ``nccl:*``,
-    ``record_param_comms``) on the launching thread that enclose its runtime launch call
-    (matched by ``correlation``), outermost first; an empty frame where there is none."""
-    ops, rows = launching_op_rows(trace, kernels)
-    empty = ops.iloc[:0]
-    return [ops.iloc[r] if len(r) else empty for r in rows]
-
-
 def launching_op_rows(trace: RankTrace,
                       kernels: pd.DataFrame) -> tuple[pd.DataFrame, list[np.ndarray]]:
-    """:func:`launching_comm_ops` as positions: ``(ops, rows)`` where ``ops`` holds every CPU
+    """For each GPU kernel, the CPU communication ops (``c10d::*``, ``nccl:*``,
+    ``record_param_comms``) on the launching thread that enclose its runtime launch call
+    (matched by ``correlation``), as positions: ``(ops, rows)`` where ``ops`` holds every CPU
     communication op of the trace and ``rows[i]`` the positions in ``ops`` of kernel i's
-    enclosing ops, outermost first."""
+    enclosing ops, outermost first (empty where there is none)."""
     ev = trace.events
     rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]).to_numpy()
             & (ev["correlation"] >= 0).to_numpy()]
@@ -572,7 +565,7 @@ def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
             # the launching op names the op the program issued, before the kernel's name:
             # SendRecv kernels run all_to_all, and NCCL <= 2.13 ran some all-reduces as one
             if types[i] not in STANDARD_COLLECTIVES or types[i] == "send_recv":
-                t = _issued_type(op_names, op_args, enc)
+                t = issued_type(op_names, op_args, enc)
                 if types[i] != "send_recv" or t in STANDARD_COLLECTIVES:
                     types[i] = t
             who = issuing_op(op_args, enc)
@@ -583,7 +576,7 @@ def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     return comm
 
 
-def _issued_type(op_names: list, op_args: list, enclosing: np.ndarray) -> str:
+def issued_type(op_names: list, op_args: list, enclosing: np.ndarray) -> str:
     """The collective type the enclosing CPU ops of a kernel name (innermost first): a
     ``Collective name`` record, else the first op whose name is a standard collective
     (``nccl:all_reduce``), else the innermost op's name."""

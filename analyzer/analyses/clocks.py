@@ -6,9 +6,10 @@ when the last contribution has arrived, so on one true clock their ends agree to
 (TensorBoard profiler plugin: align ranks on collective ends). A rank's recorded clock is
 ``true + offset + drift · t``: one offset from the time its profiler converted the GPU's clock
 to the host's, and a drift that grows with the length of the trace (Kineto converts GPU
-timestamps with one offset taken at start; kineto#1082). For each clock (a host's, where the
-hosts are known; else a rank's) the differences ``end − consensus end`` (the consensus: the
-median of the members' ends, after the previous pass's fit) are fitted by a line in time with
+timestamps with one offset taken at start, so long traces drift). For each clock (a host's,
+where the hosts are known; else a rank's) the differences ``end − consensus end`` (the
+consensus: the median of the members' ends, after the previous pass's fit) are fitted by a line
+in time with
 the Theil–Sen estimator (median of pairwise slopes, with Sen's distribution-free interval from
 Kendall's S; Sen, J. Am. Stat. Assoc. 63 (1968) 1379 — as :func:`scipy.stats.theilslopes`
 computes it), robust to about 29% of the points being wrong. The drift is kept

@@ -27,7 +27,13 @@ from ..trace.classify import (
 )
 from ..trace.comm_records import DTYPE_BYTES, numel
 from ..trace.traceset import RankTrace, TraceSet
-from .breakdown import cpu_comm_types, issuing_op, launch_times, launching_op_rows
+from .breakdown import (
+    cpu_comm_types,
+    issued_type,
+    issuing_op,
+    launch_times,
+    launching_op_rows,
+)
 from .op_semantics import P2P_OPS, ROOTED, semantics
 
 #: Columns of :func:`comm_events` (µs on each rank's own clock; bytes of the full buffer).
@@ -304,21 +310,22 @@ def _kernel_row(rank: int, name: str, kargs, enc: np.ndarray, op_names: list, op
         a = op_args[enc[-1]]
         a = a if isinstance(a, dict) else {}
         args = {**args, **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
-    op = _issued_op_type(name, args, [op_names[j] for j in enc[::-1]])
+    op = _issued_op_type(name, args, enc, op_names, op_args)
     return _op_row(rank, op, args, pg_ranks, world)
 
 
-def _issued_op_type(kernel: str, args: dict, op_names: list[str]) -> str:
-    """The type of an issued op: its record's ``Collective name``, else the first standard
-    collective among its launching CPU ops (innermost first: ``nccl:all_reduce`` says a
-    ``SendRecv`` kernel of NCCL <= 2.13 ran an all-reduce), else the kernel's name; a
-    ``SendRecv`` kernel of no known op is ``send_recv`` (batched point-to-point)."""
+def _issued_op_type(kernel: str, args: dict, enc: np.ndarray, op_names: list,
+                    op_args: list) -> str:
+    """The type of an issued op: its record's ``Collective name``, else what its launching CPU
+    ops name (:func:`breakdown.issued_type`: ``nccl:all_reduce`` says a ``SendRecv`` kernel of
+    NCCL <= 2.13 ran an all-reduce), else the kernel's name; a ``SendRecv`` kernel of no known
+    op is ``send_recv`` (batched point-to-point)."""
     if args.get("Collective name"):
         op = collective_type(kernel, args)
         if op in STANDARD_COLLECTIVES:
             return op
-    for n in op_names:
-        op = collective_type(n, None)
+    if len(enc):
+        op = issued_type(op_names, op_args, enc)
         if op in STANDARD_COLLECTIVES and op != "send_recv":
             return op
     op = collective_type(kernel, args)
