@@ -61,7 +61,7 @@ from .trace.load import default_workers, find_trace_files, parse_file, parse_fil
 from .trace.traceset import RankTrace
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
-SUMMARY_VERSION = 8
+SUMMARY_VERSION = 9
 #: Modules whose code decides what a summary holds (this one and every analyzer module it
 #: imports, directly or through them; ``tests/test_summary.py`` holds that): a summary made by
 #: other code is recomputed.
@@ -72,6 +72,7 @@ _CODE_MODULES = ("pardiag.analyzer.summary",
                  "pardiag.analyzer.trace.comm_records",
                  "pardiag.analyzer.analyses.breakdown", "pardiag.analyzer.analyses.causes",
                  "pardiag.analyzer.analyses.comm_events", "pardiag.analyzer.analyses.infer_layout",
+                 "pardiag.analyzer.analyses.issued_ops",
                  "pardiag.analyzer.analyses.memory", "pardiag.analyzer.analyses.mesh",
                  "pardiag.analyzer.analyses.op_semantics", "pardiag.analyzer.analyses.operators")
 SUMMARY_KIND = "pardiag-rank-summary"

@@ -56,6 +56,7 @@ from ..trace.classify import (
     profiler_steps,
 )
 from ..trace.traceset import RankTrace, TraceSet
+from .issued_ops import gpu_issued_ops, launch_times
 
 #: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).
 BREAKDOWN_COLUMNS = (
@@ -203,72 +204,9 @@ def _metrics_over(k: np.ndarray, c: np.ndarray, spans: list[tuple[float, float]]
 
 
 def _intervals(ev: pd.DataFrame) -> np.ndarray:
+    """Interval set of the events (rows without times, issued ops whose kernels were lost,
+    drop out)."""
     return iv.union(ev["ts"].to_numpy(), (ev["ts"] + ev["dur"]).to_numpy())
-
-
-def launch_times(trace: RankTrace, kernels: pd.DataFrame) -> np.ndarray:
-    """CPU launch time (µs) of each GPU kernel: the ``ts`` of the runtime call with the same
-    ``correlation`` id; a kernel without one gets its own ``ts``."""
-    ev = trace.events
-    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
-    launch = pd.Series(rt["ts"].to_numpy(), index=rt["correlation"].to_numpy())
-    launch = launch[~launch.index.duplicated(keep="first")]
-    lt = launch.reindex(kernels["correlation"].to_numpy()).to_numpy()
-    return np.where(np.isnan(lt), kernels["ts"].to_numpy(), lt)
-
-
-_LAUNCH_OP_RE = r"^(nccl:|c10d::|record_param_comms)"
-_LAUNCH_OP = re.compile(_LAUNCH_OP_RE)
-
-
-def launching_op_rows(trace: RankTrace,
-                      kernels: pd.DataFrame) -> tuple[pd.DataFrame, list[np.ndarray]]:
-    """For each GPU kernel, the CPU communication ops (``c10d::*``, ``nccl:*``,
-    ``record_param_comms``) on the launching thread that enclose its runtime launch call
-    (matched by ``correlation``), as positions: ``(ops, rows)`` where ``ops`` holds every CPU
-    communication op of the trace and ``rows[i]`` the positions in ``ops`` of kernel i's
-    enclosing ops, outermost first (empty where there is none)."""
-    ev = trace.events
-    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]).to_numpy()
-            & (ev["correlation"] >= 0).to_numpy()]
-    ops = ev[name_test(trace, "launch_op", _LAUNCH_OP.match)
-             & ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()]
-    none = np.empty(0, dtype=np.int64)
-    if ops.empty:
-        return ops, [none] * len(kernels)
-    by_corr = dict(zip(rt["correlation"].tolist(),  # the last runtime call with an id wins
-                       zip(rt["ts"].tolist(), rt["pid"].tolist(), rt["tid"].tolist())))
-    # per launching thread: the ops' starts and ends; a kernel's enclosing ops are those with
-    # start <= launch <= end (positions in time order, so outermost first)
-    starts_all = ops["ts"].to_numpy()
-    ends_all = starts_all + ops["dur"].to_numpy()
-    thread_ops = {key: (idx, starts_all[idx], ends_all[idx])
-                  for key, idx in ops.groupby(["pid", "tid"], sort=False).indices.items()}
-    out = []
-    for corr in kernels["correlation"].tolist():
-        hit = by_corr.get(corr)
-        th = thread_ops.get((hit[1], hit[2])) if hit is not None else None
-        if th is None:
-            out.append(none)
-            continue
-        idx, starts, ends = th
-        t = hit[0]
-        out.append(idx[(starts <= t) & (ends >= t)])
-    return ops, out
-
-
-def issuing_op(op_args: list, enclosing: np.ndarray) -> int:
-    """The op that issued a kernel, as a position in the ``ops`` of :func:`launching_op_rows`:
-    the innermost enclosing ``record_param_comms`` with a ``Collective name`` (c10d records one
-    per op the program issues, whatever number of kernels the op launches: an all_to_all as one
-    ``SendRecv`` per peer, a coalesced block as one kernel for many ops), else the outermost
-    enclosing communication op (``nccl:coalesced``, ``nccl:all_reduce``); -1 without one.
-    ``enclosing``: the kernel's row of :func:`launching_op_rows`, outermost first."""
-    for j in enclosing[::-1].tolist():
-        a = op_args[j]
-        if isinstance(a, dict) and "Collective name" in a:
-            return int(j)
-    return int(enclosing[0]) if len(enclosing) else -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +221,10 @@ class RankParts:
         step_windows: ``(step, start µs, end µs)`` per profiler step — on GPU from the first
             kernel launched in the step's CPU range to the next step's first kernel (the last
             step: to its last kernel's end), on CPU the ``ProfilerStep`` range.
-        comm_events: the communication events (``name, ts, dur, args, type, counted``).
+        comm_events: the communication events (``name, ts, dur, args, type, counted``):
+            ``counted`` is how many issued ops an event accounts for (an op counts once however
+            many kernels it ran as); an issued op whose kernels the trace lost is a row with
+            NaN ``ts``/``dur`` (GPU).
         segments: ``((start µs, end µs), ...)`` inside ``[lo, hi]`` that are the rank's time
             when its events come from several profiling windows (:attr:`RankTrace.windows`);
             ``()`` for one window (then ``[lo, hi]`` is).
@@ -546,49 +487,21 @@ def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
 
 
 def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
-    """Collective type of GPU communication kernels; generic kernels (RCCL's
-    ``ncclDevKernel_Generic``) take it from the CPU communication op that launched them, and so do
-    NCCL's ``SendRecv`` kernels, which run all_to_all as well as send and recv (the innermost
-    launching op with a ``Collective name``, else the innermost one, as the synchronization
-    analysis names them)."""
+    """Collective type of each GPU communication event and the issued ops it accounts for
+    (:func:`pardiag.analyzer.analyses.issued_ops.gpu_issued_ops`: the type the launching host op
+    names before the kernel's; an op counts once however many kernels it ran as), plus one row
+    without times (``ts``/``dur`` NaN) per issued op whose kernels the trace lost."""
     comm = comm_ev[["name", "ts", "dur", "args", "correlation"]].copy()
-    types = [collective_type(n, a) for n, a in zip(comm["name"], comm["args"])]
-    counted = np.ones(len(comm), dtype=bool)
-    if len(comm):
-        ops, enclosing = launching_op_rows(trace, comm)
-        op_args = ops["args"].tolist()
-        op_names = ops["name"].tolist()
-        seen: set[int] = set()
-        for i, enc in enumerate(enclosing):
-            if not len(enc):
-                continue
-            # the launching op names the op the program issued, before the kernel's name:
-            # SendRecv kernels run all_to_all, and NCCL <= 2.13 ran some all-reduces as one
-            if types[i] not in STANDARD_COLLECTIVES or types[i] == "send_recv":
-                t = issued_type(op_names, op_args, enc)
-                if types[i] != "send_recv" or t in STANDARD_COLLECTIVES:
-                    types[i] = t
-            who = issuing_op(op_args, enc)
-            counted[i] = who not in seen  # one count per issued op, not per kernel
-            seen.add(who)
-    comm["type"] = types
-    comm["counted"] = counted
+    issued = gpu_issued_ops(trace, comm_ev)
+    comm["type"] = issued.kernel_types()
+    comm["counted"] = issued.kernel_counts()
+    lost = issued.ops[issued.ops["missing"]]
+    if len(lost):
+        comm = pd.concat([comm, pd.DataFrame({
+            "name": lost["op"].to_numpy(), "ts": np.nan, "dur": np.nan, "args": None,
+            "correlation": -1, "type": lost["op"].to_numpy(), "counted": 1})],
+            ignore_index=True)
     return comm
-
-
-def issued_type(op_names: list, op_args: list, enclosing: np.ndarray) -> str:
-    """The collective type the enclosing CPU ops of a kernel name (innermost first): a
-    ``Collective name`` record, else the first op whose name is a standard collective
-    (``nccl:all_reduce``), else the innermost op's name."""
-    for j in enclosing[::-1].tolist():
-        a = op_args[j]
-        if isinstance(a, dict) and a.get("Collective name"):
-            return collective_type(op_names[j], a)
-    for j in enclosing[::-1].tolist():
-        t = collective_type(op_names[j], None)
-        if t in STANDARD_COLLECTIVES and t != "send_recv":
-            return t
-    return collective_type(op_names[enclosing[-1]], op_args[enclosing[-1]])
 
 
 def _collective_rows(rank: int, parts: RankParts) -> list[dict]:

@@ -16,7 +16,6 @@ import pandas as pd
 
 from ..trace import intervals as iv
 from ..trace.classify import (
-    STANDARD_COLLECTIVES,
     Kind,
     classify,
     collective_type,
@@ -27,13 +26,8 @@ from ..trace.classify import (
 )
 from ..trace.comm_records import DTYPE_BYTES, numel
 from ..trace.traceset import RankTrace, TraceSet
-from .breakdown import (
-    cpu_comm_types,
-    issued_type,
-    issuing_op,
-    launch_times,
-    launching_op_rows,
-)
+from .breakdown import cpu_comm_types
+from .issued_ops import gpu_issued_ops
 from .op_semantics import P2P_OPS, ROOTED, semantics
 
 #: Columns of :func:`comm_events` (µs on each rank's own clock; bytes of the full buffer).
@@ -142,9 +136,16 @@ def _pg_config(trace: RankTrace) -> tuple[dict[str, list[int]], int | None, int 
 
 def _from_records(rank: int, doc: dict, steps: pd.DataFrame) -> pd.DataFrame:
     groups = {g["name"]: g for g in doc.get("process_groups", [])}
+    recs = doc.get("records", [])
+    # On a rank whose ops ran as kernels, a record placed on its host op (its kernel was not
+    # in the trace) has no device times: the host runs ahead of the device, so comparing them
+    # with other ranks' kernel times would make up waits. It counts, but is matched with nothing.
+    on_device = any(r.get("matched") == "kernel" for r in recs)
     rows = []
-    for r in doc.get("records", []):
+    for r in recs:
         if r.get("start_us") is None or r.get("end_us") is None:
+            continue
+        if on_device and r.get("matched") not in ("kernel", "gloo"):
             continue
         g = groups.get(r["pg_name"], {})
         members = _rank_list(r.get("pg_ranks") or g.get("ranks") or []) or []
@@ -237,15 +238,15 @@ def events_from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -
 
 def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
                      pg_ranks: dict[str, list[int]], world: int | None) -> pd.DataFrame | None:
-    """The rank's GPU communication as events, one per *issued op*: the kernels one op launched
-    (an all_to_all's ``SendRecv`` per peer, a coalesced block's kernel) are one event from the
-    first kernel's start to the last kernel's end, with the op's bytes and its type from the
-    launching CPU op before the kernel's name (:func:`breakdown.issuing_op`); metadata from the
-    kernel's args, else from the launching ``record_param_comms``.
+    """The rank's GPU communication as events, one per *issued op*
+    (:func:`pardiag.analyzer.analyses.issued_ops.gpu_issued_ops`: an all_to_all's ``SendRecv``
+    per peer is one op from its first kernel's start to its last kernel's end; each member of a
+    coalesced block is one; the type comes from the launching host op before the kernel's name);
+    group, sequence number, peer and bytes from the op's record and kernel args.
 
-    Ops the program issued whose kernels the trace lost (CUPTI drops records at a session's
-    start) keep their place in their group's order: a row with NaN times (``missing``), so the
-    positions of the ops that follow still say which collective of the group they are.
+    Ops whose kernels the trace lost (CUPTI drops records at a session's start) keep their place
+    in their group's order: rows with NaN times (``missing``), so the positions of the ops that
+    follow still say which collective of the group they are.
 
     ``kinds``: :func:`pardiag.analyzer.trace.classify.classify` of the events; ``steps``: the
     profiler steps; ``pg_ranks``/``world``: :func:`_pg_config`.
@@ -261,77 +262,17 @@ def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
              & ~ev["cat"].isin(["gpu_memcpy", "gpu_memset"]).to_numpy()]
     if not len(gpu):
         return None
-    launch = launch_times(trace, gpu)
-    ops, enclosing = launching_op_rows(trace, gpu)
-    op_names = ops["name"].tolist()
-    op_args = ops["args"].tolist()
-    by_issuer: dict[int, dict] = {}
+    ops = gpu_issued_ops(trace, gpu).ops
     rows = []
-    for name, ts, dur, kargs, lt, enc in zip(gpu["name"].tolist(), gpu["ts"].tolist(),
-                                             gpu["dur"].tolist(), gpu["args"].tolist(),
-                                             launch, enclosing):
-        who = issuing_op(op_args, enc)
-        row = by_issuer.get(who) if who >= 0 else None
-        if row is not None:  # another kernel of the same issued op
-            row["start_us"] = min(row["start_us"], float(ts))
-            row["end_us"] = max(row["end_us"], float(ts + dur))
-            row["_kernel_bytes"] += _args_bytes(kargs) or 0
-            continue
-        row = _kernel_row(trace.rank, name, kargs, enc, op_names, op_args, pg_ranks, world)
-        row.update(start_us=float(ts), end_us=float(ts + dur), issue_us=float(lt),
-                   missing=False, _kernel_bytes=_args_bytes(kargs) or 0)
+    for op, a, issue, start, end, missing in zip(
+            ops["op"].tolist(), ops["args"].tolist(), ops["issue_us"].tolist(),
+            ops["start_us"].tolist(), ops["end_us"].tolist(), ops["missing"].tolist()):
+        row = _op_row(trace.rank, op, a, pg_ranks, world)
+        row.update(start_us=start, end_us=end, issue_us=issue, missing=bool(missing))
         rows.append(row)
-        if who >= 0:
-            by_issuer[who] = row
-    if any(isinstance(op_args[j], dict) and "Collective name" in op_args[j] for j in by_issuer):
-        # only where kernels are tied to their records: else every record would look lost
-        rows.extend(_kernelless_ops(trace, ops, set(by_issuer), pg_ranks, world))
     df = pd.DataFrame(rows)
-    # a coalesced block's kernels without metadata: the op's bytes are its kernels' together
-    kb = df.pop("_kernel_bytes").astype(float)
-    df["bytes"] = df["bytes"].where(df["bytes"].notna(), kb.where(kb > 0))
     df["step"] = _step_of(df["issue_us"].to_numpy(dtype=float), steps)
     return df
-
-
-def _kernel_row(rank: int, name: str, kargs, enc: np.ndarray, op_names: list, op_args: list,
-                pg_ranks: dict[str, list[int]], world: int | None) -> dict:
-    """The event of an issued op from its first kernel (``name``, ``kargs``) and its enclosing
-    CPU ops (positions ``enc`` in ``op_names``/``op_args``, outermost first): op type, group,
-    sequence number, peer and bytes (:data:`EVENT_COLUMNS` but the times, ``step`` and
-    ``window``)."""
-    args = kargs if isinstance(kargs, dict) else {}
-    rpc = next((op_args[j] for j in enc[::-1] if isinstance(op_args[j], dict)
-                and "Collective name" in op_args[j]), None)
-    if rpc is not None:  # the launching op's record fills what the kernel lacks (Seq)
-        args = {**rpc, **args}
-    if "Collective name" not in args and len(enc):
-        # an older trace: the op name and its input shapes
-        a = op_args[enc[-1]]
-        a = a if isinstance(a, dict) else {}
-        args = {**args, **{k: a[k] for k in ("Input Dims", "Input type") if k in a}}
-    op = _issued_op_type(name, args, enc, op_names, op_args)
-    return _op_row(rank, op, args, pg_ranks, world)
-
-
-def _issued_op_type(kernel: str, args: dict, enc: np.ndarray, op_names: list,
-                    op_args: list) -> str:
-    """The type of an issued op: its record's ``Collective name``, else what its launching CPU
-    ops name (:func:`breakdown.issued_type`: ``nccl:all_reduce`` says a ``SendRecv`` kernel of
-    NCCL <= 2.13 ran an all-reduce), else the kernel's name; a ``SendRecv`` kernel of no known
-    op is ``send_recv`` (batched point-to-point)."""
-    if args.get("Collective name"):
-        op = collective_type(kernel, args)
-        if op in STANDARD_COLLECTIVES:
-            return op
-    if len(enc):
-        op = issued_type(op_names, op_args, enc)
-        if op in STANDARD_COLLECTIVES and op != "send_recv":
-            return op
-    op = collective_type(kernel, args)
-    if op not in STANDARD_COLLECTIVES and "sendrecv" in kernel.lower().replace("_", ""):
-        op = "send_recv"
-    return op
 
 
 def _op_row(rank: int, op: str, args: dict, pg_ranks: dict[str, list[int]],
@@ -362,28 +303,6 @@ def _root(op: str, args: dict, members: list[int] | None) -> int | None:
     if members and 0 <= local < len(members):
         return members[local]
     return local
-
-
-def _kernelless_ops(trace: RankTrace, ops: pd.DataFrame, with_kernels: set[int],
-                    pg_ranks: dict[str, list[int]], world: int | None) -> list[dict]:
-    """Issued ops of a known group (a ``record_param_comms`` naming its group) that launched no
-    kernel the trace holds, as rows with NaN times and ``missing`` True, on the threads that
-    launched communication kernels."""
-    if ops.empty:
-        return []
-    names = ops["name"].tolist()
-    rows = []
-    for j, (a, ts) in enumerate(zip(ops["args"].tolist(), ops["ts"].tolist())):
-        if j in with_kernels or names[j] != "record_param_comms" or not isinstance(a, dict) \
-                or "Collective name" not in a:
-            continue
-        row = _op_row(trace.rank, collective_type(names[j], a), a, pg_ranks, world)
-        if not row["group"] and row["pg"] == "?":
-            continue  # no group: its place in no group's order is known
-        row.update(start_us=np.nan, end_us=np.nan, issue_us=float(ts), missing=True,
-                   _kernel_bytes=0)
-        rows.append(row)
-    return rows
 
 
 def _gloo_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,

@@ -337,13 +337,15 @@ def _p2p_links(ev: pd.DataFrame, complete: set, root: dict[int, int], model: Clo
     return {r: linked[root[r]] for r in root}, n_pairs
 
 
-def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str]
-                 ) -> tuple[ClockModel, list[str]]:
+def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str],
+                 t0_us: float | None = None) -> tuple[ClockModel, list[str]]:
     """The clocks of the ranks (:mod:`pardiag.analyzer.analyses.clocks`): one offset and drift
     per host where every rank's host is known (with one host, one clock: nothing subtracted),
     else per rank, relative to the lowest rank of each clock domain and fitted over the ends of
     complete release-together instances only. Ranks nothing links to the lowest rank keep their
-    clock, and a note says so.
+    clock, and a note says so. The offsets hold at ``t0_us`` (the reference rank's clock; by
+    default its first communication event): with drift, an offset is a clock's difference at
+    one moment, and the start of the profiled window is the one a reader compares.
 
     Returns:
         (the model, notes on it).
@@ -356,6 +358,8 @@ def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str]
         return ClockModel(pd.DataFrame(columns=cols), 0.0, {}, False), notes
     ref = ranks[0]
     t0 = float(np.nanmin(ev.loc[ev["rank"] == ref, "start_us"].to_numpy(dtype=float)))
+    if t0_us is not None and np.isfinite(t0_us):
+        t0 = float(t0_us)
     root = _link(ev, complete, ranks)
     rows = together_ends(ev, complete)
     known = all(hosts.get(r) for r in ranks)
@@ -440,10 +444,13 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     inst, inst_notes, n_multi = _count_instances(ev, present)
     notes.extend(inst_notes)
     hosts = _hosts(traces)
-    ev, inst, clock, off_notes = _align_clocks(ev, inst, hosts)
+    starts = _window_starts(traces)
+    ref_start = starts.get(min(int(r) for r in ev["rank"].unique()), []) if len(ev) else []
+    ev, inst, clock, off_notes = _align_clocks(ev, inst, hosts,
+                                               min(ref_start) if ref_start else None)
     notes.extend(off_notes)
     inst = _instance_times(ev, inst, hosts)
-    head, head_note = _window_heads(ev, inst, _window_starts(traces), clock)
+    head, head_note = _window_heads(ev, inst, starts, clock)
     inst["head"] = head.to_numpy()
     inst["evidence"] = inst["complete"] & ~inst["head"] & inst["semantics"].ne(UNKNOWN)
     if head_note:
@@ -538,10 +545,11 @@ def _count_instances(ev: pd.DataFrame, present: set[int]
     return inst, notes, n_multi
 
 
-def _align_clocks(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
+def _align_clocks(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str],
+                  t0_us: float | None = None
                   ) -> tuple[pd.DataFrame, pd.DataFrame, ClockModel, list[str]]:
-    """Fit the clock model (:func:`_clock_model`) to the complete instances of ``inst``
-    (:func:`_count_instances`) and correct the event times of ``ev`` by it.
+    """Fit the clock model (:func:`_clock_model`, offsets at ``t0_us``) to the complete
+    instances of ``inst`` (:func:`_count_instances`) and correct the event times of ``ev`` by it.
 
     Returns:
         (``ev`` with ``start_us``/``end_us`` on the reference clock and ``dur_us`` added (µs);
@@ -549,7 +557,7 @@ def _align_clocks(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
         the model; notes on it).
     """
     complete = set(inst.index[inst["complete"]])
-    model, notes = _clock_model(ev, complete, hosts)
+    model, notes = _clock_model(ev, complete, hosts, t0_us)
     # an instance whose members' clocks nothing relates cannot be compared
     sets = ev.groupby("instance")["rank"].agg(
         lambda rs: len({model.domain.get(int(r), int(r)) for r in rs}))

@@ -222,12 +222,14 @@ def _profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
 
 
 _NCCL_TYPE_RE = re.compile(
-    r"(AllReduce|AllGather|ReduceScatter|AllToAll|Broadcast|Reduce|SendRecv|Send|Recv)",
+    r"(All_?Reduce|All_?Gather|Reduce_?Scatter|All_?To_?All|Broadcast|Bcast|Reduce|SendRecv"
+    r"|Send|Recv)",
     re.IGNORECASE)
 #: Collective names with underscores removed → the standard name.
 _CANON = {
     "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
     "alltoall": "all_to_all", "alltoallv": "all_to_all", "broadcast": "broadcast",
+    "bcast": "broadcast",
     "reduce": "reduce", "sendrecv": "send_recv", "send": "send", "recv": "recv",
     "recvanysource": "recv", "barrier": "barrier", "gather": "gather", "scatter": "scatter",
 }

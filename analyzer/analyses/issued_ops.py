@@ -1,0 +1,311 @@
+"""The communication ops a GPU rank issued: one row per op the program called, however many
+kernels it ran as (none, when the profiler lost them), and the op each communication kernel
+belongs to. The breakdown's per-type counts and the cross-rank events both read this one table.
+
+An op is issued on the host: c10d records it (``record_param_comms`` with a ``Collective name``,
+one per op the program calls) inside the backend's range (``nccl:all_reduce``,
+``c10d::allreduce_``, ``nccl:coalesced``), and its kernels are launched from there (a runtime
+launch call tied to its kernel by ``correlation``). So ops are read from the host side and
+kernels attached to them, launch by launch:
+
+* a launch inside a record with a ``Collective name`` belongs to the innermost such record (an
+  ``all_to_all`` launching one ``SendRecv`` kernel per peer is one op);
+* a launch inside a coalescing range (``nccl:coalesced``, a record named ``coalesced``: a
+  ``_coalescing_manager`` block, ``batch_isend_irecv``) belongs to a member op of the block. The
+  members are the records the thread issued since its previous launching op that launch nothing
+  themselves (c10d records each call in the block; the kernels are launched when the block
+  ends). The i-th launch belongs to the i-th member when their numbers agree; when they do not
+  (NCCL fuses a group into fewer kernels) every member spans every kernel of the block. A block
+  without member records has one member op per launch;
+* otherwise a launch belongs to the outermost communication range that encloses it;
+* a communication kernel that no launch ties to a host op is an op of its own.
+
+The type of an op is what the host side says (its record's ``Collective name``, else the range's
+name: ``nccl:all_reduce`` says a ``SendRecv`` kernel of NCCL <= 2.13 or RCCL ran an all-reduce,
+NCCL#714), else its first kernel's name (:func:`pardiag.analyzer.trace.classify.collective_type`).
+
+An op whose launches' kernels are all absent from the trace (CUPTI dropped them at a session's
+start, pytorch#192021) is *missing*: it counts as issued and keeps its place in its group's order,
+without times.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import re
+
+import numpy as np
+import pandas as pd
+
+from ..trace import intervals as iv
+from ..trace.classify import STANDARD_COLLECTIVES, cached, collective_type, name_test
+from ..trace.traceset import GPU_CATS, RankTrace
+
+#: Host ops that issue communication and enclose their kernels' launches.
+LAUNCH_OP_RE = re.compile(r"^(nccl:|c10d::|record_param_comms)")
+#: Runtime calls that launch a kernel (``cudaLaunchKernel``, ``cudaLaunchKernelExC``,
+#: ``cuLaunchKernelEx``, ``hipLaunchKernel``, ``hipExtModuleLaunchKernel``, SYCL's
+#: ``urEnqueueKernelLaunch``).
+LAUNCH_CALL_RE = re.compile(r"launch\w*kernel|kernel\w*launch", re.IGNORECASE)
+_COALESCING = frozenset({"coalesced", "startcoalescing", "endcoalescing"})
+
+#: Columns of :attr:`IssuedOps.ops`.
+OP_COLUMNS = ("op", "args", "issue_us", "start_us", "end_us", "n_kernels", "missing", "block")
+
+
+@dataclasses.dataclass(frozen=True)
+class IssuedOps:
+    """Result of :func:`gpu_issued_ops`.
+
+    Attributes:
+        ops: one row per issued op, in issue order: ``op`` (standard collective name, or a
+            custom kernel's name), ``args`` (its record's args with its first kernel's on top:
+            group, ``Seq``, sizes; ``{}`` when neither has any), ``issue_us`` (its first launch,
+            else its record's start; µs on the rank's clock), ``start_us``/``end_us`` (its first
+            kernel's start, its last kernel's end; NaN when missing), ``n_kernels``, ``missing``
+            (launched, but no kernel in the trace), ``block`` (position of its coalescing range
+            among the host ops, -1 outside one).
+        kernel_ops: for each communication kernel given (in order), the positions in ``ops`` of
+            the ops it ran (one; several for a fused coalesced block).
+    """
+
+    ops: pd.DataFrame
+    kernel_ops: tuple[tuple[int, ...], ...]
+
+    def kernel_types(self) -> list[str]:
+        """The op type of each kernel (its first op's)."""
+        types = self.ops["op"].tolist()
+        return [types[k[0]] for k in self.kernel_ops]
+
+    def kernel_counts(self) -> np.ndarray:
+        """How many issued ops each kernel accounts for: the ops whose first kernel it is."""
+        out = np.zeros(len(self.kernel_ops), dtype=np.int64)
+        seen: set[int] = set()
+        for i, k in enumerate(self.kernel_ops):
+            for j in k:
+                if j not in seen:
+                    seen.add(j)
+                    out[i] += 1
+        return out
+
+
+def launch_times(trace: RankTrace, kernels: pd.DataFrame) -> np.ndarray:
+    """CPU launch time (µs) of each GPU kernel: the ``ts`` of the runtime call with the same
+    ``correlation`` id; a kernel without one gets its own ``ts``."""
+    ev = trace.events
+    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
+    launch = pd.Series(rt["ts"].to_numpy(), index=rt["correlation"].to_numpy())
+    launch = launch[~launch.index.duplicated(keep="first")]
+    lt = launch.reindex(kernels["correlation"].to_numpy()).to_numpy()
+    return np.where(np.isnan(lt), kernels["ts"].to_numpy(), lt)
+
+
+def _is_record(name: str, args) -> bool:
+    return (name == "record_param_comms" and isinstance(args, dict)
+            and bool(args.get("Collective name")))
+
+
+def _is_coalescing(name: str, args) -> bool:
+    if isinstance(args, dict) and args.get("Collective name"):
+        return str(args["Collective name"]).lower().replace("_", "") in _COALESCING
+    return name.rsplit(":", 1)[-1].lower().replace("_", "") in _COALESCING
+
+
+def _launches(trace: RankTrace) -> pd.DataFrame:
+    """Kernel launch calls (``ts``, ``pid``, ``tid``, ``correlation``), in time order."""
+    ev = trace.events
+    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]).to_numpy()
+            & (ev["correlation"] >= 0).to_numpy()
+            & name_test(trace, "launch_call", LAUNCH_CALL_RE.search)]
+    return rt[["ts", "pid", "tid", "correlation"]].sort_values("ts", kind="stable")
+
+
+def gpu_issued_ops(trace: RankTrace, kernels: pd.DataFrame) -> IssuedOps:
+    """The ops the rank issued and the op of each of its communication ``kernels`` (rows of its
+    events; see the module docstring). Computed from the trace's events; one pass per call."""
+    ev = trace.events
+    ops = ev[name_test(trace, "launch_op", LAUNCH_OP_RE.match)
+             & ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()]
+    names, args = ops["name"].tolist(), ops["args"].tolist()
+    o_ts = ops["ts"].to_numpy(dtype=float)
+    o_end = o_ts + ops["dur"].to_numpy(dtype=float)
+    o_thread = list(zip(ops["pid"].tolist(), ops["tid"].tolist()))
+    launches = _launches(trace)
+    present = set(ev.loc[ev["cat"].isin(GPU_CATS).to_numpy()
+                         & (ev["correlation"] >= 0).to_numpy(), "correlation"].tolist())
+    k_corr = kernels["correlation"].to_numpy()
+    kernel_of = {int(c): i for i, c in enumerate(k_corr.tolist()) if c >= 0}
+
+    # per thread: the host ops (time order) and the launches inside any of them
+    by_thread: dict = {}
+    for j, key in enumerate(o_thread):
+        by_thread.setdefault(key, []).append(j)
+    owner_rows: list[tuple] = []  # (launch ts, thread, correlation, enclosing op positions)
+    l_ts = launches["ts"].to_numpy(dtype=float)
+    l_corr = launches["correlation"].to_numpy()
+    l_pid, l_tid = launches["pid"].to_numpy(), launches["tid"].to_numpy()
+    for key, rows in by_thread.items():
+        rows = np.array(sorted(rows, key=lambda j: (o_ts[j], -o_end[j])))
+        s, e = o_ts[rows], o_end[rows]
+        # only the launches inside some host op need their enclosing ops looked up
+        merged = iv.union(s, e + 1e-9)
+        mine = np.flatnonzero((l_pid == key[0]) & (l_tid == key[1]))
+        at = np.searchsorted(merged[:, 0], l_ts[mine], side="right") - 1
+        inside = (at >= 0) & (l_ts[mine] <= merged[np.clip(at, 0, None), 1])
+        for i in mine[inside].tolist():
+            enc = rows[(s <= l_ts[i]) & (e >= l_ts[i])]
+            if len(enc):
+                owner_rows.append((float(l_ts[i]), key, int(l_corr[i]), enc))
+    return _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_of)
+
+
+def _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_of
+              ) -> IssuedOps:
+    """The ops table from the launches inside host ops (``owner_rows``) and the kernels."""
+    ops: list[dict] = []
+    by_key: dict = {}  # ("op", position) or ("block", position, member index)
+    kernel_ops: list[list[int]] = [[] for _ in range(len(kernels))]
+
+    def op_row(key, op, a, t) -> dict:
+        if key not in by_key:
+            by_key[key] = len(ops)
+            ops.append({"op": op, "args": a, "issue_us": t, "kernels": [], "launches": 0,
+                        "block": key[1] if key[0] == "block" else -1})
+        return ops[by_key[key]]
+
+    blocks: dict[int, list] = {}
+    for t, thread, corr, enc in owner_rows:
+        rec = next((j for j in enc[::-1].tolist() if _is_record(names[j], args[j])
+                    and not _is_coalescing(names[j], args[j])), None)
+        block = next((j for j in enc.tolist() if _is_coalescing(names[j], args[j])), None)
+        if rec is None and block is not None:
+            blocks.setdefault(block, []).append((t, thread, corr))
+            continue
+        j = rec if rec is not None else int(enc[0])
+        row = op_row(("op", j), _host_type(names, args, enc),
+                     args[j] if rec is not None else _shapes(args[int(enc[-1])]), t)
+        row["launches"] += 1
+        k = kernel_of.get(corr)
+        if k is not None:
+            row["kernels"].append(k)
+        elif corr in present:  # it launched computation or a copy
+            row["other_kernels"] = True
+    launching = set(blocks) | {key[1] for key in by_key if key[0] == "op"}
+    comm_launches: dict = {}
+    for t, thread, _, _ in owner_rows:
+        comm_launches.setdefault(thread, []).append(t)
+    records: dict = {}  # per thread: the records that can be members of a block, time order
+    for j in sorted(range(len(names)), key=lambda j: o_ts[j]):
+        if j not in launching and _is_record(names[j], args[j]) \
+                and not _is_coalescing(names[j], args[j]):
+            records.setdefault(o_thread[j], []).append(j)
+    for b, ls in blocks.items():
+        first = min(t for t, _, _ in ls)
+        prev = max((t for t in comm_launches[o_thread[b]] if t < first), default=-np.inf)
+        # c10d records each call of the block; the kernels launch when the block ends
+        mine = records.get(o_thread[b], [])
+        at = [o_ts[j] for j in mine]
+        members = mine[bisect.bisect_right(at, prev):bisect.bisect_left(at, first)]
+        _block_ops(b, ls, members, names, args, kernels, kernel_of, op_row)
+    for row_i, row in enumerate(ops):
+        for k in row["kernels"]:
+            kernel_ops[k].append(row_i)
+    # kernels no host op launched: an op each
+    for i, (name, a) in enumerate(zip(kernels["name"].tolist(), kernels["args"].tolist())):
+        if not kernel_ops[i]:
+            row = op_row(("kernel", i), _kernel_type(name, a), a if isinstance(a, dict) else {},
+                         float(kernels["ts"].iloc[i]))
+            row["kernels"].append(i)
+            row["launches"] = 1
+            kernel_ops[i].append(by_key[("kernel", i)])
+    return _finish(ops, kernel_ops, kernels, present)
+
+
+def _block_ops(b, launches, members, names, args, kernels, kernel_of, op_row) -> None:
+    """The member ops of one coalescing block and their kernels (module docstring)."""
+    launches = sorted(launches)
+    ks = [kernel_of.get(c) for _, _, c in launches]
+    if members and len(members) != len(launches):  # fused: every member spans every kernel
+        for m, j in enumerate(members):
+            row = op_row(("block", b, m), collective_type(names[j], args[j]), args[j],
+                         launches[0][0])
+            row["launches"] = len(launches)
+            row["kernels"].extend(k for k in ks if k is not None)
+        return
+    known = next((_kernel_type(kernels["name"].iloc[k], kernels["args"].iloc[k])
+                  for k in ks if k is not None), collective_type(names[b], args[b]))
+    for m, ((t, _, _), k) in enumerate(zip(launches, ks)):
+        j = members[m] if members else None
+        op = collective_type(names[j], args[j]) if j is not None else (
+            _kernel_type(kernels["name"].iloc[k], kernels["args"].iloc[k]) if k is not None
+            else known)
+        row = op_row(("block", b, m), op, args[j] if j is not None else {}, t)
+        row["launches"] = 1
+        if k is not None:
+            row["kernels"].append(k)
+
+
+def _host_type(names: list, args: list, enc: np.ndarray) -> str:
+    """The op type the host ops enclosing a launch name, innermost first: a record's
+    ``Collective name``, else the first range named by a standard collective
+    (``nccl:all_reduce``), else the outermost range's own name."""
+    for j in enc[::-1].tolist():
+        if _is_record(names[j], args[j]):
+            return collective_type(names[j], args[j])
+    for j in enc[::-1].tolist():
+        t = collective_type(names[j], None)
+        if t in STANDARD_COLLECTIVES and t != "send_recv":
+            return t
+    return collective_type(names[int(enc[0])], args[int(enc[0])])
+
+
+def _shapes(args) -> dict:
+    """An op's input shapes and types (an older trace's only record of its size)."""
+    a = args if isinstance(args, dict) else {}
+    return {k: a[k] for k in ("Input Dims", "Input type") if k in a}
+
+
+def _kernel_type(name: str, args) -> str:
+    """A kernel's op type from its own name and args; a ``SendRecv`` kernel of no known op is
+    ``send_recv`` (batched point-to-point)."""
+    op = collective_type(name, args if isinstance(args, dict) else None)
+    if op not in STANDARD_COLLECTIVES and "sendrecv" in name.lower().replace("_", ""):
+        return "send_recv"
+    return op
+
+
+def _finish(ops: list[dict], kernel_ops: list[list[int]], kernels: pd.DataFrame,
+            present: set) -> IssuedOps:
+    """Times, kernel counts and the missing flag; a host op whose launches ran no kernel the
+    trace holds counts as issued only when none of its launches' kernels is present (one that
+    launched only computation or copies is no communication)."""
+    k_ts = kernels["ts"].to_numpy(dtype=float)
+    k_end = k_ts + kernels["dur"].to_numpy(dtype=float)
+    k_args = kernels["args"].tolist()
+    rows, remap = [], {}
+    for i, row in enumerate(ops):
+        ks = sorted(set(row["kernels"]))
+        if not ks and row.get("other_kernels"):
+            continue
+        a = row["args"] if isinstance(row["args"], dict) else {}
+        if ks and isinstance(k_args[ks[0]], dict):
+            a = {**a, **k_args[ks[0]]}
+        remap[i] = len(rows)
+        rows.append({"op": row["op"], "args": a, "issue_us": float(row["issue_us"]),
+                     "start_us": float(k_ts[ks].min()) if ks else np.nan,
+                     "end_us": float(k_end[ks].max()) if ks else np.nan,
+                     "n_kernels": len(ks), "missing": not ks, "block": int(row["block"])})
+    df = pd.DataFrame(rows, columns=list(OP_COLUMNS))
+    order = np.argsort(df["issue_us"].to_numpy(), kind="stable")
+    pos = np.empty(len(order), dtype=np.int64)
+    pos[order] = np.arange(len(order))
+    df = df.iloc[order].reset_index(drop=True)
+    k_ops = tuple(tuple(sorted(int(pos[remap[j]]) for j in ko if j in remap))
+                  for ko in kernel_ops)
+    return IssuedOps(df, k_ops)
+
+
+def issued_ops(trace: RankTrace, kernels: pd.DataFrame, key) -> IssuedOps:
+    """:func:`gpu_issued_ops`, once per trace and ``key`` (the kernels' selection)."""
+    return cached(trace, ("issued_ops", key), lambda: gpu_issued_ops(trace, kernels))
