@@ -8,9 +8,12 @@ metadata level), analyses each with pardiag in-process and judges, per job:
 * ``offsets``: every rank's ``clock_offsets[].offset_us`` (relative to rank 0) within
   :data:`OFFSET_TOL_US` of the truth — judged only where a clock differs (other hosts), since
   ranks of one host share one clock;
-* ``layout``: ``layout.dims`` (degree > 1; FSDP counts as dp) equal the mesh, judged on meshes of
-  two or more dimensions whose groups the traces describe (metadata ``seq`` and ``names``) in a
-  naming that says their dimension (DeviceMesh/torchtitan ``mesh_*``, Megatron-LM);
+* ``layout``: ``layout.dims`` (degree > 1; FSDP's shard and replicate dims multiply into dp)
+  equal the mesh, judged on meshes of two or more dimensions whose process groups the traces
+  list (metadata ``seq`` and ``names``: ``pg_config``), whatever their descriptions say
+  (DeviceMesh/torchtitan ``mesh_*``, Megatron-LM's names, plain names, DeepSpeed's
+  ``undefined``). Not judged on ``none`` (no group is listed) nor ``records`` (a pardiag run
+  keeps the layout its collector recorded; the generated run.json carries none);
 * ``counts``: every rank's issued-op count per collective type equals the truth.
 
 Usage::
@@ -64,10 +67,12 @@ def judge(truth: Truth, doc: dict, metadata: str) -> dict[str, bool | None]:
                              for r, v in truth.offset_us.items())
     else:
         out["offsets"] = None
-    want = {("dp" if k == "fsdp" else k): v for k, v in truth.layout.items() if v != 1}
-    if metadata in ("seq", "names") and len(want) > 1 and re.search(
-            r"pg naming (mesh|torchtitan|megatron)", truth.notes, re.I):
-        # judged where the traces describe the groups in a naming that says their dimension
+    want: dict[str, int] = {}
+    for k, v in truth.layout.items():
+        if v != 1:
+            d = "dp" if k == "fsdp" else k
+            want[d] = want.get(d, 1) * v
+    if metadata in ("seq", "names") and len(want) > 1:
         got = {k: v for k, v in ((doc.get("layout") or {}).get("dims") or {}).items() if v != 1}
         out["layout"] = got == want
     else:

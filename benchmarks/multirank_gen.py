@@ -73,7 +73,7 @@ except ImportError:  # pragma: no cover
 KINDS: tuple[str, ...] = (
     "lockstep", "straggler", "clock_offset", "drift", "start_skew", "dropped",
     "multi_kernel_a2a", "coalesced", "old_nccl", "rccl", "xpu_oneccl", "custom_kernel",
-    "rooted_broadcast", "pipeline", "windows", "mesh_layout",
+    "rooted_broadcast", "pipeline", "windows", "mesh_layout", "independent_groups",
 )
 METADATA: tuple[str, ...] = ("records", "seq", "names", "none")
 OPS: tuple[str, ...] = (
@@ -88,8 +88,10 @@ ELEM = 2  # bf16
 class Job:
     """A simulated job. `steps` is the number of recorded steps per profiling window.
     Extra knobs beyond the brief: `broadcasts_per_step` (rooted broadcasts from the DP/world
-    group's first rank at each step's start) and `compute_scale` (multiplies compute time; long
-    steps make drift visible)."""
+    group's first rank at each step's start), `compute_scale` (multiplies compute time; long
+    steps make drift visible) and `replicas` (independent copies of the mesh in one world, such
+    as inference engines or replicas that no collective joins: ranks r*S..r*S+S-1 of S = the
+    mesh's size form replica r)."""
     mesh: dict[str, int]
     schedule: str
     steps: int = 4
@@ -110,6 +112,7 @@ class Job:
     backend: str = "gpu"
     broadcasts_per_step: int = 0
     compute_scale: float = 1.0
+    replicas: int = 1
 
 
 @dataclass
@@ -139,7 +142,10 @@ class Truth:
 
 
 def _dims(job: Job) -> list[tuple[str, int]]:
-    return [(d, int(n)) for d, n in job.mesh.items()]
+    """The mesh's dims, led by a ``replica`` dim when there are several replicas (no group of
+    the replica dim ever communicates)."""
+    dims = [(d, int(n)) for d, n in job.mesh.items()]
+    return [("replica", int(job.replicas))] + dims if job.replicas > 1 else dims
 
 
 def _world(job: Job) -> int:
@@ -186,41 +192,98 @@ _DESC = {
 }
 
 
-def _pg_tables(job: Job, P: dict) -> tuple[dict, dict]:
-    """Per rank: {group ranks: (pg_name, pg_desc, dim)} and pg_count. Names are creation-order
-    ids; with the "local" scheme each rank creates only its own groups, in its own order, so one
-    group can have different names on different ranks."""
+def _pg_tables(job: Job, P: dict) -> tuple[dict, dict, dict]:
+    """Per rank: {group ranks: (pg_name, pg_desc, dim)} (the group an op on those ranks runs
+    on), pg_count, and every group the rank belongs to as [(ranks, pg_name, pg_desc, dim)]
+    (twins of the same ranks included: what pg_config lists). Names are creation-order ids; with
+    the "local" scheme each rank creates only its own groups, in its own order, so one group can
+    have different names on different ranks."""
     dims, world = _dims(job), _world(job)
-    fam = _DESC[P["family"]]
+    fam = dict(_DESC[P["family"]])
+    for key, by_family in _EXTRA_DESC.items():
+        fam[key] = by_family.get(P["family"], "undefined")
+    fam["replica_world"] = "undefined"
     allr = tuple(range(world))
     per_dim = []
     for d, n in dims:
-        if n <= 1 or n == world:
+        if n <= 1 or n == world or d == "replica":
             continue
         gs = sorted({_group(r, dims, d) for r in range(world)})
         per_dim.append((d, gs))
-    tables, counts = {}, {}
+    per_dim += _extra_groups(job, P, dims, world)
+    tables, counts, listing = {}, {}, {}
     for r in range(world):
-        t = {allr: ("0", "default_pg", "world")}
+        lst = [(allr, "0", "default_pg", "world")]
         if P["naming"] == "mesh":
             nxt = 1
             for d, gs in per_dim:
                 for g in gs:
                     if r in g:
-                        t[g] = (str(nxt), fam[d], d)
+                        lst.append((g, str(nxt), fam.get(d, d), d))
                     nxt += 1
             counts[r] = nxt
         else:
             order = list(per_dim)
             random.Random(job.seed * 1009 + r).shuffle(order)
-            for k, (d, _) in enumerate(order, start=1):
-                t[_group(r, dims, d)] = (str(k), fam[d], d)
+            for k, (d, gs) in enumerate(order, start=1):
+                mine = [g for g in gs if r in g]
+                if mine:
+                    lst.append((mine[0], str(k), fam.get(d, d), d))
             counts[r] = len(order) + 1
         for d, n in dims:  # a dim spanning the world uses the default group
             if n == world and n > 1:
-                t[allr] = ("0", "default_pg", d)
-        tables[r] = t
-    return tables, counts
+                lst[0] = (allr, "0", "default_pg", d)
+        t: dict = {}
+        for g, name, desc, d in sorted(lst, key=lambda x: x[3] in _EXTRA_DESC
+                                       or x[3] == "replica_world"):
+            t.setdefault(g, (name, desc, d))  # a mesh dim's group before its twins
+        tables[r], listing[r] = t, sorted(lst, key=lambda x: int(x[1]))
+    return tables, counts, listing
+
+
+def _extra_groups(job: Job, P: dict, dims, world: int) -> list[tuple[str, list]]:
+    """Groups that are no dimension of the mesh, as real frameworks create them:
+
+    * torchtitan flattens data parallelism for the loss reduction: ``mesh_dp`` =
+      dp_replicate x dp_shard (torchtitan#720);
+    * Megatron-LM keeps a gloo twin of its data-parallel group (``DATA_PARALLEL_GROUP_GLOO``)
+      and, with a pipeline, an ``EMBEDDING_GROUP`` of the first and last stages
+      (parallel_state.py; pytorch#123472);
+    * several replicas: each replica's own world (``replica_world``).
+    """
+    names = {d: n for d, n in dims if n > 1}
+    out: list[tuple[str, list]] = []
+    if P["family"] == "torchtitan" and "dp" in names and "fsdp" in names:
+        out.append(("flat_dp", sorted({_flat_dp(r, dims) for r in range(world)})))
+    if P["family"] == "megatron" and "dp" in names:
+        out.append(("dp_gloo", sorted({_group(r, dims, "dp") for r in range(world)})))
+    if P["family"] == "megatron" and "pp" in names:
+        out.append(("embedding", sorted({_embedding(r, dims) for r in range(world)})))
+    if job.replicas > 1 and len(set(names) - {"replica"}) > 1:
+        out.append(("replica_world", sorted({_replica_world(r, dims) for r in range(world)})))
+    return out
+
+
+def _flat_dp(rank: int, dims) -> tuple[int, ...]:
+    return tuple(sorted({x for y in _group(rank, dims, "dp") for x in _group(y, dims, "fsdp")}))
+
+
+def _embedding(rank: int, dims) -> tuple[int, ...]:
+    g = _group(rank, dims, "pp")
+    return (g[0], g[-1])
+
+
+def _replica_world(rank: int, dims) -> tuple[int, ...]:
+    size = int(np.prod([n for d, n in dims if d != "replica"]))
+    r0 = rank - rank % size
+    return tuple(range(r0, r0 + size))
+
+
+_EXTRA_DESC = {
+    "flat_dp": {"torchtitan": "mesh_dp"},
+    "dp_gloo": {"megatron": "DATA_PARALLEL_GROUP_GLOO"},
+    "embedding": {"megatron": "EMBEDDING_GROUP"},
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -306,6 +369,8 @@ def _layer_pass(job, P, rank, dims, prog, fwd: bool, dp_role: str):
         if dp_role == "fsdp":
             g = _group(rank, dims, "fsdp" if "fsdp" in names else "dp")
             prog.append(_comm("reduce_scatter", g, (P["ag_n"] * len(g) * ELEM,)))
+            if "fsdp" in names and "dp" in names:  # HSDP: the shard's gradient across replicas
+                prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ag_n"] * ELEM,)))
         if dp_role == "ddp" and not job.coalesced and ((i + 1) % per_bucket == 0 or i == L - 1):
             prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ar_n"] * ELEM,)))
     if not fwd and dp_role == "ddp" and job.coalesced:
@@ -364,14 +429,16 @@ def _pp_step(job, P, rank, dims, prog):
             peer = rank_of_vs(dst)
             prog.append(_comm("send", g, nbytes, stream=f"p2p:{rank}>{peer}", peer=peer))
     if _dp_role(job, dims) == "ddp":
-        prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ar_n"] * ELEM,)))
+        nb = P["buckets"] if job.coalesced else 1
+        prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ar_n"] * ELEM,) * nb))
 
 
 def _program(job: Job, P: dict, rank: int) -> list[_Ins]:
     dims = _dims(job)
     names = {d for d, n in dims if n > 1}
     prog: list[_Ins] = []
-    bgroup = _group(rank, dims, "dp") if "dp" in names else tuple(range(_world(job)))
+    bgroup = _group(rank, dims, "dp") if "dp" in names else _replica_world(rank, dims)
+    flat = P["family"] == "torchtitan" and {"dp", "fsdp"} <= names
     for st in range(P["total_steps"]):
         prog.append(_Ins("step", step=st))
         for _ in range(job.broadcasts_per_step):
@@ -382,6 +449,10 @@ def _program(job: Job, P: dict, rank: int) -> list[_Ins]:
             role = _dp_role(job, dims)
             _layer_pass(job, P, rank, dims, prog, True, role)
             _layer_pass(job, P, rank, dims, prog, False, role)
+        if flat:  # the loss, reduced over torchtitan's flattened dp mesh
+            prog.append(_comm("all_reduce", _flat_dp(rank, dims), (4,),
+                              wrap="_c10d_functional::all_reduce"))
+            prog.append(_Ins("wait", ref=len(prog) - 1))
         prog.append(_Ins("waitall"))
         prog.append(_Ins("comp", dur=0.15 * P["F"], name="optim"))
         prog.append(_Ins("sync"))
@@ -859,7 +930,7 @@ def _meta_events(em: _Emitter) -> list[dict]:
     return ev
 
 
-def _header(job: Job, P: dict, rank: int, tables: dict, counts: dict) -> dict:
+def _header(job: Job, P: dict, rank: int, listing: dict, counts: dict) -> dict:
     v = _vendor(job)
     dev = {"nvidia": ("NVIDIA H100 80GB HBM3", 85029158912, 9, 0, 132),
            "amd": ("AMD Instinct MI300X", 206141652992, 9, 4, 304),
@@ -868,9 +939,10 @@ def _header(job: Job, P: dict, rank: int, tables: dict, counts: dict) -> dict:
     di: dict = {"backend": backend, "rank": rank, "world_size": _world(job)}
     if job.metadata in ("seq", "names"):
         cfg = []
-        for g, (name, desc, _) in sorted(tables[rank].items(), key=lambda kv: int(kv[1][0])):
+        for g, name, desc, _ in listing[rank]:
             cfg.append({"pg_name": name, "pg_desc": desc,
-                        "backend_config": "xpu:xccl" if v == "xpu" else "cuda:nccl",
+                        "backend_config": "cpu:gloo" if desc.endswith("_GLOO") else
+                        "xpu:xccl" if v == "xpu" else "cuda:nccl",
                         "pg_size": len(g), "ranks": list(g)})
         di.update({"pg_count": counts[rank], "pg_config": cfg})
     hdr = {"schemaVersion": 1,
@@ -1034,12 +1106,13 @@ def _validate(job: Job) -> None:
         raise ValueError("schedule 'ep' needs an ep dim")
 
 
-def _write_records(job: Job, out: Path, r: int, em: _Emitter, tables: dict, files: list) -> None:
+def _write_records(job: Job, out: Path, r: int, em: _Emitter, listing: dict,
+                   files: list) -> None:
     side = out / "pardiag"
     side.mkdir(exist_ok=True)
     hdr = {"schema": "pardiag", "schema_version": 1}
     pgs = [{"name": n, "desc": d, "ranks": list(g), "size": len(g), "backend": "nccl",
-            "dim": dim if dim != "world" else None} for g, (n, d, dim) in tables[r].items()]
+            "dim": dim if dim in _DESC["plain"] else None} for g, n, d, dim in listing[r]]
     comms = {**hdr, "kind": "comms", "rank": r, "process_groups": pgs, "records": em.sidecar}
     host = r // max(1, job.ranks_per_host)
     meta = {**hdr, "kind": "rank", "rank": r, "world_size": _world(job),
@@ -1076,7 +1149,7 @@ def generate(job: Job, out_dir: str | os.PathLike) -> Truth:
     out.mkdir(parents=True, exist_ok=True)
     P = _params(job)
     sts, results = _simulate(job, P)
-    tables, pgcounts = _pg_tables(job, P)
+    tables, pgcounts, listing = _pg_tables(job, P)
     base = BASE_US + float(np.random.default_rng([job.seed, 5]).uniform(0, 5e10))
     files: list[str] = []
     for st in sts:
@@ -1084,7 +1157,8 @@ def generate(job: Job, out_dir: str | os.PathLike) -> Truth:
         em = _Emitter(job, P, r, tables, _Clock(job, r, base))
         for steps in _windows(job, P):
             ev = _emit_window(em, st, steps, results, P)
-            doc = {**_header(job, P, r, tables, pgcounts), "traceEvents": _meta_events(em) + ev}
+            doc = {**_header(job, P, r, listing, pgcounts),
+                   "traceEvents": _meta_events(em) + ev}
             ts0 = min(e["ts"] for e in ev if e["ph"] == "X")
             if job.metadata == "records" and job.windows == 1:
                 path = out / f"rank{r}.trace.json.gz"
@@ -1095,7 +1169,7 @@ def generate(job: Job, out_dir: str | os.PathLike) -> Truth:
             _dump(path, doc, gz=path.suffix == ".gz")
             files.append(str(path))
         if job.metadata == "records":
-            _write_records(job, out, r, em, tables, files)
+            _write_records(job, out, r, em, listing, files)
     if job.metadata == "records":
         _write_run(job, out, files)
     return _truth(job, P, sts, results, base, files)
@@ -1122,6 +1196,9 @@ def _truth(job, P, sts, results, base, files) -> Truth:
         parts.append(f"dropped comm kernels {job.drop}")
     if job.coalesced:
         parts.append("DP all_reduces in one nccl:coalesced block per step")
+    if job.replicas > 1:
+        parts.append(f"{job.replicas} independent replicas that no collective joins (no layout "
+                     f"of the world)")
     if job.broadcasts_per_step:
         parts.append(f"{job.broadcasts_per_step} rooted broadcasts per step (chain ends)")
     if bub is not None:
@@ -1130,7 +1207,8 @@ def _truth(job, P, sts, results, base, files) -> Truth:
         parts.append(f"bubble {bub:.4f} measured (ideal {(p - 1) / (v * m + p - 1):.4f})")
     parts.append(f"pg naming {P['naming']}/{P['family']}, p2p keys {P['p2p_style']}")
     return Truth(
-        world=world, layout={d: n for d, n in job.mesh.items() if n > 1},
+        world=world, layout={} if job.replicas > 1 else {d: n for d, n in job.mesh.items()
+                                                          if n > 1},
         hosts={r: r // max(1, job.ranks_per_host) for r in range(world)},
         offset_us=off, drift_us_per_s=drift, straggler=strag, counts=counts, bytes=sizes,
         algbw_gbps={k: round(v, 4) for k, v in algbw.items()}, bubble=bub,
@@ -1176,6 +1254,8 @@ def random_job(rng: random.Random, kind: str | None = None,
         job.schedule, job.mesh, job.kernels = "ep", {"ep": rng.choice([4, 8])}, "nccl"
     elif kind == "coalesced":
         job.schedule, job.mesh, job.coalesced = "ddp", {"dp": rng.choice([2, 4, 8])}, True
+        if rng.random() < 0.4:  # PP x DP: each stage's DP group runs its block at its own time
+            job.schedule, job.mesh = rng.choice(["pp_gpipe", "pp_1f1b"]), {"pp": 2, "dp": 2}
     elif kind in ("old_nccl", "rccl", "xpu_oneccl", "custom_kernel"):
         job.kernels = {"old_nccl": "nccl_old", "rccl": "rccl", "xpu_oneccl": "oneccl",
                        "custom_kernel": "custom"}[kind]
@@ -1192,8 +1272,15 @@ def random_job(rng: random.Random, kind: str | None = None,
         job.mesh, job.schedule = rng.choice([
             ({"dp": 2, "tp": 2}, "ddp"), ({"fsdp": 2, "tp": 4}, "fsdp"),
             ({"dp": 4, "tp": 2}, "ddp"), ({"dp": 2, "ep": 4}, "ep"),
-            ({"pp": 2, "dp": 2, "tp": 2}, "pp_1f1b")])
+            ({"pp": 2, "dp": 2, "tp": 2}, "pp_1f1b"), ({"dp": 2, "fsdp": 2}, "fsdp"),
+            ({"dp": 2, "fsdp": 2, "tp": 2}, "fsdp"), ({"pp": 4, "dp": 2}, "pp_1f1b")])
         job.ranks_per_host = rng.choice([4, 8])
+    elif kind == "independent_groups":
+        job.schedule = rng.choice(["ddp", "tp"])
+        job.mesh = {"dp": 2} if job.schedule == "ddp" else {"tp": rng.choice([2, 4])}
+        job.replicas = rng.choice([2, 3, 4])
+        if rng.random() < 0.5:
+            job.slow_ranks = {rng.randrange(_world(job)): rng.uniform(400, 1500)}
     return job
 
 

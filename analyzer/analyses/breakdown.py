@@ -333,6 +333,7 @@ def _segments(starts: np.ndarray, ends: np.ndarray, windows) -> tuple:
 #: (FACTS §1); every other op runs as itself.
 TRANSPORT_OPS = {"reduce_scatter": ("reduce_scatter", "all_reduce")}
 _ISSUING = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|nccl:|record_param_comms)")
+_FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")
 #: How many later transport events an issued op looks at for one with its op and size.
 _PAIR_SCAN = 64
 
@@ -384,9 +385,11 @@ def cpu_comm_types(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
     * A trace without any issued op (worker events only) counts its transport events.
 
     Returns:
-        ``name, ts, dur, args, type, counted, issuer_record`` per ``cpu_comm`` event (the
-        events' index); ``issuer_record`` is the args of the ``record_param_comms`` of the op
-        that issued a transport event (group ranks, description, ``Seq``), else None.
+        ``name, ts, dur, args, type, counted, functional, issuer_record`` per ``cpu_comm``
+        event (the events' index); ``functional`` is True for an op issued through a functional
+        collective (``_c10d_functional::*``) and for the transport events that ran one;
+        ``issuer_record`` is the args of the ``record_param_comms`` of the op that issued a
+        transport event (group ranks, description, ``Seq``), else None.
     """
     return cached(trace, "cpu_comm_types",
                   lambda: _cpu_comm_types(trace,
@@ -475,6 +478,13 @@ def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
         counted[tpos] = True
     comm["type"] = types
     comm["counted"] = counted
+    # issued through a functional collective (tensor parallelism, DTensor), and the transport
+    # events that ran such an op
+    functional = np.zeros(n, dtype=bool)
+    for i in issued.tolist():
+        functional[i] = any(names[j].startswith(_FUNCTIONAL) for j in members[i])
+    functional[issuer >= 0] = functional[issuer[issuer >= 0]]
+    comm["functional"] = functional
     # the record of the op that issued each transport event (record_param_comms: its group's
     # ranks, description, Seq) — gloo's worker events name no group themselves
     record = {}

@@ -17,11 +17,13 @@ import pandas as pd
 from ..trace import intervals as iv
 from ..trace.classify import (
     Kind,
+    cached,
     classify,
     collective_type,
     comm_threads,
     name_test,
     on_threads,
+    pattern_key,
     profiler_steps,
 )
 from ..trace.comm_records import DTYPE_BYTES, numel
@@ -38,10 +40,12 @@ from .op_semantics import P2P_OPS, ROOTED, semantics
 #: the position in the trace; ``peer`` is the global rank at the other end of a send/recv (None
 #: when unknown); ``window`` is the profiling window (file) of the rank the event comes from, in
 #: time order (0 for a rank with one window); ``root`` is the global rank of a rooted op's root
-#: where the record names it (None otherwise). One row per op the program issued (an op's several
-#: kernels are one row, from the first kernel's start to the last one's end).
+#: where the record names it (None otherwise); ``functional`` is True for an op issued through a
+#: functional collective (``_c10d_functional::*``: tensor parallelism, DTensor). One row per op
+#: the program issued (an op's several kernels are one row, from the first kernel's start to the
+#: last one's end).
 EVENT_COLUMNS = ("rank", "pg", "group", "seq", "native_seq", "op", "peer", "root", "start_us",
-                 "end_us", "bytes", "group_size", "step", "source", "window")
+                 "end_us", "bytes", "group_size", "step", "source", "window", "functional")
 
 
 #: Larger group sizes in a trace's args are not believed (no group's ranks are built from them).
@@ -157,9 +161,11 @@ def _from_records(rank: int, doc: dict, steps: pd.DataFrame) -> pd.DataFrame:
                      "start_us": float(r["start_us"]), "end_us": float(r["end_us"]),
                      "bytes": r.get("bytes"), "group_size": len(members) or None,
                      "issue_us": float(r["issue_us"]), "source": "records"})
-    df = pd.DataFrame(rows, columns=[*EVENT_COLUMNS[:-3], "issue_us", "source"])
+    df = pd.DataFrame(rows, columns=[c for c in EVENT_COLUMNS
+                                     if c not in ("step", "window", "functional")] + ["issue_us"])
     df["step"] = _step_of(df["issue_us"].to_numpy(dtype=float), steps)
     df["window"] = 0
+    df["functional"] = False  # the records do not say
     return df.drop(columns="issue_us")[list(EVENT_COLUMNS)]
 
 
@@ -264,11 +270,13 @@ def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
         return None
     ops = gpu_issued_ops(trace, gpu).ops
     rows = []
-    for op, a, issue, start, end, missing in zip(
+    for op, a, issue, start, end, missing, functional in zip(
             ops["op"].tolist(), ops["args"].tolist(), ops["issue_us"].tolist(),
-            ops["start_us"].tolist(), ops["end_us"].tolist(), ops["missing"].tolist()):
+            ops["start_us"].tolist(), ops["end_us"].tolist(), ops["missing"].tolist(),
+            ops["functional"].tolist()):
         row = _op_row(trace.rank, op, a, pg_ranks, world)
-        row.update(start_us=start, end_us=end, issue_us=issue, missing=bool(missing))
+        row.update(start_us=start, end_us=end, issue_us=issue, missing=bool(missing),
+                   functional=bool(functional))
         rows.append(row)
     df = pd.DataFrame(rows)
     df["step"] = _step_of(df["issue_us"].to_numpy(dtype=float), steps)
@@ -356,7 +364,8 @@ def _gloo_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
         "bytes": [_args_bytes(a) for a in gl["args"]],
         "group_size": [len(m) if m else world for m in members],
         "root": [_root(o, r, m) for o, r, m in zip(kept_ops, recs, members)],
-        "source": "trace"})
+        "source": "trace",
+        "functional": cct["functional"].reindex(gl.index).fillna(False).astype(bool).to_numpy()})
     df["step"] = _step_of(df["start_us"].to_numpy(dtype=float), steps)
     df["issue_us"] = df["start_us"]
     df["missing"] = False
@@ -379,8 +388,9 @@ def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
             continue
         kinds = classify(trace, comm_patterns)
         steps = profiler_steps(trace, kinds)
-        frames.append(_from_records(rank, doc, steps) if doc
-                      else events_from_trace(trace, kinds, steps))
+        frames.append(_from_records(rank, doc, steps) if doc else cached(
+            trace, ("comm_events", pattern_key(comm_patterns)),
+            lambda t=trace, k=kinds, st=steps: events_from_trace(t, k, st)))
     frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame(columns=list(EVENT_COLUMNS))

@@ -43,7 +43,7 @@ import pandas as pd
 from ..trace import intervals as iv
 from ..trace.classify import STEP_RE, Kind, cached, classify
 from ..trace.traceset import RankTrace, TraceSet
-from .mesh import dim_of, mesh_dims
+from .mesh import dim_of, mesh_dims, role_of
 
 #: What :attr:`InferredLayout.source` says (and the report shows).
 INFERRED_SOURCE = "inferred from traces"
@@ -278,13 +278,28 @@ def _world(traces: TraceSet) -> int:
     return max(sizes) if sizes else len(traces.ranks)
 
 
-def _mesh_dims(traces: TraceSet) -> tuple[dict, dict, dict, tuple[str, ...]]:
+def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None
+               ) -> tuple[dict, dict, dict, tuple[str, ...]]:
     """``({dim: degree}, {dim: "descriptions"}, {rank: {dim: group ranks}}, notes)`` from the
-    groups' descriptions, a mesh or nothing (:func:`pardiag.analyzer.analyses.mesh.mesh_dims`:
-    dp of a hybrid mesh is replicate × shard; a flattened ``mesh_dp`` is no further dimension)."""
+    process groups, a mesh or nothing (:func:`pardiag.analyzer.analyses.mesh.mesh_dims`: dp of a
+    hybrid mesh is replicate × shard; a flattened ``mesh_dp`` is no further dimension). Groups
+    come from ``distributedInfo.pg_config`` and from the communication ``events``' group ranks;
+    a group whose description names no dimension is named by the ops that ran over it
+    (:func:`pardiag.analyzer.analyses.mesh.role_of`)."""
     groups = [(str(g.get("pg_desc", "")), list(g["ranks"]))
               for t in traces.ranks.values() for g in t.pg_config]
-    m = mesh_dims(groups)
+    roles = {}
+    if events is not None and len(events):
+        ev = events[events["group"].astype(str) != ""]
+        for key, sub in ev.groupby("group"):
+            ranks, _, desc = str(key).partition("|")
+            members = frozenset(int(r) for r in ranks.split(","))
+            groups.append((desc, sorted(members)))
+            role = role_of(sub["op"].value_counts().to_dict(),
+                           float(sub["functional"].astype(bool).mean()))
+            if role:
+                roles[members] = role
+    m = mesh_dims(groups, roles, _world(traces))
     return dict(m.dims), dict(m.descs), m.member, m.notes
 
 
@@ -361,15 +376,20 @@ def _stage_order(comp: list[int], peers: dict, marks: dict) -> tuple[list[int], 
     return sorted(comp), "rank order (the messages did not show the order of the stages)"
 
 
-def infer_layout(traces: TraceSet) -> InferredLayout:
-    """The layout and pipeline schedule the traces show (see the module docstring)."""
+def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> InferredLayout:
+    """The layout and pipeline schedule the traces show (see the module docstring).
+
+    ``events``: the ranks' communication events
+    (:func:`pardiag.analyzer.analyses.comm_events.comm_events`), whose groups and ops name the
+    dimensions that no group description names."""
     marks = {r: rank_marks(t) for r, t in traces.ranks.items()}
     world = _world(traces)
     evidence, missing = [], []
-    dims, descs, member, mesh_notes = _mesh_dims(traces)
+    dims, descs, member, mesh_notes = _mesh_dims(traces, events)
     missing += list(mesh_notes)
     for d, n in dims.items():
-        evidence.append(f"{d}={n}: process groups described as {descs[d]} "
+        evidence.append(f"{d}={n}: process groups {descs[d]}" if "running" in descs[d] else
+                        f"{d}={n}: process groups described as {descs[d]} "
                         f"(distributedInfo.pg_config)")
     total = {k: sum(m.counts.get(k, 0) for m in marks.values()) for k in MARKERS}
     first_rank = {k: next((r for r, m in marks.items() if m.counts.get(k)), None) for k in MARKERS}

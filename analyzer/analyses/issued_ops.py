@@ -42,8 +42,10 @@ from ..trace import intervals as iv
 from ..trace.classify import STANDARD_COLLECTIVES, cached, collective_type, name_test
 from ..trace.traceset import GPU_CATS, RankTrace
 
-#: Host ops that issue communication and enclose their kernels' launches.
-LAUNCH_OP_RE = re.compile(r"^(nccl:|c10d::|record_param_comms)")
+#: Host ops that issue communication and enclose their kernels' launches (functional
+#: collectives, DTensor's and tensor parallelism's, wrap the c10d op they call).
+LAUNCH_OP_RE = re.compile(r"^(nccl:|c10d::|record_param_comms|_?c10d_functional::)")
+_FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")
 #: Runtime calls that launch a kernel (``cudaLaunchKernel``, ``cudaLaunchKernelExC``,
 #: ``cuLaunchKernelEx``, ``hipLaunchKernel``, ``hipExtModuleLaunchKernel``, SYCL's
 #: ``urEnqueueKernelLaunch``).
@@ -51,7 +53,8 @@ LAUNCH_CALL_RE = re.compile(r"launch\w*kernel|kernel\w*launch", re.IGNORECASE)
 _COALESCING = frozenset({"coalesced", "startcoalescing", "endcoalescing"})
 
 #: Columns of :attr:`IssuedOps.ops`.
-OP_COLUMNS = ("op", "args", "issue_us", "start_us", "end_us", "n_kernels", "missing", "block")
+OP_COLUMNS = ("op", "args", "issue_us", "start_us", "end_us", "n_kernels", "missing", "block",
+              "functional")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +68,8 @@ class IssuedOps:
             else its record's start; µs on the rank's clock), ``start_us``/``end_us`` (its first
             kernel's start, its last kernel's end; NaN when missing), ``n_kernels``, ``missing``
             (launched, but no kernel in the trace), ``block`` (position of its coalescing range
-            among the host ops, -1 outside one).
+            among the host ops, -1 outside one), ``functional`` (issued through a functional
+            collective, ``_c10d_functional::*``: tensor parallelism's and DTensor's way).
         kernel_ops: for each communication kernel given (in order), the positions in ``ops`` of
             the ops it ran (one; several for a fused coalesced block).
     """
@@ -185,6 +189,7 @@ def _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_
         j = rec if rec is not None else int(enc[0])
         row = op_row(("op", j), _host_type(names, args, enc),
                      args[j] if rec is not None else _shapes(args[int(enc[-1])]), t)
+        row["functional"] = any(names[x].startswith(_FUNCTIONAL) for x in enc.tolist())
         row["launches"] += 1
         k = kernel_of.get(corr)
         if k is not None:
@@ -295,7 +300,8 @@ def _finish(ops: list[dict], kernel_ops: list[list[int]], kernels: pd.DataFrame,
         rows.append({"op": row["op"], "args": a, "issue_us": float(row["issue_us"]),
                      "start_us": float(k_ts[ks].min()) if ks else np.nan,
                      "end_us": float(k_end[ks].max()) if ks else np.nan,
-                     "n_kernels": len(ks), "missing": not ks, "block": int(row["block"])})
+                     "n_kernels": len(ks), "missing": not ks, "block": int(row["block"]),
+                     "functional": bool(row.get("functional"))})
     df = pd.DataFrame(rows, columns=list(OP_COLUMNS))
     order = np.argsort(df["issue_us"].to_numpy(), kind="stable")
     pos = np.empty(len(order), dtype=np.int64)

@@ -11,6 +11,11 @@ and are disjoint (a partition of the ranks it covers); one whose every group is 
 other accepted dimensions' groups (torchtitan's ``mesh_dp`` = ``dp_replicate`` × ``dp_shard``,
 Megatron's ``MODEL_PARALLEL_GROUP`` = tp × pp) is their product, not a further dimension.
 Dimensions that name one canonical dimension multiply (``dp_replicate`` × ``dp_shard`` is dp).
+
+Groups whose description names no dimension (DeepSpeed's ``undefined``, a creation-order number)
+are still candidates: a mesh dimension's groups are translates of one another (the same spacing
+between their ranks: ``[0, 2]``, ``[1, 3]``), so groups of one size and one spacing form a
+candidate, named by what runs over them (:func:`role_of`) and accepted under the same rules.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ _MEGATRON_RE = re.compile(r"^(?:mcore_)?([A-Z_]+?)(?:_GLOO)?$")
 
 def dim_of(desc: str | None) -> str | None:
     """The canonical dimension (``dp``, ``tp``, ``pp``, ``ep``, ``cp``) a group description
-    names, or None (``default_pg``, an embedding group, a name of no known family)."""
+    names, or None (``default_pg``, an embedding group, a name of no known family). A bare
+    dimension name (``tp``, ``dp_shard``: ``new_group(group_desc=...)``) names its dimension."""
     if not desc:
         return None
     d = str(desc).strip()
@@ -49,7 +55,40 @@ def dim_of(desc: str | None) -> str | None:
     m = _MEGATRON_RE.match(d)
     if m and m.group(1) in MEGATRON_GROUPS:
         return MEGATRON_GROUPS[m.group(1)]
-    return None
+    return MESH_ALIASES.get(d.lower())
+
+
+def _not_a_dim(desc: str | None) -> bool:
+    """A description that says its group is no mesh dimension: the default group, Megatron's
+    embedding groups (the first and last stages)."""
+    d = str(desc or "").strip()
+    m = _MEGATRON_RE.match(d)
+    return d == "default_pg" or bool(m and MEGATRON_GROUPS.get(m.group(1), "") is None)
+
+
+def role_of(ops: dict[str, int], functional: float) -> str | None:
+    """The dimension a group serves, from the ops that ran over it: point-to-point → ``pp``
+    (pipeline stages), all-to-all → ``ep`` (token dispatch), ops issued mostly through functional
+    collectives → ``tp`` (tensor and sequence parallelism run DTensor's functional collectives),
+    any other collective → ``dp`` (gradient reductions, FSDP's gathers, ZeRO's broadcasts);
+    None without ops.
+
+    ``ops``: ``{op type: count}``; ``functional``: the share of them issued through functional
+    collectives."""
+    if not ops:
+        return None
+    if ops.keys() & {"send", "recv", "send_recv"}:
+        return "pp"
+    if "all_to_all" in ops:
+        return "ep"
+    return "tp" if functional > 0.5 else "dp"
+
+
+def spacing(ranks) -> tuple:
+    """A group's size and the gaps between its sorted ranks: the groups of one mesh dimension
+    share it (``[0, 2]`` and ``[1, 3]``: ``(2, 2)``)."""
+    r = sorted(int(x) for x in ranks)
+    return (len(r), *(b - a for a, b in zip(r, r[1:])))
 
 
 def family(desc: str) -> str:
@@ -89,21 +128,51 @@ def _span(r: int, basis: list[dict], ranks_of: dict) -> frozenset:
     return frozenset(seen)
 
 
-def mesh_dims(groups: list[tuple[str, list[int]]]) -> Mesh:
-    """The mesh the described groups form.
+def _candidates(groups: list[tuple[str, list[int]]], roles: dict, world: int | None
+                ) -> tuple[dict[str, dict[int, frozenset]], dict[str, str]]:
+    """``({candidate: {rank: its group}}, {candidate: canonical dim})``: described groups by
+    their description's family, undescribed ones (of fewer ranks than the world) by spacing,
+    named by their ops' role where every group of the spacing has one and they agree."""
+    by_key: dict[str, dict[int, frozenset]] = {}
+    dim: dict[str, str] = {}
+    loose: dict[tuple, set[frozenset]] = {}
+    for desc, ranks in groups:
+        if not ranks or _not_a_dim(desc):
+            continue
+        g = frozenset(int(r) for r in ranks)
+        d = dim_of(desc)
+        if d is not None:
+            by_key.setdefault(family(desc), {}).update({r: g for r in g})
+            dim[family(desc)] = d
+        elif len(g) > 1 and (world is None or len(g) < world):
+            loose.setdefault(spacing(g), set()).add(g)
+    described = {g for gmap in by_key.values() for g in gmap.values()}
+    for sp, gs in sorted(loose.items()):
+        gs -= described  # a twin of a described group (the same ranks) is that group
+        named = {roles.get(g) for g in gs}
+        if not gs or len(named) != 1 or None in named:
+            continue
+        d = named.pop()
+        key = f"groups of {sp[0]} ranks spaced {'/'.join(map(str, sp[1:]))} running {d} ops"
+        by_key[key] = {r: g for g in gs for r in g}
+        dim[key] = d
+    return by_key, dim
 
-    ``groups``: ``(description, ranks)`` of every group the traces list (repeats allowed).
+
+def mesh_dims(groups: list[tuple[str, list[int]]], roles: dict | None = None,
+              world: int | None = None) -> Mesh:
+    """The mesh the groups form.
+
+    ``groups``: ``(description, ranks)`` of every group the traces list (repeats allowed);
+    ``roles``: ``{frozenset of ranks: canonical dim}`` of groups by the ops that ran over them
+    (:func:`role_of`), for groups whose description names no dimension; ``world``: the world
+    size (a group of all ranks is no dimension of its own).
 
     Returns:
         :class:`Mesh`; degree-1 dimensions are kept out.
     """
-    by_desc: dict[str, dict[int, frozenset]] = {}
+    by_desc, dim_of_key = _candidates(groups, roles or {}, world)
     notes: list[str] = []
-    for desc, ranks in groups:
-        if dim_of(desc) is None or not ranks:
-            continue
-        g = frozenset(int(r) for r in ranks)
-        by_desc.setdefault(family(desc), {}).update({r: g for r in g})
     cands = []
     for desc, gmap in by_desc.items():
         distinct = set(gmap.values())
@@ -128,7 +197,7 @@ def mesh_dims(groups: list[tuple[str, list[int]]]) -> Mesh:
     descs: dict[str, list[str]] = {}
     member: dict[int, dict[str, list[int]]] = {}
     for size, desc, gmap in basis:
-        dim = dim_of(desc)
+        dim = dim_of_key[desc]
         dims[dim] = dims.get(dim, 1) * size
         descs.setdefault(dim, []).append(desc)
         for r, g in gmap.items():

@@ -41,7 +41,7 @@ from ..trace import intervals as iv
 from ..trace.classify import classify, profiler_steps
 from ..trace.traceset import TraceSet
 from .breakdown import rank_breakdown_rows
-from .clocks import ClockModel, fit_clocks, together_ends
+from .clocks import ClockModel, fit_clocks, theil_sen, together_ends
 from .comm_events import comm_events
 from .op_semantics import FROM_ROOT, P2P_OPS, ROOTED, UNKNOWN, busbw_factor, semantics
 
@@ -128,6 +128,9 @@ STRAGGLER_LAST_SHARE = 0.5
 #: ... and costs each waiting rank at least this share of the step (the collectives' span per
 #: step), per step.
 STRAGGLER_MIN_STEP_SHARE = 0.02
+#: ... and at least this share of the profiler step (the collectives can sit in a short part of
+#: the step, DDP's at its end), and more than the step varies from step to step.
+STRAGGLER_MIN_PROFILER_STEP_SHARE = 0.005
 #: The rank that causes the most waiting is named only when it causes at least this many times
 #: what the next rank does: waiting that jitter spreads over the ranks names nobody (it is
 #: inside the noise, and the notes say so).
@@ -147,6 +150,11 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     * Point-to-point: ``"p2p:<group>:<a>><b>:<k>"`` for the k-th transfer from rank a to rank b,
       send and recv alike. A send/recv whose peer is unknown gets None: it is never matched
       as a group collective.
+    * A group the trace does not give the ranks of (only a name, or nothing) is taken to be
+      the ranks whose ops of it end together (:func:`_cohorts`); where they fall apart into
+      several such cohorts (independent replicas, engines that no collective joins), each is a
+      group of its own (``cohort``: its ranks, ``"0,1"``; ``group_size`` its size), never
+      joined with another.
     """
     ev = events.copy()
     if "group" not in ev:
@@ -156,6 +164,17 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     gid = np.where(ev["group"].astype(str) != "", "g" + ev["group"].astype(str),
                    "pg" + ev["pg"].astype(str))
     ev["_gid"] = gid
+    ev["cohort"] = ""
+    unknown = (ev["group"].astype(str) == "").to_numpy() & ~ev["op"].isin(P2P_OPS).to_numpy()
+    for g, idx in ev[unknown].groupby("_gid").indices.items():
+        rows = ev.index[unknown][idx]
+        cohorts = _cohorts(ev.loc[rows])
+        if len(cohorts) > 1:
+            of = {r: ",".join(map(str, c)) for c in cohorts for r in c}
+            name = ev.loc[rows, "rank"].map(of)
+            ev.loc[rows, "cohort"] = name
+            ev.loc[rows, "_gid"] = g + "#" + name
+            ev.loc[rows, "group_size"] = name.str.count(",") + 1
     p2p_op = ev["op"].isin(P2P_OPS).to_numpy()
     has_peer = ev["peer"].notna().to_numpy()
     coll = ~p2p_op
@@ -190,6 +209,80 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     return ev.drop(columns="_gid")
 
 
+#: Two ranks' ops of a group the trace does not name are one group's when, aligned, most of their
+#: ends keep one difference (a clock offset, slowly drifting) to within this (µs): the members of a
+#: collective leave it together, ranks that no collective joins do not.
+COHORT_TOL_US = 10.0
+#: ... at this share of the aligned ops or more (the rest may be ops of another group that the
+#: trace does not tell apart).
+COHORT_SHARE = 0.5
+#: Fewer aligned ops than this decide nothing (the ranks stay one group).
+COHORT_MIN_OPS = 3
+#: A difference of ends that changes faster than this (µs per s) is no clock drift (Kineto's
+#: drifts are tens of µs per s, kineto#1082): the ranks run on their own.
+COHORT_MAX_DRIFT_US_PER_S = 1000.0
+
+
+def _signature(ev: pd.DataFrame) -> pd.Series:
+    """What must agree for two members' ops to be one collective: the op type and, where the
+    trace gives them, its bytes (``"all_reduce/4096"``, ``"all_reduce/"``)."""
+    nbytes = pd.to_numeric(ev["bytes"], errors="coerce")
+    return pd.Series([f"{o}/{'' if pd.isna(b) else int(b)}" for o, b in
+                      zip(ev["op"].astype(object), nbytes)], index=ev.index, dtype=object)
+
+
+def _cohorts(sub: pd.DataFrame) -> list[list[int]]:
+    """The ranks of one unnamed group's events (``sub``: :data:`comm_events.EVENT_COLUMNS`) split
+    into cohorts whose ops end together (:func:`_end_together`), each rank compared with the
+    first rank of each cohort; lists of ranks, in rank order."""
+    seqs = {}
+    for r, g in sub.sort_values(["window", "seq"], kind="stable").groupby("rank"):
+        g = g[g["window"] == g["window"].min()]
+        seqs[int(r)] = (_signature(g),
+                        g["seq"].to_numpy(dtype=np.int64), g["end_us"].to_numpy(dtype=float))
+    cohorts: list[list[int]] = []
+    for r in sorted(seqs):
+        home = next((c for c in cohorts if _end_together(seqs[c[0]], seqs[r])), None)
+        if home is None:
+            cohorts.append([r])
+        else:
+            home.append(r)
+    return cohorts
+
+
+def _end_together(a, b) -> bool:
+    """Whether two ranks' ops (``(signatures, positions, ends)``) are one group's: aligned
+    (:func:`_align`), the differences of the ends of pairs with one signature lie on a line in
+    time (one offset, a drift of at most :data:`COHORT_MAX_DRIFT_US_PER_S`; Theil–Sen, as the
+    clock model fits) to within :data:`COHORT_TOL_US` for at least :data:`COHORT_SHARE` of them;
+    True with fewer than :data:`COHORT_MIN_OPS` such pairs."""
+    codes = pd.factorize(pd.concat([a[0], b[0]], ignore_index=True))[0]
+    ca, cb = codes[:len(a[0])], codes[len(a[0]):]
+    base = min(int(a[1].min()), int(b[1].min()))
+    la = _laid_out(np.arange(len(ca)), a[1], ca, a[2], base)
+    lb = _laid_out(np.arange(len(cb)), b[1], cb, b[2], base)
+    d = _align(la[0], lb[0], la[1], lb[1])
+    n, m = len(la[0]), len(lb[0])
+    lo, hi = max(0, -d), min(n, m - d)
+    if hi - lo < COHORT_MIN_OPS:
+        return True
+    same = (la[0][lo:hi] == lb[0][lo + d:hi + d]) & (la[0][lo:hi] >= 0)
+    t = la[1][lo:hi][same]
+    diff = t - lb[1][lo + d:hi + d][same]
+    ok = np.isfinite(diff)
+    t, diff = t[ok], diff[ok]
+    if len(diff) < COHORT_MIN_OPS:
+        return True
+    pick = np.linspace(0, len(t) - 1, min(len(t), 200)).astype(int)
+    ts = (t - t[0]) / 1e6
+    slope = theil_sen(ts[pick], diff[pick])[0] if np.ptp(ts) > 0 else 0.0
+    if not np.isfinite(slope) or abs(slope) > COHORT_MAX_DRIFT_US_PER_S:
+        return False
+    resid = diff - slope * ts
+    resid -= np.median(resid)
+    return float(np.mean(np.abs(resid) <= COHORT_TOL_US)) >= COHORT_SHARE
+
+
 def _aligned_keys(rest: pd.DataFrame) -> pd.Series:
     """Instance keys of collectives without usable sequence numbers: per group (``_gid``) and
     profiling window, and per profiler step where every event of the unit has one, each member's
@@ -200,7 +293,7 @@ def _aligned_keys(rest: pd.DataFrame) -> pd.Series:
     step = rest["step"].astype(int) if "step" in rest else pd.Series(-1, index=rest.index)
     unit_has_steps = (step >= 0).groupby([rest["_gid"], win]).transform("all")
     step = step.where(unit_has_steps, -1)
-    sig = (rest["op"].astype(str) + "/" + rest["bytes"].astype(str)).to_numpy()
+    sig = _signature(rest).to_numpy()
     codes = pd.factorize(sig)[0]
     ends = rest["end_us"].to_numpy(dtype=float)
     ranks = rest["rank"].to_numpy()
@@ -214,7 +307,9 @@ def _aligned_keys(rest: pd.DataFrame) -> pd.Series:
             by_rank.setdefault(ranks[i], []).append(i)
         # each member's ops laid out by their place in its issue order: an op whose kernels
         # were lost is a gap (-1) that matches nothing
-        laid = {r: _laid_out(np.array(rows), seqs, codes, ends) for r, rows in by_rank.items()}
+        base = int(seqs[idx].min())
+        laid = {r: _laid_out(np.array(rows), seqs, codes, ends, base)
+                for r, rows in by_rank.items()}
         ref = max(sorted(laid), key=lambda r: int((laid[r][0] >= 0).sum()))
         for r, rows in by_rank.items():
             a, a_end, pos = laid[r]
@@ -224,14 +319,16 @@ def _aligned_keys(rest: pd.DataFrame) -> pd.Series:
     return pd.Series(out, index=rest.index).reindex(rest.index)
 
 
-def _laid_out(rows: np.ndarray, seqs: np.ndarray, codes: np.ndarray, ends: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _laid_out(rows: np.ndarray, seqs: np.ndarray, codes: np.ndarray, ends: np.ndarray,
+              base: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(codes, ends, positions)`` of one member's ops in a unit, indexed by position in its
-    issue order from the unit's first op (gaps: code -1, end NaN)."""
+    issue order counted from ``base`` (the unit's first position over all its members, so that
+    members whose first ops were lost still line up; default: this member's first; gaps: code
+    -1, end NaN)."""
     s = seqs[rows]
     if len(np.unique(s)) < len(s):  # a repeated (unusable) sequence number: issue order
-        s = np.arange(len(s))
-    pos = s - s.min()
+        s, base = np.arange(len(s)), 0
+    pos = s - (s.min() if base is None else min(int(base), int(s.min())))
     a = np.full(int(pos.max()) + 1, -1, dtype=np.int64)
     e = np.full(len(a), np.nan)
     a[pos] = codes[rows]
@@ -457,7 +554,8 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
         notes.append(head_note)
     per_rank, pr = _per_rank_waits(ev, inst)
     ranks = sorted(int(r) for r in ev["rank"].unique())
-    st, straggler = _stragglers(ranks, inst, pr[pr["evidence"].astype(bool)], n_multi)
+    st, straggler = _stragglers(ranks, inst, pr[pr["evidence"].astype(bool)], n_multi,
+                                _step_lengths(traces, comm_patterns))
     noise = straggler_noise_note(st, straggler)
     if noise:
         notes.append(noise)
@@ -488,6 +586,12 @@ def _matched_events(ev: pd.DataFrame) -> tuple[pd.DataFrame, str, list[str]]:
     else:
         matched_by = "none"
     notes: list[str] = []
+    split = sorted(set(ev.loc[ev["cohort"] != "", "cohort"]), key=lambda c: int(c.split(",")[0]))
+    if split:
+        notes.append(f"the traces do not say which group {len(split)} set(s) of ranks "
+                     f"communicate in, and their ops never end together: taken as separate "
+                     f"groups ({'; '.join('ranks ' + c for c in split[:6])}"
+                     f"{'; ...' if len(split) > 6 else ''}) that no collective joins")
     unpaired = ev["instance"].isna()
     if unpaired.any():
         notes.append(f"{int(unpaired.sum())} point-to-point op(s) without a known peer were not "
@@ -766,13 +870,15 @@ def _wait_caused(pr: pd.DataFrame) -> dict[tuple[int, int], float]:
     return caused
 
 
-def _stragglers(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_multi: int
+def _stragglers(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_multi: int,
+                profiler_step: tuple[float | None, float | None] = (None, None)
                 ) -> tuple[pd.DataFrame, int | None]:
     """Per-rank waits from the complete instances.
 
     ``ranks``: every rank with events; ``inst``: :func:`_instance_times`; ``pr``: the rows of
     complete instances (:func:`_per_rank_waits`); ``n_multi``: instances of more than one rank
-    (with none of them complete, the table is empty).
+    (with none of them complete, the table is empty); ``profiler_step``: the step's median
+    length and spread (:func:`_step_lengths`).
 
     Returns:
         (:attr:`SyncResult.stragglers`, most wait caused first; :attr:`SyncResult.straggler`).
@@ -806,9 +912,31 @@ def _stragglers(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_multi:
         per_waiter = top / n_steps / max(1, len(ranks) - 1)
         if (top >= STRAGGLER_DOMINANCE * second and st["last_arrivals"].iloc[0]
                 >= STRAGGLER_LAST_SHARE * max(1, int(st["instances"].iloc[0]))
-                and per_waiter >= STRAGGLER_MIN_STEP_SHARE * _step_span(done)):
+                and per_waiter >= STRAGGLER_MIN_STEP_SHARE * _step_span(done)
+                and per_waiter >= STRAGGLER_MIN_PROFILER_STEP_SHARE * (profiler_step[0] or 0.0)
+                and per_waiter > (profiler_step[1] or 0.0)):
             straggler = int(st["rank"].iloc[0])
     return st, straggler
+
+
+def _step_lengths(traces: TraceSet, comm_patterns=()) -> tuple[float | None, float | None]:
+    """The profiler step (µs): ``(median length, spread)`` over the ranks' ``ProfilerStep``
+    ranges; the spread is, per rank with three steps or more, the interquartile range of its
+    step lengths, the median over those ranks. None where the traces have no such steps. A rank
+    that costs each waiting rank less than the spread per step cannot be told from the
+    step-to-step variation."""
+    lengths, spreads = [], []
+    for t in traces.ranks.values():
+        steps = (t.summary.steps if t.summary is not None and t.summary.matches(comm_patterns)
+                 else profiler_steps(t, classify(t, comm_patterns)))
+        x = (steps["end_us"] - steps["start_us"]).to_numpy(dtype=float)
+        x = x[np.isfinite(x) & (x > 0)]
+        lengths.extend(x.tolist())
+        if len(x) >= 3:
+            q1, q3 = np.percentile(x, [25, 75])
+            spreads.append(float(q3 - q1))
+    return (float(np.median(lengths)) if lengths else None,
+            float(np.median(spreads)) if spreads else None)
 
 
 def _step_span(done: pd.DataFrame) -> float:
@@ -833,9 +961,10 @@ def straggler_noise_note(st: pd.DataFrame, straggler: int | None) -> str | None:
     return (f"no straggler named: the waiting is spread over the ranks or too small (rank "
             f"{int(st['rank'].iloc[0])} causes {top:.0f} µs, rank {int(st['rank'].iloc[1])} "
             f"{second:.0f} µs; a straggler causes {STRAGGLER_DOMINANCE:g}× the next rank's, at "
-            f"least {STRAGGLER_MIN_WAIT_US:g} µs per step and {STRAGGLER_MIN_STEP_SHARE:.0%} of "
-            f"the step per waiting rank, and arrives last at {STRAGGLER_LAST_SHARE:.0%} of its "
-            f"ops or more: this is inside the noise)")
+            f"least {STRAGGLER_MIN_WAIT_US:g} µs per step, {STRAGGLER_MIN_STEP_SHARE:.0%} of "
+            f"the collectives' span and {STRAGGLER_MIN_PROFILER_STEP_SHARE:.1%} of the step per "
+            f"waiting rank, more than the step varies, and arrives last at "
+            f"{STRAGGLER_LAST_SHARE:.0%} of its ops or more: this is inside the noise)")
 
 
 def _bandwidth_table(done: pd.DataFrame) -> pd.DataFrame:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..analyses.breakdown import TimeBreakdown, compute_time_breakdown
 from ..analyses.causes import CausesResult, compute_causes
-from ..analyses.comm_events import P2P_OPS
+from ..analyses.comm_events import P2P_OPS, comm_events
 from ..analyses.dim_overlap import DimOverlapResult, compute_dim_overlap
 from ..analyses.hta_extras import HtaExtras, compute_hta_extras, hta_json
 from ..analyses.imbalance import BalanceResult, compute_balance
@@ -229,7 +229,8 @@ ANALYSES: tuple[Analysis, ...] = (
              _operators_json),
     Analysis("sync", lambda traces, opts, done: compute_sync(traces, opts.comm_patterns),
              _sync_json),
-    Analysis("inferred_layout", lambda traces, opts, done: infer_layout(traces),
+    Analysis("inferred_layout", lambda traces, opts, done: infer_layout(
+        traces, comm_events(traces, opts.comm_patterns)),
              lambda r, traces: {}),   # shown through "layout" and "pipeline"
     Analysis("pipeline", _pipeline, _pipeline_json),
     Analysis("balance", lambda traces, opts, done: compute_balance(
