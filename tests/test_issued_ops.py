@@ -1,0 +1,99 @@
+"""The ops a GPU rank issued (analyzer/analyses/issued_ops.py): one per op the program called,
+however many kernels it ran as, lost kernels included; the breakdown's counts read them."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
+from pardiag.analyzer.analyses.comm_events import comm_events
+from pardiag.analyzer.analyses.issued_ops import gpu_issued_ops
+from pardiag.analyzer.trace import load_traces
+from pardiag.analyzer.trace.classify import Kind, classify
+
+from .synth import TraceBuilder
+
+A2A = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+AR = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def _lost_launch(b: TraceBuilder, ts: float) -> None:
+    """A launch whose kernel the profiler lost (CUPTI dropped it)."""
+    b._corr += 1
+    b.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                     "pid": b.pid, "tid": b.main_tid, "ts": ts, "dur": 1,
+                     "args": {"correlation": b._corr}})
+
+
+def _rec(name: str, nelems: int) -> dict:
+    return {"Collective name": name, "In msg nelems": nelems, "Out msg nelems": nelems,
+            "dtype": "BFloat16", "Group size": 2}
+
+
+def _trace(tmp_path):
+    b = TraceBuilder(rank=0, world_size=2)
+    b.step(1, 0, 1000)
+    # an all_to_all launching one SendRecv kernel per peer: one op, first start to last end
+    b.cpu("record_param_comms", 10, 40, args=_rec("all_to_allv", 1024))
+    b.cpu("nccl:all_to_all", 12, 36, cat="user_annotation")
+    b.kernel(A2A, 100, 20, stream=20, launch_ts=14)
+    b.kernel(A2A, 125, 30, stream=20, launch_ts=20)
+    # a coalescing block of three all-reduces: three member records, then the block's launches
+    # (the second kernel lost)
+    for i in range(3):
+        b.cpu("record_param_comms", 60 + 3 * i, 2, args=_rec("allreduce", 100 * (i + 1)))
+    b.cpu("nccl:coalesced", 70, 30, cat="user_annotation")
+    b.kernel(AR, 200, 10, stream=20, launch_ts=72)
+    _lost_launch(b, 80)
+    b.kernel(AR, 215, 10, stream=20, launch_ts=88)
+    # an all-reduce of an older trace (no record) whose kernel was lost: it still counts
+    b.cpu("nccl:all_reduce", 120, 10, cat="user_annotation")
+    _lost_launch(b, 122)
+    # NCCL <= 2.13 ran this all-reduce as a SendRecv kernel: the host op names it
+    b.cpu("nccl:all_reduce", 140, 10, cat="user_annotation")
+    b.kernel("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long)", 300, 10,
+             stream=20, launch_ts=142)
+    # a communication kernel no host op launched
+    b.kernel(AR, 400, 10, stream=20)
+    path = b.write(tmp_path / "rank0.json")
+    TraceBuilder(rank=1, world_size=2).step(1, 0, 1000).write(tmp_path / "rank1.json")
+    return path
+
+
+def test_ops_are_what_the_program_issued(tmp_path):
+    _trace(tmp_path)
+    t = load_traces(tmp_path, cache=False).ranks[0]
+    kinds = classify(t, ())
+    kernels = t.events[(kinds == Kind.GPU_COMM.value).to_numpy()]
+    got = gpu_issued_ops(t, kernels)
+    ops = got.ops
+    assert ops["op"].tolist() == ["all_to_all", "all_reduce", "all_reduce", "all_reduce",
+                                  "all_reduce", "all_reduce", "all_reduce"]
+    assert ops["missing"].tolist() == [False, False, True, False, True, False, False]
+    a2a = ops.iloc[0]
+    assert (a2a["start_us"], a2a["end_us"], a2a["n_kernels"]) == (100, 155, 2)
+    # the block's members keep their own sizes, launch by launch
+    members = ops[ops["block"] >= 0]
+    assert [m["In msg nelems"] for m in members["args"]] == [100, 200, 300]
+    assert members["start_us"].tolist()[::2] == [200, 215]
+    # each kernel belongs to its op; the a2a's second kernel counts nothing
+    assert got.kernel_counts().tolist() == [1, 0, 1, 1, 1, 1]
+    assert got.kernel_types()[4] == "all_reduce"
+
+
+def test_counts_and_events_read_the_same_ops(tmp_path):
+    _trace(tmp_path)
+    traces = load_traces(tmp_path, cache=False)
+    colls = compute_time_breakdown(traces).collectives
+    counts = dict(zip(colls.loc[colls["rank"] == 0, "collective"],
+                      colls.loc[colls["rank"] == 0, "count"]))
+    assert counts == {"all_to_all": 1, "all_reduce": 6}
+    ev = comm_events(traces)
+    ev = ev[ev["rank"] == 0]
+    # the lost ops have no times to compare: they are left out of the cross-rank events, but
+    # keep their place in the group's order (the all_to_all is its 1st op; the all-reduce after
+    # the lost one is its 4th, not its 3rd)
+    assert len(ev) == 5
+    ar = ev[ev["op"] == "all_reduce"].sort_values("start_us")
+    assert ar["seq"].tolist() == [2, 4, 6, 7]
+    assert pd.isna(ev["peer"]).all()
