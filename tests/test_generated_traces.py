@@ -33,6 +33,7 @@ FOUND = {
     "mesh_layout:names:386046157": "groups described as 'undefined' gave no layout",
     "independent_groups:seq:597350286": "twin groups of other descriptions split instances",
     "independent_groups:none:289043724": "replicas no collective joins matched as one group",
+    "independent_groups:records:742486493": "a straggler's cost shared over the whole world",
 }
 
 
