@@ -169,12 +169,15 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     for g, idx in ev[unknown].groupby("_gid").indices.items():
         rows = ev.index[unknown][idx]
         cohorts = _cohorts(ev.loc[rows])
-        if len(cohorts) > 1:
+        # ranks whose ops end with nobody else's say nothing of their group (its other members
+        # may have no trace): only cohorts of two or more are groups of their own
+        if len(cohorts) > 1 and max(len(c) for c in cohorts) > 1:
             of = {r: ",".join(map(str, c)) for c in cohorts for r in c}
             name = ev.loc[rows, "rank"].map(of)
             ev.loc[rows, "cohort"] = name
             ev.loc[rows, "_gid"] = g + "#" + name
-            ev.loc[rows, "group_size"] = name.str.count(",") + 1
+            size = name.str.count(",") + 1
+            ev.loc[rows, "group_size"] = size.where(size > 1, ev.loc[rows, "group_size"])
     p2p_op = ev["op"].isin(P2P_OPS).to_numpy()
     has_peer = ev["peer"].notna().to_numpy()
     coll = ~p2p_op
