@@ -244,3 +244,31 @@ def test_step_time_spread_quartiles_range_and_outliers():
     assert run["rank"] is None and run["outlier_steps"] == [5] and run["median_us"] == 115.0
     one = step_time_spread(steps[steps["step"] == 1]).iloc[-1]
     assert (one["steps"], one["median_us"], one["outlier_steps"]) == (1, 100.0, [])
+
+
+def test_compute_under_an_async_send_is_compute(tmp_path):
+    """A pipeline's async isend on gloo: its gloo:send span on the main thread lasts from the
+    issue to the step-end wait while the backward runs. Main thread: step [0,100); c10d::send
+    [5,7) (the call); gloo:send [7,90) (in flight); aten::mm [10,40) and aten::mm [50,80) meanwhile;
+    then nothing until the wait returns at 90. K = [10,40) ∪ [50,80) = 60 (the blocking call
+    [5,7) is not compute); C = [5,90) = 85; overlap = 60; exposed = 25: the call, [7,10), the gap
+    [40,50) and the wait [80,90)."""
+    b = TraceBuilder(rank=0, backend="gloo")
+    b.thread_name(1, "thread 1 (python3)")
+    b.step(1, 0, 100)
+    b.cpu("c10d::send", 5, 2, args={"Input Dims": [[8, 256]], "Input type": ["float"]})
+    b.cpu("gloo:send", 7, 83, cat="user_annotation")
+    b.cpu("autograd::engine::evaluate_function: MmBackward0", 10, 30)
+    b.cpu("aten::mm", 10, 30)
+    b.cpu("aten::mm", 50, 30)
+    b.write(tmp_path / "a.json")
+    t = _row(compute_time_breakdown(load_traces(tmp_path)).totals, rank=0)
+    assert (t.compute_us, t.comm_us, t.overlap_us) == (60.0, 85.0, 60.0)
+    assert (t.compute_only_us, t.exposed_comm_us, t.idle_us) == (0.0, 25.0, 15.0)
+    from pardiag.analyzer.analyses.causes import causes_of_trace
+
+    c = causes_of_trace(load_traces(tmp_path).ranks[0]).iloc[0]
+    # the host's parts: the backward it ran under the send, and as communication the call and
+    # the time in flight in no op
+    assert c["backward_us"] == 30.0
+    assert c["comm_us"] == 2.0 + 3.0 + 10.0 + 10.0

@@ -82,8 +82,8 @@ def test_breakdown_values_at_80_columns(request, reports):
     tables = _tables(con.export_text())
     bd = next(t for t in tables if "compute" in t["headers"])
     assert [dict(zip(bd["headers"], r)) for r in bd["rows"]] == [
-        {"rank": "0", "span": "94.968", "compute": "13.689", "overlapped": "0.000",
-         "exposed": "76.708", "idle": "4.571", "overlap %": "0.00", "exposed %": "80.8"},
+        {"rank": "0", "span": "94.968", "compute": "13.689", "overlapped": "0.797",
+         "exposed": "75.911", "idle": "4.571", "overlap %": "1.04", "exposed %": "79.9"},
         {"rank": "1", "span": "97.556", "compute": "83.093", "overlapped": "0.000",
          "exposed": "2.583", "idle": "11.880", "overlap %": "0.00", "exposed %": "2.6"}]
     bub = next(t for t in tables if "ideal %" in t["headers"])

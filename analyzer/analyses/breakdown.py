@@ -54,6 +54,7 @@ from ..trace.classify import (
     on_threads,
     pattern_key,
     profiler_steps,
+    transport,
 )
 from ..trace.traceset import RankTrace, TraceSet
 from .issued_ops import gpu_issued_ops, launch_times
@@ -303,9 +304,10 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
 
     comm_ev = ev[kinds == Kind.CPU_COMM.value]
     c = _intervals(comm_ev)
-    threads = comm_threads(trace)
-    on_worker = on_threads(ev, threads)
-    not_compute = ev[kinds.isin([Kind.CPU_COMM.value, Kind.CPU_WAIT.value]).to_numpy() & ~on_worker]
+    # the calls that block the thread are not computation; a transfer in flight (a worker's
+    # event, an async isend's span) is communication the thread's own work overlaps
+    not_compute = ev[kinds.isin([Kind.CPU_COMM.value, Kind.CPU_WAIT.value]).to_numpy()
+                     & ~transport(trace)]
     k = iv.subtract(_intervals(ev[kinds == Kind.CPU_COMPUTE.value]), _intervals(not_compute))
     timed = ev[kinds.isin([Kind.CPU_COMPUTE.value, Kind.CPU_COMM.value, Kind.CPU_WAIT.value,
                            Kind.STEP.value]).to_numpy()]

@@ -69,10 +69,9 @@ from ..trace.classify import (
     Kind,
     cached,
     classify,
-    comm_threads,
     name_test,
-    on_threads,
     profiler_steps,
+    transport,
 )
 from ..trace.traceset import RankTrace
 
@@ -137,8 +136,9 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
     cat = ev["cat"]
     def named(key, rx):
         return name_test(trace, ("causes", key), lambda n: rx.search(n) is not None)
+    moving = transport(trace)  # transfers in flight: workers' events, async isend spans
     host = (cat.isin(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]).to_numpy()
-            & ~on_threads(ev, comm_threads(trace)) & (kinds != Kind.STEP.value).to_numpy())
+            & ~moving & (kinds != Kind.STEP.value).to_numpy())
     k = kinds.to_numpy()
     is_sync = host & named("sync", SYNC_RE)
     is_runtime = cat.isin(["cuda_runtime", "cuda_driver"]).to_numpy()
@@ -157,10 +157,12 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
         own = iv.subtract(_iv(ev[mask]), taken)
         parts[name] = own
         taken = iv.merge(taken, own)
-    # outside any operator while a communication worker transfers: waiting for communication
-    # (DDP on gloo waits for its buckets' all-reduces at the end of the backward in no op)
-    worker = on_threads(ev, comm_threads(trace)) & (k == Kind.CPU_COMM.value)
-    parts["comm_us"] = iv.merge(parts["comm_us"], iv.subtract(_iv(ev[worker]), taken))
+    # outside any operator while a transfer is in flight: waiting for communication (DDP on
+    # gloo waits for its buckets' all-reduces at the end of the backward in no op; a pipeline
+    # waits for its async sends at the step's end); the work the thread does meanwhile is its
+    # own part
+    in_flight = moving & (k == Kind.CPU_COMM.value)
+    parts["comm_us"] = iv.merge(parts["comm_us"], iv.subtract(_iv(ev[in_flight]), taken))
     gpu = trace.has_gpu
     if gpu:
         dev = _device_sets(trace, kinds)

@@ -78,8 +78,10 @@ class SyncResult:
         matched_by: ``"records"``, ``"sequence numbers"``, ``"order"`` (some group had no
             usable sequence numbers), ``"point-to-point pairs"`` (no collective) or ``"none"``.
         p2p: per pair of ranks that exchange point-to-point transfers (complete pairs: a send
-            and its recv): ``src``, ``dst``, ``count``, ``hop_us`` (median transfer time, the
-            minimum of the two sides' durations: the link's latency for that size),
+            and its recv): ``src``, ``dst``, ``count``, ``hop_us`` (median transfer time: from
+            the later side's arrival to the receive's end, the link's latency for that size
+            where the receive is blocking; an upper bound where the receive's span ends at a
+            late wait, as gloo's async ``irecv`` does),
             ``recv_wait_us`` and ``send_wait_us`` (median time the receiver / sender waited for
             the other side to arrive), ``bytes`` (median). Empty without such pairs.
         straggler: the rank that causes the most waiting when that is at least
@@ -705,6 +707,13 @@ def _instance_times(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
     inst["first_arrival_us"] = g["start_us"].min()
     inst["arrival_skew_us"] = g["start_us"].max() - g["start_us"].min()
     inst["transfer_us"] = g["dur_us"].min()
+    # a point-to-point transfer runs from the moment both sides are there to the receive's end
+    # (where the data is in place): an async isend's span lasts until its wait, which can come
+    # long after (the same as the shorter side's duration when the two end together)
+    recv_end = ev["end_us"].where(ev["op"].eq("recv")).groupby(ev["instance"]).max()
+    p2p = inst.index.to_series().str.startswith("p2p:") & recv_end.reindex(inst.index).notna()
+    xfer = (recv_end.reindex(inst.index) - g["start_us"].max()).clip(lower=0.0)
+    inst.loc[p2p, "transfer_us"] = np.minimum(xfer[p2p], inst.loc[p2p, "transfer_us"])
     last_idx = g["start_us"].idxmax()
     inst["last_rank"] = ev.loc[last_idx.reindex(inst.index).values, "rank"].to_numpy()
     rooted = inst["semantics"].eq(ROOTED)
@@ -847,6 +856,10 @@ def _per_rank_waits(ev: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame,
         until = np.where(rooted & ~from_root & is_root, pr["wait_until_us"], until)
         pr["wait_until_us"] = np.where(rooted, until, pr["wait_until_us"])
         pr["wait_us"] = np.where(rooted, pr["wait_until_us"] - pr["start_us"], pr["wait_us"])
+    # point-to-point: each side waits from its arrival to its peer's (an async isend's span,
+    # which lasts until its wait, is no waiting)
+    pair = pr["instance"].astype(str).str.startswith("p2p:").to_numpy()
+    pr["wait_us"] = np.where(pair, pr["wait_until_us"] - pr["start_us"], pr["wait_us"])
     per_rank = pr[["instance", "rank", "start_us", "end_us", "dur_us", "wait_us",
                    "arrival_delay_us", "evidence"]].reset_index(drop=True)
     return per_rank, pr[pr["complete"].astype(bool)].drop(columns="_root")

@@ -196,6 +196,20 @@ def on_threads(ev: pd.DataFrame, threads) -> np.ndarray:
     return out
 
 
+def transport(trace: RankTrace) -> np.ndarray:
+    """Bool per event: a *transport* event, the span of a transfer rather than a call that
+    blocks its thread: any event on a communication worker thread (:func:`comm_threads`), and
+    gloo's ``gloo:*`` spans on the calling thread (an async ``isend``/``irecv`` is recorded from
+    its issue to its completion while the thread goes on computing). Communication in flight,
+    never time taken from the thread's own work; the calls that block (``c10d::recv_`` of a
+    blocking receive, waits) are other events."""
+    def compute() -> np.ndarray:
+        ev = trace.events
+        return (on_threads(ev, comm_threads(trace))
+                | name_test(trace, "gloo", lambda n: n.startswith("gloo:")))
+    return cached(trace, "transport", compute)
+
+
 def profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
     """The ``ProfilerStep#N`` windows of a rank on the CPU timeline.
 
