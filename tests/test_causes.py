@@ -41,7 +41,7 @@ def _cpu_planted(rank=0, data_ms=100.0) -> TraceBuilder:
     b.cpu("c10d::allreduce_", 450, 10)                            # comm 10
     b.cpu("Optimizer.step#Adam.step", 600, 200, cat="user_annotation")
     b.cpu("aten::add_", 610, 90)
-    b.cpu("c10d::wait", 800, 50)                                  # sync 50
+    b.cpu("c10d::wait", 800, 50)                                  # a comm wait: comm 50
     b.cpu("gloo:all_reduce", 900, 50, tid=2, cat="user_annotation")  # waited for: comm 50
     return b
 
@@ -51,7 +51,7 @@ def test_host_parts_of_a_planted_cpu_step(tmp_path):
     t = causes_of_trace(load_traces(tmp_path).ranks[0])
     row = t.iloc[0]
     got = {p: float(row[p]) for p in HOST_PARTS}
-    assert got == {"data_loading_us": 100.0, "sync_us": 70.0, "comm_us": 60.0,
+    assert got == {"data_loading_us": 100.0, "sync_us": 20.0, "comm_us": 110.0,
                    "launch_us": 10.0, "optimizer_us": 200.0, "backward_us": 190.0,
                    "forward_us": 170.0, "other_us": 200.0}
     assert sum(got.values()) == row["span_us"] == 1000.0

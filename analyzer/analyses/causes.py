@@ -6,11 +6,13 @@ into exclusive parts, each instant going to the first part in this order that ho
 of every host thread but the communication workers, :func:`classify.comm_threads`):
 
 1. ``data_loading_us``: the DataLoader iterator (``enumerate(DataLoader)#...__next__``);
-2. ``sync_us``: blocked in a synchronization: ``cuda*Synchronize``, ``c10d::wait``,
-   ``wait_tensor``, ``aten::wait``, ``.item()`` (``aten::_local_scalar_dense``), ``cudaMemcpy``;
-3. ``comm_us``: inside a communication call (``c10d::*``, ``gloo:*``, ``nccl:*``, ...), or in
-   none of the parts below while a communication worker thread transfers (DDP on gloo waits for
-   its buckets' all-reduces at the end of the backward outside any operator);
+2. ``sync_us``: blocked in a device synchronization: ``cuda*Synchronize``, ``.item()``
+   (``aten::_local_scalar_dense``), ``cudaMemcpy``;
+3. ``comm_us``: inside a communication call (``c10d::*``, ``nccl:*``, ...) or a wait for one
+   (``c10d::wait``, functional collectives' ``wait_tensor``, ``aten::wait``: tensor
+   parallelism waits there for its all-reduces), or in none of the parts below while a transfer
+   is in flight (a worker thread's, an async send's: DDP on gloo waits for its buckets'
+   all-reduces at the end of the backward outside any operator);
 4. ``launch_us``: other CUDA/HIP runtime and driver calls (kernel launches, async copies);
 5. ``optimizer_us``: inside an event whose name holds ``optimizer`` (``Optimizer.step#Adam.step``,
    ``Optimizer.zero_grad#...``);
@@ -65,7 +67,6 @@ import pandas as pd
 
 from ..trace import intervals as iv
 from ..trace.classify import (
-    CPU_WAIT_RE,
     Kind,
     cached,
     classify,
@@ -104,7 +105,11 @@ PART_LABELS = {
 }
 
 DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)")
-SYNC_RE = re.compile(CPU_WAIT_RE.pattern + r"|^(aten::_local_scalar_dense|cudaMemcpy|hipMemcpy)$")
+#: Waits for communication: the host blocks on a collective's work, not on the device.
+COMM_WAIT_RE = re.compile(r"^(aten::_?wait\b|c10d::wait|_?c10d_functional::wait_tensor)")
+SYNC_RE = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize"
+                     r"|cudaStreamWaitEvent|hipStreamSynchronize|hipDeviceSynchronize"
+                     r"|hipEventSynchronize)|^(aten::_local_scalar_dense|cudaMemcpy|hipMemcpy)$")
 OPTIMIZER_RE = re.compile(r"optimizer", re.IGNORECASE)
 BACKWARD_RE = re.compile(r"backward", re.IGNORECASE)
 FORWARD_RE = re.compile(r"forward", re.IGNORECASE)
@@ -145,7 +150,7 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
     sets = {
         "data_loading_us": host & named("dataloader", DATALOADER_RE),
         "sync_us": is_sync,
-        "comm_us": host & (k == Kind.CPU_COMM.value),
+        "comm_us": host & ((k == Kind.CPU_COMM.value) | named("comm_wait", COMM_WAIT_RE)),
         "launch_us": host & is_runtime & ~is_sync,
         "optimizer_us": host & named("optimizer", OPTIMIZER_RE),
         "backward_us": host & named("backward", BACKWARD_RE),

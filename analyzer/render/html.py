@@ -706,9 +706,10 @@ def _causes_section(report: Report, page: Page) -> list[str]:
     out.append(page.fig(parts_figure(pr, HOST_PART_COLORS,
                                      "Where the step goes on the host, per rank")))
     out.append(muted("Each instant of a step's CPU window goes to the first part that holds it: "
-                      "data loading (the DataLoader iterator), synchronization (cuda*Synchronize, "
-                      "wait_tensor, .item()), communication calls (and, outside any operator, "
-                      "waiting while a communication worker transfers), kernel launches, "
+                      "data loading (the DataLoader iterator), device synchronization "
+                      "(cuda*Synchronize, .item()), communication calls and their waits "
+                      "(c10d::wait, wait_tensor; and, outside any operator, waiting while a "
+                      "transfer is in flight), kernel launches, "
                       "optimizer, backward, other operators (forward, loss), and the rest: "
                       "outside any operator (Python, sleeps, host contention)."))
     gpu = pr[pr["dev_compute_us"].notna()]
