@@ -492,8 +492,10 @@ def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str],
         out["offset_us"] = 0.0
         out["drift_us_per_s"] = 0.0
         notes.append(f"all {len(ranks)} ranks ran on one host ({hosts[ref]}): one clock, no "
-                     f"offset subtracted (collective ends differ by at most "
-                     f"{float(np.abs(out['residual_us']).max()):.1f} µs there)")
+                     f"offset subtracted" + (
+                         f" (collective ends differ by at most "
+                         f"{float(np.abs(out['residual_us']).max()):.1f} µs there)" if n_coll else
+                         " (no complete release-together collective to compare ends at)"))
         return ClockModel(out[cols], t0, {r: 0 for r in ranks}, applied), notes
     model = ClockModel(out[cols], t0, dict(root), applied)
     domain, n_pairs = _p2p_links(ev, complete, root, model)

@@ -83,6 +83,14 @@ _INT_COLUMNS = {"rank", "last_rank", "slowest_rank", "count", "instances", "step
 _ID_COLUMNS = {"rank", "last_rank", "slowest_rank", "step", "src", "dst", "pg"}
 
 
+def _unprefixed(column: str) -> str:
+    """A comparison's column without its side (``a_count``, ``b_instances``, ``delta_count``)."""
+    for prefix in ("a_", "b_", "delta_"):
+        if column.startswith(prefix):
+            return column[len(prefix):]
+    return column
+
+
 def _is_bytes(column: str) -> bool:
     """Byte counts: always whole numbers with thousands separators (``68,608``)."""
     return column == "bytes" or column.endswith("_bytes")
@@ -103,8 +111,8 @@ def table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = (),
     total = len(df)
     df = df.head(max_rows).copy()
     for c in columns:  # counts and ranks that pandas turned into floats print as integers
-        if c in _INT_COLUMNS and pd.api.types.is_float_dtype(df[c]) and df[c].dropna().apply(
-                float.is_integer).all():
+        if (_unprefixed(c) in _INT_COLUMNS and pd.api.types.is_float_dtype(df[c])
+                and df[c].dropna().apply(float.is_integer).all()):
             df[c] = df[c].astype("Int64")
         elif (_is_bytes(c) and c not in df.attrs.get("mib", ())
               and pd.api.types.is_float_dtype(df[c])):  # a median of byte counts

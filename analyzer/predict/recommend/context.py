@@ -372,8 +372,8 @@ def build_context(traces: TraceSet, done: dict) -> RuleContext:
     step = None
     if model is not None:
         samples = _without_outliers(list(model.periods_us)) or [model.period_us]
-        step = step_noise(samples, f"{len(samples)} {model.basis} step(s) of the pipeline, "
-                                   "start to start")
+        step = step_noise(samples, f"{len(samples)} periods (start to start) of the "
+                                   f"{model.steps} {model.basis} step(s) of the pipeline")
         step = dataclasses.replace(step, median_us=model.period_us)
     else:
         samples = _profiled_step_samples(bd)

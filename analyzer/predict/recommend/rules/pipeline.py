@@ -50,7 +50,8 @@ def _replay_base(ctx: RuleContext, model: PipelineModel) -> _Replay:
     act = (peak - static) if (peak is not None and peak > static) else None
     infl0 = inflight(model.schedule, model.p, model.m, model.v)
     bubble = statistics.fmean(base.bubble_pct.values())
-    common_ev = (f"measured on {model.steps} {model.basis} step(s): step {ms(measured)}, pipeline "
+    common_ev = (f"measured on {model.steps} {model.basis} step(s): step {ms(measured)} (median "
+                 f"of their {len(model.periods_us)} periods, start to start), pipeline "
                  f"window {ms(model.window_us)}, {model.p} ranks × {model.v} stage(s) per rank, "
                  f"{model.m} microbatches"
                  + (f" of {model.samples} samples" if model.samples else ""),
