@@ -72,7 +72,11 @@ class SyncResult:
         stragglers: per rank, most wait caused first, from the instances that are evidence:
             ``rank``, ``wait_suffered_us`` (|union of its waiting intervals|), ``wait_caused_us``
             (Σ over the other ranks of |union of their waits for it|), ``last_arrivals``,
-            ``steps_as_top`` (steps in which it caused the most wait), ``instances``.
+            ``steps_as_top`` (steps in which it caused the most wait), ``instances``,
+            ``waiting_us`` (|union of its waits| at every complete instance, window heads
+            included: the waiting part of its exposed communication is at most this; NaN for a
+            rank that no complete instance holds — its peers are absent — whose split into
+            waiting and transfer nobody can tell).
         bandwidth: per group, op, message size and ``inter_node`` (``"intra"``, ``"inter"`` or
             ``"unknown"``): ``count``, ``transfer_us``, ``algbw_gbps``, ``busbw_gbps`` (medians).
         matched_by: ``"records"``, ``"sequence numbers"``, ``"order"`` (some group had no
@@ -539,7 +543,8 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     ev = comm_events(traces, comm_patterns) if events is None else events
     empty = pd.DataFrame()
     no_stragglers = pd.DataFrame(columns=["rank", "wait_suffered_us", "wait_caused_us",
-                                          "last_arrivals", "steps_as_top", "instances"])
+                                          "last_arrivals", "steps_as_top", "instances",
+                                          "waiting_us"])
     no_offsets = pd.DataFrame(columns=["rank", "offset_us", "residual_us", "instances", "host"])
     if ev.empty:
         return SyncResult(no_offsets, empty, empty, no_stragglers, empty, "none")
@@ -563,6 +568,11 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     ranks = sorted(int(r) for r in ev["rank"].unique())
     st, straggler = _stragglers(ranks, inst, pr[pr["evidence"].astype(bool)], n_multi,
                                 _step_lengths(traces, comm_patterns))
+    waiting = {int(r): _waited(g) for r, g in pr.groupby("rank")}
+    if st.empty and waiting:  # complete instances, none of them evidence (a window's head)
+        st = pd.DataFrame({"rank": ranks, "wait_suffered_us": 0.0, "wait_caused_us": 0.0,
+                           "last_arrivals": 0, "steps_as_top": 0, "instances": 0})
+    st["waiting_us"] = st["rank"].map(waiting)
     noise = straggler_noise_note(st, straggler)
     if noise:
         notes.append(noise)

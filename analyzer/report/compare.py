@@ -325,7 +325,9 @@ def rank_table(summary: dict) -> pd.DataFrame:
     """Per rank of a summary: ``rank``, ``role``, ``steps`` (profiled), the mean per profiled
     step of ``span_us``, ``compute_only_us``, ``overlap_us``, ``exposed_comm_us``, ``idle_us``;
     ``wait_suffered_us`` and ``wait_caused_us`` per profiled step (matched collectives),
-    ``exposed_wait_us`` = min(waiting, exposed) and ``exposed_transfer_us`` = exposed − that;
+    ``exposed_wait_us`` = min(waiting at complete instances, ``sync.stragglers[].waiting_us``
+    per step, exposed) and ``exposed_transfer_us`` = exposed − that (NaN for a rank that no
+    complete instance holds: the split is unknown, as the verdict says);
     ``static_bytes``, ``peak_allocated_bytes``, ``peak_rss_bytes``."""
     roles = _roles(summary)
     waits = {int(r["rank"]): r for r in _rows(summary, "sync", "stragglers")
@@ -353,7 +355,10 @@ def rank_table(summary: dict) -> pd.DataFrame:
         suffered = _num(w.get("wait_suffered_us")) / per if w else 0.0
         caused = _num(w.get("wait_caused_us")) / per if w else 0.0
         exposed = mean["exposed_comm_us"]
-        wait_exp = min(suffered, exposed) if not math.isnan(exposed) else float("nan")
+        # as the verdict splits it: unknown for a rank no complete instance holds
+        matched = _num(w.get("waiting_us")) / per if w else float("nan")
+        wait_exp = (min(matched, exposed) if not (math.isnan(matched) or math.isnan(exposed))
+                    else float("nan"))
         m = mem.get(r, {})
         rows.append({"rank": r, "role": roles.get(r, "all ranks"), "steps": n, **mean,
                      "wait_suffered_us": suffered, "wait_caused_us": caused,

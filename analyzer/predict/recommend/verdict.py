@@ -47,21 +47,31 @@ def spread_text(ctx: RuleContext) -> str:
     return text
 
 
-def exposed_split(ctx: RuleContext) -> tuple[float, float, float] | None:
+def exposed_split(ctx: RuleContext) -> tuple[float, float, float, float] | None:
     """Exposed communication split into waiting and transfer, summed over ranks (µs):
-    ``(exposed, waiting, transfer)``. Waiting is each rank's time inside collectives and
-    point-to-point transfers beyond the fastest participant's (``wait_us`` of
-    :attr:`pardiag.analyzer.analyses.sync.SyncResult.per_rank`: waiting for a peer to arrive — in a
-    pipeline, the bubble), at most the rank's exposed time; transfer is the rest. None
-    without exposed communication."""
+    ``(exposed, waiting, transfer, unknown)``. A rank's waiting is its ``waiting_us``
+    (:attr:`pardiag.analyzer.analyses.sync.SyncResult.stragglers`: the union of its waits for a
+    peer to arrive at its complete collectives and transfers — in a pipeline, the bubble), at
+    most its exposed time; its transfer is the rest. A rank that no complete instance holds (its
+    peers' traces are absent, or nothing was matched) has a split nobody can tell: its exposed
+    time is ``unknown``. ``pardiag compare`` splits each rank the same way. None without exposed
+    communication."""
     tot = ctx.breakdown.totals
     if not len(tot) or not (tot["exposed_comm_us"].sum() > 0):
         return None
     exposed = tot.set_index("rank")["exposed_comm_us"].astype(float)
-    waits = (ctx.sync.per_rank.groupby("rank")["wait_us"].sum()
-             if ctx.sync is not None and len(ctx.sync.per_rank) else pd.Series(dtype=float))
-    waiting = sum(min(float(waits.get(r, 0.0) or 0.0), float(e)) for r, e in exposed.items())
-    return float(exposed.sum()), waiting, float(exposed.sum()) - waiting
+    st = (ctx.sync.stragglers.set_index("rank")
+          if ctx.sync is not None and len(ctx.sync.stragglers) else pd.DataFrame())
+    waiting = transfer = unknown = 0.0
+    for r, e in exposed.items():
+        matched = float(st.loc[r, "waiting_us"]) if r in st.index else float("nan")
+        if matched != matched:  # NaN: no complete instance holds the rank
+            unknown += float(e)
+            continue
+        w = min(matched, float(e))
+        waiting += w
+        transfer += float(e) - w
+    return float(exposed.sum()), waiting, transfer, unknown
 
 
 def bubble_text(ctx: RuleContext) -> str | None:
@@ -141,11 +151,19 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
         if split is None:
             parts.append(f"exposed communication 0.0% and idle {idle:.1f}% of the ranks' time")
         else:
-            exp, wait, xfer = (100.0 * x / span for x in split)
+            exp, wait, xfer, unknown = (100.0 * x / span for x in split)
             peer = "a peer stage (the bubble)" if ctx.pipeline is not None and len(
                 ctx.pipeline.chunks) else "other ranks"
-            parts.append(f"exposed communication {exp:.1f}% of the ranks' time ({wait:.1f}% "
-                         f"waiting for {peer}, {xfer:.1f}% transfer) and idle {idle:.1f}%")
+            if unknown >= exp:
+                how = ("waiting vs transfer unknown: no collective of these ranks was matched "
+                       "with all its members")
+            else:
+                how = f"{wait:.1f}% waiting for {peer}, {xfer:.1f}% transfer"
+                if unknown > 0:
+                    how += (f"; {unknown:.1f}% on ranks whose peers are absent, split "
+                            f"unknown")
+            parts.append(f"exposed communication {exp:.1f}% of the ranks' time ({how}) and idle "
+                         f"{idle:.1f}%")
     bubble = bubble_text(ctx)
     if bubble:
         parts.append(bubble)

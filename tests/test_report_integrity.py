@@ -1,0 +1,32 @@
+"""A report never contradicts the trace or itself: planted cases of what once did."""
+
+from __future__ import annotations
+
+from pardiag.analyzer.report.registry import build_report, report_json
+from pardiag.analyzer.trace import load_traces
+
+from .synth import gpu_rank
+
+
+def test_waiting_vs_transfer_is_unknown_without_the_peers(tmp_path):
+    """Rank 0 of a 2-rank run, rank 1's trace absent: its all-reduce and all-gather are exposed
+    (40 of its 170 µs window; test_breakdown's planted GPU trace), but whether it waited for
+    rank 1 or transferred nobody can tell. Before, the verdict read '0.0% waiting, 23.5%
+    transfer'."""
+    gpu_rank(0).write(tmp_path / "rank0.json")
+    doc = report_json(build_report(load_traces(tmp_path, cache=False)))
+    assert "waiting vs transfer unknown" in doc["verdict"]
+    assert "% transfer" not in doc["verdict"]
+    st = doc["sync"]["stragglers"]
+    assert all(r["waiting_us"] is None for r in st)
+
+
+def test_waiting_is_split_where_the_peers_are_present(tmp_path):
+    """Both ranks of the planted GPU trace, on one clock, in lock-step: every collective is
+    complete and nobody waits, so the exposed 40 µs of each rank (of its 170 µs window) are
+    transfer: 23.5% of the ranks' time, 0.0% waiting."""
+    gpu_rank(0).write(tmp_path / "rank0.json")
+    gpu_rank(1).write(tmp_path / "rank1.json")
+    doc = report_json(build_report(load_traces(tmp_path, cache=False)))
+    assert "(0.0% waiting for other ranks, 23.5% transfer)" in doc["verdict"]
+    assert [r["waiting_us"] for r in doc["sync"]["stragglers"]] == [0.0, 0.0]
