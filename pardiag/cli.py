@@ -95,6 +95,7 @@ def _script_usage_error(cmd: click.Command, ctx: click.Context, args: list[str])
     script_at = None
     script_args = False
     dash = False
+    foreign = None  # the first argument after SCRIPT that looks like an option not pardiag's
     i = 0
     usage = (f"pardiag {cmd.name} [OPTIONS] SCRIPT [OPTIONS] -- [SCRIPT ARGS]")
     while i < len(args):
@@ -121,8 +122,14 @@ def _script_usage_error(cmd: click.Command, ctx: click.Context, args: list[str])
             script_at = i
         else:
             script_args = True
+            if foreign is None and a.startswith("-") and a != "-":
+                foreign = a.split("=", 1)[0]
         i += 1
     if after and script_args and not dash:
+        if foreign is not None:  # the script's own option, without `--` before it
+            raise click.UsageError(
+                f"{foreign}: not an option of pardiag {cmd.name}; the script's own options go "
+                f"after `--`: {usage}")
         raise click.UsageError(
             f"{after[0]} is an option of pardiag {cmd.name}, given after SCRIPT among the "
             f"script's arguments without `--`: is it pardiag's or the script's? Put pardiag's "

@@ -96,13 +96,18 @@ def test_open_mpi_variables():
 # --- command-line habits (no torch run) ---------------------------------------------------------
 
 @pytest.mark.parametrize("argv, says", [
+    # forgetting `--` before the script's own --steps: --steps is named, not pardiag's --out
     (["profile", "t.py", "--steps", "3", "--out", "o"],
+     "--steps: not an option of pardiag profile; the script's own options go after `--`"),
+    (["profile", "t.py", "--out", "o", "--steps", "3"],
+     "--steps: not an option of pardiag profile; the script's own options go after `--`"),
+    (["profile", "t.py", "--out", "o", "3"],
      "--out is an option of pardiag profile, given after SCRIPT among the script's arguments "
      "without `--`"),
     (["profile", "--out", "a", "t.py", "--out", "b"], "--out is given twice (--out ... --out)"),
     (["wrap", "--wait", "0", "t.py", "--wait=1", "--", "x"], "--wait is given twice"),
     (["profile", "--steps", "3", "t.py"], "--steps: not an option of pardiag profile"),
-    (["wrap", "t.py", "--steps", "2", "--active", "2"], "--active is an option of pardiag wrap"),
+    (["wrap", "t.py", "--steps", "2", "--active", "2"], "--steps: not an option of pardiag wrap"),
 ])
 def test_ambiguous_command_lines_are_refused(argv, says, capsys):
     assert main(argv) == 2
