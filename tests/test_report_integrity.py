@@ -30,3 +30,20 @@ def test_waiting_is_split_where_the_peers_are_present(tmp_path):
     doc = report_json(build_report(load_traces(tmp_path, cache=False)))
     assert "(0.0% waiting for other ranks, 23.5% transfer)" in doc["verdict"]
     assert [r["waiting_us"] for r in doc["sync"]["stragglers"]] == [0.0, 0.0]
+
+
+def test_step_noise_resamples_steps_not_rank_steps():
+    """Two ranks in lock-step after a profiler window of 3 steps: steps 4–8 end at the same
+    moments on both, 10 ms apart but step 7 at 14 ms. The run has 4 step periods (one per
+    step; the two ranks' periods of a step are one period seen twice), not 8."""
+    from types import SimpleNamespace
+
+    from pardiag.analyzer.predict.recommend.context import clean_step_periods
+
+    ends = [0.0, 10_000.0, 20_000.0, 34_000.0, 44_000.0]
+    meta = SimpleNamespace(optimizer_step_times_us=[[k, e - 1000.0, e]
+                                                    for k, e in zip(range(4, 9), ends)])
+    traces = SimpleNamespace(
+        run_info=SimpleNamespace(schedule=SimpleNamespace(wait=1, warmup=1, active=1)),
+        rank_meta={0: meta, 1: meta})
+    assert clean_step_periods(traces) == ([10_000.0, 10_000.0, 14_000.0, 10_000.0], 4)

@@ -190,26 +190,27 @@ def recorded_settings(traces: TraceSet) -> dict:
 
 def clean_step_periods(traces: TraceSet) -> tuple[list[float], int]:
     """Step times (µs) after the profiler's window, when the ranks' metadata recorded every
-    optimizer step (``pardiag profile``): the start-to-start times of consecutive
-    optimizer-step ends, taken only where both steps ran without the profiler, over all ranks.
-    Returns ``(periods, steps used)``; ``([], 0)`` when there is none."""
+    optimizer step (``pardiag profile``): per step, the median over the ranks of the time from
+    their previous optimizer step's end to this one's (each on its own clock), taken only where
+    both steps ran without the profiler. One sample per step, not per rank and step: ranks in
+    lock-step share one period, so the ranks' periods of a step are not independent samples.
+    Returns ``(periods in step order, steps used)``; ``([], 0)`` when there is none."""
     sch = traces.run_info.schedule if traces.run_info else None
     if sch is None:
         return [], 0
     first_clean = sch.wait + sch.warmup + sch.active
-    periods: list[float] = []
-    steps_used: set[int] = set()
+    by_step: dict[int, list[float]] = {}
     for meta in traces.rank_meta.values():
         ends = {}
         for row in meta.optimizer_step_times_us:
             if isinstance(row, list) and len(row) == 3 and all(
                     isinstance(x, (int, float)) for x in row):
                 ends[int(row[0])] = float(row[2])
-        ok = [k for k in sorted(ends)
-              if k - 1 >= first_clean and k - 1 in ends and ends[k] > ends[k - 1]]
-        periods += [ends[k] - ends[k - 1] for k in ok]
-        steps_used.update(ok)
-    return periods, len(steps_used)
+        for k in sorted(ends):
+            if k - 1 >= first_clean and k - 1 in ends and ends[k] > ends[k - 1]:
+                by_step.setdefault(k, []).append(ends[k] - ends[k - 1])
+    periods = [float(np.median(v)) for _, v in sorted(by_step.items())]
+    return periods, len(periods)
 
 
 def clean_step_us(traces: TraceSet) -> tuple[float, int]:
@@ -384,8 +385,8 @@ def build_context(traces: TraceSet, done: dict) -> RuleContext:
     clean = None
     if periods:
         clean = step_noise(_without_outliers(periods),
-                           f"{len(periods)} unprofiled step period(s) over the ranks, start to "
-                           "start")
+                           f"{len(periods)} unprofiled step period(s), start to start (per step "
+                           "the median over the ranks)")
     return RuleContext(
         traces=traces, breakdown=bd, sync=done.get("sync"), pipeline=pipe,
         balance=done.get("balance"), memory=done.get("memory"), layout=done.get("layout"),

@@ -65,7 +65,7 @@ def exposed_split(ctx: RuleContext) -> tuple[float, float, float, float] | None:
     waiting = transfer = unknown = 0.0
     for r, e in exposed.items():
         matched = float(st.loc[r, "waiting_us"]) if r in st.index else float("nan")
-        if matched != matched:  # NaN: no complete instance holds the rank
+        if math.isnan(matched):  # no complete instance holds the rank
             unknown += float(e)
             continue
         w = min(matched, float(e))
