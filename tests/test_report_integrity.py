@@ -47,3 +47,26 @@ def test_step_noise_resamples_steps_not_rank_steps():
         run_info=SimpleNamespace(schedule=SimpleNamespace(wait=1, warmup=1, active=1)),
         rank_meta={0: meta, 1: meta})
     assert clean_step_periods(traces) == ([10_000.0, 10_000.0, 14_000.0, 10_000.0], 4)
+
+
+def test_a_straggler_named_under_contention_says_so_in_the_same_sentence(tmp_path):
+    """The shipped run with a planted slow rank 1, its two ranks recorded as sharing the
+    host's 2 cores with 2 intra-op threads each: the verdict names rank 1 and, in the same
+    sentence, that the timings are contended (the OS can make a rank late)."""
+    import json
+    import shutil
+
+    from .paths import REPO
+
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "sample_traces" / "ddp_slowrank1_cpu_2rank", run)
+    for r in (0, 1):
+        f = run / "pardiag" / f"rank{r}.meta.json"
+        meta = json.loads(f.read_text())
+        meta.update(intra_op_threads=2, cpu_affinity=[0, 1])
+        f.write_text(json.dumps(meta))
+    verdict = report_json(build_report(load_traces(run, cache=False)))["verdict"]
+    named = verdict.index("rank 1 is a straggler")
+    said = verdict.index("but timings are contended: ranks 0,1 run 4 intra-op threads")
+    assert named < said and ". " not in verdict[named:said]   # one sentence
+    assert "--pin-cpu" in verdict[said:]

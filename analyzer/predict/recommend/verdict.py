@@ -169,8 +169,12 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
         parts.append(bubble)
     found = identify_straggler(ctx)
     if found is not None:
-        parts.append(found.describe() + (f" — {found.cause.sentence()}" if found.cause
-                                         is not None else ""))
+        claim = found.describe() + (f" — {found.cause.sentence()}" if found.cause is not None
+                                    else "")
+        if ctx.contention:  # the claim and what can make it wrong, in one sentence
+            claim += (f", but {ctx.contention}, and how the OS shares the cores can make a "
+                      f"rank late by itself")
+        parts.append(claim)
     routing = ctx.routing.describe() if ctx.routing is not None else None
     if routing:
         parts.append(routing)
@@ -182,6 +186,6 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
                   else " (while profiled)" + spread)
     head = f"Step {ms(step_us)}{spread}" if not math.isnan(step_us) else "No complete step"
     text = head + (": " + "; ".join(parts) if parts else "") + "."
-    if ctx.contention:
+    if ctx.contention and found is None:
         text += " " + ctx.contention[0].upper() + ctx.contention[1:] + "."
     return text
