@@ -133,16 +133,19 @@ def _shortfalls(results: dict) -> list[str]:
     return out
 
 
-def _header(a, info: dict, seconds: float) -> list[str]:
+def _commit() -> str:
+    """The checkout's commit (short hash), or "unknown"."""
     import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=False).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
 
+
+def _header(a, info: dict, seconds: float, commit: str) -> list[str]:
     import numpy
     import pandas
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=False).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
     return [f"# Cross-rank accuracy on generated traces ({info['started_utc'][:10]})", "",
             f"- **Command:** `python -m benchmarks.cross_rank_accuracy --jobs {a.jobs} "
             f"--seed {a.seed}`",
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print(res, dataclasses.replace(truth, files=[]))
         return 0
     rng = random.Random(a.seed)
-    info = machine()
+    info, commit = machine(), _commit()  # the code as it is when the run starts
     results: dict = defaultdict(list)
     failed = []
     t0 = time.time()
@@ -183,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         bad = [m for m in METRICS if res.get(m) is False]
         if bad:
             failed.append(f"{kind}:{meta}:{seed} {','.join(bad)} {res.get('error', '')}")
-    lines = [*_header(a, finish(info), time.time() - t0),
+    lines = [*_header(a, finish(info), time.time() - t0, commit),
              "Goals: straggler (or nobody) >= 99%, offsets within 20 µs >= 99%, layout exact, "
              "per-rank op counts exact.", "", *_shortfalls(results), "", *_table(results), "",
              "Failed jobs (kind:metadata:seed metrics; each reruns with `--only`):",
