@@ -398,14 +398,17 @@ def test_data_parallel_peak_memory(tmp_path, static, peak, meas, pred):
     MiB → 40 + 1.5 = 41.5 MiB; measured static + window peak, 22)."""
     import pandas as pd
 
+    from pardiag.analyzer.analyses.memory import peak_bytes
     from pardiag.analyzer.predict.recommend import build_context
     from pardiag.analyzer.predict.recommend.rules.pp_to_dp import pp_to_dp
     mib = 2**20
     traces = _dp_run(tmp_path)
     done = dict(build_report(traces).results)
-    done["memory"] = _Obj(per_rank=pd.DataFrame({
+    per_rank = pd.DataFrame({
         "rank": [0, 1], "static_bytes": [s * mib for s in static],
-        "peak_allocated_bytes": [p * mib for p in peak]}))
+        "peak_allocated_bytes": [p * mib for p in peak], "peak_rss_bytes": [None, None]})
+    per_rank["peak_bytes"], definition = peak_bytes(per_rank)   # the memory analysis' peak
+    done["memory"] = _Obj(per_rank=per_rank, peak_definition=definition)
     (dp,) = pp_to_dp(build_context(traces, done))   # the rule, on the run's real context
     assert dp.measured_peak_bytes == meas * mib
     assert dp.predicted_peak_bytes == pytest.approx(pred * mib)

@@ -63,15 +63,44 @@ class MemoryResult:
     Attributes:
         per_rank: ``rank``, ``params_bytes``, ``grads_bytes``, ``optimizer_state_bytes``,
             ``static_bytes``, ``peak_allocated_bytes`` (trace, or CUDA peak),
-            ``peak_reserved_bytes``, ``peak_rss_bytes`` (NaN where unknown).
+            ``peak_reserved_bytes``, ``peak_rss_bytes``, ``peak_bytes`` (the rank's peak as
+            every table, rule and comparison states it: :func:`peak_bytes`; NaN where unknown).
         timeline: ``rank``, ``ts_us``, ``allocated_bytes``, ``reserved_bytes``, ``device`` from
             the trace's ``[memory]`` events.
         imbalance: ``{"static": max/mean, "peak": max/mean}`` across ranks (NaN if unknown).
+        peak_definition: how ``peak_bytes`` was taken, one phrase ("not recorded" without it).
     """
 
     per_rank: pd.DataFrame
     timeline: pd.DataFrame
     imbalance: dict
+    peak_definition: str = "not recorded"
+
+
+def peak_bytes(per_rank: pd.DataFrame) -> tuple[pd.Series, str]:
+    """Each rank's peak memory as static + transient (bytes), and how it was taken.
+
+    A device allocator's peak (``peak_allocated_bytes`` ≥ the rank's static bytes) already holds
+    the static state. A CPU trace's allocator view starts at the profiler: its window peak
+    (below the static bytes: a rank's 20 MiB of parameters, gradients and optimizer state under
+    a 1.6 MiB peak) is transient only, and the static bytes are added. Without an allocator
+    peak, the process's peak RSS.
+
+    ``per_rank``: :attr:`MemoryResult.per_rank`'s columns but ``peak_bytes``."""
+    alloc = pd.to_numeric(per_rank["peak_allocated_bytes"], errors="coerce")
+    static = pd.to_numeric(per_rank["static_bytes"], errors="coerce")
+    if alloc.notna().any():
+        window = alloc.notna() & static.notna() & (alloc < static)
+        peak = alloc.where(~window, alloc + static)
+        definition = ("static state + the trace window's allocation peak (a CPU trace sees "
+                      "only what was allocated inside its window)" if window.any() else
+                      "the allocator's peak, which holds the static state")
+    else:
+        peak = pd.to_numeric(per_rank["peak_rss_bytes"], errors="coerce")
+        definition = "the process's peak resident memory (RSS)"
+    if peak.notna().sum() == 0:
+        definition = "not recorded"
+    return peak.astype(float), definition
 
 
 def compute_memory(traces: TraceSet) -> MemoryResult:
@@ -115,5 +144,7 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
     cols = ["rank", "ts_us", "device", "allocated_bytes", "reserved_bytes"]
     tl = [t for t in tl if len(t)]
     timeline = (pd.concat(tl, ignore_index=True) if tl else pd.DataFrame(columns=cols))[cols]
+    per_rank["peak_bytes"], definition = peak_bytes(per_rank)
     return MemoryResult(per_rank, timeline,
-                        {"static": ratio("static_bytes"), "peak": ratio("peak_allocated_bytes")})
+                        {"static": ratio("static_bytes"), "peak": ratio("peak_bytes")},
+                        definition)

@@ -174,8 +174,7 @@ def memory_figure(c: Comparison) -> go.Figure:
                     hovertemplate="%{x}: %{y:.2f} MiB<extra>" + name + " static</extra>")
     for name in ("A", "B"):
         p = name.lower()
-        peak = r[f"{p}_peak_allocated_bytes"].where(r[f"{p}_peak_allocated_bytes"].notna(),
-                                                    r[f"{p}_peak_rss_bytes"])
+        peak = r[f"{p}_peak_bytes"]
         fig.add_scatter(name=f"{name} peak", x=list(r["key"]),
                         y=(peak / 2**20).astype("float32"), mode="markers",
                         marker={"symbol": "diamond", "size": 11, "color": RUN_COLORS[name],
@@ -427,7 +426,7 @@ def _imbalance_section(c: Comparison) -> list[str]:
 def _memory_section(c: Comparison, page: Page) -> list[str]:
     out = [_h2("memory")]
     r = c.ranks
-    cols = [f"{p}_{v}" for p in ("a", "b") for v in ("static_bytes", "peak_allocated_bytes",
+    cols = [f"{p}_{v}" for p in ("a", "b") for v in ("static_bytes", "peak_bytes",
                                                      "peak_rss_bytes")]
     if _empty(r, cols):
         out.append(muted("No memory information in either run."))
@@ -436,12 +435,12 @@ def _memory_section(c: Comparison, page: Page) -> list[str]:
     out.append(table(in_mib(r, cols), {
         "key": "rank" if c.by == "rank" else "role",
         "a_static_bytes": "A static (MiB)", "b_static_bytes": "B static (MiB)",
-        "a_peak_allocated_bytes": "A peak allocated (MiB)",
-        "b_peak_allocated_bytes": "B peak allocated (MiB)",
+        "a_peak_bytes": "A peak (MiB)", "b_peak_bytes": "B peak (MiB)",
         "a_peak_rss_bytes": "A peak RSS (MiB)", "b_peak_rss_bytes": "B peak RSS (MiB)"},
         left=("key",), digits=2, sortable=True, what="rows"))
-    out.append(muted("Static: parameters, gradients and optimizer state of the rank; peak "
-                      "allocated: in the traced window (markers: peak allocated, else peak RSS)."))
+    out.append(muted("Static: parameters, gradients and optimizer state of the rank; peak: "
+                      "static + transient, as each run's report states it and A's "
+                      "recommendations predicted it."))
     return out
 
 
@@ -582,8 +581,8 @@ def render_compare_terminal(c: Comparison, console: Console,
                         Col("A peak MiB", drop=1), Col("B peak MiB", drop=1)],
                     [(Text(str(x.key)), _ms(x.a_span_us), _ms(x.b_span_us),
                       _ms(x.a_exposed_comm_us), _ms(x.b_exposed_comm_us), _ms(x.a_idle_us),
-                      _ms(x.b_idle_us), _mib(x.a_peak_allocated_bytes),
-                      _mib(x.b_peak_allocated_bytes)) for x in r.itertuples()])
+                      _ms(x.b_idle_us), _mib(x.a_peak_bytes),
+                      _mib(x.b_peak_bytes)) for x in r.itertuples()])
     b = c.bubbles
     if not _empty(b, ["a_bubble_pct", "b_bubble_pct"]):
         print_table(console, "Pipeline bubble per stage (% of the window)", [

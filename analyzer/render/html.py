@@ -864,7 +864,7 @@ def _memory_section(report: Report, page: Page) -> list[str]:
     mem = report.memory
     out = [_h2("memory")]
     m = mem.per_rank
-    if not m[["static_bytes", "peak_allocated_bytes"]].notna().any().any():
+    if not m[["static_bytes", "peak_allocated_bytes", "peak_bytes"]].notna().any().any():
         out.append(muted("No memory information: the traces have no memory events and no "
                           "pardiag metadata (profile with pardiag for static memory)."))
         return out
@@ -874,11 +874,15 @@ def _memory_section(report: Report, page: Page) -> list[str]:
         out.append(muted("No static memory by component: it comes from pardiag's metadata "
                           "(profile with pardiag); peaks below are from the trace."))
     out.append(table(in_mib(m, ["params_bytes", "grads_bytes", "optimizer_state_bytes",
-                               "static_bytes", "peak_allocated_bytes", "peak_rss_bytes"]), {
+                               "static_bytes", "peak_bytes", "peak_allocated_bytes",
+                               "peak_rss_bytes"]), {
         "rank": "rank", "params_bytes": "parameters (MiB)", "grads_bytes": "gradients (MiB)",
         "optimizer_state_bytes": "optimizer state (MiB)", "static_bytes": "static (MiB)",
-        "peak_allocated_bytes": "peak allocated in traced window (MiB)",
+        "peak_bytes": "peak (MiB)",
+        "peak_allocated_bytes": "allocator's peak in traced window (MiB)",
         "peak_rss_bytes": "peak RSS (MiB)"}, digits=2, sortable=True, what="ranks"))
+    out.append(muted(f"Peak: {mem.peak_definition}; the same peak the recommendations and "
+                     f"pardiag compare state."))
     imb = mem.imbalance
     out.append(muted(f"Imbalance across ranks (max/mean): static {fmt(imb.get('static'), 3)}, "
                       f"peak {fmt(imb.get('peak'), 3)}."))

@@ -363,7 +363,10 @@ def _parallel(report: Report, console: Console) -> None:
     if m["static_bytes"].notna().any():
         print_table(console, "Memory per rank (MiB)", [
             Col("rank"), Col("params"), Col("grads"), Col("optimizer"), Col("static"),
-            Col("peak alloc. (traced window)"), Col("peak RSS")],
+            Col("peak"), Col("alloc. in window", drop=1), Col("peak RSS", drop=2)],
             [(str(row.rank), *(_n(v / 2**20, 2) for v in (
                 row.params_bytes, row.grads_bytes, row.optimizer_state_bytes, row.static_bytes,
-                row.peak_allocated_bytes, row.peak_rss_bytes))) for row in m.itertuples()])
+                row.peak_bytes, row.peak_allocated_bytes, row.peak_rss_bytes)))
+             for row in m.itertuples()])
+        console.print(Text(f"peak = {mem.peak_definition}; alloc. in window = the allocator's "
+                           f"peak inside the traced window"))

@@ -58,7 +58,7 @@ PARTS = {"compute_only_us": "compute only", "overlap_us": "overlapped",
          "exposed_wait_us": "exposed comm: waiting", "idle_us": "idle"}
 #: Values compared per rank or role (µs per profiled step; bytes).
 RANK_VALUES = ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "exposed_wait_us",
-               "exposed_transfer_us", "idle_us", "wait_caused_us", "static_bytes",
+               "exposed_transfer_us", "idle_us", "wait_caused_us", "static_bytes", "peak_bytes",
                "peak_allocated_bytes", "peak_rss_bytes")
 #: ``params`` keys that describe a recommendation but are not part of the change.
 _DESCRIPTIVE_PARAMS = {"layer_names"}
@@ -144,8 +144,8 @@ class RecommendationCheck:
         b_step_us: B's measured step (µs; :attr:`StepDelta.b`).
         error_pct: 100 · (predicted − B's measured) / B's measured; None unless applied.
         predicted_peak_bytes: A's predicted peak memory of the worst rank (bytes), or None.
-        b_peak_bytes: B's measured peak of its worst rank (peak allocated, else peak RSS, as
-            the recommendations measure it), or None.
+        b_peak_bytes: B's measured peak of its worst rank (``memory.per_rank[].peak_bytes``,
+            static + transient, as the recommendations measure it), or None.
         peak_error_pct: 100 · (predicted − measured) / measured peak; None unless both known.
         also_changed: labels of other setup fields that differ between A and B (they also move
             the measurement).
@@ -328,7 +328,8 @@ def rank_table(summary: dict) -> pd.DataFrame:
     ``exposed_wait_us`` = min(waiting at complete instances, ``sync.stragglers[].waiting_us``
     per step, exposed) and ``exposed_transfer_us`` = exposed − that (NaN for a rank that no
     complete instance holds: the split is unknown, as the verdict says);
-    ``static_bytes``, ``peak_allocated_bytes``, ``peak_rss_bytes``."""
+    ``static_bytes``, ``peak_bytes`` (the report's peak, static + transient),
+    ``peak_allocated_bytes``, ``peak_rss_bytes``."""
     roles = _roles(summary)
     waits = {int(r["rank"]): r for r in _rows(summary, "sync", "stragglers")
              if isinstance(r.get("rank"), int)}
@@ -364,22 +365,23 @@ def rank_table(summary: dict) -> pd.DataFrame:
                      "wait_suffered_us": suffered, "wait_caused_us": caused,
                      "exposed_wait_us": wait_exp, "exposed_transfer_us": exposed - wait_exp,
                      "static_bytes": _num(m.get("static_bytes")),
+                     "peak_bytes": _num(m.get("peak_bytes")),
                      "peak_allocated_bytes": _num(m.get("peak_allocated_bytes")),
                      "peak_rss_bytes": _num(m.get("peak_rss_bytes"))})
     cols = ["rank", "role", "steps", "span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
             "idle_us", "wait_suffered_us", "wait_caused_us", "exposed_wait_us",
-            "exposed_transfer_us", "static_bytes", "peak_allocated_bytes", "peak_rss_bytes"]
+            "exposed_transfer_us", "static_bytes", "peak_bytes", "peak_allocated_bytes",
+            "peak_rss_bytes"]
     return pd.DataFrame(rows, columns=cols)
 
 
 def peak_bytes(summary: dict) -> float | None:
-    """The worst rank's peak memory (bytes) as the recommendations measure it: peak allocated
-    in the traced window, else peak RSS; None when unknown."""
+    """The worst rank's peak memory (bytes) as the report and its recommendations state it
+    (``memory.per_rank[].peak_bytes``: static + transient,
+    :func:`pardiag.analyzer.analyses.memory.peak_bytes`); None when unknown."""
     best = None
     for r in _rows(summary, "memory", "per_rank"):
-        v = _num(r.get("peak_allocated_bytes"))
-        if math.isnan(v):
-            v = _num(r.get("peak_rss_bytes"))
+        v = _num(r.get("peak_bytes"))
         if not math.isnan(v) and (best is None or v > best):
             best = v
     return best

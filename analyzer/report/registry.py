@@ -152,7 +152,8 @@ def _run_step_us(b: TimeBreakdown) -> float:
 
 def _memory_json(r: MemoryResult, traces: TraceSet) -> dict:
     return {"memory": {"per_rank": records(r.per_rank),
-                       "imbalance": {k: _clean(v) for k, v in r.imbalance.items()}}}
+                       "imbalance": {k: _clean(v) for k, v in r.imbalance.items()},
+                       "peak_definition": r.peak_definition}}
 
 
 def _layout_json(r: LayoutResult, traces: TraceSet) -> dict:

@@ -136,33 +136,19 @@ class MeasuredPeak:
 
 
 def measured_peak(memory: MemoryResult | None) -> MeasuredPeak:
-    """The worst rank's peak as static + transient (:class:`MeasuredPeak`).
-
-    A device allocator's peak (``peak_allocated_bytes`` ≥ the rank's static bytes) already holds
-    the static state. A CPU trace's allocator view starts at the profiler: its window peak
-    (below the static bytes: a rank's 20 MiB of parameters, gradients and optimizer state under
-    a 1.6 MiB peak) is transient only, and the static bytes are added. Without an allocator
-    peak, the process's peak RSS."""
-    if memory is None or memory.per_rank.empty:
+    """The worst rank's peak (:class:`MeasuredPeak`): its ``peak_bytes``, static + transient
+    (:func:`pardiag.analyzer.analyses.memory.peak_bytes`, the one definition the Memory section
+    and ``pardiag compare`` show too)."""
+    if memory is None or memory.per_rank.empty or "peak_bytes" not in memory.per_rank:
         return MeasuredPeak(peak_bytes=None, static_bytes=None, definition="not recorded")
     pr = memory.per_rank
-    alloc = pd.to_numeric(pr["peak_allocated_bytes"], errors="coerce")
-    static = pd.to_numeric(pr["static_bytes"], errors="coerce")
-    if alloc.notna().any():
-        window = alloc.notna() & static.notna() & (alloc < static)
-        peak = alloc.where(~window, alloc + static)
-        definition = ("static state + the trace window's allocation peak (a CPU trace sees "
-                      "only what was allocated inside its window)" if window.any() else
-                      "the allocator's peak, which holds the static state")
-    else:
-        peak = pd.to_numeric(pr["peak_rss_bytes"], errors="coerce")
-        definition = "the process's peak resident memory (RSS)"
+    peak = pd.to_numeric(pr["peak_bytes"], errors="coerce")
     if peak.notna().sum() == 0:
         return MeasuredPeak(peak_bytes=None, static_bytes=None, definition="not recorded")
     i = peak.idxmax()
-    s = static[i]
+    s = pd.to_numeric(pr["static_bytes"], errors="coerce")[i]
     return MeasuredPeak(peak_bytes=float(peak[i]), static_bytes=float(s) if pd.notna(s) else None,
-                        definition=definition)
+                        definition=memory.peak_definition)
 
 
 def capacity_bytes(traces: TraceSet) -> float | None:
