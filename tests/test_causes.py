@@ -3,6 +3,7 @@
 Planted synthetic traces with exact answers; the real DLRM trace (host-bound, rank 7 late at
 step entry); one profiled run with a slow DataLoader on one rank."""
 
+import re
 import subprocess
 import sys
 
@@ -177,6 +178,14 @@ def test_profiled_slow_dataloader_is_named(tmp_path):
     v = rep.recommendations.verdict
     assert "input-bound: data loading" in v
     assert "rank 1 is a straggler" in v and "its data loading takes" in v
+    # the verdict's step is the unprofiled one: the step without data loading is stated against
+    # it, and the data loading's time says which steps it was measured on
+    assert rep.recommendations.step.basis == "unprofiled"
+    assert "ms per profiled step)" in v
+    head = float(re.match(r"Step ([\d.]+) ms", v).group(1))
+    without = float(re.search(r"without it the step would take about ([\d.]+) ms", v).group(1))
+    share = max(rep.causes.input_bound["share_pct"].values())
+    assert without < head and without == pytest.approx(head * (1 - share / 100), rel=0.25)
 
 
 def test_dtensor_host_work_of_a_planted_step(tmp_path):

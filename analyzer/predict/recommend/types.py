@@ -129,8 +129,9 @@ class StepTime:
     Attributes:
         basis: a key of :data:`STEP_BASES`: ``"pipeline"`` (start-to-start time of consecutive
             unprofiled pipeline steps), ``"unprofiled"`` (periods of consecutive optimizer steps
-            after the profiler's window, every rank's), ``"profiled"`` (per profiled step the
-            slowest rank's span); outlier steps (over 1.5 × the median) left out.
+            after the profiler's window, per step the median over the ranks), ``"profiled"`` (per
+            profiled step the slowest rank's span); outlier steps (over 1.5 × the median) left
+            out.
         samples_us: the per-step values (µs).
     """
 

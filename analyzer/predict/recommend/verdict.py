@@ -101,11 +101,14 @@ def bubble_text(ctx: RuleContext) -> str | None:
     return text
 
 
-def causes_text(ctx: RuleContext) -> list[str]:
+def causes_text(ctx: RuleContext, step_us: float | None = None) -> list[str]:
     """The host-bound and input-bound lines of the verdict
     (:class:`pardiag.analyzer.analyses.causes.CausesResult`): ``"host-bound: the GPU computes 6.9%
     of the step and idles waiting for the host 55.5%"``, ``"input-bound: data loading takes 32% of
-    the step on rank 1 (7.2 ms); without it the step would take about 15.1 ms"``."""
+    the step on rank 1 (7.2 ms); without it the step would take about 15.1 ms"``. The step
+    without data loading is stated against ``step_us`` (the verdict's step) as the
+    recommendations restate their predictions (:func:`pardiag.analyzer.predict.recommend.
+    as_ratio`): one sentence never mixes the profiled and the unprofiled step."""
     c = ctx.causes
     out = []
     if c is None:
@@ -120,10 +123,16 @@ def causes_text(ctx: RuleContext) -> list[str]:
         share = max(ib["share_pct"][r] for r in ranks)
         who = ("every rank" if ib["all_ranks"] else
                f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks)))
+        restated = (step_us is not None and not math.isnan(step_us)
+                    and abs(step_us - ib["step_us"]) > 1e-6 * max(step_us, 1.0))
         text = (f"input-bound: data loading takes up to {share:.0f}% of the step on {who} "
-                f"({max(ib['data_loading_us'][r] for r in ranks) / 1e3:.1f} ms)")
-        if ib["predicted_step_us"] == ib["predicted_step_us"]:
-            text += f"; without it the step would take about {ms(ib['predicted_step_us'])}"
+                f"({max(ib['data_loading_us'][r] for r in ranks) / 1e3:.1f} ms"
+                + (" per profiled step" if restated else "") + ")")
+        pred, base = ib["predicted_step_us"], ib["step_us"]
+        if not math.isnan(pred):
+            if step_us is not None and not math.isnan(step_us) and base > 0:
+                pred *= step_us / base   # the verdict's step, as the recommendations state it
+            text += f"; without it the step would take about {ms(pred)}"
         out.append(text)
     return out
 
@@ -178,7 +187,7 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
     routing = ctx.routing.describe() if ctx.routing is not None else None
     if routing:
         parts.append(routing)
-    parts += causes_text(ctx)
+    parts += causes_text(ctx, step_us)
     spread = ""
     if profiled:  # measured on the profiled steps: their spread, " (while profiled; IQR ...)"
         spread = spread_text(ctx)
