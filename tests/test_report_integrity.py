@@ -70,3 +70,35 @@ def test_a_straggler_named_under_contention_says_so_in_the_same_sentence(tmp_pat
     said = verdict.index("but timings are contended: ranks 0,1 run 4 intra-op threads")
     assert named < said and ". " not in verdict[named:said]   # one sentence
     assert "--pin-cpu" in verdict[said:]
+
+
+def test_an_outlier_step_is_flagged_and_left_out_of_the_step(tmp_path):
+    """Two gloo ranks, five profiled steps of 1 ms but the third of 4 ms (an evaluation, a
+    checkpoint): the step is 1.0 ms over the 4 others, and the verdict names step 3 as left
+    out."""
+    from .synth import TraceBuilder
+
+    for r in (0, 1):
+        b = TraceBuilder(rank=r, backend="gloo")
+        b.thread_name(1, "thread 1 (python3)").thread_name(2, "thread 2 (pt_gloo_runloop)")
+        t = 0
+        for k, length in enumerate([1000, 1000, 4000, 1000, 1000], start=1):
+            b.step(k, t, length)
+            b.cpu("aten::addmm", t + 10, length - 300)
+            b.cpu("c10d::allreduce_", t + length - 280, 5,
+                  args={"Input Dims": [[1024]], "Input type": ["float"]})
+            b.cpu("gloo:all_reduce", t + length - 275, 200, tid=2, cat="user_annotation")
+            t += length
+        b.write(tmp_path / f"rank{r}.json")
+    doc = report_json(build_report(load_traces(tmp_path, cache=False)))
+    assert doc["verdict"].startswith("Step 1.0 ms (while profiled; IQR 1.0–1.0, range 1.0–1.0 ms "
+                                     "over 4 steps); step(s) [3] over 1.5× the median left out")
+    assert doc["step"]["samples_us"] == [1000.0] * 4
+
+
+def test_outlier_periods_are_named():
+    from pardiag.analyzer.predict.recommend.context import _outliers, _without_outliers
+
+    x = [10.0, 11.0, 40.0, 10.5, 9.5]
+    assert _outliers(x) == (40.0,) and _without_outliers(x) == [10.0, 11.0, 10.5, 9.5]
+    assert _outliers([10.0, 40.0]) == ()   # fewer than 3: nothing is an outlier

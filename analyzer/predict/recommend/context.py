@@ -58,6 +58,7 @@ class StepNoise:
             than 3 steps.
         samples_us: the step times the median is over (µs), outlier steps left out.
         source: what the steps are, e.g. ``"8 unprofiled steps (start to start)"``.
+        outliers: the step times left out, over :data:`OUTLIER_STEP_FACTOR` × the median (µs).
     """
 
     median_us: float
@@ -65,6 +66,7 @@ class StepNoise:
     high_us: float
     samples_us: tuple[float, ...]
     source: str
+    outliers: tuple[float, ...] = ()
 
     @property
     def steps(self) -> int:
@@ -101,6 +103,15 @@ def step_noise(samples_us, source: str) -> StepNoise:
     lo, hi = np.quantile(meds, [a, 1.0 - a])
     return StepNoise(median_us=med, low_us=float(lo), high_us=float(hi),
                      samples_us=tuple(x.tolist()), source=source)
+
+
+def _outliers(x: list[float]) -> tuple[float, ...]:
+    """The values of ``x`` over :data:`OUTLIER_STEP_FACTOR` × its median (3 or more values):
+    what :func:`_without_outliers` leaves out."""
+    if len(x) < 3:
+        return ()
+    med = float(np.median(x))
+    return tuple(v for v in x if v > OUTLIER_STEP_FACTOR * med)
 
 
 def _without_outliers(x: list[float]) -> list[float]:
@@ -361,7 +372,8 @@ def build_context(traces: TraceSet, done: dict) -> RuleContext:
         samples = _without_outliers(list(model.periods_us)) or [model.period_us]
         step = step_noise(samples, f"{len(samples)} periods (start to start) of the "
                                    f"{model.steps} {model.basis} step(s) of the pipeline")
-        step = dataclasses.replace(step, median_us=model.period_us)
+        step = dataclasses.replace(step, median_us=model.period_us,
+                                   outliers=_outliers(list(model.periods_us)))
     else:
         samples = _profiled_step_samples(bd)
         if samples:
@@ -370,9 +382,10 @@ def build_context(traces: TraceSet, done: dict) -> RuleContext:
     periods, _ = clean_step_periods(traces)
     clean = None
     if periods:
-        clean = step_noise(_without_outliers(periods),
-                           f"{len(periods)} unprofiled step period(s), start to start (per step "
-                           "the median over the ranks)")
+        kept = _without_outliers(periods)
+        clean = dataclasses.replace(
+            step_noise(kept, f"{len(kept)} unprofiled step period(s), start to start (per step "
+                             "the median over the ranks)"), outliers=_outliers(periods))
     return RuleContext(
         traces=traces, breakdown=bd, sync=done.get("sync"), pipeline=pipe,
         balance=done.get("balance"), memory=done.get("memory"), layout=done.get("layout"),

@@ -193,6 +193,12 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
         spread = spread_text(ctx)
         spread = (" (while profiled; " + spread[2:] if spread.startswith(" (")
                   else " (while profiled)" + spread)
+    base = ctx.step if ctx.model is not None else ctx.clean
+    if not profiled and base is not None and base.outliers:  # profiled: the spread says so
+        n = len(base.outliers)
+        spread += (f" ({n} step period(s) over {OUTLIER_STEP_FACTOR:g}× the median left out: "
+                   f"{', '.join(ms(v) for v in base.outliers[:3])}"
+                   f"{', ...' if n > 3 else ''})")
     head = f"Step {ms(step_us)}{spread}" if not math.isnan(step_us) else "No complete step"
     text = head + (": " + "; ".join(parts) if parts else "") + "."
     if ctx.contention and found is None:
