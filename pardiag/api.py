@@ -255,7 +255,7 @@ class _Null:
 
 def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[str] = (),
             cache: bool = True, workers: int | None = None, progress=None,
-            hta: bool = False) -> Report:
+            hta: bool = False, mixed_runs: bool = False) -> Report:
     """Load a run and run every analysis on it.
 
     Args:
@@ -270,14 +270,16 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
         progress: ``progress(done, total)`` after each file is loaded.
         hta: also run Holistic Trace Analysis' idle time breakdown and kernel launch statistics
             on each GPU rank (:attr:`Report.hta`; as ``report --hta``).
+        mixed_runs: analyse the files of different runs as one (as ``report --mixed-runs``; by
+            default they are refused with a TraceError that points to :func:`compare`).
 
     Returns:
         :class:`Report`; loading's warnings are in :attr:`Report.warnings`.
 
     Raises:
         PardiagError: a bad ``comm_kernels`` pattern (exit code 2 on the command line).
-        TraceError: a path does not exist, or no readable trace is found (the message names the
-            file and the problem).
+        TraceError: a path does not exist, no readable trace is found, or the paths hold
+            different runs (the message names the file and the problem).
     """
     from pardiag.analyzer.summary import REDUCER
     from pardiag.analyzer.trace import load_traces
@@ -289,7 +291,7 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
         p.pattern if isinstance(p, re.Pattern) else p for p in comm_kernels))
     opts = AnalysisOptions(comm_patterns=patterns, hta=hta)
     traces = load_traces(paths, reducer=REDUCER, comm_patterns=patterns, cache=cache,
-                         workers=workers, progress=progress)
+                         workers=workers, progress=progress, mixed_runs=mixed_runs)
     return build_report(traces, opts, cls=Report)
 
 

@@ -313,9 +313,12 @@ def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int
 @click.option("--hta", is_flag=True,
               help="Also run Holistic Trace Analysis' idle time breakdown and kernel launch "
                    "statistics on each GPU rank (needs HTA: pip install traceinsight).")
+@click.option("--mixed-runs", is_flag=True,
+              help="Analyse the files of different runs as one (by default they are refused: "
+                   "pardiag compare sets two runs side by side).")
 def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
            comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
-           workers: int | None, hta: bool) -> None:
+           workers: int | None, hta: bool, mixed_runs: bool) -> None:
     """Analyze a run folder, a folder of Kineto traces, or trace files.
 
     Writes a self-contained HTML report, prints a summary, and optionally writes JSON.
@@ -336,7 +339,8 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     opts = AnalysisOptions(comm_patterns=tuple(compile_comm_patterns(comm_kernel)), hta=hta)
     with progress_reporter("loading traces") as progress:
         traces = load_traces(list(paths), reducer=REDUCER, comm_patterns=opts.comm_patterns,
-                             cache=not no_cache, workers=workers, progress=progress)
+                             cache=not no_cache, workers=workers, progress=progress,
+                             mixed_runs=mixed_runs)
     # nothing the user produced is overwritten: no trace, no file of an input folder
     guard_outputs([output, json_out], list(paths), traces)
     for w in traces.warnings:

@@ -103,11 +103,14 @@ def test_one_memory_baseline():
     transient only, and the static bytes are added (the same definition for every rule)."""
     import pandas as pd
 
-    class M:
+    from pardiag.analyzer.analyses.memory import peak_bytes
+
+    class M:  # the memory analysis' result: its peak_bytes, computed once
         def __init__(self, static, peak):
             self.per_rank = pd.DataFrame({"rank": [0, 1], "static_bytes": static,
                                           "peak_allocated_bytes": peak,
                                           "peak_rss_bytes": [None, None]})
+            self.per_rank["peak_bytes"], self.peak_definition = peak_bytes(self.per_rank)
     dev = measured_peak(M([10.0, 10.0], [14.0, 18.0]))
     assert (dev.peak_bytes, dev.static_bytes, dev.transient_bytes) == (18.0, 10.0, 8.0)
     assert "holds the static state" in dev.definition

@@ -102,3 +102,29 @@ def test_outlier_periods_are_named():
     x = [10.0, 11.0, 40.0, 10.5, 9.5]
     assert _outliers(x) == (40.0,) and _without_outliers(x) == [10.0, 11.0, 10.5, 9.5]
     assert _outliers([10.0, 40.0]) == ()   # fewer than 3: nothing is an outlier
+
+
+def test_two_different_runs_are_refused_and_point_to_compare(tmp_path, capsys):
+    """`pardiag report runs/ddp runs/fsdp2` once merged two runs as profiling windows of each
+    rank (a 3,858 ms step). Two pardiag runs of other scripts, and two plain trace folders
+    that each hold rank 0 and rank 1, are refused in one line naming both; --mixed-runs reads
+    them as one."""
+    import shutil
+
+    from pardiag.cli import main
+
+    from .paths import REPO
+
+    ddp, fsdp = (str(REPO / "sample_traces" / n) for n in ("ddp_cpu_2rank", "fsdp2_cpu_2rank"))
+    assert main(["report", ddp, fsdp, "-o", str(tmp_path / "r.html"), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "are different runs (examples/train_ddp.py" in err
+    assert "pardiag compare" in err and "--mixed-runs" in err
+    for name, src in (("a", ddp), ("b", fsdp)):
+        (tmp_path / name).mkdir()
+        for f in (REPO / "sample_traces" / src).glob("rank*.trace.json.gz"):
+            shutil.copy(f, tmp_path / name / f.name)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    assert main(["report", a, b, "-o", str(tmp_path / "r.html"), "-q"]) == 2
+    assert "both hold a trace of one rank" in capsys.readouterr().err
+    assert main(["report", a, b, "--mixed-runs", "-o", str(tmp_path / "r.html"), "-q"]) == 0

@@ -69,7 +69,7 @@ def test_summary_fits_without_cutting(request, reports, run, width):
     ranks = len(_report(request, reports, run).breakdown.totals)
     assert [r[0] for r in bd["rows"]] == [str(r) for r in range(ranks)]
     if width == 120:   # everything fits: every column, nothing said to be left out
-        assert bd["headers"] == BREAKDOWN and "left out" not in text
+        assert bd["headers"] == BREAKDOWN and "left out at" not in text
     else:              # 80: the timeline kind ("on") goes, and the caption says so
         assert bd["headers"] == [h for h in BREAKDOWN if h != "on"]
         assert "left out at 80 columns: on (a wider terminal shows them)" in bd["caption"]

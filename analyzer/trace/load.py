@@ -20,6 +20,7 @@ import functools
 import math
 import os
 import re
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
@@ -153,13 +154,18 @@ def _repaired(rec: dict) -> dict:
     return rec if full == rec.get("bytes") else {**rec, "bytes": full}
 
 
-def _read_sidecars(sidecars: list[Path], warnings: list[str]
+def _read_sidecars(sidecars: list[Path], warnings: list[str], check_one_run: bool = False
                    ) -> tuple[layout.RunFile | None, dict[int, layout.RankMeta],
                               dict[str, dict[int, dict]]]:
     """The run file and rank metadata decoded into their types (:class:`pardiag.layout.RunFile`,
     :class:`pardiag.layout.RankMeta`), the other sidecars (comms, pipeline) as checked dicts;
-    a file that cannot be read or decoded is ignored with a warning."""
+    a file that cannot be read or decoded is ignored with a warning.
+
+    Raises:
+        TraceError: with ``check_one_run``, the run files are of different runs (two parts of
+            one node, or parts whose script, arguments, world size or node count differ)."""
     run_parts: list[layout.RunFile] = []
+    run_files: list[Path] = []
     rank_meta: dict[int, layout.RankMeta] = {}
     others: dict[str, dict[int, dict]] = {}
     for f in sidecars:
@@ -179,6 +185,7 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str]
                 continue
             if doc["kind"] == "run":
                 run_parts.append(typed)
+                run_files.append(f)
             else:
                 rank_meta[typed.rank] = typed
         elif isinstance(doc.get("kind"), str) and isinstance(doc.get("rank"), int):
@@ -192,9 +199,55 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str]
         if have and rank_meta and set(rank_meta) - have:
             warnings.append(f"no usable {kind} records for rank(s) {sorted(set(rank_meta) - have)}"
                             f" (other ranks have them)")
+    if check_one_run:
+        why = _different_run_parts(run_parts, run_files)
+        if why:
+            raise TraceError(why)
     # a multi-node run: node 0's run.json and the other nodes' run.node{N}.json, from one
     # shared run folder or from each node's own
     return layout.join_run_files(run_parts), rank_meta, others
+
+
+_TO_COMPARE = ("to analyse them as one anyway, pass --mixed-runs; to set two runs side by side, "
+               "pardiag compare A B")
+
+
+def _different_run_parts(parts: list[layout.RunFile], files: list[Path]) -> str | None:
+    """Why the run files ``parts`` (read from ``files``, in order) are not one run's, else None:
+    two parts of one node, or parts whose job (script, its arguments, world size, nodes)
+    differs — the parts of a multi-node run differ only in their node."""
+    seen: dict = {}
+    for p, f in zip(parts, files):
+        job = (p.script, tuple(p.script_args), p.world_size, p.nnodes)
+        for q, g in seen.items():
+            if q[0] == p.node_rank or q[1] != job:
+                when = [time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(x.started_unix))
+                        if x.started_unix else "?" for x in (g[1], p)]
+                what = (f"{' '.join([g[1].script or '?', *g[1].script_args])} vs "
+                        f"{' '.join([p.script or '?', *p.script_args])}" if q[1] != job else
+                        f"one job started at {when[0]} and at {when[1]} UTC")
+                return (f"{g[0].parent.parent if g[0].parent.name == layout.SIDECAR_DIR else g[0]}"
+                        f" and {f.parent.parent if f.parent.name == layout.SIDECAR_DIR else f} "
+                        f"are different runs ({what}); {_TO_COMPARE}")
+        seen[(p.node_rank, job)] = (f, p)
+    return None
+
+
+def different_runs(rank_files: list[list[Path]], paths: list[Path]) -> str | None:
+    """Why the trace files of the ranks (one list per rank, its profiling windows) are not one
+    run's, else None: a rank whose files come from different given folders (a run writes a
+    rank's windows into one folder; two folders of ``rank0`` files are two runs, even when their
+    windows do not overlap in time)."""
+    given = [p.resolve() for p in paths if p.is_dir()]
+    for files in rank_files:
+        homes = {next((d for d in given if f.resolve().is_relative_to(d)), f.resolve().parent)
+                 for f in files}
+        if len(homes) > 1:
+            a, b = sorted(homes)[:2]
+            return (f"{a} and {b} both hold a trace of one rank ({files[0].name}, "
+                    f"{files[1].name}): they are different runs, not profiling windows of one; "
+                    f"{_TO_COMPARE}")
+    return None
 
 
 def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.RankMeta],
@@ -516,7 +569,7 @@ def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedF
 
 def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReducer | None = None,
                 comm_patterns: Iterable[re.Pattern] = (), cache: bool = False,
-                workers: int | None = None, progress=None) -> TraceSet:
+                workers: int | None = None, progress=None, mixed_runs: bool = False) -> TraceSet:
     """Load a run folder, a folder of Kineto traces, or a list of trace files.
 
     Files in a folder that are not traces (other JSON, pardiag sidecars) are skipped; unreadable
@@ -535,6 +588,8 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
             :mod:`pardiag.analyzer.summary` for where).
         workers: processes that parse files in parallel (default :func:`default_workers`).
         progress: ``progress(done, total)`` after each file (for a progress bar).
+        mixed_runs: analyse files of different runs as one (by default they are refused:
+            :func:`different_runs`).
 
     Returns:
         TraceSet with one RankTrace per rank (a rank's profiling windows joined; a merged
@@ -542,7 +597,8 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
 
     Raises:
         TraceError: a path does not exist, no trace file is found, or none can be read. An
-            explicitly named file that cannot be read is an error too.
+            explicitly named file that cannot be read is an error too. The paths hold
+            different runs (:func:`different_runs`) and ``mixed_runs`` is not set.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -552,7 +608,8 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     files, sidecars, source, info = find_trace_files(paths)
     explicit = {p for p in paths if p.is_file()}
     warnings: list[str] = list(info)
-    run_info, rank_meta, others = _read_sidecars(sidecars, warnings)
+    run_info, rank_meta, others = _read_sidecars(sidecars, warnings,
+                                                 check_one_run=not mixed_runs)
     if not files:
         raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found"
                          f"{_no_files_hint(paths, run_info, rank_meta)}")
@@ -564,6 +621,10 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
         raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace"
                          f" (e.g. {first})")
     units, assignment = _assign(docs, warnings)
+    if not mixed_runs:
+        why = different_runs([[units[k].path for k in a.keys] for a in assignment], paths)
+        if why:
+            raise TraceError(why)
     present = {a.rank for a in assignment}
     warnings.extend(_run_warnings(run_info, rank_meta, present))
     warnings.extend(_world_size_warnings([(a.rank, units[a.keys[0]].metadata) for a in assignment],
