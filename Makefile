@@ -38,7 +38,7 @@ links: $(STAMP)
 		$(PY) -m pip install -q --no-deps -e . $(STRICT) && mv $(LINKED).new $(LINKED); fi
 
 demo: links
-	$(VENV)/bin/pardiag report sample_traces/pp_unbalanced_cpu_2rank -o report.html --json summary.json
+	$(VENV)/bin/pardiag report sample_traces/pp_before_cpu_2rank -o report.html --json summary.json
 	$(VENV)/bin/pardiag compare sample_traces/pp_before_cpu_2rank sample_traces/pp_after_cpu_2rank \
 		-o compare.html --json compare.json -q
 	@echo "open report.html and compare.html in a browser"

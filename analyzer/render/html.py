@@ -24,6 +24,7 @@ from plotly.subplots import make_subplots
 from ..analyses.pipeline import summarize_bubbles
 from ..analyses.routing import IMBALANCE_MIN
 from ..analyses.sync import STRAGGLER_MIN_WAIT_US
+from ..predict.recommend.policy import TIER_ORDER
 from ..report.registry import Report
 from ..trace import intervals as iv
 from .page import PART_COLORS, Page, document, escape, fmt, in_mib, in_ms, muted, shown, table
@@ -411,7 +412,7 @@ def _verdict_section(report: Report) -> list[str]:
         out.append(f"<table class='recs'><thead>{head}</thead>"
                    f"<tbody>{''.join(rows)}</tbody></table>")
         notes = ["Recommendations of one tier are predicted within noise of each other: a set, "
-                 "not a ranking."]
+                 "not a ranking.", TIER_ORDER + "."]
         if getattr(rec, "noise_rule", ""):
             notes.append("Rule: " + rec.noise_rule + ".")
         if getattr(rec, "peak_definition", "") and any(
@@ -419,18 +420,23 @@ def _verdict_section(report: Report) -> list[str]:
             notes.append("Measured peak memory: " + rec.peak_definition + ".")
         out.append(muted(" ".join(notes)))
     rejected = list(getattr(rec, "rejected", ()) or ())
-    ruled = [r for r in rejected if getattr(r, "ruled_out", "")]
-    if ruled:   # candidates the model's shapes or batch rule out, with the reason
-        rows = "".join(f"<tr><td class='l'>{escape(r.change)}</td>"
-                       f"<td class='l'>{escape(r.ruled_out)}"
-                       "</td></tr>" for r in ruled)
-        out.append("<h3>Ruled out by the model's shapes or batch</h3><table class='ruled-out'>"
-                   "<thead><tr><th class='l'>change</th><th class='l'>why it cannot be built"
-                   f"</th></tr></thead><tbody>{rows}</tbody></table>")
-    other = len(rejected) - len(ruled)
-    if other:
-        out.append(muted(f"{other} other change(s) were evaluated and not recommended "
-                          "(no gain, or they do not fit in memory); the JSON summary lists them."))
+    if rejected:   # every change evaluated appears once: recommended above, the rest here
+        rows = []
+        for r in rejected:
+            pred = ("–" if math.isnan(r.predicted_step_us) else
+                    f"{r.measured_step_us / 1000:,.3f} → {r.predicted_step_us / 1000:,.3f}"
+                    + (f" ({r.predicted_low_us / 1000:,.3f}–{r.predicted_high_us / 1000:,.3f})"
+                       if r.interval_known else ""))
+            gain = "–" if math.isnan(r.predicted_step_us) else f"{r.gain_pct:,.1f}"
+            rows.append(f"<tr><td class='l'>{escape(r.title)}</td>"
+                        f"<td class='l'>{escape(r.change)}</td><td>{pred}</td><td>{gain}</td>"
+                        f"<td class='l'>{escape(r.reason or '–')}</td>"
+                        f"<td class='l'>{escape(r.settle or '–')}</td></tr>")
+        out.append("<h3>Evaluated and not recommended</h3><table class='not-recommended'>"
+                   "<thead><tr><th class='l'>change</th><th class='l'>concretely</th>"
+                   "<th>step time (ms) measured → predicted (interval)</th><th>gain %</th>"
+                   "<th class='l'>why not</th><th class='l'>what would settle it</th></tr>"
+                   f"</thead><tbody>{''.join(rows)}</tbody></table>")
     return out
 
 

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analyses.pipeline import summarize_bubbles
+from ..predict.recommend.policy import TIER_ORDER
 from ..report.registry import Report
 
 
@@ -157,6 +158,8 @@ def render_recommendations(report: Report, console: Console) -> None:
                     Col("gain %"), Col("peak MiB", "left", wrap="word")],
                 rows, caption="step time and peak memory: measured → predicted; one tier: "
                 "within noise of each other")
+    if len({r.tier for r in recs}) > 1:
+        console.print(Text(TIER_ORDER + "."))
     if rec.noise_rule:
         console.print(Text("Rule: " + rec.noise_rule + "."))
     if rec.peak_definition and any(r.measured_peak_bytes is not None for r in recs):
@@ -182,12 +185,16 @@ def _moves_batch(r) -> bool:
 
 
 def _ruled_out(rec, console: Console) -> None:
-    """One line per evaluated change that the model's shapes or batch rule out, with why."""
-    ruled = [r for r in (getattr(rec, "rejected", ()) or ()) if getattr(r, "ruled_out", "")]
-    if ruled:
-        console.print(Text("Ruled out by the model's shapes or batch:", style="bold"))
-        for r in ruled:
-            console.print(Text(f"  {r.change}: {r.ruled_out}"))
+    """One line per evaluated change not recommended: the change, its prediction, why not
+    (:attr:`Recommendation.reason`) and what would settle it."""
+    rejected = list(getattr(rec, "rejected", ()) or ())
+    if rejected:
+        console.print(Text("Evaluated and not recommended:", style="bold"))
+        for r in rejected:
+            pred = ("" if math.isnan(r.predicted_step_us) else
+                    f" ({r.measured_step_us / 1e3:.1f} → {r.predicted_step_us / 1e3:.1f} ms)")
+            console.print(Text(f"  {r.change}{pred}: {r.reason or 'not recommended'}"
+                               + (f"; to settle it: {r.settle}" if r.settle else "")))
 
 
 def render_terminal(report: Report, console: Console) -> None:

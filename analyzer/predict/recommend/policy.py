@@ -35,6 +35,12 @@ MEMORY_KINDS = ("zero1", "fsdp")
 #: Kinds that change the parallel degrees: ranked after the changes that keep them (they
 #: re-partition the model, its memory per rank and its checkpoints, which no step time shows).
 DEGREE_KINDS = ("pp_to_dp", "degrees")
+#: How the tiers are ordered, in words (the page and the terminal say it under the table).
+TIER_ORDER = ("Tiers are ordered by kind, then by predicted gain: memory savings a run needs "
+              "first (ZeRO, FSDP), then changes that keep the parallel degrees (microbatches, "
+              "schedule, stage boundaries, buckets, the straggler), then changes of the degrees "
+              "(data parallel instead of a pipeline, dp × tp), which re-partition the model, its "
+              "memory per rank and its checkpoints: a later tier can predict a larger gain")
 #: Interleaving must beat the best schedule-keeping change by this much (% of its step).
 INTERLEAVE_MARGIN_PCT = 10.0
 #: Below this many steps the noise estimate is itself noisy: the relative standard error of a
@@ -143,5 +149,40 @@ def rank(cands: list[Recommendation], step: StepNoise | None, pipeline_period_us
                 > margin / 100.0 * lead.measured_step_us):
             tier, lead = tier + 1, c
         out.append(dataclasses.replace(c, tier=tier))
-    rejected = tuple(c for c in cands if c not in good)
+    rejected = tuple(dataclasses.replace(c, **_why_not(c, margin, step, contended, not_worth(c)))
+                     for c in cands if c not in good)
     return tuple(out), rejected, rule, margin
+
+
+def _why_not(c: Recommendation, margin: float, step: StepNoise | None, contended: bool,
+             under_interleave_margin: bool) -> dict:
+    """``{"reason", "settle"}`` of a change not recommended (:class:`Recommendation`): the
+    first of the policy's tests it failed, and what would settle it."""
+    noisy = step is not None and step.known and margin > MIN_GAIN_PCT
+    more = ("more steps (the noise shrinks as the steps grow)" +
+            (" and pinned ranks (pardiag profile --pin-cpu)" if contended else ""))
+    if c.ruled_out:
+        return {"reason": f"ruled out by the model's shapes or batch: {c.ruled_out}",
+                "settle": ""}
+    if not c.fits_memory:
+        return {"reason": "does not fit in device memory", "settle": ""}
+    if under_interleave_margin:
+        return {"reason": f"predicted less than {INTERLEAVE_MARGIN_PCT:g}% faster than the best "
+                          f"change that keeps the schedule", "settle": ""}
+    if c.interval_spans_no_gain:
+        return {"reason": f"its interval {c.predicted_low_us / 1e3:.1f}–"
+                          f"{c.predicted_high_us / 1e3:.1f} ms reaches the measured "
+                          f"{c.measured_step_us / 1e3:.1f} ms: it may gain nothing",
+                "settle": "a run with the change (pardiag compare), or more samples of the "
+                          "stand-in timings"}
+    if c.gain_pct <= 0:
+        return {"reason": f"no gain: predicted {-c.gain_pct:.1f}% slower", "settle": ""}
+    if noisy:
+        return {"reason": f"below the noise: predicted {c.gain_pct:.1f}% faster, inside the "
+                          f"step's noise ±{margin:.1f}%",
+                "settle": more}
+    unmeasured = step is None or not step.known
+    return {"reason": f"below the margin: predicted {c.gain_pct:.1f}% faster, less than "
+                      f"{margin:.1f}% of the step",
+            "settle": "more steps: with fewer than 3 the step's noise is not measured"
+                      if unmeasured else ""}

@@ -49,6 +49,11 @@ class Recommendation:
             rests on no stand-in or its samples were not recorded. A change whose interval
             reaches the measured step ("no gain") is not recommended
             (:func:`pardiag.analyzer.predict.recommend.policy.rank`).
+        reason: for a change not recommended, why, one phrase (ruled out by the shapes, does
+            not fit in memory, its interval reaches the step, below the noise ±X%, no gain,
+            under the interleaving margin); empty when recommended.
+        settle: for a change not recommended, what would settle it (more steps, pinned ranks,
+            a run of the change); empty when nothing would.
     """
 
     kind: str
@@ -69,6 +74,8 @@ class Recommendation:
     tier: int | None = None
     predicted_low_us: float = float("nan")
     predicted_high_us: float = float("nan")
+    reason: str = ""
+    settle: str = ""
 
     @property
     def interval_known(self) -> bool:
