@@ -1013,8 +1013,9 @@ def test_pipeline_candidates_the_layers_and_batch_rule_out(tmp_path):
                                              "per sample: learning rate and schedule carry over; "
                                              "microbatch 1 → 2 samples")
     page = render_html(rep, include_plotlyjs="cdn")
-    for reason in ruled.values():
-        assert f"<td class='l'>{reason}</td>" in page
+    for reason in ruled.values():   # each with why, in the table of changes not recommended
+        assert (f"<td class='l'>ruled out by the model&#x27;s shapes or batch: {reason}</td>"
+                in page)
 
 
 def test_where_the_skew_arises(tmp_path):

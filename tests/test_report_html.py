@@ -141,7 +141,8 @@ def test_verdict_and_recommendations_come_first():
                     ("2", "Overlap the all-reduce", "bucket_cap_mb 100", "40.000 → 38.000", "5.0",
                      "– → –")]
     assert "<li>bubble 48% of the step</li>" in verdict and "<li>activations grow</li>" in verdict
-    assert "1 other change(s) were evaluated and not recommended" in verdict
+    # every change evaluated appears once: the one not recommended with its reason
+    assert "<h3>Evaluated and not recommended</h3>" in verdict
 
 
 @pytest.mark.parametrize("result, text", [
