@@ -128,3 +128,32 @@ def test_two_different_runs_are_refused_and_point_to_compare(tmp_path, capsys):
     assert main(["report", a, b, "-o", str(tmp_path / "r.html"), "-q"]) == 2
     assert "both hold a trace of one rank" in capsys.readouterr().err
     assert main(["report", a, b, "--mixed-runs", "-o", str(tmp_path / "r.html"), "-q"]) == 0
+
+
+def test_a_failed_or_hung_run_leads_with_the_failure(tmp_path):
+    """The shipped DDP run, recorded as hung (a hang line from the hang files) with rank 0's
+    layout lost: the verdict opens with the hang, not with 'No recommendations: ... no DDP',
+    and the layout comes from rank 1's record."""
+    import json
+    import shutil
+
+    from .paths import REPO
+
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "sample_traces" / "ddp_cpu_2rank", run)
+    f = run / "pardiag" / "run.json"
+    doc = json.loads(f.read_text())
+    layout = doc.pop("layout", None) or json.loads(
+        (run / "pardiag" / "rank1.meta.json").read_text())["layout"]
+    doc.update(exit_code=124, hang=["rank 1 is stuck in all_reduce #7 of group 0 (default_pg); "
+                                    "rank 0 is past it"])
+    f.write_text(json.dumps(doc))
+    meta = run / "pardiag" / "rank1.meta.json"
+    m = json.loads(meta.read_text())
+    m["layout"] = layout
+    meta.write_text(json.dumps(m))
+    out = report_json(build_report(load_traces(run, cache=False)))
+    assert out["verdict"].startswith("The run hung and was stopped: rank 1 is stuck in "
+                                     "all_reduce #7 of group 0 (default_pg); rank 0 is past it. "
+                                     "What was recorded: Step ")
+    assert out["layout"]["dims"] == layout["dims"] and "ddp" in out["layout"]["strategies"]

@@ -137,6 +137,27 @@ def causes_text(ctx: RuleContext, step_us: float | None = None) -> list[str]:
     return out
 
 
+def failure_text(ctx: RuleContext) -> str | None:
+    """What went wrong in a ``pardiag profile`` run, for the verdict to lead with: the hang
+    (the collective it was stuck in, from the hang files), the ranks that failed or did not
+    finish, the exit code; None for a run that ended well or traces from elsewhere."""
+    run = ctx.traces.run_info
+    if run is None:
+        return None
+    if run.hang:
+        more = f" (and {len(run.hang) - 1} more)" if len(run.hang) > 1 else ""
+        return f"The run hung and was stopped: {run.hang[0]}{more}"
+    parts = [f"rank {r} failed: {msg}" for r, msg in sorted(run.failed_ranks.items(),
+                                                          key=lambda kv: int(kv[0]))][:3]
+    if run.missing_ranks:
+        parts.append(f"rank(s) {run.missing_ranks} did not finish")
+    if parts:
+        return "The run failed: " + "; ".join(parts)
+    if run.exit_code:
+        return f"The run exited with code {run.exit_code}"
+    return None
+
+
 def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
     """``"Step 12.3 ms (…spread…): exposed communication …; pipeline bubble …; rank N is a
     straggler: …"``.
@@ -201,6 +222,9 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False) -> str:
                    f"{', ...' if n > 3 else ''})")
     head = f"Step {ms(step_us)}{spread}" if not math.isnan(step_us) else "No complete step"
     text = head + (": " + "; ".join(parts) if parts else "") + "."
+    failed = failure_text(ctx)
+    if failed:  # what went wrong first: the numbers after it are of what the run recorded
+        text = f"{failed.rstrip('.')}. What was recorded: {text}"
     if ctx.contention and found is None:
         text += " " + ctx.contention[0].upper() + ctx.contention[1:] + "."
     return text
