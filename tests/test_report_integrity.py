@@ -157,3 +157,57 @@ def test_a_failed_or_hung_run_leads_with_the_failure(tmp_path):
                                      "all_reduce #7 of group 0 (default_pg); rank 0 is past it. "
                                      "What was recorded: Step ")
     assert out["layout"]["dims"] == layout["dims"] and "ddp" in out["layout"]["strategies"]
+
+
+def _model(fwd, bwd, layers, residual=0.0):
+    from pardiag.analyzer.predict.replay import PipelineModel
+
+    return PipelineModel(schedule="1f1b", p=2, m=4, v=1, fwd_us=tuple(fwd), bwd_us=tuple(bwd),
+                         fixed_share={}, samples=32, window_us=10_000.0, period_us=12_000.0,
+                         hop_us=50.0, tail_us={}, opt_us={}, layers=tuple(
+                             tuple((f"l{i}", t, 1000) for i, t in enumerate(ls))
+                             for ls in layers), steps=10, basis="unprofiled",
+                         residual_us=residual)
+
+
+def test_the_stage_model_keeps_what_the_chunks_measure():
+    """Stages of 1 and 5 layers whose chunks measure 600/1000 µs and 3000/12000 µs (forward/
+    backward), but whose layer records sum to 100 and 1000 µs: no line with non-negative parts
+    fits (the backward line's intercept is −222 µs), so each stage's time is spread over its
+    own layers. The
+    current split then replays the chunks' costs exactly (before, the unexplained time was
+    spread evenly over both stages and the measured 5x imbalance nearly vanished)."""
+    m = _model([600.0, 3000.0], [1000.0, 12000.0], [[100.0], [200.0] * 5])
+    names, fw, bw, (of, ob) = m.layer_costs()
+    assert (of, ob) == (0.0, 0.0) and len(names) == 6
+    f, b, _ = m.partition_costs([1, 5])
+    assert f == [600.0, 3000.0] and b == [1000.0, 12000.0]
+
+
+def test_stage_advice_never_points_to_a_more_uneven_split():
+    """Balanced stages (3 and 3 layers of 1 ms forward + 2 ms backward each): no split is more
+    even, so no 'move layers' change is offered, whatever the replay's tails say."""
+    from pardiag.analyzer.predict.recommend.rules.pipeline import _rebalance, imbalance
+
+    m = _model([3000.0, 3000.0], [6000.0, 6000.0], [[1000.0] * 3, [1000.0] * 3])
+    rp = type("RP", (), {"model": m})()
+    names, fw, bw, _ = m.layer_costs()
+    assert _rebalance(rp, names, [a + b for a, b in zip(fw, bw)]) == []
+    assert imbalance([9000.0, 9000.0]) == 1.0 and imbalance([3000.0, 15000.0]) == 15000 / 9000
+
+
+def test_a_replay_that_explains_little_withholds_its_advice():
+    """A replayed change carries an interval of ± the step the replay does not explain: with
+    5 of 12 ms unexplained, a change predicted 2 ms faster may gain nothing and is not
+    recommended; with 0.5 ms unexplained it is."""
+    from pardiag.analyzer.predict.recommend.policy import rank
+    from pardiag.analyzer.predict.recommend.types import Recommendation
+
+    def rec(unexplained):
+        return Recommendation(kind="microbatches", title="m", change="m 8",
+                              measured_step_us=12_000.0, predicted_step_us=10_000.0,
+                              predicted_low_us=10_000.0 - unexplained,
+                              predicted_high_us=10_000.0 + unexplained)
+    good, rejected, _, _ = rank([rec(5000.0), rec(500.0)], None, None)
+    assert [c.predicted_high_us for c in good] == [10_500.0]
+    assert rejected[0].reason.startswith("its interval 5.0–15.0 ms reaches the measured 12.0 ms")

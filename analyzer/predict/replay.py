@@ -148,9 +148,11 @@ class PipelineModel:
         taken as ``a + b·Σ layer forward`` — forward and backward each a least-squares line
         over the stages (measured on 1F1B [1, 5] layers: forward 188 µs + 1.07·Σ, backward
         347 µs + 2.01·Σ; the backward's fixed part is not the forward's times the stage's
-        ratio). Otherwise, or when a line comes out with a negative part, the overhead is the
-        stages' mean chunk time beyond their layers and a layer's backward is its forward times
-        its stage's backward/forward ratio."""
+        ratio). Otherwise, or when a line comes out with a negative part, each stage's chunk
+        time is spread over its own layers in proportion to their forward times (no overhead
+        apart), so the current split replays exactly the per-stage costs the chunks measure:
+        a stage's unexplained time stays with the stage's layers and never evens the stages
+        out."""
         if not self.layers or any(not ls for ls in self.layers):
             return None
         work = [sum(t for _, t, _ in ls) for ls in self.layers]
@@ -163,16 +165,13 @@ class PipelineModel:
             bb, ab = statistics.linear_regression(work, list(self.bwd_us))
             if min(af, ab) >= 0 and min(bf, bb) > 0:
                 return names, [t * bf for t in times], [t * bb for t in times], [af, ab]
-        fw, bw, ovh_f, ovh_b = [], [], [], []
+        fw, bw = [], []
         for s, ls in enumerate(self.layers):
-            of = max(self.fwd_us[s] - work[s], 0.0)
-            ratio = self.bwd_us[s] / max(self.fwd_us[s], 1e-9)
-            ovh_f.append(of)
-            ovh_b.append(of * ratio)
+            kf, kb = self.fwd_us[s] / work[s], self.bwd_us[s] / work[s]
             for _, t, _ in ls:
-                fw.append(t)
-                bw.append(t * ratio)
-        return names, fw, bw, [statistics.fmean(ovh_f), statistics.fmean(ovh_b)]
+                fw.append(t * kf)
+                bw.append(t * kb)
+        return names, fw, bw, [0.0, 0.0]
 
     def best_sizes(self, total_us: list[float], k: int, schedule: str, m: int, v: int
                    ) -> list[int]:

@@ -101,6 +101,7 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     noise_us = (base.half_width_us if base is not None else float("nan"))
     basis = "pipeline" if ctx.model is not None else ("unprofiled" if use_clean else "profiled")
     step_time = StepTime(basis, base.samples_us) if base is not None else None
-    return RecommendationResult(verdict(ctx, step, profiled=ctx.model is None and clean is None),
+    return RecommendationResult(verdict(ctx, step, profiled=ctx.model is None and clean is None,
+                                        changes=(*good, *rejected)),
                                 good, rejected, why_none, rule, noise_us, margin,
                                 ctx.peak.definition, step_time)

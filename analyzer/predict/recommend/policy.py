@@ -169,14 +169,14 @@ def _why_not(c: Recommendation, margin: float, step: StepNoise | None, contended
     if under_interleave_margin:
         return {"reason": f"predicted less than {INTERLEAVE_MARGIN_PCT:g}% faster than the best "
                           f"change that keeps the schedule", "settle": ""}
+    if c.gain_pct <= 0:
+        return {"reason": f"no gain: predicted {-c.gain_pct:.1f}% slower", "settle": ""}
     if c.interval_spans_no_gain:
         return {"reason": f"its interval {c.predicted_low_us / 1e3:.1f}–"
                           f"{c.predicted_high_us / 1e3:.1f} ms reaches the measured "
                           f"{c.measured_step_us / 1e3:.1f} ms: it may gain nothing",
-                "settle": "a run with the change (pardiag compare), or more samples of the "
-                          "stand-in timings"}
-    if c.gain_pct <= 0:
-        return {"reason": f"no gain: predicted {-c.gain_pct:.1f}% slower", "settle": ""}
+                "settle": "a run with the change (pardiag compare), or a model that explains "
+                          "more of the step (more samples of its timings)"}
     if noisy:
         return {"reason": f"below the noise: predicted {c.gain_pct:.1f}% faster, inside the "
                           f"step's noise ±{margin:.1f}%",

@@ -77,6 +77,14 @@ def _replayed(rp: _Replay, kind, title, change, sched, m, v, f=None, b=None, pb=
     activations of the microbatches in flight, scaled by the microbatch size)."""
     model = rp.model
     pred, sim = model.predict(sched, m, v, f, b, pb)
+    # the part of the measured step the replay does not explain may move with the change: the
+    # prediction is good to ± that much, and a model that explains little withholds its advice
+    # (its interval reaches the step: not recommended)
+    unexplained = abs(model.residual_us)
+    caveats = tuple(caveats) + ((
+        f"the replay accounts for {ms(model.period_us - model.residual_us)} of the "
+        f"{ms(model.period_us)} step: the {ms(unexplained)} it does not explain may move with "
+        f"the change, so the prediction is good to ±{ms(unexplained)}",) if unexplained else ())
     pred_peak = None
     if rp.peak_bytes is not None and rp.act_bytes is not None:
         n_ratio = model.m / m
@@ -87,9 +95,11 @@ def _replayed(rp: _Replay, kind, title, change, sched, m, v, f=None, b=None, pb=
         kind=kind, title=title, change=change,
         evidence=rp.evidence + tuple(extra_ev) + (
             f"predicted bubble {statistics.fmean(sim.bubble_pct.values()):.1f}%",),
-        caveats=tuple(caveats), measured_step_us=rp.measured_us, predicted_step_us=pred,
+        caveats=caveats, measured_step_us=rp.measured_us, predicted_step_us=pred,
         measured_peak_bytes=rp.peak_bytes, predicted_peak_bytes=pred_peak, fits_memory=fits,
-        params=params or {}, **batch_fields(rp.batch, **(batch_x or {})))
+        params=params or {}, **batch_fields(rp.batch, **(batch_x or {})),
+        **({"predicted_low_us": max(pred - unexplained, 0.0),
+            "predicted_high_us": pred + unexplained} if unexplained else {}))
 
 
 def _microbatches(rp: _Replay) -> list[Recommendation]:
@@ -125,6 +135,12 @@ def _microbatches(rp: _Replay) -> list[Recommendation]:
     return out
 
 
+def imbalance(stage_us: list[float]) -> float:
+    """max / mean of per-stage times (1.0: even)."""
+    mean = statistics.fmean(stage_us) if stage_us else 0.0
+    return max(stage_us) / mean if mean > 0 else 1.0
+
+
 def _rebalance(rp: _Replay, names: list[str], total: list[float]) -> list[Recommendation]:
     """Stage boundaries: the contiguous split of the per-layer forward + backward times
     (``total``, µs, of the layers ``names``) with the shortest replayed step, when it differs
@@ -135,6 +151,10 @@ def _rebalance(rp: _Replay, names: list[str], total: list[float]) -> list[Recomm
     if sizes == sizes_now:
         return []
     f, b, pb = model.partition_costs(sizes)
+    # never toward a split more uneven than the one the chunks measure
+    if imbalance([x + y for x, y in zip(f, b)]) >= imbalance(
+            [x + y for x, y in zip(model.fwd_us, model.bwd_us)]):
+        return []
     stage_ms = ", ".join(f"S{s} {(fv + bv) / 1000:.2f} ms" for s, (fv, bv) in
                          enumerate(zip(model.fwd_us, model.bwd_us)))
     return [_replayed(
