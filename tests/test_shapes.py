@@ -267,13 +267,15 @@ def test_ruled_out_degree_reaches_json_html_and_terminal(tmp_path):
     assert not any("not checked" in x for x in ok["caveats"])
     page = render_html(rep, include_plotlyjs="cdn")
     verdict = page.split("<h2 id='verdict'>")[1].split("<h2 id='summary'>")[0]
-    assert ("<tr><td class='l'>dp=2, tp=4 (TP inside each node; same global batch)</td>"
-            "<td class='l'>tp=4 does not divide 6 attention heads (layers.0.attention)</td></tr>"
-            ) in verdict
+    # in the table of changes not recommended: the change, no prediction, and why
+    assert ("<td class='l'>dp=2, tp=4 (TP inside each node; same global batch)</td><td>–</td>"
+            "<td>–</td><td class='l'>ruled out by the model&#x27;s shapes or batch: tp=4 does "
+            "not divide 6 attention heads (layers.0.attention)</td>") in verdict
     con = Console(record=True, width=200, color_system=None)
     render_recommendations(rep, con)
-    assert ("dp=2, tp=4 (TP inside each node; same global batch): tp=4 does not divide 6 "
-            "attention heads (layers.0.attention)") in con.export_text()
+    assert ("dp=2, tp=4 (TP inside each node; same global batch): ruled out by the model's "
+            "shapes or batch: tp=4 does not divide 6 attention heads (layers.0.attention)"
+            ) in con.export_text()
 
 
 def test_traces_without_shapes_say_the_candidates_were_not_checked(tmp_path):

@@ -14,6 +14,7 @@ import statistics
 import numpy as np
 import pandas as pd
 
+from ..analyses.breakdown import OUTLIER_STEP_FACTOR
 from ..trace.classify import normalize_schedule
 from ..trace.traceset import TraceSet
 from . import whatif
@@ -241,12 +242,17 @@ def _step_times(chunks: pd.DataFrame, c: pd.DataFrame, use: list
                 ) -> tuple[float, float, list[float]]:
     """``(window, period, periods)`` (µs): the median pipeline window of the used steps' chunks
     ``c``, the median start-to-start time from each used step to the next (the window when
-    there is none) and those start-to-start times."""
+    there is none; periods over :data:`OUTLIER_STEP_FACTOR` × the median of three or more left
+    out, as the report's step leaves them out) and all those start-to-start times."""
     per_step = c.groupby("step").agg(lo=("start_us", "min"), hi=("end_us", "max"))
     window = float((per_step["hi"] - per_step["lo"]).median())
     starts = chunks.groupby("step")["start_us"].min().sort_index()
     periods = [starts[s + 1] - starts[s] for s in use if s + 1 in starts.index]
-    period = float(np.median(periods)) if periods else window
+    kept = periods
+    if len(periods) >= 3:
+        med = float(np.median(periods))
+        kept = [x for x in periods if x <= OUTLIER_STEP_FACTOR * med]
+    period = float(np.median(kept)) if kept else window
     return window, period, periods
 
 
