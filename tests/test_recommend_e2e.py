@@ -19,6 +19,9 @@ RUNS = {
     # stage 0: in_proj + 1 block; stage 1: 9 blocks + head → 12 layers, 6 | 6 balanced
     "pp_unbalanced": ("train_pp.py", ["--schedule", "1f1b", "--microbatches", "4",
                                       "--layers-per-stage", "1,9", "--batch", "256"]),
+    # stage 0: in_proj + 3 blocks; stage 1: 3 blocks + head → 4 | 4 child modules, even
+    "pp_balanced": ("train_pp.py", ["--schedule", "1f1b", "--microbatches", "4",
+                                    "--layers-per-stage", "3,3", "--batch", "128"]),
     # 512 samples per microbatch: the bubble (1/3 of the window) outweighs the per-microbatch
     # fixed costs (gradient accumulation) that halving the microbatch adds. 2 blocks per stage
     # (6 layers): with 4 per stage, Interleaved1F1B with 4 stages per rank was predicted — and
@@ -69,9 +72,12 @@ def test_unbalanced_pipeline_is_rebalanced(run):
     if top is None:
         # a loaded machine (another test suite on the same cores): the steps' noise exceeds
         # the move's predicted gain, and the report does not claim it
+        # (or the replay explains too little of the step for its advice: the interval of
+        # what it leaves unexplained reaches the measured step), and the report says which
         (ev,) = [c for c in res.rejected if c.kind == "rebalance_stages"]
-        assert res.min_gain_pct > 2.0 and ev.gain_pct < res.min_gain_pct, \
-            [(c.tier, c.change) for c in res.recommendations]
+        assert ((res.min_gain_pct > 2.0 and ev.gain_pct < res.min_gain_pct)
+                or ev.interval_spans_no_gain), [(c.tier, c.change) for c in res.recommendations]
+        assert ev.reason.startswith(("below the noise", "its interval")), ev.reason
         top = ev
     else:
         first = min(c.tier for c in res.recommendations if c.kind not in ("pp_to_dp", "degrees"))
@@ -205,3 +211,26 @@ def test_planted_pipeline_straggler_is_named(run):
     assert "rank 1 is a straggler: it idles " in res.verdict, res.verdict
     # the pipeline's changes are replayed on its schedule: no 'without the straggler' change
     assert not [c for c in (*res.recommendations, *res.rejected) if c.kind == "straggler"]
+
+
+def test_a_balanced_pipeline_is_never_told_to_unbalance(run):
+    """Even stages (4 | 4 child modules): whatever the machine's load does to the chunks'
+    timings, no recommendation moves the boundary by more than one module, and none points to
+    a split the stage model finds more uneven than the measured one."""
+    from pardiag.analyzer.predict.recommend import build_context
+    from pardiag.analyzer.predict.recommend.rules.pipeline import imbalance
+
+    rep = run("pp_balanced")
+    res = rep.results["recommendations"]
+    for c in (*res.recommendations, *res.rejected):
+        if c.kind == "rebalance_stages":
+            assert c.params["layers_per_stage"] in ([3, 5], [4, 4], [5, 3]), c.change
+    # the verdict claims a saving from moving the boundaries only when one is recommended
+    assert "moving the stage boundaries saves" not in res.verdict or any(
+        c.kind == "rebalance_stages" for c in res.recommendations)
+    ctx = build_context(rep.traces, dict(rep.results))
+    measured = imbalance([f + b for f, b in zip(ctx.model.fwd_us, ctx.model.bwd_us)])
+    for c in res.recommendations:
+        if c.kind == "rebalance_stages":
+            f, b, _ = ctx.model.partition_costs(c.params["layers_per_stage"])
+            assert imbalance([x + y for x, y in zip(f, b)]) < measured
