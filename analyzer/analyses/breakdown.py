@@ -20,7 +20,9 @@ What counts as what:
   end), so step windows tile the device timeline.
 * **CPU traces** (gloo): C = every ``gloo:*``/``c10d::*``/``nccl:*``/``record_param_comms`` event on
   any thread (the gloo worker threads carry the transfers); K = CPU operators on the other threads
-  minus the time they spend inside communication or wait calls (waiting is not computing). The
+  minus the time they spend inside the communication calls and waits that block (waiting is not
+  computing; a transfer in flight, :func:`pardiag.analyzer.trace.classify.transport`, such as
+  an async isend's ``gloo:send`` span until its wait, is not such a call). The
   whole-trace window is first to last classified event; step windows are the ``ProfilerStep#N``
   annotations.
 
