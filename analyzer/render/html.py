@@ -272,15 +272,16 @@ def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
 
 
 def memory_figure(per_rank: pd.DataFrame) -> go.Figure:
-    """Static memory per rank by component, with the peak allocated as a marker (MiB)."""
+    """Static memory per rank by component, with the rank's peak (``peak_bytes``, static +
+    transient: the peak every section states) as a marker (MiB)."""
     fig = go.Figure()
     x = _ranks(per_rank["rank"])
     for col, name, color in (("params_bytes", "parameters", "#4C78A8"),
                              ("grads_bytes", "gradients", "#72B7B2"),
                              ("optimizer_state_bytes", "optimizer state", "#F58518")):
         fig.add_bar(name=name, x=x, y=_f32(per_rank[col] / 2**20), marker_color=color)
-    fig.add_scatter(name="peak allocated (trace window)", x=x,
-                    y=_f32(per_rank["peak_allocated_bytes"] / 2**20), mode="markers",
+    peak = per_rank["peak_bytes"] if "peak_bytes" in per_rank else per_rank["peak_allocated_bytes"]
+    fig.add_scatter(name="peak", x=x, y=_f32(peak / 2**20), mode="markers",
                     marker={"symbol": "diamond", "size": 12, "color": "#222"})
     # legends sit to the right of the plot (plotly's default): a horizontal one below it lies
     # over the x-axis title ("parameters" over "rank")
@@ -710,8 +711,10 @@ def _causes_section(report: Report, page: Page) -> list[str]:
     out += [f"<p>{escape(t)}</p>" for t in lines]
     pr = c.per_rank
     out.append(page.fig(parts_figure(pr, HOST_PART_COLORS,
-                                     "Where the step goes on the host, per rank")))
-    out.append(muted("Each instant of a step's CPU window goes to the first part that holds it: "
+                                     "Where the profiled step goes on the host, per rank")))
+    out.append(muted("Profiled steps (the profiler slows them: the verdict's step may be measured "
+                      "on the unprofiled ones). Each instant of a step's CPU window goes to the "
+                      "first part that holds it: "
                       "data loading (the DataLoader iterator), device synchronization "
                       "(cuda*Synchronize, .item()), communication calls and their waits "
                       "(c10d::wait, wait_tensor; and, outside any operator, waiting while a "

@@ -240,7 +240,7 @@ def _causes(report: Report, console: Console) -> None:
             if len(c.per_rank) > MAX_CAUSE_RANKS else "")
     host = ["data_loading_us", "sync_us", "comm_us", "launch_us", "optimizer_us", "backward_us",
             "forward_us", "other_us"]
-    print_table(console, "Where the step goes on the host (ms per step, median)", [
+    print_table(console, "Where the step goes on the host (ms per profiled step, median)", [
         Col("rank"), Col("step"), Col("data", drop=1), Col("sync", drop=3), Col("comm"),
         Col("launch", drop=4), Col("optim", drop=5), Col("backward", drop=6),
         Col("forward+", drop=7), Col("outside ops", drop=2)],
