@@ -641,11 +641,13 @@ class _ParallelClasses:
     mesh: Any
     stage: Any
     schedule: Any
+    deepspeed: Any = ()
 
     def interesting(self) -> tuple:
         """The classes that exist, for one :func:`live_instances` pass."""
         return tuple(c for c in (self.ddp, self.fsdp1, self.fsdp2, self.zero, self.mesh,
-                                 self.stage, self.schedule) if isinstance(c, type))
+                                 self.stage, self.schedule, self.deepspeed)
+                     if isinstance(c, type))
 
 
 def _parallel_classes() -> _ParallelClasses:
@@ -664,7 +666,8 @@ def _parallel_classes() -> _ParallelClasses:
         zero=cls("torch.distributed.optim", "ZeroRedundancyOptimizer"),
         mesh=cls("torch.distributed.device_mesh", "DeviceMesh"),
         stage=cls("torch.distributed.pipelining.stage", "_PipelineStageBase"),
-        schedule=cls("torch.distributed.pipelining.schedules", "_PipelineSchedule"))
+        schedule=cls("torch.distributed.pipelining.schedules", "_PipelineSchedule"),
+        deepspeed=cls("deepspeed.runtime.engine", "DeepSpeedEngine"))
 
 
 @dataclasses.dataclass
@@ -684,6 +687,7 @@ class _ParallelScan:
     seen_mesh: set[tuple] = dataclasses.field(default_factory=set)
     ddp_cap: int | None = None
     ddp_params: list[int] | None = None
+    deepspeed: dict | None = None
 
 
 def _note_ddp(scan: _ParallelScan, obj) -> None:
@@ -726,6 +730,68 @@ def _note_fsdp2(scan: _ParallelScan, obj) -> None:
         scan.units[1] += pg_group.post_forward_mesh_info is not None
 
 
+def _note_deepspeed(scan: _ParallelScan, engine) -> None:
+    """Record a DeepSpeed engine: its ZeRO stage (``zero1``/``zero2``/``zero3``; stage 0 is
+    plain data parallel, ``deepspeed``), its data-parallel group (dp) and the ZeRO settings that
+    decide its communication and memory (:func:`deepspeed_settings`)."""
+    stage = int(engine.zero_optimization_stage() or 0)
+    scan.wrappers.add(f"zero{stage}" if stage else "deepspeed")
+    group = (getattr(engine.optimizer, "dp_process_group", None)
+             or getattr(engine, "seq_data_parallel_group", None)
+             or getattr(engine, "data_parallel_group", None))
+    if group is not None:
+        scan.group_dims.setdefault(_group_name(group), "dp")
+    scan.deepspeed = deepspeed_settings(engine, stage)
+
+
+def deepspeed_settings(engine, stage: int) -> dict:
+    """A DeepSpeed engine's ZeRO settings and its static memory by part (this rank's bytes).
+
+    Settings: ``stage``, ``dp_size``, ``reduce_bucket_size`` and ``allgather_bucket_size``
+    (elements), ``overlap_comm``, ``contiguous_gradients``, ``reduce_scatter``,
+    ``prefetch_bucket_size`` (stage 3), ``param_dtype``.
+
+    Static memory (``static``: ``params_bytes``, ``grads_bytes``, ``optimizer_state_bytes``,
+    ``params``, ``total_bytes``), from what the engine holds (ZeRO, Rajbhandari et al. SC'20):
+    parameters whole below stage 3, this rank's partition (``ds_tensor``) at stage 3; gradients
+    whole at stage 0–1 and a 1/N partition from stage 2; the optimizer's fp32 master partition
+    (``single_partition_of_fp32_groups``, ``fp32_partitioned_groups_flat``) plus its state
+    (Adam's moments of that partition)."""
+    cfg = {}
+    for key, fn in (("reduce_bucket_size", "zero_reduce_bucket_size"),
+                    ("allgather_bucket_size", "zero_allgather_bucket_size"),
+                    ("overlap_comm", "zero_overlap_comm"),
+                    ("contiguous_gradients", "zero_contiguous_gradients"),
+                    ("reduce_scatter", "zero_reduce_scatter"),
+                    ("prefetch_bucket_size", "zero_prefetch_bucket_size")):
+        try:
+            v = getattr(engine, fn)()
+        except Exception:  # a setting this DeepSpeed version does not have
+            continue
+        cfg[key] = v if isinstance(v, bool) else int(v) if isinstance(v, (int, float)) else v
+    dp = int(getattr(engine, "dp_world_size", 0) or 1)
+    params = [p for p in engine.module.parameters() if p.requires_grad]
+    local = [getattr(p, "ds_tensor", None) if stage >= 3 else p for p in params]
+    pbytes = sum(_nbytes(t) for t in local if isinstance(t, torch.Tensor))
+    full = sum(int(getattr(p, "ds_numel", p.numel())) for p in params)
+    elem = params[0].element_size() if params else 4
+    gbytes = full * elem if stage < 2 else -(-full // dp) * elem
+    opt = engine.optimizer
+    master = [t for t in (getattr(opt, "single_partition_of_fp32_groups", None)
+                          or getattr(opt, "fp32_partitioned_groups_flat", None) or [])
+              if isinstance(t, torch.Tensor)]
+    inner = getattr(opt, "optimizer", opt)
+    state = getattr(inner, "state", {}) if isinstance(inner, torch.optim.Optimizer) else {}
+    sbytes = sum(_nbytes(v) for s in state.values() for v in
+                 (s.values() if isinstance(s, dict) else ()))
+    obytes = sum(_nbytes(t) for t in master) + sbytes
+    return {"stage": stage, "dp_size": dp, **cfg,
+            "param_dtype": str(params[0].dtype).removeprefix("torch.") if params else None,
+            "static": {"params_bytes": pbytes, "grads_bytes": gbytes,
+                       "optimizer_state_bytes": obytes, "params": len(params),
+                       "total_bytes": pbytes + gbytes + obytes}}
+
+
 def _note_mesh(scan: _ParallelScan, obj) -> None:
     """Record a device mesh not seen yet: its dimensions, their groups and parallel dims."""
     names = obj.mesh_dim_names or ()
@@ -766,6 +832,8 @@ def _scan_parallel(found: list, c: _ParallelClasses) -> _ParallelScan:
                 scan.stages.append(obj)
             elif c.schedule and isinstance(obj, c.schedule):
                 scan.schedules.append(obj)
+            elif c.deepspeed and isinstance(obj, c.deepspeed):
+                _note_deepspeed(scan, obj)
         except ReferenceError:  # a weakly referenced object that is gone
             continue
     return scan
@@ -807,7 +875,8 @@ def detect_parallelism(objects: list | None = None) -> dict:
         forward and reduce-scatters their gradients once per step), "fsdp_resharding_units":
         int | None (those of them that reshard after the forward and gather again in the
         backward),
-        "ddp_bucket_cap_bytes": int | None, "ddp_param_bytes": [int] | None}``
+        "ddp_bucket_cap_bytes": int | None, "ddp_param_bytes": [int] | None,
+        "deepspeed": dict | None (:func:`deepspeed_settings`)}``
         (``ddp_param_bytes``: gradient bytes of each trainable parameter of the DDP module, last
         registered first — the order DDP's buckets take them in, for the bucket-size what-if).
     """
@@ -824,7 +893,8 @@ def detect_parallelism(objects: list | None = None) -> dict:
             "fsdp_reshard_after_forward": any(reshard) if reshard else None,
             "fsdp1_forward_prefetch": all(fsdp1_fwd_prefetch) if fsdp1_fwd_prefetch else None,
             "fsdp_units": units[0] or None, "fsdp_resharding_units": units[1] if units[0] else None,
-            "ddp_bucket_cap_bytes": scan.ddp_cap, "ddp_param_bytes": scan.ddp_params}
+            "ddp_bucket_cap_bytes": scan.ddp_cap, "ddp_param_bytes": scan.ddp_params,
+            "deepspeed": scan.deepspeed}
 
 
 def _loaded(module: str, *names: str) -> tuple:
@@ -843,7 +913,8 @@ def scan_classes() -> tuple:
             *_loaded("torch.distributed.optim", "ZeroRedundancyOptimizer"),
             *_loaded("torch.distributed.device_mesh", "DeviceMesh"),
             *_loaded("torch.distributed.pipelining.stage", "_PipelineStageBase"),
-            *_loaded("torch.distributed.pipelining.schedules", "_PipelineSchedule"))
+            *_loaded("torch.distributed.pipelining.schedules", "_PipelineSchedule"),
+            *_loaded("deepspeed.runtime.engine", "DeepSpeedEngine"))
 
 
 def live_instances(classes: tuple) -> list:

@@ -300,6 +300,10 @@ def _layout_of(parallel: dict, groups: list[dict], records: list[dict]) -> dict:
         out["ddp_bucket_cap_bytes"] = parallel["ddp_bucket_cap_bytes"]
     if parallel.get("ddp_param_bytes"):
         out["ddp_param_bytes"] = parallel["ddp_param_bytes"]
+    ds = parallel.get("deepspeed")
+    if ds:  # DeepSpeed's ZeRO settings (its static memory goes to the rank's metadata)
+        out["deepspeed"] = {k: v for k, v in ds.items() if k != "static"}
+        dims.setdefault("dp", int(ds.get("dp_size") or 1))
     if "tp" in dims and "tp" not in out["strategies"]:
         out["strategies"] = sorted([*out["strategies"], "tp"])
     if "ep" in dims and "ep" not in out["strategies"]:
@@ -741,7 +745,10 @@ def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int,
                                  for st, a, b in stepper.times[-MAX_PIPELINE_RECORDS:]],
         trace_file=run.traces_written[-1] if run.traces_written else None,
         comm_records=n_records,
-        memory=_plain({"static": captured.get("static"), **captured.get("peak", {}),
+        # DeepSpeed's optimizer steps a flat fp32 partition: its engine knows what each part
+        # holds (hooks.deepspeed_settings), the stepped optimizer does not
+        memory=_plain({"static": ((captured.get("parallel") or {}).get("deepspeed") or {}).get(
+                           "static") or captured.get("static"), **captured.get("peak", {}),
                        "trace_peaks": captured.get("trace_memory")}),
         layout=_plain(lay), shapes=shapes, started_unix=run.started, ended_unix=time.time(),
         exit_code=code,
