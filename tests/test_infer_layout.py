@@ -288,3 +288,26 @@ def test_plain_profiler_runs_infer_their_layout(name, tmp_path):
         estimated = schedule == "Schedule1F1B"  # 1F1B marks no microbatch: m counted from sends
         assert bool(j["pipeline"]["schedule"].get("microbatches_estimated")) == estimated
         assert any("marks no microbatch" in x for x in lay["not_inferred"]) == estimated
+
+
+def test_zero12_pattern_from_one_groups_ops_per_step():
+    """ZeRO-1/2 without marks: each profiled step, one group reduces gradients (all-reduce or
+    reduce-scatter buckets) and gathers the updated partitions at most as often. Not ZeRO when a
+    step lacks the gather, gathers more than it reduces (FSDP's pattern), or holds other ops."""
+    import pandas as pd
+
+    from pardiag.analyzer.analyses.infer_layout import _zero12
+
+    def events(per_step):
+        rows = [{"rank": r, "step": s, "group": "g0", "pg": "0", "op": op}
+                for r in (0, 1) for s in (1, 2) for op in per_step]
+        rows.append({"rank": 0, "step": -1, "group": "g0", "pg": "0", "op": "broadcast"})
+        return pd.DataFrame(rows)
+
+    line = _zero12(events(["all_reduce", "all_reduce", "all_reduce", "all_gather"]))
+    assert line is not None and "reduces gradients (3)" in line and "partitions (1)" in line
+    assert _zero12(events(["reduce_scatter", "all_gather"])) is not None
+    assert _zero12(events(["all_reduce"])) is None                        # DDP's pattern
+    assert _zero12(events(["reduce_scatter", "all_gather", "all_gather"])) is None
+    assert _zero12(events(["all_reduce", "all_gather", "all_to_all"])) is None
+    assert _zero12(None) is None and _zero12(pd.DataFrame()) is None

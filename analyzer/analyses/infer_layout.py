@@ -57,7 +57,7 @@ CHUNK_COLUMNS = ("stage", "microbatch", "phase", "step", "start_us", "end_us")
 #: group the message used (-1 where the trace does not say); ``step`` as above; µs.
 P2P_COLUMNS = ("op", "peer", "step", "start_us", "end_us")
 #: Keys of :attr:`RankMarks.counts` (events per marker).
-MARKERS = ("fsdp2", "fsdp1", "ddp", "zero", "functional", "all_to_all")
+MARKERS = ("fsdp2", "fsdp1", "ddp", "zero", "functional", "all_to_all", "zero3")
 
 _MARKER_RES = {
     "fsdp2": re.compile(r"^FSDP::(pre_forward|all_gather|pre_backward)"),
@@ -67,6 +67,10 @@ _MARKER_RES = {
     "functional": re.compile(r"^_?c10d_functional::(all_reduce|all_gather_into_tensor"
                              r"|reduce_scatter_tensor)"),
     "all_to_all": re.compile(r"^(c10d::alltoall|gloo:all_to_all|nccl:all_to_all)"),
+    # DeepSpeed ZeRO-3's autograd functions (deepspeed/runtime/zero/linear.py,
+    # parameter_offload.py), run for every partitioned module
+    "zero3": re.compile(r"LinearFunctionForZeroStage3|PreBackwardFunctionForModule"
+                        r"|PostBackwardFunctionModule"),
 }
 _GPIPE_RE = re.compile(r"^(Forward|Backward) (\d+)$")
 _ACTION_RE = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
@@ -400,12 +404,20 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
             "zero": ("zero1", "ZeroRedundancyOptimizer step ranges"),
             "functional": ("tp", "functional collectives (_c10d_functional::all_reduce / "
                                  "all_gather_into_tensor / reduce_scatter_tensor)"),
-            "all_to_all": ("ep", "all-to-all collectives (taken as expert parallelism)")}
+            "all_to_all": ("ep", "all-to-all collectives (taken as expert parallelism)"),
+            "zero3": ("zero3", "DeepSpeed ZeRO-3's LinearFunctionForZeroStage3 / "
+                               "Pre/PostBackwardFunction autograd functions")}
     for key, (strategy, text) in what.items():
         if total[key]:
             strategies.add(strategy)
             evidence.append(f"{strategy}: {text}, {total[key]} events "
                             f"(first on rank {first_rank[key]})")
+    zero12 = None if strategies else _zero12(events)
+    if zero12:
+        strategies.add("zero")
+        evidence.append(zero12)
+        missing.append("the ZeRO stage (1 or 2): both reduce the gradients and gather the "
+                       "updated partitions each step (pardiag profile records the stage)")
     for d, s in (("tp", "tp"), ("ep", "ep")):
         if d in dims:
             strategies.add(s)
@@ -430,7 +442,8 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
     rest = world
     for d in dims.values():
         rest //= max(int(d), 1)
-    unknown = [d for d, s in (("dp", {"ddp", "fsdp1", "fsdp2", "zero1"}), ("tp", {"tp"}),
+    unknown = [d for d, s in (("dp", {"ddp", "fsdp1", "fsdp2", "zero1", "zero", "zero3"}),
+                              ("tp", {"tp"}),
                               ("ep", {"ep"})) if strategies & s and d not in dims]
     if len(unknown) == 1 and rest > 1:
         dims[unknown[0]] = rest
@@ -462,6 +475,29 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
     dims = {k: int(dims[k]) for k in sorted(dims, key=lambda d: order.get(d, 9))}
     return InferredLayout(dims, sorted(strategies), pipeline, chunks, tuple(sorted(pp_ranks)),
                           tuple(evidence), tuple(missing))
+
+
+def _zero12(events: pd.DataFrame | None) -> str | None:
+    """A line of evidence when, with no wrapper's marks, one group's ops each profiled step are
+    gradient reductions (all-reduce or reduce-scatter) and at most as many all-gathers: ZeRO-1/2's
+    pattern (DeepSpeed reduces the gradients in buckets and gathers the updated partitions;
+    DDP has its own marks, FSDP gathers before each module); else None."""
+    if events is None or events.empty:
+        return None
+    ev = events[events["step"] >= 0]
+    for key, sub in ev.groupby(ev["group"].astype(str) + "|" + ev["pg"].astype(str)):
+        per = sub.groupby(["rank", "step"])["op"].value_counts().unstack(fill_value=0)
+        red = per.reindex(columns=["all_reduce", "reduce_scatter"], fill_value=0).sum(axis=1)
+        ag = per.get("all_gather", pd.Series(0, index=per.index))
+        other = per.drop(columns=[c for c in ("all_reduce", "reduce_scatter", "all_gather")
+                                  if c in per.columns]).sum(axis=1)
+        if len(per) and (red >= 1).all() and (ag >= 1).all() and (ag <= red).all() \
+                and (other == 0).all():
+            return (f"zero: on group {key.split('|')[0] or 'of unknown ranks'} every profiled "
+                    f"step reduces gradients ({int(red.median())}) and gathers the updated "
+                    f"partitions ({int(ag.median())}), with no DDP or FSDP marks: ZeRO-1/2 "
+                    f"(DeepSpeed)")
+    return None
 
 
 def _as_mesh(dims: dict, world: int, missing: list[str]) -> dict:
