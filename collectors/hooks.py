@@ -749,7 +749,8 @@ def deepspeed_settings(engine, stage: int) -> dict:
 
     Settings: ``stage``, ``dp_size``, ``reduce_bucket_size`` and ``allgather_bucket_size``
     (elements), ``overlap_comm``, ``contiguous_gradients``, ``reduce_scatter``,
-    ``prefetch_bucket_size`` (stage 3), ``param_dtype``.
+    ``prefetch_bucket_size`` (stage 3), ``gradient_accumulation_steps`` (micro-batches per
+    optimizer step: stages 2 and 3 reduce the gradients on each), ``param_dtype``.
 
     Static memory (``static``: ``params_bytes``, ``grads_bytes``, ``optimizer_state_bytes``,
     ``params``, ``total_bytes``), from what the engine holds (ZeRO, Rajbhandari et al. SC'20):
@@ -763,7 +764,8 @@ def deepspeed_settings(engine, stage: int) -> dict:
                     ("overlap_comm", "zero_overlap_comm"),
                     ("contiguous_gradients", "zero_contiguous_gradients"),
                     ("reduce_scatter", "zero_reduce_scatter"),
-                    ("prefetch_bucket_size", "zero_prefetch_bucket_size")):
+                    ("prefetch_bucket_size", "zero_prefetch_bucket_size"),
+                    ("gradient_accumulation_steps", "gradient_accumulation_steps")):
         try:
             v = getattr(engine, fn)()
         except Exception:  # a setting this DeepSpeed version does not have
@@ -1177,11 +1179,26 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 
 
+def _state_holders(optimizer) -> list:
+    """The optimizers whose ``state`` holds ``optimizer``'s: itself, unless it wraps others —
+    ``ZeroRedundancyOptimizer``'s inner shard optimizer (``.optim``), or a container stepping a
+    list of them (torchtitan's ``OptimizersContainer``: ``.optimizers``, one per model part)."""
+    inner = getattr(optimizer, "optim", None)
+    if isinstance(inner, torch.optim.Optimizer):
+        return [inner]
+    many = getattr(optimizer, "optimizers", None)
+    if isinstance(many, (list, tuple)) and many and all(
+            isinstance(o, torch.optim.Optimizer) for o in many):
+        return list(many)
+    return [optimizer]
+
+
 def static_memory(optimizer) -> dict:
     """Bytes of this rank's parameters, gradients and optimizer state (local shards).
 
     Parameters are those the optimizer updates (for ``ZeroRedundancyOptimizer`` all parameters,
-    since ZeRO-1 keeps them replicated; its state is the inner optimizer's shard). DTensor
+    since ZeRO-1 keeps them replicated; its state is the inner optimizer's shard; for a container
+    of optimizers, torchtitan's ``OptimizersContainer``, the state of those it steps). DTensor
     parameters (FSDP2, TP) count their local shard.
 
     Returns:
@@ -1191,10 +1208,14 @@ def static_memory(optimizer) -> dict:
     for g in optimizer.param_groups:
         for p in g["params"]:
             params[id(p)] = p
-    inner = getattr(optimizer, "optim", None)
-    state_opt = inner if isinstance(inner, torch.optim.Optimizer) else optimizer
-    state = sum(_nbytes(v) for s in state_opt.state.values() for v in
-                (s.values() if isinstance(s, dict) else ()))
+    state = 0
+    seen: set[int] = set()
+    for opt in _state_holders(optimizer):
+        for s in opt.state.values():
+            for v in (s.values() if isinstance(s, dict) else ()):
+                if isinstance(v, torch.Tensor) and id(v) not in seen:
+                    seen.add(id(v))
+                    state += _nbytes(v)
     pbytes = sum(_nbytes(p) for p in params.values())
     gbytes = sum(_nbytes(p.grad) for p in params.values() if p.grad is not None)
     return {"params_bytes": pbytes, "grads_bytes": gbytes, "optimizer_state_bytes": state,

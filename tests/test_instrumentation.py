@@ -209,3 +209,32 @@ def test_size_scaling_times_the_sizes_in_turn():
         (2, 3, 3), (4, 3, 3), (8, 3, 3), (16, 3, 3)]
     assert [len(e["fwd_ns"]["after_run"]) for _, e in sorted(rec.layers.items())] == [3, 3]
     assert all(r["fwd_us"] == sorted(r["fwd_samples_us"])[1] for r in rows)
+
+
+class _Container(torch.optim.Optimizer):
+    """Like torchtitan's ``OptimizersContainer``: an optimizer over every part's parameters whose
+    ``step`` steps one real optimizer per model part (``.optimizers``); its own ``state`` stays
+    empty."""
+
+    def __init__(self, parts):
+        self.optimizers = [torch.optim.Adam(p.parameters(), lr=1e-3) for p in parts]
+        super().__init__([q for p in parts for q in p.parameters()], {"lr": 1e-3})
+
+    def step(self, closure=None):
+        for o in self.optimizers:
+            o.step()
+
+
+def test_static_memory_reads_the_state_of_a_container_of_optimizers():
+    """Two parts of 10·10 + 10 and 10·4 + 4 fp32 parameters: Adam's two moments (and a step
+    scalar per parameter) are in the inner optimizers; the container's bytes are theirs."""
+    parts = [torch.nn.Linear(10, 10), torch.nn.Linear(10, 4)]
+    opt = _Container(parts)
+    for p in parts:
+        p(torch.ones(2, 10)).sum().backward()
+    opt.step()
+    mem = hooks.static_memory(opt)
+    n = 110 + 44
+    assert mem["params"] == 4 and mem["params_bytes"] == 4 * n and mem["grads_bytes"] == 4 * n
+    steps = sum(hooks._nbytes(s["step"]) for o in opt.optimizers for s in o.state.values())
+    assert mem["optimizer_state_bytes"] == 2 * 4 * n + steps
