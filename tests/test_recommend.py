@@ -517,7 +517,7 @@ def test_no_recommendation_says_why(tmp_path):
     res = build_report(load_traces(tmp_path)).results["recommendations"]
     assert res.recommendations == ()
     assert res.why_none == ("nothing to evaluate: no pipeline, no significant straggler, and "
-                            "no DDP, FSDP or tensor-parallel setting to change")
+                            "no DDP, FSDP, ZeRO or tensor-parallel setting to change")
     assert res.verdict.startswith("Step 0.1 ms (while profiled; 1 step recorded: a one-off "
                                   "cannot be told from a persistent cause)")
 
@@ -1165,3 +1165,58 @@ def test_ddp_bucket_interval_on_a_gpu_replays_the_resampled_fits(tmp_path):
         assert c.predicted_low_us == pytest.approx(c.predicted_step_us)
         assert c.predicted_high_us == pytest.approx(c.predicted_step_us)
         assert any("bootstrap interval (200 resamples" in e for e in c.evidence)
+
+
+def test_zero_rules_memory_and_time_are_the_papers():
+    """DeepSpeed ZeRO-1 over dp = 64, Ψ = 7.5 B fp16 parameters, K = 12 (ZeRO, SC'20, Figure 1:
+    stage 1 31.4 GB, stage 2 16.6 GB, stage 3 1.9 GB per device). Peak 75 GiB of an 80 GiB
+    device (94%): stage 2 is a memory change (``zero_shard``) saving 31.4 − 16.6 GB.
+
+    Time, 2 micro-batches per step, step 10000 µs, collectives all exposed: stage 1 reduces
+    once per step (r = 1000 µs) and gathers once (g = 500): stage 2 reduces each micro-batch,
+    +1000 µs. Stage 2 (reductions 2000 µs per step, gathers 500): stage 3 gathers before each
+    module's forward and backward every micro-batch and not after the step: +3·500 µs; stage 1
+    −1000 µs. Stage 3 (reduce-scatters 2000, gathers 2000: g = 500) with 800 µs per step of
+    host time outside operators: stage 2 saves 3·500 µs, and its interval reaches 800 µs lower,
+    the point halfway."""
+    import dataclasses
+
+    import pandas as pd
+
+    from pardiag.analyzer.predict.recommend.context import MeasuredPeak
+    from pardiag.analyzer.predict.recommend.rules.zero import static_at, zero_changes
+    psi, n, G = 7.5e9, 64, 2**30
+    assert [round(static_at(s, psi, 2, 12, n) / 1e9, 1) for s in (0, 1, 2, 3)] == \
+        [120.0, 31.4, 16.6, 1.9]
+
+    def ctx(stage, peak, cap, red=0.0, gat=0.0, outside=0.0):
+        p_ = psi * 2 / (n if stage == 3 else 1)
+        mem = _Obj(per_rank=pd.DataFrame([{
+            "rank": 0, "params_bytes": p_, "grads_bytes": 0.0,
+            "optimizer_state_bytes": 12 * psi / n, "static_bytes": 1.0}]))
+        c = _ctx(settings={"deepspeed": {"stage": stage, "dp_size": n, "param_dtype": "float16",
+                                         "reduce_bucket_size": int(5e8), "overlap_comm": True,
+                                         "gradient_accumulation_steps": 2}},
+                 memory=mem, capacity=cap,
+                 peak=MeasuredPeak(peak_bytes=peak, static_bytes=None, definition=""))
+        coll = c.breakdown.collectives   # two profiled steps
+        coll.loc[0] = [0, "all_gather", 2, 2 * gat, 2 * gat]
+        coll.loc[1] = [0, "reduce_scatter" if stage == 3 else "all_reduce", 2, 2 * red, 2 * red]
+        if outside:
+            c = dataclasses.replace(c, causes=_Obj(per_rank=pd.DataFrame([
+                {"rank": 0, "other_us": outside}])))
+        return {r.params["zero_stage"]: r for r in zero_changes(c)}
+
+    recs = ctx(1, 75 * G, 80 * G, red=1000.0, gat=500.0)
+    assert set(recs) == {2} and recs[2].kind == "zero_shard"
+    assert recs[2].predicted_peak_bytes == pytest.approx(75 * G - 2 * psi * 63 / 64)
+    assert recs[2].predicted_step_us == pytest.approx(11000)
+    recs = ctx(2, 20 * G, 80 * G, red=2000.0, gat=500.0)
+    assert {c.kind for c in recs.values()} == {"zero_stage"}
+    assert recs[3].predicted_step_us == pytest.approx(11500)
+    assert recs[1].predicted_step_us == pytest.approx(9000)
+    assert recs[3].predicted_peak_bytes == pytest.approx(20 * G - 2 * psi * 63 / 64)
+    assert not recs[3].interval_known
+    recs = ctx(3, 20 * G, 80 * G, red=2000.0, gat=2000.0, outside=800.0)
+    assert (recs[2].predicted_low_us, recs[2].predicted_high_us) == pytest.approx((7700, 8500))
+    assert recs[2].predicted_step_us == pytest.approx(8100)

@@ -33,6 +33,10 @@ SETUP_LABELS = {
     "ddp_bucket_cap_bytes": "DDP bucket cap (bytes)",
     "fsdp_reshard_after_forward": "FSDP reshard after forward",
     "fsdp1_forward_prefetch": "FSDP1 forward prefetch",
+    "zero_stage": "ZeRO stage (DeepSpeed)",
+    "zero_reduce_bucket_size": "ZeRO reduce bucket (elements)",
+    "zero_allgather_bucket_size": "ZeRO all-gather bucket (elements)",
+    "zero_overlap_comm": "ZeRO overlap_comm",
     "backend": "backend",
     "torch_version": "torch",
     "nccl_version": "NCCL",
@@ -70,6 +74,9 @@ class RunSetup:
         fsdp_reshard_after_forward: FSDP2 ``reshard_after_forward`` (FSDP1: True for
             ``FULL_SHARD``, False for ``SHARD_GRAD_OP``).
         fsdp1_forward_prefetch: FSDP1 ``forward_prefetch``.
+        zero_stage, zero_reduce_bucket_size, zero_allgather_bucket_size, zero_overlap_comm:
+            DeepSpeed's ``zero_optimization`` settings (stage; bucket sizes in elements;
+            ``overlap_comm``), as its engine held them.
         backend: process group backend(s).
         torch_version: torch's version(s).
         nccl_version: NCCL's version(s).
@@ -99,6 +106,10 @@ class RunSetup:
     ddp_bucket_cap_bytes: int | None = None
     fsdp_reshard_after_forward: bool | None = None
     fsdp1_forward_prefetch: bool | None = None
+    zero_stage: int | None = None
+    zero_reduce_bucket_size: int | None = None
+    zero_allgather_bucket_size: int | None = None
+    zero_overlap_comm: bool | None = None
     backend: str | list[str] | None = None
     torch_version: str | list[str] | None = None
     nccl_version: str | list[str] | None = None
@@ -183,6 +194,7 @@ def compute_setup(traces: TraceSet, lay: LayoutResult) -> RunSetup:
         devices = [devices]
     env = next((dict(m.env) for m in metas if m.env is not None), None)
     sch = run.schedule if run else None
+    ds = layout_value("deepspeed") or {}
     setup = dict(
         source="recorded" if recorded else "traces",
         layout_source=lay.source if (lay.dims or pipe) else None,
@@ -201,6 +213,10 @@ def compute_setup(traces: TraceSet, lay: LayoutResult) -> RunSetup:
         ddp_bucket_cap_bytes=layout_value("ddp_bucket_cap_bytes"),
         fsdp_reshard_after_forward=layout_value("fsdp_reshard_after_forward"),
         fsdp1_forward_prefetch=layout_value("fsdp1_forward_prefetch"),
+        zero_stage=ds.get("stage"),
+        zero_reduce_bucket_size=ds.get("reduce_bucket_size"),
+        zero_allgather_bucket_size=ds.get("allgather_bucket_size"),
+        zero_overlap_comm=ds.get("overlap_comm"),
         backend=(run.backend if run and run.backend else None) or _one(
             [m.backend for m in metas] + [i.get("backend") for i in infos]),
         torch_version=(run.torch_version if run and run.torch_version else None)
@@ -234,4 +250,8 @@ def applicable_fields(setup: dict) -> set[str]:
         out.add("fsdp_reshard_after_forward")
     if "fsdp1" in strategies:
         out.add("fsdp1_forward_prefetch")
+    if (strategies & {"zero1", "zero2", "zero3", "deepspeed"}
+            and setup.get("zero_stage") is not None):
+        out |= {"zero_stage", "zero_reduce_bucket_size", "zero_allgather_bucket_size",
+                "zero_overlap_comm"}
     return out

@@ -76,6 +76,9 @@ _PARAM_FIELDS = {
     "fsdp_sharding_strategy": {"fsdp_reshard_after_forward"},
     "fsdp_forward_prefetch": {"fsdp1_forward_prefetch"},
     "strategy": {"strategies"},
+    "zero_stage": {"zero_stage", "strategies"},
+    "reduce_bucket_size": {"zero_reduce_bucket_size"},
+    "overlap_comm": {"zero_overlap_comm"},
 }
 
 
@@ -656,7 +659,9 @@ _PARAM_FIELD = {"microbatches": "microbatches", "schedule": "pipeline_schedule",
                 "reshard_after_forward": "fsdp_reshard_after_forward",
                 "fsdp_sharding_strategy": "fsdp_reshard_after_forward",
                 "fsdp_forward_prefetch": "fsdp1_forward_prefetch", "pp": "dims", "dp": "dims",
-                "tp": "dims"}
+                "tp": "dims", "zero_stage": "zero_stage",
+                "reduce_bucket_size": "zero_reduce_bucket_size",
+                "overlap_comm": "zero_overlap_comm"}
 
 
 def _param_value(key: str, setup: dict):
@@ -685,6 +690,8 @@ def _param_value(key: str, setup: dict):
         return "FULL_SHARD" if raf else "SHARD_GRAD_OP"
     if key == "fsdp_forward_prefetch":
         return setup.get("fsdp1_forward_prefetch")
+    if key in ("zero_stage", "reduce_bucket_size", "overlap_comm"):
+        return setup.get(_PARAM_FIELD[key])
     if key == "strategy":
         return None
     return None

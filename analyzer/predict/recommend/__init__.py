@@ -93,7 +93,7 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
                     if cands else
                     "nothing to evaluate: " + (ctx.model_why if ctx.model_why != "no pipeline"
                                                else "no pipeline, no significant straggler, and "
-                                               "no DDP, FSDP or tensor-parallel setting to "
+                                               "no DDP, FSDP, ZeRO or tensor-parallel setting to "
                                                "change"))
     # the verdict's step time is the one the recommendations compare with: unprofiled when known
     step = clean.median_us if use_clean else measured

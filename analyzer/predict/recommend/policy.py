@@ -31,7 +31,7 @@ from .types import Recommendation
 #: A change must be predicted to save at least this share of the step to be recommended (%).
 MIN_GAIN_PCT = 2.0
 #: Kinds of the changes that shrink memory (recommended first when they fit).
-MEMORY_KINDS = ("zero1", "fsdp")
+MEMORY_KINDS = ("zero1", "fsdp", "zero_bucket", "zero_shard")
 #: Kinds that change the parallel degrees: ranked after the changes that keep them (they
 #: re-partition the model, its memory per rank and its checkpoints, which no step time shows).
 DEGREE_KINDS = ("pp_to_dp", "degrees")
@@ -170,7 +170,8 @@ def _why_not(c: Recommendation, margin: float, step: StepNoise | None, contended
         return {"reason": f"predicted less than {INTERLEAVE_MARGIN_PCT:g}% faster than the best "
                           f"change that keeps the schedule", "settle": ""}
     if c.gain_pct <= 0:
-        return {"reason": f"no gain: predicted {-c.gain_pct:.1f}% slower", "settle": ""}
+        return {"reason": (f"no gain: predicted {-c.gain_pct:.1f}% slower" if c.gain_pct < -0.05
+                           else "no gain: the same step predicted"), "settle": ""}
     if c.interval_spans_no_gain:
         return {"reason": f"its interval {c.predicted_low_us / 1e3:.1f}–"
                           f"{c.predicted_high_us / 1e3:.1f} ms reaches the measured "

@@ -23,6 +23,7 @@ from .placement import placement
 from .pp_to_dp import pp_to_dp
 from .routing import moe_routing
 from .straggler import straggler
+from .zero import zero_changes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,4 +46,5 @@ RULES: tuple[Rule, ...] = (
     Rule("degrees", degrees),
     Rule("placement", placement),
     Rule("memory_sharding", memory_sharding),
+    Rule("zero", zero_changes),
 )
