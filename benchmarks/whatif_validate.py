@@ -61,6 +61,11 @@ CASES = {
     # (dp = 1) on 2 ranks; the changes are other dp × tp splits at the same global batch
     "2d": ("train_2d.py", 4, ["--tp", "2"]),
     "tp_only": ("train_2d.py", 2, ["--tp", "2"]),
+    # DeepSpeed ZeRO on a tiny GPT-2 (the changes: the stage, overlap_comm, the reduce bucket)
+    "zero1": ("frameworks/train_deepspeed.py", 2, ["--zero-stage", "1", "--hidden", "256",
+                                                   "--layers", "4", "--batch", "8"]),
+    "zero3": ("frameworks/train_deepspeed.py", 2, ["--zero-stage", "3", "--hidden", "256",
+                                                   "--layers", "4", "--batch", "8"]),
 }
 
 
@@ -152,6 +157,12 @@ def changed_args(script: str, n: int, base: list[str], params: dict
         a = _set(a, "--sharding-strategy", "shard_grad_op")
     if params.get("fsdp_forward_prefetch") and "--forward-prefetch" not in a:
         a = [*a, "--forward-prefetch"]
+    if "zero_stage" in params:
+        a = _set(a, "--zero-stage", str(params["zero_stage"]))
+    if params.get("overlap_comm"):
+        a = [*a, "--overlap-comm"]
+    if "reduce_bucket_size" in params:
+        a = _set(a, "--reduce-bucket-size", str(params["reduce_bucket_size"]))
     if "strategy" in params:
         return None
     return (script, a) if a != base else None

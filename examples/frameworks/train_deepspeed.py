@@ -14,7 +14,9 @@ Adam (``torch_adam``): DeepSpeed's fused CPU Adam would need a compiler at run t
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import torch
 
@@ -34,6 +36,8 @@ def main() -> None:
                    help="elements per all-gather bucket of the updated partitions (stages 1-2)")
     p.add_argument("--overlap-comm", action="store_true",
                    help="overlap the gradient reduction with the backward")
+    p.add_argument("--times-out", default=None,
+                   help="write each optimizer step's wall time (s) as JSON to FILE.rank<r>")
     args = p.parse_args()
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     model = _data.tiny_gpt2(args.hidden, args.layers, args.seq)
@@ -57,11 +61,20 @@ def main() -> None:
         sampler=torch.utils.data.DistributedSampler(data, num_replicas=world,
                                                     rank=engine.global_rank, shuffle=False))
     engine.train()
+    times, last = [], time.perf_counter()
     for batch in loader:
         batch = {k: v.to(engine.device) for k, v in batch.items()}
         loss = engine(**batch).loss
         engine.backward(loss)
+        steps = engine.global_steps
         engine.step()   # an optimizer step every --grad-accum micro-batches
+        if engine.global_steps != steps:
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+    if args.times_out:
+        with open(f"{args.times_out}.rank{engine.global_rank}", "w") as f:
+            json.dump(times, f)
     if engine.global_rank == 0:
         print(f"train_deepspeed: ZeRO-{args.zero_stage}, {args.steps} steps, last loss "
               f"{loss.item():.3f}")
