@@ -288,6 +288,12 @@ def test_plain_profiler_runs_infer_their_layout(name, tmp_path):
         estimated = schedule == "Schedule1F1B"  # 1F1B marks no microbatch: m counted from sends
         assert bool(j["pipeline"]["schedule"].get("microbatches_estimated")) == estimated
         assert any("marks no microbatch" in x for x in lay["not_inferred"]) == estimated
+        # ranks of a pipeline wait for each other in its bubble: no straggler from that waiting
+        changes = j["recommendations"] + j["not_recommended"]
+        assert "straggler" not in {c["kind"] for c in changes}
+        if not estimated:   # the model's microbatch: train_pp's 32 samples over 4 microbatches
+            mb = [c["batch"]["microbatch"]["now"] for c in changes if c["kind"] == "microbatches"]
+            assert mb and set(mb) == {8}
 
 
 def test_zero12_pattern_from_one_groups_ops_per_step():
@@ -311,3 +317,32 @@ def test_zero12_pattern_from_one_groups_ops_per_step():
     assert _zero12(events(["reduce_scatter", "all_gather", "all_gather"])) is None
     assert _zero12(events(["all_reduce", "all_gather", "all_to_all"])) is None
     assert _zero12(None) is None and _zero12(pd.DataFrame()) is None
+
+
+def test_microbatch_size_from_the_sent_activations(tmp_path):
+    """A GPipe run's traces alone (sample traces without pardiag's records): the microbatch is
+    dim 0 of what stage 0 sends — [8, 256] over 4 microbatches, a step of 32 samples. Rewritten
+    to [1, 256] (a microbatch of one sample), more microbatches are ruled out, as the recorded
+    path rules them out, and fewer are evaluated."""
+    import gzip
+
+    def report(dims: str | None):
+        out = tmp_path / (dims or "as_recorded")
+        out.mkdir()
+        for f in sorted((SAMPLES / "pp_gpipe_cpu_2rank").glob("rank*.trace.json*")):
+            text = (gzip.open(f, "rt") if f.suffix == ".gz" else open(f)).read()
+            if dims:
+                text = text.replace("[8, 256]", dims)
+            (out / f.name.removesuffix(".gz")).write_text(text)
+        j = report_json(build_report(load_traces(out)))
+        return {c["params"]["microbatches"]: c for c in j["recommendations"] + j["not_recommended"]
+                if c["kind"] == "microbatches"}
+
+    mbs = report(None)
+    assert {m: c["batch"]["microbatch"]["now"] for m, c in mbs.items()} == {2: 8, 8: 8, 16: 8}
+    assert not any(c["ruled_out"] for c in mbs.values())
+    mbs = report("[1, 256]")
+    assert {m for m, c in mbs.items() if c["ruled_out"]} == {8, 16}
+    assert "under 1 sample each (global batch of 4 samples)" in mbs[16]["ruled_out"]
+    assert not mbs[2]["ruled_out"] and mbs[2]["batch"]["microbatch"]["now"] == 1
+    assert any("dim 0 of the activations stage 0 sends" in e for e in mbs[2]["evidence"])

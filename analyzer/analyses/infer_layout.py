@@ -97,23 +97,28 @@ class RankMarks:
         p2p: :data:`P2P_COLUMNS`, one row per point-to-point call.
         device_chunks: True when ``chunks`` come from the device timeline
             (``gpu_user_annotation`` copies of the ranges), False for the CPU ranges.
+        send_dim0: ``{dim 0 of the first tensor a send carries: sends}`` where the trace has
+            ``Input Dims`` (``record_shapes``); empty otherwise.
     """
 
     counts: dict
     chunks: pd.DataFrame
     p2p: pd.DataFrame
     device_chunks: bool = False
+    send_dim0: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"counts": dict(self.counts), "device_chunks": self.device_chunks,
                 "chunks": [list(r) for r in self.chunks.itertuples(index=False)],
-                "p2p": [list(r) for r in self.p2p.itertuples(index=False)]}
+                "p2p": [list(r) for r in self.p2p.itertuples(index=False)],
+                "send_dim0": [[int(k), int(v)] for k, v in self.send_dim0.items()]}
 
     @staticmethod
     def from_json(d: dict) -> RankMarks:
         return RankMarks({k: int(v) for k, v in d["counts"].items()},
                          _chunk_frame(d["chunks"]), _p2p_frame(d["p2p"]),
-                         bool(d.get("device_chunks")))
+                         bool(d.get("device_chunks")),
+                         {int(k): int(v) for k, v in d.get("send_dim0") or []})
 
 
 def _chunk_frame(rows) -> pd.DataFrame:
@@ -152,6 +157,19 @@ def _peer(args) -> int:
     return -1
 
 
+def _dim0(dims) -> int | None:
+    """Dim 0 of the first tensor in an op's ``Input Dims`` (``c10d::send`` takes a list of
+    tensors: ``[[[8, 256]], …]``; NCCL's ``record_param_comms`` one: ``[[8, 256], …]``), or
+    None when it is no tensor of two or more dimensions."""
+    first = dims[0] if isinstance(dims, list) and dims else None
+    if isinstance(first, list) and first and isinstance(first[0], list):
+        first = first[0]
+    if (isinstance(first, list) and len(first) >= 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in first)):
+        return int(first[0])
+    return None
+
+
 def rank_marks(trace: RankTrace) -> RankMarks:
     """Reduce one rank's events to its :class:`RankMarks` (from its summary when it has them;
     computed once per trace)."""
@@ -176,6 +194,7 @@ def _rank_marks(trace: RankTrace) -> RankMarks:
 
     # point-to-point calls
     p2p_rows = []
+    dim0: dict[int, int] = {}
     sel = cpu & names.isin({u for u in uniq if isinstance(u, str) and (
         _P2P_OP_RE.match(u) or u == "record_param_comms")}).to_numpy()
     for n, t, d, a in zip(names[sel], ev["ts"][sel], ev["dur"][sel], ev["args"][sel]):
@@ -186,6 +205,8 @@ def _rank_marks(trace: RankTrace) -> RankMarks:
             op = "send" if n == "c10d::send" else "recv"
         if op:
             p2p_rows.append((op, _peer(a), float(t), float(t + d)))
+            if op == "send" and isinstance(a, dict) and (n0 := _dim0(a.get("Input Dims"))):
+                dim0[n0] = dim0.get(n0, 0) + 1
     p2p = _p2p_frame([(op, peer, -1, t0, t1) for op, peer, t0, t1 in p2p_rows])
     p2p["step"] = _step_of(p2p["start_us"].to_numpy(), steps)
 
@@ -232,7 +253,8 @@ def _rank_marks(trace: RankTrace) -> RankMarks:
     # a chunk's step: the step holding the start of its range (pieces keep their range's step)
     chunks["step"] = _step_of(chunks["start_us"].to_numpy(), steps)
     return RankMarks(counts, chunks.sort_values("start_us", kind="stable").reset_index(drop=True),
-                     p2p.sort_values("start_us", kind="stable").reset_index(drop=True), device)
+                     p2p.sort_values("start_us", kind="stable").reset_index(drop=True), device,
+                     dim0)
 
 
 @dataclasses.dataclass(frozen=True)

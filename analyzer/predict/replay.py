@@ -38,6 +38,9 @@ class PipelineModel:
         fixed_share: ``{(stage, phase): share}`` of a chunk's time that does not scale with the
             microbatch size (:func:`whatif.chunk_cost_split`); missing → 0.
         samples: microbatch size (rows), or None when unknown.
+        samples_from: where ``samples`` comes from: ``"recorded"`` (dim 0 of each chunk's
+            output, recorded by ``pardiag profile``), ``"sends"`` (dim 0 of the activations
+            stage 0's rank sends, :func:`sent_microbatch`), or ``""`` when unknown.
         window_us: measured pipeline window (median over unprofiled steps, aligned clocks).
         period_us: measured step time (median start-to-start of consecutive unprofiled steps).
         hop_us: point-to-point latency: the median time from a chunk's end to the start of the
@@ -77,6 +80,7 @@ class PipelineModel:
     gap_us: float = 0.0
     size_scaling: dict = dataclasses.field(default_factory=dict)
     periods_us: tuple[float, ...] = ()
+    samples_from: str = ""
 
     def tails_for(self, stage_params: list[float] | None, v: int) -> dict[int, float]:
         """Per-rank tails when stage ``s`` (on rank ``s mod p``) holds ``stage_params[s]``
@@ -338,13 +342,29 @@ def _tails(traces: TraceSet, chunks: pd.DataFrame, use: list, period: float, win
     return tails, opt
 
 
+def sent_microbatch(traces: TraceSet, chunks: pd.DataFrame) -> int | None:
+    """The microbatch size from the activations stage 0's rank sends: dim 0 of the tensor most
+    of its sends carry (torch.distributed.pipelining splits the batch on dim 0 by default, and
+    the per-microbatch ranges a model is built from are its marks). None without shapes
+    (``record_shapes``)."""
+    from ..analyses.infer_layout import rank_marks
+
+    s0 = chunks.loc[chunks["stage"] == 0, "rank"]
+    trace = traces.ranks.get(int(s0.iloc[0])) if len(s0) else None
+    if trace is None:
+        return None
+    dims = rank_marks(trace).send_dim0
+    return max(dims, key=lambda k: (dims[k], -k)) if dims else None
+
+
 def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
     """Build the :class:`PipelineModel` of a run from its pipeline result (aligned chunks) and
     pipeline sidecars. Returns ``(model, "")`` or ``(None, why)``."""
     chunks = pipe.chunks
     sched = pipe.schedule or {}
     if chunks is None or chunks.empty:
-        return None, "no pipeline schedule records (run under `pardiag profile`)"
+        return None, ("no per-microbatch records or ranges to replay the schedule from (run under "
+                      "`pardiag profile`)")
     layout, why = _schedule_layout(chunks, sched)
     if layout is None:
         return None, why
@@ -359,6 +379,9 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
         return None, "a stage has no forward or backward records"
     window, period, periods = _step_times(chunks, c, use)
     fixed, samples, layer_list = _sidecar_records(traces, use, n_stages)
+    samples_from = "recorded" if samples else ""
+    if not samples and (samples := sent_microbatch(traces, chunks)):
+        samples_from = "sends"
     size_scaling = _size_scaling(traces)
     # per rank: optimizer time and the idle time between its last chunk and its next first one
     tails, opt = _tails(traces, chunks, use, period, window)
@@ -374,7 +397,7 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
         residual = period - whatif.simulate_period(orders, fwd, bwd, hop, tails)[0]
     return PipelineModel(kind, p, m, v, fwd, bwd, fixed, samples, window, period, hop, tails,
                          opt, layer_list, len(use), basis, residual, gap, size_scaling,
-                         tuple(float(x) for x in periods)), ""
+                         tuple(float(x) for x in periods), samples_from), ""
 
 
 def _observed_gaps(chunks: pd.DataFrame, n_stages: int) -> tuple[float, float | None]:

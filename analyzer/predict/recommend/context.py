@@ -285,6 +285,13 @@ class RuleContext:
         return self.step.median_us if self.step is not None else float("nan")
 
     @property
+    def is_pipeline(self) -> bool:
+        """Whether the run is a pipeline: a replay model, schedule records, or a schedule the
+        traces show (point-to-point stages without per-microbatch marks included)."""
+        return self.model is not None or (self.pipeline is not None and (
+            len(self.pipeline.chunks) > 0 or bool(self.pipeline.schedule)))
+
+    @property
     def dims(self) -> dict:
         """``{dim: degree}`` of the layout (``{}`` when unknown)."""
         return dict(self.layout.dims) if self.layout is not None else {}

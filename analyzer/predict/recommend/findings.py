@@ -105,7 +105,7 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
     ex = _excess_idle_by_step(ctx.breakdown.steps)
     row = run_step_row(ctx.breakdown)
     step_us = float(row["median_us"]) if row is not None else float("nan")
-    pipeline = ctx.model is not None or (ctx.pipeline is not None and len(ctx.pipeline.chunks))
+    pipeline = ctx.is_pipeline
 
     def finding(r: int, criterion: str) -> StragglerFinding:
         row = table.loc[r] if r in table.index else None

@@ -77,10 +77,13 @@ def exposed_split(ctx: RuleContext) -> tuple[float, float, float, float] | None:
 def bubble_text(ctx: RuleContext) -> str | None:
     """``"pipeline bubble 71% of the window, measured (the replay gives 30% and accounts for 27.1 of
     the 55.0 ms step)"``: the bubble measured from the schedule records
-    (:func:`pardiag.analyzer.analyses.pipeline.summarize_bubbles`, mean over ranks) with the
-    replay's beside it and how much of the measured step the replay explains."""
+    (:func:`pardiag.analyzer.analyses.pipeline.summarize_bubbles`, mean over ranks) — or, where
+    the traces mark no microbatch, estimated and said so — with the replay's beside it and how
+    much of the measured step the replay explains."""
     pipe = ctx.pipeline
     measured = None
+    estimated = pipe is not None and len(pipe.bubbles) and (
+        pipe.bubbles["method"] == "estimate").all()
     if pipe is not None and len(pipe.bubbles):
         summ = summarize_bubbles(pipe.bubbles)
         if len(summ) and summ["bubble_pct"].notna().any():
@@ -93,7 +96,9 @@ def bubble_text(ctx: RuleContext) -> str | None:
         return None
     if measured is None:
         return f"pipeline bubble {replay:.1f}% of the window (replayed; not measured)"
-    text = f"pipeline bubble {measured:.1f}% of the window, measured"
+    text = (f"pipeline bubble {measured:.1f}% of the window, estimated as idle and exposed "
+            f"point-to-point time (no per-microbatch marks)" if estimated else
+            f"pipeline bubble {measured:.1f}% of the window, measured")
     if replay is not None:
         replayed = model.period_us - model.residual_us
         text += (f" (the replay gives {replay:.1f}% and accounts for {ms(replayed)} of the "
@@ -216,8 +221,7 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
             parts.append(f"exposed communication 0.0% and idle {idle:.1f}% of the ranks' time")
         else:
             exp, wait, xfer, unknown = (100.0 * x / span for x in split)
-            peer = "a peer stage (the bubble)" if ctx.pipeline is not None and len(
-                ctx.pipeline.chunks) else "other ranks"
+            peer = "a peer stage (the bubble)" if ctx.is_pipeline else "other ranks"
             if unknown >= exp:
                 how = ("waiting vs transfer unknown: no collective of these ranks was matched "
                        "with all its members")

@@ -54,7 +54,9 @@ def _replay_base(ctx: RuleContext, model: PipelineModel) -> _Replay:
                  f"of their {len(model.periods_us)} periods, start to start), pipeline "
                  f"window {ms(model.window_us)}, {model.p} ranks × {model.v} stage(s) per rank, "
                  f"{model.m} microbatches"
-                 + (f" of {model.samples} samples" if model.samples else ""),
+                 + (f" of {model.samples} samples" if model.samples else "")
+                 + (" (dim 0 of the activations stage 0 sends)"
+                    if model.samples_from == "sends" else ""),
                  "per stage forward / backward per microbatch: " + ", ".join(
                      f"S{s} {f / 1000:.2f}/{b / 1000:.2f} ms"
                      for s, (f, b) in enumerate(zip(model.fwd_us, model.bwd_us))),
