@@ -522,6 +522,23 @@ def test_no_recommendation_says_why(tmp_path):
                                   "cannot be told from a persistent cause)")
 
 
+def test_strategies_shown_without_settings_are_named(tmp_path):
+    """DDP's marks in traces from elsewhere: the layout shows ddp, the traces hold none of its
+    settings, and the report says so instead of "no DDP setting to change"."""
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2, backend="gloo")
+        b.step(1, 0, 1000).cpu("DistributedDataParallel.forward", 10, 50,
+                               cat="user_annotation")
+        b.cpu("aten::mm", 100, 500)
+        b.write(tmp_path / f"rank{r}.trace.json")
+    res = build_report(load_traces(tmp_path)).results["recommendations"]
+    assert res.recommendations == ()
+    assert res.why_none == (
+        "nothing to evaluate: ddp is in the layout the traces show, but not their settings "
+        "(bucket sizes, resharding, prefetching, the ZeRO stage, static memory) nor, on a CPU, "
+        "each collective's group: run under `pardiag profile` to evaluate changes to them")
+
+
 # ---- communication changes: exact on planted numbers ------------------------------------------
 
 def test_alpha_beta_fit_and_bucketed_tail():

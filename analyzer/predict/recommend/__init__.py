@@ -47,6 +47,22 @@ def as_ratio(c: Recommendation, step_us: float, note: str = "") -> Recommendatio
         evidence=(*c.evidence, note) if note else c.evidence)
 
 
+def _nothing_to_change(ctx: RuleContext) -> str:
+    """Why no rule had anything to evaluate, outside pipelines: the strategies the layout shows
+    whose settings the traces do not hold are named (a report of traces from elsewhere)."""
+    lay = ctx.layout
+    shown = [s for s in (lay.strategies if lay is not None else []) if s in {
+        "ddp", "fsdp1", "fsdp2", "zero", "zero1", "zero2", "zero3", "tp"}]
+    if shown and not ctx.settings:
+        return (f"{' and '.join(shown)} {'is' if len(shown) == 1 else 'are'} in the layout the "
+                "traces show, but not their settings (bucket sizes, resharding, prefetching, the "
+                "ZeRO stage, static memory)" + ("" if ctx.on_gpu else
+                                                " nor, on a CPU, each collective's group")
+                + ": run under `pardiag profile` to evaluate changes to them")
+    return ("no pipeline, no significant straggler, and no DDP, FSDP, ZeRO or tensor-parallel "
+            "setting to change")
+
+
 def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResult:
     """Evaluate the changes pardiag models and rank those predicted to help.
 
@@ -92,9 +108,7 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
                     f"no modelled change is predicted to save ≥ {margin:.1f}% of the step"
                     if cands else
                     "nothing to evaluate: " + (ctx.model_why if ctx.model_why != "no pipeline"
-                                               else "no pipeline, no significant straggler, and "
-                                               "no DDP, FSDP, ZeRO or tensor-parallel setting to "
-                                               "change"))
+                                               else _nothing_to_change(ctx)))
     # the verdict's step time is the one the recommendations compare with: unprofiled when known
     step = clean.median_us if use_clean else measured
     base = clean if use_clean else ctx.step
