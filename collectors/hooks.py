@@ -795,22 +795,28 @@ def deepspeed_settings(engine, stage: int) -> dict:
 
 
 def _note_mesh(scan: _ParallelScan, obj) -> None:
-    """Record a device mesh not seen yet: its dimensions, their groups and parallel dims."""
+    """Record a device mesh not seen yet: per dimension name its size, every group along it
+    (global ranks, from the mesh's rank tensor) and this rank's process group's name.
+
+    Which names are parallel dimensions is decided later, over every mesh at once, by the
+    mesh-consistency rule (:func:`pardiag.analyzer.analyses.mesh.mesh_dims`): torchtitan's
+    flattened (``dp``, ``dp_shard_cp``) and internal (``WORLD``, ``BATCH``, ``LOSS_MESH``,
+    ``EFSDP``) meshes and size-1 dimensions are no dimensions of their own."""
     names = obj.mesh_dim_names or ()
     key = (tuple(names), tuple(obj.mesh.shape), tuple(obj.mesh.flatten().tolist()))
     if key in scan.seen_mesh:
         return
     scan.seen_mesh.add(key)
-    dims, groups = {}, {}
+    dims, groups, members = {}, {}, {}
     for i, n in enumerate(names):
         dims[n] = int(obj.mesh.shape[i])
+        along = obj.mesh.movedim(i, -1).reshape(-1, dims[n])
+        members[n] = [[int(r) for r in row] for row in along.tolist()]
         try:
             groups[n] = _group_name(obj.get_group(n))
         except (RuntimeError, ValueError, KeyError):
             continue
-        if canonical_dim(n):
-            scan.group_dims[groups[n]] = canonical_dim(n)
-    scan.meshes.append({"dims": dims, "groups": groups})
+    scan.meshes.append({"dims": dims, "groups": groups, "members": members})
 
 
 def _scan_parallel(found: list, c: _ParallelClasses) -> _ParallelScan:
@@ -869,7 +875,8 @@ def detect_parallelism(objects: list | None = None) -> dict:
     :func:`model_shapes`.
 
     Returns:
-        ``{"wrappers": [...], "meshes": [{"dims": {name: size}, "groups": {name: pg_name}}],
+        ``{"wrappers": [...], "meshes": [{"dims": {name: size}, "groups": {name: pg_name},
+        "members": {name: [[global ranks of each group along it]]}}],
         "pipeline": {...} | None, "group_dims": {pg_name: dim}, "fsdp_reshard_after_forward":
         bool | None (FSDP2's setting; FSDP1: its sharding strategy, FULL_SHARD / HYBRID_SHARD →
         true, SHARD_GRAD_OP → false), "fsdp1_forward_prefetch": bool | None,

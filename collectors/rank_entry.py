@@ -261,24 +261,45 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thr
     return t
 
 
-def _layout_of(parallel: dict, groups: list[dict], records: list[dict]) -> dict:
-    """Parallel dimensions and degrees from the detected objects and the records."""
+def _mesh_layout(meshes: list[dict], world: int | None) -> tuple[dict[str, int], dict]:
+    """``({dim: degree}, {process group name: dim})`` of the device meshes a rank holds, by the
+    mesh-consistency rule (:func:`pardiag.analyzer.analyses.mesh.mesh_dims`): a dimension name
+    is a dimension when its groups partition the ranks and are no product of other dimensions'
+    groups; names of one canonical dimension multiply (``dp_replicate`` × ``dp_shard``); size-1
+    dimensions and names of no dimension (``WORLD``, ``BATCH``, ``LOSS_MESH``) are none."""
+    from ..analyzer.analyses.mesh import dim_of, mesh_dims
+
+    cands = [(name, ranks) for m in meshes for name, gs in (m.get("members") or {}).items()
+             for ranks in gs]
+    found = mesh_dims(cands, world=world)
+    group_dims = {}
+    for m in meshes:
+        for name, pg in (m.get("groups") or {}).items():
+            d = dim_of(name)
+            if d in found.dims and int((m.get("dims") or {}).get(name) or 1) > 1:
+                group_dims.setdefault(pg, d)
+    return dict(found.dims), group_dims
+
+
+def _layout_of(parallel: dict, groups: list[dict], records: list[dict],
+               world: int | None = None) -> dict:
+    """Parallel dimensions and degrees from the detected objects and the records. Dimensions of
+    degree 1 are left out: a group of one rank parallelizes nothing."""
     from .hooks import canonical_dim
 
-    dims: dict[str, int] = {}
-    for mesh in parallel.get("meshes", []):
-        for name, size in mesh["dims"].items():
-            dims[canonical_dim(name) or name] = size
+    dims, group_dims = _mesh_layout(parallel.get("meshes", []), world)
     size_of = {g["name"]: g["size"] for g in groups}
-    group_dims = dict(parallel.get("group_dims", {}))
+    for pg, dim in parallel.get("group_dims", {}).items():   # wrappers' groups (DDP, FSDP…)
+        group_dims.setdefault(pg, dim)
     for r in records:  # all-to-all on a group nothing else explains: expert parallel
         if r["op"] == "all_to_all" and r["pg_name"] not in group_dims:
             group_dims[r["pg_name"]] = "ep"
     for g in groups:  # descriptions such as mesh_tp
         if g["name"] not in group_dims and canonical_dim(g.get("desc")):
             group_dims[g["name"]] = canonical_dim(g.get("desc"))
+    group_dims = {pg: d for pg, d in group_dims.items() if (size_of.get(pg) or 2) > 1}
     for pg, dim in group_dims.items():
-        if dim not in dims and pg in size_of:
+        if dim not in dims and (size_of.get(pg) or 0) > 1:
             dims[dim] = size_of[pg]
     pipe = parallel.get("pipeline")
     out: dict = {"dims": dims, "strategies": parallel.get("wrappers", []),
@@ -303,7 +324,8 @@ def _layout_of(parallel: dict, groups: list[dict], records: list[dict]) -> dict:
     ds = parallel.get("deepspeed")
     if ds:  # DeepSpeed's ZeRO settings (its static memory goes to the rank's metadata)
         out["deepspeed"] = {k: v for k, v in ds.items() if k != "static"}
-        dims.setdefault("dp", int(ds.get("dp_size") or 1))
+        if int(ds.get("dp_size") or 1) > 1:
+            dims.setdefault("dp", int(ds["dp_size"]))
     if "tp" in dims and "tp" not in out["strategies"]:
         out["strategies"] = sorted([*out["strategies"], "tp"])
     if "ep" in dims and "ep" not in out["strategies"]:
@@ -353,7 +375,8 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
     raw = (records_from_flight_recorder(captured.get("flight_recorder", []), groups)
            + records_from_p2p(p2p_records, groups))
     records = attach_trace_times(raw, trace)
-    lay = _layout_of(captured.get("parallel", {}), groups, records)
+    lay = _layout_of(captured.get("parallel", {}), groups, records,
+                     int(os.environ.get("WORLD_SIZE") or 0) or None)
     for g in groups:
         g["dim"] = lay["group_dims"].get(g["name"])
     _write_json(layout.comms_path(out, rank), {

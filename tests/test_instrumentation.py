@@ -238,3 +238,60 @@ def test_static_memory_reads_the_state_of_a_container_of_optimizers():
     assert mem["params"] == 4 and mem["params_bytes"] == 4 * n and mem["grads_bytes"] == 4 * n
     steps = sum(hooks._nbytes(s["step"]) for o in opt.optimizers for s in o.state.values())
     assert mem["optimizer_state_bytes"] == 2 * 4 * n + steps
+
+
+class _FakeMesh:
+    """A DeviceMesh's surface that the collector reads: names, the rank tensor, groups."""
+
+    def __init__(self, names, shape, ranks=None):
+        n = 1
+        for x in shape:
+            n *= x
+        self.mesh_dim_names = tuple(names)
+        self.mesh = torch.arange(n).reshape(shape) if ranks is None else torch.tensor(ranks)
+
+    def get_group(self, name):
+        raise KeyError(name)   # no live process group in a unit test
+
+
+def _torchtitan_meshes(dp_shard: int, tp: int) -> list[dict]:
+    """The meshes torchtitan builds for FSDP over dp_shard × TP over tp (one node): the world
+    mesh with its size-1 dimensions, the flattened ``dp``/``dp_shard_cp``/``dp_cp`` meshes, and
+    internal ones (``WORLD``, ``BATCH``, ``LOSS_MESH``, ``EFSDP``)."""
+    scan = hooks._ParallelScan()
+    world = dp_shard * tp
+    hooks._note_mesh(scan, _FakeMesh(["pp", "dp_replicate", "dp_shard", "cp", "tp"],
+                                     (1, 1, dp_shard, 1, tp)))
+    by_dp = torch.arange(world).reshape(dp_shard, tp)
+    for name in ("dp", "dp_shard_cp", "dp_cp", "BATCH", "LOSS_MESH", "EFSDP"):
+        for col in range(tp):   # a 1-D mesh per TP rank, over the data-parallel ranks
+            hooks._note_mesh(scan, _FakeMesh([name], (dp_shard,), by_dp[:, col].tolist()))
+    hooks._note_mesh(scan, _FakeMesh(["WORLD"], (world,)))
+    return scan.meshes
+
+
+@pytest.mark.parametrize("dp_shard, tp, dims", [(2, 1, {"dp": 2}), (2, 2, {"dp": 2, "tp": 2}),
+                                                (4, 1, {"dp": 4})])
+def test_mesh_layout_of_torchtitan_meshes(dp_shard, tp, dims):
+    """Size-1 dimensions are none; flattened and internal meshes add no dimension and do not
+    overwrite one (dp_replicate = 1 used to leave FSDP over 2 ranks as dp = 1); TP only where
+    its degree is 2 or more."""
+    from pardiag.collectors.rank_entry import _layout_of
+
+    lay = _layout_of({"meshes": _torchtitan_meshes(dp_shard, tp), "wrappers": ["fsdp2"]}, [],
+                     [], world=dp_shard * tp)
+    assert lay["dims"] == dims
+    assert lay["strategies"] == (["fsdp2", "tp"] if tp > 1 else ["fsdp2"])
+
+
+def test_mesh_layout_keeps_hsdp_and_groups_of_one_out():
+    """HSDP: dp_replicate 2 × dp_shard 2 multiply into dp = 4; a size-1 group described
+    mesh_ep is no expert dimension."""
+    from pardiag.collectors.rank_entry import _layout_of
+
+    scan = hooks._ParallelScan()
+    hooks._note_mesh(scan, _FakeMesh(["dp_replicate", "dp_shard"], (2, 2)))
+    lay = _layout_of({"meshes": scan.meshes, "wrappers": ["fsdp2"]},
+                     [{"name": "7", "desc": "mesh_ep", "size": 1, "ranks": [0]}], [], world=4)
+    assert lay["dims"] == {"dp": 4} and lay["strategies"] == ["fsdp2"]
+    assert "7" not in lay["group_dims"]
