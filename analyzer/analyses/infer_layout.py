@@ -43,6 +43,7 @@ import pandas as pd
 from ..trace import intervals as iv
 from ..trace.classify import STEP_RE, Kind, cached, classify
 from ..trace.traceset import RankTrace, TraceSet
+from .comm_events import AMBIGUOUS_GROUP
 from .mesh import dim_of, mesh_dims, role_of
 
 #: What :attr:`InferredLayout.source` says (and the report shows).
@@ -278,6 +279,8 @@ class InferredLayout:
         evidence: one line per conclusion: what in the traces it rests on.
         not_inferred: one line per thing that could not be inferred, or is only estimated and how.
         source: always :data:`INFERRED_SOURCE`.
+        group_dims: ``{sorted ranks: dim}`` of the groups that are a dimension of the inferred
+            mesh (see :meth:`dim_of_group`).
     """
 
     dims: dict
@@ -288,6 +291,14 @@ class InferredLayout:
     evidence: tuple[str, ...]
     not_inferred: tuple[str, ...]
     source: str = INFERRED_SOURCE
+    group_dims: dict = dataclasses.field(default_factory=dict)
+
+    def dim_of_group(self, ranks) -> str | None:
+        """The dimension whose groups include ``ranks`` (a mesh dimension's group, or the whole
+        world when one dimension spans it), else None: a group of one rank, a flattened or
+        internal group (torchtitan's ``mesh_batch``, ``mesh_loss``), the default group of a
+        multi-dimensional mesh."""
+        return self.group_dims.get(tuple(sorted(int(r) for r in ranks)))
 
 
 def is_pardiag_run(traces: TraceSet) -> bool:
@@ -316,7 +327,7 @@ def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None
               for t in traces.ranks.values() for g in t.pg_config]
     roles = {}
     if events is not None and len(events):
-        ev = events[events["group"].astype(str) != ""]
+        ev = events[~events["group"].astype(str).isin(["", AMBIGUOUS_GROUP])]
         for key, sub in ev.groupby("group"):
             ranks, _, desc = str(key).partition("|")
             members = frozenset(int(r) for r in ranks.split(","))
@@ -336,7 +347,9 @@ def _global_peers(traces: TraceSet, marks: dict, member: dict) -> tuple[dict, li
         p = m.p2p[m.p2p["peer"] >= 0].copy()
         if p.empty:
             continue
-        groups = traces.ranks[rank].pg_config
+        # groups of one rank carry no message (torchtitan lists a size-1 group per unused dim)
+        groups = list({tuple(g["ranks"]): g for g in traces.ranks[rank].pg_config
+                       if len(g["ranks"]) > 1}.values())
         pp_group = member.get(rank, {}).get("pp")
         if pp_group:
             ranks = pp_group
@@ -429,6 +442,10 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
             "all_to_all": ("ep", "all-to-all collectives (taken as expert parallelism)"),
             "zero3": ("zero3", "DeepSpeed ZeRO-3's LinearFunctionForZeroStage3 / "
                                "Pre/PostBackwardFunction autograd functions")}
+    tp_note = _scalar_reductions(events)
+    if tp_note:
+        total["functional"] = 0
+        evidence.append(tp_note)
     for key, (strategy, text) in what.items():
         if total[key]:
             strategies.add(strategy)
@@ -495,8 +512,46 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
               else pd.DataFrame(columns=cols))
     order = {"dp": 0, "pp": 1, "tp": 2, "cp": 3, "ep": 4}
     dims = {k: int(dims[k]) for k in sorted(dims, key=lambda d: order.get(d, 9))}
+    group_dims = {tuple(g): d for m in member.values() for d, g in m.items() if d in dims}
+    if len(dims) == 1 and next(iter(dims.values())) == world:
+        group_dims[tuple(range(world))] = next(iter(dims))
     return InferredLayout(dims, sorted(strategies), pipeline, chunks, tuple(sorted(pp_ranks)),
-                          tuple(evidence), tuple(missing))
+                          tuple(evidence), tuple(missing), group_dims=group_dims)
+
+
+#: A functional all-reduce of at most this many bytes reduces scalars (the loss, token counts,
+#: per-parameter gradient norms: 4 bytes each, so up to 1,024 parameter tensors), not activations.
+SCALAR_BYTES = 4096
+#: ... and tensor parallelism issues more than this many per rank and step (two per layer in the
+#: forward and two in the backward of a model of three layers; trainers reduce 2-5 scalars a step).
+SCALAR_PER_STEP = 8
+
+
+def _scalar_reductions(events: pd.DataFrame | None) -> str | None:
+    """A line of evidence when the functional collectives are only scalar reductions — all-reduces
+    of at most :data:`SCALAR_BYTES` bytes, at most :data:`SCALAR_PER_STEP` per rank and profiled
+    step, no functional all-gather or reduce-scatter — which trainers run for the loss, token
+    counts and the gradient norm (torchtitan's ``dist_mean`` / ``dist_max``, DTensor's
+    ``full_tensor()`` of a norm): no evidence of tensor parallelism, whose functional collectives
+    move activations (all-reduces of ``batch × seq × hidden`` elements, or all-gathers and
+    reduce-scatters with sequence parallelism). None when they may be tensor parallelism, or when
+    ``events`` do not say (no events, unknown sizes)."""
+    if events is None or events.empty or "functional" not in events.columns:
+        return None
+    fn = events[events["functional"].astype(bool)]
+    if fn.empty or (fn["op"] != "all_reduce").any():
+        return None
+    size = pd.to_numeric(fn["bytes"], errors="coerce")
+    if size.isna().any() or (size > SCALAR_BYTES).any():
+        return None
+    stepped = fn[fn["step"] >= 0]
+    per = stepped.groupby(["rank", "step"]).size() if len(stepped) else pd.Series(dtype=int)
+    if len(per) and per.max() > SCALAR_PER_STEP:
+        return None
+    return (f"no tp: the {len(fn)} functional collectives are all-reduces of at most "
+            f"{int(size.max())} bytes, {int(per.max()) if len(per) else 0} or fewer per rank and "
+            f"step — the loss, token counts and gradient norm a trainer reduces, not tensor "
+            f"parallelism's activations")
 
 
 def _zero12(events: pd.DataFrame | None) -> str | None:

@@ -49,8 +49,9 @@ class LayoutResult:
 def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> LayoutResult:
     """The run's parallel layout from ``run.json``, the comms sidecars and rank metadata.
 
-    Traces from elsewhere carry less: process groups from ``distributedInfo.pg_config`` (with
-    dimension names taken from their descriptions, e.g. ``mesh_tp``), hosts unknown; dimensions,
+    Traces from elsewhere carry less: process groups from ``distributedInfo.pg_config`` (a group's
+    dimension is the inferred mesh's that holds it, never a name read off a description: size-1
+    and internal groups such as torchtitan's ``mesh_batch`` have none), hosts unknown; dimensions,
     strategies and the pipeline come from ``inferred`` (:func:`infer_layout.infer_layout`), and the
     result says so (``source``, ``evidence``, ``not_inferred``). A pardiag run keeps its recorded
     layout.
@@ -84,9 +85,8 @@ def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> 
                 key = (str(g.get("pg_name")), tuple(ranks))
                 if key not in seen:
                     seen.add(key)
-                    desc = str(g.get("pg_desc", ""))
-                    dim = desc.lower().removeprefix("mesh_") if desc.startswith("mesh_") else None
-                    rows.append((dim, str(g.get("pg_name")), desc, ranks))
+                    dim = inferred.dim_of_group(ranks) if inferred is not None else None
+                    rows.append((dim, str(g.get("pg_name")), str(g.get("pg_desc", "")), ranks))
     out = []
     for dim, pg, desc, ranks in rows:
         spanned = sorted({hosts[r] for r in ranks if r in hosts})
