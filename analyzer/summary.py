@@ -61,7 +61,7 @@ from .trace.load import default_workers, find_trace_files, parse_file, parse_fil
 from .trace.traceset import RankTrace
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
-SUMMARY_VERSION = 10
+SUMMARY_VERSION = 11
 #: Modules whose code decides what a summary holds (this one and every analyzer module it
 #: imports, directly or through them; ``tests/test_summary.py`` holds that): a summary made by
 #: other code is recomputed.

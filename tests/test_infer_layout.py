@@ -346,3 +346,89 @@ def test_microbatch_size_from_the_sent_activations(tmp_path):
     assert "under 1 sample each (global batch of 4 samples)" in mbs[16]["ruled_out"]
     assert not mbs[2]["ruled_out"] and mbs[2]["batch"]["microbatch"]["now"] == 1
     assert any("dim 0 of the activations stage 0 sends" in e for e in mbs[2]["evidence"])
+
+
+def test_gloo_point_to_point_peers_of_a_middle_stage(tmp_path):
+    """Stage 1 of 3 on gloo receives from 0, sends to 2, receives from 2, sends to 0; each
+    transfer is a c10d call (the peer in Concrete Inputs[2]) and a gloo:send / gloo:recv on the
+    calling thread. The i-th gloo:send takes the i-th c10d::send's peer (never a receive's), and
+    groups of one rank in pg_config (torchtitan lists one per unused mesh dimension) leave the
+    peers global."""
+    from pardiag.analyzer.analyses.comm_events import comm_events
+
+    pgc = [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2]},
+           {"pg_name": "1", "pg_desc": "mesh_tp", "ranks": [1]},
+           {"pg_name": "2", "pg_desc": "mesh_dp_replicate", "ranks": [1]}]
+    b = _rank(1, world=3)
+    for ts, (op, peer) in zip((10, 30, 50, 70), (("recv", 0), ("send", 2), ("recv", 2),
+                                                 ("send", 0))):
+        _p2p(b, op, peer, ts)
+        b.cpu(f"gloo:{op}", ts + 1, 5, cat="user_annotation")
+    ev = comm_events(load_traces(_write(tmp_path / "mid", [b], [pgc])))
+    ev = ev.sort_values("start_us")
+    assert list(zip(ev["op"], ev["peer"])) == [("recv", 0), ("send", 2), ("recv", 2), ("send", 0)]
+
+
+def test_functional_scalar_reductions_are_no_tensor_parallelism():
+    """FSDP alone under torchtitan: per rank and step five functional all-reduces of at most
+    228 bytes (token count, gradient norms, loss mean and max) — no tp. Tensor parallelism's
+    are all-gathers or reduce-scatters of activations, larger all-reduces, or many."""
+    import pandas as pd
+
+    from pardiag.analyzer.analyses.infer_layout import _scalar_reductions
+
+    def events(ops):
+        return pd.DataFrame([{"rank": r, "step": s, "op": op, "bytes": n, "functional": True}
+                             for r in (0, 1) for s in (4, 5) for op, n in ops])
+
+    scalars = [("all_reduce", 8), ("all_reduce", 228), ("all_reduce", 4), ("all_reduce", 4),
+               ("all_reduce", 8)]
+    line = _scalar_reductions(events(scalars))
+    assert line is not None and "20 functional collectives" in line and "228 bytes" in line
+    assert _scalar_reductions(events(scalars + [("all_gather", 131072)])) is None
+    assert _scalar_reductions(events(scalars + [("all_reduce", 8192)])) is None
+    assert _scalar_reductions(events([("all_reduce", 512)] * 9)) is None  # 9 a step: a TP model
+    assert _scalar_reductions(events([("all_reduce", float("nan"))])) is None  # sizes unknown
+    assert _scalar_reductions(None) is None
+
+
+def test_groups_of_unnamed_ops_from_the_mesh(tmp_path):
+    """A 2 × 2 mesh (mesh_fsdp [0,2]/[1,3], mesh_tp [0,1]/[2,3], size-1 groups of other
+    dimensions) whose gloo ops name no group: FSDP's c10d collectives are the rank's fsdp group's,
+    functional all-gathers and large all-reduces its tp group's, renumbered per group; functional
+    scalar reductions are the ambiguous group's and never matched; on a mesh of one dimension
+    nothing is renamed."""
+    import pandas as pd
+
+    from pardiag.analyzer.analyses.comm_events import AMBIGUOUS_GROUP, groups_from_mesh
+    from pardiag.analyzer.analyses.sync import match_instances
+
+    bs, pgs = [], []
+    for r in range(4):
+        bs.append(_rank(r, world=4))
+        pgs.append([{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
+                    {"pg_name": "1", "pg_desc": "mesh_fsdp", "ranks": [r % 2, r % 2 + 2]},
+                    {"pg_name": "2", "pg_desc": "mesh_tp", "ranks": [r // 2 * 2, r // 2 * 2 + 1]},
+                    {"pg_name": "3", "pg_desc": "mesh_pp", "ranks": [r]}])
+    traces = load_traces(_write(tmp_path / "mesh", bs, pgs))
+    ops = [("all_gather", 4096, False), ("all_gather", 2048, True), ("all_reduce", 8192, True),
+           ("reduce_scatter", 4096, False), ("all_reduce", 4, True)]
+    ev = pd.DataFrame([{"rank": r, "pg": "?", "group": "", "seq": i + 1, "native_seq": False,
+                        "op": op, "peer": None, "root": None, "start_us": 10.0 * i,
+                        "end_us": 10.0 * i + 5, "bytes": n, "group_size": 4, "step": 1,
+                        "source": "trace", "window": 0, "functional": f}
+                       for r in range(4) for i, (op, n, f) in enumerate(ops)])
+    out = groups_from_mesh(ev, traces)
+    r1 = out[out["rank"] == 1]
+    assert list(r1["group"]) == ["1,3|mesh_fsdp", "0,1|mesh_tp", "0,1|mesh_tp", "1,3|mesh_fsdp",
+                                 AMBIGUOUS_GROUP]
+    assert list(r1["seq"]) == [1, 1, 2, 2, 5] and list(r1["group_size"]) == [2, 2, 2, 2, 4]
+    m = match_instances(out)
+    assert m.loc[m["group"] == AMBIGUOUS_GROUP, "instance"].isna().all()
+    assert m.groupby("instance")["rank"].apply(sorted).map(tuple).value_counts().to_dict() == {
+        (0, 1): 2, (2, 3): 2, (0, 2): 2, (1, 3): 2}
+    # one dimension: the world's ops stay unnamed (matched over all ranks)
+    one = load_traces(_write(tmp_path / "one", bs[:2], [
+        [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]},
+         {"pg_name": "3", "pg_desc": "mesh_tp", "ranks": [r]}] for r in (0, 1)]))
+    assert groups_from_mesh(ev[ev["rank"] < 2], one)["group"].eq("").all()

@@ -209,8 +209,9 @@ def _gloo_p2p_peers(ev: pd.DataFrame, p2p: pd.DataFrame, world_group: bool) -> l
         return out
     for op, c10d in (("send", "c10d::send"), ("recv", "c10d::recv_")):
         calls = ev[ev["name"] == c10d]
-        for (pid, tid), idx in (p2p[p2p["name"] == f"gloo:{op}"]
-                                .groupby(["pid", "tid"]).indices.items()):
+        rows = np.flatnonzero((p2p["name"] == f"gloo:{op}").to_numpy())
+        for (pid, tid), pos in p2p.iloc[rows].groupby(["pid", "tid"]).indices.items():
+            idx = rows[pos]  # positions in p2p, where ``out`` holds them
             mine = calls[(calls["pid"] == pid) & (calls["tid"] == tid)]
             if len(mine) != len(idx):
                 continue  # cannot tell which call is which transfer
@@ -341,8 +342,10 @@ def _gloo_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
     is_p2p = np.array([o in ("send", "recv") for o in ops], dtype=bool)
     keep = on_worker | is_p2p  # collectives on the worker threads; send/recv on the caller's
     gl = gloo[keep]
-    world_group = bool(pg_count == 1 or (pg_ranks and world and all(
-        len(r) == world for r in pg_ranks.values()) and pg_count == len(pg_ranks)))
+    # pg_config lists the groups that hold the rank; one of them carries its point-to-point
+    # ops, and never one of a single rank (torchtitan lists one per unused mesh dimension)
+    multi = [r for r in pg_ranks.values() if len(r) > 1]
+    world_group = bool(pg_count == 1 or (multi and world and all(len(r) == world for r in multi)))
     peers: list = [None] * len(gl)
     p2p_rows = np.flatnonzero(is_p2p[keep])
     if len(p2p_rows):
@@ -394,4 +397,89 @@ def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
     frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame(columns=list(EVENT_COLUMNS))
-    return pd.concat(frames, ignore_index=True)[list(EVENT_COLUMNS)]
+    return groups_from_mesh(pd.concat(frames, ignore_index=True)[list(EVENT_COLUMNS)], traces)
+
+
+#: ``group`` of an op whose group the trace does not give on a mesh of two or more dimensions, and
+#: that what issued it does not place in one (:func:`groups_from_mesh`): never matched.
+AMBIGUOUS_GROUP = "?"
+#: A functional all-reduce of at most this many bytes reduces scalars (the loss, token counts,
+#: per-parameter gradient norms: 4 bytes each, up to 1,024 parameter tensors), not activations.
+SCALAR_BYTES = 4096
+
+
+def _mesh_groups(traces: TraceSet) -> dict[str, dict[int, list[int]]]:
+    """``{dim: {rank: its group's ranks}}`` of the mesh dimensions that one description names
+    (:func:`pardiag.analyzer.analyses.mesh.mesh_dims` over every rank's ``pg_config``), with the
+    description: ``{"tp": {0: [0, 1], ...}}``; products (``dp_replicate`` × ``dp_shard``) are left
+    out, since an op runs over one of their factors."""
+    from .mesh import mesh_dims
+
+    groups = [(str(g.get("pg_desc", "")), list(g["ranks"]))
+              for t in traces.ranks.values() for g in t.pg_config]
+    if not any(len(r) > 1 for _, r in groups):
+        return {}
+    world = max((len(r) for _, r in groups), default=0)
+    m = mesh_dims(groups, None, max(world, len(traces.ranks)))
+    out: dict[str, dict[int, list[int]]] = {}
+    for d, desc in m.descs.items():
+        if "," in desc:
+            continue
+        out[d] = {r: g[d] for r, g in m.member.items() if d in g}
+        out[d]["desc"] = desc
+    return out
+
+
+def groups_from_mesh(ev: pd.DataFrame, traces: TraceSet) -> pd.DataFrame:
+    """Name the group of ops whose trace does not (gloo traces of torchtitan: no
+    ``record_param_comms``, so no group ranks) from what issued them, where the device mesh of the
+    ranks' ``distributedInfo.pg_config`` leaves one choice:
+
+    * a functional collective that moves tensors (any but an all-reduce of at most
+      :data:`SCALAR_BYTES`) runs over the rank's ``tp`` group — DTensor's tensor-parallel
+      redistributions — when the mesh has tp and no cp (context parallelism also runs
+      functional collectives);
+    * any other collective (FSDP's, DDP's, ZeRO's c10d calls) runs over the rank's ``dp`` group
+      when the mesh's other dimensions are tp or pp only (their ops are functional or
+      point-to-point);
+    * an all-to-all runs over the ``ep`` group when the mesh has one.
+
+    What is left (functional scalar reductions: the loss over the batch dimensions, a gradient
+    norm over each) has :data:`AMBIGUOUS_GROUP` as its group: on a mesh of two dimensions or more
+    it is no collective of the world, and the matching leaves it out rather than join ranks that
+    it did not join. All ops of a run whose mesh has one dimension stay unnamed (its unnamed ops
+    are the world's). Renamed ops are numbered in their order per group and window (``seq``).
+    Returns a new frame with :data:`EVENT_COLUMNS`; ``ev`` is not changed.
+    """
+    unknown = (ev["group"].astype(str) == "") & ~ev["op"].isin(P2P_OPS)
+    if not unknown.any():
+        return ev
+    mesh = _mesh_groups(traces)
+    if len(mesh) < 2:
+        return ev
+    sub = ev[unknown]
+    fn = sub["functional"].astype(bool)
+    nbytes = pd.to_numeric(sub["bytes"], errors="coerce")
+    scalar = fn & (sub["op"] == "all_reduce") & ~(nbytes > SCALAR_BYTES)
+    dim = pd.Series(None, index=sub.index, dtype=object)
+    if "tp" in mesh and "cp" not in mesh:
+        dim[fn & ~scalar & (sub["op"] != "all_to_all")] = "tp"
+    if "dp" in mesh and set(mesh) <= {"dp", "tp", "pp"}:
+        dim[~fn & (sub["op"] != "all_to_all")] = "dp"
+    if "ep" in mesh:
+        dim[sub["op"] == "all_to_all"] = "ep"
+    out = ev.copy()
+    out.loc[sub.index, "group"] = AMBIGUOUS_GROUP
+    named = []
+    for i, d in dim.dropna().items():
+        ranks = mesh[d].get(int(ev.at[i, "rank"]))
+        if ranks:
+            out.at[i, "group"] = group_key(ranks, mesh[d]["desc"])
+            out.at[i, "group_size"] = len(ranks)
+            named.append(i)
+    if named:
+        rows = out.loc[named]
+        rows = rows[~rows["native_seq"].astype(bool)]
+        out.loc[rows.index, "seq"] = rows.sort_values("start_us", kind="stable").groupby(
+            ["rank", "group", "pg", "window"]).cumcount().reindex(rows.index) + 1
+    return out

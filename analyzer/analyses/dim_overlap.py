@@ -26,6 +26,7 @@ import pandas as pd
 from ..trace import intervals as iv
 from ..trace.traceset import TraceSet
 from .breakdown import rank_parts
+from .comm_events import group_key
 from .layout import LayoutResult
 from .sync import SyncResult
 
@@ -49,13 +50,20 @@ class DimOverlapResult:
     why_none: str = ""
 
 
-def _dim_of_groups(layout: LayoutResult, n_ranks: int) -> dict[str, str]:
-    out = {}
+def _dim_of_groups(layout: LayoutResult, n_ranks: int) -> tuple[dict[str, str], dict[str, str]]:
+    """``({pg name: dim}, {group identity: dim})``: a group's identity is its ranks with and
+    without its description (:func:`pardiag.analyzer.analyses.comm_events.group_key`), which every
+    member spells alike; names are each rank's creation order, the fallback."""
+    by_name, by_group = {}, {}
     for g in layout.groups.itertuples():
         dim = g.dim if isinstance(g.dim, str) and g.dim else (
             "world" if g.size == n_ranks else "other")
-        out[str(g.pg)] = dim
-    return out
+        by_name[str(g.pg)] = dim
+        ranks = list(g.ranks) if isinstance(g.ranks, (list, tuple)) else []
+        if ranks:
+            by_group[group_key(ranks, g.desc)] = dim
+            by_group.setdefault(group_key(ranks), dim)
+    return by_name, by_group
 
 
 def compute_dim_overlap(traces: TraceSet, sync: SyncResult, layout: LayoutResult,
@@ -73,11 +81,13 @@ def compute_dim_overlap(traces: TraceSet, sync: SyncResult, layout: LayoutResult
     if sync.per_rank is None or len(sync.per_rank) == 0:
         return DimOverlapResult(empty, empty_summary, "no collective was matched across ranks, "
                                 "so communication cannot be attributed to process groups")
-    dims = _dim_of_groups(layout, len(traces.ranks))
+    dims, by_group = _dim_of_groups(layout, len(traces.ranks))
     inst_pg = dict(zip(sync.instances["instance"], sync.instances["pg"].astype(str)))
-    pr = sync.per_rank.assign(pg=sync.per_rank["instance"].map(inst_pg))
+    inst_group = dict(zip(sync.instances["instance"], sync.instances["group"].astype(str)))
+    pr = sync.per_rank.assign(pg=sync.per_rank["instance"].map(inst_pg),
+                              group=sync.per_rank["instance"].map(inst_group))
     if dims:
-        pr["dim"] = pr["pg"].map(dims).fillna("other")
+        pr["dim"] = pr["group"].map(by_group).fillna(pr["pg"].map(dims)).fillna("other")
     else:
         pr["dim"] = pr["pg"].map(lambda p: "all" if p in ("?", "None", "nan") else f"pg {p}")
     offsets = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))

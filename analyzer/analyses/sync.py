@@ -42,7 +42,7 @@ from ..trace.classify import classify, profiler_steps
 from ..trace.traceset import TraceSet
 from .breakdown import rank_breakdown_rows
 from .clocks import ClockModel, fit_clocks, theil_sen, together_ends
-from .comm_events import comm_events
+from .comm_events import AMBIGUOUS_GROUP, comm_events
 from .op_semantics import FROM_ROOT, P2P_OPS, ROOTED, UNKNOWN, busbw_factor, semantics
 
 
@@ -171,6 +171,7 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
                    "pg" + ev["pg"].astype(str))
     ev["_gid"] = gid
     ev["cohort"] = ""
+    ambiguous = (ev["group"].astype(str) == AMBIGUOUS_GROUP).to_numpy()
     unknown = (ev["group"].astype(str) == "").to_numpy() & ~ev["op"].isin(P2P_OPS).to_numpy()
     for g, idx in ev[unknown].groupby("_gid").indices.items():
         rows = ev.index[unknown][idx]
@@ -186,7 +187,7 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
             ev.loc[rows, "group_size"] = size.where(size > 1, ev.loc[rows, "group_size"])
     p2p_op = ev["op"].isin(P2P_OPS).to_numpy()
     has_peer = ev["peer"].notna().to_numpy()
-    coll = ~p2p_op
+    coll = ~p2p_op & ~ambiguous
     key = pd.Series([None] * len(ev), index=ev.index, dtype=object)
     how = pd.Series([None] * len(ev), index=ev.index, dtype=object)
     sub = ev[coll]
@@ -610,9 +611,17 @@ def _matched_events(ev: pd.DataFrame) -> tuple[pd.DataFrame, str, list[str]]:
                      f"groups ({'; '.join('ranks ' + c for c in split[:6])}"
                      f"{'; ...' if len(split) > 6 else ''}) that no collective joins")
     unpaired = ev["instance"].isna()
-    if unpaired.any():
-        notes.append(f"{int(unpaired.sum())} point-to-point op(s) without a known peer were not "
-                     f"paired (never matched as a group collective)")
+    ambiguous = ev["group"].astype(str) == AMBIGUOUS_GROUP
+    if (unpaired & ~ambiguous).any():
+        notes.append(f"{int((unpaired & ~ambiguous).sum())} point-to-point op(s) without a known "
+                     f"peer were not paired (never matched as a group collective)")
+    if ambiguous.any():
+        ops = ev.loc[ambiguous, "op"].value_counts()
+        notes.append(f"{int(ambiguous.sum())} collective op(s) "
+                     f"({', '.join(f'{n} {o}' for o, n in ops.items())}) were not matched: the "
+                     f"traces do not give their group, and on this mesh it is not the world "
+                     f"(functional reductions of a few bytes — the loss, gradient norms — may "
+                     f"run over any of its dimensions)")
     return ev[~unpaired].copy(), matched_by, notes
 
 
