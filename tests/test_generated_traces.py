@@ -97,6 +97,29 @@ def test_theil_sen_is_sens_estimator():
     # no drift inside its own uncertainty: a flat cloud gives slope 0 and the median
     flat = rng.normal(0, 5, 200)
     assert fit_line(t, flat)[1] == 0.0
+    # no clock drifts 800 µs/s (NTP's tolerance is 500 ppm): ends that fit it are noise, and
+    # the offset is their median
+    fast = 800 * t + rng.normal(0, 5, 200)
+    assert fit_line(t, fast)[1] == 0.0
+    assert fit_line(t, fast)[0] == pytest.approx(float(np.median(fast)))
+
+
+def test_drift_counts_steps_not_ends():
+    """Ends within one profiler step share their noise: two steps of 100 ends each, the second
+    shifted 300 µs (a rank descheduled), fit a steep line point by point but are no drift; over
+    12 steps a true 40 µs/s drift is found through the steps' medians."""
+    rng = np.random.default_rng(2)
+    t = np.sort(rng.uniform(0, 2, 200))
+    steps = (t >= 1).astype(int)
+    d = np.where(steps == 1, 300.0, 0.0) + rng.normal(0, 5, 200)
+    assert fit_line(t, d)[1] != 0.0                  # the ends taken as independent
+    assert fit_line(t, d, steps)[1] == 0.0           # two steps: nothing to fit a drift to
+    t = np.sort(rng.uniform(0, 12, 600))
+    steps = t.astype(int)
+    d = 40 * t + rng.normal(0, 5, 600) + rng.normal(0, 20, 12)[steps]
+    assert fit_line(t, d, steps)[1] == pytest.approx(40.0, abs=4.0)
+    steps[:10] = -1                                  # a window's edge outside every step
+    assert fit_line(t, d, steps)[1] == pytest.approx(40.0, abs=4.0)
 
 
 def test_a_rank_whose_profiler_opens_late_is_not_a_straggler(tmp_path):

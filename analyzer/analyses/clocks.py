@@ -9,12 +9,14 @@ to the host's, and a drift that grows with the length of the trace (Kineto conve
 timestamps with one offset taken at start, so long traces drift). For each clock (a host's,
 where the hosts are known; else a rank's) the differences ``end − consensus end`` (the
 consensus: the median of the members' ends, after the previous pass's fit) are fitted by a line
-in time with
-the Theil–Sen estimator (median of pairwise slopes, with Sen's distribution-free interval from
-Kendall's S; Sen, J. Am. Stat. Assoc. 63 (1968) 1379 — as :func:`scipy.stats.theilslopes`
-computes it), robust to about 29% of the points being wrong. The drift is kept
-only when its 95% interval excludes 0; else the offset is the median difference. Rooted ops,
-point-to-point transfers and ops of unknown kind are never clock evidence.
+in time with the Theil–Sen estimator (median of pairwise slopes, with Sen's distribution-free
+interval from Kendall's S; Sen, J. Am. Stat. Assoc. 63 (1968) 1379 — as
+:func:`scipy.stats.theilslopes` computes it), robust to about 29% of the points being wrong;
+where the ends fall in profiler steps, through each step's median, since ends within one step
+share their noise. The drift is kept only when its 95% interval excludes 0 and it is at most
+:data:`MAX_DRIFT_US_PER_S` (no clock drifts faster: what fits faster is the noise of the ends,
+e.g. gloo ranks waking up on contended CPUs, not a clock); else the offset is the median
+difference. Rooted ops, point-to-point transfers and ops of unknown kind are never clock evidence.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ MAX_FIT_POINTS = 1000
 #: Fewer release-together ends than this, or a span shorter than this (s), fit no drift.
 MIN_DRIFT_POINTS = 8
 MIN_DRIFT_SPAN_S = 0.05
+#: A fitted drift beyond this (µs per s) is claimed for no clock: NTP's maximum frequency
+#: tolerance is 500 ppm (RFC 5905, §7.3), and Kineto's GPU-to-host conversions drift tens of µs
+#: per s (kineto#1082).
+MAX_DRIFT_US_PER_S = 500.0
+#: Where the ends fall in profiler steps, fewer steps than this fit no drift (a line through two
+#: steps' medians has no interval).
+MIN_DRIFT_STEPS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +99,19 @@ def theil_sen(t: np.ndarray, d: np.ndarray, z: float = 1.959964) -> tuple[float,
     return float(np.median(slopes)), float(slopes[lo]), float(slopes[hi])
 
 
-def fit_line(t_s: np.ndarray, d_us: np.ndarray) -> tuple[float, float, float, float]:
+def fit_line(t_s: np.ndarray, d_us: np.ndarray, blocks: np.ndarray | None = None
+             ) -> tuple[float, float, float, float]:
     """Robust line ``d = intercept + slope · t`` through a clock's differences.
 
-    ``t_s``: times (s since the model's ``t0``); ``d_us``: differences (µs). Theil–Sen with its
-    95% slope interval (:func:`theil_sen`); the slope is 0 when the interval holds
-    0, when there are fewer than :data:`MIN_DRIFT_POINTS` points or they span less than
+    ``t_s``: times (s since the model's ``t0``); ``d_us``: differences (µs); ``blocks``: the
+    profiler step of each point (-1 outside every step), or None. Theil–Sen with its 95% slope
+    interval (:func:`theil_sen`). Sen's interval takes the points' errors as independent, and
+    within a step they are not (a rank descheduled for a while shifts a run of its ends alike):
+    where most points fall in steps, the slope is fitted through each step's median time and
+    difference (the points outside steps sit out), so the interval counts steps, not ends, and
+    a drift needs at least :data:`MIN_DRIFT_STEPS` of them. The slope is 0 when the interval
+    holds 0, when it is above :data:`MAX_DRIFT_US_PER_S`, when there are fewer than
+    :data:`MIN_DRIFT_POINTS` points or steps too few, or they span less than
     :data:`MIN_DRIFT_SPAN_S`.
 
     Returns:
@@ -106,17 +122,26 @@ def fit_line(t_s: np.ndarray, d_us: np.ndarray) -> tuple[float, float, float, fl
     t, d = np.asarray(t_s, float)[ok], np.asarray(d_us, float)[ok]
     if not len(d):
         return np.nan, 0.0, np.nan, np.nan
+    tf, df = t, d
+    enough = len(d) >= MIN_DRIFT_POINTS
+    if blocks is not None:
+        b = np.asarray(blocks)[ok]
+        if (b >= 0).mean() >= 0.5:   # ends outside every step (a window's edges) sit out
+            inside = b >= 0
+            med = pd.DataFrame({"b": b[inside], "t": t[inside], "d": d[inside]}
+                               ).groupby("b").median()
+            tf, df = med["t"].to_numpy(), med["d"].to_numpy()
+            enough = enough and len(med) >= MIN_DRIFT_STEPS
     slope, half = 0.0, np.nan
-    if len(d) >= MIN_DRIFT_POINTS and np.ptp(t) >= MIN_DRIFT_SPAN_S:
-        if len(d) > MAX_FIT_POINTS:
-            pick = np.linspace(0, len(d) - 1, MAX_FIT_POINTS).astype(int)
-            tf, df = t[np.argsort(t)][pick], d[np.argsort(t)][pick]
-        else:
-            tf, df = t, d
+    if enough and np.ptp(tf) >= MIN_DRIFT_SPAN_S:
+        if len(df) > MAX_FIT_POINTS:
+            order = np.argsort(tf)
+            pick = np.linspace(0, len(df) - 1, MAX_FIT_POINTS).astype(int)
+            tf, df = tf[order][pick], df[order][pick]
         est, low, high = theil_sen(tf, df)
         if np.isfinite(est):
             half = (high - low) / 2
-            if not (low <= 0.0 <= high):
+            if not (low <= 0.0 <= high) and abs(est) <= MAX_DRIFT_US_PER_S:
                 slope = est
     intercept = float(np.median(d - slope * t))
     resid = float(np.median(np.abs(d - intercept - slope * t)))
@@ -145,6 +170,7 @@ def fit_clocks(rows: pd.DataFrame, unit: dict[int, object], t0_us: float, passes
     """
     end = rows["end_us"].to_numpy(dtype=float)
     units = rows["rank"].map(unit).to_numpy()
+    steps = rows["step"].to_numpy() if "step" in rows else None
     t = (end - t0_us) / 1e6
     fit: dict[object, tuple] = {}
     corrected = end.copy()
@@ -154,7 +180,8 @@ def fit_clocks(rows: pd.DataFrame, unit: dict[int, object], t0_us: float, passes
         fit = {}
         for u in pd.unique(units):
             m = units == u
-            fit[u] = (*fit_line(t[m], diff[m]), int(m.sum()))
+            fit[u] = (*fit_line(t[m], diff[m], None if steps is None else steps[m]),
+                      int(m.sum()))
         a = np.array([fit[u][0] for u in units])
         b = np.array([fit[u][1] for u in units])
         corrected = end - a - b * t
