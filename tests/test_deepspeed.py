@@ -106,8 +106,13 @@ def test_zero_rules_see_the_strategy(zero_run):
         # overlap_comm is evaluated; on a CPU its interval reaches the step (the reduction's
         # thread shares the rank's core), so it is not recommended
         assert kinds["zero_overlap"] in report["not_recommended"]
+        # the updated partitions are gathered whole whatever allgather_bucket_size: evaluated,
+        # predicted to change nothing, not recommended
+        gather = kinds["zero_allgather_bucket"]
+        assert gather in report["not_recommended"]
+        assert gather["predicted_step_us"] == gather["measured_step_us"]
     else:
-        assert "zero_bucket" not in kinds and "zero_overlap" not in kinds
+        assert not {"zero_bucket", "zero_overlap", "zero_allgather_bucket"} & kinds.keys()
         up = [c for c in changes if c["kind"] == "zero_stage"][0]
         assert up["predicted_step_us"] < up["measured_step_us"]   # one gather of two saved
 

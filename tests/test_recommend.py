@@ -1206,14 +1206,14 @@ def test_zero_rules_memory_and_time_are_the_papers():
     assert [round(static_at(s, psi, 2, 12, n) / 1e9, 1) for s in (0, 1, 2, 3)] == \
         [120.0, 31.4, 16.6, 1.9]
 
-    def ctx(stage, peak, cap, red=0.0, gat=0.0, outside=0.0):
+    def ctx(stage, peak, cap, red=0.0, gat=0.0, outside=0.0, **ds_extra):
         p_ = psi * 2 / (n if stage == 3 else 1)
         mem = _Obj(per_rank=pd.DataFrame([{
             "rank": 0, "params_bytes": p_, "grads_bytes": 0.0,
             "optimizer_state_bytes": 12 * psi / n, "static_bytes": 1.0}]))
         c = _ctx(settings={"deepspeed": {"stage": stage, "dp_size": n, "param_dtype": "float16",
                                          "reduce_bucket_size": int(5e8), "overlap_comm": True,
-                                         "gradient_accumulation_steps": 2}},
+                                         "gradient_accumulation_steps": 2, **ds_extra}},
                  memory=mem, capacity=cap,
                  peak=MeasuredPeak(peak_bytes=peak, static_bytes=None, definition=""))
         coll = c.breakdown.collectives   # two profiled steps
@@ -1222,7 +1222,7 @@ def test_zero_rules_memory_and_time_are_the_papers():
         if outside:
             c = dataclasses.replace(c, causes=_Obj(per_rank=pd.DataFrame([
                 {"rank": 0, "other_us": outside}])))
-        return {r.params["zero_stage"]: r for r in zero_changes(c)}
+        return {r.params.get("zero_stage", r.kind): r for r in zero_changes(c)}
 
     recs = ctx(1, 75 * G, 80 * G, red=1000.0, gat=500.0)
     assert set(recs) == {2} and recs[2].kind == "zero_shard"
@@ -1237,3 +1237,13 @@ def test_zero_rules_memory_and_time_are_the_papers():
     recs = ctx(3, 20 * G, 80 * G, red=2000.0, gat=2000.0, outside=800.0)
     assert (recs[2].predicted_low_us, recs[2].predicted_high_us) == pytest.approx((7700, 8500))
     assert recs[2].predicted_step_us == pytest.approx(8100)
+    # the all-gather bucket: DeepSpeed gathers the partitions whole whatever its size, so a
+    # bucket of the next power of ten above Ψ changes neither the step nor the peak; none at
+    # stage 3 (which does not use it)
+    gather = ctx(2, 20 * G, 80 * G, red=2000.0, gat=500.0,
+                 allgather_bucket_size=int(5e8))["zero_allgather_bucket"]
+    assert gather.params == {"allgather_bucket_size": int(1e10)}
+    assert (gather.predicted_step_us, gather.predicted_peak_bytes) == (
+        gather.measured_step_us, 20 * G)
+    assert "zero_allgather_bucket" not in ctx(3, 20 * G, 80 * G, red=2000.0, gat=2000.0,
+                                              allgather_bucket_size=int(5e8))

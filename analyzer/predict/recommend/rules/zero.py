@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO: the stage up or down, the reduce bucket against the model's size, and
+"""DeepSpeed ZeRO: the stage up or down, the reduce bucket against the model's size, the
+all-gather bucket (which changes nothing where torch has ``all_gather_into_tensor``), and
 overlapping the gradient reduction with the backward.
 
 Memory per rank (ZeRO, Rajbhandari et al., SC'20, §5 — Ψ parameters, N ranks, e bytes per
@@ -178,6 +179,36 @@ def _bucket_change(ctx: RuleContext, ds: dict, parts, measured: float) -> list[R
         params={"reduce_bucket_size": new})]
 
 
+def _allgather_change(ctx: RuleContext, ds: dict, parts, measured: float
+                      ) -> list[Recommendation]:
+    """``allgather_bucket_size`` at stages 1 and 2, evaluated so that nobody tunes it for
+    nothing: where torch has ``all_gather_into_tensor`` (every torch pardiag supports), DeepSpeed
+    gathers each parameter group's updated partitions in one call whatever the bucket
+    (``deepspeed/runtime/utils.py``: ``all_gather_dp_groups`` buckets only without it), so a
+    bucket the size of the model changes neither the step nor the memory."""
+    bucket = ds.get("allgather_bucket_size")
+    if not isinstance(bucket, int) or int(ds.get("stage") or 0) >= 3:
+        return []
+    psi = parts[0]
+    new = int(10 ** math.ceil(math.log10(psi)))
+    if new == bucket:
+        return []
+    c = ctx.breakdown.collectives
+    gathers = float(c.loc[c["collective"] == "all_gather", "count"].sum())
+    per = max(ctx.steps_per_rank, 1.0) * max(len(ctx.breakdown.totals), 1)
+    peak = ctx.peak.peak_bytes
+    return [Recommendation(
+        kind="zero_allgather_bucket", title="An all-gather bucket the size of the model",
+        change=f"zero_optimization.allgather_bucket_size {new:.0e} (now {bucket:.0e} elements)",
+        evidence=(f"{gathers / per:.1f} all-gather(s) of the updated partitions per rank and step",
+                  "DeepSpeed gathers each parameter group's partitions in one "
+                  "all_gather_into_tensor, whatever allgather_bucket_size (it buckets only "
+                  "where torch lacks that call)"),
+        caveats=(), measured_step_us=measured, predicted_step_us=measured,
+        measured_peak_bytes=peak, predicted_peak_bytes=peak,
+        params={"allgather_bucket_size": new})]
+
+
 def _overlap_change(ctx: RuleContext, ds: dict, parts, measured: float
                     ) -> list[Recommendation]:
     """``overlap_comm``: the gradient reductions run beside the backward; the exposed part of
@@ -226,4 +257,5 @@ def zero_changes(ctx: RuleContext) -> list[Recommendation]:
     if parts is None:
         return []
     return (_stage_changes(ctx, ds, parts, measured) + _bucket_change(ctx, ds, parts, measured)
+            + _allgather_change(ctx, ds, parts, measured)
             + _overlap_change(ctx, ds, parts, measured))
