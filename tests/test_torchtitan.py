@@ -165,13 +165,19 @@ def test_run_traces_alone(titan_run, tmp_path):
     plain.mkdir()
     for t in sorted(out.glob("rank*.trace.json*")):
         (plain / t.name).write_bytes(t.read_bytes())
-    lay = _report(plain, tmp_path)["layout"]
+    report = _report(plain, tmp_path)
+    lay = report["layout"]
     assert lay["source"] == "inferred from traces"
     assert (lay["dims"], lay["strategies"]) == (CONFIGS[name][2], CONFIGS[name][3])
     if name == "pp":
         pipe = lay["pipeline"]
         assert (pipe["schedule"], pipe["stages"], pipe["microbatches"]) == (
             "ScheduleInterleaved1F1B", 4, 4)
+        # the same advice as the recorded run: the sends show a microbatch of one sample
+        changes = report["recommendations"] + report["not_recommended"]
+        mbs = {c["params"]["microbatches"]: c for c in changes if c["kind"] == "microbatches"}
+        assert {m for m, c in mbs.items() if c["ruled_out"]} == {8, 16}
+        assert 2 in mbs and not mbs[2]["ruled_out"]
     elif name == "fsdp":  # the loss and gradient-norm all-reduces are functional, but no TP
         assert any(e.startswith("no tp:") for e in lay["evidence"])
 
