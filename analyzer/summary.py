@@ -331,20 +331,12 @@ def code_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _user_cache_root() -> Path:
-    env = os.environ.get("PARDIAG_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "pardiag"
-
-
 def summary_dirs(trace_path: Path) -> list[Path]:
     """Folders where the summary of ``trace_path`` may be, in lookup order: the trace folder's
     ``.pardiag-cache/``, then the user cache folder for that trace folder."""
     folder = Path(trace_path).resolve().parent
     digest = hashlib.sha1(str(folder).encode()).hexdigest()[:16]
-    return [folder / CACHE_DIRNAME, _user_cache_root() / digest]
+    return [folder / CACHE_DIRNAME, layout.user_cache_dir() / digest]
 
 
 def summary_file_name(trace_path: Path) -> str:

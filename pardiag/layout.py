@@ -70,6 +70,19 @@ _SIDECAR_RE = re.compile(
 _TRACE_RE = re.compile(r"^rank\d+\.trace\.json\.gz$")
 
 
+def user_cache_dir() -> Path:
+    """pardiag's folder in the user's cache: ``$PARDIAG_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/pardiag``, else ``~/.cache/pardiag`` (summaries of read-only trace
+    folders, the report page's packed plotly.js). Not created here."""
+    import os
+
+    env = os.environ.get("PARDIAG_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "pardiag"
+
+
 def sidecar_dir(run_dir: Path) -> Path:
     """The folder of ``run_dir`` that holds pardiag's sidecars (``run_dir/pardiag``)."""
     return Path(run_dir) / SIDECAR_DIR

@@ -24,3 +24,18 @@ def test_goal_chance_of_an_agreement_rate():
     # 3 of 5 (a run that misses the goal): a fresh 5 meet it a third of the time
     assert goal_chance(3, 5)["goal_chance"] == pytest.approx(0.6 ** 5 + 5 * 0.6 ** 4 * 0.4)
     assert goal_chance(20, 20)["goal_chance"] == 1.0
+
+
+def test_json_unchanged_finds_every_difference():
+    """benchmarks/json_unchanged.py: floats equal to 1e-9 relative and NaN equal to NaN pass;
+    a changed value, a missing key or a list of another length is named by its path."""
+    from benchmarks.json_unchanged import diff
+
+    a = {"x": 1.0, "n": float("nan"), "l": [1, {"k": "v"}], "s": "a"}
+    assert diff(a, {"x": 1.0 + 1e-12, "n": float("nan"), "l": [1, {"k": "v"}], "s": "a"}) == []
+    assert diff(a, {**a, "x": 1.001}) == [".x: 1.0 vs 1.001"]
+    assert diff(a, {**a, "l": [1, {"k": "w"}]}) == [".l[1].k: 'v' vs 'w'"]
+    assert diff(a, {**a, "l": [1]}) == [".l: 2 vs 1 items"]
+    b = dict(a)
+    del b["s"]
+    assert diff(a, b) == [".s: only in one"]

@@ -248,3 +248,20 @@ def test_a_report_json_in_the_run_folder_is_not_taken_for_a_trace(tmp_path):
     assert res.returncode == 2
     assert res.stderr.strip() == (f"pardiag: error: {run / 'summary.json'}: not a Kineto trace "
                                   "(a pardiag report's JSON)")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["report", "--help"], ["profile", "--help"],
+                                  ["compare", "--help"], ["--version"]])
+def test_help_imports_no_analysis_code(args):
+    """Asking for help starts fast: no pandas, plotly, numpy, torch or analysis code is
+    imported (each command imports what it needs when it runs)."""
+    code = ("import sys\n"
+            f"sys.argv = ['pardiag', *{args!r}]\n"
+            "from pardiag.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "heavy = ('pandas', 'plotly', 'numpy', 'torch', 'pardiag.analyzer.analyses',\n"
+            "         'pardiag.analyzer.render', 'pardiag.analyzer.report')\n"
+            "print(sorted(m for m in heavy if m in sys.modules), file=sys.stderr)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert res.stderr.strip().splitlines()[-1] == "[]", res.stderr

@@ -253,3 +253,29 @@ def test_sections_without_data_say_why(tmp_path):
         assert f"<p class='muted'>{html.escape(text, quote=True)}</p>" in sections[key], key
     # breakdown, per step, overlap per rank, where the step goes on the host and the device
     assert page.count('<div class="pd-plot"') == 5
+
+
+def test_packed_plotlyjs_is_compressed_once_per_version(tmp_path, monkeypatch):
+    """The page's packed plotly.js is compressed at first use into the user's cache folder and
+    read from there after; where that folder cannot be written, it is compressed in memory."""
+    import base64
+    import gzip
+
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    from pardiag.analyzer.render import page
+
+    monkeypatch.setenv("PARDIAG_CACHE_DIR", str(tmp_path / "cache"))
+    page._packed_plotlyjs.cache_clear()
+    packed = page._packed_plotlyjs()
+    assert gzip.decompress(base64.b64decode(packed)).decode() == get_plotlyjs()
+    kept = tmp_path / "cache" / f"plotly-{get_plotlyjs_version()}.min.js.gz.b64"
+    assert kept.read_text() == packed and [p.name for p in kept.parent.iterdir()] == [kept.name]
+    kept.write_text("c2VlbiBmcm9tIHRoZSBjYWNoZQ==")   # read back, not compressed again
+    page._packed_plotlyjs.cache_clear()
+    assert page._packed_plotlyjs() == "c2VlbiBmcm9tIHRoZSBjYWNoZQ=="
+    (tmp_path / "file").write_text("")   # a cache folder that cannot be made
+    monkeypatch.setenv("PARDIAG_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    page._packed_plotlyjs.cache_clear()
+    assert page._packed_plotlyjs() == packed
+    page._packed_plotlyjs.cache_clear()

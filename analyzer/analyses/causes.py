@@ -281,17 +281,22 @@ def excess_table(per_step: pd.DataFrame) -> pd.DataFrame:
     if per_step is None or per_step.empty or per_step["rank"].nunique() < 2:
         return pd.DataFrame(columns=list(EXCESS_COLUMNS))
     rows = []
-    for part in (*HOST_PARTS, *DEVICE_PARTS):
-        t = per_step.pivot_table(index="step", columns="rank", values=part, aggfunc="sum",
-                                 dropna=False)
-        t = t.dropna()
+    parts = [*HOST_PARTS, *DEVICE_PARTS]
+    # one pivot for every part (steps × (part, rank)), then each part's table in numpy
+    wide = per_step.pivot_table(index="step", columns="rank", values=parts, aggfunc="sum",
+                                dropna=False)
+    for part in parts:
+        if part not in wide.columns.get_level_values(0):
+            continue
+        t = wide[part].dropna()
         if t.empty:
             continue
-        for r in t.columns:
-            peers = t.drop(columns=r).median(axis=1)
-            rows.append({"rank": int(r), "part": part, "rank_us": float(t[r].median()),
-                         "peers_us": float(peers.median()),
-                         "excess_us": float((t[r] - peers).median())})
+        x = t.to_numpy(dtype=float)
+        for i, r in enumerate(t.columns):
+            peers = np.median(np.delete(x, i, axis=1), axis=1)
+            rows.append({"rank": int(r), "part": part, "rank_us": float(np.median(x[:, i])),
+                         "peers_us": float(np.median(peers)),
+                         "excess_us": float(np.median(x[:, i] - peers))})
     return pd.DataFrame(rows, columns=list(EXCESS_COLUMNS))
 
 

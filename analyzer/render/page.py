@@ -20,6 +20,7 @@ import functools
 import gzip
 import html
 import importlib.resources
+import os
 
 import numpy as np
 import orjson
@@ -28,6 +29,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
+from pardiag.layout import user_cache_dir
 from pardiag.version import __version__
 
 #: Colours of the four breakdown parts, shared by every breakdown chart.
@@ -193,8 +195,26 @@ def json_script(element_id: str, obj) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _packed_plotlyjs() -> str:
-    """plotly.min.js, gzip-compressed and base64-encoded (unpacked by the page)."""
-    return base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode("ascii")
+    """plotly.min.js, gzip-compressed and base64-encoded (unpacked by the page). Compressing it
+    takes a fifth of a second, so it is done once per plotly.js version and kept in the user's
+    cache folder (:func:`pardiag.layout.user_cache_dir`); where that folder cannot be written,
+    each report compresses it again."""
+    cached = user_cache_dir() / f"plotly-{get_plotlyjs_version()}.min.js.gz.b64"
+    try:
+        text = cached.read_text(encoding="ascii")
+        if text:
+            return text
+    except (OSError, UnicodeDecodeError):
+        pass
+    text = base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode("ascii")
+    try:  # written whole, then renamed: a page never reads half of it
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="ascii")
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return text
 
 
 @functools.lru_cache(maxsize=1)

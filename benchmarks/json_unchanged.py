@@ -1,0 +1,104 @@
+"""Did a change alter any result? The report JSON of every sample run and real trace, written
+once before and once after, compared key by key.
+
+    .venv/bin/python benchmarks/json_unchanged.py write OUT_DIR     # one JSON per input
+    .venv/bin/python benchmarks/json_unchanged.py compare BEFORE AFTER
+
+``write`` reports, without stored summaries (``cache=False``), every folder of
+``sample_traces/`` and of ``../shared/real_traces/`` (where it is), and writes
+``OUT_DIR/<set>__<name>.json`` (``report_json``; keys sorted). ``compare`` prints every path
+whose value differs between two such folders (floats equal to 1e-9 relative; the timing fields
+of :data:`TIMING_KEYS` skipped) and exits 1 when any does. Speed work must leave it silent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SETS = {"sample": REPO / "sample_traces", "real": REPO.parent / "shared" / "real_traces"}
+#: Keys whose values are times of the report itself, not of the run: none are written today;
+#: listed here so that a future one is named rather than silently compared.
+TIMING_KEYS: frozenset[str] = frozenset()
+
+
+def inputs() -> list[tuple[str, Path]]:
+    """``(name, folder)`` of every sample run and real trace folder present."""
+    out = []
+    for tag, root in SETS.items():
+        if root.is_dir():
+            out += [(f"{tag}__{p.name}", p) for p in sorted(root.iterdir()) if p.is_dir()]
+    return out
+
+
+def write(out: Path) -> None:
+    from pardiag.analyzer.report.registry import report_json
+    from pardiag.api import analyze
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, folder in inputs():
+        doc = report_json(analyze(folder, cache=False))
+        (out / f"{name}.json").write_text(json.dumps(doc, sort_keys=True, indent=1,
+                                                     default=str))
+        print(f"wrote {name}", flush=True)
+
+
+def diff(a, b, path: str = "") -> list[str]:
+    """Paths where ``a`` and ``b`` differ (floats to 1e-9 relative; NaN equals NaN)."""
+    if path.rsplit(".", 1)[-1] in TIMING_KEYS:
+        return []
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}.{k}: only in one" for k in sorted(a.keys() ^ b.keys())]
+        for k in sorted(a.keys() & b.keys()):
+            out += diff(a[k], b[k], f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} vs {len(b)} items"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) and isinstance(b, (int, float)) or \
+            isinstance(b, float) and isinstance(a, (int, float)):
+        if math.isnan(a) and math.isnan(b) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12):
+            return []
+        return [f"{path}: {a!r} vs {b!r}"]
+    return [] if a == b else [f"{path}: {a!r} vs {b!r}"[:300]]
+
+
+def compare(before: Path, after: Path) -> int:
+    bad = 0
+    names = sorted({p.name for p in before.glob("*.json")} | {p.name for p in after.glob("*.json")})
+    for name in names:
+        a, b = before / name, after / name
+        if not (a.exists() and b.exists()):
+            print(f"{name}: only in {'before' if a.exists() else 'after'}")
+            bad += 1
+            continue
+        d = diff(json.loads(a.read_text()), json.loads(b.read_text()))
+        for line in d[:20]:
+            print(f"{name}: {line}")
+        bad += bool(d)
+    print(f"{len(names) - bad} of {len(names)} reports unchanged")
+    return 1 if bad else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write")
+    w.add_argument("out", type=Path)
+    c = sub.add_parser("compare")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    args = ap.parse_args()
+    if args.cmd == "write":
+        write(args.out)
+        return 0
+    return compare(args.before, args.after)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
