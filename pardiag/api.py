@@ -31,8 +31,8 @@ class Report(_TypedReport):
     """The analysis of one run: one typed field per analysis (inherited from
     :class:`pardiag.analyzer.report.registry.Report`: ``traces``, ``time_breakdown``, ``sync``,
     ``inferred_layout``, ``pipeline``, ``balance``, ``causes``, ``memory``, ``layout``,
-    ``dim_overlap``, ``routing``, ``recommendations``), plus the tables a notebook reads most, the
-    figures, and the outputs.
+    ``dim_overlap``, ``critical_path``, ``routing``, ``recommendations``), plus the tables a
+    notebook reads most, the figures, and the outputs.
 
     Units everywhere: durations in µs (``*_us``), sizes in bytes (``*_bytes``), bandwidth in
     GB/s (10⁹ B/s, ``*_gbps``), shares in % (``*_pct``: ``overlap_pct`` of communication time,
@@ -101,6 +101,17 @@ class Report(_TypedReport):
         the lowest rank), ``residual_us`` (not subtracted: ranks on one host share a clock),
         ``instances`` (complete collectives used), ``host``."""
         return self.sync.offsets
+
+    @property
+    def path(self) -> pd.DataFrame:
+        """The cross-rank critical path of every profiled step
+        (:mod:`pardiag.analyzer.analyses.critical_path`), latest segment first: ``step``,
+        ``rank``, ``start_us``, ``end_us`` (aligned clock), ``dur_us``, ``kind`` (``"work"``:
+        the rank's time between communication it waited for, ``compute_us`` of it computing,
+        ``other_us`` the rest; ``"communication"``: a collective's or transfer's time from its
+        last arrival, ``op``, ``dim``, ``instance``). Shares, slack and replay:
+        :attr:`critical_path`."""
+        return self.critical_path.segments
 
     @property
     def bubbles(self) -> pd.DataFrame:

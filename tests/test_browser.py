@@ -25,7 +25,7 @@ ARTIFACTS = REPO / "test-artifacts"
 #: Figures each shipped sample's report draws.
 #: (pp_1f1b_cpu_4rank overlaps nothing: both overlap charts are a sentence instead.)
 # the 1F1B pipeline computes while some of its sends are in flight: its overlap charts are drawn
-SAMPLES = {"ddp_cpu_2rank": 9, "pp_1f1b_cpu_4rank": 10, "fsdp_tp_2d_cpu_4rank": 9}
+SAMPLES = {"ddp_cpu_2rank": 10, "pp_1f1b_cpu_4rank": 11, "fsdp_tp_2d_cpu_4rank": 10}
 
 
 def _unavailable(why: str):
@@ -187,7 +187,7 @@ def test_64_ranks_render(browser, tmp_path):
     assert out.stat().st_size <= 5_000_000
     page, errors = _open(browser, out)
     assert errors == []
-    _check_drawn(page, 11)
+    _check_drawn(page, 12)
     heat = page.evaluate("document.querySelectorAll('g.hm').length")
     assert heat == 3  # exposed-comm and idle per rank × step, waits per rank × instance
     _check_labels(page)  # 64 rank labels, 480 instances binned into 200 labelled columns
@@ -202,7 +202,7 @@ def test_hostile_trace_runs_no_script(browser, tmp_path):
     out.write_text(render_html(rep), encoding="utf-8")
     page, errors = _open(browser, out)
     assert errors == []
-    _check_drawn(page, 7)  # no overlap planted: both overlap charts are a sentence
+    _check_drawn(page, 8)  # no overlap planted: both overlap charts are a sentence
     for header in page.locator("table.pd-sort th").all()[:6]:
         header.click()  # the sort script must not bring anything to life either
     assert page.evaluate("typeof window.__pwned") == "undefined"
@@ -238,7 +238,7 @@ def test_single_rank_report_renders(browser, tmp_path):
     assert CliRunner().invoke(cli, ["report", str(tmp_path), "-o", str(out), "-q"]).exit_code == 0
     page, errors = _open(browser, out)
     assert errors == []
-    _check_drawn(page, 5)
+    _check_drawn(page, 6)
     page.close()
 
 

@@ -94,8 +94,8 @@ def test_hostile_strings_are_escaped_in_the_source(tmp_path):
     tags = _scripts(page)
     n_figs = page.count('<div class="pd-plot"')
     # its communication never overlaps: both overlap charts are a sentence; + where the step
-    # goes on the host (a CPU run: no device chart)
-    assert n_figs == 7
+    # goes on the host (a CPU run: no device chart); the critical path of a step
+    assert n_figs == 8
     assert tags.count("<script>") == 1
     assert sum(t.startswith('<script type="application/json" id="pd-') for t in tags) == n_figs + 1
     assert len(tags) == n_figs + 3
@@ -169,7 +169,10 @@ def test_terminal_prints_verdict_and_recommendations_first(tmp_path):
     render_terminal(rep, con)
     lines = con.export_text().splitlines()
     assert lines[0] == "Verdict: Idle is 30% of the step [bold]."
-    assert lines[1].strip() == "Top recommendations (1 of 1)"
+    # the critical path's sentence: one rank, its step of 100 µs, 50 of them computing
+    assert lines[1] == ("Critical path (1 step; 0.10 ms of the 0.10 ms step, median): 50% rank "
+                        "0's computation, 50% rank 0's other time.")
+    assert lines[2].strip() == "Top recommendations (1 of 1)"
     row = next(line for line in lines if "[red]x" in line)
     assert [c.strip() for c in row.split("│")[1:-1]] == [
         "1", "[red]x", "microbatches 16", "40.000 ±1.500 → 30.000", "25.0", "512.0 → 640.0"]
@@ -251,8 +254,9 @@ def test_sections_without_data_say_why(tmp_path):
     }
     for key, text in why.items():
         assert f"<p class='muted'>{html.escape(text, quote=True)}</p>" in sections[key], key
-    # breakdown, per step, overlap per rank, where the step goes on the host and the device
-    assert page.count('<div class="pd-plot"') == 5
+    # breakdown, per step, overlap per rank, where the step goes on the host and the device,
+    # the critical path (one rank: its step window)
+    assert page.count('<div class="pd-plot"') == 6
 
 
 def test_packed_plotlyjs_is_compressed_once_per_version(tmp_path, monkeypatch):

@@ -50,7 +50,7 @@ class DimOverlapResult:
     why_none: str = ""
 
 
-def _dim_of_groups(layout: LayoutResult, n_ranks: int) -> tuple[dict[str, str], dict[str, str]]:
+def dims_of_groups(layout: LayoutResult, n_ranks: int) -> tuple[dict[str, str], dict[str, str]]:
     """``({pg name: dim}, {group identity: dim})``: a group's identity is its ranks with and
     without its description (:func:`pardiag.analyzer.analyses.comm_events.group_key`), which every
     member spells alike; names are each rank's creation order, the fallback."""
@@ -81,7 +81,7 @@ def compute_dim_overlap(traces: TraceSet, sync: SyncResult, layout: LayoutResult
     if sync.per_rank is None or len(sync.per_rank) == 0:
         return DimOverlapResult(empty, empty_summary, "no collective was matched across ranks, "
                                 "so communication cannot be attributed to process groups")
-    dims, by_group = _dim_of_groups(layout, len(traces.ranks))
+    dims, by_group = dims_of_groups(layout, len(traces.ranks))
     inst_pg = dict(zip(sync.instances["instance"], sync.instances["pg"].astype(str)))
     inst_group = dict(zip(sync.instances["instance"], sync.instances["group"].astype(str)))
     pr = sync.per_rank.assign(pg=sync.per_rank["instance"].map(inst_pg),

@@ -39,6 +39,7 @@ SECTIONS = (
     ("breakdown", "Time breakdown per rank and step"),
     ("overlap", "Overlap per rank and per dimension"),
     ("stragglers", "Stragglers and synchronization"),
+    ("critical_path", "Cross-rank critical path"),
     ("causes", "Why ranks are slow or idle"),
     ("pipeline", "Pipeline bubbles"),
     ("imbalance", "Load imbalance"),
@@ -384,6 +385,9 @@ def _verdict_section(report: Report) -> list[str]:
         return out
     if getattr(rec, "verdict", ""):
         out.append(f"<p class='verdict'>{escape(rec.verdict)}</p>")
+    path = report.critical_path.describe()
+    if path:
+        out.append(f"<p>{escape(path)}.</p>")
     recs = list(getattr(rec, "recommendations", ()) or ())
     if not recs:
         out.append(muted(rec.why_none or "No recommendations computed."))
@@ -804,6 +808,65 @@ def _pipeline_section(report: Report, page: Page) -> list[str]:
     return out
 
 
+def critical_path_figure(segments: pd.DataFrame, step: int) -> go.Figure:
+    """One step's critical path on the ranks' timeline: a bar per segment on its rank's row
+    (ms from the step's first segment), work in the rank's colour of computation, transfers in
+    communication's; each jump between ranks happens at a communication segment's start."""
+    seg = segments[segments["step"] == step].iloc[::-1]
+    t0 = float(seg["start_us"].min()) if len(seg) else 0.0
+    fig = go.Figure()
+    for kind, color in (("work", PART_COLORS["compute only"]),
+                        ("communication", PART_COLORS["exposed comm"])):
+        g = seg[seg["kind"] == kind]
+        if g.empty:
+            continue
+        text = [(f"{o} ({d})" if kind == "communication" else
+                 f"compute {c / 1000:.2f} ms, other {x / 1000:.2f} ms")
+                for o, d, c, x in zip(g["op"], g["dim"], g["compute_us"], g["other_us"])]
+        fig.add_bar(y=[f"rank {int(r)}" for r in g["rank"]],
+                    x=(g["dur_us"] / 1000).tolist(), base=((g["start_us"] - t0) / 1000).tolist(),
+                    orientation="h", name=kind, marker_color=color, hovertext=text,
+                    hoverinfo="text+x")
+    fig.update_layout(title=f"Step {step}: the critical path across ranks", barmode="overlay",
+                      xaxis_title="ms from the path's start",
+                      height=160 + 30 * seg["rank"].nunique(),
+                      yaxis={"categoryorder": "category descending"})
+    return fig
+
+
+def _critical_path_section(report: Report, page: Page) -> list[str]:
+    cp = report.critical_path
+    out = [_h2("critical_path")]
+    if cp.steps.empty or cp.segments.empty:
+        out.append(muted(f"No critical path: {cp.why_none or 'no step has a path'}."))
+        return out
+    out.append(f"<p>{escape(cp.describe())}.</p>")
+    steps = cp.steps
+    median_step = int(steps.iloc[(steps["path_us"] - steps["path_us"].median()).abs().argmin()]
+                      ["step"])
+    out.append(page.fig(critical_path_figure(cp.segments, median_step)))
+    out.append(table(in_ms(cp.shares, ["us"]), {
+        "part": "part", "rank": "rank", "dim": "dimension", "us": "on the path (ms, all steps)",
+        "share_pct": "share %"}, left=("part", "dim"), digits=3, sortable=True, what="parts"))
+    out.append(table(in_ms(steps, ["measured_us", "path_us", "replay_us"]), {
+        "step": "step", "measured_us": "step (ms)", "path_us": "path (ms)",
+        "replay_us": "replayed (ms)", "replay_error_pct": "replay error %",
+        "joins": "communication joins"}, digits=3, sortable=True, what="steps"))
+    out.append(table(in_ms(cp.slack, ["slack_us"]), {
+        "rank": "rank", "steps": "steps", "slack_us": "slack (ms, median)",
+        "on_path_steps": "steps on the path"}, digits=3, sortable=True, what="ranks"))
+    out.append(muted("The path walks back from the step's last end: a rank's work since the "
+                     "last communication it waited for, that communication from its last "
+                     "arrival, the last-arriving rank's work before it, and so on. Slack: how "
+                     "much later a rank could have arrived without moving the step's end. The "
+                     "replay recomputes each step from the same graph; unchanged it must match "
+                     "the step (a check of the graph). 'Other' work is host time, launches, "
+                     "idle and communication the rank did not wait for."))
+    for note in cp.notes:
+        out.append(muted(note))
+    return out
+
+
 def _imbalance_section(report: Report) -> list[str]:
     bal = report.balance
     out = [_h2("imbalance")]
@@ -1114,6 +1177,7 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
     body += _breakdown_section(report, page)
     body += _overlap_section(report, page)
     body += _stragglers_section(report, page)
+    body += _critical_path_section(report, page)
     body += _causes_section(report, page)
     body += _pipeline_section(report, page)
     body += _imbalance_section(report)

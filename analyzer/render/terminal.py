@@ -137,6 +137,9 @@ def render_recommendations(report: Report, console: Console) -> None:
         console.print("Verdict: no recommendations computed.", markup=False, highlight=False)
         return
     console.print(Text("Verdict: ", style="bold") + Text(rec.verdict or "–"))
+    path = report.critical_path
+    console.print(Text(f"{path.describe()}." if path.describe() else
+                       f"Critical path: none ({path.why_none or 'no step has one'})."))
     recs = list(rec.recommendations or ())
     if not recs:
         console.print(Text(f"No recommendations: {rec.why_none or 'none computed'}."))

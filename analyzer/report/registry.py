@@ -19,6 +19,7 @@ import pandas as pd
 from ..analyses.breakdown import TimeBreakdown, compute_time_breakdown
 from ..analyses.causes import CausesResult, compute_causes
 from ..analyses.comm_events import P2P_OPS, comm_events
+from ..analyses.critical_path import CriticalPathResult, compute_critical_path
 from ..analyses.dim_overlap import DimOverlapResult, compute_dim_overlap
 from ..analyses.hta_extras import HtaExtras, compute_hta_extras, hta_json
 from ..analyses.imbalance import BalanceResult, compute_balance
@@ -183,6 +184,21 @@ def _pipeline(traces: TraceSet, opts: AnalysisOptions, done: dict) -> PipelineRe
                             done["time_breakdown"].steps, p2p, inferred)
 
 
+#: At most this many path segments in the JSON (the latest steps' first).
+MAX_JSON_PATH_SEGMENTS = 2000
+
+
+def _critical_path_json(r: CriticalPathResult, traces: TraceSet) -> dict:
+    """``{"critical_path": {"summary", "steps", "shares", "slack", "segments",
+    "segments_total", "notes", "note"}}`` (:class:`CriticalPathResult`; µs, %)."""
+    return {"critical_path": {
+        "summary": r.describe() or None, "steps": records(r.steps),
+        "shares": records(r.shares), "slack": records(r.slack),
+        "segments": records(r.segments.tail(MAX_JSON_PATH_SEGMENTS)),
+        "segments_total": len(r.segments), "notes": list(r.notes),
+        "note": r.why_none or None}}
+
+
 def _dim_overlap_json(r: DimOverlapResult, traces: TraceSet) -> dict:
     return {"overlap_per_dimension": {"summary": records(r.summary),
                                       "per_rank": records(r.per_rank),
@@ -245,6 +261,9 @@ ANALYSES: tuple[Analysis, ...] = (
              lambda r, traces: {"setup": r.to_json()}),
     Analysis("dim_overlap", lambda traces, opts, done: compute_dim_overlap(
         traces, done["sync"], done["layout"], opts.comm_patterns), _dim_overlap_json),
+    Analysis("critical_path", lambda traces, opts, done: compute_critical_path(
+        traces, done["time_breakdown"], done["sync"], done["layout"], opts.comm_patterns),
+             _critical_path_json),
     Analysis("routing", lambda traces, opts, done: compute_routing(
         traces, done["sync"], done["layout"]), _routing_json),
     Analysis("recommendations", lambda traces, opts, done: compute_recommendations(traces, done),
@@ -279,6 +298,8 @@ class Report:
         memory: static and peak memory per rank (:class:`MemoryResult`).
         layout: dimensions, strategies, groups, nodes (:class:`LayoutResult`).
         dim_overlap: overlap per parallel dimension (:class:`DimOverlapResult`).
+        critical_path: the cross-rank critical path of each step, its slack and replay
+            (:class:`CriticalPathResult`).
         recommendations: verdict and ranked changes (:class:`RecommendationResult`).
         operators: time per GPU kernel and CPU operator name (:class:`OperatorsResult`).
         routing: expert-parallel routing imbalance from the all-to-alls' split sizes
@@ -298,6 +319,7 @@ class Report:
     memory: MemoryResult
     layout: LayoutResult
     dim_overlap: DimOverlapResult
+    critical_path: CriticalPathResult
     recommendations: RecommendationResult
     operators: OperatorsResult
     setup: RunSetup

@@ -1,0 +1,384 @@
+"""The cross-rank critical path of each profiled step, and its replay.
+
+A step ends when its last rank ends; what made that rank end then is the chain of dependent work,
+across ranks, behind it. This module builds that chain at the granularity of the matched
+communication (:mod:`pardiag.analyzer.analyses.sync`), from what every rank's summary holds (its
+computation and communication interval sets, its step windows), so it works on CPU/gloo and GPU
+traces alike and from stored summaries:
+
+* **joins**: every complete instance of more than one rank (a collective, or a send and its
+  receive). A member is *blocked* at a join when its exposed communication (communication not
+  under its own computation) runs up to the instance's end: its next work starts at that end.
+  A member that computed meanwhile (an async all-reduce under the backward) is not blocked: the
+  join sets nothing of its timeline, though its arrival still counts toward the join's release.
+* **release**: a join ends for all its members after its last member has arrived; the transfer
+  is the time from that last arrival to each member's end (per member, measured).
+* **work**: on each rank, the time from its previous blocked join's end (or its step's start) to
+  its next arrival or its step's end; split into its computation (|K ∩ piece|) and the rest (host
+  work, launches, idle, communication it did not wait for).
+
+**The path** (per step) walks back from the step's last end (the rank whose step window ends
+last, on the aligned clock): the rank's work since its last blocked join, then that join's
+transfer, then — at the join's last arrival — the last-arriving rank's work before it, and so on
+until a rank's step start. **Slack** of a rank in a step: how much later it could have arrived
+without moving anything: the least, over its joins in the step, of the last arrival less its
+own, and the step's end less its own end. On the path it is 0.
+
+**Replay** recomputes the step from the same graph after scaling chosen work (a rank's
+computation, a dimension's transfers): arrivals move with the work before them, each join's
+release with its last arrival, each blocked member's next work with the release. The unchanged
+graph reproduces the measured step (a check of the graph, not a prediction). This is the model
+of Lumos (Liang et al., MLSys'25: a dependency graph rebuilt from per-rank traces, replayed, and
+edited for what-ifs) at the granularity of communication ops, not kernels.
+
+What the traces cannot tell is said, not guessed: communication that no instance matches (its
+peers absent, its group unknown) is work of its rank, not a join; a rank without any join is on
+the path only where its own step ends last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from ..trace import intervals as iv
+from ..trace.traceset import TraceSet
+from .breakdown import TimeBreakdown, rank_parts
+from .dim_overlap import dims_of_groups
+from .layout import LayoutResult
+from .sync import SyncResult
+
+#: A member is blocked at a join when its exposed communication ends at most this long (µs)
+#: before the instance's end (the wait that follows a gloo worker's op ends just after it).
+BLOCKED_TOL_US = 20.0
+#: Columns of :attr:`CriticalPathResult.segments`.
+SEGMENT_COLUMNS = ("step", "rank", "start_us", "end_us", "dur_us", "kind", "compute_us",
+                   "other_us", "op", "dim", "instance")
+#: Columns of :attr:`CriticalPathResult.steps`.
+STEP_COLUMNS = ("step", "start_us", "end_us", "measured_us", "path_us", "replay_us",
+                "replay_error_pct", "joins")
+#: Columns of :attr:`CriticalPathResult.slack`.
+SLACK_COLUMNS = ("rank", "steps", "slack_us", "on_path_steps")
+#: Columns of :attr:`CriticalPathResult.shares`.
+SHARE_COLUMNS = ("part", "rank", "dim", "us", "share_pct")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Join:
+    instance: str
+    op: str
+    dim: str
+    arrival: dict          # rank -> arrival (µs, aligned clock)
+    end: dict              # rank -> end (µs, aligned clock)
+    blocked: frozenset     # ranks whose next work starts at their end
+
+    @property
+    def last(self) -> int:
+        return max(self.arrival, key=lambda r: (self.arrival[r], -r))
+
+    @property
+    def last_arrival(self) -> float:
+        return max(self.arrival.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """One step's graph: per rank its start and end (aligned clock), its joins in arrival order,
+    and its computation intervals (aligned)."""
+
+    step: int
+    start: dict            # rank -> start
+    end: dict              # rank -> end
+    joins: tuple           # _Join, by last arrival
+    k: dict                # rank -> computation intervals (aligned, clipped to the step)
+
+    def anchors(self, rank: int) -> list[tuple[float, _Join | None]]:
+        """The rank's anchors in time order: its step start (no join), then the end of each
+        join it is blocked at."""
+        out: list[tuple[float, _Join | None]] = [(self.start[rank], None)]
+        for j in self.joins:
+            if rank in j.blocked:
+                out.append((j.end[rank], j))
+        return out
+
+    def work(self, rank: int, lo: float, hi: float) -> tuple[float, float]:
+        """(computation µs, the rest µs) of the rank's time ``[lo, hi]``."""
+        if hi <= lo:
+            return 0.0, 0.0
+        comp = iv.total(iv.clip(self.k[rank], lo, hi))
+        return comp, (hi - lo) - comp
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticalPathResult:
+    """Result of :func:`compute_critical_path`.
+
+    Attributes:
+        segments: the path of every step, latest first: :data:`SEGMENT_COLUMNS` — ``kind``
+            ``"work"`` (a rank's time between joins: ``compute_us`` of computation,
+            ``other_us`` of the rest) or ``"communication"`` (a join's transfer on ``rank``'s
+            side: ``op``, ``dim`` of its group, ``instance``); µs on the aligned clock.
+        steps: per step: :data:`STEP_COLUMNS` — ``start_us``/``end_us`` (the earliest start and
+            latest end over the ranks, aligned), ``measured_us`` (end − start), ``path_us``
+            (the path's length), ``replay_us`` (the unchanged graph replayed: its latest end
+            less ``start_us``), ``replay_error_pct``, ``joins``.
+        shares: the path's time over all steps by part: :data:`SHARE_COLUMNS` — ``part``
+            ``"compute"`` / ``"other"`` per ``rank``, ``"communication"`` per ``dim``;
+            ``share_pct`` of the summed path length.
+        slack: per rank: :data:`SLACK_COLUMNS` — ``slack_us`` the median over steps of its
+            slack (how much later it could arrive anywhere in the step without moving the
+            step's end), ``on_path_steps`` in how many steps the path crosses it.
+        notes: what was left out, and why.
+        why_none: why there is no path ("" when there is one).
+    """
+
+    segments: pd.DataFrame
+    steps: pd.DataFrame
+    shares: pd.DataFrame
+    slack: pd.DataFrame
+    notes: tuple[str, ...] = ()
+    why_none: str = ""
+    graphs: tuple = dataclasses.field(default=(), repr=False)
+
+    def describe(self) -> str:
+        """One sentence: the path's largest parts and the ranks with the most slack, e.g.
+        "Critical path (3 steps; 1.00 ms of the 1.00 ms step, median, range 1.00–1.00): 80% rank
+        1's computation, 15% rank 1's other time, 5% dp communication; slack: rank 0 0.05 ms"
+        ("other time": host work, launches, idle, communication the rank did not wait for); ""
+        without a path."""
+        if self.shares.empty or self.steps.empty:
+            return ""
+        parts = []
+        for row in self.shares.head(3).itertuples(index=False):
+            if row.part == "communication":
+                what = f"{row.dim} communication"
+            else:
+                what = (f"rank {int(row.rank)}'s "
+                        + ("computation" if row.part == "compute" else "other time"))
+            parts.append(f"{row.share_pct:.0f}% {what}")
+        st = self.steps
+        spread = (f", range {st['path_us'].min() / 1000:.2f}–{st['path_us'].max() / 1000:.2f}"
+                  if len(st) > 1 else "")
+        text = (f"Critical path ({len(st)} step{'s' if len(st) != 1 else ''}; "
+                f"{st['path_us'].median() / 1000:.2f} ms of the "
+                f"{st['measured_us'].median() / 1000:.2f} ms step, median{spread}): "
+                + ", ".join(parts))
+        slack = self.slack[self.slack["slack_us"] > 0].sort_values("slack_us", ascending=False)
+        if len(slack):
+            text += "; slack: " + ", ".join(f"rank {int(r)} {v / 1000:.2f} ms" for r, v in
+                                           zip(slack["rank"].head(3), slack["slack_us"].head(3)))
+        return text
+
+    def replay(self, compute_scale: dict | None = None,
+               comm_scale: dict | None = None) -> pd.DataFrame:
+        """Each step replayed with the ranks' computation scaled (``{rank: factor}``) and the
+        transfers of some dimensions scaled (``{dim: factor}``).
+
+        Returns:
+            per step: ``step``, ``measured_us``, ``replay_us`` (the unchanged graph),
+            ``predicted_us`` (µs, the changed one).
+        """
+        rows = []
+        for g in self.graphs:
+            base = _replay(g, {}, {})
+            new = _replay(g, compute_scale or {}, comm_scale or {})
+            start = min(g.start.values())
+            rows.append({"step": g.step, "measured_us": max(g.end.values()) - start,
+                         "replay_us": base - start, "predicted_us": new - start})
+        return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
+
+
+def _empty(why: str, notes=()) -> CriticalPathResult:
+    return CriticalPathResult(pd.DataFrame(columns=list(SEGMENT_COLUMNS)),
+                              pd.DataFrame(columns=list(STEP_COLUMNS)),
+                              pd.DataFrame(columns=list(SHARE_COLUMNS)),
+                              pd.DataFrame(columns=list(SLACK_COLUMNS)), tuple(notes), why)
+
+
+def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
+            layout: LayoutResult, comm_patterns) -> tuple[list[_Step], list[str]]:
+    notes: list[str] = []
+    offsets = dict(zip(sync.offsets["rank"].astype(int), sync.offsets["offset_us"].astype(float)))
+    parts = {}
+    for r in sorted(int(x) for x in traces.ranks):
+        p = rank_parts(traces.ranks[r], list(comm_patterns), None)
+        off = offsets.get(r, 0.0)
+        k = p.k - off if len(p.k) else p.k.reshape(-1, 2)
+        exposed = iv.subtract(p.c, p.k) - off if len(p.c) else p.c.reshape(-1, 2)
+        parts[r] = (k, exposed)
+    by_name, by_group = dims_of_groups(layout, len(traces.ranks))
+    inst = sync.instances
+    pr = sync.per_rank
+    if inst is None or inst.empty or pr is None or pr.empty:
+        members = pd.DataFrame(columns=["instance", "rank", "start_us", "end_us"])
+    else:
+        ok = inst[inst["complete"].astype(bool) & (inst["ranks"] > 1)]
+        members = pr[pr["instance"].isin(set(ok["instance"]))]
+    meta = inst.set_index("instance") if inst is not None and len(inst) else None
+    steps = breakdown.steps
+    graphs = []
+    for step, srows in steps.groupby("step", sort=True):
+        start = {int(r): float(s) - offsets.get(int(r), 0.0)
+                 for r, s in zip(srows["rank"], srows["start_us"])}
+        end = {int(r): float(e) - offsets.get(int(r), 0.0)
+               for r, e in zip(srows["rank"], srows["end_us"])}
+        ranks = set(start)
+        lo, hi = min(start.values()), max(end.values())
+        m = members[(members["end_us"] > lo) & (members["start_us"] < hi)
+                    & members["rank"].isin(ranks)]
+        joins = []
+        for key, g in m.groupby("instance", sort=False):
+            rs = [int(x) for x in g["rank"]]
+            # a join lies inside every member's step, or it belongs to no one step
+            if not all(start[r] - BLOCKED_TOL_US <= a and e <= end[r] + BLOCKED_TOL_US
+                       for r, a, e in zip(rs, g["start_us"], g["end_us"])):
+                continue
+            arrival = dict(zip(rs, g["start_us"].astype(float)))
+            ends = dict(zip(rs, g["end_us"].astype(float)))
+            blocked = frozenset(r for r in rs if _blocked(parts[r][1], ends[r]))
+            op = str(meta.at[key, "op"]) if meta is not None else "?"
+            group = str(meta.at[key, "group"]) if meta is not None else ""
+            pg = str(meta.at[key, "pg"]) if meta is not None else ""
+            dim = by_group.get(group) or by_name.get(pg) or ("pp" if str(key).startswith("p2p:")
+                                                             else "other")
+            joins.append(_Join(str(key), op, dim, arrival, ends, blocked))
+        joins.sort(key=lambda j: (j.last_arrival, j.instance))
+        k = {r: iv.clip(parts[r][0], start[r], end[r]) for r in ranks}
+        graphs.append(_Step(int(step), start, end, tuple(joins), k))
+    return graphs, notes
+
+
+def _blocked(exposed: np.ndarray, end: float) -> bool:
+    """Whether exposed communication runs up to ``end`` (µs): the rank waited there."""
+    if not len(exposed):
+        return False
+    i = int(np.searchsorted(exposed[:, 0], end + BLOCKED_TOL_US, side="right")) - 1
+    return i >= 0 and exposed[i, 1] >= end - BLOCKED_TOL_US and exposed[i, 0] <= end
+
+
+def _walk(g: _Step) -> list[dict]:
+    """The path of one step, latest segment first."""
+    rank = max(g.end, key=lambda r: (g.end[r], -r))
+    t = g.end[rank]
+    out: list[dict] = []
+    for _ in range(4 * len(g.joins) + len(g.end) + 2):
+        # the rank's last anchor before t: the work since then is on the path
+        anchor, join = g.start[rank], None
+        for a, j in g.anchors(rank):
+            if a <= t + 1e-6:
+                anchor, join = a, j
+        comp, other = g.work(rank, anchor, t)
+        if t > anchor:
+            out.append({"step": g.step, "rank": rank, "start_us": anchor, "end_us": t,
+                        "kind": "work", "compute_us": comp, "other_us": other, "op": None,
+                        "dim": None, "instance": None})
+        if join is None:
+            break
+        last = join.last
+        a_last = join.last_arrival
+        out.append({"step": g.step, "rank": rank, "start_us": a_last, "end_us": anchor,
+                    "kind": "communication", "compute_us": 0.0, "other_us": 0.0,
+                    "op": join.op, "dim": join.dim, "instance": join.instance})
+        rank, t = last, a_last
+    for row in out:
+        row["dur_us"] = max(0.0, row["end_us"] - row["start_us"])
+    return out
+
+
+def _slack(g: _Step) -> dict[int, float]:
+    """Per rank: the least, over its joins, of the last arrival less its own, and the step's
+    latest end less its own end (µs)."""
+    t_end = max(g.end.values())
+    out = {r: t_end - e for r, e in g.end.items()}
+    for j in g.joins:
+        for r, a in j.arrival.items():
+            out[r] = min(out[r], j.last_arrival - a)
+    return out
+
+
+def _replay(g: _Step, compute_scale: dict, comm_scale: dict) -> float:
+    """The step's latest end (µs, aligned) replayed with scaled computation and transfers."""
+    # per rank, its anchors as (measured, replayed) times, in measured order: a time on the rank
+    # moves with the latest anchor at or before it (joins are taken in order of their last
+    # arrival, so every blocked join a rank's arrival follows has been replayed by then)
+    anchors = {r: [(s, s)] for r, s in g.start.items()}
+
+    def moved(r: int, t: float) -> float:
+        a_meas, a_new = next((a for a in reversed(anchors[r]) if a[0] <= t + 1e-6),
+                             anchors[r][0])
+        comp, other = g.work(r, a_meas, t)
+        if t < a_meas:   # before the rank's step start: nothing to scale
+            return a_new + (t - a_meas)
+        return a_new + comp * compute_scale.get(r, 1.0) + other
+
+    for j in g.joins:
+        arr = {r: moved(r, a) for r, a in j.arrival.items()}
+        last_new, last_meas = max(arr.values()), j.last_arrival
+        f = comm_scale.get(j.dim, 1.0)
+        for r in j.blocked:
+            anchors[r].append((j.end[r], last_new + max(0.0, j.end[r] - last_meas) * f))
+            anchors[r].sort()
+    return max(moved(r, e) for r, e in g.end.items())
+
+
+def compute_critical_path(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
+                          layout: LayoutResult, comm_patterns=()) -> CriticalPathResult:
+    """The critical path, slack and replay of every profiled step (see the module docstring).
+
+    Args:
+        traces: the run; breakdown: its time breakdown (step windows); sync: its matched
+            instances and clock offsets; layout: its groups' dimensions; comm_patterns: the
+            ``--comm-kernel`` patterns the breakdown used.
+    """
+    if breakdown.steps is None or breakdown.steps.empty:
+        return _empty("no profiler steps: a path is drawn per step")
+    graphs, notes = _graphs(traces, breakdown, sync, layout, comm_patterns)
+    if not graphs:
+        return _empty("no profiler steps: a path is drawn per step", notes)
+    segs, step_rows, slack_rows = [], [], []
+    for g in graphs:
+        path = _walk(g)
+        segs += path
+        lo, hi = min(g.start.values()), max(g.end.values())
+        replay = _replay(g, {}, {})
+        path_us = sum(s["dur_us"] for s in path)
+        step_rows.append({"step": g.step, "start_us": lo, "end_us": hi, "measured_us": hi - lo,
+                          "path_us": path_us, "replay_us": replay - lo,
+                          "replay_error_pct": 100.0 * (replay - hi) / (hi - lo)
+                          if hi > lo else np.nan, "joins": len(g.joins)})
+        on = {s["rank"] for s in path}
+        for r, v in _slack(g).items():
+            slack_rows.append({"rank": r, "step": g.step, "slack_us": max(0.0, v),
+                               "on_path": r in on})
+    segments = pd.DataFrame(segs, columns=list(SEGMENT_COLUMNS))
+    sl = pd.DataFrame(slack_rows)
+    slack = (sl.groupby("rank").agg(steps=("step", "nunique"), slack_us=("slack_us", "median"),
+                                    on_path_steps=("on_path", "sum")).reset_index()
+             if len(sl) else pd.DataFrame(columns=list(SLACK_COLUMNS)))
+    slack["on_path_steps"] = slack["on_path_steps"].astype(int)
+    return CriticalPathResult(segments, pd.DataFrame(step_rows, columns=list(STEP_COLUMNS)),
+                              _shares(segments), slack[list(SLACK_COLUMNS)], tuple(notes), "",
+                              tuple(graphs))
+
+
+def _shares(segments: pd.DataFrame) -> pd.DataFrame:
+    """The path's time by part: computation and the rest per rank, communication per dim."""
+    if segments.empty:
+        return pd.DataFrame(columns=list(SHARE_COLUMNS))
+    total = float(segments["dur_us"].sum())
+    rows = []
+    work = segments[segments["kind"] == "work"]
+    for r, g in work.groupby("rank", sort=True):
+        rows.append({"part": "compute", "rank": int(r), "dim": None,
+                     "us": float(g["compute_us"].sum())})
+        rows.append({"part": "other", "rank": int(r), "dim": None,
+                     "us": float(g["other_us"].sum())})
+    comm = segments[segments["kind"] == "communication"]
+    for d, g in comm.groupby("dim", sort=True):
+        rows.append({"part": "communication", "rank": None, "dim": str(d),
+                     "us": float(g["dur_us"].sum())})
+    out = pd.DataFrame(rows, columns=list(SHARE_COLUMNS[:-1]))
+    out["share_pct"] = 100.0 * out["us"] / total if total > 0 else np.nan
+    return out.sort_values("us", ascending=False, kind="stable").reset_index(drop=True)
