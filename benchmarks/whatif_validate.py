@@ -183,6 +183,21 @@ def measure(script: str, n: int, args: list[str], tmp: Path, tag: str) -> float:
     return statistics.median(steps) * 1e6
 
 
+def _replayed(report, change) -> float | None:
+    """The same change predicted by replaying the critical path's graph instead of the rule's
+    formula (ms), where the replay can express it (a straggler removed: its work scaled to its
+    peers'); the replay's relative change applied to the step the rule starts from. None
+    otherwise."""
+    rank = change.params.get("without_rank")
+    if rank is None:
+        return None
+    steps = report.critical_path.without_straggler(int(rank))
+    if steps.empty:
+        return None
+    ratio = statistics.median(steps["predicted_us"] / steps["replay_us"])
+    return change.measured_step_us * ratio / 1e3
+
+
 def profile_case(name: str, tmp: Path, pin: bool, rep: int) -> list[dict]:
     """Profile a case's base configuration; returns one row per runnable evaluated change (the
     base first) with the prediction and the arguments to run."""
@@ -198,7 +213,8 @@ def profile_case(name: str, tmp: Path, pin: bool, rep: int) -> list[dict]:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr[-500:]}")
-    rec = build_report(load_traces(out)).results["recommendations"]
+    report = build_report(load_traces(out))
+    rec = report.results["recommendations"]
     evaluated = [*rec.recommendations, *rec.rejected]
     if not evaluated:
         return []
@@ -213,6 +229,7 @@ def profile_case(name: str, tmp: Path, pin: bool, rep: int) -> list[dict]:
             rows.append({"case": name, "script": changed[0], "n": n, "args": changed[1],
                          "recommended": c in rec.recommendations, "change": c.change,
                          "predicted_ms": c.predicted_step_us / 1e3,
+                         "replay_ms": _replayed(report, c),
                          # the stand-in interval, where the prediction rests on one
                          "interval_ms": ([c.predicted_low_us / 1e3, c.predicted_high_us / 1e3]
                                          if c.interval_known else None)})
@@ -247,8 +264,11 @@ def main() -> None:
                 for r in profile_case(name, Path(d), args.pin_cpu, rep):
                     row = table.setdefault((name, r["script"], tuple(r["args"])), {
                         **{k: r[k] for k in ("case", "script", "n", "args", "change")},
-                        "predicted": {}, "measured": {}, "recommended": 0, "intervals": {}})
+                        "predicted": {}, "measured": {}, "recommended": 0, "intervals": {},
+                        "replay": {}})
                     row["predicted"][rep] = r["predicted_ms"]
+                    if r.get("replay_ms") is not None:
+                        row["replay"][rep] = r["replay_ms"]
                     if r.get("interval_ms"):
                         row["intervals"][rep] = r["interval_ms"]
                     row["recommended"] += bool(r["recommended"])
@@ -292,6 +312,19 @@ def main() -> None:
     if errs:
         print(f"\n{len(errs)} changes: median |error| {statistics.median(errs):.1f}%, "
               f"worst {max(errs):.1f}%  (goal ≤ 10% / ≤ 25%)")
+    replayed = [r for r in rows if r["replay"]]
+    if replayed:   # the critical path's replay beside the rule's formula, on the same runs
+        print("\n| case | change | rule's prediction ms | error | replay's prediction ms | "
+              "error | measured ms |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for r in replayed:
+            rp = [100.0 * (r["replay"][k] - r["measured"][k]) / r["measured"][k]
+                  for k in r["replay"] if k in r["measured"]]
+            r["replay_ms"] = statistics.median(r["replay"].values())
+            r["replay_error_pct"] = statistics.median(rp)
+            print(f"| {r['case']} | {r['change'].replace('|', chr(92) + '|')} | "
+                  f"{r['predicted_ms']:.1f} | {r['error_pct']:+.1f}% | {r['replay_ms']:.1f} | "
+                  f"{r['replay_error_pct']:+.1f}% | {r['measured_ms']:.1f} |")
     if args.json:
         args.json.write_text(json.dumps({"machine": info, "repeat": args.repeat, "rows": rows},
                                         indent=1, default=str))

@@ -172,3 +172,15 @@ def test_generated_ddp_with_a_slow_rank(tmp_path):
     assert slack[2] == 0.0 and min(slack[r] for r in (0, 1, 3)) > 50.0
     assert dict(zip(cp.slack["rank"], cp.slack["on_path_steps"])) == {0: 0, 1: 0, 2: 6, 3: 0}
     assert cp.steps["replay_error_pct"].abs().max() < 1e-9
+
+
+def test_replay_without_the_straggler(tmp_path):
+    """Rank 1's work (its window less its 50 µs blocked in the all-reduce: 950 µs) scaled to
+    rank 0's (950 − 350 = 600 µs), f = 600/950: it arrives at 600·f = 378.9, the all-reduce ends
+    50 µs later at 428.9, rank 0's unchanged 300 µs tail ends the step at 728.9 µs."""
+    cp = _path(_ddp_heavy_rank1(tmp_path / "run"))
+    f = 600.0 / 950.0
+    want = 600.0 * f + 50.0 + 300.0
+    out = cp.without_straggler(1)
+    assert list(out["predicted_us"]) == pytest.approx([want] * 3)
+    assert list(out["replay_us"]) == pytest.approx([STEP_US] * 3)

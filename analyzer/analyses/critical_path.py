@@ -142,6 +142,23 @@ class CriticalPathResult:
     why_none: str = ""
     graphs: tuple = dataclasses.field(default=(), repr=False)
 
+    def without_straggler(self, rank: int) -> pd.DataFrame:
+        """The replay with ``rank``'s work in each step scaled to the median of the other ranks'
+        work in that step (work: the step window less the time blocked in joins), as
+        :meth:`replay` returns it: the step as if the rank were no slower than its peers."""
+        rows = []
+        for g in self.graphs:
+            w = work_us(g)
+            peers = [v for r, v in w.items() if r != rank]
+            if rank not in w or not peers or w[rank] <= 0:
+                continue
+            f = min(1.0, float(np.median(peers)) / w[rank])
+            start = min(g.start.values())
+            rows.append({"step": g.step, "measured_us": max(g.end.values()) - start,
+                         "replay_us": _replay(g, {}, {}) - start,
+                         "predicted_us": _replay(g, {}, {}, {rank: f}) - start})
+        return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
+
     def describe(self) -> str:
         """One sentence: the path's largest parts and the ranks with the most slack, e.g.
         "Critical path (3 steps; 1.00 ms of the 1.00 ms step, median, range 1.00–1.00): 80% rank
@@ -171,10 +188,11 @@ class CriticalPathResult:
                                            zip(slack["rank"].head(3), slack["slack_us"].head(3)))
         return text
 
-    def replay(self, compute_scale: dict | None = None,
-               comm_scale: dict | None = None) -> pd.DataFrame:
-        """Each step replayed with the ranks' computation scaled (``{rank: factor}``) and the
-        transfers of some dimensions scaled (``{dim: factor}``).
+    def replay(self, compute_scale: dict | None = None, comm_scale: dict | None = None,
+               work_scale: dict | None = None) -> pd.DataFrame:
+        """Each step replayed with the ranks' computation scaled (``{rank: factor}``), all of
+        some ranks' work scaled (``work_scale``: computation and the rest), and the transfers of
+        some dimensions scaled (``{dim: factor}``).
 
         Returns:
             per step: ``step``, ``measured_us``, ``replay_us`` (the unchanged graph),
@@ -183,7 +201,7 @@ class CriticalPathResult:
         rows = []
         for g in self.graphs:
             base = _replay(g, {}, {})
-            new = _replay(g, compute_scale or {}, comm_scale or {})
+            new = _replay(g, compute_scale or {}, comm_scale or {}, work_scale or {})
             start = min(g.start.values())
             rows.append({"step": g.step, "measured_us": max(g.end.values()) - start,
                          "replay_us": base - start, "predicted_us": new - start})
@@ -298,7 +316,18 @@ def _slack(g: _Step) -> dict[int, float]:
     return out
 
 
-def _replay(g: _Step, compute_scale: dict, comm_scale: dict) -> float:
+def work_us(g: _Step) -> dict[int, float]:
+    """Per rank, its work in the step (µs): its step window less the time it was blocked in
+    joins (from its arrival to its end)."""
+    out = {r: g.end[r] - g.start[r] for r in g.end}
+    for j in g.joins:
+        for r in j.blocked:
+            out[r] -= max(0.0, j.end[r] - j.arrival[r])
+    return out
+
+
+def _replay(g: _Step, compute_scale: dict, comm_scale: dict,
+            work_scale: dict | None = None) -> float:
     """The step's latest end (µs, aligned) replayed with scaled computation and transfers."""
     # per rank, its anchors as (measured, replayed) times, in measured order: a time on the rank
     # moves with the latest anchor at or before it (joins are taken in order of their last
@@ -311,7 +340,8 @@ def _replay(g: _Step, compute_scale: dict, comm_scale: dict) -> float:
         comp, other = g.work(r, a_meas, t)
         if t < a_meas:   # before the rank's step start: nothing to scale
             return a_new + (t - a_meas)
-        return a_new + comp * compute_scale.get(r, 1.0) + other
+        w = (work_scale or {}).get(r, 1.0)
+        return a_new + comp * compute_scale.get(r, 1.0) * w + other * w
 
     for j in g.joins:
         arr = {r: moved(r, a) for r, a in j.arrival.items()}
