@@ -110,16 +110,17 @@ def test_the_path_in_the_report(tmp_path):
     import json
 
     doc = json.loads((tmp_path / "r.json").read_text())["critical_path"]
-    sentence = ("Critical path (3 steps; 1.00 ms of the 1.00 ms step, median, range 1.00–1.00): "
-                "80% rank 1's computation, 15% rank 1's other time, 5% dp communication; "
-                "slack: rank 0 0.05 ms")
+    sentence = ("Critical path of the profiled steps (3; path 1.00 ms median, range 1.00–1.00, "
+                "of a 1.00 ms step: 100%): 80% rank 1's computation, 15% rank 1's time outside "
+                "computation, 5% dp communication; slack: rank 0 0.05 ms")
     assert doc["summary"] == sentence
     assert [s["path_us"] for s in doc["steps"]] == pytest.approx([STEP_US] * 3)
     assert doc["segments_total"] == 9 and len(doc["segments"]) == 9
     assert sentence + "." in " ".join(res.output.split())
     page = (tmp_path / "r.html").read_text()
     assert "Cross-rank critical path</h2>" in page and "href='#critical_path'" in page
-    assert page.count("Critical path (3 steps; 1.00 ms") == 2   # the verdict and its section
+    assert page.count("Critical path of the profiled steps (3; path 1.00 ms") == 2   # verdict,
+    # and the path's own section
 
 
 def test_one_gpu_rank_against_htas_critical_path(real_traces):

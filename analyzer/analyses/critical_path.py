@@ -160,11 +160,12 @@ class CriticalPathResult:
         return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
 
     def describe(self) -> str:
-        """One sentence: the path's largest parts and the ranks with the most slack, e.g.
-        "Critical path (3 steps; 1.00 ms of the 1.00 ms step, median, range 1.00–1.00): 80% rank
-        1's computation, 15% rank 1's other time, 5% dp communication; slack: rank 0 0.05 ms"
-        ("other time": host work, launches, idle, communication the rank did not wait for); ""
-        without a path."""
+        """One sentence: the path's length against the profiled step, its largest parts (and
+        what the others add up to) and the ranks with the most slack, e.g. "Critical path of the
+        profiled steps (3; path 1.00 ms median, range 1.00–1.00, of a 1.00 ms step: 100%): 80%
+        rank 1's computation, 15% rank 1's time outside computation, 5% dp communication;
+        slack: rank 0 0.05 ms" (time outside computation: host work, launches, idle,
+        communication the rank did not wait for); "" without a path."""
         if self.shares.empty or self.steps.empty:
             return ""
         parts = []
@@ -173,14 +174,20 @@ class CriticalPathResult:
                 what = f"{row.dim} communication"
             else:
                 what = (f"rank {int(row.rank)}'s "
-                        + ("computation" if row.part == "compute" else "other time"))
+                        + ("computation" if row.part == "compute"
+                           else "time outside computation"))
             parts.append(f"{row.share_pct:.0f}% {what}")
+        rest = self.shares.iloc[3:]
+        if len(rest) and rest["share_pct"].sum() >= 0.5:
+            parts.append(f"{rest['share_pct'].sum():.0f}% in {len(rest)} other "
+                         f"part{'s' if len(rest) > 1 else ''}")
         st = self.steps
+        path, step = st["path_us"].median(), st["measured_us"].median()
         spread = (f", range {st['path_us'].min() / 1000:.2f}–{st['path_us'].max() / 1000:.2f}"
                   if len(st) > 1 else "")
-        text = (f"Critical path ({len(st)} step{'s' if len(st) != 1 else ''}; "
-                f"{st['path_us'].median() / 1000:.2f} ms of the "
-                f"{st['measured_us'].median() / 1000:.2f} ms step, median{spread}): "
+        text = (f"Critical path of the profiled steps ({len(st)}; path {path / 1000:.2f} ms "
+                f"median{spread}, of a {step / 1000:.2f} ms step: "
+                f"{100.0 * path / step if step > 0 else float('nan'):.0f}%): "
                 + ", ".join(parts))
         slack = self.slack[self.slack["slack_us"] > 0].sort_values("slack_us", ascending=False)
         if len(slack):
