@@ -7,9 +7,11 @@ of path / step), the unchanged replay's largest error (% of the step), the path'
 and the time the path adds to the report (``compute_critical_path`` alone, and the whole
 ``analyze`` it is part of). Planted jobs (``multirank_gen``, true time known): DDP over 4 GPU
 ranks with one rank's compute 900 µs longer; a 4-stage 1F1B pipeline with one stage's rank
-slower; each is judged on whether the planted rank computes most of the path in every step and
-has no slack (the rank whose step ends last has none either: the path ends there). Not a test:
-it prints a table and asserts nothing.
+slower; tensor parallelism over 4 hosts in lockstep. The slow-rank jobs are judged on whether
+the planted rank computes most of the path in every step and has no slack (the rank whose step
+ends last has none either: the path ends there); the lockstep job on whether the path's
+communication share is the ranks' exposed share to within 1 point.
+Not a test: it prints a table and asserts nothing.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def planted(work: Path) -> list[tuple[str, Path, int]]:
                                              microbatches=8, ranks_per_host=4,
                                              slow_ranks={1: 400.0}, metadata="seq", seed=2), 1),
     }
+    jobs["tp over 4 hosts, lockstep"] = (Job(mesh={"tp": 4}, schedule="tp", steps=4,
+                                             ranks_per_host=1, metadata="seq", seed=3), None)
     out = []
     for name, (job, rank) in jobs.items():
         folder = work / name.split(",")[0].replace(" ", "_")
@@ -79,11 +83,20 @@ def main() -> int:
                       (REPO.parent / "shared" / "real_traces", "real")):
         if root.is_dir():
             rows += [_row(f"{tag}: {p.name}", p) for p in sorted(root.iterdir()) if p.is_dir()]
-    judged = []
+    judged, lockstep = [], []
     for name, folder, rank in planted(args.work):
         row = _row(f"planted: {name}", folder)
         cp = row.pop("cp", None)
-        if cp is not None:
+        if cp is not None and rank is None:
+            # in lockstep every rank waits alike: the path's communication share is the ranks'
+            # share of exposed communication
+            from pardiag.api import analyze
+
+            tot = analyze(folder, cache=False).time_breakdown.totals
+            exposed = 100.0 * tot["exposed_comm_us"].sum() / tot["span_us"].sum()
+            comm = cp.shares.loc[cp.shares["part"] == "communication", "share_pct"].sum()
+            lockstep.append((name, comm, exposed, abs(comm - exposed) <= 1.0))
+        elif cp is not None:
             work = cp.segments[cp.segments["kind"] == "work"]
             per_step = work.groupby("step").apply(
                 lambda g: g.groupby("rank")["compute_us"].sum().idxmax())
@@ -111,6 +124,13 @@ def main() -> int:
     for name, hit, n, slack, others, ok in judged:
         print(f"| {name} | {hit} of {n} | {slack:.1f} | {others} | "
               f"{'right' if ok else 'wrong'} |")
+    if lockstep:
+        print()
+        print("| planted job | path's communication % | ranks' exposed communication % | "
+              "judged (within 1 point) |")
+        print("|---|---:|---:|---|")
+        for name, comm, exposed, ok in lockstep:
+            print(f"| {name} | {comm:.1f} | {exposed:.1f} | {'right' if ok else 'wrong'} |")
     return 0
 
 

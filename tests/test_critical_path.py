@@ -185,3 +185,20 @@ def test_replay_without_the_straggler(tmp_path):
     out = cp.without_straggler(1)
     assert list(out["predicted_us"]) == pytest.approx([want] * 3)
     assert list(out["replay_us"]) == pytest.approx([STEP_US] * 3)
+
+
+def test_generated_tensor_parallel_communication_share(tmp_path):
+    """The generator's tensor parallelism over 4 ranks on 4 hosts (slow links), in lockstep: every
+    rank computes and waits alike, so the path's share of tp communication is the ranks' share
+    of exposed communication, to within 1 point (about 12% here)."""
+    from benchmarks.multirank_gen import Job, generate
+
+    generate(Job(mesh={"tp": 4}, schedule="tp", steps=4, ranks_per_host=1, metadata="seq",
+                 seed=3), tmp_path / "job")
+    rep = build_report(load_traces(tmp_path / "job"))
+    cp = rep.critical_path
+    tot = rep.time_breakdown.totals
+    exposed = 100.0 * tot["exposed_comm_us"].sum() / tot["span_us"].sum()
+    comm = cp.shares.loc[cp.shares["part"] == "communication", "share_pct"].sum()
+    assert 5.0 < exposed < 20.0
+    assert comm == pytest.approx(exposed, abs=1.0)
