@@ -811,7 +811,8 @@ def _pipeline_section(report: Report, page: Page) -> list[str]:
 def critical_path_figure(segments: pd.DataFrame, step: int) -> go.Figure:
     """One step's critical path on the ranks' timeline: a bar per segment on its rank's row
     (ms from the step's first segment), work in the rank's colour of computation, transfers in
-    communication's; each jump between ranks happens at a communication segment's start."""
+    communication's, and a dotted line at each join where the path moves from one rank to the
+    rank that arrived last."""
     seg = segments[segments["step"] == step].iloc[::-1]
     t0 = float(seg["start_us"].min()) if len(seg) else 0.0
     fig = go.Figure()
@@ -827,6 +828,17 @@ def critical_path_figure(segments: pd.DataFrame, step: int) -> go.Figure:
                     x=(g["dur_us"] / 1000).tolist(), base=((g["start_us"] - t0) / 1000).tolist(),
                     orientation="h", name=kind, marker_color=color, hovertext=text,
                     hoverinfo="text+x")
+    # the joins: where the path leaves a rank for the one that arrived last at a communication
+    xs, ys = [], []
+    rows = list(seg.itertuples(index=False))
+    for prev, nxt in zip(rows, rows[1:]):
+        if int(prev.rank) != int(nxt.rank):
+            x = (float(nxt.start_us) - t0) / 1000
+            xs += [x, x, None]
+            ys += [f"rank {int(prev.rank)}", f"rank {int(nxt.rank)}", None]
+    if xs:
+        fig.add_scatter(x=xs, y=ys, mode="lines", name="waits for (join)",
+                        line={"color": "#333333", "width": 1, "dash": "dot"}, hoverinfo="skip")
     fig.update_layout(title=f"Step {step}: the critical path across ranks", barmode="overlay",
                       xaxis_title="ms from the path's start",
                       height=160 + 30 * seg["rank"].nunique(),
