@@ -753,7 +753,7 @@ def deepspeed_settings(engine, stage: int) -> dict:
     optimizer step: stages 2 and 3 reduce the gradients on each), ``param_dtype``.
 
     Static memory (``static``: ``params_bytes``, ``grads_bytes``, ``optimizer_state_bytes``,
-    ``params``, ``total_bytes``), from what the engine holds (ZeRO, Rajbhandari et al. SC'20):
+    ``params``, ``total_bytes``), from what the engine holds (the ZeRO paper, Rajbhandari et al.):
     parameters whole below stage 3, this rank's partition (``ds_tensor``) at stage 3; gradients
     whole at stage 0–1 and a 1/N partition from stage 2; the optimizer's fp32 master partition
     (``single_partition_of_fp32_groups``, ``fp32_partitioned_groups_flat``) plus its state

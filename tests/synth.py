@@ -142,3 +142,14 @@ def relayout(src: Path, dst: Path, *, old: bool = False) -> Path:
         if f.is_file() and f not in sidecars:
             shutil.copy2(f, dst / f.name)
     return dst
+
+
+def recorded_op_counts(run: Path, rank: int) -> dict[str, int]:
+    """``{op: records}`` of a pardiag run's ``rank{R}.comms.json`` (what a rank's collective
+    counts must equal)."""
+    from collections import Counter
+
+    from pardiag import layout
+
+    doc = json.loads(layout.comms_path(Path(run), rank).read_text())
+    return dict(Counter(rec["op"] for rec in doc["records"]))

@@ -1,8 +1,8 @@
 """DeepSpeed ZeRO 1, 2 and 3, unmodified under `pardiag profile` on CPU/gloo with 2 ranks
 (``examples/frameworks/train_deepspeed.py``: a tiny GPT-2, DeepSpeed's CPU accelerator, torch's
 Adam): the layout is DP=2 with the ZeRO stage as the only strategy; static memory per rank is
-what the stage keeps, computed from the model (ZeRO, SC'20); the collectives are the records';
-the rules see ZeRO (its stage, its reduce bucket, overlap_comm).
+what the stage keeps, computed from the model (the ZeRO paper, Rajbhandari et al.); the
+collectives are the records'; the rules see ZeRO (its stage, its reduce bucket, overlap_comm).
 
 Skipped with the reason where DeepSpeed cannot be imported; under CI (``CI`` set) that is a
 failure: the test extra installs it."""
@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from .paths import REPO
+from .synth import recorded_op_counts
 
 pytestmark = pytest.mark.e2e
 
@@ -71,7 +72,7 @@ def test_zero_layout_memory_and_collectives(zero_run):
         assert lay["dims"] == {"dp": 2} and lay["strategies"] == [f"zero{stage}"]
         assert lay["deepspeed"]["stage"] == stage and lay["deepspeed"]["dp_size"] == 2
         static = meta["memory"]["static"]
-        # ZeRO (SC'20): parameters whole below stage 3; gradients whole at stage 1; the
+        # the ZeRO paper: parameters whole below stage 3; gradients whole at stage 1; the
         # optimizer's fp32 master partition and Adam's two moments of it at every stage
         # (DeepSpeed pads each partition to an alignment: within 0.1%)
         assert static["params_bytes"] == pytest.approx(psi * e if stage < 3 else part * e,
@@ -84,11 +85,8 @@ def test_zero_layout_memory_and_collectives(zero_run):
     assert report["setup"]["zero_stage"] == stage
     # every collective the records hold is counted once on each rank
     for r in report["ranks"]:
-        recs = json.loads((out / "pardiag" / f"rank{r['rank']}.comms.json").read_text())
-        want: dict = {}
-        for rec in recs["records"]:
-            want[rec["op"]] = want.get(rec["op"], 0) + 1
-        assert {c["collective"]: c["count"] for c in r["collectives"]} == want
+        assert ({c["collective"]: c["count"] for c in r["collectives"]}
+                == recorded_op_counts(out, r["rank"]))
 
 
 def test_zero_rules_see_the_strategy(zero_run):

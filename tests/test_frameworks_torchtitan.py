@@ -22,6 +22,7 @@ import sys
 import pytest
 
 from .paths import REPO
+from .synth import recorded_op_counts
 
 pytestmark = pytest.mark.e2e
 
@@ -123,11 +124,8 @@ def test_layout_collectives_and_static_memory(titan_run):
     assert all(m["optimizer_steps"] == 6 for m in meta)
     # every collective the records hold is counted once on each rank
     for r in report["ranks"]:
-        recs = json.loads((out / "pardiag" / f"rank{r['rank']}.comms.json").read_text())
-        want: dict = {}
-        for rec in recs["records"]:
-            want[rec["op"]] = want.get(rec["op"], 0) + 1
-        assert {c["collective"]: c["count"] for c in r["collectives"]} == want
+        assert ({c["collective"]: c["count"] for c in r["collectives"]}
+                == recorded_op_counts(out, r["rank"]))
     # static memory: the truth from the model; torchtitan's optimizers (in its
     # OptimizersContainer) keep AdamW's two moments per parameter and a 4-byte step each
     per_rank, total = _params_bytes(name)

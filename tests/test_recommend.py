@@ -1185,7 +1185,7 @@ def test_ddp_bucket_interval_on_a_gpu_replays_the_resampled_fits(tmp_path):
 
 
 def test_zero_rules_memory_and_time_are_the_papers():
-    """DeepSpeed ZeRO-1 over dp = 64, Ψ = 7.5 B fp16 parameters, K = 12 (ZeRO, SC'20, Figure 1:
+    """DeepSpeed ZeRO-1 over dp = 64, Ψ = 7.5 B fp16 parameters, K = 12 (the ZeRO paper, Figure 1:
     stage 1 31.4 GB, stage 2 16.6 GB, stage 3 1.9 GB per device). Peak 75 GiB of an 80 GiB
     device (94%): stage 2 is a memory change (``zero_shard``) saving 31.4 − 16.6 GB.
 

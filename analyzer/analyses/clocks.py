@@ -35,8 +35,10 @@ MAX_FIT_POINTS = 1000
 MIN_DRIFT_POINTS = 8
 MIN_DRIFT_SPAN_S = 0.05
 #: A fitted drift beyond this (µs per s) is claimed for no clock: NTP's maximum frequency
-#: tolerance is 500 ppm (RFC 5905, §7.3), and Kineto's GPU-to-host conversions drift tens of µs
-#: per s (kineto#1082).
+#: tolerance is 500 ppm (the NTPv4 specification, its section on the clock discipline), and
+#: Kineto's GPU-to-host conversions, one offset taken at the trace's start, drift tens of µs per
+#: s (the drift the cross-rank generator plants:
+#: benchmarks/results/cross-rank-accuracy_epyc-2core_2026-12-02-0244.md).
 MAX_DRIFT_US_PER_S = 500.0
 #: Where the ends fall in profiler steps, fewer steps than this fit no drift (a line through two
 #: steps' medians has no interval).

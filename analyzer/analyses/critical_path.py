@@ -28,8 +28,9 @@ own, and the step's end less its own end. On the path it is 0.
 computation, a dimension's transfers): arrivals move with the work before them, each join's
 release with its last arrival, each blocked member's next work with the release. The unchanged
 graph reproduces the measured step (a check of the graph, not a prediction). This is the model
-of Lumos (Liang et al., MLSys'25: a dependency graph rebuilt from per-rank traces, replayed, and
-edited for what-ifs) at the granularity of communication ops, not kernels.
+of Lumos (Liang et al., Lumos: Efficient Performance Modeling and Estimation for Large-scale
+LLM Training: a dependency graph rebuilt from per-rank traces, replayed, and edited for
+what-ifs) at the granularity of communication ops, not kernels.
 
 What the traces cannot tell is said, not guessed: communication that no instance matches (its
 peers absent, its group unknown) is work of its rank, not a join; a rank without any join is on
@@ -241,9 +242,13 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
     else:
         ok = inst[inst["complete"].astype(bool) & (inst["ranks"] > 1)]
         members = pr[pr["instance"].isin(set(ok["instance"]))]
+        partial = int((~inst["complete"].astype(bool) & (inst["ranks"] > 1)).sum())
+        if partial:
+            notes.append(f"{partial} communication instance(s) lacking members are no joins: "
+                         f"what their absent members did is not in the traces")
     meta = inst.set_index("instance") if inst is not None and len(inst) else None
     steps = breakdown.steps
-    graphs = []
+    graphs, straddling = [], set()
     for step, srows in steps.groupby("step", sort=True):
         start = {int(r): float(s) - offsets.get(int(r), 0.0)
                  for r, s in zip(srows["rank"], srows["start_us"])}
@@ -259,6 +264,7 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
             # a join lies inside every member's step, or it belongs to no one step
             if not all(start[r] - BLOCKED_TOL_US <= a and e <= end[r] + BLOCKED_TOL_US
                        for r, a, e in zip(rs, g["start_us"], g["end_us"])):
+                straddling.add(key)
                 continue
             arrival = dict(zip(rs, g["start_us"].astype(float)))
             ends = dict(zip(rs, g["end_us"].astype(float)))
@@ -272,6 +278,9 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
         joins.sort(key=lambda j: (j.last_arrival, j.instance))
         k = {r: iv.clip(parts[r][0], start[r], end[r]) for r in ranks}
         graphs.append(_Step(int(step), start, end, tuple(joins), k))
+    if straddling:
+        notes.append(f"{len(straddling)} communication instance(s) reach outside a member's step "
+                     f"window: no join of any step (their time is that rank's work)")
     return graphs, notes
 
 

@@ -43,7 +43,7 @@ import pandas as pd
 from ..trace import intervals as iv
 from ..trace.classify import STEP_RE, Kind, cached, classify
 from ..trace.traceset import RankTrace, TraceSet
-from .comm_events import AMBIGUOUS_GROUP
+from .comm_events import AMBIGUOUS_GROUP, SCALAR_BYTES
 from .mesh import dim_of, mesh_dims, role_of
 
 #: What :attr:`InferredLayout.source` says (and the report shows).
@@ -430,33 +430,7 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
         evidence.append(f"{d}={n}: process groups {descs[d]}" if "running" in descs[d] else
                         f"{d}={n}: process groups described as {descs[d]} "
                         f"(distributedInfo.pg_config)")
-    total = {k: sum(m.counts.get(k, 0) for m in marks.values()) for k in MARKERS}
-    first_rank = {k: next((r for r, m in marks.items() if m.counts.get(k)), None) for k in MARKERS}
-    strategies = set()
-    what = {"fsdp2": ("fsdp2", "FSDP2's FSDP::pre_forward / all_gather / pre_backward ranges"),
-            "fsdp1": ("fsdp1", "FSDP1's FullyShardedDataParallel.forward / _pre_forward ranges"),
-            "ddp": ("ddp", "DistributedDataParallel.forward ranges"),
-            "zero": ("zero1", "ZeroRedundancyOptimizer step ranges"),
-            "functional": ("tp", "functional collectives (_c10d_functional::all_reduce / "
-                                 "all_gather_into_tensor / reduce_scatter_tensor)"),
-            "all_to_all": ("ep", "all-to-all collectives (taken as expert parallelism)"),
-            "zero3": ("zero3", "DeepSpeed ZeRO-3's LinearFunctionForZeroStage3 / "
-                               "Pre/PostBackwardFunction autograd functions")}
-    tp_note = _scalar_reductions(events)
-    if tp_note:
-        total["functional"] = 0
-        evidence.append(tp_note)
-    for key, (strategy, text) in what.items():
-        if total[key]:
-            strategies.add(strategy)
-            evidence.append(f"{strategy}: {text}, {total[key]} events "
-                            f"(first on rank {first_rank[key]})")
-    zero12 = None if strategies else _zero12(events)
-    if zero12:
-        strategies.add("zero")
-        evidence.append(zero12)
-        missing.append("the ZeRO stage (1 or 2): both reduce the gradients and gather the "
-                       "updated partitions each step (pardiag profile records the stage)")
+    strategies = _strategies(marks, events, evidence, missing)
     for d, s in (("tp", "tp"), ("ep", "ep")):
         if d in dims:
             strategies.add(s)
@@ -519,18 +493,16 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
                           tuple(evidence), tuple(missing), group_dims=group_dims)
 
 
-#: A functional all-reduce of at most this many bytes reduces scalars (the loss, token counts,
-#: per-parameter gradient norms: 4 bytes each, so up to 1,024 parameter tensors), not activations.
-SCALAR_BYTES = 4096
-#: ... and tensor parallelism issues more than this many per rank and step (two per layer in the
+#: Tensor parallelism issues more than this many per rank and step (two per layer in the
 #: forward and two in the backward of a model of three layers; trainers reduce 2-5 scalars a step).
 SCALAR_PER_STEP = 8
 
 
 def _scalar_reductions(events: pd.DataFrame | None) -> str | None:
     """A line of evidence when the functional collectives are only scalar reductions — all-reduces
-    of at most :data:`SCALAR_BYTES` bytes, at most :data:`SCALAR_PER_STEP` per rank and profiled
-    step, no functional all-gather or reduce-scatter — which trainers run for the loss, token
+    of at most :data:`~pardiag.analyzer.analyses.comm_events.SCALAR_BYTES` bytes, at most
+    :data:`SCALAR_PER_STEP` per rank and profiled step, no functional all-gather or
+    reduce-scatter — which trainers run for the loss, token
     counts and the gradient norm (torchtitan's ``dist_mean`` / ``dist_max``, DTensor's
     ``full_tensor()`` of a norm): no evidence of tensor parallelism, whose functional collectives
     move activations (all-reduces of ``batch × seq × hidden`` elements, or all-gathers and
@@ -552,6 +524,46 @@ def _scalar_reductions(events: pd.DataFrame | None) -> str | None:
             f"{int(size.max())} bytes, {int(per.max()) if len(per) else 0} or fewer per rank and "
             f"step — the loss, token counts and gradient norm a trainer reduces, not tensor "
             f"parallelism's activations")
+
+
+#: Wrapper marks → (strategy, what the evidence line calls them).
+_MARK_STRATEGIES = {
+    "fsdp2": ("fsdp2", "FSDP2's FSDP::pre_forward / all_gather / pre_backward ranges"),
+    "fsdp1": ("fsdp1", "FSDP1's FullyShardedDataParallel.forward / _pre_forward ranges"),
+    "ddp": ("ddp", "DistributedDataParallel.forward ranges"),
+    "zero": ("zero1", "ZeroRedundancyOptimizer step ranges"),
+    "functional": ("tp", "functional collectives (_c10d_functional::all_reduce / "
+                         "all_gather_into_tensor / reduce_scatter_tensor)"),
+    "all_to_all": ("ep", "all-to-all collectives (taken as expert parallelism)"),
+    "zero3": ("zero3", "DeepSpeed ZeRO-3's LinearFunctionForZeroStage3 / "
+                       "Pre/PostBackwardFunction autograd functions")}
+
+
+def _strategies(marks: dict, events: pd.DataFrame | None, evidence: list[str],
+                missing: list[str]) -> set[str]:
+    """The strategies the ranks' marks show (:data:`_MARK_STRATEGIES`; functional collectives
+    that are only scalar reductions are none, :func:`_scalar_reductions`), else ZeRO-1/2 by its
+    pattern (:func:`_zero12`); appends a line of evidence per strategy to ``evidence`` and what
+    stays unknown to ``missing``."""
+    total = {k: sum(m.counts.get(k, 0) for m in marks.values()) for k in MARKERS}
+    first_rank = {k: next((r for r, m in marks.items() if m.counts.get(k)), None) for k in MARKERS}
+    strategies = set()
+    tp_note = _scalar_reductions(events)
+    if tp_note:
+        total["functional"] = 0
+        evidence.append(tp_note)
+    for key, (strategy, text) in _MARK_STRATEGIES.items():
+        if total[key]:
+            strategies.add(strategy)
+            evidence.append(f"{strategy}: {text}, {total[key]} events "
+                            f"(first on rank {first_rank[key]})")
+    zero12 = None if strategies else _zero12(events)
+    if zero12:
+        strategies.add("zero")
+        evidence.append(zero12)
+        missing.append("the ZeRO stage (1 or 2): both reduce the gradients and gather the "
+                       "updated partitions each step (pardiag profile records the stage)")
+    return strategies
 
 
 def _zero12(events: pd.DataFrame | None) -> str | None:

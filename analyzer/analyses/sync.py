@@ -229,7 +229,8 @@ COHORT_SHARE = 0.5
 #: Fewer aligned ops than this decide nothing (the ranks stay one group).
 COHORT_MIN_OPS = 3
 #: A difference of ends that changes faster than this (µs per s) is no clock drift (Kineto's
-#: drifts are tens of µs per s, kineto#1082): the ranks run on their own.
+#: drifts are tens of µs per s: :data:`pardiag.analyzer.analyses.clocks.MAX_DRIFT_US_PER_S`):
+#: the ranks run on their own.
 COHORT_MAX_DRIFT_US_PER_S = 1000.0
 
 

@@ -2,9 +2,10 @@
 all-gather bucket (which changes nothing where torch has ``all_gather_into_tensor``), and
 overlapping the gradient reduction with the backward.
 
-Memory per rank (ZeRO, Rajbhandari et al., SC'20, §5 — Ψ parameters, N ranks, e bytes per
-parameter and per gradient, K bytes of optimizer state per parameter, 12 for mixed-precision
-Adam; this rank's K is measured: its optimizer state × N / Ψ):
+Memory per rank (ZeRO: Memory Optimizations Toward Training Trillion Parameter Models,
+Rajbhandari et al., §5 — Ψ parameters, N ranks, e bytes per parameter and per gradient, K bytes
+of optimizer state per parameter, 12 for mixed-precision Adam; this rank's K is measured: its
+optimizer state × N / Ψ):
 
 * stage 1: e·Ψ + e·Ψ + K·Ψ/N (the optimizer state partitioned);
 * stage 2: e·Ψ + (e + K)·Ψ/N (the gradients too);
@@ -130,7 +131,7 @@ def _stage_changes(ctx: RuleContext, ds: dict, parts, measured: float) -> list[R
             change=f"zero_optimization.stage {new} (now {stage}) over dp={int(n)}",
             evidence=(f"static per rank at stage {stage}: {now / 2**20:.2f} MiB; at stage {new}: "
                       f"{then / 2**20:.2f} MiB (Ψ = {psi:,.0f} parameters of {e:g} bytes, "
-                      f"{k:.1f} bytes of optimizer state each, N = {int(n)}; ZeRO, SC'20)",
+                      f"{k:.1f} bytes of optimizer state each, N = {int(n)}; the ZeRO paper)",
                       f"per step now: gradient reductions {red / 1000:.2f} ms, all-gathers "
                       f"{gat / 1000:.2f} ms ({100 * exposed:.0f}% exposed), {a} micro-batch(es); "
                       f"at stage {new}: {comm_then / 1000:.2f} ms in all",
