@@ -9,7 +9,10 @@ partitioned over the ranks; gradients all-reduced — reduce-scattered — in bu
 partitions all-gathered) or ``DeepSpeedZeroOptimizer_Stage3`` (the parameters partitioned too:
 all-gathered per module before its forward and backward, gradients reduce-scattered). On a CPU
 the script selects DeepSpeed's CPU accelerator (``DS_ACCELERATOR=cpu``, gloo) and PyTorch's own
-Adam (``torch_adam``): DeepSpeed's fused CPU Adam would need a compiler at run time.
+Adam (``torch_adam``): DeepSpeed's fused CPU Adam would need a compiler at run time. For the
+same reason it tells DeepSpeed not to build its shared-memory all-reduce op (a C++ build of about
+two minutes on 2 cores at the first ``init_distributed``): that op serves only
+``inference_all_reduce``; training's collectives go through ``torch.distributed`` either way.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ if not torch.cuda.is_available():   # before DeepSpeed is imported: it picks its
 
 import _data  # noqa: E402
 import deepspeed  # noqa: E402
+
+if not torch.cuda.is_available():
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def main() -> None:
