@@ -17,6 +17,8 @@ the cross-rank analyses need from that rank:
 * the ``[memory]`` events (time, device, allocated and reserved bytes);
 * the time per operator name (:mod:`pardiag.analyzer.analyses.operators`: GPU kernels, CPU
   operators);
+* the host and device parts per profiler step and the DataLoader iterator's intervals
+  (:mod:`pardiag.analyzer.analyses.causes`);
 * the file's top-level metadata, thread names, warnings and notes.
 
 Everything a report computes from summaries equals what it computes from the raw events (the
@@ -50,7 +52,7 @@ from pardiag import layout
 from pardiag.errors import TraceError
 
 from .analyses.breakdown import RankParts, breakdown_rows_of, rank_parts
-from .analyses.causes import causes_of_trace
+from .analyses.causes import causes_of_trace, data_loading_of_trace
 from .analyses.comm_events import events_from_trace
 from .analyses.infer_layout import RankMarks, rank_marks
 from .analyses.memory import memory_rows
@@ -61,7 +63,7 @@ from .trace.load import default_workers, find_trace_files, parse_file, parse_fil
 from .trace.traceset import RankTrace
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
-SUMMARY_VERSION = 11
+SUMMARY_VERSION = 12
 #: Modules whose code decides what a summary holds (this one and every analyzer module it
 #: imports, directly or through them; ``tests/test_summary.py`` holds that): a summary made by
 #: other code is recomputed.
@@ -118,6 +120,8 @@ class RankSummary:
             summary).
         causes: host and device parts per profiler step
             (:func:`pardiag.analyzer.analyses.causes.rank_causes`), or None.
+        data_loading: the DataLoader iterator's host intervals, shape (n, 2), µs
+            (:func:`pardiag.analyzer.analyses.causes.rank_data_loading`), or None.
     """
 
     path: str
@@ -143,6 +147,7 @@ class RankSummary:
     operator_steps: int = 0
     a2a: pd.DataFrame | None = None
     causes: pd.DataFrame | None = None
+    data_loading: np.ndarray | None = None
 
     def matches(self, comm_patterns: Iterable) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""
@@ -195,7 +200,7 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         steps=steps, memory=memory_rows(trace),
         marks=rank_marks(trace), operators=ops, operator_steps=op_steps,
         a2a=all_to_all_ops(trace.events),
-        causes=causes_of_trace(trace))
+        causes=causes_of_trace(trace), data_loading=data_loading_of_trace(trace))
 
 
 # -- JSON form -----------------------------------------------------------------------------------
@@ -244,6 +249,7 @@ def to_json(s: RankSummary) -> bytes:
         "operator_steps": s.operator_steps,
         "a2a": _frame_json(s.a2a) if s.a2a is not None else None,
         "causes": _frame_json(s.causes) if s.causes is not None else None,
+        "data_loading": s.data_loading.tolist() if s.data_loading is not None else None,
     }
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
                         default=_json_default)
@@ -306,7 +312,9 @@ def from_json(data: bytes) -> RankSummary:
         operators=_frame_from(doc["operators"]) if doc.get("operators") else None,
         operator_steps=int(doc.get("operator_steps") or 0),
         a2a=_frame_from(doc["a2a"]) if doc.get("a2a") else None,
-        causes=_frame_from(doc["causes"]) if doc.get("causes") else None)
+        causes=_frame_from(doc["causes"]) if doc.get("causes") else None,
+        data_loading=_intervals(doc["data_loading"]) if doc.get("data_loading") is not None
+        else None)
 
 
 # -- where summaries live ------------------------------------------------------------------------

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_report.py                 # real traces + 8 x 15 MB synthetic
     .venv/bin/python benchmarks/bench_report.py --scale         # ... + 64 x 15 MB synthetic
     .venv/bin/python benchmarks/bench_report.py FOLDER ...      # given folders only
+    .venv/bin/python benchmarks/bench_report.py --replicate TRACE:8    # TRACE as 8 ranks
 
 For each folder, each measurement runs in a fresh subprocess (imports included), and the
 median of --repeat runs is printed; peak memory is the largest sum of PSS (proportional set size:
@@ -10,10 +11,20 @@ pages shared between processes, as after fork, count once in total) over the pro
 children (pardiag's and HTA's worker processes), sampled every 10 ms with psutil:
 
 * ``base``: gunzip (where gzipped) + ``orjson.loads`` of every trace file, one after another;
+* ``floor``: gunzip + a msgspec decode of only the seven fields an analysis of the events needs
+  (ph, name, cat, ts, dur, pid, tid) into structs, in as many processes as pardiag uses for the
+  folder (one per core, at most one per file; one for small inputs): what reading the bytes costs
+  at the least;
 * ``pardiag``: ``load_traces(reducer=REDUCER)`` + ``build_report`` (every analysis, no HTML), no
   stored summaries (cold);
 * ``HTA``: ``TraceAnalysis(trace_dir=...)`` (HTA 0.5.0: parse and build its dataframes);
-* ``cached``: pardiag again once summaries are stored (a second ``pardiag report``).
+* ``cached``: pardiag again once summaries are stored (a second ``pardiag report``);
+* ``report``: the whole command as a user runs it, ``pardiag report FOLDER --no-cache -o
+  report.html --json report.json -q`` (start-up, HTML and JSON included).
+
+``--replicate TRACE:N`` writes N copies of one real trace as ranks 0..N-1 of one run (its
+``distributedInfo`` rank and world size set for each copy) under ``--work`` and measures that
+folder.
 
 Synthetic sets are written by ``synth_run.py`` under ``--work`` (default /tmp/pardiag-bench) and
 kept for reruns. Summaries go to a temporary ``PARDIAG_CACHE_DIR`` or the synthetic folder's
@@ -48,6 +59,48 @@ for f in sorted(Path(sys.argv[1]).iterdir()):
         if raw[:2] == b"\\x1f\\x8b":
             raw = gzip.decompress(raw)
         orjson.loads(raw)
+print(time.perf_counter() - t0)
+"""
+FLOOR = """
+import gzip, os, sys, time
+t0 = time.perf_counter()
+from concurrent.futures import ProcessPoolExecutor
+import msgspec
+
+class Event(msgspec.Struct, gc=False):
+    ph: object = None
+    name: object = None
+    cat: object = None
+    ts: object = None
+    dur: object = None
+    pid: object = None
+    tid: object = None
+
+class Doc(msgspec.Struct):
+    traceEvents: list[Event] = []
+
+def decode(path):
+    raw = open(path, "rb").read()
+    if raw[:2] == b"\\x1f\\x8b":
+        raw = gzip.decompress(raw)
+    return len(msgspec.json.decode(raw, type=Doc).traceEvents)
+
+files = sorted(f.path for f in os.scandir(sys.argv[1])
+               if f.is_file() and f.name.endswith((".json", ".json.gz")))
+procs = int(sys.argv[2])
+if procs > 1:
+    with ProcessPoolExecutor(procs) as pool:
+        list(pool.map(decode, files))
+else:
+    [decode(f) for f in files]
+print(time.perf_counter() - t0)
+"""
+REPORT = """
+import subprocess, sys, time
+t0 = time.perf_counter()
+subprocess.run([sys.executable, "-m", "pardiag", "report", sys.argv[1], "--no-cache", "-o",
+                sys.argv[2] + "/report.html", "--json", sys.argv[2] + "/report.json", "-q"],
+               check=True)
 print(time.perf_counter() - t0)
 """
 PARDIAG = """
@@ -123,8 +176,68 @@ def synthetic(work: Path, ranks: int, mb: float) -> Path:
     return d
 
 
+def replicate(work: Path, spec: str) -> Path:
+    """``TRACE:N``: N copies of one trace as the ranks of one run, under ``work``."""
+    import gzip
+    import re
+
+    src, n = spec.rsplit(":", 1)
+    src, n = Path(src), int(n)
+    d = work / f"{src.parent.name}_{src.name.split('.')[0]}_x{n}"
+    if d.is_dir() and len(list(d.glob("rank*.json.gz"))) == n:
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    raw = src.read_bytes()
+    text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
+    info = re.compile(r'"distributedInfo":\s*\{[^}]*\}')
+    if not info.search(text):
+        raise SystemExit(f"{src}: no distributedInfo to set each copy's rank in")
+    print(f"writing {d} ...", file=sys.stderr)
+    for r in range(n):
+        one = info.sub(f'"distributedInfo": {{"backend": "nccl", "rank": {r}, '
+                       f'"world_size": {n}}}', text, count=1)
+        (d / f"rank{r}.json.gz").write_bytes(gzip.compress(one.encode(), compresslevel=6))
+    return d
+
+
 def fmt(v, spec: str, width: int) -> str:
     return f"{v:{width}{spec}}" if v is not None else f"{'–':>{width}}"
+
+
+COLUMNS = ("folder", "files", "MB", "floor s", "base s", "pardiag s", "report s", "HTA s",
+           "p/HTA", "p/floor", "report/floor", "cached s", "speedup", "pardiag MB", "report MB",
+           "HTA MB", "mem p/HTA")
+
+
+def measure_folder(f: Path, a, env: dict) -> list[str]:
+    """One row of the table (formatted cells, in COLUMNS' order)."""
+    from pardiag.analyzer.trace.load import default_workers
+
+    files = [x for x in f.iterdir() if x.is_file() and x.name.endswith((".json", ".json.gz"))]
+    mb = sum(x.stat().st_size for x in files) / 1e6
+    rep = 1 if mb > 200 else a.repeat
+    procs = default_workers(files)
+    floor = measure(FLOOR, [str(f), str(procs)], env, rep)
+    base = measure(BASELINE, [str(f)], env, rep)
+    ours = measure(PARDIAG, [str(f), "nocache"], env, rep)
+    out_dir = tempfile.mkdtemp(prefix="pardiag-bench-out-")
+    whole = measure(REPORT, [str(f), out_dir], env, rep)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    hta = None if a.no_hta or mb > a.hta_max_mb else measure(HTA, [str(f)], env, rep)
+    run_once(PARDIAG, [str(f), "cache"], env)  # store the summaries
+    cached = measure(PARDIAG, [str(f), "cache"], env, rep)
+    shutil.rmtree(f / ".pardiag-cache", ignore_errors=True)
+    t = lambda m: m[0] if m else None  # noqa: E731
+    m = lambda m: m[1] if m else None  # noqa: E731
+    r = lambda x, y: x / y if x is not None and y else None  # noqa: E731
+    return [f.name[:34], str(len(files)), f"{mb:.0f}", fmt(t(floor), ".2f", 0),
+            fmt(t(base), ".2f", 0), fmt(t(ours), ".2f", 0), fmt(t(whole), ".2f", 0),
+            fmt(t(hta), ".2f", 0), fmt(r(t(ours), t(hta)), ".2f", 0),
+            fmt(r(t(ours), t(floor)), ".2f", 0), fmt(r(t(whole), t(floor)), ".2f", 0),
+            fmt(t(cached), ".2f", 0), fmt(r(t(ours), t(cached)), ".1f", 0),
+            fmt(m(ours), ".0f", 0), fmt(m(whole), ".0f", 0), fmt(m(hta), ".0f", 0),
+            fmt(r(m(ours), m(hta)), ".2f", 0)]
 
 
 def main() -> None:
@@ -132,12 +245,14 @@ def main() -> None:
     p.add_argument("folders", nargs="*", type=Path)
     p.add_argument("--repeat", type=int, default=3, help="runs per measurement (median)")
     p.add_argument("--scale", action="store_true", help="add the 64 x 15 MB synthetic set")
+    p.add_argument("--replicate", action="append", default=[], metavar="TRACE:N",
+                   help="add N copies of TRACE as one N-rank run (repeatable)")
     p.add_argument("--no-hta", action="store_true", help="skip HTA")
     p.add_argument("--hta-max-mb", type=float, default=float("inf"),
                    help="skip HTA on folders larger than this (MB on disk)")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "pardiag-bench")
     a = p.parse_args()
-    folders = a.folders
+    folders = list(a.folders) + [replicate(a.work, spec) for spec in a.replicate]
     if not folders:
         folders = sorted(d for d in (REPO.parent / "shared" / "real_traces").iterdir()
                          if d.is_dir())
@@ -146,29 +261,10 @@ def main() -> None:
             folders.append(synthetic(a.work, 64, 15))
     cache_root = Path(tempfile.mkdtemp(prefix="pardiag-bench-cache-"))
     env = {**os.environ, "PARDIAG_CACHE_DIR": str(cache_root)}
-    print(f"{'folder':30} {'files':>5} {'MB':>6} {'base s':>7} {'pardiag s':>9} {'HTA s':>7} "
-          f"{'p/HTA':>6} {'p/base':>6} {'cached s':>8} {'speedup':>7} {'pardiag MB':>10} "
-          f"{'HTA MB':>7} {'mem p/HTA':>9}")
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" + "---:|" * (len(COLUMNS) - 1))
     for f in folders:
-        files = [x for x in f.iterdir() if x.is_file() and x.name.endswith((".json", ".json.gz"))]
-        mb = sum(x.stat().st_size for x in files) / 1e6
-        big = mb > 200
-        rep = 1 if big else a.repeat
-        base = measure(BASELINE, [str(f)], env, rep)
-        ours = measure(PARDIAG, [str(f), "nocache"], env, rep)
-        hta = None if a.no_hta or mb > a.hta_max_mb else measure(HTA, [str(f)], env, rep)
-        run_once(PARDIAG, [str(f), "cache"], env)  # store the summaries
-        cached = measure(PARDIAG, [str(f), "cache"], env, rep)
-        shutil.rmtree(f / ".pardiag-cache", ignore_errors=True)
-        t = lambda m: m[0] if m else None  # noqa: E731
-        r = lambda x, y: x / y if x is not None and y else None  # noqa: E731
-        print(f"{f.name[:30]:30} {len(files):5d} {mb:6.0f} {fmt(t(base), '.2f', 7)} "
-              f"{fmt(t(ours), '.2f', 9)} {fmt(t(hta), '.2f', 7)} "
-              f"{fmt(r(t(ours), t(hta)), '.2f', 6)} {fmt(r(t(ours), t(base)), '.2f', 6)} "
-              f"{fmt(t(cached), '.2f', 8)} {fmt(r(t(ours), t(cached)), '.1f', 7)} "
-              f"{fmt(ours[1] if ours else None, '.0f', 10)} "
-              f"{fmt(hta[1] if hta else None, '.0f', 7)} "
-              f"{fmt(r(ours[1] if ours else None, hta[1] if hta else None), '.2f', 9)}", flush=True)
+        print("| " + " | ".join(measure_folder(f, a, env)) + " |", flush=True)
     shutil.rmtree(cache_root, ignore_errors=True)
     print(f"cores: {len(os.sched_getaffinity(0))}, load average: "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (rerun on a quiet machine)")

@@ -108,7 +108,8 @@ class Report(_TypedReport):
         (:mod:`pardiag.analyzer.analyses.critical_path`), latest segment first: ``step``,
         ``rank``, ``start_us``, ``end_us`` (aligned clock), ``dur_us``, ``kind`` (``"work"``:
         the rank's time between communication it waited for, ``compute_us`` of it computing,
-        ``other_us`` the rest; ``"communication"``: a collective's or transfer's time from its
+        ``data_loading_us`` in its DataLoader iterator outside computation, ``other_us`` the
+        rest; ``"communication"``: a collective's or transfer's time from its
         last arrival, ``op``, ``dim``, ``instance``). Shares, slack and replay:
         :attr:`critical_path`."""
         return self.critical_path.segments

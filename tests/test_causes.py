@@ -186,6 +186,10 @@ def test_profiled_slow_dataloader_is_named(tmp_path):
     without = float(re.search(r"without it the step would take about ([\d.]+) ms", v).group(1))
     share = max(rep.causes.input_bound["share_pct"].values())
     assert without < head and without == pytest.approx(head * (1 - share / 100), rel=0.25)
+    # the critical path: rank 1's data loading is its largest part (60 ms of sleep per step)
+    top = rep.critical_path.shares.iloc[0]
+    assert (top["part"], int(top["rank"])) == ("data loading", 1), rep.critical_path.shares
+    assert "rank 1's data loading" in rep.critical_path.describe()
 
 
 def test_dtensor_host_work_of_a_planted_step(tmp_path):

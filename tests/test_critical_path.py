@@ -15,14 +15,21 @@ from .synth import TraceBuilder, record, write_sidecar
 STEP_US = 1000.0
 
 
-def _ddp_heavy_rank1(out, steps: int = 3):
+DATALOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def _ddp_heavy_rank1(out, steps: int = 3, data_loading_us: float = 0.0):
     """DDP over 2 CPU ranks, per step [t0, t0 + 1000): rank r computes [t0, t0 + c_r) (c_0 =
     300, c_1 = 600), both all-reduce until t0 + 650 (gloo's worker thread; rank 0 waits 350 µs,
     rank 1 50), both compute [t0 + 650, t0 + 850). Rank 0's step ends at t0 + 950, rank 1's at
     t0 + 1000. The path of each step: rank 1's tail [650, 1000) (200 compute, 150 other), the
     all-reduce's transfer from rank 1's arrival [600, 650), rank 1's computation [0, 600): 1000
     µs; rank 1 60 + 20% compute, 15% other, 5% dp communication. Rank 0's slack: its tail ends
-    50 µs before the step's end (its arrival 300 µs before rank 1's)."""
+    50 µs before the step's end (its arrival 300 µs before rank 1's).
+
+    With ``data_loading_us``, rank 1's first ``data_loading_us`` of its 600 µs are its
+    DataLoader iterator (an annotation holding an operator of 20 µs: the iterator's own
+    computation is data loading)."""
     out.mkdir(parents=True, exist_ok=True)
     write_sidecar(out / "run.json", "run", None, {
         "command": "pardiag profile train.py", "world_size": 2, "exit_code": 0,
@@ -35,7 +42,12 @@ def _ddp_heavy_rank1(out, steps: int = 3):
         for s in range(steps):
             t0 = 10_000.0 + STEP_US * s
             b.step(s + 1, t0, STEP_US - (50.0 if r == 0 else 0.0))
-            b.cpu("aten::mm", t0, comp)
+            if r == 1 and data_loading_us:
+                b.cpu(DATALOADER, t0, data_loading_us, cat="user_annotation")
+                b.cpu("aten::randint", t0 + 10.0, 20.0)
+                b.cpu("aten::mm", t0 + data_loading_us, comp - data_loading_us)
+            else:
+                b.cpu("aten::mm", t0, comp)
             b.cpu("gloo:all_reduce", t0 + comp, 650.0 - comp, tid=2, cat="user_annotation")
             recs.append(record("all_reduce", s + 1, t0 + comp, t0 + 650.0, ranks=[0, 1]))
             b.cpu("aten::mm", t0 + 650.0, 200.0)
@@ -61,14 +73,61 @@ def test_planted_heavy_rank_is_the_path(tmp_path):
     one = cp.segments[cp.segments["step"] == cp.segments["step"].min()]
     assert list(zip(one["rank"], one["kind"], one["dur_us"].round(6))) == [
         (1, "work", 350.0), (1, "communication", 50.0), (1, "work", 600.0)]
-    shares = {(p, None if pd.isna(r) else int(r), None if pd.isna(d) else d): round(s, 6)
-              for p, r, d, s in
-              cp.shares[["part", "rank", "dim", "share_pct"]].itertuples(index=False)}
-    assert shares == {("compute", 1, None): 80.0, ("other", 1, None): 15.0,
+    assert _shares(cp) == {("compute", 1, None): 80.0, ("other", 1, None): 15.0,
                       ("communication", None, "dp"): 5.0}
     slack = dict(zip(cp.slack["rank"], cp.slack["slack_us"]))
     assert slack == pytest.approx({0: 50.0, 1: 0.0})
     assert dict(zip(cp.slack["rank"], cp.slack["on_path_steps"])) == {0: 0, 1: 3}
+
+
+def _shares(cp) -> dict:
+    return {(p, None if pd.isna(r) else int(r), None if pd.isna(d) else d): round(s, 6)
+            for p, r, d, s in
+            cp.shares[["part", "rank", "dim", "share_pct"]].itertuples(index=False)}
+
+
+def test_planted_input_bound_rank_is_the_path(tmp_path):
+    """Rank 1 spends 450 of its 600 µs before the all-reduce in its DataLoader: the path is as
+    without it, its 600 µs of work now 450 data loading and 150 computation — 45% data loading,
+    35% computation (with the tail's 200), 15% the rest, 5% dp communication."""
+    cp = _path(_ddp_heavy_rank1(tmp_path / "run", data_loading_us=450.0))
+    assert list(cp.steps["path_us"]) == pytest.approx([STEP_US] * 3)
+    first = cp.segments[cp.segments["step"] == cp.segments["step"].min()].iloc[-1]
+    assert (first["rank"], first["kind"]) == (1, "work")
+    assert (first["compute_us"], first["data_loading_us"], first["other_us"]) == pytest.approx(
+        (150.0, 450.0, 0.0))
+    assert _shares(cp) == {("data loading", 1, None): 45.0, ("compute", 1, None): 35.0,
+                           ("other", 1, None): 15.0, ("communication", None, "dp"): 5.0}
+    assert cp.describe().split("%): ", 1)[1].startswith(
+        "45% rank 1's data loading, 35% rank 1's computation, 15% rank 1's time outside "
+        "computation, 5% in 1 other part")
+    # data loading is work: scaling the rank's work scales it, scaling its computation does not.
+    # Computation halved: rank 1 arrives at 450 + 75 = 525, the release at 575, rank 0's tail
+    # of 300 µs ends the step at 875. All its work halved: arrival 300, release 350, 650.
+    assert list(cp.replay(compute_scale={1: 0.5})["predicted_us"]) == pytest.approx([875.0] * 3)
+    assert list(cp.replay(work_scale={1: 0.5})["predicted_us"]) == pytest.approx([650.0] * 3)
+
+
+def test_gpu_data_loading_is_what_no_kernel_covers(tmp_path):
+    """One GPU rank, three steps of 1000 µs: a kernel [100, 500) launched at 10, the DataLoader
+    on the host [300, 800). The step window runs from its first kernel to the next step's
+    (the last: to its last kernel's end): the path of steps 1 and 2 is 400 computation, 300
+    data loading (the iterator's time no kernel covers) and 300 the rest; of step 3, 400
+    computation."""
+    from .synth import TraceBuilder as TB
+
+    b = TB(rank=0, world_size=1)
+    for s in range(3):
+        t0 = 1000.0 * s
+        b.step(s + 1, t0, 1000.0)
+        b.kernel("void gemm_kernel<float>(float*)", t0 + 100.0, 400.0, launch_ts=t0 + 10.0)
+        b.cpu(DATALOADER, t0 + 300.0, 500.0, cat="user_annotation")
+    (tmp_path / "run").mkdir()
+    b.write(tmp_path / "run" / "rank0.trace.json")
+    cp = _path(tmp_path / "run")
+    assert list(cp.steps["path_us"]) == pytest.approx([1000.0, 1000.0, 400.0])
+    assert _shares(cp) == {("compute", 0, None): 50.0, ("data loading", 0, None): 25.0,
+                           ("other", 0, None): 25.0}
 
 
 def test_replay_scales_work_and_transfers(tmp_path):

@@ -130,6 +130,35 @@ def rank_causes(trace: RankTrace) -> pd.DataFrame:
     return cached(trace, "causes", lambda: causes_of_trace(trace))
 
 
+def rank_data_loading(trace: RankTrace) -> np.ndarray:
+    """The rank's data loading: the host intervals of its DataLoader iterator
+    (``enumerate(DataLoader)#...__next__``), shape (n, 2), µs on the rank's own clock, merged
+    and sorted (empty without any). From the rank's summary when it holds them, else from its
+    events (once per trace)."""
+    s = trace.summary
+    if s is not None and getattr(s, "data_loading", None) is not None:
+        return s.data_loading
+    return cached(trace, "data_loading", lambda: data_loading_of_trace(trace))
+
+
+def data_loading_of_trace(trace: RankTrace) -> np.ndarray:
+    """:func:`rank_data_loading` computed from the rank's events."""
+    kinds = classify(trace, [])
+    return _iv(trace.events[_host(trace, kinds) & _named(trace, "dataloader", DATALOADER_RE)])
+
+
+def _named(trace: RankTrace, key: str, rx: re.Pattern) -> np.ndarray:
+    return name_test(trace, ("causes", key), lambda n: rx.search(n) is not None)
+
+
+def _host(trace: RankTrace, kinds: pd.Series) -> np.ndarray:
+    """The host events that are the thread's own work: operators, annotations and runtime
+    calls, less transfers in flight (workers' events, async isend spans) and step markers."""
+    return (trace.events["cat"].isin(["cpu_op", "user_annotation", "cuda_runtime",
+                                      "cuda_driver"]).to_numpy()
+            & ~transport(trace) & (kinds != Kind.STEP.value).to_numpy())
+
+
 def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
     """:func:`rank_causes` computed from the rank's events."""
     kinds = classify(trace, [])
@@ -140,10 +169,9 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
     ev = trace.events
     cat = ev["cat"]
     def named(key, rx):
-        return name_test(trace, ("causes", key), lambda n: rx.search(n) is not None)
+        return _named(trace, key, rx)
     moving = transport(trace)  # transfers in flight: workers' events, async isend spans
-    host = (cat.isin(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]).to_numpy()
-            & ~moving & (kinds != Kind.STEP.value).to_numpy())
+    host = _host(trace, kinds)
     k = kinds.to_numpy()
     is_sync = host & named("sync", SYNC_RE)
     is_runtime = cat.isin(["cuda_runtime", "cuda_driver"]).to_numpy()

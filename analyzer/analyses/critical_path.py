@@ -14,8 +14,10 @@ traces alike and from stored summaries:
 * **release**: a join ends for all its members after its last member has arrived; the transfer
   is the time from that last arrival to each member's end (per member, measured).
 * **work**: on each rank, the time from its previous blocked join's end (or its step's start) to
-  its next arrival or its step's end; split into its computation (|K ∩ piece|) and the rest (host
-  work, launches, idle, communication it did not wait for).
+  its next arrival or its step's end; split into its computation (|K ∩ piece|), its data
+  loading (the DataLoader iterator's host time outside computation: on a CPU rank the
+  iterator's own operators count as data loading, on a GPU rank kernels running meanwhile as
+  computation) and the rest (host work, launches, idle, communication it did not wait for).
 
 **The path** (per step) walks back from the step's last end (the rank whose step window ends
 last, on the aligned clock): the rank's work since its last blocked join, then that join's
@@ -47,6 +49,7 @@ import pandas as pd
 from ..trace import intervals as iv
 from ..trace.traceset import TraceSet
 from .breakdown import TimeBreakdown, rank_parts
+from .causes import rank_data_loading
 from .dim_overlap import dims_of_groups
 from .layout import LayoutResult
 from .sync import SyncResult
@@ -56,7 +59,7 @@ from .sync import SyncResult
 BLOCKED_TOL_US = 20.0
 #: Columns of :attr:`CriticalPathResult.segments`.
 SEGMENT_COLUMNS = ("step", "rank", "start_us", "end_us", "dur_us", "kind", "compute_us",
-                   "other_us", "op", "dim", "instance")
+                   "data_loading_us", "other_us", "op", "dim", "instance")
 #: Columns of :attr:`CriticalPathResult.steps`.
 STEP_COLUMNS = ("step", "start_us", "end_us", "measured_us", "path_us", "replay_us",
                 "replay_error_pct", "joins")
@@ -87,13 +90,15 @@ class _Join:
 @dataclasses.dataclass(frozen=True)
 class _Step:
     """One step's graph: per rank its start and end (aligned clock), its joins in arrival order,
-    and its computation intervals (aligned)."""
+    its computation intervals and its data-loading intervals (aligned, clipped to the step,
+    disjoint from each other)."""
 
     step: int
     start: dict            # rank -> start
     end: dict              # rank -> end
     joins: tuple           # _Join, by last arrival
     k: dict                # rank -> computation intervals (aligned, clipped to the step)
+    d: dict                # rank -> data-loading intervals (aligned, clipped, outside k)
 
     def anchors(self, rank: int) -> list[tuple[float, _Join | None]]:
         """The rank's anchors in time order: its step start (no join), then the end of each
@@ -104,12 +109,13 @@ class _Step:
                 out.append((j.end[rank], j))
         return out
 
-    def work(self, rank: int, lo: float, hi: float) -> tuple[float, float]:
-        """(computation µs, the rest µs) of the rank's time ``[lo, hi]``."""
+    def work(self, rank: int, lo: float, hi: float) -> tuple[float, float, float]:
+        """(computation, data loading, the rest) of the rank's time ``[lo, hi]``, µs."""
         if hi <= lo:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         comp = iv.total(iv.clip(self.k[rank], lo, hi))
-        return comp, (hi - lo) - comp
+        data = iv.total(iv.clip(self.d[rank], lo, hi))
+        return comp, data, (hi - lo) - comp - data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +125,7 @@ class CriticalPathResult:
     Attributes:
         segments: the path of every step, latest first: :data:`SEGMENT_COLUMNS` — ``kind``
             ``"work"`` (a rank's time between joins: ``compute_us`` of computation,
+            ``data_loading_us`` in its DataLoader iterator outside computation,
             ``other_us`` of the rest) or ``"communication"`` (a join's transfer on ``rank``'s
             side: ``op``, ``dim`` of its group, ``instance``); µs on the aligned clock.
         steps: per step: :data:`STEP_COLUMNS` — ``start_us``/``end_us`` (the earliest start and
@@ -126,7 +133,8 @@ class CriticalPathResult:
             (the path's length), ``replay_us`` (the unchanged graph replayed: its latest end
             less ``start_us``), ``replay_error_pct``, ``joins``.
         shares: the path's time over all steps by part: :data:`SHARE_COLUMNS` — ``part``
-            ``"compute"`` / ``"other"`` per ``rank``, ``"communication"`` per ``dim``;
+            ``"compute"`` / ``"data loading"`` (only where there is some) / ``"other"`` per
+            ``rank``, ``"communication"`` per ``dim``;
             ``share_pct`` of the summed path length.
         slack: per rank: :data:`SLACK_COLUMNS` — ``slack_us`` the median over steps of its
             slack (how much later it could arrive anywhere in the step without moving the
@@ -174,9 +182,9 @@ class CriticalPathResult:
             if row.part == "communication":
                 what = f"{row.dim} communication"
             else:
-                what = (f"rank {int(row.rank)}'s "
-                        + ("computation" if row.part == "compute"
-                           else "time outside computation"))
+                what = f"rank {int(row.rank)}'s " + {
+                    "compute": "computation", "data loading": "data loading"}.get(
+                    row.part, "time outside computation")
             parts.append(f"{row.share_pct:.0f}% {what}")
         rest = self.shares.iloc[3:]
         if len(rest) and rest["share_pct"].sum() >= 0.5:
@@ -233,7 +241,15 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
         off = offsets.get(r, 0.0)
         k = p.k - off if len(p.k) else p.k.reshape(-1, 2)
         exposed = iv.subtract(p.c, p.k) - off if len(p.c) else p.c.reshape(-1, 2)
-        parts[r] = (k, exposed)
+        d = rank_data_loading(traces.ranks[r])
+        d = d - off if len(d) else d.reshape(-1, 2)
+        # the DataLoader iterator's own operators are host computation on a CPU rank: its time
+        # is data loading; on a GPU rank kernels that run meanwhile make that time computation
+        if p.domain == "cpu":
+            k = iv.subtract(k, d)
+        else:
+            d = iv.subtract(d, k)
+        parts[r] = (k, exposed, d)
     by_name, by_group = dims_of_groups(layout, len(traces.ranks))
     inst = sync.instances
     pr = sync.per_rank
@@ -277,7 +293,8 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
             joins.append(_Join(str(key), op, dim, arrival, ends, blocked))
         joins.sort(key=lambda j: (j.last_arrival, j.instance))
         k = {r: iv.clip(parts[r][0], start[r], end[r]) for r in ranks}
-        graphs.append(_Step(int(step), start, end, tuple(joins), k))
+        d = {r: iv.clip(parts[r][2], start[r], end[r]) for r in ranks}
+        graphs.append(_Step(int(step), start, end, tuple(joins), k, d))
     if straddling:
         notes.append(f"{len(straddling)} communication instance(s) reach outside a member's step "
                      f"window: no join of any step (their time is that rank's work)")
@@ -303,17 +320,18 @@ def _walk(g: _Step) -> list[dict]:
         for a, j in g.anchors(rank):
             if a <= t + 1e-6:
                 anchor, join = a, j
-        comp, other = g.work(rank, anchor, t)
+        comp, data, other = g.work(rank, anchor, t)
         if t > anchor:
             out.append({"step": g.step, "rank": rank, "start_us": anchor, "end_us": t,
-                        "kind": "work", "compute_us": comp, "other_us": other, "op": None,
-                        "dim": None, "instance": None})
+                        "kind": "work", "compute_us": comp, "data_loading_us": data,
+                        "other_us": other, "op": None, "dim": None, "instance": None})
         if join is None:
             break
         last = join.last
         a_last = join.last_arrival
         out.append({"step": g.step, "rank": rank, "start_us": a_last, "end_us": anchor,
-                    "kind": "communication", "compute_us": 0.0, "other_us": 0.0,
+                    "kind": "communication", "compute_us": 0.0, "data_loading_us": 0.0,
+                    "other_us": 0.0,
                     "op": join.op, "dim": join.dim, "instance": join.instance})
         rank, t = last, a_last
     for row in out:
@@ -353,11 +371,11 @@ def _replay(g: _Step, compute_scale: dict, comm_scale: dict,
     def moved(r: int, t: float) -> float:
         a_meas, a_new = next((a for a in reversed(anchors[r]) if a[0] <= t + 1e-6),
                              anchors[r][0])
-        comp, other = g.work(r, a_meas, t)
+        comp, data, other = g.work(r, a_meas, t)
         if t < a_meas:   # before the rank's step start: nothing to scale
             return a_new + (t - a_meas)
         w = (work_scale or {}).get(r, 1.0)
-        return a_new + comp * compute_scale.get(r, 1.0) * w + other * w
+        return a_new + comp * compute_scale.get(r, 1.0) * w + (data + other) * w
 
     for j in g.joins:
         arr = {r: moved(r, a) for r, a in j.arrival.items()}
@@ -410,7 +428,8 @@ def compute_critical_path(traces: TraceSet, breakdown: TimeBreakdown, sync: Sync
 
 
 def _shares(segments: pd.DataFrame) -> pd.DataFrame:
-    """The path's time by part: computation and the rest per rank, communication per dim."""
+    """The path's time by part: computation, data loading and the rest per rank,
+    communication per dim."""
     if segments.empty:
         return pd.DataFrame(columns=list(SHARE_COLUMNS))
     total = float(segments["dur_us"].sum())
@@ -419,6 +438,9 @@ def _shares(segments: pd.DataFrame) -> pd.DataFrame:
     for r, g in work.groupby("rank", sort=True):
         rows.append({"part": "compute", "rank": int(r), "dim": None,
                      "us": float(g["compute_us"].sum())})
+        if g["data_loading_us"].sum() > 0:
+            rows.append({"part": "data loading", "rank": int(r), "dim": None,
+                         "us": float(g["data_loading_us"].sum())})
         rows.append({"part": "other", "rank": int(r), "dim": None,
                      "us": float(g["other_us"].sum())})
     comm = segments[segments["kind"] == "communication"]

@@ -822,8 +822,11 @@ def critical_path_figure(segments: pd.DataFrame, step: int) -> go.Figure:
         if g.empty:
             continue
         text = [(f"{o} ({d})" if kind == "communication" else
-                 f"compute {c / 1000:.2f} ms, other {x / 1000:.2f} ms")
-                for o, d, c, x in zip(g["op"], g["dim"], g["compute_us"], g["other_us"])]
+                 f"compute {c / 1000:.2f} ms, " + (f"data loading {dl / 1000:.2f} ms, "
+                                                   if dl > 0 else "")
+                 + f"other {x / 1000:.2f} ms")
+                for o, d, c, dl, x in zip(g["op"], g["dim"], g["compute_us"],
+                                          g["data_loading_us"], g["other_us"])]
         fig.add_bar(y=[f"rank {int(r)}" for r in g["rank"]],
                     x=(g["dur_us"] / 1000).tolist(), base=((g["start_us"] - t0) / 1000).tolist(),
                     orientation="h", name=kind, marker_color=color, hovertext=text,
