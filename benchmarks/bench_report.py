@@ -8,7 +8,9 @@
 For each folder, each measurement runs in a fresh subprocess (imports included), and the
 median of --repeat runs is printed; peak memory is the largest sum of PSS (proportional set size:
 pages shared between processes, as after fork, count once in total) over the process and its
-children (pardiag's and HTA's worker processes), sampled every 10 ms with psutil:
+children (pardiag's and HTA's worker processes), sampled with psutil every 10 ms for the first
+2 s and every 50 ms after (reading a large process's PSS takes CPU time from the measured
+processes):
 
 * ``base``: gunzip (where gzipped) + ``orjson.loads`` of every trace file, one after another;
 * ``floor``: gunzip + a msgspec decode of only the seven fields an analysis of the events needs
@@ -42,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -128,6 +131,7 @@ def run_once(code: str, args: list[str], env: dict) -> tuple[float, float] | Non
                         stderr=subprocess.PIPE, text=True, env=env)
     peak = 0
     stop = threading.Event()
+    t_start = time.monotonic()
 
     def sample() -> None:
         nonlocal peak
@@ -143,7 +147,9 @@ def run_once(code: str, args: list[str], env: dict) -> tuple[float, float] | Non
                 peak = max(peak, rss)
             except psutil.Error:
                 pass
-            stop.wait(0.01)
+            # every 10 ms for the first 2 s, then every 50 ms: reading a large process's PSS
+            # costs CPU time, which the measured processes would lose on a 2-core machine
+            stop.wait(0.01 if time.monotonic() - t_start < 2.0 else 0.05)
 
     th = threading.Thread(target=sample, daemon=True)
     th.start()

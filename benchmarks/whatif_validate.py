@@ -198,6 +198,99 @@ def _replayed(report, change) -> float | None:
     return change.measured_step_us * ratio / 1e3
 
 
+#: The link between two simulated nodes (``tests/netns.py``: a rate-limited veth pair), Mbit/s:
+#: the job is profiled at each rate and predicted, by replay, at the other.
+LINK_RATES = (20.0, 80.0)
+#: ``train_2d.py`` with its TP groups across the two nodes (2 ranks each): TP's activations are
+#: what crosses the link, as in the two-node test.
+LINK_JOB = ("train_2d.py", ["--tp-outer", "--width", "64", "--layers", "1", "--batch", "64",
+                            "--seq", "32"])
+LINK_STEPS = 15
+
+
+def _link_runs(tmp: Path, rep: int) -> dict[float, tuple[Path, float]]:
+    """Per link rate: the profiled run's folder and the plain run's median step time (µs, every
+    rank's steps ≥ ``SKIP``), both made with the link at that rate."""
+    sys.path.insert(0, str(REPO))
+    from tests.netns import Network, profile_command, run_two_nodes, torchrun_command
+
+    script, args = LINK_JOB
+    out: dict[float, tuple[Path, float]] = {}
+    for rate in LINK_RATES:
+        net = Network(rate)
+        if not net.ok:
+            raise RuntimeError(f"no simulated link: {net.why}")
+        folder, times = tmp / f"link{rate:g}_rep{rep}", tmp / f"plain_link{rate:g}_rep{rep}"
+        try:
+            for cmd in (profile_command(EXAMPLES / script, 2, folder, *args, "--steps",
+                                        str(LINK_STEPS), timeout_s=600),
+                        torchrun_command(EXAMPLES / script, 2, *args, "--steps", str(LINK_STEPS),
+                                         "--times-out", str(times))):
+                codes, res = run_two_nodes(net, cmd, cwd=REPO, timeout=900)
+                if codes != [0, 0]:
+                    raise RuntimeError(f"{' '.join(cmd[:6])} at {rate:g} Mbit/s: exit {codes}: "
+                                       f"{res[0][1][-400:]}")
+        finally:
+            net.close()
+        steps = [t for r in range(4)
+                 for t in json.loads(Path(f"{times}.rank{r}").read_text())[SKIP:]]
+        out[rate] = (folder, statistics.median(steps) * 1e6)
+    return out
+
+
+def link_rows(tmp: Path, rep: int) -> list[dict]:
+    """The link made faster (and slower): profiled at one rate, the step predicted at the other
+    by replaying the critical path with the transfers of the groups that span the nodes scaled
+    by the rates' ratio, and by the exposed-communication formula (the step less the exposed
+    time of those dimensions × (1 − ratio)); each applied, as a ratio, to the profiled run's
+    clean step, and measured by a plain run at the other rate."""
+    from pardiag.analyzer.analyses.dim_overlap import dims_of_groups
+    from pardiag.analyzer.predict.recommend import clean_step_us
+    from pardiag.analyzer.report.registry import build_report
+    from pardiag.analyzer.trace import load_traces
+
+    runs = _link_runs(tmp, rep)
+    rows = []
+    for a, b in (LINK_RATES, LINK_RATES[::-1]):
+        report = build_report(load_traces(runs[a][0]))
+        groups = report.layout.groups
+        by_name, _ = dims_of_groups(report.layout, len(report.traces.ranks))
+        dims = sorted({by_name[str(pg)] for pg in
+                       groups[groups["spans_nodes"].fillna(False).astype(bool)]["pg"]})
+        f = a / b   # a transfer's time goes with 1 / rate
+        replay = report.critical_path.replay(comm_scale=dict.fromkeys(dims, f))
+        ratio = statistics.median(replay["predicted_us"] / replay["replay_us"])
+        ov = report.results["dim_overlap"].summary
+        exposed = float(ov[ov["dim"].isin(dims)]["exposed_us"].sum())
+        steps = report.critical_path.steps
+        per_step = exposed / len(steps) if len(steps) else 0.0
+        profiled = float(steps["measured_us"].median()) if len(steps) else float("nan")
+        clean = clean_step_us(report.traces)[0]
+        rows.append({"case": "link", "change": f"link {a:g} → {b:g} Mbit/s ({', '.join(dims)})",
+                     "base_ms": clean / 1e3, "replay_ms": clean * ratio / 1e3,
+                     "formula_ms": clean * (1.0 - per_step / profiled * (1.0 - f)) / 1e3,
+                     "measured_ms": runs[b][1] / 1e3, "measured_base_ms": runs[a][1] / 1e3})
+    return rows
+
+
+def link_table(reps: list[list[dict]]) -> list[dict]:
+    """Per change, medians over the repetitions and the paired errors (%)."""
+    out = []
+    for i, first in enumerate(reps[0]):
+        rs = [rep[i] for rep in reps]
+        def err(key: str, rs=rs) -> float:
+            return statistics.median(100.0 * (r[key] - r["measured_ms"]) / r["measured_ms"]
+                                     for r in rs)
+        meas = [r["measured_ms"] for r in rs]
+        out.append({"change": first["change"], "repetitions": len(rs),
+                    **{k: statistics.median(r[k] for r in rs) for k in
+                       ("base_ms", "replay_ms", "formula_ms", "measured_ms",
+                        "measured_base_ms")},
+                    "replay_error_pct": err("replay_ms"), "formula_error_pct": err("formula_ms"),
+                    "spread_pct": 100.0 * (max(meas) - min(meas)) / statistics.median(meas)})
+    return out
+
+
 def profile_case(name: str, tmp: Path, pin: bool, rep: int) -> list[dict]:
     """Profile a case's base configuration; returns one row per runnable evaluated change (the
     base first) with the prediction and the arguments to run."""
@@ -236,9 +329,44 @@ def profile_case(name: str, tmp: Path, pin: bool, rep: int) -> list[dict]:
     return rows
 
 
+def link_main(args) -> None:
+    """``whatif_validate.py link``: :func:`link_rows` ``--repeat`` times, one table."""
+    info = machine()
+    print(f"machine: {describe(info)}", file=sys.stderr, flush=True)
+    reps = []
+    with tempfile.TemporaryDirectory(prefix="pardiag-whatif-") as d:
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            d = str(args.keep)
+        for rep in range(args.repeat):
+            reps.append(link_rows(Path(d), rep))
+            print(f"repetition {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
+    info = finish(info)
+    rows = link_table(reps)
+    print(f"machine: {describe(info)}")
+    print(f"{args.repeat} repetition(s); two simulated nodes of 2 ranks, {LINK_JOB[0]} "
+          f"{' '.join(LINK_JOB[1])}, {LINK_STEPS} steps\n")
+    print("| change | profiled run's clean step ms | replay's prediction ms | error | "
+          "formula's prediction ms | error | measured ms | spread of runs |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['change']} | {r['base_ms']:.1f} | {r['replay_ms']:.1f} | "
+              f"{r['replay_error_pct']:+.1f}% | {r['formula_ms']:.1f} | "
+              f"{r['formula_error_pct']:+.1f}% | {r['measured_ms']:.1f} | "
+              f"{r['spread_pct']:.0f}% |")
+    errs = [abs(r["replay_error_pct"]) for r in rows]
+    print(f"\nreplay: median |error| {statistics.median(errs):.1f}%, worst {max(errs):.1f}% "
+          f"(goal ≤ 5% / ≤ 15%)")
+    if args.json:
+        args.json.write_text(json.dumps({"machine": info, "repeat": args.repeat, "rows": rows},
+                                        indent=1, default=str))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("cases", nargs="*", help=f"cases to run (default: all of {', '.join(CASES)})")
+    ap.add_argument("cases", nargs="*", help=f"cases to run (default: all of {', '.join(CASES)});"
+                    f" 'link': the link between two simulated nodes made faster and slower "
+                    f"(as root, with network namespaces; not in the default)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="repetitions: each profiles the base again and runs every configuration")
     ap.add_argument("--pin-cpu", action="store_true", help="pass --pin-cpu to every run")
@@ -246,6 +374,10 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep the profiled runs in this folder (default: a temporary one)")
     args = ap.parse_args()
+    link = "link" in args.cases
+    args.cases = [c for c in args.cases if c != "link"]
+    if link and not args.cases:
+        return link_main(args)
     unknown = set(args.cases) - set(CASES)
     if unknown:
         ap.error(f"unknown case(s) {sorted(unknown)}; choose from {sorted(CASES)}")

@@ -1,9 +1,10 @@
 """Two nodes on one machine, for real: two `pardiag profile` launchers with `--nnodes 2
 --node-rank 0/1`, each in its own UTS namespace with its own host name (`unshare --uts`, as
 root). Where network namespaces and a rate limit (`tc ... tbf`) can be set up, each node also
-gets its own network namespace, joined to the other by a veth pair limited to 20 Mbit/s: ranks
-of one node talk over its loopback, ranks of different nodes over the slow link, as on a
-cluster. Otherwise both nodes share this machine's network and the test says so.
+gets its own network namespace, joined to the other by a veth pair limited to 20 Mbit/s
+(`tests/netns.py`): ranks of one node talk over its loopback, ranks of different nodes over the
+slow link, as on a cluster. Otherwise both nodes share this machine's network and the test says
+so.
 
 The job is examples/train_2d.py with its mesh ordered (tp, dp) (`--tp-outer`): its TP groups
 span the two nodes and its DP groups stay inside one — the placement pardiag's placement rule
@@ -13,14 +14,13 @@ corrects.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from .netns import Network, profile_command, run_two_nodes, uts_refused
 from .paths import REPO
 
 #: Every test here starts a training job.
@@ -32,97 +32,18 @@ SCRIPT_ARGS = ["--steps", "5", "--tp-outer", "--width", "64", "--layers", "1", "
                "--seq", "32"]
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _run(*cmd, check=True) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=60,
-                          check=check)
-
-
-class _Network:
-    """Two network namespaces joined by a rate-limited veth pair, or nothing (``ok`` False,
-    ``why`` says why)."""
-
-    def __init__(self) -> None:
-        k = os.getpid() % 200 + 20
-        self.ns = [f"pdt{k}a", f"pdt{k}b"]
-        self.dev = [f"pdt{k}v0", f"pdt{k}v1"]
-        self.addr = [f"10.213.{k}.1", f"10.213.{k}.2"]
-        self.ok, self.why = False, ""
-        if not (shutil.which("ip") and shutil.which("tc")):
-            self.why = "no ip/tc (iproute2)"
-            return
-        try:
-            for ns in self.ns:
-                _run("ip", "netns", "add", ns)
-                _run("ip", "-n", ns, "link", "set", "lo", "up")
-            _run("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
-            for ns, dev, addr in zip(self.ns, self.dev, self.addr):
-                _run("ip", "link", "set", dev, "netns", ns)
-                _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-                _run("ip", "-n", ns, "link", "set", dev, "up")
-                _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", "20mbit",
-                     "burst", "32kbit", "latency", "400ms")
-            self.ok = True
-        except (subprocess.CalledProcessError, OSError) as exc:
-            err = getattr(exc, "stderr", "") or str(exc)
-            last = err.strip().splitlines()[-1] if err else str(exc)
-            self.why = f"network namespaces refused ({last})"
-            self.close()
-
-    def prefix(self, node: int) -> list[str]:
-        return ["ip", "netns", "exec", self.ns[node]] if self.ok else []
-
-    def close(self) -> None:
-        for ns in self.ns:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
-def _uts_refused() -> str | None:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "needs root for unshare --uts"
-    if not shutil.which("unshare"):
-        return "no unshare (util-linux)"
-    res = subprocess.run(["unshare", "--uts", "hostname", "pardiag-probe"], capture_output=True,
-                         text=True)
-    if res.returncode != 0:
-        return f"unshare --uts refused: {res.stderr.strip()[:200]}"
-    return None
-
-
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    why = _uts_refused()
+    why = uts_refused()
     if why:
         pytest.skip(why)
-    net = _Network()
+    net = Network(rate_mbit=20)
     out = tmp_path_factory.mktemp("multinode") / "run"
-    host = net.addr[0] if net.ok else "127.0.0.1"
-    port = _free_port("127.0.0.1")
-    procs = []
     try:
-        for node in (0, 1):
-            env = {**os.environ,
-                   "GLOO_SOCKET_IFNAME": net.dev[node] if net.ok else "lo"}
-            cmd = [*net.prefix(node), "unshare", "--uts", "sh", "-c",
-                   f'hostname node{node} && exec "$@"', "sh",
-                   sys.executable, "-m", "pardiag", "profile", str(EXAMPLE),
-                   "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", str(node),
-                   "--rdzv-endpoint", f"{host}:{port}", "--out", str(out), "--timeout", "240",
-                   "--", *SCRIPT_ARGS]
-            procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
-        results = [p.communicate(timeout=300) for p in procs]
+        codes, results = run_two_nodes(net, profile_command(EXAMPLE, 2, out, *SCRIPT_ARGS),
+                                       cwd=REPO)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
         net.close()
-    codes = [p.returncode for p in procs]
     return out, codes, results, net
 
 

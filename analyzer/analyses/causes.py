@@ -280,20 +280,23 @@ def _device_row(dev: dict, parts: dict, lo: float, hi: float) -> dict:
     busy = iv.merge(k, m)
     c = iv.subtract(iv.clip(dev["c"], lo, hi), busy)
     idle = iv.subtract(iv.union([lo], [hi]), iv.merge(busy, c))
-    host_wait, other = [], []
-    for a, b in idle:
-        # the kernel that ends the gap: the first one starting at or after its end
-        i = int(np.searchsorted(dev["start"], b, side="left"))
-        lt = dev["launch"][i] if i < len(dev["start"]) and dev["start"][i] <= hi else np.nan
-        (other if not math.isnan(lt) and lt < a else host_wait).append((a, b))
-    hw = np.asarray(host_wait, dtype=float).reshape(-1, 2)
+    # the kernel that ends each gap: the first one starting at or after its end; the gap is
+    # idle with work queued when that kernel was launched before the gap began
+    start, launch = dev["start"], dev["launch"]
+    i = np.searchsorted(start, idle[:, 1], side="left")
+    j = np.minimum(i, max(len(start) - 1, 0))
+    ends_gap = (i < len(start)) & (start[j] <= hi) if len(start) else np.zeros(len(i), bool)
+    lt = np.where(ends_gap, launch[j] if len(start) else np.nan, np.nan)
+    with np.errstate(invalid="ignore"):
+        queued = ~np.isnan(lt) & (lt < idle[:, 0])
+    hw, other = idle[~queued], idle[queued]
     sync = iv.intersect(hw, parts["sync_us"])
     comm = iv.intersect(iv.subtract(hw, sync), parts["comm_us"])
     host = iv.subtract(iv.subtract(hw, sync), comm)
     return {"dev_compute_us": iv.total(k), "dev_memory_us": iv.total(m),
             "wait_comm_us": iv.total(c) + iv.total(comm), "wait_sync_us": iv.total(sync),
             "wait_host_us": iv.total(host),
-            "wait_other_us": iv.total(np.asarray(other, dtype=float).reshape(-1, 2))}
+            "wait_other_us": iv.total(other)}
 
 
 #: Columns of :func:`excess_table`.

@@ -808,12 +808,20 @@ def _pipeline_section(report: Report, page: Page) -> list[str]:
     return out
 
 
-def critical_path_figure(segments: pd.DataFrame, step: int) -> go.Figure:
-    """One step's critical path on the ranks' timeline: a bar per segment on its rank's row
-    (ms from the step's first segment), work in the rank's colour of computation, transfers in
-    communication's, and a dotted line at each join where the path moves from one rank to the
-    rank that arrived last."""
-    seg = segments[segments["step"] == step].iloc[::-1]
+#: Steps of the critical path drawn on the page (the latest ones; the tables hold every step).
+PATH_STEPS_DRAWN = 20
+
+
+def critical_path_figure(segments: pd.DataFrame, steps: list[int] | None = None) -> go.Figure:
+    """The critical path of ``steps`` (default: every step in ``segments``) on the ranks'
+    timeline: a bar per segment on its rank's row (ms from the first drawn step's path start,
+    on the aligned clock, so consecutive steps follow each other), work in the colour of
+    computation, transfers in communication's, a dotted line at each join where the path moves
+    from one rank to the rank that arrived last, and a faint line where each step's path
+    starts."""
+    steps = sorted(set(segments["step"])) if steps is None else sorted(steps)
+    seg = segments[segments["step"].isin(steps)].sort_values(["step", "start_us"],
+                                                              kind="stable")
     t0 = float(seg["start_us"].min()) if len(seg) else 0.0
     fig = go.Figure()
     for kind, color in (("work", PART_COLORS["compute only"]),
@@ -821,30 +829,39 @@ def critical_path_figure(segments: pd.DataFrame, step: int) -> go.Figure:
         g = seg[seg["kind"] == kind]
         if g.empty:
             continue
-        text = [(f"{o} ({d})" if kind == "communication" else
-                 f"compute {c / 1000:.2f} ms, " + (f"data loading {dl / 1000:.2f} ms, "
-                                                   if dl > 0 else "")
-                 + f"other {x / 1000:.2f} ms")
-                for o, d, c, dl, x in zip(g["op"], g["dim"], g["compute_us"],
-                                          g["data_loading_us"], g["other_us"])]
+        text = [f"step {int(st)}: " + (
+                f"{o} ({d})" if kind == "communication" else
+                f"compute {c / 1000:.2f} ms, " + (f"data loading {dl / 1000:.2f} ms, "
+                                                  if dl > 0 else "")
+                + f"other {x / 1000:.2f} ms")
+                for st, o, d, c, dl, x in zip(g["step"], g["op"], g["dim"], g["compute_us"],
+                                              g["data_loading_us"], g["other_us"])]
         fig.add_bar(y=[f"rank {int(r)}" for r in g["rank"]],
                     x=(g["dur_us"] / 1000).tolist(), base=((g["start_us"] - t0) / 1000).tolist(),
                     orientation="h", name=kind, marker_color=color, hovertext=text,
                     hoverinfo="text+x")
-    # the joins: where the path leaves a rank for the one that arrived last at a communication
+    # the joins: where the path leaves a rank for the one that arrived last (within a step)
     xs, ys = [], []
-    rows = list(seg.itertuples(index=False))
-    for prev, nxt in zip(rows, rows[1:]):
-        if int(prev.rank) != int(nxt.rank):
-            x = (float(nxt.start_us) - t0) / 1000
-            xs += [x, x, None]
-            ys += [f"rank {int(prev.rank)}", f"rank {int(nxt.rank)}", None]
+    for _, g in seg.groupby("step", sort=True):
+        rows = list(g.itertuples(index=False))
+        for prev, nxt in zip(rows, rows[1:]):
+            if int(prev.rank) != int(nxt.rank):
+                x = (float(nxt.start_us) - t0) / 1000
+                xs += [x, x, None]
+                ys += [f"rank {int(prev.rank)}", f"rank {int(nxt.rank)}", None]
     if xs:
         fig.add_scatter(x=xs, y=ys, mode="lines", name="waits for (join)",
                         line={"color": "#333333", "width": 1, "dash": "dot"}, hoverinfo="skip")
-    fig.update_layout(title=f"Step {step}: the critical path across ranks", barmode="overlay",
-                      xaxis_title="ms from the path's start",
-                      height=160 + 30 * seg["rank"].nunique(),
+    if len(steps) > 1:
+        for st, g in seg.groupby("step", sort=True):
+            fig.add_vline(x=(float(g["start_us"].min()) - t0) / 1000,
+                          line={"color": "#BBBBBB", "width": 1}, annotation_text=f"step {st}",
+                          annotation_position="top right", annotation_font_size=10)
+    which = (f"Step {steps[0]}" if len(steps) == 1 else
+             f"Steps {steps[0]}–{steps[-1]}" if steps else "No step")
+    fig.update_layout(title=f"{which}: the critical path across ranks", barmode="overlay",
+                      xaxis_title="ms from the path's start (aligned clock)",
+                      height=180 + 30 * seg["rank"].nunique(),
                       yaxis={"categoryorder": "category descending"})
     return fig
 
@@ -857,9 +874,11 @@ def _critical_path_section(report: Report, page: Page) -> list[str]:
         return out
     out.append(f"<p>{escape(cp.describe())}.</p>")
     steps = cp.steps
-    median_step = int(steps.iloc[(steps["path_us"] - steps["path_us"].median()).abs().argmin()]
-                      ["step"])
-    out.append(page.fig(critical_path_figure(cp.segments, median_step)))
+    drawn = sorted(set(cp.segments["step"]))[-PATH_STEPS_DRAWN:]
+    out.append(page.fig(critical_path_figure(cp.segments, drawn)))
+    if len(drawn) < len(steps):
+        out.append(muted(f"The figure draws the latest {len(drawn)} of {len(steps)} steps; "
+                         f"the tables below hold every step."))
     out.append(table(in_ms(cp.shares, ["us"]), {
         "part": "part", "rank": "rank", "dim": "dimension", "us": "on the path (ms, all steps)",
         "share_pct": "share %"}, left=("part", "dim"), digits=3, sortable=True, what="parts"))
