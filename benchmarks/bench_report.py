@@ -1,4 +1,4 @@
-"""pardiag's load + analyses against HTA's TraceAnalysis load and a gunzip + orjson baseline.
+"""pardiag's load + analyses against HTA's TraceAnalysis load and the cost of reading the bytes.
 
     .venv/bin/python benchmarks/bench_report.py                 # real traces + 8 x 15 MB synthetic
     .venv/bin/python benchmarks/bench_report.py --scale         # ... + 64 x 15 MB synthetic
@@ -19,7 +19,7 @@ processes):
   at the least;
 * ``pardiag``: ``load_traces(reducer=REDUCER)`` + ``build_report`` (every analysis, no HTML), no
   stored summaries (cold);
-* ``HTA``: ``TraceAnalysis(trace_dir=...)`` (HTA 0.5.0: parse and build its dataframes);
+* ``HTA``: ``TraceAnalysis(trace_dir=...)`` (HTA as installed: parse and build its dataframes);
 * ``cached``: pardiag again once summaries are stored (a second ``pardiag report``);
 * ``report``: the whole command as a user runs it, ``pardiag report FOLDER --no-cache -o
   report.html --json report.json -q`` (start-up, HTML and JSON included).
