@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import re
 from collections.abc import Iterable
 
@@ -91,10 +92,10 @@ class TimeBreakdown:
     steps: pd.DataFrame
     collectives: pd.DataFrame
 
-    @property
+    @functools.cached_property
     def step_time(self) -> pd.DataFrame:
         """Step time and its spread (:func:`step_time_spread`): one row per rank and a last row
-        for the run (``rank`` None: per step the slowest rank's span)."""
+        for the run (``rank`` None: per step the slowest rank's span). Computed once."""
         return step_time_spread(self.steps)
 
     @property
@@ -123,17 +124,21 @@ STEP_TIME_COLUMNS = ("rank", "steps", "median_us", "q1_us", "q3_us", "min_us", "
                      "outlier_steps")
 
 
-def _spread_row(rank, spans: pd.Series) -> dict:
-    """Median, quartiles and range (µs) of one series of step spans indexed by step number,
-    outliers (> :data:`OUTLIER_STEP_FACTOR` × the median) left out and named."""
-    med = float(spans.median())
-    out = spans[spans > OUTLIER_STEP_FACTOR * med] if len(spans) > 2 else spans.iloc[:0]
-    used = spans.drop(out.index)
-    q = used.quantile([0.25, 0.5, 0.75]).to_numpy() if len(used) else [np.nan] * 3
+def _spread_row(rank, steps: np.ndarray, spans: np.ndarray) -> dict:
+    """Median, quartiles and range (µs) of one rank's step spans (``spans``, NaN where unknown,
+    of the step numbers ``steps``), outliers (> :data:`OUTLIER_STEP_FACTOR` × the median) left
+    out and named."""
+    known = spans[~np.isnan(spans)]
+    med = float(np.median(known)) if len(known) else np.nan
+    with np.errstate(invalid="ignore"):
+        out = spans > OUTLIER_STEP_FACTOR * med if len(spans) > 2 else np.zeros(len(spans), bool)
+    used = spans[~out]
+    kept = used[~np.isnan(used)]
+    q = np.quantile(kept, [0.25, 0.5, 0.75]) if len(kept) else [np.nan] * 3
     return {"rank": rank, "steps": int(len(used)), "median_us": float(q[1]), "q1_us": float(q[0]),
-            "q3_us": float(q[2]), "min_us": float(used.min()) if len(used) else np.nan,
-            "max_us": float(used.max()) if len(used) else np.nan,
-            "outlier_steps": [int(x) for x in out.index]}
+            "q3_us": float(q[2]), "min_us": float(kept.min()) if len(kept) else np.nan,
+            "max_us": float(kept.max()) if len(kept) else np.nan,
+            "outlier_steps": [int(x) for x in steps[out]]}
 
 
 def step_time_spread(steps: pd.DataFrame) -> pd.DataFrame:
@@ -151,9 +156,16 @@ def step_time_spread(steps: pd.DataFrame) -> pd.DataFrame:
     """
     if steps is None or steps.empty:
         return pd.DataFrame(columns=list(STEP_TIME_COLUMNS))
-    rows = [_spread_row(int(r), g.set_index("step")["span_us"])
-            for r, g in steps.groupby("rank", sort=True)]
-    rows.append(_spread_row(None, steps.groupby("step")["span_us"].max()))
+    ranks = steps["rank"].to_numpy()
+    order = np.argsort(ranks, kind="stable")
+    r_sorted = ranks[order]
+    step_no = steps["step"].to_numpy()[order]
+    span = steps["span_us"].to_numpy(dtype=float)[order]
+    cuts = np.flatnonzero(r_sorted[1:] != r_sorted[:-1]) + 1
+    rows = [_spread_row(int(r_sorted[a]), step_no[a:b], span[a:b])
+            for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(r_sorted)])]
+    run = steps.groupby("step")["span_us"].max()
+    rows.append(_spread_row(None, run.index.to_numpy(), run.to_numpy(dtype=float)))
     out = pd.DataFrame(rows, columns=list(STEP_TIME_COLUMNS))
     out["rank"] = pd.Series([r["rank"] for r in rows], dtype=object)
     return out
