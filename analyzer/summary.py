@@ -212,14 +212,18 @@ def _frame_json(df: pd.DataFrame) -> dict:
 
 
 def _frame_from(d: dict) -> pd.DataFrame:
+    # numeric columns as numpy arrays, not Series: a report of many ranks builds thousands of
+    # these tables (object columns stay Series: pandas would read an object array of strings
+    # as its string dtype)
     cols = {}
     for c, t, vals in zip(d["columns"], d["dtypes"], d["data"]):
         if t == "object":
             cols[c] = pd.Series(vals, dtype=object)
         elif t.startswith(("int", "uint")) and None in vals:
-            cols[c] = pd.Series([np.nan if v is None else v for v in vals], dtype=float)
+            cols[c] = np.array([np.nan if v is None else v for v in vals], dtype=float)
         elif t.startswith(("float", "int", "uint", "bool")):
-            cols[c] = pd.Series([np.nan if v is None else v for v in vals], dtype=t)
+            cols[c] = np.array([np.nan if v is None else v for v in vals] if None in vals
+                               else vals, dtype=t)
         else:
             cols[c] = pd.Series(vals)
     return pd.DataFrame(cols, columns=d["columns"])
