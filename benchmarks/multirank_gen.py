@@ -245,10 +245,10 @@ def _extra_groups(job: Job, P: dict, dims, world: int) -> list[tuple[str, list]]
     """Groups that are no dimension of the mesh, as real frameworks create them:
 
     * torchtitan flattens data parallelism for the loss reduction: ``mesh_dp`` =
-      dp_replicate x dp_shard (torchtitan#720);
+      dp_replicate x dp_shard (torchtitan's ``parallel_dims.py``);
     * Megatron-LM keeps a gloo twin of its data-parallel group (``DATA_PARALLEL_GROUP_GLOO``)
       and, with a pipeline, an ``EMBEDDING_GROUP`` of the first and last stages
-      (parallel_state.py; pytorch#123472);
+      (Megatron-LM's ``parallel_state.py``);
     * several replicas: each replica's own world (``replica_world``).
     """
     names = {d: n for d, n in dims if n > 1}

@@ -59,6 +59,7 @@ exceeds the median of the other ranks in the same step (median over steps, µs).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -168,8 +169,7 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
         return empty
     ev = trace.events
     cat = ev["cat"]
-    def named(key, rx):
-        return _named(trace, key, rx)
+    named = functools.partial(_named, trace)
     moving = transport(trace)  # transfers in flight: workers' events, async isend spans
     host = _host(trace, kinds)
     k = kinds.to_numpy()
@@ -283,12 +283,13 @@ def _device_row(dev: dict, parts: dict, lo: float, hi: float) -> dict:
     # the kernel that ends each gap: the first one starting at or after its end; the gap is
     # idle with work queued when that kernel was launched before the gap began
     start, launch = dev["start"], dev["launch"]
-    i = np.searchsorted(start, idle[:, 1], side="left")
-    j = np.minimum(i, max(len(start) - 1, 0))
-    ends_gap = (i < len(start)) & (start[j] <= hi) if len(start) else np.zeros(len(i), bool)
-    lt = np.where(ends_gap, launch[j] if len(start) else np.nan, np.nan)
-    with np.errstate(invalid="ignore"):
-        queued = ~np.isnan(lt) & (lt < idle[:, 0])
+    queued = np.zeros(len(idle), dtype=bool)
+    if len(start):
+        i = np.searchsorted(start, idle[:, 1], side="left")
+        j = np.minimum(i, len(start) - 1)
+        lt = np.where((i < len(start)) & (start[j] <= hi), launch[j], np.nan)
+        with np.errstate(invalid="ignore"):
+            queued = lt < idle[:, 0]   # NaN (no such kernel, or its launch unknown) is False
     hw, other = idle[~queued], idle[queued]
     sync = iv.intersect(hw, parts["sync_us"])
     comm = iv.intersect(iv.subtract(hw, sync), parts["comm_us"])

@@ -22,11 +22,12 @@ kernels attached to them, launch by launch:
 
 The type of an op is what the host side says (its record's ``Collective name``, else the range's
 name: ``nccl:all_reduce`` says a ``SendRecv`` kernel of NCCL <= 2.13 or RCCL ran an all-reduce,
-NCCL#714), else its first kernel's name (:func:`pardiag.analyzer.trace.classify.collective_type`).
+which the kernel's own name then did not say), else its first kernel's name
+(:func:`pardiag.analyzer.trace.classify.collective_type`).
 
 An op whose launches' kernels are all absent from the trace (CUPTI dropped them at a session's
-start, pytorch#192021) is *missing*: it counts as issued and keeps its place in its group's order,
-without times.
+start, a known loss of Kineto traces) is *missing*: it counts as issued and keeps its place in
+its group's order, without times.
 """
 
 from __future__ import annotations

@@ -840,23 +840,23 @@ def critical_path_figure(segments: pd.DataFrame, steps: list[int] | None = None)
                     x=(g["dur_us"] / 1000).tolist(), base=((g["start_us"] - t0) / 1000).tolist(),
                     orientation="h", name=kind, marker_color=color, hovertext=text,
                     hoverinfo="text+x")
-    # the joins: where the path leaves a rank for the one that arrived last (within a step)
+    # the joins: where the path leaves a rank for the one that arrived last (within a step);
+    # with several steps, a faint line where each step's path starts
     xs, ys = [], []
-    for _, g in seg.groupby("step", sort=True):
+    for st, g in seg.groupby("step", sort=True):
         rows = list(g.itertuples(index=False))
         for prev, nxt in zip(rows, rows[1:]):
             if int(prev.rank) != int(nxt.rank):
                 x = (float(nxt.start_us) - t0) / 1000
                 xs += [x, x, None]
                 ys += [f"rank {int(prev.rank)}", f"rank {int(nxt.rank)}", None]
-    if xs:
-        fig.add_scatter(x=xs, y=ys, mode="lines", name="waits for (join)",
-                        line={"color": "#333333", "width": 1, "dash": "dot"}, hoverinfo="skip")
-    if len(steps) > 1:
-        for st, g in seg.groupby("step", sort=True):
+        if len(steps) > 1:
             fig.add_vline(x=(float(g["start_us"].min()) - t0) / 1000,
                           line={"color": "#BBBBBB", "width": 1}, annotation_text=f"step {st}",
                           annotation_position="top right", annotation_font_size=10)
+    if xs:
+        fig.add_scatter(x=xs, y=ys, mode="lines", name="waits for (join)",
+                        line={"color": "#333333", "width": 1, "dash": "dot"}, hoverinfo="skip")
     which = (f"Step {steps[0]}" if len(steps) == 1 else
              f"Steps {steps[0]}–{steps[-1]}" if steps else "No step")
     fig.update_layout(title=f"{which}: the critical path across ranks", barmode="overlay",
