@@ -108,14 +108,22 @@ def test_unbalanced_pipeline_is_rebalanced(run):
 def test_gpipe_with_few_microbatches_gets_more(run):
     res = run("pp_gpipe_few").results["recommendations"]
     mb = [c for c in (*res.recommendations, *res.rejected) if c.kind == "microbatches"]
-    top = [c for c in res.top_tier if c.kind == "microbatches"]
-    if top:
-        assert top[0].params["microbatches"] > 2 and top[0].gain_pct >= res.min_gain_pct
+    tiered = sorted((c for c in mb if c.tier is not None), key=lambda c: c.tier)
+    if tiered:
+        best = tiered[0]
+        assert best.params["microbatches"] > 2 and best.gain_pct >= res.min_gain_pct
+        # on a loaded machine another bubble remedy (1F1B, interleaving) can be predicted to
+        # save more than the extra microbatches plus the noise; only such remedies rank ahead
+        ahead = [c for c in res.recommendations if c.tier < best.tier]
+        assert all(c.kind in ("schedule", "interleave") for c in ahead), \
+            [(c.tier, c.kind, c.change) for c in res.recommendations]
     else:
         # a loaded machine: the steps' noise exceeds every microbatch change's predicted
-        # gain, and the report does not claim one (nothing inside the noise is recommended)
-        assert res.min_gain_pct > 2.0, [(c.tier, c.change) for c in res.recommendations]
-        assert all(c.gain_pct < res.min_gain_pct and c.tier is None for c in mb)
+        # gain, or the interval of the timings it rests on reaches the measured step, and the
+        # report does not claim one (nothing inside the noise is recommended)
+        assert mb and all(c.tier is None for c in mb)
+        assert all(c.gain_pct < res.min_gain_pct or c.interval_spans_no_gain for c in mb), \
+            [(c.gain_pct, c.reason) for c in mb]
     # data parallel instead of the pipeline is evaluated too (ranked after the changes that
     # keep the degrees, even when predicted faster)
     dp = [c for c in (*res.recommendations, *res.rejected) if c.kind == "pp_to_dp"]
