@@ -135,9 +135,11 @@ def test_planted_straggler_is_named(run):
     # the verdict names it by the straggler criteria, whatever the steps' noise
     assert "; rank 1 is a straggler: it " in res.verdict
     (top,) = [c for c in res.recommendations if c.kind == "straggler"] or [None]
-    if top is None:   # a loaded machine: its predicted gain did not clear the noise margin
+    if top is None:   # a loaded machine: its predicted gain did not clear the noise margin,
+        # or the interval of the timings it rests on reaches the measured step
         (ev,) = [c for c in res.rejected if c.kind == "straggler"]
-        assert ev.params == {"without_rank": 1} and ev.gain_pct < res.min_gain_pct
+        assert ev.params == {"without_rank": 1}
+        assert ev.gain_pct < res.min_gain_pct or ev.interval_spans_no_gain, ev.reason
         return
     assert (top.kind, top.params) == ("straggler", {"without_rank": 1})
     assert top.title == "Rank 1 is a straggler"
