@@ -52,7 +52,12 @@ from pardiag import layout
 from pardiag.errors import TraceError
 
 from .analyses.breakdown import RankParts, breakdown_rows_of, rank_parts
-from .analyses.causes import causes_of_trace, data_loading_of_trace
+from .analyses.causes import (
+    LaunchEdges,
+    causes_of_trace,
+    data_loading_of_trace,
+    launch_edges_of_trace,
+)
 from .analyses.comm_events import events_from_trace
 from .analyses.infer_layout import RankMarks, rank_marks
 from .analyses.memory import memory_rows
@@ -63,7 +68,7 @@ from .trace.load import default_workers, find_trace_files, parse_file, parse_fil
 from .trace.traceset import RankTrace
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
-SUMMARY_VERSION = 12
+SUMMARY_VERSION = 13
 #: Modules whose code decides what a summary holds (this one and every analyzer module it
 #: imports, directly or through them; ``tests/test_summary.py`` holds that): a summary made by
 #: other code is recomputed.
@@ -122,6 +127,8 @@ class RankSummary:
             (:func:`pardiag.analyzer.analyses.causes.rank_causes`), or None.
         data_loading: the DataLoader iterator's host intervals, shape (n, 2), µs
             (:func:`pardiag.analyzer.analyses.causes.rank_data_loading`), or None.
+        launch_edges: what held the rank's computation after each communication kernel
+            (:class:`pardiag.analyzer.analyses.causes.LaunchEdges`), or None.
     """
 
     path: str
@@ -148,6 +155,7 @@ class RankSummary:
     a2a: pd.DataFrame | None = None
     causes: pd.DataFrame | None = None
     data_loading: np.ndarray | None = None
+    launch_edges: LaunchEdges | None = None
 
     def matches(self, comm_patterns: Iterable) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""
@@ -200,7 +208,8 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         steps=steps, memory=memory_rows(trace),
         marks=rank_marks(trace), operators=ops, operator_steps=op_steps,
         a2a=all_to_all_ops(trace.events),
-        causes=causes_of_trace(trace), data_loading=data_loading_of_trace(trace))
+        causes=causes_of_trace(trace), data_loading=data_loading_of_trace(trace),
+        launch_edges=launch_edges_of_trace(trace, patterns))
 
 
 # -- JSON form -----------------------------------------------------------------------------------
@@ -254,6 +263,10 @@ def to_json(s: RankSummary) -> bytes:
         "a2a": _frame_json(s.a2a) if s.a2a is not None else None,
         "causes": _frame_json(s.causes) if s.causes is not None else None,
         "data_loading": s.data_loading.tolist() if s.data_loading is not None else None,
+        "launch_edges": {"after_comm": s.launch_edges.after_comm.tolist(),
+                         "host_syncs": s.launch_edges.host_syncs.tolist(),
+                         "latency_us": s.launch_edges.latency_us}
+        if s.launch_edges is not None else None,
     }
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
                         default=_json_default)
@@ -318,7 +331,16 @@ def from_json(data: bytes) -> RankSummary:
         a2a=_frame_from(doc["a2a"]) if doc.get("a2a") else None,
         causes=_frame_from(doc["causes"]) if doc.get("causes") else None,
         data_loading=_intervals(doc["data_loading"]) if doc.get("data_loading") is not None
-        else None)
+        else None,
+        launch_edges=_launch_edges(doc.get("launch_edges")))
+
+
+def _launch_edges(d: dict | None) -> LaunchEdges | None:
+    if d is None:
+        return None
+    a = np.asarray(d["after_comm"], dtype=np.float64)
+    return LaunchEdges(a.reshape(-1, 3) if a.size else np.empty((0, 3)),
+                       _intervals(d["host_syncs"]), float(d["latency_us"]))
 
 
 # -- where summaries live ------------------------------------------------------------------------

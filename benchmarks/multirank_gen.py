@@ -46,6 +46,13 @@ What is modelled
   `pardiag/rank{R}.comms.json` with every collective and p2p op: group, seq, bytes,
   issue/start/end on the rank's trace clock).
 
+* Input-bound ranks (`data_loading_us`): the rank's DataLoader iterator
+  (`enumerate(DataLoader)#...__next__` on the host) at each step's start, before its first launch.
+* The true critical path (`Truth.path`): every time point of the simulation keeps the one it
+  waited for (a kernel's start: its stream's previous end or its launch; an op's end: its last
+  arrival; the host at a synchronisation: the compute stream), so each recorded step's path is
+  walked back from its last end, as pardiag's GPU step windows define the steps.
+
 Not modelled: the gloo backend (`backend="gloo"` raises NotImplementedError), memory events,
 CPU-bound phases, torchtitan's flattened meshes.
 
@@ -91,7 +98,8 @@ class Job:
     group's first rank at each step's start), `compute_scale` (multiplies compute time; long
     steps make drift visible) and `replicas` (independent copies of the mesh in one world, such
     as inference engines or replicas that no collective joins: ranks r*S..r*S+S-1 of S = the
-    mesh's size form replica r)."""
+    mesh's size form replica r) and `data_loading_us` (rank -> µs its DataLoader iterator takes
+    on the host at each step's start, before the step's first launch: an input-bound rank)."""
     mesh: dict[str, int]
     schedule: str
     steps: int = 4
@@ -113,6 +121,7 @@ class Job:
     broadcasts_per_step: int = 0
     compute_scale: float = 1.0
     replicas: int = 1
+    data_loading_us: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,7 +130,8 @@ class Truth:
     windows (a coalesced block of k all_reduces counts k; a multi-kernel all_to_all counts once;
     ops whose kernels were dropped still count). `algbw_gbps` is given for release-together
     types with one size and one transfer time; `bubble` is measured on the simulated timeline
-    (idle share of the F/B span of each pipeline group's step, averaged over stages and steps)."""
+    (idle share of the F/B span of each pipeline group's step, averaged over stages and steps).
+    `path` is the true critical path of the recorded steps (see `_true_path`)."""
     world: int
     layout: dict[str, int]
     hosts: dict[int, int]
@@ -135,6 +145,7 @@ class Truth:
     comm_kernel_regex: str | None
     files: list[str]
     notes: str
+    path: dict | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,7 +303,7 @@ _EXTRA_DESC = {
 
 @dataclass
 class _Ins:
-    kind: str  # comp | comm | wait | waitall | sync | step
+    kind: str  # comp | comm | wait | waitall | sync | step | data
     dur: float = 0.0
     name: str = ""
     op: str = ""
@@ -441,6 +452,8 @@ def _program(job: Job, P: dict, rank: int) -> list[_Ins]:
     flat = P["family"] == "torchtitan" and {"dp", "fsdp"} <= names
     for st in range(P["total_steps"]):
         prog.append(_Ins("step", step=st))
+        if job.data_loading_us.get(rank):
+            prog.append(_Ins("data", dur=job.data_loading_us[rank]))
         for _ in range(job.broadcasts_per_step):
             prog.append(_comm("broadcast", bgroup, (P["bc_n"] * ELEM,), dep="none"))
         if "pp" in names:
@@ -514,11 +527,25 @@ def _resolve(ins: _Ins, arr: dict[int, float], rph: int) -> tuple[dict, list[flo
     return out, [T]
 
 
+class _Node:
+    """A time point of the simulated job and the one it waited for: the interval from `pred`'s
+    time to `t` is `cat` — "compute" (a kernel on `rank`'s compute stream), "data" (its
+    DataLoader on the host), "other" (host work and launches) or ("comm", key): a transfer, from
+    the op's last arrival (`pred`, on that rank) to its end on `rank`."""
+
+    __slots__ = ("t", "rank", "cat", "pred")
+
+    def __init__(self, t: float, rank: int, cat, pred: _Node | None):
+        self.t, self.rank, self.cat, self.pred = t, rank, cat, pred
+
+
 class _Rank:
     def __init__(self, rank: int, prog: list[_Ins], start: float, seed: int):
         self.rank, self.prog, self.pc = rank, prog, 0
         self.tc = self.cpu = start
         self.last_start = start
+        # what the compute stream, the host and the last kernel start waited for
+        self.tc_node = self.cpu_node = self.start_node = _Node(start, rank, "other", None)
         self.streams: dict[str, object] = {}
         self.keys: dict[int, tuple] = {}
         self.counter: dict[tuple, int] = {}
@@ -539,13 +566,24 @@ def _stream_free(st: _Rank, s: str, results: dict) -> float | None:
     return v
 
 
+def _stream_node(st: _Rank, s: str, graph: dict) -> _Node | None:
+    """The node of the stream's last op's end on `st` (None: the stream never ran)."""
+    v = st.streams.get(s)
+    return graph["end"][v][st.rank] if isinstance(v, tuple) else None
+
+
 def _park_comm(st: _Rank, ins: _Ins, idx: int) -> None:
     """The CPU issues the op now (launch times, key, seq); its stream starts it when free."""
     dep_t = {"end": st.tc, "start": st.last_start + 10.0, "none": 0.0}[ins.dep]
+    dep_node = {"end": st.tc_node, "none": None,
+                "start": _Node(st.last_start + 10.0, st.rank, "other", st.start_node)}[ins.dep]
     c0 = st.cpu
     nl = ins.nk if len(ins.sizes) == 1 else len(ins.sizes)
     launches = [c0 + 6.0 + 12.0 * i for i in range(nl)]
-    ready = max(dep_t, launches[0] + st.cost(6.0))
+    launched = launches[0] + st.cost(6.0)
+    ready = max(dep_t, launched)
+    ready_node = dep_node if dep_t >= launched else _Node(launched, st.rank, "other",
+                                                          st.cpu_node)
     st.cpu = c0 + st.cost(16.0 + 12.0 * nl)
     if ins.op in ("send", "recv"):
         src, dst = (st.rank, ins.peer) if ins.op == "send" else (ins.peer, st.rank)
@@ -560,13 +598,14 @@ def _park_comm(st: _Rank, ins: _Ins, idx: int) -> None:
     st.seq[pg] = seq + 1
     st.keys[idx] = key
     rec = {"t": "comm", "ins": ins, "cpu": c0, "cpu_end": st.cpu, "launches": launches,
-           "key": key, "seq": seq, "step": ins.step, "ready": ready}
+           "key": key, "seq": seq, "step": ins.step, "ready": ready, "ready_node": ready_node}
     st.recs.append(rec)
     st.queues.setdefault(ins.stream, []).append(rec)
 
 
-def _flush(st: _Rank, pending: dict, results: dict, rph: int) -> bool:
-    """Start every parked op whose stream is free; True when one started."""
+def _flush(st: _Rank, pending: dict, results: dict, rph: int, graph: dict) -> bool:
+    """Start every parked op whose stream is free; True when one started. `graph` collects the
+    nodes of each op's arrivals and ends (``graph["arr"|"end"][key][rank]``)."""
     moved = False
     for s, q in st.queues.items():
         while q:
@@ -576,6 +615,9 @@ def _flush(st: _Rank, pending: dict, results: dict, rph: int) -> bool:
             rec = q.pop(0)
             ins, key = rec["ins"], rec["key"]
             arrival = max(free, rec["ready"])
+            arr_node = (_stream_node(st, s, graph) if free >= rec["ready"]
+                        else rec["ready_node"])
+            graph["arr"].setdefault(key, {})[st.rank] = arr_node
             st.streams[s] = key
             members = 2 if ins.op in ("send", "recv") else len(ins.ranks)
             slot = pending.setdefault(key, {})
@@ -583,43 +625,49 @@ def _flush(st: _Rank, pending: dict, results: dict, rph: int) -> bool:
             if len(slot) == members:
                 results[key] = _resolve(ins, dict(slot), rph) + (dict(slot),)
                 del pending[key]
+                last = max(slot, key=lambda r: (slot[r], -r))
+                graph["end"][key] = {r: _Node(k[-1][1], r, ("comm", key), graph["arr"][key][last])
+                                     for r, k in results[key][0].items()}
             moved = True
     return moved
 
 
-def _advance(st: _Rank, pending: dict, results: dict, job: Job, extra: dict, rph: int) -> bool:
+def _advance(st: _Rank, pending: dict, results: dict, job: Job, extra: dict, rph: int,
+             graph: dict) -> bool:
     """Run `st` as far as it can; True when it moved."""
-    moved = _flush(st, pending, results, rph)
+    moved = _flush(st, pending, results, rph, graph)
     while st.pc < len(st.prog):
         ins = st.prog[st.pc]
         if ins.kind == "comm":
             _park_comm(st, ins, st.pc)
-            _flush(st, pending, results, rph)
+            _flush(st, pending, results, rph, graph)
         elif ins.kind == "wait":
-            res = results.get(st.keys[ins.ref])
+            key = st.keys[ins.ref]
+            res = results.get(key)
             if res is None:
                 return moved
-            st.tc = max(st.tc, res[0][st.rank][-1][1])
+            if res[0][st.rank][-1][1] > st.tc:
+                st.tc, st.tc_node = res[0][st.rank][-1][1], graph["end"][key][st.rank]
         elif ins.kind == "waitall":
             frees = [_stream_free(st, s, results) for s in st.streams]
             if any(f is None for f in frees) or any(st.queues.values()):
                 return moved
-            st.tc = max([st.tc] + frees)
+            for s, f in zip(st.streams, frees):
+                if f > st.tc:
+                    st.tc, st.tc_node = f, _stream_node(st, s, graph)
         elif ins.kind == "comp":
-            launch = st.cpu + 4.0
-            start = max(st.tc, launch + st.cost(6.0))
-            dur = ins.dur + extra.get(ins.step, 0.0)
-            if job.jitter_us:
-                dur += float(st.rng.uniform(-job.jitter_us, job.jitter_us))
-            dur = max(dur, 5.0)
-            st.recs.append({"t": "comp", "name": ins.name, "cpu": st.cpu, "launch": launch,
-                            "start": start, "end": start + dur, "step": ins.step, "tag": ins.tag})
-            st.cpu += st.cost(14.0)
-            st.tc, st.last_start = start + dur, start
+            _compute(st, ins, job, extra)
         elif ins.kind == "sync":
             c0 = st.cpu
+            if st.tc > st.cpu:
+                st.cpu_node = st.tc_node
             st.cpu = max(st.cpu, st.tc) + st.cost(5.0)
             st.recs.append({"t": "sync", "cpu": c0, "cpu_end": st.cpu, "step": ins.step})
+        elif ins.kind == "data":
+            c0 = st.cpu
+            st.cpu += ins.dur
+            st.cpu_node = _Node(st.cpu, st.rank, "data", _Node(c0, st.rank, "other", st.cpu_node))
+            st.recs.append({"t": "data", "cpu": c0, "cpu_end": st.cpu, "step": ins.step})
         elif ins.kind == "step":
             st.recs.append({"t": "step", "cpu": st.cpu, "step": ins.step})
             st.cpu += st.cost(3.0)
@@ -628,7 +676,26 @@ def _advance(st: _Rank, pending: dict, results: dict, job: Job, extra: dict, rph
     return moved
 
 
-def _simulate(job: Job, P: dict) -> tuple[list[_Rank], dict]:
+def _compute(st: _Rank, ins: _Ins, job: Job, extra: dict) -> None:
+    """A kernel on the compute stream: it starts when the stream is free and its launch is."""
+    launch = st.cpu + 4.0
+    launched = launch + st.cost(6.0)
+    start = max(st.tc, launched)
+    dur = ins.dur + extra.get(ins.step, 0.0)
+    if job.jitter_us:
+        dur += float(st.rng.uniform(-job.jitter_us, job.jitter_us))
+    dur = max(dur, 5.0)
+    s_node = st.tc_node if st.tc >= launched else _Node(start, st.rank, "other", st.cpu_node)
+    e_node = _Node(start + dur, st.rank, "compute", s_node)
+    st.recs.append({"t": "comp", "name": ins.name, "cpu": st.cpu, "launch": launch,
+                    "start": start, "end": start + dur, "step": ins.step, "tag": ins.tag,
+                    "start_node": s_node, "end_node": e_node})
+    st.cpu += st.cost(14.0)
+    st.tc, st.last_start = start + dur, start
+    st.tc_node, st.start_node = e_node, s_node
+
+
+def _simulate(job: Job, P: dict) -> tuple[list[_Rank], dict, dict]:
     world = _world(job)
     rph = max(1, job.ranks_per_host)
     ranks = []
@@ -641,15 +708,16 @@ def _simulate(job: Job, P: dict) -> tuple[list[_Rank], dict]:
         ranks.append((st, {s: st_extra for s in range(P["total_steps"])}))
     pending: dict = {}
     results: dict = {}
+    graph: dict = {"arr": {}, "end": {}}
     while True:
         moved = False
         for st, extra in ranks:
-            moved |= _advance(st, pending, results, job, extra, rph)
+            moved |= _advance(st, pending, results, job, extra, rph, graph)
         if all(st.pc >= len(st.prog) and not any(st.queues.values()) for st, _ in ranks):
             break
         if not moved:
             raise RuntimeError(f"simulated job deadlocked: {len(pending)} ops waiting")
-    return [st for st, _ in ranks], results
+    return [st for st, _ in ranks], results, graph
 
 
 # --------------------------------------------------------------------------------------------
@@ -980,6 +1048,9 @@ def _emit_window(em: _Emitter, st: _Rank, steps: list[int], results: dict, P: di
                  end, {"External id": em.nid("ext")})
         elif t == "comp":
             em.comp(ev, rec)
+        elif t == "data":
+            em.x(ev, "user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter."
+                 "__next__", rec["cpu"], rec["cpu_end"], {"External id": em.nid("ext")})
         elif t == "comm":
             _emit_comm(em, ev, rec, results)
         elif t == "sync":
@@ -1072,6 +1143,96 @@ def _bubble(job: Job, sts: list[_Rank], P: dict) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
+def _kernels(st: _Rank, step: int, results: dict, graph: dict) -> tuple[list, list]:
+    """The rank's kernels of `step` (launched in it): their starts and ends as (time, node)."""
+    starts, ends = [], []
+    for rec in st.recs:
+        if rec["step"] != step:
+            continue
+        if rec["t"] == "comp":
+            starts.append((rec["start"], rec["start_node"]))
+            ends.append((rec["end"], rec["end_node"]))
+        elif rec["t"] == "comm":
+            k = results[rec["key"]][0][st.rank]
+            starts.append((k[0][0], graph["arr"][rec["key"]][st.rank]))
+            ends.append((k[-1][1], graph["end"][rec["key"]][st.rank]))
+    return starts, ends
+
+
+def _dim_of(job: Job, key: tuple) -> str:
+    gkey = key[0]
+    if gkey[0] == "p2p":
+        return "pp"
+    dims = _dims(job)
+    return next((d for d, n in dims if n > 1 and _group(gkey[1][0], dims, d) == gkey[1]),
+                "other")
+
+
+#: Arrivals closer than this (µs) are a tie: a trace's timestamps (ns) and its clock alignment
+#: cannot order them.
+TIE_US = 1.0
+
+
+def _true_path(job: Job, P: dict, sts: list[_Rank], results: dict, graph: dict) -> dict:
+    """The true critical path of every recorded step, from the simulation's own dependencies
+    (each start waited for the later of its stream's previous end and its launch; each op's end
+    for its last arrival; the host for the compute stream at each step's synchronisation).
+
+    Step windows are pardiag's for GPU ranks: per rank from the first kernel launched in the
+    step to the next step's first kernel (the window's last step: to its last kernel's end).
+    The walk starts at the latest window end (the lowest rank on a tie) and follows each node's
+    predecessor back to the start of the window of the rank it reaches; intervals are summed by
+    part: a rank's computation ("compute"), DataLoader ("data loading") and the rest ("other"),
+    and each dimension's transfers ("communication").
+
+    Returns ``{"steps": [{"step", "path_us", "end_rank", "ties", "segments"}], "shares":
+    [{"part", "rank", "dim", "us", "share_pct"}]}`` (step: the ``ProfilerStep#`` number; µs;
+    ``segments``: the path latest first, ``{"part", "rank", "dim", "start_us", "end_us"}`` on
+    the simulation's clock (µs from the job's start, before clock offsets); shares largest first;
+    ``ties``: the joins on the path whose last arrival another member matched to within
+    `TIE_US`, and the step's end if another rank's matched it: a path through that member is as
+    true, and its shares by rank differ)."""
+    acc: dict[tuple, float] = {}
+    rows = []
+    for w in _windows(job, P):
+        for s in w:
+            kern = {st.rank: _kernels(st, s, results, graph) for st in sts}
+            start = {r: min(t for t, _ in k[0]) for r, k in kern.items()}
+            end = {}
+            for r, (_, ends) in kern.items():
+                nxt = _kernels(sts[r], s + 1, results, graph)[0] if s + 1 in w else []
+                end[r] = min(nxt, key=lambda x: x[0]) if nxt else max(ends, key=lambda x: x[0])
+            r_end = max(end, key=lambda r: (end[r][0], -r))
+            node, total, segs = end[r_end][1], 0.0, []
+            ties = int(any(r != r_end and end[r_end][0] - e < TIE_US for r, (e, _) in end.items()))
+            while node.pred is not None:
+                p = node.pred
+                comm = isinstance(node.cat, tuple)
+                if comm:
+                    arr = results[node.cat[1]][2]
+                    ties += sum(1 for r, a in arr.items() if r != p.rank
+                                and arr[p.rank] - a < TIE_US) > 0
+                floor = start[p.rank if comm else node.rank]
+                lo = max(p.t, floor)
+                if node.t > lo:
+                    part = (("communication", None, _dim_of(job, node.cat[1])) if comm else
+                            ({"data": "data loading"}.get(node.cat, node.cat), node.rank, None))
+                    acc[part] = acc.get(part, 0.0) + node.t - lo
+                    total += node.t - lo
+                    segs.append({"part": part[0], "rank": node.rank, "dim": part[2],
+                                 "start_us": lo, "end_us": node.t})
+                if p.t <= floor:
+                    break
+                node = p
+            rows.append({"step": P["step0"] + s, "path_us": total, "end_rank": r_end,
+                         "ties": ties, "segments": segs})
+    whole = sum(acc.values())
+    shares = [{"part": k[0], "rank": k[1], "dim": k[2], "us": v,
+               "share_pct": 100.0 * v / whole if whole else float("nan")}
+              for k, v in sorted(acc.items(), key=lambda kv: -kv[1])]
+    return {"steps": rows, "shares": shares}
+
+
 def _clock_truth(job: Job, sts: list[_Rank], P: dict, base: float):
     first = _windows(job, P)[0][0]
     t0 = next(r["cpu"] for r in sts[0].recs if r["t"] == "step" and r["step"] == first)
@@ -1148,7 +1309,7 @@ def generate(job: Job, out_dir: str | os.PathLike) -> Truth:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     P = _params(job)
-    sts, results = _simulate(job, P)
+    sts, results, graph = _simulate(job, P)
     tables, pgcounts, listing = _pg_tables(job, P)
     base = BASE_US + float(np.random.default_rng([job.seed, 5]).uniform(0, 5e10))
     files: list[str] = []
@@ -1172,10 +1333,10 @@ def generate(job: Job, out_dir: str | os.PathLike) -> Truth:
             _write_records(job, out, r, em, listing, files)
     if job.metadata == "records":
         _write_run(job, out, files)
-    return _truth(job, P, sts, results, base, files)
+    return _truth(job, P, sts, results, base, files, graph)
 
 
-def _truth(job, P, sts, results, base, files) -> Truth:
+def _truth(job, P, sts, results, base, files, graph) -> Truth:
     counts, sizes, algbw = _truth_comm(job, sts, results, P)
     off, drift = _clock_truth(job, sts, P, base)
     world = _world(job)
@@ -1201,6 +1362,8 @@ def _truth(job, P, sts, results, base, files) -> Truth:
                      f"of the world)")
     if job.broadcasts_per_step:
         parts.append(f"{job.broadcasts_per_step} rooted broadcasts per step (chain ends)")
+    if job.data_loading_us:
+        parts.append(f"DataLoader {job.data_loading_us} µs per step (input-bound ranks)")
     if bub is not None:
         p, m = job.mesh["pp"], job.microbatches
         v = 2 if job.schedule == "pp_interleaved" else 1
@@ -1213,7 +1376,8 @@ def _truth(job, P, sts, results, base, files) -> Truth:
         offset_us=off, drift_us_per_s=drift, straggler=strag, counts=counts, bytes=sizes,
         algbw_gbps={k: round(v, 4) for k, v in algbw.items()}, bubble=bub,
         comm_kernel_regex=CUSTOM_REGEX if job.kernels == "custom" else None,
-        files=files, notes="; ".join(parts) + ".")
+        files=files, notes="; ".join(parts) + ".",
+        path=_true_path(job, P, sts, results, graph))
 
 
 def _base_mesh(rng: random.Random, schedule: str) -> dict[str, int]:

@@ -6,6 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
@@ -73,6 +74,11 @@ def test_summary_json_round_trip_is_exact(tmp_path):
     assert back.comm.equals(s.comm) and back.steps.equals(s.steps)
     assert back.memory.equals(s.memory)
     assert (back.n_events, back.has_gpu, back.dist_rank) == (len(t.events), True, 1)
+    # the launch edges after each communication kernel (NaN where no computation follows)
+    a, b = s.launch_edges, back.launch_edges
+    assert len(a.after_comm) > 0 and a.after_comm.shape[1] == 3
+    assert np.array_equal(a.after_comm, b.after_comm, equal_nan=True)
+    assert np.array_equal(a.host_syncs, b.host_syncs) and a.latency_us == b.latency_us
 
 
 def test_summary_of_another_version_is_refused():

@@ -72,6 +72,7 @@ from ..trace.classify import (
     cached,
     classify,
     name_test,
+    pattern_key,
     profiler_steps,
     transport,
 )
@@ -111,6 +112,10 @@ COMM_WAIT_RE = re.compile(r"^(aten::_?wait\b|c10d::wait|_?c10d_functional::wait_
 SYNC_RE = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize"
                      r"|cudaStreamWaitEvent|hipStreamSynchronize|hipDeviceSynchronize"
                      r"|hipEventSynchronize)|^(aten::_local_scalar_dense|cudaMemcpy|hipMemcpy)$")
+#: Host calls that block the host until the device has run up to them (not
+#: ``cudaStreamWaitEvent``: that makes a stream wait, the host goes on).
+HOST_SYNC_RE = re.compile(r"^(cuda|hip)(Stream|Device|Event)Synchronize"
+                          r"|^(aten::_local_scalar_dense|cudaMemcpy|hipMemcpy)$")
 OPTIMIZER_RE = re.compile(r"optimizer", re.IGNORECASE)
 BACKWARD_RE = re.compile(r"backward", re.IGNORECASE)
 FORWARD_RE = re.compile(r"forward", re.IGNORECASE)
@@ -140,6 +145,86 @@ def rank_data_loading(trace: RankTrace) -> np.ndarray:
     if s is not None and getattr(s, "data_loading", None) is not None:
         return s.data_loading
     return cached(trace, "data_loading", lambda: data_loading_of_trace(trace))
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchEdges:
+    """What held a GPU rank's computation after each of its communication kernels: the launch
+    edges (runtime call → kernel, by ``correlation``) and the host's synchronizations.
+
+    Attributes:
+        after_comm: shape (n, 3), per communication kernel end (sorted): ``[end, start of the
+            first compute kernel starting at or after it (NaN: none), end of that kernel's
+            launch call (NaN: no launch found)]``, µs on the rank's own clock.
+        host_syncs: the host's calls that block until the device catches up
+            (:data:`HOST_SYNC_RE`), shape (m, 2), µs, merged and sorted.
+        latency_us: the least time from a compute kernel's launch call's end to the kernel's
+            start on this rank (≥ 0): no kernel starts sooner after its launch.
+    Both arrays are empty on a CPU rank.
+    """
+
+    after_comm: np.ndarray
+    host_syncs: np.ndarray
+    latency_us: float = 0.0
+
+    def launched_after(self, end: float, tol: float = 1.0) -> bool:
+        """Whether the first computation after a communication kernel ending at ``end`` (µs,
+        the rank's clock) could start only after that end (by more than ``tol``) because of
+        its launch — its launch call's end plus :attr:`latency_us` — while the host waited for
+        no device work across the end: the computation waited for its launch, not for the
+        communication."""
+        a = self.after_comm
+        if not len(a):
+            return False
+        i = int(np.searchsorted(a[:, 0], end - tol))
+        if i >= len(a) or abs(a[i, 0] - end) > tol or np.isnan(a[i, 2]):
+            return False
+        h = self.host_syncs
+        j = int(np.searchsorted(h[:, 0], end, side="right")) - 1 if len(h) else -1
+        return bool(a[i, 2] + self.latency_us > end + tol
+                    and not (j >= 0 and h[j, 1] >= end - tol))
+
+
+def rank_launch_edges(trace: RankTrace, comm_patterns=()) -> LaunchEdges:
+    """The rank's :class:`LaunchEdges`: from its summary when it holds them (made with the
+    same ``comm_patterns``), else from its events (once per trace and pattern list)."""
+    s = trace.summary
+    if (s is not None and getattr(s, "launch_edges", None) is not None
+            and s.matches(comm_patterns)):
+        return s.launch_edges
+    return cached(trace, ("launch_edges", pattern_key(comm_patterns)),
+                  lambda: launch_edges_of_trace(trace, comm_patterns))
+
+
+def launch_edges_of_trace(trace: RankTrace, comm_patterns=()) -> LaunchEdges:
+    """:func:`rank_launch_edges` computed from the rank's events."""
+    empty = LaunchEdges(np.empty((0, 3)), np.empty((0, 2)))
+    kinds = classify(trace, list(comm_patterns))
+    ev = trace.events
+    comp = ev[(kinds == Kind.GPU_COMPUTE.value).to_numpy()]
+    comm = ev[(kinds == Kind.GPU_COMM.value).to_numpy()]
+    if comp.empty or comm.empty:
+        return empty
+    comp = comp.sort_values("ts", kind="stable")
+    starts = comp["ts"].to_numpy(dtype=float)
+    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]).to_numpy()
+            & (ev["correlation"] >= 0).to_numpy()]
+    launch_end = pd.Series((rt["ts"] + rt["dur"]).to_numpy(dtype=float),
+                           index=rt["correlation"].to_numpy())
+    launch_end = launch_end[~launch_end.index.duplicated(keep="first")]
+    launched = launch_end.reindex(comp["correlation"].to_numpy()).to_numpy(dtype=float)
+    ends = np.unique((comm["ts"] + comm["dur"]).to_numpy(dtype=float))
+    i = np.searchsorted(starts, ends - 1.0, side="left")
+    ok = i < len(starts)
+    ii = np.clip(i, 0, len(starts) - 1)
+    after = np.column_stack([ends, np.where(ok, starts[ii], np.nan),
+                             np.where(ok, launched[ii], np.nan)])
+    host = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver", "cpu_op"]).to_numpy()
+              & _named(trace, "host_sync", HOST_SYNC_RE)]
+    lag = starts - launched
+    lag = lag[~np.isnan(lag)]
+    return LaunchEdges(after, _iv(host) if len(host) else np.empty((0, 2)),
+                       max(0.0, float(lag.min())) if len(lag) else 0.0)
 
 
 def data_loading_of_trace(trace: RankTrace) -> np.ndarray:

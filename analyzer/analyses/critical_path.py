@@ -11,6 +11,10 @@ traces alike and from stored summaries:
   under its own computation) runs up to the instance's end: its next work starts at that end.
   A member that computed meanwhile (an async all-reduce under the backward) is not blocked: the
   join sets nothing of its timeline, though its arrival still counts toward the join's release.
+  Nor is a GPU member whose next computation its host launched only after the instance ended
+  (the launch edge, by ``correlation``) while the host waited for no device work across that
+  end (no stream, device or event synchronization, no blocking copy): that computation waited
+  for its launch, and the rank's time runs on from its own host's work.
 * **release**: a join ends for all its members after its last member has arrived; the transfer
   is the time from that last arrival to each member's end (per member, measured).
 * **work**: on each rank, the time from its previous blocked join's end (or its step's start) to
@@ -49,7 +53,7 @@ import pandas as pd
 from ..trace import intervals as iv
 from ..trace.traceset import TraceSet
 from .breakdown import TimeBreakdown, rank_parts
-from .causes import rank_data_loading
+from .causes import rank_data_loading, rank_launch_edges
 from .dim_overlap import dims_of_groups
 from .layout import LayoutResult
 from .sync import SyncResult
@@ -249,7 +253,7 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
             k = iv.subtract(k, d)
         else:
             d = iv.subtract(d, k)
-        parts[r] = (k, exposed, d)
+        parts[r] = (k, exposed, d, rank_launch_edges(traces.ranks[r], comm_patterns), off)
     by_name, by_group = dims_of_groups(layout, len(traces.ranks))
     inst = sync.instances
     pr = sync.per_rank
@@ -284,12 +288,14 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
                 continue
             arrival = dict(zip(rs, g["start_us"].astype(float)))
             ends = dict(zip(rs, g["end_us"].astype(float)))
-            blocked = frozenset(r for r in rs if _blocked(parts[r][1], ends[r]))
+            blocked = frozenset(r for r in rs if _blocked(parts[r][1], ends[r])
+                                and not parts[r][3].launched_after(ends[r] + parts[r][4]))
             op = str(meta.at[key, "op"]) if meta is not None else "?"
             group = str(meta.at[key, "group"]) if meta is not None else ""
             pg = str(meta.at[key, "pg"]) if meta is not None else ""
-            dim = by_group.get(group) or by_name.get(pg) or ("pp" if str(key).startswith("p2p:")
-                                                             else "other")
+            dim = by_group.get(group) or by_name.get(pg) or (
+                "pp" if str(key).startswith("p2p:") else "world" if len(rs) == len(parts)
+                else "other")
             joins.append(_Join(str(key), op, dim, arrival, ends, blocked))
         joins.sort(key=lambda j: (j.last_arrival, j.instance))
         k = {r: iv.clip(parts[r][0], start[r], end[r]) for r in ranks}
@@ -305,8 +311,10 @@ def _blocked(exposed: np.ndarray, end: float) -> bool:
     """Whether exposed communication runs up to ``end`` (µs): the rank waited there."""
     if not len(exposed):
         return False
-    i = int(np.searchsorted(exposed[:, 0], end + BLOCKED_TOL_US, side="right")) - 1
-    return i >= 0 and exposed[i, 1] >= end - BLOCKED_TOL_US and exposed[i, 0] <= end
+    # the last exposed interval that starts by the end (the next op's kernel may start a few
+    # µs after it: a coalesced block's members run back to back)
+    i = int(np.searchsorted(exposed[:, 0], end, side="right")) - 1
+    return i >= 0 and exposed[i, 1] >= end - BLOCKED_TOL_US
 
 
 def _walk(g: _Step) -> list[dict]:
