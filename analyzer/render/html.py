@@ -842,7 +842,7 @@ def critical_path_figure(segments: pd.DataFrame, steps: list[int] | None = None)
                     hoverinfo="text+x")
     # the joins: where the path leaves a rank for the one that arrived last (within a step);
     # with several steps, a faint line where each step's path starts
-    xs, ys = [], []
+    xs, ys, shapes, notes = [], [], [], []
     for st, g in seg.groupby("step", sort=True):
         rows = list(g.itertuples(index=False))
         for prev, nxt in zip(rows, rows[1:]):
@@ -851,9 +851,13 @@ def critical_path_figure(segments: pd.DataFrame, steps: list[int] | None = None)
                 xs += [x, x, None]
                 ys += [f"rank {int(prev.rank)}", f"rank {int(nxt.rank)}", None]
         if len(steps) > 1:
-            fig.add_vline(x=(float(g["start_us"].min()) - t0) / 1000,
-                          line={"color": "#BBBBBB", "width": 1}, annotation_text=f"step {st}",
-                          annotation_position="top right", annotation_font_size=10)
+            # as add_vline draws it, built once (add_vline copies the layout at each call)
+            x = (float(g["start_us"].min()) - t0) / 1000
+            shapes.append({"type": "line", "xref": "x", "yref": "y domain", "x0": x, "x1": x,
+                           "y0": 0, "y1": 1, "line": {"color": "#BBBBBB", "width": 1}})
+            notes.append({"x": x, "xref": "x", "y": 1, "yref": "y domain", "showarrow": False,
+                          "text": f"step {st}", "xanchor": "left", "yanchor": "top",
+                          "font": {"size": 10}})
     if xs:
         fig.add_scatter(x=xs, y=ys, mode="lines", name="waits for (join)",
                         line={"color": "#333333", "width": 1, "dash": "dot"}, hoverinfo="skip")
@@ -862,7 +866,8 @@ def critical_path_figure(segments: pd.DataFrame, steps: list[int] | None = None)
     fig.update_layout(title=f"{which}: the critical path across ranks", barmode="overlay",
                       xaxis_title="ms from the path's start (aligned clock)",
                       height=180 + 30 * seg["rank"].nunique(),
-                      yaxis={"categoryorder": "category descending"})
+                      yaxis={"categoryorder": "category descending"}, shapes=shapes,
+                      annotations=notes)
     return fig
 
 
