@@ -192,6 +192,22 @@ def test_sample_traces_without_records_infer_the_recorded_layout(tmp_path, name)
         assert lay.pipeline is None
 
 
+def test_pipeline_with_a_rank_missing_still_reports(tmp_path):
+    """A 4-stage pipeline whose rank 2 wrote no trace: ranks 1 and 3 still name it as their
+    peer. The layout is inferred from the others and says what it cannot describe; the report
+    (and its critical path) is built, not refused."""
+    for f in (SAMPLES / "pp_1f1b_cpu_4rank").glob("rank*.trace.json.gz"):
+        if f.name != "rank2.trace.json.gz":
+            shutil.copy(f, tmp_path / f.name)
+    ts = load_traces(tmp_path)
+    lay = infer_layout(ts)
+    assert lay.pipeline is not None and lay.pipeline["pp_group_size"] == 4
+    assert any("[2] named only by their peers' messages" in m for m in lay.not_inferred)
+    rep = build_report(ts)
+    assert rep.critical_path.why_none == "" and len(rep.critical_path.steps) == 3
+    assert set(rep.critical_path.slack["rank"]) == {0, 1, 3}
+
+
 def test_pardiag_runs_keep_their_recorded_layout():
     for name in ("pp_gpipe_cpu_2rank", "zero1_cpu_2rank"):
         traces = load_traces(SAMPLES / name, reducer=REDUCER)

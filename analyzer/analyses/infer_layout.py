@@ -393,13 +393,16 @@ def _first_step(p: pd.DataFrame) -> pd.DataFrame:
 
 
 def _stage_order(comp: list[int], peers: dict, marks: dict) -> tuple[list[int], str]:
-    """Pipeline ranks in stage order, and how it was found."""
+    """Pipeline ranks in stage order, and how it was found. A rank that only its peers'
+    messages name (its own trace absent) has no marks and no messages of its own."""
     named = {r: sorted(set(marks[r].chunks.loc[marks[r].chunks["stage"] >= 0, "stage"]))
-             for r in comp}
+             if r in marks else [] for r in comp}
     if all(named.values()):
         return sorted(comp, key=lambda r: named[r][0]), "stage numbers of the PP: ranges"
     first = {}
     for r in comp:
+        if r not in peers:
+            continue
         s = _first_step(peers[r])
         if len(s):
             first[r] = s.iloc[0]
@@ -620,12 +623,16 @@ def _infer_pipeline(comps, peers, marks, evidence, missing):
     evidence.append(f"pipeline over ranks {order} ({p} ranks per pipeline, {len(comps)} "
                     f"pipeline(s)): point-to-point sends and receives between them; stage order "
                     f"from {how}")
-    chunks = {r: marks[r].chunks for r in all_pp}
+    chunks = {r: marks[r].chunks for r in all_pp if r in marks}
+    absent = [r for r in all_pp if r not in marks]
+    if absent:
+        missing.append(f"pipeline rank(s) {absent} named only by their peers' messages (no "
+                       f"trace): their stages are not described")
     has_action = any((c["stage"] >= 0).any() for c in chunks.values())
     has_gpipe = any(len(c) and (c["stage"] < 0).any() for c in chunks.values())
     phases = set().union(*(set(c["phase"]) for c in chunks.values()))
     out = []
-    for r in all_pp:
+    for r in chunks:
         c = chunks[r]
         if len(c):
             c = c.copy()
