@@ -258,7 +258,9 @@ def link_rows(tmp: Path, rep: int) -> list[dict]:
         dims = sorted({by_name[str(pg)] for pg in
                        groups[groups["spans_nodes"].fillna(False).astype(bool)]["pg"]})
         f = a / b   # a transfer's time goes with 1 / rate
-        replay = report.critical_path.replay(comm_scale=dict.fromkeys(dims, f))
+        joined = {j.dim for g in report.critical_path.graphs for j in g.joins}
+        replay = report.critical_path.replay(comm_scale=dict.fromkeys(
+            [d for d in dims if d in joined], f))
         ratio = statistics.median(replay["predicted_us"] / replay["replay_us"])
         ov = report.results["dim_overlap"].summary
         exposed = float(ov[ov["dim"].isin(dims)]["exposed_us"].sum())

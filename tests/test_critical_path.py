@@ -248,8 +248,8 @@ def test_the_path_in_the_report(tmp_path):
 
     doc = json.loads((tmp_path / "r.json").read_text())["critical_path"]
     sentence = ("Critical path of the profiled steps (3; path 1.00 ms median, range 1.00–1.00, "
-                "of a 1.00 ms step: 100%): 80% rank 1's computation, 15% rank 1's time outside "
-                "computation, 5% dp communication; slack: rank 0 0.05 ms")
+                "of a 1.00 ms profiled step: 100%): 80% rank 1's computation, 15% rank 1's time "
+                "outside computation, 5% dp communication; slack: rank 0 0.05 ms")
     assert doc["summary"] == sentence
     assert [s["path_us"] for s in doc["steps"]] == pytest.approx([STEP_US] * 3)
     assert doc["segments_total"] == 9 and len(doc["segments"]) == 9

@@ -171,8 +171,8 @@ def test_terminal_prints_verdict_and_recommendations_first(tmp_path):
     assert lines[0] == "Verdict: Idle is 30% of the step [bold]."
     # the critical path's sentence: one rank, its step of 100 µs, 50 of them computing
     assert lines[1] == ("Critical path of the profiled steps (1; path 0.10 ms median, of a 0.10 "
-                        "ms step: 100%): 50% rank 0's computation, 50% rank 0's time outside "
-                        "computation.")
+                        "ms profiled step: 100%): 50% rank 0's computation, 50% rank 0's time "
+                        "outside computation.")
     assert lines[2].strip() == "Top recommendations (1 of 1)"
     row = next(line for line in lines if "[red]x" in line)
     assert [c.strip() for c in row.split("│")[1:-1]] == [

@@ -158,7 +158,12 @@ class CriticalPathResult:
     def without_straggler(self, rank: int) -> pd.DataFrame:
         """The replay with ``rank``'s work in each step scaled to the median of the other ranks'
         work in that step (work: the step window less the time blocked in joins), as
-        :meth:`replay` returns it: the step as if the rank were no slower than its peers."""
+        :meth:`replay` returns it: the step as if the rank were no slower than its peers.
+
+        Raises:
+            ValueError: ``rank`` is not one of the path's ranks.
+        """
+        self._check_ranks({rank: 1.0}, "rank")
         rows = []
         for g in self.graphs:
             w = work_us(g)
@@ -172,41 +177,73 @@ class CriticalPathResult:
                          "predicted_us": _replay(g, {}, {}, {rank: f}) - start})
         return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
 
+    def _check_ranks(self, scales: dict, what: str) -> None:
+        ranks = sorted({int(r) for g in self.graphs for r in g.end})
+        for r, f in scales.items():
+            if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or int(r) not in ranks:
+                raise ValueError(f"{what}: {r!r} is not a rank of the path's steps (ranks: "
+                                 f"{', '.join(map(str, ranks)) or 'none'})")
+            _check_factor(f, f"{what}[{r}]")
+
     def describe(self) -> str:
         """One sentence: the path's length against the profiled step, its largest parts (and
         what the others add up to) and the ranks with the most slack, e.g. "Critical path of the
-        profiled steps (3; path 1.00 ms median, range 1.00–1.00, of a 1.00 ms step: 100%): 80%
-        rank 1's computation, 15% rank 1's time outside computation, 5% dp communication;
-        slack: rank 0 0.05 ms" (time outside computation: host work, launches, idle,
-        communication the rank did not wait for); "" without a path."""
+        profiled steps (3; path 1.00 ms median, range 1.00–1.00, of a 1.00 ms profiled step:
+        100%): 80% rank 1's computation, 15% rank 1's time outside computation, 5% dp
+        communication; slack: rank 0 0.05 ms" (time outside computation: host work, launches,
+        idle, communication the rank did not wait for). The percentages shown add up to 100
+        (largest remainders); parts under 0.5% are left to the rest. When the path is under 95%
+        of the step (as shown), it says how much earlier than the path's first rank the
+        earliest rank started (it then waited). "" without a path."""
         if self.shares.empty or self.steps.empty:
             return ""
+        top = self.shares.head(3)
+        top = top[top["share_pct"] >= 0.5]
+        rest = self.shares.iloc[len(top):]
+        shown = [float(v) for v in top["share_pct"]]
+        if len(rest) and rest["share_pct"].sum() >= 0.5:
+            shown.append(float(rest["share_pct"].sum()))
+        pct = _rounded(shown)
         parts = []
-        for row in self.shares.head(3).itertuples(index=False):
+        for row, p in zip(top.itertuples(index=False), pct):
             if row.part == "communication":
                 what = f"{row.dim} communication"
             else:
                 what = f"rank {int(row.rank)}'s " + {
                     "compute": "computation", "data loading": "data loading"}.get(
                     row.part, "time outside computation")
-            parts.append(f"{row.share_pct:.0f}% {what}")
-        rest = self.shares.iloc[3:]
-        if len(rest) and rest["share_pct"].sum() >= 0.5:
-            parts.append(f"{rest['share_pct'].sum():.0f}% in {len(rest)} other "
-                         f"part{'s' if len(rest) > 1 else ''}")
+            parts.append(f"{p}% {what}")
+        if len(pct) > len(top):
+            parts.append(f"{pct[-1]}% in {len(rest)} other part{'s' if len(rest) > 1 else ''}")
         st = self.steps
         path, step = st["path_us"].median(), st["measured_us"].median()
         spread = (f", range {st['path_us'].min() / 1000:.2f}–{st['path_us'].max() / 1000:.2f}"
                   if len(st) > 1 else "")
         text = (f"Critical path of the profiled steps ({len(st)}; path {path / 1000:.2f} ms "
-                f"median{spread}, of a {step / 1000:.2f} ms step: "
-                f"{100.0 * path / step if step > 0 else float('nan'):.0f}%): "
-                + ", ".join(parts))
+                f"median{spread}, of a {step / 1000:.2f} ms profiled step: "
+                f"{100.0 * path / step if step > 0 else float('nan'):.0f}%"
+                + self._late_start(path, step) + "): " + ", ".join(parts))
         slack = self.slack[self.slack["slack_us"] > 0].sort_values("slack_us", ascending=False)
         if len(slack):
             text += "; slack: " + ", ".join(f"rank {int(r)} {v / 1000:.2f} ms" for r, v in
                                            zip(slack["rank"].head(3), slack["slack_us"].head(3)))
         return text
+
+    def _late_start(self, path: float, step: float) -> str:
+        """", the path's first rank started X ms after the earliest (which then waited)" when
+        the path is under 95% of the step; "" otherwise."""
+        if not step > 0 or round(100.0 * path / step) >= 95 or self.segments.empty:
+            return ""
+        late = []
+        for g in self.graphs:
+            seg = self.segments[self.segments["step"] == g.step]
+            if len(seg):
+                first = seg.iloc[-1]   # latest first: the path's first segment is the last row
+                late.append(g.start[int(first["rank"])] - min(g.start.values()))
+        if not late or float(np.median(late)) <= 0:
+            return ""
+        return (f"; the path's first rank started {float(np.median(late)) / 1000:.2f} ms after "
+                f"the earliest, which waited for it")
 
     def replay(self, compute_scale: dict | None = None, comm_scale: dict | None = None,
                work_scale: dict | None = None) -> pd.DataFrame:
@@ -217,7 +254,19 @@ class CriticalPathResult:
         Returns:
             per step: ``step``, ``measured_us``, ``replay_us`` (the unchanged graph),
             ``predicted_us`` (µs, the changed one).
+
+        Raises:
+            ValueError: a rank or dimension the path's steps do not have, or a factor that is
+                not a finite number ≥ 0.
         """
+        self._check_ranks(compute_scale or {}, "compute_scale")
+        self._check_ranks(work_scale or {}, "work_scale")
+        dims = sorted({j.dim for g in self.graphs for j in g.joins})
+        for d, f in (comm_scale or {}).items():
+            if d not in dims:
+                raise ValueError(f"comm_scale: no transfers of dimension {d!r} in the path's "
+                                 f"steps (their dimensions: {', '.join(dims) or 'none'})")
+            _check_factor(f, f"comm_scale[{d!r}]")
         rows = []
         for g in self.graphs:
             base = _replay(g, {}, {})
@@ -226,6 +275,21 @@ class CriticalPathResult:
             rows.append({"step": g.step, "measured_us": max(g.end.values()) - start,
                          "replay_us": base - start, "predicted_us": new - start})
         return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
+
+
+def _rounded(values: list[float]) -> list[int]:
+    """Percentages rounded so that they add up to the rounded total (largest remainders)."""
+    floors = [int(np.floor(v)) for v in values]
+    left = int(round(sum(values))) - sum(floors)
+    for i in sorted(range(len(values)), key=lambda i: floors[i] - values[i])[:max(0, left)]:
+        floors[i] += 1
+    return floors
+
+
+def _check_factor(f, what: str) -> None:
+    if isinstance(f, bool) or not isinstance(f, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(f) or f < 0:
+        raise ValueError(f"{what}: a scale factor is a finite number ≥ 0, not {f!r}")
 
 
 def _empty(why: str, notes=()) -> CriticalPathResult:
@@ -359,12 +423,15 @@ def _slack(g: _Step) -> dict[int, float]:
 
 
 def work_us(g: _Step) -> dict[int, float]:
-    """Per rank, its work in the step (µs): its step window less the time it was blocked in
-    joins (from its arrival to its end)."""
-    out = {r: g.end[r] - g.start[r] for r in g.end}
-    for j in g.joins:
-        for r in j.blocked:
-            out[r] -= max(0.0, j.end[r] - j.arrival[r])
+    """Per rank, its work in the step (µs, ≥ 0): its step window less the time it was blocked
+    in joins (from its arrival to its end; joins that overlap, such as DDP's buckets in flight
+    together, count once)."""
+    out = {}
+    for r in g.end:
+        spans = [(j.arrival[r], j.end[r]) for j in g.joins if r in j.blocked]
+        blocked = iv.total(iv.clip(iv.union(*np.asarray(spans, dtype=float).reshape(-1, 2).T),
+                                   g.start[r], g.end[r])) if spans else 0.0
+        out[r] = max(0.0, g.end[r] - g.start[r] - blocked)
     return out
 
 
@@ -456,5 +523,6 @@ def _shares(segments: pd.DataFrame) -> pd.DataFrame:
         rows.append({"part": "communication", "rank": None, "dim": str(d),
                      "us": float(g["dur_us"].sum())})
     out = pd.DataFrame(rows, columns=list(SHARE_COLUMNS[:-1]))
+    out["rank"] = out["rank"].astype("Int64")   # none on communication's rows
     out["share_pct"] = 100.0 * out["us"] / total if total > 0 else np.nan
     return out.sort_values("us", ascending=False, kind="stable").reset_index(drop=True)

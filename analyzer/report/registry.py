@@ -69,7 +69,10 @@ class Analysis:
 
 
 def _clean(v):
-    """JSON-safe scalar: NaN/inf become None, numpy scalars become Python numbers."""
+    """JSON-safe scalar: NaN/inf and pandas' NA become None, numpy scalars become Python
+    numbers."""
+    if v is pd.NA:
+        return None
     if hasattr(v, "item"):
         v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
