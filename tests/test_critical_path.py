@@ -208,6 +208,42 @@ def test_gpu_computation_launched_after_the_collective_is_not_held_by_it(tmp_pat
         assert _shares(cp) == pytest.approx({k: 100.0 * v / 2950.0 for k, v in blocked.items()})
 
 
+def test_work_counts_overlapping_joins_once():
+    """Rank 0's window [0, 1000) with three blocked joins in flight together ([100, 600),
+    [150, 650), [120, 620): DDP's buckets on gloo): it was blocked [100, 650), 550 µs, so its
+    work is 450 µs — not 1000 − 3 × 500 < 0."""
+    from pardiag.analyzer.analyses.critical_path import _Join, _Step, work_us
+
+    joins = tuple(_Join(f"i{n}", "all_reduce", "dp", {0: a, 1: a}, {0: e, 1: e},
+                        frozenset({0}))
+                  for n, (a, e) in enumerate([(100.0, 600.0), (150.0, 650.0), (120.0, 620.0)]))
+    g = _Step(1, {0: 0.0, 1: 0.0}, {0: 1000.0, 1: 1000.0}, joins, {}, {})
+    assert work_us(g) == {0: 450.0, 1: 1000.0}
+
+
+def test_replay_refuses_what_the_path_does_not_have(tmp_path):
+    """Ranks and dimensions the path's steps do not have, and factors that are no finite
+    number ≥ 0, are errors that name them — not silently ignored."""
+    cp = _path(_ddp_heavy_rank1(tmp_path / "run"))
+    for call, msg in (
+            (lambda: cp.without_straggler(7), "rank: 7 is not a rank of the path's steps "
+                                              "(ranks: 0, 1)"),
+            (lambda: cp.replay(compute_scale={"1": 0.5}), "compute_scale: '1' is not a rank"),
+            (lambda: cp.replay(comm_scale={"tp": 0.5}), "comm_scale: no transfers of dimension "
+                                                         "'tp' in the path's steps (their "
+                                                         "dimensions: dp)"),
+            (lambda: cp.replay(work_scale={1: -0.5}), "work_scale[1]: a scale factor is a finite "
+                                                      "number ≥ 0, not -0.5"),
+            (lambda: cp.replay(comm_scale={"dp": float("nan")}), "not nan")):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert msg in str(e.value)
+    # the straggler's work scaled to its peer's: never by a negative factor, never faster than
+    # the rank's own share allows
+    out = cp.without_straggler(1)
+    assert (out["predicted_us"] > 0).all() and (out["predicted_us"] <= out["replay_us"]).all()
+
+
 def test_replay_scales_work_and_transfers(tmp_path):
     """Rank 1's computation halved: it arrives at 300, with rank 0: the all-reduce ends 50 µs
     later at 350; rank 1's tail (200 compute, 150 other) scaled to 100 + 150: its step ends at
