@@ -208,7 +208,8 @@ def main() -> int:
         print(f"| {name} | {hit} of {n} | {slack:.1f} | {others} | "
               f"{'right' if ok else 'wrong'} |")
     print()
-    print("| generated job | true path / step µs (median) | pardiag's | largest true parts | "
+    print("| generated job | true path µs (median of steps) | pardiag's path µs | "
+          "largest true parts | "
           "compared | largest difference, points | judged (within 1 point) |")
     print("|---|---:|---:|---|---|---:|---|")
     for name, tp, cp, cmp in truths:
