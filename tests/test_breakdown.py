@@ -272,3 +272,41 @@ def test_compute_under_an_async_send_is_compute(tmp_path):
     # the time in flight in no op
     assert c["backward_us"] == 30.0
     assert c["comm_us"] == 2.0 + 3.0 + 10.0 + 10.0
+
+
+def test_a_wait_no_op_marks_is_not_compute(tmp_path):
+    """FSDP on gloo waits for its all-gather inside its own annotation, with no wait op. Main
+    thread: step [0, 2000); FSDP::all_gather [100, 1700) holding c10d::_allgather_base_ [120,
+    150) (the call) and nothing else until _ToTorchTensorBackward [1700, 1750); the whole held
+    by an autograd op [100, 1900); aten::mm [1750, 1900). The gloo worker's all-gather runs
+    [160, 1680). The stretch [150, 1700) has an op open and none starting or ending, starts
+    where the call ended, and the all-gather ends 20 µs before the thread resumes: a wait, not
+    computation. K = [100, 120) ∪ [1700, 1900) = 220 µs (without the rule: 1,770); exposed
+    communication 1,550 µs (the call [120, 150) and the worker's [160, 1680): the rank waited,
+    and nothing of it is under computation). An ATen operator's own time (an aten::mm of
+    1,500 µs, its small child op done in its first 10 µs, under an all-reduce in flight that
+    ends just before it) stays computation."""
+    b = TraceBuilder(rank=0, backend="gloo")
+    b.thread_name(1, "thread 1 (python3)").thread_name(2, "thread 2 (pt_gloo_runloop)")
+    b.step(1, 0, 2000)
+    b.cpu("autograd::engine::evaluate_function: _ToTorchTensorBackward", 100, 1800)
+    b.cpu("FSDP::all_gather (1)", 100, 1600, cat="user_annotation")
+    b.cpu("c10d::_allgather_base_", 120, 30)
+    b.cpu("gloo:all_gather", 160, 1520, tid=2, cat="user_annotation")
+    b.cpu("_ToTorchTensorBackward", 1700, 50)
+    b.cpu("aten::mm", 1750, 150)
+    b.step(2, 2000, 2000)
+    b.cpu("aten::mm", 2100, 1500)
+    b.cpu("aten::resolve_conj", 2100, 10)
+    b.cpu("gloo:all_reduce", 2150, 1440, tid=2, cat="user_annotation")
+    b.write(tmp_path / "a.json")
+    ts = load_traces(tmp_path)
+    from pardiag.analyzer.analyses.breakdown import unmarked_waits
+
+    t = ts.ranks[0]
+    assert unmarked_waits(t, classify(t, [])).tolist() == [[150.0, 1700.0]]
+    steps = compute_time_breakdown(ts).steps
+    one, two = (_row(steps[steps["step"] == n], rank=0) for n in (1, 2))
+    assert one.compute_us == 220.0 and one.exposed_comm_us == 1550.0
+    # the matmul under an all-reduce in flight is a leaf op: computation, the transfer overlapped
+    assert two.compute_us == 1500.0 and two.overlap_us == 1440.0

@@ -22,7 +22,8 @@ What counts as what:
   any thread (the gloo worker threads carry the transfers); K = CPU operators on the other threads
   minus the time they spend inside the communication calls and waits that block (waiting is not
   computing; a transfer in flight, :func:`pardiag.analyzer.trace.classify.transport`, such as
-  an async isend's ``gloo:send`` span until its wait, is not such a call). The
+  an async isend's ``gloo:send`` span until its wait, is not such a call) and minus the waits
+  no op marks (:func:`unmarked_waits`: FSDP's waits for its collectives on gloo). The
   whole-trace window is first to last classified event; step windows are the ``ProfilerStep#N``
   annotations.
 
@@ -323,6 +324,7 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
     not_compute = ev[kinds.isin([Kind.CPU_COMM.value, Kind.CPU_WAIT.value]).to_numpy()
                      & ~transport(trace)]
     k = iv.subtract(_intervals(ev[kinds == Kind.CPU_COMPUTE.value]), _intervals(not_compute))
+    k = iv.subtract(k, unmarked_waits(trace, kinds))
     timed = ev[kinds.isin([Kind.CPU_COMPUTE.value, Kind.CPU_COMM.value, Kind.CPU_WAIT.value,
                            Kind.STEP.value]).to_numpy()]
     lo = float(timed["ts"].min()) if len(timed) else 0.0
@@ -331,6 +333,77 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
     ts = timed["ts"].to_numpy()
     return RankParts("cpu", k, c, lo, hi, windows, cpu_comm_types(trace, kinds),
                      _segments(ts, ts + timed["dur"].to_numpy(), trace.windows))
+
+
+#: An unmarked wait is at least this long (µs).
+UNMARKED_WAIT_MIN_US = 50.0
+#: A thread resumes at most this long after the transfer it waited for ends (µs; or 10% of the
+#: wait, whichever is more), and not before it ends (within 20 µs).
+UNMARKED_WAIT_LAG_US = 500.0
+
+
+def unmarked_waits(trace: RankTrace, kinds: pd.Series) -> np.ndarray:
+    """A CPU rank's waits for its own communication that no op marks, shape (n, 2), µs (merged).
+
+    FSDP (1 and 2) on gloo waits for an all-gather or reduce-scatter inside its own annotation
+    (``FSDP::all_gather``) or an autograd op, with no ``wait`` op of its own: the enclosing op's
+    time would count as computation. Such a wait is a stretch of a thread with an op open but no
+    op starting or ending (no child running), of at least :data:`UNMARKED_WAIT_MIN_US`, that
+    starts where a child ended or ends where one starts (not the whole of a leaf op such as a
+    matmul) and lies in no ATen operator's own time (a matmul computing after a small child op),
+    during which a transfer of the rank (a transport event:
+    :func:`pardiag.analyzer.trace.classify.transport`) is in flight and ends just before the
+    thread resumes (within :data:`UNMARKED_WAIT_LAG_US` or 10% of the stretch). The wait runs
+    from the stretch's start, or from the transfer's start when that came well into it."""
+    ev = trace.events
+    tr = transport(trace)
+    comm = ev[(kinds == Kind.CPU_COMM.value).to_numpy() & tr]
+    if comm.empty:
+        return np.empty((0, 2))
+    cs = comm["ts"].to_numpy(dtype=float)
+    ce = cs + comm["dur"].to_numpy(dtype=float)
+    order = np.argsort(ce, kind="stable")
+    cs, ce = cs[order], ce[order]
+    ops = ev[kinds.isin([Kind.CPU_COMPUTE.value, Kind.CPU_COMM.value, Kind.CPU_WAIT.value,
+                         Kind.OTHER.value]).to_numpy() & ~tr
+             & (ev["dur"].to_numpy(dtype=float) > 0)]
+    out = []
+    for _, g in ops.groupby(["pid", "tid"], sort=False):
+        s = g["ts"].to_numpy(dtype=float)
+        e = s + g["dur"].to_numpy(dtype=float)
+        names = g["name"].to_numpy()
+        pts = np.unique(np.concatenate([s, e]))
+        if len(pts) < 2:
+            continue
+        a, b = pts[:-1], pts[1:]
+        mid = (a + b) / 2
+        depth = (np.searchsorted(np.sort(s), mid, side="right")
+                 - np.searchsorted(np.sort(e), mid, side="right"))
+        after_child = np.isin(a, e)      # the stretch starts where an op ended
+        before_child = np.isin(b, s)     # or ends where one starts
+        sel = (depth >= 1) & (b - a >= UNMARKED_WAIT_MIN_US) & (after_child | before_child)
+        for lo, hi in zip(a[sel], b[sel]):
+            lag = max(UNMARKED_WAIT_LAG_US, 0.1 * (hi - lo))
+            i0 = int(np.searchsorted(ce, hi - lag, side="left"))
+            i1 = int(np.searchsorted(ce, hi + 20.0, side="right"))
+            hit = [j for j in range(i0, i1) if cs[j] < hi and ce[j] > lo]
+            if hit and not _in_operator(s, e, names, lo, hi):
+                start = min(cs[j] for j in hit)
+                out.append((lo if start - lo <= lag else start, hi))
+    if not out:
+        return np.empty((0, 2))
+    a = np.asarray(out, dtype=float)
+    return iv.union(a[:, 0], a[:, 1])
+
+
+def _in_operator(s: np.ndarray, e: np.ndarray, names: np.ndarray, lo: float, hi: float) -> bool:
+    """Whether the innermost op open over ``[lo, hi]`` (the latest to start) is an ATen
+    operator: its own time is a kernel computing, whatever else is in flight."""
+    cover = np.flatnonzero((s <= lo) & (e >= hi))
+    if not len(cover):
+        return False
+    inner = cover[np.lexsort((e[cover], -s[cover]))[0]]
+    return str(names[inner]).startswith("aten::")
 
 
 def _segments(starts: np.ndarray, ends: np.ndarray, windows) -> tuple:

@@ -12,7 +12,8 @@ of every host thread but the communication workers, :func:`classify.comm_threads
    (``c10d::wait``, functional collectives' ``wait_tensor``, ``aten::wait``: tensor
    parallelism waits there for its all-reduces), or in none of the parts below while a transfer
    is in flight (a worker thread's, an async send's: DDP on gloo waits for its buckets'
-   all-reduces at the end of the backward outside any operator);
+   all-reduces at the end of the backward outside any operator), and the waits no op marks
+   (:func:`pardiag.analyzer.analyses.breakdown.unmarked_waits`: FSDP's on gloo);
 4. ``launch_us``: other CUDA/HIP runtime and driver calls (kernel launches, async copies);
 5. ``optimizer_us``: inside an event whose name holds ``optimizer`` (``Optimizer.step#Adam.step``,
    ``Optimizer.zero_grad#...``);
@@ -77,6 +78,7 @@ from ..trace.classify import (
     transport,
 )
 from ..trace.traceset import RankTrace
+from .breakdown import unmarked_waits
 
 #: Host parts of a step, in the order that decides an instant held by several.
 HOST_PARTS = ("data_loading_us", "sync_us", "comm_us", "launch_us", "optimizer_us",
@@ -270,9 +272,14 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
         "forward_us": host & (((cat == "cpu_op").to_numpy())
                               | named("forward", FORWARD_RE)),
     }
+    # waits no op marks (FSDP's on gloo) are communication waits, not the enclosing op's work
+    unmarked = unmarked_waits(trace, kinds)
     parts, taken = {}, iv.EMPTY.copy()
     for name, mask in sets.items():
-        own = iv.subtract(_iv(ev[mask]), taken)
+        own = _iv(ev[mask])
+        if name == "comm_us" and len(unmarked):
+            own = iv.merge(own, unmarked)
+        own = iv.subtract(own, taken)
         parts[name] = own
         taken = iv.merge(taken, own)
     # outside any operator while a transfer is in flight: waiting for communication (DDP on
