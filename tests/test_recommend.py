@@ -822,6 +822,48 @@ def test_tp_across_nodes_is_moved_inside():
     assert rec.predicted_step_us == pytest.approx(10000 - 2700 + 1800)
 
 
+def test_tp_across_nodes_is_predicted_by_replaying_the_critical_path():
+    """The same swap with the run's critical path: both ranks compute [0, 4000), wait in a tp
+    all-reduce to 7000 (its transfer 3000 µs), compute to 9800 and wait in a dp all-reduce to
+    10000. Replayed with tp's transfers × 0.1 and dp's × 10: tp releases at 4300, dp's
+    arrivals at 7100, its transfer 2000: 9100 µs, 0.91 of the step. The formula, from the
+    context's exposed times (tp 2500, dp 200), would give 10000 − 2250 + 1800 = 9550."""
+    import dataclasses
+
+    import numpy as np
+    import pandas as pd
+
+    from pardiag.analyzer.analyses.critical_path import CriticalPathResult, _Join, _Step
+    from pardiag.analyzer.predict.recommend.rules.placement import placement
+    groups = pd.DataFrame([
+        {"dim": "tp", "pg": "1", "desc": "mesh_tp", "ranks": "0,2", "size": 2, "nodes": 2,
+         "spans_nodes": True},
+        {"dim": "dp", "pg": "2", "desc": "mesh_dp", "ranks": "0,1", "size": 2, "nodes": 1,
+         "spans_nodes": False}])
+    bw = pd.DataFrame([{"pg": "1", "op": "all_reduce", "busbw_gbps": 1.0},
+                       {"pg": "2", "op": "all_reduce", "busbw_gbps": 10.0}])
+    both = frozenset({0, 1})
+    k = np.array([[0.0, 4000.0], [7000.0, 9800.0]])
+    step = _Step(1, {0: 0.0, 1: 0.0}, {0: 10000.0, 1: 10000.0},
+                 (_Join("t", "all_reduce", "tp", {0: 4000.0, 1: 4000.0},
+                        {0: 7000.0, 1: 7000.0}, both),
+                  _Join("d", "all_reduce", "dp", {0: 9800.0, 1: 9800.0},
+                        {0: 10000.0, 1: 10000.0}, both)),
+                 {0: k, 1: k}, {0: np.empty((0, 2)), 1: np.empty((0, 2))})
+    empty = pd.DataFrame()
+    cp = CriticalPathResult(empty, empty, empty, empty, graphs=(step,))
+    ctx = _ctx(dims={"dp": 2, "tp": 2}, dim_comm={"tp": (3000.0, 2500.0), "dp": (400.0, 200.0)},
+               nodes={"a": [0, 1], "b": [2, 3]}, groups=groups, bandwidth=bw)
+    (rec,) = placement(dataclasses.replace(ctx, critical_path=cp))
+    assert rec.predicted_step_us == pytest.approx(9100.0)
+    assert rec.evidence[-1] == ("predicted by replaying the critical path with tp's transfers × "
+                                "0.10 and dp's × 10.00 (the exposed-communication formula gives "
+                                "9.55 ms)")
+    (alone,) = placement(ctx)   # no path: the formula
+    assert alone.predicted_step_us == pytest.approx(9550.0)
+    assert alone.evidence[-1].startswith("predicted by the exposed-communication formula")
+
+
 def test_memory_bound_ddp_gets_sharding_that_fits():
     """DDP over dp = 4; per rank 4 GiB parameters, 4 GiB gradients, 8 GiB optimizer state;
     peak 75 GiB of 80 (94%). ZeRO-1 saves 8 · 3/4 = 6 GiB → 69; FSDP saves 16 · 3/4 = 12 → 63.

@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+import statistics
+
 from ..context import RuleContext
 from ..types import Recommendation
 
 
+def replayed_ratio(cp, comm_scale: dict) -> float | None:
+    """The critical path replayed with some dimensions' transfers scaled (``{dim: factor}``;
+    dimensions with no transfer on the path's steps are left out): the median over steps of
+    the replayed step over the unchanged one, or None without a path or any such transfer."""
+    if cp is None or not cp.graphs:
+        return None
+    joined = {j.dim for g in cp.graphs for j in g.joins}
+    scale = {d: f for d, f in comm_scale.items() if d in joined}
+    if not scale:
+        return None
+    out = cp.replay(comm_scale=scale)
+    out = out[out["replay_us"] > 0]
+    return float(statistics.median(out["predicted_us"] / out["replay_us"])) if len(out) else None
+
+
 def placement(ctx: RuleContext) -> list[Recommendation]:
     """TP (or EP/CP) groups that span nodes while another dimension's stay inside one: swap
-    them in the device mesh. Predicted with the busbw measured on each side."""
+    them in the device mesh. Predicted with the busbw measured on each side (r = the spanning
+    groups' busbw over the others'): the critical path replayed with the dimension's transfers
+    × r and the other's × 1/r, as a ratio of the measured step; without a path, the
+    exposed-communication formula (the step less the dimension's exposed time × (1 − r), plus
+    the other's × (1/r − 1)). The replay measured closer on the link what-if
+    (``benchmarks/whatif_validate.py link``: +12.3% / −7.8% against the formula's +27.6% /
+    −10.6%, whatif-link_xeon-2core_2026-12-02-1311.md)."""
     lay, sync, measured = ctx.layout, ctx.sync, ctx.measured_us
     if lay is None or lay.groups.empty or sync is None or sync.bandwidth.empty or not (
             measured > 0):
@@ -34,7 +57,13 @@ def placement(ctx: RuleContext) -> list[Recommendation]:
         r = b_inter / b_intra
         _, e_mine = comm[dim]
         _, e_other = comm.get(other, (0.0, 0.0))
-        pred = measured - e_mine * (1 - r) + e_other * (1 / r - 1)
+        formula = measured - e_mine * (1 - r) + e_other * (1 / r - 1)
+        ratio = replayed_ratio(ctx.critical_path, {dim: r, other: 1 / r})
+        pred = measured * ratio if ratio is not None else formula
+        how = (f"predicted by replaying the critical path with {dim}'s transfers × {r:.2f} and "
+               f"{other}'s × {1 / r:.2f} (the exposed-communication formula gives "
+               f"{formula / 1000:.2f} ms)" if ratio is not None else
+               "predicted by the exposed-communication formula (no critical path to replay)")
         out.append(Recommendation(
             kind="placement", title=f"Keep {dim.upper()} inside a node",
             change=f"{dim}={int(mine['size'].max())} inside each node: order the device mesh "
@@ -42,7 +71,7 @@ def placement(ctx: RuleContext) -> list[Recommendation]:
             evidence=(f"{dim} groups span nodes: busbw {b_inter:.2f} GB/s vs {b_intra:.2f} GB/s "
                       f"on the {other} groups inside a node",
                       f"exposed per step: {dim} {e_mine / 1000:.2f} ms, {other} "
-                      f"{e_other / 1000:.2f} ms"),
+                      f"{e_other / 1000:.2f} ms", how),
             caveats=(f"{other} traffic then crosses nodes at {dim}'s measured bandwidth",),
             measured_step_us=measured, predicted_step_us=pred,
             params={"innermost": dim}))
