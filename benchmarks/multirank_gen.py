@@ -1143,12 +1143,13 @@ def _bubble(job: Job, sts: list[_Rank], P: dict) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
-def _kernels(st: _Rank, step: int, results: dict, graph: dict) -> tuple[list, list]:
-    """The rank's kernels of `step` (launched in it): their starts and ends as (time, node)."""
-    starts, ends = [], []
+def _kernels(st: _Rank, results: dict, graph: dict) -> dict[int, tuple[list, list]]:
+    """Per step, the rank's kernels launched in it: their starts and ends as (time, node)."""
+    out: dict[int, tuple[list, list]] = {}
     for rec in st.recs:
-        if rec["step"] != step:
+        if rec["t"] not in ("comp", "comm"):
             continue
+        starts, ends = out.setdefault(rec["step"], ([], []))
         if rec["t"] == "comp":
             starts.append((rec["start"], rec["start_node"]))
             ends.append((rec["end"], rec["end_node"]))
@@ -1156,7 +1157,7 @@ def _kernels(st: _Rank, step: int, results: dict, graph: dict) -> tuple[list, li
             k = results[rec["key"]][0][st.rank]
             starts.append((k[0][0], graph["arr"][rec["key"]][st.rank]))
             ends.append((k[-1][1], graph["end"][rec["key"]][st.rank]))
-    return starts, ends
+    return out
 
 
 def _dim_of(job: Job, key: tuple) -> str:
@@ -1194,13 +1195,14 @@ def _true_path(job: Job, P: dict, sts: list[_Rank], results: dict, graph: dict) 
     true, and its shares by rank differ)."""
     acc: dict[tuple, float] = {}
     rows = []
+    by_rank = {st.rank: _kernels(st, results, graph) for st in sts}
     for w in _windows(job, P):
         for s in w:
-            kern = {st.rank: _kernels(st, s, results, graph) for st in sts}
+            kern = {r: k[s] for r, k in by_rank.items()}
             start = {r: min(t for t, _ in k[0]) for r, k in kern.items()}
             end = {}
             for r, (_, ends) in kern.items():
-                nxt = _kernels(sts[r], s + 1, results, graph)[0] if s + 1 in w else []
+                nxt = by_rank[r].get(s + 1, ([], []))[0] if s + 1 in w else []
                 end[r] = min(nxt, key=lambda x: x[0]) if nxt else max(ends, key=lambda x: x[0])
             r_end = max(end, key=lambda r: (end[r][0], -r))
             node, total, segs = end[r_end][1], 0.0, []

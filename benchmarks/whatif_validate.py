@@ -246,6 +246,7 @@ def link_rows(tmp: Path, rep: int) -> list[dict]:
     clean step, and measured by a plain run at the other rate."""
     from pardiag.analyzer.analyses.dim_overlap import dims_of_groups
     from pardiag.analyzer.predict.recommend import clean_step_us
+    from pardiag.analyzer.predict.recommend.rules.placement import replayed_ratio
     from pardiag.analyzer.report.registry import build_report
     from pardiag.analyzer.trace import load_traces
 
@@ -258,10 +259,8 @@ def link_rows(tmp: Path, rep: int) -> list[dict]:
         dims = sorted({by_name[str(pg)] for pg in
                        groups[groups["spans_nodes"].fillna(False).astype(bool)]["pg"]})
         f = a / b   # a transfer's time goes with 1 / rate
-        joined = {j.dim for g in report.critical_path.graphs for j in g.joins}
-        replay = report.critical_path.replay(comm_scale=dict.fromkeys(
-            [d for d in dims if d in joined], f))
-        ratio = statistics.median(replay["predicted_us"] / replay["replay_us"])
+        ratio = replayed_ratio(report.critical_path, dict.fromkeys(dims, f))
+        ratio = float("nan") if ratio is None else ratio   # no transfer of theirs to replay
         ov = report.results["dim_overlap"].summary
         exposed = float(ov[ov["dim"].isin(dims)]["exposed_us"].sum())
         steps = report.critical_path.steps

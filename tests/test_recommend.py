@@ -802,12 +802,10 @@ def test_degree_predictions_are_exact():
     assert [c.params for c in recs] == [{"dp": 4, "tp": 1}]
 
 
-def test_tp_across_nodes_is_moved_inside():
-    """TP groups span two nodes at busbw 1 GB/s, DP groups inside a node reach 10 GB/s; TP
-    leaves 3000 µs exposed per step, DP 200: swapping saves 3000 · 0.9 and costs 200 · 9."""
+def _tp_across_nodes():
+    """Layout groups and bandwidth of TP over 2 nodes at busbw 1 GB/s, DP inside a node at 10."""
     import pandas as pd
 
-    from pardiag.analyzer.predict.recommend.rules.placement import placement
     groups = pd.DataFrame([
         {"dim": "tp", "pg": "1", "desc": "mesh_tp", "ranks": "0,2", "size": 2, "nodes": 2,
          "spans_nodes": True},
@@ -815,6 +813,14 @@ def test_tp_across_nodes_is_moved_inside():
          "spans_nodes": False}])
     bw = pd.DataFrame([{"pg": "1", "op": "all_reduce", "busbw_gbps": 1.0},
                        {"pg": "2", "op": "all_reduce", "busbw_gbps": 10.0}])
+    return groups, bw
+
+
+def test_tp_across_nodes_is_moved_inside():
+    """TP groups span two nodes at busbw 1 GB/s, DP groups inside a node reach 10 GB/s; TP
+    leaves 3000 µs exposed per step, DP 200: swapping saves 3000 · 0.9 and costs 200 · 9."""
+    from pardiag.analyzer.predict.recommend.rules.placement import placement
+    groups, bw = _tp_across_nodes()
     (rec,) = placement(_ctx(dims={"dp": 2, "tp": 2}, dim_comm={"tp": (3000.0, 3000.0),
                                                                 "dp": (400.0, 200.0)},
                             nodes={"a": [0, 1], "b": [2, 3]}, groups=groups, bandwidth=bw))
@@ -835,13 +841,7 @@ def test_tp_across_nodes_is_predicted_by_replaying_the_critical_path():
 
     from pardiag.analyzer.analyses.critical_path import CriticalPathResult, _Join, _Step
     from pardiag.analyzer.predict.recommend.rules.placement import placement
-    groups = pd.DataFrame([
-        {"dim": "tp", "pg": "1", "desc": "mesh_tp", "ranks": "0,2", "size": 2, "nodes": 2,
-         "spans_nodes": True},
-        {"dim": "dp", "pg": "2", "desc": "mesh_dp", "ranks": "0,1", "size": 2, "nodes": 1,
-         "spans_nodes": False}])
-    bw = pd.DataFrame([{"pg": "1", "op": "all_reduce", "busbw_gbps": 1.0},
-                       {"pg": "2", "op": "all_reduce", "busbw_gbps": 10.0}])
+    groups, bw = _tp_across_nodes()
     both = frozenset({0, 1})
     k = np.array([[0.0, 4000.0], [7000.0, 9800.0]])
     step = _Step(1, {0: 0.0, 1: 0.0}, {0: 10000.0, 1: 10000.0},

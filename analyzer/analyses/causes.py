@@ -79,6 +79,7 @@ from ..trace.classify import (
 )
 from ..trace.traceset import RankTrace
 from .breakdown import unmarked_waits
+from .issued_ops import launch_times
 
 #: Host parts of a step, in the order that decides an instant held by several.
 HOST_PARTS = ("data_loading_us", "sync_us", "comm_us", "launch_us", "optimizer_us",
@@ -209,12 +210,7 @@ def launch_edges_of_trace(trace: RankTrace, comm_patterns=()) -> LaunchEdges:
         return empty
     comp = comp.sort_values("ts", kind="stable")
     starts = comp["ts"].to_numpy(dtype=float)
-    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]).to_numpy()
-            & (ev["correlation"] >= 0).to_numpy()]
-    launch_end = pd.Series((rt["ts"] + rt["dur"]).to_numpy(dtype=float),
-                           index=rt["correlation"].to_numpy())
-    launch_end = launch_end[~launch_end.index.duplicated(keep="first")]
-    launched = launch_end.reindex(comp["correlation"].to_numpy()).to_numpy(dtype=float)
+    launched = launch_times(trace, comp, end=True)
     ends = np.unique((comm["ts"] + comm["dur"]).to_numpy(dtype=float))
     i = np.searchsorted(starts, ends - 1.0, side="left")
     ok = i < len(starts)

@@ -95,15 +95,17 @@ class IssuedOps:
         return out
 
 
-def launch_times(trace: RankTrace, kernels: pd.DataFrame) -> np.ndarray:
+def launch_times(trace: RankTrace, kernels: pd.DataFrame, end: bool = False) -> np.ndarray:
     """CPU launch time (µs) of each GPU kernel: the ``ts`` of the runtime call with the same
-    ``correlation`` id; a kernel without one gets its own ``ts``."""
+    ``correlation`` id (with ``end``, the call's end, ``ts + dur``); a kernel without one gets
+    its own ``ts`` (with ``end``, NaN: no launch is known)."""
     ev = trace.events
     rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
-    launch = pd.Series(rt["ts"].to_numpy(), index=rt["correlation"].to_numpy())
+    t = rt["ts"] + rt["dur"] if end else rt["ts"]
+    launch = pd.Series(t.to_numpy(dtype=float), index=rt["correlation"].to_numpy())
     launch = launch[~launch.index.duplicated(keep="first")]
-    lt = launch.reindex(kernels["correlation"].to_numpy()).to_numpy()
-    return np.where(np.isnan(lt), kernels["ts"].to_numpy(), lt)
+    lt = launch.reindex(kernels["correlation"].to_numpy()).to_numpy(dtype=float)
+    return lt if end else np.where(np.isnan(lt), kernels["ts"].to_numpy(), lt)
 
 
 def _is_record(name: str, args) -> bool:
