@@ -304,7 +304,7 @@ def test_a_wait_no_op_marks_is_not_compute(tmp_path):
     from pardiag.analyzer.analyses.breakdown import unmarked_waits
 
     t = ts.ranks[0]
-    assert unmarked_waits(t, classify(t, [])).tolist() == [[150.0, 1700.0]]
+    assert unmarked_waits(t).tolist() == [[150.0, 1700.0]]
     steps = compute_time_breakdown(ts).steps
     one, two = (_row(steps[steps["step"] == n], rank=0) for n in (1, 2))
     assert one.compute_us == 220.0 and one.exposed_comm_us == 1550.0

@@ -324,7 +324,7 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
     not_compute = ev[kinds.isin([Kind.CPU_COMM.value, Kind.CPU_WAIT.value]).to_numpy()
                      & ~transport(trace)]
     k = iv.subtract(_intervals(ev[kinds == Kind.CPU_COMPUTE.value]), _intervals(not_compute))
-    k = iv.subtract(k, unmarked_waits(trace, kinds))
+    k = iv.subtract(k, unmarked_waits(trace, comm_patterns))
     timed = ev[kinds.isin([Kind.CPU_COMPUTE.value, Kind.CPU_COMM.value, Kind.CPU_WAIT.value,
                            Kind.STEP.value]).to_numpy()]
     lo = float(timed["ts"].min()) if len(timed) else 0.0
@@ -342,8 +342,10 @@ UNMARKED_WAIT_MIN_US = 50.0
 UNMARKED_WAIT_LAG_US = 500.0
 
 
-def unmarked_waits(trace: RankTrace, kinds: pd.Series) -> np.ndarray:
-    """A CPU rank's waits for its own communication that no op marks, shape (n, 2), µs (merged).
+def unmarked_waits(trace: RankTrace, comm_patterns=()) -> np.ndarray:
+    """A CPU rank's waits for its own communication that no op marks, shape (n, 2), µs (merged;
+    once per trace and ``--comm-kernel`` pattern list: the breakdown and the causes both read
+    them).
 
     FSDP (1 and 2) on gloo waits for an all-gather or reduce-scatter inside its own annotation
     (``FSDP::all_gather``) or an autograd op, with no ``wait`` op of its own: the enclosing op's
@@ -355,6 +357,11 @@ def unmarked_waits(trace: RankTrace, kinds: pd.Series) -> np.ndarray:
     :func:`pardiag.analyzer.trace.classify.transport`) is in flight and ends just before the
     thread resumes (within :data:`UNMARKED_WAIT_LAG_US` or 10% of the stretch). The wait runs
     from the stretch's start, or from the transfer's start when that came well into it."""
+    return cached(trace, ("unmarked_waits", pattern_key(comm_patterns)),
+                  lambda: _unmarked_waits(trace, classify(trace, list(comm_patterns))))
+
+
+def _unmarked_waits(trace: RankTrace, kinds: pd.Series) -> np.ndarray:
     ev = trace.events
     tr = transport(trace)
     comm = ev[(kinds == Kind.CPU_COMM.value).to_numpy() & tr]

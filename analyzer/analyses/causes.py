@@ -269,7 +269,7 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
                               | named("forward", FORWARD_RE)),
     }
     # waits no op marks (FSDP's on gloo) are communication waits, not the enclosing op's work
-    unmarked = unmarked_waits(trace, kinds)
+    unmarked = unmarked_waits(trace)
     parts, taken = {}, iv.EMPTY.copy()
     for name, mask in sets.items():
         own = _iv(ev[mask])
