@@ -6,9 +6,13 @@ once before and once after, compared key by key.
 
 ``write`` reports, without stored summaries (``cache=False``), every folder of
 ``sample_traces/`` and of ``../shared/real_traces/`` (where it is), and writes
-``OUT_DIR/<set>__<name>.json`` (``report_json``; keys sorted). ``compare`` prints every path
-whose value differs between two such folders (floats equal to 1e-9 relative; the timing fields
-of :data:`TIMING_KEYS` skipped) and exits 1 when any does. Speed work must leave it silent.
+``OUT_DIR/<set>__<name>.json`` (``report_json``; keys sorted) and, beside it,
+``<set>__<name>.figures.json``: every figure of the HTML page as plotly reads it (each spec
+passed through ``plotly.graph_objects.Figure`` and its typed arrays decoded, so a figure written
+as a plain dict and the same figure built with plotly's objects compare equal). ``compare``
+prints every path whose value differs between two such folders (floats equal to 1e-9
+relative; the timing fields of :data:`TIMING_KEYS` skipped) and exits 1 when any does. Speed
+work must leave it silent.
 """
 
 from __future__ import annotations
@@ -35,16 +39,55 @@ def inputs() -> list[tuple[str, Path]]:
     return out
 
 
+def _decoded(obj):
+    """``obj`` with plotly's typed arrays (``{"dtype", "bdata"[, "shape"]}``) as nested lists."""
+    if isinstance(obj, dict):
+        if "bdata" in obj and "dtype" in obj:
+            import base64
+
+            import numpy as np
+            a = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
+            if "shape" in obj:
+                a = a.reshape([int(n) for n in str(obj["shape"]).split(",")])
+            return a.tolist()
+        return {k: _decoded(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_decoded(v) for v in obj]
+    return obj
+
+
+def page_figures(html: str) -> list[dict]:
+    """Every figure of a report page (``pd-fig-N-data`` elements, in page order) as plotly
+    reads it: validated by ``go.Figure``, without the template, typed arrays decoded."""
+    import re
+
+    import plotly.graph_objects as go
+    out = []
+    for m in re.finditer(r'<script type="application/json" id="pd-fig-\d+-data">(.*?)</script>',
+                         html, re.S):
+        spec = go.Figure(json.loads(m.group(1))).to_plotly_json()
+        spec["layout"].pop("template", None)
+        out.append(_decoded(spec))
+    return out
+
+
 def write(out: Path) -> None:
+    import tempfile
+
     from pardiag.analyzer.report.registry import report_json
     from pardiag.api import analyze
 
     out.mkdir(parents=True, exist_ok=True)
     for name, folder in inputs():
-        doc = report_json(analyze(folder, cache=False))
+        rep = analyze(folder, cache=False)
+        doc = report_json(rep)
         (out / f"{name}.json").write_text(json.dumps(doc, sort_keys=True, indent=1,
                                                      default=str))
-        print(f"wrote {name}", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            rep.to_html(Path(tmp) / "r.html")
+            figs = page_figures((Path(tmp) / "r.html").read_text())
+        (out / f"{name}.figures.json").write_text(json.dumps(figs, sort_keys=True, indent=1))
+        print(f"wrote {name} ({len(figs)} figures)", flush=True)
 
 
 def diff(a, b, path: str = "") -> list[str]:
@@ -81,7 +124,7 @@ def compare(before: Path, after: Path) -> int:
         for line in d[:20]:
             print(f"{name}: {line}")
         bad += bool(d)
-    print(f"{len(names) - bad} of {len(names)} reports unchanged")
+    print(f"{len(names) - bad} of {len(names)} files unchanged (report JSON and page figures)")
     return 1 if bad else 0
 
 

@@ -1,3 +1,3 @@
-from pardiag.cli import main
+from pardiag.cli import run
 
-raise SystemExit(main())
+run()

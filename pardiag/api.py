@@ -187,7 +187,9 @@ class Report(_TypedReport):
         (per rank), ``step_breakdown``, ``overlap``, ``overlap_per_dimension``, ``stragglers``
         (wait heatmap), ``memory``, ``memory_timeline``, ``bandwidth``, ``moe_routing``
         (tokens per rank and step, source × destination). A notebook shows each as
-        it is (``rep.figures["breakdown"]``)."""
+        it is (``rep.figures["breakdown"]``). The report page draws the same figures."""
+        import plotly.graph_objects as go
+
         from pardiag.analyzer.render import html as rh
 
         b = self.time_breakdown
@@ -210,7 +212,7 @@ class Report(_TypedReport):
             out["bandwidth"] = rh.bandwidth_figure(self.sync.instances)
         if len(self.routing.per_rank):
             out["moe_routing"] = rh.routing_figure(self.routing)
-        return out
+        return {name: go.Figure(spec) for name, spec in out.items()}
 
     def to_json(self) -> dict:
         """The JSON summary (what ``pardiag report --json`` writes; ``schema_version`` 3): a dict

@@ -300,17 +300,19 @@ def test_the_figure_draws_every_step(tmp_path):
     """The page's figure holds the path of every step, one after the other on the aligned
     clock: rank 1's work [0, 0.6) and [0.65, 1.0) ms and the all-reduce [0.6, 0.65) of each
     1 ms step, and a line where each step's path starts."""
+    from plotly.graph_objects import Figure
+
     from pardiag.analyzer.render.html import critical_path_figure
 
     cp = _path(_ddp_heavy_rank1(tmp_path / "run"))
-    fig = critical_path_figure(cp.segments)
+    fig = Figure(critical_path_figure(cp.segments))
     bars = {t.name: t for t in fig.data}
     assert sorted(round(b, 6) for b in bars["work"].base) == [0.0, 0.65, 1.0, 1.65, 2.0, 2.65]
     assert sorted(round(b, 6) for b in bars["communication"].base) == [0.6, 1.6, 2.6]
     assert set(bars["work"].y) == {"rank 1"}
     assert [a.text for a in fig.layout.annotations] == ["step 1", "step 2", "step 3"]
     assert fig.layout.title.text == "Steps 1–3: the critical path across ranks"
-    one = critical_path_figure(cp.segments, [2])
+    one = Figure(critical_path_figure(cp.segments, [2]))
     assert one.layout.title.text == "Step 2: the critical path across ranks"
     assert sorted(round(b, 6) for b in one.data[0].base) == [0.0, 0.65]
 

@@ -4,6 +4,7 @@ import base64
 import dataclasses
 import gzip
 import html
+import math
 import re
 
 import pytest
@@ -284,3 +285,78 @@ def test_packed_plotlyjs_is_compressed_once_per_version(tmp_path, monkeypatch):
     page._packed_plotlyjs.cache_clear()
     assert page._packed_plotlyjs() == packed
     page._packed_plotlyjs.cache_clear()
+
+
+def _plain(obj):
+    """A figure spec with plotly.js typed arrays decoded to lists (as the browser reads them)
+    and NaN as None (JSON's null; NaN would not equal itself)."""
+    if isinstance(obj, dict):
+        if "bdata" in obj and "dtype" in obj:
+            import numpy as np
+            a = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
+            if "shape" in obj:
+                a = a.reshape([int(n) for n in obj["shape"].split(",")])
+            return _plain(a.tolist())
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return None if isinstance(obj, float) and math.isnan(obj) else obj
+
+
+def _page_figures(page: str) -> list[dict]:
+    import json
+    return [json.loads(m) for m in re.findall(
+        r'<script type="application/json" id="pd-fig-\d+-data">(.*?)</script>', page, re.S)]
+
+
+@pytest.mark.parametrize("run", ["big", "pp_1f1b_cpu_4rank", "moe_ep_cpu_2rank",
+                                 "ddp_cpu_2rank"])
+def test_every_figure_is_already_what_plotly_validates(run, big, tmp_path):
+    """The report writes its figures as plain dicts: each must be exactly what plotly's figure
+    objects make of it (no unknown property, no value plotly would coerce), so the page draws
+    what ``rep.figures`` shows. Covers every figure kind: the big run has the per-step mean,
+    both heatmaps and a binned straggler heatmap; the pipeline its schedule; the MoE run its
+    routing subplots."""
+    import plotly.graph_objects as go
+    folder = big if run == "big" else REPO / "sample_traces" / run
+    out = tmp_path / "r.html"
+    _report(folder, "-o", out)
+    figs = _page_figures(out.read_text())
+    assert len(figs) >= 6
+    titles = []
+    for spec in figs:
+        validated = go.Figure(spec).to_plotly_json()
+        validated["layout"].pop("template", None)
+        assert _plain(validated) == _plain(spec)
+        titles.append(spec["layout"]["title"]["text"])
+    expected = {"big": ["per profiler step (mean over ranks)", "Exposed communication per rank",
+                        "Idle per rank", "instances binned"],
+                "pp_1f1b_cpu_4rank": ["Pipeline schedule of step"],
+                "moe_ep_cpu_2rank": ["MoE routing"],
+                "ddp_cpu_2rank": ["Bus bandwidth", "critical path across ranks"]}[run]
+    for part in expected:
+        assert any(part in t for t in titles), (part, titles)
+
+
+def test_template_is_kept_per_plotly_version(tmp_path, monkeypatch):
+    """The page's plotly template is built through plotly once and then read from the user's
+    cache folder; a damaged cache file is built again."""
+    import json
+
+    import plotly
+    import plotly.io as pio
+
+    from pardiag.analyzer.render import page
+
+    monkeypatch.setenv("PARDIAG_CACHE_DIR", str(tmp_path / "cache"))
+    page.template_json.cache_clear()
+    built = json.loads(page.template_json())
+    assert built == json.loads(pio.to_json(pio.templates["plotly"].layout))
+    kept = tmp_path / "cache" / f"plotly-{plotly.__version__}-template.json"
+    kept.write_text('{"seen": "from the cache"}')
+    page.template_json.cache_clear()
+    assert json.loads(page.template_json()) == {"seen": "from the cache"}
+    kept.write_text('{"half')
+    page.template_json.cache_clear()
+    assert json.loads(page.template_json()) == built
+    page.template_json.cache_clear()

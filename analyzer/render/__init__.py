@@ -8,10 +8,18 @@ summary (:mod:`.comparison`), one Chrome trace of every rank (:mod:`.merge`). Fi
 here and nowhere else.
 """
 
-from .comparison import render_compare_html, render_compare_terminal
-from .html import render_html
-from .merge import merge_traces
-from .terminal import render_terminal
+import importlib
 
-__all__ = ["merge_traces", "render_compare_html", "render_compare_terminal", "render_html",
-           "render_terminal"]
+#: Each name and its module, imported at first use: a report does not load the comparison's
+#: figure code (plotly's figure objects), a comparison not the report's.
+_EXPORTS = {"merge_traces": ".merge", "render_compare_html": ".comparison",
+            "render_compare_terminal": ".comparison", "render_html": ".html",
+            "render_terminal": ".terminal"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from ..analyses.pipeline import summarize_bubbles
 from ..analyses.routing import IMBALANCE_MIN
@@ -91,84 +89,124 @@ def _ranks(ranks) -> list[str]:
 
 
 # ---------------------------------------------------------------- figures
+#
+# Each figure is a plotly figure as a dict (``{"data": [...], "layout": {...}}``, the form
+# plotly.js reads and ``plotly.graph_objects.Figure(spec)`` accepts), written in the shape
+# plotly's own validation would give it: a report needs none of the figure objects' checking
+# and copying, which cost more than the analyses of a small run. ``tests/test_html.py`` passes
+# every figure through ``plotly.graph_objects.Figure`` and asserts that nothing changes.
 
 
-def breakdown_figure(totals: pd.DataFrame) -> go.Figure:
-    """Stacked bar per rank: compute only, overlapped, exposed communication, idle (ms)."""
-    fig = go.Figure()
-    x = _ranks(totals["rank"])
-    for part, col in _PART_COLUMNS.items():
-        fig.add_bar(name=part, x=x, y=_f32(totals[col] / 1000.0), marker_color=PART_COLORS[part],
-                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
-    fig.update_layout(barmode="stack", title="Time breakdown per rank (whole trace)",
-                      yaxis_title="time (ms)", xaxis_title="rank", height=420)
-    return fig
+def _colorscale(colors: list[str]) -> list[list]:
+    """Evenly spaced stops of ``colors``: a named plotly colorscale as plotly writes it into a
+    figure (plotly.js has scales of the same names with other colours)."""
+    return [[i / (len(colors) - 1), c] for i, c in enumerate(colors)]
 
 
-def step_breakdown_figure(steps: pd.DataFrame) -> go.Figure:
-    """Stacked bar per rank and profiler step (ms)."""
-    fig = go.Figure()
+#: ColorBrewer's sequential reds and blues (plotly's ``sequential.Reds`` and ``.Blues``).
+REDS = _colorscale(["rgb(255,245,240)", "rgb(254,224,210)", "rgb(252,187,161)",
+                    "rgb(252,146,114)", "rgb(251,106,74)", "rgb(239,59,44)", "rgb(203,24,29)",
+                    "rgb(165,15,21)", "rgb(103,0,13)"])
+BLUES = _colorscale(["rgb(247,251,255)", "rgb(222,235,247)", "rgb(198,219,239)",
+                     "rgb(158,202,225)", "rgb(107,174,214)", "rgb(66,146,198)", "rgb(33,113,181)",
+                     "rgb(8,81,156)", "rgb(8,48,107)"])
+
+
+def _title(text: str) -> dict:
+    return {"text": text}
+
+
+def _bar(**props) -> dict:
+    return {"type": "bar", **props}
+
+
+def _scatter(**props) -> dict:
+    return {"type": "scatter", **props}
+
+
+def _heatmap(**props) -> dict:
+    return {"type": "heatmap", **props}
+
+
+def _stacked_bars(x, rows: pd.DataFrame, parts, hover: str) -> list:
+    """One bar series per ``(label, column, colour)`` of ``parts``: ``rows[column]`` µs in ms."""
+    return [_bar(name=label, x=x, y=_f32(rows[col] / 1000.0), marker={"color": color},
+                 hovertemplate=hover + "<extra>" + escape(label) + "</extra>")
+            for label, col, color in parts]
+
+
+_BREAKDOWN_PARTS = [(part, col, PART_COLORS[part]) for part, col in _PART_COLUMNS.items()]
+
+
+def breakdown_figure(totals: pd.DataFrame) -> dict:
+    """Stacked bar per rank: compute only, overlapped, exposed communication, idle (ms).
+    Returns a plotly figure dict (``data``, ``layout``)."""
+    return {"data": _stacked_bars(_ranks(totals["rank"]), totals, _BREAKDOWN_PARTS,
+                                  "%{x}: %{y:.3f} ms"),
+            "layout": {"barmode": "stack", "title": _title("Time breakdown per rank (whole trace)"),
+                       "yaxis": {"title": _title("time (ms)")},
+                       "xaxis": {"title": _title("rank")}, "height": 420}}
+
+
+def step_breakdown_figure(steps: pd.DataFrame) -> dict:
+    """Stacked bar per rank and profiler step (ms). Returns a plotly figure dict."""
     x = [f"r{r} s{s}" for r, s in zip(steps["rank"], steps["step"])]
-    for part, col in _PART_COLUMNS.items():
-        fig.add_bar(name=part, x=x, y=_f32(steps[col] / 1000.0), marker_color=PART_COLORS[part],
-                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + part + "</extra>")
-    fig.update_layout(barmode="stack", title="Time breakdown per rank and profiler step",
-                      yaxis_title="time (ms)", xaxis_title="rank r, step s",
-                      height=420)
-    return fig
+    return {"data": _stacked_bars(x, steps, _BREAKDOWN_PARTS, "%{x}: %{y:.3f} ms"),
+            "layout": {"barmode": "stack",
+                       "title": _title("Time breakdown per rank and profiler step"),
+                       "yaxis": {"title": _title("time (ms)")},
+                       "xaxis": {"title": _title("rank r, step s")}, "height": 420}}
 
 
-def step_mean_figure(steps: pd.DataFrame) -> go.Figure:
-    """Stacked bar per profiler step of the mean over ranks of each part (ms)."""
+def step_mean_figure(steps: pd.DataFrame) -> dict:
+    """Stacked bar per profiler step of the mean over ranks of each part (ms). Returns a plotly
+    figure dict."""
     mean = steps.groupby("step", sort=True)[list(_PART_COLUMNS.values())].mean()
-    fig = go.Figure()
-    x = [f"step {s}" for s in mean.index]
-    for part, col in _PART_COLUMNS.items():
-        fig.add_bar(name=part, x=x, y=_f32(mean[col] / 1000.0), marker_color=PART_COLORS[part],
-                    hovertemplate="%{x}: %{y:.3f} ms (mean over ranks)<extra>" + part + "</extra>")
-    fig.update_layout(barmode="stack", title="Time breakdown per profiler step (mean over ranks)",
-                      yaxis_title="time (ms)", height=380)
-    return fig
+    return {"data": _stacked_bars([f"step {s}" for s in mean.index], mean, _BREAKDOWN_PARTS,
+                                  "%{x}: %{y:.3f} ms (mean over ranks)"),
+            "layout": {"barmode": "stack",
+                       "title": _title("Time breakdown per profiler step (mean over ranks)"),
+                       "yaxis": {"title": _title("time (ms)")}, "height": 380}}
 
 
-def step_heatmap(steps: pd.DataFrame, column: str, title: str) -> go.Figure:
-    """Heatmap rank × profiler step of one breakdown column (µs in, ms shown)."""
+def step_heatmap(steps: pd.DataFrame, column: str, title: str) -> dict:
+    """Heatmap rank × profiler step of one breakdown column (µs in, ms shown). Returns a plotly
+    figure dict."""
     z = steps.pivot_table(index="rank", columns="step", values=column, aggfunc="first")
-    fig = go.Figure(go.Heatmap(z=_f32(z.to_numpy() / 1000.0), x=[f"step {s}" for s in z.columns],
-                               y=[f"rank {r}" for r in z.index], colorscale="Reds",
-                               colorbar_title="ms",
-                               hovertemplate="%{y}, %{x}: %{z:.3f} ms<extra></extra>"))
-    fig.update_layout(title=title, height=min(1200, max(320, 140 + 14 * len(z))),
-                      yaxis={"autorange": "reversed"})
-    return fig
+    return {"data": [_heatmap(z=_f32(z.to_numpy() / 1000.0), x=[f"step {s}" for s in z.columns],
+                              y=[f"rank {r}" for r in z.index], colorscale=REDS,
+                              colorbar={"title": _title("ms")},
+                              hovertemplate="%{y}, %{x}: %{z:.3f} ms<extra></extra>")],
+            "layout": {"title": _title(title), "height": min(1200, max(320, 140 + 14 * len(z))),
+                       "yaxis": {"autorange": "reversed"}}}
 
 
-def overlap_figure(totals: pd.DataFrame) -> go.Figure:
-    """Bar per rank: overlap % = |compute ∩ comm| / |comm|."""
+def overlap_figure(totals: pd.DataFrame) -> dict:
+    """Bar per rank: overlap % = |compute ∩ comm| / |comm|. Returns a plotly figure dict."""
     t = totals.dropna(subset=["overlap_pct"])
-    fig = go.Figure(go.Bar(x=_ranks(t["rank"]), y=_f32(t["overlap_pct"]),
-                           marker_color=PART_COLORS["overlapped"],
-                           hovertemplate="%{x}: %{y:.2f} %<extra></extra>"))
-    fig.update_layout(title="Communication overlapped by computation", yaxis_title="overlap (%)",
-                      xaxis_title="rank",
-                      yaxis_range=[0, 100], height=360)
-    return fig
+    return {"data": [_bar(x=_ranks(t["rank"]), y=_f32(t["overlap_pct"]),
+                          marker={"color": PART_COLORS["overlapped"]},
+                          hovertemplate="%{x}: %{y:.2f} %<extra></extra>")],
+            "layout": {"title": _title("Communication overlapped by computation"),
+                       "yaxis": {"title": _title("overlap (%)"), "range": [0, 100]},
+                       "xaxis": {"title": _title("rank")}, "height": 360}}
 
 
-def dim_overlap_figure(per_rank: pd.DataFrame) -> go.Figure:
+def dim_overlap_figure(per_rank: pd.DataFrame) -> dict:
     """Grouped bars per rank, one series per parallel dimension: overlap % of that dimension's
-    communication."""
-    fig = go.Figure()
-    for dim, g in per_rank.groupby("dim", sort=True):
-        fig.add_bar(name=_pe(dim), x=_ranks(g["rank"]), y=_f32(g["overlap_pct"]),
-                    customdata=_f32(g["exposed_us"] / 1000.0),
-                    hovertemplate="%{x}: %{y:.2f} % overlapped, %{customdata:.3f} ms exposed"
-                                  "<extra>" + _pe(dim) + "</extra>")
-    fig.update_layout(barmode="group", title="Overlap per rank and parallel dimension",
-                      xaxis_title="rank",
-                      yaxis_title="overlap (% of the dimension's communication)",
-                      yaxis_range=[0, 100], height=380)
-    return fig
+    communication. Returns a plotly figure dict."""
+    data = [_bar(name=_pe(dim), x=_ranks(g["rank"]), y=_f32(g["overlap_pct"]),
+                 customdata=_f32(g["exposed_us"] / 1000.0),
+                 hovertemplate="%{x}: %{y:.2f} % overlapped, %{customdata:.3f} ms exposed"
+                               "<extra>" + _pe(dim) + "</extra>")
+            for dim, g in per_rank.groupby("dim", sort=True)]
+    return {"data": data,
+            "layout": {"barmode": "group",
+                       "title": _title("Overlap per rank and parallel dimension"),
+                       "xaxis": {"title": _title("rank")},
+                       "yaxis": {"title": _title("overlap (% of the dimension's communication)"),
+                                 "range": [0, 100]},
+                       "height": 380}}
 
 
 #: Most tick labels on the straggler heatmap's instance axis (every k-th instance is labelled;
@@ -187,14 +225,15 @@ def _tick_step(n: int, max_ticks: int) -> int:
 
 def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame,
                       max_columns: int = HEATMAP_MAX_COLUMNS,
-                      max_ticks: int = HEATMAP_MAX_TICKS) -> go.Figure:
+                      max_ticks: int = HEATMAP_MAX_TICKS) -> dict:
     """Wait per rank and collective instance (ms, heatmap, instances in time order) under the
     arrival skew of each instance (ms, bars). Above ``max_columns`` instances, consecutive
     instances are binned: each cell is the largest wait of the bin, each bar the largest skew.
 
     Each column is named in full (``#8 reduce_scatter``, or ``#40–#42`` for a bin), which the
     hover shows; the axis labels at most ``max_ticks`` columns with the short ``#8``, so the
-    labels stay whole and apart at any number of instances."""
+    labels stay whole and apart at any number of instances. Returns a plotly figure dict: two
+    rows sharing the x axis (bars on ``x``/``y``, the heatmap on ``x2``/``y2``)."""
     n = len(instances)
     binned = n > max_columns
     col = np.arange(n) * max_columns // n if binned else np.arange(n)
@@ -213,38 +252,42 @@ def straggler_heatmap(per_rank: pd.DataFrame, instances: pd.DataFrame,
         labels = [f"#{i} {_pe(op)}" for i, op in enumerate(instances["op"])]
         short = [f"#{i}" for i in range(n)]
     ticks = list(range(0, ncols, _tick_step(ncols, max_ticks)))
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.25, 0.75],
-                        vertical_spacing=0.04)
-    fig.add_bar(x=labels, y=_f32(skew.reindex(range(ncols)).to_numpy() / 1000.0),
-                marker_color="#F58518", name="arrival skew",
-                hovertemplate="%{x}: arrival skew %{y:.3f} ms<extra></extra>", row=1, col=1)
-    fig.add_heatmap(z=_f32(z.to_numpy() / 1000.0), x=labels, y=[f"rank {r}" for r in z.index],
-                    colorscale="Reds", colorbar={"title": {"text": "wait ms"}, "y": 0.38,
-                                                 "len": 0.75},
-                    hovertemplate="%{y}, %{x}: wait %{z:.3f} ms<extra></extra>", row=2, col=1)
-    fig.update_layout(title="Arrival skew (top) and wait per rank and collective instance (ms)"
-                      + (" — instances binned, max per bin" if binned else ""),
-                      height=min(1400, max(420, 240 + 16 * len(z))), showlegend=False)
-    fig.update_yaxes(title_text="skew ms", row=1, col=1)
-    fig.update_yaxes(autorange="reversed", automargin=True, row=2, col=1)
-    fig.update_xaxes(title_text="collective instance (time order; hover a cell for its name)",
-                     tickmode="array", tickvals=[labels[i] for i in ticks],
-                     ticktext=[short[i] for i in ticks], tickangle=0, automargin=True,
-                     row=2, col=1)
-    return fig
+    data = [_bar(x=labels, y=_f32(skew.reindex(range(ncols)).to_numpy() / 1000.0),
+                 marker={"color": "#F58518"}, name="arrival skew",
+                 hovertemplate="%{x}: arrival skew %{y:.3f} ms<extra></extra>",
+                 xaxis="x", yaxis="y"),
+            _heatmap(z=_f32(z.to_numpy() / 1000.0), x=labels, y=[f"rank {r}" for r in z.index],
+                     colorscale=REDS, colorbar={"title": _title("wait ms"), "y": 0.38,
+                                                  "len": 0.75},
+                     hovertemplate="%{y}, %{x}: wait %{z:.3f} ms<extra></extra>",
+                     xaxis="x2", yaxis="y2")]
+    # two rows, a quarter and three quarters of the height less a 0.04 gap, one shared x axis
+    layout = {
+        "xaxis": {"anchor": "y", "domain": [0.0, 1.0], "matches": "x2", "showticklabels": False},
+        "yaxis": {"anchor": "x", "domain": [0.76, 1.0], "title": _title("skew ms")},
+        "xaxis2": {"anchor": "y2", "domain": [0.0, 1.0],
+                   "title": _title("collective instance (time order; hover a cell for its name)"),
+                   "tickmode": "array", "tickvals": [labels[i] for i in ticks],
+                   "ticktext": [short[i] for i in ticks], "tickangle": 0, "automargin": True},
+        "yaxis2": {"anchor": "x2", "domain": [0.0, 0.72], "autorange": "reversed",
+                   "automargin": True},
+        "title": _title("Arrival skew (top) and wait per rank and collective instance (ms)"
+                        + (" — instances binned, max per bin" if binned else "")),
+        "height": min(1400, max(420, 240 + 16 * len(z))), "showlegend": False}
+    return {"data": data, "layout": layout}
 
 
 _PHASE_NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weight)"}
 _PHASE_COLORS = {"F": "#4C78A8", "B": "#F58518", "I": "#F58518", "W": "#72B7B2"}
 
 
-def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
+def pipeline_gantt(chunks: pd.DataFrame, step: int) -> dict:
     """Forward/backward chunks of one step per rank and stage (ms from the step's first
-    forward), with each rank's bubbles (the step window minus its chunks) shaded red."""
+    forward), with each rank's bubbles (the step window minus its chunks) shaded red. Returns a
+    plotly figure dict."""
     c = chunks[chunks["step"] == step].copy()
     t0, t1 = c["start_us"].min(), c["end_us"].max()
     c["row"] = [f"rank {r} · stage {s}" for r, s in zip(c["rank"], c["stage"])]
-    fig = go.Figure()
     bx, bb, by = [], [], []
     for (rank, row), _ in c.groupby(["rank", "row"], sort=True):
         busy = iv.union(c.loc[c["rank"] == rank, "start_us"].to_numpy(),
@@ -254,114 +297,135 @@ def pipeline_gantt(chunks: pd.DataFrame, step: int) -> go.Figure:
             bb.append((a - t0) / 1000.0)
             bx.append((b - a) / 1000.0)
             by.append(row)
-    fig.add_bar(name="bubble (idle in the step window)", orientation="h", base=_f32(bb),
-                x=_f32(bx), y=by, marker_color="rgba(228,87,86,0.30)",
-                hovertemplate="%{y}: bubble %{x:.2f} ms<extra></extra>")
+    data = [_bar(name="bubble (idle in the step window)", orientation="h", base=_f32(bb),
+                 x=_f32(bx), y=by, marker={"color": "rgba(228,87,86,0.30)"},
+                 hovertemplate="%{y}: bubble %{x:.2f} ms<extra></extra>")]
     for phase, grp in c.groupby("phase", sort=True):
-        fig.add_bar(
+        data.append(_bar(
             name=_pe(_PHASE_NAMES.get(phase, phase)), orientation="h",
             base=_f32((grp["start_us"] - t0) / 1000.0),
             x=_f32((grp["end_us"] - grp["start_us"]) / 1000.0),
             y=list(grp["row"]), text=[f"{_pe(phase)}{m}" for m in grp["microbatch"]],
-            textposition="inside", marker_color=_PHASE_COLORS.get(phase, "#999"),
-            hovertemplate="%{y}: %{text} %{base:.2f} ms, %{x:.2f} ms long<extra></extra>")
-    fig.update_layout(barmode="overlay", title=f"Pipeline schedule of step {step} (red: bubbles)",
-                      xaxis_title="ms from the step's first forward", plot_bgcolor="#fafafa",
-                      height=180 + 36 * c["row"].nunique(),
-                      yaxis={"autorange": "reversed", "automargin": True})
-    return fig
+            textposition="inside", marker={"color": _PHASE_COLORS.get(phase, "#999")},
+            hovertemplate="%{y}: %{text} %{base:.2f} ms, %{x:.2f} ms long<extra></extra>"))
+    return {"data": data,
+            "layout": {"barmode": "overlay",
+                       "title": _title(f"Pipeline schedule of step {step} (red: bubbles)"),
+                       "xaxis": {"title": _title("ms from the step's first forward")},
+                       "plot_bgcolor": "#fafafa", "height": 180 + 36 * c["row"].nunique(),
+                       "yaxis": {"autorange": "reversed", "automargin": True}}}
 
 
-def memory_figure(per_rank: pd.DataFrame) -> go.Figure:
+def memory_figure(per_rank: pd.DataFrame) -> dict:
     """Static memory per rank by component, with the rank's peak (``peak_bytes``, static +
-    transient: the peak every section states) as a marker (MiB)."""
-    fig = go.Figure()
+    transient: the peak every section states) as a marker (MiB). Returns a plotly figure
+    dict."""
     x = _ranks(per_rank["rank"])
-    for col, name, color in (("params_bytes", "parameters", "#4C78A8"),
-                             ("grads_bytes", "gradients", "#72B7B2"),
-                             ("optimizer_state_bytes", "optimizer state", "#F58518")):
-        fig.add_bar(name=name, x=x, y=_f32(per_rank[col] / 2**20), marker_color=color)
+    data = [_bar(name=name, x=x, y=_f32(per_rank[col] / 2**20), marker={"color": color})
+            for col, name, color in (("params_bytes", "parameters", "#4C78A8"),
+                                     ("grads_bytes", "gradients", "#72B7B2"),
+                                     ("optimizer_state_bytes", "optimizer state", "#F58518"))]
     peak = per_rank["peak_bytes"] if "peak_bytes" in per_rank else per_rank["peak_allocated_bytes"]
-    fig.add_scatter(name="peak", x=x, y=_f32(peak / 2**20), mode="markers",
-                    marker={"symbol": "diamond", "size": 12, "color": "#222"})
+    data.append(_scatter(name="peak", x=x, y=_f32(peak / 2**20), mode="markers",
+                         marker={"symbol": "diamond", "size": 12, "color": "#222"}))
     # legends sit to the right of the plot (plotly's default): a horizontal one below it lies
     # over the x-axis title ("parameters" over "rank")
-    fig.update_layout(barmode="stack", title="Memory per rank (MiB)", yaxis_title="MiB",
-                      xaxis_title="rank", height=400)
-    return fig
+    return {"data": data,
+            "layout": {"barmode": "stack", "title": _title("Memory per rank (MiB)"),
+                       "yaxis": {"title": _title("MiB")}, "xaxis": {"title": _title("rank")},
+                       "height": 400}}
 
 
-def memory_timeline(timeline: pd.DataFrame, points_per_rank: int = 1500) -> go.Figure:
+def memory_timeline(timeline: pd.DataFrame, points_per_rank: int = 1500) -> dict:
     """Allocated bytes over time per rank from the trace's memory events (MiB); at most
-    ``points_per_rank`` evenly sampled points per rank."""
-    fig = go.Figure()
+    ``points_per_rank`` evenly sampled points per rank. Returns a plotly figure dict."""
+    data = []
     for rank, t in timeline.groupby("rank"):
         t = t.sort_values("ts_us")
         if len(t) > points_per_rank:
             t = t.iloc[:: -(-len(t) // points_per_rank)]
-        fig.add_scatter(name=f"rank {rank}", x=_f32((t["ts_us"] - t["ts_us"].min()) / 1000.0),
-                        y=_f32(t["allocated_bytes"] / 2**20), mode="lines", line_shape="hv")
+        data.append(_scatter(name=f"rank {rank}",
+                             x=_f32((t["ts_us"] - t["ts_us"].min()) / 1000.0),
+                             y=_f32(t["allocated_bytes"] / 2**20), mode="lines",
+                             line={"shape": "hv"}))
     # tall enough for the legend's entries (a legend taller than the plot is cut at its foot)
-    fig.update_layout(title="Allocated memory over the traced window (MiB)",
-                      height=max(360, 160 + 20 * timeline["rank"].nunique()),
-                      xaxis_title="ms from the rank's first memory event", yaxis_title="MiB")
-    return fig
+    return {"data": data,
+            "layout": {"title": _title("Allocated memory over the traced window (MiB)"),
+                       "height": max(360, 160 + 20 * timeline["rank"].nunique()),
+                       "xaxis": {"title": _title("ms from the rank's first memory event")},
+                       "yaxis": {"title": _title("MiB")}}}
 
 
-def bandwidth_figure(instances: pd.DataFrame) -> go.Figure:
-    """busbw of every collective instance (rows of ``instances``) against its message size."""
+def bandwidth_figure(instances: pd.DataFrame) -> dict:
+    """busbw of every collective instance (rows of ``instances``) against its message size.
+    Returns a plotly figure dict."""
     d = instances.dropna(subset=["busbw_gbps"])
-    fig = go.Figure()
-    for op, g in d.groupby("op"):
-        fig.add_scatter(name=_pe(op), x=_f32(g["bytes"]), y=_f32(g["busbw_gbps"]), mode="markers",
-                        hovertemplate=_pe(op) + ": %{x:,.0f} B, %{y:.3f} GB/s<extra></extra>")
+    data = [_scatter(name=_pe(op), x=_f32(g["bytes"]), y=_f32(g["busbw_gbps"]), mode="markers",
+                     hovertemplate=_pe(op) + ": %{x:,.0f} B, %{y:.3f} GB/s<extra></extra>")
+            for op, g in d.groupby("op")]
     # bytes as the tables print them (68,608): ticks at 1, 2 and 5 of each decade, or at the
     # powers of ten alone over three decades or more (plotly's own choice crowds them)
     sizes = d["bytes"][d["bytes"] > 0]
     wide = len(sizes) and np.log10(sizes.max() / sizes.min()) >= 3
-    fig.update_layout(title="Bus bandwidth by message size", xaxis_type="log",
-                      xaxis_tickformat=",.0f", xaxis_dtick=1 if wide else "D2",
-                      # a tick label at the plot's left end would run into the y-axis labels
-                      xaxis_ticklabeloverflow="hide past domain",
-                      xaxis_title="bytes", yaxis_title="busbw (GB/s)", height=360)
-    return fig
+    return {"data": data,
+            "layout": {"title": _title("Bus bandwidth by message size"),
+                       "xaxis": {"type": "log", "tickformat": ",.0f", "dtick": 1 if wide else "D2",
+                                 # a tick label at the plot's left end would run into the
+                                 # y-axis labels
+                                 "ticklabeloverflow": "hide past domain",
+                                 "title": _title("bytes")},
+                       "yaxis": {"title": _title("busbw (GB/s)")}, "height": 360}}
 
 
-def routing_figure(routing) -> go.Figure:
+def _subplot_title(text: str, x: float) -> dict:
+    """A subplot's title above it, as plotly's ``make_subplots(subplot_titles=...)`` writes it."""
+    return {"font": {"size": 16}, "showarrow": False, "text": text, "x": x, "xanchor": "center",
+            "xref": "paper", "y": 1.0, "yanchor": "bottom", "yref": "paper"}
+
+
+def routing_figure(routing) -> dict:
     """MoE routing of the most costly expert-parallel group
     (:class:`pardiag.analyzer.analyses.routing. RoutingResult`): left, each rank's expert-side rows
     per step (median over steps, bars) with the group's mean (line); right, when split sizes are
     known, the rows of each source rank's tokens each destination's experts take per all-to-all
-    (mean, heatmap)."""
+    (mean, heatmap). Returns a plotly figure dict (the heatmap on ``x2``/``y2``)."""
     grp = routing.groups["group"].iloc[0]
     unit = "tokens" if routing.groups["unit"].iloc[0] == "rows" else "elements"
     pr = routing.per_rank[routing.per_rank["group"] == grp]
     load = pr.groupby("rank")["load_rows"].median()
     mean = float(pr.groupby("step")["load_rows"].mean().median())
     m = routing.matrix[routing.matrix["group"] == grp]
-    fig = make_subplots(rows=1, cols=2 if len(m) else 1, horizontal_spacing=0.18,
-                        subplot_titles=[f"{unit} per rank and step (expert side)"]
-                        + (["rows per all-to-all, source → expert rank"] if len(m) else []))
     x = _ranks(load.index)
-    fig.add_bar(x=x, y=_f32(load.to_numpy()), name="rank", marker_color="#4C78A8",
-                hovertemplate="%{x}: %{y:,.0f} " + unit + " per step<extra></extra>",
-                row=1, col=1)
-    fig.add_scatter(x=x, y=[mean] * len(x), mode="lines", name="mean",
-                    line={"color": "#E45756", "dash": "dash"},
-                    hovertemplate="mean %{y:,.0f}<extra></extra>", row=1, col=1)
+    data = [_bar(x=x, y=_f32(load.to_numpy()), name="rank", marker={"color": "#4C78A8"},
+                 hovertemplate="%{x}: %{y:,.0f} " + unit + " per step<extra></extra>",
+                 xaxis="x", yaxis="y"),
+            _scatter(x=x, y=[mean] * len(x), mode="lines", name="mean",
+                     line={"color": "#E45756", "dash": "dash"},
+                     hovertemplate="mean %{y:,.0f}<extra></extra>", xaxis="x", yaxis="y")]
+    # one plot, or two side by side with 0.18 of the width between them
+    right = 1.0 if not len(m) else (1.0 - 0.18) / 2
+    layout = {"xaxis": {"anchor": "y", "domain": [0.0, right], "title": _title("rank"),
+                        "type": "category"},
+              "yaxis": {"anchor": "x", "domain": [0.0, 1.0],
+                        "title": _title(f"{unit} per step")},
+              "annotations": [_subplot_title(f"{unit} per rank and step (expert side)",
+                                             right / 2)]}
     if len(m):
         piv = m.pivot_table(index="src", columns="dst", values="rows", aggfunc="sum")
-        fig.add_heatmap(z=_f32(piv.to_numpy()), x=_ranks(piv.columns), y=_ranks(piv.index),
-                        colorscale="Blues", colorbar={"title": "rows"},
-                        hovertemplate="%{y} → %{x}: %{z:,.0f} rows<extra></extra>", row=1, col=2)
-        fig.update_xaxes(title_text="expert rank", type="category", row=1, col=2)
-        fig.update_yaxes(title_text="source rank", type="category", autorange="reversed",
-                         row=1, col=2)
-    fig.update_xaxes(title_text="rank", type="category", row=1, col=1)
-    fig.update_yaxes(title_text=f"{unit} per step", row=1, col=1)
-    fig.update_layout(title=f"MoE routing, group {_pe(str(grp).split('|')[0] or '?')}", height=400,
-                      showlegend=False)
-    return fig
+        data.append(_heatmap(z=_f32(piv.to_numpy()), x=_ranks(piv.columns), y=_ranks(piv.index),
+                             colorscale=BLUES, colorbar={"title": _title("rows")},
+                             hovertemplate="%{y} → %{x}: %{z:,.0f} rows<extra></extra>",
+                             xaxis="x2", yaxis="y2"))
+        layout["xaxis2"] = {"anchor": "y2", "domain": [1.0 - right, 1.0],
+                            "title": _title("expert rank"), "type": "category"}
+        layout["yaxis2"] = {"anchor": "x2", "domain": [0.0, 1.0],
+                            "title": _title("source rank"), "type": "category",
+                            "autorange": "reversed"}
+        layout["annotations"].append(_subplot_title("rows per all-to-all, source → expert rank",
+                                                    1.0 - right / 2))
+    layout.update(title=_title(f"MoE routing, group {_pe(str(grp).split('|')[0] or '?')}"),
+                  height=400, showlegend=False)
+    return {"data": data, "layout": layout}
 
 
 # ---------------------------------------------------------------- page assembly
@@ -674,16 +738,15 @@ DEVICE_PART_COLORS = {"dev_compute_us": ("computing", "#4C78A8"),
                       "wait_other_us": ("idle: work queued", "#BAB0AC")}
 
 
-def parts_figure(per_rank: pd.DataFrame, parts: dict, title: str) -> go.Figure:
-    """Stacked bar per rank of the median per step of each part (ms)."""
-    fig = go.Figure()
-    x = _ranks(per_rank["rank"].astype(int))
-    for col, (label, color) in parts.items():
-        fig.add_bar(name=label, x=x, y=_f32(per_rank[col] / 1000.0), marker_color=color,
-                    hovertemplate="%{x}: %{y:.3f} ms<extra>" + escape(label) + "</extra>")
-    fig.update_layout(barmode="stack", title=title, yaxis_title="ms per step (median)",
-                      xaxis_title="rank", height=420)
-    return fig
+def parts_figure(per_rank: pd.DataFrame, parts: dict, title: str) -> dict:
+    """Stacked bar per rank of the median per step of each part (ms; ``parts``: column →
+    (label, colour)). Returns a plotly figure dict."""
+    return {"data": _stacked_bars(_ranks(per_rank["rank"].astype(int)), per_rank,
+                                  [(label, col, color) for col, (label, color) in parts.items()],
+                                  "%{x}: %{y:.3f} ms"),
+            "layout": {"barmode": "stack", "title": _title(title),
+                       "yaxis": {"title": _title("ms per step (median)")},
+                       "xaxis": {"title": _title("rank")}, "height": 420}}
 
 
 def _causes_section(report: Report, page: Page) -> list[str]:
@@ -812,18 +875,18 @@ def _pipeline_section(report: Report, page: Page) -> list[str]:
 PATH_STEPS_DRAWN = 20
 
 
-def critical_path_figure(segments: pd.DataFrame, steps: list[int] | None = None) -> go.Figure:
+def critical_path_figure(segments: pd.DataFrame, steps: list[int] | None = None) -> dict:
     """The critical path of ``steps`` (default: every step in ``segments``) on the ranks'
     timeline: a bar per segment on its rank's row (ms from the first drawn step's path start,
     on the aligned clock, so consecutive steps follow each other), work in the colour of
     computation, transfers in communication's, a dotted line at each join where the path moves
     from one rank to the rank that arrived last, and a faint line where each step's path
-    starts."""
+    starts. Returns a plotly figure dict."""
     steps = sorted(set(segments["step"])) if steps is None else sorted(steps)
     seg = segments[segments["step"].isin(steps)].sort_values(["step", "start_us"],
                                                               kind="stable")
     t0 = float(seg["start_us"].min()) if len(seg) else 0.0
-    fig = go.Figure()
+    data = []
     for kind, color in (("work", PART_COLORS["compute only"]),
                         ("communication", PART_COLORS["exposed comm"])):
         g = seg[seg["kind"] == kind]
@@ -836,10 +899,10 @@ def critical_path_figure(segments: pd.DataFrame, steps: list[int] | None = None)
                 + f"other {x / 1000:.2f} ms")
                 for st, o, d, c, dl, x in zip(g["step"], g["op"], g["dim"], g["compute_us"],
                                               g["data_loading_us"], g["other_us"])]
-        fig.add_bar(y=[f"rank {int(r)}" for r in g["rank"]],
-                    x=(g["dur_us"] / 1000).tolist(), base=((g["start_us"] - t0) / 1000).tolist(),
-                    orientation="h", name=kind, marker_color=color, hovertext=text,
-                    hoverinfo="text+x")
+        data.append(_bar(y=[f"rank {int(r)}" for r in g["rank"]],
+                         x=(g["dur_us"] / 1000).tolist(),
+                         base=((g["start_us"] - t0) / 1000).tolist(), orientation="h", name=kind,
+                         marker={"color": color}, hovertext=text, hoverinfo="text+x"))
     # the joins: where the path leaves a rank for the one that arrived last (within a step);
     # with several steps, a faint line where each step's path starts
     xs, ys, shapes, notes = [], [], [], []
@@ -851,7 +914,7 @@ def critical_path_figure(segments: pd.DataFrame, steps: list[int] | None = None)
                 xs += [x, x, None]
                 ys += [f"rank {int(prev.rank)}", f"rank {int(nxt.rank)}", None]
         if len(steps) > 1:
-            # as add_vline draws it, built once (add_vline copies the layout at each call)
+            # the line plotly's add_vline would draw
             x = (float(g["start_us"].min()) - t0) / 1000
             shapes.append({"type": "line", "xref": "x", "yref": "y domain", "x0": x, "x1": x,
                            "y0": 0, "y1": 1, "line": {"color": "#BBBBBB", "width": 1}})
@@ -859,16 +922,18 @@ def critical_path_figure(segments: pd.DataFrame, steps: list[int] | None = None)
                           "text": f"step {st}", "xanchor": "left", "yanchor": "top",
                           "font": {"size": 10}})
     if xs:
-        fig.add_scatter(x=xs, y=ys, mode="lines", name="waits for (join)",
-                        line={"color": "#333333", "width": 1, "dash": "dot"}, hoverinfo="skip")
+        data.append(_scatter(x=xs, y=ys, mode="lines", name="waits for (join)",
+                             line={"color": "#333333", "width": 1, "dash": "dot"},
+                             hoverinfo="skip"))
     which = (f"Step {steps[0]}" if len(steps) == 1 else
              f"Steps {steps[0]}–{steps[-1]}" if steps else "No step")
-    fig.update_layout(title=f"{which}: the critical path across ranks", barmode="overlay",
-                      xaxis_title="ms from the path's start (aligned clock)",
-                      height=180 + 30 * seg["rank"].nunique(),
-                      yaxis={"categoryorder": "category descending"}, shapes=shapes,
-                      annotations=notes)
-    return fig
+    return {"data": data,
+            "layout": {"title": _title(f"{which}: the critical path across ranks"),
+                       "barmode": "overlay",
+                       "xaxis": {"title": _title("ms from the path's start (aligned clock)")},
+                       "height": 180 + 30 * seg["rank"].nunique(),
+                       "yaxis": {"categoryorder": "category descending"}, "shapes": shapes,
+                       "annotations": notes}}
 
 
 def _critical_path_section(report: Report, page: Page) -> list[str]:

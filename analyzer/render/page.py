@@ -25,8 +25,6 @@ import os
 import numpy as np
 import orjson
 import pandas as pd
-import plotly.graph_objects as go
-import plotly.io as pio
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
 from pardiag.layout import user_cache_dir
@@ -166,11 +164,17 @@ class Page:
         self.n = 0
         self.sampled: list[str] = []
 
-    def fig(self, fig: go.Figure) -> str:
-        """A figure's placeholder div and its JSON (template stripped; added once by the page)."""
+    def fig(self, fig) -> str:
+        """A figure's placeholder div and its JSON (template stripped; added once by the page).
+        ``fig``: a plotly figure dict (``data``, ``layout``; numeric numpy arrays go in as
+        plotly.js typed arrays, :func:`typed_arrays`) or a ``plotly.graph_objects.Figure``."""
         self.n += 1
         fid = f"pd-fig-{self.n}"
-        spec = fig.to_plotly_json()
+        if isinstance(fig, dict):
+            spec = {"data": typed_arrays(fig.get("data", [])),
+                    "layout": dict(fig.get("layout", {}))}
+        else:
+            spec = fig.to_plotly_json()
         spec["layout"].pop("template", None)
         spec["layout"].setdefault("margin", {"t": 60})
         return f'<div class="pd-plot" id="{fid}"></div>' + json_script(f"{fid}-data", spec)
@@ -181,10 +185,47 @@ class Page:
         return muted(text)
 
 
+#: numpy dtypes plotly.js reads as typed arrays, and their names there.
+_TYPED_ARRAY_DTYPES = {"float32": "f4", "float64": "f8", "int8": "i1", "int16": "i2",
+                       "int32": "i4", "uint8": "u1", "uint16": "u2", "uint32": "u4"}
+
+
+def typed_arrays(obj):
+    """A copy of a figure spec (dicts and lists) whose numeric numpy arrays are plotly.js typed
+    arrays, ``{"dtype": "f4", "bdata": <base64 of the bytes>[, "shape": "rows, cols"]}``: what
+    plotly's ``to_plotly_json`` writes for them (int64 narrowed to int32 where it fits, else
+    float64), so a page carries 4 bytes per value instead of its decimal text. Other values are
+    returned as they are."""
+    if isinstance(obj, dict):
+        return {k: typed_arrays(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [typed_arrays(v) for v in obj]
+    if not isinstance(obj, np.ndarray) or obj.size == 0:
+        return obj
+    a = obj
+    if a.dtype.kind in "iu" and str(a.dtype) not in _TYPED_ARRAY_DTYPES:
+        fits = np.iinfo(np.int32).min <= a.min() and a.max() <= np.iinfo(np.int32).max
+        a = a.astype(np.int32 if fits else np.float64)
+    if str(a.dtype) not in _TYPED_ARRAY_DTYPES:
+        return a.tolist()
+    out = {"dtype": _TYPED_ARRAY_DTYPES[str(a.dtype)],
+           "bdata": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")}
+    if a.ndim > 1:
+        out["shape"] = ", ".join(str(n) for n in a.shape)
+    return out
+
+
+def _json_default(obj):
+    """What orjson cannot write itself: numpy arrays it does not take, other objects as text."""
+    return obj.tolist() if hasattr(obj, "tolist") else str(obj)
+
+
 def json_script(element_id: str, obj) -> str:
     """``obj`` as JSON in an inert script element; ``<``, ``>``, ``&`` and U+2028/9 escaped so
-    no string can end the element or start markup."""
-    text = pio.to_json(obj, validate=False) if not isinstance(obj, (bytes, str)) else obj
+    no string can end the element or start markup. NaN and infinities are written as ``null``
+    (JSON has neither)."""
+    text = (orjson.dumps(obj, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY)
+            if not isinstance(obj, (bytes, str)) else obj)
     if isinstance(text, bytes):
         text = text.decode()
     for a, b in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"),
@@ -207,20 +248,43 @@ def _packed_plotlyjs() -> str:
     except (OSError, UnicodeDecodeError):
         pass
     text = base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode("ascii")
-    try:  # written whole, then renamed: a page never reads half of it
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="ascii")
-        os.replace(tmp, cached)
+    _write_cached(cached, text)
+    return text
+
+
+def _write_cached(path, text: str) -> None:
+    """Keep ``text`` in the user's cache folder, written whole and then renamed (a report never
+    reads half of it); a folder that cannot be written is left alone."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
     except OSError:
         pass
-    return text
 
 
 @functools.lru_cache(maxsize=1)
 def template_json() -> str:
-    return orjson.dumps(pio.templates["plotly"].layout.to_plotly_json(),
+    """The layout of plotly's default template (``plotly``) as JSON, which the page applies to
+    every figure. Building it validates the template through plotly's figure objects (a tenth
+    of a second), so it is kept in the user's cache folder per plotly version, as
+    :func:`_packed_plotlyjs` keeps plotly.js."""
+    import plotly
+
+    cached = user_cache_dir() / f"plotly-{plotly.__version__}-template.json"
+    try:
+        text = cached.read_text(encoding="utf-8")
+        orjson.loads(text)
+        return text
+    except (OSError, UnicodeDecodeError, orjson.JSONDecodeError):
+        pass
+    import plotly.io as pio
+
+    text = orjson.dumps(pio.templates["plotly"].layout.to_plotly_json(),
                         option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    _write_cached(cached, text)
+    return text
 
 
 def plotly_script(include_plotlyjs) -> tuple[str, str]:
