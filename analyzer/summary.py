@@ -81,7 +81,8 @@ _CODE_MODULES = ("pardiag.analyzer.summary",
                  "pardiag.analyzer.analyses.comm_events", "pardiag.analyzer.analyses.infer_layout",
                  "pardiag.analyzer.analyses.issued_ops",
                  "pardiag.analyzer.analyses.memory", "pardiag.analyzer.analyses.mesh",
-                 "pardiag.analyzer.analyses.op_semantics", "pardiag.analyzer.analyses.operators")
+                 "pardiag.analyzer.analyses.op_semantics", "pardiag.analyzer.analyses.operators",
+                 "pardiag.analyzer.analyses.peers")
 SUMMARY_KIND = "pardiag-rank-summary"
 #: Suffix appended to the trace file name: ``rank0.trace.json.gz.summary.json``.
 SUMMARY_SUFFIX = layout.SUMMARY_SUFFIX

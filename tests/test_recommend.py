@@ -1298,10 +1298,10 @@ def test_median_of_the_other_ranks_equals_pandas():
     import numpy as np
     import pandas as pd
 
-    from pardiag.analyzer.predict.recommend.findings import _median_of_others
+    from pardiag.analyzer.analyses.peers import median_of_others
 
     # ranks idle 10, 40, 20, 30 µs: the others' medians are 30, 20, 30, 20
-    assert _median_of_others(np.array([[10.0, 40.0, 20.0, 30.0]])).tolist() == [
+    assert median_of_others(np.array([[10.0, 40.0, 20.0, 30.0]])).tolist() == [
         [30.0, 20.0, 30.0, 20.0]]
     rng = np.random.default_rng(7)
     for n in (2, 3, 4, 5, 8, 33, 65):
@@ -1311,4 +1311,7 @@ def test_median_of_the_other_ranks_equals_pandas():
             df = pd.DataFrame(x)
             want = np.stack([df.drop(columns=c).median(axis=1).to_numpy() for c in df.columns],
                             axis=1)
-            assert np.array_equal(_median_of_others(x), want), (n, tied)
+            assert np.array_equal(median_of_others(x), want), (n, tied)
+            by_numpy = np.stack([np.median(np.delete(x, j, axis=1), axis=1) for j in range(n)],
+                                axis=1)
+            assert np.array_equal(median_of_others(x), by_numpy), (n, tied)

@@ -80,6 +80,7 @@ from ..trace.classify import (
 from ..trace.traceset import RankTrace
 from .breakdown import unmarked_waits
 from .issued_ops import launch_times
+from .peers import median_of_others
 
 #: Host parts of a step, in the order that decides an instant held by several.
 HOST_PARTS = ("data_loading_us", "sync_us", "comm_us", "launch_us", "optimizer_us",
@@ -412,11 +413,11 @@ def excess_table(per_step: pd.DataFrame) -> pd.DataFrame:
         if t.empty:
             continue
         x = t.to_numpy(dtype=float)
-        for i, r in enumerate(t.columns):
-            peers = np.median(np.delete(x, i, axis=1), axis=1)
-            rows.append({"rank": int(r), "part": part, "rank_us": float(np.median(x[:, i])),
-                         "peers_us": float(np.median(peers)),
-                         "excess_us": float(np.median(x[:, i] - peers))})
+        peers = median_of_others(x)   # steps × ranks
+        mine, theirs, excess = (np.median(a, axis=0) for a in (x, peers, x - peers))
+        rows += [{"rank": int(r), "part": part, "rank_us": float(mine[i]),
+                  "peers_us": float(theirs[i]), "excess_us": float(excess[i])}
+                 for i, r in enumerate(t.columns)]
     return pd.DataFrame(rows, columns=list(EXCESS_COLUMNS))
 
 

@@ -101,6 +101,15 @@ def theil_sen(t: np.ndarray, d: np.ndarray, z: float = 1.959964) -> tuple[float,
     return float(np.median(slopes)), float(slopes[lo]), float(slopes[hi])
 
 
+def _block_medians(blocks: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
+    """The median of each of ``values`` per block, blocks in ascending order (numpy: called
+    once per clock unit, thousands of times in a large run)."""
+    order = np.argsort(blocks, kind="stable")
+    sb = blocks[order]
+    starts = np.flatnonzero(np.r_[True, sb[1:] != sb[:-1]])
+    return [np.array([np.median(g) for g in np.split(v[order], starts[1:])]) for v in values]
+
+
 def fit_line(t_s: np.ndarray, d_us: np.ndarray, blocks: np.ndarray | None = None
              ) -> tuple[float, float, float, float]:
     """Robust line ``d = intercept + slope · t`` through a clock's differences.
@@ -130,10 +139,8 @@ def fit_line(t_s: np.ndarray, d_us: np.ndarray, blocks: np.ndarray | None = None
         b = np.asarray(blocks)[ok]
         if (b >= 0).mean() >= 0.5:   # ends outside every step (a window's edges) sit out
             inside = b >= 0
-            med = pd.DataFrame({"b": b[inside], "t": t[inside], "d": d[inside]}
-                               ).groupby("b").median()
-            tf, df = med["t"].to_numpy(), med["d"].to_numpy()
-            enough = enough and len(med) >= MIN_DRIFT_STEPS
+            tf, df = _block_medians(b[inside], t[inside], d[inside])
+            enough = enough and len(tf) >= MIN_DRIFT_STEPS
     slope, half = 0.0, np.nan
     if enough and np.ptp(tf) >= MIN_DRIFT_SPAN_S:
         if len(df) > MAX_FIT_POINTS:
@@ -176,15 +183,19 @@ def fit_clocks(rows: pd.DataFrame, unit: dict[int, object], t0_us: float, passes
     t = (end - t0_us) / 1e6
     fit: dict[object, tuple] = {}
     corrected = end.copy()
+    # each unit's rows once (a mask per unit would make this quadratic in the ranks)
+    codes, uniq = pd.factorize(units)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(uniq) + 1))
+    rows_of = [order[bounds[k]:bounds[k + 1]] for k in range(len(uniq))]
     for _ in range(max(1, passes)):
         consensus = pd.Series(corrected).groupby(rows["instance"].to_numpy()).transform("median")
         diff = end - consensus.to_numpy()
         fit = {}
-        for u in pd.unique(units):
-            m = units == u
-            fit[u] = (*fit_line(t[m], diff[m], None if steps is None else steps[m]),
-                      int(m.sum()))
-        a = np.array([fit[u][0] for u in units])
-        b = np.array([fit[u][1] for u in units])
+        for u, idx in zip(uniq, rows_of):
+            fit[u] = (*fit_line(t[idx], diff[idx], None if steps is None else steps[idx]),
+                      len(idx))
+        a = np.array([fit[u][0] for u in uniq])[codes]
+        b = np.array([fit[u][1] for u in uniq])[codes]
         corrected = end - a - b * t
     return fit

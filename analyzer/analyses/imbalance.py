@@ -80,14 +80,17 @@ def skew_origin(steps: pd.DataFrame, sync) -> pd.DataFrame:
             on = d["group"].fillna("").astype(str).map(lambda g: f" on {g}" if g else "")
             delays = d.assign(where=d["op"].astype(str) + " #" + k.astype(str) + " of the step"
                               + on)
+    # each rank's delay per collective, grouped once (wheres in order: the first of the largest
+    # is the top)
+    sums = delays.groupby(["rank", "where"], sort=True)["arrival_delay_us"].sum()
+    per = {int(r): g for r, g in sums.groupby(level=0, sort=False)} if len(sums) else {}
     rows = []
     for r in sorted(int(x) for x in starts.columns):
-        mine = delays[delays["rank"] == r]
-        by = (mine.groupby("where")["arrival_delay_us"].sum()
-              .sort_values(ascending=False, kind="stable"))
-        total = float(mine["arrival_delay_us"].sum()) / n if len(mine) else 0.0
-        top = str(by.index[0]) if len(by) and by.iloc[0] > 0 else None
-        top_us = float(by.iloc[0]) / n if top else 0.0
+        by = per.get(r)
+        total = float(by.sum()) / n if by is not None else 0.0
+        i = int(np.argmax(by.to_numpy())) if by is not None else -1
+        top = str(by.index[i][1]) if i >= 0 and by.iloc[i] > 0 else None
+        top_us = float(by.iloc[i]) / n if top else 0.0
         rows.append({"rank": r, "steps": n, "start_late_us": float(late[r]), "delay_us": total,
                      "top_collective": top, "top_delay_us": top_us,
                      "top_share_pct": 100.0 * top_us / total if total > 0 else float("nan")})

@@ -922,7 +922,11 @@ def _stragglers(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_multi:
         (:attr:`SyncResult.stragglers`, most wait caused first; :attr:`SyncResult.straggler`).
     """
     st = pd.DataFrame({"rank": ranks})
-    st["wait_suffered_us"] = [_waited(pr[pr["rank"] == r]) for r in ranks]
+    start, until = pr["start_us"].to_numpy(), pr["wait_until_us"].to_numpy()
+    rows_of = pr.groupby("rank", sort=False).indices   # each rank's rows once, not a mask each
+    none = np.array([], dtype=int)
+    st["wait_suffered_us"] = [iv.total(iv.union(start[i], until[i]))
+                              for i in (rows_of.get(r, none) for r in ranks)]
     caused = _wait_caused(pr)
     total_caused: dict[int, float] = {}
     for (last, _), v in caused.items():

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ...analyses.causes import StragglerCause, straggler_cause
+from ...analyses.peers import median_of_others
 from .context import RuleContext, run_step_row
 
 #: A straggler arrives last at this share of its collectives or more …
@@ -85,32 +86,12 @@ def _excess_idle_by_step(steps: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["rank", "step", "excess_us"])
     idle = steps.pivot_table(index="step", columns="rank", values="idle_us", aggfunc="sum")
     idle = idle.dropna()
-    excess = idle.to_numpy(dtype=float) - _median_of_others(idle.to_numpy(dtype=float))
+    excess = idle.to_numpy(dtype=float) - median_of_others(idle.to_numpy(dtype=float))
     n_steps = len(idle.index)
     return pd.DataFrame({"rank": np.repeat(idle.columns.to_numpy().astype(int), n_steps),
                          "step": np.tile(idle.index.to_numpy().astype(int), len(idle.columns)),
                          "excess_us": excess.T.reshape(-1)},
                         columns=["rank", "step", "excess_us"])
-
-
-def _median_of_others(x: np.ndarray) -> np.ndarray:
-    """For each cell of ``x`` (rows × columns, no NaN, at least 2 columns), the median of the
-    other cells of its row: each row sorted once, and the median of the n − 1 values left when
-    one is taken out read from the sorted row (the middle one, or the mean of the two middle
-    ones), so a row of n ranks costs O(n log n), not O(n²)."""
-    rows, n = x.shape
-    order = np.argsort(x, axis=1, kind="stable")
-    v = np.take_along_axis(x, order, axis=1)
-    k = np.empty_like(order)
-    np.put_along_axis(k, order, np.arange(n)[None, :].repeat(rows, axis=0), axis=1)
-
-    def left(i: int) -> np.ndarray:   # the i-th smallest of each row once cell k is taken out
-        return np.where(i < k, v[:, [i]], v[:, [min(i + 1, n - 1)]])
-
-    m = n - 1
-    if m % 2:
-        return left(m // 2)
-    return (left(m // 2 - 1) + left(m // 2)) / 2.0
 
 
 def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
