@@ -122,15 +122,26 @@ class RankMarks:
                          {int(k): int(v) for k, v in d.get("send_dim0") or []})
 
 
+_CHUNK_DTYPES = {"stage": np.int64, "microbatch": np.int64, "phase": object, "step": np.int64,
+                 "start_us": np.float64, "end_us": np.float64}
+_P2P_DTYPES = {"op": object, "peer": np.int64, "step": np.int64, "start_us": np.float64,
+               "end_us": np.float64}
+
+
+def _typed_frame(rows, dtypes: dict) -> pd.DataFrame:
+    """A table of ``rows`` (lists in the order of ``dtypes``) with those column types, built
+    column by column (a report from summaries builds two per rank)."""
+    cols = list(zip(*rows)) if len(rows) else [()] * len(dtypes)
+    return pd.DataFrame({c: np.array(v, dtype=t) if t is not object else pd.Series(v, dtype=object)
+                         for (c, t), v in zip(dtypes.items(), cols)}, copy=False)
+
+
 def _chunk_frame(rows) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=list(CHUNK_COLUMNS)).astype(
-        {"stage": np.int64, "microbatch": np.int64, "phase": object, "step": np.int64,
-         "start_us": float, "end_us": float})
+    return _typed_frame(rows, _CHUNK_DTYPES)
 
 
 def _p2p_frame(rows) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=list(P2P_COLUMNS)).astype(
-        {"op": object, "peer": np.int64, "step": np.int64, "start_us": float, "end_us": float})
+    return _typed_frame(rows, _P2P_DTYPES)
 
 
 def _step_of(times: np.ndarray, steps: list[tuple[int, float, float]]) -> np.ndarray:
