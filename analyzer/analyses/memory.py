@@ -105,22 +105,29 @@ def peak_bytes(per_rank: pd.DataFrame) -> tuple[pd.Series, str]:
 
 def compute_memory(traces: TraceSet) -> MemoryResult:
     """Per-rank static and peak memory, the allocator timeline, and their imbalance."""
-    rows, tl = [], []
-    for rank, trace in traces.ranks.items():
+    cols = ["rank", "ts_us", "device", "allocated_bytes", "reserved_bytes"]
+    # [memory] events, from each rank's summary when it has one (pardiag.analyzer.summary), in
+    # one table, grouped once (not filtered once per rank)
+    tl = [t.assign(rank=rank) for rank, t in
+          ((rank, memory_rows(trace)) for rank, trace in traces.ranks.items()) if len(t)]
+    timeline = (pd.concat(tl, ignore_index=True) if tl else pd.DataFrame(columns=cols))[cols]
+    devices = (timeline.groupby("rank", sort=False)["device"].unique().to_dict()
+               if len(timeline) else {})
+    highest = (timeline.groupby(["rank", "device"], sort=False, dropna=False)[
+        ["allocated_bytes", "reserved_bytes"]].max() if len(timeline) else None)
+    rows = []
+    for rank in traces.ranks:
         meta = traces.rank_meta[rank].memory if rank in traces.rank_meta else {}
         static = meta.get("static") or {}
         peaks = {}
-        # [memory] events, from the rank's summary when it has one (pardiag.analyzer.summary)
-        tr = memory_rows(trace).assign(rank=rank)[["rank", "ts_us", "device", "allocated_bytes",
-                                                     "reserved_bytes"]]
-        tl.append(tr)
         # the accelerator's allocator when the trace has one (CUDA, XPU, HPU, ...), else the CPU's
-        accel = [d for d in tr["device"].unique() if d != "cpu"] if len(tr) else []
+        accel = [d for d in devices.get(rank, ()) if d != "cpu"]
         device = ("cuda" if "cuda" in accel else sorted(map(str, accel))[0]) if accel else "cpu"
-        if len(tr):
-            d = tr[tr["device"] == device]
-            peaks = {"peak_allocated_bytes": float(d["allocated_bytes"].max()),
-                     "peak_reserved_bytes": float(d["reserved_bytes"].max())}
+        if rank in devices:
+            hi = (highest.loc[(rank, device)] if (rank, device) in highest.index
+                  else {"allocated_bytes": np.nan, "reserved_bytes": np.nan})
+            peaks = {"peak_allocated_bytes": float(hi["allocated_bytes"]),
+                     "peak_reserved_bytes": float(hi["reserved_bytes"])}
         if "peak_allocated_bytes" in meta:  # CUDA allocator peaks beat the trace's view
             peaks = {"peak_allocated_bytes": meta["peak_allocated_bytes"],
                      "peak_reserved_bytes": meta.get("peak_reserved_bytes")}
@@ -141,9 +148,6 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
         s = per_rank[col].dropna()
         return float(s.max() / s.mean()) if len(s) and s.mean() > 0 else float("nan")
 
-    cols = ["rank", "ts_us", "device", "allocated_bytes", "reserved_bytes"]
-    tl = [t for t in tl if len(t)]
-    timeline = (pd.concat(tl, ignore_index=True) if tl else pd.DataFrame(columns=cols))[cols]
     per_rank["peak_bytes"], definition = peak_bytes(per_rank)
     return MemoryResult(per_rank, timeline,
                         {"static": ratio("static_bytes"), "peak": ratio("peak_bytes")},
