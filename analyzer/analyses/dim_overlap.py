@@ -93,20 +93,22 @@ def compute_dim_overlap(traces: TraceSet, sync: SyncResult, layout: LayoutResult
     offsets = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
     rows = []
     patterns = list(comm_patterns)
-    for rank, grp in pr.groupby("rank", sort=True):
+    start, end = pr["start_us"].to_numpy(dtype=float), pr["end_us"].to_numpy(dtype=float)
+    computing: dict = {}
+    # positions per (rank, dim), not a sub-table each: thousands of them on a large run
+    for (rank, dim), idx in sorted(pr.groupby(["rank", "dim"]).indices.items()):
         trace = traces.ranks.get(int(rank))
         if trace is None:
             continue
-        k = rank_parts(trace, patterns, None).k
+        if rank not in computing:
+            computing[rank] = rank_parts(trace, patterns, None).k
         off = float(offsets.get(rank, 0.0))
-        for dim, g in grp.groupby("dim", sort=True):
-            c = iv.union(g["start_us"].to_numpy(dtype=float) + off,
-                         g["end_us"].to_numpy(dtype=float) + off)
-            comm = iv.total(c)
-            ov = iv.total(iv.intersect(k, c))
-            rows.append({"rank": int(rank), "dim": str(dim), "comm_us": comm, "overlap_us": ov,
-                         "exposed_us": comm - ov,
-                         "overlap_pct": 100.0 * ov / comm if comm > 0 else np.nan})
+        c = iv.union(start[idx] + off, end[idx] + off)
+        comm = iv.total(c)
+        ov = iv.total(iv.intersect(computing[rank], c))
+        rows.append({"rank": int(rank), "dim": str(dim), "comm_us": comm, "overlap_us": ov,
+                     "exposed_us": comm - ov,
+                     "overlap_pct": 100.0 * ov / comm if comm > 0 else np.nan})
     per_rank = pd.DataFrame(rows, columns=list(DIM_OVERLAP_COLUMNS))
     if per_rank.empty:
         return DimOverlapResult(empty, empty_summary, "no matched collective on a loaded rank")

@@ -246,11 +246,17 @@ def _cohorts(sub: pd.DataFrame) -> list[list[int]]:
     """The ranks of one unnamed group's events (``sub``: :data:`comm_events.EVENT_COLUMNS`) split
     into cohorts whose ops end together (:func:`_end_together`), each rank compared with the
     first rank of each cohort; lists of ranks, in rank order."""
+    sub = sub.sort_values(["window", "seq"], kind="stable")
+    # one signature code per op for the whole group (equal codes: equal signatures), and each
+    # rank's rows by position: no sub-table and no factorization per rank or per pair
+    codes = pd.factorize(_signature(sub))[0]
+    window = sub["window"].to_numpy()
+    seq = sub["seq"].to_numpy(dtype=np.int64)
+    end = sub["end_us"].to_numpy(dtype=float)
     seqs = {}
-    for r, g in sub.sort_values(["window", "seq"], kind="stable").groupby("rank"):
-        g = g[g["window"] == g["window"].min()]
-        seqs[int(r)] = (_signature(g),
-                        g["seq"].to_numpy(dtype=np.int64), g["end_us"].to_numpy(dtype=float))
+    for r, idx in sorted(sub.groupby("rank").indices.items()):
+        idx = idx[window[idx] == window[idx].min()]
+        seqs[int(r)] = (codes[idx], seq[idx], end[idx])
     cohorts: list[list[int]] = []
     for r in sorted(seqs):
         home = next((c for c in cohorts if _end_together(seqs[c[0]], seqs[r])), None)
@@ -262,13 +268,12 @@ def _cohorts(sub: pd.DataFrame) -> list[list[int]]:
 
 
 def _end_together(a, b) -> bool:
-    """Whether two ranks' ops (``(signatures, positions, ends)``) are one group's: aligned
+    """Whether two ranks' ops (``(signature codes, positions, ends)``) are one group's: aligned
     (:func:`_align`), the differences of the ends of pairs with one signature lie on a line in
     time (one offset, a drift of at most :data:`COHORT_MAX_DRIFT_US_PER_S`; Theil–Sen, as the
     clock model fits) to within :data:`COHORT_TOL_US` for at least :data:`COHORT_SHARE` of them;
     True with fewer than :data:`COHORT_MIN_OPS` such pairs."""
-    codes = pd.factorize(pd.concat([a[0], b[0]], ignore_index=True))[0]
-    ca, cb = codes[:len(a[0])], codes[len(a[0]):]
+    ca, cb = a[0], b[0]
     base = min(int(a[1].min()), int(b[1].min()))
     la = _laid_out(np.arange(len(ca)), a[1], ca, a[2], base)
     lb = _laid_out(np.arange(len(cb)), b[1], cb, b[2], base)
