@@ -221,7 +221,22 @@ def _frame_json(df: pd.DataFrame) -> dict:
             "data": [df[c].tolist() for c in df.columns]}
 
 
+#: Tables without rows, one per schema (most ranks of most runs have no all-to-all, no
+#: pipeline chunk): built once, handed out as shallow copies (copy-on-write: a change to one
+#: never reaches another).
+_EMPTY_TABLES: dict[tuple, pd.DataFrame] = {}
+
+
 def _frame_from(d: dict) -> pd.DataFrame:
+    if d["data"] and not len(d["data"][0]):
+        key = (tuple(d["columns"]), tuple(d["dtypes"]))
+        if key not in _EMPTY_TABLES:
+            _EMPTY_TABLES[key] = _build_frame(d)
+        return _EMPTY_TABLES[key].copy(deep=False)
+    return _build_frame(d)
+
+
+def _build_frame(d: dict) -> pd.DataFrame:
     # numeric columns as numpy arrays, not Series: a report of many ranks builds thousands of
     # these tables (object columns stay Series: pandas would read an object array of strings
     # as its string dtype)

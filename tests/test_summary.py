@@ -81,6 +81,22 @@ def test_summary_json_round_trip_is_exact(tmp_path):
     assert np.array_equal(a.host_syncs, b.host_syncs) and a.latency_us == b.latency_us
 
 
+def test_tables_without_rows_are_shared_but_never_changed_through_another(tmp_path):
+    """Tables without rows (no all-to-all, no pipeline chunk or send) are built once per schema
+    and handed out as copies: changing one rank's never changes another's, and each keeps the
+    columns and types a table built afresh has."""
+    run = write_run(tmp_path / "run", ranks=2, mb=0.02, layers=8)
+    data = sm.to_json(sm.summarize_trace(load_traces(run).ranks[1]))
+    a, b = sm.from_json(data), sm.from_json(data)
+    fresh = sm._build_frame(orjson.loads(data)["a2a"])
+    assert len(a.a2a) == 0 and a.a2a is not b.a2a
+    assert list(a.a2a.columns) == list(fresh.columns) and a.a2a.dtypes.equals(fresh.dtypes)
+    a.a2a["extra"] = 1
+    a.marks.p2p.loc[0] = ["send", 1, 0, 1.0, 2.0]
+    assert "extra" not in b.a2a.columns and len(b.marks.p2p) == 0
+    assert len(sm.from_json(data).marks.p2p) == 0
+
+
 def test_summary_of_another_version_is_refused():
     with pytest.raises(ValueError, match="summary version 0"):
         sm.from_json(orjson.dumps({"kind": sm.SUMMARY_KIND, "version": 0}))

@@ -128,9 +128,22 @@ _P2P_DTYPES = {"op": object, "peer": np.int64, "step": np.int64, "start_us": np.
                "end_us": np.float64}
 
 
+_EMPTY_FRAMES: dict[tuple, pd.DataFrame] = {}
+
+
 def _typed_frame(rows, dtypes: dict) -> pd.DataFrame:
     """A table of ``rows`` (lists in the order of ``dtypes``) with those column types, built
-    column by column (a report from summaries builds two per rank)."""
+    column by column (a report from summaries builds two per rank); without rows, a shallow
+    copy of one built once (copy-on-write: a change to one never reaches another)."""
+    if not len(rows):
+        key = tuple(dtypes.items())
+        if key not in _EMPTY_FRAMES:
+            _EMPTY_FRAMES[key] = _build_typed_frame(rows, dtypes)
+        return _EMPTY_FRAMES[key].copy(deep=False)
+    return _build_typed_frame(rows, dtypes)
+
+
+def _build_typed_frame(rows, dtypes: dict) -> pd.DataFrame:
     cols = list(zip(*rows)) if len(rows) else [()] * len(dtypes)
     return pd.DataFrame({c: np.array(v, dtype=t) if t is not object else pd.Series(v, dtype=object)
                          for (c, t), v in zip(dtypes.items(), cols)}, copy=False)
@@ -355,6 +368,8 @@ def _global_peers(traces: TraceSet, marks: dict, member: dict) -> tuple[dict, li
     """``{rank: DataFrame of its p2p with a global ``peer``}``, notes."""
     notes, out = [], {}
     for rank, m in marks.items():
+        if not len(m.p2p):   # most ranks of most runs: no filtering and copying of nothing
+            continue
         p = m.p2p[m.p2p["peer"] >= 0].copy()
         if p.empty:
             continue
