@@ -541,6 +541,38 @@ def test_strategies_shown_without_settings_are_named(tmp_path):
 
 # ---- communication changes: exact on planted numbers ------------------------------------------
 
+def test_alpha_beta_resamples_equal_one_fit_per_resample():
+    """The bootstrap fits every resample at once; each equals the one-at-a-time fit through the
+    fastest transfer of each size (the same draws), including fits that fall back to a line
+    through the origin (a negative slope or latency) and resamples that hold one size."""
+    import numpy as np
+
+    def one_at_a_time(sizes, times, resamples, seed=0):
+        pts, cid = whatif._size_clusters(sizes, times)
+        cid, t = np.asarray(cid), np.asarray([t for _, t in pts])
+        size = np.bincount(cid, weights=[s for s, _ in pts]) / np.bincount(cid)
+        rng, out = np.random.default_rng(seed), []
+        for _ in range(resamples):
+            idx = rng.integers(0, len(pts), len(pts))
+            mins = np.full(cid[-1] + 1, np.inf)
+            np.minimum.at(mins, cid[idx], t[idx])
+            have = np.isfinite(mins)
+            out.append(whatif._hockney_line(size[have].tolist(), mins[have].tolist()))
+        return np.array(out)
+
+    rng = np.random.default_rng(11)
+    fallbacks = 0
+    for trial in range(60):
+        n = int(rng.integers(1, 30))
+        sizes = rng.choice([1e3, 4e3, 1.6e4, 6.4e4, 2.5e5, 1e6], n)
+        times = rng.random(n) * 100 + (sizes / 1e3 if trial % 2 else 0.0)
+        want = one_at_a_time(sizes, times, 100)
+        got = whatif.alpha_beta_resamples(sizes, times, 100)
+        assert np.allclose(got, want, rtol=1e-12, atol=0.0), trial
+        fallbacks += int((want[:, 0] == 0.0).sum())
+    assert fallbacks > 100   # the through-the-origin fallback was exercised
+
+
 def test_alpha_beta_fit_and_bucketed_tail():
     # t = 50 µs + 1 µs per byte; the fastest transfer of each size is used
     a, b = whatif.fit_alpha_beta([1000, 2000, 4000, 4000], [1050, 2050, 4050, 9000])
