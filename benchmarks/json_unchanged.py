@@ -9,7 +9,9 @@ once before and once after, compared key by key.
 ``OUT_DIR/<set>__<name>.json`` (``report_json``; keys sorted) and, beside it,
 ``<set>__<name>.figures.json``: every figure of the HTML page as plotly reads it (each spec
 passed through ``plotly.graph_objects.Figure`` and its typed arrays decoded, so a figure written
-as a plain dict and the same figure built with plotly's objects compare equal). ``compare``
+as a plain dict and the same figure built with plotly's objects compare equal), and
+``<set>__<name>.page.html``: the page without its time stamp and figure data (compared
+exactly). ``compare``
 prints every path whose value differs between two such folders (floats equal to 1e-9
 relative; the timing fields of :data:`TIMING_KEYS` skipped) and exits 1 when any does. Speed
 work must leave it silent.
@@ -71,6 +73,17 @@ def page_figures(html: str) -> list[dict]:
     return out
 
 
+def page_text(html: str) -> str:
+    """A report page without what may differ between equal reports: the time it was made and
+    each figure's data (compared as :func:`page_figures` reads them) — the tables, the text and
+    the figures' places, exactly."""
+    import re
+
+    html = re.sub(r"pardiag [^ ]+ · \d{4}-\d\d-\d\d \d\d:\d\d", "pardiag · TIME", html)
+    return re.sub(r'(<script type="application/json" id="pd-fig-\d+-data">).*?(</script>)',
+                  r"\1\2", html, flags=re.S)
+
+
 def write(out: Path) -> None:
     import tempfile
 
@@ -85,8 +98,10 @@ def write(out: Path) -> None:
                                                      default=str))
         with tempfile.TemporaryDirectory() as tmp:
             rep.to_html(Path(tmp) / "r.html")
-            figs = page_figures((Path(tmp) / "r.html").read_text())
+            page = (Path(tmp) / "r.html").read_text()
+        figs = page_figures(page)
         (out / f"{name}.figures.json").write_text(json.dumps(figs, sort_keys=True, indent=1))
+        (out / f"{name}.page.html").write_text(page_text(page))
         print(f"wrote {name} ({len(figs)} figures)", flush=True)
 
 
@@ -113,18 +128,23 @@ def diff(a, b, path: str = "") -> list[str]:
 
 def compare(before: Path, after: Path) -> int:
     bad = 0
-    names = sorted({p.name for p in before.glob("*.json")} | {p.name for p in after.glob("*.json")})
+    names = sorted({p.name for d in (before, after) for p in d.iterdir()
+                    if p.suffix in (".json", ".html")})
     for name in names:
         a, b = before / name, after / name
         if not (a.exists() and b.exists()):
             print(f"{name}: only in {'before' if a.exists() else 'after'}")
             bad += 1
             continue
-        d = diff(json.loads(a.read_text()), json.loads(b.read_text()))
+        if name.endswith(".html"):
+            d = [] if a.read_text() == b.read_text() else ["the page's text differs"]
+        else:
+            d = diff(json.loads(a.read_text()), json.loads(b.read_text()))
         for line in d[:20]:
             print(f"{name}: {line}")
         bad += bool(d)
-    print(f"{len(names) - bad} of {len(names)} files unchanged (report JSON and page figures)")
+    print(f"{len(names) - bad} of {len(names)} files unchanged (report JSON, page figures, "
+          f"page text)")
     return 1 if bad else 0
 
 

@@ -100,6 +100,12 @@ def shown(n_shown: int, n_total: int, what: str) -> str:
     return muted(f"Showing {n_shown} of {n_total} {what}.") if n_shown < n_total else ""
 
 
+def _whole(v: np.ndarray) -> bool:
+    """Every value that is not NaN is a whole number (and finite)."""
+    v = v[~np.isnan(v)]
+    return bool(np.isfinite(v).all() and (v == np.floor(v)).all())
+
+
 def table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = (),
            digits: int = 1, sortable: bool = False, max_rows: int = MAX_TABLE_ROWS,
            what: str = "rows") -> str:
@@ -112,7 +118,7 @@ def table(df: pd.DataFrame, columns: dict[str, str], left: tuple[str, ...] = (),
     df = df.head(max_rows).copy()
     for c in columns:  # counts and ranks that pandas turned into floats print as integers
         if (_unprefixed(c) in _INT_COLUMNS and pd.api.types.is_float_dtype(df[c])
-                and df[c].dropna().apply(float.is_integer).all()):
+                and _whole(df[c].to_numpy(dtype=float, na_value=np.nan))):
             df[c] = df[c].astype("Int64")
         elif (_is_bytes(c) and c not in df.attrs.get("mib", ())
               and pd.api.types.is_float_dtype(df[c])):  # a median of byte counts

@@ -83,7 +83,11 @@ def _clean(v):
 def records(df: pd.DataFrame, columns=None) -> list[dict]:
     """Rows of ``df`` as JSON-safe dicts (NaN → None)."""
     cols = list(columns or df.columns)
-    return [{c: _clean(v) for c, v in zip(cols, row)} for row in df[cols].itertuples(index=False)]
+    if not cols:
+        return [{} for _ in range(len(df))]
+    # column by column (one conversion to Python values each), then rows
+    values = [[_clean(v) for v in df[c].tolist()] for c in cols]
+    return [dict(zip(cols, row)) for row in zip(*values)]
 
 
 _TOTAL_KEYS = ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us",
