@@ -95,20 +95,30 @@ _TOTAL_KEYS = ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_u
                "overlap_share_pct", "exposed_comm_pct", "idle_pct")
 
 
+def _rows_by_rank(df: pd.DataFrame, columns: list[str]) -> dict[int, list[dict]]:
+    """``{rank: its rows of df as records (columns)}``, rows in table order."""
+    out: dict[int, list[dict]] = {}
+    for r, rec in zip(df["rank"].tolist(), records(df, columns)):
+        out.setdefault(r, []).append(rec)
+    return out
+
+
 def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict:
     """``{"ranks": [...]}``: per rank its file, totals, steps and collectives."""
+    # each table's rows converted once and handed to their rank (not a filter per rank)
+    tot = _rows_by_rank(b.totals, ["domain", *_TOTAL_KEYS])
+    steps = _rows_by_rank(b.steps, ["step", "start_us", "end_us", *_TOTAL_KEYS])
+    colls = _rows_by_rank(b.collectives, ["collective", "count", "time_us", "exposed_us"])
     ranks = []
     for rank, trace in traces.ranks.items():
-        tot = b.totals[b.totals["rank"] == rank]
-        steps = b.steps[b.steps["rank"] == rank]
-        colls = b.collectives[b.collectives["rank"] == rank]
+        total = dict(tot[rank][0]) if rank in tot else None
         ranks.append({
             "rank": rank, "file": str(trace.path), "rank_source": trace.rank_source,
-            "domain": tot["domain"].iloc[0] if len(tot) else None,
+            "domain": total.pop("domain") if total is not None else None,
             "device": device_kind(trace),
-            "total": records(tot, _TOTAL_KEYS)[0] if len(tot) else {},
-            "steps": records(steps, ["step", "start_us", "end_us", *_TOTAL_KEYS]),
-            "collectives": records(colls, ["collective", "count", "time_us", "exposed_us"]),
+            "total": total if total is not None else {},
+            "steps": steps.get(rank, []),
+            "collectives": colls.get(rank, []),
         })
     return {"ranks": ranks, "collectives": records(b.collective_totals),
             "step_time": records(b.step_time)}
