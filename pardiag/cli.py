@@ -328,7 +328,6 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     and a one-line message.
     """
     import orjson
-    from rich.console import Console
 
     from pardiag.analyzer.report.registry import AnalysisOptions, build_report
     from pardiag.analyzer.summary import REDUCER
@@ -358,6 +357,8 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
         _write_json(data, json_out)
     rep.to_html(output, cdn=cdn)
     if not quiet and str(json_out) != "-":
+        from rich.console import Console
+
         # a pipe or a file gets 120 columns unless COLUMNS says otherwise
         wide = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
         rep.print_summary(Console(width=None if wide else 120))
