@@ -77,7 +77,7 @@ from ..trace.classify import (
     profiler_steps,
     transport,
 )
-from ..trace.traceset import RankTrace
+from ..trace.traceset import RankTrace, stack_by_rank
 from .breakdown import unmarked_waits
 from .issued_ops import launch_times
 from .peers import median_of_others
@@ -489,14 +489,9 @@ def compute_causes(traces, run_step_us: float = float("nan")) -> CausesResult:
         run_step_us: the run's median step (µs; per step the slowest rank's span), for the
             input-bound prediction.
     """
-    frames = []
-    for rank, trace in traces.ranks.items():
-        t = rank_causes(trace)
-        if len(t):
-            frames.append(t.assign(rank=int(rank)))
     cols = ["rank", *CAUSE_COLUMNS]
-    per_step = (pd.concat(frames, ignore_index=True)[cols] if frames
-                else pd.DataFrame(columns=cols))
+    per_step = stack_by_rank((rank, rank_causes(trace)) for rank, trace in traces.ranks.items())
+    per_step = per_step[cols] if per_step is not None else pd.DataFrame(columns=cols)
     per_rank = _per_rank(per_step)
     excess = excess_table(per_step)
     input_bound = host_bound = None

@@ -27,7 +27,7 @@ from ..trace.classify import (
     profiler_steps,
 )
 from ..trace.comm_records import DTYPE_BYTES, numel
-from ..trace.traceset import RankTrace, TraceSet
+from ..trace.traceset import RankTrace, TraceSet, stack_by_rank
 from .breakdown import cpu_comm_types
 from .issued_ops import gpu_issued_ops
 from .op_semantics import P2P_OPS, ROOTED, semantics
@@ -386,18 +386,18 @@ def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
     for rank, trace in traces.ranks.items():
         doc = traces.sidecars.get("comms", {}).get(rank)
         s = trace.summary
-        if s is not None and s.matches(comm_patterns):
-            frames.append(_from_records(rank, doc, s.steps) if doc else s.comm)
+        if s is not None and s.matches(comm_patterns):   # a summary's events carry no rank
+            frames.append((rank, _from_records(rank, doc, s.steps) if doc else s.comm))
             continue
         kinds = classify(trace, comm_patterns)
         steps = profiler_steps(trace, kinds)
-        frames.append(_from_records(rank, doc, steps) if doc else cached(
+        frames.append((rank, _from_records(rank, doc, steps) if doc else cached(
             trace, ("comm_events", pattern_key(comm_patterns)),
-            lambda t=trace, k=kinds, st=steps: events_from_trace(t, k, st)))
-    frames = [f for f in frames if len(f)]
-    if not frames:
+            lambda t=trace, k=kinds, st=steps: events_from_trace(t, k, st))))
+    out = stack_by_rank(frames)
+    if out is None:
         return pd.DataFrame(columns=list(EVENT_COLUMNS))
-    return groups_from_mesh(pd.concat(frames, ignore_index=True)[list(EVENT_COLUMNS)], traces)
+    return groups_from_mesh(out[list(EVENT_COLUMNS)], traces)
 
 
 #: ``group`` of an op whose group the trace does not give on a mesh of two or more dimensions, and

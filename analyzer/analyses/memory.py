@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..trace.traceset import RankTrace, TraceSet
+from ..trace.traceset import RankTrace, TraceSet, stack_by_rank
 
 _MEMORY_COLUMNS = ("ts_us", "device", "allocated_bytes", "reserved_bytes")
 #: ``Device Type`` of ``[memory]`` events: torch's ``c10::DeviceType`` enum (c10/core/DeviceType.h).
@@ -108,9 +108,8 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
     cols = ["rank", "ts_us", "device", "allocated_bytes", "reserved_bytes"]
     # [memory] events, from each rank's summary when it has one (pardiag.analyzer.summary), in
     # one table, grouped once (not filtered once per rank)
-    tl = [t.assign(rank=rank) for rank, t in
-          ((rank, memory_rows(trace)) for rank, trace in traces.ranks.items()) if len(t)]
-    timeline = (pd.concat(tl, ignore_index=True) if tl else pd.DataFrame(columns=cols))[cols]
+    timeline = stack_by_rank((rank, memory_rows(trace)) for rank, trace in traces.ranks.items())
+    timeline = (timeline if timeline is not None else pd.DataFrame(columns=cols))[cols]
     devices = (timeline.groupby("rank", sort=False)["device"].unique().to_dict()
                if len(timeline) else {})
     highest = (timeline.groupby(["rank", "device"], sort=False, dropna=False)[

@@ -26,7 +26,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..trace.traceset import GPU_CATS, RankTrace, TraceSet
+from ..trace.traceset import GPU_CATS, RankTrace, TraceSet, stack_by_rank
 
 #: Columns of one rank's operator table (:func:`rank_operators`).
 RANK_OPERATOR_COLUMNS = ("kind", "name", "count", "time_us")
@@ -125,9 +125,9 @@ def compute_operators(traces: TraceSet) -> OperatorsResult:
     for rank, trace in traces.ranks.items():
         ops, n = rank_operators(trace)
         steps += max(int(n), 1)
-        if len(ops):
-            rows.append(ops.assign(rank=rank))
-    per_rank = (pd.concat(rows, ignore_index=True) if rows else _empty().assign(
+        rows.append((rank, ops))
+    per_rank = stack_by_rank(rows)
+    per_rank = (per_rank if per_rank is not None else _empty().assign(
         rank=pd.Series(dtype=np.int64)))[["rank", *RANK_OPERATOR_COLUMNS]]
     if per_rank.empty:
         totals = pd.DataFrame({c: pd.Series(dtype=object if c in ("kind", "name") else float)

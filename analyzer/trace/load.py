@@ -766,8 +766,6 @@ def _rank_trace(a: RankFiles, units: list[ParsedFile], warnings: list[str]) -> R
         warnings.append(f"{f}: no ProfilerStep#N annotations; per-step results are empty for "
                         f"rank {r}")
     s = p.summary
-    if s is not None:
-        s = dataclasses.replace(s, comm=s.comm.assign(rank=r) if len(s.comm) else s.comm)
     windows = tuple(_time_range(q) for q in parts) if len(parts) > 1 else ()
     reader = (functools.partial(_read_events, f, p.rank_hint) if p.events is None
               else None)

@@ -128,3 +128,20 @@ class TraceSet:
     run_info: RunFile | None = None
     rank_meta: dict[int, RankMeta] = dataclasses.field(default_factory=dict)
     sidecars: dict[str, dict[int, dict]] = dataclasses.field(default_factory=dict)
+
+
+def stack_by_rank(tables) -> pd.DataFrame | None:
+    """One table of every rank's rows: ``tables`` is ``(rank, DataFrame)`` pairs (rank order
+    kept); the tables without rows are left out and ``rank`` (int64) is set on each row —
+    replaced where the tables have that column, appended last where they do not. The same table
+    as ``pd.concat([t.assign(rank=r) ...], ignore_index=True)`` without a copy of each rank's
+    table. None when no table has a row."""
+    import numpy as np
+
+    pairs = [(r, t) for r, t in tables if len(t)]
+    if not pairs:
+        return None
+    out = pd.concat([t for _, t in pairs], ignore_index=True)
+    out["rank"] = np.repeat(np.array([int(r) for r, _ in pairs], dtype=np.int64),
+                            [len(t) for _, t in pairs])
+    return out
