@@ -133,3 +133,21 @@ def test_a_rank_whose_profiler_opens_late_is_not_a_straggler(tmp_path):
     heads = [i for i in doc["sync"]["instances"] if i["head"]]
     assert heads and all(not i["evidence"] for i in heads)
     assert any("ms apart: a rank whose profiler opened late" in n for n in doc["sync"]["notes"])
+
+
+def test_block_medians_equal_numpy_medians_per_block():
+    """The clock fit's per-step medians, read from each step's sorted values, equal numpy's
+    median of each step's points bit for bit (odd and even counts, ties, one point)."""
+    import numpy as np
+
+    from pardiag.analyzer.analyses.clocks import _block_medians
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n = int(rng.integers(1, 40))
+        blocks = rng.integers(0, 6, n)
+        values = (rng.random(n) * 1e6, rng.integers(0, 5, n).astype(float))
+        got = _block_medians(blocks, *values)
+        for g, v in zip(got, values):
+            want = np.array([np.median(v[blocks == k]) for k in np.unique(blocks)])
+            assert np.array_equal(g, want), trial

@@ -979,7 +979,7 @@ def _step_lengths(traces: TraceSet, comm_patterns=()) -> tuple[float | None, flo
     for t in traces.ranks.values():
         steps = (t.summary.steps if t.summary is not None and t.summary.matches(comm_patterns)
                  else profiler_steps(t, classify(t, comm_patterns)))
-        x = (steps["end_us"] - steps["start_us"]).to_numpy(dtype=float)
+        x = steps["end_us"].to_numpy(dtype=float) - steps["start_us"].to_numpy(dtype=float)
         x = x[np.isfinite(x) & (x > 0)]
         lengths.extend(x.tolist())
         if len(x) >= 3:
