@@ -35,6 +35,8 @@ from synth_run import write_run  # noqa: E402
 REPORT = """
 import sys, time
 t0 = time.perf_counter()
+from pardiag.cli import collect_less
+collect_less()   # the garbage collector as the pardiag command sets it
 import pardiag.analyzer.trace.load as load
 from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.summary import REDUCER

@@ -109,6 +109,8 @@ print(time.perf_counter() - t0)
 PARDIAG = """
 import sys, time
 t0 = time.perf_counter()
+from pardiag.cli import collect_less
+collect_less()   # the garbage collector as the pardiag command sets it
 from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.report.registry import build_report
