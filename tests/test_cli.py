@@ -1,6 +1,7 @@
 """The command line as a user runs it: outputs, exit codes, one-line errors."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -265,3 +266,24 @@ def test_help_imports_no_analysis_code(args):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert res.stderr.strip().splitlines()[-1] == "[]", res.stderr
+
+
+def test_report_loads_no_figure_objects(tmp_path):
+    """A report writes its figures as plotly figure dicts: once the page template is in the
+    user's cache (the first report puts it there), it imports neither plotly's figure objects
+    (their validators cost a quarter of a small report) nor the comparison's code, nor rich
+    when the terminal summary is not printed."""
+    code = ("import sys\n"
+            f"sys.argv = ['pardiag', 'report', {str(REPO / 'sample_traces' / 'ddp_cpu_2rank')!r},\n"
+            f"            '-o', {str(tmp_path / 'r.html')!r}, '--no-cache', '-q']\n"
+            "from pardiag.cli import main\n"
+            "code = main()\n"
+            "heavy = ('plotly.basedatatypes', 'plotly.graph_objs', 'plotly.subplots',\n"
+            "         'pardiag.analyzer.render.comparison', 'rich.console')\n"
+            "print(code, sorted(m for m in heavy if m in sys.modules), file=sys.stderr)\n")
+    env = {**os.environ, "PARDIAG_CACHE_DIR": str(tmp_path / "cache")}
+    first, second = (subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                    text=True, timeout=120, env=env) for _ in range(2))
+    assert first.stderr.strip().splitlines()[-1].startswith("0 "), first.stderr
+    assert second.stderr.strip().splitlines()[-1] == "0 []", second.stderr
+    assert (tmp_path / "r.html").stat().st_size > 1_000_000   # plotly.js inlined
