@@ -196,9 +196,9 @@ def _exit_together(dist, world_size: int, timeout_s: float = EXIT_SYNC_S) -> boo
     running on the group (``ProcessGroupGloo::barrier`` waits for all prior work) and has no
     limit short of the group's timeout (30 min): with it, short runs in a loop sometimes had both
     ranks write every file and then not exit until ``--timeout`` stopped them
-    (benchmarks/results/short-runs_xeon-2core_2026-11-30.md). No rank leaves while another has
-    not finished (gloo aborts a rank whose peer vanished mid-collective, FACTS §1); at most
-    ``timeout_s`` is waited. Returns whether every rank arrived."""
+    (``benchmarks/short_runs.py``; its results in benchmarks/results/). No rank leaves while
+    another has not finished (gloo aborts a rank whose peer vanished mid-collective, FACTS §1);
+    at most ``timeout_s`` is waited. Returns whether every rank arrived."""
     try:
         store = dist.distributed_c10d._get_default_store()
         n = store.add("pardiag_exit_sync", 1)

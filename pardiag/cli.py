@@ -573,7 +573,8 @@ def run() -> None:
 
     The garbage collector runs as :func:`collect_less` sets it, and what is alive at the end is
     frozen so the interpreter's exit does not traverse it again: together 0.1–0.2 s of a
-    one-second report (``benchmarks/results/startup_xeon-2core_2026-12-02-1545.md``)."""
+    one-second report (``benchmarks/bench_startup.py``; the startup results in
+    benchmarks/results/, listed in benchmarks/README.md)."""
     collect_less()
     try:
         code = main()

@@ -37,8 +37,8 @@ MIN_DRIFT_SPAN_S = 0.05
 #: A fitted drift beyond this (µs per s) is claimed for no clock: NTP's maximum frequency
 #: tolerance is 500 ppm (the NTPv4 specification, its section on the clock discipline), and
 #: Kineto's GPU-to-host conversions, one offset taken at the trace's start, drift tens of µs per
-#: s (the drift the cross-rank generator plants:
-#: benchmarks/results/cross-rank-accuracy_epyc-2core_2026-12-02-0244.md).
+#: s (the drift the cross-rank generator plants; results of ``benchmarks/cross_rank_accuracy.py``
+#: in benchmarks/results/, listed in benchmarks/README.md).
 MAX_DRIFT_US_PER_S = 500.0
 #: Where the ends fall in profiler steps, fewer steps than this fit no drift (a line through two
 #: steps' medians has no interval).

@@ -47,15 +47,15 @@ INTERLEAVE_MARGIN_PCT = 10.0
 #: sample's standard deviation is about 1/√(2(n − 1)) (normal data; e.g. Ahn & Fessler 2003),
 #: over 24% below 10 steps. On the stability benchmark's unbalanced 1F1B pipeline the noise
 #: estimate ranged ±4.9–13.8% over runs of 12 steps (5 unprofiled step periods each) and
-#: ±1.9–7.0% over runs of 24 steps (17 periods):
-#: benchmarks/results/stability_xeon-2core_2026-12-01-0409.md and -0430.md.
+#: ±1.9–7.0% over runs of 24 steps (17 periods) (``benchmarks/stability.py``; its results in
+#: benchmarks/results/, listed in benchmarks/README.md).
 FEW_NOISE_STEPS = 10
 #: Said with the rule when the ranks contended for cores (:func:`pardiag.layout.
 #: contention_note`). How the OS shares the cores differs between runs and holds for a whole
 #: run, so a run's own step noise does not show it: on the stability benchmark's unbalanced
 #: 1F1B pipeline the top tier recurred in 11–18 of 20 unpinned runs and in 18–20 of 20 runs
-#: with ``--pin-cpu`` (four batches of 20 runs of 12 steps:
-#: benchmarks/results/stability_xeon-2core_2026-12-01-0635.md and -0702.md).
+#: with ``--pin-cpu`` (four batches of 20 runs of 12 steps of ``benchmarks/stability.py``; its
+#: results in benchmarks/results/, listed in benchmarks/README.md).
 CONTENDED_TIERS = ("; the ranks contended for cores, and how they shared them differs between "
                    "identical runs without showing in one run's noise, so tiers near the margin "
                    "can differ from one run to the next: pin the ranks (pardiag profile "

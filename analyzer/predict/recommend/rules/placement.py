@@ -31,7 +31,7 @@ def placement(ctx: RuleContext) -> list[Recommendation]:
     exposed-communication formula (the step less the dimension's exposed time × (1 − r), plus
     the other's × (1/r − 1)). The replay measured closer on the link what-if
     (``benchmarks/whatif_validate.py link``: +12.3% / −7.8% against the formula's +27.6% /
-    −10.6%, benchmarks/results/whatif-link_xeon-2core_2026-12-02-1311.md)."""
+    −10.6%; the whatif-link results in benchmarks/results/, listed in benchmarks/README.md)."""
     lay, sync, measured = ctx.layout, ctx.sync, ctx.measured_us
     if lay is None or lay.groups.empty or sync is None or sync.bandwidth.empty or not (
             measured > 0):
