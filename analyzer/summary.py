@@ -65,7 +65,7 @@ from .analyses.operators import operators_of_events
 from .trace.classify import classify, profiler_steps
 from .trace.comm_records import all_to_all_ops
 from .trace.load import default_workers, find_trace_files, parse_file, parse_files
-from .trace.traceset import RankTrace
+from .trace.traceset import RankTrace, empty_table
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
 SUMMARY_VERSION = 13
@@ -221,18 +221,10 @@ def _frame_json(df: pd.DataFrame) -> dict:
             "data": [df[c].tolist() for c in df.columns]}
 
 
-#: Tables without rows, one per schema (most ranks of most runs have no all-to-all, no
-#: pipeline chunk): built once, handed out as shallow copies (copy-on-write: a change to one
-#: never reaches another).
-_EMPTY_TABLES: dict[tuple, pd.DataFrame] = {}
-
-
 def _frame_from(d: dict) -> pd.DataFrame:
     if d["data"] and not len(d["data"][0]):
-        key = (tuple(d["columns"]), tuple(d["dtypes"]))
-        if key not in _EMPTY_TABLES:
-            _EMPTY_TABLES[key] = _build_frame(d)
-        return _EMPTY_TABLES[key].copy(deep=False)
+        return empty_table(("summary", tuple(d["columns"]), tuple(d["dtypes"])),
+                           lambda: _build_frame(d))
     return _build_frame(d)
 
 

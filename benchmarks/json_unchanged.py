@@ -41,8 +41,9 @@ def inputs() -> list[tuple[str, Path]]:
     return out
 
 
-def _decoded(obj):
-    """``obj`` with plotly's typed arrays (``{"dtype", "bdata"[, "shape"]}``) as nested lists."""
+def plain(obj):
+    """A figure spec as the browser reads it: plotly's typed arrays (``{"dtype", "bdata"[,
+    "shape"]}``) as nested lists, NaN as None (JSON's null; NaN would not equal itself)."""
     if isinstance(obj, dict):
         if "bdata" in obj and "dtype" in obj:
             import base64
@@ -51,26 +52,35 @@ def _decoded(obj):
             a = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
             if "shape" in obj:
                 a = a.reshape([int(n) for n in str(obj["shape"]).split(",")])
-            return a.tolist()
-        return {k: _decoded(v) for k, v in obj.items()}
+            return plain(a.tolist())
+        return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_decoded(v) for v in obj]
-    return obj
+        return [plain(v) for v in obj]
+    return None if isinstance(obj, float) and math.isnan(obj) else obj
+
+
+def page_specs(html: str) -> list[dict]:
+    """The figure specs of a report page as written (``pd-fig-N-data`` elements, page order)."""
+    import re
+
+    return [json.loads(m) for m in re.findall(
+        r'<script type="application/json" id="pd-fig-\d+-data">(.*?)</script>', html, re.S)]
+
+
+def validated(spec: dict) -> dict:
+    """``spec`` as plotly's figure objects make it (``go.Figure(spec).to_plotly_json()``),
+    without the template."""
+    import plotly.graph_objects as go
+
+    out = go.Figure(spec).to_plotly_json()
+    out["layout"].pop("template", None)
+    return out
 
 
 def page_figures(html: str) -> list[dict]:
-    """Every figure of a report page (``pd-fig-N-data`` elements, in page order) as plotly
-    reads it: validated by ``go.Figure``, without the template, typed arrays decoded."""
-    import re
-
-    import plotly.graph_objects as go
-    out = []
-    for m in re.finditer(r'<script type="application/json" id="pd-fig-\d+-data">(.*?)</script>',
-                         html, re.S):
-        spec = go.Figure(json.loads(m.group(1))).to_plotly_json()
-        spec["layout"].pop("template", None)
-        out.append(_decoded(spec))
-    return out
+    """Every figure of a report page as plotly reads it: :func:`validated`, then
+    :func:`plain`."""
+    return [plain(validated(spec)) for spec in page_specs(html)]
 
 
 def page_text(html: str) -> str:

@@ -246,7 +246,6 @@ def link_rows(tmp: Path, rep: int) -> list[dict]:
     clean step, and measured by a plain run at the other rate."""
     from pardiag.analyzer.analyses.dim_overlap import dims_of_groups
     from pardiag.analyzer.predict.recommend import clean_step_us
-    from pardiag.analyzer.predict.recommend.rules.placement import replayed_ratio
     from pardiag.analyzer.report.registry import build_report
     from pardiag.analyzer.trace import load_traces
 
@@ -259,7 +258,7 @@ def link_rows(tmp: Path, rep: int) -> list[dict]:
         dims = sorted({by_name[str(pg)] for pg in
                        groups[groups["spans_nodes"].fillna(False).astype(bool)]["pg"]})
         f = a / b   # a transfer's time goes with 1 / rate
-        ratio = replayed_ratio(report.critical_path, dict.fromkeys(dims, f))
+        ratio = report.critical_path.comm_ratio(dict.fromkeys(dims, f))
         ratio = float("nan") if ratio is None else ratio   # no transfer of theirs to replay
         ov = report.results["dim_overlap"].summary
         exposed = float(ov[ov["dim"].isin(dims)]["exposed_us"].sum())

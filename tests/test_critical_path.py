@@ -255,6 +255,10 @@ def test_replay_scales_work_and_transfers(tmp_path):
     assert list(halved["predicted_us"]) == pytest.approx([650.0] * 3)
     slow = cp.replay(comm_scale={"dp": 2.0})
     assert list(slow["predicted_us"]) == pytest.approx([1050.0] * 3)
+    # as the placement rule asks: the median replayed step over the unchanged one, dimensions
+    # without a transfer on the path left out (None when none is left)
+    assert cp.comm_ratio({"dp": 2.0, "tp": 0.5}) == pytest.approx(1050.0 / STEP_US)
+    assert cp.comm_ratio({"tp": 0.5}) is None
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "sample_traces").iterdir()

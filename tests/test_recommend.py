@@ -542,10 +542,23 @@ def test_strategies_shown_without_settings_are_named(tmp_path):
 # ---- communication changes: exact on planted numbers ------------------------------------------
 
 def test_alpha_beta_resamples_equal_one_fit_per_resample():
-    """The bootstrap fits every resample at once; each equals the one-at-a-time fit through the
-    fastest transfer of each size (the same draws), including fits that fall back to a line
-    through the origin (a negative slope or latency) and resamples that hold one size."""
+    """The bootstrap fits every resample at once; each equals a one-at-a-time least-squares
+    fit (written out here) through the fastest transfer of each size (the same draws),
+    including fits that fall back to a line through the origin (a negative slope or latency)
+    and resamples that hold one size."""
+    import statistics
+
     import numpy as np
+
+    def line(xs, ys):   # α ≥ 0, β > 0, else through the origin
+        if len(xs) > 1:
+            mx, my = statistics.fmean(xs), statistics.fmean(ys)
+            var = sum((x - mx) ** 2 for x in xs)
+            beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
+            alpha = my - beta * mx
+            if beta > 0 and alpha >= 0:
+                return alpha, beta
+        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
 
     def one_at_a_time(sizes, times, resamples, seed=0):
         pts, cid = whatif._size_clusters(sizes, times)
@@ -557,7 +570,7 @@ def test_alpha_beta_resamples_equal_one_fit_per_resample():
             mins = np.full(cid[-1] + 1, np.inf)
             np.minimum.at(mins, cid[idx], t[idx])
             have = np.isfinite(mins)
-            out.append(whatif._hockney_line(size[have].tolist(), mins[have].tolist()))
+            out.append(line(size[have].tolist(), mins[have].tolist()))
         return np.array(out)
 
     rng = np.random.default_rng(11)

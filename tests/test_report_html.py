@@ -4,7 +4,6 @@ import base64
 import dataclasses
 import gzip
 import html
-import math
 import re
 
 import pytest
@@ -287,28 +286,6 @@ def test_packed_plotlyjs_is_compressed_once_per_version(tmp_path, monkeypatch):
     page._packed_plotlyjs.cache_clear()
 
 
-def _plain(obj):
-    """A figure spec with plotly.js typed arrays decoded to lists (as the browser reads them)
-    and NaN as None (JSON's null; NaN would not equal itself)."""
-    if isinstance(obj, dict):
-        if "bdata" in obj and "dtype" in obj:
-            import numpy as np
-            a = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
-            if "shape" in obj:
-                a = a.reshape([int(n) for n in obj["shape"].split(",")])
-            return _plain(a.tolist())
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return None if isinstance(obj, float) and math.isnan(obj) else obj
-
-
-def _page_figures(page: str) -> list[dict]:
-    import json
-    return [json.loads(m) for m in re.findall(
-        r'<script type="application/json" id="pd-fig-\d+-data">(.*?)</script>', page, re.S)]
-
-
 @pytest.mark.parametrize("run", ["big", "pp_1f1b_cpu_4rank", "moe_ep_cpu_2rank",
                                  "ddp_cpu_2rank"])
 def test_every_figure_is_already_what_plotly_validates(run, big, tmp_path):
@@ -317,17 +294,16 @@ def test_every_figure_is_already_what_plotly_validates(run, big, tmp_path):
     what ``rep.figures`` shows. Covers every figure kind: the big run has the per-step mean,
     both heatmaps and a binned straggler heatmap; the pipeline its schedule; the MoE run its
     routing subplots."""
-    import plotly.graph_objects as go
+    from benchmarks.json_unchanged import page_specs, plain, validated
+
     folder = big if run == "big" else REPO / "sample_traces" / run
     out = tmp_path / "r.html"
     _report(folder, "-o", out)
-    figs = _page_figures(out.read_text())
+    figs = page_specs(out.read_text())
     assert len(figs) >= 6
     titles = []
     for spec in figs:
-        validated = go.Figure(spec).to_plotly_json()
-        validated["layout"].pop("template", None)
-        assert _plain(validated) == _plain(spec)
+        assert plain(validated(spec)) == plain(spec)
         titles.append(spec["layout"]["title"]["text"])
     expected = {"big": ["per profiler step (mean over ranks)", "Exposed communication per rank",
                         "Idle per rank", "instances binned"],

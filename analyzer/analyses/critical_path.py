@@ -245,6 +245,19 @@ class CriticalPathResult:
         return (f"; the path's first rank started {float(np.median(late)) / 1000:.2f} ms after "
                 f"the earliest, which waited for it")
 
+    def comm_ratio(self, comm_scale: dict) -> float | None:
+        """The path replayed with some dimensions' transfers scaled (``{dim: factor}``;
+        dimensions with no transfer on the path's steps are left out): the median over steps of
+        the replayed step over the unchanged one (:meth:`replay`), or None without a path or
+        any such transfer."""
+        dims = {j.dim for g in self.graphs for j in g.joins}
+        scale = {d: f for d, f in comm_scale.items() if d in dims}
+        if not scale:
+            return None
+        out = self.replay(comm_scale=scale)
+        out = out[out["replay_us"] > 0]
+        return float((out["predicted_us"] / out["replay_us"]).median()) if len(out) else None
+
     def replay(self, compute_scale: dict | None = None, comm_scale: dict | None = None,
                work_scale: dict | None = None) -> pd.DataFrame:
         """Each step replayed with the ranks' computation scaled (``{rank: factor}``), all of

@@ -42,7 +42,7 @@ import pandas as pd
 
 from ..trace import intervals as iv
 from ..trace.classify import STEP_RE, Kind, cached, classify
-from ..trace.traceset import RankTrace, TraceSet
+from ..trace.traceset import RankTrace, TraceSet, empty_table
 from .comm_events import AMBIGUOUS_GROUP, SCALAR_BYTES
 from .mesh import dim_of, mesh_dims, role_of
 
@@ -128,18 +128,12 @@ _P2P_DTYPES = {"op": object, "peer": np.int64, "step": np.int64, "start_us": np.
                "end_us": np.float64}
 
 
-_EMPTY_FRAMES: dict[tuple, pd.DataFrame] = {}
-
-
 def _typed_frame(rows, dtypes: dict) -> pd.DataFrame:
     """A table of ``rows`` (lists in the order of ``dtypes``) with those column types, built
-    column by column (a report from summaries builds two per rank); without rows, a shallow
-    copy of one built once (copy-on-write: a change to one never reaches another)."""
+    column by column (a report from summaries builds two per rank; without rows,
+    :func:`~pardiag.analyzer.trace.traceset.empty_table`)."""
     if not len(rows):
-        key = tuple(dtypes.items())
-        if key not in _EMPTY_FRAMES:
-            _EMPTY_FRAMES[key] = _build_typed_frame(rows, dtypes)
-        return _EMPTY_FRAMES[key].copy(deep=False)
+        return empty_table(("marks", *dtypes.items()), lambda: _build_typed_frame(rows, dtypes))
     return _build_typed_frame(rows, dtypes)
 
 

@@ -488,7 +488,9 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_us: Sequence[float]) -> t
     for k, (s, t) in zip(cid, pts):
         if k not in best or t < best[k][1]:
             best[k] = (s, t)
-    return _hockney_line([b[0] for b in best.values()], [b[1] for b in best.values()])
+    alpha, beta = _hockney_lines(np.array([[b[0] for b in best.values()]]),
+                                 np.array([[b[1] for b in best.values()]]))[0]
+    return float(alpha), float(beta)
 
 
 def _size_clusters(sizes_bytes: Sequence[float], times_us: Sequence[float]
@@ -509,20 +511,6 @@ def _size_clusters(sizes_bytes: Sequence[float], times_us: Sequence[float]
             k, first = k + 1, s
         cid.append(k)
     return pts, cid
-
-
-def _hockney_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """α, β of the least-squares line through one point per size (α ≥ 0, β > 0, as
-    :func:`fit_alpha_beta` states)."""
-    if len(xs) == 1:
-        return 0.0, ys[0] / xs[0]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
-    alpha = my - beta * mx
-    if beta <= 0 or alpha < 0:   # no positive latency: least squares through the origin
-        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
-    return alpha, beta
 
 
 def alpha_beta_resamples(sizes_bytes: Sequence[float], times_us: Sequence[float],
@@ -554,8 +542,10 @@ def alpha_beta_resamples(sizes_bytes: Sequence[float], times_us: Sequence[float]
 
 
 def _hockney_lines(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """:func:`_hockney_line` of each row of ``x``, ``y`` (rows × sizes; an infinite ``y`` is a
-    size the row does not have): array of shape (rows, 2), α and β."""
+    """α, β of the least-squares line through each row's points, ``x`` sizes (bytes), ``y``
+    times (µs; rows × sizes, an infinite ``y`` is a size the row does not have), with α ≥ 0 and
+    β > 0 as :func:`fit_alpha_beta` states: where the line would need α < 0 or β ≤ 0, or a row
+    has one point, the least-squares line through the origin. Array of shape (rows, 2)."""
     have = np.isfinite(y)
     n = have.sum(axis=1)
     xs, ys = np.where(have, x, 0.0), np.where(have, y, 0.0)

@@ -103,7 +103,8 @@ def _colorscale(colors: list[str]) -> list[list]:
     return [[i / (len(colors) - 1), c] for i, c in enumerate(colors)]
 
 
-#: ColorBrewer's sequential reds and blues (plotly's ``sequential.Reds`` and ``.Blues``).
+#: ColorBrewer's sequential reds and blues (plotly's ``sequential.Reds`` and ``.Blues``, written
+#: out: ``plotly.colors`` imports plotly's validators; the page test fails if they drift apart).
 REDS = _colorscale(["rgb(255,245,240)", "rgb(254,224,210)", "rgb(252,187,161)",
                     "rgb(252,146,114)", "rgb(251,106,74)", "rgb(239,59,44)", "rgb(203,24,29)",
                     "rgb(165,15,21)", "rgb(103,0,13)"])

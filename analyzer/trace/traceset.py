@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from pardiag.errors import TraceError
@@ -136,8 +137,6 @@ def stack_by_rank(tables) -> pd.DataFrame | None:
     replaced where the tables have that column, appended last where they do not. The same table
     as ``pd.concat([t.assign(rank=r) ...], ignore_index=True)`` without a copy of each rank's
     table. None when no table has a row."""
-    import numpy as np
-
     pairs = [(r, t) for r, t in tables if len(t)]
     if not pairs:
         return None
@@ -145,3 +144,18 @@ def stack_by_rank(tables) -> pd.DataFrame | None:
     out["rank"] = np.repeat(np.array([int(r) for r, _ in pairs], dtype=np.int64),
                             [len(t) for _, t in pairs])
     return out
+
+
+#: Tables without rows, one per schema (see :func:`empty_table`).
+_EMPTY_TABLES: dict = {}
+
+
+def empty_table(schema, build) -> pd.DataFrame:
+    """A table without rows of ``schema`` (any hashable key naming its columns and types),
+    ``build()`` called once per schema, then handed out as shallow copies: most ranks of most
+    runs have no all-to-all, pipeline chunk or send, and building their empty tables anew was a
+    third of loading a small summary. pandas' copy-on-write keeps a change to one copy from
+    reaching another."""
+    if schema not in _EMPTY_TABLES:
+        _EMPTY_TABLES[schema] = build()
+    return _EMPTY_TABLES[schema].copy(deep=False)

@@ -2,25 +2,8 @@
 
 from __future__ import annotations
 
-import statistics
-
 from ..context import RuleContext
 from ..types import Recommendation
-
-
-def replayed_ratio(cp, comm_scale: dict) -> float | None:
-    """The critical path replayed with some dimensions' transfers scaled (``{dim: factor}``;
-    dimensions with no transfer on the path's steps are left out): the median over steps of
-    the replayed step over the unchanged one, or None without a path or any such transfer."""
-    if cp is None or not cp.graphs:
-        return None
-    joined = {j.dim for g in cp.graphs for j in g.joins}
-    scale = {d: f for d, f in comm_scale.items() if d in joined}
-    if not scale:
-        return None
-    out = cp.replay(comm_scale=scale)
-    out = out[out["replay_us"] > 0]
-    return float(statistics.median(out["predicted_us"] / out["replay_us"])) if len(out) else None
 
 
 def placement(ctx: RuleContext) -> list[Recommendation]:
@@ -58,7 +41,8 @@ def placement(ctx: RuleContext) -> list[Recommendation]:
         _, e_mine = comm[dim]
         _, e_other = comm.get(other, (0.0, 0.0))
         formula = measured - e_mine * (1 - r) + e_other * (1 / r - 1)
-        ratio = replayed_ratio(ctx.critical_path, {dim: r, other: 1 / r})
+        ratio = (ctx.critical_path.comm_ratio({dim: r, other: 1 / r})
+                 if ctx.critical_path is not None else None)
         pred = measured * ratio if ratio is not None else formula
         how = (f"predicted by replaying the critical path with {dim}'s transfers × {r:.2f} and "
                f"{other}'s × {1 / r:.2f} (the exposed-communication formula gives "
