@@ -380,7 +380,9 @@ class ParsedFile:
 
 
 def _has_step_names(events: pd.DataFrame) -> bool:
-    return bool(events["name"].str.startswith("ProfilerStep").any()) if len(events) else False
+    """Whether an event's name starts ``ProfilerStep`` (each distinct name tested once)."""
+    return any(type(u) is str and u.startswith("ProfilerStep")
+               for u in pd.unique(events["name"])) if len(events) else False
 
 
 def parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[str, ...] = (),

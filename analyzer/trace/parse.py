@@ -22,8 +22,10 @@ access except :func:`read_trace_json`; no analysis.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
+import operator
 import re
 import zlib
 from collections.abc import Iterable
@@ -219,7 +221,7 @@ def _str_column(values: list) -> list[str]:
     types = set(map(type, values))
     if types <= {int, str}:
         table = {v: str(v) for v in set(values)}
-        return [table[v] for v in values]
+        return list(map(table.__getitem__, values))
     return [("" if v is None else str(v)) for v in values]
 
 
@@ -332,6 +334,7 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
     keep = [e for e in objs
             if (ph := e.get("ph")) == "X" or (ph == "i" and e.get("name") == "[memory]")]
     phs = [e["ph"] for e in keep]
+    argss = [a if type(a := e.get("args")) is dict else {} for e in keep]
     return _frame_from_columns(
         path, display_time_unit, thread_names, not_objects,
         names_raw=[e.get("name") for e in keep], cats_raw=[e.get("cat") for e in keep], phs=phs,
@@ -339,7 +342,9 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
         ts_raw=[e.get("ts") for e in keep],
         dur_raw=[e.get("dur") if ph == "X" else 0.0 for e, ph in zip(keep, phs)],
         no_dur=sum(1 for e, ph in zip(keep, phs) if ph == "X" and "dur" not in e),
-        argss=[a if type(a := e.get("args")) is dict else {} for e in keep])
+        arg_stream=[a.get("stream", _MISSING) for a in argss],
+        arg_queue=[a.get("sycl queue", _MISSING) for a in argss],
+        arg_corr=[a.get("correlation", -1) for a in argss], argss=argss)
 
 
 #: Metadata events that name a process (``pardiag merge`` and other tools name each rank's
@@ -361,6 +366,11 @@ def read_process_names(objs: list) -> dict[str, list[str]]:
     return out
 
 
+#: The ``args`` of a decoded event that has none (this very object: told apart by identity from
+#: an empty args object, and still an object when every event's args are decoded at once).
+_NO_ARGS = msgspec.Raw(b"{}")
+
+
 class _Event(msgspec.Struct, gc=False):
     """The fields of a trace event that pardiag reads; ``args`` stays undecoded JSON."""
 
@@ -371,39 +381,33 @@ class _Event(msgspec.Struct, gc=False):
     tid: object = msgspec.UNSET
     ts: object = None
     dur: object = msgspec.UNSET
-    args: msgspec.Raw = msgspec.Raw(b"")  # empty: the event has no args
+    args: msgspec.Raw = _NO_ARGS
 
 
 class _LiteArgs(msgspec.Struct, gc=False):
     """The args the event table reads from events whose other args it does not keep."""
 
     stream: object = msgspec.UNSET
-    correlation: object = msgspec.UNSET
+    correlation: object = -1
     sycl_queue: object = msgspec.field(default=msgspec.UNSET, name="sycl queue")
 
-    def get(self, key: str, default=None):
-        v = getattr(self, key.replace(" ", "_"), msgspec.UNSET)
-        return default if v is msgspec.UNSET else v
 
+#: An arg the event has not got (``stream``, ``sycl queue``).
+_MISSING = msgspec.UNSET
 
 _TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_LITE_DECODER = msgspec.json.Decoder(_LiteArgs)
+_LITE_LIST_DECODER = msgspec.json.Decoder(list[_LiteArgs])
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 _ANY_DECODER = msgspec.json.Decoder()
-#: Categories whose args are read (stream, correlation) whatever the event's name.
-_ARGS_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver",
-                        "Kernel", "Memcpy", "Memset", "Runtime", "Driver", "xpu_runtime",
-                        "xpu_driver", "mtia_runtime", "privateuse1_runtime", "privateuse1_driver",
-                        "hpu_runtime"})
 
 
 def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=None
                      ) -> tuple[dict, tuple] | None:
     """Strict-JSON fast path of reading a trace: the document's metadata and the
     :func:`events_frame` result, decoding only the event fields pardiag uses (msgspec; each
-    event's ``args`` is decoded only where it is read). ``raw`` is the decompressed file, or a
-    one-item list holding it: then the list is emptied on success so the bytes can be freed before
-    the table is built (and left as it was when None is returned).
+    event's ``args`` is decoded only where it is read, all at once). ``raw`` is the decompressed
+    file, or a one-item list holding it: then the list is emptied on success so the bytes can be
+    freed before the table is built (and left as it was when None is returned).
 
     Returns:
         ``(metadata, (events, thread_names, warnings, notes))``, or None when the file is not a
@@ -425,6 +429,34 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
     if holder is not None:
         holder.clear()  # the events' raw args still refer to the bytes until ``keep`` goes
     del raw
+    keep, thread_names, process_names = _split_events(evs)
+    del evs  # metadata and flow events: not needed any more
+    get = operator.attrgetter
+    names_raw = list(map(get("name"), keep))
+    phs = list(map(get("ph"), keep))
+    arg_cols = _fast_args(list(map(get("args"), keep)), names_raw)
+    unit = meta.get("displayTimeUnit", display_time_unit_default)
+    durs = list(map(get("dur"), keep))
+    if phs.count("X") == len(phs):
+        no_dur = durs.count(_MISSING)
+    else:  # [memory] instants: no duration
+        no_dur = sum(1 for d, ph in zip(durs, phs) if ph == "X" and d is _MISSING)
+        durs = [d if ph == "X" else 0.0 for d, ph in zip(durs, phs)]
+    cols = dict(
+        names_raw=names_raw, cats_raw=list(map(get("cat"), keep)), phs=phs,
+        pids_raw=[("" if p is _MISSING else p) for p in map(get("pid"), keep)],
+        tid_raw=[("" if t is _MISSING else t) for t in map(get("tid"), keep)],
+        ts_raw=list(map(get("ts"), keep)), dur_raw=durs, no_dur=no_dur, **arg_cols)
+    del keep, durs  # the structs, and with them the file's bytes
+    if process_names:
+        meta[PROCESS_NAMES_KEY] = process_names
+    return meta, _frame_from_columns(path, unit, thread_names, 0, **cols)
+
+
+def _split_events(evs: list) -> tuple[list, dict, dict[str, list[str]]]:
+    """The decoded events the table keeps (complete events and ``[memory]`` instants), the
+    thread names ``{(pid, tid): name}`` and process names ``{pid: [names]}`` of the metadata
+    events."""
     thread_names: dict = {}
     process_names: dict[str, list[str]] = {}
     keep = []
@@ -432,98 +464,118 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
         ph = e.ph
         if ph == "X" or (ph == "i" and e.name == "[memory]"):
             keep.append(e)
-        elif ph == "M" and e.name == "thread_name" and len(e.args):
+        elif ph == "M" and e.args is not _NO_ARGS and (
+                e.name == "thread_name" or (type(e.name) is str and e.name in _PROCESS_META)):
             a = _ANY_DECODER.decode(e.args)
-            if isinstance(a, dict):
-                pid = None if e.pid is msgspec.UNSET else e.pid
-                tid = None if e.tid is msgspec.UNSET else e.tid
+            if not isinstance(a, dict):
+                continue
+            pid = None if e.pid is _MISSING else e.pid
+            if e.name == "thread_name":
+                tid = None if e.tid is _MISSING else e.tid
                 thread_names[(str(pid), str(tid))] = str(a.get("name", ""))
-        elif ph == "M" and type(e.name) is str and e.name in _PROCESS_META and len(e.args):
-            a = _ANY_DECODER.decode(e.args)
-            if isinstance(a, dict):
-                pid = None if e.pid is msgspec.UNSET else e.pid
+            else:
                 process_names.setdefault(str(pid), []).append(
                     str(a.get("name", a.get("labels", ""))))
-    del evs  # metadata and flow events: not needed any more
-    names_raw = [e.name for e in keep]
-    keep_name = {}
-    for n in set(names_raw) if all(type(n) is str for n in names_raw) else ():
-        keep_name[n] = bool(_KEEP_ARGS_RE.search(n))
-    argss = []
-    for e, n in zip(keep, names_raw):
-        b = bytes(e.args)
-        if len(b) <= 2:
-            argss.append({})
-            continue
-        if type(e.cat) is not str or (keep_name.get(n, True) if type(n) is str else True):
-            a = _ANY_DECODER.decode(b)  # args kept whole (communication, memory), or odd input
-            argss.append(a if type(a) is dict else {})
-        elif (e.cat in _ARGS_CATS or b'"correlation"' in b or b'"stream"' in b
-              or b'"sycl queue"' in b):
-            try:
-                argss.append(_LITE_DECODER.decode(b))
-            except msgspec.ValidationError:  # args that are not an object
-                argss.append({})
-        else:
-            argss.append({})
-    phs = [e.ph for e in keep]
-    unit = meta.get("displayTimeUnit", display_time_unit_default)
-    cols = dict(
-        names_raw=names_raw, cats_raw=[e.cat for e in keep], phs=phs,
-        pids_raw=[("" if (p := e.pid) is msgspec.UNSET else p) for e in keep],
-        tid_raw=[("" if (t := e.tid) is msgspec.UNSET else t) for e in keep],
-        ts_raw=[e.ts for e in keep],
-        dur_raw=[e.dur if ph == "X" else 0.0 for e, ph in zip(keep, phs)],
-        no_dur=sum(1 for e, ph in zip(keep, phs) if ph == "X" and e.dur is msgspec.UNSET),
-        argss=argss)
-    del keep  # the structs, and with them the file's bytes
-    if process_names:
-        meta[PROCESS_NAMES_KEY] = process_names
-    return meta, _frame_from_columns(path, unit, thread_names, 0, **cols)
+    return keep, thread_names, process_names
+
+
+def _fast_args(raws: list, names_raw: list) -> dict:
+    """The arg columns of :func:`_frame_from_columns` from each kept event's undecoded args
+    (``b"{}"`` where it has none).
+
+    Every event's args are read for ``stream``, ``correlation`` and ``sycl queue`` in one decode
+    of all of them (one event at a time only when an args value is not a JSON object); those of
+    events whose name marks them as kept (communication, memory) are also decoded whole."""
+    n = len(raws)
+    if all(type(x) is str for x in names_raw):
+        kept = {x: bool(_KEEP_ARGS_RE.search(x)) for x in set(names_raw)}
+        full = list(map(kept.__getitem__, names_raw))
+    else:
+        full = [bool(_KEEP_ARGS_RE.search(str(x))) for x in names_raw]
+    argss: list = [{}] * n
+    try:
+        lites = _LITE_LIST_DECODER.decode(b"[" + b",".join(raws) + b"]")
+    except msgspec.ValidationError:  # an args value that is not an object: one at a time
+        lites = None
+    if lites is not None:
+        get = operator.attrgetter
+        stream = list(map(get("stream"), lites))
+        queue = list(map(get("sycl_queue"), lites))
+        corr = list(map(get("correlation"), lites))
+        del lites
+        todo = [i for i in itertools.compress(range(n), full) if len(raws[i]) > 2]
+    else:
+        stream, queue, corr = [_MISSING] * n, [_MISSING] * n, [-1] * n
+        todo = [i for i in range(n) if len(raws[i]) > 2]
+    for i in todo:
+        a = _ANY_DECODER.decode(raws[i])
+        if type(a) is dict:
+            if full[i]:
+                argss[i] = a
+            stream[i] = a.get("stream", _MISSING)
+            queue[i] = a.get("sycl queue", _MISSING)
+            corr[i] = a.get("correlation", -1)
+    return dict(arg_stream=stream, arg_queue=queue, arg_corr=corr, argss=argss)
 
 
 def _normalize_cats(cats_raw: list) -> list[str]:
-    cat_table: dict = {}
-    cats = []
+    try:
+        table = {c: _CAT_ALIASES.get(low := str(c or "").lower(), low) for c in set(cats_raw)}
+    except TypeError:  # unhashable categories
+        table = None
+    if table is not None:
+        return list(map(table.__getitem__, cats_raw))
+    out = []
     for c in cats_raw:
-        try:
-            cats.append(cat_table[c])
-        except (KeyError, TypeError):
-            low = str(c or "").lower()
-            norm = _CAT_ALIASES.get(low, low)
-            try:
-                cat_table[c] = norm
-            except TypeError:  # unhashable
-                pass
-            cats.append(norm)
-    return cats
+        low = str(c or "").lower()
+        out.append(_CAT_ALIASES.get(low, low))
+    return out
+
+
+def _gpu_streams(gpu: np.ndarray, arg_stream, arg_queue, tid_raw: list) -> np.ndarray:
+    """int64 stream of each event: for GPU events the ``stream`` arg (CUDA/HIP), else the
+    ``sycl queue`` arg (Intel XPU), else an integer ``tid``, else a ``"stream 7"`` tid (the legacy
+    format); -1 for the other events and where none of these is a number."""
+    n = len(gpu)
+    streams = np.full(n, -1, dtype=np.int64)
+    idx = np.flatnonzero(gpu)
+    if not len(idx):
+        return streams
+    vals = []
+    for i in idx:
+        s, q, t = arg_stream[i], arg_queue[i], tid_raw[i]
+        vals.append(s if s is not _MISSING else q if q is not _MISSING
+                    else t if type(t) is int else None)
+    sub = _int_column(vals)
+    for j in np.flatnonzero(sub == -1):
+        i = idx[j]
+        s = arg_stream[i]
+        sub[j] = _int_or(None if s is _MISSING else s, _int_or(tid_raw[i]))
+    streams[idx] = sub
+    return streams
 
 
 def _frame_from_columns(path, display_time_unit, thread_names, not_objects, *, names_raw,
-                        cats_raw, phs, pids_raw, tid_raw, ts_raw, dur_raw, no_dur, argss):
-    """:func:`events_frame` from the raw field values of the kept events (one list per field;
-    ``argss`` holds dicts, ``{}`` where an event has none)."""
+                        cats_raw, phs, pids_raw, tid_raw, ts_raw, dur_raw, no_dur, arg_stream,
+                        arg_queue, arg_corr, argss):
+    """:func:`events_frame` from the raw field values of the kept events (one list or object
+    array per field: ``arg_stream``/``arg_queue`` hold :data:`_MISSING` where an event's args
+    have no such key, ``arg_corr`` -1; ``argss`` holds the args dicts, ``{}`` where an event has
+    none or they were not decoded whole)."""
     names = _str_column(names_raw)
     cats = _normalize_cats(cats_raw)
     pids = _str_column(pids_raw)
     tids = _str_column(tid_raw)
     ts, ts_str = _float_column(ts_raw)
     dur, dur_str = _float_column(dur_raw)
-    is_gpu = [c in GPU_CATS for c in cats]
-    # the stream (CUDA/HIP), else the SYCL queue (Intel XPU), else an integer tid
-    streams = _int_column([(a.get("stream", a.get("sycl queue", t if type(t) is int else None))
-                            if g else -1) for a, g, t in zip(argss, is_gpu, tid_raw)])
-    if any(is_gpu):
-        # "stream 7" tids of the legacy format, where args carry no stream
-        bad = [i for i, (g, s) in enumerate(zip(is_gpu, streams)) if g and s == -1]
-        for i in bad:
-            streams[i] = _int_or(argss[i].get("stream"), _int_or(tid_raw[i]))
-    corrs = _int_column([a.get("correlation", -1) for a in argss])
+    gpu_cat = {c: c in GPU_CATS for c in set(cats)}
+    is_gpu = np.fromiter(map(gpu_cat.__getitem__, cats), bool, len(cats))
+    streams = _gpu_streams(is_gpu, arg_stream, arg_queue, tid_raw)
+    corrs = _int_column(list(arg_corr))
     keep_args = {n: bool(_KEEP_ARGS_RE.search(n)) for n in set(names)}
     kept_args = [a if (a and keep_args[n]) else None for a, n in zip(argss, names)]
-
     df = pd.DataFrame({
-        "name": pd.Series(names, dtype=object), "cat": pd.Series(cats, dtype=object),
+        "name": pd.Series(names, dtype=object), "cat": pd.Series(pd.Categorical(cats), dtype="category"),
         "ph": pd.Series(phs, dtype=object), "pid": pd.Series(pids, dtype=object),
         "tid": pd.Series(tids, dtype=object),
         "ts": ts, "dur": dur, "stream": streams, "correlation": corrs,
