@@ -98,6 +98,7 @@ DTENSOR_EVENTS = frozenset({"Redistribute", "RedistributeBackward", "NestedRedis
                             "_FromTorchTensor", "_ToTorchTensor"})
 #: The event torch's profiler records around a tensor subclass's ``__torch_dispatch__``.
 SUBCLASS_DISPATCH = "PythonSubclass"
+_DTENSOR_NAMES = DTENSOR_EVENTS | {SUBCLASS_DISPATCH}
 
 #: What each part is, in words (terminal, HTML, straggler evidence).
 PART_LABELS = {
@@ -128,6 +129,15 @@ FORWARD_RE = re.compile(r"forward", re.IGNORECASE)
 def _iv(ev: pd.DataFrame) -> np.ndarray:
     ts = ev["ts"].to_numpy(dtype=float)
     return iv.union(ts, ts + ev["dur"].to_numpy(dtype=float))
+
+
+def _iv_of(trace: RankTrace, mask: np.ndarray) -> np.ndarray:
+    """:func:`_iv` of the events of ``trace`` where ``mask`` (bool per event) holds, without
+    taking the rows out of the event table."""
+    ts, end = cached(trace, "ts_end", lambda: (
+        trace.events["ts"].to_numpy(dtype=float),
+        (trace.events["ts"] + trace.events["dur"]).to_numpy(dtype=float)))
+    return iv.union(ts[mask], end[mask])
 
 
 def rank_causes(trace: RankTrace) -> pd.DataFrame:
@@ -256,13 +266,13 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
     named = functools.partial(_named, trace)
     moving = transport(trace)  # transfers in flight: workers' events, async isend spans
     host = _host(trace, kinds)
-    k = kinds.to_numpy()
+    is_cpu_comm = (kinds == Kind.CPU_COMM.value).to_numpy()
     is_sync = host & named("sync", SYNC_RE)
     is_runtime = cat.isin(["cuda_runtime", "cuda_driver"]).to_numpy()
     sets = {
         "data_loading_us": host & named("dataloader", DATALOADER_RE),
         "sync_us": is_sync,
-        "comm_us": host & ((k == Kind.CPU_COMM.value) | named("comm_wait", COMM_WAIT_RE)),
+        "comm_us": host & (is_cpu_comm | named("comm_wait", COMM_WAIT_RE)),
         "launch_us": host & is_runtime & ~is_sync,
         "optimizer_us": host & named("optimizer", OPTIMIZER_RE),
         "backward_us": host & named("backward", BACKWARD_RE),
@@ -273,7 +283,7 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
     unmarked = unmarked_waits(trace)
     parts, taken = {}, iv.EMPTY.copy()
     for name, mask in sets.items():
-        own = _iv(ev[mask])
+        own = _iv_of(trace, mask)
         if name == "comm_us" and len(unmarked):
             own = iv.merge(own, unmarked)
         own = iv.subtract(own, taken)
@@ -283,14 +293,16 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
     # gloo waits for its buckets' all-reduces at the end of the backward in no op; a pipeline
     # waits for its async sends at the step's end); the work the thread does meanwhile is its
     # own part
-    in_flight = moving & (k == Kind.CPU_COMM.value)
-    parts["comm_us"] = iv.merge(parts["comm_us"], iv.subtract(_iv(ev[in_flight]), taken))
+    in_flight = moving & is_cpu_comm
+    parts["comm_us"] = iv.merge(parts["comm_us"], iv.subtract(_iv_of(trace, in_flight), taken))
     gpu = trace.has_gpu
     if gpu:
         dev = _device_sets(trace, kinds)
-    dtensor = iv.subtract(dtensor_intervals(ev[host]), _iv(ev[host & named("optimizer",
-                                                                           OPTIMIZER_RE)]))
-    fsdp = _iv(ev[host & named("fsdp", FSDP_RE)])
+    dtensor = (iv.subtract(dtensor_intervals(ev[host]),
+                           _iv_of(trace, host & named("optimizer", OPTIMIZER_RE)))
+               if (host & name_test(trace, ("causes", "dtensor"), _DTENSOR_NAMES.__contains__)
+                   ).any() else iv.EMPTY.copy())
+    fsdp = _iv_of(trace, host & named("fsdp", FSDP_RE))
     rows = []
     for step, lo, hi in steps[["step", "start_us", "end_us"]].itertuples(index=False):
         row = {"step": int(step), "start_us": float(lo), "end_us": float(hi),
@@ -349,7 +361,6 @@ def _device_sets(trace: RankTrace, kinds: pd.Series) -> dict:
     dev_mask = kinds.isin([Kind.GPU_COMPUTE.value, Kind.GPU_COMM.value,
                            Kind.GPU_MEMORY.value]).to_numpy()
     kern = ev[dev_mask]
-    kk = kinds[dev_mask].to_numpy()
     rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]).to_numpy()
             & (ev["correlation"] >= 0).to_numpy()]
     launch = pd.Series(rt["ts"].to_numpy(dtype=float), index=rt["correlation"].to_numpy())
@@ -357,9 +368,9 @@ def _device_sets(trace: RankTrace, kinds: pd.Series) -> dict:
     lt = launch.reindex(kern["correlation"].to_numpy()).to_numpy(dtype=float)
     start = kern["ts"].to_numpy(dtype=float)
     order = np.argsort(start, kind="stable")
-    return {"k": _iv(kern[kk == Kind.GPU_COMPUTE.value]),
-            "m": _iv(kern[kk == Kind.GPU_MEMORY.value]),
-            "c": _iv(kern[kk == Kind.GPU_COMM.value]),
+    return {"k": _iv_of(trace, (kinds == Kind.GPU_COMPUTE.value).to_numpy()),
+            "m": _iv_of(trace, (kinds == Kind.GPU_MEMORY.value).to_numpy()),
+            "c": _iv_of(trace, (kinds == Kind.GPU_COMM.value).to_numpy()),
             "start": start[order], "launch": lt[order]}
 
 

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
-from ..trace.classify import STEP_RE, Kind, cached, classify
+from ..trace.classify import STEP_RE, Kind, cached, classify, name_test
 from ..trace.traceset import RankTrace, TraceSet, empty_table
 from .comm_events import AMBIGUOUS_GROUP, SCALAR_BYTES
 from .mesh import dim_of, mesh_dims, role_of
@@ -201,21 +201,19 @@ def rank_marks(trace: RankTrace) -> RankMarks:
 def _rank_marks(trace: RankTrace) -> RankMarks:
     ev = trace.events
     names = ev["name"]
-    cat = ev["cat"].to_numpy()
-    cpu = np.isin(cat, ["cpu_op", "user_annotation"])
-    counts = {}
-    uniq = pd.unique(names)
-    for key, rx in _MARKER_RES.items():
-        hit = {u for u in uniq if isinstance(u, str) and rx.search(u)}
-        counts[key] = int((names.isin(hit).to_numpy() & cpu).sum()) if hit else 0
-    steps = [(int(m.group(1)), float(t), float(t + d)) for n, t, d in
-             zip(names[cpu], ev["ts"][cpu], ev["dur"][cpu]) if (m := STEP_RE.match(n))]
+    cat = ev["cat"]
+    cpu = cat.isin(["cpu_op", "user_annotation"]).to_numpy()
+    counts = {key: int((name_test(trace, ("marker", key), rx.search) & cpu).sum())
+              for key, rx in _MARKER_RES.items()}
+    is_step = cpu & name_test(trace, "step", STEP_RE.match)
+    steps = [(int(STEP_RE.match(n).group(1)), float(t), float(t + d)) for n, t, d in
+             zip(names[is_step], ev["ts"][is_step], ev["dur"][is_step])]
 
     # point-to-point calls
     p2p_rows = []
     dim0: dict[int, int] = {}
-    sel = cpu & names.isin({u for u in uniq if isinstance(u, str) and (
-        _P2P_OP_RE.match(u) or u == "record_param_comms")}).to_numpy()
+    sel = cpu & name_test(trace, "p2p_op", lambda u: bool(
+        _P2P_OP_RE.match(u) or u == "record_param_comms"))
     for n, t, d, a in zip(names[sel], ev["ts"][sel], ev["dur"][sel], ev["args"][sel]):
         if n == "record_param_comms":
             op = _P2P_NCCL.get(str((a or {}).get("Collective name", "")).lower()) \
@@ -230,24 +228,24 @@ def _rank_marks(trace: RankTrace) -> RankMarks:
     p2p["step"] = _step_of(p2p["start_us"].to_numpy(), steps)
 
     # per-microbatch ranges: the device timeline's copies when there are any
-    rng = names.isin({u for u in uniq if isinstance(u, str) and (
-        _GPIPE_RE.match(u) or _ACTION_RE.match(u))}).to_numpy()
-    gpu_rng = rng & (cat == "gpu_user_annotation")
+    rng = name_test(trace, "pipeline_range", lambda u: bool(_GPIPE_RE.match(u)
+                                                            or _ACTION_RE.match(u)))
+    gpu_rng = rng & (cat == "gpu_user_annotation").to_numpy()
     device = bool(gpu_rng.any())
-    rng = gpu_rng if device else rng & (cat == "user_annotation")
+    rng = gpu_rng if device else rng & (cat == "user_annotation").to_numpy()
     # busy part of a CPU range: from the end of the wait for its input (a receive or wait that
     # ends inside it while it computes little) to the end of its last computation
-    kinds = classify(trace).to_numpy()
-    comp = ev[kinds == Kind.CPU_COMPUTE.value]
-    blocking = ev[((kinds == Kind.CPU_COMM.value) & (cat == "cpu_op"))
-                  | (kinds == Kind.CPU_WAIT.value)]
+    kinds = classify(trace)
+    is_wait = (kinds == Kind.CPU_WAIT.value).to_numpy()
+    comp = ev[(kinds == Kind.CPU_COMPUTE.value).to_numpy()]
+    blocking = ev[((kinds == Kind.CPU_COMM.value).to_numpy() & (cat == "cpu_op").to_numpy())
+                  | is_wait]
     k = iv.subtract(iv.union(comp["ts"].to_numpy(dtype=float),
                              (comp["ts"] + comp["dur"]).to_numpy(dtype=float)),
                     iv.union(blocking["ts"].to_numpy(dtype=float),
                              (blocking["ts"] + blocking["dur"]).to_numpy(dtype=float)))
-    recv = names.isin({u for u in uniq if isinstance(u, str) and _RECV_RE.match(u)}).to_numpy()
-    waits = ev[(recv & np.isin(cat, ["cpu_op", "user_annotation"]))
-               | (kinds == Kind.CPU_WAIT.value)]
+    recv = name_test(trace, "recv", _RECV_RE.match)
+    waits = ev[(recv & cpu) | is_wait]
     wait_end = (waits["ts"] + waits["dur"]).to_numpy(dtype=float)
     rows = []
     for n, t, d in zip(names[rng], ev["ts"][rng], ev["dur"][rng]):

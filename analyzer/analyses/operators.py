@@ -22,6 +22,7 @@ stays comparable between runs of different world sizes and numbers of profiled s
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pandas as pd
@@ -35,7 +36,7 @@ OPERATOR_COLUMNS = ("kind", "name", "ranks", "count", "time_us", "per_step_us")
 #: Most rows of the run's table written to the JSON summary (the most time first); a name below
 #: them took less time than every name listed.
 MAX_JSON_OPERATORS = 2000
-_STEP_RE = r"^ProfilerStep\s*#\s*\d+"
+_STEP_NUM_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 
 
 def _empty() -> pd.DataFrame:
@@ -56,15 +57,19 @@ def operators_of_events(events: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     if events is None or events.empty:
         return _empty(), 0
     cat = events["cat"]
-    names = events["name"].astype(str)
-    is_step = cat.isin(["user_annotation", "cpu_op"]) & names.str.match(_STEP_RE)
-    steps = events[is_step]
-    n_steps = int(names[is_step].str.extract(r"(\d+)", expand=False).nunique())
-    gpu = events[cat.isin(list(GPU_CATS))]
-    cpu = events[(cat == "cpu_op") & ~is_step]
-    if len(steps) and len(cpu):
-        win = np.sort(np.stack([steps["ts"].to_numpy(float),
-                                (steps["ts"] + steps["dur"]).to_numpy(float)], axis=1), axis=0)
+    # each distinct name once: its text, whether it is a step, the step's number
+    codes, uniques = pd.factorize(events["name"], use_na_sentinel=False)
+    text = [str(u) for u in uniques]
+    step_no = [m.group(1) if (m := _STEP_NUM_RE.match(t)) else None for t in text]
+    is_step = (cat.isin(["user_annotation", "cpu_op"]).to_numpy()
+               & np.array([x is not None for x in step_no], dtype=bool)[codes])
+    n_steps = len({step_no[c] for c in np.unique(codes[is_step])})
+    gpu = cat.isin(list(GPU_CATS)).to_numpy()
+    cpu = (cat == "cpu_op").to_numpy() & ~is_step
+    if is_step.any() and cpu.any():
+        s_ts = events["ts"].to_numpy(float)[is_step]
+        win = np.sort(np.stack([s_ts, s_ts + events["dur"].to_numpy(float)[is_step]], axis=1),
+                      axis=0)
         # merge overlapping windows, then keep the ops that start inside one
         lo, hi = [], []
         for a, b in win:
@@ -73,18 +78,23 @@ def operators_of_events(events: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             else:
                 lo.append(a)
                 hi.append(b)
-        ts = cpu["ts"].to_numpy(float)
+        ts = events["ts"].to_numpy(float)[cpu]
         i = np.searchsorted(np.asarray(lo), ts, side="right") - 1
-        inside = (i >= 0) & (ts < np.asarray(hi)[np.clip(i, 0, None)])
-        cpu = cpu[inside]
+        cpu[cpu] = (i >= 0) & (ts < np.asarray(hi)[np.clip(i, 0, None)])
+    # names whose text is equal are one operator
+    name_id, names = pd.factorize(pd.Series(text, dtype=object), use_na_sentinel=False)
+    dur = events["dur"].to_numpy(float)
     parts = []
-    for kind, ev in (("gpu", gpu), ("cpu", cpu)):
-        if len(ev):
-            g = (ev.assign(name=ev["name"].astype(str), dur=ev["dur"].astype(float))
-                 .groupby("name", sort=False)["dur"].agg(["size", "sum"]).reset_index())
-            parts.append(pd.DataFrame({"kind": kind, "name": g["name"],
-                                       "count": g["size"].astype(np.int64),
-                                       "time_us": g["sum"].astype(float)}))
+    for kind, sel in (("gpu", gpu), ("cpu", cpu)):
+        if sel.any():
+            ids = name_id[codes[sel]]
+            count = np.bincount(ids, minlength=len(names))
+            total = np.bincount(ids, weights=dur[sel], minlength=len(names))
+            has = np.flatnonzero(count)
+            parts.append(pd.DataFrame({"kind": kind,
+                                       "name": pd.Series(names[has], dtype=str),
+                                       "count": count[has].astype(np.int64),
+                                       "time_us": total[has].astype(float)}))
     if not parts:
         return _empty(), n_steps
     out = pd.concat(parts, ignore_index=True)

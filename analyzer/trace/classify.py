@@ -141,19 +141,25 @@ def classify(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = ()) -> pd.S
     """Kind of every event of ``trace``.
 
     Returns:
-        Series of :class:`Kind` values (as strings), aligned with ``trace.events``. Computed
-        once per trace and pattern list (see :func:`cached`).
+        categorical Series of :class:`Kind` values (as strings; every kind a category), aligned
+        with ``trace.events``. Computed once per trace and pattern list (see :func:`cached`).
     """
     comm_patterns = list(comm_patterns)
     return cached(trace, ("classify", pattern_key(comm_patterns)),
                   lambda: _classify(trace, comm_patterns))
 
 
+#: The categories of :func:`classify`'s result, in :class:`Kind`'s order.
+_KIND_VALUES = [k.value for k in Kind]
+_CODE = {k: i for i, k in enumerate(Kind)}
+
+
 def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
     ev = trace.events
     name = ev["name"]
     cat = ev["cat"]
-    kind = np.full(len(ev), Kind.OTHER.value, dtype=object)
+    # category codes (compared as small integers, not strings)
+    kind = np.full(len(ev), _CODE[Kind.OTHER], dtype=np.int8)
 
     is_kernel = (cat == "kernel").to_numpy()
     is_gpu_mem = (cat.isin(["gpu_memcpy", "gpu_memset"]).to_numpy()
@@ -162,24 +168,26 @@ def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
     for pat in comm_patterns:
         user = user | name_test(trace, ("pattern", pat.pattern), pat.search)
     comm_k = name_test(trace, "gpu_comm", GPU_COMM_RE.search) | user
-    kind[is_kernel] = Kind.GPU_COMPUTE.value
-    kind[is_kernel & comm_k] = Kind.GPU_COMM.value
-    kind[is_gpu_mem] = Kind.GPU_MEMORY.value
-    kind[is_gpu_mem & user] = Kind.GPU_COMM.value  # copy-engine communication named by the user
+    kind[is_kernel] = _CODE[Kind.GPU_COMPUTE]
+    kind[is_kernel & comm_k] = _CODE[Kind.GPU_COMM]
+    kind[is_gpu_mem] = _CODE[Kind.GPU_MEMORY]
+    kind[is_gpu_mem & user] = _CODE[Kind.GPU_COMM]  # copy-engine communication named by the user
 
     cpu_side = cat.isin(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]).to_numpy()
     is_comm = cpu_side & name_test(trace, "cpu_comm", CPU_COMM_RE.match)
     is_wait = cpu_side & name_test(trace, "cpu_wait", CPU_WAIT_RE.match)
     on_comm_thread = on_threads(ev, comm_threads(trace))
     is_cpu_op = (cat == "cpu_op").to_numpy()
-    kind[is_cpu_op & ~on_comm_thread] = Kind.CPU_COMPUTE.value
-    kind[is_comm] = Kind.CPU_COMM.value
-    kind[is_wait] = Kind.CPU_WAIT.value  # c10d::wait, wait_tensor: waiting, not transferring
+    kind[is_cpu_op & ~on_comm_thread] = _CODE[Kind.CPU_COMPUTE]
+    kind[is_comm] = _CODE[Kind.CPU_COMM]
+    kind[is_wait] = _CODE[Kind.CPU_WAIT]  # c10d::wait, wait_tensor: waiting, not transferring
     is_step = (cat.isin(["user_annotation", "cpu_op"]).to_numpy()
                & name_test(trace, "step", STEP_RE.match))
-    kind[is_step] = Kind.STEP.value
-    kind[(ev["ph"] == "i").to_numpy() & (name == "[memory]").to_numpy()] = Kind.MEMORY.value
-    return pd.Series(kind, index=ev.index, name="kind")
+    kind[is_step] = _CODE[Kind.STEP]
+    kind[(ev["ph"] == "i").to_numpy() & name_test(trace, "memory", "[memory]".__eq__)] = \
+        _CODE[Kind.MEMORY]
+    return pd.Series(pd.Categorical.from_codes(kind, categories=_KIND_VALUES), index=ev.index,
+                     name="kind")
 
 
 def on_threads(ev: pd.DataFrame, threads) -> np.ndarray:
