@@ -65,7 +65,7 @@ from .analyses.operators import operators_of_events
 from .trace.classify import classify, profiler_steps
 from .trace.comm_records import all_to_all_ops
 from .trace.load import default_workers, find_trace_files, parse_file, parse_files
-from .trace.traceset import RankTrace, empty_table
+from .trace.traceset import ColumnTable, RankTrace, StoredTable, empty_table, table_from_columns
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
 SUMMARY_VERSION = 13
@@ -147,16 +147,22 @@ class RankSummary:
     has_gpu: bool
     parts: object
     breakdown: tuple
-    comm: pd.DataFrame
-    steps: pd.DataFrame
-    memory: pd.DataFrame
+    comm: pd.DataFrame = StoredTable()
+    steps: pd.DataFrame = StoredTable()
+    memory: pd.DataFrame = StoredTable()
     marks: object = None
-    operators: pd.DataFrame | None = None
+    operators: pd.DataFrame | None = StoredTable(None)
     operator_steps: int = 0
-    a2a: pd.DataFrame | None = None
-    causes: pd.DataFrame | None = None
+    a2a: pd.DataFrame | None = StoredTable(None)
+    causes: pd.DataFrame | None = StoredTable(None)
     data_loading: np.ndarray | None = None
     launch_edges: LaunchEdges | None = None
+
+    def stored(self, name: str):
+        """The table ``name`` (``comm``, ``steps``, ``memory``, ``operators``, ``a2a``,
+        ``causes``) as held: a DataFrame, a not yet built
+        :class:`~pardiag.analyzer.trace.traceset.ColumnTable`, or None."""
+        return self.__dict__["_table_" + name]
 
     def matches(self, comm_patterns: Iterable) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""
@@ -224,27 +230,16 @@ def _frame_json(df: pd.DataFrame) -> dict:
 def _frame_from(d: dict) -> pd.DataFrame:
     if d["data"] and not len(d["data"][0]):
         return empty_table(("summary", tuple(d["columns"]), tuple(d["dtypes"])),
-                           lambda: _build_frame(d))
-    return _build_frame(d)
+                           lambda: table_from_columns(d["columns"], d["dtypes"], d["data"]))
+    return table_from_columns(d["columns"], d["dtypes"], d["data"])
 
 
-def _build_frame(d: dict) -> pd.DataFrame:
-    # numeric columns as numpy arrays, not Series: a report of many ranks builds thousands of
-    # these tables (object columns stay Series: pandas would read an object array of strings
-    # as its string dtype)
-    cols = {}
-    for c, t, vals in zip(d["columns"], d["dtypes"], d["data"]):
-        if t == "object":
-            cols[c] = pd.Series(vals, dtype=object)
-        elif t.startswith(("int", "uint")) and None in vals:
-            cols[c] = np.array([np.nan if v is None else v for v in vals], dtype=float)
-        elif t.startswith(("float", "int", "uint", "bool")):
-            cols[c] = np.array([np.nan if v is None else v for v in vals] if None in vals
-                               else vals, dtype=t)
-        else:
-            cols[c] = pd.Series(vals)
-    # the columns are new arrays, in order: no copy, no selection (half the cost of a table)
-    return pd.DataFrame(cols, copy=False)
+def _table_from(d: dict):
+    """A stored table: the shared empty DataFrame of its schema when it has no rows, else its
+    columns as a :class:`ColumnTable` (built when first read)."""
+    if d["data"] and not len(d["data"][0]):
+        return _frame_from(d)
+    return ColumnTable(d["columns"], d["dtypes"], d["data"])
 
 
 def to_json(s: RankSummary) -> bytes:
@@ -316,8 +311,10 @@ def from_json(data: bytes) -> RankSummary:
     if doc.get("code") != code_fingerprint():
         raise ValueError("summary made by another version of pardiag's analyzer")
     p = doc["parts"]
-    comm_ev = _frame_from(p["comm_events"])
-    comm_ev["args"] = None
+    ce = p["comm_events"]  # written without its args: read back with them all None
+    comm_ev = _table_from({"columns": [*ce["columns"], "args"], "dtypes": [*ce["dtypes"], "object"],
+                           "data": [*ce["data"], [None] * (len(ce["data"][0]) if ce["data"]
+                                                           else 0)]})
     parts = RankParts(p["domain"], _intervals(p["k"]), _intervals(p["c"]), float(p["lo"]),
                        float(p["hi"]), [(int(a), float(b), float(c)) for a, b, c in
                                         p["step_windows"]], comm_ev)
@@ -332,13 +329,13 @@ def from_json(data: bytes) -> RankSummary:
         breakdown=(_nan_row(doc["breakdown"]["total"]),
                    [_nan_row(r) for r in doc["breakdown"]["steps"]],
                    [_nan_row(r) for r in doc["breakdown"]["collectives"]]),
-        comm=_frame_from(doc["comm"]),
-        steps=_frame_from(doc["steps"]), memory=_frame_from(doc["memory"]),
+        comm=_table_from(doc["comm"]),
+        steps=_table_from(doc["steps"]), memory=_table_from(doc["memory"]),
         marks=RankMarks.from_json(doc["marks"]) if doc.get("marks") else None,
-        operators=_frame_from(doc["operators"]) if doc.get("operators") else None,
+        operators=_table_from(doc["operators"]) if doc.get("operators") else None,
         operator_steps=int(doc.get("operator_steps") or 0),
-        a2a=_frame_from(doc["a2a"]) if doc.get("a2a") else None,
-        causes=_frame_from(doc["causes"]) if doc.get("causes") else None,
+        a2a=_table_from(doc["a2a"]) if doc.get("a2a") else None,
+        causes=_table_from(doc["causes"]) if doc.get("causes") else None,
         data_loading=_intervals(doc["data_loading"]) if doc.get("data_loading") is not None
         else None,
         launch_edges=_launch_edges(doc.get("launch_edges")))

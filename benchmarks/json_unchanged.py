@@ -11,7 +11,10 @@ once before and once after, compared key by key.
 passed through ``plotly.graph_objects.Figure`` and its typed arrays decoded, so a figure written
 as a plain dict and the same figure built with plotly's objects compare equal), and
 ``<set>__<name>.page.html``: the page without its time stamp and figure data (compared
-exactly). ``compare``
+exactly). With ``--from-summaries`` each report is a second one, read from the summaries a
+first report stored (what a user's second ``pardiag report`` does); compared with a ``write``
+without it, this shows that a summary's round trip through its JSON changes nothing.
+``compare``
 prints every path whose value differs between two such folders (floats equal to 1e-9
 relative; the timing fields of :data:`TIMING_KEYS` skipped) and exits 1 when any does. Speed
 work must leave it silent.
@@ -94,15 +97,36 @@ def page_text(html: str) -> str:
                   r"\1\2", html, flags=re.S)
 
 
-def write(out: Path) -> None:
+def write(out: Path, from_summaries: bool = False) -> None:
+    import os
+    import shutil
     import tempfile
 
     from pardiag.analyzer.report.registry import report_json
+    from pardiag.layout import SUMMARY_DIR
     from pardiag.api import analyze
 
     out.mkdir(parents=True, exist_ok=True)
     for name, folder in inputs():
-        rep = analyze(folder, cache=False)
+        if from_summaries:
+            # a second report, from the summaries the first one stored: beside the traces
+            # where the folder is writable (removed after), else in a cache folder of its own
+            mine = not (folder / SUMMARY_DIR).exists()
+            with tempfile.TemporaryDirectory() as cache:
+                old = os.environ.get("PARDIAG_CACHE_DIR")
+                os.environ["PARDIAG_CACHE_DIR"] = cache
+                try:
+                    analyze(folder, cache=True)
+                    rep = analyze(folder, cache=True)
+                finally:
+                    os.environ.pop("PARDIAG_CACHE_DIR") if old is None else \
+                        os.environ.__setitem__("PARDIAG_CACHE_DIR", old)
+                    if mine:
+                        shutil.rmtree(folder / SUMMARY_DIR, ignore_errors=True)
+                if not any(t.summary is not None for t in rep.traces.ranks.values()):
+                    raise SystemExit(f"{name}: the second report did not read summaries")
+        else:
+            rep = analyze(folder, cache=False)
         doc = report_json(rep)
         (out / f"{name}.json").write_text(json.dumps(doc, sort_keys=True, indent=1,
                                                      default=str))
@@ -163,12 +187,14 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write")
     w.add_argument("out", type=Path)
+    w.add_argument("--from-summaries", action="store_true",
+                   help="report each input from the summaries a first report stored")
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     args = ap.parse_args()
     if args.cmd == "write":
-        write(args.out)
+        write(args.out, args.from_summaries)
         return 0
     return compare(args.before, args.after)
 

@@ -15,6 +15,7 @@ from pardiag.analyzer import summary as sm
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.trace import load_traces
+from pardiag.analyzer.trace.traceset import ColumnTable, stack_by_rank, table_from_columns
 
 from .paths import REPO
 
@@ -81,6 +82,61 @@ def test_summary_json_round_trip_is_exact(tmp_path):
     assert np.array_equal(a.host_syncs, b.host_syncs) and a.latency_us == b.latency_us
 
 
+def test_summary_tables_are_built_when_first_read(tmp_path):
+    """A summary read from JSON holds its tables as columns until one is read; then the table
+    equals the one written, is built once, and survives pickling (worker processes)."""
+    import pickle
+
+    run = write_run(tmp_path / "run", ranks=2, mb=0.02, layers=8)
+    s = sm.summarize_trace(load_traces(run).ranks[1])
+    back = sm.from_json(sm.to_json(s))
+    for name in ("comm", "steps", "memory", "operators", "causes"):
+        assert type(back.stored(name)) is ColumnTable, name
+    assert type(back.parts.__dict__["_table_comm_events"]) is ColumnTable
+    again = pickle.loads(pickle.dumps(back))
+    assert type(again.stored("comm")) is ColumnTable
+    for name in ("comm", "steps", "memory", "operators", "causes"):
+        built = getattr(back, name)
+        assert built.equals(getattr(s, name)), name
+        assert getattr(back, name) is built and back.stored(name) is not built
+        assert getattr(again, name).equals(built), name
+    assert back.parts.comm_events.drop(columns="args").equals(s.parts.comm_events.drop(
+        columns=["args", "issuer_record"], errors="ignore").reset_index(drop=True))
+    assert back.parts.comm_events["args"].isna().all()
+
+
+def _column_table(df):
+    doc = orjson.loads(orjson.dumps(sm._frame_json(df), option=orjson.OPT_SERIALIZE_NUMPY))
+    return ColumnTable(doc["columns"], doc["dtypes"], doc["data"])
+
+
+def test_stacking_column_tables_gives_the_concatenated_frames():
+    """Column tables of ranks stacked as joined lists give the table pandas' concat of the
+    ranks' own tables gives: an integer column missing a value on one rank turns float on all,
+    a text column all missing on one rank (object there) and a mix with DataFrames fall back to
+    concat."""
+    import pandas as pd
+
+    a = pd.DataFrame({"seq": [1, 2], "pg": ["0", "1"], "start_us": [1.5, 2.5],
+                      "peer": [None, 3], "ok": [True, False]})
+    b = pd.DataFrame({"seq": [3], "pg": ["2"], "start_us": [np.nan], "peer": ["x"],
+                      "ok": [True]})
+    c = a.assign(seq=[4.0, np.nan])  # float in JSON: a missing value
+    tables = [(0, _column_table(a)), (1, _column_table(b)), (5, _column_table(c))]
+    expected = pd.concat([t.frame().assign(rank=r) for r, t in tables], ignore_index=True)
+    got = stack_by_rank(tables)
+    pd.testing.assert_frame_equal(got, expected)
+    assert got["seq"].dtype == np.float64 and got["rank"].tolist() == [0, 0, 1, 5, 5]
+    blank = b.assign(pg=[None])
+    tables = [(0, _column_table(a)), (1, _column_table(blank))]
+    expected = pd.concat([t.frame().assign(rank=r) for r, t in tables], ignore_index=True)
+    pd.testing.assert_frame_equal(stack_by_rank(tables), expected)
+    mixed = [(0, _column_table(a)), (1, b)]
+    pd.testing.assert_frame_equal(stack_by_rank(mixed), pd.concat(
+        [a.assign(rank=0), b.assign(rank=1)], ignore_index=True).astype({"seq": np.int64}))
+    assert stack_by_rank([(0, _column_table(a.iloc[:0]))]) is None
+
+
 def test_tables_without_rows_are_shared_but_never_changed_through_another(tmp_path):
     """Tables without rows (no all-to-all, no pipeline chunk or send) are built once per schema
     and handed out as copies: changing one rank's never changes another's, and each keeps the
@@ -88,7 +144,8 @@ def test_tables_without_rows_are_shared_but_never_changed_through_another(tmp_pa
     run = write_run(tmp_path / "run", ranks=2, mb=0.02, layers=8)
     data = sm.to_json(sm.summarize_trace(load_traces(run).ranks[1]))
     a, b = sm.from_json(data), sm.from_json(data)
-    fresh = sm._build_frame(orjson.loads(data)["a2a"])
+    d = orjson.loads(data)["a2a"]
+    fresh = table_from_columns(d["columns"], d["dtypes"], d["data"])
     assert len(a.a2a) == 0 and a.a2a is not b.a2a
     assert list(a.a2a.columns) == list(fresh.columns) and a.a2a.dtypes.equals(fresh.dtypes)
     a.a2a["extra"] = 1

@@ -60,7 +60,7 @@ from ..trace.classify import (
     profiler_steps,
     transport,
 )
-from ..trace.traceset import RankTrace, TraceSet
+from ..trace.traceset import RankTrace, StoredTable, TraceSet
 from .issued_ops import gpu_issued_ops, launch_times
 
 #: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).
@@ -252,7 +252,7 @@ class RankParts:
     lo: float
     hi: float
     step_windows: list[tuple[int, float, float]]
-    comm_events: pd.DataFrame  # name, ts, dur, args, type, counted
+    comm_events: pd.DataFrame = StoredTable()  # name, ts, dur, args, type, counted
     segments: tuple = ()
 
     def spans(self) -> list[tuple[float, float]]:

@@ -150,6 +150,15 @@ def rank_causes(trace: RankTrace) -> pd.DataFrame:
     return cached(trace, "causes", lambda: causes_of_trace(trace))
 
 
+def _stored_causes(trace: RankTrace):
+    """:func:`rank_causes`, as its summary holds it where it has one (maybe not yet a
+    DataFrame: :func:`stack_by_rank` reads either)."""
+    s = trace.summary
+    if s is not None and s.stored("causes") is not None:
+        return s.stored("causes")
+    return rank_causes(trace)
+
+
 def rank_data_loading(trace: RankTrace) -> np.ndarray:
     """The rank's data loading: the host intervals of its DataLoader iterator
     (``enumerate(DataLoader)#...__next__``), shape (n, 2), µs on the rank's own clock, merged
@@ -501,7 +510,7 @@ def compute_causes(traces, run_step_us: float = float("nan")) -> CausesResult:
             input-bound prediction.
     """
     cols = ["rank", *CAUSE_COLUMNS]
-    per_step = stack_by_rank((rank, rank_causes(trace)) for rank, trace in traces.ranks.items())
+    per_step = stack_by_rank((rank, _stored_causes(trace)) for rank, trace in traces.ranks.items())
     per_step = per_step[cols] if per_step is not None else pd.DataFrame(columns=cols)
     per_rank = _per_rank(per_step)
     excess = excess_table(per_step)

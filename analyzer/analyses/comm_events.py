@@ -387,7 +387,7 @@ def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
         doc = traces.sidecars.get("comms", {}).get(rank)
         s = trace.summary
         if s is not None and s.matches(comm_patterns):   # a summary's events carry no rank
-            frames.append((rank, _from_records(rank, doc, s.steps) if doc else s.comm))
+            frames.append((rank, _from_records(rank, doc, s.steps) if doc else s.stored("comm")))
             continue
         kinds = classify(trace, comm_patterns)
         steps = profiler_steps(trace, kinds)

@@ -108,7 +108,8 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
     cols = ["rank", "ts_us", "device", "allocated_bytes", "reserved_bytes"]
     # [memory] events, from each rank's summary when it has one (pardiag.analyzer.summary), in
     # one table, grouped once (not filtered once per rank)
-    timeline = stack_by_rank((rank, memory_rows(trace)) for rank, trace in traces.ranks.items())
+    timeline = stack_by_rank((rank, trace.summary.stored("memory") if trace.summary is not None
+                              else memory_rows(trace)) for rank, trace in traces.ranks.items())
     timeline = (timeline if timeline is not None else pd.DataFrame(columns=cols))[cols]
     devices = (timeline.groupby("rank", sort=False)["device"].unique().to_dict()
                if len(timeline) else {})

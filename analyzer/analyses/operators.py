@@ -133,7 +133,10 @@ def compute_operators(traces: TraceSet) -> OperatorsResult:
     """Time per operator name on every rank and over the run (see the module docstring)."""
     rows, steps = [], 0
     for rank, trace in traces.ranks.items():
-        ops, n = rank_operators(trace)
+        s = trace.summary
+        ops, n = ((s.stored("operators"), int(s.operator_steps))
+                  if s is not None and s.stored("operators") is not None
+                  else rank_operators(trace))
         steps += max(int(n), 1)
         rows.append((rank, ops))
     per_rank = stack_by_rank(rows)

@@ -131,16 +131,117 @@ class TraceSet:
     sidecars: dict[str, dict[int, dict]] = dataclasses.field(default_factory=dict)
 
 
+def table_from_columns(columns, dtypes, data) -> pd.DataFrame:
+    """A DataFrame from column lists as a summary stores them: ``columns`` (names), ``dtypes``
+    (pandas dtype names) and ``data`` (one list of JSON values per column, None for a missing
+    value). Numeric columns become numpy arrays (an integer column with a missing value becomes
+    float64 with NaN), ``object`` columns object Series, other dtypes (``str``) what pandas infers
+    from the values."""
+    # numeric columns as numpy arrays, not Series: a report of many ranks builds thousands of
+    # these tables (object columns stay Series: pandas would read an object array of strings
+    # as its string dtype)
+    cols = {}
+    for c, t, vals in zip(columns, dtypes, data):
+        if t == "object":
+            cols[c] = pd.Series(vals, dtype=object)
+        elif t.startswith(("int", "uint")) and None in vals:
+            cols[c] = np.array([np.nan if v is None else v for v in vals], dtype=float)
+        elif t.startswith(("float", "int", "uint", "bool")):
+            cols[c] = np.array([np.nan if v is None else v for v in vals] if None in vals
+                               else vals, dtype=t)
+        else:
+            cols[c] = pd.Series(vals)
+    # the columns are new arrays, in order: no copy, no selection (half the cost of a table)
+    return pd.DataFrame(cols, copy=False)
+
+
+class ColumnTable:
+    """A table held as the column lists a summary stores (see :func:`table_from_columns`) until
+    it is read as a DataFrame (:meth:`frame`, built once): a report of thousands of ranks reads
+    most per-rank tables only to stack them (:func:`stack_by_rank`), which joins the lists of
+    every rank and builds one table instead of one per rank."""
+
+    __slots__ = ("columns", "dtypes", "data", "_frame")
+
+    def __init__(self, columns: list, dtypes: list, data: list):
+        self.columns, self.dtypes, self.data = tuple(columns), tuple(dtypes), data
+        self._frame = None
+
+    def __len__(self) -> int:
+        return len(self.data[0]) if self.data else 0
+
+    def frame(self) -> pd.DataFrame:
+        """The table as a DataFrame (the same object on every call)."""
+        if self._frame is None:
+            self._frame = table_from_columns(self.columns, self.dtypes, self.data)
+        return self._frame
+
+    def __getstate__(self):
+        return self.columns, self.dtypes, self.data
+
+    def __setstate__(self, state):
+        self.columns, self.dtypes, self.data = state
+        self._frame = None
+
+
+class StoredTable:
+    """A DataFrame field of a frozen dataclass that may hold a :class:`ColumnTable`: a summary
+    read from JSON (:class:`pardiag.analyzer.summary.RankSummary`) holds its tables as their
+    columns until one is read, then the DataFrame (built once). ``obj.__dict__["_table_" +
+    name]`` is what is held (:meth:`RankSummary.stored`)."""
+
+    def __init__(self, default=dataclasses.MISSING):
+        self.default = default
+
+    def __set_name__(self, owner, name):
+        self.key = "_table_" + name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            if self.default is dataclasses.MISSING:
+                raise AttributeError(self.key)  # a field without a default
+            return self.default
+        v = obj.__dict__[self.key]
+        return v.frame() if type(v) is ColumnTable else v
+
+    def __set__(self, obj, value):
+        obj.__dict__[self.key] = value
+
+
+#: dtypes whose column built from several ranks' lists joined is the column pandas' concat of
+#: the ranks' own columns gives.
+_JOINABLE = ("object", "str", "int", "uint", "float", "bool")
+
+
+def _joined(pairs: list) -> pd.DataFrame | None:
+    """:func:`table_from_columns` of every table of ``pairs`` (``(rank, ColumnTable)``) joined,
+    when they share one schema that joins exactly (:data:`_JOINABLE`; no ``str`` column of a
+    table all missing, which pandas would read as ``object`` there); else None."""
+    first = pairs[0][1]
+    if not all(type(t) is ColumnTable and t.columns == first.columns and t.dtypes == first.dtypes
+               for _, t in pairs) or not all(d.startswith(_JOINABLE) for d in first.dtypes):
+        return None
+    strs = [i for i, d in enumerate(first.dtypes) if d == "str"]
+    if any(all(v is None for v in t.data[i]) for _, t in pairs for i in strs):
+        return None
+    data = [[v for _, t in pairs for v in t.data[i]] for i in range(len(first.columns))]
+    return table_from_columns(first.columns, first.dtypes, data)
+
+
 def stack_by_rank(tables) -> pd.DataFrame | None:
-    """One table of every rank's rows: ``tables`` is ``(rank, DataFrame)`` pairs (rank order
-    kept); the tables without rows are left out and ``rank`` (int64) is set on each row —
-    replaced where the tables have that column, appended last where they do not. The same table
-    as ``pd.concat([t.assign(rank=r) ...], ignore_index=True)`` without a copy of each rank's
-    table. None when no table has a row."""
+    """One table of every rank's rows: ``tables`` is ``(rank, DataFrame or ColumnTable)`` pairs
+    (rank order kept); the tables without rows are left out and ``rank`` (int64) is set on each
+    row — replaced where the tables have that column, appended last where they do not. The same
+    table as ``pd.concat([t.assign(rank=r) ...], ignore_index=True)`` without a copy of each
+    rank's table; column tables of one schema are joined as lists and built once. None when no
+    table has a row."""
     pairs = [(r, t) for r, t in tables if len(t)]
     if not pairs:
         return None
-    out = pd.concat([t for _, t in pairs], ignore_index=True)
+    out = _joined(pairs)
+    if out is None:
+        out = pd.concat([t.frame() if type(t) is ColumnTable else t for _, t in pairs],
+                        ignore_index=True)
     out["rank"] = np.repeat(np.array([int(r) for r, _ in pairs], dtype=np.int64),
                             [len(t) for _, t in pairs])
     return out
