@@ -39,7 +39,7 @@ import pandas as pd
 
 from ..trace import intervals as iv
 from ..trace.classify import classify, profiler_steps
-from ..trace.traceset import TraceSet
+from ..trace.traceset import TraceSet, float_column
 from .breakdown import rank_breakdown_rows
 from .clocks import ClockModel, fit_clocks, theil_sen, together_ends
 from .comm_events import AMBIGUOUS_GROUP, comm_events
@@ -786,9 +786,11 @@ def _window_starts(traces: TraceSet) -> dict[int, list[float]]:
             out[int(r)] = [float(w[0]) for w in t.windows]
             continue
         start = rank_breakdown_rows(t)[0].get("start_us")
-        steps = (t.summary.steps if t.summary is not None and not t.events_loaded
+        steps = (t.summary.stored("steps") if t.summary is not None and not t.events_loaded
                  else profiler_steps(t, classify(t, ())))
-        firsts = [float(x) for x in (start, steps["start_us"].min() if len(steps) else None)
+        st = float_column(steps, "start_us")
+        st = st[~np.isnan(st)]
+        firsts = [float(x) for x in (start, st.min() if len(st) else None)
                   if x is not None and np.isfinite(x)]
         if firsts:  # its first profiler step, or its first recorded work before that
             out[int(r)] = [min(firsts)]
@@ -977,9 +979,10 @@ def _step_lengths(traces: TraceSet, comm_patterns=()) -> tuple[float | None, flo
     step-to-step variation."""
     lengths, spreads = [], []
     for t in traces.ranks.values():
-        steps = (t.summary.steps if t.summary is not None and t.summary.matches(comm_patterns)
+        steps = (t.summary.stored("steps") if t.summary is not None
+                 and t.summary.matches(comm_patterns)
                  else profiler_steps(t, classify(t, comm_patterns)))
-        x = steps["end_us"].to_numpy(dtype=float) - steps["start_us"].to_numpy(dtype=float)
+        x = float_column(steps, "end_us") - float_column(steps, "start_us")
         x = x[np.isfinite(x) & (x > 0)]
         lengths.extend(x.tolist())
         if len(x) >= 3:

@@ -176,6 +176,12 @@ class ColumnTable:
             self._frame = table_from_columns(self.columns, self.dtypes, self.data)
         return self._frame
 
+    def float_column(self, name: str) -> np.ndarray:
+        """Column ``name`` as float64 (NaN where missing), without building the table."""
+        vals = self.data[self.columns.index(name)]
+        return np.array([np.nan if v is None else v for v in vals] if None in vals else vals,
+                        dtype=np.float64)
+
     def __getstate__(self):
         return self.columns, self.dtypes, self.data
 
@@ -206,6 +212,13 @@ class StoredTable:
 
     def __set__(self, obj, value):
         obj.__dict__[self.key] = value
+
+
+def float_column(table, name: str) -> np.ndarray:
+    """Column ``name`` of a DataFrame or :class:`ColumnTable` as float64 (NaN where missing)."""
+    if type(table) is ColumnTable:
+        return table.float_column(name)
+    return table[name].to_numpy(dtype=np.float64)
 
 
 #: dtypes whose column built from several ranks' lists joined is the column pandas' concat of
