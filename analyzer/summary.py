@@ -41,7 +41,7 @@ import hashlib
 import importlib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +65,7 @@ from .analyses.operators import operators_of_events
 from .trace.classify import classify, profiler_steps
 from .trace.comm_records import all_to_all_ops
 from .trace.load import default_workers, find_trace_files, parse_file, parse_files
-from .trace.traceset import ColumnTable, RankTrace, StoredTable, empty_table, table_from_columns
+from .trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
 SUMMARY_VERSION = 13
@@ -91,7 +91,7 @@ CACHE_DIRNAME = layout.SUMMARY_DIR
 
 
 @dataclasses.dataclass(frozen=True)
-class RankSummary:
+class RankSummary(HoldsTables):
     """What the analyses need from one rank's trace (see the module docstring).
 
     Attributes:
@@ -158,12 +158,6 @@ class RankSummary:
     data_loading: np.ndarray | None = None
     launch_edges: LaunchEdges | None = None
 
-    def stored(self, name: str):
-        """The table ``name`` (``comm``, ``steps``, ``memory``, ``operators``, ``a2a``,
-        ``causes``) as held: a DataFrame, a not yet built
-        :class:`~pardiag.analyzer.trace.traceset.ColumnTable`, or None."""
-        return self.__dict__["_table_" + name]
-
     def matches(self, comm_patterns: Iterable) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""
         return self.comm_patterns == pattern_sources(comm_patterns)
@@ -227,18 +221,9 @@ def _frame_json(df: pd.DataFrame) -> dict:
             "data": [df[c].tolist() for c in df.columns]}
 
 
-def _frame_from(d: dict) -> pd.DataFrame:
-    if d["data"] and not len(d["data"][0]):
-        return empty_table(("summary", tuple(d["columns"]), tuple(d["dtypes"])),
-                           lambda: table_from_columns(d["columns"], d["dtypes"], d["data"]))
-    return table_from_columns(d["columns"], d["dtypes"], d["data"])
-
-
-def _table_from(d: dict):
-    """A stored table: the shared empty DataFrame of its schema when it has no rows, else its
-    columns as a :class:`ColumnTable` (built when first read)."""
-    if d["data"] and not len(d["data"][0]):
-        return _frame_from(d)
+def _table_from(d: dict) -> ColumnTable:
+    """A stored table as its columns (built when first read; without rows, a copy of its
+    schema's shared empty table)."""
     return ColumnTable(d["columns"], d["dtypes"], d["data"])
 
 
@@ -371,12 +356,13 @@ def code_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def summary_dirs(trace_path: Path) -> list[Path]:
+def summary_dirs(trace_path: Path) -> Iterator[Path]:
     """Folders where the summary of ``trace_path`` may be, in lookup order: the trace folder's
-    ``.pardiag-cache/``, then the user cache folder for that trace folder."""
+    ``.pardiag-cache/``, then the user cache folder for that trace folder (worked out only when
+    the first is passed over)."""
     folder = Path(trace_path).resolve().parent
-    digest = hashlib.sha1(str(folder).encode()).hexdigest()[:16]
-    return [folder / CACHE_DIRNAME, layout.user_cache_dir() / digest]
+    yield folder / CACHE_DIRNAME
+    yield layout.user_cache_dir() / hashlib.sha1(str(folder).encode()).hexdigest()[:16]
 
 
 def summary_file_name(trace_path: Path) -> str:

@@ -135,6 +135,33 @@ def test_a_rank_whose_profiler_opens_late_is_not_a_straggler(tmp_path):
     assert any("ms apart: a rank whose profiler opened late" in n for n in doc["sync"]["notes"])
 
 
+def test_clock_fits_of_units_with_few_points_equal_fit_line():
+    """The units with too few points for a drift, fitted all at once, get fit_line's numbers bit
+    for bit (0 to 7 finite points, NaNs among them); units with more are left to fit_line."""
+    import numpy as np
+
+    from pardiag.analyzer.analyses.clocks import MIN_DRIFT_POINTS, _few_point_fits, fit_line
+
+    rng = np.random.default_rng(11)
+    for trial in range(100):
+        counts = rng.integers(0, 12, 9)
+        codes = np.repeat(np.arange(9), counts)
+        rng.shuffle(codes)
+        t = rng.random(len(codes)) * 30 - 5
+        d = np.round(rng.normal(0, 50, len(codes)), int(rng.integers(0, 3)))
+        d[rng.random(len(codes)) < 0.1] = np.nan
+        uniq = [f"host{k}" for k in range(9)]
+        got = _few_point_fits(codes, uniq, t, d)
+        for k, u in enumerate(uniq):
+            idx = np.flatnonzero(codes == k)
+            if np.isfinite(d[idx]).sum() >= MIN_DRIFT_POINTS:
+                assert u not in got
+                continue
+            want = (*fit_line(t[idx], d[idx]), len(idx))
+            assert np.array_equal(np.array(got[u], dtype=float), np.array(want, dtype=float),
+                                  equal_nan=True), (trial, u)
+
+
 def test_block_medians_equal_numpy_medians_per_block():
     """The clock fit's per-step medians, read from each step's sorted values, equal numpy's
     median of each step's points bit for bit (odd and even counts, ties, one point)."""

@@ -60,7 +60,7 @@ from ..trace.classify import (
     profiler_steps,
     transport,
 )
-from ..trace.traceset import RankTrace, StoredTable, TraceSet
+from ..trace.traceset import HoldsTables, RankTrace, StoredTable, TraceSet
 from .issued_ops import gpu_issued_ops, launch_times
 
 #: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).
@@ -226,7 +226,7 @@ def _intervals(ev: pd.DataFrame) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class RankParts:
+class RankParts(HoldsTables):
     """One rank's timeline in the parts the breakdown and the what-ifs read.
 
     Attributes:

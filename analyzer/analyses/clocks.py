@@ -164,6 +164,30 @@ def fit_line(t_s: np.ndarray, d_us: np.ndarray, blocks: np.ndarray | None = None
     return intercept, slope, half, resid
 
 
+def _few_point_fits(codes: np.ndarray, uniq, t: np.ndarray, diff: np.ndarray) -> dict:
+    """:func:`fit_line` of every unit with fewer than :data:`MIN_DRIFT_POINTS` finite points
+    (``{unit: (intercept, 0.0, NaN, residual, rows)}``), all in one pass: such a unit gets no
+    slope, so its intercept is the median of its differences and its residual the median
+    distance from it (the same numbers as :func:`fit_line`; most units of a run with few
+    collectives, thousands of them in a large run)."""
+    ok = np.isfinite(t) & np.isfinite(diff)
+    rows = np.bincount(codes, minlength=len(uniq))
+    used = np.bincount(codes[ok], minlength=len(uniq))
+    few = used < MIN_DRIFT_POINTS
+    fit = {u: (np.nan, 0.0, np.nan, np.nan, int(rows[k]))
+           for k, u in enumerate(uniq) if few[k] and not used[k]}
+    sel = ok & few[codes]
+    if not sel.any():
+        return fit
+    c, d = codes[sel], diff[sel]
+    present = np.unique(c)
+    (icpt,) = _block_medians(c, d)
+    (resid,) = _block_medians(c, np.abs(d - icpt[np.searchsorted(present, c)]))
+    for k, a, r in zip(present.tolist(), icpt.tolist(), resid.tolist()):
+        fit[uniq[k]] = (a, 0.0, np.nan, r, int(rows[k]))
+    return fit
+
+
 def together_ends(ev: pd.DataFrame, complete: set) -> pd.DataFrame:
     """Rows of ``ev`` (matched events) that are clock evidence: members of complete
     release-together collectives (``instance``, ``rank``, ``end_us``)."""
@@ -198,10 +222,11 @@ def fit_clocks(rows: pd.DataFrame, unit: dict[int, object], t0_us: float, passes
     for _ in range(max(1, passes)):
         consensus = pd.Series(corrected).groupby(rows["instance"].to_numpy()).transform("median")
         diff = end - consensus.to_numpy()
-        fit = {}
+        fit = _few_point_fits(codes, uniq, t, diff)
         for u, idx in zip(uniq, rows_of):
-            fit[u] = (*fit_line(t[idx], diff[idx], None if steps is None else steps[idx]),
-                      len(idx))
+            if u not in fit:
+                fit[u] = (*fit_line(t[idx], diff[idx], None if steps is None else steps[idx]),
+                          len(idx))
         a = np.array([fit[u][0] for u in uniq])[codes]
         b = np.array([fit[u][1] for u in uniq])[codes]
         corrected = end - a - b * t

@@ -430,8 +430,9 @@ def _slack(g: _Step) -> dict[int, float]:
     t_end = max(g.end.values())
     out = {r: t_end - e for r, e in g.end.items()}
     for j in g.joins:
+        last = j.last_arrival  # once per join: a max over its ranks
         for r, a in j.arrival.items():
-            out[r] = min(out[r], j.last_arrival - a)
+            out[r] = min(out[r], last - a)
     return out
 
 

@@ -83,14 +83,20 @@ def skew_origin(steps: pd.DataFrame, sync) -> pd.DataFrame:
     # each rank's delay per collective, grouped once (wheres in order: the first of the largest
     # is the top)
     sums = delays.groupby(["rank", "where"], sort=True)["arrival_delay_us"].sum()
-    per = {int(r): g for r, g in sums.groupby(level=0, sort=False)} if len(sums) else {}
+    # each rank's rows of ``sums`` (sorted by rank): positions, not a Series per rank
+    r_of = sums.index.get_level_values(0).to_numpy().astype(np.int64)
+    where = sums.index.get_level_values(1).to_numpy()
+    v = sums.to_numpy(dtype=float)
+    cut = np.flatnonzero(np.r_[True, r_of[1:] != r_of[:-1]]) if len(v) else np.array([], int)
+    per = dict(zip(r_of[cut].tolist(), zip(cut.tolist(), np.r_[cut[1:], len(v)].tolist())))
     rows = []
     for r in sorted(int(x) for x in starts.columns):
-        by = per.get(r)
-        total = float(by.sum()) / n if by is not None else 0.0
-        i = int(np.argmax(by.to_numpy())) if by is not None else -1
-        top = str(by.index[i][1]) if i >= 0 and by.iloc[i] > 0 else None
-        top_us = float(by.iloc[i]) / n if top else 0.0
+        a, b = per.get(r, (0, 0))
+        by = v[a:b]
+        total = float(np.where(np.isnan(by), 0.0, by).sum()) / n if b > a else 0.0
+        i = int(np.argmax(by)) if b > a else -1
+        top = str(where[a + i]) if i >= 0 and by[i] > 0 else None
+        top_us = float(by[i]) / n if top else 0.0
         rows.append({"rank": r, "steps": n, "start_late_us": float(late[r]), "delay_us": total,
                      "top_collective": top, "top_delay_us": top_us,
                      "top_share_pct": 100.0 * top_us / total if total > 0 else float("nan")})

@@ -42,7 +42,7 @@ import pandas as pd
 
 from ..trace import intervals as iv
 from ..trace.classify import STEP_RE, Kind, cached, classify, name_test
-from ..trace.traceset import RankTrace, TraceSet, empty_table
+from ..trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, TraceSet, empty_table
 from .comm_events import AMBIGUOUS_GROUP, SCALAR_BYTES
 from .mesh import dim_of, mesh_dims, role_of
 
@@ -88,7 +88,7 @@ def canonical_dim(desc: str | None) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class RankMarks:
+class RankMarks(HoldsTables):
     """What one rank's trace says about the layout (see the module docstring).
 
     Attributes:
@@ -103,8 +103,8 @@ class RankMarks:
     """
 
     counts: dict
-    chunks: pd.DataFrame
-    p2p: pd.DataFrame
+    chunks: pd.DataFrame = StoredTable()
+    p2p: pd.DataFrame = StoredTable()
     device_chunks: bool = False
     send_dim0: dict = dataclasses.field(default_factory=dict)
 
@@ -117,7 +117,7 @@ class RankMarks:
     @staticmethod
     def from_json(d: dict) -> RankMarks:
         return RankMarks({k: int(v) for k, v in d["counts"].items()},
-                         _chunk_frame(d["chunks"]), _p2p_frame(d["p2p"]),
+                         _row_table(d["chunks"], _CHUNK_DTYPES), _row_table(d["p2p"], _P2P_DTYPES),
                          bool(d.get("device_chunks")),
                          {int(k): int(v) for k, v in d.get("send_dim0") or []})
 
@@ -126,6 +126,13 @@ _CHUNK_DTYPES = {"stage": np.int64, "microbatch": np.int64, "phase": object, "st
                  "start_us": np.float64, "end_us": np.float64}
 _P2P_DTYPES = {"op": object, "peer": np.int64, "step": np.int64, "start_us": np.float64,
                "end_us": np.float64}
+
+
+def _row_table(rows: list, dtypes: dict) -> ColumnTable:
+    """Stored rows (lists in the order of ``dtypes``) as a :class:`ColumnTable` of those column
+    types, built when first read."""
+    cols = [list(c) for c in zip(*rows)] if len(rows) else [[] for _ in dtypes]
+    return ColumnTable(list(dtypes), [np.dtype(t).name for t in dtypes.values()], cols)
 
 
 def _typed_frame(rows, dtypes: dict) -> pd.DataFrame:
@@ -360,7 +367,7 @@ def _global_peers(traces: TraceSet, marks: dict, member: dict) -> tuple[dict, li
     """``{rank: DataFrame of its p2p with a global ``peer``}``, notes."""
     notes, out = [], {}
     for rank, m in marks.items():
-        if not len(m.p2p):   # most ranks of most runs: no filtering and copying of nothing
+        if not len(m.stored("p2p")):   # most ranks of most runs: nothing to filter or copy
             continue
         p = m.p2p[m.p2p["peer"] >= 0].copy()
         if p.empty:

@@ -115,6 +115,10 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
                if len(timeline) else {})
     highest = (timeline.groupby(["rank", "device"], sort=False, dropna=False)[
         ["allocated_bytes", "reserved_bytes"]].max() if len(timeline) else None)
+    # {(rank, device): (peak allocated, peak reserved)}: one lookup per rank, not an index's
+    highest = ({} if highest is None else dict(zip(highest.index, zip(
+        highest["allocated_bytes"].to_numpy(dtype=float),
+        highest["reserved_bytes"].to_numpy(dtype=float)))))
     rows = []
     for rank in traces.ranks:
         meta = traces.rank_meta[rank].memory if rank in traces.rank_meta else {}
@@ -124,10 +128,8 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
         accel = [d for d in devices.get(rank, ()) if d != "cpu"]
         device = ("cuda" if "cuda" in accel else sorted(map(str, accel))[0]) if accel else "cpu"
         if rank in devices:
-            hi = (highest.loc[(rank, device)] if (rank, device) in highest.index
-                  else {"allocated_bytes": np.nan, "reserved_bytes": np.nan})
-            peaks = {"peak_allocated_bytes": float(hi["allocated_bytes"]),
-                     "peak_reserved_bytes": float(hi["reserved_bytes"])}
+            alloc, reserved = highest.get((rank, device), (np.nan, np.nan))
+            peaks = {"peak_allocated_bytes": float(alloc), "peak_reserved_bytes": float(reserved)}
         if "peak_allocated_bytes" in meta:  # CUDA allocator peaks beat the trace's view
             peaks = {"peak_allocated_bytes": meta["peak_allocated_bytes"],
                      "peak_reserved_bytes": meta.get("peak_reserved_bytes")}

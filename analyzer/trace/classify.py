@@ -156,7 +156,6 @@ _CODE = {k: i for i, k in enumerate(Kind)}
 
 def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
     ev = trace.events
-    name = ev["name"]
     cat = ev["cat"]
     # category codes (compared as small integers, not strings)
     kind = np.full(len(ev), _CODE[Kind.OTHER], dtype=np.int8)

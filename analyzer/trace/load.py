@@ -77,11 +77,16 @@ def find_trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, li
         if p.is_dir():
             given_dirs.add(p.resolve())
             sidecars.extend(f for f in layout.find_sidecars(p) if f not in sidecars)
-            for f in sorted(p.iterdir()):
-                if not f.is_file() or layout.is_sidecar_name(f.name):
+            with os.scandir(p) as it:  # the entries' types without a stat each
+                entries = sorted((e.name, e.is_file()) for e in it)
+            for name, is_file in entries:
+                if (not is_file or layout.is_sidecar_name(name)
+                        or not name.endswith((".json", ".json.gz"))):
                     continue
-                if f.name.endswith((".json", ".json.gz")) and f.resolve() not in seen:
-                    seen.add(f.resolve())
+                f = p / name
+                real = f.resolve()
+                if real not in seen:
+                    seen.add(real)
                     files.append(f)
         elif p.is_file():
             if layout.is_sidecar_name(p.name):
@@ -240,6 +245,8 @@ def different_runs(rank_files: list[list[Path]], paths: list[Path]) -> str | Non
     windows do not overlap in time)."""
     given = [p.resolve() for p in paths if p.is_dir()]
     for files in rank_files:
+        if len(files) < 2:  # one file is one home
+            continue
         homes = {next((d for d in given if f.resolve().is_relative_to(d)), f.resolve().parent)
                  for f in files}
         if len(homes) > 1:

@@ -575,7 +575,7 @@ def _frame_from_columns(path, display_time_unit, thread_names, not_objects, *, n
     keep_args = {n: bool(_KEEP_ARGS_RE.search(n)) for n in set(names)}
     kept_args = [a if (a and keep_args[n]) else None for a, n in zip(argss, names)]
     df = pd.DataFrame({
-        "name": pd.Series(names, dtype=object), "cat": pd.Series(pd.Categorical(cats), dtype="category"),
+        "name": pd.Series(names, dtype=object), "cat": pd.Series(pd.Categorical(cats)),
         "ph": pd.Series(phs, dtype=object), "pid": pd.Series(pids, dtype=object),
         "tid": pd.Series(tids, dtype=object),
         "ts": ts, "dur": dur, "stream": streams, "correlation": corrs,

@@ -9,6 +9,7 @@ types; every analysis reads them, never the reverse (``tests/test_layers.py`` ho
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,9 @@ from pardiag.errors import TraceError
 from pardiag.layout import RankMeta, RunFile
 
 #: Columns of :attr:`RankTrace.events` (one row per complete event, ``ph == "X"``, or memory
-#: instant event). ``ts``/``dur`` in µs on the trace's own clock; ``stream`` -1 for CPU events;
+#: instant event). ``cat`` normalised (``kernel``, ``cpu_op``, ``cuda_runtime``, ...; categorical
+#: when the parser builds the table: analyses compare it, never assume its dtype); ``ts``/``dur``
+#: in µs on the trace's own clock; ``stream`` -1 for CPU events;
 #: ``correlation`` -1 when absent; ``args`` holds the raw args dict for communication and memory
 #: events (None otherwise).
 EVENT_COLUMNS = ("name", "cat", "ph", "pid", "tid", "ts", "dur", "stream", "correlation", "args")
@@ -171,9 +174,12 @@ class ColumnTable:
         return len(self.data[0]) if self.data else 0
 
     def frame(self) -> pd.DataFrame:
-        """The table as a DataFrame (the same object on every call)."""
+        """The table as a DataFrame (the same object on every call; without rows, a copy of
+        the schema's shared empty table, :func:`empty_table`)."""
         if self._frame is None:
-            self._frame = table_from_columns(self.columns, self.dtypes, self.data)
+            build = functools.partial(table_from_columns, self.columns, self.dtypes, self.data)
+            self._frame = (build() if len(self) else
+                           empty_table(("columns", self.columns, self.dtypes), build))
         return self._frame
 
     def float_column(self, name: str) -> np.ndarray:
@@ -188,6 +194,15 @@ class ColumnTable:
     def __setstate__(self, state):
         self.columns, self.dtypes, self.data = state
         self._frame = None
+
+
+class HoldsTables:
+    """Mixin of a dataclass with :class:`StoredTable` fields."""
+
+    def stored(self, name: str):
+        """The table ``name`` as held: a DataFrame, a not yet built :class:`ColumnTable`, or
+        None."""
+        return self.__dict__["_table_" + name]
 
 
 class StoredTable:
