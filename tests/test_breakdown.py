@@ -246,6 +246,32 @@ def test_step_time_spread_quartiles_range_and_outliers():
     assert (one["steps"], one["median_us"], one["outlier_steps"]) == (1, 100.0, [])
 
 
+def test_step_time_rows_of_many_ranks_equal_each_ranks_own():
+    """The step-time rows of ranks done together (as many steps, none unknown or an outlier)
+    equal those computed rank by rank, bit for bit; ranks with NaN spans or outliers among them."""
+    import numpy as np
+
+    from pardiag.analyzer.analyses.breakdown import _spread_row, _spread_rows
+
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        n = rng.integers(1, 7, 30)
+        ranks = np.repeat(np.arange(30), n)
+        step_no = np.concatenate([np.arange(k) + 1 for k in n])
+        span = np.round(rng.normal(1000, 50, len(ranks)), int(rng.integers(0, 4)))
+        span[rng.random(len(span)) < 0.05] = np.nan
+        span[rng.random(len(span)) < 0.05] *= 3   # outliers
+        lo = np.r_[0, np.cumsum(n)[:-1]]
+        hi = np.cumsum(n)
+        got = _spread_rows(ranks, step_no, span, lo, hi)
+        want = [_spread_row(int(ranks[a]), step_no[a:b], span[a:b]) for a, b in zip(lo, hi)]
+        for g, w in zip(got, want):
+            assert g.keys() == w.keys()
+            for key in g:
+                assert (g[key] == w[key] or (g[key] != g[key] and w[key] != w[key])), (trial, key)
+                assert type(g[key]) is type(w[key])
+
+
 def test_compute_under_an_async_send_is_compute(tmp_path):
     """A pipeline's async isend on gloo: its gloo:send span on the main thread lasts from the
     issue to the step-end wait while the backward runs. Main thread: step [0,100); c10d::send

@@ -142,6 +142,35 @@ def _spread_row(rank, steps: np.ndarray, spans: np.ndarray) -> dict:
             "outlier_steps": [int(x) for x in steps[out]]}
 
 
+def _spread_rows(ranks: np.ndarray, step_no: np.ndarray, span: np.ndarray, lo: np.ndarray,
+                 hi: np.ndarray) -> list[dict]:
+    """:func:`_spread_row` of each rank, whose rows are ``lo[i]:hi[i]`` of the arrays (sorted by
+    rank). Ranks with as many steps, none unknown and none an outlier (most ranks of a run) are
+    done together, one row each of a matrix (numpy's median and quantiles of a row are those of
+    the row alone); the others one by one."""
+    rows: list = [None] * len(lo)
+    n = hi - lo
+    for k in np.unique(n):
+        idx = np.flatnonzero(n == k)
+        m = span[lo[idx][:, None] + np.arange(k)]
+        clean = ~np.isnan(m).any(axis=1)
+        if k > 2 and clean.any():
+            with np.errstate(invalid="ignore"):
+                med = np.median(m[clean], axis=1)
+                clean[clean] = ~(m[clean] > OUTLIER_STEP_FACTOR * med[:, None]).any(axis=1)
+        if k and clean.any():
+            mc = m[clean]
+            q = np.quantile(mc, [0.25, 0.5, 0.75], axis=1)
+            for j, i in enumerate(idx[clean]):
+                rows[i] = {"rank": int(ranks[lo[i]]), "steps": int(k),
+                           "median_us": float(q[1, j]), "q1_us": float(q[0, j]),
+                           "q3_us": float(q[2, j]), "min_us": float(mc[j].min()),
+                           "max_us": float(mc[j].max()), "outlier_steps": []}
+        for i in idx[~clean] if k else idx:
+            rows[i] = _spread_row(int(ranks[lo[i]]), step_no[lo[i]:hi[i]], span[lo[i]:hi[i]])
+    return rows
+
+
 def step_time_spread(steps: pd.DataFrame) -> pd.DataFrame:
     """Step time per rank and for the run, with its spread over the profiled steps.
 
@@ -163,8 +192,7 @@ def step_time_spread(steps: pd.DataFrame) -> pd.DataFrame:
     step_no = steps["step"].to_numpy()[order]
     span = steps["span_us"].to_numpy(dtype=float)[order]
     cuts = np.flatnonzero(r_sorted[1:] != r_sorted[:-1]) + 1
-    rows = [_spread_row(int(r_sorted[a]), step_no[a:b], span[a:b])
-            for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(r_sorted)])]
+    rows = _spread_rows(r_sorted, step_no, span, np.r_[0, cuts], np.r_[cuts, len(r_sorted)])
     run = steps.groupby("step")["span_us"].max()
     rows.append(_spread_row(None, run.index.to_numpy(), run.to_numpy(dtype=float)))
     out = pd.DataFrame(rows, columns=list(STEP_TIME_COLUMNS))

@@ -421,7 +421,7 @@ def excess_table(per_step: pd.DataFrame) -> pd.DataFrame:
     ranks."""
     if per_step is None or per_step.empty or per_step["rank"].nunique() < 2:
         return pd.DataFrame(columns=list(EXCESS_COLUMNS))
-    rows = []
+    cols: dict[str, list] = {c: [] for c in EXCESS_COLUMNS}
     parts = [*HOST_PARTS, *DEVICE_PARTS]
     # one pivot for every part (steps × (part, rank)), then each part's table in numpy
     wide = per_step.pivot_table(index="step", columns="rank", values=parts, aggfunc="sum",
@@ -435,10 +435,13 @@ def excess_table(per_step: pd.DataFrame) -> pd.DataFrame:
         x = t.to_numpy(dtype=float)
         peers = median_of_others(x)   # steps × ranks
         mine, theirs, excess = (np.median(a, axis=0) for a in (x, peers, x - peers))
-        rows += [{"rank": int(r), "part": part, "rank_us": float(mine[i]),
-                  "peers_us": float(theirs[i]), "excess_us": float(excess[i])}
-                 for i, r in enumerate(t.columns)]
-    return pd.DataFrame(rows, columns=list(EXCESS_COLUMNS))
+        cols["rank"] += [int(r) for r in t.columns]
+        cols["part"] += [part] * len(t.columns)
+        for c, v in (("rank_us", mine), ("peers_us", theirs), ("excess_us", excess)):
+            cols[c] += v.tolist()
+    if not cols["rank"]:
+        return pd.DataFrame(columns=list(EXCESS_COLUMNS))
+    return pd.DataFrame(cols, columns=list(EXCESS_COLUMNS))
 
 
 #: Data loading is a significant share of the step from this share of its span (%).

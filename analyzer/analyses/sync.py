@@ -575,7 +575,10 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     ranks = sorted(int(r) for r in ev["rank"].unique())
     st, straggler = _stragglers(ranks, inst, pr[pr["evidence"].astype(bool)], n_multi,
                                 _step_lengths(traces, comm_patterns))
-    waiting = {int(r): _waited(g) for r, g in pr.groupby("rank")}
+    p_start, p_until = pr["start_us"].to_numpy(), pr["wait_until_us"].to_numpy()
+    # per rank, |union of its waiting intervals| (µs), its rows by position
+    waiting = {int(r): iv.total(iv.union(p_start[idx], p_until[idx]))
+               for r, idx in sorted(pr.groupby("rank").indices.items())}
     if st.empty and waiting:  # complete instances, none of them evidence (a window's head)
         st = pd.DataFrame({"rank": ranks, "wait_suffered_us": 0.0, "wait_caused_us": 0.0,
                            "last_arrivals": 0, "steps_as_top": 0, "instances": 0})
@@ -892,11 +895,6 @@ def _per_rank_waits(ev: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame,
     per_rank = pr[["instance", "rank", "start_us", "end_us", "dur_us", "wait_us",
                    "arrival_delay_us", "evidence"]].reset_index(drop=True)
     return per_rank, pr[pr["complete"].astype(bool)].drop(columns="_root")
-
-
-def _waited(rows: pd.DataFrame) -> float:
-    """|union of the waiting intervals ``start_us``–``wait_until_us``| of ``rows`` (µs)."""
-    return iv.total(iv.union(rows["start_us"].to_numpy(), rows["wait_until_us"].to_numpy()))
 
 
 def _wait_caused(pr: pd.DataFrame) -> dict[tuple[int, int], float]:
