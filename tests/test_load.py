@@ -24,6 +24,40 @@ def test_gzip_and_plain_json_give_the_same_events(tmp_path):
     assert a.drop(columns="args").equals(b.drop(columns="args"))
 
 
+@pytest.mark.parametrize("extra_ph", ["s", "Z", None])
+def test_events_of_every_ph_give_the_tolerant_paths_table(extra_ph):
+    """Decoding by ``ph`` (flow events read as empty structs), and the plain decode a file with a
+    ``ph`` outside the trace format (or none) takes, build the table the tolerant path builds:
+    complete events, ``[memory]`` instants and thread names, nothing else."""
+    from pathlib import Path
+
+    from pardiag.analyzer.trace import events_frame, parse_trace_fast
+
+    events = [
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "main"}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 5, "dur": 3},
+        {"ph": "i", "name": "[memory]", "pid": 1, "tid": 2, "ts": 6,
+         "args": {"Total Allocated": 10, "Device Type": 1}},
+        {"ph": "i", "name": "other", "pid": 1, "tid": 2, "ts": 7},
+        {"ph": "f", "id": 3, "pid": 1, "tid": 2, "ts": 8, "cat": "ac2g", "bp": "e"},
+        {"cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 9, "dur": 1, "ph": "X",
+         "args": {"stream": 7, "correlation": 4}},
+        {"ph": extra_ph, "name": "x", "pid": 1, "tid": 2, "ts": 4, "dur": 1},
+    ]
+    if extra_ph is None:
+        del events[-1]["ph"]
+    doc = {"traceEvents": events, "schemaVersion": 1}
+    meta, (ev, threads, warnings, notes) = parse_trace_fast(json.dumps(doc).encode(),
+                                                            Path("f.json"))
+    ref = events_frame(events, Path("f.json"))
+    assert ev.drop(columns="args").equals(ref[0].drop(columns="args"))
+    assert list(ev["args"]) == list(ref[0]["args"])
+    assert (threads, warnings, notes) == ref[1:] and meta == {"schemaVersion": 1}
+    assert list(ev["name"]) == ["aten::mm", "[memory]", "k"]
+    assert list(ev["stream"]) == [-1, -1, 7] and list(ev["correlation"]) == [-1, -1, 4]
+    assert threads == {("1", "2"): "main"}
+
+
 def test_legacy_format_categories_and_stream_tids(tmp_path):
     doc = {"traceEvents": [
         {"ph": "X", "cat": "Operator", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 5},
