@@ -103,8 +103,8 @@ def write(out: Path, from_summaries: bool = False) -> None:
     import tempfile
 
     from pardiag.analyzer.report.registry import report_json
-    from pardiag.layout import SUMMARY_DIR
     from pardiag.api import analyze
+    from pardiag.layout import SUMMARY_DIR
 
     out.mkdir(parents=True, exist_ok=True)
     for name, folder in inputs():

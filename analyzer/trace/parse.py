@@ -563,10 +563,15 @@ def _fast_args(raws: list, names_raw: list) -> dict:
     else:
         full = [bool(_KEEP_ARGS_RE.search(str(x))) for x in names_raw]
     argss: list = [{}] * n
+    # one JSON array of every args object, written once (b"[" + b",".join(...) + b"]" would
+    # copy the joined bytes a second time)
+    parts = [b"["] + [b","] * (2 * n - 1) + [b"]"] if n else [b"[]"]
+    parts[1:-1:2] = raws
     try:
-        lites = _LITE_LIST_DECODER.decode(b"[" + b",".join(raws) + b"]")
+        lites = _LITE_LIST_DECODER.decode(b"".join(parts))
     except msgspec.ValidationError:  # an args value that is not an object: one at a time
         lites = None
+    del parts
     if lites is not None:
         get = operator.attrgetter
         stream = list(map(get("stream"), lites))
