@@ -557,7 +557,7 @@ def _fast_args(raws: list, names_raw: list) -> dict:
     of all of them (one event at a time only when an args value is not a JSON object); those of
     events whose name marks them as kept (communication, memory) are also decoded whole."""
     n = len(raws)
-    if all(type(x) is str for x in names_raw):
+    if set(map(type, names_raw)) <= {str}:
         kept = {x: bool(_KEEP_ARGS_RE.search(x)) for x in set(names_raw)}
         full = list(map(kept.__getitem__, names_raw))
     else:
