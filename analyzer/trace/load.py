@@ -462,7 +462,7 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
     whose processes are named ``rank N``), one :class:`ParsedFile` each with the events of its
     processes and ``distributedInfo.rank`` set to it; None for a single-rank file. Events of
     processes that belong to no rank are left out (a warning says how many)."""
-    pids = sorted(set(events["pid"].tolist())) if len(events) else []
+    pids = sorted(pd.unique(events["pid"]).tolist()) if len(events) else []
     mapping = merged_rank_of_pids(process_names, pids, "pardiagMerge" in meta)
     if mapping is None:
         return None

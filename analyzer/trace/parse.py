@@ -522,8 +522,8 @@ def _split_tagged(evs: list) -> tuple[list, list, dict, dict[str, list[str]]]:
     """:func:`_split_events` of events decoded by their tag (:data:`_TAGGED_DECODER`)."""
     keep = [e for e in evs if type(e) is _Complete
             or (type(e) is _Instant and e.name == "[memory]")]
-    n_x = sum(1 for e in keep if type(e) is _Complete)
-    phs = ["X"] * len(keep) if n_x == len(keep) else [
+    types = set(map(type, keep))
+    phs = ["X"] * len(keep) if _Instant not in types else [
         "X" if type(e) is _Complete else "i" for e in keep]
     return (keep, phs, *_names_of([e for e in evs if type(e) is _Meta]))
 
