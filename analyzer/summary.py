@@ -31,6 +31,12 @@ modification time (ns), the ``--comm-kernel`` patterns and a hash of the analyze
 it; a summary whose file changed, whose patterns differ, or that other code made is ignored and
 recomputed. Summaries are written only
 into these folders and only over pardiag's own summary files.
+
+A summary read back holds its tables as their stored columns
+(:class:`~pardiag.analyzer.trace.traceset.ColumnTable`) and builds a DataFrame when one is first
+read; the cross-rank analyses stack most of them over all ranks
+(:func:`~pardiag.analyzer.trace.traceset.stack_by_rank`), which joins every rank's columns and
+builds one table, so a report of thousands of ranks builds a few tables, not thousands.
 """
 
 from __future__ import annotations
