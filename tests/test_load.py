@@ -283,6 +283,30 @@ def test_explicit_bad_file_is_an_error_naming_it(tmp_path):
         load_traces(tmp_path / "missing")
 
 
+@pytest.mark.parametrize("inflate", ["isal", "gzip"])
+def test_gzip_inflated_alike_with_or_without_isal(monkeypatch, inflate):
+    """ISA-L's inflate (where installed) and Python's gzip give the same bytes, also for a file
+    of several gzip members, and the same error for a truncated or corrupt one."""
+    from pathlib import Path
+
+    from pardiag.analyzer.trace import parse
+
+    if inflate == "gzip":
+        monkeypatch.setattr(parse, "_gunzip", gzip.decompress)
+        monkeypatch.setattr(parse, "_GUNZIP_ERRORS", ())
+    else:
+        pytest.importorskip("isal")
+        assert parse._gunzip is not gzip.decompress
+    body = json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}] * 50}).encode()
+    two = gzip.compress(body[:100]) + gzip.compress(body[100:])
+    assert parse.plain_bytes(two, Path("t.json.gz")) == body
+    for bad in (two[:30], two[:2] + b"\x00" * 40):
+        with pytest.raises(TraceError, match=r"t\.json\.gz: truncated or corrupt gzip"):
+            parse.plain_bytes(bad, Path("t.json.gz"))
+    with pytest.raises(TraceError, match="empty file"):
+        parse.plain_bytes(gzip.compress(b" \n\t "), Path("t.json.gz"))
+
+
 def test_list_of_files(tmp_path):
     a = gpu_rank(0).write(tmp_path / "a.json")
     b = gpu_rank(1).write(tmp_path / "b.json")
