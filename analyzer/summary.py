@@ -71,7 +71,7 @@ from .analyses.operators import operators_of_events
 from .trace.classify import classify, profiler_steps
 from .trace.comm_records import all_to_all_ops
 from .trace.load import default_workers, find_trace_files, parse_file, parse_files
-from .trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable
+from .trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, has_step_names
 
 #: Bumped whenever the content or the meaning of a summary changes (old ones are recomputed).
 SUMMARY_VERSION = 13
@@ -209,8 +209,7 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         metadata=trace.metadata, thread_names=dict(trace.thread_names),
         warnings=tuple(warnings), notes=tuple(trace.notes), repairs=tuple(repairs),
         n_events=len(trace.events),
-        has_steps=bool(trace.events["name"].str.startswith("ProfilerStep").any())
-        if has_steps is None else has_steps,
+        has_steps=has_step_names(trace.events) if has_steps is None else has_steps,
         has_gpu=trace.has_gpu, parts=parts, breakdown=breakdown_rows_of(parts), comm=comm,
         steps=steps, memory=memory_rows(trace),
         marks=rank_marks(trace), operators=ops, operator_steps=op_steps,
@@ -303,9 +302,9 @@ def from_json(data: bytes) -> RankSummary:
         raise ValueError("summary made by another version of pardiag's analyzer")
     p = doc["parts"]
     ce = p["comm_events"]  # written without its args: read back with them all None
-    comm_ev = _table_from({"columns": [*ce["columns"], "args"], "dtypes": [*ce["dtypes"], "object"],
-                           "data": [*ce["data"], [None] * (len(ce["data"][0]) if ce["data"]
-                                                           else 0)]})
+    rows = len(ce["data"][0]) if ce["data"] else 0
+    comm_ev = ColumnTable([*ce["columns"], "args"], [*ce["dtypes"], "object"],
+                          [*ce["data"], [None] * rows])
     parts = RankParts(p["domain"], _intervals(p["k"]), _intervals(p["c"]), float(p["lo"]),
                        float(p["hi"]), [(int(a), float(b), float(c)) for a, b, c in
                                         p["step_windows"]], comm_ev)

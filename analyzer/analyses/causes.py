@@ -77,7 +77,7 @@ from ..trace.classify import (
     profiler_steps,
     transport,
 )
-from ..trace.traceset import RankTrace, stack_by_rank
+from ..trace.traceset import RankTrace, stack_by_rank, summary_table
 from .breakdown import unmarked_waits
 from .issued_ops import launch_times
 from .peers import median_of_others
@@ -148,15 +148,6 @@ def rank_causes(trace: RankTrace) -> pd.DataFrame:
     if s is not None and getattr(s, "causes", None) is not None:
         return s.causes
     return cached(trace, "causes", lambda: causes_of_trace(trace))
-
-
-def _stored_causes(trace: RankTrace):
-    """:func:`rank_causes`, as its summary holds it where it has one (maybe not yet a
-    DataFrame: :func:`stack_by_rank` reads either)."""
-    s = trace.summary
-    if s is not None and s.stored("causes") is not None:
-        return s.stored("causes")
-    return rank_causes(trace)
 
 
 def rank_data_loading(trace: RankTrace) -> np.ndarray:
@@ -513,7 +504,8 @@ def compute_causes(traces, run_step_us: float = float("nan")) -> CausesResult:
             input-bound prediction.
     """
     cols = ["rank", *CAUSE_COLUMNS]
-    per_step = stack_by_rank((rank, _stored_causes(trace)) for rank, trace in traces.ranks.items())
+    per_step = stack_by_rank((rank, t if (t := summary_table(trace, "causes")) is not None
+                              else rank_causes(trace)) for rank, trace in traces.ranks.items())
     per_step = per_step[cols] if per_step is not None else pd.DataFrame(columns=cols)
     per_rank = _per_rank(per_step)
     excess = excess_table(per_step)

@@ -42,7 +42,7 @@ import pandas as pd
 
 from ..trace import intervals as iv
 from ..trace.classify import STEP_RE, Kind, cached, classify, name_test
-from ..trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, TraceSet, empty_table
+from ..trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, TraceSet
 from .comm_events import AMBIGUOUS_GROUP, SCALAR_BYTES
 from .mesh import dim_of, mesh_dims, role_of
 
@@ -136,18 +136,9 @@ def _row_table(rows: list, dtypes: dict) -> ColumnTable:
 
 
 def _typed_frame(rows, dtypes: dict) -> pd.DataFrame:
-    """A table of ``rows`` (lists in the order of ``dtypes``) with those column types, built
-    column by column (a report from summaries builds two per rank; without rows,
-    :func:`~pardiag.analyzer.trace.traceset.empty_table`)."""
-    if not len(rows):
-        return empty_table(("marks", *dtypes.items()), lambda: _build_typed_frame(rows, dtypes))
-    return _build_typed_frame(rows, dtypes)
-
-
-def _build_typed_frame(rows, dtypes: dict) -> pd.DataFrame:
-    cols = list(zip(*rows)) if len(rows) else [()] * len(dtypes)
-    return pd.DataFrame({c: np.array(v, dtype=t) if t is not object else pd.Series(v, dtype=object)
-                         for (c, t), v in zip(dtypes.items(), cols)}, copy=False)
+    """A table of ``rows`` (lists in the order of ``dtypes``) with those column types (the
+    table :func:`_row_table` builds when read)."""
+    return _row_table(rows, dtypes).frame()
 
 
 def _chunk_frame(rows) -> pd.DataFrame:

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..trace.traceset import RankTrace, TraceSet, stack_by_rank
+from ..trace.traceset import RankTrace, TraceSet, stack_by_rank, summary_table
 
 _MEMORY_COLUMNS = ("ts_us", "device", "allocated_bytes", "reserved_bytes")
 #: ``Device Type`` of ``[memory]`` events: torch's ``c10::DeviceType`` enum (c10/core/DeviceType.h).
@@ -108,7 +108,7 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
     cols = ["rank", "ts_us", "device", "allocated_bytes", "reserved_bytes"]
     # [memory] events, from each rank's summary when it has one (pardiag.analyzer.summary), in
     # one table, grouped once (not filtered once per rank)
-    timeline = stack_by_rank((rank, trace.summary.stored("memory") if trace.summary is not None
+    timeline = stack_by_rank((rank, t if (t := summary_table(trace, "memory")) is not None
                               else memory_rows(trace)) for rank, trace in traces.ranks.items())
     timeline = (timeline if timeline is not None else pd.DataFrame(columns=cols))[cols]
     devices = (timeline.groupby("rank", sort=False)["device"].unique().to_dict()

@@ -22,12 +22,12 @@ stays comparable between runs of different world sizes and numbers of profiled s
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 import pandas as pd
 
-from ..trace.traceset import GPU_CATS, RankTrace, TraceSet, stack_by_rank
+from ..trace.classify import STEP_RE
+from ..trace.traceset import GPU_CATS, RankTrace, TraceSet, stack_by_rank, summary_table
 
 #: Columns of one rank's operator table (:func:`rank_operators`).
 RANK_OPERATOR_COLUMNS = ("kind", "name", "count", "time_us")
@@ -36,7 +36,6 @@ OPERATOR_COLUMNS = ("kind", "name", "ranks", "count", "time_us", "per_step_us")
 #: Most rows of the run's table written to the JSON summary (the most time first); a name below
 #: them took less time than every name listed.
 MAX_JSON_OPERATORS = 2000
-_STEP_NUM_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 
 
 def _empty() -> pd.DataFrame:
@@ -60,7 +59,7 @@ def operators_of_events(events: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     # each distinct name once: its text, whether it is a step, the step's number
     codes, uniques = pd.factorize(events["name"], use_na_sentinel=False)
     text = [str(u) for u in uniques]
-    step_no = [m.group(1) if (m := _STEP_NUM_RE.match(t)) else None for t in text]
+    step_no = [m.group(1) if (m := STEP_RE.match(t)) else None for t in text]
     is_step = (cat.isin(["user_annotation", "cpu_op"]).to_numpy()
                & np.array([x is not None for x in step_no], dtype=bool)[codes])
     n_steps = len({step_no[c] for c in np.unique(codes[is_step])})
@@ -133,9 +132,8 @@ def compute_operators(traces: TraceSet) -> OperatorsResult:
     """Time per operator name on every rank and over the run (see the module docstring)."""
     rows, steps = [], 0
     for rank, trace in traces.ranks.items():
-        s = trace.summary
-        ops, n = ((s.stored("operators"), int(s.operator_steps))
-                  if s is not None and s.stored("operators") is not None
+        ops = summary_table(trace, "operators")
+        ops, n = ((ops, int(trace.summary.operator_steps)) if ops is not None
                   else rank_operators(trace))
         steps += max(int(n), 1)
         rows.append((rank, ops))

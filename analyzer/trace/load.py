@@ -42,7 +42,7 @@ from .parse import (
     read_process_names,
 )
 from .ranks import FileFacts, RankFiles, assign_ranks, merged_rank_of_pids
-from .traceset import RankTrace, TraceSet
+from .traceset import RankTrace, TraceSet, has_step_names
 
 
 class RankReducer(Protocol):
@@ -386,12 +386,6 @@ class ParsedFile:
     pieces: list = dataclasses.field(default_factory=list)
 
 
-def _has_step_names(events: pd.DataFrame) -> bool:
-    """Whether an event's name starts ``ProfilerStep`` (each distinct name tested once)."""
-    return any(type(u) is str and u.startswith("ProfilerStep")
-               for u in pd.unique(events["name"])) if len(events) else False
-
-
 def parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[str, ...] = (),
                 cache: bool = False, keep_events: bool = True) -> ParsedFile:
     """Read, parse and (with a ``reducer``) summarize one file; never raises for bad input."""
@@ -437,7 +431,7 @@ def parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[s
         return ParsedFile(path, metadata=meta, pieces=pieces)
     out = ParsedFile(path, repairs=tuple(repairs), metadata=meta, events=events,
                   thread_names=thread_names, ev_warnings=tuple(ev_warnings), notes=tuple(notes),
-                  has_steps=_has_step_names(events))
+                  has_steps=has_step_names(events))
     if reducer is not None:
         _summarize_into(reducer, out, patterns, repairs, st, cache=cache, keep_events=keep_events)
     return out
@@ -496,7 +490,7 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
         info["rank"] = r
         pieces.append(ParsedFile(path, metadata={**rmeta, "distributedInfo": info}, events=ev,
                               thread_names={k: v for k, v in thread_names.items() if k[0] in mine},
-                              has_steps=_has_step_names(ev), rank_hint=r))
+                              has_steps=has_step_names(ev), rank_hint=r))
     return pieces, warnings
 
 

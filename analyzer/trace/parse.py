@@ -347,16 +347,18 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
             if (ph := e.get("ph")) == "X" or (ph == "i" and e.get("name") == "[memory]")]
     phs = [e["ph"] for e in keep]
     argss = [a if type(a := e.get("args")) is dict else {} for e in keep]
+    names_raw = [e.get("name") for e in keep]
     return _frame_from_columns(
         path, display_time_unit, thread_names, not_objects,
-        names_raw=[e.get("name") for e in keep], cats_raw=[e.get("cat") for e in keep], phs=phs,
+        names_raw=names_raw, cats_raw=[e.get("cat") for e in keep], phs=phs,
         pids_raw=[e.get("pid", "") for e in keep], tid_raw=[e.get("tid", "") for e in keep],
         ts_raw=[e.get("ts") for e in keep],
         dur_raw=[e.get("dur") if ph == "X" else 0.0 for e, ph in zip(keep, phs)],
         no_dur=sum(1 for e, ph in zip(keep, phs) if ph == "X" and "dur" not in e),
         arg_stream=[a.get("stream", _MISSING) for a in argss],
         arg_queue=[a.get("sycl queue", _MISSING) for a in argss],
-        arg_corr=[a.get("correlation", -1) for a in argss], argss=argss)
+        arg_corr=[a.get("correlation", -1) for a in argss],
+        kept_args=[a if (a and k) else None for a, k in zip(argss, _keeps_args(names_raw))])
 
 
 #: Metadata events that name a process (``pardiag merge`` and other tools name each rank's
@@ -383,30 +385,27 @@ def read_process_names(objs: list) -> dict[str, list[str]]:
 _NO_ARGS = msgspec.Raw(b"{}")
 
 
-class _Event(msgspec.Struct, gc=False):
-    """The fields of a trace event that pardiag reads; ``args`` stays undecoded JSON."""
+class _Fields(msgspec.Struct, gc=False):
+    """The fields of a trace event that pardiag reads besides ``ph``; ``args`` stays undecoded
+    JSON."""
+
+    name: object = None
+    cat: object = None
+    pid: object = msgspec.UNSET
+    tid: object = msgspec.UNSET
+    ts: object = None
+    dur: object = msgspec.UNSET
+    args: msgspec.Raw = _NO_ARGS
+
+
+class _Event(_Fields):
+    """A trace event with its ``ph`` as a field (any value, or none: :data:`_EVENTS_DECODER`)."""
 
     ph: object = None
-    name: object = None
-    cat: object = None
-    pid: object = msgspec.UNSET
-    tid: object = msgspec.UNSET
-    ts: object = None
-    dur: object = msgspec.UNSET
-    args: msgspec.Raw = _NO_ARGS
 
 
-class _Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
-    """:class:`_Event` of a complete event (``ph`` ``"X"``), decoded by its tag (see
-    :data:`_TAGGED_DECODER`)."""
-
-    name: object = None
-    cat: object = None
-    pid: object = msgspec.UNSET
-    tid: object = msgspec.UNSET
-    ts: object = None
-    dur: object = msgspec.UNSET
-    args: msgspec.Raw = _NO_ARGS
+class _Complete(_Fields, tag_field="ph", tag="X"):
+    """A complete event (``ph`` ``"X"``), decoded by its tag (see :data:`_TAGGED_DECODER`)."""
 
 
 class _Instant(_Complete, tag="i"):
@@ -549,6 +548,15 @@ def _names_of(metas: list) -> tuple[dict, dict[str, list[str]]]:
     return thread_names, process_names
 
 
+def _keeps_args(names_raw: list) -> list[bool]:
+    """Per event, whether the table keeps its args whole: its name (as text) marks it as
+    communication or memory (:data:`_KEEP_ARGS_RE`; each distinct name tested once)."""
+    if set(map(type, names_raw)) <= {str}:
+        kept = {x: bool(_KEEP_ARGS_RE.search(x)) for x in set(names_raw)}
+        return list(map(kept.__getitem__, names_raw))
+    return [bool(_KEEP_ARGS_RE.search(str(x))) for x in names_raw]
+
+
 def _fast_args(raws: list, names_raw: list) -> dict:
     """The arg columns of :func:`_frame_from_columns` from each kept event's undecoded args
     (``b"{}"`` where it has none).
@@ -557,12 +565,8 @@ def _fast_args(raws: list, names_raw: list) -> dict:
     of all of them (one event at a time only when an args value is not a JSON object); those of
     events whose name marks them as kept (communication, memory) are also decoded whole."""
     n = len(raws)
-    if set(map(type, names_raw)) <= {str}:
-        kept = {x: bool(_KEEP_ARGS_RE.search(x)) for x in set(names_raw)}
-        full = list(map(kept.__getitem__, names_raw))
-    else:
-        full = [bool(_KEEP_ARGS_RE.search(str(x))) for x in names_raw]
-    argss: list = [{}] * n
+    full = _keeps_args(names_raw)
+    kept: list = [None] * n
     # one JSON array of every args object, written once (b"[" + b",".join(...) + b"]" would
     # copy the joined bytes a second time)
     parts = [b"["] + [b","] * (2 * n - 1) + [b"]"] if n else [b"[]"]
@@ -585,12 +589,12 @@ def _fast_args(raws: list, names_raw: list) -> dict:
     for i in todo:
         a = _ANY_DECODER.decode(raws[i])
         if type(a) is dict:
-            if full[i]:
-                argss[i] = a
+            if full[i] and a:
+                kept[i] = a
             stream[i] = a.get("stream", _MISSING)
             queue[i] = a.get("sycl queue", _MISSING)
             corr[i] = a.get("correlation", -1)
-    return dict(arg_stream=stream, arg_queue=queue, arg_corr=corr, argss=argss)
+    return dict(arg_stream=stream, arg_queue=queue, arg_corr=corr, kept_args=kept)
 
 
 def _normalize_cats(cats_raw: list) -> list[str]:
@@ -632,11 +636,11 @@ def _gpu_streams(gpu: np.ndarray, arg_stream, arg_queue, tid_raw: list) -> np.nd
 
 def _frame_from_columns(path, display_time_unit, thread_names, not_objects, *, names_raw,
                         cats_raw, phs, pids_raw, tid_raw, ts_raw, dur_raw, no_dur, arg_stream,
-                        arg_queue, arg_corr, argss):
-    """:func:`events_frame` from the raw field values of the kept events (one list or object
-    array per field: ``arg_stream``/``arg_queue`` hold :data:`_MISSING` where an event's args
-    have no such key, ``arg_corr`` -1; ``argss`` holds the args dicts, ``{}`` where an event has
-    none or they were not decoded whole)."""
+                        arg_queue, arg_corr, kept_args):
+    """:func:`events_frame` from the raw field values of the kept events (one list per field:
+    ``arg_stream``/``arg_queue`` hold :data:`_MISSING` where an event's args have no such key,
+    ``arg_corr`` -1; ``kept_args`` the args dicts the table keeps (:func:`_keeps_args`), None
+    elsewhere)."""
     names = _str_column(names_raw)
     cats = _normalize_cats(cats_raw)
     pids = _str_column(pids_raw)
@@ -647,8 +651,6 @@ def _frame_from_columns(path, display_time_unit, thread_names, not_objects, *, n
     is_gpu = np.fromiter(map(gpu_cat.__getitem__, cats), bool, len(cats))
     streams = _gpu_streams(is_gpu, arg_stream, arg_queue, tid_raw)
     corrs = _int_column(list(arg_corr))
-    keep_args = {n: bool(_KEEP_ARGS_RE.search(n)) for n in set(names)}
-    kept_args = [a if (a and keep_args[n]) else None for a, n in zip(argss, names)]
     df = pd.DataFrame({
         "name": pd.Series(names, dtype=object), "cat": pd.Series(pd.Categorical(cats)),
         "ph": pd.Series(phs, dtype=object), "pid": pd.Series(pids, dtype=object),

@@ -134,6 +134,13 @@ class TraceSet:
     sidecars: dict[str, dict[int, dict]] = dataclasses.field(default_factory=dict)
 
 
+def has_step_names(events: pd.DataFrame) -> bool:
+    """Whether an event of ``events`` (:data:`EVENT_COLUMNS`) is named ``ProfilerStep...``
+    (each distinct name tested once)."""
+    return any(type(u) is str and u.startswith("ProfilerStep")
+               for u in pd.unique(events["name"])) if len(events) else False
+
+
 def table_from_columns(columns, dtypes, data) -> pd.DataFrame:
     """A DataFrame from column lists as a summary stores them: ``columns`` (names), ``dtypes``
     (pandas dtype names) and ``data`` (one list of JSON values per column, None for a missing
@@ -227,6 +234,14 @@ class StoredTable:
 
     def __set__(self, obj, value):
         obj.__dict__[self.key] = value
+
+
+def summary_table(trace: RankTrace, name: str):
+    """The table ``name`` the rank's summary holds (a DataFrame or a not yet built
+    :class:`ColumnTable`: :func:`stack_by_rank` reads either), or None when the rank has no
+    summary or the summary no such table."""
+    s = trace.summary
+    return s.stored(name) if s is not None else None
 
 
 def float_column(table, name: str) -> np.ndarray:
