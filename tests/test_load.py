@@ -58,6 +58,76 @@ def test_events_of_every_ph_give_the_tolerant_paths_table(extra_ph):
     assert threads == {("1", "2"): "main"}
 
 
+def test_events_decoded_in_slices_give_one_slices_table(monkeypatch):
+    """Events decoded a slice at a time build the table, thread names, process names, warnings
+    and kept args that one slice of every event builds, and the tolerant path's, also when the
+    slices take different decoders: args that are ``null`` or not objects (the decode with
+    undecoded args), a ``ph`` outside the format (the plain decode), a thread renamed in a later
+    slice, numbers written as strings."""
+    from pathlib import Path
+
+    from pardiag.analyzer.trace import events_frame, parse
+    from pardiag.analyzer.trace.parse import PROCESS_NAMES_KEY
+
+    events = [
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "main"}},
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "rank 0"}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 5, "dur": 3},
+        {"ph": "X", "cat": "cpu_op", "name": "nccl:all_reduce", "pid": 1, "tid": 2, "ts": 6,
+         "dur": 1, "args": {"Collective name": "allreduce", "In msg nelems": 4}},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 9, "dur": 1,
+         "args": None},
+        {"ph": "i", "name": "[memory]", "pid": 1, "tid": 2, "ts": 6,
+         "args": {"Total Allocated": 10, "Device Type": 1}},
+        {"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": "11", "dur": 1,
+         "args": "not an object"},
+        {"ph": "f", "id": 3, "pid": 1, "tid": 2, "ts": 8, "cat": "ac2g", "bp": "e"},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "renamed"}},
+        {"ph": "M", "name": "process_labels", "pid": 1, "args": {"labels": "GPU 0"}},
+        {"ph": "Z", "name": "x", "pid": 1, "tid": 2, "ts": 4, "dur": 1},
+        {"cat": "kernel", "name": "ncclKernel_AllReduce", "pid": 0, "tid": 7, "ts": 12, "dur": 2,
+         "ph": "X", "args": {"stream": 7, "correlation": 4, "sycl queue": 2}},
+        {"ph": "X", "cat": "cpu_op", "name": "late", "pid": 1, "ts": 13},
+    ]
+    raw = json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode()
+    path = Path("f.json")
+    results = []
+    for size in (1, 2, 3, 5, len(events)):
+        monkeypatch.setattr(parse, "SLICE_EVENTS", size)
+        results.append(parse.parse_trace_fast(raw, path))
+    ref = events_frame(events, path, "ms")
+    for meta, (ev, threads, warnings, notes) in results:
+        assert ev.drop(columns="args").equals(ref[0].drop(columns="args"))
+        assert list(ev["args"]) == list(ref[0]["args"])
+        assert (threads, warnings, notes) == ref[1:]
+        assert meta == {"displayTimeUnit": "ms",
+                        PROCESS_NAMES_KEY: {"1": ["rank 0", "GPU 0"]}}
+    assert threads == {("1", "2"): "renamed"}
+    assert list(ev["name"]) == ["aten::mm", "nccl:all_reduce", "[memory]", "k", "k2",
+                                "ncclKernel_AllReduce"]
+    assert list(ev["stream"]) == [-1, -1, -1, 7, 7, 7]
+    kept = dict(zip(ev["name"], ev["args"]))
+    assert kept["nccl:all_reduce"] == {"Collective name": "allreduce", "In msg nelems": 4}
+    assert kept["[memory]"] == {"Total Allocated": 10, "Device Type": 1}
+    assert kept["ncclKernel_AllReduce"]["correlation"] == 4 and kept["k"] is None
+    assert any("1 ts/dur values are strings" in w for w in warnings)
+    assert any("left out 1 events" in w and "(1 without dur)" in w for w in warnings)
+
+
+def test_an_entry_that_is_not_an_object_in_any_slice_takes_the_tolerant_path(monkeypatch):
+    from pathlib import Path
+
+    from pardiag.analyzer.trace import parse
+
+    monkeypatch.setattr(parse, "SLICE_EVENTS", 2)
+    ok = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 2, "ts": 5, "dur": 3}
+    holder = [json.dumps({"traceEvents": [ok, ok, ok, 7]}).encode()]
+    assert parse.parse_trace_fast(holder, Path("f.json")) is None
+    assert len(holder) == 1  # the bytes are left for the tolerant path
+    t = parse.events_frame([ok, ok, ok, 7], Path("f.json"))
+    assert len(t[0]) == 3 and "left out 1 traceEvents entries that are not objects" in t[2][0]
+
+
 def test_legacy_format_categories_and_stream_tids(tmp_path):
     doc = {"traceEvents": [
         {"ph": "X", "cat": "Operator", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 5},
@@ -285,22 +355,32 @@ def test_explicit_bad_file_is_an_error_naming_it(tmp_path):
 
 @pytest.mark.parametrize("inflate", ["isal", "gzip"])
 def test_gzip_inflated_alike_with_or_without_isal(monkeypatch, inflate):
-    """ISA-L's inflate (where installed) and Python's gzip give the same bytes, also for a file
-    of several gzip members, and the same error for a truncated or corrupt one."""
+    """ISA-L's inflate (where installed) and Python's zlib/gzip give the bytes Python's
+    ``gzip.decompress`` gives, for one member (one pass) and for several members (the gzip
+    module's reading), and the same error for a truncated or corrupt file, a wrong CRC or
+    length, and bytes after the member."""
+    import zlib
     from pathlib import Path
 
     from pardiag.analyzer.trace import parse
 
     if inflate == "gzip":
-        monkeypatch.setattr(parse, "_gunzip", gzip.decompress)
+        monkeypatch.setattr(parse, "_inflater", zlib)
+        monkeypatch.setattr(parse, "_gunzip_members", gzip.decompress)
         monkeypatch.setattr(parse, "_GUNZIP_ERRORS", ())
     else:
         pytest.importorskip("isal")
-        assert parse._gunzip is not gzip.decompress
+        assert parse._inflater is not zlib
     body = json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}] * 50}).encode()
+    one = gzip.compress(body)
     two = gzip.compress(body[:100]) + gzip.compress(body[100:])
+    assert parse.plain_bytes(one, Path("t.json.gz")) == body
     assert parse.plain_bytes(two, Path("t.json.gz")) == body
-    for bad in (two[:30], two[:2] + b"\x00" * 40):
+    crc = one[:-8] + bytes([one[-8] ^ 1]) + one[-7:]
+    size = one[:-4] + bytes([one[-4] ^ 1]) + one[-3:]
+    for bad in (two[:30], two[:2] + b"\x00" * 40, crc, size, one + b"junk"):
+        with pytest.raises((OSError, EOFError, zlib.error)):   # Python's gzip refuses it
+            gzip.decompress(bad)
         with pytest.raises(TraceError, match=r"t\.json\.gz: truncated or corrupt gzip"):
             parse.plain_bytes(bad, Path("t.json.gz"))
     with pytest.raises(TraceError, match="empty file"):

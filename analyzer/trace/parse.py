@@ -89,13 +89,29 @@ def read_trace_bytes(raw: bytes, path: Path) -> tuple[dict, list[str]]:
 
 try:  # Intel's ISA-L inflates gzip about twice as fast as zlib (same bytes out, CRC checked)
     from isal import igzip as _igzip
-    from isal.isal_zlib import error as _isal_error
+    from isal import isal_zlib as _inflater
 
-    _gunzip = _igzip.decompress
-    _GUNZIP_ERRORS: tuple = (_isal_error,)
+    _gunzip_members = _igzip.decompress
+    _GUNZIP_ERRORS: tuple = (_inflater.error,)
 except ImportError:  # a platform without its wheel
-    _gunzip = gzip.decompress
+    _inflater = zlib
+    _gunzip_members = gzip.decompress
     _GUNZIP_ERRORS = ()
+
+
+def _gunzip(raw: bytes) -> bytes:
+    """The inflated bytes of a gzip file: a file of one member in one pass (the usual case),
+    anything else (several members, bytes after the member, a truncated or corrupt file) by
+    the gzip module's reading, which gives the bytes or the error."""
+    inflater = _inflater.decompressobj(wbits=31)  # 31: a gzip header and trailer (CRC, size)
+    try:
+        out = inflater.decompress(raw)
+    except (zlib.error, *_GUNZIP_ERRORS):
+        return _gunzip_members(raw)
+    if inflater.eof and not inflater.unused_data:
+        return out
+    del out
+    return _gunzip_members(raw)
 
 
 def plain_bytes(raw: bytes, path: Path) -> bytes:
@@ -228,13 +244,18 @@ def _int_column(values: list) -> np.ndarray:
     return np.array([_int_or(v) for v in values], dtype=np.int64)
 
 
+_STR_COLUMN_TYPES = {int, str, type(msgspec.UNSET)}
+
+
 def _str_column(values: list) -> list[str]:
-    """``str`` of each value (None → ``""``), equal strings shared (less memory, faster pickle)."""
-    types = set(map(type, values))
-    if types <= {int, str}:
+    """``str`` of each value (None and an absent field, :data:`_MISSING`, → ``""``), equal
+    strings shared (less memory, faster pickle)."""
+    if set(map(type, values)) <= _STR_COLUMN_TYPES:
         table = {v: str(v) for v in set(values)}
+        if _MISSING in table:
+            table[_MISSING] = ""
         return list(map(table.__getitem__, values))
-    return [("" if v is None else str(v)) for v in values]
+    return [("" if v is None or v is _MISSING else str(v)) for v in values]
 
 
 #: Timestamps and durations beyond this (µs; ~3,000 years) are not times; events with them are
@@ -381,7 +402,7 @@ def read_process_names(objs: list) -> dict[str, list[str]]:
 
 
 #: The ``args`` of a decoded event that has none (this very object: told apart by identity from
-#: an empty args object, and still an object when every event's args are decoded at once).
+#: an empty args object).
 _NO_ARGS = msgspec.Raw(b"{}")
 
 
@@ -416,43 +437,86 @@ class _Meta(_Complete, tag="M"):
     """A metadata event (``ph`` ``"M"``: thread and process names)."""
 
 
-#: The other ``ph`` values of the Chrome trace format: such events are decoded to an empty
-#: struct (flow events are a third of a GPU trace's events, and none is read).
-_SKIPPED_PHS = ("B", "E", "I", "C", "b", "n", "e", "s", "t", "f", "P", "O", "N", "D", "V", "v",
-                "R", "c", "(", ")")
-_SKIPPED = tuple(msgspec.defstruct(f"_Skipped{i}", [], tag_field="ph", tag=ph, gc=False)
-                 for i, ph in enumerate(_SKIPPED_PHS))
-
-
-class _LiteArgs(msgspec.Struct, gc=False):
-    """The args the event table reads from events whose other args it does not keep."""
+class _LiteArgs(msgspec.Struct, gc=False, frozen=True):
+    """The args every row of the event table reads (its other args are kept only for
+    communication and memory events); frozen, so that one instance, :data:`_NO_LITE`, stands for
+    absent args."""
 
     stream: object = msgspec.UNSET
     correlation: object = -1
     sycl_queue: object = msgspec.field(default=msgspec.UNSET, name="sycl queue")
 
 
+_NO_LITE = _LiteArgs()
+
+
+class _LiteFields(msgspec.Struct, gc=False):
+    """:class:`_Fields` with ``args`` decoded into the three args every row reads (None where
+    the args are ``null``; an args value of another kind fails the decode)."""
+
+    name: object = None
+    cat: object = None
+    pid: object = msgspec.UNSET
+    tid: object = msgspec.UNSET
+    ts: object = None
+    dur: object = msgspec.UNSET
+    args: _LiteArgs | None = _NO_LITE
+
+
+class _LiteComplete(_LiteFields, tag_field="ph", tag="X"):
+    """A complete event decoded by :data:`_LITE_DECODER`."""
+
+
+class _LiteInstant(_LiteComplete, tag="i"):
+    """An instant event decoded by :data:`_LITE_DECODER`."""
+
+
+class _ArgsOnly(msgspec.Struct, gc=False):
+    """An event's args decoded whole (communication and memory events: :func:`_keeps_args`)."""
+
+    args: object = None
+
+
+#: The other ``ph`` values of the Chrome trace format: such events are decoded to an empty
+#: struct (flow events are a third of a GPU trace's events, and none is read).
+_SKIPPED_PHS = ("B", "E", "I", "C", "b", "n", "e", "s", "t", "f", "P", "O", "N", "D", "V", "v",
+                "R", "c", "(", ")")
+_SKIPPED = functools.reduce(operator.or_, (
+    msgspec.defstruct(f"_Skipped{i}", [], tag_field="ph", tag=ph, gc=False)
+    for i, ph in enumerate(_SKIPPED_PHS)))
+
 #: An arg the event has not got (``stream``, ``sycl queue``).
 _MISSING = msgspec.UNSET
 
 _TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 _LITE_LIST_DECODER = msgspec.json.Decoder(list[_LiteArgs])
+_ARGS_LIST_DECODER = msgspec.json.Decoder(list[_ArgsOnly])
+#: Events decoded by their ``ph`` with the args every row reads: only the fields of the kinds
+#: pardiag reads are built. Events that fail it (args that are not objects) are decoded with
+#: :data:`_TAGGED_DECODER` (args undecoded), and a ``ph`` outside the format's (or none, or not
+#: a string) with :data:`_EVENTS_DECODER`.
+_LITE_DECODER = msgspec.json.Decoder(list[_LiteComplete | _LiteInstant | _Meta | _SKIPPED])
+_TAGGED_DECODER = msgspec.json.Decoder(list[_Complete | _Instant | _Meta | _SKIPPED])
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
-#: Events decoded by their ``ph``: only the fields of the kinds pardiag reads are built. A file
-#: with a ``ph`` outside the format's (or none, or not a string) fails it and is decoded with
-#: :data:`_EVENTS_DECODER`.
-_TAGGED_DECODER = msgspec.json.Decoder(list[_Complete | _Instant | _Meta
-                                            | functools.reduce(operator.or_, _SKIPPED)])
 _ANY_DECODER = msgspec.json.Decoder()
+
+#: Events decoded at a time by :func:`parse_trace_fast`: a slice's structs become column arrays
+#: and are dropped before the next slice is decoded, so a file's events are never all Python
+#: objects at once (a third of the peak memory of a rank; ``benchmarks/bench_report.py``).
+SLICE_EVENTS = 8192
+
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError,
+                  RecursionError)
 
 
 def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=None
                      ) -> tuple[dict, tuple] | None:
     """Strict-JSON fast path of reading a trace: the document's metadata and the
-    :func:`events_frame` result, decoding only the event fields pardiag uses (msgspec; each
-    event's ``args`` is decoded only where it is read, all at once). ``raw`` is the decompressed
-    file, or a one-item list holding it: then the list is emptied on success so the bytes can be
-    freed before the table is built (and left as it was when None is returned).
+    :func:`events_frame` result, decoding only the event fields pardiag uses (msgspec), in
+    slices of :data:`SLICE_EVENTS` events. ``raw`` is the decompressed file, or a one-item list
+    holding it: then the list is emptied on success so the bytes can be freed before the table
+    is built (and left as it was when None is returned).
 
     Returns:
         ``(metadata, (events, thread_names, warnings, notes))``, or None when the file is not a
@@ -467,45 +531,86 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
         if "traceEvents" not in top:
             return None
         meta = {k: _ANY_DECODER.decode(v) for k, v in top.items() if k != "traceEvents"}
-        try:
-            evs = _TAGGED_DECODER.decode(top["traceEvents"])
-            split = _split_tagged
-        except msgspec.ValidationError:  # a ph outside the format's, a list that is not events
-            evs = _EVENTS_DECODER.decode(top["traceEvents"])
-            split = _split_events
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
+        raws = _RAW_LIST_DECODER.decode(top["traceEvents"])
+    except _DECODE_ERRORS:
         return None
     del top
+    parts: list[dict] = []
+    thread_names: dict = {}
+    process_names: dict[str, list[str]] = {}
+    keeps: dict = {}
+    for start in range(0, len(raws), SLICE_EVENTS):
+        part = _slice_part(raws[start:start + SLICE_EVENTS], thread_names, process_names, keeps)
+        if part is None:
+            return None
+        parts.append(part)
+    del raws  # the events' undecoded JSON: the last reference to the file's bytes
     if holder is not None:
-        holder.clear()  # the events' raw args still refer to the bytes until ``keep`` goes
+        holder.clear()
     del raw
-    keep, phs, thread_names, process_names = split(evs)
-    del evs  # metadata and flow events: not needed any more
+    if process_names:
+        meta[PROCESS_NAMES_KEY] = process_names
+    unit = meta.get("displayTimeUnit", display_time_unit_default)
+    return meta, _frame_from_parts(path, unit, thread_names, 0, parts)
+
+
+def _decode_slice(raws: list) -> tuple[list, str] | None:
+    """The events of ``raws`` (each event's undecoded JSON) decoded with the first of
+    :data:`_LITE_DECODER` (``"lite"``), :data:`_TAGGED_DECODER` (``"tagged"``) and
+    :data:`_EVENTS_DECODER` (``"plain"``) that takes them all, and which one; None when an
+    entry is not an object."""
+    data = _joined_array(raws)
+    for decoder, kind in ((_LITE_DECODER, "lite"), (_TAGGED_DECODER, "tagged"),
+                          (_EVENTS_DECODER, "plain")):
+        try:
+            return decoder.decode(data), kind
+        except msgspec.ValidationError:
+            continue
+        except _DECODE_ERRORS:
+            return None
+    return None
+
+
+def _slice_part(raws: list, thread_names: dict, process_names: dict, keeps: dict
+                ) -> dict | None:
+    """The :func:`_slice_arrays` of one slice of events (each event's undecoded JSON), or None
+    when an entry is not an object. The slice's thread and process names are added to
+    ``thread_names`` and ``process_names`` (:func:`_names_of`); ``keeps`` caches
+    :func:`_keeps_args` across slices."""
+    decoded = _decode_slice(raws)
+    if decoded is None:
+        return None
+    evs, kind = decoded
+    if kind == "plain":
+        keep, phs = _split_events(evs, thread_names, process_names)
+    else:
+        keep, phs, mask = _split_tagged(evs, thread_names, process_names, lite=kind == "lite")
+    del evs
     get = operator.attrgetter
     names_raw = list(map(get("name"), keep))
-    arg_cols = _fast_args(list(map(get("args"), keep)), names_raw)
-    unit = meta.get("displayTimeUnit", display_time_unit_default)
+    full = _keeps_args(names_raw, keeps)
+    if kind == "lite":
+        arg_cols = _lite_args(list(map(get("args"), keep)), full,
+                              list(itertools.compress(raws, mask)))
+    else:
+        arg_cols = _fast_args(list(map(get("args"), keep)), full)
     durs = list(map(get("dur"), keep))
     if phs.count("X") == len(phs):
         no_dur = durs.count(_MISSING)
     else:  # [memory] instants: no duration
         no_dur = sum(1 for d, ph in zip(durs, phs) if ph == "X" and d is _MISSING)
         durs = [d if ph == "X" else 0.0 for d, ph in zip(durs, phs)]
-    cols = dict(
+    return _slice_arrays(
         names_raw=names_raw, cats_raw=list(map(get("cat"), keep)), phs=phs,
-        pids_raw=[("" if p is _MISSING else p) for p in map(get("pid"), keep)],
-        tid_raw=[("" if t is _MISSING else t) for t in map(get("tid"), keep)],
+        pids_raw=list(map(get("pid"), keep)), tid_raw=list(map(get("tid"), keep)),
         ts_raw=list(map(get("ts"), keep)), dur_raw=durs, no_dur=no_dur, **arg_cols)
-    del keep, durs  # the structs, and with them the file's bytes
-    if process_names:
-        meta[PROCESS_NAMES_KEY] = process_names
-    return meta, _frame_from_columns(path, unit, thread_names, 0, **cols)
 
 
-def _split_events(evs: list) -> tuple[list, list, dict, dict[str, list[str]]]:
+def _split_events(evs: list, thread_names: dict, process_names: dict
+                  ) -> tuple[list, list]:
     """The decoded events (:class:`_Event`) the table keeps (complete events and ``[memory]``
-    instants) and their ``ph``, the thread names ``{(pid, tid): name}`` and process names
-    ``{pid: [names]}`` of the metadata events."""
+    instants) and their ``ph``; the names of the metadata events are added to
+    ``thread_names`` and ``process_names`` (:func:`_names_of`)."""
     keep = []
     metas = []
     for e in evs:
@@ -514,24 +619,27 @@ def _split_events(evs: list) -> tuple[list, list, dict, dict[str, list[str]]]:
             keep.append(e)
         elif ph == "M":
             metas.append(e)
-    return (keep, list(map(operator.attrgetter("ph"), keep)), *_names_of(metas))
+    _names_of(metas, thread_names, process_names)
+    return keep, list(map(operator.attrgetter("ph"), keep))
 
 
-def _split_tagged(evs: list) -> tuple[list, list, dict, dict[str, list[str]]]:
-    """:func:`_split_events` of events decoded by their tag (:data:`_TAGGED_DECODER`)."""
-    keep = [e for e in evs if type(e) is _Complete
-            or (type(e) is _Instant and e.name == "[memory]")]
-    types = set(map(type, keep))
-    phs = ["X"] * len(keep) if _Instant not in types else [
-        "X" if type(e) is _Complete else "i" for e in keep]
-    return (keep, phs, *_names_of([e for e in evs if type(e) is _Meta]))
+def _split_tagged(evs: list, thread_names: dict, process_names: dict, *, lite: bool
+                  ) -> tuple[list, list, list[bool]]:
+    """:func:`_split_events` of events decoded by their tag (:data:`_LITE_DECODER` where
+    ``lite``, else :data:`_TAGGED_DECODER`), with the mask of the events kept."""
+    complete, instant = (_LiteComplete, _LiteInstant) if lite else (_Complete, _Instant)
+    mask = [type(e) is complete or (type(e) is instant and e.name == "[memory]") for e in evs]
+    keep = list(itertools.compress(evs, mask))
+    phs = ["X"] * len(keep) if instant not in set(map(type, keep)) else [
+        "X" if type(e) is complete else "i" for e in keep]
+    _names_of([e for e in evs if type(e) is _Meta], thread_names, process_names)
+    return keep, phs, mask
 
 
-def _names_of(metas: list) -> tuple[dict, dict[str, list[str]]]:
-    """The thread names ``{(pid, tid): name}`` and process names ``{pid: [names]}`` of decoded
-    metadata events."""
-    thread_names: dict = {}
-    process_names: dict[str, list[str]] = {}
+def _names_of(metas: list, thread_names: dict, process_names: dict[str, list[str]]) -> None:
+    """Add the thread names ``{(pid, tid): name}`` and process names ``{pid: [names]}`` of
+    decoded metadata events to ``thread_names`` and ``process_names`` (a later name of a
+    thread replaces an earlier one)."""
     for e in metas:
         if e.args is not _NO_ARGS and (
                 e.name == "thread_name" or (type(e.name) is str and e.name in _PROCESS_META)):
@@ -545,37 +653,63 @@ def _names_of(metas: list) -> tuple[dict, dict[str, list[str]]]:
             else:
                 process_names.setdefault(str(pid), []).append(
                     str(a.get("name", a.get("labels", ""))))
-    return thread_names, process_names
 
 
-def _keeps_args(names_raw: list) -> list[bool]:
+def _keeps_args(names_raw: list, cache: dict | None = None) -> list[bool]:
     """Per event, whether the table keeps its args whole: its name (as text) marks it as
-    communication or memory (:data:`_KEEP_ARGS_RE`; each distinct name tested once)."""
+    communication or memory (:data:`_KEEP_ARGS_RE`; each distinct name tested once, and once
+    across calls that share ``cache``)."""
     if set(map(type, names_raw)) <= {str}:
-        kept = {x: bool(_KEEP_ARGS_RE.search(x)) for x in set(names_raw)}
-        return list(map(kept.__getitem__, names_raw))
+        cache = {} if cache is None else cache
+        for x in set(names_raw).difference(cache):
+            cache[x] = bool(_KEEP_ARGS_RE.search(x))
+        return list(map(cache.__getitem__, names_raw))
     return [bool(_KEEP_ARGS_RE.search(str(x))) for x in names_raw]
 
 
-def _fast_args(raws: list, names_raw: list) -> dict:
-    """The arg columns of :func:`_frame_from_columns` from each kept event's undecoded args
-    (``b"{}"`` where it has none).
+def _joined_array(items: list) -> bytes:
+    """One JSON array of the JSON values ``items`` (bytes or :class:`msgspec.Raw`), written
+    once (``b"[" + b",".join(...) + b"]"`` would copy the joined bytes a second time)."""
+    if not items:
+        return b"[]"
+    pieces = [b"["] + [b","] * (2 * len(items) - 1) + [b"]"]
+    pieces[1:-1:2] = items
+    return b"".join(pieces)
+
+
+def _lite_args(lites: list, full: list[bool], raws: list) -> dict:
+    """The arg columns of :func:`_slice_arrays` from the kept events' :class:`_LiteArgs`
+    (None for ``null`` args); ``raws`` are the same events' undecoded JSON, decoded again (all
+    at once) for the args the table keeps whole (``full``: :func:`_keeps_args`)."""
+    n = len(lites)
+    if type(None) in set(map(type, lites)):
+        lites = [_NO_LITE if a is None else a for a in lites]
+    get = operator.attrgetter
+    kept: list = [None] * n
+    todo = list(itertools.compress(range(n), full))
+    if todo:
+        whole = _ARGS_LIST_DECODER.decode(_joined_array([raws[i] for i in todo]))
+        for i, o in zip(todo, whole):
+            if type(o.args) is dict and o.args:
+                kept[i] = o.args
+    return dict(arg_stream=list(map(get("stream"), lites)),
+                arg_queue=list(map(get("sycl_queue"), lites)),
+                arg_corr=list(map(get("correlation"), lites)), kept_args=kept)
+
+
+def _fast_args(raws: list, full: list[bool]) -> dict:
+    """The arg columns of :func:`_slice_arrays` from each kept event's undecoded args
+    (:data:`_NO_ARGS` where it has none; ``full``: :func:`_keeps_args`).
 
     Every event's args are read for ``stream``, ``correlation`` and ``sycl queue`` in one decode
     of all of them (one event at a time only when an args value is not a JSON object); those of
     events whose name marks them as kept (communication, memory) are also decoded whole."""
     n = len(raws)
-    full = _keeps_args(names_raw)
     kept: list = [None] * n
-    # one JSON array of every args object, written once (b"[" + b",".join(...) + b"]" would
-    # copy the joined bytes a second time)
-    parts = [b"["] + [b","] * (2 * n - 1) + [b"]"] if n else [b"[]"]
-    parts[1:-1:2] = raws
     try:
-        lites = _LITE_LIST_DECODER.decode(b"".join(parts))
+        lites = _LITE_LIST_DECODER.decode(_joined_array(raws))
     except msgspec.ValidationError:  # an args value that is not an object: one at a time
         lites = None
-    del parts
     if lites is not None:
         get = operator.attrgetter
         stream = list(map(get("stream"), lites))
@@ -634,36 +768,65 @@ def _gpu_streams(gpu: np.ndarray, arg_stream, arg_queue, tid_raw: list) -> np.nd
     return streams
 
 
-def _frame_from_columns(path, display_time_unit, thread_names, not_objects, *, names_raw,
-                        cats_raw, phs, pids_raw, tid_raw, ts_raw, dur_raw, no_dur, arg_stream,
-                        arg_queue, arg_corr, kept_args):
-    """:func:`events_frame` from the raw field values of the kept events (one list per field:
-    ``arg_stream``/``arg_queue`` hold :data:`_MISSING` where an event's args have no such key,
-    ``arg_corr`` -1; ``kept_args`` the args dicts the table keeps (:func:`_keeps_args`), None
-    elsewhere)."""
-    names = _str_column(names_raw)
+def _slice_arrays(*, names_raw, cats_raw, phs, pids_raw, tid_raw, ts_raw, dur_raw, no_dur,
+                  arg_stream, arg_queue, arg_corr, kept_args) -> dict:
+    """The columns of the event table for some events, from the raw field values (one list per
+    field: ``arg_stream``/``arg_queue`` hold :data:`_MISSING` where an event's args have no
+    such key, ``arg_corr`` -1; ``kept_args`` the args dicts the table keeps
+    (:func:`_keeps_args`), None elsewhere), with ``strings`` (ts/dur values read from strings)
+    and ``no_dur`` (complete events without ``dur``). :func:`_frame_from_parts` joins them."""
     cats = _normalize_cats(cats_raw)
-    pids = _str_column(pids_raw)
-    tids = _str_column(tid_raw)
     ts, ts_str = _float_column(ts_raw)
     dur, dur_str = _float_column(dur_raw)
     gpu_cat = {c: c in GPU_CATS for c in set(cats)}
     is_gpu = np.fromiter(map(gpu_cat.__getitem__, cats), bool, len(cats))
-    streams = _gpu_streams(is_gpu, arg_stream, arg_queue, tid_raw)
-    corrs = _int_column(list(arg_corr))
+    return dict(name=_str_column(names_raw), cat=cats, ph=phs, pid=_str_column(pids_raw),
+                tid=_str_column(tid_raw), ts=ts, dur=dur,
+                stream=_gpu_streams(is_gpu, arg_stream, arg_queue, tid_raw),
+                correlation=_int_column(list(arg_corr)), args=kept_args,
+                strings=ts_str + dur_str, no_dur=no_dur)
+
+
+def _frame_from_columns(path, display_time_unit, thread_names, not_objects, **cols):
+    """:func:`events_frame` from the raw field values of the kept events (the keyword
+    arguments of :func:`_slice_arrays`)."""
+    return _frame_from_parts(path, display_time_unit, thread_names, not_objects,
+                             [_slice_arrays(**cols)])
+
+
+def _frame_from_parts(path, display_time_unit, thread_names, not_objects, parts: list[dict]):
+    """:func:`events_frame` from the :func:`_slice_arrays` of consecutive slices of the kept
+    events."""
+    if not parts:
+        parts = [_slice_arrays(names_raw=[], cats_raw=[], phs=[], pids_raw=[], tid_raw=[],
+                               ts_raw=[], dur_raw=[], no_dur=0, arg_stream=[], arg_queue=[],
+                               arg_corr=[], kept_args=[])]
+
+    def joined(key):
+        if len(parts) == 1:
+            return parts[0][key]
+        if isinstance(parts[0][key], np.ndarray):
+            return np.concatenate([p[key] for p in parts])
+        return list(itertools.chain.from_iterable(p[key] for p in parts))
+
+    ts = joined("ts")
     df = pd.DataFrame({
-        "name": pd.Series(names, dtype=object), "cat": pd.Series(pd.Categorical(cats)),
-        "ph": pd.Series(phs, dtype=object), "pid": pd.Series(pids, dtype=object),
-        "tid": pd.Series(tids, dtype=object),
-        "ts": ts, "dur": dur, "stream": streams, "correlation": corrs,
-        "args": pd.Series(kept_args, dtype=object),
+        "name": pd.Series(joined("name"), dtype=object),
+        "cat": pd.Series(pd.Categorical(joined("cat"))),
+        "ph": pd.Series(joined("ph"), dtype=object), "pid": pd.Series(joined("pid"), dtype=object),
+        "tid": pd.Series(joined("tid"), dtype=object), "ts": ts, "dur": joined("dur"),
+        "stream": joined("stream"), "correlation": joined("correlation"),
+        "args": pd.Series(joined("args"), dtype=object),
     })
+    strings = sum(p["strings"] for p in parts)
+    no_dur = sum(p["no_dur"] for p in parts)
+    parts.clear()  # the slices' columns: the table holds its own copies
     warnings: list[str] = []
     notes: list[str] = []
     if not_objects:
         warnings.append(f"{path}: left out {not_objects} traceEvents entries that are not objects")
-    if ts_str or dur_str:
-        warnings.append(f"{path}: {ts_str + dur_str} ts/dur values are strings; read as numbers"
+    if strings:
+        warnings.append(f"{path}: {strings} ts/dur values are strings; read as numbers"
                         f" where they hold one")
     if len(df) and str(display_time_unit).lower() == "ns":
         finite = ts[np.isfinite(ts)]
