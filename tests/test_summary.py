@@ -188,6 +188,62 @@ def test_parallel_load_keeps_the_same_events(tmp_path):
         assert list(a["args"]) == list(b["args"])
 
 
+@pytest.mark.parametrize("batch_bytes", [1, 10**9])
+def test_worker_processes_give_results_in_file_order(tmp_path, monkeypatch, batch_bytes):
+    """A process per file (a budget of 1 byte) or one batch of every file: the summaries of
+    :func:`parse_files` are those of parsing in this process, in file order, and progress
+    counts every file."""
+    from pardiag.analyzer.trace import load
+
+    run = write_run(tmp_path / "run", ranks=4, mb=0.02, layers=8)
+    files = sorted(run.glob("*.json*"))
+    monkeypatch.setattr(load, "WORKER_BATCH_BYTES", batch_bytes)
+    seen = []
+    par = load.parse_files(files, 2, lambda d, t: seen.append((d, t)), reducer=sm.REDUCER,
+                           keep_events=False)
+    seq = load.parse_files(files, 1, None, reducer=sm.REDUCER, keep_events=False)
+    assert [p.path for p in par] == files
+    assert [sm.to_json(p.summary) for p in par] == [sm.to_json(p.summary) for p in seq]
+    assert seen[-1] == (4, 4) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert len(seen) == (4 if batch_bytes == 1 else 1)
+
+
+def test_a_worker_that_dies_or_fails_is_an_error(tmp_path, monkeypatch):
+    """A worker killed (out of memory) gives a one-line error naming a file; an exception in a
+    worker (a bug: :func:`parse_file` never raises for bad input) is raised here."""
+    import os
+
+    from pardiag.analyzer.trace import load
+    from pardiag.errors import PardiagError
+
+    run = write_run(tmp_path / "run", ranks=2, mb=0.02, layers=8)
+    files = sorted(run.glob("*.json*"))
+    monkeypatch.setattr(load, "parse_file", lambda f, **kw: os._exit(9))
+    with pytest.raises(PardiagError, match=r"a process parsing .*rank0\.pt\.trace\.json died "
+                                           r"\(out of memory\?\); try fewer workers"):
+        load.parse_files(files, 2, None)
+
+    def broken(f, **kw):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(load, "parse_file", broken)
+    with pytest.raises(KeyError, match="a bug"):
+        load.parse_files(files, 2, None)
+
+
+def test_spawned_workers_where_fork_is_not_available(tmp_path, monkeypatch):
+    import multiprocessing as mp
+
+    from pardiag.analyzer.trace import load
+
+    run = write_run(tmp_path / "run", ranks=3, mb=0.02, layers=8)
+    files = sorted(run.glob("*.json*"))
+    monkeypatch.setattr(mp, "get_all_start_methods", lambda: ["spawn"])
+    par = load.parse_files(files, 2, None, reducer=sm.REDUCER, keep_events=False)
+    seq = load.parse_files(files, 1, None, reducer=sm.REDUCER, keep_events=False)
+    assert [sm.to_json(p.summary) for p in par] == [sm.to_json(p.summary) for p in seq]
+
+
 def test_summary_made_by_other_code_is_refused(tmp_path):
     run = write_run(tmp_path / "run", ranks=1, mb=0.02, layers=8)
     s = sm.summarize_trace(load_traces(run).ranks[0])

@@ -532,9 +532,60 @@ def default_workers(files: list[Path]) -> int:
     return max(1, min(len(files), cpus or 1))
 
 
+#: A worker process parses files until they add up to this many bytes (on disk), then exits
+#: and a fresh process takes the next ones. A process's heap keeps the high-water mark of the
+#: largest file it parsed (freed memory is fragmented and seldom returned to the system), so a
+#: process per large file bounds each worker by one file's peak, while small files share a
+#: process (a fork costs a few ms); see ``benchmarks/bench_report.py``.
+WORKER_BATCH_BYTES = 1_000_000
+
+
+def _batches(files: list[Path], budget: int) -> list[list[int]]:
+    """Consecutive indices of ``files`` in groups of at least one file and, beyond the first,
+    at most ``budget`` bytes in all."""
+    out: list[list[int]] = []
+    size = budget
+    for i, f in enumerate(files):
+        try:
+            n = f.stat().st_size
+        except OSError:
+            n = 0
+        if not out or size + n > budget:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += n
+    return out
+
+
+def _parse_batch(conn, files: list[Path], kw: dict) -> None:
+    """Worker process: :func:`parse_file` for each of ``files``, the list sent on ``conn``
+    (or the exception raised, which :func:`parse_file` does only for a bug)."""
+    try:
+        out = (True, [parse_file(f, **kw) for f in files])
+    except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
+        out = (False, exc)
+    try:
+        conn.send(out)
+    except Exception as exc:  # noqa: BLE001 - an exception that cannot be pickled
+        conn.send((False, RuntimeError(f"parsing {files[0]}: {exc!r}")))
+    conn.close()
+
+
 def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedFile]:
-    """:func:`parse_file` for every file, in ``workers`` processes; results in file order.
-    ``progress(done, total)`` is called from this process after each file."""
+    """:func:`parse_file` for every file, in ``workers`` processes at a time; results in file
+    order. ``progress(done, total)`` is called from this process as files are done.
+
+    Each worker process is forked (where the platform can) from this thread for a batch of
+    files (:data:`WORKER_BATCH_BYTES`) and exits after it. (The standard pools cannot do this
+    safely: ``ProcessPoolExecutor`` refuses ``max_tasks_per_child`` with fork, since it would
+    fork from a thread; ``multiprocessing.Pool`` forks from a thread and waits forever for a
+    worker that was killed.) Where fork is not available, spawned workers take a quarter of
+    each worker's share of the files at a time.
+
+    Raises:
+        PardiagError: a worker process died (killed, out of memory).
+    """
     total = len(files)
     if workers <= 1 or total <= 1:
         out = []
@@ -543,31 +594,57 @@ def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedF
             if progress:
                 progress(i + 1, total)
         return out
-    import concurrent.futures as cf
+    import gc
     import multiprocessing as mp
+    from multiprocessing.connection import wait
 
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
-    if ctx is not None:
-        import gc
-
+    fork = "fork" in mp.get_all_start_methods()
+    ctx = mp.get_context("fork" if fork else "spawn")
+    if fork:
+        batches = _batches(files, WORKER_BATCH_BYTES)
         gc.freeze()  # forked workers: the collector does not touch (and so copy) parent pages
-    results: dict[int, ParsedFile] = {}
+    else:
+        per = max(1, math.ceil(total / (4 * workers)))
+        batches = [list(range(i, min(total, i + per))) for i in range(0, total, per)]
+    results: list = [None] * total
+    running: dict = {}
+    done = 0
     try:
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futs = {pool.submit(parse_file, f, **kw): i for i, f in enumerate(files)}
-            for fut in cf.as_completed(futs):
-                results[futs[fut]] = fut.result()
+        while batches or running:
+            while batches and len(running) < workers:
+                batch = batches.pop(0)
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_parse_batch, daemon=True,
+                                   args=(send, [files[i] for i in batch], kw))
+                proc.start()
+                send.close()
+                running[recv] = (batch, proc)
+            for recv in wait(list(running)):
+                batch, proc = running.pop(recv)
+                try:
+                    ok, value = recv.recv()
+                except EOFError:
+                    raise PardiagError(
+                        f"a process parsing {files[batch[0]]} died (out of memory?); try fewer "
+                        f"workers (--workers 1)", exit_code=1) from None
+                finally:
+                    recv.close()
+                    proc.join()
+                if not ok:
+                    raise value
+                for i, p in zip(batch, value):
+                    results[i] = p
+                done += len(batch)
                 if progress:
-                    progress(len(results), total)
-    except cf.process.BrokenProcessPool:
-        raise PardiagError(f"a process parsing {len(files)} trace file(s) died (out of memory?); "
-                           f"try fewer workers (--workers 1)", exit_code=1) from None
+                    progress(done, total)
     finally:
-        if ctx is not None:
-            import gc
-
+        for recv, (_, proc) in running.items():
+            proc.terminate()
+            proc.join()
+            recv.close()
+        if fork:
             gc.unfreeze()
-    return [results[i] for i in range(total)]
+    return results
 
 
 def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReducer | None = None,
