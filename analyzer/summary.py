@@ -68,7 +68,7 @@ from .analyses.comm_events import events_from_trace
 from .analyses.infer_layout import RankMarks, rank_marks
 from .analyses.memory import memory_rows
 from .analyses.operators import operators_of_events
-from .trace.classify import classify, profiler_steps
+from .trace.classify import classify, name_codes, profiler_steps
 from .trace.comm_records import all_to_all_ops
 from .trace.load import default_workers, find_trace_files, parse_file, parse_files
 from .trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, has_step_names
@@ -200,7 +200,7 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
     kinds = classify(trace, patterns)
     steps = profiler_steps(trace, kinds)
     comm = events_from_trace(trace, kinds, steps)
-    ops, op_steps = operators_of_events(trace.events)
+    ops, op_steps = operators_of_events(trace.events, name_codes(trace))
     return RankSummary(
         path=str(trace.path), size=int(st.st_size), mtime_ns=int(st.st_mtime_ns),
         comm_patterns=pattern_sources(patterns),

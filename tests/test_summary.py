@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pandas as pd
 import pytest
 
 from benchmarks.synth_run import write_run
@@ -310,3 +311,18 @@ def test_code_fingerprint_refuses_an_unreadable_module(monkeypatch):
         monkeypatch.undo()
         sm.code_fingerprint.cache_clear()
     assert len(sm.code_fingerprint()) == 16
+
+
+@pytest.mark.parametrize("dtype", ["category", object])
+def test_isin_mask_is_series_isin(dtype):
+    """The categorical shortcut (one test per category, taken by code; a missing value is in
+    nothing) gives ``Series.isin``'s answer, and so does a plain column."""
+    from pardiag.analyzer.trace.traceset import isin_mask
+
+    s = pd.Series(["kernel", "cpu_op", None, "gpu_memcpy", "cpu_op", "kernel"], dtype=dtype)
+    for allowed in (["kernel"], {"cpu_op", "gpu_memcpy"}, [], ["absent"], frozenset({"kernel"})):
+        got = isin_mask(s, allowed)
+        assert got.dtype == bool
+        assert got.tolist() == s.isin(list(allowed)).tolist()
+    assert isin_mask(s, ["cpu_op", "kernel"]).tolist() == [True, True, False, False, True, True]
+    assert isin_mask(s.iloc[:0], ["kernel"]).tolist() == []

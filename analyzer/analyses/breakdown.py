@@ -60,7 +60,7 @@ from ..trace.classify import (
     profiler_steps,
     transport,
 )
-from ..trace.traceset import HoldsTables, RankTrace, StoredTable, TraceSet
+from ..trace.traceset import HoldsTables, RankTrace, StoredTable, TraceSet, isin_mask
 from .issued_ops import gpu_issued_ops, launch_times
 
 #: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).
@@ -307,8 +307,8 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
     ev = trace.events
     steps = profiler_steps(trace, kinds)
     gpu_kinds = [Kind.GPU_COMPUTE.value, Kind.GPU_COMM.value, Kind.GPU_MEMORY.value]
-    if kinds.isin(gpu_kinds).any():
-        dev = kinds.isin(gpu_kinds).to_numpy()
+    dev = isin_mask(kinds, gpu_kinds)
+    if dev.any():
         # gloo on CUDA tensors: the transfer runs on a CPU thread beside the GPU's computation
         host_comm = (kinds == Kind.CPU_COMM.value).to_numpy() & name_test(
             trace, "gloo", lambda n: n.startswith("gloo:"))
@@ -349,12 +349,12 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
     c = _intervals(comm_ev)
     # the calls that block the thread are not computation; a transfer in flight (a worker's
     # event, an async isend's span) is communication the thread's own work overlaps
-    not_compute = ev[kinds.isin([Kind.CPU_COMM.value, Kind.CPU_WAIT.value]).to_numpy()
+    not_compute = ev[isin_mask(kinds, [Kind.CPU_COMM.value, Kind.CPU_WAIT.value])
                      & ~transport(trace)]
     k = iv.subtract(_intervals(ev[kinds == Kind.CPU_COMPUTE.value]), _intervals(not_compute))
     k = iv.subtract(k, unmarked_waits(trace, comm_patterns))
-    timed = ev[kinds.isin([Kind.CPU_COMPUTE.value, Kind.CPU_COMM.value, Kind.CPU_WAIT.value,
-                           Kind.STEP.value]).to_numpy()]
+    timed = ev[isin_mask(kinds, [Kind.CPU_COMPUTE.value, Kind.CPU_COMM.value,
+                                 Kind.CPU_WAIT.value, Kind.STEP.value])]
     lo = float(timed["ts"].min()) if len(timed) else 0.0
     hi = float((timed["ts"] + timed["dur"]).max()) if len(timed) else 0.0
     windows = [(int(r.step), float(r.start_us), float(r.end_us)) for r in steps.itertuples()]
@@ -399,8 +399,8 @@ def _unmarked_waits(trace: RankTrace, kinds: pd.Series) -> np.ndarray:
     ce = cs + comm["dur"].to_numpy(dtype=float)
     order = np.argsort(ce, kind="stable")
     cs, ce = cs[order], ce[order]
-    ops = ev[kinds.isin([Kind.CPU_COMPUTE.value, Kind.CPU_COMM.value, Kind.CPU_WAIT.value,
-                         Kind.OTHER.value]).to_numpy() & ~tr
+    ops = ev[isin_mask(kinds, [Kind.CPU_COMPUTE.value, Kind.CPU_COMM.value,
+                               Kind.CPU_WAIT.value, Kind.OTHER.value]) & ~tr
              & (ev["dur"].to_numpy(dtype=float) > 0)]
     out = []
     for _, g in ops.groupby(["pid", "tid"], sort=False):

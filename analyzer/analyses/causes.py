@@ -77,7 +77,7 @@ from ..trace.classify import (
     profiler_steps,
     transport,
 )
-from ..trace.traceset import RankTrace, stack_by_rank, summary_table
+from ..trace.traceset import RankTrace, isin_mask, stack_by_rank, summary_table
 from .breakdown import unmarked_waits
 from .issued_ops import launch_times
 from .peers import median_of_others
@@ -228,7 +228,7 @@ def launch_edges_of_trace(trace: RankTrace, comm_patterns=()) -> LaunchEdges:
     ii = np.clip(i, 0, len(starts) - 1)
     after = np.column_stack([ends, np.where(ok, starts[ii], np.nan),
                              np.where(ok, launched[ii], np.nan)])
-    host = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver", "cpu_op"]).to_numpy()
+    host = ev[isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver", "cpu_op"])
               & _named(trace, "host_sync", HOST_SYNC_RE)]
     lag = starts - launched
     lag = lag[~np.isnan(lag)]
@@ -249,8 +249,8 @@ def _named(trace: RankTrace, key: str, rx: re.Pattern) -> np.ndarray:
 def _host(trace: RankTrace, kinds: pd.Series) -> np.ndarray:
     """The host events that are the thread's own work: operators, annotations and runtime
     calls, less transfers in flight (workers' events, async isend spans) and step markers."""
-    return (trace.events["cat"].isin(["cpu_op", "user_annotation", "cuda_runtime",
-                                      "cuda_driver"]).to_numpy()
+    return (isin_mask(trace.events["cat"],
+                      ["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"])
             & ~transport(trace) & (kinds != Kind.STEP.value).to_numpy())
 
 
@@ -268,7 +268,7 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
     host = _host(trace, kinds)
     is_cpu_comm = (kinds == Kind.CPU_COMM.value).to_numpy()
     is_sync = host & named("sync", SYNC_RE)
-    is_runtime = cat.isin(["cuda_runtime", "cuda_driver"]).to_numpy()
+    is_runtime = isin_mask(cat, ["cuda_runtime", "cuda_driver"])
     sets = {
         "data_loading_us": host & named("dataloader", DATALOADER_RE),
         "sync_us": is_sync,
@@ -358,10 +358,10 @@ def dtensor_intervals(host: pd.DataFrame) -> np.ndarray:
 def _device_sets(trace: RankTrace, kinds: pd.Series) -> dict:
     """Kernel interval sets and each kernel's start and launch time (µs, trace clock)."""
     ev = trace.events
-    dev_mask = kinds.isin([Kind.GPU_COMPUTE.value, Kind.GPU_COMM.value,
-                           Kind.GPU_MEMORY.value]).to_numpy()
+    dev_mask = isin_mask(kinds, [Kind.GPU_COMPUTE.value, Kind.GPU_COMM.value,
+                                 Kind.GPU_MEMORY.value])
     kern = ev[dev_mask]
-    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]).to_numpy()
+    rt = ev[isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver"])
             & (ev["correlation"] >= 0).to_numpy()]
     launch = pd.Series(rt["ts"].to_numpy(dtype=float), index=rt["correlation"].to_numpy())
     launch = launch[~launch.index.duplicated(keep="first")]

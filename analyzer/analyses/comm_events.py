@@ -27,7 +27,7 @@ from ..trace.classify import (
     profiler_steps,
 )
 from ..trace.comm_records import DTYPE_BYTES, numel
-from ..trace.traceset import RankTrace, TraceSet, stack_by_rank
+from ..trace.traceset import RankTrace, TraceSet, isin_mask, stack_by_rank
 from .breakdown import cpu_comm_types
 from .issued_ops import gpu_issued_ops
 from .op_semantics import P2P_OPS, ROOTED, semantics
@@ -266,7 +266,7 @@ def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
     # communication kernels; copies a --comm-kernel pattern names (Memcpy PtoP) have no
     # rendezvous across ranks, so they are not matched
     gpu = ev[(kinds == Kind.GPU_COMM.value).to_numpy()
-             & ~ev["cat"].isin(["gpu_memcpy", "gpu_memset"]).to_numpy()]
+             & ~isin_mask(ev["cat"], ["gpu_memcpy", "gpu_memset"])]
     if not len(gpu):
         return None
     ops = gpu_issued_ops(trace, gpu).ops

@@ -42,7 +42,14 @@ import pandas as pd
 
 from ..trace import intervals as iv
 from ..trace.classify import STEP_RE, Kind, cached, classify, name_test
-from ..trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, TraceSet
+from ..trace.traceset import (
+    ColumnTable,
+    HoldsTables,
+    RankTrace,
+    StoredTable,
+    TraceSet,
+    isin_mask,
+)
 from .comm_events import AMBIGUOUS_GROUP, SCALAR_BYTES
 from .mesh import dim_of, mesh_dims, role_of
 
@@ -200,7 +207,7 @@ def _rank_marks(trace: RankTrace) -> RankMarks:
     ev = trace.events
     names = ev["name"]
     cat = ev["cat"]
-    cpu = cat.isin(["cpu_op", "user_annotation"]).to_numpy()
+    cpu = isin_mask(cat, ["cpu_op", "user_annotation"])
     counts = {key: int((name_test(trace, ("marker", key), rx.search) & cpu).sum())
               for key, rx in _MARKER_RES.items()}
     is_step = cpu & name_test(trace, "step", STEP_RE.match)

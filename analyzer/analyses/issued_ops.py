@@ -41,7 +41,7 @@ import pandas as pd
 
 from ..trace import intervals as iv
 from ..trace.classify import STANDARD_COLLECTIVES, cached, collective_type, name_test
-from ..trace.traceset import GPU_CATS, RankTrace
+from ..trace.traceset import GPU_CATS, RankTrace, isin_mask
 
 #: Host ops that issue communication and enclose their kernels' launches (functional
 #: collectives, DTensor's and tensor parallelism's, wrap the c10d op they call).
@@ -100,7 +100,8 @@ def launch_times(trace: RankTrace, kernels: pd.DataFrame, end: bool = False) -> 
     ``correlation`` id (with ``end``, the call's end, ``ts + dur``); a kernel without one gets
     its own ``ts`` (with ``end``, NaN: no launch is known)."""
     ev = trace.events
-    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
+    rt = ev[isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver"])
+            & (ev["correlation"] >= 0).to_numpy()]
     t = rt["ts"] + rt["dur"] if end else rt["ts"]
     launch = pd.Series(t.to_numpy(dtype=float), index=rt["correlation"].to_numpy())
     launch = launch[~launch.index.duplicated(keep="first")]
@@ -122,7 +123,7 @@ def _is_coalescing(name: str, args) -> bool:
 def _launches(trace: RankTrace) -> pd.DataFrame:
     """Kernel launch calls (``ts``, ``pid``, ``tid``, ``correlation``), in time order."""
     ev = trace.events
-    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]).to_numpy()
+    rt = ev[isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver"])
             & (ev["correlation"] >= 0).to_numpy()
             & name_test(trace, "launch_call", LAUNCH_CALL_RE.search)]
     return rt[["ts", "pid", "tid", "correlation"]].sort_values("ts", kind="stable")
@@ -130,19 +131,30 @@ def _launches(trace: RankTrace) -> pd.DataFrame:
 
 def gpu_issued_ops(trace: RankTrace, kernels: pd.DataFrame) -> IssuedOps:
     """The ops the rank issued and the op of each of its communication ``kernels`` (rows of its
-    events; see the module docstring). Computed from the trace's events; one pass per call."""
+    events; see the module docstring). The host ops and the launches inside them are found once
+    per trace (:func:`_host_launches`, :func:`cached`); the kernels are matched per call."""
+    names, args, o_ts, o_thread, owner_rows, present = cached(
+        trace, "issued_host_launches", lambda: _host_launches(trace))
+    k_corr = kernels["correlation"].to_numpy()
+    kernel_of = {int(c): i for i, c in enumerate(k_corr.tolist()) if c >= 0}
+    return _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_of)
+
+
+def _host_launches(trace: RankTrace) -> tuple:
+    """The host ops that can issue communication (``names``, ``args``, start ``o_ts`` in µs,
+    ``(pid, tid)`` of each), the launches inside them (``(launch ts, thread, correlation,
+    positions of the enclosing ops)``, time order per thread) and the correlation ids of every
+    GPU event. Read only by :func:`_assemble` (shared between calls: not modified)."""
     ev = trace.events
     ops = ev[name_test(trace, "launch_op", LAUNCH_OP_RE.match)
-             & ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()]
+             & isin_mask(ev["cat"], ["cpu_op", "user_annotation"])]
     names, args = ops["name"].tolist(), ops["args"].tolist()
     o_ts = ops["ts"].to_numpy(dtype=float)
     o_end = o_ts + ops["dur"].to_numpy(dtype=float)
     o_thread = list(zip(ops["pid"].tolist(), ops["tid"].tolist()))
     launches = _launches(trace)
-    present = set(ev.loc[ev["cat"].isin(GPU_CATS).to_numpy()
+    present = set(ev.loc[isin_mask(ev["cat"], GPU_CATS)
                          & (ev["correlation"] >= 0).to_numpy(), "correlation"].tolist())
-    k_corr = kernels["correlation"].to_numpy()
-    kernel_of = {int(c): i for i, c in enumerate(k_corr.tolist()) if c >= 0}
 
     # per thread: the host ops (time order) and the launches inside any of them
     by_thread: dict = {}
@@ -164,7 +176,7 @@ def gpu_issued_ops(trace: RankTrace, kernels: pd.DataFrame) -> IssuedOps:
             enc = rows[(s <= l_ts[i]) & (e >= l_ts[i])]
             if len(enc):
                 owner_rows.append((float(l_ts[i]), key, int(l_corr[i]), enc))
-    return _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_of)
+    return names, args, o_ts, o_thread, owner_rows, present
 
 
 def _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_of

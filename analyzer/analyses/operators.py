@@ -27,7 +27,14 @@ import numpy as np
 import pandas as pd
 
 from ..trace.classify import STEP_RE
-from ..trace.traceset import GPU_CATS, RankTrace, TraceSet, stack_by_rank, summary_table
+from ..trace.traceset import (
+    GPU_CATS,
+    RankTrace,
+    TraceSet,
+    isin_mask,
+    stack_by_rank,
+    summary_table,
+)
 
 #: Columns of one rank's operator table (:func:`rank_operators`).
 RANK_OPERATOR_COLUMNS = ("kind", "name", "count", "time_us")
@@ -44,9 +51,12 @@ def _empty() -> pd.DataFrame:
                          "time_us": pd.Series(dtype=float)})
 
 
-def operators_of_events(events: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def operators_of_events(events: pd.DataFrame, name_codes: tuple | None = None
+                        ) -> tuple[pd.DataFrame, int]:
     """(operator table, number of profiler steps) of one rank's event table
-    (:data:`pardiag.analyzer.trace.traceset.EVENT_COLUMNS`).
+    (:data:`pardiag.analyzer.trace.traceset.EVENT_COLUMNS`); ``name_codes`` is
+    ``pd.factorize(events["name"], use_na_sentinel=False)`` where the caller has it
+    (:func:`pardiag.analyzer.trace.classify.name_codes`).
 
     Returns:
         a DataFrame with :data:`RANK_OPERATOR_COLUMNS` (``time_us`` in µs), one row per kind
@@ -57,13 +67,14 @@ def operators_of_events(events: pd.DataFrame) -> tuple[pd.DataFrame, int]:
         return _empty(), 0
     cat = events["cat"]
     # each distinct name once: its text, whether it is a step, the step's number
-    codes, uniques = pd.factorize(events["name"], use_na_sentinel=False)
+    codes, uniques = (name_codes if name_codes is not None
+                      else pd.factorize(events["name"], use_na_sentinel=False))
     text = [str(u) for u in uniques]
     step_no = [m.group(1) if (m := STEP_RE.match(t)) else None for t in text]
-    is_step = (cat.isin(["user_annotation", "cpu_op"]).to_numpy()
+    is_step = (isin_mask(cat, ["user_annotation", "cpu_op"])
                & np.array([x is not None for x in step_no], dtype=bool)[codes])
     n_steps = len({step_no[c] for c in np.unique(codes[is_step])})
-    gpu = cat.isin(list(GPU_CATS)).to_numpy()
+    gpu = isin_mask(cat, list(GPU_CATS))
     cpu = (cat == "cpu_op").to_numpy() & ~is_step
     if is_step.any() and cpu.any():
         s_ts = events["ts"].to_numpy(float)[is_step]

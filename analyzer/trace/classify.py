@@ -31,7 +31,7 @@ import pandas as pd
 
 from pardiag.errors import PardiagError
 
-from .traceset import RankTrace
+from .traceset import RankTrace, isin_mask
 
 
 class Kind(str, enum.Enum):
@@ -81,12 +81,18 @@ def cached(trace: RankTrace, key, compute):
     return store[key]
 
 
+def name_codes(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize`` of the events' names (``(codes, uniques)``: int64 code per event, each
+    distinct name once), computed once per trace (:func:`cached`)."""
+    return cached(trace, "name_codes", lambda: pd.factorize(trace.events["name"],
+                                                            use_na_sentinel=False))
+
+
 def name_test(trace: RankTrace, key: str, test) -> np.ndarray:
     """``test(name)`` for every event of ``trace`` (bool array), evaluated once per distinct
     name and cached under ``key``; a fixed test per key."""
     def compute() -> np.ndarray:
-        codes, uniques = cached(trace, "name_codes", lambda: pd.factorize(
-            trace.events["name"], use_na_sentinel=False))
+        codes, uniques = name_codes(trace)
         hit = np.fromiter((bool(test(u)) if isinstance(u, str) else False for u in uniques),
                           dtype=bool, count=len(uniques))
         return hit[codes] if len(uniques) else np.zeros(len(codes), dtype=bool)
@@ -161,7 +167,7 @@ def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
     kind = np.full(len(ev), _CODE[Kind.OTHER], dtype=np.int8)
 
     is_kernel = (cat == "kernel").to_numpy()
-    is_gpu_mem = (cat.isin(["gpu_memcpy", "gpu_memset"]).to_numpy()
+    is_gpu_mem = (isin_mask(cat, ["gpu_memcpy", "gpu_memset"])
                   | (is_kernel & name_test(trace, "memory_name", _MEMORY_NAME_RE.match)))
     user = np.zeros(len(ev), dtype=bool)
     for pat in comm_patterns:
@@ -172,7 +178,7 @@ def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
     kind[is_gpu_mem] = _CODE[Kind.GPU_MEMORY]
     kind[is_gpu_mem & user] = _CODE[Kind.GPU_COMM]  # copy-engine communication named by the user
 
-    cpu_side = cat.isin(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"]).to_numpy()
+    cpu_side = isin_mask(cat, ["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"])
     is_comm = cpu_side & name_test(trace, "cpu_comm", CPU_COMM_RE.match)
     is_wait = cpu_side & name_test(trace, "cpu_wait", CPU_WAIT_RE.match)
     on_comm_thread = on_threads(ev, comm_threads(trace))
@@ -180,7 +186,7 @@ def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
     kind[is_cpu_op & ~on_comm_thread] = _CODE[Kind.CPU_COMPUTE]
     kind[is_comm] = _CODE[Kind.CPU_COMM]
     kind[is_wait] = _CODE[Kind.CPU_WAIT]  # c10d::wait, wait_tensor: waiting, not transferring
-    is_step = (cat.isin(["user_annotation", "cpu_op"]).to_numpy()
+    is_step = (isin_mask(cat, ["user_annotation", "cpu_op"])
                & name_test(trace, "step", STEP_RE.match))
     kind[is_step] = _CODE[Kind.STEP]
     kind[(ev["ph"] == "i").to_numpy() & name_test(trace, "memory", "[memory]".__eq__)] = \

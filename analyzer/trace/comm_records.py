@@ -35,7 +35,7 @@ import pandas as pd
 from pardiag.layout import full_buffer_bytes
 
 from .classify import STANDARD_COLLECTIVES, collective_type, comm_threads
-from .traceset import RankTrace
+from .traceset import RankTrace, isin_mask
 
 DTYPE_BYTES = {
     "Float": 4, "float32": 4, "float": 4, "Double": 8, "float64": 8, "double": 8, "Half": 2,
@@ -163,7 +163,7 @@ def attach_trace_times(records: list[dict], trace: RankTrace,
                                         workers["dur"], workers["args"]):
         by_name[name].append((ts, ts + dur, _input_numel(args), idx))
     used: set = set()
-    issuers = ev[~on_worker & ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()
+    issuers = ev[~on_worker & isin_mask(ev["cat"], ["cpu_op", "user_annotation"])
                  & ev["name"].str.match(r"^(c10d::|nccl:|_c10d_functional::|record_param_comms)")]
     iss_start = issuers["ts"].to_numpy()
     iss_end = (issuers["ts"] + issuers["dur"]).to_numpy()
@@ -218,10 +218,11 @@ def _comm_kernels_by_launch(trace: RankTrace) -> dict[int, tuple[float, float]]:
     kern = ev[(ev["cat"] == "kernel") & ev["name"].str.contains(r"nccl|rccl|hccl", case=False)]
     if kern.empty:
         return {}
-    rt = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] >= 0)]
+    rt = ev[isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver"])
+            & (ev["correlation"] >= 0).to_numpy()]
     k_by_corr = {int(c): (float(t), float(t + d)) for c, t, d in
                  zip(kern["correlation"], kern["ts"], kern["dur"])}
-    ops = ev[ev["cat"].isin(["cpu_op", "user_annotation"])
+    ops = ev[isin_mask(ev["cat"], ["cpu_op", "user_annotation"])
              & ev["name"].str.match(r"^(c10d::|nccl:|_c10d_functional::|record_param_comms)")]
     out: dict[int, tuple[float, float]] = {}
     for (pid, tid), grp in rt.groupby(["pid", "tid"]):

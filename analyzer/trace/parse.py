@@ -39,7 +39,7 @@ import pandas as pd
 
 from pardiag.errors import TraceError
 
-from .traceset import GPU_CATS
+from .traceset import GPU_CATS, isin_mask
 
 #: Category spellings of the legacy format mapped to the current ones.
 _CAT_ALIASES = {
@@ -868,7 +868,7 @@ def _clip_same_stream(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     timestamp noise; larger ones (a kernel "inside" another) are clipped the same way and the
     note gives the largest clip.
     """
-    gpu = df["cat"].isin(GPU_CATS).to_numpy()
+    gpu = isin_mask(df["cat"], GPU_CATS)
     if not gpu.any():
         return df, None
     sub = df.loc[gpu, ["pid", "stream", "ts", "dur"]]  # df is sorted by ts
