@@ -5,12 +5,14 @@
     .venv/bin/python benchmarks/bench_report.py FOLDER ...      # given folders only
     .venv/bin/python benchmarks/bench_report.py --replicate TRACE:8    # TRACE as 8 ranks
 
-For each folder, each measurement runs in a fresh subprocess (imports included), and the
-median of --repeat runs is printed; peak memory is the largest sum of PSS (proportional set size:
-pages shared between processes, as after fork, count once in total) over the process and its
-children (pardiag's and HTA's worker processes), sampled with psutil every 10 ms for the first
-2 s and every 50 ms after (reading a large process's PSS takes CPU time from the measured
-processes):
+For each folder, each measurement runs in a fresh subprocess (imports included). Times are the
+median of --repeat runs without any sampling; peak memory is the largest, over --repeat further
+runs, of the sum of PSS (proportional set size: pages shared between processes, as after fork,
+count once in total) over the process and its children (pardiag's and HTA's worker processes),
+sampled with psutil every 10 ms for the first 2 s and every 50 ms after. The two are measured in
+separate runs because reading a large process's PSS takes CPU time from the measured processes:
+on a 2-core machine the sampler made a 1.95 s run of pardiag (three processes) 0.15-0.2 s
+slower:
 
 * ``base``: gunzip (where gzipped) + ``orjson.loads`` of every trace file, one after another;
 * ``floor``: gunzip + a msgspec decode of only the seven fields an analysis of the events needs
@@ -127,15 +129,17 @@ print(time.perf_counter() - t0)
 """
 
 
-def run_once(code: str, args: list[str], env: dict) -> tuple[float, float] | None:
-    """(seconds reported by the child, peak PSS of the child and its children in MB)."""
+def run_once(code: str, args: list[str], env: dict, sample: bool = True
+             ) -> tuple[float, float | None] | None:
+    """(seconds reported by the child, peak PSS of the child and its children in MB, or None
+    without ``sample``)."""
     proc = psutil.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, text=True, env=env)
     peak = 0
     stop = threading.Event()
     t_start = time.monotonic()
 
-    def sample() -> None:
+    def sampler() -> None:
         nonlocal peak
         while not stop.is_set():
             try:
@@ -153,24 +157,29 @@ def run_once(code: str, args: list[str], env: dict) -> tuple[float, float] | Non
             # costs CPU time, which the measured processes would lose on a 2-core machine
             stop.wait(0.01 if time.monotonic() - t_start < 2.0 else 0.05)
 
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
+    th = threading.Thread(target=sampler, daemon=True) if sample else None
+    if th is not None:
+        th.start()
     out, err = proc.communicate()
     stop.set()
-    th.join()
+    if th is not None:
+        th.join()
     run_once.last_output = out
     if proc.returncode != 0:
         print(f"  ({args[0]}: exit {proc.returncode}: {err.strip().splitlines()[-1:]})",
               file=sys.stderr)
         return None
-    return float(out.strip().splitlines()[-1]), peak / 1e6
+    return float(out.strip().splitlines()[-1]), (peak / 1e6 if sample else None)
 
 
 def measure(code: str, args: list[str], env: dict, repeat: int):
-    runs = [r for r in (run_once(code, args, env) for _ in range(repeat)) if r]
-    if not runs:
+    """(median seconds of ``repeat`` runs without sampling, largest peak MB of ``repeat`` runs
+    with it), or None when every run failed."""
+    timed = [r for r in (run_once(code, args, env, sample=False) for _ in range(repeat)) if r]
+    sampled = [r for r in (run_once(code, args, env) for _ in range(repeat)) if r]
+    if not timed or not sampled:
         return None
-    return statistics.median(t for t, _ in runs), max(m for _, m in runs)
+    return statistics.median(t for t, _ in timed), max(m for _, m in sampled)
 
 
 def synthetic(work: Path, ranks: int, mb: float) -> Path:
