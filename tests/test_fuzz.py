@@ -153,13 +153,25 @@ def _has_huge_int(v) -> bool:
 def test_fast_path_gives_the_tolerant_paths_table(doc):
     """The msgspec fast path (strict JSON) and the orjson/json path build the same events,
     thread names, warnings and metadata; only integers beyond 64 bits may differ (orjson reads
-    them as floats, msgspec exactly)."""
-    from pardiag.analyzer.trace import events_frame, parse_trace_fast
+    them as floats, msgspec exactly). Decoding the events two at a time gives what one slice
+    gives."""
+    from pardiag.analyzer.trace import events_frame, parse, parse_trace_fast
 
     data = json.dumps(doc).encode() if not _has_nonfinite(doc) else None
     if data is None:
         return
     fast = parse_trace_fast(data, Path("f.json"))
+    saved = parse.SLICE_EVENTS
+    try:
+        parse.SLICE_EVENTS = 2
+        sliced = parse_trace_fast(data, Path("f.json"))
+    finally:
+        parse.SLICE_EVENTS = saved
+    assert (sliced is None) == (fast is None)
+    if fast is not None:
+        assert sliced[0] == fast[0] and sliced[1][1:] == fast[1][1:]
+        assert sliced[1][0].drop(columns="args").equals(fast[1][0].drop(columns="args"))
+        assert list(sliced[1][0]["args"]) == list(fast[1][0]["args"])
     if fast is None or _has_huge_int(doc):
         return
     meta, (ev, threads, warnings, notes) = fast
