@@ -7,8 +7,9 @@ multi-rank files, assigns ranks (:func:`pardiag.analyzer.trace.ranks.assign_rank
 function), joins a rank's profiling windows, and returns a
 :class:`~pardiag.analyzer.trace.traceset.TraceSet`.
 
-Speed: files are parsed in worker processes when the input is large (:func:`default_workers`);
-with a ``reducer`` (the per-rank reduction, passed in: :data:`pardiag.analyzer.summary.REDUCER`)
+Speed: files are parsed in worker processes when the input is large (:func:`default_workers`),
+a fresh process per large file (:func:`parse_files`, :data:`WORKER_BATCH_BYTES`); with a
+``reducer`` (the per-rank reduction, passed in: :data:`pardiag.analyzer.summary.REDUCER`)
 each worker reduces its rank to a summary and hands back only that, and stored summaries are
 used instead of parsing where they are current. The loader never imports an analysis.
 """

@@ -13,8 +13,8 @@ with the dialects seen in the field (FACTS §2):
 * kernels on one stream that overlap (the earlier one is clipped to end where the next starts:
   a stream runs one kernel at a time; counted in a note).
 
-Strict-JSON files are decoded with msgspec into only the fields pardiag reads
-(:func:`parse_trace_fast`); anything else takes the tolerant orjson/json path
+Strict-JSON files are decoded with msgspec into only the fields pardiag reads, a slice of
+events at a time (:func:`parse_trace_fast`); anything else takes the tolerant orjson/json path
 (:func:`read_trace_bytes` + :func:`events_frame`), which builds the same table. No file system
 access except :func:`read_trace_json`; no analysis.
 """
