@@ -133,6 +133,16 @@ def plain_bytes(raw: bytes, path: Path) -> bytes:
 
 
 def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
+    """The tolerant reading of a file's JSON bytes: orjson, else (bare ``NaN``/``Infinity``,
+    control characters in strings, integers beyond 64 bits, invalid UTF-8) Python's ``json``
+    after repairs.
+
+    Returns:
+        (the document, the repairs made: one line each).
+
+    Raises:
+        TraceError: not valid JSON even after the repairs, or the top level is not an object.
+    """
     repairs: list[str] = []
     try:
         doc = orjson.loads(raw)
@@ -179,6 +189,7 @@ def read_trace_json(path: Path) -> dict:
 
 
 def is_trace_doc(doc: dict) -> bool:
+    """Whether a decoded document is a trace: it has a ``traceEvents`` list."""
     return isinstance(doc.get("traceEvents"), list)
 
 
