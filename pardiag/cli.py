@@ -36,8 +36,8 @@ def comm_kernel_option(f):
 def workers_option(f):
     """``--workers N``, shared by report and summarize."""
     return click.option("--workers", type=click.IntRange(min=1), default=None,
-                        help="Processes that parse traces [default: one per core for large "
-                             "inputs].")(f)
+                        help="Processes that parse traces at a time, a fresh one per large "
+                             "file [default: one per core for large inputs].")(f)
 
 
 def guard_outputs(outputs: list[Path | None], inputs: list[Path], traces=None) -> None:
