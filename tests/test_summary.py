@@ -232,6 +232,45 @@ def test_a_worker_that_dies_or_fails_is_an_error(tmp_path, monkeypatch):
         load.parse_files(files, 2, None)
 
 
+def test_workers_exit_when_the_parent_is_killed(tmp_path):
+    """A parent killed while its workers parse (kill -9: nothing runs in it) leaves no worker
+    behind: each pipe's only reader was the parent, so a worker's send fails and it exits,
+    instead of blocking forever with its memory and the parent's output pipes."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    run = write_run(tmp_path / "run", ranks=4, mb=0.3, layers=8)
+    code = ("import sys, time\n"
+            "from pathlib import Path\n"
+            "from pardiag.analyzer.trace import load\n"
+            "from pardiag.analyzer.summary import REDUCER\n"
+            "real = load.parse_file\n"
+            "def slow(f, **kw):\n"
+            "    time.sleep(3)\n"   # the parent is killed while every worker parses
+            "    return real(f, **kw)\n"
+            "load.parse_file = slow\n"
+            "files = sorted(Path(sys.argv[1]).glob('*.json*'))\n"
+            "load.parse_files(files, 2, None)\n")   # events kept: results beyond a pipe's buffer
+    parent = subprocess.Popen([sys.executable, "-c", code, str(run)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    kids: list = []
+    while len(kids) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        kids = psutil.Process(parent.pid).children()
+    assert len(kids) == 2
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    gone, alive = psutil.wait_procs(kids, timeout=120)
+    for p in alive:
+        p.kill()
+    assert not alive
+
+
 def test_spawned_workers_where_fork_is_not_available(tmp_path, monkeypatch):
     import multiprocessing as mp
 

@@ -559,18 +559,31 @@ def _batches(files: list[Path], budget: int) -> list[list[int]]:
     return out
 
 
-def _parse_batch(conn, files: list[Path], kw: dict) -> None:
+def _parse_batch(conn, files: list[Path], kw: dict, inherited: list) -> None:
     """Worker process: :func:`parse_file` for each of ``files``, the list sent on ``conn``
-    (or the exception raised, which :func:`parse_file` does only for a bug)."""
+    (or the exception raised, which :func:`parse_file` does only for a bug).
+
+    ``inherited`` are the read ends of result pipes this process got by fork (its own and those
+    of the workers still running): closed first, so that each pipe's only reader is the parent.
+    Were the parent killed, a worker's send then fails instead of blocking forever on a pipe
+    that no one reads, and the worker exits."""
+    for c in inherited:
+        c.close()
     try:
         out = (True, [parse_file(f, **kw) for f in files])
     except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
         out = (False, exc)
     try:
-        conn.send(out)
-    except Exception as exc:  # noqa: BLE001 - an exception that cannot be pickled
-        conn.send((False, RuntimeError(f"parsing {files[0]}: {exc!r}")))
-    conn.close()
+        try:
+            conn.send(out)
+        except OSError:  # the parent is gone
+            return
+        except Exception as exc:  # noqa: BLE001 - an exception that cannot be pickled
+            conn.send((False, RuntimeError(f"parsing {files[0]}: {exc!r}")))
+    except OSError:
+        return
+    finally:
+        conn.close()
 
 
 def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedFile]:
@@ -616,7 +629,8 @@ def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedF
                 batch = batches.pop(0)
                 recv, send = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_parse_batch, daemon=True,
-                                   args=(send, [files[i] for i in batch], kw))
+                                   args=(send, [files[i] for i in batch], kw,
+                                         [recv, *running] if fork else []))
                 proc.start()
                 send.close()
                 running[recv] = (batch, proc)
