@@ -383,6 +383,11 @@ def test_gzip_inflated_alike_with_or_without_isal(monkeypatch, inflate):
             gzip.decompress(bad)
         with pytest.raises(TraceError, match=r"t\.json\.gz: truncated or corrupt gzip"):
             parse.plain_bytes(bad, Path("t.json.gz"))
+    with pytest.raises(TraceError, match=r"t\.json\.gz: truncated or corrupt gzip \(4 bytes after "
+                                         r"the end of the compressed data are not another gzip "
+                                         r"member\)"):
+        parse.plain_bytes(one + b"junk", Path("t.json.gz"))
+    assert parse.plain_bytes(one + b"\x00" * 7, Path("t.json.gz")) == body  # zero padding
     with pytest.raises(TraceError, match="empty file"):
         parse.plain_bytes(gzip.compress(b" \n\t "), Path("t.json.gz"))
 

@@ -101,16 +101,27 @@ except ImportError:  # a platform without its wheel
 
 def _gunzip(raw: bytes) -> bytes:
     """The inflated bytes of a gzip file: a file of one member in one pass (the usual case),
-    anything else (several members, bytes after the member, a truncated or corrupt file) by
-    the gzip module's reading, which gives the bytes or the error."""
+    anything else (several members, zero padding, a truncated or corrupt file) by the gzip
+    module's reading, which gives the bytes or the error.
+
+    Raises:
+        ValueError: bytes after the compressed data that are not another member (named as
+            such: the gzip module's own error for them speaks of a truncated file); the gzip
+            module's and ISA-L's errors.
+    """
     inflater = _inflater.decompressobj(wbits=31)  # 31: a gzip header and trailer (CRC, size)
     try:
         out = inflater.decompress(raw)
     except (zlib.error, *_GUNZIP_ERRORS):
         return _gunzip_members(raw)
-    if inflater.eof and not inflater.unused_data:
+    rest = inflater.unused_data
+    if inflater.eof and not rest:
         return out
     del out
+    if inflater.eof and rest[:2] != b"\x1f\x8b" and rest.strip(b"\x00"):
+        # bytes after the member that are neither another member nor zero padding
+        raise ValueError(f"{len(rest)} bytes after the end of the compressed data are not "
+                         f"another gzip member")
     return _gunzip_members(raw)
 
 
