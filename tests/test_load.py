@@ -315,6 +315,22 @@ def test_files_claiming_one_rank_at_the_same_time_invent_no_rank(tmp_path):
                for w in ts.warnings) == 1
 
 
+def test_copies_claiming_one_rank_take_the_ranks_their_names_give(tmp_path):
+    """Copies of one rank's trace (every one says distributedInfo.rank 1) named rank0..rank3: the
+    file whose name agrees with the claim keeps rank 1, each other file takes the free rank its
+    name gives, rank0's copy included (it came first in file order, and used to keep rank 1 and
+    push rank1's own file out)."""
+    for i in range(4):
+        TraceBuilder(rank=1).write(tmp_path / f"rank{i}.json")
+    ts = load_traces(tmp_path)
+    assert {r: (t.path.name, t.rank_source) for r, t in ts.ranks.items()} == {
+        0: ("rank0.json", "file name"), 1: ("rank1.json", "distributedInfo"),
+        2: ("rank2.json", "file name"), 3: ("rank3.json", "file name")}
+    assert not any("left out" in w for w in ts.warnings)
+    assert any("rank0.json: rank 1 from distributedInfo is also claimed by rank1.json" in w
+               and "using rank 0 from the file name" in w for w in ts.warnings)
+
+
 def test_non_trace_files_are_skipped_with_a_warning(tmp_path):
     gpu_rank(0).write(tmp_path / "rank0.json")
     (tmp_path / "config.json").write_text('{"lr": 0.1}')

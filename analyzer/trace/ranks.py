@@ -120,8 +120,11 @@ def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
     taken = set(groups)
     out: dict[int, tuple[list[FileFacts], str]] = {}
     for r in sorted(groups):
-        members = sorted(groups[r], key=lambda f: (f.start_us if not math.isnan(f.start_us)
-                                                   else math.inf, f.key))
+        # a file whose name gives another, free rank yields the claimed one (it moves there on
+        # a clash), so a file whose name agrees with its claim keeps it
+        members = sorted(groups[r], key=lambda f: (
+            rank_from_name(f.path.name) not in (None, r, *taken),
+            f.start_us if not math.isnan(f.start_us) else math.inf, f.key))
         kept: list[FileFacts] = []
         for f in members:
             clash = next((k for k in kept if _overlaps(k, f)), None)
@@ -139,6 +142,7 @@ def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
                 warnings.append(f"{f.path}: rank {r} is already held by {clash.path.name}, which "
                                 f"overlaps it in time (not a second profiling window: the same "
                                 f"trace twice, or another run?); left out")
+        kept.sort(key=lambda f: (f.start_us if not math.isnan(f.start_us) else math.inf, f.key))
         src = claim[kept[0].key][1]
         out[r] = (kept, src)
         if len(kept) > 1:
