@@ -220,8 +220,13 @@ def test_a_worker_that_dies_or_fails_is_an_error(tmp_path, monkeypatch):
     run = write_run(tmp_path / "run", ranks=2, mb=0.02, layers=8)
     files = sorted(run.glob("*.json*"))
     monkeypatch.setattr(load, "parse_file", lambda f, **kw: os._exit(9))
+    monkeypatch.setattr(load, "WORKER_BATCH_BYTES", 1)   # a process per file
     with pytest.raises(PardiagError, match=r"a process parsing .*rank0\.pt\.trace\.json died "
                                            r"\(out of memory\?\); try fewer workers"):
+        load.parse_files(files, 2, None)
+    monkeypatch.setattr(load, "WORKER_BATCH_BYTES", 10**9)   # one batch: both files
+    with pytest.raises(PardiagError, match=r"a process parsing .*rank0\.pt\.trace\.json and 1 "
+                                           r"other file\(s\) after it died"):
         load.parse_files(files, 2, None)
 
     def broken(f, **kw):

@@ -639,9 +639,11 @@ def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedF
                 try:
                     ok, value = recv.recv()
                 except EOFError:
+                    others = (f" and {len(batch) - 1} other file(s) after it"
+                              if len(batch) > 1 else "")
                     raise PardiagError(
-                        f"a process parsing {files[batch[0]]} died (out of memory?); try fewer "
-                        f"workers (--workers 1)", exit_code=1) from None
+                        f"a process parsing {files[batch[0]]}{others} died (out of memory?); "
+                        f"try fewer workers (--workers 1)", exit_code=1) from None
                 finally:
                     recv.close()
                     proc.join()
