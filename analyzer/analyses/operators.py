@@ -74,7 +74,7 @@ def operators_of_events(events: pd.DataFrame, name_codes: tuple | None = None
     is_step = (isin_mask(cat, ["user_annotation", "cpu_op"])
                & np.array([x is not None for x in step_no], dtype=bool)[codes])
     n_steps = len({step_no[c] for c in np.unique(codes[is_step])})
-    gpu = isin_mask(cat, list(GPU_CATS))
+    gpu = isin_mask(cat, GPU_CATS)
     cpu = (cat == "cpu_op").to_numpy() & ~is_step
     if is_step.any() and cpu.any():
         s_ts = events["ts"].to_numpy(float)[is_step]

@@ -472,16 +472,10 @@ class _LiteArgs(msgspec.Struct, gc=False, frozen=True):
 _NO_LITE = _LiteArgs()
 
 
-class _LiteFields(msgspec.Struct, gc=False):
+class _LiteFields(_Fields):
     """:class:`_Fields` with ``args`` decoded into the three args every row reads (None where
     the args are ``null``; an args value of another kind fails the decode)."""
 
-    name: object = None
-    cat: object = None
-    pid: object = msgspec.UNSET
-    tid: object = msgspec.UNSET
-    ts: object = None
-    dur: object = msgspec.UNSET
     args: _LiteArgs | None = _NO_LITE
 
 
@@ -525,7 +519,8 @@ _ANY_DECODER = msgspec.json.Decoder()
 
 #: Events decoded at a time by :func:`parse_trace_fast`: a slice's structs become column arrays
 #: and are dropped before the next slice is decoded, so a file's events are never all Python
-#: objects at once (a third of the peak memory of a rank; ``benchmarks/bench_report.py``).
+#: objects at once (for a 31 MB trace the parse's peak above the file's bytes fell from 51 to
+#: 19 MB; ``benchmarks/bench_report.py``, results in ``benchmarks/README.md``).
 SLICE_EVENTS = 8192
 
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError,
