@@ -221,8 +221,9 @@ def test_a_worker_that_dies_or_fails_is_an_error(tmp_path, monkeypatch):
     files = sorted(run.glob("*.json*"))
     monkeypatch.setattr(load, "parse_file", lambda f, **kw: os._exit(9))
     monkeypatch.setattr(load, "WORKER_BATCH_BYTES", 1)   # a process per file
-    with pytest.raises(PardiagError, match=r"a process parsing .*rank0\.pt\.trace\.json died "
-                                           r"\(out of memory\?\); try fewer workers"):
+    # both die: whichever death is seen first is named
+    with pytest.raises(PardiagError, match=r"a process parsing .*rank[01]\.pt\.trace\.json "
+                                           r"died \(out of memory\?\); try fewer workers"):
         load.parse_files(files, 2, None)
     monkeypatch.setattr(load, "WORKER_BATCH_BYTES", 10**9)   # one batch: both files
     with pytest.raises(PardiagError, match=r"a process parsing .*rank0\.pt\.trace\.json and 1 "
