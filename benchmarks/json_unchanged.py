@@ -13,7 +13,9 @@ as a plain dict and the same figure built with plotly's objects compare equal), 
 ``<set>__<name>.page.html``: the page without its time stamp and figure data (compared
 exactly). With ``--from-summaries`` each report is a second one, read from the summaries a
 first report stored (what a user's second ``pardiag report`` does); compared with a ``write``
-without it, this shows that a summary's round trip through its JSON changes nothing.
+without it, this shows that a summary's round trip through its JSON changes nothing. With
+``--as-cli`` the reports are made with the pandas settings of the command line's analysis
+commands (``pardiag.cli.python_strings``).
 ``compare``
 prints every path whose value differs between two such folders (floats equal to 1e-9
 relative; the timing fields of :data:`TIMING_KEYS` skipped) and exits 1 when any does. Speed
@@ -97,7 +99,7 @@ def page_text(html: str) -> str:
                   r"\1\2", html, flags=re.S)
 
 
-def write(out: Path, from_summaries: bool = False) -> None:
+def write(out: Path, from_summaries: bool = False, as_cli: bool = False) -> None:
     import os
     import shutil
     import tempfile
@@ -107,6 +109,10 @@ def write(out: Path, from_summaries: bool = False) -> None:
     from pardiag.layout import SUMMARY_DIR
 
     out.mkdir(parents=True, exist_ok=True)
+    if as_cli:  # the pandas settings of the command line's analysis commands
+        from pardiag.cli import python_strings
+        with python_strings():
+            return write(out, from_summaries)
     for name, folder in inputs():
         if from_summaries:
             # a second report, from the summaries the first one stored: beside the traces
@@ -189,12 +195,14 @@ def main() -> int:
     w.add_argument("out", type=Path)
     w.add_argument("--from-summaries", action="store_true",
                    help="report each input from the summaries a first report stored")
+    w.add_argument("--as-cli", action="store_true",
+                   help="report with the pandas settings of the command line (python_strings)")
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     args = ap.parse_args()
     if args.cmd == "write":
-        write(args.out, args.from_summaries)
+        write(args.out, args.from_summaries, args.as_cli)
         return 0
     return compare(args.before, args.after)
 

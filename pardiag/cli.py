@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -25,6 +26,20 @@ class _Cli(click.Group):
         except PardiagError as err:
             click.echo(f"pardiag: error: {err}", err=True)
             ctx.exit(err.exit_code)
+
+
+@contextlib.contextmanager
+def python_strings():
+    """Within it, pandas stores text columns as Python strings (``mode.string_storage =
+    "python"``) instead of pyarrow's where pyarrow is installed; the dtype (``str``) and every
+    value stay the same. A report builds many small tables and reads their text a value at a
+    time, which Python strings do faster: 5% of a report of 8 x 31 MB
+    (``benchmarks/bench_report.py``; the report-speed results listed in benchmarks/README.md).
+    The analysis commands run within it; usable as a decorator."""
+    import pandas as pd
+
+    with pd.option_context("mode.string_storage", "python"):
+        yield
 
 
 def comm_kernel_option(f):
@@ -317,6 +332,7 @@ def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int
 @click.option("--mixed-runs", is_flag=True,
               help="Analyse the files of different runs as one (by default they are refused: "
                    "pardiag compare sets two runs side by side).")
+@python_strings()
 def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
            comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
            workers: int | None, hta: bool, mixed_runs: bool) -> None:
@@ -382,6 +398,7 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 @click.option("--no-cache", is_flag=True,
               help="Parse every trace; neither read nor store per-rank summaries.")
 @workers_option
+@python_strings()
 def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: float | None,
             comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
             workers: int | None) -> None:
@@ -441,6 +458,7 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
               default=Path("merged.json.gz"), show_default=True,
               help="Merged trace to write (gzip-compressed when the name ends in .gz).")
 @comm_kernel_option
+@python_strings()
 def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -> None:
     """Merge the ranks' traces into one trace for Perfetto or chrome://tracing.
 
@@ -487,6 +505,7 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
               help="Summarize only every N-th file from the I-th [default: $RANK/$WORLD_SIZE "
                    "under torchrun, else all].")
 @workers_option
+@python_strings()
 def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str | None,
               workers: int | None) -> None:
     """Write the per-rank summary of each trace, where the traces are.

@@ -287,3 +287,28 @@ def test_report_loads_no_figure_objects(tmp_path):
     assert first.stderr.strip().splitlines()[-1].startswith("0 "), first.stderr
     assert second.stderr.strip().splitlines()[-1] == "0 []", second.stderr
     assert (tmp_path / "r.html").stat().st_size > 1_000_000   # plotly.js inlined
+
+
+def test_analysis_commands_store_text_as_python_strings_and_restore_the_setting(
+        tmp_path, monkeypatch):
+    """report builds its tables with pandas' Python string storage (python_strings) and leaves
+    the caller's setting as it was."""
+    import pandas as pd
+
+    import pardiag.analyzer.report.registry as registry
+
+    seen = []
+    real = registry.build_report
+
+    def spy(traces, *a, **kw):
+        seen.append((pd.get_option("mode.string_storage"), type(pd.Series(["x"]).array).__name__))
+        return real(traces, *a, **kw)
+
+    monkeypatch.setattr(registry, "build_report", spy)
+    before = pd.get_option("mode.string_storage")
+    gpu_rank(0).write(tmp_path / "r0.json")
+    assert run("report", tmp_path, "-o", tmp_path / "r.html", "-q").exit_code == 0
+    assert seen and seen[0][0] == "python"
+    if pd.Series(["x"]).dtype != object:  # pandas >= 3 infers text columns as str
+        assert seen[0][1] == "StringArray"
+    assert pd.get_option("mode.string_storage") == before
