@@ -442,3 +442,39 @@ def test_bom_same_file_twice_and_subfolder_hint(tmp_path):
     gpu_rank(0).write(nested / "inner" / "r.json")
     with pytest.raises(TraceError, match="subfolders hold some: .*inner"):
         load_traces(nested)
+
+
+@pytest.mark.parametrize("doc", [
+    b'{"a": 1, "traceEvents": [ {"ph": "X"} ,{"ph": "M"}\n] , "b": [1, {"c": "]"}]}',
+    b'{"traceEvents":[{"x":1}]}',
+    b'{"meta": {"traceEvents": [5]}, "traceEvents": [{"x": "[ ]"}], "z": null}',
+    b'{"traceEvents": [{"x": 1}], "traceEvents": [{"y": 2}]}',
+    b'{"traceEvents": [], "a": 2}',
+    b'{"a": 2}',
+    b'{"traceEvents": [1, "two"], "deviceProperties": [{"id": 0}]}',
+])
+def test_one_pass_split_of_a_document_equals_decoding_its_top_level_first(doc):
+    """The event list split while the document's other keys are skipped, and those keys read
+    from the document with the list cut out, are what decoding the top level and then the list
+    give."""
+    from pardiag.analyzer.trace import parse
+
+    top = parse._TOP_DECODER.decode(doc)
+    got = parse._split_document(doc)
+    if "traceEvents" not in top:
+        assert got is None
+        return
+    want = ({k: bytes(v) for k, v in top.items() if k != "traceEvents"},
+            [bytes(r) for r in parse._RAW_LIST_DECODER.decode(top["traceEvents"])])
+    assert ({k: bytes(v) for k, v in got[0].items()}, [bytes(r) for r in got[1]]) == want
+
+
+def test_events_that_are_not_views_of_the_document_are_not_cut_out():
+    import msgspec
+
+    from pardiag.analyzer.trace import parse
+
+    doc = b'{"a": 1, "traceEvents": [{"x": 1}]}'
+    assert parse._without_events(doc, [msgspec.Raw(b'{"x": 1}')]) is None
+    views = parse._TOP_EVENTS_DECODER.decode(doc).traceEvents
+    assert {k: bytes(v) for k, v in parse._without_events(doc, views).items()} == {"a": b"1"}

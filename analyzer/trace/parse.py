@@ -505,6 +505,15 @@ _SKIPPED = functools.reduce(operator.or_, (
 _MISSING = msgspec.UNSET
 
 _TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+class _TopEvents(msgspec.Struct):
+    """A trace document's event list, each event undecoded (the other keys are skipped)."""
+
+    traceEvents: list[msgspec.Raw]
+
+
+_TOP_EVENTS_DECODER = msgspec.json.Decoder(_TopEvents)
 _RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 _LITE_LIST_DECODER = msgspec.json.Decoder(list[_LiteArgs])
 _ARGS_LIST_DECODER = msgspec.json.Decoder(list[_ArgsOnly])
@@ -544,14 +553,14 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
     holder = raw if isinstance(raw, list) else None
     raw = holder[0] if holder is not None else raw
     try:
-        top = _TOP_DECODER.decode(raw)
-        if "traceEvents" not in top:
+        split = _split_document(raw)
+        if split is None:
             return None
-        meta = {k: _ANY_DECODER.decode(v) for k, v in top.items() if k != "traceEvents"}
-        raws = _RAW_LIST_DECODER.decode(top["traceEvents"])
+        top, raws = split
+        meta = {k: _ANY_DECODER.decode(v) for k, v in top.items()}
     except _DECODE_ERRORS:
         return None
-    del top
+    del top, split
     parts: list[dict] = []
     thread_names: dict = {}
     process_names: dict[str, list[str]] = {}
@@ -569,6 +578,59 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
         meta[PROCESS_NAMES_KEY] = process_names
     unit = meta.get("displayTimeUnit", display_time_unit_default)
     return meta, _frame_from_parts(path, unit, thread_names, 0, parts)
+
+
+def _split_document(raw: bytes) -> tuple[dict, list] | None:
+    """The document's top-level values other than ``traceEvents`` and the events, all as
+    undecoded JSON (:class:`msgspec.Raw`); None when it has no ``traceEvents`` list.
+
+    One pass over the events: the document is decoded as :class:`_TopEvents` (which splits the
+    event list and skips the other values), and the other values are then read from the
+    document with the event list cut out (:func:`_without_events`). Where that cannot be done
+    (no events, or the list is not where its events say), the top level is decoded first and the
+    event list a second time.
+
+    Raises:
+        msgspec.DecodeError, ValueError, ...: (:data:`_DECODE_ERRORS`) the bytes are not strict
+            JSON.
+    """
+    try:
+        raws = _TOP_EVENTS_DECODER.decode(raw).traceEvents
+    except msgspec.ValidationError:  # not an object with a traceEvents list: said below
+        raws = None
+    if raws:
+        top = _without_events(raw, raws)
+        if top is not None:
+            return top, raws
+    top = _TOP_DECODER.decode(raw)
+    if "traceEvents" not in top:
+        return None
+    return ({k: v for k, v in top.items() if k != "traceEvents"},
+            _RAW_LIST_DECODER.decode(top["traceEvents"]))
+
+
+def _without_events(raw: bytes, raws: list) -> dict | None:
+    """The top-level values (undecoded) of the document ``raw`` other than its event list,
+    whose events ``raws`` (non-empty) are views into ``raw``: the list is found from where its
+    first and last events lie in ``raw`` and replaced by ``[]`` before the (now small) document
+    is decoded. None when the list is not where they say, or the document names
+    ``traceEvents`` twice."""
+    def at(view) -> tuple[int, bytes]:  # where a view into raw starts in it, and its bytes
+        return np.frombuffer(view, np.uint8).ctypes.data - base, bytes(view)
+
+    base = np.frombuffer(raw, np.uint8).ctypes.data
+    (first, head), (last, tail) = at(raws[0]), at(raws[-1])
+    end = last + len(tail)
+    if not (0 < first <= last and end <= len(raw)) or raw[first:first + len(head)] != head \
+            or raw[last:end] != tail:
+        return None
+    start, stop = raw.rfind(b"[", 0, first), raw.find(b"]", end)
+    if start < 0 or stop < 0 or raw[start + 1:first].strip() or raw[end:stop].strip():
+        return None
+    top = _TOP_DECODER.decode(b"".join((raw[:start], b"[]", raw[stop + 1:])))
+    if bytes(top.pop("traceEvents", b"")) != b"[]":
+        return None
+    return top
 
 
 def _decode_slice(raws: list) -> tuple[list, str] | None:
