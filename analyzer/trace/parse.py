@@ -891,7 +891,7 @@ def _frame_from_parts(path, display_time_unit, thread_names, not_objects, parts:
     ts = joined("ts")
     df = pd.DataFrame({
         "name": pd.Series(joined("name"), dtype=object),
-        "cat": pd.Series(pd.Categorical(joined("cat"))),
+        "cat": pd.Series(_categorical(joined("cat"))),
         "ph": pd.Series(joined("ph"), dtype=object), "pid": pd.Series(joined("pid"), dtype=object),
         "tid": pd.Series(joined("tid"), dtype=object), "ts": ts, "dur": joined("dur"),
         "stream": joined("stream"), "correlation": joined("correlation"),
@@ -939,6 +939,17 @@ def _frame_from_parts(path, display_time_unit, thread_names, not_objects, parts:
     return df, thread_names, warnings, notes
 
 
+def _categorical(values: list[str]) -> pd.Categorical:
+    """``pd.Categorical(values)`` (categories sorted) of a list of ``str``, built from codes:
+    a third of the time for a trace's ``cat`` column."""
+    if not values:
+        return pd.Categorical(values)
+    cats = sorted(set(values))
+    index = {c: i for i, c in enumerate(cats)}
+    codes = np.fromiter(map(index.__getitem__, values), np.int32, len(values))
+    return pd.Categorical.from_codes(codes, categories=cats)
+
+
 def _clip_same_stream(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     """Clip GPU events whose recorded end passes the start of the next event on their stream.
 
@@ -957,10 +968,12 @@ def _clip_same_stream(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     over = (end > next_start).fillna(False).to_numpy()
     if not over.any():
         return df, None
-    idx = sub.index[over]
-    new_dur = np.maximum(0.0, next_start[over].to_numpy() - sub.loc[idx, "ts"].to_numpy())
-    max_clip = float(np.max(sub.loc[idx, "dur"].to_numpy() - new_dur))
-    df = df.copy()
-    df.loc[idx, "dur"] = new_dur
-    return df, f"clipped {len(idx)} same-stream GPU events that ran past the next one's start " \
+    at = np.flatnonzero(gpu)[over]  # positions in df
+    dur = df["dur"].to_numpy().copy()
+    new_dur = np.maximum(0.0, next_start.to_numpy()[over] - df["ts"].to_numpy()[at])
+    max_clip = float(np.max(dur[at] - new_dur))
+    dur[at] = new_dur
+    df = df.copy(deep=False)
+    df["dur"] = dur
+    return df, f"clipped {len(at)} same-stream GPU events that ran past the next one's start " \
                f"(by up to {max_clip:.3f} µs)"
