@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from ..trace.classify import memory_events
 from ..trace.traceset import RankTrace, TraceSet, stack_by_rank, summary_table
 
 _MEMORY_COLUMNS = ("ts_us", "device", "allocated_bytes", "reserved_bytes")
@@ -34,7 +35,7 @@ def memory_rows(trace: RankTrace) -> pd.DataFrame:
     s = trace.summary
     if s is not None:
         return s.memory
-    ev = trace.events[trace.events["name"] == "[memory]"]
+    ev = trace.events[memory_events(trace)]
     rows = []
     for ts, args in zip(ev["ts"], ev["args"]):
         if not isinstance(args, dict):

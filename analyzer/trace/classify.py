@@ -99,6 +99,12 @@ def name_test(trace: RankTrace, key: str, test) -> np.ndarray:
     return cached(trace, ("name_test", key), compute)
 
 
+def memory_events(trace: RankTrace) -> np.ndarray:
+    """Bool per event of ``trace``: it is named ``[memory]`` (the profiler's memory instants;
+    :func:`name_test`, cached)."""
+    return name_test(trace, "memory", "[memory]".__eq__)
+
+
 def compile_comm_patterns(patterns: Iterable[str]) -> list[re.Pattern]:
     """Compile user ``--comm-kernel`` regular expressions.
 
@@ -189,8 +195,8 @@ def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
     is_step = (isin_mask(cat, ["user_annotation", "cpu_op"])
                & name_test(trace, "step", STEP_RE.match))
     kind[is_step] = _CODE[Kind.STEP]
-    kind[(ev["ph"] == "i").to_numpy() & name_test(trace, "memory", "[memory]".__eq__)] = \
-        _CODE[Kind.MEMORY]
+    memory = np.flatnonzero(memory_events(trace))
+    kind[memory[ev["ph"].to_numpy()[memory] == "i"]] = _CODE[Kind.MEMORY]
     return pd.Series(pd.Categorical.from_codes(kind, categories=_KIND_VALUES), index=ev.index,
                      name="kind")
 

@@ -338,9 +338,10 @@ def all_to_all_ops(events) -> pd.DataFrame:
     cols = list(A2A_COLUMNS)
     if events is None or events.empty:
         return pd.DataFrame(columns=cols)
-    names = events["name"]
-    c10d = events[names.isin(["c10d::alltoall_base_", "c10d::alltoall_base"])]
-    rpc = events[(names == "record_param_comms")]
+    ops = events[events["name"].isin(["c10d::alltoall_base_", "c10d::alltoall_base",
+                                      "record_param_comms"])]  # one pass over the names
+    is_rpc = (ops["name"] == "record_param_comms").to_numpy()
+    c10d, rpc = ops[~is_rpc], ops[is_rpc]
     rows: list[dict] = []
     spans: list[tuple] = []
     for pid, tid, ts, dur, args in zip(c10d["pid"], c10d["tid"], c10d["ts"], c10d["dur"],
