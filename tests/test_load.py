@@ -478,3 +478,23 @@ def test_events_that_are_not_views_of_the_document_are_not_cut_out():
     assert parse._without_events(doc, [msgspec.Raw(b'{"x": 1}')]) is None
     views = parse._TOP_EVENTS_DECODER.decode(doc).traceEvents
     assert {k: bytes(v) for k, v in parse._without_events(doc, views).items()} == {"a": b"1"}
+
+
+def test_gpu_streams_from_integer_stream_args_equal_the_per_event_reading():
+    """The stream of each GPU event: its integer ``stream`` arg read for all of them at once,
+    else (an arg missing, not an integer, beyond 64 bits) event by event: the ``stream`` arg,
+    the ``sycl queue`` arg, an integer tid, a ``"stream N"`` tid."""
+    import numpy as np
+
+    from pardiag.analyzer.trace.parse import _MISSING, _gpu_streams
+
+    gpu = np.array([True, False, True, True])
+    tid = [7, 1, "stream 9", 3]
+    cases = [
+        ([5, _MISSING, 6, 8], [_MISSING] * 4, [5, -1, 6, 8]),         # all integers
+        ([5, _MISSING, _MISSING, 8], [_MISSING, _MISSING, 2, _MISSING], [5, -1, 2, 8]),
+        ([_MISSING, 1, _MISSING, True], [_MISSING] * 4, [7, -1, 9, 3]),  # tids: a bool is no stream
+        ([2 ** 70, 0, 6, 8], [_MISSING] * 4, [7, -1, 6, 8]),           # beyond int64: the tid
+    ]
+    for stream, queue, want in cases:
+        assert _gpu_streams(gpu, stream, queue, tid).tolist() == want

@@ -497,9 +497,13 @@ class _ArgsOnly(msgspec.Struct, gc=False):
 #: struct (flow events are a third of a GPU trace's events, and none is read).
 _SKIPPED_PHS = ("B", "E", "I", "C", "b", "n", "e", "s", "t", "f", "P", "O", "N", "D", "V", "v",
                 "R", "c", "(", ")")
-_SKIPPED = functools.reduce(operator.or_, (
-    msgspec.defstruct(f"_Skipped{i}", [], tag_field="ph", tag=ph, gc=False)
-    for i, ph in enumerate(_SKIPPED_PHS)))
+_SKIPPED_TYPES = tuple(msgspec.defstruct(f"_Skipped{i}", [], tag_field="ph", tag=ph, gc=False)
+                       for i, ph in enumerate(_SKIPPED_PHS))
+_SKIPPED = functools.reduce(operator.or_, _SKIPPED_TYPES)
+#: The kind of each struct the tagged decoders build: 1 complete, 2 instant, 3 metadata, 0 an
+#: event no table reads (:func:`_split_tagged`).
+_TYPE_CODES = {_Complete: 1, _LiteComplete: 1, _Instant: 2, _LiteInstant: 2, _Meta: 3,
+               **dict.fromkeys(_SKIPPED_TYPES, 0)}
 
 #: An arg the event has not got (``stream``, ``sycl queue``).
 _MISSING = msgspec.UNSET
@@ -663,7 +667,7 @@ def _slice_part(raws: list, thread_names: dict, process_names: dict, keeps: dict
     if kind == "plain":
         keep, phs = _split_events(evs, thread_names, process_names)
     else:
-        keep, phs, mask = _split_tagged(evs, thread_names, process_names, lite=kind == "lite")
+        keep, phs, mask = _split_tagged(evs, thread_names, process_names)
     del evs
     get = operator.attrgetter
     names_raw = list(map(get("name"), keep))
@@ -702,16 +706,20 @@ def _split_events(evs: list, thread_names: dict, process_names: dict
     return keep, list(map(operator.attrgetter("ph"), keep))
 
 
-def _split_tagged(evs: list, thread_names: dict, process_names: dict, *, lite: bool
+def _split_tagged(evs: list, thread_names: dict, process_names: dict
                   ) -> tuple[list, list, list[bool]]:
-    """:func:`_split_events` of events decoded by their tag (:data:`_LITE_DECODER` where
-    ``lite``, else :data:`_TAGGED_DECODER`), with the mask of the events kept."""
-    complete, instant = (_LiteComplete, _LiteInstant) if lite else (_Complete, _Instant)
-    mask = [type(e) is complete or (type(e) is instant and e.name == "[memory]") for e in evs]
+    """:func:`_split_events` of events decoded by their tag (:data:`_LITE_DECODER` or
+    :data:`_TAGGED_DECODER`), with the mask of the events kept."""
+    # each event's kind as a small integer (C-level maps), not a Python test per event
+    codes = np.fromiter(map(_TYPE_CODES.__getitem__, map(type, evs)), np.int8, len(evs))
+    keep_mask = codes == 1
+    memory = [i for i in np.flatnonzero(codes == 2).tolist() if evs[i].name == "[memory]"]
+    keep_mask[memory] = True
+    mask = keep_mask.tolist()
     keep = list(itertools.compress(evs, mask))
-    phs = ["X"] * len(keep) if instant not in set(map(type, keep)) else [
-        "X" if type(e) is complete else "i" for e in keep]
-    _names_of([e for e in evs if type(e) is _Meta], thread_names, process_names)
+    phs = ["X"] * len(keep) if not memory else [
+        "X" if c == 1 else "i" for c in codes[keep_mask].tolist()]
+    _names_of([evs[i] for i in np.flatnonzero(codes == 3).tolist()], thread_names, process_names)
     return keep, phs, mask
 
 
@@ -833,6 +841,14 @@ def _gpu_streams(gpu: np.ndarray, arg_stream, arg_queue, tid_raw: list) -> np.nd
     idx = np.flatnonzero(gpu)
     if not len(idx):
         return streams
+    if len(idx) > 1:  # every GPU event with an integer stream arg (CUDA, HIP): no loop
+        given = operator.itemgetter(*idx.tolist())(arg_stream)
+        if set(map(type, given)) == {int}:
+            try:
+                streams[idx] = np.array(given, dtype=np.int64)
+                return streams
+            except OverflowError:
+                pass
     vals = []
     for i in idx:
         s, q, t = arg_stream[i], arg_queue[i], tid_raw[i]
