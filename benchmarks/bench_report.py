@@ -20,7 +20,7 @@ slower:
   folder (one per core, at most one per file; one for small inputs): what reading the bytes costs
   at the least;
 * ``pardiag``: ``load_traces(reducer=REDUCER)`` + ``build_report`` (every analysis, no HTML), no
-  stored summaries (cold);
+  stored summaries (cold), with the command's settings (``collect_less``, ``python_strings``);
 * ``HTA``: ``TraceAnalysis(trace_dir=...)`` (HTA as installed: parse and build its dataframes);
 * ``cached``: pardiag again once summaries are stored (a second ``pardiag report``);
 * ``report``: the whole command as a user runs it, ``pardiag report FOLDER --no-cache -o
@@ -111,12 +111,13 @@ print(time.perf_counter() - t0)
 PARDIAG = """
 import sys, time
 t0 = time.perf_counter()
-from pardiag.cli import collect_less
-collect_less()   # the garbage collector as the pardiag command sets it
+from pardiag.cli import collect_less, python_strings
+collect_less()   # the garbage collector and ...
 from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.report.registry import build_report
-build_report(load_traces(sys.argv[1], reducer=REDUCER, cache=sys.argv[2] == "cache"))
+with python_strings():  # ... pandas' text storage as the pardiag command sets them
+    build_report(load_traces(sys.argv[1], reducer=REDUCER, cache=sys.argv[2] == "cache"))
 print(time.perf_counter() - t0)
 """
 HTA = """
