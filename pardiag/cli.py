@@ -586,14 +586,37 @@ def collect_less() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+#: The commands that read traces with pandas (run within :func:`python_strings`).
+ANALYSIS_COMMANDS = frozenset({"report", "compare", "merge", "summarize"})
+
+
+def keep_pyarrow_out(argv: list[str]) -> bool:
+    """Before pandas is imported for an analysis command (``argv``: the arguments after the
+    program name), make ``import pyarrow`` fail in this process (``sys.modules["pyarrow"] =
+    None``, Python's documented way), so that pandas starts without it; whether it did.
+
+    No command reads Arrow data, and text columns are Python strings either way
+    (:func:`python_strings`); pandas >= 3 imports pyarrow and ``pyarrow.compute`` whole at
+    start where pyarrow is installed, 0.06 s of every report (``benchmarks/bench_startup.py``
+    and ``benchmarks/bench_report.py``; results listed in benchmarks/README.md). Nothing is
+    changed once pandas or pyarrow is loaded, or for the other commands (``profile`` and
+    ``wrap`` run the user's code)."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in ANALYSIS_COMMANDS or "pandas" in sys.modules or "pyarrow" in sys.modules:
+        return False
+    sys.modules["pyarrow"] = None  # type: ignore[assignment]
+    return True
+
+
 def run() -> None:
     """The console script (``pardiag``, ``python -m pardiag``): :func:`main` in a process of its
-    own, which exits with its code.
+    own, which exits with its code (:func:`keep_pyarrow_out` first).
 
     The garbage collector runs as :func:`collect_less` sets it, and what is alive at the end is
     frozen so the interpreter's exit does not traverse it again: together 0.1–0.2 s of a
     one-second report (``benchmarks/bench_startup.py``; the startup results in
     benchmarks/results/, listed in benchmarks/README.md)."""
+    keep_pyarrow_out(sys.argv[1:])
     collect_less()
     try:
         code = main()

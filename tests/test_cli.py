@@ -312,3 +312,30 @@ def test_analysis_commands_store_text_as_python_strings_and_restore_the_setting(
     if pd.Series(["x"]).dtype != object:  # pandas >= 3 infers text columns as str
         assert seen[0][1] == "StringArray"
     assert pd.get_option("mode.string_storage") == before
+
+
+def test_the_command_line_reports_without_pyarrow_and_writes_the_same_json(tmp_path):
+    """`pardiag report` keeps pyarrow out of its process (keep_pyarrow_out) and writes the JSON
+    that the same report written in a process with pyarrow loaded has."""
+    sample = REPO / "sample_traces" / "ddp_cpu_2rank"
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print('pyarrow module:', sys.modules.get('pyarrow')))\n"
+            "from pardiag.cli import run\n"
+            "run()\n")
+    out = subprocess.run([sys.executable, "-c", code, "report", str(sample), "--no-cache", "-q",
+                          "-o", str(tmp_path / "a.html"), "--json", str(tmp_path / "a.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "pyarrow module: None" in out.stdout
+    assert run("report", sample, "--no-cache", "-q", "-o", tmp_path / "b.html",
+               "--json", tmp_path / "b.json").exit_code == 0
+    a, b = (json.loads((tmp_path / f"{x}.json").read_text()) for x in "ab")
+    assert a == b
+
+
+def test_pyarrow_is_kept_out_only_for_analysis_commands_before_pandas_loads():
+    from pardiag.cli import keep_pyarrow_out
+
+    assert "pandas" in sys.modules  # this test process: nothing may change
+    for argv in (["report", "x"], ["-q", "compare", "a", "b"], ["profile", "t.py"], []):
+        assert keep_pyarrow_out(argv) is False
