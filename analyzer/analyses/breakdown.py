@@ -99,12 +99,13 @@ class TimeBreakdown:
         for the run (``rank`` None: per step the slowest rank's span). Computed once."""
         return step_time_spread(self.steps)
 
-    @property
+    @functools.cached_property
     def collective_totals(self) -> pd.DataFrame:
         """One row per collective type over all ranks, most time first: ``collective``,
         ``ranks`` (ranks that ran it), ``count`` (issued ops, summed), ``time_us`` and
         ``exposed_us`` (summed over ranks), ``exposed_pct`` (% of that time not under compute;
-        NaN without time). The HTML, terminal and JSON reports all show this table."""
+        NaN without time). The HTML, terminal and JSON reports all show this table: computed
+        once."""
         c = self.collectives
         if c.empty:
             return pd.DataFrame(columns=["collective", "ranks", "count", "time_us", "exposed_us",

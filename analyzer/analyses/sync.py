@@ -33,6 +33,7 @@ Input: every rank's issued communication ops
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pandas as pd
@@ -104,9 +105,10 @@ class SyncResult:
     notes: tuple[str, ...] = ()
     p2p: pd.DataFrame = dataclasses.field(default_factory=lambda: pd.DataFrame(columns=P2P_COLUMNS))
 
-    @property
+    @functools.cached_property
     def skew(self) -> pd.DataFrame:
-        """Arrival skew per collective type (:func:`skew_by_op`)."""
+        """Arrival skew per collective type (:func:`skew_by_op`). Computed once (the JSON, the
+        page and the terminal read it)."""
         return skew_by_op(self.instances)
 
 
