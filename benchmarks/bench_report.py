@@ -20,7 +20,8 @@ slower:
   folder (one per core, at most one per file; one for small inputs): what reading the bytes costs
   at the least;
 * ``pardiag``: ``load_traces(reducer=REDUCER)`` + ``build_report`` (every analysis, no HTML), no
-  stored summaries (cold), with the command's settings (``collect_less``, ``python_strings``);
+  stored summaries (cold), with the command's settings (``keep_pyarrow_out``, ``collect_less``,
+  ``python_strings``);
 * ``HTA``: ``TraceAnalysis(trace_dir=...)`` (HTA as installed: parse and build its dataframes);
 * ``cached``: pardiag again once summaries are stored (a second ``pardiag report``);
 * ``report``: the whole command as a user runs it, ``pardiag report FOLDER --no-cache -o
@@ -111,7 +112,8 @@ print(time.perf_counter() - t0)
 PARDIAG = """
 import sys, time
 t0 = time.perf_counter()
-from pardiag.cli import collect_less, python_strings
+from pardiag.cli import collect_less, keep_pyarrow_out, python_strings
+keep_pyarrow_out(["report"])  # pandas without pyarrow, ...
 collect_less()   # the garbage collector and ...
 from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.summary import REDUCER
