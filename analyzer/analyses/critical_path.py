@@ -343,7 +343,9 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
         if partial:
             notes.append(f"{partial} communication instance(s) lacking members are no joins: "
                          f"what their absent members did is not in the traces")
-    meta = inst.set_index("instance") if inst is not None and len(inst) else None
+    # each instance's op, group and process group by key (one row per instance)
+    meta = ({c: dict(zip(inst["instance"], map(str, inst[c]))) for c in ("op", "group", "pg")}
+            if inst is not None and len(inst) else None)
     steps = breakdown.steps
     graphs, straddling = [], set()
     for step, srows in steps.groupby("step", sort=True):
@@ -356,20 +358,19 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
         m = members[(members["end_us"] > lo) & (members["start_us"] < hi)
                     & members["rank"].isin(ranks)]
         joins = []
-        for key, g in m.groupby("instance", sort=False):
-            rs = [int(x) for x in g["rank"]]
+        for key, (rs, starts, ends_) in _members_by_instance(m):
             # a join lies inside every member's step, or it belongs to no one step
             if not all(start[r] - BLOCKED_TOL_US <= a and e <= end[r] + BLOCKED_TOL_US
-                       for r, a, e in zip(rs, g["start_us"], g["end_us"])):
+                       for r, a, e in zip(rs, starts, ends_)):
                 straddling.add(key)
                 continue
-            arrival = dict(zip(rs, g["start_us"].astype(float)))
-            ends = dict(zip(rs, g["end_us"].astype(float)))
+            arrival = dict(zip(rs, starts))
+            ends = dict(zip(rs, ends_))
             blocked = frozenset(r for r in rs if _blocked(parts[r][1], ends[r])
                                 and not parts[r][3].launched_after(ends[r] + parts[r][4]))
-            op = str(meta.at[key, "op"]) if meta is not None else "?"
-            group = str(meta.at[key, "group"]) if meta is not None else ""
-            pg = str(meta.at[key, "pg"]) if meta is not None else ""
+            op = meta["op"][key] if meta is not None else "?"
+            group = meta["group"][key] if meta is not None else ""
+            pg = meta["pg"][key] if meta is not None else ""
             dim = by_group.get(group) or by_name.get(pg) or (
                 "pp" if str(key).startswith("p2p:") else "world" if len(rs) == len(parts)
                 else "other")
@@ -382,6 +383,21 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
         notes.append(f"{len(straddling)} communication instance(s) reach outside a member's step "
                      f"window: no join of any step (their time is that rank's work)")
     return graphs, notes
+
+
+def _members_by_instance(m: pd.DataFrame):
+    """``(instance, (ranks, start_us, end_us))`` for each instance of ``m`` (rows of
+    :attr:`SyncResult.per_rank`) in order of first appearance, its members in row order
+    (``groupby("instance", sort=False)``'s groups, as lists of int and float)."""
+    codes, keys = pd.factorize(m["instance"])
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(keys) + 1))
+    rank = m["rank"].to_numpy()[order].astype(int).tolist()
+    start = m["start_us"].to_numpy(dtype=float)[order].tolist()
+    end = m["end_us"].to_numpy(dtype=float)[order].tolist()
+    for j, key in enumerate(keys):
+        lo, hi = int(bounds[j]), int(bounds[j + 1])
+        yield key, (rank[lo:hi], start[lo:hi], end[lo:hi])
 
 
 def _blocked(exposed: np.ndarray, end: float) -> bool:

@@ -295,8 +295,11 @@ def _route_instances(inst: pd.DataFrame, pr: pd.DataFrame) -> _Routed:
     rows_i, rows_r, matrix_rows = [], [], []
     unsized = even = 0
     row_bytes: dict[str, float] = {}
+    first = inst.drop_duplicates("instance")  # each instance's row, looked up by key
+    metas = dict(zip(first["instance"],
+                     first[["group", "step", "seq", "last_rank"]].to_dict("records")))
     for key, g in pr.groupby("instance", sort=False):
-        meta = inst[inst["instance"] == key].iloc[0]
+        meta = metas[key]
         g = g.sort_values("rank")
         members = [int(r) for r in g["rank"]]
         if g["op"].isna().any():
