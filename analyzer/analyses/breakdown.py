@@ -330,17 +330,21 @@ def _compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankP
             idx = np.searchsorted(steps["start_us"].to_numpy(), launch, side="right") - 1
             inside = (idx >= 0) & (launch < steps["end_us"].to_numpy()[np.clip(idx, 0, None)])
             ends = (kernels["ts"] + kernels["dur"]).to_numpy()
-            per_step = (pd.DataFrame({"i": idx[inside], "s": kernels["ts"].to_numpy()[inside],
-                                      "e": ends[inside]})
-                        .groupby("i").agg(first=("s", "min"), last_end=("e", "max")))
-            starts = per_step["first"].to_numpy()
+            # per step (in step order): its first kernel's start and its last kernel's end
+            at = idx[inside]
+            order = np.argsort(at, kind="stable")
+            at = at[order]
+            step_idx, first = np.unique(at, return_index=True)
+            starts = np.minimum.reduceat(kernels["ts"].to_numpy()[inside][order], first)
+            last_ends = np.maximum.reduceat(ends[inside][order], first)
             seg = iv.window_of(starts, trace.windows)
-            for j, (i, row) in enumerate(per_step.iterrows()):
+            step_ids = steps["step"].to_numpy()
+            for j, i in enumerate(step_idx):
                 # to the next step's first kernel, unless that lies in another profiling window
-                nxt = j + 1 < len(per_step) and seg[j + 1] == seg[j]
-                end = starts[j + 1] if nxt else row["last_end"]
-                windows.append((int(steps["step"].iloc[i]), float(row["first"]),
-                                float(max(row["first"], end))))
+                nxt = j + 1 < len(step_idx) and seg[j + 1] == seg[j]
+                end = starts[j + 1] if nxt else last_ends[j]
+                windows.append((int(step_ids[i]), float(starts[j]),
+                                float(max(starts[j], end))))
         comm = _gpu_comm_types(trace, comm_ev)
         ts = kernels["ts"].to_numpy()
         return RankParts("gpu", k, c, lo, hi, windows, comm,
