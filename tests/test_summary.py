@@ -238,10 +238,13 @@ def test_a_worker_that_dies_or_fails_is_an_error(tmp_path, monkeypatch):
         load.parse_files(files, 2, None)
 
 
-def test_workers_exit_when_the_parent_is_killed(tmp_path):
+@pytest.mark.parametrize("batch_bytes,kids_alive", [(1_000_000, 2), (1, 4)])
+def test_workers_exit_when_the_parent_is_killed(tmp_path, batch_bytes, kids_alive):
     """A parent killed while its workers parse (kill -9: nothing runs in it) leaves no worker
     behind: each pipe's only reader was the parent, so a worker's send fails and it exits,
-    instead of blocking forever with its memory and the parent's output pipes."""
+    instead of blocking forever with its memory and the parent's output pipes. With a process
+    per file, the two forked ahead and waiting to start exit too (their start pipe's only
+    writer was the parent)."""
     import os
     import signal
     import subprocess
@@ -259,16 +262,17 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path):
             "    time.sleep(3)\n"   # the parent is killed while every worker parses
             "    return real(f, **kw)\n"
             "load.parse_file = slow\n"
+            f"load.WORKER_BATCH_BYTES = {batch_bytes}\n"
             "files = sorted(Path(sys.argv[1]).glob('*.json*'))\n"
             "load.parse_files(files, 2, None)\n")   # events kept: results beyond a pipe's buffer
     parent = subprocess.Popen([sys.executable, "-c", code, str(run)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     kids: list = []
-    while len(kids) < 2 and time.monotonic() < deadline:
+    while len(kids) < kids_alive and time.monotonic() < deadline:
         time.sleep(0.1)
         kids = psutil.Process(parent.pid).children()
-    assert len(kids) == 2
+    assert len(kids) == kids_alive
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
     gone, alive = psutil.wait_procs(kids, timeout=120)
