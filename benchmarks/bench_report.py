@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/bench_report.py --replicate TRACE:8    # TRACE as 8 ranks
 
 For each folder, each measurement runs in a fresh subprocess (imports included). Times are the
-median of --repeat runs without any sampling; peak memory is the largest, over --repeat further
+median of --repeat runs without any sampling (a second table gives the fastest and slowest); peak memory is the largest, over --repeat further
 runs, of the sum of PSS (proportional set size: pages shared between processes, as after fork,
 count once in total) over the process and its children (pardiag's and HTA's worker processes),
 sampled with psutil every 10 ms for the first 2 s and every 50 ms after. The two are measured in
@@ -177,12 +177,13 @@ def run_once(code: str, args: list[str], env: dict, sample: bool = True
 
 def measure(code: str, args: list[str], env: dict, repeat: int):
     """(median seconds of ``repeat`` runs without sampling, largest peak MB of ``repeat`` runs
-    with it), or None when every run failed."""
+    with it, fastest and slowest of the timed runs), or None when every run failed."""
     timed = [r for r in (run_once(code, args, env, sample=False) for _ in range(repeat)) if r]
     sampled = [r for r in (run_once(code, args, env) for _ in range(repeat)) if r]
     if not timed or not sampled:
         return None
-    return statistics.median(t for t, _ in timed), max(m for _, m in sampled)
+    times = [t for t, _ in timed]
+    return statistics.median(times), max(m for _, m in sampled), min(times), max(times)
 
 
 def synthetic(work: Path, ranks: int, mb: float) -> Path:
@@ -230,8 +231,16 @@ COLUMNS = ("folder", "files", "MB", "floor s", "base s", "pardiag s", "report s"
            "HTA MB", "mem p/HTA")
 
 
-def measure_folder(f: Path, a, env: dict) -> list[str]:
-    """One row of the table (formatted cells, in COLUMNS' order)."""
+#: The second table: each time's median and range over the timed runs.
+RANGE_COLUMNS = ("folder", "floor s", "pardiag s", "report s", "HTA s", "cached s")
+
+
+def _spread(m) -> str:
+    return f"{m[0]:.2f} ({m[2]:.2f}–{m[3]:.2f})" if m else "–"
+
+
+def measure_folder(f: Path, a, env: dict) -> tuple[list[str], list[str]]:
+    """One row of each table (formatted cells, in COLUMNS' and RANGE_COLUMNS' order)."""
     from pardiag.analyzer.trace.load import default_workers
 
     files = [x for x in f.iterdir() if x.is_file() and x.name.endswith((".json", ".json.gz"))]
@@ -251,13 +260,14 @@ def measure_folder(f: Path, a, env: dict) -> list[str]:
     t = lambda m: m[0] if m else None  # noqa: E731
     m = lambda m: m[1] if m else None  # noqa: E731
     r = lambda x, y: x / y if x is not None and y else None  # noqa: E731
+    spreads = [f.name[:34], *(_spread(x) for x in (floor, ours, whole, hta, cached))]
     return [f.name[:34], str(len(files)), f"{mb:.0f}", fmt(t(floor), ".2f", 0),
             fmt(t(base), ".2f", 0), fmt(t(ours), ".2f", 0), fmt(t(whole), ".2f", 0),
             fmt(t(hta), ".2f", 0), fmt(r(t(ours), t(hta)), ".2f", 0),
             fmt(r(t(ours), t(floor)), ".2f", 0), fmt(r(t(whole), t(floor)), ".2f", 0),
             fmt(t(cached), ".2f", 0), fmt(r(t(ours), t(cached)), ".1f", 0),
             fmt(m(ours), ".0f", 0), fmt(m(whole), ".0f", 0), fmt(m(hta), ".0f", 0),
-            fmt(r(m(ours), m(hta)), ".2f", 0)]
+            fmt(r(m(ours), m(hta)), ".2f", 0)], spreads
 
 
 def main() -> None:
@@ -283,9 +293,16 @@ def main() -> None:
     env = {**os.environ, "PARDIAG_CACHE_DIR": str(cache_root)}
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" + "---:|" * (len(COLUMNS) - 1))
+    spreads = []
     for f in folders:
-        print("| " + " | ".join(measure_folder(f, a, env)) + " |", flush=True)
+        row, spread = measure_folder(f, a, env)
+        spreads.append(spread)
+        print("| " + " | ".join(row) + " |", flush=True)
     shutil.rmtree(cache_root, ignore_errors=True)
+    print(f"\nmedian (fastest–slowest) of the timed runs, s:\n\n| " + " | ".join(RANGE_COLUMNS)
+          + " |\n|" + "---|" + "---:|" * (len(RANGE_COLUMNS) - 1))
+    for spread in spreads:
+        print("| " + " | ".join(spread) + " |")
     print(f"cores: {len(os.sched_getaffinity(0))}, load average: "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (rerun on a quiet machine)")
 
