@@ -6,10 +6,11 @@
     .venv/bin/python benchmarks/bench_report.py --replicate TRACE:8    # TRACE as 8 ranks
 
 For each folder, each measurement runs in a fresh subprocess (imports included). Times are the
-median of --repeat runs without any sampling (a second table gives the fastest and slowest); peak memory is the largest, over --repeat further
-runs, of the sum of PSS (proportional set size: pages shared between processes, as after fork,
-count once in total) over the process and its children (pardiag's and HTA's worker processes),
-sampled with psutil every 10 ms for the first 2 s and every 50 ms after. The two are measured in
+median of --repeat runs without any sampling (a second table gives the fastest and slowest);
+peak memory is the largest, over --repeat further runs, of the sum of PSS (proportional set
+size: pages shared between processes, as after fork, count once in total) over the process and
+its children (pardiag's and HTA's worker processes), sampled with psutil every 10 ms for the
+first 2 s and every 50 ms after. The two are measured in
 separate runs because reading a large process's PSS takes CPU time from the measured processes:
 on a 2-core machine the sampler made a 1.95 s run of pardiag (three processes) 0.15-0.2 s
 slower:
@@ -299,7 +300,7 @@ def main() -> None:
         spreads.append(spread)
         print("| " + " | ".join(row) + " |", flush=True)
     shutil.rmtree(cache_root, ignore_errors=True)
-    print(f"\nmedian (fastest–slowest) of the timed runs, s:\n\n| " + " | ".join(RANGE_COLUMNS)
+    print("\nmedian (fastest–slowest) of the timed runs, s:\n\n| " + " | ".join(RANGE_COLUMNS)
           + " |\n|" + "---|" + "---:|" * (len(RANGE_COLUMNS) - 1))
     for spread in spreads:
         print("| " + " | ".join(spread) + " |")
