@@ -375,3 +375,45 @@ def test_isin_mask_is_series_isin(dtype):
         assert got.tolist() == s.isin(list(allowed)).tolist()
     assert isin_mask(s, ["cpu_op", "kernel"]).tolist() == [True, True, False, False, True, True]
     assert isin_mask(s.iloc[:0], ["kernel"]).tolist() == []
+
+
+def test_ctrl_c_stops_the_workers_with_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group) while two workers parse and two wait to start:
+    `pardiag: aborted`, exit 130, no traceback from any worker, and no worker left."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    run = write_run(tmp_path / "run", ranks=4, mb=0.3, layers=8)
+    code = ("import time\n"
+            "from pardiag.analyzer.trace import load\n"
+            "real = load.parse_file\n"
+            "def slow(f, **kw):\n"
+            "    time.sleep(3)\n"
+            "    return real(f, **kw)\n"
+            "load.parse_file = slow\n"
+            "load.WORKER_BATCH_BYTES = 1\n"   # a process per file: two parse, two wait
+            "from pardiag.cli import run\n"
+            "run()\n")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code, "report", str(run), "--no-cache", "-q", "--workers", "2",
+         "-o", str(tmp_path / "r.html")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    kids: list = []
+    while len(kids) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        kids = psutil.Process(parent.pid).children()
+    assert len(kids) == 4
+    os.killpg(parent.pid, signal.SIGINT)
+    _, err = parent.communicate(timeout=120)
+    assert parent.returncode == 130
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines()[-1] == "pardiag: aborted"
+    _, alive = psutil.wait_procs(kids, timeout=60)
+    for p in alive:
+        p.kill()
+    assert not alive

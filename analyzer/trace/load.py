@@ -21,6 +21,7 @@ import functools
 import math
 import os
 import re
+import signal
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -620,7 +621,15 @@ def _start_worker(ctx, files: list[Path], batch: list[int], kw: dict, others: li
     proc = ctx.Process(target=_parse_batch, daemon=True,
                        args=(send, [files[i] for i in batch], kw,
                              inherited if fork else [], go_recv))
-    proc.start()
+    # the worker starts with SIGINT blocked: a Ctrl-C reaches this process, which stops the
+    # workers itself, instead of printing a traceback from each of them
+    masked = hasattr(signal, "pthread_sigmask")
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
+    try:
+        proc.start()
+    finally:
+        if masked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
     send.close()
     if go_recv is not None:
         go_recv.close()
