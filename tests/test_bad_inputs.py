@@ -147,3 +147,22 @@ def test_no_traceback_in_a_real_process(name, tmp_path):
                           "-q", "--no-cache"], capture_output=True, text=True, timeout=120)
     assert "Traceback" not in res.stderr
     assert res.returncode == EXPECTED[name][0]
+
+
+@pytest.mark.parametrize("body,repair", [
+    (b'"name": "a\tb"', "raw control characters inside strings accepted"),
+    (b'"name": "\\ud800"', "unpaired UTF-16 surrogate escapes kept as they are"),
+    (b'"name": "k", "big": 1e400', "numbers beyond the float range read as infinity"),
+    (b'"name": NaN', "bare NaN/Infinity tokens read as null"),
+])
+def test_a_repaired_document_names_the_repair_it_needed(body, repair):
+    """What Python's json accepted where orjson refused is named by what orjson refused: a raw
+    tab in a string, an unpaired surrogate escape, a number beyond the float range."""
+    from pathlib import Path
+
+    from pardiag.analyzer.trace.parse import parse_json
+
+    raw = b'{"traceEvents": [{"ph": "X", ' + body + b', "ts": 1, "dur": 1}]}'
+    doc, repairs = parse_json(raw, Path("f.json"))
+    assert repairs == [repair]
+    assert len(doc["traceEvents"]) == 1

@@ -79,7 +79,8 @@ def read_trace_bytes(raw: bytes, path: Path) -> tuple[dict, list[str]]:
 
     Like :func:`read_trace_json` but from bytes already read, and also returns what had to be
     repaired (one line each: invalid UTF-8 replaced, bare ``NaN``/``inf`` tokens read as null,
-    raw control characters accepted, integers beyond 64 bits read as floats).
+    raw control characters accepted, unpaired surrogate escapes kept, numbers beyond the float
+    range read as infinity).
 
     Raises:
         TraceError: truncated or corrupt gzip, empty, not JSON, or not a JSON object.
@@ -143,10 +144,26 @@ def plain_bytes(raw: bytes, path: Path) -> bytes:
     return raw
 
 
+#: What Python's ``json`` accepted where orjson refused, by the words of orjson's message.
+_REPAIRS = (("control character", "raw control characters inside strings accepted"),
+            ("surrogate", "unpaired UTF-16 surrogate escapes kept as they are"),
+            ("infinity", "numbers beyond the float range read as infinity"))
+
+
+def _repair_of(refusal: str) -> str:
+    """The repair line for a document that only Python's ``json`` read: what orjson's first
+    refusal (its message) names, else the message itself."""
+    low = refusal.lower()
+    for words, repair in _REPAIRS:
+        if words in low:
+            return repair
+    return f"read by Python's json where orjson refused it ({refusal})"
+
+
 def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
     """The tolerant reading of a file's JSON bytes: orjson, else (bare ``NaN``/``Infinity``,
-    control characters in strings, integers beyond 64 bits, invalid UTF-8) Python's ``json``
-    after repairs.
+    control characters in strings, unpaired surrogate escapes, numbers beyond the float range,
+    invalid UTF-8) Python's ``json`` after repairs.
 
     Returns:
         (the document, the repairs made: one line each).
@@ -157,7 +174,7 @@ def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
     repairs: list[str] = []
     try:
         doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as refused:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -173,10 +190,7 @@ def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
                              f" column {exc.colno})" if isinstance(exc, json.JSONDecodeError)
                              else f"{path}: not valid JSON (nested too deeply)") from None
         if not repairs:
-            repairs.append("raw control characters inside strings accepted"
-                           if re.search(rb"[\x00-\x1f]", raw.replace(b"\n", b"").replace(
-                               b"\r", b"").replace(b"\t", b""))
-                           else "integers beyond 64 bits read as floats")
+            repairs.append(_repair_of(refused.msg))
     if not isinstance(doc, dict):
         raise TraceError(f"{path}: not a Kineto trace (top level is not a JSON object)")
     return doc, repairs
