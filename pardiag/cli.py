@@ -42,6 +42,18 @@ def python_strings():
         yield
 
 
+#: The commands that read traces with pandas (:func:`analysis_command`).
+ANALYSIS_COMMANDS: set[str] = set()
+
+
+def analysis_command(f):
+    """Mark a command's function as one that reads traces with pandas: it runs within
+    :func:`python_strings`, and :func:`keep_pyarrow_out` names it in
+    :data:`ANALYSIS_COMMANDS` (the command's name is the function's)."""
+    ANALYSIS_COMMANDS.add(f.__name__)
+    return python_strings()(f)
+
+
 def comm_kernel_option(f):
     """``--comm-kernel REGEX`` (repeatable), shared by report, merge and summarize."""
     return click.option("--comm-kernel", "comm_kernel", multiple=True, metavar="REGEX",
@@ -332,7 +344,7 @@ def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int
 @click.option("--mixed-runs", is_flag=True,
               help="Analyse the files of different runs as one (by default they are refused: "
                    "pardiag compare sets two runs side by side).")
-@python_strings()
+@analysis_command
 def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
            comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
            workers: int | None, hta: bool, mixed_runs: bool) -> None:
@@ -398,7 +410,7 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 @click.option("--no-cache", is_flag=True,
               help="Parse every trace; neither read nor store per-rank summaries.")
 @workers_option
-@python_strings()
+@analysis_command
 def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: float | None,
             comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
             workers: int | None) -> None:
@@ -458,7 +470,7 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
               default=Path("merged.json.gz"), show_default=True,
               help="Merged trace to write (gzip-compressed when the name ends in .gz).")
 @comm_kernel_option
-@python_strings()
+@analysis_command
 def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -> None:
     """Merge the ranks' traces into one trace for Perfetto or chrome://tracing.
 
@@ -505,7 +517,7 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
               help="Summarize only every N-th file from the I-th [default: $RANK/$WORLD_SIZE "
                    "under torchrun, else all].")
 @workers_option
-@python_strings()
+@analysis_command
 def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str | None,
               workers: int | None) -> None:
     """Write the per-rank summary of each trace, where the traces are.
@@ -584,10 +596,6 @@ def collect_less() -> None:
     is collected after 50,000 allocations instead of 700. The benchmarks that time a report in
     a script of their own call it too."""
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-#: The commands that read traces with pandas (run within :func:`python_strings`).
-ANALYSIS_COMMANDS = frozenset({"report", "compare", "merge", "summarize"})
 
 
 def keep_pyarrow_out(argv: list[str]) -> bool:

@@ -334,8 +334,11 @@ def test_the_command_line_reports_without_pyarrow_and_writes_the_same_json(tmp_p
 
 
 def test_pyarrow_is_kept_out_only_for_analysis_commands_before_pandas_loads():
-    from pardiag.cli import keep_pyarrow_out
+    from pardiag.cli import ANALYSIS_COMMANDS, keep_pyarrow_out
 
+    assert ANALYSIS_COMMANDS == {"report", "compare", "merge", "summarize"}
     assert "pandas" in sys.modules  # this test process: nothing may change
+    before = sys.modules.get("pyarrow")
     for argv in (["report", "x"], ["-q", "compare", "a", "b"], ["profile", "t.py"], []):
         assert keep_pyarrow_out(argv) is False
+        assert sys.modules.get("pyarrow") is before

@@ -238,6 +238,44 @@ def test_a_worker_that_dies_or_fails_is_an_error(tmp_path, monkeypatch):
         load.parse_files(files, 2, None)
 
 
+def _slow_parse_code(batch_bytes: int) -> str:
+    """Code that makes every file's parse take 3 s more (so that a test can kill or interrupt
+    its parent while workers parse and wait) with worker batches of ``batch_bytes``."""
+    return ("import time\n"
+            "from pardiag.analyzer.trace import load\n"
+            "real = load.parse_file\n"
+            "def slow(f, **kw):\n"
+            "    time.sleep(3)\n"
+            "    return real(f, **kw)\n"
+            "load.parse_file = slow\n"
+            f"load.WORKER_BATCH_BYTES = {batch_bytes}\n")
+
+
+def _children(pid: int, n: int) -> list:
+    """The child processes of ``pid`` once there are ``n`` of them (at most 120 s)."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + 120
+    kids: list = []
+    while len(kids) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+        kids = psutil.Process(pid).children()
+    assert len(kids) == n
+    return kids
+
+
+def _none_left(kids: list) -> bool:
+    """Whether every one of ``kids`` exits within 120 s (any left is killed)."""
+    import psutil
+
+    _, alive = psutil.wait_procs(kids, timeout=120)
+    for p in alive:
+        p.kill()
+    return not alive
+
+
 @pytest.mark.parametrize("batch_bytes,kids_alive", [(1_000_000, 2), (1, 4)])
 def test_workers_exit_when_the_parent_is_killed(tmp_path, batch_bytes, kids_alive):
     """A parent killed while its workers parse (kill -9: nothing runs in it) leaves no worker
@@ -248,37 +286,19 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path, batch_bytes, kids_aliv
     import os
     import signal
     import subprocess
-    import time
-
-    import psutil
 
     run = write_run(tmp_path / "run", ranks=4, mb=0.3, layers=8)
-    code = ("import sys, time\n"
+    code = (_slow_parse_code(batch_bytes)   # the parent is killed while every worker parses
+            + "import sys\n"
             "from pathlib import Path\n"
-            "from pardiag.analyzer.trace import load\n"
-            "from pardiag.analyzer.summary import REDUCER\n"
-            "real = load.parse_file\n"
-            "def slow(f, **kw):\n"
-            "    time.sleep(3)\n"   # the parent is killed while every worker parses
-            "    return real(f, **kw)\n"
-            "load.parse_file = slow\n"
-            f"load.WORKER_BATCH_BYTES = {batch_bytes}\n"
             "files = sorted(Path(sys.argv[1]).glob('*.json*'))\n"
             "load.parse_files(files, 2, None)\n")   # events kept: results beyond a pipe's buffer
     parent = subprocess.Popen([sys.executable, "-c", code, str(run)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    kids: list = []
-    while len(kids) < kids_alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        kids = psutil.Process(parent.pid).children()
-    assert len(kids) == kids_alive
+    kids = _children(parent.pid, kids_alive)
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
-    gone, alive = psutil.wait_procs(kids, timeout=120)
-    for p in alive:
-        p.kill()
-    assert not alive
+    assert _none_left(kids)
 
 
 def test_spawned_workers_where_fork_is_not_available(tmp_path, monkeypatch):
@@ -383,37 +403,19 @@ def test_ctrl_c_stops_the_workers_with_one_line(tmp_path):
     import os
     import signal
     import subprocess
-    import time
-
-    import psutil
 
     run = write_run(tmp_path / "run", ranks=4, mb=0.3, layers=8)
-    code = ("import time\n"
-            "from pardiag.analyzer.trace import load\n"
-            "real = load.parse_file\n"
-            "def slow(f, **kw):\n"
-            "    time.sleep(3)\n"
-            "    return real(f, **kw)\n"
-            "load.parse_file = slow\n"
-            "load.WORKER_BATCH_BYTES = 1\n"   # a process per file: two parse, two wait
-            "from pardiag.cli import run\n"
+    code = (_slow_parse_code(1)   # a process per file: two parse, two wait
+            + "from pardiag.cli import run\n"
             "run()\n")
     parent = subprocess.Popen(
         [sys.executable, "-c", code, "report", str(run), "--no-cache", "-q", "--workers", "2",
          "-o", str(tmp_path / "r.html")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
-    kids: list = []
-    while len(kids) < 4 and time.monotonic() < deadline:
-        time.sleep(0.1)
-        kids = psutil.Process(parent.pid).children()
-    assert len(kids) == 4
+    kids = _children(parent.pid, 4)
     os.killpg(parent.pid, signal.SIGINT)
     _, err = parent.communicate(timeout=120)
     assert parent.returncode == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.strip().splitlines()[-1] == "pardiag: aborted"
-    _, alive = psutil.wait_procs(kids, timeout=60)
-    for p in alive:
-        p.kill()
-    assert not alive
+    assert _none_left(kids)

@@ -709,27 +709,27 @@ def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedF
                         nxt = ahead.pop(0)
                         _release(nxt)
                         running[nxt.results] = nxt
-            for recv in ready[:1]:  # then wait again: others may finish meanwhile
-                w = running.pop(recv)
-                succeeded.discard(recv)
-                try:
-                    ok, value = recv.recv()
-                except EOFError:
-                    others = (f" and {len(w.batch) - 1} other file(s) after it"
-                              if len(w.batch) > 1 else "")
-                    raise PardiagError(
-                        f"a process parsing {files[w.batch[0]]}{others} died (out of memory?); "
-                        f"try fewer workers (--workers 1)", exit_code=1) from None
-                finally:
-                    recv.close()
-                    w.proc.join()
-                if not ok:
-                    raise value
-                for i, p in zip(w.batch, value):
-                    results[i] = p
-                done += len(w.batch)
-                if progress:
-                    progress(done, total)
+            recv = ready[0]  # one result, then wait again: others may finish meanwhile
+            w = running.pop(recv)
+            succeeded.discard(recv)
+            try:
+                ok, value = recv.recv()
+            except EOFError:
+                others = (f" and {len(w.batch) - 1} other file(s) after it"
+                          if len(w.batch) > 1 else "")
+                raise PardiagError(
+                    f"a process parsing {files[w.batch[0]]}{others} died (out of memory?); "
+                    f"try fewer workers (--workers 1)", exit_code=1) from None
+            finally:
+                recv.close()
+                w.proc.join()
+            if not ok:
+                raise value
+            for i, p in zip(w.batch, value):
+                results[i] = p
+            done += len(w.batch)
+            if progress:
+                progress(done, total)
     finally:
         for w in ahead:
             _release(w, start=False)
