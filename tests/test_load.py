@@ -289,6 +289,31 @@ def test_same_stream_overlap_is_clipped(tmp_path):
     assert any("clipped 2 same-stream" in n and "by up to 50.000" in n for n in t.notes)
 
 
+def test_stream_whose_kernels_ran_at_once_is_kept_whole(tmp_path):
+    # every kernel on stream 0, as ROCm traces record them: the all-reduce ran beside the gemm
+    b = TraceBuilder(rank=0)
+    b.kernel("ncclDevKernel_Generic", 0, 5000, stream=0)
+    b.kernel("gemm", 1000, 2000, stream=0)       # starts 4,000 µs before the all-reduce ends
+    b.kernel("relu", 3001, 100, stream=0)
+    b.kernel("k1", 0, 10, stream=7)              # a serial stream: 2 µs of overlap clipped
+    b.kernel("k2", 8, 10, stream=7)
+    b.write(tmp_path / "t.json")
+    t = load_traces(tmp_path).ranks[0]
+    ev = t.events.set_index("name")
+    assert ev.loc["ncclDevKernel_Generic", "dur"] == 5000.0 and ev.loc["gemm", "dur"] == 2000.0
+    assert ev.loc["k1", "dur"] == 8.0
+    path = tmp_path / "t.json"
+    assert t.notes == (
+        f"{path}: clipped 1 same-stream GPU events that ran past the next one's start (by up to "
+        f"2.000 µs)",
+        f"{path}: kept 1 GPU events that overlap the next one on their stream as recorded (by "
+        f"up to 4000.000 µs, on stream 0 of process 0): such a stream holds kernels of several "
+        f"queues, which ran at once")
+    tot = compute_time_breakdown(load_traces(tmp_path)).totals.iloc[0]
+    # overlapped: gemm 2,000 + relu 100 + k1 and k2 (stream 7, [0, 18)) 18
+    assert (tot.comm_us, tot.overlap_us) == (5000.0, 2118.0)
+
+
 def test_rank_from_distributed_info_then_file_name_then_assigned(tmp_path):
     TraceBuilder(rank=5).write(tmp_path / "whatever.json")
     TraceBuilder(rank=None).write(tmp_path / "worker3_step_12.pt.trace.json")
