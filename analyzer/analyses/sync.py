@@ -274,7 +274,9 @@ def _end_together(a, b) -> bool:
     (:func:`_align`), the differences of the ends of pairs with one signature lie on a line in
     time (one offset, a drift of at most :data:`COHORT_MAX_DRIFT_US_PER_S`; Theil–Sen, as the
     clock model fits) to within :data:`COHORT_TOL_US` for at least :data:`COHORT_SHARE` of them;
-    True with fewer than :data:`COHORT_MIN_OPS` such pairs."""
+    True with fewer than :data:`COHORT_MIN_OPS` such pairs. A drift that changes the difference
+    by at most :data:`COHORT_TOL_US` over the pairs' whole span is not told from noise: the
+    offset alone is fitted."""
     ca, cb = a[0], b[0]
     base = min(int(a[1].min()), int(b[1].min()))
     la = _laid_out(np.arange(len(ca)), a[1], ca, a[2], base)
@@ -293,8 +295,15 @@ def _end_together(a, b) -> bool:
         return True
     pick = np.linspace(0, len(t) - 1, min(len(t), 200)).astype(int)
     ts = (t - t[0]) / 1e6
-    slope = theil_sen(ts[pick], diff[pick])[0] if np.ptp(ts) > 0 else 0.0
-    if not np.isfinite(slope) or abs(slope) > COHORT_MAX_DRIFT_US_PER_S:
+    span = float(np.ptp(ts))
+    slope = theil_sen(ts[pick], diff[pick])[0] if span > 0 else 0.0
+    if not np.isfinite(slope):
+        return False
+    if abs(slope) * span <= COHORT_TOL_US:
+        # over a span this short the fitted drift moves the difference by less than the ends'
+        # noise: µs of jitter over ms read as thousands of µs per s, not as two clocks
+        slope = 0.0
+    elif abs(slope) > COHORT_MAX_DRIFT_US_PER_S:
         return False
     resid = diff - slope * ts
     resid -= np.median(resid)
