@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from pardiag import layout
-from pardiag.errors import PardiagError
+from pardiag.errors import EXIT_INTERRUPTED, Interrupted, PardiagError
 from pardiag.version import __version__
 
 from .rank_entry import CONFIG_ENV
@@ -186,17 +186,25 @@ class NoiseFilter:
     Every rank prints ``USDT:... profiler_start``/``profiler_stop`` (Kineto) around its
     profiler window and ``[W... CPUAllocator.cpp:...] Memory block of unknown size was allocated
     before the profiling started ...`` once per rank: the first are left out, the second shown
-    once. Everything else passes unchanged and at once (a line still being written, e.g. a
-    progress bar's ``\\r`` update, is passed on before its end unless it may be one of these).
+    once. torchrun's own log lines of being stopped, of sending the ranks SIGTERM and of a
+    failed rank's exit code are left out (pardiag names the failed ranks). Everything else
+    passes unchanged and at once (a line still being written, e.g. a progress bar's ``\\r``
+    update, is passed on before its end unless it may be one of these).
 
     Use: ``Popen(..., stderr=f.write_fd)``, then :meth:`started` and, after the child ended,
     :meth:`close`.
     """
 
-    DROP = re.compile(rb"^(\[rank\d+\]:)?USDT:.*\.cpp:\d+\] ")
+    DROP = re.compile(rb"^((\[rank\d+\]:)?USDT:.*\.cpp:\d+\] "
+                      # torchrun's own log of stopping the ranks and of the failed one (pardiag
+                      # names the failed ranks itself)
+                      rb"|[WE]\d{4} [\d:.]+ +\d+ \S*torch/distributed/elastic/multiprocessing/"
+                      rb"api\.py:\d+\] (Sending process \d+ closing signal|failed \(exitcode)"
+                      rb"|[WE]\d{4} [\d:.]+ +\d+ \S*torch/distributed/elastic/agent/server/"
+                      rb"api\.py:\d+\] Received \d+ death signal)")
     ONCE = (re.compile(rb"^(\[rank\d+\]:)?\[W[^\]]*CPUAllocator\.cpp:\d+\] Memory block of unknown "
                        rb"size"),)
-    _PREFIXES = (b"USDT:", b"[W", b"[rank")
+    _PREFIXES = (b"USDT:", b"[W", b"[rank", b"W0", b"W1", b"E0", b"E1")
 
     def __init__(self, sink=None) -> None:
         self.read_fd, self.write_fd = os.pipe()
@@ -589,7 +597,7 @@ def _command_and_env(cfg: ProfileConfig, out: Path, script: str,
     rank_cfg = {"out": str(out), "script": script, "args": list(cfg.args),
                 "wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active,
                 "pin_cpu": cfg.pin_cpu, "overwrite": cfg.overwrite}
-    cmd = [sys.executable, "-m", "torch.distributed.run", *cfg.torchrun_args(),
+    cmd = [sys.executable, "-m", "pardiag.collectors.torchrun_quiet", *cfg.torchrun_args(),
            "--nproc-per-node", str(cfg.nproc_per_node), "-m", "pardiag.collectors.rank_entry"]
     # torchrun sets OMP_NUM_THREADS=1 when unset, with a banner; set the same value quietly.
     # The flight recorder (collectives with group, seq, sizes) holds 2000 entries by default;
@@ -702,6 +710,22 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
     os.replace(tmp, part)
 
 
+def _interrupted(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, started: float) -> None:
+    """Ctrl-C stopped the job (its ranks, sent SIGTERM, wrote their files): write the run file
+    and raise :class:`~pardiag.errors.Interrupted` saying what the run folder keeps."""
+    ranks.scan()
+    metas = ranks.mine
+    got = _rank_outcomes(metas, cfg)
+    expected = ranks.expected(cfg)
+    missing = [r for r in expected if r not in metas] if expected is not None else []
+    _write_run_file(out, cfg, ranks, ranks.node_rank(cfg), (started, time.time()),
+                    EXIT_INTERRUPTED, EXIT_INTERRUPTED, None, got.failed, missing)
+    traces = sorted(r for r, m in metas.items() if m.trace_file)
+    kept = (f"the traces of rank(s) {', '.join(map(str, traces))} and their metadata" if traces
+            else "no trace (the profiler's window had not ended)")
+    raise Interrupted(f"the job was stopped; {out} keeps {kept}")
+
+
 def run_profile(cfg: ProfileConfig) -> ProfileResult:
     """Run ``cfg.script`` under torchrun with the profiler on every rank.
 
@@ -725,7 +749,10 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     cmd, env = _command_and_env(cfg, out, script, launch_id)
     ranks = _NodeRanks(out, launch_id)
     started = time.time()
-    returncode, hang = _run_torchrun(cmd, env, out, cfg, ranks)
+    try:
+        returncode, hang = _run_torchrun(cmd, env, out, cfg, ranks)
+    except KeyboardInterrupt:  # the job is stopped (_wait_or_timeout): its ranks wrote their files
+        _interrupted(out, cfg, ranks, started)
     ended = time.time()
     ranks.scan()
     metas = ranks.mine

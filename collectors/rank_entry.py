@@ -136,6 +136,8 @@ def _one_line(exc: BaseException) -> str:
     """``Type: message`` on one line (a message's own line breaks become spaces); a syntax error
     also names its file and line (Python's own form spreads it over four lines with the code
     and a caret)."""
+    if isinstance(exc, _Terminated):
+        return str(exc)
     if isinstance(exc, SyntaxError):
         where = f" ({exc.filename}, line {exc.lineno})" if exc.filename else ""
         return f"{type(exc).__name__}: {exc.msg}{where}"
@@ -143,9 +145,24 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
+class _Terminated(BaseException):
+    """SIGTERM reached the rank: its launcher is ending the job (torchrun stops the other ranks
+    this way when one fails, and on Ctrl-C)."""
+
+    def __str__(self) -> str:
+        return ("stopped by SIGTERM: the launcher ended the job (another rank failed, or it was "
+                "interrupted)")
+
+
+#: The exit code of a rank stopped by SIGTERM (128 + the signal's number, as a shell reports it).
+TERMINATED_EXIT_CODE = 143
+
+
 def _exit_code_of(exc: BaseException | None) -> int:
     if exc is None:
         return 0
+    if isinstance(exc, _Terminated):
+        return TERMINATED_EXIT_CODE
     if isinstance(exc, SystemExit):
         code = exc.code
         if code is None:
@@ -494,6 +511,10 @@ class _RankRun:
     stop_watchdog: threading.Event | None = None
     started: float = 0.0
     error: BaseException | None = None
+    #: SIGTERM waits (:func:`_stop_on_sigterm`): the trace or the rank's files are being written
+    hold_term: bool = False
+    #: a SIGTERM came while ``hold_term``
+    terminated: bool = False
 
     @property
     def window_end(self) -> int:
@@ -504,7 +525,8 @@ class _RankRun:
 def _configure(cfg: dict | None) -> _RankRun:
     """Read the configuration (``cfg`` or ``PARDIAG_PROFILE_CONFIG``) and the rank's place;
     claim its files (ends the process with exit code 2 when an earlier run's are there),
-    set up the stack dump on SIGUSR1 and pin the CPU cores when asked. Returns the run."""
+    set up the stack dump on SIGUSR1, SIGTERM's handling (:func:`_stop_on_sigterm`) and pin the
+    CPU cores when asked. Returns the run."""
     import torch
 
     cfg = cfg if cfg is not None else json.loads(os.environ[CONFIG_ENV])
@@ -520,10 +542,55 @@ def _configure(cfg: dict | None) -> _RankRun:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     pinned = bool(cfg.get("pin_cpu")) and _pin_cpu(
         torch, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return _RankRun(cfg=cfg, out=out, rank=rank, world_size=world_size, local_rank=local_rank,
-                    group=group, stacks=stacks, pinned=pinned, cuda=torch.cuda.is_available(),
-                    trace_file=layout.trace_path(out, rank), wait=cfg["wait"],
-                    warmup=cfg["warmup"])
+    run = _RankRun(cfg=cfg, out=out, rank=rank, world_size=world_size, local_rank=local_rank,
+                   group=group, stacks=stacks, pinned=pinned, cuda=torch.cuda.is_available(),
+                   trace_file=layout.trace_path(out, rank), wait=cfg["wait"],
+                   warmup=cfg["warmup"])
+    _stop_on_sigterm(run)
+    return run
+
+
+#: A rank whose main thread has not taken a SIGTERM within this many seconds is blocked outside
+#: Python (a collective that never completes): it ends at once, as SIGTERM's default would.
+TERM_HANDLER_WAIT_S = 5.0
+
+
+def _stop_on_sigterm(run: _RankRun) -> None:
+    """Make SIGTERM stop the script like any failure, so the rank still writes its files:
+    torchrun ends the other ranks with SIGTERM when one fails and on Ctrl-C, and kills them
+    (SIGKILL) only 30 s later. The signal raises :class:`_Terminated` in the main thread; while
+    the trace or the rank's files are being written (``run.hold_term``) it is only recorded
+    (``run.terminated``), so they are finished first.
+
+    Python runs a signal's handler only when the main thread returns to the interpreter. A
+    thread woken by the signal (:func:`signal.set_wakeup_fd`) ends the process with
+    :data:`TERMINATED_EXIT_CODE` when the handler has not run :data:`TERM_HANDLER_WAIT_S`
+    seconds later: a rank hung in a collective still stops."""
+    import signal
+
+    taken = threading.Event()
+
+    def handler(signum, frame):
+        taken.set()
+        if run.hold_term:
+            run.terminated = True
+            return
+        raise _Terminated()
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: SIGTERM keeps its default
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            if signal.SIGTERM in os.read(read_fd, 64) and not taken.wait(TERM_HANDLER_WAIT_S):
+                os._exit(TERMINATED_EXIT_CODE)
+
+    threading.Thread(target=watch, name="pardiag-sigterm", daemon=True).start()
 
 
 def _on_trace_ready(run: _RankRun, prof) -> None:
@@ -536,7 +603,13 @@ def _on_trace_ready(run: _RankRun, prof) -> None:
 
     captured, rank = run.captured, run.rank
     t0 = time.perf_counter()
-    prof.export_chrome_trace(str(run.trace_file))
+    partial = layout.partial_trace_path(run.out, rank)
+    held, run.hold_term = run.hold_term, True
+    try:  # written under another name, then renamed: never a truncated trace under its name
+        prof.export_chrome_trace(str(partial))
+        os.replace(partial, run.trace_file)
+    finally:
+        run.hold_term = held
     run.traces_written.append(run.trace_file.name)
     t1 = time.perf_counter()
     # what only the live process can tell, taken while the script's objects exist
@@ -559,6 +632,8 @@ def _on_trace_ready(run: _RankRun, prof) -> None:
         "layout": t4 - t3, "shapes": t5 - t4}
     if dist.is_available() and dist.is_initialized():  # the script may destroy it later
         captured["backend"] = str(dist.get_backend())
+    if run.terminated and not held:  # SIGTERM came while the trace was written: stop now
+        raise _Terminated()
 
 
 def _make_profiler(run: _RankRun):
@@ -655,6 +730,8 @@ def _run_script(run: _RankRun) -> None:
             h.remove()
         for cls, name, orig in run.refused:
             setattr(cls, name, orig)
+        # from here on the rank writes its files: a SIGTERM waits for them (_stop_on_sigterm)
+        run.hold_term = True
         try:
             run.prof.stop()
         except Exception as exc:  # a trace that cannot be written must not hide the script's result
@@ -662,6 +739,8 @@ def _run_script(run: _RankRun) -> None:
         run.p2p.uninstall()
         run.pipe.uninstall()
         run.batch.uninstall()
+    if run.terminated and run.error is None:  # SIGTERM while the last trace was written
+        run.error = _Terminated()
 
 
 def _size_scaling(run: _RankRun, lap) -> list[dict]:
@@ -797,9 +876,13 @@ def _finish(run: _RankRun, meta: layout.RankMeta, code: int, failed: bool,
     import torch.distributed as dist
 
     error, rank = run.error, run.rank
-    if failed:
+    if isinstance(error, _Terminated):  # where the script was is no news: one line
+        print(f"pardiag: rank {rank} {error}; its files are written", file=sys.stderr, flush=True)
+    elif failed:
         traceback.print_exception(type(error), error, error.__traceback__)
         print(f"pardiag: rank {rank} raised {meta.error}", file=sys.stderr, flush=True)
+    elif run.terminated:  # the others are being stopped: nobody to wait for
+        pass
     elif dist.is_available() and dist.is_initialized():
         # then os._exit, without destroying the group (FACTS §1: 20/20 clean)
         _exit_together(dist, run.world_size)

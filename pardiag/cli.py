@@ -11,18 +11,22 @@ from pathlib import Path
 import click
 
 from pardiag import layout
-from pardiag.errors import PardiagError
+from pardiag.errors import Interrupted, PardiagError
 from pardiag.version import __version__
 
 
 class _Cli(click.Group):
     """The command group; the one place where errors become exit codes: a
     :class:`~pardiag.errors.PardiagError` raised by any command is one line
-    ``pardiag: error: <message>`` and its ``exit_code`` (2 for bad input), never a traceback."""
+    ``pardiag: error: <message>`` and its ``exit_code`` (2 for bad input), never a traceback;
+    :class:`~pardiag.errors.Interrupted` is ``pardiag: interrupted: <message>`` and 130."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except Interrupted as err:
+            click.echo(f"pardiag: interrupted: {err}", err=True)
+            ctx.exit(err.exit_code)
         except PardiagError as err:
             click.echo(f"pardiag: error: {err}", err=True)
             ctx.exit(err.exit_code)

@@ -20,3 +20,15 @@ class PardiagError(Exception):
 
 class TraceError(PardiagError):
     """A trace file that cannot be read; the message names the file and the problem."""
+
+
+#: Exit code of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
+
+
+class Interrupted(PardiagError):
+    """The user interrupted a command (Ctrl-C) after it had stopped its work cleanly; the
+    message says what was kept. Printed as ``pardiag: interrupted: ...``, exit code 130."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_INTERRUPTED)

@@ -52,6 +52,10 @@ COMMS_TEMPLATE = "rank{rank}.comms.json"
 PIPELINE_TEMPLATE = "rank{rank}.pipeline.json"
 HANG_TEMPLATE = "rank{rank}.hang.json"
 STACKS_TEMPLATE = "rank{rank}.stacks.txt"
+#: A rank's trace while it is being written (in the sidecar folder, where no report reads
+#: traces); renamed to ``TRACE_TEMPLATE`` when complete, so a rank stopped while writing leaves
+#: no truncated trace under the trace's name.
+PARTIAL_TRACE_TEMPLATE = "rank{rank}.trace.partial.json.gz"
 #: Node N's part of run.json in a multi-node run (node 0 writes RUN_FILE: the job and its part).
 NODE_RUN_TEMPLATE = "run.node{node}.json"
 #: Created (in SIDECAR_DIR) by the launcher when --timeout expires; ranks then write their
@@ -118,6 +122,11 @@ def stacks_path(run_dir: Path, rank: int) -> Path:
     return sidecar_dir(run_dir) / STACKS_TEMPLATE.format(rank=rank)
 
 
+def partial_trace_path(run_dir: Path, rank: int) -> Path:
+    """Path of rank ``rank``'s trace while it is being written (``PARTIAL_TRACE_TEMPLATE``)."""
+    return sidecar_dir(run_dir) / PARTIAL_TRACE_TEMPLATE.format(rank=rank)
+
+
 def run_file_path(run_dir: Path) -> Path:
     """Path of the run file inside ``run_dir``."""
     return sidecar_dir(run_dir) / RUN_FILE
@@ -136,7 +145,8 @@ def rank_files(run_dir: Path, rank: int) -> list[Path]:
     """The files rank ``rank`` writes into ``run_dir`` (trace and sidecars; not the summary,
     which is checked against its trace)."""
     return [trace_path(run_dir, rank), rank_meta_path(run_dir, rank), comms_path(run_dir, rank),
-            pipeline_path(run_dir, rank), hang_path(run_dir, rank), stacks_path(run_dir, rank)]
+            pipeline_path(run_dir, rank), hang_path(run_dir, rank), stacks_path(run_dir, rank),
+            partial_trace_path(run_dir, rank)]
 
 
 def dump_request_path(run_dir: Path) -> Path:
@@ -182,6 +192,8 @@ def owned_files(run_dir: Path) -> list[Path]:
         out.append(dump_request_path(run_dir))
     try:
         out += sorted(f for f in sidecar_dir(run_dir).glob("rank*.stacks.txt") if f.is_file())
+        out += sorted(f for f in sidecar_dir(run_dir).glob(
+            PARTIAL_TRACE_TEMPLATE.format(rank="*")) if f.is_file())
     except OSError:
         pass
     return sorted(out)

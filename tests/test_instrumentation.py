@@ -295,3 +295,46 @@ def test_mesh_layout_keeps_hsdp_and_groups_of_one_out():
                      [{"name": "7", "desc": "mesh_ep", "size": 1, "ranks": [0]}], [], world=4)
     assert lay["dims"] == {"dp": 4} and lay["strategies"] == ["fsdp2"]
     assert "7" not in lay["group_dims"]
+
+
+def test_a_sigterm_while_the_trace_is_written_waits_for_the_trace(tmp_path):
+    """torchrun stops the other ranks with SIGTERM when one fails: a rank writing its trace
+    finishes it under its name (written under another name, then renamed), then stops."""
+    import os
+    import signal
+    import time
+
+    from pardiag import layout
+    from pardiag.collectors import rank_entry
+
+    run = rank_entry._RankRun(
+        cfg={"active": 1}, out=tmp_path, rank=0, world_size=1, local_rank=0, group=None,
+        stacks=None, pinned=False, cuda=False, trace_file=layout.trace_path(tmp_path, 0),
+        wait=0, warmup=0)
+    layout.sidecar_dir(tmp_path).mkdir()
+    written = []
+
+    class Profiler:
+        def export_chrome_trace(self, path):
+            written.append(path)
+            with open(path, "wb") as f:
+                f.write(b"part one, ")
+                os.kill(os.getpid(), signal.SIGTERM)   # the launcher stops the job mid-write
+                time.sleep(0.05)                        # the handler runs here
+                f.write(b"part two")
+
+    saved = signal.getsignal(signal.SIGTERM)
+    saved_fd = signal.set_wakeup_fd(-1)
+    try:
+        rank_entry._stop_on_sigterm(run)
+        with pytest.raises(rank_entry._Terminated):
+            rank_entry._on_trace_ready(run, Profiler())
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+        signal.set_wakeup_fd(saved_fd)
+    assert written == [str(layout.partial_trace_path(tmp_path, 0))]
+    assert run.trace_file.read_bytes() == b"part one, part two"
+    assert not layout.partial_trace_path(tmp_path, 0).exists()
+    assert run.traces_written == ["rank0.trace.json.gz"] and run.terminated
+    assert rank_entry._exit_code_of(rank_entry._Terminated()) == 143
+    assert rank_entry._one_line(rank_entry._Terminated()).startswith("stopped by SIGTERM")

@@ -154,6 +154,66 @@ def test_failing_rank_is_named_and_exit_code_nonzero(tmp_path):
 
 
 @pytest.mark.e2e
+def test_a_rank_sent_sigterm_writes_its_files_and_says_so_on_one_line(tmp_path):
+    """torchrun stops the other ranks with SIGTERM when one fails and on Ctrl-C: the rank
+    stops where it is and still writes its trace (the profiled window had ended), its
+    collective records and its metadata; SIGTERM's exit code (143) is passed on."""
+    script = tmp_path / "term.py"
+    script.write_text("import os, signal, torch\nm = torch.nn.Linear(4, 4)\n"
+                      "opt = torch.optim.SGD(m.parameters(), 0.1)\n"
+                      "for step in range(1000):\n    m(torch.randn(2, 4)).sum().backward()\n"
+                      "    opt.step()\n"
+                      "    if step == 6:\n        os.kill(os.getpid(), signal.SIGTERM)\n")
+    out = tmp_path / "o"
+    res = pardiag("profile", script, "--out", out)
+    assert res.returncode == 143, res.stderr[-2000:]
+    assert ("pardiag: rank 0 stopped by SIGTERM: the launcher ended the job (another rank "
+            "failed, or it was interrupted); its files are written") in res.stderr
+    assert "Traceback" not in res.stderr
+    meta = json.loads((out / "pardiag" / "rank0.meta.json").read_text())
+    assert meta["status"] == "error" and meta["exit_code"] == 143
+    assert meta["error"].startswith("stopped by SIGTERM") and meta["optimizer_steps"] == 7
+    assert (out / "rank0.trace.json.gz").is_file() and (out / "pardiag" / "run.json").is_file()
+    assert not list((out / "pardiag").glob("*.partial.*"))
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_the_job_and_keeps_what_the_ranks_wrote(tmp_path):
+    """Ctrl-C (SIGINT to the foreground process group) once the profiled window has ended: the
+    ranks, sent SIGTERM, write their files; the run file is written; one line says what the
+    run folder keeps; exit code 130."""
+    import signal
+    import time
+
+    out = tmp_path / "o"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pardiag", "profile", str(EXAMPLE), "--nproc-per-node", "2",
+         "--out", str(out), "--", "--steps", "1000000"], cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 180
+        while not all((out / f"rank{r}.trace.json.gz").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.splitlines()[-1] == (f"pardiag: interrupted: the job was stopped; {out} keeps the "
+                                    f"traces of rank(s) 0, 1 and their metadata")
+    assert "Traceback" not in err
+    run = json.loads((out / "pardiag" / "run.json").read_text())
+    assert run["exit_code"] == 130
+    for r in (0, 1):
+        meta = json.loads((out / "pardiag" / f"rank{r}.meta.json").read_text())
+        assert meta["exit_code"] == 143 and meta["error"].startswith("stopped by SIGTERM")
+
+
+@pytest.mark.e2e
 def test_script_exit_code_is_passed_on(tmp_path):
     script = tmp_path / "exit3.py"
     script.write_text("import sys\nprint('bye')\nsys.exit(3)\n")

@@ -155,13 +155,21 @@ def test_noise_filter_drops_and_shows_once():
              b"[rank1]:[W1130 18:49:04.31 CPUAllocator.cpp:245] Memory block of unknown size "
              b"was allocated before the profiling started\n",
              b"step 1 loss 2.3\n", b"[W1130 other.cpp:1] a warning of its own\n",
+             # torchrun's own lines on a failed rank (pardiag names it itself)
+             b"W1203 06:58:10.637000 20149 .venv/lib/python3.11/site-packages/torch/distributed/"
+             b"elastic/multiprocessing/api.py:1028] Sending process 20153 closing signal "
+             b"SIGTERM\n",
+             b"E1203 06:58:11.203000 20149 .venv/lib/python3.11/site-packages/torch/distributed/"
+             b"elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: "
+             b"20154) of binary: /work/main/.venv/bin/python\n",
+             b"W1203 06:58:12.000000 20149 torch/distributed/run.py:800] another warning\n",
              b"\r 50%|#####     | 1/2"]
     for ln in lines:
         os.write(f.write_fd, ln)
     f.started()
     f.close()
-    assert Sink.data == lines[1] + lines[3] + lines[4] + lines[5]
-    assert f.hidden == 2
+    assert Sink.data == lines[1] + lines[3] + lines[4] + lines[7] + lines[8]
+    assert f.hidden == 4
 
 
 # --- real launchers ------------------------------------------------------------------------------
