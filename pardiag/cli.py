@@ -108,6 +108,50 @@ def guard_outputs(outputs: list[Path | None], inputs: list[Path], traces=None) -
         raise PardiagError(f"{outs[0]}: given for both the HTML report and --json")
 
 
+#: What marks a page as pardiag's: the generator tag of its head, or (pages written before it
+#: had one) the version line under its heading.
+_PAGE_MARKS = (b"<meta name='generator' content='pardiag", "\u00b7 pardiag ".encode())
+
+
+def _ours(path: Path, html: bool) -> bool:
+    """Whether ``path`` (an existing file) is empty or an output pardiag wrote: a page with
+    :data:`_PAGE_MARKS` (``html``), else a JSON object with ``schema_version`` (a report's or a
+    comparison's JSON)."""
+    import orjson
+
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if not data.strip():
+        return True
+    if html:
+        return any(m in data for m in _PAGE_MARKS)
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and "schema_version" in doc
+
+
+def refuse_foreign_outputs(html: Path, json_out: Path | None) -> None:
+    """Refuse to write over a file pardiag did not write: the page ``html`` and the JSON
+    ``json_out`` replace only an earlier page or JSON of pardiag's (or an empty file), so a
+    default ``report.html`` never takes the place of the user's own file.
+
+    Raises:
+        PardiagError: an output exists, is not a folder, and is not pardiag's.
+    """
+    for target, is_html, option in ((html, True, "-o"), (json_out, False, "--json")):
+        if target is None or str(target) == "-" or not target.is_file():
+            continue
+        if not _ours(target, is_html):
+            what = "a page" if is_html else "a JSON file"
+            raise PardiagError(f"{target}: exists and is not {what} pardiag wrote; choose "
+                               f"another path with {option} (pardiag replaces only its own "
+                               f"outputs)")
+
+
 def _script_usage_error(cmd: click.Command, ctx: click.Context, args: list[str]) -> None:
     """Refuse a command line whose options could belong to pardiag or to the script.
 
@@ -375,6 +419,7 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
                              mixed_runs=mixed_runs)
     # nothing the user produced is overwritten: no trace, no file of an input folder
     guard_outputs([output, json_out], list(paths), traces)
+    refuse_foreign_outputs(output, json_out)
     for w in traces.warnings:
         click.echo(f"pardiag: warning: {w}", err=True)
     try:
@@ -435,6 +480,7 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
     from pardiag.progress import progress_reporter
 
     guard_outputs([output, json_out], [a, b])
+    refuse_foreign_outputs(output, json_out)
     docs = []
     for label, path in (("A", a), ("B", b)):
         with progress_reporter(f"loading {label}") as progress:

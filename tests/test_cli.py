@@ -159,6 +159,31 @@ def test_output_onto_an_input_is_refused(tmp_path):
     assert t.read_bytes() == before
 
 
+def test_a_file_pardiag_did_not_write_is_never_replaced(tmp_path):
+    mine, notes = tmp_path / "report.html", tmp_path / "notes.json"
+    mine.write_text("<html>mine</html>")
+    notes.write_text('{"a": 1}')
+    res = run("report", SAMPLE, "-o", mine, "-q")
+    assert res.exit_code == 2 and res.output.strip() == (
+        f"pardiag: error: {mine}: exists and is not a page pardiag wrote; choose another path "
+        f"with -o (pardiag replaces only its own outputs)")
+    res = run("report", SAMPLE, "-o", tmp_path / "r.html", "--json", notes, "-q")
+    assert res.exit_code == 2 and "is not a JSON file pardiag wrote" in res.output
+    res = run("compare", SAMPLE, SAMPLE, "-o", mine, "-q")
+    assert res.exit_code == 2 and "is not a page pardiag wrote" in res.output
+    assert mine.read_text() == "<html>mine</html>" and notes.read_text() == '{"a": 1}'
+    # pardiag's own outputs (a page written before pages had a generator tag too) and empty
+    # files are replaced
+    page, js = tmp_path / "r.html", tmp_path / "s.json"
+    assert run("report", SAMPLE, "-o", page, "--json", js, "-q").exit_code == 0
+    assert b"<meta name='generator' content='pardiag" in page.read_bytes()
+    page.write_bytes(page.read_bytes().replace(b"<meta name='generator'", b"<meta name='x'"))
+    (tmp_path / "empty.json").write_text("")
+    assert run("report", SAMPLE, "-o", page, "--json", tmp_path / "empty.json",
+               "-q").exit_code == 0
+    assert run("report", SAMPLE, "-o", page, "--json", js, "-q").exit_code == 0
+
+
 def test_usage_errors_are_one_line(tmp_path):
     for args in (["report"], ["report", str(tmp_path), "--bogus"], ["nosuchcommand"]):
         res = subprocess.run([sys.executable, "-m", "pardiag", *args], capture_output=True,

@@ -317,6 +317,7 @@ def document(title: str, heading: str, subtitle: str, toc, body: str,
     links = " · ".join(f"<a href='#{k}'>{escape(t)}</a>" for k, t in toc)
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<meta name='generator' content='pardiag {__version__}'>"
         f"<title>{escape(title)}</title>"
         f"<style>{CSS}</style>{head_js}</head><body>"
         f"<h1>{escape(heading)}</h1><p class='muted'>{escape(subtitle)} · pardiag {__version__}"
