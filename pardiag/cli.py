@@ -319,6 +319,8 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
                    f"(the script made fewer optimizer steps than --wait + --warmup + --active)",
                    err=True)
     for r, seen in sorted(result.no_trace.items()):
+        if r in result.failed_ranks:  # its failure says why: the schedule is not the reason
+            continue
         click.echo(f"pardiag: warning: rank {r} wrote no trace: the script made {seen} optimizer "
                    f"step(s) and the profiler starts recording after --wait + --warmup = "
                    f"{wait + warmup} (try --wait 0 --warmup 0, or more steps)", err=True)
@@ -333,8 +335,24 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     if any(result.out.glob("rank*.trace.json.gz")):
         where = _shell_path(result.out)
         more = " (with node-local folders: every node's folder)" if nnodes > 1 else ""
-        click.echo(f"pardiag: next: pardiag report {where}{more}", err=True)
+        click.echo(f"pardiag: next: {_program()} report {where}{more}", err=True)
     sys.exit(result.exit_code)
+
+
+def _program() -> str:
+    """pardiag as the user ran it, for a command line to paste: ``pardiag`` when that name on
+    PATH is this program, else the path that was run (``.venv/bin/pardiag``), else
+    ``PYTHON -m pardiag``."""
+    import shlex
+    import shutil
+
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) == "pardiag":
+        found = shutil.which("pardiag")
+        if found and os.path.realpath(found) == os.path.realpath(argv0):
+            return "pardiag"
+        return shlex.quote(argv0)
+    return f"{shlex.quote(sys.executable)} -m pardiag"
 
 
 def _shell_path(p: Path) -> str:

@@ -41,7 +41,9 @@ def test_profile_writes_the_run_folder(ddp_run):
     assert run["world_size"] == 2 and run["exit_code"] == 0
     assert run["script_args"] == ["--steps", "7"]
     # the last line is the next command; torch's profiler lines are left out or shown once
-    assert res.stderr.strip().splitlines()[-1] == f"pardiag: next: pardiag report {out}"
+    # (run as `python -m pardiag`: the same way again)
+    assert res.stderr.strip().splitlines()[-1] == (f"pardiag: next: {sys.executable} -m pardiag "
+                                                   f"report {out}")
     assert "USDT:" not in res.stderr and res.stderr.count("CPUAllocator.cpp") <= 1
     from pardiag import layout  # the typed form the loader decodes
     typed = layout.decode_sidecar((out / "pardiag" / "run.json").read_bytes(), "run")
@@ -274,6 +276,16 @@ def test_bad_out_folder_is_exit_2(tmp_path):
     res = pardiag("profile", EXAMPLE, "--out", tmp_path / "file" / "sub")
     assert res.returncode == 2 and "cannot create the run folder" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.e2e
+def test_a_script_that_fails_before_its_first_step_gets_no_schedule_advice(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("x = (\n")
+    res = pardiag("profile", script, "--out", tmp_path / "o")
+    assert res.returncode == 1
+    assert re.search(r"pardiag: rank 0 failed: SyntaxError: '\(' was never closed", res.stderr)
+    assert "wrote no trace" not in res.stderr and "--wait 0" not in res.stderr
 
 
 def test_a_script_error_is_told_on_one_line():
