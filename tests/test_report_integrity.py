@@ -211,3 +211,26 @@ def test_a_replay_that_explains_little_withholds_its_advice():
     good, rejected, _, _ = rank([rec(5000.0), rec(500.0)], None, None)
     assert [c.predicted_high_us for c in good] == [10_500.0]
     assert rejected[0].reason.startswith("its interval 5.0–15.0 ms reaches the measured 12.0 ms")
+
+
+def test_the_verdicts_straggler_is_in_the_json_and_the_page_says_where_sync_differs(tmp_path):
+    """The unplanted CPU run: rank 0 causes 3.5× the waiting rank 1 does, so ``sync.straggler``
+    names it from the waiting alone; it idles no longer than rank 1, so the verdict names no
+    straggler. The JSON's top-level ``straggler`` is the verdict's, and the page says why the two
+    differ. With a planted sleep on rank 1 they agree."""
+    from pardiag.api import analyze
+
+    from .paths import REPO
+
+    plain = analyze(REPO / "sample_traces" / "ddp_cpu_2rank", cache=False)
+    doc = plain.to_json()
+    assert (doc["sync"]["straggler"], doc["straggler"]) == (0, None)
+    assert "is a straggler" not in doc["verdict"]
+    plain.to_html(tmp_path / "plain.html")
+    assert "The verdict does not call rank 0 a straggler" in (tmp_path / "plain.html").read_text()
+    slow = analyze(REPO / "sample_traces" / "ddp_slowrank1_cpu_2rank", cache=False)
+    doc = slow.to_json()
+    assert (doc["sync"]["straggler"], doc["straggler"]) == (1, 1)
+    assert "rank 1 is a straggler" in doc["verdict"]
+    slow.to_html(tmp_path / "slow.html")
+    assert "The verdict does not call" not in (tmp_path / "slow.html").read_text()

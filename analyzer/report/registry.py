@@ -238,6 +238,7 @@ def _routing_json(r: RoutingResult, traces: TraceSet) -> dict:
 
 def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
     return {"verdict": r.verdict,
+            "straggler": r.straggler,
             "step": {k: _clean(v) if not isinstance(v, list) else v
                      for k, v in r.step.to_json().items()} if r.step is not None else None,
             "recommendations": [c.to_json() for c in r.recommendations],

@@ -21,6 +21,7 @@ import dataclasses
 from ...trace.traceset import TraceSet
 from ..replay import PipelineModel, pipeline_model
 from .context import RuleContext, StepNoise, build_context, clean_step_us, ms
+from .findings import identify_straggler
 from .policy import DEGREE_KINDS, MEMORY_KINDS, MIN_GAIN_PCT, rank
 from .rules import RULES, Rule
 from .types import STEP_BASES, Recommendation, RecommendationResult, StepTime
@@ -115,7 +116,9 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     noise_us = (base.half_width_us if base is not None else float("nan"))
     basis = "pipeline" if ctx.model is not None else ("unprofiled" if use_clean else "profiled")
     step_time = StepTime(basis, base.samples_us) if base is not None else None
+    found = identify_straggler(ctx)
     return RecommendationResult(verdict(ctx, step, profiled=ctx.model is None and clean is None,
-                                        changes=(*good, *rejected)),
+                                        changes=(*good, *rejected), straggler=found),
                                 good, rejected, why_none, rule, noise_us, margin,
-                                ctx.peak.definition, step_time)
+                                ctx.peak.definition, step_time,
+                                found.rank if found is not None else None)

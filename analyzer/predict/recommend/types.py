@@ -183,6 +183,9 @@ class RecommendationResult:
             None when the traces hold no step.
         peak_definition: how every measured peak of the recommendations was taken
             (:class:`pardiag.analyzer.predict.recommend.context.MeasuredPeak`).
+        straggler: the rank the verdict calls a straggler
+            (:func:`pardiag.analyzer.predict.recommend.findings.identify_straggler`), None when
+            it names none.
     """
 
     verdict: str
@@ -194,6 +197,7 @@ class RecommendationResult:
     min_gain_pct: float = float("nan")
     peak_definition: str = ""
     step: StepTime | None = None
+    straggler: int | None = None
 
     @property
     def top_tier(self) -> tuple[Recommendation, ...]:

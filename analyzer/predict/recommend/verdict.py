@@ -195,7 +195,11 @@ def stage_text(ctx: RuleContext, changes=()) -> str | None:
     return text + ", and no contiguous split of the layers is more even"
 
 
-def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()) -> str:
+_FIND = object()
+
+
+def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=(),
+            straggler=_FIND) -> str:
     """``"Step 12.3 ms (…spread…): exposed communication …; pipeline bubble …; rank N is a
     straggler: …"``.
 
@@ -210,7 +214,9 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
         step_us: the step time the recommendations compare with (µs; NaN: "No complete step").
         profiled: the step was measured on the profiled steps (their spread is quoted).
         changes: every change evaluated, recommended ones with their tier (what a stage
-            imbalance costs, :func:`stage_text`)."""
+            imbalance costs, :func:`stage_text`).
+        straggler: the :func:`identify_straggler` finding (or None) when the caller has it;
+            by default it is found here."""
     tot = ctx.breakdown.totals
     parts = []
     if len(tot) and tot["span_us"].sum() > 0:
@@ -238,7 +244,7 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
     stages = stage_text(ctx, changes)
     if stages:
         parts.append(stages)
-    found = identify_straggler(ctx)
+    found = identify_straggler(ctx) if straggler is _FIND else straggler
     if found is not None:
         claim = found.describe() + (f" — {found.cause.sentence()}" if found.cause is not None
                                     else "")
