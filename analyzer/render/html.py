@@ -22,7 +22,12 @@ import pandas as pd
 from ..analyses.pipeline import summarize_bubbles
 from ..analyses.routing import IMBALANCE_MIN
 from ..analyses.sync import STRAGGLER_MIN_WAIT_US
-from ..predict.recommend.findings import STRAGGLER_IDLE_PCT, STRAGGLER_LAST_SHARE, STRAGGLER_RATIO
+from ..predict.recommend.findings import (
+    STRAGGLER_IDLE_PCT,
+    STRAGGLER_IDLE_PCT_PIPELINE,
+    STRAGGLER_LAST_SHARE,
+    STRAGGLER_RATIO,
+)
 from ..predict.recommend.policy import TIER_ORDER
 from ..report.registry import Report
 from ..trace import intervals as iv
@@ -680,12 +685,16 @@ def _stragglers_section(report: Report, page: Page) -> list[str]:
     out.append(head)
     rec = getattr(report, "recommendations", None)
     if sync.straggler is not None and rec is not None and rec.straggler != sync.straggler:
-        out.append(muted(
-            f"The verdict does not call rank {int(sync.straggler)} a straggler: it asks more of "
-            f"one (it arrives last at {STRAGGLER_LAST_SHARE:.0%} or more of 3 or more "
-            f"collectives and causes {STRAGGLER_RATIO:g}× the waiting it suffers; on CPU traces "
-            f"it also idles {STRAGGLER_IDLE_PCT:g}% of the step longer than its peers, since "
-            "ranks that share a host's cores arrive last in turn)."))
+        pipe = report.pipeline
+        why = (f"in a pipeline the waiting a stage causes is the schedule's bubble, so only a "
+               f"rank that idles {STRAGGLER_IDLE_PCT_PIPELINE:g}% of the step longer than its "
+               f"peers is one" if pipe is not None and (len(pipe.chunks) or pipe.schedule) else
+               f"it asks more of one: it arrives last at {STRAGGLER_LAST_SHARE:.0%} or more of 3 "
+               f"or more collectives and causes {STRAGGLER_RATIO:g}× the waiting it suffers; on "
+               f"CPU traces it also idles {STRAGGLER_IDLE_PCT:g}% of the step longer than its "
+               f"peers, since ranks that share a host's cores arrive last in turn")
+        out.append(muted(f"The verdict does not call rank {int(sync.straggler)} a straggler: "
+                         f"{why}."))
     for note in sync.notes:
         out.append(muted(note))
     out.append(table(in_ms(sync.stragglers, ["wait_suffered_us", "wait_caused_us"]), {
