@@ -97,3 +97,35 @@ def test_counts_and_events_read_the_same_ops(tmp_path):
     ar = ev[ev["op"] == "all_reduce"].sort_values("start_us")
     assert ar["seq"].tolist() == [2, 4, 6, 7]
     assert pd.isna(ev["peer"]).all()
+
+
+def test_kernels_that_communication_ops_launched_under_unknown_names_are_warned_of(tmp_path):
+    """A custom collective kernel (a renamed NCCL, a fabric's own) that no pattern names is
+    counted as computation: the loader warns and names the option. An op that also launched a
+    known communication kernel, copies inside a collective (gloo's of CUDA tensors), and a gemm
+    outside any collective are no such case."""
+    b = TraceBuilder(rank=0, world_size=2)
+    b.step(1, 0, 1000)
+    for t in (10, 300):   # two all-reduces run as fabric_allreduce_kernel
+        b.cpu("record_param_comms", t, 40, args=_rec("allreduce", 1024))
+        b.cpu("nccl:all_reduce", t + 2, 36, cat="user_annotation")
+        b.kernel("fabric_allreduce_kernel", t + 100, 50, stream=20, launch_ts=t + 4)
+    b.cpu("record_param_comms", 500, 40, args=_rec("allreduce", 1024))
+    b.kernel("void scale_kernel(float*)", 600, 5, launch_ts=502)    # with a known kernel
+    b.kernel(AR, 610, 30, stream=20, launch_ts=504)
+    b.cpu("record_param_comms", 700, 40, args=_rec("allreduce", 1024))
+    b.kernel("Memcpy DtoH (Device -> Pinned)", 750, 10, stream=9, launch_ts=702,
+             cat="gpu_memcpy")
+    b.kernel("void gemm_kernel<float>(float*)", 800, 100, launch_ts=790)
+    b.write(tmp_path / "rank0.json")
+    path = tmp_path / "rank0.json"
+    from pardiag.analyzer.summary import REDUCER
+
+    for cache in (False, True, True):   # parsed, then stored and read back
+        ts = load_traces(tmp_path, reducer=REDUCER, cache=cache)
+        assert [w for w in ts.warnings if "no communication pattern" in w] == [
+            f"{path}: communication ops launched 2 GPU kernel(s) that no communication pattern "
+            f"names, counted as computation: fabric_allreduce_kernel (2); name them with "
+            f"--comm-kernel REGEX"]
+    named = load_traces(tmp_path, reducer=REDUCER, cache=False, comm_patterns=["fabric_"])
+    assert not [w for w in named.warnings if "no communication pattern" in w]

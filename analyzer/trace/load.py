@@ -446,6 +446,9 @@ def _summarize_into(reducer: RankReducer, out: ParsedFile, patterns, repairs, st
     out.summary = reducer.summarize(trace, [re.compile(p) for p in patterns],
                                      warnings=out.ev_warnings, repairs=repairs,
                                      has_steps=out.has_steps, stat=st)
+    # the summary may add warnings of its own (what only its analyses see): the same lines as
+    # a later report that reads the stored summary
+    out.ev_warnings = tuple(getattr(out.summary, "warnings", out.ev_warnings))
     if cache:
         reducer.store(out.summary, out.path)
     if not keep_events:
