@@ -69,7 +69,7 @@ from .analyses.infer_layout import RankMarks, rank_marks
 from .analyses.issued_ops import unnamed_comm_kernels
 from .analyses.memory import memory_rows
 from .analyses.operators import operators_of_events
-from .trace.classify import Kind, classify, name_codes, profiler_steps
+from .trace.classify import Kind, classify, missing_device_activity, name_codes, profiler_steps
 from .trace.comm_records import all_to_all_ops
 from .trace.load import default_workers, find_trace_files, parse_file, parse_files
 from .trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, has_step_names
@@ -202,6 +202,12 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
     unnamed = unnamed_comm_kernels(trace, (kinds == Kind.GPU_COMM.value).to_numpy())
     if unnamed:
         warnings = (*warnings, unnamed_comm_warning(trace.path, unnamed))
+    gpu_run = missing_device_activity(trace)
+    if gpu_run:
+        warnings = (*warnings, f"{trace.path}: a GPU run ({gpu_run}) whose trace holds no GPU "
+                    f"kernel (profiled without the device's activity?): its computation and "
+                    f"communication on the device are not in it, and the communication times "
+                    f"are the host's calls, not the transfers")
     steps = profiler_steps(trace, kinds)
     comm = events_from_trace(trace, kinds, steps)
     ops, op_steps = operators_of_events(trace.events, name_codes(trace))

@@ -129,3 +129,30 @@ def test_kernels_that_communication_ops_launched_under_unknown_names_are_warned_
             f"--comm-kernel REGEX"]
     named = load_traces(tmp_path, reducer=REDUCER, cache=False, comm_patterns=["fabric_"])
     assert not [w for w in named.warnings if "no communication pattern" in w]
+
+
+def test_a_gpu_run_traced_without_its_device_is_warned_of(tmp_path):
+    """A rank of an NCCL run whose trace holds only host events (profiled without
+    ProfilerActivity.CUDA): its communication times are the host's NCCL calls, so the loader
+    says so. A gloo CPU run and a trace with kernels are no such case."""
+    from pardiag.analyzer.summary import REDUCER
+
+    from .synth import cpu_rank, gpu_rank
+
+    b = TraceBuilder(rank=0, world_size=2)   # backend nccl
+    b.step(1, 0, 1000).cpu("aten::mm", 10, 500)
+    b.cpu("record_param_comms", 600, 40, args=_rec("allreduce", 1024))
+    b.cpu("cudaLaunchKernel", 610, 5, cat="cuda_runtime")
+    (tmp_path / "gpu").mkdir()
+    b.write(tmp_path / "gpu" / "rank0.json")
+    got = [w for w in load_traces(tmp_path / "gpu", reducer=REDUCER, cache=False).warnings
+           if "a GPU run" in w]
+    assert got == [f"{tmp_path / 'gpu' / 'rank0.json'}: a GPU run (backend nccl, 1 runtime "
+                   f"calls) whose trace holds no GPU kernel (profiled without the device's "
+                   f"activity?): its computation and communication on the device are not in "
+                   f"it, and the communication times are the host's calls, not the transfers"]
+    for name, builder in (("cpu", cpu_rank), ("kernels", gpu_rank)):
+        (tmp_path / name).mkdir()
+        builder(0).write(tmp_path / name / "rank0.json")
+        ts = load_traces(tmp_path / name, reducer=REDUCER, cache=False)
+        assert not [w for w in ts.warnings if "a GPU run" in w]

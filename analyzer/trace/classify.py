@@ -330,6 +330,25 @@ _DEVICE_NAME_KINDS = (
 _BACKEND_KINDS = {"xccl": "xpu", "ccl": "xpu", "hccl": "hpu", "nccl": "cuda"}
 
 
+def missing_device_activity(trace: RankTrace) -> str | None:
+    """What shows that a rank whose trace holds no GPU kernel ran on a GPU: its backend
+    (``distributedInfo.backend`` nccl, rccl, xccl, ccl, hccl) or its runtime calls
+    (``cuda_runtime``/``cuda_driver`` events: kernels were launched), e.g. ``"backend nccl, 120
+    runtime calls"``; None for a rank with kernels or without such signs (a CPU run). Such a
+    trace was recorded without the device's activity (``ProfilerActivity.CUDA`` left out, or
+    lost): its computation and communication on the device are not in it."""
+    if trace.has_gpu:
+        return None
+    info = trace.metadata.get("distributedInfo")
+    backend = str(info.get("backend", "")).lower() if isinstance(info, dict) else ""
+    signs = [f"backend {backend}"] if backend in (*_BACKEND_KINDS, "rccl") else []
+    if trace.events is not None and len(trace.events):
+        n = int(isin_mask(trace.events["cat"], ["cuda_runtime", "cuda_driver"]).sum())
+        if n:
+            signs.append(f"{n} runtime calls")
+    return ", ".join(signs) or None
+
+
 def device_kind(trace: RankTrace) -> str:
     """The rank's device: ``"cpu"`` (no kernels), else ``"cuda"``, ``"rocm"``, ``"xpu"``,
     ``"hpu"``, ``"mtia"`` from the device name in ``deviceProperties``, else from
