@@ -325,6 +325,43 @@ def test_report_on_merge_output_equals_report_on_the_folder(tmp_path):
     assert any("holds 2 ranks (a merged trace)" in w for w in b["warnings"])
 
 
+def _naive_merge(run: Path, out: Path, name) -> Path:
+    """The ranks' events in one file, each rank's pids made its own and its processes named
+    ``name(rank)``, as a merge tool that does not name them ``rank N`` writes it."""
+    events = []
+    for r in (0, 1):
+        doc = json.loads((run / f"rank{r}.json").read_text())
+        for e in doc["traceEvents"]:
+            events.append({**e, "pid": e["pid"] + 1_000_000 * r})
+        for pid in {e["pid"] for e in doc["traceEvents"]}:
+            events.append({"ph": "M", "name": "process_name", "pid": pid + 1_000_000 * r,
+                           "tid": 0, "args": {"name": name(r)}})
+    out.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events,
+                               "distributedInfo": doc["distributedInfo"]}))
+    return out
+
+
+def test_a_merge_that_does_not_name_its_ranks_is_refused_and_rank_prefixes_split(tmp_path):
+    """Two ranks' processes, all named 'python3', ran profiler steps at the same time: one
+    rank never does, and read as one the union of their kernels is meaningless, so the file is
+    refused with one line. Named '[rankN] python3' (torchrun's prefix), it is split."""
+    run = _two_ranks(tmp_path)
+    plain = _naive_merge(run, tmp_path / "plain.json", lambda r: "python3")
+    res = CliRunner().invoke(cli, ["report", str(plain), "-q", "--no-cache",
+                                   "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert (f"{plain}: holds the profiler steps of 2 processes at the same time (pids 100, "
+            f"1000100): a merge of several ranks whose processes are not named 'rank N'"
+            in res.output)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a").mkdir()
+    named = _naive_merge(run, tmp_path / "named.json", lambda r: f"[rank{r}] python3")
+    a, b = _report([run], tmp_path / "a"), _report([named], tmp_path / "b")
+    assert [r["rank"] for r in b["ranks"]] == [0, 1]
+    for ra, rb in zip(a["ranks"], b["ranks"]):
+        assert rb["total"]["overlap_pct"] == pytest.approx(ra["total"]["overlap_pct"])
+
+
 # -- missing ranks ---------------------------------------------------------------------------------
 
 def test_two_of_eight_ranks_name_no_straggler_and_no_clock_offset(tmp_path):

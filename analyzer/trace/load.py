@@ -44,7 +44,7 @@ from .parse import (
     read_process_names,
 )
 from .ranks import FileFacts, RankFiles, assign_ranks, merged_rank_of_pids
-from .traceset import RankTrace, TraceSet, has_step_names
+from .traceset import GPU_CATS, RankTrace, TraceSet, has_step_names, isin_mask
 
 
 class RankReducer(Protocol):
@@ -421,6 +421,10 @@ def parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[s
         del doc
     pnames = meta.pop(PROCESS_NAMES_KEY, {})
     split = _split_merged(path, events, thread_names, meta, pnames)
+    if split is None:
+        several = _unnamed_ranks(events)
+        if several:
+            return ParsedFile(path, error=f"{path}: {several}")
     if split is not None:
         pieces, split_warnings = split
         for piece in pieces:
@@ -497,6 +501,39 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
                               thread_names={k: v for k, v in thread_names.items() if k[0] in mine},
                               has_steps=has_step_names(ev), rank_hint=r))
     return pieces, warnings
+
+
+def _unnamed_ranks(events: pd.DataFrame) -> str | None:
+    """Why one file's events are several ranks' that :func:`_split_merged` cannot tell apart
+    (their processes are not named ``rank N``), or None: two or more host processes ran
+    profiler steps (``ProfilerStep#N``) at the same time, which one rank's profiler never
+    records.
+    Read as one rank, their kernels' union would be one meaningless timeline."""
+    if not len(events):
+        return None
+    # the host's step ranges: Kineto also marks each step on the GPU's timeline
+    # (gpu_user_annotation, under the device's pid)
+    steps = events[events["name"].str.startswith("ProfilerStep", na=False).to_numpy()
+                   & (events["cat"] != "gpu_user_annotation").to_numpy()
+                   & ~isin_mask(events["cat"], GPU_CATS)]
+    pids = pd.unique(steps["pid"])
+    if len(pids) < 2:
+        return None
+    order = np.argsort(steps["ts"].to_numpy(), kind="stable")
+    ts = steps["ts"].to_numpy()[order]
+    end = ts + steps["dur"].to_numpy()[order]
+    pid = steps["pid"].to_numpy()[order]
+    reach, owner = -np.inf, None   # the latest end so far, and its process
+    for t, e, p in zip(ts.tolist(), end.tolist(), pid.tolist()):
+        if t < reach and p != owner:
+            shown = ", ".join(map(str, sorted(map(str, pids))[:6]))
+            return (f"holds the profiler steps of {len(pids)} processes at the same time "
+                    f"(pids {shown}{', ...' if len(pids) > 6 else ''}): a merge of several "
+                    f"ranks whose processes are not named 'rank N', which pardiag cannot split; "
+                    f"report each rank's own file, or name each rank's processes 'rank N'")
+        if e > reach:
+            reach, owner = e, p
+    return None
 
 
 def _read_events(path: Path, rank_hint: int | None = None) -> pd.DataFrame:

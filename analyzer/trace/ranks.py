@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 
 _RANK_IN_NAME_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
-_RANK_PROCESS_RE = re.compile(r"^\s*rank\s*(\d+)\b", re.IGNORECASE)
+_RANK_PROCESS_RE = re.compile(r"^\s*\[?\s*rank\s*(\d+)\b", re.IGNORECASE)
 #: pid stride of ``pardiag merge`` output (``pardiag.analyzer.render.merge.PID_STRIDE``).
 MERGE_PID_STRIDE = 1000
 
@@ -166,7 +166,8 @@ def merged_rank_of_pids(process_names: dict[str, list[str]], pids: list[str],
     """``{pid: rank}`` for a file that holds several ranks, else None.
 
     A process is a rank's when its ``process_name`` or ``process_labels`` starts with
-    ``rank N`` (``pardiag merge`` and other merge tools name them so); in ``pardiag merge``
+    ``rank N`` or ``[rank N]`` (``pardiag merge`` and other merge tools name them so; torchrun
+    prefixes a rank's lines with ``[rankN]:``); in ``pardiag merge``
     output (``pardiagMerge`` key) every pid ``R * 1000 + k`` is rank R's. A file is merged when
     two or more ranks are named this way.
 
