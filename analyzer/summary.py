@@ -66,10 +66,9 @@ from .analyses.causes import (
 )
 from .analyses.comm_events import events_from_trace
 from .analyses.infer_layout import RankMarks, rank_marks
-from .analyses.issued_ops import unnamed_comm_kernels
 from .analyses.memory import memory_rows
 from .analyses.operators import operators_of_events
-from .trace.classify import Kind, classify, missing_device_activity, name_codes, profiler_steps
+from .trace.classify import classify, name_codes, profiler_steps
 from .trace.comm_records import all_to_all_ops
 from .trace.load import default_workers, find_trace_files, parse_file, parse_files
 from .trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, has_step_names
@@ -199,15 +198,6 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
     st = stat or os.stat(trace.path)
     parts = rank_parts(trace, patterns, None)
     kinds = classify(trace, patterns)
-    unnamed = unnamed_comm_kernels(trace, (kinds == Kind.GPU_COMM.value).to_numpy())
-    if unnamed:
-        warnings = (*warnings, unnamed_comm_warning(trace.path, unnamed))
-    gpu_run = missing_device_activity(trace)
-    if gpu_run:
-        warnings = (*warnings, f"{trace.path}: a GPU run ({gpu_run}) whose trace holds no GPU "
-                    f"kernel (profiled without the device's activity?): its computation and "
-                    f"communication on the device are not in it, and the communication times "
-                    f"are the host's calls, not the transfers")
     steps = profiler_steps(trace, kinds)
     comm = events_from_trace(trace, kinds, steps)
     ops, op_steps = operators_of_events(trace.events, name_codes(trace))
@@ -226,18 +216,6 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         a2a=all_to_all_ops(trace.events),
         causes=causes_of_trace(trace), data_loading=data_loading_of_trace(trace),
         launch_edges=launch_edges_of_trace(trace, patterns))
-
-
-def unnamed_comm_warning(path, kernels: dict[str, int]) -> str:
-    """The warning for GPU kernels that communication ops launched and no pattern names
-    (:func:`pardiag.analyzer.analyses.issued_ops.unnamed_comm_kernels`), naming the most
-    launched ones and the option that names them."""
-    top = sorted(kernels.items(), key=lambda kv: (-kv[1], kv[0]))
-    shown = ", ".join(f"{name} ({n})" for name, n in top[:3])
-    more = f" and {len(top) - 3} more" if len(top) > 3 else ""
-    return (f"{path}: communication ops launched {sum(kernels.values())} GPU kernel(s) that no "
-            f"communication pattern names, counted as computation: {shown}{more}; name them "
-            f"with --comm-kernel REGEX")
 
 
 # -- JSON form -----------------------------------------------------------------------------------

@@ -40,17 +40,19 @@ import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
-from ..trace.classify import STANDARD_COLLECTIVES, cached, collective_type, name_test
+from ..trace.classify import (
+    LAUNCH_CALL_RE,
+    STANDARD_COLLECTIVES,
+    cached,
+    collective_type,
+    name_test,
+)
 from ..trace.traceset import GPU_CATS, RankTrace, isin_mask
 
 #: Host ops that issue communication and enclose their kernels' launches (functional
 #: collectives, DTensor's and tensor parallelism's, wrap the c10d op they call).
 LAUNCH_OP_RE = re.compile(r"^(nccl:|c10d::|record_param_comms|_?c10d_functional::)")
 _FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")
-#: Runtime calls that launch a kernel (``cudaLaunchKernel``, ``cudaLaunchKernelExC``,
-#: ``cuLaunchKernelEx``, ``hipLaunchKernel``, ``hipExtModuleLaunchKernel``, SYCL's
-#: ``urEnqueueKernelLaunch``).
-LAUNCH_CALL_RE = re.compile(r"launch\w*kernel|kernel\w*launch", re.IGNORECASE)
 _COALESCING = frozenset({"coalesced", "startcoalescing", "endcoalescing"})
 
 #: Columns of :attr:`IssuedOps.ops`.
@@ -331,41 +333,3 @@ def issued_ops(trace: RankTrace, kernels: pd.DataFrame, key) -> IssuedOps:
     """:func:`gpu_issued_ops`, once per trace and ``key`` (the kernels' selection)."""
     return cached(trace, ("issued_ops", key), lambda: gpu_issued_ops(trace, kernels))
 
-
-#: Host ops that name the collective they run (a c10d record, a backend's range): a kernel
-#: launched inside one is that collective's (outer wrappers such as functional collectives
-#: also launch copies and reshapes).
-_COLLECTIVE_OP_RE = re.compile(r"^(nccl:|rccl:|xccl:|record_param_comms$)")
-
-
-def unnamed_comm_kernels(trace: RankTrace, is_comm: np.ndarray) -> dict[str, int]:
-    """GPU kernels that communication ops launched and no communication pattern names:
-    ``{kernel name: launches}``, over the ops whose launched kernels (``cat`` ``kernel``) are
-    none of them communication kernels (``is_comm``: bool per event of ``trace``, e.g.
-    :class:`pardiag.analyzer.trace.classify.Kind` ``GPU_COMM``). Such a kernel is the op's
-    communication under a name nobody told pardiag (a custom or renamed collective kernel):
-    the breakdown counts it as computation. Only launches inside a record or a backend's range
-    (``record_param_comms``, ``nccl:*``; the outermost of them is the op) count; copies never
-    do (gloo copies CUDA tensors to the host and communicates there). Empty when every such
-    op launched a communication kernel."""
-    names, _, _, _, owner_rows, _ = cached(trace, "issued_host_launches",
-                                           lambda: _host_launches(trace))
-    if not owner_rows:
-        return {}
-    ev = trace.events
-    gpu = ((ev["cat"] == "kernel").to_numpy() & (ev["correlation"] >= 0).to_numpy())
-    corr = ev["correlation"].to_numpy()[gpu]
-    kernel = dict(zip(corr.tolist(), zip(ev["name"].to_numpy()[gpu].tolist(),
-                                         np.asarray(is_comm, dtype=bool)[gpu].tolist())))
-    per_op: dict[int, list[tuple[str, bool]]] = {}
-    for _, _, c, enc in owner_rows:
-        # the outermost such op: a backend's range and the record inside it are one call
-        outer = next((j for j in enc.tolist() if _COLLECTIVE_OP_RE.match(names[j])), None)
-        if outer is not None and c in kernel:
-            per_op.setdefault(outer, []).append(kernel[c])
-    out: dict[str, int] = {}
-    for launched in per_op.values():
-        if not any(comm for _, comm in launched):
-            for name, _ in launched:
-                out[name] = out.get(name, 0) + 1
-    return out

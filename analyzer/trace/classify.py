@@ -31,6 +31,7 @@ import pandas as pd
 
 from pardiag.errors import PardiagError
 
+from . import intervals as iv
 from .traceset import RankTrace, isin_mask
 
 
@@ -328,6 +329,84 @@ _DEVICE_NAME_KINDS = (
 )
 #: ``distributedInfo.backend`` → the accelerator kind, where the backend tells.
 _BACKEND_KINDS = {"xccl": "xpu", "ccl": "xpu", "hccl": "hpu", "nccl": "cuda"}
+
+
+#: Runtime calls that launch a kernel (``cudaLaunchKernel``, ``cudaLaunchKernelExC``,
+#: ``cuLaunchKernelEx``, ``hipLaunchKernel``, ``hipExtModuleLaunchKernel``, SYCL's
+#: ``urEnqueueKernelLaunch``).
+LAUNCH_CALL_RE = re.compile(r"launch\w*kernel|kernel\w*launch", re.IGNORECASE)
+#: Host ops that name the collective they run (a c10d record, a backend's range): a kernel
+#: launched inside one is that collective's (outer wrappers such as functional collectives
+#: also launch copies and reshapes).
+_COLLECTIVE_OP_RE = re.compile(r"^(nccl:|rccl:|xccl:|record_param_comms$)")
+
+
+def unnamed_comm_kernels(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = ()
+                         ) -> dict[str, int]:
+    """GPU kernels that collectives launched and no communication pattern names:
+    ``{kernel name: launches}``, over the collectives none of whose launched kernels (``cat``
+    ``kernel``) is a communication kernel (:func:`classify` with ``comm_patterns``). Such a
+    kernel is the collective's communication under a name nobody told pardiag (a custom or
+    renamed collective kernel): the breakdown counts it as computation. A collective is a span
+    of a thread's time covered by records or a backend's ranges (``record_param_comms``,
+    ``nccl:*``, nested or not); a launch inside it (a runtime call, tied to its kernel by
+    ``correlation``) is its. Copies never count (gloo copies CUDA tensors to the host and
+    communicates there). Empty when every collective launched a communication kernel."""
+    ev = trace.events
+    if ev is None or not len(ev) or not trace.has_gpu:
+        return {}
+    cat = ev["cat"]
+    ops = ev[name_test(trace, "collective_op", _COLLECTIVE_OP_RE.match)
+             & isin_mask(cat, ["cpu_op", "user_annotation"])]
+    if not len(ops):
+        return {}
+    launch = ev[isin_mask(cat, ["cuda_runtime", "cuda_driver"])
+                & (ev["correlation"] >= 0).to_numpy()
+                & name_test(trace, "launch_call", LAUNCH_CALL_RE.search)]
+    is_comm = (classify(trace, comm_patterns) == Kind.GPU_COMM.value).to_numpy()
+    k = ((cat == "kernel").to_numpy() & (ev["correlation"] >= 0).to_numpy())
+    kernel = dict(zip(ev["correlation"].to_numpy()[k].tolist(),
+                      zip(ev["name"].to_numpy()[k].tolist(), is_comm[k].tolist())))
+    per_span: dict[tuple, list[tuple[str, bool]]] = {}
+    for thread, grp in ops.groupby(["pid", "tid"], sort=False):
+        spans = iv.union(grp["ts"].to_numpy(dtype=float),
+                         (grp["ts"] + grp["dur"]).to_numpy(dtype=float) + 1e-9)
+        mine = launch[(launch["pid"] == thread[0]).to_numpy()
+                      & (launch["tid"] == thread[1]).to_numpy()]
+        t = mine["ts"].to_numpy(dtype=float)
+        at = np.searchsorted(spans[:, 0], t, side="right") - 1
+        inside = (at >= 0) & (t <= spans[np.clip(at, 0, None), 1])
+        for span, c in zip(at[inside].tolist(), mine["correlation"].to_numpy()[inside].tolist()):
+            if c in kernel:
+                per_span.setdefault((thread, span), []).append(kernel[c])
+    out: dict[str, int] = {}
+    for launched in per_span.values():
+        if not any(comm for _, comm in launched):
+            for name, _ in launched:
+                out[name] = out.get(name, 0) + 1
+    return out
+
+
+def kernel_warnings(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = ()) -> list[str]:
+    """The loader's warnings about what a rank's kernels say (each starts with its file): its
+    collectives launched kernels no communication pattern names (:func:`unnamed_comm_kernels`),
+    or it is a GPU run whose trace holds no kernel (:func:`missing_device_activity`)."""
+    out = []
+    unnamed = unnamed_comm_kernels(trace, comm_patterns)
+    if unnamed:
+        top = sorted(unnamed.items(), key=lambda kv: (-kv[1], kv[0]))
+        shown = ", ".join(f"{name} ({n})" for name, n in top[:3])
+        more = f" and {len(top) - 3} more" if len(top) > 3 else ""
+        out.append(f"{trace.path}: communication ops launched {sum(unnamed.values())} GPU "
+                   f"kernel(s) that no communication pattern names, counted as computation: "
+                   f"{shown}{more}; name them with --comm-kernel REGEX")
+    gpu_run = missing_device_activity(trace)
+    if gpu_run:
+        out.append(f"{trace.path}: a GPU run ({gpu_run}) whose trace holds no GPU kernel "
+                   f"(profiled without the device's activity?): its computation and "
+                   f"communication on the device are not in it, and the communication times "
+                   f"are the host's calls, not the transfers")
+    return out
 
 
 def missing_device_activity(trace: RankTrace) -> str | None:

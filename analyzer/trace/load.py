@@ -34,6 +34,7 @@ import pandas as pd
 from pardiag import layout
 from pardiag.errors import PardiagError, TraceError
 
+from .classify import kernel_warnings
 from .parse import (
     PROCESS_NAMES_KEY,
     events_frame,
@@ -431,28 +432,31 @@ def parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[s
             piece.repairs = tuple(repairs)
             piece.ev_warnings = tuple(ev_warnings) + tuple(split_warnings)
             piece.notes = tuple(notes)
-            if reducer is not None:  # no stored summary: one file, several ranks
-                _summarize_into(reducer, piece, patterns, repairs, st, cache=False,
-                                keep_events=True)
+            # no stored summary: one file, several ranks
+            _finish_rank(piece, reducer, patterns, repairs, st, cache=False, keep_events=True)
         return ParsedFile(path, metadata=meta, pieces=pieces)
     out = ParsedFile(path, repairs=tuple(repairs), metadata=meta, events=events,
                   thread_names=thread_names, ev_warnings=tuple(ev_warnings), notes=tuple(notes),
                   has_steps=has_step_names(events))
-    if reducer is not None:
-        _summarize_into(reducer, out, patterns, repairs, st, cache=cache, keep_events=keep_events)
+    _finish_rank(out, reducer, patterns, repairs, st, cache=cache, keep_events=keep_events)
     return out
 
 
-def _summarize_into(reducer: RankReducer, out: ParsedFile, patterns, repairs, st, *, cache: bool,
-                    keep_events: bool) -> None:
+def _finish_rank(out: ParsedFile, reducer: RankReducer | None, patterns, repairs, st, *,
+                 cache: bool, keep_events: bool) -> None:
+    """What one rank's events say about its kernels joins its warnings
+    (:func:`pardiag.analyzer.trace.classify.kernel_warnings`; with or without a reducer, so a
+    report from the raw traces and one from stored summaries say the same); with a
+    ``reducer``, the rank is summarized (on the same trace object: its classification is made
+    once), the summary stored with ``cache`` and the events dropped unless ``keep_events``."""
     trace = RankTrace(rank=-1, path=out.path, events=out.events, metadata=out.metadata,
                       rank_source="", thread_names=out.thread_names, notes=tuple(out.notes))
-    out.summary = reducer.summarize(trace, [re.compile(p) for p in patterns],
-                                     warnings=out.ev_warnings, repairs=repairs,
-                                     has_steps=out.has_steps, stat=st)
-    # the summary may add warnings of its own (what only its analyses see): the same lines as
-    # a later report that reads the stored summary
-    out.ev_warnings = tuple(getattr(out.summary, "warnings", out.ev_warnings))
+    compiled = [re.compile(p) for p in patterns]
+    out.ev_warnings = (*out.ev_warnings, *kernel_warnings(trace, compiled))
+    if reducer is None:
+        return
+    out.summary = reducer.summarize(trace, compiled, warnings=out.ev_warnings, repairs=repairs,
+                                    has_steps=out.has_steps, stat=st)
     if cache:
         reducer.store(out.summary, out.path)
     if not keep_events:
