@@ -719,8 +719,12 @@ def _run_script(run: _RankRun) -> None:
     saved_argv = sys.argv
     sys.argv = [script, *run.cfg["args"]]
     sys.path.insert(0, str(Path(script).resolve().parent))
+    run.hold_term = True   # the profiler starts whole: a SIGTERM meanwhile waits for it
     run.prof.start()
+    run.hold_term = False
     try:
+        if run.terminated:
+            raise _Terminated()
         runpy.run_path(script, run_name="__main__")
     except BaseException as exc:  # the script's own failure: recorded, reported, exit code kept
         run.error = exc
@@ -893,16 +897,23 @@ def _finish(run: _RankRun, meta: layout.RankMeta, code: int, failed: bool,
             print(f"pardiag: rank {rank}: could not write the node's run file: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
     run.stop_watchdog.set()
-    if run.stacks is not None:   # nothing was asked for: leave no empty file behind
-        run.stacks.close()
-        try:
-            if layout.stacks_path(run.out, rank).stat().st_size == 0:
-                layout.stacks_path(run.out, rank).unlink()
-        except OSError:
-            pass
+    _drop_empty_stacks(run)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _drop_empty_stacks(run: _RankRun) -> None:
+    """Close the stacks file of SIGUSR1 and remove it when nothing was asked for: no empty file
+    is left behind."""
+    if run.stacks is None:
+        return
+    run.stacks.close()
+    try:
+        if layout.stacks_path(run.out, run.rank).stat().st_size == 0:
+            layout.stacks_path(run.out, run.rank).unlink()
+    except OSError:
+        pass
 
 
 def main(cfg: dict | None = None, before_exit=None) -> None:
@@ -923,8 +934,14 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
     from . import hooks  # noqa: F401
 
     run = _configure(cfg)                  # configuration, files claimed, stacks, pinning
-    run.prof = _make_profiler(run)         # the profiler and its schedule
-    _install_hooks(run)                    # recorders, optimizer hooks, watchdog
+    try:
+        run.prof = _make_profiler(run)     # the profiler and its schedule
+        _install_hooks(run)                # recorders, optimizer hooks, watchdog
+    except _Terminated as exc:             # stopped before the script started: nothing to keep
+        print(f"pardiag: rank {run.rank} {exc}, before the script started", file=sys.stderr,
+              flush=True)
+        _drop_empty_stacks(run)
+        os._exit(TERMINATED_EXIT_CODE)
     _run_script(run)                       # the script itself, then the hooks removed
     lay, n_records = _after_script(run)    # sidecars and summary, timed
     code = _exit_code_of(run.error)

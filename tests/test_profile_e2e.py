@@ -216,6 +216,37 @@ def test_ctrl_c_stops_the_job_and_keeps_what_the_ranks_wrote(tmp_path):
 
 
 @pytest.mark.e2e
+def test_ctrl_c_while_the_ranks_start_is_one_line(tmp_path):
+    """Ctrl-C as soon as the ranks exist (their stacks files are created when they start,
+    before the profiler and the hooks): no traceback from any rank, one line, exit code 130,
+    no file left but the run file."""
+    import signal
+    import time
+
+    out = tmp_path / "o"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pardiag", "profile", str(EXAMPLE), "--nproc-per-node", "2",
+         "--out", str(out), "--", "--steps", "1000000"], cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 180
+        while not list((out / "pardiag").glob("rank*.stacks.txt")):
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.splitlines()[-1].startswith(f"pardiag: interrupted: the job was stopped; {out} "
+                                           f"keeps ")
+    assert not list((out / "pardiag").glob("rank*.stacks.txt"))
+
+
+@pytest.mark.e2e
 def test_script_exit_code_is_passed_on(tmp_path):
     script = tmp_path / "exit3.py"
     script.write_text("import sys\nprint('bye')\nsys.exit(3)\n")
