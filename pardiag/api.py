@@ -87,13 +87,16 @@ class Report(_TypedReport):
     def stragglers(self) -> pd.DataFrame:
         """One row per rank, most wait caused first (complete instances only): ``rank``,
         ``wait_suffered_us``, ``wait_caused_us``, ``last_arrivals``, ``steps_as_top``,
-        ``instances``. :attr:`straggler` names the rank, or is None."""
+        ``instances``. :attr:`straggler` names the verdict's straggler, or is None."""
         return self.sync.stragglers
 
     @property
     def straggler(self) -> int | None:
-        """The rank the others wait for most (≥ 10 µs over complete instances), else None."""
-        return self.sync.straggler
+        """The rank the verdict calls a straggler (the JSON's top-level ``straggler``), else
+        None; without recommendations, ``sync.straggler`` (the rank that makes the others wait
+        beyond the noise, from the waiting alone)."""
+        rec = getattr(self, "recommendations", None)
+        return rec.straggler if rec is not None else self.sync.straggler
 
     @property
     def clock_offsets(self) -> pd.DataFrame:

@@ -225,7 +225,7 @@ def test_the_verdicts_straggler_is_in_the_json_and_the_page_says_where_sync_diff
     plain = analyze(REPO / "sample_traces" / "ddp_cpu_2rank", cache=False)
     doc = plain.to_json()
     assert (doc["sync"]["straggler"], doc["straggler"]) == (0, None)
-    assert "is a straggler" not in doc["verdict"]
+    assert plain.straggler is None and "is a straggler" not in doc["verdict"]
     plain.to_html(tmp_path / "plain.html")
     assert "The verdict does not call rank 0 a straggler" in (tmp_path / "plain.html").read_text()
     slow = analyze(REPO / "sample_traces" / "ddp_slowrank1_cpu_2rank", cache=False)
@@ -234,3 +234,6 @@ def test_the_verdicts_straggler_is_in_the_json_and_the_page_says_where_sync_diff
     assert "rank 1 is a straggler" in doc["verdict"]
     slow.to_html(tmp_path / "slow.html")
     assert "The verdict does not call" not in (tmp_path / "slow.html").read_text()
+    # a comparison reads each run's verdict too
+    from pardiag.api import compare
+    assert compare(plain.to_json(), slow.to_json()).stragglers == {"a": None, "b": 1}

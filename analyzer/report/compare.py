@@ -197,7 +197,8 @@ class Comparison:
             ``a_exposed_us``, ``b_exposed_us`` (per rank and profiled step).
         bubbles: per pipeline stage (``stage``): ``a_/b_bubble_pct``, ``a_/b_ideal_pct``,
             ``a_/b_bubble_us`` (per step: bubble % of the window), ``a_/b_basis``.
-        stragglers: ``{"a": rank or None, "b": rank or None}``.
+        stragglers: ``{"a": rank or None, "b": rank or None}``: each run's straggler as its
+            verdict names it (:func:`_straggler`).
         skew: per collective type: ``op``, ``a_/b_count``, ``a_/b_arrival_skew_us`` (median),
             ``a_/b_max_skew_us``.
         imbalance: per dimension: ``dim``, ``a_/b_imbalance`` (max/mean of compute per step),
@@ -706,6 +707,15 @@ def _same(want, have) -> bool:
     return want == have
 
 
+def _straggler(doc: dict) -> int | None:
+    """The run's straggler as its report's verdict names it (the JSON's top-level
+    ``straggler``); in a report's JSON from before that key, ``sync.straggler``."""
+    if "straggler" in doc:
+        return doc["straggler"]
+    sync = doc.get("sync")
+    return sync.get("straggler") if isinstance(sync, dict) else None
+
+
 def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
     """(status, why) of one recommendation's ``params`` against B's setup."""
     parts, unknown, differ = [], [], []
@@ -713,8 +723,7 @@ def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
         if key in _DESCRIPTIVE_PARAMS:
             continue
         if key == "without_rank":
-            sb_strag = (summary_b.get("sync") or {}).get("straggler") if isinstance(
-                summary_b.get("sync"), dict) else None
+            sb_strag = _straggler(summary_b)
             if not isinstance(summary_b.get("sync"), dict):
                 unknown.append(f"whether rank {want} still straggles (B has no synchronization "
                                "analysis)")
@@ -848,8 +857,6 @@ def compare_summaries(a: dict, b: dict, *, a_source: str = "A",
                    "a_us": va, "b_us": vb, "delta_us": vb - va, "delta_pct": _pct(va, vb)})
     breakdown = pd.DataFrame(bd, columns=["part", "label", "a_us", "b_us", "delta_us",
                                           "delta_pct"])
-    sync_a = a.get("sync") if isinstance(a.get("sync"), dict) else {}
-    sync_b = b.get("sync") if isinstance(b.get("sync"), dict) else {}
     ops, ops_note = _operators(a, b)
     return Comparison(
         a_source=a_source, b_source=b_source,
@@ -858,7 +865,7 @@ def compare_summaries(a: dict, b: dict, *, a_source: str = "A",
         dims=_merge(_dims(a), _dims(b), "dim", ["overlap_pct", "exposed_us"]),
         bubbles=_merge(_bubbles(a), _bubbles(b), "stage",
                        ["bubble_pct", "ideal_pct", "bubble_us", "basis"]),
-        stragglers={"a": sync_a.get("straggler"), "b": sync_b.get("straggler")},
+        stragglers={"a": _straggler(a), "b": _straggler(b)},
         skew=_merge(_skew(a), _skew(b), "op", ["count", "arrival_skew_us", "max_skew_us"]),
         imbalance=_merge(_imbalance(a), _imbalance(b), "dim", ["imbalance", "cost_us"]),
         collectives=_merge(_collectives(a), _collectives(b), "collective",
