@@ -15,6 +15,22 @@ from pardiag.errors import Interrupted, PardiagError
 from pardiag.version import __version__
 
 
+class _FinitePct(click.FloatRange):
+    """A percentage: a finite number ≥ 0 (``nan`` and ``inf`` are refused: no step time is
+    slower than them)."""
+
+    def convert(self, value, param, ctx):
+        import math
+
+        v = super().convert(value, param, ctx)
+        if not math.isfinite(v):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return v
+
+
+_FINITE_PCT = _FinitePct(min=0)
+
+
 class _Cli(click.Group):
     """The command group; the one place where errors become exit codes: a
     :class:`~pardiag.errors.PardiagError` raised by any command is one line
@@ -468,7 +484,7 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
               default=Path("compare.html"), show_default=True, help="HTML page to write.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the comparison as JSON to this file ('-' for standard output).")
-@click.option("--fail-if-slower", "fail_pct", type=click.FloatRange(min=0), default=None,
+@click.option("--fail-if-slower", "fail_pct", type=_FINITE_PCT, default=None,
               metavar="PCT", help="Exit 1 when B's step time is more than PCT % slower than "
                                   "A's and beyond the runs' noise.")
 @comm_kernel_option

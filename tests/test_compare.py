@@ -161,6 +161,10 @@ def test_cli_outputs_and_exit_codes(pair, tmp_path):
     assert res.exit_code == 1
     fail = [ln for ln in res.output.splitlines() if ln.startswith("pardiag: FAIL: ")]
     assert len(fail) == 1 and "48.8% slower" in fail[0]
+    # a limit that is no number of percent is a usage error
+    for bad in ("nan", "inf", "-5"):
+        res = run("compare", a, b, "-o", html, "--fail-if-slower", bad, "-q")
+        assert res.exit_code == 2 and "Invalid value for '--fail-if-slower'" in res.output
     # JSON on standard output, nothing else there
     res = subprocess.run([sys.executable, "-m", "pardiag", "compare", str(a), str(b), "-o",
                           str(html), "--json", "-"], capture_output=True, text=True)
