@@ -151,6 +151,14 @@ def test_a_gpu_run_traced_without_its_device_is_warned_of(tmp_path):
                    f"calls) whose trace holds no GPU kernel (profiled without the device's "
                    f"activity?): its computation and communication on the device are not in "
                    f"it, and the communication times are the host's calls, not the transfers"]
+    # init_process_group() without a backend says 'undefined': NCCL's own ranges tell
+    u = TraceBuilder(rank=0, world_size=2, backend="undefined")
+    u.step(1, 0, 1000).cpu("nccl:all_reduce", 600, 40)
+    (tmp_path / "undefined").mkdir()
+    u.write(tmp_path / "undefined" / "rank0.json")
+    got = [w for w in load_traces(tmp_path / "undefined", reducer=REDUCER,
+                                  cache=False).warnings if "a GPU run" in w]
+    assert len(got) == 1 and "a GPU run (1 GPU-backend ops)" in got[0]
     for name, builder in (("cpu", cpu_rank), ("kernels", gpu_rank)):
         (tmp_path / name).mkdir()
         builder(0).write(tmp_path / name / "rank0.json")

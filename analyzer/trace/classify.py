@@ -409,22 +409,33 @@ def kernel_warnings(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = ()) 
     return out
 
 
+_GPU_BACKEND_OP_RE = re.compile(r"^(nccl|rccl|xccl|hccl):")
+
+
 def missing_device_activity(trace: RankTrace) -> str | None:
     """What shows that a rank whose trace holds no GPU kernel ran on a GPU: its backend
-    (``distributedInfo.backend`` nccl, rccl, xccl, ccl, hccl) or its runtime calls
-    (``cuda_runtime``/``cuda_driver`` events: kernels were launched), e.g. ``"backend nccl, 120
-    runtime calls"``; None for a rank with kernels or without such signs (a CPU run). Such a
-    trace was recorded without the device's activity (``ProfilerActivity.CUDA`` left out, or
-    lost): its computation and communication on the device are not in it."""
+    (``distributedInfo.backend`` nccl, rccl, xccl, ccl, hccl), its runtime calls
+    (``cuda_runtime``/``cuda_driver`` events: kernels were launched) or a GPU backend's ranges
+    (``nccl:all_reduce``), e.g. ``"backend nccl, 120 runtime calls"``; None for a rank with
+    kernels or without such signs (a CPU run). Such a trace was recorded without the device's
+    activity (``ProfilerActivity.CUDA`` left out, or lost): its computation and communication
+    on the device are not in it."""
     if trace.has_gpu:
         return None
     info = trace.metadata.get("distributedInfo")
     backend = str(info.get("backend", "")).lower() if isinstance(info, dict) else ""
     signs = [f"backend {backend}"] if backend in (*_BACKEND_KINDS, "rccl") else []
     if trace.events is not None and len(trace.events):
-        n = int(isin_mask(trace.events["cat"], ["cuda_runtime", "cuda_driver"]).sum())
+        ev = trace.events
+        n = int(isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver"]).sum())
         if n:
             signs.append(f"{n} runtime calls")
+        # a GPU backend's own ranges: ProcessGroupNCCL records 'nccl:all_reduce' and the like
+        # (whatever distributedInfo says: 'undefined' when init_process_group named none)
+        gpu_ops = int((name_test(trace, "gpu_backend_op", _GPU_BACKEND_OP_RE.match)
+                       & isin_mask(ev["cat"], ["cpu_op", "user_annotation"])).sum())
+        if gpu_ops:
+            signs.append(f"{gpu_ops} GPU-backend ops")
     return ", ".join(signs) or None
 
 
