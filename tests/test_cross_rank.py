@@ -293,6 +293,31 @@ def test_three_windows_of_a_rank_are_one_rank_and_the_gaps_are_not_its_time(tmp_
     assert any("3 files are 3 profiling windows" in w for w in ts.warnings)
 
 
+def test_windows_that_number_their_steps_again_are_renumbered_after_each_other(tmp_path):
+    """Two profiler sessions of one script (5 s apart) both number their steps 1 and 2: the
+    second window's are read as 3 and 4, so no step spans both windows and the gap."""
+    for r in (0, 1):
+        for w in range(2):
+            t = EPOCH + 5e6 * w
+            b = TraceBuilder(rank=r)
+            for k in (1, 2):
+                s0 = t + 1000 * (k - 1)
+                b.step(k, s0, 1000)
+                b.kernel("gemm_kernel", s0 + 100, 600, launch_ts=s0 + 1)
+                _coll(b, "AllReduce", (0, 1), "0", s0 + 700, 300, s0 + 2)
+            b.write(tmp_path / f"host_{100 + r}.{int(t)}.pt.trace.json")
+    ts = load_traces(tmp_path)
+    bd = compute_time_breakdown(ts)
+    steps = bd.steps[bd.steps["rank"] == 0]
+    assert steps["step"].tolist() == [1, 2, 3, 4]
+    assert steps["span_us"].tolist() == pytest.approx([1000.0, 900.0, 1000.0, 900.0])
+    second = tmp_path / f"host_100.{int(EPOCH + 5e6)}.pt.trace.json"
+    assert (f"{second}: this profiling window numbers its steps 1–2 again (each profiler "
+            f"session counts from its own start): read as steps 3–4, after the earlier "
+            f"window's") in ts.ranks[0].notes
+    assert len(compute_sync(ts).instances) == 4
+
+
 # -- a merged multi-rank file ----------------------------------------------------------------------
 
 def _two_ranks(tmp_path: Path) -> Path:

@@ -34,7 +34,7 @@ import pandas as pd
 from pardiag import layout
 from pardiag.errors import PardiagError, TraceError
 
-from .classify import kernel_warnings
+from .classify import STEP_RE, kernel_warnings
 from .parse import (
     PROCESS_NAMES_KEY,
     events_frame,
@@ -321,12 +321,45 @@ def _join_windows(parts: list[ParsedFile]) -> ParsedFile:
                                                 ev["correlation"]))
         frames.append(ev)
         names.update(p.thread_names or {})
+    renumbered = _renumber_steps(frames, [p.path for p in parts])
     events = pd.concat(frames, ignore_index=True).sort_values("ts", kind="stable").reset_index(
         drop=True)
     first = parts[0]
-    notes = tuple(n for p in parts for n in p.notes)
+    notes = tuple(n for p in parts for n in p.notes) + tuple(renumbered)
     return ParsedFile(first.path, metadata=first.metadata, events=events, thread_names=names,
                    notes=notes, has_steps=any(p.has_steps for p in parts))
+
+
+def _renumber_steps(frames: list[pd.DataFrame], paths: list[Path]) -> list[str]:
+    """Give the profiler steps of later windows numbers after the earlier windows' (in place in
+    ``frames``, one event table per window): every profiler session numbers its steps from its
+    own start, so two sessions of one script both hold ``ProfilerStep#3``, and steps are known
+    by their number across the analyses (one step would span both windows and the gap between
+    them). Windows are taken in time order; one whose numbers do not follow the earlier ones'
+    is shifted to follow them. Returns a note per window renumbered."""
+    def first_ts(ev: pd.DataFrame) -> float:
+        return float(ev["ts"].min()) if len(ev) else math.inf
+
+    notes, top = [], None
+    for i in sorted(range(len(frames)), key=lambda i: first_ts(frames[i])):
+        ev = frames[i]
+        steps = ev["name"].str.extract(STEP_RE, expand=False)
+        has = steps.notna().to_numpy()
+        if not has.any():
+            continue
+        nums = steps[has].astype(np.int64).to_numpy()
+        lo, hi = int(nums.min()), int(nums.max())
+        if top is not None and lo <= top:
+            shift = top + 1 - lo
+            name = ev["name"].to_numpy(dtype=object).copy()
+            name[has] = [f"ProfilerStep#{n}" for n in (nums + shift).tolist()]
+            frames[i] = ev.assign(name=name)
+            notes.append(f"{paths[i]}: this profiling window numbers its steps {lo}–{hi} again "
+                         f"(each profiler session counts from its own start): read as steps "
+                         f"{lo + shift}–{hi + shift}, after the earlier window's")
+            lo, hi = lo + shift, hi + shift
+        top = hi if top is None else max(top, hi)
+    return notes
 
 
 def _world_size_warnings(rank_docs: list[tuple[int, dict]],
