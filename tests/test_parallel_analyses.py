@@ -246,3 +246,24 @@ def test_concurrent_collectives_count_waiting_once(tmp_path):
     assert st.loc[1, "wait_suffered_us"] == 0.0
     # per instance the TensorBoard definition still holds: duration - transfer
     assert sorted(s.per_rank[s.per_rank["rank"] == 0]["wait_us"]) == [30.0, 30.0]
+
+
+def test_bubble_summary_leaves_out_the_warm_up_and_export_steps_without_clean_steps():
+    """A run that ended with its profiler window has no unprofiled step to summarize: its
+    profiled steps are, not the step after the window (the trace's export) nor the
+    profiler's warm-up step."""
+    import pandas as pd
+
+    from pardiag.analyzer.analyses.pipeline import BUBBLE_COLUMNS, summarize_bubbles
+
+    rows = [dict(rank=0, stages="0", step=s, window_us=100.0, busy_us=100.0 - pct,
+                 bubble_us=pct, bubble_pct=pct, warmup_bubble_us=0.0, steady_bubble_us=pct,
+                 cooldown_bubble_us=0.0, ideal_pct=20.0, method="measured", profiled=prof,
+                 clean=False)
+            for s, pct, prof in ((1, 70.0, False), (2, 50.0, True), (3, 52.0, True),
+                                 (4, 54.0, True), (5, 84.0, False))]
+    got = summarize_bubbles(pd.DataFrame(rows, columns=list(BUBBLE_COLUMNS))).iloc[0]
+    assert (got["basis"], got["steps"], got["bubble_pct"]) == ("profiled", 3, 52.0)
+    rows[0]["clean"] = True
+    got = summarize_bubbles(pd.DataFrame(rows, columns=list(BUBBLE_COLUMNS))).iloc[0]
+    assert (got["basis"], got["steps"], got["bubble_pct"]) == ("unprofiled", 1, 70.0)

@@ -94,15 +94,22 @@ def _schedule(traces: TraceSet, chunks: pd.DataFrame,
 
 
 def summarize_bubbles(bubbles: pd.DataFrame) -> pd.DataFrame:
-    """Median bubble per rank over the clean steps when there are any, else over all steps.
+    """Median bubble per rank over the clean steps when there are any; else over the profiled
+    steps (a run that ended with its window: the warm-up steps and the step after the window,
+    which waits for the trace's export, still left out); else over all steps.
 
     Returns:
-        ``rank``, ``stages``, ``steps`` (count used), ``basis`` (``"unprofiled"`` or ``"all"``),
-        ``bubble_pct``, ``ideal_pct``, ``warmup_us``, ``steady_us``, ``cooldown_us``,
-        ``window_us`` (medians).
+        ``rank``, ``stages``, ``steps`` (count used), ``basis`` (``"unprofiled"``,
+        ``"profiled"`` or ``"all"``), ``bubble_pct``, ``ideal_pct``, ``warmup_us``,
+        ``steady_us``, ``cooldown_us``, ``window_us`` (medians).
     """
-    use = bubbles[bubbles["clean"]] if bubbles["clean"].any() else bubbles
-    basis = "unprofiled" if bubbles["clean"].any() else "all"
+    profiled = bubbles["profiled"].astype(bool)
+    if bubbles["clean"].any():
+        use, basis = bubbles[bubbles["clean"]], "unprofiled"
+    elif profiled.any():
+        use, basis = bubbles[profiled], "profiled"
+    else:
+        use, basis = bubbles, "all"
     out = (use.groupby(["rank", "stages"], as_index=False)
            .agg(steps=("step", "nunique"), bubble_pct=("bubble_pct", "median"),
                 ideal_pct=("ideal_pct", "first"), warmup_us=("warmup_bubble_us", "median"),
