@@ -150,6 +150,20 @@ def _ours(path: Path, html: bool) -> bool:
     return isinstance(doc, dict) and "schema_version" in doc
 
 
+def _merged_by_pardiag(path: Path) -> bool:
+    """Whether ``path`` is empty or a trace ``pardiag merge`` wrote (it carries the
+    ``pardiagMerge`` key; gzip-compressed or not)."""
+    import gzip
+
+    try:
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return False
+    return not data.strip() or b'"pardiagMerge"' in data
+
+
 def refuse_foreign_outputs(html: Path, json_out: Path | None) -> None:
     """Refuse to write over a file pardiag did not write: the page ``html`` and the JSON
     ``json_out`` replace only an earlier page or JSON of pardiag's (or an empty file), so a
@@ -578,6 +592,9 @@ def merge(paths: tuple[Path, ...], output: Path, comm_kernel: tuple[str, ...]) -
     if target.parent in folders:
         raise PardiagError(f"{output}: is inside the input folder {target.parent} (a later "
                            f"report would read it as one more rank); choose another path")
+    if output.is_file() and not _merged_by_pardiag(output):
+        raise PardiagError(f"{output}: exists and is not a trace pardiag merge wrote; choose "
+                           f"another path with -o (pardiag replaces only its own outputs)")
     for w in traces.warnings:
         click.echo(f"pardiag: warning: {w}", err=True)
     sync = compute_sync(traces, patterns)

@@ -182,6 +182,15 @@ def test_a_file_pardiag_did_not_write_is_never_replaced(tmp_path):
     assert run("report", SAMPLE, "-o", page, "--json", tmp_path / "empty.json",
                "-q").exit_code == 0
     assert run("report", SAMPLE, "-o", page, "--json", js, "-q").exit_code == 0
+    # merge: the same rule for its trace
+    other = tmp_path / "mine.json.gz"
+    other.write_bytes(b"not a trace")
+    res = run("merge", SAMPLE, "-o", other)
+    assert res.exit_code == 2 and "is not a trace pardiag merge wrote" in res.output
+    assert other.read_bytes() == b"not a trace"
+    merged = tmp_path / "merged.json.gz"
+    assert run("merge", SAMPLE, "-o", merged).exit_code == 0
+    assert run("merge", SAMPLE, "-o", merged).exit_code == 0
 
 
 def test_usage_errors_are_one_line(tmp_path):
