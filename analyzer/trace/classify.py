@@ -356,29 +356,45 @@ def unnamed_comm_kernels(trace: RankTrace, comm_patterns: Iterable[re.Pattern] =
     if ev is None or not len(ev) or not trace.has_gpu:
         return {}
     cat = ev["cat"]
-    ops = ev[name_test(trace, "collective_op", _COLLECTIVE_OP_RE.match)
-             & isin_mask(cat, ["cpu_op", "user_annotation"])]
-    if not len(ops):
+    op_rows = np.flatnonzero(name_test(trace, "collective_op", _COLLECTIVE_OP_RE.match)
+                             & isin_mask(cat, ["cpu_op", "user_annotation"]))
+    if not len(op_rows):
         return {}
-    launch = ev[isin_mask(cat, ["cuda_runtime", "cuda_driver"])
-                & (ev["correlation"] >= 0).to_numpy()
-                & name_test(trace, "launch_call", LAUNCH_CALL_RE.search)]
+    # numpy columns and row positions throughout: a few hundred ops in a large table
+    ts, corr = ev["ts"].to_numpy(dtype=float), ev["correlation"].to_numpy()
+    end = ts + ev["dur"].to_numpy(dtype=float)
+    thread = list(zip(ev["pid"].to_numpy()[op_rows].tolist(),
+                      ev["tid"].to_numpy()[op_rows].tolist()))
+    l_rows = np.flatnonzero(isin_mask(cat, ["cuda_runtime", "cuda_driver"])
+                            & name_test(trace, "launch_call", LAUNCH_CALL_RE.search)
+                            & (corr >= 0))
+    launches: dict[tuple, list[int]] = {}
+    for row, key in zip(l_rows.tolist(), zip(ev["pid"].to_numpy()[l_rows].tolist(),
+                                             ev["tid"].to_numpy()[l_rows].tolist())):
+        launches.setdefault(key, []).append(row)
+    by_thread: dict[tuple, list[int]] = {}
+    for row, key in zip(op_rows.tolist(), thread):
+        by_thread.setdefault(key, []).append(row)
+    span_of: dict[int, tuple] = {}   # launch correlation -> (thread, span) of its collective
+    for key, rows in by_thread.items():
+        mine = np.asarray(launches.get(key, []), dtype=np.int64)
+        if not len(mine):
+            continue
+        spans = iv.union(ts[rows], end[rows] + 1e-9)
+        at = np.searchsorted(spans[:, 0], ts[mine], side="right") - 1
+        inside = (at >= 0) & (ts[mine] <= spans[np.clip(at, 0, None), 1])
+        for span, c in zip(at[inside].tolist(), corr[mine[inside]].tolist()):
+            span_of[c] = (key, span)
+    if not span_of:
+        return {}
+    # only the kernels those launches ran
+    k_rows = np.flatnonzero(np.isin(corr, np.fromiter(span_of, np.int64, len(span_of)))
+                            & (cat == "kernel").to_numpy())
     is_comm = (classify(trace, comm_patterns) == Kind.GPU_COMM.value).to_numpy()
-    k = ((cat == "kernel").to_numpy() & (ev["correlation"] >= 0).to_numpy())
-    kernel = dict(zip(ev["correlation"].to_numpy()[k].tolist(),
-                      zip(ev["name"].to_numpy()[k].tolist(), is_comm[k].tolist())))
     per_span: dict[tuple, list[tuple[str, bool]]] = {}
-    for thread, grp in ops.groupby(["pid", "tid"], sort=False):
-        spans = iv.union(grp["ts"].to_numpy(dtype=float),
-                         (grp["ts"] + grp["dur"]).to_numpy(dtype=float) + 1e-9)
-        mine = launch[(launch["pid"] == thread[0]).to_numpy()
-                      & (launch["tid"] == thread[1]).to_numpy()]
-        t = mine["ts"].to_numpy(dtype=float)
-        at = np.searchsorted(spans[:, 0], t, side="right") - 1
-        inside = (at >= 0) & (t <= spans[np.clip(at, 0, None), 1])
-        for span, c in zip(at[inside].tolist(), mine["correlation"].to_numpy()[inside].tolist()):
-            if c in kernel:
-                per_span.setdefault((thread, span), []).append(kernel[c])
+    for c, name, comm in zip(corr[k_rows].tolist(), ev["name"].to_numpy()[k_rows].tolist(),
+                             is_comm[k_rows].tolist()):
+        per_span.setdefault(span_of[c], []).append((name, comm))
     out: dict[str, int] = {}
     for launched in per_span.values():
         if not any(comm for _, comm in launched):

@@ -45,7 +45,7 @@ from .parse import (
     read_process_names,
 )
 from .ranks import FileFacts, RankFiles, assign_ranks, merged_rank_of_pids
-from .traceset import GPU_CATS, RankTrace, TraceSet, has_step_names, isin_mask
+from .traceset import RankTrace, TraceSet, has_step_names
 
 
 class RankReducer(Protocol):
@@ -543,16 +543,15 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
 def _unnamed_ranks(events: pd.DataFrame) -> str | None:
     """Why one file's events are several ranks' that :func:`_split_merged` cannot tell apart
     (their processes are not named ``rank N``), or None: two or more host processes ran
-    profiler steps (``ProfilerStep#N``) at the same time, which one rank's profiler never
-    records.
+    profiler steps (``ProfilerStep#N`` user annotations) at the same time, which one rank's
+    profiler never records.
     Read as one rank, their kernels' union would be one meaningless timeline."""
     if not len(events):
         return None
-    # the host's step ranges: Kineto also marks each step on the GPU's timeline
-    # (gpu_user_annotation, under the device's pid)
-    steps = events[events["name"].str.startswith("ProfilerStep", na=False).to_numpy()
-                   & (events["cat"] != "gpu_user_annotation").to_numpy()
-                   & ~isin_mask(events["cat"], GPU_CATS)]
+    # the host's step ranges (user annotations; Kineto also marks each step on the GPU's
+    # timeline, gpu_user_annotation under the device's pid, which does not count)
+    marks = events[(events["cat"] == "user_annotation").to_numpy()]
+    steps = marks[marks["name"].str.startswith("ProfilerStep", na=False).to_numpy()]
     pids = pd.unique(steps["pid"])
     if len(pids) < 2:
         return None
