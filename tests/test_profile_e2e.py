@@ -179,15 +179,13 @@ def test_a_rank_sent_sigterm_writes_its_files_and_says_so_on_one_line(tmp_path):
     assert not list((out / "pardiag").glob("*.partial.*"))
 
 
-@pytest.mark.e2e
-def test_ctrl_c_stops_the_job_and_keeps_what_the_ranks_wrote(tmp_path):
-    """Ctrl-C (SIGINT to the foreground process group) once the profiled window has ended: the
-    ranks, sent SIGTERM, write their files; the run file is written; one line says what the
-    run folder keeps; exit code 130."""
+def _ctrl_c_when(out, ready, poll_s: float, settle_s: float = 0.0) -> tuple[int, str]:
+    """Start ``pardiag profile`` of the DDP example into ``out`` in its own session (SIGINT at
+    its default, as in a terminal), wait until ``ready()`` (at most 180 s) and ``settle_s``
+    more, then press Ctrl-C: SIGINT to the whole process group. Returns (exit code, stderr)."""
     import signal
     import time
 
-    out = tmp_path / "o"
     proc = subprocess.Popen(
         [sys.executable, "-m", "pardiag", "profile", str(EXAMPLE), "--nproc-per-node", "2",
          "--out", str(out), "--", "--steps", "1000000"], cwd=REPO, text=True,
@@ -195,16 +193,28 @@ def test_ctrl_c_stops_the_job_and_keeps_what_the_ranks_wrote(tmp_path):
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 180
-        while not all((out / f"rank{r}.trace.json.gz").exists() for r in (0, 1)):
+        while not ready():
             assert proc.poll() is None and time.time() < deadline
-            time.sleep(0.2)
-        time.sleep(1.0)
+            time.sleep(poll_s)
+        time.sleep(settle_s)
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, err[-2000:]
+    return proc.returncode, err
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_the_job_and_keeps_what_the_ranks_wrote(tmp_path):
+    """Ctrl-C (SIGINT to the foreground process group) once the profiled window has ended: the
+    ranks, sent SIGTERM, write their files; the run file is written; one line says what the
+    run folder keeps; exit code 130."""
+    out = tmp_path / "o"
+    code, err = _ctrl_c_when(
+        out, lambda: all((out / f"rank{r}.trace.json.gz").exists() for r in (0, 1)),
+        poll_s=0.2, settle_s=1.0)
+    assert code == 130, err[-2000:]
     assert err.splitlines()[-1] == (f"pardiag: interrupted: the job was stopped; {out} keeps the "
                                     f"traces of rank(s) 0, 1 and their metadata")
     assert "Traceback" not in err
@@ -220,26 +230,10 @@ def test_ctrl_c_while_the_ranks_start_is_one_line(tmp_path):
     """Ctrl-C as soon as the ranks exist (their stacks files are created when they start,
     before the profiler and the hooks): no traceback from any rank, one line, exit code 130,
     no file left but the run file."""
-    import signal
-    import time
-
     out = tmp_path / "o"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pardiag", "profile", str(EXAMPLE), "--nproc-per-node", "2",
-         "--out", str(out), "--", "--steps", "1000000"], cwd=REPO, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        deadline = time.time() + 180
-        while not list((out / "pardiag").glob("rank*.stacks.txt")):
-            assert proc.poll() is None and time.time() < deadline
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, err[-2000:]
+    code, err = _ctrl_c_when(out, lambda: bool(list((out / "pardiag").glob("rank*.stacks.txt"))),
+                             poll_s=0.05)
+    assert code == 130, err[-2000:]
     assert "Traceback" not in err, err[-3000:]
     assert err.splitlines()[-1].startswith(f"pardiag: interrupted: the job was stopped; {out} "
                                            f"keeps ")
