@@ -710,20 +710,12 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
     os.replace(tmp, part)
 
 
-def _interrupted(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, started: float) -> None:
-    """Ctrl-C stopped the job (its ranks, sent SIGTERM, wrote their files): write the run file
-    and raise :class:`~pardiag.errors.Interrupted` saying what the run folder keeps."""
-    ranks.scan()
-    metas = ranks.mine
-    got = _rank_outcomes(metas, cfg)
-    expected = ranks.expected(cfg)
-    missing = [r for r in expected if r not in metas] if expected is not None else []
-    _write_run_file(out, cfg, ranks, ranks.node_rank(cfg), (started, time.time()),
-                    EXIT_INTERRUPTED, EXIT_INTERRUPTED, None, got.failed, missing)
+def _kept(out: Path, metas: dict) -> str:
+    """What a run folder keeps after Ctrl-C stopped its job, in words."""
     traces = sorted(r for r, m in metas.items() if m.trace_file)
     kept = (f"the traces of rank(s) {', '.join(map(str, traces))} and their metadata" if traces
             else "no trace (the profiler's window had not ended)")
-    raise Interrupted(f"the job was stopped; {out} keeps {kept}")
+    return f"the job was stopped; {out} keeps {kept}"
 
 
 def run_profile(cfg: ProfileConfig) -> ProfileResult:
@@ -739,6 +731,8 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
 
     Raises:
         PardiagError: torch is not installed, the script is missing, or ``out`` is not empty.
+        Interrupted: Ctrl-C stopped the job (after its ranks wrote their files and the run
+            file was written); the message says what the run folder keeps.
     """
     if importlib.util.find_spec("torch") is None:
         raise PardiagError("pardiag profile needs torch: pip install 'pardiag[profile]'")
@@ -749,10 +743,11 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     cmd, env = _command_and_env(cfg, out, script, launch_id)
     ranks = _NodeRanks(out, launch_id)
     started = time.time()
+    interrupted = False
     try:
         returncode, hang = _run_torchrun(cmd, env, out, cfg, ranks)
     except KeyboardInterrupt:  # the job is stopped (_wait_or_timeout): its ranks wrote their files
-        _interrupted(out, cfg, ranks, started)
+        returncode, hang, interrupted = EXIT_INTERRUPTED, None, True
     ended = time.time()
     ranks.scan()
     metas = ranks.mine
@@ -765,9 +760,12 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
               file=sys.stderr)
 
     got = _rank_outcomes(metas, cfg)
-    exit_code = _exit_code(got.codes, hang, returncode, missing, len(metas), cfg)
+    exit_code = (EXIT_INTERRUPTED if interrupted
+                 else _exit_code(got.codes, hang, returncode, missing, len(metas), cfg))
     _write_run_file(out, cfg, ranks, node_rank, (started, ended), returncode, exit_code, hang,
                     got.failed, missing)
+    if interrupted:  # the run file says so; the command ends with what the folder keeps
+        raise Interrupted(_kept(out, metas))
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=got.failed,
                          missing_ranks=missing, no_trace=got.no_trace, short_ranks=got.short,
                          hang=hang or [], contention=layout.contention_note(metas.values()))
