@@ -5,7 +5,9 @@ once before and once after, compared key by key.
     .venv/bin/python benchmarks/json_unchanged.py compare BEFORE AFTER
 
 ``write`` reports, without stored summaries (``cache=False``), every folder of
-``sample_traces/`` and of ``../shared/real_traces/`` (where it is), and writes
+``sample_traces/``, of ``../shared/real_traces/`` and of ``../shared/repros/`` (where they are;
+a repro's ``expect.json`` may name ``--comm-kernel`` patterns; an input refused with a
+:class:`~pardiag.errors.PardiagError` is written as ``{"error": message}``), and writes
 ``OUT_DIR/<set>__<name>.json`` (``report_json``; keys sorted) and, beside it,
 ``<set>__<name>.figures.json``: every figure of the HTML page as plotly reads it (each spec
 passed through ``plotly.graph_objects.Figure`` and its typed arrays decoded, so a figure written
@@ -31,7 +33,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SETS = {"sample": REPO / "sample_traces", "real": REPO.parent / "shared" / "real_traces"}
+SETS = {"sample": REPO / "sample_traces", "real": REPO.parent / "shared" / "real_traces",
+        "repro": REPO.parent / "shared" / "repros"}
 #: Keys whose values are times of the report itself, not of the run: none are written today;
 #: listed here so that a future one is named rather than silently compared.
 TIMING_KEYS: frozenset[str] = frozenset()
@@ -99,6 +102,24 @@ def page_text(html: str) -> str:
                   r"\1\2", html, flags=re.S)
 
 
+def _comm_kernels(folder: Path) -> tuple[str, ...]:
+    """The ``--comm-kernel`` pattern a repro's ``expect.json`` names (``with_comm_kernel_regex``),
+    else none."""
+    expect = folder / "expect.json"
+    if not expect.is_file():
+        return ()
+    pattern = json.loads(expect.read_text()).get("with_comm_kernel_regex")
+    return (pattern,) if pattern else ()
+
+
+def page_compared(html: str) -> str:
+    """A page's text as compared: runs of white space as one space, none between tags (a page
+    built from templates lays out its markup differently, not its text)."""
+    import re
+
+    return re.sub(r">\s+<", "><", re.sub(r"\s+", " ", html)).strip()
+
+
 def write(out: Path, from_summaries: bool = False, as_cli: bool = False) -> None:
     import os
     import shutil
@@ -106,6 +127,7 @@ def write(out: Path, from_summaries: bool = False, as_cli: bool = False) -> None
 
     from pardiag.analyzer.report.registry import report_json
     from pardiag.api import analyze
+    from pardiag.errors import PardiagError
     from pardiag.layout import SUMMARY_DIR
 
     out.mkdir(parents=True, exist_ok=True)
@@ -132,7 +154,12 @@ def write(out: Path, from_summaries: bool = False, as_cli: bool = False) -> None
                 if not any(t.summary is not None for t in rep.traces.ranks.values()):
                     raise SystemExit(f"{name}: the second report did not read summaries")
         else:
-            rep = analyze(folder, cache=False)
+            try:
+                rep = analyze(folder, cache=False, comm_kernels=_comm_kernels(folder))
+            except PardiagError as exc:
+                (out / f"{name}.json").write_text(json.dumps({"error": str(exc)}))
+                print(f"wrote {name} (refused)", flush=True)
+                continue
         doc = report_json(rep)
         (out / f"{name}.json").write_text(json.dumps(doc, sort_keys=True, indent=1,
                                                      default=str))
@@ -177,7 +204,8 @@ def compare(before: Path, after: Path) -> int:
             bad += 1
             continue
         if name.endswith(".html"):
-            d = [] if a.read_text() == b.read_text() else ["the page's text differs"]
+            d = ([] if page_compared(a.read_text()) == page_compared(b.read_text())
+                 else ["the page's text differs"])
         else:
             d = diff(json.loads(a.read_text()), json.loads(b.read_text()))
         for line in d[:20]:
