@@ -3,10 +3,11 @@ a module imports only from its own stage or an earlier one, ``tests/test_archite
 
 1. :mod:`.trace` — files → a :class:`~.trace.traceset.TraceSet` (parsing, rank assignment,
    loading, the event vocabulary, interval algebra);
-2. :mod:`.analyses` — a TraceSet → one typed result per analysis (time breakdown, cross-rank
-   matching and clocks, pipeline bubbles, imbalance, memory, layout, ...);
-3. :mod:`.summary` — the per-rank reduction: what every analysis needs from one rank's events,
+2. :mod:`.per_rank` — one rank's events → its typed
+   :class:`~.per_rank.summary.RankSummary`: every per-rank quantity the analyses read,
    computed where the trace is and stored beside it;
+3. :mod:`.analyses` — a TraceSet and its ranks' summaries → one typed result per analysis (time
+   breakdown, cross-rank matching and clocks, pipeline bubbles, imbalance, memory, layout, ...);
 4. :mod:`.predict` — the analyses' results → what-if predictions and ranked recommendations;
 5. :mod:`.report` — the registry of analyses, the :class:`~.report.registry.Report` and its
    JSON, the comparison of two runs;

@@ -39,7 +39,7 @@ from pardiag.cli import collect_less
 collect_less()   # the garbage collector as the pardiag command sets it
 import pardiag.analyzer.trace.load as load
 from pardiag.analyzer.report.registry import build_report
-from pardiag.analyzer.summary import REDUCER
+from pardiag.analyzer.per_rank import REDUCER
 parsed = []
 parse_files = load.parse_files
 def counting(files, *args, **kw):  # every raw trace the report parses goes through here

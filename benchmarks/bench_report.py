@@ -117,7 +117,7 @@ from pardiag.cli import collect_less, keep_pyarrow_out, python_strings
 keep_pyarrow_out(["report"])  # pandas without pyarrow, ...
 collect_less()   # the garbage collector and ...
 from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.summary import REDUCER
+from pardiag.analyzer.per_rank import REDUCER
 from pardiag.analyzer.report.registry import build_report
 with python_strings():  # ... pandas' text storage as the pardiag command sets them
     build_report(load_traces(sys.argv[1], reducer=REDUCER, cache=sys.argv[2] == "cache"))

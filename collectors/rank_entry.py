@@ -434,10 +434,11 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
 
 
 def _write_rank_summary(out: Path, rank: int) -> None:
-    """This rank's summary of its own trace (pardiag.analyzer.summary), so that `pardiag report`
-    needs no central pass over the raw traces. A failure is a warning, not an error."""
+    """This rank's summary of its own trace (pardiag.analyzer.per_rank), so that
+    `pardiag report` needs no central pass over the raw traces. A failure is a warning, not an
+    error."""
     try:
-        from ..analyzer.summary import summarize_file
+        from ..analyzer.per_rank import summarize_file
 
         summarize_file(layout.trace_path(out, rank))
     except Exception as exc:

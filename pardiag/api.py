@@ -298,7 +298,7 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
         TraceError: a path does not exist, no readable trace is found, or the paths hold
             different runs (the message names the file and the problem).
     """
-    from pardiag.analyzer.summary import REDUCER
+    from pardiag.analyzer.per_rank import REDUCER
     from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.trace.classify import compile_comm_patterns
 

@@ -453,8 +453,8 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     """
     import orjson
 
+    from pardiag.analyzer.per_rank import REDUCER
     from pardiag.analyzer.report.registry import AnalysisOptions, build_report
-    from pardiag.analyzer.summary import REDUCER
     from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.trace.classify import compile_comm_patterns
     from pardiag.api import Report
@@ -628,7 +628,7 @@ def summarize(paths: tuple[Path, ...], comm_kernel: tuple[str, ...], shard: str 
     $RANK/$WORLD_SIZE), e.g. `torchrun --nnodes 8 --nproc-per-node 4 -m pardiag summarize DIR`.
     Summaries go to .pardiag-cache/ in the trace folder, or ~/.cache/pardiag when it is read-only.
     """
-    from pardiag.analyzer.summary import summarize_paths
+    from pardiag.analyzer.per_rank import summarize_paths
     from pardiag.analyzer.trace.classify import compile_comm_patterns
     from pardiag.progress import progress_reporter
 

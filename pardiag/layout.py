@@ -64,7 +64,7 @@ DUMP_REQUEST = "dump-request"
 #: The dump request of run folders written before SIDECAR_DIR (at the top of the run folder).
 LEGACY_DUMP_REQUEST = ".pardiag-dump-request"
 #: Folder (inside a trace folder) of per-rank summaries, one per trace file named
-#: ``<trace file name>`` + SUMMARY_SUFFIX (see pardiag.analyzer.summary).
+#: ``<trace file name>`` + SUMMARY_SUFFIX (see pardiag.analyzer.per_rank.store).
 SUMMARY_DIR = ".pardiag-cache"
 SUMMARY_SUFFIX = ".summary.json"
 

@@ -20,7 +20,7 @@ except ModuleNotFoundError:   # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
 #: The analyzer's stages, in order: each imports only from itself and those before it.
-STAGES = ("trace", "analyses", "summary", "predict", "report", "render")
+STAGES = ("trace", "per_rank", "analyses", "predict", "report", "render")
 #: The checkout's package folders and the names they install as.
 ROOTS = {"pardiag": "pardiag", "analyzer": "pardiag.analyzer",
          "collectors": "pardiag.collectors"}

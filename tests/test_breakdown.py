@@ -8,11 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pardiag.analyzer.analyses.breakdown import (
-    breakdown_rows_of,
-    compute_time_breakdown,
-    rank_parts,
-)
+from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
+from pardiag.analyzer.per_rank.breakdown import breakdown_rows_of, compute_rank_parts
 from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.trace.classify import Kind, classify, collective_type, compile_comm_patterns
 from pardiag.errors import PardiagError
@@ -226,7 +223,7 @@ def test_sample_collective_counts_equal_the_records(run):
         rank = doc["rank"]
         got = c[c["rank"] == rank]
         assert dict(zip(got["collective"], got["count"])) == dict(want), (run.name, rank)
-        _, _, trace_rows = breakdown_rows_of(rank_parts(traces.ranks[rank], [], None))
+        _, _, trace_rows = breakdown_rows_of(compute_rank_parts(traces.ranks[rank], [], None))
         assert {r["collective"]: r["count"] for r in trace_rows} == dict(want), (run.name, rank)
 
 
@@ -291,7 +288,7 @@ def test_compute_under_an_async_send_is_compute(tmp_path):
     t = _row(compute_time_breakdown(load_traces(tmp_path)).totals, rank=0)
     assert (t.compute_us, t.comm_us, t.overlap_us) == (60.0, 85.0, 60.0)
     assert (t.compute_only_us, t.exposed_comm_us, t.idle_us) == (0.0, 25.0, 15.0)
-    from pardiag.analyzer.analyses.causes import causes_of_trace
+    from pardiag.analyzer.per_rank.causes import causes_of_trace
 
     c = causes_of_trace(load_traces(tmp_path).ranks[0]).iloc[0]
     # the host's parts: the backward it ran under the send, and as communication the call and
@@ -327,7 +324,7 @@ def test_a_wait_no_op_marks_is_not_compute(tmp_path):
     b.cpu("gloo:all_reduce", 2150, 1440, tid=2, cat="user_annotation")
     b.write(tmp_path / "a.json")
     ts = load_traces(tmp_path)
-    from pardiag.analyzer.analyses.breakdown import unmarked_waits
+    from pardiag.analyzer.per_rank.breakdown import unmarked_waits
 
     t = ts.ranks[0]
     assert unmarked_waits(t).tolist() == [[150.0, 1700.0]]

@@ -9,9 +9,9 @@ import stat
 
 import pytest
 
-from pardiag.analyzer import summary as sm
+from pardiag.analyzer.per_rank import REDUCER
+from pardiag.analyzer.per_rank import store as sm
 from pardiag.analyzer.report.registry import build_report
-from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.trace import load_traces
 
 from .synth import gpu_rank

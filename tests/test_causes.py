@@ -11,14 +11,12 @@ import pandas as pd
 import pytest
 
 from pardiag.analyzer.analyses.causes import (
-    DEVICE_PARTS,
-    HOST_PARTS,
     CausesResult,
-    causes_of_trace,
     compute_causes,
     excess_table,
     straggler_cause,
 )
+from pardiag.analyzer.per_rank.causes import DEVICE_PARTS, HOST_PARTS, causes_of_trace
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.trace import load_traces
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import pardiag
-from pardiag.analyzer.analyses.operators import operators_of_events
+from pardiag.analyzer.per_rank.operators import operators_of_events
 from pardiag.analyzer.report.compare import compare_summaries, gate
 from pardiag.cli import cli
 

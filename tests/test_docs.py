@@ -22,6 +22,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from pardiag.analyzer.per_rank import REDUCER
 from pardiag.analyzer.report import (
     REPORT_SCHEMA_VERSION,
     AnalysisOptions,
@@ -29,7 +30,6 @@ from pardiag.analyzer.report import (
     report_json,
 )
 from pardiag.analyzer.report.compare import COMPARE_SCHEMA_VERSION
-from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.trace import load_traces
 
 from .paths import REPO, SAMPLES

@@ -17,7 +17,7 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pardiag.analyzer.summary import REDUCER
+from pardiag.analyzer.per_rank import REDUCER
 from pardiag.analyzer.trace import EVENT_COLUMNS, load_traces, read_trace_bytes
 from pardiag.errors import TraceError
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pardiag.analyzer.analyses.infer_layout import INFERRED_SOURCE, infer_layout
+from pardiag.analyzer.per_rank import REDUCER
 from pardiag.analyzer.report.registry import build_report, report_json
-from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.trace import load_traces
 
 from .synth import TraceBuilder

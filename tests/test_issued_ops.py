@@ -7,7 +7,7 @@ import pandas as pd
 
 from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
 from pardiag.analyzer.analyses.comm_events import comm_events
-from pardiag.analyzer.analyses.issued_ops import gpu_issued_ops
+from pardiag.analyzer.per_rank.issued_ops import gpu_issued_ops
 from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.trace.classify import Kind, classify
 
@@ -119,7 +119,7 @@ def test_kernels_that_communication_ops_launched_under_unknown_names_are_warned_
     b.kernel("void gemm_kernel<float>(float*)", 800, 100, launch_ts=790)
     b.write(tmp_path / "rank0.json")
     path = tmp_path / "rank0.json"
-    from pardiag.analyzer.summary import REDUCER
+    from pardiag.analyzer.per_rank import REDUCER
 
     for cache in (False, True, True):   # parsed, then stored and read back
         ts = load_traces(tmp_path, reducer=REDUCER, cache=cache)
@@ -135,7 +135,7 @@ def test_a_gpu_run_traced_without_its_device_is_warned_of(tmp_path):
     """A rank of an NCCL run whose trace holds only host events (profiled without
     ProfilerActivity.CUDA): its communication times are the host's NCCL calls, so the loader
     says so. A gloo CPU run and a trace with kernels are no such case."""
-    from pardiag.analyzer.summary import REDUCER
+    from pardiag.analyzer.per_rank import REDUCER
 
     from .synth import cpu_rank, gpu_rank
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from pardiag import layout
+from pardiag.analyzer.per_rank import REDUCER
 from pardiag.analyzer.report.registry import build_report, report_json
-from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.trace import load_traces
 
 from .paths import REPO

@@ -12,11 +12,16 @@ import pandas as pd
 import pytest
 
 from benchmarks.synth_run import write_run
-from pardiag.analyzer import summary as sm
+from pardiag.analyzer.per_rank import REDUCER
+from pardiag.analyzer.per_rank import store as sm
 from pardiag.analyzer.report.registry import build_report, report_json
-from pardiag.analyzer.summary import REDUCER
 from pardiag.analyzer.trace import load_traces
-from pardiag.analyzer.trace.traceset import ColumnTable, stack_by_rank, table_from_columns
+from pardiag.analyzer.trace.traceset import (
+    ColumnTable,
+    frame_json,
+    stack_by_rank,
+    table_from_columns,
+)
 
 from .paths import REPO
 
@@ -107,7 +112,7 @@ def test_summary_tables_are_built_when_first_read(tmp_path):
 
 
 def _column_table(df):
-    doc = orjson.loads(orjson.dumps(sm._frame_json(df), option=orjson.OPT_SERIALIZE_NUMPY))
+    doc = orjson.loads(orjson.dumps(frame_json(df), option=orjson.OPT_SERIALIZE_NUMPY))
     return ColumnTable(doc["columns"], doc["dtypes"], doc["data"])
 
 
@@ -145,7 +150,7 @@ def test_tables_without_rows_are_shared_but_never_changed_through_another(tmp_pa
     run = write_run(tmp_path / "run", ranks=2, mb=0.02, layers=8)
     data = sm.to_json(sm.summarize_trace(load_traces(run).ranks[1]))
     a, b = sm.from_json(data), sm.from_json(data)
-    d = orjson.loads(data)["a2a"]
+    d = orjson.loads(data)["quantities"]["a2a"]
     fresh = table_from_columns(d["columns"], d["dtypes"], d["data"])
     assert len(a.a2a) == 0 and a.a2a is not b.a2a
     assert list(a.a2a.columns) == list(fresh.columns) and a.a2a.dtypes.equals(fresh.dtypes)
@@ -355,26 +360,51 @@ def _is_module(name: str) -> bool:
 
 
 def test_code_fingerprint_covers_every_module_the_summary_runs():
-    seen, todo = set(), ["pardiag.analyzer.summary"]
-    while todo:   # what summary.py imports, and what those import, inside the analyzer
+    """Every analyzer module that the store runs (what it imports, and what those import) is in
+    the trace or per-rank stage, whose every file the fingerprint hashes: a summary's code cannot
+    change without its fingerprint changing."""
+    seen, todo = set(), ["pardiag.analyzer.per_rank.store"]
+    while todo:
         m = todo.pop()
         if m in seen:
             continue
         seen.add(m)
         todo.extend(x for x in _analyzer_imports(m) if not x.endswith(".__init__"))
-    packages = {m for m in seen if Path(__import__("importlib").util.find_spec(m).origin).name
-                == "__init__.py"}
-    assert seen - packages == set(sm._CODE_MODULES)
+    stages = {m.split(".")[2] for m in seen if m.count(".") >= 2}
+    assert stages == {"trace", "per_rank"}, seen
+    hashed = {p.stem for pkg in sm._CODE_PACKAGES
+              for p in (Path(sm.__file__).resolve().parent.parent / pkg).glob("*.py")}
+    assert {m.rsplit(".", 1)[1] for m in seen if m.count(".") == 3} <= hashed
+
+
+def test_code_fingerprint_changes_with_any_module_of_the_two_stages(monkeypatch):
+    """A change to any file of ``trace/`` or ``per_rank/`` (here: one byte read differently)
+    changes the fingerprint; a file elsewhere does not enter it."""
+    sm.code_fingerprint.cache_clear()
+    base = sm.code_fingerprint()
+    real = Path.read_bytes
+    for changed, differs in (("memory.py", True), ("intervals.py", True), ("sync.py", False)):
+        def read(self, _name=changed):
+            return real(self) + (b"#" if self.name == _name else b"")
+        monkeypatch.setattr(Path, "read_bytes", read)
+        sm.code_fingerprint.cache_clear()
+        assert (sm.code_fingerprint() != base) is differs, changed
+        monkeypatch.undo()
+    sm.code_fingerprint.cache_clear()
+    assert sm.code_fingerprint() == base
 
 
 def test_code_fingerprint_refuses_an_unreadable_module(monkeypatch):
-    import importlib
+    real = Path.read_bytes
 
-    mod = importlib.import_module("pardiag.analyzer.trace.parse")
+    def read(self):
+        if self.name == "parse.py":
+            raise OSError(13, "Permission denied")
+        return real(self)
     sm.code_fingerprint.cache_clear()
-    monkeypatch.setattr(mod, "__file__", "/nonexistent/parse.py")
+    monkeypatch.setattr(Path, "read_bytes", read)
     try:
-        with pytest.raises(RuntimeError, match="/nonexistent/parse.py: cannot read the source"):
+        with pytest.raises(RuntimeError, match="parse.py: cannot read the source"):
             sm.code_fingerprint()
     finally:
         monkeypatch.undo()

@@ -1,13 +1,15 @@
-"""Stage 2, analyses: a loaded run in, one typed result per analysis out.
+"""Stage 3, analyses: a loaded run in, one typed result per analysis out.
 
-Enters: a :class:`~pardiag.analyzer.trace.traceset.TraceSet` (and, for analyses that build on
-others, the earlier results the registry hands them, :mod:`pardiag.analyzer.report.registry`).
+Enters: a :class:`~pardiag.analyzer.trace.traceset.TraceSet` whose ranks' quantities are read
+through :func:`pardiag.analyzer.per_rank.summary.summary_of` (never from their raw events),
+and, for analyses that build on others, the earlier results the registry hands them
+(:mod:`pardiag.analyzer.report.registry`).
 Leaves: frozen dataclasses of pandas tables with documented columns and units (µs, bytes,
 GB/s, %), one module per analysis:
 
-* per rank: :mod:`.breakdown` (overlap, exposed communication, idle), :mod:`.causes` (why a
-  rank is slow or idle), :mod:`.operators` (time per operator name), :mod:`.comm_events` (the
-  rank's collectives and point-to-point ops);
+* the ranks' summaries stacked: :mod:`.breakdown` (overlap, exposed communication, idle),
+  :mod:`.causes` (why a rank is slow or idle), :mod:`.operators` (time per operator name),
+  :mod:`.comm_events` (every rank's collectives and point-to-point ops);
 * across ranks: :mod:`.sync` (matching, clock offsets, stragglers, bandwidth),
   :mod:`.pipeline` (bubbles), :mod:`.imbalance`, :mod:`.memory`, :mod:`.layout` and
   :mod:`.infer_layout` (the parallel layout, recorded or inferred), :mod:`.dim_overlap`

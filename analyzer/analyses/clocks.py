@@ -1,7 +1,7 @@
 """How the ranks' clocks relate: an offset and a drift per clock, fitted to the ends of
 release-together collectives.
 
-Every member of a release-together op (:mod:`pardiag.analyzer.analyses.op_semantics`) leaves it
+Every member of a release-together op (:mod:`pardiag.analyzer.per_rank.op_semantics`) leaves it
 when the last contribution has arrived, so on one true clock their ends agree to a few µs
 (TensorBoard profiler plugin: align ranks on collective ends). A rank's recorded clock is
 ``true + offset + drift · t``: one offset from the time its profiler converted the GPU's clock
@@ -26,7 +26,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from .op_semantics import TOGETHER, semantics
+from ..per_rank.op_semantics import TOGETHER, semantics
 
 #: At most this many points per clock enter the Theil–Sen fit (its cost is quadratic); evenly
 #: spaced in time.

@@ -11,131 +11,19 @@ summary (:func:`events_from_trace` runs where the trace is parsed).
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from ..trace import intervals as iv
-from ..trace.classify import (
-    Kind,
-    cached,
-    classify,
-    collective_type,
-    comm_threads,
-    name_test,
-    on_threads,
-    pattern_key,
-    profiler_steps,
+from ..per_rank.comm_events import (
+    AMBIGUOUS_GROUP,
+    EVENT_COLUMNS,
+    SCALAR_BYTES,
+    group_key,
+    rank_list,
+    step_of,
 )
-from ..trace.comm_records import DTYPE_BYTES, numel
-from ..trace.traceset import RankTrace, TraceSet, isin_mask, stack_by_rank
-from .breakdown import cpu_comm_types
-from .issued_ops import gpu_issued_ops
-from .op_semantics import P2P_OPS, ROOTED, semantics
-
-#: Columns of :func:`comm_events` (µs on each rank's own clock; bytes of the full buffer).
-#: ``pg`` is the group's name as the rank knows it (names are per-rank creation order and can name
-#: different groups on different ranks); ``group`` is its identity, the sorted global ranks joined
-#: by commas (``"0,2"``), or ``""`` when the trace does not say; ``native_seq`` is True where
-#: ``seq`` is the group's own sequence number (pardiag's records, a trace's ``Seq``) rather than
-#: the position in the trace; ``peer`` is the global rank at the other end of a send/recv (None
-#: when unknown); ``window`` is the profiling window (file) of the rank the event comes from, in
-#: time order (0 for a rank with one window); ``root`` is the global rank of a rooted op's root
-#: where the record names it (None otherwise); ``functional`` is True for an op issued through a
-#: functional collective (``_c10d_functional::*``: tensor parallelism, DTensor). One row per op
-#: the program issued (an op's several kernels are one row, from the first kernel's start to the
-#: last one's end).
-EVENT_COLUMNS = ("rank", "pg", "group", "seq", "native_seq", "op", "peer", "root", "start_us",
-                 "end_us", "bytes", "group_size", "step", "source", "window", "functional")
-
-
-#: Larger group sizes in a trace's args are not believed (no group's ranks are built from them).
-MAX_GROUP_SIZE = 1 << 20
-
-
-def _step_of(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
-    """Profiler step whose CPU window holds each time; -1 outside every step."""
-    out = np.full(len(times), -1, dtype=np.int64)
-    if steps.empty or len(times) == 0:
-        return out
-    starts = steps["start_us"].to_numpy()
-    ends = steps["end_us"].to_numpy()
-    idx = np.searchsorted(starts, times, side="right") - 1
-    ok = (idx >= 0) & (times < ends[np.clip(idx, 0, None)])
-    out[ok] = steps["step"].to_numpy()[idx[ok]]
-    return out
-
-
-def group_key(ranks, desc: object = "") -> str:
-    """Identity of a process group: its sorted global ranks joined by commas (``"0,2"``), and
-    its description where the trace gives one (``"0,2|mesh_dp"``: two groups of the same ranks,
-    such as a mesh's dp and tp groups on 2 ranks, stay apart; every member describes a group
-    alike, while its name is the member's own creation-order number)."""
-    key = ",".join(str(r) for r in sorted({int(r) for r in ranks}))
-    desc = str(desc or "").strip().strip('"')
-    return f"{key}|{desc}" if desc else key
-
-
-def _int_arg(v) -> int | None:
-    """An integer from a trace arg (Kineto writes many as strings: ``"3"``); None otherwise."""
-    if isinstance(v, bool) or v is None:
-        return None
-    out = None
-    if isinstance(v, int):
-        out = v
-    elif isinstance(v, float):
-        out = int(v) if np.isfinite(v) and v == int(v) else None
-    elif isinstance(v, str):
-        try:
-            out = int(v.strip().strip('"'))
-        except ValueError:
-            return None
-    # beyond 2^53 it is no count, rank or sequence number (and would not fit the tables)
-    return out if out is not None and abs(out) < 2 ** 53 else None
-
-
-def _rank_list(v) -> list[int] | None:
-    """Global ranks from ``Process Group Ranks`` / ``pg_config`` (a list, or text such as
-    ``"[0, 1]"``); None when unreadable or truncated (``"[0, 1, ...]"``)."""
-    if isinstance(v, str):
-        text = v.strip().strip('"').strip()
-        if not (text.startswith("[") and text.endswith("]")) or "..." in text:
-            return None
-        items = [t for t in text[1:-1].replace(" ", "").split(",") if t]
-        v = items
-    if not isinstance(v, (list, tuple)):
-        return None
-    out = [_int_arg(x) for x in v]
-    return out if out and all(x is not None and x >= 0 for x in out) else None
-
-
-def _group_ranks(args: dict, pg_ranks_by_name: dict[str, list[int]]) -> list[int] | None:
-    """The global ranks of a communication op's group: ``Process Group Ranks``, else
-    ``Global rank start``/``stride`` with ``Group size``, else ``distributedInfo.pg_config`` for
-    its group name (the rank's own names)."""
-    ranks = _rank_list(args.get("Process Group Ranks"))
-    if ranks:
-        return ranks
-    start, stride = (_int_arg(args.get("Global rank start")),
-                     _int_arg(args.get("Global rank stride")))
-    size = _int_arg(args.get("Group size"))
-    if start is not None and stride and size and start >= 0 and stride > 0 \
-            and size <= MAX_GROUP_SIZE:
-        return [start + stride * i for i in range(size)]
-    name = args.get("Process Group Name")
-    return pg_ranks_by_name.get(str(name)) if name is not None else None
-
-
-def _pg_config(trace: RankTrace) -> tuple[dict[str, list[int]], int | None, int | None]:
-    """(``{pg name: global ranks}`` from ``distributedInfo.pg_config``, world size, pg count)."""
-    info = trace.metadata.get("distributedInfo")
-    info = info if isinstance(info, dict) else {}
-    by_name = {}
-    for g in trace.pg_config:  # the well-formed entries, as the layout reads them
-        ranks = _rank_list(g.get("ranks"))
-        if ranks:
-            by_name[str(g.get("pg_name"))] = ranks
-    world = _int_arg(info.get("world_size"))
-    return by_name, world, _int_arg(info.get("pg_count"))
+from ..per_rank.op_semantics import P2P_OPS
+from ..per_rank.summary import summary_of
+from ..trace.traceset import TraceSet, stack_by_rank
 
 
 def _from_records(rank: int, doc: dict, steps: pd.DataFrame) -> pd.DataFrame:
@@ -152,7 +40,7 @@ def _from_records(rank: int, doc: dict, steps: pd.DataFrame) -> pd.DataFrame:
         if on_device and r.get("matched") not in ("kernel", "gloo"):
             continue
         g = groups.get(r["pg_name"], {})
-        members = _rank_list(r.get("pg_ranks") or g.get("ranks") or []) or []
+        members = rank_list(r.get("pg_ranks") or g.get("ranks") or []) or []
         desc = g.get("desc") or r.get("pg_desc")
         rows.append({"rank": rank, "pg": str(r["pg_name"]),
                      "group": group_key(members, desc) if members else "", "seq": int(r["seq"]),
@@ -163,216 +51,10 @@ def _from_records(rank: int, doc: dict, steps: pd.DataFrame) -> pd.DataFrame:
                      "issue_us": float(r["issue_us"]), "source": "records"})
     df = pd.DataFrame(rows, columns=[c for c in EVENT_COLUMNS
                                      if c not in ("step", "window", "functional")] + ["issue_us"])
-    df["step"] = _step_of(df["issue_us"].to_numpy(dtype=float), steps)
+    df["step"] = step_of(df["issue_us"].to_numpy(dtype=float), steps)
     df["window"] = 0
     df["functional"] = False  # the records do not say
     return df.drop(columns="issue_us")[list(EVENT_COLUMNS)]
-
-
-def _args_bytes(args) -> int | None:
-    if not isinstance(args, dict):
-        return None
-    dtype = args.get("dtype")
-    n_in, n_out = _int_arg(args.get("In msg nelems")), _int_arg(args.get("Out msg nelems"))
-    if n_in is not None or n_out is not None:
-        n = max(n_in or 0, n_out or 0) * DTYPE_BYTES.get(str(dtype).strip('"'), 4)
-        return n if n < 2 ** 53 else None
-    dims, types = args.get("Input Dims"), args.get("Input type")
-    if isinstance(dims, list) and dims and isinstance(types, list) and types:
-        try:
-            n = numel(dims[:1]) * DTYPE_BYTES.get(str(types[0]), 4)
-        except (TypeError, ValueError):
-            return None
-        return n if n < 2 ** 53 else None
-    return None
-
-
-def _p2p_peer(op: str, args: dict, ranks: list[int] | None) -> int | None:
-    """Global rank at the other end of a send/recv: ``Dst Rank`` / ``Src Rank`` (global), else
-    ``Rank`` (Kineto's record of a send/recv holds the peer's rank *in the group* there)."""
-    peer = _int_arg(args.get("Dst Rank" if op == "send" else "Src Rank"))
-    if peer is not None:
-        return peer
-    local = _int_arg(args.get("Rank"))
-    if local is not None and ranks and 0 <= local < len(ranks):
-        return ranks[local]
-    return None
-
-
-def _gloo_p2p_peers(ev: pd.DataFrame, p2p: pd.DataFrame, world_group: bool) -> list:
-    """Peers of gloo's point-to-point events (``gloo:send``/``gloo:recv`` on the calling thread):
-    the i-th ``c10d::send`` (``c10d::recv_``) of the thread names the i-th transfer's peer in its
-    ``Concrete Inputs[2]`` (a rank in the group; global only when every group is the world,
-    ``world_group``). None where that does not hold."""
-    out: list = [None] * len(p2p)
-    if not world_group or p2p.empty:
-        return out
-    for op, c10d in (("send", "c10d::send"), ("recv", "c10d::recv_")):
-        calls = ev[ev["name"] == c10d]
-        rows = np.flatnonzero((p2p["name"] == f"gloo:{op}").to_numpy())
-        for (pid, tid), pos in p2p.iloc[rows].groupby(["pid", "tid"]).indices.items():
-            idx = rows[pos]  # positions in p2p, where ``out`` holds them
-            mine = calls[(calls["pid"] == pid) & (calls["tid"] == tid)]
-            if len(mine) != len(idx):
-                continue  # cannot tell which call is which transfer
-            for i, a in zip(idx, mine["args"].tolist()):
-                ci = a.get("Concrete Inputs") if isinstance(a, dict) else None
-                out[i] = _int_arg(ci[2]) if isinstance(ci, list) and len(ci) > 2 else None
-    return out
-
-
-def events_from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -> pd.DataFrame:
-    """The rank's communication events read from its trace (no pardiag records): GPU
-    communication kernels (group, sequence number, peer and sizes from their args or from the
-    launching ``record_param_comms`` op) and gloo's events (the worker threads' collectives; the
-    calling thread's send/recv), in :data:`EVENT_COLUMNS`."""
-    pg_ranks, world, pg_count = _pg_config(trace)
-    frames = [df for df in (_gpu_comm_events(trace, kinds, steps, pg_ranks, world),
-                            _gloo_events(trace, kinds, steps, pg_ranks, world, pg_count))
-              if df is not None]
-    if not frames:
-        return pd.DataFrame(columns=list(EVENT_COLUMNS))
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    # in the order the program issued them: ops whose kernels were lost keep their place
-    df = df.sort_values("issue_us", kind="stable").reset_index(drop=True)
-    df["window"] = iv.window_of(df["issue_us"].to_numpy(dtype=float), trace.windows)
-    order = df.groupby(["group", "pg", "window"]).cumcount() + 1
-    df["seq"] = np.where(df["native_seq"].astype(bool), df["seq"], order)
-    df = df[~df["missing"].astype(bool)]
-    df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
-    return df[list(EVENT_COLUMNS)]
-
-
-def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
-                     pg_ranks: dict[str, list[int]], world: int | None) -> pd.DataFrame | None:
-    """The rank's GPU communication as events, one per *issued op*
-    (:func:`pardiag.analyzer.analyses.issued_ops.gpu_issued_ops`: an all_to_all's ``SendRecv``
-    per peer is one op from its first kernel's start to its last kernel's end; each member of a
-    coalesced block is one; the type comes from the launching host op before the kernel's name);
-    group, sequence number, peer and bytes from the op's record and kernel args.
-
-    Ops whose kernels the trace lost (CUPTI drops records at a session's start) keep their place
-    in their group's order: rows with NaN times (``missing``), so the positions of the ops that
-    follow still say which collective of the group they are.
-
-    ``kinds``: :func:`pardiag.analyzer.trace.classify.classify` of the events; ``steps``: the
-    profiler steps; ``pg_ranks``/``world``: :func:`_pg_config`.
-
-    Returns:
-        :data:`EVENT_COLUMNS` but ``window``, plus ``issue_us`` (the launch, µs) and ``missing``
-        (bool); ``seq`` -1 where the trace gives none; None without kernels.
-    """
-    ev = trace.events
-    # communication kernels; copies a --comm-kernel pattern names (Memcpy PtoP) have no
-    # rendezvous across ranks, so they are not matched
-    gpu = ev[(kinds == Kind.GPU_COMM.value).to_numpy()
-             & ~isin_mask(ev["cat"], ["gpu_memcpy", "gpu_memset"])]
-    if not len(gpu):
-        return None
-    ops = gpu_issued_ops(trace, gpu).ops
-    rows = []
-    for op, a, issue, start, end, missing, functional in zip(
-            ops["op"].tolist(), ops["args"].tolist(), ops["issue_us"].tolist(),
-            ops["start_us"].tolist(), ops["end_us"].tolist(), ops["missing"].tolist(),
-            ops["functional"].tolist()):
-        row = _op_row(trace.rank, op, a, pg_ranks, world)
-        row.update(start_us=start, end_us=end, issue_us=issue, missing=bool(missing),
-                   functional=bool(functional))
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    df["step"] = _step_of(df["issue_us"].to_numpy(dtype=float), steps)
-    return df
-
-
-def _op_row(rank: int, op: str, args: dict, pg_ranks: dict[str, list[int]],
-            world: int | None) -> dict:
-    """Group, sequence number, peer and bytes of an op from its record's ``args``."""
-    members = _group_ranks(args, pg_ranks)
-    size = _int_arg(args.get("Group size"))
-    seq = _int_arg(args.get("Seq"))
-    return {"rank": rank, "pg": str(args.get("Process Group Name", "?")),
-            "group": group_key(members, args.get("Process Group Description"))
-            if members else "",
-            "seq": seq if seq is not None else -1,
-            "native_seq": seq is not None and op not in P2P_OPS,
-            "op": op, "peer": _p2p_peer(op, args, members) if op in P2P_OPS else None,
-            "bytes": _args_bytes(args), "root": _root(op, args, members),
-            "group_size": size if size else (len(members) if members else world),
-            "source": "trace"}
-
-
-def _root(op: str, args: dict, members: list[int] | None) -> int | None:
-    """Global rank of a rooted op's root: the record's ``Rank`` (c10d records the root there for
-    broadcast, reduce, scatter and gather) read as a rank in the group; None otherwise."""
-    if semantics(op) != ROOTED:
-        return None
-    local = _int_arg(args.get("Rank"))
-    if local is None:
-        return None
-    if members and 0 <= local < len(members):
-        return members[local]
-    return local
-
-
-def _gloo_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
-                 pg_ranks: dict[str, list[int]], world: int | None, pg_count: int | None
-                 ) -> pd.DataFrame | None:
-    """The rank's gloo events: the collectives on its communication worker threads, and the
-    send/recv on the calling thread, each named by the op the program issued (gloo's all_reduce
-    of a reduce_scatter is one), in the group that op's record names.
-
-    ``kinds``, ``steps``: as for :func:`_gpu_comm_events`; ``pg_ranks``/``world``/``pg_count``:
-    :func:`_pg_config`.
-
-    Returns:
-        :data:`EVENT_COLUMNS` but ``window`` (``step`` last; µs on the rank's clock, ``seq`` -1
-        where the record gives none); None without gloo events.
-    """
-    ev = trace.events
-    threads = comm_threads(trace)
-    gloo = ev[name_test(trace, "gloo", lambda n: n.startswith("gloo:"))]
-    if not len(gloo):
-        return None
-    on_worker = on_threads(gloo, threads)
-    cct = cpu_comm_types(trace, kinds)
-    issued = cct["type"].reindex(gloo.index)
-    recs = cct["issuer_record"].reindex(gloo.index).tolist()
-    ops = [t if isinstance(t, str) else collective_type(n)
-           for t, n in zip(issued.tolist(), gloo["name"].tolist())]
-    is_p2p = np.array([o in ("send", "recv") for o in ops], dtype=bool)
-    keep = on_worker | is_p2p  # collectives on the worker threads; send/recv on the caller's
-    gl = gloo[keep]
-    # pg_config lists the groups that hold the rank; one of them carries its point-to-point
-    # ops, and never one of a single rank (torchtitan lists one per unused mesh dimension)
-    multi = [r for r in pg_ranks.values() if len(r) > 1]
-    world_group = bool(pg_count == 1 or (multi and world and all(len(r) == world for r in multi)))
-    peers: list = [None] * len(gl)
-    p2p_rows = np.flatnonzero(is_p2p[keep])
-    if len(p2p_rows):
-        for i, peer in zip(p2p_rows, _gloo_p2p_peers(ev, gl.iloc[p2p_rows], world_group)):
-            peers[i] = peer
-    recs = [r if isinstance(r, dict) else {} for r, k in zip(recs, keep) if k]
-    members = [_group_ranks(r, pg_ranks) if r else None for r in recs]
-    seqs = [_int_arg(r.get("Seq")) for r in recs]
-    kept_ops = [o for o, k in zip(ops, keep) if k]
-    df = pd.DataFrame({
-        "rank": trace.rank, "pg": [str(r.get("Process Group Name", "?")) for r in recs],
-        "group": [group_key(m, r.get("Process Group Description")) if m else ""
-                  for m, r in zip(members, recs)],
-        "seq": [q if q is not None else -1 for q in seqs],
-        "native_seq": [q is not None and o not in P2P_OPS for q, o in zip(seqs, kept_ops)],
-        "op": kept_ops, "peer": pd.Series(peers, dtype=object),
-        "start_us": gl["ts"].to_numpy(dtype=float),
-        "end_us": (gl["ts"] + gl["dur"]).to_numpy(dtype=float),
-        "bytes": [_args_bytes(a) for a in gl["args"]],
-        "group_size": [len(m) if m else world for m in members],
-        "root": [_root(o, r, m) for o, r, m in zip(kept_ops, recs, members)],
-        "source": "trace",
-        "functional": cct["functional"].reindex(gl.index).fillna(False).astype(bool).to_numpy()})
-    df["step"] = _step_of(df["start_us"].to_numpy(dtype=float), steps)
-    df["issue_us"] = df["start_us"]
-    df["missing"] = False
-    return df
 
 
 def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
@@ -385,27 +67,12 @@ def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
     comm_patterns = list(comm_patterns)
     for rank, trace in traces.ranks.items():
         doc = traces.sidecars.get("comms", {}).get(rank)
-        s = trace.summary
-        if s is not None and s.matches(comm_patterns):   # a summary's events carry no rank
-            frames.append((rank, _from_records(rank, doc, s.steps) if doc else s.stored("comm")))
-            continue
-        kinds = classify(trace, comm_patterns)
-        steps = profiler_steps(trace, kinds)
-        frames.append((rank, _from_records(rank, doc, steps) if doc else cached(
-            trace, ("comm_events", pattern_key(comm_patterns)),
-            lambda t=trace, k=kinds, st=steps: events_from_trace(t, k, st))))
+        s = summary_of(trace, comm_patterns)   # a summary's events carry no rank
+        frames.append((rank, _from_records(rank, doc, s.steps) if doc else s.stored("comm")))
     out = stack_by_rank(frames)
     if out is None:
         return pd.DataFrame(columns=list(EVENT_COLUMNS))
     return groups_from_mesh(out[list(EVENT_COLUMNS)], traces)
-
-
-#: ``group`` of an op whose group the trace does not give on a mesh of two or more dimensions, and
-#: that what issued it does not place in one (:func:`groups_from_mesh`): never matched.
-AMBIGUOUS_GROUP = "?"
-#: A functional all-reduce of at most this many bytes reduces scalars (the loss, token counts,
-#: per-parameter gradient norms: 4 bytes each, up to 1,024 parameter tensors), not activations.
-SCALAR_BYTES = 4096
 
 
 def _mesh_groups(traces: TraceSet) -> dict[str, dict[int, list[int]]]:

@@ -50,10 +50,10 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from ..per_rank.summary import summary_of
 from ..trace import intervals as iv
 from ..trace.traceset import TraceSet
-from .breakdown import TimeBreakdown, rank_parts
-from .causes import rank_data_loading, rank_launch_edges
+from .breakdown import TimeBreakdown
 from .dim_overlap import dims_of_groups
 from .layout import LayoutResult
 from .sync import SyncResult
@@ -318,11 +318,12 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
     offsets = dict(zip(sync.offsets["rank"].astype(int), sync.offsets["offset_us"].astype(float)))
     parts = {}
     for r in sorted(int(x) for x in traces.ranks):
-        p = rank_parts(traces.ranks[r], list(comm_patterns), None)
+        s = summary_of(traces.ranks[r], list(comm_patterns))
+        p = s.parts
         off = offsets.get(r, 0.0)
         k = p.k - off if len(p.k) else p.k.reshape(-1, 2)
         exposed = iv.subtract(p.c, p.k) - off if len(p.c) else p.c.reshape(-1, 2)
-        d = rank_data_loading(traces.ranks[r])
+        d = s.data_loading
         d = d - off if len(d) else d.reshape(-1, 2)
         # the DataLoader iterator's own operators are host computation on a CPU rank: its time
         # is data loading; on a GPU rank kernels that run meanwhile make that time computation
@@ -330,7 +331,7 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
             k = iv.subtract(k, d)
         else:
             d = iv.subtract(d, k)
-        parts[r] = (k, exposed, d, rank_launch_edges(traces.ranks[r], comm_patterns), off)
+        parts[r] = (k, exposed, d, s.launch_edges, off)
     by_name, by_group = dims_of_groups(layout, len(traces.ranks))
     inst = sync.instances
     pr = sync.per_rank

@@ -23,9 +23,9 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from ..per_rank.summary import summary_of
 from ..trace import intervals as iv
 from ..trace.traceset import TraceSet
-from .breakdown import rank_parts
 from .comm_events import group_key
 from .layout import LayoutResult
 from .sync import SyncResult
@@ -101,7 +101,7 @@ def compute_dim_overlap(traces: TraceSet, sync: SyncResult, layout: LayoutResult
         if trace is None:
             continue
         if rank not in computing:
-            computing[rank] = rank_parts(trace, patterns, None).k
+            computing[rank] = summary_of(trace, patterns).parts.k
         off = float(offsets.get(rank, 0.0))
         c = iv.union(start[idx] + off, end[idx] + off)
         comm = iv.total(c)

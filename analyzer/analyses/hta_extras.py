@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..per_rank.summary import summary_of
 from ..trace.classify import device_kind
 from ..trace.traceset import TraceSet
 
@@ -277,11 +278,8 @@ def _idle_table(idle_rows: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def _no_kernels(trace) -> bool:
-    """True when the rank has no GPU kernels (from its summary, else its events)."""
-    if trace.summary is not None:
-        return not trace.summary.has_gpu
-    from ..trace.traceset import GPU_CATS
-    return not trace.events["cat"].isin(list(GPU_CATS)).any()
+    """True when the rank has no GPU kernels."""
+    return not summary_of(trace).has_gpu
 
 
 def _records(df: pd.DataFrame) -> list[dict]:

@@ -3,7 +3,7 @@
 the allocator timeline from the trace, and the imbalance ``max / mean`` across ranks.
 
 :func:`memory_rows` reads a rank's ``[memory]`` events; the per-rank summary keeps its result
-(:mod:`pardiag.analyzer.summary`), so a report from summaries reads no raw event.
+(:mod:`pardiag.analyzer.per_rank.store`), so a report from summaries reads no raw event.
 """
 
 from __future__ import annotations
@@ -13,48 +13,8 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..trace.classify import memory_events
-from ..trace.traceset import RankTrace, TraceSet, stack_by_rank, summary_table
-
-_MEMORY_COLUMNS = ("ts_us", "device", "allocated_bytes", "reserved_bytes")
-#: ``Device Type`` of ``[memory]`` events: torch's ``c10::DeviceType`` enum (c10/core/DeviceType.h).
-DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip",
-                7: "fpga", 8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps",
-                14: "meta", 15: "hpu", 16: "ve", 17: "lazy", 18: "ipu", 19: "mtia",
-                20: "privateuse1"}
-
-
-def memory_rows(trace: RankTrace) -> pd.DataFrame:
-    """The ``[memory]`` events of a rank as :data:`_MEMORY_COLUMNS` (from its summary when it
-    has one).
-
-    Device: the name of ``Device Type`` (torch's ``c10::DeviceType`` numbers, :data:`DEVICE_TYPES`:
-    0 ``"cpu"``, 1 ``"cuda"``, 12 ``"xpu"``, ...), else the value as text. Bytes are NaN where the
-    trace does not hold a number.
-    """
-    s = trace.summary
-    if s is not None:
-        return s.memory
-    ev = trace.events[memory_events(trace)]
-    rows = []
-    for ts, args in zip(ev["ts"], ev["args"]):
-        if not isinstance(args, dict):
-            continue
-        dev = DEVICE_TYPES.get(args.get("Device Type"), str(args.get("Device Type")))
-        alloc, res = args.get("Total Allocated"), args.get("Total Reserved")
-        rows.append((float(ts), dev, _bytes_value(alloc), _bytes_value(res)))
-    return pd.DataFrame(rows, columns=list(_MEMORY_COLUMNS)).astype(
-        {"ts_us": float, "device": object, "allocated_bytes": float, "reserved_bytes": float})
-
-
-def _bytes_value(v) -> float:
-    """A byte count from a ``[memory]`` event's args as float; NaN when it is not a number."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        try:
-            return float(v)
-        except OverflowError:
-            return np.nan
-    return np.nan
+from ..per_rank.summary import summary_of
+from ..trace.traceset import TraceSet, stack_by_rank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,10 +67,10 @@ def peak_bytes(per_rank: pd.DataFrame) -> tuple[pd.Series, str]:
 def compute_memory(traces: TraceSet) -> MemoryResult:
     """Per-rank static and peak memory, the allocator timeline, and their imbalance."""
     cols = ["rank", "ts_us", "device", "allocated_bytes", "reserved_bytes"]
-    # [memory] events, from each rank's summary when it has one (pardiag.analyzer.summary), in
+    # [memory] events, from each rank's summary (pardiag.analyzer.per_rank), in
     # one table, grouped once (not filtered once per rank)
-    timeline = stack_by_rank((rank, t if (t := summary_table(trace, "memory")) is not None
-                              else memory_rows(trace)) for rank, trace in traces.ranks.items())
+    timeline = stack_by_rank((rank, summary_of(trace).stored("memory"))
+                             for rank, trace in traces.ranks.items())
     timeline = (timeline if timeline is not None else pd.DataFrame(columns=cols))[cols]
     devices = (timeline.groupby("rank", sort=False)["device"].unique().to_dict()
                if len(timeline) else {})

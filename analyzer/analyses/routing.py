@@ -39,7 +39,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..trace.comm_records import all_to_all_ops
+from ..per_rank.summary import summary_of
 from ..trace.traceset import TraceSet
 from .sync import SyncResult
 
@@ -144,13 +144,6 @@ def empty_routing(notes: tuple[str, ...] = ()) -> RoutingResult:
         ("group", "src", "dst", "rows"))), notes=notes)
 
 
-def _rank_ops(trace) -> pd.DataFrame:
-    s = trace.summary
-    if s is not None and getattr(s, "a2a", None) is not None:
-        return s.a2a
-    return all_to_all_ops(trace.events)
-
-
 def _size(v) -> float | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
@@ -252,7 +245,7 @@ def _matched_per_rank(traces: TraceSet, sync: SyncResult, inst: pd.DataFrame) ->
         trace = traces.ranks.get(int(rank))
         if trace is None:
             continue
-        op_of.update(_match(rows.sort_values("raw_start"), _rank_ops(trace)))
+        op_of.update(_match(rows.sort_values("raw_start"), summary_of(trace).a2a))
     pr = pr.assign(op=pd.Series({i: op_of.get(i) for i in pr.index}, dtype=object))
     pr["until"] = pr.groupby("instance")["start_us"].transform("max")
     pr["waited"] = pr["until"] - pr["start_us"]

@@ -3,7 +3,7 @@
 Input: every rank's issued communication ops
     (:func:`pardiag.analyzer.analyses.comm_events.comm_events`: one row per op the program
     issued, however many kernels it ran as). What each op says across ranks is one table,
-    :mod:`pardiag.analyzer.analyses.op_semantics`.
+    :mod:`pardiag.analyzer.per_rank.op_semantics`.
 
 1. **Matching** (:func:`match_instances`): one collective *instance* is the set of events with the
    same group and sequence number on every participant (pardiag's records, a trace's ``Seq``);
@@ -27,7 +27,7 @@ Input: every rank's issued communication ops
    instances that are evidence: complete, not at a window's head, of known semantics.
 5. **Bandwidth** (nccl-tests, doc/PERFORMANCE.md): algbw = S / t with S the bytes of the full
    buffer and t the transfer time (an op of several kernels: first start to last end); busbw =
-   algbw × factor (:func:`pardiag.analyzer.analyses.op_semantics.busbw_factor`).
+   algbw × factor (:func:`pardiag.analyzer.per_rank.op_semantics.busbw_factor`).
 """
 
 from __future__ import annotations
@@ -38,13 +38,12 @@ import functools
 import numpy as np
 import pandas as pd
 
+from ..per_rank.op_semantics import FROM_ROOT, P2P_OPS, ROOTED, UNKNOWN, busbw_factor, semantics
+from ..per_rank.summary import summary_of
 from ..trace import intervals as iv
-from ..trace.classify import classify, profiler_steps
 from ..trace.traceset import TraceSet, float_column
-from .breakdown import rank_breakdown_rows
 from .clocks import ClockModel, fit_clocks, theil_sen, together_ends
 from .comm_events import AMBIGUOUS_GROUP, comm_events
-from .op_semantics import FROM_ROOT, P2P_OPS, ROOTED, UNKNOWN, busbw_factor, semantics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -799,9 +798,9 @@ def _window_starts(traces: TraceSet) -> dict[int, list[float]]:
         if t.windows:
             out[int(r)] = [float(w[0]) for w in t.windows]
             continue
-        start = rank_breakdown_rows(t)[0].get("start_us")
-        steps = (t.summary.stored("steps") if t.summary is not None and not t.events_loaded
-                 else profiler_steps(t, classify(t, ())))
+        s = summary_of(t)
+        start = s.breakdown.total.get("start_us")
+        steps = s.stored("steps")
         st = float_column(steps, "start_us")
         st = st[~np.isnan(st)]
         firsts = [float(x) for x in (start, st.min() if len(st) else None)
@@ -988,9 +987,7 @@ def _step_lengths(traces: TraceSet, comm_patterns=()) -> tuple[float | None, flo
     step-to-step variation."""
     lengths, spreads = [], []
     for t in traces.ranks.values():
-        steps = (t.summary.stored("steps") if t.summary is not None
-                 and t.summary.matches(comm_patterns)
-                 else profiler_steps(t, classify(t, comm_patterns)))
+        steps = summary_of(t, comm_patterns).stored("steps")
         x = float_column(steps, "end_us") - float_column(steps, "start_us")
         x = x[np.isfinite(x) & (x > 0)]
         lengths.extend(x.tolist())

@@ -347,13 +347,13 @@ def sent_microbatch(traces: TraceSet, chunks: pd.DataFrame) -> int | None:
     of its sends carry (torch.distributed.pipelining splits the batch on dim 0 by default, and
     the per-microbatch ranges a model is built from are its marks). None without shapes
     (``record_shapes``)."""
-    from ..analyses.infer_layout import rank_marks
+    from ..per_rank.summary import summary_of
 
     s0 = chunks.loc[chunks["stage"] == 0, "rank"]
     trace = traces.ranks.get(int(s0.iloc[0])) if len(s0) else None
     if trace is None:
         return None
-    dims = rank_marks(trace).send_dim0
+    dims = summary_of(trace).marks.send_dim0
     return max(dims, key=lambda k: (dims[k], -k)) if dims else None
 
 

@@ -9,7 +9,7 @@ function), joins a rank's profiling windows, and returns a
 
 Speed: files are parsed in worker processes when the input is large (:func:`default_workers`),
 a fresh process per large file (:func:`parse_files`, :data:`WORKER_BATCH_BYTES`); with a
-``reducer`` (the per-rank reduction, passed in: :data:`pardiag.analyzer.summary.REDUCER`)
+``reducer`` (the per-rank reduction, passed in: :data:`pardiag.analyzer.per_rank.store.REDUCER`)
 each worker reduces its rank to a summary and hands back only that, and stored summaries are
 used instead of parsing where they are current. The loader never imports an analysis.
 """
@@ -45,21 +45,21 @@ from .parse import (
     read_process_names,
 )
 from .ranks import FileFacts, RankFiles, assign_ranks, merged_rank_of_pids
-from .traceset import RankTrace, TraceSet, has_step_names
+from .traceset import RankTrace, Summary, TraceSet, has_step_names
 
 
 class RankReducer(Protocol):
     """The per-rank reduction the loader runs where a file is parsed (worker processes), passed
-    in by the caller (:data:`pardiag.analyzer.summary.REDUCER`)."""
+    in by the caller (:data:`pardiag.analyzer.per_rank.store.REDUCER`)."""
 
     def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings, repairs,
-                  has_steps: bool, stat) -> object:
+                  has_steps: bool, stat) -> Summary:
         """The rank's summary (``trace.rank`` is provisional, -1)."""
 
-    def find(self, path: Path, comm_patterns: list) -> object | None:
+    def find(self, path: Path, comm_patterns: list) -> Summary | None:
         """A stored summary of ``path`` that is current, else None (may raise OSError)."""
 
-    def store(self, summary: object, path: Path) -> None:
+    def store(self, summary: Summary, path: Path) -> None:
         """Store ``summary`` of ``path`` where :meth:`find` looks."""
 
 
@@ -294,10 +294,7 @@ def _time_range(p: ParsedFile) -> tuple[float, float]:
             return math.nan, math.nan
         ts = p.events["ts"].to_numpy()
         return float(ts.min()), float((ts + p.events["dur"].to_numpy()).max())
-    parts = getattr(p.summary, "parts", None)
-    if parts is not None and parts.hi > parts.lo:
-        return float(parts.lo), float(parts.hi)
-    return math.nan, math.nan
+    return p.summary.span if p.summary is not None else (math.nan, math.nan)
 
 
 def _join_windows(parts: list[ParsedFile]) -> ParsedFile:
@@ -415,7 +412,7 @@ class ParsedFile:
     ev_warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     has_steps: bool = False
-    summary: object = None
+    summary: Summary | None = None
     #: the rank this part of a merged multi-rank file holds (see :func:`_split_merged`)
     rank_hint: int | None = None
     #: a merged multi-rank file: its ranks' parts (then this entry holds no events itself)
@@ -587,7 +584,7 @@ def _read_events(path: Path, rank_hint: int | None = None) -> pd.DataFrame:
     return p.events
 
 
-def _from_summary(path: Path, s) -> ParsedFile:
+def _from_summary(path: Path, s: Summary) -> ParsedFile:
     return ParsedFile(path, repairs=s.repairs, metadata=s.metadata, events=None,
                    thread_names=s.thread_names, ev_warnings=s.relocated(path)[0],
                    notes=s.relocated(path)[1], has_steps=s.has_steps, summary=s)
@@ -828,7 +825,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
 
     Args:
         paths: folders and/or files.
-        reducer: the per-rank reduction (:data:`pardiag.analyzer.summary.REDUCER`): each
+        reducer: the per-rank reduction (:data:`pardiag.analyzer.per_rank.store.REDUCER`): each
             rank's summary is computed (with ``comm_patterns``) in the worker that parses it,
             and only the summary of ranks parsed in other processes is kept (their ``events``
             are read again on first access). The analyses then work from the summaries.
@@ -836,7 +833,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
         comm_patterns: compiled ``--comm-kernel`` patterns for the summaries.
         cache: with a ``reducer``: use stored summaries that are current (same file size,
             modification time and patterns) instead of parsing, and store new ones (see
-            :mod:`pardiag.analyzer.summary` for where).
+            :mod:`pardiag.analyzer.per_rank.store` for where).
         workers: processes that parse files in parallel (default :func:`default_workers`).
         progress: ``progress(done, total)`` after each file (for a progress bar).
         mixed_runs: analyse files of different runs as one (by default they are refused:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,32 @@ from pardiag.layout import RankMeta, RunFile
 EVENT_COLUMNS = ("name", "cat", "ph", "pid", "tid", "ts", "dur", "stream", "correlation", "args")
 #: Categories of events that run on a GPU stream.
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+
+class Summary(Protocol):
+    """What the trace stage reads of a rank's summary (the per-rank stage's
+    :class:`pardiag.analyzer.per_rank.summary.RankSummary`, which the loader receives from its
+    reducer and this stage does not import)."""
+
+    metadata: dict
+    thread_names: dict
+    repairs: tuple[str, ...]
+    n_events: int
+    has_steps: bool
+    has_gpu: bool
+
+    @property
+    def span(self) -> tuple[float, float]:
+        """(first start, last end) of the rank's recorded work, µs; NaN without any."""
+        ...
+
+    def stored(self, name: str):
+        """The table ``name`` as held (a DataFrame or a not yet built :class:`ColumnTable`)."""
+        ...
+
+    def relocated(self, path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(warnings, notes) of the summarized file, its path replaced by ``path``."""
+        ...
 
 
 class _LazyEvents:
@@ -65,8 +92,9 @@ class RankTrace:
         rank_source: ``"distributedInfo"``, ``"file name"`` or ``"assigned"``.
         thread_names: ``{(pid, tid): name}`` from ``thread_name`` metadata events.
         notes: informational lines (clipped overlaps and the like).
-        summary: the rank's :class:`pardiag.analyzer.summary.RankSummary` when it was loaded
-            from (or with) one, else None.
+        summary: the rank's :class:`pardiag.analyzer.per_rank.summary.RankSummary` when it was
+            loaded from (or with) one, else None (the analyses read it through
+            :func:`pardiag.analyzer.per_rank.summary.summary_of`, which computes it then).
         windows: ``((start µs, end µs), ...)`` of each profiling window when the rank's events
             come from several files (``schedule(repeat=N)``), else ``()``; the time between
             windows is not the rank's time (the breakdown leaves it out).
@@ -82,7 +110,7 @@ class RankTrace:
     rank_source: str
     thread_names: dict
     notes: tuple[str, ...] = ()
-    summary: object = dataclasses.field(default=None, repr=False, compare=False)
+    summary: Summary | None = dataclasses.field(default=None, repr=False, compare=False)
     windows: tuple[tuple[float, float], ...] = ()
     files: tuple[Path, ...] = ()
     reader: object = dataclasses.field(default=None, repr=False, compare=False)
@@ -218,6 +246,20 @@ class ColumnTable:
         self._frame = None
 
 
+def frame_json(df: pd.DataFrame) -> dict:
+    """A table as a summary stores it: ``{"columns", "dtypes", "data"}`` (one list of values per
+    column; read back with :func:`table_from_json`)."""
+    return {"columns": list(df.columns),
+            "dtypes": [str(t) for t in df.dtypes],
+            "data": [df[c].tolist() for c in df.columns]}
+
+
+def table_from_json(d: dict) -> ColumnTable:
+    """A table stored by :func:`frame_json` as its columns (a DataFrame built when first
+    read)."""
+    return ColumnTable(d["columns"], d["dtypes"], d["data"])
+
+
 class HoldsTables:
     """Mixin of a dataclass with :class:`StoredTable` fields."""
 
@@ -229,9 +271,9 @@ class HoldsTables:
 
 class StoredTable:
     """A DataFrame field of a frozen dataclass that may hold a :class:`ColumnTable`: a summary
-    read from JSON (:class:`pardiag.analyzer.summary.RankSummary`) holds its tables as their
-    columns until one is read, then the DataFrame (built once). ``obj.__dict__["_table_" +
-    name]`` is what is held (:meth:`RankSummary.stored`)."""
+    read from JSON (:class:`pardiag.analyzer.per_rank.summary.RankSummary`) holds its tables as
+    their columns until one is read, then the DataFrame (built once).
+    ``obj.__dict__["_table_" + name]`` is what is held (:meth:`HoldsTables.stored`)."""
 
     def __init__(self, default=dataclasses.MISSING):
         self.default = default
@@ -249,14 +291,6 @@ class StoredTable:
 
     def __set__(self, obj, value):
         obj.__dict__[self.key] = value
-
-
-def summary_table(trace: RankTrace, name: str):
-    """The table ``name`` the rank's summary holds (a DataFrame or a not yet built
-    :class:`ColumnTable`: :func:`stack_by_rank` reads either), or None when the rank has no
-    summary or the summary no such table."""
-    s = trace.summary
-    return s.stored(name) if s is not None else None
 
 
 def float_column(table, name: str) -> np.ndarray:

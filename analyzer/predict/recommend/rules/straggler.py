@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from ....analyses.breakdown import rank_parts
 from ....analyses.causes import PART_LABELS
+from ....per_rank.summary import summary_of
 from ....trace import intervals as iv
 from ....trace.traceset import TraceSet
 from ..context import RuleContext, ms
@@ -36,7 +36,7 @@ def _idle_waits(traces: TraceSet, sync, last: int, waiting: list[int]) -> dict[i
         waits = iv.union(rows["start_us"].to_numpy(), rows["until"].to_numpy())
         trace = traces.ranks.get(rank)
         if trace is not None and len(waits):
-            k = rank_parts(trace, [], None).k
+            k = summary_of(trace, []).parts.k
             if len(k):   # compute intervals on the rank's clock → the corrected clock
                 waits = iv.subtract(waits, k - float(offsets.get(rank, 0.0)))
         out[int(rank)] = iv.total(waits)

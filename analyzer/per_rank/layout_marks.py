@@ -1,0 +1,240 @@
+"""What one rank's trace says about the parallel layout (:class:`RankMarks`): wrappers' ranges,
+functional collectives, all-to-alls, the pipeline's per-microbatch ranges and its
+point-to-point messages. :mod:`pardiag.analyzer.analyses.infer_layout` combines the ranks'
+marks into a layout (see its docstring for what each mark means).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pandas as pd
+
+from ..trace import intervals as iv
+from ..trace.classify import STEP_RE, Kind, classify, name_test
+from ..trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, isin_mask
+
+#: Columns of :attr:`RankMarks.chunks`: the busy pieces of the pipeline's per-microbatch ranges.
+#: ``stage`` -1 where the range does not name it (GPipe's ``Forward i``); ``phase`` F, B, I or
+#: W; ``step`` the ``ProfilerStep`` holding the range (-1 outside every step); µs on the rank's
+#: own clock.
+CHUNK_COLUMNS = ("stage", "microbatch", "phase", "step", "start_us", "end_us")
+
+
+#: Columns of :attr:`RankMarks.p2p`: ``op`` ``send``/``recv``; ``peer`` the peer's rank in the
+#: group the message used (-1 where the trace does not say); ``step`` as above; µs.
+P2P_COLUMNS = ("op", "peer", "step", "start_us", "end_us")
+
+
+#: Keys of :attr:`RankMarks.counts` (events per marker).
+MARKERS = ("fsdp2", "fsdp1", "ddp", "zero", "functional", "all_to_all", "zero3")
+
+
+_MARKER_RES = {
+    "fsdp2": re.compile(r"^FSDP::(pre_forward|all_gather|pre_backward)"),
+    "fsdp1": re.compile(r"^FullyShardedDataParallel\.(forward|_pre_forward|_pre_backward_hook)"),
+    "ddp": re.compile(r"^DistributedDataParallel\.forward"),
+    "zero": re.compile(r"ZeroRedundancyOptimizer"),
+    "functional": re.compile(r"^_?c10d_functional::(all_reduce|all_gather_into_tensor"
+                             r"|reduce_scatter_tensor)"),
+    "all_to_all": re.compile(r"^(c10d::alltoall|gloo:all_to_all|nccl:all_to_all)"),
+    # DeepSpeed ZeRO-3's autograd functions (deepspeed/runtime/zero/linear.py,
+    # parameter_offload.py), run for every partitioned module
+    "zero3": re.compile(r"LinearFunctionForZeroStage3|PreBackwardFunctionForModule"
+                        r"|PostBackwardFunctionModule"),
+}
+
+
+_GPIPE_RE = re.compile(r"^(Forward|Backward) (\d+)$")
+
+
+_ACTION_RE = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
+
+
+_P2P_OP_RE = re.compile(r"^c10d::(send|recv_)$")
+
+
+_RECV_RE = re.compile(r"^(c10d::recv_|gloo:recv|nccl:recv)")
+
+
+_P2P_NCCL = {"send": "send", "recv": "recv", "_send": "send", "_recv": "recv"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RankMarks(HoldsTables):
+    """What one rank's trace says about the layout (see the module docstring).
+
+    Attributes:
+        counts: ``{marker: events}`` for :data:`MARKERS` (FSDP2 / FSDP1 / DDP ranges,
+            ZeroRedundancyOptimizer ranges, functional collectives, all-to-alls).
+        chunks: :data:`CHUNK_COLUMNS`, one row per busy piece of a per-microbatch range.
+        p2p: :data:`P2P_COLUMNS`, one row per point-to-point call.
+        device_chunks: True when ``chunks`` come from the device timeline
+            (``gpu_user_annotation`` copies of the ranges), False for the CPU ranges.
+        send_dim0: ``{dim 0 of the first tensor a send carries: sends}`` where the trace has
+            ``Input Dims`` (``record_shapes``); empty otherwise.
+    """
+
+    counts: dict
+    chunks: pd.DataFrame = StoredTable()
+    p2p: pd.DataFrame = StoredTable()
+    device_chunks: bool = False
+    send_dim0: dict = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"counts": dict(self.counts), "device_chunks": self.device_chunks,
+                "chunks": [list(r) for r in self.chunks.itertuples(index=False)],
+                "p2p": [list(r) for r in self.p2p.itertuples(index=False)],
+                "send_dim0": [[int(k), int(v)] for k, v in self.send_dim0.items()]}
+
+    @staticmethod
+    def from_json(d: dict) -> RankMarks:
+        return RankMarks({k: int(v) for k, v in d["counts"].items()},
+                         _row_table(d["chunks"], _CHUNK_DTYPES), _row_table(d["p2p"], _P2P_DTYPES),
+                         bool(d.get("device_chunks")),
+                         {int(k): int(v) for k, v in d.get("send_dim0") or []})
+
+
+_CHUNK_DTYPES = {"stage": np.int64, "microbatch": np.int64, "phase": object, "step": np.int64,
+                 "start_us": np.float64, "end_us": np.float64}
+
+
+_P2P_DTYPES = {"op": object, "peer": np.int64, "step": np.int64, "start_us": np.float64,
+               "end_us": np.float64}
+
+
+def _row_table(rows: list, dtypes: dict) -> ColumnTable:
+    """Stored rows (lists in the order of ``dtypes``) as a :class:`ColumnTable` of those column
+    types, built when first read."""
+    cols = [list(c) for c in zip(*rows)] if len(rows) else [[] for _ in dtypes]
+    return ColumnTable(list(dtypes), [np.dtype(t).name for t in dtypes.values()], cols)
+
+
+def _typed_frame(rows, dtypes: dict) -> pd.DataFrame:
+    """A table of ``rows`` (lists in the order of ``dtypes``) with those column types (the
+    table :func:`_row_table` builds when read)."""
+    return _row_table(rows, dtypes).frame()
+
+
+def _chunk_frame(rows) -> pd.DataFrame:
+    return _typed_frame(rows, _CHUNK_DTYPES)
+
+
+def _p2p_frame(rows) -> pd.DataFrame:
+    return _typed_frame(rows, _P2P_DTYPES)
+
+
+def _step_of(times: np.ndarray, steps: list[tuple[int, float, float]]) -> np.ndarray:
+    out = np.full(len(times), -1, dtype=np.int64)
+    for n, lo, hi in steps:
+        out[(times >= lo) & (times < hi)] = n
+    return out
+
+
+def _peer(args) -> int:
+    """The peer's group rank of a ``c10d::send``/``c10d::recv_`` (``Concrete Inputs[2]``) or of
+    NCCL's ``record_param_comms`` (``Peer``/``dst``/``src`` where the trace has one); -1."""
+    if not isinstance(args, dict):
+        return -1
+    ci = args.get("Concrete Inputs")
+    if isinstance(ci, list) and len(ci) > 2:
+        try:
+            return int(str(ci[2]))
+        except ValueError:
+            pass
+    for k in ("Peer", "peer", "dst", "src", "Dst rank", "Src rank"):
+        v = args.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return int(v)
+    return -1
+
+
+def _dim0(dims) -> int | None:
+    """Dim 0 of the first tensor in an op's ``Input Dims`` (``c10d::send`` takes a list of
+    tensors: ``[[[8, 256]], …]``; NCCL's ``record_param_comms`` one: ``[[8, 256], …]``), or
+    None when it is no tensor of two or more dimensions."""
+    first = dims[0] if isinstance(dims, list) and dims else None
+    if isinstance(first, list) and first and isinstance(first[0], list):
+        first = first[0]
+    if (isinstance(first, list) and len(first) >= 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in first)):
+        return int(first[0])
+    return None
+
+
+def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
+    ev = trace.events
+    names = ev["name"]
+    cat = ev["cat"]
+    cpu = isin_mask(cat, ["cpu_op", "user_annotation"])
+    counts = {key: int((name_test(trace, ("marker", key), rx.search) & cpu).sum())
+              for key, rx in _MARKER_RES.items()}
+    is_step = cpu & name_test(trace, "step", STEP_RE.match)
+    steps = [(int(STEP_RE.match(n).group(1)), float(t), float(t + d)) for n, t, d in
+             zip(names[is_step], ev["ts"][is_step], ev["dur"][is_step])]
+
+    # point-to-point calls
+    p2p_rows = []
+    dim0: dict[int, int] = {}
+    sel = cpu & name_test(trace, "p2p_op", lambda u: bool(
+        _P2P_OP_RE.match(u) or u == "record_param_comms"))
+    for n, t, d, a in zip(names[sel], ev["ts"][sel], ev["dur"][sel], ev["args"][sel]):
+        if n == "record_param_comms":
+            op = _P2P_NCCL.get(str((a or {}).get("Collective name", "")).lower()) \
+                if isinstance(a, dict) else None
+        else:
+            op = "send" if n == "c10d::send" else "recv"
+        if op:
+            p2p_rows.append((op, _peer(a), float(t), float(t + d)))
+            if op == "send" and isinstance(a, dict) and (n0 := _dim0(a.get("Input Dims"))):
+                dim0[n0] = dim0.get(n0, 0) + 1
+    p2p = _p2p_frame([(op, peer, -1, t0, t1) for op, peer, t0, t1 in p2p_rows])
+    p2p["step"] = _step_of(p2p["start_us"].to_numpy(), steps)
+
+    # per-microbatch ranges: the device timeline's copies when there are any
+    rng = name_test(trace, "pipeline_range", lambda u: bool(_GPIPE_RE.match(u)
+                                                            or _ACTION_RE.match(u)))
+    gpu_rng = rng & (cat == "gpu_user_annotation").to_numpy()
+    device = bool(gpu_rng.any())
+    rng = gpu_rng if device else rng & (cat == "user_annotation").to_numpy()
+    # busy part of a CPU range: from the end of the wait for its input (a receive or wait that
+    # ends inside it while it computes little) to the end of its last computation
+    kinds = classify(trace)
+    is_wait = (kinds == Kind.CPU_WAIT.value).to_numpy()
+    comp = ev[(kinds == Kind.CPU_COMPUTE.value).to_numpy()]
+    blocking = ev[((kinds == Kind.CPU_COMM.value).to_numpy() & (cat == "cpu_op").to_numpy())
+                  | is_wait]
+    k = iv.subtract(iv.union(comp["ts"].to_numpy(dtype=float),
+                             (comp["ts"] + comp["dur"]).to_numpy(dtype=float)),
+                    iv.union(blocking["ts"].to_numpy(dtype=float),
+                             (blocking["ts"] + blocking["dur"]).to_numpy(dtype=float)))
+    recv = name_test(trace, "recv", _RECV_RE.match)
+    waits = ev[(recv & cpu) | is_wait]
+    wait_end = (waits["ts"] + waits["dur"]).to_numpy(dtype=float)
+    rows = []
+    for n, t, d in zip(names[rng], ev["ts"][rng], ev["dur"][rng]):
+        m = _GPIPE_RE.match(n)
+        if m:
+            stage, phase, mb = -1, m.group(1)[0], int(m.group(2))
+        else:
+            m = _ACTION_RE.match(n)
+            stage, phase, mb = int(m.group(1)), m.group(2), int(m.group(3))
+        lo, hi = float(t), float(t + d)
+        if not device:
+            inside = wait_end[(wait_end > lo) & (wait_end < hi)]
+            if len(inside):
+                w = float(inside.max())
+                if iv.total(iv.clip(k, lo, w)) < 0.5 * (w - lo):
+                    lo = w
+            kk = iv.clip(k, lo, hi)
+            if len(kk):
+                hi = float(kk[-1, 1])
+        rows.append((stage, mb, phase, -1, lo, max(lo, hi)))
+    chunks = _chunk_frame(rows)
+    # a chunk's step: the step holding the start of its range (pieces keep their range's step)
+    chunks["step"] = _step_of(chunks["start_us"].to_numpy(), steps)
+    return RankMarks(counts, chunks.sort_values("start_us", kind="stable").reset_index(drop=True),
+                     p2p.sort_values("start_us", kind="stable").reset_index(drop=True), device,
+                     dim0)
