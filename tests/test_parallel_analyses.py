@@ -312,3 +312,32 @@ def test_typical_step_is_the_middle_clean_step():
     assert typical_step(bub[bub["step"] < 3].assign(clean=False)) == 2
     assert typical_step(bub.iloc[:0]) is None
 
+
+def test_busbw_per_group_and_instance_counts(tmp_path):
+    """4 all-reduces of 1 MB on group 0 with a 50 µs transfer each: busbw = 1e6 B / 50 µs ×
+    2(n−1)/n = 80/3 GB/s for every one (median and max), 4 measured."""
+    s = compute_sync(straggler_run(tmp_path))
+    g = s.group_busbw
+    assert list(g.columns) == ["pg", "busbw_median", "busbw_max", "count"]
+    assert g["pg"].tolist() == ["0"] and g["count"].tolist() == [4]
+    assert g["busbw_median"].iloc[0] == pytest.approx(80 / 3)
+    assert g["busbw_max"].iloc[0] == pytest.approx(80 / 3)
+    assert s.counts == {"instances": 4, "collectives": 4, "p2p": 0, "complete": 4}
+
+
+def test_busbw_per_group_takes_median_and_max_over_its_instances():
+    import pandas as pd
+
+    from pardiag.analyzer.analyses.sync import busbw_by_group, instance_counts
+
+    inst = pd.DataFrame({"instance": ["a", "b", "c", "p2p:0", "d"], "pg": [1, 1, 1, 2, 3],
+                         "busbw_gbps": [10.0, 30.0, 20.0, 5.0, float("nan")],
+                         "complete": [True, True, False, True, True]})
+    g = busbw_by_group(inst).set_index("pg")
+    assert g.index.tolist() == ["1", "2"]   # group 3 measured nothing
+    assert g.loc["1"].tolist() == [20.0, 30.0, 3]
+    assert g.loc["2"].tolist() == [5.0, 5.0, 1]
+    assert instance_counts(inst) == {"instances": 5, "collectives": 4, "p2p": 1, "complete": 4}
+    assert busbw_by_group(pd.DataFrame()).empty
+    assert instance_counts(pd.DataFrame()) == {"instances": 0, "collectives": 0, "p2p": 0,
+                                               "complete": 0}
