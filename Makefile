@@ -9,8 +9,8 @@ LINKED := $(VENV)/.pardiag-linked
 # pardiag` works wherever Python starts (also in the folder that holds a clone named pardiag) and
 # static tools follow the package. A file added or removed is linked again by `make setup`.
 STRICT := --config-settings editable_mode=strict
-FILES  := find pardiag analyzer collectors -type f \( -name '*.py' -o -name '*.css' -o -name '*.js' \) \
-	| LC_ALL=C sort
+FILES  := find pardiag analyzer collectors -type f \( -name '*.py' -o -name '*.css' -o -name '*.js' \
+	-o -name '*.html' \) | LC_ALL=C sort
 
 .PHONY: demo test lint setup links browser clean
 

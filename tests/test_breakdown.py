@@ -333,3 +333,35 @@ def test_a_wait_no_op_marks_is_not_compute(tmp_path):
     assert one.compute_us == 220.0 and one.exposed_comm_us == 1550.0
     # the matmul under an all-reduce in flight is a leaf op: computation, the transfer overlapped
     assert two.compute_us == 1500.0 and two.overlap_us == 1440.0
+
+
+def test_step_means_and_overall_shares(tmp_path):
+    """Rank 0 is the planted GPU trace (span 170, communication 70, 40 of it exposed); rank 1
+    computes [10,40) in step 1 and [110,130) in step 2 and never communicates. Per step the
+    page's chart shows the mean over the two ranks; the run summary the shares over both."""
+    gpu_rank(0).write(tmp_path / "a.json")
+    b = TraceBuilder(rank=1)
+    b.step(1, 0, 100).step(2, 100, 100)
+    b.kernel("void gemm_kernel<float>(float*)", 10, 30, launch_ts=1)
+    b.kernel("void gemm_kernel<float>(float*)", 110, 20, launch_ts=101)
+    b.write(tmp_path / "b.json")
+    bd = compute_time_breakdown(load_traces(tmp_path))
+    assert _row(bd.totals, rank=1).span_us == 120.0
+    m = bd.step_means.set_index("step")
+    # step 1: rank 0 (30 compute only, 20 overlapped, 10 exposed, 40 idle), rank 1 (30, 0, 0,
+    # 70); step 2: rank 0 (30, 10, 30, 0), rank 1 (20, 0, 0, 0)
+    assert m.loc[1].tolist() == [30.0, 10.0, 5.0, 55.0]
+    assert m.loc[2].tolist() == [25.0, 5.0, 15.0, 0.0]
+    o = bd.overall
+    assert o["exposed_comm_pct"] == pytest.approx(100 * 40 / 290, abs=1e-12)
+    assert o["overlap_pct"] == pytest.approx(100 * 30 / 70, abs=1e-12)
+    assert o["comm_us_per_rank"] == 70.0   # rank 1 has no communication: not in the mean
+
+
+def test_overall_shares_without_communication_or_time():
+    from pardiag.analyzer.analyses.breakdown import overall_shares
+
+    none = overall_shares(pd.DataFrame({"comm_us": [0.0], "exposed_comm_us": [0.0],
+                                        "span_us": [0.0], "overlap_pct": [math.nan]}))
+    assert all(math.isnan(v) for v in none.values())
+    assert all(math.isnan(v) for v in overall_shares(pd.DataFrame()).values())

@@ -132,3 +132,19 @@ def test_comm_kernel_patterns_are_said_once(real_traces):
     res = compute_hta_extras(load_traces(real_traces / "dlrm_8rank_v100"),
                              (re.compile("SendRecv"),))
     assert len(res.messages) == 1 and "does not use --comm-kernel" in res.messages[0]
+
+
+def test_idle_by_rank_sums_the_streams():
+    """The terminal's HTA table: per rank, each category summed over the streams (µs; 0 for a
+    category HTA did not report)."""
+    import pandas as pd
+
+    from pardiag.analyzer.analyses.hta_extras import idle_by_rank
+
+    idle = pd.DataFrame({"rank": [0, 0, 0, 1], "stream": [7, 7, 20, 7],
+                         "category": ["host_wait", "other", "host_wait", "kernel_wait"],
+                         "idle_us": [100.0, 5.0, 40.0, 3.0], "idle_pct": [0.0] * 4})
+    t = idle_by_rank(idle)
+    assert list(t.columns) == ["rank", "host_wait_us", "kernel_wait_us", "other_us"]
+    assert t.values.tolist() == [[0, 140.0, 0.0, 5.0], [1, 0.0, 3.0, 0.0]]
+    assert idle_by_rank(idle.iloc[:0]).empty

@@ -267,3 +267,77 @@ def test_bubble_summary_leaves_out_the_warm_up_and_export_steps_without_clean_st
     rows[0]["clean"] = True
     got = summarize_bubbles(pd.DataFrame(rows, columns=list(BUBBLE_COLUMNS))).iloc[0]
     assert (got["basis"], got["steps"], got["bubble_pct"]) == ("unprofiled", 1, 70.0)
+
+
+def test_pipeline_bubble_gaps_summary_and_typical_step(tmp_path):
+    """The Gantt chart's red bars, its step and the summary table come from the analysis: in
+    each step's window [0, 90) µs (+1000·step), rank 0 idles in the turn-around [20, 50), rank
+    1 before its first input [0, 10) and after its last backward [70, 90); their lengths add up
+    to each rank's bubble."""
+    p = compute_pipeline(pipeline_run(tmp_path))
+    gaps = {(s, r): list(zip(g["start_us"], g["end_us"]))
+            for (s, r), g in p.gaps.groupby(["step", "rank"])}
+    for step in (1, 2):
+        t = 1000.0 * step
+        assert gaps[(step, 0)] == [(t + 20, t + 50)]
+        assert gaps[(step, 1)] == [(t, t + 10), (t + 70, t + 90)]
+    lengths = (p.gaps["end_us"] - p.gaps["start_us"]).groupby(
+        [p.gaps["step"], p.gaps["rank"]]).sum()
+    assert lengths.to_dict() == p.bubbles.set_index(["step", "rank"])["bubble_us"].to_dict()
+    # no clean step (step 2 follows the profiled window): the middle of steps 1, 2 is 2
+    assert p.typical_step == 2
+    # the summary is the profiled step 1 (step 2 is the trace's export)
+    s = p.summary.set_index("rank")
+    assert list(p.summary.columns) == ["rank", "stages", "steps", "basis", "bubble_pct",
+                                       "ideal_pct", "warmup_us", "steady_us", "cooldown_us",
+                                       "window_us"]
+    assert (s.loc[0, "basis"], s.loc[0, "steps"], s.loc[0, "window_us"]) == ("profiled", 1, 90.0)
+    assert s.loc[0, "bubble_pct"] == pytest.approx(100 / 3)
+    assert (s.loc[0, "warmup_us"], s.loc[0, "steady_us"], s.loc[0, "cooldown_us"]) == (
+        0.0, 30.0, 0.0)
+    assert (s.loc[1, "warmup_us"], s.loc[1, "steady_us"], s.loc[1, "cooldown_us"]) == (
+        10.0, 0.0, 20.0)
+
+
+def test_typical_step_is_the_middle_clean_step():
+    import pandas as pd
+
+    from pardiag.analyzer.analyses.pipeline import BUBBLE_COLUMNS, typical_step
+
+    rows = [dict.fromkeys(BUBBLE_COLUMNS) | {"step": s, "clean": clean}
+            for s, clean in ((1, False), (2, True), (3, True), (4, True), (5, False))]
+    bub = pd.DataFrame(rows, columns=list(BUBBLE_COLUMNS))
+    assert typical_step(bub) == 3
+    assert typical_step(bub.assign(clean=False)) == 3
+    assert typical_step(bub[bub["step"] < 3].assign(clean=False)) == 2
+    assert typical_step(bub.iloc[:0]) is None
+
+
+def test_busbw_per_group_and_instance_counts(tmp_path):
+    """4 all-reduces of 1 MB on group 0 with a 50 µs transfer each: busbw = 1e6 B / 50 µs ×
+    2(n−1)/n = 80/3 GB/s for every one (median and max), 4 measured."""
+    s = compute_sync(straggler_run(tmp_path))
+    g = s.group_busbw
+    assert list(g.columns) == ["pg", "busbw_median", "busbw_max", "count"]
+    assert g["pg"].tolist() == ["0"] and g["count"].tolist() == [4]
+    assert g["busbw_median"].iloc[0] == pytest.approx(80 / 3)
+    assert g["busbw_max"].iloc[0] == pytest.approx(80 / 3)
+    assert s.counts == {"instances": 4, "collectives": 4, "p2p": 0, "complete": 4}
+
+
+def test_busbw_per_group_takes_median_and_max_over_its_instances():
+    import pandas as pd
+
+    from pardiag.analyzer.analyses.sync import busbw_by_group, instance_counts
+
+    inst = pd.DataFrame({"instance": ["a", "b", "c", "p2p:0", "d"], "pg": [1, 1, 1, 2, 3],
+                         "busbw_gbps": [10.0, 30.0, 20.0, 5.0, float("nan")],
+                         "complete": [True, True, False, True, True]})
+    g = busbw_by_group(inst).set_index("pg")
+    assert g.index.tolist() == ["1", "2"]   # group 3 measured nothing
+    assert g.loc["1"].tolist() == [20.0, 30.0, 3]
+    assert g.loc["2"].tolist() == [5.0, 5.0, 1]
+    assert instance_counts(inst) == {"instances": 5, "collectives": 4, "p2p": 1, "complete": 4}
+    assert busbw_by_group(pd.DataFrame()).empty
+    assert instance_counts(pd.DataFrame()) == {"instances": 0, "collectives": 0, "p2p": 0,
+                                               "complete": 0}

@@ -336,3 +336,79 @@ def test_template_is_kept_per_plotly_version(tmp_path, monkeypatch):
     page.template_json.cache_clear()
     assert json.loads(page.template_json()) == built
     page.template_json.cache_clear()
+
+
+def test_the_page_is_rendered_from_templates(tmp_path, monkeypatch):
+    """Every section has its template (``templates/sections/KEY.html``) and the page is what
+    they render: a planted template shows up in its section, and template text is escaped
+    the page's one way (``html.escape``: ``&#x27;``, not markupsafe's ``&#39;``)."""
+    import jinja2
+    from markupsafe import Markup
+
+    from pardiag.analyzer.render import page as kit
+    from pardiag.analyzer.render.html import HTA_SECTION
+
+    folder = REPO / "analyzer" / "render" / "templates"
+    keys = {k for k, _ in SECTIONS} | {HTA_SECTION[0]}
+    assert {p.stem for p in (folder / "sections").glob("*.html")} == keys
+    warnings = kit.TEMPLATES.get_template("sections/warnings.html")
+    got = warnings.render(s={"warnings": ["it's <b>"], "notes": ["a & b"], "shown": Markup("")})
+    assert "".join(got.split("\n")) == (
+        "<ul><li class='warn'>it&#x27;s &lt;b&gt;</li><li class='muted'>a &amp; b</li></ul>")
+    assert warnings.render(s={"warnings": [], "notes": []}).strip() == (
+        "<p class='muted'>None.</p>")
+    with pytest.raises(jinja2.UndefinedError):   # a name the builder did not give is an error
+        kit.TEMPLATES.get_template("sections/memory.html").render(s={"known": True})
+
+    from .synth import gpu_rank
+
+    gpu_rank(0).write(tmp_path / "r0.json")
+    rep = build_report(load_traces(tmp_path))
+    planted = jinja2.DictLoader({"sections/warnings.html": "<p>planted {{ s.warnings|length }}"
+                                                           " warnings</p>"})
+    monkeypatch.setattr(kit.TEMPLATES, "loader", jinja2.ChoiceLoader([planted,
+                                                                     kit.TEMPLATES.loader]))
+    kit.TEMPLATES.cache.clear()
+    try:
+        page = render_html(rep, include_plotlyjs="cdn")
+    finally:
+        monkeypatch.undo()
+        kit.TEMPLATES.cache.clear()
+    tail = page.split("<h2 id='warnings'>Warnings and notes</h2>")[1]
+    assert tail.lstrip().startswith(f"<p>planted {len(rep.traces.warnings)} warnings</p>")
+    path = render_html(rep, include_plotlyjs="cdn").split("<h2 id='critical_path'>")[1]
+    assert "&#x27;Other&#x27; work is host time" in path
+
+
+def test_page_shows_the_pipeline_analysis_gaps_and_step(tmp_path):
+    """The Gantt chart draws the step the analysis chose (step 2 of the planted GPipe run) and
+    its bubbles (:attr:`PipelineResult.gaps`), in ms from the step's first forward: rank 0
+    idles [0.02, 0.05), rank 1 [0, 0.01) and [0.07, 0.09)."""
+    from benchmarks.json_unchanged import page_specs, plain
+
+    from .test_parallel_analyses import pipeline_run
+
+    rep = build_report(pipeline_run(tmp_path))
+    assert rep.pipeline.typical_step == 2
+    specs = page_specs(render_html(rep, include_plotlyjs="cdn"))
+    gantt = next(plain(s) for s in specs
+                 if s["layout"]["title"]["text"].startswith("Pipeline schedule of step 2"))
+    red = gantt["data"][0]
+    assert red["name"] == "bubble (idle in the step window)"
+    bars = sorted(zip(red["y"], (round(b, 6) for b in red["base"]),
+                      (round(x, 6) for x in red["x"])))
+    assert bars == [("rank 0 · stage 0", 0.02, 0.03), ("rank 1 · stage 1", 0.0, 0.01),
+                    ("rank 1 · stage 1", 0.07, 0.02)]
+
+
+def test_layout_table_shows_the_busbw_per_group(tmp_path):
+    """The layout's group table takes its busbw from :attr:`SyncResult.group_busbw`: group 0's
+    four all-reduces of 1 MB in 50 µs on 3 ranks, 80/3 GB/s each."""
+    from .test_parallel_analyses import straggler_run
+
+    rep = build_report(straggler_run(tmp_path))
+    layout = render_html(rep, include_plotlyjs="cdn").split("<h2 id='layout'>")[1].split(
+        "<h2 ")[0]
+    row = re.search(r"<tr><td class=\"l\">0</td>(.*?)</tr>", layout).group(1)
+    cells = re.findall(r">([^<]*)</td>", row)
+    assert cells[-3:] == ["26.667", "26.667", "4"]

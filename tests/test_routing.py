@@ -185,3 +185,21 @@ def test_profiled_skewed_router_is_named(tmp_path):
            if c.kind == "moe_routing"]
     assert len(rec) == 1 and rec[0].params["hot_rank"] == 0
     assert rec[0].predicted_step_us < rec[0].measured_step_us
+
+
+def test_rank_load_is_each_ranks_median_over_steps(tmp_path):
+    """The routing chart's bars: each rank's expert-side rows per step, median over steps (the
+    planted steps are equal: rank 0 160, the others 60, 50, 50)."""
+    import pandas as pd
+
+    from pardiag.analyzer.analyses.routing import rank_load
+
+    r = pardiag.analyze(_planted(tmp_path), cache=False).routing
+    load = r.rank_load
+    assert list(load.columns) == ["group", "rank", "load_rows"]
+    assert load["group"].unique().tolist() == ["0,1,2,3|ep"]
+    assert load["rank"].tolist() == [0, 1, 2, 3]
+    assert load["load_rows"].tolist() == [160, 60, 50, 50]
+    pr = pd.DataFrame({"group": ["g"] * 6, "step": [1, 1, 2, 2, 3, 3], "rank": [0, 1] * 3,
+                       "load_rows": [10, 1, 30, 2, 20, 9]})
+    assert rank_load(pr)["load_rows"].tolist() == [20, 2]

@@ -73,11 +73,21 @@ class TimeBreakdown:
             when the run has them, else its trace), ``time_us`` (|union of its intervals|,
             including the transport events that ran its ops), ``exposed_us`` (the part not under
             compute).
+        step_means: one row per profiler step, the mean over ranks of each part
+            (:func:`step_means`): ``step``, ``compute_only_us``, ``overlap_us``,
+            ``exposed_comm_us``, ``idle_us`` (µs).
+        overall: the run's shares over all ranks (:func:`overall_shares`):
+            ``exposed_comm_pct``, ``overlap_pct`` (%), ``comm_us_per_rank`` (µs); NaN where
+            undefined.
     """
 
     totals: pd.DataFrame
     steps: pd.DataFrame
     collectives: pd.DataFrame
+    step_means: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=["step", *PART_COLUMNS]))
+    overall: dict[str, float] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(OVERALL_KEYS, float("nan")))
 
     @functools.cached_property
     def step_time(self) -> pd.DataFrame:
@@ -102,6 +112,42 @@ class TimeBreakdown:
         agg["exposed_pct"] = 100.0 * agg["exposed_us"] / agg["time_us"].where(agg["time_us"] > 0)
         return agg.sort_values(["time_us", "collective"], ascending=[False, True],
                                kind="stable").reset_index(drop=True)
+
+
+#: The four parts a rank's window splits into (µs), in the order the breakdown charts stack them.
+PART_COLUMNS = ("compute_only_us", "overlap_us", "exposed_comm_us", "idle_us")
+#: Keys of :func:`overall_shares`.
+OVERALL_KEYS = ("exposed_comm_pct", "overlap_pct", "comm_us_per_rank")
+
+
+def step_means(steps: pd.DataFrame) -> pd.DataFrame:
+    """The mean over ranks of each of :data:`PART_COLUMNS` per profiler step (µs): ``step``
+    and those columns, by step. ``steps``: :attr:`TimeBreakdown.steps`."""
+    if steps.empty:
+        return pd.DataFrame(columns=["step", *PART_COLUMNS])
+    return steps.groupby("step", sort=True)[list(PART_COLUMNS)].mean().reset_index()
+
+
+def overall_shares(totals: pd.DataFrame) -> dict[str, float]:
+    """The run's shares, summed over ranks (``totals``: :attr:`TimeBreakdown.totals`):
+    ``exposed_comm_pct`` = 100·Σ exposed_comm_us / Σ span_us (% of rank time),
+    ``overlap_pct`` = 100·(Σ comm_us − Σ exposed_comm_us) / Σ comm_us (% of communication
+    under compute, HTA's overlap over all ranks), ``comm_us_per_rank`` = mean ``comm_us`` (µs)
+    over the ranks that communicate (``overlap_pct`` measured). NaN where a denominator is 0 or
+    no rank communicates."""
+    out = dict.fromkeys(OVERALL_KEYS, float("nan"))
+    if totals.empty:
+        return out
+    comm, exposed = totals["comm_us"].sum(), totals["exposed_comm_us"].sum()
+    span = totals["span_us"].sum()
+    if span:
+        out["exposed_comm_pct"] = float(100 * exposed / span)
+    if comm:
+        out["overlap_pct"] = float(100 * (comm - exposed) / comm)
+    measured = totals.dropna(subset=["overlap_pct"])
+    if len(measured):
+        out["comm_us_per_rank"] = float(measured["comm_us"].mean())
+    return out
 
 
 #: A step longer than this multiple of its rank's median step is an outlier (a step that holds
@@ -244,8 +290,7 @@ def compute_time_breakdown(traces: TraceSet,
     cols = ["rank", "domain", "start_us", "end_us", *BREAKDOWN_COLUMNS]
     step_cols = ["rank", "step", "start_us", "end_us", *BREAKDOWN_COLUMNS]
     coll_cols = ["rank", "collective", "count", "time_us", "exposed_us"]
+    totals, steps = pd.DataFrame(totals, columns=cols), pd.DataFrame(steps, columns=step_cols)
     return TimeBreakdown(
-        totals=pd.DataFrame(totals, columns=cols),
-        steps=pd.DataFrame(steps, columns=step_cols),
-        collectives=pd.DataFrame(colls, columns=coll_cols),
-    )
+        totals=totals, steps=steps, collectives=pd.DataFrame(colls, columns=coll_cols),
+        step_means=step_means(steps), overall=overall_shares(totals))

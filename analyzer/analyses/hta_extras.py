@@ -74,6 +74,7 @@ class HtaExtras:
         runtime_cutoff_us: runtime calls longer than this are outliers (HTA's default 50).
         launch_delay_cutoff_us: launch delays longer than this are outliers (HTA's default 100).
         consecutive_kernel_delay_us: gaps shorter than this are kernel wait (HTA's default 30).
+        idle_by_rank: per rank, :attr:`idle` summed over its streams (:func:`idle_by_rank`).
     """
 
     idle: pd.DataFrame
@@ -83,6 +84,34 @@ class HtaExtras:
     runtime_cutoff_us: float = 50
     launch_delay_cutoff_us: float = 100
     consecutive_kernel_delay_us: float = 30
+    idle_by_rank: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=list(IDLE_BY_RANK_COLUMNS)))
+
+
+#: Columns of :func:`idle_by_rank` (:attr:`HtaExtras.idle_by_rank`).
+IDLE_BY_RANK_COLUMNS = ("rank", "host_wait_us", "kernel_wait_us", "other_us")
+
+
+def idle_by_rank(idle: pd.DataFrame) -> pd.DataFrame:
+    """Each rank's idle time per HTA category, summed over its streams (µs; 0 for a category
+    HTA did not report on the rank).
+
+    Args:
+        idle: :attr:`HtaExtras.idle`.
+
+    Returns:
+        :data:`IDLE_BY_RANK_COLUMNS`: ``rank``, ``host_wait_us``, ``kernel_wait_us``,
+        ``other_us``, by rank.
+    """
+    if idle.empty:
+        return pd.DataFrame(columns=list(IDLE_BY_RANK_COLUMNS))
+    cats = ("host_wait", "kernel_wait", "other")
+    sums = (idle.pivot_table(index="rank", columns="category", values="idle_us",
+                             aggfunc="sum", fill_value=0.0)
+            .reindex(columns=list(cats), fill_value=0.0))
+    return pd.DataFrame({"rank": sums.index.to_numpy(),
+                         **{f"{c}_us": sums[c].to_numpy(dtype=float) for c in cats}},
+                        columns=list(IDLE_BY_RANK_COLUMNS))
 
 
 def _empty(columns: dict) -> pd.DataFrame:
@@ -170,7 +199,9 @@ def compute_hta_extras(traces: TraceSet, comm_patterns=(), *, runtime_cutoff_us:
             hta_log.setLevel(level)
     launches = pd.DataFrame(launch_rows, columns=list(LAUNCH_COLUMNS)) if launch_rows else \
         _empty(LAUNCH_COLUMNS)
-    return HtaExtras(_idle_table(idle_rows), launches, tuple(messages), hta_version, **kw)
+    idle = _idle_table(idle_rows)
+    return HtaExtras(idle, launches, tuple(messages), hta_version, **kw,
+                     idle_by_rank=idle_by_rank(idle))
 
 
 def _hta_files(traces: TraceSet) -> tuple[dict[int, str], list[str]]:

@@ -46,6 +46,11 @@ from .infer_layout import InferredLayout, is_pardiag_run
 BUBBLE_COLUMNS = ("rank", "stages", "step", "window_us", "busy_us", "bubble_us", "bubble_pct",
                   "warmup_bubble_us", "steady_bubble_us", "cooldown_bubble_us", "ideal_pct",
                   "method", "profiled", "clean")
+#: Columns of :func:`summarize_bubbles` (:attr:`PipelineResult.summary`).
+SUMMARY_COLUMNS = ("rank", "stages", "steps", "basis", "bubble_pct", "ideal_pct", "warmup_us",
+                   "steady_us", "cooldown_us", "window_us")
+#: Columns of :func:`bubble_gaps` (:attr:`PipelineResult.gaps`).
+GAP_COLUMNS = ("step", "rank", "start_us", "end_us")
 
 
 def ideal_bubble_pct(p: int, m: int, v: int = 1) -> float:
@@ -65,11 +70,22 @@ class PipelineResult:
         chunks: the schedule records on the aligned clock: ``rank``, ``stage``, ``microbatch``,
             ``phase`` (F, B, I, W), ``step``, ``start_us``, ``end_us`` (for the Gantt chart).
         schedule: ``{"schedule", "p", "m", "v"}`` used for the ideal, or None.
+        summary: per rank, the medians of :func:`summarize_bubbles` (µs, %; the page and the
+            terminal show it, the JSON's ``pipeline.summary`` is the same table).
+        gaps: per step and rank, each bubble interval: ``step``, ``rank``, ``start_us``,
+            ``end_us`` (aligned clock, µs; :func:`bubble_gaps`; the Gantt chart's red bars).
+        typical_step: the step the Gantt chart draws (:func:`typical_step`), None without
+            chunks.
     """
 
     bubbles: pd.DataFrame
     chunks: pd.DataFrame
     schedule: dict | None
+    summary: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=list(SUMMARY_COLUMNS)))
+    gaps: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=list(GAP_COLUMNS)))
+    typical_step: int | None = None
 
 
 def _schedule(traces: TraceSet, chunks: pd.DataFrame,
@@ -117,6 +133,39 @@ def summarize_bubbles(bubbles: pd.DataFrame) -> pd.DataFrame:
                 cooldown_us=("cooldown_bubble_us", "median"), window_us=("window_us", "median")))
     out.insert(3, "basis", basis)
     return out
+
+
+def bubble_gaps(chunks: pd.DataFrame) -> pd.DataFrame:
+    """Each rank's bubbles in each step as intervals: the step's window (first chunk start to
+    last chunk end over all ranks, the window of the module docstring) minus the union of the
+    rank's chunks (:func:`pardiag.analyzer.trace.intervals.subtract`); their lengths add up to
+    the rank's ``bubble_us`` of that step.
+
+    Args:
+        chunks: :attr:`PipelineResult.chunks` (aligned clock, µs).
+
+    Returns:
+        :data:`GAP_COLUMNS`: ``step``, ``rank``, ``start_us``, ``end_us`` (µs, aligned clock),
+        by step, rank and time.
+    """
+    rows = []
+    for step, sc in chunks.groupby("step", sort=True):
+        window = np.array([[sc["start_us"].min(), sc["end_us"].max()]], dtype=float)
+        for rank, rc in sc.groupby("rank", sort=True):
+            busy = iv.union(rc["start_us"].to_numpy(), rc["end_us"].to_numpy())
+            rows += [(int(step), rank, a, b) for a, b in iv.subtract(window, busy)]
+    return pd.DataFrame(rows, columns=list(GAP_COLUMNS))
+
+
+def typical_step(bubbles: pd.DataFrame) -> int | None:
+    """The middle one (``sorted[n // 2]``) of the clean steps of ``bubbles``, else of all its
+    steps: a step that runs as the run does without the profiler where there is one (the
+    summary's basis). None for an empty table."""
+    if bubbles.empty:
+        return None
+    clean = sorted(bubbles.loc[bubbles["clean"].astype(bool), "step"].unique())
+    pool = clean or sorted(bubbles["step"].unique())
+    return int(pool[len(pool) // 2])
 
 
 def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
@@ -198,4 +247,6 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
                         "warmup_bubble_us": np.nan, "steady_bubble_us": np.nan,
                         "cooldown_bubble_us": np.nan, "ideal_pct": ideal, "method": "estimate",
                         "profiled": True, "clean": False})
-    return PipelineResult(pd.DataFrame(out, columns=list(BUBBLE_COLUMNS)), chunks, sched)
+    bubbles = pd.DataFrame(out, columns=list(BUBBLE_COLUMNS))
+    return PipelineResult(bubbles, chunks, sched, summarize_bubbles(bubbles), bubble_gaps(chunks),
+                          typical_step(bubbles) if len(chunks) else None)

@@ -58,6 +58,8 @@ PER_RANK_COLUMNS = ("group", "step", "rank", "sent_rows", "recv_rows", "load_row
 #: Columns of :attr:`RoutingResult.steps`.
 STEP_COLUMNS = ("group", "step", "ranks", "instances", "max_rows", "mean_rows", "imbalance",
                 "hot_rank", "wait_us", "saving_us")
+#: Columns of :func:`rank_load` (:attr:`RoutingResult.rank_load`).
+RANK_LOAD_COLUMNS = ("group", "rank", "load_rows")
 #: Columns of :attr:`RoutingResult.groups`.
 GROUP_COLUMNS = ("group", "dim", "ranks", "steps", "unit", "row_bytes", "imbalance",
                  "imbalance_min", "imbalance_max", "hot_rank", "hot_steps", "hot_rows",
@@ -95,6 +97,8 @@ class RoutingResult:
             all-to-all: a dispatch's send splits, a combine's receive splits; group ranks in
             ascending order; from split sizes only).
         notes: what could not be measured, one line each.
+        rank_load: per group and rank, the median over steps of ``load_rows``
+            (:func:`rank_load`; rows in the group's unit).
     """
 
     instances: pd.DataFrame
@@ -103,6 +107,8 @@ class RoutingResult:
     groups: pd.DataFrame
     matrix: pd.DataFrame
     notes: tuple[str, ...] = ()
+    rank_load: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=list(RANK_LOAD_COLUMNS)))
 
     @property
     def finding(self) -> dict | None:
@@ -130,6 +136,22 @@ class RoutingResult:
             text += (f"; the others wait {f['wait_us'] / 1000:.1f} ms per step for it at the "
                      f"all-to-alls")
         return text
+
+
+def rank_load(per_rank: pd.DataFrame) -> pd.DataFrame:
+    """Each rank's load on the expert side per step, its median over the steps (rows in the
+    group's unit; the load is defined in the module docstring).
+
+    Args:
+        per_rank: :attr:`RoutingResult.per_rank`.
+
+    Returns:
+        :data:`RANK_LOAD_COLUMNS`: ``group``, ``rank``, ``load_rows`` (median over steps), by
+        group and rank.
+    """
+    if per_rank.empty:
+        return pd.DataFrame(columns=list(RANK_LOAD_COLUMNS))
+    return per_rank.groupby(["group", "rank"], as_index=False, sort=True)["load_rows"].median()
 
 
 def _ranks_text(group: str) -> str:
@@ -224,7 +246,7 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
     steps = _step_table(per_rank, r)
     groups = _group_table(steps, instances, routed.row_bytes, _dims(layout))
     return RoutingResult(instances, per_rank, steps, groups, _matrix(routed.matrix_rows),
-                         tuple(notes))
+                         tuple(notes), rank_load(per_rank))
 
 
 def _matched_per_rank(traces: TraceSet, sync: SyncResult, inst: pd.DataFrame) -> pd.DataFrame:

@@ -92,6 +92,11 @@ class SyncResult:
             :data:`STRAGGLER_MIN_WAIT_US` over complete instances, else None.
         notes: what the matching could not do (partial instances, unpaired point-to-point ops,
             the clock model used), one line each.
+        group_busbw: per group over its matched instances of every op and size
+            (:func:`busbw_by_group`): ``pg`` (as text), ``busbw_median``, ``busbw_max`` (GB/s),
+            ``count`` (instances with a busbw).
+        counts: the matched instances counted (:func:`instance_counts`): ``instances``,
+            ``collectives``, ``p2p``, ``complete``.
     """
 
     offsets: pd.DataFrame
@@ -103,6 +108,10 @@ class SyncResult:
     straggler: int | None = None
     notes: tuple[str, ...] = ()
     p2p: pd.DataFrame = dataclasses.field(default_factory=lambda: pd.DataFrame(columns=P2P_COLUMNS))
+    group_busbw: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=GROUP_BUSBW_COLUMNS))
+    counts: dict[str, int] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(COUNT_KEYS, 0))
 
     @functools.cached_property
     def skew(self) -> pd.DataFrame:
@@ -120,6 +129,46 @@ def skew_by_op(instances: pd.DataFrame) -> pd.DataFrame:
     return (instances.groupby("op", as_index=False)
             .agg(count=("instance", "size"), arrival_skew_us=("arrival_skew_us", "median"),
                  max_skew_us=("arrival_skew_us", "max"), transfer_us=("transfer_us", "median")))
+
+
+#: Columns of :func:`busbw_by_group` (:attr:`SyncResult.group_busbw`).
+GROUP_BUSBW_COLUMNS = ["pg", "busbw_median", "busbw_max", "count"]
+#: Keys of :func:`instance_counts` (:attr:`SyncResult.counts`).
+COUNT_KEYS = ("instances", "collectives", "p2p", "complete")
+
+
+def busbw_by_group(instances: pd.DataFrame) -> pd.DataFrame:
+    """Bus bandwidth per process group over its instances of every op and message size: the
+    median and the largest ``busbw_gbps`` (GB/s = 1e9 bytes/s; busbw as nccl-tests defines it,
+    see the module docstring) of the instances that have one, and how many do.
+
+    Args:
+        instances: :attr:`SyncResult.instances`.
+
+    Returns:
+        :data:`GROUP_BUSBW_COLUMNS`: ``pg`` (the group's id as text, the key the layout's
+        groups are looked up by), ``busbw_median``, ``busbw_max`` (GB/s), ``count``; one row
+        per group with at least one busbw, by ``pg``.
+    """
+    if instances.empty or "busbw_gbps" not in instances:
+        return pd.DataFrame(columns=GROUP_BUSBW_COLUMNS)
+    bw = (instances.dropna(subset=["busbw_gbps"])
+          .groupby(instances["pg"].astype(str))["busbw_gbps"].agg(["median", "max", "size"]))
+    return pd.DataFrame({"pg": bw.index.to_numpy(), "busbw_median": bw["median"].to_numpy(),
+                         "busbw_max": bw["max"].to_numpy(), "count": bw["size"].to_numpy()},
+                        columns=GROUP_BUSBW_COLUMNS)
+
+
+def instance_counts(instances: pd.DataFrame) -> dict[str, int]:
+    """The matched instances counted: ``instances`` (all), ``p2p`` (point-to-point transfers,
+    the instances keyed ``p2p:…``), ``collectives`` (the others), ``complete`` (every member
+    present; all of them when the table does not say)."""
+    if instances.empty:
+        return dict.fromkeys(COUNT_KEYS, 0)
+    n = len(instances)
+    p2p = int(instances["instance"].astype(str).str.startswith("p2p:").sum())
+    complete = int(instances["complete"].sum()) if "complete" in instances else n
+    return {"instances": n, "collectives": n - p2p, "p2p": p2p, "complete": complete}
 
 
 #: Columns of :attr:`SyncResult.p2p`.
@@ -597,8 +646,10 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     if noise:
         notes.append(noise)
     bandwidth = _bandwidth_table(inst[inst["complete"]])
-    return SyncResult(clock.table, inst.drop(columns=["group_size"]), per_rank, st, bandwidth,
-                      matched_by, straggler, tuple(notes), _p2p_pairs(inst, pr))
+    inst = inst.drop(columns=["group_size"])
+    return SyncResult(clock.table, inst, per_rank, st, bandwidth, matched_by, straggler,
+                      tuple(notes), _p2p_pairs(inst, pr), busbw_by_group(inst),
+                      instance_counts(inst))
 
 
 def _matched_events(ev: pd.DataFrame) -> tuple[pd.DataFrame, str, list[str]]:

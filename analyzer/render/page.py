@@ -1,5 +1,6 @@
 """The page kit every HTML output of pardiag is built with (the report, the comparison): one
-self-contained document that opens offline, its tables, escaping, and the inert figure data.
+self-contained document that opens offline (``templates/base.html``, rendered with the Jinja2
+environment :data:`TEMPLATES`), its tables, escaping, and the inert figure data.
 
 **Safety.** Every string that comes from a trace, a sidecar or a file name goes through
 :func:`escape` before it reaches the page. Figure data travels as JSON in inert
@@ -22,9 +23,11 @@ import html
 import importlib.resources
 import os
 
+import jinja2
 import numpy as np
 import orjson
 import pandas as pd
+from markupsafe import Markup
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
 from pardiag.layout import user_cache_dir
@@ -306,22 +309,46 @@ def plotly_script(include_plotlyjs) -> tuple[str, str]:
     return "", ""
 
 
+def _escaped(value) -> Markup:
+    """What a template writes for ``{{ value }}`` (the environment's ``finalize``): markup
+    (anything with ``__html__``: the kit's tables, figures and notes, passed as :class:`Markup`)
+    as it is, every other value through :func:`escape`. Autoescaping would escape it too, but
+    with markupsafe's spelling of quotes (``&#39;``, ``&#34;``); the page keeps one escaping,
+    ``html.escape``'s (``&#x27;``, ``&quot;``), wherever its text comes from."""
+    return value if hasattr(value, "__html__") else Markup(escape(value))
+
+
+#: The pages' templates (``templates/``: ``base.html`` the document, ``report.html`` the
+#: report with one template per section under ``sections/``, ``macros.html`` the pieces they
+#: share). Autoescaped (:func:`_escaped`); an undefined name is an error, not an empty string.
+#: A literal written as ``{{ "text" }}`` would be escaped by markupsafe at compile time:
+#: literal text goes into the template as it is, or through a macro's argument.
+TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("pardiag.analyzer.render", "templates"), autoescape=True,
+    finalize=_escaped, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def document_context(title: str, heading: str, subtitle: str, toc,
+                     include_plotlyjs: bool | str = True) -> dict:
+    """What ``templates/base.html`` shows around a page's body: ``title``, ``heading`` and
+    ``subtitle`` (escaped there), pardiag's ``version``, the time it was made (``stamp``,
+    local, to the minute), links to the sections (``toc``: ``(id, title)`` pairs), the style
+    sheet (:data:`CSS`), and what draws the figures: plotly's template (``figure_template``),
+    plotly.js as :func:`plotly_script` brings it (``head_js``, ``packed_plotlyjs``) and
+    :data:`BOOT_JS`."""
+    head_js, packed = plotly_script(include_plotlyjs)
+    return {"title": title, "heading": heading, "subtitle": subtitle, "version": __version__,
+            "stamp": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "toc": list(toc),
+            "css": Markup(CSS), "head_js": Markup(head_js), "packed_plotlyjs": Markup(packed),
+            "figure_template": Markup(json_script("pd-template", template_json())),
+            "boot_js": Markup(BOOT_JS)}
+
+
 def document(title: str, heading: str, subtitle: str, toc, body: str,
              include_plotlyjs: bool | str = True) -> str:
-    """One self-contained HTML document (a string): ``heading`` with ``subtitle``, pardiag's
-    version and the time it was made, links to the sections (``toc``: ``(id, title)`` pairs), the
-    ``body`` HTML, and what draws its figures (:data:`BOOT_JS`; plotly.js as
-    :func:`plotly_script` brings it). ``title``, ``heading`` and ``subtitle`` are escaped here."""
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    head_js, packed = plotly_script(include_plotlyjs)
-    links = " · ".join(f"<a href='#{k}'>{escape(t)}</a>" for k, t in toc)
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<meta name='generator' content='pardiag {__version__}'>"
-        f"<title>{escape(title)}</title>"
-        f"<style>{CSS}</style>{head_js}</head><body>"
-        f"<h1>{escape(heading)}</h1><p class='muted'>{escape(subtitle)} · pardiag {__version__}"
-        f" · {stamp}</p><p class='muted'>{links}</p>" + body
-        + json_script("pd-template", template_json()) + packed
-        + f"<script>{BOOT_JS}</script></body></html>"
-    )
+    """One self-contained HTML document (a string; ``templates/base.html``): ``heading`` with
+    ``subtitle``, pardiag's version and the time it was made, links to the sections (``toc``:
+    ``(id, title)`` pairs), the ``body`` HTML (inserted as it is), and what draws its figures
+    (:func:`document_context`). ``title``, ``heading`` and ``subtitle`` are escaped."""
+    return TEMPLATES.get_template("base.html").render(
+        document_context(title, heading, subtitle, toc, include_plotlyjs), body=Markup(body))

@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..analyses.pipeline import summarize_bubbles
 from ..predict.recommend.policy import TIER_ORDER
 from ..report.registry import Report
 
@@ -267,19 +266,18 @@ def _causes(report: Report, console: Console) -> None:
 
 
 def _hta(report: Report, console: Console) -> None:
-    """``report --hta``: idle time per rank and category, launch delays, HTA's failures."""
+    """``report --hta``: idle time per rank and category (:attr:`HtaExtras.idle_by_rank`),
+    launch delays, HTA's failures."""
     h = report.hta
     if h is None:
         return
-    if len(h.idle):
-        idle = h.idle.pivot_table(index="rank", columns="category", values="idle_us",
-                                  aggfunc="sum", fill_value=0.0)
+    if len(h.idle_by_rank):
         t = Table(title="HTA: GPU idle time per rank (ms, all streams)", title_justify="left")
         for col in ("rank", "host wait", "kernel wait", "other"):
             t.add_column(col, justify="right")
-        for rank, row in idle.iterrows():
-            t.add_row(str(rank), *(_n(row.get(c, 0.0) / 1e3, 3)
-                                   for c in ("host_wait", "kernel_wait", "other")))
+        for row in h.idle_by_rank.itertuples():
+            t.add_row(str(row.rank), *(_n(v / 1e3, 3) for v in (
+                row.host_wait_us, row.kernel_wait_us, row.other_us)))
         console.print(t)
     if len(h.launches):
         t = Table(title="HTA: kernel launches", title_justify="left")
@@ -348,7 +346,7 @@ def _parallel(report: Report, console: Console) -> None:
                                f"{row.recv_wait_us / 1e3:.3f} ms, sender waits "
                                f"{row.send_wait_us / 1e3:.3f} ms"))
     if len(pipe.bubbles):
-        summ = summarize_bubbles(pipe.bubbles)
+        summ = pipe.summary
         src = (pipe.schedule or {}).get("source")
         title = "Pipeline bubbles (" + ("estimate" if (pipe.bubbles["method"] == "estimate")
                                          .all() else "measured") + (
