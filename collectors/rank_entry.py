@@ -253,7 +253,7 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thr
     GIL) and records the flight recorder's entries, recent point-to-point calls and the main
     thread's Python stack.
     """
-    from .hooks import flight_recorder_entries, process_groups
+    from .comms import flight_recorder_entries, process_groups
 
     request = layout.dump_request_path(out)
     main_id = threading.main_thread().ident
@@ -302,7 +302,7 @@ def _layout_of(parallel: dict, groups: list[dict], records: list[dict],
                world: int | None = None) -> dict:
     """Parallel dimensions and degrees from the detected objects and the records. Dimensions of
     degree 1 are left out: a group of one rank parallelizes nothing."""
-    from .hooks import canonical_dim
+    from .parallelism import canonical_dim
 
     dims, group_dims = _mesh_layout(parallel.get("meshes", []), world)
     size_of = {g["name"]: g["size"] for g in groups}
@@ -600,7 +600,11 @@ def _on_trace_ready(run: _RankRun, prof) -> None:
     into ``run.captured``, timing each part into ``run.instrumentation``."""
     import torch.distributed as dist
 
-    from . import hooks
+    from .comms import flight_recorder_entries, process_groups
+    from .live_objects import live_instances, scan_classes
+    from .memory import peak_memory
+    from .parallelism import detect_parallelism
+    from .shapes import model_shapes
 
     captured, rank = run.captured, run.rank
     t0 = time.perf_counter()
@@ -614,19 +618,19 @@ def _on_trace_ready(run: _RankRun, prof) -> None:
     run.traces_written.append(run.trace_file.name)
     t1 = time.perf_counter()
     # what only the live process can tell, taken while the script's objects exist
-    captured["flight_recorder"] = hooks.flight_recorder_entries()
+    captured["flight_recorder"] = flight_recorder_entries()
     t2 = time.perf_counter()
-    captured["groups"] = hooks.process_groups()
-    live = hooks.live_instances(hooks.scan_classes())   # one pass over the live objects
+    captured["groups"] = process_groups()
+    live = live_instances(scan_classes())   # one pass over the live objects
     t3 = time.perf_counter()
-    captured["parallel"] = hooks.detect_parallelism(live)
+    captured["parallel"] = detect_parallelism(live)
     t4 = time.perf_counter()
     try:  # what constrains the split of the model (tensor shapes, heads, pipeline layers)
-        captured["shapes"] = hooks.model_shapes(objects=live)
+        captured["shapes"] = model_shapes(objects=live)
     except Exception as exc:  # extra information: never the run's failure
         print(f"pardiag: rank {rank}: could not record the model's shapes: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
-    captured["peak"] = hooks.peak_memory(run.cuda)
+    captured["peak"] = peak_memory(run.cuda)
     t5 = time.perf_counter()
     run.instrumentation["post_window_parts_s"] = {
         "export": t1 - t0, "flight_recorder": t2 - t1, "live_objects": t3 - t2,
@@ -661,7 +665,7 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
     wrappers record no ranges (``recording``)."""
     import torch
 
-    from . import hooks
+    from .memory import static_memory
 
     wait, warmup, window_end = run.wait, run.warmup, run.window_end
     if count == 1:   # the first step's forward has shown the per-rank batch
@@ -669,7 +673,7 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
     if count == wait + warmup and run.cuda:
         torch.cuda.reset_peak_memory_stats()  # the active window starts now
     if count == wait + warmup + 1:  # end of the first active step: state and grads exist
-        run.captured["static"] = hooks.static_memory(optimizer)
+        run.captured["static"] = static_memory(optimizer)
     if count > window_end:
         return
     recording = wait + warmup <= count < window_end
@@ -692,14 +696,16 @@ def _install_hooks(run: _RankRun) -> None:
         register_optimizer_step_pre_hook,
     )
 
-    from . import hooks
+    from .comms import P2PRecorder
+    from .pipeline_recorder import PipelineRecorder
+    from .shapes import BatchRecorder
 
     run.stepper = stepper = _OptimizerStepper(functools.partial(_on_step, run))
-    run.batch = hooks.BatchRecorder()
+    run.batch = BatchRecorder()
     run.batch.install()
-    run.p2p = hooks.P2PRecorder()
+    run.p2p = P2PRecorder()
     run.p2p.install()
-    run.pipe = hooks.PipelineRecorder(lambda: stepper.steps)
+    run.pipe = PipelineRecorder(lambda: stepper.steps)
     run.pipe.install()
     # a window that starts with the script (wait = warmup = 0) records from the first call
     run.pipe.recording = run.p2p.recording = run.wait + run.warmup == 0
@@ -754,7 +760,7 @@ def _size_scaling(run: _RankRun, lap) -> list[dict]:
     times each part. Returns the scaling rows (``[]`` where it cannot be measured)."""
     import torch.distributed as dist
 
-    from . import hooks
+    from .calibration import allreduce_calibration, ddp_calibration
 
     scaling: list[dict] = []
     pipe, captured = run.pipe, run.captured
@@ -762,11 +768,11 @@ def _size_scaling(run: _RankRun, lap) -> list[dict]:
         scaling = pipe.size_scaling()
         lap("size_scaling")
         # what a pipeline run cannot show: the group's all-reduce cost (more DP instead of PP)
-        captured["allreduce_calibration"] = hooks.allreduce_calibration()
+        captured["allreduce_calibration"] = allreduce_calibration()
         lap("allreduce_calibration")
         if captured["allreduce_calibration"]:   # every rank is there: DDP's own cost
             m = ((captured.get("parallel") or {}).get("pipeline") or {}).get("microbatches")
-            captured["ddp_calibration"] = hooks.ddp_calibration(
+            captured["ddp_calibration"] = ddp_calibration(
                 pipe.grad_bytes(), pipe.dp_rows(dist.get_world_size(), m))
             lap("ddp_calibration")
     except Exception as exc:
@@ -780,7 +786,7 @@ def _after_script(run: _RankRun) -> tuple[dict | None, int]:
     ``run.instrumentation["after_script_parts_s"]``: the wrappers' own cost, the microbatch
     scaling (:func:`_size_scaling`), the sidecars and the rank's summary (where a trace was
     written), the static memory. Returns ``(layout or None, collective records written)``."""
-    from . import hooks
+    from .memory import static_memory
 
     rank, pipe, p2p = run.rank, run.pipe, run.p2p
     # what the wrappers add to each call outside the window, measured (not assumed)
@@ -816,7 +822,7 @@ def _after_script(run: _RankRun) -> tuple[dict | None, int]:
         lap("rank_summary")
     run.instrumentation["after_script_parts_s"] = after
     if "static" not in run.captured and run.stepper.optimizer is not None:
-        run.captured["static"] = hooks.static_memory(run.stepper.optimizer)
+        run.captured["static"] = static_memory(run.stepper.optimizer)
     return lay, n_records
 
 
@@ -826,7 +832,7 @@ def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int,
     import torch
     import torch.distributed as dist
 
-    from . import hooks
+    from .topology import topology
 
     captured, stepper, batch, p2p, pipe = (run.captured, run.stepper, run.batch, run.p2p,
                                            run.pipe)
@@ -835,7 +841,7 @@ def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int,
         shapes = msgspec.structs.replace(shapes or layout.ModelShapes(),
                                          batch_samples=batch.samples, batch_module=batch.module,
                                          batch_calls=batch.calls if batch.samples else None)
-    topo = hooks.topology(run.local_rank)
+    topo = topology(run.local_rank)
     meta = layout.RankMeta(
         rank=run.rank, world_size=run.world_size, local_rank=run.local_rank, pid=os.getpid(),
         host=topo.get("host"), cpu_count=topo.get("cpu_count"),
@@ -853,7 +859,7 @@ def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int,
         trace_file=run.traces_written[-1] if run.traces_written else None,
         comm_records=n_records,
         # DeepSpeed's optimizer steps a flat fp32 partition: its engine knows what each part
-        # holds (hooks.deepspeed_settings), the stepped optimizer does not
+        # holds (parallelism.deepspeed_settings), the stepped optimizer does not
         memory=_plain({"static": ((captured.get("parallel") or {}).get("deepspeed") or {}).get(
                            "static") or captured.get("static"), **captured.get("peak", {}),
                        "trace_peaks": captured.get("trace_memory")}),
@@ -932,7 +938,16 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
     import torch.optim.optimizer  # noqa: F401
     import torch.profiler  # noqa: F401
 
-    from . import hooks  # noqa: F401
+    from . import (  # noqa: F401 - the instrumentation, loaded before the script
+        calibration,
+        comms,
+        live_objects,
+        memory,
+        parallelism,
+        pipeline_recorder,
+        shapes,
+        topology,
+    )
 
     run = _configure(cfg)                  # configuration, files claimed, stacks, pinning
     try:

@@ -393,7 +393,7 @@ class AttentionHeads(msgspec.Struct, kw_only=True, frozen=True):
 
 class ModelShapes(msgspec.Struct, kw_only=True, frozen=True):
     """The shapes that constrain how a rank's model can be split, recorded by the collector
-    (``pardiag.collectors.hooks.model_shapes``) when the profiler's window ends.
+    (``pardiag.collectors.shapes.model_shapes``) when the profiler's window ends.
 
     Attributes:
         sharded_params: the rank's tensor-parallel parameters (FSDP/ZeRO shards need nothing:

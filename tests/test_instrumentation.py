@@ -14,15 +14,21 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pardiag.analyzer.trace.comm_records import records_from_p2p  # noqa: E402
-from pardiag.collectors import hooks  # noqa: E402
+from pardiag.collectors import (  # noqa: E402
+    comms,
+    live_objects,
+    memory,
+    parallelism,
+    pipeline_recorder,
+)
 
 
 class _Group:
-    """A stand-in process group (``_group_name`` finds no name for it: "")."""
+    """A stand-in process group (``group_name`` finds no name for it: "")."""
 
 
 def test_p2p_wrapper_keeps_no_record_outside_the_window():
-    rec = hooks.P2PRecorder()
+    rec = comms.P2PRecorder()
     calls = []
 
     def send(tensor, dst=None, group=None):
@@ -48,9 +54,9 @@ def test_p2p_wrapper_keeps_no_record_outside_the_window():
     # the hang dump's rows: the last calls, inside and outside the window alike
     assert [r["seq"] for r in rec.recent_rows()] == [1, 2, 3]
     rec.recording = False
-    for _ in range(hooks.P2PRecorder.RECENT + 5):
+    for _ in range(comms.P2PRecorder.RECENT + 5):
         wrapped(t, 1, group)
-    assert len(rec.records) == 1 and len(rec.recent) == hooks.P2PRecorder.RECENT
+    assert len(rec.records) == 1 and len(rec.recent) == comms.P2PRecorder.RECENT
 
 
 def test_records_from_p2p_keep_the_recorded_count():
@@ -90,7 +96,7 @@ def fake_stage_base(monkeypatch):
 def test_pipeline_wrapper_opens_ranges_only_in_the_window(fake_stage_base):
     base, ranges = fake_stage_base
     step = [0]
-    rec = hooks.PipelineRecorder(lambda: step[0])
+    rec = pipeline_recorder.PipelineRecorder(lambda: step[0])
     assert rec.install()
     try:
         stage = types.SimpleNamespace(stage_index=0, submod=torch.nn.Linear(4, 3))
@@ -120,22 +126,22 @@ def test_pipeline_wrapper_opens_ranges_only_in_the_window(fake_stage_base):
 
 def test_live_instances_and_modules_not_imported():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
-    found = hooks.live_instances((torch.nn.Sequential,))
+    found = live_objects.live_instances((torch.nn.Sequential,))
     assert any(o is model for o in found)
     assert all(isinstance(o, torch.nn.Sequential) for o in found)
-    assert hooks.live_instances(()) == []
+    assert live_objects.live_instances(()) == []
     # a module nobody imported has no live instance and is not imported to look
-    assert hooks._loaded("pardiag_no_such_module", "X") == ()
-    assert hooks._loaded("torch.nn", "Linear", "NoSuchClass") == (torch.nn.Linear,)
-    assert torch.nn.Module in hooks.scan_classes()
+    assert live_objects.loaded("pardiag_no_such_module", "X") == ()
+    assert live_objects.loaded("torch.nn", "Linear", "NoSuchClass") == (torch.nn.Linear,)
+    assert torch.nn.Module in live_objects.scan_classes()
 
 
 def test_wrappers_time_their_own_cost_and_leave_no_trace(fake_stage_base):
     """The per-call cost outside the window is measured on a no-op after the run; measuring
     it leaves the recorders as they were (no record, count or buffered call added)."""
     step = [0]
-    pipe = hooks.PipelineRecorder(lambda: step[0])
-    p2p = hooks.P2PRecorder()
+    pipe = pipeline_recorder.PipelineRecorder(lambda: step[0])
+    p2p = comms.P2PRecorder()
     assert pipe.self_cost_us(calls=50, blocks=3) >= 0.0
     assert p2p.self_cost_us(calls=50, blocks=3) >= 0.0
     assert pipe.records == [] and pipe.calls_outside == 0 and not pipe._hooked
@@ -169,7 +175,7 @@ def test_layer_times_are_the_fastest_call():
     """Each layer's forward time is the fastest of its calls: a loaded host only adds time. One
     preempted call (70 ms among 1 ms ones) leaves it at 1 ms (the mean would say 10.9 ms), and
     so do 4 of 7 calls at 5 ms (the median would say 5 ms)."""
-    rec = hooks.PipelineRecorder(lambda: 0)
+    rec = pipeline_recorder.PipelineRecorder(lambda: 0)
     stage = types.SimpleNamespace(stage_index=1, submod=torch.nn.Sequential(
         torch.nn.Linear(4, 4), torch.nn.ReLU()))
     handles = rec._layer_hooks(stage, "after_run")
@@ -198,7 +204,7 @@ def test_size_scaling_times_the_sizes_in_turn():
             seen.append(int(x.shape[0]))
             return x * 2
 
-    rec = hooks.PipelineRecorder(lambda: 0)
+    rec = pipeline_recorder.PipelineRecorder(lambda: 0)
     stage = types.SimpleNamespace(stage_index=1, submod=torch.nn.Sequential(
         torch.nn.Linear(4, 4), Probe()))
     rec._stages.append(stage)
@@ -233,10 +239,10 @@ def test_static_memory_reads_the_state_of_a_container_of_optimizers():
     for p in parts:
         p(torch.ones(2, 10)).sum().backward()
     opt.step()
-    mem = hooks.static_memory(opt)
+    mem = memory.static_memory(opt)
     n = 110 + 44
     assert mem["params"] == 4 and mem["params_bytes"] == 4 * n and mem["grads_bytes"] == 4 * n
-    steps = sum(hooks._nbytes(s["step"]) for o in opt.optimizers for s in o.state.values())
+    steps = sum(memory.local_bytes(s["step"]) for o in opt.optimizers for s in o.state.values())
     assert mem["optimizer_state_bytes"] == 2 * 4 * n + steps
 
 
@@ -258,15 +264,15 @@ def _torchtitan_meshes(dp_shard: int, tp: int) -> list[dict]:
     """The meshes torchtitan builds for FSDP over dp_shard × TP over tp (one node): the world
     mesh with its size-1 dimensions, the flattened ``dp``/``dp_shard_cp``/``dp_cp`` meshes, and
     internal ones (``WORLD``, ``BATCH``, ``LOSS_MESH``, ``EFSDP``)."""
-    scan = hooks._ParallelScan()
+    scan = parallelism._ParallelScan()
     world = dp_shard * tp
-    hooks._note_mesh(scan, _FakeMesh(["pp", "dp_replicate", "dp_shard", "cp", "tp"],
+    parallelism._note_mesh(scan, _FakeMesh(["pp", "dp_replicate", "dp_shard", "cp", "tp"],
                                      (1, 1, dp_shard, 1, tp)))
     by_dp = torch.arange(world).reshape(dp_shard, tp)
     for name in ("dp", "dp_shard_cp", "dp_cp", "BATCH", "LOSS_MESH", "EFSDP"):
         for col in range(tp):   # a 1-D mesh per TP rank, over the data-parallel ranks
-            hooks._note_mesh(scan, _FakeMesh([name], (dp_shard,), by_dp[:, col].tolist()))
-    hooks._note_mesh(scan, _FakeMesh(["WORLD"], (world,)))
+            parallelism._note_mesh(scan, _FakeMesh([name], (dp_shard,), by_dp[:, col].tolist()))
+    parallelism._note_mesh(scan, _FakeMesh(["WORLD"], (world,)))
     return scan.meshes
 
 
@@ -289,8 +295,8 @@ def test_mesh_layout_keeps_hsdp_and_groups_of_one_out():
     mesh_ep is no expert dimension."""
     from pardiag.collectors.rank_entry import _layout_of
 
-    scan = hooks._ParallelScan()
-    hooks._note_mesh(scan, _FakeMesh(["dp_replicate", "dp_shard"], (2, 2)))
+    scan = parallelism._ParallelScan()
+    parallelism._note_mesh(scan, _FakeMesh(["dp_replicate", "dp_shard"], (2, 2)))
     lay = _layout_of({"meshes": scan.meshes, "wrappers": ["fsdp2"]},
                      [{"name": "7", "desc": "mesh_ep", "size": 1, "ranks": [0]}], [], world=4)
     assert lay["dims"] == {"dp": 4} and lay["strategies"] == ["fsdp2"]

@@ -31,8 +31,8 @@ def tp_mesh():
 
 
 def _recorded(**kw):
-    from pardiag.collectors import hooks
-    return hooks.model_shapes(**({"roots": [], "stages": {}} | kw))
+    from pardiag.collectors import shapes
+    return shapes.model_shapes(**({"roots": [], "stages": {}} | kw))
 
 
 def test_mlp_widths_rule_out_tp3_and_allow_tp2_and_tp4(tp_mesh):
@@ -131,7 +131,7 @@ def test_batch_recorder_takes_the_model_and_counts_accumulation():
     import torch
     from torch import nn
 
-    from pardiag.collectors.hooks import BatchRecorder
+    from pardiag.collectors.shapes import BatchRecorder
 
     model, loss = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)), nn.CrossEntropyLoss()
     rec = BatchRecorder()
@@ -157,7 +157,7 @@ def test_batch_recorder_reads_keyword_and_dict_inputs():
     import torch
     from torch import nn
 
-    from pardiag.collectors.hooks import BatchRecorder
+    from pardiag.collectors.shapes import BatchRecorder
 
     class KwModel(nn.Module):
         def __init__(self):

@@ -15,7 +15,7 @@ the optimization itself (learning rate and warm-up need retuning: Goyal et al., 
 Large Minibatch SGD", linear scaling rule with gradual warm-up).
 
 Pure functions over :class:`pardiag.layout.ModelShapes` (recorded per rank by
-``pardiag.collectors.hooks.model_shapes``, read from ``traces.rank_meta``); no torch.
+``pardiag.collectors.shapes.model_shapes``, read from ``traces.rank_meta``); no torch.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Collective and point-to-point records: normalise what the collectors captured and place
 each record on the trace's timeline.
 
-Sources (see :mod:`pardiag.collectors.hooks`): flight-recorder entries (collectives, with group,
+Sources (see :mod:`pardiag.collectors.comms`): flight-recorder entries (collectives, with group,
 per-group sequence number, sizes, dtypes, creation time) and pardiag's own point-to-point hook
 records. Both carry epoch-ns times on the clock of the trace's ``baseTimeNanoseconds``, so
 ``trace µs = (t_ns − baseTimeNanoseconds) / 1000``.
