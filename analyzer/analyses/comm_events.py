@@ -23,6 +23,7 @@ from ..per_rank.comm_events import (
 )
 from ..per_rank.op_semantics import P2P_OPS
 from ..per_rank.summary import summary_of
+from ..trace import vocab
 from ..trace.traceset import TraceSet, stack_by_rank
 
 
@@ -82,7 +83,7 @@ def _mesh_groups(traces: TraceSet) -> dict[str, dict[int, list[int]]]:
     out, since an op runs over one of their factors."""
     from .mesh import mesh_dims
 
-    groups = [(str(g.get("pg_desc", "")), list(g["ranks"]))
+    groups = [(str(vocab.PG_CONFIG_DESC.get(g, "")), list(vocab.PG_CONFIG_RANKS.get(g)))
               for t in traces.ranks.values() for g in t.pg_config]
     if not any(len(r) > 1 for _, r in groups):
         return {}

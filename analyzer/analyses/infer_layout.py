@@ -41,6 +41,7 @@ import pandas as pd
 
 from ..per_rank.layout_marks import CHUNK_COLUMNS, MARKERS
 from ..per_rank.summary import summary_of
+from ..trace import vocab
 from ..trace.traceset import (
     TraceSet,
 )
@@ -109,8 +110,8 @@ def is_pardiag_run(traces: TraceSet) -> bool:
 
 
 def _world(traces: TraceSet) -> int:
-    sizes = [t.metadata["distributedInfo"].get("world_size") for t in traces.ranks.values()
-             if isinstance(t.metadata.get("distributedInfo"), dict)]
+    sizes = [vocab.DIST_WORLD_SIZE.get(vocab.DISTRIBUTED_INFO.get(t.metadata))
+             for t in traces.ranks.values()]
     sizes = [s for s in sizes if isinstance(s, int) and s > 0]
     return max(sizes) if sizes else len(traces.ranks)
 
@@ -123,7 +124,7 @@ def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None
     come from ``distributedInfo.pg_config`` and from the communication ``events``' group ranks;
     a group whose description names no dimension is named by the ops that ran over it
     (:func:`pardiag.analyzer.analyses.mesh.role_of`)."""
-    groups = [(str(g.get("pg_desc", "")), list(g["ranks"]))
+    groups = [(str(vocab.PG_CONFIG_DESC.get(g, "")), list(vocab.PG_CONFIG_RANKS.get(g)))
               for t in traces.ranks.values() for g in t.pg_config]
     roles = {}
     if events is not None and len(events):
@@ -150,13 +151,14 @@ def _global_peers(traces: TraceSet, marks: dict, member: dict) -> tuple[dict, li
         if p.empty:
             continue
         # groups of one rank carry no message (torchtitan lists a size-1 group per unused dim)
-        groups = list({tuple(g["ranks"]): g for g in traces.ranks[rank].pg_config
-                       if len(g["ranks"]) > 1}.values())
+        groups = list({tuple(vocab.PG_CONFIG_RANKS.get(g)): g
+                       for g in traces.ranks[rank].pg_config
+                       if len(vocab.PG_CONFIG_RANKS.get(g)) > 1}.values())
         pp_group = member.get(rank, {}).get("pp")
         if pp_group:
             ranks = pp_group
         elif len(groups) <= 1:
-            ranks = groups[0]["ranks"] if groups else None
+            ranks = vocab.PG_CONFIG_RANKS.get(groups[0]) if groups else None
         else:
             ranks = None
             notes.append(f"rank {rank}: several process groups and none described as mesh_pp; "
@@ -279,10 +281,8 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
         missing.append("FSDP's reshard-after-forward / sharding strategy is not in the traces")
     if "ddp" in strategies:
         missing.append("DDP's bucket size is not in the traces")
-    if any(isinstance(t.metadata.get("distributedInfo"), dict)
-           and isinstance(t.metadata["distributedInfo"].get("pg_count"), int)
-           and t.metadata["distributedInfo"]["pg_count"] > len(t.pg_config)
-           for t in traces.ranks.values()) and not dims:
+    if any(isinstance(n := vocab.DIST_PG_COUNT.get(vocab.DISTRIBUTED_INFO.get(t.metadata)), int)
+           and n > len(t.pg_config) for t in traces.ranks.values()) and not dims:
         missing.append("process groups: pg_config lists only the groups holding each rank, "
                        "and none is described as a mesh dimension")
     dims = _as_mesh(dims, world, missing)

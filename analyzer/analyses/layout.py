@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from ..trace import vocab
 from ..trace.traceset import TraceSet
 from .infer_layout import InferredLayout, is_pardiag_run
 
@@ -76,17 +77,18 @@ def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> 
                              list(g.get("ranks") or [])))
     if not rows:  # traces from elsewhere: distributedInfo.pg_config
         for t in traces.ranks.values():
-            info = t.metadata.get("distributedInfo")
-            groups = info.get("pg_config") if isinstance(info, dict) else None
+            groups = vocab.DIST_PG_CONFIG.get(vocab.DISTRIBUTED_INFO.get(t.metadata))
             for g in groups if isinstance(groups, list) else []:
                 if not isinstance(g, dict):
                     continue
-                ranks = g.get("ranks") if isinstance(g.get("ranks"), list) else []
-                key = (str(g.get("pg_name")), tuple(ranks))
+                ranks = vocab.PG_CONFIG_RANKS.get(g)
+                ranks = ranks if isinstance(ranks, list) else []
+                name = str(vocab.PG_CONFIG_NAME.get(g))
+                key = (name, tuple(ranks))
                 if key not in seen:
                     seen.add(key)
                     dim = inferred.dim_of_group(ranks) if inferred is not None else None
-                    rows.append((dim, str(g.get("pg_name")), str(g.get("pg_desc", "")), ranks))
+                    rows.append((dim, name, str(vocab.PG_CONFIG_DESC.get(g, "")), ranks))
     out = []
     for dim, pg, desc, ranks in rows:
         spanned = sorted({hosts[r] for r in ranks if r in hosts})

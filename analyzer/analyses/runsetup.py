@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..trace import vocab
 from ..trace.classify import normalize_schedule
 from ..trace.traceset import TraceSet
 from .layout import LayoutResult
@@ -160,8 +161,8 @@ def _layers_per_stage(traces: TraceSet) -> list[int] | None:
 
 
 def _dist_infos(traces: TraceSet) -> list[dict]:
-    return [t.metadata["distributedInfo"] for t in traces.ranks.values()
-            if isinstance(t.metadata.get("distributedInfo"), dict)]
+    infos = [vocab.DISTRIBUTED_INFO.get(t.metadata) for t in traces.ranks.values()]
+    return [i for i in infos if isinstance(i, dict)]
 
 
 def compute_setup(traces: TraceSet, lay: LayoutResult) -> RunSetup:
@@ -181,14 +182,14 @@ def compute_setup(traces: TraceSet, lay: LayoutResult) -> RunSetup:
 
     pipe = lay.pipeline if isinstance(lay.pipeline, dict) else None
     world = run.world_size if run and run.world_size else _one(
-        i.get("world_size") for i in infos if isinstance(i.get("world_size"), int))
+        w for i in infos if isinstance(w := vocab.DIST_WORLD_SIZE.get(i), int))
     if isinstance(world, list):
         world = max(world)
     hosts = {str(h): list(r) for h, r in (lay.nodes or {}).items()} or None
     devices = _one(m.device_name for m in metas)
     if devices is None:   # traces from elsewhere: the GPUs the trace describes
-        devices = _one(d.get("name") for t in traces.ranks.values()
-                       for d in (t.metadata.get("deviceProperties") or [])
+        devices = _one(vocab.DEVICE_NAME.get(d) for t in traces.ranks.values()
+                       for d in (vocab.DEVICE_PROPERTIES.get(t.metadata) or [])
                        if isinstance(d, dict))
     if devices is not None and not isinstance(devices, list):
         devices = [devices]
@@ -218,7 +219,7 @@ def compute_setup(traces: TraceSet, lay: LayoutResult) -> RunSetup:
         zero_allgather_bucket_size=ds.get("allgather_bucket_size"),
         zero_overlap_comm=ds.get("overlap_comm"),
         backend=(run.backend if run and run.backend else None) or _one(
-            [m.backend for m in metas] + [i.get("backend") for i in infos]),
+            [m.backend for m in metas] + [vocab.DIST_BACKEND.get(i) for i in infos]),
         torch_version=(run.torch_version if run and run.torch_version else None)
         or _one(m.torch_version for m in metas),
         nccl_version=_one([m.nccl_version for m in metas] + [i.get("nccl_version")

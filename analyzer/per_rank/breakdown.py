@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
+from ..trace import vocab
 from ..trace.classify import (
     STANDARD_COLLECTIVES,
     Kind,
@@ -340,7 +341,7 @@ def _entry_numel(entry) -> int | None:
 
 
 def _numels(args) -> set[int]:
-    dims = args.get("Input Dims") if isinstance(args, dict) else None
+    dims = vocab.INPUT_DIMS.get(args)
     if not isinstance(dims, list):
         return set()
     return {n for n in map(_entry_numel, dims) if n is not None}
@@ -348,7 +349,7 @@ def _numels(args) -> set[int]:
 
 def _first_numel(args) -> int | None:
     """Elements of the first ``Input Dims`` entry (a transport event's buffer)."""
-    dims = args.get("Input Dims") if isinstance(args, dict) else None
+    dims = vocab.INPUT_DIMS.get(args)
     return _entry_numel(dims[0]) if isinstance(dims, list) and dims else None
 
 
@@ -478,8 +479,8 @@ def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     # ranks, description, Seq) — gloo's worker events name no group themselves
     record = {}
     for i in issued.tolist():
-        record[i] = next((args[j] for j in members[i] if isinstance(args[j], dict)
-                          and "Collective name" in args[j]), None)
+        record[i] = next((args[j] for j in members[i]
+                          if vocab.COLLECTIVE_NAME.present(args[j])), None)
     comm["issuer_record"] = pd.Series([record.get(int(k)) if k >= 0 else None for k in issuer],
                                       index=comm.index, dtype=object)
     return comm

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
+from ..trace import vocab
 from ..trace.classify import (
     Kind,
     collective_type,
@@ -21,7 +22,7 @@ from ..trace.classify import (
     name_test,
     on_threads,
 )
-from ..trace.comm_records import DTYPE_BYTES, numel
+from ..trace.comm_records import numel
 from ..trace.traceset import RankTrace, isin_mask
 from .breakdown import cpu_comm_types
 from .issued_ops import gpu_issued_ops
@@ -103,48 +104,57 @@ def rank_list(v) -> list[int] | None:
     return out if out and all(x is not None and x >= 0 for x in out) else None
 
 
-def _group_ranks(args: dict, pg_ranks_by_name: dict[str, list[int]]) -> list[int] | None:
+def group_ranks(args: dict, pg_ranks_by_name: dict[str, list[int]]) -> list[int] | None:
     """The global ranks of a communication op's group: ``Process Group Ranks``, else
     ``Global rank start``/``stride`` with ``Group size``, else ``distributedInfo.pg_config`` for
     its group name (the rank's own names)."""
-    ranks = rank_list(args.get("Process Group Ranks"))
+    ranks = rank_list(vocab.PG_RANKS.get(args))
     if ranks:
         return ranks
-    start, stride = (int_arg(args.get("Global rank start")),
-                     int_arg(args.get("Global rank stride")))
-    size = int_arg(args.get("Group size"))
+    start, stride = (int_arg(vocab.GLOBAL_RANK_START.get(args)),
+                     int_arg(vocab.GLOBAL_RANK_STRIDE.get(args)))
+    size = int_arg(vocab.GROUP_SIZE.get(args))
     if start is not None and stride and size and start >= 0 and stride > 0 \
             and size <= MAX_GROUP_SIZE:
         return [start + stride * i for i in range(size)]
-    name = args.get("Process Group Name")
+    name = vocab.PG_NAME.get(args)
     return pg_ranks_by_name.get(str(name)) if name is not None else None
 
 
 def _pg_config(trace: RankTrace) -> tuple[dict[str, list[int]], int | None, int | None]:
     """(``{pg name: global ranks}`` from ``distributedInfo.pg_config``, world size, pg count)."""
-    info = trace.metadata.get("distributedInfo")
-    info = info if isinstance(info, dict) else {}
+    info = vocab.DISTRIBUTED_INFO.get(trace.metadata)
     by_name = {}
     for g in trace.pg_config:  # the well-formed entries, as the layout reads them
-        ranks = rank_list(g.get("ranks"))
+        ranks = rank_list(vocab.PG_CONFIG_RANKS.get(g))
         if ranks:
-            by_name[str(g.get("pg_name"))] = ranks
-    world = int_arg(info.get("world_size"))
-    return by_name, world, int_arg(info.get("pg_count"))
+            by_name[str(vocab.PG_CONFIG_NAME.get(g))] = ranks
+    world = int_arg(vocab.DIST_WORLD_SIZE.get(info))
+    return by_name, world, int_arg(vocab.DIST_PG_COUNT.get(info))
 
 
 def _args_bytes(args) -> int | None:
+    """Bytes of an op's buffer from its record: the larger element count of ``In``/``Out msg
+    nelems`` times the size of its ``dtype``, else its first input's shape (``Input Dims``)
+    times the size of its first ``Input type``; None where the trace says neither, or names a
+    dtype pardiag does not know (:func:`pardiag.analyzer.trace.vocab.dtype_bytes`: the loader
+    warns; no size is guessed)."""
     if not isinstance(args, dict):
         return None
-    dtype = args.get("dtype")
-    n_in, n_out = int_arg(args.get("In msg nelems")), int_arg(args.get("Out msg nelems"))
+    n_in, n_out = int_arg(vocab.IN_NELEMS.get(args)), int_arg(vocab.OUT_NELEMS.get(args))
     if n_in is not None or n_out is not None:
-        n = max(n_in or 0, n_out or 0) * DTYPE_BYTES.get(str(dtype).strip('"'), 4)
+        size = vocab.dtype_bytes(vocab.DTYPE.get(args))
+        if size is None:
+            return None
+        n = max(n_in or 0, n_out or 0) * size
         return n if n < 2 ** 53 else None
-    dims, types = args.get("Input Dims"), args.get("Input type")
+    dims, types = vocab.INPUT_DIMS.get(args), vocab.INPUT_TYPE.get(args)
     if isinstance(dims, list) and dims and isinstance(types, list) and types:
+        size = vocab.dtype_bytes(types[0])
+        if size is None:
+            return None
         try:
-            n = numel(dims[:1]) * DTYPE_BYTES.get(str(types[0]), 4)
+            n = numel(dims[:1]) * size
         except (TypeError, ValueError):
             return None
         return n if n < 2 ** 53 else None
@@ -154,10 +164,10 @@ def _args_bytes(args) -> int | None:
 def _p2p_peer(op: str, args: dict, ranks: list[int] | None) -> int | None:
     """Global rank at the other end of a send/recv: ``Dst Rank`` / ``Src Rank`` (global), else
     ``Rank`` (Kineto's record of a send/recv holds the peer's rank *in the group* there)."""
-    peer = int_arg(args.get("Dst Rank" if op == "send" else "Src Rank"))
+    peer = int_arg((vocab.DST_RANK if op == "send" else vocab.SRC_RANK).get(args))
     if peer is not None:
         return peer
-    local = int_arg(args.get("Rank"))
+    local = int_arg(vocab.RANK.get(args))
     if local is not None and ranks and 0 <= local < len(ranks):
         return ranks[local]
     return None
@@ -180,7 +190,7 @@ def _gloo_p2p_peers(ev: pd.DataFrame, p2p: pd.DataFrame, world_group: bool) -> l
             if len(mine) != len(idx):
                 continue  # cannot tell which call is which transfer
             for i, a in zip(idx, mine["args"].tolist()):
-                ci = a.get("Concrete Inputs") if isinstance(a, dict) else None
+                ci = vocab.CONCRETE_INPUTS.get(a)
                 out[i] = int_arg(ci[2]) if isinstance(ci, list) and len(ci) > 2 else None
     return out
 
@@ -251,11 +261,11 @@ def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
 def _op_row(rank: int, op: str, args: dict, pg_ranks: dict[str, list[int]],
             world: int | None) -> dict:
     """Group, sequence number, peer and bytes of an op from its record's ``args``."""
-    members = _group_ranks(args, pg_ranks)
-    size = int_arg(args.get("Group size"))
-    seq = int_arg(args.get("Seq"))
-    return {"rank": rank, "pg": str(args.get("Process Group Name", "?")),
-            "group": group_key(members, args.get("Process Group Description"))
+    members = group_ranks(args, pg_ranks)
+    size = int_arg(vocab.GROUP_SIZE.get(args))
+    seq = int_arg(vocab.SEQ.get(args))
+    return {"rank": rank, "pg": str(vocab.PG_NAME.get(args, "?")),
+            "group": group_key(members, vocab.PG_DESC.get(args))
             if members else "",
             "seq": seq if seq is not None else -1,
             "native_seq": seq is not None and op not in P2P_OPS,
@@ -270,7 +280,7 @@ def _root(op: str, args: dict, members: list[int] | None) -> int | None:
     broadcast, reduce, scatter and gather) read as a rank in the group; None otherwise."""
     if semantics(op) != ROOTED:
         return None
-    local = int_arg(args.get("Rank"))
+    local = int_arg(vocab.RANK.get(args))
     if local is None:
         return None
     if members and 0 <= local < len(members):
@@ -316,12 +326,12 @@ def _gloo_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
         for i, peer in zip(p2p_rows, _gloo_p2p_peers(ev, gl.iloc[p2p_rows], world_group)):
             peers[i] = peer
     recs = [r if isinstance(r, dict) else {} for r, k in zip(recs, keep) if k]
-    members = [_group_ranks(r, pg_ranks) if r else None for r in recs]
-    seqs = [int_arg(r.get("Seq")) for r in recs]
+    members = [group_ranks(r, pg_ranks) if r else None for r in recs]
+    seqs = [int_arg(vocab.SEQ.get(r)) for r in recs]
     kept_ops = [o for o, k in zip(ops, keep) if k]
     df = pd.DataFrame({
-        "rank": trace.rank, "pg": [str(r.get("Process Group Name", "?")) for r in recs],
-        "group": [group_key(m, r.get("Process Group Description")) if m else ""
+        "rank": trace.rank, "pg": [str(vocab.PG_NAME.get(r, "?")) for r in recs],
+        "group": [group_key(m, vocab.PG_DESC.get(r)) if m else ""
                   for m, r in zip(members, recs)],
         "seq": [q if q is not None else -1 for q in seqs],
         "native_seq": [q is not None and o not in P2P_OPS for q, o in zip(seqs, kept_ops)],

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
+from ..trace import vocab
 from ..trace.classify import (
     LAUNCH_CALL_RE,
     STANDARD_COLLECTIVES,
@@ -112,13 +113,12 @@ def launch_times(trace: RankTrace, kernels: pd.DataFrame, end: bool = False) -> 
 
 
 def _is_record(name: str, args) -> bool:
-    return (name == "record_param_comms" and isinstance(args, dict)
-            and bool(args.get("Collective name")))
+    return name == "record_param_comms" and bool(vocab.COLLECTIVE_NAME.get(args))
 
 
 def _is_coalescing(name: str, args) -> bool:
-    if isinstance(args, dict) and args.get("Collective name"):
-        return str(args["Collective name"]).lower().replace("_", "") in _COALESCING
+    if coll := vocab.COLLECTIVE_NAME.get(args):
+        return str(coll).lower().replace("_", "") in _COALESCING
     return name.rsplit(":", 1)[-1].lower().replace("_", "") in _COALESCING
 
 
@@ -284,8 +284,8 @@ def _host_type(names: list, args: list, enc: np.ndarray) -> str:
 
 def _shapes(args) -> dict:
     """An op's input shapes and types (an older trace's only record of its size)."""
-    a = args if isinstance(args, dict) else {}
-    return {k: a[k] for k in ("Input Dims", "Input type") if k in a}
+    return {key.name: key.get(args) for key in (vocab.INPUT_DIMS, vocab.INPUT_TYPE)
+            if key.present(args)}
 
 
 def _kernel_type(name: str, args) -> str:

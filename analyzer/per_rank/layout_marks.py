@@ -13,8 +13,10 @@ import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
+from ..trace import vocab
 from ..trace.classify import STEP_RE, Kind, classify, name_test
 from ..trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, isin_mask
+from .comm_events import group_ranks, int_arg
 
 #: Columns of :attr:`RankMarks.chunks`: the busy pieces of the pipeline's per-microbatch ranges.
 #: ``stage`` -1 where the range does not name it (GPipe's ``Forward i``); ``phase`` F, B, I or
@@ -133,21 +135,27 @@ def _step_of(times: np.ndarray, steps: list[tuple[int, float, float]]) -> np.nda
     return out
 
 
-def _peer(args) -> int:
-    """The peer's group rank of a ``c10d::send``/``c10d::recv_`` (``Concrete Inputs[2]``) or of
-    NCCL's ``record_param_comms`` (``Peer``/``dst``/``src`` where the trace has one); -1."""
+def _peer(op: str, args) -> int:
+    """The peer's rank in the group the message used, or -1: a ``c10d::send``/``c10d::recv_``'s
+    ``Concrete Inputs[2]``; a ``record_param_comms`` send's ``Dst Rank`` (a recv's ``Src Rank``:
+    a global rank) placed among the group's ranks (``Process Group Ranks``, else ``Global rank
+    start``/``stride`` with ``Group size``; -1 where the record gives no group); another
+    record's ``Peer`` (:data:`pardiag.analyzer.trace.vocab.PEER`)."""
     if not isinstance(args, dict):
         return -1
-    ci = args.get("Concrete Inputs")
+    ci = vocab.CONCRETE_INPUTS.get(args)
     if isinstance(ci, list) and len(ci) > 2:
         try:
             return int(str(ci[2]))
         except ValueError:
             pass
-    for k in ("Peer", "peer", "dst", "src", "Dst rank", "Src rank"):
-        v = args.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return int(v)
+    glob = int_arg((vocab.DST_RANK if op == "send" else vocab.SRC_RANK).get(args))
+    if glob is not None:
+        members = group_ranks(args, {})
+        return members.index(glob) if members and glob in members else -1
+    v = vocab.PEER.get(args)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return int(v)
     return -1
 
 
@@ -182,13 +190,13 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
         _P2P_OP_RE.match(u) or u == "record_param_comms"))
     for n, t, d, a in zip(names[sel], ev["ts"][sel], ev["dur"][sel], ev["args"][sel]):
         if n == "record_param_comms":
-            op = _P2P_NCCL.get(str((a or {}).get("Collective name", "")).lower()) \
+            op = _P2P_NCCL.get(str(vocab.COLLECTIVE_NAME.get(a, "")).lower()) \
                 if isinstance(a, dict) else None
         else:
             op = "send" if n == "c10d::send" else "recv"
         if op:
-            p2p_rows.append((op, _peer(a), float(t), float(t + d)))
-            if op == "send" and isinstance(a, dict) and (n0 := _dim0(a.get("Input Dims"))):
+            p2p_rows.append((op, _peer(op, a), float(t), float(t + d)))
+            if op == "send" and (n0 := _dim0(vocab.INPUT_DIMS.get(a))):
                 dim0[n0] = dim0.get(n0, 0) + 1
     p2p = _p2p_frame([(op, peer, -1, t0, t1) for op, peer, t0, t1 in p2p_rows])
     p2p["step"] = _step_of(p2p["start_us"].to_numpy(), steps)

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
+from ..trace import vocab
 from ..trace.classify import cached, pattern_key
 from ..trace.comm_records import all_to_all_ops
 from ..trace.traceset import HoldsTables, RankTrace, StoredTable, has_step_names
@@ -199,11 +200,11 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         except (OSError, TypeError, ValueError):
             stat = None
     src = RankSource(trace, patterns)
-    info = trace.metadata.get("distributedInfo")
+    info = vocab.DISTRIBUTED_INFO.get(trace.metadata)
     return RankSummary(
         path=str(trace.path), size=int(stat.st_size) if stat else 0,
         mtime_ns=int(stat.st_mtime_ns) if stat else 0, comm_patterns=pattern_key(patterns),
-        dist_rank=info.get("rank") if isinstance(info, dict) else None,
+        dist_rank=vocab.DIST_RANK.get(info),
         metadata=trace.metadata, thread_names=dict(trace.thread_names),
         warnings=tuple(warnings), notes=tuple(trace.notes), repairs=tuple(repairs),
         n_events=len(trace.events),

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from ..trace import vocab
 from ..trace.classify import normalize_schedule
 
 #: message sizes within this fraction of each other are one size in :func:`fit_alpha_beta`
@@ -424,7 +425,7 @@ def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:
         elif e.get("cat") == "cpu_op":
             args = e.get("args") if isinstance(e.get("args"), dict) else {}
             by_tid.setdefault(e.get("tid"), []).append(
-                (float(ts), -float(dur), name, args.get("Input Dims")))
+                (float(ts), -float(dur), name, vocab.INPUT_DIMS.get(args)))
     if not chunks:
         return []
     for ops in by_tid.values():

@@ -48,6 +48,7 @@ import orjson
 
 from pardiag.errors import PardiagError
 
+from ..trace import vocab
 from ..trace.parse import read_trace_json
 from ..trace.traceset import TraceSet
 
@@ -381,9 +382,9 @@ def merge_traces(traces: TraceSet, offsets_us: dict[int, float], output: Path) -
                                       "offset_us": offsets[rank], "pids": rank_pids,
                                       # what report needs to read the rank back out of the
                                       # merged file as it read it here
-                                      "metadata": {k: trace.metadata[k] for k in (
-                                          "distributedInfo", "deviceProperties")
-                                          if k in trace.metadata}})
+                                      "metadata": {k.name: k.get(trace.metadata) for k in (
+                                          vocab.DISTRIBUTED_INFO, vocab.DEVICE_PROPERTIES)
+                                          if k.present(trace.metadata)}})
                 del doc, evs
             fh.write(b'],"displayTimeUnit":"ms","pardiagMerge":' + orjson.dumps(info) + b"}")
     except OSError as exc:

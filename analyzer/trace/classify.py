@@ -32,6 +32,7 @@ import pandas as pd
 from pardiag.errors import PardiagError
 
 from . import intervals as iv
+from . import vocab
 from .traceset import RankTrace, isin_mask
 
 
@@ -293,8 +294,8 @@ def collective_type(name: str, args: dict | None = None) -> str:
     ``record_param_comms`` and generic kernels take the ``Collective name`` arg when present.
     Names that match nothing known come back unchanged (custom kernels keep their own name).
     """
-    if isinstance(args, dict) and args.get("Collective name"):
-        return _canonical(str(args["Collective name"]))
+    if coll := vocab.COLLECTIVE_NAME.get(args):
+        return _canonical(str(coll))
     for prefix in ("gloo:", "nccl:", "c10d::", "_c10d_functional::", "c10d_functional::"):
         if name.startswith(prefix):
             return _canonical(name[len(prefix):])
@@ -406,8 +407,20 @@ def unnamed_comm_kernels(trace: RankTrace, comm_patterns: Iterable[re.Pattern] =
 def kernel_warnings(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = ()) -> list[str]:
     """The loader's warnings about what a rank's kernels say (each starts with its file): its
     collectives launched kernels no communication pattern names (:func:`unnamed_comm_kernels`),
-    or it is a GPU run whose trace holds no kernel (:func:`missing_device_activity`)."""
+    it is a GPU run whose trace holds no kernel (:func:`missing_device_activity`), or its
+    events hold a dtype or device type pardiag does not know
+    (:func:`pardiag.analyzer.trace.vocab.unknown_values`: the bytes of those ops are left out,
+    never guessed)."""
     out = []
+    unknown = vocab.unknown_values(trace.events["args"].dropna()) if len(trace.events) else {}
+    for what, counts in unknown.items():
+        if counts:
+            top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+            shown = ", ".join(f"{v!r} ({n})" for v, n in top[:3])
+            left = ("their message sizes and bandwidth are left out" if what == "dtype"
+                    else "their memory is shown under that number")
+            out.append(f"{trace.path}: {sum(counts.values())} event(s) name a {what} pardiag "
+                       f"does not know: {shown}; {left}")
     unnamed = unnamed_comm_kernels(trace, comm_patterns)
     if unnamed:
         top = sorted(unnamed.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -438,8 +451,7 @@ def missing_device_activity(trace: RankTrace) -> str | None:
     on the device are not in it."""
     if trace.has_gpu:
         return None
-    info = trace.metadata.get("distributedInfo")
-    backend = str(info.get("backend", "")).lower() if isinstance(info, dict) else ""
+    backend = str(vocab.DIST_BACKEND.get(vocab.DISTRIBUTED_INFO.get(trace.metadata), "")).lower()
     signs = [f"backend {backend}"] if backend in (*_BACKEND_KINDS, "rccl") else []
     if trace.events is not None and len(trace.events):
         ev = trace.events
@@ -462,14 +474,13 @@ def device_kind(trace: RankTrace) -> str:
     ``"unknown"`` (a device the trace does not name is reported as unknown, never guessed)."""
     if not trace.has_gpu:
         return "cpu"
-    props = trace.metadata.get("deviceProperties")
-    names = [str(p.get("name", "")) for p in props if isinstance(p, dict)] if isinstance(
+    props = vocab.DEVICE_PROPERTIES.get(trace.metadata)
+    names = [str(vocab.DEVICE_NAME.get(p, "")) for p in props if isinstance(p, dict)] if isinstance(
         props, list) else []
     for name in names:
         for pat, kind in _DEVICE_NAME_KINDS:
             if pat.search(name):
                 return kind
-    info = trace.metadata.get("distributedInfo")
-    backend = str(info.get("backend", "")).lower() if isinstance(info, dict) else ""
+    backend = str(vocab.DIST_BACKEND.get(vocab.DISTRIBUTED_INFO.get(trace.metadata), "")).lower()
     return _BACKEND_KINDS.get(backend, "unknown")
 

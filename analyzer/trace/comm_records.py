@@ -34,16 +34,9 @@ import pandas as pd
 
 from pardiag.layout import full_buffer_bytes
 
+from . import vocab
 from .classify import STANDARD_COLLECTIVES, collective_type, comm_threads
 from .traceset import RankTrace, isin_mask
-
-DTYPE_BYTES = {
-    "Float": 4, "float32": 4, "float": 4, "Double": 8, "float64": 8, "double": 8, "Half": 2,
-    "float16": 2, "c10::Half": 2, "BFloat16": 2, "bfloat16": 2, "c10::BFloat16": 2, "Long": 8,
-    "int64": 8, "long int": 8, "Int": 4, "int32": 4, "int": 4, "Short": 2, "int16": 2, "Char": 1,
-    "int8": 1, "Byte": 1, "uint8": 1, "unsigned char": 1, "Bool": 1, "bool": 1,
-    "Float8_e4m3fn": 1, "Float8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}
 
 
 def numel(sizes) -> int:
@@ -58,13 +51,18 @@ def numel(sizes) -> int:
     return total
 
 
-def _bytes(sizes, dtypes) -> int:
+def _bytes(sizes, dtypes) -> int | None:
+    """Bytes of tensors of ``sizes`` with element types ``dtypes``; None when a dtype is not
+    known (:func:`pardiag.analyzer.trace.vocab.dtype_bytes`: no size is guessed)."""
     total = 0
     for s, d in zip(sizes or [], dtypes or []):
         n = 1
         for x in s or []:
             n *= int(x)
-        total += n * DTYPE_BYTES.get(str(d), 4)
+        size = vocab.dtype_bytes(d)
+        if size is None:
+            return None
+        total += n * size
     return total
 
 
@@ -80,22 +78,25 @@ def records_from_flight_recorder(entries: list[dict], groups: list[dict]) -> lis
     by_name = {g["name"]: g for g in groups}
     out = []
     for e in entries:
-        pg = e.get("process_group") or ["", ""]
-        name = e.get("profiling_name", "")
-        in_b = _bytes(e.get("input_sizes"), e.get("input_dtypes"))
-        out_b = _bytes(e.get("output_sizes"), e.get("output_dtypes"))
-        dtypes = e.get("input_dtypes") or e.get("output_dtypes") or [None]
+        pg = vocab.FR_PROCESS_GROUP.get(e) or ["", ""]
+        name = vocab.FR_PROFILING_NAME.get(e, "")
+        in_b = _bytes(vocab.FR_INPUT_SIZES.get(e), vocab.FR_INPUT_DTYPES.get(e))
+        out_b = _bytes(vocab.FR_OUTPUT_SIZES.get(e), vocab.FR_OUTPUT_DTYPES.get(e))
+        dtypes = vocab.FR_INPUT_DTYPES.get(e) or vocab.FR_OUTPUT_DTYPES.get(e) or [None]
         op = collective_type(name)
         ranks = by_name.get(str(pg[0]), {}).get("ranks")
-        full = full_buffer_bytes(op, in_b, out_b, len(ranks) if ranks else None)
+        full = (full_buffer_bytes(op, in_b, out_b, len(ranks) if ranks else None)
+                if in_b is not None and out_b is not None else None)
         out.append({
             "op": op, "trace_name": name,
             "pg_name": str(pg[0]), "pg_desc": str(pg[1]) if len(pg) > 1 else "",
             "pg_ranks": ranks,
-            "seq": int(e["p2p_seq_id"] if e.get("is_p2p") else e.get("collective_seq_id", -1)),
+            "seq": int(vocab.FR_P2P_SEQ.get(e) if vocab.FR_IS_P2P.get(e)
+                       else vocab.FR_COLLECTIVE_SEQ.get(e, -1)),
             "in_bytes": in_b, "out_bytes": out_b, "bytes": full,
-            "numel": numel(e.get("input_sizes")),
-            "dtype": dtypes[0], "peer": None, "issue_ns": int(e.get("time_created_ns", 0)),
+            "numel": numel(vocab.FR_INPUT_SIZES.get(e)),
+            "dtype": dtypes[0], "peer": None,
+            "issue_ns": int(vocab.FR_TIME_CREATED.get(e, 0)),
             "source": "flight_recorder",
         })
     return out
@@ -112,7 +113,7 @@ def records_from_p2p(records: list[dict], groups: list[dict]) -> list[dict]:
         key = (r["pg_name"], r["op"], r["peer"])
         counters[key] += 1
         g = by_name.get(r["pg_name"], {})
-        esize = DTYPE_BYTES.get(r.get("dtype"), 4)
+        esize = vocab.dtype_bytes(r.get("dtype"))
         out.append({
             "op": r["op"], "trace_name": f"gloo:{r['op']}", "pg_name": r["pg_name"],
             "pg_desc": g.get("desc", ""), "pg_ranks": g.get("ranks"),
@@ -127,10 +128,11 @@ def records_from_p2p(records: list[dict], groups: list[dict]) -> list[dict]:
 
 
 def _input_numel(args) -> int | None:
-    if not isinstance(args, dict) or not isinstance(args.get("Input Dims"), list):
+    dims = vocab.INPUT_DIMS.get(args)
+    if not isinstance(dims, list):
         return None
     try:
-        return numel(args["Input Dims"][:1])
+        return numel(dims[:1])
     except (TypeError, ValueError):
         return None
 
@@ -147,7 +149,7 @@ def attach_trace_times(records: list[dict], trace: RankTrace,
         ``end_us`` (µs, trace clock) and ``matched`` (``"gloo"``, ``"kernel"``, ``"op"`` or
         ``"none"``).
     """
-    base_ns = trace.metadata.get("baseTimeNanoseconds")
+    base_ns = vocab.BASE_TIME_NS.get(trace.metadata)
     ev = trace.events
     if not isinstance(base_ns, (int, float)) or ev.empty:
         return []
@@ -291,7 +293,7 @@ def _from_c10d(args: dict) -> dict | None:
     """``c10d::alltoall_base_(output, input, group, output_split_sizes, input_split_sizes,
     ...)``: shapes from ``Input Dims``, split sizes from ``Concrete Inputs`` (recorded with
     ``record_shapes``)."""
-    dims, ci = args.get("Input Dims"), args.get("Concrete Inputs")
+    dims, ci = vocab.INPUT_DIMS.get(args), vocab.CONCRETE_INPUTS.get(args)
     if not isinstance(dims, list) or len(dims) < 2:
         return None
     out_d, in_d = dims[0], dims[1]
@@ -303,19 +305,19 @@ def _from_c10d(args: dict) -> dict | None:
     except (TypeError, ValueError):
         return None
     ci = ci if isinstance(ci, list) else []
-    types = args.get("Input type")
+    types = vocab.INPUT_TYPE.get(args)
     dtype = str(types[1] if isinstance(types, list) and len(types) > 1 else "")
     return {"recv_splits": parse_splits(ci[3]) if len(ci) > 3 else None,
             "send_splits": parse_splits(ci[4]) if len(ci) > 4 else None,
             "send_elems": send_elems, "recv_elems": recv_elems, "row_elems": row,
-            "elem_bytes": DTYPE_BYTES.get(dtype), "source": "c10d"}
+            "elem_bytes": vocab.dtype_bytes(dtype), "source": "c10d"}
 
 
 def _from_rpc(args: dict) -> dict:
     """``record_param_comms`` of an all-to-all: split sizes and element counts."""
-    send_s, recv_s = (parse_splits(args.get("In split size")),
-                      parse_splits(args.get("Out split size")))
-    send_e, recv_e = _a2a_int(args.get("In msg nelems")), _a2a_int(args.get("Out msg nelems"))
+    send_s, recv_s = (parse_splits(vocab.IN_SPLITS.get(args)),
+                      parse_splits(vocab.OUT_SPLITS.get(args)))
+    send_e, recv_e = _a2a_int(vocab.IN_NELEMS.get(args)), _a2a_int(vocab.OUT_NELEMS.get(args))
     row = None
     if send_s and send_e is not None and sum(send_s) > 0 and send_e % sum(send_s) == 0:
         row = send_e // sum(send_s)
@@ -323,7 +325,7 @@ def _from_rpc(args: dict) -> dict:
         row = recv_e // sum(recv_s)
     return {"send_splits": send_s, "recv_splits": recv_s, "send_elems": send_e,
             "recv_elems": recv_e, "row_elems": row,
-            "elem_bytes": DTYPE_BYTES.get(str(args.get("dtype", "")).strip('"')),
+            "elem_bytes": vocab.dtype_bytes(vocab.DTYPE.get(args)),
             "source": "record_param_comms"}
 
 

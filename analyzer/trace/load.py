@@ -34,6 +34,7 @@ import pandas as pd
 from pardiag import layout
 from pardiag.errors import PardiagError, TraceError
 
+from . import vocab
 from .classify import STEP_RE, kernel_warnings
 from .parse import (
     PROCESS_NAMES_KEY,
@@ -368,8 +369,7 @@ def _world_size_warnings(rank_docs: list[tuple[int, dict]],
     ``run.json`` check names the absent ranks)."""
     sizes: dict[int, list[int]] = {}
     for r, doc in rank_docs:
-        info = doc.get("distributedInfo")
-        ws = info.get("world_size") if isinstance(info, dict) else None
+        ws = vocab.DIST_WORLD_SIZE.get(vocab.DISTRIBUTED_INFO.get(doc))
         if isinstance(ws, int) and not isinstance(ws, bool):
             sizes.setdefault(ws, []).append(r)
     if len(sizes) > 1:
@@ -448,7 +448,7 @@ def parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[s
             if pnames:
                 meta[PROCESS_NAMES_KEY] = pnames
         events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], path,
-                                                                doc.get("displayTimeUnit"))
+                                                                vocab.DISPLAY_TIME_UNIT.get(doc))
         del doc
     pnames = meta.pop(PROCESS_NAMES_KEY, {})
     split = _split_merged(path, events, thread_names, meta, pnames)
@@ -511,7 +511,8 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
                         f"this merged file")
     # pardiag merge keeps each rank's own metadata; other tools copy one rank's header, whose
     # group list (pg_config) is that rank's alone
-    header = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    info = vocab.DISTRIBUTED_INFO.get(meta)
+    header = info if isinstance(info, dict) else {}
     merged = meta.get("pardiagMerge") if isinstance(meta.get("pardiagMerge"), dict) else {}
     own = {e.get("rank"): e.get("metadata") for e in merged.get("ranks") or []
            if isinstance(e, dict) and isinstance(e.get("metadata"), dict)}
@@ -524,16 +525,17 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
         mine = {p for p, rr in mapping.items() if rr == r}
         if r in own:
             rmeta = {**base, **own[r]}
-            info = dict(rmeta.get("distributedInfo") or {})
+            info = dict(vocab.DISTRIBUTED_INFO.get(rmeta) or {})
         else:
             rmeta = dict(base)
             info = dict(header)
-            if info.get("rank") != r:
-                info.pop("pg_config", None)
-        info["rank"] = r
-        pieces.append(ParsedFile(path, metadata={**rmeta, "distributedInfo": info}, events=ev,
-                              thread_names={k: v for k, v in thread_names.items() if k[0] in mine},
-                              has_steps=has_step_names(ev), rank_hint=r))
+            if vocab.DIST_RANK.get(info) != r:
+                info.pop(vocab.DIST_PG_CONFIG.name, None)
+        info[vocab.DIST_RANK.name] = r
+        pieces.append(ParsedFile(
+            path, metadata={**rmeta, vocab.DISTRIBUTED_INFO.name: info}, events=ev,
+            thread_names={k: v for k, v in thread_names.items() if k[0] in mine},
+            has_steps=has_step_names(ev), rank_hint=r))
     return pieces, warnings
 
 
@@ -983,10 +985,10 @@ def _assign(docs: list[ParsedFile], warnings: list[str]
     units: list[ParsedFile] = [q for p in docs for q in (p.pieces or [p])]
     facts = []
     for i, p in enumerate(units):
-        info = p.metadata.get("distributedInfo")
         lo, hi = _time_range(p)
-        facts.append(FileFacts(key=i, path=p.path, dist_rank=info.get("rank") if isinstance(
-            info, dict) else None, start_us=lo, end_us=hi, rank_hint=p.rank_hint))
+        facts.append(FileFacts(key=i, path=p.path,
+                               dist_rank=vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(p.metadata)),
+                               start_us=lo, end_us=hi, rank_hint=p.rank_hint))
     assignment, rank_warnings = assign_ranks(facts)
     warnings.extend(rank_warnings)
     if any(p.pieces for p in docs):

@@ -39,6 +39,7 @@ import pandas as pd
 
 from pardiag.errors import TraceError
 
+from . import vocab
 from .traceset import GPU_CATS, isin_mask
 
 #: Category spellings of the legacy format mapped to the current ones.
@@ -399,7 +400,8 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
     for e in objs:
         if (e.get("ph") == "M" and e.get("name") == "thread_name"
                 and isinstance(e.get("args"), dict)):
-            thread_names[(str(e.get("pid")), str(e.get("tid")))] = str(e["args"].get("name", ""))
+            thread_names[(str(e.get("pid")), str(e.get("tid")))] = str(
+                vocab.THREAD_NAME.get(e["args"], ""))
     keep = [e for e in objs
             if (ph := e.get("ph")) == "X" or (ph == "i" and e.get("name") == "[memory]")]
     phs = [e["ph"] for e in keep]
@@ -412,9 +414,9 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
         ts_raw=[e.get("ts") for e in keep],
         dur_raw=[e.get("dur") if ph == "X" else 0.0 for e, ph in zip(keep, phs)],
         no_dur=sum(1 for e, ph in zip(keep, phs) if ph == "X" and "dur" not in e),
-        arg_stream=[a.get("stream", _MISSING) for a in argss],
-        arg_queue=[a.get("sycl queue", _MISSING) for a in argss],
-        arg_corr=[a.get("correlation", -1) for a in argss],
+        arg_stream=[vocab.STREAM.get(a, _MISSING) for a in argss],
+        arg_queue=[vocab.SYCL_QUEUE.get(a, _MISSING) for a in argss],
+        arg_corr=[vocab.CORRELATION.get(a, -1) for a in argss],
         kept_args=[a if (a and k) else None for a, k in zip(argss, _keeps_args(names_raw))])
 
 
@@ -433,7 +435,8 @@ def read_process_names(objs: list) -> dict[str, list[str]]:
         if (type(e) is dict and e.get("ph") == "M" and type(e.get("name")) is str
                 and e["name"] in _PROCESS_META and isinstance(e.get("args"), dict)):
             a = e["args"]
-            out.setdefault(str(e.get("pid")), []).append(str(a.get("name", a.get("labels", ""))))
+            out.setdefault(str(e.get("pid")), []).append(
+                str(vocab.THREAD_NAME.get(a, vocab.PROCESS_LABELS.get(a, ""))))
     return out
 
 
@@ -478,9 +481,9 @@ class _LiteArgs(msgspec.Struct, gc=False, frozen=True):
     communication and memory events); frozen, so that one instance, :data:`_NO_LITE`, stands for
     absent args."""
 
-    stream: object = msgspec.UNSET
-    correlation: object = -1
-    sycl_queue: object = msgspec.field(default=msgspec.UNSET, name="sycl queue")
+    stream: object = msgspec.field(default=msgspec.UNSET, name=vocab.STREAM.name)
+    correlation: object = msgspec.field(default=-1, name=vocab.CORRELATION.name)
+    sycl_queue: object = msgspec.field(default=msgspec.UNSET, name=vocab.SYCL_QUEUE.name)
 
 
 _NO_LITE = _LiteArgs()
@@ -594,7 +597,7 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
     del raw
     if process_names:
         meta[PROCESS_NAMES_KEY] = process_names
-    unit = meta.get("displayTimeUnit", display_time_unit_default)
+    unit = vocab.DISPLAY_TIME_UNIT.get(meta, display_time_unit_default)
     return meta, _frame_from_parts(path, unit, thread_names, 0, parts)
 
 
@@ -750,10 +753,10 @@ def _names_of(metas: list, thread_names: dict, process_names: dict[str, list[str
             pid = None if e.pid is _MISSING else e.pid
             if e.name == "thread_name":
                 tid = None if e.tid is _MISSING else e.tid
-                thread_names[(str(pid), str(tid))] = str(a.get("name", ""))
+                thread_names[(str(pid), str(tid))] = str(vocab.THREAD_NAME.get(a, ""))
             else:
                 process_names.setdefault(str(pid), []).append(
-                    str(a.get("name", a.get("labels", ""))))
+                    str(vocab.THREAD_NAME.get(a, vocab.PROCESS_LABELS.get(a, ""))))
 
 
 def _keeps_args(names_raw: list, cache: dict | None = None) -> list[bool]:
@@ -826,9 +829,9 @@ def _fast_args(raws: list, full: list[bool]) -> dict:
         if type(a) is dict:
             if full[i] and a:
                 kept[i] = a
-            stream[i] = a.get("stream", _MISSING)
-            queue[i] = a.get("sycl queue", _MISSING)
-            corr[i] = a.get("correlation", -1)
+            stream[i] = vocab.STREAM.get(a, _MISSING)
+            queue[i] = vocab.SYCL_QUEUE.get(a, _MISSING)
+            corr[i] = vocab.CORRELATION.get(a, -1)
     return dict(arg_stream=stream, arg_queue=queue, arg_corr=corr, kept_args=kept)
 
 

@@ -28,6 +28,8 @@ import math
 import re
 from pathlib import Path
 
+from . import vocab
+
 _RANK_IN_NAME_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 _RANK_PROCESS_RE = re.compile(r"^\s*\[?\s*rank\s*(\d+)\b", re.IGNORECASE)
 #: pid stride of ``pardiag merge`` output (``pardiag.analyzer.render.merge.PID_STRIDE``).
@@ -102,7 +104,7 @@ def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
         if f.rank_hint is not None:
             claim[f.key] = (f.rank_hint, "merged file")
         elif _valid_rank(f.dist_rank):
-            claim[f.key] = (int(f.dist_rank), "distributedInfo")
+            claim[f.key] = (int(f.dist_rank), vocab.DISTRIBUTED_INFO.name)
         else:
             why = None if f.dist_rank is None else \
                 f"distributedInfo.rank {f.dist_rank!r} is not a rank number"

@@ -19,6 +19,8 @@ import pandas as pd
 from pardiag.errors import TraceError
 from pardiag.layout import RankMeta, RunFile
 
+from . import vocab
+
 #: Columns of :attr:`RankTrace.events` (one row per complete event, ``ph == "X"``, or memory
 #: instant event). ``cat`` normalised (``kernel``, ``cpu_op``, ``cuda_runtime``, ...; categorical
 #: when the parser builds the table: analyses compare it, never assume its dtype); ``ts``/``dur``
@@ -127,10 +129,9 @@ class RankTrace:
         """The well-formed entries of ``distributedInfo.pg_config`` (dicts with a ``ranks``
         list): the process groups the trace says the rank belongs to, with ``pg_name`` and
         ``pg_desc`` where given; ``[]`` when it says none."""
-        info = self.metadata.get("distributedInfo")
-        groups = info.get("pg_config") if isinstance(info, dict) else None
+        groups = vocab.DIST_PG_CONFIG.get(vocab.DISTRIBUTED_INFO.get(self.metadata))
         return [g for g in (groups if isinstance(groups, list) else [])
-                if isinstance(g, dict) and isinstance(g.get("ranks"), list)]
+                if isinstance(g, dict) and isinstance(vocab.PG_CONFIG_RANKS.get(g), list)]
 
     @property
     def events_loaded(self) -> bool:

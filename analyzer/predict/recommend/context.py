@@ -29,6 +29,7 @@ from ...analyses.memory import MemoryResult
 from ...analyses.pipeline import PipelineResult
 from ...analyses.routing import RoutingResult
 from ...analyses.sync import SyncResult
+from ...trace import vocab
 from ...trace.traceset import TraceSet
 from .. import whatif
 from ..replay import PipelineModel, pipeline_model
@@ -167,9 +168,9 @@ def capacity_bytes(traces: TraceSet) -> float | None:
     """Device memory per rank (bytes) from the traces' ``deviceProperties``; None on CPU."""
     caps = []
     for t in traces.ranks.values():
-        for d in t.metadata.get("deviceProperties") or []:
-            if isinstance(d, dict) and isinstance(d.get("totalGlobalMem"), (int, float)):
-                caps.append(float(d["totalGlobalMem"]))
+        for d in vocab.DEVICE_PROPERTIES.get(t.metadata) or []:
+            if isinstance(mem := vocab.DEVICE_TOTAL_MEMORY.get(d), (int, float)):
+                caps.append(float(mem))
     return min(caps) if caps else None
 
 

@@ -1,0 +1,220 @@
+"""The trace vocabulary: every key pardiag reads from a Kineto trace, an NCCL or c10d record, and
+the element size of every torch dtype. No other module spells a raw key (``tests/test_vocab.py``
+holds that); each reads it through the :class:`ArgKey` here, which knows every spelling that
+torch, Kineto and NCCL have written it with.
+
+Keys (what writes them):
+
+* an event's own fields: ``stream`` (GPU kernels), ``sycl queue`` (Intel XPU kernels),
+  ``correlation`` (runtime call ↔ kernel); metadata events' ``name``/``labels``;
+* ``record_param_comms`` and NCCL kernels' args (torch ``ParamCommsUtils``): ``Collective
+  name``, ``dtype``, ``In msg nelems``/``Out msg nelems``, ``In split size``/``Out split size``,
+  ``Group size``, ``Global rank start``/``Global rank stride``, ``Process Group Name``/
+  ``Description``/``Ranks``, ``Rank``, ``Seq``, ``Dst Rank``/``Src Rank`` (send and recv; torch
+  writes them capitalised, earlier notes said ``Dst rank``: both are read);
+* any op recorded with shapes (``record_shapes``): ``Input Dims``, ``Input type``,
+  ``Concrete Inputs``;
+* ``[memory]`` instants: ``Device Type``, ``Total Allocated``, ``Total Reserved``;
+* the file's top level: ``distributedInfo`` (``rank``, ``backend``, ``world_size``,
+  ``pg_config``, ``pg_count``), ``deviceProperties``, ``baseTimeNanoseconds``,
+  ``displayTimeUnit``.
+
+Dtypes: :data:`DTYPE_BYTES` maps every torch dtype, as c10's ``ScalarType`` names it (what
+``record_param_comms`` writes: ``BFloat16``, ``Float8_e4m3fnuz``), as Python names it
+(``bfloat16``, ``torch.float8_e4m3fnuz``) and as ``Input type`` names it (``c10::BFloat16``,
+``float``, ``long int``), to its element size in bytes. :func:`dtype_bytes` gives None for a
+dtype it does not know: a size is never guessed; :func:`unknown_values` lists such values so
+that the loader warns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgKey:
+    """One key of a trace event's ``args`` (or of a record), with every spelling it has been
+    written with (the first is torch's current one).
+
+    Attributes:
+        spellings: the key's spellings, read in this order.
+        what: what the value is (units, whose rank).
+    """
+
+    spellings: tuple[str, ...]
+    what: str
+
+    @property
+    def name(self) -> str:
+        """The current spelling."""
+        return self.spellings[0]
+
+    def get(self, args: Any, default: Any = None) -> Any:
+        """The value under the first spelling ``args`` holds (``default`` when none does, or
+        when ``args`` is not a dict)."""
+        if not isinstance(args, Mapping):
+            return default
+        for k in self.spellings:
+            if k in args:
+                return args[k]
+        return default
+
+    def present(self, args: Any) -> bool:
+        """Whether ``args`` holds the key under any spelling."""
+        return isinstance(args, Mapping) and any(k in args for k in self.spellings)
+
+
+# -- an event's own fields -----------------------------------------------------------------------
+STREAM = ArgKey(("stream",), "the GPU stream a kernel, memcpy or memset ran on")
+SYCL_QUEUE = ArgKey(("sycl queue",), "the SYCL queue an Intel XPU kernel ran on (its stream)")
+CORRELATION = ArgKey(("correlation",), "links a runtime call with the kernel it launched")
+THREAD_NAME = ArgKey(("name",), "a thread_name or process_name metadata event's name")
+PROCESS_LABELS = ArgKey(("labels",), "a process_labels metadata event's labels")
+
+# -- record_param_comms and NCCL kernels ---------------------------------------------------------
+COLLECTIVE_NAME = ArgKey(("Collective name",), "the collective (allreduce, send, ...)")
+DTYPE = ArgKey(("dtype",), "the element type, as c10's ScalarType names it")
+IN_NELEMS = ArgKey(("In msg nelems",), "elements of the input buffer")
+OUT_NELEMS = ArgKey(("Out msg nelems",), "elements of the output buffer")
+IN_SPLITS = ArgKey(("In split size",), "an all-to-all's input split sizes (rows), a list as text")
+OUT_SPLITS = ArgKey(("Out split size",), "an all-to-all's output split sizes, a list as text")
+GROUP_SIZE = ArgKey(("Group size",), "ranks of the process group")
+GLOBAL_RANK_START = ArgKey(("Global rank start",), "global rank of the group's rank 0")
+GLOBAL_RANK_STRIDE = ArgKey(("Global rank stride",), "global-rank step between group ranks")
+PG_NAME = ArgKey(("Process Group Name",), "the group's name (creation order, per rank)")
+PG_DESC = ArgKey(("Process Group Description",), "the group's description (mesh_tp, ...)")
+PG_RANKS = ArgKey(("Process Group Ranks",), "the group's global ranks, a list as text")
+RANK = ArgKey(("Rank",), "the rank in the group (of the peer, for a send or recv)")
+SEQ = ArgKey(("Seq",), "the group's own sequence number of the op")
+DST_RANK = ArgKey(("Dst Rank", "Dst rank"), "a send's destination, a global rank")
+SRC_RANK = ArgKey(("Src Rank", "Src rank"), "a recv's source, a global rank")
+#: Spellings of a point-to-point peer's rank *in its group* that other tools' records use.
+PEER = ArgKey(("Peer", "peer", "dst", "src"), "a point-to-point peer's rank in its group")
+
+# -- ops recorded with shapes --------------------------------------------------------------------
+INPUT_DIMS = ArgKey(("Input Dims",), "the shape of each input (a list per input)")
+INPUT_TYPE = ArgKey(("Input type",), "the dtype of each input, as C++ names it")
+CONCRETE_INPUTS = ArgKey(("Concrete Inputs",), "scalar inputs as text (a peer, split sizes)")
+
+# -- [memory] instants ---------------------------------------------------------------------------
+DEVICE_TYPE = ArgKey(("Device Type",), "c10::DeviceType number of the device")
+TOTAL_ALLOCATED = ArgKey(("Total Allocated",), "bytes allocated on the device after the event")
+TOTAL_RESERVED = ArgKey(("Total Reserved",), "bytes the caching allocator reserved")
+
+# -- the c10d flight recorder's entries (torch.distributed's _dump_*_trace) ----------------------
+FR_PROCESS_GROUP = ArgKey(("process_group",), "[group name, group description]")
+FR_PROFILING_NAME = ArgKey(("profiling_name",), "the op as the profiler names it (nccl:...)")
+FR_INPUT_SIZES = ArgKey(("input_sizes",), "the shape of each input")
+FR_INPUT_DTYPES = ArgKey(("input_dtypes",), "the dtype of each input (ScalarType names)")
+FR_OUTPUT_SIZES = ArgKey(("output_sizes",), "the shape of each output")
+FR_OUTPUT_DTYPES = ArgKey(("output_dtypes",), "the dtype of each output")
+FR_IS_P2P = ArgKey(("is_p2p",), "a send or recv (numbered by p2p_seq_id)")
+FR_P2P_SEQ = ArgKey(("p2p_seq_id",), "the group's sequence number of a point-to-point op")
+FR_COLLECTIVE_SEQ = ArgKey(("collective_seq_id",), "the group's sequence number of a collective")
+FR_TIME_CREATED = ArgKey(("time_created_ns",), "when the op was issued, epoch ns")
+
+# -- the file's top level ------------------------------------------------------------------------
+DISTRIBUTED_INFO = ArgKey(("distributedInfo",), "torch.distributed's view of the rank")
+DIST_RANK = ArgKey(("rank",), "distributedInfo: the global rank")
+DIST_BACKEND = ArgKey(("backend",), "distributedInfo: nccl, gloo, xccl, ...")
+DIST_WORLD_SIZE = ArgKey(("world_size",), "distributedInfo: ranks of the job")
+DIST_PG_CONFIG = ArgKey(("pg_config",), "distributedInfo: the process groups of the rank")
+DIST_PG_COUNT = ArgKey(("pg_count",), "distributedInfo: process groups created")
+PG_CONFIG_RANKS = ArgKey(("ranks",), "a pg_config entry: the group's global ranks")
+PG_CONFIG_NAME = ArgKey(("pg_name",), "a pg_config entry: the group's name")
+PG_CONFIG_DESC = ArgKey(("pg_desc",), "a pg_config entry: the group's description")
+DEVICE_PROPERTIES = ArgKey(("deviceProperties",), "one entry per GPU (name, memory, SMs)")
+DEVICE_NAME = ArgKey(("name",), "deviceProperties: the device's name")
+DEVICE_TOTAL_MEMORY = ArgKey(("totalGlobalMem",), "deviceProperties: the device's memory, bytes")
+BASE_TIME_NS = ArgKey(("baseTimeNanoseconds",), "epoch ns of the trace's time zero")
+DISPLAY_TIME_UNIT = ArgKey(("displayTimeUnit",), "the unit of ts and dur (us by default)")
+
+#: Every key of this module, by its Python name (``tests/test_vocab.py`` reads it).
+KEYS: dict[str, ArgKey] = {n: v for n, v in dict(globals()).items() if isinstance(v, ArgKey)}
+
+#: torch's device types (``c10::DeviceType``), as ``[memory]`` events number them.
+DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip",
+                7: "fpga", 8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps",
+                14: "meta", 15: "hpu", 16: "ve", 17: "lazy", 18: "ipu", 19: "mtia",
+                20: "privateuseone"}
+
+#: Element size in bytes of every torch dtype: (c10 ScalarType name, torch name, bytes); the
+#: C++ spellings of ``Input type`` are in :data:`_CPP_NAMES`. Sub-byte types count one byte per
+#: element as torch stores them (``float4_e2m1fn_x2``: two values in one byte element).
+_DTYPES = (
+    ("Byte", "uint8", 1), ("Char", "int8", 1), ("Short", "int16", 2), ("Int", "int32", 4),
+    ("Long", "int64", 8), ("Half", "float16", 2), ("Float", "float32", 4),
+    ("Double", "float64", 8), ("ComplexHalf", "complex32", 4), ("ComplexFloat", "complex64", 8),
+    ("ComplexDouble", "complex128", 16), ("Bool", "bool", 1), ("QInt8", "qint8", 1),
+    ("QUInt8", "quint8", 1), ("QInt32", "qint32", 4), ("BFloat16", "bfloat16", 2),
+    ("QUInt4x2", "quint4x2", 1), ("QUInt2x4", "quint2x4", 1), ("Bits1x8", "bits1x8", 1),
+    ("Bits2x4", "bits2x4", 1), ("Bits4x2", "bits4x2", 1), ("Bits8", "bits8", 1),
+    ("Bits16", "bits16", 2), ("Float8_e5m2", "float8_e5m2", 1),
+    ("Float8_e4m3fn", "float8_e4m3fn", 1), ("Float8_e5m2fnuz", "float8_e5m2fnuz", 1),
+    ("Float8_e4m3fnuz", "float8_e4m3fnuz", 1), ("UInt16", "uint16", 2), ("UInt32", "uint32", 4),
+    ("UInt64", "uint64", 8), ("UInt1", "uint1", 1), ("UInt2", "uint2", 1), ("UInt3", "uint3", 1),
+    ("UInt4", "uint4", 1), ("UInt5", "uint5", 1), ("UInt6", "uint6", 1), ("UInt7", "uint7", 1),
+    ("Int1", "int1", 1), ("Int2", "int2", 1), ("Int3", "int3", 1), ("Int4", "int4", 1),
+    ("Int5", "int5", 1), ("Int6", "int6", 1), ("Int7", "int7", 1),
+    ("Float8_e8m0fnu", "float8_e8m0fnu", 1), ("Float4_e2m1fn_x2", "float4_e2m1fn_x2", 1),
+)
+#: ``Input type`` names (C++ type names) and torch's short aliases.
+_CPP_NAMES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8,
+              "long": 8, "int": 4, "short int": 2, "short": 2, "signed char": 1,
+              "unsigned char": 1, "bool": 1, "c10::complex<float>": 8,
+              "c10::complex<double>": 16, "c10::complex<c10::Half>": 4,
+              "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1,
+              "c10::Float8_e5m2fnuz": 1, "c10::Float8_e8m0fnu": 1, "unsigned short": 2,
+              "unsigned int": 4, "unsigned long": 8,
+              "half": 2, "float16": 2, "float32": 4, "float64": 8, "cfloat": 8, "cdouble": 16,
+              "long long": 8}
+
+#: dtype name (any spelling above, also ``torch.``-prefixed) → element size in bytes.
+DTYPE_BYTES: dict[str, int] = {
+    **{c10: n for c10, _, n in _DTYPES},
+    **{py: n for _, py, n in _DTYPES},
+    **{f"torch.{py}": n for _, py, n in _DTYPES},
+    **_CPP_NAMES,
+}
+
+
+def dtype_bytes(dtype: Any) -> int | None:
+    """Element size in bytes of ``dtype`` (any spelling of :data:`DTYPE_BYTES`, surrounding
+    quotes removed), or None when pardiag does not know it (no size is guessed)."""
+    if dtype is None:
+        return None
+    return DTYPE_BYTES.get(str(dtype).strip().strip('"'))
+
+
+def unknown_values(args_list: Iterable[Any]) -> dict[str, Counter]:
+    """Values of the events' ``args`` that pardiag cannot read: ``{"dtype": Counter of unknown
+    dtype names, "device type": Counter of unknown device-type numbers}`` (empty Counters when
+    every value is known). Read from ``dtype``, ``Input type`` and ``Device Type``."""
+    dtypes: Counter = Counter()
+    devices: Counter = Counter()
+    for a in args_list:
+        if not isinstance(a, Mapping):
+            continue
+        d = DTYPE.get(a)
+        if d not in (None, "") and dtype_bytes(d) is None:
+            dtypes[str(d)] += 1
+        types = INPUT_TYPE.get(a)
+        if isinstance(types, list):
+            for t in types:
+                if isinstance(t, str) and _is_element_type(t) and dtype_bytes(t) is None:
+                    dtypes[t] += 1
+        dev = DEVICE_TYPE.get(a)
+        if dev is not None and dev not in DEVICE_TYPES:
+            devices[str(dev)] += 1
+    return {"dtype": dtypes, "device type": devices}
+
+
+def _is_element_type(t: str) -> bool:
+    """Whether an ``Input type`` entry names a floating-point element type of c10 (``Input
+    type`` also names ``ScalarList``, ``GenericList``, ``c10::Device`` and the like, which carry
+    no element size): the kinds new torch releases add."""
+    return t.startswith(("c10::Float8", "c10::Float4", "c10::Float6"))
