@@ -31,6 +31,7 @@ from ..predict.recommend.findings import (
 )
 from ..predict.recommend.policy import TIER_ORDER
 from ..report.registry import Report
+from ..trace import vocab
 from . import figures as fg
 from .page import Page, fmt, in_mib, in_ms, shown, table
 
@@ -171,10 +172,8 @@ def summary(report: Report, page: Page) -> dict:
                      f"{pipe.get('microbatches')} microbatches" if isinstance(pipe, dict) else "")
             rows.append(("parallel layout",
                          f"{dims} ({', '.join(map(str, lay.get('strategies') or []))})" + extra))
-    backends = sorted({str(t.metadata.get("distributedInfo", {}).get("backend"))
-                       for t in traces.ranks.values()
-                       if isinstance(t.metadata.get("distributedInfo"), dict)
-                       and t.metadata["distributedInfo"].get("backend")})
+    backends = sorted({str(b) for t in traces.ranks.values()
+                       if (b := vocab.DIST_BACKEND.get(vocab.DISTRIBUTED_INFO.get(t.metadata)))})
     if backends:
         rows.append(("backend", ", ".join(backends)))
     if len(b.totals):
