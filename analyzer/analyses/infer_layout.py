@@ -281,8 +281,9 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
         missing.append("FSDP's reshard-after-forward / sharding strategy is not in the traces")
     if "ddp" in strategies:
         missing.append("DDP's bucket size is not in the traces")
-    if any(isinstance(n := vocab.DIST_PG_COUNT.get(vocab.DISTRIBUTED_INFO.get(t.metadata)), int)
-           and n > len(t.pg_config) for t in traces.ranks.values()) and not dims:
+    if any(isinstance(count := vocab.DIST_PG_COUNT.get(vocab.DISTRIBUTED_INFO.get(t.metadata)),
+                      int)
+           and count > len(t.pg_config) for t in traces.ranks.values()) and not dims:
         missing.append("process groups: pg_config lists only the groups holding each rank, "
                        "and none is described as a mesh dimension")
     dims = _as_mesh(dims, world, missing)

@@ -172,8 +172,9 @@ def summary(report: Report, page: Page) -> dict:
                      f"{pipe.get('microbatches')} microbatches" if isinstance(pipe, dict) else "")
             rows.append(("parallel layout",
                          f"{dims} ({', '.join(map(str, lay.get('strategies') or []))})" + extra))
-    backends = sorted({str(b) for t in traces.ranks.values()
-                       if (b := vocab.DIST_BACKEND.get(vocab.DISTRIBUTED_INFO.get(t.metadata)))})
+    named = (vocab.DIST_BACKEND.get(vocab.DISTRIBUTED_INFO.get(t.metadata))
+             for t in traces.ranks.values())
+    backends = sorted({str(name) for name in named if name})
     if backends:
         rows.append(("backend", ", ".join(backends)))
     if len(b.totals):
