@@ -155,18 +155,18 @@ def test_fast_path_gives_the_tolerant_paths_table(doc):
     thread names, warnings and metadata; only integers beyond 64 bits may differ (orjson reads
     them as floats, msgspec exactly). Decoding the events two at a time gives what one slice
     gives."""
-    from pardiag.analyzer.trace import events_frame, parse, parse_trace_fast
+    from pardiag.analyzer.trace import decode, events_frame, parse_trace_fast
 
     data = json.dumps(doc).encode() if not _has_nonfinite(doc) else None
     if data is None:
         return
     fast = parse_trace_fast(data, Path("f.json"))
-    saved = parse.SLICE_EVENTS
+    saved = decode.SLICE_EVENTS
     try:
-        parse.SLICE_EVENTS = 2
+        decode.SLICE_EVENTS = 2
         sliced = parse_trace_fast(data, Path("f.json"))
     finally:
-        parse.SLICE_EVENTS = saved
+        decode.SLICE_EVENTS = saved
     assert (sliced is None) == (fast is None)
     if fast is not None:
         assert sliced[0] == fast[0] and sliced[1][1:] == fast[1][1:]

@@ -66,7 +66,7 @@ def test_events_decoded_in_slices_give_one_slices_table(monkeypatch):
     slice, numbers written as strings."""
     from pathlib import Path
 
-    from pardiag.analyzer.trace import events_frame, parse
+    from pardiag.analyzer.trace import decode, events_frame
     from pardiag.analyzer.trace.parse import PROCESS_NAMES_KEY
 
     events = [
@@ -93,8 +93,8 @@ def test_events_decoded_in_slices_give_one_slices_table(monkeypatch):
     path = Path("f.json")
     results = []
     for size in (1, 2, 3, 5, len(events)):
-        monkeypatch.setattr(parse, "SLICE_EVENTS", size)
-        results.append(parse.parse_trace_fast(raw, path))
+        monkeypatch.setattr(decode, "SLICE_EVENTS", size)
+        results.append(decode.parse_trace_fast(raw, path))
     ref = events_frame(events, path, "ms")
     for meta, (ev, threads, warnings, notes) in results:
         assert ev.drop(columns="args").equals(ref[0].drop(columns="args"))
@@ -117,12 +117,12 @@ def test_events_decoded_in_slices_give_one_slices_table(monkeypatch):
 def test_an_entry_that_is_not_an_object_in_any_slice_takes_the_tolerant_path(monkeypatch):
     from pathlib import Path
 
-    from pardiag.analyzer.trace import parse
+    from pardiag.analyzer.trace import decode, parse
 
-    monkeypatch.setattr(parse, "SLICE_EVENTS", 2)
+    monkeypatch.setattr(decode, "SLICE_EVENTS", 2)
     ok = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 2, "ts": 5, "dur": 3}
     holder = [json.dumps({"traceEvents": [ok, ok, ok, 7]}).encode()]
-    assert parse.parse_trace_fast(holder, Path("f.json")) is None
+    assert decode.parse_trace_fast(holder, Path("f.json")) is None
     assert len(holder) == 1  # the bytes are left for the tolerant path
     t = parse.events_frame([ok, ok, ok, 7], Path("f.json"))
     assert len(t[0]) == 3 and "left out 1 traceEvents entries that are not objects" in t[2][0]
@@ -482,27 +482,27 @@ def test_one_pass_split_of_a_document_equals_decoding_its_top_level_first(doc):
     """The event list split while the document's other keys are skipped, and those keys read
     from the document with the list cut out, are what decoding the top level and then the list
     give."""
-    from pardiag.analyzer.trace import parse
+    from pardiag.analyzer.trace import decode
 
-    top = parse._TOP_DECODER.decode(doc)
-    got = parse._split_document(doc)
+    top = decode._TOP_DECODER.decode(doc)
+    got = decode._split_document(doc)
     if "traceEvents" not in top:
         assert got is None
         return
     want = ({k: bytes(v) for k, v in top.items() if k != "traceEvents"},
-            [bytes(r) for r in parse._RAW_LIST_DECODER.decode(top["traceEvents"])])
+            [bytes(r) for r in decode._RAW_LIST_DECODER.decode(top["traceEvents"])])
     assert ({k: bytes(v) for k, v in got[0].items()}, [bytes(r) for r in got[1]]) == want
 
 
 def test_events_that_are_not_views_of_the_document_are_not_cut_out():
     import msgspec
 
-    from pardiag.analyzer.trace import parse
+    from pardiag.analyzer.trace import decode
 
     doc = b'{"a": 1, "traceEvents": [{"x": 1}]}'
-    assert parse._without_events(doc, [msgspec.Raw(b'{"x": 1}')]) is None
-    views = parse._TOP_EVENTS_DECODER.decode(doc).traceEvents
-    assert {k: bytes(v) for k, v in parse._without_events(doc, views).items()} == {"a": b"1"}
+    assert decode._without_events(doc, [msgspec.Raw(b'{"x": 1}')]) is None
+    views = decode._TOP_EVENTS_DECODER.decode(doc).traceEvents
+    assert {k: bytes(v) for k, v in decode._without_events(doc, views).items()} == {"a": b"1"}
 
 
 def test_gpu_streams_from_integer_stream_args_equal_the_per_event_reading():
@@ -511,7 +511,8 @@ def test_gpu_streams_from_integer_stream_args_equal_the_per_event_reading():
     the ``sycl queue`` arg, an integer tid, a ``"stream N"`` tid."""
     import numpy as np
 
-    from pardiag.analyzer.trace.parse import _MISSING, _gpu_streams
+    from pardiag.analyzer.trace.columns import MISSING as _MISSING
+    from pardiag.analyzer.trace.columns import _gpu_streams
 
     gpu = np.array([True, False, True, True])
     tid = [7, 1, "stream 9", 3]

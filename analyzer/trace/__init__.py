@@ -14,14 +14,10 @@ and schedule names, devices), :mod:`.intervals` (interval algebra in µs), :mod:
 """
 
 from .classify import compile_comm_patterns
+from .columns import stray_timestamps
+from .decode import parse_trace_fast
 from .load import load_traces
-from .parse import (
-           events_frame,
-           parse_trace_fast,
-           read_trace_bytes,
-           read_trace_json,
-           stray_timestamps,
-)
+from .parse import events_frame, read_trace_bytes, read_trace_json
 from .traceset import EVENT_COLUMNS, GPU_CATS, RankTrace, TraceSet
 
 __all__ = ["EVENT_COLUMNS", "GPU_CATS", "RankTrace", "TraceSet", "compile_comm_patterns",

@@ -36,12 +36,12 @@ from pardiag.errors import PardiagError, TraceError
 
 from . import vocab
 from .classify import STEP_RE, kernel_warnings
+from .decode import parse_trace_fast
 from .parse import (
     PROCESS_NAMES_KEY,
     events_frame,
     is_trace_doc,
     parse_json,
-    parse_trace_fast,
     plain_bytes,
     read_process_names,
 )
