@@ -15,6 +15,7 @@ The command line (``pardiag report``) is a thin layer over the same calls.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,8 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from pardiag.analyzer.report.compare import Comparison as _TypedComparison
-from pardiag.analyzer.report.registry import AnalysisOptions, build_report, report_json
+from pardiag.analyzer.report.registry import AnalysisOptions, build_report, report_document
 from pardiag.analyzer.report.registry import Report as _TypedReport
+from pardiag.analyzer.report.schema import ReportDocument, to_builtins
 from pardiag.errors import PardiagError
 
 
@@ -217,10 +219,22 @@ class Report(_TypedReport):
             out["moe_routing"] = rh.routing_figure(self.routing)
         return {name: go.Figure(spec) for name, spec in out.items()}
 
+    @functools.cached_property
+    def document(self) -> ReportDocument:
+        """The JSON summary as its type (:class:`pardiag.analyzer.report.schema.ReportDocument`,
+        built once): one msgspec Struct per object (``document.sync.instances[0].busbw_gbps``),
+        every field documented with its unit in :mod:`pardiag.analyzer.report.schema` and
+        docs/json-schema.md. :meth:`to_json` is the same as plain values.
+
+        Raises:
+            TypeError: an analysis wrote a key the schema has no field for."""
+        return report_document(self)
+
     def to_json(self) -> dict:
         """The JSON summary (what ``pardiag report --json`` writes; ``schema_version`` 3): a dict
-        of plain Python values, NaN as None. Its keys: docs/json-schema.md."""
-        return report_json(self)
+        of plain Python values (:attr:`document` as builtins; a NaN is written as null). Its
+        keys: docs/json-schema.md."""
+        return to_builtins(self.document)
 
     def to_html(self, path: str | Path, *, cdn: bool = False) -> Path:
         """Write the self-contained HTML report to ``path`` (plotly.js inlined; linked from its
