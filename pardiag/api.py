@@ -20,12 +20,13 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+import orjson
 import pandas as pd
 
 from pardiag.analyzer.report.compare import Comparison as _TypedComparison
 from pardiag.analyzer.report.registry import AnalysisOptions, build_report, report_document
 from pardiag.analyzer.report.registry import Report as _TypedReport
-from pardiag.analyzer.report.schema import ReportDocument, to_builtins
+from pardiag.analyzer.report.schema import ReportDocument, decode_report, to_builtins
 from pardiag.errors import PardiagError
 
 
@@ -328,25 +329,36 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
 
 # -- comparing two runs ----------------------------------------------------------------------
 
-#: A pardiag report summary (``report --json``) starts with this key (orjson keeps the order).
+#: A pardiag report summary (``report --json``) starts with this key (the writers keep the
+#: field order).
 _SUMMARY_HEAD = re.compile(rb'^\s*\{\s*"schema_version"\s*:')
 
 
 def load_summary(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: bool = True,
-                 workers: int | None = None, progress=None) -> dict:
-    """A run's JSON summary (what ``pardiag report --json`` writes): read from ``path`` when
-    it is such a summary, else computed by :func:`analyze` from the run folder, trace folder or
-    trace file ``path``.
+                 workers: int | None = None, progress=None) -> ReportDocument:
+    """A run's typed JSON summary (:class:`~pardiag.analyzer.report.schema.ReportDocument`, what
+    ``pardiag report --json`` writes): decoded from ``path`` when it is such a summary, else
+    computed by :func:`analyze` from the run folder, trace folder or trace file ``path``
+    (:attr:`Report.document`). A summary of an older pardiag decodes with defaults for the keys
+    it lacks (:mod:`pardiag.analyzer.report.schema`).
 
     Raises:
-        TraceError: ``path`` does not exist, is a summary that cannot be read, or holds no
-            readable trace (the message names the file and the problem).
+        TraceError: ``path`` does not exist, holds no readable trace, or is a summary that
+            cannot be read or decoded (one line naming the file and the problem, e.g.
+            ``run.json: not a readable pardiag summary (Expected `int`, got `str` - at
+            `$.ranks[0].rank`)``).
     """
-    import orjson
-
+    from pardiag.analyzer.report.schema import decode_report
     from pardiag.errors import TraceError
 
     p = Path(path)
+
+    def decoded(data: bytes) -> ReportDocument:
+        try:
+            return decode_report(data, p)
+        except ValueError as exc:
+            raise TraceError(str(exc)) from None
+
     if p.is_file() and p.suffix == ".json":
         try:
             with open(p, "rb") as fh:
@@ -355,26 +367,24 @@ def load_summary(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: b
             raise TraceError(f"{p}: cannot read ({exc.strerror})") from None
         if _SUMMARY_HEAD.match(head):
             try:
-                doc = orjson.loads(p.read_bytes())
-            except (OSError, orjson.JSONDecodeError) as exc:
-                raise TraceError(f"{p}: not a readable pardiag summary ({exc})") from None
-            if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list):
-                raise TraceError(f"{p}: not a pardiag report summary (no ranks list)")
-            return doc
+                return decoded(p.read_bytes())
+            except OSError as exc:
+                raise TraceError(f"{p}: cannot read ({exc.strerror})") from None
     try:
         return analyze(p, comm_kernels=comm_kernels, cache=cache, workers=workers,
-                       progress=progress).to_json()
+                       progress=progress).document
     except TraceError as exc:
         # a summary rewritten with its keys in another order (json.dump(sort_keys=True))
         if not (p.is_file() and p.suffix == ".json" and "not a Kineto trace" in str(exc)):
             raise
         try:
-            doc = orjson.loads(p.read_bytes())
+            data = p.read_bytes()
+            doc = orjson.loads(data)
         except (OSError, orjson.JSONDecodeError):
             raise exc from None
         if isinstance(doc, dict) and "schema_version" in doc and isinstance(doc.get("ranks"),
                                                                            list):
-            return doc
+            return decoded(data)
         raise
 
 
@@ -382,8 +392,9 @@ class Comparison(_TypedComparison):
     """Two runs compared (:func:`compare`): the typed result (inherited from
     :class:`pardiag.analyzer.report.compare.Comparison`: ``setup``, ``step``, ``breakdown``,
     ``ranks``, ``dims``, ``bubbles``, ``stragglers``, ``skew``, ``imbalance``,
-    ``collectives``, ``bandwidth``, ``operators``, ``checks``, ``warnings``) and its outputs.
-    Every delta is B − A; µs, bytes, GB/s, %.
+    ``collectives``, ``bandwidth``, ``operators``, ``checks``, ``warnings``, and the two typed
+    summaries compared, ``a_document`` and ``b_document``) and its outputs. Every delta is
+    B − A; µs, bytes, GB/s, %.
     """
 
     def gate(self, fail_if_slower_pct: float):
@@ -444,8 +455,9 @@ def compare(a, b, *, comm_kernels: Iterable[str] = (), cache: bool = True,
 
     Args:
         a, b: each a run folder written by ``pardiag profile``, a folder of Kineto traces, a
-            trace file, a JSON summary written by ``pardiag report --json``, or such a summary
-            as a dict.
+            trace file, a JSON summary written by ``pardiag report --json``, such a summary
+            as a dict (:meth:`Report.to_json`), a typed summary (:attr:`Report.document`) or a
+            :class:`Report`.
         comm_kernels, cache, workers: as for :func:`analyze` (for inputs that are analyzed).
         names: how the page and the JSON name A and B (default: the paths as given, or a
             summary's ``source``).
@@ -455,15 +467,25 @@ def compare(a, b, *, comm_kernels: Iterable[str] = (), cache: bool = True,
         compared where they can be, with ``warnings``.
 
     Raises:
-        TraceError: an input is missing or unreadable (the message names it).
+        TraceError: an input is missing or unreadable, or a summary (a file or a dict) cannot
+            be decoded (one line naming it).
     """
     from pardiag.analyzer.report.compare import compare_summaries
+    from pardiag.errors import TraceError
 
     docs, given = [], []
     for x in (a, b):
+        if isinstance(x, _TypedReport):
+            x = x.document if isinstance(x, Report) else report_document(x)
         if isinstance(x, dict):
+            name = str(x.get("source") or "summary")
+            try:
+                x = decode_report(x, name)
+            except ValueError as exc:
+                raise TraceError(str(exc)) from None
+        if isinstance(x, ReportDocument):
             docs.append(x)
-            given.append(str(x.get("source") or "summary"))
+            given.append(x.source or "summary")
         else:
             docs.append(load_summary(x, comm_kernels=comm_kernels, cache=cache, workers=workers))
             given.append(str(x))

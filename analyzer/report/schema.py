@@ -339,7 +339,8 @@ class InstanceRow(msgspec.Struct, kw_only=True, frozen=True):
             waits are measured against the root), ``"pair"`` (send/recv) or ``"unknown"`` (a
             custom kernel: matched, no evidence).
         expected: Group size.
-        complete: Every member is present.
+        complete: Every member is present (a row of an older report without the key is taken
+            as complete, as compare always did).
         first_arrival_us: Earliest start. Unit: µs (aligned).
         arrival_skew_us: Latest start minus earliest start. Unit: µs.
         transfer_us: Minimum duration over the ranks: the transfer, without waiting. Unit: µs.
@@ -369,7 +370,7 @@ class InstanceRow(msgspec.Struct, kw_only=True, frozen=True):
     root: int | None = None
     semantics: str = ""
     expected: int = 0
-    complete: bool = False
+    complete: bool = True
     first_arrival_us: Number = NAN
     arrival_skew_us: Number = NAN
     transfer_us: Number = NAN
@@ -1909,7 +1910,7 @@ def decode_report(data: bytes | dict, source: str | Path = "summary") -> ReportD
         source: names the input in the error (a file's path).
 
     Raises:
-        ValueError: one line, ``"<source>: not a pardiag report summary (<why>)"``: the bytes
+        ValueError: one line, ``"<source>: not a readable pardiag summary (<why>)"``: the bytes
             are not JSON, a required key (``schema_version``, ``ranks``) is missing, or a
             value has the wrong type (msgspec names its place, e.g. ``$.ranks[0].rank``).
     """
@@ -1918,5 +1919,5 @@ def decode_report(data: bytes | dict, source: str | Path = "summary") -> ReportD
             return msgspec.json.decode(data, type=ReportDocument)
         return msgspec.convert(data, ReportDocument)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ValueError(f"{source}: not a pardiag report summary "
+        raise ValueError(f"{source}: not a readable pardiag summary "
                          f"({str(exc).splitlines()[0]})") from None
