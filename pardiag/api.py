@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import orjson
@@ -27,6 +27,7 @@ from pardiag.analyzer.report.compare import Comparison as _TypedComparison
 from pardiag.analyzer.report.registry import AnalysisOptions, build_report, report_document
 from pardiag.analyzer.report.registry import Report as _TypedReport
 from pardiag.analyzer.report.schema import ReportDocument, decode_report, to_builtins
+from pardiag.analyzer.trace.traceset import TraceSet
 from pardiag.errors import PardiagError
 
 
@@ -287,7 +288,8 @@ class _Null:
 
 def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[str] = (),
             cache: bool = True, workers: int | None = None, progress=None,
-            hta: bool = False, mixed_runs: bool = False) -> Report:
+            hta: bool = False, mixed_runs: bool = False,
+            loaded: Callable[[TraceSet], None] | None = None) -> Report:
     """Load a run and run every analysis on it.
 
     Args:
@@ -304,6 +306,9 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
             on each GPU rank (:attr:`Report.hta`; as ``report --hta``).
         mixed_runs: analyse the files of different runs as one (as ``report --mixed-runs``; by
             default they are refused with a TraceError that points to :func:`compare`).
+        loaded: called with the loaded :class:`~pardiag.analyzer.trace.TraceSet` before any
+            analysis runs (``pardiag report`` checks its outputs against the traces and prints
+            loading's warnings there); what it raises propagates.
 
     Returns:
         :class:`Report`; loading's warnings are in :attr:`Report.warnings`.
@@ -324,6 +329,8 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
     opts = AnalysisOptions(comm_patterns=patterns, hta=hta)
     traces = load_traces(paths, reducer=REDUCER, comm_patterns=patterns, cache=cache,
                          workers=workers, progress=progress, mixed_runs=mixed_runs)
+    if loaded is not None:
+        loaded(traces)
     return build_report(traces, opts, cls=Report)
 
 
