@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from pardiag.errors import TraceError
-from pardiag.layout import RankMeta, RunFile
+from pardiag.layout import CommsSidecar, PipelineSidecar, RankMeta, RunFile
 
 #: Columns of :attr:`RankTrace.events` (one row per complete event, ``ph == "X"``, or memory
 #: instant event). ``cat`` normalised (``kernel``, ``cpu_op``, ``cuda_runtime``, ...; categorical
@@ -122,8 +122,10 @@ class TraceSet:
             ``pardiag profile``.
         rank_meta: ``{rank: RankMeta}`` from the ``rank{R}.meta.json`` sidecars
             (:class:`pardiag.layout.RankMeta`).
-        sidecars: other pardiag sidecars by kind and rank: ``{"comms": {rank: doc},
-            "pipeline": {rank: doc}, "hang": {rank: doc}}`` (see :mod:`pardiag.layout`).
+        sidecars: other pardiag sidecars by kind and rank, decoded once by the loader:
+            ``{"comms": {rank: CommsSidecar}, "pipeline": {rank: PipelineSidecar}, "hang":
+            {rank: dict}}`` (:class:`pardiag.layout.CommsSidecar`,
+            :class:`pardiag.layout.PipelineSidecar`; a hang dump as parsed).
     """
 
     ranks: dict[int, RankTrace]
@@ -131,7 +133,8 @@ class TraceSet:
     warnings: tuple[str, ...] = ()
     run_info: RunFile | None = None
     rank_meta: dict[int, RankMeta] = dataclasses.field(default_factory=dict)
-    sidecars: dict[str, dict[int, dict]] = dataclasses.field(default_factory=dict)
+    sidecars: dict[str, dict[int, CommsSidecar | PipelineSidecar | dict]] = dataclasses.field(
+        default_factory=dict)
 
 
 def isin_mask(values: pd.Series, allowed) -> np.ndarray:
