@@ -36,7 +36,8 @@ class Report(_TypedReport):
     :class:`pardiag.analyzer.report.registry.Report`: ``traces``, ``time_breakdown``, ``sync``,
     ``inferred_layout``, ``pipeline``, ``balance``, ``causes``, ``memory``, ``layout``,
     ``dim_overlap``, ``critical_path``, ``routing``, ``recommendations``), plus the tables a
-    notebook reads most, the figures, and the outputs.
+    notebook reads most, the figures, and the outputs; :attr:`document` is the JSON summary
+    typed (:class:`pardiag.analyzer.report.schema.ReportDocument`).
 
     Units everywhere: durations in µs (``*_us``), sizes in bytes (``*_bytes``), bandwidth in
     GB/s (10⁹ B/s, ``*_gbps``), shares in % (``*_pct``: ``overlap_pct`` of communication time,
@@ -352,10 +353,9 @@ def load_summary(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: b
     Raises:
         TraceError: ``path`` does not exist, holds no readable trace, or is a summary that
             cannot be read or decoded (one line naming the file and the problem, e.g.
-            ``run.json: not a readable pardiag summary (Expected `int`, got `str` - at
+            ``a.json: not a readable pardiag summary (Expected `int`, got `str` - at
             `$.ranks[0].rank`)``).
     """
-    from pardiag.analyzer.report.schema import decode_report
     from pardiag.errors import TraceError
 
     p = Path(path)
