@@ -15,15 +15,19 @@ The command line (``pardiag report``) is a thin layer over the same calls.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import orjson
 import pandas as pd
 
 from pardiag.analyzer.report.compare import Comparison as _TypedComparison
-from pardiag.analyzer.report.registry import AnalysisOptions, build_report, report_json
+from pardiag.analyzer.report.registry import AnalysisOptions, build_report, report_document
 from pardiag.analyzer.report.registry import Report as _TypedReport
+from pardiag.analyzer.report.schema import ReportDocument, decode_report, to_builtins
+from pardiag.analyzer.trace.traceset import TraceSet
 from pardiag.errors import PardiagError
 
 
@@ -32,7 +36,8 @@ class Report(_TypedReport):
     :class:`pardiag.analyzer.report.registry.Report`: ``traces``, ``time_breakdown``, ``sync``,
     ``inferred_layout``, ``pipeline``, ``balance``, ``causes``, ``memory``, ``layout``,
     ``dim_overlap``, ``critical_path``, ``routing``, ``recommendations``), plus the tables a
-    notebook reads most, the figures, and the outputs.
+    notebook reads most, the figures, and the outputs; :attr:`document` is the JSON summary
+    typed (:class:`pardiag.analyzer.report.schema.ReportDocument`).
 
     Units everywhere: durations in µs (``*_us``), sizes in bytes (``*_bytes``), bandwidth in
     GB/s (10⁹ B/s, ``*_gbps``), shares in % (``*_pct``: ``overlap_pct`` of communication time,
@@ -217,10 +222,22 @@ class Report(_TypedReport):
             out["moe_routing"] = rh.routing_figure(self.routing)
         return {name: go.Figure(spec) for name, spec in out.items()}
 
+    @functools.cached_property
+    def document(self) -> ReportDocument:
+        """The JSON summary as its type (:class:`pardiag.analyzer.report.schema.ReportDocument`,
+        built once): one msgspec Struct per object (``document.sync.instances[0].busbw_gbps``),
+        every field documented with its unit in :mod:`pardiag.analyzer.report.schema` and
+        docs/json-schema.md. :meth:`to_json` is the same as plain values.
+
+        Raises:
+            TypeError: an analysis wrote a key the schema has no field for."""
+        return report_document(self)
+
     def to_json(self) -> dict:
         """The JSON summary (what ``pardiag report --json`` writes; ``schema_version`` 3): a dict
-        of plain Python values, NaN as None. Its keys: docs/json-schema.md."""
-        return report_json(self)
+        of plain Python values (:attr:`document` as builtins; a NaN is written as null). Its
+        keys: docs/json-schema.md."""
+        return to_builtins(self.document)
 
     def to_html(self, path: str | Path, *, cdn: bool = False) -> Path:
         """Write the self-contained HTML report to ``path`` (plotly.js inlined; linked from its
@@ -272,7 +289,8 @@ class _Null:
 
 def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[str] = (),
             cache: bool = True, workers: int | None = None, progress=None,
-            hta: bool = False, mixed_runs: bool = False) -> Report:
+            hta: bool = False, mixed_runs: bool = False,
+            loaded: Callable[[TraceSet], None] | None = None) -> Report:
     """Load a run and run every analysis on it.
 
     Args:
@@ -289,6 +307,9 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
             on each GPU rank (:attr:`Report.hta`; as ``report --hta``).
         mixed_runs: analyse the files of different runs as one (as ``report --mixed-runs``; by
             default they are refused with a TraceError that points to :func:`compare`).
+        loaded: called with the loaded :class:`~pardiag.analyzer.trace.TraceSet` before any
+            analysis runs (``pardiag report`` checks its outputs against the traces and prints
+            loading's warnings there); what it raises propagates.
 
     Returns:
         :class:`Report`; loading's warnings are in :attr:`Report.warnings`.
@@ -309,30 +330,42 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
     opts = AnalysisOptions(comm_patterns=patterns, hta=hta)
     traces = load_traces(paths, reducer=REDUCER, comm_patterns=patterns, cache=cache,
                          workers=workers, progress=progress, mixed_runs=mixed_runs)
+    if loaded is not None:
+        loaded(traces)
     return build_report(traces, opts, cls=Report)
 
 
 # -- comparing two runs ----------------------------------------------------------------------
 
-#: A pardiag report summary (``report --json``) starts with this key (orjson keeps the order).
+#: A pardiag report summary (``report --json``) starts with this key (the writers keep the
+#: field order).
 _SUMMARY_HEAD = re.compile(rb'^\s*\{\s*"schema_version"\s*:')
 
 
 def load_summary(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: bool = True,
-                 workers: int | None = None, progress=None) -> dict:
-    """A run's JSON summary (what ``pardiag report --json`` writes): read from ``path`` when
-    it is such a summary, else computed by :func:`analyze` from the run folder, trace folder or
-    trace file ``path``.
+                 workers: int | None = None, progress=None) -> ReportDocument:
+    """A run's typed JSON summary (:class:`~pardiag.analyzer.report.schema.ReportDocument`, what
+    ``pardiag report --json`` writes): decoded from ``path`` when it is such a summary, else
+    computed by :func:`analyze` from the run folder, trace folder or trace file ``path``
+    (:attr:`Report.document`). A summary of an older pardiag decodes with defaults for the keys
+    it lacks (:mod:`pardiag.analyzer.report.schema`).
 
     Raises:
-        TraceError: ``path`` does not exist, is a summary that cannot be read, or holds no
-            readable trace (the message names the file and the problem).
+        TraceError: ``path`` does not exist, holds no readable trace, or is a summary that
+            cannot be read or decoded (one line naming the file and the problem, e.g.
+            ``a.json: not a readable pardiag summary (Expected `int`, got `str` - at
+            `$.ranks[0].rank`)``).
     """
-    import orjson
-
     from pardiag.errors import TraceError
 
     p = Path(path)
+
+    def decoded(data: bytes) -> ReportDocument:
+        try:
+            return decode_report(data, p)
+        except ValueError as exc:
+            raise TraceError(str(exc)) from None
+
     if p.is_file() and p.suffix == ".json":
         try:
             with open(p, "rb") as fh:
@@ -341,26 +374,24 @@ def load_summary(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: b
             raise TraceError(f"{p}: cannot read ({exc.strerror})") from None
         if _SUMMARY_HEAD.match(head):
             try:
-                doc = orjson.loads(p.read_bytes())
-            except (OSError, orjson.JSONDecodeError) as exc:
-                raise TraceError(f"{p}: not a readable pardiag summary ({exc})") from None
-            if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list):
-                raise TraceError(f"{p}: not a pardiag report summary (no ranks list)")
-            return doc
+                return decoded(p.read_bytes())
+            except OSError as exc:
+                raise TraceError(f"{p}: cannot read ({exc.strerror})") from None
     try:
         return analyze(p, comm_kernels=comm_kernels, cache=cache, workers=workers,
-                       progress=progress).to_json()
+                       progress=progress).document
     except TraceError as exc:
         # a summary rewritten with its keys in another order (json.dump(sort_keys=True))
         if not (p.is_file() and p.suffix == ".json" and "not a Kineto trace" in str(exc)):
             raise
         try:
-            doc = orjson.loads(p.read_bytes())
+            data = p.read_bytes()
+            doc = orjson.loads(data)
         except (OSError, orjson.JSONDecodeError):
             raise exc from None
         if isinstance(doc, dict) and "schema_version" in doc and isinstance(doc.get("ranks"),
                                                                            list):
-            return doc
+            return decoded(data)
         raise
 
 
@@ -368,8 +399,9 @@ class Comparison(_TypedComparison):
     """Two runs compared (:func:`compare`): the typed result (inherited from
     :class:`pardiag.analyzer.report.compare.Comparison`: ``setup``, ``step``, ``breakdown``,
     ``ranks``, ``dims``, ``bubbles``, ``stragglers``, ``skew``, ``imbalance``,
-    ``collectives``, ``bandwidth``, ``operators``, ``checks``, ``warnings``) and its outputs.
-    Every delta is B − A; µs, bytes, GB/s, %.
+    ``collectives``, ``bandwidth``, ``operators``, ``checks``, ``warnings``, and the two typed
+    summaries compared, ``a_document`` and ``b_document``) and its outputs. Every delta is
+    B − A; µs, bytes, GB/s, %.
     """
 
     def gate(self, fail_if_slower_pct: float):
@@ -430,8 +462,9 @@ def compare(a, b, *, comm_kernels: Iterable[str] = (), cache: bool = True,
 
     Args:
         a, b: each a run folder written by ``pardiag profile``, a folder of Kineto traces, a
-            trace file, a JSON summary written by ``pardiag report --json``, or such a summary
-            as a dict.
+            trace file, a JSON summary written by ``pardiag report --json``, such a summary
+            as a dict (:meth:`Report.to_json`), a typed summary (:attr:`Report.document`) or a
+            :class:`Report`.
         comm_kernels, cache, workers: as for :func:`analyze` (for inputs that are analyzed).
         names: how the page and the JSON name A and B (default: the paths as given, or a
             summary's ``source``).
@@ -441,15 +474,25 @@ def compare(a, b, *, comm_kernels: Iterable[str] = (), cache: bool = True,
         compared where they can be, with ``warnings``.
 
     Raises:
-        TraceError: an input is missing or unreadable (the message names it).
+        TraceError: an input is missing or unreadable, or a summary (a file or a dict) cannot
+            be decoded (one line naming it).
     """
     from pardiag.analyzer.report.compare import compare_summaries
+    from pardiag.errors import TraceError
 
     docs, given = [], []
     for x in (a, b):
+        if isinstance(x, _TypedReport):
+            x = x.document if isinstance(x, Report) else report_document(x)
         if isinstance(x, dict):
+            name = str(x.get("source") or "summary")
+            try:
+                x = decode_report(x, name)
+            except ValueError as exc:
+                raise TraceError(str(exc)) from None
+        if isinstance(x, ReportDocument):
             docs.append(x)
-            given.append(str(x.get("source") or "summary"))
+            given.append(x.source or "summary")
         else:
             docs.append(load_summary(x, comm_kernels=comm_kernels, cache=cache, workers=workers))
             given.append(str(x))

@@ -453,30 +453,34 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     """
     import orjson
 
-    from pardiag.analyzer.per_rank import REDUCER
-    from pardiag.analyzer.report.registry import AnalysisOptions, build_report
-    from pardiag.analyzer.trace import load_traces
-    from pardiag.analyzer.trace.classify import compile_comm_patterns
-    from pardiag.api import Report
+    from pardiag.api import analyze
     from pardiag.progress import progress_reporter
 
-    opts = AnalysisOptions(comm_patterns=tuple(compile_comm_patterns(comm_kernel)), hta=hta)
-    with progress_reporter("loading traces") as progress:
-        traces = load_traces(list(paths), reducer=REDUCER, comm_patterns=opts.comm_patterns,
-                             cache=not no_cache, workers=workers, progress=progress,
-                             mixed_runs=mixed_runs)
-    # nothing the user produced is overwritten: no trace, no file of an input folder
-    guard_outputs([output, json_out], list(paths), traces)
-    refuse_foreign_outputs(output, json_out)
-    for w in traces.warnings:
-        click.echo(f"pardiag: warning: {w}", err=True)
-    try:
-        rep = build_report(traces, opts, cls=Report)  # what pardiag.analyze() returns
-    except Exception as exc:  # a bug, or input no check caught: one line, details on request
-        if os.environ.get("PARDIAG_DEBUG"):
-            raise
-        raise PardiagError(f"{traces.source}: analysis failed ({type(exc).__name__}: {exc}); "
-                           f"set PARDIAG_DEBUG=1 for the traceback", exit_code=1) from None
+    analysing: str | None = None   # the traces' source, once the analyses run
+
+    def loaded(traces) -> None:
+        """Between loading and the analyses: the progress bar ends, the outputs are checked
+        against the traces (nothing the user produced is overwritten: no trace, no file of an
+        input folder) and loading's warnings are printed."""
+        nonlocal analysing
+        bar.close()
+        guard_outputs([output, json_out], list(paths), traces)
+        refuse_foreign_outputs(output, json_out)
+        for w in traces.warnings:
+            click.echo(f"pardiag: warning: {w}", err=True)
+        analysing = traces.source
+
+    with contextlib.ExitStack() as bar:
+        progress = bar.enter_context(progress_reporter("loading traces"))
+        try:
+            rep = analyze(list(paths), comm_kernels=comm_kernel, cache=not no_cache,
+                          workers=workers, progress=progress, hta=hta, mixed_runs=mixed_runs,
+                          loaded=loaded)
+        except Exception as exc:  # a bug, or input no check caught: one line, details on request
+            if analysing is None or os.environ.get("PARDIAG_DEBUG"):
+                raise
+            raise PardiagError(f"{analysing}: analysis failed ({type(exc).__name__}: {exc}); "
+                               f"set PARDIAG_DEBUG=1 for the traceback", exit_code=1) from None
     if json_out is not None:
         data = orjson.dumps(rep.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
         _write_json(data, json_out)

@@ -11,8 +11,10 @@ A run folder written by ``pardiag profile`` holds::
         rank{R}.meta.json         RANK_META_TEMPLATE: per-rank metadata (host, device, status,
                                   memory, topology, detected parallel layout)
         rank{R}.comms.json        COMMS_TEMPLATE: process groups and every collective and
-                                  point-to-point op (group, seq, bytes, issue/start/end)
+                                  point-to-point op (group, seq, bytes, issue/start/end;
+                                  CommsSidecar)
         rank{R}.pipeline.json     PIPELINE_TEMPLATE: forward/backward per stage and microbatch
+                                  (PipelineSidecar)
         rank{R}.hang.json         HANG_TEMPLATE: what a rank was doing when --timeout expired
         rank{R}.stacks.txt        STACKS_TEMPLATE: every thread's Python stack, written when
                                   a rank that wrote no hang dump was signalled (--timeout)
@@ -563,6 +565,351 @@ def contention_note(metas) -> str | None:
         return None
     return ("timings are contended: " + "; ".join(found) + " — pin each rank to its own cores "
             "(pardiag profile --pin-cpu) or give each fewer threads (torch.set_num_threads)")
+
+
+# --- What the comms and pipeline sidecars hold ----------------------------------------------------
+# Written by the collectors (rank_entry.py) as plain JSON, decoded once by the loader with
+# decode_rank_sidecar. Their lists are decoded entry by entry: a malformed entry is left out with
+# a warning naming the file; a file whose ``records`` (or ``process_groups``) is not a list, or
+# whose own fields have the wrong type, is ignored with a warning. Unknown keys are ignored.
+
+
+class ProcessGroupRecord(msgspec.Struct, kw_only=True, frozen=True):
+    """One process group of a rank (``rank{R}.comms.json``'s ``process_groups``).
+
+    Attributes:
+        name: the group's name (``"0"``, ``"1"``, ...), as its records' ``pg_name``.
+        ranks: its members (global ranks).
+        desc: its description (``default_pg``, ``mesh_tp``, ...; ``""`` when none).
+        size: members, as the group states it.
+        backend: the group's backend (``gloo``, ``nccl``).
+        dim: the parallel dimension the rank's layout gives the group (``dp``, ``tp``, ...;
+            None when none does).
+    """
+
+    name: str
+    ranks: list[int]
+    desc: str = ""
+    size: int | None = None
+    backend: str | None = None
+    dim: str | None = None
+
+
+class CommRecord(msgspec.Struct, kw_only=True, frozen=True):
+    """One collective or point-to-point op a rank issued (``rank{R}.comms.json``'s ``records``;
+    :mod:`pardiag.analyzer.trace.comm_records` makes and places them).
+
+    Attributes:
+        op: standard collective name (``all_reduce``, ``send``, ...).
+        pg_name: its process group's name.
+        seq: its sequence number in the group.
+        pg_desc: the group's description.
+        pg_ranks: the group's members (global ranks).
+        trace_name: the trace event that ran it (``gloo:all_reduce``).
+        in_bytes, out_bytes: the input's and output's size (bytes).
+        bytes: the full buffer (bytes; nccl-tests' S, :func:`full_buffer_bytes`).
+        numel: elements of the input.
+        dtype: the input's element type.
+        peer: the other rank of a send or recv (group rank), else None.
+        root: the root of a rooted op (broadcast, reduce, ...), when recorded.
+        source: what recorded it (``flight_recorder``, ``p2p_hook``).
+        issue_us: when the program issued it (µs, the trace's clock).
+        start_us, end_us: where it ran on the trace (µs, the trace's clock); None when no
+            event was found.
+        matched: what placed it on the trace (``kernel``, ``gloo``, ``cpu op``, ``none``).
+        transport_op: the op the backend ran it as, where another one (gloo's reduce_scatter
+            is an all_reduce).
+    """
+
+    op: str
+    pg_name: str
+    seq: int
+    pg_desc: str | None = None
+    pg_ranks: list[int] | None = None
+    trace_name: str | None = None
+    in_bytes: int | float | None = None
+    out_bytes: int | float | None = None
+    bytes: int | float | None = None
+    numel: int | None = None
+    dtype: str | None = None
+    peer: int | None = None
+    root: int | None = None
+    source: str | None = None
+    issue_us: int | float | None = None
+    start_us: int | float | None = None
+    end_us: int | float | None = None
+    matched: str | None = None
+    transport_op: str | None = None
+
+
+class CommsSidecar(msgspec.Struct, kw_only=True, frozen=True):
+    """``pardiag/rank{R}.comms.json``: a rank's process groups and every op it issued.
+
+    Attributes:
+        schema, schema_version, kind: the sidecar header (``kind`` ``"comms"``).
+        rank: global rank.
+        base_time_ns: the trace's ``baseTimeNanoseconds`` (epoch ns of trace time 0).
+        process_groups: the rank's process groups.
+        records: its ops, in issue order.
+    """
+
+    schema: str = SIDECAR_SCHEMA
+    schema_version: int = SCHEMA_VERSION
+    kind: str = "comms"
+    rank: int
+    base_time_ns: int | float | None = None
+    process_groups: list[ProcessGroupRecord] = msgspec.field(default_factory=list)
+    records: list[CommRecord] = msgspec.field(default_factory=list)
+
+
+class ChunkRecord(msgspec.Struct, kw_only=True, frozen=True):
+    """One forward or backward chunk of a pipeline stage (``rank{R}.pipeline.json``'s
+    ``records``; unprofiled steps too).
+
+    Attributes:
+        stage: the stage.
+        microbatch: the microbatch.
+        phase: ``F`` (forward), ``B`` (backward), ``I`` (input gradient), ``W`` (weights).
+        start_us, end_us: the chunk (µs, the trace's clock).
+        optimizer_step: the optimizer step it belongs to.
+        profiled: inside the profiler's window.
+        samples: the microbatch's size (rows of the stage's forward output), when recorded.
+    """
+
+    stage: int
+    microbatch: int
+    phase: str
+    start_us: int | float
+    end_us: int | float
+    optimizer_step: int
+    profiled: bool = True
+    samples: int | None = None
+
+
+class LayerTiming(msgspec.Struct, kw_only=True, frozen=True):
+    """One child module of a stage's module, timed (``layers``).
+
+    Attributes:
+        stage: the stage.
+        index: its place among the stage's children.
+        name: its qualified name.
+        type: its class name.
+        params_bytes: its parameters (bytes).
+        fwd_us: ``{optimizer step: its fastest forward in that step}`` (µs).
+    """
+
+    stage: int
+    index: int
+    name: str
+    type: str | None = None
+    params_bytes: int | None = None
+    fwd_us: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+class SizeScaling(msgspec.Struct, kw_only=True, frozen=True):
+    """A stage's module timed at another microbatch size after the run (``size_scaling``).
+
+    Attributes:
+        stage: the stage.
+        samples: the microbatch size timed (samples).
+        fwd_us, bwd_us: its median forward and backward (µs).
+        fwd_samples_us, bwd_samples_us: every repetition's times (µs), when recorded.
+    """
+
+    stage: int
+    samples: int | float
+    fwd_us: float
+    bwd_us: float
+    fwd_samples_us: list[float] | None = None
+    bwd_samples_us: list[float] | None = None
+
+
+class AllreduceTiming(msgspec.Struct, kw_only=True, frozen=True):
+    """An all-reduce timed on the group after the run (``allreduce_calibration``).
+
+    Attributes:
+        bytes: its size (bytes).
+        us: its fastest time (µs; the first repetition warms up).
+        samples_us: every repetition's time (µs), when recorded.
+    """
+
+    bytes: int | float
+    us: float | None = None
+    samples_us: list[float] | None = None
+
+
+class DdpCalibration(msgspec.Struct, kw_only=True, frozen=True):
+    """DDP itself timed on a stand-in after the run, on CPU (``ddp_calibration``; every field
+    None when it was not timed: the file holds ``{}``).
+
+    Attributes:
+        grad_bytes: the stand-in's gradients (bytes).
+        rows: its batch (rows).
+        plain_us, ddp_us: the median backward without and with DDP (µs).
+        overhead_us: the median of what DDP added (µs).
+        plain_samples_us, ddp_samples_us, overhead_samples_us: every repetition's (µs).
+    """
+
+    grad_bytes: int | float | None = None
+    rows: int | None = None
+    plain_us: float | None = None
+    ddp_us: float | None = None
+    overhead_us: float | None = None
+    plain_samples_us: list[float] | None = None
+    ddp_samples_us: list[float] | None = None
+    overhead_samples_us: list[float] | None = None
+
+
+class OptimizerTiming(msgspec.Struct, kw_only=True, frozen=True):
+    """One optimizer step of the rank (``optimizer``).
+
+    Attributes:
+        optimizer_step: the step.
+        start_us, end_us: its optimizer call (µs, the trace's clock).
+    """
+
+    optimizer_step: int
+    start_us: float
+    end_us: float
+
+
+class ChunkCost(msgspec.Struct, kw_only=True, frozen=True):
+    """The fixed share of a stage's chunks of one phase (``chunk_costs``;
+    :func:`pardiag.analyzer.predict.whatif.chunk_cost_split`).
+
+    Attributes:
+        stage, phase: the stage and phase.
+        chunks: chunks measured.
+        chunk_us: their median duration (µs).
+        fixed_share: the median share of a chunk that does not scale with the microbatch.
+        fit: ``[c µs, a µs/byte, b µs/flop]`` of the operators' time model.
+    """
+
+    stage: int
+    phase: str
+    chunks: int | None = None
+    chunk_us: float | None = None
+    fixed_share: float
+    fit: list[float] | None = None
+
+
+class PipelineSidecar(msgspec.Struct, kw_only=True, frozen=True):
+    """``pardiag/rank{R}.pipeline.json``: a pipeline rank's chunks and what the what-if model
+    timed after the run.
+
+    Attributes:
+        schema, schema_version, kind: the sidecar header (``kind`` ``"pipeline"``).
+        rank: global rank.
+        schedule: the pipeline rank 0 detected (``schedule``, ``stages``, ``microbatches``,
+            ``local_stages``, ``pp_group_size``, ``stages_per_rank``), or None.
+        records: every forward and backward chunk.
+        layers: the stages' child modules, timed.
+        size_scaling: the stage modules timed at other microbatch sizes.
+        allreduce_calibration: all-reduces timed on the group.
+        ddp_calibration: DDP timed on a stand-in, or None.
+        optimizer: the rank's optimizer steps.
+        chunk_costs: the chunks' fixed shares.
+    """
+
+    schema: str = SIDECAR_SCHEMA
+    schema_version: int = SCHEMA_VERSION
+    kind: str = "pipeline"
+    rank: int
+    schedule: dict[str, Any] | None = None
+    records: list[ChunkRecord] = msgspec.field(default_factory=list)
+    layers: list[LayerTiming] = msgspec.field(default_factory=list)
+    size_scaling: list[SizeScaling] = msgspec.field(default_factory=list)
+    allreduce_calibration: list[AllreduceTiming] = msgspec.field(default_factory=list)
+    ddp_calibration: DdpCalibration | None = None
+    optimizer: list[OptimizerTiming] = msgspec.field(default_factory=list)
+    chunk_costs: list[ChunkCost] = msgspec.field(default_factory=list)
+
+
+#: The rank sidecars decoded by :func:`decode_rank_sidecar`, by ``kind``: their type and their
+#: lists, each ``(key, entry type, required)`` (a required list that is not a list makes the
+#: file unusable).
+RANK_SIDECARS: dict[str, tuple[type, tuple[tuple[str, type, bool], ...]]] = {
+    "comms": (CommsSidecar, (("records", CommRecord, True),
+                             ("process_groups", ProcessGroupRecord, True))),
+    "pipeline": (PipelineSidecar, (("records", ChunkRecord, True),
+                                   ("layers", LayerTiming, False),
+                                   ("size_scaling", SizeScaling, False),
+                                   ("allreduce_calibration", AllreduceTiming, False),
+                                   ("optimizer", OptimizerTiming, False),
+                                   ("chunk_costs", ChunkCost, False))),
+}
+#: Number fields of the entries that must be finite where given.
+_FINITE = ("start_us", "end_us", "issue_us", "bytes", "us", "fixed_share", "samples")
+
+
+def _finite(entry: msgspec.Struct) -> bool:
+    import math
+
+    return all(not isinstance(v, float) or math.isfinite(v)
+               for v in (getattr(entry, k, None) for k in _FINITE))
+
+
+def _repaired(rec: CommRecord) -> CommRecord:
+    """A comms record with ``bytes`` the full buffer (:func:`full_buffer_bytes`): runs recorded
+    before the all-gather repair wrote the input's size for some all-gathers."""
+    ib, ob, ranks = rec.in_bytes, rec.out_bytes, rec.pg_ranks
+    if rec.op != "all_gather" or ib is None or ob is None or ranks is None:
+        return rec
+    full = full_buffer_bytes("all_gather", int(ib), int(ob), len(ranks))
+    return rec if full == rec.bytes else msgspec.structs.replace(rec, bytes=full)
+
+
+def decode_rank_sidecar(doc: dict, path: str | Path
+                        ) -> tuple[CommsSidecar | PipelineSidecar | None, list[str]]:
+    """A comms or pipeline sidecar (its parsed JSON object, ``doc["kind"]`` one of
+    :data:`RANK_SIDECARS`) as its type, and the warnings about it (each naming ``path``).
+
+    Each list is decoded entry by entry: a malformed entry (a required key missing, a value of
+    the wrong type, a time or size that is not finite) is left out, with one warning per list
+    (how many, and the first reason). Comms records of an all-gather get the full buffer as
+    ``bytes`` (:func:`_repaired`).
+
+    Returns:
+        ``(sidecar, warnings)``; the sidecar is None when the file cannot be used: a required
+        list (``records``, comms' ``process_groups``) is not a list, or a field of the file
+        itself has the wrong type.
+    """
+    cls, lists = RANK_SIDECARS[doc["kind"]]
+    warnings: list[str] = []
+    body = dict(doc)
+    for key, entry_type, required in lists:
+        items = body.get(key)
+        if items is None and not required:
+            continue
+        if not isinstance(items, list):
+            if required:
+                warnings.append(f"{path}: '{key}' is not a list; the file is ignored")
+                return None, warnings
+            warnings.append(f"{path}: '{key}' is not a list; left out")
+            body.pop(key)
+            continue
+        good, why = [], None
+        for e in items:
+            try:
+                x = msgspec.convert(e, entry_type)
+            except msgspec.ValidationError as exc:
+                why = why or str(exc)
+                continue
+            if not _finite(x):
+                why = why or "a time or size that is not a finite number"
+                continue
+            good.append(x)
+        if len(good) < len(items):
+            warnings.append(f"{path}: left out {len(items) - len(good)} malformed '{key}' "
+                            f"entries ({why})")
+        body[key] = good
+    if cls is CommsSidecar:
+        body["records"] = [_repaired(r) for r in body["records"]]
+    try:
+        return msgspec.convert(body, cls), warnings
+    except msgspec.ValidationError as exc:
+        warnings.append(f"{path}: pardiag sidecar with a wrong value, ignored ({exc})")
+        return None, warnings
 
 
 #: The typed sidecars by their ``kind``.

@@ -329,16 +329,16 @@ def test_analysis_commands_store_text_as_python_strings_and_restore_the_setting(
     the caller's setting as it was."""
     import pandas as pd
 
-    import pardiag.analyzer.report.registry as registry
+    import pardiag.api as api  # report calls pardiag.analyze, which builds the report
 
     seen = []
-    real = registry.build_report
+    real = api.build_report
 
     def spy(traces, *a, **kw):
         seen.append((pd.get_option("mode.string_storage"), type(pd.Series(["x"]).array).__name__))
         return real(traces, *a, **kw)
 
-    monkeypatch.setattr(registry, "build_report", spy)
+    monkeypatch.setattr(api, "build_report", spy)
     before = pd.get_option("mode.string_storage")
     gpu_rank(0).write(tmp_path / "r0.json")
     assert run("report", tmp_path, "-o", tmp_path / "r.html", "-q").exit_code == 0
@@ -376,3 +376,26 @@ def test_pyarrow_is_kept_out_only_for_analysis_commands_before_pandas_loads():
     for argv in (["report", "x"], ["-q", "compare", "a", "b"], ["profile", "t.py"], []):
         assert keep_pyarrow_out(argv) is False
         assert sys.modules.get("pyarrow") is before
+
+
+def test_report_calls_analyze_and_checks_its_outputs_before_the_analyses(tmp_path, monkeypatch):
+    """``pardiag report`` is :func:`pardiag.analyze` with the command line's checks: an output
+    onto an input trace is refused once the traces are loaded, before any analysis runs, and
+    an analysis that fails is one line naming the traces (exit code 1)."""
+    import pardiag.api as api
+
+    calls = []
+
+    def failing(traces, *a, **kw):
+        calls.append(traces.source)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(api, "build_report", failing)
+    trace = gpu_rank(0).write(tmp_path / "rank0.json")
+    res = run("report", tmp_path, "-o", trace, "-q")
+    assert res.exit_code == 2 and "is one of the input traces" in res.output and not calls
+    res = run("report", tmp_path, "-o", tmp_path / "r.html", "-q")
+    assert res.exit_code == 1 and calls == [str(tmp_path)]
+    assert res.output.strip().splitlines()[-1] == (
+        f"pardiag: error: {tmp_path}: analysis failed (RuntimeError: boom); set "
+        "PARDIAG_DEBUG=1 for the traceback")

@@ -55,7 +55,7 @@ def test_an_all_gather_recorded_with_its_input_as_output_counts_the_gathered_buf
     write_sidecar(tmp_path / "rank0.comms.json", "comms", 0,
                   {"process_groups": GROUPS, "records": [{**recs[0], "bytes": 2048}]})
     traces = load_traces(tmp_path)
-    assert traces.sidecars["comms"][0]["records"][0]["bytes"] == 4096
+    assert traces.sidecars["comms"][0].records[0].bytes == 4096
 
 
 def test_p2p_records_count_per_peer():

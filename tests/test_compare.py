@@ -4,15 +4,24 @@ split into waiting and transfer, a straggler removed, memory, a pipeline bubble,
 setup, closing the loop on a recommendation, the --fail-if-slower gate, and bad input."""
 
 import json
+import math
 import subprocess
 import sys
 
+import msgspec
+import orjson
 import pytest
 from click.testing import CliRunner
 
 import pardiag
 from pardiag.analyzer.per_rank.operators import operators_of_events
-from pardiag.analyzer.report.compare import compare_summaries, gate
+from pardiag.analyzer.report import schema as js
+from pardiag.analyzer.report.compare import (
+    Stragglers,
+    compare_summaries,
+    comparison_json,
+    gate,
+)
 from pardiag.cli import cli
 
 from .synth import gpu_rank
@@ -68,7 +77,7 @@ def test_breakdown_splits_exposed_communication(pair):
 
 def test_straggler_skew_memory_collectives_operators(pair):
     c = pair[2]
-    assert c.stragglers == {"a": 1, "b": None}
+    assert c.stragglers == Stragglers(a=1, b=None)
     k = c.skew.set_index("op").loc["all_reduce"]
     assert (k["a_arrival_skew_us"], k["b_arrival_skew_us"], k["a_count"]) == (200.0, 0.0, 4.0)
     r = c.ranks.set_index("key")
@@ -202,8 +211,16 @@ def test_bad_input_is_one_line(pair, tmp_path):
     a, _, _ = pair
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema_version": 3, "ranks": [')
+    wrong = tmp_path / "wrong.json"   # a summary whose rank is not a number
+    wrong.write_text('{"schema_version": 3, "source": "x", "ranks": [{"rank": "zero"}]}')
+    no_ranks = tmp_path / "no_ranks.json"
+    no_ranks.write_text('{"schema_version": 3, "source": "x"}')
     cases = [(tmp_path / "missing", "no such file or folder"),
-             (bad, "not a readable pardiag summary")]
+             (bad, "not a readable pardiag summary"),
+             (wrong, "not a readable pardiag summary (Expected `int`, got `str` - at "
+                     "`$.ranks[0].rank`)"),
+             (no_ranks, "not a readable pardiag summary (Object missing required field "
+                        "`ranks`)")]
     for path, why in cases:
         res = subprocess.run([sys.executable, "-m", "pardiag", "compare", str(a), str(path),
                               "-o", str(tmp_path / "c.html")], capture_output=True, text=True)
@@ -256,3 +273,174 @@ def test_operators_per_rank_and_step(tmp_path):
     assert again.operators.totals.equals(first)
     rows = {r["name"][:12]: r["per_step_us"] for r in again.to_json()["operators"]["rows"]}
     assert rows["void gemm_ke"] == 35.0 and rows["Memcpy DtoH "] == 5.0
+
+
+# ------------------------------------------------------------------ typed summaries, planted
+
+
+def _summary(*, compute: float, exposed: float, wait: float, step_us: float, gemm_us: float,
+             transfers: tuple, cap: int, peak: float, overlap_pct: float, relu_us: float = 0.0,
+             recommendations=(), straggler=js.UNSET) -> js.ReportDocument:
+    """A typed summary of a 2-rank DDP run with 2 profiled steps per rank: per rank and step
+    ``compute`` µs of compute only, 10 overlapped, ``exposed`` exposed and 40 idle; rank 0
+    waits ``wait`` µs per step for rank 1 at complete instances; the step's samples are
+    ``step_us`` ± 10 and ± 20; ``transfers`` ((µs, busbw GB/s, complete), ...) are all-reduces
+    on pg "0" (dimension dp); the GPU kernel gemm takes ``gemm_us`` over the run (relu
+    ``relu_us``); DDP's bucket cap ``cap`` bytes; each rank's peak ``peak`` bytes."""
+    span = compute + 10.0 + exposed + 40.0
+    ranks = [js.RankEntry(rank=r, file=f"rank{r}.json", rank_source="distributedInfo",
+                          domain="cpu", device="cpu", steps=[
+                              js.StepBreakdown(step=s, start_us=1e4 * s, end_us=1e4 * s + span,
+                                               span_us=span, compute_us=compute + 10.0,
+                                               comm_us=exposed + 10.0, overlap_us=10.0,
+                                               compute_only_us=compute,
+                                               exposed_comm_us=exposed, idle_us=40.0)
+                              for s in (1, 2)]) for r in (0, 1)]
+    samples = [step_us - 20, step_us - 10, step_us, step_us + 10, step_us + 20]
+    return js.ReportDocument(
+        schema_version=3, source="synthetic", ranks=ranks,
+        collectives=[js.CollectiveTotal(collective="all_reduce", ranks=2, count=8,
+                                        time_us=4 * (exposed + 10), exposed_us=4 * exposed)],
+        operators=js.OperatorsSection(rank_steps=4, total=2, rows=[
+            js.OperatorRow(kind="gpu", name="gemm", ranks=2, count=8, time_us=gemm_us),
+            *([js.OperatorRow(kind="gpu", name="relu", ranks=2, count=4, time_us=relu_us)]
+              if relu_us else [])]),
+        sync=js.SyncSection(
+            matched_by="records", straggler=1,
+            stragglers=[js.StragglerRow(rank=0, wait_suffered_us=2 * wait, wait_caused_us=0.0,
+                                        waiting_us=2 * wait),
+                        js.StragglerRow(rank=1, wait_suffered_us=0.0, wait_caused_us=2 * wait,
+                                        waiting_us=0.0)],
+            instances=[js.InstanceRow(instance=f"0:{i}", pg="0", group="0,1|default_pg",
+                                      seq=i, op="all_reduce", step=1, complete=done,
+                                      transfer_us=us, busbw_gbps=bw)
+                       for i, (us, bw, done) in enumerate(transfers)],
+            skew=[js.SkewRow(op="all_reduce", count=4, arrival_skew_us=wait,
+                             max_skew_us=2 * wait, transfer_us=10.0)]),
+        imbalance=js.ImbalanceSection(summary=[js.ImbalanceSummary(
+            dim="dp", pg="0", imbalance=1.0 + wait / 100, cost_us=wait / 2, slowest_rank=1)]),
+        memory=js.MemorySection(per_rank=[js.MemoryRank(rank=r, static_bytes=1e6, peak_bytes=peak)
+                                          for r in (0, 1)]),
+        layout=js.LayoutSection(source="recorded", dims={"dp": 2}, strategies=["ddp"],
+                                groups=[js.ProcessGroupRow(dim="dp", pg="0", desc="default_pg",
+                                                           ranks=[0, 1], size=2)]),
+        setup=js.SetupSection(source="recorded", script="train.py", world_size=2,
+                              dims={"dp": 2}, strategies=["ddp"], ddp_bucket_cap_bytes=cap),
+        overlap_per_dimension=js.DimOverlapSection(summary=[js.DimOverlapSummary(
+            dim="dp", ranks=2, comm_us=2 * (exposed + 10), exposed_us=2 * exposed,
+            overlap_pct=overlap_pct)]),
+        step=js.MeasuredStep(basis="profiled", basis_text="profiled steps", steps=5,
+                             median_us=step_us, q1_us=step_us - 10, q3_us=step_us + 10,
+                             min_us=step_us - 20, max_us=step_us + 20, samples_us=samples),
+        straggler=straggler, recommendations=list(recommendations))
+
+
+def _planted() -> tuple[js.ReportDocument, js.ReportDocument]:
+    """A: 600 µs compute, 100 exposed (30 of it waiting for rank 1), steps of 1000 µs, rank 1
+    the straggler, and a recommendation to double DDP's bucket cap (predicted 891 µs, peak
+    2 MB). B: the cap doubled, 500 µs compute, 80 exposed (10 waiting), steps of 900 µs, peak
+    2.5 MB, a relu kernel A did not run; B's summary lacks the top-level ``straggler`` (an
+    older report: ``sync.straggler`` is read)."""
+    cap = 25 * 2**20
+    rec = js.RecommendationEntry(
+        kind="ddp_bucket", title="larger DDP buckets", change="bucket_cap_mb 50",
+        measured_step_us=1000.0, predicted_step_us=891.0, gain_pct=10.9,
+        predicted_peak_bytes=2e6, fits_memory=True,
+        params=js.RecommendationParams(ddp_bucket_cap_bytes=2 * cap), tier=1)
+    a = _summary(compute=600, exposed=100, wait=30, step_us=1000, gemm_us=800,
+                 transfers=((50.0, 2.0, True), (70.0, 4.0, True)), cap=cap, peak=2e6,
+                 overlap_pct=9.0, recommendations=[rec], straggler=1)
+    b = _summary(compute=500, exposed=80, wait=10, step_us=900, gemm_us=600, relu_us=40,
+                 transfers=((40.0, 5.0, True), (400.0, 0.5, False)), cap=2 * cap, peak=2.5e6,
+                 overlap_pct=11.0)
+    b = msgspec.structs.replace(b, sync=msgspec.structs.replace(b.sync, straggler=None))
+    return a, b
+
+
+def test_typed_summaries_with_planted_differences_compare_exactly():
+    a, b = _planted()
+    c = compare_summaries(a, b)
+    assert c.a_document is a and c.b_document is b and c.by == "rank" and not c.warnings
+    s = c.step
+    assert (s.a.median_us, s.b.median_us, s.delta_us, s.delta_pct) == (1000, 900, -100, -10.0)
+    assert s.a.samples_us == (980.0, 990.0, 1000.0, 1010.0, 1020.0) and s.beyond_noise is True
+    bd = c.breakdown.set_index("part")
+    assert bd.loc["span_us", ["a_us", "b_us", "delta_us", "delta_pct"]].tolist() == [
+        750.0, 630.0, -120.0, -16.0]
+    assert bd.loc["compute_only_us", ["a_us", "b_us"]].tolist() == [600.0, 500.0]
+    # rank 0 waits 30 (B: 10) of its exposed 100 (80); rank 1 waits for nobody
+    assert bd.loc["exposed_wait_us", ["a_us", "b_us"]].tolist() == [15.0, 5.0]
+    assert bd.loc["exposed_transfer_us", ["a_us", "b_us"]].tolist() == [85.0, 75.0]
+    assert bd.loc["idle_us", ["delta_us", "delta_pct"]].tolist() == [0.0, 0.0]
+    r = c.ranks.set_index("key")
+    assert r.loc["rank 0", ["a_exposed_wait_us", "b_exposed_wait_us", "a_exposed_transfer_us",
+                            "b_exposed_transfer_us"]].tolist() == [30.0, 10.0, 70.0, 70.0]
+    assert r.loc["rank 1", ["a_wait_caused_us", "b_wait_caused_us", "a_peak_bytes",
+                            "b_peak_bytes"]].tolist() == [30.0, 10.0, 2e6, 2.5e6]
+    assert c.stragglers == Stragglers(a=1, b=None)
+    assert c.dims.iloc[0].tolist() == ["dp", 9.0, 11.0, 100.0, 80.0]   # per rank and step
+    assert c.skew.iloc[0].tolist() == ["all_reduce", 4.0, 4.0, 30.0, 10.0, 60.0, 20.0]
+    assert c.imbalance.iloc[0].tolist() == ["dp", 1.3, 1.1, 15.0, 5.0]
+    assert c.collectives.iloc[0].tolist() == ["all_reduce", 2.0, 2.0, 110.0, 90.0, 100.0, 80.0]
+    # complete instances only: A's two (medians 60 µs, 3 GB/s), B's one
+    assert c.bandwidth.iloc[0].tolist() == ["dp", "all_reduce", 2, 1, 60.0, 40.0, 3.0, 5.0]
+    ops = c.operators.set_index("name")
+    assert ops.index.tolist() == ["gemm", "relu"]
+    assert ops.loc["gemm", ["a_us", "b_us", "delta_us", "delta_pct", "a_count"]].tolist() == [
+        200.0, 150.0, -50.0, -25.0, 2.0]
+    assert ops.loc["relu", "delta_us"] == 10.0 and math.isnan(ops.loc["relu", "delta_pct"])
+    (ch,) = c.checks
+    assert (ch.status, ch.why, ch.rank) == ("applied", "B has ddp_bucket_cap_bytes 52428800", 1)
+    assert ch.params == {"ddp_bucket_cap_bytes": 2 * 25 * 2**20}
+    assert (ch.a_step_us, ch.predicted_step_us, ch.b_step_us) == (1000.0, 891.0, 900.0)
+    assert ch.error_pct == pytest.approx(-1.0) and ch.peak_error_pct == pytest.approx(-20.0)
+    assert ch.also_changed == () and ch.args_changed == ()
+    # the same from the JSON each typed summary is written as
+    again = compare_summaries(js.to_builtins(a), js.to_builtins(b))
+    assert again.breakdown.equals(c.breakdown) and again.checks == c.checks
+    got = pardiag.compare(js.to_builtins(a), b, names=("A", "B")).to_json()
+    assert got == comparison_json(c)
+
+
+def test_an_older_summary_falls_back_where_it_lacks_keys():
+    """B written by an older pardiag: no ``step`` (the run row of ``step_time`` is used), no
+    ``setup`` (run.json's and the layout's fields), no ``operators``, no ``waiting_us`` (the
+    waiting split is unknown) and no ``complete`` on its instances (taken as complete)."""
+    a, b = _planted()
+    old = js.to_builtins(b)
+    for k in ("step", "setup", "operators"):
+        old.pop(k)
+    old["schema_version"] = 2
+    old["step_time"] = [{"rank": None, "steps": 4, "median_us": 905.0, "q1_us": 900.0,
+                         "q3_us": 910.0, "min_us": 890.0, "max_us": 920.0, "outlier_steps": []}]
+    for row in old["sync"]["stragglers"]:
+        row.pop("waiting_us")
+    for row in old["sync"]["instances"]:
+        row.pop("complete")
+    doc = js.decode_report(old, "B")
+    assert doc.step is None and doc.setup is None and doc.operators is None
+    assert doc.sync.stragglers[0].waiting_us is None and doc.sync.instances[1].complete is True
+    c = compare_summaries(a, old)
+    assert (c.step.b.basis, c.step.b.median_us, c.step.b.samples_us) == ("profiled", 905.0, ())
+    assert c.step.delta_us == -95.0
+    assert c.operators.empty and c.operators_note.startswith("no operator times in B")
+    assert any("B is a summary of schema 2" in w for w in c.warnings)
+    assert math.isnan(c.ranks.set_index("key").loc["rank 0", "b_exposed_wait_us"])  # unknown
+    assert c.bandwidth.iloc[0].tolist() == ["dp", "all_reduce", 2, 2, 60.0, 220.0, 3.0, 2.75]
+    s = c.setup.set_index("field")
+    assert s.loc["dims", "status"] == "same" and s.loc["script", "status"] == "unknown in B"
+    (ch,) = c.checks   # B's bucket cap is not in its run.json: unknown
+    assert ch.status == "unknown"
+
+
+def test_a_summary_with_a_wrong_value_is_one_line(tmp_path):
+    a, b = _planted()
+    bad = js.to_builtins(b)
+    bad["sync"]["instances"][0]["seq"] = "first"
+    with pytest.raises(ValueError, match=r"^B: not a readable pardiag summary \(Expected `int`, "
+                       r"got `str` - at `\$\.sync\.instances\[0\]\.seq`\)$"):
+        compare_summaries(a, bad)
+    f = tmp_path / "b.json"
+    f.write_bytes(orjson.dumps(bad))
+    with pytest.raises(pardiag.TraceError, match=rf"^{f}: not a readable pardiag summary"):
+        pardiag.compare(a, f)

@@ -1,4 +1,5 @@
-"""docs/json-schema.md documents every key that ``pardiag report --json`` writes.
+"""docs/json-schema.md documents every key that ``pardiag report --json`` writes, and exactly the
+fields of the report's types (:mod:`pardiag.analyzer.report.schema`).
 
 The page has one table per JSON object, under a heading naming the object's path in backticks
 (``ranks[].total``: ``[]`` is an element of a list; several paths in one heading share the
@@ -10,7 +11,9 @@ entries are documented once, as ``recommendations[]``.
 The reports are built in-process, as ``pardiag report --json`` builds them, on every sample run,
 on two synthetic runs that hold what the samples do not (an inferred pipeline, an input-bound
 run), on real GPU traces and, with ``--hta``, on one of them; every key at every nesting level
-must be in the page's table for its object.
+must be in the page's table for its object. The page's tables and the Structs of
+:class:`~pardiag.analyzer.report.schema.ReportDocument` name the same keys, object by object,
+and each Struct's docstring gives every field its line.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import re
 from pathlib import Path
 
+import msgspec
 import orjson
 import pytest
 
@@ -28,6 +32,7 @@ from pardiag.analyzer.report import (
     AnalysisOptions,
     build_report,
     report_json,
+    schema,
 )
 from pardiag.analyzer.report.compare import COMPARE_SCHEMA_VERSION
 from pardiag.analyzer.trace import load_traces
@@ -44,6 +49,9 @@ REAL_GPU = ("dlrm_8rank_v100", "ddp_2rank_v100_rank0", "amd_mi250_single", "newe
 HTA_TRACE = "ddp_2rank_v100_rank0"
 #: Collected paths documented under another path: (prefix, documented as).
 ALIASES = (("not_recommended[]", "recommendations[]"),)
+#: Documented objects whose type is a plain dict, not a Struct (``run.json``'s ``layout``, as
+#: :class:`pardiag.layout.RunFile` holds it): their keys are checked on real reports only.
+UNTYPED = {"run.layout", "run.layout.pipeline"}
 
 
 # ------------------------------------------------------------------------------ the page's tables
@@ -70,6 +78,42 @@ def documented(text: str) -> tuple[dict[str, set[str]], set[str]]:
                 if is_map:
                     maps.update(f"{p}.{n}" if p else n for n in names)
     return tables, maps
+
+
+def headings(text: str) -> list[list[str]]:
+    """The object paths of each table heading of the report's part of the page (several paths
+    share one table)."""
+    out = []
+    for line in text.split("\n" + COMPARE_HEADING)[0].splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip()
+            found = [p for p in re.findall(r"`([^`]+)`", title)
+                     if re.fullmatch(r"[a-z0-9_\[\].]+", p)]
+            if title.lower() == "top level":
+                out.append([""])
+            elif found:
+                out.append(found)
+    return out
+
+
+def struct_fields(t=schema.ReportDocument, path: str = "",
+                  out: dict | None = None) -> dict[str, tuple[type, set[str]]]:
+    """``{object path: (Struct class, its JSON keys)}`` of every Struct reachable from ``t``
+    (a list's elements at ``path[]``; nothing under a map)."""
+    out = {} if out is None else out
+    info = t if isinstance(t, msgspec.inspect.Type) else msgspec.inspect.type_info(t)
+    if isinstance(info, msgspec.inspect.UnionType):
+        for x in info.types:
+            struct_fields(x, path, out)
+    elif isinstance(info, msgspec.inspect.ListType):
+        struct_fields(info.item_type, path + "[]", out)
+    elif isinstance(info, msgspec.inspect.StructType):
+        if path in out:
+            return out
+        out[path] = (info.cls, {f.encode_name for f in info.fields})
+        for f in info.fields:
+            struct_fields(f.type, f"{path}.{f.encode_name}" if path else f.encode_name, out)
+    return out
 
 
 def collect(doc, maps: set[str], path: str = "", out: set | None = None) -> set[tuple[str, str]]:
@@ -219,3 +263,57 @@ def test_the_documented_top_level_is_what_report_json_writes():
         f"written but not documented: {sorted(written - tables.get('', set()))}")
     assert f"`schema_version` {REPORT_SCHEMA_VERSION}" in text
     assert f"`schema_version` {COMPARE_SCHEMA_VERSION}" in text.split(COMPARE_HEADING)[1]
+
+
+def test_the_page_and_the_report_types_name_the_same_keys():
+    """Every Struct of the typed report has a table on the page naming exactly its fields (a
+    table shared by several objects names the union of theirs), and every table is a Struct's
+    (or one of :data:`UNTYPED`)."""
+    text = _page()
+    tables, maps = documented(text)
+    types = struct_fields()
+    problems = []
+    for path, (cls, keys) in sorted(types.items()):
+        table = tables.get(_alias(path))
+        if table is None:
+            problems.append(f"{path or '(top level)'} ({cls.__name__}): no table on the page")
+        elif keys - table:
+            problems.append(f"{path or '(top level)'}: fields of {cls.__name__} not on the page: "
+                            f"{sorted(keys - table)}")
+    for paths in headings(text):
+        typed = [p for p in paths if _alias(p) in {_alias(q) for q in types} and p not in UNTYPED]
+        if not typed:
+            if not set(paths) <= UNTYPED:
+                problems.append(f"table {paths}: no Struct of the report has this path")
+            continue
+        have = set().union(*(types[q][1] for q in types if _alias(q) in map(_alias, typed)))
+        extra = tables[_alias(typed[0])] - have
+        if extra:
+            problems.append(f"table {paths}: keys no Struct has: {sorted(extra)}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_field_of_the_report_types_has_its_line_in_the_docstring():
+    """Each Struct of the typed report says what every field holds (and its unit) in the
+    ``Attributes:`` section of its docstring."""
+    missing = []
+    for cls, keys in struct_fields().values():
+        doc = cls.__doc__ or ""
+        for k in sorted(keys):
+            if not re.search(rf"^\s+{re.escape(k)}(,[^:]*)?:", doc, re.M) and not re.search(
+                    rf"^\s+[a-z_, ]*\b{re.escape(k)}\b[a-z_, ]*:", doc, re.M):
+                missing.append(f"{cls.__name__}.{k}")
+    assert not missing, f"fields without a docstring line: {missing}"
+
+
+def test_a_report_round_trips_through_its_type_unchanged(tmp_path):
+    """The JSON ``pardiag report --json`` writes decodes into the typed report and encodes to
+    the same values, key for key (an inferred pipeline's and a recorded run's)."""
+    for run in (SAMPLES / "pp_1f1b_cpu_2rank", SAMPLES / "moe_ep_cpu_2rank",
+                inferred_pipeline_run(tmp_path / "inferred_1f1b")):
+        written = orjson.dumps(report_json(build_report(load_traces(
+            run, reducer=REDUCER, cache=False, workers=1))), option=orjson.OPT_SERIALIZE_NUMPY)
+        doc = schema.decode_report(written, run)
+        assert isinstance(doc, schema.ReportDocument)
+        again = orjson.dumps(schema.to_builtins(doc), option=orjson.OPT_SERIALIZE_NUMPY)
+        assert again == written, run

@@ -201,3 +201,54 @@ def test_hta_loads_every_sample_run_as_it_is(name):
         assert len(hta.t.get_trace(r)) > 100
     assert sorted(p.name for p in folder.iterdir() if p.is_file()) == [
         f"rank{r}.trace.json.gz" for r in ranks]
+
+
+# --------------------------------------------------------------------------- the typed sidecars
+
+
+def test_comms_and_pipeline_sidecars_are_decoded_once_into_their_types():
+    """The loader hands every reader the typed sidecars: a sample run's comms and pipeline
+    files as :class:`layout.CommsSidecar` and :class:`layout.PipelineSidecar`, every entry of
+    every list typed, no warning."""
+    ts = load_traces(SAMPLES / "pp_1f1b_cpu_2rank")
+    comms, pipe = ts.sidecars["comms"][1], ts.sidecars["pipeline"][1]
+    assert isinstance(comms, layout.CommsSidecar) and comms.rank == 1
+    assert all(isinstance(r, layout.CommRecord) for r in comms.records) and comms.records
+    assert [g.name for g in comms.process_groups][:1] == ["0"]
+    assert isinstance(pipe, layout.PipelineSidecar) and pipe.schedule["schedule"]
+    assert {r.phase for r in pipe.records} == {"F", "B"}
+    assert all(isinstance(r.stage, int) and r.end_us > r.start_us for r in pipe.records)
+    assert not [w for w in ts.warnings if "sidecar" in w or "malformed" in w]
+
+
+def test_bad_sidecar_content_is_a_warning_naming_the_file():
+    """A malformed entry is left out with the first reason; a required list that is not a list,
+    or a field of the file with the wrong type, makes the file unusable; an optional list that
+    is not a list is left out; an all-gather of an older run gets its full buffer."""
+    good = {"op": "all_gather", "pg_name": "0", "seq": 1, "pg_ranks": [0, 1], "in_bytes": 512,
+            "out_bytes": 512, "bytes": 512, "issue_us": 1.0, "start_us": 2.0, "end_us": 3.0}
+    doc = {**layout.sidecar_header("comms"), "rank": 0,
+           "process_groups": [{"name": "0", "ranks": [0, 1], "dim": "dp"}, {"name": "1"}],
+           "records": [good, {**good, "seq": "two"}, {**good, "start_us": "x"}]}
+    side, notes = layout.decode_rank_sidecar(doc, "r/rank0.comms.json")
+    assert [r.seq for r in side.records] == [1] and side.records[0].bytes == 1024
+    assert [g.dim for g in side.process_groups] == ["dp"]
+    assert notes == [
+        "r/rank0.comms.json: left out 2 malformed 'records' entries (Expected `int`, got `str` - "
+        "at `$.seq`)",
+        "r/rank0.comms.json: left out 1 malformed 'process_groups' entries (Object missing "
+        "required field `ranks`)"]
+    chunk = {"stage": 0, "microbatch": 0, "phase": "F", "start_us": 1.0, "end_us": 2.0,
+             "optimizer_step": 3}
+    pipe = {**layout.sidecar_header("pipeline"), "rank": 1, "records": [chunk],
+            "layers": {"not": "a list"}, "ddp_calibration": {}}
+    side, notes = layout.decode_rank_sidecar(pipe, "p.json")
+    assert side.records == [layout.ChunkRecord(**chunk)] and side.layers == []
+    assert side.ddp_calibration == layout.DdpCalibration()
+    assert notes == ["p.json: 'layers' is not a list; left out"]
+    assert layout.decode_rank_sidecar({**pipe, "records": 3}, "p.json") == (
+        None, ["p.json: 'records' is not a list; the file is ignored"])
+    side, notes = layout.decode_rank_sidecar({**pipe, "layers": [], "schedule": 5}, "p.json")
+    assert side is None and notes == [
+        "p.json: pardiag sidecar with a wrong value, ignored (Expected `object | null`, got "
+        "`int` - at `$.schedule`)"]

@@ -235,5 +235,7 @@ def test_the_verdicts_straggler_is_in_the_json_and_the_page_says_where_sync_diff
     slow.to_html(tmp_path / "slow.html")
     assert "The verdict does not call" not in (tmp_path / "slow.html").read_text()
     # a comparison reads each run's verdict too
+    from pardiag.analyzer.report.compare import Stragglers
     from pardiag.api import compare
-    assert compare(plain.to_json(), slow.to_json()).stragglers == {"a": None, "b": 1}
+    assert compare(plain.to_json(), slow.to_json()).stragglers == Stragglers(a=None, b=1)
+    assert compare(plain.document, slow).stragglers == Stragglers(a=None, b=1)

@@ -45,6 +45,8 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from pardiag.layout import CommRecord
+
 from ..per_rank.breakdown import compute_rank_parts, metrics_over
 from ..per_rank.summary import summary_of
 from ..trace.traceset import RankTrace, TraceSet
@@ -233,13 +235,13 @@ def step_time_spread(steps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def with_record_counts(rows: list[dict], records: list[dict]) -> list[dict]:
+def with_record_counts(rows: list[dict], records: list[CommRecord]) -> list[dict]:
     """Collective rows (without ``rank``) whose ``count`` is the number of pardiag's records of
     the op (the ops the rank issued in the traced window); an op recorded but absent from the
     trace gets a row with no time. Ops without records keep the trace's count."""
     counts: dict[str, int] = {}
     for r in records:
-        counts[str(r["op"])] = counts.get(str(r["op"]), 0) + 1
+        counts[r.op] = counts.get(r.op, 0) + 1
     out = [{**r, "count": counts.get(r["collective"], r["count"])} for r in rows]
     have = {r["collective"] for r in rows}
     out += [{"collective": op, "count": n, "time_us": 0.0, "exposed_us": 0.0}
@@ -283,7 +285,7 @@ def compute_time_breakdown(traces: TraceSet,
         total, step_rows, coll_rows = summary_of(trace, comm_patterns).breakdown
         doc = traces.sidecars.get("comms", {}).get(rank)
         if doc:
-            coll_rows = with_record_counts(coll_rows, doc.get("records", []))
+            coll_rows = with_record_counts(coll_rows, doc.records)
         totals.append({"rank": rank, **total})
         steps.extend({"rank": rank, **r} for r in step_rows)
         colls.extend({"rank": rank, **r} for r in coll_rows)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from pardiag.layout import CommsSidecar
+
 from ..per_rank.comm_events import (
     AMBIGUOUS_GROUP,
     EVENT_COLUMNS,
@@ -27,29 +29,28 @@ from ..trace import vocab
 from ..trace.traceset import TraceSet, stack_by_rank
 
 
-def _from_records(rank: int, doc: dict, steps: pd.DataFrame) -> pd.DataFrame:
-    groups = {g["name"]: g for g in doc.get("process_groups", [])}
-    recs = doc.get("records", [])
+def _from_records(rank: int, doc: CommsSidecar, steps: pd.DataFrame) -> pd.DataFrame:
+    groups = {g.name: g for g in doc.process_groups}
+    recs = doc.records
     # On a rank whose ops ran as kernels, a record placed on its host op (its kernel was not
     # in the trace) has no device times: the host runs ahead of the device, so comparing them
     # with other ranks' kernel times would make up waits. It counts, but is matched with nothing.
-    on_device = any(r.get("matched") == "kernel" for r in recs)
+    on_device = any(r.matched == "kernel" for r in recs)
     rows = []
     for r in recs:
-        if r.get("start_us") is None or r.get("end_us") is None:
+        if r.start_us is None or r.end_us is None:
             continue
-        if on_device and r.get("matched") not in ("kernel", "gloo"):
+        if on_device and r.matched not in ("kernel", "gloo"):
             continue
-        g = groups.get(r["pg_name"], {})
-        members = rank_list(r.get("pg_ranks") or g.get("ranks") or []) or []
-        desc = g.get("desc") or r.get("pg_desc")
-        rows.append({"rank": rank, "pg": str(r["pg_name"]),
-                     "group": group_key(members, desc) if members else "", "seq": int(r["seq"]),
-                     "native_seq": True, "op": r["op"], "peer": r.get("peer"),
-                     "root": r.get("root"),
-                     "start_us": float(r["start_us"]), "end_us": float(r["end_us"]),
-                     "bytes": r.get("bytes"), "group_size": len(members) or None,
-                     "issue_us": float(r["issue_us"]), "source": "records"})
+        g = groups.get(r.pg_name)
+        members = rank_list(r.pg_ranks or (g.ranks if g else None) or []) or []
+        desc = (g.desc if g else None) or r.pg_desc
+        rows.append({"rank": rank, "pg": str(r.pg_name),
+                     "group": group_key(members, desc) if members else "", "seq": int(r.seq),
+                     "native_seq": True, "op": r.op, "peer": r.peer, "root": r.root,
+                     "start_us": float(r.start_us), "end_us": float(r.end_us),
+                     "bytes": r.bytes, "group_size": len(members) or None,
+                     "issue_us": float(r.issue_us), "source": "records"})
     df = pd.DataFrame(rows, columns=[c for c in EVENT_COLUMNS
                                      if c not in ("step", "window", "functional")] + ["issue_us"])
     df["step"] = step_of(df["issue_us"].to_numpy(dtype=float), steps)

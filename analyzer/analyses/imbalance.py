@@ -108,10 +108,10 @@ def dimension_groups(traces: TraceSet) -> list[tuple[str, str, list[int]]]:
     without them. One entry per distinct group."""
     seen: dict[tuple, tuple[str, str, list[int]]] = {}
     for doc in traces.sidecars.get("comms", {}).values():
-        for g in doc.get("process_groups", []):
-            if g.get("dim") and g.get("ranks"):
-                key = (g["dim"], tuple(g["ranks"]))
-                seen.setdefault(key, (g["dim"], str(g["name"]), list(g["ranks"])))
+        for g in doc.process_groups:
+            if g.dim and g.ranks:
+                key = (g.dim, tuple(g.ranks))
+                seen.setdefault(key, (g.dim, str(g.name), list(g.ranks)))
     if not seen:
         return [("world", "", sorted(traces.ranks))]
     return sorted(seen.values(), key=lambda t: (t[0], t[2]))

@@ -69,12 +69,11 @@ def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> 
             nodes.setdefault(h, []).append(r)
     rows, seen = [], set()
     for doc in traces.sidecars.get("comms", {}).values():
-        for g in doc.get("process_groups", []):
-            key = (str(g["name"]), tuple(g.get("ranks") or ()))
+        for g in doc.process_groups:
+            key = (str(g.name), tuple(g.ranks))
             if key not in seen:
                 seen.add(key)
-                rows.append((g.get("dim"), str(g["name"]), g.get("desc", ""),
-                             list(g.get("ranks") or [])))
+                rows.append((g.dim, str(g.name), g.desc, list(g.ranks)))
     if not rows:  # traces from elsewhere: distributedInfo.pg_config
         for t in traces.ranks.values():
             groups = vocab.DIST_PG_CONFIG.get(vocab.DISTRIBUTED_INFO.get(t.metadata))

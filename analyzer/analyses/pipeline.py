@@ -186,11 +186,11 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
     rows = []
     for rank, doc in sorted(traces.sidecars.get("pipeline", {}).items()):
         off = offsets.get(rank, 0.0)
-        for r in doc.get("records", []):
-            rows.append({"rank": rank, "stage": r["stage"], "microbatch": r["microbatch"],
-                         "phase": r["phase"], "step": r["optimizer_step"],
-                         "start_us": r["start_us"] - off, "end_us": r["end_us"] - off,
-                         "profiled": bool(r.get("profiled", True))})
+        for r in doc.records:
+            rows.append({"rank": rank, "stage": r.stage, "microbatch": r.microbatch,
+                         "phase": r.phase, "step": r.optimizer_step,
+                         "start_us": r.start_us - off, "end_us": r.end_us - off,
+                         "profiled": bool(r.profiled)})
     if not rows and inferred is not None and not is_pardiag_run(traces):
         for r in inferred.chunks.itertuples(index=False):
             off = offsets.get(r.rank, 0.0)

@@ -150,11 +150,8 @@ def _layers_per_stage(traces: TraceSet) -> list[int] | None:
     children, recorded by ``pardiag profile``)."""
     seen: dict[int, set] = {}
     for doc in traces.sidecars.get("pipeline", {}).values():
-        for row in doc.get("layers") or []:
-            try:
-                seen.setdefault(int(row["stage"]), set()).add(int(row["index"]))
-            except (KeyError, TypeError, ValueError):
-                continue
+        for row in doc.layers:
+            seen.setdefault(row.stage, set()).add(row.index)
     if not seen or sorted(seen) != list(range(len(seen))):
         return None
     return [len(seen[s]) for s in range(len(seen))]

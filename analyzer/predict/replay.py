@@ -270,25 +270,18 @@ def _sidecar_records(traces: TraceSet, use: list, n_stages: int
     layers: dict[int, list[tuple[int, str, float]]] = {}
     use_keys = {str(s) for s in use}
     for doc in traces.sidecars.get("pipeline", {}).values():
-        for row in doc.get("chunk_costs") or []:
-            try:
-                fixed[(int(row["stage"]), str(row["phase"]))] = float(row["fixed_share"])
-            except (KeyError, TypeError, ValueError):
-                continue
-        for r in doc.get("records") or []:
-            if isinstance(r, dict) and isinstance(r.get("samples"), int) and r["samples"] > 0:
-                samples = samples or r["samples"]
-        for row in doc.get("layers") or []:
-            try:
-                times = [float(t) for k, t in (row.get("fwd_us") or {}).items() if k in use_keys]
-                if not times:
-                    times = [float(t) for t in (row.get("fwd_us") or {}).values()]
-                if times:
-                    layers.setdefault(int(row["stage"]), []).append(
-                        (int(row["index"]), str(row["name"]), float(np.median(times)),
-                         int(row.get("params_bytes") or 0)))
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue
+        for row in doc.chunk_costs:
+            fixed[(row.stage, row.phase)] = float(row.fixed_share)
+        for r in doc.records:
+            if r.samples is not None and r.samples > 0:
+                samples = samples or r.samples
+        for row in doc.layers:
+            times = [float(t) for k, t in row.fwd_us.items() if k in use_keys]
+            if not times:
+                times = [float(t) for t in row.fwd_us.values()]
+            if times:
+                layers.setdefault(row.stage, []).append(
+                    (row.index, row.name, float(np.median(times)), int(row.params_bytes or 0)))
     layer_list = tuple(tuple((n, t, b) for _, n, t, b in sorted(layers.get(s, [])))
                        for s in range(n_stages)) if layers else ()
     return fixed, samples, layer_list
@@ -300,12 +293,9 @@ def _size_scaling(traces: TraceSet) -> dict[int, list]:
     positive times."""
     size_scaling: dict[int, list] = {}
     for doc in traces.sidecars.get("pipeline", {}).values():
-        for row in doc.get("size_scaling") or []:
-            try:
-                size_scaling.setdefault(int(row["stage"]), []).append(
-                    (float(row["samples"]), float(row["fwd_us"]), float(row["bwd_us"])))
-            except (KeyError, TypeError, ValueError):
-                continue
+        for row in doc.size_scaling:
+            size_scaling.setdefault(row.stage, []).append(
+                (float(row.samples), float(row.fwd_us), float(row.bwd_us)))
     return {k: sorted(v) for k, v in size_scaling.items()
             if len({x[0] for x in v}) >= 2 and all(x[1] > 0 and x[2] > 0 for x in v)}
 
@@ -319,8 +309,8 @@ def _tails(traces: TraceSet, chunks: pd.DataFrame, use: list, period: float, win
     and no optimizer times."""
     opt: dict[int, float] = {}
     for rank, doc in traces.sidecars.get("pipeline", {}).items():
-        d = [float(o["end_us"]) - float(o["start_us"]) for o in doc.get("optimizer") or []
-             if isinstance(o, dict) and o.get("optimizer_step") in set(use)]
+        d = [float(o.end_us) - float(o.start_us) for o in doc.optimizer
+             if o.optimizer_step in set(use)]
         if d:
             opt[int(rank)] = float(np.median(d))
     gaps = []

@@ -386,7 +386,7 @@ def _pipeline_section(c: Comparison, page: Page) -> list[str]:
 
 def _stragglers_section(c: Comparison) -> list[str]:
     out = [_h2("stragglers")]
-    sa, sb = c.stragglers.get("a"), c.stragglers.get("b")
+    sa, sb = c.stragglers.a, c.stragglers.b
 
     def who(x):
         return "no straggler" if x is None else f"rank {x}"
@@ -589,7 +589,7 @@ def render_compare_terminal(c: Comparison, console: Console,
             Col("stage", "left"), Col("A"), Col("B"), Col("A ideal"), Col("B ideal")],
             [(Text(str(x.stage)), _fmt_pct(x.a_bubble_pct), _fmt_pct(x.b_bubble_pct),
               _fmt_pct(x.a_ideal_pct), _fmt_pct(x.b_ideal_pct)) for x in b.itertuples()])
-    sa, sb = c.stragglers.get("a"), c.stragglers.get("b")
+    sa, sb = c.stragglers.a, c.stragglers.b
     console.print(Text(f"Straggler: A {'none' if sa is None else f'rank {sa}'}, B "
                        f"{'none' if sb is None else f'rank {sb}'}."))
     o = c.operators

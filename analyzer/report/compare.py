@@ -1,9 +1,12 @@
 """Compare two runs: what changed in the setup, in the time, in the operators, and whether a
 change the first run's report recommended did what it predicted.
 
-Both runs are read as their JSON summaries (``pardiag report --json``, :func:`registry.report_json`:
-what a run folder's report computes, or a summary written earlier), so a comparison needs no
-trace once the summaries exist. A is the reference, B the candidate; every delta is B − A.
+Both runs are read as their typed JSON summaries (:class:`.schema.ReportDocument`: what a run
+folder's report computes, :func:`registry.report_document`, or a summary written earlier by
+``pardiag report --json``, decoded with :func:`.schema.decode_report`), so a comparison needs no
+trace once the summaries exist. A is the reference, B the candidate; every delta is B − A. A
+summary of an older pardiag lacks some keys: its typed document holds their defaults, and the
+comparison falls back (module :mod:`.schema`).
 
 What is compared, and how:
 
@@ -40,13 +43,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
+from msgspec import UNSET
 
 from ..analyses.runsetup import SETUP_LABELS, applicable_fields, schedule_name
 from ..predict.recommend import STEP_BASES
+from .schema import ReportDocument, SetupSection, decode_report, to_builtins
 
 #: Version of the comparison JSON (``pardiag compare --json``).
 COMPARE_SCHEMA_VERSION = 1
@@ -175,6 +179,19 @@ class RecommendationCheck:
 
 
 @dataclasses.dataclass(frozen=True)
+class Stragglers:
+    """Each run's straggler as its report's verdict names it (:func:`_straggler`).
+
+    Attributes:
+        a: A's straggler (a global rank), None when A's verdict names none.
+        b: B's straggler, None when B's verdict names none.
+    """
+
+    a: int | None
+    b: int | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Comparison:
     """Result of :func:`compare_summaries` (every delta is B − A; µs, bytes, GB/s, %).
 
@@ -197,8 +214,7 @@ class Comparison:
             ``a_exposed_us``, ``b_exposed_us`` (per rank and profiled step).
         bubbles: per pipeline stage (``stage``): ``a_/b_bubble_pct``, ``a_/b_ideal_pct``,
             ``a_/b_bubble_us`` (per step: bubble % of the window), ``a_/b_basis``.
-        stragglers: ``{"a": rank or None, "b": rank or None}``: each run's straggler as its
-            verdict names it (:func:`_straggler`).
+        stragglers: each run's straggler as its verdict names it (:class:`Stragglers`).
         skew: per collective type: ``op``, ``a_/b_count``, ``a_/b_arrival_skew_us`` (median),
             ``a_/b_max_skew_us``.
         imbalance: per dimension: ``dim``, ``a_/b_imbalance`` (max/mean of compute per step),
@@ -215,6 +231,8 @@ class Comparison:
         operators_note: why operators are missing or what they rest on.
         checks: every change A's report evaluated, checked against B
             (:class:`RecommendationCheck`); applied first, recommended before not.
+        a_document, b_document: the two typed summaries compared
+            (:class:`.schema.ReportDocument`; None in a Comparison built by hand).
     """
 
     a_source: str
@@ -227,7 +245,7 @@ class Comparison:
     ranks: pd.DataFrame
     dims: pd.DataFrame
     bubbles: pd.DataFrame
-    stragglers: dict
+    stragglers: Stragglers
     skew: pd.DataFrame
     imbalance: pd.DataFrame
     collectives: pd.DataFrame
@@ -235,6 +253,10 @@ class Comparison:
     operators: pd.DataFrame
     operators_note: str
     checks: tuple[RecommendationCheck, ...]
+    a_document: ReportDocument | None = dataclasses.field(default=None, repr=False,
+                                                          compare=False)
+    b_document: ReportDocument | None = dataclasses.field(default=None, repr=False,
+                                                          compare=False)
 
     @property
     def applied(self) -> tuple[RecommendationCheck, ...]:
@@ -260,72 +282,67 @@ class GateResult:
 
 
 def _num(v) -> float:
-    """A JSON number as float (None and non-numbers: NaN)."""
+    """A JSON number as float (None, UNSET and non-numbers: NaN)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return float("nan")
     return float(v)
 
 
-def _rows(summary: dict, *path) -> list[dict]:
-    """A list of row dicts at ``path`` in a summary (``[]`` where missing or malformed)."""
-    cur: Any = summary
-    for p in path:
-        cur = cur.get(p) if isinstance(cur, dict) else None
-    return [r for r in cur if isinstance(r, dict)] if isinstance(cur, list) else []
-
-
-def step_stats(summary: dict) -> StepStats | None:
+def step_stats(doc: ReportDocument) -> StepStats | None:
     """A run's step time from its summary: ``step`` (schema 3), else the run row of
     ``step_time`` (profiled steps; schema 2 has no samples), else None."""
-    st = summary.get("step")
-    if isinstance(st, dict) and _num(st.get("median_us")) == _num(st.get("median_us")):
-        samples = tuple(float(x) for x in st.get("samples_us") or [] if isinstance(x, (int, float)))
-        return StepStats(str(st.get("basis")), str(st.get("basis_text") or st.get("basis")),
-                         int(st.get("steps") or len(samples)), _num(st.get("median_us")),
-                         _num(st.get("q1_us")), _num(st.get("q3_us")), _num(st.get("min_us")),
-                         _num(st.get("max_us")), samples)
-    run = [r for r in _rows(summary, "step_time") if r.get("rank") is None]
-    if run and _num(run[0].get("median_us")) == _num(run[0].get("median_us")):
+    st = doc.step
+    if st is not None and not math.isnan(_num(st.median_us)):
+        samples = tuple(float(x) for x in st.samples_us if isinstance(x, (int, float)))
+        return StepStats(str(st.basis), str(st.basis_text or st.basis),
+                         int(st.steps or len(samples)), _num(st.median_us), _num(st.q1_us),
+                         _num(st.q3_us), _num(st.min_us), _num(st.max_us), samples)
+    run = [r for r in doc.step_time if r.rank is None]
+    if run and not math.isnan(_num(run[0].median_us)):
         r = run[0]
-        return StepStats("profiled", STEP_BASES["profiled"], int(r.get("steps") or 0),
-                         _num(r.get("median_us")), _num(r.get("q1_us")), _num(r.get("q3_us")),
-                         _num(r.get("min_us")), _num(r.get("max_us")))
+        return StepStats("profiled", STEP_BASES["profiled"], int(r.steps or 0),
+                         _num(r.median_us), _num(r.q1_us), _num(r.q3_us), _num(r.min_us),
+                         _num(r.max_us))
     return None
 
 
-def _setup_of(summary: dict) -> dict:
+def _setup_of(doc: ReportDocument) -> SetupSection:
     """The summary's ``setup`` (schema 3), else what its ``run`` and ``layout`` hold."""
-    s = summary.get("setup")
-    if isinstance(s, dict):
-        return s
-    run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
-    lay = summary.get("layout") if isinstance(summary.get("layout"), dict) else {}
-    pipe = lay.get("pipeline") if isinstance(lay.get("pipeline"), dict) else {}
-    sch = run.get("schedule") if isinstance(run.get("schedule"), dict) else None
-    out = {"source": "recorded" if run else "traces", "script": run.get("script"),
-           "script_args": run.get("script_args") if run.get("script") else None,
-           "world_size": run.get("world_size"), "nnodes": run.get("nnodes"),
-           "hosts": run.get("nodes") or lay.get("nodes") or None,
-           "dims": lay.get("dims") or None, "strategies": lay.get("strategies") or None,
-           "pipeline_schedule": schedule_name(pipe.get("schedule")),
-           "pipeline_stages": pipe.get("stages"), "stages_per_rank": pipe.get("stages_per_rank"),
-           "microbatches": pipe.get("microbatches"), "backend": run.get("backend"),
-           "torch_version": run.get("torch_version"),
-           "profiler_schedule": [sch.get("wait"), sch.get("warmup"), sch.get("active")]
-           if sch else None}
+    if doc.setup is not None:
+        return doc.setup
+    run, lay = doc.run, doc.layout
+    pipe = lay.pipeline
+    sch = run.schedule if run is not None else None
+    out = {"source": "recorded" if run is not None else "traces",
+           "script": run.script if run else None,
+           "script_args": run.script_args if run and run.script else None,
+           "world_size": run.world_size if run else None,
+           "nnodes": run.nnodes if run else None,
+           "hosts": (run.nodes if run else None) or lay.nodes or None,
+           "dims": lay.dims or None, "strategies": lay.strategies or None,
+           "pipeline_schedule": schedule_name(pipe.schedule if pipe else None),
+           "pipeline_stages": pipe.stages if pipe else None,
+           "stages_per_rank": pipe.stages_per_rank if pipe else None,
+           "microbatches": pipe.microbatches if pipe else None,
+           "backend": run.backend if run else None,
+           "torch_version": run.torch_version if run else None,
+           "profiler_schedule": [sch.wait, sch.warmup, sch.active] if sch else None}
     out["unknown"] = [k for k in SETUP_LABELS if k in applicable_fields(out) and out.get(k) is None]
-    return out
+    return SetupSection(**out)
 
 
-def _roles(summary: dict) -> dict[int, str]:
+def _roles(doc: ReportDocument) -> dict[int, str]:
     """Rank → role: ``"stage s"`` for pipeline ranks (their stages), else ``"all ranks"``."""
-    stages = {int(r["rank"]): str(r.get("stages")) for r in _rows(summary, "pipeline", "summary")
-              if isinstance(r.get("rank"), int)}
-    return {int(r["rank"]): (f"stage {stages[r['rank']]}" if r["rank"] in stages else "all ranks")
-            for r in _rows(summary, "ranks") if isinstance(r.get("rank"), int)}
+    stages = {r.rank: str(r.stages) for r in (doc.pipeline.summary if doc.pipeline else [])}
+    return {r.rank: (f"stage {stages[r.rank]}" if r.rank in stages else "all ranks")
+            for r in doc.ranks}
 
 
-def rank_table(summary: dict) -> pd.DataFrame:
+#: The breakdown values :func:`rank_table` averages over a rank's profiled steps.
+_STEP_VALUES = ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "idle_us")
+
+
+def rank_table(doc: ReportDocument) -> pd.DataFrame:
     """Per rank of a summary: ``rank``, ``role``, ``steps`` (profiled), the mean per profiled
     step of ``span_us``, ``compute_only_us``, ``overlap_us``, ``exposed_comm_us``, ``idle_us``;
     ``wait_suffered_us`` and ``wait_caused_us`` per profiled step (matched collectives),
@@ -334,44 +351,37 @@ def rank_table(summary: dict) -> pd.DataFrame:
     complete instance holds: the split is unknown, as the verdict says);
     ``static_bytes``, ``peak_bytes`` (the report's peak, static + transient),
     ``peak_allocated_bytes``, ``peak_rss_bytes``."""
-    roles = _roles(summary)
-    waits = {int(r["rank"]): r for r in _rows(summary, "sync", "stragglers")
-             if isinstance(r.get("rank"), int)}
-    mem = {int(r["rank"]): r for r in _rows(summary, "memory", "per_rank")
-           if isinstance(r.get("rank"), int)}
+    roles = _roles(doc)
+    waits = {r.rank: r for r in (doc.sync.stragglers if doc.sync else [])}
+    mem = {r.rank: r for r in doc.memory.per_rank}
     rows = []
-    for rk in _rows(summary, "ranks"):
-        if not isinstance(rk.get("rank"), int):
-            continue
-        r = rk["rank"]
-        steps = [s for s in rk.get("steps") or [] if isinstance(s, dict)]
-        n = len(steps)
+    for rk in doc.ranks:
+        r = rk.rank
+        n = len(rk.steps)
         if n:
             mean = {}
-            for c in ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "idle_us"):
-                v = [x for x in (_num(s.get(c)) for s in steps) if not math.isnan(x)]
+            for c in _STEP_VALUES:
+                v = [x for x in (_num(getattr(s, c)) for s in rk.steps) if not math.isnan(x)]
                 mean[c] = float(np.mean(v)) if v else float("nan")
         else:   # no profiler step: the whole trace is one "step"
-            tot = rk.get("total") or {}
-            mean = {c: _num(tot.get(c)) for c in ("span_us", "compute_only_us", "overlap_us",
-                                                  "exposed_comm_us", "idle_us")}
+            mean = {c: _num(getattr(rk.total, c)) for c in _STEP_VALUES}
         per = max(n, 1)
-        w = waits.get(r, {})
-        suffered = _num(w.get("wait_suffered_us")) / per if w else 0.0
-        caused = _num(w.get("wait_caused_us")) / per if w else 0.0
+        w = waits.get(r)
+        suffered = _num(w.wait_suffered_us) / per if w else 0.0
+        caused = _num(w.wait_caused_us) / per if w else 0.0
         exposed = mean["exposed_comm_us"]
         # as the verdict splits it: unknown for a rank no complete instance holds
-        matched = _num(w.get("waiting_us")) / per if w else float("nan")
+        matched = _num(w.waiting_us) / per if w else float("nan")
         wait_exp = (min(matched, exposed) if not (math.isnan(matched) or math.isnan(exposed))
                     else float("nan"))
-        m = mem.get(r, {})
+        m = mem.get(r)
         rows.append({"rank": r, "role": roles.get(r, "all ranks"), "steps": n, **mean,
                      "wait_suffered_us": suffered, "wait_caused_us": caused,
                      "exposed_wait_us": wait_exp, "exposed_transfer_us": exposed - wait_exp,
-                     "static_bytes": _num(m.get("static_bytes")),
-                     "peak_bytes": _num(m.get("peak_bytes")),
-                     "peak_allocated_bytes": _num(m.get("peak_allocated_bytes")),
-                     "peak_rss_bytes": _num(m.get("peak_rss_bytes"))})
+                     "static_bytes": _num(m.static_bytes if m else None),
+                     "peak_bytes": _num(m.peak_bytes if m else None),
+                     "peak_allocated_bytes": _num(m.peak_allocated_bytes if m else None),
+                     "peak_rss_bytes": _num(m.peak_rss_bytes if m else None)})
     cols = ["rank", "role", "steps", "span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
             "idle_us", "wait_suffered_us", "wait_caused_us", "exposed_wait_us",
             "exposed_transfer_us", "static_bytes", "peak_bytes", "peak_allocated_bytes",
@@ -379,13 +389,13 @@ def rank_table(summary: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def peak_bytes(summary: dict) -> float | None:
+def peak_bytes(doc: ReportDocument) -> float | None:
     """The worst rank's peak memory (bytes) as the report and its recommendations state it
     (``memory.per_rank[].peak_bytes``: static + transient,
     :func:`pardiag.analyzer.analyses.memory.peak_bytes`); None when unknown."""
     best = None
-    for r in _rows(summary, "memory", "per_rank"):
-        v = _num(r.get("peak_bytes"))
+    for r in doc.memory.per_rank:
+        v = _num(r.peak_bytes)
         if not math.isnan(v) and (best is None or v > best):
             best = v
     return best
@@ -410,11 +420,12 @@ def _merge(fa: pd.DataFrame, fb: pd.DataFrame, key: str | list[str],
     return out[keys + order].reset_index(drop=True)
 
 
-def _layouts_match(sa: dict, sb: dict, ra: pd.DataFrame, rb: pd.DataFrame) -> bool:
+def _layouts_match(sa: SetupSection, sb: SetupSection, ra: pd.DataFrame,
+                   rb: pd.DataFrame) -> bool:
     return (sorted(ra["rank"]) == sorted(rb["rank"])
-            and (sa.get("dims") or {}) == (sb.get("dims") or {})
-            and sa.get("pipeline_stages") == sb.get("pipeline_stages")
-            and sa.get("stages_per_rank") == sb.get("stages_per_rank"))
+            and (sa.dims or {}) == (sb.dims or {})
+            and sa.pipeline_stages == sb.pipeline_stages
+            and sa.stages_per_rank == sb.stages_per_rank)
 
 
 def _per_key(ranks: pd.DataFrame, by: str) -> pd.DataFrame:
@@ -484,11 +495,11 @@ def args_changes(a_args, b_args) -> list[str]:
     return out
 
 
-def setup_rows(sa: dict, sb: dict) -> pd.DataFrame:
+def setup_rows(sa: SetupSection, sb: SetupSection) -> pd.DataFrame:
     """One row per setup field (see :attr:`Comparison.setup`); ``env`` is split into one row
     per variable (``env.NAME``). Fields that apply to neither run (no pipeline, no FSDP) are
     left out."""
-    ua, ub = set(sa.get("unknown") or ()), set(sb.get("unknown") or ())
+    ua, ub = set(sa.unknown or ()), set(sb.unknown or ())
     rows = []
 
     def add(field, label, va, vb, ka, kb):
@@ -510,7 +521,7 @@ def setup_rows(sa: dict, sb: dict) -> pd.DataFrame:
 
     for field, label in SETUP_LABELS.items():
         if field == "env":
-            ea, eb = sa.get("env"), sb.get("env")
+            ea, eb = sa.env, sb.env
             if ea is None or eb is None:
                 add("env", label, ea, eb, "env" in ua, "env" in ub)
                 continue
@@ -520,7 +531,7 @@ def setup_rows(sa: dict, sb: dict) -> pd.DataFrame:
             if not ea and not eb:
                 add("env", label, "(none set)", "(none set)", False, False)
             continue
-        add(field, label, sa.get(field), sb.get(field), field in ua, field in ub)
+        add(field, label, getattr(sa, field), getattr(sb, field), field in ua, field in ub)
     return pd.DataFrame(rows, columns=["field", "label", "a", "b", "status", "detail"])
 
 
@@ -544,71 +555,69 @@ def step_delta(a: StepStats | None, b: StepStats | None) -> StepDelta:
     return StepDelta(a, b, d, pct, False, f"within the runs' noise ({iqr} overlap)")
 
 
-def _steps_per_rank(summary: dict) -> float:
+def _steps_per_rank(doc: ReportDocument) -> float:
     """Mean profiled steps per rank (at least 1)."""
-    n = [len(r.get("steps") or []) for r in _rows(summary, "ranks")]
+    n = [len(r.steps) for r in doc.ranks]
     return max(float(np.mean(n)) if n else 1.0, 1.0)
 
 
-def _dims(summary: dict) -> pd.DataFrame:
-    per = _steps_per_rank(summary)
-    rows = [{"dim": str(r.get("dim")), "overlap_pct": _num(r.get("overlap_pct")),
-             "exposed_us": _num(r.get("exposed_us")) / per}
-            for r in _rows(summary, "overlap_per_dimension", "summary")]
+def _dims(doc: ReportDocument) -> pd.DataFrame:
+    per = _steps_per_rank(doc)
+    rows = [{"dim": str(r.dim), "overlap_pct": _num(r.overlap_pct),
+             "exposed_us": _num(r.exposed_us) / per}
+            for r in doc.overlap_per_dimension.summary]
     return pd.DataFrame(rows, columns=["dim", "overlap_pct", "exposed_us"])
 
 
-def _bubbles(summary: dict) -> pd.DataFrame:
+def _bubbles(doc: ReportDocument) -> pd.DataFrame:
     rows = []
-    for r in _rows(summary, "pipeline", "summary"):
-        pct, win = _num(r.get("bubble_pct")), _num(r.get("window_us"))
-        rows.append({"stage": str(r.get("stages")), "bubble_pct": pct,
-                     "ideal_pct": _num(r.get("ideal_pct")), "bubble_us": pct / 100.0 * win,
-                     "basis": r.get("basis")})
+    for r in doc.pipeline.summary if doc.pipeline else []:
+        pct, win = _num(r.bubble_pct), _num(r.window_us)
+        rows.append({"stage": str(r.stages), "bubble_pct": pct,
+                     "ideal_pct": _num(r.ideal_pct), "bubble_us": pct / 100.0 * win,
+                     "basis": r.basis})
     df = pd.DataFrame(rows, columns=["stage", "bubble_pct", "ideal_pct", "bubble_us", "basis"])
     return df.groupby("stage", as_index=False, sort=True).agg(
         bubble_pct=("bubble_pct", "mean"), ideal_pct=("ideal_pct", "mean"),
         bubble_us=("bubble_us", "mean"), basis=("basis", "first")) if len(df) else df
 
 
-def _skew(summary: dict) -> pd.DataFrame:
-    rows = [{"op": str(r.get("op")), "count": _num(r.get("count")),
-             "arrival_skew_us": _num(r.get("arrival_skew_us")),
-             "max_skew_us": _num(r.get("max_skew_us"))} for r in _rows(summary, "sync", "skew")]
+def _skew(doc: ReportDocument) -> pd.DataFrame:
+    rows = [{"op": str(r.op), "count": _num(r.count), "arrival_skew_us": _num(r.arrival_skew_us),
+             "max_skew_us": _num(r.max_skew_us)} for r in (doc.sync.skew if doc.sync else [])]
     return pd.DataFrame(rows, columns=["op", "count", "arrival_skew_us", "max_skew_us"])
 
 
-def _imbalance(summary: dict) -> pd.DataFrame:
-    rows = [{"dim": str(r.get("dim")), "imbalance": _num(r.get("imbalance")),
-             "cost_us": _num(r.get("cost_us"))} for r in _rows(summary, "imbalance", "summary")]
+def _imbalance(doc: ReportDocument) -> pd.DataFrame:
+    rows = [{"dim": str(r.dim), "imbalance": _num(r.imbalance), "cost_us": _num(r.cost_us)}
+            for r in doc.imbalance.summary]
     df = pd.DataFrame(rows, columns=["dim", "imbalance", "cost_us"])
     return df.groupby("dim", as_index=False, sort=True).agg(
         imbalance=("imbalance", "max"), cost_us=("cost_us", "max")) if len(df) else df
 
 
-def _collectives(summary: dict) -> pd.DataFrame:
-    steps = sum(max(len(r.get("steps") or []), 1) for r in _rows(summary, "ranks")) or 1
-    rows = [{"collective": str(r.get("collective")), "count": _num(r.get("count")) / steps,
-             "time_us": _num(r.get("time_us")) / steps,
-             "exposed_us": _num(r.get("exposed_us")) / steps}
-            for r in _rows(summary, "collectives")]
+def _collectives(doc: ReportDocument) -> pd.DataFrame:
+    steps = sum(max(len(r.steps), 1) for r in doc.ranks) or 1
+    rows = [{"collective": str(r.collective), "count": _num(r.count) / steps,
+             "time_us": _num(r.time_us) / steps, "exposed_us": _num(r.exposed_us) / steps}
+            for r in doc.collectives]
     return pd.DataFrame(rows, columns=["collective", "count", "time_us", "exposed_us"])
 
 
-def _bandwidth(summary: dict) -> pd.DataFrame:
+def _bandwidth(doc: ReportDocument) -> pd.DataFrame:
     """Per (dimension or group, collective) over the complete matched instances: ``count``
     (instances), median
     ``transfer_us`` (an instance's transfer: its shortest duration over the ranks) and median
     ``busbw_gbps`` (instances with a message size)."""
-    dim_of = {str(g.get("pg")): g.get("dim") for g in _rows(summary, "layout", "groups")}
+    dim_of = {str(g.pg): g.dim for g in doc.layout.groups}
     rows = []
-    for r in _rows(summary, "sync", "instances"):
-        if r.get("complete") is False:
+    for r in doc.sync.instances if doc.sync else []:
+        if r.complete is False:
             continue
-        dim = dim_of.get(str(r.get("pg")))
-        rows.append({"group": str(dim) if dim else str(r.get("group") or r.get("pg")),
-                     "op": str(r.get("op")), "transfer_us": _num(r.get("transfer_us")),
-                     "busbw_gbps": _num(r.get("busbw_gbps"))})
+        dim = dim_of.get(str(r.pg))
+        rows.append({"group": str(dim) if dim else str(r.group or r.pg),
+                     "op": str(r.op), "transfer_us": _num(r.transfer_us),
+                     "busbw_gbps": _num(r.busbw_gbps)})
     df = pd.DataFrame(rows, columns=["group", "op", "transfer_us", "busbw_gbps"])
     if df.empty:
         return pd.DataFrame(columns=["group", "op", "count", "transfer_us", "busbw_gbps"])
@@ -617,20 +626,19 @@ def _bandwidth(summary: dict) -> pd.DataFrame:
         busbw_gbps=("busbw_gbps", "median"))
 
 
-def _operators(sa: dict, sb: dict) -> tuple[pd.DataFrame, str]:
+def _operators(sa: ReportDocument, sb: ReportDocument) -> tuple[pd.DataFrame, str]:
     cols = ["kind", "name", "a_us", "b_us", "delta_us", "delta_pct", "a_count", "b_count"]
-    oa, ob = sa.get("operators"), sb.get("operators")
-    missing = [x for x, o in (("A", oa), ("B", ob)) if not isinstance(o, dict)]
-    if missing:
+    oa, ob = sa.operators, sb.operators
+    missing = [x for x, o in (("A", oa), ("B", ob)) if o is None]
+    if oa is None or ob is None:
         return pd.DataFrame(columns=cols), (
             f"no operator times in {' and '.join(missing)} (a summary written before pardiag "
             "kept them: report the run folder again)")
 
     def frame(o):
-        steps = max(int(o.get("rank_steps") or 1), 1)
-        rows = [{"kind": str(r.get("kind")), "name": str(r.get("name")),
-                 "us": _num(r.get("time_us")) / steps, "count": _num(r.get("count")) / steps}
-                for r in o.get("rows") or [] if isinstance(r, dict)]
+        steps = max(int(o.rank_steps or 1), 1)
+        rows = [{"kind": str(r.kind), "name": str(r.name), "us": _num(r.time_us) / steps,
+                 "count": _num(r.count) / steps} for r in o.rows]
         return pd.DataFrame(rows, columns=["kind", "name", "us", "count"])
 
     fa, fb = frame(oa), frame(ob)
@@ -645,8 +653,7 @@ def _operators(sa: dict, sb: dict) -> tuple[pd.DataFrame, str]:
         ["_abs", "kind", "name"], ascending=[False, True, True], kind="stable")
     note = ("time per rank and profiled step of each GPU kernel and CPU operator name (CPU "
             "operators nest: each name's time includes the operators it calls)")
-    cut = [x for x, o in (("A", oa), ("B", ob))
-           if int(o.get("total") or 0) > len(o.get("rows") or [])]
+    cut = [x for x, o in (("A", oa), ("B", ob)) if int(o.total or 0) > len(o.rows)]
     if cut:
         note += (f"; {' and '.join(cut)} listed only the names with the most time, so a name "
                  "below them counts as 0 there")
@@ -665,36 +672,20 @@ _PARAM_FIELD = {"microbatches": "microbatches", "schedule": "pipeline_schedule",
                 "overlap_comm": "zero_overlap_comm"}
 
 
-def _param_value(key: str, setup: dict):
+def _param_value(key: str, setup: SetupSection):
     """What a run's setup says about one ``params`` key of a recommendation (None: unknown or
     not applicable, see :data:`_PARAM_FIELD`)."""
-    dims = setup.get("dims")
-    strategies = setup.get("strategies")
-    if key == "microbatches":
-        return setup.get("microbatches")
-    if key == "schedule":
-        return setup.get("pipeline_schedule")
-    if key == "stages_per_rank":
-        return setup.get("stages_per_rank")
-    if key == "layers_per_stage":
-        return setup.get("layers_per_stage")
+    dims = setup.dims
+    strategies = setup.strategies
     if key in ("pp", "dp", "tp"):
         return None if dims is None else int(dims.get(key, 1))
-    if key == "ddp_bucket_cap_bytes":
-        return setup.get("ddp_bucket_cap_bytes")
-    if key == "reshard_after_forward":
-        return setup.get("fsdp_reshard_after_forward")
     if key == "fsdp_sharding_strategy":
-        raf = setup.get("fsdp_reshard_after_forward")
+        raf = setup.fsdp_reshard_after_forward
         if strategies is None or raf is None or "fsdp1" not in strategies:
             return None
         return "FULL_SHARD" if raf else "SHARD_GRAD_OP"
-    if key == "fsdp_forward_prefetch":
-        return setup.get("fsdp1_forward_prefetch")
-    if key in ("zero_stage", "reduce_bucket_size", "overlap_comm"):
-        return setup.get(_PARAM_FIELD[key])
-    if key == "strategy":
-        return None
+    if key in _PARAM_FIELD:
+        return getattr(setup, _PARAM_FIELD[key])
     return None
 
 
@@ -707,16 +698,15 @@ def _same(want, have) -> bool:
     return want == have
 
 
-def _straggler(doc: dict) -> int | None:
+def _straggler(doc: ReportDocument) -> int | None:
     """The run's straggler as its report's verdict names it (the JSON's top-level
     ``straggler``); in a report's JSON from before that key, ``sync.straggler``."""
-    if "straggler" in doc:
-        return doc["straggler"]
-    sync = doc.get("sync")
-    return sync.get("straggler") if isinstance(sync, dict) else None
+    if doc.straggler is not UNSET:
+        return doc.straggler
+    return doc.sync.straggler if doc.sync is not None else None
 
 
-def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
+def _check_params(params: dict, sb: SetupSection, summary_b: ReportDocument) -> tuple[str, str]:
     """(status, why) of one recommendation's ``params`` against B's setup."""
     parts, unknown, differ = [], [], []
     for key, want in params.items():
@@ -724,7 +714,7 @@ def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
             continue
         if key == "without_rank":
             sb_strag = _straggler(summary_b)
-            if not isinstance(summary_b.get("sync"), dict):
+            if summary_b.sync is None:
                 unknown.append(f"whether rank {want} still straggles (B has no synchronization "
                                "analysis)")
             elif sb_strag == want:
@@ -734,7 +724,7 @@ def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
                              "cannot show what slowed it)")
             continue
         if key == "strategy":
-            have = sb.get("strategies")
+            have = sb.strategies
             if have is None:
                 unknown.append("B's strategies")
             elif any(str(s).startswith(str(want)) for s in have):
@@ -744,8 +734,8 @@ def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
             continue
         have = _param_value(key, sb)
         field = _PARAM_FIELD.get(key)
-        if have is None and field and sb.get("source") == "recorded" and field not in (
-                sb.get("unknown") or ()):
+        if have is None and field and sb.source == "recorded" and field not in (
+                sb.unknown or ()):
             differ.append(f"{key}: recommended {value_text(want)}, B has no "
                           f"{SETUP_LABELS.get(field, field)}")
         elif have is None:
@@ -766,29 +756,28 @@ def _check_params(params: dict, sb: dict, summary_b: dict) -> tuple[str, str]:
     return "applied", "; ".join(parts)
 
 
-def _checks(summary_a: dict, summary_b: dict, sb: dict, setup: pd.DataFrame,
-            step: StepDelta) -> tuple[RecommendationCheck, ...]:
+def _checks(summary_a: ReportDocument, summary_b: ReportDocument, sb: SetupSection,
+            setup: pd.DataFrame, step: StepDelta) -> tuple[RecommendationCheck, ...]:
     b_step = step.b.median_us if step.b is not None else None
     b_peak = peak_bytes(summary_b)
     args = setup[setup["field"] == "script_args"]
     args_changed = tuple(x for d in args["detail"] for x in str(d).split("; ") if x)
     changed = setup[setup["status"] == "changed"]
     out = []
-    recs = [(i, r) for i, r in enumerate(summary_a.get("recommendations") or [], 1)
-            if isinstance(r, dict)]
-    recs += [(None, r) for r in summary_a.get("not_recommended") or [] if isinstance(r, dict)]
+    recs = [(i, r) for i, r in enumerate(summary_a.recommendations, 1)]
+    recs += [(None, r) for r in summary_a.not_recommended]
     for rank, r in recs:
-        params = r.get("params") if isinstance(r.get("params"), dict) else {}
+        params = to_builtins(r.params)   # the keys its kind wrote, in their order
         status, why = _check_params(params, sb, summary_b)
         explained = {"script_args"} | {f for k in params for f in _PARAM_FIELDS.get(k, ())}
         also = tuple(row.label for row in changed.itertuples() if row.field not in explained)
-        pred = _num(r.get("predicted_step_us"))
-        ppeak = _num(r.get("predicted_peak_bytes"))
+        pred = _num(r.predicted_step_us)
+        ppeak = _num(r.predicted_peak_bytes)
         applied = status == "applied"
         out.append(RecommendationCheck(
-            kind=str(r.get("kind")), title=str(r.get("title")), change=str(r.get("change")),
+            kind=str(r.kind), title=str(r.title), change=str(r.change),
             params=params, rank=rank, status=status, why=why,
-            a_step_us=_num(r.get("measured_step_us")), predicted_step_us=pred,
+            a_step_us=_num(r.measured_step_us), predicted_step_us=pred,
             b_step_us=b_step,
             error_pct=_pct(b_step, pred) if applied and b_step else None,
             predicted_peak_bytes=ppeak if not math.isnan(ppeak) else None, b_peak_bytes=b_peak,
@@ -800,26 +789,26 @@ def _checks(summary_a: dict, summary_b: dict, sb: dict, setup: pd.DataFrame,
                                             c.rank or 0)))
 
 
-def _warnings(sa_sum: dict, sb_sum: dict, sa: dict, sb: dict, step: StepDelta,
-              by: str) -> list[str]:
+def _warnings(sa_sum: ReportDocument, sb_sum: ReportDocument, sa: SetupSection,
+              sb: SetupSection, step: StepDelta, by: str) -> list[str]:
     out = []
     for x, s in (("A", sa_sum), ("B", sb_sum)):
-        v = s.get("schema_version")
-        if isinstance(v, int) and v < 3:
+        v = s.schema_version
+        if v < 3:
             out.append(f"{x} is a summary of schema {v} (an older pardiag): it has no setup "
                        "beyond run.json, no operator times and no step samples")
-    if sa.get("script") and sb.get("script") and sa["script"] != sb["script"]:
-        out.append(f"A and B ran different scripts ({sa['script']} and {sb['script']}): they may "
+    if sa.script and sb.script and sa.script != sb.script:
+        out.append(f"A and B ran different scripts ({sa.script} and {sb.script}): they may "
                    "be different models; what both measured is compared")
-    wa, wb = sa.get("world_size"), sb.get("world_size")
+    wa, wb = sa.world_size, sb.world_size
     if wa and wb and wa != wb:
         out.append(f"world sizes differ ({wa} and {wb}): ranks are compared by role (pipeline "
                    "stage, else all ranks together), and totals per rank")
     elif by == "role":
         out.append("the layouts differ: ranks are compared by role (pipeline stage, else all "
                    "ranks together)")
-    da = {r.get("domain") for r in _rows(sa_sum, "ranks")}
-    db = {r.get("domain") for r in _rows(sb_sum, "ranks")}
+    da = {r.domain for r in sa_sum.ranks}
+    db = {r.domain for r in sb_sum.ranks}
     if da and db and da != db:
         out.append(f"A's timeline is {'/'.join(sorted(map(str, da)))} and B's "
                    f"{'/'.join(sorted(map(str, db)))}: GPU kernels and CPU events are measured "
@@ -830,18 +819,19 @@ def _warnings(sa_sum: dict, sb_sum: dict, sa: dict, sb: dict, step: StepDelta,
     return out
 
 
-def compare_summaries(a: dict, b: dict, *, a_source: str = "A",
-                      b_source: str = "B") -> Comparison:
-    """Compare two runs' JSON summaries (``pardiag report --json``; A the reference, B the
-    candidate). Runs that are not comparable (different scripts, world sizes) are compared
-    where they can be, with :attr:`Comparison.warnings`.
+def compare_summaries(a: ReportDocument | dict, b: ReportDocument | dict, *,
+                      a_source: str = "A", b_source: str = "B") -> Comparison:
+    """Compare two runs' summaries (A the reference, B the candidate): typed
+    (:class:`.schema.ReportDocument`, :attr:`pardiag.Report.document`) or as the JSON dicts
+    ``pardiag report --json`` writes (decoded here). Runs that are not comparable (different
+    scripts, world sizes) are compared where they can be, with :attr:`Comparison.warnings`.
 
     Raises:
-        ValueError: a summary is not a pardiag report summary (no ``ranks`` list).
+        ValueError: a dict is not a pardiag report summary (not an object, no ``ranks`` list,
+            a value of the wrong type); the one-line message names it (``A``, ``B``).
     """
-    for x, s in (("A", a), ("B", b)):
-        if not isinstance(s, dict) or not isinstance(s.get("ranks"), list):
-            raise ValueError(f"{x} is not a pardiag report summary (no ranks list)")
+    a, b = (x if isinstance(x, ReportDocument) else decode_report(x, name)
+            for x, name in ((a, "A"), (b, "B")))
     sa, sb = _setup_of(a), _setup_of(b)
     setup = setup_rows(sa, sb)
     step = step_delta(step_stats(a), step_stats(b))
@@ -865,7 +855,7 @@ def compare_summaries(a: dict, b: dict, *, a_source: str = "A",
         dims=_merge(_dims(a), _dims(b), "dim", ["overlap_pct", "exposed_us"]),
         bubbles=_merge(_bubbles(a), _bubbles(b), "stage",
                        ["bubble_pct", "ideal_pct", "bubble_us", "basis"]),
-        stragglers={"a": _straggler(a), "b": _straggler(b)},
+        stragglers=Stragglers(_straggler(a), _straggler(b)),
         skew=_merge(_skew(a), _skew(b), "op", ["count", "arrival_skew_us", "max_skew_us"]),
         imbalance=_merge(_imbalance(a), _imbalance(b), "dim", ["imbalance", "cost_us"]),
         collectives=_merge(_collectives(a), _collectives(b), "collective",
@@ -873,7 +863,7 @@ def compare_summaries(a: dict, b: dict, *, a_source: str = "A",
         bandwidth=_merge(_bandwidth(a), _bandwidth(b), ["group", "op"],
                          ["count", "transfer_us", "busbw_gbps"]),
         operators=ops, operators_note=ops_note,
-        checks=_checks(a, b, sb, setup, step))
+        checks=_checks(a, b, sb, setup, step), a_document=a, b_document=b)
 
 
 # ---------------------------------------------------------------------------- the gate
@@ -933,7 +923,8 @@ def comparison_json(c: Comparison, gate_result: GateResult | None = None) -> dic
                  "delta_pct": _clean(c.step.delta_pct), "beyond_noise": c.step.beyond_noise,
                  "noise": c.step.noise},
         "breakdown": _records(c.breakdown), "ranks": _records(c.ranks),
-        "dims": _records(c.dims), "bubbles": _records(c.bubbles), "stragglers": c.stragglers,
+        "dims": _records(c.dims), "bubbles": _records(c.bubbles),
+        "stragglers": dataclasses.asdict(c.stragglers),
         "skew": _records(c.skew), "imbalance": _records(c.imbalance),
         "collectives": _records(c.collectives), "bandwidth": _records(c.bandwidth),
         "operators": _records(c.operators), "operators_note": c.operators_note,

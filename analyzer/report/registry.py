@@ -13,7 +13,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import pandas as pd
 
 from ..analyses.breakdown import TimeBreakdown, compute_time_breakdown
@@ -34,6 +33,7 @@ from ..analyses.sync import SyncResult, compute_sync
 from ..predict.recommend import RecommendationResult, compute_recommendations
 from ..trace.classify import device_kind
 from ..trace.traceset import TraceSet
+from . import schema as js
 
 #: Version of the report JSON (``pardiag report --json``, :meth:`pardiag.Report.to_json`); its
 #: own number, apart from the run folder's sidecars. 2: ``ranks[].device``; ``sync.straggler``,
@@ -60,8 +60,9 @@ class AnalysisOptions:
 
 @dataclasses.dataclass(frozen=True)
 class Analysis:
-    """One registered analysis: a name, the function computing it, and its JSON form (a dict of
-    top-level keys of the JSON summary)."""
+    """One registered analysis: a name, the function computing it, and its JSON form
+    (``to_json``: ``{field of ReportDocument: its typed value}``, the top-level keys it adds to
+    the JSON summary, :mod:`.schema`)."""
 
     name: str
     compute: Callable[[TraceSet, AnalysisOptions, dict], Any]
@@ -95,6 +96,15 @@ _TOTAL_KEYS = ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_u
                "overlap_share_pct", "exposed_comm_pct", "idle_pct")
 
 
+def rows(cls: type, df: pd.DataFrame, columns=None) -> list:
+    """Rows of ``df`` as ``cls`` Structs (:func:`records`: NaN → None; values kept as they
+    are, not converted to the fields' types).
+
+    Raises:
+        TypeError: a column that ``cls`` has no field for (the schema and the table differ)."""
+    return [cls(**rec) for rec in records(df, columns)]
+
+
 def _rows_by_rank(df: pd.DataFrame, columns: list[str]) -> dict[int, list[dict]]:
     """``{rank: its rows of df as records (columns)}``, rows in table order."""
     out: dict[int, list[dict]] = {}
@@ -104,7 +114,8 @@ def _rows_by_rank(df: pd.DataFrame, columns: list[str]) -> dict[int, list[dict]]
 
 
 def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict:
-    """``{"ranks": [...]}``: per rank its file, totals, steps and collectives."""
+    """``ranks``, ``collectives``, ``step_time``: per rank its file, totals, steps and
+    collectives."""
     # each table's rows converted once and handed to their rank (not a filter per rank)
     tot = _rows_by_rank(b.totals, ["domain", *_TOTAL_KEYS])
     steps = _rows_by_rank(b.steps, ["step", "start_us", "end_us", *_TOTAL_KEYS])
@@ -112,53 +123,55 @@ def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict:
     ranks = []
     for rank, trace in traces.ranks.items():
         total = dict(tot[rank][0]) if rank in tot else None
-        ranks.append({
-            "rank": rank, "file": str(trace.path), "rank_source": trace.rank_source,
-            "domain": total.pop("domain") if total is not None else None,
-            "device": device_kind(trace),
-            "total": total if total is not None else {},
-            "steps": steps.get(rank, []),
-            "collectives": colls.get(rank, []),
-        })
-    return {"ranks": ranks, "collectives": records(b.collective_totals),
-            "step_time": records(b.step_time)}
+        ranks.append(js.RankEntry(
+            rank=rank, file=str(trace.path), rank_source=trace.rank_source,
+            domain=total.pop("domain") if total is not None else None,
+            device=device_kind(trace),
+            total=js.BreakdownTotals(**total) if total is not None else js.BreakdownTotals(),
+            steps=[js.StepBreakdown(**s) for s in steps.get(rank, [])],
+            collectives=[js.RankCollective(**c) for c in colls.get(rank, [])]))
+    return {"ranks": ranks, "collectives": rows(js.CollectiveTotal, b.collective_totals),
+            "step_time": rows(js.StepTimeRow, b.step_time)}
 
 
 def _sync_json(r: SyncResult, traces: TraceSet) -> dict:
-    return {"sync": {
-        "matched_by": r.matched_by,
-        "straggler": r.straggler,
-        "notes": list(r.notes),
-        "clock_offsets": records(r.offsets),
-        "stragglers": records(r.stragglers),
-        "instances": records(r.instances),
-        "bandwidth": records(r.bandwidth),
-        "p2p": records(r.p2p),
-        "skew": records(r.skew),
-    }}
+    return {"sync": js.SyncSection(
+        matched_by=r.matched_by,
+        straggler=r.straggler,
+        notes=list(r.notes),
+        clock_offsets=rows(js.ClockOffset, r.offsets),
+        stragglers=rows(js.StragglerRow, r.stragglers),
+        instances=rows(js.InstanceRow, r.instances),
+        bandwidth=rows(js.BandwidthRow, r.bandwidth),
+        p2p=rows(js.P2PLink, r.p2p),
+        skew=rows(js.SkewRow, r.skew),
+    )}
 
 
 def _pipeline_json(r: PipelineResult, traces: TraceSet) -> dict:
-    return {"pipeline": None if r.bubbles.empty else {
-        "schedule": r.schedule, "summary": records(summarize_bubbles(r.bubbles)),
-        "bubbles": records(r.bubbles)}}
+    return {"pipeline": None if r.bubbles.empty else js.PipelineSection(
+        schedule=None if r.schedule is None else js.PipelineSchedule(**r.schedule),
+        summary=rows(js.BubbleSummary, summarize_bubbles(r.bubbles)),
+        bubbles=rows(js.BubbleRow, r.bubbles))}
 
 
 def _balance_json(r: BalanceResult, traces: TraceSet) -> dict:
-    return {"imbalance": {"summary": records(r.summary), "groups": records(r.groups),
-                          "skew_origin": records(r.skew)}}
+    return {"imbalance": js.ImbalanceSection(summary=rows(js.ImbalanceSummary, r.summary),
+                                             groups=rows(js.ImbalanceStep, r.groups),
+                                             skew_origin=rows(js.SkewOrigin, r.skew))}
 
 
 def _causes_json(r: CausesResult, traces: TraceSet) -> dict:
-    return {"causes": {"per_rank": records(r.per_rank), "per_step": records(r.per_step),
-                       "excess": records(r.excess),
-                       "input_bound": None if r.input_bound is None else {
-                           k: ({str(a): _clean(b) for a, b in v.items()} if isinstance(v, dict)
-                               else _clean(v) if not isinstance(v, list) else v)
-                           for k, v in r.input_bound.items()},
-                       "host_bound": None if r.host_bound is None else {
-                           k: _clean(v) if not isinstance(v, list) else v
-                           for k, v in r.host_bound.items()}}}
+    return {"causes": js.CausesSection(
+        per_rank=rows(js.CauseRank, r.per_rank), per_step=rows(js.CauseStep, r.per_step),
+        excess=rows(js.CauseExcess, r.excess),
+        input_bound=None if r.input_bound is None else js.InputBound(**{
+            k: ({str(a): _clean(b) for a, b in v.items()} if isinstance(v, dict)
+                else _clean(v) if not isinstance(v, list) else v)
+            for k, v in r.input_bound.items()}),
+        host_bound=None if r.host_bound is None else js.HostBound(**{
+            k: _clean(v) if not isinstance(v, list) else v
+            for k, v in r.host_bound.items()}))}
 
 
 def _run_step_us(b: TimeBreakdown) -> float:
@@ -169,23 +182,25 @@ def _run_step_us(b: TimeBreakdown) -> float:
 
 
 def _memory_json(r: MemoryResult, traces: TraceSet) -> dict:
-    return {"memory": {"per_rank": records(r.per_rank),
-                       "imbalance": {k: _clean(v) for k, v in r.imbalance.items()},
-                       "peak_definition": r.peak_definition}}
+    return {"memory": js.MemorySection(
+        per_rank=rows(js.MemoryRank, r.per_rank),
+        imbalance=js.MemoryImbalance(**{k: _clean(v) for k, v in r.imbalance.items()}),
+        peak_definition=r.peak_definition)}
 
 
 def _layout_json(r: LayoutResult, traces: TraceSet) -> dict:
     out = {"source": r.source, "dims": r.dims, "strategies": r.strategies,
-           "pipeline": r.pipeline, "nodes": r.nodes, "groups": records(r.groups)}
+           "pipeline": None if r.pipeline is None else js.LayoutPipeline(**r.pipeline),
+           "nodes": r.nodes, "groups": rows(js.ProcessGroupRow, r.groups)}
     if r.source != "recorded":
-        out["pipeline"] = (None if r.pipeline is None else
-                           {**r.pipeline, "stage_ranks": {str(k): v for k, v in
-                                                          r.pipeline["stage_ranks"].items()}})
+        out["pipeline"] = (None if r.pipeline is None else js.LayoutPipeline(
+            **{**r.pipeline, "stage_ranks": {str(k): v for k, v in
+                                             r.pipeline["stage_ranks"].items()}}))
         out["evidence"] = list(r.evidence)
         out["not_inferred"] = list(r.not_inferred)
         out["note"] = ("the layout was not recorded by pardiag: it is inferred from what the "
                        "traces show (evidence), and not_inferred lists what they do not")
-    return {"layout": out}
+    return {"layout": js.LayoutSection(**out)}
 
 
 def _pipeline(traces: TraceSet, opts: AnalysisOptions, done: dict) -> PipelineResult:
@@ -206,43 +221,51 @@ MAX_JSON_PATH_SEGMENTS = 2000
 
 
 def _critical_path_json(r: CriticalPathResult, traces: TraceSet) -> dict:
-    """``{"critical_path": {"summary", "steps", "shares", "slack", "segments",
-    "segments_total", "notes", "note"}}`` (:class:`CriticalPathResult`; µs, %)."""
-    return {"critical_path": {
-        "summary": r.describe() or None, "steps": records(r.steps),
-        "shares": records(r.shares), "slack": records(r.slack),
-        "segments": records(r.segments.tail(MAX_JSON_PATH_SEGMENTS)),
-        "segments_total": len(r.segments), "notes": list(r.notes),
-        "note": r.why_none or None}}
+    """``critical_path`` (:class:`CriticalPathResult`; µs, %)."""
+    return {"critical_path": js.CriticalPathSection(
+        summary=r.describe() or None, steps=rows(js.PathStep, r.steps),
+        shares=rows(js.PathShare, r.shares), slack=rows(js.PathSlack, r.slack),
+        segments=rows(js.PathSegment, r.segments.tail(MAX_JSON_PATH_SEGMENTS)),
+        segments_total=len(r.segments), notes=list(r.notes),
+        note=r.why_none or None)}
 
 
 def _dim_overlap_json(r: DimOverlapResult, traces: TraceSet) -> dict:
-    return {"overlap_per_dimension": {"summary": records(r.summary),
-                                      "per_rank": records(r.per_rank),
-                                      "note": r.why_none or None}}
+    return {"overlap_per_dimension": js.DimOverlapSection(
+        summary=rows(js.DimOverlapSummary, r.summary),
+        per_rank=rows(js.DimOverlapRank, r.per_rank), note=r.why_none or None)}
 
 
 def _routing_json(r: RoutingResult, traces: TraceSet) -> dict:
-    """``{"routing": {"groups", "steps", "per_rank", "instances", "matrix", "notes", "finding"}}``
-    (:class:`RoutingResult`; rows in the unit of each group, µs), or ``{"routing": null}``
-    without routed all-to-alls."""
+    """``routing`` (:class:`RoutingResult`; rows in the unit of each group, µs), or None
+    without routed all-to-alls and notes about them."""
     if r.groups.empty:
-        return {"routing": None if not r.notes else {"groups": [], "steps": [], "per_rank": [],
-                                                     "instances": [], "matrix": [],
-                                                     "notes": list(r.notes), "finding": None}}
-    return {"routing": {"groups": records(r.groups), "steps": records(r.steps),
-                        "per_rank": records(r.per_rank), "instances": records(r.instances),
-                        "matrix": records(r.matrix), "notes": list(r.notes),
-                        "finding": r.describe()}}
+        return {"routing": None if not r.notes else js.RoutingSection(notes=list(r.notes))}
+    return {"routing": js.RoutingSection(
+        groups=rows(js.RoutingGroup, r.groups), steps=rows(js.RoutingStep, r.steps),
+        per_rank=rows(js.RoutingRank, r.per_rank),
+        instances=rows(js.RoutingInstance, r.instances),
+        matrix=rows(js.RoutingCell, r.matrix), notes=list(r.notes), finding=r.describe())}
+
+
+def _recommendation(rec: dict) -> js.RecommendationEntry:
+    """A :meth:`Recommendation.to_json` dict as its Struct (``params`` and ``batch`` too)."""
+    batch = rec.get("batch") or {}
+    sizes = {k: js.BatchSize(**v) if k != "optimizer_steps_per_sample" else js.BatchFactor(**v)
+             for k, v in batch.items() if isinstance(v, dict)}
+    return js.RecommendationEntry(**{
+        **rec, "params": js.RecommendationParams(**rec.get("params") or {}),
+        "batch": js.BatchEffect(**{**batch, **sizes})})
 
 
 def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
     return {"verdict": r.verdict,
             "straggler": r.straggler,
-            "step": {k: _clean(v) if not isinstance(v, list) else v
-                     for k, v in r.step.to_json().items()} if r.step is not None else None,
-            "recommendations": [c.to_json() for c in r.recommendations],
-            "not_recommended": [c.to_json() for c in r.rejected],
+            "step": js.MeasuredStep(**{k: _clean(v) if not isinstance(v, list) else v
+                                       for k, v in r.step.to_json().items()})
+            if r.step is not None else None,
+            "recommendations": [_recommendation(c.to_json()) for c in r.recommendations],
+            "not_recommended": [_recommendation(c.to_json()) for c in r.rejected],
             "recommendations_note": r.why_none or None,
             "recommendations_rule": r.noise_rule or None,
             "step_noise_us": r.noise_us if not math.isnan(r.noise_us) else None,
@@ -251,9 +274,15 @@ def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
 
 
 def _operators_json(r: OperatorsResult, traces: TraceSet) -> dict:
-    rows = r.totals.head(MAX_JSON_OPERATORS)
-    return {"operators": {"rank_steps": r.rank_steps, "total": len(r.totals),
-                          "rows": records(rows)}}
+    return {"operators": js.OperatorsSection(
+        rank_steps=r.rank_steps, total=len(r.totals),
+        rows=rows(js.OperatorRow, r.totals.head(MAX_JSON_OPERATORS)))}
+
+
+def _hta_json(r: HtaExtras, traces: TraceSet) -> dict:
+    h = hta_json(r)["hta"]
+    return {"hta": js.HtaSection(**{**h, "idle": [js.HtaIdle(**x) for x in h["idle"]],
+                                    "launches": [js.HtaLaunches(**x) for x in h["launches"]]})}
 
 
 ANALYSES: tuple[Analysis, ...] = (
@@ -276,7 +305,7 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("layout", lambda traces, opts, done: compute_layout(traces, done["inferred_layout"]),
              _layout_json),
     Analysis("setup", lambda traces, opts, done: compute_setup(traces, done["layout"]),
-             lambda r, traces: {"setup": r.to_json()}),
+             lambda r, traces: {"setup": js.SetupSection(**r.to_json())}),
     Analysis("dim_overlap", lambda traces, opts, done: compute_dim_overlap(
         traces, done["sync"], done["layout"], opts.comm_patterns), _dim_overlap_json),
     Analysis("critical_path", lambda traces, opts, done: compute_critical_path(
@@ -293,7 +322,7 @@ ANALYSES: tuple[Analysis, ...] = (
 #: (flag, analysis). Their JSON keys appear only when they ran.
 OPT_IN: tuple[tuple[str, Analysis], ...] = (
     ("hta", Analysis("hta", lambda traces, opts, done: compute_hta_extras(
-        traces, opts.comm_patterns), lambda r, traces: hta_json(r))),
+        traces, opts.comm_patterns), _hta_json)),
 )
 
 
@@ -372,8 +401,32 @@ def build_report(traces: TraceSet, options: AnalysisOptions = AnalysisOptions(),
     return cls(traces=traces, **results)
 
 
+def report_document(report: Report) -> js.ReportDocument:
+    """The JSON summary as its type (:class:`.schema.ReportDocument`): run-level keys plus each
+    analysis' own keys, every row a Struct (:mod:`.schema` documents each field and its unit).
+
+    Raises:
+        TypeError: an analysis wrote a key the schema has no field for.
+    """
+    fields: dict[str, Any] = {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "source": report.traces.source,
+        "warnings": list(report.traces.warnings),
+        "notes": [n for t in report.traces.ranks.values() for n in t.notes],
+        "run": report.traces.run_info,
+    }
+    for a in ANALYSES:
+        fields.update(a.to_json(getattr(report, a.name), report.traces))
+    for _, a in OPT_IN:
+        if getattr(report, a.name, None) is not None:
+            fields.update(a.to_json(getattr(report, a.name), report.traces))
+    return js.ReportDocument(**fields)
+
+
 def report_json(report: Report) -> dict:
-    """The JSON summary: run-level keys plus each analysis' own keys.
+    """The JSON summary as plain Python values (:func:`report_document` through
+    :func:`.schema.to_builtins`: dicts in field order, NaN kept for the writer to write as
+    null, keys written only in some cases left out).
 
     Shape::
 
@@ -388,17 +441,8 @@ def report_json(report: Report) -> dict:
 
     Durations in µs; ``overlap_pct`` in % of communication time, the other ``*_pct`` in % of the
     window; null where undefined (no communication).
+
+    Raises:
+        TypeError: an analysis wrote a key the schema has no field for.
     """
-    out = {
-        "schema_version": REPORT_SCHEMA_VERSION,
-        "source": report.traces.source,
-        "warnings": list(report.traces.warnings),
-        "notes": [n for t in report.traces.ranks.values() for n in t.notes],
-        "run": msgspec.to_builtins(report.traces.run_info),
-    }
-    for a in ANALYSES:
-        out.update(a.to_json(getattr(report, a.name), report.traces))
-    for _, a in OPT_IN:
-        if getattr(report, a.name, None) is not None:
-            out.update(a.to_json(getattr(report, a.name), report.traces))
-    return out
+    return js.to_builtins(report_document(report))

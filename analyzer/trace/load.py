@@ -25,7 +25,7 @@ import signal
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -116,59 +116,14 @@ def find_trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, li
     return files, sidecars, source, info
 
 
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
-
-
-#: Required keys of the list entries of each sidecar kind, and the keys that must be numbers.
-_SIDECAR_LISTS = {
-    "comms": (("records", ("op", "pg_name", "seq"), ("seq",)),
-              ("process_groups", ("name", "ranks"), ())),
-    "pipeline": (("records", ("stage", "microbatch", "phase", "start_us", "end_us",
-                              "optimizer_step"),
-                  ("stage", "microbatch", "start_us", "end_us", "optimizer_step")),),
-}
-
-
-def _check_sidecar(path: Path, doc: dict, warnings: list[str]) -> dict | None:
-    """Keep the well-formed entries of a comms/pipeline sidecar; warn about the rest."""
-    spec = _SIDECAR_LISTS.get(doc.get("kind"))
-    if spec is None:
-        return doc
-    doc = dict(doc)
-    for key, required, numeric in spec:
-        items = doc.get(key)
-        if not isinstance(items, list):
-            warnings.append(f"{path}: '{key}' is not a list; the file is ignored")
-            return None
-        good = [e for e in items if isinstance(e, dict) and all(k in e for k in required)
-                and all(_is_num(e[k]) for k in numeric)
-                and all(e.get(k) is None or _is_num(e.get(k))
-                        for k in ("start_us", "end_us", "issue_us", "bytes"))]
-        if len(good) < len(items):
-            warnings.append(f"{path}: left out {len(items) - len(good)} malformed '{key}' entries")
-        doc[key] = good
-    if doc.get("kind") == "comms":   # runs recorded before the all-gather repair
-        doc["records"] = [_repaired(r) for r in doc["records"]]
-    return doc
-
-
-def _repaired(rec: dict) -> dict:
-    """A comms record with ``bytes`` the full buffer (:func:`pardiag.layout.full_buffer_bytes`)."""
-    ib, ob, ranks = rec.get("in_bytes"), rec.get("out_bytes"), rec.get("pg_ranks")
-    if rec.get("op") != "all_gather" or not (_is_num(ib) and _is_num(ob)) \
-            or not isinstance(ranks, list):
-        return rec
-    full = layout.full_buffer_bytes("all_gather", int(ib), int(ob), len(ranks))
-    return rec if full == rec.get("bytes") else {**rec, "bytes": full}
-
-
 def _read_sidecars(sidecars: list[Path], warnings: list[str], check_one_run: bool = False
                    ) -> tuple[layout.RunFile | None, dict[int, layout.RankMeta],
-                              dict[str, dict[int, dict]]]:
+                              dict[str, dict[int, Any]]]:
     """The run file and rank metadata decoded into their types (:class:`pardiag.layout.RunFile`,
-    :class:`pardiag.layout.RankMeta`), the other sidecars (comms, pipeline) as checked dicts;
-    a file that cannot be read or decoded is ignored with a warning.
+    :class:`pardiag.layout.RankMeta`), the other sidecars by kind and rank: comms and pipeline
+    decoded too (:func:`pardiag.layout.decode_rank_sidecar`: malformed entries left out with a
+    warning), hang dumps as parsed; a file that cannot be read or decoded is ignored with a
+    warning.
 
     Raises:
         TraceError: with ``check_one_run``, the run files are of different runs (two parts of
@@ -176,7 +131,7 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str], check_one_run: boo
     run_parts: list[layout.RunFile] = []
     run_files: list[Path] = []
     rank_meta: dict[int, layout.RankMeta] = {}
-    others: dict[str, dict[int, dict]] = {}
+    others: dict[str, dict[int, Any]] = {}
     for f in sidecars:
         try:
             doc = orjson.loads(f.read_bytes())
@@ -198,7 +153,10 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str], check_one_run: boo
             else:
                 rank_meta[typed.rank] = typed
         elif isinstance(doc.get("kind"), str) and isinstance(doc.get("rank"), int):
-            checked = _check_sidecar(f, doc, warnings)
+            checked = doc   # comms and pipeline typed, other kinds (hang dumps) as they are
+            if doc["kind"] in layout.RANK_SIDECARS:
+                checked, notes = layout.decode_rank_sidecar(doc, f)
+                warnings.extend(notes)
             if checked is not None:
                 others.setdefault(doc["kind"], {})[doc["rank"]] = checked
         else:

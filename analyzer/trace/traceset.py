@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from pardiag.errors import TraceError
-from pardiag.layout import RankMeta, RunFile
+from pardiag.layout import CommsSidecar, PipelineSidecar, RankMeta, RunFile
 
 from . import vocab
 
@@ -151,8 +151,10 @@ class TraceSet:
             ``pardiag profile``.
         rank_meta: ``{rank: RankMeta}`` from the ``rank{R}.meta.json`` sidecars
             (:class:`pardiag.layout.RankMeta`).
-        sidecars: other pardiag sidecars by kind and rank: ``{"comms": {rank: doc},
-            "pipeline": {rank: doc}, "hang": {rank: doc}}`` (see :mod:`pardiag.layout`).
+        sidecars: other pardiag sidecars by kind and rank, decoded once by the loader:
+            ``{"comms": {rank: CommsSidecar}, "pipeline": {rank: PipelineSidecar}, "hang":
+            {rank: dict}}`` (:class:`pardiag.layout.CommsSidecar`,
+            :class:`pardiag.layout.PipelineSidecar`; a hang dump as parsed).
     """
 
     ranks: dict[int, RankTrace]
@@ -160,7 +162,8 @@ class TraceSet:
     warnings: tuple[str, ...] = ()
     run_info: RunFile | None = None
     rank_meta: dict[int, RankMeta] = dataclasses.field(default_factory=dict)
-    sidecars: dict[str, dict[int, dict]] = dataclasses.field(default_factory=dict)
+    sidecars: dict[str, dict[int, CommsSidecar | PipelineSidecar | dict]] = dataclasses.field(
+        default_factory=dict)
 
 
 def isin_mask(values: pd.Series, allowed) -> np.ndarray:

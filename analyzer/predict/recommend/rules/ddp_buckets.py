@@ -23,16 +23,15 @@ def _ddp_ready_curves(ctx: RuleContext) -> list[list[tuple[float, float]]]:
     steps = ctx.breakdown.steps
     curves = []
     for rank, doc in ctx.traces.sidecars.get("comms", {}).items():
-        recs = [r for r in doc.get("records") or [] if isinstance(r, dict)
-                and r.get("op") == "all_reduce" and isinstance(r.get("issue_us"), (int, float))
-                and isinstance(r.get("bytes"), (int, float))]
+        recs = [r for r in doc.records
+                if r.op == "all_reduce" and r.issue_us is not None and r.bytes is not None]
         for st in steps[steps["rank"] == rank].itertuples():
-            rs = sorted((r for r in recs if st.start_us <= r["issue_us"] < st.end_us),
-                        key=lambda r: r["issue_us"])
+            rs = sorted((r for r in recs if st.start_us <= r.issue_us < st.end_us),
+                        key=lambda r: r.issue_us)
             if len(rs) < 2:
                 continue
-            t = [float(r["issue_us"]) for r in rs]
-            b = np.cumsum([float(r["bytes"]) for r in rs]).tolist()
+            t = [float(r.issue_us) for r in rs]
+            b = np.cumsum([float(r.bytes) for r in rs]).tolist()
             rate = (b[-1] - b[0]) / (t[-1] - t[0]) if t[-1] > t[0] else 0.0
             if rate <= 0:
                 continue

@@ -7,6 +7,8 @@ from fractions import Fraction
 
 import pandas as pd
 
+from pardiag.layout import AllreduceTiming, DdpCalibration
+
 from ... import shapes, whatif
 from ...replay import PipelineModel, inflight
 from ..context import RuleContext, step_noise
@@ -29,30 +31,25 @@ def _scaling_intervals(traces) -> dict[tuple[int, float], tuple[tuple, tuple]]:
     timings after the run (``size_scaling`` rows with their samples)."""
     out = {}
     for doc in traces.sidecars.get("pipeline", {}).values():
-        for row in doc.get("size_scaling") or []:
-            try:
-                f = median_interval(row.get("fwd_samples_us"))
-                b = median_interval(row.get("bwd_samples_us"))
-                if f and b:
-                    out[(int(row["stage"]), float(row["samples"]))] = (f, b)
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue
+        for row in doc.size_scaling:
+            f = median_interval(row.fwd_samples_us)
+            b = median_interval(row.bwd_samples_us)
+            if f and b:
+                out[(row.stage, float(row.samples))] = (f, b)
     return out
 
 
-def _calibration_rows(traces) -> list[dict]:
+def _calibration_rows(traces) -> list[AllreduceTiming]:
     """The all-reduce timings ``pardiag profile`` took on the group after the run
-    (``allreduce_calibration`` rows of the pipeline sidecars with numeric ``bytes``)."""
+    (``allreduce_calibration`` rows of the pipeline sidecars)."""
     return [r for doc in traces.sidecars.get("pipeline", {}).values()
-            for r in doc.get("allreduce_calibration") or []
-            if isinstance(r, dict) and isinstance(r.get("bytes"), (int, float))]
+            for r in doc.allreduce_calibration]
 
 
-def _allreduce_fit(rows: list[dict]) -> tuple[float, float] | None:
+def _allreduce_fit(rows: list[AllreduceTiming]) -> tuple[float, float] | None:
     """``(α µs, β µs per byte)`` of the all-reduce through the calibration ``rows``' fastest
     timings (:func:`whatif.fit_alpha_beta`), or None without two sizes to fit."""
-    calib = [(float(r["bytes"]), float(r["us"])) for r in rows
-             if isinstance(r.get("us"), (int, float))]
+    calib = [(float(r.bytes), float(r.us)) for r in rows if r.us is not None]
     try:
         alpha, beta = whatif.fit_alpha_beta([b for b, _ in calib], [t for _, t in calib])
     except ValueError:
@@ -111,7 +108,7 @@ def _allreduce_interval(rows: list[dict], buckets: list[float], ar: float, on_gp
     """The all-reduces' interval (µs): from ``ar`` (the line through the fastest timings) to
     the line through the high ends of the timings' medians' intervals (:func:`median_interval`);
     None when a calibration row has no samples or the line cannot be fitted."""
-    highs = [(float(r["bytes"]), median_interval(r.get("samples_us"))) for r in rows]
+    highs = [(float(r.bytes), median_interval(r.samples_us)) for r in rows]
     if not highs or not all(h is not None for _, h in highs):
         return None
     try:
@@ -123,14 +120,13 @@ def _allreduce_interval(rows: list[dict], buckets: list[float], ar: float, on_gp
     return (min(ar, hi), max(ar, hi))
 
 
-def _ddp_calibration(traces) -> dict:
+def _ddp_calibration(traces) -> DdpCalibration | None:
     """The last pipeline sidecar's ``ddp_calibration`` (DDP itself timed on a stand-in after
-    the run: ``grad_bytes``, ``overhead_us`` > 0, ``overhead_samples_us``), or {}."""
-    cal = {}
+    the run) with ``grad_bytes`` and ``overhead_us`` > 0, or None."""
+    cal = None
     for doc in traces.sidecars.get("pipeline", {}).values():
-        c = doc.get("ddp_calibration")
-        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) and c[k] > 0
-                                       for k in ("grad_bytes", "overhead_us")):
+        c = doc.ddp_calibration
+        if c is not None and all(v is not None and v > 0 for v in (c.grad_bytes, c.overhead_us)):
             cal = c
     return cal
 
@@ -154,15 +150,15 @@ def _grad_sync(ctx: RuleContext, fit: tuple[float, float], rows: list[dict], gra
               "; on CPU all of it adds to the step")
     cal = _ddp_calibration(ctx.traces)
     if cal and not on_gpu:   # DDP itself timed on a stand-in with these gradient bytes
-        ar = cal["overhead_us"] * grad_bytes / cal["grad_bytes"]
-        ov = median_interval(cal.get("overhead_samples_us"))
-        ar_iv = (tuple(max(v, 0.0) * grad_bytes / cal["grad_bytes"] for v in ov)
+        ar = cal.overhead_us * grad_bytes / cal.grad_bytes
+        ov = median_interval(cal.overhead_samples_us)
+        ar_iv = (tuple(max(v, 0.0) * grad_bytes / cal.grad_bytes for v in ov)
                  if ov is not None else None)
         how_ar = (f"; DDP itself, timed after the run on a stand-in with "
-                  f"{cal['grad_bytes'] / 2**20:.3g} MiB of gradients, adds "
-                  f"{cal['overhead_us'] / 1000:.2f} ms"
+                  f"{cal.grad_bytes / 2**20:.3g} MiB of gradients, adds "
+                  f"{cal.overhead_us / 1000:.2f} ms"
                   + (f": {ar / 1000:.2f} ms at this size"
-                     if abs(cal["grad_bytes"] - grad_bytes) > 0.01 * grad_bytes else ""))
+                     if abs(cal.grad_bytes - grad_bytes) > 0.01 * grad_bytes else ""))
     return _GradSync(buckets, ar_all, ar, ar_iv, how_ar)
 
 
