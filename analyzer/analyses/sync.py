@@ -39,11 +39,11 @@ import functools
 import numpy as np
 import pandas as pd
 
-from ..per_rank.op_semantics import FROM_ROOT, ROOTED, UNKNOWN, busbw_factor
+from ..per_rank.op_semantics import FROM_ROOT, ROOTED, UNKNOWN
 from ..per_rank.summary import summary_of
 from ..trace import intervals as iv
 from ..trace.traceset import TraceSet, float_column
-from .clocks import ClockModel, fit_clocks, together_ends
+from .clocks import ClockModel, align_clocks, instance_times, rank_hosts
 from .comm_events import comm_events
 from .matching import count_instances, matched_events
 
@@ -126,9 +126,6 @@ def skew_by_op(instances: pd.DataFrame) -> pd.DataFrame:
 
 #: Columns of :attr:`SyncResult.p2p`.
 P2P_COLUMNS = ["src", "dst", "count", "hop_us", "recv_wait_us", "send_wait_us", "bytes"]
-#: A send and its recv whose recorded intervals miss each other by more than this (µs) are not
-#: taken to run on one clock.
-P2P_OVERLAP_SLACK_US = 1.0
 #: Waiting per profiler step (µs, summed over the waiting ranks) below which no rank is named a
 #: straggler.
 STRAGGLER_MIN_WAIT_US = 10.0
@@ -144,162 +141,6 @@ STRAGGLER_MIN_PROFILER_STEP_SHARE = 0.005
 #: what the next rank does: waiting that jitter spreads over the ranks names nobody (it is
 #: inside the noise, and the notes say so).
 STRAGGLER_DOMINANCE = 3.0
-
-
-def _link(ev: pd.DataFrame, complete: set, ranks: list[int]) -> dict[int, int]:
-    """``{rank: lowest rank it is linked to}``: complete collectives (release-together or
-    rooted) join their members (union-find); ranks nothing joins are their own."""
-    parent = {r: r for r in ranks}
-
-    def find(r):
-        while parent[r] != r:
-            parent[r] = parent[parent[r]]
-            r = parent[r]
-        return r
-
-    is_p2p = ev["instance"].astype(str).str.startswith("p2p:")
-    coll = ev[ev["instance"].isin(complete) & ~is_p2p]
-    for _, members in coll.groupby("instance")["rank"]:
-        m = sorted(int(x) for x in members)
-        for x in m[1:]:
-            parent[find(x)] = find(m[0])
-    comps: dict[int, list[int]] = {}
-    for r in ranks:
-        comps.setdefault(find(r), []).append(r)
-    return {r: min(comps[find(r)]) for r in ranks}
-
-
-def _p2p_links(ev: pd.DataFrame, complete: set, root: dict[int, int], model: ClockModel
-               ) -> tuple[dict[int, int], int]:
-    """Join the clock domains that only point-to-point pairs relate: a send and its recv run
-    together, so on one clock their recorded intervals overlap. Domains whose every pair
-    overlaps are taken as one clock (no offset is made up from transfer ends, which a
-    mispaired transfer would skew); a pair that does not overlap says the clocks differ (or the
-    pairing is off), and those domains are not compared.
-
-    Returns:
-        (``{rank: domain}``, point-to-point pairs between domains).
-    """
-    is_p2p = ev["instance"].astype(str).str.startswith("p2p:")
-    pairs = ev[ev["instance"].isin(complete) & is_p2p]
-    ok: dict[tuple[int, int], bool] = {}
-    n_pairs = 0
-    for _, g in pairs.groupby("instance"):
-        if len(g) != 2:
-            continue
-        rs = g["rank"].to_numpy()
-        ca, cb = root[int(rs[0])], root[int(rs[1])]
-        if ca == cb:
-            continue
-        n_pairs += 1
-        st = model.correct(rs, g["start_us"].to_numpy(dtype=float))
-        en = model.correct(rs, g["end_us"].to_numpy(dtype=float))
-        key = (min(ca, cb), max(ca, cb))
-        ok[key] = ok.get(key, True) and bool(st.max() <= en.min() + P2P_OVERLAP_SLACK_US)
-    linked: dict[int, int] = {}
-    for start in sorted(set(root.values())):
-        if start in linked:
-            continue
-        linked[start] = start
-        todo = [start]
-        while todo:
-            a = todo.pop()
-            for (x, y), good in ok.items():
-                if good and a in (x, y):
-                    other = y if a == x else x
-                    if other not in linked:
-                        linked[other] = start
-                        todo.append(other)
-    return {r: linked[root[r]] for r in root}, n_pairs
-
-
-def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str],
-                 t0_us: float | None = None) -> tuple[ClockModel, list[str]]:
-    """The clocks of the ranks (:mod:`pardiag.analyzer.analyses.clocks`): one offset and drift
-    per host where every rank's host is known (with one host, one clock: nothing subtracted),
-    else per rank, relative to the lowest rank of each clock domain and fitted over the ends of
-    complete release-together instances only. Ranks nothing links to the lowest rank keep their
-    clock, and a note says so. The offsets hold at ``t0_us`` (the reference rank's clock; by
-    default its first communication event): with drift, an offset is a clock's difference at
-    one moment, and the start of the profiled window is the one a reader compares.
-
-    Returns:
-        (the model, notes on it).
-    """
-    ranks = sorted(int(r) for r in ev["rank"].unique())
-    notes: list[str] = []
-    cols = ["rank", "offset_us", "drift_us_per_s", "drift_ci_us_per_s", "residual_us",
-            "instances", "host"]
-    if not ranks:
-        return ClockModel(pd.DataFrame(columns=cols), 0.0, {}, False), notes
-    ref = ranks[0]
-    t0 = float(np.nanmin(ev.loc[ev["rank"] == ref, "start_us"].to_numpy(dtype=float)))
-    if t0_us is not None and np.isfinite(t0_us):
-        t0 = float(t0_us)
-    root = _link(ev, complete, ranks)
-    rows = together_ends(ev, complete)
-    known = all(hosts.get(r) for r in ranks)
-    one_host = known and len({hosts[r] for r in ranks}) == 1
-    # one host is one clock; its ranks are still fitted one by one, to say how far apart the
-    # ends are there
-    unit = {r: hosts[r] for r in ranks} if known and not one_host else {r: r for r in ranks}
-    fit = fit_clocks(rows, unit, t0)
-    used = rows.groupby("rank")["instance"].nunique()
-    none = (0.0, 0.0, np.nan, 0.0, 0)
-    out = pd.DataFrame({"rank": ranks, "host": [hosts.get(r) for r in ranks]})
-    out["instances"] = out["rank"].map(used).fillna(0).astype(int)
-    a = np.array([fit.get(unit[r], none)[0] for r in ranks], dtype=float)
-    b = np.array([fit.get(unit[r], none)[1] for r in ranks], dtype=float)
-    a = np.nan_to_num(a)
-    # relative to the lowest rank of each domain (its own clock)
-    ref_of = [root[r] for r in ranks]
-    pos = {r: i for i, r in enumerate(ranks)}
-    out["offset_us"] = [a[i] - a[pos[q]] for i, q in enumerate(ref_of)]
-    out["drift_us_per_s"] = [b[i] - b[pos[q]] for i, q in enumerate(ref_of)]
-    out["drift_ci_us_per_s"] = [fit.get(unit[r], none)[2] for r in ranks]
-    out["residual_us"] = [fit.get(unit[r], none)[3] for r in ranks]
-    n_coll = rows["instance"].nunique()
-    applied = True
-    if one_host:
-        applied = False
-        out["residual_us"] = out["offset_us"]
-        out["offset_us"] = 0.0
-        out["drift_us_per_s"] = 0.0
-        notes.append(f"all {len(ranks)} ranks ran on one host ({hosts[ref]}): one clock, no "
-                     f"offset subtracted" + (
-                         f" (collective ends differ by at most "
-                         f"{float(np.abs(out['residual_us']).max()):.1f} µs there)" if n_coll else
-                         " (no complete release-together collective to compare ends at)"))
-        return ClockModel(out[cols], t0, {r: 0 for r in ranks}, applied), notes
-    model = ClockModel(out[cols], t0, dict(root), applied)
-    domain, n_pairs = _p2p_links(ev, complete, root, model)
-    model = dataclasses.replace(model, domain=domain)
-    what = "host" if known else "rank"
-    if n_coll or n_pairs:
-        notes.append(f"{'hosts known' if known else 'hosts unknown'}: a clock offset and drift "
-                     f"per {what} fitted (Theil–Sen) to the ends of {n_coll} complete "
-                     f"release-together collective instances"
-                     + (f"; {n_pairs} point-to-point pairs between ranks that no collective "
-                        f"joins checked for one clock" if n_pairs else ""))
-    drifting = out[out["drift_us_per_s"].abs() > 0]
-    if len(drifting):
-        worst = drifting.loc[drifting["drift_us_per_s"].abs().idxmax()]
-        notes.append(f"clock drift found on {len(drifting)} rank(s) (up to "
-                     f"{float(worst['drift_us_per_s']):+.1f} µs/s on rank {int(worst['rank'])}): "
-                     f"times corrected by offset and drift")
-    apart = sorted(r for r in ranks if domain[r] != domain[ref])
-    if apart:
-        notes.append(f"no complete collective links rank(s) {apart[:8]}"
-                     f"{'...' if len(apart) > 8 else ''} to rank {ref}, and their "
-                     f"point-to-point transfers with it do not overlap in time as recorded "
-                     f"(other clocks, or transfers that cannot be paired): separate clock "
-                     f"domains, never compared")
-    return model, notes
-
-
-def _hosts(traces: TraceSet) -> dict[int, str]:
-    """``{rank: host}`` from pardiag's rank metadata (traces from elsewhere do not say)."""
-    return {r: str(m.host) for r, m in traces.rank_meta.items() if m.host}
 
 
 def compute_sync(traces: TraceSet, comm_patterns=(),
@@ -322,13 +163,13 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     present = set(int(r) for r in traces.ranks) | set(int(r) for r in ev["rank"].unique())
     inst, inst_notes, n_multi = count_instances(ev, present)
     notes.extend(inst_notes)
-    hosts = _hosts(traces)
+    hosts = rank_hosts(traces)
     starts = _window_starts(traces)
     ref_start = starts.get(min(int(r) for r in ev["rank"].unique()), []) if len(ev) else []
-    ev, inst, clock, off_notes = _align_clocks(ev, inst, hosts,
-                                               min(ref_start) if ref_start else None)
+    ev, inst, clock, off_notes = align_clocks(ev, inst, hosts,
+                                              min(ref_start) if ref_start else None)
     notes.extend(off_notes)
-    inst = _instance_times(ev, inst, hosts)
+    inst = instance_times(ev, inst, hosts)
     head, head_note = _window_heads(ev, inst, starts, clock)
     inst["head"] = head.to_numpy()
     inst["evidence"] = inst["complete"] & ~inst["head"] & inst["semantics"].ne(UNKNOWN)
@@ -352,97 +193,6 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     bandwidth = _bandwidth_table(inst[inst["complete"]])
     return SyncResult(clock.table, inst.drop(columns=["group_size"]), per_rank, st, bandwidth,
                       matched_by, straggler, tuple(notes), _p2p_pairs(inst, pr))
-
-
-def _align_clocks(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str],
-                  t0_us: float | None = None
-                  ) -> tuple[pd.DataFrame, pd.DataFrame, ClockModel, list[str]]:
-    """Fit the clock model (:func:`_clock_model`, offsets at ``t0_us``) to the complete
-    instances of ``inst`` (:func:`.matching.count_instances`) and correct the event times of
-    ``ev`` by it.
-
-    Returns:
-        (``ev`` with ``start_us``/``end_us`` on the reference clock and ``dur_us`` added (µs);
-        ``inst`` with ``complete`` False for instances whose members' clocks nothing relates;
-        the model; notes on it).
-    """
-    complete = set(inst.index[inst["complete"]])
-    model, notes = _clock_model(ev, complete, hosts, t0_us)
-    # an instance whose members' clocks nothing relates cannot be compared
-    sets = ev.groupby("instance")["rank"].agg(
-        lambda rs: len({model.domain.get(int(r), int(r)) for r in rs}))
-    apart = set(sets.index[sets > 1])
-    if apart:
-        inst = inst.copy()
-        inst.loc[inst.index.isin(apart), "complete"] = False
-    ev = ev.copy()
-    rk = ev["rank"].to_numpy()
-    ev["start_us"] = model.correct(rk, ev["start_us"].to_numpy(dtype=float))
-    ev["end_us"] = model.correct(rk, ev["end_us"].to_numpy(dtype=float))
-    ev["dur_us"] = ev["end_us"] - ev["start_us"]
-    return ev, inst, model, notes
-
-
-def _instance_times(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
-                    ) -> pd.DataFrame:
-    """Arrival, transfer time and bandwidth of each instance of more than one rank.
-
-    ``ev``: the events on corrected clocks (:func:`_align_clocks`); ``inst``: the instances
-    (:func:`.matching.count_instances`), indexed by ``instance``.
-
-    ``last_rank`` is the rank the others waited for: the last to arrive at a release-together
-    op or a point-to-point pair; the root of a broadcast or scatter (members wait for the root
-    only; their ends follow the chain by design) and the last member of a reduce or gather
-    (the root waits for it). A rooted op's root is the one its record names, else the member
-    that finished first.
-
-    Returns:
-        the instances of more than one rank with ``instance`` a column again, in order of
-        ``first_arrival_us``, with ``first_arrival_us``, ``arrival_skew_us``, ``transfer_us``
-        (µs), ``last_rank``, ``root``, ``algbw_gbps``, ``busbw_gbps`` (GB/s; NaN when partial or
-        without bytes) and ``inter_node`` added (:attr:`SyncResult.instances`, plus
-        ``group_size``).
-    """
-    inst = inst.copy()
-    g = ev.groupby("instance", sort=False)
-    inst["first_arrival_us"] = g["start_us"].min()
-    inst["arrival_skew_us"] = g["start_us"].max() - g["start_us"].min()
-    inst["transfer_us"] = g["dur_us"].min()
-    # a point-to-point transfer runs from the moment both sides are there to the receive's end
-    # (where the data is in place): an async isend's span lasts until its wait, which can come
-    # long after (the same as the shorter side's duration when the two end together)
-    recv_end = ev["end_us"].where(ev["op"].eq("recv")).groupby(ev["instance"]).max()
-    p2p = inst.index.to_series().str.startswith("p2p:") & recv_end.reindex(inst.index).notna()
-    xfer = (recv_end.reindex(inst.index) - g["start_us"].max()).clip(lower=0.0)
-    inst.loc[p2p, "transfer_us"] = np.minimum(xfer[p2p], inst.loc[p2p, "transfer_us"])
-    last_idx = g["start_us"].idxmax()
-    inst["last_rank"] = ev.loc[last_idx.reindex(inst.index).values, "rank"].to_numpy()
-    rooted = inst["semantics"].eq(ROOTED)
-    if rooted.any():
-        first_end = ev.loc[g["end_us"].idxmin().reindex(inst.index).values, "rank"].to_numpy()
-        members = g["rank"].agg(lambda rs: {int(r) for r in rs}).reindex(inst.index)
-        root = [int(r) if pd.notna(r) and int(r) in m else int(fe)
-                for r, m, fe in zip(inst["root"], members, first_end)]
-        inst["root"] = np.where(rooted, root, None)
-        from_root = rooted & inst["op"].isin(FROM_ROOT)
-        inst.loc[from_root, "last_rank"] = inst.loc[from_root, "root"].astype("int64")
-    else:
-        inst["root"] = None
-    inst = inst[inst["ranks"] > 1].copy()
-    n = inst["group_size"].where(inst["group_size"].notna(), inst["ranks"]).astype(float)
-    seconds = inst["transfer_us"] / 1e6
-    inst["algbw_gbps"] = pd.to_numeric(inst["bytes"], errors="coerce") / seconds / 1e9
-    inst.loc[(seconds <= 0) | ~inst["complete"], "algbw_gbps"] = np.nan
-    inst["busbw_gbps"] = inst["algbw_gbps"] * [busbw_factor(o, int(k)) for o, k in
-                                               zip(inst["op"], n)]
-    inst = inst.sort_values("first_arrival_us").reset_index(names="instance")
-    if hosts:
-        hsets = ev.groupby("instance")["rank"].apply(lambda rs: {hosts.get(int(r)) for r in rs})
-        inst["inter_node"] = inst["instance"].map(
-            lambda k: None if None in hsets.get(k, {None}) else len(hsets[k]) > 1)
-    else:
-        inst["inter_node"] = None
-    return inst
 
 
 #: Traces of one window that start further apart than this (µs, on the reference clock) say a
@@ -479,7 +229,7 @@ def _window_heads(ev: pd.DataFrame, inst: pd.DataFrame, starts: dict[int, list[f
     about its speed) — the first profiler step after that (the whole step where every event
     has a step; else each group's first instance after).
 
-    ``ev``: the events on the reference clock; ``inst``: :func:`_instance_times`; ``starts``:
+    ``ev``: the events on the reference clock; ``inst``: :func:`.clocks.instance_times`; ``starts``:
     :func:`_window_starts`; ``clock``: the clock model that put ``ev`` on the reference clock.
 
     Returns:
@@ -525,9 +275,9 @@ def _window_heads(ev: pd.DataFrame, inst: pd.DataFrame, starts: dict[int, list[f
 
 
 def _per_rank_waits(ev: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Each rank's time at each instance of :func:`_instance_times`.
+    """Each rank's time at each instance of :func:`.clocks.instance_times`.
 
-    ``ev``: the events on corrected clocks (:func:`_align_clocks`). A member of a
+    ``ev``: the events on corrected clocks (:func:`.clocks.align_clocks`). A member of a
     release-together op or a point-to-point pair waits from its arrival to the last arrival
     (what it took beyond the fastest member's duration, the transfer, is its wait: TensorBoard
     profiler plugin); a member of a broadcast or scatter waits from its arrival to the root's;
@@ -589,7 +339,7 @@ def _stragglers(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_multi:
                 ) -> tuple[pd.DataFrame, int | None]:
     """Per-rank waits from the complete instances.
 
-    ``ranks``: every rank with events; ``inst``: :func:`_instance_times`; ``pr``: the rows of
+    ``ranks``: every rank with events; ``inst``: :func:`.clocks.instance_times`; ``pr``: the rows of
     complete instances (:func:`_per_rank_waits`); ``n_multi``: instances of more than one rank
     (with none of them complete, the table is empty); ``profiler_step``: the step's median
     length and spread (:func:`_step_lengths`).
@@ -689,7 +439,7 @@ def straggler_noise_note(st: pd.DataFrame, straggler: int | None) -> str | None:
 
 def _bandwidth_table(done: pd.DataFrame) -> pd.DataFrame:
     """:attr:`SyncResult.bandwidth` (medians per group, op, bytes and ``inter_node``; µs, GB/s)
-    from the complete instances ``done`` (:func:`_instance_times`)."""
+    from the complete instances ``done`` (:func:`.clocks.instance_times`)."""
     bw = done.dropna(subset=["algbw_gbps"])
     if len(bw):
         return (bw.assign(inter_node=bw["inter_node"].map(
