@@ -417,7 +417,7 @@ def test_groups_of_unnamed_ops_from_the_mesh(tmp_path):
     import pandas as pd
 
     from pardiag.analyzer.analyses.comm_events import AMBIGUOUS_GROUP, groups_from_mesh
-    from pardiag.analyzer.analyses.sync import match_instances
+    from pardiag.analyzer.analyses.matching import match_instances
 
     bs, pgs = [], []
     for r in range(4):

@@ -10,7 +10,8 @@ from pardiag.analyzer.analyses.imbalance import compute_balance
 from pardiag.analyzer.analyses.layout import compute_layout
 from pardiag.analyzer.analyses.memory import compute_memory
 from pardiag.analyzer.analyses.pipeline import compute_pipeline, ideal_bubble_pct
-from pardiag.analyzer.analyses.sync import busbw_factor, compute_sync
+from pardiag.analyzer.analyses.sync import compute_sync
+from pardiag.analyzer.per_rank.op_semantics import busbw_factor
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.trace import load_traces
 

@@ -17,6 +17,12 @@ share their noise. The drift is kept only when its 95% interval excludes 0 and i
 :data:`MAX_DRIFT_US_PER_S` (no clock drifts faster: what fits faster is the noise of the ends,
 e.g. gloo ranks waking up on contended CPUs, not a clock); else the offset is the median
 difference. Rooted ops, point-to-point transfers and ops of unknown kind are never clock evidence.
+
+Over the matched instances (:mod:`pardiag.analyzer.analyses.matching`), :func:`align_clocks` fits
+that model (per host where :func:`rank_hosts` knows them, else per rank; ranks that no complete
+collective links, and that no point-to-point transfers overlapping as recorded join, are separate
+clock domains, never compared) and puts every event on the reference clock;
+:func:`instance_times` then gives each instance its arrival, transfer time and bandwidth.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..per_rank.op_semantics import TOGETHER, semantics
+from ..per_rank.op_semantics import FROM_ROOT, ROOTED, TOGETHER, busbw_factor, semantics
+from ..trace.traceset import TraceSet
 
 #: At most this many points per clock enter the Theil–Sen fit (its cost is quadratic); evenly
 #: spaced in time.
@@ -231,3 +238,255 @@ def fit_clocks(rows: pd.DataFrame, unit: dict[int, object], t0_us: float, passes
         b = np.array([fit[u][1] for u in uniq])[codes]
         corrected = end - a - b * t
     return fit
+
+
+#: A send and its recv whose recorded intervals miss each other by more than this (µs) are not
+#: taken to run on one clock.
+P2P_OVERLAP_SLACK_US = 1.0
+
+
+def _link(ev: pd.DataFrame, complete: set, ranks: list[int]) -> dict[int, int]:
+    """``{rank: lowest rank it is linked to}``: complete collectives (release-together or
+    rooted) join their members (union-find); ranks nothing joins are their own."""
+    parent = {r: r for r in ranks}
+
+    def find(r):
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    is_p2p = ev["instance"].astype(str).str.startswith("p2p:")
+    coll = ev[ev["instance"].isin(complete) & ~is_p2p]
+    for _, members in coll.groupby("instance")["rank"]:
+        m = sorted(int(x) for x in members)
+        for x in m[1:]:
+            parent[find(x)] = find(m[0])
+    comps: dict[int, list[int]] = {}
+    for r in ranks:
+        comps.setdefault(find(r), []).append(r)
+    return {r: min(comps[find(r)]) for r in ranks}
+
+
+def _p2p_links(ev: pd.DataFrame, complete: set, root: dict[int, int], model: ClockModel
+               ) -> tuple[dict[int, int], int]:
+    """Join the clock domains that only point-to-point pairs relate: a send and its recv run
+    together, so on one clock their recorded intervals overlap. Domains whose every pair
+    overlaps are taken as one clock (no offset is made up from transfer ends, which a
+    mispaired transfer would skew); a pair that does not overlap says the clocks differ (or the
+    pairing is off), and those domains are not compared.
+
+    Returns:
+        (``{rank: domain}``, point-to-point pairs between domains).
+    """
+    is_p2p = ev["instance"].astype(str).str.startswith("p2p:")
+    pairs = ev[ev["instance"].isin(complete) & is_p2p]
+    ok: dict[tuple[int, int], bool] = {}
+    n_pairs = 0
+    for _, g in pairs.groupby("instance"):
+        if len(g) != 2:
+            continue
+        rs = g["rank"].to_numpy()
+        ca, cb = root[int(rs[0])], root[int(rs[1])]
+        if ca == cb:
+            continue
+        n_pairs += 1
+        st = model.correct(rs, g["start_us"].to_numpy(dtype=float))
+        en = model.correct(rs, g["end_us"].to_numpy(dtype=float))
+        key = (min(ca, cb), max(ca, cb))
+        ok[key] = ok.get(key, True) and bool(st.max() <= en.min() + P2P_OVERLAP_SLACK_US)
+    linked: dict[int, int] = {}
+    for start in sorted(set(root.values())):
+        if start in linked:
+            continue
+        linked[start] = start
+        todo = [start]
+        while todo:
+            a = todo.pop()
+            for (x, y), good in ok.items():
+                if good and a in (x, y):
+                    other = y if a == x else x
+                    if other not in linked:
+                        linked[other] = start
+                        todo.append(other)
+    return {r: linked[root[r]] for r in root}, n_pairs
+
+
+def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str],
+                 t0_us: float | None = None) -> tuple[ClockModel, list[str]]:
+    """The clocks of the ranks (:mod:`pardiag.analyzer.analyses.clocks`): one offset and drift
+    per host where every rank's host is known (with one host, one clock: nothing subtracted),
+    else per rank, relative to the lowest rank of each clock domain and fitted over the ends of
+    complete release-together instances only. Ranks nothing links to the lowest rank keep their
+    clock, and a note says so. The offsets hold at ``t0_us`` (the reference rank's clock; by
+    default its first communication event): with drift, an offset is a clock's difference at
+    one moment, and the start of the profiled window is the one a reader compares.
+
+    Returns:
+        (the model, notes on it).
+    """
+    ranks = sorted(int(r) for r in ev["rank"].unique())
+    notes: list[str] = []
+    cols = ["rank", "offset_us", "drift_us_per_s", "drift_ci_us_per_s", "residual_us",
+            "instances", "host"]
+    if not ranks:
+        return ClockModel(pd.DataFrame(columns=cols), 0.0, {}, False), notes
+    ref = ranks[0]
+    t0 = float(np.nanmin(ev.loc[ev["rank"] == ref, "start_us"].to_numpy(dtype=float)))
+    if t0_us is not None and np.isfinite(t0_us):
+        t0 = float(t0_us)
+    root = _link(ev, complete, ranks)
+    rows = together_ends(ev, complete)
+    known = all(hosts.get(r) for r in ranks)
+    one_host = known and len({hosts[r] for r in ranks}) == 1
+    # one host is one clock; its ranks are still fitted one by one, to say how far apart the
+    # ends are there
+    unit = {r: hosts[r] for r in ranks} if known and not one_host else {r: r for r in ranks}
+    fit = fit_clocks(rows, unit, t0)
+    used = rows.groupby("rank")["instance"].nunique()
+    none = (0.0, 0.0, np.nan, 0.0, 0)
+    out = pd.DataFrame({"rank": ranks, "host": [hosts.get(r) for r in ranks]})
+    out["instances"] = out["rank"].map(used).fillna(0).astype(int)
+    a = np.array([fit.get(unit[r], none)[0] for r in ranks], dtype=float)
+    b = np.array([fit.get(unit[r], none)[1] for r in ranks], dtype=float)
+    a = np.nan_to_num(a)
+    # relative to the lowest rank of each domain (its own clock)
+    ref_of = [root[r] for r in ranks]
+    pos = {r: i for i, r in enumerate(ranks)}
+    out["offset_us"] = [a[i] - a[pos[q]] for i, q in enumerate(ref_of)]
+    out["drift_us_per_s"] = [b[i] - b[pos[q]] for i, q in enumerate(ref_of)]
+    out["drift_ci_us_per_s"] = [fit.get(unit[r], none)[2] for r in ranks]
+    out["residual_us"] = [fit.get(unit[r], none)[3] for r in ranks]
+    n_coll = rows["instance"].nunique()
+    applied = True
+    if one_host:
+        applied = False
+        out["residual_us"] = out["offset_us"]
+        out["offset_us"] = 0.0
+        out["drift_us_per_s"] = 0.0
+        notes.append(f"all {len(ranks)} ranks ran on one host ({hosts[ref]}): one clock, no "
+                     f"offset subtracted" + (
+                         f" (collective ends differ by at most "
+                         f"{float(np.abs(out['residual_us']).max()):.1f} µs there)" if n_coll else
+                         " (no complete release-together collective to compare ends at)"))
+        return ClockModel(out[cols], t0, {r: 0 for r in ranks}, applied), notes
+    model = ClockModel(out[cols], t0, dict(root), applied)
+    domain, n_pairs = _p2p_links(ev, complete, root, model)
+    model = dataclasses.replace(model, domain=domain)
+    what = "host" if known else "rank"
+    if n_coll or n_pairs:
+        notes.append(f"{'hosts known' if known else 'hosts unknown'}: a clock offset and drift "
+                     f"per {what} fitted (Theil–Sen) to the ends of {n_coll} complete "
+                     f"release-together collective instances"
+                     + (f"; {n_pairs} point-to-point pairs between ranks that no collective "
+                        f"joins checked for one clock" if n_pairs else ""))
+    drifting = out[out["drift_us_per_s"].abs() > 0]
+    if len(drifting):
+        worst = drifting.loc[drifting["drift_us_per_s"].abs().idxmax()]
+        notes.append(f"clock drift found on {len(drifting)} rank(s) (up to "
+                     f"{float(worst['drift_us_per_s']):+.1f} µs/s on rank {int(worst['rank'])}): "
+                     f"times corrected by offset and drift")
+    apart = sorted(r for r in ranks if domain[r] != domain[ref])
+    if apart:
+        notes.append(f"no complete collective links rank(s) {apart[:8]}"
+                     f"{'...' if len(apart) > 8 else ''} to rank {ref}, and their "
+                     f"point-to-point transfers with it do not overlap in time as recorded "
+                     f"(other clocks, or transfers that cannot be paired): separate clock "
+                     f"domains, never compared")
+    return model, notes
+
+
+def rank_hosts(traces: TraceSet) -> dict[int, str]:
+    """``{rank: host}`` from pardiag's rank metadata (traces from elsewhere do not say)."""
+    return {r: str(m.host) for r, m in traces.rank_meta.items() if m.host}
+
+
+def align_clocks(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str],
+                  t0_us: float | None = None
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, ClockModel, list[str]]:
+    """Fit the clock model (:func:`_clock_model`, offsets at ``t0_us``) to the complete
+    instances of ``inst`` (:func:`.matching.count_instances`) and correct the event times of
+    ``ev`` by it.
+
+    Returns:
+        (``ev`` with ``start_us``/``end_us`` on the reference clock and ``dur_us`` added (µs);
+        ``inst`` with ``complete`` False for instances whose members' clocks nothing relates;
+        the model; notes on it).
+    """
+    complete = set(inst.index[inst["complete"]])
+    model, notes = _clock_model(ev, complete, hosts, t0_us)
+    # an instance whose members' clocks nothing relates cannot be compared
+    sets = ev.groupby("instance")["rank"].agg(
+        lambda rs: len({model.domain.get(int(r), int(r)) for r in rs}))
+    apart = set(sets.index[sets > 1])
+    if apart:
+        inst = inst.copy()
+        inst.loc[inst.index.isin(apart), "complete"] = False
+    ev = ev.copy()
+    rk = ev["rank"].to_numpy()
+    ev["start_us"] = model.correct(rk, ev["start_us"].to_numpy(dtype=float))
+    ev["end_us"] = model.correct(rk, ev["end_us"].to_numpy(dtype=float))
+    ev["dur_us"] = ev["end_us"] - ev["start_us"]
+    return ev, inst, model, notes
+
+
+def instance_times(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
+                    ) -> pd.DataFrame:
+    """Arrival, transfer time and bandwidth of each instance of more than one rank.
+
+    ``ev``: the events on corrected clocks (:func:`align_clocks`); ``inst``: the instances
+    (:func:`.matching.count_instances`), indexed by ``instance``.
+
+    ``last_rank`` is the rank the others waited for: the last to arrive at a release-together
+    op or a point-to-point pair; the root of a broadcast or scatter (members wait for the root
+    only; their ends follow the chain by design) and the last member of a reduce or gather
+    (the root waits for it). A rooted op's root is the one its record names, else the member
+    that finished first.
+
+    Returns:
+        the instances of more than one rank with ``instance`` a column again, in order of
+        ``first_arrival_us``, with ``first_arrival_us``, ``arrival_skew_us``, ``transfer_us``
+        (µs), ``last_rank``, ``root``, ``algbw_gbps``, ``busbw_gbps`` (GB/s; NaN when partial or
+        without bytes) and ``inter_node`` added (:attr:`.sync.SyncResult.instances`, plus
+        ``group_size``).
+    """
+    inst = inst.copy()
+    g = ev.groupby("instance", sort=False)
+    inst["first_arrival_us"] = g["start_us"].min()
+    inst["arrival_skew_us"] = g["start_us"].max() - g["start_us"].min()
+    inst["transfer_us"] = g["dur_us"].min()
+    # a point-to-point transfer runs from the moment both sides are there to the receive's end
+    # (where the data is in place): an async isend's span lasts until its wait, which can come
+    # long after (the same as the shorter side's duration when the two end together)
+    recv_end = ev["end_us"].where(ev["op"].eq("recv")).groupby(ev["instance"]).max()
+    p2p = inst.index.to_series().str.startswith("p2p:") & recv_end.reindex(inst.index).notna()
+    xfer = (recv_end.reindex(inst.index) - g["start_us"].max()).clip(lower=0.0)
+    inst.loc[p2p, "transfer_us"] = np.minimum(xfer[p2p], inst.loc[p2p, "transfer_us"])
+    last_idx = g["start_us"].idxmax()
+    inst["last_rank"] = ev.loc[last_idx.reindex(inst.index).values, "rank"].to_numpy()
+    rooted = inst["semantics"].eq(ROOTED)
+    if rooted.any():
+        first_end = ev.loc[g["end_us"].idxmin().reindex(inst.index).values, "rank"].to_numpy()
+        members = g["rank"].agg(lambda rs: {int(r) for r in rs}).reindex(inst.index)
+        root = [int(r) if pd.notna(r) and int(r) in m else int(fe)
+                for r, m, fe in zip(inst["root"], members, first_end)]
+        inst["root"] = np.where(rooted, root, None)
+        from_root = rooted & inst["op"].isin(FROM_ROOT)
+        inst.loc[from_root, "last_rank"] = inst.loc[from_root, "root"].astype("int64")
+    else:
+        inst["root"] = None
+    inst = inst[inst["ranks"] > 1].copy()
+    n = inst["group_size"].where(inst["group_size"].notna(), inst["ranks"]).astype(float)
+    seconds = inst["transfer_us"] / 1e6
+    inst["algbw_gbps"] = pd.to_numeric(inst["bytes"], errors="coerce") / seconds / 1e9
+    inst.loc[(seconds <= 0) | ~inst["complete"], "algbw_gbps"] = np.nan
+    inst["busbw_gbps"] = inst["algbw_gbps"] * [busbw_factor(o, int(k)) for o, k in
+                                               zip(inst["op"], n)]
+    inst = inst.sort_values("first_arrival_us").reset_index(names="instance")
+    if hosts:
+        hsets = ev.groupby("instance")["rank"].apply(lambda rs: {hosts.get(int(r)) for r in rs})
+        inst["inter_node"] = inst["instance"].map(
+            lambda k: None if None in hsets.get(k, {None}) else len(hsets[k]) > 1)
+    else:
+        inst["inter_node"] = None
+    return inst

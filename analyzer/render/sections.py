@@ -22,7 +22,7 @@ import pandas as pd
 from markupsafe import Markup
 
 from ..analyses.routing import IMBALANCE_MIN
-from ..analyses.sync import STRAGGLER_MIN_WAIT_US
+from ..analyses.stragglers import STRAGGLER_MIN_WAIT_US
 from ..predict.recommend.findings import (
     STRAGGLER_IDLE_PCT,
     STRAGGLER_IDLE_PCT_PIPELINE,

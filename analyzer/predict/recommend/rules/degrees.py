@@ -9,7 +9,7 @@ from fractions import Fraction
 import pandas as pd
 
 from ....analyses.comm_events import P2P_OPS
-from ....analyses.sync import busbw_factor
+from ....per_rank.op_semantics import busbw_factor
 from ... import shapes, whatif
 from ..context import RuleContext
 from ..types import Recommendation, batch_fields, ruled_out
@@ -31,7 +31,7 @@ class DimTraffic:
             median per op and size class).
         alpha_us, beta_us_per_byte: ``t = α + β·bus bytes`` through the fastest instance of
             each size (:func:`whatif.fit_alpha_beta`; bus bytes = bytes ×
-            :func:`pardiag.analyzer.analyses.sync.busbw_factor`, nccl-tests' convention).
+            :func:`pardiag.analyzer.per_rank.op_semantics.busbw_factor`, nccl-tests' convention).
         sizes: distinct bus-byte sizes the fit rests on.
         transfer_us: per rank and step, the measured transfer of its collectives (each
             instance from its last arrival to its end, :mod:`pardiag.analyzer.analyses.sync`): its

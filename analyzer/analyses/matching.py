@@ -1,0 +1,364 @@
+"""Collective instances across ranks: which events of the ranks' issued communication ops
+(:func:`pardiag.analyzer.analyses.comm_events.comm_events`) are one collective or one
+point-to-point transfer.
+
+One collective *instance* is the set of events with the same group and sequence number on every
+participant (pardiag's records, a trace's ``Seq``); without them each member's sequence of issued
+ops is aligned with the group's longest by op type, bytes and profiler step (records missing at a
+window's head or in a step shift nothing; never a positional zip). Sends and receives pair by
+group, the two ranks and their per-peer count. Ops whose group is unknown are only matched with
+ops of unknown group, split into the cohorts of ranks whose ops end together
+(:func:`match_instances`). :func:`matched_events` and :func:`count_instances` turn the matched
+events into the instance table :func:`pardiag.analyzer.analyses.sync.compute_sync` builds on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..per_rank.op_semantics import P2P_OPS, semantics
+from .clocks import theil_sen
+from .comm_events import AMBIGUOUS_GROUP
+
+
+def match_instances(events: pd.DataFrame) -> pd.DataFrame:
+    """Add an ``instance`` key to every event (None where it cannot be matched).
+
+    * Collectives: a group is its ranks (``group``), or its name where the trace does not give
+      the ranks. Where every event of a group carries the group's own sequence number
+      (``native_seq``: records, a trace's ``Seq``), the key is ``"<group>:<seq>"``, so ranks whose
+      windows start at different collectives still match. Otherwise each member's sequence of
+      issued ops is aligned with the longest one of the group (:func:`_align`) by op type, bytes
+      and profiler step, per profiling window: records missing at a window's head, or a step's,
+      shift nothing.
+    * Point-to-point: ``"p2p:<group>:<a>><b>:<k>"`` for the k-th transfer from rank a to rank b,
+      send and recv alike. A send/recv whose peer is unknown gets None: it is never matched
+      as a group collective.
+    * A group the trace does not give the ranks of (only a name, or nothing) is taken to be
+      the ranks whose ops of it end together (:func:`_cohorts`); where they fall apart into
+      several such cohorts (independent replicas, engines that no collective joins), each is a
+      group of its own (``cohort``: its ranks, ``"0,1"``; ``group_size`` its size), never
+      joined with another.
+    """
+    ev = events.copy()
+    if "group" not in ev:
+        ev["group"] = ""
+    if "native_seq" not in ev:
+        ev["native_seq"] = ev["source"].eq("records")
+    gid = np.where(ev["group"].astype(str) != "", "g" + ev["group"].astype(str),
+                   "pg" + ev["pg"].astype(str))
+    ev["_gid"] = gid
+    ev["cohort"] = ""
+    ambiguous = (ev["group"].astype(str) == AMBIGUOUS_GROUP).to_numpy()
+    unknown = (ev["group"].astype(str) == "").to_numpy() & ~ev["op"].isin(P2P_OPS).to_numpy()
+    for g, idx in ev[unknown].groupby("_gid").indices.items():
+        rows = ev.index[unknown][idx]
+        cohorts = _cohorts(ev.loc[rows])
+        # ranks whose ops end with nobody else's say nothing of their group (its other members
+        # may have no trace): only cohorts of two or more are groups of their own
+        if len(cohorts) > 1 and max(len(c) for c in cohorts) > 1:
+            of = {r: ",".join(map(str, c)) for c in cohorts for r in c}
+            name = ev.loc[rows, "rank"].map(of)
+            ev.loc[rows, "cohort"] = name
+            ev.loc[rows, "_gid"] = g + "#" + name
+            size = name.str.count(",") + 1
+            ev.loc[rows, "group_size"] = size.where(size > 1, ev.loc[rows, "group_size"])
+    p2p_op = ev["op"].isin(P2P_OPS).to_numpy()
+    has_peer = ev["peer"].notna().to_numpy()
+    coll = ~p2p_op & ~ambiguous
+    key = pd.Series([None] * len(ev), index=ev.index, dtype=object)
+    how = pd.Series([None] * len(ev), index=ev.index, dtype=object)
+    sub = ev[coll]
+    if len(sub):
+        native = sub.groupby("_gid")["native_seq"].transform("all").astype(bool)
+        # a sequence number that repeats on a rank (ops of one coalescing block, a constant)
+        # identifies nothing: that group is aligned instead
+        dup = sub.duplicated(["rank", "_gid", "seq"], keep=False)
+        native &= ~dup.groupby(sub["_gid"]).transform("any").astype(bool)
+        nat = sub[native]
+        key.loc[nat.index] = nat["_gid"] + ":" + nat["seq"].astype(int).astype(str)
+        how.loc[nat.index] = "seq"
+        rest = sub[~native]
+        if len(rest):
+            key.loc[rest.index] = _aligned_keys(rest)
+            how.loc[rest.index] = "order"
+    p2p = p2p_op & has_peer & ev["op"].isin(["send", "recv"]).to_numpy()
+    if p2p.any():
+        sub = ev[p2p]
+        src = np.where(sub["op"] == "send", sub["rank"], sub["peer"]).astype(int)
+        dst = np.where(sub["op"] == "send", sub["peer"], sub["rank"]).astype(int)
+        tmp = sub.assign(src=src, dst=dst)
+        nth = tmp.groupby(["rank", "_gid", "src", "dst"]).cumcount() + 1
+        key.loc[sub.index] = ("p2p:" + tmp["_gid"].str[1:] + ":" + tmp["src"].astype(str) + ">"
+                              + tmp["dst"].astype(str) + ":" + nth.astype(str))
+        how.loc[sub.index] = "pair"
+    ev["instance"] = key
+    ev["matched"] = how
+    return ev.drop(columns="_gid")
+
+
+#: Two ranks' ops of a group the trace does not name are one group's when, aligned, most of their
+#: ends keep one difference (a clock offset, slowly drifting) to within this (µs): the members of a
+#: collective leave it together, ranks that no collective joins do not.
+COHORT_TOL_US = 10.0
+#: ... at this share of the aligned ops or more (the rest may be ops of another group that the
+#: trace does not tell apart).
+COHORT_SHARE = 0.5
+#: Fewer aligned ops than this decide nothing (the ranks stay one group).
+COHORT_MIN_OPS = 3
+#: A difference of ends that changes faster than this (µs per s) is no clock drift (Kineto's
+#: drifts are tens of µs per s: :data:`pardiag.analyzer.analyses.clocks.MAX_DRIFT_US_PER_S`):
+#: the ranks run on their own.
+COHORT_MAX_DRIFT_US_PER_S = 1000.0
+
+
+def _signature(ev: pd.DataFrame) -> pd.Series:
+    """What must agree for two members' ops to be one collective: the op type and, where the
+    trace gives them, its bytes (``"all_reduce/4096"``, ``"all_reduce/"``)."""
+    nbytes = pd.to_numeric(ev["bytes"], errors="coerce")
+    return pd.Series([f"{o}/{'' if pd.isna(b) else int(b)}" for o, b in
+                      zip(ev["op"].astype(object), nbytes)], index=ev.index, dtype=object)
+
+
+def _cohorts(sub: pd.DataFrame) -> list[list[int]]:
+    """The ranks of one unnamed group's events (``sub``: :data:`comm_events.EVENT_COLUMNS`) split
+    into cohorts whose ops end together (:func:`_end_together`), each rank compared with the
+    first rank of each cohort; lists of ranks, in rank order."""
+    sub = sub.sort_values(["window", "seq"], kind="stable")
+    # one signature code per op for the whole group (equal codes: equal signatures), and each
+    # rank's rows by position: no sub-table and no factorization per rank or per pair
+    codes = pd.factorize(_signature(sub))[0]
+    window = sub["window"].to_numpy()
+    seq = sub["seq"].to_numpy(dtype=np.int64)
+    end = sub["end_us"].to_numpy(dtype=float)
+    seqs = {}
+    for r, idx in sorted(sub.groupby("rank").indices.items()):
+        idx = idx[window[idx] == window[idx].min()]
+        seqs[int(r)] = (codes[idx], seq[idx], end[idx])
+    cohorts: list[list[int]] = []
+    for r in sorted(seqs):
+        home = next((c for c in cohorts if _end_together(seqs[c[0]], seqs[r])), None)
+        if home is None:
+            cohorts.append([r])
+        else:
+            home.append(r)
+    return cohorts
+
+
+def _end_together(a, b) -> bool:
+    """Whether two ranks' ops (``(signature codes, positions, ends)``) are one group's: aligned
+    (:func:`_align`), the differences of the ends of pairs with one signature lie on a line in
+    time (one offset, a drift of at most :data:`COHORT_MAX_DRIFT_US_PER_S`; Theil–Sen, as the
+    clock model fits) to within :data:`COHORT_TOL_US` for at least :data:`COHORT_SHARE` of them;
+    True with fewer than :data:`COHORT_MIN_OPS` such pairs. A drift that changes the difference
+    by at most :data:`COHORT_TOL_US` over the pairs' whole span is not told from noise: the
+    offset alone is fitted."""
+    ca, cb = a[0], b[0]
+    base = min(int(a[1].min()), int(b[1].min()))
+    la = _laid_out(np.arange(len(ca)), a[1], ca, a[2], base)
+    lb = _laid_out(np.arange(len(cb)), b[1], cb, b[2], base)
+    d = _align(la[0], lb[0], la[1], lb[1])
+    n, m = len(la[0]), len(lb[0])
+    lo, hi = max(0, -d), min(n, m - d)
+    if hi - lo < COHORT_MIN_OPS:
+        return True
+    same = (la[0][lo:hi] == lb[0][lo + d:hi + d]) & (la[0][lo:hi] >= 0)
+    t = la[1][lo:hi][same]
+    diff = t - lb[1][lo + d:hi + d][same]
+    ok = np.isfinite(diff)
+    t, diff = t[ok], diff[ok]
+    if len(diff) < COHORT_MIN_OPS:
+        return True
+    pick = np.linspace(0, len(t) - 1, min(len(t), 200)).astype(int)
+    ts = (t - t[0]) / 1e6
+    span = float(np.ptp(ts))
+    slope = theil_sen(ts[pick], diff[pick])[0] if span > 0 else 0.0
+    if not np.isfinite(slope):
+        return False
+    if abs(slope) * span <= COHORT_TOL_US:
+        # over a span this short the fitted drift moves the difference by less than the ends'
+        # noise: µs of jitter over ms read as thousands of µs per s, not as two clocks
+        slope = 0.0
+    elif abs(slope) > COHORT_MAX_DRIFT_US_PER_S:
+        return False
+    resid = diff - slope * ts
+    resid -= np.median(resid)
+    return float(np.mean(np.abs(resid) <= COHORT_TOL_US)) >= COHORT_SHARE
+
+
+def _aligned_keys(rest: pd.DataFrame) -> pd.Series:
+    """Instance keys of collectives without usable sequence numbers: per group (``_gid``) and
+    profiling window, and per profiler step where every event of the unit has one, each member's
+    ops in their order (``seq``: positions among the ops it issued) aligned with the member that
+    has the most (:func:`_align`); ``"<gid>:w<window>:s<step>:<position in that member>"``."""
+    rest = rest.sort_values(["rank", "seq"], kind="stable")
+    win = rest["window"].astype(int) if "window" in rest else pd.Series(0, index=rest.index)
+    step = rest["step"].astype(int) if "step" in rest else pd.Series(-1, index=rest.index)
+    unit_has_steps = (step >= 0).groupby([rest["_gid"], win]).transform("all")
+    step = step.where(unit_has_steps, -1)
+    sig = _signature(rest).to_numpy()
+    codes = pd.factorize(sig)[0]
+    ends = rest["end_us"].to_numpy(dtype=float)
+    ranks = rest["rank"].to_numpy()
+    out = np.empty(len(rest), dtype=object)
+    units = pd.DataFrame({"g": rest["_gid"].to_numpy(), "w": win.to_numpy(),
+                          "s": step.to_numpy(), "r": ranks}).groupby(["g", "w", "s"]).indices
+    seqs = rest["seq"].to_numpy(dtype=np.int64)
+    for (g, w, st), idx in units.items():
+        by_rank: dict = {}
+        for i in idx.tolist():
+            by_rank.setdefault(ranks[i], []).append(i)
+        # each member's ops laid out by their place in its issue order: an op whose kernels
+        # were lost is a gap (-1) that matches nothing
+        base = int(seqs[idx].min())
+        laid = {r: _laid_out(np.array(rows), seqs, codes, ends, base)
+                for r, rows in by_rank.items()}
+        ref = max(sorted(laid), key=lambda r: int((laid[r][0] >= 0).sum()))
+        for r, rows in by_rank.items():
+            a, a_end, pos = laid[r]
+            d = 0 if r == ref else _align(a, laid[ref][0], a_end, laid[ref][1])
+            for k, i in zip(pos.tolist(), rows):
+                out[i] = f"{g}:w{w}:s{st}:{k + d}"
+    return pd.Series(out, index=rest.index).reindex(rest.index)
+
+
+def _laid_out(rows: np.ndarray, seqs: np.ndarray, codes: np.ndarray, ends: np.ndarray,
+              base: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(codes, ends, positions)`` of one member's ops in a unit, indexed by position in its
+    issue order counted from ``base`` (the unit's first position over all its members, so that
+    members whose first ops were lost still line up; default: this member's first; gaps: code
+    -1, end NaN)."""
+    s = seqs[rows]
+    if len(np.unique(s)) < len(s):  # a repeated (unusable) sequence number: issue order
+        s, base = np.arange(len(s)), 0
+    pos = s - (s.min() if base is None else min(int(base), int(s.min())))
+    a = np.full(int(pos.max()) + 1, -1, dtype=np.int64)
+    e = np.full(len(a), np.nan)
+    a[pos] = codes[rows]
+    e[pos] = ends[rows]
+    return a, e, pos
+
+
+def _align(a: np.ndarray, b: np.ndarray, a_end: np.ndarray, b_end: np.ndarray) -> int:
+    """The shift ``d`` that pairs op ``i`` of one member with op ``i + d`` of the reference.
+
+    ``a``, ``b``: signature codes (op type and bytes) of the two sequences in issue order;
+    ``a_end``, ``b_end``: their end times (µs, each on its own clock). The shift with the most
+    equal signatures wins — a member whose records begin late or end early matches the
+    reference's middle, never by position alone; between shifts that match as many, the one
+    whose end-time differences are most constant (smallest median absolute deviation: members
+    leave a collective together, so on any two clocks the differences are one offset), then the
+    smallest ``|d|``."""
+    n, m = len(a), len(b)
+    if n == m and np.array_equal(a, b) and (a >= 0).all():
+        return 0
+    best: tuple | None = None
+    for d in range(-(n - 1), m):
+        lo, hi = max(0, -d), min(n, m - d)
+        if hi <= lo:
+            continue
+        same = (a[lo:hi] == b[lo + d:hi + d]) & (a[lo:hi] >= 0)
+        hits = int(same.sum())
+        if hits == 0:
+            continue
+        diff = a_end[lo:hi][same] - b_end[lo + d:hi + d][same]
+        diff = diff[np.isfinite(diff)]
+        spread = float(np.median(np.abs(diff - np.median(diff)))) if len(diff) else np.inf
+        score = (-hits, spread, abs(d))
+        if best is None or score < best[0]:
+            best = (score, d)
+    return 0 if best is None else best[1]
+
+
+def matched_events(ev: pd.DataFrame) -> tuple[pd.DataFrame, str, list[str]]:
+    """Match the communication events (:data:`EVENT_COLUMNS`) into instances
+    (:func:`match_instances`).
+
+    Returns:
+        (the matched events, ``instance`` and ``matched`` added, without the point-to-point ops
+        whose peer is unknown; :attr:`.sync.SyncResult.matched_by`; a note when such ops were left
+        out).
+    """
+    ev = match_instances(ev)
+    hows = set(ev["matched"].dropna())
+    if ev["source"].eq("records").all():
+        matched_by = "records"
+    elif "order" in hows:
+        matched_by = "order"
+    elif "seq" in hows:
+        matched_by = "sequence numbers"
+    elif "pair" in hows:
+        matched_by = "point-to-point pairs"
+    else:
+        matched_by = "none"
+    notes: list[str] = []
+    split = sorted(set(ev.loc[ev["cohort"] != "", "cohort"]), key=lambda c: int(c.split(",")[0]))
+    if split:
+        notes.append(f"the traces do not say which group {len(split)} set(s) of ranks "
+                     f"communicate in, and their ops never end together: taken as separate "
+                     f"groups ({'; '.join('ranks ' + c for c in split[:6])}"
+                     f"{'; ...' if len(split) > 6 else ''}) that no collective joins")
+    unpaired = ev["instance"].isna()
+    ambiguous = ev["group"].astype(str) == AMBIGUOUS_GROUP
+    if (unpaired & ~ambiguous).any():
+        notes.append(f"{int((unpaired & ~ambiguous).sum())} point-to-point op(s) without a known "
+                     f"peer were not paired (never matched as a group collective)")
+    if ambiguous.any():
+        ops = ev.loc[ambiguous, "op"].value_counts()
+        notes.append(f"{int(ambiguous.sum())} collective op(s) "
+                     f"({', '.join(f'{n} {o}' for o, n in ops.items())}) were not matched: the "
+                     f"traces do not give their group, and on this mesh it is not the world "
+                     f"(functional reductions of a few bytes — the loss, gradient norms — may "
+                     f"run over any of its dimensions)")
+    return ev[~unpaired].copy(), matched_by, notes
+
+
+def count_instances(ev: pd.DataFrame, present: set[int]
+                     ) -> tuple[pd.DataFrame, list[str], int]:
+    """One row per matched instance of ``ev`` (matched events, every ``instance`` set).
+
+    ``present``: the ranks that have a trace (a group without sizes is taken to span them).
+
+    Returns:
+        (instances indexed by ``instance``: ``pg``, ``group``, ``seq``, ``op``, ``ranks``
+        (members present), ``step`` (max), ``bytes`` (max over members), ``group_size``,
+        ``expected`` (group size; 2 for a point-to-point pair), ``complete``; notes on
+        over-full, partial and one-sided instances; the number of instances of more than one
+        rank).
+    """
+    notes: list[str] = []
+    g = ev.groupby("instance", sort=False)
+    inst = pd.DataFrame({
+        "pg": g["pg"].first(), "group": g["group"].first(), "seq": g["seq"].first(),
+        "op": g["op"].first(), "ranks": g["rank"].nunique(), "step": g["step"].max(),
+        "bytes": g["bytes"].max(), "group_size": g["group_size"].max(),
+        "root": g["root"].first() if "root" in ev else None,
+    })
+    inst["semantics"] = inst["op"].map(semantics)
+    is_p2p = inst.index.to_series().str.startswith("p2p:")
+    members = inst["group"].map(lambda k: [int(x) for x in k.split("|")[0].split(",")] if k
+                                else None)
+    expected = inst["group_size"].astype(float)
+    expected = expected.where(expected.notna(), members.map(lambda m: len(m) if m else np.nan))
+    expected = expected.fillna(float(len(present)))
+    expected[is_p2p] = 2.0
+    inst["expected"] = expected.astype(int)
+    inst["complete"] = inst["ranks"] == inst["expected"]
+    over = inst[inst["ranks"] > inst["expected"]]
+    if len(over):
+        notes.append(f"{len(over)} instance(s) hold more ranks than their group has (a group "
+                     f"matched by a name that ranks reuse for different groups?): not used for "
+                     f"clock offsets, stragglers or bandwidth")
+    n_multi = int((inst["ranks"] > 1).sum())
+    partial = inst[(inst["ranks"] < inst["expected"]) & ~is_p2p]
+    if len(partial):
+        absent = sorted({r for m in members[partial.index].dropna() for r in m} - present)
+        notes.append(f"{len(partial)} of {int((~is_p2p).sum())} collective instance(s) lack "
+                     f"members" + (f" (ranks {absent[:8]}{'...' if len(absent) > 8 else ''} have "
+                                   f"no trace)" if absent else "")
+                     + ": not used for clock offsets, stragglers or bandwidth")
+    lone = inst[(inst["ranks"] < inst["expected"]) & is_p2p]
+    if len(lone):
+        notes.append(f"{len(lone)} point-to-point transfer(s) have only one side in the traces")
+    return inst, notes, n_multi

@@ -1,0 +1,288 @@
+"""Waits and stragglers: who waits for whom at the matched instances, on corrected clocks.
+
+Input: the instances of :func:`pardiag.analyzer.analyses.clocks.instance_times` and the events
+on the reference clock (:func:`pardiag.analyzer.analyses.clocks.align_clocks`).
+
+* **Window heads** (:func:`window_heads`): instances before every rank's trace has started, and
+  the first step after where the traces start more than :data:`HEAD_SKEW_US` apart, are no
+  evidence of a slow rank.
+* **Waits** (:func:`per_rank_waits`; TensorBoard profiler plugin): each rank's wait is its
+  duration minus the instance's transfer time; a rank waits from its arrival to the arrival it
+  waits for (the last one; at a broadcast or scatter the root's), and that rank *causes* the
+  wait.
+* **Stragglers** (:func:`straggler_table`): per-rank totals (wait suffered, wait caused) are
+  lengths of unions of those intervals, so collectives in flight together (DDP buckets) count
+  once. A straggler is named only from instances that are evidence (complete, not at a window's
+  head, of known semantics) and only when it stands out of the noise (the ``STRAGGLER_*``
+  thresholds; :func:`straggler_noise_note` says when it does not).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..per_rank.op_semantics import FROM_ROOT, ROOTED
+from ..per_rank.summary import summary_of
+from ..trace import intervals as iv
+from ..trace.traceset import TraceSet, float_column
+from .clocks import ClockModel
+
+#: Waiting per profiler step (µs, summed over the waiting ranks) below which no rank is named a
+#: straggler.
+STRAGGLER_MIN_WAIT_US = 10.0
+#: A straggler arrives last at least at this share of the ops it joins.
+STRAGGLER_LAST_SHARE = 0.5
+#: ... and costs each waiting rank at least this share of the step (the collectives' span per
+#: step), per step.
+STRAGGLER_MIN_STEP_SHARE = 0.02
+#: ... and at least this share of the profiler step (the collectives can sit in a short part of
+#: the step, DDP's at its end), and more than the step varies from step to step.
+STRAGGLER_MIN_PROFILER_STEP_SHARE = 0.005
+#: The rank that causes the most waiting is named only when it causes at least this many times
+#: what the next rank does: waiting that jitter spreads over the ranks names nobody (it is
+#: inside the noise, and the notes say so).
+STRAGGLER_DOMINANCE = 3.0
+
+
+#: Traces of one window that start further apart than this (µs, on the reference clock) say a
+#: profiler opened late: the first step after every rank has started is left out of waits too.
+HEAD_SKEW_US = 1000.0
+
+
+def window_starts(traces: TraceSet) -> dict[int, list[float]]:
+    """``{rank: [start µs of each profiling window]}`` on each rank's own clock: its first
+    profiler step or its first recorded work, whichever is earlier (the window starts of a rank
+    loaded from several files), alike from a summary or from the events."""
+    out: dict[int, list[float]] = {}
+    for r, t in traces.ranks.items():
+        if t.windows:
+            out[int(r)] = [float(w[0]) for w in t.windows]
+            continue
+        s = summary_of(t)
+        start = s.breakdown.total.get("start_us")
+        steps = s.stored("steps")
+        st = float_column(steps, "start_us")
+        st = st[~np.isnan(st)]
+        firsts = [float(x) for x in (start, st.min() if len(st) else None)
+                  if x is not None and np.isfinite(x)]
+        if firsts:  # its first profiler step, or its first recorded work before that
+            out[int(r)] = [min(firsts)]
+    return out
+
+
+def window_heads(ev: pd.DataFrame, inst: pd.DataFrame, starts: dict[int, list[float]],
+                  clock: ClockModel) -> tuple[pd.Series, str | None]:
+    """Which instances sit at a window's head: before every rank's trace of that profiling
+    window has started, and — where the traces start more than :data:`HEAD_SKEW_US` apart (a
+    rank whose profiler opened late arrives late at its first collectives, which says nothing
+    about its speed) — the first profiler step after that (the whole step where every event
+    has a step; else each group's first instance after).
+
+    ``ev``: the events on the reference clock; ``inst``: :func:`.clocks.instance_times`; ``starts``:
+    :func:`window_starts`; ``clock``: the clock model that put ``ev`` on the reference clock.
+
+    Returns:
+        (a boolean Series aligned with ``inst``; a note when any instance is left out).
+    """
+    head = pd.Series(False, index=inst.index)
+    if inst.empty:
+        return head, None
+    window = ev.groupby("instance")["window"].first()
+    inst_win = inst["instance"].map(window).fillna(0).astype(int)
+    skewed = 0.0
+    for w, sub in ev.groupby("window"):
+        ranks = sorted(int(r) for r in sub["rank"].unique())
+        own = [starts.get(r, [])[int(w)] if int(w) < len(starts.get(r, [])) else np.nan
+               for r in ranks]
+        t0 = clock.correct(np.array(ranks), np.array(own, dtype=float))
+        t0 = np.where(np.isfinite(t0), t0, sub.groupby("rank")["start_us"].min()
+                      .reindex(ranks).to_numpy())
+        t_all, spread = float(np.max(t0)), float(np.max(t0) - np.min(t0))
+        mine = inst_win.eq(int(w))
+        early = mine & (inst["first_arrival_us"] < t_all)
+        after = pd.Series(False, index=inst.index)
+        if spread > HEAD_SKEW_US:
+            skewed = max(skewed, spread)
+            steps = sub.loc[sub["step"] >= 0].groupby("rank")["step"].min()
+            if (sub["step"] >= 0).all() and len(steps) == len(ranks):
+                after = mine & (inst["step"] <= int(steps.max()))
+            else:
+                rows = inst[mine & ~early].sort_values("first_arrival_us")
+                keys = rows["group"].astype(str) + "|" + rows["pg"].astype(str)
+                after = pd.Series(inst.index.isin(rows.index[~keys.duplicated()]),
+                                  index=inst.index)
+        head |= early | after
+    n = int((head & inst["complete"]).sum())
+    note = None
+    if n:
+        note = (f"{n} complete collective instance(s) at the head of a profiling window kept out "
+                f"of waits and stragglers: before every rank's trace had started"
+                + (f", and the first step after (the traces start {skewed / 1e3:.1f} ms apart: a "
+                   f"rank whose profiler opened late is late there without being slow)"
+                   if skewed else ""))
+    return head, note
+
+
+def per_rank_waits(ev: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each rank's time at each instance of :func:`.clocks.instance_times`.
+
+    ``ev``: the events on corrected clocks (:func:`.clocks.align_clocks`). A member of a
+    release-together op or a point-to-point pair waits from its arrival to the last arrival
+    (what it took beyond the fastest member's duration, the transfer, is its wait: TensorBoard
+    profiler plugin); a member of a broadcast or scatter waits from its arrival to the root's;
+    the root of a reduce or gather to the last member's.
+
+    Returns:
+        (:attr:`.sync.SyncResult.per_rank`: ``instance``, ``rank``, ``start_us``, ``end_us``,
+        ``dur_us``, ``wait_us``, ``arrival_delay_us`` (µs), ``evidence``; the rows of complete
+        instances with every column of ``ev`` plus ``transfer_us``, ``first_arrival_us``,
+        ``last_rank``, ``complete``, ``evidence``, ``wait_us``, ``arrival_delay_us`` and
+        ``wait_until_us`` (the arrival waited for, µs)).
+    """
+    pr = ev[ev["instance"].isin(inst["instance"])].copy()
+    pr = pr.merge(inst[["instance", "transfer_us", "first_arrival_us", "last_rank", "complete",
+                        "semantics", "root", "evidence"]].rename(columns={"root": "_root"}),
+                  on="instance")
+    pr["wait_us"] = pr["dur_us"] - pr["transfer_us"]
+    pr["arrival_delay_us"] = pr["start_us"] - pr["first_arrival_us"]
+    # Waiting = from a rank's arrival to the arrival it waits for. Aggregates take the union of
+    # those intervals, so collectives in flight at the same time (DDP buckets) count once.
+    pr["wait_until_us"] = pr.groupby("instance")["start_us"].transform("max")
+    rooted = pr["semantics"].eq(ROOTED).to_numpy()
+    if rooted.any():
+        is_root = (pr["rank"] == pr["_root"]).to_numpy()
+        root_start = pr["start_us"].where(is_root).groupby(pr["instance"]).transform("max")
+        from_root = rooted & pr["op"].isin(FROM_ROOT).to_numpy()
+        until = np.where(from_root & ~is_root, np.maximum(pr["start_us"], root_start),
+                         pr["start_us"])
+        until = np.where(rooted & ~from_root & is_root, pr["wait_until_us"], until)
+        pr["wait_until_us"] = np.where(rooted, until, pr["wait_until_us"])
+        pr["wait_us"] = np.where(rooted, pr["wait_until_us"] - pr["start_us"], pr["wait_us"])
+    # point-to-point: each side waits from its arrival to its peer's (an async isend's span,
+    # which lasts until its wait, is no waiting)
+    pair = pr["instance"].astype(str).str.startswith("p2p:").to_numpy()
+    pr["wait_us"] = np.where(pair, pr["wait_until_us"] - pr["start_us"], pr["wait_us"])
+    per_rank = pr[["instance", "rank", "start_us", "end_us", "dur_us", "wait_us",
+                   "arrival_delay_us", "evidence"]].reset_index(drop=True)
+    return per_rank, pr[pr["complete"].astype(bool)].drop(columns="_root")
+
+
+def _wait_caused(pr: pd.DataFrame) -> dict[tuple[int, int], float]:
+    """``{(last arrival, step): wait caused (µs)}``: per last-arriving rank and step, the sum over
+    the waiting ranks (in rank order) of |union of each one's waits|; ``pr``: the rows of
+    complete instances (:func:`per_rank_waits`)."""
+    others = pr[pr["rank"] != pr["last_rank"]]
+    # positions instead of sub-frames (thousands of groups on big runs)
+    caused: dict[tuple[int, int], float] = {}
+    o_start = others["start_us"].to_numpy()
+    o_until = others["wait_until_us"].to_numpy()
+    groups = others.groupby(["last_rank", "step", "rank"], sort=True).indices
+    for (last, step, _), idx in sorted(groups.items(), key=lambda kv: kv[0]):
+        key = (int(last), int(step))
+        caused[key] = caused.get(key, 0) + iv.total(iv.union(o_start[idx], o_until[idx]))
+    return caused
+
+
+def straggler_table(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_multi: int,
+                profiler_step: tuple[float | None, float | None] = (None, None)
+                ) -> tuple[pd.DataFrame, int | None]:
+    """Per-rank waits from the complete instances.
+
+    ``ranks``: every rank with events; ``inst``: :func:`.clocks.instance_times`; ``pr``: the rows of
+    complete instances (:func:`per_rank_waits`); ``n_multi``: instances of more than one rank
+    (with none of them complete, the table is empty); ``profiler_step``: the step's median
+    length and spread (:func:`step_lengths`).
+
+    Returns:
+        (:attr:`.sync.SyncResult.stragglers`, most wait caused first;
+        :attr:`.sync.SyncResult.straggler`).
+    """
+    st = pd.DataFrame({"rank": ranks})
+    start, until = pr["start_us"].to_numpy(), pr["wait_until_us"].to_numpy()
+    rows_of = pr.groupby("rank", sort=False).indices   # each rank's rows once, not a mask each
+    none = np.array([], dtype=int)
+    st["wait_suffered_us"] = [iv.total(iv.union(start[i], until[i]))
+                              for i in (rows_of.get(r, none) for r in ranks)]
+    caused = _wait_caused(pr)
+    total_caused: dict[int, float] = {}
+    for (last, _), v in caused.items():
+        total_caused[last] = total_caused.get(last, 0.0) + v
+    st["wait_caused_us"] = st["rank"].map(total_caused).fillna(0.0)
+    done = inst[inst["evidence"]] if "evidence" in inst else inst[inst["complete"]]
+    st["last_arrivals"] = st["rank"].map(done["last_rank"].value_counts()).fillna(0).astype(int)
+    top: dict[int, tuple[int, float]] = {}
+    for (last, step), v in caused.items():
+        if v > top.get(step, (None, -1.0))[1]:
+            top[step] = (last, v)
+    tops = pd.Series([t[0] for t in top.values()]).value_counts()
+    st["steps_as_top"] = st["rank"].map(tops).fillna(0).astype(int)
+    st["instances"] = st["rank"].map(pr.groupby("rank")["instance"].nunique()).fillna(0).astype(int)
+    st = st.sort_values(["wait_caused_us", "rank"], ascending=[False, True]).reset_index(drop=True)
+    if done.empty and n_multi:
+        st = st.iloc[:0]
+    straggler = None
+    n_steps = max(1, int(done["step"].nunique())) if len(done) else 1
+    if len(st) and float(st["wait_caused_us"].iloc[0]) >= STRAGGLER_MIN_WAIT_US * n_steps:
+        top = float(st["wait_caused_us"].iloc[0])
+        second = float(st["wait_caused_us"].iloc[1]) if len(st) > 1 else 0.0
+        # consistent: far ahead of the next rank, last at most of the ops it joins, and what
+        # each waiting rank loses per step is a share of the step that matters
+        # the ranks that waited for it (its groups' members, not the whole world)
+        who = int(st["rank"].iloc[0])
+        waiters = pr.loc[(pr["last_rank"] == who) & (pr["rank"] != who), "rank"].nunique()
+        per_waiter = top / n_steps / max(1, waiters)
+        if (top >= STRAGGLER_DOMINANCE * second and st["last_arrivals"].iloc[0]
+                >= STRAGGLER_LAST_SHARE * max(1, int(st["instances"].iloc[0]))
+                and per_waiter >= STRAGGLER_MIN_STEP_SHARE * _step_span(done)
+                and per_waiter >= STRAGGLER_MIN_PROFILER_STEP_SHARE * (profiler_step[0] or 0.0)
+                and per_waiter > (profiler_step[1] or 0.0)):
+            straggler = int(st["rank"].iloc[0])
+    return st, straggler
+
+
+def step_lengths(traces: TraceSet, comm_patterns=()) -> tuple[float | None, float | None]:
+    """The profiler step (µs): ``(median length, spread)`` over the ranks' ``ProfilerStep``
+    ranges; the spread is, per rank with three steps or more, the interquartile range of its
+    step lengths, the median over those ranks. None where the traces have no such steps. A rank
+    that costs each waiting rank less than the spread per step cannot be told from the
+    step-to-step variation."""
+    lengths, spreads = [], []
+    for t in traces.ranks.values():
+        steps = summary_of(t, comm_patterns).stored("steps")
+        x = float_column(steps, "end_us") - float_column(steps, "start_us")
+        x = x[np.isfinite(x) & (x > 0)]
+        lengths.extend(x.tolist())
+        if len(x) >= 3:
+            q1, q3 = np.percentile(x, [25, 75])
+            spreads.append(float(q3 - q1))
+    return (float(np.median(lengths)) if lengths else None,
+            float(np.median(spreads)) if spreads else None)
+
+
+def _step_span(done: pd.DataFrame) -> float:
+    """Median over profiler steps of the time the instances of ``done`` span (first arrival to
+    last end, µs on the reference clock): the step as the collectives see it."""
+    if done.empty:
+        return 0.0
+    end = done["first_arrival_us"] + done["arrival_skew_us"] + done["transfer_us"]
+    g = pd.DataFrame({"step": done["step"], "lo": done["first_arrival_us"], "hi": end})
+    spans = g.groupby("step").agg(lo=("lo", "min"), hi=("hi", "max"))
+    return float((spans["hi"] - spans["lo"]).median())
+
+
+def straggler_noise_note(st: pd.DataFrame, straggler: int | None) -> str | None:
+    """A note when waiting was caused but nobody is named because it is spread over the ranks
+    (:data:`STRAGGLER_DOMINANCE`); ``st``: :attr:`.sync.SyncResult.stragglers`."""
+    if straggler is not None or len(st) < 2:
+        return None
+    top, second = (float(x) for x in st["wait_caused_us"].iloc[:2])
+    if top < STRAGGLER_MIN_WAIT_US:
+        return None
+    return (f"no straggler named: the waiting is spread over the ranks or too small (rank "
+            f"{int(st['rank'].iloc[0])} causes {top:.0f} µs, rank {int(st['rank'].iloc[1])} "
+            f"{second:.0f} µs; a straggler causes {STRAGGLER_DOMINANCE:g}× the next rank's, at "
+            f"least {STRAGGLER_MIN_WAIT_US:g} µs per step, {STRAGGLER_MIN_STEP_SHARE:.0%} of "
+            f"the collectives' span and {STRAGGLER_MIN_PROFILER_STEP_SHARE:.1%} of the step per "
+            f"waiting rank, more than the step varies, and arrives last at "
+            f"{STRAGGLER_LAST_SHARE:.0%} of its ops or more: this is inside the noise)")
