@@ -242,7 +242,7 @@ def _spread(m) -> str:
 
 def measure_folder(f: Path, a, env: dict) -> tuple[list[str], list[str]]:
     """One row of each table (formatted cells, in COLUMNS' and RANGE_COLUMNS' order)."""
-    from pardiag.analyzer.trace.load import default_workers
+    from pardiag.analyzer.trace.workers import default_workers
 
     files = [x for x in f.iterdir() if x.is_file() and x.name.endswith((".json", ".json.gz"))]
     mb = sum(x.stat().st_size for x in files) / 1e6

@@ -199,7 +199,7 @@ def test_worker_processes_give_results_in_file_order(tmp_path, monkeypatch, batc
     """A process per file (a budget of 1 byte) or one batch of every file: the summaries of
     :func:`parse_files` are those of parsing in this process, in file order, and progress
     counts every file."""
-    from pardiag.analyzer.trace import load
+    from pardiag.analyzer.trace import workers as load
 
     run = write_run(tmp_path / "run", ranks=4, mb=0.02, layers=8)
     files = sorted(run.glob("*.json*"))
@@ -219,7 +219,7 @@ def test_a_worker_that_dies_or_fails_is_an_error(tmp_path, monkeypatch):
     worker (a bug: :func:`parse_file` never raises for bad input) is raised here."""
     import os
 
-    from pardiag.analyzer.trace import load
+    from pardiag.analyzer.trace import workers as load
     from pardiag.errors import PardiagError
 
     run = write_run(tmp_path / "run", ranks=2, mb=0.02, layers=8)
@@ -247,7 +247,7 @@ def _slow_parse_code(batch_bytes: int) -> str:
     """Code that makes every file's parse take 3 s more (so that a test can kill or interrupt
     its parent while workers parse and wait) with worker batches of ``batch_bytes``."""
     return ("import time\n"
-            "from pardiag.analyzer.trace import load\n"
+            "from pardiag.analyzer.trace import workers as load\n"
             "real = load.parse_file\n"
             "def slow(f, **kw):\n"
             "    time.sleep(3)\n"
@@ -309,7 +309,7 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path, batch_bytes, kids_aliv
 def test_spawned_workers_where_fork_is_not_available(tmp_path, monkeypatch):
     import multiprocessing as mp
 
-    from pardiag.analyzer.trace import load
+    from pardiag.analyzer.trace import workers as load
 
     run = write_run(tmp_path / "run", ranks=3, mb=0.02, layers=8)
     files = sorted(run.glob("*.json*"))

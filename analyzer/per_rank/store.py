@@ -38,7 +38,9 @@ from pardiag import layout
 from pardiag.errors import TraceError
 
 from ..trace.classify import pattern_key
-from ..trace.load import default_workers, find_trace_files, parse_file, parse_files
+from ..trace.files import parse_file
+from ..trace.load import find_trace_files
+from ..trace.workers import default_workers, parse_files
 from ..trace.traceset import RankTrace, frame_json, table_from_json
 from .summary import QUANTITIES, RankSummary, summarize_trace
 
@@ -347,7 +349,7 @@ def summarize_file(path: Path, comm_patterns: Iterable = (), *, store: bool = Tr
 
 class SummaryReducer:
     """The per-rank reduction that :func:`pardiag.analyzer.trace.load.load_traces` runs where it
-    parses a file (:class:`pardiag.analyzer.trace.load.RankReducer`): :func:`summarize_trace`,
+    parses a file (:class:`pardiag.analyzer.trace.files.RankReducer`): :func:`summarize_trace`,
     :func:`find_summary`, :func:`write_summary`."""
 
     def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings=(), repairs=(),

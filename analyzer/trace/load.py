@@ -2,13 +2,13 @@
 elsewhere, or a list of files.
 
 The loader orchestrates and computes nothing itself: it finds the files and pardiag's sidecars
-(:mod:`pardiag.layout`), parses each file (:mod:`pardiag.analyzer.trace.parse`), splits merged
-multi-rank files, assigns ranks (:func:`pardiag.analyzer.trace.ranks.assign_ranks`, a pure
+(:mod:`pardiag.layout`), parses each file (:mod:`pardiag.analyzer.trace.files`, which splits
+merged multi-rank files), assigns ranks (:func:`pardiag.analyzer.trace.ranks.assign_ranks`, a pure
 function), joins a rank's profiling windows, and returns a
 :class:`~pardiag.analyzer.trace.traceset.TraceSet`.
 
-Speed: files are parsed in worker processes when the input is large (:func:`default_workers`),
-a fresh process per large file (:func:`parse_files`, :data:`WORKER_BATCH_BYTES`); with a
+Speed: files are parsed in worker processes when the input is large
+(:mod:`pardiag.analyzer.trace.workers`); with a
 ``reducer`` (the per-rank reduction, passed in: :data:`pardiag.analyzer.per_rank.store.REDUCER`)
 each worker reduces its rank to a summary and hands back only that, and stored summaries are
 used instead of parsing where they are current. The loader never imports an analysis.
@@ -16,53 +16,28 @@ used instead of parsing where they are current. The loader never imports an anal
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
 import re
-import signal
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import orjson
 import pandas as pd
 
 from pardiag import layout
-from pardiag.errors import PardiagError, TraceError
+from pardiag.errors import TraceError
 
 from . import vocab
-from .classify import STEP_RE, kernel_warnings
-from .decode import parse_trace_fast
-from .parse import (
-    PROCESS_NAMES_KEY,
-    events_frame,
-    is_trace_doc,
-    parse_json,
-    plain_bytes,
-    read_process_names,
-)
-from .ranks import FileFacts, RankFiles, assign_ranks, merged_rank_of_pids
-from .traceset import RankTrace, Summary, TraceSet, has_step_names
-
-
-class RankReducer(Protocol):
-    """The per-rank reduction the loader runs where a file is parsed (worker processes), passed
-    in by the caller (:data:`pardiag.analyzer.per_rank.store.REDUCER`)."""
-
-    def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings, repairs,
-                  has_steps: bool, stat) -> Summary:
-        """The rank's summary (``trace.rank`` is provisional, -1)."""
-
-    def find(self, path: Path, comm_patterns: list) -> Summary | None:
-        """A stored summary of ``path`` that is current, else None (may raise OSError)."""
-
-    def store(self, summary: Summary, path: Path) -> None:
-        """Store ``summary`` of ``path`` where :meth:`find` looks."""
-
+from .classify import STEP_RE
+from .files import ParsedFile, RankReducer, from_summary, parse_file, read_events
+from .ranks import FileFacts, RankFiles, assign_ranks
+from .traceset import RankTrace, TraceSet
+from .workers import default_workers, parse_files
 
 
 def find_trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[str]]:
@@ -354,427 +329,6 @@ def _world_size_warnings(rank_docs: list[tuple[int, dict]],
     return []
 
 
-@dataclasses.dataclass
-class ParsedFile:
-    """What one worker learned from one file."""
-
-    path: Path
-    error: str | None = None
-    not_trace: bool = False
-    #: a ``pardiag report --json`` output (not a trace; skipped without a warning)
-    own_report: bool = False
-    repairs: tuple[str, ...] = ()
-    metadata: dict | None = None
-    events: pd.DataFrame | None = None
-    thread_names: dict | None = None
-    ev_warnings: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-    has_steps: bool = False
-    summary: Summary | None = None
-    #: the rank this part of a merged multi-rank file holds (see :func:`_split_merged`)
-    rank_hint: int | None = None
-    #: a merged multi-rank file: its ranks' parts (then this entry holds no events itself)
-    pieces: list = dataclasses.field(default_factory=list)
-
-
-def parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[str, ...] = (),
-                cache: bool = False, keep_events: bool = True) -> ParsedFile:
-    """Read, parse and (with a ``reducer``) summarize one file; never raises for bad input."""
-    try:
-        try:
-            st = os.stat(path)
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        holder = [plain_bytes(raw, path)]
-        del raw
-        fast = parse_trace_fast(holder, path)  # empties the holder when it succeeds
-        if fast is not None:
-            repairs: list[str] = []
-            meta, (events, thread_names, ev_warnings, notes) = fast
-        else:
-            doc, repairs = parse_json(holder.pop(), path)
-    except TraceError as exc:
-        return ParsedFile(path, error=str(exc))
-    if fast is None:
-        if not is_trace_doc(doc):
-            return ParsedFile(path, not_trace=True, own_report=isinstance(doc, dict) and all(
-                k in doc for k in ("schema_version", "source", "ranks")))
-        meta = {k: v for k, v in doc.items() if k != "traceEvents"}
-        if isinstance(doc["traceEvents"], list):
-            pnames = read_process_names(doc["traceEvents"])
-            if pnames:
-                meta[PROCESS_NAMES_KEY] = pnames
-        events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], path,
-                                                                vocab.DISPLAY_TIME_UNIT.get(doc))
-        del doc
-    pnames = meta.pop(PROCESS_NAMES_KEY, {})
-    split = _split_merged(path, events, thread_names, meta, pnames)
-    if split is None:
-        several = _unnamed_ranks(events)
-        if several:
-            return ParsedFile(path, error=f"{path}: {several}")
-    if split is not None:
-        pieces, split_warnings = split
-        for piece in pieces:
-            piece.repairs = tuple(repairs)
-            piece.ev_warnings = tuple(ev_warnings) + tuple(split_warnings)
-            piece.notes = tuple(notes)
-            # no stored summary: one file, several ranks
-            _finish_rank(piece, reducer, patterns, repairs, st, cache=False, keep_events=True)
-        return ParsedFile(path, metadata=meta, pieces=pieces)
-    out = ParsedFile(path, repairs=tuple(repairs), metadata=meta, events=events,
-                  thread_names=thread_names, ev_warnings=tuple(ev_warnings), notes=tuple(notes),
-                  has_steps=has_step_names(events))
-    _finish_rank(out, reducer, patterns, repairs, st, cache=cache, keep_events=keep_events)
-    return out
-
-
-def _finish_rank(out: ParsedFile, reducer: RankReducer | None, patterns, repairs, st, *,
-                 cache: bool, keep_events: bool) -> None:
-    """What one rank's events say about its kernels joins its warnings
-    (:func:`pardiag.analyzer.trace.classify.kernel_warnings`; with or without a reducer, so a
-    report from the raw traces and one from stored summaries say the same); with a
-    ``reducer``, the rank is summarized (on the same trace object: its classification is made
-    once), the summary stored with ``cache`` and the events dropped unless ``keep_events``."""
-    trace = RankTrace(rank=-1, path=out.path, events=out.events, metadata=out.metadata,
-                      rank_source="", thread_names=out.thread_names, notes=tuple(out.notes))
-    compiled = [re.compile(p) for p in patterns]
-    out.ev_warnings = (*out.ev_warnings, *kernel_warnings(trace, compiled))
-    if reducer is None:
-        return
-    out.summary = reducer.summarize(trace, compiled, warnings=out.ev_warnings, repairs=repairs,
-                                    has_steps=out.has_steps, stat=st)
-    if cache:
-        reducer.store(out.summary, out.path)
-    if not keep_events:
-        out.events = None
-
-
-def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: dict,
-                  process_names: dict[str, list[str]]) -> tuple[list[ParsedFile], list[str]] | None:
-    """The ranks of a merged multi-rank file (``pardiag merge`` output, or another tool's merge
-    whose processes are named ``rank N``), one :class:`ParsedFile` each with the events of its
-    processes and ``distributedInfo.rank`` set to it; None for a single-rank file. Events of
-    processes that belong to no rank are left out (a warning says how many)."""
-    pids = sorted(pd.unique(events["pid"]).tolist()) if len(events) else []
-    mapping = merged_rank_of_pids(process_names, pids, "pardiagMerge" in meta)
-    if mapping is None:
-        return None
-    rank_of = events["pid"].map(mapping)
-    warnings = []
-    stray = int(rank_of.isna().sum())
-    if stray:
-        warnings.append(f"{path}: left out {stray} events of processes that belong to no rank of "
-                        f"this merged file")
-    # pardiag merge keeps each rank's own metadata; other tools copy one rank's header, whose
-    # group list (pg_config) is that rank's alone
-    info = vocab.DISTRIBUTED_INFO.get(meta)
-    header = info if isinstance(info, dict) else {}
-    merged = meta.get("pardiagMerge") if isinstance(meta.get("pardiagMerge"), dict) else {}
-    own = {e.get("rank"): e.get("metadata") for e in merged.get("ranks") or []
-           if isinstance(e, dict) and isinstance(e.get("metadata"), dict)}
-    base = {k: v for k, v in meta.items() if k != "pardiagMerge"}
-    pieces = []
-    for r in sorted(set(mapping.values())):
-        ev = events[(rank_of == r).to_numpy()].reset_index(drop=True)
-        if ev.empty:
-            continue
-        mine = {p for p, rr in mapping.items() if rr == r}
-        if r in own:
-            rmeta = {**base, **own[r]}
-            info = dict(vocab.DISTRIBUTED_INFO.get(rmeta) or {})
-        else:
-            rmeta = dict(base)
-            info = dict(header)
-            if vocab.DIST_RANK.get(info) != r:
-                info.pop(vocab.DIST_PG_CONFIG.name, None)
-        info[vocab.DIST_RANK.name] = r
-        pieces.append(ParsedFile(
-            path, metadata={**rmeta, vocab.DISTRIBUTED_INFO.name: info}, events=ev,
-            thread_names={k: v for k, v in thread_names.items() if k[0] in mine},
-            has_steps=has_step_names(ev), rank_hint=r))
-    return pieces, warnings
-
-
-def _unnamed_ranks(events: pd.DataFrame) -> str | None:
-    """Why one file's events are several ranks' that :func:`_split_merged` cannot tell apart
-    (their processes are not named ``rank N``), or None: two or more host processes ran
-    profiler steps (``ProfilerStep#N`` user annotations) at the same time, which one rank's
-    profiler never records.
-    Read as one rank, their kernels' union would be one meaningless timeline."""
-    if not len(events):
-        return None
-    # the host's step ranges (user annotations; Kineto also marks each step on the GPU's
-    # timeline, gpu_user_annotation under the device's pid, which does not count)
-    marks = events[(events["cat"] == "user_annotation").to_numpy()]
-    steps = marks[marks["name"].str.startswith("ProfilerStep", na=False).to_numpy()]
-    pids = pd.unique(steps["pid"])
-    if len(pids) < 2:
-        return None
-    order = np.argsort(steps["ts"].to_numpy(), kind="stable")
-    ts = steps["ts"].to_numpy()[order]
-    end = ts + steps["dur"].to_numpy()[order]
-    pid = steps["pid"].to_numpy()[order]
-    reach, owner = -np.inf, None   # the latest end so far, and its process
-    for t, e, p in zip(ts.tolist(), end.tolist(), pid.tolist()):
-        if t < reach and p != owner:
-            shown = ", ".join(map(str, sorted(map(str, pids))[:6]))
-            return (f"holds the profiler steps of {len(pids)} processes at the same time "
-                    f"(pids {shown}{', ...' if len(pids) > 6 else ''}): a merge of several "
-                    f"ranks whose processes are not named 'rank N', which pardiag cannot split; "
-                    f"report each rank's own file, or name each rank's processes 'rank N'")
-        if e > reach:
-            reach, owner = e, p
-    return None
-
-
-def _read_events(path: Path, rank_hint: int | None = None) -> pd.DataFrame:
-    """The event table of ``path`` (of rank ``rank_hint``'s part of a merged file), for a rank
-    that kept only its summary (:attr:`RankTrace.reader`).
-
-    Raises:
-        TraceError: the file cannot be read or is not a trace.
-    """
-    p = parse_file(Path(path))
-    if p.error is not None or p.not_trace:
-        raise TraceError(p.error or f"{path}: not a Kineto trace (no traceEvents list)")
-    if p.pieces:
-        return next(q.events for q in p.pieces if q.rank_hint == rank_hint)
-    return p.events
-
-
-def _from_summary(path: Path, s: Summary) -> ParsedFile:
-    return ParsedFile(path, repairs=s.repairs, metadata=s.metadata, events=None,
-                   thread_names=s.thread_names, ev_warnings=s.relocated(path)[0],
-                   notes=s.relocated(path)[1], has_steps=s.has_steps, summary=s)
-
-
-#: Below this many bytes of input, files are parsed in this process (workers cost ~0.1 s).
-PARALLEL_MIN_BYTES = 8_000_000
-
-
-def default_workers(files: list[Path]) -> int:
-    """Worker processes for parsing ``files``: one per CPU core (at most one per file), or 1
-    (this process) when the input is small."""
-    try:
-        total = sum(f.stat().st_size for f in files)
-    except OSError:
-        total = 0
-    if len(files) < 2 or total < PARALLEL_MIN_BYTES:
-        return 1
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(len(files), cpus or 1))
-
-
-#: A worker process parses files until they add up to this many bytes (on disk), then exits
-#: and a fresh process takes the next ones. A process's heap keeps the high-water mark of the
-#: largest file it parsed (freed memory is fragmented and seldom returned to the system), so a
-#: process per large file bounds each worker by one file's peak, while small files share a
-#: process (a fork costs a few ms); see ``benchmarks/bench_report.py``.
-WORKER_BATCH_BYTES = 1_000_000
-
-
-def _batches(files: list[Path], budget: int) -> list[list[int]]:
-    """Consecutive indices of ``files`` in groups of at least one file and, beyond the first,
-    at most ``budget`` bytes in all."""
-    out: list[list[int]] = []
-    size = budget
-    for i, f in enumerate(files):
-        try:
-            n = f.stat().st_size
-        except OSError:
-            n = 0
-        if not out or size + n > budget:
-            out.append([])
-            size = 0
-        out[-1].append(i)
-        size += n
-    return out
-
-
-def _parse_batch(conn, files: list[Path], kw: dict, inherited: list, go=None) -> None:
-    """Worker process: :func:`parse_file` for each of ``files``, the list sent on ``conn``
-    (or the exception raised, which :func:`parse_file` does only for a bug).
-
-    ``inherited`` are the pipe ends this process got by fork and must not hold: result read
-    ends (its own and other workers') and the parent's ends of start pipes. Closed first, so
-    that each pipe's only reader (or writer) is the parent: were the parent killed, a worker's
-    send fails instead of blocking forever on a pipe no one reads, and a worker waiting on
-    ``go`` (a start pipe: :func:`parse_files` forks the next worker before it is needed) reads
-    end-of-file instead of waiting forever; either way the worker exits."""
-    for c in inherited:
-        c.close()
-    if go is not None:
-        try:
-            started = go.recv()
-        except (EOFError, OSError):  # the parent is gone
-            return
-        finally:
-            go.close()
-        if not started:
-            return
-    try:
-        out = (True, [parse_file(f, **kw) for f in files])
-    except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
-        out = (False, exc)
-    try:
-        try:
-            conn.send(out)
-        except OSError:  # the parent is gone
-            return
-        except Exception as exc:  # noqa: BLE001 - an exception that cannot be pickled
-            conn.send((False, RuntimeError(f"parsing {files[0]}: {exc!r}")))
-    except OSError:
-        return
-    finally:
-        conn.close()
-
-
-@dataclasses.dataclass
-class _Worker:
-    """A worker process of :func:`parse_files` and the parent's ends of its pipes."""
-
-    batch: list[int]
-    proc: object
-    results: object          # read end of the result pipe
-    go: object | None        # write end of the start pipe (None: started when forked)
-
-
-def _start_worker(ctx, files: list[Path], batch: list[int], kw: dict, others: list[_Worker],
-                  *, fork: bool, wait: bool) -> _Worker:
-    """Fork (or spawn) the process for ``batch``; with ``wait`` it waits for
-    :func:`_release` before parsing. ``others`` are the workers alive now, whose pipe ends the
-    new process closes (:func:`_parse_batch`)."""
-    recv, send = ctx.Pipe(duplex=False)
-    go_recv, go_send = ctx.Pipe(duplex=False) if wait else (None, None)
-    inherited = [recv, *([go_send] if wait else [])]
-    for w in others:
-        inherited += [w.results, *([w.go] if w.go is not None else [])]
-    proc = ctx.Process(target=_parse_batch, daemon=True,
-                       args=(send, [files[i] for i in batch], kw,
-                             inherited if fork else [], go_recv))
-    # the worker starts with SIGINT blocked: a Ctrl-C reaches this process, which stops the
-    # workers itself, instead of printing a traceback from each of them
-    masked = hasattr(signal, "pthread_sigmask")
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
-    try:
-        proc.start()
-    finally:
-        if masked:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    send.close()
-    if go_recv is not None:
-        go_recv.close()
-    return _Worker(batch, proc, recv, go_send)
-
-
-def _release(w: _Worker, start: bool = True) -> None:
-    """Let a waiting worker parse (or, ``start=False``, exit without parsing)."""
-    if w.go is not None:
-        try:
-            w.go.send(start)
-        except OSError:  # it died meanwhile: its result pipe says so
-            pass
-        w.go.close()
-        w.go = None
-
-
-def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedFile]:
-    """:func:`parse_file` for every file, in ``workers`` processes at a time; results in file
-    order. ``progress(done, total)`` is called from this process as files are done.
-
-    Each worker process is forked (where the platform can) from this thread for a batch of
-    files (:data:`WORKER_BATCH_BYTES`) and exits after it. The next ``workers`` processes are
-    forked ahead and wait, so a worker starts the moment one finishes, before its result is read
-    (a fork and a result's unpickling cost a core ~10 ms per file otherwise). (The standard pools
-    cannot do this safely: ``ProcessPoolExecutor`` refuses ``max_tasks_per_child`` with fork,
-    since it would fork from a thread; ``multiprocessing.Pool`` forks from a thread and waits
-    forever for a worker that was killed.) Where fork is not available, spawned workers take a
-    quarter of each worker's share of the files at a time.
-
-    Raises:
-        PardiagError: a worker process died (killed, out of memory).
-    """
-    total = len(files)
-    if workers <= 1 or total <= 1:
-        out = []
-        for i, f in enumerate(files):
-            out.append(parse_file(f, **kw))
-            if progress:
-                progress(i + 1, total)
-        return out
-    import gc
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
-
-    fork = "fork" in mp.get_all_start_methods()
-    ctx = mp.get_context("fork" if fork else "spawn")
-    if fork:
-        batches = _batches(files, WORKER_BATCH_BYTES)
-        gc.freeze()  # forked workers: the collector does not touch (and so copy) parent pages
-    else:
-        per = max(1, math.ceil(total / (4 * workers)))
-        batches = [list(range(i, min(total, i + per))) for i in range(0, total, per)]
-    results: list = [None] * total
-    running: dict = {}           # result read end -> parsing worker
-    ahead: list[_Worker] = []    # forked, waiting to start (fork only)
-    succeeded: set = set()       # result ends of finished workers whose successor started
-    done = 0
-
-    def start(wait_: bool) -> _Worker:
-        return _start_worker(ctx, files, batches.pop(0), kw, [*running.values(), *ahead],
-                             fork=fork, wait=wait_)
-
-    try:
-        while batches or running or ahead:
-            while len(running) < workers and (ahead or batches):
-                w = ahead.pop(0) if ahead else start(False)
-                _release(w)
-                running[w.results] = w
-            while fork and batches and len(ahead) < workers:
-                ahead.append(start(True))
-            ready = wait(list(running))
-            for r in ready:  # a finished worker's successor starts before its result is read
-                if r not in succeeded:
-                    succeeded.add(r)
-                    if ahead:
-                        nxt = ahead.pop(0)
-                        _release(nxt)
-                        running[nxt.results] = nxt
-            recv = ready[0]  # one result, then wait again: others may finish meanwhile
-            w = running.pop(recv)
-            succeeded.discard(recv)
-            try:
-                ok, value = recv.recv()
-            except EOFError:
-                others = (f" and {len(w.batch) - 1} other file(s) after it"
-                          if len(w.batch) > 1 else "")
-                raise PardiagError(
-                    f"a process parsing {files[w.batch[0]]}{others} died (out of memory?); "
-                    f"try fewer workers (--workers 1)", exit_code=1) from None
-            finally:
-                recv.close()
-                w.proc.join()
-            if not ok:
-                raise value
-            for i, p in zip(w.batch, value):
-                results[i] = p
-            done += len(w.batch)
-            if progress:
-                progress(done, total)
-    finally:
-        for w in ahead:
-            _release(w, start=False)
-        for w in [*running.values(), *ahead]:
-            w.proc.terminate()
-            w.proc.join()
-            w.results.close()
-        if fork:
-            gc.unfreeze()
-    return results
-
-
 def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReducer | None = None,
                 comm_patterns: Iterable[re.Pattern] = (), cache: bool = False,
                 workers: int | None = None, progress=None, mixed_runs: bool = False) -> TraceSet:
@@ -881,7 +435,7 @@ def _parse_all(files: list[Path], *, reducer: RankReducer | None, patterns: list
             except OSError:
                 s = None
             if s is not None:
-                parsed[f] = _from_summary(f, s)
+                parsed[f] = from_summary(f, s)
     todo = [f for f in files if f not in parsed]
     n_workers = default_workers(todo) if workers is None else workers
     done0 = len(parsed)
@@ -975,7 +529,7 @@ def _rank_trace(a: RankFiles, units: list[ParsedFile], warnings: list[str]) -> R
                         f"rank {r}")
     s = p.summary
     windows = tuple(_time_range(q) for q in parts) if len(parts) > 1 else ()
-    reader = (functools.partial(_read_events, f, p.rank_hint) if p.events is None
+    reader = (functools.partial(read_events, f, p.rank_hint) if p.events is None
               else None)
     return RankTrace(rank=r, path=f, events=p.events, metadata=p.metadata, reader=reader,
                      rank_source=how, thread_names=p.thread_names, notes=tuple(p.notes),

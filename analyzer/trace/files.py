@@ -1,0 +1,243 @@
+"""One trace file in, a :class:`ParsedFile` out: its events (or, with a reducer, the rank's
+summary in their place), its metadata, thread names, warnings and notes, and — for a merged
+file of several ranks — one piece per rank (:func:`parse_file`). The reducer that summarizes a
+rank where its file is parsed is passed in (:class:`RankReducer`): the trace stage never imports
+what comes after it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from pardiag.errors import TraceError
+
+from . import vocab
+from .classify import kernel_warnings
+from .decode import parse_trace_fast
+from .parse import (
+    PROCESS_NAMES_KEY,
+    events_frame,
+    is_trace_doc,
+    parse_json,
+    plain_bytes,
+    read_process_names,
+)
+from .ranks import merged_rank_of_pids
+from .traceset import RankTrace, Summary, has_step_names
+
+
+class RankReducer(Protocol):
+    """The per-rank reduction the loader runs where a file is parsed (worker processes), passed
+    in by the caller (:data:`pardiag.analyzer.per_rank.store.REDUCER`)."""
+
+    def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings, repairs,
+                  has_steps: bool, stat) -> Summary:
+        """The rank's summary (``trace.rank`` is provisional, -1)."""
+
+    def find(self, path: Path, comm_patterns: list) -> Summary | None:
+        """A stored summary of ``path`` that is current, else None (may raise OSError)."""
+
+    def store(self, summary: Summary, path: Path) -> None:
+        """Store ``summary`` of ``path`` where :meth:`find` looks."""
+
+
+@dataclasses.dataclass
+class ParsedFile:
+    """What one worker learned from one file."""
+
+    path: Path
+    error: str | None = None
+    not_trace: bool = False
+    #: a ``pardiag report --json`` output (not a trace; skipped without a warning)
+    own_report: bool = False
+    repairs: tuple[str, ...] = ()
+    metadata: dict | None = None
+    events: pd.DataFrame | None = None
+    thread_names: dict | None = None
+    ev_warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    has_steps: bool = False
+    summary: Summary | None = None
+    #: the rank this part of a merged multi-rank file holds (see :func:`_split_merged`)
+    rank_hint: int | None = None
+    #: a merged multi-rank file: its ranks' parts (then this entry holds no events itself)
+    pieces: list = dataclasses.field(default_factory=list)
+
+
+def parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[str, ...] = (),
+                cache: bool = False, keep_events: bool = True) -> ParsedFile:
+    """Read, parse and (with a ``reducer``) summarize one file; never raises for bad input."""
+    try:
+        try:
+            st = os.stat(path)
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        holder = [plain_bytes(raw, path)]
+        del raw
+        fast = parse_trace_fast(holder, path)  # empties the holder when it succeeds
+        if fast is not None:
+            repairs: list[str] = []
+            meta, (events, thread_names, ev_warnings, notes) = fast
+        else:
+            doc, repairs = parse_json(holder.pop(), path)
+    except TraceError as exc:
+        return ParsedFile(path, error=str(exc))
+    if fast is None:
+        if not is_trace_doc(doc):
+            return ParsedFile(path, not_trace=True, own_report=isinstance(doc, dict) and all(
+                k in doc for k in ("schema_version", "source", "ranks")))
+        meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+        if isinstance(doc["traceEvents"], list):
+            pnames = read_process_names(doc["traceEvents"])
+            if pnames:
+                meta[PROCESS_NAMES_KEY] = pnames
+        events, thread_names, ev_warnings, notes = events_frame(doc["traceEvents"], path,
+                                                                vocab.DISPLAY_TIME_UNIT.get(doc))
+        del doc
+    pnames = meta.pop(PROCESS_NAMES_KEY, {})
+    split = _split_merged(path, events, thread_names, meta, pnames)
+    if split is None:
+        several = _unnamed_ranks(events)
+        if several:
+            return ParsedFile(path, error=f"{path}: {several}")
+    if split is not None:
+        pieces, split_warnings = split
+        for piece in pieces:
+            piece.repairs = tuple(repairs)
+            piece.ev_warnings = tuple(ev_warnings) + tuple(split_warnings)
+            piece.notes = tuple(notes)
+            # no stored summary: one file, several ranks
+            _finish_rank(piece, reducer, patterns, repairs, st, cache=False, keep_events=True)
+        return ParsedFile(path, metadata=meta, pieces=pieces)
+    out = ParsedFile(path, repairs=tuple(repairs), metadata=meta, events=events,
+                  thread_names=thread_names, ev_warnings=tuple(ev_warnings), notes=tuple(notes),
+                  has_steps=has_step_names(events))
+    _finish_rank(out, reducer, patterns, repairs, st, cache=cache, keep_events=keep_events)
+    return out
+
+
+def _finish_rank(out: ParsedFile, reducer: RankReducer | None, patterns, repairs, st, *,
+                 cache: bool, keep_events: bool) -> None:
+    """What one rank's events say about its kernels joins its warnings
+    (:func:`pardiag.analyzer.trace.classify.kernel_warnings`; with or without a reducer, so a
+    report from the raw traces and one from stored summaries say the same); with a
+    ``reducer``, the rank is summarized (on the same trace object: its classification is made
+    once), the summary stored with ``cache`` and the events dropped unless ``keep_events``."""
+    trace = RankTrace(rank=-1, path=out.path, events=out.events, metadata=out.metadata,
+                      rank_source="", thread_names=out.thread_names, notes=tuple(out.notes))
+    compiled = [re.compile(p) for p in patterns]
+    out.ev_warnings = (*out.ev_warnings, *kernel_warnings(trace, compiled))
+    if reducer is None:
+        return
+    out.summary = reducer.summarize(trace, compiled, warnings=out.ev_warnings, repairs=repairs,
+                                    has_steps=out.has_steps, stat=st)
+    if cache:
+        reducer.store(out.summary, out.path)
+    if not keep_events:
+        out.events = None
+
+
+def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: dict,
+                  process_names: dict[str, list[str]]) -> tuple[list[ParsedFile], list[str]] | None:
+    """The ranks of a merged multi-rank file (``pardiag merge`` output, or another tool's merge
+    whose processes are named ``rank N``), one :class:`ParsedFile` each with the events of its
+    processes and ``distributedInfo.rank`` set to it; None for a single-rank file. Events of
+    processes that belong to no rank are left out (a warning says how many)."""
+    pids = sorted(pd.unique(events["pid"]).tolist()) if len(events) else []
+    mapping = merged_rank_of_pids(process_names, pids, "pardiagMerge" in meta)
+    if mapping is None:
+        return None
+    rank_of = events["pid"].map(mapping)
+    warnings = []
+    stray = int(rank_of.isna().sum())
+    if stray:
+        warnings.append(f"{path}: left out {stray} events of processes that belong to no rank of "
+                        f"this merged file")
+    # pardiag merge keeps each rank's own metadata; other tools copy one rank's header, whose
+    # group list (pg_config) is that rank's alone
+    info = vocab.DISTRIBUTED_INFO.get(meta)
+    header = info if isinstance(info, dict) else {}
+    merged = meta.get("pardiagMerge") if isinstance(meta.get("pardiagMerge"), dict) else {}
+    own = {e.get("rank"): e.get("metadata") for e in merged.get("ranks") or []
+           if isinstance(e, dict) and isinstance(e.get("metadata"), dict)}
+    base = {k: v for k, v in meta.items() if k != "pardiagMerge"}
+    pieces = []
+    for r in sorted(set(mapping.values())):
+        ev = events[(rank_of == r).to_numpy()].reset_index(drop=True)
+        if ev.empty:
+            continue
+        mine = {p for p, rr in mapping.items() if rr == r}
+        if r in own:
+            rmeta = {**base, **own[r]}
+            info = dict(vocab.DISTRIBUTED_INFO.get(rmeta) or {})
+        else:
+            rmeta = dict(base)
+            info = dict(header)
+            if vocab.DIST_RANK.get(info) != r:
+                info.pop(vocab.DIST_PG_CONFIG.name, None)
+        info[vocab.DIST_RANK.name] = r
+        pieces.append(ParsedFile(
+            path, metadata={**rmeta, vocab.DISTRIBUTED_INFO.name: info}, events=ev,
+            thread_names={k: v for k, v in thread_names.items() if k[0] in mine},
+            has_steps=has_step_names(ev), rank_hint=r))
+    return pieces, warnings
+
+
+def _unnamed_ranks(events: pd.DataFrame) -> str | None:
+    """Why one file's events are several ranks' that :func:`_split_merged` cannot tell apart
+    (their processes are not named ``rank N``), or None: two or more host processes ran
+    profiler steps (``ProfilerStep#N`` user annotations) at the same time, which one rank's
+    profiler never records.
+    Read as one rank, their kernels' union would be one meaningless timeline."""
+    if not len(events):
+        return None
+    # the host's step ranges (user annotations; Kineto also marks each step on the GPU's
+    # timeline, gpu_user_annotation under the device's pid, which does not count)
+    marks = events[(events["cat"] == "user_annotation").to_numpy()]
+    steps = marks[marks["name"].str.startswith("ProfilerStep", na=False).to_numpy()]
+    pids = pd.unique(steps["pid"])
+    if len(pids) < 2:
+        return None
+    order = np.argsort(steps["ts"].to_numpy(), kind="stable")
+    ts = steps["ts"].to_numpy()[order]
+    end = ts + steps["dur"].to_numpy()[order]
+    pid = steps["pid"].to_numpy()[order]
+    reach, owner = -np.inf, None   # the latest end so far, and its process
+    for t, e, p in zip(ts.tolist(), end.tolist(), pid.tolist()):
+        if t < reach and p != owner:
+            shown = ", ".join(map(str, sorted(map(str, pids))[:6]))
+            return (f"holds the profiler steps of {len(pids)} processes at the same time "
+                    f"(pids {shown}{', ...' if len(pids) > 6 else ''}): a merge of several "
+                    f"ranks whose processes are not named 'rank N', which pardiag cannot split; "
+                    f"report each rank's own file, or name each rank's processes 'rank N'")
+        if e > reach:
+            reach, owner = e, p
+    return None
+
+
+def read_events(path: Path, rank_hint: int | None = None) -> pd.DataFrame:
+    """The event table of ``path`` (of rank ``rank_hint``'s part of a merged file), for a rank
+    that kept only its summary (:attr:`RankTrace.reader`).
+
+    Raises:
+        TraceError: the file cannot be read or is not a trace.
+    """
+    p = parse_file(Path(path))
+    if p.error is not None or p.not_trace:
+        raise TraceError(p.error or f"{path}: not a Kineto trace (no traceEvents list)")
+    if p.pieces:
+        return next(q.events for q in p.pieces if q.rank_hint == rank_hint)
+    return p.events
+
+
+def from_summary(path: Path, s: Summary) -> ParsedFile:
+    return ParsedFile(path, repairs=s.repairs, metadata=s.metadata, events=None,
+                   thread_names=s.thread_names, ev_warnings=s.relocated(path)[0],
+                   notes=s.relocated(path)[1], has_steps=s.has_steps, summary=s)
