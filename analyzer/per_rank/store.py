@@ -40,8 +40,8 @@ from pardiag.errors import TraceError
 from ..trace.classify import pattern_key
 from ..trace.files import parse_file
 from ..trace.load import find_trace_files
-from ..trace.workers import default_workers, parse_files
 from ..trace.traceset import RankTrace, frame_json, table_from_json
+from ..trace.workers import default_workers, parse_files
 from .summary import QUANTITIES, RankSummary, summarize_trace
 
 #: Bumped whenever the form of a summary changes (old ones are recomputed); a change of the

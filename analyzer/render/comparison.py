@@ -18,7 +18,9 @@ from plotly.subplots import make_subplots
 from rich.console import Console
 from rich.text import Text
 
-from ..report.compare import PARTS, Comparison, GateResult, RecommendationCheck, value_text
+from ..report.checks import RecommendationCheck
+from ..report.compare import PARTS, Comparison, GateResult
+from ..report.reading import value_text
 from .page import PART_COLORS, Page, document, escape, in_mib, muted, table
 from .terminal import Col, print_table
 

@@ -46,11 +46,21 @@ import math
 
 import numpy as np
 import pandas as pd
-from msgspec import UNSET
 
-from ..analyses.runsetup import SETUP_LABELS, applicable_fields, schedule_name
-from ..predict.recommend import STEP_BASES
-from .schema import ReportDocument, SetupSection, decode_report, to_builtins
+from ..analyses.runsetup import SETUP_LABELS
+from .checks import RecommendationCheck, check_recommendations
+from .reading import (
+    StepDelta,
+    StepStats,
+    num,
+    pct_change,
+    rank_table,
+    setup_of,
+    step_delta,
+    step_stats,
+    straggler_of,
+)
+from .schema import ReportDocument, SetupSection, decode_report
 
 #: Version of the comparison JSON (``pardiag compare --json``).
 COMPARE_SCHEMA_VERSION = 1
@@ -64,123 +74,14 @@ PARTS = {"compute_only_us": "compute only", "overlap_us": "overlapped",
 RANK_VALUES = ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "exposed_wait_us",
                "exposed_transfer_us", "idle_us", "wait_caused_us", "static_bytes", "peak_bytes",
                "peak_allocated_bytes", "peak_rss_bytes")
-#: ``params`` keys that describe a recommendation but are not part of the change.
-_DESCRIPTIVE_PARAMS = {"layer_names"}
-#: Setup fields a recommendation's ``params`` key is about (other changed fields are listed
-#: as "also changed").
-_PARAM_FIELDS = {
-    "microbatches": {"microbatches"}, "schedule": {"pipeline_schedule"},
-    "stages_per_rank": {"stages_per_rank", "pipeline_stages"},
-    "layers_per_stage": {"layers_per_stage"},
-    "pp": {"dims", "strategies", "pipeline_schedule", "pipeline_stages", "stages_per_rank",
-           "microbatches", "layers_per_stage", "ddp_bucket_cap_bytes"},
-    "dp": {"dims"}, "tp": {"dims", "strategies"},
-    "ddp_bucket_cap_bytes": {"ddp_bucket_cap_bytes"},
-    "reshard_after_forward": {"fsdp_reshard_after_forward"},
-    "fsdp_sharding_strategy": {"fsdp_reshard_after_forward"},
-    "fsdp_forward_prefetch": {"fsdp1_forward_prefetch"},
-    "strategy": {"strategies"},
-    "zero_stage": {"zero_stage", "strategies"},
-    "reduce_bucket_size": {"zero_reduce_bucket_size"},
-    "overlap_comm": {"zero_overlap_comm"},
-}
 
 
 # ---------------------------------------------------------------------------- result types
 
 
 @dataclasses.dataclass(frozen=True)
-class StepStats:
-    """One run's step time (µs) as its report measured it.
-
-    Attributes:
-        basis: ``pipeline``, ``unprofiled`` or ``profiled``
-            (:data:`pardiag.analyzer.predict.recommend.STEP_BASES`).
-        basis_text: the basis in words.
-        steps: how many per-step values the statistics are over.
-        median_us, q1_us, q3_us, min_us, max_us: median, quartiles and range (µs).
-        samples_us: the per-step values (empty for a summary of schema 2, which has only the
-            statistics of its profiled steps).
-    """
-
-    basis: str
-    basis_text: str
-    steps: int
-    median_us: float
-    q1_us: float
-    q3_us: float
-    min_us: float
-    max_us: float
-    samples_us: tuple[float, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class StepDelta:
-    """The two runs' step times and their difference.
-
-    Attributes:
-        a, b: each run's :class:`StepStats`, None when it has no step.
-        delta_us: B's median − A's (µs); NaN without both.
-        delta_pct: 100 · delta / A's median (positive: B is slower).
-        beyond_noise: True when the middle halves (quartiles) of the two runs' steps do not
-            overlap, False when they do, None when a run has fewer than two steps.
-        noise: the rule's outcome in words.
-    """
-
-    a: StepStats | None
-    b: StepStats | None
-    delta_us: float
-    delta_pct: float
-    beyond_noise: bool | None
-    noise: str
-
-
-@dataclasses.dataclass(frozen=True)
-class RecommendationCheck:
-    """One change A's report evaluated, checked against B's setup.
-
-    Attributes:
-        kind, title, change, params: the recommendation as A's report gave it.
-        rank: its place among A's recommendations (1 = top), None when it was evaluated and not
-            recommended.
-        status: ``"applied"`` (B's setup equals every part of ``params``), ``"not applied"`` (a
-            part differs) or ``"unknown"`` (B's setup does not show a part).
-        why: one line: what matched, differed or is unknown.
-        a_step_us: A's measured step the prediction started from (µs).
-        predicted_step_us: A's prediction (µs).
-        b_step_us: B's measured step (µs; :attr:`StepDelta.b`).
-        error_pct: 100 · (predicted − B's measured) / B's measured; None unless applied.
-        predicted_peak_bytes: A's predicted peak memory of the worst rank (bytes), or None.
-        b_peak_bytes: B's measured peak of its worst rank (``memory.per_rank[].peak_bytes``,
-            static + transient, as the recommendations measure it), or None.
-        peak_error_pct: 100 · (predicted − measured) / measured peak; None unless both known.
-        also_changed: labels of other setup fields that differ between A and B (they also move
-            the measurement).
-        args_changed: the script arguments that differ, ``"--flag: a → b"`` each (how the
-            change was made, and anything else changed with it).
-    """
-
-    kind: str
-    title: str
-    change: str
-    params: dict
-    rank: int | None
-    status: str
-    why: str
-    a_step_us: float | None
-    predicted_step_us: float | None
-    b_step_us: float | None
-    error_pct: float | None
-    predicted_peak_bytes: float | None
-    b_peak_bytes: float | None
-    peak_error_pct: float | None
-    also_changed: tuple[str, ...] = ()
-    args_changed: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
 class Stragglers:
-    """Each run's straggler as its report's verdict names it (:func:`_straggler`).
+    """Each run's straggler as its report's verdict names it (:func:`straggler_of`).
 
     Attributes:
         a: A's straggler (a global rank), None when A's verdict names none.
@@ -281,132 +182,7 @@ class GateResult:
 # ---------------------------------------------------------------------------- reading a summary
 
 
-def _num(v) -> float:
-    """A JSON number as float (None, UNSET and non-numbers: NaN)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return float("nan")
-    return float(v)
-
-
-def step_stats(doc: ReportDocument) -> StepStats | None:
-    """A run's step time from its summary: ``step`` (schema 3), else the run row of
-    ``step_time`` (profiled steps; schema 2 has no samples), else None."""
-    st = doc.step
-    if st is not None and not math.isnan(_num(st.median_us)):
-        samples = tuple(float(x) for x in st.samples_us if isinstance(x, (int, float)))
-        return StepStats(str(st.basis), str(st.basis_text or st.basis),
-                         int(st.steps or len(samples)), _num(st.median_us), _num(st.q1_us),
-                         _num(st.q3_us), _num(st.min_us), _num(st.max_us), samples)
-    run = [r for r in doc.step_time if r.rank is None]
-    if run and not math.isnan(_num(run[0].median_us)):
-        r = run[0]
-        return StepStats("profiled", STEP_BASES["profiled"], int(r.steps or 0),
-                         _num(r.median_us), _num(r.q1_us), _num(r.q3_us), _num(r.min_us),
-                         _num(r.max_us))
-    return None
-
-
-def _setup_of(doc: ReportDocument) -> SetupSection:
-    """The summary's ``setup`` (schema 3), else what its ``run`` and ``layout`` hold."""
-    if doc.setup is not None:
-        return doc.setup
-    run, lay = doc.run, doc.layout
-    pipe = lay.pipeline
-    sch = run.schedule if run is not None else None
-    out = {"source": "recorded" if run is not None else "traces",
-           "script": run.script if run else None,
-           "script_args": run.script_args if run and run.script else None,
-           "world_size": run.world_size if run else None,
-           "nnodes": run.nnodes if run else None,
-           "hosts": (run.nodes if run else None) or lay.nodes or None,
-           "dims": lay.dims or None, "strategies": lay.strategies or None,
-           "pipeline_schedule": schedule_name(pipe.schedule if pipe else None),
-           "pipeline_stages": pipe.stages if pipe else None,
-           "stages_per_rank": pipe.stages_per_rank if pipe else None,
-           "microbatches": pipe.microbatches if pipe else None,
-           "backend": run.backend if run else None,
-           "torch_version": run.torch_version if run else None,
-           "profiler_schedule": [sch.wait, sch.warmup, sch.active] if sch else None}
-    out["unknown"] = [k for k in SETUP_LABELS if k in applicable_fields(out) and out.get(k) is None]
-    return SetupSection(**out)
-
-
-def _roles(doc: ReportDocument) -> dict[int, str]:
-    """Rank → role: ``"stage s"`` for pipeline ranks (their stages), else ``"all ranks"``."""
-    stages = {r.rank: str(r.stages) for r in (doc.pipeline.summary if doc.pipeline else [])}
-    return {r.rank: (f"stage {stages[r.rank]}" if r.rank in stages else "all ranks")
-            for r in doc.ranks}
-
-
-#: The breakdown values :func:`rank_table` averages over a rank's profiled steps.
-_STEP_VALUES = ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "idle_us")
-
-
-def rank_table(doc: ReportDocument) -> pd.DataFrame:
-    """Per rank of a summary: ``rank``, ``role``, ``steps`` (profiled), the mean per profiled
-    step of ``span_us``, ``compute_only_us``, ``overlap_us``, ``exposed_comm_us``, ``idle_us``;
-    ``wait_suffered_us`` and ``wait_caused_us`` per profiled step (matched collectives),
-    ``exposed_wait_us`` = min(waiting at complete instances, ``sync.stragglers[].waiting_us``
-    per step, exposed) and ``exposed_transfer_us`` = exposed − that (NaN for a rank that no
-    complete instance holds: the split is unknown, as the verdict says);
-    ``static_bytes``, ``peak_bytes`` (the report's peak, static + transient),
-    ``peak_allocated_bytes``, ``peak_rss_bytes``."""
-    roles = _roles(doc)
-    waits = {r.rank: r for r in (doc.sync.stragglers if doc.sync else [])}
-    mem = {r.rank: r for r in doc.memory.per_rank}
-    rows = []
-    for rk in doc.ranks:
-        r = rk.rank
-        n = len(rk.steps)
-        if n:
-            mean = {}
-            for c in _STEP_VALUES:
-                v = [x for x in (_num(getattr(s, c)) for s in rk.steps) if not math.isnan(x)]
-                mean[c] = float(np.mean(v)) if v else float("nan")
-        else:   # no profiler step: the whole trace is one "step"
-            mean = {c: _num(getattr(rk.total, c)) for c in _STEP_VALUES}
-        per = max(n, 1)
-        w = waits.get(r)
-        suffered = _num(w.wait_suffered_us) / per if w else 0.0
-        caused = _num(w.wait_caused_us) / per if w else 0.0
-        exposed = mean["exposed_comm_us"]
-        # as the verdict splits it: unknown for a rank no complete instance holds
-        matched = _num(w.waiting_us) / per if w else float("nan")
-        wait_exp = (min(matched, exposed) if not (math.isnan(matched) or math.isnan(exposed))
-                    else float("nan"))
-        m = mem.get(r)
-        rows.append({"rank": r, "role": roles.get(r, "all ranks"), "steps": n, **mean,
-                     "wait_suffered_us": suffered, "wait_caused_us": caused,
-                     "exposed_wait_us": wait_exp, "exposed_transfer_us": exposed - wait_exp,
-                     "static_bytes": _num(m.static_bytes if m else None),
-                     "peak_bytes": _num(m.peak_bytes if m else None),
-                     "peak_allocated_bytes": _num(m.peak_allocated_bytes if m else None),
-                     "peak_rss_bytes": _num(m.peak_rss_bytes if m else None)})
-    cols = ["rank", "role", "steps", "span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
-            "idle_us", "wait_suffered_us", "wait_caused_us", "exposed_wait_us",
-            "exposed_transfer_us", "static_bytes", "peak_bytes", "peak_allocated_bytes",
-            "peak_rss_bytes"]
-    return pd.DataFrame(rows, columns=cols)
-
-
-def peak_bytes(doc: ReportDocument) -> float | None:
-    """The worst rank's peak memory (bytes) as the report and its recommendations state it
-    (``memory.per_rank[].peak_bytes``: static + transient,
-    :func:`pardiag.analyzer.analyses.memory.peak_bytes`); None when unknown."""
-    best = None
-    for r in doc.memory.per_rank:
-        v = _num(r.peak_bytes)
-        if not math.isnan(v) and (best is None or v > best):
-            best = v
-    return best
-
-
 # ---------------------------------------------------------------------------- comparing
-
-
-def _pct(a: float, b: float) -> float:
-    """100 · (b − a) / a; NaN when a is 0 or unknown."""
-    return 100.0 * (b - a) / a if not (math.isnan(a) or math.isnan(b)) and a != 0 else float("nan")
 
 
 def _merge(fa: pd.DataFrame, fb: pd.DataFrame, key: str | list[str],
@@ -445,18 +221,6 @@ def _per_key(ranks: pd.DataFrame, by: str) -> pd.DataFrame:
         out = pd.concat([out, pd.DataFrame([{"key": "all ranks", "ranks": len(ranks),
                                              **everyone}])], ignore_index=True)
     return out[["key", "ranks", *RANK_VALUES]]
-
-
-def value_text(v) -> str:
-    """A setup value as short text: ``–`` for None, ``k=v, …`` for a dict, ``a, b`` for a
-    list."""
-    if v is None:
-        return "–"
-    if isinstance(v, dict):
-        return ", ".join(f"{k}={x}" for k, x in v.items()) or "{}"
-    if isinstance(v, list):
-        return ", ".join(map(str, v)) if not any(isinstance(x, (list, dict)) for x in v) else str(v)
-    return str(v)
 
 
 def _args_map(args) -> dict[str, str]:
@@ -535,26 +299,6 @@ def setup_rows(sa: SetupSection, sb: SetupSection) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["field", "label", "a", "b", "status", "detail"])
 
 
-def step_delta(a: StepStats | None, b: StepStats | None) -> StepDelta:
-    """The step times' difference and whether it clears both runs' noise (module docstring)."""
-    if a is None or b is None:
-        missing = " and ".join(x for x, s in (("A", a), ("B", b)) if s is None)
-        return StepDelta(a, b, float("nan"), float("nan"), None,
-                         f"no step time in {missing}: the traces hold no complete step")
-    d = b.median_us - a.median_us
-    pct = _pct(a.median_us, b.median_us)
-    few = [x for x, s in (("A", a), ("B", b)) if s.steps < 2]
-    if few:
-        return StepDelta(a, b, d, pct, None, f"noise unknown: {' and '.join(few)} "
-                         f"{'has' if len(few) == 1 else 'have'} fewer than 2 steps")
-    iqr = (f"IQR A {a.q1_us / 1e3:.2f}–{a.q3_us / 1e3:.2f} ms, B {b.q1_us / 1e3:.2f}–"
-           f"{b.q3_us / 1e3:.2f} ms")
-    if b.q1_us > a.q3_us or b.q3_us < a.q1_us:
-        return StepDelta(a, b, d, pct, True, f"beyond both runs' noise ({iqr}: the middle "
-                         "halves of their steps do not overlap)")
-    return StepDelta(a, b, d, pct, False, f"within the runs' noise ({iqr} overlap)")
-
-
 def _steps_per_rank(doc: ReportDocument) -> float:
     """Mean profiled steps per rank (at least 1)."""
     n = [len(r.steps) for r in doc.ranks]
@@ -563,8 +307,8 @@ def _steps_per_rank(doc: ReportDocument) -> float:
 
 def _dims(doc: ReportDocument) -> pd.DataFrame:
     per = _steps_per_rank(doc)
-    rows = [{"dim": str(r.dim), "overlap_pct": _num(r.overlap_pct),
-             "exposed_us": _num(r.exposed_us) / per}
+    rows = [{"dim": str(r.dim), "overlap_pct": num(r.overlap_pct),
+             "exposed_us": num(r.exposed_us) / per}
             for r in doc.overlap_per_dimension.summary]
     return pd.DataFrame(rows, columns=["dim", "overlap_pct", "exposed_us"])
 
@@ -572,9 +316,9 @@ def _dims(doc: ReportDocument) -> pd.DataFrame:
 def _bubbles(doc: ReportDocument) -> pd.DataFrame:
     rows = []
     for r in doc.pipeline.summary if doc.pipeline else []:
-        pct, win = _num(r.bubble_pct), _num(r.window_us)
+        pct, win = num(r.bubble_pct), num(r.window_us)
         rows.append({"stage": str(r.stages), "bubble_pct": pct,
-                     "ideal_pct": _num(r.ideal_pct), "bubble_us": pct / 100.0 * win,
+                     "ideal_pct": num(r.ideal_pct), "bubble_us": pct / 100.0 * win,
                      "basis": r.basis})
     df = pd.DataFrame(rows, columns=["stage", "bubble_pct", "ideal_pct", "bubble_us", "basis"])
     return df.groupby("stage", as_index=False, sort=True).agg(
@@ -583,13 +327,13 @@ def _bubbles(doc: ReportDocument) -> pd.DataFrame:
 
 
 def _skew(doc: ReportDocument) -> pd.DataFrame:
-    rows = [{"op": str(r.op), "count": _num(r.count), "arrival_skew_us": _num(r.arrival_skew_us),
-             "max_skew_us": _num(r.max_skew_us)} for r in (doc.sync.skew if doc.sync else [])]
+    rows = [{"op": str(r.op), "count": num(r.count), "arrival_skew_us": num(r.arrival_skew_us),
+             "max_skew_us": num(r.max_skew_us)} for r in (doc.sync.skew if doc.sync else [])]
     return pd.DataFrame(rows, columns=["op", "count", "arrival_skew_us", "max_skew_us"])
 
 
 def _imbalance(doc: ReportDocument) -> pd.DataFrame:
-    rows = [{"dim": str(r.dim), "imbalance": _num(r.imbalance), "cost_us": _num(r.cost_us)}
+    rows = [{"dim": str(r.dim), "imbalance": num(r.imbalance), "cost_us": num(r.cost_us)}
             for r in doc.imbalance.summary]
     df = pd.DataFrame(rows, columns=["dim", "imbalance", "cost_us"])
     return df.groupby("dim", as_index=False, sort=True).agg(
@@ -598,8 +342,8 @@ def _imbalance(doc: ReportDocument) -> pd.DataFrame:
 
 def _collectives(doc: ReportDocument) -> pd.DataFrame:
     steps = sum(max(len(r.steps), 1) for r in doc.ranks) or 1
-    rows = [{"collective": str(r.collective), "count": _num(r.count) / steps,
-             "time_us": _num(r.time_us) / steps, "exposed_us": _num(r.exposed_us) / steps}
+    rows = [{"collective": str(r.collective), "count": num(r.count) / steps,
+             "time_us": num(r.time_us) / steps, "exposed_us": num(r.exposed_us) / steps}
             for r in doc.collectives]
     return pd.DataFrame(rows, columns=["collective", "count", "time_us", "exposed_us"])
 
@@ -616,8 +360,8 @@ def _bandwidth(doc: ReportDocument) -> pd.DataFrame:
             continue
         dim = dim_of.get(str(r.pg))
         rows.append({"group": str(dim) if dim else str(r.group or r.pg),
-                     "op": str(r.op), "transfer_us": _num(r.transfer_us),
-                     "busbw_gbps": _num(r.busbw_gbps)})
+                     "op": str(r.op), "transfer_us": num(r.transfer_us),
+                     "busbw_gbps": num(r.busbw_gbps)})
     df = pd.DataFrame(rows, columns=["group", "op", "transfer_us", "busbw_gbps"])
     if df.empty:
         return pd.DataFrame(columns=["group", "op", "count", "transfer_us", "busbw_gbps"])
@@ -637,8 +381,8 @@ def _operators(sa: ReportDocument, sb: ReportDocument) -> tuple[pd.DataFrame, st
 
     def frame(o):
         steps = max(int(o.rank_steps or 1), 1)
-        rows = [{"kind": str(r.kind), "name": str(r.name), "us": _num(r.time_us) / steps,
-                 "count": _num(r.count) / steps} for r in o.rows]
+        rows = [{"kind": str(r.kind), "name": str(r.name), "us": num(r.time_us) / steps,
+                 "count": num(r.count) / steps} for r in o.rows]
         return pd.DataFrame(rows, columns=["kind", "name", "us", "count"])
 
     fa, fb = frame(oa), frame(ob)
@@ -648,7 +392,7 @@ def _operators(sa: ReportDocument, sb: ReportDocument) -> tuple[pd.DataFrame, st
     m[["a_us", "b_us", "a_count", "b_count"]] = m[["a_us", "b_us", "a_count",
                                                    "b_count"]].fillna(0.0)
     m["delta_us"] = m["b_us"] - m["a_us"]
-    m["delta_pct"] = [_pct(a, b) if a > 0 else None for a, b in zip(m["a_us"], m["b_us"])]
+    m["delta_pct"] = [pct_change(a, b) if a > 0 else None for a, b in zip(m["a_us"], m["b_us"])]
     m = m.assign(_abs=m["delta_us"].abs()).sort_values(
         ["_abs", "kind", "name"], ascending=[False, True, True], kind="stable")
     note = ("time per rank and profiled step of each GPU kernel and CPU operator name (CPU "
@@ -658,135 +402,6 @@ def _operators(sa: ReportDocument, sb: ReportDocument) -> tuple[pd.DataFrame, st
         note += (f"; {' and '.join(cut)} listed only the names with the most time, so a name "
                  "below them counts as 0 there")
     return m[cols].head(TOP_OPERATORS).reset_index(drop=True), note
-
-
-#: The setup field each ``params`` key is read from (for "B has none" versus "unknown").
-_PARAM_FIELD = {"microbatches": "microbatches", "schedule": "pipeline_schedule",
-                "stages_per_rank": "stages_per_rank", "layers_per_stage": "layers_per_stage",
-                "ddp_bucket_cap_bytes": "ddp_bucket_cap_bytes",
-                "reshard_after_forward": "fsdp_reshard_after_forward",
-                "fsdp_sharding_strategy": "fsdp_reshard_after_forward",
-                "fsdp_forward_prefetch": "fsdp1_forward_prefetch", "pp": "dims", "dp": "dims",
-                "tp": "dims", "zero_stage": "zero_stage",
-                "reduce_bucket_size": "zero_reduce_bucket_size",
-                "overlap_comm": "zero_overlap_comm"}
-
-
-def _param_value(key: str, setup: SetupSection):
-    """What a run's setup says about one ``params`` key of a recommendation (None: unknown or
-    not applicable, see :data:`_PARAM_FIELD`)."""
-    dims = setup.dims
-    strategies = setup.strategies
-    if key in ("pp", "dp", "tp"):
-        return None if dims is None else int(dims.get(key, 1))
-    if key == "fsdp_sharding_strategy":
-        raf = setup.fsdp_reshard_after_forward
-        if strategies is None or raf is None or "fsdp1" not in strategies:
-            return None
-        return "FULL_SHARD" if raf else "SHARD_GRAD_OP"
-    if key in _PARAM_FIELD:
-        return getattr(setup, _PARAM_FIELD[key])
-    return None
-
-
-def _same(want, have) -> bool:
-    if isinstance(want, (int, float)) and isinstance(have, (int, float)) and not isinstance(
-            want, bool) and not isinstance(have, bool):
-        return abs(want - have) <= 0.01 * max(abs(want), 1e-12)   # 1%: bucket_cap_mb rounding
-    if isinstance(want, str) and isinstance(have, str) and want != have:
-        return (schedule_name(want) or want) == (schedule_name(have) or have)
-    return want == have
-
-
-def _straggler(doc: ReportDocument) -> int | None:
-    """The run's straggler as its report's verdict names it (the JSON's top-level
-    ``straggler``); in a report's JSON from before that key, ``sync.straggler``."""
-    if doc.straggler is not UNSET:
-        return doc.straggler
-    return doc.sync.straggler if doc.sync is not None else None
-
-
-def _check_params(params: dict, sb: SetupSection, summary_b: ReportDocument) -> tuple[str, str]:
-    """(status, why) of one recommendation's ``params`` against B's setup."""
-    parts, unknown, differ = [], [], []
-    for key, want in params.items():
-        if key in _DESCRIPTIVE_PARAMS:
-            continue
-        if key == "without_rank":
-            sb_strag = _straggler(summary_b)
-            if summary_b.sync is None:
-                unknown.append(f"whether rank {want} still straggles (B has no synchronization "
-                               "analysis)")
-            elif sb_strag == want:
-                differ.append(f"rank {want} is still the straggler in B")
-            else:
-                parts.append(f"rank {want} is no longer the straggler in B (measured: the setup "
-                             "cannot show what slowed it)")
-            continue
-        if key == "strategy":
-            have = sb.strategies
-            if have is None:
-                unknown.append("B's strategies")
-            elif any(str(s).startswith(str(want)) for s in have):
-                parts.append(f"B uses {want}")
-            else:
-                differ.append(f"strategy {want}: B uses {value_text(have)}")
-            continue
-        have = _param_value(key, sb)
-        field = _PARAM_FIELD.get(key)
-        if have is None and field and sb.source == "recorded" and field not in (
-                sb.unknown or ()):
-            differ.append(f"{key}: recommended {value_text(want)}, B has no "
-                          f"{SETUP_LABELS.get(field, field)}")
-        elif have is None:
-            what = {"fsdp_prefetch": "FSDP2 explicit prefetching is not recorded",
-                    "innermost": "the order of the mesh dimensions is not recorded"}.get(
-                key, f"B's {key} is not known")
-            unknown.append(what)
-        elif _same(want, have):
-            parts.append(f"B has {key} {value_text(want)}")
-        else:
-            differ.append(f"{key}: recommended {value_text(want)}, B has {value_text(have)}")
-    if differ:
-        return "not applied", "; ".join(differ)
-    if unknown:
-        return "unknown", "; ".join(unknown)
-    if not parts:
-        return "unknown", "the recommendation names no setting"
-    return "applied", "; ".join(parts)
-
-
-def _checks(summary_a: ReportDocument, summary_b: ReportDocument, sb: SetupSection,
-            setup: pd.DataFrame, step: StepDelta) -> tuple[RecommendationCheck, ...]:
-    b_step = step.b.median_us if step.b is not None else None
-    b_peak = peak_bytes(summary_b)
-    args = setup[setup["field"] == "script_args"]
-    args_changed = tuple(x for d in args["detail"] for x in str(d).split("; ") if x)
-    changed = setup[setup["status"] == "changed"]
-    out = []
-    recs = [(i, r) for i, r in enumerate(summary_a.recommendations, 1)]
-    recs += [(None, r) for r in summary_a.not_recommended]
-    for rank, r in recs:
-        params = to_builtins(r.params)   # the keys its kind wrote, in their order
-        status, why = _check_params(params, sb, summary_b)
-        explained = {"script_args"} | {f for k in params for f in _PARAM_FIELDS.get(k, ())}
-        also = tuple(row.label for row in changed.itertuples() if row.field not in explained)
-        pred = _num(r.predicted_step_us)
-        ppeak = _num(r.predicted_peak_bytes)
-        applied = status == "applied"
-        out.append(RecommendationCheck(
-            kind=str(r.kind), title=str(r.title), change=str(r.change),
-            params=params, rank=rank, status=status, why=why,
-            a_step_us=_num(r.measured_step_us), predicted_step_us=pred,
-            b_step_us=b_step,
-            error_pct=_pct(b_step, pred) if applied and b_step else None,
-            predicted_peak_bytes=ppeak if not math.isnan(ppeak) else None, b_peak_bytes=b_peak,
-            peak_error_pct=(_pct(b_peak, ppeak) if applied and b_peak and not math.isnan(ppeak)
-                            else None),
-            also_changed=also, args_changed=args_changed))
-    order = {"applied": 0, "unknown": 1, "not applied": 2}
-    return tuple(sorted(out, key=lambda c: (order.get(c.status, 3), c.rank is None,
-                                            c.rank or 0)))
 
 
 def _warnings(sa_sum: ReportDocument, sb_sum: ReportDocument, sa: SetupSection,
@@ -832,7 +447,7 @@ def compare_summaries(a: ReportDocument | dict, b: ReportDocument | dict, *,
     """
     a, b = (x if isinstance(x, ReportDocument) else decode_report(x, name)
             for x, name in ((a, "A"), (b, "B")))
-    sa, sb = _setup_of(a), _setup_of(b)
+    sa, sb = setup_of(a), setup_of(b)
     setup = setup_rows(sa, sb)
     step = step_delta(step_stats(a), step_stats(b))
     ra, rb = rank_table(a), rank_table(b)
@@ -844,7 +459,7 @@ def compare_summaries(a: ReportDocument | dict, b: ReportDocument | dict, *,
         va = float(ra[p].mean()) if len(ra) else float("nan")
         vb = float(rb[p].mean()) if len(rb) else float("nan")
         bd.append({"part": p, "label": "step span" if p == "span_us" else PARTS[p],
-                   "a_us": va, "b_us": vb, "delta_us": vb - va, "delta_pct": _pct(va, vb)})
+                   "a_us": va, "b_us": vb, "delta_us": vb - va, "delta_pct": pct_change(va, vb)})
     breakdown = pd.DataFrame(bd, columns=["part", "label", "a_us", "b_us", "delta_us",
                                           "delta_pct"])
     ops, ops_note = _operators(a, b)
@@ -855,7 +470,7 @@ def compare_summaries(a: ReportDocument | dict, b: ReportDocument | dict, *,
         dims=_merge(_dims(a), _dims(b), "dim", ["overlap_pct", "exposed_us"]),
         bubbles=_merge(_bubbles(a), _bubbles(b), "stage",
                        ["bubble_pct", "ideal_pct", "bubble_us", "basis"]),
-        stragglers=Stragglers(_straggler(a), _straggler(b)),
+        stragglers=Stragglers(straggler_of(a), straggler_of(b)),
         skew=_merge(_skew(a), _skew(b), "op", ["count", "arrival_skew_us", "max_skew_us"]),
         imbalance=_merge(_imbalance(a), _imbalance(b), "dim", ["imbalance", "cost_us"]),
         collectives=_merge(_collectives(a), _collectives(b), "collective",
@@ -863,7 +478,7 @@ def compare_summaries(a: ReportDocument | dict, b: ReportDocument | dict, *,
         bandwidth=_merge(_bandwidth(a), _bandwidth(b), ["group", "op"],
                          ["count", "transfer_us", "busbw_gbps"]),
         operators=ops, operators_note=ops_note,
-        checks=_checks(a, b, sb, setup, step), a_document=a, b_document=b)
+        checks=check_recommendations(a, b, sb, setup, step), a_document=a, b_document=b)
 
 
 # ---------------------------------------------------------------------------- the gate

@@ -1,0 +1,227 @@
+"""Reading one run's typed summary for a comparison (:mod:`.compare`): its step time with
+its spread (:class:`StepStats`), the step-time difference of two runs (:class:`StepDelta`), its
+setup, its ranks' time per profiled step and its peak memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+from msgspec import UNSET
+
+from ..analyses.runsetup import SETUP_LABELS, applicable_fields, schedule_name
+from ..predict.recommend import STEP_BASES
+from .schema import ReportDocument, SetupSection
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+    """One run's step time (µs) as its report measured it.
+
+    Attributes:
+        basis: ``pipeline``, ``unprofiled`` or ``profiled``
+            (:data:`pardiag.analyzer.predict.recommend.STEP_BASES`).
+        basis_text: the basis in words.
+        steps: how many per-step values the statistics are over.
+        median_us, q1_us, q3_us, min_us, max_us: median, quartiles and range (µs).
+        samples_us: the per-step values (empty for a summary of schema 2, which has only the
+            statistics of its profiled steps).
+    """
+
+    basis: str
+    basis_text: str
+    steps: int
+    median_us: float
+    q1_us: float
+    q3_us: float
+    min_us: float
+    max_us: float
+    samples_us: tuple[float, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StepDelta:
+    """The two runs' step times and their difference.
+
+    Attributes:
+        a, b: each run's :class:`StepStats`, None when it has no step.
+        delta_us: B's median − A's (µs); NaN without both.
+        delta_pct: 100 · delta / A's median (positive: B is slower).
+        beyond_noise: True when the middle halves (quartiles) of the two runs' steps do not
+            overlap, False when they do, None when a run has fewer than two steps.
+        noise: the rule's outcome in words.
+    """
+
+    a: StepStats | None
+    b: StepStats | None
+    delta_us: float
+    delta_pct: float
+    beyond_noise: bool | None
+    noise: str
+
+
+def num(v) -> float:
+    """A JSON number as float (None, UNSET and non-numbers: NaN)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return float("nan")
+    return float(v)
+
+
+def step_stats(doc: ReportDocument) -> StepStats | None:
+    """A run's step time from its summary: ``step`` (schema 3), else the run row of
+    ``step_time`` (profiled steps; schema 2 has no samples), else None."""
+    st = doc.step
+    if st is not None and not math.isnan(num(st.median_us)):
+        samples = tuple(float(x) for x in st.samples_us if isinstance(x, (int, float)))
+        return StepStats(str(st.basis), str(st.basis_text or st.basis),
+                         int(st.steps or len(samples)), num(st.median_us), num(st.q1_us),
+                         num(st.q3_us), num(st.min_us), num(st.max_us), samples)
+    run = [r for r in doc.step_time if r.rank is None]
+    if run and not math.isnan(num(run[0].median_us)):
+        r = run[0]
+        return StepStats("profiled", STEP_BASES["profiled"], int(r.steps or 0),
+                         num(r.median_us), num(r.q1_us), num(r.q3_us), num(r.min_us),
+                         num(r.max_us))
+    return None
+
+
+def setup_of(doc: ReportDocument) -> SetupSection:
+    """The summary's ``setup`` (schema 3), else what its ``run`` and ``layout`` hold."""
+    if doc.setup is not None:
+        return doc.setup
+    run, lay = doc.run, doc.layout
+    pipe = lay.pipeline
+    sch = run.schedule if run is not None else None
+    out = {"source": "recorded" if run is not None else "traces",
+           "script": run.script if run else None,
+           "script_args": run.script_args if run and run.script else None,
+           "world_size": run.world_size if run else None,
+           "nnodes": run.nnodes if run else None,
+           "hosts": (run.nodes if run else None) or lay.nodes or None,
+           "dims": lay.dims or None, "strategies": lay.strategies or None,
+           "pipeline_schedule": schedule_name(pipe.schedule if pipe else None),
+           "pipeline_stages": pipe.stages if pipe else None,
+           "stages_per_rank": pipe.stages_per_rank if pipe else None,
+           "microbatches": pipe.microbatches if pipe else None,
+           "backend": run.backend if run else None,
+           "torch_version": run.torch_version if run else None,
+           "profiler_schedule": [sch.wait, sch.warmup, sch.active] if sch else None}
+    out["unknown"] = [k for k in SETUP_LABELS if k in applicable_fields(out) and out.get(k) is None]
+    return SetupSection(**out)
+
+
+def _roles(doc: ReportDocument) -> dict[int, str]:
+    """Rank → role: ``"stage s"`` for pipeline ranks (their stages), else ``"all ranks"``."""
+    stages = {r.rank: str(r.stages) for r in (doc.pipeline.summary if doc.pipeline else [])}
+    return {r.rank: (f"stage {stages[r.rank]}" if r.rank in stages else "all ranks")
+            for r in doc.ranks}
+
+
+#: The breakdown values :func:`rank_table` averages over a rank's profiled steps.
+_STEP_VALUES = ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "idle_us")
+
+
+def rank_table(doc: ReportDocument) -> pd.DataFrame:
+    """Per rank of a summary: ``rank``, ``role``, ``steps`` (profiled), the mean per profiled
+    step of ``span_us``, ``compute_only_us``, ``overlap_us``, ``exposed_comm_us``, ``idle_us``;
+    ``wait_suffered_us`` and ``wait_caused_us`` per profiled step (matched collectives),
+    ``exposed_wait_us`` = min(waiting at complete instances, ``sync.stragglers[].waiting_us``
+    per step, exposed) and ``exposed_transfer_us`` = exposed − that (NaN for a rank that no
+    complete instance holds: the split is unknown, as the verdict says);
+    ``static_bytes``, ``peak_bytes`` (the report's peak, static + transient),
+    ``peak_allocated_bytes``, ``peak_rss_bytes``."""
+    roles = _roles(doc)
+    waits = {r.rank: r for r in (doc.sync.stragglers if doc.sync else [])}
+    mem = {r.rank: r for r in doc.memory.per_rank}
+    rows = []
+    for rk in doc.ranks:
+        r = rk.rank
+        n = len(rk.steps)
+        if n:
+            mean = {}
+            for c in _STEP_VALUES:
+                v = [x for x in (num(getattr(s, c)) for s in rk.steps) if not math.isnan(x)]
+                mean[c] = float(np.mean(v)) if v else float("nan")
+        else:   # no profiler step: the whole trace is one "step"
+            mean = {c: num(getattr(rk.total, c)) for c in _STEP_VALUES}
+        per = max(n, 1)
+        w = waits.get(r)
+        suffered = num(w.wait_suffered_us) / per if w else 0.0
+        caused = num(w.wait_caused_us) / per if w else 0.0
+        exposed = mean["exposed_comm_us"]
+        # as the verdict splits it: unknown for a rank no complete instance holds
+        matched = num(w.waiting_us) / per if w else float("nan")
+        wait_exp = (min(matched, exposed) if not (math.isnan(matched) or math.isnan(exposed))
+                    else float("nan"))
+        m = mem.get(r)
+        rows.append({"rank": r, "role": roles.get(r, "all ranks"), "steps": n, **mean,
+                     "wait_suffered_us": suffered, "wait_caused_us": caused,
+                     "exposed_wait_us": wait_exp, "exposed_transfer_us": exposed - wait_exp,
+                     "static_bytes": num(m.static_bytes if m else None),
+                     "peak_bytes": num(m.peak_bytes if m else None),
+                     "peak_allocated_bytes": num(m.peak_allocated_bytes if m else None),
+                     "peak_rss_bytes": num(m.peak_rss_bytes if m else None)})
+    cols = ["rank", "role", "steps", "span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
+            "idle_us", "wait_suffered_us", "wait_caused_us", "exposed_wait_us",
+            "exposed_transfer_us", "static_bytes", "peak_bytes", "peak_allocated_bytes",
+            "peak_rss_bytes"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def peak_bytes(doc: ReportDocument) -> float | None:
+    """The worst rank's peak memory (bytes) as the report and its recommendations state it
+    (``memory.per_rank[].peak_bytes``: static + transient,
+    :func:`pardiag.analyzer.analyses.memory.peak_bytes`); None when unknown."""
+    best = None
+    for r in doc.memory.per_rank:
+        v = num(r.peak_bytes)
+        if not math.isnan(v) and (best is None or v > best):
+            best = v
+    return best
+
+
+def pct_change(a: float, b: float) -> float:
+    """100 · (b − a) / a; NaN when a is 0 or unknown."""
+    return 100.0 * (b - a) / a if not (math.isnan(a) or math.isnan(b)) and a != 0 else float("nan")
+
+
+def value_text(v) -> str:
+    """A setup value as short text: ``–`` for None, ``k=v, …`` for a dict, ``a, b`` for a
+    list."""
+    if v is None:
+        return "–"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={x}" for k, x in v.items()) or "{}"
+    if isinstance(v, list):
+        return ", ".join(map(str, v)) if not any(isinstance(x, (list, dict)) for x in v) else str(v)
+    return str(v)
+
+
+def step_delta(a: StepStats | None, b: StepStats | None) -> StepDelta:
+    """The step times' difference and whether it clears both runs' noise (module docstring)."""
+    if a is None or b is None:
+        missing = " and ".join(x for x, s in (("A", a), ("B", b)) if s is None)
+        return StepDelta(a, b, float("nan"), float("nan"), None,
+                         f"no step time in {missing}: the traces hold no complete step")
+    d = b.median_us - a.median_us
+    pct = pct_change(a.median_us, b.median_us)
+    few = [x for x, s in (("A", a), ("B", b)) if s.steps < 2]
+    if few:
+        return StepDelta(a, b, d, pct, None, f"noise unknown: {' and '.join(few)} "
+                         f"{'has' if len(few) == 1 else 'have'} fewer than 2 steps")
+    iqr = (f"IQR A {a.q1_us / 1e3:.2f}–{a.q3_us / 1e3:.2f} ms, B {b.q1_us / 1e3:.2f}–"
+           f"{b.q3_us / 1e3:.2f} ms")
+    if b.q1_us > a.q3_us or b.q3_us < a.q1_us:
+        return StepDelta(a, b, d, pct, True, f"beyond both runs' noise ({iqr}: the middle "
+                         "halves of their steps do not overlap)")
+    return StepDelta(a, b, d, pct, False, f"within the runs' noise ({iqr} overlap)")
+
+
+def straggler_of(doc: ReportDocument) -> int | None:
+    """The run's straggler as its report's verdict names it (the JSON's top-level
+    ``straggler``); in a report's JSON from before that key, ``sync.straggler``."""
+    if doc.straggler is not UNSET:
+        return doc.straggler
+    return doc.sync.straggler if doc.sync is not None else None
