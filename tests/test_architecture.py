@@ -114,3 +114,30 @@ def _checkout_tree() -> set[str]:
 
 def test_the_documented_tree_is_the_checkout():
     assert _documented_tree() == _checkout_tree()
+
+
+#: The most lines a module of the analyzer may have: a reader holds one module at a time.
+MAX_MODULE_LINES = 800
+
+
+def test_no_analyzer_module_is_longer_than_a_reader_can_hold():
+    long = {str(p.relative_to(REPO)): n for p in sorted((REPO / "analyzer").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_the_analyses_read_a_rank_through_its_summary_only():
+    """After the trace stage, only the per-rank stage reads a rank's raw events or its stored
+    summary: every other stage goes through ``summary_of`` (one accessor, no summary-or-events
+    fallback of its own)."""
+    offenders = []
+    for stage in ("analyses", "predict", "report", "render"):
+        for path in sorted((REPO / "analyzer" / stage).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and node.attr == "summary" and isinstance(
+                        node.value, (ast.Name, ast.Attribute)) and (
+                        getattr(node.value, "id", getattr(node.value, "attr", "")) in (
+                        "trace", "t", "rank_trace")):
+                    offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert offenders == []

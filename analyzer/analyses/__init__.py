@@ -10,7 +10,9 @@ GB/s, %), one module per analysis:
 * the ranks' summaries stacked: :mod:`.breakdown` (overlap, exposed communication, idle),
   :mod:`.causes` (why a rank is slow or idle), :mod:`.operators` (time per operator name),
   :mod:`.comm_events` (every rank's collectives and point-to-point ops);
-* across ranks: :mod:`.sync` (matching, clock offsets, stragglers, bandwidth),
+* across ranks: :mod:`.sync` (the synchronization analysis: :mod:`.matching` of collectives
+  across ranks, :mod:`.clocks` offsets and drift, :mod:`.stragglers` waits and stragglers,
+  bandwidth),
   :mod:`.pipeline` (bubbles), :mod:`.imbalance`, :mod:`.memory`, :mod:`.layout` and
   :mod:`.infer_layout` (the parallel layout, recorded or inferred), :mod:`.dim_overlap`
   (overlap per parallel dimension), :mod:`.routing` (MoE routing), :mod:`.runsetup` (what was
