@@ -151,8 +151,13 @@ def write(out: Path, from_summaries: bool = False, as_cli: bool = False) -> None
                         os.environ.__setitem__("PARDIAG_CACHE_DIR", old)
                     if mine:
                         shutil.rmtree(folder / SUMMARY_DIR, ignore_errors=True)
-                if not any(t.summary is not None for t in rep.traces.ranks.values()):
-                    raise SystemExit(f"{name}: the second report did not read summaries")
+                # a rank joined from several profiling windows is analysed from its events
+                # (it has no summary of its own); every other rank must come from its summary
+                unread = [r for r, t in rep.traces.ranks.items()
+                          if t.summary is None and not t.windows]
+                if unread:
+                    raise SystemExit(f"{name}: the second report did not read the summaries "
+                                     f"of rank(s) {unread}")
         else:
             try:
                 rep = analyze(folder, cache=False, comm_kernels=_comm_kernels(folder))

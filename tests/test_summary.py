@@ -449,3 +449,27 @@ def test_ctrl_c_stops_the_workers_with_one_line(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.strip().splitlines()[-1] == "pardiag: aborted"
     assert _none_left(kids)
+
+
+def test_a_rank_of_several_windows_reads_the_same_from_its_summaries(tmp_path):
+    """A rank whose profiling windows are files of their own: a second report (the windows'
+    extents read from their summaries) places every event in the window the first report (from
+    the events) did. The summary keeps each file's full extent (``events_range``): the span of
+    its classified work alone is narrower, and a collective past it fell into the wrong window."""
+    from .paths import REPROS
+
+    case = REPROS / "h19_repeat_windows_per_rank"
+    if not case.is_dir():
+        pytest.skip("../shared/repros is not beside the checkout")
+    run = tmp_path / "run"
+    shutil.copytree(case, run)
+    raw = report_json(build_report(load_traces(run, reducer=REDUCER, cache=False)))
+    load_traces(run, reducer=REDUCER, cache=True)   # stores the summaries
+    again = load_traces(run, reducer=REDUCER, cache=True)
+    assert all(t.windows for t in again.ranks.values())
+    cached = report_json(build_report(again))
+    key = [(i["instance"], i["seq"]) for i in raw["sync"]["instances"]]
+    assert [(i["instance"], i["seq"]) for i in cached["sync"]["instances"]] == key
+    assert [k for k, _ in key] == ["g0,1|default_pg:w0:s3:0", "g0,1|default_pg:w0:s4:0",
+                                   "g0,1|default_pg:w1:s8:0", "g0,1|default_pg:w1:s9:0"]
+    assert cached["sync"] == raw["sync"]

@@ -29,7 +29,7 @@ import pandas as pd
 from ..trace import vocab
 from ..trace.classify import cached, pattern_key
 from ..trace.comm_records import all_to_all_ops
-from ..trace.traceset import HoldsTables, RankTrace, StoredTable, has_step_names
+from ..trace.traceset import HoldsTables, RankTrace, StoredTable, has_step_names, time_range
 from .breakdown import RankParts, breakdown_rows_of
 from .causes import LaunchEdges, causes_of_trace, data_loading_of_trace, launch_edges_of_trace
 from .comm_events import events_from_trace
@@ -123,6 +123,8 @@ class RankSummary(HoldsTables):
         data_loading: the DataLoader iterator's host intervals, shape (n, 2).
         launch_edges†: what held the rank's computation after each communication kernel
             (:class:`pardiag.analyzer.per_rank.causes.LaunchEdges`).
+        events_range: (first start, last end) of all the file's events, shape (2,), µs (NaN
+            without events): its profiling window's extent when windows are joined.
     """
 
     path: str
@@ -153,16 +155,18 @@ class RankSummary(HoldsTables):
     data_loading: np.ndarray = quantity(lambda src: data_loading_of_trace(src.trace))
     launch_edges: LaunchEdges = quantity(
         lambda src: launch_edges_of_trace(src.trace, src.patterns), patterns=True)
+    events_range: np.ndarray = quantity(lambda src: np.array(time_range(src.trace.events)))
 
     def matches(self, comm_patterns: Iterable) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""
         return self.comm_patterns == pattern_key(comm_patterns)
 
     @property
-    def span(self) -> tuple[float, float]:
-        """(first start, last end) of the rank's recorded work (µs); NaN without any."""
-        p = self.parts
-        return (float(p.lo), float(p.hi)) if p.hi > p.lo else (float("nan"), float("nan"))
+    def extent(self) -> tuple[float, float]:
+        """(first start, last end) of the file's events (µs; NaN without any): the extent of
+        its profiling window, as the loader takes it from the events
+        (:func:`pardiag.analyzer.trace.traceset.time_range`)."""
+        return float(self.events_range[0]), float(self.events_range[1])
 
     def relocated(self, path) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(warnings, notes) with the summarized path replaced by ``path``."""

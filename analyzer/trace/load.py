@@ -36,7 +36,7 @@ from . import vocab
 from .classify import STEP_RE
 from .files import ParsedFile, RankReducer, from_summary, parse_file, read_events
 from .ranks import FileFacts, RankFiles, assign_ranks
-from .traceset import RankTrace, TraceSet
+from .traceset import RankTrace, TraceSet, time_range
 from .workers import default_workers, parse_files
 
 
@@ -224,11 +224,8 @@ def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.R
 def _time_range(p: ParsedFile) -> tuple[float, float]:
     """(first start, last end) of a parsed file's events (µs); NaN when it has none."""
     if p.events is not None:
-        if not len(p.events):
-            return math.nan, math.nan
-        ts = p.events["ts"].to_numpy()
-        return float(ts.min()), float((ts + p.events["dur"].to_numpy()).max())
-    return p.summary.span if p.summary is not None else (math.nan, math.nan)
+        return time_range(p.events)
+    return p.summary.extent if p.summary is not None else (math.nan, math.nan)
 
 
 def _join_windows(parts: list[ParsedFile]) -> ParsedFile:

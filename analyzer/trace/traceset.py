@@ -45,8 +45,9 @@ class Summary(Protocol):
     has_gpu: bool
 
     @property
-    def span(self) -> tuple[float, float]:
-        """(first start, last end) of the rank's recorded work, µs; NaN without any."""
+    def extent(self) -> tuple[float, float]:
+        """(first start, last end) of the file's events, µs; NaN without any (what
+        :func:`time_range` gives for its events)."""
         ...
 
     def stored(self, name: str):
@@ -179,6 +180,15 @@ def isin_mask(values: pd.Series, allowed) -> np.ndarray:
         # code -1 (missing) takes the appended False
         return np.append(hit, False)[values.cat.codes.to_numpy()]
     return values.isin(list(allowed)).to_numpy()
+
+
+def time_range(events: pd.DataFrame) -> tuple[float, float]:
+    """(first start, last end) of ``events`` (:data:`EVENT_COLUMNS`), µs on the trace's clock;
+    NaN without events. A profiling window's extent (:attr:`RankTrace.windows`)."""
+    if not len(events):
+        return float("nan"), float("nan")
+    ts = events["ts"].to_numpy()
+    return float(ts.min()), float((ts + events["dur"].to_numpy()).max())
 
 
 def has_step_names(events: pd.DataFrame) -> bool:
