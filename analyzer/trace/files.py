@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -31,19 +32,23 @@ from .parse import (
 from .ranks import merged_rank_of_pids
 from .traceset import RankTrace, Summary, has_step_names
 
+_S = TypeVar("_S", bound=Summary)
 
-class RankReducer(Protocol):
+
+class RankReducer(Protocol[_S]):
     """The per-rank reduction the loader runs where a file is parsed (worker processes), passed
-    in by the caller (:data:`pardiag.analyzer.per_rank.store.REDUCER`)."""
+    in by the caller (:data:`pardiag.analyzer.per_rank.store.REDUCER`); ``_S`` is the type of
+    its summaries (what :meth:`store` takes is what :meth:`summarize` gave)."""
 
-    def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings, repairs,
-                  has_steps: bool, stat) -> Summary:
+    def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings: Iterable[str],
+                  repairs: Iterable[str], has_steps: bool | None,
+                  stat: os.stat_result | None) -> _S:
         """The rank's summary (``trace.rank`` is provisional, -1)."""
 
-    def find(self, path: Path, comm_patterns: list) -> Summary | None:
+    def find(self, path: Path, comm_patterns: list) -> _S | None:
         """A stored summary of ``path`` that is current, else None (may raise OSError)."""
 
-    def store(self, summary: Summary, path: Path) -> None:
+    def store(self, summary: _S, path: Path) -> None:
         """Store ``summary`` of ``path`` where :meth:`find` looks."""
 
 
