@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -135,6 +135,7 @@ def _finish_rank(out: ParsedFile, reducer: RankReducer | None, patterns, repairs
     report from the raw traces and one from stored summaries say the same); with a
     ``reducer``, the rank is summarized (on the same trace object: its classification is made
     once), the summary stored with ``cache`` and the events dropped unless ``keep_events``."""
+    assert out.metadata is not None and out.thread_names is not None  # a rank's trace was read
     trace = RankTrace(rank=-1, path=out.path, events=out.events, metadata=out.metadata,
                       rank_source="", thread_names=out.thread_names, notes=tuple(out.notes))
     compiled = [re.compile(p) for p in patterns]
@@ -169,9 +170,11 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
     # group list (pg_config) is that rank's alone
     info = vocab.DISTRIBUTED_INFO.get(meta)
     header = info if isinstance(info, dict) else {}
-    merged = meta.get("pardiagMerge") if isinstance(meta.get("pardiagMerge"), dict) else {}
-    own = {e.get("rank"): e.get("metadata") for e in merged.get("ranks") or []
-           if isinstance(e, dict) and isinstance(e.get("metadata"), dict)}
+    merged = meta.get("pardiagMerge")
+    if not isinstance(merged, dict):
+        merged = {}
+    own: dict[Any, dict] = {e.get("rank"): e["metadata"] for e in merged.get("ranks") or []
+                            if isinstance(e, dict) and isinstance(e.get("metadata"), dict)}
     base = {k: v for k, v in meta.items() if k != "pardiagMerge"}
     pieces = []
     for r in sorted(set(mapping.values())):
