@@ -369,7 +369,8 @@ def _sent_received(ops: list[dict], n: int) -> tuple[list, str, np.ndarray, np.n
     unit = "rows" if all(p[3] == "rows" for p in parts) else "elements"
     sent, recv = [], []
     for o, (s, r, row, _) in zip(ops, parts):
-        scale = row if unit == "rows" else 1.0
+        # (every op in rows has its row size)
+        scale = row if unit == "rows" and row is not None else 1.0
         se, re_ = _size(o.get("send_elems")), _size(o.get("recv_elems"))
         sent.append(float(sum(s)) if s is not None and unit == "rows" else
                     (se / scale if se is not None else np.nan))

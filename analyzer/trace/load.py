@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -36,7 +36,7 @@ from . import vocab
 from .classify import STEP_RE
 from .files import ParsedFile, RankReducer, from_summary, parse_file, read_events
 from .ranks import FileFacts, RankFiles, assign_ranks
-from .traceset import RankTrace, TraceSet
+from .traceset import RankTrace, Sidecars, TraceSet
 from .workers import default_workers, parse_files
 
 
@@ -395,7 +395,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     for a in assignment:
         ranks[a.rank] = _rank_trace(a, units, warnings)
     return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
-                    rank_meta=rank_meta, sidecars=others)
+                    rank_meta=rank_meta, sidecars=cast(Sidecars, others))
 
 
 def _no_files_hint(paths: list[Path], run_info: layout.RunFile | None,

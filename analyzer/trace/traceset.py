@@ -12,7 +12,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -149,6 +149,15 @@ class RankTrace:
         return self.__dict__.get("_events") is not None
 
 
+class Sidecars(TypedDict, total=False):
+    """:attr:`TraceSet.sidecars`: pardiag's sidecars by kind and rank, as the loader decoded
+    them (a kind not named here as parsed)."""
+
+    comms: dict[int, CommsSidecar]
+    pipeline: dict[int, PipelineSidecar]
+    hang: dict[int, dict]
+
+
 @dataclasses.dataclass(frozen=True)
 class TraceSet:
     """All ranks of one run.
@@ -172,8 +181,7 @@ class TraceSet:
     warnings: tuple[str, ...] = ()
     run_info: RunFile | None = None
     rank_meta: dict[int, RankMeta] = dataclasses.field(default_factory=dict)
-    sidecars: dict[str, dict[int, CommsSidecar | PipelineSidecar | dict]] = dataclasses.field(
-        default_factory=dict)
+    sidecars: Sidecars = dataclasses.field(default_factory=Sidecars)
 
 
 def isin_mask(values: pd.Series, allowed) -> np.ndarray:
