@@ -161,9 +161,10 @@ def _ranks_text(group: str) -> str:
 
 def empty_routing(notes: tuple[str, ...] = ()) -> RoutingResult:
     """A result without routed all-to-alls."""
-    return RoutingResult(*(pd.DataFrame(columns=list(c)) for c in (
+    instances, per_rank, steps, groups, matrix = (pd.DataFrame(columns=list(c)) for c in (
         INSTANCE_COLUMNS, PER_RANK_COLUMNS, STEP_COLUMNS, GROUP_COLUMNS,
-        ("group", "src", "dst", "rows"))), notes=notes)
+        ("group", "src", "dst", "rows")))
+    return RoutingResult(instances, per_rank, steps, groups, matrix, notes=notes)
 
 
 def _size(v) -> float | None:

@@ -393,8 +393,12 @@ class Report:
         return out
 
 
+_R = TypeVar("_R", bound=Report)
+
+
+# (a TypeVar's default class: mypy cannot check a default against every subclass it may be)
 def build_report(traces: TraceSet, options: AnalysisOptions = AnalysisOptions(),
-                 cls: type[Report] = Report) -> Report:
+                 cls: type[_R] = Report) -> _R:  # type: ignore[assignment]
     """Run every registered analysis on ``traces``, in registry order, into a ``cls`` (a
     :class:`Report` or a subclass)."""
     results: dict[str, Any] = {}
