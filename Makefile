@@ -43,12 +43,18 @@ demo: links
 		-o compare.html --json compare.json -q
 	@echo "open report.html and compare.html in a browser"
 
-# ruff (style and errors, pyproject.toml [tool.ruff]) and import-linter (the analyzer's stage
-# order and the other import contracts, [tool.importlinter]). import-linter runs from inside
-# .venv: in the checkout, Python would find the package face pardiag/ before the linked package.
+# ruff (style and errors, pyproject.toml [tool.ruff]), import-linter (the analyzer's stage
+# order and the other import contracts, [tool.importlinter]) and mypy (types, [tool.mypy]).
+# import-linter runs from inside .venv: in the checkout, Python would find the package face
+# pardiag/ before the linked package. mypy checks the linked package under its installed names
+# (the analyzer and every module of pardiag/; not the collectors, which run inside torch):
+# MYPYPATH puts the editable install's folder first, so pardiag.analyzer is analyzer/.
+MYPY_MODULES := -m pardiag -p pardiag.analyzer \
+	$(patsubst pardiag/%.py,-m pardiag.%,$(filter-out pardiag/__init__.py,$(wildcard pardiag/*.py)))
 lint: links
 	$(VENV)/bin/ruff check .
 	cd $(VENV) && bin/lint-imports ../pyproject.toml --no-cache
+	MYPYPATH=$$(ls -d build/__editable__.*-py3-none-any) $(VENV)/bin/mypy $(MYPY_MODULES)
 
 # The browser tests (tests/test_browser.py) drive Debian's chromium through Playwright (from the
 # test extra; it downloads no browser of its own). As root with apt, a missing chromium is

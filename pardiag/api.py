@@ -19,6 +19,7 @@ import functools
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import IO, cast
 
 import orjson
 import pandas as pd
@@ -263,7 +264,8 @@ class Report(_TypedReport):
 
         from pardiag.analyzer.render.terminal import render_terminal
 
-        console = Console(width=width, record=True, color_system=None, file=_Null())
+        console = Console(width=width, record=True, color_system=None,
+                          file=cast(IO[str], _Null()))
         render_terminal(self, console)
         return console.export_text()
 
@@ -278,7 +280,8 @@ class Report(_TypedReport):
 
 
 class _Null:
-    """A file that swallows writes (the summary is recorded, not printed)."""
+    """A file that swallows writes (the summary is recorded, not printed): what rich's Console
+    uses of a text file (given as one, ``IO[str]``)."""
 
     def write(self, s: str) -> int:
         return len(s)
@@ -442,7 +445,8 @@ class Comparison(_TypedComparison):
         """The terminal summary as text, ``width`` columns wide."""
         from rich.console import Console
 
-        console = Console(width=width, record=True, color_system=None, file=_Null())
+        console = Console(width=width, record=True, color_system=None,
+                          file=cast(IO[str], _Null()))
         self.print_summary(console)
         return console.export_text()
 
@@ -496,6 +500,6 @@ def compare(a, b, *, comm_kernels: Iterable[str] = (), cache: bool = True,
         else:
             docs.append(load_summary(x, comm_kernels=comm_kernels, cache=cache, workers=workers))
             given.append(str(x))
-    names = names or tuple(given)
+    names = names or (given[0], given[1])
     res = compare_summaries(docs[0], docs[1], a_source=names[0], b_source=names[1])
     return Comparison(**{f.name: getattr(res, f.name) for f in dataclasses.fields(res)})

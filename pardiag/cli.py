@@ -210,16 +210,16 @@ def _script_usage_error(cmd: click.Command, ctx: click.Context, args: list[str])
             dash = True
             break
         name = a.split("=", 1)[0] if a.startswith("--") else a
-        p = opts.get(name)
-        if p is not None:
-            if p.name in seen and not p.multiple:
+        opt = opts.get(name)
+        if opt is not None:
+            if opt.name in seen and not opt.multiple:
                 raise click.UsageError(
-                    f"{name} is given twice ({seen[p.name]} ... {name}): the second would replace "
-                    f"the first; an option of the script's own goes after `--`: {usage}")
-            seen[p.name] = name
+                    f"{name} is given twice ({seen[opt.name]} ... {name}): the second would "
+                    f"replace the first; an option of the script's own goes after `--`: {usage}")
+            seen[opt.name] = name
             if script_at is not None:
                 after.append(name)
-            i += 2 if (not p.is_flag and not p.count and "=" not in a) else 1
+            i += 2 if (not opt.is_flag and not opt.count and "=" not in a) else 1
             continue
         if script_at is None:
             if a.startswith("-") and a != "-":

@@ -891,7 +891,7 @@ def decode_rank_sidecar(doc: dict, path: str | Path
         good, why = [], None
         for e in items:
             try:
-                x = msgspec.convert(e, entry_type)
+                x: Any = msgspec.convert(e, entry_type)
             except msgspec.ValidationError as exc:
                 why = why or str(exc)
                 continue

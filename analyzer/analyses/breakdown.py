@@ -117,9 +117,9 @@ class TimeBreakdown:
 
 
 #: The four parts a rank's window splits into (µs), in the order the breakdown charts stack them.
-PART_COLUMNS = ("compute_only_us", "overlap_us", "exposed_comm_us", "idle_us")
+PART_COLUMNS: tuple[str, ...] = ("compute_only_us", "overlap_us", "exposed_comm_us", "idle_us")
 #: Keys of :func:`overall_shares`.
-OVERALL_KEYS = ("exposed_comm_pct", "overlap_pct", "comm_us_per_rank")
+OVERALL_KEYS: tuple[str, ...] = ("exposed_comm_pct", "overlap_pct", "comm_us_per_rank")
 
 
 def step_means(steps: pd.DataFrame) -> pd.DataFrame:
@@ -280,7 +280,9 @@ def compute_time_breakdown(traces: TraceSet,
         TimeBreakdown (tables documented there).
     """
     comm_patterns = list(comm_patterns)
-    totals, steps, colls = [], [], []
+    totals: list[dict] = []
+    steps: list[dict] = []
+    colls: list[dict] = []
     for rank, trace in traces.ranks.items():
         total, step_rows, coll_rows = summary_of(trace, comm_patterns).breakdown
         doc = traces.sidecars.get("comms", {}).get(rank)

@@ -337,7 +337,7 @@ def straggler_cause(causes: CausesResult | None, skew: pd.DataFrame | None,
     added = {p: v for p, v in cand.items() if p not in _OPERATOR_PARTS}
     pick = added or cand
     if pick:
-        part = max(pick, key=pick.get)
+        part = max(pick, key=lambda p: pick[p])
         ex = float(pick[part])
     return StragglerCause(rank=int(rank), start_late_us=late, delay_us=delay,
                           top_collective=top if isinstance(top, str) else None,

@@ -341,7 +341,8 @@ def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str],
     one_host = known and len({hosts[r] for r in ranks}) == 1
     # one host is one clock; its ranks are still fitted one by one, to say how far apart the
     # ends are there
-    unit = {r: hosts[r] for r in ranks} if known and not one_host else {r: r for r in ranks}
+    unit: dict[int, object] = ({r: hosts[r] for r in ranks} if known and not one_host
+                               else {r: r for r in ranks})
     fit = fit_clocks(rows, unit, t0)
     used = rows.groupby("rank")["instance"].nunique()
     none = (0.0, 0.0, np.nan, 0.0, 0)
@@ -470,7 +471,8 @@ def instance_times(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
         members = g["rank"].agg(lambda rs: {int(r) for r in rs}).reindex(inst.index)
         root = [int(r) if pd.notna(r) and int(r) in m else int(fe)
                 for r, m, fe in zip(inst["root"], members, first_end)]
-        inst["root"] = np.where(rooted, root, None)
+        # (numpy's stubs take no None there: an object array, None where not rooted)
+        inst["root"] = np.where(rooted, root, None)  # type: ignore[call-overload]
         from_root = rooted & inst["op"].isin(FROM_ROOT)
         inst.loc[from_root, "last_rank"] = inst.loc[from_root, "root"].astype("int64")
     else:

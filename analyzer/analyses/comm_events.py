@@ -11,6 +11,8 @@ summary (:func:`events_from_trace` runs where the trace is parsed).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from pardiag.layout import CommsSidecar
@@ -42,6 +44,7 @@ def _from_records(rank: int, doc: CommsSidecar, steps: pd.DataFrame) -> pd.DataF
             continue
         if on_device and r.matched not in ("kernel", "gloo"):
             continue
+        assert r.issue_us is not None  # every record says when it was issued
         g = groups.get(r.pg_name)
         members = rank_list(r.pg_ranks or (g.ranks if g else None) or []) or []
         desc = (g.desc if g else None) or r.pg_desc
@@ -77,7 +80,7 @@ def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
     return groups_from_mesh(out[list(EVENT_COLUMNS)], traces)
 
 
-def _mesh_groups(traces: TraceSet) -> dict[str, dict[int, list[int]]]:
+def _mesh_groups(traces: TraceSet) -> dict[str, dict[Any, Any]]:
     """``{dim: {rank: its group's ranks}}`` of the mesh dimensions that one description names
     (:func:`pardiag.analyzer.analyses.mesh.mesh_dims` over every rank's ``pg_config``), with the
     description: ``{"tp": {0: [0, 1], ...}}``; products (``dp_replicate`` × ``dp_shard``) are left
@@ -90,7 +93,7 @@ def _mesh_groups(traces: TraceSet) -> dict[str, dict[int, list[int]]]:
         return {}
     world = max((len(r) for _, r in groups), default=0)
     m = mesh_dims(groups, None, max(world, len(traces.ranks)))
-    out: dict[str, dict[int, list[int]]] = {}
+    out: dict[str, dict[Any, Any]] = {}  # {dim: {rank: ranks, ..., "desc": its text}}
     for d, desc in m.descs.items():
         if "," in desc:
             continue

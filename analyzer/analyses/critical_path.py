@@ -377,9 +377,9 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
                 else "other")
             joins.append(_Join(str(key), op, dim, arrival, ends, blocked))
         joins.sort(key=lambda j: (j.last_arrival, j.instance))
-        k = {r: iv.clip(parts[r][0], start[r], end[r]) for r in ranks}
-        d = {r: iv.clip(parts[r][2], start[r], end[r]) for r in ranks}
-        graphs.append(_Step(int(step), start, end, tuple(joins), k, d))
+        ks = {r: iv.clip(parts[r][0], start[r], end[r]) for r in ranks}
+        ds = {r: iv.clip(parts[r][2], start[r], end[r]) for r in ranks}
+        graphs.append(_Step(int(step), start, end, tuple(joins), ks, ds))
     if straddling:
         notes.append(f"{len(straddling)} communication instance(s) reach outside a member's step "
                      f"window: no join of any step (their time is that rank's work)")

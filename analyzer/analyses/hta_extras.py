@@ -89,7 +89,7 @@ class HtaExtras:
 
 
 #: Columns of :func:`idle_by_rank` (:attr:`HtaExtras.idle_by_rank`).
-IDLE_BY_RANK_COLUMNS = ("rank", "host_wait_us", "kernel_wait_us", "other_us")
+IDLE_BY_RANK_COLUMNS: tuple[str, ...] = ("rank", "host_wait_us", "kernel_wait_us", "other_us")
 
 
 def idle_by_rank(idle: pd.DataFrame) -> pd.DataFrame:

@@ -38,8 +38,8 @@ class BalanceResult:
 
 
 #: Columns of :func:`skew_origin`.
-SKEW_COLUMNS = ("rank", "steps", "start_late_us", "delay_us", "top_collective", "top_delay_us",
-                "top_share_pct")
+SKEW_COLUMNS: tuple[str, ...] = ("rank", "steps", "start_late_us", "delay_us", "top_collective",
+                                 "top_delay_us", "top_share_pct")
 
 
 def skew_origin(steps: pd.DataFrame, sync) -> pd.DataFrame:

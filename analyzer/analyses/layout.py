@@ -61,7 +61,7 @@ def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> 
     lay = (run.layout if run else None) or {}
     if not lay.get("dims"):  # rank 0 failed before recording it: a surviving rank's record
         lay = next((m.layout for _, m in sorted(traces.rank_meta.items())
-                    if m.layout and m.layout.get("dims")), None) or lay
+                    if m.layout and m.layout.get("dims")), lay)
     hosts = {r: m.host for r, m in traces.rank_meta.items() if m.host}
     nodes = (run.nodes if run else None) or {}
     if not nodes and hosts:

@@ -9,6 +9,7 @@ the allocator timeline from the trace, and the imbalance ``max / mean`` across r
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -84,7 +85,7 @@ def compute_memory(traces: TraceSet) -> MemoryResult:
     for rank in traces.ranks:
         meta = traces.rank_meta[rank].memory if rank in traces.rank_meta else {}
         static = meta.get("static") or {}
-        peaks = {}
+        peaks: dict[str, Any] = {}
         # the accelerator's allocator when the trace has one (CUDA, XPU, HPU, ...), else the CPU's
         accel = [d for d in devices.get(rank, ()) if d != "cpu"]
         device = ("cuda" if "cuda" in accel else sorted(map(str, accel))[0]) if accel else "cpu"

@@ -153,6 +153,7 @@ def _candidates(groups: list[tuple[str, list[int]]], roles: dict, world: int | N
         if not gs or len(named) != 1 or None in named:
             continue
         d = named.pop()
+        assert d is not None  # ruled out above
         key = f"groups of {sp[0]} ranks spaced {'/'.join(map(str, sp[1:]))} running {d} ops"
         by_key[key] = {r: g for g in gs for r in g}
         dim[key] = d

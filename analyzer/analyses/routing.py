@@ -161,9 +161,10 @@ def _ranks_text(group: str) -> str:
 
 def empty_routing(notes: tuple[str, ...] = ()) -> RoutingResult:
     """A result without routed all-to-alls."""
-    return RoutingResult(*(pd.DataFrame(columns=list(c)) for c in (
+    instances, per_rank, steps, groups, matrix = (pd.DataFrame(columns=list(c)) for c in (
         INSTANCE_COLUMNS, PER_RANK_COLUMNS, STEP_COLUMNS, GROUP_COLUMNS,
-        ("group", "src", "dst", "rows"))), notes=notes)
+        ("group", "src", "dst", "rows")))
+    return RoutingResult(instances, per_rank, steps, groups, matrix, notes=notes)
 
 
 def _size(v) -> float | None:
@@ -369,7 +370,8 @@ def _sent_received(ops: list[dict], n: int) -> tuple[list, str, np.ndarray, np.n
     unit = "rows" if all(p[3] == "rows" for p in parts) else "elements"
     sent, recv = [], []
     for o, (s, r, row, _) in zip(ops, parts):
-        scale = row if unit == "rows" else 1.0
+        # (every op in rows has its row size)
+        scale = row if unit == "rows" and row is not None else 1.0
         se, re_ = _size(o.get("send_elems")), _size(o.get("recv_elems"))
         sent.append(float(sum(s)) if s is not None and unit == "rows" else
                     (se / scale if se is not None else np.nan))

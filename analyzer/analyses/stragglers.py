@@ -224,15 +224,15 @@ def straggler_table(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_mu
     straggler = None
     n_steps = max(1, int(done["step"].nunique())) if len(done) else 1
     if len(st) and float(st["wait_caused_us"].iloc[0]) >= STRAGGLER_MIN_WAIT_US * n_steps:
-        top = float(st["wait_caused_us"].iloc[0])
+        top_us = float(st["wait_caused_us"].iloc[0])
         second = float(st["wait_caused_us"].iloc[1]) if len(st) > 1 else 0.0
         # consistent: far ahead of the next rank, last at most of the ops it joins, and what
         # each waiting rank loses per step is a share of the step that matters
         # the ranks that waited for it (its groups' members, not the whole world)
         who = int(st["rank"].iloc[0])
         waiters = pr.loc[(pr["last_rank"] == who) & (pr["rank"] != who), "rank"].nunique()
-        per_waiter = top / n_steps / max(1, waiters)
-        if (top >= STRAGGLER_DOMINANCE * second and st["last_arrivals"].iloc[0]
+        per_waiter = top_us / n_steps / max(1, waiters)
+        if (top_us >= STRAGGLER_DOMINANCE * second and st["last_arrivals"].iloc[0]
                 >= STRAGGLER_LAST_SHARE * max(1, int(st["instances"].iloc[0]))
                 and per_waiter >= STRAGGLER_MIN_STEP_SHARE * _step_span(done)
                 and per_waiter >= STRAGGLER_MIN_PROFILER_STEP_SHARE * (profiler_step[0] or 0.0)

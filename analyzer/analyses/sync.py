@@ -144,9 +144,9 @@ def skew_by_op(instances: pd.DataFrame) -> pd.DataFrame:
 
 
 #: Columns of :func:`busbw_by_group` (:attr:`SyncResult.group_busbw`).
-GROUP_BUSBW_COLUMNS = ["pg", "busbw_median", "busbw_max", "count"]
+GROUP_BUSBW_COLUMNS: list[str] = ["pg", "busbw_median", "busbw_max", "count"]
 #: Keys of :func:`instance_counts` (:attr:`SyncResult.counts`).
-COUNT_KEYS = ("instances", "collectives", "p2p", "complete")
+COUNT_KEYS: tuple[str, ...] = ("instances", "collectives", "p2p", "complete")
 
 
 def busbw_by_group(instances: pd.DataFrame) -> pd.DataFrame:
@@ -184,7 +184,7 @@ def instance_counts(instances: pd.DataFrame) -> dict[str, int]:
 
 
 #: Columns of :attr:`SyncResult.p2p`.
-P2P_COLUMNS = ["src", "dst", "count", "hop_us", "recv_wait_us", "send_wait_us", "bytes"]
+P2P_COLUMNS: list[str] = ["src", "dst", "count", "hop_us", "recv_wait_us", "send_wait_us", "bytes"]
 
 
 def compute_sync(traces: TraceSet, comm_patterns=(),

@@ -11,6 +11,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import re
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -51,7 +53,7 @@ def _overlapping(ivs: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return ivs[i0:max(i0, i1)]
 
 
-def metrics(k: np.ndarray, c: np.ndarray, lo: float, hi: float) -> dict:
+def metrics(k: np.ndarray, c: np.ndarray, lo: float, hi: float) -> dict[str, float]:
     k = iv.clip(_overlapping(k, lo, hi), lo, hi)
     c = iv.clip(_overlapping(c, lo, hi), lo, hi)
     span = max(0.0, hi - lo)
@@ -69,7 +71,8 @@ def metrics(k: np.ndarray, c: np.ndarray, lo: float, hi: float) -> dict:
     }
 
 
-def metrics_over(k: np.ndarray, c: np.ndarray, spans: list[tuple[float, float]]) -> dict:
+def metrics_over(k: np.ndarray, c: np.ndarray, spans: list[tuple[float, float]]
+                 ) -> dict[str, float]:
     """:func:`metrics` of a rank's time made of several spans (profiling windows): times
     summed over the spans, shares of their summed length."""
     if len(spans) == 1:
@@ -122,13 +125,13 @@ class RankParts(HoldsTables):
     hi: float
     step_windows: list[tuple[int, float, float]]
     comm_events: pd.DataFrame = StoredTable()  # name, ts, dur, args, type, counted
-    segments: tuple = ()
+    segments: tuple[tuple[float, float], ...] = ()
 
     def spans(self) -> list[tuple[float, float]]:
         """The rank's time as ``[(start µs, end µs)]``: its segments, or ``[(lo, hi)]``."""
         return list(self.segments) if self.segments else [(self.lo, self.hi)]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The parts as JSON values (the communication events without their ``args`` and
         ``issuer_record``, which no analysis reads from a summary)."""
         comm = self.comm_events.drop(columns=["args", "issuer_record"], errors="ignore")
@@ -138,7 +141,7 @@ class RankParts(HoldsTables):
                 "comm_events": frame_json(comm), "segments": [list(x) for x in self.segments]}
 
     @staticmethod
-    def from_json(d: dict) -> RankParts:
+    def from_json(d: dict[str, Any]) -> RankParts:
         """Parts read back from :meth:`to_json` (``args`` all None)."""
         ce = d["comm_events"]
         rows = len(ce["data"][0]) if ce["data"] else 0
@@ -150,13 +153,14 @@ class RankParts(HoldsTables):
                          tuple((float(a), float(b)) for a, b in d["segments"]))
 
 
-def _interval_rows(rows) -> np.ndarray:
+def _interval_rows(rows: list[list[float]]) -> np.ndarray:
     """Stored interval rows as an interval set, shape (n, 2)."""
     a = np.asarray(rows, dtype=np.float64)
     return a.reshape(-1, 2) if a.size else np.empty((0, 2), dtype=np.float64)
 
 
-def compute_rank_parts(trace: RankTrace, comm_patterns, launch_window) -> RankParts:
+def compute_rank_parts(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str]],
+                       launch_window: tuple[float, float] | None) -> RankParts:
     kinds = classify(trace, comm_patterns)
     ev = trace.events
     steps = profiler_steps(trace, kinds)
@@ -230,7 +234,8 @@ UNMARKED_WAIT_MIN_US = 50.0
 UNMARKED_WAIT_LAG_US = 500.0
 
 
-def unmarked_waits(trace: RankTrace, comm_patterns=()) -> np.ndarray:
+def unmarked_waits(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str]] = ()
+                   ) -> np.ndarray:
     """A CPU rank's waits for its own communication that no op marks, shape (n, 2), µs (merged;
     once per trace and ``--comm-kernel`` pattern list: the breakdown and the causes both read
     them).
@@ -301,7 +306,8 @@ def _in_operator(s: np.ndarray, e: np.ndarray, names: np.ndarray, lo: float, hi:
     return str(names[inner]).startswith("aten::")
 
 
-def _segments(starts: np.ndarray, ends: np.ndarray, windows) -> tuple:
+def _segments(starts: np.ndarray, ends: np.ndarray,
+              windows: Sequence[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
     """Per profiling window of the rank (``()`` for one window): from the first start to the
     last end of the events (``starts``/``ends``, µs) that start in it — what ``[lo, hi]`` is
     for a rank with one window."""
@@ -328,7 +334,7 @@ _FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")
 _PAIR_SCAN = 64
 
 
-def _entry_numel(entry) -> int | None:
+def _entry_numel(entry: Any) -> int | None:
     """Elements of one ``Input Dims`` entry: a shape, or a list of shapes (coalesced ops)."""
     if not isinstance(entry, list) or not entry:
         return None
@@ -340,14 +346,14 @@ def _entry_numel(entry) -> int | None:
         return None
 
 
-def _numels(args) -> set[int]:
+def _numels(args: Any) -> set[int]:
     dims = vocab.INPUT_DIMS.get(args)
     if not isinstance(dims, list):
         return set()
     return {n for n in map(_entry_numel, dims) if n is not None}
 
 
-def _first_numel(args) -> int | None:
+def _first_numel(args: Any) -> int | None:
     """Elements of the first ``Input Dims`` entry (a transport event's buffer)."""
     dims = vocab.INPUT_DIMS.get(args)
     return _entry_numel(dims[0]) if isinstance(dims, list) and dims else None
@@ -404,7 +410,7 @@ def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     owner = np.full(n, -1, dtype=np.int64)
     pos = np.flatnonzero(issuing)
     keys = list(zip(comm_ev["pid"].to_numpy()[pos], comm_ev["tid"].to_numpy()[pos]))
-    by_thread: dict = {}
+    by_thread: dict[tuple[Any, Any], list[int]] = {}
     for p, key in zip(pos.tolist(), keys):
         by_thread.setdefault(key, []).append(p)
     for rows in by_thread.values():
@@ -440,11 +446,11 @@ def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
         sizes = set().union(*(_numels(args[j]) for j in members[i]))
         best = None
         for lane in TRANSPORT_OPS.get(typ, (typ,)):
-            rows = lanes.get(lane)
-            if not rows:
+            lane_rows = lanes.get(lane)
+            if not lane_rows:
                 continue
             k = bisect.bisect_left(lane_ts[lane], ts[i])
-            for j in rows[k:k + _PAIR_SCAN]:
+            for j in lane_rows[k:k + _PAIR_SCAN]:
                 if paired[j]:
                     continue
                 got = _first_numel(args[j])
@@ -504,7 +510,7 @@ def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     return comm
 
 
-def _collective_rows(rank: int, parts: RankParts) -> list[dict]:
+def _collective_rows(rank: int, parts: RankParts) -> list[dict[str, Any]]:
     rows = []
     comm = parts.comm_events
     for typ, grp in comm.groupby("type", sort=True):
@@ -514,7 +520,8 @@ def _collective_rows(rank: int, parts: RankParts) -> list[dict]:
     return rows
 
 
-def breakdown_rows_of(parts: RankParts) -> tuple[dict, list[dict], list[dict]]:
+def breakdown_rows_of(parts: RankParts
+                      ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """Whole-trace, per-step and per-collective rows (see :class:`TimeBreakdown`, without
     ``rank``) of one rank's parts."""
     total = {"domain": parts.domain, "start_us": parts.lo, "end_us": parts.hi,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -137,12 +139,12 @@ class LaunchEdges:
         return bool(a[i, 2] + self.latency_us > end + tol
                     and not (j >= 0 and h[j, 1] >= end - tol))
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"after_comm": self.after_comm.tolist(), "host_syncs": self.host_syncs.tolist(),
                 "latency_us": self.latency_us}
 
     @staticmethod
-    def from_json(d: dict) -> LaunchEdges:
+    def from_json(d: dict[str, Any]) -> LaunchEdges:
         a = np.asarray(d["after_comm"], dtype=np.float64)
         h = np.asarray(d["host_syncs"], dtype=np.float64)
         return LaunchEdges(a.reshape(-1, 3) if a.size else np.empty((0, 3)),
@@ -150,7 +152,8 @@ class LaunchEdges:
                            float(d["latency_us"]))
 
 
-def launch_edges_of_trace(trace: RankTrace, comm_patterns=()) -> LaunchEdges:
+def launch_edges_of_trace(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str]] = ()
+                          ) -> LaunchEdges:
     """:func:`rank_launch_edges` computed from the rank's events."""
     empty = LaunchEdges(np.empty((0, 3)), np.empty((0, 2)))
     kinds = classify(trace, list(comm_patterns))
@@ -182,16 +185,17 @@ def data_loading_of_trace(trace: RankTrace) -> np.ndarray:
     return _iv(trace.events[_host(trace, kinds) & _named(trace, "dataloader", DATALOADER_RE)])
 
 
-def _named(trace: RankTrace, key: str, rx: re.Pattern) -> np.ndarray:
+def _named(trace: RankTrace, key: str, rx: re.Pattern[str]) -> np.ndarray:
     return name_test(trace, ("causes", key), lambda n: rx.search(n) is not None)
 
 
 def _host(trace: RankTrace, kinds: pd.Series) -> np.ndarray:
     """The host events that are the thread's own work: operators, annotations and runtime
     calls, less transfers in flight (workers' events, async isend spans) and step markers."""
-    return (isin_mask(trace.events["cat"],
-                      ["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"])
-            & ~transport(trace) & (kinds != Kind.STEP.value).to_numpy())
+    own: np.ndarray = (isin_mask(trace.events["cat"],
+                                 ["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"])
+                       & ~transport(trace) & (kinds != Kind.STEP.value).to_numpy())
+    return own
 
 
 def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
@@ -295,7 +299,7 @@ def dtensor_intervals(host: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _device_sets(trace: RankTrace, kinds: pd.Series) -> dict:
+def _device_sets(trace: RankTrace, kinds: pd.Series) -> dict[str, np.ndarray]:
     """Kernel interval sets and each kernel's start and launch time (µs, trace clock)."""
     ev = trace.events
     dev_mask = isin_mask(kinds, [Kind.GPU_COMPUTE.value, Kind.GPU_COMM.value,
@@ -314,7 +318,8 @@ def _device_sets(trace: RankTrace, kinds: pd.Series) -> dict:
             "start": start[order], "launch": lt[order]}
 
 
-def _device_row(dev: dict, parts: dict, lo: float, hi: float) -> dict:
+def _device_row(dev: dict[str, np.ndarray], parts: dict[str, np.ndarray], lo: float, hi: float
+                ) -> dict[str, float]:
     k = iv.clip(dev["k"], lo, hi)
     m = iv.subtract(iv.clip(dev["m"], lo, hi), k)
     busy = iv.merge(k, m)

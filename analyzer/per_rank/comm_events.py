@@ -10,6 +10,9 @@ pardiag's collective records, where the run has them) for the cross-rank matchin
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -61,7 +64,7 @@ def step_of(times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def group_key(ranks, desc: object = "") -> str:
+def group_key(ranks: Iterable[Any], desc: object = "") -> str:
     """Identity of a process group: its sorted global ranks joined by commas (``"0,2"``), and
     its description where the trace gives one (``"0,2|mesh_dp"``: two groups of the same ranks,
     such as a mesh's dp and tp groups on 2 ranks, stay apart; every member describes a group
@@ -71,7 +74,7 @@ def group_key(ranks, desc: object = "") -> str:
     return f"{key}|{desc}" if desc else key
 
 
-def int_arg(v) -> int | None:
+def int_arg(v: Any) -> int | None:
     """An integer from a trace arg (Kineto writes many as strings: ``"3"``); None otherwise."""
     if isinstance(v, bool) or v is None:
         return None
@@ -89,7 +92,7 @@ def int_arg(v) -> int | None:
     return out if out is not None and abs(out) < 2 ** 53 else None
 
 
-def rank_list(v) -> list[int] | None:
+def rank_list(v: Any) -> list[int] | None:
     """Global ranks from ``Process Group Ranks`` / ``pg_config`` (a list, or text such as
     ``"[0, 1]"``); None when unreadable or truncated (``"[0, 1, ...]"``)."""
     if isinstance(v, str):
@@ -101,10 +104,11 @@ def rank_list(v) -> list[int] | None:
     if not isinstance(v, (list, tuple)):
         return None
     out = [int_arg(x) for x in v]
-    return out if out and all(x is not None and x >= 0 for x in out) else None
+    ranks = [x for x in out if x is not None and x >= 0]
+    return ranks if out and len(ranks) == len(out) else None
 
 
-def group_ranks(args: dict, pg_ranks_by_name: dict[str, list[int]]) -> list[int] | None:
+def group_ranks(args: dict[str, Any], pg_ranks_by_name: dict[str, list[int]]) -> list[int] | None:
     """The global ranks of a communication op's group: ``Process Group Ranks``, else
     ``Global rank start``/``stride`` with ``Group size``, else ``distributedInfo.pg_config`` for
     its group name (the rank's own names)."""
@@ -124,7 +128,7 @@ def group_ranks(args: dict, pg_ranks_by_name: dict[str, list[int]]) -> list[int]
 def _pg_config(trace: RankTrace) -> tuple[dict[str, list[int]], int | None, int | None]:
     """(``{pg name: global ranks}`` from ``distributedInfo.pg_config``, world size, pg count)."""
     info = vocab.DISTRIBUTED_INFO.get(trace.metadata)
-    by_name = {}
+    by_name: dict[str, list[int]] = {}
     for g in trace.pg_config:  # the well-formed entries, as the layout reads them
         ranks = rank_list(vocab.PG_CONFIG_RANKS.get(g))
         if ranks:
@@ -133,7 +137,7 @@ def _pg_config(trace: RankTrace) -> tuple[dict[str, list[int]], int | None, int 
     return by_name, world, int_arg(vocab.DIST_PG_COUNT.get(info))
 
 
-def _args_bytes(args) -> int | None:
+def _args_bytes(args: Any) -> int | None:
     """Bytes of an op's buffer from its record: the larger element count of ``In``/``Out msg
     nelems`` times the size of its ``dtype``, else its first input's shape (``Input Dims``)
     times the size of its first ``Input type``; None where the trace says neither, or names a
@@ -161,7 +165,7 @@ def _args_bytes(args) -> int | None:
     return None
 
 
-def _p2p_peer(op: str, args: dict, ranks: list[int] | None) -> int | None:
+def _p2p_peer(op: str, args: dict[str, Any], ranks: list[int] | None) -> int | None:
     """Global rank at the other end of a send/recv: ``Dst Rank`` / ``Src Rank`` (global), else
     ``Rank`` (Kineto's record of a send/recv holds the peer's rank *in the group* there)."""
     peer = int_arg((vocab.DST_RANK if op == "send" else vocab.SRC_RANK).get(args))
@@ -173,12 +177,13 @@ def _p2p_peer(op: str, args: dict, ranks: list[int] | None) -> int | None:
     return None
 
 
-def _gloo_p2p_peers(ev: pd.DataFrame, p2p: pd.DataFrame, world_group: bool) -> list:
+def _gloo_p2p_peers(ev: pd.DataFrame, p2p: pd.DataFrame, world_group: bool
+                    ) -> list[int | None]:
     """Peers of gloo's point-to-point events (``gloo:send``/``gloo:recv`` on the calling thread):
     the i-th ``c10d::send`` (``c10d::recv_``) of the thread names the i-th transfer's peer in its
     ``Concrete Inputs[2]`` (a rank in the group; global only when every group is the world,
     ``world_group``). None where that does not hold."""
-    out: list = [None] * len(p2p)
+    out: list[int | None] = [None] * len(p2p)
     if not world_group or p2p.empty:
         return out
     for op, c10d in (("send", "c10d::send"), ("recv", "c10d::recv_")):
@@ -258,8 +263,8 @@ def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
     return df
 
 
-def _op_row(rank: int, op: str, args: dict, pg_ranks: dict[str, list[int]],
-            world: int | None) -> dict:
+def _op_row(rank: int, op: str, args: dict[str, Any], pg_ranks: dict[str, list[int]],
+            world: int | None) -> dict[str, Any]:
     """Group, sequence number, peer and bytes of an op from its record's ``args``."""
     members = group_ranks(args, pg_ranks)
     size = int_arg(vocab.GROUP_SIZE.get(args))
@@ -275,7 +280,7 @@ def _op_row(rank: int, op: str, args: dict, pg_ranks: dict[str, list[int]],
             "source": "trace"}
 
 
-def _root(op: str, args: dict, members: list[int] | None) -> int | None:
+def _root(op: str, args: dict[str, Any], members: list[int] | None) -> int | None:
     """Global rank of a rooted op's root: the record's ``Rank`` (c10d records the root there for
     broadcast, reduce, scatter and gather) read as a rank in the group; None otherwise."""
     if semantics(op) != ROOTED:
@@ -320,7 +325,7 @@ def _gloo_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
     # ops, and never one of a single rank (torchtitan lists one per unused mesh dimension)
     multi = [r for r in pg_ranks.values() if len(r) > 1]
     world_group = bool(pg_count == 1 or (multi and world and all(len(r) == world for r in multi)))
-    peers: list = [None] * len(gl)
+    peers: list[int | None] = [None] * len(gl)
     p2p_rows = np.flatnonzero(is_p2p[keep])
     if len(p2p_rows):
         for i, peer in zip(p2p_rows, _gloo_p2p_peers(ev, gl.iloc[p2p_rows], world_group)):

@@ -35,6 +35,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import re
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,6 +57,16 @@ from ..trace.traceset import GPU_CATS, RankTrace, isin_mask
 LAUNCH_OP_RE = re.compile(r"^(nccl:|c10d::|record_param_comms|_?c10d_functional::)")
 _FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")
 _COALESCING = frozenset({"coalesced", "startcoalescing", "endcoalescing"})
+
+#: A host thread, ``(pid, tid)`` as the event table holds them.
+Thread = tuple[Any, Any]
+#: A launch inside host ops: ``(launch ts, thread, correlation, enclosing op positions)``.
+OwnerRow = tuple[float, Thread, int, np.ndarray]
+#: What :func:`_host_launches` finds once per trace: ``(names, args, o_ts, o_thread, owner_rows,
+#: present)``.
+HostLaunches = tuple[list[str], list[Any], np.ndarray, list[Thread], list[OwnerRow], set[int]]
+#: :func:`_assemble`'s ``op_row(key, op, args, issue ts)``: the op's row, made on first call.
+OpRow = Callable[[tuple[Any, ...], str, Any, float], dict[str, Any]]
 
 #: Columns of :attr:`IssuedOps.ops`.
 OP_COLUMNS = ("op", "args", "issue_us", "start_us", "end_us", "n_kernels", "missing", "block",
@@ -108,15 +120,15 @@ def launch_times(trace: RankTrace, kernels: pd.DataFrame, end: bool = False) -> 
     t = rt["ts"] + rt["dur"] if end else rt["ts"]
     launch = pd.Series(t.to_numpy(dtype=float), index=rt["correlation"].to_numpy())
     launch = launch[~launch.index.duplicated(keep="first")]
-    lt = launch.reindex(kernels["correlation"].to_numpy()).to_numpy(dtype=float)
+    lt: np.ndarray = launch.reindex(kernels["correlation"].to_numpy()).to_numpy(dtype=float)
     return lt if end else np.where(np.isnan(lt), kernels["ts"].to_numpy(), lt)
 
 
-def _is_record(name: str, args) -> bool:
+def _is_record(name: str, args: Any) -> bool:
     return name == "record_param_comms" and bool(vocab.COLLECTIVE_NAME.get(args))
 
 
-def _is_coalescing(name: str, args) -> bool:
+def _is_coalescing(name: str, args: Any) -> bool:
     if coll := vocab.COLLECTIVE_NAME.get(args):
         return str(coll).lower().replace("_", "") in _COALESCING
     return name.rsplit(":", 1)[-1].lower().replace("_", "") in _COALESCING
@@ -142,7 +154,7 @@ def gpu_issued_ops(trace: RankTrace, kernels: pd.DataFrame) -> IssuedOps:
     return _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_of)
 
 
-def _host_launches(trace: RankTrace) -> tuple:
+def _host_launches(trace: RankTrace) -> HostLaunches:
     """The host ops that can issue communication (``names``, ``args``, start ``o_ts`` in µs,
     ``(pid, tid)`` of each), the launches inside them (``(launch ts, thread, correlation,
     positions of the enclosing ops)``, time order per thread) and the correlation ids of every
@@ -159,15 +171,15 @@ def _host_launches(trace: RankTrace) -> tuple:
                          & (ev["correlation"] >= 0).to_numpy(), "correlation"].tolist())
 
     # per thread: the host ops (time order) and the launches inside any of them
-    by_thread: dict = {}
+    by_thread: dict[Thread, list[int]] = {}
     for j, key in enumerate(o_thread):
         by_thread.setdefault(key, []).append(j)
-    owner_rows: list[tuple] = []  # (launch ts, thread, correlation, enclosing op positions)
+    owner_rows: list[OwnerRow] = []
     l_ts = launches["ts"].to_numpy(dtype=float)
     l_corr = launches["correlation"].to_numpy()
     l_pid, l_tid = launches["pid"].to_numpy(), launches["tid"].to_numpy()
-    for key, rows in by_thread.items():
-        rows = np.array(sorted(rows, key=lambda j: (o_ts[j], -o_end[j])))
+    for key, positions in by_thread.items():
+        rows = np.array(sorted(positions, key=lambda j: (o_ts[j], -o_end[j])))
         s, e = o_ts[rows], o_end[rows]
         # only the launches inside some host op need their enclosing ops looked up
         merged = iv.union(s, e + 1e-9)
@@ -181,21 +193,23 @@ def _host_launches(trace: RankTrace) -> tuple:
     return names, args, o_ts, o_thread, owner_rows, present
 
 
-def _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_of
-              ) -> IssuedOps:
+def _assemble(kernels: pd.DataFrame, names: list[str], args: list[Any], o_ts: np.ndarray,
+              o_thread: list[Thread], owner_rows: list[OwnerRow], present: set[int],
+              kernel_of: dict[int, int]) -> IssuedOps:
     """The ops table from the launches inside host ops (``owner_rows``) and the kernels."""
-    ops: list[dict] = []
-    by_key: dict = {}  # ("op", position) or ("block", position, member index)
+    ops: list[dict[str, Any]] = []
+    # ("op", position), ("block", position, member index) or ("kernel", kernel index)
+    by_key: dict[tuple[Any, ...], int] = {}
     kernel_ops: list[list[int]] = [[] for _ in range(len(kernels))]
 
-    def op_row(key, op, a, t) -> dict:
+    def op_row(key: tuple[Any, ...], op: str, a: Any, t: float) -> dict[str, Any]:
         if key not in by_key:
             by_key[key] = len(ops)
             ops.append({"op": op, "args": a, "issue_us": t, "kernels": [], "launches": 0,
                         "block": key[1] if key[0] == "block" else -1})
         return ops[by_key[key]]
 
-    blocks: dict[int, list] = {}
+    blocks: dict[int, list[tuple[float, Thread, int]]] = {}
     for t, thread, corr, enc in owner_rows:
         rec = next((j for j in enc[::-1].tolist() if _is_record(names[j], args[j])
                     and not _is_coalescing(names[j], args[j])), None)
@@ -214,10 +228,11 @@ def _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_
         elif corr in present:  # it launched computation or a copy
             row["other_kernels"] = True
     launching = set(blocks) | {key[1] for key in by_key if key[0] == "op"}
-    comm_launches: dict = {}
+    comm_launches: dict[Thread, list[float]] = {}
     for t, thread, _, _ in owner_rows:
         comm_launches.setdefault(thread, []).append(t)
-    records: dict = {}  # per thread: the records that can be members of a block, time order
+    # per thread: the records that can be members of a block, time order
+    records: dict[Thread, list[int]] = {}
     for j in sorted(range(len(names)), key=lambda j: o_ts[j]):
         if j not in launching and _is_record(names[j], args[j]) \
                 and not _is_coalescing(names[j], args[j]):
@@ -244,7 +259,9 @@ def _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_
     return _finish(ops, kernel_ops, kernels, present)
 
 
-def _block_ops(b, launches, members, names, args, kernels, kernel_of, op_row) -> None:
+def _block_ops(b: int, launches: list[tuple[float, Thread, int]], members: list[int],
+               names: list[str], args: list[Any], kernels: pd.DataFrame,
+               kernel_of: dict[int, int], op_row: OpRow) -> None:
     """The member ops of one coalescing block and their kernels (module docstring)."""
     launches = sorted(launches)
     ks = [kernel_of.get(c) for _, _, c in launches]
@@ -258,17 +275,17 @@ def _block_ops(b, launches, members, names, args, kernels, kernel_of, op_row) ->
     known = next((_kernel_type(kernels["name"].iloc[k], kernels["args"].iloc[k])
                   for k in ks if k is not None), collective_type(names[b], args[b]))
     for m, ((t, _, _), k) in enumerate(zip(launches, ks)):
-        j = members[m] if members else None
-        op = collective_type(names[j], args[j]) if j is not None else (
+        member = members[m] if members else None
+        op = collective_type(names[member], args[member]) if member is not None else (
             _kernel_type(kernels["name"].iloc[k], kernels["args"].iloc[k]) if k is not None
             else known)
-        row = op_row(("block", b, m), op, args[j] if j is not None else {}, t)
+        row = op_row(("block", b, m), op, args[member] if member is not None else {}, t)
         row["launches"] = 1
         if k is not None:
             row["kernels"].append(k)
 
 
-def _host_type(names: list, args: list, enc: np.ndarray) -> str:
+def _host_type(names: list[str], args: list[Any], enc: np.ndarray) -> str:
     """The op type the host ops enclosing a launch name, innermost first: a record's
     ``Collective name``, else the first range named by a standard collective
     (``nccl:all_reduce``), else the outermost range's own name."""
@@ -282,13 +299,13 @@ def _host_type(names: list, args: list, enc: np.ndarray) -> str:
     return collective_type(names[int(enc[0])], args[int(enc[0])])
 
 
-def _shapes(args) -> dict:
+def _shapes(args: Any) -> dict[str, Any]:
     """An op's input shapes and types (an older trace's only record of its size)."""
     return {key.name: key.get(args) for key in (vocab.INPUT_DIMS, vocab.INPUT_TYPE)
             if key.present(args)}
 
 
-def _kernel_type(name: str, args) -> str:
+def _kernel_type(name: str, args: Any) -> str:
     """A kernel's op type from its own name and args; a ``SendRecv`` kernel of no known op is
     ``send_recv`` (batched point-to-point)."""
     op = collective_type(name, args if isinstance(args, dict) else None)
@@ -297,15 +314,16 @@ def _kernel_type(name: str, args) -> str:
     return op
 
 
-def _finish(ops: list[dict], kernel_ops: list[list[int]], kernels: pd.DataFrame,
-            present: set) -> IssuedOps:
+def _finish(ops: list[dict[str, Any]], kernel_ops: list[list[int]], kernels: pd.DataFrame,
+            present: set[int]) -> IssuedOps:
     """Times, kernel counts and the missing flag; a host op whose launches ran no kernel the
     trace holds counts as issued only when none of its launches' kernels is present (one that
     launched only computation or copies is no communication)."""
     k_ts = kernels["ts"].to_numpy(dtype=float)
     k_end = k_ts + kernels["dur"].to_numpy(dtype=float)
     k_args = kernels["args"].tolist()
-    rows, remap = [], {}
+    rows: list[dict[str, Any]] = []
+    remap: dict[int, int] = {}
     for i, row in enumerate(ops):
         ks = sorted(set(row["kernels"]))
         if not ks and row.get("other_kernels"):
@@ -329,7 +347,7 @@ def _finish(ops: list[dict], kernel_ops: list[list[int]], kernels: pd.DataFrame,
     return IssuedOps(df, k_ops)
 
 
-def issued_ops(trace: RankTrace, kernels: pd.DataFrame, key) -> IssuedOps:
+def issued_ops(trace: RankTrace, kernels: pd.DataFrame, key: Hashable) -> IssuedOps:
     """:func:`gpu_issued_ops`, once per trace and ``key`` (the kernels' selection)."""
     return cached(trace, ("issued_ops", key), lambda: gpu_issued_ops(trace, kernels))
 

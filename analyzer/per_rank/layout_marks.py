@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -79,20 +80,20 @@ class RankMarks(HoldsTables):
             ``Input Dims`` (``record_shapes``); empty otherwise.
     """
 
-    counts: dict
+    counts: dict[str, int]
     chunks: pd.DataFrame = StoredTable()
     p2p: pd.DataFrame = StoredTable()
     device_chunks: bool = False
-    send_dim0: dict = dataclasses.field(default_factory=dict)
+    send_dim0: dict[int, int] = dataclasses.field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"counts": dict(self.counts), "device_chunks": self.device_chunks,
                 "chunks": [list(r) for r in self.chunks.itertuples(index=False)],
                 "p2p": [list(r) for r in self.p2p.itertuples(index=False)],
                 "send_dim0": [[int(k), int(v)] for k, v in self.send_dim0.items()]}
 
     @staticmethod
-    def from_json(d: dict) -> RankMarks:
+    def from_json(d: dict[str, Any]) -> RankMarks:
         return RankMarks({k: int(v) for k, v in d["counts"].items()},
                          _row_table(d["chunks"], _CHUNK_DTYPES), _row_table(d["p2p"], _P2P_DTYPES),
                          bool(d.get("device_chunks")),
@@ -107,24 +108,24 @@ _P2P_DTYPES = {"op": object, "peer": np.int64, "step": np.int64, "start_us": np.
                "end_us": np.float64}
 
 
-def _row_table(rows: list, dtypes: dict) -> ColumnTable:
+def _row_table(rows: list[Any], dtypes: dict[str, type[object]]) -> ColumnTable:
     """Stored rows (lists in the order of ``dtypes``) as a :class:`ColumnTable` of those column
     types, built when first read."""
     cols = [list(c) for c in zip(*rows)] if len(rows) else [[] for _ in dtypes]
     return ColumnTable(list(dtypes), [np.dtype(t).name for t in dtypes.values()], cols)
 
 
-def _typed_frame(rows, dtypes: dict) -> pd.DataFrame:
+def _typed_frame(rows: list[Any], dtypes: dict[str, type[object]]) -> pd.DataFrame:
     """A table of ``rows`` (lists in the order of ``dtypes``) with those column types (the
     table :func:`_row_table` builds when read)."""
     return _row_table(rows, dtypes).frame()
 
 
-def _chunk_frame(rows) -> pd.DataFrame:
+def _chunk_frame(rows: list[Any]) -> pd.DataFrame:
     return _typed_frame(rows, _CHUNK_DTYPES)
 
 
-def _p2p_frame(rows) -> pd.DataFrame:
+def _p2p_frame(rows: list[Any]) -> pd.DataFrame:
     return _typed_frame(rows, _P2P_DTYPES)
 
 
@@ -135,7 +136,7 @@ def _step_of(times: np.ndarray, steps: list[tuple[int, float, float]]) -> np.nda
     return out
 
 
-def _peer(op: str, args) -> int:
+def _peer(op: str, args: Any) -> int:
     """The peer's rank in the group the message used, or -1: a ``c10d::send``/``c10d::recv_``'s
     ``Concrete Inputs[2]``; a ``record_param_comms`` send's ``Dst Rank`` (a recv's ``Src Rank``:
     a global rank) placed among the group's ranks (``Process Group Ranks``, else ``Global rank
@@ -159,7 +160,7 @@ def _peer(op: str, args) -> int:
     return -1
 
 
-def _dim0(dims) -> int | None:
+def _dim0(dims: Any) -> int | None:
     """Dim 0 of the first tensor in an op's ``Input Dims`` (``c10d::send`` takes a list of
     tensors: ``[[[8, 256]], …]``; NCCL's ``record_param_comms`` one: ``[[8, 256], …]``), or
     None when it is no tensor of two or more dimensions."""
@@ -172,6 +173,13 @@ def _dim0(dims) -> int | None:
     return None
 
 
+def _step_number(name: str) -> int:
+    """N of a ``ProfilerStep#N`` name (one that :data:`STEP_RE` matches)."""
+    m = STEP_RE.match(name)
+    assert m is not None
+    return int(m.group(1))
+
+
 def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     ev = trace.events
     names = ev["name"]
@@ -180,7 +188,7 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     counts = {key: int((name_test(trace, ("marker", key), rx.search) & cpu).sum())
               for key, rx in _MARKER_RES.items()}
     is_step = cpu & name_test(trace, "step", STEP_RE.match)
-    steps = [(int(STEP_RE.match(n).group(1)), float(t), float(t + d)) for n, t, d in
+    steps = [(_step_number(n), float(t), float(t + d)) for n, t, d in
              zip(names[is_step], ev["ts"][is_step], ev["dur"][is_step])]
 
     # point-to-point calls
@@ -228,6 +236,7 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
             stage, phase, mb = -1, m.group(1)[0], int(m.group(2))
         else:
             m = _ACTION_RE.match(n)
+            assert m is not None  # the range's name matched one of the two
             stage, phase, mb = int(m.group(1)), m.group(2), int(m.group(3))
         lo, hi = float(t), float(t + d)
         if not device:

@@ -4,6 +4,8 @@ ranks."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -38,7 +40,7 @@ def memory_rows(trace: RankTrace) -> pd.DataFrame:
         {"ts_us": float, "device": object, "allocated_bytes": float, "reserved_bytes": float})
 
 
-def _bytes_value(v) -> float:
+def _bytes_value(v: Any) -> float:
     """A byte count from a ``[memory]`` event's args as float; NaN when it is not a number."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         try:

@@ -20,7 +20,8 @@ def empty_operators() -> pd.DataFrame:
                          "time_us": pd.Series(dtype=float)})
 
 
-def operators_of_events(events: pd.DataFrame, name_codes: tuple | None = None
+def operators_of_events(events: pd.DataFrame,
+                        name_codes: tuple[np.ndarray, np.ndarray] | None = None
                         ) -> tuple[pd.DataFrame, int]:
     """(operator table, number of profiler steps) of one rank's event table
     (:data:`pardiag.analyzer.trace.traceset.EVENT_COLUMNS`); ``name_codes`` is
@@ -50,7 +51,8 @@ def operators_of_events(events: pd.DataFrame, name_codes: tuple | None = None
         win = np.sort(np.stack([s_ts, s_ts + events["dur"].to_numpy(float)[is_step]], axis=1),
                       axis=0)
         # merge overlapping windows, then keep the ops that start inside one
-        lo, hi = [], []
+        lo: list[float] = []
+        hi: list[float] = []
         for a, b in win:
             if lo and a <= hi[-1]:
                 hi[-1] = max(hi[-1], b)

@@ -25,7 +25,7 @@ class RankSource:
         patterns: compiled ``--comm-kernel`` patterns (``[]`` for the built-in ones).
     """
 
-    def __init__(self, trace: RankTrace, patterns: list[re.Pattern]):
+    def __init__(self, trace: RankTrace, patterns: list[re.Pattern[str]]) -> None:
         self.trace = trace
         self.patterns = patterns
 

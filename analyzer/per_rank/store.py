@@ -26,9 +26,11 @@ import dataclasses
 import functools
 import hashlib
 import os
+import re
 import typing
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -56,7 +58,11 @@ CACHE_DIRNAME = layout.SUMMARY_DIR
 _CODE_PACKAGES = ("trace", "per_rank")
 
 
-def pattern_sources(comm_patterns: Iterable) -> tuple[str, ...]:
+#: ``--comm-kernel`` patterns, compiled or as their source strings.
+Patterns = Iterable[re.Pattern[str] | str]
+
+
+def pattern_sources(comm_patterns: Patterns) -> tuple[str, ...]:
     """The source strings of compiled (or string) ``--comm-kernel`` patterns."""
     return pattern_key(comm_patterns)
 
@@ -75,7 +81,7 @@ def _quantity_types() -> dict[str, type]:
     return {name: hints[name] for name, _, _ in QUANTITIES}
 
 
-def encode(tp: type, value):
+def encode(tp: type, value: Any) -> Any:
     """One quantity of type ``tp`` as JSON values: a DataFrame as its columns
     (:func:`~pardiag.analyzer.trace.traceset.frame_json`), an array as its dtype, shape and
     values, a type with ``to_json`` by that, a number or text as it is.
@@ -95,7 +101,7 @@ def encode(tp: type, value):
     raise TypeError(f"a rank summary's quantity of type {tp!r} has no JSON form")
 
 
-def decode(tp: type, doc):
+def decode(tp: type, doc: Any) -> Any:
     """The inverse of :func:`encode` (a table as a not yet built
     :class:`~pardiag.analyzer.trace.traceset.ColumnTable`; NaN written as null read as NaN)."""
     if tp is pd.DataFrame:
@@ -121,7 +127,7 @@ def to_json(s: RankSummary) -> bytes:
                         default=_json_default)
 
 
-def _json_default(v):
+def _json_default(v: object) -> int | float | list[Any] | str:
     if isinstance(v, (np.integer,)):
         return int(v)
     if isinstance(v, (np.floating,)):
@@ -196,7 +202,7 @@ def summary_file_name(trace_path: Path) -> str:
     return Path(trace_path).name + SUMMARY_SUFFIX
 
 
-def find_summary(trace_path: Path, comm_patterns: Iterable = (),
+def find_summary(trace_path: Path, comm_patterns: Patterns = (),
                  stat: os.stat_result | None = None) -> RankSummary | None:
     """The stored summary of ``trace_path`` if one is current: same size, modification time,
     patterns and version; else None (nothing raised for missing or unreadable summaries)."""
@@ -272,13 +278,14 @@ class SummarizeResult:
         skipped: one line per file that is not a readable trace.
     """
 
-    written: dict
-    current: tuple
-    skipped: tuple
+    written: dict[Path, Path | None]
+    current: tuple[Path, ...]
+    skipped: tuple[str, ...]
 
 
-def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, int] = (0, 1),
-                    workers: int | None = None, progress=None) -> SummarizeResult:
+def summarize_paths(paths: Path | str | Iterable[Path | str], comm_patterns: Patterns = (), *,
+                    shard: tuple[int, int] = (0, 1), workers: int | None = None,
+                    progress: Callable[[int, int], object] | None = None) -> SummarizeResult:
     """Compute and store the summary of every trace file under ``paths`` that lacks a current one.
 
     Args:
@@ -297,13 +304,14 @@ def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, in
     i, n = shard
     if n < 1 or not 0 <= i < n:
         raise ValueError(f"shard {i}/{n}: need 0 <= i < n")
-    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
-    files, _, source, _ = find_trace_files(paths)
+    roots = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    files, _, source, _ = find_trace_files(roots)
     if not files:
         raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found")
     files = sorted(files, key=str)[i::n]
     patterns = list(comm_patterns)
-    current, todo = [], []
+    current: list[Path] = []
+    todo: list[Path] = []
     for f in files:
         (current if find_summary(f, patterns) is not None else todo).append(f)
     if progress and current:
@@ -315,7 +323,8 @@ def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, in
         if progress:
             progress(done + k, len(files))
 
-    written, skipped = {}, []
+    written: dict[Path, Path | None] = {}
+    skipped: list[str] = []
     for p in parse_files(todo, n_workers, step, reducer=REDUCER, cache=True,
                         patterns=pattern_sources(patterns), keep_events=False):
         if p.error is not None:
@@ -328,7 +337,8 @@ def summarize_paths(paths, comm_patterns: Iterable = (), *, shard: tuple[int, in
     return SummarizeResult(written, tuple(current), tuple(skipped))
 
 
-def summarize_file(path: Path, comm_patterns: Iterable = (), *, store: bool = True) -> RankSummary:
+def summarize_file(path: Path, comm_patterns: Patterns = (), *, store: bool = True
+                   ) -> RankSummary:
     """Parse one trace file, compute its summary and (with ``store``) write it where
     :func:`find_summary` looks (see :func:`write_summary`).
 
@@ -344,7 +354,8 @@ def summarize_file(path: Path, comm_patterns: Iterable = (), *, store: bool = Tr
     if p.pieces:
         raise TraceError(f"{path}: holds {len(p.pieces)} ranks (a merged trace); summaries are "
                          f"made per rank file")
-    return p.summary
+    # summarized by REDUCER: the file's one rank has its RankSummary
+    return typing.cast(RankSummary, p.summary)
 
 
 class SummaryReducer:
@@ -352,12 +363,14 @@ class SummaryReducer:
     parses a file (:class:`pardiag.analyzer.trace.files.RankReducer`): :func:`summarize_trace`,
     :func:`find_summary`, :func:`write_summary`."""
 
-    def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings=(), repairs=(),
-                  has_steps: bool | None = None, stat=None) -> RankSummary:
+    def summarize(self, trace: RankTrace, comm_patterns: list[re.Pattern[str]], *,
+                  warnings: Iterable[str] = (), repairs: Iterable[str] = (),
+                  has_steps: bool | None = None, stat: os.stat_result | None = None
+                  ) -> RankSummary:
         return summarize_trace(trace, comm_patterns, warnings=warnings, repairs=repairs,
                                has_steps=has_steps, stat=stat)
 
-    def find(self, path: Path, comm_patterns: list) -> RankSummary | None:
+    def find(self, path: Path, comm_patterns: list[re.Pattern[str]]) -> RankSummary | None:
         return find_summary(path, comm_patterns)
 
     def store(self, summary: RankSummary, path: Path) -> None:

@@ -21,7 +21,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import pandas as pd
@@ -50,17 +50,17 @@ class BreakdownRows(NamedTuple):
             ``exposed_us``).
     """
 
-    total: dict
-    steps: list[dict]
-    collectives: list[dict]
+    total: dict[str, Any]
+    steps: list[dict[str, Any]]
+    collectives: list[dict[str, Any]]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"total": self.total, "steps": self.steps, "collectives": self.collectives}
 
     @staticmethod
-    def from_json(d: dict) -> BreakdownRows:
+    def from_json(d: dict[str, Any]) -> BreakdownRows:
         """Rows read back from JSON: null (NaN when written) becomes NaN again."""
-        def nan_row(row: dict) -> dict:
+        def nan_row(row: dict[str, Any]) -> dict[str, Any]:
             return {k: (float("nan") if v is None else v) for k, v in row.items()}
         return BreakdownRows(nan_row(d["total"]), [nan_row(r) for r in d["steps"]],
                              [nan_row(r) for r in d["collectives"]])
@@ -73,7 +73,10 @@ def quantity(compute: Callable[[RankSource], Any], *, patterns: bool = False) ->
     return dataclasses.field(metadata={"compute": compute, "patterns": patterns})
 
 
-def _stored_tables(cls):
+_C = TypeVar("_C", bound=type)
+
+
+def _stored_tables(cls: _C) -> _C:
     """Hold every DataFrame field of a frozen dataclass as a :class:`StoredTable` (a summary
     read from JSON keeps a table as its columns until it is first read)."""
     for f in dataclasses.fields(cls):
@@ -132,8 +135,8 @@ class RankSummary(HoldsTables):
     mtime_ns: int
     comm_patterns: tuple[str, ...]
     dist_rank: Any
-    metadata: dict
-    thread_names: dict
+    metadata: dict[str, Any]
+    thread_names: dict[tuple[Any, Any], str]
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
     repairs: tuple[str, ...]
@@ -157,7 +160,7 @@ class RankSummary(HoldsTables):
         lambda src: launch_edges_of_trace(src.trace, src.patterns), patterns=True)
     events_range: np.ndarray = quantity(lambda src: np.array(time_range(src.trace.events)))
 
-    def matches(self, comm_patterns: Iterable) -> bool:
+    def matches(self, comm_patterns: Iterable[re.Pattern[str] | str]) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""
         return self.comm_patterns == pattern_key(comm_patterns)
 
@@ -168,7 +171,7 @@ class RankSummary(HoldsTables):
         (:func:`pardiag.analyzer.trace.traceset.time_range`)."""
         return float(self.events_range[0]), float(self.events_range[1])
 
-    def relocated(self, path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def relocated(self, path: os.PathLike[str] | str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(warnings, notes) with the summarized path replaced by ``path``."""
         old, new = str(self.path), str(path)
 
@@ -183,9 +186,10 @@ QUANTITIES: tuple[tuple[str, Callable[[RankSource], Any], bool], ...] = tuple(
     for f in dataclasses.fields(RankSummary) if "compute" in f.metadata)
 
 
-def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings: Iterable[str] = (),
-                    repairs: Iterable[str] = (), has_steps: bool | None = None,
-                    stat: os.stat_result | None = None) -> RankSummary:
+def summarize_trace(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str] | str] = (), *,
+                    warnings: Iterable[str] = (), repairs: Iterable[str] = (),
+                    has_steps: bool | None = None, stat: os.stat_result | None = None
+                    ) -> RankSummary:
     """Compute the summary of one rank's trace: its file's record and every quantity.
 
     Args:
@@ -216,7 +220,8 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable = (), *, warnings:
         has_gpu=trace.has_gpu, **{name: compute(src) for name, compute, _ in QUANTITIES})
 
 
-def summary_of(trace: RankTrace, comm_patterns: Iterable | None = None) -> RankSummary:
+def summary_of(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str] | str] | None = None
+               ) -> RankSummary:
     """The rank's :class:`RankSummary`: the one it was loaded with, else computed from its
     events (once per trace and pattern list).
 
@@ -227,7 +232,8 @@ def summary_of(trace: RankTrace, comm_patterns: Iterable | None = None) -> RankS
             None: only quantities that do not depend on the patterns are read, and any summary
             of the rank serves.
     """
-    s = trace.summary
+    # the trace stage holds it as what it reads of a summary; the per-rank stage made it
+    s = cast(RankSummary | None, trace.summary)
     if s is not None and (comm_patterns is None or s.matches(comm_patterns)):
         return s
     patterns = list(comm_patterns or ())

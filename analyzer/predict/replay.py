@@ -196,12 +196,15 @@ class PipelineModel:
             worst = max(x + y for x, y in zip(f, b))   # ties: the most even split
             if t < best_t - 1e-6 or (abs(t - best_t) <= 1e-6 and worst < best_worst - 1e-9):
                 best, best_t, best_worst = sizes, t, worst
+        assert best is not None  # k <= n: there is a split
         return best
 
     def partition_costs(self, sizes: list[int]) -> tuple[list[float], list[float], list[float]]:
         """Per-stage forward/backward time (µs) and parameter bytes if the layers were split
         into consecutive stages of ``sizes`` layers."""
-        names, fw, bw, (of, ob) = self.layer_costs()
+        costs = self.layer_costs()
+        assert costs is not None  # called where the layers were recorded
+        names, fw, bw, (of, ob) = costs
         params = [b for ls in self.layers for _, _, b in ls]
         f, b, pb, lo = [], [], [], 0
         for n in sizes:
@@ -267,7 +270,7 @@ def _sidecar_records(traces: TraceSet, use: list, n_stages: int
     over the used steps, else over all))``; layers ``()`` when none were recorded."""
     fixed: dict = {}
     samples = None
-    layers: dict[int, list[tuple[int, str, float]]] = {}
+    layers: dict[int, list[tuple[int, str, float, int]]] = {}
     use_keys = {str(s) for s in use}
     for doc in traces.sidecars.get("pipeline", {}).values():
         for row in doc.chunk_costs:
@@ -275,13 +278,14 @@ def _sidecar_records(traces: TraceSet, use: list, n_stages: int
         for r in doc.records:
             if r.samples is not None and r.samples > 0:
                 samples = samples or r.samples
-        for row in doc.layers:
-            times = [float(t) for k, t in row.fwd_us.items() if k in use_keys]
+        for layer in doc.layers:
+            times = [float(t) for k, t in layer.fwd_us.items() if k in use_keys]
             if not times:
-                times = [float(t) for t in row.fwd_us.values()]
+                times = [float(t) for t in layer.fwd_us.values()]
             if times:
-                layers.setdefault(row.stage, []).append(
-                    (row.index, row.name, float(np.median(times)), int(row.params_bytes or 0)))
+                layers.setdefault(layer.stage, []).append(
+                    (layer.index, layer.name, float(np.median(times)),
+                     int(layer.params_bytes or 0)))
     layer_list = tuple(tuple((n, t, b) for _, n, t, b in sorted(layers.get(s, [])))
                        for s in range(n_stages)) if layers else ()
     return fixed, samples, layer_list

@@ -269,8 +269,8 @@ def optimizer_effects(now: Batch, *, global_x: Fraction | int = 1, per_rank_x: F
           "microbatch": Fraction(micro_x)}
     nows = {"global_batch": now.global_samples, "per_rank_batch": now.per_rank,
             "microbatch": now.microbatch}
-    batch = {k: {"now": nows[k], "after": _size(nows[k], xs[k]), "factor": float(xs[k])}
-             for k in xs}
+    batch: dict = {k: {"now": nows[k], "after": _size(nows[k], xs[k]), "factor": float(xs[k])}
+                   for k in xs}
     batch["optimizer_steps_per_sample"] = {"factor": float(1 / xs["global_batch"])}
     batch["global_batch_changes"] = xs["global_batch"] != 1
     g = now.global_samples

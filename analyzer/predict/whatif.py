@@ -218,7 +218,6 @@ def simulate_period(orders: dict[int, list[Action]], fwd_us: Sequence[float],
     """
     ready = {r: 0.0 for r in orders}
     starts: list[float] = []
-    res = None
     for _ in range(max(steps, 3)):
         res = simulate(orders, fwd_us, bwd_us, hop_us, ready)
         starts.append(min(a[4] for a in res.actions))
@@ -383,7 +382,8 @@ def _nnls3(rows: list[tuple[float, float, float]], y: list[float]) -> tuple[floa
             if res < best_res:
                 best, best_res = np.zeros(3), res
                 best[list(cols)] = x
-    return tuple(float(v) for v in best / scale)
+    fit = best / scale
+    return float(fit[0]), float(fit[1]), float(fit[2])
 
 
 def chunk_cost_split(raw_events: list, samples: dict[int, int]) -> list[dict]:

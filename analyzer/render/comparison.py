@@ -561,17 +561,17 @@ def render_compare_terminal(c: Comparison, console: Console,
               Text(str(r.status))) for r in changed.itertuples()])
         for r in changed[changed["detail"] != ""].itertuples():
             console.print(Text(f"{r.label} changed: {r.detail}"))
-    rows = []
+    timing = []
     s = c.step
     if s.a is not None or s.b is not None:
-        rows.append(("step (median)", _ms(s.a.median_us if s.a else None),
-                     _ms(s.b.median_us if s.b else None), _signed(s.delta_us / 1e3, 3),
-                     _signed(s.delta_pct)))
+        timing.append(("step (median)", _ms(s.a.median_us if s.a else None),
+                       _ms(s.b.median_us if s.b else None), _signed(s.delta_us / 1e3, 3),
+                       _signed(s.delta_pct)))
     for r in c.breakdown.itertuples():
-        rows.append((f"{r.label}, per profiled step", _ms(r.a_us), _ms(r.b_us),
-                     _signed(r.delta_us / 1e3, 3), _signed(r.delta_pct)))
+        timing.append((f"{r.label}, per profiled step", _ms(r.a_us), _ms(r.b_us),
+                       _signed(r.delta_us / 1e3, 3), _signed(r.delta_pct)))
     print_table(console, "Step time and breakdown (ms)", [
-        Col("", "left", wrap="word"), Col("A"), Col("B"), Col("B − A"), Col("B − A %")], rows,
+        Col("", "left", wrap="word"), Col("A"), Col("B"), Col("B − A"), Col("B − A %")], timing,
         caption=f"step: {s.noise}")
     r = c.ranks
     if len(r):

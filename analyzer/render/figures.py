@@ -17,6 +17,7 @@ on large runs (the straggler heatmap's bins, the memory timeline's points).
 from __future__ import annotations
 
 import html
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -237,7 +238,7 @@ _PHASE_NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "
 _PHASE_COLORS = {"F": "#4C78A8", "B": "#F58518", "I": "#F58518", "W": "#72B7B2"}
 
 
-def pipeline_gantt(chunks: pd.DataFrame, gaps: pd.DataFrame, step: int) -> dict:
+def pipeline_gantt(chunks: pd.DataFrame, gaps: pd.DataFrame, step: int | None) -> dict:
     """Forward/backward chunks of one step per rank and stage (ms from the step's first
     forward), with each rank's bubbles shaded red on each of its rows. ``chunks`` and ``gaps``:
     :attr:`pardiag.analyzer.analyses.pipeline.PipelineResult.chunks` and ``.gaps`` (aligned
@@ -361,12 +362,11 @@ def routing_figure(routing) -> dict:
                      hovertemplate="mean %{y:,.0f}<extra></extra>", xaxis="x", yaxis="y")]
     # one plot, or two side by side with 0.18 of the width between them
     right = 1.0 if not len(m) else (1.0 - 0.18) / 2
-    layout = {"xaxis": {"anchor": "y", "domain": [0.0, right], "title": _title("rank"),
-                        "type": "category"},
-              "yaxis": {"anchor": "x", "domain": [0.0, 1.0],
-                        "title": _title(f"{unit} per step")},
-              "annotations": [_subplot_title(f"{unit} per rank and step (expert side)",
-                                             right / 2)]}
+    layout: dict[str, Any] = {
+        "xaxis": {"anchor": "y", "domain": [0.0, right], "title": _title("rank"),
+                  "type": "category"},
+        "yaxis": {"anchor": "x", "domain": [0.0, 1.0], "title": _title(f"{unit} per step")},
+        "annotations": [_subplot_title(f"{unit} per rank and step (expert side)", right / 2)]}
     if len(m):
         piv = m.pivot_table(index="src", columns="dst", values="rows", aggfunc="sum")
         data.append(_heatmap(z=_f32(piv.to_numpy()), x=_ranks(piv.columns), y=_ranks(piv.index),

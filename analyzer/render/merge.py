@@ -43,6 +43,7 @@ import gzip
 import math
 from collections import Counter
 from pathlib import Path
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -98,7 +99,7 @@ class RankEvents:
     unmatched_flows: int
 
 
-def _is_int(v) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -199,6 +200,7 @@ def _map_pids(timed: list[dict], rank: int) -> _RankPids:
     new_pid = {k: rank * PID_STRIDE + i for i, k in enumerate(own)}
     folded = {k for k in order if k not in new_pid}  # Kineto's Spans/Traces/"": into the host
     for k in folded:
+        assert host is not None  # k is of order, whose first is the host
         new_pid[k] = new_pid[host]
     return _RankPids(own, host, new_pid, folded)
 
@@ -219,7 +221,7 @@ class _TidMap:
             if e.get("name") == "thread_name" and isinstance(e.get("args"), dict):
                 self._thread_names.setdefault((_key(e.get("pid")), _key(e.get("tid"))),
                                               str(e["args"].get("name", "")))
-        used = [e.get("tid") for e in events if _is_int(e.get("tid"))]
+        used = [t for t in (e.get("tid") for e in events) if _is_int(t)]
         self._next_tid = max(used, default=0) + 1
         self.new_tid: dict[tuple[str, str], int] = {}
         self.named: dict[tuple[int, int], str] = {}
@@ -357,7 +359,7 @@ def merge_traces(traces: TraceSet, offsets_us: dict[int, float], output: Path) -
     """
     output = Path(output)
     n = len(traces.ranks)
-    info = {"source": traces.source, "pid_stride": PID_STRIDE, "ranks": []}
+    info: dict[str, Any] = {"source": traces.source, "pid_stride": PID_STRIDE, "ranks": []}
     written = dropped = unmatched = 0
     pids: dict[int, list[int]] = {}
     offsets = {r: float(offsets_us.get(r, 0.0)) for r in traces.ranks}

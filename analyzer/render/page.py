@@ -43,8 +43,8 @@ PLOTLY_CDN_URL = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
 
 def _static(name: str) -> str:
     """A file of the page's own CSS or script, shipped in ``pardiag/analyzer/render/static/``."""
-    return importlib.resources.files("pardiag.analyzer.render").joinpath("static", name).read_text(
-        encoding="utf-8")
+    return importlib.resources.files("pardiag.analyzer.render").joinpath("static").joinpath(
+        name).read_text(encoding="utf-8")
 
 
 #: The page's style sheet (``static/report.css``).

@@ -148,7 +148,7 @@ def summary(report: Report, page: Page) -> dict:
     b, traces = report.breakdown, report.traces
     run = traces.run_info
     domains = sorted(set(b.totals["domain"]))
-    rows = [
+    rows: list[tuple[str, object]] = [
         ("source", traces.source),
         ("ranks", f"{len(traces.ranks)} ({', '.join(str(r) for r in traces.ranks)})"
          if len(traces.ranks) <= 16 else f"{len(traces.ranks)}"),
@@ -630,6 +630,7 @@ def hta(report: Report, page: Page) -> dict:
     (:class:`pardiag.analyzer.analyses.hta_extras.HtaExtras`; ms, µs), and a line per HTA
     failure."""
     h = report.hta
+    assert h is not None  # the section is drawn when --hta ran
     out: dict = {"version": h.hta_version or "", "delay": f"{h.consecutive_kernel_delay_us:g}",
                  "messages": list(h.messages)}
     if len(h.idle):

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from rich.cells import cell_len
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -45,7 +45,7 @@ class Col:
 
     header: str
     """Heading; wraps at spaces, never cut."""
-    justify: str = "right"
+    justify: JustifyMethod = "right"
     """``"left"`` or ``"right"``."""
     drop: int = 0
     """0: always shown; otherwise, when the table is wider than the console, columns are left

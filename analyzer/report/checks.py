@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import pandas as pd
 
 from ..analyses.runsetup import SETUP_LABELS, schedule_name
 from .reading import StepDelta, num, pct_change, peak_bytes, straggler_of, value_text
-from .schema import ReportDocument, SetupSection, to_builtins
+from .schema import RecommendationEntry, ReportDocument, SetupSection, to_builtins
 
 #: ``params`` keys that describe a recommendation but are not part of the change.
 _DESCRIPTIVE_PARAMS = {"layer_names"}
@@ -65,7 +66,7 @@ class RecommendationCheck:
     kind: str
     title: str
     change: str
-    params: dict
+    params: dict[str, Any]
     rank: int | None
     status: str
     why: str
@@ -92,7 +93,7 @@ _PARAM_FIELD = {"microbatches": "microbatches", "schedule": "pipeline_schedule",
                 "overlap_comm": "zero_overlap_comm"}
 
 
-def _param_value(key: str, setup: SetupSection):
+def _param_value(key: str, setup: SetupSection) -> Any:
     """What a run's setup says about one ``params`` key of a recommendation (None: unknown or
     not applicable, see :data:`_PARAM_FIELD`)."""
     dims = setup.dims
@@ -109,7 +110,7 @@ def _param_value(key: str, setup: SetupSection):
     return None
 
 
-def _same(want, have) -> bool:
+def _same(want: object, have: object) -> bool:
     if isinstance(want, (int, float)) and isinstance(have, (int, float)) and not isinstance(
             want, bool) and not isinstance(have, bool):
         return abs(want - have) <= 0.01 * max(abs(want), 1e-12)   # 1%: bucket_cap_mb rounding
@@ -118,7 +119,8 @@ def _same(want, have) -> bool:
     return want == have
 
 
-def _check_params(params: dict, sb: SetupSection, summary_b: ReportDocument) -> tuple[str, str]:
+def _check_params(params: dict[str, Any], sb: SetupSection, summary_b: ReportDocument
+                  ) -> tuple[str, str]:
     """(status, why) of one recommendation's ``params`` against B's setup."""
     parts, unknown, differ = [], [], []
     for key, want in params.items():
@@ -176,7 +178,8 @@ def check_recommendations(summary_a: ReportDocument, summary_b: ReportDocument, 
     args_changed = tuple(x for d in args["detail"] for x in str(d).split("; ") if x)
     changed = setup[setup["status"] == "changed"]
     out = []
-    recs = [(i, r) for i, r in enumerate(summary_a.recommendations, 1)]
+    recs: list[tuple[int | None, RecommendationEntry]] = [
+        (i, r) for i, r in enumerate(summary_a.recommendations, 1)]
     recs += [(None, r) for r in summary_a.not_recommended]
     for rank, r in recs:
         params = to_builtins(r.params)   # the keys its kind wrote, in their order

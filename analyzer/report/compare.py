@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -60,7 +62,7 @@ from .reading import (
     step_stats,
     straggler_of,
 )
-from .schema import ReportDocument, SetupSection, decode_report
+from .schema import OperatorsSection, ReportDocument, SetupSection, decode_report
 
 #: Version of the comparison JSON (``pardiag compare --json``).
 COMPARE_SCHEMA_VERSION = 1
@@ -223,9 +225,10 @@ def _per_key(ranks: pd.DataFrame, by: str) -> pd.DataFrame:
     return out[["key", "ranks", *RANK_VALUES]]
 
 
-def _args_map(args) -> dict[str, str]:
+def _args_map(args: Iterable[Any] | None) -> dict[str, str]:
     """``["--a", "1", "--flag", "pos"]`` → ``{"--a": "1", "--flag": "", "arg 1": "pos"}``."""
-    out, i, pos = {}, 0, 0
+    out: dict[str, str] = {}
+    i, pos = 0, 0
     args = [str(a) for a in args or []]
     while i < len(args):
         a = args[i]
@@ -245,7 +248,7 @@ def _args_map(args) -> dict[str, str]:
     return out
 
 
-def args_changes(a_args, b_args) -> list[str]:
+def args_changes(a_args: Iterable[Any] | None, b_args: Iterable[Any] | None) -> list[str]:
     """The script arguments that differ, one ``"--flag: a → b"`` each (``(not set)`` where a
     run lacks the flag; a flag without a value shows ``set``)."""
     ma, mb = _args_map(a_args), _args_map(b_args)
@@ -253,7 +256,7 @@ def args_changes(a_args, b_args) -> list[str]:
     for k in list(ma) + [k for k in mb if k not in ma]:
         va, vb = ma.get(k), mb.get(k)
         if va != vb:
-            def show(v):
+            def show(v: str | None) -> str:
                 return "(not set)" if v is None else (v if v != "" else "set")
             out.append(f"{k}: {show(va)} → {show(vb)}")
     return out
@@ -266,7 +269,7 @@ def setup_rows(sa: SetupSection, sb: SetupSection) -> pd.DataFrame:
     ua, ub = set(sa.unknown or ()), set(sb.unknown or ())
     rows = []
 
-    def add(field, label, va, vb, ka, kb):
+    def add(field: str, label: str, va: Any, vb: Any, ka: bool, kb: bool) -> None:
         if va is None and vb is None and not (ka or kb):
             return
         if va is None and vb is None:
@@ -379,7 +382,7 @@ def _operators(sa: ReportDocument, sb: ReportDocument) -> tuple[pd.DataFrame, st
             f"no operator times in {' and '.join(missing)} (a summary written before pardiag "
             "kept them: report the run folder again)")
 
-    def frame(o):
+    def frame(o: OperatorsSection) -> pd.DataFrame:
         steps = max(int(o.rank_steps or 1), 1)
         rows = [{"kind": str(r.kind), "name": str(r.name), "us": num(r.time_us) / steps,
                  "count": num(r.count) / steps} for r in o.rows]
@@ -434,7 +437,7 @@ def _warnings(sa_sum: ReportDocument, sb_sum: ReportDocument, sa: SetupSection,
     return out
 
 
-def compare_summaries(a: ReportDocument | dict, b: ReportDocument | dict, *,
+def compare_summaries(a: ReportDocument | dict[str, Any], b: ReportDocument | dict[str, Any], *,
                       a_source: str = "A", b_source: str = "B") -> Comparison:
     """Compare two runs' summaries (A the reference, B the candidate): typed
     (:class:`.schema.ReportDocument`, :attr:`pardiag.Report.document`) or as the JSON dicts
@@ -506,7 +509,7 @@ def gate(c: Comparison, pct: float) -> GateResult:
 # ---------------------------------------------------------------------------- JSON
 
 
-def _clean(v):
+def _clean(v: Any) -> Any:
     if hasattr(v, "item") and not isinstance(v, (list, dict, str)):
         v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
@@ -514,12 +517,12 @@ def _clean(v):
     return v
 
 
-def _records(df: pd.DataFrame) -> list[dict]:
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [{c: _clean(v) for c, v in zip(df.columns, row)}
             for row in df.itertuples(index=False)]
 
 
-def comparison_json(c: Comparison, gate_result: GateResult | None = None) -> dict:
+def comparison_json(c: Comparison, gate_result: GateResult | None = None) -> dict[str, Any]:
     """The comparison as plain JSON values (``pardiag compare --json``; NaN as null)::
 
         {"schema_version", "a", "b", "warnings", "by", "setup": [...], "step": {"a", "b",
@@ -527,7 +530,7 @@ def comparison_json(c: Comparison, gate_result: GateResult | None = None) -> dic
          "bubbles", "stragglers", "skew", "imbalance", "collectives", "bandwidth",
          "operators", "operators_note", "recommendation_checks": [...], "gate"}
     """
-    def stats(s: StepStats | None):
+    def stats(s: StepStats | None) -> dict[str, Any] | None:
         return None if s is None else {k: _clean(v) if not isinstance(v, tuple) else list(v)
                                        for k, v in dataclasses.asdict(s).items()}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -62,7 +63,7 @@ class StepDelta:
     noise: str
 
 
-def num(v) -> float:
+def num(v: object) -> float:
     """A JSON number as float (None, UNSET and non-numbers: NaN)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return float("nan")
@@ -94,7 +95,7 @@ def setup_of(doc: ReportDocument) -> SetupSection:
     run, lay = doc.run, doc.layout
     pipe = lay.pipeline
     sch = run.schedule if run is not None else None
-    out = {"source": "recorded" if run is not None else "traces",
+    out: dict[str, Any] = {"source": "recorded" if run is not None else "traces",
            "script": run.script if run else None,
            "script_args": run.script_args if run and run.script else None,
            "world_size": run.world_size if run else None,
@@ -187,7 +188,7 @@ def pct_change(a: float, b: float) -> float:
     return 100.0 * (b - a) / a if not (math.isnan(a) or math.isnan(b)) and a != 0 else float("nan")
 
 
-def value_text(v) -> str:
+def value_text(v: object) -> str:
     """A setup value as short text: ``–`` for None, ``k=v, …`` for a dict, ``a, b`` for a
     list."""
     if v is None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -53,7 +53,7 @@ class AnalysisOptions:
         hta: also run the opt-in HTA analyses (idle time breakdown, kernel launch statistics).
     """
 
-    comm_patterns: tuple[re.Pattern, ...] = ()
+    comm_patterns: tuple[re.Pattern[str], ...] = ()
     #: run the opt-in HTA analyses (:mod:`pardiag.analyzer.analyses.hta_extras`; ``report --hta``)
     hta: bool = False
 
@@ -65,11 +65,11 @@ class Analysis:
     the JSON summary, :mod:`.schema`)."""
 
     name: str
-    compute: Callable[[TraceSet, AnalysisOptions, dict], Any]
-    to_json: Callable[[Any, TraceSet], dict]
+    compute: Callable[[TraceSet, AnalysisOptions, dict[str, Any]], Any]
+    to_json: Callable[[Any, TraceSet], dict[str, Any]]
 
 
-def _clean(v):
+def _clean(v: Any) -> Any:
     """JSON-safe scalar: NaN/inf and pandas' NA become None, numpy scalars become Python
     numbers."""
     if v is pd.NA:
@@ -81,7 +81,7 @@ def _clean(v):
     return v
 
 
-def records(df: pd.DataFrame, columns=None) -> list[dict]:
+def records(df: pd.DataFrame, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """Rows of ``df`` as JSON-safe dicts (NaN → None)."""
     cols = list(columns or df.columns)
     if not cols:
@@ -96,7 +96,11 @@ _TOTAL_KEYS = ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_u
                "overlap_share_pct", "exposed_comm_pct", "idle_pct")
 
 
-def rows(cls: type, df: pd.DataFrame, columns=None) -> list:
+_Row = TypeVar("_Row")
+
+
+def rows(cls: type[_Row], df: pd.DataFrame, columns: Iterable[str] | None = None
+         ) -> list[_Row]:
     """Rows of ``df`` as ``cls`` Structs (:func:`records`: NaN → None; values kept as they
     are, not converted to the fields' types).
 
@@ -105,15 +109,15 @@ def rows(cls: type, df: pd.DataFrame, columns=None) -> list:
     return [cls(**rec) for rec in records(df, columns)]
 
 
-def _rows_by_rank(df: pd.DataFrame, columns: list[str]) -> dict[int, list[dict]]:
+def _rows_by_rank(df: pd.DataFrame, columns: list[str]) -> dict[int, list[dict[str, Any]]]:
     """``{rank: its rows of df as records (columns)}``, rows in table order."""
-    out: dict[int, list[dict]] = {}
+    out: dict[int, list[dict[str, Any]]] = {}
     for r, rec in zip(df["rank"].tolist(), records(df, columns)):
         out.setdefault(r, []).append(rec)
     return out
 
 
-def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict:
+def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict[str, Any]:
     """``ranks``, ``collectives``, ``step_time``: per rank its file, totals, steps and
     collectives."""
     # each table's rows converted once and handed to their rank (not a filter per rank)
@@ -134,7 +138,7 @@ def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict:
             "step_time": rows(js.StepTimeRow, b.step_time)}
 
 
-def _sync_json(r: SyncResult, traces: TraceSet) -> dict:
+def _sync_json(r: SyncResult, traces: TraceSet) -> dict[str, Any]:
     return {"sync": js.SyncSection(
         matched_by=r.matched_by,
         straggler=r.straggler,
@@ -148,30 +152,31 @@ def _sync_json(r: SyncResult, traces: TraceSet) -> dict:
     )}
 
 
-def _pipeline_json(r: PipelineResult, traces: TraceSet) -> dict:
+def _pipeline_json(r: PipelineResult, traces: TraceSet) -> dict[str, Any]:
     return {"pipeline": None if r.bubbles.empty else js.PipelineSection(
         schedule=None if r.schedule is None else js.PipelineSchedule(**r.schedule),
         summary=rows(js.BubbleSummary, summarize_bubbles(r.bubbles)),
         bubbles=rows(js.BubbleRow, r.bubbles))}
 
 
-def _balance_json(r: BalanceResult, traces: TraceSet) -> dict:
+def _balance_json(r: BalanceResult, traces: TraceSet) -> dict[str, Any]:
     return {"imbalance": js.ImbalanceSection(summary=rows(js.ImbalanceSummary, r.summary),
                                              groups=rows(js.ImbalanceStep, r.groups),
                                              skew_origin=rows(js.SkewOrigin, r.skew))}
 
 
-def _causes_json(r: CausesResult, traces: TraceSet) -> dict:
+def _causes_json(r: CausesResult, traces: TraceSet) -> dict[str, Any]:
+    input_bound: dict[str, Any] | None = None if r.input_bound is None else {
+        k: ({str(a): _clean(b) for a, b in v.items()} if isinstance(v, dict)
+            else _clean(v) if not isinstance(v, list) else v)
+        for k, v in r.input_bound.items()}
+    host_bound: dict[str, Any] | None = None if r.host_bound is None else {
+        k: _clean(v) if not isinstance(v, list) else v for k, v in r.host_bound.items()}
     return {"causes": js.CausesSection(
         per_rank=rows(js.CauseRank, r.per_rank), per_step=rows(js.CauseStep, r.per_step),
         excess=rows(js.CauseExcess, r.excess),
-        input_bound=None if r.input_bound is None else js.InputBound(**{
-            k: ({str(a): _clean(b) for a, b in v.items()} if isinstance(v, dict)
-                else _clean(v) if not isinstance(v, list) else v)
-            for k, v in r.input_bound.items()}),
-        host_bound=None if r.host_bound is None else js.HostBound(**{
-            k: _clean(v) if not isinstance(v, list) else v
-            for k, v in r.host_bound.items()}))}
+        input_bound=None if input_bound is None else js.InputBound(**input_bound),
+        host_bound=None if host_bound is None else js.HostBound(**host_bound))}
 
 
 def _run_step_us(b: TimeBreakdown) -> float:
@@ -181,15 +186,15 @@ def _run_step_us(b: TimeBreakdown) -> float:
     return float(run["median_us"].iloc[0]) if len(run) else float("nan")
 
 
-def _memory_json(r: MemoryResult, traces: TraceSet) -> dict:
+def _memory_json(r: MemoryResult, traces: TraceSet) -> dict[str, Any]:
     return {"memory": js.MemorySection(
         per_rank=rows(js.MemoryRank, r.per_rank),
         imbalance=js.MemoryImbalance(**{k: _clean(v) for k, v in r.imbalance.items()}),
         peak_definition=r.peak_definition)}
 
 
-def _layout_json(r: LayoutResult, traces: TraceSet) -> dict:
-    out = {"source": r.source, "dims": r.dims, "strategies": r.strategies,
+def _layout_json(r: LayoutResult, traces: TraceSet) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": r.source, "dims": r.dims, "strategies": r.strategies,
            "pipeline": None if r.pipeline is None else js.LayoutPipeline(**r.pipeline),
            "nodes": r.nodes, "groups": rows(js.ProcessGroupRow, r.groups)}
     if r.source != "recorded":
@@ -203,7 +208,7 @@ def _layout_json(r: LayoutResult, traces: TraceSet) -> dict:
     return {"layout": js.LayoutSection(**out)}
 
 
-def _pipeline(traces: TraceSet, opts: AnalysisOptions, done: dict) -> PipelineResult:
+def _pipeline(traces: TraceSet, opts: AnalysisOptions, done: dict[str, Any]) -> PipelineResult:
     sync: SyncResult = done["sync"]
     p2p = set()
     if len(sync.per_rank):
@@ -220,7 +225,7 @@ def _pipeline(traces: TraceSet, opts: AnalysisOptions, done: dict) -> PipelineRe
 MAX_JSON_PATH_SEGMENTS = 2000
 
 
-def _critical_path_json(r: CriticalPathResult, traces: TraceSet) -> dict:
+def _critical_path_json(r: CriticalPathResult, traces: TraceSet) -> dict[str, Any]:
     """``critical_path`` (:class:`CriticalPathResult`; µs, %)."""
     return {"critical_path": js.CriticalPathSection(
         summary=r.describe() or None, steps=rows(js.PathStep, r.steps),
@@ -230,13 +235,13 @@ def _critical_path_json(r: CriticalPathResult, traces: TraceSet) -> dict:
         note=r.why_none or None)}
 
 
-def _dim_overlap_json(r: DimOverlapResult, traces: TraceSet) -> dict:
+def _dim_overlap_json(r: DimOverlapResult, traces: TraceSet) -> dict[str, Any]:
     return {"overlap_per_dimension": js.DimOverlapSection(
         summary=rows(js.DimOverlapSummary, r.summary),
         per_rank=rows(js.DimOverlapRank, r.per_rank), note=r.why_none or None)}
 
 
-def _routing_json(r: RoutingResult, traces: TraceSet) -> dict:
+def _routing_json(r: RoutingResult, traces: TraceSet) -> dict[str, Any]:
     """``routing`` (:class:`RoutingResult`; rows in the unit of each group, µs), or None
     without routed all-to-alls and notes about them."""
     if r.groups.empty:
@@ -248,7 +253,7 @@ def _routing_json(r: RoutingResult, traces: TraceSet) -> dict:
         matrix=rows(js.RoutingCell, r.matrix), notes=list(r.notes), finding=r.describe())}
 
 
-def _recommendation(rec: dict) -> js.RecommendationEntry:
+def _recommendation(rec: dict[str, Any]) -> js.RecommendationEntry:
     """A :meth:`Recommendation.to_json` dict as its Struct (``params`` and ``batch`` too)."""
     batch = rec.get("batch") or {}
     sizes = {k: js.BatchSize(**v) if k != "optimizer_steps_per_sample" else js.BatchFactor(**v)
@@ -258,12 +263,12 @@ def _recommendation(rec: dict) -> js.RecommendationEntry:
         "batch": js.BatchEffect(**{**batch, **sizes})})
 
 
-def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
+def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict[str, Any]:
+    step: dict[str, Any] | None = None if r.step is None else {
+        k: _clean(v) if not isinstance(v, list) else v for k, v in r.step.to_json().items()}
     return {"verdict": r.verdict,
             "straggler": r.straggler,
-            "step": js.MeasuredStep(**{k: _clean(v) if not isinstance(v, list) else v
-                                       for k, v in r.step.to_json().items()})
-            if r.step is not None else None,
+            "step": js.MeasuredStep(**step) if step is not None else None,
             "recommendations": [_recommendation(c.to_json()) for c in r.recommendations],
             "not_recommended": [_recommendation(c.to_json()) for c in r.rejected],
             "recommendations_note": r.why_none or None,
@@ -273,13 +278,13 @@ def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict:
             "peak_definition": r.peak_definition or None}
 
 
-def _operators_json(r: OperatorsResult, traces: TraceSet) -> dict:
+def _operators_json(r: OperatorsResult, traces: TraceSet) -> dict[str, Any]:
     return {"operators": js.OperatorsSection(
         rank_steps=r.rank_steps, total=len(r.totals),
         rows=rows(js.OperatorRow, r.totals.head(MAX_JSON_OPERATORS)))}
 
 
-def _hta_json(r: HtaExtras, traces: TraceSet) -> dict:
+def _hta_json(r: HtaExtras, traces: TraceSet) -> dict[str, Any]:
     h = hta_json(r)["hta"]
     return {"hta": js.HtaSection(**{**h, "idle": [js.HtaIdle(**x) for x in h["idle"]],
                                     "launches": [js.HtaLaunches(**x) for x in h["launches"]]})}
@@ -388,8 +393,12 @@ class Report:
         return out
 
 
+_R = TypeVar("_R", bound=Report)
+
+
+# (a TypeVar's default class: mypy cannot check a default against every subclass it may be)
 def build_report(traces: TraceSet, options: AnalysisOptions = AnalysisOptions(),
-                 cls: type[Report] = Report) -> Report:
+                 cls: type[_R] = Report) -> _R:  # type: ignore[assignment]
     """Run every registered analysis on ``traces``, in registry order, into a ``cls`` (a
     :class:`Report` or a subclass)."""
     results: dict[str, Any] = {}
@@ -423,7 +432,7 @@ def report_document(report: Report) -> js.ReportDocument:
     return js.ReportDocument(**fields)
 
 
-def report_json(report: Report) -> dict:
+def report_json(report: Report) -> dict[str, Any]:
     """The JSON summary as plain Python values (:func:`report_document` through
     :func:`.schema.to_builtins`: dicts in field order, NaN kept for the writer to write as
     null, keys written only in some cases left out).
@@ -445,4 +454,5 @@ def report_json(report: Report) -> dict:
     Raises:
         TypeError: an analysis wrote a key the schema has no field for.
     """
-    return js.to_builtins(report_document(report))
+    doc: dict[str, Any] = js.to_builtins(report_document(report))
+    return doc

@@ -573,7 +573,7 @@ def to_builtins(doc: msgspec.Struct) -> Any:
     return msgspec.to_builtins(doc, enc_hook=_plain)
 
 
-def decode_report(data: bytes | dict, source: str | Path = "summary") -> ReportDocument:
+def decode_report(data: bytes | dict[str, Any], source: str | Path = "summary") -> ReportDocument:
     """A report JSON (its bytes, or the dict it parses to) as a :class:`ReportDocument`.
 
     Args:

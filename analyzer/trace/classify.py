@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -69,7 +70,10 @@ def pattern_key(comm_patterns: Iterable) -> tuple[str, ...]:
     return tuple(p.pattern if isinstance(p, re.Pattern) else str(p) for p in comm_patterns)
 
 
-def cached(trace: RankTrace, key, compute):
+_T = TypeVar("_T")
+
+
+def cached(trace: RankTrace, key: Hashable, compute: Callable[[], _T]) -> _T:
     """``compute()`` once per trace object and ``key``: the breakdown and the synchronization
     analysis share one classification of each trace. The cache lives on the trace object, so a
     trace made with ``dataclasses.replace`` starts afresh; do not modify ``trace.events`` in place
@@ -90,7 +94,7 @@ def name_codes(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
                                                             use_na_sentinel=False))
 
 
-def name_test(trace: RankTrace, key: str, test) -> np.ndarray:
+def name_test(trace: RankTrace, key: Hashable, test: Callable[[str], object]) -> np.ndarray:
     """``test(name)`` for every event of ``trace`` (bool array), evaluated once per distinct
     name and cached under ``key``; a fixed test per key."""
     def compute() -> np.ndarray:

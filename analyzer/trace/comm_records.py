@@ -205,9 +205,9 @@ def attach_trace_times(records: list[dict], trace: RankTrace,
                 # gloo runs reduce_scatter as an all_reduce: keep what the program asked for
                 rec["transport_op"], rec["op"] = rec["op"], issued
         if rec["matched"] == "none" and j >= 0:
-            k = kernels.get(int(iss_rows.index[j]))
-            if k is not None:
-                rec.update(start_us=k[0], end_us=k[1], matched="kernel")
+            span = kernels.get(int(iss_rows.index[j]))
+            if span is not None:
+                rec.update(start_us=span[0], end_us=span[1], matched="kernel")
             else:
                 rec.update(start_us=float(iss_start[j]), end_us=float(iss_end[j]), matched="op")
         out.append(rec)

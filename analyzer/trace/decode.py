@@ -69,7 +69,9 @@ class _LiteFields(_Fields):
     """:class:`_Fields` with ``args`` decoded into the three args every row reads (None where
     the args are ``null``; an args value of another kind fails the decode)."""
 
-    args: _LiteArgs | None = _NO_LITE
+    # a subclass decodes the field into another type (msgspec allows it; mypy reads it as an
+    # incompatible override)
+    args: _LiteArgs | None = _NO_LITE  # type: ignore[assignment]
 
 
 class _LiteComplete(_LiteFields, tag_field="ph", tag="X"):
@@ -101,8 +103,8 @@ _SKIPPED = functools.reduce(operator.or_, _SKIPPED_TYPES)
 
 #: The kind of each struct the tagged decoders build: 1 complete, 2 instant, 3 metadata, 0 an
 #: event no table reads (:func:`_split_tagged`).
-_TYPE_CODES = {_Complete: 1, _LiteComplete: 1, _Instant: 2, _LiteInstant: 2, _Meta: 3,
-               **dict.fromkeys(_SKIPPED_TYPES, 0)}
+_TYPE_CODES: dict[type, int] = {_Complete: 1, _LiteComplete: 1, _Instant: 2, _LiteInstant: 2,
+                                _Meta: 3, **dict.fromkeys(_SKIPPED_TYPES, 0)}
 
 
 _TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -130,10 +132,13 @@ _ARGS_LIST_DECODER = msgspec.json.Decoder(list[_ArgsOnly])
 #: pardiag reads are built. Events that fail it (args that are not objects) are decoded with
 #: :data:`_TAGGED_DECODER` (args undecoded), and a ``ph`` outside the format's (or none, or not
 #: a string) with :data:`_EVENTS_DECODER`.
-_LITE_DECODER = msgspec.json.Decoder(list[_LiteComplete | _LiteInstant | _Meta | _SKIPPED])
+# (_SKIPPED is a union built at run time, which mypy cannot read as a type)
+_LITE_DECODER = msgspec.json.Decoder(
+    list[_LiteComplete | _LiteInstant | _Meta | _SKIPPED])  # type: ignore[valid-type]
 
 
-_TAGGED_DECODER = msgspec.json.Decoder(list[_Complete | _Instant | _Meta | _SKIPPED])
+_TAGGED_DECODER = msgspec.json.Decoder(
+    list[_Complete | _Instant | _Meta | _SKIPPED])  # type: ignore[valid-type]
 
 
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
@@ -153,7 +158,7 @@ _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, ValueError, Type
                   RecursionError)
 
 
-def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=None
+def parse_trace_fast(raw: bytes | list[bytes], path: Path, display_time_unit_default=None
                      ) -> tuple[dict, tuple] | None:
     """Strict-JSON fast path of reading a trace: the document's metadata and the
     :func:`events_frame` result, decoding only the event fields pardiag uses (msgspec), in
@@ -167,8 +172,9 @@ def parse_trace_fast(raw: bytes | list, path: Path, display_time_unit_default=No
         tolerant path, :func:`read_trace_bytes` + :func:`events_frame`, which gives the same
         table or the right error).
     """
-    holder = raw if isinstance(raw, list) else None
-    raw = holder[0] if holder is not None else raw
+    holder: list[bytes] | None = None
+    if isinstance(raw, list):
+        holder, raw = raw, raw[0]
     try:
         split = _split_document(raw)
         if split is None:

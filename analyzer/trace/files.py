@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -31,19 +32,23 @@ from .parse import (
 from .ranks import merged_rank_of_pids
 from .traceset import RankTrace, Summary, has_step_names
 
+_S = TypeVar("_S", bound=Summary)
 
-class RankReducer(Protocol):
+
+class RankReducer(Protocol[_S]):
     """The per-rank reduction the loader runs where a file is parsed (worker processes), passed
-    in by the caller (:data:`pardiag.analyzer.per_rank.store.REDUCER`)."""
+    in by the caller (:data:`pardiag.analyzer.per_rank.store.REDUCER`); ``_S`` is the type of
+    its summaries (what :meth:`store` takes is what :meth:`summarize` gave)."""
 
-    def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings, repairs,
-                  has_steps: bool, stat) -> Summary:
+    def summarize(self, trace: RankTrace, comm_patterns: list, *, warnings: Iterable[str],
+                  repairs: Iterable[str], has_steps: bool | None,
+                  stat: os.stat_result | None) -> _S:
         """The rank's summary (``trace.rank`` is provisional, -1)."""
 
-    def find(self, path: Path, comm_patterns: list) -> Summary | None:
+    def find(self, path: Path, comm_patterns: list) -> _S | None:
         """A stored summary of ``path`` that is current, else None (may raise OSError)."""
 
-    def store(self, summary: Summary, path: Path) -> None:
+    def store(self, summary: _S, path: Path) -> None:
         """Store ``summary`` of ``path`` where :meth:`find` looks."""
 
 
@@ -130,6 +135,7 @@ def _finish_rank(out: ParsedFile, reducer: RankReducer | None, patterns, repairs
     report from the raw traces and one from stored summaries say the same); with a
     ``reducer``, the rank is summarized (on the same trace object: its classification is made
     once), the summary stored with ``cache`` and the events dropped unless ``keep_events``."""
+    assert out.metadata is not None and out.thread_names is not None  # a rank's trace was read
     trace = RankTrace(rank=-1, path=out.path, events=out.events, metadata=out.metadata,
                       rank_source="", thread_names=out.thread_names, notes=tuple(out.notes))
     compiled = [re.compile(p) for p in patterns]
@@ -164,9 +170,11 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
     # group list (pg_config) is that rank's alone
     info = vocab.DISTRIBUTED_INFO.get(meta)
     header = info if isinstance(info, dict) else {}
-    merged = meta.get("pardiagMerge") if isinstance(meta.get("pardiagMerge"), dict) else {}
-    own = {e.get("rank"): e.get("metadata") for e in merged.get("ranks") or []
-           if isinstance(e, dict) and isinstance(e.get("metadata"), dict)}
+    merged = meta.get("pardiagMerge")
+    if not isinstance(merged, dict):
+        merged = {}
+    own: dict[Any, dict] = {e.get("rank"): e["metadata"] for e in merged.get("ranks") or []
+                            if isinstance(e, dict) and isinstance(e.get("metadata"), dict)}
     base = {k: v for k, v in meta.items() if k != "pardiagMerge"}
     pieces = []
     for r in sorted(set(mapping.values())):

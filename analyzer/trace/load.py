@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -36,7 +36,7 @@ from . import vocab
 from .classify import STEP_RE
 from .files import ParsedFile, RankReducer, from_summary, parse_file, read_events
 from .ranks import FileFacts, RankFiles, assign_ranks
-from .traceset import RankTrace, TraceSet, time_range
+from .traceset import RankTrace, Sidecars, TraceSet, time_range
 from .workers import default_workers, parse_files
 
 
@@ -128,7 +128,8 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str], check_one_run: boo
             else:
                 rank_meta[typed.rank] = typed
         elif isinstance(doc.get("kind"), str) and isinstance(doc.get("rank"), int):
-            checked = doc   # comms and pipeline typed, other kinds (hang dumps) as they are
+            # comms and pipeline typed, other kinds (hang dumps) as they are
+            checked: dict | layout.CommsSidecar | layout.PipelineSidecar | None = doc
             if doc["kind"] in layout.RANK_SIDECARS:
                 checked, notes = layout.decode_rank_sidecar(doc, f)
                 warnings.extend(notes)
@@ -203,8 +204,8 @@ def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.R
             out.append(f"the profiled run exited with code {run_info.exit_code}")
         for r, msg in sorted(run_info.failed_ranks.items()):
             out.append(f"rank {r} failed during the profiled run: {msg}")
-        for r in run_info.missing_ranks:
-            out.append(f"rank {r} did not finish the profiled run")
+        for missing in run_info.missing_ranks:
+            out.append(f"rank {missing} did not finish the profiled run")
         for line in run_info.hang:
             out.append(f"the profiled run hung and was stopped: {line}")
         if run_info.missing_nodes:
@@ -233,7 +234,7 @@ def _join_windows(parts: list[ParsedFile]) -> ParsedFile:
     where only a summary was kept; correlation ids of later windows shifted past the earlier
     ones', since every window numbers them from the start), thread names together, the first
     file's metadata; no summary (the analyses work from the events)."""
-    frames = []
+    frames: list[pd.DataFrame] = []
     names: dict = {}
     for p in parts:
         ev = p.events
@@ -243,6 +244,7 @@ def _join_windows(parts: list[ParsedFile]) -> ParsedFile:
                 raise TraceError(again.error)
             ev = again.events if not again.pieces else next(
                 q.events for q in again.pieces if q.rank_hint == p.rank_hint)
+            assert ev is not None  # a readable trace, parsed with its events
         if frames:  # correlation ids restart in every window: keep them apart
             base = max(int(f["correlation"].max()) for f in frames) + 1
             ev = ev.assign(correlation=np.where(ev["correlation"] >= 0, ev["correlation"] + base,
@@ -290,7 +292,7 @@ def _renumber_steps(frames: list[pd.DataFrame], paths: list[Path]) -> list[str]:
     return notes
 
 
-def _world_size_warnings(rank_docs: list[tuple[int, dict]],
+def _world_size_warnings(rank_docs: list[tuple[int, dict | None]],
                          run_info: layout.RunFile | None = None
                          ) -> list[str]:
     """One warning when the traces' ``distributedInfo.world_size`` values disagree, or a rank
@@ -359,19 +361,17 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
             explicitly named file that cannot be read is an error too. The paths hold
             different runs (:func:`different_runs`) and ``mixed_runs`` is not set.
     """
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    paths = [Path(p) for p in paths]
-    if not paths:
+    roots = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    if not roots:
         raise TraceError("no input given")
-    files, sidecars, source, info = find_trace_files(paths)
-    explicit = {p for p in paths if p.is_file()}
+    files, sidecars, source, info = find_trace_files(roots)
+    explicit = {p for p in roots if p.is_file()}
     warnings: list[str] = list(info)
     run_info, rank_meta, others = _read_sidecars(sidecars, warnings,
                                                  check_one_run=not mixed_runs)
     if not files:
         raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found"
-                         f"{_no_files_hint(paths, run_info, rank_meta)}")
+                         f"{_no_files_hint(roots, run_info, rank_meta)}")
     parsed = _parse_all(files, reducer=reducer, patterns=list(comm_patterns), cache=cache,
                         workers=workers, progress=progress)
     docs = _readable(files, parsed, explicit, warnings)
@@ -381,7 +381,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
                          f" (e.g. {first})")
     units, assignment = _assign(docs, warnings)
     if not mixed_runs:
-        why = different_runs([[units[k].path for k in a.keys] for a in assignment], paths)
+        why = different_runs([[units[k].path for k in a.keys] for a in assignment], roots)
         if why:
             raise TraceError(why)
     present = {a.rank for a in assignment}
@@ -392,7 +392,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     for a in assignment:
         ranks[a.rank] = _rank_trace(a, units, warnings)
     return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
-                    rank_meta=rank_meta, sidecars=others)
+                    rank_meta=rank_meta, sidecars=cast(Sidecars, others))
 
 
 def _no_files_hint(paths: list[Path], run_info: layout.RunFile | None,
@@ -518,7 +518,11 @@ def _rank_trace(a: RankFiles, units: list[ParsedFile], warnings: list[str]) -> R
         warnings.extend(p.ev_warnings)
     p = parts[0] if len(parts) == 1 else _join_windows(parts)
     f = p.path
-    n_events = len(p.events) if p.events is not None else p.summary.n_events
+    if p.events is not None:
+        n_events = len(p.events)
+    else:
+        assert p.summary is not None  # a unit without its events holds its summary
+        n_events = p.summary.n_events
     if n_events == 0:
         warnings.append(f"{f}: rank {r} has no timed events")
     elif not p.has_steps:
@@ -528,6 +532,7 @@ def _rank_trace(a: RankFiles, units: list[ParsedFile], warnings: list[str]) -> R
     windows = tuple(_time_range(q) for q in parts) if len(parts) > 1 else ()
     reader = (functools.partial(read_events, f, p.rank_hint) if p.events is None
               else None)
+    assert p.metadata is not None and p.thread_names is not None  # a readable trace's unit
     return RankTrace(rank=r, path=f, events=p.events, metadata=p.metadata, reader=reader,
                      rank_source=how, thread_names=p.thread_names, notes=tuple(p.notes),
                      summary=s, windows=windows, files=tuple(q.path for q in parts))

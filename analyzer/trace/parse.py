@@ -24,6 +24,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import types
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -63,6 +64,7 @@ def read_trace_bytes(raw: bytes, path: Path) -> tuple[dict, list[str]]:
     return parse_json(plain_bytes(raw, path), path)
 
 
+_inflater: types.ModuleType
 try:  # Intel's ISA-L inflates gzip about twice as fast as zlib (same bytes out, CRC checked)
     from isal import igzip as _igzip
     from isal import isal_zlib as _inflater

@@ -27,6 +27,7 @@ import dataclasses
 import math
 import re
 from pathlib import Path
+from typing import TypeGuard
 
 from . import vocab
 
@@ -77,7 +78,7 @@ def rank_from_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _valid_rank(v) -> bool:
+def _valid_rank(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 

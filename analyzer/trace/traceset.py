@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -35,14 +36,21 @@ GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 class Summary(Protocol):
     """What the trace stage reads of a rank's summary (the per-rank stage's
     :class:`pardiag.analyzer.per_rank.summary.RankSummary`, which the loader receives from its
-    reducer and this stage does not import)."""
+    reducer and this stage does not import). Its fields are read only (properties here: a
+    frozen dataclass's fields are)."""
 
-    metadata: dict
-    thread_names: dict
-    repairs: tuple[str, ...]
-    n_events: int
-    has_steps: bool
-    has_gpu: bool
+    @property
+    def metadata(self) -> dict: ...
+    @property
+    def thread_names(self) -> dict: ...
+    @property
+    def repairs(self) -> tuple[str, ...]: ...
+    @property
+    def n_events(self) -> int: ...
+    @property
+    def has_steps(self) -> bool: ...
+    @property
+    def has_gpu(self) -> bool: ...
 
     @property
     def extent(self) -> tuple[float, float]:
@@ -50,11 +58,11 @@ class Summary(Protocol):
         :func:`time_range` gives for its events)."""
         ...
 
-    def stored(self, name: str):
+    def stored(self, name: str) -> pd.DataFrame | ColumnTable:
         """The table ``name`` as held (a DataFrame or a not yet built :class:`ColumnTable`)."""
         ...
 
-    def relocated(self, path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def relocated(self, path: Path | str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(warnings, notes) of the summarized file, its path replaced by ``path``."""
         ...
 
@@ -64,7 +72,7 @@ class _LazyEvents:
     events on first access through its :attr:`RankTrace.reader` (which the loader sets) and
     keeps them."""
 
-    def __get__(self, obj, objtype=None):
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
         if obj is None:
             return dataclasses.MISSING  # a required dataclass field
         ev = obj.__dict__.get("_events")
@@ -76,7 +84,7 @@ class _LazyEvents:
             obj.__dict__["_events"] = ev
         return ev
 
-    def __set__(self, obj, value) -> None:
+    def __set__(self, obj: Any, value: pd.DataFrame | None) -> None:
         obj.__dict__["_events"] = value
 
 
@@ -109,9 +117,11 @@ class RankTrace:
     rank: int
     path: Path
     events: pd.DataFrame = _LazyEvents()
-    metadata: dict
-    rank_source: str
-    thread_names: dict
+    # required fields: the descriptor above reads as the dataclass default MISSING (mypy takes
+    # it for a default)
+    metadata: dict  # type: ignore[misc]
+    rank_source: str  # type: ignore[misc]
+    thread_names: dict  # type: ignore[misc]
     notes: tuple[str, ...] = ()
     summary: Summary | None = dataclasses.field(default=None, repr=False, compare=False)
     windows: tuple[tuple[float, float], ...] = ()
@@ -140,6 +150,15 @@ class RankTrace:
         return self.__dict__.get("_events") is not None
 
 
+class Sidecars(TypedDict, total=False):
+    """:attr:`TraceSet.sidecars`: pardiag's sidecars by kind and rank, as the loader decoded
+    them (a kind not named here as parsed)."""
+
+    comms: dict[int, CommsSidecar]
+    pipeline: dict[int, PipelineSidecar]
+    hang: dict[int, dict]
+
+
 @dataclasses.dataclass(frozen=True)
 class TraceSet:
     """All ranks of one run.
@@ -163,8 +182,7 @@ class TraceSet:
     warnings: tuple[str, ...] = ()
     run_info: RunFile | None = None
     rank_meta: dict[int, RankMeta] = dataclasses.field(default_factory=dict)
-    sidecars: dict[str, dict[int, CommsSidecar | PipelineSidecar | dict]] = dataclasses.field(
-        default_factory=dict)
+    sidecars: Sidecars = dataclasses.field(default_factory=Sidecars)
 
 
 def isin_mask(values: pd.Series, allowed) -> np.ndarray:
@@ -198,7 +216,8 @@ def has_step_names(events: pd.DataFrame) -> bool:
                for u in pd.unique(events["name"])) if len(events) else False
 
 
-def table_from_columns(columns, dtypes, data) -> pd.DataFrame:
+def table_from_columns(columns: Iterable[str], dtypes: Iterable[str], data: Iterable[list]
+                       ) -> pd.DataFrame:
     """A DataFrame from column lists as a summary stores them: ``columns`` (names), ``dtypes``
     (pandas dtype names) and ``data`` (one list of JSON values per column, None for a missing
     value). Numeric columns become numpy arrays (an integer column with a missing value becomes
@@ -230,9 +249,11 @@ class ColumnTable:
 
     __slots__ = ("columns", "dtypes", "data", "_frame")
 
-    def __init__(self, columns: list, dtypes: list, data: list):
-        self.columns, self.dtypes, self.data = tuple(columns), tuple(dtypes), data
-        self._frame = None
+    def __init__(self, columns: list, dtypes: list, data: list) -> None:
+        self.columns: tuple[str, ...] = tuple(columns)
+        self.dtypes: tuple[str, ...] = tuple(dtypes)
+        self.data = data
+        self._frame: pd.DataFrame | None = None
 
     def __len__(self) -> int:
         return len(self.data[0]) if self.data else 0
@@ -252,10 +273,10 @@ class ColumnTable:
         return np.array([np.nan if v is None else v for v in vals] if None in vals else vals,
                         dtype=np.float64)
 
-    def __getstate__(self):
+    def __getstate__(self) -> tuple[tuple[str, ...], tuple[str, ...], list]:
         return self.columns, self.dtypes, self.data
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: tuple[tuple[str, ...], tuple[str, ...], list]) -> None:
         self.columns, self.dtypes, self.data = state
         self._frame = None
 
@@ -277,7 +298,7 @@ def table_from_json(d: dict) -> ColumnTable:
 class HoldsTables:
     """Mixin of a dataclass with :class:`StoredTable` fields."""
 
-    def stored(self, name: str):
+    def stored(self, name: str) -> pd.DataFrame | ColumnTable:
         """The table ``name`` as held: a DataFrame, a not yet built :class:`ColumnTable`, or
         None."""
         return self.__dict__["_table_" + name]
@@ -289,13 +310,13 @@ class StoredTable:
     their columns until one is read, then the DataFrame (built once).
     ``obj.__dict__["_table_" + name]`` is what is held (:meth:`HoldsTables.stored`)."""
 
-    def __init__(self, default=dataclasses.MISSING):
+    def __init__(self, default: Any = dataclasses.MISSING) -> None:
         self.default = default
 
-    def __set_name__(self, owner, name):
+    def __set_name__(self, owner: type, name: str) -> None:
         self.key = "_table_" + name
 
-    def __get__(self, obj, owner=None):
+    def __get__(self, obj: object, owner: type | None = None) -> pd.DataFrame:
         if obj is None:
             if self.default is dataclasses.MISSING:
                 raise AttributeError(self.key)  # a field without a default
@@ -303,13 +324,13 @@ class StoredTable:
         v = obj.__dict__[self.key]
         return v.frame() if type(v) is ColumnTable else v
 
-    def __set__(self, obj, value):
+    def __set__(self, obj: object, value: pd.DataFrame | ColumnTable) -> None:
         obj.__dict__[self.key] = value
 
 
-def float_column(table, name: str) -> np.ndarray:
+def float_column(table: pd.DataFrame | ColumnTable, name: str) -> np.ndarray:
     """Column ``name`` of a DataFrame or :class:`ColumnTable` as float64 (NaN where missing)."""
-    if type(table) is ColumnTable:
+    if isinstance(table, ColumnTable):
         return table.float_column(name)
     return table[name].to_numpy(dtype=np.float64)
 
@@ -334,7 +355,8 @@ def _joined(pairs: list) -> pd.DataFrame | None:
     return table_from_columns(first.columns, first.dtypes, data)
 
 
-def stack_by_rank(tables) -> pd.DataFrame | None:
+def stack_by_rank(tables: Iterable[tuple[int, pd.DataFrame | ColumnTable]]
+                  ) -> pd.DataFrame | None:
     """One table of every rank's rows: ``tables`` is ``(rank, DataFrame or ColumnTable)`` pairs
     (rank order kept); the tables without rows are left out and ``rank`` (int64) is set on each
     row — replaced where the tables have that column, appended last where they do not. The same
@@ -354,10 +376,10 @@ def stack_by_rank(tables) -> pd.DataFrame | None:
 
 
 #: Tables without rows, one per schema (see :func:`empty_table`).
-_EMPTY_TABLES: dict = {}
+_EMPTY_TABLES: dict[Hashable, pd.DataFrame] = {}
 
 
-def empty_table(schema, build) -> pd.DataFrame:
+def empty_table(schema: Hashable, build: Callable[[], pd.DataFrame]) -> pd.DataFrame:
     """A table without rows of ``schema`` (any hashable key naming its columns and types),
     ``build()`` called once per schema, then handed out as shallow copies: most ranks of most
     runs have no all-to-all, pipeline chunk or send, and building their empty tables anew was a

@@ -10,10 +10,15 @@ import math
 import os
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from pardiag.errors import PardiagError
 
 from .files import ParsedFile, parse_file
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
 
 #: Below this many bytes of input, files are parsed in this process (workers cost ~0.1 s).
 PARALLEL_MIN_BYTES = 8_000_000
@@ -79,6 +84,7 @@ def _parse_batch(conn, files: list[Path], kw: dict, inherited: list, go=None) ->
             go.close()
         if not started:
             return
+    out: tuple[bool, list[ParsedFile] | BaseException]
     try:
         out = (True, [parse_file(f, **kw) for f in files])
     except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
@@ -101,9 +107,9 @@ class _Worker:
     """A worker process of :func:`parse_files` and the parent's ends of its pipes."""
 
     batch: list[int]
-    proc: object
-    results: object          # read end of the result pipe
-    go: object | None        # write end of the start pipe (None: started when forked)
+    proc: BaseProcess
+    results: Connection      # read end of the result pipe
+    go: Connection | None    # write end of the start pipe (None: started when forked)
 
 
 def _start_worker(ctx, files: list[Path], batch: list[int], kw: dict, others: list[_Worker],
@@ -122,7 +128,7 @@ def _start_worker(ctx, files: list[Path], batch: list[int], kw: dict, others: li
     # the worker starts with SIGINT blocked: a Ctrl-C reaches this process, which stops the
     # workers itself, instead of printing a traceback from each of them
     masked = hasattr(signal, "pthread_sigmask")
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else set()
     try:
         proc.start()
     finally:
@@ -181,10 +187,10 @@ def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedF
     else:
         per = max(1, math.ceil(total / (4 * workers)))
         batches = [list(range(i, min(total, i + per))) for i in range(0, total, per)]
-    results: list = [None] * total
-    running: dict = {}           # result read end -> parsing worker
+    results: list[Any] = [None] * total
+    running: dict[Connection, _Worker] = {}  # result read end -> parsing worker
     ahead: list[_Worker] = []    # forked, waiting to start (fork only)
-    succeeded: set = set()       # result ends of finished workers whose successor started
+    succeeded: set[Connection] = set()  # result ends of finished workers whose successor started
     done = 0
 
     def start(wait_: bool) -> _Worker:
@@ -199,7 +205,8 @@ def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedF
                 running[w.results] = w
             while fork and batches and len(ahead) < workers:
                 ahead.append(start(True))
-            ready = wait(list(running))
+            # wait() hands back the objects it was given: result read ends
+            ready = cast("list[Connection]", wait(list(running)))
             for r in ready:  # a finished worker's successor starts before its result is read
                 if r not in succeeded:
                     succeeded.add(r)

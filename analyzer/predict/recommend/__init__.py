@@ -111,7 +111,7 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
                     "nothing to evaluate: " + (ctx.model_why if ctx.model_why != "no pipeline"
                                                else _nothing_to_change(ctx)))
     # the verdict's step time is the one the recommendations compare with: unprofiled when known
-    step = clean.median_us if use_clean else measured
+    step = clean.median_us if use_clean and clean is not None else measured
     base = clean if use_clean else ctx.step
     noise_us = (base.half_width_us if base is not None else float("nan"))
     basis = "pipeline" if ctx.model is not None else ("unprofiled" if use_clean else "profiled")

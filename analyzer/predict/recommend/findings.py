@@ -72,6 +72,7 @@ class StragglerFinding:
         """``"rank 1 is a straggler: it idles 30.1 ms per step more than the others (in 9 of 9
         steps)"`` or ``"…: it arrives last at 40 of 45 collectives"``."""
         if self.criterion == "idles longer":
+            assert self.excess_idle_us is not None  # what the criterion measured
             how = (f"it idles {self.excess_idle_us / 1000:.1f} ms per step more than the others "
                    f"(in {self.steps_over} of {self.steps} steps)")
         else:
@@ -141,6 +142,7 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
         med = ex.groupby("rank")["excess_us"].median().sort_values(ascending=False)
         r = int(med.index[0])
         f = finding(r, "idles longer")
+        assert f.excess_idle_us is not None  # r is a rank of ex
         pct = STRAGGLER_IDLE_PCT_PIPELINE if pipeline else STRAGGLER_IDLE_PCT
         # in a pipeline the waiting a rank causes or suffers is the schedule's bubble: a slow
         # first stage makes the last one wait whatever the last one does (under a second

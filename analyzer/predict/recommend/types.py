@@ -63,7 +63,8 @@ class Recommendation:
     caveats: tuple[str, ...] = ()
     measured_step_us: float
     predicted_step_us: float
-    gain_pct: float | None = None
+    # None only until __post_init__ derives it: a float on every instance
+    gain_pct: float = None  # type: ignore[assignment]
     measured_peak_bytes: float | None = None
     predicted_peak_bytes: float | None = None
     fits_memory: bool = True

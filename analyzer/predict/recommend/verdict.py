@@ -24,7 +24,8 @@ def steps_unrecorded(traces: TraceSet) -> str:
     steps = [m.optimizer_steps for m in traces.rank_meta.values()]
     if not steps or not all(isinstance(n, int) and n <= skip for n in steps):
         return ""
-    return (f"The profiler recorded no training step: the script made {max(steps)} optimizer "
+    made = max(n for n in steps if n is not None)   # all ints (checked above)
+    return (f"The profiler recorded no training step: the script made {made} optimizer "
             f"step(s) and recording starts after --wait + --warmup = {skip}; the traces show "
             "only the script's end, so nothing is measured or recommended (profile more steps).")
 
@@ -99,7 +100,7 @@ def bubble_text(ctx: RuleContext) -> str | None:
     text = (f"pipeline bubble {measured:.1f}% of the window, estimated as idle and exposed "
             f"point-to-point time (no per-microbatch marks)" if estimated else
             f"pipeline bubble {measured:.1f}% of the window, measured")
-    if replay is not None:
+    if model is not None and replay is not None:   # (a replay is the model's)
         replayed = model.period_us - model.residual_us
         text += (f" (the replay gives {replay:.1f}% and accounts for {ms(replayed)} of the "
                  f"{ms(model.period_us)} step)")
@@ -115,7 +116,7 @@ def causes_text(ctx: RuleContext, step_us: float | None = None) -> list[str]:
     recommendations restate their predictions (:func:`pardiag.analyzer.predict.recommend.
     as_ratio`): one sentence never mixes the profiled and the unprofiled step."""
     c = ctx.causes
-    out = []
+    out: list[str] = []
     if c is None:
         return out
     hb = c.host_bound

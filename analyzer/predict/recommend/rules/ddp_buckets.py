@@ -23,15 +23,16 @@ def _ddp_ready_curves(ctx: RuleContext) -> list[list[tuple[float, float]]]:
     steps = ctx.breakdown.steps
     curves = []
     for rank, doc in ctx.traces.sidecars.get("comms", {}).items():
-        recs = [r for r in doc.records
+        # (issue µs, bytes) of each all-reduce
+        recs = [(r.issue_us, r.bytes) for r in doc.records
                 if r.op == "all_reduce" and r.issue_us is not None and r.bytes is not None]
         for st in steps[steps["rank"] == rank].itertuples():
-            rs = sorted((r for r in recs if st.start_us <= r.issue_us < st.end_us),
-                        key=lambda r: r.issue_us)
+            rs = sorted((r for r in recs if st.start_us <= r[0] < st.end_us),
+                        key=lambda r: r[0])
             if len(rs) < 2:
                 continue
-            t = [float(r.issue_us) for r in rs]
-            b = np.cumsum([float(r.bytes) for r in rs]).tolist()
+            t = [float(issue) for issue, _ in rs]
+            b = np.cumsum([float(n) for _, n in rs]).tolist()
             rate = (b[-1] - b[0]) / (t[-1] - t[0]) if t[-1] > t[0] else 0.0
             if rate <= 0:
                 continue
@@ -128,9 +129,10 @@ def _step_change(cur: _Current, new_b: list[float]) -> tuple[float, tuple[str, .
         tail = [whatif.bucketed_allreduce_tail(c, new_b, alpha, cur.beta_us_per_byte)
                 for c in curves]
         delta = float(np.median([a - b for a, b in zip(tail, cur.tails_us)]))
-        how = (f"the all-reduce of the last bucket ends {np.median(cur.tails_us) / 1000:.2f} ms "
-               f"after the last gradient is ready (median over {len(curves)} rank-steps)",
-               f"predicted: {np.median(tail) / 1000:.2f} ms")
+        how: tuple[str, ...] = (
+            f"the all-reduce of the last bucket ends {np.median(cur.tails_us) / 1000:.2f} ms "
+            f"after the last gradient is ready (median over {len(curves)} rank-steps)",
+            f"predicted: {np.median(tail) / 1000:.2f} ms")
     else:
         delta = alpha * (len(new_b) - len(cur.buckets))
         how = (f"{len(cur.buckets)} all-reduces per step now, {len(new_b)} with this size; each "
@@ -146,7 +148,9 @@ def _fit_interval(cur: _Current, new_b: list[float], measured: float, delta: flo
     boot = cur.boot
     if boot is None or not len(boot):
         return float("nan"), float("nan"), ()
+    deltas: list[float] | np.ndarray
     if cur.on_gpu:
+        assert cur.boot_tails_us is not None  # taken on a GPU with resamples
         deltas = [float(np.median(
             [whatif.bucketed_allreduce_tail(c, new_b, a, b) - t0
              for c, t0 in zip(cur.curves, now_i)]))

@@ -114,7 +114,8 @@ def _traffic(ctx: RuleContext) -> dict[str, DimTraffic]:
     lay, sync = ctx.layout, ctx.sync
     if lay is None or lay.groups.empty or sync is None or sync.instances.empty:
         return {}
-    dims, members = {}, {}
+    dims: dict[frozenset[int], tuple[str, int]] = {}
+    members: dict[str, list[list[int]]] = {}
     for g in lay.groups.itertuples():
         if isinstance(g.dim, str) and g.dim:
             dims[frozenset(int(r) for r in g.ranks)] = (g.dim, int(g.size))
@@ -187,7 +188,8 @@ def _new_dp_traffic(ctx: RuleContext, like: DimTraffic, tp_now: int, tp2: int
         else:   # not recorded: the whole model as one unit
             units = 1
             gathers = 2 if ctx.settings.get("fsdp_reshard_after_forward", True) else 1
-        ops = (("all_gather", full / units, float(gathers)),
+        ops: tuple[tuple[str, float, float], ...] = (
+            ("all_gather", full / units, float(gathers)),
                ("reduce_scatter", full / units, float(units)))
         how = (f"FSDP: {gathers} all-gather(s) and {units} reduce-scatter(s) per step of "
                f"{full / 2**20:.3g} MiB of parameters in {units} unit(s)")
@@ -284,6 +286,7 @@ def _measured(ctx: RuleContext) -> _Measured | None:
     dp, tp = int(dims.get("dp") or 1), int(dims.get("tp") or 1)
     if tp < 2 or not (measured > 0):
         return None   # without TP traffic measured there is nothing to scale from
+    assert lay is not None  # it gave the dimensions
     comm = ctx.dim_comm_per_step
     if "tp" not in comm:
         return None
@@ -311,6 +314,7 @@ def _batch_check(ctx: RuleContext, dp: int
     when TP's shapes could not be checked, the caveat when the global batch was not
     recorded)``; the caveats are empty tuples when there is nothing to say."""
     lay = ctx.layout
+    assert lay is not None  # called after _measured, which read the layout
     con = shapes.constraints(ctx.traces)
     pipe_m = (lay.pipeline or {}).get("microbatches") if isinstance(lay.pipeline, dict) else None
     now = shapes.run_batch(con, dp, pipe_m if isinstance(pipe_m, int) else None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 
 from ....trace.classify import cached
@@ -37,8 +39,8 @@ def _fsdp_ranges(traces: TraceSet, steps: float) -> pd.DataFrame:
 
     rows = []
     for rank in sorted(traces.ranks)[:SAMPLE_RANKS]:
-        n, bwd, pre = cached(traces.ranks[rank], "fsdp_ranges", lambda t=traces.ranks[rank]:
-                             scan(t))
+        trace = traces.ranks[rank]
+        n, bwd, pre = cached(trace, "fsdp_ranges", functools.partial(scan, trace))
         rows.append({"rank": rank, "pre_forward": n / steps, "pre_backward_us": bwd / steps,
                      "backward_prefetch_us": pre / steps})
     return pd.DataFrame(rows, columns=["rank", "pre_forward", "pre_backward_us",
@@ -79,8 +81,9 @@ def fsdp_reshard(ctx: RuleContext) -> list[Recommendation]:
     pred = measured - saving
     peak = ctx.peak.peak_bytes
     dp = int((lay.get("dims") or {}).get("dp") or 0)
-    params = ctx.params_bytes
-    pred_peak = (peak + params * (dp - 1)) if (peak is not None and params and dp > 1) else None
+    params_b = ctx.params_bytes
+    pred_peak = ((peak + params_b * (dp - 1)) if (peak is not None and params_b and dp > 1)
+                 else None)
     change, params = (("FSDP sharding_strategy=ShardingStrategy.SHARD_GRAD_OP",
                        {"fsdp_sharding_strategy": "SHARD_GRAD_OP"}) if fsdp1 else
                       ("FSDP reshard_after_forward=False", {"reshard_after_forward": False}))
@@ -128,9 +131,10 @@ def fsdp_prefetch(ctx: RuleContext) -> list[Recommendation]:
     if on_gpu:
         fwd_exposed = exposed * min(units / n_ag, 1.0) if n_ag else 0.0
         saving = fwd_exposed * (units - 1) / units
-        how = (f"{units:.0f} FSDP units gather in the forward; the all-gathers leave "
-               f"{exposed / 1000:.2f} ms per step exposed, {fwd_exposed / 1000:.2f} ms of it "
-               "in the forward", "the first unit's gather has nothing before it to hide behind")
+        how: tuple[str, ...] = (
+            f"{units:.0f} FSDP units gather in the forward; the all-gathers leave "
+            f"{exposed / 1000:.2f} ms per step exposed, {fwd_exposed / 1000:.2f} ms of it "
+            "in the forward", "the first unit's gather has nothing before it to hide behind")
         caveats = ("assumes each gather fits behind the compute of the unit before it",)
     else:
         saving = 0.0
@@ -142,12 +146,12 @@ def fsdp_prefetch(ctx: RuleContext) -> list[Recommendation]:
         caveats = ("on CPU the gathers share the cores with the compute",)
     peak = ctx.peak.peak_bytes
     dp = int((lay.get("dims") or {}).get("dp") or 0)
-    params = ctx.params_bytes
-    unit_bytes = params * max(dp, 1) / units if params else None   # one unsharded unit
+    params_b = ctx.params_bytes
+    unit_bytes = params_b * max(dp, 1) / units if params_b else None   # one unsharded unit
     pred_peak = peak + unit_bytes if (peak is not None and unit_bytes) else None
     if fsdp1:
         title, change = "Prefetch the next FSDP unit in the forward", "FSDP forward_prefetch=True"
-        params = {"fsdp_forward_prefetch": True}
+        params: dict[str, object] = {"fsdp_forward_prefetch": True}
     else:
         title = f"Prefetch {FSDP_PREFETCH} FSDP units ahead"
         change = (f"FSDP2 explicit prefetching: set_modules_to_forward_prefetch / "

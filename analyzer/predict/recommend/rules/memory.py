@@ -17,6 +17,7 @@ def memory_sharding(ctx: RuleContext) -> list[Recommendation]:
     if ("ddp" not in strategies or strategies & {"zero1", "fsdp1", "fsdp2"} or cap is None
             or peak is None or dp < 2 or peak < 0.9 * cap or not (measured > 0)):
         return []
+    assert ctx.memory is not None  # the measured peak is the memory analysis'
     pr = ctx.memory.per_rank
     i = pr["static_bytes"].idxmax() if pr["static_bytes"].notna().any() else None
     if i is None:

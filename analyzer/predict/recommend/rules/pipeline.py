@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from fractions import Fraction
+from typing import Any
 
 from ... import shapes, whatif
 from ...replay import PipelineModel, inflight
@@ -93,24 +94,25 @@ def _replayed(rp: _Replay, kind, title, change, sched, m, v, f=None, b=None, pb=
         pred_peak = rp.static_bytes + rp.act_bytes * (
             inflight(sched, model.p, m, v) * n_ratio / rp.inflight)
     fits = rp.ctx.fits(pred_peak)
+    interval: dict[str, Any] = ({"predicted_low_us": max(pred - unexplained, 0.0),
+                                 "predicted_high_us": pred + unexplained} if unexplained else {})
     return Recommendation(
         kind=kind, title=title, change=change,
         evidence=rp.evidence + tuple(extra_ev) + (
             f"predicted bubble {statistics.fmean(sim.bubble_pct.values()):.1f}%",),
         caveats=caveats, measured_step_us=rp.measured_us, predicted_step_us=pred,
         measured_peak_bytes=rp.peak_bytes, predicted_peak_bytes=pred_peak, fits_memory=fits,
-        params=params or {}, **batch_fields(rp.batch, **(batch_x or {})),
-        **({"predicted_low_us": max(pred - unexplained, 0.0),
-            "predicted_high_us": pred + unexplained} if unexplained else {}))
+        params=params or {}, **batch_fields(rp.batch, **(batch_x or {})), **interval)
 
 
 def _microbatches(rp: _Replay) -> list[Recommendation]:
     """More (or fewer) microbatches, same global batch: 2× and 4× as many and half as many;
     those the batch does not split into are ruled out."""
     model, measured = rp.model, rp.measured_us
-    caveats_mb = ("a chunk's time is split into a fixed part and a part proportional to the "
-                  "microbatch size, measured from its operators; very small microbatches can "
-                  "run below the hardware's efficient size",)
+    caveats_mb: tuple[str, ...] = (
+        "a chunk's time is split into a fixed part and a part proportional to the "
+        "microbatch size, measured from its operators; very small microbatches can "
+        "run below the hardware's efficient size",)
     dp = int(rp.ctx.dims.get("dp") or 1)
     step_batch = model.samples * model.m if model.samples else None
     if not model.samples:

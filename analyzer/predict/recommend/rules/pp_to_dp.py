@@ -103,7 +103,7 @@ class _GradSync:
     how: str
 
 
-def _allreduce_interval(rows: list[dict], buckets: list[float], ar: float, on_gpu: bool
+def _allreduce_interval(rows: list[AllreduceTiming], buckets: list[float], ar: float, on_gpu: bool
                         ) -> tuple[float, float] | None:
     """The all-reduces' interval (µs): from ``ar`` (the line through the fastest timings) to
     the line through the high ends of the timings' medians' intervals (:func:`median_interval`);
@@ -111,8 +111,9 @@ def _allreduce_interval(rows: list[dict], buckets: list[float], ar: float, on_gp
     highs = [(float(r.bytes), median_interval(r.samples_us)) for r in rows]
     if not highs or not all(h is not None for _, h in highs):
         return None
+    known = [(b, h) for b, h in highs if h is not None]   # all of them
     try:
-        a_hi, b_hi = whatif.fit_alpha_beta([b for b, _ in highs], [h[1] for _, h in highs])
+        a_hi, b_hi = whatif.fit_alpha_beta([b for b, _ in known], [h[1] for _, h in known])
     except ValueError:
         return None
     hi = (sum(a_hi + b_hi * b for b in buckets) if not on_gpu
@@ -131,13 +132,14 @@ def _ddp_calibration(traces) -> DdpCalibration | None:
     return cal
 
 
-def _grad_sync(ctx: RuleContext, fit: tuple[float, float], rows: list[dict], grad_bytes: float
-               ) -> _GradSync:
+def _grad_sync(ctx: RuleContext, fit: tuple[float, float], rows: list[AllreduceTiming],
+               grad_bytes: float) -> _GradSync:
     """The gradient all-reduce of DDP's default buckets of the stages' layers' parameter bytes
     (``grad_bytes`` in all) at the fitted ``(α µs, β µs per byte)``: every bucket's time adds
     on CPU, the last bucket's on a GPU; on CPU, when DDP itself was timed on a stand-in
     (:func:`_ddp_calibration`), what it added there, scaled by the gradient bytes."""
     model, on_gpu = ctx.model, ctx.on_gpu
+    assert model is not None  # the rule replays a pipeline
     alpha, beta = fit
     layer_bytes = [float(b) for ls in reversed(model.layers) for _, _, b in reversed(ls)]
     buckets = whatif.ddp_buckets(layer_bytes, whatif.DDP_DEFAULT_CAP, whatif.DDP_FIRST_BUCKET)
@@ -150,10 +152,11 @@ def _grad_sync(ctx: RuleContext, fit: tuple[float, float], rows: list[dict], gra
               "; on CPU all of it adds to the step")
     cal = _ddp_calibration(ctx.traces)
     if cal and not on_gpu:   # DDP itself timed on a stand-in with these gradient bytes
+        assert cal.overhead_us is not None and cal.grad_bytes is not None  # _ddp_calibration
         ar = cal.overhead_us * grad_bytes / cal.grad_bytes
         ov = median_interval(cal.overhead_samples_us)
-        ar_iv = (tuple(max(v, 0.0) * grad_bytes / cal.grad_bytes for v in ov)
-                 if ov is not None else None)
+        ar_iv = ((max(ov[0], 0.0) * grad_bytes / cal.grad_bytes,
+                  max(ov[1], 0.0) * grad_bytes / cal.grad_bytes) if ov is not None else None)
         how_ar = (f"; DDP itself, timed after the run on a stand-in with "
                   f"{cal.grad_bytes / 2**20:.3g} MiB of gradients, adds "
                   f"{cal.overhead_us / 1000:.2f} ms"
@@ -187,6 +190,8 @@ def _predicted_peak(ctx: RuleContext, n_new: float) -> float | None:
     activations for one microbatch, scaled to ``n_new`` samples; None without every rank's
     static bytes and allocated peak."""
     model = ctx.model
+    # the rule replays a pipeline whose microbatch size is known
+    assert model is not None and model.samples is not None
     pr = ctx.memory.per_rank if ctx.memory is not None else pd.DataFrame()
     if not (len(pr) and pr["static_bytes"].notna().all()
             and pr["peak_allocated_bytes"].notna().all()):

@@ -31,6 +31,7 @@ stage is a memory change (``zero_shard``), ranked ahead of speed.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ..context import RuleContext
 from ..types import Recommendation
@@ -118,12 +119,17 @@ def _stage_changes(ctx: RuleContext, ds: dict, parts, measured: float) -> list[R
         then = static_at(new, psi, e, k, n)
         comm_then = stage_comm_us(new, r, g, a)
         pred = measured + (comm_then - comm_now) * exposed
-        interval = ({"predicted_low_us": pred - outside, "predicted_high_us": pred}
-                    if outside > 0 else {})
+        interval: dict[str, Any] = (
+            {"predicted_low_us": pred - outside, "predicted_high_us": pred} if outside > 0 else {})
         pred -= outside / 2
         pred_peak = peak - now + then if peak is not None else None
         moves = "more" if new > stage else "less"
         shard = bound and new > stage
+        memory_line: tuple[str, ...] = ()
+        if shard:
+            assert peak is not None and ctx.capacity is not None  # memory bound
+            memory_line = (f"peak {peak / 2**30:.2f} GiB of {ctx.capacity / 2**30:.2f} GiB device "
+                           f"memory ({100 * peak / ctx.capacity:.0f}%)",)
         out.append(Recommendation(
             kind="zero_shard" if shard else "zero_stage",
             title=f"ZeRO stage {new} instead of {stage}"
@@ -134,9 +140,7 @@ def _stage_changes(ctx: RuleContext, ds: dict, parts, measured: float) -> list[R
                       f"{k:.1f} bytes of optimizer state each, N = {int(n)}; the ZeRO paper)",
                       f"per step now: gradient reductions {red / 1000:.2f} ms, all-gathers "
                       f"{gat / 1000:.2f} ms ({100 * exposed:.0f}% exposed), {a} micro-batch(es); "
-                      f"at stage {new}: {comm_then / 1000:.2f} ms in all",
-                      *((f"peak {peak / 2**30:.2f} GiB of {ctx.capacity / 2**30:.2f} GiB device "
-                         f"memory ({100 * peak / ctx.capacity:.0f}%)",) if shard else ())),
+                      f"at stage {new}: {comm_then / 1000:.2f} ms in all", *memory_line),
             caveats=(f"stage {new} shards {moves}; the change in communication is taken as "
                      "exposed as the measured collectives were",
                      *(("stage 3's per-module hooks add host time that is not modelled: the "
@@ -231,8 +235,9 @@ def _overlap_change(ctx: RuleContext, ds: dict, parts, measured: float
     extra = min(int(bucket), int(psi)) * e   # a second reduction buffer
     # on a CPU the reduction's worker thread and the backward share the rank's cores: anything
     # from all of it to nothing may be hidden
-    interval = ({} if ctx.on_gpu else
-                {"predicted_low_us": measured - hidden, "predicted_high_us": measured})
+    interval: dict[str, Any] = ({} if ctx.on_gpu else
+                                {"predicted_low_us": measured - hidden,
+                                 "predicted_high_us": measured})
     return [Recommendation(
         kind="zero_overlap", title="Overlap the gradient reduction with the backward",
         change="zero_optimization.overlap_comm true",
