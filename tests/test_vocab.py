@@ -146,3 +146,21 @@ def test_the_fp8_fnuz_repro_has_its_bandwidth():
     for op, gbps in want.items():
         got = bw.loc[bw["op"] == op, "algbw_gbps"].dropna().tolist()
         assert got and all(g == pytest.approx(gbps, rel=0.01) for g in got), (op, got)
+
+
+def test_the_per_rank_stage_names_no_op_of_its_own():
+    """The ops, ranges and runtime calls a per-rank quantity looks for are named in the
+    vocabulary: no per-rank module compiles a name pattern of its own (``summary.py`` compiles
+    the user's ``--comm-kernel`` patterns, which are no literal)."""
+    compiled = {}
+    for path in sorted((REPO / "analyzer" / "per_rank").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "compile" and node.args
+                    and isinstance(node.args[0], ast.Constant)):
+                compiled.setdefault(path.name, []).append(node.args[0].value)
+    assert compiled == {}
+    assert vocab.DATALOADER_RE.match("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__")
+    assert vocab.PP_ACTION_RE.match("PP:3W1").groups() == ("3", "W", "1")
+    assert vocab.HOST_SYNC_RE.match("cudaStreamSynchronize") and not vocab.HOST_SYNC_RE.match(
+        "cudaStreamWaitEvent")

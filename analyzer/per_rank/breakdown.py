@@ -324,12 +324,6 @@ def _segments(starts: np.ndarray, ends: np.ndarray,
 TRANSPORT_OPS = {"reduce_scatter": ("reduce_scatter", "all_reduce")}
 
 
-_ISSUING = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|nccl:|record_param_comms)")
-
-
-_FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")
-
-
 #: How many later transport events an issued op looks at for one with its op and size.
 _PAIR_SCAN = 64
 
@@ -400,8 +394,8 @@ def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     own = [collective_type(nm, a) for nm, a in zip(names, args)]
     worker = on_threads(comm_ev, comm_threads(trace))
     transport = worker | np.fromiter((nm.startswith("gloo:") for nm in names), dtype=bool, count=n)
-    issuing = ~transport & np.fromiter((bool(_ISSUING.match(nm)) for nm in names), dtype=bool,
-                                       count=n)
+    issuing = ~transport & np.fromiter((bool(vocab.ISSUING_OP_RE.match(nm)) for nm in names),
+                                       dtype=bool, count=n)
     types = list(own)
     counted = np.zeros(n, dtype=bool)
     ts = comm["ts"].to_numpy(dtype=float)
@@ -478,7 +472,7 @@ def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     # events that ran such an op
     functional = np.zeros(n, dtype=bool)
     for i in issued.tolist():
-        functional[i] = any(names[j].startswith(_FUNCTIONAL) for j in members[i])
+        functional[i] = any(names[j].startswith(vocab.FUNCTIONAL_PREFIXES) for j in members[i])
     functional[issuer >= 0] = functional[issuer[issuer >= 0]]
     comm["functional"] = functional
     # the record of the op that issued each transport event (record_param_comms: its group's

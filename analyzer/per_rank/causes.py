@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
+from ..trace import vocab
 from ..trace.classify import (
     Kind,
     cached,
@@ -45,47 +46,7 @@ CAUSE_COLUMNS = ("step", "start_us", "end_us", "span_us", *HOST_PARTS, *DEVICE_P
                  "dtensor_us", "fsdp_us")
 
 
-#: FSDP2's hooks (``torch.distributed.fsdp.fully_shard``) name their record_function ranges so.
-FSDP_RE = re.compile(r"^FSDP::")
-
-
-#: DTensor's redistributions and local-tensor wraps (torch.distributed.tensor), by event name.
-DTENSOR_EVENTS = frozenset({"Redistribute", "RedistributeBackward", "NestedRedistribute",
-                            "_FromTorchTensor", "_ToTorchTensor"})
-
-
-#: The event torch's profiler records around a tensor subclass's ``__torch_dispatch__``.
-SUBCLASS_DISPATCH = "PythonSubclass"
-
-
-_DTENSOR_NAMES = DTENSOR_EVENTS | {SUBCLASS_DISPATCH}
-
-
-DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)")
-
-
-#: Waits for communication: the host blocks on a collective's work, not on the device.
-COMM_WAIT_RE = re.compile(r"^(aten::_?wait\b|c10d::wait|_?c10d_functional::wait_tensor)")
-
-
-SYNC_RE = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize"
-                     r"|cudaStreamWaitEvent|hipStreamSynchronize|hipDeviceSynchronize"
-                     r"|hipEventSynchronize)|^(aten::_local_scalar_dense|cudaMemcpy|hipMemcpy)$")
-
-
-#: Host calls that block the host until the device has run up to them (not
-#: ``cudaStreamWaitEvent``: that makes a stream wait, the host goes on).
-HOST_SYNC_RE = re.compile(r"^(cuda|hip)(Stream|Device|Event)Synchronize"
-                          r"|^(aten::_local_scalar_dense|cudaMemcpy|hipMemcpy)$")
-
-
-OPTIMIZER_RE = re.compile(r"optimizer", re.IGNORECASE)
-
-
-BACKWARD_RE = re.compile(r"backward", re.IGNORECASE)
-
-
-FORWARD_RE = re.compile(r"forward", re.IGNORECASE)
+_DTENSOR_NAMES = vocab.DTENSOR_EVENTS | {vocab.SUBCLASS_DISPATCH}
 
 
 def _iv(ev: pd.DataFrame) -> np.ndarray:
@@ -112,7 +73,7 @@ class LaunchEdges:
             first compute kernel starting at or after it (NaN: none), end of that kernel's
             launch call (NaN: no launch found)]``, µs on the rank's own clock.
         host_syncs: the host's calls that block until the device catches up
-            (:data:`HOST_SYNC_RE`), shape (m, 2), µs, merged and sorted.
+            (:data:`vocab.HOST_SYNC_RE`), shape (m, 2), µs, merged and sorted.
         latency_us: the least time from a compute kernel's launch call's end to the kernel's
             start on this rank (≥ 0): no kernel starts sooner after its launch.
     Both arrays are empty on a CPU rank.
@@ -172,7 +133,7 @@ def launch_edges_of_trace(trace: RankTrace, comm_patterns: Iterable[re.Pattern[s
     after = np.column_stack([ends, np.where(ok, starts[ii], np.nan),
                              np.where(ok, launched[ii], np.nan)])
     host = ev[isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver", "cpu_op"])
-              & _named(trace, "host_sync", HOST_SYNC_RE)]
+              & _named(trace, "host_sync", vocab.HOST_SYNC_RE)]
     lag = starts - launched
     lag = lag[~np.isnan(lag)]
     return LaunchEdges(after, _iv(host) if len(host) else np.empty((0, 2)),
@@ -182,7 +143,7 @@ def launch_edges_of_trace(trace: RankTrace, comm_patterns: Iterable[re.Pattern[s
 def data_loading_of_trace(trace: RankTrace) -> np.ndarray:
     """:func:`rank_data_loading` computed from the rank's events."""
     kinds = classify(trace, [])
-    return _iv(trace.events[_host(trace, kinds) & _named(trace, "dataloader", DATALOADER_RE)])
+    return _iv(trace.events[_host(trace, kinds) & _named(trace, "dataloader", vocab.DATALOADER_RE)])
 
 
 def _named(trace: RankTrace, key: str, rx: re.Pattern[str]) -> np.ndarray:
@@ -211,17 +172,17 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
     moving = transport(trace)  # transfers in flight: workers' events, async isend spans
     host = _host(trace, kinds)
     is_cpu_comm = (kinds == Kind.CPU_COMM.value).to_numpy()
-    is_sync = host & named("sync", SYNC_RE)
+    is_sync = host & named("sync", vocab.SYNC_RE)
     is_runtime = isin_mask(cat, ["cuda_runtime", "cuda_driver"])
     sets = {
-        "data_loading_us": host & named("dataloader", DATALOADER_RE),
+        "data_loading_us": host & named("dataloader", vocab.DATALOADER_RE),
         "sync_us": is_sync,
-        "comm_us": host & (is_cpu_comm | named("comm_wait", COMM_WAIT_RE)),
+        "comm_us": host & (is_cpu_comm | named("comm_wait", vocab.COMM_WAIT_RE)),
         "launch_us": host & is_runtime & ~is_sync,
-        "optimizer_us": host & named("optimizer", OPTIMIZER_RE),
-        "backward_us": host & named("backward", BACKWARD_RE),
+        "optimizer_us": host & named("optimizer", vocab.OPTIMIZER_RE),
+        "backward_us": host & named("backward", vocab.BACKWARD_RE),
         "forward_us": host & (((cat == "cpu_op").to_numpy())
-                              | named("forward", FORWARD_RE)),
+                              | named("forward", vocab.FORWARD_RE)),
     }
     # waits no op marks (FSDP's on gloo) are communication waits, not the enclosing op's work
     unmarked = unmarked_waits(trace)
@@ -243,10 +204,10 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
     if gpu:
         dev = _device_sets(trace, kinds)
     dtensor = (iv.subtract(dtensor_intervals(ev[host]),
-                           _iv_of(trace, host & named("optimizer", OPTIMIZER_RE)))
+                           _iv_of(trace, host & named("optimizer", vocab.OPTIMIZER_RE)))
                if (host & name_test(trace, ("causes", "dtensor"), _DTENSOR_NAMES.__contains__)
                    ).any() else iv.EMPTY.copy())
-    fsdp = _iv_of(trace, host & named("fsdp", FSDP_RE))
+    fsdp = _iv_of(trace, host & named("fsdp", vocab.FSDP_RE))
     rows = []
     for step, lo, hi in steps[["step", "start_us", "end_us"]].itertuples(index=False):
         row = {"step": int(step), "start_us": float(lo), "end_us": float(hi),
@@ -265,18 +226,18 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
 
 def dtensor_intervals(host: pd.DataFrame) -> np.ndarray:
     """DTensor's host work among ``host`` events (rows of :data:`traceset.EVENT_COLUMNS`):
-    the union of its redistribution and wrap events (:data:`DTENSOR_EVENTS`) and of each
-    subclass dispatch's overhead, the operator around a :data:`SUBCLASS_DISPATCH` event less
+    the union of its redistribution and wrap events (:data:`vocab.DTENSOR_EVENTS`) and of each
+    subclass dispatch's overhead, the operator around a :data:`vocab.SUBCLASS_DISPATCH` event less
     the operators that event holds directly (nesting per thread from ``ts``/``dur``). Sorted
     disjoint ``[start, end]`` µs rows; empty when the trace has no DTensor."""
     names = host["name"]
-    red = host[names.isin(DTENSOR_EVENTS)]
+    red = host[names.isin(vocab.DTENSOR_EVENTS)]
     out = _iv(red)
-    if not (names == SUBCLASS_DISPATCH).any():
+    if not (names == vocab.SUBCLASS_DISPATCH).any():
         return out
     outer, inner = [], []
     for _, ev in host.groupby("tid", sort=False):
-        if not (ev["name"] == SUBCLASS_DISPATCH).any():
+        if not (ev["name"] == vocab.SUBCLASS_DISPATCH).any():
             continue
         order = np.lexsort((-ev["dur"].to_numpy(float), ev["ts"].to_numpy(float)))
         ts = ev["ts"].to_numpy(float)[order]
@@ -288,9 +249,9 @@ def dtensor_intervals(host: pd.DataFrame) -> np.ndarray:
                 stack.pop()
             if stack:
                 parent = stack[-1]
-                if nm[i] == SUBCLASS_DISPATCH:
+                if nm[i] == vocab.SUBCLASS_DISPATCH:
                     outer.append((ts[parent], end[parent]))
-                elif nm[parent] == SUBCLASS_DISPATCH:
+                elif nm[parent] == vocab.SUBCLASS_DISPATCH:
                     inner.append((ts[i], end[i]))
             stack.append(i)
     if outer:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import re
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -51,12 +50,6 @@ from ..trace.classify import (
     name_test,
 )
 from ..trace.traceset import GPU_CATS, RankTrace, isin_mask
-
-#: Host ops that issue communication and enclose their kernels' launches (functional
-#: collectives, DTensor's and tensor parallelism's, wrap the c10d op they call).
-LAUNCH_OP_RE = re.compile(r"^(nccl:|c10d::|record_param_comms|_?c10d_functional::)")
-_FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")
-_COALESCING = frozenset({"coalesced", "startcoalescing", "endcoalescing"})
 
 #: A host thread, ``(pid, tid)`` as the event table holds them.
 Thread = tuple[Any, Any]
@@ -130,8 +123,8 @@ def _is_record(name: str, args: Any) -> bool:
 
 def _is_coalescing(name: str, args: Any) -> bool:
     if coll := vocab.COLLECTIVE_NAME.get(args):
-        return str(coll).lower().replace("_", "") in _COALESCING
-    return name.rsplit(":", 1)[-1].lower().replace("_", "") in _COALESCING
+        return str(coll).lower().replace("_", "") in vocab.COALESCING_NAMES
+    return name.rsplit(":", 1)[-1].lower().replace("_", "") in vocab.COALESCING_NAMES
 
 
 def _launches(trace: RankTrace) -> pd.DataFrame:
@@ -160,7 +153,7 @@ def _host_launches(trace: RankTrace) -> HostLaunches:
     positions of the enclosing ops)``, time order per thread) and the correlation ids of every
     GPU event. Read only by :func:`_assemble` (shared between calls: not modified)."""
     ev = trace.events
-    ops = ev[name_test(trace, "launch_op", LAUNCH_OP_RE.match)
+    ops = ev[name_test(trace, "launch_op", vocab.LAUNCH_OP_RE.match)
              & isin_mask(ev["cat"], ["cpu_op", "user_annotation"])]
     names, args = ops["name"].tolist(), ops["args"].tolist()
     o_ts = ops["ts"].to_numpy(dtype=float)
@@ -220,7 +213,8 @@ def _assemble(kernels: pd.DataFrame, names: list[str], args: list[Any], o_ts: np
         j = rec if rec is not None else int(enc[0])
         row = op_row(("op", j), _host_type(names, args, enc),
                      args[j] if rec is not None else _shapes(args[int(enc[-1])]), t)
-        row["functional"] = any(names[x].startswith(_FUNCTIONAL) for x in enc.tolist())
+        row["functional"] = any(names[x].startswith(vocab.FUNCTIONAL_PREFIXES)
+                                for x in enc.tolist())
         row["launches"] += 1
         k = kernel_of.get(corr)
         if k is not None:

@@ -7,7 +7,6 @@ marks into a layout (see its docstring for what each mark means).
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import numpy as np
@@ -33,36 +32,6 @@ P2P_COLUMNS = ("op", "peer", "step", "start_us", "end_us")
 
 #: Keys of :attr:`RankMarks.counts` (events per marker).
 MARKERS = ("fsdp2", "fsdp1", "ddp", "zero", "functional", "all_to_all", "zero3")
-
-
-_MARKER_RES = {
-    "fsdp2": re.compile(r"^FSDP::(pre_forward|all_gather|pre_backward)"),
-    "fsdp1": re.compile(r"^FullyShardedDataParallel\.(forward|_pre_forward|_pre_backward_hook)"),
-    "ddp": re.compile(r"^DistributedDataParallel\.forward"),
-    "zero": re.compile(r"ZeroRedundancyOptimizer"),
-    "functional": re.compile(r"^_?c10d_functional::(all_reduce|all_gather_into_tensor"
-                             r"|reduce_scatter_tensor)"),
-    "all_to_all": re.compile(r"^(c10d::alltoall|gloo:all_to_all|nccl:all_to_all)"),
-    # DeepSpeed ZeRO-3's autograd functions (deepspeed/runtime/zero/linear.py,
-    # parameter_offload.py), run for every partitioned module
-    "zero3": re.compile(r"LinearFunctionForZeroStage3|PreBackwardFunctionForModule"
-                        r"|PostBackwardFunctionModule"),
-}
-
-
-_GPIPE_RE = re.compile(r"^(Forward|Backward) (\d+)$")
-
-
-_ACTION_RE = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
-
-
-_P2P_OP_RE = re.compile(r"^c10d::(send|recv_)$")
-
-
-_RECV_RE = re.compile(r"^(c10d::recv_|gloo:recv|nccl:recv)")
-
-
-_P2P_NCCL = {"send": "send", "recv": "recv", "_send": "send", "_recv": "recv"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +155,7 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     cat = ev["cat"]
     cpu = isin_mask(cat, ["cpu_op", "user_annotation"])
     counts = {key: int((name_test(trace, ("marker", key), rx.search) & cpu).sum())
-              for key, rx in _MARKER_RES.items()}
+              for key, rx in vocab.MARKER_RES.items()}
     is_step = cpu & name_test(trace, "step", STEP_RE.match)
     steps = [(_step_number(n), float(t), float(t + d)) for n, t, d in
              zip(names[is_step], ev["ts"][is_step], ev["dur"][is_step])]
@@ -195,10 +164,10 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     p2p_rows = []
     dim0: dict[int, int] = {}
     sel = cpu & name_test(trace, "p2p_op", lambda u: bool(
-        _P2P_OP_RE.match(u) or u == "record_param_comms"))
+        vocab.C10D_P2P_RE.match(u) or u == "record_param_comms"))
     for n, t, d, a in zip(names[sel], ev["ts"][sel], ev["dur"][sel], ev["args"][sel]):
         if n == "record_param_comms":
-            op = _P2P_NCCL.get(str(vocab.COLLECTIVE_NAME.get(a, "")).lower()) \
+            op = vocab.P2P_COLLECTIVE_NAMES.get(str(vocab.COLLECTIVE_NAME.get(a, "")).lower()) \
                 if isinstance(a, dict) else None
         else:
             op = "send" if n == "c10d::send" else "recv"
@@ -210,8 +179,8 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     p2p["step"] = _step_of(p2p["start_us"].to_numpy(), steps)
 
     # per-microbatch ranges: the device timeline's copies when there are any
-    rng = name_test(trace, "pipeline_range", lambda u: bool(_GPIPE_RE.match(u)
-                                                            or _ACTION_RE.match(u)))
+    rng = name_test(trace, "pipeline_range", lambda u: bool(vocab.GPIPE_RANGE_RE.match(u)
+                                                            or vocab.PP_ACTION_RE.match(u)))
     gpu_rng = rng & (cat == "gpu_user_annotation").to_numpy()
     device = bool(gpu_rng.any())
     rng = gpu_rng if device else rng & (cat == "user_annotation").to_numpy()
@@ -226,16 +195,16 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
                              (comp["ts"] + comp["dur"]).to_numpy(dtype=float)),
                     iv.union(blocking["ts"].to_numpy(dtype=float),
                              (blocking["ts"] + blocking["dur"]).to_numpy(dtype=float)))
-    recv = name_test(trace, "recv", _RECV_RE.match)
+    recv = name_test(trace, "recv", vocab.RECV_RE.match)
     waits = ev[(recv & cpu) | is_wait]
     wait_end = (waits["ts"] + waits["dur"]).to_numpy(dtype=float)
     rows = []
     for n, t, d in zip(names[rng], ev["ts"][rng], ev["dur"][rng]):
-        m = _GPIPE_RE.match(n)
+        m = vocab.GPIPE_RANGE_RE.match(n)
         if m:
             stage, phase, mb = -1, m.group(1)[0], int(m.group(2))
         else:
-            m = _ACTION_RE.match(n)
+            m = vocab.PP_ACTION_RE.match(n)
             assert m is not None  # the range's name matched one of the two
             stage, phase, mb = int(m.group(1)), m.group(2), int(m.group(3))
         lo, hi = float(t), float(t + d)

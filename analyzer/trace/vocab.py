@@ -19,6 +19,11 @@ Keys (what writes them):
   ``pg_config``, ``pg_count``), ``deviceProperties``, ``baseTimeNanoseconds``,
   ``displayTimeUnit``.
 
+Op and kernel names: the ranges, ops and runtime calls a per-rank quantity looks for (the
+DataLoader's, the optimizer's, device synchronizations, wrappers' and schedules' ranges, the ops
+that issue communication), at the end of this module; how events are told apart as
+communication or computation is :mod:`pardiag.analyzer.trace.classify`'s.
+
 Dtypes: :data:`DTYPE_BYTES` maps every torch dtype, as c10's ``ScalarType`` names it (what
 ``record_param_comms`` writes: ``BFloat16``, ``Float8_e4m3fnuz``), as Python names it
 (``bfloat16``, ``torch.float8_e4m3fnuz``) and as ``Input type`` names it (``c10::BFloat16``,
@@ -30,6 +35,7 @@ that the loader warns.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -218,3 +224,107 @@ def _is_element_type(t: str) -> bool:
     type`` also names ``ScalarList``, ``GenericList``, ``c10::Device`` and the like, which carry
     no element size): the kinds new torch releases add."""
     return t.startswith(("c10::Float8", "c10::Float4", "c10::Float6"))
+
+
+# -- op and kernel names -------------------------------------------------------------------------
+# The names (and name patterns) of the ops, ranges and runtime calls a per-rank quantity looks for;
+# the communication and computation kinds of events are told apart in classify.py.
+
+
+#: FSDP2's hooks (``torch.distributed.fsdp.fully_shard``) name their record_function ranges so.
+FSDP_RE = re.compile(r"^FSDP::")
+
+
+#: DTensor's redistributions and local-tensor wraps (torch.distributed.tensor), by event name.
+DTENSOR_EVENTS = frozenset({"Redistribute", "RedistributeBackward", "NestedRedistribute",
+                            "_FromTorchTensor", "_ToTorchTensor"})
+
+
+#: The event torch's profiler records around a tensor subclass's ``__torch_dispatch__``.
+SUBCLASS_DISPATCH = "PythonSubclass"
+
+
+#: The DataLoader iterator's range (``enumerate(DataLoader)#...__next__``).
+DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)")
+
+
+#: Waits for communication: the host blocks on a collective's work, not on the device.
+COMM_WAIT_RE = re.compile(r"^(aten::_?wait\b|c10d::wait|_?c10d_functional::wait_tensor)")
+
+
+#: Host calls that wait for the device, or make a stream wait (device synchronization).
+SYNC_RE = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize"
+                     r"|cudaStreamWaitEvent|hipStreamSynchronize|hipDeviceSynchronize"
+                     r"|hipEventSynchronize)|^(aten::_local_scalar_dense|cudaMemcpy|hipMemcpy)$")
+
+
+#: Host calls that block the host until the device has run up to them (not
+#: ``cudaStreamWaitEvent``: that makes a stream wait, the host goes on).
+HOST_SYNC_RE = re.compile(r"^(cuda|hip)(Stream|Device|Event)Synchronize"
+                          r"|^(aten::_local_scalar_dense|cudaMemcpy|hipMemcpy)$")
+
+
+#: Ranges of the optimizer (``Optimizer.step#Adam.step``, ``...zero_grad``).
+OPTIMIZER_RE = re.compile(r"optimizer", re.IGNORECASE)
+
+
+#: Ranges of the backward (autograd's ``evaluate_function: ...Backward0``).
+BACKWARD_RE = re.compile(r"backward", re.IGNORECASE)
+
+
+#: Ranges naming the forward.
+FORWARD_RE = re.compile(r"forward", re.IGNORECASE)
+
+
+#: What each wrapper's or parallel style's ranges are named (the layout's marks).
+MARKER_RES = {
+    "fsdp2": re.compile(r"^FSDP::(pre_forward|all_gather|pre_backward)"),
+    "fsdp1": re.compile(r"^FullyShardedDataParallel\.(forward|_pre_forward|_pre_backward_hook)"),
+    "ddp": re.compile(r"^DistributedDataParallel\.forward"),
+    "zero": re.compile(r"ZeroRedundancyOptimizer"),
+    "functional": re.compile(r"^_?c10d_functional::(all_reduce|all_gather_into_tensor"
+                             r"|reduce_scatter_tensor)"),
+    "all_to_all": re.compile(r"^(c10d::alltoall|gloo:all_to_all|nccl:all_to_all)"),
+    # DeepSpeed ZeRO-3's autograd functions (deepspeed/runtime/zero/linear.py,
+    # parameter_offload.py), run for every partitioned module
+    "zero3": re.compile(r"LinearFunctionForZeroStage3|PreBackwardFunctionForModule"
+                        r"|PostBackwardFunctionModule"),
+}
+
+
+#: torch.distributed.pipelining's GPipe ranges: ``Forward i`` / ``Backward i``.
+GPIPE_RANGE_RE = re.compile(r"^(Forward|Backward) (\d+)$")
+
+
+#: Ranges of schedules run by the action runtime: ``PP:{stage}{F|B|I|W}{microbatch}``.
+PP_ACTION_RE = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
+
+
+#: c10d's point-to-point ops on the calling thread.
+C10D_P2P_RE = re.compile(r"^c10d::(send|recv_)$")
+
+
+#: A receive, whatever its backend.
+RECV_RE = re.compile(r"^(c10d::recv_|gloo:recv|nccl:recv)")
+
+
+#: ``Collective name`` values of a send or a receive.
+P2P_COLLECTIVE_NAMES = {"send": "send", "recv": "recv", "_send": "send", "_recv": "recv"}
+
+
+#: Ops that issue communication (outermost on their thread).
+ISSUING_OP_RE = re.compile(
+    r"^(c10d::|_c10d_functional::|c10d_functional::|nccl:|record_param_comms)")
+
+
+#: Functional collectives (tensor parallelism, DTensor).
+FUNCTIONAL_PREFIXES = ("_c10d_functional::", "c10d_functional::")
+
+
+#: Host ops that issue communication and enclose their kernels' launches (functional
+#: collectives, DTensor's and tensor parallelism's, wrap the c10d op they call).
+LAUNCH_OP_RE = re.compile(r"^(nccl:|c10d::|record_param_comms|_?c10d_functional::)")
+
+
+#: ``Collective name`` values (lower case, no underscores) of coalescing blocks.
+COALESCING_NAMES = frozenset({"coalesced", "startcoalescing", "endcoalescing"})
