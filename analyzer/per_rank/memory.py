@@ -33,7 +33,7 @@ def memory_rows(trace: RankTrace) -> pd.DataFrame:
         if not isinstance(args, dict):
             continue
         dev = vocab.DEVICE_TYPE.get(args)
-        dev = vocab.DEVICE_TYPES.get(dev, str(dev))
+        dev = vocab.DEVICE_TYPES.get(dev, str(dev)) if isinstance(dev, int) else str(dev)
         alloc, res = vocab.TOTAL_ALLOCATED.get(args), vocab.TOTAL_RESERVED.get(args)
         rows.append((float(ts), dev, _bytes_value(alloc), _bytes_value(res)))
     return pd.DataFrame(rows, columns=list(MEMORY_COLUMNS)).astype(

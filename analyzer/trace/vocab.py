@@ -214,7 +214,8 @@ def unknown_values(args_list: Iterable[Any]) -> dict[str, Counter]:
                 if isinstance(t, str) and _is_element_type(t) and dtype_bytes(t) is None:
                     dtypes[t] += 1
         dev = DEVICE_TYPE.get(a)
-        if dev is not None and dev not in DEVICE_TYPES:
+        # a value of any JSON type: a list or an object is no device number either
+        if dev is not None and not (isinstance(dev, int) and dev in DEVICE_TYPES):
             devices[str(dev)] += 1
     return {"dtype": dtypes, "device type": devices}
 
