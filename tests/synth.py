@@ -145,11 +145,12 @@ def relayout(src: Path, dst: Path, *, old: bool = False) -> Path:
 
 
 def recorded_op_counts(run: Path, rank: int) -> dict[str, int]:
-    """``{op: records}`` of a pardiag run's ``rank{R}.comms.json`` (what a rank's collective
-    counts must equal)."""
+    """``{op: records}`` of a pardiag run's ``rank{R}.comms.json`` placed in the trace (what a
+    rank's collective counts must equal; a record issued as the profiler's window closed can
+    have no transfer in the trace, ``start_us`` null)."""
     from collections import Counter
 
     from pardiag import layout
 
     doc = json.loads(layout.comms_path(Path(run), rank).read_text())
-    return dict(Counter(rec["op"] for rec in doc["records"]))
+    return dict(Counter(rec["op"] for rec in doc["records"] if rec["start_us"] is not None))

@@ -85,19 +85,24 @@ def test_every_collective_has_a_record(runs, name):
         recs = comms["records"]
         assert recs, (name, rank)
         groups = {g["name"]: g for g in comms["process_groups"]}
+        ev = trace.events
+        gloo = ev[ev["name"].str.startswith("gloo:").to_numpy()]
+        assert len(gloo) > 0
         for r in recs:
             assert r["pg_name"] in groups and r["bytes"] > 0 and r["dtype"], r
-            assert r["start_us"] is not None and r["end_us"] >= r["start_us"] >= r["issue_us"] - 50
+            if r["start_us"] is None:
+                # unplaced only at the window's close (on a loaded machine the profiler can
+                # stop between an op's issue and its transfer): no transfer traced after it
+                assert r["issue_us"] >= gloo["ts"].max(), r
+            else:
+                assert r["end_us"] >= r["start_us"] >= r["issue_us"] - 50, r
             if r["op"] in ("send", "recv"):
                 assert r["peer"] in groups[r["pg_name"]]["ranks"] and r["peer"] != rank
-        ev = trace.events
         threads = comm_threads(trace)
         worker = np.array([(p, t) in threads for p, t in zip(ev["pid"], ev["tid"])])
         # every gloo transfer in the trace (worker thread, or caller thread for send/recv) is
         # exactly one record's start
-        gloo = ev[ev["name"].str.startswith("gloo:").to_numpy()]
         starts = Counter(r["start_us"] for r in recs if r["matched"] == "gloo")
-        assert len(gloo) > 0
         for ts in gloo["ts"]:
             assert starts[float(ts)] == 1, (name, rank, ts)
         # every collective the program issued (c10d op on its own threads) holds a record

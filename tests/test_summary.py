@@ -98,7 +98,7 @@ def test_summary_tables_are_built_when_first_read(tmp_path):
     back = sm.from_json(sm.to_json(s))
     for name in ("comm", "steps", "memory", "operators", "causes"):
         assert type(back.stored(name)) is ColumnTable, name
-    assert type(back.parts.__dict__["_table_comm_events"]) is ColumnTable
+    assert type(back.parts.__dict__["_held_comm_events"]) is ColumnTable
     again = pickle.loads(pickle.dumps(back))
     assert type(again.stored("comm")) is ColumnTable
     for name in ("comm", "steps", "memory", "operators", "causes"):

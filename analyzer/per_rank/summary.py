@@ -18,6 +18,7 @@ nothing else needs an edit (``docs/architecture.md`` shows one, and a test runs 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -29,7 +30,14 @@ import pandas as pd
 from ..trace import vocab
 from ..trace.classify import cached, pattern_key
 from ..trace.comm_records import all_to_all_ops
-from ..trace.traceset import HoldsTables, RankTrace, StoredTable, has_step_names, time_range
+from ..trace.traceset import (
+    Deferred,
+    HoldsTables,
+    RankTrace,
+    StoredTable,
+    has_step_names,
+    time_range,
+)
 from .breakdown import RankParts, breakdown_rows_of
 from .causes import LaunchEdges, causes_of_trace, data_loading_of_trace, launch_edges_of_trace
 from .comm_events import events_from_trace
@@ -77,10 +85,11 @@ _C = TypeVar("_C", bound=type)
 
 
 def _stored_tables(cls: _C) -> _C:
-    """Hold every DataFrame field of a frozen dataclass as a :class:`StoredTable` (a summary
-    read from JSON keeps a table as its columns until it is first read)."""
+    """Hold every DataFrame field and every quantity of a frozen dataclass as a
+    :class:`StoredTable` (a summary read from JSON keeps a table as its columns until it is
+    first read; one computed from the events computes a quantity when it is first read)."""
     for f in dataclasses.fields(cls):
-        if f.type in ("pd.DataFrame", pd.DataFrame):
+        if f.type in ("pd.DataFrame", pd.DataFrame) or "compute" in f.metadata:
             d = StoredTable()
             d.__set_name__(cls, f.name)
             setattr(cls, f.name, d)
@@ -188,8 +197,8 @@ QUANTITIES: tuple[tuple[str, Callable[[RankSource], Any], bool], ...] = tuple(
 
 def summarize_trace(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str] | str] = (), *,
                     warnings: Iterable[str] = (), repairs: Iterable[str] = (),
-                    has_steps: bool | None = None, stat: os.stat_result | None = None
-                    ) -> RankSummary:
+                    has_steps: bool | None = None, stat: os.stat_result | None = None,
+                    defer: bool = False) -> RankSummary:
     """Compute the summary of one rank's trace: its file's record and every quantity.
 
     Args:
@@ -200,6 +209,7 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str] | 
         has_steps: whether an event is named ``ProfilerStep...`` (default: looked up).
         stat: ``os.stat`` of the trace file (default: taken now; size and time 0 where the
             trace has no file).
+        defer: compute each quantity when it is first read (:class:`Deferred`), not now.
     """
     patterns = [p if isinstance(p, re.Pattern) else re.compile(p) for p in comm_patterns]
     if stat is None:
@@ -217,13 +227,15 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str] | 
         warnings=tuple(warnings), notes=tuple(trace.notes), repairs=tuple(repairs),
         n_events=len(trace.events),
         has_steps=has_step_names(trace.events) if has_steps is None else has_steps,
-        has_gpu=trace.has_gpu, **{name: compute(src) for name, compute, _ in QUANTITIES})
+        has_gpu=trace.has_gpu,
+        **{name: Deferred(functools.partial(compute, src)) if defer else compute(src)
+           for name, compute, _ in QUANTITIES})
 
 
 def summary_of(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str] | str] | None = None
                ) -> RankSummary:
     """The rank's :class:`RankSummary`: the one it was loaded with, else computed from its
-    events (once per trace and pattern list).
+    events (once per trace and pattern list; each quantity when it is first read).
 
     Args:
         trace: the rank.
@@ -238,4 +250,4 @@ def summary_of(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str] | str] 
         return s
     patterns = list(comm_patterns or ())
     return cached(trace, ("summary", pattern_key(patterns)),
-                  lambda: summarize_trace(trace, patterns))
+                  lambda: summarize_trace(trace, patterns, defer=True))

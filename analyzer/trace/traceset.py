@@ -295,33 +295,53 @@ def table_from_json(d: dict) -> ColumnTable:
     return ColumnTable(d["columns"], d["dtypes"], d["data"])
 
 
+class Deferred:
+    """A field's value not computed yet: ``compute()`` gives it when the field is first read
+    (a :class:`StoredTable` field holds it; a summary computed from the events defers each
+    quantity, so that an analysis pays only for the quantities it reads)."""
+
+    __slots__ = ("compute",)
+
+    def __init__(self, compute: Callable[[], Any]) -> None:
+        self.compute = compute
+
+
+def _held(obj: object, key: str) -> Any:
+    """What ``obj`` holds under ``key``, computed first where it is :class:`Deferred`."""
+    v = obj.__dict__[key]
+    if type(v) is Deferred:
+        v = obj.__dict__[key] = v.compute()
+    return v
+
+
 class HoldsTables:
     """Mixin of a dataclass with :class:`StoredTable` fields."""
 
     def stored(self, name: str) -> pd.DataFrame | ColumnTable:
         """The table ``name`` as held: a DataFrame, a not yet built :class:`ColumnTable`, or
         None."""
-        return self.__dict__["_table_" + name]
+        return _held(self, "_held_" + name)
 
 
 class StoredTable:
-    """A DataFrame field of a frozen dataclass that may hold a :class:`ColumnTable`: a summary
-    read from JSON (:class:`pardiag.analyzer.per_rank.summary.RankSummary`) holds its tables as
-    their columns until one is read, then the DataFrame (built once).
-    ``obj.__dict__["_table_" + name]`` is what is held (:meth:`HoldsTables.stored`)."""
+    """A field of a frozen dataclass held in the instance's ``__dict__`` under ``"_held_" +
+    name``: a DataFrame field may hold a :class:`ColumnTable` (a summary read from JSON
+    (:class:`pardiag.analyzer.per_rank.summary.RankSummary`) holds its tables as their columns
+    until one is read, then the DataFrame, built once), and any field may hold a
+    :class:`Deferred` value, computed when first read (:meth:`HoldsTables.stored`)."""
 
     def __init__(self, default: Any = dataclasses.MISSING) -> None:
         self.default = default
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.key = "_table_" + name
+        self.key = "_held_" + name
 
     def __get__(self, obj: object, owner: type | None = None) -> pd.DataFrame:
         if obj is None:
             if self.default is dataclasses.MISSING:
                 raise AttributeError(self.key)  # a field without a default
             return self.default
-        v = obj.__dict__[self.key]
+        v = _held(obj, self.key)
         return v.frame() if type(v) is ColumnTable else v
 
     def __set__(self, obj: object, value: pd.DataFrame | ColumnTable) -> None:
