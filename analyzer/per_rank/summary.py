@@ -219,6 +219,10 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str] | 
             stat = None
     src = RankSource(trace, patterns)
     info = vocab.DISTRIBUTED_INFO.get(trace.metadata)
+    # a Deferred value stands for the field's type until the field is read (StoredTable)
+    values: dict[str, Any] = {
+        name: Deferred(functools.partial(compute, src)) if defer else compute(src)
+        for name, compute, _ in QUANTITIES}
     return RankSummary(
         path=str(trace.path), size=int(stat.st_size) if stat else 0,
         mtime_ns=int(stat.st_mtime_ns) if stat else 0, comm_patterns=pattern_key(patterns),
@@ -227,9 +231,7 @@ def summarize_trace(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str] | 
         warnings=tuple(warnings), notes=tuple(trace.notes), repairs=tuple(repairs),
         n_events=len(trace.events),
         has_steps=has_step_names(trace.events) if has_steps is None else has_steps,
-        has_gpu=trace.has_gpu,
-        **{name: Deferred(functools.partial(compute, src)) if defer else compute(src)
-           for name, compute, _ in QUANTITIES})
+        has_gpu=trace.has_gpu, **values)
 
 
 def summary_of(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str] | str] | None = None
