@@ -166,3 +166,43 @@ def test_a_repaired_document_names_the_repair_it_needed(body, repair):
     doc, repairs = parse_json(raw, Path("f.json"))
     assert repairs == [repair]
     assert len(doc["traceEvents"]) == 1
+
+
+def _kineto_text(names: list[str], desc: str) -> bytes:
+    """A trace as torch's Kineto writes it (several keys per line, args on their own lines),
+    with ``names`` and a process-group description written as they are: a ``"`` inside stays
+    unescaped."""
+    events = []
+    for i, name in enumerate(names):
+        events.append(
+            f'  {{\n    "ph": "X", "cat": "user_annotation", "name": "{name}", "pid": 1, '
+            f'"tid": 1,\n    "ts": {10 * i}, "dur": 5,\n    "args": {{\n      "External id": {i},'
+            f'\n      "Process Group Description": "{desc}", "Ev Idx": {i}\n    }}\n  }}')
+    return ('{\n  "schemaVersion": 1,\n  "traceEvents": [\n' + ",\n".join(events)
+            + '\n  ]\n}').encode()
+
+
+def test_a_name_with_a_double_quote_loses_no_run():
+    """Kineto writes a record_function name or a process-group description holding ``"``
+    without escaping it: the file is read, every name comes back as it was, and the repair is
+    named once."""
+    from pardiag.analyzer.trace.parse import parse_json
+
+    names = ['block "a"', "plain", 'block "a"', 'say "hi", then', 'x"', 'block "a"']
+    raw = _kineto_text(names, 'pg "dp", replica')
+    doc, repairs = parse_json(raw, Path("f.json"))
+    assert [e["name"] for e in doc["traceEvents"]] == names
+    assert {e["args"]["Process Group Description"] for e in doc["traceEvents"]} == {
+        'pg "dp", replica'}
+    assert [e["args"]["Ev Idx"] for e in doc["traceEvents"]] == list(range(6))
+    # three distinct names and the description, each repaired once for all its occurrences
+    assert repairs == ["unescaped double quotes inside 4 distinct string(s) escaped (a name "
+                       "written as it is, such as 'block \"a\"')"]
+
+
+def test_json_that_is_not_fixed_by_escaping_quotes_is_still_refused():
+    from pardiag.analyzer.trace.parse import parse_json
+    from pardiag.errors import TraceError
+
+    with pytest.raises(TraceError, match=r"f\.json: not valid JSON \(Expecting ',' delimiter"):
+        parse_json(b'{"traceEvents": [{"ph": "X" "name": 1}]}', Path("f.json"))

@@ -137,6 +137,68 @@ def _repair_of(refusal: str) -> str:
     return f"read by Python's json where orjson refused it ({refusal})"
 
 
+#: Where a string ended early at an unescaped quote, Python's json stops with one of these.
+_EARLY_END = ("Expecting ',' delimiter", "Expecting ':' delimiter",
+              "Expecting property name enclosed in double quotes")
+#: The real end of a string value: a quote followed by what follows a value in Kineto's output.
+_VALUE_END = re.compile(r'"(?=[ \t]*(?:,[ \t\r\n]*["{\[\d-]|,[ \t]*\r?\n|[\r\n]*[ \t]*[}\]]))')
+#: Distinct broken strings repaired at most (each costs one reading of the document).
+MAX_QUOTE_REPAIRS = 200
+
+
+def _string_before(text: str, pos: int) -> tuple[int, int] | None:
+    """(opening, closing) index of the string that ends just before ``pos`` (whitespace
+    between), or None."""
+    close = pos - 1
+    while close >= 0 and text[close] in " \t\r\n":
+        close -= 1
+    if close < 1 or text[close] != '"':
+        return None
+    i = close - 1
+    while i >= 0:
+        if text[i] == '"':
+            slashes = 0
+            while i - 1 - slashes >= 0 and text[i - 1 - slashes] == "\\":
+                slashes += 1
+            if slashes % 2 == 0:
+                return i, close
+        i -= 1
+    return None
+
+
+def _escape_stray_quotes(text: str) -> tuple[dict | list | None, str, list[str]]:
+    """Read ``text`` where string values hold unescaped double quotes (Kineto writes a
+    ``record_function`` name or a process-group description with a ``"`` in it as it is):
+    where json stops because a string ended early, the string runs instead to the first quote
+    that a value's end follows (:data:`_VALUE_END`), its inner quotes are escaped, and every
+    occurrence of that broken string in the document is replaced at once.
+
+    Returns:
+        (the document or None where it still cannot be read, the text, the strings repaired).
+    """
+    fixed: list[str] = []
+    while len(fixed) < MAX_QUOTE_REPAIRS:
+        try:
+            return json.loads(text, strict=False), text, fixed
+        except json.JSONDecodeError as exc:
+            if not exc.msg.startswith(_EARLY_END):
+                return None, text, fixed
+            span = _string_before(text, exc.pos)
+            end = _VALUE_END.search(text, exc.pos) if span else None
+            if span is None or end is None:
+                return None, text, fixed
+            literal = text[span[0]:end.start() + 1]
+            inner = literal[1:-1]
+            repaired = '"' + re.sub(r'(?<!\\)"', r'\\"', inner) + '"'
+            if repaired == literal:
+                return None, text, fixed
+            text = text.replace(literal, repaired)
+            fixed.append(inner)
+        except RecursionError:
+            return None, text, fixed
+    return None, text, fixed
+
+
 def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
     """The tolerant reading of a file's JSON bytes: orjson, else (bare ``NaN``/``Infinity``,
     control characters in strings, unpaired surrogate escapes, numbers beyond the float range,
@@ -163,9 +225,15 @@ def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
         try:
             doc = json.loads(clean, strict=False)
         except (json.JSONDecodeError, RecursionError) as exc:
-            raise TraceError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}"
-                             f" column {exc.colno})" if isinstance(exc, json.JSONDecodeError)
-                             else f"{path}: not valid JSON (nested too deeply)") from None
+            doc, _, quoted = (_escape_stray_quotes(clean) if isinstance(exc, json.JSONDecodeError)
+                              else (None, clean, []))
+            if doc is None:
+                raise TraceError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}"
+                                 f" column {exc.colno})" if isinstance(exc, json.JSONDecodeError)
+                                 else f"{path}: not valid JSON (nested too deeply)") from None
+            example = quoted[0] if len(quoted[0]) <= 80 else quoted[0][:77] + "..."
+            repairs.append(f"unescaped double quotes inside {len(quoted)} distinct string(s) "
+                           f"escaped (a name written as it is, such as {example!r})")
         if not repairs:
             repairs.append(_repair_of(refused.msg))
     if not isinstance(doc, dict):
