@@ -315,14 +315,70 @@ def _rank_pids(pid: int) -> list[int]:
     return out
 
 
-def _main_thread_at(text: str) -> str | None:
-    """The innermost frame of the main thread in a faulthandler dump (it lists the threads
-    newest first: the main thread last), as ``File "...", line N in f``."""
+def _main_thread_at(text: str, script: str | None = None) -> str | None:
+    """Where the main thread was in a faulthandler dump (it lists the threads newest first: the
+    main thread last; each thread's frames innermost first): its innermost frame as
+    ``File "...", line N in f``, followed by ``, called from`` the innermost frame of
+    ``script`` (the user's script) where that is another one. None without a frame."""
     blocks = [b for b in text.strip().split("\n\n") if "File " in b]
     if not blocks:
         return None
-    frames = [ln.strip() for ln in blocks[-1].splitlines() if ln.strip().startswith("File ")]
-    return frames[0] if frames else None
+    main = next((b for b in blocks if "Current thread" in b), blocks[-1])
+    frames = [ln.strip() for ln in main.splitlines() if ln.strip().startswith("File ")]
+    if not frames:
+        return None
+    if script is not None:
+        own = next((f for f in frames if f.startswith(f'File "{script}"')), None)
+        if own is not None and own != frames[0]:
+            return f"{frames[0]}, called from {own}"
+    return frames[0]
+
+
+#: The first line of a stack dump faulthandler wrote when a rank's own backstop expired
+#: (``rank_entry._guard_teardown``): ``Timeout (0:05:00)!``.
+_BACKSTOP_HEADER = re.compile(r"^Timeout \((\d+):(\d\d):(\d\d)\)!", re.M)
+
+
+def _stacks_lines(out: Path, ranks: list[int], script: str | None) -> list[str]:
+    """One line per rank of ``ranks`` whose stacks file (SIGUSR1's dump, or the backstop's)
+    says where its main thread was; ranks without one are left out."""
+    lines = []
+    for r in ranks:
+        try:
+            text = layout.stacks_path(out, r).read_text(errors="replace")
+        except OSError:
+            continue
+        at = _main_thread_at(text, script)
+        if not at:
+            continue
+        backstop = _BACKSTOP_HEADER.search(text)
+        if backstop:
+            h, m, s = map(int, backstop.groups())
+            written = (" after writing its files" if layout.rank_meta_path(out, r).is_file()
+                       else "")
+            lines.append(f"rank {r}: pardiag's work after the script did not end within "
+                         f"{h * 3600 + m * 60 + s} s and the rank stopped itself{written}; "
+                         f"its main thread was at {at} (all threads: {layout.stacks_path(out, r)})")
+        else:
+            lines.append(f"rank {r}'s main thread was at {at} (all threads: "
+                         f"{layout.stacks_path(out, r)})")
+    return lines
+
+
+def _dump_stacks(pids: list[int]) -> None:
+    """SIGUSR1 to ``pids`` (each writes every thread's stack to its stacks file, from the
+    signal handler, even while its main thread holds the interpreter), then 2 s for it."""
+    import signal
+
+    sent = False
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+            sent = True
+        except OSError:
+            pass
+    if sent:
+        time.sleep(2.0)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -342,35 +398,59 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+#: How long the ranks may take to write their files after SIGTERM before they are killed
+#: (seconds); torchrun itself would wait 30 s.
+STOP_GRACE_S = 10.0
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def _stop(proc: subprocess.Popen, graceful: bool = True) -> None:
-    """Stop torchrun and its ranks: SIGTERM, then SIGKILL. Not ``graceful``: SIGKILL every
-    process below torchrun and torchrun itself (a SIGTERM makes torchrun print a traceback);
-    where the process tree cannot be read, fall back to the graceful way."""
+    """Stop torchrun and its ranks, leaving no process behind.
+
+    ``graceful``: SIGTERM to torchrun's process group (torchrun passes it to the ranks, which
+    write their files, ``rank_entry._stop_on_sigterm``); after :data:`STOP_GRACE_S` SIGKILL to
+    every process that was below torchrun and is still there: torchrun starts each rank in a
+    session of its own, and a rank whose main thread holds the interpreter in native code
+    never takes the SIGTERM; once torchrun is gone such a rank would be left running (the
+    tree is read before anything is signalled: an orphan is no longer torchrun's).
+    Not ``graceful``: SIGKILL at once to every process below torchrun and torchrun itself (a
+    SIGTERM makes torchrun print a traceback). Where the process tree cannot be read, the
+    process group alone is signalled."""
     import signal
 
-    if not graceful:
-        tree = _descendants(proc.pid)
-        if tree:
-            for pid in [*reversed(tree), proc.pid]:
+    tree = _descendants(proc.pid)
+    if graceful:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.time() + STOP_GRACE_S
+        while time.time() < deadline and (proc.poll() is None
+                                           or any(_alive(p) for p in tree)):
+            time.sleep(0.1)
+    if tree:
+        for pid in [*reversed(tree), proc.pid]:
+            if pid == proc.pid or _alive(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            try:
-                proc.wait(timeout=5.0)
-                return
-            except subprocess.TimeoutExpired:
-                pass
-    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 #: Environment variable naming the ``pardiag profile`` process that started a rank.
@@ -483,15 +563,17 @@ def _wait_or_timeout(proc, cfg, ranks) -> tuple[int, list | None] | None:
                         f"this node's ranks had not exited; they were stopped (their files "
                         f"are complete)"]
             if first_done is not None and done < n and now - first_done > cfg.exit_grace_s:
-                _stop(proc, graceful=False)
                 ranks.scan()
                 expected = ranks.expected(cfg)
-                which = (f"rank(s) {[r for r in expected if r not in ranks.mine]}" if expected
+                stuck = [r for r in expected if r not in ranks.mine] if expected else []
+                _dump_stacks(_rank_pids(proc.pid))   # where they are, before they are stopped
+                _stop(proc, graceful=False)
+                which = (f"rank(s) {stuck}" if expected
                          else f"{n - len(ranks.mine)} of this node's {n} ranks")
                 return proc.returncode if proc.returncode is not None else -9, [
                     f"{which} did not exit within {cfg.exit_grace_s:g} s after another rank "
                     f"finished (a hang at the end of the script or in its teardown); they were "
-                    f"stopped"]
+                    f"stopped", *_stacks_lines(ranks.out, stuck, str(Path(cfg.script).resolve()))]
     except KeyboardInterrupt:
         _stop(proc)
         raise
@@ -543,12 +625,13 @@ def _stack_dump_silent(proc, cfg, ranks, got: dict[int, dict], world: int) -> No
 
 
 def _hang_lines(out: Path, got: dict[int, dict], world: int, ranks, n: int, describe,
-                diagnose_hang) -> list[str]:
+                diagnose_hang, script: str | None = None) -> list[str]:
     """The lines describing the hang: the stuck collectives of the dumps ``got``, where the
-    main thread of each rank without a dump was (its stacks file), or why nothing was stuck."""
+    main thread of each rank without a dump was (its stacks file; the user's ``script``'s
+    frame named too), or why nothing was stuck."""
     stuck = diagnose_hang(got, world)
     stacks = {r: d.get("main_stack", []) for r, d in got.items()}
-    lines = [describe(s, stacks) for s in stuck]
+    lines = [describe(s, stacks, script) for s in stuck]
     for r in range(world):
         if r in got:
             continue
@@ -556,7 +639,7 @@ def _hang_lines(out: Path, got: dict[int, dict], world: int, ranks, n: int, desc
             text = layout.stacks_path(out, r).read_text(errors="replace")
         except OSError:
             continue
-        at = _main_thread_at(text)
+        at = _main_thread_at(text, script)
         if at:
             lines.append(f"rank {r} wrote no hang dump (its main thread did not let the "
                          f"watchdog run); its main thread was at {at} (all threads: "
@@ -586,7 +669,8 @@ def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | 
     _stack_dump_silent(proc, cfg, ranks, got, world)
     _stop(proc, graceful=False)  # the dumps are written; nothing left to wait for
     request.unlink(missing_ok=True)
-    lines = _hang_lines(out, got, world, ranks, n, describe, diagnose_hang)
+    lines = _hang_lines(out, got, world, ranks, n, describe, diagnose_hang,
+                        str(Path(cfg.script).resolve()))
     return proc.returncode if proc.returncode is not None else -9, lines
 
 
@@ -646,6 +730,13 @@ def _rank_outcomes(metas: dict, cfg: ProfileConfig) -> _RankOutcomes:
     return _RankOutcomes(failed, codes, no_trace, short)
 
 
+def _files_complete(line: str) -> bool:
+    """A hang line that says the rank(s) had written every file when they were stopped."""
+    return (line.startswith(f"{EXIT_STUCK_S:g} s after every rank")
+            or line.startswith("every rank of this node had written")
+            or "stopped itself after writing its files" in line)
+
+
 def _exit_code(codes: list[int], hang: list | None, returncode: int, missing: list[int],
                n_metas: int, cfg: ProfileConfig) -> int:
     """The exit code to pass on: the first rank's non-zero one; 0 where only the exit stuck
@@ -655,9 +746,7 @@ def _exit_code(codes: list[int], hang: list | None, returncode: int, missing: li
     complete = not missing and n_metas == cfg.nproc_per_node   # every rank wrote its files
     if nonzero:
         return nonzero[0]
-    if hang is not None and complete and (
-            hang[0].startswith(f"{EXIT_STUCK_S:g} s after every rank")
-            or hang[0].startswith("every rank of this node had written")):
+    if hang is not None and complete and all(_files_complete(line) for line in hang):
         return 0   # the script ended and everything was written; only the exit stuck
     if hang is not None:
         return TIMEOUT_EXIT_CODE
@@ -710,11 +799,22 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
     os.replace(tmp, part)
 
 
-def _kept(out: Path, metas: dict) -> str:
-    """What a run folder keeps after Ctrl-C stopped its job, in words."""
-    traces = sorted(r for r, m in metas.items() if m.trace_file)
-    kept = (f"the traces of rank(s) {', '.join(map(str, traces))} and their metadata" if traces
-            else "no trace (the profiler's window had not ended)")
+def _kept(out: Path, metas: dict, ranks: list[int] | None) -> str:
+    """What a run folder keeps after Ctrl-C stopped its job, in words: the trace files on disk
+    of this node's ``ranks`` (None: every rank's found), and which of them lack metadata (a
+    rank stopped before writing it; its trace is still read)."""
+    if ranks is None:
+        ranks = sorted({*metas, *(int(m[1]) for p in Path(out).glob("rank*.trace.json.gz")
+                                  if (m := re.match(r"rank(\d+)\.", p.name)))})
+    traces = [r for r in ranks if layout.trace_path(out, r).is_file()]
+    bare = [r for r in traces if r not in metas]
+    if not traces:
+        kept = "no trace (the profiler's window had not ended)"
+    elif not bare:
+        kept = f"the traces of rank(s) {', '.join(map(str, traces))} and their metadata"
+    else:
+        kept = (f"the traces of rank(s) {', '.join(map(str, traces))}; rank(s) "
+                f"{', '.join(map(str, bare))} stopped before writing their metadata")
     return f"the job was stopped; {out} keeps {kept}"
 
 
@@ -759,13 +859,18 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
               f"metadata (their numbers are unknown: no rank of the node finished)",
               file=sys.stderr)
 
+    # a rank that stopped itself, hung in pardiag's work after its script (its backstop)
+    mine = sorted({*metas, *missing} if expected is None else expected)
+    stopped = [ln for ln in _stacks_lines(out, mine, script) if "stopped itself" in ln]
+    if stopped:
+        hang = [*(hang or []), *stopped]
     got = _rank_outcomes(metas, cfg)
     exit_code = (EXIT_INTERRUPTED if interrupted
                  else _exit_code(got.codes, hang, returncode, missing, len(metas), cfg))
     _write_run_file(out, cfg, ranks, node_rank, (started, ended), returncode, exit_code, hang,
                     got.failed, missing)
     if interrupted:  # the run file says so; the command ends with what the folder keeps
-        raise Interrupted(_kept(out, metas))
+        raise Interrupted(_kept(out, metas, expected))
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=got.failed,
                          missing_ranks=missing, no_trace=got.no_trace, short_ranks=got.short,
                          hang=hang or [], contention=layout.contention_note(metas.values()))

@@ -20,7 +20,9 @@ gloo runs that leave the process group alive end in SIGABRT 10-40% of the time (
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import functools
+import gc
 import json
 import os
 import platform
@@ -512,6 +514,8 @@ class _RankRun:
     stop_watchdog: threading.Event | None = None
     started: float = 0.0
     error: BaseException | None = None
+    #: the script's module globals, held until the process ends (:func:`_run_script`)
+    script_globals: dict | None = None
     #: SIGTERM waits (:func:`_stop_on_sigterm`): the trace or the rank's files are being written
     hold_term: bool = False
     #: a SIGTERM came while ``hold_term``
@@ -554,6 +558,25 @@ def _configure(cfg: dict | None) -> _RankRun:
 #: A rank whose main thread has not taken a SIGTERM within this many seconds is blocked outside
 #: Python (a collective that never completes): it ends at once, as SIGTERM's default would.
 TERM_HANDLER_WAIT_S = 5.0
+
+
+#: How long one part of pardiag's work after the script (the last export, the sidecars, the
+#: wait for the other ranks) may take before the rank is taken as hung in it (seconds; the
+#: environment variable ``PARDIAG_TEARDOWN_PART_S`` sets another).
+TEARDOWN_PART_S = float(os.environ.get("PARDIAG_TEARDOWN_PART_S", "300"))
+
+
+def _guard_teardown(run: _RankRun, limit_s: float | None = TEARDOWN_PART_S) -> None:
+    """Arm (or, with ``limit_s`` None, disarm) the backstop of pardiag's work after the
+    script: when the part does not end within ``limit_s``, every thread's stack goes to the
+    rank's stacks file (:func:`_stack_dump_on_signal`; standard error without one) and the
+    process ends with exit code 1. faulthandler's own thread does this without the interpreter
+    lock, so it also ends a rank whose main thread holds the lock in a native deadlock; the
+    launcher then names where it was (``launch._teardown_lines``)."""
+    faulthandler.cancel_dump_traceback_later()
+    if limit_s is not None:
+        faulthandler.dump_traceback_later(limit_s, exit=True,
+                                          file=run.stacks if run.stacks else sys.stderr)
 
 
 def _stop_on_sigterm(run: _RankRun) -> None:
@@ -732,10 +755,17 @@ def _run_script(run: _RankRun) -> None:
     try:
         if run.terminated:
             raise _Terminated()
-        runpy.run_path(script, run_name="__main__")
+        run.script_globals = runpy.run_path(script, run_name="__main__")
     except BaseException as exc:  # the script's own failure: recorded, reported, exit code kept
-        run.error = exc
+        run.error = exc   # (its traceback's frames hold the script's globals)
     finally:
+        # The script's objects are never freed in pardiag's code: held above and frozen out
+        # of the cyclic collector, they live until os._exit, as a plain run's live until the
+        # interpreter ends. Freed here, a DDP reducer's gloo process group joins its worker
+        # thread while that thread waits for the interpreter lock this one holds (it drops
+        # the last work's thread-local state): a deadlock, in about one run of three.
+        gc.freeze()
+        _guard_teardown(run)
         sys.argv = saved_argv
         for h in run.hook_handles:
             h.remove()
@@ -818,7 +848,9 @@ def _after_script(run: _RankRun) -> tuple[dict | None, int]:
             print(f"pardiag: rank {rank}: could not write collective records: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
         lap("sidecars")
+        _guard_teardown(run, None)   # the summary reads the trace file only: no deadlock there
         _write_rank_summary(run.out, rank)
+        _guard_teardown(run)
         lap("rank_summary")
     run.instrumentation["after_script_parts_s"] = after
     if "static" not in run.captured and run.stepper.optimizer is not None:
@@ -896,6 +928,7 @@ def _finish(run: _RankRun, meta: layout.RankMeta, code: int, failed: bool,
         pass
     elif dist.is_available() and dist.is_initialized():
         # then os._exit, without destroying the group (FACTS §1: 20/20 clean)
+        _guard_teardown(run)
         _exit_together(dist, run.world_size)
     if before_exit is not None:
         try:
@@ -904,6 +937,7 @@ def _finish(run: _RankRun, meta: layout.RankMeta, code: int, failed: bool,
             print(f"pardiag: rank {rank}: could not write the node's run file: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
     run.stop_watchdog.set()
+    _guard_teardown(run, None)
     _drop_empty_stacks(run)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -60,6 +60,9 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--pin-cpu", action="store_true",
                    help="pin each rank to its own CPU core (local rank mod cores): ranks sharing "
                         "a small machine stop slowing each other down")
+    p.add_argument("--destroy", action="store_true",
+                   help="end as many scripts do: dist.destroy_process_group(), then return and "
+                        "let the interpreter end (run directly, gloo may hang or abort then)")
     return p
 
 
@@ -212,19 +215,23 @@ def train(args: argparse.Namespace, env: Env, opt: torch.optim.Optimizer, loss_o
         opt.step()
         timer.tick()
     timer.save()
-    finish(env, f"{name}: {args.steps} steps, loss {loss.item():.4f}")
+    finish(env, f"{name}: {args.steps} steps, loss {loss.item():.4f}", args.destroy)
 
 
-def finish(env: Env, message: str) -> None:
+def finish(env: Env, message: str, destroy: bool = False) -> None:
     """Print the summary, then end the way that never hangs or aborts with gloo (FACTS §1).
 
     The process group is not destroyed: freeing it (or objects holding it) at teardown can
     hang or abort a gloo process. Under ``pardiag profile`` the script returns and pardiag ends
     the process (barrier, flush, ``os._exit``) after writing its files; run directly, the
-    script does the same itself.
+    script does the same itself. ``destroy`` (``--destroy``): end as many scripts do instead,
+    with ``dist.destroy_process_group()``, and return.
     """
     if env.rank == 0:
         print(message, flush=True)
+    if destroy and dist.is_initialized():
+        dist.destroy_process_group()
+        return
     if dist.is_initialized():
         dist.barrier()
         if "PARDIAG_PROFILE_CONFIG" not in os.environ:

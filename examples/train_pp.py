@@ -97,7 +97,7 @@ def main() -> None:
         timer.tick()
     timer.save()
     C.finish(env, f"train_pp: {args.steps} steps, {num_stages} stages, {args.schedule}, "
-                  f"{args.microbatches} microbatches")
+                  f"{args.microbatches} microbatches", args.destroy)
 
 
 if __name__ == "__main__":

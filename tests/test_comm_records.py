@@ -147,3 +147,23 @@ def test_hang_with_a_rank_that_wrote_no_dump():
 def test_no_hang_when_all_entered():
     assert diagnose_hang({0: _dump(0, [1, 2], "x"), 1: _dump(1, [1, 2], "x"),
                           2: _dump(2, [1, 2], "x")}, 3) == []
+
+
+def test_hang_names_the_scripts_frame_below_torchs():
+    """A rank stuck inside torch is placed in the user's script too: the frame they can act
+    on, not only the innermost one."""
+    dumps = {0: _dump(0, range(1, 4), "x"), 1: _dump(1, range(1, 3), "x")}
+    for d in dumps.values():
+        d["process_groups"][0]["ranks"] = [0, 1]
+    dumps[1]["main_stack"] = [
+        '  File "/w/train.py", line 30, in <module>\n    main()\n',
+        '  File "/w/train.py", line 12, in main\n    dist.barrier()\n',
+        '  File "/t/torch/distributed/c10d.py", line 4, in barrier\n    work.wait()\n']
+    (s,) = diagnose_hang(dumps, 2)
+    assert describe(s, {r: d["main_stack"] for r, d in dumps.items()}, "/w/train.py").endswith(
+        'rank 1 (last entered #2; at File "/t/torch/distributed/c10d.py", line 4, in barrier, '
+        'called from File "/w/train.py", line 12, in main)')
+    # where the innermost frame is the script's own, it is named once
+    dumps[1]["main_stack"] = dumps[1]["main_stack"][:2]
+    assert describe(s, {1: dumps[1]["main_stack"]}, "/w/train.py").endswith(
+        'at File "/w/train.py", line 12, in main)')

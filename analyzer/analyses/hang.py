@@ -72,12 +72,24 @@ def diagnose_hang(dumps: dict[int, dict], world_size: int) -> list[StuckCollecti
     return sorted(out, key=lambda s: (-len(s.waiting), s.pg_name))
 
 
-def describe(stuck: StuckCollective, stacks: dict[int, list[str]]) -> str:
-    """One line: who waits in which collective, and where each missing rank is instead."""
+def describe(stuck: StuckCollective, stacks: dict[int, list[str]],
+             script: str | None = None) -> str:
+    """One line: who waits in which collective, and where each missing rank is instead.
+
+    Args:
+        stuck: the collective.
+        stacks: ``{rank: main thread's frames}`` as :func:`traceback.format_stack` gives them
+            (outermost first).
+        script: the user's script: its innermost frame is named too where the innermost
+            frame of all is elsewhere (in torch, say), as ``..., called from File ...``.
+    """
     where = []
     for r in stuck.missing:
-        frames = stacks.get(r) or []
-        last = frames[-1].strip().splitlines()[0] if frames else "no dump"
+        frames = [f.strip().splitlines()[0] for f in stacks.get(r) or [] if f.strip()]
+        last = frames[-1] if frames else "no dump"
+        own = next((f for f in reversed(frames) if f.startswith(f'File "{script}"')), None)
+        if own is not None and own != last:
+            last = f"{last}, called from {own}"
         where.append(f"rank {r} (last entered #{stuck.last_seq.get(r)}; at {last})")
     return (f"rank(s) {list(stuck.waiting)} wait in {stuck.op} #{stuck.seq} on process group "
             f"{stuck.pg_name} ({stuck.pg_desc}); missing: {'; '.join(where)}")
