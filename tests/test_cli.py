@@ -399,3 +399,32 @@ def test_report_calls_analyze_and_checks_its_outputs_before_the_analyses(tmp_pat
     assert res.output.strip().splitlines()[-1] == (
         f"pardiag: error: {tmp_path}: analysis failed (RuntimeError: boom); set "
         "PARDIAG_DEBUG=1 for the traceback")
+
+
+def test_the_first_failure_leads_not_the_lowest_rank(tmp_path):
+    """Rank 1 raised first and took rank 0 down ("Connection closed"): the report's warnings
+    and the verdict lead with rank 1's error, the one ``pardiag profile`` named first, by when
+    each rank ended (its metadata)."""
+    import shutil
+    run_dir = tmp_path / "run"
+    shutil.copytree(SAMPLE, run_dir)
+    side = run_dir / "pardiag"
+    info = json.loads((side / "run.json").read_text())
+    info.update(exit_code=1, failed_ranks={
+        "0": "RuntimeError: [gloo] Connection closed by peer", "1": "ValueError: bad batch"})
+    (side / "run.json").write_text(json.dumps(info))
+    for r, ended in ((0, 2000.5), (1, 2000.0)):
+        meta = json.loads((side / f"rank{r}.meta.json").read_text())
+        meta.update(ended_unix=ended, status="error", exit_code=1)
+        (side / f"rank{r}.meta.json").write_text(json.dumps(meta))
+    js = tmp_path / "s.json"
+    res = run("report", run_dir, "-o", tmp_path / "r.html", "--json", js, "-q")
+    assert res.exit_code == 0, res.output
+    warnings = json.loads(js.read_text())["warnings"]
+    failed = [w for w in warnings if " failed" in w and "profiled run" in w]
+    assert failed == ["rank 1 failed first during the profiled run: ValueError: bad batch",
+                      "rank 0 failed during the profiled run: RuntimeError: [gloo] Connection "
+                      "closed by peer"]
+    verdict = json.loads(js.read_text())["verdict"]
+    assert ("The run failed: rank 1 failed first: ValueError: bad batch; rank 0 failed: "
+            "RuntimeError: [gloo] Connection closed by peer") in json.dumps(verdict)

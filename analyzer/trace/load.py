@@ -36,7 +36,7 @@ from . import vocab
 from .classify import STEP_RE
 from .files import ParsedFile, RankReducer, from_summary, parse_file, read_events
 from .ranks import FileFacts, RankFiles, assign_ranks
-from .traceset import RankTrace, Sidecars, TraceSet, time_range
+from .traceset import RankTrace, Sidecars, TraceSet, failures_in_order, time_range
 from .workers import default_workers, parse_files
 
 
@@ -202,8 +202,10 @@ def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.R
     if run_info:
         if run_info.exit_code:
             out.append(f"the profiled run exited with code {run_info.exit_code}")
-        for r, msg in sorted(run_info.failed_ranks.items()):
-            out.append(f"rank {r} failed during the profiled run: {msg}")
+        failures = failures_in_order(run_info, rank_meta)
+        for i, (r, msg) in enumerate(failures):
+            first = " first" if i == 0 and len(failures) > 1 else ""
+            out.append(f"rank {r} failed{first} during the profiled run: {msg}")
         for missing in run_info.missing_ranks:
             out.append(f"rank {missing} did not finish the profiled run")
         for line in run_info.hang:

@@ -184,6 +184,26 @@ class TraceSet:
     rank_meta: dict[int, RankMeta] = dataclasses.field(default_factory=dict)
     sidecars: Sidecars = dataclasses.field(default_factory=Sidecars)
 
+    def failures(self) -> list[tuple[int, str]]:
+        """The failed ranks, the first failure first (:func:`failures_in_order`)."""
+        return failures_in_order(self.run_info, self.rank_meta)
+
+
+def failures_in_order(run_info: RunFile | None, rank_meta: dict[int, RankMeta]
+                      ) -> list[tuple[int, str]]:
+    """``[(rank, error line)]`` of the ranks ``run.json`` names failed, the first failure
+    first: by when each rank ended (its metadata's ``ended_unix``; the rank that failed first
+    took the others down, whose errors, such as gloo's "Connection closed", are consequences),
+    ranks without that time last, in rank order. ``[]`` without a run file."""
+    if run_info is None:
+        return []
+
+    def when(item: tuple[str, str]) -> tuple[float, int]:
+        meta = rank_meta.get(int(item[0]))
+        ended = meta.ended_unix if meta is not None else None
+        return (float(ended) if ended is not None else float("inf"), int(item[0]))
+    return [(int(r), msg) for r, msg in sorted(run_info.failed_ranks.items(), key=when)]
+
 
 def isin_mask(values: pd.Series, allowed) -> np.ndarray:
     """Bool array: each of ``values`` is one of ``allowed`` (``Series.isin``). A categorical

@@ -153,8 +153,9 @@ def failure_text(ctx: RuleContext) -> str | None:
     if run.hang:
         more = f" (and {len(run.hang) - 1} more)" if len(run.hang) > 1 else ""
         return f"The run hung and was stopped: {run.hang[0]}{more}"
-    parts = [f"rank {r} failed: {msg}" for r, msg in sorted(run.failed_ranks.items(),
-                                                          key=lambda kv: int(kv[0]))][:3]
+    failures = ctx.traces.failures()
+    parts = [f"rank {r} failed{' first' if i == 0 and len(failures) > 1 else ''}: {msg}"
+             for i, (r, msg) in enumerate(failures)][:3]
     if run.missing_ranks:
         parts.append(f"rank(s) {run.missing_ranks} did not finish")
     if parts:
