@@ -24,6 +24,7 @@ from pardiag.analyzer.report.compare import (
 )
 from pardiag.cli import cli
 
+from .paths import REPO
 from .synth import gpu_rank
 from .synth_compare import ddp_run, pipeline_run
 
@@ -444,3 +445,13 @@ def test_a_summary_with_a_wrong_value_is_one_line(tmp_path):
     f.write_bytes(orjson.dumps(bad))
     with pytest.raises(pardiag.TraceError, match=rf"^{f}: not a readable pardiag summary"):
         pardiag.compare(a, f)
+
+
+def test_unrelated_runs_apply_no_recommendation(tmp_path):
+    """A DDP run against a pipeline run: whatever B's setup shares with a recommendation of
+    A's, B is another job (script, strategies, degrees differ), so no recommendation counts as
+    applied and no prediction error is computed."""
+    c = pardiag.compare(REPO / "sample_traces" / "ddp_cpu_2rank",
+                        REPO / "sample_traces" / "pp_1f1b_cpu_2rank")
+    assert c.checks and c.applied == ()
+    assert all(ch.error_pct is None for ch in c.checks)

@@ -170,6 +170,12 @@ def _check_params(params: dict[str, Any], sb: SetupSection, summary_b: ReportDoc
     return "applied", "; ".join(parts)
 
 
+#: Setup fields that make B another job, not A changed: a recommendation B seems to have made
+#: is not taken as applied (nor its prediction checked) while one of these also differs.
+_STRUCTURE = ("script", "world_size", "nnodes", "dims", "strategies", "pipeline_schedule",
+              "pipeline_stages", "devices", "backend")
+
+
 def check_recommendations(summary_a: ReportDocument, summary_b: ReportDocument, sb: SetupSection,
             setup: pd.DataFrame, step: StepDelta) -> tuple[RecommendationCheck, ...]:
     b_step = step.b.median_us if step.b is not None else None
@@ -186,6 +192,12 @@ def check_recommendations(summary_a: ReportDocument, summary_b: ReportDocument, 
         status, why = _check_params(params, sb, summary_b)
         explained = {"script_args"} | {f for k in params for f in _PARAM_FIELDS.get(k, ())}
         also = tuple(row.label for row in changed.itertuples() if row.field not in explained)
+        other_job = [row.label for row in changed.itertuples()
+                     if row.field in _STRUCTURE and row.field not in explained]
+        if status == "applied" and other_job:
+            status, why = "unknown", (
+                f"B is not A with this change alone: it also differs in "
+                f"{', '.join(other_job)} ({why})")
         pred = num(r.predicted_step_us)
         ppeak = num(r.predicted_peak_bytes)
         applied = status == "applied"
