@@ -524,3 +524,33 @@ def test_gpu_streams_from_integer_stream_args_equal_the_per_event_reading():
     ]
     for stream, queue, want in cases:
         assert _gpu_streams(gpu, stream, queue, tid).tolist() == want
+
+
+def test_a_kernel_whose_end_runs_far_past_the_host_is_clipped_even_on_a_shared_stream(tmp_path):
+    """A kernel whose recorded end runs 1.6 s past the next kernel on its stream and past the
+    host's last event by far more than a profiler step has a corrupted end: it is clipped to
+    the next kernel's start, also on a stream kept whole because kernels of several queues ran
+    at once there (ROCm's stream 0); the steps stay 300 µs."""
+    b = TraceBuilder(rank=0)
+    for i in range(3):
+        b.step(i, 300 * i, 300)
+        b.cpu("aten::mm", 300 * i + 10, 50)
+    b.kernel("ncclDevKernel_Generic", 0, 250, stream=0)   # beside the gemm: kept whole
+    b.kernel("gemm", 50, 100, stream=0)
+    b.kernel("bad", 400, 1_600_000, stream=0)             # the corrupted end
+    b.kernel("relu", 450, 40, stream=0)
+    b.kernel("late", 700, 50, stream=0)
+    b.write(tmp_path / "t.json")
+    t = load_traces(tmp_path).ranks[0]
+    ev = t.events.set_index("name")
+    assert ev.loc["ncclDevKernel_Generic", "dur"] == 250.0 and ev.loc["gemm", "dur"] == 100.0
+    assert ev.loc["bad", "dur"] == 50.0 and ev.loc["relu", "dur"] == 40.0
+    path = tmp_path / "t.json"
+    assert t.notes[0] == (
+        f"{path}: clipped 1 GPU event(s) whose recorded end ran past the next event on their "
+        f"stream and past the host's last event by more than a profiler step (by up to 1.600 s "
+        f"past the next one's start): a corrupted end, not concurrent work")
+    assert any("kept 1 GPU events that overlap the next one on their stream as recorded" in n
+               for n in t.notes)
+    # the rank's timeline ends with its last kernel at 750 µs, not 1.6 s later
+    assert compute_time_breakdown(load_traces(tmp_path)).totals.iloc[0].span_us == 750.0

@@ -369,6 +369,26 @@ def _categorical(values: list[str]) -> pd.Categorical:
 SAME_STREAM_MAX_CLIP_US = 100.0
 
 
+def _past_the_host(df: pd.DataFrame, gpu: np.ndarray, sub: pd.DataFrame) -> np.ndarray:
+    """Per GPU event of ``sub``: whether its recorded end lies after the end of every host
+    event by more than the longest ``ProfilerStep`` (or, without steps, more than the host
+    events' whole extent, at least :data:`SAME_STREAM_MAX_CLIP_US`). The host launched every
+    kernel and the steps bound the work it waited for: a kernel ending that much later has a
+    corrupted end (HTA reports such same-stream kernels), where kernels of several queues
+    filed under one stream (ROCm's stream 0) end within the host's steps."""
+    host = ~gpu & (df["dur"].to_numpy() > 0)
+    if not host.any():
+        return np.zeros(len(sub), dtype=bool)
+    ts, dur = df["ts"].to_numpy()[host], df["dur"].to_numpy()[host]
+    host_end = float(np.max(ts + dur))
+    names = df["name"].to_numpy()[host]
+    steps = np.fromiter((type(n) is str and n.startswith("ProfilerStep") for n in names),
+                        dtype=bool, count=len(names))
+    span = float(np.max(dur[steps])) if steps.any() else host_end - float(np.min(ts))
+    end = (sub["ts"] + sub["dur"]).to_numpy()
+    return end - host_end > max(span, SAME_STREAM_MAX_CLIP_US)
+
+
 def clip_same_stream(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Clip GPU events whose recorded end passes the start of the next event on their stream,
     and the notes that say what was clipped and what was kept whole.
@@ -378,7 +398,9 @@ def clip_same_stream(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     timestamp noise; larger ones (a kernel "inside" another) are clipped the same way and the
     note gives the largest clip. A stream (``pid``, ``stream``) with an overlap beyond
     :data:`SAME_STREAM_MAX_CLIP_US` is not serial and is left as recorded: clipping it would cut
-    communication kernels short where they overlapped computation.
+    communication kernels short where they overlapped computation. An event whose end also lies
+    far past the host's last event (:func:`_past_the_host`) has a corrupted end: it is clipped
+    whatever its stream, and said so.
     """
     gpu = isin_mask(df["cat"], GPU_CATS)
     if not gpu.any():
@@ -391,26 +413,37 @@ def clip_same_stream(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     if not over.any():
         return df, []
     notes = []
-    wide = over & (past > SAME_STREAM_MAX_CLIP_US)
+    corrupt = over & _past_the_host(df, gpu, sub)
+    if corrupt.any():
+        notes.append(f"clipped {int(corrupt.sum())} GPU event(s) whose recorded end ran past "
+                     f"the next event on their stream and past the host's last event by more "
+                     f"than a profiler step (by up to {float(np.max(past[corrupt])) / 1e6:.3f} s "
+                     f"past the next one's start): a corrupted end, not concurrent work")
+    wide = over & ~corrupt & (past > SAME_STREAM_MAX_CLIP_US)
     if wide.any():
         streams = pd.MultiIndex.from_arrays([sub["pid"].to_numpy()[wide],
                                              sub["stream"].to_numpy()[wide]]).unique()
         whole = pd.MultiIndex.from_arrays([sub["pid"], sub["stream"]]).isin(streams)
         named = ", ".join(f"stream {st} of process {pid}" for pid, st in streams[:4])
         more = f" and {len(streams) - 4} more" if len(streams) > 4 else ""
-        notes.append(f"kept {int((over & whole).sum())} GPU events that overlap the next one on "
+        kept = int((over & whole & ~corrupt).sum())
+        notes.append(f"kept {kept} GPU events that overlap the next one on "
                      f"their stream as recorded (by up to {float(np.max(past[wide])):.3f} µs, on "
                      f"{named}{more}): such a stream holds kernels of several queues, which ran "
                      f"at once")
-        over &= ~whole
+        over &= ~whole | corrupt
         if not over.any():
             return df, notes
     at = np.flatnonzero(gpu)[over]  # positions in df
     dur = df["dur"].to_numpy().copy()
     new_dur = np.maximum(0.0, next_start.to_numpy()[over] - df["ts"].to_numpy()[at])
-    max_clip = float(np.max(dur[at] - new_dur))
+    plain = ~corrupt[over]   # the corrupted ends have their own note
+    dur_before = dur[at]
     dur[at] = new_dur
     df = df.copy(deep=False)
     df["dur"] = dur
-    return df, [f"clipped {len(at)} same-stream GPU events that ran past the next one's start "
-                f"(by up to {max_clip:.3f} µs)", *notes]
+    if not plain.any():
+        return df, notes
+    max_clip = float(np.max(dur_before[plain] - new_dur[plain]))
+    return df, [f"clipped {int(plain.sum())} same-stream GPU events that ran past the next one's "
+                f"start (by up to {max_clip:.3f} µs)", *notes]
