@@ -50,9 +50,11 @@ def test_host_parts_of_a_planted_cpu_step(tmp_path):
     t = causes_of_trace(load_traces(tmp_path).ranks[0])
     row = t.iloc[0]
     got = {p: float(row[p]) for p in HOST_PARTS}
+    # the forward annotation [100, 300) holds addmm (90), a launch and a sync: its other 80 µs
+    # are outside any operator (a sleep in a module's forward is not its operators' time)
     assert got == {"data_loading_us": 100.0, "sync_us": 20.0, "comm_us": 110.0,
                    "launch_us": 10.0, "optimizer_us": 200.0, "backward_us": 190.0,
-                   "forward_us": 170.0, "other_us": 200.0}
+                   "forward_us": 90.0, "other_us": 280.0}
     assert sum(got.values()) == row["span_us"] == 1000.0
     assert t[list(DEVICE_PARTS)].isna().all().all()   # a CPU trace has no device parts
 

@@ -20,8 +20,9 @@ of every host thread but the communication workers, :func:`classify.comm_threads
 6. ``backward_us``: inside an event whose name holds ``backward`` (autograd's
    ``evaluate_function: ...Backward0``, on any host thread: the autograd engine's device threads
    run a GPU backward while the main thread waits);
-7. ``forward_us``: inside any other CPU operator, or an annotation naming ``forward`` (the
-   forward pass, the loss, and whatever else runs operators outside backward and optimizer);
+7. ``forward_us``: inside any other CPU operator (the forward pass, the loss, and whatever else
+   runs operators outside backward and optimizer); inside an annotation naming ``forward`` but
+   outside any operator is the next part (a ``time.sleep`` in a module's forward);
 8. ``other_us``: the rest — time outside any operator (Python, a ``time.sleep``, waiting for the
    OS: host contention).
 

@@ -181,8 +181,9 @@ def causes_of_trace(trace: RankTrace) -> pd.DataFrame:
         "launch_us": host & is_runtime & ~is_sync,
         "optimizer_us": host & named("optimizer", vocab.OPTIMIZER_RE),
         "backward_us": host & named("backward", vocab.BACKWARD_RE),
-        "forward_us": host & (((cat == "cpu_op").to_numpy())
-                              | named("forward", vocab.FORWARD_RE)),
+        # operators only: inside a forward annotation (DDP's, a module's) but outside any
+        # operator, the host runs Python or sleeps (other_us), not the forward's operators
+        "forward_us": host & (cat == "cpu_op").to_numpy(),
     }
     # waits no op marks (FSDP's on gloo) are communication waits, not the enclosing op's work
     unmarked = unmarked_waits(trace)

@@ -113,7 +113,8 @@ class CauseRank(msgspec.Struct, kw_only=True, frozen=True):
             copies). Unit: µs.
         optimizer_us: Host: inside an ``optimizer`` event. Unit: µs.
         backward_us: Host: inside a ``backward`` event. Unit: µs.
-        forward_us: Host: inside any other CPU operator, or a ``forward`` annotation. Unit: µs.
+        forward_us: Host: inside any other CPU operator (a sleep inside a ``forward``
+            annotation is outside any operator). Unit: µs.
         other_us: Host: outside any operator (Python, sleeps, host contention). Unit: µs.
         dev_compute_us: Device: compute kernels. Unit: µs. Null/absent: ``null`` on CPU ranks.
         dev_memory_us: Device: memcpy/memset not under compute. Unit: µs. Null/absent: ``null``
@@ -182,7 +183,8 @@ class CauseStep(msgspec.Struct, kw_only=True, frozen=True):
             copies). Unit: µs.
         optimizer_us: Host: inside an ``optimizer`` event. Unit: µs.
         backward_us: Host: inside a ``backward`` event. Unit: µs.
-        forward_us: Host: inside any other CPU operator, or a ``forward`` annotation. Unit: µs.
+        forward_us: Host: inside any other CPU operator (a sleep inside a ``forward``
+            annotation is outside any operator). Unit: µs.
         other_us: Host: outside any operator (Python, sleeps, host contention). Unit: µs.
         dev_compute_us: Device: compute kernels. Unit: µs. Null/absent: ``null`` on CPU ranks.
         dev_memory_us: Device: memcpy/memset not under compute. Unit: µs. Null/absent: ``null``

@@ -273,10 +273,6 @@ OPTIMIZER_RE = re.compile(r"optimizer", re.IGNORECASE)
 BACKWARD_RE = re.compile(r"backward", re.IGNORECASE)
 
 
-#: Ranges naming the forward.
-FORWARD_RE = re.compile(r"forward", re.IGNORECASE)
-
-
 #: What each wrapper's or parallel style's ranges are named (the layout's marks).
 MARKER_RES = {
     "fsdp2": re.compile(r"^FSDP::(pre_forward|all_gather|pre_backward)"),
