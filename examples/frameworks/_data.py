@@ -23,7 +23,18 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="micro-batches per optimizer step (gradient accumulation)")
     p.add_argument("--hidden", type=int, default=64, help="hidden size")
     p.add_argument("--layers", type=int, default=2, help="transformer layers")
+    p.add_argument("--pin-cpu", action="store_true",
+                   help="pin each rank to its own CPU core (local rank mod cores), as the other "
+                        "examples do")
     return p
+
+
+def pin_cpu(args: argparse.Namespace) -> None:
+    """With ``--pin-cpu``: this rank runs on one core of those it may use, chosen by its local
+    rank (as ``examples/_common.py`` pins)."""
+    if args.pin_cpu and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ.get("LOCAL_RANK", "0")) % len(cores)]})
 
 
 def tiny_gpt2(hidden: int, layers: int, seq: int, vocab: int = 512):

@@ -18,6 +18,7 @@ from accelerate import Accelerator
 
 def main() -> None:
     args = _data.parser(__doc__).parse_args()
+    _data.pin_cpu(args)
     accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum,
                               cpu=not torch.cuda.is_available())
     model = _data.tiny_gpt2(args.hidden, args.layers, args.seq)

@@ -45,6 +45,7 @@ def main() -> None:
     p.add_argument("--times-out", default=None,
                    help="write each optimizer step's wall time (s) as JSON to FILE.rank<r>")
     args = p.parse_args()
+    _data.pin_cpu(args)
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     model = _data.tiny_gpt2(args.hidden, args.layers, args.seq)
     config = {

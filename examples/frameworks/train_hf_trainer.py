@@ -18,6 +18,7 @@ from transformers import Trainer, TrainingArguments
 
 def main() -> None:
     args = _data.parser(__doc__).parse_args()
+    _data.pin_cpu(args)
     model = _data.tiny_gpt2(args.hidden, args.layers, args.seq)
     n = args.batch * args.grad_accum * (args.steps + 1) * 8   # enough for every rank
     with tempfile.TemporaryDirectory() as out:

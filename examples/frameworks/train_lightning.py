@@ -36,6 +36,7 @@ def main() -> None:
     p.add_argument("--profiler", choices=["simple", "advanced", "pytorch"], default=None,
                    help="Lightning's own profiler (pytorch: a second torch profiler)")
     args = p.parse_args()
+    _data.pin_cpu(args)
     n = args.batch * args.grad_accum * (args.steps + 1) * 8
     loader = torch.utils.data.DataLoader(_data.RandomTokens(n, args.seq), batch_size=args.batch)
     trainer = L.Trainer(
