@@ -755,10 +755,21 @@ def _exit_code(codes: list[int], hang: list | None, returncode: int, missing: li
     return 0
 
 
+def _load_average() -> list[float] | None:
+    """The host's 1, 5 and 15 minute load averages, None where the OS has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank: int | None,
                     times: tuple[float, float], returncode: int, exit_code: int,
-                    hang: list | None, failed: dict[int, str], missing: list[int]) -> None:
-    """Write this node's part of the run file (``times``: started, ended)."""
+                    hang: list | None, failed: dict[int, str], missing: list[int],
+                    loads: tuple[list[float] | None, list[float] | None] = (None, None)
+                    ) -> None:
+    """Write this node's part of the run file (``times``: started, ended; ``loads``: the load
+    averages then)."""
     metas = ranks.mine
     started, ended = times
     nodes: dict[str, list[int]] = {}
@@ -791,7 +802,8 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
         backend=backends.pop() if len(backends) == 1 else sorted(backends) or None,
         torch_version=(torch_versions.pop() if len(torch_versions) == 1
                        else sorted(torch_versions) or None),
-        failed_ranks={str(k): v for k, v in failed.items()}, missing_ranks=missing)
+        failed_ranks={str(k): v for k, v in failed.items()}, missing_ranks=missing,
+        load_before=loads[0], load_after=loads[1])
     part = layout.node_run_path(out, node_rank if node_rank is not None
                                 else "-" + re.sub(r"[^\w.-]", "_", socket.gethostname()))
     tmp = part.with_suffix(".json.tmp")
@@ -843,6 +855,7 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     cmd, env = _command_and_env(cfg, out, script, launch_id)
     ranks = _NodeRanks(out, launch_id)
     started = time.time()
+    load_before = _load_average()
     interrupted = False
     try:
         returncode, hang = _run_torchrun(cmd, env, out, cfg, ranks)
@@ -868,7 +881,7 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     exit_code = (EXIT_INTERRUPTED if interrupted
                  else _exit_code(got.codes, hang, returncode, missing, len(metas), cfg))
     _write_run_file(out, cfg, ranks, node_rank, (started, ended), returncode, exit_code, hang,
-                    got.failed, missing)
+                    got.failed, missing, (load_before, _load_average()))
     if interrupted:  # the run file says so; the command ends with what the folder keeps
         raise Interrupted(_kept(out, metas, expected))
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=got.failed,

@@ -281,6 +281,10 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
         missing_ranks: ranks that wrote no metadata (killed before they finished).
         missing_nodes: nodes whose part was not found when the parts were joined (filled in by
             :func:`join_run_files`, never written).
+        load_before, load_after: the host's 1, 5 and 15 minute load averages
+            (``os.getloadavg``) when the job started and when it ended (this node's host; None
+            where the OS has none): whether other work shared the machine, which moves a run's
+            step time as a whole.
     """
 
     schema: str = SIDECAR_SCHEMA
@@ -308,6 +312,8 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
     failed_ranks: dict[str, str] = msgspec.field(default_factory=dict)
     missing_ranks: list[int] = msgspec.field(default_factory=list)
     missing_nodes: list[int] = msgspec.field(default_factory=list)
+    load_before: list[float] | None = None
+    load_after: list[float] | None = None
 
 
 def join_run_files(parts: list[RunFile]) -> RunFile | None:

@@ -53,7 +53,31 @@ def test_step_time_and_its_noise(pair):
     assert s.b.samples_us == (600.0, 610.0, 620.0, 630.0)
     assert (s.a.basis, s.a.median_us, s.a.q1_us, s.a.q3_us) == ("profiled", 915.0, 907.5, 922.5)
     assert (s.delta_us, s.delta_pct) == (-300.0, pytest.approx(-100 * 300 / 915))
-    assert s.beyond_noise is True and s.noise.startswith("beyond both runs' noise")
+    # each run's steps agree (their middle halves do not overlap), but −32.8% is inside the
+    # noise between identical runs (BETWEEN_RUNS_FLOOR_PCT): one run per side cannot tell it
+    assert s.beyond_noise is False and s.noise == (
+        "within the noise between runs: -32.8% is inside the ±46% by which identical runs of one "
+        "setup differed (each run's own steps agree: IQR A 0.91–0.92 ms, B 0.61–0.62 ms); repeat "
+        "each run to tell a smaller change")
+
+
+def test_a_change_beyond_the_noise_between_runs():
+    """Where the step changes by more than identical runs differ, and each run's steps agree,
+    the change clears the noise; the floor is a parameter (its measured value by default)."""
+    from pardiag.analyzer.report.reading import BETWEEN_RUNS_FLOOR_PCT, StepStats, step_delta
+
+    def stats(samples):
+        s = sorted(samples)
+        return StepStats("profiled", "", len(s), s[1] / 2 + s[2] / 2, s[0] / 2 + s[1] / 2,
+                         s[2] / 2 + s[3] / 2, s[0], s[-1], tuple(s))
+    a, b = stats([900.0, 910.0, 920.0, 930.0]), stats([1400.0, 1410.0, 1420.0, 1430.0])
+    d = step_delta(a, b)   # +54.6%
+    assert d.beyond_noise is True and d.noise == (
+        "beyond both runs' noise (IQR A 0.91–0.93 ms, B 1.41–1.43 ms: the middle halves of their "
+        f"steps do not overlap) and beyond the ±{BETWEEN_RUNS_FLOOR_PCT:g}% between identical runs")
+    assert step_delta(a, b, floor_pct=60.0).beyond_noise is False
+    # the runs' own steps overlap: within their noise, whatever the floor
+    assert step_delta(a, stats([905.0, 915.0, 925.0, 935.0]), floor_pct=0.0).beyond_noise is False
 
 
 def test_breakdown_splits_exposed_communication(pair):
@@ -364,7 +388,8 @@ def test_typed_summaries_with_planted_differences_compare_exactly():
     assert c.a_document is a and c.b_document is b and c.by == "rank" and not c.warnings
     s = c.step
     assert (s.a.median_us, s.b.median_us, s.delta_us, s.delta_pct) == (1000, 900, -100, -10.0)
-    assert s.a.samples_us == (980.0, 990.0, 1000.0, 1010.0, 1020.0) and s.beyond_noise is True
+    # −10%: the runs' own steps do not overlap, but it is inside the noise between runs
+    assert s.a.samples_us == (980.0, 990.0, 1000.0, 1010.0, 1020.0) and s.beyond_noise is False
     bd = c.breakdown.set_index("part")
     assert bd.loc["span_us", ["a_us", "b_us", "delta_us", "delta_pct"]].tolist() == [
         750.0, 630.0, -120.0, -16.0]

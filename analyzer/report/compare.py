@@ -16,9 +16,12 @@ What is compared, and how:
   ``changed`` or unknown in a run (traces recorded without pardiag state little, and say so).
 * **Step time** (:class:`StepDelta`): each run's step time is the one its recommendations compare
   with (the report's ``step``: unprofiled steps when pardiag recorded them, else the profiled
-  ones), median and quartiles over its steps. The difference **clears both runs' noise** when the
+  ones), median and quartiles over its steps. The difference **clears the noise** when the
   middle halves of their steps do not overlap (B's first quartile above A's third, or B's third
-  below A's first); with fewer than two steps in a run the noise is unknown.
+  below A's first) and it is larger than the noise between identical runs
+  (:data:`.reading.BETWEEN_RUNS_FLOOR_PCT`: identical runs of one setup differed by up to
+  that much while each run's own steps agreed); with fewer than two steps in a run the noise is
+  unknown.
 * **Time per profiled step** (:attr:`Comparison.breakdown`, :attr:`Comparison.ranks`): compute
   only, overlapped, exposed communication split into waiting and transfer, and idle, the mean
   over a rank's profiled steps (HTA's overlap, Lumos' breakdown). A rank's waiting is the wait it

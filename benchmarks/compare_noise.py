@@ -1,0 +1,102 @@
+"""How far apart are identical runs, and does `pardiag compare` say so? (a benchmark).
+
+Each round profiles the DDP example three times in a row (2 ranks, `--pin-cpu`, 24 steps):
+A, then B with a planted slowdown (rank 0 sleeps `--slow-ms` per step, set once from a
+calibration run to ``--change-pct`` of its step), then A' identical to A. It compares A with A'
+(identical: the answer should be "within noise") and A with B (the planted change: B must come
+out slower). Per comparison it keeps B's step time change in % and compare's verdict on the
+noise (:class:`pardiag.analyzer.report.reading.StepDelta`).
+
+    .venv/bin/python benchmarks/compare_noise.py [--rounds 20] [--change-pct 20] [--json out.json]
+
+Prints one line per round and the counts the goals are stated in: identical pairs called within
+noise, planted changes with the right sign (and called beyond noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import describe, finish, machine  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "train_ddp.py"
+STEPS = 24
+
+
+def profile(out: Path, extra: list[str]) -> None:
+    """One pinned 2-rank run of the DDP example into ``out``."""
+    cmd = [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
+           "--out", str(out), str(EXAMPLE), "--", "--steps", str(STEPS), *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {res.stderr[-800:]}")
+
+
+def step_ms(run: Path) -> float:
+    """The run's median step (ms) as its report measures it."""
+    import pardiag
+    return float(pardiag.compare(run, run).step.a.median_us) / 1e3
+
+
+def compared(a: Path, b: Path) -> dict:
+    """``{"delta_pct", "beyond_noise", "noise"}`` of ``pardiag.compare(a, b)``."""
+    import pardiag
+    s = pardiag.compare(a, b).step
+    return {"delta_pct": round(float(s.delta_pct), 2), "beyond_noise": s.beyond_noise,
+            "noise": s.noise}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--change-pct", type=float, default=20.0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    info = machine()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pardiag-noise-") as tmp:
+        cal = Path(tmp) / "calibration"
+        profile(cal, [])
+        base = step_ms(cal)
+        slow = round(base * args.change_pct / 100.0, 3)
+        print(f"calibration: step {base:.3f} ms; planted sleep {slow} ms on rank 0", flush=True)
+        for i in range(args.rounds):
+            a, b, a2 = (Path(tmp) / f"{x}{i}" for x in ("a", "b", "a2_"))
+            profile(a, [])
+            profile(b, ["--slow-rank", "0", "--slow-ms", str(slow)])
+            profile(a2, [])
+            same, planted = compared(a, a2), compared(a, b)
+            rows.append({"round": i, "identical": same, "planted": planted})
+            print(f"round {i:2d}: identical {same['delta_pct']:+6.1f}% "
+                  f"({'beyond' if same['beyond_noise'] else 'within'}); planted "
+                  f"{planted['delta_pct']:+6.1f}% "
+                  f"({'beyond' if planted['beyond_noise'] else 'within'})", flush=True)
+    info = finish(info)
+    same = [r["identical"] for r in rows]
+    planted = [r["planted"] for r in rows]
+    spread = sorted(abs(s["delta_pct"]) for s in same)
+    print(f"\n{describe(info)}\ncalibration step {base:.3f} ms, planted {slow} ms "
+          f"({args.change_pct:g}%)\nidentical pairs: |change| median "
+          f"{statistics.median(spread):.1f}%, max {spread[-1]:.1f}%; called within noise "
+          f"{sum(s['beyond_noise'] is not True for s in same)} of {len(same)}\n"
+          f"planted: change median {statistics.median(p['delta_pct'] for p in planted):+.1f}%; "
+          f"right sign {sum(p['delta_pct'] > 0 for p in planted)} of {len(planted)}; called "
+          f"beyond noise {sum(p['beyond_noise'] is True for p in planted)}, slower beyond noise "
+          f"with the wrong sign {sum(p['beyond_noise'] is True and p['delta_pct'] < 0 for p in planted)}")
+    if args.json:
+        args.json.write_text(json.dumps({"machine": info, "calibration_ms": base,
+                                         "planted_ms": slow, "rounds": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
