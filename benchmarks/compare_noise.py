@@ -90,8 +90,8 @@ def main() -> int:
           f"{sum(s['beyond_noise'] is not True for s in same)} of {len(same)}\n"
           f"planted: change median {statistics.median(p['delta_pct'] for p in planted):+.1f}%; "
           f"right sign {sum(p['delta_pct'] > 0 for p in planted)} of {len(planted)}; called "
-          f"beyond noise {sum(p['beyond_noise'] is True for p in planted)}, slower beyond noise "
-          f"with the wrong sign {sum(p['beyond_noise'] is True and p['delta_pct'] < 0 for p in planted)}")
+          f"beyond noise {sum(p['beyond_noise'] is True for p in planted)}, of them with the "
+          f"wrong sign {sum(p['beyond_noise'] is True and p['delta_pct'] < 0 for p in planted)}")
     if args.json:
         args.json.write_text(json.dumps({"machine": info, "calibration_ms": base,
                                          "planted_ms": slow, "rounds": rows}, indent=1))
