@@ -554,3 +554,41 @@ def test_a_kernel_whose_end_runs_far_past_the_host_is_clipped_even_on_a_shared_s
                for n in t.notes)
     # the rank's timeline ends with its last kernel at 750 µs, not 1.6 s later
     assert compute_time_breakdown(load_traces(tmp_path)).totals.iloc[0].span_us == 750.0
+
+
+def test_loose_files_recorded_seconds_apart_are_two_runs(tmp_path):
+    """rank0 of one run and rank1 of another, on one host, 3.8 s apart (as two sample runs of
+    this repository were): their windows overlap nowhere, so they are not one job's ranks; the
+    same files in one job's time, and one rank's two windows far apart, load."""
+    from pardiag.errors import TraceError
+
+    def rank(r, t0, host="vm"):
+        b = TraceBuilder(rank=r)
+        b.step(1, t0, 50_000).cpu("aten::mm", t0 + 10, 100)
+        doc = b.doc()
+        doc.update(host_name=host, baseTimeNanoseconds=1_790_857_026_000_000_000)
+        return doc
+
+    def write(folder, docs):
+        folder.mkdir()
+        for i, d in enumerate(docs):
+            (folder / f"rank{i}.json").write_text(json.dumps(d))
+        return folder
+
+    apart = write(tmp_path / "apart", [rank(0, 5_114_143_245_633), rank(1, 5_114_147_046_524)])
+    with pytest.raises(TraceError) as e:
+        load_traces(apart)
+    assert str(e.value) == (
+        f"{apart / 'rank0.json'} (rank 0) and {apart / 'rank1.json'} (rank 1) were profiled "
+        "3.8 s apart on vm's clock, their windows overlapping nowhere (the longest lasts 50.0 "
+        "ms): they are different runs, not ranks of one job; to analyse them as one anyway, "
+        "pass --mixed-runs; to set two runs side by side, pardiag compare A B")
+    assert len(load_traces(apart, mixed_runs=True).ranks) == 2
+    # one job: the ranks' windows overlap
+    together = write(tmp_path / "together", [rank(0, 5_114_143_245_633),
+                                             rank(1, 5_114_143_245_900)])
+    assert len(load_traces(together).ranks) == 2
+    # other hosts, 3.8 s apart: within what unsynchronized clocks may differ, not refused
+    hosts = write(tmp_path / "hosts", [rank(0, 5_114_143_245_633, "a"),
+                                       rank(1, 5_114_147_046_524, "b")])
+    assert len(load_traces(hosts).ranks) == 2

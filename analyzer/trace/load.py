@@ -176,6 +176,60 @@ def _different_run_parts(parts: list[layout.RunFile], files: list[Path]) -> str 
     return None
 
 
+#: Two groups of ranks whose profiling windows are this far apart (µs) on one host's clock,
+#: overlapping nowhere, and more than :data:`APART_WINDOWS` times the longest window, are two
+#: runs: the ranks of one job are profiled over the same steps, at the same time.
+APART_SAME_HOST_US = 1e6
+#: ... on the clocks of different (or unnamed) hosts, which NTP keeps within far less.
+APART_HOSTS_US = 3600e6
+APART_WINDOWS = 10.0
+
+
+def apart_in_time(units: list[ParsedFile], ranks: list[tuple[int, list[int]]]) -> str | None:
+    """Why the ranks' files cannot be one job's by when they were recorded, else None: sorted by
+    start, the windows split into two groups of different ranks (a rank on both sides is one
+    process profiled twice) with a gap no window bridges, longer than
+    :data:`APART_WINDOWS` times the longest window and than :data:`APART_SAME_HOST_US` (every
+    file names the same ``host_name``: one clock) or :data:`APART_HOSTS_US` (other hosts'
+    clocks). Times are ``baseTimeNanoseconds`` + ``ts`` where every file has the former, else
+    ``ts``.
+
+    Args:
+        units: the parsed files.
+        ranks: ``(rank, indices of its files in units)``.
+    """
+    spans = []
+    bases = [vocab.BASE_TIME_NS.get(u.metadata or {}) for u in units]
+    use_base = all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bases)
+    for rank, keys in ranks:
+        for k in keys:
+            lo, hi = _time_range(units[k])
+            if math.isnan(lo) or math.isnan(hi):
+                return None
+            shift = bases[k] / 1e3 if use_base else 0.0
+            spans.append((lo + shift, hi + shift, rank, units[k].path))
+    if len(spans) < 2:
+        return None
+    hosts = {vocab.HOST_NAME.get(u.metadata or {}) for u in units}
+    one_host = len(hosts) == 1 and None not in hosts
+    longest = max(hi - lo for lo, hi, _, _ in spans)
+    limit = max(APART_SAME_HOST_US if one_host else APART_HOSTS_US, APART_WINDOWS * longest)
+    spans.sort()
+    reach, last = spans[0][1], spans[0]
+    for i, span in enumerate(spans[1:], 1):
+        # a split with a rank on both sides is that rank's later window (a repeating schedule)
+        if span[0] - reach > limit and not ({s[2] for s in spans[:i]}
+                                            & {s[2] for s in spans[i:]}):
+            where = f"on {hosts.pop()}'s clock" if one_host else "on their hosts' clocks"
+            return (f"{last[3]} (rank {last[2]}) and {span[3]} (rank {span[2]}) were profiled "
+                    f"{(span[0] - reach) / 1e6:.1f} s apart {where}, their windows overlapping "
+                    f"nowhere (the longest lasts {longest / 1e3:.1f} ms): they are different "
+                    f"runs, not ranks of one job; {_TO_COMPARE}")
+        if span[1] > reach:
+            reach, last = span[1], span
+    return None
+
+
 def different_runs(rank_files: list[list[Path]], paths: list[Path]) -> str | None:
     """Why the trace files of the ranks (one list per rank, its profiling windows) are not one
     run's, else None: a rank whose files come from different given folders (a run writes a
@@ -384,6 +438,8 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     units, assignment = _assign(docs, warnings)
     if not mixed_runs:
         why = different_runs([[units[k].path for k in a.keys] for a in assignment], roots)
+        if why is None and run_info is None:   # loose files: when were they recorded?
+            why = apart_in_time(units, [(a.rank, list(a.keys)) for a in assignment])
         if why:
             raise TraceError(why)
     present = {a.rank for a in assignment}

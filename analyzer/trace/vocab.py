@@ -137,6 +137,7 @@ DEVICE_PROPERTIES = ArgKey(("deviceProperties",), "one entry per GPU (name, memo
 DEVICE_NAME = ArgKey(("name",), "deviceProperties: the device's name")
 DEVICE_TOTAL_MEMORY = ArgKey(("totalGlobalMem",), "deviceProperties: the device's memory, bytes")
 BASE_TIME_NS = ArgKey(("baseTimeNanoseconds",), "epoch ns of the trace's time zero")
+HOST_NAME = ArgKey(("host_name",), "the host the trace was recorded on")
 DISPLAY_TIME_UNIT = ArgKey(("displayTimeUnit",), "the unit of ts and dur (us by default)")
 
 #: Every key of this module, by its Python name (``tests/test_vocab.py`` reads it).
