@@ -323,15 +323,11 @@ def _main_thread_at(text: str, script: str | None = None) -> str | None:
     blocks = [b for b in text.strip().split("\n\n") if "File " in b]
     if not blocks:
         return None
+    from ..analyzer.analyses.hang import frame_in_script
+
     main = next((b for b in blocks if "Current thread" in b), blocks[-1])
     frames = [ln.strip() for ln in main.splitlines() if ln.strip().startswith("File ")]
-    if not frames:
-        return None
-    if script is not None:
-        own = next((f for f in frames if f.startswith(f'File "{script}"')), None)
-        if own is not None and own != frames[0]:
-            return f"{frames[0]}, called from {own}"
-    return frames[0]
+    return frame_in_script(frames, script) if frames else None
 
 
 #: The first line of a stack dump faulthandler wrote when a rank's own backstop expired
@@ -339,18 +335,26 @@ def _main_thread_at(text: str, script: str | None = None) -> str | None:
 _BACKSTOP_HEADER = re.compile(r"^Timeout \((\d+):(\d\d):(\d\d)\)!", re.M)
 
 
+def _stacks_of(out: Path, rank: int, script: str | None) -> tuple[str, str] | None:
+    """(the rank's stacks file's text, where its main thread was: :func:`_main_thread_at`), or
+    None without a file or a frame."""
+    try:
+        text = layout.stacks_path(out, rank).read_text(errors="replace")
+    except OSError:
+        return None
+    at = _main_thread_at(text, script)
+    return (text, at) if at else None
+
+
 def _stacks_lines(out: Path, ranks: list[int], script: str | None) -> list[str]:
     """One line per rank of ``ranks`` whose stacks file (SIGUSR1's dump, or the backstop's)
     says where its main thread was; ranks without one are left out."""
     lines = []
     for r in ranks:
-        try:
-            text = layout.stacks_path(out, r).read_text(errors="replace")
-        except OSError:
+        found = _stacks_of(out, r, script)
+        if found is None:
             continue
-        at = _main_thread_at(text, script)
-        if not at:
-            continue
+        text, at = found
         backstop = _BACKSTOP_HEADER.search(text)
         if backstop:
             h, m, s = map(int, backstop.groups())
@@ -613,15 +617,9 @@ def _stack_dump_silent(proc, cfg, ranks, got: dict[int, dict], world: int) -> No
     2 s for faulthandler to write their stacks."""
     # a rank whose main thread holds the interpreter in native code cannot answer the request
     # (its watchdog thread never runs): faulthandler writes every thread's stack on SIGUSR1
-    import signal
     silent = [r for r in (ranks.expected(cfg) or []) if r not in got and r not in ranks.mine]
     if silent or (ranks.expected(cfg) is None and len(got) < world):
-        for pid in _rank_pids(proc.pid):
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except OSError:
-                pass
-        time.sleep(2.0)
+        _dump_stacks(_rank_pids(proc.pid))
 
 
 def _hang_lines(out: Path, got: dict[int, dict], world: int, ranks, n: int, describe,
@@ -633,16 +631,10 @@ def _hang_lines(out: Path, got: dict[int, dict], world: int, ranks, n: int, desc
     stacks = {r: d.get("main_stack", []) for r, d in got.items()}
     lines = [describe(s, stacks, script) for s in stuck]
     for r in range(world):
-        if r in got:
-            continue
-        try:
-            text = layout.stacks_path(out, r).read_text(errors="replace")
-        except OSError:
-            continue
-        at = _main_thread_at(text, script)
-        if at:
+        found = None if r in got else _stacks_of(out, r, script)
+        if found is not None:
             lines.append(f"rank {r} wrote no hang dump (its main thread did not let the "
-                         f"watchdog run); its main thread was at {at} (all threads: "
+                         f"watchdog run); its main thread was at {found[1]} (all threads: "
                          f"{layout.stacks_path(out, r)})")
     ranks.scan()
     if not lines and len(ranks.mine) == n:
@@ -813,12 +805,10 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
 
 def _kept(out: Path, metas: dict, ranks: list[int] | None) -> str:
     """What a run folder keeps after Ctrl-C stopped its job, in words: the trace files on disk
-    of this node's ``ranks`` (None: every rank's found), and which of them lack metadata (a
-    rank stopped before writing it; its trace is still read)."""
-    if ranks is None:
-        ranks = sorted({*metas, *(int(m[1]) for p in Path(out).glob("rank*.trace.json.gz")
-                                  if (m := re.match(r"rank(\d+)\.", p.name)))})
-    traces = [r for r in ranks if layout.trace_path(out, r).is_file()]
+    of this node's ``ranks`` (None: unknown, the ranks with metadata), and which of them lack
+    metadata (a rank stopped before writing it; its trace is still read)."""
+    traces = [r for r in (sorted(metas) if ranks is None else ranks)
+              if layout.trace_path(out, r).is_file()]
     bare = [r for r in traces if r not in metas]
     if not traces:
         kept = "no trace (the profiler's window had not ended)"

@@ -572,7 +572,7 @@ def _guard_teardown(run: _RankRun, limit_s: float | None = TEARDOWN_PART_S) -> N
     rank's stacks file (:func:`_stack_dump_on_signal`; standard error without one) and the
     process ends with exit code 1. faulthandler's own thread does this without the interpreter
     lock, so it also ends a rank whose main thread holds the lock in a native deadlock; the
-    launcher then names where it was (``launch._teardown_lines``)."""
+    launcher then names where it was (``launch._stacks_lines``)."""
     faulthandler.cancel_dump_traceback_later()
     if limit_s is not None:
         faulthandler.dump_traceback_later(limit_s, exit=True,
@@ -763,7 +763,8 @@ def _run_script(run: _RankRun) -> None:
         # of the cyclic collector, they live until os._exit, as a plain run's live until the
         # interpreter ends. Freed here, a DDP reducer's gloo process group joins its worker
         # thread while that thread waits for the interpreter lock this one holds (it drops
-        # the last work's thread-local state): a deadlock, in about one run of three.
+        # the last work's thread-local state): a deadlock at exit (benchmarks/teardown_matrix.py
+        # runs every way a script ends; its results are in benchmarks/results/).
         gc.freeze()
         _guard_teardown(run)
         sys.argv = saved_argv

@@ -72,6 +72,22 @@ def diagnose_hang(dumps: dict[int, dict], world_size: int) -> list[StuckCollecti
     return sorted(out, key=lambda s: (-len(s.waiting), s.pg_name))
 
 
+def frame_in_script(frames: list[str], script: str | None) -> str:
+    """Where a thread is, for a hang line: its innermost frame, and where that is not in the
+    user's ``script``, ``", called from "`` the innermost frame that is (the line the user can
+    act on, below torch's).
+
+    Args:
+        frames: the thread's frames innermost first, each ``File "path", line N...`` (as
+            faulthandler writes them; :func:`traceback.format_stack`'s first lines, reversed).
+        script: the script's path as its frames name it, or None.
+    """
+    own = next((f for f in frames if f.startswith(f'File "{script}"')), None)
+    if script is None or own is None or own == frames[0]:
+        return frames[0]
+    return f"{frames[0]}, called from {own}"
+
+
 def describe(stuck: StuckCollective, stacks: dict[int, list[str]],
              script: str | None = None) -> str:
     """One line: who waits in which collective, and where each missing rank is instead.
@@ -86,10 +102,7 @@ def describe(stuck: StuckCollective, stacks: dict[int, list[str]],
     where = []
     for r in stuck.missing:
         frames = [f.strip().splitlines()[0] for f in stacks.get(r) or [] if f.strip()]
-        last = frames[-1] if frames else "no dump"
-        own = next((f for f in reversed(frames) if f.startswith(f'File "{script}"')), None)
-        if own is not None and own != last:
-            last = f"{last}, called from {own}"
+        last = frame_in_script(frames[::-1], script) if frames else "no dump"
         where.append(f"rank {r} (last entered #{stuck.last_seq.get(r)}; at {last})")
     return (f"rank(s) {list(stuck.waiting)} wait in {stuck.op} #{stuck.seq} on process group "
             f"{stuck.pg_name} ({stuck.pg_desc}); missing: {'; '.join(where)}")
