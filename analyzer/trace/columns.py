@@ -381,9 +381,10 @@ def _past_the_host(df: pd.DataFrame, gpu: np.ndarray, sub: pd.DataFrame) -> np.n
         return np.zeros(len(sub), dtype=bool)
     ts, dur = df["ts"].to_numpy()[host], df["dur"].to_numpy()[host]
     host_end = float(np.max(ts + dur))
-    names = df["name"].to_numpy()[host]
-    steps = np.fromiter((type(n) is str and n.startswith("ProfilerStep") for n in names),
-                        dtype=bool, count=len(names))
+    names = df["name"][host]
+    # each distinct name tested once (a trace has millions of events, hundreds of names)
+    steps = names.isin([n for n in pd.unique(names)
+                        if type(n) is str and n.startswith("ProfilerStep")]).to_numpy()
     span = float(np.max(dur[steps])) if steps.any() else host_end - float(np.min(ts))
     end = (sub["ts"] + sub["dur"]).to_numpy()
     return end - host_end > max(span, SAME_STREAM_MAX_CLIP_US)
