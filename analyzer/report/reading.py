@@ -204,9 +204,9 @@ def value_text(v: object) -> str:
 
 #: How far apart the step times of identical runs came (%, largest |B − A| / A over 20 pairs
 #: of one setup run back to back: the DDP example, 2 ranks pinned, on a 2-core VM; within
-#: each run its steps agreed to a few %):
-#: benchmarks/results/compare-noise_epyc-2core_2026-12-03-2112.md. A single run per side
-#: cannot tell a change smaller than this from the noise between runs.
+#: each run its steps agreed to a few %), measured by benchmarks/compare_noise.py (its
+#: results: benchmarks/results/compare-noise_*). A single run per side cannot tell a change
+#: smaller than this from the noise between runs.
 BETWEEN_RUNS_FLOOR_PCT = 46.0
 
 
