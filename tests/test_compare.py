@@ -480,3 +480,21 @@ def test_unrelated_runs_apply_no_recommendation(tmp_path):
                         REPO / "sample_traces" / "pp_1f1b_cpu_2rank")
     assert c.checks and c.applied == ()
     assert all(ch.error_pct is None for ch in c.checks)
+
+
+def test_a_recommendation_made_in_another_job_is_not_applied(pair, tmp_path):
+    """The planted pair's B, run from another script: rank 1 no longer straggles there, as A's
+    recommendation asked, but B is not A with that change alone, so the check is unknown and
+    no prediction error is computed (with the same script it is applied:
+    test_straggler_recommendation_is_checked)."""
+    import shutil
+
+    b2 = tmp_path / "b2"
+    shutil.copytree(pair[1], b2)
+    run = b2 / "run.json"   # the older layout: sidecars beside the traces
+    run.write_text(run.read_text().replace('"train.py"', '"other.py"'))
+    (check,) = pardiag.compare(pair[0], b2).checks
+    assert (check.kind, check.status, check.error_pct) == ("straggler", "unknown", None)
+    assert check.why == ("B is not A with this change alone: it also differs in script (rank 1 "
+                         "is no longer the straggler in B (measured: the setup cannot show what "
+                         "slowed it))")
