@@ -1360,3 +1360,32 @@ def test_median_of_the_other_ranks_equals_pandas():
             by_numpy = np.stack([np.median(np.delete(x, j, axis=1), axis=1) for j in range(n)],
                                 axis=1)
             assert np.array_equal(median_of_others(x), by_numpy), (n, tied)
+
+
+def test_stage_imbalance_in_the_verdict_follows_the_ranking():
+    """Stage 1 works 4.0× stage 0 per microbatch (8 vs 2 ms). Moving the boundaries recommended
+    at tier 1: the verdict says so; at tier 2 behind a microbatch change: it names that tier-1
+    change first; not recommended: it gives the reason."""
+    from types import SimpleNamespace as NS
+
+    from pardiag.analyzer.predict.recommend.verdict import stage_text
+    ctx = NS(model=NS(fwd_us=[1000.0, 3000.0], bwd_us=[1000.0, 5000.0]))
+
+    def change(kind, tier, gain, text, reason=""):
+        return NS(kind=kind, tier=tier, gain_pct=gain, change=text, reason=reason)
+
+    move = change("rebalance_stages", 1, 17.4, "stages [0–5 | 6–11]")
+    assert stage_text(ctx, [move]) == (
+        "stage 1's forward+backward per microbatch is 4.0× stage 0's (8.00 vs 2.00 ms): moving "
+        "the stage boundaries saves 17.4% (tier 1)")
+    move2 = change("rebalance_stages", 2, 12.0, "stages [0–5 | 6–11]")
+    mb = change("microbatches", 1, 30.5, "microbatches 16")
+    other = change("schedule", 1, 28.0, "schedule 1F1B")
+    assert stage_text(ctx, [move2, other, mb]).endswith(
+        ": moving the stage boundaries saves 12.0% (tier 2), after the tier-1 change "
+        "'microbatches 16' (30.5% and 1 more)")
+    no = change("rebalance_stages", None, 3.0, "stages [0–5 | 6–11]",
+                "the interval of its timings reaches the measured step")
+    assert stage_text(ctx, [no]).endswith(
+        ", but moving the stage boundaries is not recommended: the interval of its timings "
+        "reaches the measured step")

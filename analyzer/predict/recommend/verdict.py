@@ -174,8 +174,10 @@ def stage_text(ctx: RuleContext, changes=()) -> str | None:
     """The per-stage imbalance the pipeline's chunks measure, for the verdict: ``"stage 1's
     forward+backward per microbatch is 5.0× stage 0's (8.99 vs 1.78 ms): moving the stage
     boundaries saves 17.4% (tier 1)"`` — what it costs, from the evaluated stage-boundary change
-    in ``changes`` (recommended or not, with its reason), or why nothing is offered. None for a
-    pipeline whose stages are even within :data:`STAGE_IMBALANCE`, or no pipeline model."""
+    in ``changes`` (recommended or not, with its reason), or why nothing is offered. When that
+    change ranks below tier 1, the tier-1 change(s) are named as coming first, so the verdict
+    never promotes a change the recommendations rank lower. None for a pipeline whose stages
+    are even within :data:`STAGE_IMBALANCE`, or no pipeline model."""
     model = ctx.model
     if model is None or len(model.fwd_us) < 2:
         return None
@@ -188,8 +190,14 @@ def stage_text(ctx: RuleContext, changes=()) -> str | None:
             f"{lo}'s ({work[hi] / 1000:.2f} vs {work[lo] / 1000:.2f} ms)")
     move = next((c for c in changes if c.kind == "rebalance_stages"), None)
     if move is not None and move.tier:
-        return text + (f": moving the stage boundaries saves {move.gain_pct:.1f}% "
-                       f"(tier {move.tier})")
+        text += f": moving the stage boundaries saves {move.gain_pct:.1f}% (tier {move.tier})"
+        first = [c for c in changes if c.tier == 1]
+        if move.tier > 1 and first:
+            best = max(first, key=lambda c: c.gain_pct)
+            more = f" and {len(first) - 1} more" if len(first) > 1 else ""
+            text += (f", after the tier-1 change {best.change!r} ({best.gain_pct:.1f}%"
+                     f"{more})")
+        return text
     if move is not None:
         return text + f", but moving the stage boundaries is not recommended: {move.reason}"
     if model.layer_costs() is None:
