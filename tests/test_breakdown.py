@@ -365,3 +365,40 @@ def test_overall_shares_without_communication_or_time():
                                         "span_us": [0.0], "overlap_pct": [math.nan]}))
     assert all(math.isnan(v) for v in none.values())
     assert all(math.isnan(v) for v in overall_shares(pd.DataFrame()).values())
+
+
+def test_every_step_of_the_run_is_kept_with_its_period(tmp_path):
+    """Two ranks' metadata record 8 optimizer steps each, the profiler's window (wait 1, warmup
+    1, active 3) covering steps 2–4. Rank 0's steps end every 10 ms; rank 1's every 10 ms but
+    step 6, which a planted 25 ms pause makes 35 ms — outside the profiled steps, where only
+    the run's steps can show it. The page draws them."""
+    from pardiag.analyzer.render.html import render_html
+    from pardiag.analyzer.report.registry import build_report, report_json
+
+    from .synth import TraceBuilder, write_sidecar
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2, backend="gloo")
+        for s in (2, 3, 4):
+            b.step(s, 10000.0 * s, 10000).cpu("aten::mm", 10000.0 * s, 5000)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        ends, t = [], 1e15
+        for k in range(8):
+            t += 35000.0 if (r == 1 and k == 6) else 10000.0
+            ends.append([k, t - 2000.0, t])
+        write_sidecar(tmp_path / f"rank{r}.meta.json", "rank", r, {
+            "optimizer_steps": 8, "optimizer_step_times_us": ends})
+    write_sidecar(tmp_path / "run.json", "run", None, {
+        "world_size": 2, "schedule": {"wait": 1, "warmup": 1, "active": 3}})
+    rep = build_report(load_traces(tmp_path))
+    rs = rep.time_breakdown.run_steps
+    assert list(rs.columns) == ["rank", "step", "period_us", "profiled"]
+    assert rs["step"].tolist() == [1, 2, 3, 4, 5, 6, 7] * 2
+    assert rs["profiled"].tolist() == [False, True, True, True, False, False, False] * 2
+    assert rs["period_us"].tolist() == [10000.0] * 7 + [10000.0] * 5 + [35000.0, 10000.0]
+    # the complete steps are all there: none is cut
+    assert rep.time_breakdown.unfinished.empty
+    j = report_json(rep)["run_steps"]
+    assert j[12] == {"rank": 1, "step": 6, "period_us": 35000.0, "profiled": False}
+    page = render_html(rep, include_plotlyjs="cdn")
+    assert "<h3>Every step of the run</h3>" in page
+    assert "Step time over every step of the run (profiled steps shaded)" in page

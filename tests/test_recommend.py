@@ -1389,3 +1389,80 @@ def test_stage_imbalance_in_the_verdict_follows_the_ranking():
     assert stage_text(ctx, [no]).endswith(
         ", but moving the stage boundaries is not recommended: the interval of its timings "
         "reaches the measured step")
+
+
+def test_a_failed_run_leaves_out_the_step_it_failed_in(tmp_path):
+    """Rank 1 fails in step 3 and rank 0 then waits 700 ms in an all-reduce that never
+    completes: both made 3 optimizer steps (0–2), so ProfilerStep#3 is unfinished. Steps 1 and 2
+    take 10 ms each: 6 ms compute, 4 ms idle. The verdict's step is 10 ms over 2 steps, step 3
+    is named as left out, the failed all-reduce counts neither as exposed communication nor
+    as the ranks' time, and the missing layout is unknown, not 'no DDP'."""
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2, backend="gloo")
+        for s in (1, 2):
+            t = 10000.0 * (s - 1)
+            b.step(s, t, 10000).cpu("aten::mm", t, 6000)
+        b.step(3, 20000, 700000 if r == 0 else 500)
+        b.cpu("aten::mm", 20000, 300)
+        if r == 0:
+            b.cpu("c10d::allreduce_", 20300, 699700)
+        b.write(tmp_path / f"rank{r}.trace.json")
+        write_sidecar(tmp_path / f"rank{r}.meta.json", "rank", r, {
+            "optimizer_steps": 3, "ended_unix": 101.0 - r, "status": "error"})
+    write_sidecar(tmp_path / "run.json", "run", None, {
+        "world_size": 2, "schedule": {"wait": 1, "warmup": 1, "active": 3}, "exit_code": 1,
+        "failed_ranks": {"1": "ValueError: planted", "0": "RuntimeError: Connection closed"}})
+    rep = build_report(load_traces(tmp_path))
+    bd = rep.results["time_breakdown"]
+    assert sorted(map(tuple, bd.unfinished[["rank", "step"]].to_numpy().tolist())) == [
+        (0, 3), (1, 3)]
+    assert sorted(bd.steps["step"].unique()) == [1, 2]
+    tot = bd.totals.set_index("rank")
+    assert tot.loc[0, "span_us"] == 20000 and tot.loc[0, "exposed_comm_us"] == 0
+    assert tot.loc[0, "compute_only_us"] == 12000 and tot.loc[0, "idle_pct"] == 40.0
+    res = rep.results["recommendations"]
+    assert res.verdict.startswith("The run failed: rank 1 failed first: ValueError: planted; ")
+    assert ("What was recorded: Step 10.0 ms (while profiled; IQR 10.0–10.0, range 10.0–10.0 "
+            "ms over 2 steps) (step 3 left out: ranks 0, 1 ended inside it without finishing "
+            "it): exposed communication 0.0% and idle 40.0% of the ranks' time.") in res.verdict
+    assert res.why_none == (
+        "nothing to evaluate: the run ended before its profiling window closed (ranks 0, 1 made "
+        "3 optimizer step(s); the window closes after 5), so the layout and the DDP, FSDP, ZeRO "
+        "and tensor-parallel settings were not recorded: whether any of them could change is "
+        "unknown")
+
+
+def test_why_none_names_changes_whose_interval_reaches_the_step():
+    """A change predicted to save 12.1% (margin 4.3%) whose timings' interval reaches the
+    measured step is not recommended: the sentence says so instead of 'none saves 4.3%'."""
+    from types import SimpleNamespace as NS
+
+    from pardiag.analyzer.predict.recommend import _none_clears
+    wide = NS(ruled_out=False, gain_pct=12.1, interval_spans_no_gain=True,
+              change="stage boundaries [0–2 | 3–6]")
+    small = NS(ruled_out=False, gain_pct=2.0, interval_spans_no_gain=False, change="x")
+    assert _none_clears([small], 4.3) == (
+        "no modelled change is predicted to save ≥ 4.3% of the step")
+    assert _none_clears([small, wide], 4.3) == (
+        "no modelled change is predicted to save ≥ 4.3% of the step with an interval that "
+        "excludes no gain: 1 predicted more (up to 12.1%, stage boundaries [0–2 | 3–6]), but "
+        "the interval of the timings each rests on reaches the measured step")
+
+
+def test_a_ddp_job_with_a_rank_missing_is_never_told_it_has_no_ddp(tmp_path):
+    """Rank 1's trace is missing from a 2-rank DDP run whose metadata shows DDP: nothing can
+    be evaluated, and the sentence says why rather than 'no DDP'."""
+    b = TraceBuilder(rank=0, world_size=2, backend="gloo")
+    b.step(2, 0, 10000).cpu("aten::mm", 10, 5000)
+    b.write(tmp_path / "rank0.trace.json")
+    lay = {"dims": {"dp": 2}, "strategies": ["ddp"], "ddp_bucket_cap_mb": 25}
+    for r in range(2):
+        write_sidecar(tmp_path / f"rank{r}.meta.json", "rank", r, {
+            "optimizer_steps": 8, "layout": lay})
+    write_sidecar(tmp_path / "run.json", "run", None, {
+        "world_size": 2, "schedule": {"wait": 1, "warmup": 1, "active": 3}, "layout": lay})
+    res = build_report(load_traces(tmp_path)).results["recommendations"]
+    assert res.why_none == (
+        "nothing to evaluate: ddp is in the layout, but no change to the settings could be "
+        "evaluated from these traces: rank(s) 1 of 2 have no trace, so their collectives "
+        "cannot be matched across ranks")

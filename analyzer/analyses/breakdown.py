@@ -58,6 +58,9 @@ BREAKDOWN_COLUMNS = (
     "idle_pct",
 )
 
+#: Columns of :func:`run_step_periods`.
+RUN_STEP_COLUMNS = ("rank", "step", "period_us", "profiled")
+
 
 @dataclasses.dataclass(frozen=True)
 class TimeBreakdown:
@@ -81,6 +84,15 @@ class TimeBreakdown:
         overall: the run's shares over all ranks (:func:`overall_shares`):
             ``exposed_comm_pct``, ``overlap_pct`` (%), ``comm_us_per_rank`` (µs); NaN where
             undefined.
+        run_steps: every optimizer step of the whole run, profiled or not, per rank
+            (:func:`run_step_periods`): ``rank``, ``step``, ``period_us``, ``profiled``;
+            empty for traces from elsewhere.
+        unfinished: the profiler steps a rank ended inside without finishing them
+            (:meth:`pardiag.analyzer.trace.traceset.TraceSet.first_unfinished_step`: the step
+            a rank failed or hung in, or a script's tail after its last optimizer step): the
+            rows of ``steps`` they would be. They are left out of ``steps``, and their time out
+            of ``totals``: a step cut short by a failure is not a step, and a collective that
+            never completed is not a transfer.
     """
 
     totals: pd.DataFrame
@@ -90,6 +102,23 @@ class TimeBreakdown:
         default_factory=lambda: pd.DataFrame(columns=["step", *PART_COLUMNS]))
     overall: dict[str, float] = dataclasses.field(
         default_factory=lambda: dict.fromkeys(OVERALL_KEYS, float("nan")))
+    unfinished: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=["rank", "step", "start_us", "end_us",
+                                                      *BREAKDOWN_COLUMNS]))
+    run_steps: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=list(RUN_STEP_COLUMNS)))
+
+    def unfinished_text(self) -> str | None:
+        """``"step 3 left out: ranks 0, 1 ended inside it without finishing it"``, or None."""
+        u = self.unfinished
+        if u is None or u.empty:
+            return None
+        parts = []
+        for step, g in u.groupby("step"):
+            ranks = sorted(int(r) for r in g["rank"])
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+            parts.append(f"step {int(step)} left out: {who} ended inside it without finishing it")
+        return "; ".join(parts)
 
     @functools.cached_property
     def step_time(self) -> pd.DataFrame:
@@ -294,7 +323,73 @@ def compute_time_breakdown(traces: TraceSet,
     cols = ["rank", "domain", "start_us", "end_us", *BREAKDOWN_COLUMNS]
     step_cols = ["rank", "step", "start_us", "end_us", *BREAKDOWN_COLUMNS]
     coll_cols = ["rank", "collective", "count", "time_us", "exposed_us"]
-    totals, steps = pd.DataFrame(totals, columns=cols), pd.DataFrame(steps, columns=step_cols)
+    totals_df = pd.DataFrame(totals, columns=cols)
+    steps_df = pd.DataFrame(steps, columns=step_cols)
+    cut = traces.unfinished_mask(steps_df["rank"], steps_df["step"])
+    unfinished = steps_df[cut].reset_index(drop=True)
+    if cut.any():
+        steps_df = steps_df[~cut].reset_index(drop=True)
+        totals_df = _without(totals_df, unfinished)
     return TimeBreakdown(
-        totals=totals, steps=steps, collectives=pd.DataFrame(colls, columns=coll_cols),
-        step_means=step_means(steps), overall=overall_shares(totals))
+        totals=totals_df, steps=steps_df, collectives=pd.DataFrame(colls, columns=coll_cols),
+        step_means=step_means(steps_df), overall=overall_shares(totals_df),
+        unfinished=unfinished, run_steps=run_step_periods(traces))
+
+
+
+def run_step_periods(traces: TraceSet) -> pd.DataFrame:
+    """Every training step of a ``pardiag profile`` run, per rank, from its metadata's
+    optimizer-step times (``rank{R}.meta.json``, :class:`pardiag.layout.RankMeta`), not only
+    the few the profiler recorded: what a step that comes late in the run looks like.
+
+    Step ``k``'s period is the time from the end of the rank's optimizer step ``k − 1`` to the
+    end of its step ``k`` (µs, the rank's own clock; step 0 has none): the span of
+    ``ProfilerStep#k``. ``profiled`` is True for the steps the trace recorded (``--wait +
+    --warmup`` ≤ k < ``--wait + --warmup + --active``), which the profiler slows down.
+
+    Returns:
+        :data:`RUN_STEP_COLUMNS`, sorted by rank and step; empty without metadata.
+    """
+    sch = traces.run_info.schedule if traces.run_info else None
+    rows = []
+    for rank, meta in sorted(traces.rank_meta.items()):
+        ends: dict[int, float] = {}
+        for row in meta.optimizer_step_times_us:
+            if (isinstance(row, list) and len(row) == 3
+                    and all(isinstance(x, (int, float)) for x in row)):
+                ends[int(row[0])] = float(row[2])
+        for k in sorted(ends):
+            if k - 1 in ends and ends[k] >= ends[k - 1]:
+                on = sch is not None and sch.wait + sch.warmup <= k < (
+                    sch.wait + sch.warmup + sch.active)
+                rows.append((int(rank), k, ends[k] - ends[k - 1], bool(on)))
+    return pd.DataFrame(rows, columns=list(RUN_STEP_COLUMNS))
+
+#: The additive columns of a breakdown row (µs); the shares are recomputed from them.
+_ADDITIVE = ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us",
+             "exposed_comm_us", "idle_us")
+
+
+def _without(totals: pd.DataFrame, cut: pd.DataFrame) -> pd.DataFrame:
+    """``totals`` less the time of the step rows ``cut`` (the steps' windows lie inside the
+    rank's window and do not overlap, so each part's time is additive over them): the µs
+    columns reduced, the shares recomputed (module docstring), and a rank's ``end_us`` moved
+    to the start of a cut step that ends its window."""
+    out = totals.copy()
+    sums = cut.groupby("rank")[list(_ADDITIVE)].sum()
+    starts = cut.groupby("rank")["start_us"].min()
+    ends = cut.groupby("rank")["end_us"].max()
+    for i, r in zip(out.index, out["rank"]):
+        if r not in sums.index:
+            continue
+        for c in _ADDITIVE:
+            out.at[i, c] = max(float(out.at[i, c]) - float(sums.at[r, c]), 0.0)
+        if float(ends.at[r]) >= float(out.at[i, "end_us"]):
+            out.at[i, "end_us"] = float(starts.at[r])
+        span, comm = float(out.at[i, "span_us"]), float(out.at[i, "comm_us"])
+        out.at[i, "overlap_pct"] = 100.0 * float(out.at[i, "overlap_us"]) / comm if comm else np.nan
+        for pct, us in (("compute_only_pct", "compute_only_us"),
+                        ("overlap_share_pct", "overlap_us"),
+                        ("exposed_comm_pct", "exposed_comm_us"), ("idle_pct", "idle_us")):
+            out.at[i, pct] = 100.0 * float(out.at[i, us]) / span if span else np.nan
+    return out

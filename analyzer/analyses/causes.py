@@ -190,6 +190,8 @@ def compute_causes(traces, run_step_us: float = float("nan")) -> CausesResult:
     per_step = stack_by_rank((rank, summary_of(trace).stored("causes"))
                              for rank, trace in traces.ranks.items())
     per_step = per_step[cols] if per_step is not None else pd.DataFrame(columns=cols)
+    # a step a rank failed or hung in is not one of its steps (TimeBreakdown.unfinished)
+    per_step = per_step[~traces.unfinished_mask(per_step["rank"], per_step["step"])]
     per_rank = _per_rank(per_step)
     excess = excess_table(per_step)
     input_bound = host_bound = None

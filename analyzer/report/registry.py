@@ -135,7 +135,8 @@ def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict[str, Any]:
             steps=[js.StepBreakdown(**s) for s in steps.get(rank, [])],
             collectives=[js.RankCollective(**c) for c in colls.get(rank, [])]))
     return {"ranks": ranks, "collectives": rows(js.CollectiveTotal, b.collective_totals),
-            "step_time": rows(js.StepTimeRow, b.step_time)}
+            "step_time": rows(js.StepTimeRow, b.step_time),
+            "run_steps": rows(js.RunStepRow, b.run_steps)}
 
 
 def _sync_json(r: SyncResult, traces: TraceSet) -> dict[str, Any]:

@@ -75,6 +75,7 @@ from .schema_ranks import (
     OperatorsSection,
     RankCollective,
     RankEntry,
+    RunStepRow,
     StepBreakdown,
     StepTimeRow,
 )
@@ -153,6 +154,7 @@ __all__ = [
     "SkewOrigin",
     "SkewRow",
     "StepBreakdown",
+    "RunStepRow",
     "StepTimeRow",
     "StragglerRow",
     "SyncSection",
@@ -477,6 +479,8 @@ class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):
             ``[]`` without communication.
         step_time: Step time and spread per rank, plus one row for the run. Null/absent: ``[]``
             without profiler steps.
+        run_steps: Every optimizer step of the run per rank, profiled or not. Null/absent:
+            ``[]`` for traces recorded without ``pardiag profile``.
         operators: Time per GPU kernel and CPU operator name.
         sync: Collectives matched across ranks: clock offsets, stragglers, arrival skew,
             bandwidth, point-to-point.
@@ -532,6 +536,7 @@ class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):
     ranks: list[RankEntry]
     collectives: list[CollectiveTotal] = msgspec.field(default_factory=list)
     step_time: list[StepTimeRow] = msgspec.field(default_factory=list)
+    run_steps: list[RunStepRow] = msgspec.field(default_factory=list)
     operators: OperatorsSection | None = None
     sync: SyncSection | None = None
     pipeline: PipelineSection | None = None

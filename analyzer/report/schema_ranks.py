@@ -173,6 +173,25 @@ class CollectiveTotal(msgspec.Struct, kw_only=True, frozen=True):
     exposed_pct: Number | None = None
 
 
+class RunStepRow(msgspec.Struct, kw_only=True, frozen=True):
+    """One optimizer step of the whole run on one rank (``run_steps[]``), from ``pardiag
+    profile``'s metadata: every step the script made, not only the profiled ones.
+
+    Attributes:
+        rank: The rank.
+        step: The optimizer step (0-based; step 0 has no period).
+        period_us: Time from the end of the rank's previous optimizer step to the end of this
+            one (the span of ``ProfilerStep#step``). Unit: µs.
+        profiled: The trace recorded this step (``--wait + --warmup`` ≤ step < ``--wait +
+            --warmup + --active``); the profiler slows such steps down.
+    """
+
+    rank: int
+    step: int
+    period_us: Number
+    profiled: bool
+
+
 class StepTimeRow(msgspec.Struct, kw_only=True, frozen=True):
     """Step time and spread of one rank, or of the run (``rank`` None) (``step_time[]``); outlier
     steps are left out of every column but ``outlier_steps``.

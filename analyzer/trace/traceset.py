@@ -188,6 +188,24 @@ class TraceSet:
         """The failed ranks, the first failure first (:func:`failures_in_order`)."""
         return failures_in_order(self.run_info, self.rank_meta)
 
+    def first_unfinished_step(self, rank: int) -> int | None:
+        """The first ``ProfilerStep#N`` number that ``rank`` did not finish, from its metadata:
+        ``pardiag profile`` steps the profiler after each optimizer step, so ``ProfilerStep#N``
+        runs from the rank's N-th optimizer step to its (N+1)-th, and a rank that made ``k``
+        optimizer steps ended inside step ``k`` (it failed or hung there, or its script ended
+        with no step after it). None when the rank has no metadata or made no optimizer step
+        (its profiler steps are not optimizer steps, or unknown)."""
+        meta = self.rank_meta.get(rank)
+        n = meta.optimizer_steps if meta is not None else None
+        return n if isinstance(n, int) and n > 0 else None
+
+    def unfinished_mask(self, ranks, steps) -> np.ndarray:
+        """Bool per row of the parallel sequences ``ranks`` and ``steps`` (profiler step
+        numbers): the rank did not finish that step (:meth:`first_unfinished_step`)."""
+        first = {int(r): self.first_unfinished_step(int(r)) for r in set(ranks)}
+        return np.array([first[int(r)] is not None and int(s) >= first[int(r)]  # type: ignore[operator]
+                         for r, s in zip(ranks, steps)], dtype=bool)
+
 
 def failures_in_order(run_info: RunFile | None, rank_meta: dict[int, RankMeta]
                       ) -> list[tuple[int, str]]:

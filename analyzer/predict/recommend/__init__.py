@@ -48,9 +48,58 @@ def as_ratio(c: Recommendation, step_us: float, note: str = "") -> Recommendatio
         evidence=(*c.evidence, note) if note else c.evidence)
 
 
+def _settings_unrecorded(traces: TraceSet) -> str | None:
+    """Why a ``pardiag profile`` run holds no layout or settings, when it cannot: ``"the run
+    ended before its profiling window closed (ranks 0, 1 made 3 optimizer step(s); the window
+    closes after 5)"`` — they are taken when the window closes — or ``"rank(s) 0, 1 wrote no
+    metadata (the run hung or failed)"`` — they are written when the script ends. Their absence
+    then says nothing about the job. None otherwise."""
+    run = traces.run_info
+    sch = run.schedule if run is not None else None
+    if run is None or sch is None:
+        return None
+    end = sch.wait + sch.warmup + sch.active
+    short = {r: m.optimizer_steps for r, m in sorted(traces.rank_meta.items())
+             if isinstance(m.optimizer_steps, int) and m.optimizer_steps < end}
+    missing = [r for r in traces.ranks if r not in traces.rank_meta]
+    if not short and not (missing and (run.hang or traces.failures())):
+        return None
+    by_count: dict[int, list[int]] = {}
+    for r, n in short.items():
+        by_count.setdefault(n, []).append(r)
+    parts = [(f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, rs))}")
+             + f" made {n} optimizer step(s)" for n, rs in sorted(by_count.items())]
+    if short:
+        return (f"the run ended before its profiling window closed ({'; '.join(parts)}; the "
+                f"window closes after {end})")
+    return (f"rank(s) {', '.join(map(str, missing))} wrote no metadata (the run "
+            f"{'hung' if run.hang else 'failed'})")
+
+
+def _none_clears(rejected, margin: float) -> str:
+    """Why none of the evaluated changes is recommended, when some were: none is predicted to
+    save ``margin`` % of the step, or those that are rest on timings whose interval reaches
+    the measured step (:attr:`Recommendation.interval_spans_no_gain`)."""
+    wide = [c for c in rejected if not c.ruled_out and c.gain_pct >= margin
+            and c.interval_spans_no_gain]
+    if not wide:
+        return f"no modelled change is predicted to save ≥ {margin:.1f}% of the step"
+    best = max(wide, key=lambda c: c.gain_pct)
+    return (f"no modelled change is predicted to save ≥ {margin:.1f}% of the step with an "
+            f"interval that excludes no gain: {len(wide)} predicted more (up to "
+            f"{best.gain_pct:.1f}%, {best.change}), but the interval of the timings each rests "
+            "on reaches the measured step")
+
+
 def _nothing_to_change(ctx: RuleContext) -> str:
     """Why no rule had anything to evaluate, outside pipelines: the strategies the layout shows
-    whose settings the traces do not hold are named (a report of traces from elsewhere)."""
+    whose settings the traces do not hold are named (a report of traces from elsewhere); a
+    ``pardiag profile`` run that ended before its profiling window closed never recorded its
+    layout or settings, and what it had to change is unknown."""
+    unrecorded = _settings_unrecorded(ctx.traces)
+    if unrecorded:
+        return (f"{unrecorded}, so the layout and the DDP, FSDP, ZeRO and tensor-parallel "
+                "settings were not recorded: whether any of them could change is unknown")
     lay = ctx.layout
     shown = [s for s in (lay.strategies if lay is not None else []) if s in {
         "ddp", "fsdp1", "fsdp2", "zero", "zero1", "zero2", "zero3", "tp"}]
@@ -60,6 +109,13 @@ def _nothing_to_change(ctx: RuleContext) -> str:
                 "ZeRO stage, static memory)" + ("" if ctx.on_gpu else
                                                 " nor, on a CPU, each collective's group")
                 + ": run under `pardiag profile` to evaluate changes to them")
+    if shown:   # never "no DDP" about a job whose layout shows it
+        world = ctx.traces.run_info.world_size if ctx.traces.run_info else None
+        absent = [r for r in range(world or 0) if r not in ctx.traces.ranks]
+        return (f"{' and '.join(shown)} {'is' if len(shown) == 1 else 'are'} in the layout, "
+                "but no change to the settings could be evaluated from these traces"
+                + (f": rank(s) {', '.join(map(str, absent[:8]))} of {world} have no trace, so "
+                   "their collectives cannot be matched across ranks" if absent else ""))
     return ("no pipeline, no significant straggler, and no DDP, FSDP, ZeRO or tensor-parallel "
             "setting to change")
 
@@ -106,7 +162,7 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     if not good:
         why_none = ("every change evaluated is ruled out by the model's shapes or batch"
                     if cands and all(c.ruled_out for c in cands) else
-                    f"no modelled change is predicted to save ≥ {margin:.1f}% of the step"
+                    _none_clears(rejected, margin)
                     if cands else
                     "nothing to evaluate: " + (ctx.model_why if ctx.model_why != "no pipeline"
                                                else _nothing_to_change(ctx)))

@@ -278,6 +278,9 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
                    f"{', '.join(ms(v) for v in base.outliers[:3])}"
                    f"{', ...' if n > 3 else ''})")
     head = f"Step {ms(step_us)}{spread}" if not math.isnan(step_us) else "No complete step"
+    cut = ctx.breakdown.unfinished_text()
+    if cut:   # a failed or hung rank's last step: its time is not the step's
+        head += f" ({cut})"
     text = head + (": " + "; ".join(parts) if parts else "") + "."
     failed = failure_text(ctx)
     if failed:  # what went wrong first: the numbers after it are of what the run recorded
