@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from pardiag.analyzer.render.html import SECTIONS, render_html
+from pardiag.analyzer.render.sections import STRUCTURE_SECTIONS
 from pardiag.analyzer.report.registry import build_report
 from pardiag.analyzer.trace import load_traces
 from pardiag.cli import cli
@@ -84,7 +85,17 @@ def _check_drawn(page, n_figures):
     for svgs, traces, marks in plots:  # every figure: plotly's SVG with traces and marks in it
         assert svgs >= 1 and traces >= 1 and marks > 0
     headings = page.evaluate("Array.from(document.querySelectorAll('h2')).map(h => h.textContent)")
-    assert headings == [title for _, title in SECTIONS]
+    assert headings == _headings(page)
+
+
+def _headings(page) -> list[str]:
+    """The page's expected ``<h2>`` titles: every section in order, those about a structure
+    the run does not have (``<h3>`` under "Not in this run") last, under that heading."""
+    absent = page.evaluate("Array.from(document.querySelectorAll('h2#absent ~ h3'))"
+                           ".map(h => h.id)")
+    assert set(absent) <= set(STRUCTURE_SECTIONS)
+    return ([title for key, title in SECTIONS if key not in absent]
+            + (["Not in this run"] if absent else []))
 
 
 # Every label plotly drew (title, axis titles, tick labels, legend entries, colour bar, notes)
@@ -212,7 +223,10 @@ def test_hostile_trace_runs_no_script(browser, tmp_path):
     # links (HTML or SVG): only the page's own table of contents; no javascript: URL anywhere
     hrefs = page.evaluate("Array.from(document.querySelectorAll('a'))"
                           ".map(a => a.getAttribute('href') || a.getAttribute('xlink:href'))")
-    assert hrefs == ["#" + key for key, _ in SECTIONS]
+    absent = page.evaluate("Array.from(document.querySelectorAll('h2#absent ~ h3'))"
+                           ".map(h => h.id)")
+    assert absent == ["routing"]   # no MoE
+    assert hrefs == ["#" + key for key, _ in SECTIONS if key not in absent] + ["#absent"]
     assert page.evaluate("Array.from(document.querySelectorAll('*')).filter(e => "
                          "Array.from(e.attributes).some(a => /^\\s*javascript:/i.test(a.value)))"
                          ".length") == 0

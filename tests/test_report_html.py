@@ -131,7 +131,8 @@ def test_verdict_and_recommendations_come_first():
         rejected=(_planted_rec(fits_memory=False),)))
     page = render_html(rep, include_plotlyjs="cdn")
     heads = re.findall(r"<h2 id='(\w+)'>", page)
-    assert heads == [k for k, _ in SECTIONS] and heads[0] == "verdict"
+    assert heads == [k for k, _ in SECTIONS if k not in ("pipeline", "routing")] + ["absent"]
+    assert heads[0] == "verdict"
     verdict = page.split("<h2 id='verdict'>")[1].split("<h2 id='summary'>")[0]
     assert "<p class='verdict'>Exposed communication is 63% of the step.</p>" in verdict
     rows = re.findall(r"<tr><td>(\d)</td><td class='l'><b>([^<]*)</b></td><td class='l'>([^<]*)"
@@ -141,6 +142,9 @@ def test_verdict_and_recommendations_come_first():
                     ("2", "Overlap the all-reduce", "bucket_cap_mb 100", "40.000 → 38.000", "5.0",
                      "– → –")]
     assert "<li>bubble 48% of the step</li>" in verdict and "<li>activations grow</li>" in verdict
+    # folded under each row, so that a row is one line tall on a narrow window
+    assert verdict.count("<details><summary>1 evidence, 1 caveat(s)</summary><b>Evidence</b>"
+                         "<ul><li>bubble 48% of the step</li></ul>") == 2
     # every change evaluated appears once: the one not recommended with its reason
     assert "<h3>Evaluated and not recommended</h3>" in verdict
 
@@ -234,9 +238,12 @@ def test_sections_without_data_say_why(tmp_path):
     b.world_size = 1
     b.write(tmp_path / "r0.json")
     page = render_html(build_report(load_traces(tmp_path)), include_plotlyjs="cdn")
-    parts = re.split(r"<h2 id='(\w+)'>", page)
+    parts = re.split(r"<h[23] id='(\w+)'>", page)
     sections = dict(zip(parts[1::2], parts[2::2]))
-    assert list(sections) == [k for k, _ in SECTIONS]
+    # no pipeline and no MoE: their sections come last, under "Not in this run", saying why
+    assert list(sections) == [k for k, _ in SECTIONS if k not in ("pipeline", "routing")] + [
+        "absent", "pipeline", "routing"]
+    assert "<h2 id='absent'>Not in this run</h2>" in page
     why = {
         "overlap": "Overlap per dimension unavailable: no collective was matched across ranks, "
                    "so communication cannot be attributed to process groups.",

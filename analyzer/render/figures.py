@@ -113,6 +113,49 @@ def step_breakdown_figure(steps: pd.DataFrame) -> dict:
                        "xaxis": {"title": _title("rank r, step s")}, "height": 420}}
 
 
+#: Above this many ranks the run's step chart draws the median over ranks and their range, not
+#: a line per rank.
+RUN_STEPS_MAX_LINES = 16
+
+
+def run_steps_figure(run_steps: pd.DataFrame) -> dict:
+    """Step time over every step of the run (ms), one line per rank — or, above
+    :data:`RUN_STEPS_MAX_LINES` ranks, the median over ranks with the min–max band — and the
+    profiled steps shaded, from
+    :attr:`pardiag.analyzer.analyses.breakdown.TimeBreakdown.run_steps` (µs). Returns a plotly
+    figure dict."""
+    data: list = []
+    ranks = sorted(run_steps["rank"].unique())
+    if len(ranks) <= RUN_STEPS_MAX_LINES:
+        for r in ranks:
+            g = run_steps[run_steps["rank"] == r]
+            data.append(_scatter(name=f"rank {r}", x=g["step"].tolist(),
+                                 y=_f32(g["period_us"] / 1000.0), mode="lines+markers",
+                                 marker={"size": 4},
+                                 hovertemplate="step %{x}: %{y:.3f} ms<extra>rank " + str(r)
+                                 + "</extra>"))
+    else:
+        by = run_steps.groupby("step")["period_us"]
+        steps = by.median().index.tolist()
+        for name, values, fill in (("max over ranks", by.max(), None),
+                                   ("min over ranks", by.min(), "tonexty"),
+                                   ("median over ranks", by.median(), None)):
+            data.append(_scatter(name=name, x=steps, y=_f32(values / 1000.0), mode="lines",
+                                 fill=fill, line={"width": 1 if fill or "max" in name else 2},
+                                 hovertemplate="step %{x}: %{y:.3f} ms<extra>" + name
+                                 + "</extra>"))
+    on = run_steps.loc[run_steps["profiled"], "step"]
+    shapes = ([{"type": "rect", "xref": "x", "yref": "paper", "x0": float(on.min()) - 0.5,
+                "x1": float(on.max()) + 0.5, "y0": 0, "y1": 1, "fillcolor": "#f0a020",
+                "opacity": 0.15, "line": {"width": 0}}] if len(on) else [])
+    return {"data": data,
+            "layout": {"title": _title("Step time over every step of the run (profiled steps "
+                                       "shaded)"),
+                       "xaxis": {"title": _title("optimizer step")},
+                       "yaxis": {"title": _title("step time (ms)"), "rangemode": "tozero"},
+                       "shapes": shapes, "height": 360}}
+
+
 def step_mean_figure(step_means: pd.DataFrame) -> dict:
     """Stacked bar per profiler step of the mean over ranks of each part (ms), from
     :attr:`pardiag.analyzer.analyses.breakdown.TimeBreakdown.step_means` (µs). Returns a plotly

@@ -33,6 +33,7 @@ from .figures import (
     parts_figure,
     pipeline_gantt,
     routing_figure,
+    run_steps_figure,
     step_breakdown_figure,
     step_heatmap,
     step_mean_figure,
@@ -46,7 +47,8 @@ from .sections import HTA_SECTION, SECTIONS, build
 __all__ = ["BLUES", "DEVICE_PART_COLORS", "HOST_PART_COLORS", "HTA_SECTION", "REDS", "SECTIONS",
            "bandwidth_figure", "breakdown_figure", "critical_path_figure", "dim_overlap_figure",
            "memory_figure", "memory_timeline", "overlap_figure", "parts_figure",
-           "pipeline_gantt", "render_html", "routing_figure", "step_breakdown_figure",
+           "pipeline_gantt", "render_html", "routing_figure", "run_steps_figure",
+           "step_breakdown_figure",
            "step_heatmap", "step_mean_figure", "straggler_heatmap"]
 
 
@@ -59,10 +61,15 @@ def render_html(report: Report, *, include_plotlyjs: bool | str = True) -> str:
             links it from the plotly CDN instead (a page of a few hundred kB).
     """
     page = Page()
-    order, sections = build(report, page)
-    titles = dict(SECTIONS + (HTA_SECTION,))
+    order, absent, sections = build(report, page)
+    titles = dict(SECTIONS + (HTA_SECTION,), absent=ABSENT_TITLE)
     source = report.traces.source
+    toc = [(k, titles[k]) for k in order] + ([("absent", ABSENT_TITLE)] if absent else [])
     context = document_context(f"pardiag report: {Path(str(source)).name}", "pardiag report",
-                               str(source), [(k, titles[k]) for k in order], include_plotlyjs)
+                               str(source), toc, include_plotlyjs)
     return TEMPLATES.get_template("report.html").render(
-        context, order=order, sections=sections, titles=titles)
+        context, order=order, absent=absent, sections=sections, titles=titles)
+
+
+#: The heading under which the sections about a structure the run does not have say why.
+ABSENT_TITLE = "Not in this run"

@@ -203,6 +203,8 @@ def breakdown(report: Report, page: Page) -> dict:
             "exposed_comm_us": "exposed comm (ms)", "idle_us": "idle (ms)",
             "overlap_pct": "overlap %"}, left=("domain",), digits=3, sortable=True, what="ranks")
     out["has_steps"] = bool(len(b.steps))
+    if len(b.run_steps):
+        out["run_steps"] = _html(page.fig(fg.run_steps_figure(b.run_steps)))
     if len(b.steps) and len(b.steps) <= MAX_STEP_BARS:
         out["steps"].append(_html(page.fig(fg.step_breakdown_figure(b.steps))))
     elif len(b.steps):
@@ -670,11 +672,19 @@ BUILDERS = (("verdict", verdict), ("breakdown", breakdown), ("overlap", overlap)
             ("collectives", collectives), ("hta", hta), ("warnings", warnings))
 
 
-def build(report: Report, page: Page) -> tuple[list[str], dict[str, dict]]:
-    """The page's section keys in page order and what each section's template shows."""
-    order = [k for k, _ in SECTIONS[:-1]] + (
+#: Sections about a structure a job may not have, and the key of their builder's output that
+#: says it has it: without it the section moves to "Not in this run" at the page's end, where
+#: it still says why, instead of an empty section among those that measured something.
+STRUCTURE_SECTIONS = {"pipeline": "bubbles", "routing": "routed"}
+
+
+def build(report: Report, page: Page) -> tuple[list[str], list[str], dict[str, dict]]:
+    """The page's section keys in page order, the keys of the :data:`STRUCTURE_SECTIONS` this
+    run does not have (shown last, each with why), and what each section's template shows."""
+    keys = [k for k, _ in SECTIONS[:-1]] + (
         [HTA_SECTION[0]] if report.hta is not None else []) + [SECTIONS[-1][0]]
-    out = {key: f(report, page) for key, f in BUILDERS if key in order}
+    out = {key: f(report, page) for key, f in BUILDERS if key in keys}
     out["summary"] = summary(report, page)
-    return order, out
+    absent = [k for k, flag in STRUCTURE_SECTIONS.items() if not out[k].get(flag)]
+    return [k for k in keys if k not in absent], absent, out
 
