@@ -252,3 +252,22 @@ def test_bad_sidecar_content_is_a_warning_naming_the_file():
     assert side is None and notes == [
         "p.json: pardiag sidecar with a wrong value, ignored (Expected `object | null`, got "
         "`int` - at `$.schedule`)"]
+
+
+def test_a_run_that_failed_before_its_trace_names_the_failure(tmp_path):
+    """A script that raised before its profiler's window (a SyntaxError): the error names the
+    first failure, not 'profile with more steps'."""
+    import json
+
+    from pardiag.errors import TraceError
+    new = relayout(SAMPLES / "ddp_cpu_2rank", tmp_path / "d")
+    for f in new.glob("rank*.trace.json.gz"):
+        f.unlink()
+    run = new / "pardiag" / "run.json"
+    doc = json.loads(run.read_text())
+    doc["failed_ranks"] = {"0": "SyntaxError: invalid syntax (train.py, line 3)"}
+    run.write_text(json.dumps(doc))
+    want = (r"the profiled run failed before a trace was written: rank 0: SyntaxError: invalid "
+            r"syntax \(train.py, line 3\)")
+    with pytest.raises(TraceError, match=want):
+        load_traces(new)

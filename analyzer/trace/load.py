@@ -467,6 +467,10 @@ def _no_files_hint(paths: list[Path], run_info: layout.RunFile | None,
     elif run_info is not None and run_info.hang:
         hint = ("; the profiled run hung and was stopped before a trace was written: "
                 + run_info.hang[0])
+    elif run_info is not None and (failed := failures_in_order(run_info, rank_meta)):
+        # more steps would not help a script that failed: its first error is the news
+        r, msg = failed[0]
+        hint = f"; the profiled run failed before a trace was written: rank {r}: {msg}"
     elif run_info is not None or rank_meta:
         steps = {r: m.optimizer_steps for r, m in sorted(rank_meta.items())}
         hint = (f"; this pardiag run wrote no trace (optimizer steps per rank: {steps};"
