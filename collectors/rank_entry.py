@@ -912,6 +912,19 @@ def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int,
     return meta
 
 
+def user_traceback(tb):
+    """``tb`` without its first frames in pardiag's wrapper and ``runpy``: the traceback a
+    plain ``python script.py`` prints, starting at the script's own frame (None when the
+    error arose before any, e.g. a SyntaxError, whose message names the file and line)."""
+    ours = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name != "<frozen runpy>" and os.path.realpath(name) not in ours:
+            break   # (runpy is a frozen module from Python 3.11)
+        tb = tb.tb_next
+    return tb
+
+
 def _finish(run: _RankRun, meta: layout.RankMeta, code: int, failed: bool,
             before_exit) -> None:
     """Report the script's failure, or wait for the other ranks (:func:`_exit_together`);
@@ -923,7 +936,7 @@ def _finish(run: _RankRun, meta: layout.RankMeta, code: int, failed: bool,
     if isinstance(error, _Terminated):  # where the script was is no news: one line
         print(f"pardiag: rank {rank} {error}; its files are written", file=sys.stderr, flush=True)
     elif failed:
-        traceback.print_exception(type(error), error, error.__traceback__)
+        traceback.print_exception(type(error), error, user_traceback(error.__traceback__))
         print(f"pardiag: rank {rank} raised {meta.error}", file=sys.stderr, flush=True)
     elif run.terminated:  # the others are being stopped: nobody to wait for
         pass

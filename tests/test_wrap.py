@@ -306,3 +306,31 @@ def test_main_thread_of_a_faulthandler_dump():
             '  File "/x/t.py", line 8 in loop\n  File "/x/t.py", line 9 in <module>\n')
     assert _main_thread_at(text) == 'File "/x/t.py", line 8 in loop'
     assert _main_thread_at("") is None
+
+
+def test_a_script_error_shows_the_scripts_traceback_only(tmp_path):
+    """An error raised in the user's script, run as the wrapper runs it (runpy from
+    rank_entry): the traceback starts at the script's frame, as `python script.py` prints it;
+    a SyntaxError keeps only its message (file, line)."""
+    import runpy
+    import traceback
+
+    from pardiag.collectors.rank_entry import user_traceback
+    script = tmp_path / "train.py"
+    script.write_text("def step():\n    raise ValueError('bad batch')\n\nstep()\n")
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except ValueError as exc:
+        err = exc
+    # the test's own frame comes first; from the wrapper's frame on, ours and runpy's go
+    tb = err.__traceback__.tb_next
+    text = "".join(traceback.format_exception(type(err), err, user_traceback(tb)))
+    files = [f.filename for f in traceback.extract_tb(user_traceback(tb))]
+    assert files == [str(script), str(script)], files
+    assert "runpy" not in text and text.endswith("ValueError: bad batch\n")
+    script.write_text("def step(:\n")
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SyntaxError as exc:
+        err2 = exc
+    assert user_traceback(err2.__traceback__.tb_next) is None
