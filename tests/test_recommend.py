@@ -1411,7 +1411,10 @@ def test_a_failed_run_leaves_out_the_step_it_failed_in(tmp_path):
             "optimizer_steps": 3, "ended_unix": 101.0 - r, "status": "error"})
     write_sidecar(tmp_path / "run.json", "run", None, {
         "world_size": 2, "schedule": {"wait": 1, "warmup": 1, "active": 3}, "exit_code": 1,
-        "failed_ranks": {"1": "ValueError: planted", "0": "RuntimeError: Connection closed"}})
+        "failed_ranks": {"1": "ValueError: planted", "0": (
+            "RuntimeError: [/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+            "Connection closed by peer [127.0.0.1]:38040. This is typically caused by a remote "
+            "worker crashing. GLHF!")}})
     rep = build_report(load_traces(tmp_path))
     bd = rep.results["time_breakdown"]
     assert sorted(map(tuple, bd.unfinished[["rank", "step"]].to_numpy().tolist())) == [
@@ -1421,7 +1424,10 @@ def test_a_failed_run_leaves_out_the_step_it_failed_in(tmp_path):
     assert tot.loc[0, "span_us"] == 20000 and tot.loc[0, "exposed_comm_us"] == 0
     assert tot.loc[0, "compute_only_us"] == 12000 and tot.loc[0, "idle_pct"] == 40.0
     res = rep.results["recommendations"]
-    assert res.verdict.startswith("The run failed: rank 1 failed first: ValueError: planted; ")
+    # the consequence in its first sentence, without torch's source location
+    assert res.verdict.startswith("The run failed: rank 1 failed first: ValueError: planted; "
+                                  "rank 0 failed: RuntimeError: Connection closed by peer "
+                                  "[127.0.0.1]:38040. What was recorded: ")
     assert ("What was recorded: Step 10.0 ms (while profiled; IQR 10.0–10.0, range 10.0–10.0 "
             "ms over 2 steps) (step 3 left out: ranks 0, 1 ended inside it without finishing "
             "it): exposed communication 0.0% and idle 40.0% of the ranks' time.") in res.verdict

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 
 import pandas as pd
@@ -143,6 +144,18 @@ def causes_text(ctx: RuleContext, step_us: float | None = None) -> list[str]:
     return out
 
 
+#: A C++ source location in an error (``[/path/pair.cc:553] ``): where torch raised it.
+_SOURCE_AT = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|cu|h|hpp|py):\d+\]\s*")
+
+
+def _consequence(msg: str) -> str:
+    """A later rank's error, which the first failure caused, shortened for the verdict to its
+    first sentence without torch's C++ source location (the warnings keep it whole):
+    ``"RuntimeError: Connection closed by peer [127.0.0.1]:38040"``."""
+    short = _SOURCE_AT.sub("", msg).split(". ")[0].rstrip(".")
+    return short if len(short) <= 120 else short[:119] + "…"
+
+
 def failure_text(ctx: RuleContext) -> str | None:
     """What went wrong in a ``pardiag profile`` run, for the verdict to lead with: the hang
     (the collective it was stuck in, from the hang files), the ranks that failed or did not
@@ -154,7 +167,8 @@ def failure_text(ctx: RuleContext) -> str | None:
         more = f" (and {len(run.hang) - 1} more)" if len(run.hang) > 1 else ""
         return f"The run hung and was stopped: {run.hang[0]}{more}"
     failures = ctx.traces.failures()
-    parts = [f"rank {r} failed{' first' if i == 0 and len(failures) > 1 else ''}: {msg}"
+    parts = [f"rank {r} failed{' first' if i == 0 and len(failures) > 1 else ''}: "
+             f"{msg if i == 0 else _consequence(msg)}"
              for i, (r, msg) in enumerate(failures)][:3]
     if run.missing_ranks:
         parts.append(f"rank(s) {run.missing_ranks} did not finish")
