@@ -19,7 +19,7 @@ import pandas as pd
 
 from pardiag.layout import contention_note
 
-from ...analyses.breakdown import OUTLIER_STEP_FACTOR, TimeBreakdown
+from ...analyses.breakdown import OUTLIER_STEP_FACTOR, TimeBreakdown, run_step_periods
 from ...analyses.causes import CausesResult
 from ...analyses.critical_path import CriticalPathResult
 from ...analyses.dim_overlap import DimOverlapResult
@@ -198,17 +198,11 @@ def clean_step_periods(traces: TraceSet) -> tuple[list[float], int]:
     if sch is None:
         return [], 0
     first_clean = sch.wait + sch.warmup + sch.active
-    by_step: dict[int, list[float]] = {}
-    for meta in traces.rank_meta.values():
-        ends = {}
-        for row in meta.optimizer_step_times_us:
-            if isinstance(row, list) and len(row) == 3 and all(
-                    isinstance(x, (int, float)) for x in row):
-                ends[int(row[0])] = float(row[2])
-        for k in sorted(ends):
-            if k - 1 >= first_clean and k - 1 in ends and ends[k] > ends[k - 1]:
-                by_step.setdefault(k, []).append(ends[k] - ends[k - 1])
-    periods = [float(np.median(v)) for _, v in sorted(by_step.items())]
+    # every rank's periods (:func:`run_step_periods`); step window_end + 1 on: the step right
+    # after the window also holds the trace's export
+    rs = run_step_periods(traces)
+    rs = rs[(rs["step"] - 1 >= first_clean) & (rs["period_us"] > 0)]
+    periods = [float(v) for v in rs.groupby("step")["period_us"].median()]
     return periods, len(periods)
 
 
