@@ -402,3 +402,86 @@ def test_every_step_of_the_run_is_kept_with_its_period(tmp_path):
     page = render_html(rep, include_plotlyjs="cdn")
     assert "<h3>Every step of the run</h3>" in page
     assert "Step time over every step of the run (profiled steps shaded)" in page
+
+
+# -- the training step is the optimizer step --------------------------------------------------
+
+def _steps(n: int, dur: float = 100.0) -> pd.DataFrame:
+    return pd.DataFrame({"step": list(range(1, n + 1)),
+                         "start_us": [i * dur for i in range(n)],
+                         "end_us": [(i + 1) * dur for i in range(n)]})
+
+
+@pytest.mark.parametrize("opt_in, want", [
+    # accumulation of 4 over 8 profiler steps: two training steps of 4
+    ([3, 7], [(4, 0, 400, 4), (8, 400, 800, 4)]),
+    # the window began inside an accumulation (2 of 4 before the first optimizer step): left out;
+    # the steps after the last optimizer step are left out too
+    ([1, 5], [(6, 200, 600, 4)]),
+    # irregular: an epoch's last accumulation is shorter; 3 before the first (as many as the next)
+    ([2, 5, 7], [(3, 0, 300, 3), (6, 300, 600, 3), (8, 600, 800, 2)]),
+])
+def test_profiler_steps_join_into_one_step_per_optimizer_step(opt_in, want):
+    from pardiag.analyzer.trace.classify import training_steps
+    starts = [i * 100.0 + 50 for i in opt_in]   # inside profiler step i + 1
+    got = training_steps(_steps(8), pd.Series(starts).to_numpy())
+    assert [tuple(r) for r in got[["step", "start_us", "end_us", "profiler_steps"]]
+            .itertuples(index=False)] == want
+
+
+@pytest.mark.parametrize("opt_in", [
+    [],                      # no optimizer ranges: unknown, profiler steps kept
+    list(range(8)),          # one per profiler step: already training steps
+    [3],                     # one optimizer step: no period to join by
+    [3, 3, 7],               # two in one profiler step: several training steps in one
+])
+def test_profiler_steps_stay_without_the_evidence(opt_in):
+    from pardiag.analyzer.trace.classify import training_steps
+    starts = [i * 100.0 + 50 + 10 * opt_in[:k].count(i) for k, i in enumerate(opt_in)]
+    got = training_steps(_steps(8), pd.Series(starts, dtype=float).to_numpy())
+    assert got["step"].tolist() == list(range(1, 9))
+    assert got["profiler_steps"].tolist() == [1] * 8
+
+
+def _accumulating_rank(rank: int) -> TraceBuilder:
+    """DDP with gradient accumulation 4 and ``prof.step()`` per micro-batch: micro-batches 1-3
+    compute 900 µs in a 1000 µs profiler step; the 4th (1600 µs) computes 900 µs, all-reduces
+    400 µs and steps the optimizer."""
+    b = TraceBuilder(rank=rank, world_size=2)
+    t = EPOCH
+    for n in range(1, 9):
+        if n % 4:
+            b.step(n, t, 1000).kernel("gemm", t + 50, 900, launch_ts=t + 10)
+            t += 1000
+            continue
+        b.step(n, t, 1600).kernel("gemm", t + 50, 900, launch_ts=t + 10)
+        b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                 t + 950, 400, stream=20, launch_ts=t + 20,
+                 args={"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 1024,
+                       "Out msg nelems": 1024, "Group size": 2, "Process Group Name": "0",
+                       "Process Group Ranks": "[0, 1]", "Seq": str(n // 4)})
+        b.cpu("Optimizer.step#AdamW.step", t + 1400, 150, cat="user_annotation")
+        b.kernel("multi_tensor_apply_kernel", t + 1450, 100, launch_ts=t + 1410)
+        t += 1600
+    return b
+
+
+EPOCH = 1_700_000_000_000_000.0
+
+
+def test_a_step_with_gradient_accumulation_is_the_optimizer_step(tmp_path):
+    """Planted: 3 micro-batch profiler steps of 1000 µs, then one of 1600 µs that all-reduces
+    and steps the optimizer; twice. The step is 3 × 1000 + 1600 = 4600 µs, numbered 4 and 8,
+    and no profiler step is an outlier to leave out. On the device a step runs from its first
+    kernel to the next step's first kernel (4600 µs), the last to its last kernel's end
+    (4500 µs)."""
+    for r in range(2):
+        _accumulating_rank(r).write(tmp_path / f"rank{r}.json")
+    b = compute_time_breakdown(load_traces(tmp_path))
+    assert b.steps.groupby("rank")["step"].apply(list).to_dict() == {0: [4, 8], 1: [4, 8]}
+    assert (b.steps["end_us"] - b.steps["start_us"]).tolist() == [4600.0, 4500.0] * 2
+    run = b.step_time[b.step_time["rank"].isna()].iloc[0]
+    assert run["median_us"] == 4550.0 and run["outlier_steps"] == []
+    assert b.joined_text() == ("a step is one optimizer step: 4 profiler steps each (gradient "
+                               "accumulation; the optimizer stepped in profiler step(s) 4, 8 "
+                               "only)")

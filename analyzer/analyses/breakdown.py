@@ -87,6 +87,11 @@ class TimeBreakdown:
         run_steps: every optimizer step of the whole run, profiled or not, per rank
             (:func:`run_step_periods`): ``rank``, ``step``, ``period_us``, ``profiled``;
             empty for traces from elsewhere.
+        joined: the training steps that join several profiler steps, one per optimizer step
+            (gradient accumulation with ``prof.step()`` per micro-batch;
+            :func:`pardiag.analyzer.trace.classify.training_steps`): ``rank``, ``step`` (the
+            profiler step that holds the optimizer step), ``profiler_steps`` (how many);
+            empty when each profiler step is a training step.
         unfinished: the profiler steps a rank ended inside without finishing them
             (:meth:`pardiag.analyzer.trace.traceset.TraceSet.first_unfinished_step`: the step
             a rank failed or hung in, or a script's tail after its last optimizer step): the
@@ -107,6 +112,22 @@ class TimeBreakdown:
                                                       *BREAKDOWN_COLUMNS]))
     run_steps: pd.DataFrame = dataclasses.field(
         default_factory=lambda: pd.DataFrame(columns=list(RUN_STEP_COLUMNS)))
+    joined: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=["rank", "step", "profiler_steps"]))
+
+    def joined_text(self) -> str | None:
+        """``"a step is one optimizer step: 4 profiler steps each (gradient accumulation; the
+        optimizer stepped in profiler steps 4, 8 only)"`` when :attr:`joined` has rows, else
+        None."""
+        j = self.joined
+        if j is None or j.empty:
+            return None
+        counts = sorted({int(n) for n in j["profiler_steps"]})
+        each = (f"{counts[0]} profiler steps each" if len(counts) == 1
+                else f"{counts[0]}–{counts[-1]} profiler steps each")
+        at = sorted({int(s) for s in j["step"]})
+        return (f"a step is one optimizer step: {each} (gradient accumulation; the optimizer "
+                f"stepped in profiler step(s) {', '.join(map(str, at))} only)")
 
     def unfinished_text(self) -> str | None:
         """``"step 3 left out: ranks 0, 1 ended inside it without finishing it"``, or None."""
@@ -312,8 +333,14 @@ def compute_time_breakdown(traces: TraceSet,
     totals: list[dict] = []
     steps: list[dict] = []
     colls: list[dict] = []
+    joined: list[dict] = []
     for rank, trace in traces.ranks.items():
-        total, step_rows, coll_rows = summary_of(trace, comm_patterns).breakdown
+        summary = summary_of(trace, comm_patterns)
+        total, step_rows, coll_rows = summary.breakdown
+        if "profiler_steps" in summary.steps:
+            j = summary.steps[summary.steps["profiler_steps"] > 1]
+            joined.extend({"rank": rank, "step": int(s), "profiler_steps": int(n)}
+                          for s, n in zip(j["step"], j["profiler_steps"]))
         doc = traces.sidecars.get("comms", {}).get(rank)
         if doc:
             coll_rows = with_record_counts(coll_rows, doc.records)
@@ -333,7 +360,8 @@ def compute_time_breakdown(traces: TraceSet,
     return TimeBreakdown(
         totals=totals_df, steps=steps_df, collectives=pd.DataFrame(colls, columns=coll_cols),
         step_means=step_means(steps_df), overall=overall_shares(totals_df),
-        unfinished=unfinished, run_steps=run_step_periods(traces))
+        unfinished=unfinished, run_steps=run_step_periods(traces),
+        joined=pd.DataFrame(joined, columns=["rank", "step", "profiler_steps"]))
 
 
 

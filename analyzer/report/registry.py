@@ -422,7 +422,8 @@ def report_document(report: Report) -> js.ReportDocument:
         "schema_version": REPORT_SCHEMA_VERSION,
         "source": report.traces.source,
         "warnings": list(report.traces.warnings),
-        "notes": [n for t in report.traces.ranks.values() for n in t.notes],
+        "notes": [n for t in report.traces.ranks.values() for n in t.notes]
+        + [f"Steps: {t}" for t in [report.time_breakdown.joined_text()] if t],
         "run": report.traces.run_info,
     }
     for a in ANALYSES:

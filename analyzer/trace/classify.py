@@ -236,16 +236,22 @@ def transport(trace: RankTrace) -> np.ndarray:
 
 
 def profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
-    """The ``ProfilerStep#N`` windows of a rank on the CPU timeline.
+    """The training steps of a rank on the CPU timeline: its ``ProfilerStep#N`` windows, or,
+    where the optimizer steps once every few profiler steps (gradient accumulation with
+    ``prof.step()`` per micro-batch), those profiler steps joined into one step per optimizer
+    step (:func:`training_steps`).
 
     Annotations with the same step number are merged (earliest start, latest end). Computed
     once per trace (which events are steps does not depend on ``--comm-kernel`` patterns).
 
     Returns:
-        DataFrame with columns ``step`` (int), ``start_us``, ``end_us`` (float, trace clock),
-        sorted by start.
+        DataFrame with columns ``step`` (int: the profiler step number, or that of the profiler
+        step that holds the optimizer step), ``start_us``, ``end_us`` (float, trace clock),
+        ``profiler_steps`` (int: how many profiler steps the step joins, 1 without
+        accumulation), sorted by start.
     """
-    return cached(trace, "profiler_steps", lambda: _profiler_steps(trace, kinds))
+    return cached(trace, "profiler_steps",
+                  lambda: training_steps(_profiler_steps(trace, kinds), optimizer_steps(trace)))
 
 
 def _profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
@@ -258,6 +264,54 @@ def _profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
     df = df.groupby("step", as_index=False).agg(start_us=("start_us", "min"),
                                                 end_us=("end_us", "max"))
     return df.sort_values("start_us", kind="stable").reset_index(drop=True)
+
+
+def optimizer_steps(trace: RankTrace) -> np.ndarray:
+    """Start times (µs, trace clock, sorted) of the rank's optimizer steps: the host ranges
+    torch's optimizers record around ``step()`` (:data:`vocab.OPTIMIZER_STEP_RE`)."""
+    ev = trace.events
+    hit = (isin_mask(ev["cat"], ["user_annotation", "cpu_op"])
+           & name_test(trace, "optimizer_step", vocab.OPTIMIZER_STEP_RE.match))
+    return np.sort(ev["ts"].to_numpy(dtype=float)[hit])
+
+
+def training_steps(steps: pd.DataFrame, optimizer_starts: np.ndarray) -> pd.DataFrame:
+    """Profiler steps (``step``, ``start_us``, ``end_us``) joined into training steps, one per
+    optimizer step, when the evidence says the optimizer steps once every few profiler steps.
+
+    The evidence: every profiler step holds at most one optimizer step, and some hold none
+    while others hold one. A training step is then the profiler steps after one optimizer
+    step up to and including the next; it takes the number of the profiler step that holds its
+    optimizer step. The profiler steps before the first optimizer step form a training step
+    only when they are as many as those of the next one (else the window began inside an
+    accumulation); those after the last optimizer step are left out (no optimizer step ended
+    them). Without that evidence (no optimizer ranges recorded, one in every profiler step,
+    several in one profiler step, or only one optimizer step to measure the period by) the
+    profiler steps stay as they are.
+
+    Returns:
+        ``steps`` with a ``profiler_steps`` column (int, profiler steps per row), joined
+        where the evidence holds; sorted by start.
+    """
+    out = steps.assign(profiler_steps=np.ones(len(steps), dtype=np.int64))
+    if len(steps) < 2 or len(optimizer_starts) < 2:
+        return out
+    starts = steps["start_us"].to_numpy(dtype=float)
+    ends = steps["end_us"].to_numpy(dtype=float)
+    held = np.array([int(((optimizer_starts >= s) & (optimizer_starts < e)).sum())
+                     for s, e in zip(starts, ends)])
+    if held.max() > 1 or held.min() > 0 or (held == 1).sum() < 2:
+        return out
+    ends_at = np.flatnonzero(held == 1)
+    groups = [range(int(a) + 1, int(b) + 1) for a, b in zip(ends_at[:-1], ends_at[1:])]
+    if ends_at[0] + 1 == len(groups[0]):
+        groups.insert(0, range(0, int(ends_at[0]) + 1))
+    numbers = steps["step"].to_numpy()
+    return pd.DataFrame({
+        "step": np.array([numbers[g[-1]] for g in groups], dtype=np.int64),
+        "start_us": np.array([starts[g[0]] for g in groups], dtype=float),
+        "end_us": np.array([ends[g[-1]] for g in groups], dtype=float),
+        "profiler_steps": np.array([len(g) for g in groups], dtype=np.int64)})
 
 
 _NCCL_TYPE_RE = re.compile(

@@ -270,6 +270,39 @@ HOST_SYNC_RE = re.compile(r"^(cuda|hip)(Stream|Device|Event)Synchronize"
 OPTIMIZER_RE = re.compile(r"optimizer", re.IGNORECASE)
 
 
+#: The range torch's optimizers record around each ``step()`` (``Optimizer.step#AdamW.step``;
+#: every ``torch.optim.Optimizer`` subclass records it): one per optimizer step.
+OPTIMIZER_STEP_RE = re.compile(r"^Optimizer\.step#")
+
+
+#: Names of a mixture of experts' routing (host ops, ranges or kernels): the gate's top-k
+#: (``aten::topk``, its ``sbtopk`` kernels), routers and gates, MoE layers and experts, grouped
+#: GEMMs. Evidence that an all-to-all dispatches tokens to experts.
+ROUTER_RE = re.compile(r"^aten::topk$|sbtopk|router|gating|topkgate|moelayer|(^|[^a-z])moe"
+                       r"|expert|grouped_?gemm", re.IGNORECASE)
+
+
+#: Names of a sequence-parallel exchange (DeepSpeed-Ulysses' ``_SeqAllToAll`` autograd function,
+#: its ``DistributedAttention``): evidence that an all-to-all swaps sequence and head shards.
+SEQUENCE_EXCHANGE_RE = re.compile(r"seq_?all_?to_?all|ulysses|distributedattention",
+                                  re.IGNORECASE)
+
+
+#: Attention's computation (host ops, autograd nodes, kernels): ``aten::scaled_dot_product_*``,
+#: ``aten::_flash_attention_forward``, ``void flash::flash_fwd_kernel<...>``, ``fmha_*``, ...
+ATTENTION_RE = re.compile(r"attention|attn|fmha|scaled_dot_product|(^|[^a-z])flash(::|_)",
+                          re.IGNORECASE)
+
+
+#: Ops that only move or reshape data (views, copies, concatenation), skipped when looking for
+#: the computation next to a collective.
+RESHAPE_OP_RE = re.compile(r"^aten::(view|reshape|_reshape_alias|transpose|permute|contiguous|t"
+                           r"|as_strided|split|split_with_sizes|chunk|cat|stack|select|slice"
+                           r"|unflatten|flatten|expand|clone|copy_|empty|empty_like|empty_strided"
+                           r"|detach|to|_to_copy|narrow|squeeze|unsqueeze|zeros|zeros_like)$"
+                           r"|copy_kernel|CatArrayBatchedCopy|^Memcpy|^Memset", re.IGNORECASE)
+
+
 #: Ranges of the backward (autograd's ``evaluate_function: ...Backward0``).
 BACKWARD_RE = re.compile(r"backward", re.IGNORECASE)
 
@@ -282,7 +315,8 @@ MARKER_RES = {
     "zero": re.compile(r"ZeroRedundancyOptimizer"),
     "functional": re.compile(r"^_?c10d_functional::(all_reduce|all_gather_into_tensor"
                              r"|reduce_scatter_tensor)"),
-    "all_to_all": re.compile(r"^(c10d::alltoall|gloo:all_to_all|nccl:all_to_all)"),
+    "all_to_all": re.compile(r"^(c10d::alltoall|gloo:all_to_all|nccl:all_to_all"
+                             r"|_?c10d_functional::all_to_all)"),
     # DeepSpeed ZeRO-3's autograd functions (deepspeed/runtime/zero/linear.py,
     # parameter_offload.py), run for every partitioned module
     "zero3": re.compile(r"LinearFunctionForZeroStage3|PreBackwardFunctionForModule"

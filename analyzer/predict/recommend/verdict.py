@@ -43,6 +43,8 @@ def spread_text(ctx: RuleContext) -> str:
     else:
         text = (f" (IQR {run['q1_us'] / 1e3:.1f}–{run['q3_us'] / 1e3:.1f}, range "
                 f"{run['min_us'] / 1e3:.1f}–{run['max_us'] / 1e3:.1f} ms over {n} steps)")
+    if joined := ctx.breakdown.joined_text():
+        text += f"; {joined}"
     if run["outlier_steps"]:
         text += (f"; step(s) {run['outlier_steps']} over {OUTLIER_STEP_FACTOR:g}× the median "
                  f"left out")
