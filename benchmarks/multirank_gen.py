@@ -361,6 +361,14 @@ def _layer_pass(job, P, rank, dims, prog, fwd: bool, dp_role: str):
             n = len(g)
             prog.append(_comm("all_gather", g, (P["ag_n"] * n * ELEM,), dep="start"))
             prog.append(_Ins("wait", ref=len(prog) - 1))
+        if "cp" in names:   # Ulysses: q, k, v to head shards, attention, back to sequence shards
+            g = _group(rank, dims, "cp")
+            for k in (range(4) if fwd else range(3, -1, -1)):
+                if k == 3:
+                    prog.append(_Ins("comp", dur=0.5 * F if fwd else F,
+                                     name="attention" if fwd else "attention_bwd"))
+                prog.append(_comm("all_to_all", g, (P["a2a_n"] * ELEM,)))
+                prog.append(_Ins("wait", ref=len(prog) - 1))
         prog.append(_Ins("comp", dur=F if fwd else 2 * F, name="gemm"))
         if "tp" in names:
             prog.append(_comm("all_reduce", _group(rank, dims, "tp"), (P["tp_n"] * ELEM,),
@@ -368,6 +376,8 @@ def _layer_pass(job, P, rank, dims, prog, fwd: bool, dp_role: str):
             prog.append(_Ins("wait", ref=len(prog) - 1))
         if "ep" in names:
             g = _group(rank, dims, "ep")
+            if fwd:   # the gate: router logits and their top-k pick each token's experts
+                prog.append(_Ins("comp", dur=0.05 * F, name="router"))
             for k in range(2):
                 prog.append(_comm("all_to_all", g, (P["a2a_n"] * ELEM,),
                                   nk=_multi_kernel(job, len(g)),
@@ -756,6 +766,15 @@ _GEMM = {"nvidia": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_
 _OPTIM = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
           "(anonymous namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::"
           "FusedAdamMathFunctor<float, 4>>(...)")
+#: The gate's top-k (torch's sort-based top-k kernel, on every vendor's build of torch).
+_TOPK = ("void at::native::sbtopk::gatherTopK<c10::BFloat16, unsigned int, 2, false>"
+         "(at::cuda::detail::TensorInfo<c10::BFloat16 const, unsigned int>, ...)")
+#: FlashAttention's forward and backward kernels.
+_FLASH = ("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
+          "cutlass::bfloat16_t>, false, false, false, false, true, true, false>(...)",
+          "void flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, "
+          "64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t>, false, false, false, false>"
+          "(...)")
 _EXPERT = ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn"
            "_align8>")
 
@@ -864,10 +883,13 @@ class _Emitter:
     def comp(self, ev: list, rec: dict) -> None:
         ext, corr = self.nid("ext"), self.nid("corr")
         v = _vendor(self.job)
-        kname = {"gemm": _GEMM[v], "optim": _OPTIM, "expert": _EXPERT}[rec["name"]]
-        if v != "nvidia" and rec["name"] != "gemm":
+        kname = {"gemm": _GEMM[v], "optim": _OPTIM, "expert": _EXPERT,
+                 "router": _TOPK, "attention": _FLASH[0], "attention_bwd": _FLASH[1]}[rec["name"]]
+        if v != "nvidia" and rec["name"] not in ("gemm", "router", "attention", "attention_bwd"):
             kname = _GEMM[v]
-        op = "aten::mm" if rec["name"] != "optim" else "aten::_fused_adamw_"
+        op = {"optim": "aten::_fused_adamw_", "router": "aten::topk",
+              "attention": "aten::_flash_attention_forward",
+              "attention_bwd": "aten::_flash_attention_backward"}.get(rec["name"], "aten::mm")
         self.x(ev, "cpu_op", op, rec["cpu"], rec["cpu"] + 12.0, {"External id": ext})
         self.launch(ev, rec["launch"], ext, corr, kname, rec["start"], rec["end"], "compute",
                     None, False)
@@ -1439,7 +1461,8 @@ def random_job(rng: random.Random, kind: str | None = None,
             ({"dp": 2, "tp": 2}, "ddp"), ({"fsdp": 2, "tp": 4}, "fsdp"),
             ({"dp": 4, "tp": 2}, "ddp"), ({"dp": 2, "ep": 4}, "ep"),
             ({"pp": 2, "dp": 2, "tp": 2}, "pp_1f1b"), ({"dp": 2, "fsdp": 2}, "fsdp"),
-            ({"dp": 2, "fsdp": 2, "tp": 2}, "fsdp"), ({"pp": 4, "dp": 2}, "pp_1f1b")])
+            ({"dp": 2, "fsdp": 2, "tp": 2}, "fsdp"), ({"pp": 4, "dp": 2}, "pp_1f1b"),
+            ({"dp": 2, "cp": 4}, "ddp")])
         job.ranks_per_host = rng.choice([4, 8])
     elif kind == "independent_groups":
         job.schedule = rng.choice(["ddp", "tp"])

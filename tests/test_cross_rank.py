@@ -6,6 +6,7 @@ repro cases in ../shared/repros (each with its expect.json)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,9 @@ def _report(args, tmp_path) -> dict:
 
 #: Repro kinds the cross-rank model does not handle yet, with what goes wrong: each must fail
 #: (strict), so that a change that fixes one says so by failing here.
-OPEN_KINDS: dict[str, str] = {}
+OPEN_KINDS: dict[str, str] = {
+    "h50_one_process_two_gpus_device_map_auto": "two devices of one process read as one",
+}
 
 
 def _cases():
@@ -99,6 +102,38 @@ def test_repro_case_gives_its_expected_values(case, tmp_path):
         assert got and all(g == pytest.approx(want, rel=0.05) for g in got), (op, got)
     if exp.get("clear_error_or_warning"):   # analysed, and the user is told what was assumed
         assert [w for w in d["warnings"] if "expect.json" not in w], d["warnings"]
+    _extra_keys(exp, d)
+
+
+def _extra_keys(exp: dict, d: dict) -> None:
+    """The keys ../shared/tools/check_repros_extra.py judges: the verdict's straggler, the
+    pipeline's layout and bubbles, what must not be inferred, a line that names the problem,
+    and the step."""
+    layout = d["layout"] or {}
+    lp = layout.get("pipeline") or {}
+    dims = {k: v for k, v in (layout.get("dims") or {}).items() if v != 1}
+    if "verdict_straggler" in exp:
+        assert d.get("straggler") == exp["verdict_straggler"]
+    for k, want in (exp.get("pipeline_layout") or {}).items():
+        got = lp.get(k)
+        assert ({str(a): b for a, b in got.items()} if isinstance(got, dict) else got) == want, k
+    summ = {str(r["rank"]): r["bubble_pct"] for r in (d.get("pipeline") or {}).get("summary") or []}
+    for rank, want in (exp.get("bubble_pct") or {}).items():
+        assert summ.get(rank) == pytest.approx(want, abs=0.5), rank
+    if exp.get("pipeline_null"):
+        assert d.get("pipeline") is None and not lp and "pp" not in dims
+    for dim in exp.get("layout_dims_exclude") or []:
+        assert dim not in dims, dims
+    for st in exp.get("strategies_exclude") or []:
+        assert st not in (layout.get("strategies") or []), layout.get("strategies")
+    if exp.get("routing_empty"):
+        ro = d.get("routing") or {}
+        assert not ro.get("groups") and not ro.get("instances")
+    if "warning_regex" in exp:
+        lines = [*d["warnings"], *d["notes"], d.get("verdict") or ""]
+        assert any(re.search(exp["warning_regex"], ln) for ln in lines), lines
+    if "step_us" in exp:
+        assert (d.get("step") or {}).get("median_us") == pytest.approx(exp["step_us"], rel=0.05)
 
 
 def test_repro_cases_are_found():

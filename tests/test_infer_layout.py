@@ -448,3 +448,68 @@ def test_groups_of_unnamed_ops_from_the_mesh(tmp_path):
         [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]},
          {"pg_name": "3", "pg_desc": "mesh_tp", "ranks": [r]}] for r in (0, 1)]))
     assert groups_from_mesh(ev[ev["rank"] < 2], one)["group"].eq("").all()
+
+
+# -- what the all-to-alls carry, by evidence ----------------------------------------------------
+
+PG_WORLD4 = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+             {"pg_name": "1", "pg_desc": "undefined", "pg_size": 4, "ranks": [0, 1, 2, 3]}]
+
+
+def _a2a_rank(rank: int, around: str, router: bool = False, splits: str = "[]") -> TraceBuilder:
+    """A GPU rank of 4 whose layer runs q/k/v all-to-alls, then ``around`` (a kernel name), then
+    one more all-to-all, twice; ``router``: an ``aten::topk`` before them."""
+    b = TraceBuilder(rank=rank, world_size=4, pid=100 + rank, main_tid=100 + rank)
+    b.step(1, 0, 4000)
+    t = 10.0
+    args = {"Collective name": "all_to_all", "dtype": "BFloat16", "In msg nelems": 4096,
+            "Out msg nelems": 4096, "Group size": 4, "In split size": splits,
+            "Out split size": splits, "Process Group Name": "1",
+            "Process Group Description": "undefined", "Process Group Ranks": "[0, 1, 2, 3]"}
+    for _ in range(2):
+        b.kernel("sm90_xmma_gemm_bf16bf16_bf16f32", t, 200, launch_ts=t - 5)
+        t += 210
+        if router:
+            b.cpu("aten::topk", t - 8, 5)
+            b.kernel("void at::native::sbtopk::gatherTopK<float>", t, 20, launch_ts=t - 5)
+            t += 30
+        for _ in range(3):
+            b.cpu("nccl:all_to_all", t - 5, 4, args=args)
+            b.cpu("record_param_comms", t - 4, 2, args=args)
+            b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", t, 60, stream=20,
+                     launch_ts=t - 3, args=args)
+            t += 70
+        b.kernel(around, t, 300, launch_ts=t - 5)
+        t += 310
+        b.cpu("nccl:all_to_all", t - 5, 4, args=args)
+        b.cpu("record_param_comms", t - 4, 2, args=args)
+        b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", t, 60, stream=20,
+                 launch_ts=t - 3, args=args)
+        t += 70
+    return b
+
+
+@pytest.mark.parametrize("around, router, splits, dims, strategies, unknown", [
+    # all-to-alls around attention, no router: Ulysses' sequence exchange
+    ("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", False, "[]",
+     {"cp": 4}, ["cp"], None),
+    # around the experts' GEMM after a top-k gate: expert parallelism
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>", True, "[]",
+     {"ep": 4}, ["ep"], None),
+    # split sizes that differ: tokens routed unevenly
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>", False, "[1024, 512, 2048, 512]",
+     {"ep": 4}, ["ep"], None),
+    # a gate and attention next to the all-to-alls: the evidence disagrees
+    ("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", True, "[]",
+     {}, [], "expert dispatch by"),
+    # neither: nothing says what they carry
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>", False, "[]",
+     {}, [], "no router"),
+])
+def test_all_to_alls_are_named_by_what_they_carry_or_unknown(tmp_path, around, router, splits,
+                                                            dims, strategies, unknown):
+    ranks = [_a2a_rank(r, around, router, splits) for r in range(4)]
+    lay = infer_layout(load_traces(_write(tmp_path, ranks, [PG_WORLD4] * 4)))
+    assert lay.dims == dims and lay.strategies == strategies
+    said = [ln for ln in lay.not_inferred if "what the all-to-alls carry is unknown" in ln]
+    assert (said and unknown in said[0]) if unknown else not said, lay.not_inferred

@@ -9,7 +9,10 @@ A run profiled with plain ``torch.profiler`` (or torchtitan's, Megatron's profil
   FSDP1 ``FullyShardedDataParallel.*``, DDP ``DistributedDataParallel.forward``,
   ``ZeroRedundancyOptimizer`` steps (with their ``broadcast``s);
 * tensor parallelism's functional collectives (``_c10d_functional::all_reduce``,
-  ``all_gather_into_tensor``, ``reduce_scatter_tensor``); expert parallelism's ``all_to_all``;
+  ``all_gather_into_tensor``, ``reduce_scatter_tensor``); ``all_to_all``, read as expert
+  parallelism when routing shows (a top-k gate, split sizes that differ), as sequence
+  parallelism when it swaps shards around attention (Ulysses), else unknown
+  (:func:`all_to_all_role`);
 * ``torch.distributed.pipelining``'s ranges: ``Forward i`` / ``Backward i`` (GPipe),
   ``PP:{stage}F{mb}`` / ``PP:{stage}B{mb}`` / ``I`` / ``W`` (schedules run by the action runtime,
   e.g. Interleaved1F1B); Schedule1F1B marks no microbatch; and the point-to-point messages between
@@ -39,7 +42,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..per_rank.layout_marks import CHUNK_COLUMNS, MARKERS
+from ..per_rank.layout_marks import A2A_EVIDENCE, CHUNK_COLUMNS, MARKERS
 from ..per_rank.summary import summary_of
 from ..trace import vocab
 from ..trace.traceset import (
@@ -67,7 +70,7 @@ class InferredLayout:
         dims: ``{dim: degree}`` (``dp``, ``tp``, ``pp``, ``ep``, ``cp``); only degrees the traces
             determine.
         strategies: sorted, in pardiag's vocabulary: ``ddp``, ``fsdp1``, ``fsdp2``, ``zero1``,
-            ``tp``, ``ep``, ``pipeline``.
+            ``tp``, ``ep``, ``cp``, ``pipeline``.
         pipeline: ``{"schedule"`` (torch's class name: ``ScheduleGPipe``, ``Schedule1F1B``,
             ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``), ``"stages"``,
             ``"microbatches"``, ``"pp_group_size"``, ``"stages_per_rank"``, ``"stage_ranks"``
@@ -116,14 +119,15 @@ def _world(traces: TraceSet) -> int:
     return max(sizes) if sizes else len(traces.ranks)
 
 
-def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None
+def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | None
                ) -> tuple[dict, dict, dict, tuple[str, ...]]:
     """``({dim: degree}, {dim: "descriptions"}, {rank: {dim: group ranks}}, notes)`` from the
     process groups, a mesh or nothing (:func:`pardiag.analyzer.analyses.mesh.mesh_dims`: dp of a
     hybrid mesh is replicate × shard; a flattened ``mesh_dp`` is no further dimension). Groups
     come from ``distributedInfo.pg_config`` and from the communication ``events``' group ranks;
     a group whose description names no dimension is named by the ops that ran over it
-    (:func:`pardiag.analyzer.analyses.mesh.role_of`)."""
+    (:func:`pardiag.analyzer.analyses.mesh.role_of`; an all-to-all group by ``a2a_role``,
+    :func:`all_to_all_role`)."""
     groups = [(str(vocab.PG_CONFIG_DESC.get(g, "")), list(vocab.PG_CONFIG_RANKS.get(g)))
               for t in traces.ranks.values() for g in t.pg_config]
     roles = {}
@@ -134,11 +138,50 @@ def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None
             members = frozenset(int(r) for r in ranks.split(","))
             groups.append((desc, sorted(members)))
             role = role_of(sub["op"].value_counts().to_dict(),
-                           float(sub["functional"].astype(bool).mean()))
+                           float(sub["functional"].astype(bool).mean()), a2a_role)
             if role:
                 roles[members] = role
     m = mesh_dims(groups, roles, _world(traces))
     return dict(m.dims), dict(m.descs), m.member, m.notes
+
+
+#: All-to-alls next to attention, as a share of all of them, that say a sequence exchange.
+ATTENTION_SHARE = 0.5
+
+
+def all_to_all_role(traces: TraceSet, marks: dict) -> tuple[str | None, str]:
+    """What the run's all-to-alls carry, by weighing the evidence of every rank
+    (:func:`pardiag.analyzer.per_rank.layout_marks.all_to_all_evidence`): ``("ep", line)``
+    when they dispatch tokens to experts (split sizes that differ, or routing's ops: a top-k
+    gate, routers, experts), ``("cp", line)`` when they exchange sequence and head shards
+    (named so, or next to attention in at least :data:`ATTENTION_SHARE` of them: Ulysses-style
+    sequence parallelism), and ``(None, line)`` when the evidence is for both or for neither:
+    the line names it. ``line`` is one line of evidence, or of what stays unknown."""
+    total = {k: sum(m.counts.get(k, 0) for m in marks.values()) for k in A2A_EVIDENCE}
+    uneven = 0
+    for t in traces.ranks.values():
+        a2a = summary_of(t).a2a
+        if len(a2a):
+            uneven += sum(isinstance(s, list) and len(set(s)) > 1 for s in a2a["send_splits"])
+    routing = [s for s, n in ((f"{uneven} with split sizes that differ", uneven),
+                              (f"{total['router']} routing events (top-k gate, router, experts)",
+                               total["router"])) if n]
+    n = total["a2a_events"]
+    near = total["a2a_attention"]
+    sequence = [s for s, hit in (
+        (f"{total['sequence_exchange']} events named as a sequence exchange (_SeqAllToAll, "
+         f"Ulysses)", total["sequence_exchange"] > 0),
+        (f"{near} of {n} next to attention", n > 0 and near >= ATTENTION_SHARE * n)) if hit]
+    if routing and not sequence:
+        return "ep", f"they dispatch tokens to experts ({'; '.join(routing)})"
+    if sequence and not routing:
+        return "cp", ("they exchange sequence and head shards around attention "
+                       f"({'; '.join(sequence)})")
+    if routing:
+        return None, (f"what the all-to-alls carry is unknown: expert dispatch by "
+                      f"{'; '.join(routing)}, but a sequence exchange by {'; '.join(sequence)}")
+    return None, ("what the all-to-alls carry is unknown: no router, no split sizes that differ "
+                  "and no attention next to them say expert (ep) or sequence (cp) parallelism")
 
 
 def _global_peers(traces: TraceSet, marks: dict, member: dict) -> tuple[dict, list[str]]:
@@ -231,14 +274,15 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
     marks = {r: summary_of(t).marks for r, t in traces.ranks.items()}
     world = _world(traces)
     evidence, missing = [], []
-    dims, descs, member, mesh_notes = _mesh_dims(traces, events)
+    a2a_role, a2a_line = all_to_all_role(traces, marks)
+    dims, descs, member, mesh_notes = _mesh_dims(traces, events, a2a_role)
     missing += list(mesh_notes)
     for d, n in dims.items():
         evidence.append(f"{d}={n}: process groups {descs[d]}" if "running" in descs[d] else
                         f"{d}={n}: process groups described as {descs[d]} "
                         f"(distributedInfo.pg_config)")
-    strategies = _strategies(marks, events, evidence, missing)
-    for d, s in (("tp", "tp"), ("ep", "ep")):
+    strategies = _strategies(marks, events, evidence, missing, (a2a_role, a2a_line))
+    for d, s in (("tp", "tp"), ("ep", "ep"), ("cp", "cp")):
         if d in dims:
             strategies.add(s)
 
@@ -264,7 +308,7 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
         rest //= max(int(d), 1)
     unknown = [d for d, s in (("dp", {"ddp", "fsdp1", "fsdp2", "zero1", "zero", "zero3"}),
                               ("tp", {"tp"}),
-                              ("ep", {"ep"})) if strategies & s and d not in dims]
+                              ("ep", {"ep"}), ("cp", {"cp"})) if strategies & s and d not in dims]
     if len(unknown) == 1 and rest > 1:
         dims[unknown[0]] = rest
         evidence.append(
@@ -340,17 +384,18 @@ _MARK_STRATEGIES = {
     "zero": ("zero1", "ZeroRedundancyOptimizer step ranges"),
     "functional": ("tp", "functional collectives (_c10d_functional::all_reduce / "
                          "all_gather_into_tensor / reduce_scatter_tensor)"),
-    "all_to_all": ("ep", "all-to-all collectives (taken as expert parallelism)"),
+    "all_to_all": ("", "all-to-all collectives"),   # what they carry: all_to_all_role
     "zero3": ("zero3", "DeepSpeed ZeRO-3's LinearFunctionForZeroStage3 / "
                        "Pre/PostBackwardFunction autograd functions")}
 
 
 def _strategies(marks: dict, events: pd.DataFrame | None, evidence: list[str],
-                missing: list[str]) -> set[str]:
+                missing: list[str], a2a: tuple[str | None, str]) -> set[str]:
     """The strategies the ranks' marks show (:data:`_MARK_STRATEGIES`; functional collectives
-    that are only scalar reductions are none, :func:`_scalar_reductions`), else ZeRO-1/2 by its
-    pattern (:func:`_zero12`); appends a line of evidence per strategy to ``evidence`` and what
-    stays unknown to ``missing``."""
+    that are only scalar reductions are none, :func:`_scalar_reductions`; all-to-alls are the
+    strategy ``a2a`` names, ``(role, line)`` of :func:`all_to_all_role`, or none when it is
+    unknown), else ZeRO-1/2 by its pattern (:func:`_zero12`); appends a line of evidence per
+    strategy to ``evidence`` and what stays unknown to ``missing``."""
     total = {k: sum(m.counts.get(k, 0) for m in marks.values()) for k in MARKERS}
     first_rank = {k: next((r for r, m in marks.items() if m.counts.get(k)), None) for k in MARKERS}
     strategies = set()
@@ -359,6 +404,11 @@ def _strategies(marks: dict, events: pd.DataFrame | None, evidence: list[str],
         total["functional"] = 0
         evidence.append(tp_note)
     for key, (strategy, text) in _MARK_STRATEGIES.items():
+        if total[key] and key == "all_to_all":
+            if a2a[0] is None:
+                missing.append(a2a[1])
+                continue
+            strategy, text = a2a[0], f"{text}: {a2a[1]}"
         if total[key]:
             strategies.add(strategy)
             evidence.append(f"{strategy}: {text}, {total[key]} events "

@@ -66,9 +66,12 @@ def _not_a_dim(desc: str | None) -> bool:
     return d == "default_pg" or bool(m and MEGATRON_GROUPS.get(m.group(1), "") is None)
 
 
-def role_of(ops: dict[str, int], functional: float) -> str | None:
+def role_of(ops: dict[str, int], functional: float, all_to_all: str | None = "ep"
+            ) -> str | None:
     """The dimension a group serves, from the ops that ran over it: point-to-point → ``pp``
-    (pipeline stages), all-to-all → ``ep`` (token dispatch), ops issued mostly through functional
+    (pipeline stages), all-to-all → ``all_to_all`` (what the run's evidence says its
+    all-to-alls carry: ``ep`` for token dispatch, ``cp`` for a sequence exchange, None when
+    unknown), ops issued mostly through functional
     collectives → ``tp`` (tensor and sequence parallelism run DTensor's functional collectives),
     any other collective → ``dp`` (gradient reductions, FSDP's gathers, ZeRO's broadcasts);
     None without ops.
@@ -80,7 +83,7 @@ def role_of(ops: dict[str, int], functional: float) -> str | None:
     if ops.keys() & {"send", "recv", "send_recv"}:
         return "pp"
     if "all_to_all" in ops:
-        return "ep"
+        return all_to_all
     return "tp" if functional > 0.5 else "dp"
 
 

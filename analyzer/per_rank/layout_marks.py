@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..trace import intervals as iv
 from ..trace import vocab
-from ..trace.classify import STEP_RE, Kind, classify, name_test
+from ..trace.classify import STEP_RE, Kind, classify, collective_type, name_test
 from ..trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, isin_mask
 from .comm_events import group_ranks, int_arg
 
@@ -33,6 +33,10 @@ P2P_COLUMNS = ("op", "peer", "step", "start_us", "end_us")
 #: Keys of :attr:`RankMarks.counts` (events per marker).
 MARKERS = ("fsdp2", "fsdp1", "ddp", "zero", "functional", "all_to_all", "zero3")
 
+#: Keys of :attr:`RankMarks.counts` that say what the all-to-alls carry
+#: (:func:`all_to_all_evidence`).
+A2A_EVIDENCE = ("router", "sequence_exchange", "a2a_events", "a2a_attention")
+
 
 @dataclasses.dataclass(frozen=True)
 class RankMarks(HoldsTables):
@@ -40,7 +44,8 @@ class RankMarks(HoldsTables):
 
     Attributes:
         counts: ``{marker: events}`` for :data:`MARKERS` (FSDP2 / FSDP1 / DDP ranges,
-            ZeroRedundancyOptimizer ranges, functional collectives, all-to-alls).
+            ZeroRedundancyOptimizer ranges, functional collectives, all-to-alls), and the
+            all-to-alls' evidence :data:`A2A_EVIDENCE` (:func:`all_to_all_evidence`).
         chunks: :data:`CHUNK_COLUMNS`, one row per busy piece of a per-microbatch range.
         p2p: :data:`P2P_COLUMNS`, one row per point-to-point call.
         device_chunks: True when ``chunks`` come from the device timeline
@@ -149,6 +154,55 @@ def _step_number(name: str) -> int:
     return int(m.group(1))
 
 
+def all_to_all_evidence(trace: RankTrace) -> dict[str, int]:
+    """What one rank's trace says its all-to-alls carry, as counts (:data:`A2A_EVIDENCE`):
+
+    * ``router``: events named as a mixture of experts' routing (:data:`vocab.ROUTER_RE`: a
+      top-k gate, routers, experts, grouped GEMMs): all-to-alls that dispatch tokens;
+    * ``sequence_exchange``: events named as a sequence-parallel exchange
+      (:data:`vocab.SEQUENCE_EXCHANGE_RE`, DeepSpeed-Ulysses' ``_SeqAllToAll``);
+    * ``a2a_events``: all-to-all events on the timeline read (the device's kernels when their
+      records name them all-to-alls, else the host's ops);
+    * ``a2a_attention``: those whose nearest computation before or after (skipping other
+      communication and ops that only move data, :data:`vocab.RESHAPE_OP_RE`) is attention
+      (:data:`vocab.ATTENTION_RE`): the exchange of sequence and head shards around attention
+      that Ulysses-style sequence parallelism runs (DeepSpeed#5435), where an expert dispatch
+      sits between a router and the experts' GEMMs.
+    """
+    ev = trace.events
+    out = {"router": int(name_test(trace, "router", vocab.ROUTER_RE.search).sum()),
+           "sequence_exchange": int(name_test(trace, "sequence_exchange",
+                                              vocab.SEQUENCE_EXCHANGE_RE.search).sum()),
+           "a2a_events": 0, "a2a_attention": 0}
+    kinds = classify(trace).to_numpy()
+    names, args = ev["name"].to_numpy(), ev["args"].to_numpy()
+
+    def a2a_of(kind: str) -> np.ndarray:
+        comm = np.flatnonzero(kinds == kind)
+        return comm[[collective_type(n, a if isinstance(a, dict) else None) == "all_to_all"
+                     for n, a in zip(names[comm], args[comm])]]
+
+    a2a, comp_kind = a2a_of(Kind.GPU_COMM.value), Kind.GPU_COMPUTE.value
+    if not len(a2a):
+        a2a, comp_kind = a2a_of(Kind.CPU_COMM.value), Kind.CPU_COMPUTE.value
+    if not len(a2a):
+        return out
+    comp = (kinds == comp_kind) & ~name_test(trace, "reshape", vocab.RESHAPE_OP_RE.search)
+    att = name_test(trace, "attention", vocab.ATTENTION_RE.search)[comp]
+    ts = ev["ts"].to_numpy(dtype=float)
+    end = ts + ev["dur"].to_numpy(dtype=float)
+    c_ts, c_end = ts[comp], end[comp]
+    by_end, by_start = np.argsort(c_end, kind="stable"), np.argsort(c_ts, kind="stable")
+    e_sorted, s_sorted = c_end[by_end], c_ts[by_start]
+    near = 0
+    for t0, t1 in zip(ts[a2a], end[a2a]):
+        i = int(np.searchsorted(e_sorted, t0, side="right")) - 1   # the last to end before
+        j = int(np.searchsorted(s_sorted, t1, side="left"))        # the first to start after
+        near += bool((i >= 0 and att[by_end[i]]) or (j < len(s_sorted) and att[by_start[j]]))
+    out.update(a2a_events=len(a2a), a2a_attention=near)
+    return out
+
+
 def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     ev = trace.events
     names = ev["name"]
@@ -156,6 +210,7 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     cpu = isin_mask(cat, ["cpu_op", "user_annotation"])
     counts = {key: int((name_test(trace, ("marker", key), rx.search) & cpu).sum())
               for key, rx in vocab.MARKER_RES.items()}
+    counts.update(all_to_all_evidence(trace))
     is_step = cpu & name_test(trace, "step", STEP_RE.match)
     steps = [(_step_number(n), float(t), float(t + d)) for n, t, d in
              zip(names[is_step], ev["ts"][is_step], ev["dur"][is_step])]
