@@ -185,8 +185,9 @@ class Report(_TypedReport):
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """What loading had to say (files skipped, ranks joined or missing, repairs)."""
-        return self.traces.warnings
+        """What loading had to say (files skipped, ranks joined or missing, repairs), then what
+        the analyses found the figures cannot show (a process that drives several devices)."""
+        return (*self.traces.warnings, *self.time_breakdown.devices_text())
 
     # -- figures and outputs -------------------------------------------------------------------
 

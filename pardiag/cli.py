@@ -481,6 +481,8 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
                 raise
             raise PardiagError(f"{analysing}: analysis failed ({type(exc).__name__}: {exc}); "
                                f"set PARDIAG_DEBUG=1 for the traceback", exit_code=1) from None
+    for w in rep.warnings[len(rep.traces.warnings):]:   # the analyses' own
+        click.echo(f"pardiag: warning: {w}", err=True)
     if json_out is not None:
         data = orjson.dumps(rep.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
         _write_json(data, json_out)

@@ -485,3 +485,35 @@ def test_a_step_with_gradient_accumulation_is_the_optimizer_step(tmp_path):
     assert b.joined_text() == ("a step is one optimizer step: 4 profiler steps each (gradient "
                                "accumulation; the optimizer stepped in profiler step(s) 4, 8 "
                                "only)")
+
+
+# -- one process, several devices --------------------------------------------------------------
+
+def test_each_device_of_one_process_is_its_own_timeline(tmp_path):
+    """Planted: one process (no torch.distributed) splits a model over two GPUs: per 1000 µs
+    step GPU 0 computes [0, 400] and [600, 900], GPU 1 [400, 600] and [900, 1000] — their union
+    is busy all the time, each GPU alone computes 700 and 300 µs of every 1000 µs. Three steps."""
+    b = TraceBuilder(rank=None)
+    for s in range(3):
+        t = EPOCH + 1000 * s
+        b.step(s + 1, t, 1000)
+        for dev, lo, hi in ((0, 0, 400), (1, 400, 600), (0, 600, 900), (1, 900, 1000)):
+            b.kernel("gemm", t + lo, hi - lo, launch_ts=t + lo, args={"device": dev})
+            b.events[-2]["pid"] = dev     # Kineto's pid of a device's events is the device
+    b.write(tmp_path / "trace.json")
+    bd = compute_time_breakdown(load_traces(tmp_path))
+    assert bd.totals["idle_pct"].tolist() == [0.0]          # the union: never idle
+    assert bd.devices[["device", "kernels", "compute_us", "busy_us"]].values.tolist() == [
+        [0, 6, 2100.0, 2100.0], [1, 6, 900.0, 900.0]]
+    assert bd.devices["idle_pct"].tolist() == pytest.approx([30.0, 70.0])
+    line, = bd.devices_text()
+    assert line.startswith("rank 0: one process drives 2 devices (0 and 1;")
+    assert ("device 0 computes 2.10 ms and is idle 30.0% of the rank's time; device 1 computes "
+            "0.90 ms and is idle 70.0%") in line
+
+
+def test_one_device_per_rank_has_no_device_rows(tmp_path):
+    gpu_rank(0).write(tmp_path / "rank0.json")
+    gpu_rank(1).write(tmp_path / "rank1.json")
+    bd = compute_time_breakdown(load_traces(tmp_path))
+    assert bd.devices.empty and bd.devices_text() == []

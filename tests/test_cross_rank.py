@@ -55,9 +55,7 @@ def _report(args, tmp_path) -> dict:
 
 #: Repro kinds the cross-rank model does not handle yet, with what goes wrong: each must fail
 #: (strict), so that a change that fixes one says so by failing here.
-OPEN_KINDS: dict[str, str] = {
-    "h50_one_process_two_gpus_device_map_auto": "two devices of one process read as one",
-}
+OPEN_KINDS: dict[str, str] = {}
 
 
 def _cases():

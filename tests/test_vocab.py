@@ -17,10 +17,10 @@ from .synth import TraceBuilder
 
 #: Spellings that are also pardiag's own column or field names (``stream``, ``rank``, ...): a
 #: module may use those words for its own tables; every other spelling is the vocabulary's.
-SHARED_WORDS = {"stream", "correlation", "name", "labels", "rank", "backend", "world_size",
-                "ranks", "peer", "dst", "src", "dtype", "pg_name", "pg_desc", "pg_count",
-                "pg_config", "process_group", "input_sizes", "input_dtypes", "output_sizes",
-                "output_dtypes", "is_p2p", "p2p_seq_id", "collective_seq_id",
+SHARED_WORDS = {"stream", "device", "correlation", "name", "labels", "rank", "backend",
+                "world_size", "ranks", "peer", "dst", "src", "dtype", "pg_name", "pg_desc",
+                "pg_count", "pg_config", "process_group", "input_sizes", "input_dtypes",
+                "output_sizes", "output_dtypes", "is_p2p", "p2p_seq_id", "collective_seq_id",
                 "time_created_ns", "profiling_name"}
 
 

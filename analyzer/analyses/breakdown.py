@@ -60,6 +60,8 @@ BREAKDOWN_COLUMNS = (
 
 #: Columns of :func:`run_step_periods`.
 RUN_STEP_COLUMNS = ("rank", "step", "period_us", "profiled")
+#: Columns of :attr:`TimeBreakdown.devices`.
+DEVICE_ROW_COLUMNS = ("rank", "device", "kernels", "compute_us", "busy_us", "idle_pct")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +89,11 @@ class TimeBreakdown:
         run_steps: every optimizer step of the whole run, profiled or not, per rank
             (:func:`run_step_periods`): ``rank``, ``step``, ``period_us``, ``profiled``;
             empty for traces from elsewhere.
+        devices: each device's own timeline, for ranks whose trace holds several devices (one
+            process driving several GPUs; :func:`pardiag.analyzer.per_rank.breakdown.
+            device_timelines`): :data:`DEVICE_ROW_COLUMNS`: ``rank``, ``device``, ``kernels``,
+            ``compute_us``, ``busy_us`` (µs), ``idle_pct`` (% of the rank's span,
+            ``totals.span_us``, in which the device runs nothing); empty otherwise.
         joined: the training steps that join several profiler steps, one per optimizer step
             (gradient accumulation with ``prof.step()`` per micro-batch;
             :func:`pardiag.analyzer.trace.classify.training_steps`): ``rank``, ``step`` (the
@@ -114,6 +121,23 @@ class TimeBreakdown:
         default_factory=lambda: pd.DataFrame(columns=list(RUN_STEP_COLUMNS)))
     joined: pd.DataFrame = dataclasses.field(
         default_factory=lambda: pd.DataFrame(columns=["rank", "step", "profiler_steps"]))
+    devices: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=list(DEVICE_ROW_COLUMNS)))
+
+    def devices_text(self) -> list[str]:
+        """One line per rank whose trace holds several devices' work (:attr:`devices`): its
+        figures are their union, and what each device did alone."""
+        out = []
+        for rank, g in self.devices.groupby("rank", sort=True):
+            ids = [int(d) for d in g["device"]]
+            each = "; ".join(f"device {int(d)} computes {c / 1e3:.2f} ms and is idle "
+                             f"{i:.1f}% of the rank's time" for d, c, i in
+                             zip(g["device"], g["compute_us"], g["idle_pct"]))
+            out.append(f"rank {int(rank)}: one process drives {len(ids)} devices "
+                       f"({', '.join(map(str, ids[:-1]))} and {ids[-1]}; a model split across "
+                       f"devices, e.g. device_map='auto'): the rank's figures are their union, "
+                       f"not any device's time — {each} (devices[])")
+        return out
 
     def joined_text(self) -> str | None:
         """``"a step is one optimizer step: 4 profiler steps each (gradient accumulation; the
@@ -334,9 +358,17 @@ def compute_time_breakdown(traces: TraceSet,
     steps: list[dict] = []
     colls: list[dict] = []
     joined: list[dict] = []
+    devices: list[dict] = []
     for rank, trace in traces.ranks.items():
         summary = summary_of(trace, comm_patterns)
         total, step_rows, coll_rows = summary.breakdown
+        if len(summary.devices) > 1:
+            span = float(total.get("span_us") or 0.0)
+            devices.extend({"rank": rank, **{k: d[k] for k in ("device", "kernels", "compute_us",
+                                                                "busy_us")},
+                            "idle_pct": 100.0 * (1 - d["busy_us"] / span) if span > 0
+                            else float("nan")}
+                           for d in summary.devices.to_dict("records"))
         if "profiler_steps" in summary.steps:
             j = summary.steps[summary.steps["profiler_steps"] > 1]
             joined.extend({"rank": rank, "step": int(s), "profiler_steps": int(n)}
@@ -361,7 +393,8 @@ def compute_time_breakdown(traces: TraceSet,
         totals=totals_df, steps=steps_df, collectives=pd.DataFrame(colls, columns=coll_cols),
         step_means=step_means(steps_df), overall=overall_shares(totals_df),
         unfinished=unfinished, run_steps=run_step_periods(traces),
-        joined=pd.DataFrame(joined, columns=["rank", "step", "profiler_steps"]))
+        joined=pd.DataFrame(joined, columns=["rank", "step", "profiler_steps"]),
+        devices=pd.DataFrame(devices, columns=list(DEVICE_ROW_COLUMNS)))
 
 
 

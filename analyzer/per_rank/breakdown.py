@@ -527,3 +527,44 @@ def breakdown_rows_of(parts: RankParts
         r.pop("rank")
         colls.append(r)
     return total, steps, colls
+
+
+#: Columns of :func:`device_timelines`.
+DEVICE_COLUMNS = ("device", "kernels", "compute_us", "busy_us", "start_us", "end_us")
+
+
+def device_timelines(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
+    """Each device's own timeline in one rank's trace: a process that drives several devices
+    (a model split across GPUs, ``device_map="auto"``) writes all their kernels into one trace,
+    and their union is no device's time.
+
+    Args:
+        trace: the rank.
+        kinds: :func:`pardiag.analyzer.trace.classify.classify` of its events.
+
+    Returns:
+        :data:`DEVICE_COLUMNS`, one row per device that ran a kernel, copy or set, by device
+        id (the event's ``device`` arg, else its ``pid``, which Kineto sets to the device):
+        ``kernels`` (events), ``compute_us`` (|union of its computation kernels|), ``busy_us``
+        (|union of all its events|), ``start_us``/``end_us`` (its first start and last end, µs,
+        trace clock); empty for a trace without device events.
+    """
+    k = kinds.to_numpy()
+    dev = np.isin(k, [Kind.GPU_COMPUTE.value, Kind.GPU_COMM.value, Kind.GPU_MEMORY.value])
+    if not dev.any():
+        return pd.DataFrame(columns=list(DEVICE_COLUMNS))
+    ev = trace.events[dev]
+    ids = [vocab.DEVICE.get(a, p) for a, p in zip(ev["args"], ev["pid"])]
+    ids = [int(x) if isinstance(x, (int, np.integer)) or str(x).isdigit() else -1 for x in ids]
+    ts = ev["ts"].to_numpy(dtype=float)
+    end = ts + ev["dur"].to_numpy(dtype=float)
+    compute = k[dev] == Kind.GPU_COMPUTE.value
+    idx = np.asarray(ids)
+    rows = []
+    for d in sorted(set(ids)):
+        on = idx == d
+        rows.append({"device": d, "kernels": int(on.sum()),
+                     "compute_us": iv.total(iv.union(ts[on & compute], end[on & compute])),
+                     "busy_us": iv.total(iv.union(ts[on], end[on])),
+                     "start_us": float(ts[on].min()), "end_us": float(end[on].max())})
+    return pd.DataFrame(rows, columns=list(DEVICE_COLUMNS))

@@ -38,7 +38,7 @@ from ..trace.traceset import (
     has_step_names,
     time_range,
 )
-from .breakdown import RankParts, breakdown_rows_of
+from .breakdown import RankParts, breakdown_rows_of, device_timelines
 from .causes import LaunchEdges, causes_of_trace, data_loading_of_trace, launch_edges_of_trace
 from .comm_events import events_from_trace
 from .layout_marks import RankMarks, rank_marks_of_trace
@@ -121,7 +121,10 @@ class RankSummary(HoldsTables):
         comm†: the communication events
             (:data:`pardiag.analyzer.per_rank.comm_events.EVENT_COLUMNS`; ``rank`` -1: filled in
             when ranks are known).
-        steps†: ``ProfilerStep`` windows: ``step``, ``start_us``, ``end_us``.
+        steps†: training steps: ``step``, ``start_us``, ``end_us``, ``profiler_steps``
+            (:func:`pardiag.analyzer.trace.classify.profiler_steps`).
+        devices†: each device's own timeline
+            (:func:`pardiag.analyzer.per_rank.breakdown.device_timelines`).
         memory: ``[memory]`` events: ``ts_us``, ``device``, ``allocated_bytes``,
             ``reserved_bytes`` (NaN where not a number).
         marks: what the trace says about the parallel layout
@@ -158,6 +161,8 @@ class RankSummary(HoldsTables):
     comm: pd.DataFrame = quantity(lambda src: events_from_trace(src.trace, src.kinds, src.steps),
                                   patterns=True)
     steps: pd.DataFrame = quantity(lambda src: src.steps, patterns=True)
+    devices: pd.DataFrame = quantity(lambda src: device_timelines(src.trace, src.kinds),
+                                     patterns=True)
     memory: pd.DataFrame = quantity(lambda src: memory_rows(src.trace))
     marks: RankMarks = quantity(lambda src: rank_marks_of_trace(src.trace))
     operators: pd.DataFrame = quantity(lambda src: src.operators[0])

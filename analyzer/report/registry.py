@@ -136,7 +136,8 @@ def _breakdown_json(b: TimeBreakdown, traces: TraceSet) -> dict[str, Any]:
             collectives=[js.RankCollective(**c) for c in colls.get(rank, [])]))
     return {"ranks": ranks, "collectives": rows(js.CollectiveTotal, b.collective_totals),
             "step_time": rows(js.StepTimeRow, b.step_time),
-            "run_steps": rows(js.RunStepRow, b.run_steps)}
+            "run_steps": rows(js.RunStepRow, b.run_steps),
+            "devices": rows(js.DeviceRow, b.devices)}
 
 
 def _sync_json(r: SyncResult, traces: TraceSet) -> dict[str, Any]:
@@ -421,7 +422,7 @@ def report_document(report: Report) -> js.ReportDocument:
     fields: dict[str, Any] = {
         "schema_version": REPORT_SCHEMA_VERSION,
         "source": report.traces.source,
-        "warnings": list(report.traces.warnings),
+        "warnings": [*report.traces.warnings, *report.time_breakdown.devices_text()],
         "notes": [n for t in report.traces.ranks.values() for n in t.notes]
         + [f"Steps: {t}" for t in [report.time_breakdown.joined_text()] if t],
         "run": report.traces.run_info,

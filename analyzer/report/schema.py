@@ -70,6 +70,7 @@ from .schema_ranks import (
     NAN,
     BreakdownTotals,
     CollectiveTotal,
+    DeviceRow,
     Number,
     OperatorRow,
     OperatorsSection,
@@ -155,6 +156,7 @@ __all__ = [
     "SkewRow",
     "StepBreakdown",
     "RunStepRow",
+    "DeviceRow",
     "StepTimeRow",
     "StragglerRow",
     "SyncSection",
@@ -481,6 +483,8 @@ class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):
             without profiler steps.
         run_steps: Every optimizer step of the run per rank, profiled or not. Null/absent:
             ``[]`` for traces recorded without ``pardiag profile``.
+        devices: Each device's own timeline, for ranks whose trace holds several devices (one
+            process driving several GPUs). Null/absent: ``[]`` when every rank drives one.
         operators: Time per GPU kernel and CPU operator name.
         sync: Collectives matched across ranks: clock offsets, stragglers, arrival skew,
             bandwidth, point-to-point.
@@ -537,6 +541,7 @@ class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):
     collectives: list[CollectiveTotal] = msgspec.field(default_factory=list)
     step_time: list[StepTimeRow] = msgspec.field(default_factory=list)
     run_steps: list[RunStepRow] = msgspec.field(default_factory=list)
+    devices: list[DeviceRow] = msgspec.field(default_factory=list)
     operators: OperatorsSection | None = None
     sync: SyncSection | None = None
     pipeline: PipelineSection | None = None

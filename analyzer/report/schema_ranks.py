@@ -192,6 +192,28 @@ class RunStepRow(msgspec.Struct, kw_only=True, frozen=True):
     profiled: bool
 
 
+class DeviceRow(msgspec.Struct, kw_only=True, frozen=True):
+    """One device of a rank whose trace holds several (``devices[]``): a process that drives
+    several GPUs writes their kernels into one trace, and the rank's breakdown is their union.
+
+    Attributes:
+        rank: The rank.
+        device: The device id (the events' ``device`` arg, else their ``pid``).
+        kernels: Kernels, copies and sets the device ran.
+        compute_us: Time the device computes: the union of its computation kernels. Unit: µs.
+        busy_us: Time the device runs anything: the union of all its events. Unit: µs.
+        idle_pct: Share of the rank's span (``ranks[].total.span_us``) in which the device
+            runs nothing. Unit: %.
+    """
+
+    rank: int
+    device: int
+    kernels: int
+    compute_us: Number
+    busy_us: Number
+    idle_pct: Number
+
+
 class StepTimeRow(msgspec.Struct, kw_only=True, frozen=True):
     """Step time and spread of one rank, or of the run (``rank`` None) (``step_time[]``); outlier
     steps are left out of every column but ``outlier_steps``.

@@ -76,6 +76,7 @@ class ArgKey:
 
 # -- an event's own fields -----------------------------------------------------------------------
 STREAM = ArgKey(("stream",), "the GPU stream a kernel, memcpy or memset ran on")
+DEVICE = ArgKey(("device",), "the device a kernel, memcpy or memset ran on")
 SYCL_QUEUE = ArgKey(("sycl queue",), "the SYCL queue an Intel XPU kernel ran on (its stream)")
 CORRELATION = ArgKey(("correlation",), "links a runtime call with the kernel it launched")
 THREAD_NAME = ArgKey(("name",), "a thread_name or process_name metadata event's name")

@@ -303,4 +303,18 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
         text = f"{failed.rstrip('.')}. What was recorded: {text}"
     if ctx.contention and found is None:
         text += " " + ctx.contention[0].upper() + ctx.contention[1:] + "."
-    return text
+    return text + devices_text(ctx)
+
+
+def devices_text(ctx: RuleContext) -> str:
+    """``" Rank 0 drives 2 devices: ..."``: the shares above are the union of several devices'
+    timelines (:attr:`pardiag.analyzer.analyses.breakdown.TimeBreakdown.devices`), and each
+    device's own idle share; ``""`` when every rank drives one."""
+    d = ctx.breakdown.devices
+    out = ""
+    for rank, g in (d.groupby("rank", sort=True) if d is not None and len(d) else ()):
+        lo, hi = float(g["idle_pct"].min()), float(g["idle_pct"].max())
+        idle = f"{lo:.0f}%" if round(lo) == round(hi) else f"{lo:.0f}–{hi:.0f}%"
+        out += (f" Rank {int(rank)} drives {len(g)} devices: the shares above are their union, "
+                f"while each device alone is idle {idle} of the time (devices[]).")
+    return out
