@@ -121,7 +121,8 @@ def pipeline_run(tmp_path, schedule="ScheduleGPipe"):
 
 def test_pipeline_bubbles_match_the_ideal_exactly(tmp_path):
     p = compute_pipeline(pipeline_run(tmp_path))
-    assert p.schedule == {"schedule": "ScheduleGPipe", "p": 2, "m": 2, "v": 1, "stages": 2}
+    assert p.schedule == {"schedule": "ScheduleGPipe", "p": 2, "m": 2, "v": 1, "stages": 2,
+                          "ideal_from": "replay"}
     b = p.bubbles.set_index(["rank", "step"])
     for step in (1, 2):
         r0, r1 = b.loc[(0, step)], b.loc[(1, step)]

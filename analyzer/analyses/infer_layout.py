@@ -519,10 +519,12 @@ def _infer_pipeline(comps, peers, marks, evidence, missing):
             if len(per):
                 m = int(np.median(per.to_numpy()))
                 m_from = "sends"
+    stage_ranks = {}
+    for c in out:
+        for s in sorted(set(c["stage"])):
+            stage_ranks.setdefault(int(s), int(c["rank"].iloc[0]))
     if has_action and v > 1:
-        schedule = ("ScheduleInterleavedZeroBubble" if phases & {"I", "W"}
-                    else "ScheduleInterleaved1F1B")
-        why = f"{stages} stages over {p} ranks in PP: action ranges ({v} stages per rank)"
+        schedule, why = _placed_schedule(stage_ranks, order, phases, out)
     elif has_gpipe and not has_action:
         schedule, why = "ScheduleGPipe", "'Forward i' / 'Backward i' ranges (only GPipe marks them)"
     else:
@@ -535,16 +537,50 @@ def _infer_pipeline(comps, peers, marks, evidence, missing):
                        f"point-to-point time, without the warmup / steady / cooldown split")
     elif m is None:
         missing.append("microbatches: neither ranges nor messages per step show them")
-    stage_ranks = {}
-    for c in out:
-        for s in sorted(set(c["stage"])):
-            stage_ranks.setdefault(int(s), int(c["rank"].iloc[0]))
     if not stage_ranks:
         stage_ranks = {i: r for i, r in enumerate(order)}
     pipe = {"schedule": schedule, "stages": stages, "microbatches": m, "pp_group_size": p,
             "stages_per_rank": v, "stage_ranks": dict(sorted(stage_ranks.items())),
             "microbatches_from": m_from}
     return pipe, out, all_pp
+
+
+def _placed_schedule(stage_ranks: dict[int, int], order: list[int], phases: set[str],
+                     chunks: list[pd.DataFrame]) -> tuple[str, str]:
+    """The schedule of a pipeline with several stages per rank, from what ran: where the stages
+    sit, whether the backward is split (``I``/``W``) and whether backwards interleave with
+    forwards. torch's class name only where those match one schedule alone (looped placement:
+    ``ScheduleInterleavedZeroBubble`` with a split backward, ``ScheduleInterleaved1F1B`` when
+    backwards run between forwards); otherwise a description, never the nearest name (a V
+    placement is ``ScheduleZBVZeroBubble``'s and ``ScheduleDualPipeV``'s; every forward before
+    any backward on a looped placement is ``ScheduleLoopedBFS``'s order, and Interleaved1F1B's
+    with as few microbatches)."""
+    p, stages = len(order), len(stage_ranks)
+    where = f"{stages} stages on {p} ranks"
+    split = bool(phases & {"I", "W"})
+    looped = all(r == order[s % p] for s, r in stage_ranks.items())
+    vee = stages == 2 * p and all(r == order[s if s < p else 2 * p - 1 - s]
+                                  for s, r in stage_ranks.items())
+    interleaves = any(
+        len(c[c["phase"].isin(["B", "I"])]) and len(c[c["phase"] == "F"])
+        and c.loc[c["phase"].isin(["B", "I"]), "start_us"].min()
+        < c.loc[c["phase"] == "F", "start_us"].max() for c in chunks)
+    how = "PP: action ranges: stage placement " + ", ".join(
+        f"{s}→{r}" for s, r in sorted(stage_ranks.items()))
+    if looped and split:
+        return "ScheduleInterleavedZeroBubble", f"{how} (looped), backward split into I and W"
+    if looped and interleaves:
+        return "ScheduleInterleaved1F1B", f"{how} (looped), backwards between forwards"
+    if looped:
+        return (f"looped placement, {where}, every forward before any backward",
+                f"{how}: ScheduleLoopedBFS's order, or Interleaved1F1B's with as few "
+                f"microbatches: not named")
+    if vee:
+        return (f"V placement, {where}" + (", split backward" if split else ""),
+                f"{how} (a V: ScheduleZBVZeroBubble and ScheduleDualPipeV place stages so): "
+                f"not named")
+    return (f"{where}, placement " + ", ".join(f"{s}→{r}" for s, r in sorted(stage_ranks.items())),
+            f"{how}: no schedule torch ships places stages so: not named")
 
 
 def _order_schedule(head: pd.DataFrame | None, order: list[int]) -> tuple[str, str]:

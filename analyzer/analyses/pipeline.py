@@ -11,9 +11,12 @@ and its last forward end (b2). With 1F1B-style schedules (b1 ≤ b2) the phases 
 before any backward, b2 < b1) they are the forward phase ``[start, b2)``, the turn-around
 ``[b2, b1)`` and the backward phase ``[b1, end]``.
 
-The ideal share (Narayanan et al., SC'21): ``(p − 1) / (m + p − 1)`` for GPipe and 1F1B and
+The ideal share of a measured step is its own action order replayed with balanced stage costs
+and free transfers (:func:`pardiag.analyzer.analyses.schedule_replay.replay_ideal`), for any
+schedule; where no order is recorded (an estimate), or it does not replay, the formula
+(Narayanan et al., SC'21): ``(p − 1) / (m + p − 1)`` for GPipe and 1F1B and
 ``(p − 1) / (v·m + p − 1)`` interleaved, with p pipeline ranks, m microbatches and v stages per
-rank.
+rank. ``schedule["ideal_from"]`` says which (``"replay"`` or ``"formula"``).
 
 Schedule records cover every optimizer step, not only the profiled ones (``profiled`` says
 which): the torch profiler slows CPU pipelines down by a factor that grows over the active
@@ -42,6 +45,7 @@ import pandas as pd
 from ..trace import intervals as iv
 from ..trace.traceset import TraceSet
 from .infer_layout import InferredLayout, is_pardiag_run
+from .schedule_replay import replay_ideal
 
 BUBBLE_COLUMNS = ("rank", "stages", "step", "window_us", "busy_us", "bubble_us", "bubble_pct",
                   "warmup_bubble_us", "steady_bubble_us", "cooldown_bubble_us", "ideal_pct",
@@ -204,6 +208,8 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
     sched = _schedule(traces, chunks, inferred)
     ideal = (ideal_bubble_pct(sched["p"], sched["m"], sched["v"])
              if sched and sched["p"] and sched["m"] else float("nan"))
+    if sched is not None:
+        sched["ideal_from"] = "formula"   # until a step's order replays (below)
     out = []
     prof_steps = set(chunks.loc[chunks["profiled"], "step"])
     after_window = max(prof_steps) + 1 if prof_steps else None
@@ -214,6 +220,9 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
         if step == 0 and chunks["step"].nunique() > 2:
             continue  # the first step also builds the stages' buffers: not the steady schedule
         lo, hi = float(sc["start_us"].min()), float(sc["end_us"].max())
+        replayed = replay_ideal(sc)
+        if replayed is not None and sched is not None:
+            sched["ideal_from"] = "replay"
         profiled = bool(sc["profiled"].all())
         # undisturbed: unprofiled, not a warm-up step of the profiler, and not the step after
         # the window (it waits for the trace export and the live-object scans)
@@ -235,7 +244,8 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
                         "bubble_us": window - busy_us,
                         "bubble_pct": 100.0 * (window - busy_us) / window if window > 0 else np.nan,
                         "warmup_bubble_us": phase_bubble[0], "steady_bubble_us": phase_bubble[1],
-                        "cooldown_bubble_us": phase_bubble[2], "ideal_pct": ideal,
+                        "cooldown_bubble_us": phase_bubble[2],
+                        "ideal_pct": replayed.get(rank, ideal) if replayed else ideal,
                         "method": "measured", "profiled": profiled, "clean": clean})
     if chunks.empty and breakdown_steps is not None and p2p_ranks:
         est = breakdown_steps[breakdown_steps["rank"].isin(p2p_ranks)]

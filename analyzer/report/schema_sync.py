@@ -251,6 +251,10 @@ class PipelineSchedule(msgspec.Struct, kw_only=True, frozen=True):
         source: ``"inferred from traces"``. Null/absent: absent for a recorded pipeline.
         microbatches_estimated: ``true``: ``m`` was counted from the sends, because the schedule
             marks no microbatch. Null/absent: absent unless estimated.
+        ideal_from: How ``ideal_pct`` was found: ``"replay"`` (each step's own action order
+            replayed with balanced stage costs and free transfers, for any schedule) or
+            ``"formula"`` (100·(p−1)/(v·m+p−1), where no order is recorded). Null/absent:
+            ``null`` when unknown.
     """
 
     schedule: str | None = None
@@ -260,6 +264,7 @@ class PipelineSchedule(msgspec.Struct, kw_only=True, frozen=True):
     stages: int | None = None
     source: str | UnsetType = UNSET
     microbatches_estimated: bool | UnsetType = UNSET
+    ideal_from: str | None = None
 
 
 class BubbleSummary(msgspec.Struct, kw_only=True, frozen=True):
@@ -309,8 +314,9 @@ class BubbleRow(msgspec.Struct, kw_only=True, frozen=True):
             the turn-around. Unit: µs. Null/absent: ``null`` for an estimate.
         cooldown_bubble_us: Bubble after the last forward. With GPipe: the backward phase. Unit:
             µs. Null/absent: ``null`` for an estimate.
-        ideal_pct: Ideal bubble: 100·(p−1)/(v·m+p−1). Unit: % of window. Null/absent: ``null``
-            when p or m is unknown.
+        ideal_pct: Ideal bubble: the step's own action order replayed with balanced stage costs
+            and free transfers, else 100·(p−1)/(v·m+p−1) (``schedule.ideal_from``). Unit: % of
+            window. Null/absent: ``null`` when neither can be found.
         method: ``"measured"`` (from schedule records or per-microbatch ranges) or
             ``"estimate"`` (idle + exposed communication).
         profiled: The step is inside the profiler's window.
