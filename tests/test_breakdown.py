@@ -477,8 +477,12 @@ def test_a_step_with_gradient_accumulation_is_the_optimizer_step(tmp_path):
     (4500 µs)."""
     for r in range(2):
         _accumulating_rank(r).write(tmp_path / f"rank{r}.json")
-    b = compute_time_breakdown(load_traces(tmp_path))
+    traces = load_traces(tmp_path)
+    b = compute_time_breakdown(traces)
     assert b.steps.groupby("rank")["step"].apply(list).to_dict() == {0: [4, 8], 1: [4, 8]}
+    # operators per step: per training step (2 in the window), not per micro-batch (8)
+    from pardiag.analyzer.per_rank.summary import summary_of
+    assert [summary_of(t).operator_steps for t in traces.ranks.values()] == [2, 2]
     assert (b.steps["end_us"] - b.steps["start_us"]).tolist() == [4600.0, 4500.0] * 2
     run = b.step_time[b.step_time["rank"].isna()].iloc[0]
     assert run["median_us"] == 4550.0 and run["outlier_steps"] == []

@@ -15,8 +15,9 @@ Per rank and operator name:
   added up across levels.
 
 The run's table (:attr:`OperatorsResult.totals`) divides each name's time over all ranks by the
-ranks' profiler steps summed (``rank_steps``): the mean time per rank and profiled step, which
-stays comparable between runs of different world sizes and numbers of profiled steps.
+ranks' training steps summed (``rank_steps``: profiler steps, or optimizer steps where several
+profiler steps make one): the mean time per rank and profiled step, which stays comparable
+between runs of different world sizes and numbers of profiled steps.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class OperatorsResult:
             :data:`OPERATOR_COLUMNS`; ``ranks`` that ran it, ``count`` and ``time_us`` summed
             over ranks, ``per_step_us`` = ``time_us`` / ``rank_steps`` (mean per rank and
             profiled step, µs).
-        rank_steps: the ranks' profiler steps summed (a rank without steps counts 1).
+        rank_steps: the ranks' training steps summed (a rank without steps counts 1).
     """
 
     per_rank: pd.DataFrame

@@ -74,6 +74,17 @@ class BreakdownRows(NamedTuple):
                              [nan_row(r) for r in d["collectives"]])
 
 
+def _training_steps_of(profiler_steps: int, steps: pd.DataFrame) -> int:
+    """The training steps ``profiler_steps`` profiler steps hold: as many, unless ``steps``
+    (:func:`pardiag.analyzer.trace.classify.profiler_steps`) join several into one step per
+    optimizer step; then in the ratio of its steps to the profiler steps they join (rounded,
+    at least 1)."""
+    joined = int(steps["profiler_steps"].sum()) if "profiler_steps" in steps else 0
+    if not len(steps) or joined <= len(steps):
+        return profiler_steps
+    return max(1, round(profiler_steps * len(steps) / joined))
+
+
 def quantity(compute: Callable[[RankSource], Any], *, patterns: bool = False) -> Any:
     """Declare a field of :class:`RankSummary` as a per-rank quantity: ``compute(source)`` gives
     its value (:func:`summarize_trace` calls it). ``patterns``: the value depends on the
@@ -130,7 +141,9 @@ class RankSummary(HoldsTables):
         marks: what the trace says about the parallel layout
             (:class:`pardiag.analyzer.per_rank.layout_marks.RankMarks`).
         operators: time per operator name (``kind``, ``name``, ``count``, ``time_us``).
-        operator_steps: the profiler steps ``operators`` is divided by per step.
+        operator_steps: the training steps ``operators`` is divided by per step: its profiler
+            steps, or as many optimizer steps as they hold where several profiler steps make
+            one training step (gradient accumulation; :func:`_training_steps_of`).
         a2a: the all-to-alls the rank issued with their split sizes
             (:func:`pardiag.analyzer.trace.comm_records.all_to_all_ops`).
         causes: host and device parts per profiler step
@@ -166,7 +179,7 @@ class RankSummary(HoldsTables):
     memory: pd.DataFrame = quantity(lambda src: memory_rows(src.trace))
     marks: RankMarks = quantity(lambda src: rank_marks_of_trace(src.trace))
     operators: pd.DataFrame = quantity(lambda src: src.operators[0])
-    operator_steps: int = quantity(lambda src: src.operators[1])
+    operator_steps: int = quantity(lambda src: _training_steps_of(src.operators[1], src.steps))
     a2a: pd.DataFrame = quantity(lambda src: all_to_all_ops(src.trace.events))
     causes: pd.DataFrame = quantity(lambda src: causes_of_trace(src.trace))
     data_loading: np.ndarray = quantity(lambda src: data_loading_of_trace(src.trace))

@@ -267,8 +267,9 @@ class OperatorsSection(msgspec.Struct, kw_only=True, frozen=True):
     """Time per GPU kernel and CPU operator name (``operators``).
 
     Attributes:
-        rank_steps: The ranks' profiler steps summed (a rank without steps counts 1).
-            ``per_step_us`` is divided by it.
+        rank_steps: The ranks' training steps summed (profiler steps, or optimizer steps where
+            several profiler steps make one; a rank without steps counts 1). ``per_step_us`` is
+            divided by it.
         total: Number of (kind, name) rows in the full table.
         rows: The first 2,000 rows, most time first. Any name left out took less time than every
             name listed. Null/absent: ``[]`` without events.
