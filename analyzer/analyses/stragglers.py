@@ -169,30 +169,89 @@ def per_rank_waits(ev: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame, 
 
 
 def _wait_caused(pr: pd.DataFrame) -> dict[tuple[int, int], float]:
-    """``{(last arrival, step): wait caused (µs)}``: per last-arriving rank and step, the sum over
-    the waiting ranks (in rank order) of |union of each one's waits|; ``pr``: the rows of
-    complete instances (:func:`per_rank_waits`)."""
+    """``{(root cause, step): wait caused (µs)}``: the waiting each rank caused, directly or
+    through ranks that were late because they waited for it (Scalasca's delay costs, Böhme et
+    al., 2016, without their comparison to a baseline).
+
+    A wait of rank *w* for the last arrival *c* is caused by *c*, except for the part during
+    which *c* was itself waiting for a rank: that part was caused by whoever *c* waited for,
+    and so on (:func:`_root_shares`) — in a pipeline a slow stage makes its neighbour wait, the
+    neighbour makes the next wait, and all of it is the slow stage's. Per waiting rank and
+    step, waits in flight together (DDP's buckets) count once: each wait's share is scaled by
+    |union of the rank's waits for that arrival| / their sum. ``pr``: the rows of complete
+    instances (:func:`per_rank_waits`)."""
     others = pr[pr["rank"] != pr["last_rank"]]
-    # positions instead of sub-frames (thousands of groups on big runs)
+    o_start = others["start_us"].to_numpy(dtype=float)
+    o_until = others["wait_until_us"].to_numpy(dtype=float)
+    shares = _root_shares(others["rank"].to_numpy(), others["last_rank"].to_numpy(), o_start,
+                          o_until)
     caused: dict[tuple[int, int], float] = {}
-    o_start = others["start_us"].to_numpy()
-    o_until = others["wait_until_us"].to_numpy()
+    # positions instead of sub-frames (thousands of groups on big runs)
     groups = others.groupby(["last_rank", "step", "rank"], sort=True).indices
-    for (last, step, _), idx in sorted(groups.items(), key=lambda kv: kv[0]):
-        key = (int(last), int(step))
-        caused[key] = caused.get(key, 0) + iv.total(iv.union(o_start[idx], o_until[idx]))
+    for (_, step, _), idx in sorted(groups.items(), key=lambda kv: kv[0]):
+        lengths = np.maximum(o_until[idx] - o_start[idx], 0.0)
+        total = float(lengths.sum())
+        if total <= 0:
+            continue
+        scale = iv.total(iv.union(o_start[idx], o_until[idx])) / total
+        for i, d in zip(idx, lengths):
+            for root, share in shares[i].items():
+                key = (root, int(step))
+                caused[key] = caused.get(key, 0.0) + float(d) * scale * share
     return caused
 
 
+def _root_shares(waiter: np.ndarray, cause: np.ndarray, start: np.ndarray, until: np.ndarray
+                 ) -> list[dict[int, float]]:
+    """Per wait (rank ``waiter`` waits from ``start`` to ``until`` µs for rank ``cause``), the
+    share of it each root cause accounts for: ``cause`` for the part of the wait in which it
+    was not waiting itself, and for the part in which it was, the shares of those waits of its
+    own (already resolved: waits are taken in the order they end), in proportion to their
+    overlap with this one."""
+    n = len(waiter)
+    out: list[dict[int, float]] = [{} for _ in range(n)]
+    order = np.argsort(until, kind="stable")
+    own: dict[int, list[int]] = {}      # each rank's resolved waits, in the order they end
+    for i in order:
+        c, d = int(cause[i]), float(until[i] - start[i])
+        share: dict[int, float] = {}
+        if d > 0:
+            left = d
+            for j in own.get(c, ()):
+                o = min(until[i], until[j]) - max(start[i], start[j])
+                if o <= 0:
+                    continue
+                o = min(float(o), left)
+                left -= o
+                for r, s in out[j].items():
+                    share[r] = share.get(r, 0.0) + s * o / d
+                if left <= 0:
+                    break
+            share[c] = share.get(c, 0.0) + left / d
+        else:
+            share[c] = 1.0
+        out[i] = share
+        own.setdefault(int(waiter[i]), []).append(i)
+    return out
+
+
 def straggler_table(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_multi: int,
-                profiler_step: tuple[float | None, float | None] = (None, None)
+                profiler_step: tuple[float | None, float | None] = (None, None),
+                compute: dict[int, float] | None = None
                 ) -> tuple[pd.DataFrame, int | None]:
     """Per-rank waits from the complete instances.
 
     ``ranks``: every rank with events; ``inst``: :func:`.clocks.instance_times`; ``pr``: the rows of
     complete instances (:func:`per_rank_waits`); ``n_multi``: instances of more than one rank
     (with none of them complete, the table is empty); ``profiler_step``: the step's median
-    length and spread (:func:`step_lengths`).
+    length and spread (:func:`step_lengths`); ``compute``: each rank's computation per
+    profiler step (:func:`compute_per_step`).
+
+    In a pipeline (most waits at point-to-point transfers) the schedule's own bubble makes the
+    first and last stages the root of much waiting without being slow, so the rank that causes
+    the most is named without the dominance rule when a second signal agrees: it computes more
+    per step than every other rank, by more than the step varies and the thresholds below
+    (:func:`_pipeline_straggler`).
 
     Returns:
         (:attr:`.sync.SyncResult.stragglers`, most wait caused first;
@@ -238,7 +297,41 @@ def straggler_table(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_mu
                 and per_waiter >= STRAGGLER_MIN_PROFILER_STEP_SHARE * (profiler_step[0] or 0.0)
                 and per_waiter > (profiler_step[1] or 0.0)):
             straggler = int(st["rank"].iloc[0])
+        elif _pipeline_straggler(st, pr, compute or {}, profiler_step):
+            straggler = who
     return st, straggler
+
+
+def _pipeline_straggler(st: pd.DataFrame, pr: pd.DataFrame, compute: dict[int, float],
+                        profiler_step: tuple[float | None, float | None]) -> bool:
+    """Whether the rank that causes the most waiting (``st``'s first row) of a pipeline is its
+    straggler: most waits are at point-to-point transfers, it arrives last at
+    :data:`STRAGGLER_LAST_SHARE` of its ops or more, and it computes more per step than every
+    other rank by at least :data:`STRAGGLER_MIN_PROFILER_STEP_SHARE` of the step and more than
+    the step varies."""
+    if pr.empty or len(st) < 2 or not compute:
+        return False
+    pair = pr["instance"].astype(str).str.startswith("p2p:").to_numpy()
+    who = int(st["rank"].iloc[0])
+    if pair.mean() < 0.5 or who not in compute or len(compute) < 2:
+        return False
+    if st["last_arrivals"].iloc[0] < STRAGGLER_LAST_SHARE * max(1, int(st["instances"].iloc[0])):
+        return False
+    excess = compute[who] - max(v for r, v in compute.items() if r != who)
+    step, spread = profiler_step
+    return bool(excess > 0 and excess >= STRAGGLER_MIN_PROFILER_STEP_SHARE * (step or 0.0)
+                and excess > (spread or 0.0))
+
+
+def compute_per_step(traces: TraceSet, comm_patterns=()) -> dict[int, float]:
+    """``{rank: computation per profiler step (µs)}``: the rank's compute time (its time
+    breakdown's ``compute_us``) over its steps; ranks without steps are left out."""
+    out = {}
+    for r, t in traces.ranks.items():
+        total, steps, _ = summary_of(t, comm_patterns).breakdown
+        if steps:
+            out[int(r)] = float(total.get("compute_us") or 0.0) / len(steps)
+    return out
 
 
 def step_lengths(traces: TraceSet, comm_patterns=()) -> tuple[float | None, float | None]:

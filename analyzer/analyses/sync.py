@@ -48,6 +48,7 @@ from .clocks import align_clocks, instance_times, rank_hosts
 from .comm_events import comm_events
 from .matching import count_instances, matched_events
 from .stragglers import (
+    compute_per_step,
     per_rank_waits,
     step_lengths,
     straggler_noise_note,
@@ -222,7 +223,8 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     per_rank, pr = per_rank_waits(ev, inst)
     ranks = sorted(int(r) for r in ev["rank"].unique())
     st, straggler = straggler_table(ranks, inst, pr[pr["evidence"].astype(bool)], n_multi,
-                                     step_lengths(traces, comm_patterns))
+                                     step_lengths(traces, comm_patterns),
+                                     compute_per_step(traces, comm_patterns))
     p_start, p_until = pr["start_us"].to_numpy(), pr["wait_until_us"].to_numpy()
     # per rank, |union of its waiting intervals| (µs), its rows by position
     waiting = {int(r): iv.total(iv.union(p_start[idx], p_until[idx]))

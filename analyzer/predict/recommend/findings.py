@@ -45,7 +45,11 @@ class StragglerFinding:
             ``"idles longer"`` (it idles ≥ :data:`STRAGGLER_IDLE_PCT` % of the step per step
             more than the other ranks' median, in ≥ :data:`STRAGGLER_STEP_SHARE` of ≥ 2 steps,
             and, outside pipelines, causes more waiting than it suffers; in a pipeline ≥
-            :data:`STRAGGLER_IDLE_PCT_PIPELINE` %, and the waiting is the bubble's).
+            :data:`STRAGGLER_IDLE_PCT_PIPELINE` %, and the waiting is the bubble's) or
+            ``"causes the pipeline's waiting"`` (on GPU traces of a pipeline: the
+            synchronization analysis names it, :attr:`pardiag.analyzer.analyses.sync.
+            SyncResult.straggler`, because the waiting it causes directly or through the stages
+            that wait for it is the most, and it computes more per step than every other rank).
         last_arrivals, instances: collectives it arrived last at, of those it joined.
         wait_caused_us, wait_suffered_us: waiting it caused the others / suffered (µs, all
             steps; :attr:`pardiag.analyzer.analyses.sync.SyncResult.stragglers`).
@@ -71,7 +75,11 @@ class StragglerFinding:
     def describe(self) -> str:
         """``"rank 1 is a straggler: it idles 30.1 ms per step more than the others (in 9 of 9
         steps)"`` or ``"…: it arrives last at 40 of 45 collectives"``."""
-        if self.criterion == "idles longer":
+        if self.criterion == "causes the pipeline's waiting":
+            how = (f"the other stages' waiting goes back to it ({self.wait_caused_us / 1000:.1f} "
+                   f"ms, directly or through the stages that wait for it), and it computes "
+                   f"longer per step than every other rank")
+        elif self.criterion == "idles longer":
             assert self.excess_idle_us is not None  # what the criterion measured
             how = (f"it idles {self.excess_idle_us / 1000:.1f} ms per step more than the others "
                    f"(in {self.steps_over} of {self.steps} steps)")
@@ -137,6 +145,15 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
         if ctx.on_gpu or (f.excess_idle_us is not None and step_us > 0
                           and f.excess_idle_us >= STRAGGLER_IDLE_PCT / 100.0 * step_us):
             return f
+    # a pipeline on a GPU: the waiting goes back to it along the stages, and it computes the
+    # longest (both checked by the synchronization analysis); on CPU its op times follow the
+    # host's load, so there the idle criterion below decides
+    p2p = (sync.per_rank["instance"].astype(str).str.startswith("p2p:").mean()
+           if len(sync.per_rank) else 0.0)
+    named = getattr(sync, "straggler", None)
+    if ((pipeline or p2p >= 0.5) and ctx.on_gpu and named is not None
+            and int(named) == int(st["rank"])):
+        return finding(int(st["rank"]), "causes the pipeline's waiting")
     # idles longer than its peers step after step, however many collectives the step has
     if len(ex) and step_us > 0:
         med = ex.groupby("rank")["excess_us"].median().sort_values(ascending=False)
