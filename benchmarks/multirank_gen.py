@@ -81,6 +81,7 @@ KINDS: tuple[str, ...] = (
     "lockstep", "straggler", "clock_offset", "drift", "start_skew", "dropped",
     "multi_kernel_a2a", "coalesced", "old_nccl", "rccl", "xpu_oneccl", "custom_kernel",
     "rooted_broadcast", "pipeline", "windows", "mesh_layout", "independent_groups",
+    "pipeline_straggler",
 )
 METADATA: tuple[str, ...] = ("records", "seq", "names", "none")
 OPS: tuple[str, ...] = (
@@ -1454,6 +1455,11 @@ def random_job(rng: random.Random, kind: str | None = None,
         p = rng.choice([2, 4])
         job.mesh = rng.choice([{"pp": p}, {"pp": 2, "dp": 2}])
         job.microbatches = rng.choice([4, 8])
+    elif kind == "pipeline_straggler":   # one rank of a pipeline computes slower
+        job.schedule = rng.choice(["pp_gpipe", "pp_1f1b", "pp_interleaved"])
+        job.mesh = rng.choice([{"pp": 2}, {"pp": 4}, {"pp": 2, "dp": 2}])
+        job.microbatches = rng.choice([4, 8])
+        job.slow_ranks = {rng.randrange(_world(job)): rng.uniform(400, 1500)}
     elif kind == "windows":
         job.windows = rng.randint(2, 3)
     elif kind == "mesh_layout":

@@ -269,10 +269,12 @@ def test_sends_pair_with_their_receives_and_a_slow_stage_is_the_one_waited_for(t
     assert sync.offsets["offset_us"].tolist() == [0.0, 0.0, 0.0]
     # stage 1 computes 650 µs per microbatch: ready at 1150 and 1800 µs. Rank 2 posts its
     # recvs at 0 and 1650 and waits 1150 + 150 µs for rank 1; rank 1 waits 400 µs for rank 0's
-    # first send (its second recv is posted with the send).
+    # first send (its second recv is posted with the send). Root causes: 400 µs of rank 2's
+    # first wait passed while rank 1 itself waited for rank 0, so they are rank 0's; rank 1
+    # is named all the same (it computes longest, the pipeline's second signal).
     st = sync.stragglers.set_index("rank")
     assert sync.straggler == 1
-    assert st["wait_caused_us"].to_dict() == pytest.approx({0: 400.0, 1: 1300.0, 2: 0.0})
+    assert st["wait_caused_us"].to_dict() == pytest.approx({0: 800.0, 1: 900.0, 2: 0.0})
     assert st["wait_suffered_us"].to_dict() == pytest.approx({0: 0.0, 1: 400.0, 2: 1300.0})
     # the pairs give the hop latency (100 µs per transfer) and the receivers' waits per link
     p2p = sync.p2p.set_index(["src", "dst"])

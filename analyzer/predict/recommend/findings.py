@@ -148,8 +148,9 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
     # a pipeline on a GPU: the waiting goes back to it along the stages, and it computes the
     # longest (both checked by the synchronization analysis); on CPU its op times follow the
     # host's load, so there the idle criterion below decides
-    p2p = (sync.per_rank["instance"].astype(str).str.startswith("p2p:").mean()
-           if len(sync.per_rank) else 0.0)
+    per_rank = getattr(sync, "per_rank", None)
+    p2p = (per_rank["instance"].astype(str).str.startswith("p2p:").mean()
+           if per_rank is not None and len(per_rank) else 0.0)
     named = getattr(sync, "straggler", None)
     if ((pipeline or p2p >= 0.5) and ctx.on_gpu and named is not None
             and int(named) == int(st["rank"])):
