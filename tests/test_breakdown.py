@@ -521,3 +521,18 @@ def test_one_device_per_rank_has_no_device_rows(tmp_path):
     gpu_rank(1).write(tmp_path / "rank1.json")
     bd = compute_time_breakdown(load_traces(tmp_path))
     assert bd.devices.empty and bd.devices_text() == []
+
+
+def test_a_merged_files_renumbered_pids_are_not_devices(tmp_path):
+    """A merge tool's file: rank 0's compute kernel on pid 1 without a device arg, its
+    all-reduce with ``device`` 0 — one device, read from the arg, not two from the pids."""
+    b = TraceBuilder(rank=0, world_size=1)
+    b.step(1, EPOCH, 1000)
+    b.kernel("gemm", EPOCH + 10, 500, launch_ts=EPOCH + 1)
+    del b.events[-2]["args"]["device"]
+    b.events[-2]["pid"] = 1
+    b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+             EPOCH + 520, 300, stream=20, launch_ts=EPOCH + 2, args={"device": 0})
+    b.write(tmp_path / "rank0.json")
+    bd = compute_time_breakdown(load_traces(tmp_path))
+    assert bd.devices.empty and bd.devices_text() == []

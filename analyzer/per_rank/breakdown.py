@@ -544,7 +544,7 @@ def device_timelines(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
 
     Returns:
         :data:`DEVICE_COLUMNS`, one row per device that ran a kernel, copy or set, by device
-        id (the event's ``device`` arg, else its ``pid``, which Kineto sets to the device):
+        id (:func:`_device_ids`):
         ``kernels`` (events), ``compute_us`` (|union of its computation kernels|), ``busy_us``
         (|union of all its events|), ``start_us``/``end_us`` (its first start and last end, µs,
         trace clock); empty for a trace without device events.
@@ -554,17 +554,35 @@ def device_timelines(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
     if not dev.any():
         return pd.DataFrame(columns=list(DEVICE_COLUMNS))
     ev = trace.events[dev]
-    ids = [vocab.DEVICE.get(a, p) for a, p in zip(ev["args"], ev["pid"])]
-    ids = [int(x) if isinstance(x, (int, np.integer)) or str(x).isdigit() else -1 for x in ids]
+    ids = _device_ids(ev)
     ts = ev["ts"].to_numpy(dtype=float)
     end = ts + ev["dur"].to_numpy(dtype=float)
     compute = k[dev] == Kind.GPU_COMPUTE.value
     idx = np.asarray(ids)
     rows = []
-    for d in sorted(set(ids)):
+    for d in sorted(set(ids) - {-1}):
         on = idx == d
         rows.append({"device": d, "kernels": int(on.sum()),
                      "compute_us": iv.total(iv.union(ts[on & compute], end[on & compute])),
                      "busy_us": iv.total(iv.union(ts[on], end[on])),
                      "start_us": float(ts[on].min()), "end_us": float(end[on].max())})
     return pd.DataFrame(rows, columns=list(DEVICE_COLUMNS))
+
+
+def _device_ids(ev: pd.DataFrame) -> list[int]:
+    """Each device event's device: its ``device`` arg. An event without one is on the only
+    device the others name; where none names one, on its ``pid`` (Kineto's pid of a device's
+    events is the device; merge tools renumber pids, so a pid is read only when no event says
+    more); where several are named, on the one its pid equals, else on none (-1, left out)."""
+    def as_int(x: object) -> int | None:
+        if isinstance(x, (int, np.integer)):
+            return int(x)
+        return int(str(x)) if str(x).isdigit() else None
+    arg = [as_int(vocab.DEVICE.get(a)) for a in ev["args"]]
+    known = {d for d in arg if d is not None}
+    pids = [as_int(p) for p in ev["pid"]]
+    if not known:
+        return [-1 if p is None else p for p in pids]
+    only = next(iter(known)) if len(known) == 1 else None
+    return [d if d is not None else only if only is not None
+            else p if p in known else -1 for d, p in zip(arg, pids)]
