@@ -12,9 +12,11 @@ on the reference clock (:func:`pardiag.analyzer.analyses.clocks.align_clocks`).
   wait.
 * **Stragglers** (:func:`straggler_table`): per-rank totals (wait suffered, wait caused) are
   lengths of unions of those intervals, so collectives in flight together (DDP buckets) count
-  once. A straggler is named only from instances that are evidence (complete, not at a window's
-  head, of known semantics) and only when it stands out of the noise (the ``STRAGGLER_*``
-  thresholds; :func:`straggler_noise_note` says when it does not).
+  once; waiting caused is the root cause's (:func:`_wait_caused`). A straggler is named only
+  from instances that are evidence (complete, not at a window's head, of known semantics) and
+  only when it stands out of the noise (the ``STRAGGLER_*`` thresholds, or in a pipeline a
+  second signal, :func:`_pipeline_straggler`; :func:`straggler_noise_note` says when it does
+  not).
 """
 
 from __future__ import annotations

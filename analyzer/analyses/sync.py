@@ -26,8 +26,10 @@ Input: every rank's issued communication ops
    instance is its minimum duration over the ranks; each rank's wait is its duration minus that.
    Arrival skew = latest start − earliest start. A rank waits from its arrival to the arrival it
    waits for (the last one; at a broadcast or scatter the root's), and that rank *causes* the
-   wait. Per-rank totals (wait suffered, wait caused) are lengths of unions of those intervals,
-   so collectives in flight together (DDP buckets) count once. A straggler is named only from
+   wait — or, for the part of the wait during which that rank was itself waiting, whoever it
+   waited for (root causes, Scalasca's delay costs). Per-rank totals (wait suffered, wait
+   caused) are lengths of unions of those intervals, so collectives in flight together (DDP
+   buckets) count once. A straggler is named only from
    instances that are evidence: complete, not at a window's head, of known semantics.
 5. **Bandwidth** (nccl-tests, doc/PERFORMANCE.md): algbw = S / t with S the bytes of the full
    buffer and t the transfer time (an op of several kernels: first start to last end); busbw =
@@ -83,7 +85,8 @@ class SyncResult:
             clock), ``dur_us``, ``wait_us``, ``arrival_delay_us``, ``evidence``.
         stragglers: per rank, most wait caused first, from the instances that are evidence:
             ``rank``, ``wait_suffered_us`` (|union of its waiting intervals|), ``wait_caused_us``
-            (Σ over the other ranks of |union of their waits for it|), ``last_arrivals``,
+            (Σ over the other ranks of |union of their waits for it|, as root cause:
+            :func:`.stragglers._wait_caused`), ``last_arrivals``,
             ``steps_as_top`` (steps in which it caused the most wait), ``instances``,
             ``waiting_us`` (|union of its waits| at every complete instance, window heads
             included: the waiting part of its exposed communication is at most this; NaN for a

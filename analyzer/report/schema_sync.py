@@ -47,8 +47,10 @@ class StragglerRow(msgspec.Struct, kw_only=True, frozen=True):
     Attributes:
         rank: The rank.
         wait_suffered_us: Length of the union of its waits for later arrivals. Unit: µs.
-        wait_caused_us: Sum over the other ranks of the length of the union of their waits for
-            this rank. Unit: µs.
+        wait_caused_us: Waiting this rank caused as its root cause: over the other ranks, the
+            length of the union of their waits for it, less the part during which it was itself
+            waiting for another rank (that part is charged down the chain, Scalasca's delay
+            costs). Unit: µs.
         last_arrivals: Instances it arrived last at.
         steps_as_top: Steps in which it caused the most wait.
         instances: Complete instances it took part in that are evidence (not at a window's
