@@ -255,9 +255,11 @@ def test_plain_profiler_interleaved_run(plain_interleaved):
     assert j["layout"]["source"] == INFERRED_SOURCE
     assert j["layout"]["pipeline"]["stage_ranks"] == {"0": 0, "1": 1, "2": 0, "3": 1}
     assert j["pipeline"]["schedule"] == {"schedule": "ScheduleInterleaved1F1B", "p": 2, "m": 4,
-                                         "v": 2, "stages": 4, "source": INFERRED_SOURCE}
+                                         "v": 2, "stages": 4, "source": INFERRED_SOURCE,
+                                         "ideal_from": "replay"}
     summ = {r["rank"]: r for r in j["pipeline"]["summary"]}
     assert summ[0]["stages"] == "0,2" and summ[1]["stages"] == "1,3"
+    # the ideal replays the run's own order; for Interleaved1F1B it is the formula's 1/(2·4+1)
     assert summ[0]["ideal_pct"] == pytest.approx(100 * 1 / 9)
     assert all(r["method"] == "measured" for r in j["pipeline"]["bubbles"])
     assert all(0 < r["bubble_pct"] < 100 for r in j["pipeline"]["bubbles"])
