@@ -66,8 +66,7 @@ def _not_a_dim(desc: str | None) -> bool:
     return d == "default_pg" or bool(m and MEGATRON_GROUPS.get(m.group(1), "") is None)
 
 
-def role_of(ops: dict[str, int], functional: float, all_to_all: str | None = "ep"
-            ) -> str | None:
+def role_of(ops: dict[str, int], functional: float, all_to_all: str | None) -> str | None:
     """The dimension a group serves, from the ops that ran over it: point-to-point → ``pp``
     (pipeline stages), all-to-all → ``all_to_all`` (what the run's evidence says its
     all-to-alls carry: ``ep`` for token dispatch, ``cp`` for a sequence exchange, None when

@@ -208,9 +208,8 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
     sched = _schedule(traces, chunks, inferred)
     ideal = (ideal_bubble_pct(sched["p"], sched["m"], sched["v"])
              if sched and sched["p"] and sched["m"] else float("nan"))
-    if sched is not None:
-        sched["ideal_from"] = "formula"   # until a step's order replays (below)
     out = []
+    replays = False   # some step's own order replayed (the ideal is then the replay's)
     prof_steps = set(chunks.loc[chunks["profiled"], "step"])
     after_window = max(prof_steps) + 1 if prof_steps else None
     sch = traces.run_info.schedule if traces.run_info else None
@@ -221,8 +220,7 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
             continue  # the first step also builds the stages' buffers: not the steady schedule
         lo, hi = float(sc["start_us"].min()), float(sc["end_us"].max())
         replayed = replay_ideal(sc)
-        if replayed is not None and sched is not None:
-            sched["ideal_from"] = "replay"
+        replays |= replayed is not None
         profiled = bool(sc["profiled"].all())
         # undisturbed: unprofiled, not a warm-up step of the profiler, and not the step after
         # the window (it waits for the trace export and the live-object scans)
@@ -257,6 +255,8 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
                         "warmup_bubble_us": np.nan, "steady_bubble_us": np.nan,
                         "cooldown_bubble_us": np.nan, "ideal_pct": ideal, "method": "estimate",
                         "profiled": True, "clean": False})
+    if sched is not None:
+        sched["ideal_from"] = "replay" if replays else "formula"
     bubbles = pd.DataFrame(out, columns=list(BUBBLE_COLUMNS))
     return PipelineResult(bubbles, chunks, sched, summarize_bubbles(bubbles), bubble_gaps(chunks),
                           typical_step(bubbles) if len(chunks) else None)

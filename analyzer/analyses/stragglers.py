@@ -21,6 +21,8 @@ on the reference clock (:func:`pardiag.analyzer.analyses.clocks.align_clocks`).
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 import pandas as pd
 
@@ -163,7 +165,7 @@ def per_rank_waits(ev: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame, 
         pr["wait_us"] = np.where(rooted, pr["wait_until_us"] - pr["start_us"], pr["wait_us"])
     # point-to-point: each side waits from its arrival to its peer's (an async isend's span,
     # which lasts until its wait, is no waiting)
-    pair = pr["instance"].astype(str).str.startswith("p2p:").to_numpy()
+    pair = _is_pair(pr)
     pr["wait_us"] = np.where(pair, pr["wait_until_us"] - pr["start_us"], pr["wait_us"])
     per_rank = pr[["instance", "rank", "start_us", "end_us", "dur_us", "wait_us",
                    "arrival_delay_us", "evidence"]].reset_index(drop=True)
@@ -213,13 +215,17 @@ def _root_shares(waiter: np.ndarray, cause: np.ndarray, start: np.ndarray, until
     n = len(waiter)
     out: list[dict[int, float]] = [{} for _ in range(n)]
     order = np.argsort(until, kind="stable")
-    own: dict[int, list[int]] = {}      # each rank's resolved waits, in the order they end
+    # each rank's resolved waits and their ends, in the order they end: the ones that can
+    # overlap a wait from ``start`` on are found by bisection (a rank waits thousands of times)
+    own: dict[int, list[int]] = {}
+    ends: dict[int, list[float]] = {}
     for i in order:
         c, d = int(cause[i]), float(until[i] - start[i])
         share: dict[int, float] = {}
         if d > 0:
             left = d
-            for j in own.get(c, ()):
+            mine = own.get(c, [])
+            for j in mine[bisect.bisect_right(ends.get(c, []), float(start[i])):]:
                 o = min(until[i], until[j]) - max(start[i], start[j])
                 if o <= 0:
                     continue
@@ -234,6 +240,7 @@ def _root_shares(waiter: np.ndarray, cause: np.ndarray, start: np.ndarray, until
             share[c] = 1.0
         out[i] = share
         own.setdefault(int(waiter[i]), []).append(i)
+        ends.setdefault(int(waiter[i]), []).append(float(until[i]))
     return out
 
 
@@ -313,9 +320,8 @@ def _pipeline_straggler(st: pd.DataFrame, pr: pd.DataFrame, compute: dict[int, f
     the step varies."""
     if pr.empty or len(st) < 2 or not compute:
         return False
-    pair = pr["instance"].astype(str).str.startswith("p2p:").to_numpy()
     who = int(st["rank"].iloc[0])
-    if pair.mean() < 0.5 or who not in compute or len(compute) < 2:
+    if p2p_share(pr) < 0.5 or who not in compute or len(compute) < 2:
         return False
     if st["last_arrivals"].iloc[0] < STRAGGLER_LAST_SHARE * max(1, int(st["instances"].iloc[0])):
         return False
@@ -323,6 +329,19 @@ def _pipeline_straggler(st: pd.DataFrame, pr: pd.DataFrame, compute: dict[int, f
     step, spread = profiler_step
     return bool(excess > 0 and excess >= STRAGGLER_MIN_PROFILER_STEP_SHARE * (step or 0.0)
                 and excess > (spread or 0.0))
+
+
+def p2p_share(per_rank: pd.DataFrame | None) -> float:
+    """The share of ``per_rank``'s rows (:func:`per_rank_waits`) at point-to-point transfers:
+    a pipeline's waits when most are; 0 for no rows."""
+    if per_rank is None or not len(per_rank):
+        return 0.0
+    return float(_is_pair(per_rank).mean())
+
+
+def _is_pair(pr: pd.DataFrame) -> np.ndarray:
+    """Bool per row: its instance is a point-to-point pair (``p2p:...``)."""
+    return pr["instance"].astype(str).str.startswith("p2p:").to_numpy()
 
 
 def compute_per_step(traces: TraceSet, comm_patterns=()) -> dict[int, float]:

@@ -194,11 +194,12 @@ def all_to_all_evidence(trace: RankTrace) -> dict[str, int]:
     c_ts, c_end = ts[comp], end[comp]
     by_end, by_start = np.argsort(c_end, kind="stable"), np.argsort(c_ts, kind="stable")
     e_sorted, s_sorted = c_end[by_end], c_ts[by_start]
-    near = 0
-    for t0, t1 in zip(ts[a2a], end[a2a]):
-        i = int(np.searchsorted(e_sorted, t0, side="right")) - 1   # the last to end before
-        j = int(np.searchsorted(s_sorted, t1, side="left"))        # the first to start after
-        near += bool((i >= 0 and att[by_end[i]]) or (j < len(s_sorted) and att[by_start[j]]))
+    n = len(e_sorted)
+    before = np.searchsorted(e_sorted, ts[a2a], side="right") - 1   # the last to end before
+    after = np.searchsorted(s_sorted, end[a2a], side="left")        # the first to start after
+    att_before = (before >= 0) & att[by_end[np.clip(before, 0, max(n - 1, 0))]] if n else False
+    att_after = (after < n) & att[by_start[np.clip(after, 0, max(n - 1, 0))]] if n else False
+    near = int(np.count_nonzero(att_before | att_after))
     out.update(a2a_events=len(a2a), a2a_attention=near)
     return out
 

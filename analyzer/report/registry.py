@@ -419,12 +419,13 @@ def report_document(report: Report) -> js.ReportDocument:
     Raises:
         TypeError: an analysis wrote a key the schema has no field for.
     """
+    joined = report.time_breakdown.joined_text()
     fields: dict[str, Any] = {
         "schema_version": REPORT_SCHEMA_VERSION,
         "source": report.traces.source,
         "warnings": [*report.traces.warnings, *report.time_breakdown.devices_text()],
-        "notes": [n for t in report.traces.ranks.values() for n in t.notes]
-        + [f"Steps: {t}" for t in [report.time_breakdown.joined_text()] if t],
+        "notes": [*(n for t in report.traces.ranks.values() for n in t.notes),
+                  *([f"Steps: {joined}"] if joined else [])],
         "run": report.traces.run_info,
     }
     for a in ANALYSES:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from ...analyses.causes import StragglerCause, straggler_cause
 from ...analyses.peers import median_of_others
+from ...analyses.stragglers import p2p_share
 from .context import RuleContext, run_step_row
 
 #: A straggler arrives last at this share of its collectives or more …
@@ -148,11 +149,9 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
     # a pipeline on a GPU: the waiting goes back to it along the stages, and it computes the
     # longest (both checked by the synchronization analysis); on CPU its op times follow the
     # host's load, so there the idle criterion below decides
-    per_rank = getattr(sync, "per_rank", None)
-    p2p = (per_rank["instance"].astype(str).str.startswith("p2p:").mean()
-           if per_rank is not None and len(per_rank) else 0.0)
     named = getattr(sync, "straggler", None)
-    if ((pipeline or p2p >= 0.5) and ctx.on_gpu and named is not None
+    if ((pipeline or p2p_share(getattr(sync, "per_rank", None)) >= 0.5) and ctx.on_gpu
+            and named is not None
             and int(named) == int(st["rank"])):
         return finding(int(st["rank"]), "causes the pipeline's waiting")
     # idles longer than its peers step after step, however many collectives the step has
