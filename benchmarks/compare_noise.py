@@ -1,13 +1,21 @@
 """How far apart are identical runs, and does `pardiag compare` say so? (a benchmark).
 
-Each round profiles the DDP example three times in a row (2 ranks, `--pin-cpu`, 24 steps):
-A, then B with a planted slowdown (rank 0 sleeps `--slow-ms` per step, set once from a
-calibration run to ``--change-pct`` of its step), then A' identical to A. It compares A with A'
-(identical: the answer should be "within noise") and A with B (the planted change: B must come
-out slower). Per comparison it keeps B's step time change in % and compare's verdict on the
-noise (:class:`pardiag.analyzer.report.reading.StepDelta`).
+With ``--repeat 1`` (one run per side) each round profiles the DDP example three times in a row
+(2 ranks, `--pin-cpu`, ``--steps`` steps): A, then B with a planted slowdown (rank 0 sleeps
+`--slow-ms` per step, set once from a calibration run to ``--change-pct`` of its step), then A'
+identical to A. It compares A with A' (identical: the answer should be "within noise") and A
+with B (the planted change: B must come out slower).
 
-    .venv/bin/python benchmarks/compare_noise.py [--rounds 20] [--change-pct 20] [--json out.json]
+With ``--repeat N`` each side is a set of N runs, as ``pardiag profile --repeat N`` writes it,
+run one after the other as a user would (the N runs of A, then the N of B): round i profiles
+the set A_i then the planted set B_i, and one more set A_{rounds} closes the sequence. It
+compares A_i with B_i (planted) and A_i with A_{i+1} (identical, recorded minutes apart).
+
+Per comparison it keeps B's step time change in % and compare's verdict on the noise
+(:class:`pardiag.analyzer.report.reading.StepDelta`).
+
+    .venv/bin/python benchmarks/compare_noise.py [--rounds 20] [--repeat 5] [--change-pct 20]
+        [--steps 24] [--json out.json]
 
 Prints one line per round and the counts the goals are stated in: identical pairs called within
 noise, planted changes with the right sign (and called beyond noise).
@@ -31,11 +39,12 @@ EXAMPLE = REPO / "examples" / "train_ddp.py"
 STEPS = 24
 
 
-def profile(out: Path, extra: list[str]) -> None:
-    """One pinned 2-rank run of the DDP example into ``out``."""
+def profile(out: Path, extra: list[str], repeat: int = 1, steps: int = STEPS) -> None:
+    """A pinned 2-rank run of the DDP example into ``out`` (``repeat`` > 1: a set of runs)."""
     cmd = [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
-           "--out", str(out), str(EXAMPLE), "--", "--steps", str(STEPS), *extra]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+           *(["--repeat", str(repeat)] if repeat > 1 else []),
+           "--out", str(out), str(EXAMPLE), "--", "--steps", str(steps), *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600 * repeat, cwd=REPO)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {res.stderr[-800:]}")
 
@@ -49,31 +58,43 @@ def step_ms(run: Path) -> float:
 def compared(a: Path, b: Path) -> dict:
     """``{"delta_pct", "beyond_noise", "noise"}`` of ``pardiag.compare(a, b)``."""
     import pardiag
-    s = pardiag.compare(a, b).step
-    return {"delta_pct": round(float(s.delta_pct), 2), "beyond_noise": s.beyond_noise,
-            "noise": s.noise}
+    c = pardiag.compare(a, b)
+    s = c.step
+    return {"host_probe": next((w for w in c.warnings if w.startswith("the host probe")), None),
+            "delta_pct": round(float(s.delta_pct), 2), "beyond_noise": s.beyond_noise,
+            "noise": s.noise, "p_value": s.p_value,
+            "a_runs_ms": [round(x / 1e3, 3) for x in s.a.runs_us] if s.a else [],
+            "b_runs_ms": [round(x / 1e3, 3) for x in s.b.runs_us] if s.b else []}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per side")
+    ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--change-pct", type=float, default=20.0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     info = machine()
     rows = []
+    n, steps = args.repeat, args.steps
     with tempfile.TemporaryDirectory(prefix="pardiag-noise-") as tmp:
         cal = Path(tmp) / "calibration"
-        profile(cal, [])
+        profile(cal, [], steps=steps)
         base = step_ms(cal)
         slow = round(base * args.change_pct / 100.0, 3)
+        planted_args = ["--slow-rank", "0", "--slow-ms", str(slow)]
         print(f"calibration: step {base:.3f} ms; planted sleep {slow} ms on rank 0", flush=True)
+        if n > 1:
+            profile(Path(tmp) / "a0", [], n, steps)
         for i in range(args.rounds):
-            a, b, a2 = (Path(tmp) / f"{x}{i}" for x in ("a", "b", "a2_"))
-            profile(a, [])
-            profile(b, ["--slow-rank", "0", "--slow-ms", str(slow)])
-            profile(a2, [])
+            a, b, a2 = (Path(tmp) / x for x in (f"a{i}", f"b{i}", f"a{i + 1}" if n > 1
+                                                 else f"a2_{i}"))
+            if n == 1:
+                profile(a, [], steps=steps)
+            profile(b, planted_args, n, steps)
+            profile(a2, [], n, steps)
             same, planted = compared(a, a2), compared(a, b)
             rows.append({"round": i, "identical": same, "planted": planted})
             print(f"round {i:2d}: identical {same['delta_pct']:+6.1f}% "
@@ -94,7 +115,8 @@ def main() -> int:
           f"wrong sign {sum(p['beyond_noise'] is True and p['delta_pct'] < 0 for p in planted)}")
     if args.json:
         args.json.write_text(json.dumps({"machine": info, "calibration_ms": base,
-                                         "planted_ms": slow, "rounds": rows}, indent=1))
+                                         "planted_ms": slow, "repeat": n, "steps": steps,
+                                         "rounds": rows}, indent=1))
     return 0
 
 

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -755,13 +756,38 @@ def _load_average() -> list[float] | None:
         return None
 
 
+#: Repetitions of the host probe's loop (:func:`host_probe_ms`); its median is kept.
+HOST_PROBE_REPEATS = 7
+#: Iterations of the probe's loop: about 8 ms on a 2020s x86 core.
+HOST_PROBE_ITERATIONS = 150_000
+
+
+def host_probe_ms() -> float:
+    """How long a fixed single-core workload takes on this host now (ms, median of
+    :data:`HOST_PROBE_REPEATS` timings of a pure-Python loop of :data:`HOST_PROBE_ITERATIONS`
+    multiply-adds; about 60 ms in all).
+
+    A virtual machine's cores slow down as a whole when its neighbours load the physical host,
+    which the load average of this host does not show. Timed before and after each run, the
+    probe tells a comparison that the host, not the change, was slower (the same probe on the
+    same machine took 8.4 ms and, minutes later, 15.4 ms)."""
+    times = []
+    for _ in range(HOST_PROBE_REPEATS):
+        t0 = time.perf_counter()
+        acc = 0
+        for i in range(HOST_PROBE_ITERATIONS):
+            acc += i * i
+        times.append((time.perf_counter() - t0) * 1e3)
+    return round(statistics.median(times), 3)
+
+
 def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank: int | None,
                     times: tuple[float, float], returncode: int, exit_code: int,
                     hang: list | None, failed: dict[int, str], missing: list[int],
-                    loads: tuple[list[float] | None, list[float] | None] = (None, None)
-                    ) -> None:
+                    loads: tuple[list[float] | None, list[float] | None] = (None, None),
+                    probes: tuple[float | None, float | None] = (None, None)) -> None:
     """Write this node's part of the run file (``times``: started, ended; ``loads``: the load
-    averages then)."""
+    averages then; ``probes``: :func:`host_probe_ms` then)."""
     metas = ranks.mine
     started, ended = times
     nodes: dict[str, list[int]] = {}
@@ -795,7 +821,8 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
         torch_version=(torch_versions.pop() if len(torch_versions) == 1
                        else sorted(torch_versions) or None),
         failed_ranks={str(k): v for k, v in failed.items()}, missing_ranks=missing,
-        load_before=loads[0], load_after=loads[1])
+        load_before=loads[0], load_after=loads[1],
+        host_probe_before_ms=probes[0], host_probe_after_ms=probes[1])
     part = layout.node_run_path(out, node_rank if node_rank is not None
                                 else "-" + re.sub(r"[^\w.-]", "_", socket.gethostname()))
     tmp = part.with_suffix(".json.tmp")
@@ -844,6 +871,7 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     launch_id = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
     cmd, env = _command_and_env(cfg, out, script, launch_id)
     ranks = _NodeRanks(out, launch_id)
+    probe_before = host_probe_ms()
     started = time.time()
     load_before = _load_average()
     interrupted = False
@@ -871,7 +899,8 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     exit_code = (EXIT_INTERRUPTED if interrupted
                  else _exit_code(got.codes, hang, returncode, missing, len(metas), cfg))
     _write_run_file(out, cfg, ranks, node_rank, (started, ended), returncode, exit_code, hang,
-                    got.failed, missing, (load_before, _load_average()))
+                    got.failed, missing, (load_before, _load_average()),
+                    (probe_before, None if interrupted else host_probe_ms()))
     if interrupted:  # the run file says so; the command ends with what the folder keeps
         raise Interrupted(_kept(out, metas, expected))
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=got.failed,

@@ -299,7 +299,10 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
 
     Args:
         paths: a run folder written by ``pardiag profile``, a folder of Kineto traces from
-            elsewhere, or trace files (``.json``/``.json.gz``); one or a list.
+            elsewhere, or trace files (``.json``/``.json.gz``); one or a list. A folder of
+            repeated runs (``pardiag profile --repeat N``, :func:`repeat_runs`) gives the
+            report of its run with the median step time, and a warning that lists every run's
+            step time and their spread.
         comm_kernels: regular expressions naming extra communication kernels (custom
             collectives such as DeepEP's ``dispatch``/``combine``; copy-engine transfers), as
             ``--comm-kernel``.
@@ -323,6 +326,19 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
         TraceError: a path does not exist, no readable trace is found, or the paths hold
             different runs (the message names the file and the problem).
     """
+    runs = repeat_runs(paths)
+    if runs:
+        folder = runs[0].parent
+        return _analyze_repeats(folder, runs, comm_kernels=comm_kernels,
+                                cache=cache, workers=workers, progress=progress, hta=hta,
+                                loaded=loaded)
+    return _analyze(paths, comm_kernels=comm_kernels, cache=cache, workers=workers,
+                    progress=progress, hta=hta, mixed_runs=mixed_runs, loaded=loaded)
+
+
+def _analyze(paths, *, comm_kernels, cache, workers, progress, hta, mixed_runs=False,
+             loaded=None, more_warnings: tuple[str, ...] = ()) -> Report:
+    """:func:`analyze` of one run; ``more_warnings`` join loading's warnings."""
     from pardiag.analyzer.per_rank import REDUCER
     from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.trace.classify import compile_comm_patterns
@@ -334,9 +350,60 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
     opts = AnalysisOptions(comm_patterns=patterns, hta=hta)
     traces = load_traces(paths, reducer=REDUCER, comm_patterns=patterns, cache=cache,
                          workers=workers, progress=progress, mixed_runs=mixed_runs)
+    if more_warnings:
+        traces = dataclasses.replace(traces, warnings=(*traces.warnings, *more_warnings))
     if loaded is not None:
         loaded(traces)
     return build_report(traces, opts, cls=Report)
+
+
+def repeat_runs(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """The run folders of ``paths`` when it is one folder of repeated runs
+    (:func:`pardiag.layout.repeat_runs`: what ``pardiag profile --repeat N`` writes), else
+    ``[]``."""
+    from pardiag import layout
+
+    if isinstance(paths, (list, tuple)) and len(paths) == 1:
+        paths = paths[0]
+    if isinstance(paths, (str, Path)):
+        return layout.repeat_runs(Path(paths))
+    return []
+
+
+def _analyze_repeats(folder: Path, runs: list[Path], *, loaded=None, **kw) -> Report:
+    """:func:`analyze` of a folder of repeated runs: every run is analysed for its step time
+    (the report's ``step`` median), then the run with the median of those is reported again
+    (from the per-rank cache, when on), with a warning naming every run's step time. Runs
+    without a step are named and left out; when no run has one, the first is reported."""
+    from pardiag.analyzer.report.reading import step_stats
+
+    medians: list[tuple[float, Path]] = []
+    without: list[str] = []
+    for run in runs:
+        try:
+            st = step_stats(_analyze(run, **kw).document)
+        except PardiagError as exc:   # a run without traces (it failed): named below
+            without.append(f"{run.name} ({str(exc).split(': ', 1)[-1]})")
+            continue
+        if st is None:
+            without.append(f"{run.name} (no complete step)")
+        else:
+            medians.append((st.median_us, run))
+    order = sorted(medians, key=lambda m: m[0])
+    chosen = order[(len(order) - 1) // 2][1] if order else runs[0]
+    if order:
+        lo, hi = order[0][0], order[-1][0]
+        mid = order[(len(order) - 1) // 2][0]
+        times = ", ".join(f"{r.name} {m / 1e3:.2f} ms" for m, r in medians)
+        line = (f"{folder} holds {len(runs)} repeated runs; this report is of {chosen.name}, "
+                f"the one with the median step time ({times}: they differ by "
+                f"{100 * (hi - lo) / mid:.0f}% of the median between runs); `pardiag compare` "
+                f"of two such folders weighs a change against that spread")
+    else:
+        line = f"{folder} holds {len(runs)} repeated runs and none has a step: {chosen.name} shown"
+    if without:
+        line += "; left out: " + "; ".join(without)
+    return _analyze(chosen, loaded=loaded, more_warnings=(line,), **kw)
 
 
 # -- comparing two runs ----------------------------------------------------------------------
@@ -466,10 +533,13 @@ def compare(a, b, *, comm_kernels: Iterable[str] = (), cache: bool = True,
     """Compare run ``b`` (the candidate) with run ``a`` (the reference).
 
     Args:
-        a, b: each a run folder written by ``pardiag profile``, a folder of Kineto traces, a
-            trace file, a JSON summary written by ``pardiag report --json``, such a summary
-            as a dict (:meth:`Report.to_json`), a typed summary (:attr:`Report.document`) or a
-            :class:`Report`.
+        a, b: each a run folder written by ``pardiag profile``, a folder of repeated runs
+            (``pardiag profile --repeat N``), a folder of Kineto traces, a trace file, a JSON
+            summary written by ``pardiag report --json``, such a summary as a dict
+            (:meth:`Report.to_json`), a typed summary (:attr:`Report.document`), a
+            :class:`Report`, or a list of these (the runs of one side). A side of several runs
+            is compared by the spread between its runs (its step time: the median of the runs'
+            medians; the rest: its run with the median step time).
         comm_kernels, cache, workers: as for :func:`analyze` (for inputs that are analyzed).
         names: how the page and the JSON name A and B (default: the paths as given, or a
             summary's ``source``).
@@ -483,24 +553,71 @@ def compare(a, b, *, comm_kernels: Iterable[str] = (), cache: bool = True,
             be decoded (one line naming it).
     """
     from pardiag.analyzer.report.compare import compare_summaries
+
+    sides, given = [], []
+    for x in (a, b):
+        if isinstance(x, (list, tuple)):
+            runs = [d for item in x for d in _side_docs(item, comm_kernels, cache, workers)]
+            given.append(", ".join(_given_name(item) for item in x))
+        else:
+            runs = _side_docs(x, comm_kernels, cache, workers)
+            given.append(_given_name(x))
+        if not runs:
+            raise PardiagError(f"{given[-1]}: no run to compare")
+        sides.append(runs)
+    names = names or (given[0], given[1])
+    picked = [median_run(runs) for runs in sides]
+    res = compare_summaries(picked[0], picked[1], a_source=names[0], b_source=names[1],
+                            a_runs=sides[0] if len(sides[0]) > 1 else (),
+                            b_runs=sides[1] if len(sides[1]) > 1 else ())
+    return Comparison(**{f.name: getattr(res, f.name) for f in dataclasses.fields(res)})
+
+
+def _given_name(x) -> str:
+    """How an input of :func:`compare` is named: its path, or a summary's ``source``."""
+    if isinstance(x, _TypedReport):
+        return str(x.traces.source)
+    if isinstance(x, dict):
+        return str(x.get("source") or "summary")
+    if isinstance(x, ReportDocument):
+        return x.source or "summary"
+    return str(x)
+
+
+def _side_docs(x, comm_kernels, cache, workers) -> list[ReportDocument]:
+    """The typed summaries of one input of :func:`compare`: one, or one per run of a folder
+    of repeated runs."""
     from pardiag.errors import TraceError
 
-    docs, given = [], []
-    for x in (a, b):
-        if isinstance(x, _TypedReport):
-            x = x.document if isinstance(x, Report) else report_document(x)
-        if isinstance(x, dict):
-            name = str(x.get("source") or "summary")
-            try:
-                x = decode_report(x, name)
-            except ValueError as exc:
-                raise TraceError(str(exc)) from None
-        if isinstance(x, ReportDocument):
-            docs.append(x)
-            given.append(x.source or "summary")
-        else:
-            docs.append(load_summary(x, comm_kernels=comm_kernels, cache=cache, workers=workers))
-            given.append(str(x))
-    names = names or (given[0], given[1])
-    res = compare_summaries(docs[0], docs[1], a_source=names[0], b_source=names[1])
-    return Comparison(**{f.name: getattr(res, f.name) for f in dataclasses.fields(res)})
+    if isinstance(x, _TypedReport):
+        return [x.document if isinstance(x, Report) else report_document(x)]
+    if isinstance(x, dict):
+        try:
+            return [decode_report(x, _given_name(x))]
+        except ValueError as exc:
+            raise TraceError(str(exc)) from None
+    if isinstance(x, ReportDocument):
+        return [x]
+    return load_summaries(x, comm_kernels=comm_kernels, cache=cache, workers=workers)
+
+
+def load_summaries(path: str | Path, *, comm_kernels: Iterable[str] = (), cache: bool = True,
+                   workers: int | None = None, progress=None) -> list[ReportDocument]:
+    """:func:`load_summary` of ``path``, or of each run when ``path`` is a folder of repeated
+    runs (:func:`repeat_runs`), in the runs' order.
+
+    Raises:
+        TraceError: as :func:`load_summary`, for any of the runs."""
+    runs = repeat_runs(path) or [Path(path)]
+    return [load_summary(r, comm_kernels=comm_kernels, cache=cache, workers=workers,
+                         progress=progress) for r in runs]
+
+
+def median_run(docs: list[ReportDocument]) -> ReportDocument:
+    """The summary with the median step time (the lower middle one for an even count) of
+    ``docs``; runs without a step come last; the first of ``docs`` when none has one."""
+    from pardiag.analyzer.report.reading import step_stats
+
+    timed = sorted(((st.median_us, i) for i, d in enumerate(docs)
+                    if (st := step_stats(d)) is not None))
+    return docs[timed[(len(timed) - 1) // 2][1]] if timed else docs[0]

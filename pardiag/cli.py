@@ -315,18 +315,23 @@ def _schedule_options(f):
               help="torchrun's --master-addr (static rendezvous without --rdzv-endpoint).")
 @click.option("--master-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
               help="torchrun's --master-port.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="N", help="Run the job N times, one after the other, into --out/run-1 … "
+                                "run-N: `pardiag compare` of two such folders measures the noise "
+                                "between runs.")
 def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out: Path | None,
             wait: int, warmup: int, active: int, overwrite: bool, timeout_s: float | None,
             pin_cpu: bool, nnodes: int, node_rank: int | None, rdzv_backend: str | None,
             rdzv_endpoint: str | None, rdzv_id: str | None, master_addr: str | None,
-            master_port: int | None) -> None:
+            master_port: int | None, repeat: int) -> None:
     """Run SCRIPT under torchrun with every rank profiled.
 
     Arguments after `--` go to the script unchanged. The run folder gets one gzipped Kineto trace
     per rank, per-rank metadata and run.json. The exit code is the script's. On several nodes,
     run the same command on each with --nnodes, --node-rank and --rdzv-endpoint: each node
     writes its own ranks' files into --out (a shared folder, or one per node that `pardiag
-    report` joins).
+    report` joins). With --repeat N the job runs N times into --out/run-1 … run-N; a run that
+    fails ends the repeats with its exit code.
     """
     import time
 
@@ -334,13 +339,43 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
 
     if out is None:
         out = Path("pardiag_runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    cfg = ProfileConfig(script=script, args=tuple(script_args), out=out,
-                        nproc_per_node=nproc_per_node, wait=wait, warmup=warmup,
-                        active=active, overwrite=overwrite, timeout_s=timeout_s,
-                        pin_cpu=pin_cpu, nnodes=nnodes, node_rank=node_rank,
-                        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
-                        master_addr=master_addr, master_port=master_port)
-    result = run_profile(cfg)
+    if repeat > 1:
+        if nnodes > 1:
+            raise PardiagError("--repeat runs a job on one node only (--nnodes 1)")
+        if out.exists() and not out.is_dir():
+            raise PardiagError(f"{out}: exists and is not a folder")
+        if out.is_dir() and any(out.iterdir()) and not overwrite:
+            raise PardiagError(f"{out}: folder exists and is not empty (pass --overwrite to "
+                               f"replace the runs in it)")
+    runs = [out] if repeat == 1 else [layout.repeat_path(out, i) for i in range(1, repeat + 1)]
+    code = 0
+    for i, run_out in enumerate(runs, 1):
+        if repeat > 1:
+            click.echo(f"pardiag: run {i} of {repeat} into {run_out}", err=True)
+        cfg = ProfileConfig(script=script, args=tuple(script_args), out=run_out,
+                            nproc_per_node=nproc_per_node, wait=wait, warmup=warmup,
+                            active=active, overwrite=overwrite, timeout_s=timeout_s,
+                            pin_cpu=pin_cpu, nnodes=nnodes, node_rank=node_rank,
+                            rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+                            rdzv_id=rdzv_id, master_addr=master_addr, master_port=master_port)
+        result = run_profile(cfg)
+        _say_outcome(result, wait, warmup, active, timeout_s)
+        code = result.exit_code
+        if code != 0:
+            if i < repeat:
+                click.echo(f"pardiag: run {i} of {repeat} failed: the other "
+                           f"{repeat - i} were not started", err=True)
+            break
+    if any(out.glob("rank*.trace.json.gz")) or (repeat > 1 and code == 0):
+        where = _shell_path(out)
+        more = " (with node-local folders: every node's folder)" if nnodes > 1 else ""
+        click.echo(f"pardiag: next: {_program()} report {where}{more}", err=True)
+    sys.exit(code)
+
+
+def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float | None) -> None:
+    """What one profiled run left behind, on standard error: failed ranks, short or missing
+    traces, hangs, contention and the run folder."""
     for i, (r, msg) in enumerate(result.failed_ranks.items()):
         first = " (first failure)" if i == 0 and len(result.failed_ranks) > 1 else ""
         click.echo(f"pardiag: rank {r} failed{first}: {msg}", err=True)
@@ -362,11 +397,6 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     if result.contention:
         click.echo(f"pardiag: warning: {result.contention}", err=True)
     click.echo(f"pardiag: run folder {result.out} (exit code {result.exit_code})", err=True)
-    if any(result.out.glob("rank*.trace.json.gz")):
-        where = _shell_path(result.out)
-        more = " (with node-local folders: every node's folder)" if nnodes > 1 else ""
-        click.echo(f"pardiag: next: {_program()} report {where}{more}", err=True)
-    sys.exit(result.exit_code)
 
 
 def _program() -> str:
@@ -519,18 +549,20 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
             workers: int | None) -> None:
     """Compare run B (the candidate) with run A (the reference).
 
-    A and B are run folders, trace folders or JSON summaries written by `pardiag report
-    --json`. Shows what changed in the setup and in the time (step time against both runs'
-    noise, breakdown, overlap, bubbles, stragglers, memory, collectives, operators) and, when B
-    made a change A's report recommended, its predicted against its measured step time. With
-    --fail-if-slower the exit code is 1 when B is slower beyond the limit and the noise. A
+    A and B are run folders, folders of repeated runs (`pardiag profile --repeat N`: the
+    step times are then weighed against the spread between the runs), trace folders or JSON
+    summaries written by `pardiag report --json`. Shows what changed in the setup and in the
+    time (step time against both runs' noise, breakdown, overlap, bubbles, stragglers,
+    memory, collectives, operators) and, when B made a change A's report recommended, its
+    predicted against its measured step time. With --fail-if-slower the exit code is 1 when
+    B is slower beyond the limit and the noise. A
     missing or unreadable input exits with code 2 and a one-line message.
     """
     import orjson
     from rich.console import Console
 
     from pardiag.api import compare as compare_runs
-    from pardiag.api import load_summary
+    from pardiag.api import load_summaries
     from pardiag.progress import progress_reporter
 
     guard_outputs([output, json_out], [a, b])
@@ -538,8 +570,8 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
     docs = []
     for label, path in (("A", a), ("B", b)):
         with progress_reporter(f"loading {label}") as progress:
-            docs.append(load_summary(path, comm_kernels=comm_kernel, cache=not no_cache,
-                                     workers=workers, progress=progress))
+            docs.append(load_summaries(path, comm_kernels=comm_kernel, cache=not no_cache,
+                                       workers=workers, progress=progress))
     try:
         cmp = compare_runs(docs[0], docs[1], names=(str(a), str(b)))
     except PardiagError:

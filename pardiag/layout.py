@@ -151,6 +151,39 @@ def rank_files(run_dir: Path, rank: int) -> list[Path]:
             partial_trace_path(run_dir, rank)]
 
 
+#: The folder of the i-th run of a repeated profile (``pardiag profile --repeat N``) in its set.
+REPEAT_TEMPLATE = "run-{i}"
+
+
+def repeat_path(set_dir: Path, i: int) -> Path:
+    """Folder of the ``i``-th run (from 1) of a set of repeated runs (:data:`REPEAT_TEMPLATE`)."""
+    return Path(set_dir) / REPEAT_TEMPLATE.format(i=i)
+
+
+def _natural(name: str) -> list:
+    """Sort key that orders ``run-2`` before ``run-10``."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def repeat_runs(folder: Path) -> list[Path]:
+    """The run folders of a set of repeated runs, in natural order of their names; empty when
+    ``folder`` is not such a set.
+
+    A set is a folder that is not itself a run (it holds no trace and no run file) and whose
+    subfolders include two or more pardiag run folders (each with ``pardiag/run.json``):
+    what ``pardiag profile --repeat N`` writes (``run-1`` … ``run-N``), or run folders a user
+    gathered in one folder. Other subfolders are not runs and are left out."""
+    folder = Path(folder)
+    try:
+        if not folder.is_dir() or run_file_path(folder).is_file() or any(
+                is_trace_name(f.name) for f in folder.iterdir() if f.is_file()):
+            return []
+        runs = [d for d in folder.iterdir() if d.is_dir() and run_file_path(d).is_file()]
+    except OSError:
+        return []
+    return sorted(runs, key=lambda d: _natural(d.name)) if len(runs) >= 2 else []
+
+
 def dump_request_path(run_dir: Path) -> Path:
     """Path of the file whose existence asks every rank for its hang dump."""
     return sidecar_dir(run_dir) / DUMP_REQUEST
@@ -285,6 +318,11 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
             (``os.getloadavg``) when the job started and when it ended (this node's host; None
             where the OS has none): whether other work shared the machine, which moves a run's
             step time as a whole.
+        host_probe_before_ms, host_probe_after_ms: how long a fixed single-core workload took
+            on this node's host just before the job started and just after it ended (ms,
+            :func:`pardiag.collectors.launch.host_probe_ms`; None: not measured, e.g. after
+            Ctrl-C). A slower probe means a slower host (a virtual machine's neighbours), which
+            moves the step time of the whole run.
     """
 
     schema: str = SIDECAR_SCHEMA
@@ -314,6 +352,8 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
     missing_nodes: list[int] = msgspec.field(default_factory=list)
     load_before: list[float] | None = None
     load_after: list[float] | None = None
+    host_probe_before_ms: float | None = None
+    host_probe_after_ms: float | None = None
 
 
 def join_run_files(parts: list[RunFile]) -> RunFile | None:

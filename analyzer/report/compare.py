@@ -57,9 +57,11 @@ from .checks import RecommendationCheck, check_recommendations
 from .reading import (
     StepDelta,
     StepStats,
+    host_probe_ms,
     num,
     pct_change,
     rank_table,
+    set_step_stats,
     setup_of,
     step_delta,
     step_stats,
@@ -410,9 +412,39 @@ def _operators(sa: ReportDocument, sb: ReportDocument) -> tuple[pd.DataFrame, st
     return m[cols].head(TOP_OPERATORS).reset_index(drop=True), note
 
 
+#: Host probes (:func:`.reading.host_probe_ms`) further apart than this (%) are reported: the
+#: probe of one quiet host repeats within a few %.
+HOST_PROBE_DIFF_PCT = 10.0
+
+
+def host_probe_warning(a_runs: Iterable[ReportDocument],
+                       b_runs: Iterable[ReportDocument]) -> str | None:
+    """One line when the two sides' hosts ran the host probe (:func:`.reading.host_probe_ms`,
+    the mean over each side's runs) more than :data:`HOST_PROBE_DIFF_PCT` % apart: a slower
+    host moves the whole step time, whatever the change; None otherwise or without probes."""
+    pa = [x for x in map(host_probe_ms, a_runs) if x is not None]
+    pb = [x for x in map(host_probe_ms, b_runs) if x is not None]
+    if not pa or not pb:
+        return None
+    ma, mb = float(np.mean(pa)), float(np.mean(pb))
+    diff = pct_change(ma, mb)
+    if abs(diff) <= HOST_PROBE_DIFF_PCT:
+        return None
+    slower = "B's" if diff > 0 else "A's"
+    return (f"the host probe (a fixed single-core workload timed before and after each run) "
+            f"took {ma:.1f} ms for A and {mb:.1f} ms for B: {slower} host was "
+            f"{abs(diff) if diff > 0 else abs(pct_change(mb, ma)):.0f}% slower, which moves "
+            f"the whole step time whatever the change")
+
+
 def _warnings(sa_sum: ReportDocument, sb_sum: ReportDocument, sa: SetupSection,
-              sb: SetupSection, step: StepDelta, by: str) -> list[str]:
+              sb: SetupSection, step: StepDelta, by: str,
+              runs: tuple[tuple[ReportDocument, ...], tuple[ReportDocument, ...]] = ((), ())
+              ) -> list[str]:
     out = []
+    probe = host_probe_warning(runs[0] or (sa_sum,), runs[1] or (sb_sum,))
+    if probe:
+        out.append(probe)
     for x, s in (("A", sa_sum), ("B", sb_sum)):
         v = s.schema_version
         if v < 3:
@@ -441,11 +473,17 @@ def _warnings(sa_sum: ReportDocument, sb_sum: ReportDocument, sa: SetupSection,
 
 
 def compare_summaries(a: ReportDocument | dict[str, Any], b: ReportDocument | dict[str, Any], *,
-                      a_source: str = "A", b_source: str = "B") -> Comparison:
+                      a_source: str = "A", b_source: str = "B",
+                      a_runs: Iterable[ReportDocument] = (),
+                      b_runs: Iterable[ReportDocument] = ()) -> Comparison:
     """Compare two runs' summaries (A the reference, B the candidate): typed
     (:class:`.schema.ReportDocument`, :attr:`pardiag.Report.document`) or as the JSON dicts
     ``pardiag report --json`` writes (decoded here). Runs that are not comparable (different
     scripts, world sizes) are compared where they can be, with :attr:`Comparison.warnings`.
+
+    ``a_runs``/``b_runs``: every run of a side that was repeated (``pardiag profile --repeat
+    N``; ``a``/``b`` is then one of them, the one compared in detail): the step time is then
+    the set's (:func:`.reading.set_step_stats`) and its noise the spread between the runs.
 
     Raises:
         ValueError: a dict is not a pardiag report summary (not an object, no ``ranks`` list,
@@ -455,7 +493,9 @@ def compare_summaries(a: ReportDocument | dict[str, Any], b: ReportDocument | di
             for x, name in ((a, "A"), (b, "B")))
     sa, sb = setup_of(a), setup_of(b)
     setup = setup_rows(sa, sb)
-    step = step_delta(step_stats(a), step_stats(b))
+    runs = (tuple(a_runs), tuple(b_runs))
+    step = step_delta(set_step_stats(list(runs[0])) if len(runs[0]) > 1 else step_stats(a),
+                      set_step_stats(list(runs[1])) if len(runs[1]) > 1 else step_stats(b))
     ra, rb = rank_table(a), rank_table(b)
     by = "rank" if _layouts_match(sa, sb, ra, rb) else "role"
     ranks = _merge(_per_key(ra, by), _per_key(rb, by), "key", ["ranks", *RANK_VALUES])
@@ -471,7 +511,7 @@ def compare_summaries(a: ReportDocument | dict[str, Any], b: ReportDocument | di
     ops, ops_note = _operators(a, b)
     return Comparison(
         a_source=a_source, b_source=b_source,
-        warnings=tuple(_warnings(a, b, sa, sb, step, by)), by=by, setup=setup, step=step,
+        warnings=tuple(_warnings(a, b, sa, sb, step, by, runs)), by=by, setup=setup, step=step,
         breakdown=breakdown, ranks=ranks,
         dims=_merge(_dims(a), _dims(b), "dim", ["overlap_pct", "exposed_us"]),
         bubbles=_merge(_bubbles(a), _bubbles(b), "stage",

@@ -29,6 +29,8 @@ class StepStats:
         median_us, q1_us, q3_us, min_us, max_us: median, quartiles and range (µs).
         samples_us: the per-step values (empty for a summary of schema 2, which has only the
             statistics of its profiled steps).
+        runs_us: for a set of repeated runs (:func:`set_step_stats`), each run's median step
+            (µs, in the runs' order); empty for one run.
     """
 
     basis: str
@@ -40,6 +42,7 @@ class StepStats:
     min_us: float
     max_us: float
     samples_us: tuple[float, ...] = ()
+    runs_us: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +53,13 @@ class StepDelta:
         a, b: each run's :class:`StepStats`, None when it has no step.
         delta_us: B's median − A's (µs); NaN without both.
         delta_pct: 100 · delta / A's median (positive: B is slower).
-        beyond_noise: True when the middle halves (quartiles) of the two runs' steps do not
-            overlap and the change exceeds the noise between identical runs
-            (:data:`BETWEEN_RUNS_FLOOR_PCT`), False otherwise, None when a run has fewer than
-            two steps.
+        beyond_noise: one run per side: True when the middle halves (quartiles) of the two
+            runs' steps do not overlap and the change exceeds the noise between identical runs
+            (:data:`BETWEEN_RUNS_FLOOR_PCT`); repeated runs: True when the runs' median steps
+            differ by a two-sided Mann–Whitney test at p < :data:`BETWEEN_RUNS_ALPHA`. False
+            otherwise; None when a run has fewer than two steps.
         noise: the rule's outcome in words.
+        p_value: the Mann–Whitney test's p-value (repeated runs; None for one run per side).
     """
 
     a: StepStats | None
@@ -63,6 +68,7 @@ class StepDelta:
     delta_pct: float
     beyond_noise: bool | None
     noise: str
+    p_value: float | None = None
 
 
 def num(v: object) -> float:
@@ -88,6 +94,39 @@ def step_stats(doc: ReportDocument) -> StepStats | None:
                          num(r.median_us), num(r.q1_us), num(r.q3_us), num(r.min_us),
                          num(r.max_us))
     return None
+
+
+def set_step_stats(docs: list[ReportDocument]) -> StepStats | None:
+    """The step time of a set of repeated runs (``pardiag profile --repeat N``): the median,
+    quartiles and range of the runs' median steps (each run's :func:`step_stats`), so that its
+    spread is the noise between runs; ``runs_us`` holds each run's median, ``samples_us`` every
+    step of every run, ``steps`` their count. Runs without a step are left out; one run with a
+    step gives its own :func:`step_stats`; none gives None."""
+    stats = [s for s in (step_stats(d) for d in docs) if s is not None]
+    if len(stats) < 2:
+        return stats[0] if stats else None
+    med = np.array([s.median_us for s in stats])
+    bases = {s.basis for s in stats}
+    basis = stats[0].basis if len(bases) == 1 else "mixed"
+    text = (f"the median of {len(stats)} runs' median steps (each over its "
+            f"{stats[0].basis_text if len(bases) == 1 else 'steps'})")
+    return StepStats(basis, text, sum(s.steps for s in stats), float(np.median(med)),
+                     float(np.percentile(med, 25)), float(np.percentile(med, 75)),
+                     float(med.min()), float(med.max()),
+                     tuple(x for s in stats for x in s.samples_us), tuple(float(x) for x in med))
+
+
+def host_probe_ms(doc: ReportDocument) -> float | None:
+    """The mean of the run's host probes (ms: a fixed single-core workload timed before and
+    after the job, ``run.host_probe_before_ms``/``host_probe_after_ms``); None when the run
+    recorded none."""
+    run = doc.run
+    if run is None:
+        return None
+    got = [float(x) for x in (getattr(run, "host_probe_before_ms", None),
+                              getattr(run, "host_probe_after_ms", None))
+           if isinstance(x, (int, float)) and x > 0]
+    return float(np.mean(got)) if got else None
 
 
 def setup_of(doc: ReportDocument) -> SetupSection:
@@ -210,17 +249,49 @@ def value_text(v: object) -> str:
 BETWEEN_RUNS_FLOOR_PCT = 46.0
 
 
+#: Significance level of the between-runs test of repeated runs (:func:`step_delta`).
+BETWEEN_RUNS_ALPHA = 0.05
+
+
+def _runs_delta(a: StepStats, b: StepStats, d: float, pct: float) -> StepDelta:
+    """Repeated runs on either side: the runs' median steps compared by a two-sided exact
+    Mann–Whitney U test (scipy.stats.mannwhitneyu; a run is one sample, so the spread between
+    runs is the noise). A side of one run has its one median; the test then cannot reach
+    :data:`BETWEEN_RUNS_ALPHA` with fewer than four runs on the other side."""
+    from scipy.stats import mannwhitneyu
+
+    ra = a.runs_us or (a.median_us,)
+    rb = b.runs_us or (b.median_us,)
+    p = float(mannwhitneyu(rb, ra, alternative="two-sided", method="exact").pvalue)
+
+    def span(r: tuple[float, ...]) -> str:
+        return (f"{len(r)} run{'s' if len(r) > 1 else ''} "
+                + (f"{min(r) / 1e3:.2f}–{max(r) / 1e3:.2f} ms" if len(r) > 1
+                   else f"{r[0] / 1e3:.2f} ms"))
+    runs = f"A {span(ra)}, B {span(rb)}; Mann–Whitney p = {p:.3g}"
+    if p < BETWEEN_RUNS_ALPHA:
+        return StepDelta(a, b, d, pct, True, f"beyond the noise between runs ({runs})", p)
+    more = ("; repeat both sides (pardiag profile --repeat N) to tell a smaller change"
+            if min(len(ra), len(rb)) < 3 else "; more runs per side tell a smaller change")
+    return StepDelta(a, b, d, pct, False, f"within the noise between runs ({runs}){more}", p)
+
+
 def step_delta(a: StepStats | None, b: StepStats | None,
                floor_pct: float = BETWEEN_RUNS_FLOOR_PCT) -> StepDelta:
-    """The step times' difference and whether it clears the noise (module docstring): the
-    noise within each run (the middle halves of their steps do not overlap) and, one run on
-    each side, the noise between runs (``floor_pct``, :data:`BETWEEN_RUNS_FLOOR_PCT`)."""
+    """The step times' difference and whether it clears the noise (module docstring).
+
+    Repeated runs on either side (:attr:`StepStats.runs_us`): the runs' medians are compared
+    with each other (:func:`_runs_delta`). One run per side: the noise within each run (the
+    middle halves of their steps do not overlap) and the noise between runs (``floor_pct``,
+    :data:`BETWEEN_RUNS_FLOOR_PCT`)."""
     if a is None or b is None:
         missing = " and ".join(x for x, s in (("A", a), ("B", b)) if s is None)
         return StepDelta(a, b, float("nan"), float("nan"), None,
                          f"no step time in {missing}: the traces hold no complete step")
     d = b.median_us - a.median_us
     pct = pct_change(a.median_us, b.median_us)
+    if len(a.runs_us) >= 2 or len(b.runs_us) >= 2:
+        return _runs_delta(a, b, d, pct)
     few = [x for x, s in (("A", a), ("B", b)) if s.steps < 2]
     if few:
         return StepDelta(a, b, d, pct, None, f"noise unknown: {' and '.join(few)} "
