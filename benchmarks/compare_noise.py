@@ -58,13 +58,22 @@ def step_ms(run: Path) -> float:
 def compared(a: Path, b: Path) -> dict:
     """``{"delta_pct", "beyond_noise", "noise"}`` of ``pardiag.compare(a, b)``."""
     import pardiag
+    import pardiag.layout
     c = pardiag.compare(a, b)
     s = c.step
+
+    def probes(side: Path) -> list:
+        out = []
+        for run in pardiag.layout.repeat_runs(side) or [side]:
+            f = json.loads((run / "pardiag" / "run.json").read_text())
+            out.append([f.get("host_probe_before_ms"), f.get("host_probe_after_ms")])
+        return out
     return {"host_probe": next((w for w in c.warnings if w.startswith("the host probe")), None),
             "delta_pct": round(float(s.delta_pct), 2), "beyond_noise": s.beyond_noise,
             "noise": s.noise, "p_value": s.p_value,
             "a_runs_ms": [round(x / 1e3, 3) for x in s.a.runs_us] if s.a else [],
-            "b_runs_ms": [round(x / 1e3, 3) for x in s.b.runs_us] if s.b else []}
+            "b_runs_ms": [round(x / 1e3, 3) for x in s.b.runs_us] if s.b else [],
+            "a_probes_ms": probes(a), "b_probes_ms": probes(b)}
 
 
 def main() -> int:

@@ -169,16 +169,16 @@ def repeat_runs(folder: Path) -> list[Path]:
     """The run folders of a set of repeated runs, in natural order of their names; empty when
     ``folder`` is not such a set.
 
-    A set is a folder that is not itself a run (it holds no trace and no run file) and whose
-    subfolders include two or more pardiag run folders (each with ``pardiag/run.json``):
+    A set is a folder that is not itself a run (it holds no trace and no sidecar) and whose
+    subfolders include two or more pardiag run folders (each with sidecars, :func:`find_sidecars`):
     what ``pardiag profile --repeat N`` writes (``run-1`` … ``run-N``), or run folders a user
     gathered in one folder. Other subfolders are not runs and are left out."""
     folder = Path(folder)
     try:
-        if not folder.is_dir() or run_file_path(folder).is_file() or any(
+        if not folder.is_dir() or find_sidecars(folder) or any(
                 is_trace_name(f.name) for f in folder.iterdir() if f.is_file()):
             return []
-        runs = [d for d in folder.iterdir() if d.is_dir() and run_file_path(d).is_file()]
+        runs = [d for d in folder.iterdir() if d.is_dir() and find_sidecars(d)]
     except OSError:
         return []
     return sorted(runs, key=lambda d: _natural(d.name)) if len(runs) >= 2 else []

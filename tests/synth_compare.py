@@ -15,7 +15,7 @@ STEP_GAP = 10_000.0
 def ddp_run(out: Path, *, compute_us: float, late_us: float, comm_us: float = 100.0,
             ranks: int = 2, static_bytes: int = 4_000_000, peak_bytes: int = 3_000_000,
             script_args=("--steps", "6"), env: dict | None = None,
-            jitter=JITTER) -> Path:
+            jitter=JITTER, run_extra: dict | None = None) -> Path:
     """A pardiag-style CPU/gloo data-parallel run (older layout: sidecars beside the traces).
 
     Per profiled step ``s`` (``ProfilerStep#s`` of ``compute + late + comm + jitter[s]`` µs on
@@ -27,7 +27,8 @@ def ddp_run(out: Path, *, compute_us: float, late_us: float, comm_us: float = 10
     communication = late + comm (waiting late, transfer comm), idle = jitter; rank 1: exposed
     = comm (transfer), idle = late + jitter. The step's span (every rank) = compute + late +
     comm + jitter[s]. Static memory ``static_bytes`` (parameters, gradients and optimizer
-    state 1:1:2) and a peak allocated of ``peak_bytes`` per rank.
+    state 1:1:2) and a peak allocated of ``peak_bytes`` per rank. ``run_extra``: more fields
+    of run.json (e.g. the host probes).
     """
     out.mkdir(parents=True, exist_ok=True)
     group = list(range(ranks))
@@ -66,7 +67,7 @@ def ddp_run(out: Path, *, compute_us: float, late_us: float, comm_us: float = 10
         "script_args": list(script_args), "world_size": ranks, "nproc_per_node": ranks,
         "nnodes": 1, "exit_code": 0, "nodes": {"h0": group}, "backend": "gloo",
         "torch_version": "2.13.0+cpu",
-        "layout": {"dims": {"dp": ranks}, "strategies": ["ddp"]}})
+        "layout": {"dims": {"dp": ranks}, "strategies": ["ddp"]}, **(run_extra or {})})
     return out
 
 

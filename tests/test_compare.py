@@ -498,3 +498,143 @@ def test_a_recommendation_made_in_another_job_is_not_applied(pair, tmp_path):
     assert check.why == ("B is not A with this change alone: it also differs in script (rank 1 "
                          "is no longer the straggler in B (measured: the setup cannot show what "
                          "slowed it))")
+
+
+# ---------------------------------------------------------------------------- repeated runs
+
+
+def _stats(median_us, runs=()):
+    from pardiag.analyzer.report.reading import StepStats
+    return StepStats("unprofiled", "", 20, median_us, median_us, median_us, median_us, median_us,
+                     (), tuple(runs))
+
+
+def test_repeated_runs_are_weighed_by_the_spread_between_them():
+    """With repeated runs, each run's median step is one sample: two sets whose runs do not
+    overlap clear the noise (exact Mann–Whitney, 5 runs each: p = 2/252); interleaved runs do
+    not, whatever their medians; a side of one run cannot clear it."""
+    from pardiag.analyzer.report.reading import step_delta
+    a_runs = (10_000.0, 11_000.0, 12_000.0, 10_500.0, 11_500.0)
+    b_runs = (13_000.0, 14_000.0, 15_000.0, 13_500.0, 14_500.0)
+    d = step_delta(_stats(11_000.0, a_runs), _stats(14_000.0, b_runs))
+    assert (d.delta_us, d.delta_pct) == (3000.0, pytest.approx(100 * 3 / 11))
+    assert d.beyond_noise is True and d.p_value == pytest.approx(2 / 252)
+    assert d.noise == ("beyond the noise between runs (A 5 runs 10.00–12.00 ms, B 5 runs "
+                       "13.00–15.00 ms; Mann–Whitney p = 0.00794)")
+    # B 27% slower by the medians, but its runs interleave with A's: p = 0.69
+    mixed = (9_900.0, 10_600.0, 14_000.0, 14_000.0, 14_100.0)
+    d = step_delta(_stats(11_000.0, a_runs), _stats(14_000.0, mixed))
+    assert d.beyond_noise is False and d.p_value > 0.05
+    assert d.noise.startswith("within the noise between runs (A 5 runs 10.00–12.00 ms, B 5 runs "
+                              "9.90–14.10 ms; Mann–Whitney p = ")
+    assert d.noise.endswith("; more runs per side tell a smaller change")
+    # one run against five: the test cannot reach p < 0.05 (its smallest p is 2/6)
+    d = step_delta(_stats(11_000.0, a_runs), _stats(30_000.0))
+    assert d.beyond_noise is False and d.p_value == pytest.approx(1 / 3)
+    assert d.noise.endswith("repeat both sides (pardiag profile --repeat N) to tell a smaller "
+                            "change")
+
+
+def _set(folder, computes, **kw):
+    """A folder of repeated planted DDP runs (run-1 …), one per compute time (µs)."""
+    for i, c in enumerate(computes, 1):
+        ddp_run(folder / f"run-{i}", compute_us=c, late_us=0, **kw)
+    return folder
+
+
+def test_folders_of_repeated_runs_compare_by_their_runs(tmp_path):
+    """Folders of repeated runs: the step time is the median of the runs' medians, the runs'
+    medians are kept, and the rest is compared on the run with the median step."""
+    # per run: step = compute + comm 100 + median jitter 15 µs
+    a = _set(tmp_path / "a", [600, 640, 620])
+    b = _set(tmp_path / "b", [900, 960, 940, 920])
+    c = pardiag.compare(a, b)
+    assert c.step.a.runs_us == (715.0, 755.0, 735.0)
+    assert c.step.b.runs_us == (1015.0, 1075.0, 1055.0, 1035.0)
+    assert (c.step.a.median_us, c.step.b.median_us) == (735.0, 1045.0)
+    assert c.step.a.basis_text.startswith("the median of 3 runs' median steps")
+    assert c.step.p_value == pytest.approx(2 / 35)   # 3 against 4, apart: the smallest p
+    assert c.step.beyond_noise is False
+    # the detailed comparison is of each side's median run (run-3 of A: compute 620)
+    bd = c.breakdown.set_index("part")
+    assert bd.loc["compute_only_us", "a_us"] == 620.0
+    assert bd.loc["compute_only_us", "b_us"] in (920.0, 940.0)
+    # a list of runs is a side too, and a set against itself is within the noise
+    same = pardiag.compare([a / "run-1", a / "run-2", a / "run-3"], a)
+    assert same.step.delta_pct == 0.0 and same.step.beyond_noise is False
+    # the command line reads the folders and says so
+    r = run("compare", a, b, "-o", tmp_path / "c.html", "--json", tmp_path / "c.json")
+    assert r.exit_code == 0, r.output
+    js_ = json.loads((tmp_path / "c.json").read_text())
+    assert js_["step"]["a"]["runs_us"] == [715.0, 755.0, 735.0]
+    assert "within the noise between runs (A 3 runs 0.71–0.76 ms, B 4 runs 1.01–1.07 ms" in (
+        js_["step"]["noise"])
+
+
+def test_report_of_a_set_shows_its_median_run(tmp_path):
+    a = _set(tmp_path / "a", [600, 700, 640])
+    (tmp_path / "a" / "notes").mkdir()   # not a run: left out
+    rep = pardiag.analyze(a)
+    assert rep.traces.source.endswith("run-3") or "run-3" in str(rep.traces.source)
+    line = [w for w in rep.warnings if "repeated runs" in w]
+    assert line == [f"{a} holds 3 repeated runs; this report is of run-3, the one with the median "
+                    "step time (run-1 0.71 ms, run-2 0.81 ms, run-3 0.76 ms: they differ by 13% "
+                    "of the median between runs); `pardiag compare` of two such folders weighs "
+                    "a change against that spread"]
+    r = run("report", a, "-o", tmp_path / "r.html", "-q")
+    assert r.exit_code == 0 and "holds 3 repeated runs" in r.output
+
+
+def test_what_is_a_set_of_repeated_runs(tmp_path):
+    from pardiag.layout import repeat_runs
+    a = _set(tmp_path / "s", [600, 600])
+    ddp_run(a / "run-10", compute_us=600, late_us=0)
+    (a / "other").mkdir()
+    assert [p.name for p in repeat_runs(a)] == ["run-1", "run-2", "run-10"]
+    assert repeat_runs(a / "run-1") == []            # a run is not a set
+    one = _set(tmp_path / "one", [600])
+    assert repeat_runs(one) == []                     # one run: not a set
+    (a / "rank0.trace.json.gz").write_bytes(b"")       # a trace at the top: not a set
+    assert repeat_runs(a) == []
+
+
+def test_hosts_that_ran_the_probe_apart_are_named(tmp_path):
+    """run.json's host probes (a fixed workload timed before and after the job): sides more
+    than 10% apart get a warning that names the slower host."""
+    a = ddp_run(tmp_path / "a", compute_us=600, late_us=0,
+                run_extra={"host_probe_before_ms": 8.0, "host_probe_after_ms": 8.4})
+    b = ddp_run(tmp_path / "b", compute_us=600, late_us=0,
+                run_extra={"host_probe_before_ms": 12.0, "host_probe_after_ms": 12.6})
+    close = ddp_run(tmp_path / "c", compute_us=600, late_us=0,
+                    run_extra={"host_probe_before_ms": 8.6, "host_probe_after_ms": 8.8})
+    c = pardiag.compare(a, b)
+    assert [w for w in c.warnings if w.startswith("the host probe")] == [
+        "the host probe (a fixed single-core workload timed before and after each run) took "
+        "8.2 ms for A and 12.3 ms for B: B's host was 50% slower, which moves the whole step "
+        "time whatever the change"]
+    back = pardiag.compare(b, a)
+    assert any("A's host was 50% slower" in w for w in back.warnings)
+    assert not any(w.startswith("the host probe") for w in pardiag.compare(a, close).warnings)
+    # runs without probes (older runs, traces from elsewhere) say nothing
+    plain = ddp_run(tmp_path / "p", compute_us=600, late_us=0)
+    assert not any(w.startswith("the host probe") for w in pardiag.compare(a, plain).warnings)
+
+
+def test_a_difference_beyond_the_noise_is_not_judged_when_the_hosts_differ(tmp_path):
+    """+126% clears the noise between runs, but B's host ran the probe 50% slower: the
+    difference is left unjudged (unknown), with the probe's figures."""
+    a = ddp_run(tmp_path / "a", compute_us=600, late_us=0,
+                run_extra={"host_probe_before_ms": 8.0, "host_probe_after_ms": 8.4})
+    b = ddp_run(tmp_path / "b", compute_us=1500, late_us=0,
+                run_extra={"host_probe_before_ms": 12.0, "host_probe_after_ms": 12.6})
+    s = pardiag.compare(a, b).step
+    assert s.delta_pct == pytest.approx(100 * 900 / 715)
+    assert s.beyond_noise is None
+    assert s.noise.endswith(
+        "between identical runs, but not judged: the host probe (a fixed single-core workload "
+        "timed before and after each run) took 8.2 ms for A and 12.3 ms for B: B's host was 50% "
+        "slower, so the difference may be the host's; repeat the runs on a quieter host")
+    # the same runs with hosts alike: beyond the noise
+    c = ddp_run(tmp_path / "c", compute_us=1500, late_us=0,
+                run_extra={"host_probe_before_ms": 8.2, "host_probe_after_ms": 8.4})
+    assert pardiag.compare(a, c).step.beyond_noise is True

@@ -417,34 +417,29 @@ def _operators(sa: ReportDocument, sb: ReportDocument) -> tuple[pd.DataFrame, st
 HOST_PROBE_DIFF_PCT = 10.0
 
 
-def host_probe_warning(a_runs: Iterable[ReportDocument],
-                       b_runs: Iterable[ReportDocument]) -> str | None:
-    """One line when the two sides' hosts ran the host probe (:func:`.reading.host_probe_ms`,
-    the mean over each side's runs) more than :data:`HOST_PROBE_DIFF_PCT` % apart: a slower
-    host moves the whole step time, whatever the change; None otherwise or without probes."""
+def host_probe_difference(a_runs: Iterable[ReportDocument],
+                          b_runs: Iterable[ReportDocument]) -> str | None:
+    """When the two sides' hosts ran the host probe (:func:`.reading.host_probe_ms`, the mean
+    over each side's runs) more than :data:`HOST_PROBE_DIFF_PCT` % apart, what the probe says in
+    words (``"the host probe (…) took 8.2 ms for A and 12.3 ms for B: B's host was 50%
+    slower"``): a slower host moves the whole step time, whatever the change. None otherwise,
+    or without probes on either side."""
     pa = [x for x in map(host_probe_ms, a_runs) if x is not None]
     pb = [x for x in map(host_probe_ms, b_runs) if x is not None]
     if not pa or not pb:
         return None
     ma, mb = float(np.mean(pa)), float(np.mean(pb))
-    diff = pct_change(ma, mb)
-    if abs(diff) <= HOST_PROBE_DIFF_PCT:
+    if abs(pct_change(ma, mb)) <= HOST_PROBE_DIFF_PCT:
         return None
-    slower = "B's" if diff > 0 else "A's"
+    side, pct = ("B's", pct_change(ma, mb)) if mb > ma else ("A's", pct_change(mb, ma))
     return (f"the host probe (a fixed single-core workload timed before and after each run) "
-            f"took {ma:.1f} ms for A and {mb:.1f} ms for B: {slower} host was "
-            f"{abs(diff) if diff > 0 else abs(pct_change(mb, ma)):.0f}% slower, which moves "
-            f"the whole step time whatever the change")
+            f"took {ma:.1f} ms for A and {mb:.1f} ms for B: {side} host was {pct:.0f}% slower")
 
 
 def _warnings(sa_sum: ReportDocument, sb_sum: ReportDocument, sa: SetupSection,
-              sb: SetupSection, step: StepDelta, by: str,
-              runs: tuple[tuple[ReportDocument, ...], tuple[ReportDocument, ...]] = ((), ())
+              sb: SetupSection, step: StepDelta, by: str, probe: str | None = None
               ) -> list[str]:
-    out = []
-    probe = host_probe_warning(runs[0] or (sa_sum,), runs[1] or (sb_sum,))
-    if probe:
-        out.append(probe)
+    out = [f"{probe}, which moves the whole step time whatever the change"] if probe else []
     for x, s in (("A", sa_sum), ("B", sb_sum)):
         v = s.schema_version
         if v < 3:
@@ -496,6 +491,11 @@ def compare_summaries(a: ReportDocument | dict[str, Any], b: ReportDocument | di
     runs = (tuple(a_runs), tuple(b_runs))
     step = step_delta(set_step_stats(list(runs[0])) if len(runs[0]) > 1 else step_stats(a),
                       set_step_stats(list(runs[1])) if len(runs[1]) > 1 else step_stats(b))
+    probe = host_probe_difference(runs[0] or (a,), runs[1] or (b,))
+    if probe and step.beyond_noise:   # the host moved too: the change may not be B's
+        step = dataclasses.replace(step, beyond_noise=None, noise=(
+            f"{step.noise}, but not judged: {probe}, so the difference may be the host's; "
+            "repeat the runs on a quieter host"))
     ra, rb = rank_table(a), rank_table(b)
     by = "rank" if _layouts_match(sa, sb, ra, rb) else "role"
     ranks = _merge(_per_key(ra, by), _per_key(rb, by), "key", ["ranks", *RANK_VALUES])
@@ -511,7 +511,7 @@ def compare_summaries(a: ReportDocument | dict[str, Any], b: ReportDocument | di
     ops, ops_note = _operators(a, b)
     return Comparison(
         a_source=a_source, b_source=b_source,
-        warnings=tuple(_warnings(a, b, sa, sb, step, by, runs)), by=by, setup=setup, step=step,
+        warnings=tuple(_warnings(a, b, sa, sb, step, by, probe)), by=by, setup=setup, step=step,
         breakdown=breakdown, ranks=ranks,
         dims=_merge(_dims(a), _dims(b), "dim", ["overlap_pct", "exposed_us"]),
         bubbles=_merge(_bubbles(a), _bubbles(b), "stage",
