@@ -833,7 +833,8 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
 def _kept(out: Path, metas: dict, ranks: list[int] | None) -> str:
     """What a run folder keeps after Ctrl-C stopped its job, in words: the trace files on disk
     of this node's ``ranks`` (None: unknown, the ranks with metadata), and which of them lack
-    metadata (a rank stopped before writing it; its trace is still read)."""
+    metadata (a rank stopped before writing it; its trace is still read, with the metadata it
+    wrote when its profiling window closed)."""
     traces = [r for r in (sorted(metas) if ranks is None else ranks)
               if layout.trace_path(out, r).is_file()]
     bare = [r for r in traces if r not in metas]
@@ -842,8 +843,11 @@ def _kept(out: Path, metas: dict, ranks: list[int] | None) -> str:
     elif not bare:
         kept = f"the traces of rank(s) {', '.join(map(str, traces))} and their metadata"
     else:
+        window = [r for r in bare if layout.window_meta_path(out, r).is_file()]
         kept = (f"the traces of rank(s) {', '.join(map(str, traces))}; rank(s) "
-                f"{', '.join(map(str, bare))} stopped before writing their metadata")
+                f"{', '.join(map(str, bare))} stopped before writing their metadata"
+                + (f" (rank(s) {', '.join(map(str, window))} keep what it held when the "
+                   f"profiling window closed)" if window else ""))
     return f"the job was stopped; {out} keeps {kept}"
 
 

@@ -660,8 +660,32 @@ def _on_trace_ready(run: _RankRun, prof) -> None:
         "layout": t4 - t3, "shapes": t5 - t4}
     if dist.is_available() and dist.is_initialized():  # the script may destroy it later
         captured["backend"] = str(dist.get_backend())
+    t6 = time.perf_counter()
+    try:   # a rank that never finishes (a hang, a kill) still leaves its settings
+        _write_window_meta(run)
+    except Exception as exc:  # extra information: never the run's failure
+        print(f"pardiag: rank {rank}: could not write its metadata at the window's end: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    run.instrumentation["post_window_parts_s"]["window_meta"] = time.perf_counter() - t6
     if run.terminated and not held:  # SIGTERM came while the trace was written: stop now
         raise _Terminated()
+
+
+def _write_window_meta(run: _RankRun) -> None:
+    """The rank's metadata as it stands when the profiling window closes (status
+    ``running``, :data:`pardiag.layout.WINDOW_META_TEMPLATE`), with the layout detected from
+    the objects and the flight recorder's records (their trace times come later, with the
+    sidecars): what a report reads of a rank that hangs or is killed before its script ends,
+    whose final metadata is never written."""
+    from ..analyzer.trace.comm_records import records_from_flight_recorder, records_from_p2p
+
+    captured = run.captured
+    groups = captured.get("groups", [])
+    raw = (records_from_flight_recorder(captured.get("flight_recorder", []), groups)
+           + records_from_p2p(run.p2p.records, groups))
+    lay = _layout_of(captured.get("parallel", {}), groups, raw,
+                     int(os.environ.get("WORLD_SIZE") or 0) or None)
+    _write_meta(run, lay, len(raw), None, False, window=True)
 
 
 def _make_profiler(run: _RankRun):
@@ -859,9 +883,11 @@ def _after_script(run: _RankRun) -> tuple[dict | None, int]:
     return lay, n_records
 
 
-def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int,
-                failed: bool) -> layout.RankMeta:
-    """Write the rank's metadata (``rank{R}.meta.json``, atomically) and return it."""
+def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int | None,
+                failed: bool, window: bool = False) -> layout.RankMeta:
+    """Write the rank's metadata (``rank{R}.meta.json``, atomically) and return it; with
+    ``window``, as it stands when the profiling window closes (``rank{R}.meta.window.json``,
+    status ``running``, no exit code). The final metadata removes the window's."""
     import torch
     import torch.distributed as dist
 
@@ -874,7 +900,9 @@ def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int,
         shapes = msgspec.structs.replace(shapes or layout.ModelShapes(),
                                          batch_samples=batch.samples, batch_module=batch.module,
                                          batch_calls=batch.calls if batch.samples else None)
-    topo = topology(run.local_rank)
+    topo = captured.get("topology")
+    if topo is None:   # once per rank: nvidia-smi takes a while
+        topo = captured["topology"] = topology(run.local_rank)
     meta = layout.RankMeta(
         rank=run.rank, world_size=run.world_size, local_rank=run.local_rank, pid=os.getpid(),
         host=topo.get("host"), cpu_count=topo.get("cpu_count"),
@@ -896,19 +924,22 @@ def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int,
         memory=_plain({"static": ((captured.get("parallel") or {}).get("deepspeed") or {}).get(
                            "static") or captured.get("static"), **captured.get("peak", {}),
                        "trace_peaks": captured.get("trace_memory")}),
-        layout=_plain(lay), shapes=shapes, started_unix=run.started, ended_unix=time.time(),
-        exit_code=code,
+        layout=_plain(lay), shapes=shapes, started_unix=run.started,
+        ended_unix=None if window else time.time(), exit_code=code,
         instrumentation=_plain({
             **run.instrumentation,
             "p2p_calls": {"window": p2p.calls_recorded, "outside": p2p.calls_outside},
             "chunk_calls": {"window": pipe.calls_recorded, "outside": pipe.calls_outside}}),
-        status="error" if failed else "ok", error=None if not failed else _one_line(run.error),
+        status="running" if window else "error" if failed else "ok",
+        error=None if not failed else _one_line(run.error),
         env={k: v for k, v in sorted(os.environ.items()) if k.startswith(layout.ENV_PREFIXES)},
         node_rank=int(run.group) if str(run.group).isdigit() else None,
         launch_id=os.environ.get("PARDIAG_LAUNCH_ID"))
-    path = layout.rank_meta_path(run.out, run.rank)
+    path = (layout.window_meta_path if window else layout.rank_meta_path)(run.out, run.rank)
     path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(meta))
     os.replace(path.with_suffix(".json.tmp"), path)
+    if not window:   # superseded
+        layout.window_meta_path(run.out, run.rank).unlink(missing_ok=True)
     return meta
 
 

@@ -10,6 +10,8 @@ A run folder written by ``pardiag profile`` holds::
                                   hosts, ranks, exit codes); :func:`join_run_files` joins them
         rank{R}.meta.json         RANK_META_TEMPLATE: per-rank metadata (host, device, status,
                                   memory, topology, detected parallel layout)
+        rank{R}.meta.window.json  WINDOW_META_TEMPLATE: the same, written when the profiling
+                                  window closed; removed once rank{R}.meta.json is written
         rank{R}.comms.json        COMMS_TEMPLATE: process groups and every collective and
                                   point-to-point op (group, seq, bytes, issue/start/end;
                                   CommsSidecar)
@@ -50,6 +52,10 @@ SIDECAR_DIR = "pardiag"
 RUN_FILE = "run.json"
 TRACE_TEMPLATE = "rank{rank}.trace.json.gz"
 RANK_META_TEMPLATE = "rank{rank}.meta.json"
+#: A rank's metadata as it stood when its profiling window closed (status ``running``): what a
+#: report reads of a rank that never finished (a hang, a kill) in place of RANK_META_TEMPLATE,
+#: which supersedes it (the rank removes it once that is written).
+WINDOW_META_TEMPLATE = "rank{rank}.meta.window.json"
 COMMS_TEMPLATE = "rank{rank}.comms.json"
 PIPELINE_TEMPLATE = "rank{rank}.pipeline.json"
 HANG_TEMPLATE = "rank{rank}.hang.json"
@@ -72,7 +78,8 @@ SUMMARY_SUFFIX = ".summary.json"
 
 #: Names of files that are pardiag sidecars, never traces.
 _SIDECAR_RE = re.compile(
-    r"^(run\.json|run\.node[\w.-]+\.json|rank\d+\.(meta|comms|pipeline|hang)\.json)$")
+    r"^(run\.json|run\.node[\w.-]+\.json|rank\d+\.(meta|meta\.window|comms|pipeline|hang)"
+    r"\.json)$")
 _TRACE_RE = re.compile(r"^rank\d+\.trace\.json\.gz$")
 
 
@@ -102,6 +109,11 @@ def trace_path(run_dir: Path, rank: int) -> Path:
 def rank_meta_path(run_dir: Path, rank: int) -> Path:
     """Path of rank ``rank``'s metadata sidecar inside ``run_dir``."""
     return sidecar_dir(run_dir) / RANK_META_TEMPLATE.format(rank=rank)
+
+
+def window_meta_path(run_dir: Path, rank: int) -> Path:
+    """Path of rank ``rank``'s metadata as written when its profiling window closed."""
+    return sidecar_dir(run_dir) / WINDOW_META_TEMPLATE.format(rank=rank)
 
 
 def comms_path(run_dir: Path, rank: int) -> Path:
@@ -146,7 +158,8 @@ def node_run_path(run_dir: Path, node: int | str | None) -> Path:
 def rank_files(run_dir: Path, rank: int) -> list[Path]:
     """The files rank ``rank`` writes into ``run_dir`` (trace and sidecars; not the summary,
     which is checked against its trace)."""
-    return [trace_path(run_dir, rank), rank_meta_path(run_dir, rank), comms_path(run_dir, rank),
+    return [trace_path(run_dir, rank), rank_meta_path(run_dir, rank),
+            window_meta_path(run_dir, rank), comms_path(run_dir, rank),
             pipeline_path(run_dir, rank), hang_path(run_dir, rank), stacks_path(run_dir, rank),
             partial_trace_path(run_dir, rank)]
 
@@ -523,7 +536,9 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
             each wrapper adds to one call outside the window, timed on a no-op after the
             script (``{"p2p": µs, "chunk": µs}``); None: not recorded (runs of an older
             pardiag).
-        status: ``ok`` or ``error``.
+        status: ``ok`` or ``error``; ``running`` in the metadata written when the profiling
+            window closed (:data:`WINDOW_META_TEMPLATE`): the rank had not finished then, and
+            its ``optimizer_steps``, ``optimizer_step_times_us`` and memory stop there.
         error: the script's exception on one line when ``status`` is ``error``.
         env: the rank's environment variables whose names start with one of
             :data:`ENV_PREFIXES` (``NCCL_*``, ``TORCH_*``, ``PYTORCH_*``); None: not recorded

@@ -10,6 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+import pardiag
 from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.trace.classify import comm_threads
 
@@ -188,13 +189,16 @@ def test_static_memory_of_sharded_optimizers(runs):
 
 @pytest.mark.e2e
 def test_planted_hang_is_diagnosed(tmp_path):
+    """Rank 1 blocks at step 6, after the profiling window closed (after step 5): the hang is
+    named, and the report reads the ranks' metadata as it stood when the window closed (the
+    final one is never written): the layout and DDP's settings are known."""
     # --timeout 30: under load (two xdist workers on 2 cores) a rank was still in
     # init_process_group 12 s after the launch, before it reached the planted hang
     res = subprocess.run(
         [sys.executable, "-m", "pardiag", "profile", str(REPO / "examples" / "train_ddp.py"),
          "--nproc-per-node", "2", "--out", str(tmp_path / "h"), "--timeout", "30", "--",
-         "--hang-rank", "1", "--hang-step", "3"], capture_output=True, text=True, timeout=120,
-        cwd=REPO)
+         "--steps", "10", "--hang-rank", "1", "--hang-step", "6"], capture_output=True,
+        text=True, timeout=120, cwd=REPO)
     assert res.returncode == 124
     line = next(ln for ln in res.stderr.splitlines() if ln.startswith("pardiag: hang after"))
     # the innermost frame (the examples' shared helper) and the frame of the script itself
@@ -207,6 +211,22 @@ def test_planted_hang_is_diagnosed(tmp_path):
     assert run["exit_code"] == 124 and run["hang"] and run["timed_out_after_s"] == 30
     assert (tmp_path / "h" / "pardiag" / "rank0.hang.json").is_file()
     assert not (tmp_path / "h" / "pardiag" / "dump-request").exists()
+    side = tmp_path / "h" / "pardiag"
+    assert sorted(p.name for p in side.glob("rank*.meta*.json")) == [
+        "rank0.meta.window.json", "rank1.meta.window.json"]
+    rep = pardiag.analyze(tmp_path / "h")
+    assert {r: (m.status, m.optimizer_steps) for r, m in rep.traces.rank_meta.items()} == {
+        0: ("running", 5), 1: ("running", 5)}
+    assert sum("did not finish: its settings and memory are those recorded when its "
+               "profiling window closed (after 5 optimizer steps" in w for w in rep.warnings) == 2
+    assert rep.layout.dims == {"dp": 2} and "ddp" in rep.layout.strategies
+    # DDP's bucket cap is known now; evaluating a change needs the collective records, which
+    # are written after the script, and the why says so
+    assert [m.layout["ddp_bucket_cap_bytes"] for m in rep.traces.rank_meta.values()] == [2**20] * 2
+    assert rep.recommendations.why_none == (
+        "nothing to evaluate: ddp is in the layout, but no change to the settings could be "
+        "evaluated from these traces: rank(s) 0, 1 did not finish (the run hung), and the "
+        "collective records the changes are evaluated on are written after the script ends")
 
 
 def _report(out):

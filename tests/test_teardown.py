@@ -1,6 +1,7 @@
 """What the launcher says about a rank stuck after its script (no job started: the stack dumps
 are written as faulthandler writes them)."""
 
+import pardiag
 from pardiag import layout
 from pardiag.collectors.launch import _main_thread_at, _stacks_lines
 
@@ -156,4 +157,12 @@ def test_ctrl_c_during_a_hang_at_exit_leaves_no_process_and_says_what_is_kept(tm
     assert [p for p in job if _alive(p)] == []
     assert err.splitlines()[-1] == (f"pardiag: interrupted: the job was stopped; {out} keeps the "
                                     f"traces of rank(s) 0, 1; rank(s) 0, 1 stopped before "
-                                    f"writing their metadata")
+                                    f"writing their metadata (rank(s) 0, 1 keep what it held "
+                                    f"when the profiling window closed)")
+    # the report reads what the ranks recorded when their window closed
+    rep = pardiag.analyze(out)
+    assert [w for w in rep.warnings if "did not finish:" in w] == [
+        f"rank {r} did not finish: its settings and memory are those recorded when its "
+        f"profiling window closed (after 5 optimizer steps; rank{r}.meta.window.json)"
+        for r in (0, 1)]
+    assert all(m.status == "running" for m in rep.traces.rank_meta.values())

@@ -95,10 +95,11 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str], check_one_run: boo
                    ) -> tuple[layout.RunFile | None, dict[int, layout.RankMeta],
                               dict[str, dict[int, Any]]]:
     """The run file and rank metadata decoded into their types (:class:`pardiag.layout.RunFile`,
-    :class:`pardiag.layout.RankMeta`), the other sidecars by kind and rank: comms and pipeline
-    decoded too (:func:`pardiag.layout.decode_rank_sidecar`: malformed entries left out with a
-    warning), hang dumps as parsed; a file that cannot be read or decoded is ignored with a
-    warning.
+    :class:`pardiag.layout.RankMeta`; a rank without its final metadata gets the one written
+    when its profiling window closed, with a warning), the other sidecars by kind and rank:
+    comms and pipeline decoded too (:func:`pardiag.layout.decode_rank_sidecar`: malformed
+    entries left out with a warning), hang dumps as parsed; a file that cannot be read or
+    decoded is ignored with a warning.
 
     Raises:
         TraceError: with ``check_one_run``, the run files are of different runs (two parts of
@@ -106,6 +107,7 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str], check_one_run: boo
     run_parts: list[layout.RunFile] = []
     run_files: list[Path] = []
     rank_meta: dict[int, layout.RankMeta] = {}
+    window_meta: dict[int, layout.RankMeta] = {}
     others: dict[str, dict[int, Any]] = {}
     for f in sidecars:
         try:
@@ -125,6 +127,8 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str], check_one_run: boo
             if doc["kind"] == "run":
                 run_parts.append(typed)
                 run_files.append(f)
+            elif f.name == layout.WINDOW_META_TEMPLATE.format(rank=typed.rank):
+                window_meta[typed.rank] = typed
             else:
                 rank_meta[typed.rank] = typed
         elif isinstance(doc.get("kind"), str) and isinstance(doc.get("rank"), int):
@@ -137,6 +141,13 @@ def _read_sidecars(sidecars: list[Path], warnings: list[str], check_one_run: boo
                 others.setdefault(doc["kind"], {})[doc["rank"]] = checked
         else:
             warnings.append(f"{f}: pardiag sidecar without a known kind and rank, ignored")
+    for r, m in sorted(window_meta.items()):
+        if r not in rank_meta:   # the rank never finished: what it recorded at the window's end
+            rank_meta[r] = m
+            warnings.append(f"rank {r} did not finish: its settings and memory are those "
+                            f"recorded when its profiling window closed (after "
+                            f"{m.optimizer_steps} optimizer steps; "
+                            f"{layout.WINDOW_META_TEMPLATE.format(rank=r)})")
     for kind in ("comms", "pipeline"):
         have = set(others.get(kind, {}))
         if have and rank_meta and set(rank_meta) - have:

@@ -110,12 +110,24 @@ def _nothing_to_change(ctx: RuleContext) -> str:
                                                 " nor, on a CPU, each collective's group")
                 + ": run under `pardiag profile` to evaluate changes to them")
     if shown:   # never "no DDP" about a job whose layout shows it
-        world = ctx.traces.run_info.world_size if ctx.traces.run_info else None
+        run = ctx.traces.run_info
+        world = run.world_size if run else None
         absent = [r for r in range(world or 0) if r not in ctx.traces.ranks]
+        # metadata from the window's end only: the collective records come after the script
+        unfinished = [r for r, m in sorted(ctx.traces.rank_meta.items())
+                      if m.status == "running"
+                      and r not in ctx.traces.sidecars.get("comms", {})]
+        why = ""
+        if absent:
+            why = (f": rank(s) {', '.join(map(str, absent[:8]))} of {world} have no trace, so "
+                   "their collectives cannot be matched across ranks")
+        elif unfinished:
+            why = (f": rank(s) {', '.join(map(str, unfinished[:8]))} did not finish (the run "
+                   f"{'hung' if run is not None and run.hang else 'was stopped'}), and the "
+                   "collective records the changes are evaluated on are written after the "
+                   "script ends")
         return (f"{' and '.join(shown)} {'is' if len(shown) == 1 else 'are'} in the layout, "
-                "but no change to the settings could be evaluated from these traces"
-                + (f": rank(s) {', '.join(map(str, absent[:8]))} of {world} have no trace, so "
-                   "their collectives cannot be matched across ranks" if absent else ""))
+                "but no change to the settings could be evaluated from these traces" + why)
     return ("no pipeline, no significant straggler, and no DDP, FSDP, ZeRO or tensor-parallel "
             "setting to change")
 
