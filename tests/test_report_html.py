@@ -419,3 +419,24 @@ def test_layout_table_shows_the_busbw_per_group(tmp_path):
     row = re.search(r"<tr><td class=\"l\">0</td>(.*?)</tr>", layout).group(1)
     cells = re.findall(r">([^<]*)</td>", row)
     assert cells[-3:] == ["26.667", "26.667", "4"]
+
+
+def test_small_overlaps_are_drawn_as_bars_not_a_flat_line():
+    """A pipeline overlaps ~1% of its transfers: on a 0–100 axis its bars are a flat line. The
+    axis then ends near the largest bar (1.25 × it, rounded up), every bar carries its value,
+    and a large overlap keeps the 0–100 axis."""
+    import pandas as pd
+
+    from pardiag.analyzer.render.figures import dim_overlap_figure, overlap_figure, pct_axis
+    assert pct_axis([1.054, 0.0]) == [0, 2.0]
+    assert pct_axis([0.2]) == [0, 1.0] and pct_axis([]) == [0, 1.0]
+    assert pct_axis([12.0, 3.0]) == [0, 15.0] and pct_axis([30.0]) == [0, 100]
+    totals = pd.DataFrame({"rank": [0, 1], "overlap_pct": [1.054, 0.0]})
+    fig = overlap_figure(totals)
+    assert fig["layout"]["yaxis"]["range"] == [0, 2.0]
+    assert fig["data"][0]["text"] == ["1.1%", "0.0%"]
+    per = pd.DataFrame({"rank": [0, 1, 0, 1], "dim": ["dp", "dp", "pp", "pp"],
+                        "overlap_pct": [60.0, 40.0, 1.0, 0.5], "exposed_us": [1e3] * 4})
+    dfig = dim_overlap_figure(per)
+    assert dfig["layout"]["yaxis"]["range"] == [0, 100]
+    assert [d["text"] for d in dfig["data"]] == [["60.0%", "40.0%"], ["1.0%", "0.5%"]]

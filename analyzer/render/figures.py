@@ -179,21 +179,41 @@ def step_heatmap(steps: pd.DataFrame, column: str, title: str) -> dict:
                        "yaxis": {"autorange": "reversed"}}}
 
 
+#: Below this largest overlap (%) the overlap charts' axis ends near the largest bar instead
+#: of at 100%: a pipeline's 1% on a 0–100 axis draws as a flat line.
+PCT_AXIS_FULL = 25.0
+
+
+def pct_axis(values) -> list[float]:
+    """The y range of an overlap chart (%): ``[0, 100]`` when a value exceeds
+    :data:`PCT_AXIS_FULL`, else ``[0, 1.25 × the largest]`` rounded up to a whole % (at least
+    1), so that small overlaps show as bars; each bar also carries its value."""
+    v = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
+    top = float(v.max()) if len(v) else 0.0
+    return [0, 100] if top > PCT_AXIS_FULL else [0, max(1.0, float(np.ceil(top * 1.25)))]
+
+
 def overlap_figure(totals: pd.DataFrame) -> dict:
-    """Bar per rank: overlap % = |compute ∩ comm| / |comm|. Returns a plotly figure dict."""
+    """Bar per rank: overlap % = |compute ∩ comm| / |comm|, each labelled with its value; the
+    axis ends at 100% or near the largest bar (:func:`pct_axis`). Returns a plotly figure
+    dict."""
     t = totals.dropna(subset=["overlap_pct"])
     return {"data": [_bar(x=_ranks(t["rank"]), y=_f32(t["overlap_pct"]),
                           marker={"color": PART_COLORS["overlapped"]},
+                          text=[f"{x:.1f}%" for x in t["overlap_pct"]], textposition="outside",
                           hovertemplate="%{x}: %{y:.2f} %<extra></extra>")],
             "layout": {"title": _title("Communication overlapped by computation"),
-                       "yaxis": {"title": _title("overlap (%)"), "range": [0, 100]},
+                       "yaxis": {"title": _title("overlap (%)"),
+                                 "range": pct_axis(t["overlap_pct"])},
                        "xaxis": {"title": _title("rank")}, "height": 360}}
 
 
 def dim_overlap_figure(per_rank: pd.DataFrame) -> dict:
     """Grouped bars per rank, one series per parallel dimension: overlap % of that dimension's
-    communication. Returns a plotly figure dict."""
+    communication, each labelled; the axis as :func:`pct_axis`. Returns a plotly figure
+    dict."""
     data = [_bar(name=_pe(dim), x=_ranks(g["rank"]), y=_f32(g["overlap_pct"]),
+                 text=[f"{x:.1f}%" for x in g["overlap_pct"]], textposition="outside",
                  customdata=_f32(g["exposed_us"] / 1000.0),
                  hovertemplate="%{x}: %{y:.2f} % overlapped, %{customdata:.3f} ms exposed"
                                "<extra>" + _pe(dim) + "</extra>")
@@ -203,7 +223,7 @@ def dim_overlap_figure(per_rank: pd.DataFrame) -> dict:
                        "title": _title("Overlap per rank and parallel dimension"),
                        "xaxis": {"title": _title("rank")},
                        "yaxis": {"title": _title("overlap (% of the dimension's communication)"),
-                                 "range": [0, 100]},
+                                 "range": pct_axis(per_rank["overlap_pct"])},
                        "height": 380}}
 
 
