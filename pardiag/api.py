@@ -389,11 +389,11 @@ def _analyze_repeats(folder: Path, runs: list[Path], *, loaded=None, **kw) -> Re
             without.append(f"{run.name} (no complete step)")
         else:
             medians.append((st.median_us, run))
-    order = sorted(medians, key=lambda m: m[0])
-    chosen = order[(len(order) - 1) // 2][1] if order else runs[0]
-    if order:
-        lo, hi = order[0][0], order[-1][0]
-        mid = order[(len(order) - 1) // 2][0]
+    i = _median_index([m for m, _ in medians])
+    chosen = medians[i][1] if i is not None else runs[0]
+    if i is not None:
+        lo, hi = min(m for m, _ in medians), max(m for m, _ in medians)
+        mid = medians[i][0]
         times = ", ".join(f"{r.name} {m / 1e3:.2f} ms" for m, r in medians)
         line = (f"{folder} holds {len(runs)} repeated runs; this report is of {chosen.name}, "
                 f"the one with the median step time ({times}: they differ by "
@@ -613,11 +613,18 @@ def load_summaries(path: str | Path, *, comm_kernels: Iterable[str] = (), cache:
                          progress=progress) for r in runs]
 
 
+def _median_index(values: list[float | None]) -> int | None:
+    """Index of the median of ``values`` (the lower middle one for an even count; None values
+    left out); None when there is none."""
+    timed = sorted((v, i) for i, v in enumerate(values) if v is not None)
+    return timed[(len(timed) - 1) // 2][1] if timed else None
+
+
 def median_run(docs: list[ReportDocument]) -> ReportDocument:
     """The summary with the median step time (the lower middle one for an even count) of
-    ``docs``; runs without a step come last; the first of ``docs`` when none has one."""
+    ``docs``; runs without a step are left out; the first of ``docs`` when none has one."""
     from pardiag.analyzer.report.reading import step_stats
 
-    timed = sorted(((st.median_us, i) for i, d in enumerate(docs)
-                    if (st := step_stats(d)) is not None))
-    return docs[timed[(len(timed) - 1) // 2][1]] if timed else docs[0]
+    i = _median_index([st.median_us if (st := step_stats(d)) is not None else None
+                       for d in docs])
+    return docs[i if i is not None else 0]

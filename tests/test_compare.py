@@ -58,7 +58,14 @@ def test_step_time_and_its_noise(pair):
     assert s.beyond_noise is False and s.noise == (
         "within the noise between runs: -32.8% is inside the ±46% by which identical runs of one "
         "setup differed (each run's own steps agree: IQR A 0.91–0.92 ms, B 0.61–0.62 ms); repeat "
-        "each run to tell a smaller change")
+        "each run (pardiag profile --repeat N) to tell a smaller change")
+    # what noise alone moves the step by: 46% of A's median; the breakdown's rows say whether
+    # each part moved more than that
+    assert s.noise_us == pytest.approx(0.46 * 915)
+    bd = pair[2].breakdown.set_index("part")
+    assert bd["within_noise"].to_dict() == {
+        "span_us": True, "compute_only_us": True, "overlap_us": True,
+        "exposed_transfer_us": True, "exposed_wait_us": True, "idle_us": True}
 
 
 def test_a_change_beyond_the_noise_between_runs():
@@ -558,7 +565,13 @@ def test_folders_of_repeated_runs_compare_by_their_runs(tmp_path):
     # the detailed comparison is of each side's median run (run-3 of A: compute 620)
     bd = c.breakdown.set_index("part")
     assert bd.loc["compute_only_us", "a_us"] == 620.0
-    assert bd.loc["compute_only_us", "b_us"] in (920.0, 940.0)
+    assert bd.loc["compute_only_us", "b_us"] == 920.0   # the lower middle of 4 runs
+    # noise between runs: the larger interquartile range of the runs' medians (B's: 30 µs);
+    # compute moved 300 µs, the other parts not at all
+    assert c.step.noise_us == pytest.approx(30.0)
+    assert bd["within_noise"].to_dict() == {
+        "span_us": False, "compute_only_us": False, "overlap_us": True,
+        "exposed_transfer_us": True, "exposed_wait_us": True, "idle_us": True}
     # a list of runs is a side too, and a set against itself is within the noise
     same = pardiag.compare([a / "run-1", a / "run-2", a / "run-3"], a)
     assert same.step.delta_pct == 0.0 and same.step.beyond_noise is False

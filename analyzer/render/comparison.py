@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ..report.checks import RecommendationCheck
 from ..report.compare import PARTS, Comparison, GateResult
-from ..report.reading import value_text
+from ..report.reading import BETWEEN_RUNS_FLOOR_PCT, value_text
 from .page import PART_COLORS, Page, document, escape, in_mib, muted, table
 from .terminal import Col, print_table
 
@@ -322,12 +322,14 @@ def _breakdown_section(c: Comparison, page: Page) -> list[str]:
     out.append(page.fig(breakdown_figure(c)))
     out.append(table(c.breakdown.assign(a_us=c.breakdown["a_us"] / 1e3,
                                          b_us=c.breakdown["b_us"] / 1e3,
-                                         delta_us=c.breakdown["delta_us"] / 1e3), {
+                                         delta_us=c.breakdown["delta_us"] / 1e3,
+                                         noise=c.breakdown["within_noise"].map(noise_label)), {
         "label": "part", "a_us": "A (ms)", "b_us": "B (ms)", "delta_us": "B − A (ms)",
-        "delta_pct": "B − A (%)"}, left=("label",), digits=3))
+        "delta_pct": "B − A (%)", "noise": "B − A against the noise"},
+        left=("label", "noise"), digits=3))
     out.append(muted("Mean over ranks of the mean profiled step. Exposed communication is "
                       "split into waiting (the wait the rank suffered in matched collectives, "
-                      "counted as exposed first) and transfer (the rest)."))
+                      "counted as exposed first) and transfer (the rest). " + noise_caption(c)))
     r = c.ranks
     ms = {f"{p}_{v}": r[f"{p}_{v}"] / 1e3 for p in ("a", "b")
           for v in ("span_us", "exposed_comm_us", "exposed_wait_us", "idle_us",
@@ -341,8 +343,27 @@ def _breakdown_section(c: Comparison, page: Page) -> list[str]:
         "b_idle_us": "B idle (ms)", "a_wait_caused_us": "A wait caused (ms)",
         "b_wait_caused_us": "B wait caused (ms)"}, left=("key",), digits=3, sortable=True,
         what="rows"))
+    out.append(muted(noise_caption(c)))
     return out
 
+
+def noise_label(within: bool | None) -> str:
+    """A breakdown row's difference against the step's noise between runs, in words."""
+    if within is None:
+        return "noise unknown"
+    return "within noise" if within else "larger than the noise"
+
+
+def noise_caption(c: Comparison) -> str:
+    """One sentence: the difference below which a row moved within the noise between runs
+    (:attr:`pardiag.analyzer.report.reading.StepDelta.noise_us`)."""
+    n = c.step.noise_us
+    if math.isnan(n):
+        return "The noise between runs is unknown: no difference here can be told from it."
+    how = ("the larger interquartile range of the runs' median steps" if c.step.p_value is not None
+           else f"{BETWEEN_RUNS_FLOOR_PCT:g}% of A's step, by which identical runs differed")
+    return (f"A difference of at most ±{n / 1e3:.3f} ms ({how}) is within the noise between "
+            f"runs.")
 
 def _overlap_section(c: Comparison, page: Page) -> list[str]:
     out = [_h2("overlap")]
@@ -561,18 +582,20 @@ def render_compare_terminal(c: Comparison, console: Console,
               Text(str(r.status))) for r in changed.itertuples()])
         for r in changed[changed["detail"] != ""].itertuples():
             console.print(Text(f"{r.label} changed: {r.detail}"))
-    timing = []
+    timing: list[tuple[str, ...]] = []
     s = c.step
     if s.a is not None or s.b is not None:
         timing.append(("step (median)", _ms(s.a.median_us if s.a else None),
                        _ms(s.b.median_us if s.b else None), _signed(s.delta_us / 1e3, 3),
-                       _signed(s.delta_pct)))
+                       _signed(s.delta_pct), ""))
     for r in c.breakdown.itertuples():
         timing.append((f"{r.label}, per profiled step", _ms(r.a_us), _ms(r.b_us),
-                       _signed(r.delta_us / 1e3, 3), _signed(r.delta_pct)))
+                       _signed(r.delta_us / 1e3, 3), _signed(r.delta_pct),
+                       "" if r.within_noise is None else noise_label(r.within_noise)))
     print_table(console, "Step time and breakdown (ms)", [
-        Col("", "left", wrap="word"), Col("A"), Col("B"), Col("B − A"), Col("B − A %")], timing,
-        caption=f"step: {s.noise}")
+        Col("", "left", wrap="word"), Col("A"), Col("B"), Col("B − A"), Col("B − A %"),
+        Col("vs noise", "left", wrap="word", drop=1)], timing,
+        caption=f"step: {s.noise}. {noise_caption(c)}")
     r = c.ranks
     if len(r):
         print_table(console, f"Per {'rank' if c.by == 'rank' else 'role'} (ms per profiled "

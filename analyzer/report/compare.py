@@ -66,6 +66,7 @@ from .reading import (
     step_delta,
     step_stats,
     straggler_of,
+    within_noise,
 )
 from .schema import OperatorsSection, ReportDocument, SetupSection, decode_report
 
@@ -115,7 +116,8 @@ class Comparison:
         step: :class:`StepDelta`.
         breakdown: per part of the step (``span_us`` first, then :data:`PARTS`): ``part``,
             ``label``, ``a_us``, ``b_us``, ``delta_us``, ``delta_pct`` (per profiled step,
-            mean over ranks).
+            mean over ranks), ``within_noise`` (the part moved by at most the step's noise
+            between runs, :attr:`StepDelta.noise_us`; None when unknown).
         ranks: one row per rank or role (``key``): ``a_<v>``, ``b_<v>`` for each of
             :data:`RANK_VALUES` (µs per profiled step; bytes) and ``a_ranks``/``b_ranks``.
         dims: per parallel dimension: ``dim``, ``a_overlap_pct``, ``b_overlap_pct``,
@@ -505,9 +507,10 @@ def compare_summaries(a: ReportDocument | dict[str, Any], b: ReportDocument | di
         va = float(ra[p].mean()) if len(ra) else float("nan")
         vb = float(rb[p].mean()) if len(rb) else float("nan")
         bd.append({"part": p, "label": "step span" if p == "span_us" else PARTS[p],
-                   "a_us": va, "b_us": vb, "delta_us": vb - va, "delta_pct": pct_change(va, vb)})
+                   "a_us": va, "b_us": vb, "delta_us": vb - va, "delta_pct": pct_change(va, vb),
+                   "within_noise": within_noise(vb - va, step)})
     breakdown = pd.DataFrame(bd, columns=["part", "label", "a_us", "b_us", "delta_us",
-                                          "delta_pct"])
+                                          "delta_pct", "within_noise"])
     ops, ops_note = _operators(a, b)
     return Comparison(
         a_source=a_source, b_source=b_source,
@@ -569,7 +572,8 @@ def comparison_json(c: Comparison, gate_result: GateResult | None = None) -> dic
     """The comparison as plain JSON values (``pardiag compare --json``; NaN as null)::
 
         {"schema_version", "a", "b", "warnings", "by", "setup": [...], "step": {"a", "b",
-         "delta_us", "delta_pct", "beyond_noise", "noise"}, "breakdown", "ranks", "dims",
+         "delta_us", "delta_pct", "beyond_noise", "noise", "p_value", "noise_us"},
+         "breakdown", "ranks", "dims",
          "bubbles", "stragglers", "skew", "imbalance", "collectives", "bandwidth",
          "operators", "operators_note", "recommendation_checks": [...], "gate"}
     """
@@ -582,7 +586,8 @@ def comparison_json(c: Comparison, gate_result: GateResult | None = None) -> dic
         "warnings": list(c.warnings), "by": c.by, "setup": _records(c.setup),
         "step": {"a": stats(c.step.a), "b": stats(c.step.b), "delta_us": _clean(c.step.delta_us),
                  "delta_pct": _clean(c.step.delta_pct), "beyond_noise": c.step.beyond_noise,
-                 "noise": c.step.noise},
+                 "noise": c.step.noise, "p_value": _clean(c.step.p_value),
+                 "noise_us": _clean(c.step.noise_us)},
         "breakdown": _records(c.breakdown), "ranks": _records(c.ranks),
         "dims": _records(c.dims), "bubbles": _records(c.bubbles),
         "stragglers": dataclasses.asdict(c.stragglers),

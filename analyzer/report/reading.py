@@ -60,6 +60,11 @@ class StepDelta:
             otherwise; None when a run has fewer than two steps.
         noise: the rule's outcome in words.
         p_value: the Mann–Whitney test's p-value (repeated runs; None for one run per side).
+        noise_us: how far apart the runs' step times come by noise alone (µs; NaN unknown):
+            one run per side, :data:`BETWEEN_RUNS_FLOOR_PCT` of A's median; repeated runs,
+            the larger side's interquartile range of its runs' medians. A part of the step (a
+            row of the comparison) that moved less than this moved within the noise
+            (:func:`within_noise`).
     """
 
     a: StepStats | None
@@ -69,6 +74,7 @@ class StepDelta:
     beyond_noise: bool | None
     noise: str
     p_value: float | None = None
+    noise_us: float = float("nan")
 
 
 def num(v: object) -> float:
@@ -269,11 +275,13 @@ def _runs_delta(a: StepStats, b: StepStats, d: float, pct: float) -> StepDelta:
                 + (f"{min(r) / 1e3:.2f}–{max(r) / 1e3:.2f} ms" if len(r) > 1
                    else f"{r[0] / 1e3:.2f} ms"))
     runs = f"A {span(ra)}, B {span(rb)}; Mann–Whitney p = {p:.3g}"
+    noise = max(float(np.subtract(*np.percentile(r, [75, 25]))) for r in (ra, rb))
     if p < BETWEEN_RUNS_ALPHA:
-        return StepDelta(a, b, d, pct, True, f"beyond the noise between runs ({runs})", p)
+        return StepDelta(a, b, d, pct, True, f"beyond the noise between runs ({runs})", p, noise)
     more = ("; repeat both sides (pardiag profile --repeat N) to tell a smaller change"
             if min(len(ra), len(rb)) < 3 else "; more runs per side tell a smaller change")
-    return StepDelta(a, b, d, pct, False, f"within the noise between runs ({runs}){more}", p)
+    return StepDelta(a, b, d, pct, False, f"within the noise between runs ({runs}){more}", p,
+                     noise)
 
 
 def step_delta(a: StepStats | None, b: StepStats | None,
@@ -296,18 +304,29 @@ def step_delta(a: StepStats | None, b: StepStats | None,
     if few:
         return StepDelta(a, b, d, pct, None, f"noise unknown: {' and '.join(few)} "
                          f"{'has' if len(few) == 1 else 'have'} fewer than 2 steps")
+    floor_us = floor_pct / 100.0 * a.median_us
     iqr = (f"IQR A {a.q1_us / 1e3:.2f}–{a.q3_us / 1e3:.2f} ms, B {b.q1_us / 1e3:.2f}–"
            f"{b.q3_us / 1e3:.2f} ms")
     if not (b.q1_us > a.q3_us or b.q3_us < a.q1_us):
-        return StepDelta(a, b, d, pct, False, f"within the runs' noise ({iqr} overlap)")
+        return StepDelta(a, b, d, pct, False, f"within the runs' noise ({iqr} overlap)",
+                         noise_us=floor_us)
     if abs(pct) <= floor_pct:
         return StepDelta(a, b, d, pct, False, (
             f"within the noise between runs: {pct:+.1f}% is inside the ±{floor_pct:g}% by which "
             f"identical runs of one setup differed (each run's own steps agree: {iqr}); repeat "
-            "each run to tell a smaller change"))
+            "each run (pardiag profile --repeat N) to tell a smaller change"), noise_us=floor_us)
     return StepDelta(a, b, d, pct, True, f"beyond both runs' noise ({iqr}: the middle "
                      f"halves of their steps do not overlap) and beyond the ±{floor_pct:g}% "
-                     "between identical runs")
+                     "between identical runs", noise_us=floor_us)
+
+
+def within_noise(delta_us: float, step: StepDelta) -> bool | None:
+    """Whether a part of the step that moved by ``delta_us`` (µs, B − A) moved within the
+    noise between runs (:attr:`StepDelta.noise_us`): True when ``|delta_us|`` is at most
+    that, False when larger, None when either is unknown."""
+    if math.isnan(step.noise_us) or delta_us is None or math.isnan(delta_us):
+        return None
+    return abs(delta_us) <= step.noise_us
 
 
 def straggler_of(doc: ReportDocument) -> int | None:
