@@ -40,6 +40,8 @@ def test_profile_writes_the_run_folder(ddp_run):
     run = json.loads((out / "pardiag" / "run.json").read_text())
     assert run["world_size"] == 2 and run["exit_code"] == 0
     assert run["script_args"] == ["--steps", "7"]
+    # the host probe, timed just before and just after the job (ms: a few on any machine)
+    assert 0 < run["host_probe_before_ms"] < 1000 and 0 < run["host_probe_after_ms"] < 1000
     # the last line is the next command; torch's profiler lines are left out or shown once
     # (run as `python -m pardiag`: the same way again)
     assert res.stderr.strip().splitlines()[-1] == (f"pardiag: next: {sys.executable} -m pardiag "
@@ -371,3 +373,49 @@ def test_a_rank_stuck_holding_the_interpreter_still_says_where(tmp_path):
     assert "most recent call first" in stacks
     if str(script) in stacks:   # a loaded machine may still be importing torch after 15 s
         assert f'File "{script}", line 7 in <module>' in line, line
+
+
+TINY = ("import torch\nm = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(m.parameters(), 0.1)\n"
+        "for step in range(6):\n    m(torch.randn(2, 4)).sum().backward()\n    opt.step()\n")
+
+
+@pytest.mark.e2e
+def test_repeat_writes_a_set_of_runs_that_report_and_compare_read(tmp_path):
+    """--repeat 2: run-1 and run-2, each a run folder with its host probes; report reads the
+    set (its median run, with every run's step), compare of the set with itself is within
+    the noise; a folder that holds files is refused; a failing run ends the repeats."""
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY)
+    out = tmp_path / "set"
+    res = pardiag("profile", "--repeat", 2, "--out", out, script)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["run-1", "run-2"]
+    assert "pardiag: run 2 of 2 into" in res.stderr
+    assert res.stderr.strip().splitlines()[-1].endswith(f"report {out}")
+    for run in ("run-1", "run-2"):
+        f = json.loads((out / run / "pardiag" / "run.json").read_text())
+        assert f["exit_code"] == 0 and f["host_probe_before_ms"] > 0
+    rep = pardiag("report", out, "-o", tmp_path / "r.html", "-q")
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert f"{out} holds 2 repeated runs; this report is of run-" in rep.stderr
+    cmp = pardiag("compare", out, out, "-o", tmp_path / "c.html", "--json", tmp_path / "c.json",
+                  "-q")
+    assert cmp.returncode == 0, cmp.stderr[-2000:]
+    step = json.loads((tmp_path / "c.json").read_text())["step"]
+    assert len(step["a"]["runs_us"]) == 2 and step["delta_pct"] == 0.0
+    assert step["beyond_noise"] is False and step["p_value"] == 1.0
+    # the set folder holds files now: refused without --overwrite
+    again = pardiag("profile", "--repeat", 2, "--out", out, script)
+    assert again.returncode == 2 and again.stderr.strip() == (
+        f"pardiag: error: {out}: folder exists and is not empty (pass --overwrite to replace "
+        "the runs in it)")
+    multi = pardiag("profile", "--repeat", 2, "--nnodes", 2, "--node-rank", 0, "--out",
+                    tmp_path / "m", script)
+    assert multi.returncode == 2 and multi.stderr.strip() == (
+        "pardiag: error: --repeat runs a job on one node only (--nnodes 1)")
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise SystemExit(3)\n")
+    res = pardiag("profile", "--repeat", 3, "--out", tmp_path / "bad", bad)
+    assert res.returncode == 3
+    assert "pardiag: run 1 of 3 failed: the other 2 were not started" in res.stderr
+    assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == ["run-1"]
