@@ -66,7 +66,8 @@ def test_profile_writes_the_run_folder(ddp_run):
         inst = meta["instrumentation"]
         assert inst["post_window_after_step"] == 4 and inst["post_window_s"] > 0
         assert set(inst["post_window_parts_s"]) == {"export", "flight_recorder",
-                                                    "live_objects", "layout", "shapes"}
+                                                    "live_objects", "layout", "shapes",
+                                                    "window_meta"}
         assert inst["p2p_calls"] == {"window": 0, "outside": 0}
         assert inst["chunk_calls"] == {"window": 0, "outside": 0}
     if len(os.sched_getaffinity(0)) >= 2:   # unpinned ranks may share every core: said so
