@@ -440,3 +440,27 @@ def test_small_overlaps_are_drawn_as_bars_not_a_flat_line():
     dfig = dim_overlap_figure(per)
     assert dfig["layout"]["yaxis"]["range"] == [0, 100]
     assert [d["text"] for d in dfig["data"]] == [["60.0%", "40.0%"], ["1.0%", "0.5%"]]
+
+
+def test_a_slow_export_step_does_not_flatten_the_run_chart():
+    """The step after the profiling window exports the trace (~1 s against 20 ms steps): it is
+    drawn, but the axis ends at 1.25 × the longest other step and a note names it; with no
+    such step the axis starts at zero and ends where plotly puts it."""
+    import pandas as pd
+
+    from pardiag.analyzer.render.figures import off_scale_steps, run_steps_figure
+    rows = [(r, k, 20_000.0 + 1_000 * r + 100 * k, 3 <= k < 6) for r in (0, 1)
+            for k in range(1, 10)]
+    rows = [(r, k, 1_187_000.0 if k == 6 else p, on) for r, k, p, on in rows]
+    rs = pd.DataFrame(rows, columns=["rank", "step", "period_us", "profiled"])
+    assert off_scale_steps(rs).to_dict() == {6: 1_187_000.0}
+    fig = run_steps_figure(rs)
+    # the longest other step: rank 1, step 9, 21.9 ms
+    assert fig["layout"]["yaxis"]["range"] == [0.0, pytest.approx(21.9 * 1.25)]
+    assert fig["layout"]["annotations"][0]["text"] == "off the scale: step 6 (1,187.0 ms)"
+    calm = rs[rs["step"] != 6]
+    assert off_scale_steps(calm).empty
+    fig = run_steps_figure(calm)
+    assert "range" not in fig["layout"]["yaxis"] and fig["layout"]["annotations"] == []
+    # every step slow alike: nothing is off the scale
+    assert off_scale_steps(rs.assign(period_us=1e6)).empty

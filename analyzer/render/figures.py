@@ -148,12 +148,42 @@ def run_steps_figure(run_steps: pd.DataFrame) -> dict:
     shapes = ([{"type": "rect", "xref": "x", "yref": "paper", "x0": float(on.min()) - 0.5,
                 "x1": float(on.max()) + 0.5, "y0": 0, "y1": 1, "fillcolor": "#f0a020",
                 "opacity": 0.15, "line": {"width": 0}}] if len(on) else [])
+    yaxis: dict = {"title": _title("step time (ms)"), "rangemode": "tozero"}
+    annotations = []
+    off = off_scale_steps(run_steps)
+    if len(off):   # e.g. the step that exports the trace: drawn, the axis ends below it
+        rest = run_steps.loc[~run_steps["step"].isin(off.index), "period_us"]
+        yaxis["range"] = [0.0, float(rest.max()) / 1000.0 * 1.25]
+        listed = [f"step {s} ({v / 1000.0:,.1f} ms)" for s, v in off.head(4).items()]
+        more = f" and {len(off) - 4} more" if len(off) > 4 else ""
+        annotations.append({"xref": "paper", "yref": "paper", "x": 1.0, "y": 1.0,
+                            "xanchor": "right", "yanchor": "bottom", "showarrow": False,
+                            "text": "off the scale: " + ", ".join(listed) + more,
+                            "font": {"size": 11}})
     return {"data": data,
             "layout": {"title": _title("Step time over every step of the run (profiled steps "
                                        "shaded)"),
                        "xaxis": {"title": _title("optimizer step")},
-                       "yaxis": {"title": _title("step time (ms)"), "rangemode": "tozero"},
-                       "shapes": shapes, "height": 360}}
+                       "yaxis": yaxis, "shapes": shapes, "annotations": annotations,
+                       "height": 360}}
+
+
+#: A step of the run's chart longer than this many times the median step (over every rank
+#: and step) is left off its scale, so that one slow step (the one that exports the trace, a
+#: checkpoint) does not flatten the others.
+OFF_SCALE_X = 3.0
+
+
+def off_scale_steps(run_steps: pd.DataFrame) -> pd.Series:
+    """The steps of :func:`run_steps_figure` drawn off its scale: those whose longest period
+    over ranks exceeds :data:`OFF_SCALE_X` × the median period of every rank and step, when
+    at least one step stays on it. Returns their longest period (µs) indexed by step, in step
+    order; empty when none."""
+    if run_steps.empty:
+        return pd.Series(dtype=float)
+    longest = run_steps.groupby("step")["period_us"].max()
+    big = longest[longest > OFF_SCALE_X * float(run_steps["period_us"].median())]
+    return big if len(big) < len(longest) else pd.Series(dtype=float)
 
 
 def step_mean_figure(step_means: pd.DataFrame) -> dict:
