@@ -318,7 +318,7 @@ def _schedule_options(f):
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               metavar="N", help="Run the job N times, one after the other, into --out/run-1 … "
                                 "run-N: `pardiag compare` of two such folders measures the noise "
-                                "between runs.")
+                                "between runs (it needs 4 runs or more per side).")
 def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out: Path | None,
             wait: int, warmup: int, active: int, overwrite: bool, timeout_s: float | None,
             pin_cpu: bool, nnodes: int, node_rank: int | None, rdzv_backend: str | None,
@@ -347,6 +347,12 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
         if out.is_dir() and any(out.iterdir()) and not overwrite:
             raise PardiagError(f"{out}: folder exists and is not empty (pass --overwrite to "
                                f"replace the runs in it)")
+        from pardiag.analyzer.report.reading import MIN_RUNS_PER_SIDE
+        if repeat < MIN_RUNS_PER_SIDE:
+            click.echo(f"pardiag: warning: with {repeat} runs per side `pardiag compare` cannot "
+                       f"tell any difference from the noise between runs (its test needs "
+                       f"{MIN_RUNS_PER_SIDE} or more per side): use --repeat "
+                       f"{MIN_RUNS_PER_SIDE} or more", err=True)
     runs = [out] if repeat == 1 else [layout.repeat_path(out, i) for i in range(1, repeat + 1)]
     code = 0
     for i, run_out in enumerate(runs, 1):
@@ -393,7 +399,12 @@ def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float |
         prefix = f"hang after {timeout_s:g} s" if timeout_s else "hang at exit"
         click.echo(f"pardiag: {prefix}: {line}", err=True)
     for r in result.missing_ranks:
-        click.echo(f"pardiag: rank {r} did not finish (no metadata written)", err=True)
+        kept = [what for what, path in (
+            ("its trace", layout.trace_path(result.out, r)),
+            ("the metadata written when its profiling window closed",
+             layout.window_meta_path(result.out, r))) if path.is_file()]
+        click.echo(f"pardiag: rank {r} did not finish (no final metadata; "
+                   + (f"kept: {' and '.join(kept)})" if kept else "it wrote nothing)"), err=True)
     if result.contention:
         click.echo(f"pardiag: warning: {result.contention}", err=True)
     click.echo(f"pardiag: run folder {result.out} (exit code {result.exit_code})", err=True)

@@ -21,7 +21,7 @@ BASE_OVERLAP = 100.0 / 3  # the corpus' base trace: 20 µs of 60 µs communicati
 ERR = "error"
 EXPECTED: dict[str, tuple] = {
     "truncated.json.gz": (2, "truncated or corrupt gzip", None, None),
-    "truncated.json": (2, "not valid JSON (Unterminated string", None, None),
+    "truncated.json": (2, "truncated (the file ends inside its JSON, at line 1", None, None),
     "empty.json": (2, "empty file", None, None),
     "whitespace_only.json": (2, "empty file", None, None),
     "empty.json.gz": (2, "empty file", None, None),
@@ -206,3 +206,18 @@ def test_json_that_is_not_fixed_by_escaping_quotes_is_still_refused():
 
     with pytest.raises(TraceError, match=r"f\.json: not valid JSON \(Expecting ',' delimiter"):
         parse_json(b'{"traceEvents": [{"ph": "X" "name": 1}]}', Path("f.json"))
+
+
+def test_a_trace_cut_short_is_called_truncated():
+    """A plain .json trace cut inside an event (a copy interrupted) is called truncated, with
+    the line it ends at; JSON that is wrong but complete keeps the parser's own words."""
+    from pardiag.analyzer.trace.parse import parse_json
+    from pardiag.errors import TraceError
+
+    doc = b'{"traceEvents": [\n  {"ph": "X", "name": "a", "ts": 1, "dur": 2},\n  {"ph": "X", "na'
+    for cut in (doc, doc[:-3] + b'\n', doc[:-4]):
+        with pytest.raises(TraceError, match=r"^t\.json: truncated \(the file ends inside its "
+                                             r"JSON, at line 3"):
+            parse_json(cut, Path("t.json"))
+    with pytest.raises(TraceError, match=r"t\.json: not valid JSON \(Expecting property name"):
+        parse_json(b"{not json", Path("t.json"))

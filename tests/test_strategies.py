@@ -200,6 +200,9 @@ def test_planted_hang_is_diagnosed(tmp_path):
          "--steps", "10", "--hang-rank", "1", "--hang-step", "6"], capture_output=True,
         text=True, timeout=120, cwd=REPO)
     assert res.returncode == 124
+    for r in (0, 1):
+        assert (f"pardiag: rank {r} did not finish (no final metadata; kept: its trace and the "
+                "metadata written when its profiling window closed)") in res.stderr, res.stderr
     line = next(ln for ln in res.stderr.splitlines() if ln.startswith("pardiag: hang after"))
     # the innermost frame (the examples' shared helper) and the frame of the script itself
     script = re.escape(str(REPO / "examples" / "train_ddp.py"))

@@ -228,6 +228,13 @@ def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
             doc, _, quoted = (_escape_stray_quotes(clean) if isinstance(exc, json.JSONDecodeError)
                               else (None, clean, []))
             if doc is None:
+                body = clean.rstrip()
+                if (isinstance(exc, json.JSONDecodeError) and not body.endswith(("}", "]"))
+                        and (exc.pos >= len(body) or exc.msg.startswith("Unterminated string"))):
+                    # a copy or a write cut short: say so rather than quote the parser
+                    raise TraceError(f"{path}: truncated (the file ends inside its JSON, "
+                                     f"at line {body.count(chr(10)) + 1}: it was cut short "
+                                     "while written or copied)") from None
                 raise TraceError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}"
                                  f" column {exc.colno})" if isinstance(exc, json.JSONDecodeError)
                                  else f"{path}: not valid JSON (nested too deeply)") from None
