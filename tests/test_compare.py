@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import types
 
 import msgspec
 import orjson
@@ -58,7 +59,7 @@ def test_step_time_and_its_noise(pair):
     assert s.beyond_noise is False and s.noise == (
         "within the noise between runs: -32.8% is inside the ±46% by which identical runs of one "
         "setup differed (each run's own steps agree: IQR A 0.91–0.92 ms, B 0.61–0.62 ms); repeat "
-        "each run (pardiag profile --repeat N) to tell a smaller change")
+        "each side (pardiag profile --repeat 4 or more) to tell a smaller change")
     # what noise alone moves the step by: 46% of A's median; the breakdown's rows say whether
     # each part moved more than that
     assert s.noise_us == pytest.approx(0.46 * 915)
@@ -487,6 +488,10 @@ def test_unrelated_runs_apply_no_recommendation(tmp_path):
                         REPO / "sample_traces" / "pp_1f1b_cpu_2rank")
     assert c.checks and c.applied == ()
     assert all(ch.error_pct is None for ch in c.checks)
+    # the pipeline's fields apply to B only: "not used in A", not a change of value
+    s = c.setup.set_index("field")
+    assert s.loc[["pipeline_schedule", "microbatches"], "status"].tolist() == ["not used in A"] * 2
+    assert s.loc["microbatches", "b"] == 8 and s.loc["microbatches", "a"] is None
 
 
 def test_a_recommendation_made_in_another_job_is_not_applied(pair, tmp_path):
@@ -535,11 +540,34 @@ def test_repeated_runs_are_weighed_by_the_spread_between_them():
     assert d.noise.startswith("within the noise between runs (A 5 runs 10.00–12.00 ms, B 5 runs "
                               "9.90–14.10 ms; Mann–Whitney p = ")
     assert d.noise.endswith("; more runs per side tell a smaller change")
-    # one run against five: the test cannot reach p < 0.05 (its smallest p is 2/6)
+    # one run against five: the test cannot reach p < 0.05 (its smallest p is 2/6), so the
+    # noise is unknown, not "within"
     d = step_delta(_stats(11_000.0, a_runs), _stats(30_000.0))
-    assert d.beyond_noise is False and d.p_value == pytest.approx(1 / 3)
-    assert d.noise.endswith("repeat both sides (pardiag profile --repeat N) to tell a smaller "
-                            "change")
+    assert d.beyond_noise is None and d.p_value == pytest.approx(1 / 3)
+    assert d.noise.endswith("with 5 runs of A and 1 of B no difference can clear p < 0.05 (the "
+                            "smallest p possible is 0.33); repeat each side 4 times or more "
+                            "(pardiag profile --repeat 4)")
+
+
+@pytest.mark.parametrize("n_a, n_b, smallest, decidable", [
+    (3, 3, 0.1, False), (3, 4, 2 / 35, False), (4, 4, 2 / 70, True), (2, 8, 2 / 45, True),
+    (1, 39, 2 / 40, False), (5, 5, 2 / 252, True)])
+def test_too_few_runs_cannot_clear_the_test(n_a, n_b, smallest, decidable):
+    """Every run of B slower than every run of A (+44%) gives the exact test's smallest p,
+    2 / C(n_a + n_b, n_a): below 0.05 from 4 runs per side; with fewer the noise is unknown,
+    and --fail-if-slower lets the limit alone decide."""
+    from pardiag.analyzer.report.compare import gate
+    from pardiag.analyzer.report.reading import smallest_p, step_delta
+    a = tuple(10_000.0 + 100 * i for i in range(n_a))
+    b = tuple(14_400.0 + 100 * i for i in range(n_b))
+    assert smallest_p(n_a, n_b) == pytest.approx(smallest)
+    d = step_delta(_stats(10_000.0, a), _stats(14_400.0, b))
+    assert d.p_value == pytest.approx(smallest)
+    assert d.beyond_noise is (True if decidable else None)
+    c = types.SimpleNamespace(step=d)   # the gate reads the step alone
+    g = gate(c, 10.0)
+    assert g.failed, g.line
+    assert ("beyond the noise between runs" if decidable else "noise unknown") in g.line
 
 
 def _set(folder, computes, **kw):
@@ -553,35 +581,42 @@ def test_folders_of_repeated_runs_compare_by_their_runs(tmp_path):
     """Folders of repeated runs: the step time is the median of the runs' medians, the runs'
     medians are kept, and the rest is compared on the run with the median step."""
     # per run: step = compute + comm 100 + median jitter 15 µs
-    a = _set(tmp_path / "a", [600, 640, 620])
+    a = _set(tmp_path / "a", [600, 640, 620, 630])
     b = _set(tmp_path / "b", [900, 960, 940, 920])
     c = pardiag.compare(a, b)
-    assert c.step.a.runs_us == (715.0, 755.0, 735.0)
+    assert c.step.a.runs_us == (715.0, 755.0, 735.0, 745.0)
     assert c.step.b.runs_us == (1015.0, 1075.0, 1055.0, 1035.0)
-    assert (c.step.a.median_us, c.step.b.median_us) == (735.0, 1045.0)
-    assert c.step.a.basis_text.startswith("the median of 3 runs' median steps")
-    assert c.step.p_value == pytest.approx(2 / 35)   # 3 against 4, apart: the smallest p
-    assert c.step.beyond_noise is False
-    # the detailed comparison is of each side's median run (run-3 of A: compute 620)
+    assert (c.step.a.median_us, c.step.b.median_us) == (740.0, 1045.0)
+    assert c.step.a.basis_text.startswith("the median of 4 runs' median steps")
+    assert c.step.p_value == pytest.approx(2 / 70)   # 4 against 4, apart: the smallest p
+    assert c.step.beyond_noise is True
+    # each part is the median over a side's runs, tested between the runs as the step is:
+    # compute moved 305 µs in every run (p = 2/70), the other parts not at all (p = 1)
     bd = c.breakdown.set_index("part")
-    assert bd.loc["compute_only_us", "a_us"] == 620.0
-    assert bd.loc["compute_only_us", "b_us"] == 920.0   # the lower middle of 4 runs
-    # noise between runs: the larger interquartile range of the runs' medians (B's: 30 µs);
-    # compute moved 300 µs, the other parts not at all
-    assert c.step.noise_us == pytest.approx(30.0)
+    assert (bd.loc["compute_only_us", "a_us"], bd.loc["compute_only_us", "b_us"]) == (625.0,
+                                                                                      930.0)
+    assert bd.loc["compute_only_us", "p_value"] == pytest.approx(2 / 70)
     assert bd["within_noise"].to_dict() == {
         "span_us": False, "compute_only_us": False, "overlap_us": True,
         "exposed_transfer_us": True, "exposed_wait_us": True, "idle_us": True}
-    # a list of runs is a side too, and a set against itself is within the noise
-    same = pardiag.compare([a / "run-1", a / "run-2", a / "run-3"], a)
+    assert c.step.noise_us == pytest.approx(30.0)   # the larger IQR of the runs' medians
+    # a set against itself: every part within the noise, as the step is
+    same = pardiag.compare([a / "run-1", a / "run-2", a / "run-3", a / "run-4"], a)
     assert same.step.delta_pct == 0.0 and same.step.beyond_noise is False
+    assert same.breakdown["within_noise"].tolist() == [True] * 6
+    # three runs against four: no test can clear p < 0.05, so neither the step nor a part is
+    # judged
+    few = pardiag.compare([a / "run-1", a / "run-2", a / "run-3"], b)
+    assert few.step.beyond_noise is None and few.step.p_value == pytest.approx(2 / 35)
+    assert few.breakdown["within_noise"].tolist() == [None] * 6
     # the command line reads the folders and says so
     r = run("compare", a, b, "-o", tmp_path / "c.html", "--json", tmp_path / "c.json")
     assert r.exit_code == 0, r.output
     js_ = json.loads((tmp_path / "c.json").read_text())
-    assert js_["step"]["a"]["runs_us"] == [715.0, 755.0, 735.0]
-    assert "within the noise between runs (A 3 runs 0.71–0.76 ms, B 4 runs 1.01–1.07 ms" in (
+    assert js_["step"]["a"]["runs_us"] == [715.0, 755.0, 735.0, 745.0]
+    assert "beyond the noise between runs (A 4 runs 0.71–0.76 ms, B 4 runs 1.01–1.07 ms" in (
         js_["step"]["noise"])
+    assert js_["breakdown"][1]["p_value"] == pytest.approx(2 / 70)
 
 
 def test_report_of_a_set_shows_its_median_run(tmp_path):

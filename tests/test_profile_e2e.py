@@ -383,8 +383,9 @@ TINY = ("import torch\nm = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(m.parame
 @pytest.mark.e2e
 def test_repeat_writes_a_set_of_runs_that_report_and_compare_read(tmp_path):
     """--repeat 2: run-1 and run-2, each a run folder with its host probes; report reads the
-    set (its median run, with every run's step), compare of the set with itself is within
-    the noise; a folder that holds files is refused; a failing run ends the repeats."""
+    set (its median run, with every run's step), compare of the set with itself cannot
+    judge the noise with two runs per side; a folder that holds files is refused; a failing
+    run ends the repeats."""
     script = tmp_path / "tiny.py"
     script.write_text(TINY)
     out = tmp_path / "set"
@@ -392,6 +393,9 @@ def test_repeat_writes_a_set_of_runs_that_report_and_compare_read(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["run-1", "run-2"]
     assert "pardiag: run 2 of 2 into" in res.stderr
+    assert ("pardiag: warning: with 2 runs per side `pardiag compare` cannot tell any "
+            "difference from the noise between runs (its test needs 4 or more per side): use "
+            "--repeat 4 or more") in res.stderr
     assert res.stderr.strip().splitlines()[-1].endswith(f"report {out}")
     for run in ("run-1", "run-2"):
         f = json.loads((out / run / "pardiag" / "run.json").read_text())
@@ -404,7 +408,10 @@ def test_repeat_writes_a_set_of_runs_that_report_and_compare_read(tmp_path):
     assert cmp.returncode == 0, cmp.stderr[-2000:]
     step = json.loads((tmp_path / "c.json").read_text())["step"]
     assert len(step["a"]["runs_us"]) == 2 and step["delta_pct"] == 0.0
-    assert step["beyond_noise"] is False and step["p_value"] == 1.0
+    # two runs per side: the test cannot clear p < 0.05 whatever the values, so the noise is
+    # unknown rather than "within"
+    assert step["beyond_noise"] is None and step["p_value"] == 1.0
+    assert "repeat each side 4 times or more" in step["noise"]
     # the set folder holds files now: refused without --overwrite
     again = pardiag("profile", "--repeat", 2, "--out", out, script)
     assert again.returncode == 2 and again.stderr.strip() == (

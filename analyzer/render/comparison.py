@@ -20,7 +20,12 @@ from rich.text import Text
 
 from ..report.checks import RecommendationCheck
 from ..report.compare import PARTS, Comparison, GateResult
-from ..report.reading import BETWEEN_RUNS_FLOOR_PCT, value_text
+from ..report.reading import (
+    BETWEEN_RUNS_ALPHA,
+    BETWEEN_RUNS_FLOOR_PCT,
+    MIN_RUNS_PER_SIDE,
+    value_text,
+)
 from .page import PART_COLORS, Page, document, escape, in_mib, muted, table
 from .terminal import Col, print_table
 
@@ -357,13 +362,16 @@ def noise_label(within: bool | None) -> str:
 def noise_caption(c: Comparison) -> str:
     """One sentence: the difference below which a row moved within the noise between runs
     (:attr:`pardiag.analyzer.report.reading.StepDelta.noise_us`)."""
+    if c.step.p_value is not None:   # repeated runs: each part tested as the step is
+        return ("Each part is the median over a side's runs; it moved within the noise unless "
+                "its values in A's runs and B's differ by the same Mann–Whitney test as the "
+                f"step (p < {BETWEEN_RUNS_ALPHA:g}), and the noise is unknown where the runs "
+                f"are too few for that test (fewer than {MIN_RUNS_PER_SIDE} per side).")
     n = c.step.noise_us
     if math.isnan(n):
         return "The noise between runs is unknown: no difference here can be told from it."
-    how = ("the larger interquartile range of the runs' median steps" if c.step.p_value is not None
-           else f"{BETWEEN_RUNS_FLOOR_PCT:g}% of A's step, by which identical runs differed")
-    return (f"A difference of at most ±{n / 1e3:.3f} ms ({how}) is within the noise between "
-            f"runs.")
+    return (f"A difference of at most ±{n / 1e3:.3f} ms ({BETWEEN_RUNS_FLOOR_PCT:g}% of A's "
+            "step, by which identical runs differed) is within the noise between runs.")
 
 def _overlap_section(c: Comparison, page: Page) -> list[str]:
     out = [_h2("overlap")]

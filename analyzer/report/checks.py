@@ -182,7 +182,8 @@ def check_recommendations(summary_a: ReportDocument, summary_b: ReportDocument, 
     b_peak = peak_bytes(summary_b)
     args = setup[setup["field"] == "script_args"]
     args_changed = tuple(x for d in args["detail"] for x in str(d).split("; ") if x)
-    changed = setup[setup["status"] == "changed"]
+    # a field used by one run only is a difference too (a pipeline against none)
+    changed = setup[setup["status"].isin(("changed", "not used in A", "not used in B"))]
     out = []
     recs: list[tuple[int | None, RecommendationEntry]] = [
         (i, r) for i, r in enumerate(summary_a.recommendations, 1)]

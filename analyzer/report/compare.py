@@ -55,12 +55,14 @@ import pandas as pd
 from ..analyses.runsetup import SETUP_LABELS
 from .checks import RecommendationCheck, check_recommendations
 from .reading import (
+    BETWEEN_RUNS_ALPHA,
     StepDelta,
     StepStats,
     host_probe_ms,
     num,
     pct_change,
     rank_table,
+    runs_test,
     set_step_stats,
     setup_of,
     step_delta,
@@ -111,13 +113,18 @@ class Comparison:
         by: ``"rank"`` (layouts match: rank by rank) or ``"role"`` (pipeline stage, else all
             ranks together).
         setup: one row per setup field: ``field``, ``label``, ``a``, ``b``, ``status``
-            (``same``, ``changed``, ``unknown in A``, ``unknown in B``, ``unknown``),
+            (``same``, ``changed``, ``not used in A``/``not used in B`` (the field applies to
+            one run only: a pipeline's schedule against a run without a pipeline),
+            ``unknown in A``, ``unknown in B``, ``unknown``),
             ``detail`` (the changed script arguments, flag by flag).
         step: :class:`StepDelta`.
         breakdown: per part of the step (``span_us`` first, then :data:`PARTS`): ``part``,
             ``label``, ``a_us``, ``b_us``, ``delta_us``, ``delta_pct`` (per profiled step,
-            mean over ranks), ``within_noise`` (the part moved by at most the step's noise
-            between runs, :attr:`StepDelta.noise_us`; None when unknown).
+            mean over ranks; for repeated runs the median of that over a side's runs),
+            ``within_noise`` (one run per side: the part moved by at most the step's noise
+            between runs, :attr:`StepDelta.noise_us`; repeated runs: the runs' values of the
+            part do not differ by the between-runs test; None when unknown), ``p_value``
+            (that test's p; NaN for one run per side).
         ranks: one row per rank or role (``key``): ``a_<v>``, ``b_<v>`` for each of
             :data:`RANK_VALUES` (µs per profiled step; bytes) and ``a_ranks``/``b_ranks``.
         dims: per parallel dimension: ``dim``, ``a_overlap_pct``, ``b_overlap_pct``,
@@ -281,10 +288,10 @@ def setup_rows(sa: SetupSection, sb: SetupSection) -> pd.DataFrame:
             return
         if va is None and vb is None:
             status = "unknown"
-        elif va is None:
-            status = "unknown in A" if ka else "changed"
+        elif va is None:   # unknown, or the field does not apply to A (no pipeline, say)
+            status = "unknown in A" if ka else "not used in A"
         elif vb is None:
-            status = "unknown in B" if kb else "changed"
+            status = "unknown in B" if kb else "not used in B"
         else:
             status = "same" if va == vb else "changed"
         detail = ""
@@ -469,6 +476,41 @@ def _warnings(sa_sum: ReportDocument, sb_sum: ReportDocument, sa: SetupSection,
     return out
 
 
+def _part_means(table: pd.DataFrame, part: str) -> float:
+    return float(table[part].mean()) if len(table) else float("nan")
+
+
+def _breakdown(ra: pd.DataFrame, rb: pd.DataFrame, step: StepDelta,
+               runs: tuple[tuple[ReportDocument, ...], tuple[ReportDocument, ...]]
+               ) -> pd.DataFrame:
+    """:attr:`Comparison.breakdown`. One run per side: each part's mean over ranks, judged
+    against the step's noise between runs (:func:`.reading.within_noise`). Repeated runs on
+    either side: each part is the median over the side's runs of that mean, and it is within
+    the noise unless the runs' values differ by the same test as the step
+    (:func:`.reading.runs_test`; None when the run counts cannot reach its level), so that a
+    part is judged on its own spread between runs, not on one run's steps."""
+    repeated = len(runs[0]) > 1 or len(runs[1]) > 1
+    tables = ([[rank_table(d) for d in side] if len(side) > 1 else [t]
+               for side, t in zip(runs, (ra, rb))] if repeated else [[ra], [rb]])
+    rows = []
+    for p in ["span_us", *PARTS]:
+        xa = [_part_means(t, p) for t in tables[0]]
+        xb = [_part_means(t, p) for t in tables[1]]
+        va, vb = (float(np.nanmedian(x)) if not all(map(math.isnan, x)) else float("nan")
+                  for x in (xa, xb))
+        if repeated:
+            pv, decidable = runs_test(xa, xb)
+            within = (None if not decidable or math.isnan(pv)
+                      else bool(pv >= BETWEEN_RUNS_ALPHA))
+        else:
+            pv, within = float("nan"), within_noise(vb - va, step)
+        rows.append({"part": p, "label": "step span" if p == "span_us" else PARTS[p],
+                     "a_us": va, "b_us": vb, "delta_us": vb - va, "delta_pct": pct_change(va, vb),
+                     "within_noise": within, "p_value": pv})
+    return pd.DataFrame(rows, columns=["part", "label", "a_us", "b_us", "delta_us",
+                                       "delta_pct", "within_noise", "p_value"])
+
+
 def compare_summaries(a: ReportDocument | dict[str, Any], b: ReportDocument | dict[str, Any], *,
                       a_source: str = "A", b_source: str = "B",
                       a_runs: Iterable[ReportDocument] = (),
@@ -501,16 +543,7 @@ def compare_summaries(a: ReportDocument | dict[str, Any], b: ReportDocument | di
     ra, rb = rank_table(a), rank_table(b)
     by = "rank" if _layouts_match(sa, sb, ra, rb) else "role"
     ranks = _merge(_per_key(ra, by), _per_key(rb, by), "key", ["ranks", *RANK_VALUES])
-    parts = ["span_us", *PARTS]
-    bd = []
-    for p in parts:
-        va = float(ra[p].mean()) if len(ra) else float("nan")
-        vb = float(rb[p].mean()) if len(rb) else float("nan")
-        bd.append({"part": p, "label": "step span" if p == "span_us" else PARTS[p],
-                   "a_us": va, "b_us": vb, "delta_us": vb - va, "delta_pct": pct_change(va, vb),
-                   "within_noise": within_noise(vb - va, step)})
-    breakdown = pd.DataFrame(bd, columns=["part", "label", "a_us", "b_us", "delta_us",
-                                          "delta_pct", "within_noise"])
+    breakdown = _breakdown(ra, rb, step, runs)
     ops, ops_note = _operators(a, b)
     return Comparison(
         a_source=a_source, b_source=b_source,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,8 @@ class StepDelta:
             runs' steps do not overlap and the change exceeds the noise between identical runs
             (:data:`BETWEEN_RUNS_FLOOR_PCT`); repeated runs: True when the runs' median steps
             differ by a two-sided Mann–Whitney test at p < :data:`BETWEEN_RUNS_ALPHA`. False
-            otherwise; None when a run has fewer than two steps.
+            otherwise; None when a run has fewer than two steps, or when repeated runs are too
+            few for the test to reach that level (:data:`MIN_RUNS_PER_SIDE`).
         noise: the rule's outcome in words.
         p_value: the Mann–Whitney test's p-value (repeated runs; None for one run per side).
         noise_us: how far apart the runs' step times come by noise alone (µs; NaN unknown):
@@ -259,16 +261,44 @@ BETWEEN_RUNS_FLOOR_PCT = 46.0
 BETWEEN_RUNS_ALPHA = 0.05
 
 
-def _runs_delta(a: StepStats, b: StepStats, d: float, pct: float) -> StepDelta:
-    """Repeated runs on either side: the runs' median steps compared by a two-sided exact
-    Mann–Whitney U test (scipy.stats.mannwhitneyu; a run is one sample, so the spread between
-    runs is the noise). A side of one run has its one median; the test then cannot reach
-    :data:`BETWEEN_RUNS_ALPHA` with fewer than four runs on the other side."""
+#: Runs per side from which the between-runs test can clear :data:`BETWEEN_RUNS_ALPHA`
+#: (the smallest two-sided exact p of 4 against 4 runs is 2/70 = 0.029; of 3 against 3, 0.1).
+MIN_RUNS_PER_SIDE = 4
+
+
+def smallest_p(n_a: int, n_b: int) -> float:
+    """The smallest p-value a two-sided exact Mann–Whitney test of ``n_a`` against ``n_b``
+    samples can give (no ties: every sample of one side below every sample of the other):
+    2 / C(n_a + n_b, n_a), at most 1 (Mann & Whitney 1947; the exact null distribution of U
+    puts 1 / C(n_a + n_b, n_a) on each extreme)."""
+    if n_a < 1 or n_b < 1:
+        return 1.0
+    return min(1.0, 2.0 / math.comb(n_a + n_b, n_a))
+
+
+def runs_test(ra: Sequence[float], rb: Sequence[float]) -> tuple[float, bool]:
+    """Two-sided exact Mann–Whitney U test of B's values against A's (one value per run,
+    scipy.stats.mannwhitneyu): ``(p, decidable)``; ``decidable`` is False when the run counts
+    cannot give p < :data:`BETWEEN_RUNS_ALPHA` whatever the values (:func:`smallest_p`), so a
+    large p says nothing. NaN values are left out; p is NaN when a side has none."""
     from scipy.stats import mannwhitneyu
 
+    xa = [float(x) for x in ra if not math.isnan(x)]
+    xb = [float(x) for x in rb if not math.isnan(x)]
+    if not xa or not xb:
+        return float("nan"), False
+    p = float(mannwhitneyu(xb, xa, alternative="two-sided", method="exact").pvalue)
+    return p, smallest_p(len(xa), len(xb)) < BETWEEN_RUNS_ALPHA
+
+
+def _runs_delta(a: StepStats, b: StepStats, d: float, pct: float) -> StepDelta:
+    """Repeated runs on either side: the runs' median steps compared by :func:`runs_test` (a
+    run is one sample, so the spread between runs is the noise). When the run counts cannot
+    reach :data:`BETWEEN_RUNS_ALPHA` (fewer than :data:`MIN_RUNS_PER_SIDE` runs on a side),
+    the noise is unknown (``beyond_noise`` None), never "within"."""
     ra = a.runs_us or (a.median_us,)
     rb = b.runs_us or (b.median_us,)
-    p = float(mannwhitneyu(rb, ra, alternative="two-sided", method="exact").pvalue)
+    p, decidable = runs_test(ra, rb)
 
     def span(r: tuple[float, ...]) -> str:
         return (f"{len(r)} run{'s' if len(r) > 1 else ''} "
@@ -276,12 +306,17 @@ def _runs_delta(a: StepStats, b: StepStats, d: float, pct: float) -> StepDelta:
                    else f"{r[0] / 1e3:.2f} ms"))
     runs = f"A {span(ra)}, B {span(rb)}; Mann–Whitney p = {p:.3g}"
     noise = max(float(np.subtract(*np.percentile(r, [75, 25]))) for r in (ra, rb))
+    if not decidable:
+        return StepDelta(a, b, d, pct, None, (
+            f"noise unknown ({runs}): with {len(ra)} run{'s' if len(ra) > 1 else ''} of A and "
+            f"{len(rb)} of B no difference can clear p < {BETWEEN_RUNS_ALPHA:g} (the smallest "
+            f"p possible is {smallest_p(len(ra), len(rb)):.2g}); repeat each side "
+            f"{MIN_RUNS_PER_SIDE} times or more (pardiag profile --repeat "
+            f"{MIN_RUNS_PER_SIDE})"), p, noise)
     if p < BETWEEN_RUNS_ALPHA:
         return StepDelta(a, b, d, pct, True, f"beyond the noise between runs ({runs})", p, noise)
-    more = ("; repeat both sides (pardiag profile --repeat N) to tell a smaller change"
-            if min(len(ra), len(rb)) < 3 else "; more runs per side tell a smaller change")
-    return StepDelta(a, b, d, pct, False, f"within the noise between runs ({runs}){more}", p,
-                     noise)
+    return StepDelta(a, b, d, pct, False, f"within the noise between runs ({runs}); more runs "
+                     "per side tell a smaller change", p, noise)
 
 
 def step_delta(a: StepStats | None, b: StepStats | None,
@@ -307,14 +342,19 @@ def step_delta(a: StepStats | None, b: StepStats | None,
     floor_us = floor_pct / 100.0 * a.median_us
     iqr = (f"IQR A {a.q1_us / 1e3:.2f}–{a.q3_us / 1e3:.2f} ms, B {b.q1_us / 1e3:.2f}–"
            f"{b.q3_us / 1e3:.2f} ms")
+    repeat = (f"repeat each side (pardiag profile --repeat {MIN_RUNS_PER_SIDE} or more) to "
+              "tell a smaller change")
+    inside = abs(pct) <= floor_pct
     if not (b.q1_us > a.q3_us or b.q3_us < a.q1_us):
-        return StepDelta(a, b, d, pct, False, f"within the runs' noise ({iqr} overlap)",
-                         noise_us=floor_us)
-    if abs(pct) <= floor_pct:
+        between = (f" and inside the ±{floor_pct:g}% by which identical runs of one setup "
+                   "differed" if inside else "")
+        return StepDelta(a, b, d, pct, False, f"within the runs' noise ({iqr} overlap){between}; "
+                         f"{repeat}", noise_us=floor_us)
+    if inside:
         return StepDelta(a, b, d, pct, False, (
             f"within the noise between runs: {pct:+.1f}% is inside the ±{floor_pct:g}% by which "
-            f"identical runs of one setup differed (each run's own steps agree: {iqr}); repeat "
-            "each run (pardiag profile --repeat N) to tell a smaller change"), noise_us=floor_us)
+            f"identical runs of one setup differed (each run's own steps agree: {iqr}); "
+            f"{repeat}"), noise_us=floor_us)
     return StepDelta(a, b, d, pct, True, f"beyond both runs' noise ({iqr}: the middle "
                      f"halves of their steps do not overlap) and beyond the ±{floor_pct:g}% "
                      "between identical runs", noise_us=floor_us)
