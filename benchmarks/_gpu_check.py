@@ -9,8 +9,9 @@ Prints one ``PASS``/``FAIL`` line per check and exits 1 when any failed:
   ``memory.trace_peaks.cuda`` from the trace's memory events, both > 0);
 * rank 0's metadata holds ``nvidia-smi topo -m`` (on a node where nvidia-smi runs);
 * each trace holds GPU kernels (``cat`` ``kernel``);
-* ``--expect-comm-kernels`` (NCCL): the collective records were placed on NCCL kernels of
-  the trace (``matched`` ``kernel``), not only on the CPU ops that launched them; gloo runs:
+* ``--expect-comm-kernels`` (NCCL, 2 ranks or more; skipped with one, whose NCCL launches no
+  kernel): the collective records were placed on NCCL kernels of the trace (``matched``
+  ``kernel``), not only on the CPU ops that launched them; gloo runs:
   the records were placed on gloo's own ops (``matched`` ``gloo``).
 """
 
@@ -70,7 +71,11 @@ def main() -> int:
         if comms.exists():
             recs = json.loads(comms.read_text())["records"]
             matched.update(x.get("matched") for x in recs)
-    if a.expect_comm_kernels:
+    if a.expect_comm_kernels and len(metas) < 2:
+        # a group of one: NCCL copies on the device and launches no kernel of its own
+        print(f"SKIP {a.run.name}: collective records on NCCL kernels need 2 ranks or more "
+              f"(one rank here; records: {dict(matched)})", flush=True)
+    elif a.expect_comm_kernels:
         check(matched.get("kernel", 0) > 0,
               f"collective records placed on NCCL kernels: {dict(matched)}")
     elif a.backend == "gloo":
