@@ -697,6 +697,10 @@ def _make_profiler(run: _RankRun):
     activities = [ProfilerActivity.CPU]
     if run.cuda:
         activities.append(ProfilerActivity.CUDA)
+        # Kineto leaves CUPTI attached after the window unless TEARDOWN_CUPTI=1, which slows
+        # every later kernel launch (pytorch#144455); torch sets it back to 0 itself where
+        # CUDA graphs need CUPTI kept. A user's own setting stands.
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
     return profile(
         activities=activities,
         schedule=schedule(wait=run.wait, warmup=run.warmup, active=run.cfg["active"], repeat=1),

@@ -7,6 +7,7 @@ and nothing the profiler alone needs (``record_function`` ranges, full records).
 from __future__ import annotations
 
 import contextlib
+import os
 import types
 
 import pytest
@@ -344,3 +345,22 @@ def test_a_sigterm_while_the_trace_is_written_waits_for_the_trace(tmp_path):
     assert run.traces_written == ["rank0.trace.json.gz"] and run.terminated
     assert rank_entry._exit_code_of(rank_entry._Terminated()) == 143
     assert rank_entry._one_line(rank_entry._Terminated()).startswith("stopped by SIGTERM")
+
+
+def test_a_gpu_rank_tears_cupti_down_after_its_window(monkeypatch):
+    """On a GPU the rank's profiler runs with TEARDOWN_CUPTI=1 (Kineto otherwise keeps CUPTI
+    attached after the window, slowing every later launch); a user's own value stands, and a
+    CPU rank leaves the variable alone."""
+    from pardiag.collectors.rank_entry import _make_profiler
+
+    def run(cuda):
+        return types.SimpleNamespace(cuda=cuda, wait=1, warmup=1, cfg={"active": 1})
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    _make_profiler(run(False))
+    assert "TEARDOWN_CUPTI" not in os.environ
+    _make_profiler(run(True))
+    assert os.environ["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+    _make_profiler(run(True))
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
