@@ -1,15 +1,18 @@
-"""Pipeline parallel with ``torch.distributed.pipelining``: GPipe, 1F1B or Interleaved1F1B.
+"""Pipeline parallel with ``torch.distributed.pipelining``, on any schedule torch ships.
 
-Stages = ranks × ``--stages-per-rank`` (v; interleaved needs v ≥ 2). ``--layers-per-stage``
-sets how many blocks each stage holds, e.g. ``2,6`` for a planted imbalance (default: even);
-it replaces ``--layers``. The first stage also holds the input projection and the last the
-head: pardiag's stage boundaries count those child modules too ([0–3 | 4–7], "child modules
-per stage 4,4", is ``--layers-per-stage 3,3`` here).
+Stages = ranks × ``--stages-per-rank`` (v). The looped schedules (``interleaved``,
+``interleaved-zb``, ``looped-bfs``) place stage s on rank s mod ranks and need v ≥ 2; the V
+schedules (``zbv``, ``dualpipev``) place two stages per rank in a V (rank r holds stages r and
+2·ranks − 1 − r). ``--layers-per-stage`` sets how many blocks each stage holds, e.g. ``2,6``
+for a planted imbalance (default: even); it replaces ``--layers``. The first stage also holds
+the input projection and the last the head: pardiag's stage boundaries count those child
+modules too ([0–3 | 4–7], "child modules per stage 4,4", is ``--layers-per-stage 3,3`` here).
 
     pardiag profile examples/train_pp.py --nproc-per-node 2 -- --schedule 1f1b --microbatches 8
     pardiag profile examples/train_pp.py --nproc-per-node 4 -- --schedule gpipe
     pardiag profile examples/train_pp.py --nproc-per-node 2 -- --schedule interleaved
         --stages-per-rank 2
+    pardiag profile examples/train_pp.py --nproc-per-node 2 -- --schedule zbv --microbatches 4
 """
 
 from __future__ import annotations
@@ -20,9 +23,29 @@ from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleLoopedBFS,
+    ScheduleZBVZeroBubble,
 )
+
+#: --schedule: (torch's class, placement: "one" stage per rank, "looped" or "v")
+SCHEDULES = {
+    "gpipe": (ScheduleGPipe, "one"), "1f1b": (Schedule1F1B, "one"),
+    "interleaved": (ScheduleInterleaved1F1B, "looped"),
+    "interleaved-zb": (ScheduleInterleavedZeroBubble, "looped"),
+    "looped-bfs": (ScheduleLoopedBFS, "looped"),
+    "zbv": (ScheduleZBVZeroBubble, "v"), "dualpipev": (ScheduleDualPipeV, "v"),
+}
+
+
+def stages_of(rank: int, world: int, v: int, placement: str) -> list[int]:
+    """The stage indices rank ``rank`` holds: looped (s mod world) or V (r and 2w − 1 − r)."""
+    if placement == "v":
+        return [rank, 2 * world - 1 - rank]
+    return [s for s in range(world * v) if s % world == rank]
 
 
 def stage_layers(args, num_stages: int) -> list[int]:
@@ -47,28 +70,23 @@ def build_stage(width: int, n_blocks: int, first: bool, last: bool, index: int) 
 def main() -> None:
     p = C.base_parser(__doc__)
     p.set_defaults(layers=2)
-    p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default="1f1b")
+    p.add_argument("--schedule", choices=list(SCHEDULES), default="1f1b")
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--stages-per-rank", type=int, default=1, help="v: virtual stages per rank")
     p.add_argument("--layers-per-stage", default="",
                    help="blocks per stage, comma-separated (replaces --layers)")
     args = p.parse_args()
     env = C.init_distributed(args.pin_cpu)
-    v = args.stages_per_rank
-    if args.schedule == "interleaved" and v < 2:
-        v = 2
+    cls, placement = SCHEDULES[args.schedule]
+    v = {"one": 1, "v": 2}.get(placement, max(args.stages_per_rank, 2))
     num_stages = env.world_size * v
     counts = stage_layers(args, num_stages)
-    # stage s runs on rank s % world (looped placement, as Interleaved1F1B expects)
-    my = [s for s in range(num_stages) if s % env.world_size == env.rank]
+    my = stages_of(env.rank, env.world_size, v, placement)
     stages = [PipelineStage(build_stage(args.width, counts[s], s == 0, s == num_stages - 1, s)
                             .to(env.device), s, num_stages, env.device) for s in my]
     loss_fn = nn.CrossEntropyLoss()
-    if args.schedule == "interleaved":
-        sched = ScheduleInterleaved1F1B(stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
-    else:
-        cls = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
-        sched = cls(stages[0], n_microbatches=args.microbatches, loss_fn=loss_fn)
+    sched = cls(stages if placement != "one" else stages[0], n_microbatches=args.microbatches,
+                loss_fn=loss_fn)
     params = [q for st in stages for q in st.submod.parameters()]
     opt = C.make_optimizer(params, args.optimizer)
     timer = C.StepTimes(args.times_out, env)

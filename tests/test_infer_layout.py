@@ -515,3 +515,74 @@ def test_all_to_alls_are_named_by_what_they_carry_or_unknown(tmp_path, around, r
     assert lay.dims == dims and lay.strategies == strategies
     said = [ln for ln in lay.not_inferred if "what the all-to-alls carry is unknown" in ln]
     assert (said and unknown in said[0]) if unknown else not said, lay.not_inferred
+
+
+def test_a_combined_action_range_is_split_into_its_two_actions(tmp_path):
+    """ScheduleDualPipeV runs a forward and a backward of other stages in one range,
+    ``PP:(0F1;3B0)OVERLAP_F_B``, one after the other. Its busy part is split where the first
+    autograd function starts (the backward's start on the host); a combined range with no
+    such mark is split in proportion to the rank's own forward and backward ranges (10 and 20
+    µs here), so both actions count as busy and as the microbatches they are."""
+    from pardiag.analyzer.per_rank.summary import summary_of
+
+    b = _rank(0)
+    b.cpu("PP:0F0", 0, 10, cat="user_annotation").cpu("aten::mm", 0, 10)
+    b.cpu("PP:(0F1;3B0)OVERLAP_F_B", 20, 30, cat="user_annotation").cpu("aten::mm", 20, 8)
+    b.cpu("autograd::engine::evaluate_function: MmBackward0", 30, 18).cpu("aten::mm", 30, 18)
+    b.cpu("PP:3F0", 55, 10, cat="user_annotation").cpu("aten::mm", 55, 10)
+    b.cpu("PP:(0F2;3B1)OVERLAP_F_B", 66, 30, cat="user_annotation").cpu("aten::mm", 66, 30)
+    b.cpu("PP:0B0", 97, 20, cat="user_annotation")
+    b.cpu("autograd::engine::evaluate_function: MmBackward0", 97, 20).cpu("aten::mm", 97, 20)
+    one = _write(tmp_path / "one", [b], [PG_WORLD2])
+    marks = summary_of(load_traces(one).ranks[0]).marks
+    got = [(r.stage, r.phase, r.microbatch, r.start_us, r.end_us)
+           for r in marks.chunks.itertuples()]
+    assert got == [(0, "F", 0, 0.0, 10.0), (0, "F", 1, 20.0, 30.0), (3, "B", 0, 30.0, 48.0),
+                   (3, "F", 0, 55.0, 65.0), (0, "F", 2, 66.0, 76.0), (3, "B", 1, 76.0, 96.0),
+                   (0, "B", 0, 97.0, 117.0)]
+
+
+#: torch's schedules beyond GPipe, 1F1B and Interleaved1F1B, run by train_pp.py under plain
+#: torch.profiler: (--schedule, torch's class, the schedule the report must give: torch's name
+#: only where what ran matches that schedule alone, else a description).
+TORCH_RUNS = {
+    "interleaved-zb": ("ScheduleInterleavedZeroBubble", "ScheduleInterleavedZeroBubble"),
+    "looped-bfs": ("ScheduleLoopedBFS", "looped placement, 4 stages on 2 ranks, every forward "
+                                        "before any backward"),
+    "zbv": ("ScheduleZBVZeroBubble", "V placement, 4 stages on 2 ranks, split backward"),
+    "dualpipev": ("ScheduleDualPipeV", "V placement, 4 stages on 2 ranks, split backward"),
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", sorted(TORCH_RUNS))
+def test_torch_schedules_from_plain_traces(name, tmp_path):
+    """Each rank's order of actions read from the trace is torch's own order of the schedule
+    (combined actions as their two parts), every step; 4 microbatches; the ideal is the replay
+    of that order, and the schedule is named only where what ran matches one."""
+    from .test_schedule_replay import torch_order
+
+    cls, schedule = TORCH_RUNS[name]
+    out = tmp_path / name
+    out.mkdir()
+    torchrun = Path(sys.executable).parent / "torchrun"
+    r = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2",
+                        str(ROOT / "benchmarks" / "_plain_profiler.py"), "1", "1", "3", str(out),
+                        str(ROOT / "examples" / "train_pp.py"), "--steps", "6", "--schedule",
+                        name, "--microbatches", "4"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = build_report(load_traces(out))
+    j = report_json(rep)
+    assert (j["layout"]["pipeline"]["schedule"], j["layout"]["pipeline"]["microbatches"]) == (
+        schedule, 4)
+    assert j["pipeline"]["schedule"]["ideal_from"] == "replay"
+    want = torch_order(cls, 2, 4)
+    chunks = rep.results["pipeline"].chunks
+    steps = sorted(chunks["step"].unique())
+    assert len(steps) == 3
+    for (rank, _), g in chunks.groupby(["rank", "step"]):
+        g = g.sort_values("start_us", kind="stable")
+        assert list(zip(g["stage"], g["phase"], g["microbatch"])) == want[rank]
+    assert all(0 <= b["ideal_pct"] < b["bubble_pct"] for b in j["pipeline"]["bubbles"])

@@ -89,3 +89,100 @@ def test_a_schedule_is_named_only_where_what_ran_matches_one():
     assert name(vee, {"F", "I", "W"}, bfs) == "V placement, 4 stages on 2 ranks, split backward"
     assert name({0: 0, 1: 0, 2: 1, 3: 1}, {"F", "B"}, bfs) == (
         "4 stages on 2 ranks, placement 0→0, 1→0, 2→1, 3→1")
+    # two steps of looped BFS: the second step's forwards come after the first step's
+    # backwards, which is no interleaving (each step is judged on its own)
+    two = [pd.concat([r.assign(step=1), r.assign(step=2, start_us=r["start_us"] + 1e6,
+                                                 end_us=r["end_us"] + 1e6)])
+           for r in _ranges(bfs)]
+    assert _placed_schedule(looped, [0, 1], {"F", "B"}, two)[0] == (
+        "looped placement, 4 stages on 2 ranks, every forward before any backward")
+
+
+# ---------------------------------------------------------------- every schedule torch ships
+
+def torch_order(name: str, p: int, m: int) -> dict[int, list[tuple[int, str, int]]]:
+    """torch's own action order for schedule class ``name`` on ``p`` ranks and ``m``
+    microbatches (``pipeline_order`` of the class, built on stand-in stages that carry only
+    what the constructors read), each combined action (DualPipeV's ``OVERLAP_F_B``) as its
+    parts in the order the runtime runs them. Stages: one per rank, two per rank looped
+    (Interleaved1F1B, InterleavedZeroBubble, LoopedBFS) or in a V (ZBV, DualPipeV)."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    import torch.distributed.pipelining.schedules as S
+
+    if name == "Schedule1F1B":
+        # its pipeline_order only draws the schedule (the class runs its own loop) and numbers
+        # the last rank's forwards from 1: the order the loop runs
+        return _one_f_one_b(p, m)
+    cls = getattr(S, name)
+    vee = name in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+    single = name in ("ScheduleGPipe", "Schedule1F1B")
+    n = p if single else 2 * p
+    idx = [0] if single else ([0, 2 * p - 1] if vee else [0, p])
+    stages = [types.SimpleNamespace(group_size=p, group_rank=0, stage_index=i, num_stages=n,
+                                    is_first=i == 0, is_last=i == n - 1,
+                                    submod=torch.nn.Linear(1, 1)) for i in idx]
+    sched = cls(stages[0] if single else stages, n_microbatches=m)
+    out = {}
+    for r, acts in sched.pipeline_order.items():
+        seq = []
+        for a in acts:
+            for x in (a.sub_actions or (a,)) if a is not None else ():
+                ph = str(x.computation_type.value)
+                if ph in ("F", "B", "I", "W"):
+                    seq.append((int(x.stage_index), ph, int(x.microbatch_index)))
+        out[r] = seq
+    return out
+
+
+def _independent_ideal(orders, cost):
+    """The same replay written again, plainly: each rank takes its next action when its inputs
+    are done (F after F of the stage before; B or I after the next stage's B or I, the last
+    stage after its own F; W after its I), at no cost for a transfer. Returns per rank the %
+    of the step (first start to last end) it runs nothing."""
+    last = max(s for acts in orders.values() for s, _, _ in acts)
+    held = {a for acts in orders.values() for a in acts}
+    end, clock, work, nxt = {}, dict.fromkeys(orders, 0.0), dict.fromkeys(orders, 0.0), \
+        dict.fromkeys(orders, 0)
+    while any(nxt[r] < len(orders[r]) for r in orders):
+        moved = False
+        for r, acts in orders.items():
+            while nxt[r] < len(acts):
+                s, ph, mb = acts[nxt[r]]
+                need = ([(s - 1, "F", mb)] if ph == "F" and s else [] if ph == "F"
+                        else [(s, "I", mb)] if ph == "W"
+                        else [(s, "F", mb)] + ([] if s == last else
+                                               [(s + 1, "B", mb) if (s + 1, "B", mb) in held
+                                                else (s + 1, "I", mb)]))
+                if any(d not in end for d in need):
+                    break
+                t = max([clock[r]] + [end[d] for d in need])
+                end[(s, ph, mb)] = clock[r] = t + cost[ph]
+                work[r] += cost[ph]
+                nxt[r] += 1
+                moved = True
+        assert moved, "the order deadlocks"
+    span = max(clock.values())
+    return {r: 100.0 * (span - w) / span for r, w in work.items()}
+
+
+TORCH_SCHEDULES = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
+                   "ScheduleInterleavedZeroBubble", "ScheduleLoopedBFS", "ScheduleZBVZeroBubble",
+                   "ScheduleDualPipeV"]
+
+
+@pytest.mark.parametrize("name", TORCH_SCHEDULES)
+@pytest.mark.parametrize("p, m", [(2, 4), (2, 8), (4, 8)])
+def test_every_torch_schedule_replays_to_its_own_order(name, p, m):
+    """torch's own order of each schedule it ships, run as recorded ranges would show it,
+    replays to the ideal an independent simulation of that order gives (F 10, B 20, I and W
+    10 µs; free transfers), on every rank; GPipe and 1F1B also to the formula."""
+    orders = torch_order(name, p, m)
+    cost = {"F": 10.0, "B": 20.0, "I": 10.0, "W": 10.0}
+    got = replay_ideal(_chunks(orders, cost))
+    want = _independent_ideal(orders, cost)
+    assert got is not None and set(got) == set(want)
+    assert got == {r: pytest.approx(want[r], abs=1e-9) for r in want}
+    if name in ("ScheduleGPipe", "Schedule1F1B"):
+        assert got == {r: pytest.approx(100 * (p - 1) / (m + p - 1)) for r in want}

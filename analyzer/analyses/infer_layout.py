@@ -561,10 +561,13 @@ def _placed_schedule(stage_ranks: dict[int, int], order: list[int], phases: set[
     looped = all(r == order[s % p] for s, r in stage_ranks.items())
     vee = stages == 2 * p and all(r == order[s if s < p else 2 * p - 1 - s]
                                   for s, r in stage_ranks.items())
+    # a backward before the rank's last forward of the same step (steps follow one another,
+    # so the whole trace would always "interleave")
     interleaves = any(
-        len(c[c["phase"].isin(["B", "I"])]) and len(c[c["phase"] == "F"])
-        and c.loc[c["phase"].isin(["B", "I"]), "start_us"].min()
-        < c.loc[c["phase"] == "F", "start_us"].max() for c in chunks)
+        len(g[g["phase"].isin(["B", "I"])]) and len(g[g["phase"] == "F"])
+        and g.loc[g["phase"].isin(["B", "I"]), "start_us"].min()
+        < g.loc[g["phase"] == "F", "start_us"].max()
+        for c in chunks for _, g in (c.groupby("step") if "step" in c else [(0, c)]))
     how = "PP: action ranges: stage placement " + ", ".join(
         f"{s}→{r}" for s, r in sorted(stage_ranks.items()))
     if looped and split:

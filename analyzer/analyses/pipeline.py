@@ -16,7 +16,8 @@ and free transfers (:func:`pardiag.analyzer.analyses.schedule_replay.replay_idea
 schedule; where no order is recorded (an estimate), or it does not replay, the formula
 (Narayanan et al., SC'21): ``(p − 1) / (m + p − 1)`` for GPipe and 1F1B and
 ``(p − 1) / (v·m + p − 1)`` interleaved, with p pipeline ranks, m microbatches and v stages per
-rank. ``schedule["ideal_from"]`` says which (``"replay"`` or ``"formula"``).
+rank, for those schedules only: another schedule's ideal is then unknown (NaN).
+``schedule["ideal_from"]`` says which (``"replay"`` or ``"formula"``; None when neither).
 
 Schedule records cover every optimizer step, not only the profiled ones (``profiled`` says
 which): the torch profiler slows CPU pipelines down by a factor that grows over the active
@@ -43,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
+from ..trace.classify import normalize_schedule
 from ..trace.traceset import TraceSet
 from .infer_layout import InferredLayout, is_pardiag_run
 from .schedule_replay import replay_ideal
@@ -62,6 +64,17 @@ def ideal_bubble_pct(p: int, m: int, v: int = 1) -> float:
     if p <= 1 or m <= 0:
         return 0.0
     return 100.0 * (p - 1) / (v * m + p - 1)
+
+
+def _has_formula(schedule: str | None) -> bool:
+    """Whether :func:`ideal_bubble_pct` is the ideal of ``schedule``: GPipe, 1F1B and
+    Interleaved1F1B; any other (split backward, V placement, looped BFS, a described order) has
+    its own ideal, which only a replay of its order gives."""
+    try:
+        normalize_schedule(schedule)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +220,8 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
     chunks = chunks[chunks["step"] >= 0].reset_index(drop=True) if len(chunks) else chunks
     sched = _schedule(traces, chunks, inferred)
     ideal = (ideal_bubble_pct(sched["p"], sched["m"], sched["v"])
-             if sched and sched["p"] and sched["m"] else float("nan"))
+             if sched and sched["p"] and sched["m"] and _has_formula(sched.get("schedule"))
+             else float("nan"))
     out = []
     replays = False   # some step's own order replayed (the ideal is then the replay's)
     prof_steps = set(chunks.loc[chunks["profiled"], "step"])
@@ -256,7 +270,8 @@ def compute_pipeline(traces: TraceSet, offsets: dict[int, float] | None = None,
                         "cooldown_bubble_us": np.nan, "ideal_pct": ideal, "method": "estimate",
                         "profiled": True, "clean": False})
     if sched is not None:
-        sched["ideal_from"] = "replay" if replays else "formula"
+        sched["ideal_from"] = ("replay" if replays else "formula"
+                               if _has_formula(sched.get("schedule")) else None)
     bubbles = pd.DataFrame(out, columns=list(BUBBLE_COLUMNS))
     return PipelineResult(bubbles, chunks, sched, summarize_bubbles(bubbles), bubble_gaps(chunks),
                           typical_step(bubbles) if len(chunks) else None)

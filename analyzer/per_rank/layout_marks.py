@@ -204,6 +204,48 @@ def all_to_all_evidence(trace: RankTrace) -> dict[str, int]:
     return out
 
 
+#: One action of a combined range: (stage, microbatch, phase).
+_Part = tuple[int, int, str]
+#: A combined range's chunk row: (its first action, its second, busy start, busy end, where the
+#: second begins or None).
+_Combined = tuple[_Part, _Part, float, float, float | None]
+
+
+def _second_start(pair: tuple[_Part, _Part], bwd_starts: np.ndarray, lo: float, hi: float,
+                  device: bool) -> float | None:
+    """Where a combined action's second part (a backward after a forward) begins inside its
+    busy span ``[lo, hi]`` of a host range: the first autograd function that starts there.
+    None on a device range or when no such function marks it."""
+    if device or pair[0][2] != "F" or pair[1][2] not in ("B", "I"):
+        return None
+    i = int(np.searchsorted(bwd_starts, lo, side="right"))
+    return float(bwd_starts[i]) if i < len(bwd_starts) and bwd_starts[i] < hi else None
+
+
+def _split_combined(combined: list[_Combined], rows: list[tuple[Any, ...]]
+                    ) -> list[tuple[Any, ...]]:
+    """Chunk rows for the combined actions (``PP_COMBINED_RE``): each range becomes its two
+    actions, one after the other as the runtime runs them, split where the second begins
+    (:func:`_second_start`); without that mark, in proportion to the mean length of the two
+    phases' own ranges on the rank; without those either, each action is given the whole
+    range (its busy time is still the rank's, and the order and microbatches still count)."""
+    out: list[tuple[Any, ...]] = []
+    if not combined:
+        return out
+    lengths: dict[str, list[float]] = {}
+    for r in rows:
+        lengths.setdefault(r[2], []).append(r[5] - r[4])
+    mean = {ph: float(np.mean(v)) for ph, v in lengths.items() if v}
+    for first, second, lo, hi, x in combined:
+        if x is None and first[2] in mean and second[2] in mean and mean[first[2]] + mean[
+                second[2]] > 0:
+            x = lo + (hi - lo) * mean[first[2]] / (mean[first[2]] + mean[second[2]])
+        a, b = (x, x) if x is not None else (hi, lo)
+        out.append((first[0], first[1], first[2], -1, lo, a))
+        out.append((second[0], second[1], second[2], -1, b, hi))
+    return out
+
+
 def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     ev = trace.events
     names = ev["name"]
@@ -236,7 +278,8 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
 
     # per-microbatch ranges: the device timeline's copies when there are any
     rng = name_test(trace, "pipeline_range", lambda u: bool(vocab.GPIPE_RANGE_RE.match(u)
-                                                            or vocab.PP_ACTION_RE.match(u)))
+                                                            or vocab.PP_ACTION_RE.match(u)
+                                                            or vocab.PP_COMBINED_RE.match(u)))
     gpu_rng = rng & (cat == "gpu_user_annotation").to_numpy()
     device = bool(gpu_rng.any())
     rng = gpu_rng if device else rng & (cat == "user_annotation").to_numpy()
@@ -254,15 +297,24 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     recv = name_test(trace, "recv", vocab.RECV_RE.match)
     waits = ev[(recv & cpu) | is_wait]
     wait_end = (waits["ts"] + waits["dur"]).to_numpy(dtype=float)
+    # where a backward begins on the host: splits a combined action's range
+    autograd = name_test(trace, "autograd_function", vocab.AUTOGRAD_FUNCTION_RE.match) & cpu
+    bwd_starts = np.sort(ev["ts"][autograd].to_numpy(dtype=float))
     rows = []
+    combined: list[_Combined] = []
     for n, t, d in zip(names[rng], ev["ts"][rng], ev["dur"][rng]):
         m = vocab.GPIPE_RANGE_RE.match(n)
+        pair = None
         if m:
             stage, phase, mb = -1, m.group(1)[0], int(m.group(2))
-        else:
-            m = vocab.PP_ACTION_RE.match(n)
-            assert m is not None  # the range's name matched one of the two
+        elif m := vocab.PP_ACTION_RE.match(n):
             stage, phase, mb = int(m.group(1)), m.group(2), int(m.group(3))
+        else:
+            m = vocab.PP_COMBINED_RE.match(n)
+            assert m is not None  # the range's name matched one of the three
+            g = m.groups()
+            pair = ((int(g[0]), int(g[2]), g[1]), (int(g[3]), int(g[5]), g[4]))
+            stage, phase, mb = pair[0][0], pair[0][2], pair[0][1]
         lo, hi = float(t), float(t + d)
         if not device:
             inside = wait_end[(wait_end > lo) & (wait_end < hi)]
@@ -273,7 +325,12 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
             kk = iv.clip(k, lo, hi)
             if len(kk):
                 hi = float(kk[-1, 1])
+        if pair is not None:
+            combined.append((*pair, lo, max(lo, hi), _second_start(pair, bwd_starts, lo, hi,
+                                                                    device)))
+            continue
         rows.append((stage, mb, phase, -1, lo, max(lo, hi)))
+    rows += _split_combined(combined, rows)
     chunks = _chunk_frame(rows)
     # a chunk's step: the step holding the start of its range (pieces keep their range's step)
     chunks["step"] = _step_of(chunks["start_us"].to_numpy(), steps)

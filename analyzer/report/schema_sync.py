@@ -255,8 +255,9 @@ class PipelineSchedule(msgspec.Struct, kw_only=True, frozen=True):
             marks no microbatch. Null/absent: absent unless estimated.
         ideal_from: How ``ideal_pct`` was found: ``"replay"`` (each step's own action order
             replayed with balanced stage costs and free transfers, for any schedule) or
-            ``"formula"`` (100·(p−1)/(v·m+p−1), where no order is recorded). Null/absent:
-            ``null`` when unknown.
+            ``"formula"`` (100·(p−1)/(v·m+p−1), where no order is recorded; for GPipe, 1F1B
+            and Interleaved1F1B only). Null/absent: ``null`` when neither applies (another
+            schedule whose order does not replay).
     """
 
     schedule: str | None = None

@@ -333,6 +333,17 @@ GPIPE_RANGE_RE = re.compile(r"^(Forward|Backward) (\d+)$")
 PP_ACTION_RE = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
 
 
+#: The action runtime's combined actions (``ScheduleDualPipeV``): ``PP:(0F3;3B1)OVERLAP_F_B``,
+#: a forward and a backward of other stages and microbatches in one range, run one after the
+#: other in the order named (torch's ``_PipelineScheduleRuntime``).
+PP_COMBINED_RE = re.compile(r"^PP:\((\d+)([FBIW])(\d+);(\d+)([FBIW])(\d+)\)OVERLAP_F_B$")
+
+
+#: The autograd engine's own ranges, one per backward function it runs: where a backward
+#: begins on the host.
+AUTOGRAD_FUNCTION_RE = re.compile(r"^autograd::engine::evaluate_function: ")
+
+
 #: c10d's point-to-point ops on the calling thread.
 C10D_P2P_RE = re.compile(r"^c10d::(send|recv_)$")
 
