@@ -63,6 +63,26 @@ def test_hop_latency_and_tails():
         pytest.approx(200.0, abs=1e-3)
 
 
+def test_replay_of_a_split_backward_in_the_run_s_own_order():
+    """ScheduleZBVZeroBubble on 2 ranks, 2 microbatches (its own order, V placement, backward
+    split into I and W): every action 100 µs (backward 200 µs, half of it I) replays to a
+    1300 µs window in which each rank runs 1200 (rank 1 starts 100 µs late, nothing else
+    waits); a 50 µs hop on each dependency between ranks (stage 0 → 1 and 2 → 3 and back)
+    lengthens it; I/W without the input share is refused."""
+    r0 = [(0, "F", 0), (0, "F", 1), (3, "F", 0), (3, "I", 0), (3, "F", 1), (3, "I", 1),
+          (0, "I", 0), (3, "W", 0), (0, "I", 1), (3, "W", 1), (0, "W", 0), (0, "W", 1)]
+    r1 = [(1, "F", 0), (2, "F", 0), (1, "F", 1), (2, "F", 1), (2, "I", 0), (1, "I", 0),
+          (2, "I", 1), (1, "I", 1), (2, "W", 0), (1, "W", 0), (2, "W", 1), (1, "W", 1)]
+    orders = {0: r0, 1: r1}
+    sim = whatif.simulate(orders, [100.0] * 4, [200.0] * 4, input_share=[0.5] * 4)
+    assert sim.window_us == 1300.0 and sim.busy_us == {0: 1200.0, 1: 1200.0}
+    assert sim.bubble_pct[0] == pytest.approx(100 / 13)
+    assert whatif.simulate(orders, [100.0] * 4, [200.0] * 4, 50.0,
+                           input_share=[0.5] * 4).window_us > 1300.0
+    with pytest.raises(ValueError, match="no input share"):
+        whatif.simulate(orders, [100.0] * 4, [200.0] * 4)
+
+
 def test_best_partition_and_boundaries():
     assert whatif.best_partition([1] * 8, 2) == [4, 4]
     assert whatif.best_partition([5, 1, 1, 1, 1, 1], 2) == [1, 5]

@@ -38,6 +38,10 @@ RUNS = {
     # pipeline's bubble alone does not meet (the unplanted examples' last stage idles 8–13%)
     "pp_straggler": ("train_pp.py", ["--schedule", "1f1b", "--microbatches", "4",
                                      "--slow-rank", "1", "--slow-ms", "40"]),
+    # ScheduleLoopedBFS, 4 stages looped on 2 ranks, the last stage 9 blocks + head: a schedule
+    # pardiag does not generate, replayed in its own order
+    "pp_looped_heavy": ("train_pp.py", ["--schedule", "looped-bfs", "--microbatches", "4",
+                                        "--layers-per-stage", "1,1,1,9"]),
 }
 _cache: dict = {}
 #: Run folders of the profiled RUNS (what compare reads again).
@@ -254,3 +258,32 @@ def test_a_balanced_pipeline_is_never_told_to_unbalance(run):
         if c.kind == "rebalance_stages":
             f, b, _ = ctx.model.partition_costs(c.params["layers_per_stage"])
             assert imbalance([x + y for x, y in zip(f, b)]) < measured
+
+
+def test_a_heavy_stage_of_looped_bfs_is_rebalanced_in_its_own_order(run):
+    """LoopedBFS is no schedule pardiag generates: its model replays the run's own order (every
+    forward of a stage before the next stage's, then the backwards in reverse), and moving the
+    layers off the heavy last stage is evaluated in that order — never more microbatches or
+    another schedule, whose order for this run is not known."""
+    from pardiag.analyzer.predict.replay import pipeline_model
+
+    rep = run("pp_looped_heavy")
+    model, why = pipeline_model(load_traces(_folders["pp_looped_heavy"]),
+                                rep.results["pipeline"])
+    assert model is not None and model.observed, why
+    res = rep.results["recommendations"]
+    sched = rep.results["pipeline"].schedule
+    assert sched["schedule"] == "ScheduleLoopedBFS" and (sched["p"], sched["m"], sched["v"]) == (
+        2, 4, 2)
+    kinds = {c.kind for c in (*res.recommendations, *res.rejected)}
+    assert kinds.isdisjoint({"microbatches", "interleave", "schedule"}), kinds
+    top = next((c for c in res.recommendations if c.kind == "rebalance_stages"), None)
+    if top is None:   # a loaded machine: the report says why it withholds the move
+        (top,) = [c for c in res.rejected if c.kind == "rebalance_stages"]
+        assert top.reason.startswith(("below the noise", "its interval")), top.reason
+    split = top.params["layers_per_stage"]
+    # 14 child modules (in_proj, 12 blocks, head) now 2,1,1,10; stages 0 and 2 run on rank 0,
+    # 1 and 3 on rank 1: the move evens the ranks out
+    assert sum(split) == 14 and len(split) == 4
+    assert abs((split[0] + split[2]) - (split[1] + split[3])) <= 2, split
+    assert top.predicted_step_us < top.measured_step_us

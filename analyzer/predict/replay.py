@@ -58,6 +58,12 @@ class PipelineModel:
             stage module), empty when not recorded.
         steps: how many steps the medians are over; basis: ``"unprofiled"`` or ``"profiled"``.
         periods_us: the start-to-start times of the steps ``period_us`` is the median of (µs).
+        orders: the run's own order per rank (index in rank order: ``[(stage, phase,
+            microbatch)]``) where its schedule is not one pardiag generates; None otherwise.
+        input_share: per stage, the share of its backward the input-gradient half (``I``)
+            takes, for orders that split the backward; None otherwise.
+        stage_rank: per stage, the rank (index) that runs it; empty: stage ``s`` on ``s mod
+            p`` (the generated schedules' placement).
     """
 
     schedule: str
@@ -81,6 +87,38 @@ class PipelineModel:
     size_scaling: dict = dataclasses.field(default_factory=dict)
     periods_us: tuple[float, ...] = ()
     samples_from: str = ""
+    orders: dict | None = None
+    input_share: tuple[float, ...] | None = None
+    stage_rank: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def observed(self) -> bool:
+        """Whether the model replays the run's own order (a schedule pardiag does not
+        generate: split backward, V placement, looped BFS, a described one), which it can
+        replay only as it ran: the same schedule, microbatches and stages per rank."""
+        return self.orders is not None
+
+    def orders_for(self, schedule: str, m: int, v: int) -> dict[int, list[whatif.Action]]:
+        """The order each rank runs under ``schedule`` with ``m`` microbatches and ``v`` stages
+        per rank: the run's own (:attr:`observed`), else generated
+        (:func:`whatif.schedule_order`).
+
+        Raises:
+            ValueError: the run's own order asked for another schedule, m or v (not known)."""
+        if self.orders is not None:
+            if (schedule, m, v) != (self.schedule, self.m, self.v):
+                raise ValueError(f"{self.schedule}: its order with {m} microbatches and {v} "
+                                 "stages per rank is not known (the run's own order replays "
+                                 "only as it ran)")
+            return self.orders
+        return whatif.schedule_order(schedule, self.p, m, v)
+
+    def inflight_of(self, schedule: str, m: int, v: int) -> int:
+        """Most microbatches whose activations a rank holds at once under that schedule: from
+        the run's own order where it is replayed (:attr:`observed`), else :func:`inflight`."""
+        if self.orders is not None and (schedule, m, v) == (self.schedule, self.m, self.v):
+            return observed_inflight(self.orders)
+        return inflight(schedule, self.p, m, v)
 
     def tails_for(self, stage_params: list[float] | None, v: int) -> dict[int, float]:
         """Per-rank tails when stage ``s`` (on rank ``s mod p``) holds ``stage_params[s]``
@@ -90,9 +128,12 @@ class PipelineModel:
         if stage_params is None or not self.opt_us or now is None or sum(now) <= 0:
             return dict(self.tail_us)
         rate = sum(self.opt_us.values()) / sum(now)
-        per_rank_now = {r: sum(b for s, b in enumerate(now) if s % self.p == r)
+        def rank_of(s: int) -> int:
+            return int(self.stage_rank.get(s, s % self.p))
+
+        per_rank_now = {r: sum(b for s, b in enumerate(now) if rank_of(s) == r)
                         for r in range(self.p)}
-        per_rank = {r: sum(b for s, b in enumerate(stage_params) if s % self.p == r)
+        per_rank = {r: sum(b for s, b in enumerate(stage_params) if rank_of(s) == r)
                     for r in range(self.p)}
         return {r: self.tail_us.get(r, 0.0) - self.opt_us.get(r, rate * per_rank_now[r])
                 + rate * per_rank[r] for r in range(self.p)}
@@ -135,13 +176,18 @@ class PipelineModel:
         """Replay with a changed schedule, microbatch count, stages per rank or stage costs.
 
         Returns:
-            (predicted step time µs, the replayed step)."""
+            (predicted step time µs, the replayed step).
+
+        Raises:
+            ValueError: the run's own order asked for another schedule, m or v
+                (:meth:`orders_for`)."""
         schedule, m, v = schedule or self.schedule, m or self.m, v or self.v
         if fwd_us is None:
             fwd_us, bwd_us = self.scaled(m)
-        period, sim = whatif.simulate_period(whatif.schedule_order(schedule, self.p, m, v),
+        period, sim = whatif.simulate_period(self.orders_for(schedule, m, v),
                                              fwd_us, bwd_us, self.hop_us,
-                                             self.tails_for(stage_params, v))
+                                             self.tails_for(stage_params, v),
+                                             input_share=self.input_share)
         return period + self.residual_us, sim
 
     def layer_costs(self) -> tuple[list[str], list[float], list[float], list[float]] | None:
@@ -215,21 +261,91 @@ class PipelineModel:
         return f, b, pb
 
 
+#: PipelineModel.schedule of a run replayed in its own order (:attr:`PipelineModel.observed`)
+#: is its schedule's name or description as the report gives it.
+
+
 def _schedule_layout(chunks: pd.DataFrame, sched: dict
-                     ) -> tuple[tuple[str, int, int, int, int] | None, str]:
+                     ) -> tuple[tuple[str, int, int, int, int, bool] | None, str]:
     """The pipeline's layout from its schedule record and chunks: ``((schedule, p, m, v,
-    stages), "")``, or ``(None, why)`` when it is not one the replay models."""
-    if chunks["phase"].isin(["I", "W"]).any():
-        return None, "zero-bubble schedules (split backward) are not modelled"
-    try:
-        kind = normalize_schedule(sched.get("schedule"))
-    except ValueError as exc:
-        return None, str(exc)
+    stages, observed), "")``, or ``(None, why)``. ``observed``: the schedule is not one
+    :func:`whatif.schedule_order` generates (a split backward, a V placement, looped BFS, a
+    described order), so the run's own order is replayed; ``schedule`` is then its name or
+    description."""
+    name = sched.get("schedule")
+    observed = bool(chunks["phase"].isin(["I", "W"]).any())
+    kind = str(name or "")
+    if not observed:
+        try:
+            kind = normalize_schedule(name)
+        except ValueError:
+            observed = True
     p, m, v = int(sched.get("p") or 0), int(sched.get("m") or 0), int(sched.get("v") or 1)
     n_stages = int(chunks["stage"].max()) + 1
     if p < 2 or m < 1 or n_stages != p * v:
         return None, f"pipeline layout not understood (p={p}, m={m}, v={v}, {n_stages} stages)"
-    return (kind, p, m, v, n_stages), ""
+    return (kind or "the run's own order", p, m, v, n_stages, observed), ""
+
+
+def _observed_orders(c: pd.DataFrame) -> tuple[dict[int, list[whatif.Action]] | None,
+                                               dict[int, int]]:
+    """The order each rank ran its actions in (rank index in rank order), the one most of the
+    used steps ``c`` share, and the rank index of each stage; ``(None, {})`` when no order
+    holds every stage's forward and backward of every microbatch (a step cut short)."""
+    ranks = sorted(c["rank"].unique())
+    index = {r: i for i, r in enumerate(ranks)}
+    seen: dict[tuple, int] = {}
+    for _, g in c.groupby("step"):
+        g = g.sort_values("start_us", kind="stable")
+        key = tuple((index[int(r)], tuple((int(s), str(ph), int(mb)) for s, ph, mb in zip(
+            rc["stage"], rc["phase"], rc["microbatch"]))) for r, rc in g.groupby("rank"))
+        seen[key] = seen.get(key, 0) + 1
+    if not seen:
+        return None, {}
+    best = max(seen, key=lambda k: seen[k])
+    if len(best) != len(ranks):
+        return None, {}
+    orders = {r: list(seq) for r, seq in best}
+    stage_rank = {s: r for r, seq in orders.items() for s, _, _ in seq}
+    return orders, stage_rank
+
+
+def observed_inflight(orders: dict[int, list[whatif.Action]]) -> int:
+    """Most microbatches whose activations a rank holds at once in an order: forwards run less
+    backwards (``B`` or ``I``) run, at its highest over every rank's order."""
+    most = 0
+    for seq in orders.values():
+        held = 0
+        for _, ph, _ in seq:
+            held += 1 if ph == "F" else -1 if ph in ("B", "I") else 0
+            most = max(most, held)
+    return max(most, 1)
+
+
+def _stage_costs(c: pd.DataFrame, n_stages: int, gap: float
+                 ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...] | None]:
+    """Per stage: forward and whole-backward time of one microbatch (median over the used
+    steps ``c``, plus the rank's own ``gap`` per action) and, where the backward was split,
+    the share its ``I`` half takes (``B`` measured wins; else ``I + W``).
+
+    Raises:
+        KeyError: a stage has no forward, or no backward of either kind."""
+    med = c.assign(d=c["end_us"] - c["start_us"]).groupby(["stage", "phase"])["d"].median()
+    have = set(med.index)
+    fwd, bwd, share = [], [], []
+    split = any(ph in ("I", "W") for _, ph in have)
+    for s in range(n_stages):
+        fwd.append(float(med[(s, "F")]) + gap)
+        i = float(med[(s, "I")]) + gap if (s, "I") in have else None
+        w = float(med[(s, "W")]) + gap if (s, "W") in have else 0.0
+        if (s, "B") in have:
+            bwd.append(float(med[(s, "B")]) + gap)
+        elif i is not None:
+            bwd.append(i + w)
+        else:
+            raise KeyError((s, "B"))
+        share.append(i / (i + w) if i is not None and i + w > 0 else 1.0)
+    return tuple(fwd), tuple(bwd), (tuple(share) if split else None)
 
 
 def _steps_used(chunks: pd.DataFrame, pipe) -> tuple[list, str]:
@@ -362,13 +478,19 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
     layout, why = _schedule_layout(chunks, sched)
     if layout is None:
         return None, why
-    kind, p, m, v, n_stages = layout
+    kind, p, m, v, n_stages, observed = layout
     use, basis = _steps_used(chunks, pipe)
     c = chunks[chunks["step"].isin(use)]
-    med = c.assign(d=c["end_us"] - c["start_us"]).groupby(["stage", "phase"])["d"].median()
+    orders: dict[int, list[whatif.Action]] | None = None
+    stage_rank: dict[int, int] = {}
+    if observed:
+        orders, stage_rank = _observed_orders(c)
+        if orders is None:
+            return None, "no step holds the whole schedule to replay"
+    gap, hop_obs = _observed_gaps(c, n_stages)
     try:
-        fwd = tuple(float(med[(s, "F")]) for s in range(n_stages))
-        bwd = tuple(float(med[(s, "B")]) for s in range(n_stages))
+        # the rank's own time between chunks belongs to them
+        fwd, bwd, share = _stage_costs(c, n_stages, gap)
     except KeyError:
         return None, "a stage has no forward or backward records"
     window, period, periods = _step_times(chunks, c, use)
@@ -379,19 +501,18 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
     size_scaling = _size_scaling(traces)
     # per rank: optimizer time and the idle time between its last chunk and its next first one
     tails, opt = _tails(traces, chunks, use, period, window)
-    orders = whatif.schedule_order(kind, p, m, v)
-    gap, hop_obs = _observed_gaps(c, n_stages)
-    fwd = tuple(t + gap for t in fwd)   # the rank's own time between chunks belongs to them
-    bwd = tuple(t + gap for t in bwd)
-    if hop_obs is not None:
-        hop = hop_obs
-        residual = period - whatif.simulate_period(orders, fwd, bwd, hop, tails)[0]
-    else:
-        hop = whatif.calibrate_hop(orders, fwd, bwd, period, tails)
-        residual = period - whatif.simulate_period(orders, fwd, bwd, hop, tails)[0]
+    run_orders = orders if orders is not None else whatif.schedule_order(kind, p, m, v)
+    try:
+        hop = (hop_obs if hop_obs is not None else
+               whatif.calibrate_hop(run_orders, fwd, bwd, period, tails, share))
+        residual = period - whatif.simulate_period(run_orders, fwd, bwd, hop, tails,
+                                                   input_share=share)[0]
+    except ValueError as exc:   # the recorded order does not run (a dependency it lacks)
+        return None, f"the run's order does not replay: {exc}"
     return PipelineModel(kind, p, m, v, fwd, bwd, fixed, samples, window, period, hop, tails,
                          opt, layer_list, len(use), basis, residual, gap, size_scaling,
-                         tuple(float(x) for x in periods), samples_from), ""
+                         tuple(float(x) for x in periods), samples_from, orders, share,
+                         stage_rank), ""
 
 
 def _observed_gaps(chunks: pd.DataFrame, n_stages: int) -> tuple[float, float | None]:
@@ -408,9 +529,11 @@ def _observed_gaps(chunks: pd.DataFrame, n_stages: int) -> tuple[float, float | 
         for r in rc.itertuples():
             if r.phase == "F":
                 dep = (r.step, r.stage - 1, "F", r.microbatch) if r.stage > 0 else None
+            elif r.phase == "W" or r.stage == n_stages - 1:
+                dep = None   # after the rank's own work
             else:
-                dep = ((r.step, r.stage + 1, "B", r.microbatch) if r.stage < n_stages - 1
-                       else None)
+                dep = next((k for k in ((r.step, r.stage + 1, ph, r.microbatch)
+                                        for ph in ("B", "I")) if k in end), None)
             dep_end = end.get(dep) if dep else None
             cross = dep is not None and rank_of.get(dep[1]) != rank
             if prev_end is not None:

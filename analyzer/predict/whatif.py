@@ -46,7 +46,7 @@ from ..trace.classify import normalize_schedule
 #: message sizes within this fraction of each other are one size in :func:`fit_alpha_beta`
 SIZE_CLUSTER = 0.1
 
-#: One action of a pipeline rank: (stage, phase "F"/"B", microbatch).
+#: One action of a pipeline rank: (stage, phase "F"/"B"/"I"/"W", microbatch).
 Action = tuple[int, str, int]
 
 
@@ -140,23 +140,33 @@ class SimResult:
 
 
 def simulate(orders: dict[int, list[Action]], fwd_us: Sequence[float], bwd_us: Sequence[float],
-             hop_us: float = 0.0, ready_us: dict[int, float] | None = None) -> SimResult:
+             hop_us: float = 0.0, ready_us: dict[int, float] | None = None,
+             input_share: Sequence[float] | None = None) -> SimResult:
     """Replay a pipeline schedule with per-stage costs (see the module docstring).
 
+    Actions are ``F`` (forward), ``B`` (the whole backward) and, for schedules that split the
+    backward (zero-bubble, DualPipeV), ``I`` (the input gradient, which the stage before waits
+    for) and ``W`` (the weight gradient, after its own ``I``). A backward of stage *s* waits for
+    the backward (``B`` or ``I``) of stage *s + 1* that the orders hold, and for its own
+    forward.
+
     Args:
-        orders: from :func:`schedule_order`.
+        orders: from :func:`schedule_order`, or a run's own order.
         fwd_us, bwd_us: per stage (index = stage), the time of one microbatch's forward and
-            backward (µs).
+            whole backward (µs).
         hop_us: latency added to every dependency between two ranks (µs).
         ready_us: per rank, the earliest start of its first action (µs; default 0). The window
             is measured from the earliest of them.
+        input_share: per stage, the share of its backward that ``I`` takes (``W`` the rest);
+            needed only when the orders hold ``I``/``W`` actions.
 
     Raises:
-        ValueError: the orders deadlock (an action waits for one that never runs) or name a
-            stage without a cost.
+        ValueError: the orders deadlock (an action waits for one that never runs), name a
+            stage without a cost, or hold ``I``/``W`` without ``input_share``.
     """
     n_stages = len(fwd_us)
     rank_of = {a[0]: r for r, seq in orders.items() for a in seq}
+    held = {a for seq in orders.values() for a in seq}
     done: dict[tuple[int, str, int], float] = {}
     pos = {r: 0 for r in orders}
     free = {r: float((ready_us or {}).get(r, 0.0)) for r in orders}
@@ -164,6 +174,27 @@ def simulate(orders: dict[int, list[Action]], fwd_us: Sequence[float], bwd_us: S
     busy = {r: 0.0 for r in orders}
     acts = []
     remaining = sum(len(s) for s in orders.values())
+
+    def deps(s: int, ph: str, mb: int) -> list[tuple[int, str, int]]:
+        if ph == "F":
+            return [(s - 1, "F", mb)] if s > 0 else []
+        if ph == "W":
+            return [(s, "I", mb)]
+        if s == n_stages - 1:
+            return [(s, "F", mb)]
+        nxt = (s + 1, "B", mb) if (s + 1, "B", mb) in held else (s + 1, "I", mb)
+        return [nxt, (s, "F", mb)]
+
+    def cost(s: int, ph: str) -> float:
+        if ph == "F":
+            return float(fwd_us[s])
+        if ph == "B":
+            return float(bwd_us[s])
+        if input_share is None:
+            raise ValueError("the orders split the backward (I/W) but no input share is given")
+        share = float(input_share[s])
+        return float(bwd_us[s]) * (share if ph == "I" else 1.0 - share)
+
     while remaining:
         progressed = False
         for r, seq in orders.items():
@@ -171,20 +202,13 @@ def simulate(orders: dict[int, list[Action]], fwd_us: Sequence[float], bwd_us: S
                 s, ph, mb = seq[pos[r]]
                 if s >= n_stages:
                     raise ValueError(f"stage {s} has no measured cost ({n_stages} stages)")
-                if ph == "F":
-                    dep = (s - 1, "F", mb) if s > 0 else None
-                else:
-                    dep = (s + 1, "B", mb) if s < n_stages - 1 else (s, "F", mb)
-                ready = 0.0
-                if dep is not None:
-                    if dep not in done:
-                        break
-                    ready = done[dep] + (hop_us if rank_of.get(dep[0]) != r else 0.0)
-                own = (s, "F", mb)
-                if ph == "B" and own not in done:
+                need = deps(s, ph, mb)
+                if any(d not in done for d in need):
                     break
+                ready = max((done[d] + (hop_us if rank_of.get(d[0]) != r else 0.0)
+                             for d in need), default=0.0)
                 start = max(free[r], ready)
-                dur = float(fwd_us[s] if ph == "F" else bwd_us[s])
+                dur = cost(s, ph)
                 end = start + dur
                 done[(s, ph, mb)] = end
                 free[r] = end
@@ -204,13 +228,16 @@ def simulate(orders: dict[int, list[Action]], fwd_us: Sequence[float], bwd_us: S
 
 def simulate_period(orders: dict[int, list[Action]], fwd_us: Sequence[float],
                     bwd_us: Sequence[float], hop_us: float, tail_us: dict[int, float],
-                    steps: int = 6) -> tuple[float, SimResult]:
+                    steps: int = 6, input_share: Sequence[float] | None = None
+                    ) -> tuple[float, SimResult]:
     """Steady-state step time of a pipeline whose ranks spend ``tail_us[r]`` after their last
     action of a step (optimizer step, data, zero-grad) before their first action of the next.
 
     Chains ``steps`` replays: rank *r* starts step *k + 1* no earlier than its last action of
     step *k* plus its tail. A rank with a long tail (more parameters to update) delays its
     neighbours' next step, which a single-step replay misses.
+
+    ``input_share``: as :func:`simulate` takes it.
 
     Returns:
         (period µs = mean start-to-start over the last ``steps − 2`` steps, the last step's
@@ -219,7 +246,7 @@ def simulate_period(orders: dict[int, list[Action]], fwd_us: Sequence[float],
     ready = {r: 0.0 for r in orders}
     starts: list[float] = []
     for _ in range(max(steps, 3)):
-        res = simulate(orders, fwd_us, bwd_us, hop_us, ready)
+        res = simulate(orders, fwd_us, bwd_us, hop_us, ready, input_share)
         starts.append(min(a[4] for a in res.actions))
         last = {r: max((a[5] for a in res.actions if a[0] == r), default=ready[r]) for r in orders}
         ready = {r: last[r] + float(tail_us.get(r, 0.0)) for r in orders}
@@ -265,12 +292,14 @@ def scaled_chunk_us(t_us: float, fixed_share: float, n: float, n_new: float) -> 
 
 def calibrate_hop(orders: dict[int, list[Action]], fwd_us: Sequence[float],
                   bwd_us: Sequence[float], measured_period_us: float,
-                  tail_us: dict[int, float]) -> float:
+                  tail_us: dict[int, float], input_share: Sequence[float] | None = None
+                  ) -> float:
     """The hop latency (µs, ≥ 0) for which :func:`simulate_period` replays to the measured step
     time (bisection; the period grows monotonically with the hop). 0 when even a zero hop
     replays to a longer step than measured."""
     def period(h: float) -> float:
-        return simulate_period(orders, fwd_us, bwd_us, h, tail_us)[0]
+        return simulate_period(orders, fwd_us, bwd_us, h, tail_us,
+                               input_share=input_share)[0]
 
     if period(0.0) >= measured_period_us:
         return 0.0

@@ -9,7 +9,7 @@ from fractions import Fraction
 from typing import Any
 
 from ... import shapes, whatif
-from ...replay import PipelineModel, inflight
+from ...replay import PipelineModel
 from ..context import RuleContext, ms
 from ..types import Recommendation, batch_fields, ruled_out
 
@@ -49,7 +49,7 @@ def _replay_base(ctx: RuleContext, model: PipelineModel) -> _Replay:
     peak = ctx.peak.peak_bytes
     static = ctx.peak.static_bytes if ctx.peak.static_bytes is not None else 0.0
     act = (peak - static) if (peak is not None and peak > static) else None
-    infl0 = inflight(model.schedule, model.p, model.m, model.v)
+    infl0 = model.inflight_of(model.schedule, model.m, model.v)
     bubble = statistics.fmean(base.bubble_pct.values())
     common_ev = (f"measured on {model.steps} {model.basis} step(s): step {ms(measured)} (median "
                  f"of their {len(model.periods_us)} periods, start to start), pipeline "
@@ -92,7 +92,7 @@ def _replayed(rp: _Replay, kind, title, change, sched, m, v, f=None, b=None, pb=
     if rp.peak_bytes is not None and rp.act_bytes is not None:
         n_ratio = model.m / m
         pred_peak = rp.static_bytes + rp.act_bytes * (
-            inflight(sched, model.p, m, v) * n_ratio / rp.inflight)
+            model.inflight_of(sched, m, v) * n_ratio / rp.inflight)
     fits = rp.ctx.fits(pred_peak)
     interval: dict[str, Any] = ({"predicted_low_us": max(pred - unexplained, 0.0),
                                  "predicted_high_us": pred + unexplained} if unexplained else {})
@@ -109,6 +109,8 @@ def _microbatches(rp: _Replay) -> list[Recommendation]:
     """More (or fewer) microbatches, same global batch: 2× and 4× as many and half as many;
     those the batch does not split into are ruled out."""
     model, measured = rp.model, rp.measured_us
+    if model.observed:   # its order for another m is not known: nothing is guessed
+        return []
     caveats_mb: tuple[str, ...] = (
         "a chunk's time is split into a fixed part and a part proportional to the "
         "microbatch size, measured from its operators; very small microbatches can "
@@ -183,7 +185,7 @@ def _interleave(rp: _Replay, names: list[str], total: list[float]) -> list[Recom
     ``total`` µs each) split into p·v stages by the shortest replayed step; a v with more
     stages than the model has layers is ruled out. Nothing for a run already interleaved."""
     model, measured = rp.model, rp.measured_us
-    if model.schedule == "interleaved":
+    if model.schedule == "interleaved" or model.observed:
         return []
     out = []
     layers = shapes.constraints(rp.ctx.traces).layers or len(total)
@@ -215,9 +217,11 @@ def pipeline_changes(ctx: RuleContext) -> list[Recommendation]:
     """Changes replayed on the measured pipeline (:class:`pardiag.analyzer.predict.replay.
     PipelineModel`): more or fewer microbatches (same global batch), 1F1B instead of GPipe,
     stage boundaries (the contiguous split of the measured per-layer times with the shortest
-    replayed step) and interleaving (2 or 4 stages per rank). Peak memory: the static bytes plus
-    the activations of the microbatches a rank holds at once (:func:`replay.inflight`), scaled
-    by the microbatch size."""
+    replayed step) and interleaving (2 or 4 stages per rank). A schedule pardiag does not
+    generate (split backward, V placement, looped BFS) is replayed in the run's own order, so
+    only the stage boundaries, which keep that order, are evaluated for it. Peak memory: the
+    static bytes plus the activations of the microbatches a rank holds at once
+    (:meth:`PipelineModel.inflight_of`), scaled by the microbatch size."""
     model = ctx.model
     if model is None:
         return []

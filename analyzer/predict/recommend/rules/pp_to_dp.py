@@ -10,7 +10,7 @@ import pandas as pd
 from pardiag.layout import AllreduceTiming, DdpCalibration
 
 from ... import shapes, whatif
-from ...replay import PipelineModel, inflight
+from ...replay import PipelineModel
 from ..context import RuleContext, step_noise
 from ..types import Recommendation, batch_fields, ruled_out
 
@@ -196,7 +196,7 @@ def _predicted_peak(ctx: RuleContext, n_new: float) -> float | None:
     if not (len(pr) and pr["static_bytes"].notna().all()
             and pr["peak_allocated_bytes"].notna().all()):
         return None
-    infl = inflight(model.schedule, model.p, model.m, model.v)
+    infl = model.inflight_of(model.schedule, model.m, model.v)
     static = pr["static_bytes"].astype(float)
     peak = pr["peak_allocated_bytes"].astype(float)
     # a device's allocated peak holds the static state; a CPU trace's window peak counts
