@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from pardiag.layout import microbatch_choices
+
 from .comms import group_name
 from .live_objects import live_instances, loaded
 from .memory import local_bytes
@@ -256,13 +258,53 @@ def _pipeline_of(scan: _ParallelScan) -> dict | None:
     for st in stages:
         scan.group_dims.setdefault(group_name(st.group), "pp")
     sched = schedules[0] if schedules else None
+    m = getattr(sched, "_n_microbatches", None)
     return {
         "schedule": type(sched).__name__ if sched else None,
-        "microbatches": getattr(sched, "_n_microbatches", None),
+        "microbatches": m,
         "stages": stages[0].num_stages if stages else None,
         "local_stages": sorted(st.stage_index for st in stages),
         "pp_group_size": stages[0].group_size if stages else None,
+        # kept apart from the layout (rank_entry writes it to the pipeline sidecar)
+        "orders": schedule_orders(sched, stages, microbatch_choices(m)) if (
+            sched is not None and stages and isinstance(m, int)) else {},
     }
+
+
+def schedule_orders(sched, stages: list, ms: list[int]) -> dict[str, dict[str, list[list]]]:
+    """The order of actions ``type(sched)`` builds for each microbatch count in ``ms`` (its
+    ``pipeline_order``, every pipeline rank), for schedules of several stages per rank (GPipe's
+    and 1F1B's orders pardiag generates; their classes run their own loop). The class is built
+    on stand-ins of the rank's stages, which carry only what its constructor reads, so the run's
+    stages are not touched. A count the class refuses is left out. Returns ``{m: {rank:
+    [[stage, phase, microbatch], ...]}}`` (string keys), a combined action as its parts."""
+    import types
+
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+
+    if not isinstance(sched, PipelineScheduleMulti):
+        return {}
+    stand_ins = [types.SimpleNamespace(
+        group_size=st.group_size, group_rank=st.group_rank, stage_index=st.stage_index,
+        num_stages=st.num_stages, is_first=st.is_first, is_last=st.is_last,
+        submod=st.submod) for st in sorted(stages, key=lambda x: x.stage_index)]
+    out: dict[str, dict[str, list[list]]] = {}
+    for m in ms:
+        try:
+            order = type(sched)(stand_ins, n_microbatches=m).pipeline_order
+        except Exception:   # a count the schedule does not take (torch's own checks)
+            continue
+        ranks: dict[str, list[list]] = {}
+        for r, acts in order.items():
+            seq = []
+            for a in acts:
+                for x in (getattr(a, "sub_actions", None) or (a,)) if a is not None else ():
+                    ph = str(getattr(x.computation_type, "value", x.computation_type))
+                    if ph in ("F", "B", "I", "W"):
+                        seq.append([int(x.stage_index), ph, int(x.microbatch_index)])
+            ranks[str(r)] = seq
+        out[str(m)] = ranks
+    return out
 
 
 def detect_parallelism(objects: list | None = None) -> dict:

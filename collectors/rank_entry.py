@@ -328,7 +328,9 @@ def _layout_of(parallel: dict, groups: list[dict], records: list[dict],
             dims["pp"] = pipe["pp_group_size"]
         v = (pipe["stages"] // pipe["pp_group_size"]) if pipe.get("stages") and pipe.get(
             "pp_group_size") else None
-        out["pipeline"] = {**pipe, "stages_per_rank": v}
+        # the schedule's orders at other microbatch counts go to the pipeline sidecar only
+        out["pipeline"] = {**{k: x for k, x in pipe.items() if k != "orders"},
+                           "stages_per_rank": v}
     if parallel.get("fsdp_reshard_after_forward") is not None:
         out["fsdp_reshard_after_forward"] = parallel["fsdp_reshard_after_forward"]
     for key in ("fsdp_units", "fsdp_resharding_units"):
@@ -431,7 +433,9 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
             "optimizer": [{"optimizer_step": st, "start_us": (a - base) / 1000.0,
                            "end_us": (b - base) / 1000.0}
                           for st, a, b in (optimizer_times or [])[-MAX_PIPELINE_RECORDS:]],
-            "chunk_costs": chunk_cost_split(doc["traceEvents"], samples)}, compact=True)
+            "chunk_costs": chunk_cost_split(doc["traceEvents"], samples),
+            "orders": ((captured.get("parallel") or {}).get("pipeline") or {}).get("orders")
+            or {}}, compact=True)
     return lay, len(records)
 
 

@@ -854,6 +854,13 @@ class ChunkCost(msgspec.Struct, kw_only=True, frozen=True):
     fit: list[float] | None = None
 
 
+def microbatch_choices(m: int) -> list[int]:
+    """The microbatch counts the what-if model evaluates for a pipeline of ``m``: half, twice
+    and four times as many (same global batch). ``pardiag profile`` records the schedule's own
+    order for each (:attr:`PipelineSidecar.orders`)."""
+    return sorted({m * 2, m * 4, m // 2} - {0, m})
+
+
 class PipelineSidecar(msgspec.Struct, kw_only=True, frozen=True):
     """``pardiag/rank{R}.pipeline.json``: a pipeline rank's chunks and what the what-if model
     timed after the run.
@@ -870,6 +877,11 @@ class PipelineSidecar(msgspec.Struct, kw_only=True, frozen=True):
         ddp_calibration: DDP timed on a stand-in, or None.
         optimizer: the rank's optimizer steps.
         chunk_costs: the chunks' fixed shares.
+        orders: the schedule's own order of actions at other microbatch counts
+            (:func:`microbatch_choices`), as torch's schedule class builds it: ``{m: {pipeline
+            rank: [[stage, phase, microbatch], ...]}}`` (keys as strings; phases ``F``, ``B``,
+            ``I``, ``W``; a combined action as its parts); empty for GPipe and 1F1B, whose
+            orders pardiag generates, and where the class could not build one.
     """
 
     schema: str = SIDECAR_SCHEMA
@@ -884,6 +896,7 @@ class PipelineSidecar(msgspec.Struct, kw_only=True, frozen=True):
     ddp_calibration: DdpCalibration | None = None
     optimizer: list[OptimizerTiming] = msgspec.field(default_factory=list)
     chunk_costs: list[ChunkCost] = msgspec.field(default_factory=list)
+    orders: dict[str, dict[str, list[list[Any]]]] = msgspec.field(default_factory=dict)
 
 
 #: The rank sidecars decoded by :func:`decode_rank_sidecar`, by ``kind``: their type and their

@@ -364,3 +364,34 @@ def test_a_gpu_rank_tears_cupti_down_after_its_window(monkeypatch):
     monkeypatch.setenv("TEARDOWN_CUPTI", "0")
     _make_profiler(run(True))
     assert os.environ["TEARDOWN_CUPTI"] == "0"
+
+
+@pytest.mark.parametrize("name", ["ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble",
+                                  "ScheduleLoopedBFS", "ScheduleZBVZeroBubble",
+                                  "ScheduleDualPipeV"])
+def test_the_schedule_s_own_orders_are_recorded_for_other_microbatch_counts(name):
+    """For the what-if model, profile records the order the run's schedule class builds at the
+    microbatch counts it evaluates (half, twice, four times), each combined action as its parts:
+    torch's own order, the same the tests replay (test_schedule_replay.torch_order); GPipe and
+    1F1B, whose orders pardiag generates, record none."""
+    import torch.distributed.pipelining.schedules as S
+
+    from pardiag.collectors.parallelism import schedule_orders
+    from pardiag.layout import microbatch_choices
+
+    from .test_schedule_replay import torch_order
+
+    p, vee = 2, name in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+    idx = [0, 3] if vee else [0, 2]
+    stages = [types.SimpleNamespace(group_size=p, group_rank=0, stage_index=i, num_stages=4,
+                                    is_first=i == 0, is_last=i == 3,
+                                    submod=torch.nn.Linear(1, 1)) for i in idx]
+    sched = getattr(S, name)(stages, n_microbatches=4)
+    assert microbatch_choices(4) == [2, 8, 16]
+    got = schedule_orders(sched, stages, microbatch_choices(4))
+    for m, ranks in got.items():
+        want = torch_order(name, p, int(m))
+        assert {int(r): [tuple(a) for a in seq] for r, seq in ranks.items()} == want
+    assert "8" in got and "16" in got
+    single = S.Schedule1F1B(stages[0], n_microbatches=4)
+    assert schedule_orders(single, stages[:1], [8]) == {}

@@ -262,9 +262,9 @@ def test_a_balanced_pipeline_is_never_told_to_unbalance(run):
 
 def test_a_heavy_stage_of_looped_bfs_is_rebalanced_in_its_own_order(run):
     """LoopedBFS is no schedule pardiag generates: its model replays the run's own order (every
-    forward of a stage before the next stage's, then the backwards in reverse), and moving the
-    layers off the heavy last stage is evaluated in that order — never more microbatches or
-    another schedule, whose order for this run is not known."""
+    forward of a stage before the next stage's, then the backwards in reverse), moving the
+    layers off the heavy last stage is evaluated in that order, other microbatch counts in the
+    orders torch's class gives for them (recorded by profile), and never another schedule."""
     from pardiag.analyzer.predict.replay import pipeline_model
 
     rep = run("pp_looped_heavy")
@@ -276,7 +276,10 @@ def test_a_heavy_stage_of_looped_bfs_is_rebalanced_in_its_own_order(run):
     assert sched["schedule"] == "ScheduleLoopedBFS" and (sched["p"], sched["m"], sched["v"]) == (
         2, 4, 2)
     kinds = {c.kind for c in (*res.recommendations, *res.rejected)}
-    assert kinds.isdisjoint({"microbatches", "interleave", "schedule"}), kinds
+    assert kinds.isdisjoint({"interleave", "schedule"}), kinds
+    assert sorted(model.recorded_orders) == [2, 8, 16]
+    assert {c.params["microbatches"] for c in (*res.recommendations, *res.rejected)
+            if c.kind == "microbatches"} <= {2, 8, 16}
     top = next((c for c in res.recommendations if c.kind == "rebalance_stages"), None)
     if top is None:   # a loaded machine: the report says why it withholds the move
         (top,) = [c for c in res.rejected if c.kind == "rebalance_stages"]

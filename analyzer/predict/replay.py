@@ -64,6 +64,9 @@ class PipelineModel:
             takes, for orders that split the backward; None otherwise.
         stage_rank: per stage, the rank (index) that runs it; empty: stage ``s`` on ``s mod
             p`` (the generated schedules' placement).
+        recorded_orders: for the run's own order, the schedule's orders at other microbatch
+            counts that ``pardiag profile`` recorded from torch's class (``{m: {rank index:
+            [(stage, phase, microbatch)]}}``); empty otherwise.
     """
 
     schedule: str
@@ -90,6 +93,7 @@ class PipelineModel:
     orders: dict | None = None
     input_share: tuple[float, ...] | None = None
     stage_rank: dict = dataclasses.field(default_factory=dict)
+    recorded_orders: dict = dataclasses.field(default_factory=dict)
 
     @property
     def observed(self) -> bool:
@@ -106,18 +110,25 @@ class PipelineModel:
         Raises:
             ValueError: the run's own order asked for another schedule, m or v (not known)."""
         if self.orders is not None:
-            if (schedule, m, v) != (self.schedule, self.m, self.v):
-                raise ValueError(f"{self.schedule}: its order with {m} microbatches and {v} "
-                                 "stages per rank is not known (the run's own order replays "
-                                 "only as it ran)")
-            return self.orders
+            if (schedule, v) == (self.schedule, self.v) and m == self.m:
+                return self.orders
+            if (schedule, v) == (self.schedule, self.v) and m in self.recorded_orders:
+                return self.recorded_orders[m]
+            raise ValueError(f"{self.schedule}: its order with {m} microbatches and {v} "
+                             "stages per rank is not known (neither run nor recorded)")
         return whatif.schedule_order(schedule, self.p, m, v)
+
+    def knows_order(self, m: int) -> bool:
+        """Whether the schedule's order with ``m`` microbatches is known: always for one
+        pardiag generates; for the run's own, ``m`` as it ran or recorded by ``pardiag
+        profile`` from torch's class (:attr:`recorded_orders`)."""
+        return self.orders is None or m == self.m or m in self.recorded_orders
 
     def inflight_of(self, schedule: str, m: int, v: int) -> int:
         """Most microbatches whose activations a rank holds at once under that schedule: from
         the run's own order where it is replayed (:attr:`observed`), else :func:`inflight`."""
-        if self.orders is not None and (schedule, m, v) == (self.schedule, self.m, self.v):
-            return observed_inflight(self.orders)
+        if self.orders is not None and (schedule, v) == (self.schedule, self.v):
+            return observed_inflight(self.orders_for(schedule, m, v))
         return inflight(schedule, self.p, m, v)
 
     def tails_for(self, stage_params: list[float] | None, v: int) -> dict[int, float]:
@@ -293,6 +304,8 @@ def _observed_orders(c: pd.DataFrame) -> tuple[dict[int, list[whatif.Action]] | 
     used steps ``c`` share, and the rank index of each stage; ``(None, {})`` when no order
     holds every stage's forward and backward of every microbatch (a step cut short)."""
     ranks = sorted(c["rank"].unique())
+    if c.groupby("stage")["rank"].nunique().max() > 1:
+        return None, {}   # several pipelines (a stage on several ranks): whose order is not one
     index = {r: i for i, r in enumerate(ranks)}
     seen: dict[tuple, int] = {}
     for _, g in c.groupby("step"):
@@ -407,6 +420,23 @@ def _sidecar_records(traces: TraceSet, use: list, n_stages: int
     return fixed, samples, layer_list
 
 
+def _recorded_orders(traces: TraceSet, p: int) -> dict[int, dict[int, list[whatif.Action]]]:
+    """The schedule's orders at other microbatch counts that ``pardiag profile`` recorded
+    (:attr:`pardiag.layout.PipelineSidecar.orders`; any rank's, all hold the same), by
+    microbatch count and pipeline rank; only those that hold all ``p`` ranks."""
+    out: dict[int, dict[int, list[whatif.Action]]] = {}
+    for doc in traces.sidecars.get("pipeline", {}).values():
+        for m, ranks in (doc.orders or {}).items():
+            try:
+                got = {int(r): [(int(a[0]), str(a[1]), int(a[2])) for a in seq]
+                       for r, seq in ranks.items()}
+            except (TypeError, ValueError, IndexError):
+                continue
+            if sorted(got) == list(range(p)):
+                out.setdefault(int(m), got)
+    return out
+
+
 def _size_scaling(traces: TraceSet) -> dict[int, list]:
     """Per stage, ``[(samples, forward µs, backward µs)]`` of its module timed at other
     microbatch sizes after the run (sorted), for stages timed at two sizes or more with
@@ -512,7 +542,7 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
     return PipelineModel(kind, p, m, v, fwd, bwd, fixed, samples, window, period, hop, tails,
                          opt, layer_list, len(use), basis, residual, gap, size_scaling,
                          tuple(float(x) for x in periods), samples_from, orders, share,
-                         stage_rank), ""
+                         stage_rank, _recorded_orders(traces, p) if observed else {}), ""
 
 
 def _observed_gaps(chunks: pd.DataFrame, n_stages: int) -> tuple[float, float | None]:

@@ -8,6 +8,8 @@ import statistics
 from fractions import Fraction
 from typing import Any
 
+from pardiag.layout import microbatch_choices
+
 from ... import shapes, whatif
 from ...replay import PipelineModel
 from ..context import RuleContext, ms
@@ -109,8 +111,6 @@ def _microbatches(rp: _Replay) -> list[Recommendation]:
     """More (or fewer) microbatches, same global batch: 2× and 4× as many and half as many;
     those the batch does not split into are ruled out."""
     model, measured = rp.model, rp.measured_us
-    if model.observed:   # its order for another m is not known: nothing is guessed
-        return []
     caveats_mb: tuple[str, ...] = (
         "a chunk's time is split into a fixed part and a part proportional to the "
         "microbatch size, measured from its operators; very small microbatches can "
@@ -121,8 +121,8 @@ def _microbatches(rp: _Replay) -> list[Recommendation]:
         caveats_mb += ("not checked against the global batch: the microbatch size was not "
                        "recorded",)
     out = []
-    for m2 in sorted({model.m * 2, model.m * 4, model.m // 2}):
-        if m2 < 1 or m2 == model.m:
+    for m2 in microbatch_choices(model.m):
+        if not model.knows_order(m2):   # the run's own order, and none recorded for m2
             continue
         title = f"{'More' if m2 > model.m else 'Fewer'} microbatches: {m2} instead of {model.m}"
         why = shapes.check_microbatches(m2, step_batch,
@@ -218,8 +218,9 @@ def pipeline_changes(ctx: RuleContext) -> list[Recommendation]:
     PipelineModel`): more or fewer microbatches (same global batch), 1F1B instead of GPipe,
     stage boundaries (the contiguous split of the measured per-layer times with the shortest
     replayed step) and interleaving (2 or 4 stages per rank). A schedule pardiag does not
-    generate (split backward, V placement, looped BFS) is replayed in the run's own order, so
-    only the stage boundaries, which keep that order, are evaluated for it. Peak memory: the
+    generate (split backward, V placement, looped BFS) is replayed in the run's own order: the
+    stage boundaries, which keep that order, are evaluated for it, and other microbatch counts
+    only where ``pardiag profile`` recorded the schedule's own order for them. Peak memory: the
     static bytes plus the activations of the microbatches a rank holds at once
     (:meth:`PipelineModel.inflight_of`), scaled by the microbatch size."""
     model = ctx.model
