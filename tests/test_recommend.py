@@ -1492,3 +1492,22 @@ def test_a_ddp_job_with_a_rank_missing_is_never_told_it_has_no_ddp(tmp_path):
         "nothing to evaluate: ddp is in the layout, but no change to the settings could be "
         "evaluated from these traces: rank(s) 1 of 2 have no trace, so their collectives "
         "cannot be matched across ranks")
+
+
+def test_a_pipeline_replayed_in_its_own_order_says_what_its_changes_lack():
+    """A plain trace of ScheduleZBVZeroBubble (pytorch#138444's shape): the pipeline is replayed
+    in the order it ran (V placement, split backward), but the trace holds no per-layer times
+    and no order for other microbatch counts, and the report says so instead of a blank."""
+    from .paths import REPROS
+
+    case = REPROS / "h43_zbv_zero_bubble_v_schedule"
+    if not case.is_dir():
+        pytest.skip("the shared repros are not beside this checkout")
+    rep = build_report(load_traces(case))
+    res = rep.results["recommendations"]
+    assert res.recommendations == () and res.rejected == ()
+    assert res.why_none == (
+        "nothing to evaluate: the pipeline is replayed, but no per-layer times were recorded to "
+        "move stage boundaries; V placement, 4 stages on 2 ranks, split backward is replayed in "
+        "the order it ran, and its order with other microbatch counts is not known (pardiag "
+        "profile records it from torch's schedule class)")

@@ -91,6 +91,20 @@ def _none_clears(rejected, margin: float) -> str:
             "on reaches the measured step")
 
 
+def _pipeline_unchangeable(model) -> str:
+    """Why a replayed pipeline had no change to evaluate: what each pipeline change needs and
+    the run does not hold (per-layer times; the schedule's order at other microbatch counts)."""
+    missing = []
+    if not model.layers:
+        missing.append("no per-layer times were recorded to move stage boundaries")
+    if model.observed and not model.recorded_orders:
+        missing.append(f"{model.schedule} is replayed in the order it ran, and its order with "
+                       "other microbatch counts is not known (pardiag profile records it from "
+                       "torch's schedule class)")
+    return ("the pipeline is replayed, but " + "; ".join(missing) if missing else
+            "the pipeline is replayed, but no change to it applies")
+
+
 def _nothing_to_change(ctx: RuleContext) -> str:
     """Why no rule had anything to evaluate, outside pipelines: the strategies the layout shows
     whose settings the traces do not hold are named (a report of traces from elsewhere); a
@@ -176,7 +190,9 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
                     if cands and all(c.ruled_out for c in cands) else
                     _none_clears(rejected, margin)
                     if cands else
-                    "nothing to evaluate: " + (ctx.model_why if ctx.model_why != "no pipeline"
+                    "nothing to evaluate: " + (_pipeline_unchangeable(ctx.model)
+                                               if ctx.model is not None else
+                                               ctx.model_why if ctx.model_why != "no pipeline"
                                                else _nothing_to_change(ctx)))
     # the verdict's step time is the one the recommendations compare with: unprofiled when known
     step = clean.median_us if use_clean and clean is not None else measured

@@ -123,7 +123,8 @@ def batch_fields(now: shapes.Batch, **factors: Fraction) -> dict:
 
 #: What a :class:`StepTime` is measured on, in words (its ``basis``).
 STEP_BASES = {
-    "pipeline": "unprofiled pipeline steps (start to start, from pardiag's chunk records)",
+    "pipeline": ("pipeline steps, start to start of their chunks (unprofiled ones where "
+                 "pardiag recorded them)"),
     "unprofiled": "unprofiled steps (optimizer-step periods after the profiler's window)",
     "profiled": "profiled steps (per step the slowest rank's span)",
 }
