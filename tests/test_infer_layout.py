@@ -586,3 +586,57 @@ def test_torch_schedules_from_plain_traces(name, tmp_path):
         g = g.sort_values("start_us", kind="stable")
         assert list(zip(g["stage"], g["phase"], g["microbatch"])) == want[rank]
     assert all(0 <= b["ideal_pct"] < b["bubble_pct"] for b in j["pipeline"]["bubbles"])
+
+
+def test_device_ranges_leave_out_the_receive_s_spin(tmp_path):
+    """GPipe on two GPUs, one microbatch: each per-microbatch range on the device holds the
+    receive kernel that spins until its input comes (and the send kernel after the work). The
+    busy part runs from the end of that spin to the last computing kernel's end, so the bubbles
+    are the schedule's: window [20, 690] = 670 µs; rank 0 busy 80 + 90 → 74.6%, rank 1 85 +
+    190 → 59.0% (the ranges whole, window [20, 700], would give 14.7% and 33.8%)."""
+    sendrecv = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+
+    def rank(r):
+        b = TraceBuilder(rank=r, world_size=2, backend="nccl", pid=100 + r, main_tid=100 + r)
+        b.step(1, 0, 1000)
+        return b
+
+    def dev_range(b, name, ts, dur):
+        b.events.append({"ph": "X", "cat": "gpu_user_annotation", "name": name, "pid": 0,
+                         "tid": 7, "ts": ts, "dur": dur})
+
+    r0, r1 = rank(0), rank(1)
+    # rank 0, stage 0: forward [20,100) then its send spins until rank 1 takes it; backward's
+    # receive spins [400,600) for the gradient, then computes [600,690)
+    r0.cpu("Forward 0", 1, 5, cat="user_annotation")
+    _p2p(r0, "send", 1, 3)
+    dev_range(r0, "Forward 0", 20, 280)
+    r0.kernel("void gemm_kernel<float>(float*)", 20, 80, launch_ts=2)
+    r0.kernel(sendrecv, 100, 200, stream=20, launch_ts=3)
+    r0.cpu("Backward 0", 390, 5, cat="user_annotation")
+    _p2p(r0, "recv", 1, 391)
+    dev_range(r0, "Backward 0", 400, 300)
+    r0.kernel(sendrecv, 400, 200, stream=20, launch_ts=391)
+    r0.kernel("void gemm_kernel<float>(float*)", 600, 90, launch_ts=392)
+    # rank 1, stage 1: its forward's receive spins [150,305), computes [310,390); backward
+    # computes [400,590) and sends [590,600)
+    r1.cpu("Forward 0", 140, 5, cat="user_annotation")
+    _p2p(r1, "recv", 0, 141)
+    dev_range(r1, "Forward 0", 150, 250)
+    r1.kernel(sendrecv, 150, 155, stream=20, launch_ts=141)
+    r1.kernel("void gemm_kernel<float>(float*)", 310, 80, launch_ts=142)
+    r1.cpu("Backward 0", 395, 4, cat="user_annotation")
+    _p2p(r1, "send", 0, 397)
+    dev_range(r1, "Backward 0", 400, 200)
+    r1.kernel("void gemm_kernel<float>(float*)", 400, 190, launch_ts=396)
+    r1.kernel(sendrecv, 590, 10, stream=20, launch_ts=397)
+    out = _write(tmp_path / "gpipe_gpu", [r0, r1], [PG_WORLD2, PG_WORLD2])
+    rep = build_report(load_traces(out))
+    pipe = rep.results["pipeline"]
+    got = sorted((int(r.rank), r.phase, r.start_us, r.end_us) for r in pipe.chunks.itertuples())
+    assert got == [(0, "B", 600.0, 690.0), (0, "F", 20.0, 100.0), (1, "B", 400.0, 590.0),
+                   (1, "F", 305.0, 390.0)]
+    b = pipe.bubbles.set_index("rank")
+    assert b.loc[0, "window_us"] == 670.0
+    assert b.loc[0, "bubble_pct"] == pytest.approx(100 * 500 / 670)
+    assert b.loc[1, "bubble_pct"] == pytest.approx(100 * 395 / 670)

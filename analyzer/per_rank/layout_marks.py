@@ -204,6 +204,23 @@ def all_to_all_evidence(trace: RankTrace) -> dict[str, int]:
     return out
 
 
+def _busy_part(lo: float, hi: float, k: np.ndarray, wait_end: np.ndarray
+               ) -> tuple[float, float]:
+    """The busy part of a per-microbatch range ``[lo, hi]`` (µs): from the end of the wait for
+    its input — the latest wait (a receive, a wait op, on a device a communication kernel) that
+    ends inside the range with computation (``k``, merged intervals) covering less than half of
+    the time before it — to the end of the range's last computation. ``wait_end`` sorted."""
+    inside = wait_end[(wait_end > lo) & (wait_end < hi)]
+    for w in inside[::-1]:
+        if iv.total(iv.clip(k, lo, float(w))) < 0.5 * (float(w) - lo):
+            lo = float(w)
+            break
+    kk = iv.clip(k, lo, hi)
+    if len(kk):
+        hi = float(kk[-1, 1])
+    return lo, hi
+
+
 #: One action of a combined range: (stage, microbatch, phase).
 _Part = tuple[int, int, str]
 #: A combined range's chunk row: (its first action, its second, busy start, busy end, where the
@@ -297,6 +314,15 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     recv = name_test(trace, "recv", vocab.RECV_RE.match)
     waits = ev[(recv & cpu) | is_wait]
     wait_end = (waits["ts"] + waits["dur"]).to_numpy(dtype=float)
+    if device:
+        # a device range holds its receive's kernel, which spins until the message comes, and
+        # its send's: busy is from the last such kernel's end that little computation precedes
+        # to the last computing kernel's end
+        gk = ev[(kinds == Kind.GPU_COMPUTE.value).to_numpy()]
+        k = iv.union(gk["ts"].to_numpy(dtype=float), (gk["ts"] + gk["dur"]).to_numpy(dtype=float))
+        gc = ev[(kinds == Kind.GPU_COMM.value).to_numpy()]
+        wait_end = (gc["ts"] + gc["dur"]).to_numpy(dtype=float)
+    wait_end = np.sort(wait_end)
     # where a backward begins on the host: splits a combined action's range
     autograd = name_test(trace, "autograd_function", vocab.AUTOGRAD_FUNCTION_RE.match) & cpu
     bwd_starts = np.sort(ev["ts"][autograd].to_numpy(dtype=float))
@@ -315,16 +341,7 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
             g = m.groups()
             pair = ((int(g[0]), int(g[2]), g[1]), (int(g[3]), int(g[5]), g[4]))
             stage, phase, mb = pair[0][0], pair[0][2], pair[0][1]
-        lo, hi = float(t), float(t + d)
-        if not device:
-            inside = wait_end[(wait_end > lo) & (wait_end < hi)]
-            if len(inside):
-                w = float(inside.max())
-                if iv.total(iv.clip(k, lo, w)) < 0.5 * (w - lo):
-                    lo = w
-            kk = iv.clip(k, lo, hi)
-            if len(kk):
-                hi = float(kk[-1, 1])
+        lo, hi = _busy_part(float(t), float(t + d), k, wait_end)
         if pair is not None:
             combined.append((*pair, lo, max(lo, hi), _second_start(pair, bwd_starts, lo, hi,
                                                                     device)))
