@@ -141,6 +141,9 @@ class ProfileResult:
             (too few optimizer steps for the profiler schedule).
         short_ranks: ``{rank: active steps recorded}`` for ranks whose trace holds fewer steps
             than ``active``. Failed ranks come first-failure first.
+        after_window: the fewest optimizer steps a finished rank made after its profiling
+            window and the step that exports its trace (the undisturbed steps the step time
+            and its noise are measured on), or None when no rank finished with a trace.
     """
 
     exit_code: int
@@ -151,6 +154,7 @@ class ProfileResult:
     short_ranks: dict[int, int] = dataclasses.field(default_factory=dict)
     hang: list[str] = dataclasses.field(default_factory=list)
     contention: str | None = None
+    after_window: int | None = None
 
 
 def _prepare_out(out: Path, overwrite: bool, cfg: ProfileConfig | None = None) -> None:
@@ -907,6 +911,10 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
                     (probe_before, None if interrupted else host_probe_ms()))
     if interrupted:  # the run file says so; the command ends with what the folder keeps
         raise Interrupted(_kept(out, metas, expected))
+    window = cfg.wait + cfg.warmup + cfg.active + 1   # and the step that exports the trace
+    after = [int(m.optimizer_steps or 0) - window for m in metas.values()
+             if m.trace_file and m.status == "ok"]
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=got.failed,
                          missing_ranks=missing, no_trace=got.no_trace, short_ranks=got.short,
-                         hang=hang or [], contention=layout.contention_note(metas.values()))
+                         hang=hang or [], contention=layout.contention_note(metas.values()),
+                         after_window=max(min(after), 0) if after else None)

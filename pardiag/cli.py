@@ -407,7 +407,18 @@ def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float |
                    + (f"kept: {' and '.join(kept)})" if kept else "it wrote nothing)"), err=True)
     if result.contention:
         click.echo(f"pardiag: warning: {result.contention}", err=True)
+    if result.after_window is not None and result.after_window < MIN_STEPS_AFTER_WINDOW:
+        click.echo(f"pardiag: warning: only {result.after_window} optimizer step(s) ran after "
+                   f"the profiling window and the step that exports its trace: the report "
+                   f"measures the step time and its noise on those undisturbed steps, and needs "
+                   f"3 periods between them (run "
+                   f"{MIN_STEPS_AFTER_WINDOW - result.after_window} more step(s))", err=True)
     click.echo(f"pardiag: run folder {result.out} (exit code {result.exit_code})", err=True)
+
+
+#: Undisturbed steps after the profiling window from which a step's noise is measured (the
+#: report's step noise needs 3 periods).
+MIN_STEPS_AFTER_WINDOW = 4
 
 
 def _program() -> str:

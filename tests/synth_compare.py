@@ -15,7 +15,8 @@ STEP_GAP = 10_000.0
 def ddp_run(out: Path, *, compute_us: float, late_us: float, comm_us: float = 100.0,
             ranks: int = 2, static_bytes: int = 4_000_000, peak_bytes: int = 3_000_000,
             script_args=("--steps", "6"), env: dict | None = None,
-            jitter=JITTER, run_extra: dict | None = None) -> Path:
+            jitter=JITTER, run_extra: dict | None = None,
+            meta_extra: dict | None = None) -> Path:
     """A pardiag-style CPU/gloo data-parallel run (older layout: sidecars beside the traces).
 
     Per profiled step ``s`` (``ProfilerStep#s`` of ``compute + late + comm + jitter[s]`` µs on
@@ -28,7 +29,8 @@ def ddp_run(out: Path, *, compute_us: float, late_us: float, comm_us: float = 10
     = comm (transfer), idle = late + jitter. The step's span (every rank) = compute + late +
     comm + jitter[s]. Static memory ``static_bytes`` (parameters, gradients and optimizer
     state 1:1:2) and a peak allocated of ``peak_bytes`` per rank. ``run_extra``: more fields
-    of run.json (e.g. the host probes).
+    of run.json (e.g. the host probes); ``meta_extra``: more fields of every rank's metadata
+    (e.g. its threads and CPU affinity).
     """
     out.mkdir(parents=True, exist_ok=True)
     group = list(range(ranks))
@@ -61,7 +63,7 @@ def ddp_run(out: Path, *, compute_us: float, late_us: float, comm_us: float = 10
                        "peak_rss_bytes": 100_000_000},
             "layout": {"dims": {"dp": ranks}, "strategies": ["ddp"], "group_dims": {"0": "dp"},
                        "ddp_bucket_cap_bytes": 25 * 2**20},
-            **({"env": env} if env is not None else {})})
+            **({"env": env} if env is not None else {}), **(meta_extra or {})})
     write_sidecar(out / "run.json", "run", None, {
         "command": "pardiag profile train.py", "script": "train.py",
         "script_args": list(script_args), "world_size": ranks, "nproc_per_node": ranks,

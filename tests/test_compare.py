@@ -609,6 +609,9 @@ def test_folders_of_repeated_runs_compare_by_their_runs(tmp_path):
     few = pardiag.compare([a / "run-1", a / "run-2", a / "run-3"], b)
     assert few.step.beyond_noise is None and few.step.p_value == pytest.approx(2 / 35)
     assert few.breakdown["within_noise"].tolist() == [None] * 6
+    from pardiag.analyzer.render.comparison import headline
+    assert ("(medians over A: the median of 3 runs' median steps (each over its profiled steps "
+            "(per step the slowest rank's span)); B: the median of 4 runs'") in headline(few)
     # the command line reads the folders and says so
     r = run("compare", a, b, "-o", tmp_path / "c.html", "--json", tmp_path / "c.json")
     assert r.exit_code == 0, r.output
@@ -686,3 +689,38 @@ def test_a_difference_beyond_the_noise_is_not_judged_when_the_hosts_differ(tmp_p
     c = ddp_run(tmp_path / "c", compute_us=1500, late_us=0,
                 run_extra={"host_probe_before_ms": 8.2, "host_probe_after_ms": 8.4})
     assert pardiag.compare(a, c).step.beyond_noise is True
+
+
+def test_runs_whose_ranks_contended_for_cores_leave_one_run_s_noise_unknown(tmp_path):
+    """One run per side: +150% clears the ±46% measured between identical pinned runs, unless a
+    side's ranks contended for cores (two ranks allowed on the same cores): that floor does not
+    bound their noise, so the noise is unknown, every part's too, and --fail-if-slower lets its
+    limit decide, saying so. The setup shows each run's contention."""
+    from pardiag.analyzer.report.compare import gate
+
+    pinned = {"intra_op_threads": 1, "cpu_affinity": [0]}
+    a = ddp_run(tmp_path / "a", compute_us=600, late_us=0, meta_extra=pinned)
+    b = ddp_run(tmp_path / "b", compute_us=1500, late_us=0, meta_extra=pinned)
+    # each rank pinned to core 0 alone is still the same core: give them their own
+    for run in (a, b):
+        for r in (0, 1):
+            m = run / f"rank{r}.meta.json"
+            m.write_text(m.read_text().replace('"cpu_affinity": [0]', f'"cpu_affinity": [{r}]'))
+    shared = ddp_run(tmp_path / "c", compute_us=1500, late_us=0,
+                     meta_extra={"intra_op_threads": 1, "cpu_affinity": [0, 1]})
+    ok = pardiag.compare(a, b)
+    assert ok.step.beyond_noise is True
+    row = ok.setup.set_index("field").loc["contention"]
+    assert (row["a"], row["b"], row["status"]) == ("none", "none", "same")
+    c = pardiag.compare(a, shared)
+    assert c.step.delta_pct == ok.step.delta_pct and c.step.beyond_noise is None
+    assert c.step.noise == (
+        "noise unknown: B ran with ranks contending for cores, and the ±46% by which identical "
+        "runs differed was measured on ranks pinned to their own cores; pin the ranks (pardiag "
+        "profile --pin-cpu) or repeat each side 4 times or more (pardiag profile --repeat 4)")
+    assert c.breakdown["within_noise"].tolist() == [None] * 6
+    assert c.setup.set_index("field").loc["contention", "b"].startswith(
+        "timings are contended: ranks 0,1 may run on the same cores")
+    g = gate(c, 10.0)
+    assert g.failed and ("over --fail-if-slower 10%; the difference could not be weighed "
+                         "against the noise between runs, so the limit alone decides") in g.line

@@ -396,6 +396,9 @@ def test_repeat_writes_a_set_of_runs_that_report_and_compare_read(tmp_path):
     assert ("pardiag: warning: with 2 runs per side `pardiag compare` cannot tell any "
             "difference from the noise between runs (its test needs 4 or more per side): use "
             "--repeat 4 or more") in res.stderr
+    # 6 steps: the window (1 + 1 + 3) and the export step leave none undisturbed
+    assert ("pardiag: warning: only 0 optimizer step(s) ran after the profiling window and the "
+            "step that exports its trace") in res.stderr
     assert res.stderr.strip().splitlines()[-1].endswith(f"report {out}")
     for run in ("run-1", "run-2"):
         f = json.loads((out / run / "pardiag" / "run.json").read_text())

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pardiag.layout import contention_note
+
 from ..trace import vocab
 from ..trace.classify import normalize_schedule
 from ..trace.traceset import TraceSet
@@ -44,6 +46,7 @@ SETUP_LABELS = {
     "devices": "devices",
     "cpu_count": "CPUs per host",
     "profiler_schedule": "profiler schedule (wait, warmup, active)",
+    "contention": "ranks contending for cores",
     "env": "environment (NCCL_*, TORCH_*, PYTORCH_*)",
 }
 
@@ -84,6 +87,8 @@ class RunSetup:
         devices: device names (GPU names, or the CPU's).
         cpu_count: CPUs per host.
         profiler_schedule: ``[wait, warmup, active]`` of ``pardiag profile``.
+        contention: the sentence :func:`pardiag.layout.contention_note` says of the run's CPU
+            ranks when they contended for cores, ``"none"`` when a recorded run's did not.
         env: the lowest rank's ``NCCL_*``, ``TORCH_*`` and ``PYTORCH_*`` environment variables
             (:data:`pardiag.layout.ENV_PREFIXES`; None for runs recorded before ``pardiag
             profile`` recorded them, and for traces from elsewhere).
@@ -117,6 +122,7 @@ class RunSetup:
     devices: list[str] | None = None
     cpu_count: int | list[int] | None = None
     profiler_schedule: list[int] | None = None
+    contention: str | None = None
     env: dict[str, str] | None = None
     unknown: tuple[str, ...] = ()
 
@@ -224,6 +230,7 @@ def compute_setup(traces: TraceSet, lay: LayoutResult) -> RunSetup:
         devices=devices,
         cpu_count=_one(m.cpu_count for m in metas),
         profiler_schedule=[sch.wait, sch.warmup, sch.active] if sch else None,
+        contention=(contention_note(metas) or "none") if recorded and metas else None,
         env=env,
     )
     return RunSetup(**setup, unknown=tuple(k for k in SETUP_LABELS

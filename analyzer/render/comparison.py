@@ -93,7 +93,7 @@ def headline(c: Comparison) -> str:
         return f"Step times cannot be compared: {s.noise}."
     how = (f"{abs(s.delta_pct):.1f}% {'slower' if s.delta_pct > 0 else 'faster'} than"
            if s.delta_pct != 0 else "as long as")
-    basis = (s.b.basis_text if s.a.basis == s.b.basis
+    basis = (s.b.basis_text if s.a.basis_text == s.b.basis_text
              else f"A: {s.a.basis_text}; B: {s.b.basis_text}")
     return (f"B's step is {how} A's: {s.b.median_us / 1e3:.2f} vs {s.a.median_us / 1e3:.2f} ms "
             f"(medians over {basis}), {s.noise}.")

@@ -56,6 +56,8 @@ from ..analyses.runsetup import SETUP_LABELS
 from .checks import RecommendationCheck, check_recommendations
 from .reading import (
     BETWEEN_RUNS_ALPHA,
+    BETWEEN_RUNS_FLOOR_PCT,
+    MIN_RUNS_PER_SIDE,
     StepDelta,
     StepStats,
     host_probe_ms,
@@ -476,6 +478,22 @@ def _warnings(sa_sum: ReportDocument, sb_sum: ReportDocument, sa: SetupSection,
     return out
 
 
+def _contended(step: StepDelta, sa: SetupSection, sb: SetupSection, repeated: bool
+               ) -> StepDelta:
+    """One run per side whose ranks contended for cores (``setup.contention``): the noise
+    between identical runs (:data:`.reading.BETWEEN_RUNS_FLOOR_PCT`) was measured on ranks
+    pinned to their own cores, and does not bound theirs, so the noise is unknown. Repeated
+    runs measure their own noise and are left as they are."""
+    sides = [x for x, s in (("A", sa), ("B", sb)) if s.contention not in (None, "none")]
+    if repeated or not sides or step.beyond_noise is None:
+        return step
+    return dataclasses.replace(step, beyond_noise=None, noise_us=float("nan"), noise=(
+        f"noise unknown: {' and '.join(sides)} ran with ranks contending for cores, and the "
+        f"±{BETWEEN_RUNS_FLOOR_PCT:g}% by which identical runs differed was measured on ranks "
+        "pinned to their own cores; pin the ranks (pardiag profile --pin-cpu) or repeat each "
+        f"side {MIN_RUNS_PER_SIDE} times or more (pardiag profile --repeat {MIN_RUNS_PER_SIDE})"))
+
+
 def _part_means(table: pd.DataFrame, part: str) -> float:
     return float(table[part].mean()) if len(table) else float("nan")
 
@@ -540,6 +558,7 @@ def compare_summaries(a: ReportDocument | dict[str, Any], b: ReportDocument | di
         step = dataclasses.replace(step, beyond_noise=None, noise=(
             f"{step.noise}, but not judged: {probe}, so the difference may be the host's; "
             "repeat the runs on a quieter host"))
+    step = _contended(step, sa, sb, repeated=len(runs[0]) > 1 or len(runs[1]) > 1)
     ra, rb = rank_table(a), rank_table(b)
     by = "rank" if _layouts_match(sa, sb, ra, rb) else "role"
     ranks = _merge(_per_key(ra, by), _per_key(rb, by), "key", ["ranks", *RANK_VALUES])
@@ -582,6 +601,10 @@ def gate(c: Comparison, pct: float) -> GateResult:
         return GateResult(False, f"{head}: within --fail-if-slower {pct:g}%")
     if s.beyond_noise is False:
         return GateResult(False, f"{head}: over --fail-if-slower {pct:g}% but {s.noise}")
+    if s.beyond_noise is None:
+        return GateResult(True, f"{head}: over --fail-if-slower {pct:g}%; the difference could "
+                                f"not be weighed against the noise between runs, so the limit "
+                                f"alone decides ({s.noise})")
     return GateResult(True, f"{head}: over --fail-if-slower {pct:g}%, {s.noise}")
 
 

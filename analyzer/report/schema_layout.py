@@ -144,6 +144,9 @@ class SetupSection(msgspec.Struct, kw_only=True, frozen=True):
         cpu_count: CPUs per host. Null/absent: ``null`` when unknown.
         profiler_schedule: ``[wait, warmup, active]`` of ``pardiag profile``. Null/absent:
             ``null`` for traces.
+        contention: How the run's CPU ranks contended for the host's cores (more intra-op
+            threads than cores, or cores shared), in one sentence; ``"none"`` when they did
+            not. Null/absent: ``null`` for traces.
         env: The lowest rank's ``NCCL_*``, ``TORCH_*`` and ``PYTORCH_*`` environment variables.
             Null/absent: ``null`` for traces, and for runs recorded before pardiag recorded
             them.
@@ -178,6 +181,7 @@ class SetupSection(msgspec.Struct, kw_only=True, frozen=True):
     devices: list[str] | None = None
     cpu_count: int | list[int] | None = None
     profiler_schedule: list[int] | None = None
+    contention: str | None = None
     env: dict[str, str] | None = None
     unknown: list[str] = msgspec.field(default_factory=list)
 

@@ -79,8 +79,9 @@ def exposed_split(ctx: RuleContext) -> tuple[float, float, float, float] | None:
 
 
 def bubble_text(ctx: RuleContext) -> str | None:
-    """``"pipeline bubble 71% of the window, measured (the replay gives 30% and accounts for 27.1 of
-    the 55.0 ms step)"``: the bubble measured from the schedule records
+    """``"pipeline bubble 71% of the window, measured (the what-if replay, with the measured
+    stage costs and transfers, gives 30% and accounts for 27.1 of the 55.0 ms step)"``: the
+    bubble measured from the schedule records
     (:func:`pardiag.analyzer.analyses.pipeline.summarize_bubbles`, mean over ranks) — or, where
     the traces mark no microbatch, estimated and said so — with the replay's beside it and how
     much of the measured step the replay explains."""
@@ -105,7 +106,8 @@ def bubble_text(ctx: RuleContext) -> str | None:
             f"pipeline bubble {measured:.1f}% of the window, measured")
     if model is not None and replay is not None:   # (a replay is the model's)
         replayed = model.period_us - model.residual_us
-        text += (f" (the replay gives {replay:.1f}% and accounts for {ms(replayed)} of the "
+        text += (f" (the what-if replay, with the measured stage costs and transfers, gives "
+                 f"{replay:.1f}% and accounts for {ms(replayed)} of the "
                  f"{ms(model.period_us)} step)")
     return text
 
