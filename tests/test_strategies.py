@@ -226,10 +226,16 @@ def test_planted_hang_is_diagnosed(tmp_path):
     # DDP's bucket cap is known now; evaluating a change needs the collective records, which
     # are written after the script, and the why says so
     assert [m.layout["ddp_bucket_cap_bytes"] for m in rep.traces.rank_meta.values()] == [2**20] * 2
-    assert rep.recommendations.why_none == (
-        "nothing to evaluate: ddp is in the layout, but no change to the settings could be "
-        "evaluated from these traces: rank(s) 0, 1 did not finish (the run hung), and the "
-        "collective records the changes are evaluated on are written after the script ends")
+    res = rep.recommendations
+    kinds = {c.kind for c in (*res.recommendations, *res.rejected)}
+    assert "ddp_bucket" not in kinds, kinds   # never evaluated without the collective records
+    if not kinds:
+        assert res.why_none == (
+            "nothing to evaluate: ddp is in the layout, but no change to the settings could be "
+            "evaluated from these traces: rank(s) 0, 1 did not finish (the run hung), and the "
+            "collective records the changes are evaluated on are written after the script ends")
+    # on a loaded machine one rank's profiled steps can run slower, and a change the window
+    # alone shows (removing that rank's delay) is weighed instead: the DDP one still is not
 
 
 def _report(out):
