@@ -204,6 +204,33 @@ def all_to_all_evidence(trace: RankTrace) -> dict[str, int]:
     return out
 
 
+def _busy_marks(trace: RankTrace, device: bool) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`_busy_part` reads of a rank: its computation (merged intervals, µs) and the
+    sorted ends of its waits. Host ranges: CPU operators less the calls and waits that block,
+    and the receives' and waits' ends. Device ranges, which hold their receive's kernel (it
+    spins until the message comes) and their send's: the computing kernels, and the
+    communication kernels' ends."""
+    ev = trace.events
+    kinds = classify(trace)
+
+    def spans(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        e = ev[sel]
+        ts = e["ts"].to_numpy(dtype=float)
+        return ts, ts + e["dur"].to_numpy(dtype=float)
+
+    if device:
+        k = iv.union(*spans((kinds == Kind.GPU_COMPUTE.value).to_numpy()))
+        return k, np.sort(spans((kinds == Kind.GPU_COMM.value).to_numpy())[1])
+    cat = ev["cat"]
+    cpu = isin_mask(cat, ["cpu_op", "user_annotation"])
+    is_wait = (kinds == Kind.CPU_WAIT.value).to_numpy()
+    blocking = ((kinds == Kind.CPU_COMM.value).to_numpy() & (cat == "cpu_op").to_numpy()) | is_wait
+    k = iv.subtract(iv.union(*spans((kinds == Kind.CPU_COMPUTE.value).to_numpy())),
+                    iv.union(*spans(blocking)))
+    recv = name_test(trace, "recv", vocab.RECV_RE.match)
+    return k, np.sort(spans((recv & cpu) | is_wait)[1])
+
+
 def _busy_part(lo: float, hi: float, k: np.ndarray, wait_end: np.ndarray
                ) -> tuple[float, float]:
     """The busy part of a per-microbatch range ``[lo, hi]`` (µs): from the end of the wait for
@@ -300,29 +327,7 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     gpu_rng = rng & (cat == "gpu_user_annotation").to_numpy()
     device = bool(gpu_rng.any())
     rng = gpu_rng if device else rng & (cat == "user_annotation").to_numpy()
-    # busy part of a CPU range: from the end of the wait for its input (a receive or wait that
-    # ends inside it while it computes little) to the end of its last computation
-    kinds = classify(trace)
-    is_wait = (kinds == Kind.CPU_WAIT.value).to_numpy()
-    comp = ev[(kinds == Kind.CPU_COMPUTE.value).to_numpy()]
-    blocking = ev[((kinds == Kind.CPU_COMM.value).to_numpy() & (cat == "cpu_op").to_numpy())
-                  | is_wait]
-    k = iv.subtract(iv.union(comp["ts"].to_numpy(dtype=float),
-                             (comp["ts"] + comp["dur"]).to_numpy(dtype=float)),
-                    iv.union(blocking["ts"].to_numpy(dtype=float),
-                             (blocking["ts"] + blocking["dur"]).to_numpy(dtype=float)))
-    recv = name_test(trace, "recv", vocab.RECV_RE.match)
-    waits = ev[(recv & cpu) | is_wait]
-    wait_end = (waits["ts"] + waits["dur"]).to_numpy(dtype=float)
-    if device:
-        # a device range holds its receive's kernel, which spins until the message comes, and
-        # its send's: busy is from the last such kernel's end that little computation precedes
-        # to the last computing kernel's end
-        gk = ev[(kinds == Kind.GPU_COMPUTE.value).to_numpy()]
-        k = iv.union(gk["ts"].to_numpy(dtype=float), (gk["ts"] + gk["dur"]).to_numpy(dtype=float))
-        gc = ev[(kinds == Kind.GPU_COMM.value).to_numpy()]
-        wait_end = (gc["ts"] + gc["dur"]).to_numpy(dtype=float)
-    wait_end = np.sort(wait_end)
+    k, wait_end = _busy_marks(trace, device) if rng.any() else (np.empty((0, 2)), np.empty(0))
     # where a backward begins on the host: splits a combined action's range
     autograd = name_test(trace, "autograd_function", vocab.AUTOGRAD_FUNCTION_RE.match) & cpu
     bwd_starts = np.sort(ev["ts"][autograd].to_numpy(dtype=float))
