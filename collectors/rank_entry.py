@@ -89,6 +89,36 @@ OWN_PROFILER_ERROR = (
     "profiler off under pardiag profile")
 
 
+def _keep_destroyed_groups(kept: list) -> list[tuple]:
+    """Make ``dist.destroy_process_group`` append the groups it destroys to ``kept`` before it
+    runs, so that the script's last reference to a group (a DDP reducer's, freed when the
+    script's function returns) never frees it: gloo's destructor joins its worker threads,
+    which can be waiting for the interpreter lock the freeing thread holds (a deadlock at exit
+    in a few runs in a hundred on two cores). The groups are shut down as the script asked and
+    live until ``os._exit``, as a process group does that is never destroyed. Returns
+    ``[(module, attribute, original)]`` to restore."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    orig = c10d.destroy_process_group
+
+    @functools.wraps(orig)
+    def destroy_process_group(group=None):
+        world = c10d._world
+        if group is None or group is c10d.GroupMember.WORLD:
+            kept.extend(world.pg_names)
+        elif group in world.pg_names:
+            kept.append(group)
+        return orig(group)
+
+    patched = []
+    for mod in (c10d, dist):
+        if getattr(mod, "destroy_process_group", None) is orig:
+            mod.destroy_process_group = destroy_process_group
+            patched.append((mod, "destroy_process_group", orig))
+    return patched
+
+
 def _refuse_other_profilers(ours) -> list[tuple]:
     """Make every torch profiler but ``ours`` raise ``RuntimeError(OWN_PROFILER_ERROR)`` when
     it would start tracing (``torch.profiler`` profilers when they prepare their trace, the
@@ -515,6 +545,9 @@ class _RankRun:
     pipe: object = None
     hook_handles: list = dataclasses.field(default_factory=list)
     refused: list[tuple] = dataclasses.field(default_factory=list)
+    #: the process groups the script destroyed, held until the process ends
+    #: (:func:`_keep_destroyed_groups`)
+    kept_groups: list = dataclasses.field(default_factory=list)
     stop_watchdog: threading.Event | None = None
     started: float = 0.0
     error: BaseException | None = None
@@ -766,7 +799,7 @@ def _install_hooks(run: _RankRun) -> None:
     run.pipe.recording = run.p2p.recording = run.wait + run.warmup == 0
     run.hook_handles = [register_optimizer_step_pre_hook(stepper.pre),
                         register_optimizer_step_post_hook(stepper.post)]
-    run.refused = _refuse_other_profilers(run.prof)
+    run.refused = _refuse_other_profilers(run.prof) + _keep_destroyed_groups(run.kept_groups)
     run.stop_watchdog = threading.Event()
     _watchdog(run.out, run.rank, run.p2p, run.stop_watchdog)
 
@@ -796,7 +829,9 @@ def _run_script(run: _RankRun) -> None:
         # interpreter ends. Freed here, a DDP reducer's gloo process group joins its worker
         # thread while that thread waits for the interpreter lock this one holds (it drops
         # the last work's thread-local state): a deadlock at exit (benchmarks/teardown_matrix.py
-        # runs every way a script ends; its results are in benchmarks/results/).
+        # runs every way a script ends; its results are in benchmarks/results/). The groups
+        # the script destroyed are held too (_keep_destroyed_groups): its own frames free the
+        # reducer that was their last owner.
         gc.freeze()
         _guard_teardown(run)
         sys.argv = saved_argv

@@ -81,6 +81,45 @@ def _profile(*args, env=None, timeout=300):
                           env={**os.environ, **(env or {})})
 
 
+# one rank, gloo: DDP over a subgroup; both groups destroyed; the DDP freed by refcount
+KEEP_GROUPS = """
+import gc, sys, torch, torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from pardiag.collectors.rank_entry import _keep_destroyed_groups
+kept = []
+patched = _keep_destroyed_groups(kept)
+assert dist.destroy_process_group is c10d.destroy_process_group is patched[0][0].destroy_process_group
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+world = c10d._get_default_group()
+sub = dist.new_group([0])
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), process_group=sub)
+model(torch.randn(2, 4)).sum().backward()
+dist.destroy_process_group(sub)
+assert [id(g) for g in kept] == [id(sub)] and sub not in c10d._world.pg_names
+dist.destroy_process_group()
+assert sorted(map(id, kept)) == sorted(map(id, [sub, world])) and not c10d._world.pg_names
+del model, sub, world
+gc.collect()
+assert [g.size() for g in kept] == [1, 1]    # alive: the reducer was not their last owner
+for mod, name, orig in patched:
+    setattr(mod, name, orig)
+assert dist.destroy_process_group is c10d.destroy_process_group is orig
+print("ok")
+"""
+
+
+@pytest.mark.e2e
+def test_destroyed_process_groups_outlive_the_scripts_objects(tmp_path):
+    """The groups a script destroys are held until the process ends (each time it destroys
+    them: the group, or the whole registry when it destroys the world), so that freeing the script's
+    DDP never runs gloo's destructor, which joins worker threads that may wait for the
+    interpreter lock; the registry is emptied as torch does it, and the original function
+    comes back when pardiag restores it."""
+    res = subprocess.run([sys.executable, "-c", KEEP_GROUPS, str(tmp_path / "store")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-3000:]
+
+
 @pytest.mark.e2e
 def test_ddp_that_destroys_its_process_group_ends_by_itself(tmp_path):
     """A DDP script that ends with dist.destroy_process_group(), pinned: it hung at exit in
