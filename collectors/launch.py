@@ -803,6 +803,7 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
         first = layouts[min(layouts)]
         run_layout = {"dims": first["dims"], "strategies": first["strategies"],
                       **({"pipeline": first["pipeline"]} if first.get("pipeline") else {}),
+                      **({"folded": first["folded"]} if first.get("folded") else {}),
                       **({"fsdp_reshard_after_forward": first["fsdp_reshard_after_forward"]}
                          if "fsdp_reshard_after_forward" in first else {})}
     backends = {m.backend for m in metas.values() if m.backend}

@@ -330,6 +330,41 @@ def _mesh_layout(meshes: list[dict], world: int | None) -> tuple[dict[str, int],
     return dict(found.dims), group_dims
 
 
+def _fold_of(dims: dict, groups: list[dict], group_dims: dict, records: list[dict],
+             world: int | None, meshes: list[dict]) -> dict:
+    """Expert parallelism folded into data parallelism, from this rank's groups and the
+    collectives it recorded (:func:`pardiag.analyzer.analyses.mesh.fold_expert_parallel`): sets
+    ``dims["dp"]``, the dense groups' dimension (``dp``) and the expert-data-parallel groups'
+    (``edp``) in ``group_dims``; returns ``{"ep": "dp"}``, or ``{}`` when not folded. A device
+    mesh lists every group of its dimensions (``meshes``); a rank's own groups hold it only."""
+    from ..analyzer.analyses.mesh import DP_OPS, dim_of, fold_expert_parallel, is_expert_dp
+
+    ranks_of = {g["name"]: frozenset(int(r) for r in g.get("ranks") or []) for g in groups}
+    label = {g["name"]: g.get("desc") or f"group {g['name']}" for g in groups}
+    eps = [ranks_of[pg] for pg, d in group_dims.items() if d == "ep" and ranks_of.get(pg)]
+    eps += [frozenset(int(r) for r in g) for m in meshes
+            for name, gs in (m.get("members") or {}).items() if dim_of(name) == "ep" for g in gs]
+    reducing = {(ranks_of[r["pg_name"]], label[r["pg_name"]]) for r in records
+                if r.get("op") in DP_OPS and ranks_of.get(r.get("pg_name"))}
+    world = world or max((len(g) for g in ranks_of.values()), default=0)
+    fold, _ = fold_expert_parallel(dims, eps, sorted(reducing, key=lambda x: sorted(x[0])),
+                                   world)
+    if fold is None:
+        return {}
+    dims["dp"] = fold.dp
+    by_ranks = {v: k for k, v in ranks_of.items()}
+    for g in fold.dense_groups:
+        if g in by_ranks:
+            group_dims[by_ranks[g]] = "dp"
+    for g in fold.expert_dp:
+        if len(g) > 1 and frozenset(g) in by_ranks:
+            group_dims[by_ranks[frozenset(g)]] = "edp"
+    for g in groups:   # described so (mesh_edp, EXPERT_DATA_PARALLEL_GROUP)
+        if is_expert_dp(g.get("desc")) and len(ranks_of[g["name"]]) > 1:
+            group_dims[g["name"]] = "edp"
+    return {"ep": "dp"}
+
+
 def _layout_of(parallel: dict, groups: list[dict], records: list[dict],
                world: int | None = None) -> dict:
     """Parallel dimensions and degrees from the detected objects and the records. Dimensions of
@@ -350,9 +385,12 @@ def _layout_of(parallel: dict, groups: list[dict], records: list[dict],
     for pg, dim in group_dims.items():
         if dim not in dims and (size_of.get(pg) or 0) > 1:
             dims[dim] = size_of[pg]
+    folded = _fold_of(dims, groups, group_dims, records, world, parallel.get("meshes", []))
     pipe = parallel.get("pipeline")
     out: dict = {"dims": dims, "strategies": parallel.get("wrappers", []),
                  "group_dims": group_dims}
+    if folded:
+        out["folded"] = folded
     if pipe:
         if pipe.get("pp_group_size"):
             dims["pp"] = pipe["pp_group_size"]

@@ -9,6 +9,14 @@ combine.
 
     pardiag profile examples/train_moe.py --nproc-per-node 2
     pardiag profile examples/train_moe.py --nproc-per-node 2 -- --route-skew 0.8 --batch 256
+
+``--ep N`` (a divisor of the world size, below it) folds expert parallelism into data parallelism
+as Megatron's MoE parallel folding does: the experts are split over groups of N consecutive
+ranks (EP), the dense weights stay data parallel over every rank (their gradients are all-reduced
+on the world), and each expert's gradients are all-reduced over the ranks that hold the same
+experts (the expert-data-parallel groups, world / N ranks each).
+
+    pardiag profile examples/train_moe.py --nproc-per-node 4 -- --ep 2
 """
 
 from __future__ import annotations
@@ -75,16 +83,29 @@ def main() -> None:
     p.add_argument("--route-skew", type=float, default=0.0,
                    help="share of every rank's tokens routed to --hot-rank's first expert (0-1)")
     p.add_argument("--hot-rank", type=int, default=0, help="the rank the skewed router favours")
+    p.add_argument("--ep", type=int, default=0,
+                   help="ranks per expert-parallel group, folded into data parallel (default: "
+                        "the world size, no folding)")
     args = p.parse_args()
     env = C.init_distributed(args.pin_cpu)
-    mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("ep",))
-    group = mesh.get_group("ep")
+    ep = args.ep or env.world_size
+    if ep < 1 or env.world_size % ep:
+        p.error(f"--ep must divide the world size ({env.world_size})")
+    if ep == env.world_size:
+        mesh = init_device_mesh(env.device.type, (ep,), mesh_dim_names=("ep",))
+        group = dense_group = mesh.get_group("ep")
+        expert_group = None
+    else:  # folded: (expert data parallel, expert parallel); the dense weights on the world
+        mesh = init_device_mesh(env.device.type, (env.world_size // ep, ep),
+                                mesh_dim_names=("edp", "ep"))
+        group, expert_group = mesh.get_group("ep"), mesh.get_group("edp")
+        dense_group = dist.group.WORLD
     torch.manual_seed(0)
     dense = nn.Sequential(nn.Linear(64, args.width), C.Block(args.width))
     if not 0.0 <= args.route_skew <= 1.0:
         p.error("--route-skew must be between 0 and 1")
-    moe = MoE(args.width, args.experts_per_rank, group, env.rank, env.world_size,
-              args.route_skew, args.hot_rank % env.world_size)
+    moe = MoE(args.width, args.experts_per_rank, group, dist.get_rank(group), ep,
+              args.route_skew, args.hot_rank % ep)
     head = nn.Linear(args.width, 10)
     model = nn.ModuleDict({"dense": dense, "moe": moe, "head": head}).to(env.device)
     expert_params = {id(q) for q in moe.experts.parameters()}
@@ -92,11 +113,19 @@ def main() -> None:
     opt = C.make_optimizer(model.parameters(), args.optimizer)
     loss_fn = nn.CrossEntropyLoss()
 
+    expert_list = list(moe.experts.parameters())
+
     def sync_dense_grads() -> None:  # data parallel for the replicated (non-expert) weights
         for q in dense_params:
             if q.grad is not None:
-                dist.all_reduce(q.grad, group=group)
+                dist.all_reduce(q.grad, group=dense_group)
                 q.grad /= env.world_size
+        if expert_group is not None:  # the same experts on the other EP groups' ranks
+            for q in expert_list:   # an expert that got no token here still takes part
+                if q.grad is None:
+                    q.grad = torch.zeros_like(q)
+                dist.all_reduce(q.grad, group=expert_group)
+                q.grad /= env.world_size // ep
 
     C.train(args, env, opt, lambda x, y: loss_fn(head(moe(dense(x))), y), "train_moe",
             after_backward=sync_dense_grads)

@@ -320,7 +320,8 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
             node's part).
         layout: the parallel layout rank 0 detected: ``dims`` (``{"dp": 2, ...}``),
             ``strategies``, ``pipeline`` (schedule, stages, microbatches, ...) and
-            ``fsdp_reshard_after_forward`` when known.
+            ``fsdp_reshard_after_forward`` when known, ``folded`` (``{"ep": "dp"}``) when expert
+            parallelism is folded into data parallelism.
         backend: the process group backend (``gloo``, ``nccl``; a list when ranks differ).
         torch_version: torch's version (a list when ranks differ).
         failed_ranks: ``{rank as a string: error line}`` of ranks that raised or exited non-zero.

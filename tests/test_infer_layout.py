@@ -640,3 +640,121 @@ def test_device_ranges_leave_out_the_receive_s_spin(tmp_path):
     assert b.loc[0, "window_us"] == 670.0
     assert b.loc[0, "bubble_pct"] == pytest.approx(100 * 500 / 670)
     assert b.loc[1, "bubble_pct"] == pytest.approx(100 * 395 / 670)
+
+
+# -- expert parallelism folded into data parallelism -------------------------------------------
+
+def _fold_rank(rank: int, descs: dict, dense: list[int], ep: list[int], edp: list[int]
+               ) -> TraceBuilder:
+    """A GPU rank of 8 (Megatron's MoE parallel folding: EP=4 carved out of DP=8): per step a
+    routed all-to-all dispatch and combine on its expert-parallel group (split sizes that
+    differ), the dense gradients' all-reduce on ``dense`` and the experts' on ``edp``.
+    ``descs``: the description of each kind of group (``dense``, ``ep``, ``edp``)."""
+    b = TraceBuilder(rank=rank, world_size=8, pid=100 + rank, main_tid=100 + rank)
+    b.step(1, 0, 3000)
+    t = 10.0
+
+    def coll(op: str, ranks: list[int], kind: str, extra: dict) -> None:
+        nonlocal t
+        args = {"Collective name": op, "dtype": "BFloat16", "In msg nelems": 65536,
+                "Out msg nelems": 65536, "Group size": len(ranks),
+                "Process Group Name": kind, "Process Group Description": descs[kind],
+                "Process Group Ranks": str(ranks), **extra}
+        b.cpu(f"nccl:{op}", t - 5, 4, args=args)
+        b.cpu("record_param_comms", t - 4, 2, args=args)
+        kind_ = "SendRecv" if op == "all_to_all" else "AllReduce_Sum_bf16_RING_LL"
+        b.kernel(f"ncclDevKernel_{kind_}(ncclDevKernelArgsStorage<4096ul>)", t, 80, stream=20,
+                 launch_ts=t - 3, args=args)
+        t += 90
+
+    splits = {"In split size": "[100, 300, 50, 62]", "Out split size": "[80, 120, 200, 112]"}
+    for _ in range(2):
+        b.kernel("sm90_xmma_gemm_bf16bf16_bf16f32", t, 200, launch_ts=t - 5)
+        t += 210
+        coll("all_to_all", ep, "ep", splits)
+        b.kernel("sm90_xmma_gemm_bf16bf16_bf16f32", t, 300, launch_ts=t - 5)
+        t += 310
+        coll("all_to_all", ep, "ep", splits)
+    coll("all_reduce", dense, "dense", {})
+    coll("all_reduce", edp, "edp", {})
+    return b
+
+
+@pytest.mark.parametrize("descs, dims, folded, unknown", [
+    # Megatron's names: DATA_PARALLEL_GROUP spans the world, EP groups of 4 inside it
+    ({"dense": "DATA_PARALLEL_GROUP", "ep": "EXPERT_MODEL_PARALLEL_GROUP",
+      "edp": "EXPERT_DATA_PARALLEL_GROUP"}, {"dp": 8, "ep": 4}, {"ep": "dp"}, None),
+    # DeepSpeed names no group: the all-to-alls' groups are expert parallel, the dense
+    # gradients' all-reduce over the world holds them
+    ({"dense": "undefined", "ep": "undefined", "edp": "undefined"},
+     {"dp": 8, "ep": 4}, {"ep": "dp"}, None),
+    # the expert-data groups described as data parallel: dp=2 by the names, the dense
+    # gradients reduced over 8 ranks: dp is unknown, never a guess
+    ({"dense": "undefined", "ep": "EXPERT_MODEL_PARALLEL_GROUP",
+      "edp": "DATA_PARALLEL_GROUP"}, {"ep": 4}, {}, "but dp=2 by the groups' descriptions"),
+])
+def test_expert_parallelism_folded_into_data_parallelism(tmp_path, descs, dims, folded, unknown):
+    """EP=4 carved out of DP=8 (expert-data-parallel groups of 2): dp is the dense gradients'
+    group (8), not what the world leaves over ep (2); the layout is valid though dp × ep is not
+    the world, the expert-data groups are named ``edp``; when the descriptions contradict the
+    reductions, dp is unknown and the line names both."""
+    ranks, pgs = [], []
+    for r in range(8):
+        world, ep, edp = list(range(8)), [r // 4 * 4 + i for i in range(4)], [r % 4, r % 4 + 4]
+        ranks.append(_fold_rank(r, descs, world, ep, edp))
+        pgs.append([{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 8, "ranks": world},
+                    {"pg_name": "dense", "pg_desc": descs["dense"], "pg_size": 8, "ranks": world},
+                    {"pg_name": "ep", "pg_desc": descs["ep"], "pg_size": 4, "ranks": ep},
+                    {"pg_name": "edp", "pg_desc": descs["edp"], "pg_size": 2, "ranks": edp}])
+    from pardiag.analyzer.analyses.comm_events import comm_events
+
+    traces = load_traces(_write(tmp_path, ranks, pgs))
+    lay = infer_layout(traces, comm_events(traces))
+    assert lay.dims == dims and lay.folded == folded, (lay.dims, lay.evidence, lay.not_inferred)
+    assert "ep" in lay.strategies
+    said = [ln for ln in lay.not_inferred if "folded into data parallelism is unknown" in ln]
+    assert (said and unknown in said[0]) if unknown else not said, lay.not_inferred
+    j = report_json(build_report(traces))
+    assert j["layout"]["dims"] == dims and j["layout"]["folded"] == folded
+    if folded:
+        line = next(ln for ln in lay.evidence if "is folded" in ln)
+        assert "ep=4 is folded into data parallelism (expert-data-parallel groups of 2: " \
+               "[0, 4], [1, 5], [2, 6], [3, 7])" in line, line
+        by_ranks = {tuple(g["ranks"]): g["dim"] for g in j["layout"]["groups"]}
+        assert by_ranks[(0, 4)] == by_ranks[(3, 7)] == "edp"
+        assert by_ranks[(0, 1, 2, 3)] == "ep"
+
+
+@pytest.mark.e2e
+def test_moe_folded_into_dp_profiled_and_plain(tmp_path):
+    """train_moe.py --ep 2 on 4 ranks: EP groups [0, 1], [2, 3] carved out of data parallelism
+    over all four (the dense gradients' all-reduce on the world, the experts' on [0, 2],
+    [1, 3]). Profiled, pardiag's records of each collective's group give dp=4, ep=2, folded,
+    the expert-data groups named edp. Its plain gloo trace names no collective's group: ep=2
+    from the mesh's descriptions and dp unknown, never the 2 the world leaves over ep."""
+    out = tmp_path / "prof"
+    r = subprocess.run([sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "4",
+                        "--out", str(out), str(ROOT / "examples" / "train_moe.py"), "--",
+                        "--steps", "6", "--ep", "2"], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lay = report_json(build_report(load_traces(out)))["layout"]
+    assert (lay["source"], lay["dims"], lay["folded"]) == ("recorded", {"dp": 4, "ep": 2},
+                                                          {"ep": "dp"})
+    dims = {tuple(g["ranks"]): g["dim"] for g in lay["groups"]}
+    assert dims == {(0, 1, 2, 3): "dp", (0, 1): "ep", (2, 3): "ep", (0, 2): "edp",
+                    (1, 3): "edp"}, lay["groups"]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    torchrun = Path(sys.executable).parent / "torchrun"
+    r = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "4",
+                        str(ROOT / "benchmarks" / "_plain_profiler.py"), "1", "1", "3",
+                        str(plain), str(ROOT / "examples" / "train_moe.py"), "--steps", "6",
+                        "--ep", "2"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lay = report_json(build_report(load_traces(plain)))["layout"]
+    assert (lay["source"], lay["dims"], lay["folded"]) == (INFERRED_SOURCE, {"ep": 2}, {})
+    assert any(ln.startswith("dp: unknown; 2 if expert parallelism is a mesh dimension of its "
+                             "own (dp × ep = 4 ranks), up to 4 if it is folded")
+               for ln in lay["not_inferred"]), lay["not_inferred"]

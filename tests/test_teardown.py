@@ -88,7 +88,8 @@ from torch.distributed import distributed_c10d as c10d
 from pardiag.collectors.rank_entry import _keep_destroyed_groups
 kept = []
 patched = _keep_destroyed_groups(kept)
-assert dist.destroy_process_group is c10d.destroy_process_group is patched[0][0].destroy_process_group
+assert dist.destroy_process_group is c10d.destroy_process_group
+assert patched[0][0].destroy_process_group is c10d.destroy_process_group
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 world = c10d._get_default_group()
 sub = dist.new_group([0])

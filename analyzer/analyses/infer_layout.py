@@ -49,7 +49,7 @@ from ..trace.traceset import (
     TraceSet,
 )
 from .comm_events import AMBIGUOUS_GROUP, SCALAR_BYTES
-from .mesh import dim_of, mesh_dims, role_of
+from .mesh import DP_OPS, dim_of, fold_expert_parallel, mesh_dims, role_of
 
 #: What :attr:`InferredLayout.source` says (and the report shows).
 INFERRED_SOURCE = "inferred from traces"
@@ -84,7 +84,11 @@ class InferredLayout:
         not_inferred: one line per thing that could not be inferred, or is only estimated and how.
         source: always :data:`INFERRED_SOURCE`.
         group_dims: ``{sorted ranks: dim}`` of the groups that are a dimension of the inferred
-            mesh (see :meth:`dim_of_group`).
+            mesh (see :meth:`dim_of_group`), and ``"edp"`` for the expert-data-parallel groups
+            of a folded layout.
+        folded: ``{"ep": "dp"}`` when expert parallelism is folded into data parallelism
+            (:func:`pardiag.analyzer.analyses.mesh.fold_expert_parallel`: ``dp`` and ``ep``
+            then do not multiply to the world), else ``{}``.
     """
 
     dims: dict
@@ -96,6 +100,7 @@ class InferredLayout:
     not_inferred: tuple[str, ...]
     source: str = INFERRED_SOURCE
     group_dims: dict = dataclasses.field(default_factory=dict)
+    folded: dict = dataclasses.field(default_factory=dict)
 
     def dim_of_group(self, ranks) -> str | None:
         """The dimension whose groups include ``ranks`` (a mesh dimension's group, or the whole
@@ -285,6 +290,25 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
     for d, s in (("tp", "tp"), ("ep", "ep"), ("cp", "cp")):
         if d in dims:
             strategies.add(s)
+    reducing = _reducing(events)
+    # groups named dp by their reductions alone may be the expert-data-parallel groups of a
+    # folded layout: the dense gradients' group decides
+    by_ops = "running" in descs.get("dp", "")
+    fold, fold_conflict = fold_expert_parallel(
+        {d: n for d, n in dims.items() if not (by_ops and d == "dp")},
+        {tuple(m["ep"]) for m in member.values() if "ep" in m}, reducing, world)
+    if fold is not None and by_ops:
+        evidence[:] = [ln for ln in evidence if not ln.startswith(f"dp={dims['dp']}: ")]
+        evidence.append(f"the {descs['dp']} are the expert-data-parallel groups")
+    if fold_conflict:   # the descriptions and the reductions disagree on dp: unknown
+        missing.append(fold_conflict)
+        dims.pop("dp", None)
+    if fold is not None:
+        dims["dp"] = fold.dp
+        evidence.append(fold.evidence)
+        for g in fold.dense_groups:
+            for r in g:
+                member.setdefault(r, {})["dp"] = sorted(g)
 
     # pipeline: ranks exchanging point-to-point messages
     peers, notes = _global_peers(traces, marks, member)
@@ -330,7 +354,8 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
            and count > len(t.pg_config) for t in traces.ranks.values()) and not dims:
         missing.append("process groups: pg_config lists only the groups holding each rank, "
                        "and none is described as a mesh dimension")
-    dims = _as_mesh(dims, world, missing)
+    dims = _as_mesh(dims, world, missing, folded=fold is not None,
+                    reducing_sizes=() if fold_conflict else {len(g) for g, _ in reducing})
     cols = ["rank", *CHUNK_COLUMNS]
     chunks = (pd.concat(chunks_out, ignore_index=True)[cols] if chunks_out
               else pd.DataFrame(columns=cols))
@@ -339,8 +364,27 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
     group_dims = {tuple(g): d for m in member.values() for d, g in m.items() if d in dims}
     if len(dims) == 1 and next(iter(dims.values())) == world:
         group_dims[tuple(range(world))] = next(iter(dims))
+    folded = {}
+    if fold is not None and "ep" in dims:
+        folded = {"ep": "dp"}
+        group_dims.update({tuple(g): "edp" for g in fold.expert_dp if len(g) > 1})
     return InferredLayout(dims, sorted(strategies), pipeline, chunks, tuple(sorted(pp_ranks)),
-                          tuple(evidence), tuple(missing), group_dims=group_dims)
+                          tuple(evidence), tuple(missing), group_dims=group_dims,
+                          folded=folded)
+
+
+def _reducing(events: pd.DataFrame | None) -> list[tuple[frozenset, str]]:
+    """``(ranks, description or ranks)`` of every group the communication events show running
+    a collective of :data:`pardiag.analyzer.analyses.mesh.DP_OPS`."""
+    if events is None or not len(events):
+        return []
+    ev = events[~events["group"].astype(str).isin(["", AMBIGUOUS_GROUP])
+                & events["op"].isin(DP_OPS)]
+    out = []
+    for key in ev["group"].astype(str).unique():
+        ranks, _, desc = key.partition("|")
+        out.append((frozenset(int(r) for r in ranks.split(",")), desc or f"ranks {ranks}"))
+    return out
 
 
 #: Tensor parallelism issues more than this many per rank and step (two per layer in the
@@ -445,13 +489,28 @@ def _zero12(events: pd.DataFrame | None) -> str | None:
     return None
 
 
-def _as_mesh(dims: dict, world: int, missing: list[str]) -> dict:
+def _as_mesh(dims: dict, world: int, missing: list[str], folded: bool = False,
+             reducing_sizes=None) -> dict:
     """``dims`` when they can be a mesh of ``world`` ranks (degrees multiplying to it, or to a
     divisor of it that leaves the rest to data parallelism nobody described), else ``{}`` with
-    a note in ``missing`` that says why: never an impossible layout."""
+    a note in ``missing`` that says why: never an impossible layout. With ``folded`` (expert
+    parallelism folded into data parallelism), ``ep`` is left out of the product: its groups
+    partition the data-parallel groups
+    (:func:`pardiag.analyzer.analyses.mesh.fold_expert_parallel`).
+    With expert parallelism and no described data parallelism, the rest of the world is data
+    parallel only when gradient reductions ran over groups of that size (``reducing_sizes``):
+    a folded layout leaves more, and without that evidence ``dp`` stays unknown."""
     dims = {k: int(v) for k, v in dims.items() if int(v) > 1}
-    prod = int(np.prod(list(dims.values()))) if dims else 1
+    prod = int(np.prod([v for k, v in dims.items() if not (folded and k == "ep")])) if dims else 1
     if prod == world or not dims:
+        return dims
+    if world % prod == 0 and "dp" not in dims and "ep" in dims and world // prod not in (
+            reducing_sizes or ()):
+        missing.append(
+            f"dp: unknown; {world // prod} if expert parallelism is a mesh dimension of its own "
+            f"(dp × ep = {world} ranks), up to {world} if it is folded into data parallelism "
+            f"(the dense gradients reduced over groups that hold whole expert-parallel groups); "
+            f"the traces do not say over which groups the gradient reductions ran")
         return dims
     if world % prod == 0 and "dp" not in dims:
         missing.append(f"dp={world // prod}: no group describes it; the {world} ranks over the "

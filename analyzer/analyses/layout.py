@@ -35,6 +35,10 @@ class LayoutResult:
         evidence: for an inferred layout, what each conclusion rests on (one line each).
         not_inferred: for an inferred layout, what could not be inferred or is only estimated,
             and how (one line each).
+        folded: ``{"ep": "dp"}`` when expert parallelism is folded into data parallelism (its
+            groups partition the data-parallel groups, so ``dp`` and ``ep`` do not multiply to
+            the world: :func:`pardiag.analyzer.analyses.mesh.fold_expert_parallel`), else
+            ``{}``.
     """
 
     dims: dict
@@ -45,6 +49,7 @@ class LayoutResult:
     source: str = "recorded"
     evidence: tuple[str, ...] = ()
     not_inferred: tuple[str, ...] = ()
+    folded: dict = dataclasses.field(default_factory=dict)
 
 
 def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> LayoutResult:
@@ -99,6 +104,6 @@ def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> 
     if inferred is not None and not is_pardiag_run(traces):
         return LayoutResult(dict(inferred.dims), list(inferred.strategies), inferred.pipeline,
                             groups, nodes, inferred.source, tuple(inferred.evidence),
-                            tuple(inferred.not_inferred))
+                            tuple(inferred.not_inferred), dict(inferred.folded))
     return LayoutResult(dict(lay.get("dims") or {}), list(lay.get("strategies") or []),
-                        lay.get("pipeline"), groups, nodes)
+                        lay.get("pipeline"), groups, nodes, folded=dict(lay.get("folded") or {}))

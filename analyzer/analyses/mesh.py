@@ -29,8 +29,14 @@ MESH_ALIASES = {"dp": "dp", "data": "dp", "dp_shard": "dp", "dp_replicate": "dp"
                 "fsdp": "dp", "ddp": "dp", "hsdp": "dp", "replicate": "dp", "shard": "dp",
                 "tp": "tp", "tensor": "tp", "sp": "tp", "pp": "pp", "pipe": "pp",
                 "pipeline": "pp", "ep": "ep", "expert": "ep", "moe": "ep", "cp": "cp",
-                "context": "cp", "dp_cp": "dp", "dp_shard_cp": "dp", "dp_shard_mod_ep": "dp",
+                "context": "cp", "dp_cp": "dp", "dp_shard_cp": "dp",
                 "dp_shard_in_ep": "ep", "etp": "tp"}
+#: Names of expert-data-parallel groups: the ranks that hold the same experts, one per
+#: expert-parallel group (Megatron's ``EXPERT_DATA_PARALLEL_GROUP``, torchtitan's
+#: ``dp_shard_mod_ep``). They are no dimension of the dense mesh: expert parallelism is folded
+#: into data parallelism (:func:`fold_expert_parallel`).
+EXPERT_DP_NAMES = frozenset({"edp", "expert_dp", "ep_dp", "dp_mod_ep", "dp_shard_mod_ep",
+                             "EXPERT_DATA_PARALLEL_GROUP"})
 #: Megatron-LM's group names (megatron/core/parallel_state.py) → canonical dimension; None for
 #: groups that are no dimension of the mesh (embedding groups hold the first and last stages).
 MEGATRON_GROUPS = {"DATA_PARALLEL_GROUP": "dp", "DATA_PARALLEL_GROUP_WITH_CP": "dp",
@@ -44,9 +50,10 @@ _MEGATRON_RE = re.compile(r"^(?:mcore_)?([A-Z_]+?)(?:_GLOO)?$")
 
 def dim_of(desc: str | None) -> str | None:
     """The canonical dimension (``dp``, ``tp``, ``pp``, ``ep``, ``cp``) a group description
-    names, or None (``default_pg``, an embedding group, a name of no known family). A bare
-    dimension name (``tp``, ``dp_shard``: ``new_group(group_desc=...)``) names its dimension."""
-    if not desc:
+    names, or None (``default_pg``, an embedding group, an expert-data-parallel group, a name
+    of no known family). A bare dimension name (``tp``, ``dp_shard``:
+    ``new_group(group_desc=...)``) names its dimension."""
+    if not desc or is_expert_dp(desc):
         return None
     d = str(desc).strip()
     if d.startswith("mesh_"):
@@ -58,12 +65,23 @@ def dim_of(desc: str | None) -> str | None:
     return MESH_ALIASES.get(d.lower())
 
 
-def _not_a_dim(desc: str | None) -> bool:
-    """A description that says its group is no mesh dimension: the default group, Megatron's
-    embedding groups (the first and last stages)."""
+def is_expert_dp(desc: str | None) -> bool:
+    """A description of an expert-data-parallel group (:data:`EXPERT_DP_NAMES`, bare, as
+    ``mesh_<name>`` or with Megatron's ``mcore_`` prefix and ``_GLOO`` suffix)."""
     d = str(desc or "").strip()
     m = _MEGATRON_RE.match(d)
-    return d == "default_pg" or bool(m and MEGATRON_GROUPS.get(m.group(1), "") is None)
+    return (d.removeprefix("mesh_") in EXPERT_DP_NAMES
+            or bool(m and m.group(1) in EXPERT_DP_NAMES))
+
+
+def _not_a_dim(desc: str | None) -> bool:
+    """A description that says its group is no mesh dimension: the default group, Megatron's
+    embedding groups (the first and last stages), expert-data-parallel groups
+    (:func:`is_expert_dp`)."""
+    d = str(desc or "").strip()
+    m = _MEGATRON_RE.match(d)
+    return (d == "default_pg" or is_expert_dp(d)
+            or bool(m and MEGATRON_GROUPS.get(m.group(1), "") is None))
 
 
 def role_of(ops: dict[str, int], functional: float, all_to_all: str | None) -> str | None:
@@ -206,3 +224,92 @@ def mesh_dims(groups: list[tuple[str, list[int]]], roles: dict | None = None,
         for r, g in gmap.items():
             member.setdefault(r, {}).setdefault(dim, sorted(g))
     return Mesh(dims, {d: ", ".join(v) for d, v in descs.items()}, member, tuple(notes))
+
+
+#: Collectives that reduce or gather gradients and parameters: what data parallelism runs over
+#: its group (DDP's and a hand-written all-reduce, FSDP's and ZeRO's gathers and scatters).
+DP_OPS = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Fold:
+    """Expert parallelism folded into data parallelism, found by :func:`fold_expert_parallel`.
+
+    Attributes:
+        dp: the dense data-parallel degree (the ranks of one dense group).
+        dense_groups: the dense data-parallel groups (each holds whole expert-parallel groups).
+        expert_dp: the expert-data-parallel groups: the ranks of one dense group at the same
+            place in their expert-parallel groups (they hold the same experts), each sorted.
+        evidence: one line, what the fold rests on.
+    """
+
+    dp: int
+    dense_groups: tuple[frozenset, ...]
+    expert_dp: tuple[tuple[int, ...], ...]
+    evidence: str
+
+
+def fold_expert_parallel(dims: dict, ep_groups, reducing, world: int
+                         ) -> tuple[Fold | None, str | None]:
+    """Whether expert parallelism is carved out of data parallelism (Megatron's MoE parallel
+    folding, torchtitan's ``dp_shard_in_ep``, DeepSpeed-MoE): the dense weights are data
+    parallel over groups that each hold several whole expert-parallel groups, and each expert's
+    gradients are reduced over the ranks that hold the same experts (expert data parallel,
+    ``dp / ep`` ranks). Then ``dp`` and ``ep`` do not multiply to the world: the layout is
+    valid when every dimension's groups partition the world (the dense mesh ``dp × cp × tp ×
+    pp`` and the expert mesh ``edp × ep × … × pp`` are two partitions of the same ranks).
+
+    ``dims``: the degrees found so far (``ep`` among them); ``ep_groups``: the expert-parallel
+    groups (iterables of global ranks); ``reducing``: ``(ranks, label)`` of every group that ran
+    a collective of :data:`DP_OPS` (``label`` names it in the evidence: its description or
+    name); ``world``: the world size.
+
+    Returns ``(fold, None)`` when one set of groups ran the reductions, each holds whole
+    expert-parallel groups and more than one, and with its size as ``dp`` the degrees other than
+    ``ep`` multiply to the world (a described ``dp`` of the same size agrees); ``(None, line)``
+    when the evidence disagrees (the line names it: the fold is then unknown); ``(None, None)``
+    without expert parallelism or a group that could fold it."""
+    eps = {frozenset(int(r) for r in g) for g in ep_groups}
+    if "ep" not in dims or not eps:
+        return None, None
+    cands: dict[frozenset, str] = {}
+    for ranks, label in reducing:
+        g = frozenset(int(r) for r in ranks)
+        inside = [e for e in eps if e <= g]
+        if inside and len(g) > max(len(e) for e in inside) and all(
+                e <= g or not (e & g) for e in eps):
+            cands.setdefault(g, str(label))
+    if not cands:
+        return None, None
+    size = max(len(g) for g in cands)
+    dense = sorted((g for g in cands if len(g) == size), key=min)
+    rest = 1
+    for d, n in dims.items():
+        if d not in ("dp", "ep"):
+            rest *= int(n)
+    covered = frozenset().union(*dense)
+    if "dp" in dims and int(dims["dp"]) != size:
+        return None, (f"ep={dims['ep']} folded into data parallelism is unknown: gradient "
+                      f"reductions run over groups of {size} ranks ({cands[dense[0]]}) that hold "
+                      f"whole expert-parallel groups, but dp={dims['dp']} by the groups' "
+                      f"descriptions")
+    if size * rest != world or any(len(e & covered) not in (0, len(e)) for e in eps) or any(
+            a & b for i, a in enumerate(dense) for b in dense[i + 1:]):
+        return None, (f"ep={dims['ep']} folded into data parallelism is unknown: gradient "
+                      f"reductions run over groups of {size} ranks ({cands[dense[0]]}) that hold "
+                      f"whole expert-parallel groups, but {size} × the other degrees "
+                      f"({rest}) is not the world of {world} ranks")
+    ep_of = {r: sorted(e) for e in eps for r in e}
+    edp: dict[tuple, list[int]] = {}
+    for g in dense:
+        for r in sorted(g):
+            if r in ep_of:
+                edp.setdefault((min(g), ep_of[r].index(r)), []).append(r)
+    expert_dp = tuple(tuple(v) for _, v in sorted(edp.items()))
+    ranks_of = ", ".join(str(list(x)) for x in expert_dp[:4]) + (
+        ", ..." if len(expert_dp) > 4 else "")
+    line = (f"dp={size}: gradient reductions over groups of {size} ranks ({cands[dense[0]]}), "
+            f"each holding {size // len(next(iter(eps)))} whole expert-parallel groups: "
+            f"ep={dims['ep']} is folded into data parallelism (expert-data-parallel groups of "
+            f"{len(expert_dp[0]) if expert_dp else 0}: {ranks_of})")
+    return Fold(size, tuple(dense), expert_dp, line), None

@@ -198,7 +198,8 @@ def _memory_json(r: MemoryResult, traces: TraceSet) -> dict[str, Any]:
 def _layout_json(r: LayoutResult, traces: TraceSet) -> dict[str, Any]:
     out: dict[str, Any] = {"source": r.source, "dims": r.dims, "strategies": r.strategies,
            "pipeline": None if r.pipeline is None else js.LayoutPipeline(**r.pipeline),
-           "nodes": r.nodes, "groups": rows(js.ProcessGroupRow, r.groups)}
+           "nodes": r.nodes, "groups": rows(js.ProcessGroupRow, r.groups),
+           "folded": r.folded}
     if r.source != "recorded":
         out["pipeline"] = (None if r.pipeline is None else js.LayoutPipeline(
             **{**r.pipeline, "stage_ranks": {str(k): v for k, v in

@@ -40,7 +40,8 @@ class ProcessGroupRow(msgspec.Struct, kw_only=True, frozen=True):
     """One process group (``layout.groups[]``).
 
     Attributes:
-        dim: The group's dimension (``dp``, ``tp``, ``pp``, ``ep``, ``dp_shard``, …).
+        dim: The group's dimension (``dp``, ``tp``, ``pp``, ``ep``, ``dp_shard``, …; ``edp``
+            for an expert-data-parallel group of a folded layout: see ``layout.folded``).
             Null/absent: ``null`` when not known (e.g. ``default_pg``).
         pg: Process group name.
         desc: Its description (``default_pg``, ``mesh_tp``, …). Null/absent: ``""`` when none.
@@ -78,6 +79,12 @@ class LayoutSection(msgspec.Struct, kw_only=True, frozen=True):
             elsewhere).
         groups: Process groups (from pardiag's records, else from the traces'
             ``distributedInfo.pg_config``). Null/absent: ``[]`` when unknown.
+        folded: ``{"ep": "dp"}`` when expert parallelism is folded into data parallelism: the
+            dense weights are data parallel over groups that each hold whole expert-parallel
+            groups, and each expert's gradients are reduced over its expert-data-parallel
+            group (the groups whose ``dim`` is ``edp``, ``dp / ep`` ranks each); ``dp`` and
+            ``ep`` then do not multiply to the world. Null/absent: ``{}`` when nothing is
+            folded.
         evidence: What each inferred conclusion rests on, one line each. Null/absent: absent
             when recorded.
         not_inferred: What could not be inferred, or is only estimated and how. Null/absent:
@@ -91,6 +98,7 @@ class LayoutSection(msgspec.Struct, kw_only=True, frozen=True):
     pipeline: LayoutPipeline | None = None
     nodes: dict[str, list[int]] = msgspec.field(default_factory=dict)
     groups: list[ProcessGroupRow] = msgspec.field(default_factory=list)
+    folded: dict[str, str] = msgspec.field(default_factory=dict)
     evidence: list[str] | UnsetType = UNSET
     not_inferred: list[str] | UnsetType = UNSET
     note: str | UnsetType = UNSET
