@@ -720,6 +720,9 @@ def test_expert_parallelism_folded_into_data_parallelism(tmp_path, descs, dims, 
         line = next(ln for ln in lay.evidence if "is folded" in ln)
         assert "ep=4 is folded into data parallelism (expert-data-parallel groups of 2: " \
                "[0, 4], [1, 5], [2, 6], [3, 7])" in line, line
+        from pardiag.analyzer.analyses.layout import dims_text
+
+        assert dims_text(j["layout"]["dims"], j["layout"]["folded"]) == "DP=8, EP=4 folded into DP"
         by_ranks = {tuple(g["ranks"]): g["dim"] for g in j["layout"]["groups"]}
         assert by_ranks[(0, 4)] == by_ranks[(3, 7)] == "edp"
         assert by_ranks[(0, 1, 2, 3)] == "ep"

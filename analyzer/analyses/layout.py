@@ -52,6 +52,16 @@ class LayoutResult:
     folded: dict = dataclasses.field(default_factory=dict)
 
 
+def dims_text(dims: dict, folded: dict | None = None, eq: str = "=") -> str:
+    """``"DP=4, EP=2 folded into DP"``: the degrees in upper case in their order, each folded
+    dimension (``folded``, :attr:`LayoutResult.folded`) last and said to be folded."""
+    folded = folded or {}
+    order = sorted(dims, key=lambda d: d in folded)
+    return ", ".join(f"{str(k).upper()}{eq}{dims[k]}"
+                     + (f" folded into {str(folded[k]).upper()}" if k in folded else "")
+                     for k in order)
+
+
 def compute_layout(traces: TraceSet, inferred: InferredLayout | None = None) -> LayoutResult:
     """The run's parallel layout from ``run.json``, the comms sidecars and rank metadata.
 

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
+from ..analyses.layout import dims_text
 from ..analyses.routing import IMBALANCE_MIN
 from ..analyses.stragglers import STRAGGLER_MIN_WAIT_US
 from ..predict.recommend.findings import (
@@ -166,7 +167,7 @@ def summary(report: Report, page: Page) -> dict:
                 run.started_unix, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")))
         lay = run.layout or {}
         if isinstance(lay, dict) and lay:
-            dims = ", ".join(f"{k.upper()}={v}" for k, v in (lay.get("dims") or {}).items())
+            dims = dims_text(lay.get("dims") or {}, lay.get("folded"))
             pipe = lay.get("pipeline")
             extra = (f"; {pipe.get('schedule')}, {pipe.get('stages')} stages, "
                      f"{pipe.get('microbatches')} microbatches" if isinstance(pipe, dict) else "")
@@ -547,8 +548,7 @@ def layout(report: Report, page: Page) -> dict:
     if lay.pipeline:
         out["estimated"] = lay.pipeline.get("microbatches_from") == "sends"
     if known:
-        out["dims"] = ", ".join(f"{str(k).upper()} = {v}" for k, v in lay.dims.items()) \
-            or "unknown"
+        out["dims"] = dims_text(lay.dims, lay.folded, " = ") or "unknown"
         out["strategies"] = ", ".join(map(str, lay.strategies)) or "unknown"
         out["nodes_text"] = ", ".join(f"{h}: {v}" for h, v in lay.nodes.items()) or "unknown"
         key = lay.groups["pg"].astype(str)

@@ -16,6 +16,7 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
+from ..analyses.layout import dims_text
 from ..predict.recommend.policy import TIER_ORDER
 from ..report.registry import Report
 
@@ -318,7 +319,7 @@ def _parallel(report: Report, console: Console) -> None:
                                  report.layout)
     inferred = lay.source != "recorded"
     if lay.dims:
-        dims = ", ".join(f"{k.upper()}={v}" for k, v in lay.dims.items())
+        dims = dims_text(lay.dims, lay.folded)
         est = " (estimated)" if inferred and lay.pipeline and lay.pipeline.get(
             "microbatches_from") == "sends" else ""
         console.print(Text(f"Layout{f' ({lay.source})' if inferred else ''}: {dims} "
