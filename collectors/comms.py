@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import threading
 import time
 from typing import Any
 
@@ -54,6 +55,9 @@ class P2PRecorder:
         self.calls_recorded = 0
         self._seq: dict[tuple, int] = {}
         self._originals: dict[str, Any] = {}
+        #: per thread: inside a recorded call (torch's ``send`` calls ``isend``, ``recv``
+        #: ``irecv``, both wrapped: the inner call is the outer's, not another message)
+        self._nested = threading.local()
 
     @staticmethod
     def _row(raw: tuple) -> dict:
@@ -103,10 +107,18 @@ class P2PRecorder:
         seqs = self._seq
         recent = self.recent
 
+        nested = self._nested
+
         @functools.wraps(fn)
         def wrapper(tensor, *args, **kwargs):
+            if getattr(nested, "inside", False):   # torch's send is isend + wait: one call
+                return fn(tensor, *args, **kwargs)
+            nested.inside = True
             t0 = time.time_ns()
-            out = fn(tensor, *args, **kwargs)
+            try:
+                out = fn(tensor, *args, **kwargs)
+            finally:
+                nested.inside = False
             t1 = time.time_ns()
             peer = args[0] if args else kwargs.get("dst" if op == "send" else "src")
             group = args[1] if len(args) > 1 else kwargs.get("group")

@@ -89,6 +89,8 @@ class _ParallelScan:
     ddp_cap: int | None = None
     ddp_params: list[int] | None = None
     deepspeed: dict | None = None
+    #: DeepSpeed's pipeline engine: its pipeline, as :func:`_pipeline_of` returns it
+    ds_pipeline: dict | None = None
 
 
 def _note_ddp(scan: _ParallelScan, obj) -> None:
@@ -143,6 +145,54 @@ def _note_deepspeed(scan: _ParallelScan, engine) -> None:
     if group is not None:
         scan.group_dims.setdefault(group_name(group), "dp")
     scan.deepspeed = deepspeed_settings(engine, stage)
+    if getattr(engine, "is_pipe_parallel", False) and hasattr(engine, "num_stages"):
+        _note_deepspeed_pipeline(scan, engine)
+
+
+def _note_deepspeed_pipeline(scan: _ParallelScan, engine) -> None:
+    """Record DeepSpeed's pipeline engine: its stages (one per rank of the pipe group), this
+    rank's stage, the microbatches of a step (``micro_batches``, DeepSpeed's
+    ``gradient_accumulation_steps``), its pipe group (pp) and the order of its
+    ``TrainSchedule`` at other microbatch counts (:func:`deepspeed_orders`)."""
+    stages, m = int(engine.num_stages), int(engine.micro_batches)
+    grid = getattr(engine, "grid", None)
+    try:
+        pp = grid.get_pipe_parallel_group() if grid is not None else None
+    except Exception:   # a grid without one (DeepSpeed's own checks)
+        pp = None
+    if pp is not None:
+        scan.group_dims.setdefault(group_name(pp), "pp")
+    scan.ds_pipeline = {
+        "schedule": "TrainSchedule", "microbatches": m, "stages": stages,
+        "local_stages": [int(engine.stage_id)], "pp_group_size": stages,
+        "orders": deepspeed_orders(stages, microbatch_choices(m)),
+    }
+
+
+def deepspeed_orders(stages: int, ms: list[int]) -> dict[str, dict[str, list[list]]]:
+    """The order of forwards and backwards DeepSpeed's ``TrainSchedule`` runs on each stage
+    (one stage per pipeline rank), for each microbatch count in ``ms``: its
+    ``_step_to_micro_batch`` over the schedule's ``2 (m + stages - 1)`` steps, the steps of a
+    microbatch that is no step of the stage left out (the schedule's own ``steps()`` does the
+    same). Returns ``{m: {rank: [[stage, phase, microbatch], ...]}}`` (string keys, as
+    :func:`schedule_orders`); ``{}`` when DeepSpeed's schedule cannot be imported."""
+    try:
+        from deepspeed.runtime.pipe.schedule import TrainSchedule
+    except Exception:   # DeepSpeed missing or failing to import
+        return {}
+    out: dict[str, dict[str, list[list]]] = {}
+    for m in ms:
+        ranks: dict[str, list[list]] = {}
+        for s in range(stages):
+            sched = TrainSchedule(micro_batches=m, stages=stages, stage_id=s)
+            seq = []
+            for step in range(2 * (m + stages - 1)):
+                mb, fwd = sched._step_to_micro_batch(step)
+                if sched._valid_micro_batch(mb):
+                    seq.append([s, "F" if fwd else "B", int(mb)])
+            ranks[str(s)] = seq
+        out[str(m)] = ranks
+    return out
 
 
 def deepspeed_settings(engine, stage: int) -> dict:
@@ -252,7 +302,9 @@ def _pipeline_of(scan: _ParallelScan) -> dict | None:
     """The pipeline's schedule and stages (None without any); marks the wrapper and the
     stages' groups (pp) in ``scan``."""
     if not (scan.stages or scan.schedules):
-        return None
+        if scan.ds_pipeline is not None:
+            scan.wrappers.add("pipeline")
+        return scan.ds_pipeline
     stages, schedules = scan.stages, scan.schedules
     scan.wrappers.add("pipeline")
     for st in stages:

@@ -16,7 +16,9 @@ from .hooks import added_cost_us, sync_device
 
 class PipelineRecorder:
     """Wraps pipeline stages' ``forward_one_chunk``/``backward_one_chunk``/
-    ``backward_weight_one_chunk`` so every schedule reports stage and microbatch.
+    ``backward_weight_one_chunk`` so every schedule reports stage and microbatch, and
+    DeepSpeed's pipeline engine's forward and backward instructions
+    (:meth:`install_deepspeed`).
 
     Records: ``{"stage", "microbatch", "phase": "F"|"B"|"I"|"W", "start_ns", "end_ns",
     "optimizer_step"}`` (B = full backward, I = input-gradient only, W = weight gradient);
@@ -41,6 +43,11 @@ class PipelineRecorder:
         self.calls_recorded = 0
         self._step = step_counter
         self._patched: list[tuple[type, str, Any]] = []
+        #: DeepSpeed's instruction map entries replaced: (map, instruction class, original)
+        self._patched_map: list[tuple[dict, Any, Any]] = []
+        self._ds_installed = False
+        #: per DeepSpeed engine: calls of each phase since its schedule started
+        self._ds_counts: dict[int, dict[str, int]] = {}
         self._hooked: set[int] = set()
         self._handles: list[Any] = []
         self._stages: list = []
@@ -150,7 +157,73 @@ class PipelineRecorder:
             self._hooked.discard(id(stage))
             self.calls_outside, self.recording = outside, recording
 
+    def _ds_wrapper(self, orig, phase: str):
+        """DeepSpeed's ``ForwardPass``/``BackwardPass`` instruction (``orig(engine, buffer_id)``)
+        wrapped to record its calls as :meth:`_wrapper` does. The instruction names a buffer,
+        not a microbatch: DeepSpeed runs a step's microbatches in order in each phase, so the
+        microbatch is the count of the phase's calls since the engine's schedule started
+        (:meth:`install_deepspeed` resets it)."""
+        rec = self
+
+        @functools.wraps(orig)
+        def wrapper(engine, *args, **kwargs):
+            counts = rec._ds_counts.setdefault(id(engine), {"F": 0, "B": 0})
+            mb = counts[phase]
+            counts[phase] = mb + 1
+            stage = int(getattr(engine, "stage_id", 0))
+            if rec.recording:
+                rec.calls_recorded += 1
+                t0 = time.time_ns()
+                with torch.profiler.record_function(f"pardiag:PP:S{stage}:{phase}{mb}"):
+                    out = orig(engine, *args, **kwargs)
+            else:
+                rec.calls_outside += 1
+                t0 = time.time_ns()
+                out = orig(engine, *args, **kwargs)
+            rec.records.append({"stage": stage, "microbatch": mb, "phase": phase,
+                                "start_ns": t0, "end_ns": time.time_ns(),
+                                "optimizer_step": rec._step()})
+            return out
+
+        return wrapper
+
+    def install_deepspeed(self) -> bool:
+        """Record DeepSpeed's pipeline engine (``PipelineEngine``) as torch's stages are, once
+        DeepSpeed has been imported (the launcher calls this at each optimizer step until it
+        succeeds, so a run whose window starts at its first step misses that step's ranges):
+        its ``ForwardPass`` and ``BackwardPass`` instructions (the engine's
+        ``_INSTRUCTION_MAP``, which its schedule loop reads) and the schedule loop itself,
+        where each step's microbatch count starts. Returns whether it is installed."""
+        import sys
+
+        if self._ds_installed:
+            return True
+        eng_mod = sys.modules.get("deepspeed.runtime.pipe.engine")
+        sched = sys.modules.get("deepspeed.runtime.pipe.schedule")
+        engine = getattr(eng_mod, "PipelineEngine", None)
+        imap = getattr(engine, "_INSTRUCTION_MAP", None)
+        if engine is None or sched is None or not isinstance(imap, dict):
+            return False
+        self._ds_installed = True
+        for cls, phase in ((getattr(sched, "ForwardPass", None), "F"),
+                           (getattr(sched, "BackwardPass", None), "B")):
+            if cls in imap:
+                self._patched_map.append((imap, cls, imap[cls]))
+                imap[cls] = self._ds_wrapper(imap[cls], phase)
+        orig = engine._exec_schedule
+        rec = self
+
+        @functools.wraps(orig)
+        def exec_schedule(eng, *args, **kwargs):
+            rec._ds_counts[id(eng)] = {"F": 0, "B": 0}
+            return orig(eng, *args, **kwargs)
+
+        self._patched.append((engine, "_exec_schedule", orig))
+        engine._exec_schedule = exec_schedule
+        return True
+
     def install(self) -> bool:
+        self.install_deepspeed()
         try:
             from torch.distributed.pipelining.stage import _PipelineStageBase
         except ImportError:
@@ -175,6 +248,9 @@ class PipelineRecorder:
         for cls, name, orig in self._patched:
             setattr(cls, name, orig)
         self._patched.clear()
+        for imap, key, orig in self._patched_map:
+            imap[key] = orig
+        self._patched_map.clear()
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -802,6 +802,7 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
         run.captured["static"] = static_memory(optimizer)
     if count > window_end:
         return
+    run.pipe.install_deepspeed()   # once DeepSpeed's pipeline engine is imported
     recording = wait + warmup <= count < window_end
     run.pipe.recording = run.p2p.recording = recording
     if count == window_end:   # the trace's export and the live-object scans run now

@@ -60,6 +60,45 @@ def test_p2p_wrapper_keeps_no_record_outside_the_window():
     assert len(rec.records) == 1 and len(rec.recent) == comms.P2PRecorder.RECENT
 
 
+def test_a_send_made_of_an_isend_is_one_message():
+    """torch's ``send`` is ``isend(...).wait()`` and ``recv`` is ``irecv``: both wrapped, the
+    inner call is the outer's message, never a second one (DeepSpeed's pipeline sends with
+    ``send``; each message was recorded twice)."""
+    rec = comms.P2PRecorder()
+    rec.recording = True
+    group = _Group()
+    isend = rec._wrap("isend", lambda tensor, dst=None, group=None, group_dst=None: "work")
+    send = rec._wrap("send", lambda tensor, dst=None, group=None: isend(
+        tensor, group=group, group_dst=dst))
+    t = torch.zeros(4)
+    assert send(t, 1, group) == "work" and send(t, 1, group) == "work"
+    assert [(r["op"], r["peer"], r["seq"]) for r in rec.records] == [("send", 1, 1),
+                                                                     ("send", 1, 2)]
+    assert rec.calls_recorded == 2
+    isend(t, 1, group)   # alone, an isend is a message of its own, the third to that peer
+    assert len(rec.records) == 3 and rec.records[-1]["seq"] == 3
+
+
+def test_deepspeed_orders_are_its_train_schedule():
+    """The order DeepSpeed's TrainSchedule runs, per stage: 1F1B, stage s starting with
+    min(p − s, m) forwards, every microbatch's forward before its backward, each phase's
+    microbatches in order (what the recorder's per-phase count relies on)."""
+    pytest.importorskip("deepspeed")
+    orders = parallelism.deepspeed_orders(2, [4, 8])
+    assert orders["4"] == {
+        "0": [[0, "F", 0], [0, "F", 1], [0, "B", 0], [0, "F", 2], [0, "B", 1], [0, "F", 3],
+              [0, "B", 2], [0, "B", 3]],
+        "1": [[1, "F", 0], [1, "B", 0], [1, "F", 1], [1, "B", 1], [1, "F", 2], [1, "B", 2],
+              [1, "F", 3], [1, "B", 3]]}
+    for p, m in ((4, 8), (3, 2)):
+        for s, seq in parallelism.deepspeed_orders(p, [m])[str(m)].items():
+            phases = [ph for _, ph, _ in seq]
+            lead = len(phases) - len("".join(phases).lstrip("F"))
+            assert lead == min(p - int(s), m), (p, m, s, phases)
+            for ph in "FB":
+                assert [mb for _, x, mb in seq if x == ph] == list(range(m))
+
+
 def test_records_from_p2p_keep_the_recorded_count():
     base = {"op": "recv", "peer": 0, "pg_name": "0", "bytes": 64, "dtype": "float32",
             "issue_ns": 10, "returned_ns": 20}

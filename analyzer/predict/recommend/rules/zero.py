@@ -254,10 +254,14 @@ def _overlap_change(ctx: RuleContext, ds: dict, parts, measured: float
 
 def zero_changes(ctx: RuleContext) -> list[Recommendation]:
     """DeepSpeed ZeRO's stage, reduce bucket and overlap (module docstring), for a run whose
-    recorded layout carries DeepSpeed's settings."""
+    recorded layout carries DeepSpeed's settings and whose data parallelism spans more than
+    one rank (with one, ZeRO partitions nothing: DeepSpeed's pipeline engine over the whole
+    world)."""
     ds = ctx.settings.get("deepspeed")
     measured = ctx.measured_us
     if not isinstance(ds, dict) or not (measured > 0):
+        return []
+    if int(ds.get("dp_size") or 1) <= 1:   # nothing to partition over, nothing reduced over it
         return []
     parts = _parts(ctx, ds)
     if parts is None:
