@@ -761,3 +761,67 @@ def test_moe_folded_into_dp_profiled_and_plain(tmp_path):
     assert any(ln.startswith("dp: unknown; 2 if expert parallelism is a mesh dimension of its "
                              "own (dp × ep = 4 ranks), up to 4 if it is folded")
                for ln in lay["not_inferred"]), lay["not_inferred"]
+
+
+# -- point-to-point messages: a pipeline's, or ring attention's -----------------------------------
+
+def _ring_rank(rank: int, near: str, named: str | None, ranges: bool) -> TraceBuilder:
+    """A gloo rank of 4 running context parallelism's ring attention for 2 steps: per layer
+    3 rounds of ``near`` (a compute op), then a send of its key/value shard to the next rank
+    and a receive from the previous one (``named``: a range around each round's exchange);
+    ``ranges``: per-microbatch pipeline ranges around each step's work as well."""
+    b = _rank(rank, world=4)
+    t = 0.0
+    for step in (1, 2):
+        b.step(step, t, 2000)
+        if ranges:
+            b.cpu(f"PP:{rank}F0", t + 1, 1500, cat="user_annotation")
+        t += 10
+        for _ in range(2):   # layers
+            for _ in range(3):   # ring rounds: compute on the block held, pass it on
+                b.cpu(near, t, 100)
+                t += 105
+                if named:
+                    b.cpu(named, t, 12, cat="user_annotation")
+                _p2p(b, "send", (rank + 1) % 4, t + 1)
+                _p2p(b, "recv", (rank - 1) % 4, t + 5, wait=4)
+                t += 15
+        t = step * 2000.0
+    return b
+
+
+@pytest.mark.parametrize("desc, near, named, ranges, dims, strategies, unknown", [
+    # Megatron's context-parallel group, attention around the messages
+    ("CONTEXT_PARALLEL_GROUP", "aten::_scaled_dot_product_flash_attention_for_cpu", None,
+     False, {"cp": 4}, ["cp"], False),
+    # no group names anything; TransformerEngine's exchange names itself
+    ("undefined", "aten::addmm", "flash_attn_p2p_communicate", False, {"cp": 4}, ["cp"], False),
+    # attention around the messages, and per-microbatch pipeline ranges: unknown
+    ("undefined", "aten::_scaled_dot_product_flash_attention_for_cpu", None, True, {}, [],
+     True),
+    # nothing speaks for a ring: send/recv between ranks is read as a pipeline
+    ("undefined", "aten::addmm", None, False, {"pp": 4}, ["pipeline"], False),
+])
+def test_ring_attention_messages_are_no_pipeline(tmp_path, desc, near, named, ranges, dims,
+                                                 strategies, unknown):
+    """Sends and receives around a ring of 4 ranks (each to the next, from the previous):
+    context parallelism's ring attention when a context-parallel group, a named exchange or
+    attention around the messages says so (cp=4, no pipeline, no bubble); unknown, with both
+    named, when per-microbatch pipeline ranges say otherwise; a pipeline when nothing does."""
+    ranks = [_ring_rank(r, near, named, ranges) for r in range(4)]
+    pgs = [[{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+            {"pg_name": "1", "pg_desc": desc, "pg_size": 4, "ranks": [0, 1, 2, 3]}]] * 4
+    traces = load_traces(_write(tmp_path, ranks, pgs))
+    j = report_json(build_report(traces))
+    lay = j["layout"]
+    assert lay["dims"] == dims and lay["strategies"] == strategies, (lay["evidence"],
+                                                                    lay["not_inferred"])
+    said = [ln for ln in lay["not_inferred"] if "point-to-point messages among ranks" in ln]
+    assert bool(said) == unknown, lay["not_inferred"]
+    if unknown:
+        assert "ring attention by" in said[0] and "a pipeline by per-microbatch ranges" in said[0]
+    if "cp" in dims:
+        assert lay["pipeline"] is None and j["pipeline"] is None
+        assert "pipeline bubble" not in j["verdict"]
+        line = next(ln for ln in lay["evidence"] if ln.startswith("cp: "))
+        assert "ring attention, not a pipeline" in line

@@ -42,7 +42,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..per_rank.layout_marks import A2A_EVIDENCE, CHUNK_COLUMNS, MARKERS
+from ..per_rank.layout_marks import A2A_EVIDENCE, CHUNK_COLUMNS, MARKERS, P2P_EVIDENCE
 from ..per_rank.summary import summary_of
 from ..trace import vocab
 from ..trace.traceset import (
@@ -152,6 +152,43 @@ def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | No
 
 #: All-to-alls next to attention, as a share of all of them, that say a sequence exchange.
 ATTENTION_SHARE = 0.5
+
+
+def p2p_role(comps: list[list[int]], marks: dict, member: dict) -> tuple[str | None, str]:
+    """What the point-to-point messages among ``comps`` (groups of ranks that exchange them)
+    are, by weighing the evidence of every rank: ``("cp", line)`` for context parallelism's
+    ring attention (events named so, :data:`vocab.RING_ATTENTION_RE`; messages next to
+    attention in at least :data:`ATTENTION_SHARE` of them; or the ranks of each group in one
+    group described as context parallel), ``("pp", line)`` for a pipeline (per-microbatch
+    ranges, or the ranks in groups described as pipeline parallel; also when nothing speaks
+    for a ring, as send/recv between ranks most often is), ``(None, line)`` when the evidence
+    says both: the line names it. ``member``: ``{rank: {dim: its group's ranks}}`` of the
+    described groups."""
+    total = {k: sum(m.counts.get(k, 0) for m in marks.values()) for k in P2P_EVIDENCE}
+    ranks = [r for c in comps for r in c]
+    ring: list[str] = []
+    pipe: list[str] = []
+    if total["ring_exchange"]:
+        ring.append(f"{total['ring_exchange']} events named as ring attention's exchange")
+    if total["p2p_events"] and total["p2p_attention"] >= ATTENTION_SHARE * total["p2p_events"]:
+        ring.append(f"{total['p2p_attention']} of {total['p2p_events']} sends and receives "
+                    f"next to attention")
+    for dim, says in (("cp", ring), ("pp", pipe)):
+        if all(member.get(r, {}).get(dim) and set(c) <= set(member[r][dim])
+               for c in comps for r in c):
+            says.append(f"their ranks in groups described as {dim}")
+    ranged = sorted(r for r in ranks if r in marks and len(marks[r].stored("chunks")))
+    if ranged:
+        pipe.append(f"per-microbatch ranges on rank(s) {ranged}")
+    groups = ", ".join(str(c) for c in comps)
+    if ring and pipe:
+        return None, (f"what the point-to-point messages among ranks {groups} carry is unknown: "
+                      f"ring attention by {'; '.join(ring)}, a pipeline by {'; '.join(pipe)}: "
+                      f"neither a pipeline nor context parallelism is inferred")
+    if ring:
+        return "cp", (f"cp: the point-to-point messages among ranks {groups} are context "
+                      f"parallelism's ring attention, not a pipeline ({'; '.join(ring)})")
+    return "pp", ""
 
 
 def all_to_all_role(traces: TraceSet, marks: dict) -> tuple[str | None, str]:
@@ -320,6 +357,16 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
             edges.setdefault(int(q), set()).add(r)
     comps = [c for c in _components(edges) if len(c) > 1]
     pipeline, chunks_out, pp_ranks = None, [], []
+    if comps:
+        role, line = p2p_role(comps, marks, member)
+        if role != "pp":
+            (evidence if role == "cp" else missing).append(line)
+            sizes = {len(c) for c in comps}
+            if role == "cp":
+                strategies.add("cp")
+                if "cp" not in dims and len(sizes) == 1:
+                    dims["cp"] = sizes.pop()
+            comps = []
     if comps:
         pipeline, chunks_out, pp_ranks = _infer_pipeline(comps, peers, marks, evidence, missing)
         strategies.add("pipeline")

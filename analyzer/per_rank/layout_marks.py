@@ -37,6 +37,10 @@ MARKERS = ("fsdp2", "fsdp1", "ddp", "zero", "functional", "all_to_all", "zero3")
 #: (:func:`all_to_all_evidence`).
 A2A_EVIDENCE = ("router", "sequence_exchange", "a2a_events", "a2a_attention")
 
+#: Keys of :attr:`RankMarks.counts` that say whether the point-to-point messages are a ring
+#: attention's (context parallelism) rather than a pipeline's (:func:`p2p_evidence`).
+P2P_EVIDENCE = ("ring_exchange", "p2p_events", "p2p_attention")
+
 
 @dataclasses.dataclass(frozen=True)
 class RankMarks(HoldsTables):
@@ -187,6 +191,52 @@ def all_to_all_evidence(trace: RankTrace) -> dict[str, int]:
         a2a, comp_kind = a2a_of(Kind.CPU_COMM.value), Kind.CPU_COMPUTE.value
     if not len(a2a):
         return out
+    out.update(a2a_events=len(a2a),
+               a2a_attention=_next_to_attention(trace, kinds, a2a, comp_kind))
+    return out
+
+
+def p2p_evidence(trace: RankTrace) -> dict[str, int]:
+    """What one rank's trace says its point-to-point messages are, as counts
+    (:data:`P2P_EVIDENCE`):
+
+    * ``ring_exchange``: events named as ring attention's exchange
+      (:data:`vocab.RING_ATTENTION_RE`: TransformerEngine's ``flash_attn_p2p_communicate``,
+      ring-flash-attention, torch's templated ring attention);
+    * ``p2p_events``: send and receive events on the timeline read (the device's kernels when
+      their records name them, else the host's ops);
+    * ``p2p_attention``: those whose nearest computation before or after is attention, as for
+      all-to-alls (:func:`all_to_all_evidence`): a ring passes key/value shards between
+      attention's blocks, a pipeline passes activations between layers of every kind.
+    """
+    out = {"ring_exchange": int(name_test(trace, "ring_exchange",
+                                          vocab.RING_ATTENTION_RE.search).sum()),
+           "p2p_events": 0, "p2p_attention": 0}
+    ev = trace.events
+    kinds = classify(trace).to_numpy()
+    names, args = ev["name"].to_numpy(), ev["args"].to_numpy()
+
+    def p2p_of(kind: str) -> np.ndarray:
+        comm = np.flatnonzero(kinds == kind)
+        return comm[[collective_type(n, a if isinstance(a, dict) else None) in ("send", "recv")
+                     for n, a in zip(names[comm], args[comm])]]
+
+    p2p, comp_kind = p2p_of(Kind.GPU_COMM.value), Kind.GPU_COMPUTE.value
+    if not len(p2p):
+        p2p, comp_kind = p2p_of(Kind.CPU_COMM.value), Kind.CPU_COMPUTE.value
+    if not len(p2p):
+        return out
+    out.update(p2p_events=len(p2p),
+               p2p_attention=_next_to_attention(trace, kinds, p2p, comp_kind))
+    return out
+
+
+def _next_to_attention(trace: RankTrace, kinds: np.ndarray, comm: np.ndarray,
+                       comp_kind: str) -> int:
+    """How many of the events ``comm`` (row positions) have attention
+    (:data:`vocab.ATTENTION_RE`) as their nearest computation of ``comp_kind`` before or
+    after, skipping ops that only move data (:data:`vocab.RESHAPE_OP_RE`)."""
+    ev = trace.events
     comp = (kinds == comp_kind) & ~name_test(trace, "reshape", vocab.RESHAPE_OP_RE.search)
     att = name_test(trace, "attention", vocab.ATTENTION_RE.search)[comp]
     ts = ev["ts"].to_numpy(dtype=float)
@@ -195,13 +245,11 @@ def all_to_all_evidence(trace: RankTrace) -> dict[str, int]:
     by_end, by_start = np.argsort(c_end, kind="stable"), np.argsort(c_ts, kind="stable")
     e_sorted, s_sorted = c_end[by_end], c_ts[by_start]
     n = len(e_sorted)
-    before = np.searchsorted(e_sorted, ts[a2a], side="right") - 1   # the last to end before
-    after = np.searchsorted(s_sorted, end[a2a], side="left")        # the first to start after
+    before = np.searchsorted(e_sorted, ts[comm], side="right") - 1   # the last to end before
+    after = np.searchsorted(s_sorted, end[comm], side="left")        # the first to start after
     att_before = (before >= 0) & att[by_end[np.clip(before, 0, max(n - 1, 0))]] if n else False
     att_after = (after < n) & att[by_start[np.clip(after, 0, max(n - 1, 0))]] if n else False
-    near = int(np.count_nonzero(att_before | att_after))
-    out.update(a2a_events=len(a2a), a2a_attention=near)
-    return out
+    return int(np.count_nonzero(att_before | att_after))
 
 
 def _busy_marks(trace: RankTrace, device: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -298,6 +346,7 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
     counts = {key: int((name_test(trace, ("marker", key), rx.search) & cpu).sum())
               for key, rx in vocab.MARKER_RES.items()}
     counts.update(all_to_all_evidence(trace))
+    counts.update(p2p_evidence(trace))
     is_step = cpu & name_test(trace, "step", STEP_RE.match)
     steps = [(_step_number(n), float(t), float(t + d)) for n, t, d in
              zip(names[is_step], ev["ts"][is_step], ev["dur"][is_step])]

@@ -289,6 +289,15 @@ SEQUENCE_EXCHANGE_RE = re.compile(r"seq_?all_?to_?all|ulysses|distributedattenti
                                   re.IGNORECASE)
 
 
+#: Names of ring attention's point-to-point exchange (context parallelism: each rank passes
+#: its key/value shard to the next rank of its group while computing attention on the one it
+#: holds): TransformerEngine's ``flash_attn_p2p_communicate`` and ``AttnFuncWithCPAndKVP2P``
+#: (what Megatron's context parallelism runs), ring-flash-attention's ``ring_flash_attn_*``,
+#: torch's ``_templated_ring_attention``. Evidence that sends and receives are no pipeline's.
+RING_ATTENTION_RE = re.compile(r"p2p_communicate|withcpandkvp2p|ring_?(flash_?)?attn"
+                               r"|ring_?attention|kv_?ring", re.IGNORECASE)
+
+
 #: Attention's computation (host ops, autograd nodes, kernels): ``aten::scaled_dot_product_*``,
 #: ``aten::_flash_attention_forward``, ``void flash::flash_fwd_kernel<...>``, ``fmha_*``, ...
 ATTENTION_RE = re.compile(r"attention|attn|fmha|scaled_dot_product|(^|[^a-z])flash(::|_)",
