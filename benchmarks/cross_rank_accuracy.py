@@ -12,8 +12,9 @@ metadata level), analyses each with pardiag in-process and judges, per job:
   equal the mesh, judged on meshes of two or more dimensions whose process groups the traces
   list (metadata ``seq`` and ``names``: ``pg_config``), whatever their descriptions say
   (DeviceMesh/torchtitan ``mesh_*``, Megatron-LM's names, plain names, DeepSpeed's
-  ``undefined``). Not judged on ``none`` (no group is listed) nor ``records`` (a pardiag run
-  keeps the layout its collector recorded; the generated run.json carries none);
+  ``undefined``). Elsewhere (one dimension; ``none``: no group is listed; ``records``: a
+  pardiag run keeps the layout its collector recorded and the generated run.json carries
+  none) every degree the report states must be the mesh's: unknown, never wrong;
 * ``counts``: every rank's issued-op count per collective type equals the truth.
 
 Usage::
@@ -72,9 +73,11 @@ def judge(truth: Truth, doc: dict, metadata: str) -> dict[str, bool | None]:
         if v != 1:
             d = "dp" if k == "fsdp" else k
             want[d] = want.get(d, 1) * v
+    got = {k: v for k, v in ((doc.get("layout") or {}).get("dims") or {}).items() if v != 1}
     if metadata in ("seq", "names") and len(want) > 1:
-        got = {k: v for k, v in ((doc.get("layout") or {}).get("dims") or {}).items() if v != 1}
         out["layout"] = got == want
+    elif got and want:   # where the layout is not judged, what it states must still be right
+        out["layout"] = all(want.get(k) == v for k, v in got.items())
     else:
         out["layout"] = None
     counts_ok = True

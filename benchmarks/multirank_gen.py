@@ -46,6 +46,10 @@ What is modelled
   `pardiag/rank{R}.comms.json` with every collective and p2p op: group, seq, bytes,
   issue/start/end on the rank's trace clock).
 
+* Expert parallelism folded into data parallelism (kind `moe_folded`, Megatron's MoE parallel
+  folding): a mesh (`edp`, `ep`) whose dense gradients are all-reduced over every rank and each
+  expert's over its `edp` group; the true layout is dp = the world, ep inside it.
+
 * Input-bound ranks (`data_loading_us`): the rank's DataLoader iterator
   (`enumerate(DataLoader)#...__next__` on the host) at each step's start, before its first launch.
 * The true critical path (`Truth.path`): every time point of the simulation keeps the one it
@@ -81,7 +85,7 @@ KINDS: tuple[str, ...] = (
     "lockstep", "straggler", "clock_offset", "drift", "start_skew", "dropped",
     "multi_kernel_a2a", "coalesced", "old_nccl", "rccl", "xpu_oneccl", "custom_kernel",
     "rooted_broadcast", "pipeline", "windows", "mesh_layout", "independent_groups",
-    "pipeline_straggler",
+    "pipeline_straggler", "moe_folded",
 )
 METADATA: tuple[str, ...] = ("records", "seq", "names", "none")
 OPS: tuple[str, ...] = (
@@ -194,13 +198,16 @@ def _group(rank: int, dims: list[tuple[str, int]], dim: str) -> tuple[int, ...]:
 
 
 _DESC = {
-    "plain": {"dp": "dp", "fsdp": "fsdp", "tp": "tp", "pp": "pp", "ep": "ep", "cp": "cp"},
+    "plain": {"dp": "dp", "fsdp": "fsdp", "tp": "tp", "pp": "pp", "ep": "ep", "cp": "cp",
+              "edp": "edp"},
     "torchtitan": {"dp": "mesh_dp_replicate", "fsdp": "mesh_dp_shard", "tp": "mesh_tp",
-                   "pp": "mesh_pp", "ep": "mesh_ep", "cp": "mesh_cp"},
+                   "pp": "mesh_pp", "ep": "mesh_ep", "cp": "mesh_cp",
+                   "edp": "mesh_dp_shard_mod_ep"},
     "megatron": {"dp": "DATA_PARALLEL_GROUP", "fsdp": "INTRA_PARTIAL_DATA_PARALLEL_GROUP",
                  "tp": "TENSOR_MODEL_PARALLEL_GROUP", "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
-                 "ep": "EXPERT_MODEL_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP"},
-    "deepspeed": {d: "undefined" for d in ("dp", "fsdp", "tp", "pp", "ep", "cp")},
+                 "ep": "EXPERT_MODEL_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP",
+                 "edp": "EXPERT_DATA_PARALLEL_GROUP"},
+    "deepspeed": {d: "undefined" for d in ("dp", "fsdp", "tp", "pp", "ep", "cp", "edp")},
 }
 
 
@@ -395,6 +402,11 @@ def _layer_pass(job, P, rank, dims, prog, fwd: bool, dp_role: str):
                 prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ag_n"] * ELEM,)))
         if dp_role == "ddp" and not job.coalesced and ((i + 1) % per_bucket == 0 or i == L - 1):
             prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ar_n"] * ELEM,)))
+    if not fwd and "edp" in names:
+        # expert parallelism folded into data parallelism: the dense gradients over every
+        # rank, each expert's over the ranks that hold it (the expert-data-parallel group)
+        prog.append(_comm("all_reduce", tuple(range(_world(job))), (P["ar_n"] * ELEM,)))
+        prog.append(_comm("all_reduce", _group(rank, dims, "edp"), (P["ar_n"] * ELEM,)))
     if not fwd and dp_role == "ddp" and job.coalesced:
         nb = math.ceil(L / per_bucket)
         prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ar_n"] * ELEM,) * nb))
@@ -1394,9 +1406,11 @@ def _truth(job, P, sts, results, base, files, graph) -> Truth:
         v = 2 if job.schedule == "pp_interleaved" else 1
         parts.append(f"bubble {bub:.4f} measured (ideal {(p - 1) / (v * m + p - 1):.4f})")
     parts.append(f"pg naming {P['naming']}/{P['family']}, p2p keys {P['p2p_style']}")
+    layout = {} if job.replicas > 1 else {d: n for d, n in job.mesh.items() if n > 1}
+    if "edp" in job.mesh:   # folded: data parallel over every rank, ep inside it
+        layout = {"dp": world, **({"ep": job.mesh["ep"]} if job.mesh.get("ep", 1) > 1 else {})}
     return Truth(
-        world=world, layout={} if job.replicas > 1 else {d: n for d, n in job.mesh.items()
-                                                          if n > 1},
+        world=world, layout=layout,
         hosts={r: r // max(1, job.ranks_per_host) for r in range(world)},
         offset_us=off, drift_us_per_s=drift, straggler=strag, counts=counts, bytes=sizes,
         algbw_gbps={k: round(v, 4) for k, v in algbw.items()}, bubble=bub,
@@ -1470,6 +1484,9 @@ def random_job(rng: random.Random, kind: str | None = None,
             ({"dp": 2, "fsdp": 2, "tp": 2}, "fsdp"), ({"pp": 4, "dp": 2}, "pp_1f1b"),
             ({"dp": 2, "cp": 4}, "ddp")])
         job.ranks_per_host = rng.choice([4, 8])
+    elif kind == "moe_folded":   # EP carved out of DP (Megatron's MoE parallel folding)
+        job.schedule = "ep"
+        job.mesh = {"edp": rng.choice([2, 4]), "ep": rng.choice([2, 4])}
     elif kind == "independent_groups":
         job.schedule = rng.choice(["ddp", "tp"])
         job.mesh = {"dp": 2} if job.schedule == "ddp" else {"tp": rng.choice([2, 4])}

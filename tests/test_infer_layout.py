@@ -825,3 +825,60 @@ def test_ring_attention_messages_are_no_pipeline(tmp_path, desc, near, named, ra
         assert "pipeline bubble" not in j["verdict"]
         line = next(ln for ln in lay["evidence"] if ln.startswith("cp: "))
         assert "ring attention, not a pipeline" in line
+
+
+# -- what functional collectives carry: tensor parallelism's activations, or FSDP's parameters --
+
+_FN = {"ag": "_c10d_functional::all_gather_into_tensor",
+       "rs": "_c10d_functional::reduce_scatter_tensor", "ar": "_c10d_functional::all_reduce"}
+
+
+def _functional_rank(rank: int, order: str) -> TraceBuilder:
+    """A gloo rank of 4 running, in each of 3 steps, the functional collectives ``order``
+    spells (``ag``, ``rs``, ``ar``: 64 KiB each, then a wait), each followed by a matmul."""
+    b = _rank(rank, world=4)
+    b.thread_name(2, "thread 2 (pt_gloo_runloop)")
+    gloo = {"ag": "gloo:all_gather", "rs": "gloo:reduce_scatter", "ar": "gloo:all_reduce"}
+    for step in (1, 2, 3):
+        t = step * 1000.0
+        b.step(step, t, 1000)
+        t += 10
+        for op in order.split():
+            b.cpu(_FN[op], t, 5, args={"Input Dims": [[128, 128], [], []],
+                                      "Input type": ["float", "", ""]})
+            b.cpu(gloo[op], t + 1, 10, tid=2, cat="user_annotation",
+                  args={"Input Dims": [[128, 128]], "Input type": ["float"]})
+            b.cpu("_c10d_functional::wait_tensor", t + 6, 10)
+            b.cpu("aten::mm", t + 20, 30)
+            t += 60
+    return b
+
+
+@pytest.mark.parametrize("order, dims, strategies, unknown", [
+    # SimpleFSDP / compiled FSDP: 3 units gathered for the forward, then the backward's
+    # gathers and reduce-scatters
+    ("ag ag ag ag rs ag rs ag rs", {"dp": 4}, ["fsdp"], False),
+    # sequence parallelism: gather before each block, scatter after it
+    ("ag rs ag rs ag rs ag rs", {"tp": 4}, ["tp"], False),
+    # all-reduces of activations: tensor parallelism
+    ("ar ar ar ar", {"tp": 4}, ["tp"], False),
+    # one gather, one scatter: either
+    ("ag rs", {}, [], True),
+])
+def test_functional_collectives_are_named_by_their_order(tmp_path, order, dims, strategies,
+                                                         unknown):
+    """Functional collectives on the default group of 4 ranks, no wrapper's range: FSDP when
+    every step opens with several all-gathers before a reduce-scatter (torch.compile'd FSDP,
+    SimpleFSDP: it was read as tp=4), tensor parallelism when all-reduces move activations or
+    gathers and scatters alternate, unknown when the order fits both."""
+    traces = load_traces(_write(tmp_path, [_functional_rank(r, order) for r in range(4)],
+                                [[{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4,
+                                   "ranks": [0, 1, 2, 3]}]] * 4))
+    lay = report_json(build_report(traces))["layout"]
+    assert (lay["dims"], lay["strategies"]) == (dims, strategies), (lay["evidence"],
+                                                                   lay["not_inferred"])
+    said = [ln for ln in lay["not_inferred"] if "functional collectives carry is unknown" in ln]
+    assert bool(said) == unknown, lay["not_inferred"]
+    if strategies == ["fsdp"]:
+        line = next(ln for ln in lay["evidence"] if ln.startswith("fsdp: "))
+        assert "opens with 4 or more all-gathers before its first reduce-scatter" in line

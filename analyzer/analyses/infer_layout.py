@@ -124,15 +124,16 @@ def _world(traces: TraceSet) -> int:
     return max(sizes) if sizes else len(traces.ranks)
 
 
-def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | None
-               ) -> tuple[dict, dict, dict, tuple[str, ...]]:
+def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | None,
+               fn_role: str | None = "tp") -> tuple[dict, dict, dict, tuple[str, ...]]:
     """``({dim: degree}, {dim: "descriptions"}, {rank: {dim: group ranks}}, notes)`` from the
     process groups, a mesh or nothing (:func:`pardiag.analyzer.analyses.mesh.mesh_dims`: dp of a
     hybrid mesh is replicate × shard; a flattened ``mesh_dp`` is no further dimension). Groups
     come from ``distributedInfo.pg_config`` and from the communication ``events``' group ranks;
     a group whose description names no dimension is named by the ops that ran over it
     (:func:`pardiag.analyzer.analyses.mesh.role_of`; an all-to-all group by ``a2a_role``,
-    :func:`all_to_all_role`)."""
+    :func:`all_to_all_role`; a group of functional collectives by ``fn_role``,
+    :func:`_functional_role`)."""
     groups = [(str(vocab.PG_CONFIG_DESC.get(g, "")), list(vocab.PG_CONFIG_RANKS.get(g)))
               for t in traces.ranks.values() for g in t.pg_config]
     roles = {}
@@ -143,7 +144,7 @@ def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | No
             members = frozenset(int(r) for r in ranks.split(","))
             groups.append((desc, sorted(members)))
             role = role_of(sub["op"].value_counts().to_dict(),
-                           float(sub["functional"].astype(bool).mean()), a2a_role)
+                           float(sub["functional"].astype(bool).mean()), a2a_role, fn_role)
             if role:
                 roles[members] = role
     m = mesh_dims(groups, roles, _world(traces))
@@ -317,7 +318,8 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
     world = _world(traces)
     evidence, missing = [], []
     a2a_role, a2a_line = all_to_all_role(traces, marks)
-    dims, descs, member, mesh_notes = _mesh_dims(traces, events, a2a_role)
+    fn_role = "tp" if _scalar_reductions(events) else _functional_role(events)[0]
+    dims, descs, member, mesh_notes = _mesh_dims(traces, events, a2a_role, fn_role)
     missing += list(mesh_notes)
     for d, n in dims.items():
         evidence.append(f"{d}={n}: process groups {descs[d]}" if "running" in descs[d] else
@@ -377,10 +379,19 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
     rest = world
     for d in dims.values():
         rest //= max(int(d), 1)
-    unknown = [d for d, s in (("dp", {"ddp", "fsdp1", "fsdp2", "zero1", "zero", "zero3"}),
+    unknown = [d for d, s in (("dp", {"ddp", "fsdp", "fsdp1", "fsdp2", "zero1", "zero",
+                                      "zero3"}),
                               ("tp", {"tp"}),
                               ("ep", {"ep"}), ("cp", {"cp"})) if strategies & s and d not in dims]
-    if len(unknown) == 1 and rest > 1:
+    unplaced = _unplaced_reductions(events)
+    if len(unknown) == 1 and unknown[0] != "dp" and rest > 1 and unplaced:
+        missing.append(
+            f"{unknown[0]}: degree unknown; its groups are not in the traces, and {unplaced} "
+            f"gradient reductions over groups the traces do not name say data parallelism "
+            f"may share the {rest} ranks left (or hold several {unknown[0]} groups, as expert "
+            f"parallelism folded into it): {unknown[0]} divides {rest}, but which divisor is "
+            f"not shown")
+    elif len(unknown) == 1 and rest > 1:
         dims[unknown[0]] = rest
         evidence.append(
             f"{unknown[0]}={rest}: the world of {world} ranks over the other degrees "
@@ -418,6 +429,20 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
     return InferredLayout(dims, sorted(strategies), pipeline, chunks, tuple(sorted(pp_ranks)),
                           tuple(evidence), tuple(missing), group_dims=group_dims,
                           folded=folded)
+
+
+def _unplaced_reductions(events: pd.DataFrame | None) -> int:
+    """Gradient reductions (all-reduce, reduce-scatter, all-gather of more than scalars, not
+    issued through functional collectives, which tensor parallelism runs) whose group the
+    events do not name."""
+    if events is None or not len(events):
+        return 0
+    size = pd.to_numeric(events["bytes"], errors="coerce")
+    sel = (events["group"].astype(str).isin(["", AMBIGUOUS_GROUP]) & events["op"].isin(DP_OPS)
+           & ~(size <= SCALAR_BYTES))
+    if "functional" in events.columns:
+        sel &= ~events["functional"].astype(bool)
+    return int(sel.sum())
 
 
 def _reducing(events: pd.DataFrame | None) -> list[tuple[frozenset, str]]:
@@ -467,6 +492,56 @@ def _scalar_reductions(events: pd.DataFrame | None) -> str | None:
             f"parallelism's activations")
 
 
+def _functional_role(events: pd.DataFrame | None) -> tuple[str | None, str]:
+    """What the functional collectives (``_c10d_functional::*``, the ones that are more than
+    scalar reductions) carry, from their order and sizes in each rank's profiled steps (the
+    first step of a rank, which the profiler may have cut, left out where there are more):
+
+    * ``("tp", line)``: all-reduces of more than
+      :data:`~pardiag.analyzer.analyses.comm_events.SCALAR_BYTES` bytes (tensor parallelism
+      reduces activations), or all-gathers and reduce-scatters that alternate from the step's
+      start (sequence parallelism gathers before each block and scatters after it);
+    * ``("fsdp", line)``: no such all-reduce, and every step of every rank opens with two or more
+      all-gathers before its first reduce-scatter: FSDP gathers the parameters of each unit
+      for the forward and reduce-scatters the gradients in the backward (SimpleFSDP,
+      torch.compile'd FSDP, whose collectives are functional and which no wrapper range names);
+    * ``(None, line)``: the order says neither (all-gathers only, one unit, steps that differ);
+      the line says so.
+
+    Without ``events`` the functional collectives are read as tensor parallelism's, as when
+    nothing else is known."""
+    if events is None or events.empty or "functional" not in events.columns:
+        return "tp", ""
+    fn = events[events["functional"].astype(bool) & (events["step"] >= 0)]
+    size = pd.to_numeric(fn["bytes"], errors="coerce")
+    big = fn[(fn["op"] == "all_reduce") & (size > SCALAR_BYTES)]
+    if len(big):
+        return "tp", (f"{len(big)} all-reduces of more than {SCALAR_BYTES} bytes "
+                      f"(activations)")
+    moves = fn[fn["op"].isin(["all_gather", "reduce_scatter"])]
+    leads, scatters = [], []
+    for _, by_rank in moves.groupby("rank"):
+        steps = sorted(by_rank["step"].unique())
+        for st in steps[1:] if len(steps) > 1 else steps:
+            ops = list(by_rank[by_rank["step"] == st].sort_values("start_us")["op"])
+            if "reduce_scatter" in ops:
+                leads.append(ops.index("reduce_scatter"))
+                scatters.append(ops.count("reduce_scatter"))
+    if leads and min(leads) >= 2:
+        return "fsdp", (f"every step opens with {min(leads)} or more all-gathers before its "
+                        f"first reduce-scatter, and no all-reduce moves activations: FSDP's "
+                        f"order (parameters gathered for the forward, gradients "
+                        f"reduce-scattered in the backward)")
+    if leads and max(leads) <= 1 and min(scatters) >= 2:
+        return "tp", ("all-gathers and reduce-scatters alternate from the step's start "
+                      "(sequence parallelism)")
+    return None, ("what the functional collectives carry is unknown: "
+                  + ("all-gathers without reduce-scatters" if not leads else
+                     f"{min(leads)}–{max(leads)} all-gathers before a step's first "
+                     f"reduce-scatter") + " fit both tensor parallelism and FSDP: neither is "
+                  "inferred from them")
+
+
 #: Wrapper marks → (strategy, what the evidence line calls them).
 _MARK_STRATEGIES = {
     "fsdp2": ("fsdp2", "FSDP2's FSDP::pre_forward / all_gather / pre_backward ranges"),
@@ -494,12 +569,18 @@ def _strategies(marks: dict, events: pd.DataFrame | None, evidence: list[str],
     if tp_note:
         total["functional"] = 0
         evidence.append(tp_note)
+    fn_role, fn_line = _functional_role(events) if total["functional"] else ("tp", "")
     for key, (strategy, text) in _MARK_STRATEGIES.items():
         if total[key] and key == "all_to_all":
             if a2a[0] is None:
                 missing.append(a2a[1])
                 continue
             strategy, text = a2a[0], f"{text}: {a2a[1]}"
+        if total[key] and key == "functional":
+            if fn_role is None:
+                missing.append(fn_line)
+                continue
+            strategy, text = fn_role, f"{text}: {fn_line}" if fn_line else text
         if total[key]:
             strategies.add(strategy)
             evidence.append(f"{strategy}: {text}, {total[key]} events "
@@ -517,10 +598,13 @@ def _zero12(events: pd.DataFrame | None) -> str | None:
     """A line of evidence when, with no wrapper's marks, one group's ops each profiled step are
     gradient reductions (all-reduce or reduce-scatter) and at most as many all-gathers: ZeRO-1/2's
     pattern (DeepSpeed reduces the gradients in buckets and gathers the updated partitions;
-    DDP has its own marks, FSDP gathers before each module); else None."""
+    DDP has its own marks, FSDP gathers before each module); else None. Functional collectives
+    are left out: DeepSpeed issues c10d's own."""
     if events is None or events.empty:
         return None
     ev = events[events["step"] >= 0]
+    if "functional" in ev.columns:   # DeepSpeed issues c10d ops; functional ones are others'
+        ev = ev[~ev["functional"].astype(bool)]
     for key, sub in ev.groupby(ev["group"].astype(str) + "|" + ev["pg"].astype(str)):
         per = sub.groupby(["rank", "step"])["op"].value_counts().unstack(fill_value=0)
         red = per.reindex(columns=["all_reduce", "reduce_scatter"], fill_value=0).sum(axis=1)

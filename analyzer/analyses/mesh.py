@@ -84,7 +84,8 @@ def _not_a_dim(desc: str | None) -> bool:
             or bool(m and MEGATRON_GROUPS.get(m.group(1), "") is None))
 
 
-def role_of(ops: dict[str, int], functional: float, all_to_all: str | None) -> str | None:
+def role_of(ops: dict[str, int], functional: float, all_to_all: str | None,
+            functional_role: str | None = "tp") -> str | None:
     """The dimension a group serves, from the ops that ran over it: point-to-point → ``pp``
     (pipeline stages), all-to-all → ``all_to_all`` (what the run's evidence says its
     all-to-alls carry: ``ep`` for token dispatch, ``cp`` for a sequence exchange, None when
@@ -94,14 +95,17 @@ def role_of(ops: dict[str, int], functional: float, all_to_all: str | None) -> s
     None without ops.
 
     ``ops``: ``{op type: count}``; ``functional``: the share of them issued through functional
-    collectives."""
+    collectives; ``functional_role``: what the run's functional collectives carry (``tp``,
+    ``fsdp`` → ``dp``, None when unknown: the group is then named by nothing)."""
     if not ops:
         return None
     if ops.keys() & {"send", "recv", "send_recv"}:
         return "pp"
     if "all_to_all" in ops:
         return all_to_all
-    return "tp" if functional > 0.5 else "dp"
+    if functional > 0.5:
+        return {"tp": "tp", "fsdp": "dp"}.get(functional_role or "")
+    return "dp"
 
 
 def spacing(ranks) -> tuple:

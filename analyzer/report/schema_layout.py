@@ -70,9 +70,11 @@ class LayoutSection(msgspec.Struct, kw_only=True, frozen=True):
             ``tp``, ``pp``, ``ep``, ``cp``; a recorded mesh dimension with no canonical name
             keeps its own name. An inferred layout holds only the degrees the traces determine.
             Null/absent: ``{}`` when unknown.
-        strategies: Sorted: ``ddp``, ``fsdp1``, ``fsdp2``, ``zero1``, ``tp``, ``ep``, ``cp``
-            (sequence/context parallelism), ``pipeline``. Null/absent: ``[]`` when none was
-            detected.
+        strategies: Sorted: ``ddp``, ``fsdp1``, ``fsdp2``, ``fsdp`` (FSDP whose collectives
+            are functional and which no wrapper names: SimpleFSDP, torch.compile'd FSDP,
+            inferred from their order), ``zero1``/``zero2``/``zero3`` (``zero`` when the stage
+            is unknown), ``deepspeed``, ``tp``, ``ep``, ``cp`` (sequence/context parallelism),
+            ``pipeline``. Null/absent: ``[]`` when none was detected.
         pipeline: The pipeline's schedule, stages and microbatches. Null/absent: ``null``
             without a pipeline.
         nodes: The ranks on each host. Null/absent: ``{}`` when hosts are unknown (traces from
