@@ -14,7 +14,8 @@ metadata level), analyses each with pardiag in-process and judges, per job:
   (DeviceMesh/torchtitan ``mesh_*``, Megatron-LM's names, plain names, DeepSpeed's
   ``undefined``). Elsewhere (one dimension; ``none``: no group is listed; ``records``: a
   pardiag run keeps the layout its collector recorded and the generated run.json carries
-  none) every degree the report states must be the mesh's: unknown, never wrong;
+  none) every degree the report states must be the mesh's: unknown, never wrong; and no
+  pipeline (section or layout) where none ran;
 * ``counts``: every rank's issued-op count per collective type equals the truth.
 
 Usage::
@@ -80,6 +81,9 @@ def judge(truth: Truth, doc: dict, metadata: str) -> dict[str, bool | None]:
         out["layout"] = all(want.get(k) == v for k, v in got.items())
     else:
         out["layout"] = None
+    if "pp" not in want and want and (doc.get("pipeline") or (doc.get("layout") or {}).get(
+            "pipeline")):
+        out["layout"] = False   # a pipeline where none ran (ring attention's send/recv)
     counts_ok = True
     for r in doc.get("ranks") or []:
         got = {c["collective"]: c["count"] for c in r.get("collectives") or []}

@@ -50,6 +50,10 @@ What is modelled
   folding): a mesh (`edp`, `ep`) whose dense gradients are all-reduced over every rank and each
   expert's over its `edp` group; the true layout is dp = the world, ep inside it.
 
+* Ring attention (kind `cp_ring`): context parallelism whose key/value shards go around the
+  cp group with send/recv between attention's blocks (TransformerEngine's KV ring); the truth
+  has cp and no pipeline.
+
 * Input-bound ranks (`data_loading_us`): the rank's DataLoader iterator
   (`enumerate(DataLoader)#...__next__` on the host) at each step's start, before its first launch.
 * The true critical path (`Truth.path`): every time point of the simulation keeps the one it
@@ -85,7 +89,7 @@ KINDS: tuple[str, ...] = (
     "lockstep", "straggler", "clock_offset", "drift", "start_skew", "dropped",
     "multi_kernel_a2a", "coalesced", "old_nccl", "rccl", "xpu_oneccl", "custom_kernel",
     "rooted_broadcast", "pipeline", "windows", "mesh_layout", "independent_groups",
-    "pipeline_straggler", "moe_folded",
+    "pipeline_straggler", "moe_folded", "cp_ring",
 )
 METADATA: tuple[str, ...] = ("records", "seq", "names", "none")
 OPS: tuple[str, ...] = (
@@ -104,7 +108,9 @@ class Job:
     steps make drift visible) and `replicas` (independent copies of the mesh in one world, such
     as inference engines or replicas that no collective joins: ranks r*S..r*S+S-1 of S = the
     mesh's size form replica r) and `data_loading_us` (rank -> µs its DataLoader iterator takes
-    on the host at each step's start, before the step's first launch: an input-bound rank)."""
+    on the host at each step's start, before the step's first launch: an input-bound rank)
+    and `cp_ring` (context parallelism as ring attention: the key/value shards passed around
+    the cp group with send/recv between attention's blocks, instead of Ulysses' all-to-alls)."""
     mesh: dict[str, int]
     schedule: str
     steps: int = 4
@@ -126,6 +132,7 @@ class Job:
     broadcasts_per_step: int = 0
     compute_scale: float = 1.0
     replicas: int = 1
+    cp_ring: bool = False
     data_loading_us: dict[int, float] = field(default_factory=dict)
 
 
@@ -369,7 +376,21 @@ def _layer_pass(job, P, rank, dims, prog, fwd: bool, dp_role: str):
             n = len(g)
             prog.append(_comm("all_gather", g, (P["ag_n"] * n * ELEM,), dep="start"))
             prog.append(_Ins("wait", ref=len(prog) - 1))
-        if "cp" in names:   # Ulysses: q, k, v to head shards, attention, back to sequence shards
+        if "cp" in names and job.cp_ring:   # ring attention: a block per round, then pass it on
+            g = _group(rank, dims, "cp")
+            i = g.index(rank)
+            nxt, prv = g[(i + 1) % len(g)], g[(i - 1) % len(g)]
+            for _ in range(len(g) - 1):
+                prog.append(_Ins("comp", dur=(0.5 * F if fwd else F) / len(g),
+                                 name="attention" if fwd else "attention_bwd"))
+                prog.append(_comm("send", g, (P["a2a_n"] * ELEM,), stream=f"p2p:{rank}>{nxt}",
+                                  peer=nxt))
+                prog.append(_comm("recv", g, (P["a2a_n"] * ELEM,), stream=f"p2p:{prv}>{rank}",
+                                  peer=prv))
+                prog.append(_Ins("wait", ref=len(prog) - 1))
+            prog.append(_Ins("comp", dur=(0.5 * F if fwd else F) / len(g),
+                             name="attention" if fwd else "attention_bwd"))
+        elif "cp" in names:   # Ulysses: q, k, v to head shards, attention, back to sequence shards
             g = _group(rank, dims, "cp")
             for k in (range(4) if fwd else range(3, -1, -1)):
                 if k == 3:
@@ -1487,6 +1508,9 @@ def random_job(rng: random.Random, kind: str | None = None,
     elif kind == "moe_folded":   # EP carved out of DP (Megatron's MoE parallel folding)
         job.schedule = "ep"
         job.mesh = {"edp": rng.choice([2, 4]), "ep": rng.choice([2, 4])}
+    elif kind == "cp_ring":   # ring attention's send/recv: context parallelism, no pipeline
+        job.schedule, job.cp_ring = "ddp", True
+        job.mesh = rng.choice([{"cp": 4}, {"dp": 2, "cp": 4}, {"dp": 2, "cp": 2}])
     elif kind == "independent_groups":
         job.schedule = rng.choice(["ddp", "tp"])
         job.mesh = {"dp": 2} if job.schedule == "ddp" else {"tp": rng.choice([2, 4])}

@@ -818,8 +818,9 @@ def test_ring_attention_messages_are_no_pipeline(tmp_path, desc, near, named, ra
                                                                     lay["not_inferred"])
     said = [ln for ln in lay["not_inferred"] if "point-to-point messages among ranks" in ln]
     assert bool(said) == unknown, lay["not_inferred"]
-    if unknown:
+    if unknown:   # neither: no pipeline section either
         assert "ring attention by" in said[0] and "a pipeline by per-microbatch ranges" in said[0]
+        assert j["pipeline"] is None and "pipeline bubble" not in j["verdict"]
     if "cp" in dims:
         assert lay["pipeline"] is None and j["pipeline"] is None
         assert "pipeline bubble" not in j["verdict"]

@@ -89,6 +89,9 @@ class InferredLayout:
         folded: ``{"ep": "dp"}`` when expert parallelism is folded into data parallelism
             (:func:`pardiag.analyzer.analyses.mesh.fold_expert_parallel`: ``dp`` and ``ep``
             then do not multiply to the world), else ``{}``.
+        p2p_role: what the point-to-point messages are (:func:`p2p_role`): ``"pp"`` (a
+            pipeline's, also when there are none), ``"cp"`` (ring attention's) or None
+            (unknown): only a pipeline's make the ranks that exchange them a pipeline.
     """
 
     dims: dict
@@ -101,6 +104,7 @@ class InferredLayout:
     source: str = INFERRED_SOURCE
     group_dims: dict = dataclasses.field(default_factory=dict)
     folded: dict = dataclasses.field(default_factory=dict)
+    p2p_role: str | None = "pp"
 
     def dim_of_group(self, ranks) -> str | None:
         """The dimension whose groups include ``ranks`` (a mesh dimension's group, or the whole
@@ -125,7 +129,8 @@ def _world(traces: TraceSet) -> int:
 
 
 def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | None,
-               fn_role: str | None = "tp") -> tuple[dict, dict, dict, tuple[str, ...]]:
+               fn_role: str | None = "tp", p2p: str | None = "pp"
+               ) -> tuple[dict, dict, dict, tuple[str, ...]]:
     """``({dim: degree}, {dim: "descriptions"}, {rank: {dim: group ranks}}, notes)`` from the
     process groups, a mesh or nothing (:func:`pardiag.analyzer.analyses.mesh.mesh_dims`: dp of a
     hybrid mesh is replicate × shard; a flattened ``mesh_dp`` is no further dimension). Groups
@@ -133,7 +138,7 @@ def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | No
     a group whose description names no dimension is named by the ops that ran over it
     (:func:`pardiag.analyzer.analyses.mesh.role_of`; an all-to-all group by ``a2a_role``,
     :func:`all_to_all_role`; a group of functional collectives by ``fn_role``,
-    :func:`_functional_role`)."""
+    :func:`_functional_role`; a group of sends and receives by ``p2p``, :func:`_ring_lines`)."""
     groups = [(str(vocab.PG_CONFIG_DESC.get(g, "")), list(vocab.PG_CONFIG_RANKS.get(g)))
               for t in traces.ranks.values() for g in t.pg_config]
     roles = {}
@@ -144,7 +149,8 @@ def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | No
             members = frozenset(int(r) for r in ranks.split(","))
             groups.append((desc, sorted(members)))
             role = role_of(sub["op"].value_counts().to_dict(),
-                           float(sub["functional"].astype(bool).mean()), a2a_role, fn_role)
+                           float(sub["functional"].astype(bool).mean()), a2a_role, fn_role,
+                           p2p)
             if role:
                 roles[members] = role
     m = mesh_dims(groups, roles, _world(traces))
@@ -153,6 +159,20 @@ def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | No
 
 #: All-to-alls next to attention, as a share of all of them, that say a sequence exchange.
 ATTENTION_SHARE = 0.5
+
+
+def _ring_lines(marks: dict) -> list[str]:
+    """What in the ranks' own events says their sends and receives are ring attention's
+    (:data:`vocab.RING_ATTENTION_RE` names; at least :data:`ATTENTION_SHARE` of them next to
+    attention), one line each; ``[]`` when nothing does."""
+    total = {k: sum(m.counts.get(k, 0) for m in marks.values()) for k in P2P_EVIDENCE}
+    out = []
+    if total["ring_exchange"]:
+        out.append(f"{total['ring_exchange']} events named as ring attention's exchange")
+    if total["p2p_events"] and total["p2p_attention"] >= ATTENTION_SHARE * total["p2p_events"]:
+        out.append(f"{total['p2p_attention']} of {total['p2p_events']} sends and receives "
+                   f"next to attention")
+    return out
 
 
 def p2p_role(comps: list[list[int]], marks: dict, member: dict) -> tuple[str | None, str]:
@@ -165,23 +185,17 @@ def p2p_role(comps: list[list[int]], marks: dict, member: dict) -> tuple[str | N
     for a ring, as send/recv between ranks most often is), ``(None, line)`` when the evidence
     says both: the line names it. ``member``: ``{rank: {dim: its group's ranks}}`` of the
     described groups."""
-    total = {k: sum(m.counts.get(k, 0) for m in marks.values()) for k in P2P_EVIDENCE}
     ranks = [r for c in comps for r in c]
-    ring: list[str] = []
+    ring = _ring_lines(marks)
     pipe: list[str] = []
-    if total["ring_exchange"]:
-        ring.append(f"{total['ring_exchange']} events named as ring attention's exchange")
-    if total["p2p_events"] and total["p2p_attention"] >= ATTENTION_SHARE * total["p2p_events"]:
-        ring.append(f"{total['p2p_attention']} of {total['p2p_events']} sends and receives "
-                    f"next to attention")
     for dim, says in (("cp", ring), ("pp", pipe)):
-        if all(member.get(r, {}).get(dim) and set(c) <= set(member[r][dim])
-               for c in comps for r in c):
+        if comps and all(member.get(r, {}).get(dim) and set(c) <= set(member[r][dim])
+                         for c in comps for r in c):
             says.append(f"their ranks in groups described as {dim}")
-    ranged = sorted(r for r in ranks if r in marks and len(marks[r].stored("chunks")))
+    ranged = sorted(r for r in (ranks or marks) if r in marks and len(marks[r].stored("chunks")))
     if ranged:
         pipe.append(f"per-microbatch ranges on rank(s) {ranged}")
-    groups = ", ".join(str(c) for c in comps)
+    groups = ", ".join(str(c) for c in comps) or "whose peers the traces do not name"
     if ring and pipe:
         return None, (f"what the point-to-point messages among ranks {groups} carry is unknown: "
                       f"ring attention by {'; '.join(ring)}, a pipeline by {'; '.join(pipe)}: "
@@ -319,7 +333,8 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
     evidence, missing = [], []
     a2a_role, a2a_line = all_to_all_role(traces, marks)
     fn_role = "tp" if _scalar_reductions(events) else _functional_role(events)[0]
-    dims, descs, member, mesh_notes = _mesh_dims(traces, events, a2a_role, fn_role)
+    dims, descs, member, mesh_notes = _mesh_dims(traces, events, a2a_role, fn_role,
+                                                 "cp" if _ring_lines(marks) else "pp")
     missing += list(mesh_notes)
     for d, n in dims.items():
         evidence.append(f"{d}={n}: process groups {descs[d]}" if "running" in descs[d] else
@@ -359,7 +374,8 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
             edges.setdefault(int(q), set()).add(r)
     comps = [c for c in _components(edges) if len(c) > 1]
     pipeline, chunks_out, pp_ranks = None, [], []
-    if comps:
+    role: str | None = "pp"
+    if comps or any(m.counts.get("p2p_events") for m in marks.values()):
         role, line = p2p_role(comps, marks, member)
         if role != "pp":
             (evidence if role == "cp" else missing).append(line)
@@ -428,7 +444,7 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
         group_dims.update({tuple(g): "edp" for g in fold.expert_dp if len(g) > 1})
     return InferredLayout(dims, sorted(strategies), pipeline, chunks, tuple(sorted(pp_ranks)),
                           tuple(evidence), tuple(missing), group_dims=group_dims,
-                          folded=folded)
+                          folded=folded, p2p_role=role)
 
 
 def _unplaced_reductions(events: pd.DataFrame | None) -> int:

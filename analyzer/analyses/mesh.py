@@ -85,22 +85,25 @@ def _not_a_dim(desc: str | None) -> bool:
 
 
 def role_of(ops: dict[str, int], functional: float, all_to_all: str | None,
-            functional_role: str | None = "tp") -> str | None:
+            functional_role: str | None = "tp", p2p: str | None = "pp") -> str | None:
     """The dimension a group serves, from the ops that ran over it: point-to-point → ``pp``
-    (pipeline stages), all-to-all → ``all_to_all`` (what the run's evidence says its
-    all-to-alls carry: ``ep`` for token dispatch, ``cp`` for a sequence exchange, None when
-    unknown), ops issued mostly through functional
+    (pipeline stages; ``p2p`` says otherwise for ring attention's), all-to-all →
+    ``all_to_all`` (what the run's evidence says its all-to-alls carry: ``ep`` for token
+    dispatch, ``cp`` for a sequence exchange, None when unknown), ops issued mostly through
+    functional
     collectives → ``tp`` (tensor and sequence parallelism run DTensor's functional collectives),
     any other collective → ``dp`` (gradient reductions, FSDP's gathers, ZeRO's broadcasts);
     None without ops.
 
     ``ops``: ``{op type: count}``; ``functional``: the share of them issued through functional
     collectives; ``functional_role``: what the run's functional collectives carry (``tp``,
-    ``fsdp`` → ``dp``, None when unknown: the group is then named by nothing)."""
+    ``fsdp`` → ``dp``, None when unknown: the group is then named by nothing); ``p2p``: what
+    the run's point-to-point messages are (``pp``, ``cp`` for ring attention's, None when
+    unknown)."""
     if not ops:
         return None
     if ops.keys() & {"send", "recv", "send_recv"}:
-        return "pp"
+        return p2p
     if "all_to_all" in ops:
         return all_to_all
     if functional > 0.5:

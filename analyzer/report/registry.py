@@ -220,6 +220,9 @@ def _pipeline(traces: TraceSet, opts: AnalysisOptions, done: dict[str, Any]) -> 
     inferred: InferredLayout = done["inferred_layout"]
     if not is_pardiag_run(traces):
         p2p |= set(inferred.pp_ranks)
+    recorded = (traces.run_info.layout if traces.run_info else None) or {}
+    if inferred.p2p_role != "pp" and not recorded.get("pipeline"):
+        p2p = set()   # ring attention's messages (or unknown ones): no pipeline of them
     return compute_pipeline(traces, dict(zip(sync.offsets["rank"], sync.offsets["offset_us"])),
                             done["time_breakdown"].steps, p2p, inferred)
 
