@@ -54,6 +54,10 @@ What is modelled
   cp group with send/recv between attention's blocks (TransformerEngine's KV ring); the truth
   has cp and no pipeline.
 
+* FSDP through functional collectives (kind `simple_fsdp`: SimpleFSDP, torch.compile'd FSDP):
+  the gathers and scatters are `_c10d_functional::*` ops and no FSDP range is written; the
+  truth is data parallelism, no tensor parallelism.
+
 * Input-bound ranks (`data_loading_us`): the rank's DataLoader iterator
   (`enumerate(DataLoader)#...__next__` on the host) at each step's start, before its first launch.
 * The true critical path (`Truth.path`): every time point of the simulation keeps the one it
@@ -89,7 +93,7 @@ KINDS: tuple[str, ...] = (
     "lockstep", "straggler", "clock_offset", "drift", "start_skew", "dropped",
     "multi_kernel_a2a", "coalesced", "old_nccl", "rccl", "xpu_oneccl", "custom_kernel",
     "rooted_broadcast", "pipeline", "windows", "mesh_layout", "independent_groups",
-    "pipeline_straggler", "moe_folded", "cp_ring",
+    "pipeline_straggler", "moe_folded", "cp_ring", "simple_fsdp",
 )
 METADATA: tuple[str, ...] = ("records", "seq", "names", "none")
 OPS: tuple[str, ...] = (
@@ -110,7 +114,9 @@ class Job:
     mesh's size form replica r) and `data_loading_us` (rank -> µs its DataLoader iterator takes
     on the host at each step's start, before the step's first launch: an input-bound rank)
     and `cp_ring` (context parallelism as ring attention: the key/value shards passed around
-    the cp group with send/recv between attention's blocks, instead of Ulysses' all-to-alls)."""
+    the cp group with send/recv between attention's blocks, instead of Ulysses' all-to-alls)
+    and `functional_fsdp` (FSDP's gathers and scatters issued as functional collectives, as
+    SimpleFSDP and torch.compile'd FSDP issue them: no wrapper range names them)."""
     mesh: dict[str, int]
     schedule: str
     steps: int = 4
@@ -133,6 +139,7 @@ class Job:
     compute_scale: float = 1.0
     replicas: int = 1
     cp_ring: bool = False
+    functional_fsdp: bool = False
     data_loading_us: dict[int, float] = field(default_factory=dict)
 
 
@@ -374,7 +381,9 @@ def _layer_pass(job, P, rank, dims, prog, fwd: bool, dp_role: str):
         if dp_role == "fsdp":
             g = _group(rank, dims, "fsdp" if "fsdp" in names else "dp")
             n = len(g)
-            prog.append(_comm("all_gather", g, (P["ag_n"] * n * ELEM,), dep="start"))
+            prog.append(_comm("all_gather", g, (P["ag_n"] * n * ELEM,), dep="start",
+                              wrap="_c10d_functional::all_gather_into_tensor"
+                              if job.functional_fsdp else ""))
             prog.append(_Ins("wait", ref=len(prog) - 1))
         if "cp" in names and job.cp_ring:   # ring attention: a block per round, then pass it on
             g = _group(rank, dims, "cp")
@@ -418,7 +427,9 @@ def _layer_pass(job, P, rank, dims, prog, fwd: bool, dp_role: str):
             continue
         if dp_role == "fsdp":
             g = _group(rank, dims, "fsdp" if "fsdp" in names else "dp")
-            prog.append(_comm("reduce_scatter", g, (P["ag_n"] * len(g) * ELEM,)))
+            prog.append(_comm("reduce_scatter", g, (P["ag_n"] * len(g) * ELEM,),
+                              wrap="_c10d_functional::reduce_scatter_tensor"
+                              if job.functional_fsdp else ""))
             if "fsdp" in names and "dp" in names:  # HSDP: the shard's gradient across replicas
                 prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ag_n"] * ELEM,)))
         if dp_role == "ddp" and not job.coalesced and ((i + 1) % per_bucket == 0 or i == L - 1):
@@ -1511,6 +1522,9 @@ def random_job(rng: random.Random, kind: str | None = None,
     elif kind == "cp_ring":   # ring attention's send/recv: context parallelism, no pipeline
         job.schedule, job.cp_ring = "ddp", True
         job.mesh = rng.choice([{"cp": 4}, {"dp": 2, "cp": 4}, {"dp": 2, "cp": 2}])
+    elif kind == "simple_fsdp":   # FSDP through functional collectives: no tensor parallelism
+        job.schedule, job.functional_fsdp = "fsdp", True
+        job.mesh = {"fsdp": rng.choice([2, 4, 8])}
     elif kind == "independent_groups":
         job.schedule = rng.choice(["ddp", "tp"])
         job.mesh = {"dp": 2} if job.schedule == "ddp" else {"tp": rng.choice([2, 4])}
