@@ -1524,7 +1524,8 @@ def random_job(rng: random.Random, kind: str | None = None,
         job.mesh = rng.choice([{"cp": 4}, {"dp": 2, "cp": 4}, {"dp": 2, "cp": 2}])
     elif kind == "simple_fsdp":   # FSDP through functional collectives: no tensor parallelism
         job.schedule, job.functional_fsdp = "fsdp", True
-        job.mesh = {"fsdp": rng.choice([2, 4, 8])}
+        job.mesh = rng.choice([{"fsdp": rng.choice([2, 4, 8])}, {"fsdp": 2, "tp": 2},
+                               {"fsdp": 4, "tp": 2}])
     elif kind == "independent_groups":
         job.schedule = rng.choice(["ddp", "tp"])
         job.mesh = {"dp": 2} if job.schedule == "ddp" else {"tp": rng.choice([2, 4])}

@@ -883,3 +883,38 @@ def test_functional_collectives_are_named_by_their_order(tmp_path, order, dims, 
     if strategies == ["fsdp"]:
         line = next(ln for ln in lay["evidence"] if ln.startswith("fsdp: "))
         assert "opens with 4 or more all-gathers before its first reduce-scatter" in line
+
+
+def test_functional_roles_per_group_and_mixed():
+    """SimpleFSDP × TP, both through functional collectives: per named group, FSDP's order on
+    the dp group and activations' all-reduces on the tp group; where no group is named, the
+    same mix is unknown (sequence parallelism's scatters come before FSDP's gathers end, and
+    all-reduces of unknown size may be tensor parallelism's)."""
+    import pandas as pd
+
+    from pardiag.analyzer.analyses.infer_layout import _functional_role, _functional_roles
+
+    def ev(rows):
+        return pd.DataFrame([{"rank": r, "step": s, "op": op, "bytes": n, "functional": True,
+                              "group": g, "start_us": float(i)}
+                             for r in (0, 1) for s in (1, 2)
+                             for i, (g, op, n) in enumerate(rows)])
+
+    fsdp = [("0,2|", "all_gather", 4096)] * 3 + [("0,2|", "reduce_scatter", 4096),
+                                                 ("0,2|", "all_gather", 4096),
+                                                 ("0,2|", "reduce_scatter", 4096),
+                                                 ("0,2|", "reduce_scatter", 4096)]
+    tp = [("0,1|", "all_reduce", 65536)] * 4
+    roles = _functional_roles(ev(fsdp + tp))
+    assert {g: r for g, (r, _) in roles.items()} == {"0,2|": "fsdp", "0,1|": "tp"}
+    # unnamed groups: FSDP's gathers with sequence parallelism's gather/scatter pairs mixed in
+    sp = [("", "all_gather", 4096), ("", "all_gather", 4096), ("", "reduce_scatter", 4096),
+          ("", "all_gather", 4096), ("", "reduce_scatter", 4096), ("", "reduce_scatter", 4096)]
+    assert _functional_role(ev(sp))[0] is None
+    # FSDP's order beside all-reduces of unknown size: unknown, not fsdp
+    unsized = [(g.replace("0,2|", ""), op, n) for g, op, n in fsdp] + [("", "all_reduce",
+                                                                        float("nan"))]
+    role, line = _functional_role(ev(unsized))
+    assert role is None and "all-reduces of unknown size" in line
+    assert _functional_role(ev([(g.replace("0,2|", ""), op, n) for g, op, n in fsdp]))[0] == \
+        "fsdp"

@@ -141,6 +141,7 @@ def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | No
     :func:`_functional_role`; a group of sends and receives by ``p2p``, :func:`_ring_lines`)."""
     groups = [(str(vocab.PG_CONFIG_DESC.get(g, "")), list(vocab.PG_CONFIG_RANKS.get(g)))
               for t in traces.ranks.values() for g in t.pg_config]
+    fn_roles = _functional_roles(events)
     roles = {}
     if events is not None and len(events):
         ev = events[~events["group"].astype(str).isin(["", AMBIGUOUS_GROUP])]
@@ -149,8 +150,8 @@ def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | No
             members = frozenset(int(r) for r in ranks.split(","))
             groups.append((desc, sorted(members)))
             role = role_of(sub["op"].value_counts().to_dict(),
-                           float(sub["functional"].astype(bool).mean()), a2a_role, fn_role,
-                           p2p)
+                           float(sub["functional"].astype(bool).mean()), a2a_role,
+                           fn_roles.get(str(key), (fn_role, ""))[0], p2p)
             if role:
                 roles[members] = role
     m = mesh_dims(groups, roles, _world(traces))
@@ -510,17 +511,20 @@ def _scalar_reductions(events: pd.DataFrame | None) -> str | None:
 
 def _functional_role(events: pd.DataFrame | None) -> tuple[str | None, str]:
     """What the functional collectives (``_c10d_functional::*``, the ones that are more than
-    scalar reductions) carry, from their order and sizes in each rank's profiled steps (the
-    first step of a rank, which the profiler may have cut, left out where there are more):
+    scalar reductions) carry, over all of them (:func:`_functional_roles` per group), from their
+    order and sizes in each rank's profiled steps (the first step of a rank, which the profiler
+    may have cut, left out where there are more):
 
     * ``("tp", line)``: all-reduces of more than
       :data:`~pardiag.analyzer.analyses.comm_events.SCALAR_BYTES` bytes (tensor parallelism
       reduces activations), or all-gathers and reduce-scatters that alternate from the step's
       start (sequence parallelism gathers before each block and scatters after it);
-    * ``("fsdp", line)``: no such all-reduce, and every step of every rank opens with two or more
-      all-gathers before its first reduce-scatter: FSDP gathers the parameters of each unit
-      for the forward and reduce-scatters the gradients in the backward (SimpleFSDP,
-      torch.compile'd FSDP, whose collectives are functional and which no wrapper range names);
+    * ``("fsdp", line)``: no such all-reduce (nor one of unknown size), and every step of every
+      rank opens with two or more all-gathers before its first reduce-scatter, at least as many
+      as the step's reduce-scatters: FSDP gathers the parameters of each unit for the forward
+      and reduce-scatters the gradients in the backward (SimpleFSDP, torch.compile'd FSDP, whose
+      collectives are functional and which no wrapper range names); sequence parallelism's
+      scatters, mixed in where the groups are not named, come early and outnumber the lead;
     * ``(None, line)``: the order says neither (all-gathers only, one unit, steps that differ);
       the line says so.
 
@@ -528,13 +532,40 @@ def _functional_role(events: pd.DataFrame | None) -> tuple[str | None, str]:
     nothing else is known."""
     if events is None or events.empty or "functional" not in events.columns:
         return "tp", ""
+    role = _role_of_functional(events[events["functional"].astype(bool)
+                                      & (events["step"] >= 0)])
+    return role if role[0] != "" else ("tp", "")
+
+
+def _functional_roles(events: pd.DataFrame | None) -> dict[str, tuple[str | None, str]]:
+    """:func:`_functional_role` for the functional collectives of each group the events name
+    (``{group key: (role, line)}``; the key ``""`` holds those of no named group), leaving out
+    groups that ran only scalar reductions: FSDP's and tensor parallelism's groups are told
+    apart where a job runs both through functional collectives (SimpleFSDP × TP)."""
+    if events is None or events.empty or "functional" not in events.columns:
+        return {}
     fn = events[events["functional"].astype(bool) & (events["step"] >= 0)]
+    key = fn["group"].astype(str).where(fn["group"].astype(str) != AMBIGUOUS_GROUP, "")
+    out = {}
+    for g, sub in fn.groupby(key):
+        role = _role_of_functional(sub)
+        if role[0] != "":
+            out[str(g)] = role
+    return out
+
+
+def _role_of_functional(fn: pd.DataFrame) -> tuple[str | None, str]:
+    """The role of the functional collectives ``fn`` (see :func:`_functional_role`);
+    ``("", "")`` when they are only scalar all-reduces (or none)."""
     size = pd.to_numeric(fn["bytes"], errors="coerce")
     big = fn[(fn["op"] == "all_reduce") & (size > SCALAR_BYTES)]
     if len(big):
         return "tp", (f"{len(big)} all-reduces of more than {SCALAR_BYTES} bytes "
                       f"(activations)")
     moves = fn[fn["op"].isin(["all_gather", "reduce_scatter"])]
+    if moves.empty:
+        return "", ""
+    unsized = int(((fn["op"] == "all_reduce") & size.isna()).sum())
     leads, scatters = [], []
     for _, by_rank in moves.groupby("rank"):
         steps = sorted(by_rank["step"].unique())
@@ -543,11 +574,15 @@ def _functional_role(events: pd.DataFrame | None) -> tuple[str | None, str]:
             if "reduce_scatter" in ops:
                 leads.append(ops.index("reduce_scatter"))
                 scatters.append(ops.count("reduce_scatter"))
-    if leads and min(leads) >= 2:
+    if leads and min(leads) >= 2 and all(a >= b for a, b in zip(leads, scatters)):
+        if unsized:
+            return None, (f"what the functional collectives carry is unknown: FSDP's order of "
+                          f"gathers and scatters beside {unsized} all-reduces of unknown size "
+                          f"(tensor parallelism's activations, or scalars)")
         return "fsdp", (f"every step opens with {min(leads)} or more all-gathers before its "
-                        f"first reduce-scatter, and no all-reduce moves activations: FSDP's "
-                        f"order (parameters gathered for the forward, gradients "
-                        f"reduce-scattered in the backward)")
+                        f"first reduce-scatter, as many as its reduce-scatters or more, and no "
+                        f"all-reduce moves activations: FSDP's order (parameters gathered for "
+                        f"the forward, gradients reduce-scattered in the backward)")
     if leads and max(leads) <= 1 and min(scatters) >= 2:
         return "tp", ("all-gathers and reduce-scatters alternate from the step's start "
                       "(sequence parallelism)")
@@ -585,7 +620,8 @@ def _strategies(marks: dict, events: pd.DataFrame | None, evidence: list[str],
     if tp_note:
         total["functional"] = 0
         evidence.append(tp_note)
-    fn_role, fn_line = _functional_role(events) if total["functional"] else ("tp", "")
+    roles = (_functional_roles(events) or {"": _functional_role(events)}
+             if total["functional"] else {})
     for key, (strategy, text) in _MARK_STRATEGIES.items():
         if total[key] and key == "all_to_all":
             if a2a[0] is None:
@@ -593,10 +629,16 @@ def _strategies(marks: dict, events: pd.DataFrame | None, evidence: list[str],
                 continue
             strategy, text = a2a[0], f"{text}: {a2a[1]}"
         if total[key] and key == "functional":
-            if fn_role is None:
-                missing.append(fn_line)
-                continue
-            strategy, text = fn_role, f"{text}: {fn_line}" if fn_line else text
+            for g, (role, line) in sorted(roles.items()):
+                where = f" on group {g.split('|')[0]}" if g and len(roles) > 1 else ""
+                if role is None:
+                    missing.append(line + where)
+                elif role not in strategies:
+                    strategies.add(role)
+                    evidence.append(f"{role}: {text}{where}: {line}" if line else
+                                    f"{role}: {text}, {total[key]} events (first on rank "
+                                    f"{first_rank[key]})")
+            continue
         if total[key]:
             strategies.add(strategy)
             evidence.append(f"{strategy}: {text}, {total[key]} events "
