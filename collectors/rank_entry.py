@@ -417,8 +417,9 @@ def _layout_of(parallel: dict, groups: list[dict], records: list[dict],
             dims.setdefault("dp", int(ds["dp_size"]))
     if "tp" in dims and "tp" not in out["strategies"]:
         out["strategies"] = sorted([*out["strategies"], "tp"])
-    if "ep" in dims and "ep" not in out["strategies"]:
-        out["strategies"] = sorted([*out["strategies"], "ep"])
+    for d in ("ep", "cp"):
+        if d in dims and d not in out["strategies"]:
+            out["strategies"] = sorted([*out["strategies"], d])
     return out
 
 

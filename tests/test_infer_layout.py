@@ -918,3 +918,34 @@ def test_functional_roles_per_group_and_mixed():
     assert role is None and "all-reduces of unknown size" in line
     assert _functional_role(ev([(g.replace("0,2|", ""), op, n) for g, op, n in fsdp]))[0] == \
         "fsdp"
+
+
+@pytest.mark.e2e
+def test_context_parallel_ring_is_no_pipeline_profiled_and_plain(tmp_path):
+    """train_cp.py --dp 2 on 4 ranks: ring attention's keys and values go around each cp group
+    with isend/irecv. Profiled and under plain torch.profiler, the layout is dp=2 × cp=2 with cp
+    among the strategies, and no pipeline, bubble or schedule comes of the sends and receives
+    (before, they made a pipeline)."""
+    args = ["--steps", "6", "--dp", "2", "--width", "64", "--layers", "2", "--batch", "8"]
+    script = str(ROOT / "examples" / "train_cp.py")
+    prof = tmp_path / "prof"
+    r = subprocess.run([sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "4",
+                        "--out", str(prof), script, "--", *args], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    r = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone",
+                        "--nproc-per-node", "4", str(ROOT / "benchmarks" / "_plain_profiler.py"),
+                        "1", "1", "3", str(plain), script, *args], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    for folder, source in ((prof, "recorded"), (plain, INFERRED_SOURCE)):
+        j = report_json(build_report(load_traces(folder)))
+        lay = j["layout"]
+        assert (lay["source"], lay["dims"], lay["strategies"]) == (source, {"dp": 2, "cp": 2},
+                                                                   ["cp"])
+        assert lay["pipeline"] is None and j["pipeline"] is None
+        assert "pipeline" not in j["verdict"]
+    assert any("ring attention, not a pipeline (" in ln and "named as ring attention" in ln
+               for ln in lay["evidence"]), lay["evidence"]
