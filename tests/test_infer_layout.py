@@ -949,3 +949,44 @@ def test_context_parallel_ring_is_no_pipeline_profiled_and_plain(tmp_path):
         assert "pipeline" not in j["verdict"]
     assert any("ring attention, not a pipeline (" in ln and "named as ring attention" in ln
                for ln in lay["evidence"]), lay["evidence"]
+
+
+RING_CHECK = """
+import os, sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import train_cp
+dist.init_process_group("gloo")
+r, n = dist.get_rank(), dist.get_world_size()
+g = dist.new_group(list(range(n)))
+torch.manual_seed(0)
+Q, K, V = (torch.randn(2, 4 * n, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+sl = slice(4 * r, 4 * r + 4)
+q, k, v = (t.detach()[:, sl].clone().requires_grad_() for t in (Q, K, V))
+s, v_all = train_cp.RingScores.apply(q, k, v, g)
+out = torch.softmax(s, -1) @ v_all
+w = [torch.randn(2, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+     for i in range(n)]
+(out * w[r]).sum().backward()
+ref = torch.softmax(Q @ K.transpose(-1, -2) / 8 ** 0.5, -1) @ V
+(ref * torch.cat(w, 1)).sum().backward()
+ok = all(torch.allclose(a, b[:, sl]) for a, b in ((out, ref), (q.grad, Q.grad),
+                                                   (k.grad, K.grad), (v.grad, V.grad)))
+print(f"rank {r}: {'equal' if ok else 'DIFFERENT'}", flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.e2e
+def test_the_examples_ring_attention_is_attention(tmp_path):
+    """train_cp.py's ring attention on 4 gloo ranks, each holding 4 of 16 tokens: its output
+    and its query, key and value gradients equal full attention's over the whole sequence
+    (float64), so the example's messages are those of a correct ring."""
+    script = tmp_path / "ring_check.py"
+    script.write_text(RING_CHECK)
+    r = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone",
+                        "--nproc-per-node", "4", str(script), str(ROOT / "examples")],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(ln for ln in r.stdout.splitlines() if ln.startswith("rank")) == [
+        f"rank {i}: equal" for i in range(4)], r.stdout + r.stderr[-2000:]
