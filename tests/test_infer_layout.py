@@ -320,7 +320,7 @@ def test_zero12_pattern_from_one_groups_ops_per_step():
     step lacks the gather, gathers more than it reduces (FSDP's pattern), or holds other ops."""
     import pandas as pd
 
-    from pardiag.analyzer.analyses.infer_layout import _zero12
+    from pardiag.analyzer.analyses.op_roles import zero12_line as _zero12
 
     def events(per_step):
         rows = [{"rank": r, "step": s, "group": "g0", "pg": "0", "op": op}
@@ -393,7 +393,7 @@ def test_functional_scalar_reductions_are_no_tensor_parallelism():
     are all-gathers or reduce-scatters of activations, larger all-reduces, or many."""
     import pandas as pd
 
-    from pardiag.analyzer.analyses.infer_layout import _scalar_reductions
+    from pardiag.analyzer.analyses.op_roles import scalar_reductions as _scalar_reductions
 
     def events(ops):
         return pd.DataFrame([{"rank": r, "step": s, "op": op, "bytes": n, "functional": True}
@@ -892,7 +892,8 @@ def test_functional_roles_per_group_and_mixed():
     all-reduces of unknown size may be tensor parallelism's)."""
     import pandas as pd
 
-    from pardiag.analyzer.analyses.infer_layout import _functional_role, _functional_roles
+    from pardiag.analyzer.analyses.op_roles import functional_role as _functional_role
+    from pardiag.analyzer.analyses.op_roles import functional_roles as _functional_roles
 
     def ev(rows):
         return pd.DataFrame([{"rank": r, "step": s, "op": op, "bytes": n, "functional": True,
