@@ -21,7 +21,8 @@ from ..trace.traceset import TraceSet
 from .comm_events import AMBIGUOUS_GROUP, SCALAR_BYTES
 from .mesh import DP_OPS
 
-#: All-to-alls next to attention, as a share of all of them, that say a sequence exchange.
+#: Messages next to attention, as a share of all of them, that say a sequence exchange
+#: (all-to-alls: Ulysses) or ring attention (sends and receives).
 ATTENTION_SHARE = 0.5
 
 
