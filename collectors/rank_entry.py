@@ -93,8 +93,8 @@ def _keep_destroyed_groups(kept: list) -> list[tuple]:
     """Make ``dist.destroy_process_group`` append the groups it destroys to ``kept`` before it
     runs, so that the script's last reference to a group (a DDP reducer's, freed when the
     script's function returns) never frees it: gloo's destructor joins its worker threads,
-    which can be waiting for the interpreter lock the freeing thread holds (a deadlock at exit
-    in a few runs in a hundred on two cores). The groups are shut down as the script asked and
+    which can be waiting for the interpreter lock the freeing thread holds: an occasional
+    deadlock at exit, in the script's own frame. The groups are shut down as the script asked and
     live until ``os._exit``, as a process group does that is never destroyed. Returns
     ``[(module, attribute, original)]`` to restore."""
     import torch.distributed as dist
