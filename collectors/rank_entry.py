@@ -366,18 +366,22 @@ def _fold_of(dims: dict, groups: list[dict], group_dims: dict, records: list[dic
 
 
 def _layout_of(parallel: dict, groups: list[dict], records: list[dict],
-               world: int | None = None) -> dict:
+               world: int | None = None, a2a_role: str | None = None) -> dict:
     """Parallel dimensions and degrees from the detected objects and the records. Dimensions of
-    degree 1 are left out: a group of one rank parallelizes nothing."""
+    degree 1 are left out: a group of one rank parallelizes nothing. A group that ran
+    all-to-alls and that nothing else names is ``a2a_role``'s (``ep`` for expert dispatch,
+    ``cp`` for a sequence exchange, from the rank's trace:
+    :func:`pardiag.analyzer.analyses.op_roles.a2a_role_of`), and no dimension when it is None
+    (unknown, or no trace to weigh)."""
     from .parallelism import canonical_dim
 
     dims, group_dims = _mesh_layout(parallel.get("meshes", []), world)
     size_of = {g["name"]: g["size"] for g in groups}
     for pg, dim in parallel.get("group_dims", {}).items():   # wrappers' groups (DDP, FSDP…)
         group_dims.setdefault(pg, dim)
-    for r in records:  # all-to-all on a group nothing else explains: expert parallel
-        if r["op"] == "all_to_all" and r["pg_name"] not in group_dims:
-            group_dims[r["pg_name"]] = "ep"
+    for r in records:  # all-to-all on a group nothing else explains: what they carry
+        if r["op"] == "all_to_all" and r["pg_name"] not in group_dims and a2a_role:
+            group_dims[r["pg_name"]] = a2a_role
     for g in groups:  # descriptions such as mesh_tp
         if g["name"] not in group_dims and canonical_dim(g.get("desc")):
             group_dims[g["name"]] = canonical_dim(g.get("desc"))
@@ -465,8 +469,16 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
     raw = (records_from_flight_recorder(captured.get("flight_recorder", []), groups)
            + records_from_p2p(p2p_records, groups))
     records = attach_trace_times(raw, trace)
+    a2a_role = None
+    if any(r.get("op") == "all_to_all" for r in records):   # what they carry, by evidence
+        from ..analyzer.analyses.op_roles import a2a_role_of, uneven_splits
+        from ..analyzer.per_rank.layout_marks import all_to_all_evidence
+        from ..analyzer.per_rank.summary import summary_of
+
+        a2a_role, _ = a2a_role_of(all_to_all_evidence(trace),
+                                  uneven_splits(summary_of(trace).a2a))
     lay = _layout_of(captured.get("parallel", {}), groups, records,
-                     int(os.environ.get("WORLD_SIZE") or 0) or None)
+                     int(os.environ.get("WORLD_SIZE") or 0) or None, a2a_role)
     for g in groups:
         g["dim"] = lay["group_dims"].get(g["name"])
     _write_json(layout.comms_path(out, rank), {

@@ -991,3 +991,36 @@ def test_the_examples_ring_attention_is_attention(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(ln for ln in r.stdout.splitlines() if ln.startswith("rank")) == [
         f"rank {i}: equal" for i in range(4)], r.stdout + r.stderr[-2000:]
+
+
+@pytest.mark.e2e
+def test_ulysses_all_to_alls_are_no_expert_parallelism_profiled_and_plain(tmp_path):
+    """train_ulysses.py --dp 2 on 4 ranks: all-to-alls around attention swap sequence and head
+    shards in groups [0, 1] and [2, 3] that nothing names. Profiled, the rank's own trace weighs
+    what they carry: cp=2, never expert parallelism (before, any all-to-all on an unnamed group
+    was ep, and the world's gradient all-reduce then folded it into dp). The plain trace names
+    no group: cp without a degree, no ep, no routing analysis, no pipeline."""
+    args = ["--steps", "6", "--dp", "2", "--width", "64", "--layers", "2", "--batch", "8"]
+    script = str(ROOT / "examples" / "train_ulysses.py")
+    prof = tmp_path / "prof"
+    r = subprocess.run([sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "4",
+                        "--out", str(prof), script, "--", *args], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    r = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone",
+                        "--nproc-per-node", "4", str(ROOT / "benchmarks" / "_plain_profiler.py"),
+                        "1", "1", "3", str(plain), script, *args], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    p, q = (report_json(build_report(load_traces(f))) for f in (prof, plain))
+    assert (p["layout"]["dims"], p["layout"]["strategies"], p["layout"]["folded"]) == (
+        {"cp": 2}, ["cp"], {})
+    assert {tuple(g["ranks"]): g["dim"] for g in p["layout"]["groups"] if g["dim"]} == {
+        (0, 1): "cp", (2, 3): "cp"}
+    assert (q["layout"]["dims"], q["layout"]["strategies"]) == ({}, ["cp"])
+    assert any(ln.startswith("cp: degree unknown") for ln in q["layout"]["not_inferred"])
+    for rep in (p, q):
+        assert not (rep["routing"]["groups"] or rep["routing"]["instances"])
+        assert rep["pipeline"] is None

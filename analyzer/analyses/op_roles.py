@@ -80,11 +80,23 @@ def all_to_all_role(traces: TraceSet, marks: dict) -> tuple[str | None, str]:
     sequence parallelism), and ``(None, line)`` when the evidence is for both or for neither:
     the line names it. ``line`` is one line of evidence, or of what stays unknown."""
     total = {k: sum(m.counts.get(k, 0) for m in marks.values()) for k in A2A_EVIDENCE}
-    uneven = 0
-    for t in traces.ranks.values():
-        a2a = summary_of(t).a2a
-        if len(a2a):
-            uneven += sum(isinstance(s, list) and len(set(s)) > 1 for s in a2a["send_splits"])
+    uneven = sum(uneven_splits(summary_of(t).a2a) for t in traces.ranks.values())
+    return a2a_role_of(total, uneven)
+
+
+def uneven_splits(a2a: pd.DataFrame) -> int:
+    """All-to-alls of a rank's summary table (``send_splits`` column) whose split sizes
+    differ: tokens routed unevenly."""
+    if not len(a2a):
+        return 0
+    return int(sum(isinstance(s, list) and len(set(s)) > 1 for s in a2a["send_splits"]))
+
+
+def a2a_role_of(total: dict, uneven: int) -> tuple[str | None, str]:
+    """:func:`all_to_all_role` from the counts of
+    :func:`pardiag.analyzer.per_rank.layout_marks.all_to_all_evidence` (summed over the ranks
+    read) and the all-to-alls whose split sizes differ (:func:`uneven_splits`); ``profile``
+    weighs one rank's own this way when it records the layout."""
     routing = [s for s, n in ((f"{uneven} with split sizes that differ", uneven),
                               (f"{total['router']} routing events (top-k gate, router, experts)",
                                total["router"])) if n]

@@ -304,12 +304,19 @@ ATTENTION_RE = re.compile(r"attention|attn|fmha|scaled_dot_product|(^|[^a-z])fla
                           re.IGNORECASE)
 
 
-#: Ops that only move or reshape data (views, copies, concatenation), skipped when looking for
-#: the computation next to a collective.
+#: Ops that only move or reshape data (views, copies, concatenation, their autograd nodes, and
+#: torch.distributed.nn's autograd functions around a collective), skipped when looking for the
+#: computation next to a collective.
 RESHAPE_OP_RE = re.compile(r"^aten::(view|reshape|_reshape_alias|transpose|permute|contiguous|t"
                            r"|as_strided|split|split_with_sizes|chunk|cat|stack|select|slice"
                            r"|unflatten|flatten|expand|clone|copy_|empty|empty_like|empty_strided"
-                           r"|detach|to|_to_copy|narrow|squeeze|unsqueeze|zeros|zeros_like)$"
+                           r"|detach|to|_to_copy|narrow|squeeze|unsqueeze|zeros|zeros_like"
+                           r"|view_as|_unsafe_view)$"
+                           r"|^(autograd::engine::evaluate_function: )?(Permute|View|UnsafeView"
+                           r"|Transpose|T|Reshape\w*|Clone|Expand|Squeeze|Unsqueeze|Split\w*"
+                           r"|Cat|Stack|Select|Slice|ToCopy)Backward\d*$"
+                           r"|^(autograd::engine::evaluate_function: )?_(AlltoAll|AllGather"
+                           r"|AllReduce|ReduceScatter|Broadcast)\w*$"
                            r"|copy_kernel|CatArrayBatchedCopy|^Memcpy|^Memset", re.IGNORECASE)
 
 
