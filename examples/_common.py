@@ -107,6 +107,25 @@ def build_model(width: int, layers: int, in_dim: int = 64, classes: int = 10) ->
                          nn.Linear(width, classes))
 
 
+def train_sequence_sharded(args: argparse.Namespace, env: Env, model: nn.Module,
+                           name: str) -> None:
+    """Train ``model`` (its weights replicated on every rank, each rank holding a shard of every
+    sequence: context or sequence parallelism) with :func:`train` on (batch, ``args.seq``)
+    token batches: cross-entropy per token, the gradients all-reduced over every rank and
+    averaged before each optimizer step."""
+    opt = make_optimizer(model.parameters(), args.optimizer)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def sync_grads() -> None:
+        for q in model.parameters():
+            if q.grad is not None:
+                dist.all_reduce(q.grad)
+                q.grad /= env.world_size
+
+    train(args, env, opt, lambda x, y: loss_fn(model(x).flatten(0, 1), y.flatten()), name,
+          seq=args.seq, after_backward=sync_grads)
+
+
 def make_optimizer(params, name: str) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=1e-3) if name == "adam" else torch.optim.SGD(params, lr=1e-2)
 

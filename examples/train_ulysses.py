@@ -81,17 +81,7 @@ def main() -> None:
                           *[UlyssesBlock(args.width, args.heads, group)
                             for _ in range(args.layers)],
                           nn.Linear(args.width, 10)).to(env.device)
-    opt = C.make_optimizer(model.parameters(), args.optimizer)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def sync_grads() -> None:   # the weights are replicated on every rank
-        for q in model.parameters():
-            if q.grad is not None:
-                dist.all_reduce(q.grad)
-                q.grad /= env.world_size
-
-    C.train(args, env, opt, lambda x, y: loss_fn(model(x).flatten(0, 1), y.flatten()),
-            "train_ulysses", seq=args.seq, after_backward=sync_grads)
+    C.train_sequence_sharded(args, env, model, "train_ulysses")
 
 
 if __name__ == "__main__":

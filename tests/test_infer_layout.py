@@ -921,26 +921,36 @@ def test_functional_roles_per_group_and_mixed():
         "fsdp"
 
 
-@pytest.mark.e2e
-def test_context_parallel_ring_is_no_pipeline_profiled_and_plain(tmp_path):
-    """train_cp.py --dp 2 on 4 ranks: ring attention's keys and values go around each cp group
-    with isend/irecv. Profiled and under plain torch.profiler, the layout is dp=2 × cp=2 with cp
-    among the strategies, and no pipeline, bubble or schedule comes of the sends and receives
-    (before, they made a pipeline)."""
-    args = ["--steps", "6", "--dp", "2", "--width", "64", "--layers", "2", "--batch", "8"]
-    script = str(ROOT / "examples" / "train_cp.py")
-    prof = tmp_path / "prof"
+#: The sequence-sharded examples' small job: 4 ranks as 2 replicas of a group of 2.
+SEQ_SHARDED_ARGS = ["--steps", "6", "--dp", "2", "--width", "64", "--layers", "2", "--batch",
+                    "8"]
+
+
+def _profiled_and_plain(tmp_path: Path, example: str, args: list[str]) -> tuple[Path, Path]:
+    """``examples/<example>`` on 4 ranks under ``pardiag profile`` and under plain
+    torch.profiler (``benchmarks/_plain_profiler.py``); returns the two run folders."""
+    script = str(ROOT / "examples" / example)
+    prof, plain = tmp_path / "prof", tmp_path / "plain"
     r = subprocess.run([sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "4",
                         "--out", str(prof), script, "--", *args], capture_output=True,
                        text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
-    plain = tmp_path / "plain"
     plain.mkdir()
     r = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone",
                         "--nproc-per-node", "4", str(ROOT / "benchmarks" / "_plain_profiler.py"),
                         "1", "1", "3", str(plain), script, *args], capture_output=True,
                        text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
+    return prof, plain
+
+
+@pytest.mark.e2e
+def test_context_parallel_ring_is_no_pipeline_profiled_and_plain(tmp_path):
+    """train_cp.py --dp 2 on 4 ranks: ring attention's keys and values go around each cp group
+    with isend/irecv. Profiled and under plain torch.profiler, the layout is dp=2 × cp=2 with cp
+    among the strategies, and no pipeline, bubble or schedule comes of the sends and receives
+    (before, they made a pipeline)."""
+    prof, plain = _profiled_and_plain(tmp_path, "train_cp.py", SEQ_SHARDED_ARGS)
     for folder, source in ((prof, "recorded"), (plain, INFERRED_SOURCE)):
         j = report_json(build_report(load_traces(folder)))
         lay = j["layout"]
@@ -1000,20 +1010,7 @@ def test_ulysses_all_to_alls_are_no_expert_parallelism_profiled_and_plain(tmp_pa
     what they carry: cp=2, never expert parallelism (before, any all-to-all on an unnamed group
     was ep, and the world's gradient all-reduce then folded it into dp). The plain trace names
     no group: cp without a degree, no ep, no routing analysis, no pipeline."""
-    args = ["--steps", "6", "--dp", "2", "--width", "64", "--layers", "2", "--batch", "8"]
-    script = str(ROOT / "examples" / "train_ulysses.py")
-    prof = tmp_path / "prof"
-    r = subprocess.run([sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "4",
-                        "--out", str(prof), script, "--", *args], capture_output=True,
-                       text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-2000:]
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    r = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone",
-                        "--nproc-per-node", "4", str(ROOT / "benchmarks" / "_plain_profiler.py"),
-                        "1", "1", "3", str(plain), script, *args], capture_output=True,
-                       text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr[-2000:]
+    prof, plain = _profiled_and_plain(tmp_path, "train_ulysses.py", SEQ_SHARDED_ARGS)
     p, q = (report_json(build_report(load_traces(f))) for f in (prof, plain))
     assert (p["layout"]["dims"], p["layout"]["strategies"], p["layout"]["folded"]) == (
         {"cp": 2}, ["cp"], {})

@@ -273,24 +273,7 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
         if d in dims:
             strategies.add(s)
     reducing = reducing_groups(events)
-    # groups named dp by their reductions alone may be the expert-data-parallel groups of a
-    # folded layout: the dense gradients' group decides
-    by_ops = "running" in descs.get("dp", "")
-    fold, fold_conflict = fold_expert_parallel(
-        {d: n for d, n in dims.items() if not (by_ops and d == "dp")},
-        {tuple(m["ep"]) for m in member.values() if "ep" in m}, reducing, world)
-    if fold is not None and by_ops:
-        evidence[:] = [ln for ln in evidence if not ln.startswith(f"dp={dims['dp']}: ")]
-        evidence.append(f"the {descs['dp']} are the expert-data-parallel groups")
-    if fold_conflict:   # the descriptions and the reductions disagree on dp: unknown
-        missing.append(fold_conflict)
-        dims.pop("dp", None)
-    if fold is not None:
-        dims["dp"] = fold.dp
-        evidence.append(fold.evidence)
-        for g in fold.dense_groups:
-            for r in g:
-                member.setdefault(r, {})["dp"] = sorted(g)
+    fold, fold_conflict = _fold(dims, descs, member, reducing, world, evidence, missing)
 
     # pipeline: ranks exchanging point-to-point messages
     peers, notes = _global_peers(traces, marks, member)
@@ -319,31 +302,7 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
         if pipeline and "pp" not in dims:
             dims["pp"] = pipeline["pp_group_size"]
 
-    # degrees that no group description gives: what the world leaves for the one unknown
-    rest = world
-    for d in dims.values():
-        rest //= max(int(d), 1)
-    unknown = [d for d, s in (("dp", {"ddp", "fsdp", "fsdp1", "fsdp2", "zero1", "zero",
-                                      "zero3"}),
-                              ("tp", {"tp"}),
-                              ("ep", {"ep"}), ("cp", {"cp"})) if strategies & s and d not in dims]
-    unplaced = unplaced_reductions(events)
-    if len(unknown) == 1 and unknown[0] != "dp" and rest > 1 and unplaced:
-        missing.append(
-            f"{unknown[0]}: degree unknown; its groups are not in the traces, and {unplaced} "
-            f"gradient reductions over groups the traces do not name say data parallelism "
-            f"may share the {rest} ranks left (or hold several {unknown[0]} groups, as expert "
-            f"parallelism folded into it): {unknown[0]} divides {rest}, but which divisor is "
-            f"not shown")
-    elif len(unknown) == 1 and rest > 1:
-        dims[unknown[0]] = rest
-        evidence.append(
-            f"{unknown[0]}={rest}: the world of {world} ranks over the other degrees "
-            f"({', '.join(f'{k}={v}' for k, v in dims.items() if k != unknown[0]) or 'none'})")
-    elif len(unknown) > 1:
-        missing.append(f"degrees of {' and '.join(unknown)}: no process group is described as "
-                       f"their mesh dimension (mesh_dp, mesh_tp, ...), so the traces do not split "
-                       f"the {rest} ranks between them")
+    _the_rest(dims, strategies, world, unplaced_reductions(events), evidence, missing)
     if not strategies and not dims:
         missing.append("no parallel strategy recognized: no DDP, FSDP, ZeRO, tensor-parallel, "
                        "expert-parallel or pipeline marks in the traces")
@@ -373,6 +332,64 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
     return InferredLayout(dims, sorted(strategies), pipeline, chunks, tuple(sorted(pp_ranks)),
                           tuple(evidence), tuple(missing), group_dims=group_dims,
                           folded=folded, p2p_role=role)
+
+
+def _fold(dims: dict, descs: dict, member: dict, reducing, world: int, evidence: list[str],
+          missing: list[str]):
+    """Expert parallelism folded into data parallelism
+    (:func:`pardiag.analyzer.analyses.mesh.fold_expert_parallel`), applied to ``dims``,
+    ``member`` (the dense groups as dp), ``evidence`` and ``missing``. Groups named dp by their
+    reductions alone may be the expert-data-parallel groups of a folded layout: the dense
+    gradients' group decides; a described dp that the reductions contradict is dropped
+    (unknown). Returns ``(fold or None, conflict line or None)``."""
+    by_ops = "running" in descs.get("dp", "")
+    fold, conflict = fold_expert_parallel(
+        {d: n for d, n in dims.items() if not (by_ops and d == "dp")},
+        {tuple(m["ep"]) for m in member.values() if "ep" in m}, reducing, world)
+    if fold is not None and by_ops:
+        evidence[:] = [ln for ln in evidence if not ln.startswith(f"dp={dims['dp']}: ")]
+        evidence.append(f"the {descs['dp']} are the expert-data-parallel groups")
+    if conflict:
+        missing.append(conflict)
+        dims.pop("dp", None)
+    if fold is not None:
+        dims["dp"] = fold.dp
+        evidence.append(fold.evidence)
+        for g in fold.dense_groups:
+            for r in g:
+                member.setdefault(r, {})["dp"] = sorted(g)
+    return fold, conflict
+
+
+def _the_rest(dims: dict, strategies: set, world: int, unplaced: int, evidence: list[str],
+              missing: list[str]) -> None:
+    """The degree no group description gives, when one strategy's is missing: what the world
+    leaves over the others (not for ep, cp or tp while ``unplaced`` gradient reductions ran
+    over groups the traces do not name: data parallelism may share those ranks); several
+    missing degrees stay unknown. Applied to ``dims``, ``evidence``, ``missing``."""
+    rest = world
+    for d in dims.values():
+        rest //= max(int(d), 1)
+    unknown = [d for d, s in (("dp", {"ddp", "fsdp", "fsdp1", "fsdp2", "zero1", "zero",
+                                      "zero3"}),
+                              ("tp", {"tp"}),
+                              ("ep", {"ep"}), ("cp", {"cp"})) if strategies & s and d not in dims]
+    if len(unknown) == 1 and unknown[0] != "dp" and rest > 1 and unplaced:
+        missing.append(
+            f"{unknown[0]}: degree unknown; its groups are not in the traces, and {unplaced} "
+            f"gradient reductions over groups the traces do not name say data parallelism "
+            f"may share the {rest} ranks left (or hold several {unknown[0]} groups, as expert "
+            f"parallelism folded into it): {unknown[0]} divides {rest}, but which divisor is "
+            f"not shown")
+    elif len(unknown) == 1 and rest > 1:
+        dims[unknown[0]] = rest
+        evidence.append(
+            f"{unknown[0]}={rest}: the world of {world} ranks over the other degrees "
+            f"({', '.join(f'{k}={v}' for k, v in dims.items() if k != unknown[0]) or 'none'})")
+    elif len(unknown) > 1:
+        missing.append(f"degrees of {' and '.join(unknown)}: no process group is described as "
+                       f"their mesh dimension (mesh_dp, mesh_tp, ...), so the traces do not split "
+                       f"the {rest} ranks between them")
 
 
 #: Wrapper marks → (strategy, what the evidence line calls them).

@@ -173,27 +173,11 @@ def all_to_all_evidence(trace: RankTrace) -> dict[str, int]:
       that Ulysses-style sequence parallelism runs (DeepSpeed#5435), where an expert dispatch
       sits between a router and the experts' GEMMs.
     """
-    ev = trace.events
-    out = {"router": int(name_test(trace, "router", vocab.ROUTER_RE.search).sum()),
-           "sequence_exchange": int(name_test(trace, "sequence_exchange",
-                                              vocab.SEQUENCE_EXCHANGE_RE.search).sum()),
-           "a2a_events": 0, "a2a_attention": 0}
-    kinds = classify(trace).to_numpy()
-    names, args = ev["name"].to_numpy(), ev["args"].to_numpy()
-
-    def a2a_of(kind: str) -> np.ndarray:
-        comm = np.flatnonzero(kinds == kind)
-        return comm[[collective_type(n, a if isinstance(a, dict) else None) == "all_to_all"
-                     for n, a in zip(names[comm], args[comm])]]
-
-    a2a, comp_kind = a2a_of(Kind.GPU_COMM.value), Kind.GPU_COMPUTE.value
-    if not len(a2a):
-        a2a, comp_kind = a2a_of(Kind.CPU_COMM.value), Kind.CPU_COMPUTE.value
-    if not len(a2a):
-        return out
-    out.update(a2a_events=len(a2a),
-               a2a_attention=_next_to_attention(trace, kinds, a2a, comp_kind))
-    return out
+    n, near = _ops_next_to_attention(trace, ("all_to_all",))
+    return {"router": int(name_test(trace, "router", vocab.ROUTER_RE.search).sum()),
+            "sequence_exchange": int(name_test(trace, "sequence_exchange",
+                                               vocab.SEQUENCE_EXCHANGE_RE.search).sum()),
+            "a2a_events": n, "a2a_attention": near}
 
 
 def p2p_evidence(trace: RankTrace) -> dict[str, int]:
@@ -209,26 +193,27 @@ def p2p_evidence(trace: RankTrace) -> dict[str, int]:
       all-to-alls (:func:`all_to_all_evidence`): a ring passes key/value shards between
       attention's blocks, a pipeline passes activations between layers of every kind.
     """
-    out = {"ring_exchange": int(name_test(trace, "ring_exchange",
-                                          vocab.RING_ATTENTION_RE.search).sum()),
-           "p2p_events": 0, "p2p_attention": 0}
+    n, near = _ops_next_to_attention(trace, ("send", "recv"))
+    return {"ring_exchange": int(name_test(trace, "ring_exchange",
+                                           vocab.RING_ATTENTION_RE.search).sum()),
+            "p2p_events": n, "p2p_attention": near}
+
+
+def _ops_next_to_attention(trace: RankTrace, ops: tuple[str, ...]) -> tuple[int, int]:
+    """``(events, next to attention)`` of the communication events of types ``ops`` on the
+    timeline read (the device's kernels when their records name them, else the host's ops):
+    how many there are, and how many of them :func:`_next_to_attention` finds."""
     ev = trace.events
     kinds = classify(trace).to_numpy()
     names, args = ev["name"].to_numpy(), ev["args"].to_numpy()
-
-    def p2p_of(kind: str) -> np.ndarray:
-        comm = np.flatnonzero(kinds == kind)
-        return comm[[collective_type(n, a if isinstance(a, dict) else None) in ("send", "recv")
-                     for n, a in zip(names[comm], args[comm])]]
-
-    p2p, comp_kind = p2p_of(Kind.GPU_COMM.value), Kind.GPU_COMPUTE.value
-    if not len(p2p):
-        p2p, comp_kind = p2p_of(Kind.CPU_COMM.value), Kind.CPU_COMPUTE.value
-    if not len(p2p):
-        return out
-    out.update(p2p_events=len(p2p),
-               p2p_attention=_next_to_attention(trace, kinds, p2p, comp_kind))
-    return out
+    for comm_kind, comp_kind in ((Kind.GPU_COMM.value, Kind.GPU_COMPUTE.value),
+                                 (Kind.CPU_COMM.value, Kind.CPU_COMPUTE.value)):
+        comm = np.flatnonzero(kinds == comm_kind)
+        sel = comm[[collective_type(n, a if isinstance(a, dict) else None) in ops
+                    for n, a in zip(names[comm], args[comm])]]
+        if len(sel):
+            return len(sel), _next_to_attention(trace, kinds, sel, comp_kind)
+    return 0, 0
 
 
 def _next_to_attention(trace: RankTrace, kinds: np.ndarray, comm: np.ndarray,
