@@ -15,7 +15,8 @@ metadata level), analyses each with pardiag in-process and judges, per job:
   ``undefined``). Elsewhere (one dimension; ``none``: no group is listed; ``records``: a
   pardiag run keeps the layout its collector recorded and the generated run.json carries
   none) every degree the report states must be the mesh's: unknown, never wrong; and no
-  pipeline (section or layout) where none ran;
+  pipeline (section or layout) where none ran; a dim whose role the traces cannot tell
+  (``Truth.unknown``: all-to-alls no evidence places) must not be stated at all;
 * ``counts``: every rank's issued-op count per collective type equals the truth.
 
 Usage::
@@ -81,6 +82,9 @@ def judge(truth: Truth, doc: dict, metadata: str) -> dict[str, bool | None]:
         out["layout"] = all(want.get(k) == v for k, v in got.items())
     else:
         out["layout"] = None
+    if truth.unknown:   # nothing that cannot be told may be stated; the rest must be right
+        out["layout"] = (not set(got) & set(truth.unknown)
+                         and all(want.get(k) == v for k, v in got.items()))
     if "pp" not in want and want and (doc.get("pipeline") or (doc.get("layout") or {}).get(
             "pipeline")):
         out["layout"] = False   # a pipeline where none ran (ring attention's send/recv)

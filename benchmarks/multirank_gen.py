@@ -58,6 +58,18 @@ What is modelled
   the gathers and scatters are `_c10d_functional::*` ops and no FSDP range is written; the
   truth is data parallelism, no tensor parallelism.
 
+* Ulysses sequence parallelism (kind `ulysses`): context parallelism whose q, k, v go to head
+  shards and back with even all-to-alls around attention (DeepSpeed-Ulysses' `_SeqAllToAll`);
+  the truth has cp and no expert parallelism.
+
+* DeepSpeed's pipeline engine (kind `deepspeed_pipe`): 1F1B over send/recv on groups DeepSpeed
+  leaves undescribed (`undefined`), the pipe axis outermost (`PipeDataParallelTopology`), and
+  the step's loss broadcast from the last stage over the pipe group (`_aggregate_total_loss`).
+
+* Traces whose truth is unknown (kind `opaque_a2a`): even all-to-alls on undescribed groups
+  with nothing next to them that routes tokens or attends: expert or context parallelism alike.
+  `Truth.unknown` names the dims a report must not state.
+
 * Input-bound ranks (`data_loading_us`): the rank's DataLoader iterator
   (`enumerate(DataLoader)#...__next__` on the host) at each step's start, before its first launch.
 * The true critical path (`Truth.path`): every time point of the simulation keeps the one it
@@ -93,7 +105,8 @@ KINDS: tuple[str, ...] = (
     "lockstep", "straggler", "clock_offset", "drift", "start_skew", "dropped",
     "multi_kernel_a2a", "coalesced", "old_nccl", "rccl", "xpu_oneccl", "custom_kernel",
     "rooted_broadcast", "pipeline", "windows", "mesh_layout", "independent_groups",
-    "pipeline_straggler", "moe_folded", "cp_ring", "simple_fsdp",
+    "pipeline_straggler", "moe_folded", "cp_ring", "simple_fsdp", "ulysses", "deepspeed_pipe",
+    "opaque_a2a",
 )
 METADATA: tuple[str, ...] = ("records", "seq", "names", "none")
 OPS: tuple[str, ...] = (
@@ -116,7 +129,11 @@ class Job:
     and `cp_ring` (context parallelism as ring attention: the key/value shards passed around
     the cp group with send/recv between attention's blocks, instead of Ulysses' all-to-alls)
     and `functional_fsdp` (FSDP's gathers and scatters issued as functional collectives, as
-    SimpleFSDP and torch.compile'd FSDP issue them: no wrapper range names them)."""
+    SimpleFSDP and torch.compile'd FSDP issue them: no wrapper range names them)
+    and `family` (the framework whose group descriptions the traces carry, one of `_DESC`;
+    drawn from the seed when empty) and `loss_broadcast` (DeepSpeed's pipeline: the last stage
+    broadcasts the step's loss over the pipe group) and `opaque_a2a` (the ep all-to-alls with no
+    router and no expert kernel next to them: nothing tells routing from a sequence exchange)."""
     mesh: dict[str, int]
     schedule: str
     steps: int = 4
@@ -141,6 +158,9 @@ class Job:
     cp_ring: bool = False
     functional_fsdp: bool = False
     data_loading_us: dict[int, float] = field(default_factory=dict)
+    family: str = ""
+    loss_broadcast: bool = False
+    opaque_a2a: bool = False
 
 
 @dataclass
@@ -150,7 +170,9 @@ class Truth:
     ops whose kernels were dropped still count). `algbw_gbps` is given for release-together
     types with one size and one transfer time; `bubble` is measured on the simulated timeline
     (idle share of the F/B span of each pipeline group's step, averaged over stages and steps).
-    `path` is the true critical path of the recorded steps (see `_true_path`)."""
+    `path` is the true critical path of the recorded steps (see `_true_path`). `unknown` names
+    the dims whose role the traces cannot tell (their degree is in no layout a report may
+    state)."""
     world: int
     layout: dict[str, int]
     hosts: dict[int, int]
@@ -165,6 +187,7 @@ class Truth:
     files: list[str]
     notes: str
     path: dict | None = None
+    unknown: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,6 +359,7 @@ class _Ins:
     nk: int = 1
     peer: int = -1
     ref: int = -1
+    root: int = -1
     step: int = 0
     tag: str = ""
     wrap: str = ""
@@ -355,6 +379,8 @@ def _params(job: Job) -> dict:
         "fsdp_style": int(g.integers(0, 2)), "old_sendrecv_ar": bool(g.integers(0, 2)),
         "rccl_generic": bool(g.integers(0, 2)), "gap_steps": 2,
     }
+    if job.family:
+        P["family"] = job.family
     if P["family"] == "megatron":
         P["p2p_style"] = "dst_src"
     P["total_steps"] = job.steps * job.windows + P["gap_steps"] * (job.windows - 1)
@@ -414,7 +440,7 @@ def _layer_pass(job, P, rank, dims, prog, fwd: bool, dp_role: str):
             prog.append(_Ins("wait", ref=len(prog) - 1))
         if "ep" in names:
             g = _group(rank, dims, "ep")
-            if fwd:   # the gate: router logits and their top-k pick each token's experts
+            if fwd and not job.opaque_a2a:   # the gate: router logits and their top-k
                 prog.append(_Ins("comp", dur=0.05 * F, name="router"))
             for k in range(2):
                 prog.append(_comm("all_to_all", g, (P["a2a_n"] * ELEM,),
@@ -422,7 +448,8 @@ def _layer_pass(job, P, rank, dims, prog, fwd: bool, dp_role: str):
                                   wrap="_c10d_functional::all_to_all_single"))
                 prog.append(_Ins("wait", ref=len(prog) - 1))
                 if k == 0:
-                    prog.append(_Ins("comp", dur=0.5 * F if fwd else F, name="expert"))
+                    prog.append(_Ins("comp", dur=0.5 * F if fwd else F,
+                                     name="gemm" if job.opaque_a2a else "expert"))
         if fwd:
             continue
         if dp_role == "fsdp":
@@ -494,6 +521,9 @@ def _pp_step(job, P, rank, dims, prog):
         if 0 <= dst < V:
             peer = rank_of_vs(dst)
             prog.append(_comm("send", g, nbytes, stream=f"p2p:{rank}>{peer}", peer=peer))
+    if job.loss_broadcast:   # DeepSpeed: the last stage's loss to every stage of the pipe
+        prog.append(_Ins("comm", op="broadcast", ranks=tuple(g), sizes=(4,), root=g[-1]))
+        prog.append(_Ins("wait", ref=len(prog) - 1))
     if _dp_role(job, dims) == "ddp":
         nb = P["buckets"] if job.coalesced else 1
         prog.append(_comm("all_reduce", _group(rank, dims, "dp"), (P["ar_n"] * ELEM,) * nb))
@@ -551,7 +581,8 @@ def _resolve(ins: _Ins, arr: dict[int, float], rph: int) -> tuple[dict, list[flo
     if ins.op == "broadcast":
         T = _xfer(ins.op, ins.sizes[0], ins.ranks, rph)
         hop = 0.2 * T
-        for k, r in enumerate(ins.ranks):
+        i0 = ins.ranks.index(ins.root) if ins.root >= 0 else 0
+        for k, r in enumerate(ins.ranks[i0:] + ins.ranks[:i0]):   # the root's chain
             out[r] = [(arr[r], mx + T + k * hop)]
         return out, [T]
     if len(ins.sizes) > 1:  # coalesced block: members back to back
@@ -965,7 +996,7 @@ def _comm_args(em: _Emitter, ins: _Ins, seq: int, size: int, nsum: int) -> dict:
     if op in ("send", "recv"):
         grank = ins.ranks.index(ins.peer)
     elif op == "broadcast":
-        grank = 0
+        grank = ins.ranks.index(ins.root) if ins.root >= 0 else 0
     a["Rank"] = grank
     if lvl == "seq":
         r = list(ins.ranks)
@@ -1441,8 +1472,15 @@ def _truth(job, P, sts, results, base, files, graph) -> Truth:
     layout = {} if job.replicas > 1 else {d: n for d, n in job.mesh.items() if n > 1}
     if "edp" in job.mesh:   # folded: data parallel over every rank, ep inside it
         layout = {"dp": world, **({"ep": job.mesh["ep"]} if job.mesh.get("ep", 1) > 1 else {})}
+    unknown: tuple[str, ...] = ()
+    if job.opaque_a2a:   # routing or a sequence exchange: the traces cannot tell
+        unknown = ("ep", "cp")
+        layout = {d: n for d, n in layout.items() if d != "ep"}
+        parts.append("all-to-alls with no router and no attention next to them (role unknown)")
+    if job.loss_broadcast:
+        parts.append("the loss broadcast from the last stage over the pipe group")
     return Truth(
-        world=world, layout=layout,
+        world=world, layout=layout, unknown=unknown,
         hosts={r: r // max(1, job.ranks_per_host) for r in range(world)},
         offset_us=off, drift_us_per_s=drift, straggler=strag, counts=counts, bytes=sizes,
         algbw_gbps={k: round(v, 4) for k, v in algbw.items()}, bubble=bub,
@@ -1526,6 +1564,19 @@ def random_job(rng: random.Random, kind: str | None = None,
         job.schedule, job.functional_fsdp = "fsdp", True
         job.mesh = rng.choice([{"fsdp": rng.choice([2, 4, 8])}, {"fsdp": 2, "tp": 2},
                                {"fsdp": 4, "tp": 2}])
+    elif kind == "ulysses":   # sequence all-to-alls around attention: cp, no ep
+        job.schedule = rng.choice(["ddp", "fsdp"])
+        job.mesh = rng.choice([{"cp": rng.choice([2, 4, 8])}, {"dp": 2, "cp": 4},
+                               {"dp": 4, "cp": 2}])
+        if job.schedule == "fsdp" and "dp" in job.mesh:
+            job.mesh = {"fsdp": job.mesh["dp"], "cp": job.mesh["cp"]}
+    elif kind == "deepspeed_pipe":   # PipelineEngine: 1F1B, undescribed groups, loss broadcast
+        job.schedule, job.family, job.loss_broadcast = "pp_1f1b", "deepspeed", True
+        job.mesh = rng.choice([{"pp": 2}, {"pp": 4}, {"pp": 2, "dp": 2}, {"pp": 2, "dp": 4}])
+        job.microbatches = rng.choice([4, 8])
+    elif kind == "opaque_a2a":   # all-to-alls no evidence places: ep or cp unknown
+        job.schedule, job.family, job.opaque_a2a = "ep", "deepspeed", True
+        job.mesh = rng.choice([{"ep": 4}, {"dp": 2, "ep": 2}, {"dp": 2, "ep": 4}])
     elif kind == "independent_groups":
         job.schedule = rng.choice(["ddp", "tp"])
         job.mesh = {"dp": 2} if job.schedule == "ddp" else {"tp": rng.choice([2, 4])}

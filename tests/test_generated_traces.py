@@ -34,6 +34,7 @@ FOUND = {
     "independent_groups:seq:597350286": "twin groups of other descriptions split instances",
     "independent_groups:none:289043724": "replicas no collective joins matched as one group",
     "independent_groups:records:742486493": "a straggler's cost shared over the whole world",
+    "deepspeed_pipe:none:3": "a loss broadcast on unknown groups: a guessed root named a straggler",
 }
 
 

@@ -30,7 +30,8 @@ Input: every rank's issued communication ops
    waited for (root causes, Scalasca's delay costs). Per-rank totals (wait suffered, wait
    caused) are lengths of unions of those intervals, so collectives in flight together (DDP
    buckets) count once. A straggler is named only from
-   instances that are evidence: complete, not at a window's head, of known semantics.
+   instances that are evidence: complete, not at a window's head, of known semantics, and
+   not a rooted op on a group no record names (its members and root would be guesses).
 5. **Bandwidth** (nccl-tests, doc/PERFORMANCE.md): algbw = S / t with S the bytes of the full
    buffer and t the transfer time (an op of several kernels: first start to last end); busbw =
    algbw × factor (:func:`pardiag.analyzer.per_rank.op_semantics.busbw_factor`).
@@ -43,7 +44,7 @@ import functools
 
 import pandas as pd
 
-from ..per_rank.op_semantics import UNKNOWN
+from ..per_rank.op_semantics import ROOTED, UNKNOWN
 from ..trace import intervals as iv
 from ..trace.traceset import TraceSet
 from .clocks import align_clocks, instance_times, rank_hosts
@@ -220,7 +221,11 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     inst = instance_times(ev, inst, hosts)
     head, head_note = window_heads(ev, inst, starts, clock)
     inst["head"] = head.to_numpy()
-    inst["evidence"] = inst["complete"] & ~inst["head"] & inst["semantics"].ne(UNKNOWN)
+    # A rooted op on a group no record names may join several groups' ops in one instance, and
+    # its root is then only the member that finished first: who waited for whom is a guess.
+    guessed_root = inst["semantics"].eq(ROOTED) & inst["group"].fillna("").astype(str).eq("")
+    inst["evidence"] = (inst["complete"] & ~inst["head"] & inst["semantics"].ne(UNKNOWN)
+                        & ~guessed_root)
     if head_note:
         notes.append(head_note)
     per_rank, pr = per_rank_waits(ev, inst)
