@@ -56,6 +56,9 @@ class ProfileConfig:
             rendezvous' meeting point where no ``rdzv_endpoint`` is given).
         noise_filter: pass the ranks' standard error through :class:`NoiseFilter` (torch's
             profiler lines shown once or not at all).
+        monitor_every: monitor every step instead of profiling a window (``--monitor``; no
+            Kineto trace): each rank appends its records every ``monitor_every`` steps
+            (:mod:`pardiag.collectors.monitor`); None: profile.
     """
 
     script: Path
@@ -77,6 +80,7 @@ class ProfileConfig:
     master_addr: str | None = None
     master_port: int | None = None
     noise_filter: bool = True
+    monitor_every: int | None = None
 
     @property
     def standalone(self) -> bool:
@@ -118,6 +122,12 @@ class ProfileConfig:
             raise PardiagError(f"--nnodes {self.nnodes} needs where the nodes meet: "
                                f"--rdzv-endpoint HOST:PORT (or --master-addr HOST "
                                f"--master-port PORT), the same on every node")
+        if self.monitor_every is not None:   # no profiler window at all
+            if self.monitor_every < 1:
+                raise PardiagError(f"--monitor-every must be >= 1 step, got {self.monitor_every}")
+            for name in ("wait", "warmup", "active"):
+                object.__setattr__(self, name, 0)
+            return
         if self.wait < 0 or self.warmup < 0 or self.active < 1:
             raise PardiagError(
                 f"profiler schedule needs wait >= 0, warmup >= 0, active >= 1; "
@@ -677,7 +687,8 @@ def _command_and_env(cfg: ProfileConfig, out: Path, script: str,
     (the ranks' configuration, the launch id); returns ``(cmd, env)``."""
     rank_cfg = {"out": str(out), "script": script, "args": list(cfg.args),
                 "wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active,
-                "pin_cpu": cfg.pin_cpu, "overwrite": cfg.overwrite}
+                "pin_cpu": cfg.pin_cpu, "overwrite": cfg.overwrite,
+                "monitor_every": cfg.monitor_every}
     cmd = [sys.executable, "-m", "pardiag.collectors.torchrun_quiet", *cfg.torchrun_args(),
            "--nproc-per-node", str(cfg.nproc_per_node), "-m", "pardiag.collectors.rank_entry"]
     # torchrun sets OMP_NUM_THREADS=1 when unset, with a banner; set the same value quietly.
@@ -716,7 +727,7 @@ def _rank_outcomes(metas: dict, cfg: ProfileConfig) -> _RankOutcomes:
         codes.append(int(meta.exit_code or 0))
         steps = int(meta.optimizer_steps or 0)
         recorded = max(0, min(cfg.active, steps - cfg.wait - cfg.warmup))
-        if not meta.trace_file:
+        if not meta.trace_file and cfg.monitor_every is None:
             no_trace[r] = steps
         elif recorded < cfg.active and meta.status == "ok":
             short[r] = recorded
@@ -813,7 +824,9 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
         pardiag_version=__version__,
         command=shlex.join(["pardiag", "profile", str(cfg.script),
                             "--nproc-per-node", str(cfg.nproc_per_node), *node_opts,
-                            *(["--pin-cpu"] if cfg.pin_cpu else []), "--", *cfg.args]),
+                            *(["--pin-cpu"] if cfg.pin_cpu else []),
+                            *(["--monitor", "--monitor-every", str(cfg.monitor_every)]
+                              if cfg.monitor_every else []), "--", *cfg.args]),
         script=str(cfg.script), script_args=list(cfg.args),
         world_size=cfg.nproc_per_node * cfg.nnodes, nproc_per_node=cfg.nproc_per_node,
         nnodes=cfg.nnodes, node_rank=node_rank,
@@ -827,7 +840,8 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
                        else sorted(torch_versions) or None),
         failed_ranks={str(k): v for k, v in failed.items()}, missing_ranks=missing,
         load_before=loads[0], load_after=loads[1],
-        host_probe_before_ms=probes[0], host_probe_after_ms=probes[1])
+        host_probe_before_ms=probes[0], host_probe_after_ms=probes[1],
+        monitor_every=cfg.monitor_every)
     part = layout.node_run_path(out, node_rank if node_rank is not None
                                 else "-" + re.sub(r"[^\w.-]", "_", socket.gethostname()))
     tmp = part.with_suffix(".json.tmp")
@@ -914,7 +928,7 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
         raise Interrupted(_kept(out, metas, expected))
     window = cfg.wait + cfg.warmup + cfg.active + 1   # and the step that exports the trace
     after = [int(m.optimizer_steps or 0) - window for m in metas.values()
-             if m.trace_file and m.status == "ok"]
+             if m.trace_file and m.status == "ok" and cfg.monitor_every is None]
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=got.failed,
                          missing_ranks=missing, no_trace=got.no_trace, short_ranks=got.short,
                          hang=hang or [], contention=layout.contention_note(metas.values()),

@@ -52,14 +52,18 @@ class _OptimizerStepper:
     saw at depth 0 ends. ``on_step(count, optimizer)`` runs before the profiler steps.
     """
 
-    def __init__(self, on_step) -> None:
+    def __init__(self, on_step, keep_times: bool = True) -> None:
         self._on_step = on_step
         self._depth = 0
         self._owner: int | None = None
         self.optimizer = None
         self.steps = 0
-        #: ``[(optimizer step index, start ns, end ns)]`` of the counted steps (epoch ns)
+        #: ``[(optimizer step index, start ns, end ns)]`` of the counted steps (epoch ns; kept
+        #: only with ``keep_times``: a monitored run's steps are its monitor's)
         self.times: list[tuple[int, int, int]] = []
+        self.keep_times = keep_times
+        #: the last counted step's ``(index, start ns, end ns)``
+        self.last: tuple[int, int, int] = (-1, 0, 0)
         self._t0 = 0
 
     def pre(self, optimizer, args, kwargs) -> None:
@@ -75,7 +79,9 @@ class _OptimizerStepper:
             self._owner = id(optimizer)
             self.optimizer = optimizer
         if id(optimizer) == self._owner:
-            self.times.append((self.steps, self._t0, time.time_ns()))
+            self.last = (self.steps, self._t0, time.time_ns())
+            if self.keep_times:
+                self.times.append(self.last)
             self.steps += 1
             self._on_step(self.steps, optimizer)
 
@@ -590,6 +596,8 @@ class _RankRun:
     instrumentation: dict = dataclasses.field(
         default_factory=lambda: {"post_window_s": None, "post_window_after_step": None})
     prof: object = None
+    #: the always-on monitor (``--monitor``; :mod:`pardiag.collectors.monitor`), else None
+    monitor: object = None
     stepper: _OptimizerStepper | None = None
     batch: object = None
     p2p: object = None
@@ -776,12 +784,27 @@ def _write_window_meta(run: _RankRun) -> None:
     _write_meta(run, lay, len(raw), None, False, window=True)
 
 
+class _NoProfiler:
+    """The profiler of a monitored run: it records nothing."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+
 def _make_profiler(run: _RankRun):
     """The torch profiler of the rank (CPU, and CUDA where there is a GPU) with its
     wait/warmup/active schedule; its trace is written by :func:`_on_trace_ready`. Returns it
     (not started)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
+    if run.cfg.get("monitor_every"):   # monitored: no Kineto at all
+        return _NoProfiler()
     activities = [ProfilerActivity.CPU]
     if run.cuda:
         activities.append(ProfilerActivity.CUDA)
@@ -807,6 +830,8 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
     from .memory import static_memory
 
     wait, warmup, window_end = run.wait, run.warmup, run.window_end
+    if run.monitor is not None:
+        run.monitor.on_step(*run.stepper.last)
     if count == 1:   # the first step's forward has shown the per-rank batch
         run.batch.uninstall()
     if count == wait + warmup and run.cuda:
@@ -840,13 +865,22 @@ def _install_hooks(run: _RankRun) -> None:
     from .pipeline_recorder import PipelineRecorder
     from .shapes import BatchRecorder
 
-    run.stepper = stepper = _OptimizerStepper(functools.partial(_on_step, run))
+    monitor_every = run.cfg.get("monitor_every")
+    run.stepper = stepper = _OptimizerStepper(functools.partial(_on_step, run),
+                                              keep_times=not monitor_every)
     run.batch = BatchRecorder()
     run.batch.install()
     run.p2p = P2PRecorder()
     run.p2p.install()
     run.pipe = PipelineRecorder(lambda: stepper.steps)
     run.pipe.install()
+    if monitor_every:   # over the recorders' wrappers: restored first
+        import torch
+
+        from .monitor import Monitor
+        run.monitor = Monitor(layout.monitor_path(run.out, run.rank), run.rank, monitor_every,
+                              torch.cuda.memory_allocated if run.cuda else None)
+        run.monitor.install()
     # a window that starts with the script (wait = warmup = 0) records from the first call
     run.pipe.recording = run.p2p.recording = run.wait + run.warmup == 0
     run.hook_handles = [register_optimizer_step_pre_hook(stepper.pre),
@@ -897,6 +931,8 @@ def _run_script(run: _RankRun) -> None:
             run.prof.stop()
         except Exception as exc:  # a trace that cannot be written must not hide the script's result
             print(f"pardiag: rank {run.rank}: could not write the trace: {exc}", file=sys.stderr)
+        if run.monitor is not None:
+            run.monitor.close()
         run.p2p.uninstall()
         run.pipe.uninstall()
         run.batch.uninstall()

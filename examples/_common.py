@@ -2,7 +2,8 @@
 
 Every example takes the options that matter for diagnosis: ``--steps``, ``--batch``, ``--width``,
 ``--layers``, ``--optimizer``, and planted problems ``--slow-rank R --slow-ms D`` (sleep D ms
-every step on rank R, outside any operator), ``--slow-data-rank R --slow-data-ms D`` (rank R's
+every step on rank R, outside any operator; with ``--slow-from A --slow-until B`` only in steps
+A..B-1: a transient straggler), ``--slow-data-rank R --slow-data-ms D`` (rank R's
 DataLoader takes D ms longer per batch: a slow input pipeline), ``--tiny-ops N`` (N extra tiny
 tensor ops per step: launch- or CPU-bound), ``--fail-rank R --fail-step S`` (raise),
 ``--hang-rank R --hang-step S`` (block forever), plus ``--times-out FILE`` (per-step wall times,
@@ -46,6 +47,10 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     p.add_argument("--slow-rank", type=int, default=-1, help="rank that sleeps every step")
     p.add_argument("--slow-ms", type=float, default=0.0, help="how long the slow rank sleeps (ms)")
+    p.add_argument("--slow-from", type=int, default=0,
+                   help="first step at which the slow rank sleeps (a transient straggler)")
+    p.add_argument("--slow-until", type=int, default=-1,
+                   help="step at which the slow rank stops sleeping (-1: never)")
     p.add_argument("--slow-data-rank", type=int, default=-1,
                    help="rank whose DataLoader is slow (sleeps in __getitem__)")
     p.add_argument("--slow-data-ms", type=float, default=0.0,
@@ -188,7 +193,8 @@ def plant(args: argparse.Namespace, env: Env, step: int) -> None:
     if env.rank == args.hang_rank and step == args.hang_step:
         while True:  # a rank that never reaches the next collective
             time.sleep(1.0)
-    if env.rank == args.slow_rank and args.slow_ms > 0:
+    if (env.rank == args.slow_rank and args.slow_ms > 0 and step >= args.slow_from
+            and (args.slow_until < 0 or step < args.slow_until)):
         time.sleep(args.slow_ms / 1000.0)
 
 

@@ -319,11 +319,19 @@ def _schedule_options(f):
               metavar="N", help="Run the job N times, one after the other, into --out/run-1 … "
                                 "run-N: `pardiag compare` of two such folders measures the noise "
                                 "between runs (it needs 4 runs or more per side).")
+@click.option("--monitor", is_flag=True,
+              help="Monitor every step of a long run instead of profiling a window: no trace; "
+                   "each rank's step times and collectives, appended as the job runs, for "
+                   "`pardiag report` (slow steps, stragglers that come and go, memory creep).")
+@click.option("--monitor-every", type=click.IntRange(min=1), default=None, metavar="STEPS",
+              help="With --monitor: steps between two writes of each rank's records "
+                   "[default: 50]; a killed job keeps everything written.")
 def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out: Path | None,
             wait: int, warmup: int, active: int, overwrite: bool, timeout_s: float | None,
             pin_cpu: bool, nnodes: int, node_rank: int | None, rdzv_backend: str | None,
             rdzv_endpoint: str | None, rdzv_id: str | None, master_addr: str | None,
-            master_port: int | None, repeat: int) -> None:
+            master_port: int | None, repeat: int, monitor: bool,
+            monitor_every: int | None) -> None:
     """Run SCRIPT under torchrun with every rank profiled.
 
     Arguments after `--` go to the script unchanged. The run folder gets one gzipped Kineto trace
@@ -336,7 +344,10 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     import time
 
     from pardiag.collectors.launch import ProfileConfig, run_profile
+    from pardiag.collectors.monitor import FLUSH_EVERY
 
+    if monitor_every is not None and not monitor:
+        raise PardiagError("--monitor-every needs --monitor")
     if out is None:
         out = Path("pardiag_runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     if repeat > 1:
@@ -363,7 +374,8 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
                             active=active, overwrite=overwrite, timeout_s=timeout_s,
                             pin_cpu=pin_cpu, nnodes=nnodes, node_rank=node_rank,
                             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
-                            rdzv_id=rdzv_id, master_addr=master_addr, master_port=master_port)
+                            rdzv_id=rdzv_id, master_addr=master_addr, master_port=master_port,
+                            monitor_every=(monitor_every or FLUSH_EVERY) if monitor else None)
         result = run_profile(cfg)
         _say_outcome(result, wait, warmup, active, timeout_s)
         code = result.exit_code
@@ -372,7 +384,8 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
                 click.echo(f"pardiag: run {i} of {repeat} failed: the other "
                            f"{repeat - i} were not started", err=True)
             break
-    if any(out.glob("rank*.trace.json.gz")) or (repeat > 1 and code == 0):
+    if (any(out.glob("rank*.trace.json.gz")) or (repeat > 1 and code == 0)
+            or (monitor and any(layout.sidecar_dir(out).glob("rank*.monitor.jsonl")))):
         where = _shell_path(out)
         more = " (with node-local folders: every node's folder)" if nnodes > 1 else ""
         click.echo(f"pardiag: next: {_program()} report {where}{more}", err=True)
@@ -505,9 +518,14 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     """
     import orjson
 
+    from pardiag.analyzer.analyses.monitored import is_monitored
     from pardiag.api import analyze
     from pardiag.progress import progress_reporter
 
+    if (len(paths) == 1 and paths[0].is_dir() and is_monitored(paths[0])
+            and not any(paths[0].glob("rank*.trace.json.gz"))):
+        _monitor_report(paths[0], output, json_out, cdn, quiet)
+        return
     analysing: str | None = None   # the traces' source, once the analyses run
 
     def loaded(traces) -> None:
@@ -545,6 +563,32 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
         # a pipe or a file gets 120 columns unless COLUMNS says otherwise
         wide = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
         rep.print_summary(Console(width=None if wide else 120))
+    click.echo(f"pardiag: wrote {output}"
+               + (f" and {json_out}" if json_out and str(json_out) != "-" else ""), err=True)
+
+
+def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,
+                    quiet: bool) -> None:
+    """``pardiag report`` of a monitored run (``profile --monitor``): its findings on the
+    terminal, the page, and JSON when asked."""
+    import orjson
+
+    from pardiag.analyzer.analyses.monitored import load_monitor, summary
+    from pardiag.analyzer.render.monitor_page import monitor_html, monitor_lines
+
+    guard_outputs([output, json_out], [run])
+    refuse_foreign_outputs(output, json_out)
+    data = load_monitor(run)
+    doc = {"kind": "monitored_run", "source": str(run), **summary(data)}
+    if json_out is not None:
+        _write_json(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY),
+                    json_out)
+    try:
+        output.write_text(monitor_html(data, doc, str(run), "cdn" if cdn else True))
+    except OSError as exc:
+        raise PardiagError(f"{output}: cannot write ({exc.strerror})") from None
+    if not quiet and str(json_out) != "-":
+        click.echo("\n".join(monitor_lines(doc)))
     click.echo(f"pardiag: wrote {output}"
                + (f" and {json_out}" if json_out and str(json_out) != "-" else ""), err=True)
 

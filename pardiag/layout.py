@@ -60,6 +60,7 @@ COMMS_TEMPLATE = "rank{rank}.comms.json"
 PIPELINE_TEMPLATE = "rank{rank}.pipeline.json"
 HANG_TEMPLATE = "rank{rank}.hang.json"
 STACKS_TEMPLATE = "rank{rank}.stacks.txt"
+MONITOR_TEMPLATE = "rank{rank}.monitor.jsonl"
 #: A rank's trace while it is being written (in the sidecar folder, where no report reads
 #: traces); renamed to ``TRACE_TEMPLATE`` when complete, so a rank stopped while writing leaves
 #: no truncated trace under the trace's name.
@@ -126,6 +127,12 @@ def pipeline_path(run_dir: Path, rank: int) -> Path:
     return sidecar_dir(run_dir) / PIPELINE_TEMPLATE.format(rank=rank)
 
 
+def monitor_path(run_dir: Path, rank: int) -> Path:
+    """Path of rank ``rank``'s always-on records (``pardiag profile --monitor``: one JSON line
+    per :data:`pardiag.collectors.monitor.FLUSH_EVERY` steps) inside ``run_dir``."""
+    return sidecar_dir(run_dir) / MONITOR_TEMPLATE.format(rank=rank)
+
+
 def hang_path(run_dir: Path, rank: int) -> Path:
     """Path of rank ``rank``'s hang dump inside ``run_dir``."""
     return sidecar_dir(run_dir) / HANG_TEMPLATE.format(rank=rank)
@@ -161,7 +168,7 @@ def rank_files(run_dir: Path, rank: int) -> list[Path]:
     return [trace_path(run_dir, rank), rank_meta_path(run_dir, rank),
             window_meta_path(run_dir, rank), comms_path(run_dir, rank),
             pipeline_path(run_dir, rank), hang_path(run_dir, rank), stacks_path(run_dir, rank),
-            partial_trace_path(run_dir, rank)]
+            partial_trace_path(run_dir, rank), monitor_path(run_dir, rank)]
 
 
 #: The folder of the i-th run of a repeated profile (``pardiag profile --repeat N``) in its set.
@@ -337,6 +344,8 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
             :func:`pardiag.collectors.launch.host_probe_ms`; None: not measured, e.g. after
             Ctrl-C). A slower probe means a slower host (a virtual machine's neighbours), which
             moves the step time of the whole run.
+        monitor_every: with ``pardiag profile --monitor``, the steps per line of each rank's
+            monitor file (:func:`monitor_path`); None: a profiled run.
     """
 
     schema: str = SIDECAR_SCHEMA
@@ -368,6 +377,7 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
     load_after: list[float] | None = None
     host_probe_before_ms: float | None = None
     host_probe_after_ms: float | None = None
+    monitor_every: int | None = None
 
 
 def join_run_files(parts: list[RunFile]) -> RunFile | None:

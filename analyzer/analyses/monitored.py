@@ -1,0 +1,392 @@
+"""A monitored run (``pardiag profile --monitor``): every step of every rank, its collectives'
+arrivals, and the findings over the whole run — slow steps, stragglers that persist or come and
+go, memory creep.
+
+Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
+:mod:`pardiag.collectors.monitor`), read by :func:`load_monitor`.
+
+* **Arrival delay** (:func:`arrival_delays`): the collectives a rank issued are matched across
+  ranks by (process group, op, the rank's count of that op on that group so far): every member
+  of a group issues its collectives in the same order. A member's arrival delay at an instance
+  is its issue time less the earliest member's (µs; TensorBoard profiler plugin's arrival skew,
+  per rank). Ranks of other hosts are first put on the reference host's clock: the offset is the
+  median, over the release-together instances both completed, of the difference of their
+  completion times (members of an all-reduce complete together; the cross-rank model's rule).
+  A rank's delay in a step is the median of its delays at the step's instances.
+* **Stragglers** (:func:`straggler_findings`): a rank's *lateness* in a step is its delay less
+  the median of the other ranks' (:func:`lateness`), smoothed by a centred running median of
+  :data:`WINDOW_STEPS` steps. A rank is late in a step when that median exceeds
+  ``max(STRAGGLER_SIGMA × σ_m, STRAGGLER_STEP_SHARE × median step)``, σ_m the noise of such a
+  median (1.4826 × the median absolute deviation of the lateness about it, × 1.2533 /
+  √WINDOW_STEPS, the standard error of a median). Late steps separated by at most
+  :data:`GAP_STEPS` others form a period; a period of at least
+  :data:`MIN_STEPS` steps is a finding, *persistent* when it covers at least
+  :data:`PERSISTENT_SHARE` of the rank's steps, else *transient*, with its first and last step,
+  the median extra delay and the step time during it against the run's baseline.
+* **Slow steps**: steps whose median wall time over the ranks exceeds the run's median by more
+  than ``max(SLOW_SIGMA × σ_step, SLOW_STEP_SHARE × median)``, in periods as above (at least
+  :data:`MIN_SLOW_STEPS`), each with what moved with it (a straggler's period it overlaps, the
+  DataLoader's time).
+* **Memory creep**: a rank whose resident (or device) memory, sampled at each written line,
+  grows by at least :data:`CREEP_MIN_SHARE` of its first sample and at least
+  :data:`CREEP_MIN_BYTES`, with at least 3/4 of the increments non-negative; its slope is
+  Theil-Sen's (bytes per 1,000 steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pardiag import layout
+from pardiag.errors import PardiagError
+
+#: Ops whose members complete together (their completions align clocks).
+RELEASE_TOGETHER = frozenset({"all_reduce", "all_gather", "all_gather_into_tensor",
+                              "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single",
+                              "all_to_all", "barrier", "ddp_all_reduce"})
+#: Point-to-point ops: matched by peer, not by group order; left out of arrival delays.
+P2P = frozenset({"send", "recv", "isend", "irecv"})
+
+STRAGGLER_SIGMA = 5.0
+#: Steps of the centred running median that smooths each rank's lateness.
+WINDOW_STEPS = 9
+STRAGGLER_STEP_SHARE = 0.10
+SLOW_SIGMA = 6.0
+SLOW_STEP_SHARE = 0.10
+GAP_STEPS = 2
+MIN_STEPS = 5
+MIN_SLOW_STEPS = 3
+PERSISTENT_SHARE = 0.9
+CREEP_MIN_SHARE = 0.05
+CREEP_MIN_BYTES = 64 * 2**20
+
+
+@dataclasses.dataclass
+class MonitorData:
+    """A monitored run's records, every time in epoch µs.
+
+    Attributes:
+        steps: one row per rank and step: ``rank``, ``step``, ``end_us``, ``dur_us``,
+            ``optimizer_us``, ``data_us`` (µs).
+        calls: one row per call: ``rank``, ``step``, ``group``, ``op``, ``bytes``,
+            ``issue_us``, ``return_us``, ``done_us`` (NaN: not known).
+        memory: one row per rank and written line: ``rank``, ``step`` (the line's last),
+            ``rss_bytes``, ``device_bytes``.
+        hosts: ``{rank: host name}`` from the ranks' metadata (empty where none).
+        notes: what could not be read (a torn last line of a killed rank, dropped calls).
+    """
+
+    steps: pd.DataFrame
+    calls: pd.DataFrame
+    memory: pd.DataFrame
+    hosts: dict[int, str]
+    notes: list[str]
+
+
+def is_monitored(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds monitor files (``pardiag/rank*.monitor.jsonl``)."""
+    return any(layout.sidecar_dir(Path(run_dir)).glob("rank*.monitor.jsonl"))
+
+
+def _read_lines(path: Path, notes: list[str]) -> list[dict]:
+    import orjson
+
+    out = []
+    try:
+        raw = path.read_bytes().split(b"\n")
+    except OSError as exc:
+        raise PardiagError(f"{path}: cannot read ({exc.strerror})") from None
+    for i, line in enumerate(raw):
+        if not line.strip():
+            continue
+        try:
+            doc = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            if i >= len(raw) - 2:   # the last line, cut when the rank was killed
+                notes.append(f"{path.name}: its last line is incomplete (the rank was stopped "
+                             f"while writing it) and is left out")
+                continue
+            raise PardiagError(f"{path}: line {i + 1} is not JSON") from None
+        if not isinstance(doc, dict) or doc.get("schema") != "pardiag.monitor/1":
+            raise PardiagError(f"{path}: line {i + 1} is not a pardiag monitor record")
+        out.append(doc)
+    return out
+
+
+def load_monitor(run_dir: Path) -> MonitorData:
+    """Read every rank's monitor file in ``run_dir``.
+
+    Raises:
+        PardiagError: no monitor file, or a file that is not one (one line naming it).
+    """
+    run_dir = Path(run_dir)
+    files = sorted(layout.sidecar_dir(run_dir).glob("rank*.monitor.jsonl"))
+    if not files:
+        raise PardiagError(f"{run_dir}: no monitor records (pardiag/rank*.monitor.jsonl)")
+    notes: list[str] = []
+    steps, calls, memory = [], [], []
+    for path in files:
+        dropped = 0
+        for doc in _read_lines(path, notes):
+            rank, base = int(doc["rank"]), doc["base_ns"] / 1000.0
+            st, ca, ops = doc["steps"], doc["calls"], doc["ops"]
+            n = len(st["index"])
+            steps.append(pd.DataFrame({
+                "rank": rank, "step": st["index"], "end_us": np.add(st["end_us"], base),
+                "dur_us": st["dur_us"], "optimizer_us": st["optimizer_us"],
+                "data_us": st["data_us"]}))
+            if ca["step"]:
+                done = np.asarray(ca["done_us"], dtype=float)
+                calls.append(pd.DataFrame({
+                    "rank": rank, "step": ca["step"], "group": ca["group"],
+                    "op": [ops[o] for o in ca["op"]], "bytes": ca["bytes"],
+                    "issue_us": np.add(ca["issue_us"], base),
+                    "return_us": np.add(ca["return_us"], base),
+                    "done_us": np.where(done >= 0, done + base, np.nan)}))
+            mem = doc.get("memory") or {}
+            if n:
+                memory.append({"rank": rank, "step": st["index"][-1],
+                               "rss_bytes": mem.get("rss_bytes"),
+                               "device_bytes": mem.get("device_bytes")})
+            dropped += int(doc.get("dropped_calls") or 0)
+        if dropped:
+            notes.append(f"{path.name}: {dropped} calls over the buffer's limit were counted, "
+                         f"not kept")
+    hosts = {}
+    for r in {int(p.name[4:].split(".")[0]) for p in files}:
+        try:
+            meta = layout.decode_sidecar(layout.rank_meta_path(run_dir, r).read_bytes(), "rank")
+            hosts[r] = str(meta.host)
+        except Exception:   # a killed rank wrote no metadata: its host is unknown
+            continue
+    cols = ["rank", "step", "group", "op", "bytes", "issue_us", "return_us", "done_us"]
+    return MonitorData(
+        steps=(pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(
+            columns=["rank", "step", "end_us", "dur_us", "optimizer_us", "data_us"])),
+        calls=pd.concat(calls, ignore_index=True) if calls else pd.DataFrame(columns=cols),
+        memory=pd.DataFrame(memory, columns=["rank", "step", "rss_bytes", "device_bytes"]),
+        hosts=hosts, notes=notes)
+
+
+def _instances(calls: pd.DataFrame) -> pd.DataFrame:
+    """``calls`` of collectives with ``instance`` (group, op and the rank's ordinal of that op
+    on that group) and ``members`` (ranks that issued it)."""
+    c = calls[~calls["op"].isin(P2P)].sort_values(["rank", "issue_us"]).copy()
+    c["ordinal"] = c.groupby(["rank", "group", "op"]).cumcount()
+    c["instance"] = c["group"].astype(str) + "|" + c["op"] + "|" + c["ordinal"].astype(str)
+    c["members"] = c.groupby("instance")["rank"].transform("size")
+    return c[c["members"] > 1]
+
+
+def host_offsets(c: pd.DataFrame, hosts: dict[int, str]) -> dict[int, float]:
+    """``{rank: µs to subtract}`` putting each host's clock on the host of the lowest rank:
+    per other host, the median over release-together instances completed on both of
+    (completion on that host − completion on the reference host). Ranks of one host share a
+    clock; with one host (or none known) every offset is 0."""
+    ranks = sorted(c["rank"].unique()) if len(c) else []
+    if len(set(hosts.values())) < 2 or not ranks:
+        return {int(r): 0.0 for r in ranks}
+    ref_host = hosts.get(int(ranks[0]))
+    done = c[c["op"].isin(RELEASE_TOGETHER) & c["done_us"].notna()]
+    ref = done[done["rank"].map(hosts) == ref_host].groupby("instance")["done_us"].median()
+    out: dict[int, float] = {}
+    for h in set(hosts.values()):
+        mine = done[done["rank"].map(hosts) == h].groupby("instance")["done_us"].median()
+        both = mine.index.intersection(ref.index)
+        off = float(np.median(mine[both] - ref[both])) if h != ref_host and len(both) else 0.0
+        for r, hr in hosts.items():
+            if hr == h:
+                out[r] = off
+    return {int(r): out.get(int(r), 0.0) for r in ranks}
+
+
+def arrival_delays(data: MonitorData) -> pd.DataFrame:
+    """Each rank's arrival delay per step (µs): a ranks × steps table (NaN where the rank
+    issued no collective it shares with another rank that step). See the module."""
+    if data.calls.empty:
+        return pd.DataFrame()
+    c = _instances(data.calls)
+    if c.empty:
+        return pd.DataFrame()
+    off = host_offsets(c, data.hosts)
+    c["issue_us"] = c["issue_us"] - c["rank"].map(off).fillna(0.0)
+    c["delay_us"] = c["issue_us"] - c.groupby("instance")["issue_us"].transform("min")
+    return c.groupby(["rank", "step"])["delay_us"].median().unstack("step").sort_index()
+
+
+def _periods(flags: np.ndarray, steps: np.ndarray, gap: int, min_len: int) -> list[tuple]:
+    """``[(first step, last step, flagged steps)]`` of runs of flagged steps joined across at
+    most ``gap`` unflagged ones, of at least ``min_len`` flagged steps."""
+    out: list[tuple] = []
+    start = last = -1
+    n = 0
+    for flag, s in zip(flags, steps):
+        if not flag:
+            continue
+        if n and s - last <= gap + 1:
+            last, n = int(s), n + 1
+            continue
+        if n >= min_len:
+            out.append((start, last, n))
+        start, last, n = int(s), int(s), 1
+    if n >= min_len:
+        out.append((start, last, n))
+    return out
+
+
+def _robust_sigma(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    if not len(x):
+        return 0.0
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
+def lateness(delays: pd.DataFrame) -> pd.DataFrame:
+    """Each rank's lateness per step (µs): its arrival delay less the median of the other
+    ranks' that step (ranks × steps; about 0 for ranks that differ only by noise, +δ for a rank
+    δ late whether or not it is late in every step)."""
+    vals = delays.to_numpy(dtype=float)
+    out = np.full_like(vals, np.nan)
+    for i in range(len(vals)):
+        others = np.delete(vals, i, axis=0)
+        with np.errstate(all="ignore"):
+            ref = (np.nanmedian(others, axis=0) if np.isfinite(others).any()
+                   else np.full(vals.shape[1], np.nan))
+        out[i] = vals[i] - ref
+    return pd.DataFrame(out, index=delays.index, columns=delays.columns)
+
+
+def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
+    """Stragglers over the run (see the module): ``[{"kind": "straggler", "rank",
+    "first_step", "last_step", "steps", "persistent", "extra_delay_ms", "step_ms",
+    "baseline_step_ms", "threshold_ms", "costs_time"}]`` (ms; ``costs_time``: the period's
+    median step exceeds the run's by more than :data:`STRAGGLER_STEP_SHARE`)."""
+    if delays.empty or len(delays) < 2:
+        return []
+    step_ms = steps.groupby("step")["dur_us"].median()
+    base = float(step_ms.median())
+    late = lateness(delays)
+    smooth = late.T.rolling(WINDOW_STEPS, center=True, min_periods=WINDOW_STEPS // 2 + 1
+                            ).median().T
+    resid = (late - smooth).to_numpy(dtype=float).ravel()
+    # the noise of a median of WINDOW_STEPS values: sigma * 1.2533 / sqrt(n) (normal errors)
+    noise = _robust_sigma(resid) * 1.2533 / np.sqrt(WINDOW_STEPS)
+    thr = max(STRAGGLER_SIGMA * noise, STRAGGLER_STEP_SHARE * base)
+    out = []
+    cols = delays.columns.to_numpy()
+    for r in delays.index:
+        m = smooth.loc[r].to_numpy(dtype=float)
+        x = late.loc[r].to_numpy(dtype=float)
+        ok = np.isfinite(x)
+        flags = np.isfinite(m) & (m > thr)
+        for first, last, n in _periods(flags, cols, GAP_STEPS, MIN_STEPS):
+            sel = (cols >= first) & (cols <= last) & ok
+            out.append({
+                "kind": "straggler", "rank": int(r), "first_step": first, "last_step": last,
+                "steps": int(n), "persistent": n >= PERSISTENT_SHARE * int(ok.sum()),
+                "extra_delay_ms": round(float(np.median(x[sel])) / 1e3, 3),
+                "step_ms": round(float(step_ms.loc[first:last].median()) / 1e3, 3),
+                "baseline_step_ms": round(base / 1e3, 3),
+                "threshold_ms": round(thr / 1e3, 3)})
+            out[-1]["costs_time"] = (out[-1]["step_ms"] - out[-1]["baseline_step_ms"]
+                                     > STRAGGLER_STEP_SHARE * out[-1]["baseline_step_ms"])
+    return sorted(out, key=lambda f: (f["first_step"], f["rank"]))
+
+
+def slow_step_findings(steps: pd.DataFrame, stragglers: list[dict]) -> list[dict]:
+    """Periods of slow steps on every rank (see the module): ``[{"kind": "slow_steps",
+    "first_step", "last_step", "steps", "step_ms", "baseline_step_ms", "data_ms",
+    "baseline_data_ms", "straggler_rank"}]`` (``straggler_rank``: a straggler's period it
+    overlaps, else None)."""
+    if steps.empty:
+        return []
+    per = steps.groupby("step")[["dur_us", "data_us"]].median()
+    x = per["dur_us"].to_numpy(dtype=float)
+    base = float(np.median(x))
+    thr = max(SLOW_SIGMA * _robust_sigma(x), SLOW_STEP_SHARE * base)
+    idx = per.index.to_numpy()
+    out = []
+    for first, last, n in _periods(x - base > thr, idx, GAP_STEPS, MIN_SLOW_STEPS):
+        span = per.loc[first:last]
+        who = [f["rank"] for f in stragglers
+               if f["first_step"] <= last and f["last_step"] >= first]
+        out.append({"kind": "slow_steps", "first_step": first, "last_step": last,
+                    "steps": int(n), "step_ms": round(float(span["dur_us"].median()) / 1e3, 3),
+                    "baseline_step_ms": round(base / 1e3, 3),
+                    "data_ms": round(float(span["data_us"].median()) / 1e3, 3),
+                    "baseline_data_ms": round(float(per["data_us"].median()) / 1e3, 3),
+                    "straggler_rank": who[0] if who else None})
+    return out
+
+
+def memory_findings(memory: pd.DataFrame) -> list[dict]:
+    """Memory creep per rank (see the module): ``[{"kind": "memory_creep", "rank", "memory",
+    ("rss" or "device"), "first_bytes", "last_bytes", "bytes_per_1k_steps"}]``."""
+    out = []
+    for (r, m), col in ((k, c) for k in memory.groupby("rank") for c in
+                        ("rss_bytes", "device_bytes")):
+        s = m[["step", col]].dropna()
+        if len(s) < 4:
+            continue
+        y = s[col].to_numpy(dtype=float)
+        st = s["step"].to_numpy(dtype=float)
+        grow = y[-1] - y[0]
+        if (grow < max(CREEP_MIN_SHARE * y[0], CREEP_MIN_BYTES)
+                or (np.diff(y) >= 0).mean() < 0.75):
+            continue
+        i, j = np.triu_indices(len(y), 1)
+        ok = st[j] != st[i]
+        slope = float(np.median((y[j] - y[i])[ok] / (st[j] - st[i])[ok]))
+        out.append({"kind": "memory_creep", "rank": int(r),
+                    "memory": col.removesuffix("_bytes"), "first_bytes": int(y[0]),
+                    "last_bytes": int(y[-1]), "bytes_per_1k_steps": round(slope * 1000)})
+    return out
+
+
+def findings(data: MonitorData) -> list[dict]:
+    """Every finding of the run, stragglers first (see the module)."""
+    strag = straggler_findings(arrival_delays(data), data.steps)
+    return (strag + slow_step_findings(data.steps, strag) + memory_findings(data.memory))
+
+
+def finding_line(f: dict) -> str:
+    """One line per finding, as the terminal and the log print it."""
+    span = f"steps {f.get('first_step')}–{f.get('last_step')}"
+    if f["kind"] == "straggler":
+        what = "persistent straggler" if f["persistent"] else "transient straggler"
+        return (f"rank {f['rank']}: {what}, {span} ({f['steps']} steps late): arrives "
+                f"{f['extra_delay_ms']:.1f} ms after the other ranks; step {f['step_ms']:.1f} ms "
+                f"against {f['baseline_step_ms']:.1f} ms over the run (lateness counted above "
+                f"{f['threshold_ms']:.1f} ms, the noise's bound)"
+                + ("" if f["costs_time"] or f["persistent"] else
+                   "; the steps were no slower than over the run: the others waited without the "
+                   "run losing time (a cost inside the step-time noise)"))
+    if f["kind"] == "slow_steps":
+        why = (f"; rank {f['straggler_rank']} was late then" if f["straggler_rank"] is not None
+               else f"; DataLoader {f['data_ms']:.1f} ms against {f['baseline_data_ms']:.1f} ms"
+               if f["data_ms"] > f["baseline_data_ms"] + 0.5 * (f["step_ms"]
+                                                                - f["baseline_step_ms"])
+               else "; no rank was late: every rank slowed")
+        return (f"slow steps {f['first_step']}–{f['last_step']}: {f['step_ms']:.1f} ms against "
+                f"{f['baseline_step_ms']:.1f} ms{why}")
+    return (f"rank {f['rank']}: {f['memory']} memory grows {f['bytes_per_1k_steps'] / 2**20:.1f} "
+            f"MiB per 1,000 steps ({f['first_bytes'] / 2**20:.0f} → "
+            f"{f['last_bytes'] / 2**20:.0f} MiB)")
+
+
+def summary(data: MonitorData) -> dict:
+    """The JSON of a monitored run: ``ranks``, ``steps``, ``step_ms`` (median, p10, p90 of the
+    per-step median over ranks), ``findings`` (:func:`findings`), ``notes``."""
+    per = data.steps.groupby("step")["dur_us"].median() / 1e3
+    return {
+        "ranks": sorted(int(r) for r in data.steps["rank"].unique()),
+        "steps": int(data.steps["step"].nunique()),
+        "step_ms": ({"median": round(float(per.median()), 3),
+                     "p10": round(float(per.quantile(0.1)), 3),
+                     "p90": round(float(per.quantile(0.9)), 3)} if len(per) else None),
+        "collectives": int(len(data.calls)),
+        "findings": findings(data), "notes": list(data.notes)}

@@ -1,0 +1,96 @@
+"""The page and the terminal summary of a monitored run (``pardiag profile --monitor``;
+:mod:`pardiag.analyzer.analyses.monitored`): step time over the whole run per rank with each
+finding's steps marked, a rank × step heatmap of the lateness that names stragglers, and the
+findings, one line each."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..analyses import monitored
+from .page import Page, document, escape, muted
+
+#: Steps drawn per rank; longer runs are drawn as the median of blocks of steps (the page says so).
+MAX_POINTS = 4000
+
+
+def _blocks(n: int) -> int:
+    return max(1, int(np.ceil(n / MAX_POINTS)))
+
+
+def _step_figure(page: Page, data: monitored.MonitorData, found: list[dict]) -> str:
+    steps = data.steps.sort_values(["rank", "step"])
+    k = _blocks(int(steps["step"].nunique()))
+    traces = []
+    for r, g in steps.groupby("rank"):
+        s = g["step"].to_numpy() // k
+        y = g.groupby(s)["dur_us"].median().to_numpy() / 1e3
+        traces.append({"type": "scattergl", "mode": "lines", "name": f"rank {r}",
+                       "x": (np.unique(s) * k).astype("float64"), "y": y.astype("float64")})
+    shapes = [{"type": "rect", "xref": "x", "yref": "paper", "x0": f["first_step"] - 0.5,
+               "x1": f["last_step"] + 0.5, "y0": 0, "y1": 1, "line": {"width": 0},
+               "fillcolor": "rgba(214,39,40,0.15)" if f["kind"] == "straggler"
+               else "rgba(255,127,14,0.15)"}
+              for f in found if f["kind"] in ("straggler", "slow_steps")]
+    fig = {"data": traces, "layout": {
+        "title": "Step time over the run, per rank (shaded: findings)",
+        "xaxis": {"title": "optimizer step"}, "yaxis": {"title": "step time (ms)"},
+        "shapes": shapes, "height": 380}}
+    note = page.sample(f"each point is the median of {k} steps") if k > 1 else ""
+    return page.fig(fig) + note
+
+
+def _late_figure(page: Page, data: monitored.MonitorData) -> str:
+    delays = monitored.arrival_delays(data)
+    if delays.empty or len(delays) < 2:
+        return muted("No collective shared by two ranks was recorded: no lateness to draw.")
+    late = monitored.lateness(delays)
+    k = _blocks(late.shape[1])
+    cols = late.columns.to_numpy() // k
+    z = late.T.groupby(cols).median().T / 1e3
+    fig = {"data": [{"type": "heatmap", "z": z.to_numpy(dtype="float64"),
+                     "x": (z.columns.to_numpy() * k).astype("float64"),
+                     "y": [f"rank {r}" for r in z.index], "colorscale": "RdBu",
+                     "reversescale": True, "zmid": 0,
+                     "colorbar": {"title": "ms"}}],
+           "layout": {"title": "Lateness: arrival at collectives after the other ranks (ms)",
+                      "xaxis": {"title": "optimizer step"},
+                      "height": 160 + 24 * len(z.index)}}
+    return page.fig(fig)
+
+
+def monitor_html(data: monitored.MonitorData, doc: dict, source: str,
+                 include_plotlyjs: bool | str = True) -> str:
+    """The monitored run's page (one self-contained HTML document); ``doc`` is
+    :func:`pardiag.analyzer.analyses.monitored.summary` of ``data``."""
+    page = Page()
+    found = doc["findings"]
+    items = "".join(f"<li>{escape(monitored.finding_line(f))}</li>" for f in found)
+    st = doc["step_ms"] or {}
+    head = (f"<p>{len(doc['ranks'])} ranks, {doc['steps']} steps, "
+            f"{doc['collectives']} collectives recorded; step time median "
+            f"{st.get('median', float('nan')):.1f} ms (p10 {st.get('p10', float('nan')):.1f}, "
+            f"p90 {st.get('p90', float('nan')):.1f}).</p>")
+    body = (f'<section id="findings"><h2>Findings</h2>{head}'
+            + (f"<ul>{items}</ul>" if items else muted("No finding: no rank stood out of the "
+                                                      "run's noise and no period of steps was "
+                                                      "slow."))
+            + "".join(muted(n) for n in doc["notes"]) + "</section>"
+            f'<section id="steps"><h2>Step time</h2>{_step_figure(page, data, found)}</section>'
+            f'<section id="lateness"><h2>Lateness per rank</h2>{_late_figure(page, data)}'
+            f"</section>")
+    toc = [("findings", "Findings"), ("steps", "Step time"), ("lateness", "Lateness per rank")]
+    return document(f"pardiag: monitored run {source}", "pardiag report (monitored run)",
+                    source, toc, body, include_plotlyjs)
+
+
+def monitor_lines(doc: dict) -> list[str]:
+    """The terminal summary of a monitored run, one string per line."""
+    st = doc["step_ms"] or {}
+    out = [f"Monitored run: {len(doc['ranks'])} ranks, {doc['steps']} steps, step time median "
+           f"{st.get('median', float('nan')):.1f} ms (p10–p90 {st.get('p10', float('nan')):.1f}"
+           f"–{st.get('p90', float('nan')):.1f} ms)"]
+    out += [f"  {monitored.finding_line(f)}" for f in doc["findings"]] or [
+        "  no finding: no rank stood out of the run's noise and no period of steps was slow"]
+    out += [f"  note: {n}" for n in doc["notes"]]
+    return out

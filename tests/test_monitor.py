@@ -1,0 +1,236 @@
+"""Always-on monitoring (``pardiag profile --monitor``): the records a rank writes, the findings
+over a whole run on planted stragglers (exact first and last steps), slow steps, memory creep,
+clocks of other hosts, a killed rank's torn line, and monitored runs end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+from pardiag import layout
+from pardiag.analyzer.analyses import monitored as M
+from pardiag.collectors import monitor as monitor_mod
+from pardiag.collectors.monitor import OPS, Monitor
+
+ROOT = Path(__file__).resolve().parents[1]
+STEP_US = 100_000
+T0_NS = 1_700_000_000_000_000_000
+
+
+@pytest.fixture(autouse=True)
+def _no_process_memory(monkeypatch):
+    """The written runs' memory is what a test plants, never the test process's own."""
+    monkeypatch.setattr(monitor_mod, "_rss_bytes", lambda: None)
+
+
+def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
+               host_of=None, offset_us=None, rss=None, every: int = 50) -> Path:
+    """A monitored run written through :class:`Monitor` itself: each step 100 ms, three
+    ``ddp_all_reduce`` buckets issued 50, 60, 70 ms into it (±1 ms of noise) and completed
+    together 5 ms after the last arrival. ``late``: ``{rank: (first, last, µs)}`` — that rank
+    issues its buckets that much later in those steps (and the step lasts as long).
+    ``offset_us``: ``{rank: µs}`` added to every time of the rank (another host's clock)."""
+    rng = np.random.default_rng(seed)
+    out = tmp / "run"
+    op = OPS.index("ddp_all_reduce")
+    mons = []
+    for r in range(ranks):
+        m = Monitor(layout.monitor_path(out, r), r, every,
+                    (lambda r=r: rss[r]) if rss is not None else None)
+        m.path.parent.mkdir(parents=True, exist_ok=True)
+        m._fh = open(m.path, "ab")
+        m.base_ns = m._last_end = T0_NS
+        mons.append(m)
+        if host_of:
+            meta = layout.RankMeta(rank=r, world_size=ranks, host=host_of(r))
+            layout.rank_meta_path(out, r).write_bytes(layout.encode_sidecar(meta))
+    t = 0.0   # true time of the step's start (µs after T0)
+    for k in range(steps):
+        extra = {r: us for r, (a, b, us) in late.items() if a <= k <= b}
+        lag = max(extra.values(), default=0.0)
+        for at in (50_000, 60_000, 70_000):
+            issues = {r: t + at + extra.get(r, 0.0) + rng.uniform(-1000, 1000)
+                      for r in range(ranks)}
+            done = max(issues.values()) + 5000
+            for r, m in enumerate(mons):
+                off = (offset_us or {}).get(r, 0.0)
+                rec = m._call(op, None, 1 << 20, T0_NS + int((issues[r] + off) * 1000),
+                              T0_NS + int((issues[r] + off + 50) * 1000))
+                rec[6] = T0_NS + int((done + off) * 1000)
+        t += STEP_US + lag
+        for r, m in enumerate(mons):
+            off = (offset_us or {}).get(r, 0.0)
+            end = T0_NS + int((t + off) * 1000)
+            m.on_step(k, end - 3_000_000, end)
+            if rss is not None:
+                rss[r] += 2 * 2**20 if k % every == every - 1 else 0
+    for m in mons:
+        m.flush()
+        m._fh.close()
+    return out
+
+
+def _stragglers(run: Path) -> list[tuple]:
+    return [(f["rank"], f["first_step"], f["last_step"], f["persistent"])
+            for f in M.summary(M.load_monitor(run))["findings"] if f["kind"] == "straggler"]
+
+
+def test_a_transient_straggler_is_named_with_its_first_and_last_step(tmp_path):
+    run = _write_run(tmp_path, 4, 400, {2: (120, 169, 30_000)})
+    found = M.summary(M.load_monitor(run))["findings"]
+    strag = [f for f in found if f["kind"] == "straggler"]
+    assert [(f["rank"], f["first_step"], f["last_step"], f["persistent"]) for f in strag] == [
+        (2, 120, 169, False)]
+    assert strag[0]["extra_delay_ms"] == pytest.approx(30.0, abs=1.0)
+    assert strag[0]["step_ms"] == pytest.approx(130.0, abs=0.5)
+    assert strag[0]["baseline_step_ms"] == pytest.approx(100.0, abs=0.5)
+    slow = [f for f in found if f["kind"] == "slow_steps"]
+    assert [(f["first_step"], f["last_step"], f["straggler_rank"]) for f in slow] == [
+        (120, 169, 2)]
+
+
+def test_a_persistent_straggler_and_a_clean_run(tmp_path):
+    assert _stragglers(_write_run(tmp_path / "p", 4, 300, {1: (0, 299, 30_000)})) == [
+        (1, 0, 299, True)]
+    assert M.summary(M.load_monitor(_write_run(tmp_path / "c", 4, 300, {})))["findings"] == []
+
+
+def test_two_stragglers_one_after_the_other(tmp_path):
+    run = _write_run(tmp_path, 8, 600, {3: (100, 149, 25_000), 6: (400, 479, 40_000)})
+    assert _stragglers(run) == [(3, 100, 149, False), (6, 400, 479, False)]
+
+
+def test_other_hosts_clocks_are_aligned_by_completions(tmp_path):
+    """Ranks 2 and 3 on another host whose clock is 7 ms ahead: their arrivals would read
+    7 ms late in every step; aligned on the completions they are not."""
+    run = _write_run(tmp_path, 4, 200, {}, host_of=lambda r: "a" if r < 2 else "b",
+                     offset_us={2: 7000.0, 3: 7000.0})
+    data = M.load_monitor(run)
+    c = M._instances(data.calls)
+    off = M.host_offsets(c, data.hosts)
+    assert off[0] == off[1] == 0.0
+    assert off[2] == pytest.approx(7000.0, abs=1.0) and off[3] == off[2]
+    assert M.summary(data)["findings"] == []
+
+
+def test_memory_creep(tmp_path):
+    rss = {0: 1 << 30, 1: 1 << 30}
+    run = _write_run(tmp_path, 2, 1000, {}, rss=rss, every=50)
+    # rank 1's grows 2 MiB per line of 50 steps: 40 MiB per 1,000 steps is no creep under
+    # the 64 MiB floor; a 1 GiB start grows 5 % only past 51 MiB
+    assert [f for f in M.summary(M.load_monitor(run))["findings"]] == []
+    rss = {0: 1 << 30, 1: 1 << 30}
+    run = _write_run(tmp_path / "big", 2, 4000, {}, rss=rss, every=50)
+    creep = [f for f in M.summary(M.load_monitor(run))["findings"] if f["kind"] == "memory_creep"]
+    assert [(f["rank"], f["memory"]) for f in creep] == [(0, "device"), (1, "device")]
+    assert creep[0]["bytes_per_1k_steps"] == pytest.approx(40 * 2**20, rel=0.01)
+    assert creep[0]["last_bytes"] - creep[0]["first_bytes"] == 79 * 2 * 2**20
+
+
+def test_a_killed_ranks_torn_last_line_is_left_out_with_a_note(tmp_path):
+    run = _write_run(tmp_path, 2, 120, {}, every=50)
+    path = layout.monitor_path(run, 1)
+    path.write_bytes(path.read_bytes() + b'{"schema": "pardiag.monitor/1", "rank": 1, "ba')
+    data = M.load_monitor(run)
+    assert sorted(data.steps.groupby("rank")["step"].max().to_dict().items()) == [(0, 119),
+                                                                                  (1, 119)]
+    assert any("its last line is incomplete" in n for n in data.notes)
+    path.write_bytes(b"not json\n" + path.read_bytes())
+    with pytest.raises(M.PardiagError, match=r"rank1\.monitor\.jsonl: line 1 is not JSON"):
+        M.load_monitor(run)
+
+
+def test_the_records_a_line_holds(tmp_path):
+    """One line per ``every`` steps; times in µs after ``base_ns``; calls in flight written with
+    ``done_us`` -1; memory bounded: the buffers are empty after each line."""
+    m = Monitor(tmp_path / "r.jsonl", 0, every=2)
+    m._fh = open(m.path, "ab")
+    m.base_ns = m._last_end = T0_NS
+    rec = m._call(OPS.index("all_reduce"), None, 4096, T0_NS + 1_000_000, T0_NS + 1_500_000)
+    m.on_step(0, T0_NS + 2_000_000, T0_NS + 3_000_000)
+    Monitor._on_done(rec, None)
+    m._call(OPS.index("broadcast"), None, 8, T0_NS + 4_000_000, T0_NS + 4_000_500)
+    m.on_step(1, T0_NS + 5_000_000, T0_NS + 6_000_000)
+    assert m._steps == [] and m._calls == []
+    m._fh.close()
+    (line,) = [json.loads(x) for x in m.path.read_text().splitlines()]
+    assert line["steps"] == {"index": [0, 1], "end_us": [3000, 6000], "dur_us": [3000, 3000],
+                             "optimizer_us": [1000, 1000], "data_us": [0, 0]}
+    assert line["calls"]["op"] == [OPS.index("all_reduce"), OPS.index("broadcast")]
+    assert line["calls"]["issue_us"] == [1000, 4000]
+    assert line["calls"]["bytes"] == [4096, 8]
+    assert line["calls"]["done_us"][0] > 1000 and line["calls"]["done_us"][1] == -1
+
+
+def test_install_and_close_restore_what_they_patch(tmp_path):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import dataloader
+
+    before = (dist.all_reduce, dist.distributed_c10d.all_reduce, DDP.__init__,
+              DDP.register_comm_hook, dataloader._BaseDataLoaderIter.__next__)
+    m = Monitor(tmp_path / "r.jsonl", 0)
+    m.install()
+    assert dist.all_reduce is not before[0] and DDP.__init__ is not before[2]
+    m.close()
+    assert (dist.all_reduce, dist.distributed_c10d.all_reduce, DDP.__init__,
+            DDP.register_comm_hook, dataloader._BaseDataLoaderIter.__next__) == before
+
+
+def _profile(args: list[str], timeout: int = 300):
+    return subprocess.run([sys.executable, "-m", "pardiag", "profile", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.e2e
+def test_monitored_ddp_run_names_its_transient_straggler(tmp_path):
+    """2 pinned ranks, 120 DDP steps, rank 1 sleeps 80 ms in steps 40..79 (several times a
+    step): the report names rank 1, from about step 40 to about step 79, and nobody else for
+    more than a few steps; DDP's buckets are counted once each."""
+    out = tmp_path / "mon"
+    r = _profile(["--nproc-per-node", "2", "--pin-cpu", "--monitor", "--monitor-every", "20",
+                  "--out", str(out), str(ROOT / "examples" / "train_ddp.py"), "--",
+                  "--steps", "120", "--slow-rank", "1", "--slow-ms", "80", "--slow-from", "40",
+                  "--slow-until", "80"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not list(out.glob("*.trace.json.gz"))
+    run = layout.decode_sidecar(layout.run_file_path(out).read_bytes(), "run")
+    assert run.monitor_every == 20 and "--monitor" in run.command
+    data = M.load_monitor(out)
+    assert sorted(data.steps.groupby("rank")["step"].nunique().to_dict().items()) == [
+        (0, 120), (1, 120)]
+    per_step = data.calls[data.calls["step"] == 60].groupby(["rank", "op"]).size()
+    assert set(per_step.index.get_level_values("op")) == {"ddp_all_reduce"}
+    assert per_step.loc[0].iloc[0] == per_step.loc[1].iloc[0]   # same buckets on both ranks
+    js = tmp_path / "mon.json"
+    rep = subprocess.run([sys.executable, "-m", "pardiag", "report", str(out), "-o",
+                          str(tmp_path / "mon.html"), "--json", str(js)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    doc = json.loads(js.read_text())
+    strag = [f for f in doc["findings"] if f["kind"] == "straggler"]
+    mine = [f for f in strag if f["rank"] == 1 and f["steps"] >= 20]
+    assert len(mine) == 1, strag
+    assert abs(mine[0]["first_step"] - 40) <= 5 and abs(mine[0]["last_step"] - 79) <= 5, mine
+    assert mine[0]["extra_delay_ms"] > 40
+    assert "transient straggler, steps" in rep.stdout
+    assert (tmp_path / "mon.html").read_text().count("pd-plot") >= 2
+
+
+@pytest.mark.e2e
+def test_a_monitored_run_stopped_by_its_timeout_keeps_its_records(tmp_path):
+    """Rank 1 blocks for ever at step 30; --timeout stops the job. Every line written before
+    (every 5 steps) is read back: both ranks' first 30 steps."""
+    out = tmp_path / "mon"
+    r = _profile(["--nproc-per-node", "2", "--monitor", "--monitor-every", "5", "--timeout",
+                  "25", "--out", str(out), str(ROOT / "examples" / "train_ddp.py"), "--",
+                  "--steps", "60", "--hang-rank", "1", "--hang-step", "30"])
+    assert r.returncode != 0
+    data = M.load_monitor(out)
+    assert sorted(data.steps.groupby("rank")["step"].max().to_dict().items()) == [
+        (0, 29), (1, 29)]
