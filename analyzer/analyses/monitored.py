@@ -18,9 +18,10 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   :data:`WINDOW_STEPS` steps. A rank is late in a step when that median exceeds
   ``max(STRAGGLER_SIGMA × σ_m, STRAGGLER_STEP_SHARE × median step)``, σ_m the noise of such a
   median (1.4826 × the median absolute deviation of the lateness about it, × 1.2533 /
-  √WINDOW_STEPS, the standard error of a median). Late steps separated by at most
-  :data:`GAP_STEPS` others form a period; a period of at least
-  :data:`MIN_STEPS` steps is a finding, *persistent* when it covers at least
+  √WINDOW_STEPS, the standard error of a median). A period is the steps whose smoothed
+  lateness stays above :data:`HYSTERESIS` × that threshold (late steps separated by at most
+  :data:`GAP_STEPS` others joined), kept when at least :data:`MIN_STEPS` of them exceed the
+  threshold itself. Each is a finding, *persistent* when it covers at least
   :data:`PERSISTENT_SHARE` of the rank's steps, else *transient*, with its first and last step,
   the median extra delay and the step time during it against the run's baseline.
 * **Slow steps**: steps whose median wall time over the ranks exceeds the run's median by more
@@ -53,12 +54,15 @@ P2P = frozenset({"send", "recv", "isend", "irecv"})
 
 STRAGGLER_SIGMA = 5.0
 #: Steps of the centred running median that smooths each rank's lateness.
-WINDOW_STEPS = 9
+WINDOW_STEPS = 25
+#: A period, once one of its steps stands out, lasts while the smoothed lateness stays above
+#: this share of the threshold (a Schmitt trigger: noise about the threshold does not cut it).
+HYSTERESIS = 0.5
 STRAGGLER_STEP_SHARE = 0.10
 SLOW_SIGMA = 6.0
 SLOW_STEP_SHARE = 0.10
 GAP_STEPS = 2
-MIN_STEPS = 5
+MIN_STEPS = 10
 MIN_SLOW_STEPS = 3
 PERSISTENT_SHARE = 0.9
 CREEP_MIN_SHARE = 0.05
@@ -260,40 +264,128 @@ def lateness(delays: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, index=delays.index, columns=delays.columns)
 
 
-def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
+def _edge(x: np.ndarray, lo: int, hi: int, level: float, rising: bool) -> int:
+    """The change point of a mean shift by ``level`` × 2 inside positions ``lo``..``hi`` of
+    ``x`` (the classical CUSUM estimate, Page 1954): a rise starts where the sum of
+    ``x - level`` from there to ``hi`` is largest; a fall ends where the sum from ``lo`` to
+    there is largest. Missing values count as ``level`` (no evidence either way)."""
+    y = np.nan_to_num(x[lo:hi + 1] - level, nan=0.0)
+    if rising:
+        return lo + int(np.argmax(np.cumsum(y[::-1])[::-1]))
+    return lo + int(np.argmax(np.cumsum(y)))
+
+
+def _late_periods(x: np.ndarray, m: np.ndarray, thr: float) -> list[tuple[int, int]]:
+    """Positions ``(first, last)`` of one rank's late periods (see the module): hysteresis on
+    the smoothed lateness ``m``, periods closer than :data:`WINDOW_STEPS` joined (a dip of the
+    noise inside one), edges moved to the raw lateness ``x``'s change points."""
+    pos = np.arange(len(x))
+    high = np.isfinite(m) & (m > thr)
+    low = np.isfinite(m) & (m > HYSTERESIS * thr)
+    found = [(a, b) for a, b, _ in _periods(low, pos, GAP_STEPS, MIN_STEPS)
+             if int(high[a:b + 1].sum()) >= MIN_STEPS]   # it stood out of the noise
+    merged: list[tuple[int, int]] = []
+    for a, b in found:
+        if merged and a - merged[-1][1] <= WINDOW_STEPS:
+            merged[-1] = (merged[-1][0], b)
+        else:
+            merged.append((a, b))
+    out = []
+    for a, b in merged:
+        level = 0.5 * float(np.nanmedian(x[a:b + 1]))
+        first = _edge(x, max(0, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), level, True)
+        last = _edge(x, max(first, b - WINDOW_STEPS), min(len(x) - 1, b + WINDOW_STEPS),
+                     level, False)
+        out.append((first, last))
+    return out
+
+
+def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
+                       notes: list[str] | None = None) -> list[dict]:
     """Stragglers over the run (see the module): ``[{"kind": "straggler", "rank",
     "first_step", "last_step", "steps", "persistent", "extra_delay_ms", "step_ms",
-    "baseline_step_ms", "threshold_ms", "costs_time"}]`` (ms; ``costs_time``: the period's
-    median step exceeds the run's by more than :data:`STRAGGLER_STEP_SHARE`)."""
+    "baseline_step_ms", "threshold_ms"}]`` (ms). A late period whose steps were not slower
+    than the others' by :data:`STRAGGLER_STEP_SHARE` and by :data:`STRAGGLER_SIGMA` × the noise
+    of their median is no finding: the other ranks waited,
+    the run lost no time; it is said in ``notes`` when given."""
     if delays.empty or len(delays) < 2:
         return []
     step_ms = steps.groupby("step")["dur_us"].median()
-    base = float(step_ms.median())
     late = lateness(delays)
     smooth = late.T.rolling(WINDOW_STEPS, center=True, min_periods=WINDOW_STEPS // 2 + 1
                             ).median().T
     resid = (late - smooth).to_numpy(dtype=float).ravel()
     # the noise of a median of WINDOW_STEPS values: sigma * 1.2533 / sqrt(n) (normal errors)
     noise = _robust_sigma(resid) * 1.2533 / np.sqrt(WINDOW_STEPS)
-    thr = max(STRAGGLER_SIGMA * noise, STRAGGLER_STEP_SHARE * base)
-    out = []
+    thr = max(STRAGGLER_SIGMA * noise, STRAGGLER_STEP_SHARE * float(step_ms.median()))
     cols = delays.columns.to_numpy()
+    cand: list[tuple[int, int, int, bool, float]] = []
     for r in delays.index:
-        m = smooth.loc[r].to_numpy(dtype=float)
         x = late.loc[r].to_numpy(dtype=float)
         ok = np.isfinite(x)
-        flags = np.isfinite(m) & (m > thr)
-        for first, last, n in _periods(flags, cols, GAP_STEPS, MIN_STEPS):
-            sel = (cols >= first) & (cols <= last) & ok
-            out.append({
-                "kind": "straggler", "rank": int(r), "first_step": first, "last_step": last,
-                "steps": int(n), "persistent": n >= PERSISTENT_SHARE * int(ok.sum()),
-                "extra_delay_ms": round(float(np.median(x[sel])) / 1e3, 3),
-                "step_ms": round(float(step_ms.loc[first:last].median()) / 1e3, 3),
-                "baseline_step_ms": round(base / 1e3, 3),
-                "threshold_ms": round(thr / 1e3, 3)})
-            out[-1]["costs_time"] = (out[-1]["step_ms"] - out[-1]["baseline_step_ms"]
-                                     > STRAGGLER_STEP_SHARE * out[-1]["baseline_step_ms"])
+        if not ok.any():
+            continue
+        m = smooth.loc[r].to_numpy(dtype=float)
+        periods = _late_periods(x, m, thr)
+        covered = sum(b - a + 1 for a, b in periods)
+        # late in nearly every step, if with dips where the noise's regimes cut the periods
+        late_steps = int((np.isfinite(m) & (m > HYSTERESIS * thr)).sum())
+        if max(covered, late_steps) >= PERSISTENT_SHARE * int(ok.sum()):
+            whole = float(np.nanmedian(x))
+            idx = np.flatnonzero(ok)
+            cand.append((int(r), int(idx[0]), int(idx[-1]), True, whole))
+        else:
+            cand += [(int(r), a, b, False, float(np.nanmedian(x[a:b + 1])))
+                     for a, b in periods]
+    # the run's step time without any late period of a transient (a persistent straggler is
+    # in every step: its cost is its lateness, the other ranks' wait)
+    dur = step_ms.reindex(cols).to_numpy(dtype=float)
+    sigma_dur = _robust_sigma(dur)
+    quiet = np.ones(len(cols), bool)
+    for _, a, b, persistent, _ in cand:
+        if not persistent:
+            quiet[a:b + 1] = False
+    base = float(np.nanmedian(dur[quiet])) if quiet.any() else float(np.nanmedian(dur))
+
+    def costs(a: int, b: int, during: float) -> bool:
+        """The period's median step exceeds the run's by more than its share and than its
+        noise (a median of b - a + 1 steps)."""
+        n = b - a + 1
+        return during - base > max(STRAGGLER_STEP_SHARE * base,
+                                   STRAGGLER_SIGMA * sigma_dur * 1.2533 / np.sqrt(n))
+
+    out: list[dict] = []
+    for r, a, b, persistent, extra in cand:
+        during = float(np.nanmedian(dur[a:b + 1]))
+        if not persistent and costs(a, b, during):
+            # edges again on lateness + the step's excess, both shifted by the delay: a rank
+            # late by nature for a while around the period (the noise's regimes) moves the
+            # lateness's edges, not the step time's
+            y = late.loc[r].to_numpy(dtype=float) + (dur - base)
+            level = 0.5 * float(np.nanmedian(y[a:b + 1]))
+            a = _edge(y, max(0, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), level, True)
+            b = _edge(y, max(a, b - WINDOW_STEPS), min(len(y) - 1, b + WINDOW_STEPS),
+                      level, False)
+            during = float(np.nanmedian(dur[a:b + 1]))
+            prev = out[-1] if out else None
+            if (prev is not None and prev["rank"] == r and not prev["persistent"]
+                    and a <= int(np.searchsorted(cols, prev["last_step"])) + WINDOW_STEPS):
+                a = int(np.searchsorted(cols, prev["first_step"]))   # one period after all
+                out.pop()
+                during = float(np.nanmedian(dur[a:b + 1]))
+                extra = float(np.nanmedian(late.loc[r].to_numpy(dtype=float)[a:b + 1]))
+        f = {"kind": "straggler", "rank": r, "first_step": int(cols[a]),
+             "last_step": int(cols[b]), "steps": b - a + 1, "persistent": persistent,
+             "extra_delay_ms": round(extra / 1e3, 3), "step_ms": round(during / 1e3, 3),
+             "baseline_step_ms": round(base / 1e3, 3), "threshold_ms": round(thr / 1e3, 3)}
+        if persistent or costs(a, b, during):
+            out.append(f)
+        elif notes is not None:
+            notes.append(f"rank {r} arrived {f['extra_delay_ms']:.1f} ms after the others in "
+                         f"steps {f['first_step']}–{f['last_step']}, but those steps took "
+                         f"{f['step_ms']:.1f} ms against {f['baseline_step_ms']:.1f} ms: the "
+                         f"others waited without the run losing time (inside the step-time "
+                         f"noise), so it is not named a straggler")
     return sorted(out, key=lambda f: (f["first_step"], f["rank"]))
 
 
@@ -347,9 +439,10 @@ def memory_findings(memory: pd.DataFrame) -> list[dict]:
     return out
 
 
-def findings(data: MonitorData) -> list[dict]:
-    """Every finding of the run, stragglers first (see the module)."""
-    strag = straggler_findings(arrival_delays(data), data.steps)
+def findings(data: MonitorData, notes: list[str] | None = None) -> list[dict]:
+    """Every finding of the run, stragglers first (see the module); what was measured and not
+    named goes to ``notes`` when given."""
+    strag = straggler_findings(arrival_delays(data), data.steps, notes)
     return (strag + slow_step_findings(data.steps, strag) + memory_findings(data.memory))
 
 
@@ -361,10 +454,7 @@ def finding_line(f: dict) -> str:
         return (f"rank {f['rank']}: {what}, {span} ({f['steps']} steps late): arrives "
                 f"{f['extra_delay_ms']:.1f} ms after the other ranks; step {f['step_ms']:.1f} ms "
                 f"against {f['baseline_step_ms']:.1f} ms over the run (lateness counted above "
-                f"{f['threshold_ms']:.1f} ms, the noise's bound)"
-                + ("" if f["costs_time"] or f["persistent"] else
-                   "; the steps were no slower than over the run: the others waited without the "
-                   "run losing time (a cost inside the step-time noise)"))
+                f"{f['threshold_ms']:.1f} ms, the noise's bound)")
     if f["kind"] == "slow_steps":
         why = (f"; rank {f['straggler_rank']} was late then" if f["straggler_rank"] is not None
                else f"; DataLoader {f['data_ms']:.1f} ms against {f['baseline_data_ms']:.1f} ms"
@@ -382,6 +472,7 @@ def summary(data: MonitorData) -> dict:
     """The JSON of a monitored run: ``ranks``, ``steps``, ``step_ms`` (median, p10, p90 of the
     per-step median over ranks), ``findings`` (:func:`findings`), ``notes``."""
     per = data.steps.groupby("step")["dur_us"].median() / 1e3
+    notes = list(data.notes)
     return {
         "ranks": sorted(int(r) for r in data.steps["rank"].unique()),
         "steps": int(data.steps["step"].nunique()),
@@ -389,4 +480,4 @@ def summary(data: MonitorData) -> dict:
                      "p10": round(float(per.quantile(0.1)), 3),
                      "p90": round(float(per.quantile(0.9)), 3)} if len(per) else None),
         "collectives": int(len(data.calls)),
-        "findings": findings(data), "notes": list(data.notes)}
+        "findings": findings(data, notes), "notes": notes}
