@@ -19,7 +19,8 @@ away for a while) are listed, and the blocks holding them are not resampled: the
 noise is the machine's without its events. Judged per run: a transient is right when exactly
 one straggler finding names the slow rank with its first and last step each within
 ``--tolerance`` steps of the planted ones and no other straggler finding spans more than
-``--tolerance`` steps; a persistent one when the slow rank's finding is persistent; a clean run when it has no straggler and no slow-steps finding.
+``--tolerance`` steps; a persistent one when the slow rank's finding is persistent; a clean
+run when it has no straggler and no slow-steps finding.
 
 Usage::
 
