@@ -58,7 +58,11 @@ class ProfileConfig:
             profiler lines shown once or not at all).
         monitor_every: monitor every step instead of profiling a window (``--monitor``; no
             Kineto trace): each rank appends its records every ``monitor_every`` steps
-            (:mod:`pardiag.collectors.monitor`); None: profile.
+            (:mod:`pardiag.collectors.monitor`); None: profile. The launcher then follows the
+            records and says each finding once as the job runs
+            (:mod:`pardiag.analyzer.analyses.monitor_follow`).
+        monitor_capture: with ``monitor_every``, on the first finding every rank records a
+            Kineto trace of this many steps into ``capture-S/`` (0: never).
     """
 
     script: Path
@@ -81,6 +85,7 @@ class ProfileConfig:
     master_port: int | None = None
     noise_filter: bool = True
     monitor_every: int | None = None
+    monitor_capture: int = 0
 
     @property
     def standalone(self) -> bool:
@@ -122,6 +127,10 @@ class ProfileConfig:
             raise PardiagError(f"--nnodes {self.nnodes} needs where the nodes meet: "
                                f"--rdzv-endpoint HOST:PORT (or --master-addr HOST "
                                f"--master-port PORT), the same on every node")
+        if self.monitor_capture and self.monitor_every is None:
+            raise PardiagError("--monitor-capture needs --monitor")
+        if self.monitor_capture < 0:
+            raise PardiagError(f"--monitor-capture must be >= 0 steps, got {self.monitor_capture}")
         if self.monitor_every is not None:   # no profiler window at all
             if self.monitor_every < 1:
                 raise PardiagError(f"--monitor-every must be >= 1 step, got {self.monitor_every}")
@@ -547,6 +556,51 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig,
             noise.close()
 
 
+#: Seconds between two reads of a monitored run's records by its launcher (the environment
+#: variable ``PARDIAG_MONITOR_POLL_S`` sets another).
+MONITOR_POLL_S = float(os.environ.get("PARDIAG_MONITOR_POLL_S", "5"))
+
+
+class _MonitorFollow:
+    """The launcher's side of ``--monitor``: every :data:`MONITOR_POLL_S` seconds, the new
+    findings of the ranks' records (:class:`pardiag.analyzer.analyses.monitor_follow.Follower`)
+    on standard error, one line each; with ``--monitor-capture``, the first asks every rank
+    for a deep capture starting two record periods after the last step written."""
+
+    def __init__(self, out: Path, cfg: ProfileConfig) -> None:
+        from pardiag.analyzer.analyses.monitor_follow import Follower
+
+        self.follower = Follower(out)
+        self.out, self.cfg = out, cfg
+        self.last = 0.0
+        self.requested = False
+
+    def poll(self, now: float) -> None:
+        if now - self.last < MONITOR_POLL_S:
+            return
+        self.last = now
+        from pardiag.analyzer.analyses.monitor_follow import online_line, request_capture
+
+        try:
+            found = self.follower.new_findings()
+        except Exception as exc:   # the job goes on; the report reads the records again
+            print(f"pardiag: monitor: could not read the records: {exc}", file=sys.stderr)
+            return
+        for f, ongoing in found:
+            line = online_line(f, ongoing)
+            print(f"pardiag: monitor: {line}", file=sys.stderr, flush=True)
+            if self.cfg.monitor_capture and not self.requested:
+                data = self.follower.data()
+                top = int(data.steps["step"].max()) if data is not None else 0
+                start = top + 2 * int(self.cfg.monitor_every or 1) + 5
+                request_capture(self.out, start, self.cfg.monitor_capture, line)
+                self.requested = True
+                where = layout.capture_dir(self.out, start)
+                print(f"pardiag: monitor: every rank records a trace of steps {start}–"
+                      f"{start + self.cfg.monitor_capture - 1} into {where}", file=sys.stderr,
+                      flush=True)
+
+
 def _wait_or_timeout(proc, cfg, ranks) -> tuple[int, list | None] | None:
     """Wait for torchrun to end; stop its ranks when they are stuck at exit (every rank has
     written its files, or one finished and this node's others did not within
@@ -556,6 +610,7 @@ def _wait_or_timeout(proc, cfg, ranks) -> tuple[int, list | None] | None:
     first_done: float | None = None
     all_done = 0.0
     n = cfg.nproc_per_node
+    follow = _MonitorFollow(ranks.out, cfg) if cfg.monitor_every else None
     try:
         while True:
             try:
@@ -563,6 +618,8 @@ def _wait_or_timeout(proc, cfg, ranks) -> tuple[int, list | None] | None:
             except subprocess.TimeoutExpired:
                 pass
             now = time.time()
+            if follow is not None:
+                follow.poll(now)
             if cfg.timeout_s is not None and now - started > cfg.timeout_s:
                 return None
             # A rank that finished while another never exits: a hang at teardown (seen with
@@ -688,7 +745,7 @@ def _command_and_env(cfg: ProfileConfig, out: Path, script: str,
     rank_cfg = {"out": str(out), "script": script, "args": list(cfg.args),
                 "wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active,
                 "pin_cpu": cfg.pin_cpu, "overwrite": cfg.overwrite,
-                "monitor_every": cfg.monitor_every}
+                "monitor_every": cfg.monitor_every, "monitor_capture": cfg.monitor_capture}
     cmd = [sys.executable, "-m", "pardiag.collectors.torchrun_quiet", *cfg.torchrun_args(),
            "--nproc-per-node", str(cfg.nproc_per_node), "-m", "pardiag.collectors.rank_entry"]
     # torchrun sets OMP_NUM_THREADS=1 when unset, with a banner; set the same value quietly.
@@ -890,6 +947,8 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
         raise PardiagError("pardiag profile needs torch: pip install 'pardiag[profile]'")
     out = Path(cfg.out).resolve()
     _prepare_out(out, cfg.overwrite, cfg)
+    if cfg.monitor_every:   # an earlier run's request must not start a capture in this one
+        layout.capture_request_path(out).unlink(missing_ok=True)
     script = str(Path(cfg.script).resolve())
     launch_id = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
     cmd, env = _command_and_env(cfg, out, script, launch_id)

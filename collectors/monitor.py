@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 SCHEMA = "pardiag.monitor/1"
 #: Steps between two lines written (and buffers cleared).
 FLUSH_EVERY = 50
@@ -90,7 +92,7 @@ class Monitor:
     """
 
     def __init__(self, path: Path, rank: int, every: int = FLUSH_EVERY,
-                 device_memory=None) -> None:
+                 device_memory=None, capture_request: Path | None = None) -> None:
         self.path = Path(path)
         self.rank = rank
         self.every = max(1, int(every))
@@ -107,6 +109,10 @@ class Monitor:
         self._nested = threading.local()
         self._fh = None
         self.lines = 0
+        #: where the launcher asks for a deep capture (read at each line written; None: never)
+        self.capture_request = capture_request
+        #: ``(first step, steps)`` of the deep capture asked for, once read
+        self.capture: tuple[int, int] | None = None
 
     # -- recording ---------------------------------------------------------------------------
 
@@ -316,13 +322,24 @@ class Monitor:
         flight is written with ``done_us`` -1)."""
         if self._fh is None or (not self._steps and not self._calls):
             return
-        import orjson
-
         line = self._line()
         self._steps, self._calls, self._dropped = [], [], 0
         self._fh.write(orjson.dumps(line) + b"\n")
         self._fh.flush()
         self.lines += 1
+        if self.capture is None and self.capture_request is not None:
+            self._read_capture_request()
+
+    def _read_capture_request(self) -> None:
+        """Take the launcher's request for a deep capture when there is one and it starts
+        after this rank's current step (every rank then captures the same steps)."""
+        try:
+            req = orjson.loads(self.capture_request.read_bytes())
+            start, steps = int(req["start_step"]), int(req["steps"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if start > self._step and steps > 0:
+            self.capture = (start, steps)
 
     def close(self) -> None:
         """Write what is buffered, close the file and restore everything patched."""

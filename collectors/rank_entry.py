@@ -126,8 +126,9 @@ def _keep_destroyed_groups(kept: list) -> list[tuple]:
 
 
 def _refuse_other_profilers(ours) -> list[tuple]:
-    """Make every torch profiler but ``ours`` raise ``RuntimeError(OWN_PROFILER_ERROR)`` when
-    it would start tracing (``torch.profiler`` profilers when they prepare their trace, the
+    """Make every torch profiler but ``ours`` (and a monitored run's deep capture, marked
+    ``_pardiag_capture``) raise ``RuntimeError(OWN_PROFILER_ERROR)`` when it would start
+    tracing (``torch.profiler`` profilers when they prepare their trace, the
     legacy ``torch.autograd.profiler.profile`` on ``__enter__``), instead of crashing the
     process. Returns ``[(class, attribute, original)]`` to restore."""
     import torch.autograd.profiler as autograd_profiler
@@ -139,7 +140,7 @@ def _refuse_other_profilers(ours) -> list[tuple]:
 
     @functools.wraps(orig_prepare)
     def prepare_trace(self, *args, **kwargs):
-        if self is not ours:
+        if self is not ours and not getattr(self, "_pardiag_capture", False):
             raise RuntimeError(OWN_PROFILER_ERROR)
         return orig_prepare(self, *args, **kwargs)
 
@@ -598,6 +599,8 @@ class _RankRun:
     prof: object = None
     #: the always-on monitor (``--monitor``; :mod:`pardiag.collectors.monitor`), else None
     monitor: object = None
+    #: the Kineto profiler of a monitored run's deep capture while it records
+    capture_prof: object = None
     stepper: _OptimizerStepper | None = None
     batch: object = None
     p2p: object = None
@@ -832,6 +835,8 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
     wait, warmup, window_end = run.wait, run.warmup, run.window_end
     if run.monitor is not None:
         run.monitor.on_step(*run.stepper.last)
+        if run.monitor.capture is not None:
+            _deep_capture(run, count)
     if count == 1:   # the first step's forward has shown the per-rank batch
         run.batch.uninstall()
     if count == wait + warmup and run.cuda:
@@ -850,6 +855,40 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
         run.instrumentation["post_window_after_step"] = count - 1
     else:
         run.prof.step()
+
+
+def _deep_capture(run: _RankRun, count: int) -> None:
+    """A monitored run's deep capture (:mod:`pardiag.collectors.monitor`): after ``count``
+    optimizer steps, start a Kineto profiler when the capture's first step comes next, step it
+    through the capture (``ProfilerStep#N`` per step), and write
+    ``capture-S/rank{R}.trace.json.gz`` when its window ends."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    start, steps = run.monitor.capture
+    if count == start and run.capture_prof is None and steps > 0:
+        out = layout.capture_dir(run.out, start)
+
+        def export(prof) -> None:
+            out.mkdir(parents=True, exist_ok=True)
+            try:
+                prof.export_chrome_trace(str(out / f"rank{run.rank}.trace.json.gz"))
+            except Exception as exc:   # the monitored run goes on without it
+                print(f"pardiag: rank {run.rank}: could not write the deep capture: {exc}",
+                      file=sys.stderr)
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.cuda else [])
+        prof = profile(activities=acts, record_shapes=True, profile_memory=True,
+                       schedule=schedule(wait=0, warmup=0, active=steps, repeat=1),
+                       on_trace_ready=export)
+        prof._pardiag_capture = True
+        run.capture_prof = prof
+        prof.start()
+    elif run.capture_prof is not None:
+        run.capture_prof.step()   # the window's last step writes the trace
+        if count >= start + steps:
+            prof, run.capture_prof = run.capture_prof, None
+            prof.stop()
+            run.monitor.capture = (start, -1)   # done: no other capture
 
 
 def _install_hooks(run: _RankRun) -> None:
@@ -879,7 +918,9 @@ def _install_hooks(run: _RankRun) -> None:
 
         from .monitor import Monitor
         run.monitor = Monitor(layout.monitor_path(run.out, run.rank), run.rank, monitor_every,
-                              torch.cuda.memory_allocated if run.cuda else None)
+                              torch.cuda.memory_allocated if run.cuda else None,
+                              layout.capture_request_path(run.out)
+                              if run.cfg.get("monitor_capture") else None)
         run.monitor.install()
     # a window that starts with the script (wait = warmup = 0) records from the first call
     run.pipe.recording = run.p2p.recording = run.wait + run.warmup == 0

@@ -326,12 +326,15 @@ def _schedule_options(f):
 @click.option("--monitor-every", type=click.IntRange(min=1), default=None, metavar="STEPS",
               help="With --monitor: steps between two writes of each rank's records "
                    "[default: 50]; a killed job keeps everything written.")
+@click.option("--monitor-capture", type=click.IntRange(min=1), default=None, metavar="STEPS",
+              help="With --monitor: on the first finding, every rank records a Kineto trace of "
+                   "STEPS steps into DIR/capture-S/ for `pardiag report`.")
 def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out: Path | None,
             wait: int, warmup: int, active: int, overwrite: bool, timeout_s: float | None,
             pin_cpu: bool, nnodes: int, node_rank: int | None, rdzv_backend: str | None,
             rdzv_endpoint: str | None, rdzv_id: str | None, master_addr: str | None,
             master_port: int | None, repeat: int, monitor: bool,
-            monitor_every: int | None) -> None:
+            monitor_every: int | None, monitor_capture: int | None) -> None:
     """Run SCRIPT under torchrun with every rank profiled.
 
     Arguments after `--` go to the script unchanged. The run folder gets one gzipped Kineto trace
@@ -346,8 +349,8 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     from pardiag.collectors.launch import ProfileConfig, run_profile
     from pardiag.collectors.monitor import FLUSH_EVERY
 
-    if monitor_every is not None and not monitor:
-        raise PardiagError("--monitor-every needs --monitor")
+    if (monitor_every is not None or monitor_capture is not None) and not monitor:
+        raise PardiagError("--monitor-every and --monitor-capture need --monitor")
     if out is None:
         out = Path("pardiag_runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     if repeat > 1:
@@ -375,7 +378,8 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
                             pin_cpu=pin_cpu, nnodes=nnodes, node_rank=node_rank,
                             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
                             rdzv_id=rdzv_id, master_addr=master_addr, master_port=master_port,
-                            monitor_every=(monitor_every or FLUSH_EVERY) if monitor else None)
+                            monitor_every=(monitor_every or FLUSH_EVERY) if monitor else None,
+                            monitor_capture=monitor_capture or 0)
         result = run_profile(cfg)
         _say_outcome(result, wait, warmup, active, timeout_s)
         code = result.exit_code
@@ -579,7 +583,7 @@ def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,
     guard_outputs([output, json_out], [run])
     refuse_foreign_outputs(output, json_out)
     data = load_monitor(run)
-    doc = {"kind": "monitored_run", "source": str(run), **summary(data)}
+    doc = {"kind": "monitored_run", "source": str(run), **summary(data, run)}
     if json_out is not None:
         _write_json(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY),
                     json_out)

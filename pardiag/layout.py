@@ -61,6 +61,8 @@ PIPELINE_TEMPLATE = "rank{rank}.pipeline.json"
 HANG_TEMPLATE = "rank{rank}.hang.json"
 STACKS_TEMPLATE = "rank{rank}.stacks.txt"
 MONITOR_TEMPLATE = "rank{rank}.monitor.jsonl"
+CAPTURE_REQUEST = "capture.request.json"
+CAPTURE_TEMPLATE = "capture-{step}"
 #: A rank's trace while it is being written (in the sidecar folder, where no report reads
 #: traces); renamed to ``TRACE_TEMPLATE`` when complete, so a rank stopped while writing leaves
 #: no truncated trace under the trace's name.
@@ -133,6 +135,18 @@ def monitor_path(run_dir: Path, rank: int) -> Path:
     return sidecar_dir(run_dir) / MONITOR_TEMPLATE.format(rank=rank)
 
 
+def capture_request_path(run_dir: Path) -> Path:
+    """Path of the request that asks every rank of a monitored run for a deep capture (a Kineto
+    trace of given steps; ``{"start_step", "steps", "reason"}``)."""
+    return sidecar_dir(run_dir) / CAPTURE_REQUEST
+
+
+def capture_dir(run_dir: Path, start_step: int) -> Path:
+    """The folder of a monitored run's deep capture that starts at ``start_step``: one
+    ``rank{R}.trace.json.gz`` per rank, a folder ``pardiag report`` reads as it is."""
+    return Path(run_dir) / CAPTURE_TEMPLATE.format(step=start_step)
+
+
 def hang_path(run_dir: Path, rank: int) -> Path:
     """Path of rank ``rank``'s hang dump inside ``run_dir``."""
     return sidecar_dir(run_dir) / HANG_TEMPLATE.format(rank=rank)
@@ -168,7 +182,8 @@ def rank_files(run_dir: Path, rank: int) -> list[Path]:
     return [trace_path(run_dir, rank), rank_meta_path(run_dir, rank),
             window_meta_path(run_dir, rank), comms_path(run_dir, rank),
             pipeline_path(run_dir, rank), hang_path(run_dir, rank), stacks_path(run_dir, rank),
-            partial_trace_path(run_dir, rank), monitor_path(run_dir, rank)]
+            partial_trace_path(run_dir, rank), monitor_path(run_dir, rank),
+            *sorted(Path(run_dir).glob(f"capture-*/rank{rank}.trace.json.gz"))]
 
 
 #: The folder of the i-th run of a repeated profile (``pardiag profile --repeat N``) in its set.

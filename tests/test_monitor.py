@@ -90,7 +90,9 @@ def test_a_transient_straggler_is_named_with_its_first_and_last_step(tmp_path):
     assert strag[0]["extra_delay_ms"] == pytest.approx(30.0, abs=1.0)
     assert strag[0]["step_ms"] == pytest.approx(130.0, abs=0.5)
     assert strag[0]["baseline_step_ms"] == pytest.approx(100.0, abs=0.5)
-    slow = [f for f in found if f["kind"] == "slow_steps"]
+    # the slow steps are the straggler's cost, said with it: no finding of their own
+    assert [f for f in found if f["kind"] == "slow_steps"] == []
+    slow = M.slow_step_findings(M.load_monitor(run).steps, strag)
     assert [(f["first_step"], f["last_step"], f["straggler_rank"]) for f in slow] == [
         (120, 169, 2)]
 
@@ -234,3 +236,81 @@ def test_a_monitored_run_stopped_by_its_timeout_keeps_its_records(tmp_path):
     data = M.load_monitor(out)
     assert sorted(data.steps.groupby("rank")["step"].max().to_dict().items()) == [
         (0, 29), (1, 29)]
+
+
+def test_the_follower_says_each_finding_once_as_the_lines_come(tmp_path):
+    """A run's lines copied into a folder a few at a time, as the ranks write them: nothing
+    before the late period, then rank 2's period once (while it goes on: since step 120), and
+    never again as it grows."""
+    from pardiag.analyzer.analyses.monitor_follow import Follower, online_line
+
+    full = _write_run(tmp_path / "full", 4, 400, {2: (120, 299, 30_000)})
+    lines = {r: layout.monitor_path(full, r).read_bytes().splitlines(keepends=True)
+             for r in range(4)}
+    live = tmp_path / "live"
+    layout.sidecar_dir(live).mkdir(parents=True)
+    fol = Follower(live)
+    said = []
+    for upto in range(1, 9):   # 50 steps per line
+        for r in range(4):
+            layout.monitor_path(live, r).write_bytes(b"".join(lines[r][:upto]))
+        said += [(upto, online_line(f, ongoing)) for f, ongoing in fol.new_findings()]
+    assert len(said) == 1, said
+    upto, line = said[0]
+    # said as soon as the lines hold enough of it (30 of its steps), while it goes on
+    assert upto == 3 and line.startswith("rank 2: late at its collectives since step 120"), said
+    assert fol.new_findings() == []   # nothing new to read
+
+
+def test_a_capture_request_is_taken_only_before_its_first_step(tmp_path):
+    from pardiag.analyzer.analyses.monitor_follow import request_capture
+
+    req = request_capture(tmp_path, 30, 3, "why")
+    m = Monitor(tmp_path / "r.jsonl", 0, every=10, capture_request=req)
+    m._fh = open(m.path, "ab")
+    for k in range(30):   # the request is read at each line: at step 10 it is still ahead
+        m.on_step(k, T0_NS + k, T0_NS + k + 1)
+    assert m.capture == (30, 3)
+    late = Monitor(tmp_path / "q.jsonl", 0, every=40, capture_request=req)
+    late._fh = open(late.path, "ab")
+    for k in range(40):   # first read at step 40: the capture's steps have passed
+        late.on_step(k, T0_NS + k, T0_NS + k + 1)
+    assert late.capture is None
+    m._fh.close()
+    late._fh.close()
+
+
+@pytest.mark.e2e
+def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
+    """Rank 1 sleeps 30 ms in steps 100..399 of 500: the launcher says so while the job runs,
+    every rank records a trace of 3 steps from a step after that, and the report of that
+    folder names rank 1 the straggler."""
+    import os
+
+    out = tmp_path / "mon"
+    r = subprocess.run(
+        [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
+         "--monitor", "--monitor-every", "10", "--monitor-capture", "3", "--out", str(out),
+         str(ROOT / "examples" / "train_ddp.py"), "--", "--steps", "500", "--slow-rank", "1",
+         "--slow-ms", "30", "--slow-from", "100", "--slow-until", "400"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "PARDIAG_MONITOR_POLL_S": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("pardiag: monitor: rank 1: late")]
+    assert len(said) == 1, r.stderr[-3000:]
+    (cap,) = list(out.glob("capture-*"))
+    start = int(cap.name.split("-")[1])
+    assert 100 < start < 400
+    assert sorted(p.name for p in cap.iterdir()) == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+    js = tmp_path / "cap.json"
+    rep = subprocess.run([sys.executable, "-m", "pardiag", "report", str(cap), "-o",
+                          str(tmp_path / "cap.html"), "--json", str(js), "-q"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    doc = json.loads(js.read_text())
+    assert doc["sync"]["straggler"] == 1
+    assert len(doc["ranks"][0]["steps"]) == 3
+    mon = subprocess.run([sys.executable, "-m", "pardiag", "report", str(out), "-o",
+                          str(tmp_path / "mon.html")], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert f"deep capture from step {start} (2 ranks)" in mon.stdout

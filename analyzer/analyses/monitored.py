@@ -26,8 +26,8 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   the median extra delay and the step time during it against the run's baseline.
 * **Slow steps**: steps whose median wall time over the ranks exceeds the run's median by more
   than ``max(SLOW_SIGMA × σ_step, SLOW_STEP_SHARE × median)``, in periods as above (at least
-  :data:`MIN_SLOW_STEPS`), each with what moved with it (a straggler's period it overlaps, the
-  DataLoader's time).
+  :data:`MIN_SLOW_STEPS`), each with what moved with it (the DataLoader's time); slow steps
+  inside a straggler's period are its cost, said with it, not a finding of their own.
 * **Memory creep**: a rank whose resident (or device) memory, sampled at each written line,
   grows by at least :data:`CREEP_MIN_SHARE` of its first sample and at least
   :data:`CREEP_MIN_BYTES`, with at least 3/4 of the increments non-negative; its slope is
@@ -121,6 +121,29 @@ def _read_lines(path: Path, notes: list[str]) -> list[dict]:
     return out
 
 
+def line_frames(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame | None, dict | None, int]:
+    """One line of a monitor file as ``(steps, calls or None, memory row or None, dropped
+    calls)``, the columns of :class:`MonitorData`'s tables, times in epoch µs."""
+    rank, base = int(doc["rank"]), doc["base_ns"] / 1000.0
+    st, ca, ops = doc["steps"], doc["calls"], doc["ops"]
+    steps = pd.DataFrame({
+        "rank": rank, "step": st["index"], "end_us": np.add(st["end_us"], base),
+        "dur_us": st["dur_us"], "optimizer_us": st["optimizer_us"], "data_us": st["data_us"]})
+    calls = None
+    if ca["step"]:
+        done = np.asarray(ca["done_us"], dtype=float)
+        calls = pd.DataFrame({
+            "rank": rank, "step": ca["step"], "group": ca["group"],
+            "op": [ops[o] for o in ca["op"]], "bytes": ca["bytes"],
+            "issue_us": np.add(ca["issue_us"], base),
+            "return_us": np.add(ca["return_us"], base),
+            "done_us": np.where(done >= 0, done + base, np.nan)})
+    mem = doc.get("memory") or {}
+    row = ({"rank": rank, "step": st["index"][-1], "rss_bytes": mem.get("rss_bytes"),
+            "device_bytes": mem.get("device_bytes")} if st["index"] else None)
+    return steps, calls, row, int(doc.get("dropped_calls") or 0)
+
+
 def load_monitor(run_dir: Path) -> MonitorData:
     """Read every rank's monitor file in ``run_dir``.
 
@@ -136,27 +159,13 @@ def load_monitor(run_dir: Path) -> MonitorData:
     for path in files:
         dropped = 0
         for doc in _read_lines(path, notes):
-            rank, base = int(doc["rank"]), doc["base_ns"] / 1000.0
-            st, ca, ops = doc["steps"], doc["calls"], doc["ops"]
-            n = len(st["index"])
-            steps.append(pd.DataFrame({
-                "rank": rank, "step": st["index"], "end_us": np.add(st["end_us"], base),
-                "dur_us": st["dur_us"], "optimizer_us": st["optimizer_us"],
-                "data_us": st["data_us"]}))
-            if ca["step"]:
-                done = np.asarray(ca["done_us"], dtype=float)
-                calls.append(pd.DataFrame({
-                    "rank": rank, "step": ca["step"], "group": ca["group"],
-                    "op": [ops[o] for o in ca["op"]], "bytes": ca["bytes"],
-                    "issue_us": np.add(ca["issue_us"], base),
-                    "return_us": np.add(ca["return_us"], base),
-                    "done_us": np.where(done >= 0, done + base, np.nan)}))
-            mem = doc.get("memory") or {}
-            if n:
-                memory.append({"rank": rank, "step": st["index"][-1],
-                               "rss_bytes": mem.get("rss_bytes"),
-                               "device_bytes": mem.get("device_bytes")})
-            dropped += int(doc.get("dropped_calls") or 0)
+            st, ca, mem, n_dropped = line_frames(doc)
+            steps.append(st)
+            if ca is not None:
+                calls.append(ca)
+            if mem is not None:
+                memory.append(mem)
+            dropped += n_dropped
         if dropped:
             notes.append(f"{path.name}: {dropped} calls over the buffer's limit were counted, "
                          f"not kept")
@@ -443,7 +452,9 @@ def findings(data: MonitorData, notes: list[str] | None = None) -> list[dict]:
     """Every finding of the run, stragglers first (see the module); what was measured and not
     named goes to ``notes`` when given."""
     strag = straggler_findings(arrival_delays(data), data.steps, notes)
-    return (strag + slow_step_findings(data.steps, strag) + memory_findings(data.memory))
+    # slow steps inside a straggler's period are its cost, said with it
+    slow = [f for f in slow_step_findings(data.steps, strag) if f["straggler_rank"] is None]
+    return strag + slow + memory_findings(data.memory)
 
 
 def finding_line(f: dict) -> str:
@@ -468,9 +479,24 @@ def finding_line(f: dict) -> str:
             f"{f['last_bytes'] / 2**20:.0f} MiB)")
 
 
-def summary(data: MonitorData) -> dict:
+def captures(run_dir: Path) -> list[dict]:
+    """The deep captures of a monitored run (``capture-S/``): ``[{"folder", "first_step",
+    "ranks"}]`` (``ranks``: trace files in it), by first step."""
+    out = []
+    for d in sorted(Path(run_dir).glob("capture-*")):
+        try:
+            first = int(d.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        out.append({"folder": d.name, "first_step": first,
+                    "ranks": len(list(d.glob("rank*.trace.json.gz")))})
+    return sorted(out, key=lambda c: c["first_step"])
+
+
+def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     """The JSON of a monitored run: ``ranks``, ``steps``, ``step_ms`` (median, p10, p90 of the
-    per-step median over ranks), ``findings`` (:func:`findings`), ``notes``."""
+    per-step median over ranks), ``findings`` (:func:`findings`), ``notes``, and the deep
+    captures in ``run_dir`` (:func:`captures`; none without it)."""
     per = data.steps.groupby("step")["dur_us"].median() / 1e3
     notes = list(data.notes)
     return {
@@ -480,4 +506,5 @@ def summary(data: MonitorData) -> dict:
                      "p10": round(float(per.quantile(0.1)), 3),
                      "p90": round(float(per.quantile(0.9)), 3)} if len(per) else None),
         "collectives": int(len(data.calls)),
-        "findings": findings(data, notes), "notes": notes}
+        "findings": findings(data, notes), "notes": notes,
+        "captures": captures(run_dir) if run_dir is not None else []}

@@ -75,7 +75,11 @@ def monitor_html(data: monitored.MonitorData, doc: dict, source: str,
             + (f"<ul>{items}</ul>" if items else muted("No finding: no rank stood out of the "
                                                       "run's noise and no period of steps was "
                                                       "slow."))
-            + "".join(muted(n) for n in doc["notes"]) + "</section>"
+            + "".join(muted(n) for n in doc["notes"])
+            + "".join(f"<p>Deep capture from step {c['first_step']} ({c['ranks']} ranks): "
+                      f"<code>pardiag report {escape(doc['source'])}/{escape(c['folder'])}"
+                      f"</code></p>" for c in doc.get("captures", []))
+            + "</section>"
             f'<section id="steps"><h2>Step time</h2>{_step_figure(page, data, found)}</section>'
             f'<section id="lateness"><h2>Lateness per rank</h2>{_late_figure(page, data)}'
             f"</section>")
@@ -93,4 +97,6 @@ def monitor_lines(doc: dict) -> list[str]:
     out += [f"  {monitored.finding_line(f)}" for f in doc["findings"]] or [
         "  no finding: no rank stood out of the run's noise and no period of steps was slow"]
     out += [f"  note: {n}" for n in doc["notes"]]
+    out += [f"  deep capture from step {c['first_step']} ({c['ranks']} ranks): pardiag report "
+            f"{doc['source']}/{c['folder']}" for c in doc.get("captures", [])]
     return out

@@ -1,0 +1,141 @@
+"""Findings while a monitored run goes on: the launcher of ``pardiag profile --monitor`` follows
+the ranks' monitor files as they grow (:class:`Follower`) and says each new finding once, and
+the first one may ask every rank for a deep capture (:func:`request_capture`).
+
+Only the last :data:`HORIZON` steps are kept and judged (memory bounded over any run); the steps
+every rank has written are judged (a rank's lines come every ``--monitor-every`` steps, not all
+at once). A finding is new unless one of its kind and rank was said before that overlaps it
+(its edges move while it goes on); a period still running is said as "since step N".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import orjson
+import pandas as pd
+
+from pardiag import layout
+
+from .monitored import WINDOW_STEPS, MonitorData, findings, line_frames
+
+#: Steps the follower keeps and judges (the most recent ones).
+HORIZON = 4000
+
+
+class Follower:
+    """Reads each rank's new complete lines of a monitor folder, keeps the last
+    :data:`HORIZON` steps, and gives the findings not said before.
+
+    Args:
+        run_dir: the run folder the ranks write (``pardiag/rank*.monitor.jsonl``).
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self._offsets: dict[Path, int] = {}
+        self._steps: list[pd.DataFrame] = []
+        self._calls: list[pd.DataFrame] = []
+        self.said: list[dict] = []
+
+    def read(self) -> bool:
+        """Take the lines written since the last call (a line still being written waits).
+        Returns whether anything new came."""
+        new = False
+        for path in sorted(layout.sidecar_dir(self.run_dir).glob("rank*.monitor.jsonl")):
+            at = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(at)
+                    chunk = fh.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                continue
+            self._offsets[path] = at + end + 1
+            for line in chunk[:end].split(b"\n"):
+                try:
+                    st, ca, _, _ = line_frames(orjson.loads(line))
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                    continue   # the report says what is wrong with a file; the run goes on
+                self._steps.append(st)
+                if ca is not None:
+                    self._calls.append(ca)
+                new = True
+        return new
+
+    def data(self) -> MonitorData | None:
+        """The steps every rank has written, within the last :data:`HORIZON` (None: none)."""
+        if not self._steps:
+            return None
+        steps = pd.concat(self._steps, ignore_index=True)
+        top = int(steps.groupby("rank")["step"].max().min())
+        low = top - HORIZON
+        steps = steps[steps["step"] > low]
+        self._steps = [steps]
+        calls = pd.concat(self._calls, ignore_index=True) if self._calls else pd.DataFrame(
+            columns=["rank", "step", "group", "op", "bytes", "issue_us", "return_us",
+                     "done_us"])
+        calls = calls[calls["step"] > low]
+        self._calls = [calls]
+        return MonitorData(steps=steps[steps["step"] <= top].reset_index(drop=True),
+                           calls=calls[calls["step"] <= top].reset_index(drop=True),
+                           memory=pd.DataFrame(columns=["rank", "step", "rss_bytes",
+                                                        "device_bytes"]),
+                           hosts={}, notes=[])
+
+    def new_findings(self) -> list[tuple[dict, bool]]:
+        """The findings not said before, each with whether it still goes on (its last step is
+        within :data:`~.monitored.WINDOW_STEPS` of the last step judged); marks them said."""
+        if not self.read():
+            return []
+        data = self.data()
+        if data is None or data.steps.empty:
+            return []
+        top = int(data.steps["step"].max())
+        out = []
+        for f in findings(data):
+            if f["kind"] == "slow_steps" and f["straggler_rank"] is not None:
+                continue   # the straggler's own finding says it
+            if f["kind"] not in ("straggler", "slow_steps"):
+                continue
+            seen = [g for g in self.said if g["kind"] == f["kind"]
+                    and g.get("rank") == f.get("rank")
+                    and g["first_step"] <= f["last_step"] + WINDOW_STEPS
+                    and f["first_step"] <= g["last_step"] + WINDOW_STEPS]
+            for g in seen:   # the same period, grown since it was said
+                g["last_step"] = max(g["last_step"], f["last_step"])
+            if seen:
+                continue
+            self.said.append(dict(f))
+            out.append((f, f["last_step"] >= top - WINDOW_STEPS))
+        return out
+
+
+def online_line(f: dict, ongoing: bool) -> str:
+    """How the launcher says a finding while the run goes on."""
+    who = f"rank {f['rank']}: " if "rank" in f else ""
+    what = {"straggler": "late at its collectives", "slow_steps": "slow"}[f["kind"]]
+    span = (f"since step {f['first_step']}" if ongoing
+            else f"in steps {f['first_step']}–{f['last_step']}")
+    if f["kind"] == "slow_steps":
+        what, span = "every rank's steps slow", span
+    extra = (f" (+{f['extra_delay_ms']:.1f} ms per step)" if f["kind"] == "straggler"
+             else f" ({f['step_ms']:.1f} ms against {f['baseline_step_ms']:.1f} ms)")
+    return f"{who}{what} {span}{extra}"
+
+
+def request_capture(run_dir: Path, start_step: int, steps: int, reason: str) -> Path:
+    """Ask every rank for a Kineto trace of steps ``start_step`` .. ``start_step + steps - 1``
+    (written atomically to :func:`pardiag.layout.capture_request_path`; the ranks read it when
+    they next write their monitor line). Returns the request's path."""
+    path = layout.capture_request_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"start_step": int(start_step), "steps": int(steps),
+                               "reason": reason}))
+    os.replace(tmp, path)
+    return path
