@@ -20,13 +20,16 @@ Every :data:`FLUSH_EVERY` steps the rank appends one JSON line to ``rank{R}.moni
 every line written before. A line (``schema`` :data:`SCHEMA`)::
 
     {"schema": ..., "rank": R, "base_ns": epoch ns, "steps": {"index": [...],
-     "end_us": [...], "dur_us": [...], "optimizer_us": [...], "data_us": [...]},
+     "end_us": [...], "dur_us": [...], "optimizer_us": [...], "data_us": [...],
+     "arrive_us": [...]},
      "calls": {"step": [...], "group": [...], "op": [...], "bytes": [...],
      "issue_us": [...], "return_us": [...], "done_us": [...]},
      "dropped_calls": n, "memory": {"rss_bytes": n, "device_bytes": n | null}}
 
 ``*_us`` times are µs after ``base_ns`` (``done_us`` -1: not known); ``step`` of a call is the
-index of the step it was issued in.
+index of the step it was issued in; ``arrive_us`` is the median issue time of the step's
+collectives (-1: none), the rank's arrival in that step as a summary. With ``keep_calls``
+False the line's ``calls`` are empty: only the per-step summary travels (large jobs).
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ class Monitor:
     """
 
     def __init__(self, path: Path, rank: int, every: int = FLUSH_EVERY,
-                 device_memory=None, capture_request: Path | None = None) -> None:
+                 device_memory=None, capture_request: Path | None = None,
+                 keep_calls: bool = True) -> None:
         self.path = Path(path)
         self.rank = rank
         self.every = max(1, int(every))
@@ -109,6 +113,7 @@ class Monitor:
         self._nested = threading.local()
         self._fh = None
         self.lines = 0
+        self.keep_calls = keep_calls
         #: where the launcher asks for a deep capture (read at each line written; None: never)
         self.capture_request = capture_request
         #: ``(first step, steps)`` of the deep capture asked for, once read
@@ -296,6 +301,15 @@ class Monitor:
         base = self.base_ns
         st = self._steps
         calls = self._calls
+        arrive: dict[int, list[int]] = {}
+        p2p = {OPS.index(n) for n in ("send", "recv", "isend", "irecv")}
+        for c in calls:
+            if c[2] not in p2p:
+                arrive.setdefault(c[0], []).append(c[4])
+        arrive_us = [(sorted(v)[len(v) // 2] - base) // 1000 if (v := arrive.get(s[0]))
+                     else -1 for s in st]
+        if not self.keep_calls:
+            calls = []
         mem = {"rss_bytes": _rss_bytes(), "device_bytes": None}
         if self.device_memory is not None:
             try:
@@ -308,7 +322,7 @@ class Monitor:
                       "end_us": [(s[1] - base) // 1000 for s in st],
                       "dur_us": [s[2] // 1000 for s in st],
                       "optimizer_us": [s[3] // 1000 for s in st],
-                      "data_us": [s[4] // 1000 for s in st]},
+                      "data_us": [s[4] // 1000 for s in st], "arrive_us": arrive_us},
             "calls": {"step": [c[0] for c in calls], "group": [c[1] for c in calls],
                       "op": [c[2] for c in calls], "bytes": [c[3] for c in calls],
                       "issue_us": [(c[4] - base) // 1000 for c in calls],

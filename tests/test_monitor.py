@@ -163,7 +163,8 @@ def test_the_records_a_line_holds(tmp_path):
     m._fh.close()
     (line,) = [json.loads(x) for x in m.path.read_text().splitlines()]
     assert line["steps"] == {"index": [0, 1], "end_us": [3000, 6000], "dur_us": [3000, 3000],
-                             "optimizer_us": [1000, 1000], "data_us": [0, 0]}
+                             "optimizer_us": [1000, 1000], "data_us": [0, 0],
+                             "arrive_us": [1000, 4000]}
     assert line["calls"]["op"] == [OPS.index("all_reduce"), OPS.index("broadcast")]
     assert line["calls"]["issue_us"] == [1000, 4000]
     assert line["calls"]["bytes"] == [4096, 8]

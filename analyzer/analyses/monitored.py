@@ -52,6 +52,8 @@ RELEASE_TOGETHER = frozenset({"all_reduce", "all_gather", "all_gather_into_tenso
 #: Point-to-point ops: matched by peer, not by group order; left out of arrival delays.
 P2P = frozenset({"send", "recv", "isend", "irecv"})
 
+#: Up to this many ranks, each rank's lateness is against the median of the others exactly.
+EXACT_LATENESS_RANKS = 32
 STRAGGLER_SIGMA = 5.0
 #: Steps of the centred running median that smooths each rank's lateness.
 WINDOW_STEPS = 25
@@ -121,14 +123,20 @@ def _read_lines(path: Path, notes: list[str]) -> list[dict]:
     return out
 
 
+#: The columns of :attr:`MonitorData.steps`.
+STEP_COLUMNS = ("rank", "step", "end_us", "dur_us", "optimizer_us", "data_us", "arrive_us")
+
+
 def line_frames(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame | None, dict | None, int]:
     """One line of a monitor file as ``(steps, calls or None, memory row or None, dropped
     calls)``, the columns of :class:`MonitorData`'s tables, times in epoch µs."""
     rank, base = int(doc["rank"]), doc["base_ns"] / 1000.0
     st, ca, ops = doc["steps"], doc["calls"], doc["ops"]
+    arrive = np.asarray(st.get("arrive_us") or [-1] * len(st["index"]), dtype=float)
     steps = pd.DataFrame({
         "rank": rank, "step": st["index"], "end_us": np.add(st["end_us"], base),
-        "dur_us": st["dur_us"], "optimizer_us": st["optimizer_us"], "data_us": st["data_us"]})
+        "dur_us": st["dur_us"], "optimizer_us": st["optimizer_us"], "data_us": st["data_us"],
+        "arrive_us": np.where(arrive >= 0, arrive + base, np.nan)})
     calls = None
     if ca["step"]:
         done = np.asarray(ca["done_us"], dtype=float)
@@ -155,20 +163,35 @@ def load_monitor(run_dir: Path) -> MonitorData:
     if not files:
         raise PardiagError(f"{run_dir}: no monitor records (pardiag/rank*.monitor.jsonl)")
     notes: list[str] = []
-    steps, calls, memory = [], [], []
+    # columns gathered as arrays and joined once: a large job has hundreds of thousands of lines
+    scols: dict[str, list] = {k: [] for k in STEP_COLUMNS}
+    calls, memory = [], []
     for path in files:
         dropped = 0
         for doc in _read_lines(path, notes):
-            st, ca, mem, n_dropped = line_frames(doc)
-            steps.append(st)
-            if ca is not None:
-                calls.append(ca)
-            if mem is not None:
-                memory.append(mem)
-            dropped += n_dropped
+            rank, base = int(doc["rank"]), doc["base_ns"] / 1000.0
+            st = doc["steps"]
+            n = len(st["index"])
+            arrive = np.asarray(st.get("arrive_us") or [-1] * n, dtype=float)
+            scols["rank"].append(np.full(n, rank))
+            scols["step"].append(np.asarray(st["index"], dtype=np.int64))
+            scols["end_us"].append(np.add(st["end_us"], base, dtype=float))
+            for k in ("dur_us", "optimizer_us", "data_us"):
+                scols[k].append(np.asarray(st[k], dtype=float))
+            scols["arrive_us"].append(np.where(arrive >= 0, arrive + base, np.nan))
+            if doc["calls"]["step"]:
+                calls.append(line_frames(doc)[1])
+            mem = doc.get("memory") or {}
+            if n:
+                memory.append({"rank": rank, "step": st["index"][-1],
+                               "rss_bytes": mem.get("rss_bytes"),
+                               "device_bytes": mem.get("device_bytes")})
+            dropped += int(doc.get("dropped_calls") or 0)
         if dropped:
             notes.append(f"{path.name}: {dropped} calls over the buffer's limit were counted, "
                          f"not kept")
+    steps = pd.DataFrame({k: (np.concatenate(v) if v else np.array([]))
+                          for k, v in scols.items()})
     hosts = {}
     for r in {int(p.name[4:].split(".")[0]) for p in files}:
         try:
@@ -178,8 +201,7 @@ def load_monitor(run_dir: Path) -> MonitorData:
             continue
     cols = ["rank", "step", "group", "op", "bytes", "issue_us", "return_us", "done_us"]
     return MonitorData(
-        steps=(pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(
-            columns=["rank", "step", "end_us", "dur_us", "optimizer_us", "data_us"])),
+        steps=steps,
         calls=pd.concat(calls, ignore_index=True) if calls else pd.DataFrame(columns=cols),
         memory=pd.DataFrame(memory, columns=["rank", "step", "rss_bytes", "device_bytes"]),
         hosts=hosts, notes=notes)
@@ -219,9 +241,15 @@ def host_offsets(c: pd.DataFrame, hosts: dict[int, str]) -> dict[int, float]:
 
 def arrival_delays(data: MonitorData) -> pd.DataFrame:
     """Each rank's arrival delay per step (µs): a ranks × steps table (NaN where the rank
-    issued no collective it shares with another rank that step). See the module."""
+    issued no collective it shares with another rank that step). See the module. Without
+    call records (``--monitor`` of a large job keeps only the steps' summaries) the delay is
+    the rank's median issue time in the step less the earliest rank's (``arrive_us``; one
+    host's clock assumed)."""
     if data.calls.empty:
-        return pd.DataFrame()
+        if "arrive_us" not in data.steps or data.steps["arrive_us"].isna().all():
+            return pd.DataFrame()
+        a = data.steps.pivot_table(index="rank", columns="step", values="arrive_us")
+        return (a - a.min(axis=0)).sort_index()
     c = _instances(data.calls)
     if c.empty:
         return pd.DataFrame()
@@ -261,8 +289,13 @@ def _robust_sigma(x: np.ndarray) -> float:
 def lateness(delays: pd.DataFrame) -> pd.DataFrame:
     """Each rank's lateness per step (µs): its arrival delay less the median of the other
     ranks' that step (ranks × steps; about 0 for ranks that differ only by noise, +δ for a rank
-    δ late whether or not it is late in every step)."""
+    δ late whether or not it is late in every step). Beyond :data:`EXACT_LATENESS_RANKS`
+    ranks, the median of every rank's (one rank moves it by at most one order statistic)."""
     vals = delays.to_numpy(dtype=float)
+    if len(vals) > EXACT_LATENESS_RANKS:   # one rank moves the median of many by little
+        with np.errstate(all="ignore"):
+            ref = np.nanmedian(vals, axis=0)
+        return pd.DataFrame(vals - ref, index=delays.index, columns=delays.columns)
     out = np.full_like(vals, np.nan)
     for i in range(len(vals)):
         others = np.delete(vals, i, axis=0)
@@ -428,8 +461,8 @@ def memory_findings(memory: pd.DataFrame) -> list[dict]:
     """Memory creep per rank (see the module): ``[{"kind": "memory_creep", "rank", "memory",
     ("rss" or "device"), "first_bytes", "last_bytes", "bytes_per_1k_steps"}]``."""
     out = []
-    for (r, m), col in ((k, c) for k in memory.groupby("rank") for c in
-                        ("rss_bytes", "device_bytes")):
+    cols = [c for c in ("rss_bytes", "device_bytes") if memory[c].notna().any()]
+    for (r, m), col in ((k, c) for k in memory.groupby("rank") for c in cols):
         s = m[["step", col]].dropna()
         if len(s) < 4:
             continue

@@ -12,6 +12,10 @@ from .page import Page, document, escape, muted
 
 #: Steps drawn per rank; longer runs are drawn as the median of blocks of steps (the page says so).
 MAX_POINTS = 4000
+#: Ranks drawn one line each; more are drawn as their spread (the page says so).
+MAX_RANK_LINES = 16
+#: Columns of the lateness heatmap (blocks of steps beyond).
+MAX_HEAT_COLUMNS = 500
 
 
 def _blocks(n: int) -> int:
@@ -21,8 +25,24 @@ def _blocks(n: int) -> int:
 def _step_figure(page: Page, data: monitored.MonitorData, found: list[dict]) -> str:
     steps = data.steps.sort_values(["rank", "step"])
     k = _blocks(int(steps["step"].nunique()))
+    ranks = sorted(int(r) for r in steps["rank"].unique())
+    named = sorted({f["rank"] for f in found if "rank" in f})
     traces = []
-    for r, g in steps.groupby("rank"):
+    if len(ranks) > MAX_RANK_LINES:   # the ranks' spread, and the ranks the findings name
+        blk = steps["step"].to_numpy() // k
+        per = steps.groupby(blk)["dur_us"]
+        x = (np.asarray(sorted(set(blk))) * k).astype("float64")
+        for q, name in ((0.9, "p90 of ranks"), (0.1, "p10 of ranks")):
+            traces.append({"type": "scattergl", "mode": "lines", "name": name,
+                           "x": x, "y": (per.quantile(q).to_numpy() / 1e3).astype("float64"),
+                           "line": {"width": 0.5, "color": "rgba(99,110,250,0.5)"}})
+        traces.append({"type": "scattergl", "mode": "lines", "name": "median of ranks",
+                       "x": x, "y": (per.median().to_numpy() / 1e3).astype("float64")})
+        show = named[:MAX_RANK_LINES]
+    else:
+        show = ranks
+    for r in show:
+        g = steps[steps["rank"] == r]
         s = g["step"].to_numpy() // k
         y = g.groupby(s)["dur_us"].median().to_numpy() / 1e3
         traces.append({"type": "scattergl", "mode": "lines", "name": f"rank {r}",
@@ -36,8 +56,11 @@ def _step_figure(page: Page, data: monitored.MonitorData, found: list[dict]) -> 
         "title": "Step time over the run, per rank (shaded: findings)",
         "xaxis": {"title": "optimizer step"}, "yaxis": {"title": "step time (ms)"},
         "shapes": shapes, "height": 380}}
-    note = page.sample(f"each point is the median of {k} steps") if k > 1 else ""
-    return page.fig(fig) + note
+    notes = [f"each point is the median of {k} steps"] if k > 1 else []
+    if len(ranks) > MAX_RANK_LINES:
+        notes.append(f"{len(ranks)} ranks: their median and 10th–90th percentiles, and the "
+                     f"ranks the findings name")
+    return page.fig(fig) + "".join(page.sample(n) for n in notes)
 
 
 def _late_figure(page: Page, data: monitored.MonitorData) -> str:
@@ -45,10 +68,10 @@ def _late_figure(page: Page, data: monitored.MonitorData) -> str:
     if delays.empty or len(delays) < 2:
         return muted("No collective shared by two ranks was recorded: no lateness to draw.")
     late = monitored.lateness(delays)
-    k = _blocks(late.shape[1])
+    k = max(1, int(np.ceil(late.shape[1] / MAX_HEAT_COLUMNS)))
     cols = late.columns.to_numpy() // k
     z = late.T.groupby(cols).median().T / 1e3
-    fig = {"data": [{"type": "heatmap", "z": z.to_numpy(dtype="float64"),
+    fig = {"data": [{"type": "heatmap", "z": z.to_numpy(dtype="float32"),
                      "x": (z.columns.to_numpy() * k).astype("float64"),
                      "y": [f"rank {r}" for r in z.index], "colorscale": "RdBu",
                      "reversescale": True, "zmid": 0,
@@ -56,7 +79,8 @@ def _late_figure(page: Page, data: monitored.MonitorData) -> str:
            "layout": {"title": "Lateness: arrival at collectives after the other ranks (ms)",
                       "xaxis": {"title": "optimizer step"},
                       "height": 160 + 24 * len(z.index)}}
-    return page.fig(fig)
+    return page.fig(fig) + (page.sample(f"each cell is the median of {k} steps") if k > 1
+                            else "")
 
 
 def monitor_html(data: monitored.MonitorData, doc: dict, source: str,
