@@ -63,6 +63,8 @@ class ProfileConfig:
             (:mod:`pardiag.analyzer.analyses.monitor_follow`).
         monitor_capture: with ``monitor_every``, on the first finding every rank records a
             Kineto trace of this many steps into ``capture-S/`` (0: never).
+        monitor_calls: with ``monitor_every``, write every collective call (False: only each
+            step's summary, its arrival among them: for large jobs).
     """
 
     script: Path
@@ -86,6 +88,7 @@ class ProfileConfig:
     noise_filter: bool = True
     monitor_every: int | None = None
     monitor_capture: int = 0
+    monitor_calls: bool = True
 
     @property
     def standalone(self) -> bool:
@@ -745,7 +748,8 @@ def _command_and_env(cfg: ProfileConfig, out: Path, script: str,
     rank_cfg = {"out": str(out), "script": script, "args": list(cfg.args),
                 "wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active,
                 "pin_cpu": cfg.pin_cpu, "overwrite": cfg.overwrite,
-                "monitor_every": cfg.monitor_every, "monitor_capture": cfg.monitor_capture}
+                "monitor_every": cfg.monitor_every, "monitor_capture": cfg.monitor_capture,
+                "monitor_calls": cfg.monitor_calls}
     cmd = [sys.executable, "-m", "pardiag.collectors.torchrun_quiet", *cfg.torchrun_args(),
            "--nproc-per-node", str(cfg.nproc_per_node), "-m", "pardiag.collectors.rank_entry"]
     # torchrun sets OMP_NUM_THREADS=1 when unset, with a banner; set the same value quietly.

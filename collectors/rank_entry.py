@@ -920,7 +920,8 @@ def _install_hooks(run: _RankRun) -> None:
         run.monitor = Monitor(layout.monitor_path(run.out, run.rank), run.rank, monitor_every,
                               torch.cuda.memory_allocated if run.cuda else None,
                               layout.capture_request_path(run.out)
-                              if run.cfg.get("monitor_capture") else None)
+                              if run.cfg.get("monitor_capture") else None,
+                              keep_calls=bool(run.cfg.get("monitor_calls", True)))
         run.monitor.install()
     # a window that starts with the script (wait = warmup = 0) records from the first call
     run.pipe.recording = run.p2p.recording = run.wait + run.warmup == 0

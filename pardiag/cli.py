@@ -329,12 +329,16 @@ def _schedule_options(f):
 @click.option("--monitor-capture", type=click.IntRange(min=1), default=None, metavar="STEPS",
               help="With --monitor: on the first finding, every rank records a Kineto trace of "
                    "STEPS steps into DIR/capture-S/ for `pardiag report`.")
+@click.option("--monitor-calls/--no-monitor-calls", default=True, show_default=True,
+              help="With --monitor: write every collective call, or only each step's summary "
+                   "(its arrival among them; for large jobs).")
 def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out: Path | None,
             wait: int, warmup: int, active: int, overwrite: bool, timeout_s: float | None,
             pin_cpu: bool, nnodes: int, node_rank: int | None, rdzv_backend: str | None,
             rdzv_endpoint: str | None, rdzv_id: str | None, master_addr: str | None,
             master_port: int | None, repeat: int, monitor: bool,
-            monitor_every: int | None, monitor_capture: int | None) -> None:
+            monitor_every: int | None, monitor_capture: int | None,
+            monitor_calls: bool) -> None:
     """Run SCRIPT under torchrun with every rank profiled.
 
     Arguments after `--` go to the script unchanged. The run folder gets one gzipped Kineto trace
@@ -379,7 +383,8 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
                             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
                             rdzv_id=rdzv_id, master_addr=master_addr, master_port=master_port,
                             monitor_every=(monitor_every or FLUSH_EVERY) if monitor else None,
-                            monitor_capture=monitor_capture or 0)
+                            monitor_capture=monitor_capture or 0,
+                            monitor_calls=monitor_calls)
         result = run_profile(cfg)
         _say_outcome(result, wait, warmup, active, timeout_s)
         code = result.exit_code
