@@ -514,10 +514,15 @@ def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int
 @click.option("--mixed-runs", is_flag=True,
               help="Analyse the files of different runs as one (by default they are refused: "
                    "pardiag compare sets two runs side by side).")
+@click.option("--tensorboard", "tensorboard", type=click.Path(file_okay=False, path_type=Path),
+              default=None, metavar="DIR",
+              help="Of a monitored run (profile --monitor): also write its per-rank, per-step "
+                   "scalars as TensorBoard event files under DIR (needs tensorboard).")
 @analysis_command
 def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
            comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
-           workers: int | None, hta: bool, mixed_runs: bool) -> None:
+           workers: int | None, hta: bool, mixed_runs: bool,
+           tensorboard: Path | None) -> None:
     """Analyze a run folder, a folder of Kineto traces, or trace files.
 
     Writes a self-contained HTML report, prints a summary, and optionally writes JSON.
@@ -533,8 +538,10 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 
     if (len(paths) == 1 and paths[0].is_dir() and is_monitored(paths[0])
             and not any(paths[0].glob("rank*.trace.json.gz"))):
-        _monitor_report(paths[0], output, json_out, cdn, quiet)
+        _monitor_report(paths[0], output, json_out, cdn, quiet, tensorboard)
         return
+    if tensorboard is not None:
+        raise PardiagError("--tensorboard: only for a monitored run (pardiag profile --monitor)")
     analysing: str | None = None   # the traces' source, once the analyses run
 
     def loaded(traces) -> None:
@@ -577,7 +584,7 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 
 
 def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,
-                    quiet: bool) -> None:
+                    quiet: bool, tensorboard: Path | None = None) -> None:
     """``pardiag report`` of a monitored run (``profile --monitor``): its findings on the
     terminal, the page, and JSON when asked."""
     import orjson
@@ -596,6 +603,14 @@ def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,
         output.write_text(monitor_html(data, doc, str(run), "cdn" if cdn else True))
     except OSError as exc:
         raise PardiagError(f"{output}: cannot write ({exc.strerror})") from None
+    if tensorboard is not None:
+        from pardiag.analyzer.render.tensorboard import write_tensorboard
+
+        if tensorboard.resolve().is_relative_to(run.resolve()):
+            raise PardiagError(f"{tensorboard}: inside the run folder {run}; write it elsewhere")
+        done = write_tensorboard(data, doc, tensorboard)
+        click.echo(f"pardiag: wrote TensorBoard event files for {len(done)} run(s) under "
+                   f"{tensorboard} (tensorboard --logdir {tensorboard})", err=True)
     if not quiet and str(json_out) != "-":
         click.echo("\n".join(monitor_lines(doc)))
     click.echo(f"pardiag: wrote {output}"

@@ -315,3 +315,25 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
                           str(tmp_path / "mon.html")], capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
     assert f"deep capture from step {start} (2 ranks)" in mon.stdout
+
+
+def test_tensorboard_scalars_of_a_monitored_run(tmp_path):
+    """Per rank and step: the step time, and the lateness that names the planted straggler,
+    read back with TensorBoard's own reader."""
+    ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    from pardiag.analyzer.render.tensorboard import write_tensorboard
+
+    run = _write_run(tmp_path, 4, 300, {2: (120, 169, 30_000)})
+    data = M.load_monitor(run)
+    doc = M.summary(data, run)
+    done = write_tensorboard(data, doc, tmp_path / "tb")
+    assert sorted(p.name for p in done) == ["rank0", "rank1", "rank2", "rank3"]
+    ea = ea_mod.EventAccumulator(str(tmp_path / "tb" / "rank2"))
+    ea.Reload()
+    assert set(ea.Tags()["scalars"]) == {"step_ms", "data_ms", "optimizer_ms", "lateness_ms"}
+    late = {e.step: e.value for e in ea.Scalars("lateness_ms")}
+    step = {e.step: e.value for e in ea.Scalars("step_ms")}
+    assert len(step) == 300
+    assert late[140] == pytest.approx(30.0, abs=2.0) and abs(late[60]) < 2.0
+    assert step[140] == pytest.approx(130.0, abs=0.01) and step[60] == pytest.approx(100.0,
+                                                                                     abs=0.01)
