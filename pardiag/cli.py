@@ -583,6 +583,48 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
                + (f" and {json_out}" if json_out and str(json_out) != "-" else ""), err=True)
 
 
+#: The version of a monitored run's and a monitored comparison's JSON (``kind``
+#: ``monitored_run``, ``monitored_comparison``).
+MONITOR_JSON_VERSION = 1
+
+
+def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,
+                       fail_pct: float | None, cdn: bool, quiet: bool) -> None:
+    """``pardiag compare`` of two monitored runs: step time with its noise, findings, gate."""
+    import orjson
+
+    from pardiag.analyzer.analyses.monitor_compare import compare_monitored, gate
+    from pardiag.analyzer.analyses.monitored import load_monitor
+    from pardiag.analyzer.render.monitor_page import compare_html, compare_lines
+
+    data = (load_monitor(a), load_monitor(b))
+    try:
+        cmp = compare_monitored(*data)
+    except ValueError as exc:
+        raise PardiagError(f"{a} vs {b}: {exc}") from None
+    names = (str(a), str(b))
+    failed = fail_pct is not None and gate(cmp, fail_pct)
+    doc = {"kind": "monitored_comparison", "schema_version": MONITOR_JSON_VERSION,
+           "a": names[0], "b": names[1], **cmp,
+           **({"fail_if_slower_pct": fail_pct, "failed": failed} if fail_pct is not None
+              else {})}
+    if json_out is not None:
+        _write_json(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY),
+                    json_out)
+    try:
+        output.write_text(compare_html(cmp, data, names, "cdn" if cdn else True))
+    except OSError as exc:
+        raise PardiagError(f"{output}: cannot write ({exc.strerror})") from None
+    if not quiet and str(json_out) != "-":
+        click.echo("\n".join(compare_lines(cmp, names)))
+    click.echo(f"pardiag: wrote {output}"
+               + (f" and {json_out}" if json_out and str(json_out) != "-" else ""), err=True)
+    if failed:
+        click.echo(f"pardiag: B is {cmp['step_delta_pct']:.1f}% slower than A, beyond the noise "
+                   f"and the --fail-if-slower {fail_pct:g}% limit", err=True)
+        sys.exit(1)
+
+
 def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,
                     quiet: bool, tensorboard: Path | None = None) -> None:
     """``pardiag report`` of a monitored run (``profile --monitor``): its findings on the
@@ -595,7 +637,8 @@ def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,
     guard_outputs([output, json_out], [run])
     refuse_foreign_outputs(output, json_out)
     data = load_monitor(run)
-    doc = {"kind": "monitored_run", "source": str(run), **summary(data, run)}
+    doc = {"kind": "monitored_run", "schema_version": MONITOR_JSON_VERSION, "source": str(run),
+           **summary(data, run)}
     if json_out is not None:
         _write_json(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY),
                     json_out)
@@ -657,6 +700,17 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
 
     guard_outputs([output, json_out], [a, b])
     refuse_foreign_outputs(output, json_out)
+    from pardiag.analyzer.analyses.monitored import is_monitored
+
+    kinds = [p.is_dir() and is_monitored(p) and not any(p.glob("rank*.trace.json.gz"))
+             for p in (a, b)]
+    if any(kinds):
+        if not all(kinds):
+            which, other = (a, b) if kinds[0] else (b, a)
+            raise PardiagError(f"{which} is a monitored run (profile --monitor) and {other} is "
+                               f"not: compare two monitored runs, or two profiled runs")
+        _compare_monitored(a, b, output, json_out, fail_pct, cdn, quiet)
+        return
     docs = []
     for label, path in (("A", a), ("B", b)):
         with progress_reporter(f"loading {label}") as progress:

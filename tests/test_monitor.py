@@ -337,3 +337,43 @@ def test_tensorboard_scalars_of_a_monitored_run(tmp_path):
     assert late[140] == pytest.approx(30.0, abs=2.0) and abs(late[60]) < 2.0
     assert step[140] == pytest.approx(130.0, abs=0.01) and step[60] == pytest.approx(100.0,
                                                                                      abs=0.01)
+
+
+def _scaled(run: Path, factor: float) -> Path:
+    """``run``'s monitor files with every step ``factor`` × as long."""
+    for path in layout.sidecar_dir(run).glob("rank*.monitor.jsonl"):
+        out = []
+        for line in path.read_bytes().splitlines():
+            doc = json.loads(line)
+            doc["steps"]["dur_us"] = [int(v * factor) for v in doc["steps"]["dur_us"]]
+            out.append(json.dumps(doc).encode())
+        path.write_bytes(b"\n".join(out) + b"\n")
+    return run
+
+
+def test_compare_two_monitored_runs(tmp_path):
+    """B's steps 10 % longer: slower beyond the noise, the gate at 5 % fails and at 15 % passes
+    (exit codes); A against a rerun of itself with other noise: inside the noise."""
+    from pardiag.analyzer.analyses.monitor_compare import compare_monitored, gate
+
+    a = M.load_monitor(_write_run(tmp_path / "a", 2, 300, {}, seed=1))
+    same = M.load_monitor(_write_run(tmp_path / "s", 2, 300, {}, seed=2))
+    b_dir = _scaled(_write_run(tmp_path / "b", 2, 300, {}, seed=3), 1.10)
+    cmp = compare_monitored(a, M.load_monitor(b_dir))
+    assert cmp["verdict"] == "slower" and cmp["step_delta_pct"] == pytest.approx(10.0, abs=0.5)
+    assert cmp["step_delta_ci_pct"][0] > 0 and gate(cmp, 5.0) and not gate(cmp, 15.0)
+    assert compare_monitored(a, same)["verdict"] == "inside the noise"
+    for pct, code in (("5", 1), ("15", 0)):
+        r = subprocess.run([sys.executable, "-m", "pardiag", "compare",
+                            str(tmp_path / "a" / "run"), str(b_dir), "-o",
+                            str(tmp_path / "c.html"), "--json",
+                            str(tmp_path / "c.json"), "--fail-if-slower", pct, "-q"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert r.returncode == code, r.stderr
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["kind"] == "monitored_comparison" and doc["failed"] is False
+    r = subprocess.run([sys.executable, "-m", "pardiag", "compare", str(tmp_path / "a" / "run"),
+                        str(ROOT / "sample_traces" / "ddp_cpu_2rank"), "-o",
+                        str(tmp_path / "d.html")], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)
+    assert r.returncode == 2 and "is a monitored run (profile --monitor) and" in r.stderr

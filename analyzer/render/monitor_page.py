@@ -124,3 +124,47 @@ def monitor_lines(doc: dict) -> list[str]:
     out += [f"  deep capture from step {c['first_step']} ({c['ranks']} ranks): pardiag report "
             f"{doc['source']}/{c['folder']}" for c in doc.get("captures", [])]
     return out
+
+
+def compare_lines(cmp: dict, names: tuple[str, str]) -> list[str]:
+    """The terminal summary of two monitored runs compared
+    (:func:`pardiag.analyzer.analyses.monitor_compare.compare_monitored`)."""
+    a, b = cmp["a"], cmp["b"]
+    low, high = cmp["step_delta_ci_pct"]
+    out = [f"Monitored runs: A {names[0]} ({a['steps']} steps), B {names[1]} ({b['steps']} steps)",
+           f"  step time: A {a['step_ms']:.2f} ms (p10–p90 {a['p10_ms']:.2f}–{a['p90_ms']:.2f}), "
+           f"B {b['step_ms']:.2f} ms (p10–p90 {b['p10_ms']:.2f}–{b['p90_ms']:.2f}): "
+           f"B {cmp['step_delta_pct']:+.1f}% [{low:+.1f}, {high:+.1f}]% — {cmp['verdict']}"]
+    for label, side in (("A", a), ("B", b)):
+        out += [f"  {label}: {monitored.finding_line(f)}" for f in side["findings"]] or [
+            f"  {label}: no finding"]
+    return out
+
+
+def compare_html(cmp: dict, data: tuple[monitored.MonitorData, monitored.MonitorData],
+                 names: tuple[str, str], include_plotlyjs: bool | str = True) -> str:
+    """The page of two monitored runs compared: both runs' step time over their steps, the
+    difference with its noise, each run's findings."""
+    from ..analyses.monitor_compare import WARMUP_STEPS
+
+    page = Page()
+    traces = []
+    for label, d in zip(("A", "B"), data):
+        per = d.steps.groupby("step")["dur_us"].median()
+        per = per[per.index >= WARMUP_STEPS]
+        k = _blocks(len(per))
+        blk = per.groupby(per.index.to_numpy() // k).median()
+        traces.append({"type": "scattergl", "mode": "lines", "name": label,
+                       "x": (blk.index.to_numpy() * k).astype("float64"),
+                       "y": (blk.to_numpy() / 1e3).astype("float64")})
+    fig = {"data": traces, "layout": {"title": "Step time over each run (median over ranks)",
+                                      "xaxis": {"title": "optimizer step"},
+                                      "yaxis": {"title": "step time (ms)"}, "height": 380}}
+    items = "".join(f"<li>{escape(line.strip())}</li>" for line in compare_lines(cmp, names)[1:])
+    body = (f'<section id="steps"><h2>Step time</h2><ul>{items}</ul>{page.fig(fig)}'
+            + muted("The interval is a moving-block bootstrap of each run's steps (blocks of 50 "
+                    "steps): B is slower or faster only when it excludes 0.")
+            + "</section>")
+    return document(f"pardiag compare: {names[0]} → {names[1]}",
+                    "pardiag compare (monitored runs)", f"{names[0]} → {names[1]}",
+                    [("steps", "Step time")], body, include_plotlyjs)
