@@ -87,6 +87,14 @@ def run(kind: str, script: Path, n: int, args: list[str], steps: int, tmp: Path,
                              env={"OMP_NUM_THREADS": "1", **os.environ})
         if res.returncode == 0:
             post, wrap = [], []
+            if kind == "pardiag" and monitor:   # the monitor's own cost per step, measured
+                for r in range(n):
+                    meta = json.loads((tmp / "run" / "pardiag" / f"rank{r}.meta.json").read_text())
+                    inst = meta.get("instrumentation") or {}
+                    cost = (inst.get("wrapper_cost_us") or {}).get("monitor_call")
+                    seen = inst.get("monitor_calls") or {}
+                    if cost is not None and seen.get("steps"):
+                        wrap.append(float(cost) * seen["calls"] / seen["steps"])
             if kind == "pardiag" and not monitor:
                 for r in range(n):
                     meta = json.loads((tmp / "run" / "pardiag" / f"rank{r}.meta.json").read_text())

@@ -114,6 +114,10 @@ class Monitor:
         self._fh = None
         self.lines = 0
         self.keep_calls = keep_calls
+        #: calls and steps recorded over the run (the monitor's cost per step is its cost per
+        #: call × calls per step)
+        self.calls_total = 0
+        self.steps_total = 0
         #: where the launcher asks for a deep capture (read at each line written; None: never)
         self.capture_request = capture_request
         #: ``(first step, steps)`` of the deep capture asked for, once read
@@ -134,6 +138,7 @@ class Monitor:
         return name
 
     def _call(self, op: int, group, nbytes: int, t0: int, t1: int) -> list | None:
+        self.calls_total += 1
         if len(self._calls) >= MAX_CALLS:
             self._dropped += 1
             return None
@@ -292,8 +297,37 @@ class Monitor:
         self._last_end = opt_end_ns
         self._data_ns = 0
         self._step = index + 1
+        self.steps_total += 1
         if len(self._steps) >= self.every:
             self.flush()
+
+    def self_cost_us(self, calls: int = 2000, blocks: int = 5) -> float:
+        """What the collective wrapper adds to one call (µs): a wrapped no-op returning a
+        completed work's stand-in less the no-op, median of ``blocks``; measured after the
+        run, its records taken back."""
+        from .hooks import added_cost_us
+
+        class _Work:
+            def get_future(self):
+                return _Future()
+
+        class _Future:
+            def add_done_callback(self, fn) -> None:
+                fn(self)
+
+        work = _Work()
+
+        def noop(tensor, op=None, group=None, async_op=False):
+            return work
+
+        wrapped = self._wrap("all_reduce", noop)
+        saved = (self._calls, self._dropped, self._step, self.calls_total)
+        self._calls = []
+        try:
+            return added_cost_us(wrapped, noop, lambda i: (None,), calls, blocks,
+                                 after_block=self._calls.clear)
+        finally:
+            self._calls, self._dropped, self._step, self.calls_total = saved
 
     # -- writing -----------------------------------------------------------------------------
 

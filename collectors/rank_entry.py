@@ -1021,6 +1021,11 @@ def _after_script(run: _RankRun) -> tuple[dict | None, int]:
     try:
         run.instrumentation["wrapper_cost_us"] = {"p2p": p2p.self_cost_us(),
                                                   "chunk": pipe.self_cost_us()}
+        if run.monitor is not None:   # what --monitor adds per step, by its own measure
+            mon = run.monitor
+            run.instrumentation["wrapper_cost_us"]["monitor_call"] = mon.self_cost_us()
+            run.instrumentation["monitor_calls"] = {"calls": mon.calls_total,
+                                                    "steps": mon.steps_total}
     except Exception as exc:  # extra information: never the run's failure
         print(f"pardiag: rank {rank}: could not time its own wrappers: {exc}", file=sys.stderr)
     lay, n_records = None, 0

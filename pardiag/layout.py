@@ -560,8 +560,9 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
             wrapper the calls inside the window (recorded) and outside it (``p2p_calls``,
             ``chunk_calls``: ``{"window": n, "outside": n}``), and ``wrapper_cost_us``: what
             each wrapper adds to one call outside the window, timed on a no-op after the
-            script (``{"p2p": µs, "chunk": µs}``); None: not recorded (runs of an older
-            pardiag).
+            script (``{"p2p": µs, "chunk": µs}``, and ``monitor_call`` with ``--monitor``,
+            whose ``monitor_calls`` are ``{"calls": n, "steps": n}`` recorded); None: not
+            recorded (runs of an older pardiag).
         status: ``ok`` or ``error``; ``running`` in the metadata written when the profiling
             window closed (:data:`WINDOW_META_TEMPLATE`): the rank had not finished then, and
             its ``optimizer_steps``, ``optimizer_step_times_us`` and memory stop there.

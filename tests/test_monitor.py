@@ -377,3 +377,12 @@ def test_compare_two_monitored_runs(tmp_path):
                         str(tmp_path / "d.html")], capture_output=True, text=True, timeout=120,
                        cwd=ROOT)
     assert r.returncode == 2 and "is a monitored run (profile --monitor) and" in r.stderr
+
+
+def test_the_monitor_times_its_own_wrapper_and_gives_back_its_records(tmp_path):
+    m = Monitor(tmp_path / "r.jsonl", 0)
+    m._call(OPS.index("all_reduce"), None, 8, T0_NS, T0_NS + 1)
+    before = (list(m._calls), m.calls_total)
+    cost = m.self_cost_us(calls=500, blocks=3)
+    assert 0.0 <= cost < 1000.0
+    assert (m._calls, m.calls_total) == before
