@@ -193,6 +193,8 @@ class WrapConfig:
             :class:`pardiag.collectors.launch.ProfileConfig`; ``out`` is shared by the ranks
             (each writes only its own files; a shared file system gives one run folder, else
             each node's folder holds its ranks and ``pardiag report`` joins the folders).
+        monitor_every, monitor_calls: ``--monitor`` as in ``ProfileConfig`` (no launcher of
+            pardiag's follows the records: the findings come with ``pardiag report``).
     """
 
     script: Path
@@ -203,6 +205,8 @@ class WrapConfig:
     active: int = 3
     overwrite: bool = False
     pin_cpu: bool = False
+    monitor_every: int | None = None
+    monitor_calls: bool = True
 
 
 def _write_node_part(cfg: WrapConfig, out: Path, where: RankEnv, started: float, meta) -> None:
@@ -232,7 +236,9 @@ def _write_node_part(cfg: WrapConfig, out: Path, where: RankEnv, started: float,
     missing = [r for r in expected if r not in metas]
     run = layout.RunFile(
         pardiag_version=__version__,
-        command=shlex.join(["pardiag", "wrap", str(cfg.script), "--", *cfg.args]),
+        command=shlex.join(["pardiag", "wrap", str(cfg.script),
+                            *(["--monitor", "--monitor-every", str(cfg.monitor_every)]
+                              if cfg.monitor_every else []), "--", *cfg.args]),
         script=str(cfg.script), script_args=list(cfg.args), world_size=where.world_size,
         nproc_per_node=where.local_world_size, nnodes=where.nnodes, node_rank=where.node_rank,
         schedule=layout.ProfilerSchedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active),
@@ -240,7 +246,7 @@ def _write_node_part(cfg: WrapConfig, out: Path, where: RankEnv, started: float,
         exit_code=codes[0] if codes else (1 if missing else 0),
         nodes={str(meta.host): sorted(metas)}, layout=_job_layout(metas),
         backend=meta.backend, torch_version=meta.torch_version,
-        failed_ranks=failed, missing_ranks=missing)
+        failed_ranks=failed, missing_ranks=missing, monitor_every=cfg.monitor_every)
     part = layout.node_run_path(out, where.node_rank if where.node_rank is not None
                                 else "-" + re.sub(r"[^\w.-]", "_", socket.gethostname()))
     tmp = part.with_suffix(".json.tmp")
@@ -283,10 +289,13 @@ def run_wrap(cfg: WrapConfig) -> None:
         raise PardiagError(f"{out}: cannot create the run folder ({exc.strerror or exc})") from None
     if out.exists() and not out.is_dir():
         raise PardiagError(f"{out}: exists and is not a folder")
+    monitored = cfg.monitor_every is not None
     rank_cfg = {"out": str(out), "script": str(Path(cfg.script).resolve()),
-                "args": list(cfg.args), "wait": cfg.wait, "warmup": cfg.warmup,
-                "active": cfg.active, "pin_cpu": cfg.pin_cpu, "overwrite": cfg.overwrite,
-                "node_rank": where.node_rank}
+                "args": list(cfg.args), "wait": 0 if monitored else cfg.wait,
+                "warmup": 0 if monitored else cfg.warmup,
+                "active": 0 if monitored else cfg.active, "pin_cpu": cfg.pin_cpu,
+                "overwrite": cfg.overwrite, "node_rank": where.node_rank,
+                "monitor_every": cfg.monitor_every, "monitor_calls": cfg.monitor_calls}
     os.environ[rank_entry.CONFIG_ENV] = json.dumps(rank_cfg)   # scripts may check it
     os.environ.pop("PARDIAG_LAUNCH_ID", None)
     started = time.time()

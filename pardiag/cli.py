@@ -473,8 +473,18 @@ def _shell_path(p: Path) -> str:
 @click.argument("script", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @_schedule_options
+@click.option("--monitor", is_flag=True,
+              help="Monitor every step instead of profiling a window (as pardiag profile "
+                   "--monitor; the findings come with pardiag report).")
+@click.option("--monitor-every", type=click.IntRange(min=1), default=None, metavar="STEPS",
+              help="Steps between two writes of the rank's records [default: 50]; implies "
+                   "--monitor (under torchrun give this one: torchrun reads --monitor as its "
+                   "own --monitor-interval).")
+@click.option("--monitor-calls/--no-monitor-calls", default=True, show_default=True,
+              help="With --monitor: write every collective call, or only each step's summary.")
 def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int, warmup: int,
-         active: int, overwrite: bool, pin_cpu: bool) -> None:
+         active: int, overwrite: bool, pin_cpu: bool, monitor: bool, monitor_every: int | None,
+         monitor_calls: bool) -> None:
     """Profile one rank of a job another launcher started (torchrun, srun, mpirun, accelerate).
 
     Every process runs `python -m pardiag wrap [OPTIONS] SCRIPT -- ARGS`, e.g.
@@ -492,8 +502,13 @@ def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int
                                "job, on a shared file system or the same path on each node)")
         import time
         out = Path("pardiag_runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from pardiag.collectors.monitor import FLUSH_EVERY
+
+    monitor = monitor or monitor_every is not None
     run_wrap(WrapConfig(script=script, args=tuple(script_args), out=out, wait=wait,
-                        warmup=warmup, active=active, overwrite=overwrite, pin_cpu=pin_cpu))
+                        warmup=warmup, active=active, overwrite=overwrite, pin_cpu=pin_cpu,
+                        monitor_every=(monitor_every or FLUSH_EVERY) if monitor else None,
+                        monitor_calls=monitor_calls))
 
 
 @cli.command()

@@ -386,3 +386,24 @@ def test_the_monitor_times_its_own_wrapper_and_gives_back_its_records(tmp_path):
     cost = m.self_cost_us(calls=500, blocks=3)
     assert 0.0 <= cost < 1000.0
     assert (m._calls, m.calls_total) == before
+
+
+@pytest.mark.e2e
+def test_wrap_under_torchrun_monitors_every_step(tmp_path):
+    """`torchrun -m pardiag wrap --monitor-every 10`: each rank's records, the run file says
+    the run was monitored, and the report reads it."""
+    import os
+
+    out = tmp_path / "wm"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    r = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "pardiag",
+                        "wrap", "--monitor-every", "10", "--out", str(out),
+                        str(ROOT / "examples" / "train_ddp.py"), "--", "--steps", "30"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = layout.decode_sidecar(layout.run_file_path(out).read_bytes(), "run")
+    assert run.monitor_every == 10 and not list(out.glob("*.trace.json.gz"))
+    data = M.load_monitor(out)
+    assert sorted(data.steps.groupby("rank")["step"].nunique().to_dict().items()) == [
+        (0, 30), (1, 30)]
