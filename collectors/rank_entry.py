@@ -26,6 +26,7 @@ import gc
 import json
 import os
 import platform
+import re
 import runpy
 import sys
 import threading
@@ -186,11 +187,44 @@ def _one_line(exc: BaseException) -> str:
 
 class _Terminated(BaseException):
     """SIGTERM reached the rank: its launcher is ending the job (torchrun stops the other ranks
-    this way when one fails, and on Ctrl-C)."""
+    this way when one fails, and on Ctrl-C). ``after``: the error the script had raised first,
+    as the job was being stopped (a collective whose peers had gone)."""
+
+    def __init__(self, after: str | None = None) -> None:
+        super().__init__()
+        self.after = after
 
     def __str__(self) -> str:
         return ("stopped by SIGTERM: the launcher ended the job (another rank failed, or it was "
-                "interrupted)")
+                "interrupted)" + (f"; its collective had failed first as its peers stopped "
+                                  f"({self.after})" if self.after else ""))
+
+
+#: Errors of a collective whose peer process has gone (gloo's and NCCL's words): when a SIGTERM
+#: follows, they are the job's stop seen from this rank, not a failure of its own.
+PEER_LOST_RE = re.compile(r"Connection closed by peer|Connection reset by peer|"
+                          r"remote process exited|Broken pipe|NCCL communicator was aborted")
+#: How long a rank whose collective lost its peer waits for the SIGTERM that says the job is
+#: being stopped (seconds).
+PEER_LOST_WAIT_S = 2.0
+
+
+def _stopped_after_peer_loss(run: _RankRun) -> None:
+    """A script that failed because a collective's peer had gone, in a job being stopped (a
+    SIGTERM came, or comes within :data:`PEER_LOST_WAIT_S`): the rank was stopped, and the
+    error it raised first is said with it (one line, exit code 143)."""
+    err = run.error
+    if err is None or isinstance(err, (_Terminated, SystemExit)):
+        return
+    msg = f"{type(err).__name__}: {err}"
+    if not PEER_LOST_RE.search(msg):
+        return
+    deadline = time.time() + PEER_LOST_WAIT_S
+    while not run.terminated and time.time() < deadline:
+        time.sleep(0.05)
+    if run.terminated:
+        first = msg.splitlines()[0]
+        run.error = _Terminated(first if len(first) <= 160 else first[:159] + "…")
 
 
 #: The exit code of a rank stopped by SIGTERM (128 + the signal's number, as a shell reports it).
@@ -1217,6 +1251,7 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
         os._exit(TERMINATED_EXIT_CODE)
     _run_script(run)                       # the script itself, then the hooks removed
     lay, n_records = _after_script(run)    # sidecars and summary, timed
+    _stopped_after_peer_loss(run)          # a lost peer in a job being stopped
     code = _exit_code_of(run.error)
     failed = run.error is not None and code != 0
     meta = _write_meta(run, lay, n_records, code, failed)

@@ -206,3 +206,27 @@ def test_ctrl_c_during_a_hang_at_exit_leaves_no_process_and_says_what_is_kept(tm
         f"profiling window closed (after 5 optimizer steps; rank{r}.meta.window.json)"
         for r in (0, 1)]
     assert all(m.status == "running" for m in rep.traces.rank_meta.values())
+
+
+def test_a_lost_peer_in_a_job_being_stopped_is_the_stop(monkeypatch):
+    """Ctrl-C stops one rank first; the other's collective fails ("Connection closed by peer")
+    before its own SIGTERM is taken: it was stopped, the first error said with it (exit 143).
+    Without a SIGTERM the error stands; other errors always stand."""
+    import types
+
+    from pardiag.collectors import rank_entry as re_
+
+    monkeypatch.setattr(re_, "PEER_LOST_WAIT_S", 0.1)
+    lost = RuntimeError("[/x/pair.cc:553] Connection closed by peer [127.0.0.1]:58531. GLHF")
+    run = types.SimpleNamespace(error=lost, terminated=True)
+    re_._stopped_after_peer_loss(run)
+    assert isinstance(run.error, re_._Terminated)
+    assert re_._exit_code_of(run.error) == 143
+    assert str(run.error).startswith("stopped by SIGTERM") and "Connection closed by peer" in str(
+        run.error)
+    alone = types.SimpleNamespace(error=lost, terminated=False)
+    re_._stopped_after_peer_loss(alone)
+    assert alone.error is lost
+    own = types.SimpleNamespace(error=ValueError("bad batch"), terminated=True)
+    re_._stopped_after_peer_loss(own)
+    assert isinstance(own.error, ValueError)
