@@ -173,9 +173,10 @@ def main() -> None:
         print(json.dumps({k: v for k, v in row.items() if k != "args"}, default=str), flush=True)
     info = finish(info)
     print(f"\nmachine: {describe(info)}")
-    print(f"{a.repeat} interleaved repetitions, {a.steps} steps, window {WAIT + WARMUP}–"
-          f"{WAIT + WARMUP + ACTIVE - 1}, steps {AFTER}–{a.steps - 1} counted"
-          f"{', ranks pinned' if a.pin_cpu else ''}\n")
+    what = ("every step monitored (no window)" if a.monitor
+            else f"window {WAIT + WARMUP}–{WAIT + WARMUP + ACTIVE - 1}")
+    print(f"{a.repeat} interleaved repetitions, {a.steps} steps, {what}, steps {AFTER}–"
+          f"{a.steps - 1} counted{', ranks pinned' if a.pin_cpu else ''}\n")
     head = ("| example | plain ms | pardiag ms | outside (median) | [min, max] | plain runs' "
             "spread | post-window s | wrappers' own µs/step |")
     print(head + (" inside vs torch.profiler |" if a.inside else ""))
