@@ -171,8 +171,9 @@ class Monitor:
             tensor = args[tpos] if 0 <= tpos < len(args) else None
             rec = mon._call(op, group, _nbytes(tensor) if tensor is not None else 0, t0, t1)
             if rec is not None:
-                if out is None:   # returned when done
-                    rec[6] = t1
+                first = tensor[0] if isinstance(tensor, (list, tuple)) and tensor else tensor
+                if out is None and not getattr(first, "is_cuda", False):
+                    rec[6] = t1   # a host collective returns when done (not a CUDA one)
                 else:
                     try:
                         out.get_future().add_done_callback(

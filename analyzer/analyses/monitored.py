@@ -353,6 +353,10 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
     if delays.empty or len(delays) < 2:
         return []
     step_ms = steps.groupby("step")["dur_us"].median()
+    # calls issued after the last recorded step (a barrier at exit) belong to no step
+    delays = delays.loc[:, delays.columns.isin(step_ms.index)]
+    if delays.shape[1] == 0:
+        return []
     late = lateness(delays)
     smooth = late.T.rolling(WINDOW_STEPS, center=True, min_periods=WINDOW_STEPS // 2 + 1
                             ).median().T
