@@ -561,14 +561,15 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig,
 
 #: Seconds between two reads of a monitored run's records by its launcher (the environment
 #: variable ``PARDIAG_MONITOR_POLL_S`` sets another).
-MONITOR_POLL_S = float(os.environ.get("PARDIAG_MONITOR_POLL_S", "5"))
+MONITOR_POLL_S = float(os.environ.get("PARDIAG_MONITOR_POLL_S", "2"))
 
 
 class _MonitorFollow:
     """The launcher's side of ``--monitor``: every :data:`MONITOR_POLL_S` seconds, the new
     findings of the ranks' records (:class:`pardiag.analyzer.analyses.monitor_follow.Follower`)
     on standard error, one line each; with ``--monitor-capture``, the first asks every rank
-    for a deep capture starting two record periods after the last step written."""
+    for a deep capture starting a record period (and 5 steps) after the last step written:
+    no rank is further ahead than the period, and each reads the request at every step."""
 
     def __init__(self, out: Path, cfg: ProfileConfig) -> None:
         from pardiag.analyzer.analyses.monitor_follow import Follower
@@ -595,7 +596,7 @@ class _MonitorFollow:
             if self.cfg.monitor_capture and not self.requested:
                 data = self.follower.data()
                 top = int(data.steps["step"].max()) if data is not None else 0
-                start = top + 2 * int(self.cfg.monitor_every or 1) + 5
+                start = top + int(self.cfg.monitor_every or 1) + 5
                 request_capture(self.out, start, self.cfg.monitor_capture, line)
                 self.requested = True
                 where = layout.capture_dir(self.out, start)
@@ -918,6 +919,11 @@ def _kept(out: Path, metas: dict, ranks: list[int] | None) -> str:
     traces = [r for r in (sorted(metas) if ranks is None else ranks)
               if layout.trace_path(out, r).is_file()]
     bare = [r for r in traces if r not in metas]
+    monitored = [r for r in (sorted(metas) if ranks is None else ranks)
+                 if layout.monitor_path(out, r).is_file()]
+    if monitored and not traces:   # --monitor: the records written so far are the run
+        return (f"the job was stopped; {out} keeps the monitor records of rank(s) "
+                f"{', '.join(map(str, monitored))} written so far (pardiag report reads them)")
     if not traces:
         kept = "no trace (the profiler's window had not ended)"
     elif not bare:

@@ -299,6 +299,8 @@ class Monitor:
         self._data_ns = 0
         self._step = index + 1
         self.steps_total += 1
+        if self.capture is None and self.capture_request is not None:
+            self._read_capture_request()   # a stat per step until a capture is asked for
         if len(self._steps) >= self.every:
             self.flush()
 
@@ -382,6 +384,8 @@ class Monitor:
     def _read_capture_request(self) -> None:
         """Take the launcher's request for a deep capture when there is one and it starts
         after this rank's current step (every rank then captures the same steps)."""
+        if not self.capture_request.exists():
+            return
         try:
             req = orjson.loads(self.capture_request.read_bytes())
             start, steps = int(req["start_step"]), int(req["steps"])

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import msgspec
@@ -911,9 +912,11 @@ def _deep_capture(run: _RankRun, count: int) -> None:
                       file=sys.stderr)
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.cuda else [])
-        prof = profile(activities=acts, record_shapes=True, profile_memory=True,
-                       schedule=schedule(wait=0, warmup=0, active=steps, repeat=1),
-                       on_trace_ready=export)
+        with warnings.catch_warnings():   # "won't be using warmup": the capture needs none
+            warnings.simplefilter("ignore", UserWarning)
+            prof = profile(activities=acts, record_shapes=True, profile_memory=True,
+                           schedule=schedule(wait=0, warmup=0, active=steps, repeat=1),
+                           on_trace_ready=export)
         prof._pardiag_capture = True
         run.capture_prof = prof
         prof.start()

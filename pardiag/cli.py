@@ -353,8 +353,20 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     from pardiag.collectors.launch import ProfileConfig, run_profile
     from pardiag.collectors.monitor import FLUSH_EVERY
 
-    if (monitor_every is not None or monitor_capture is not None) and not monitor:
-        raise PardiagError("--monitor-every and --monitor-capture need --monitor")
+    if (monitor_every is not None or monitor_capture is not None or not monitor_calls) \
+            and not monitor:
+        raise PardiagError("--monitor-every, --monitor-capture and --no-monitor-calls need "
+                           "--monitor")
+    if monitor:
+        ctx = click.get_current_context()
+        given = [f"--{n}" for n in ("wait", "warmup", "active")
+                 if ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise PardiagError(f"{', '.join(given)}: a profiler schedule, and --monitor runs no "
+                               f"profiler (--monitor-capture N records N steps on a finding)")
+        if repeat > 1:
+            raise PardiagError("--repeat is for profiled runs; a monitored run already holds "
+                               "every step (compare two monitored runs with pardiag compare)")
     if out is None:
         out = Path("pardiag_runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     if repeat > 1:
@@ -620,7 +632,7 @@ def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,
     names = (str(a), str(b))
     failed = fail_pct is not None and gate(cmp, fail_pct)
     doc = {"kind": "monitored_comparison", "schema_version": MONITOR_JSON_VERSION,
-           "a": names[0], "b": names[1], **cmp,
+           "a_source": names[0], "b_source": names[1], **cmp,
            **({"fail_if_slower_pct": fail_pct, "failed": failed} if fail_pct is not None
               else {})}
     if json_out is not None:
@@ -638,6 +650,11 @@ def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,
         click.echo(f"pardiag: B is {cmp['step_delta_pct']:.1f}% slower than A, beyond the noise "
                    f"and the --fail-if-slower {fail_pct:g}% limit", err=True)
         sys.exit(1)
+    if fail_pct is not None:
+        why = ("its difference is inside the noise" if cmp["verdict"] == "inside the noise"
+               else f"B is {cmp['step_delta_pct']:+.1f}%, within the {fail_pct:g}% limit"
+               if cmp["verdict"] == "slower" else "B is faster")
+        click.echo(f"pardiag: --fail-if-slower {fail_pct:g}%: passed ({why})", err=True)
 
 
 def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,
@@ -667,7 +684,7 @@ def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,
         if tensorboard.resolve().is_relative_to(run.resolve()):
             raise PardiagError(f"{tensorboard}: inside the run folder {run}; write it elsewhere")
         done = write_tensorboard(data, doc, tensorboard)
-        click.echo(f"pardiag: wrote TensorBoard event files for {len(done)} run(s) under "
+        click.echo(f"pardiag: wrote TensorBoard event files for {len(done)} rank folder(s) under "
                    f"{tensorboard} (tensorboard --logdir {tensorboard})", err=True)
     if not quiet and str(json_out) != "-":
         click.echo("\n".join(monitor_lines(doc)))

@@ -168,19 +168,31 @@ def load_monitor(run_dir: Path) -> MonitorData:
     calls, memory = [], []
     for path in files:
         dropped = 0
-        for doc in _read_lines(path, notes):
-            rank, base = int(doc["rank"]), doc["base_ns"] / 1000.0
-            st = doc["steps"]
-            n = len(st["index"])
-            arrive = np.asarray(st.get("arrive_us") or [-1] * n, dtype=float)
-            scols["rank"].append(np.full(n, rank))
-            scols["step"].append(np.asarray(st["index"], dtype=np.int64))
-            scols["end_us"].append(np.add(st["end_us"], base, dtype=float))
-            for k in ("dur_us", "optimizer_us", "data_us"):
-                scols[k].append(np.asarray(st[k], dtype=float))
-            scols["arrive_us"].append(np.where(arrive >= 0, arrive + base, np.nan))
-            if doc["calls"]["step"]:
-                calls.append(line_frames(doc)[1])
+        own = int(path.name[4:].split(".")[0])
+        for i, doc in enumerate(_read_lines(path, notes), start=1):
+            try:
+                rank, base = int(doc["rank"]), doc["base_ns"] / 1000.0
+                st = doc["steps"]
+                n = len(st["index"])
+                arrive = np.asarray(st.get("arrive_us") or [-1] * n, dtype=float)
+                cols = {"rank": np.full(n, rank),
+                        "step": np.asarray(st["index"], dtype=np.int64),
+                        "end_us": np.add(st["end_us"], base, dtype=float),
+                        **{k: np.asarray(st[k], dtype=float)
+                           for k in ("dur_us", "optimizer_us", "data_us")},
+                        "arrive_us": np.where(arrive >= 0, arrive + base, np.nan)}
+                if any(len(v) != n for v in cols.values()):
+                    raise ValueError("its step columns differ in length")
+                ca = line_frames(doc)[1] if doc["calls"]["step"] else None
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                raise PardiagError(f"{path}: record {i} is not a valid monitor record "
+                                   f"({type(exc).__name__}: {exc})") from None
+            if rank != own:
+                raise PardiagError(f"{path}: record {i} is rank {rank}'s, in rank {own}'s file")
+            for k, v in cols.items():
+                scols[k].append(v)
+            if ca is not None:
+                calls.append(ca)
             mem = doc.get("memory") or {}
             if n:
                 memory.append({"rank": rank, "step": st["index"][-1],
@@ -192,6 +204,12 @@ def load_monitor(run_dir: Path) -> MonitorData:
                          f"not kept")
     steps = pd.DataFrame({k: (np.concatenate(v) if v else np.array([]))
                           for k, v in scols.items()})
+    world = _world_size(run_dir)
+    have = {int(p.name[4:].split(".")[0]) for p in files if p.stat().st_size}
+    lost = sorted(set(range(world)) - have) if world else []
+    if lost:
+        notes.append(f"rank(s) {', '.join(map(str, lost))} of the run's {world} wrote no monitor "
+                     f"records: the findings are about the others only")
     hosts = {}
     for r in {int(p.name[4:].split(".")[0]) for p in files}:
         try:
@@ -199,12 +217,22 @@ def load_monitor(run_dir: Path) -> MonitorData:
             hosts[r] = str(meta.host)
         except Exception:   # a killed rank wrote no metadata: its host is unknown
             continue
-    cols = ["rank", "step", "group", "op", "bytes", "issue_us", "return_us", "done_us"]
+    call_cols = ["rank", "step", "group", "op", "bytes", "issue_us", "return_us", "done_us"]
     return MonitorData(
         steps=steps,
-        calls=pd.concat(calls, ignore_index=True) if calls else pd.DataFrame(columns=cols),
+        calls=(pd.concat(calls, ignore_index=True) if calls
+               else pd.DataFrame(columns=call_cols)),
         memory=pd.DataFrame(memory, columns=["rank", "step", "rss_bytes", "device_bytes"]),
         hosts=hosts, notes=notes)
+
+
+def _world_size(run_dir: Path) -> int | None:
+    """The run's world size from its run file (None: no readable run file)."""
+    try:
+        run = layout.decode_sidecar(layout.run_file_path(run_dir).read_bytes(), "run")
+    except (OSError, ValueError):
+        return None
+    return int(run.world_size) if run.world_size else None
 
 
 def _instances(calls: pd.DataFrame) -> pd.DataFrame:
@@ -499,9 +527,10 @@ def finding_line(f: dict) -> str:
     span = f"steps {f.get('first_step')}–{f.get('last_step')}"
     if f["kind"] == "straggler":
         what = "persistent straggler" if f["persistent"] else "transient straggler"
+        where = "over the run" if f["persistent"] else "in the run's other steps"
         return (f"rank {f['rank']}: {what}, {span} ({f['steps']} steps late): arrives "
                 f"{f['extra_delay_ms']:.1f} ms after the other ranks; step {f['step_ms']:.1f} ms "
-                f"against {f['baseline_step_ms']:.1f} ms over the run (lateness counted above "
+                f"against {f['baseline_step_ms']:.1f} ms {where} (lateness counted above "
                 f"{f['threshold_ms']:.1f} ms, the noise's bound)")
     if f["kind"] == "slow_steps":
         why = (f"; rank {f['straggler_rank']} was late then" if f["straggler_rank"] is not None
@@ -514,6 +543,17 @@ def finding_line(f: dict) -> str:
     return (f"rank {f['rank']}: {f['memory']} memory grows {f['bytes_per_1k_steps'] / 2**20:.1f} "
             f"MiB per 1,000 steps ({f['first_bytes'] / 2**20:.0f} → "
             f"{f['last_bytes'] / 2**20:.0f} MiB)")
+
+
+def _capture_request(run_dir: Path) -> dict | None:
+    """The launcher's capture request in ``run_dir`` (``start_step``, ``steps``), if any."""
+    import orjson
+
+    try:
+        doc = orjson.loads(layout.capture_request_path(run_dir).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def captures(run_dir: Path) -> list[dict]:
@@ -536,6 +576,17 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     captures in ``run_dir`` (:func:`captures`; none without it)."""
     per = data.steps.groupby("step")["dur_us"].median() / 1e3
     notes = list(data.notes)
+    found = findings(data, notes)
+    caps = captures(run_dir) if run_dir is not None else []
+    req = _capture_request(run_dir) if run_dir is not None else None
+    for c in caps:
+        n = int(req["steps"]) if req and int(req.get("start_step", -1)) == c["first_step"] else 1
+        last = c["first_step"] + max(n, 1) - 1
+        if not any(f["first_step"] <= last and c["first_step"] <= f["last_step"]
+                   for f in found if f["kind"] in ("straggler", "slow_steps")):
+            notes.append(f"the deep capture of steps {c['first_step']}–{last} lies outside every "
+                         f"finding's steps (the finding that asked for it ended first): it shows "
+                         f"the run as it was then, not the finding")
     return {
         "ranks": sorted(int(r) for r in data.steps["rank"].unique()),
         "steps": int(data.steps["step"].nunique()),
@@ -543,5 +594,4 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
                      "p10": round(float(per.quantile(0.1)), 3),
                      "p90": round(float(per.quantile(0.9)), 3)} if len(per) else None),
         "collectives": int(len(data.calls)),
-        "findings": findings(data, notes), "notes": notes,
-        "captures": captures(run_dir) if run_dir is not None else []}
+        "findings": found, "notes": notes, "captures": caps}

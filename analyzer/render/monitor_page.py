@@ -115,7 +115,9 @@ def monitor_html(data: monitored.MonitorData, doc: dict, source: str,
 def monitor_lines(doc: dict) -> list[str]:
     """The terminal summary of a monitored run, one string per line."""
     st = doc["step_ms"] or {}
-    out = [f"Monitored run: {len(doc['ranks'])} ranks, {doc['steps']} steps, step time median "
+    n = len(doc["ranks"])
+    out = [f"Monitored run: {n} rank{'s' if n != 1 else ''}, {doc['steps']} steps, step time "
+           f"median "
            f"{st.get('median', float('nan')):.1f} ms (p10–p90 {st.get('p10', float('nan')):.1f}"
            f"–{st.get('p90', float('nan')):.1f} ms)"]
     out += [f"  {monitored.finding_line(f)}" for f in doc["findings"]] or [
