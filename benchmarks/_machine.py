@@ -7,6 +7,7 @@ import os
 import platform
 import socket
 import time
+from pathlib import Path
 
 
 def cpu_model() -> str:
@@ -51,6 +52,13 @@ def finish(info: dict) -> dict:
     """``info`` with ``load_after`` and ``ended_utc``."""
     return {**info, "load_after": load_average(),
             "ended_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+
+def emit(text: str, out: Path | None) -> None:
+    """Print a benchmark's result (markdown) and write it to ``out`` too when given."""
+    print(text)
+    if out is not None:
+        out.write_text(text + "\n")
 
 
 def describe(info: dict) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from benchmarks._machine import describe, finish, machine
+from benchmarks._machine import describe, emit, finish, machine
 
 EVERY = 50
 STEP_US = 100_000
@@ -106,10 +106,7 @@ def main(argv: list[str] | None = None) -> int:
              f"(goal <= 30 s: {'met' if statistics.median(times) <= 30 else 'NOT met'}).", "",
              f"Planted: rank {slow[0]} 30 ms late in steps {slow[1]}–{slow[2]}; stragglers "
              f"found: {strag or 'none'}."]
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    emit("\n".join(lines), a.out)
     return 0
 
 

@@ -39,7 +39,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks._machine import describe, finish, machine
+from benchmarks._machine import describe, emit, finish, machine
 from benchmarks.multirank_gen import KINDS, METADATA, Truth, generate, random_job
 
 #: Offsets are right within this (µs), the cross-rank model's goal.
@@ -202,10 +202,7 @@ def main(argv: list[str] | None = None) -> int:
              "per-rank op counts exact.", "", *_shortfalls(results), "", *_table(results), "",
              "Failed jobs (kind:metadata:seed metrics; each reruns with `--only`):",
              *([f"- {f}" for f in failed] or ["- none"])]
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    emit("\n".join(lines), a.out)
     return 0
 
 

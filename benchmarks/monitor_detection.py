@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks._machine import describe, finish, machine
+from benchmarks._machine import describe, emit, finish, machine
 
 REPO = Path(__file__).resolve().parents[1]
 #: Steps per resampled block of the noise.
@@ -228,10 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     wrong = [r for r in rows if not r.get("right", True)]
     lines += [f"- {r['kind']} #{r['trial']}: rank {r['rank']} steps {r['first']}–{r['last']}: "
               + ("; ".join(r["found"]) or "nothing found") for r in wrong] or ["- none"]
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    emit("\n".join(lines), a.out)
     return 0
 
 

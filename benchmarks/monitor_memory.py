@@ -17,7 +17,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from benchmarks._machine import describe, finish, machine
+from benchmarks._machine import describe, emit, finish, machine
 
 
 def run(steps: int, calls: int, every: int, out: Path) -> tuple[int, int, float]:
@@ -67,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Peak of the monitor's Python allocations: {peak / 2**20:.2f} MiB (goal <= 10 MB: "
         f"{'met' if peak <= 10e6 else 'NOT met'}); written to disk: {size / 2**20:.1f} MiB "
         f"({size / a.steps:.0f} bytes per step)."])
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    emit(text, a.out)
     return 0
 
 

@@ -59,6 +59,8 @@ _WRAPPED: dict[str, tuple[int, int]] = {
 }
 #: Kept op names (an op's index in a line's ``calls.op`` is its position here).
 OPS: tuple[str, ...] = (*_WRAPPED, "ddp_all_reduce")
+#: Indexes of the point-to-point ops in :data:`OPS` (no step's arrival: they pair, not join).
+_P2P_OPS = frozenset(OPS.index(n) for n in ("send", "recv", "isend", "irecv"))
 
 
 def _nbytes(x) -> int:
@@ -339,9 +341,8 @@ class Monitor:
         st = self._steps
         calls = self._calls
         arrive: dict[int, list[int]] = {}
-        p2p = {OPS.index(n) for n in ("send", "recv", "isend", "irecv")}
         for c in calls:
-            if c[2] not in p2p:
+            if c[2] not in _P2P_OPS:
                 arrive.setdefault(c[0], []).append(c[4])
         arrive_us = [(sorted(v)[len(v) // 2] - base) // 1000 if (v := arrive.get(s[0]))
                      else -1 for s in st]

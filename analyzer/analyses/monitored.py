@@ -91,6 +91,8 @@ class MonitorData:
     memory: pd.DataFrame
     hosts: dict[int, str]
     notes: list[str]
+    #: :func:`arrival_delays` once computed (the findings, the page and TensorBoard share it)
+    delays: pd.DataFrame | None = None
 
 
 def is_monitored(run_dir: Path) -> bool:
@@ -273,6 +275,12 @@ def arrival_delays(data: MonitorData) -> pd.DataFrame:
     call records (``--monitor`` of a large job keeps only the steps' summaries) the delay is
     the rank's median issue time in the step less the earliest rank's (``arrive_us``; one
     host's clock assumed)."""
+    if data.delays is None:
+        data.delays = _arrival_delays(data)
+    return data.delays
+
+
+def _arrival_delays(data: MonitorData) -> pd.DataFrame:
     if data.calls.empty:
         if "arrive_us" not in data.steps or data.steps["arrive_us"].isna().all():
             return pd.DataFrame()
