@@ -545,11 +545,18 @@ def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int
               default=None, metavar="DIR",
               help="Of a monitored run (profile --monitor): also write its per-rank, per-step "
                    "scalars as TensorBoard event files under DIR (needs tensorboard).")
+@click.option("--mlflow", "mlflow_uri", default=None, metavar="URI",
+              help="Of a monitored run: also log its scalars as one MLflow run to the tracking "
+                   "URI (a server, or a store such as sqlite:///mlflow.db; needs mlflow).")
+@click.option("--wandb", "wandb_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, metavar="DIR",
+              help="Of a monitored run: also log its scalars as one W&B run, offline under DIR "
+                   "unless WANDB_MODE says otherwise (wandb sync uploads it; needs wandb).")
 @analysis_command
 def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
            comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
            workers: int | None, hta: bool, mixed_runs: bool,
-           tensorboard: Path | None) -> None:
+           tensorboard: Path | None, mlflow_uri: str | None, wandb_dir: Path | None) -> None:
     """Analyze a run folder, a folder of Kineto traces, or trace files.
 
     Writes a self-contained HTML report, prints a summary, and optionally writes JSON.
@@ -565,10 +572,13 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 
     if (len(paths) == 1 and paths[0].is_dir() and is_monitored(paths[0])
             and not any(paths[0].glob("rank*.trace.json.gz"))):
-        _monitor_report(paths[0], output, json_out, cdn, quiet, tensorboard)
+        _monitor_report(paths[0], output, json_out, cdn, quiet,
+                        {"tensorboard": tensorboard, "mlflow": mlflow_uri, "wandb": wandb_dir})
         return
-    if tensorboard is not None:
-        raise PardiagError("--tensorboard: only for a monitored run (pardiag profile --monitor)")
+    for name, given in (("tensorboard", tensorboard), ("mlflow", mlflow_uri),
+                        ("wandb", wandb_dir)):
+        if given is not None:
+            raise PardiagError(f"--{name}: only for a monitored run (pardiag profile --monitor)")
     analysing: str | None = None   # the traces' source, once the analyses run
 
     def loaded(traces) -> None:
@@ -658,9 +668,10 @@ def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,
 
 
 def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,
-                    quiet: bool, tensorboard: Path | None = None) -> None:
+                    quiet: bool, trackers: dict | None = None) -> None:
     """``pardiag report`` of a monitored run (``profile --monitor``): its findings on the
-    terminal, the page, and JSON when asked."""
+    terminal, the page, JSON when asked, and the scalars to the ``trackers`` given
+    (``tensorboard``: a folder, ``mlflow``: a tracking URI, ``wandb``: a folder)."""
     import orjson
 
     from pardiag.analyzer.analyses.monitored import load_monitor, summary
@@ -678,18 +689,36 @@ def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,
         output.write_text(monitor_html(data, doc, str(run), "cdn" if cdn else True))
     except OSError as exc:
         raise PardiagError(f"{output}: cannot write ({exc.strerror})") from None
-    if tensorboard is not None:
-        from pardiag.analyzer.render.tensorboard import write_tensorboard
-
-        if tensorboard.resolve().is_relative_to(run.resolve()):
-            raise PardiagError(f"{tensorboard}: inside the run folder {run}; write it elsewhere")
-        done = write_tensorboard(data, doc, tensorboard)
-        click.echo(f"pardiag: wrote TensorBoard event files for {len(done)} rank folder(s) under "
-                   f"{tensorboard} (tensorboard --logdir {tensorboard})", err=True)
+    _to_trackers(run, data, doc, trackers or {})
     if not quiet and str(json_out) != "-":
         click.echo("\n".join(monitor_lines(doc)))
     click.echo(f"pardiag: wrote {output}"
                + (f" and {json_out}" if json_out and str(json_out) != "-" else ""), err=True)
+
+
+def _to_trackers(run: Path, data, doc: dict, trackers: dict) -> None:
+    """The monitored run's scalars to TensorBoard, MLflow and W&B, as asked; a folder inside
+    the run folder is refused (nothing is written among the run's own files)."""
+    from pardiag.analyzer.render import trackers as tb
+
+    for name in ("tensorboard", "wandb"):
+        folder = trackers.get(name)
+        if folder is not None and folder.resolve().is_relative_to(run.resolve()):
+            raise PardiagError(f"{folder}: inside the run folder {run}; write it elsewhere")
+    if trackers.get("tensorboard") is not None:
+        out = trackers["tensorboard"]
+        done = tb.write_tensorboard(data, doc, out)
+        click.echo(f"pardiag: wrote TensorBoard event files for {len(done)} rank folder(s) under "
+                   f"{out} (tensorboard --logdir {out})", err=True)
+    if trackers.get("mlflow") is not None:
+        run_id = tb.log_mlflow(data, doc, run, trackers["mlflow"])
+        click.echo(f"pardiag: logged MLflow run {run_id} (experiment pardiag) to "
+                   f"{trackers['mlflow']}", err=True)
+    if trackers.get("wandb") is not None:
+        where = tb.log_wandb(data, doc, run, trackers["wandb"])
+        click.echo(f"pardiag: logged a W&B run under {where}"
+                   + ("" if os.environ.get("WANDB_MODE", "offline") != "offline"
+                      else f" (offline: wandb sync {where})"), err=True)
 
 
 @cli.command()

@@ -5,6 +5,7 @@ clocks of other hosts, a killed rank's torn line, and monitored runs end to end.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch.distributed as dist
+from click.testing import CliRunner
 
 from pardiag import layout
 from pardiag.analyzer.analyses import monitored as M
+from pardiag.cli import cli
 from pardiag.collectors import monitor as monitor_mod
 from pardiag.collectors.monitor import OPS, Monitor
 
@@ -339,7 +342,7 @@ def test_tensorboard_scalars_of_a_monitored_run(tmp_path):
     """Per rank and step: the step time, and the lateness that names the planted straggler,
     read back with TensorBoard's own reader."""
     ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    from pardiag.analyzer.render.tensorboard import write_tensorboard
+    from pardiag.analyzer.render.trackers import write_tensorboard
 
     run = _write_run(tmp_path, 4, 300, {2: (120, 169, 30_000)})
     data = M.load_monitor(run)
@@ -476,3 +479,74 @@ def test_what_a_stopped_monitored_run_keeps_and_refused_option_mixes(tmp_path):
                             str(tmp_path / "x"), str(script)], capture_output=True, text=True,
                            timeout=120, cwd=ROOT)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def _wandb_history(path: Path) -> dict[int, dict]:
+    """The ``history`` records of a W&B offline run file (``run-*.wandb``), by step. The file is
+    a LevelDB log (W&B's own format: a 7-byte header, then records of crc32, length and type in
+    32 KiB blocks) of protobuf ``Record`` messages, read here with W&B's own message class."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    raw, pos, part, out = path.read_bytes(), 7, b"", {}
+    while pos + 7 <= len(raw):
+        if 32768 - pos % 32768 < 7:
+            pos += 32768 - pos % 32768
+            continue
+        _crc, n, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        if n == 0 and kind == 0:
+            break
+        part += raw[pos + 7:pos + 7 + n]
+        pos += 7 + n
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            rec = pb.Record()
+            rec.ParseFromString(part)
+            part = b""
+            if rec.WhichOneof("record_type") == "history":
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                         for i in rec.history.item}
+                out[int(items["_step"])] = items
+    return out
+
+
+def test_mlflow_and_wandb_scalars_of_a_monitored_run(tmp_path, monkeypatch):
+    """``report --mlflow`` and ``--wandb``: per rank and step the step time and the lateness
+    that names the planted straggler, read back with MLflow's client and from W&B's offline run
+    file; a tracker asked of a traced run is refused in one line."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    from mlflow.tracking import MlflowClient
+
+    run = _write_run(tmp_path, 4, 300, {2: (120, 169, 30_000)})
+    # the file store needs this opt-in from MLflow 3; users give a server or a database URI
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    uri = (tmp_path / "mlruns").as_uri()
+    res = CliRunner().invoke(cli, ["report", str(run), "-o", str(tmp_path / "r.html"), "-q",
+                                   "--mlflow", uri, "--wandb", str(tmp_path / "wb")])
+    assert res.exit_code == 0, res.output
+    run_id = re.search(r"logged MLflow run (\w+)", res.output).group(1)
+    client = MlflowClient(tracking_uri=uri)
+    late = {m.step: m.value for m in client.get_metric_history(run_id, "rank2/lateness_ms")}
+    step = {m.step: m.value for m in client.get_metric_history(run_id, "rank2/step_ms")}
+    assert len(step) == 300 and len(late) == 300
+    assert late[140] == pytest.approx(30.0, abs=2.0) and abs(late[60]) < 2.0
+    assert step[140] == pytest.approx(130.0, abs=0.01) and step[60] == pytest.approx(100.0,
+                                                                                     abs=0.01)
+    assert client.get_run(run_id).data.params["findings"] == "1"
+
+    assert "offline: wandb sync" in res.output
+    files = list((tmp_path / "wb").rglob("run-*.wandb"))
+    assert len(files) == 1
+    hist = _wandb_history(files[0])
+    assert len(hist) == 300
+    assert hist[140]["rank2/lateness_ms"] == pytest.approx(30.0, abs=2.0)
+    assert hist[140]["rank2/step_ms"] == pytest.approx(130.0, abs=0.01)
+    assert hist[60]["rank0/step_ms"] == pytest.approx(100.0, abs=0.01)
+
+    traced = tmp_path / "traced"
+    traced.mkdir()
+    res = CliRunner().invoke(cli, ["report", str(traced), "--mlflow", uri])
+    assert res.exit_code == 2 and "--mlflow: only for a monitored run" in res.output
