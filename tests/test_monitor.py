@@ -462,6 +462,16 @@ def test_bad_records_missing_ranks_and_a_capture_outside_every_finding(tmp_path)
     path.write_bytes(b"\n".join([lines[0], json.dumps(bad).encode(), *lines[2:]]) + b"\n")
     with pytest.raises(M.PardiagError, match=r"record 2 is rank 0's, in rank 2's file"):
         M.load_monitor(run)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    layout.run_file_path(run).write_bytes(b'{"world_size": 4')
+    layout.rank_meta_path(run, 1).write_bytes(b"not json")
+    notes = M.load_monitor(run).notes
+    assert any(n.startswith("run.json is unreadable (") and "a rank that wrote no records "
+               "cannot be told" in n for n in notes), notes
+    assert any(n.startswith("rank1.meta.json is unreadable (") and "rank 1's host is not known" in n
+               for n in notes), notes
+    layout.run_file_path(run).unlink()
+    assert any(n.startswith("run.json is missing") for n in M.load_monitor(run).notes)
 
 
 @pytest.mark.e2e

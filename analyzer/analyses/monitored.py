@@ -206,7 +206,7 @@ def load_monitor(run_dir: Path) -> MonitorData:
                          f"not kept")
     steps = pd.DataFrame({k: (np.concatenate(v) if v else np.array([]))
                           for k, v in scols.items()})
-    world = _world_size(run_dir)
+    world = _world_size(run_dir, notes)
     have = {int(p.name[4:].split(".")[0]) for p in files if p.stat().st_size}
     lost = sorted(set(range(world)) - have) if world else []
     if lost:
@@ -214,11 +214,15 @@ def load_monitor(run_dir: Path) -> MonitorData:
                      f"records: the findings are about the others only")
     hosts = {}
     for r in {int(p.name[4:].split(".")[0]) for p in files}:
+        meta_path = layout.rank_meta_path(run_dir, r)
         try:
-            meta = layout.decode_sidecar(layout.rank_meta_path(run_dir, r).read_bytes(), "rank")
+            meta = layout.decode_sidecar(meta_path.read_bytes(), "rank")
             hosts[r] = str(meta.host)
-        except Exception:   # a killed rank wrote no metadata: its host is unknown
+        except FileNotFoundError:   # a killed rank wrote no metadata: its host is unknown
             continue
+        except (OSError, ValueError) as exc:
+            notes.append(f"{meta_path.name} is unreadable ({str(exc).splitlines()[0]}): rank "
+                         f"{r}'s host is not known")
     call_cols = ["rank", "step", "group", "op", "bytes", "issue_us", "return_us", "done_us"]
     return MonitorData(
         steps=steps,
@@ -228,11 +232,18 @@ def load_monitor(run_dir: Path) -> MonitorData:
         hosts=hosts, notes=notes)
 
 
-def _world_size(run_dir: Path) -> int | None:
-    """The run's world size from its run file (None: no readable run file)."""
+def _world_size(run_dir: Path, notes: list[str]) -> int | None:
+    """The run's world size from its run file (None: no readable run file, said in ``notes``)."""
+    path = layout.run_file_path(run_dir)
     try:
-        run = layout.decode_sidecar(layout.run_file_path(run_dir).read_bytes(), "run")
-    except (OSError, ValueError):
+        run = layout.decode_sidecar(path.read_bytes(), "run")
+    except FileNotFoundError:
+        notes.append(f"{path.name} is missing: the run's world size is not known, so a rank "
+                     f"that wrote no records cannot be told")
+        return None
+    except (OSError, ValueError) as exc:
+        notes.append(f"{path.name} is unreadable ({str(exc).splitlines()[0]}): the run's world "
+                     f"size is not known, so a rank that wrote no records cannot be told")
         return None
     return int(run.world_size) if run.world_size else None
 
