@@ -685,6 +685,14 @@ def _configure(cfg: dict | None) -> _RankRun:
                    group=group, stacks=stacks, pinned=pinned, cuda=torch.cuda.is_available(),
                    trace_file=layout.trace_path(out, rank), wait=cfg["wait"],
                    warmup=cfg["warmup"])
+    if not run.cuda and not cfg.get("monitor_every"):
+        from .peak import measure  # the CPU peak the report's MFU is computed against
+
+        try:
+            run.captured["peak_flops"] = measure(torch)
+        except Exception as exc:  # extra information: never the run's failure
+            print(f"pardiag: rank {rank}: could not measure its CPU peak: {exc}",
+                  file=sys.stderr)
     _stop_on_sigterm(run)
     return run
 
@@ -1127,7 +1135,7 @@ def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int | Non
         torch_version=str(torch.__version__), pardiag_version=__version__,
         backend=captured["backend"] or (str(dist.get_backend())
                                         if dist.is_available() and dist.is_initialized() else None),
-        **_device_info(torch),
+        **_device_info(torch), peak_flops=captured.get("peak_flops"),
         optimizer_steps=stepper.steps,
         # every counted optimizer step, epoch µs: unprofiled steps time the script as it runs
         optimizer_step_times_us=[[st, a / 1000.0, b / 1000.0]

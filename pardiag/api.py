@@ -294,7 +294,8 @@ class _Null:
 def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[str] = (),
             cache: bool = True, workers: int | None = None, progress=None,
             hta: bool = False, mixed_runs: bool = False,
-            loaded: Callable[[TraceSet], None] | None = None) -> Report:
+            loaded: Callable[[TraceSet], None] | None = None,
+            peak_tflops: float | None = None, tokens_per_step: float | None = None) -> Report:
     """Load a run and run every analysis on it.
 
     Args:
@@ -317,6 +318,10 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
         loaded: called with the loaded :class:`~pardiag.analyzer.trace.TraceSet` before any
             analysis runs (``pardiag report`` checks its outputs against the traces and prints
             loading's warnings there); what it raises propagates.
+        peak_tflops: the peak (dense TFLOP/s) every rank's MFU is computed against, over the
+            device table's and the one measured at a CPU rank's start (as ``--peak-tflops``).
+        tokens_per_step: tokens each rank processes per step, for tokens/s (as
+            ``--tokens-per-step``).
 
     Returns:
         :class:`Report`; loading's warnings are in :attr:`Report.warnings`.
@@ -331,13 +336,16 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
         folder = runs[0].parent
         return _analyze_repeats(folder, runs, comm_kernels=comm_kernels,
                                 cache=cache, workers=workers, progress=progress, hta=hta,
-                                loaded=loaded)
+                                loaded=loaded, peak_tflops=peak_tflops,
+                                tokens_per_step=tokens_per_step)
     return _analyze(paths, comm_kernels=comm_kernels, cache=cache, workers=workers,
-                    progress=progress, hta=hta, mixed_runs=mixed_runs, loaded=loaded)
+                    progress=progress, hta=hta, mixed_runs=mixed_runs, loaded=loaded,
+                    peak_tflops=peak_tflops, tokens_per_step=tokens_per_step)
 
 
 def _analyze(paths, *, comm_kernels, cache, workers, progress, hta, mixed_runs=False,
-             loaded=None, more_warnings: tuple[str, ...] = ()) -> Report:
+             loaded=None, more_warnings: tuple[str, ...] = (), peak_tflops=None,
+             tokens_per_step=None) -> Report:
     """:func:`analyze` of one run; ``more_warnings`` join loading's warnings."""
     from pardiag.analyzer.per_rank import REDUCER
     from pardiag.analyzer.trace import load_traces
@@ -347,7 +355,8 @@ def _analyze(paths, *, comm_kernels, cache, workers, progress, hta, mixed_runs=F
         comm_kernels = [comm_kernels]
     patterns = tuple(compile_comm_patterns(
         p.pattern if isinstance(p, re.Pattern) else p for p in comm_kernels))
-    opts = AnalysisOptions(comm_patterns=patterns, hta=hta)
+    opts = AnalysisOptions(comm_patterns=patterns, hta=hta, peak_tflops=peak_tflops,
+                           tokens_per_step=tokens_per_step)
     traces = load_traces(paths, reducer=REDUCER, comm_patterns=patterns, cache=cache,
                          workers=workers, progress=progress, mixed_runs=mixed_runs)
     if more_warnings:

@@ -545,6 +545,12 @@ def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int
               default=None, metavar="DIR",
               help="Of a monitored run (profile --monitor): also write its per-rank, per-step "
                    "scalars as TensorBoard event files under DIR (needs tensorboard).")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="TFLOPS",
+              help="The peak (dense TFLOP/s per rank) MFU is computed against, over the device "
+                   "table's and the one pardiag profile measures on a CPU.")
+@click.option("--tokens-per-step", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="N", help="Tokens each rank processes per step: the report adds tokens/s.")
 @click.option("--mlflow", "mlflow_uri", default=None, metavar="URI",
               help="Of a monitored run: also log its scalars as one MLflow run to the tracking "
                    "URI (a server, or a store such as sqlite:///mlflow.db; needs mlflow).")
@@ -556,6 +562,7 @@ def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int
 def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
            comm_kernel: tuple[str, ...], cdn: bool, quiet: bool, no_cache: bool,
            workers: int | None, hta: bool, mixed_runs: bool,
+           peak_tflops: float | None, tokens_per_step: float | None,
            tensorboard: Path | None, mlflow_uri: str | None, wandb_dir: Path | None) -> None:
     """Analyze a run folder, a folder of Kineto traces, or trace files.
 
@@ -598,7 +605,8 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
         try:
             rep = analyze(list(paths), comm_kernels=comm_kernel, cache=not no_cache,
                           workers=workers, progress=progress, hta=hta, mixed_runs=mixed_runs,
-                          loaded=loaded)
+                          loaded=loaded, peak_tflops=peak_tflops,
+                          tokens_per_step=tokens_per_step)
         except Exception as exc:  # a bug, or input no check caught: one line, details on request
             if analysing is None or os.environ.get("PARDIAG_DEBUG"):
                 raise

@@ -574,6 +574,10 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
             None: not known.
         launch_id: the ``pardiag profile`` process that started the rank (tells a node's
             launcher its own ranks in a shared run folder); None under ``pardiag wrap``.
+        peak_flops: on a CPU rank, the FLOP/s per dtype its threads reached in a short matmul
+            when it started (``{"float32": FLOP/s}``, :func:`pardiag.collectors.peak.measure`;
+            the peak its MFU is computed against); None: not measured (a GPU rank, whose peak is
+            its device's datasheet figure, or runs of an older pardiag).
     """
 
     schema: str = SIDECAR_SCHEMA
@@ -596,6 +600,7 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
     device: str | None = None
     device_name: str | None = None
     device_memory_bytes: int | None = None
+    peak_flops: dict[str, float] | None = None
     optimizer_steps: int | None = None
     optimizer_step_times_us: list[list[float]] = msgspec.field(default_factory=list)
     trace_file: str | None = None

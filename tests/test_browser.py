@@ -26,7 +26,7 @@ ARTIFACTS = REPO / "test-artifacts"
 #: Figures each shipped sample's report draws.
 #: (pp_1f1b_cpu_4rank overlaps nothing: both overlap charts are a sentence instead.)
 # the 1F1B pipeline computes while some of its sends are in flight: its overlap charts are drawn
-SAMPLES = {"ddp_cpu_2rank": 10, "pp_1f1b_cpu_4rank": 11, "fsdp_tp_2d_cpu_4rank": 10}
+SAMPLES = {"ddp_cpu_2rank": 11, "pp_1f1b_cpu_4rank": 12, "fsdp_tp_2d_cpu_4rank": 11}
 
 
 def _unavailable(why: str):
@@ -225,7 +225,7 @@ def test_hostile_trace_runs_no_script(browser, tmp_path):
                           ".map(a => a.getAttribute('href') || a.getAttribute('xlink:href'))")
     absent = page.evaluate("Array.from(document.querySelectorAll('h2#absent ~ h3'))"
                            ".map(h => h.id)")
-    assert absent == ["routing"]   # no MoE
+    assert absent == ["routing", "efficiency"]   # no MoE, no recorded shapes
     assert hrefs == ["#" + key for key, _ in SECTIONS if key not in absent] + ["#absent"]
     assert page.evaluate("Array.from(document.querySelectorAll('*')).filter(e => "
                          "Array.from(e.attributes).some(a => /^\\s*javascript:/i.test(a.value)))"

@@ -130,6 +130,43 @@ def test_report_on_profiled_run(ddp_run, tmp_path):
 
 
 @pytest.mark.e2e
+def test_mfu_of_a_profiled_cpu_run_against_its_measured_peak(ddp_run, tmp_path):
+    """Model FLOPs per step within 2% of the analytic count of the example's MLP (forward 2·B·W,
+    weight and input gradients 2·B·W each, no input gradient for the first layer), MFU against
+    the float32 matmul peak each rank measured when it started; the summaries in the cache give
+    the same numbers as the raw traces."""
+    from torch import nn
+
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import _common
+    finally:
+        sys.path.pop(0)
+    out, _ = ddp_run
+    model = _common.build_model(256, 4)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    batch = 32
+    analytic = (6 * batch * sum(m.weight.numel() for m in linears)
+                - 2 * batch * linears[0].weight.numel())
+    js = tmp_path / "s.json"
+    res = pardiag("report", out, "-o", tmp_path / "r.html", "--json", js, "--no-cache", "-q")
+    assert res.returncode == 0, res.stderr
+    eff = json.loads(js.read_text())["efficiency"]
+    assert [r["rank"] for r in eff["per_rank"]] == [0, 1]
+    for r in eff["per_rank"]:
+        assert r["model_tflop_per_step"] * 1e12 == pytest.approx(analytic, rel=0.02)
+        meta = json.loads((out / "pardiag" / f"rank{r['rank']}.meta.json").read_text())
+        peak = meta["peak_flops"]["float32"]
+        assert r["peak_source"] == "measured when the rank started (float32 matmul)"
+        assert r["peak_tflops"] == pytest.approx(peak / 1e12)
+        assert 0 < r["mfu_pct"] < 100 and r["mfu_pct_min"] <= r["mfu_pct"] <= r["mfu_pct_max"]
+    for s in eff["per_step"]:
+        peak = {r["rank"]: r["peak_tflops"] for r in eff["per_rank"]}[s["rank"]]
+        assert s["mfu_pct"] == pytest.approx(
+            100 * s["model_flops"] / (s["step_us"] / 1e6 * peak * 1e12))
+
+
+@pytest.mark.e2e
 def test_existing_output_is_not_overwritten(ddp_run):
     out, _ = ddp_run
     before = (out / "rank0.trace.json.gz").read_bytes()

@@ -240,9 +240,11 @@ def test_sections_without_data_say_why(tmp_path):
     page = render_html(build_report(load_traces(tmp_path)), include_plotlyjs="cdn")
     parts = re.split(r"<h[23] id='(\w+)'>", page)
     sections = dict(zip(parts[1::2], parts[2::2]))
-    # no pipeline and no MoE: their sections come last, under "Not in this run", saying why
-    assert list(sections) == [k for k, _ in SECTIONS if k not in ("pipeline", "routing")] + [
-        "absent", "pipeline", "routing"]
+    # no pipeline, no MoE, no shapes: their sections come last, under "Not in this run", saying
+    # why
+    assert list(sections) == [k for k, _ in SECTIONS
+                              if k not in ("pipeline", "routing", "efficiency")] + [
+        "absent", "pipeline", "routing", "efficiency"]
     assert "<h2 id='absent'>Not in this run</h2>" in page
     why = {
         "overlap": "Overlap per dimension unavailable: no collective was matched across ranks, "
@@ -259,6 +261,8 @@ def test_sections_without_data_say_why(tmp_path):
         "bandwidth": "No collective was matched across ranks (a single rank, or no "
                      "communication), so no bandwidth can be measured.",
         "warnings": "None.",
+        "efficiency": "No FLOPs counted: the traces record no shapes of matmul, convolution or "
+                      "attention ops (profile with record_shapes=True; pardiag profile does).",
     }
     for key, text in why.items():
         assert f"<p class='muted'>{html.escape(text, quote=True)}</p>" in sections[key], key

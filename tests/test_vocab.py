@@ -21,7 +21,7 @@ SHARED_WORDS = {"stream", "device", "correlation", "name", "labels", "rank", "ba
                 "world_size", "ranks", "peer", "dst", "src", "dtype", "pg_name", "pg_desc",
                 "pg_count", "pg_config", "process_group", "input_sizes", "input_dtypes",
                 "output_sizes", "output_dtypes", "is_p2p", "p2p_seq_id", "collective_seq_id",
-                "time_created_ns", "profiling_name"}
+                "time_created_ns", "profiling_name", "flops"}
 
 
 def _string_constants(path) -> set[str]:

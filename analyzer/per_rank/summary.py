@@ -41,6 +41,7 @@ from ..trace.traceset import (
 from .breakdown import RankParts, breakdown_rows_of, device_timelines
 from .causes import LaunchEdges, causes_of_trace, data_loading_of_trace, launch_edges_of_trace
 from .comm_events import events_from_trace
+from .flops import flop_ops
 from .layout_marks import RankMarks, rank_marks_of_trace
 from .memory import memory_rows
 from .source import RankSource
@@ -186,6 +187,7 @@ class RankSummary(HoldsTables):
     launch_edges: LaunchEdges = quantity(
         lambda src: launch_edges_of_trace(src.trace, src.patterns), patterns=True)
     events_range: np.ndarray = quantity(lambda src: np.array(time_range(src.trace.events)))
+    flop_ops: pd.DataFrame = quantity(lambda src: flop_ops(src.trace, src.steps))
 
     def matches(self, comm_patterns: Iterable[re.Pattern[str] | str]) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""

@@ -567,3 +567,59 @@ def critical_path_figure(segments: pd.DataFrame, steps: list[int] | None = None)
                        "yaxis": {"categoryorder": "category descending"}, "shapes": shapes,
                        "annotations": notes}}
 
+
+
+#: Colours of the op classes in the roofline.
+CLASS_COLORS = {"matmul": "#4C78A8", "attention": "#F58518", "convolution": "#54A24B",
+                "norm": "#B279A2", "softmax": "#E45756", "elementwise": "#9D755D"}
+
+
+def roofline_points(per_class: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``per_class`` the roofline can place: a positive rate and intensity (an op
+    class whose time is 0, e.g. ops that launched no kernel, has none)."""
+    pts = per_class.dropna(subset=["achieved_tflops", "intensity"])
+    return pts[(pts["achieved_tflops"] > 0) & (pts["intensity"] > 0)]
+
+
+def roofline_figure(per_class: pd.DataFrame) -> dict:
+    """The roofline (Williams, Waterman and Patterson, CACM 2009): each op class and dtype of
+    :attr:`pardiag.analyzer.analyses.efficiency.EfficiencyResult.per_class` at its arithmetic
+    intensity (FLOP/byte, x, log) and achieved TFLOP/s (y, log), marker area by its time; the
+    peak (flat line) and, where the memory bandwidth is known, the bandwidth roof
+    (``bandwidth × intensity``) up to the ridge. Returns a plotly figure dict."""
+    pts = roofline_points(per_class)
+    t = pts["time_us"].to_numpy(float)
+    size = 8 + 22 * np.sqrt(t / t.max()) if len(t) and t.max() > 0 else np.full(len(t), 10.0)
+    data = []
+    for (cls, dtype), g in pts.groupby(["op_class", "dtype"], sort=False):
+        idx = [pts.index.get_loc(i) for i in g.index]
+        data.append(_scatter(
+            x=_f32(g["intensity"]), y=_f32(g["achieved_tflops"]), mode="markers",
+            name=escape(f"{cls} ({dtype})"),
+            marker={"size": _f32(size[idx]), "color": CLASS_COLORS.get(cls, "#888888")},
+            hovertemplate=(escape(f"{cls} ({dtype})") + ": %{y:,.3f} TFLOP/s at %{x:,.2f} "
+                           "FLOP/byte<extra></extra>")))
+    xs = pts["intensity"].to_numpy(float)
+    lo, hi = (float(xs.min()) / 4, float(xs.max()) * 4) if len(xs) else (0.01, 1000.0)
+    peak = per_class["peak_tflops"].dropna()
+    bw = per_class["bandwidth_gbps"].dropna()
+    if len(peak):
+        p = float(peak.iloc[0])
+        start = lo
+        if len(bw):
+            b = float(bw.iloc[0]) / 1e3   # TB/s: TFLOP/s per FLOP/byte
+            ridge = p / b
+            hi = max(hi, ridge * 4)
+            data.append(_scatter(x=[lo, ridge], y=[b * lo, p], mode="lines", name="bandwidth",
+                                 line={"color": "#BAB0AC", "dash": "dash"},
+                                 hovertemplate=f"memory bandwidth {b * 1e3:,.0f} GB/s"
+                                               "<extra></extra>"))
+            start = ridge
+        data.append(_scatter(x=[start, hi], y=[p, p], mode="lines", name="peak",
+                             line={"color": "#BAB0AC"},
+                             hovertemplate=f"peak {p:,.3f} TFLOP/s<extra></extra>"))
+    return {"data": data, "layout": {
+        "title": _title("Roofline: achieved TFLOP/s per op class"),
+        "xaxis": {"type": "log", "title": _title("arithmetic intensity (FLOP/byte)")},
+        "yaxis": {"type": "log", "title": _title("achieved TFLOP/s")},
+        "height": 420}}

@@ -48,6 +48,7 @@ SECTIONS = (
     ("pipeline", "Pipeline bubbles"),
     ("imbalance", "Load imbalance"),
     ("routing", "MoE routing"),
+    ("efficiency", "How far from the peak: FLOPs and MFU"),
     ("memory", "Memory"),
     ("layout", "Layout and topology"),
     ("bandwidth", "Bandwidth"),
@@ -494,6 +495,36 @@ def routing(report: Report, page: Page) -> dict:
         "notes": list(r.notes)}
 
 
+def efficiency(report: Report, page: Page) -> dict:
+    """MFU per rank (table, with each rank's range over its steps), the roofline figure and the
+    table per op class (:class:`pardiag.analyzer.analyses.efficiency.EfficiencyResult`)."""
+    e = report.efficiency
+    if e.per_rank.empty or not e.ops["flops"].notna().any():
+        return {"counted": False, "notes": list(e.notes)}
+    ranks = e.per_rank.assign(mfu_range=[
+        "–" if pd.isna(a) else f"{a:.1f}–{b:.1f}"
+        for a, b in zip(e.per_rank["mfu_pct_min"], e.per_rank["mfu_pct_max"])])
+    return {
+        "counted": True, "mfu": fmt(e.mfu_pct, 1) if e.mfu_pct is not None else None,
+        "per_rank": _table(ranks, {
+            "rank": "rank", "device": "device", "dtype": "dtype", "peak_tflops": "peak TFLOP/s",
+            "model_tflop_per_step": "model TFLOP per step",
+            "achieved_tflops": "achieved TFLOP/s", "mfu_pct": "MFU %",
+            "mfu_range": "MFU % over its steps", "hfu_pct": "HFU %",
+            "tokens_per_s": "tokens/s", "peak_source": "peak from"},
+            left=("device", "dtype", "mfu_range", "peak_source"), digits=3, sortable=True,
+            what="ranks"),
+        **({"figure": _html(page.fig(fg.roofline_figure(e.per_class)))}
+           if len(fg.roofline_points(e.per_class)) else {}),
+        "per_class": _table(e.per_class.assign(flops=e.per_class["flops"] / 1e9,
+                                               time_us=e.per_class["time_us"] / 1e3), {
+            "op_class": "op class", "dtype": "dtype", "ops": "ops", "flops": "GFLOP",
+            "time_us": "time (ms)", "time_basis": "time on", "achieved_tflops": "TFLOP/s",
+            "achieved_gbps": "GB/s", "intensity": "FLOP/byte"},
+            left=("op_class", "dtype", "time_basis"), digits=3, sortable=True, what="classes"),
+        "notes": list(e.notes)}
+
+
 def memory(report: Report, page: Page) -> dict:
     """Memory per rank (figure and table, MiB), the peak's definition, the imbalance across
     ranks (:class:`pardiag.analyzer.analyses.memory.MemoryResult`) and the timeline (the
@@ -668,14 +699,15 @@ def warnings(report: Report, page: Page) -> dict:
 BUILDERS = (("verdict", verdict), ("breakdown", breakdown), ("overlap", overlap),
             ("stragglers", stragglers), ("critical_path", critical_path), ("causes", causes),
             ("pipeline", pipeline), ("imbalance", imbalance), ("routing", routing),
-            ("memory", memory), ("layout", layout), ("bandwidth", bandwidth),
-            ("collectives", collectives), ("hta", hta), ("warnings", warnings))
+            ("efficiency", efficiency), ("memory", memory), ("layout", layout),
+            ("bandwidth", bandwidth), ("collectives", collectives), ("hta", hta),
+            ("warnings", warnings))
 
 
 #: Sections about a structure a job may not have, and the key of their builder's output that
 #: says it has it: without it the section moves to "Not in this run" at the page's end, where
 #: it still says why, instead of an empty section among those that measured something.
-STRUCTURE_SECTIONS = {"pipeline": "bubbles", "routing": "routed"}
+STRUCTURE_SECTIONS = {"pipeline": "bubbles", "routing": "routed", "efficiency": "counted"}
 
 
 def build(report: Report, page: Page) -> tuple[list[str], list[str], dict[str, dict]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import pandas as pd
 from rich.cells import cell_len
 from rich.console import Console, JustifyMethod
 from rich.table import Table
@@ -224,6 +225,7 @@ def render_terminal(report: Report, console: Console) -> None:
             [(Text(str(r.collective)), _i(r.ranks), _i(r.count), _n(r.time_us / 1e3, 3),
               _n(r.exposed_us / 1e3, 3)) for r in agg.itertuples()])
     _causes(report, console)
+    _efficiency(report, console)
     _parallel(report, console)
     _hta(report, console)
 
@@ -264,6 +266,45 @@ def _causes(report: Report, console: Console) -> None:
             caption="idle: host = nothing queued, the host was launching or computing; sync = "
                     "nothing queued during a host synchronization; queued = work waiting on a "
                     "dependency" + more)
+
+
+def _efficiency(report: Report, console: Console) -> None:
+    """FLOPs and MFU per rank, and the achieved rate per op class
+    (:mod:`pardiag.analyzer.analyses.efficiency`)."""
+    e = getattr(report, "efficiency", None)
+    if e is None or e.per_rank.empty or not e.ops["flops"].notna().any():
+        return
+    pr = e.per_rank.head(MAX_CAUSE_RANKS)
+
+    def mfu(r) -> str:
+        if pd.isna(r["mfu_pct"]):
+            return "unknown"
+        lo, hi = r["mfu_pct_min"], r["mfu_pct_max"]
+        return _n(r["mfu_pct"], 1) + (f" ({lo:.1f}–{hi:.1f})" if hi - lo >= 0.05 else "")
+
+    print_table(console, "How far from the peak (per step, median over the rank's steps)", [
+        Col("rank"), Col("device", "left", drop=4), Col("dtype", "left", drop=5),
+        Col("peak TFLOP/s", drop=3), Col("model TFLOP", drop=6), Col("TFLOP/s"),
+        Col("MFU % (range)"), Col("HFU %", drop=2), Col("tokens/s", drop=1)],
+        [(str(int(r["rank"])), str(r["device"]), str(r["dtype"] or "–"),
+          _n(r["peak_tflops"], 3), _n(r["model_tflop_per_step"], 4),
+          _n(r["achieved_tflops"], 3), mfu(r), _n(r["hfu_pct"], 1), _i(r["tokens_per_s"]))
+         for _, r in pr.iterrows()],
+        caption="model FLOPs = matmul, convolution, attention; MFU = model FLOPs / (step × "
+                "peak); HFU counts every counted op" + (
+                    f"; showing {MAX_CAUSE_RANKS} of {len(e.per_rank)} ranks"
+                    if len(e.per_rank) > MAX_CAUSE_RANKS else ""))
+    if len(e.per_class):
+        print_table(console, "Achieved rate per op class (all ranks)", [
+            Col("class", "left"), Col("dtype", "left"), Col("ops"), Col("GFLOP"),
+            Col("ms"), Col("TFLOP/s"), Col("GB/s", drop=1), Col("FLOP/byte", drop=2)],
+            [(str(r["op_class"]), str(r["dtype"]), _i(r["ops"]), _n(r["flops"] / 1e9, 2),
+              _n(r["time_us"] / 1e3, 2), _n(r["achieved_tflops"], 3),
+              _n(r["achieved_gbps"], 1), _n(r["intensity"], 1))
+             for _, r in e.per_class.iterrows()],
+            caption="time on the device for GPU ranks, on the host thread for CPU ranks")
+    for n in e.notes:
+        console.print(f"[dim]note: {n}[/dim]", highlight=False)
 
 
 def _hta(report: Report, console: Console) -> None:

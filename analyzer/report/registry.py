@@ -20,6 +20,7 @@ from ..analyses.causes import CausesResult, compute_causes
 from ..analyses.comm_events import P2P_OPS, comm_events
 from ..analyses.critical_path import CriticalPathResult, compute_critical_path
 from ..analyses.dim_overlap import DimOverlapResult, compute_dim_overlap
+from ..analyses.efficiency import EfficiencyResult, compute_efficiency
 from ..analyses.hta_extras import HtaExtras, compute_hta_extras, hta_json
 from ..analyses.imbalance import BalanceResult, compute_balance
 from ..analyses.infer_layout import InferredLayout, infer_layout, is_pardiag_run
@@ -56,6 +57,11 @@ class AnalysisOptions:
     comm_patterns: tuple[re.Pattern[str], ...] = ()
     #: run the opt-in HTA analyses (:mod:`pardiag.analyzer.analyses.hta_extras`; ``report --hta``)
     hta: bool = False
+    #: a peak for every rank (dense TFLOP/s) over the device table's and the measured one
+    #: (``report --peak-tflops``)
+    peak_tflops: float | None = None
+    #: tokens each rank processes per step, for tokens/s (``report --tokens-per-step``)
+    tokens_per_step: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +296,14 @@ def _operators_json(r: OperatorsResult, traces: TraceSet) -> dict[str, Any]:
         rows=rows(js.OperatorRow, r.totals.head(MAX_JSON_OPERATORS)))}
 
 
+def _efficiency_json(r: EfficiencyResult, traces: TraceSet) -> dict[str, Any]:
+    return {"efficiency": js.EfficiencySection(
+        mfu_pct=_clean(r.mfu_pct) if r.mfu_pct is not None else None,
+        per_rank=rows(js.EfficiencyRank, r.per_rank),
+        per_step=rows(js.EfficiencyStep, r.per_step.astype({"step": int})),
+        per_class=rows(js.EfficiencyClass, r.per_class), notes=list(r.notes))}
+
+
 def _hta_json(r: HtaExtras, traces: TraceSet) -> dict[str, Any]:
     h = hta_json(r)["hta"]
     return {"hta": js.HtaSection(**{**h, "idle": [js.HtaIdle(**x) for x in h["idle"]],
@@ -324,6 +338,8 @@ ANALYSES: tuple[Analysis, ...] = (
              _critical_path_json),
     Analysis("routing", lambda traces, opts, done: compute_routing(
         traces, done["sync"], done["layout"]), _routing_json),
+    Analysis("efficiency", lambda traces, opts, done: compute_efficiency(
+        traces, opts.peak_tflops, opts.tokens_per_step), _efficiency_json),
     Analysis("recommendations", lambda traces, opts, done: compute_recommendations(traces, done),
              _recommendations_json),
 )
@@ -363,6 +379,7 @@ class Report:
         routing: expert-parallel routing imbalance from the all-to-alls' split sizes
             (:class:`RoutingResult`).
         setup: what was run and on what (:class:`RunSetup`).
+        efficiency: FLOPs, MFU and the roofline per op class (:class:`EfficiencyResult`).
         hta: HTA's idle time breakdown and kernel launch statistics (:class:`HtaExtras`), only
             with ``AnalysisOptions(hta=True)`` (``report --hta``), else None.
     """
@@ -382,6 +399,7 @@ class Report:
     operators: OperatorsResult
     setup: RunSetup
     routing: RoutingResult
+    efficiency: EfficiencyResult
     hta: HtaExtras | None = None
 
     @property

@@ -46,6 +46,7 @@ from .schema_causes import (
     MemorySection,
     SkewOrigin,
 )
+from .schema_efficiency import EfficiencyClass, EfficiencyRank, EfficiencySection, EfficiencyStep
 from .schema_layout import (
     CriticalPathSection,
     DimOverlapRank,
@@ -107,6 +108,10 @@ __all__ = [
     "CauseRank",
     "CauseStep",
     "CausesSection",
+    "EfficiencyClass",
+    "EfficiencyRank",
+    "EfficiencySection",
+    "EfficiencyStep",
     "ClockOffset",
     "CollectiveTotal",
     "CriticalPathSection",
@@ -504,6 +509,8 @@ class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):
             and the replay of the step's graph.
         routing: MoE (expert-parallel) routing imbalance, from the all-to-alls' split sizes.
             Null/absent: ``null`` without routed all-to-alls and without notes about them.
+        efficiency: FLOPs, MFU and HFU per rank and step against the device's peak, and the
+            roofline per op class, from the recorded shapes.
         verdict: One paragraph: the step time, the largest losses and the findings.
         straggler: The rank the verdict calls a straggler: ``sync.straggler`` when it also
             arrives last at 60% or more of 3 or more collectives and causes 4× the waiting it
@@ -553,6 +560,7 @@ class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):
     overlap_per_dimension: DimOverlapSection = msgspec.field(default_factory=DimOverlapSection)
     critical_path: CriticalPathSection = msgspec.field(default_factory=CriticalPathSection)
     routing: RoutingSection | None = None
+    efficiency: EfficiencySection = msgspec.field(default_factory=EfficiencySection)
     verdict: str = ""
     straggler: int | None | UnsetType = UNSET
     step: MeasuredStep | None = None

@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from . import vocab
 from .traceset import GPU_CATS, isin_mask
 
 #: An arg the event has not got (``stream``, ``sycl queue``).
@@ -204,14 +205,15 @@ def stray_timestamps(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, str]:
 
 def keeps_args(names_raw: list, cache: dict | None = None) -> list[bool]:
     """Per event, whether the table keeps its args whole: its name (as text) marks it as
-    communication or memory (:data:`_KEEP_ARGS_RE`; each distinct name tested once, and once
+    communication or memory (:data:`_KEEP_ARGS_RE`), or as an op whose FLOPs are counted
+    (:data:`pardiag.analyzer.trace.vocab.FLOP_OPS`; each distinct name tested once, and once
     across calls that share ``cache``)."""
     if set(map(type, names_raw)) <= {str}:
         cache = {} if cache is None else cache
         for x in set(names_raw).difference(cache):
-            cache[x] = bool(_KEEP_ARGS_RE.search(x))
+            cache[x] = bool(_KEEP_ARGS_RE.search(x)) or x in vocab.FLOP_OPS
         return list(map(cache.__getitem__, names_raw))
-    return [bool(_KEEP_ARGS_RE.search(str(x))) for x in names_raw]
+    return [bool(_KEEP_ARGS_RE.search(str(x))) or str(x) in vocab.FLOP_OPS for x in names_raw]
 
 
 def _normalize_cats(cats_raw: list) -> list[str]:

@@ -106,6 +106,7 @@ PEER = ArgKey(("Peer", "peer", "dst", "src"), "a point-to-point peer's rank in i
 INPUT_DIMS = ArgKey(("Input Dims",), "the shape of each input (a list per input)")
 INPUT_TYPE = ArgKey(("Input type",), "the dtype of each input, as C++ names it")
 CONCRETE_INPUTS = ArgKey(("Concrete Inputs",), "scalar inputs as text (a peer, split sizes)")
+OP_FLOPS = ArgKey(("flops",), "the profiler's own FLOP count of the op (with_flops=True)")
 
 # -- [memory] instants ---------------------------------------------------------------------------
 DEVICE_TYPE = ArgKey(("Device Type",), "c10::DeviceType number of the device")
@@ -230,6 +231,69 @@ def _is_element_type(t: str) -> bool:
 
 
 # -- op and kernel names -------------------------------------------------------------------------
+
+#: Ops whose FLOPs and bytes pardiag counts from their ``Input Dims``, by name → op class
+#: (:mod:`pardiag.analyzer.per_rank.flops` holds each class's formula). Wrappers (``aten::linear``,
+#: ``aten::matmul``, ``aten::scaled_dot_product_attention``) count only where the trace holds none
+#: of the ops they call.
+FLOP_OPS: dict[str, str] = {
+    **dict.fromkeys(("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
+                     "aten::linear", "aten::_scaled_mm"), "matmul"),
+    **dict.fromkeys(("aten::convolution", "aten::convolution_backward"), "convolution"),
+    **dict.fromkeys((
+        "aten::scaled_dot_product_attention",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_cudnn_attention",
+        "aten::_flash_attention_forward", "aten::_efficient_attention_forward",
+        "aten::_scaled_dot_product_flash_attention_backward",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+        "aten::_scaled_dot_product_efficient_attention_backward",
+        "aten::_scaled_dot_product_cudnn_attention_backward",
+        "aten::_flash_attention_backward", "aten::_efficient_attention_backward"), "attention"),
+    **dict.fromkeys(("aten::native_layer_norm", "aten::native_layer_norm_backward",
+                     "aten::native_batch_norm", "aten::native_batch_norm_backward",
+                     "aten::_fused_rms_norm", "aten::_fused_rms_norm_backward",
+                     "aten::native_group_norm", "aten::native_group_norm_backward"), "norm"),
+    **dict.fromkeys(("aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
+                     "aten::_log_softmax_backward_data"), "softmax"),
+    **dict.fromkeys(("aten::add", "aten::add_", "aten::sub", "aten::sub_", "aten::mul",
+                     "aten::mul_", "aten::div", "aten::div_", "aten::relu", "aten::relu_",
+                     "aten::gelu", "aten::gelu_backward", "aten::silu", "aten::silu_",
+                     "aten::silu_backward", "aten::tanh", "aten::tanh_backward",
+                     "aten::sigmoid", "aten::sigmoid_backward", "aten::threshold_backward",
+                     "aten::exp", "aten::pow", "aten::rsqrt", "aten::neg", "aten::where",
+                     "aten::addcmul_", "aten::addcdiv_", "aten::lerp_"), "elementwise"),
+}
+#: Attention ops → the position of ``is_causal`` among their inputs (``Concrete Inputs``; an int
+#: position holds ``custom_mask_type``, causal when 1 or 2), from each op's ATen signature.
+CAUSAL_INPUT: dict[str, int] = {
+    "aten::scaled_dot_product_attention": 5,
+    "aten::_scaled_dot_product_flash_attention": 4,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": 4,
+    "aten::_scaled_dot_product_efficient_attention": 6,
+    "aten::_scaled_dot_product_cudnn_attention": 6,
+    "aten::_flash_attention_forward": 8,
+    "aten::_efficient_attention_forward": 9,
+    "aten::_scaled_dot_product_flash_attention_backward": 11,
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": 7,
+    "aten::_scaled_dot_product_efficient_attention_backward": 11,
+    "aten::_scaled_dot_product_cudnn_attention_backward": 14,
+    "aten::_flash_attention_backward": 11,
+    "aten::_efficient_attention_backward": 14,
+}
+#: The op classes whose FLOPs are the model's (the "6 · parameters · tokens" of matmuls, plus
+#: convolutions and attention; PaLM, Chowdhery et al. 2022, appendix B): MFU counts these.
+MODEL_FLOP_CLASSES = frozenset({"matmul", "convolution", "attention"})
+#: Counted ops that run only in a forward pass: one inside the autograd engine's backward
+#: (:data:`BACKWARD_FUNCTION_RE`) is a recomputed forward (activation checkpointing).
+FORWARD_ONLY_OPS = frozenset(
+    n for n, c in FLOP_OPS.items()
+    if c in ("convolution", "attention", "norm", "softmax") and not n.endswith(
+        ("_backward", "_backward_data"))) | {"aten::addmm", "aten::baddbmm"}
+#: The autograd engine's range around each backward function it runs.
+BACKWARD_FUNCTION_RE = re.compile(r"^autograd::engine::evaluate_function: ")
 # The names (and name patterns) of the ops, ranges and runtime calls a per-rank quantity looks for;
 # the communication and computation kinds of events are told apart in classify.py.
 

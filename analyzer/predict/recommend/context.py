@@ -23,6 +23,7 @@ from ...analyses.breakdown import OUTLIER_STEP_FACTOR, TimeBreakdown, run_step_p
 from ...analyses.causes import CausesResult
 from ...analyses.critical_path import CriticalPathResult
 from ...analyses.dim_overlap import DimOverlapResult
+from ...analyses.efficiency import EfficiencyResult
 from ...analyses.imbalance import BalanceResult
 from ...analyses.layout import LayoutResult
 from ...analyses.memory import MemoryResult
@@ -238,7 +239,8 @@ class RuleContext:
     Attributes:
         traces: the run.
         breakdown, sync, pipeline, balance, memory, layout, dim_overlap, routing, causes,
-            critical_path: the earlier analyses' results (None where an analysis did not run).
+            critical_path, efficiency: the earlier analyses' results (None where an analysis did
+            not run).
         settings: the run's recorded settings (:func:`recorded_settings`).
         model: the pipeline replay (:class:`pardiag.analyzer.predict.replay.PipelineModel`) of a
             pipeline run, else None; model_why: why there is none.
@@ -265,6 +267,7 @@ class RuleContext:
     routing: RoutingResult | None = None
     causes: CausesResult | None = None
     critical_path: CriticalPathResult | None = None
+    efficiency: EfficiencyResult | None = None
     settings: dict = dataclasses.field(default_factory=dict)
     model: PipelineModel | None = None
     model_why: str = "no pipeline"
@@ -395,7 +398,7 @@ def build_context(traces: TraceSet, done: dict) -> RuleContext:
         balance=done.get("balance"), memory=done.get("memory"), layout=done.get("layout"),
         dim_overlap=done.get("dim_overlap"), routing=done.get("routing"),
         causes=done.get("causes"), critical_path=done.get("critical_path"),
-        settings=recorded_settings(traces), model=model,
+        efficiency=done.get("efficiency"), settings=recorded_settings(traces), model=model,
         model_why=why, step=step, clean=clean, peak=measured_peak(done.get("memory")),
         capacity=capacity_bytes(traces), on_gpu=any(t.has_gpu for t in traces.ranks.values()),
         contention=contention_note(traces.rank_meta.values()))

@@ -284,6 +284,9 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
     if routing:
         parts.append(routing)
     parts += causes_text(ctx, step_us)
+    mfu = mfu_text(ctx)
+    if mfu:
+        parts.append(mfu)
     spread = ""
     if profiled:  # measured on the profiled steps: their spread, " (while profiled; IQR ...)"
         spread = spread_text(ctx)
@@ -306,6 +309,22 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
     if ctx.contention and found is None:
         text += " " + ctx.contention[0].upper() + ctx.contention[1:] + "."
     return text + devices_text(ctx)
+
+
+def mfu_text(ctx: RuleContext) -> str:
+    """``"MFU 38.2% of the H100 SXM's bfloat16 peak (36.9–39.0% over the ranks' 6 steps)"``:
+    the run's MFU (:attr:`pardiag.analyzer.analyses.efficiency.EfficiencyResult.mfu_pct`) and
+    its spread over every rank's steps; ``""`` when it is unknown."""
+    eff = ctx.efficiency
+    if eff is None or eff.mfu_pct is None or eff.per_rank.empty:
+        return ""
+    devices = sorted({f"{d}'s {t}" if d != "cpu" else f"the measured CPU {t}"
+                      for d, t in zip(eff.per_rank["device"], eff.per_rank["dtype"])})
+    per = eff.per_step["mfu_pct"].dropna()
+    spread = (f" ({per.min():.1f}–{per.max():.1f}% over the ranks' {len(per)} steps)"
+              if len(per) > 1 else "")
+    return (f"MFU {eff.mfu_pct:.1f}% of {'the ' if not devices[0].startswith('the') else ''}"
+            f"{', '.join(devices)} peak{spread}")
 
 
 def devices_text(ctx: RuleContext) -> str:

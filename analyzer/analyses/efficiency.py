@@ -1,0 +1,253 @@
+"""How far each rank is from its device's peak: model FLOPs, achieved TFLOP/s, MFU and HFU per
+rank and step, and achieved rate and arithmetic intensity per op class (a roofline)
+(:func:`compute_efficiency`).
+
+From each rank's counted ops (:func:`pardiag.analyzer.per_rank.flops.flop_ops`: FLOPs and bytes
+from the recorded shapes) and its ``ProfilerStep`` windows:
+
+* **model FLOPs** of a step: the FLOPs of its matmul, convolution and attention ops
+  (:data:`pardiag.analyzer.trace.vocab.MODEL_FLOP_CLASSES`; PaLM, Chowdhery et al. 2022,
+  appendix B, counts these); **executed FLOPs**: of every counted op (norms, softmax and
+  elementwise ops too).
+* **MFU** = model FLOPs / (step time × peak) and **HFU** = executed FLOPs / (step time × peak)
+  (%), per step; per rank the median over its steps with their min and max. Where the trace shows
+  activation recomputation (a forward-only op inside the autograd engine's backward), the model
+  FLOPs cannot be told from the recomputed ones: model FLOPs and MFU are unknown (None) and HFU
+  stands.
+* **peak**: ``--peak-tflops`` when given; else the device's dense datasheet peak for the dtype
+  that carries most of the rank's model FLOPs (:mod:`.peaks`); else, on a CPU, the peak the rank
+  measured when ``pardiag profile`` started it (its metadata's ``peak_flops``). Otherwise
+  unknown: achieved TFLOP/s are still given, MFU is not.
+* **tokens/s** per rank: ``tokens_per_step`` (``--tokens-per-step``, the tokens each rank
+  processes per step) / the step time.
+* **per op class**: FLOPs, bytes and time summed over ranks and steps (time on the device for
+  GPU ranks, on the host thread for CPU ranks), achieved TFLOP/s = FLOPs / time, GB/s = bytes /
+  time, arithmetic intensity = FLOPs / byte (Williams, Waterman and Patterson, Roofline, CACM
+  2009), each beside the peak and the memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from ..per_rank.flops import FLOP_COLUMNS, empty_flop_ops
+from ..per_rank.summary import summary_of
+from ..trace import vocab
+from ..trace.classify import device_kind
+from ..trace.traceset import RankTrace, TraceSet
+from .peaks import device_peak
+
+#: Columns of :attr:`EfficiencyResult.per_step`.
+STEP_COLUMNS = ("rank", "step", "step_us", "model_flops", "executed_flops", "unknown_ops",
+                "achieved_tflops", "mfu_pct", "hfu_pct", "tokens_per_s")
+#: Columns of :attr:`EfficiencyResult.per_rank`.
+RANK_COLUMNS = ("rank", "device", "dtype", "peak_tflops", "peak_source", "bandwidth_gbps",
+                "steps", "model_tflop_per_step", "executed_tflop_per_step", "achieved_tflops",
+                "mfu_pct", "mfu_pct_min", "mfu_pct_max", "hfu_pct", "tokens_per_s",
+                "recomputed_ops", "unknown_ops")
+#: Columns of :attr:`EfficiencyResult.per_class`.
+CLASS_COLUMNS = ("op_class", "dtype", "ops", "flops", "bytes", "time_us", "time_basis",
+                 "achieved_tflops", "achieved_gbps", "intensity", "peak_tflops",
+                 "bandwidth_gbps")
+#: What the CPU peak measured at the rank's start is said to be.
+MEASURED_SOURCE = "measured when the rank started (float32 matmul)"
+
+
+@dataclasses.dataclass(frozen=True)
+class EfficiencyResult:
+    """Result of :func:`compute_efficiency`.
+
+    Attributes:
+        ops: every counted op of every rank: ``rank`` and
+            :data:`pardiag.analyzer.per_rank.flops.FLOP_COLUMNS` (FLOPs, bytes, µs).
+        per_step: one row per rank and step: :data:`STEP_COLUMNS` (``step_us`` µs, FLOPs,
+            TFLOP/s = 10¹² FLOP/s, % of peak; NaN where unknown).
+        per_rank: one row per rank with counted ops: :data:`RANK_COLUMNS` (medians over its
+            steps; ``mfu_pct_min``/``max`` their spread; ``peak_source`` says where the peak
+            comes from, None with the peak unknown).
+        per_class: one row per op class and dtype over all ranks: :data:`CLASS_COLUMNS`
+            (``time_basis``: ``device`` or ``cpu``).
+        mfu_pct: the run's MFU: all ranks' model FLOPs over the sum of each rank's step time ×
+            its peak (%); None where any rank's is unknown.
+        notes: why a number is unknown, and what the counts leave out.
+    """
+
+    ops: pd.DataFrame
+    per_step: pd.DataFrame
+    per_rank: pd.DataFrame
+    per_class: pd.DataFrame
+    mfu_pct: float | None
+    notes: tuple[str, ...]
+
+
+def _device_name(trace: RankTrace, meta) -> str | None:
+    """The rank's device name: ``deviceProperties`` when every entry names the same device,
+    else the rank's metadata."""
+    props = vocab.DEVICE_PROPERTIES.get(trace.metadata)
+    names = {str(vocab.DEVICE_NAME.get(p, "")) for p in props if isinstance(p, dict)} if (
+        isinstance(props, list)) else set()
+    names.discard("")
+    if len(names) == 1:
+        return names.pop()
+    return getattr(meta, "device_name", None)
+
+
+def _peak(trace: RankTrace, meta, dtype: str | None, override: float | None,
+          notes: list[str]) -> tuple[float | None, str | None, float | None, str]:
+    """(peak TFLOP/s, its source, bandwidth GB/s, device label) of one rank."""
+    kind = device_kind(trace)
+    if kind == "cpu":
+        label = "cpu"
+        measured = (getattr(meta, "peak_flops", None) or {}).get(dtype or "")
+        if override is not None:
+            return override, "--peak-tflops", None, label
+        if measured:
+            return float(measured) / 1e12, MEASURED_SOURCE, None, label
+        why = ("its trace was not recorded by pardiag profile, which measures one" if meta is None
+               else "its metadata holds no measured peak (recorded by a pardiag that measured "
+                    "none)")
+        notes.append(f"rank {trace.rank}: no {dtype or ''} peak for its CPU: {why}; give "
+                     f"--peak-tflops")
+        return None, None, None, label
+    name = _device_name(trace, meta)
+    peak = device_peak(name)
+    label = peak.label if peak is not None else (name or kind)
+    bw = peak.bandwidth_gbps if peak is not None else None
+    if override is not None:
+        return override, "--peak-tflops", bw, label
+    if peak is None:
+        notes.append(f"rank {trace.rank}: no peak known for device {name!r}: give --peak-tflops")
+        return None, None, None, label
+    if dtype is None or dtype not in peak.tflops:
+        notes.append(f"rank {trace.rank}: {peak.label} has no {dtype or 'known'} peak in the "
+                     f"table: give --peak-tflops")
+        return None, None, bw, label
+    if dtype == "float32" and "tf32" in peak.tflops:
+        notes.append(f"rank {trace.rank}: float32 matmuls on {peak.label} are measured against "
+                     f"its float32 peak ({peak.tflops['float32']:g} TFLOP/s); where TF32 is "
+                     f"allowed they run against {peak.tflops['tf32']:g} (the trace does not say "
+                     f"which)")
+    return peak.tflops[dtype], f"{peak.label} {dtype}: {peak.source}", bw, label
+
+
+def _steps_table(ops: pd.DataFrame, steps: pd.DataFrame, peak: float | None,
+                 recomputed: bool, tokens: float | None) -> pd.DataFrame:
+    """One rank's per-step rows (:data:`STEP_COLUMNS` less ``rank``)."""
+    st = steps.sort_values("step")
+    step_us = (st["end_us"] - st["start_us"]).to_numpy(float)
+    in_step = ops[ops["step"].notna()]
+    g = in_step.groupby("step")
+    model = g.apply(lambda d: d.loc[d["model"], "flops"].sum(min_count=0), include_groups=False)
+    executed = g["flops"].sum()
+    unknown = g["flops"].apply(lambda s: int(s.isna().sum()))
+    out = pd.DataFrame({"step": st["step"].to_numpy(), "step_us": step_us})
+    out["model_flops"] = out["step"].map(model).fillna(0.0).to_numpy(float)
+    out["executed_flops"] = out["step"].map(executed).fillna(0.0).to_numpy(float)
+    out["unknown_ops"] = out["step"].map(unknown).fillna(0).astype(int)
+    if recomputed:
+        out["model_flops"] = np.nan
+    sec = out["step_us"] / 1e6
+    out["achieved_tflops"] = out["model_flops"] / sec / 1e12
+    denom = sec * (peak if peak else np.nan) * 1e12
+    out["mfu_pct"] = 100.0 * out["model_flops"] / denom
+    out["hfu_pct"] = 100.0 * out["executed_flops"] / denom
+    out["tokens_per_s"] = (tokens / sec) if tokens else np.nan
+    return out
+
+
+def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
+                       tokens_per_step: float | None = None) -> EfficiencyResult:
+    """FLOPs, MFU and the roofline of every rank (see the module docstring).
+
+    Args:
+        traces: the run.
+        peak_tflops: a peak (dense TFLOP/s) for every rank, over the table and the measured
+            one (``report --peak-tflops``).
+        tokens_per_step: tokens each rank processes per step (``report --tokens-per-step``).
+    """
+    notes: list[str] = []
+    op_rows, step_rows, rank_rows = [], [], []
+    for rank, trace in traces.ranks.items():
+        s = summary_of(trace)
+        ops = s.flop_ops
+        if ops is None or ops.empty:
+            continue
+        op_rows.append(ops.assign(rank=rank))
+        model = ops[ops["model"] & ops["flops"].notna()]
+        by_dtype = model.groupby("dtype")["flops"].sum()
+        dtype = str(by_dtype.idxmax()) if len(by_dtype) else None
+        meta = traces.rank_meta.get(rank)
+        peak, source, bw, label = _peak(trace, meta, dtype, peak_tflops, notes)
+        n_re = int(ops["recomputed"].sum())
+        if n_re:
+            notes.append(f"rank {rank}: {n_re} forward op(s) ran inside the backward "
+                         f"(activation recomputation): its model FLOPs cannot be told from the "
+                         f"recomputed ones, so MFU is unknown; HFU counts both")
+        steps = s.steps
+        if steps is None or steps.empty:
+            notes.append(f"rank {rank}: no ProfilerStep windows: FLOPs per op only, no MFU")
+            continue
+        per = _steps_table(ops, steps, peak, n_re > 0, tokens_per_step).assign(rank=rank)
+        step_rows.append(per)
+        mfu = per["mfu_pct"]
+        rank_rows.append({
+            "rank": rank, "device": label, "dtype": dtype, "peak_tflops": peak,
+            "peak_source": source, "bandwidth_gbps": bw, "steps": len(per),
+            "model_tflop_per_step": per["model_flops"].median() / 1e12,
+            "executed_tflop_per_step": per["executed_flops"].median() / 1e12,
+            "achieved_tflops": per["achieved_tflops"].median(),
+            "mfu_pct": mfu.median(), "mfu_pct_min": mfu.min(), "mfu_pct_max": mfu.max(),
+            "hfu_pct": per["hfu_pct"].median(), "tokens_per_s": per["tokens_per_s"].median(),
+            "recomputed_ops": n_re, "unknown_ops": int(ops["flops"].isna().sum())})
+    ops_all = (pd.concat(op_rows, ignore_index=True) if op_rows
+               else empty_flop_ops().assign(rank=pd.Series(dtype=np.int64)))
+    ops_all = ops_all[["rank", *FLOP_COLUMNS]]
+    per_step = (pd.concat(step_rows, ignore_index=True)[list(STEP_COLUMNS)] if step_rows
+                else pd.DataFrame(columns=list(STEP_COLUMNS)))
+    per_rank = pd.DataFrame(rank_rows, columns=list(RANK_COLUMNS))
+    unknown = int(ops_all["flops"].isna().sum())
+    if unknown:
+        names = ops_all.loc[ops_all["flops"].isna(), "name"].value_counts()
+        notes.append(f"{unknown} op(s) without shapes that fit their formula are not counted "
+                     f"(" + ", ".join(f"{n} ×{c}" for n, c in names.head(4).items()) + "): "
+                     "their FLOPs are unknown, the totals leave them out")
+    return EfficiencyResult(ops=ops_all, per_step=per_step, per_rank=per_rank,
+                            per_class=_per_class(ops_all, traces, per_rank),
+                            mfu_pct=_run_mfu(per_step, per_rank), notes=tuple(notes))
+
+
+def _run_mfu(per_step: pd.DataFrame, per_rank: pd.DataFrame) -> float | None:
+    """All ranks' model FLOPs over Σ step time × peak (%); None where any is unknown."""
+    if per_rank.empty or per_rank["peak_tflops"].isna().any() or per_step["model_flops"].isna(
+            ).any():
+        return None
+    peak = per_step["rank"].map(per_rank.set_index("rank")["peak_tflops"]) * 1e12
+    cap = float((per_step["step_us"] / 1e6 * peak).sum())
+    return 100.0 * float(per_step["model_flops"].sum()) / cap if cap > 0 else None
+
+
+def _per_class(ops: pd.DataFrame, traces: TraceSet, per_rank: pd.DataFrame) -> pd.DataFrame:
+    """Rows of :data:`CLASS_COLUMNS`: per op class and dtype over all ranks."""
+    known = ops[ops["flops"].notna() & ops["step"].notna()]
+    if known.empty:
+        return pd.DataFrame(columns=list(CLASS_COLUMNS))
+    gpu = {r: device_kind(t) != "cpu" for r, t in traces.ranks.items()}
+    on_gpu = known["rank"].map(gpu).fillna(False).astype(bool)
+    known = known.assign(time_us=np.where(on_gpu, known["device_us"], known["cpu_us"]),
+                         time_basis=np.where(on_gpu, "device", "cpu"),
+                         dtype=known["dtype"].fillna("unknown"))
+    out = (known.groupby(["op_class", "dtype", "time_basis"], as_index=False)
+           .agg(ops=("flops", "size"), flops=("flops", "sum"), bytes=("bytes", "sum"),
+                time_us=("time_us", "sum")))
+    sec = out["time_us"] / 1e6
+    out["achieved_tflops"] = out["flops"] / sec.where(sec > 0) / 1e12
+    out["achieved_gbps"] = out["bytes"] / sec.where(sec > 0) / 1e9
+    out["intensity"] = out["flops"] / out["bytes"].where(out["bytes"] > 0)
+    ref = per_rank.dropna(subset=["peak_tflops"])
+    out["peak_tflops"] = float(ref["peak_tflops"].median()) if len(ref) else np.nan
+    bw = per_rank["bandwidth_gbps"].dropna()
+    out["bandwidth_gbps"] = float(bw.median()) if len(bw) else np.nan
+    return out.sort_values("flops", ascending=False)[list(CLASS_COLUMNS)].reset_index(drop=True)

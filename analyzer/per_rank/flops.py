@@ -1,0 +1,348 @@
+"""FLOPs and bytes of one rank's operators, counted from the shapes the trace recorded
+(``record_shapes``: ``Input Dims``, ``Input type``, ``Concrete Inputs``), with the time each
+took (:func:`flop_ops`).
+
+**Which ops.** The ops of :data:`pardiag.analyzer.trace.vocab.FLOP_OPS`, each counted once: an op
+is counted only when no counted op runs inside it on its thread (``aten::linear`` holds
+``aten::addmm``: the ``addmm`` is counted; a trace that recorded only the ``linear`` counts the
+``linear``). The counted ops of a thread are thus disjoint.
+
+**Formulas** (one FLOP per multiply and per add; ``e``: the element size of the op's first input,
+from ``Input type``):
+
+* **matmul** — ``mm [M,K]·[K,N]``, ``addmm``, ``linear`` (``x[..., K]``, ``W[N, K]``): ``2·M·K·N``;
+  ``bmm``/``baddbmm``/``matmul`` with batch ``b``: ``2·b·M·K·N`` (the bias add not counted, as
+  the profiler's own ``with_flops`` does not). Bytes: ``e·(M·K + K·N + M·N)`` per batch.
+* **convolution** — forward ``2·N·O·(C/g)·Πk·Πout`` with the output's spatial size from the
+  input, stride, padding and dilation (``Concrete Inputs``); ``convolution_backward`` does the
+  same count once per gradient its ``output_mask`` asks for (input, weight; the bias gradient is
+  a sum, not counted). Bytes: input, weight and output once each.
+* **attention** — ``q[B,H,L,E]``, ``k[B,H,S,E]``, ``v[B,H,S,Ev]``: forward ``2·B·H·L·S·(E+Ev)``
+  (``Q·Kᵀ`` and ``P·V``), halved when ``is_causal`` (what a causal kernel computes:
+  FlashAttention-2, Dao 2023, §4's benchmark convention); backward ``2.5×`` the forward (five
+  matmuls against two: the recompute of ``P``, ``dV``, ``dP``, ``dQ``, ``dK``). Bytes: q, k, v
+  and the output (and their gradients in the backward) once each.
+* **norm** — ``5·numel`` forward (mean, variance, normalise, scale, shift), ``2×`` backward
+  (fvcore's count for affine norms). **softmax** — ``5·numel`` forward (max, subtract, exp, sum,
+  divide), ``4·numel`` backward. **elementwise** — ``numel`` of the largest input. Bytes: the
+  inputs read and an output of the largest input's size written.
+
+An op whose shapes do not fit its formula (missing ``Input Dims``, a rank that does not match)
+is counted as ``unknown``: its row has NaN FLOPs, never a guess.
+
+**Time.** ``cpu_us``: the op's own duration on its thread (inclusive; counted ops hold no
+counted op). ``device_us``: the GPU kernels it launched (each kernel's runtime call, matched by
+``correlation``, lies inside the op on its thread), NaN on a rank without GPU kernels.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..trace import vocab
+from ..trace.traceset import GPU_CATS, RankTrace, isin_mask
+
+#: Columns of :func:`flop_ops`.
+FLOP_COLUMNS = ("step", "ts", "name", "op_class", "dtype", "flops", "bytes", "cpu_us",
+                "device_us", "model", "recomputed", "profiler_flops")
+#: Backward attention over forward: five matmuls against two (FlashAttention-2's count).
+ATTENTION_BACKWARD = 2.5
+
+
+def _shapes(args: dict[str, Any]) -> list[list[int] | None]:
+    """``Input Dims`` as a list per input: a shape (list of ints; ``[]`` for a 0-d tensor, told
+    from a scalar argument by its ``Input type`` naming a dtype) or None (no tensor)."""
+    dims, types = vocab.INPUT_DIMS.get(args), vocab.INPUT_TYPE.get(args)
+    if not isinstance(dims, list):
+        return []
+    types = types if isinstance(types, list) and len(types) == len(dims) else [None] * len(dims)
+    out: list[list[int] | None] = []
+    for d, t in zip(dims, types):
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            out.append(d)
+        elif d == [] and vocab.dtype_bytes(t) is not None:
+            out.append([])
+        else:
+            out.append(None)
+    return out
+
+
+def _concrete(args: dict[str, Any], i: int) -> Any:
+    """The ``i``-th ``Concrete Inputs`` value, parsed (``'[2, 2]'`` → ``[2, 2]``, ``'True'`` →
+    True), or None."""
+    conc = vocab.CONCRETE_INPUTS.get(args)
+    if not isinstance(conc, list) or not 0 <= i < len(conc) or conc[i] in ("", None):
+        return None
+    try:
+        return ast.literal_eval(str(conc[i]))
+    except (ValueError, SyntaxError):
+        return None
+
+
+def _numel(shape: Sequence[int] | None) -> float:
+    return float(math.prod(shape)) if shape is not None else 0.0
+
+
+def _matmul(name: str, shapes: list[Any]) -> tuple[float, float] | None:
+    """(flops, elements moved) of a matmul-class op; None when the shapes do not fit."""
+    t = [s for s in shapes if s is not None]
+    if name == "aten::linear":
+        if len(t) < 2 or len(t[1]) != 2 or t[0][-1] != t[1][1]:
+            return None
+        rows, (n, k) = _numel(t[0][:-1]), t[1]
+        return 2.0 * rows * k * n, rows * k + k * n + rows * n
+    if name in ("aten::addmm", "aten::baddbmm"):
+        t = t[1:] if len(t) >= 3 else t
+    if len(t) < 2:
+        return None
+    a, b = t[0], t[1]
+    if len(a) < 2 or len(b) < 2:
+        return None   # matrix-vector products: rare in training, not counted
+    if a[-1] != b[-2]:
+        return None
+    m, k, n = a[-2], a[-1], b[-1]
+    batch = float(max(_numel(a[:-2]) or 1.0, _numel(b[:-2]) or 1.0))
+    return 2.0 * batch * m * k * n, batch * (m * k + k * n + m * n)
+
+
+def _conv_out(size: list[int], kernel: list[int], stride: Any, padding: Any,
+              dilation: Any) -> list[int] | None:
+    """Output spatial size of a (non-transposed) convolution, or None."""
+    d = len(kernel)
+    try:
+        st = list(stride) if isinstance(stride, list) else [int(stride)] * d
+        pa = list(padding) if isinstance(padding, list) else [int(padding)] * d
+        di = list(dilation) if isinstance(dilation, list) else [int(dilation)] * d
+        st, pa, di = ([x[0]] * d if len(x) == 1 else x for x in (st, pa, di))
+        return [(size[i] + 2 * pa[i] - di[i] * (kernel[i] - 1) - 1) // st[i] + 1
+                for i in range(d)]
+    except (TypeError, ValueError, IndexError, ZeroDivisionError):
+        return None
+
+
+def _convolution(name: str, shapes: list[Any], args: dict[str, Any]) -> tuple[float, float] | None:
+    if name == "aten::convolution":
+        if len(shapes) < 2 or shapes[0] is None or shapes[1] is None:
+            return None
+        x, w = shapes[0], shapes[1]
+        if _concrete(args, 6):   # transposed: not counted
+            return None
+        out = _conv_out(x[2:], w[2:], _concrete(args, 3), _concrete(args, 4), _concrete(args, 5))
+        if out is None or len(x) != len(w):
+            return None
+        macs = x[0] * w[0] * _numel(w[1:]) * _numel(out)
+        return 2.0 * macs, _numel(x) + _numel(w) + x[0] * w[0] * _numel(out)
+    # convolution_backward(grad_output, input, weight, bias_sizes, ..., output_mask)
+    if len(shapes) < 3 or any(s is None for s in shapes[:3]):
+        return None
+    g, x, w = shapes[0], shapes[1], shapes[2]
+    mask = _concrete(args, 10)
+    grads = (sum(bool(m) for m in mask[:2]) if isinstance(mask, list) and len(mask) >= 2
+             else None)
+    if grads is None or _concrete(args, 7):
+        return None
+    macs = g[0] * w[0] * _numel(w[1:]) * _numel(g[2:])
+    return 2.0 * macs * grads, _numel(g) + _numel(x) + _numel(w) + grads * _numel(x)
+
+
+def _attention(name: str, shapes: list[Any], args: dict[str, Any]) -> tuple[float, float] | None:
+    backward = name.endswith("_backward")
+    qkv = shapes[1:4] if backward else shapes[0:3]
+    if len(qkv) < 3 or any(s is None or len(s) < 3 for s in qkv):
+        return None
+    q, k, v = qkv
+    if q[-1] != k[-1] or k[-2] != v[-2]:
+        return None
+    bh = _numel(q[:-2])
+    causal = _concrete(args, vocab.CAUSAL_INPUT.get(name, -1))
+    if isinstance(causal, int) and not isinstance(causal, bool):
+        causal = causal in (1, 2)   # custom_mask_type: 1, 2 are the causal masks
+    if not isinstance(causal, bool):
+        return None   # causal or not halves the count: unknown, not guessed
+    flops = 2.0 * bh * q[-2] * k[-2] * (q[-1] + v[-1]) * (0.5 if causal else 1.0)
+    moved = _numel(q) + _numel(k) + _numel(v) + bh * q[-2] * v[-1]
+    if backward:
+        return flops * ATTENTION_BACKWARD, 2 * moved
+    return flops, moved
+
+
+def op_work(name: str, args: dict[str, Any]) -> tuple[float, float] | None:
+    """(FLOPs, bytes) of one op from its recorded shapes (see the module for each formula), or
+    None when they do not fit (the op is then counted as unknown).
+
+    Args:
+        name: the op's name, a key of :data:`pardiag.analyzer.trace.vocab.FLOP_OPS`.
+        args: the event's ``args`` (``Input Dims``, ``Input type``, ``Concrete Inputs``).
+    """
+    op_class = vocab.FLOP_OPS.get(name)
+    shapes = _shapes(args)
+    if op_class is None or not any(s is not None for s in shapes):
+        return None
+    size = _elem_bytes(args)
+    if size is None:
+        return None
+    if op_class == "matmul":
+        got = _matmul(name, shapes)
+    elif op_class == "convolution":
+        got = _convolution(name, shapes, args)
+    elif op_class == "attention":
+        got = _attention(name, shapes, args)
+    else:
+        big = max(_numel(s) for s in shapes if s is not None)
+        n_in = sum(_numel(s) for s in shapes if s is not None)
+        backward = name.endswith(("_backward", "_backward_data"))
+        per = {"norm": 10.0 if backward else 5.0, "softmax": 4.0 if backward else 5.0,
+               "elementwise": 1.0}[op_class]
+        got = (per * big, n_in + big)
+    if got is None:
+        return None
+    flops, elements = got
+    return flops, elements * size
+
+
+def _elem_bytes(args: dict[str, Any]) -> int | None:
+    """Element size of the op's first typed input (``Input type``), None when unknown."""
+    types = vocab.INPUT_TYPE.get(args)
+    if not isinstance(types, list):
+        return None
+    for t in types:
+        if isinstance(t, str) and t and t not in ("Scalar", "ScalarList", "GenericList"):
+            return vocab.dtype_bytes(t)
+    return None
+
+
+def _dtype(args: dict[str, Any]) -> str | None:
+    types = vocab.INPUT_TYPE.get(args)
+    if isinstance(types, list):
+        for t in types:
+            if isinstance(t, str) and vocab.dtype_bytes(t) is not None:
+                return DTYPE_NAMES.get(t, t)
+    return None
+
+
+#: ``Input type`` spellings → the dtype names the peak table uses.
+DTYPE_NAMES = {"float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16",
+               "double": "float64", "c10::Float8_e4m3fn": "float8", "c10::Float8_e5m2": "float8",
+               "c10::Float8_e4m3fnuz": "float8", "c10::Float8_e5m2fnuz": "float8"}
+
+
+def empty_flop_ops() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object if c in ("name", "op_class", "dtype")
+                                      else bool if c in ("model", "recomputed") else float)
+                         for c in FLOP_COLUMNS})
+
+
+def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
+    """The counted ops of one rank (see the module): one row each, in time order, with
+    :data:`FLOP_COLUMNS` — ``step`` (the ``ProfilerStep`` it starts in, NaN outside every step),
+    ``ts`` (µs), ``name``, ``op_class``, ``dtype`` (``float32``, ``bfloat16``, …),
+    ``flops`` and ``bytes`` (NaN: unknown), ``cpu_us``, ``device_us`` (µs), ``model`` (its class
+    counts towards model FLOPs, :data:`pardiag.analyzer.trace.vocab.MODEL_FLOP_CLASSES`),
+    ``recomputed`` (a forward-only op that ran inside the autograd engine's backward: the
+    evidence of activation recomputation), ``profiler_flops`` (the profiler's own count where
+    ``with_flops`` recorded one, else NaN).
+
+    ``steps``: the rank's ``ProfilerStep`` windows (``step``, ``start_us``, ``end_us``)."""
+    ev = trace.events
+    if ev is None or ev.empty:
+        return empty_flop_ops()
+    names = ev["name"]
+    mask = ((ev["cat"] == "cpu_op") & names.isin(vocab.FLOP_OPS.keys())).to_numpy()
+    if not mask.any():
+        return empty_flop_ops()
+    ops = ev[mask]
+    ts = ops["ts"].to_numpy(float)
+    end = ts + ops["dur"].to_numpy(float)
+    tids = ops["tid"].to_numpy(object)
+    # innermost: in time order per thread, an op is dropped when the next one starts inside it
+    keep = np.ones(len(ops), dtype=bool)
+    order = np.lexsort((-end, ts, pd.factorize(tids)[0]))
+    codes = pd.factorize(tids)[0][order]
+    nxt_same = np.r_[codes[1:] == codes[:-1], False]
+    inside = np.r_[ts[order][1:] < end[order][:-1], False]
+    keep[order[nxt_same & inside]] = False
+    ops, ts, end, tids = ops[keep], ts[keep], end[keep], tids[keep]
+    rows = []
+    for name, args in zip(ops["name"].tolist(), ops["args"].tolist()):
+        args = args if isinstance(args, dict) else {}
+        work = op_work(name, args)
+        pf = vocab.OP_FLOPS.get(args)
+        rows.append((name, vocab.FLOP_OPS[name], _dtype(args),
+                     work[0] if work else np.nan, work[1] if work else np.nan,
+                     float(pf) if isinstance(pf, (int, float)) else np.nan))
+    out = pd.DataFrame(rows, columns=["name", "op_class", "dtype", "flops", "bytes",
+                                      "profiler_flops"])
+    out.insert(0, "ts", ts)
+    out["cpu_us"] = end - ts
+    out["device_us"] = _device_us(ev, ts, end, tids)
+    out["model"] = out["op_class"].isin(vocab.MODEL_FLOP_CLASSES)
+    out["recomputed"] = (out["name"].isin(vocab.FORWARD_ONLY_OPS).to_numpy()
+                         & _inside_backward(ev, ts, tids))
+    out.insert(0, "step", _step_of(ts, steps))
+    return out[list(FLOP_COLUMNS)].sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def _inside_backward(ev: pd.DataFrame, ts: np.ndarray, tids: np.ndarray) -> np.ndarray:
+    """Whether each time on its thread lies inside an autograd engine backward function
+    (``autograd::engine::evaluate_function: …``, :data:`vocab.BACKWARD_FUNCTION_RE`)."""
+    out = np.zeros(len(ts), dtype=bool)
+    names = ev["name"].astype(str)
+    bw = ev[names.str.match(vocab.BACKWARD_FUNCTION_RE.pattern).to_numpy()]
+    if bw.empty:
+        return out
+    for tid, g in bw.groupby("tid", sort=False):
+        sel = np.flatnonzero(pd.Series(tids, dtype=object).eq(tid).to_numpy())
+        if not len(sel):
+            continue
+        lo = g["ts"].to_numpy(float)
+        hi = lo + g["dur"].to_numpy(float)
+        o = np.argsort(lo)
+        lo, hi = lo[o], np.maximum.accumulate(hi[o])   # outermost reach so far
+        i = np.searchsorted(lo, ts[sel], side="right") - 1
+        out[sel] = (i >= 0) & (ts[sel] < hi[np.clip(i, 0, None)])
+    return out
+
+
+def _step_of(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """The step whose window holds each time (NaN: none)."""
+    out = np.full(len(ts), np.nan)
+    if steps is None or steps.empty:
+        return out
+    st = steps.sort_values("start_us")
+    lo, hi, no = (st[c].to_numpy(float) for c in ("start_us", "end_us", "step"))
+    i = np.searchsorted(lo, ts, side="right") - 1
+    ok = (i >= 0) & (ts < hi[np.clip(i, 0, None)])
+    out[ok] = no[i[ok]]
+    return out
+
+
+def _device_us(ev: pd.DataFrame, ts: np.ndarray, end: np.ndarray, tids: np.ndarray
+               ) -> np.ndarray:
+    """GPU time (µs) of the kernels each counted op launched; NaN without GPU kernels."""
+    gpu = isin_mask(ev["cat"], GPU_CATS)
+    if not gpu.any():
+        return np.full(len(ts), np.nan)
+    kern = ev[gpu & (ev["correlation"] >= 0).to_numpy()]
+    dur_by_corr = kern.groupby("correlation")["dur"].sum()
+    rt = ev[isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver", "runtime"])
+            & ev["correlation"].isin(dur_by_corr.index).to_numpy()]
+    out = np.zeros(len(ts))
+    op_codes, op_tids = pd.factorize(pd.Series(tids, dtype=object))
+    for code, tid in enumerate(op_tids):
+        sel = np.flatnonzero(op_codes == code)
+        o = sel[np.argsort(ts[sel])]
+        calls = rt[rt["tid"] == tid]
+        if calls.empty:
+            continue
+        cts = calls["ts"].to_numpy(float)
+        i = np.searchsorted(ts[o], cts, side="right") - 1
+        ok = (i >= 0) & (cts < end[o][np.clip(i, 0, None)])
+        add = dur_by_corr.reindex(calls["correlation"]).to_numpy(float)
+        np.add.at(out, o[i[ok]], add[ok])
+    return out

@@ -1,0 +1,249 @@
+"""FLOPs, MFU and the roofline (:mod:`pardiag.analyzer.analyses.efficiency`): exact counts on
+synthetic traces with planted ops, torch's own FLOP formulas (``torch.utils.flop_counter``) as
+the independent count on real GPU traces, and an analytic count of the H200 transformer."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch.utils.flop_counter as fc
+from click.testing import CliRunner
+
+from pardiag.analyzer.analyses.efficiency import compute_efficiency
+from pardiag.analyzer.analyses.peaks import device_peak
+from pardiag.analyzer.per_rank.flops import op_work
+from pardiag.analyzer.trace import load_traces
+from pardiag.cli import cli
+
+from .paths import REPO
+from .synth import TraceBuilder
+
+BF16 = "c10::BFloat16"
+#: Planted step: an addmm (under aten::linear), a causal flash attention, a layer norm, and the
+#: addmm's backward (two mm), each with its kernel.
+ADDMM = 2 * 8192 * 512 * 1024
+ATTN = 2 * (2 * 8) * 256 * 256 * (64 + 64) // 2
+LN = 5 * 8192 * 512
+MODEL = 3 * ADDMM + ATTN
+
+
+def _planted(recompute: bool = False, causal_known: bool = True,
+             device: str = "NVIDIA H100 80GB HBM3") -> dict:
+    b = TraceBuilder(rank=0, world_size=1)
+    b.step(1, 0, 1000)
+    b.cpu("aten::linear", 10, 100, args={"Input Dims": [[64, 128, 512], [1024, 512], [1024]],
+                                         "Input type": [BF16] * 3})
+    b.cpu("aten::addmm", 20, 80, args={
+        "Input Dims": [[1024], [8192, 512], [512, 1024], [], []],
+        "Input type": [BF16, BF16, BF16, "Scalar", "Scalar"]})
+    b.kernel("sm90_gemm", 40, 50, launch_ts=30)
+    conc = {"Concrete Inputs": ["", "", "", "0.", "True", "False", ""]} if causal_known else {}
+    b.cpu("aten::scaled_dot_product_attention", 200, 100, args={
+        "Input Dims": [[2, 8, 256, 64]] * 3 + [[]] * 5, "Input type": [BF16] * 3 + [""] * 5})
+    b.cpu("aten::_scaled_dot_product_flash_attention", 210, 80, args={
+        "Input Dims": [[2, 8, 256, 64]] * 3 + [[]] * 4, "Input type": [BF16] * 3 + [""] * 4,
+        **conc})
+    b.kernel("flash_fwd", 230, 40, launch_ts=220)
+    ln_at = 520 if recompute else 400   # inside the backward below: a recomputed forward
+    b.cpu("aten::native_layer_norm", ln_at, 20, args={
+        "Input Dims": [[8192, 512], [], [512], [512], []],
+        "Input type": [BF16, "ScalarList", BF16, BF16, "Scalar"]})
+    b.kernel("layer_norm", ln_at + 5, 10, launch_ts=ln_at + 2)
+    b.cpu("autograd::engine::evaluate_function: AddmmBackward0", 500, 200)
+    for at, dims in ((550, [[8192, 1024], [1024, 512]]), (620, [[1024, 8192], [8192, 512]])):
+        b.cpu("aten::mm", at, 60, args={"Input Dims": dims, "Input type": [BF16, BF16]})
+        b.kernel("sm90_gemm", at + 10, 50, launch_ts=at + 5)
+    doc = b.doc()
+    doc["deviceProperties"] = [{"id": 0, "name": device}]
+    return doc
+
+
+def _report(tmp_path: Path, doc: dict, **kw):
+    path = tmp_path / "rank0.trace.json"
+    path.write_text(json.dumps(doc))
+    return compute_efficiency(load_traces(path, cache=False), **kw)
+
+
+def test_planted_ops_give_exact_flops_bytes_kernel_time_and_mfu(tmp_path):
+    """Innermost ops only (the addmm, not its aten::linear; the flash kernel, not the SDPA
+    wrapper), causal attention halved, kernels attributed through correlation; MFU against the
+    H100's bfloat16 peak and against --peak-tflops."""
+    e = _report(tmp_path, _planted())
+    ops = e.ops.set_index("name")
+    assert sorted(e.ops["name"]) == sorted(["aten::addmm", "aten::mm", "aten::mm",
+                                            "aten::_scaled_dot_product_flash_attention",
+                                            "aten::native_layer_norm"])
+    assert ops.loc["aten::addmm", "flops"] == ADDMM
+    assert ops.loc["aten::addmm", "bytes"] == 2 * (8192 * 512 + 512 * 1024 + 8192 * 1024)
+    assert ops.loc["aten::_scaled_dot_product_flash_attention", "flops"] == ATTN
+    assert ops.loc["aten::native_layer_norm", "flops"] == LN
+    assert ops.loc["aten::addmm", "device_us"] == 50.0
+    assert ops.loc["aten::_scaled_dot_product_flash_attention", "device_us"] == 40.0
+    assert list(e.ops.loc[e.ops["name"] == "aten::mm", "flops"]) == [ADDMM, ADDMM]
+    step = e.per_step.iloc[0]
+    assert (step["model_flops"], step["executed_flops"]) == (MODEL, MODEL + LN)
+    assert step["mfu_pct"] == pytest.approx(100 * MODEL / (1e-3 * 989.4e12), rel=1e-12)
+    assert step["hfu_pct"] == pytest.approx(100 * (MODEL + LN) / (1e-3 * 989.4e12), rel=1e-12)
+    rank = e.per_rank.iloc[0]
+    assert (rank["device"], rank["dtype"], rank["peak_tflops"], rank["bandwidth_gbps"]) == (
+        "H100 SXM", "bfloat16", 989.4, 3350.0)
+    assert e.mfu_pct == pytest.approx(100 * MODEL / (1e-3 * 989.4e12), rel=1e-12)
+    mm = e.per_class.set_index("op_class").loc["matmul"]
+    assert mm["time_us"] == 150.0 and mm["time_basis"] == "device"
+    assert mm["achieved_tflops"] == pytest.approx(3 * ADDMM / 150e-6 / 1e12, rel=1e-12)
+    assert mm["intensity"] == pytest.approx(3 * ADDMM / mm["bytes"], rel=1e-12)
+
+    given = _report(tmp_path, _planted(), peak_tflops=100.0, tokens_per_step=16_384)
+    assert given.per_step.iloc[0]["mfu_pct"] == pytest.approx(100 * MODEL / 1e11, rel=1e-12)
+    assert given.per_rank.iloc[0]["peak_source"] == "--peak-tflops"
+    assert given.per_rank.iloc[0]["tokens_per_s"] == pytest.approx(16_384 / 1e-3)
+
+
+def test_recomputation_unknown_causality_and_an_unknown_device_are_unknown_not_guessed(
+        tmp_path):
+    """A forward op inside the backward makes the model FLOPs unknown (MFU None, HFU stands);
+    an attention whose is_causal was not recorded is not counted; a device missing from the
+    table has no peak."""
+    e = _report(tmp_path, _planted(recompute=True))
+    assert e.per_rank.iloc[0]["recomputed_ops"] == 1
+    assert math.isnan(e.per_step.iloc[0]["model_flops"]) and e.mfu_pct is None
+    assert e.per_step.iloc[0]["hfu_pct"] == pytest.approx(
+        100 * (MODEL + LN) / (1e-3 * 989.4e12), rel=1e-12)
+    assert any("activation recomputation" in n for n in e.notes)
+
+    e = _report(tmp_path, _planted(causal_known=False))
+    assert e.per_step.iloc[0]["model_flops"] == 3 * ADDMM
+    assert e.per_rank.iloc[0]["unknown_ops"] == 1
+    assert any("aten::_scaled_dot_product_flash_attention ×1" in n for n in e.notes)
+
+    e = _report(tmp_path, _planted(device="Some Accelerator 9000"))
+    assert e.per_rank.iloc[0]["peak_tflops"] is None or math.isnan(
+        e.per_rank.iloc[0]["peak_tflops"])
+    assert e.mfu_pct is None
+    assert any("no peak known for device 'Some Accelerator 9000'" in n for n in e.notes)
+
+
+@pytest.mark.parametrize("name,args,expected", [
+    ("aten::mm", {"Input Dims": [[32, 64], [64, 16]], "Input type": ["float"] * 2},
+     fc.mm_flop([32, 64], [64, 16])),
+    ("aten::bmm", {"Input Dims": [[4, 32, 64], [4, 64, 16]], "Input type": ["float"] * 2},
+     fc.bmm_flop([4, 32, 64], [4, 64, 16])),
+    ("aten::baddbmm", {"Input Dims": [[4, 32, 16], [4, 32, 64], [4, 64, 16], [], []],
+                       "Input type": ["float"] * 3 + ["Scalar"] * 2},
+     fc.baddbmm_flop([4, 32, 16], [4, 32, 64], [4, 64, 16])),
+    ("aten::convolution", {
+        "Input Dims": [[2, 3, 16, 16], [8, 3, 3, 3], [8], [], [], [], [], [], []],
+        "Input type": ["float"] * 3 + ["ScalarList"] * 3 + ["Scalar", "ScalarList", "Scalar"],
+        "Concrete Inputs": ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]},
+     fc.conv_flop_count([2, 3, 16, 16], [8, 3, 3, 3], [2, 8, 8, 8])),
+    # the weight gradient only (output_mask [False, True, True]): one convolution's count
+    ("aten::convolution_backward", {
+        "Input Dims": [[2, 8, 8, 8], [2, 3, 16, 16], [8, 3, 3, 3]] + [[]] * 8,
+        "Input type": ["float"] * 3 + ["ScalarList"] * 4 + ["Scalar", "ScalarList", "Scalar",
+                                                           "ScalarList"],
+        "Concrete Inputs": ["", "", "", "[8]", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]",
+                            "1", "[False, True, True]"]},
+     fc.conv_flop_count([2, 3, 16, 16], [8, 3, 3, 3], [2, 8, 8, 8])),
+    # not causal: torch's count; backward 2.5x the forward (torch counts the same five matmuls)
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", {
+        "Input Dims": [[2, 4, 8, 16]] * 3 + [[]] * 4, "Input type": ["float"] * 3 + [""] * 4,
+        "Concrete Inputs": ["", "", "", "0.", "False", "", ""]},
+     fc.sdpa_flop_count([2, 4, 8, 16], [2, 4, 8, 16], [2, 4, 8, 16])),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", {
+        "Input Dims": [[2, 4, 8, 16]] * 5 + [[2, 4, 8]] + [[]] * 4,
+        "Input type": ["float"] * 6 + [""] * 4,
+        "Concrete Inputs": ["", "", "", "", "", "", "0.", "False", "", ""]},
+     fc.sdpa_backward_flop_count([2, 4, 8, 16], [2, 4, 8, 16], [2, 4, 8, 16],
+                                 [2, 4, 8, 16])),
+])
+def test_each_formula_agrees_with_torchs_flop_counter(name, args, expected):
+    flops, _bytes = op_work(name, args)
+    assert flops == expected
+
+
+def test_the_peak_table_knows_each_device_by_its_trace_name():
+    assert device_peak("Tesla V100-SXM2-16GB").tflops["float32"] == 15.7
+    assert device_peak("NVIDIA A100-SXM4-80GB").bandwidth_gbps == 2039.0
+    assert device_peak("NVIDIA A100-PG509-200").bandwidth_gbps is None   # memory not named
+    assert device_peak("NVIDIA H100 80GB HBM3").label == "H100 SXM"
+    assert device_peak("NVIDIA H100 PCIe").tflops["bfloat16"] == 756.0
+    assert device_peak("NVIDIA H200").tflops["float8"] == 1978.9
+    assert device_peak("NVIDIA H200 NVL") is None
+    assert device_peak("AMD Instinct MI300X").tflops["bfloat16"] == 1307.4
+    assert device_peak("AMD Radeon Graphics") is None
+
+
+def _torch_count(name: str, dims: list) -> int | None:
+    """torch.utils.flop_counter's count of one GEMM from its recorded shapes."""
+    if name == "aten::mm":
+        return fc.mm_flop(dims[0], dims[1])
+    if name == "aten::addmm":
+        return fc.addmm_flop(dims[0], dims[1], dims[2])
+    if name == "aten::bmm":
+        return fc.bmm_flop(dims[0], dims[1])
+    if name == "aten::baddbmm":
+        return fc.baddbmm_flop(dims[0], dims[1], dims[2])
+    return None
+
+
+@pytest.mark.parametrize("trace", ["dlrm_8rank_v100/worker0_step_12.1694128201545.pt.trace.json.gz",
+                                   "hta_trace_diff_test"])
+def test_gemm_flops_of_real_v100_traces_equal_torchs_count(real_traces, trace):
+    """Every GEMM counted on a real V100 trace has the FLOPs torch's own flop counter gives
+    for its recorded shapes (matched by name and start time), every recorded mm/addmm/bmm is
+    counted, and the matmul class is shown with the V100's float32 peak."""
+    path = real_traces / trace
+    files = sorted(path.glob("*.json*"))[:1] if path.is_dir() else [path]
+    raw = json.loads(gzip.open(files[0]).read() if files[0].suffix == ".gz"
+                     else files[0].read_text())
+    expected = {}
+    for ev in raw["traceEvents"]:
+        args = ev.get("args") or {}
+        if ev.get("cat") == "cpu_op" and "Input Dims" in args:
+            n = _torch_count(ev["name"], args["Input Dims"])
+            if n is not None:
+                expected[(ev["name"], round(float(ev["ts"]), 3))] = n
+    assert len(expected) >= 20
+    e = compute_efficiency(load_traces(files[0], cache=False))
+    mm = e.ops[e.ops["op_class"] == "matmul"]
+    base = float(raw.get("baseTimeNanoseconds", 0)) / 1e3
+    got = {}
+    for name, ts, flops in zip(mm["name"], mm["ts"], mm["flops"]):
+        for key in ((name, round(ts, 3)), (name, round(ts + base, 3))):
+            if key in expected:
+                got[key] = flops
+    assert got.keys() == expected.keys()
+    assert all(got[k] == expected[k] for k in expected)
+    row = e.per_class[e.per_class["op_class"] == "matmul"].iloc[0]
+    assert row["peak_tflops"] == 15.7 and row["time_basis"] == "device"
+    assert 0 < row["achieved_tflops"] < 15.7
+
+
+def test_h200_transformer_model_flops_equal_the_analytic_count():
+    """The H200 bf16 transformer (tests/gpu_traces): 6 · (Linear weights) · tokens for the
+    matmuls, plus causal attention forward 2·B·H·L²·2E/2 and backward 2.5×, per layer; MFU
+    against the H200's 989.4 TFLOP/s; the terminal and JSON show it."""
+    model = json.loads((REPO / "tests" / "gpu_traces" / "h200_transformer_bf16.model.json")
+                       .read_text())
+    m, tokens = model["model"], model["tokens_per_step"]
+    d, ffn, layers = m["d_model"], m["ffn"], m["layers"]
+    weights = layers * (d * 3 * d + d * d + 2 * d * ffn) + d * d   # + the head
+    attn_fwd = 2 * model["batch"] * m["heads"] * model["seq"] ** 2 * 2 * m["head_dim"] / 2
+    analytic = 6 * weights * tokens + layers * attn_fwd * (1 + 2.5)
+    path = REPO / "tests" / "gpu_traces" / "h200_transformer_bf16" / "rank0.trace.json.gz"
+    e = compute_efficiency(load_traces(path, cache=False), tokens_per_step=tokens)
+    assert len(e.per_step) == 3
+    for flops in e.per_step["model_flops"]:
+        assert flops == pytest.approx(analytic, rel=1e-9)
+    for _, s in e.per_step.iterrows():
+        assert s["mfu_pct"] == pytest.approx(100 * analytic / (s["step_us"] / 1e6 * 989.4e12))
+    res = CliRunner().invoke(cli, ["report", str(path), "-o", "/dev/null", "--no-cache",
+                                   "--json", "-", "--tokens-per-step", str(tokens)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout[res.stdout.index("{"):])
+    assert doc["efficiency"]["per_rank"][0]["dtype"] == "bfloat16"
+    assert "MFU " in doc["verdict"] and "H200 SXM's bfloat16 peak" in doc["verdict"]
