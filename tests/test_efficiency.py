@@ -247,3 +247,43 @@ def test_h200_transformer_model_flops_equal_the_analytic_count():
     doc = json.loads(res.stdout[res.stdout.index("{"):])
     assert doc["efficiency"]["per_rank"][0]["dtype"] == "bfloat16"
     assert "MFU " in doc["verdict"] and "H200 SXM's bfloat16 peak" in doc["verdict"]
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_torch_checkpoint_is_seen_as_recomputation(tmp_path, recompute):
+    """A block run under torch.utils.checkpoint (non-reentrant) reruns its forward ops inside
+    the backward: model FLOPs and MFU are unknown, HFU counts the recomputed forward too. The
+    same block without it: model FLOPs are the exact count (forward, the weight gradients, the
+    second layer's input gradient; the input needs none)."""
+    import torch
+    from torch.profiler import profile, schedule
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    lin1, ln, lin2 = torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 64)
+    opt = torch.optim.SGD([*lin1.parameters(), *ln.parameters(), *lin2.parameters()], lr=0.1)
+
+    def block(x):
+        return lin2(torch.nn.functional.gelu(ln(lin1(x))))
+
+    out = tmp_path / "rank0.trace.json"
+    with profile(record_shapes=True, schedule=schedule(wait=0, warmup=1, active=2),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(out))) as prof:
+        for _ in range(3):
+            x = torch.randn(32, 64)
+            y = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+            y.sum().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    e = compute_efficiency(load_traces(out, cache=False), peak_tflops=1.0)
+    rank = e.per_rank.iloc[0]
+    forward = 2 * 32 * (64 * 128 + 128 * 64)
+    if recompute:
+        assert rank["recomputed_ops"] > 0 and math.isnan(rank["model_tflop_per_step"])
+        assert e.mfu_pct is None and rank["hfu_pct"] > 0
+        assert rank["executed_tflop_per_step"] * 1e12 > 2 * forward + 2 * 32 * 128 * 64
+    else:
+        assert rank["recomputed_ops"] == 0
+        assert rank["model_tflop_per_step"] * 1e12 == pytest.approx(
+            forward + forward + 2 * 32 * 128 * 64, rel=1e-12)
