@@ -113,6 +113,9 @@ class Monitor:
         self._groups: dict[int, str] = {}
         self._patched: list[tuple[Any, str, Any]] = []
         self._nested = threading.local()
+        #: (op, on CUDA) whose works have no future (gloo's send and recv): asking again would
+        #: raise again, and a c10 error costs 0.1 ms (it takes a backtrace) on every call
+        self._no_future: set[tuple[int, bool]] = set()
         self._fh = None
         self.lines = 0
         self.keep_calls = keep_calls
@@ -174,14 +177,15 @@ class Monitor:
             rec = mon._call(op, group, _nbytes(tensor) if tensor is not None else 0, t0, t1)
             if rec is not None:
                 first = tensor[0] if isinstance(tensor, (list, tuple)) and tensor else tensor
-                if out is None and not getattr(first, "is_cuda", False):
+                cuda = bool(getattr(first, "is_cuda", False))
+                if out is None and not cuda:
                     rec[6] = t1   # a host collective returns when done (not a CUDA one)
-                else:
+                elif (op, cuda) not in mon._no_future:
                     try:
                         out.get_future().add_done_callback(
                             functools.partial(Monitor._on_done, rec))
                     except Exception:   # a work without a future: completion unknown
-                        pass
+                        mon._no_future.add((op, cuda))
             return out
 
         return wrapper

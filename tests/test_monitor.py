@@ -174,6 +174,42 @@ def test_the_records_a_line_holds(tmp_path):
     assert line["calls"]["done_us"][0] > 1000 and line["calls"]["done_us"][1] == -1
 
 
+def test_a_work_without_a_future_is_asked_for_one_once(tmp_path):
+    """gloo's send and recv works raise on get_future (a c10 error, 0.1 ms with its backtrace):
+    after the first such call of an op, its works are not asked again and their completion is
+    unknown (-1); a collective's works still are."""
+    import torch
+
+    asked = {"isend": 0, "all_reduce": 0}
+
+    class _NoFuture:
+        def get_future(self):
+            asked["isend"] += 1
+            raise RuntimeError("Work::getFuture not implemented.")
+
+    class _Done:
+        def get_future(self):
+            asked["all_reduce"] += 1
+            return self
+
+        def add_done_callback(self, fn):
+            fn(self)
+
+    m = Monitor(tmp_path / "r.jsonl", 0)
+    isend = m._wrap("isend", lambda tensor, dst=None, group=None, tag=0: _NoFuture())
+    all_reduce = m._wrap("all_reduce", lambda tensor, op=None, group=None, async_op=False:
+                         _Done())
+    t = torch.zeros(4)
+    for _ in range(5):
+        isend(t, 1)
+        all_reduce(t, async_op=True)
+    assert asked == {"isend": 1, "all_reduce": 5}
+    sends = [c for c in m._calls if c[2] == OPS.index("isend")]
+    reduces = [c for c in m._calls if c[2] == OPS.index("all_reduce")]
+    assert len(sends) == 5 and all(c[6] == -1 for c in sends)
+    assert len(reduces) == 5 and all(c[6] > 0 for c in reduces)
+
+
 def test_install_and_close_restore_what_they_patch(tmp_path):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import dataloader
