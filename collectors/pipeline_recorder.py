@@ -4,6 +4,7 @@ and, after the script, their modules timed at other microbatch sizes and per lay
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
 import types
@@ -12,6 +13,10 @@ from typing import Any
 import torch
 
 from .hooks import added_cost_us, sync_device
+
+#: Chunk calls kept (the last ones): a bound on a long run's memory; what a run folder keeps of
+#: them is as many (``rank_entry.MAX_PIPELINE_RECORDS``).
+MAX_RECORDS = 50_000
 
 
 class PipelineRecorder:
@@ -36,7 +41,8 @@ class PipelineRecorder:
     """
 
     def __init__(self, step_counter) -> None:
-        self.records: list[dict] = []
+        #: the last :data:`MAX_RECORDS` chunk calls (a long run keeps its recent steps only)
+        self.records: collections.deque[dict] = collections.deque(maxlen=MAX_RECORDS)
         self.layers: dict[tuple[int, int], dict] = {}
         self.recording = False
         self.calls_outside = 0
@@ -147,15 +153,15 @@ class PipelineRecorder:
         stage = types.SimpleNamespace(stage_index=0)
         self._hooked.add(id(stage))
         wrapped = self._wrapper(noop, lambda a, k: "F")
-        n_rec, outside, recording = len(self.records), self.calls_outside, self.recording
+        records, outside, recording = self.records, self.calls_outside, self.recording
+        self.records = collections.deque(maxlen=MAX_RECORDS)   # the run's own are kept whole
         self.recording = False
         try:
             return added_cost_us(wrapped, noop, lambda i: (stage, i), calls, blocks,
-                                  after_block=lambda: self.records.__delitem__(
-                                      slice(n_rec, None)))
+                                  after_block=self.records.clear)
         finally:
             self._hooked.discard(id(stage))
-            self.calls_outside, self.recording = outside, recording
+            self.records, self.calls_outside, self.recording = records, outside, recording
 
     def _ds_wrapper(self, orig, phase: str):
         """DeepSpeed's ``ForwardPass``/``BackwardPass`` instruction (``orig(engine, buffer_id)``)

@@ -33,6 +33,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -488,7 +489,7 @@ def _trace_memory_peaks(events) -> dict:
 
 
 def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict],
-                    pipe_records: list[dict], pipe_layers: list[dict] | None = None,
+                    pipe_records: Sequence[dict], pipe_layers: list[dict] | None = None,
                     optimizer_times: list[tuple[int, int, int]] | None = None,
                     size_scaling: list[dict] | None = None) -> tuple[dict, int]:
     """Comms and pipeline sidecars of a rank whose trace was written; returns (layout, n records).
@@ -534,7 +535,7 @@ def _write_sidecars(out: Path, rank: int, captured: dict, p2p_records: list[dict
         lo = float(events["ts"].min())
         hi = float((events["ts"] + events["dur"]).max())
         rows = []
-        for r in pipe_records[-MAX_PIPELINE_RECORDS:]:
+        for r in list(pipe_records)[-MAX_PIPELINE_RECORDS:]:
             s = (r["start_ns"] - base) / 1000.0
             e = (r["end_ns"] - base) / 1000.0
             row = {"stage": r["stage"], "microbatch": r["microbatch"], "phase": r["phase"],
@@ -968,8 +969,9 @@ def _install_hooks(run: _RankRun) -> None:
                               if run.cfg.get("monitor_capture") else None,
                               keep_calls=bool(run.cfg.get("monitor_calls", True)))
         run.monitor.install()
-    # a window that starts with the script (wait = warmup = 0) records from the first call
-    run.pipe.recording = run.p2p.recording = run.wait + run.warmup == 0
+    # a window that starts with the script (wait = warmup = 0) records from the first call;
+    # a monitored run has no window: they never record (every call would be kept)
+    run.pipe.recording = run.p2p.recording = run.wait + run.warmup == 0 and not monitor_every
     run.hook_handles = [register_optimizer_step_pre_hook(stepper.pre),
                         register_optimizer_step_post_hook(stepper.post)]
     run.refused = _refuse_other_profilers(run.prof) + _keep_destroyed_groups(run.kept_groups)

@@ -176,6 +176,14 @@ def test_live_instances_and_modules_not_imported():
     assert torch.nn.Module in live_objects.scan_classes()
 
 
+def test_the_pipeline_recorder_keeps_its_last_calls_only(fake_stage_base):
+    """A long run's chunk calls are bounded: the last MAX_RECORDS are kept."""
+    pipe = pipeline_recorder.PipelineRecorder(lambda: 0)
+    pipe.records.extend({"microbatch": i} for i in range(pipeline_recorder.MAX_RECORDS + 10))
+    assert len(pipe.records) == pipeline_recorder.MAX_RECORDS
+    assert pipe.records[0]["microbatch"] == 10
+
+
 def test_wrappers_time_their_own_cost_and_leave_no_trace(fake_stage_base):
     """The per-call cost outside the window is measured on a no-op after the run; measuring
     it leaves the recorders as they were (no record, count or buffered call added)."""
@@ -184,7 +192,7 @@ def test_wrappers_time_their_own_cost_and_leave_no_trace(fake_stage_base):
     p2p = comms.P2PRecorder()
     assert pipe.self_cost_us(calls=50, blocks=3) >= 0.0
     assert p2p.self_cost_us(calls=50, blocks=3) >= 0.0
-    assert pipe.records == [] and pipe.calls_outside == 0 and not pipe._hooked
+    assert list(pipe.records) == [] and pipe.calls_outside == 0 and not pipe._hooked
     assert p2p.records == [] and p2p.calls_outside == 0 and len(p2p.recent) == 0
     assert p2p._seq == {}
 
