@@ -56,6 +56,8 @@ _WRAPPED: dict[str, tuple[int, int]] = {
     "all_gather_into_tensor": (2, 0), "reduce_scatter": (3, 1), "reduce_scatter_tensor": (3, 1),
     "all_to_all_single": (4, 1), "all_to_all": (2, 1), "barrier": (0, -1),
     "send": (2, 0), "recv": (2, 0), "isend": (2, 0), "irecv": (2, 0),
+    # FSDP2's gathers and scatters from torch 2.13 (before: the *_tensor forms above)
+    "all_gather_single": (2, 0), "reduce_scatter_single": (3, 1),
 }
 #: Kept op names (an op's index in a line's ``calls.op`` is its position here).
 OPS: tuple[str, ...] = (*_WRAPPED, "ddp_all_reduce")

@@ -210,6 +210,37 @@ def test_a_work_without_a_future_is_asked_for_one_once(tmp_path):
     assert len(reduces) == 5 and all(c[6] > 0 for c in reduces)
 
 
+def test_every_collective_fsdp2_calls_is_monitored(tmp_path):
+    """Each torch.distributed function FSDP2's collectives module calls (torch 2.13:
+    all_gather_single, reduce_scatter_single) is wrapped; on a one-rank gloo group each call
+    is recorded under its own name with its bytes and a completion."""
+    import inspect
+
+    import torch
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+    called = set(re.findall(r"\bdist\.([a-z_]+)\(", inspect.getsource(_fsdp_collectives)))
+    collectives = {n for n in called if n not in ("get_rank", "get_world_size", "is_initialized",
+                                                  "get_process_group_ranks")}
+    assert {"all_gather_single", "reduce_scatter_single"} <= collectives or (
+        "all_gather_into_tensor" in collectives)
+    assert collectives <= set(monitor_mod._WRAPPED), collectives - set(monitor_mod._WRAPPED)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    m = Monitor(tmp_path / "r.jsonl", 0)
+    m.install()
+    try:
+        out, inp = torch.zeros(8), torch.ones(8)
+        dist.all_gather_single(out, inp, async_op=True).wait()
+        dist.reduce_scatter_single(out, inp, async_op=False)
+        calls = [list(c) for c in m._calls]
+    finally:
+        m.close()
+        dist.destroy_process_group()
+    assert [(OPS[c[2]], c[3]) for c in calls] == [("all_gather_single", 32),
+                                                  ("reduce_scatter_single", 32)]
+    assert all(c[6] > 0 for c in calls)
+
+
 def test_install_and_close_restore_what_they_patch(tmp_path):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import dataloader

@@ -47,8 +47,9 @@ from pardiag.errors import PardiagError
 
 #: Ops whose members complete together (their completions align clocks).
 RELEASE_TOGETHER = frozenset({"all_reduce", "all_gather", "all_gather_into_tensor",
-                              "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single",
-                              "all_to_all", "barrier", "ddp_all_reduce"})
+                              "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
+                              "reduce_scatter_single", "all_to_all_single", "all_to_all",
+                              "barrier", "ddp_all_reduce"})
 #: Point-to-point ops: matched by peer, not by group order; left out of arrival delays.
 P2P = frozenset({"send", "recv", "isend", "irecv"})
 
