@@ -287,3 +287,29 @@ def test_torch_checkpoint_is_seen_as_recomputation(tmp_path, recompute):
         assert rank["recomputed_ops"] == 0
         assert rank["model_tflop_per_step"] * 1e12 == pytest.approx(
             forward + forward + 2 * 32 * 128 * 64, rel=1e-12)
+
+
+def test_each_evaluated_change_states_its_predicted_mfu():
+    """On a pipeline sample with a peak given: each change that keeps the global batch states
+    the MFU at the measured and at the predicted step (the ranks' model FLOPs per step over the
+    step × their peaks); the ratio of the two is that of the step times."""
+    from pardiag.api import analyze
+
+    rep = analyze(REPO / "sample_traces" / "pp_1f1b_cpu_2rank", peak_tflops=0.05)
+    doc = rep.to_json()
+    flops = sum(r["model_tflop_per_step"] for r in doc["efficiency"]["per_rank"]) * 1e12
+    peak = 0.05e12 * len(doc["efficiency"]["per_rank"])
+    stated = [c for c in doc["recommendations"] + doc["not_recommended"]
+              if c["predicted_mfu_pct"] is not None]
+    assert stated
+    for c in stated:
+        assert c["measured_mfu_pct"] == pytest.approx(
+            100 * flops / (c["measured_step_us"] / 1e6 * peak), rel=1e-9)
+        assert c["predicted_mfu_pct"] == pytest.approx(
+            100 * flops / (c["predicted_step_us"] / 1e6 * peak), rel=1e-9)
+    for c in doc["recommendations"] + doc["not_recommended"]:
+        if c["ruled_out"] or c["batch"].get("global_batch_changes"):
+            assert c["predicted_mfu_pct"] is None
+    plain = analyze(REPO / "sample_traces" / "pp_1f1b_cpu_2rank").to_json()
+    assert all(c["predicted_mfu_pct"] is None
+               for c in plain["recommendations"] + plain["not_recommended"])

@@ -366,6 +366,12 @@ class RecommendationEntry(msgspec.Struct, kw_only=True, frozen=True):
             ``recommendations``.
         settle: What would settle it: more steps, pinned ranks (``--pin-cpu``), a run of the
             change. Null/absent: ``""`` when nothing would, and in ``recommendations``.
+        measured_mfu_pct: The run's MFU at ``measured_step_us``: the ranks' model FLOPs per
+            step over the step × the ranks' peaks (see ``efficiency``). Unit: %. Null/absent:
+            ``null`` when the model FLOPs or a peak are unknown, the change is ruled out, or it
+            changes the global batch.
+        predicted_mfu_pct: The same at ``predicted_step_us``. Unit: %. Null/absent: as
+            ``measured_mfu_pct``.
     """
 
     kind: str
@@ -388,6 +394,8 @@ class RecommendationEntry(msgspec.Struct, kw_only=True, frozen=True):
     predicted_high_us: Number | None = None
     reason: str = ""
     settle: str = ""
+    measured_mfu_pct: Number | None = None
+    predicted_mfu_pct: Number | None = None
 
 
 class HtaIdle(msgspec.Struct, kw_only=True, frozen=True):

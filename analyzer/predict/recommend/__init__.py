@@ -24,7 +24,7 @@ from .context import RuleContext, StepNoise, build_context, clean_step_us, ms
 from .findings import identify_straggler
 from .policy import DEGREE_KINDS, MEMORY_KINDS, MIN_GAIN_PCT, rank
 from .rules import RULES, Rule
-from .types import STEP_BASES, Recommendation, RecommendationResult, StepTime
+from .types import STEP_BASES, Recommendation, RecommendationResult, StepTime, with_mfu
 from .verdict import steps_unrecorded, verdict
 
 __all__ = ["DEGREE_KINDS", "MEMORY_KINDS", "MIN_GAIN_PCT", "PipelineModel", "RULES",
@@ -146,6 +146,19 @@ def _nothing_to_change(ctx: RuleContext) -> str:
             "setting to change")
 
 
+def _model_flops_and_peak(ctx) -> tuple[float | None, float | None]:
+    """(the ranks' model FLOPs per step summed, their peaks summed in FLOP/s), each None where
+    any rank's is unknown (:mod:`pardiag.analyzer.analyses.efficiency`)."""
+    eff = ctx.efficiency
+    if eff is None or eff.per_rank.empty or eff.mfu_pct is None:
+        return None, None
+    pr = eff.per_rank
+    if pr["model_tflop_per_step"].isna().any() or pr["peak_tflops"].isna().any():
+        return None, None
+    return (float(pr["model_tflop_per_step"].sum()) * 1e12,
+            float(pr["peak_tflops"].sum()) * 1e12)
+
+
 def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResult:
     """Evaluate the changes pardiag models and rank those predicted to help.
 
@@ -184,6 +197,9 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     good, rejected, rule, margin = rank(
         cands, clean if use_clean else ctx.step,
         ctx.model.period_us if ctx.model is not None else None, ctx.contention is not None)
+    flops, peak = _model_flops_and_peak(ctx)
+    good = tuple(with_mfu(c, flops, peak) for c in good)
+    rejected = tuple(with_mfu(c, flops, peak) for c in rejected)
     why_none = ""
     if not good:
         why_none = ("every change evaluated is ruled out by the model's shapes or batch"

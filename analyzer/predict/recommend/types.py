@@ -54,6 +54,10 @@ class Recommendation:
             under the interleaving margin); empty when recommended.
         settle: for a change not recommended, what would settle it (more steps, pinned ranks,
             a run of the change); empty when nothing would.
+        measured_mfu_pct, predicted_mfu_pct: the run's MFU at ``measured_step_us`` and at
+            ``predicted_step_us`` (%): its model FLOPs per step over the step × the ranks' peaks
+            (:func:`with_mfu`); None where the model FLOPs or a peak are unknown, or the change
+            alters the global batch (and with it the FLOPs per step).
     """
 
     kind: str
@@ -77,6 +81,8 @@ class Recommendation:
     predicted_high_us: float = float("nan")
     reason: str = ""
     settle: str = ""
+    measured_mfu_pct: float | None = None
+    predicted_mfu_pct: float | None = None
 
     @property
     def interval_known(self) -> bool:
@@ -104,6 +110,23 @@ class Recommendation:
         out = dataclasses.asdict(self) | {"evidence": list(self.evidence),
                                           "caveats": list(self.caveats)}
         return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
+
+
+def with_mfu(rec: Recommendation, flops_per_step: float | None,
+             peak_flops: float | None) -> Recommendation:
+    """``rec`` with its MFU at the measured and the predicted step: ``flops_per_step`` (the
+    ranks' model FLOPs per step, summed) / (step × ``peak_flops``, the ranks' peaks summed,
+    FLOP/s), in %. Unchanged where either is unknown, the change is ruled out, or it alters the
+    global batch (the FLOPs per step change with it)."""
+    if (not flops_per_step or not peak_flops or rec.ruled_out
+            or (rec.batch or {}).get("global_batch_changes")):
+        return rec
+
+    def mfu(us: float) -> float | None:
+        return 100.0 * flops_per_step / (us / 1e6 * peak_flops) if us and us > 0 else None
+
+    return dataclasses.replace(rec, measured_mfu_pct=mfu(rec.measured_step_us),
+                               predicted_mfu_pct=mfu(rec.predicted_step_us))
 
 
 def ruled_out(kind: str, title: str, change: str, params: dict, measured: float,
