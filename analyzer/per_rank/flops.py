@@ -292,8 +292,9 @@ def _inside_backward(ev: pd.DataFrame, ts: np.ndarray, tids: np.ndarray) -> np.n
     """Whether each time on its thread lies inside an autograd engine backward function
     (``autograd::engine::evaluate_function: …``, :data:`vocab.BACKWARD_FUNCTION_RE`)."""
     out = np.zeros(len(ts), dtype=bool)
-    names = ev["name"].astype(str)
-    bw = ev[names.str.match(vocab.BACKWARD_FUNCTION_RE.pattern).to_numpy()]
+    codes, uniques = pd.factorize(ev["name"], use_na_sentinel=False)
+    hit = np.array([bool(vocab.BACKWARD_FUNCTION_RE.match(str(u))) for u in uniques], dtype=bool)
+    bw = ev[hit[codes]] if len(uniques) else ev.iloc[:0]
     if bw.empty:
         return out
     for tid, g in bw.groupby("tid", sort=False):
