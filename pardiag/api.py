@@ -291,6 +291,20 @@ class _Null:
         pass
 
 
+def positive_number(name: str, value: object) -> None:
+    """Refuse ``value`` unless it is None or a positive, finite number.
+
+    Raises:
+        PardiagError: one line naming ``name`` and the value."""
+    import math
+
+    if value is None:
+        return
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value <= 0):
+        raise PardiagError(f"{name} must be a positive, finite number; got {value!r}")
+
+
 def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[str] = (),
             cache: bool = True, workers: int | None = None, progress=None,
             hta: bool = False, mixed_runs: bool = False,
@@ -327,10 +341,14 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
         :class:`Report`; loading's warnings are in :attr:`Report.warnings`.
 
     Raises:
-        PardiagError: a bad ``comm_kernels`` pattern (exit code 2 on the command line).
+        PardiagError: a bad ``comm_kernels`` pattern, or a ``peak_tflops`` or
+            ``tokens_per_step`` that is not a positive, finite number (exit code 2 on the
+            command line).
         TraceError: a path does not exist, no readable trace is found, or the paths hold
             different runs (the message names the file and the problem).
     """
+    for name, value in (("peak_tflops", peak_tflops), ("tokens_per_step", tokens_per_step)):
+        positive_number(name, value)
     runs = repeat_runs(paths)
     if runs:
         folder = runs[0].parent

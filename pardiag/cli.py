@@ -259,6 +259,19 @@ def cli() -> None:
 
 
 
+def _positive_option(ctx, param, value):
+    """A click callback: the option's value unless it is not a positive, finite number (then a
+    usage error naming the option)."""
+    from pardiag.api import positive_number
+
+    try:
+        positive_number(param.opts[0], value)
+    except PardiagError as exc:
+        raise click.BadParameter(str(exc)[len(param.opts[0]) + 1:], ctx=ctx,
+                                 param=param) from None
+    return value
+
+
 def _write_json(data: bytes, json_out: Path) -> None:
     """Write a JSON document to ``json_out``, or to stdout when it is ``-``.
 
@@ -545,11 +558,11 @@ def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int
               default=None, metavar="DIR",
               help="Of a monitored run (profile --monitor): also write its per-rank, per-step "
                    "scalars as TensorBoard event files under DIR (needs tensorboard).")
-@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--peak-tflops", type=float, default=None, callback=_positive_option,
               metavar="TFLOPS",
               help="The peak (dense TFLOP/s per rank) MFU is computed against, over the device "
                    "table's and the one pardiag profile measures on a CPU.")
-@click.option("--tokens-per-step", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--tokens-per-step", type=float, default=None, callback=_positive_option,
               metavar="N", help="Tokens each rank processes per step: the report adds tokens/s.")
 @click.option("--mlflow", "mlflow_uri", default=None, metavar="URI",
               help="Of a monitored run: also log its scalars as one MLflow run to the tracking "
@@ -579,6 +592,12 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 
     if (len(paths) == 1 and paths[0].is_dir() and is_monitored(paths[0])
             and not any(paths[0].glob("rank*.trace.json.gz"))):
+        for flag, number in (("--peak-tflops", peak_tflops),
+                             ("--tokens-per-step", tokens_per_step)):
+            if number is not None:
+                raise PardiagError(f"{flag}: only for a traced run; a monitored run records no "
+                                   f"FLOPs (its deep captures are traced: report a capture-S "
+                                   f"folder)")
         _monitor_report(paths[0], output, json_out, cdn, quiet,
                         {"tensorboard": tensorboard, "mlflow": mlflow_uri, "wandb": wandb_dir})
         return

@@ -48,11 +48,12 @@ def _planted(recompute: bool = False, causal_known: bool = True,
         "Input Dims": [[2, 8, 256, 64]] * 3 + [[]] * 4, "Input type": [BF16] * 3 + [""] * 4,
         **conc})
     b.kernel("flash_fwd", 230, 40, launch_ts=220)
-    ln_at = 520 if recompute else 400   # inside the backward below: a recomputed forward
-    b.cpu("aten::native_layer_norm", ln_at, 20, args={
-        "Input Dims": [[8192, 512], [], [512], [512], []],
-        "Input type": [BF16, "ScalarList", BF16, BF16, "Scalar"]})
-    b.kernel("layer_norm", ln_at + 5, 10, launch_ts=ln_at + 2)
+    # with recompute, the layer norm runs again inside the backward below, with its shapes
+    for ln_at in (400, 520) if recompute else (400,):
+        b.cpu("aten::native_layer_norm", ln_at, 20, args={
+            "Input Dims": [[8192, 512], [], [512], [512], []],
+            "Input type": [BF16, "ScalarList", BF16, BF16, "Scalar"]})
+        b.kernel("layer_norm", ln_at + 5, 10, launch_ts=ln_at + 2)
     b.cpu("autograd::engine::evaluate_function: AddmmBackward0", 500, 200)
     for at, dims in ((550, [[8192, 1024], [1024, 512]]), (620, [[1024, 8192], [8192, 512]])):
         b.cpu("aten::mm", at, 60, args={"Input Dims": dims, "Input type": [BF16, BF16]})
@@ -112,11 +113,12 @@ def test_recomputation_unknown_causality_and_an_unknown_device_are_unknown_not_g
     assert e.per_rank.iloc[0]["recomputed_ops"] == 1
     assert math.isnan(e.per_step.iloc[0]["model_flops"]) and e.mfu_pct is None
     assert e.per_step.iloc[0]["hfu_pct"] == pytest.approx(
-        100 * (MODEL + LN) / (1e-3 * 989.4e12), rel=1e-12)
+        100 * (MODEL + 2 * LN) / (1e-3 * 989.4e12), rel=1e-12)
     assert any("activation recomputation" in n for n in e.notes)
 
     e = _report(tmp_path, _planted(causal_known=False))
-    assert e.per_step.iloc[0]["model_flops"] == 3 * ADDMM
+    assert math.isnan(e.per_step.iloc[0]["model_flops"]) and e.mfu_pct is None
+    assert math.isnan(e.per_rank.iloc[0]["mfu_pct"])
     assert e.per_rank.iloc[0]["unknown_ops"] == 1
     assert any("aten::_scaled_dot_product_flash_attention ×1" in n for n in e.notes)
 
@@ -148,6 +150,12 @@ def test_recomputation_unknown_causality_and_an_unknown_device_are_unknown_not_g
         "Concrete Inputs": ["", "", "", "[8]", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]",
                             "1", "[False, True, True]"]},
      fc.conv_flop_count([2, 3, 16, 16], [8, 3, 3, 3], [2, 8, 8, 8])),
+    # transposed (stride 2, output padding 1): counted over the input's positions
+    ("aten::convolution", {
+        "Input Dims": [[2, 8, 7, 7], [8, 4, 3, 3], [4], [], [], [], [], [], []],
+        "Input type": ["float"] * 3 + ["ScalarList"] * 3 + ["Scalar", "ScalarList", "Scalar"],
+        "Concrete Inputs": ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "True", "[1, 1]", "1"]},
+     fc.conv_flop_count([2, 8, 7, 7], [8, 4, 3, 3], [2, 4, 14, 14], transposed=True)),
     # not causal: torch's count; backward 2.5x the forward (torch counts the same five matmuls)
     ("aten::_scaled_dot_product_flash_attention_for_cpu", {
         "Input Dims": [[2, 4, 8, 16]] * 3 + [[]] * 4, "Input type": ["float"] * 3 + [""] * 4,
@@ -249,7 +257,7 @@ def test_h200_transformer_model_flops_equal_the_analytic_count():
     assert "MFU " in doc["verdict"] and "H200 SXM's bfloat16 peak" in doc["verdict"]
 
 
-@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("recompute", [False, True, "custom"])
 def test_torch_checkpoint_is_seen_as_recomputation(tmp_path, recompute):
     """A block run under torch.utils.checkpoint (non-reentrant) reruns its forward ops inside
     the backward: model FLOPs and MFU are unknown, HFU counts the recomputed forward too. The
@@ -263,15 +271,27 @@ def test_torch_checkpoint_is_seen_as_recomputation(tmp_path, recompute):
     lin1, ln, lin2 = torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 64)
     opt = torch.optim.SGD([*lin1.parameters(), *ln.parameters(), *lin2.parameters()], lr=0.1)
 
+    class Scaled(torch.autograd.Function):
+        """A backward that calls addmm on its gradients: no recomputation."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.addmm(g, g, torch.eye(g.shape[1]))
+
     def block(x):
-        return lin2(torch.nn.functional.gelu(ln(lin1(x))))
+        y = lin2(torch.nn.functional.gelu(ln(lin1(x))))
+        return Scaled.apply(y) if recompute == "custom" else y
 
     out = tmp_path / "rank0.trace.json"
     with profile(record_shapes=True, schedule=schedule(wait=0, warmup=1, active=2),
                  on_trace_ready=lambda p: p.export_chrome_trace(str(out))) as prof:
         for _ in range(3):
             x = torch.randn(32, 64)
-            y = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+            y = checkpoint(block, x, use_reentrant=False) if recompute is True else block(x)
             y.sum().backward()
             opt.step()
             opt.zero_grad()
@@ -279,14 +299,15 @@ def test_torch_checkpoint_is_seen_as_recomputation(tmp_path, recompute):
     e = compute_efficiency(load_traces(out, cache=False), peak_tflops=1.0)
     rank = e.per_rank.iloc[0]
     forward = 2 * 32 * (64 * 128 + 128 * 64)
-    if recompute:
+    if recompute is True:
         assert rank["recomputed_ops"] > 0 and math.isnan(rank["model_tflop_per_step"])
         assert e.mfu_pct is None and rank["hfu_pct"] > 0
         assert rank["executed_tflop_per_step"] * 1e12 > 2 * forward + 2 * 32 * 128 * 64
     else:
         assert rank["recomputed_ops"] == 0
+        extra = 2 * 32 * 64 * 64 if recompute == "custom" else 0   # the backward's own addmm
         assert rank["model_tflop_per_step"] * 1e12 == pytest.approx(
-            forward + forward + 2 * 32 * 128 * 64, rel=1e-12)
+            forward + forward + 2 * 32 * 128 * 64 + extra, rel=1e-12)
 
 
 def test_each_evaluated_change_states_its_predicted_mfu():
@@ -313,3 +334,37 @@ def test_each_evaluated_change_states_its_predicted_mfu():
     plain = analyze(REPO / "sample_traces" / "pp_1f1b_cpu_2rank").to_json()
     assert all(c["predicted_mfu_pct"] is None
                for c in plain["recommendations"] + plain["not_recommended"])
+
+
+def test_a_peak_or_token_count_that_is_not_a_positive_number_is_one_line(tmp_path):
+    """--peak-tflops and --tokens-per-step: 0, negative, NaN, inf and text are refused in one
+    line (exit 2), as in the API; a peak below what the rank reached is said, the verdict names
+    the given peak; on a monitored run both options are refused."""
+    import pardiag
+    from pardiag.errors import PardiagError
+
+    sample = str(REPO / "sample_traces" / "ddp_cpu_2rank")
+    for bad in ("0", "-1", "nan", "inf", "abc"):
+        for opt in ("--peak-tflops", "--tokens-per-step"):
+            res = CliRunner().invoke(cli, ["report", sample, "-o", str(tmp_path / "r.html"),
+                                           "-q", f"{opt}={bad}"])
+            assert res.exit_code == 2 and f"Invalid value for '{opt}'" in res.output, res.output
+    for bad in (0, -1.0, float("nan"), "abc", True):
+        with pytest.raises(PardiagError, match="peak_tflops must be a positive, finite number"):
+            pardiag.analyze(sample, peak_tflops=bad)
+    rep = pardiag.analyze(sample, peak_tflops=1e-6)
+    assert any("no device runs above its peak" in n for n in rep.efficiency.notes)
+    assert "of the given peak (--peak-tflops 1e-06)" in rep.verdict
+    run = tmp_path / "monitored"
+    (run / "pardiag").mkdir(parents=True)
+    (run / "pardiag" / "rank0.monitor.jsonl").write_text("")
+    res = CliRunner().invoke(cli, ["report", str(run), "--tokens-per-step", "8"])
+    assert res.exit_code == 2 and "--tokens-per-step: only for a traced run" in res.output
+
+
+def test_a_trace_without_shapes_has_no_flops_and_says_why(real_traces):
+    """A real V100 trace recorded without record_shapes: no per-rank row (no 0.0 FLOPs), one
+    note naming the rank."""
+    e = compute_efficiency(load_traces(real_traces / "ddp_2rank_v100_rank0", cache=False))
+    assert e.per_rank.empty and e.mfu_pct is None
+    assert any(n.startswith("rank 0: none of its") and "record_shapes" in n for n in e.notes)

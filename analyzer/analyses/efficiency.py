@@ -82,6 +82,29 @@ class EfficiencyResult:
     mfu_pct: float | None
     notes: tuple[str, ...]
 
+    def totals(self) -> tuple[float, float] | None:
+        """(the ranks' model FLOPs per step summed, their peaks summed in FLOP/s): what the
+        run's MFU at a step time ``T`` is, ``flops / (T × peak)``; None where any rank's model
+        FLOPs or peak are unknown."""
+        pr = self.per_rank
+        if (pr.empty or pr["model_tflop_per_step"].isna().any()
+                or pr["peak_tflops"].isna().any()):
+            return None
+        return (float(pr["model_tflop_per_step"].sum()) * 1e12,
+                float(pr["peak_tflops"].sum()) * 1e12)
+
+    def peak_text(self) -> str:
+        """Whose peak MFU is against: ``"the H200 SXM's bfloat16 peak"``, ``"the measured CPU
+        float32 peak"``, ``"the given peak (--peak-tflops 500)"``; ``""`` without a peak."""
+        pr = self.per_rank.dropna(subset=["peak_tflops"])
+        if pr.empty:
+            return ""
+        if (pr["peak_source"] == "--peak-tflops").all():
+            return f"the given peak (--peak-tflops {float(pr['peak_tflops'].iloc[0]):g})"
+        names = sorted({f"the measured CPU {t}" if d == "cpu" else f"the {d}'s {t}"
+                        for d, t in zip(pr["device"], pr["dtype"])})
+        return ", ".join(names) + " peak"
+
 
 def _device_name(trace: RankTrace, meta) -> str | None:
     """The rank's device name: ``deviceProperties`` when every entry names the same device,
@@ -97,20 +120,24 @@ def _device_name(trace: RankTrace, meta) -> str | None:
 
 def _peak(trace: RankTrace, meta, dtype: str | None, override: float | None,
           notes: list[str]) -> tuple[float | None, str | None, float | None, str]:
-    """(peak TFLOP/s, its source, bandwidth GB/s, device label) of one rank."""
+    """(peak TFLOP/s, its source, bandwidth GB/s, device label) of one rank; where it is
+    unknown, ``notes`` says why."""
     kind = device_kind(trace)
+    r = trace.rank
     if kind == "cpu":
         label = "cpu"
-        measured = (getattr(meta, "peak_flops", None) or {}).get(dtype or "")
+        measured = getattr(meta, "peak_flops", None) or {}
         if override is not None:
             return override, "--peak-tflops", None, label
-        if measured:
-            return float(measured) / 1e12, MEASURED_SOURCE, None, label
+        if dtype is None:
+            return None, None, None, label   # no model FLOPs: said by the caller
+        if measured.get(dtype):
+            return float(measured[dtype]) / 1e12, MEASURED_SOURCE, None, label
         why = ("its trace was not recorded by pardiag profile, which measures one" if meta is None
-               else "its metadata holds no measured peak (recorded by a pardiag that measured "
-                    "none)")
-        notes.append(f"rank {trace.rank}: no {dtype or ''} peak for its CPU: {why}; give "
-                     f"--peak-tflops")
+               else f"the rank measured only {', '.join(sorted(measured))} when it started"
+               if measured else "its metadata holds no measured peak (recorded by a pardiag "
+                                "that measured none)")
+        notes.append(f"rank {r}: no {dtype} peak for its CPU: {why}; give --peak-tflops")
         return None, None, None, label
     name = _device_name(trace, meta)
     peak = device_peak(name)
@@ -118,35 +145,45 @@ def _peak(trace: RankTrace, meta, dtype: str | None, override: float | None,
     bw = peak.bandwidth_gbps if peak is not None else None
     if override is not None:
         return override, "--peak-tflops", bw, label
+    if dtype is None:
+        return None, None, bw, label
     if peak is None:
-        notes.append(f"rank {trace.rank}: no peak known for device {name!r}: give --peak-tflops")
+        notes.append(f"rank {r}: " + (f"no peak known for device {name!r}" if name else
+                                      "the trace names no device (no deviceProperties)")
+                     + ": give --peak-tflops")
         return None, None, None, label
-    if dtype is None or dtype not in peak.tflops:
-        notes.append(f"rank {trace.rank}: {peak.label} has no {dtype or 'known'} peak in the "
-                     f"table: give --peak-tflops")
+    if dtype not in peak.tflops:
+        notes.append(f"rank {r}: {peak.label} has no {dtype} peak in the table: give "
+                     f"--peak-tflops")
         return None, None, bw, label
     if dtype == "float32" and "tf32" in peak.tflops:
-        notes.append(f"rank {trace.rank}: float32 matmuls on {peak.label} are measured against "
-                     f"its float32 peak ({peak.tflops['float32']:g} TFLOP/s); where TF32 is "
-                     f"allowed they run against {peak.tflops['tf32']:g} (the trace does not say "
-                     f"which)")
+        notes.append(f"rank {r}: float32 matmuls on {peak.label} are measured against its "
+                     f"float32 peak ({peak.tflops['float32']:g} TFLOP/s); where TF32 is allowed "
+                     f"they run against {peak.tflops['tf32']:g} (the trace does not say which)")
     return peak.tflops[dtype], f"{peak.label} {dtype}: {peak.source}", bw, label
 
 
 def _steps_table(ops: pd.DataFrame, steps: pd.DataFrame, peak: float | None,
                  recomputed: bool, tokens: float | None) -> pd.DataFrame:
-    """One rank's per-step rows (:data:`STEP_COLUMNS` less ``rank``)."""
+    """One rank's per-step rows (:data:`STEP_COLUMNS` less ``rank``). A step's model FLOPs
+    are unknown (NaN) when one of its model-class ops is, or with recomputation; its executed
+    FLOPs when any of its ops is."""
     st = steps.sort_values("step")
     step_us = (st["end_us"] - st["start_us"]).to_numpy(float)
     in_step = ops[ops["step"].notna()]
     g = in_step.groupby("step")
-    model = g.apply(lambda d: d.loc[d["model"], "flops"].sum(min_count=0), include_groups=False)
+    model = in_step[in_step["model"]].groupby("step")["flops"].sum(min_count=1)
+    model_unknown = in_step[in_step["model"]].groupby("step")["flops"].apply(
+        lambda x: bool(x.isna().any()))
     executed = g["flops"].sum()
-    unknown = g["flops"].apply(lambda s: int(s.isna().sum()))
+    unknown = g["flops"].apply(lambda x: int(x.isna().sum()))
     out = pd.DataFrame({"step": st["step"].to_numpy(), "step_us": step_us})
     out["model_flops"] = out["step"].map(model).fillna(0.0).to_numpy(float)
+    out.loc[out["step"].map(model_unknown).fillna(False).astype(bool).to_numpy(),
+            "model_flops"] = np.nan
     out["executed_flops"] = out["step"].map(executed).fillna(0.0).to_numpy(float)
     out["unknown_ops"] = out["step"].map(unknown).fillna(0).astype(int)
+    out.loc[out["unknown_ops"].to_numpy() > 0, "executed_flops"] = np.nan
     if recomputed:
         out["model_flops"] = np.nan
     sec = out["step_us"] / 1e6
@@ -176,6 +213,11 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
         if ops is None or ops.empty:
             continue
         op_rows.append(ops.assign(rank=rank))
+        if not ops["flops"].notna().any():
+            notes.append(f"rank {rank}: none of its {len(ops)} matmul, convolution, attention "
+                         f"or other counted ops has shapes that fit its formula (recorded "
+                         f"without record_shapes?): its FLOPs are unknown")
+            continue
         model = ops[ops["model"] & ops["flops"].notna()]
         by_dtype = model.groupby("dtype")["flops"].sum()
         dtype = str(by_dtype.idxmax()) if len(by_dtype) else None
@@ -193,27 +235,40 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
         per = _steps_table(ops, steps, peak, n_re > 0, tokens_per_step).assign(rank=rank)
         step_rows.append(per)
         mfu = per["mfu_pct"]
+
+        def med(col: str, per: pd.DataFrame = per) -> float:   # unknown in a step: unknown
+            return float(per[col].median(skipna=False))
+
         rank_rows.append({
             "rank": rank, "device": label, "dtype": dtype, "peak_tflops": peak,
             "peak_source": source, "bandwidth_gbps": bw, "steps": len(per),
-            "model_tflop_per_step": per["model_flops"].median() / 1e12,
-            "executed_tflop_per_step": per["executed_flops"].median() / 1e12,
-            "achieved_tflops": per["achieved_tflops"].median(),
-            "mfu_pct": mfu.median(), "mfu_pct_min": mfu.min(), "mfu_pct_max": mfu.max(),
-            "hfu_pct": per["hfu_pct"].median(), "tokens_per_s": per["tokens_per_s"].median(),
+            "model_tflop_per_step": med("model_flops") / 1e12,
+            "executed_tflop_per_step": med("executed_flops") / 1e12,
+            "achieved_tflops": med("achieved_tflops"),
+            "mfu_pct": med("mfu_pct"), "mfu_pct_min": float(mfu.min(skipna=False)),
+            "mfu_pct_max": float(mfu.max(skipna=False)),
+            "hfu_pct": med("hfu_pct"), "tokens_per_s": med("tokens_per_s"),
             "recomputed_ops": n_re, "unknown_ops": int(ops["flops"].isna().sum())})
+        top = float(np.nanmax([mfu.max(), per["hfu_pct"].max(), -1.0]))
+        if top > 100.0:
+            notes.append(f"rank {rank}: {top:.0f}% of the peak ({peak:g} TFLOP/s, {source}): "
+                         f"no device runs above its peak, so the peak is too low for this rank "
+                         f"(or its FLOPs are miscounted)")
     ops_all = (pd.concat(op_rows, ignore_index=True) if op_rows
                else empty_flop_ops().assign(rank=pd.Series(dtype=np.int64)))
     ops_all = ops_all[["rank", *FLOP_COLUMNS]]
     per_step = (pd.concat(step_rows, ignore_index=True)[list(STEP_COLUMNS)] if step_rows
                 else pd.DataFrame(columns=list(STEP_COLUMNS)))
     per_rank = pd.DataFrame(rank_rows, columns=list(RANK_COLUMNS))
-    unknown = int(ops_all["flops"].isna().sum())
+    # ops of the ranks whose ops fit no formula at all are said per rank above
+    shaped = ops_all[ops_all["rank"].isin(per_rank["rank"])]
+    unknown = int(shaped["flops"].isna().sum())
     if unknown:
-        names = ops_all.loc[ops_all["flops"].isna(), "name"].value_counts()
+        names = shaped.loc[shaped["flops"].isna(), "name"].value_counts()
         notes.append(f"{unknown} op(s) without shapes that fit their formula are not counted "
                      f"(" + ", ".join(f"{n} ×{c}" for n, c in names.head(4).items()) + "): "
-                     "their FLOPs are unknown, the totals leave them out")
+                     "their FLOPs are unknown, and so are the model FLOPs and MFU of the steps "
+                     "that hold a matmul, convolution or attention among them")
     return EfficiencyResult(ops=ops_all, per_step=per_step, per_rank=per_rank,
                             per_class=_per_class(ops_all, traces, per_rank),
                             mfu_pct=_run_mfu(per_step, per_rank), notes=tuple(notes))

@@ -127,28 +127,57 @@ def _conv_out(size: list[int], kernel: list[int], stride: Any, padding: Any,
 
 
 def _convolution(name: str, shapes: list[Any], args: dict[str, Any]) -> tuple[float, float] | None:
+    """Convolution FLOPs: ``2·N·Πw·Π(output spatial)``, or ``Π(input spatial)`` for a
+    transposed one (``torch.utils.flop_counter.conv_flop_count``'s count)."""
     if name == "aten::convolution":
         if len(shapes) < 2 or shapes[0] is None or shapes[1] is None:
             return None
         x, w = shapes[0], shapes[1]
-        if _concrete(args, 6):   # transposed: not counted
+        transposed = _concrete(args, 6)
+        if len(x) != len(w) or not isinstance(transposed, bool):
             return None
+        if transposed:
+            out = _conv_transposed_out(x[2:], w[2:], args)
+            if out is None:
+                return None
+            groups = _concrete(args, 8)
+            c_out = w[1] * (groups if isinstance(groups, int) else 1)
+            return (2.0 * x[0] * _numel(w) * _numel(x[2:]),
+                    _numel(x) + _numel(w) + x[0] * c_out * _numel(out))
         out = _conv_out(x[2:], w[2:], _concrete(args, 3), _concrete(args, 4), _concrete(args, 5))
-        if out is None or len(x) != len(w):
+        if out is None:
             return None
-        macs = x[0] * w[0] * _numel(w[1:]) * _numel(out)
-        return 2.0 * macs, _numel(x) + _numel(w) + x[0] * w[0] * _numel(out)
-    # convolution_backward(grad_output, input, weight, bias_sizes, ..., output_mask)
+        return 2.0 * x[0] * _numel(w) * _numel(out), _numel(x) + _numel(w) + x[0] * w[0] * _numel(
+            out)
+    # convolution_backward(grad_output, input, weight, bias_sizes, ..., transposed, ...,
+    # output_mask)
     if len(shapes) < 3 or any(s is None for s in shapes[:3]):
         return None
     g, x, w = shapes[0], shapes[1], shapes[2]
     mask = _concrete(args, 10)
+    transposed = _concrete(args, 7)
     grads = (sum(bool(m) for m in mask[:2]) if isinstance(mask, list) and len(mask) >= 2
              else None)
-    if grads is None or _concrete(args, 7):
+    if grads is None or not isinstance(transposed, bool):
         return None
-    macs = g[0] * w[0] * _numel(w[1:]) * _numel(g[2:])
+    spatial = x[2:] if transposed else g[2:]
+    macs = x[0] * _numel(w) * _numel(spatial)
     return 2.0 * macs * grads, _numel(g) + _numel(x) + _numel(w) + grads * _numel(x)
+
+
+def _conv_transposed_out(size: list[int], kernel: list[int], args: dict[str, Any]
+                         ) -> list[int] | None:
+    """Output spatial size of a transposed convolution: ``(in − 1)·stride − 2·padding +
+    dilation·(k − 1) + output_padding + 1`` per dimension, or None."""
+    d = len(kernel)
+    vals = [_concrete(args, i) for i in (3, 4, 5, 7)]   # stride, padding, dilation, out padding
+    try:
+        st, pa, di, op = ([int(v)] * d if isinstance(v, int) else
+                          (list(v) * d if len(v) == 1 else list(v)) for v in vals)
+        return [(size[i] - 1) * st[i] - 2 * pa[i] + di[i] * (kernel[i] - 1) + op[i] + 1
+                for i in range(d)]
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def _attention(name: str, shapes: list[Any], args: dict[str, Any]) -> tuple[float, float] | None:
@@ -244,9 +273,9 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     ``ts`` (µs), ``name``, ``op_class``, ``dtype`` (``float32``, ``bfloat16``, …),
     ``flops`` and ``bytes`` (NaN: unknown), ``cpu_us``, ``device_us`` (µs), ``model`` (its class
     counts towards model FLOPs, :data:`pardiag.analyzer.trace.vocab.MODEL_FLOP_CLASSES`),
-    ``recomputed`` (a forward-only op that ran inside the autograd engine's backward: the
-    evidence of activation recomputation), ``profiler_flops`` (the profiler's own count where
-    ``with_flops`` recorded one, else NaN).
+    ``recomputed`` (a forward-only op that ran inside the autograd engine's backward with the
+    shapes of an op of the step's forward: the evidence of activation recomputation),
+    ``profiler_flops`` (the profiler's own count where ``with_flops`` recorded one, else NaN).
 
     ``steps``: the rank's ``ProfilerStep`` windows (``step``, ``start_us``, ``end_us``)."""
     ev = trace.events
@@ -268,7 +297,7 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     inside = np.r_[ts[order][1:] < end[order][:-1], False]
     keep[order[nxt_same & inside]] = False
     ops, ts, end, tids = ops[keep], ts[keep], end[keep], tids[keep]
-    rows = []
+    rows, keys = [], []
     for name, args in zip(ops["name"].tolist(), ops["args"].tolist()):
         args = args if isinstance(args, dict) else {}
         work = op_work(name, args)
@@ -276,16 +305,27 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
         rows.append((name, vocab.FLOP_OPS[name], _dtype(args),
                      work[0] if work else np.nan, work[1] if work else np.nan,
                      float(pf) if isinstance(pf, (int, float)) else np.nan))
+        keys.append(name + repr(vocab.INPUT_DIMS.get(args)))
     out = pd.DataFrame(rows, columns=["name", "op_class", "dtype", "flops", "bytes",
                                       "profiler_flops"])
     out.insert(0, "ts", ts)
     out["cpu_us"] = end - ts
     out["device_us"] = _device_us(ev, ts, end, tids)
     out["model"] = out["op_class"].isin(vocab.MODEL_FLOP_CLASSES)
-    out["recomputed"] = (out["name"].isin(vocab.FORWARD_ONLY_OPS).to_numpy()
-                         & _inside_backward(ev, ts, tids))
     out.insert(0, "step", _step_of(ts, steps))
+    out["recomputed"] = _recomputed(out, keys, _inside_backward(ev, ts, tids))
     return out[list(FLOP_COLUMNS)].sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def _recomputed(ops: pd.DataFrame, keys: list[str], inside: np.ndarray) -> np.ndarray:
+    """A recomputed forward op: a forward-only op (:data:`vocab.FORWARD_ONLY_OPS`) that runs
+    inside the backward with the name and input shapes of an op that ran in the same step
+    outside it (a backward that merely calls ``addmm`` on its gradients is no recomputation)."""
+    fwd_only = ops["name"].isin(vocab.FORWARD_ONLY_OPS).to_numpy()
+    step = ops["step"].fillna(-1).to_numpy()
+    before = {(st, k) for st, k, b in zip(step, keys, inside) if not b}
+    return np.array([bool(f and b and (st, k) in before)
+                     for f, b, st, k in zip(fwd_only, inside, step, keys)], dtype=bool)
 
 
 def _inside_backward(ev: pd.DataFrame, ts: np.ndarray, tids: np.ndarray) -> np.ndarray:

@@ -501,14 +501,15 @@ def efficiency(report: Report, page: Page) -> dict:
     e = report.efficiency
     if e.per_rank.empty or not e.ops["flops"].notna().any():
         return {"counted": False, "notes": list(e.notes)}
-    ranks = e.per_rank.assign(mfu_range=[
-        "–" if pd.isna(a) else f"{a:.1f}–{b:.1f}"
-        for a, b in zip(e.per_rank["mfu_pct_min"], e.per_rank["mfu_pct_max"])])
+    ranks = e.per_rank.assign(
+        mfu_range=["–" if pd.isna(a) else f"{a:.3g}–{b:.3g}"
+                   for a, b in zip(e.per_rank["mfu_pct_min"], e.per_rank["mfu_pct_max"])],
+        model_tflop_per_step=e.per_rank["model_tflop_per_step"] * 1e3)
     return {
         "counted": True, "mfu": fmt(e.mfu_pct, 1) if e.mfu_pct is not None else None,
         "per_rank": _table(ranks, {
             "rank": "rank", "device": "device", "dtype": "dtype", "peak_tflops": "peak TFLOP/s",
-            "model_tflop_per_step": "model TFLOP per step",
+            "model_tflop_per_step": "model GFLOP per step",
             "achieved_tflops": "achieved TFLOP/s", "mfu_pct": "MFU %",
             "mfu_range": "MFU % over its steps", "hfu_pct": "HFU %",
             "tokens_per_s": "tokens/s", "peak_source": "peak from"},

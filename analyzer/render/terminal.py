@@ -28,6 +28,13 @@ def _n(v: float, digits: int = 1) -> str:
     return f"{v:,.{digits}f}"
 
 
+def _g(v) -> str:
+    """A rate or share with three significant digits (``989``, ``6.75``, ``0.0273``)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:,.3g}" if abs(v) < 1e6 else f"{v:,.3e}"
+
+
 def _i(v) -> str:
     """A count as the HTML report prints it (``1,234``); ranks and steps stay bare."""
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{int(v):,}"
@@ -272,7 +279,11 @@ def _efficiency(report: Report, console: Console) -> None:
     """FLOPs and MFU per rank, and the achieved rate per op class
     (:mod:`pardiag.analyzer.analyses.efficiency`)."""
     e = getattr(report, "efficiency", None)
-    if e is None or e.per_rank.empty or not e.ops["flops"].notna().any():
+    if e is None:
+        return
+    if e.per_rank.empty or not e.ops["flops"].notna().any():
+        for n in e.notes:   # ops without shapes: why no FLOPs are given
+            console.print(f"[dim]note: {n}[/dim]", highlight=False)
         return
     pr = e.per_rank.head(MAX_CAUSE_RANKS)
 
@@ -280,15 +291,15 @@ def _efficiency(report: Report, console: Console) -> None:
         if pd.isna(r["mfu_pct"]):
             return "unknown"
         lo, hi = r["mfu_pct_min"], r["mfu_pct_max"]
-        return _n(r["mfu_pct"], 1) + (f" ({lo:.1f}–{hi:.1f})" if hi - lo >= 0.05 else "")
+        return _g(r["mfu_pct"]) + (f" ({_g(lo)}–{_g(hi)})" if _g(lo) != _g(hi) else "")
 
     print_table(console, "How far from the peak (per step, median over the rank's steps)", [
         Col("rank"), Col("device", "left", drop=4), Col("dtype", "left", drop=5),
-        Col("peak TFLOP/s", drop=3), Col("model TFLOP", drop=6), Col("TFLOP/s"),
+        Col("peak TFLOP/s", drop=3), Col("model GFLOP", drop=6), Col("TFLOP/s"),
         Col("MFU % (range)"), Col("HFU %", drop=2), Col("tokens/s", drop=1)],
         [(str(int(r["rank"])), str(r["device"]), str(r["dtype"] or "–"),
-          _n(r["peak_tflops"], 3), _n(r["model_tflop_per_step"], 4),
-          _n(r["achieved_tflops"], 3), mfu(r), _n(r["hfu_pct"], 1), _i(r["tokens_per_s"]))
+          _g(r["peak_tflops"]), _g(r["model_tflop_per_step"] * 1e3),
+          _g(r["achieved_tflops"]), mfu(r), _g(r["hfu_pct"]), _i(r["tokens_per_s"]))
          for _, r in pr.iterrows()],
         caption="model FLOPs = matmul, convolution, attention; MFU = model FLOPs / (step × "
                 "peak); HFU counts every counted op" + (

@@ -27,8 +27,9 @@ class EfficiencyRank(msgspec.Struct, kw_only=True, frozen=True):
         steps: Profiler steps counted.
         model_tflop_per_step: Model FLOPs per step (matmul, convolution, attention), median over
             the steps. Unit: TFLOP (10¹²). Null/absent: ``null`` when the trace shows activation
-            recomputation.
+            recomputation, or a step holds such an op whose FLOPs are unknown.
         executed_tflop_per_step: Executed FLOPs per step (every counted op), median. Unit: TFLOP.
+            Null/absent: ``null`` when a step holds an op whose FLOPs are unknown.
         achieved_tflops: Model FLOPs / step time, median over the steps. Unit: TFLOP/s.
             Null/absent: ``null`` when the model FLOPs are unknown.
         mfu_pct: Model FLOPs utilisation: model FLOPs / (step time × peak), median over the
@@ -70,8 +71,10 @@ class EfficiencyStep(msgspec.Struct, kw_only=True, frozen=True):
         step: Profiler step number.
         step_us: The step's duration. Unit: µs.
         model_flops: Model FLOPs in the step. Unit: FLOP. Null/absent: ``null`` when the trace
-            shows activation recomputation.
-        executed_flops: Executed FLOPs in the step. Unit: FLOP.
+            shows activation recomputation, or the step holds a matmul, convolution or attention
+            whose FLOPs are unknown.
+        executed_flops: Executed FLOPs in the step. Unit: FLOP. Null/absent: ``null`` when the
+            step holds an op whose FLOPs are unknown.
         unknown_ops: Counted ops in the step whose shapes do not fit their formula.
         achieved_tflops: ``model_flops`` / ``step_us``. Unit: TFLOP/s. Null/absent: as
             ``model_flops``.
@@ -140,8 +143,8 @@ class EfficiencySection(msgspec.Struct, kw_only=True, frozen=True):
     Attributes:
         mfu_pct: The run's MFU: all ranks' model FLOPs / Σ over ranks of step time × peak.
             Unit: %. Null/absent: ``null`` when any rank's peak or model FLOPs are unknown.
-        per_rank: FLOPs and MFU per rank. Null/absent: ``[]`` without counted ops (no
-            ``record_shapes``).
+        per_rank: FLOPs and MFU per rank. Null/absent: ``[]`` without counted ops whose shapes
+            were recorded (``record_shapes``).
         per_step: FLOPs and MFU per rank and step. Null/absent: ``[]`` without counted ops.
         per_class: Achieved rate and arithmetic intensity per op class and dtype. Null/absent:
             ``[]`` without counted ops.

@@ -146,19 +146,6 @@ def _nothing_to_change(ctx: RuleContext) -> str:
             "setting to change")
 
 
-def _model_flops_and_peak(ctx) -> tuple[float | None, float | None]:
-    """(the ranks' model FLOPs per step summed, their peaks summed in FLOP/s), each None where
-    any rank's is unknown (:mod:`pardiag.analyzer.analyses.efficiency`)."""
-    eff = ctx.efficiency
-    if eff is None or eff.per_rank.empty or eff.mfu_pct is None:
-        return None, None
-    pr = eff.per_rank
-    if pr["model_tflop_per_step"].isna().any() or pr["peak_tflops"].isna().any():
-        return None, None
-    return (float(pr["model_tflop_per_step"].sum()) * 1e12,
-            float(pr["peak_tflops"].sum()) * 1e12)
-
-
 def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResult:
     """Evaluate the changes pardiag models and rank those predicted to help.
 
@@ -197,7 +184,8 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     good, rejected, rule, margin = rank(
         cands, clean if use_clean else ctx.step,
         ctx.model.period_us if ctx.model is not None else None, ctx.contention is not None)
-    flops, peak = _model_flops_and_peak(ctx)
+    flops, peak = (ctx.efficiency.totals() if ctx.efficiency is not None else None) or (
+        None, None)
     good = tuple(with_mfu(c, flops, peak) for c in good)
     rejected = tuple(with_mfu(c, flops, peak) for c in rejected)
     why_none = ""

@@ -125,8 +125,13 @@ def with_mfu(rec: Recommendation, flops_per_step: float | None,
     def mfu(us: float) -> float | None:
         return 100.0 * flops_per_step / (us / 1e6 * peak_flops) if us and us > 0 else None
 
-    return dataclasses.replace(rec, measured_mfu_pct=mfu(rec.measured_step_us),
-                               predicted_mfu_pct=mfu(rec.predicted_step_us))
+    now, then = mfu(rec.measured_step_us), mfu(rec.predicted_step_us)
+    if now is None or then is None:
+        return rec
+    return dataclasses.replace(
+        rec, measured_mfu_pct=now, predicted_mfu_pct=then,
+        evidence=(*rec.evidence, f"MFU {now:.1f}% at the measured step, {then:.1f}% at the "
+                                 f"predicted one (the same FLOPs per step)"))
 
 
 def ruled_out(kind: str, title: str, change: str, params: dict, measured: float,

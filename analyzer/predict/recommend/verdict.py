@@ -284,7 +284,7 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
     if routing:
         parts.append(routing)
     parts += causes_text(ctx, step_us)
-    mfu = mfu_text(ctx)
+    mfu = mfu_text(ctx, step_us)
     if mfu:
         parts.append(mfu)
     spread = ""
@@ -311,20 +311,33 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
     return text + devices_text(ctx)
 
 
-def mfu_text(ctx: RuleContext) -> str:
-    """``"MFU 38.2% of the H100 SXM's bfloat16 peak (36.9–39.0% over the ranks' 6 steps)"``:
-    the run's MFU (:attr:`pardiag.analyzer.analyses.efficiency.EfficiencyResult.mfu_pct`) and
-    its spread over every rank's steps; ``""`` when it is unknown."""
+def mfu_text(ctx: RuleContext, step_us: float) -> str:
+    """``"MFU 38.2% of the H100 SXM's bfloat16 peak at this step (36.9–39.0% in the 3 profiled
+    steps)"``: the run's model FLOPs per step over ``step_us`` × the ranks' peaks
+    (:meth:`pardiag.analyzer.analyses.efficiency.EfficiencyResult.totals`), and the spread of
+    the profiled steps' own (each step's FLOPs over its slowest rank's span); ``""`` when it is
+    unknown."""
     eff = ctx.efficiency
-    if eff is None or eff.mfu_pct is None or eff.per_rank.empty:
+    tot = eff.totals() if eff is not None else None
+    if eff is None or tot is None or not step_us > 0:
         return ""
-    devices = sorted({f"{d}'s {t}" if d != "cpu" else f"the measured CPU {t}"
-                      for d, t in zip(eff.per_rank["device"], eff.per_rank["dtype"])})
-    per = eff.per_step["mfu_pct"].dropna()
-    spread = (f" ({per.min():.1f}–{per.max():.1f}% over the ranks' {len(per)} steps)"
+    flops, peak = tot
+    # the run's MFU in each profiled step: its ranks' FLOPs over its slowest rank's span
+    st = eff.per_step
+    n = len(eff.per_rank)
+    g = st.groupby("step").agg(flops=("model_flops", "sum"), us=("step_us", "max"),
+                               ranks=("rank", "nunique"))
+    g = g[g["ranks"] == n]
+    per = 100.0 * g["flops"] / (g["us"] / 1e6 * peak)
+    spread = (f" ({_pct(per.min())}–{_pct(per.max())}% in the {len(per)} profiled steps)"
               if len(per) > 1 else "")
-    return (f"MFU {eff.mfu_pct:.1f}% of {'the ' if not devices[0].startswith('the') else ''}"
-            f"{', '.join(devices)} peak{spread}")
+    return f"MFU {_pct(100.0 * flops / (step_us / 1e6 * peak))}% of {eff.peak_text()} at this " \
+           f"step{spread}"
+
+
+def _pct(v: float) -> str:
+    """A percentage with one decimal, or two significant digits below 0.1."""
+    return f"{v:.1f}" if abs(v) >= 0.1 else f"{v:.2g}"
 
 
 def devices_text(ctx: RuleContext) -> str:
