@@ -298,14 +298,19 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     keep[order[nxt_same & inside]] = False
     ops, ts, end, tids = ops[keep], ts[keep], end[keep], tids[keep]
     rows, keys = [], []
+    seen: dict[str, tuple] = {}   # a step repeats its ops' shapes: each counted once
     for name, args in zip(ops["name"].tolist(), ops["args"].tolist()):
         args = args if isinstance(args, dict) else {}
-        work = op_work(name, args)
+        key = name + repr(vocab.INPUT_DIMS.get(args))
+        full = key + repr(vocab.INPUT_TYPE.get(args)) + repr(vocab.CONCRETE_INPUTS.get(args))
+        got = seen.get(full)
+        if got is None:
+            work = op_work(name, args)
+            got = seen[full] = (vocab.FLOP_OPS[name], _dtype(args),
+                                work[0] if work else np.nan, work[1] if work else np.nan)
         pf = vocab.OP_FLOPS.get(args)
-        rows.append((name, vocab.FLOP_OPS[name], _dtype(args),
-                     work[0] if work else np.nan, work[1] if work else np.nan,
-                     float(pf) if isinstance(pf, (int, float)) else np.nan))
-        keys.append(name + repr(vocab.INPUT_DIMS.get(args)))
+        rows.append((name, *got, float(pf) if isinstance(pf, (int, float)) else np.nan))
+        keys.append(key)
     out = pd.DataFrame(rows, columns=["name", "op_class", "dtype", "flops", "bytes",
                                       "profiler_flops"])
     out.insert(0, "ts", ts)
