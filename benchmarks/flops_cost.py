@@ -18,7 +18,7 @@ p.add_argument("folder")
 p.add_argument("--pairs", type=int, default=5)
 a = p.parse_args()
 base = ["report", a.folder, "--no-cache", "-q", "-o", "/tmp/flops_cost.html"]
-run = "from pardiag.cli import run; import sys; sys.argv = ['pardiag'] + %r; run()" % base
+run = f"from pardiag.cli import run; import sys; sys.argv = ['pardiag'] + {base!r}; run()"
 code = {"with": run,
         "without": "import pardiag.analyzer.trace.vocab as v; v.FLOP_OPS.clear(); " + run}
 times: dict[str, list[float]] = {"with": [], "without": []}
