@@ -298,7 +298,7 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     keep[order[nxt_same & inside]] = False
     ops, ts, end, tids = ops[keep], ts[keep], end[keep], tids[keep]
     rows, keys = [], []
-    seen: dict[str, tuple] = {}   # a step repeats its ops' shapes: each counted once
+    seen: dict[str, tuple[Any, ...]] = {}   # a step repeats its ops' shapes: each counted once
     for name, args in zip(ops["name"].tolist(), ops["args"].tolist()):
         args = args if isinstance(args, dict) else {}
         key = name + repr(vocab.INPUT_DIMS.get(args))
