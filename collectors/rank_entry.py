@@ -686,16 +686,24 @@ def _configure(cfg: dict | None) -> _RankRun:
                    group=group, stacks=stacks, pinned=pinned, cuda=torch.cuda.is_available(),
                    trace_file=layout.trace_path(out, rank), wait=cfg["wait"],
                    warmup=cfg["warmup"])
-    if not run.cuda and not cfg.get("monitor_every"):
-        from .peak import measure  # the CPU peak the report's MFU is computed against
-
-        try:
-            run.captured["peak_flops"] = measure(torch)
-        except Exception as exc:  # extra information: never the run's failure
-            print(f"pardiag: rank {rank}: could not measure its CPU peak: {exc}",
-                  file=sys.stderr)
     _stop_on_sigterm(run)
     return run
+
+
+def _measure_peak(run: _RankRun) -> None:
+    """On a CPU rank of a profiled run, the float32 matmul peak its MFU is computed against
+    (:func:`pardiag.collectors.peak.measure`), into ``run.captured["peak_flops"]``."""
+    if run.cuda or run.cfg.get("monitor_every"):
+        return
+    import torch
+
+    from .peak import measure
+
+    try:
+        run.captured["peak_flops"] = measure(torch)
+    except Exception as exc:  # extra information: never the run's failure
+        print(f"pardiag: rank {run.rank}: could not measure its CPU peak: {exc}",
+              file=sys.stderr)
 
 
 #: A rank whose main thread has not taken a SIGTERM within this many seconds is blocked outside
@@ -984,12 +992,15 @@ def _run_script(run: _RankRun) -> None:
     included) goes to ``run.error``. Then restore ``sys.argv``, remove the hooks, stop the
     profiler (a trace that cannot be written is a warning) and uninstall the recorders."""
     script = run.cfg["script"]
+    # the CPU peak's measurement and the profiler's start run whole: a SIGTERM meanwhile waits
+    # for them, then stops the rank as any other (its files cleaned up, one line)
+    run.hold_term = True
+    _measure_peak(run)
     run.started = time.time()
     run.error = None
     saved_argv = sys.argv
     sys.argv = [script, *run.cfg["args"]]
     sys.path.insert(0, str(Path(script).resolve().parent))
-    run.hold_term = True   # the profiler starts whole: a SIGTERM meanwhile waits for it
     run.prof.start()
     run.hold_term = False
     try:
