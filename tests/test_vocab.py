@@ -164,3 +164,13 @@ def test_the_per_rank_stage_names_no_op_of_its_own():
     assert vocab.PP_ACTION_RE.match("PP:3W1").groups() == ("3", "W", "1")
     assert vocab.HOST_SYNC_RE.match("cudaStreamSynchronize") and not vocab.HOST_SYNC_RE.match(
         "cudaStreamWaitEvent")
+
+
+def test_every_dtype_spelling_has_torchs_name():
+    """Each spelling of a torch dtype (c10's, Python's, ``torch.``-prefixed, ``Input type``'s
+    C++ names of the floating types) gives torch's name; an unknown one gives None."""
+    for c10, py, _ in vocab._DTYPES:
+        assert vocab.dtype_name(c10) == vocab.dtype_name(f"torch.{py}") == py
+    assert [vocab.dtype_name(t) for t in ("float", "c10::BFloat16", "c10::Half", "double",
+                                          "c10::Float8_e4m3fn", "long int", "Scalar")] == [
+        "float32", "bfloat16", "float16", "float64", "float8_e4m3fn", "int64", None]

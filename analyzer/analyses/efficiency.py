@@ -152,7 +152,8 @@ def _peak(trace: RankTrace, meta, dtype: str | None, override: float | None,
                                       "the trace names no device (no deviceProperties)")
                      + ": give --peak-tflops")
         return None, None, None, label
-    if dtype not in peak.tflops:
+    value = peak.of(dtype)
+    if value is None:
         notes.append(f"rank {r}: {peak.label} has no {dtype} peak in the table: give "
                      f"--peak-tflops")
         return None, None, bw, label
@@ -160,7 +161,7 @@ def _peak(trace: RankTrace, meta, dtype: str | None, override: float | None,
         notes.append(f"rank {r}: float32 matmuls on {peak.label} are measured against its "
                      f"float32 peak ({peak.tflops['float32']:g} TFLOP/s); where TF32 is allowed "
                      f"they run against {peak.tflops['tf32']:g} (the trace does not say which)")
-    return peak.tflops[dtype], f"{peak.label} {dtype}: {peak.source}", bw, label
+    return value, f"{peak.label} {dtype}: {peak.source}", bw, label
 
 
 def _steps_table(ops: pd.DataFrame, steps: pd.DataFrame, peak: float | None,

@@ -39,6 +39,13 @@ class DevicePeak:
     bandwidth_gbps: float | None
     source: str
 
+    def of(self, dtype: str | None) -> float | None:
+        """The dense peak (TFLOP/s) for a torch dtype name (every ``float8_*`` is ``float8``),
+        None when the table has none."""
+        if dtype is None:
+            return None
+        return self.tflops.get("float8" if dtype.startswith("float8") else dtype)
+
 
 def _nv(label: str, fp32: float, tf32: float | None, half: float, fp8: float | None,
         bw: float | None, sheet: str) -> DevicePeak:

@@ -47,6 +47,8 @@ import pandas as pd
 
 from ..trace import vocab
 from ..trace.traceset import GPU_CATS, RankTrace, isin_mask
+from .comm_events import step_of
+from .issued_ops import runtime_calls
 
 #: Columns of :func:`flop_ops`.
 FLOP_COLUMNS = ("step", "ts", "name", "op_class", "dtype", "flops", "bytes", "cpu_us",
@@ -213,9 +215,10 @@ def op_work(name: str, args: dict[str, Any]) -> tuple[float, float] | None:
     shapes = _shapes(args)
     if op_class is None or not any(s is not None for s in shapes):
         return None
-    size = _elem_bytes(args)
-    if size is None:
+    typed = _input_dtype(args)
+    if typed is None:
         return None
+    size = typed[1]
     if op_class == "matmul":
         got = _matmul(name, shapes)
     elif op_class == "convolution":
@@ -235,30 +238,15 @@ def op_work(name: str, args: dict[str, Any]) -> tuple[float, float] | None:
     return flops, elements * size
 
 
-def _elem_bytes(args: dict[str, Any]) -> int | None:
-    """Element size of the op's first typed input (``Input type``), None when unknown."""
+def _input_dtype(args: dict[str, Any]) -> tuple[str, int] | None:
+    """(torch's dtype name, element size) of the op's first typed input (``Input type``: a
+    dtype name, not ``Scalar`` or a list), None when the trace names none pardiag knows."""
     types = vocab.INPUT_TYPE.get(args)
-    if not isinstance(types, list):
-        return None
-    for t in types:
-        if isinstance(t, str) and t and t not in ("Scalar", "ScalarList", "GenericList"):
-            return vocab.dtype_bytes(t)
+    for t in types if isinstance(types, list) else ():
+        name, size = vocab.dtype_name(t), vocab.dtype_bytes(t)
+        if name is not None and size is not None:
+            return name, size
     return None
-
-
-def _dtype(args: dict[str, Any]) -> str | None:
-    types = vocab.INPUT_TYPE.get(args)
-    if isinstance(types, list):
-        for t in types:
-            if isinstance(t, str) and vocab.dtype_bytes(t) is not None:
-                return DTYPE_NAMES.get(t, t)
-    return None
-
-
-#: ``Input type`` spellings → the dtype names the peak table uses.
-DTYPE_NAMES = {"float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16",
-               "double": "float64", "c10::Float8_e4m3fn": "float8", "c10::Float8_e5m2": "float8",
-               "c10::Float8_e4m3fnuz": "float8", "c10::Float8_e5m2fnuz": "float8"}
 
 
 def empty_flop_ops() -> pd.DataFrame:
@@ -306,7 +294,8 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
         got = seen.get(full)
         if got is None:
             work = op_work(name, args)
-            got = seen[full] = (vocab.FLOP_OPS[name], _dtype(args),
+            typed = _input_dtype(args)
+            got = seen[full] = (vocab.FLOP_OPS[name], typed[0] if typed else None,
                                 work[0] if work else np.nan, work[1] if work else np.nan)
         pf = vocab.OP_FLOPS.get(args)
         rows.append((name, *got, float(pf) if isinstance(pf, (int, float)) else np.nan))
@@ -315,9 +304,11 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
                                       "profiler_flops"])
     out.insert(0, "ts", ts)
     out["cpu_us"] = end - ts
-    out["device_us"] = _device_us(ev, ts, end, tids)
+    out["device_us"] = _device_us(trace, ts, end, tids)
     out["model"] = out["op_class"].isin(vocab.MODEL_FLOP_CLASSES)
-    out.insert(0, "step", _step_of(ts, steps))
+    step = step_of(ts, steps.sort_values("start_us")) if steps is not None else None
+    out.insert(0, "step", np.where(step < 0, np.nan, step) if step is not None
+               else np.full(len(ts), np.nan))
     out["recomputed"] = _recomputed(out, keys, _inside_backward(ev, ts, tids))
     return out[list(FLOP_COLUMNS)].sort_values("ts", kind="stable").reset_index(drop=True)
 
@@ -355,29 +346,18 @@ def _inside_backward(ev: pd.DataFrame, ts: np.ndarray, tids: np.ndarray) -> np.n
     return out
 
 
-def _step_of(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
-    """The step whose window holds each time (NaN: none)."""
-    out = np.full(len(ts), np.nan)
-    if steps is None or steps.empty:
-        return out
-    st = steps.sort_values("start_us")
-    lo, hi, no = (st[c].to_numpy(float) for c in ("start_us", "end_us", "step"))
-    i = np.searchsorted(lo, ts, side="right") - 1
-    ok = (i >= 0) & (ts < hi[np.clip(i, 0, None)])
-    out[ok] = no[i[ok]]
-    return out
-
-
-def _device_us(ev: pd.DataFrame, ts: np.ndarray, end: np.ndarray, tids: np.ndarray
+def _device_us(trace: RankTrace, ts: np.ndarray, end: np.ndarray, tids: np.ndarray
                ) -> np.ndarray:
-    """GPU time (µs) of the kernels each counted op launched; NaN without GPU kernels."""
+    """GPU time (µs) of the kernels, copies and memsets each counted op issued (their runtime
+    call, :func:`pardiag.analyzer.per_rank.issued_ops.runtime_calls`, lies inside the op on its
+    thread); NaN on a rank without GPU events."""
+    ev = trace.events
     gpu = isin_mask(ev["cat"], GPU_CATS)
     if not gpu.any():
         return np.full(len(ts), np.nan)
-    kern = ev[gpu & (ev["correlation"] >= 0).to_numpy()]
-    dur_by_corr = kern.groupby("correlation")["dur"].sum()
-    rt = ev[isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver", "runtime"])
-            & ev["correlation"].isin(dur_by_corr.index).to_numpy()]
+    dur_by_corr = ev[gpu & (ev["correlation"] >= 0).to_numpy()].groupby("correlation")["dur"].sum()
+    rt = runtime_calls(trace)
+    rt = rt[rt["correlation"].isin(dur_by_corr.index).to_numpy()]
     out = np.zeros(len(ts))
     op_codes, op_tids = pd.factorize(pd.Series(tids, dtype=object))
     for code, tid in enumerate(op_tids):

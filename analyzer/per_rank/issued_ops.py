@@ -103,16 +103,22 @@ class IssuedOps:
         return out
 
 
+def runtime_calls(trace: RankTrace) -> pd.DataFrame:
+    """The host's runtime and driver calls that carry a ``correlation`` id (the id of the
+    kernel, copy or memset each issued), the first of each id, with their event columns."""
+    ev = trace.events
+    rt = ev[isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver"])
+            & (ev["correlation"] >= 0).to_numpy()]
+    return rt[~rt["correlation"].duplicated(keep="first").to_numpy()]
+
+
 def launch_times(trace: RankTrace, kernels: pd.DataFrame, end: bool = False) -> np.ndarray:
     """CPU launch time (µs) of each GPU kernel: the ``ts`` of the runtime call with the same
     ``correlation`` id (with ``end``, the call's end, ``ts + dur``); a kernel without one gets
     its own ``ts`` (with ``end``, NaN: no launch is known)."""
-    ev = trace.events
-    rt = ev[isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver"])
-            & (ev["correlation"] >= 0).to_numpy()]
+    rt = runtime_calls(trace)
     t = rt["ts"] + rt["dur"] if end else rt["ts"]
     launch = pd.Series(t.to_numpy(dtype=float), index=rt["correlation"].to_numpy())
-    launch = launch[~launch.index.duplicated(keep="first")]
     lt: np.ndarray = launch.reindex(kernels["correlation"].to_numpy()).to_numpy(dtype=float)
     return lt if end else np.where(np.isnan(lt), kernels["ts"].to_numpy(), lt)
 

@@ -199,6 +199,28 @@ def dtype_bytes(dtype: Any) -> int | None:
     return DTYPE_BYTES.get(str(dtype).strip().strip('"'))
 
 
+#: C++ spellings of ``Input type`` (:data:`_CPP_NAMES`) → torch's dtype name.
+_CPP_DTYPES = {"float": "float32", "double": "float64", "c10::Half": "float16",
+               "c10::BFloat16": "bfloat16", "half": "float16", "long int": "int64",
+               "long": "int64", "long long": "int64", "int": "int32", "short int": "int16",
+               "short": "int16", "signed char": "int8", "unsigned char": "uint8", "bool": "bool",
+               "c10::Float8_e4m3fn": "float8_e4m3fn", "c10::Float8_e5m2": "float8_e5m2",
+               "c10::Float8_e4m3fnuz": "float8_e4m3fnuz", "c10::Float8_e5m2fnuz": "float8_e5m2fnuz",
+               "c10::Float8_e8m0fnu": "float8_e8m0fnu"}
+#: Any spelling of :data:`DTYPE_BYTES` that names a torch dtype → torch's name (``float32``).
+DTYPE_NAMES: dict[str, str] = {**{c10: py for c10, py, _ in _DTYPES},
+                               **{py: py for _, py, _ in _DTYPES},
+                               **{f"torch.{py}": py for _, py, _ in _DTYPES}, **_CPP_DTYPES}
+
+
+def dtype_name(dtype: Any) -> str | None:
+    """torch's name of ``dtype`` (``"c10::BFloat16"`` → ``"bfloat16"``, ``"float"`` →
+    ``"float32"``), or None when pardiag does not know it."""
+    if dtype is None:
+        return None
+    return DTYPE_NAMES.get(str(dtype).strip().strip('"'))
+
+
 def unknown_values(args_list: Iterable[Any]) -> dict[str, Counter]:
     """Values of the events' ``args`` that pardiag cannot read: ``{"dtype": Counter of unknown
     dtype names, "device type": Counter of unknown device-type numbers}`` (empty Counters when
