@@ -71,6 +71,12 @@ STEP_COLUMNS = ("step", "start_us", "end_us", "measured_us", "path_us", "replay_
 SLACK_COLUMNS = ("rank", "steps", "slack_us", "on_path_steps")
 #: Columns of :attr:`CriticalPathResult.shares`.
 SHARE_COLUMNS = ("part", "rank", "dim", "us", "share_pct")
+#: Columns of :attr:`CriticalPathResult.delay_costs`.
+DELAY_COLUMNS = ("rank", "steps", "steps_costly", "excess_compute_us", "delay_cost_us",
+                 "delay_cost_iqr_us")
+#: Delay costs are replayed for at most this many ranks: those whose computation exceeds the
+#: other ranks' median the most (a replay per rank and step; the rest cost the job less than they).
+DELAY_RANKS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +149,19 @@ class CriticalPathResult:
         slack: per rank: :data:`SLACK_COLUMNS` — ``slack_us`` the median over steps of its
             slack (how much later it could arrive anywhere in the step without moving the
             step's end), ``on_path_steps`` in how many steps the path crosses it.
+        delay_costs: per rank whose computation in a step exceeds the median of the other
+            ranks' (at most :data:`DELAY_RANKS`, those with the most excess):
+            :data:`DELAY_COLUMNS` — ``excess_compute_us`` (median over steps of its
+            computation less the others' median, > 0), ``delay_cost_us`` (median over steps of
+            the step time that excess costs the job: the unchanged replay less the replay with
+            its computation scaled to the others' median, :meth:`replay`; Scalasca's delay
+            cost taken on the execution graph, so waiting passed on through other ranks counts
+            and a schedule's own bubble does not), ``delay_cost_iqr_us`` (its interquartile
+            range over steps; 0 under three steps), ``steps``, ``steps_costly`` (steps in which
+            it costs more than 0); most cost first. Empty without a path. Computation, not all
+            of a rank's time: time a rank spends neither computing nor blocked includes waits
+            the graph cannot tell from host work (a receive it computed around), which would
+            give an end stage of a balanced pipeline a cost.
         notes: what was left out, and why.
         why_none: why there is no path ("" when there is one).
     """
@@ -154,6 +173,8 @@ class CriticalPathResult:
     notes: tuple[str, ...] = ()
     why_none: str = ""
     graphs: tuple = dataclasses.field(default=(), repr=False)
+    delay_costs: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=list(DELAY_COLUMNS)))
 
     def without_straggler(self, rank: int) -> pd.DataFrame:
         """The replay with ``rank``'s work in each step scaled to the median of the other ranks'
@@ -176,6 +197,40 @@ class CriticalPathResult:
                          "replay_us": _replay(g, {}, {}) - start,
                          "predicted_us": _replay(g, {}, {}, {rank: f}) - start})
         return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
+
+    def _delay_costs(self) -> pd.DataFrame:
+        """:attr:`delay_costs`, computed from :attr:`graphs`."""
+        comp: dict[int, dict[int, float]] = {}   # step -> rank -> computation (µs)
+        excess: dict[int, list[float]] = {}
+        for g in self.graphs:
+            c = {int(r): iv.total(k) for r, k in g.k.items()}
+            comp[g.step] = c
+            for r, v in c.items():
+                peers = [x for q, x in c.items() if q != r]
+                if peers:
+                    excess.setdefault(r, []).append(v - float(np.median(peers)))
+        med = {r: float(np.median(v)) for r, v in excess.items()}
+        top = sorted((r for r, v in med.items() if v > 0), key=lambda r: (-med[r], r))
+        rows = []
+        for r in top[:DELAY_RANKS]:
+            cost = []
+            for g in self.graphs:
+                c = comp[g.step]
+                peers = [x for q, x in c.items() if q != r]
+                if r not in c or not peers or c[r] <= 0:
+                    continue
+                f = min(1.0, float(np.median(peers)) / c[r])
+                cost.append(max(0.0, _replay(g, {}, {}) - _replay(g, {r: f}, {})))
+            if cost:
+                q1, q3 = np.percentile(cost, [25, 75]) if len(cost) >= 3 else (0.0, 0.0)
+                rows.append({"rank": r, "steps": len(cost),
+                             "steps_costly": int(sum(x > 0 for x in cost)),
+                             "excess_compute_us": med[r],
+                             "delay_cost_us": float(np.median(cost)),
+                             "delay_cost_iqr_us": float(q3 - q1)})
+        out = pd.DataFrame(rows, columns=list(DELAY_COLUMNS))
+        return out.sort_values(["delay_cost_us", "rank"], ascending=[False, True],
+                               kind="stable").reset_index(drop=True)
 
     def _check_ranks(self, scales: dict, what: str) -> None:
         ranks = sorted({int(r) for g in self.graphs for r in g.end})
@@ -528,9 +583,10 @@ def compute_critical_path(traces: TraceSet, breakdown: TimeBreakdown, sync: Sync
                                     on_path_steps=("on_path", "sum")).reset_index()
              if len(sl) else pd.DataFrame(columns=list(SLACK_COLUMNS)))
     slack["on_path_steps"] = slack["on_path_steps"].astype(int)
-    return CriticalPathResult(segments, pd.DataFrame(step_rows, columns=list(STEP_COLUMNS)),
-                              _shares(segments), slack[list(SLACK_COLUMNS)], tuple(notes), "",
-                              tuple(graphs))
+    out = CriticalPathResult(segments, pd.DataFrame(step_rows, columns=list(STEP_COLUMNS)),
+                             _shares(segments), slack[list(SLACK_COLUMNS)], tuple(notes), "",
+                             tuple(graphs))
+    return dataclasses.replace(out, delay_costs=out._delay_costs())
 
 
 def _shares(segments: pd.DataFrame) -> pd.DataFrame:

@@ -47,6 +47,9 @@ STRAGGLER_MIN_PROFILER_STEP_SHARE = 0.005
 #: what the next rank does: waiting that jitter spreads over the ranks names nobody (it is
 #: inside the noise, and the notes say so).
 STRAGGLER_DOMINANCE = 3.0
+#: A straggler's delay cost holds in this share of the steps or more
+#: (:func:`straggler_by_delay_cost`).
+STRAGGLER_STEP_SHARE = 0.8
 
 
 #: Traces of one window that start further apart than this (µs, on the reference clock) say a
@@ -329,6 +332,31 @@ def _pipeline_straggler(st: pd.DataFrame, pr: pd.DataFrame, compute: dict[int, f
     step, spread = profiler_step
     return bool(excess > 0 and excess >= STRAGGLER_MIN_PROFILER_STEP_SHARE * (step or 0.0)
                 and excess > (spread or 0.0))
+
+
+def straggler_by_delay_cost(costs: pd.DataFrame, step_us: float | None) -> int | None:
+    """The rank whose delay cost dominates, else None. ``costs``: the execution graph's delay
+    costs (:attr:`pardiag.analyzer.analyses.critical_path.CriticalPathResult.delay_costs`, µs
+    per step); ``step_us``: the step's median (µs). The top rank is named when its cost is at
+    least :data:`STRAGGLER_DOMINANCE` × the next rank's, :data:`STRAGGLER_MIN_WAIT_US` and
+    :data:`STRAGGLER_MIN_PROFILER_STEP_SHARE` of the step, and holds step after step: it costs
+    something in :data:`STRAGGLER_STEP_SHARE` of two steps or more, and its median cost is
+    above the interquartile range of its costs over the steps. Unlike the waits a rank causes,
+    the cost is the step time the job would gain were the rank's work no longer than its
+    peers': a pipeline's first and last stages cause the schedule's bubble and cost nothing."""
+    if costs is None or costs.empty:
+        return None
+    c = costs.sort_values(["delay_cost_us", "rank"], ascending=[False, True], kind="stable")
+    top = c.iloc[0]
+    cost = float(top["delay_cost_us"])
+    second = float(c["delay_cost_us"].iloc[1]) if len(c) > 1 else 0.0
+    if (cost >= STRAGGLER_MIN_WAIT_US and cost >= STRAGGLER_DOMINANCE * second
+            and cost >= STRAGGLER_MIN_PROFILER_STEP_SHARE * (step_us or 0.0)
+            and int(top["steps"]) >= 2
+            and int(top["steps_costly"]) >= STRAGGLER_STEP_SHARE * int(top["steps"])
+            and cost > float(top["delay_cost_iqr_us"])):
+        return int(top["rank"])
+    return None
 
 
 def p2p_share(per_rank: pd.DataFrame | None) -> float:

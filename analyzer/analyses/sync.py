@@ -52,8 +52,10 @@ from .comm_events import comm_events
 from .matching import count_instances, matched_events
 from .stragglers import (
     compute_per_step,
+    p2p_share,
     per_rank_waits,
     step_lengths,
+    straggler_by_delay_cost,
     straggler_noise_note,
     straggler_table,
     window_heads,
@@ -129,6 +131,41 @@ class SyncResult:
         default_factory=lambda: pd.DataFrame(columns=GROUP_BUSBW_COLUMNS))
     counts: dict[str, int] = dataclasses.field(
         default_factory=lambda: dict.fromkeys(COUNT_KEYS, 0))
+
+    def with_graph_straggler(self, costs: pd.DataFrame | None, step_us: float | None
+                             ) -> SyncResult:
+        """This result with, in a pipeline (most waits at point-to-point transfers), the
+        straggler the execution graph's delay costs name
+        (:func:`.stragglers.straggler_by_delay_cost`; ``costs``: :attr:`pardiag.analyzer.
+        analyses.critical_path.CriticalPathResult.delay_costs`, None without a graph;
+        ``step_us``: the step's median) and a note saying why; itself outside pipelines or
+        without a graph. The waits a rank causes say little there: the first and last stages
+        root the schedule's bubble, so a balanced pipeline's end stage causes most of the
+        waiting, and a slow middle stage less than the end stages."""
+        if costs is None or p2p_share(self.per_rank) < 0.5:
+            return self
+        who = straggler_by_delay_cost(costs, step_us)
+        if who == self.straggler:
+            return self
+        notes = tuple(n for n in self.notes if not n.startswith("no straggler named"))
+        if who is None:
+            cost = costs.loc[costs["rank"] == self.straggler, "delay_cost_us"]
+            note = (f"no straggler named: rank {self.straggler} causes the most waiting, but "
+                    f"the steps replayed with its computation cut to the other ranks' median end "
+                    f"{float(cost.iloc[0]) if len(cost) else 0.0:.0f} µs earlier per step "
+                    f"(median), and no rank's extra work costs the step a clear share of it "
+                    f"(delay costs on the execution graph): the waiting is the schedule's")
+            return dataclasses.replace(self, straggler=None, notes=(*notes, note))
+        row = costs[costs["rank"] == who].iloc[0]
+        rest = costs[costs["rank"] != who]["delay_cost_us"]
+        note = (f"rank {who} named by its delay cost on the execution graph: the steps replayed "
+                f"with its computation cut to the other ranks' median "
+                f"({row['excess_compute_us']:.0f} µs less per step) end "
+                f"{row['delay_cost_us']:.0f} µs earlier per step (median); "
+                f"no other rank's saves more than {float(rest.max()) if len(rest) else 0.0:.0f} "
+                f"µs" + ("" if self.straggler is None else
+                         f" (rank {self.straggler} causes the most waiting: the schedule's)"))
+        return dataclasses.replace(self, straggler=who, notes=(*notes, note))
 
     @functools.cached_property
     def skew(self) -> pd.DataFrame:
@@ -208,6 +245,8 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     no_offsets = pd.DataFrame(columns=["rank", "offset_us", "residual_us", "instances", "host"])
     if ev.empty:
         return SyncResult(no_offsets, empty, empty, no_stragglers, empty, "none")
+    unpaired = {int(r) for r in ev.loc[ev["op"].isin(["send", "recv"]) & ev["peer"].isna(),
+                                       "rank"]}
     ev, matched_by, notes = matched_events(ev)
     present = set(int(r) for r in traces.ranks) | set(int(r) for r in ev["rank"].unique())
     inst, inst_notes, n_multi = count_instances(ev, present)
@@ -241,7 +280,15 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
         st = pd.DataFrame({"rank": ranks, "wait_suffered_us": 0.0, "wait_caused_us": 0.0,
                            "last_arrivals": 0, "steps_as_top": 0, "instances": 0})
     st["waiting_us"] = st["rank"].map(waiting)
-    noise = straggler_noise_note(st, straggler)
+    if straggler is not None and unpaired:
+        # a rank late at its collectives because a rank that sends to it was late: with
+        # transfers whose peer is unknown the chain of causes breaks there
+        notes.append(f"no straggler named: rank {straggler} arrives last at its collectives, but "
+                     f"point-to-point transfers of rank(s) {_ranks_text(unpaired)} have no known "
+                     f"peer, so whether its lateness comes from a rank that sends to it cannot "
+                     f"be told")
+        straggler = None
+    noise = straggler_noise_note(st, straggler) if not unpaired else None
     if noise:
         notes.append(noise)
     bandwidth = _bandwidth_table(inst[inst["complete"]])
@@ -249,6 +296,12 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     return SyncResult(clock.table, inst, per_rank, st, bandwidth, matched_by, straggler,
                       tuple(notes), _p2p_pairs(inst, pr), busbw_by_group(inst),
                       instance_counts(inst))
+
+
+def _ranks_text(ranks: set[int]) -> str:
+    """``"0, 1, 3"``, or the first eight and a count."""
+    r = sorted(ranks)
+    return ", ".join(map(str, r[:8])) + (f" and {len(r) - 8} more" if len(r) > 8 else "")
 
 
 def _bandwidth_table(done: pd.DataFrame) -> pd.DataFrame:

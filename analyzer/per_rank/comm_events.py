@@ -165,15 +165,20 @@ def _args_bytes(args: Any) -> int | None:
     return None
 
 
-def _p2p_peer(op: str, args: dict[str, Any], ranks: list[int] | None) -> int | None:
+def _p2p_peer(op: str, args: dict[str, Any], ranks: list[int] | None, rank: int | None = None,
+              world: int | None = None) -> int | None:
     """Global rank at the other end of a send/recv: ``Dst Rank`` / ``Src Rank`` (global), else
-    ``Rank`` (Kineto's record of a send/recv holds the peer's rank *in the group* there)."""
+    ``Rank`` (Kineto's record of a send/recv holds the peer's rank *in the group* there), else,
+    in a world of two ranks (``world``, the trace's ``distributedInfo``), the other one: a rank
+    never sends to itself."""
     peer = int_arg((vocab.DST_RANK if op == "send" else vocab.SRC_RANK).get(args))
     if peer is not None:
         return peer
     local = int_arg(vocab.RANK.get(args))
     if local is not None and ranks and 0 <= local < len(ranks):
         return ranks[local]
+    if world == 2 and rank in (0, 1):
+        return 1 - int(rank)
     return None
 
 
@@ -249,12 +254,14 @@ def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
     if not len(gpu):
         return None
     ops = gpu_issued_ops(trace, gpu).ops
+    # the rank the trace states (a summary is made before the loader assigns ranks)
+    own = int_arg(vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(trace.metadata)))
     rows = []
     for op, a, issue, start, end, missing, functional in zip(
             ops["op"].tolist(), ops["args"].tolist(), ops["issue_us"].tolist(),
             ops["start_us"].tolist(), ops["end_us"].tolist(), ops["missing"].tolist(),
             ops["functional"].tolist()):
-        row = _op_row(trace.rank, op, a, pg_ranks, world)
+        row = _op_row(trace.rank, op, a, pg_ranks, world, own)
         row.update(start_us=start, end_us=end, issue_us=issue, missing=bool(missing),
                    functional=bool(functional))
         rows.append(row)
@@ -264,8 +271,10 @@ def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
 
 
 def _op_row(rank: int, op: str, args: dict[str, Any], pg_ranks: dict[str, list[int]],
-            world: int | None) -> dict[str, Any]:
-    """Group, sequence number, peer and bytes of an op from its record's ``args``."""
+            world: int | None, own: int | None = None) -> dict[str, Any]:
+    """Group, sequence number, peer and bytes of an op from its record's ``args``; ``own``: the
+    global rank the trace states (``distributedInfo``), for a peer only a world of two ranks
+    names (:func:`_p2p_peer`)."""
     members = group_ranks(args, pg_ranks)
     size = int_arg(vocab.GROUP_SIZE.get(args))
     seq = int_arg(vocab.SEQ.get(args))
@@ -274,7 +283,8 @@ def _op_row(rank: int, op: str, args: dict[str, Any], pg_ranks: dict[str, list[i
             if members else "",
             "seq": seq if seq is not None else -1,
             "native_seq": seq is not None and op not in P2P_OPS,
-            "op": op, "peer": _p2p_peer(op, args, members) if op in P2P_OPS else None,
+            "op": op, "peer": _p2p_peer(op, args, members, own, world)
+            if op in P2P_OPS else None,
             "bytes": _args_bytes(args), "root": _root(op, args, members),
             "group_size": size if size else (len(members) if members else world),
             "source": "trace"}

@@ -282,14 +282,23 @@ def stragglers(report: Report, page: Page) -> dict:
         top = sync.stragglers.iloc[0]
         out["top"] = {"rank": int(top["rank"]), "caused_ms": _ms(top["wait_caused_us"], ".3f"),
                       "last": int(top["last_arrivals"])}
+        cp = getattr(report, "critical_path", None)
+        costs = cp.delay_costs if cp is not None else None
+        if int(top["rank"]) != int(sync.straggler) and costs is not None and len(costs):
+            # named by its delay cost on the execution graph (a pipeline's end stages cause
+            # the schedule's waiting)
+            row = costs[costs["rank"] == int(sync.straggler)]
+            if len(row):
+                out["costly"] = {"rank": int(sync.straggler),
+                                 "cost_ms": _ms(row["delay_cost_us"].iloc[0], ".3f")}
     rec = getattr(report, "recommendations", None)
     if sync.straggler is not None and rec is not None and rec.straggler != sync.straggler:
         pipe = report.pipeline
         out["not_called"] = int(sync.straggler)
         out["why_not"] = (
-            f"in a pipeline the waiting a stage causes is the schedule's bubble, so only a "
-            f"rank that idles {STRAGGLER_IDLE_PCT_PIPELINE:g}% of the step longer than its "
-            f"peers is one" if pipe is not None and (len(pipe.chunks) or pipe.schedule) else
+            f"in a pipeline the waiting a stage causes is the schedule's bubble, and on CPU "
+            f"traces a rank's computation follows its host's load, so only a rank that idles "
+            f"{STRAGGLER_IDLE_PCT_PIPELINE:g}% of the step longer than its peers is one" if pipe is not None and (len(pipe.chunks) or pipe.schedule) else
             f"it asks more of one: it arrives last at {STRAGGLER_LAST_SHARE:.0%} or more of 3 "
             f"or more collectives and causes {STRAGGLER_RATIO:g}× the waiting it suffers; on "
             f"CPU traces it also idles {STRAGGLER_IDLE_PCT:g}% of the step longer than its "

@@ -242,6 +242,7 @@ def _critical_path_json(r: CriticalPathResult, traces: TraceSet) -> dict[str, An
     return {"critical_path": js.CriticalPathSection(
         summary=r.describe() or None, steps=rows(js.PathStep, r.steps),
         shares=rows(js.PathShare, r.shares), slack=rows(js.PathSlack, r.slack),
+        delay_costs=rows(js.PathDelay, r.delay_costs),
         segments=rows(js.PathSegment, r.segments.tail(MAX_JSON_PATH_SEGMENTS)),
         segments_total=len(r.segments), notes=list(r.notes),
         note=r.why_none or None)}
@@ -310,6 +311,18 @@ def _hta_json(r: HtaExtras, traces: TraceSet) -> dict[str, Any]:
                                     "launches": [js.HtaLaunches(**x) for x in h["launches"]]})}
 
 
+def _critical_path(traces: TraceSet, opts: Any, done: dict[str, Any]) -> CriticalPathResult:
+    """The critical path; in a pipeline the synchronization result (``done["sync"]``, read by
+    every later analysis) takes the straggler the execution graph's delay costs name, or none
+    (:meth:`SyncResult.with_graph_straggler`)."""
+    cp = compute_critical_path(traces, done["time_breakdown"], done["sync"], done["layout"],
+                               opts.comm_patterns)
+    step = cp.steps["measured_us"].median() if len(cp.steps) else None
+    done["sync"] = done["sync"].with_graph_straggler(cp.delay_costs if cp.graphs else None,
+                                                     step)
+    return cp
+
+
 ANALYSES: tuple[Analysis, ...] = (
     Analysis("time_breakdown",
              lambda traces, opts, done: compute_time_breakdown(traces, opts.comm_patterns),
@@ -333,9 +346,7 @@ ANALYSES: tuple[Analysis, ...] = (
              lambda r, traces: {"setup": js.SetupSection(**r.to_json())}),
     Analysis("dim_overlap", lambda traces, opts, done: compute_dim_overlap(
         traces, done["sync"], done["layout"], opts.comm_patterns), _dim_overlap_json),
-    Analysis("critical_path", lambda traces, opts, done: compute_critical_path(
-        traces, done["time_breakdown"], done["sync"], done["layout"], opts.comm_patterns),
-             _critical_path_json),
+    Analysis("critical_path", _critical_path, _critical_path_json),
     Analysis("routing", lambda traces, opts, done: compute_routing(
         traces, done["sync"], done["layout"]), _routing_json),
     Analysis("efficiency", lambda traces, opts, done: compute_efficiency(

@@ -322,6 +322,30 @@ class PathSlack(msgspec.Struct, kw_only=True, frozen=True):
     on_path_steps: int = 0
 
 
+class PathDelay(msgspec.Struct, kw_only=True, frozen=True):
+    """One rank's delay cost (``critical_path.delay_costs[]``).
+
+    Attributes:
+        rank: The rank.
+        steps: Steps replayed.
+        steps_costly: Steps in which its excess work costs the job more than 0.
+        excess_compute_us: Median over steps of its computation less the median of the other
+            ranks' computation. Unit: µs per step.
+        delay_cost_us: Median over steps of the step time its excess costs the job: the step's
+            graph replayed unchanged less the graph replayed with its computation scaled to the
+            others' median (Scalasca's delay cost). Unit: µs per step.
+        delay_cost_iqr_us: Interquartile range of its cost over the steps (0 under three
+            steps). Unit: µs.
+    """
+
+    rank: int
+    steps: int = 0
+    steps_costly: int = 0
+    excess_compute_us: Number = NAN
+    delay_cost_us: Number = NAN
+    delay_cost_iqr_us: Number = NAN
+
+
 class PathSegment(msgspec.Struct, kw_only=True, frozen=True):
     """One segment of the path (``critical_path.segments[]``).
 
@@ -375,6 +399,9 @@ class CriticalPathSection(msgspec.Struct, kw_only=True, frozen=True):
         steps: One row per profiled step. Null/absent: ``[]`` without steps.
         shares: The path's time over all steps, by part. Null/absent: ``[]`` without a path.
         slack: One row per rank. Null/absent: ``[]`` without a path.
+        delay_costs: One row per rank whose computation exceeds the other ranks' median (at
+            most four, the most excess), most cost first. Null/absent: ``[]`` without a path or
+            such a rank.
         segments: The path's segments, latest first within each step; at most 2,000 (the latest
             steps'). Null/absent: ``[]`` without a path.
         segments_total: How many segments there are in all.
@@ -386,6 +413,7 @@ class CriticalPathSection(msgspec.Struct, kw_only=True, frozen=True):
     steps: list[PathStep] = msgspec.field(default_factory=list)
     shares: list[PathShare] = msgspec.field(default_factory=list)
     slack: list[PathSlack] = msgspec.field(default_factory=list)
+    delay_costs: list[PathDelay] = msgspec.field(default_factory=list)
     segments: list[PathSegment] = msgspec.field(default_factory=list)
     segments_total: int = 0
     notes: list[str] = msgspec.field(default_factory=list)

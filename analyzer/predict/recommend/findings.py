@@ -50,13 +50,18 @@ class StragglerFinding:
             ``"causes the pipeline's waiting"`` (on GPU traces of a pipeline: the
             synchronization analysis names it, :attr:`pardiag.analyzer.analyses.sync.
             SyncResult.straggler`, because the waiting it causes directly or through the stages
-            that wait for it is the most, and it computes more per step than every other rank).
+            that wait for it is the most, and it computes more per step than every other rank)
+            or ``"delays the pipeline"`` (on GPU traces of a pipeline: the synchronization
+            analysis names it by its delay cost on the execution graph, ``delay_cost_us``).
         last_arrivals, instances: collectives it arrived last at, of those it joined.
         wait_caused_us, wait_suffered_us: waiting it caused the others / suffered (µs, all
             steps; :attr:`pardiag.analyzer.analyses.sync.SyncResult.stragglers`).
         excess_idle_us: median over steps of its idle time less the other ranks' median in the
             same step (µs per step); None without per-step rows.
         steps_over, steps: steps in which it idled longer than the others' median, of all.
+        delay_cost_us: the step time its extra work costs the job (µs per step, median; the
+            execution graph's replay, :attr:`pardiag.analyzer.analyses.critical_path.
+            CriticalPathResult.delay_costs`); None for the other criteria.
         cause: why it is slow (:func:`pardiag.analyzer.analyses.causes.straggler_cause`): where its
             delay arises (step entry or in the step) and the part it spends longer on than its
             peers; None without the causes analysis.
@@ -72,11 +77,17 @@ class StragglerFinding:
     steps_over: int
     steps: int
     cause: StragglerCause | None = None
+    delay_cost_us: float | None = None
 
     def describe(self) -> str:
         """``"rank 1 is a straggler: it idles 30.1 ms per step more than the others (in 9 of 9
         steps)"`` or ``"…: it arrives last at 40 of 45 collectives"``."""
-        if self.criterion == "causes the pipeline's waiting":
+        if self.criterion == "delays the pipeline":
+            assert self.delay_cost_us is not None  # what the criterion measured
+            how = (f"the steps replayed with its computation cut to its peers' median end "
+                   f"{self.delay_cost_us / 1000:.2f} ms earlier, and no other rank's saves a "
+                   f"third of that")
+        elif self.criterion == "causes the pipeline's waiting":
             how = (f"the other stages' waiting goes back to it ({self.wait_caused_us / 1000:.1f} "
                    f"ms, directly or through the stages that wait for it), and it computes "
                    f"longer per step than every other rank")
@@ -102,6 +113,18 @@ def _excess_idle_by_step(steps: pd.DataFrame) -> pd.DataFrame:
                          "step": np.tile(idle.index.to_numpy().astype(int), len(idle.columns)),
                          "excess_us": excess.T.reshape(-1)},
                         columns=["rank", "step", "excess_us"])
+
+
+def _delay_cost(ctx: RuleContext, rank: int) -> float | None:
+    """The rank's delay cost per step on the execution graph (µs;
+    :attr:`pardiag.analyzer.analyses.critical_path.CriticalPathResult.delay_costs`), or None
+    without one."""
+    cp = ctx.critical_path
+    costs = getattr(cp, "delay_costs", None)
+    if costs is None or costs.empty:
+        return None
+    row = costs[costs["rank"] == rank]
+    return float(row["delay_cost_us"].iloc[0]) if len(row) else None
 
 
 def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
@@ -151,9 +174,13 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
     # host's load, so there the idle criterion below decides
     named = getattr(sync, "straggler", None)
     if ((pipeline or p2p_share(getattr(sync, "per_rank", None)) >= 0.5) and ctx.on_gpu
-            and named is not None
-            and int(named) == int(st["rank"])):
-        return finding(int(st["rank"]), "causes the pipeline's waiting")
+            and named is not None):
+        if int(named) == int(st["rank"]):
+            return finding(int(st["rank"]), "causes the pipeline's waiting")
+        cost = _delay_cost(ctx, int(named))
+        if cost is not None:   # named by its delay cost on the execution graph
+            return dataclasses.replace(finding(int(named), "delays the pipeline"),
+                                       delay_cost_us=cost)
     # idles longer than its peers step after step, however many collectives the step has
     if len(ex) and step_us > 0:
         med = ex.groupby("rank")["excess_us"].median().sort_values(ascending=False)

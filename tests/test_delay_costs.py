@@ -1,0 +1,124 @@
+"""Stragglers as root causes by their delay cost on the execution graph: the step time a rank's
+extra work costs the job, from the critical path's replay (Scalasca's delay costs). In a
+pipeline the schedule's own bubble roots waiting at the first and last stages, so the rank that
+causes the most waiting is often not the slow one; the delay cost is 0 for a rank no slower
+than its peers however much waiting ends at it.
+
+The jobs come from the ground-truth generator (benchmarks/multirank_gen.py), whose truth is the
+planted slow rank."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import pardiag
+from benchmarks.multirank_gen import Job, generate
+from pardiag.analyzer.analyses.critical_path import DELAY_COLUMNS
+from pardiag.analyzer.analyses.stragglers import straggler_by_delay_cost
+from pardiag.analyzer.report.registry import report_json
+
+
+def _report(tmp_path, **kw):
+    job = Job(ranks_per_host=8, seed=kw.pop("seed", 1), **kw)
+    truth = generate(job, tmp_path / "job")
+    return pardiag.analyze(tmp_path / "job", cache=False), truth
+
+
+def test_a_slow_middle_stage_is_named_by_its_delay_cost(tmp_path):
+    """1F1B over 4 stages, 8 microbatches, rank 2 computing 1.39 ms longer per step: the end
+    stages cause the most waiting (the bubble's), yet only rank 2 costs the step anything. Its
+    cost is what the planted excess costs a 1F1B step (at least its share of the excess on the
+    steady state, at most the excess), every other rank's is a third of it or less; the
+    synchronization analysis and the verdict name rank 2."""
+    rep, truth = _report(tmp_path, mesh={"pp": 4}, schedule="pp_1f1b", microbatches=8,
+                         slow_ranks={2: 1392.0}, metadata="seq")
+    assert truth.straggler == 2
+    costs = rep.critical_path.delay_costs
+    assert list(costs.columns) == list(DELAY_COLUMNS)
+    top = costs.iloc[0]
+    assert int(top["rank"]) == 2 and int(top["steps_costly"]) == int(top["steps"]) >= 2
+    assert 0.5 * 1392.0 <= top["delay_cost_us"] <= 1392.0
+    assert top["excess_compute_us"] == pytest.approx(1392.0, rel=0.05)
+    assert (costs["delay_cost_us"].iloc[1:] <= top["delay_cost_us"] / 3).all()
+    # the waits alone point at an end stage: the one that causes the most is not rank 2
+    assert int(rep.sync.stragglers.iloc[0]["rank"]) != 2
+    assert rep.sync.straggler == 2 and rep.straggler == 2
+    assert any(n.startswith("rank 2 named by its delay cost") for n in rep.sync.notes)
+    assert not any(n.startswith("no straggler named") for n in rep.sync.notes)
+    doc = report_json(rep)
+    assert doc["critical_path"]["delay_costs"][0]["rank"] == 2
+    assert "delays the pipeline" not in doc["verdict"]   # the criterion's name stays inside
+    assert "rank 2 is a straggler: the steps replayed with its computation cut" in doc["verdict"]
+
+
+def test_a_balanced_pipeline_names_nobody(tmp_path):
+    """The same pipeline without a slow rank: no rank's delay cost stands out, nobody is
+    named."""
+    rep, truth = _report(tmp_path, mesh={"pp": 4}, schedule="pp_1f1b", microbatches=8,
+                         metadata="seq")
+    assert truth.straggler is None
+    assert rep.sync.straggler is None and rep.straggler is None
+
+
+def test_two_ranks_pair_their_transfers_without_a_recorded_peer(tmp_path):
+    """GPipe over 2 ranks whose traces record no peer for their sends and receives (no
+    metadata): in a world of two the peer is the other rank (a rank never sends to itself), so
+    the transfers pair, the pipeline's waits are seen and the slowed rank 0 is named."""
+    rep, truth = _report(tmp_path, mesh={"pp": 2}, schedule="pp_gpipe", microbatches=4,
+                         slow_ranks={0: 1056.0}, metadata="none")
+    assert truth.straggler == 0
+    assert set(zip(rep.sync.p2p["src"], rep.sync.p2p["dst"])) == {(0, 1), (1, 0)}
+    assert not any("without a known peer" in n for n in rep.sync.notes)
+    assert rep.sync.straggler == 0
+
+
+def test_unpaired_transfers_name_nobody_from_the_collectives(tmp_path):
+    """pp 2 × dp 2 with no metadata and rank 2 slowed: the sends and receives cannot be paired
+    (four ranks, no peer recorded), so a rank late at its data-parallel all-reduce may be late
+    because the rank that sends to it was. Nobody is named, and a note says why (it named
+    rank 0, the slow rank's data-parallel peer, before)."""
+    rep, truth = _report(tmp_path, mesh={"pp": 2, "dp": 2}, schedule="pp_gpipe",
+                         microbatches=4, slow_ranks={2: 1471.0}, metadata="none", seed=3)
+    assert truth.straggler == 2
+    assert any("without a known peer" in n for n in rep.sync.notes)
+    assert rep.sync.straggler is None
+    assert any(n.startswith("no straggler named: rank") and "no known peer" in n
+               for n in rep.sync.notes)
+
+
+def _costs(*rows):
+    return pd.DataFrame([dict(zip(DELAY_COLUMNS, r)) for r in rows], columns=list(DELAY_COLUMNS))
+
+
+@pytest.mark.parametrize("rows, step, named", [
+    # rank, steps, steps_costly, excess, cost, iqr
+    ([(2, 4, 4, 500.0, 300.0, 5.0), (3, 4, 1, 1.0, 0.0, 0.0)], 20_000.0, 2),
+    ([(2, 4, 4, 500.0, 300.0, 5.0), (3, 4, 4, 200.0, 101.0, 5.0)], 20_000.0, None),  # < 3x
+    ([(2, 4, 4, 500.0, 300.0, 5.0)], 80_000.0, None),          # under 0.5% of the step
+    ([(2, 4, 3, 500.0, 300.0, 5.0)], 20_000.0, None),          # 3 of 4 steps: < 80%
+    ([(2, 5, 4, 500.0, 300.0, 5.0)], 20_000.0, 2),             # 4 of 5: 80%
+    ([(2, 1, 1, 500.0, 300.0, 0.0)], 20_000.0, None),          # one step
+    ([(2, 4, 4, 500.0, 300.0, 400.0)], 20_000.0, None),        # inside its own spread
+    ([(2, 4, 4, 9.0, 9.0, 0.0)], 1000.0, None),                # under 10 µs
+    ([], 20_000.0, None),
+])
+def test_the_delay_cost_rule(rows, step, named):
+    """Named only when the top cost is 3x the next, ≥ 10 µs and 0.5% of the step, costs in 80%
+    of two or more steps and stands above its own interquartile range."""
+    assert straggler_by_delay_cost(_costs(*rows), step) == named
+
+
+def test_the_page_names_the_costly_rank_beside_the_one_waited_for(tmp_path):
+    """The stragglers section of the page says which rank's computation costs the step and that
+    the rank causing the most waiting causes the schedule's, with the cost by replay."""
+    from pardiag.analyzer.render.html import render_html
+
+    rep, _ = _report(tmp_path, mesh={"pp": 4}, schedule="pp_1f1b", microbatches=8,
+                     slow_ranks={2: 1392.0}, metadata="seq")
+    page = render_html(rep, include_plotlyjs=False)
+    cost = rep.critical_path.delay_costs.iloc[0]["delay_cost_us"] / 1000
+    top = int(rep.sync.stragglers.iloc[0]["rank"])
+    assert (f"The rank whose extra computation costs the step most: <b>rank 2</b> "
+            f"({cost:.3f} ms per step, by replay of the execution graph); rank {top} causes "
+            f"the most waiting") in page
