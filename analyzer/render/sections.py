@@ -298,7 +298,8 @@ def stragglers(report: Report, page: Page) -> dict:
         out["why_not"] = (
             f"in a pipeline the waiting a stage causes is the schedule's bubble, and on CPU "
             f"traces a rank's computation follows its host's load, so only a rank that idles "
-            f"{STRAGGLER_IDLE_PCT_PIPELINE:g}% of the step longer than its peers is one" if pipe is not None and (len(pipe.chunks) or pipe.schedule) else
+            f"{STRAGGLER_IDLE_PCT_PIPELINE:g}% of the step longer than its peers is one"
+            if pipe is not None and (len(pipe.chunks) or pipe.schedule) else
             f"it asks more of one: it arrives last at {STRAGGLER_LAST_SHARE:.0%} or more of 3 "
             f"or more collectives and causes {STRAGGLER_RATIO:g}× the waiting it suffers; on "
             f"CPU traces it also idles {STRAGGLER_IDLE_PCT:g}% of the step longer than its "
