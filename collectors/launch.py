@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from pardiag import layout
-from pardiag.errors import EXIT_INTERRUPTED, Interrupted, PardiagError
+from pardiag.errors import EXIT_INTERRUPTED, SIGTERM_EXIT_CODE, Interrupted, PardiagError
 from pardiag.version import __version__
 
 from .rank_entry import CONFIG_ENV
@@ -767,7 +767,7 @@ class _RankOutcomes:
 
     Attributes:
         failed: ``{rank: error line}``, first failure first.
-        codes: the ranks' exit codes, in rank order.
+        codes: the ranks' exit codes, in the order the ranks ended.
         no_trace: ``{rank: optimizer steps}`` of ranks without a trace.
         short: ``{rank: active steps recorded}`` of ranks with fewer than ``cfg.active``.
     """
@@ -797,6 +797,10 @@ def _rank_outcomes(metas: dict, cfg: ProfileConfig) -> _RankOutcomes:
         if meta.status == "error" or meta.exit_code:
             failed[r] = meta.error or f"exit code {meta.exit_code}"
     failed = dict(sorted(failed.items(), key=lambda kv: ended_at.get(kv[0], 0.0)))
+    # in the order the ranks ended: the first failure's code is the script's, the others' are
+    # often torchrun's SIGTERM to the ranks still running (143)
+    order = sorted(metas, key=lambda r: (ended_at.get(r, 0.0), r))
+    codes = [int(metas[r].exit_code or 0) for r in order]
     return _RankOutcomes(failed, codes, no_trace, short)
 
 
@@ -809,10 +813,13 @@ def _files_complete(line: str) -> bool:
 
 def _exit_code(codes: list[int], hang: list | None, returncode: int, missing: list[int],
                n_metas: int, cfg: ProfileConfig) -> int:
-    """The exit code to pass on: the first rank's non-zero one; 0 where only the exit stuck
+    """The exit code to pass on: the non-zero one of the rank that ended first (``codes`` in the
+    order the ranks ended), one that is not a SIGTERM's (143: torchrun stopping the other ranks
+    after a failure) where there is one; 0 where only the exit stuck
     after every file was written; ``TIMEOUT_EXIT_CODE`` on a hang; torchrun's (or 1) where a
     rank is missing; else 0."""
     nonzero = [c for c in codes if c != 0]
+    nonzero = [c for c in nonzero if c != SIGTERM_EXIT_CODE] or nonzero
     complete = not missing and n_metas == cfg.nproc_per_node   # every rank wrote its files
     if nonzero:
         return nonzero[0]

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from pardiag import layout
-from pardiag.errors import PardiagError
+from pardiag.errors import SIGTERM_EXIT_CODE, PardiagError
 from pardiag.version import __version__
 
 #: The port SLURM jobs meet on: 29500 + (job id mod PORT_SPAN), so two jobs sharing a node
@@ -232,7 +232,11 @@ def _write_node_part(cfg: WrapConfig, out: Path, where: RankEnv, started: float,
         time.sleep(0.2)
     failed = {str(r): m.error or f"exit code {m.exit_code}" for r, m in sorted(metas.items())
               if m.status == "error" or m.exit_code}
-    codes = [int(m.exit_code or 0) for _, m in sorted(metas.items()) if m.exit_code]
+    # the first failure's code (by when the ranks ended), not a SIGTERM's from the launcher
+    # stopping the other ranks after it
+    ended = sorted(metas.values(), key=lambda m: (m.ended_unix or 0.0, m.rank))
+    codes = [int(m.exit_code) for m in ended if m.exit_code]
+    codes = [c for c in codes if c != SIGTERM_EXIT_CODE] or codes
     missing = [r for r in expected if r not in metas]
     run = layout.RunFile(
         pardiag_version=__version__,

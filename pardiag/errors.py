@@ -24,6 +24,9 @@ class TraceError(PardiagError):
 
 #: Exit code of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 130
+#: A process stopped by SIGTERM exits with this code (128 + 15): torchrun stops the ranks still
+#: running this way after one fails.
+SIGTERM_EXIT_CODE = 143
 
 
 class Interrupted(PardiagError):

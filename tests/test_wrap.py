@@ -334,3 +334,31 @@ def test_a_script_error_shows_the_scripts_traceback_only(tmp_path):
     except SyntaxError as exc:
         err2 = exc
     assert user_traceback(err2.__traceback__.tb_next) is None
+
+
+def test_the_exit_code_passed_on_is_the_first_failure_s(tmp_path):
+    """Rank 1 raises (exit 1) and torchrun then stops rank 0 with SIGTERM (143): the code passed
+    on is rank 1's, as plain torchrun passes it (it was rank 0's 143); a SIGTERM's code only
+    where no rank has another."""
+    from pardiag.collectors.launch import ProfileConfig, _exit_code, _rank_outcomes
+    from pardiag.layout import RankMeta
+
+    (tmp_path / "s.py").write_text("")
+    cfg = ProfileConfig(script=tmp_path / "s.py", out=tmp_path / "o", nproc_per_node=2)
+
+    def meta(code, ended, status="error"):
+        return RankMeta(rank=0, world_size=2, status=status, exit_code=code,
+                        ended_unix=ended, error=f"exit {code}", trace_file="t.json.gz",
+                        optimizer_steps=8)
+
+    got = _rank_outcomes({0: meta(143, 1000.2), 1: meta(1, 1000.0)}, cfg)
+    assert got.codes == [1, 143] and list(got.failed) == [1, 0]
+    assert _exit_code(got.codes, None, 1, [], 2, cfg) == 1
+    # the SIGTERM'd rank wrote its metadata first: its 143 is still not the script's code
+    got = _rank_outcomes({0: meta(143, 999.0), 1: meta(1, 1000.0)}, cfg)
+    assert _exit_code(got.codes, None, 1, [], 2, cfg) == 1
+    # every rank stopped by SIGTERM (Ctrl-C reached them): 143
+    got = _rank_outcomes({0: meta(143, 1.0), 1: meta(143, 2.0)}, cfg)
+    assert _exit_code(got.codes, None, 143, [], 2, cfg) == 143
+    got = _rank_outcomes({0: meta(3, 2.0), 1: meta(0, 1.0, "ok")}, cfg)
+    assert _exit_code(got.codes, None, 3, [], 2, cfg) == 3
