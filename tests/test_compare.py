@@ -673,7 +673,8 @@ def test_hosts_that_ran_the_probe_apart_are_named(tmp_path):
 
 def test_a_difference_beyond_the_noise_is_not_judged_when_the_hosts_differ(tmp_path):
     """+126% clears the noise between runs, but B's host ran the probe 50% slower: the
-    difference is left unjudged (unknown), with the probe's figures."""
+    difference is left unjudged (unknown), with the probe's figures — unless B was the faster
+    run on the slower host, which the host cannot explain."""
     a = ddp_run(tmp_path / "a", compute_us=600, late_us=0,
                 run_extra={"host_probe_before_ms": 8.0, "host_probe_after_ms": 8.4})
     b = ddp_run(tmp_path / "b", compute_us=1500, late_us=0,
@@ -689,6 +690,17 @@ def test_a_difference_beyond_the_noise_is_not_judged_when_the_hosts_differ(tmp_p
     c = ddp_run(tmp_path / "c", compute_us=1500, late_us=0,
                 run_extra={"host_probe_before_ms": 8.2, "host_probe_after_ms": 8.4})
     assert pardiag.compare(a, c).step.beyond_noise is True
+    # B faster on the faster host: the host may explain it, unjudged as well
+    assert pardiag.compare(b, a).step.beyond_noise is None
+    # B faster on the slower host: a slower host never explains a faster run; judged, and said
+    slow_host_fast_run = ddp_run(tmp_path / "d", compute_us=600, late_us=0,
+                                 run_extra={"host_probe_before_ms": 12.0,
+                                            "host_probe_after_ms": 12.6})
+    s = pardiag.compare(c, slow_host_fast_run).step
+    assert s.delta_pct < 0 and s.beyond_noise is True
+    assert s.noise.endswith(
+        "B's host was 48% slower: B was faster on the slower host, so the difference is, if "
+        "anything, larger than measured")
 
 
 def test_runs_whose_ranks_contended_for_cores_leave_one_run_s_noise_unknown(tmp_path):

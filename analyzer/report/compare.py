@@ -447,6 +447,17 @@ def host_probe_difference(a_runs: Iterable[ReportDocument],
             f"took {ma:.1f} ms for A and {mb:.1f} ms for B: {side} host was {pct:.0f}% slower")
 
 
+def _slower_host(a_runs: Iterable[ReportDocument], b_runs: Iterable[ReportDocument]
+                 ) -> str | None:
+    """``"A"`` or ``"B"``: the side whose host ran the host probe slower (the mean over its
+    runs), None without probes on both sides."""
+    pa = [x for x in map(host_probe_ms, a_runs) if x is not None]
+    pb = [x for x in map(host_probe_ms, b_runs) if x is not None]
+    if not pa or not pb:
+        return None
+    return "B" if float(np.mean(pb)) > float(np.mean(pa)) else "A"
+
+
 def _warnings(sa_sum: ReportDocument, sb_sum: ReportDocument, sa: SetupSection,
               sb: SetupSection, step: StepDelta, by: str, probe: str | None = None
               ) -> list[str]:
@@ -554,10 +565,18 @@ def compare_summaries(a: ReportDocument | dict[str, Any], b: ReportDocument | di
     step = step_delta(set_step_stats(list(runs[0])) if len(runs[0]) > 1 else step_stats(a),
                       set_step_stats(list(runs[1])) if len(runs[1]) > 1 else step_stats(b))
     probe = host_probe_difference(runs[0] or (a,), runs[1] or (b,))
-    if probe and step.beyond_noise:   # the host moved too: the change may not be B's
-        step = dataclasses.replace(step, beyond_noise=None, noise=(
-            f"{step.noise}, but not judged: {probe}, so the difference may be the host's; "
-            "repeat the runs on a quieter host"))
+    if probe and step.beyond_noise:
+        # the host moved too: a slower host explains a slower run, never a faster one
+        if _slower_host(runs[0] or (a,), runs[1] or (b,)) == ("B" if step.delta_pct > 0
+                                                               else "A"):
+            step = dataclasses.replace(step, beyond_noise=None, noise=(
+                f"{step.noise}, but not judged: {probe}, so the difference may be the host's; "
+                "repeat the runs on a quieter host"))
+        else:
+            faster = "B" if step.delta_pct < 0 else "A"
+            step = dataclasses.replace(step, noise=(
+                f"{step.noise}; {probe}: {faster} was faster on the slower host, so the "
+                f"difference is, if anything, larger than measured"))
     step = _contended(step, sa, sb, repeated=len(runs[0]) > 1 or len(runs[1]) > 1)
     ra, rb = rank_table(a), rank_table(b)
     by = "rank" if _layouts_match(sa, sb, ra, rb) else "role"
