@@ -439,6 +439,12 @@ def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float |
     for r, seen in sorted(result.no_trace.items()):
         if r in result.failed_ranks:  # its failure says why: the schedule is not the reason
             continue
+        if not seen:   # more steps cannot help a script that makes none
+            click.echo(f"pardiag: warning: rank {r} wrote no trace: the script made 0 optimizer "
+                       f"step(s), and pardiag's steps are optimizer steps (torch.optim's "
+                       f"step()); with --wait 0 --warmup 0 it records the whole script as one "
+                       f"step", err=True)
+            continue
         click.echo(f"pardiag: warning: rank {r} wrote no trace: the script made {seen} optimizer "
                    f"step(s) and the profiler starts recording after --wait + --warmup = "
                    f"{wait + warmup} (try --wait 0 --warmup 0, or more steps)", err=True)

@@ -592,3 +592,32 @@ def test_loose_files_recorded_seconds_apart_are_two_runs(tmp_path):
     hosts = write(tmp_path / "hosts", [rank(0, 5_114_143_245_633, "a"),
                                        rank(1, 5_114_147_046_524, "b")])
     assert len(load_traces(hosts).ranks) == 2
+
+
+def test_no_trace_hints_say_what_the_folder_is(tmp_path):
+    """A run's metadata folder (or a file in it) points to the run folder that holds the
+    traces; a run interrupted before its window ended says so instead of advising more
+    steps."""
+    from pardiag import layout
+
+    from .synth import write_sidecar
+
+    run = tmp_path / "run"
+    (run / layout.SIDECAR_DIR).mkdir(parents=True)
+    gpu_rank(0).write(run / "rank0.trace.json")
+    meta_dir = run / layout.SIDECAR_DIR
+    write_sidecar(meta_dir / "run.json", "run", None, {"command": "pardiag profile t.py",
+                                                      "world_size": 1, "exit_code": 0})
+    for target in (meta_dir, meta_dir / "run.json"):
+        with pytest.raises(TraceError) as err:
+            load_traces(target)
+        assert str(err.value).endswith(f"; {meta_dir} is pardiag's metadata folder of a run: "
+                                       f"report the run folder, {run}")
+    stopped = tmp_path / "stopped"
+    (stopped / layout.SIDECAR_DIR).mkdir(parents=True)
+    write_sidecar(stopped / layout.SIDECAR_DIR / "run.json", "run", None, {
+        "command": "pardiag profile t.py", "world_size": 2, "exit_code": 130})
+    with pytest.raises(TraceError) as err:
+        load_traces(stopped)
+    assert str(err.value).endswith("; the profiled run was interrupted (Ctrl-C) before its "
+                                   "profiling window ended, so no trace was written")

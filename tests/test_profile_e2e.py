@@ -265,6 +265,12 @@ def test_ctrl_c_stops_the_job_and_keeps_what_the_ranks_wrote(tmp_path):
     for r in (0, 1):
         meta = json.loads((out / "pardiag" / f"rank{r}.meta.json").read_text())
         assert meta["exit_code"] == 143 and meta["error"].startswith("stopped by SIGTERM")
+    # the report calls the run interrupted, not failed: nobody failed
+    rep = pardiag("report", out, "-o", tmp_path / "r.html")
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert ("Verdict: The run was interrupted (Ctrl-C, exit code 130): rank(s) 0, 1 were "
+            "stopped by the launcher") in " ".join(rep.stdout.split())
+    assert "The run failed" not in rep.stdout
 
 
 @pytest.mark.e2e
@@ -306,8 +312,15 @@ def test_script_without_optimizer(tmp_path):
                       "    x = torch.tanh(x @ x.T)\n")
     res = pardiag("profile", script, "--out", tmp_path / "a")
     assert res.returncode == 0
-    assert "rank 0 wrote no trace: the script made 0 optimizer step(s)" in res.stderr
+    assert ("rank 0 wrote no trace: the script made 0 optimizer step(s), and pardiag's steps "
+            "are optimizer steps (torch.optim's step()); with --wait 0 --warmup 0 it records "
+            "the whole script as one step") in res.stderr
     assert not (tmp_path / "a" / "rank0.trace.json.gz").exists()
+    rep = pardiag("report", tmp_path / "a", "-o", tmp_path / "none.html")
+    assert rep.returncode == 2 and rep.stderr.strip().endswith(
+        "the script made no optimizer step, and pardiag's steps are optimizer steps "
+        "(torch.optim's step()): profile with --wait 0 --warmup 0 to record the whole script "
+        "as one step")
     # recording from the start: the whole script is one (partial) active window
     res = pardiag("profile", script, "--out", tmp_path / "b", "--wait", 0, "--warmup", 0)
     assert res.returncode == 0 and "no trace" not in res.stderr

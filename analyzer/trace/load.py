@@ -30,7 +30,7 @@ import orjson
 import pandas as pd
 
 from pardiag import layout
-from pardiag.errors import TraceError
+from pardiag.errors import EXIT_INTERRUPTED, TraceError
 
 from . import vocab
 from .classify import STEP_RE
@@ -473,8 +473,17 @@ def _no_files_hint(paths: list[Path], run_info: layout.RunFile | None,
     sub = sorted({f.parent for p in paths if p.is_dir()
                   for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))
                   and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
-    if sub:
+    meta_dirs = [d for d in ((p if p.is_dir() else p.parent) for p in paths)
+                 if d.name == layout.SIDECAR_DIR and any(
+                     f.name.endswith((".json", ".json.gz")) for f in d.parent.glob("*.json*"))]
+    if meta_dirs:
+        hint = (f"; {meta_dirs[0]} is pardiag's metadata folder of a run: report the run "
+                f"folder, {meta_dirs[0].parent}")
+    elif sub:
         hint = f"; subfolders hold some: {', '.join(str(d) for d in sub[:3])}"
+    elif run_info is not None and run_info.exit_code == EXIT_INTERRUPTED:
+        hint = ("; the profiled run was interrupted (Ctrl-C) before its profiling window "
+                "ended, so no trace was written")
     elif run_info is not None and run_info.hang:
         hint = ("; the profiled run hung and was stopped before a trace was written: "
                 + run_info.hang[0])
@@ -482,6 +491,10 @@ def _no_files_hint(paths: list[Path], run_info: layout.RunFile | None,
         # more steps would not help a script that failed: its first error is the news
         r, msg = failed[0]
         hint = f"; the profiled run failed before a trace was written: rank {r}: {msg}"
+    elif rank_meta and not any(m.optimizer_steps for m in rank_meta.values()):
+        hint = ("; the script made no optimizer step, and pardiag's steps are optimizer steps "
+                "(torch.optim's step()): profile with --wait 0 --warmup 0 to record the whole "
+                "script as one step")
     elif run_info is not None or rank_meta:
         steps = {r: m.optimizer_steps for r, m in sorted(rank_meta.items())}
         hint = (f"; this pardiag run wrote no trace (optimizer steps per rank: {steps};"

@@ -8,6 +8,8 @@ import statistics
 
 import pandas as pd
 
+from pardiag.errors import EXIT_INTERRUPTED
+
 from ...analyses.breakdown import OUTLIER_STEP_FACTOR
 from ...analyses.pipeline import summarize_bubbles
 from ...trace.traceset import TraceSet
@@ -171,6 +173,12 @@ def failure_text(ctx: RuleContext) -> str | None:
         more = f" (and {len(run.hang) - 1} more)" if len(run.hang) > 1 else ""
         return f"The run hung and was stopped: {run.hang[0]}{more}"
     failures = ctx.traces.failures()
+    if (run.exit_code == EXIT_INTERRUPTED and failures
+            and all(msg.startswith("stopped by SIGTERM") for _, msg in failures)):
+        # Ctrl-C: the launcher stopped every rank; nothing failed
+        return (f"The run was interrupted (Ctrl-C, exit code {EXIT_INTERRUPTED}): rank(s) "
+                f"{', '.join(str(r) for r, _ in sorted(failures))} were stopped by the launcher; "
+                f"the steps they finished are analysed")
     parts = [f"rank {r} failed{' first' if i == 0 and len(failures) > 1 else ''}: "
              f"{msg if i == 0 else _consequence(msg)}"
              for i, (r, msg) in enumerate(failures)][:3]
