@@ -772,6 +772,22 @@ def _on_trace_ready(run: _RankRun, prof) -> None:
     """The profiler's window ended: export the trace, then take what only the live process
     can tell (flight recorder, process groups, parallel layout, model shapes, peak memory)
     into ``run.captured``, timing each part into ``run.instrumentation``."""
+    t0 = time.perf_counter()
+    partial = layout.partial_trace_path(run.out, run.rank)
+    # a SIGTERM waits for the whole of it: raised inside an import (the live objects' scan,
+    # the window's metadata import modules on first use), it left a module half-initialized,
+    # and the rank's later files failed on it ("partially initialized module 'pandas'")
+    held, run.hold_term = run.hold_term, True
+    try:
+        _after_window(run, prof, partial, t0)
+    finally:
+        run.hold_term = held
+    if run.terminated and not held:  # SIGTERM came meanwhile: stop now
+        raise _Terminated()
+
+
+def _after_window(run: _RankRun, prof, partial: Path, t0: float) -> None:
+    """:func:`_on_trace_ready`'s work, with SIGTERM held."""
     import torch.distributed as dist
 
     from .comms import flight_recorder_entries, process_groups
@@ -781,14 +797,9 @@ def _on_trace_ready(run: _RankRun, prof) -> None:
     from .shapes import model_shapes
 
     captured, rank = run.captured, run.rank
-    t0 = time.perf_counter()
-    partial = layout.partial_trace_path(run.out, rank)
-    held, run.hold_term = run.hold_term, True
-    try:  # written under another name, then renamed: never a truncated trace under its name
-        prof.export_chrome_trace(str(partial))
-        os.replace(partial, run.trace_file)
-    finally:
-        run.hold_term = held
+    # written under another name, then renamed: never a truncated trace under its name
+    prof.export_chrome_trace(str(partial))
+    os.replace(partial, run.trace_file)
     run.traces_written.append(run.trace_file.name)
     t1 = time.perf_counter()
     # what only the live process can tell, taken while the script's objects exist
@@ -818,8 +829,6 @@ def _on_trace_ready(run: _RankRun, prof) -> None:
         print(f"pardiag: rank {rank}: could not write its metadata at the window's end: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
     run.instrumentation["post_window_parts_s"]["window_meta"] = time.perf_counter() - t6
-    if run.terminated and not held:  # SIGTERM came while the trace was written: stop now
-        raise _Terminated()
 
 
 def _write_window_meta(run: _RankRun) -> None:

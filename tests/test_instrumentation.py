@@ -394,6 +394,51 @@ def test_a_sigterm_while_the_trace_is_written_waits_for_the_trace(tmp_path):
     assert rank_entry._one_line(rank_entry._Terminated()).startswith("stopped by SIGTERM")
 
 
+def test_a_sigterm_after_the_trace_waits_for_the_window_s_metadata(tmp_path, monkeypatch):
+    """A SIGTERM that comes while the rank reads its live objects after the trace (importing
+    modules on first use) waits until the window's metadata is written: raised inside an
+    import, it left a module half-initialized and the rank's later files failed on it."""
+    import os
+    import signal
+    import time
+
+    from pardiag import layout
+    from pardiag.collectors import rank_entry, shapes
+
+    run = rank_entry._RankRun(
+        cfg={"active": 1}, out=tmp_path, rank=0, world_size=1, local_rank=0, group=None,
+        stacks=None, pinned=False, cuda=False, trace_file=layout.trace_path(tmp_path, 0),
+        wait=0, warmup=0)
+    layout.sidecar_dir(tmp_path).mkdir()
+    reached = []
+
+    def model_shapes(objects=None):
+        os.kill(os.getpid(), signal.SIGTERM)   # the launcher stops the job here
+        time.sleep(0.05)                        # the handler runs here
+        reached.append("after the signal")
+        return None
+
+    monkeypatch.setattr(shapes, "model_shapes", model_shapes)
+    monkeypatch.setattr(rank_entry, "_write_window_meta", lambda run: reached.append("meta"))
+
+    class Profiler:
+        def export_chrome_trace(self, path):
+            with open(path, "wb") as f:
+                f.write(b"{}")
+
+    saved = signal.getsignal(signal.SIGTERM)
+    saved_fd = signal.set_wakeup_fd(-1)
+    try:
+        rank_entry._stop_on_sigterm(run)
+        with pytest.raises(rank_entry._Terminated):
+            rank_entry._on_trace_ready(run, Profiler())
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+        signal.set_wakeup_fd(saved_fd)
+    # the rest of the window's work ran, the metadata's write last, and then the rank stopped
+    assert reached == ["after the signal", "meta"] and run.terminated
+
+
 def test_a_gpu_rank_tears_cupti_down_after_its_window(monkeypatch):
     """On a GPU the rank's profiler runs with TEARDOWN_CUPTI=1 (Kineto otherwise keeps CUPTI
     attached after the window, slowing every later launch); a user's own value stands, and a
