@@ -29,7 +29,7 @@ from pardiag.analyzer.report.registry import AnalysisOptions, build_report, repo
 from pardiag.analyzer.report.registry import Report as _TypedReport
 from pardiag.analyzer.report.schema import ReportDocument, decode_report, to_builtins
 from pardiag.analyzer.trace.traceset import TraceSet
-from pardiag.errors import PardiagError
+from pardiag.errors import PardiagError, TraceError
 
 
 class Report(_TypedReport):
@@ -344,8 +344,9 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
         PardiagError: a bad ``comm_kernels`` pattern, or a ``peak_tflops`` or
             ``tokens_per_step`` that is not a positive, finite number (exit code 2 on the
             command line).
-        TraceError: a path does not exist, no readable trace is found, or the paths hold
-            different runs (the message names the file and the problem).
+        TraceError: a path does not exist, no readable trace is found, no trace holds a timed
+            event, or the paths hold different runs (the message names the file and the
+            problem).
     """
     for name, value in (("peak_tflops", peak_tflops), ("tokens_per_step", tokens_per_step)):
         positive_number(name, value)
@@ -377,6 +378,10 @@ def _analyze(paths, *, comm_kernels, cache, workers, progress, hta, mixed_runs=F
                            tokens_per_step=tokens_per_step)
     traces = load_traces(paths, reducer=REDUCER, comm_patterns=patterns, cache=cache,
                          workers=workers, progress=progress, mixed_runs=mixed_runs)
+    empty = [w for w in traces.warnings if w.endswith("has no timed events")]
+    if empty and len(empty) >= len(traces.ranks):   # an error, not an empty report
+        raise TraceError(f"{traces.source}: no trace holds a timed event (e.g. {empty[0]}): "
+                         f"the profiler recorded nothing")
     if more_warnings:
         traces = dataclasses.replace(traces, warnings=(*traces.warnings, *more_warnings))
     if loaded is not None:

@@ -64,7 +64,7 @@ EXPECTED: dict[str, tuple] = {
     "single_step.json": (0, "", BASE_OVERLAP, [0]),
     "no_communication.json": (0, "", None, [0]),
     "rank_without_events": (0, "rank1.json: rank 1 has no timed events", BASE_OVERLAP, [0, 1]),
-    "only_metadata_events.json": (0, "rank 0 has no timed events", None, [0]),
+    "only_metadata_events.json": (2, "no trace holds a timed event (e.g. ", None, [0]),
     "events_not_objects.json": (0, "left out 4 traceEvents entries that are not objects",
                                 BASE_OVERLAP, [0]),
     "utf8_bom.json": (0, "", BASE_OVERLAP, [0]),
