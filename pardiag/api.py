@@ -602,7 +602,18 @@ def compare(a, b, *, comm_kernels: Iterable[str] = (), cache: bool = True,
     res = compare_summaries(picked[0], picked[1], a_source=names[0], b_source=names[1],
                             a_runs=sides[0] if len(sides[0]) > 1 else (),
                             b_runs=sides[1] if len(sides[1]) > 1 else ())
+    same = same_run(a, b)
+    if same:
+        res = dataclasses.replace(res, warnings=(same, *res.warnings))
     return Comparison(**{f.name: getattr(res, f.name) for f in dataclasses.fields(res)})
+
+
+def same_run(a, b) -> str | None:
+    """A warning when the two inputs of :func:`compare` are one path (spelled alike or not):
+    every difference is then 0 by construction. None otherwise."""
+    if all(isinstance(x, (str, Path)) for x in (a, b)) and Path(a).resolve() == Path(b).resolve():
+        return f"A and B are the same run ({Path(a)}): every difference is 0 by construction"
+    return None
 
 
 def _given_name(x) -> str:

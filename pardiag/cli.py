@@ -785,11 +785,13 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
     B is slower beyond the limit and the noise. A
     missing or unreadable input exits with code 2 and a one-line message.
     """
+    import dataclasses as _dc
+
     import orjson
     from rich.console import Console
 
     from pardiag.api import compare as compare_runs
-    from pardiag.api import load_summaries
+    from pardiag.api import load_summaries, same_run
     from pardiag.progress import progress_reporter
 
     guard_outputs([output, json_out], [a, b])
@@ -819,6 +821,9 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
             raise
         raise PardiagError(f"{a} vs {b}: comparison failed ({type(exc).__name__}: {exc}); "
                            f"set PARDIAG_DEBUG=1 for the traceback", exit_code=1) from None
+    same = same_run(a, b)
+    if same:
+        cmp = _dc.replace(cmp, warnings=(same, *cmp.warnings))
     for w in cmp.warnings:
         click.echo(f"pardiag: warning: {w}", err=True)
     result = cmp.gate(fail_pct) if fail_pct is not None else None
@@ -946,6 +951,9 @@ def main(argv: list[str] | None = None) -> int:
     ``sys.exit(main())``; tests call ``main([...])`` in-process."""
     try:
         code = cli.main(args=argv, prog_name="pardiag", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as err:   # bare `pardiag`: its help, on stdout
+        click.echo(err.ctx.get_help() if err.ctx is not None else err.format_message())
+        return 0
     except click.UsageError as err:
         click.echo(f"pardiag: error: {err.format_message()}", err=True)
         return 2

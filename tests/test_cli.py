@@ -9,7 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from pardiag.cli import cli
+from pardiag.cli import cli, main
 
 from .paths import REPO
 from .synth import cpu_rank, gpu_rank
@@ -428,3 +428,12 @@ def test_the_first_failure_leads_not_the_lowest_rank(tmp_path):
     verdict = json.loads(js.read_text())["verdict"]
     assert ("The run failed: rank 1 failed first: ValueError: bad batch; rank 0 failed: "
             "RuntimeError: [gloo] Connection closed by peer") in json.dumps(verdict)
+
+
+def test_bare_pardiag_prints_its_help(capsys):
+    """``pardiag`` alone shows its commands on standard output and exits 0, as ``--help`` does,
+    not as an error line."""
+    assert main([]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("Usage: pardiag [OPTIONS] COMMAND [ARGS]...")
+    assert "report" in out.out and "profile" in out.out and out.err == ""

@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import msgspec
 import orjson
@@ -736,3 +737,21 @@ def test_runs_whose_ranks_contended_for_cores_leave_one_run_s_noise_unknown(tmp_
     g = gate(c, 10.0)
     assert g.failed and ("over --fail-if-slower 10%; the difference could not be weighed "
                          "against the noise between runs, so the limit alone decides") in g.line
+
+
+def test_a_run_compared_with_itself_is_said(pair, tmp_path, capsys):
+    """The same folder on both sides (spelled differently): a warning says every difference is
+    0 by construction, in the API and on the command line; the page of two runs that are not
+    pipelines says so at its end, not in its main flow."""
+    from pardiag.cli import main
+
+    a, _, other = pair
+    c = pardiag.compare(a, Path(str(a) + "/"))
+    assert c.warnings[0] == f"A and B are the same run ({a}): every difference is 0 by construction"
+    assert not any("same run" in w for w in other.warnings)
+    out = tmp_path / "c.html"
+    assert main(["compare", str(a), str(a), "-o", str(out)]) == 0
+    assert f"pardiag: warning: A and B are the same run ({a})" in capsys.readouterr().err
+    page = out.read_text()
+    assert page.index("id='warnings'") < page.index("id='pipeline'")
+    assert "Neither run is a pipeline." in page[page.index("id='pipeline'"):]

@@ -547,11 +547,14 @@ def render_compare_html(c: Comparison, *, gate_result: GateResult | None = None,
             links it from the plotly CDN instead.
     """
     page = Page()
+    pipeline = _pipeline_section(c, page)
+    # neither run a pipeline: its section says so at the end, not in the main flow
+    last = _empty(c.bubbles, ["a_bubble_pct", "b_bubble_pct"])
     body = (_verdict_section(c, gate_result) + _checks_section(c) + _setup_section(c)
             + _step_section(c, page) + _breakdown_section(c, page) + _overlap_section(c, page)
-            + _pipeline_section(c, page) + _stragglers_section(c) + _imbalance_section(c)
+            + ([] if last else pipeline) + _stragglers_section(c) + _imbalance_section(c)
             + _memory_section(c, page) + _collectives_section(c, page)
-            + _operators_section(c, page) + _warnings_section(c))
+            + _operators_section(c, page) + _warnings_section(c) + (pipeline if last else []))
     return document(f"pardiag compare: {c.a_source} → {c.b_source}", "pardiag compare",
                     f"A {c.a_source} → B {c.b_source}", COMPARE_SECTIONS, "".join(body),
                     include_plotlyjs)
