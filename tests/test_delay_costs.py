@@ -20,7 +20,7 @@ from pardiag.analyzer.report.registry import report_json
 
 
 def _report(tmp_path, **kw):
-    job = Job(ranks_per_host=8, seed=kw.pop("seed", 1), **kw)
+    job = Job(ranks_per_host=kw.pop("ranks_per_host", 8), seed=kw.pop("seed", 1), **kw)
     truth = generate(job, tmp_path / "job")
     return pardiag.analyze(tmp_path / "job", cache=False), truth
 
@@ -73,18 +73,40 @@ def test_two_ranks_pair_their_transfers_without_a_recorded_peer(tmp_path):
     assert rep.sync.straggler == 0
 
 
-def test_unpaired_transfers_name_nobody_from_the_collectives(tmp_path):
-    """pp 2 × dp 2 with no metadata and rank 2 slowed: the sends and receives cannot be paired
-    (four ranks, no peer recorded), so a rank late at its data-parallel all-reduce may be late
-    because the rank that sends to it was. Nobody is named, and a note says why (it named
-    rank 0, the slow rank's data-parallel peer, before)."""
+def test_transfers_without_a_peer_pair_by_their_ends(tmp_path):
+    """pp 2 × dp 2 with no metadata and rank 2 slowed: no send or receive records its peer, but
+    a send and its receive end together, so they pair by their ends (each stage's ranks with
+    the other stage's), and rank 2 is named (rank 0, its data-parallel peer, was named
+    before: late at the all-reduce because rank 2's sends were)."""
     rep, truth = _report(tmp_path, mesh={"pp": 2, "dp": 2}, schedule="pp_gpipe",
                          microbatches=4, slow_ranks={2: 1471.0}, metadata="none", seed=3)
     assert truth.straggler == 2
-    assert any("without a known peer" in n for n in rep.sync.notes)
-    assert rep.sync.straggler is None
-    assert any(n.startswith("no straggler named: rank") and "no known peer" in n
-               for n in rep.sync.notes)
+    assert not any("without a known peer" in n for n in rep.sync.notes)
+    assert any(n.endswith("were paired by their ends (a send and its receive end together, "
+                          "within 10 µs)") for n in rep.sync.notes)
+    stages = {frozenset(p) for p in zip(rep.sync.p2p["src"], rep.sync.p2p["dst"])}
+    assert all(len(p & {0, 1}) == 1 for p in stages)   # every pair crosses the stages
+    assert rep.sync.straggler == 2
+
+
+def test_unpaired_transfers_name_nobody_from_the_collectives():
+    """Transfers whose peer stays unknown break the chain of causes: a rank late at its
+    all-reduce may be late because a rank that sends to it was, so the waits at collectives
+    name nobody, and a note says why. Ends that do not meet (other hosts' clocks) pair
+    nothing."""
+    from pardiag.analyzer.analyses.matching import peers_by_ends
+
+    ev = pd.DataFrame({"rank": [0, 1, 0, 1], "op": ["send", "recv", "send", "recv"],
+                       "peer": [None, None, None, None], "bytes": [None] * 4,
+                       "start_us": [0.0, 0.0, 100.0, 90.0], "end_us": [50.0, 50.0, 150.0, 150.0]})
+    out, note = peers_by_ends(ev)
+    assert list(out["peer"]) == [1, 0, 1, 0] and note.startswith("4 point-to-point op(s)")
+    apart = ev.assign(end_us=[50.0, 950.0, 150.0, 1050.0])   # 900 µs apart: another clock
+    out, note = peers_by_ends(apart)
+    assert note is None and out["peer"].isna().all()
+    # the k-th send must meet the k-th receive: crossed orders pair nothing
+    crossed = ev.assign(start_us=[0.0, 95.0, 100.0, 0.0])
+    assert peers_by_ends(crossed)[1] is None
 
 
 def _costs(*rows):
@@ -122,3 +144,17 @@ def test_the_page_names_the_costly_rank_beside_the_one_waited_for(tmp_path):
     assert (f"The rank whose extra computation costs the step most: <b>rank 2</b> "
             f"({cost:.3f} ms per step, by replay of the execution graph); rank {top} causes "
             f"the most waiting") in page
+
+
+def test_transfers_across_clocks_stay_unpaired_and_name_nobody(tmp_path):
+    """The same job with each stage on its own host, 700 µs apart: ends on two clocks do not
+    meet, the transfers stay unpaired, and the lateness at the data-parallel all-reduces names
+    nobody (unknown, never a rank whose lateness may be its sender's)."""
+    rep, truth = _report(tmp_path, mesh={"pp": 2, "dp": 2}, schedule="pp_gpipe",
+                         microbatches=4, slow_ranks={2: 1471.0}, metadata="none", seed=3,
+                         ranks_per_host=2, host_offset_us={1: 700.0})
+    assert truth.straggler == 2
+    assert any("without a known peer" in n for n in rep.sync.notes)
+    assert rep.sync.straggler is None
+    assert any(n.startswith("no straggler named: rank") and "no known peer" in n
+               for n in rep.sync.notes)

@@ -45,10 +45,8 @@ def _check(kind: str, meta: str, seed: int) -> None:
 
 
 #: Kinds whose straggler is not yet found in every job (benchmarks/cross_rank_accuracy.py
-#: measures how often): a slowed pipeline rank is named nobody where its excess is inside the
-#: step's spread or the traces do not pair the transfers (no peer recorded). Their own tests
-#: below check the cases that must hold.
-SHORT_OF_GOAL = frozenset({"pipeline_straggler"})
+#: measures how often); none now.
+SHORT_OF_GOAL: frozenset[str] = frozenset()
 
 
 @pytest.mark.parametrize("kind", sorted(set(KINDS) - SHORT_OF_GOAL))

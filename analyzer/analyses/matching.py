@@ -362,3 +362,91 @@ def count_instances(ev: pd.DataFrame, present: set[int]
     if len(lone):
         notes.append(f"{len(lone)} point-to-point transfer(s) have only one side in the traces")
     return inst, notes, n_multi
+
+
+#: A send and its receive end together (the transfer's completion) to within this (µs) on one
+#: clock, as a collective's members do (:data:`COHORT_TOL_US`).
+P2P_END_TOL_US = COHORT_TOL_US
+#: Peers found by ends stand only when at least this share of the sends and receives whose peer
+#: the traces do not give find theirs: clocks that differ (other hosts) or transfers that end in
+#: lockstep leave most unpaired, and then none is paired.
+P2P_END_SHARE = 0.9
+
+
+def peers_by_ends(ev: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """Fill the ``peer`` of the sends and receives the traces give none for (no record, no
+    ``Src``/``Dst Rank``), from when they end: a send and its receive complete together.
+
+    A send pairs with the receive on another rank that ends within :data:`P2P_END_TOL_US` of
+    it, of the same size where both sizes are known, when each is the other's only candidate.
+    An op with several candidates takes the one whose pair of ranks the unique matches
+    established (ranks that exchange in lockstep end together). The k-th send from rank a to
+    rank b must then meet the k-th receive of b from a (NCCL delivers a pair's transfers in
+    order). Peers are filled only when :data:`P2P_END_SHARE` of the unknown ops are paired so
+    and every pair keeps that order; otherwise none is, and the ops stay unpaired.
+
+    Returns:
+        (``ev`` with the peers filled, a note of how many were paired so; None when none was).
+    """
+    unk = ev["op"].isin(["send", "recv"]).to_numpy() & ev["peer"].isna().to_numpy()
+    if not unk.any():
+        return ev, None
+    sends = ev[unk & (ev["op"] == "send").to_numpy()]
+    recvs = ev[unk & (ev["op"] == "recv").to_numpy()]
+    if sends.empty or recvs.empty:
+        return ev, None
+    r_end = recvs["end_us"].to_numpy(dtype=float)
+    order = np.argsort(r_end, kind="stable")
+    r_end, r_idx = r_end[order], recvs.index.to_numpy()[order]
+    r_rank = recvs["rank"].to_numpy()[order]
+    r_bytes = recvs["bytes"].to_numpy()[order]
+
+    def candidates(i_send: int) -> list[int]:
+        row = ev.loc[i_send]
+        e = float(row["end_us"])
+        lo = int(np.searchsorted(r_end, e - P2P_END_TOL_US, side="left"))
+        hi = int(np.searchsorted(r_end, e + P2P_END_TOL_US, side="right"))
+        out = []
+        for j in range(lo, hi):
+            same_size = (row["bytes"] is None or r_bytes[j] is None
+                         or pd.isna(row["bytes"]) or pd.isna(r_bytes[j])
+                         or int(row["bytes"]) == int(r_bytes[j]))
+            if r_rank[j] != row["rank"] and same_size:
+                out.append(j)
+        return out
+
+    cand = {i: candidates(i) for i in sends.index}
+    taken_by: dict[int, list[int]] = {}
+    for i, js in cand.items():
+        for j in js:
+            taken_by.setdefault(j, []).append(i)
+    match: dict[int, int] = {i: js[0] for i, js in cand.items()
+                             if len(js) == 1 and len(taken_by[js[0]]) == 1}
+    pairs = {(int(ev.at[i, "rank"]), int(r_rank[j])) for i, j in match.items()}
+    used = set(match.values())
+    for i, js in cand.items():   # several candidates: the one of an established pair
+        if i in match:
+            continue
+        fit = [j for j in js if j not in used and (int(ev.at[i, "rank"]), int(r_rank[j])) in pairs]
+        if len(fit) == 1:
+            match[i] = fit[0]
+            used.add(fit[0])
+    if 2 * len(match) < P2P_END_SHARE * int(unk.sum()):
+        return ev, None
+    # each pair's transfers in order: its k-th send meets its k-th receive
+    by_pair: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for i, j in match.items():
+        key = (int(ev.at[i, "rank"]), int(r_rank[j]))
+        by_pair.setdefault(key, []).append((float(ev.at[i, "start_us"]), float(
+            ev.at[r_idx[j], "start_us"])))
+    for rows in by_pair.values():
+        recv_starts = [b for _, b in sorted(rows)]
+        if recv_starts != sorted(recv_starts):
+            return ev, None
+    ev = ev.copy()
+    for i, j in match.items():
+        ev.at[i, "peer"] = int(r_rank[j])
+        ev.at[r_idx[j], "peer"] = int(ev.at[i, "rank"])
+    return ev, (f"{2 * len(match)} point-to-point op(s) the traces give no peer for were paired "
+                f"by their ends (a send and its receive end together, within "
+                f"{P2P_END_TOL_US:g} µs)")

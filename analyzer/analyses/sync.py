@@ -49,7 +49,7 @@ from ..trace import intervals as iv
 from ..trace.traceset import TraceSet
 from .clocks import align_clocks, instance_times, rank_hosts
 from .comm_events import comm_events
-from .matching import count_instances, matched_events
+from .matching import count_instances, matched_events, peers_by_ends
 from .stragglers import (
     compute_per_step,
     p2p_share,
@@ -245,9 +245,12 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     no_offsets = pd.DataFrame(columns=["rank", "offset_us", "residual_us", "instances", "host"])
     if ev.empty:
         return SyncResult(no_offsets, empty, empty, no_stragglers, empty, "none")
+    ev, by_ends = peers_by_ends(ev)
     unpaired = {int(r) for r in ev.loc[ev["op"].isin(["send", "recv"]) & ev["peer"].isna(),
                                        "rank"]}
     ev, matched_by, notes = matched_events(ev)
+    if by_ends:
+        notes.append(by_ends)
     present = set(int(r) for r in traces.ranks) | set(int(r) for r in ev["rank"].unique())
     inst, inst_notes, n_multi = count_instances(ev, present)
     notes.extend(inst_notes)
