@@ -264,9 +264,12 @@ def _unmarked_waits(trace: RankTrace, kinds: pd.Series) -> np.ndarray:
     ce = cs + comm["dur"].to_numpy(dtype=float)
     order = np.argsort(ce, kind="stable")
     cs, ce = cs[order], ce[order]
+    # Python frames (with_stack) are not ops: the frame of ``work.wait()`` would be a leaf
+    # spanning the whole wait, and a leaf's own time is never taken for a wait
     ops = ev[isin_mask(kinds, [Kind.CPU_COMPUTE.value, Kind.CPU_COMM.value,
                                Kind.CPU_WAIT.value, Kind.OTHER.value]) & ~tr
-             & (ev["dur"].to_numpy(dtype=float) > 0)]
+             & (ev["dur"].to_numpy(dtype=float) > 0)
+             & ev["cat"].ne("python_function").to_numpy()]
     out = []
     for _, g in ops.groupby(["pid", "tid"], sort=False):
         s = g["ts"].to_numpy(dtype=float)
