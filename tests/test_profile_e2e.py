@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -241,10 +242,28 @@ def _ctrl_c_when(out, ready, poll_s: float, settle_s: float = 0.0) -> tuple[int,
         time.sleep(settle_s)
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
+        # pardiag has returned: no process of its session is left (torchrun, the ranks)
+        left = _session_processes(proc.pid)
+        assert not left, (left, err[-2000:])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     return proc.returncode, err
+
+
+def _session_processes(sid: int) -> list[str]:
+    """The processes of session ``sid`` still alive (zombies are dead), as "pid command"."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue   # it ended meanwhile
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:]
+        fields = rest.split()
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(f"{stat.parent.name} {name}")
+    return out
 
 
 @pytest.mark.e2e
