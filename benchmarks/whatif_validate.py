@@ -377,6 +377,9 @@ def main() -> None:
     link = "link" in args.cases
     args.cases = [c for c in args.cases if c != "link"]
     if link and not args.cases:
+        if args.pin_cpu:   # said, not ignored
+            ap.error("the link case does not take --pin-cpu: it runs its simulated nodes as "
+                     "they are")
         return link_main(args)
     unknown = set(args.cases) - set(CASES)
     if unknown:
