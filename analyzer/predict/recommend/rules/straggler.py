@@ -86,6 +86,12 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
     on_gpu = ctx.on_gpu
     idle_x = None if on_gpu else _excess_idle(steps, r, others)
     saving = caused if idle_x is None else min(caused, max(idle_x, 0.0))
+    cost = found.delay_cost_us
+    replayed = cost is not None
+    if cost is not None:
+        # named by its delay cost: the execution graph's replay is the prediction (the others'
+        # waiting for it holds the schedule's bubble too, and overstates it)
+        saving = float(cost)
     if not (saving > 0):
         return []
     comp = ctx.balance.per_rank if ctx.balance is not None else pd.DataFrame()
@@ -113,9 +119,16 @@ def straggler(ctx: RuleContext) -> list[Recommendation]:
             ev.append(f"rank {r} computes {c[r] / 1000:.2f} ms per step, the others "
                       f"{c.drop(r).median() / 1000:.2f} ms (median)")
     ev.append(found.describe() + f" ({found.criterion}: the straggler criterion it meets)")
-    how = ("the others' waiting for it" if idle_x is None else
+    how = ("its extra computation, by replay of the execution graph (each step's graph "
+           "with its computation cut to its peers' median)" if replayed else
+           "the others' waiting for it" if idle_x is None else
            "its extra idle time, at most the others' waiting for it (on CPU its op times "
            "follow the host, not its work)")
+    if replayed:
+        ev.append(f"predicted by replay of the execution graph: with rank {r}'s computation cut "
+                  f"to its peers' median, each step ends {saving / 1000:.2f} ms earlier "
+                  f"(median; its delay cost), where the others' waiting for it is "
+                  f"{caused / 1000:.2f} ms per step")
     pred = max(measured - saving, 0.0)
     look_at = (cause.advice() if cause is not None
                else "what delays it: host load, data loading, a slower device or link")
