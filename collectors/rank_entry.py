@@ -1144,7 +1144,9 @@ def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int | Non
     if shapes is not None or batch.samples is not None:
         shapes = msgspec.structs.replace(shapes or layout.ModelShapes(),
                                          batch_samples=batch.samples, batch_module=batch.module,
-                                         batch_calls=batch.calls if batch.samples else None)
+                                         batch_calls=batch.calls if batch.samples else None,
+                                         batch_shape=batch.shape if batch.samples else None,
+                                         batch_integer=batch.integer if batch.samples else None)
     topo = captured.get("topology")
     if topo is None:   # once per rank: nvidia-smi takes a while
         topo = captured["topology"] = topology(run.local_rank)

@@ -186,12 +186,15 @@ class BatchRecorder:
     Hugging Face models take ``model(**batch)``, Lightning's DDP wrapper ``(batch_dict, idx)``.
 
     Attributes:
-        samples: that dim 0 (samples), or None; module: the module's class name; calls: the
+        samples: that dim 0 (samples), or None; shape: that tensor's shape; integer: whether
+            its dtype is an integer one (token ids); module: the module's class name; calls: the
             module's calls with gradients on.
     """
 
     def __init__(self) -> None:
         self.samples: int | None = None
+        self.shape: list[int] | None = None
+        self.integer = False
         self.module: str | None = None
         self.calls = 0
         self._best: tuple[int, int] | None = None   # (id of the module, its parameters)
@@ -214,6 +217,8 @@ class BatchRecorder:
                     if self._best is None or n > self._best[1]:
                         self._best = (id(module), n)
                         self.samples, self.module = int(first.shape[0]), type(module).__name__
+                        self.shape = [int(x) for x in first.shape]
+                        self.integer = not (first.is_floating_point() or first.is_complex())
                         self.calls = 1
 
     def install(self) -> None:

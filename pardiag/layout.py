@@ -496,6 +496,9 @@ class ModelShapes(msgspec.Struct, kw_only=True, frozen=True):
         batch_module: the class name of that module.
         batch_calls: that module's calls with gradients on before the first optimizer step
             (gradient accumulation: more than 1; in a pipeline, microbatches × local stages).
+        batch_shape: the whole shape of that tensor; None when unseen.
+        batch_integer: whether that tensor's dtype is an integer one (token ids: its elements
+            are the tokens of one call); None when unseen.
         truncated: True when more than ``MAX_SHAPES`` parameters or modules were found (the
             rest are not recorded).
     """
@@ -506,6 +509,8 @@ class ModelShapes(msgspec.Struct, kw_only=True, frozen=True):
     batch_samples: int | None = None
     batch_module: str | None = None
     batch_calls: int | None = None
+    batch_shape: list[int] | None = None
+    batch_integer: bool | None = None
     truncated: bool = False
 
 

@@ -368,3 +368,42 @@ def test_a_trace_without_shapes_has_no_flops_and_says_why(real_traces):
     e = compute_efficiency(load_traces(real_traces / "ddp_2rank_v100_rank0", cache=False))
     assert e.per_rank.empty and e.mfu_pct is None
     assert any(n.startswith("rank 0: none of its") and "record_shapes" in n for n in e.notes)
+
+
+def test_tokens_per_second_from_the_recorded_model_input(tmp_path):
+    """pardiag profile records the model's first input: integer token ids of shape [8, 512],
+    called twice per optimizer step (gradient accumulation), give 8192 tokens per step, so
+    tokens/s = 8192 / the 1 ms step, with a note saying where they came from;
+    --tokens-per-step overrides; a floating-point input (an image batch, or a later pipeline
+    stage's activations) or one of another rank leaves tokens/s unknown."""
+    from pardiag.analyzer.analyses.efficiency import recorded_tokens
+    from pardiag.layout import ModelShapes
+
+    from .synth import write_sidecar
+
+    def run(shapes: dict) -> Path:
+        out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        out.mkdir()
+        (out / "rank0.trace.json").write_text(json.dumps(_planted()))
+        write_sidecar(out / "rank0.meta.json", "rank", 0, {"optimizer_steps": 4,
+                                                          "shapes": shapes})
+        return out
+
+    ids = {"batch_samples": 8, "batch_calls": 2, "batch_shape": [8, 512],
+           "batch_integer": True}
+    e = compute_efficiency(load_traces(run(ids), cache=False))
+    assert e.per_rank.iloc[0]["tokens_per_s"] == pytest.approx(8192 / 1e-3)
+    assert ("tokens per step from the model's recorded input (integer token ids [batch, "
+            "sequence] × its calls per optimizer step; --tokens-per-step overrides): rank 0: "
+            "8192 (8 × 512 token ids × 2 call(s))") in e.notes
+    given = compute_efficiency(load_traces(run(ids), cache=False), tokens_per_step=100)
+    assert given.per_rank.iloc[0]["tokens_per_s"] == pytest.approx(100 / 1e-3)
+    assert not any(n.startswith("tokens per step from") for n in given.notes)
+    images = {**ids, "batch_shape": [8, 3, 224, 224], "batch_integer": False}
+    e = compute_efficiency(load_traces(run(images), cache=False))
+    assert math.isnan(e.per_rank.iloc[0]["tokens_per_s"])
+    assert recorded_tokens(None) is None
+    assert recorded_tokens(type("M", (), {"shapes": ModelShapes(
+        batch_shape=[8, 512], batch_integer=False, batch_calls=1)})()) is None
+    assert recorded_tokens(type("M", (), {"shapes": ModelShapes(
+        batch_shape=[8, 512, 4], batch_integer=True, batch_calls=1)})()) is None

@@ -69,6 +69,8 @@ def test_framework_profiled_unmodified(framework_run):
         # the model's per-rank input and the accumulation, from keyword or dict inputs
         assert meta["shapes"]["batch_samples"] == BATCH
         assert meta["shapes"]["batch_calls"] == ACCUM
+        # token ids [batch, sequence] (32 tokens): the report's tokens per step
+        assert meta["shapes"]["batch_shape"] == [BATCH, 32] and meta["shapes"]["batch_integer"]
         # GPT-2's attention heads (4), read from the modules
         assert {a["heads"] for a in meta["shapes"]["attention"]} == {4}
         lay = meta["layout"]
@@ -101,6 +103,11 @@ def test_framework_profiled_unmodified(framework_run):
     # the step time is over the profiled steps; one slower than 1.5x the median (a loaded
     # machine: two xdist workers on 2 cores) is left out as an outlier
     assert ACTIVE - 1 <= report["step"]["steps"] <= ACTIVE
+    # tokens/s from the recorded input: BATCH × 32 tokens × ACCUM calls per step
+    assert any(n.startswith("tokens per step from the model's recorded input") and
+               f"rank 0: {BATCH * 32 * ACCUM} ({BATCH} × 32 token ids × {ACCUM} call(s))" in n
+               for n in report["efficiency"]["notes"])
+    assert all(r["tokens_per_s"] > 0 for r in report["efficiency"]["per_rank"])
 
 
 def test_a_second_torch_profiler_is_refused_with_a_clear_error():

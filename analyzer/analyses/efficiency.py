@@ -19,7 +19,10 @@ from the recorded shapes) and its ``ProfilerStep`` windows:
   measured when ``pardiag profile`` started it (its metadata's ``peak_flops``). Otherwise
   unknown: achieved TFLOP/s are still given, MFU is not.
 * **tokens/s** per rank: ``tokens_per_step`` (``--tokens-per-step``, the tokens each rank
-  processes per step) / the step time.
+  processes per step) / the step time; without it, from ``pardiag profile``'s record of the
+  rank's model input (:func:`recorded_tokens`): integer token ids of shape ``[batch, sequence]``
+  × the model's calls per optimizer step. Any other input (floating point, another rank of
+  dimensions) leaves tokens/s unknown.
 * **per op class**: FLOPs, bytes and time summed over ranks and steps (time on the device for
   GPU ranks, on the host thread for CPU ranks), achieved TFLOP/s = FLOPs / time, GB/s = bytes /
   time, arithmetic intensity = FLOPs / byte (Williams, Waterman and Patterson, Roofline, CACM
@@ -196,6 +199,23 @@ def _steps_table(ops: pd.DataFrame, steps: pd.DataFrame, peak: float | None,
     return out
 
 
+def recorded_tokens(meta) -> tuple[float, str] | None:
+    """Tokens per optimizer step of a rank from its metadata's model input
+    (:class:`pardiag.layout.ModelShapes`), and how they were counted (``"1024 (8 × 128 token
+    ids × 1 call(s))"``): the elements of an integer input of two dimensions (token ids,
+    ``[batch, sequence]``) × the model's calls per optimizer step; None for any other input,
+    or none recorded."""
+    shapes = getattr(meta, "shapes", None)
+    if shapes is None or not shapes.batch_integer or not shapes.batch_calls:
+        return None
+    shape = shapes.batch_shape or []
+    if len(shape) != 2 or min(shape) <= 0:
+        return None
+    tokens = shape[0] * shape[1] * shapes.batch_calls
+    return float(tokens), (f"{tokens} ({shape[0]} × {shape[1]} token ids × "
+                           f"{shapes.batch_calls} call(s))")
+
+
 def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
                        tokens_per_step: float | None = None) -> EfficiencyResult:
     """FLOPs, MFU and the roofline of every rank (see the module docstring).
@@ -207,6 +227,7 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
         tokens_per_step: tokens each rank processes per step (``report --tokens-per-step``).
     """
     notes: list[str] = []
+    recorded: list[str] = []   # tokens per step from the ranks' recorded inputs
     op_rows, step_rows, rank_rows = [], [], []
     for rank, trace in traces.ranks.items():
         s = summary_of(trace)
@@ -233,7 +254,12 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
         if steps is None or steps.empty:
             notes.append(f"rank {rank}: no ProfilerStep windows: FLOPs per op only, no MFU")
             continue
-        per = _steps_table(ops, steps, peak, n_re > 0, tokens_per_step).assign(rank=rank)
+        tokens = tokens_per_step
+        counted = recorded_tokens(meta) if tokens is None else None
+        if counted is not None:
+            tokens = counted[0]
+            recorded.append(f"rank {rank}: {counted[1]}")
+        per = _steps_table(ops, steps, peak, n_re > 0, tokens).assign(rank=rank)
         step_rows.append(per)
         mfu = per["mfu_pct"]
 
@@ -255,6 +281,11 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
             notes.append(f"rank {rank}: {top:.0f}% of the peak ({peak:g} TFLOP/s, {source}): "
                          f"no device runs above its peak, so the peak is too low for this rank "
                          f"(or its FLOPs are miscounted)")
+    if recorded:
+        notes.append("tokens per step from the model's recorded input (integer token ids "
+                     "[batch, sequence] × its calls per optimizer step; --tokens-per-step "
+                     "overrides): " + "; ".join(recorded[:4])
+                     + (f"; and {len(recorded) - 4} more" if len(recorded) > 4 else ""))
     ops_all = (pd.concat(op_rows, ignore_index=True) if op_rows
                else empty_flop_ops().assign(rank=pd.Series(dtype=np.int64)))
     ops_all = ops_all[["rank", *FLOP_COLUMNS]]
