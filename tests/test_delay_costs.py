@@ -177,3 +177,28 @@ def test_the_straggler_change_is_predicted_by_the_replay(tmp_path):
     true_saving = (rep.critical_path.steps["measured_us"].median()
                    - fast.critical_path.steps["measured_us"].median())
     assert saving == pytest.approx(true_saving, rel=0.10)
+
+
+def test_a_rank_the_waits_name_stays_named_when_its_whole_work_costs_the_step(tmp_path):
+    """No rank's computation stands out (a rank that sleeps computes no more than its peers):
+    the rank the waits name stays named when the replay without its extra work (a sleep, host
+    work) saves the step a clear share, and is no longer named when that saves nothing (the
+    waiting was the schedule's bubble), with a note saying so."""
+    import dataclasses
+
+    rep, _ = _report(tmp_path, mesh={"pp": 4}, schedule="pp_1f1b", microbatches=8,
+                     metadata="seq")
+    sync = dataclasses.replace(rep.sync, straggler=1)
+    none = pd.DataFrame(columns=list(DELAY_COLUMNS))
+    sleeping = _costs((1, 4, 4, 40_000.0, 35_000.0, 100.0))
+    assert sync.with_graph_straggler(none, 100_000.0, sleeping).straggler == 1
+    idle = _costs((1, 4, 1, 3.0, 0.0, 0.0))
+    out = sync.with_graph_straggler(none, 100_000.0, idle)
+    assert out.straggler is None
+    assert out.notes[-1].startswith("no straggler named: rank 1 causes the most waiting, but "
+                                    "the steps replayed with its work cut to the other ranks' "
+                                    "median end 0 µs earlier per step")
+    # outside a pipeline (waits at collectives) the graph's costs change nothing
+    ddp, _ = _report(tmp_path / "ddp", mesh={"dp": 4}, schedule="ddp", slow_ranks={2: 900.0},
+                     metadata="seq")
+    assert ddp.sync.with_graph_straggler(none, 100_000.0, idle).straggler == 2

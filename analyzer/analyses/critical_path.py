@@ -198,6 +198,30 @@ class CriticalPathResult:
                          "predicted_us": _replay(g, {}, {}, {rank: f}) - start})
         return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
 
+    def work_cost(self, rank: int) -> pd.DataFrame:
+        """The step time ``rank``'s whole work costs the job, as one row of
+        :data:`DELAY_COLUMNS` (``excess_compute_us`` is then its work's excess over the others'
+        median): the unchanged replay less :meth:`without_straggler`, per step. Empty without a
+        path or when the rank is not on it."""
+        if rank not in {int(r) for g in self.graphs for r in g.end}:
+            return pd.DataFrame(columns=list(DELAY_COLUMNS))
+        d = self.without_straggler(rank)
+        if d.empty:
+            return pd.DataFrame(columns=list(DELAY_COLUMNS))
+        cost = (d["replay_us"] - d["predicted_us"]).clip(lower=0.0).to_numpy(float)
+        excess = []
+        for g in self.graphs:
+            w = work_us(g)
+            peers = [v for r, v in w.items() if r != rank]
+            if rank in w and peers:
+                excess.append(w[rank] - float(np.median(peers)))
+        q1, q3 = np.percentile(cost, [25, 75]) if len(cost) >= 3 else (0.0, 0.0)
+        return pd.DataFrame([{"rank": rank, "steps": len(cost),
+                              "steps_costly": int((cost > 0).sum()),
+                              "excess_compute_us": float(np.median(excess)) if excess else 0.0,
+                              "delay_cost_us": float(np.median(cost)),
+                              "delay_cost_iqr_us": float(q3 - q1)}], columns=list(DELAY_COLUMNS))
+
     def _delay_costs(self) -> pd.DataFrame:
         """:attr:`delay_costs`, computed from :attr:`graphs`."""
         comp: dict[int, dict[int, float]] = {}   # step -> rank -> computation (µs)

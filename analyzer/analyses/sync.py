@@ -132,8 +132,8 @@ class SyncResult:
     counts: dict[str, int] = dataclasses.field(
         default_factory=lambda: dict.fromkeys(COUNT_KEYS, 0))
 
-    def with_graph_straggler(self, costs: pd.DataFrame | None, step_us: float | None
-                             ) -> SyncResult:
+    def with_graph_straggler(self, costs: pd.DataFrame | None, step_us: float | None,
+                             work_cost: pd.DataFrame | None = None) -> SyncResult:
         """This result with, in a pipeline (most waits at point-to-point transfers), the
         straggler the execution graph's delay costs name
         (:func:`.stragglers.straggler_by_delay_cost`; ``costs``: :attr:`pardiag.analyzer.
@@ -141,7 +141,13 @@ class SyncResult:
         ``step_us``: the step's median) and a note saying why; itself outside pipelines or
         without a graph. The waits a rank causes say little there: the first and last stages
         root the schedule's bubble, so a balanced pipeline's end stage causes most of the
-        waiting, and a slow middle stage less than the end stages."""
+        waiting, and a slow middle stage less than the end stages.
+
+        Where no rank's computation costs the step a dominant share, the rank the waits name
+        stays named when its whole work (computation and the rest: a sleep, host work) costs
+        the step by the same rule (``work_cost``: its row, :data:`.critical_path.DELAY_COLUMNS`,
+        from :meth:`~pardiag.analyzer.analyses.critical_path.CriticalPathResult.work_cost`),
+        and is no longer named otherwise."""
         if costs is None or p2p_share(self.per_rank) < 0.5:
             return self
         who = straggler_by_delay_cost(costs, step_us)
@@ -149,12 +155,17 @@ class SyncResult:
             return self
         notes = tuple(n for n in self.notes if not n.startswith("no straggler named"))
         if who is None:
-            cost = costs.loc[costs["rank"] == self.straggler, "delay_cost_us"]
+            if self.straggler is None:
+                return self
+            if work_cost is not None and straggler_by_delay_cost(work_cost, step_us) is not None:
+                return self   # its extra time is not computation (a sleep, host work)
+            cost = (float(work_cost["delay_cost_us"].iloc[0])
+                    if work_cost is not None and len(work_cost) else 0.0)
             note = (f"no straggler named: rank {self.straggler} causes the most waiting, but "
-                    f"the steps replayed with its computation cut to the other ranks' median end "
-                    f"{float(cost.iloc[0]) if len(cost) else 0.0:.0f} µs earlier per step "
-                    f"(median), and no rank's extra work costs the step a clear share of it "
-                    f"(delay costs on the execution graph): the waiting is the schedule's")
+                    f"the steps replayed with its work cut to the other ranks' median end "
+                    f"{cost:.0f} µs earlier per step (median), and no rank's extra computation "
+                    f"costs the step a clear share of it (delay costs on the execution "
+                    f"graph): the waiting is the schedule's")
             return dataclasses.replace(self, straggler=None, notes=(*notes, note))
         row = costs[costs["rank"] == who].iloc[0]
         rest = costs[costs["rank"] != who]["delay_cost_us"]

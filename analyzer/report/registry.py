@@ -318,8 +318,10 @@ def _critical_path(traces: TraceSet, opts: Any, done: dict[str, Any]) -> Critica
     cp = compute_critical_path(traces, done["time_breakdown"], done["sync"], done["layout"],
                                opts.comm_patterns)
     step = cp.steps["measured_us"].median() if len(cp.steps) else None
-    done["sync"] = done["sync"].with_graph_straggler(cp.delay_costs if cp.graphs else None,
-                                                     step)
+    named = done["sync"].straggler
+    done["sync"] = done["sync"].with_graph_straggler(
+        cp.delay_costs if cp.graphs else None, step,
+        cp.work_cost(int(named)) if named is not None and cp.graphs else None)
     return cp
 
 
