@@ -548,7 +548,6 @@ def render_compare_html(c: Comparison, *, gate_result: GateResult | None = None,
     """
     page = Page()
     pipeline = _pipeline_section(c, page)
-    # neither run a pipeline: its section says so at the end, not in the main flow
     last = _empty(c.bubbles, ["a_bubble_pct", "b_bubble_pct"])
     body = (_verdict_section(c, gate_result) + _checks_section(c) + _setup_section(c)
             + _step_section(c, page) + _breakdown_section(c, page) + _overlap_section(c, page)
@@ -556,8 +555,17 @@ def render_compare_html(c: Comparison, *, gate_result: GateResult | None = None,
             + _memory_section(c, page) + _collectives_section(c, page)
             + _operators_section(c, page) + _warnings_section(c) + (pipeline if last else []))
     return document(f"pardiag compare: {c.a_source} → {c.b_source}", "pardiag compare",
-                    f"A {c.a_source} → B {c.b_source}", COMPARE_SECTIONS, "".join(body),
+                    f"A {c.a_source} → B {c.b_source}", section_order(c), "".join(body),
                     include_plotlyjs)
+
+
+def section_order(c: Comparison) -> tuple[tuple[str, str], ...]:
+    """The page's sections in order (:data:`COMPARE_SECTIONS`), the pipeline's last when
+    neither run is a pipeline: it then only says so, at the end, not in the main flow."""
+    if not _empty(c.bubbles, ["a_bubble_pct", "b_bubble_pct"]):
+        return COMPARE_SECTIONS
+    return (*(s for s in COMPARE_SECTIONS if s[0] != "pipeline"),
+            *(s for s in COMPARE_SECTIONS if s[0] == "pipeline"))
 
 
 # ---------------------------------------------------------------------------- terminal
