@@ -442,7 +442,10 @@ def test_ctrl_c_stops_the_workers_with_one_line(tmp_path):
     parent = subprocess.Popen(
         [sys.executable, "-c", code, "report", str(run), "--no-cache", "-q", "--workers", "2",
          "-o", str(tmp_path / "r.html")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True)
+        text=True, start_new_session=True,
+        # SIGINT at its default, as a terminal gives it: a test worker that ignores SIGINT
+        # passes that on to its children, and the report then never sees the Ctrl-C
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     kids = _children(parent.pid, 4)
     os.killpg(parent.pid, signal.SIGINT)
     _, err = parent.communicate(timeout=120)
