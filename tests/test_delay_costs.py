@@ -202,3 +202,21 @@ def test_a_rank_the_waits_name_stays_named_when_its_whole_work_costs_the_step(tm
     ddp, _ = _report(tmp_path / "ddp", mesh={"dp": 4}, schedule="ddp", slow_ranks={2: 900.0},
                      metadata="seq")
     assert ddp.sync.with_graph_straggler(none, 100_000.0, idle).straggler == 2
+
+
+def test_no_wait_as_evidence_names_nobody_and_the_page_still_renders(tmp_path):
+    """Every matched transfer at a window's head (a plain profiler's traces that start apart):
+    no wait is evidence, so the graph's costs name nobody either; a synchronization result that
+    names a rank with no table row still renders (it raised IndexError on the page)."""
+    import dataclasses
+
+    from pardiag.analyzer.render.html import render_html
+
+    rep, _ = _report(tmp_path, mesh={"pp": 4}, schedule="pp_1f1b", microbatches=8,
+                     slow_ranks={2: 1392.0}, metadata="seq")
+    bare = dataclasses.replace(rep.sync, straggler=None, stragglers=rep.sync.stragglers.iloc[:0])
+    costs = rep.critical_path.delay_costs
+    assert bare.with_graph_straggler(costs, 17_000.0).straggler is None
+    named = dataclasses.replace(bare, straggler=2)
+    page = render_html(dataclasses.replace(rep, sync=named), include_plotlyjs=False)
+    assert "Stragglers" in page

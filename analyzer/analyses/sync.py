@@ -148,8 +148,8 @@ class SyncResult:
         the step by the same rule (``work_cost``: its row, :data:`.critical_path.DELAY_COLUMNS`,
         from :meth:`~pardiag.analyzer.analyses.critical_path.CriticalPathResult.work_cost`),
         and is no longer named otherwise."""
-        if costs is None or p2p_share(self.per_rank) < 0.5:
-            return self
+        if costs is None or self.stragglers.empty or p2p_share(self.per_rank) < 0.5:
+            return self   # no wait is evidence (every instance at a window's head): nobody
         who = straggler_by_delay_cost(costs, step_us)
         if who == self.straggler:
             return self

@@ -278,7 +278,7 @@ def stragglers(report: Report, page: Page) -> dict:
     out: dict = {"matched": True, "what": what, "matched_by": sync.matched_by,
                  "complete": n["complete"], "min_wait_us": f"{STRAGGLER_MIN_WAIT_US:.0f}",
                  "notes": list(sync.notes)}
-    if sync.straggler is not None:
+    if sync.straggler is not None and len(sync.stragglers):
         top = sync.stragglers.iloc[0]
         out["top"] = {"rank": int(top["rank"]), "caused_ms": _ms(top["wait_caused_us"], ".3f"),
                       "last": int(top["last_arrivals"])}
