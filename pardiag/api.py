@@ -367,6 +367,7 @@ def _analyze(paths, *, comm_kernels, cache, workers, progress, hta, mixed_runs=F
              tokens_per_step=None) -> Report:
     """:func:`analyze` of one run; ``more_warnings`` join loading's warnings."""
     from pardiag.analyzer.per_rank import REDUCER
+    from pardiag.analyzer.per_rank.summary import summary_of
     from pardiag.analyzer.trace import load_traces
     from pardiag.analyzer.trace.classify import compile_comm_patterns
 
@@ -378,9 +379,9 @@ def _analyze(paths, *, comm_kernels, cache, workers, progress, hta, mixed_runs=F
                            tokens_per_step=tokens_per_step)
     traces = load_traces(paths, reducer=REDUCER, comm_patterns=patterns, cache=cache,
                          workers=workers, progress=progress, mixed_runs=mixed_runs)
-    empty = [w for w in traces.warnings if w.endswith("has no timed events")]
-    if empty and len(empty) >= len(traces.ranks):   # an error, not an empty report
-        raise TraceError(f"{traces.source}: no trace holds a timed event (e.g. {empty[0]}): "
+    if all(summary_of(t).n_events == 0 for t in traces.ranks.values()):   # not an empty report
+        first = next(iter(traces.ranks.values()))
+        raise TraceError(f"{traces.source}: no trace holds a timed event (e.g. {first.path}): "
                          f"the profiler recorded nothing")
     if more_warnings:
         traces = dataclasses.replace(traces, warnings=(*traces.warnings, *more_warnings))

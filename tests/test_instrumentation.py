@@ -351,6 +351,37 @@ def test_mesh_layout_keeps_hsdp_and_groups_of_one_out():
     assert "7" not in lay["group_dims"]
 
 
+def _bare_run(tmp_path):
+    """A rank's run state, as the rank entry holds it, writing into ``tmp_path``."""
+    from pardiag import layout
+    from pardiag.collectors import rank_entry
+
+    run = rank_entry._RankRun(
+        cfg={"active": 1}, out=tmp_path, rank=0, world_size=1, local_rank=0, group=None,
+        stacks=None, pinned=False, cuda=False, trace_file=layout.trace_path(tmp_path, 0),
+        wait=0, warmup=0)
+    layout.sidecar_dir(tmp_path).mkdir()
+    return run
+
+
+def _window_ends_under_sigterm(run, prof) -> None:
+    """The profiling window's end (:func:`rank_entry._on_trace_ready`) with the rank's SIGTERM
+    handling installed; it must end by stopping the rank. The handlers are restored after."""
+    import signal
+
+    from pardiag.collectors import rank_entry
+
+    saved = signal.getsignal(signal.SIGTERM)
+    saved_fd = signal.set_wakeup_fd(-1)
+    try:
+        rank_entry._stop_on_sigterm(run)
+        with pytest.raises(rank_entry._Terminated):
+            rank_entry._on_trace_ready(run, prof)
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+        signal.set_wakeup_fd(saved_fd)
+
+
 def test_a_sigterm_while_the_trace_is_written_waits_for_the_trace(tmp_path):
     """torchrun stops the other ranks with SIGTERM when one fails: a rank writing its trace
     finishes it under its name (written under another name, then renamed), then stops."""
@@ -361,11 +392,7 @@ def test_a_sigterm_while_the_trace_is_written_waits_for_the_trace(tmp_path):
     from pardiag import layout
     from pardiag.collectors import rank_entry
 
-    run = rank_entry._RankRun(
-        cfg={"active": 1}, out=tmp_path, rank=0, world_size=1, local_rank=0, group=None,
-        stacks=None, pinned=False, cuda=False, trace_file=layout.trace_path(tmp_path, 0),
-        wait=0, warmup=0)
-    layout.sidecar_dir(tmp_path).mkdir()
+    run = _bare_run(tmp_path)
     written = []
 
     class Profiler:
@@ -377,15 +404,7 @@ def test_a_sigterm_while_the_trace_is_written_waits_for_the_trace(tmp_path):
                 time.sleep(0.05)                        # the handler runs here
                 f.write(b"part two")
 
-    saved = signal.getsignal(signal.SIGTERM)
-    saved_fd = signal.set_wakeup_fd(-1)
-    try:
-        rank_entry._stop_on_sigterm(run)
-        with pytest.raises(rank_entry._Terminated):
-            rank_entry._on_trace_ready(run, Profiler())
-    finally:
-        signal.signal(signal.SIGTERM, saved)
-        signal.set_wakeup_fd(saved_fd)
+    _window_ends_under_sigterm(run, Profiler())
     assert written == [str(layout.partial_trace_path(tmp_path, 0))]
     assert run.trace_file.read_bytes() == b"part one, part two"
     assert not layout.partial_trace_path(tmp_path, 0).exists()
@@ -402,14 +421,9 @@ def test_a_sigterm_after_the_trace_waits_for_the_window_s_metadata(tmp_path, mon
     import signal
     import time
 
-    from pardiag import layout
     from pardiag.collectors import rank_entry, shapes
 
-    run = rank_entry._RankRun(
-        cfg={"active": 1}, out=tmp_path, rank=0, world_size=1, local_rank=0, group=None,
-        stacks=None, pinned=False, cuda=False, trace_file=layout.trace_path(tmp_path, 0),
-        wait=0, warmup=0)
-    layout.sidecar_dir(tmp_path).mkdir()
+    run = _bare_run(tmp_path)
     reached = []
 
     def model_shapes(objects=None):
@@ -426,15 +440,7 @@ def test_a_sigterm_after_the_trace_waits_for_the_window_s_metadata(tmp_path, mon
             with open(path, "wb") as f:
                 f.write(b"{}")
 
-    saved = signal.getsignal(signal.SIGTERM)
-    saved_fd = signal.set_wakeup_fd(-1)
-    try:
-        rank_entry._stop_on_sigterm(run)
-        with pytest.raises(rank_entry._Terminated):
-            rank_entry._on_trace_ready(run, Profiler())
-    finally:
-        signal.signal(signal.SIGTERM, saved)
-        signal.set_wakeup_fd(saved_fd)
+    _window_ends_under_sigterm(run, Profiler())
     # the rest of the window's work ran, the metadata's write last, and then the rank stopped
     assert reached == ["after the signal", "meta"] and run.terminated
 

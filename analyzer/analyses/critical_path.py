@@ -208,33 +208,22 @@ class CriticalPathResult:
         d = self.without_straggler(rank)
         if d.empty:
             return pd.DataFrame(columns=list(DELAY_COLUMNS))
-        cost = (d["replay_us"] - d["predicted_us"]).clip(lower=0.0).to_numpy(float)
-        excess = []
-        for g in self.graphs:
-            w = work_us(g)
-            peers = [v for r, v in w.items() if r != rank]
-            if rank in w and peers:
-                excess.append(w[rank] - float(np.median(peers)))
-        q1, q3 = np.percentile(cost, [25, 75]) if len(cost) >= 3 else (0.0, 0.0)
-        return pd.DataFrame([{"rank": rank, "steps": len(cost),
-                              "steps_costly": int((cost > 0).sum()),
-                              "excess_compute_us": float(np.median(excess)) if excess else 0.0,
-                              "delay_cost_us": float(np.median(cost)),
-                              "delay_cost_iqr_us": float(q3 - q1)}], columns=list(DELAY_COLUMNS))
+        excess = [x for g in self.graphs if (x := _excess(work_us(g), rank)) is not None]
+        cost = (d["replay_us"] - d["predicted_us"]).clip(lower=0.0).tolist()
+        return pd.DataFrame([_cost_row(rank, cost, float(np.median(excess)) if excess else 0.0)],
+                            columns=list(DELAY_COLUMNS))
 
     def _delay_costs(self) -> pd.DataFrame:
         """:attr:`delay_costs`, computed from :attr:`graphs`."""
-        comp: dict[int, dict[int, float]] = {}   # step -> rank -> computation (µs)
+        comp = {g.step: {int(r): iv.total(k) for r, k in g.k.items()} for g in self.graphs}
         excess: dict[int, list[float]] = {}
-        for g in self.graphs:
-            c = {int(r): iv.total(k) for r, k in g.k.items()}
-            comp[g.step] = c
-            for r, v in c.items():
-                peers = [x for q, x in c.items() if q != r]
-                if peers:
-                    excess.setdefault(r, []).append(v - float(np.median(peers)))
+        for c in comp.values():
+            for r in c:
+                if (x := _excess(c, r)) is not None:
+                    excess.setdefault(r, []).append(x)
         med = {r: float(np.median(v)) for r, v in excess.items()}
         top = sorted((r for r, v in med.items() if v > 0), key=lambda r: (-med[r], r))
+        base = {g.step: _replay(g, {}, {}) for g in self.graphs} if top else {}
         rows = []
         for r in top[:DELAY_RANKS]:
             cost = []
@@ -244,14 +233,9 @@ class CriticalPathResult:
                 if r not in c or not peers or c[r] <= 0:
                     continue
                 f = min(1.0, float(np.median(peers)) / c[r])
-                cost.append(max(0.0, _replay(g, {}, {}) - _replay(g, {r: f}, {})))
+                cost.append(max(0.0, base[g.step] - _replay(g, {r: f}, {})))
             if cost:
-                q1, q3 = np.percentile(cost, [25, 75]) if len(cost) >= 3 else (0.0, 0.0)
-                rows.append({"rank": r, "steps": len(cost),
-                             "steps_costly": int(sum(x > 0 for x in cost)),
-                             "excess_compute_us": med[r],
-                             "delay_cost_us": float(np.median(cost)),
-                             "delay_cost_iqr_us": float(q3 - q1)})
+                rows.append(_cost_row(r, cost, med[r]))
         out = pd.DataFrame(rows, columns=list(DELAY_COLUMNS))
         return out.sort_values(["delay_cost_us", "rank"], ascending=[False, True],
                                kind="stable").reset_index(drop=True)
@@ -367,6 +351,20 @@ class CriticalPathResult:
             rows.append({"step": g.step, "measured_us": max(g.end.values()) - start,
                          "replay_us": base - start, "predicted_us": new - start})
         return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
+
+
+def _excess(values: dict[int, float], rank: int) -> float | None:
+    """``rank``'s value less the median of the other ranks' (µs); None without them."""
+    peers = [v for r, v in values.items() if r != rank]
+    return values[rank] - float(np.median(peers)) if rank in values and peers else None
+
+
+def _cost_row(rank: int, cost: list[float], excess_us: float) -> dict:
+    """One row of :data:`DELAY_COLUMNS` from a rank's cost per step (µs)."""
+    q1, q3 = np.percentile(cost, [25, 75]) if len(cost) >= 3 else (0.0, 0.0)
+    return {"rank": rank, "steps": len(cost), "steps_costly": int(sum(x > 0 for x in cost)),
+            "excess_compute_us": excess_us, "delay_cost_us": float(np.median(cost)),
+            "delay_cost_iqr_us": float(q3 - q1)}
 
 
 def _rounded(values: list[float]) -> list[int]:

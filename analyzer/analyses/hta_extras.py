@@ -35,6 +35,7 @@ import pandas as pd
 from ..per_rank.summary import summary_of
 from ..trace.classify import device_kind
 from ..trace.traceset import TraceSet
+from .peers import ranks_text
 
 #: Columns of :attr:`HtaExtras.idle`.
 IDLE_COLUMNS = {
@@ -116,12 +117,6 @@ def idle_by_rank(idle: pd.DataFrame) -> pd.DataFrame:
 
 def _empty(columns: dict) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    ranks = sorted(ranks)
-    shown = ", ".join(map(str, ranks[:8])) + (", …" if len(ranks) > 8 else "")
-    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -229,12 +224,12 @@ def _hta_files(traces: TraceSet) -> tuple[dict[int, str], list[str]]:
     for r in cpu:
         del files[r]
     if cpu:
-        messages.append(f"HTA analyses skipped on {_ranks_text(cpu)}: no GPU kernels in the "
+        messages.append(f"HTA analyses skipped on {ranks_text(cpu)}: no GPU kernels in the "
                         f"trace (a CPU trace); HTA's idle time breakdown and launch statistics "
                         f"need them (HTA 0.5's idle time breakdown fails on such a trace: "
                         f"ValueError: No objects to concatenate)")
     if several:
-        messages.append(f"HTA analyses skipped for {_ranks_text(several)}: HTA reads one trace "
+        messages.append(f"HTA analyses skipped for {ranks_text(several)}: HTA reads one trace "
                         f"file per rank (these have several profiling windows or share a "
                         f"merged file)")
     return files, messages
@@ -287,7 +282,7 @@ def _run_hta(trace_analysis, traces: TraceSet, files: dict[int, str], runtime_cu
     for what, ranks in failed.items():
         why = ("; HTA knows CUDA launch names only (a ROCm trace)"
                if set(ranks) <= rocm and what.startswith("kernel launch") else "")
-        messages.append(f"HTA {what} on {_ranks_text(ranks)}{why}")
+        messages.append(f"HTA {what} on {ranks_text(ranks)}{why}")
     return idle_rows, launch_rows, messages
 
 

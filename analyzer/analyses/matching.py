@@ -401,21 +401,15 @@ def peers_by_ends(ev: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     r_rank = recvs["rank"].to_numpy()[order]
     r_bytes = recvs["bytes"].to_numpy()[order]
 
-    def candidates(i_send: int) -> list[int]:
-        row = ev.loc[i_send]
-        e = float(row["end_us"])
-        lo = int(np.searchsorted(r_end, e - P2P_END_TOL_US, side="left"))
-        hi = int(np.searchsorted(r_end, e + P2P_END_TOL_US, side="right"))
-        out = []
-        for j in range(lo, hi):
-            same_size = (row["bytes"] is None or r_bytes[j] is None
-                         or pd.isna(row["bytes"]) or pd.isna(r_bytes[j])
-                         or int(row["bytes"]) == int(r_bytes[j]))
-            if r_rank[j] != row["rank"] and same_size:
-                out.append(j)
-        return out
+    lo = np.searchsorted(r_end, sends["end_us"].to_numpy(float) - P2P_END_TOL_US, side="left")
+    hi = np.searchsorted(r_end, sends["end_us"].to_numpy(float) + P2P_END_TOL_US, side="right")
 
-    cand = {i: candidates(i) for i in sends.index}
+    def fits(rank, size, j: int) -> bool:   # another rank's receive, of the size if both known
+        return r_rank[j] != rank and (pd.isna(size) or pd.isna(r_bytes[j])
+                                      or int(size) == int(r_bytes[j]))
+
+    cand = {i: [j for j in range(a, b) if fits(rank, size, j)]
+            for i, rank, size, a, b in zip(sends.index, sends["rank"], sends["bytes"], lo, hi)}
     taken_by: dict[int, list[int]] = {}
     for i, js in cand.items():
         for j in js:

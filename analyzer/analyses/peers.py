@@ -3,7 +3,7 @@
 Cross-rank findings compare a rank's value with the median of the others in the same step
 (the straggler's excess idle time, each host and device part's excess). Taking one column out
 and computing a median for each rank is quadratic in the ranks; :func:`median_of_others` sorts
-each row once instead.
+each row once instead. :func:`ranks_text` names a set of ranks in a sentence.
 """
 
 from __future__ import annotations
@@ -34,3 +34,10 @@ def median_of_others(x: np.ndarray) -> np.ndarray:
     if m % 2:
         return left(m // 2)
     return (left(m // 2 - 1) + left(m // 2)) / 2.0
+
+
+def ranks_text(ranks) -> str:
+    """``"rank 3"`` or ``"ranks 0, 1, 3"`` (sorted; the first eight, then "…")."""
+    ranks = sorted(int(r) for r in ranks)
+    shown = ", ".join(map(str, ranks[:8])) + (", …" if len(ranks) > 8 else "")
+    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"

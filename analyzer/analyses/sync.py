@@ -50,6 +50,7 @@ from ..trace.traceset import TraceSet
 from .clocks import align_clocks, instance_times, rank_hosts
 from .comm_events import comm_events
 from .matching import count_instances, matched_events, peers_by_ends
+from .peers import ranks_text
 from .stragglers import (
     compute_per_step,
     p2p_share,
@@ -298,7 +299,7 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
         # a rank late at its collectives because a rank that sends to it was late: with
         # transfers whose peer is unknown the chain of causes breaks there
         notes.append(f"no straggler named: rank {straggler} arrives last at its collectives, but "
-                     f"point-to-point transfers of rank(s) {_ranks_text(unpaired)} have no known "
+                     f"point-to-point transfers of {ranks_text(unpaired)} have no known "
                      f"peer, so whether its lateness comes from a rank that sends to it cannot "
                      f"be told")
         straggler = None
@@ -310,12 +311,6 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     return SyncResult(clock.table, inst, per_rank, st, bandwidth, matched_by, straggler,
                       tuple(notes), _p2p_pairs(inst, pr), busbw_by_group(inst),
                       instance_counts(inst))
-
-
-def _ranks_text(ranks: set[int]) -> str:
-    """``"0, 1, 3"``, or the first eight and a count."""
-    r = sorted(ranks)
-    return ", ".join(map(str, r[:8])) + (f" and {len(r) - 8} more" if len(r) > 8 else "")
 
 
 def _bandwidth_table(done: pd.DataFrame) -> pd.DataFrame:
