@@ -11,6 +11,8 @@ size) is recorded by the modules beside this one:
   and description, per-group sequence number, sizes, dtypes, creation time).
 * :class:`~.pipeline_recorder.PipelineRecorder` — forward/backward of every pipeline stage and
   microbatch (1F1B annotates nothing by itself), as ``record_function`` ranges and as records.
+* :class:`~.modules.ModuleRanges` — each module call in the profiled window as a range named
+  by its qualified name (FLOPs and time per module).
 * :func:`~.shapes.model_shapes`, :class:`~.shapes.BatchRecorder` — the tensor shapes, attention
   heads, pipeline layers and batch that constrain how the model can be split.
 * :func:`~.comms.process_groups`, :func:`~.parallelism.detect_parallelism` (over

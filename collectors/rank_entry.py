@@ -641,6 +641,7 @@ class _RankRun:
     batch: object = None
     p2p: object = None
     pipe: object = None
+    modules: object = None
     hook_handles: list = dataclasses.field(default_factory=list)
     refused: list[tuple] = dataclasses.field(default_factory=list)
     #: the process groups the script destroyed, held until the process ends
@@ -900,6 +901,8 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
             _deep_capture(run, count)
     if count == 1:   # the first step's forward has shown the per-rank batch
         run.batch.uninstall()
+    if count == wait and run.monitor is None:   # the warmup steps see the ranges' cost too
+        run.modules.install()
     if count == wait + warmup and run.cuda:
         torch.cuda.reset_peak_memory_stats()  # the active window starts now
     if count == wait + warmup + 1:  # end of the first active step: state and grads exist
@@ -910,6 +913,7 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
     recording = wait + warmup <= count < window_end
     run.pipe.recording = run.p2p.recording = recording
     if count == window_end:   # the trace's export and the live-object scans run now
+        run.modules.uninstall()
         t0 = time.perf_counter()
         run.prof.step()
         run.instrumentation["post_window_s"] = time.perf_counter() - t0
@@ -964,6 +968,7 @@ def _install_hooks(run: _RankRun) -> None:
     )
 
     from .comms import P2PRecorder
+    from .modules import ModuleRanges
     from .pipeline_recorder import PipelineRecorder
     from .shapes import BatchRecorder
 
@@ -976,6 +981,9 @@ def _install_hooks(run: _RankRun) -> None:
     run.p2p.install()
     run.pipe = PipelineRecorder(lambda: stepper.steps)
     run.pipe.install()
+    run.modules = ModuleRanges()
+    if run.wait == 0 and not monitor_every:   # the window's ranges from the first call
+        run.modules.install()
     if monitor_every:   # over the recorders' wrappers: restored first
         import torch
 
@@ -1045,6 +1053,7 @@ def _run_script(run: _RankRun) -> None:
         run.p2p.uninstall()
         run.pipe.uninstall()
         run.batch.uninstall()
+        run.modules.uninstall()
     if run.terminated and run.error is None:  # SIGTERM while the last trace was written
         run.error = _Terminated()
 

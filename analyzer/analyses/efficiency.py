@@ -23,6 +23,11 @@ from the recorded shapes) and its ``ProfilerStep`` windows:
   rank's model input (:func:`recorded_tokens`): integer token ids of shape ``[batch, sequence]``
   × the model's calls per optimizer step. Any other input (floating point, another rank of
   dimensions) leaves tokens/s unknown.
+* **per module**: the same sums per module, each counted op in the module it ran for (forward
+  ops in the innermost module range around them, backward ops in the module of the forward op
+  that built their backward function: :func:`pardiag.analyzer.per_rank.flops.attribute_modules`),
+  forward and backward FLOPs apart, and each module's share of the counted ops' time. Ops of no
+  known module are one row with ``module`` None.
 * **per op class**: FLOPs, bytes and time summed over ranks and steps (time on the device for
   GPU ranks, on the host thread for CPU ranks), achieved TFLOP/s = FLOPs / time, GB/s = bytes /
   time, arithmetic intensity = FLOPs / byte (Williams, Waterman and Patterson, Roofline, CACM
@@ -55,6 +60,10 @@ RANK_COLUMNS = ("rank", "device", "dtype", "peak_tflops", "peak_source", "bandwi
 CLASS_COLUMNS = ("op_class", "dtype", "ops", "flops", "bytes", "time_us", "time_basis",
                  "achieved_tflops", "achieved_gbps", "intensity", "peak_tflops",
                  "bandwidth_gbps")
+#: Columns of :attr:`EfficiencyResult.per_module`.
+MODULE_COLUMNS = ("module", "module_class", "ranks", "ops", "forward_flops", "backward_flops",
+                  "flops", "bytes", "time_us", "time_basis", "time_pct", "achieved_tflops",
+                  "achieved_gbps", "intensity", "unknown_ops")
 #: What the CPU peak measured at the rank's start is said to be.
 MEASURED_SOURCE = "measured when the rank started (float32 matmul)"
 
@@ -73,6 +82,10 @@ class EfficiencyResult:
             comes from, None with the peak unknown).
         per_class: one row per op class and dtype over all ranks: :data:`CLASS_COLUMNS`
             (``time_basis``: ``device`` or ``cpu``).
+        per_module: one row per module (and time basis) over all ranks' steps:
+            :data:`MODULE_COLUMNS` (``ranks``: how many ranks ran it; ``time_pct``: % of the
+            counted ops' time of its basis; sorted by time); empty where the traces record no
+            module ranges.
         mfu_pct: the run's MFU: all ranks' model FLOPs over the sum of each rank's step time ×
             its peak (%); None where any rank's is unknown.
         notes: why a number is unknown, and what the counts leave out.
@@ -82,6 +95,7 @@ class EfficiencyResult:
     per_step: pd.DataFrame
     per_rank: pd.DataFrame
     per_class: pd.DataFrame
+    per_module: pd.DataFrame
     mfu_pct: float | None
     notes: tuple[str, ...]
 
@@ -301,8 +315,10 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
                      f"(" + ", ".join(f"{n} ×{c}" for n, c in names.head(4).items()) + "): "
                      "their FLOPs are unknown, and so are the model FLOPs and MFU of the steps "
                      "that hold a matmul, convolution or attention among them")
+    per_module = _per_module(ops_all, traces, notes)
     return EfficiencyResult(ops=ops_all, per_step=per_step, per_rank=per_rank,
                             per_class=_per_class(ops_all, traces, per_rank),
+                            per_module=per_module,
                             mfu_pct=_run_mfu(per_step, per_rank), notes=tuple(notes))
 
 
@@ -316,16 +332,63 @@ def _run_mfu(per_step: pd.DataFrame, per_rank: pd.DataFrame) -> float | None:
     return 100.0 * float(per_step["model_flops"].sum()) / cap if cap > 0 else None
 
 
+def _timed(ops: pd.DataFrame, traces: TraceSet) -> pd.DataFrame:
+    """``ops`` with ``time_us`` (device time on GPU ranks, host time on CPU ranks) and
+    ``time_basis``."""
+    gpu = {r: device_kind(t) != "cpu" for r, t in traces.ranks.items()}
+    on_gpu = ops["rank"].map(gpu).fillna(False).astype(bool)
+    return ops.assign(time_us=np.where(on_gpu, ops["device_us"], ops["cpu_us"]),
+                      time_basis=np.where(on_gpu, "device", "cpu"))
+
+
+def _per_module(ops: pd.DataFrame, traces: TraceSet, notes: list[str]) -> pd.DataFrame:
+    """Rows of :data:`MODULE_COLUMNS`: per module over all ranks' steps (see the module
+    docstring); ``notes`` gains what is left without a module."""
+    ops = ops[ops["step"].notna()]
+    if ops.empty or not ops["module"].notna().any():
+        if len(ops):
+            notes.append("no module ranges in the traces (pardiag profile records them; a "
+                         "trace recorded with with_stack=True has the profiler's own): no "
+                         "breakdown per module")
+        return pd.DataFrame(columns=list(MODULE_COLUMNS))
+    t = _timed(ops, traces)
+    t = t.assign(fwd=t["flops"].where(~t["backward"].astype(bool)),
+                 bwd=t["flops"].where(t["backward"].astype(bool)),
+                 unknown=t["flops"].isna())
+    out = (t.groupby(["module", "module_class", "time_basis"], as_index=False, sort=False,
+                     dropna=False)
+           .agg(ranks=("rank", "nunique"), ops=("flops", "size"),
+                forward_flops=("fwd", "sum"), backward_flops=("bwd", "sum"),
+                flops=("flops", "sum"), bytes=("bytes", "sum"), time_us=("time_us", "sum"),
+                unknown_ops=("unknown", "sum")))
+    total = out.groupby("time_basis")["time_us"].transform("sum")
+    out["time_pct"] = 100.0 * out["time_us"] / total.where(total > 0)
+    sec = out["time_us"] / 1e6
+    known = out["flops"].where(out["unknown_ops"] == 0)   # a sum with unknown ops is no rate
+    out["achieved_tflops"] = known / sec.where(sec > 0) / 1e12
+    out["achieved_gbps"] = out["bytes"].where(out["unknown_ops"] == 0) / sec.where(sec > 0) / 1e9
+    out["intensity"] = known / out["bytes"].where(out["bytes"] > 0)
+    for col in ("module", "module_class"):   # NaN keys of the ops of no module: None
+        out[col] = out[col].astype(object).where(out[col].notna(), None)
+    out["unknown_ops"] = out["unknown_ops"].astype(int)
+    none = out[out["module"].isna()]
+    if len(none):
+        notes.append(f"{int(none['ops'].sum())} counted op(s) ran for no known module (outside "
+                     f"every module range and the optimizer's step, e.g. a loss computed in "
+                     f"the script, or in a backward function that links to no counted forward "
+                     f"op, e.g. DDP's gradient hooks inside AccumulateGrad): "
+                     f"{float(none['time_pct'].max()):.1f}% of the counted ops' time")
+    return out.sort_values("time_us", ascending=False, kind="stable")[
+        list(MODULE_COLUMNS)].reset_index(drop=True)
+
+
 def _per_class(ops: pd.DataFrame, traces: TraceSet, per_rank: pd.DataFrame) -> pd.DataFrame:
     """Rows of :data:`CLASS_COLUMNS`: per op class and dtype over all ranks."""
     known = ops[ops["flops"].notna() & ops["step"].notna()]
     if known.empty:
         return pd.DataFrame(columns=list(CLASS_COLUMNS))
-    gpu = {r: device_kind(t) != "cpu" for r, t in traces.ranks.items()}
-    on_gpu = known["rank"].map(gpu).fillna(False).astype(bool)
-    known = known.assign(time_us=np.where(on_gpu, known["device_us"], known["cpu_us"]),
-                         time_basis=np.where(on_gpu, "device", "cpu"),
-                         dtype=known["dtype"].fillna("unknown"))
+    known = _timed(known, traces)
+    known = known.assign(dtype=known["dtype"].fillna("unknown"))
     out = (known.groupby(["op_class", "dtype", "time_basis"], as_index=False)
            .agg(ops=("flops", "size"), flops=("flops", "sum"), bytes=("bytes", "sum"),
                 time_us=("time_us", "sum")))

@@ -33,6 +33,17 @@ is counted as ``unknown``: its row has NaN FLOPs, never a guess.
 **Time.** ``cpu_us``: the op's own duration on its thread (inclusive; counted ops hold no
 counted op). ``device_us``: the GPU kernels it launched (each kernel's runtime call, matched by
 ``correlation``, lies inside the op on its thread), NaN on a rank without GPU kernels.
+
+**Module** (:func:`attribute_modules`). A forward op belongs to the innermost module range that
+holds it on its thread: pardiag's ranges (``pardiag::module::{path} ({class})``, recorded by
+``pardiag profile``) or the profiler's own module frames (``nn.Module: Linear_0``, recorded with
+``with_stack=True``; their path is the nesting of frames). A backward op runs in the autograd
+engine's range around a backward function, outside every module; that range's ``Sequence
+number`` is the one of the forward op that built the function (torch's autograd records both),
+and the op belongs to that forward op's module. The ops inside the optimizer's ``step()``
+range are the module ``(optimizer)`` (:data:`OPTIMIZER_MODULE`). An op outside every range, or
+whose backward function links to no counted forward op (or to ops of different modules), has
+no module.
 """
 
 from __future__ import annotations
@@ -52,7 +63,10 @@ from .issued_ops import runtime_calls
 
 #: Columns of :func:`flop_ops`.
 FLOP_COLUMNS = ("step", "ts", "name", "op_class", "dtype", "flops", "bytes", "cpu_us",
-                "device_us", "model", "recomputed", "profiler_flops")
+                "device_us", "model", "recomputed", "profiler_flops", "backward", "module",
+                "module_class")
+#: The ``module`` of the ops inside the optimizer's step (its class is ``module_class``).
+OPTIMIZER_MODULE = "(optimizer)"
 #: Backward attention over forward: five matmuls against two (FlashAttention-2's count).
 ATTENTION_BACKWARD = 2.5
 
@@ -250,9 +264,9 @@ def _input_dtype(args: dict[str, Any]) -> tuple[str, int] | None:
 
 
 def empty_flop_ops() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=object if c in ("name", "op_class", "dtype")
-                                      else bool if c in ("model", "recomputed") else float)
-                         for c in FLOP_COLUMNS})
+    return pd.DataFrame({c: pd.Series(
+        dtype=object if c in ("name", "op_class", "dtype", "module", "module_class")
+        else bool if c in ("model", "recomputed", "backward") else float) for c in FLOP_COLUMNS})
 
 
 def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
@@ -263,7 +277,9 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     counts towards model FLOPs, :data:`pardiag.analyzer.trace.vocab.MODEL_FLOP_CLASSES`),
     ``recomputed`` (a forward-only op that ran inside the autograd engine's backward with the
     shapes of an op of the step's forward: the evidence of activation recomputation),
-    ``profiler_flops`` (the profiler's own count where ``with_flops`` recorded one, else NaN).
+    ``profiler_flops`` (the profiler's own count where ``with_flops`` recorded one, else NaN),
+    ``backward`` (it ran inside the autograd engine's backward), ``module`` and
+    ``module_class`` (the module it ran for, see the module docstring; None: none known).
 
     ``steps``: the rank's ``ProfilerStep`` windows (``step``, ``start_us``, ``end_us``)."""
     ev = trace.events
@@ -277,6 +293,7 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     ts = ops["ts"].to_numpy(float)
     end = ts + ops["dur"].to_numpy(float)
     tids = ops["tid"].to_numpy(object)
+    paths, classes, backward = attribute_modules(ev, ops)
     # innermost: in time order per thread, an op is dropped when the next one starts inside it
     keep = np.ones(len(ops), dtype=bool)
     order = np.lexsort((-end, ts, pd.factorize(tids)[0]))
@@ -285,6 +302,7 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     inside = np.r_[ts[order][1:] < end[order][:-1], False]
     keep[order[nxt_same & inside]] = False
     ops, ts, end, tids = ops[keep], ts[keep], end[keep], tids[keep]
+    paths, classes, backward = paths[keep], classes[keep], backward[keep]
     rows, keys = [], []
     seen: dict[str, tuple[Any, ...]] = {}   # a step repeats its ops' shapes: each counted once
     for name, args in zip(ops["name"].tolist(), ops["args"].tolist()):
@@ -309,7 +327,8 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     step = step_of(ts, steps.sort_values("start_us")) if steps is not None else None
     out.insert(0, "step", np.where(step < 0, np.nan, step) if step is not None
                else np.full(len(ts), np.nan))
-    out["recomputed"] = _recomputed(out, keys, _inside_backward(ev, ts, tids))
+    out["recomputed"] = _recomputed(out, keys, backward)
+    out["backward"], out["module"], out["module_class"] = backward, paths, classes
     return out[list(FLOP_COLUMNS)].sort_values("ts", kind="stable").reset_index(drop=True)
 
 
@@ -322,28 +341,6 @@ def _recomputed(ops: pd.DataFrame, keys: list[str], inside: np.ndarray) -> np.nd
     before = {(st, k) for st, k, b in zip(step, keys, inside) if not b}
     return np.array([bool(f and b and (st, k) in before)
                      for f, b, st, k in zip(fwd_only, inside, step, keys)], dtype=bool)
-
-
-def _inside_backward(ev: pd.DataFrame, ts: np.ndarray, tids: np.ndarray) -> np.ndarray:
-    """Whether each time on its thread lies inside an autograd engine backward function
-    (``autograd::engine::evaluate_function: …``, :data:`vocab.BACKWARD_FUNCTION_RE`)."""
-    out = np.zeros(len(ts), dtype=bool)
-    codes, uniques = pd.factorize(ev["name"], use_na_sentinel=False)
-    hit = np.array([bool(vocab.BACKWARD_FUNCTION_RE.match(str(u))) for u in uniques], dtype=bool)
-    bw = ev[hit[codes]] if len(uniques) else ev.iloc[:0]
-    if bw.empty:
-        return out
-    for tid, g in bw.groupby("tid", sort=False):
-        sel = np.flatnonzero(pd.Series(tids, dtype=object).eq(tid).to_numpy())
-        if not len(sel):
-            continue
-        lo = g["ts"].to_numpy(float)
-        hi = lo + g["dur"].to_numpy(float)
-        o = np.argsort(lo)
-        lo, hi = lo[o], np.maximum.accumulate(hi[o])   # outermost reach so far
-        i = np.searchsorted(lo, ts[sel], side="right") - 1
-        out[sel] = (i >= 0) & (ts[sel] < hi[np.clip(i, 0, None)])
-    return out
 
 
 def _device_us(trace: RankTrace, ts: np.ndarray, end: np.ndarray, tids: np.ndarray
@@ -372,3 +369,123 @@ def _device_us(trace: RankTrace, ts: np.ndarray, end: np.ndarray, tids: np.ndarr
         add = dur_by_corr.reindex(calls["correlation"]).to_numpy(float)
         np.add.at(out, o[i[ok]], add[ok])
     return out
+
+
+def _innermost(ranges: pd.DataFrame, tids: np.ndarray, ts: np.ndarray, label: str
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """For each time ``ts`` on its thread ``tids``: the innermost of ``ranges`` (columns
+    ``tid``, ``ts``, ``end``, ``label``, ``python``) that holds it — its ``label``, with a
+    python frame's label prefixed by the path of the range around it — and that range's
+    ``cls`` where ``label == "path"``; None outside every range. Ranges of one thread nest."""
+    out = np.full(len(ts), None, dtype=object)
+    cls_out = np.full(len(ts), None, dtype=object)
+    if ranges.empty or not len(ts):
+        return out, cls_out
+    q_tids = pd.Series(tids, dtype=object)
+    for tid, r in ranges.groupby("tid", sort=False):
+        sel = np.flatnonzero(q_tids.eq(tid).to_numpy())
+        if not len(sel):
+            continue
+        r = r.sort_values(["ts", "end"], ascending=[True, False], kind="stable")
+        r_ts, r_end = r["ts"].to_numpy(float), r["end"].to_numpy(float)
+        r_lab, r_cls = r[label].tolist(), r["cls"].tolist() if "cls" in r else [None] * len(r)
+        r_py = r["python"].tolist() if "python" in r else [False] * len(r)
+        stack: list[tuple[float, Any, Any]] = []
+        j = 0
+        for qi in sel[np.argsort(ts[sel], kind="stable")]:
+            t = ts[qi]
+            while j < len(r_ts) and r_ts[j] <= t:
+                while stack and stack[-1][0] <= r_ts[j]:
+                    stack.pop()
+                lab = r_lab[j]
+                if r_py[j] and stack and stack[-1][1] is not None:
+                    lab = f"{stack[-1][1]}.{lab}"
+                stack.append((r_end[j], lab, r_cls[j]))
+                j += 1
+            while stack and stack[-1][0] <= t:
+                stack.pop()
+            if stack:
+                out[qi], cls_out[qi] = stack[-1][1], stack[-1][2]
+    return out, cls_out
+
+
+def _module_ranges(ev: pd.DataFrame) -> pd.DataFrame:
+    """The rank's module ranges (see the module docstring): ``tid``, ``ts``, ``end`` (µs),
+    ``path``, ``cls``, ``python`` (a profiler frame, whose path is its nesting)."""
+    names = ev["name"]
+    codes, uniques = pd.factorize(names, use_na_sentinel=False)
+    parsed: list[tuple[str, str | None, bool] | None] = []
+    for u in uniques:
+        u = str(u)
+        m = vocab.MODULE_RANGE_RE.match(u)
+        if m:
+            parsed.append((m["path"], m["cls"], False))
+            continue
+        if vocab.OPTIMIZER_STEP_RE.match(u):
+            cls = u.split("#", 1)[1].rsplit(".", 1)[0]
+            parsed.append((OPTIMIZER_MODULE, cls or None, False))
+            continue
+        m = vocab.PYTHON_MODULE_RE.match(u)
+        parsed.append((f"{m['cls']}_{m['idx']}", m["cls"], True) if m else None)
+    if not any(p is not None for p in parsed):
+        return pd.DataFrame(columns=["tid", "ts", "end", "path", "cls", "python"])
+    hit_code = np.array([p is not None for p in parsed], dtype=bool)
+    cats = ev["cat"].to_numpy(object)
+    py_code = np.array([bool(p and p[2]) for p in parsed], dtype=bool)
+    rows = np.flatnonzero(hit_code[codes] & np.where(
+        py_code[codes], cats == "python_function",
+        (cats == "user_annotation") | (cats == "cpu_op")))
+    sub = ev.iloc[rows]
+    got = [parsed[c] for c in codes[rows]]
+    return pd.DataFrame({"tid": sub["tid"].to_numpy(object), "ts": sub["ts"].to_numpy(float),
+                         "end": (sub["ts"] + sub["dur"]).to_numpy(float),
+                         "path": [g[0] for g in got], "cls": [g[1] for g in got],
+                         "python": [g[2] for g in got]})
+
+
+def attribute_modules(ev: pd.DataFrame, ops: pd.DataFrame
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(module path, module class, inside the backward) of each of ``ops`` (rows of the
+    rank's events ``ev``): see the module docstring. Paths and classes are None where no
+    module is known."""
+    ts = ops["ts"].to_numpy(float)
+    tids = ops["tid"].to_numpy(object)
+    functions = _backward_functions(ev)
+    engine, _ = _innermost(functions[functions["engine"]], tids, ts, "seq")
+    inside = np.array([s is not None for s in engine], dtype=bool)
+    seq_of_fn, _ = _innermost(functions[functions["seq"] >= 0], tids, ts, "seq")
+    ranges = _module_ranges(ev)
+    paths, classes = _innermost(ranges, tids, ts, "path")
+    if ranges.empty:
+        return paths, classes, inside
+    # forward ops' sequence numbers → their modules (ambiguous numbers link to none)
+    links: dict[int, set[tuple[Any, Any]]] = {}
+    for seq, p, c, b in zip((vocab.SEQUENCE_NUMBER.get(a) for a in ops["args"].tolist()),
+                            paths, classes, inside):
+        if p is not None and not b and isinstance(seq, int) and seq >= 0:
+            links.setdefault(seq, set()).add((p, c))
+    for i in np.flatnonzero(inside & (paths == None)):  # noqa: E711 (elementwise)
+        got = links.get(seq_of_fn[i])
+        if got is not None and len(got) == 1:
+            paths[i], classes[i] = next(iter(got))
+    return paths, classes, inside
+
+
+def _backward_functions(ev: pd.DataFrame) -> pd.DataFrame:
+    """The autograd engine's ranges around backward functions (:data:`vocab.
+    BACKWARD_FUNCTION_RE`, ``engine`` True) and the functions' own ranges
+    (:data:`vocab.BACKWARD_NODE_RE`, CPU ops): ``tid``, ``ts``, ``end`` (µs), ``seq`` (their
+    ``Sequence number``, -1 where not recorded), ``engine``."""
+    codes, uniques = pd.factorize(ev["name"], use_na_sentinel=False)
+    engine = np.array([bool(vocab.BACKWARD_FUNCTION_RE.match(str(u))) for u in uniques],
+                      dtype=bool)
+    node = np.array([bool(vocab.BACKWARD_NODE_RE.match(str(u))) for u in uniques], dtype=bool)
+    hit = (engine | node)[codes] & (ev["cat"] == "cpu_op").to_numpy() if len(uniques) else (
+        np.zeros(len(ev), dtype=bool))
+    bw = ev[hit]
+    seq = [vocab.SEQUENCE_NUMBER.get(a) for a in bw["args"].tolist()]
+    return pd.DataFrame({"tid": bw["tid"].to_numpy(object), "ts": bw["ts"].to_numpy(float),
+                         "end": (bw["ts"] + bw["dur"]).to_numpy(float),
+                         "seq": [s if isinstance(s, int) and not isinstance(s, bool) else -1
+                                 for s in seq],
+                         "engine": engine[codes[hit]] if len(uniques) else np.zeros(0, bool)})

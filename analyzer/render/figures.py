@@ -581,12 +581,18 @@ def roofline_points(per_class: pd.DataFrame) -> pd.DataFrame:
     return pts[(pts["achieved_tflops"] > 0) & (pts["intensity"] > 0)]
 
 
-def roofline_figure(per_class: pd.DataFrame) -> dict:
+#: Modules the roofline places (the longest by time); the JSON holds them all.
+ROOFLINE_MODULES = 20
+
+
+def roofline_figure(per_class: pd.DataFrame, per_module: pd.DataFrame | None = None) -> dict:
     """The roofline (Williams, Waterman and Patterson, CACM 2009): each op class and dtype of
     :attr:`pardiag.analyzer.analyses.efficiency.EfficiencyResult.per_class` at its arithmetic
     intensity (FLOP/byte, x, log) and achieved TFLOP/s (y, log), marker area by its time; the
-    peak (flat line) and, where the memory bandwidth is known, the bandwidth roof
-    (``bandwidth × intensity``) up to the ridge. Returns a plotly figure dict."""
+    :data:`ROOFLINE_MODULES` longest modules of ``per_module`` (its rows with a module) as
+    open diamonds, hidden until their legend entry is clicked; the peak (flat line) and, where
+    the memory bandwidth is known, the bandwidth roof (``bandwidth × intensity``) up to the
+    ridge. Returns a plotly figure dict."""
     pts = roofline_points(per_class)
     t = pts["time_us"].to_numpy(float)
     size = 8 + 22 * np.sqrt(t / t.max()) if len(t) and t.max() > 0 else np.full(len(t), 10.0)
@@ -599,6 +605,16 @@ def roofline_figure(per_class: pd.DataFrame) -> dict:
             marker={"size": _f32(size[idx]), "color": CLASS_COLORS.get(cls, "#888888")},
             hovertemplate=(escape(f"{cls} ({dtype})") + ": %{y:,.3f} TFLOP/s at %{x:,.2f} "
                            "FLOP/byte<extra></extra>")))
+    mods = (roofline_points(per_module[per_module["module"].notna()]).head(ROOFLINE_MODULES)
+            if per_module is not None and len(per_module) else None)
+    if mods is not None and len(mods):
+        data.append(_scatter(
+            x=_f32(mods["intensity"]), y=_f32(mods["achieved_tflops"]), mode="markers",
+            name=f"modules (the {len(mods)} longest)", visible="legendonly",
+            marker={"size": 9, "symbol": "diamond-open", "color": "#333333"},
+            text=[escape(f"{m} ({c})") for m, c in zip(mods["module"], mods["module_class"])],
+            hovertemplate="%{text}: %{y:,.3f} TFLOP/s at %{x:,.2f} FLOP/byte<extra></extra>"))
+        pts = pd.concat([pts, mods])
     xs = pts["intensity"].to_numpy(float)
     lo, hi = (float(xs.min()) / 4, float(xs.max()) * 4) if len(xs) else (0.01, 1000.0)
     peak = per_class["peak_tflops"].dropna()

@@ -525,8 +525,9 @@ def efficiency(report: Report, page: Page) -> dict:
             "tokens_per_s": "tokens/s", "peak_source": "peak from"},
             left=("device", "dtype", "mfu_range", "peak_source"), digits=3, sortable=True,
             what="ranks"),
-        **({"figure": _html(page.fig(fg.roofline_figure(e.per_class)))}
+        **({"figure": _html(page.fig(fg.roofline_figure(e.per_class, e.per_module)))}
            if len(fg.roofline_points(e.per_class)) else {}),
+        **_module_table(e.per_module),
         "per_class": _table(e.per_class.assign(flops=e.per_class["flops"] / 1e9,
                                                time_us=e.per_class["time_us"] / 1e3), {
             "op_class": "op class", "dtype": "dtype", "ops": "ops", "flops": "GFLOP",
@@ -534,6 +535,27 @@ def efficiency(report: Report, page: Page) -> dict:
             "achieved_gbps": "GB/s", "intensity": "FLOP/byte"},
             left=("op_class", "dtype", "time_basis"), digits=3, sortable=True, what="classes"),
         "notes": list(e.notes)}
+
+
+#: Modules the page's table shows (the longest by time); the JSON holds them all.
+PAGE_MODULES = 20
+
+
+def _module_table(per_module: pd.DataFrame) -> dict:
+    """``per_module`` (the page's table of the :data:`PAGE_MODULES` longest modules),
+    ``modules_shown`` and ``modules_total``; nothing without module rows."""
+    if per_module.empty:
+        return {}
+    top = per_module.head(PAGE_MODULES)
+    top = top.assign(module=top["module"].fillna("(no known module)"),
+                     module_class=top["module_class"].fillna("–"),
+                     flops=top["flops"] / 1e9, time_us=top["time_us"] / 1e3)
+    return {"modules_total": len(per_module), "modules_shown": len(top),
+            "per_module": _table(top, {
+        "module": "module", "module_class": "class", "ranks": "ranks", "ops": "ops",
+        "flops": "GFLOP", "time_us": "time (ms)", "time_pct": "% of counted time",
+        "time_basis": "time on", "achieved_tflops": "TFLOP/s", "intensity": "FLOP/byte"},
+        left=("module", "module_class", "time_basis"), digits=3, sortable=True, what="modules")}
 
 
 def memory(report: Report, page: Page) -> dict:

@@ -239,6 +239,8 @@ def render_terminal(report: Report, console: Console) -> None:
 
 #: Most ranks in the terminal's tables of where the step goes.
 MAX_CAUSE_RANKS = 16
+#: Modules the terminal lists (the longest by time).
+TERMINAL_MODULES = 10
 
 
 def _causes(report: Report, console: Console) -> None:
@@ -314,6 +316,19 @@ def _efficiency(report: Report, console: Console) -> None:
               _n(r["achieved_gbps"], 1), _n(r["intensity"], 1))
              for _, r in e.per_class.iterrows()],
             caption="time on the device for GPU ranks, on the host thread for CPU ranks")
+    if len(e.per_module):
+        top = e.per_module.head(TERMINAL_MODULES)
+        print_table(console, "Achieved rate per module (own ops, all ranks)", [
+            Col("module", "left"), Col("class", "left", drop=1), Col("GFLOP"), Col("ms"),
+            Col("% time"), Col("TFLOP/s"), Col("FLOP/byte", drop=2)],
+            [(str(r["module"]) if pd.notna(r["module"]) else "(no known module)",
+              str(r["module_class"]) if pd.notna(r["module_class"]) else "–",
+              _n(r["flops"] / 1e9, 2), _n(r["time_us"] / 1e3, 2),
+              _n(r["time_pct"], 1), _n(r["achieved_tflops"], 3), _n(r["intensity"], 1))
+             for _, r in top.iterrows()],
+            caption="the longest by time" + (f"; {len(top)} of {len(e.per_module)} modules "
+                                             f"(all in --json)"
+                                             if len(e.per_module) > len(top) else ""))
     for n in e.notes:
         console.print(f"[dim]note: {n}[/dim]", highlight=False)
 

@@ -302,7 +302,8 @@ def _efficiency_json(r: EfficiencyResult, traces: TraceSet) -> dict[str, Any]:
         mfu_pct=_clean(r.mfu_pct) if r.mfu_pct is not None else None,
         per_rank=rows(js.EfficiencyRank, r.per_rank),
         per_step=rows(js.EfficiencyStep, r.per_step.astype({"step": int})),
-        per_class=rows(js.EfficiencyClass, r.per_class), notes=list(r.notes))}
+        per_class=rows(js.EfficiencyClass, r.per_class),
+        per_module=rows(js.EfficiencyModule, r.per_module), notes=list(r.notes))}
 
 
 def _hta_json(r: HtaExtras, traces: TraceSet) -> dict[str, Any]:

@@ -46,7 +46,13 @@ from .schema_causes import (
     MemorySection,
     SkewOrigin,
 )
-from .schema_efficiency import EfficiencyClass, EfficiencyRank, EfficiencySection, EfficiencyStep
+from .schema_efficiency import (
+    EfficiencyClass,
+    EfficiencyModule,
+    EfficiencyRank,
+    EfficiencySection,
+    EfficiencyStep,
+)
 from .schema_layout import (
     CriticalPathSection,
     DimOverlapRank,
@@ -110,6 +116,7 @@ __all__ = [
     "CauseStep",
     "CausesSection",
     "EfficiencyClass",
+    "EfficiencyModule",
     "EfficiencyRank",
     "EfficiencySection",
     "EfficiencyStep",

@@ -137,6 +137,51 @@ class EfficiencyClass(msgspec.Struct, kw_only=True, frozen=True):
     bandwidth_gbps: Number | None = None
 
 
+class EfficiencyModule(msgspec.Struct, kw_only=True, frozen=True):
+    """One module over all ranks' steps (``efficiency.per_module[]``): its own counted ops (those
+    in no submodule's range), forward in its range and backward linked to it by autograd's
+    sequence numbers.
+
+    Attributes:
+        module: The module's qualified name (``transformer.h.0.attn``; the outermost module by
+            its class; with the profiler's own frames, their nesting: ``Net_0.Linear_1``), or
+            ``(optimizer)`` for the ops of the optimizer's step. Null/absent: ``null`` for the
+            ops of no known module.
+        module_class: The module's class (the optimizer's class for ``(optimizer)``).
+            Null/absent: ``null`` with ``module`` null.
+        ranks: Ranks that ran it.
+        ops: Ops counted.
+        forward_flops: FLOPs of its ops outside the backward. Unit: FLOP.
+        backward_flops: FLOPs of its ops inside the backward. Unit: FLOP.
+        flops: Their sum. Unit: FLOP.
+        bytes: Bytes its ops read and write. Unit: bytes.
+        time_us: Its ops' time (kernels on GPU ranks, the ops on CPU ranks). Unit: µs.
+        time_basis: ``device`` or ``cpu``: which time ``time_us`` is.
+        time_pct: Its share of all counted ops' time of that basis. Unit: %.
+        achieved_tflops: ``flops`` / ``time_us``. Unit: TFLOP/s. Null/absent: ``null`` when an
+            op's FLOPs are unknown or ``time_us`` is 0.
+        achieved_gbps: ``bytes`` / ``time_us``. Unit: GB/s. Null/absent: ``null`` likewise.
+        intensity: ``flops`` / ``bytes``. Unit: FLOP/byte. Null/absent: ``null`` likewise.
+        unknown_ops: Its ops whose shapes fit no formula (not in ``flops``).
+    """
+
+    time_basis: str
+    module: str | None = None
+    module_class: str | None = None
+    ranks: int = 0
+    ops: int = 0
+    forward_flops: Number = NAN
+    backward_flops: Number = NAN
+    flops: Number = NAN
+    bytes: Number = NAN
+    time_us: Number = NAN
+    time_pct: Number | None = None
+    achieved_tflops: Number | None = None
+    achieved_gbps: Number | None = None
+    intensity: Number | None = None
+    unknown_ops: int = 0
+
+
 class EfficiencySection(msgspec.Struct, kw_only=True, frozen=True):
     """How far each rank is from its device's peak (``efficiency``).
 
@@ -148,6 +193,9 @@ class EfficiencySection(msgspec.Struct, kw_only=True, frozen=True):
         per_step: FLOPs and MFU per rank and step. Null/absent: ``[]`` without counted ops.
         per_class: Achieved rate and arithmetic intensity per op class and dtype. Null/absent:
             ``[]`` without counted ops.
+        per_module: Achieved rate and arithmetic intensity per module, by time. Null/absent:
+            ``[]`` without module ranges (recorded by ``pardiag profile``, or the profiler's
+            with ``with_stack=True``).
         notes: Why a number is unknown and what the counts leave out. Null/absent: ``[]`` when
             none.
     """
@@ -156,4 +204,5 @@ class EfficiencySection(msgspec.Struct, kw_only=True, frozen=True):
     per_rank: list[EfficiencyRank] = msgspec.field(default_factory=list)
     per_step: list[EfficiencyStep] = msgspec.field(default_factory=list)
     per_class: list[EfficiencyClass] = msgspec.field(default_factory=list)
+    per_module: list[EfficiencyModule] = msgspec.field(default_factory=list)
     notes: list[str] = msgspec.field(default_factory=list)

@@ -96,10 +96,13 @@ def name_codes(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
 
 def name_test(trace: RankTrace, key: Hashable, test: Callable[[str], object]) -> np.ndarray:
     """``test(name)`` for every event of ``trace`` (bool array), evaluated once per distinct
-    name and cached under ``key``; a fixed test per key."""
+    name and cached under ``key``; a fixed test per key. pardiag's module ranges
+    (:data:`vocab.MODULE_RANGE_PREFIX`) are never a hit: they carry the user's module names
+    (an ``attn``, a ``router``), which say nothing of what ran, only where."""
     def compute() -> np.ndarray:
         codes, uniques = name_codes(trace)
-        hit = np.fromiter((bool(test(u)) if isinstance(u, str) else False for u in uniques),
+        hit = np.fromiter((bool(test(u)) if isinstance(u, str) and not u.startswith(
+            vocab.MODULE_RANGE_PREFIX) else False for u in uniques),
                           dtype=bool, count=len(uniques))
         return hit[codes] if len(uniques) else np.zeros(len(codes), dtype=bool)
     return cached(trace, ("name_test", key), compute)

@@ -206,14 +206,38 @@ def stray_timestamps(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, str]:
 def keeps_args(names_raw: list, cache: dict | None = None) -> list[bool]:
     """Per event, whether the table keeps its args whole: its name (as text) marks it as
     communication or memory (:data:`_KEEP_ARGS_RE`), or as an op whose FLOPs are counted
-    (:data:`pardiag.analyzer.trace.vocab.FLOP_OPS`; each distinct name tested once, and once
-    across calls that share ``cache``)."""
+    (:data:`pardiag.analyzer.trace.vocab.FLOP_OPS`), or as the autograd engine's range around a
+    backward function or the function's own range (their sequence number links them to their
+    forward op; each distinct name
+    tested once, and once across calls that share ``cache``)."""
     if set(map(type, names_raw)) <= {str}:
         cache = {} if cache is None else cache
         for x in set(names_raw).difference(cache):
-            cache[x] = bool(_KEEP_ARGS_RE.search(x)) or x in vocab.FLOP_OPS
+            cache[x] = _keeps(x)
         return list(map(cache.__getitem__, names_raw))
-    return [bool(_KEEP_ARGS_RE.search(str(x))) or str(x) in vocab.FLOP_OPS for x in names_raw]
+    return [_keeps(str(x)) for x in names_raw]
+
+
+def _keeps(name: str) -> bool:
+    return (bool(_KEEP_ARGS_RE.search(name)) or name in vocab.FLOP_OPS
+            or bool(vocab.BACKWARD_FUNCTION_RE.match(name))
+            or bool(vocab.BACKWARD_NODE_RE.match(name)))
+
+
+def _annotations_as_such(names_raw: list, cats: list[str]) -> list[str]:
+    """``cats`` with pardiag's module ranges (:data:`vocab.MODULE_RANGE_PREFIX`) as
+    ``user_annotation``: torch's fast record function, which ``pardiag profile`` uses for them,
+    writes ``cpu_op``, and a range is no operator (its time is its operators' and waits')."""
+    try:
+        hits = {n for n in set(names_raw)
+                if isinstance(n, str) and n.startswith(vocab.MODULE_RANGE_PREFIX)}
+    except TypeError:   # unhashable names
+        hits = {n for n in names_raw
+                if isinstance(n, str) and n.startswith(vocab.MODULE_RANGE_PREFIX)}
+    if not hits:
+        return cats
+    return ["user_annotation" if isinstance(n, str) and n in hits else c
+            for n, c in zip(names_raw, cats)]
 
 
 def _normalize_cats(cats_raw: list) -> list[str]:
@@ -268,7 +292,7 @@ def slice_arrays(*, names_raw, cats_raw, phs, pids_raw, tid_raw, ts_raw, dur_raw
     such key, ``arg_corr`` -1; ``kept_args`` the args dicts the table keeps
     (:func:`keeps_args`), None elsewhere), with ``strings`` (ts/dur values read from strings)
     and ``no_dur`` (complete events without ``dur``). :func:`frame_from_parts` joins them."""
-    cats = _normalize_cats(cats_raw)
+    cats = _annotations_as_such(names_raw, _normalize_cats(cats_raw))
     ts, ts_str = _float_column(ts_raw)
     dur, dur_str = _float_column(dur_raw)
     gpu_cat = {c: c in GPU_CATS for c in set(cats)}

@@ -107,6 +107,8 @@ INPUT_DIMS = ArgKey(("Input Dims",), "the shape of each input (a list per input)
 INPUT_TYPE = ArgKey(("Input type",), "the dtype of each input, as C++ names it")
 CONCRETE_INPUTS = ArgKey(("Concrete Inputs",), "scalar inputs as text (a peer, split sizes)")
 OP_FLOPS = ArgKey(("flops",), "the profiler's own FLOP count of the op (with_flops=True)")
+SEQUENCE_NUMBER = ArgKey(("Sequence number",), "autograd's number of a forward op, and of the "
+                         "backward function that op built (the link from one to the other)")
 
 # -- [memory] instants ---------------------------------------------------------------------------
 DEVICE_TYPE = ArgKey(("Device Type",), "c10::DeviceType number of the device")
@@ -316,6 +318,17 @@ FORWARD_ONLY_OPS = frozenset(
         ("_backward", "_backward_data"))) | {"aten::addmm", "aten::baddbmm"}
 #: The autograd engine's range around each backward function it runs.
 BACKWARD_FUNCTION_RE = re.compile(r"^autograd::engine::evaluate_function: ")
+#: An autograd node's own range inside that one, named by its class (``AddmmBackward0``, a custom
+#: Function's ``MyFunctionBackward``): it carries the ``Sequence number`` of the forward op that
+#: built it, which the engine's range lacks where hooks run before the node (FSDP's unshard).
+BACKWARD_NODE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*Backward\d*$")
+#: pardiag's range around each module call (``pardiag profile``,
+#: :mod:`pardiag.collectors.modules`): ``pardiag::module::{qualified name} ({class})``.
+MODULE_RANGE_PREFIX = "pardiag::module::"
+MODULE_RANGE_RE = re.compile(r"^pardiag::module::(?P<path>.+) \((?P<cls>[^()]*)\)$")
+#: The profiler's own frame of a module call (``with_stack=True``, category
+#: ``python_function``): ``nn.Module: Linear_0`` (class, and its instance number).
+PYTHON_MODULE_RE = re.compile(r"^nn\.Module: (?P<cls>.+)_(?P<idx>\d+)$")
 # The names (and name patterns) of the ops, ranges and runtime calls a per-rank quantity looks for;
 # the communication and computation kinds of events are told apart in classify.py.
 

@@ -1,0 +1,233 @@
+"""FLOPs, time and achieved rate per module (``efficiency.per_module``): forward ops by the module
+range around them, backward ops by autograd's sequence number, pardiag's ranges and the
+profiler's own module frames, on planted traces with exact answers; and the ranges
+``pardiag profile`` records (:class:`pardiag.collectors.modules.ModuleRanges`) on a real model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pardiag.analyzer.analyses.efficiency import compute_efficiency
+from pardiag.analyzer.trace import load_traces
+from pardiag.collectors.modules import ModuleRanges
+
+from .synth import TraceBuilder
+
+F32 = "float"
+#: One planted addmm [64, 256] · [256, 512]: 2·64·256·512 FLOPs; its backward's two mm the same.
+MM = 2 * 64 * 256 * 512
+
+
+def _addmm(b: TraceBuilder, ts: float, seq: int, tid=None) -> None:
+    b.cpu("aten::addmm", ts, 10, tid=tid, args={
+        "Input Dims": [[512], [64, 256], [256, 512], [], []],
+        "Input type": [F32, F32, F32, "Scalar", "Scalar"], "Sequence number": seq})
+
+
+def _mm(b: TraceBuilder, ts: float, dims, tid=None) -> None:
+    b.cpu("aten::mm", ts, 5, tid=tid, args={"Input Dims": dims, "Input type": [F32, F32]})
+
+
+def _planted(python_frames: bool = False) -> dict:
+    """One step: module ``blocks.0.fc`` (then ``blocks.1.fc``) runs an addmm each (sequence numbers
+    7 and 9); a ``relu`` outside every range; the backward of each addmm (its two mm) in the
+    engine's range, whose sequence number is recorded on the node's own range only for the
+    first (as where FSDP's hooks run before the node); a backward function with a number no
+    forward op has; the optimizer's step with one elementwise op."""
+    b = TraceBuilder(rank=0, world_size=1, backend="gloo")
+    b.step(1, 0, 1000)
+
+    def rng(path: str, cls: str, ts: float, dur: float) -> None:
+        if python_frames:   # the instance number: the block's
+            b.cpu(f"nn.Module: {cls}_{path.split('.')[1] if '.' in path else 0}", ts, dur,
+                  cat="python_function")
+        else:
+            b.cpu(f"pardiag::module::{path} ({cls})", ts, dur, cat="user_annotation")
+
+    rng("Net", "Net", 10, 200)
+    rng("blocks.0", "Block", 20, 50)
+    rng("blocks.0.fc", "Linear", 25, 30)
+    _addmm(b, 30, seq=7)
+    rng("blocks.1", "Block", 80, 50)
+    rng("blocks.1.fc", "Linear", 85, 30)
+    _addmm(b, 90, seq=9)
+    b.cpu("aten::relu", 300, 5, args={"Input Dims": [[64, 512]], "Input type": [F32],
+                                      "Sequence number": 11})
+    for at, seq, on_node in ((400, 9, False), (500, 7, True)):
+        b.cpu("autograd::engine::evaluate_function: AddmmBackward0", at, 80,
+              args={} if on_node else {"Sequence number": seq})
+        b.cpu("AddmmBackward0", at + 40, 30, args={"Sequence number": seq} if on_node else {})
+        _mm(b, at + 42, [[64, 512], [512, 256]])
+        _mm(b, at + 52, [[256, 64], [64, 512]])
+    b.cpu("autograd::engine::evaluate_function: ReluBackward0", 600, 20,
+          args={"Sequence number": 99})
+    b.cpu("aten::threshold_backward", 605, 5, args={"Input Dims": [[64, 512], [64, 512], []],
+                                                    "Input type": [F32, F32, "Scalar"]})
+    b.cpu("Optimizer.step#SGD.step", 700, 100, cat="user_annotation")
+    b.cpu("aten::add_", 710, 8, args={"Input Dims": [[512, 256], [512, 256], []],
+                                      "Input type": [F32, F32, "Scalar"]})
+    return b.doc()
+
+
+def _efficiency(tmp_path: Path, doc: dict):
+    path = tmp_path / "rank0.trace.json"
+    path.write_text(json.dumps(doc))
+    return compute_efficiency(load_traces(path, cache=False))
+
+
+def test_planted_modules_get_their_forward_and_backward_flops(tmp_path):
+    """Each Linear has its addmm forward and both mm of its backward (linked by the engine's
+    range or by the node's own), none of the other's; the relu, outside every range, and the
+    backward whose number no forward op has are the row of no module; the optimizer's op is
+    ``(optimizer)``; time shares of the counted ops' time."""
+    e = _efficiency(tmp_path, _planted())
+    ops = e.ops
+    assert list(ops.loc[ops["name"] == "aten::mm", "module"]) == ["blocks.1.fc"] * 2 + [
+        "blocks.0.fc"] * 2
+    assert ops.loc[ops["name"] == "aten::mm", "backward"].all()
+    assert not ops.loc[ops["name"] == "aten::addmm", "backward"].any()
+    pm = e.per_module.set_index("module", drop=False)
+    for name in ("blocks.0.fc", "blocks.1.fc"):
+        row = pm.loc[name]
+        assert (row["module_class"], row["ops"], row["ranks"]) == ("Linear", 3, 1)
+        assert (row["forward_flops"], row["backward_flops"], row["flops"]) == (MM, 2 * MM, 3 * MM)
+        assert row["time_us"] == 20.0   # 10 + 5 + 5
+        assert row["achieved_tflops"] == pytest.approx(3 * MM / 20e-6 / 1e12)
+    opt = pm.loc["(optimizer)"]
+    assert (opt["module_class"], opt["ops"], opt["flops"]) == ("SGD", 1, 512 * 256)
+    none = e.per_module[e.per_module["module"].isna()].iloc[0]
+    assert none["module_class"] is None
+    assert (none["ops"], none["forward_flops"], none["backward_flops"]) == (2, 64 * 512, 64 * 512)
+    assert e.per_module["time_pct"].sum() == pytest.approx(100.0)
+    assert pm.loc["blocks.0.fc", "time_pct"] == pytest.approx(100 * 20 / (2 * 20 + 8 + 10))
+    assert any("2 counted op(s) ran for no known module" in n for n in e.notes)
+
+
+def test_profiler_frames_give_paths_by_their_nesting(tmp_path):
+    """``nn.Module: Linear_0`` frames (with_stack=True) name a module by the frames around it."""
+    e = _efficiency(tmp_path, _planted(python_frames=True))
+    pm = e.per_module.set_index("module")
+    assert pm.loc["Net_0.Block_0.Linear_0", "backward_flops"] == 2 * MM
+    assert pm.loc["Net_0.Block_1.Linear_1", "forward_flops"] == MM
+
+
+def test_a_sequence_number_of_two_modules_links_to_none(tmp_path):
+    """Two forward ops of different modules with one sequence number (two forward threads):
+    their backward is of no known module, not of either."""
+    doc = _planted()
+    for ev in doc["traceEvents"]:
+        if ev.get("name") == "aten::addmm" and ev["ts"] == 90:
+            ev["args"]["Sequence number"] = 7
+    e = _efficiency(tmp_path, doc)
+    mm = e.ops[e.ops["name"] == "aten::mm"]
+    assert mm["module"].isna().all()
+
+
+def test_a_trace_without_module_ranges_says_so(tmp_path):
+    doc = _planted()
+    doc["traceEvents"] = [ev for ev in doc["traceEvents"]
+                          if not str(ev.get("name", "")).startswith("pardiag::module::")]
+    e = _efficiency(tmp_path, doc)
+    assert set(e.per_module["module"].dropna()) == {"(optimizer)"}
+
+
+def test_no_ranges_at_all_leaves_the_table_empty_with_a_note(tmp_path):
+    doc = _planted()
+    doc["traceEvents"] = [ev for ev in doc["traceEvents"]
+                          if not str(ev.get("name", "")).startswith(("pardiag::module::",
+                                                                     "Optimizer.step"))]
+    e = _efficiency(tmp_path, doc)
+    assert e.per_module.empty
+    assert any("no module ranges in the traces" in n for n in e.notes)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x + self.fc(x)
+
+
+class _Boom(nn.Module):
+    def forward(self, x):
+        raise ValueError("boom")
+
+
+def test_module_ranges_name_each_call_and_close_on_an_exception():
+    """Qualified names in the outermost module called (the root by its class), nested as the
+    calls are; a forward that raises closes its range (the next call's ranges are not inside
+    it); uninstalled, no range."""
+    from torch.profiler import profile
+
+    model = nn.Sequential(_Block(), _Block())
+    x = torch.randn(4, 16)
+    rec = ModuleRanges()
+    rec.install()
+    try:
+        with profile() as prof:
+            model(x)
+            with pytest.raises(ValueError):
+                _Boom()(x)
+            model(x)
+    finally:
+        rec.uninstall()
+    names = [e.name for e in prof.events() if e.name.startswith("pardiag::module::")]
+    assert names.count("pardiag::module::Sequential (Sequential)") == 2
+    assert names.count("pardiag::module::0.fc (Linear)") == 2
+    assert names.count("pardiag::module::_Boom (_Boom)") == 1
+    spans = {(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+             if e.name.startswith("pardiag::module::")}
+    boom = next(s for s in spans if "_Boom" in s[0])
+    assert not any(s[1] > boom[1] and s[2] <= boom[2] for s in spans if s != boom)
+    assert rec.calls == 2 * 5 + 1
+    with profile() as prof:
+        model(x)
+    assert not [e for e in prof.events() if e.name.startswith("pardiag::module::")]
+
+
+def test_module_ranges_written_as_operators_are_no_work(tmp_path):
+    """torch's fast record function writes a module range as a ``cpu_op``; one around the whole
+    planted CPU step (its operators, a collective and a wait) changes no number of the
+    breakdown (test_breakdown.py's answers: compute 78, comm 35, overlap 18, idle 5 µs)."""
+    from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
+
+    from .synth import cpu_rank
+
+    b = cpu_rank(0)
+    b.cpu("pardiag::module::Net (Net)", 0, 99, cat="cpu_op")
+    b.cpu("pardiag::module::attn.router (Router)", 84, 12, cat="cpu_op")
+    b.write(tmp_path / "a.json")
+    t = compute_time_breakdown(load_traces(tmp_path, cache=False)).totals.iloc[0]
+    assert (t.compute_us, t.comm_us, t.overlap_us, t.idle_us) == (78.0, 35.0, 18.0, 5.0)
+    events = load_traces(tmp_path, cache=False).ranks[0].events
+    cats = set(events.loc[events["name"].str.startswith("pardiag::module::"), "cat"])
+    assert cats == {"user_annotation"}
+
+
+def test_the_terminal_page_and_json_show_the_modules(tmp_path):
+    """The planted modules in the terminal's table, the page's table and roofline (a trace of
+    the modules, hidden until clicked), and ``efficiency.per_module`` in the JSON."""
+    from click.testing import CliRunner
+
+    from pardiag.cli import cli
+
+    path = tmp_path / "rank0.trace.json"
+    path.write_text(json.dumps(_planted()))
+    page, js = tmp_path / "r.html", tmp_path / "r.json"
+    res = CliRunner().invoke(cli, ["report", str(path), "-o", str(page), "--no-cache",
+                                   "--json", str(js), "--peak-tflops", "1"])
+    assert res.exit_code == 0, res.output
+    assert "Achieved rate per module" in res.output and "blocks.0.fc" in res.output
+    assert "(no known module)" in res.output
+    html = page.read_text()
+    assert "blocks.1.fc" in html and "modules (the 3 longest)" in html   # two Linear, the optimizer
+    rows = {r["module"]: r for r in json.loads(js.read_text())["efficiency"]["per_module"]}
+    assert rows["blocks.0.fc"]["backward_flops"] == 2 * MM
+    assert rows[None]["ops"] == 2
