@@ -134,6 +134,8 @@ def test_a_trace_without_module_ranges_says_so(tmp_path):
                           if not str(ev.get("name", "")).startswith("pardiag::module::")]
     e = _efficiency(tmp_path, doc)
     assert set(e.per_module["module"].dropna()) == {"(optimizer)"}
+    assert any("only the optimizer's step is told apart" in n for n in e.notes)
+    assert not any("ran for no known module" in n for n in e.notes)
 
 
 def test_no_ranges_at_all_leaves_the_table_empty_with_a_note(tmp_path):

@@ -41,7 +41,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..per_rank.flops import FLOP_COLUMNS, empty_flop_ops
+from ..per_rank.flops import FLOP_COLUMNS, OPTIMIZER_MODULE, empty_flop_ops
 from ..per_rank.summary import summary_of
 from ..trace import vocab
 from ..trace.classify import device_kind
@@ -372,7 +372,11 @@ def _per_module(ops: pd.DataFrame, traces: TraceSet, notes: list[str]) -> pd.Dat
         out[col] = out[col].astype(object).where(out[col].notna(), None)
     out["unknown_ops"] = out["unknown_ops"].astype(int)
     none = out[out["module"].isna()]
-    if len(none):
+    if not (out["module"].notna() & (out["module"] != OPTIMIZER_MODULE)).any():
+        notes.append("no module ranges in the traces (pardiag profile records them; a trace "
+                     "recorded with with_stack=True has the profiler's own): only the "
+                     "optimizer's step is told apart from the rest")
+    elif len(none):
         notes.append(f"{int(none['ops'].sum())} counted op(s) ran for no known module (outside "
                      f"every module range and the optimizer's step, e.g. a loss computed in "
                      f"the script, or in a backward function that links to no counted forward "

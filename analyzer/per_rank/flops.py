@@ -57,6 +57,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace import vocab
+from ..trace.classify import name_codes
 from ..trace.traceset import GPU_CATS, RankTrace, isin_mask
 from .comm_events import step_of
 from .issued_ops import runtime_calls
@@ -293,7 +294,7 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     ts = ops["ts"].to_numpy(float)
     end = ts + ops["dur"].to_numpy(float)
     tids = ops["tid"].to_numpy(object)
-    paths, classes, backward = attribute_modules(ev, ops)
+    paths, classes, backward = attribute_modules(trace, ops)
     # innermost: in time order per thread, an op is dropped when the next one starts inside it
     keep = np.ones(len(ops), dtype=bool)
     order = np.lexsort((-end, ts, pd.factorize(tids)[0]))
@@ -343,6 +344,29 @@ def _recomputed(ops: pd.DataFrame, keys: list[str], inside: np.ndarray) -> np.nd
                      for f, b, st, k in zip(fwd_only, inside, step, keys)], dtype=bool)
 
 
+def _inside_backward(ev: pd.DataFrame, names: tuple[np.ndarray, np.ndarray], ts: np.ndarray,
+                     tids: np.ndarray) -> np.ndarray:
+    """Whether each time on its thread lies inside an autograd engine backward function
+    (``autograd::engine::evaluate_function: …``, :data:`vocab.BACKWARD_FUNCTION_RE`)."""
+    out = np.zeros(len(ts), dtype=bool)
+    codes, uniques = names
+    hit = np.array([bool(vocab.BACKWARD_FUNCTION_RE.match(str(u))) for u in uniques], dtype=bool)
+    bw = ev[hit[codes]] if len(uniques) else ev.iloc[:0]
+    if bw.empty:
+        return out
+    for tid, g in bw.groupby("tid", sort=False):
+        sel = np.flatnonzero(pd.Series(tids, dtype=object).eq(tid).to_numpy())
+        if not len(sel):
+            continue
+        lo = g["ts"].to_numpy(float)
+        hi = lo + g["dur"].to_numpy(float)
+        o = np.argsort(lo)
+        lo, hi = lo[o], np.maximum.accumulate(hi[o])   # outermost reach so far
+        i = np.searchsorted(lo, ts[sel], side="right") - 1
+        out[sel] = (i >= 0) & (ts[sel] < hi[np.clip(i, 0, None)])
+    return out
+
+
 def _device_us(trace: RankTrace, ts: np.ndarray, end: np.ndarray, tids: np.ndarray
                ) -> np.ndarray:
     """GPU time (µs) of the kernels, copies and memsets each counted op issued (their runtime
@@ -374,9 +398,11 @@ def _device_us(trace: RankTrace, ts: np.ndarray, end: np.ndarray, tids: np.ndarr
 def _innermost(ranges: pd.DataFrame, tids: np.ndarray, ts: np.ndarray, label: str
                ) -> tuple[np.ndarray, np.ndarray]:
     """For each time ``ts`` on its thread ``tids``: the innermost of ``ranges`` (columns
-    ``tid``, ``ts``, ``end``, ``label``, ``python``) that holds it — its ``label``, with a
-    python frame's label prefixed by the path of the range around it — and that range's
-    ``cls`` where ``label == "path"``; None outside every range. Ranges of one thread nest."""
+    ``tid``, ``ts``, ``end``, ``label``, optional ``cls`` and ``python``) that holds it — its
+    ``label``, a python frame's prefixed by the path of the range around it — and that range's
+    ``cls``; None outside every range. Ranges of one thread nest: each range's parent comes
+    from one pass over the ranges, and each time climbs from the last range to start before it
+    to the first that has not ended."""
     out = np.full(len(ts), None, dtype=object)
     cls_out = np.full(len(ts), None, dtype=object)
     if ranges.empty or not len(ts):
@@ -388,32 +414,36 @@ def _innermost(ranges: pd.DataFrame, tids: np.ndarray, ts: np.ndarray, label: st
             continue
         r = r.sort_values(["ts", "end"], ascending=[True, False], kind="stable")
         r_ts, r_end = r["ts"].to_numpy(float), r["end"].to_numpy(float)
-        r_lab, r_cls = r[label].tolist(), r["cls"].tolist() if "cls" in r else [None] * len(r)
+        full = list(r[label])
+        r_cls = np.array(r["cls"].tolist() if "cls" in r else [None] * len(r), dtype=object)
         r_py = r["python"].tolist() if "python" in r else [False] * len(r)
-        stack: list[tuple[float, Any, Any]] = []
-        j = 0
-        for qi in sel[np.argsort(ts[sel], kind="stable")]:
-            t = ts[qi]
-            while j < len(r_ts) and r_ts[j] <= t:
-                while stack and stack[-1][0] <= r_ts[j]:
-                    stack.pop()
-                lab = r_lab[j]
-                if r_py[j] and stack and stack[-1][1] is not None:
-                    lab = f"{stack[-1][1]}.{lab}"
-                stack.append((r_end[j], lab, r_cls[j]))
-                j += 1
-            while stack and stack[-1][0] <= t:
+        parent = np.full(len(r), -1, dtype=np.int64)
+        stack: list[int] = []
+        for j in range(len(r)):
+            while stack and r_end[stack[-1]] <= r_ts[j]:
                 stack.pop()
             if stack:
-                out[qi], cls_out[qi] = stack[-1][1], stack[-1][2]
+                parent[j] = stack[-1]
+                if r_py[j] and full[stack[-1]] is not None:
+                    full[j] = f"{full[stack[-1]]}.{full[j]}"
+            stack.append(j)
+        q = ts[sel]
+        idx = np.searchsorted(r_ts, q, side="right") - 1
+        while True:   # at most the ranges' depth
+            ended = (idx >= 0) & (r_end[np.clip(idx, 0, None)] <= q)
+            if not ended.any():
+                break
+            idx[ended] = parent[idx[ended]]
+        hit = idx >= 0
+        labels = np.array(full, dtype=object)
+        out[sel[hit]], cls_out[sel[hit]] = labels[idx[hit]], r_cls[idx[hit]]
     return out, cls_out
 
 
-def _module_ranges(ev: pd.DataFrame) -> pd.DataFrame:
+def _module_ranges(ev: pd.DataFrame, names: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
     """The rank's module ranges (see the module docstring): ``tid``, ``ts``, ``end`` (µs),
     ``path``, ``cls``, ``python`` (a profiler frame, whose path is its nesting)."""
-    names = ev["name"]
-    codes, uniques = pd.factorize(names, use_na_sentinel=False)
+    codes, uniques = names
     parsed: list[tuple[str, str | None, bool] | None] = []
     for u in uniques:
         u = str(u)
@@ -443,21 +473,22 @@ def _module_ranges(ev: pd.DataFrame) -> pd.DataFrame:
                          "python": [g[2] for g in got]})
 
 
-def attribute_modules(ev: pd.DataFrame, ops: pd.DataFrame
+def attribute_modules(trace: RankTrace, ops: pd.DataFrame
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(module path, module class, inside the backward) of each of ``ops`` (rows of the
-    rank's events ``ev``): see the module docstring. Paths and classes are None where no
-    module is known."""
+    rank's events): see the module docstring. Paths and classes are None where no module is
+    known."""
+    ev = trace.events
+    names = name_codes(trace)
     ts = ops["ts"].to_numpy(float)
     tids = ops["tid"].to_numpy(object)
-    functions = _backward_functions(ev)
-    engine, _ = _innermost(functions[functions["engine"]], tids, ts, "seq")
-    inside = np.array([s is not None for s in engine], dtype=bool)
-    seq_of_fn, _ = _innermost(functions[functions["seq"] >= 0], tids, ts, "seq")
-    ranges = _module_ranges(ev)
+    inside = _inside_backward(ev, names, ts, tids)
+    ranges = _module_ranges(ev, names)
     paths, classes = _innermost(ranges, tids, ts, "path")
     if ranges.empty:
         return paths, classes, inside
+    functions = _backward_functions(ev, names)
+    seq_of_fn, _ = _innermost(functions[functions["seq"] >= 0], tids, ts, "seq")
     # forward ops' sequence numbers → their modules (ambiguous numbers link to none)
     links: dict[int, set[tuple[Any, Any]]] = {}
     for seq, p, c, b in zip((vocab.SEQUENCE_NUMBER.get(a) for a in ops["args"].tolist()),
@@ -471,12 +502,13 @@ def attribute_modules(ev: pd.DataFrame, ops: pd.DataFrame
     return paths, classes, inside
 
 
-def _backward_functions(ev: pd.DataFrame) -> pd.DataFrame:
+def _backward_functions(ev: pd.DataFrame, names: tuple[np.ndarray, np.ndarray]
+                        ) -> pd.DataFrame:
     """The autograd engine's ranges around backward functions (:data:`vocab.
-    BACKWARD_FUNCTION_RE`, ``engine`` True) and the functions' own ranges
-    (:data:`vocab.BACKWARD_NODE_RE`, CPU ops): ``tid``, ``ts``, ``end`` (µs), ``seq`` (their
-    ``Sequence number``, -1 where not recorded), ``engine``."""
-    codes, uniques = pd.factorize(ev["name"], use_na_sentinel=False)
+    BACKWARD_FUNCTION_RE`) and the functions' own ranges (:data:`vocab.BACKWARD_NODE_RE`, CPU
+    ops): ``tid``, ``ts``, ``end`` (µs), ``seq`` (their ``Sequence number``, -1 where not
+    recorded)."""
+    codes, uniques = names
     engine = np.array([bool(vocab.BACKWARD_FUNCTION_RE.match(str(u))) for u in uniques],
                       dtype=bool)
     node = np.array([bool(vocab.BACKWARD_NODE_RE.match(str(u))) for u in uniques], dtype=bool)
@@ -487,5 +519,4 @@ def _backward_functions(ev: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"tid": bw["tid"].to_numpy(object), "ts": bw["ts"].to_numpy(float),
                          "end": (bw["ts"] + bw["dur"]).to_numpy(float),
                          "seq": [s if isinstance(s, int) and not isinstance(s, bool) else -1
-                                 for s in seq],
-                         "engine": engine[codes[hit]] if len(uniques) else np.zeros(0, bool)})
+                                 for s in seq]})
