@@ -23,7 +23,8 @@ run = f"from pardiag.cli import run; import sys; sys.argv = ['pardiag'] + {base!
 # "no modules": the backward functions' args not kept and no op given a module (what the
 # per-module attribution adds to the FLOP counting)
 no_modules = (
-    "import numpy as np, pardiag.analyzer.trace.columns as c, pardiag.analyzer.per_rank.flops as f; "
+    "import numpy as np, pardiag.analyzer.trace.columns as c; "
+    "import pardiag.analyzer.per_rank.flops as f; "
     "c._keeps = lambda n: bool(c._KEEP_ARGS_RE.search(n)) or n in c.vocab.FLOP_OPS; "
     "f.attribute_modules = lambda ev, ops: (np.full(len(ops), None, dtype=object), "
     "np.full(len(ops), None, dtype=object), np.zeros(len(ops), dtype=bool)); ")
