@@ -233,3 +233,90 @@ def test_the_terminal_page_and_json_show_the_modules(tmp_path):
     rows = {r["module"]: r for r in json.loads(js.read_text())["efficiency"]["per_module"]}
     assert rows["blocks.0.fc"]["backward_flops"] == 2 * MM
     assert rows[None]["ops"] == 2
+
+
+class _Attn(nn.Module):
+    def __init__(self, d: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.qkv, self.o = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, t, d))
+
+
+class _GPTBlock(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), _Attn(d), nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class _GPT(nn.Module):
+    def __init__(self, vocab: int = 64, d: int = 32) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList([_GPTBlock(d) for _ in range(2)])
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(x)
+
+
+def test_a_transformers_modules_against_torchs_flop_counter(tmp_path):
+    """A small GPT (token ids [4, 16], causal attention, MLP, two blocks) trained two profiled
+    steps with the module ranges: every Linear's matmul FLOPs, forward and backward, equal
+    ``torch.utils.flop_counter.FlopCounterMode``'s count for that module (per module, by
+    qualified name) × 2 steps; each attention module holds its causal SDPA forward and backward
+    (FlashAttention-2's count: 2·B·H·L·S·(E+Ev)/2, backward 2.5×)."""
+    from torch.profiler import profile, schedule
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = _GPT()
+    opt = torch.optim.AdamW(model.parameters())
+    ids = torch.randint(0, 64, (4, 16))
+
+    def step() -> None:
+        loss = nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    expected = {k.removeprefix("_GPT."): sum(v.values())
+                for k, v in counter.get_flop_counts().items()}
+    rec = ModuleRanges()
+    rec.install()
+    try:
+        with profile(record_shapes=True,
+                     schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
+                     on_trace_ready=lambda p: p.export_chrome_trace(
+                         str(tmp_path / "rank0.trace.json"))) as prof:
+            for _ in range(3):
+                step()
+                prof.step()
+    finally:
+        rec.uninstall()
+    e = compute_efficiency(load_traces(tmp_path / "rank0.trace.json", cache=False))
+    model_ops = e.ops[e.ops["model"] & e.ops["step"].notna()]
+    ours = model_ops.groupby("module")["flops"].sum()
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert len(linears) == 9
+    for name in linears:
+        assert ours[name] == 2 * expected[name], name
+    b, h, t, e_ = 4, 4, 16, 8
+    sdpa = 2 * b * h * t * t * (e_ + e_) / 2
+    for blk in ("blocks.0", "blocks.1"):
+        assert ours[f"{blk}.attn"] == 2 * sdpa * (1 + 2.5)
+    assert not model_ops["module"].isna().any()   # every matmul and attention has its module
