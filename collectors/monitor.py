@@ -42,6 +42,8 @@ from typing import Any
 
 import orjson
 
+from ..analyzer.trace import vocab
+
 SCHEMA = "pardiag.monitor/1"
 #: Steps between two lines written (and buffers cleared).
 FLUSH_EVERY = 50
@@ -51,18 +53,11 @@ MAX_CALLS = 50_000
 #: ``torch.distributed`` functions timed, with the position of their ``group`` argument and of
 #: the tensor whose bytes are the message's (nccl-tests' S: all-gather's output, reduce-scatter's
 #: input; a list: the sum of its tensors).
-_WRAPPED: dict[str, tuple[int, int]] = {
-    "all_reduce": (2, 0), "broadcast": (2, 0), "reduce": (3, 0), "all_gather": (2, 0),
-    "all_gather_into_tensor": (2, 0), "reduce_scatter": (3, 1), "reduce_scatter_tensor": (3, 1),
-    "all_to_all_single": (4, 1), "all_to_all": (2, 1), "barrier": (0, -1),
-    "send": (2, 0), "recv": (2, 0), "isend": (2, 0), "irecv": (2, 0),
-    # FSDP2's gathers and scatters from torch 2.13 (before: the *_tensor forms above)
-    "all_gather_single": (2, 0), "reduce_scatter_single": (3, 1),
-}
+_WRAPPED = vocab.MONITOR_CALLS
 #: Kept op names (an op's index in a line's ``calls.op`` is its position here).
-OPS: tuple[str, ...] = (*_WRAPPED, "ddp_all_reduce")
+OPS: tuple[str, ...] = (*_WRAPPED, vocab.MONITOR_DDP_ALL_REDUCE)
 #: Indexes of the point-to-point ops in :data:`OPS` (no step's arrival: they pair, not join).
-_P2P_OPS = frozenset(OPS.index(n) for n in ("send", "recv", "isend", "irecv"))
+_P2P_OPS = frozenset(OPS.index(n) for n in vocab.MONITOR_P2P)
 
 
 def _nbytes(x) -> int:
@@ -195,7 +190,7 @@ class Monitor:
     def _timed_hook(self, hook):
         """DDP's communication hook ``hook(state, bucket) -> Future`` timed as one
         ``ddp_all_reduce`` call per bucket."""
-        op = OPS.index("ddp_all_reduce")
+        op = OPS.index(vocab.MONITOR_DDP_ALL_REDUCE)
         mon = self
         nested = self._nested
 

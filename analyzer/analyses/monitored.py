@@ -45,13 +45,12 @@ import pandas as pd
 from pardiag import layout
 from pardiag.errors import PardiagError
 
+from ..trace import vocab
+
 #: Ops whose members complete together (their completions align clocks).
-RELEASE_TOGETHER = frozenset({"all_reduce", "all_gather", "all_gather_into_tensor",
-                              "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
-                              "reduce_scatter_single", "all_to_all_single", "all_to_all",
-                              "barrier", "ddp_all_reduce"})
+RELEASE_TOGETHER = vocab.MONITOR_RELEASE_TOGETHER
 #: Point-to-point ops: matched by peer, not by group order; left out of arrival delays.
-P2P = frozenset({"send", "recv", "isend", "irecv"})
+P2P = vocab.MONITOR_P2P
 
 #: Up to this many ranks, each rank's lateness is against the median of the others exactly.
 EXACT_LATENESS_RANKS = 32

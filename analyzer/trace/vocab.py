@@ -322,6 +322,27 @@ BACKWARD_FUNCTION_RE = re.compile(r"^autograd::engine::evaluate_function: ")
 #: Function's ``MyFunctionBackward``): it carries the ``Sequence number`` of the forward op that
 #: built it, which the engine's range lacks where hooks run before the node (FSDP's unshard).
 BACKWARD_NODE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*Backward\d*$")
+#: The ``torch.distributed`` calls ``pardiag profile --monitor`` times, each with the position of
+#: its group and of its tensor argument (-1: none), and DDP's bucket all-reduce (its
+#: communication hook, ``ddp_all_reduce``). A monitored run's lines name an op by its position
+#: in the ``ops`` they carry (:mod:`pardiag.collectors.monitor`).
+MONITOR_CALLS: dict[str, tuple[int, int]] = {
+    "all_reduce": (2, 0), "broadcast": (2, 0), "reduce": (3, 0), "all_gather": (2, 0),
+    "all_gather_into_tensor": (2, 0), "reduce_scatter": (3, 1), "reduce_scatter_tensor": (3, 1),
+    "all_to_all_single": (4, 1), "all_to_all": (2, 1), "barrier": (0, -1),
+    "send": (2, 0), "recv": (2, 0), "isend": (2, 0), "irecv": (2, 0),
+    # FSDP2's gathers and scatters from torch 2.13 (before: the *_tensor forms above)
+    "all_gather_single": (2, 0), "reduce_scatter_single": (3, 1),
+}
+#: DDP's bucket all-reduce, timed through its communication hook.
+MONITOR_DDP_ALL_REDUCE = "ddp_all_reduce"
+#: Monitored point-to-point ops: matched by peer, not by group order; no step's arrival.
+MONITOR_P2P = frozenset({"send", "recv", "isend", "irecv"})
+#: Monitored ops whose members complete together (their completions align clocks); not a
+#: broadcast's or a reduce's (the root may leave before the others receive).
+MONITOR_RELEASE_TOGETHER = frozenset(
+    {n for n in MONITOR_CALLS if n not in MONITOR_P2P and n not in ("broadcast", "reduce")}
+    | {MONITOR_DDP_ALL_REDUCE})
 #: pardiag's range around each module call (``pardiag profile``,
 #: :mod:`pardiag.collectors.modules`): ``pardiag::module::{qualified name} ({class})``.
 MODULE_RANGE_PREFIX = "pardiag::module::"
