@@ -4,8 +4,9 @@ give FLOPs, time and achieved rate per module (forward from the range that holds
 backward through the autograd sequence number of the op that built each backward function).
 
 The ranges are ``pardiag::module::{path} ({class})``
-(:data:`pardiag.analyzer.trace.vocab.MODULE_RANGE_PREFIX`): ``path`` is the qualified name in
-the outermost module called (``transformer.h.0.attn``), the class name for that module itself.
+(:data:`pardiag.analyzer.trace.vocab.MODULE_RANGE_PREFIX`): ``path`` is the module's qualified
+name under its root, prefixed with the root's name (``GPT.blocks.0.attn``,
+as :class:`ModuleRanges` says).
 The analyses take them as annotations, never as work (torch's fast record function writes them
 as ``cpu_op`` events; the reader makes them ``user_annotation``). Their cost:
 ``benchmarks/module_ranges_cost.py``.
@@ -35,16 +36,30 @@ def _range_class():
 _Range = _range_class()
 
 
+def _printable(name: str) -> str:
+    """``name`` in printable ASCII, other characters escaped as Python writes them (``ü`` →
+    ``\\xfc``, a tab → ``\\t``): Kineto writes a range whose name is not plain ASCII as
+    ``unknown``."""
+    return name if name.isascii() and name.isprintable() else ascii(name)[1:-1]
+
+
 class ModuleRanges:
     """Global module forward hooks that open a range when a module's call starts and close it
     when the call returns or raises (``always_call``). Installed for the profiler's warmup and
     active steps only; outside them no hook runs. Inside a ``torch.compile``'d region the
-    hooks do nothing (the compiled call is one range, named as the module that was compiled).
+    hooks do nothing (the compiled call is one range, named as the module that was compiled);
+    adding and removing global hooks makes a compiled model recompile, in the warmup step and
+    in the step after the window, neither of which is measured.
 
-    Names come from the outermost module a thread calls: its ``named_modules()`` give the
-    qualified names of all it holds, looked up by object (weak references: a freed module's
-    name goes with it). A module called outside every known tree is named by its class.
-    Per-thread stacks: activation checkpointing reruns forwards on the autograd thread.
+    Names follow ``torch.utils.flop_counter``'s module tracker: the first time a module that
+    has no name is called, it becomes a root, named by its class (``GPT``; ``GPT_1`` for the
+    second root of that class, as a GAN's two ``Sequential``), and every module it holds is
+    named by its qualified name under it (``GPT.blocks.0.attn``). A module named under a root
+    that a later root holds is renamed under the later one (``Dec`` called alone first, then
+    inside ``Model``: ``Model.dec``); a module held by two roots keeps its first name. Names
+    are printable ASCII (:func:`_printable`). Looked up by object with weak references (a freed
+    module's name goes with it). Per-thread stacks: activation checkpointing reruns forwards on
+    the autograd thread.
 
     Attributes:
         calls: ranges opened since installed.
@@ -52,7 +67,9 @@ class ModuleRanges:
 
     def __init__(self) -> None:
         self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._root_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._labels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._roots_of_class: dict[str, int] = {}
         self._local = threading.local()
         self._handles: list = []
         self.calls = 0
@@ -63,37 +80,45 @@ class ModuleRanges:
             st = self._local.stack = []
         return st
 
-    def _name(self, module, outermost: bool) -> str:
+    def _walk(self, root) -> None:
+        """Name ``root`` and every module it holds (see the class docstring)."""
+        cls = type(root).__name__
+        k = self._roots_of_class.get(cls, 0)
+        self._roots_of_class[cls] = k + 1
+        label = _printable(cls if k == 0 else f"{cls}_{k}")
         try:
-            name = self._names.get(module)
-        except TypeError:   # not weakly referenceable
-            return type(module).__name__
-        if name is None and outermost:
-            try:
-                for path, sub in module.named_modules(remove_duplicate=True):
-                    self._names.setdefault(sub, path or type(module).__name__)
-            except Exception:   # a module whose tree cannot be walked: its class names it
-                pass
-            name = self._names.get(module)
-        return name if name is not None else type(module).__name__
+            subs = list(root.named_modules(remove_duplicate=True))
+        except Exception:   # a module whose tree cannot be walked: the root alone
+            subs = [("", root)]
+        held = {id(m) for _, m in subs}
+        for path, sub in subs:
+            before = self._root_of.get(sub)
+            if sub in self._names and not (before is not None and before is not root
+                                           and id(before) in held):
+                continue   # named under another tree: a shared module keeps its first name
+            self._names[sub] = f"{label}.{_printable(path)}" if path else label
+            self._root_of[sub] = root
+            self._labels.pop(sub, None)
 
-    def _label(self, module, outermost: bool) -> str:
+    def _label(self, module) -> str:
         try:
             label = self._labels.get(module)
-        except TypeError:   # not weakly referenceable
-            return f"{vocab.MODULE_RANGE_PREFIX}{type(module).__name__} ({type(module).__name__})"
-        if label is None:
-            label = (f"{vocab.MODULE_RANGE_PREFIX}{self._name(module, outermost)} "
-                     f"({type(module).__name__})")
-            if module in self._names:   # a name from a tree walk is final; a class name is not
-                self._labels[module] = label
+            if label is None:
+                if module not in self._names:
+                    self._walk(module)
+                label = self._labels[module] = (
+                    f"{vocab.MODULE_RANGE_PREFIX}{self._names.get(module)} "
+                    f"({_printable(type(module).__name__)})")
+        except TypeError:   # not weakly referenceable: its class names it
+            name = _printable(type(module).__name__)
+            return f"{vocab.MODULE_RANGE_PREFIX}{name} ({name})"
         return label
 
     def _pre(self, module, args) -> None:
         if torch.compiler.is_compiling():
             return
         stack = self._stack()
-        rng = _Range(self._label(module, not stack))
+        rng = _Range(self._label(module))
         rng.__enter__()
         stack.append(rng)
         self.calls += 1

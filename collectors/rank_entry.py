@@ -949,11 +949,13 @@ def _deep_capture(run: _RankRun, count: int) -> None:
                            on_trace_ready=export)
         prof._pardiag_capture = True
         run.capture_prof = prof
+        run.modules.install()   # the capture's module ranges, as a profiled window's
         prof.start()
     elif run.capture_prof is not None:
         run.capture_prof.step()   # the window's last step writes the trace
         if count >= start + steps:
             prof, run.capture_prof = run.capture_prof, None
+            run.modules.uninstall()
             prof.stop()
             run.monitor.capture = (start, -1)   # done: no other capture
 

@@ -145,7 +145,7 @@ def test_no_ranges_at_all_leaves_the_table_empty_with_a_note(tmp_path):
                                                                      "Optimizer.step"))]
     e = _efficiency(tmp_path, doc)
     assert e.per_module.empty
-    assert any("no module ranges in the traces" in n for n in e.notes)
+    assert any("the traces hold no module ranges" in n for n in e.notes)
 
 
 class _Block(nn.Module):
@@ -182,7 +182,7 @@ def test_module_ranges_name_each_call_and_close_on_an_exception():
         rec.uninstall()
     names = [e.name for e in prof.events() if e.name.startswith("pardiag::module::")]
     assert names.count("pardiag::module::Sequential (Sequential)") == 2
-    assert names.count("pardiag::module::0.fc (Linear)") == 2
+    assert names.count("pardiag::module::Sequential.0.fc (Linear)") == 2
     assert names.count("pardiag::module::_Boom (_Boom)") == 1
     spans = {(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
              if e.name.startswith("pardiag::module::")}
@@ -276,8 +276,9 @@ def test_a_transformers_modules_against_torchs_flop_counter(tmp_path):
     """A small GPT (token ids [4, 16], causal attention, MLP, two blocks) trained two profiled
     steps with the module ranges: every Linear's matmul FLOPs, forward and backward, equal
     ``torch.utils.flop_counter.FlopCounterMode``'s count for that module (per module, by
-    qualified name) × 2 steps; each attention module holds its causal SDPA forward and backward
-    (FlashAttention-2's count: 2·B·H·L·S·(E+Ev)/2, backward 2.5×)."""
+    qualified name, the same names as pardiag's) × 2 steps; each attention module holds its
+    causal SDPA forward and backward (FlashAttention-2's count: 2·B·H·L·S·(E+Ev)/2, backward
+    2.5×)."""
     from torch.profiler import profile, schedule
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -294,8 +295,7 @@ def test_a_transformers_modules_against_torchs_flop_counter(tmp_path):
 
     with FlopCounterMode(display=False) as counter:
         step()
-    expected = {k.removeprefix("_GPT."): sum(v.values())
-                for k, v in counter.get_flop_counts().items()}
+    expected = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}
     rec = ModuleRanges()
     rec.install()
     try:
@@ -311,12 +311,151 @@ def test_a_transformers_modules_against_torchs_flop_counter(tmp_path):
     e = compute_efficiency(load_traces(tmp_path / "rank0.trace.json", cache=False))
     model_ops = e.ops[e.ops["model"] & e.ops["step"].notna()]
     ours = model_ops.groupby("module")["flops"].sum()
-    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    linears = [f"_GPT.{n}" for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     assert len(linears) == 9
     for name in linears:
         assert ours[name] == 2 * expected[name], name
     b, h, t, e_ = 4, 4, 16, 8
     sdpa = 2 * b * h * t * t * (e_ + e_) / 2
-    for blk in ("blocks.0", "blocks.1"):
+    for blk in ("_GPT.blocks.0", "_GPT.blocks.1"):
         assert ours[f"{blk}.attn"] == 2 * sdpa * (1 + 2.5)
     assert not model_ops["module"].isna().any()   # every matmul and attention has its module
+
+
+def _profiled(tmp_path: Path, step, steps: int = 2):
+    """``step()`` run ``steps`` profiled times (after one warmup) with the module ranges and
+    shapes; the efficiency of the trace."""
+    from torch.profiler import profile, schedule
+
+    rec = ModuleRanges()
+    rec.install()
+    try:
+        with profile(record_shapes=True,
+                     schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
+                     on_trace_ready=lambda p: p.export_chrome_trace(
+                         str(tmp_path / "rank0.trace.json"))) as prof:
+            for _ in range(steps + 1):
+                step()
+                prof.step()
+    finally:
+        rec.uninstall()
+    return compute_efficiency(load_traces(tmp_path / "rank0.trace.json", cache=False))
+
+
+def test_a_closures_forward_and_backward_are_the_modules_not_the_optimizers(tmp_path):
+    """``optimizer.step(closure)`` (Lightning's automatic optimization) runs the forward and
+    the backward inside the optimizer's range: each Linear still has its forward 2·B·K·N and
+    backward 4·B·K·N (2·B·K·N for the first: no input gradient); the optimizer's row holds no
+    backward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32))
+    opt = torch.optim.AdamW(model.parameters())
+    x, y = torch.randn(16, 64), torch.randn(16, 32)
+
+    def closure():
+        opt.zero_grad()
+        loss = (model(x) - y).square().mean()
+        loss.backward()
+        return loss
+
+    e = _profiled(tmp_path, lambda: opt.step(closure))
+    pm = e.per_module.set_index("module")
+    for name, (k, n, grads) in {"Sequential.0": (64, 128, 2), "Sequential.2": (128, 32, 4)
+                                }.items():
+        assert pm.loc[name, "forward_flops"] == 2 * (2 * 16 * k * n), name
+        model_bwd = e.ops[(e.ops["module"] == name) & e.ops["model"] & e.ops["backward"]]
+        assert model_bwd["flops"].sum() == 2 * (grads * 16 * k * n), name
+    assert pm.loc["(optimizer)", "backward_flops"] == 0
+
+
+def test_a_reentrant_checkpoints_backward_links_to_the_recomputed_forward(tmp_path):
+    """``checkpoint(block, use_reentrant=True)``: the block's Linears rerun their forward inside
+    the backward (recomputed) and their backward links to that rerun; per step, each has its
+    forward 2·B·K·N, the recomputed 2·B·K·N and the backward 4·B·K·N, none of it left to no
+    module."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    stem = nn.Linear(32, 64)
+    block = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    params = [*stem.parameters(), *block.parameters()]
+    opt = torch.optim.SGD(params, lr=0.01)
+    x = torch.randn(16, 32)
+
+    def step() -> None:
+        opt.zero_grad()
+        checkpoint(block, stem(x), use_reentrant=True).square().mean().backward()
+        opt.step()
+
+    e = _profiled(tmp_path, step)
+    model_ops = e.ops[e.ops["model"] & e.ops["step"].notna()]
+    assert not model_ops["module"].isna().any()
+    pm = e.per_module.set_index("module")
+    for name, (k, n) in {"Sequential.0": (64, 128), "Sequential.2": (128, 64)}.items():
+        mm = 2 * 16 * k * n * 2   # × 2 steps
+        rows = model_ops[model_ops["module"] == name]
+        assert rows["flops"].sum() == mm * (1 + 1 + 2), name
+        assert pm.loc[name, "recomputed_flops"] == mm, name
+        assert pm.loc[name, "forward_flops"] == mm, name
+
+
+def test_names_by_root_renamed_under_a_later_root_and_printable():
+    """Two roots of one class are ``Sequential`` and ``Sequential_1``; a module called alone
+    first (``Dec``) is renamed when a root that holds it is called (``Model.dec``); names that
+    are not printable ASCII are escaped (Kineto writes such a range as ``unknown``)."""
+    from torch.profiler import profile
+
+    class Dec(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dec = Dec()
+            self.parts = nn.ModuleDict({"ü_块": nn.Linear(4, 4), "tab\there": nn.ReLU()})
+
+        def forward(self, x):
+            return self.parts["tab\there"](self.parts["ü_块"](self.dec(x)))
+
+    g, d, model = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4)), Model()
+    x = torch.randn(2, 4)
+    rec = ModuleRanges()
+    rec.install()
+    try:
+        with profile() as prof:
+            d(g(x))
+            model.dec(x)
+            model(x)
+    finally:
+        rec.uninstall()
+    names = [e.name.removeprefix("pardiag::module::") for e in prof.events()
+             if e.name.startswith("pardiag::module::")]
+    assert names[:4] == ["Sequential (Sequential)", "Sequential.0 (Linear)",
+                         "Sequential_1 (Sequential)", "Sequential_1.0 (Linear)"]
+    assert names[4:6] == ["Dec (Dec)", "Dec.fc (Linear)"]
+    assert names[6:] == ["Model (Model)", "Model.dec (Dec)", "Model.dec.fc (Linear)",
+                         "Model.parts.\\xfc_\\u5757 (Linear)", "Model.parts.tab\\there (ReLU)"]
+
+
+def test_names_with_brackets_are_text_in_the_terminal(tmp_path):
+    """A module named like rich markup (``y[/]``, ``[bold]x``) is printed as it is."""
+    from click.testing import CliRunner
+
+    from pardiag.cli import cli
+
+    b = TraceBuilder(rank=0, world_size=1, backend="gloo")
+    b.step(1, 0, 1000)
+    for i, name in enumerate(("Net.y[/]", "Net.[bold]x")):
+        b.cpu(f"pardiag::module::{name} (Linear)", 10 + 100 * i, 50, cat="user_annotation")
+        _addmm(b, 20 + 100 * i, seq=i)
+    path = tmp_path / "rank0.trace.json"
+    path.write_text(json.dumps(b.doc()))
+    res = CliRunner().invoke(cli, ["report", str(path), "-o", str(tmp_path / "r.html"),
+                                   "--no-cache"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert "Net.y[/]" in res.output and "Net.[bold]x" in res.output

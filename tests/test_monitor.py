@@ -4,6 +4,7 @@ clocks of other hosts, a killed rank's torn line, and monitored runs end to end.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import subprocess
@@ -389,6 +390,9 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
     first = int(said[0].split(" since step ")[1].split()[0]) if " since step " in said[0] else 0
     assert first < start < 500
     assert sorted(p.name for p in cap.iterdir()) == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+    # the capture names its module calls, as a profiled window does
+    assert b"pardiag::module::DistributedDataParallel.module.1.w1 (Linear)" in gzip.decompress(
+        (cap / "rank1.trace.json.gz").read_bytes())
     if not said[0].startswith("pardiag: monitor: rank 1: late") or not 100 < start < 397:
         return
     js = tmp_path / "cap.json"

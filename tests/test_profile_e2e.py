@@ -165,12 +165,13 @@ def test_mfu_of_a_profiled_cpu_run_against_its_measured_peak(ddp_run, tmp_path):
         peak = {r["rank"]: r["peak_tflops"] for r in eff["per_rank"]}[s["rank"]]
         assert s["mfu_pct"] == pytest.approx(
             100 * s["model_flops"] / (s["step_us"] / 1e6 * peak * 1e12))
-    # per module: each Linear (DDP's root: "module.<name>") has its forward 2·B·W and backward
-    # 4·B·W (2·B·W for the first, no input gradient) in each of 3 steps × 2 ranks, exactly
+    # per module: each Linear (under DDP: "DistributedDataParallel.module.<name>") has its
+    # forward 2·B·W and backward 4·B·W (2·B·W for the first, no input gradient) in each of 3
+    # steps × 2 ranks, exactly
     modules = {m["module"]: m for m in eff["per_module"]}
     for i, (name, lin) in enumerate((n, m) for n, m in model.named_modules()
                                     if isinstance(m, nn.Linear)):
-        row = modules[f"module.{name}"]
+        row = modules[f"DistributedDataParallel.module.{name}"]
         w = lin.weight.numel()
         assert (row["module_class"], row["ranks"]) == ("Linear", 2)
         assert row["forward_flops"] == 2 * batch * w * 6

@@ -62,8 +62,8 @@ CLASS_COLUMNS = ("op_class", "dtype", "ops", "flops", "bytes", "time_us", "time_
                  "bandwidth_gbps")
 #: Columns of :attr:`EfficiencyResult.per_module`.
 MODULE_COLUMNS = ("module", "module_class", "ranks", "ops", "forward_flops", "backward_flops",
-                  "flops", "bytes", "time_us", "time_basis", "time_pct", "achieved_tflops",
-                  "achieved_gbps", "intensity", "unknown_ops")
+                  "recomputed_flops", "flops", "bytes", "time_us", "time_basis", "time_pct",
+                  "achieved_tflops", "achieved_gbps", "intensity", "unknown_ops")
 #: What the CPU peak measured at the rank's start is said to be.
 MEASURED_SOURCE = "measured when the rank started (float32 matmul)"
 
@@ -341,25 +341,30 @@ def _timed(ops: pd.DataFrame, traces: TraceSet) -> pd.DataFrame:
                       time_basis=np.where(on_gpu, "device", "cpu"))
 
 
+_NO_RANGES = ("the traces hold no module ranges (no nn.Module ran in the profiled steps, or "
+              "they were recorded without them: pardiag profile records them, torch's "
+              "profiler with with_stack=True has its own)")
+
+
 def _per_module(ops: pd.DataFrame, traces: TraceSet, notes: list[str]) -> pd.DataFrame:
     """Rows of :data:`MODULE_COLUMNS`: per module over all ranks' steps (see the module
     docstring); ``notes`` gains what is left without a module."""
     ops = ops[ops["step"].notna()]
     if ops.empty or not ops["module"].notna().any():
         if len(ops):
-            notes.append("no module ranges in the traces (pardiag profile records them; a "
-                         "trace recorded with with_stack=True has the profiler's own): no "
-                         "breakdown per module")
+            notes.append(_NO_RANGES + ": no breakdown per module")
         return pd.DataFrame(columns=list(MODULE_COLUMNS))
     t = _timed(ops, traces)
     t = t.assign(fwd=t["flops"].where(~t["backward"].astype(bool)),
                  bwd=t["flops"].where(t["backward"].astype(bool)),
+                 rec=t["flops"].where(t["recomputed"].astype(bool)),
                  unknown=t["flops"].isna())
     out = (t.groupby(["module", "module_class", "time_basis"], as_index=False, sort=False,
                      dropna=False)
            .agg(ranks=("rank", "nunique"), ops=("flops", "size"),
                 forward_flops=("fwd", "sum"), backward_flops=("bwd", "sum"),
-                flops=("flops", "sum"), bytes=("bytes", "sum"), time_us=("time_us", "sum"),
+                recomputed_flops=("rec", "sum"), flops=("flops", "sum"),
+                bytes=("bytes", "sum"), time_us=("time_us", "sum"),
                 unknown_ops=("unknown", "sum")))
     total = out.groupby("time_basis")["time_us"].transform("sum")
     out["time_pct"] = 100.0 * out["time_us"] / total.where(total > 0)
@@ -371,19 +376,37 @@ def _per_module(ops: pd.DataFrame, traces: TraceSet, notes: list[str]) -> pd.Dat
     for col in ("module", "module_class"):   # NaN keys of the ops of no module: None
         out[col] = out[col].astype(object).where(out[col].notna(), None)
     out["unknown_ops"] = out["unknown_ops"].astype(int)
-    none = out[out["module"].isna()]
     if not (out["module"].notna() & (out["module"] != OPTIMIZER_MODULE)).any():
-        notes.append("no module ranges in the traces (pardiag profile records them; a trace "
-                     "recorded with with_stack=True has the profiler's own): only the "
-                     "optimizer's step is told apart from the rest")
-    elif len(none):
-        notes.append(f"{int(none['ops'].sum())} counted op(s) ran for no known module (outside "
-                     f"every module range and the optimizer's step, e.g. a loss computed in "
-                     f"the script, or in a backward function that links to no counted forward "
-                     f"op, e.g. DDP's gradient hooks inside AccumulateGrad): "
-                     f"{float(none['time_pct'].max()):.1f}% of the counted ops' time")
+        notes.append(_NO_RANGES + ": only the optimizer's step is told apart from the rest")
+    else:
+        notes.extend(_no_module_notes(t, out))
     return out.sort_values("time_us", ascending=False, kind="stable")[
         list(MODULE_COLUMNS)].reset_index(drop=True)
+
+
+def _no_module_notes(ops: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
+    """What the ops of no known module are, with the evidence: forward ops outside every
+    module range and the optimizer's step; backward ops by the backward functions they ran in
+    (whose sequence number links to no counted forward op of one module)."""
+    none = ops[ops["module"].isna()]
+    if none.empty:
+        return []
+    share = float(rows.loc[rows["module"].isna(), "time_pct"].max())
+    out = [f"{len(none)} counted op(s) ran for no known module ({share:.1f}% of the counted "
+           f"ops' time)"]
+    fwd = none[~none["backward"].astype(bool)]
+    if len(fwd):
+        out.append(f"{len(fwd)} forward op(s) outside every module range and the optimizer's "
+                   f"step (a loss computed in the script, a function outside any module)")
+    bwd = none[none["backward"].astype(bool)]
+    if len(bwd):
+        fns = bwd["backward_function"].fillna("no backward function").value_counts()
+        out.append(f"{len(bwd)} backward op(s) in backward functions that link to no counted "
+                   f"forward op of one module (" + ", ".join(
+                       f"{n} ×{c}" for n, c in fns.head(4).items())
+                   + (f", {len(fns) - 4} more" if len(fns) > 4 else "") + "; a compiled "
+                   "module's backward, DDP's gradient hooks inside AccumulateGrad)")
+    return ["; ".join(out)]
 
 
 def _per_class(ops: pd.DataFrame, traces: TraceSet, per_rank: pd.DataFrame) -> pd.DataFrame:

@@ -65,7 +65,7 @@ from .issued_ops import runtime_calls
 #: Columns of :func:`flop_ops`.
 FLOP_COLUMNS = ("step", "ts", "name", "op_class", "dtype", "flops", "bytes", "cpu_us",
                 "device_us", "model", "recomputed", "profiler_flops", "backward", "module",
-                "module_class")
+                "module_class", "backward_function")
 #: The ``module`` of the ops inside the optimizer's step (its class is ``module_class``).
 OPTIMIZER_MODULE = "(optimizer)"
 #: Backward attention over forward: five matmuls against two (FlashAttention-2's count).
@@ -266,7 +266,8 @@ def _input_dtype(args: dict[str, Any]) -> tuple[str, int] | None:
 
 def empty_flop_ops() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(
-        dtype=object if c in ("name", "op_class", "dtype", "module", "module_class")
+        dtype=object if c in ("name", "op_class", "dtype", "module", "module_class",
+                              "backward_function")
         else bool if c in ("model", "recomputed", "backward") else float) for c in FLOP_COLUMNS})
 
 
@@ -280,7 +281,8 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     shapes of an op of the step's forward: the evidence of activation recomputation),
     ``profiler_flops`` (the profiler's own count where ``with_flops`` recorded one, else NaN),
     ``backward`` (it ran inside the autograd engine's backward), ``module`` and
-    ``module_class`` (the module it ran for, see the module docstring; None: none known).
+    ``module_class`` (the module it ran for, see the module docstring; None: none known),
+    ``backward_function`` (a backward op's function, where the trace has module ranges).
 
     ``steps``: the rank's ``ProfilerStep`` windows (``step``, ``start_us``, ``end_us``)."""
     ev = trace.events
@@ -294,7 +296,7 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     ts = ops["ts"].to_numpy(float)
     end = ts + ops["dur"].to_numpy(float)
     tids = ops["tid"].to_numpy(object)
-    paths, classes, backward = attribute_modules(trace, ops)
+    paths, classes, backward, functions = attribute_modules(trace, ops)
     # innermost: in time order per thread, an op is dropped when the next one starts inside it
     keep = np.ones(len(ops), dtype=bool)
     order = np.lexsort((-end, ts, pd.factorize(tids)[0]))
@@ -304,6 +306,7 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
     keep[order[nxt_same & inside]] = False
     ops, ts, end, tids = ops[keep], ts[keep], end[keep], tids[keep]
     paths, classes, backward = paths[keep], classes[keep], backward[keep]
+    functions = functions[keep]
     rows, keys = [], []
     seen: dict[str, tuple[Any, ...]] = {}   # a step repeats its ops' shapes: each counted once
     for name, args in zip(ops["name"].tolist(), ops["args"].tolist()):
@@ -330,6 +333,7 @@ def flop_ops(trace: RankTrace, steps: pd.DataFrame) -> pd.DataFrame:
                else np.full(len(ts), np.nan))
     out["recomputed"] = _recomputed(out, keys, backward)
     out["backward"], out["module"], out["module_class"] = backward, paths, classes
+    out["backward_function"] = functions
     return out[list(FLOP_COLUMNS)].sort_values("ts", kind="stable").reset_index(drop=True)
 
 
@@ -474,32 +478,47 @@ def _module_ranges(ev: pd.DataFrame, names: tuple[np.ndarray, np.ndarray]) -> pd
 
 
 def attribute_modules(trace: RankTrace, ops: pd.DataFrame
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(module path, module class, inside the backward) of each of ``ops`` (rows of the
-    rank's events): see the module docstring. Paths and classes are None where no module is
-    known."""
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(module path, module class, inside the backward, backward function) of each of ``ops``
+    (rows of the rank's events): see the module docstring. Paths and classes are None where no
+    module is known; the backward function (the innermost one around a backward op, by its
+    class name: ``AddmmBackward0``, ``AccumulateGrad``) only where the trace has module ranges,
+    else None.
+
+    Order: the innermost module range around the op; for an op inside the backward, the module
+    its backward function's sequence number links to; for another op, the optimizer's step
+    around it (a closure's forward and backward run inside ``optimizer.step``, and are the
+    modules')."""
     ev = trace.events
     names = name_codes(trace)
     ts = ops["ts"].to_numpy(float)
     tids = ops["tid"].to_numpy(object)
     inside = _inside_backward(ev, names, ts, tids)
     ranges = _module_ranges(ev, names)
-    paths, classes = _innermost(ranges, tids, ts, "path")
-    if ranges.empty:
-        return paths, classes, inside
-    functions = _backward_functions(ev, names)
-    seq_of_fn, _ = _innermost(functions[functions["seq"] >= 0], tids, ts, "seq")
-    # forward ops' sequence numbers → their modules (ambiguous numbers link to none)
-    links: dict[int, set[tuple[Any, Any]]] = {}
-    for seq, p, c, b in zip((vocab.SEQUENCE_NUMBER.get(a) for a in ops["args"].tolist()),
-                            paths, classes, inside):
-        if p is not None and not b and isinstance(seq, int) and seq >= 0:
-            links.setdefault(seq, set()).add((p, c))
-    for i in np.flatnonzero(inside & (paths == None)):  # noqa: E711 (elementwise)
-        got = links.get(seq_of_fn[i])
-        if got is not None and len(got) == 1:
-            paths[i], classes[i] = next(iter(got))
-    return paths, classes, inside
+    is_opt = (ranges["path"] == OPTIMIZER_MODULE).to_numpy(bool)
+    paths, classes = _innermost(ranges[~is_opt], tids, ts, "path")
+    fn_names = np.full(len(ts), None, dtype=object)
+    if (~is_opt).any():
+        functions = _backward_functions(ev, names)
+        fn_names, _ = _innermost(functions, tids, ts, "name")
+        fn_names[~inside] = None
+        seq_of_fn, _ = _innermost(functions[functions["seq"] >= 0], tids, ts, "seq")
+        # ops' sequence numbers → the modules whose ranges hold them (a recomputed forward's
+        # too: a reentrant checkpoint's backward links to it); ambiguous numbers link to none
+        links: dict[int, set[tuple[Any, Any]]] = {}
+        for seq, p, c in zip((vocab.SEQUENCE_NUMBER.get(a) for a in ops["args"].tolist()),
+                             paths, classes):
+            if p is not None and isinstance(seq, int) and seq >= 0:
+                links.setdefault(seq, set()).add((p, c))
+        for i in np.flatnonzero(inside & (paths == None)):  # noqa: E711 (elementwise)
+            got = links.get(seq_of_fn[i])
+            if got is not None and len(got) == 1:
+                paths[i], classes[i] = next(iter(got))
+    if is_opt.any():
+        opt, opt_cls = _innermost(ranges[is_opt], tids, ts, "path")
+        take = ~inside & (paths == None) & (opt != None)  # noqa: E711 (elementwise)
+        paths[take], classes[take] = opt[take], opt_cls[take]
+    return paths, classes, inside, fn_names
 
 
 def _backward_functions(ev: pd.DataFrame, names: tuple[np.ndarray, np.ndarray]
@@ -507,16 +526,17 @@ def _backward_functions(ev: pd.DataFrame, names: tuple[np.ndarray, np.ndarray]
     """The autograd engine's ranges around backward functions (:data:`vocab.
     BACKWARD_FUNCTION_RE`) and the functions' own ranges (:data:`vocab.BACKWARD_NODE_RE`, CPU
     ops): ``tid``, ``ts``, ``end`` (µs), ``seq`` (their ``Sequence number``, -1 where not
-    recorded)."""
+    recorded), ``name`` (the function's class: ``AddmmBackward0``, ``AccumulateGrad``)."""
     codes, uniques = names
-    engine = np.array([bool(vocab.BACKWARD_FUNCTION_RE.match(str(u))) for u in uniques],
-                      dtype=bool)
-    node = np.array([bool(vocab.BACKWARD_NODE_RE.match(str(u))) for u in uniques], dtype=bool)
-    hit = (engine | node)[codes] & (ev["cat"] == "cpu_op").to_numpy() if len(uniques) else (
+    hit = np.array([bool(vocab.BACKWARD_FUNCTION_RE.match(str(u))
+                         or vocab.BACKWARD_NODE_RE.match(str(u))) for u in uniques], dtype=bool)
+    hit = hit[codes] & (ev["cat"] == "cpu_op").to_numpy() if len(uniques) else (
         np.zeros(len(ev), dtype=bool))
     bw = ev[hit]
     seq = [vocab.SEQUENCE_NUMBER.get(a) for a in bw["args"].tolist()]
     return pd.DataFrame({"tid": bw["tid"].to_numpy(object), "ts": bw["ts"].to_numpy(float),
                          "end": (bw["ts"] + bw["dur"]).to_numpy(float),
+                         "name": [vocab.BACKWARD_FUNCTION_RE.sub("", n).rsplit("::", 1)[-1]
+                                  for n in bw["name"].astype(str)],
                          "seq": [s if isinstance(s, int) and not isinstance(s, bool) else -1
                                  for s in seq]})

@@ -122,15 +122,15 @@ def print_table(console: Console, title, cols: list[Col], rows: list[tuple],
         caption = (caption + "; " if caption else "") + (
             f"left out at {console.width} columns: {', '.join(dropped)} (a wider terminal "
             "shows them)")
-    t = Table(title=title, title_justify="left", caption=caption or None,
-              caption_justify="left")
+    t = Table(title=Text(title) if isinstance(title, str) else title, title_justify="left",
+              caption=Text(caption) if caption else None, caption_justify="left")
     for j, w in zip(keep, widths):
         c = cols[j]
         # a number fits its column by construction; the header wraps at its spaces (no_wrap
         # would cut it), and nothing is ever cut with "…": what is too long folds
         t.add_column(c.header, justify=c.justify, width=w, overflow="fold")
-    for r in rows:
-        t.add_row(*(r[j] for j in keep))
+    for r in rows:   # cells are text, never markup (module names hold brackets)
+        t.add_row(*(Text(r[j]) if isinstance(r[j], str) else r[j] for j in keep))
     console.print(t)
 
 
@@ -285,7 +285,7 @@ def _efficiency(report: Report, console: Console) -> None:
         return
     if e.per_rank.empty or not e.ops["flops"].notna().any():
         for n in e.notes:   # ops without shapes: why no FLOPs are given
-            console.print(f"[dim]note: {n}[/dim]", highlight=False)
+            console.print(Text(f"note: {n}", style="dim"), highlight=False)
         return
     pr = e.per_rank.head(MAX_CAUSE_RANKS)
 
@@ -330,7 +330,7 @@ def _efficiency(report: Report, console: Console) -> None:
                                              f"(all in --json)"
                                              if len(e.per_module) > len(top) else ""))
     for n in e.notes:
-        console.print(f"[dim]note: {n}[/dim]", highlight=False)
+        console.print(Text(f"note: {n}", style="dim"), highlight=False)
 
 
 def _hta(report: Report, console: Console) -> None:

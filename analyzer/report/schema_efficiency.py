@@ -143,8 +143,9 @@ class EfficiencyModule(msgspec.Struct, kw_only=True, frozen=True):
     sequence numbers.
 
     Attributes:
-        module: The module's qualified name (``transformer.h.0.attn``; the outermost module by
-            its class; with the profiler's own frames, their nesting: ``Net_0.Linear_1``), or
+        module: The module's qualified name under its root, prefixed with the root's class
+            (``GPT.blocks.0.attn``, torch's module tracker's names; ``GPT_1`` for a second root of
+            that class; with the profiler's own frames, their nesting: ``Net_0.Linear_1``), or
             ``(optimizer)`` for the ops of the optimizer's step. Null/absent: ``null`` for the
             ops of no known module.
         module_class: The module's class (the optimizer's class for ``(optimizer)``).
@@ -153,6 +154,8 @@ class EfficiencyModule(msgspec.Struct, kw_only=True, frozen=True):
         ops: Ops counted.
         forward_flops: FLOPs of its ops outside the backward. Unit: FLOP.
         backward_flops: FLOPs of its ops inside the backward. Unit: FLOP.
+        recomputed_flops: Of ``backward_flops``, the forward ops the trace shows recomputed inside
+            the backward (activation checkpointing). Unit: FLOP.
         flops: Their sum. Unit: FLOP.
         bytes: Bytes its ops read and write. Unit: bytes.
         time_us: Its ops' time (kernels on GPU ranks, the ops on CPU ranks). Unit: µs.
@@ -172,6 +175,7 @@ class EfficiencyModule(msgspec.Struct, kw_only=True, frozen=True):
     ops: int = 0
     forward_flops: Number = NAN
     backward_flops: Number = NAN
+    recomputed_flops: Number = NAN
     flops: Number = NAN
     bytes: Number = NAN
     time_us: Number = NAN
