@@ -108,6 +108,16 @@ def test_framework_profiled_unmodified(framework_run):
                f"rank 0: {BATCH * 32 * ACCUM} ({BATCH} × 32 token ids × {ACCUM} call(s))" in n
                for n in report["efficiency"]["notes"])
     assert all(r["tokens_per_s"] > 0 for r in report["efficiency"]["per_rank"])
+    # per module: GPT-2's attention projections (Conv1D: an addmm forward, two mm and the bias
+    # gradient's sum backward) have their backward linked, under Lightning's closure too; the
+    # optimizer's row holds no backward
+    rows = {m["module"]: m for m in report["efficiency"]["per_module"]}
+    c_attn = [m for name, m in rows.items() if name and name.endswith(".h.0.attn.c_attn")]
+    assert len(c_attn) == 1, sorted(n for n in rows if n)[:20]
+    fwd, bwd = c_attn[0]["forward_flops"], c_attn[0]["backward_flops"]
+    assert fwd > 0 and 2 * fwd <= bwd <= 2.05 * fwd
+    assert all(m["backward_flops"] == 0 for m in rows.values()
+               if m["module"] == "(optimizer)")
 
 
 def test_a_second_torch_profiler_is_refused_with_a_clear_error():
