@@ -106,6 +106,30 @@ def test_planted_modules_get_their_forward_and_backward_flops(tmp_path):
     assert e.per_module["time_pct"].sum() == pytest.approx(100.0)
     assert pm.loc["blocks.0.fc", "time_pct"] == pytest.approx(100 * 20 / (2 * 20 + 8 + 10))
     assert any("2 counted op(s) ran for no known module" in n for n in e.notes)
+    # inclusive: a Linear holds nothing under it; the optimizer is its own
+    assert pm.loc["blocks.0.fc", "inclusive_flops"] == 3 * MM
+    assert pm.loc["(optimizer)", "inclusive_flops"] == 512 * 256
+
+
+def test_inclusive_flops_and_time_add_the_modules_under_a_module(tmp_path):
+    """``Net.block`` runs a residual add of its own and holds ``Net.block.fc`` (an addmm), a
+    sibling ``Net.blockx`` whose name only starts alike is not under it: inclusive = own +
+    the Linear's."""
+    b = TraceBuilder(rank=0, world_size=1, backend="gloo")
+    b.step(1, 0, 1000)
+    b.cpu("pardiag::module::Net.block (Block)", 10, 100, cat="user_annotation")
+    b.cpu("pardiag::module::Net.block.fc (Linear)", 20, 30, cat="user_annotation")
+    _addmm(b, 25, seq=1)
+    b.cpu("aten::add", 60, 4, args={"Input Dims": [[64, 512], [64, 512], []],
+                                    "Input type": [F32, F32, "Scalar"]})
+    b.cpu("pardiag::module::Net.blockx (Linear)", 200, 30, cat="user_annotation")
+    _addmm(b, 205, seq=2)
+    e = _efficiency(tmp_path, b.doc())
+    pm = e.per_module.set_index("module")
+    assert pm.loc["Net.block", "flops"] == 64 * 512
+    assert pm.loc["Net.block", "inclusive_flops"] == 64 * 512 + MM
+    assert pm.loc["Net.block", "inclusive_time_us"] == 4 + 10
+    assert pm.loc["Net.blockx", "inclusive_flops"] == MM
 
 
 def test_profiler_frames_give_paths_by_their_nesting(tmp_path):

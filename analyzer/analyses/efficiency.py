@@ -26,8 +26,9 @@ from the recorded shapes) and its ``ProfilerStep`` windows:
 * **per module**: the same sums per module, each counted op in the module it ran for (forward
   ops in the innermost module range around them, backward ops in the module of the forward op
   that built their backward function: :func:`pardiag.analyzer.per_rank.flops.attribute_modules`),
-  forward and backward FLOPs apart, and each module's share of the counted ops' time. Ops of no
-  known module are one row with ``module`` None.
+  forward and backward FLOPs apart, and each module's share of the counted ops' time; and
+  inclusive FLOPs and time, the module's with every module under it (by name). Ops of no known
+  module are one row with ``module`` None.
 * **per op class**: FLOPs, bytes and time summed over ranks and steps (time on the device for
   GPU ranks, on the host thread for CPU ranks), achieved TFLOP/s = FLOPs / time, GB/s = bytes /
   time, arithmetic intensity = FLOPs / byte (Williams, Waterman and Patterson, Roofline, CACM
@@ -63,7 +64,8 @@ CLASS_COLUMNS = ("op_class", "dtype", "ops", "flops", "bytes", "time_us", "time_
 #: Columns of :attr:`EfficiencyResult.per_module`.
 MODULE_COLUMNS = ("module", "module_class", "ranks", "ops", "forward_flops", "backward_flops",
                   "recomputed_flops", "flops", "bytes", "time_us", "time_basis", "time_pct",
-                  "achieved_tflops", "achieved_gbps", "intensity", "unknown_ops")
+                  "achieved_tflops", "achieved_gbps", "intensity", "unknown_ops",
+                  "inclusive_flops", "inclusive_time_us")
 #: What the CPU peak measured at the rank's start is said to be.
 MEASURED_SOURCE = "measured when the rank started (float32 matmul)"
 
@@ -376,12 +378,36 @@ def _per_module(ops: pd.DataFrame, traces: TraceSet, notes: list[str]) -> pd.Dat
     for col in ("module", "module_class"):   # NaN keys of the ops of no module: None
         out[col] = out[col].astype(object).where(out[col].notna(), None)
     out["unknown_ops"] = out["unknown_ops"].astype(int)
+    out["inclusive_flops"], out["inclusive_time_us"] = _inclusive(out)
     if not (out["module"].notna() & (out["module"] != OPTIMIZER_MODULE)).any():
         notes.append(_NO_RANGES + ": only the optimizer's step is told apart from the rest")
     else:
         notes.extend(_no_module_notes(t, out))
     return out.sort_values("time_us", ascending=False, kind="stable")[
         list(MODULE_COLUMNS)].reset_index(drop=True)
+
+
+def _inclusive(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of the module table: the FLOPs and time (µs) of the module and every module whose
+    name it prefixes (``GPT.blocks.0`` holds ``GPT.blocks.0.attn``), of its time basis; its own
+    for the optimizer's row and the row of no module. Names sorted, a module's descendants are
+    the names from ``name + "."`` to ``name + "/"`` ("/" follows "." in ASCII)."""
+    flops = rows["flops"].to_numpy(float).copy()
+    time_us = rows["time_us"].to_numpy(float).copy()
+    for _, g in rows.groupby("time_basis", sort=False):
+        named = g[g["module"].notna() & (g["module"] != OPTIMIZER_MODULE)]
+        order = named["module"].astype(str).to_numpy()
+        srt = np.argsort(order, kind="stable")
+        names = order[srt]
+        f = named["flops"].to_numpy(float)[srt]
+        t = named["time_us"].to_numpy(float)[srt]
+        cf, ct = np.r_[0.0, np.cumsum(f)], np.r_[0.0, np.cumsum(t)]
+        lo = np.searchsorted(names, np.char.add(names.astype(str), "."), side="left")
+        hi = np.searchsorted(names, np.char.add(names.astype(str), "/"), side="left")
+        pos = rows.index.get_indexer(named.index[srt])
+        flops[pos] = f + cf[hi] - cf[lo]
+        time_us[pos] = t + ct[hi] - ct[lo]
+    return flops, time_us
 
 
 def _no_module_notes(ops: pd.DataFrame, rows: pd.DataFrame) -> list[str]:

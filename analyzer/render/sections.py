@@ -549,11 +549,13 @@ def _module_table(per_module: pd.DataFrame) -> dict:
     top = per_module.head(PAGE_MODULES)
     top = top.assign(module=top["module"].fillna("(no known module)"),
                      module_class=top["module_class"].fillna("–"),
-                     flops=top["flops"] / 1e9, time_us=top["time_us"] / 1e3)
+                     flops=top["flops"] / 1e9, time_us=top["time_us"] / 1e3,
+                     inclusive_time_us=top["inclusive_time_us"] / 1e3)
     return {"modules_total": len(per_module), "modules_shown": len(top),
             "per_module": _table(top, {
         "module": "module", "module_class": "class", "ranks": "ranks", "ops": "ops",
         "flops": "GFLOP", "time_us": "time (ms)", "time_pct": "% of counted time",
+        "inclusive_time_us": "with its submodules (ms)",
         "time_basis": "time on", "achieved_tflops": "TFLOP/s", "intensity": "FLOP/byte"},
         left=("module", "module_class", "time_basis"), digits=3, sortable=True, what="modules")}
 

@@ -166,6 +166,10 @@ class EfficiencyModule(msgspec.Struct, kw_only=True, frozen=True):
         achieved_gbps: ``bytes`` / ``time_us``. Unit: GB/s. Null/absent: ``null`` likewise.
         intensity: ``flops`` / ``bytes``. Unit: FLOP/byte. Null/absent: ``null`` likewise.
         unknown_ops: Its ops whose shapes fit no formula (not in ``flops``).
+        inclusive_flops: ``flops`` of the module and of every module under it (whose name it
+            prefixes: ``GPT.blocks.0`` holds ``GPT.blocks.0.attn``); its own for
+            ``(optimizer)`` and the row of no module. Unit: FLOP.
+        inclusive_time_us: ``time_us`` likewise. Unit: µs.
     """
 
     time_basis: str
@@ -184,6 +188,8 @@ class EfficiencyModule(msgspec.Struct, kw_only=True, frozen=True):
     achieved_gbps: Number | None = None
     intensity: Number | None = None
     unknown_ops: int = 0
+    inclusive_flops: Number = NAN
+    inclusive_time_us: Number = NAN
 
 
 class EfficiencySection(msgspec.Struct, kw_only=True, frozen=True):
