@@ -510,13 +510,13 @@ def attribute_modules(trace: RankTrace, ops: pd.DataFrame
                              paths, classes):
             if p is not None and isinstance(seq, int) and seq >= 0:
                 links.setdefault(seq, set()).add((p, c))
-        for i in np.flatnonzero(inside & (paths == None)):  # noqa: E711 (elementwise)
+        for i in np.flatnonzero(inside & pd.isna(paths)):
             got = links.get(seq_of_fn[i])
             if got is not None and len(got) == 1:
                 paths[i], classes[i] = next(iter(got))
     if is_opt.any():
         opt, opt_cls = _innermost(ranges[is_opt], tids, ts, "path")
-        take = ~inside & (paths == None) & (opt != None)  # noqa: E711 (elementwise)
+        take = ~inside & pd.isna(paths) & pd.notna(opt)
         paths[take], classes[take] = opt[take], opt_cls[take]
     return paths, classes, inside, fn_names
 
