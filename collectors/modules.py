@@ -66,9 +66,9 @@ class ModuleRanges:
     """
 
     def __init__(self) -> None:
-        self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._root_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        #: each named module's range name; the root it was named under
         self._labels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._root_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._roots_of_class: dict[str, int] = {}
         self._local = threading.local()
         self._handles: list = []
@@ -93,23 +93,21 @@ class ModuleRanges:
         held = {id(m) for _, m in subs}
         for path, sub in subs:
             before = self._root_of.get(sub)
-            if sub in self._names and not (before is not None and before is not root
-                                           and id(before) in held):
+            if sub in self._labels and not (before is not None and before is not root
+                                            and id(before) in held):
                 continue   # named under another tree: a shared module keeps its first name
-            self._names[sub] = f"{label}.{_printable(path)}" if path else label
+            name = f"{label}.{_printable(path)}" if path else label
+            self._labels[sub] = (f"{vocab.MODULE_RANGE_PREFIX}{name} "
+                                 f"({_printable(type(sub).__name__)})")
             self._root_of[sub] = root
-            self._labels.pop(sub, None)
 
     def _label(self, module) -> str:
         try:
             label = self._labels.get(module)
             if label is None:
-                if module not in self._names:
-                    self._walk(module)
-                label = self._labels[module] = (
-                    f"{vocab.MODULE_RANGE_PREFIX}{self._names.get(module)} "
-                    f"({_printable(type(module).__name__)})")
-        except TypeError:   # not weakly referenceable: its class names it
+                self._walk(module)
+                label = self._labels[module]
+        except (TypeError, KeyError):   # not weakly referenceable: its class names it
             name = _printable(type(module).__name__)
             return f"{vocab.MODULE_RANGE_PREFIX}{name} ({name})"
         return label

@@ -38,12 +38,13 @@ counted op). ``device_us``: the GPU kernels it launched (each kernel's runtime c
 holds it on its thread: pardiag's ranges (``pardiag::module::{path} ({class})``, recorded by
 ``pardiag profile``) or the profiler's own module frames (``nn.Module: Linear_0``, recorded with
 ``with_stack=True``; their path is the nesting of frames). A backward op runs in the autograd
-engine's range around a backward function, outside every module; that range's ``Sequence
-number`` is the one of the forward op that built the function (torch's autograd records both),
-and the op belongs to that forward op's module. The ops inside the optimizer's ``step()``
-range are the module ``(optimizer)`` (:data:`OPTIMIZER_MODULE`). An op outside every range, or
-whose backward function links to no counted forward op (or to ops of different modules), has
-no module.
+engine's range around a backward function, outside every module; the innermost range around
+it that records a ``Sequence number`` (the engine's, or the function's own) carries the number
+of the op that built the function, and the backward op belongs to the module whose range holds
+that op (a recomputed forward's too). Forward ops in no module range but inside the
+optimizer's ``step()`` range are the module ``(optimizer)`` (:data:`OPTIMIZER_MODULE`). An op
+outside every range, or whose backward function links to no counted op (or to ops of different
+modules), has no module.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace import vocab
-from ..trace.classify import name_codes
+from ..trace.classify import name_codes, name_test
 from ..trace.traceset import GPU_CATS, RankTrace, isin_mask
 from .comm_events import step_of
 from .issued_ops import runtime_calls
@@ -348,14 +349,18 @@ def _recomputed(ops: pd.DataFrame, keys: list[str], inside: np.ndarray) -> np.nd
                      for f, b, st, k in zip(fwd_only, inside, step, keys)], dtype=bool)
 
 
-def _inside_backward(ev: pd.DataFrame, names: tuple[np.ndarray, np.ndarray], ts: np.ndarray,
-                     tids: np.ndarray) -> np.ndarray:
-    """Whether each time on its thread lies inside an autograd engine backward function
+def _engine_ranges(trace: RankTrace) -> np.ndarray:
+    """Bool per event: the autograd engine's range around a backward function
     (``autograd::engine::evaluate_function: …``, :data:`vocab.BACKWARD_FUNCTION_RE`)."""
+    return name_test(trace, "backward_function", vocab.BACKWARD_FUNCTION_RE.match)
+
+
+def _inside_backward(trace: RankTrace, ts: np.ndarray, tids: np.ndarray) -> np.ndarray:
+    """Whether each time on its thread lies inside an autograd engine backward function
+    (:func:`_engine_ranges`)."""
     out = np.zeros(len(ts), dtype=bool)
-    codes, uniques = names
-    hit = np.array([bool(vocab.BACKWARD_FUNCTION_RE.match(str(u))) for u in uniques], dtype=bool)
-    bw = ev[hit[codes]] if len(uniques) else ev.iloc[:0]
+    ev = trace.events
+    bw = ev[_engine_ranges(trace)]
     if bw.empty:
         return out
     for tid, g in bw.groupby("tid", sort=False):
@@ -444,10 +449,11 @@ def _innermost(ranges: pd.DataFrame, tids: np.ndarray, ts: np.ndarray, label: st
     return out, cls_out
 
 
-def _module_ranges(ev: pd.DataFrame, names: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
+def _module_ranges(trace: RankTrace) -> pd.DataFrame:
     """The rank's module ranges (see the module docstring): ``tid``, ``ts``, ``end`` (µs),
     ``path``, ``cls``, ``python`` (a profiler frame, whose path is its nesting)."""
-    codes, uniques = names
+    ev = trace.events
+    codes, uniques = name_codes(trace)
     parsed: list[tuple[str, str | None, bool] | None] = []
     for u in uniques:
         u = str(u)
@@ -489,17 +495,15 @@ def attribute_modules(trace: RankTrace, ops: pd.DataFrame
     its backward function's sequence number links to; for another op, the optimizer's step
     around it (a closure's forward and backward run inside ``optimizer.step``, and are the
     modules')."""
-    ev = trace.events
-    names = name_codes(trace)
     ts = ops["ts"].to_numpy(float)
     tids = ops["tid"].to_numpy(object)
-    inside = _inside_backward(ev, names, ts, tids)
-    ranges = _module_ranges(ev, names)
+    inside = _inside_backward(trace, ts, tids)
+    ranges = _module_ranges(trace)
     is_opt = (ranges["path"] == OPTIMIZER_MODULE).to_numpy(bool)
     paths, classes = _innermost(ranges[~is_opt], tids, ts, "path")
     fn_names = np.full(len(ts), None, dtype=object)
     if (~is_opt).any():
-        functions = _backward_functions(ev, names)
+        functions = _backward_functions(trace)
         fn_names, _ = _innermost(functions, tids, ts, "name")
         fn_names[~inside] = None
         seq_of_fn, _ = _innermost(functions[functions["seq"] >= 0], tids, ts, "seq")
@@ -521,17 +525,14 @@ def attribute_modules(trace: RankTrace, ops: pd.DataFrame
     return paths, classes, inside, fn_names
 
 
-def _backward_functions(ev: pd.DataFrame, names: tuple[np.ndarray, np.ndarray]
-                        ) -> pd.DataFrame:
+def _backward_functions(trace: RankTrace) -> pd.DataFrame:
     """The autograd engine's ranges around backward functions (:data:`vocab.
     BACKWARD_FUNCTION_RE`) and the functions' own ranges (:data:`vocab.BACKWARD_NODE_RE`, CPU
     ops): ``tid``, ``ts``, ``end`` (µs), ``seq`` (their ``Sequence number``, -1 where not
     recorded), ``name`` (the function's class: ``AddmmBackward0``, ``AccumulateGrad``)."""
-    codes, uniques = names
-    hit = np.array([bool(vocab.BACKWARD_FUNCTION_RE.match(str(u))
-                         or vocab.BACKWARD_NODE_RE.match(str(u))) for u in uniques], dtype=bool)
-    hit = hit[codes] & (ev["cat"] == "cpu_op").to_numpy() if len(uniques) else (
-        np.zeros(len(ev), dtype=bool))
+    ev = trace.events
+    hit = ((_engine_ranges(trace) | name_test(trace, "backward_node", vocab.BACKWARD_NODE_RE.match))
+           & (ev["cat"] == "cpu_op").to_numpy())
     bw = ev[hit]
     seq = [vocab.SEQUENCE_NUMBER.get(a) for a in bw["args"].tolist()]
     return pd.DataFrame({"tid": bw["tid"].to_numpy(object), "ts": bw["ts"].to_numpy(float),

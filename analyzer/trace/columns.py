@@ -208,8 +208,7 @@ def keeps_args(names_raw: list, cache: dict | None = None) -> list[bool]:
     communication or memory (:data:`_KEEP_ARGS_RE`), or as an op whose FLOPs are counted
     (:data:`pardiag.analyzer.trace.vocab.FLOP_OPS`), or as the autograd engine's range around a
     backward function or the function's own range (their sequence number links them to their
-    forward op; each distinct name
-    tested once, and once across calls that share ``cache``)."""
+    forward op); each distinct name tested once, and once across calls that share ``cache``."""
     if set(map(type, names_raw)) <= {str}:
         cache = {} if cache is None else cache
         for x in set(names_raw).difference(cache):
