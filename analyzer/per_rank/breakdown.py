@@ -556,10 +556,10 @@ def device_timelines(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
     dev = np.isin(k, [Kind.GPU_COMPUTE.value, Kind.GPU_COMM.value, Kind.GPU_MEMORY.value])
     if not dev.any():
         return pd.DataFrame(columns=list(DEVICE_COLUMNS))
-    ev = trace.events[dev]
-    ids = _device_ids(ev)
-    ts = ev["ts"].to_numpy(dtype=float)
-    end = ts + ev["dur"].to_numpy(dtype=float)
+    ev = trace.events
+    ids = _device_ids(ev["args"].to_numpy()[dev], ev["pid"].to_numpy()[dev])
+    ts = ev["ts"].to_numpy(dtype=float)[dev]
+    end = ts + ev["dur"].to_numpy(dtype=float)[dev]
     compute = k[dev] == Kind.GPU_COMPUTE.value
     idx = np.asarray(ids)
     rows = []
@@ -572,18 +572,29 @@ def device_timelines(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(DEVICE_COLUMNS))
 
 
-def _device_ids(ev: pd.DataFrame) -> list[int]:
-    """Each device event's device: its ``device`` arg. An event without one is on the only
+def _device_ids(args: np.ndarray, pid: np.ndarray) -> list[int]:
+    """Each device event's device (``args``, ``pid``: the events' columns): its ``device`` arg. An event without one is on the only
     device the others name; where none names one, on its ``pid`` (Kineto's pid of a device's
     events is the device; merge tools renumber pids, so a pid is read only when no event says
     more); where several are named, on the one its pid equals, else on none (-1, left out)."""
+    # a trace names few devices and pids; keyed by type too, as 1.0 == 1 is no device number
+    memo: dict[tuple[type, object], int | None] = {}
+
     def as_int(x: object) -> int | None:
-        if isinstance(x, (int, np.integer)):
-            return int(x)
-        return int(str(x)) if str(x).isdigit() else None
-    arg = [as_int(vocab.DEVICE.get(a)) for a in ev["args"]]
+        key = (type(x), x)
+        try:
+            return memo[key]
+        except KeyError:
+            pass
+        except TypeError:   # unhashable: a list or an object is no device number
+            return None
+        got = (int(x) if isinstance(x, (int, np.integer))
+               else int(str(x)) if str(x).isdigit() else None)
+        memo[key] = got
+        return got
+    arg = [as_int(a) for a in vocab.DEVICE.values(args)]
     known = {d for d in arg if d is not None}
-    pids = [as_int(p) for p in ev["pid"]]
+    pids = [as_int(p) for p in pid]
     if not known:
         return [-1 if p is None else p for p in pids]
     only = next(iter(known)) if len(known) == 1 else None

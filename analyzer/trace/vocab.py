@@ -62,12 +62,22 @@ class ArgKey:
     def get(self, args: Any, default: Any = None) -> Any:
         """The value under the first spelling ``args`` holds (``default`` when none does, or
         when ``args`` is not a dict)."""
-        if not isinstance(args, Mapping):
+        # ``type(...) is dict`` first: the ABC check costs more than the lookup, per event
+        if type(args) is not dict and not isinstance(args, Mapping):
             return default
         for k in self.spellings:
             if k in args:
                 return args[k]
         return default
+
+    def values(self, args_list: Iterable[Any], default: Any = None) -> list[Any]:
+        """:meth:`get` of each of ``args_list`` (a column of events' args), in one list: the
+        way to read a key of every event."""
+        if len(self.spellings) == 1:
+            key = self.spellings[0]
+            return [a.get(key, default) if type(a) is dict else self.get(a, default)
+                    for a in args_list]
+        return [self.get(a, default) for a in args_list]
 
     def present(self, args: Any) -> bool:
         """Whether ``args`` holds the key under any spelling."""
@@ -229,29 +239,40 @@ def unknown_values(args_list: Iterable[Any]) -> dict[str, Counter]:
     every value is known). Read from ``dtype``, ``Input type`` and ``Device Type``."""
     dtypes: Counter = Counter()
     devices: Counter = Counter()
+    # once per event of a trace: the keys' single spellings looked up directly, each distinct
+    # value judged once
+    dtype_key, = DTYPE.spellings
+    types_key, = INPUT_TYPE.spellings
+    device_key, = DEVICE_TYPE.spellings
+    known: dict[str, bool] = {}
     for a in args_list:
-        if not isinstance(a, Mapping):
+        if type(a) is not dict and not isinstance(a, Mapping):
             continue
-        d = DTYPE.get(a)
-        if d not in (None, "") and dtype_bytes(d) is None:
-            dtypes[str(d)] += 1
-        types = INPUT_TYPE.get(a)
-        if isinstance(types, list):
+        d = a.get(dtype_key)
+        if d is not None and d != "":
+            ok = known.get(d) if type(d) is str else None
+            if ok is None:
+                ok = dtype_bytes(d) is not None
+                if type(d) is str:
+                    known[d] = ok
+            if not ok:
+                dtypes[str(d)] += 1
+        types = a.get(types_key)
+        if type(types) is list:
             for t in types:
-                if isinstance(t, str) and _is_element_type(t) and dtype_bytes(t) is None:
+                if type(t) is str and t.startswith(_ELEMENT_PREFIXES) and dtype_bytes(t) is None:
                     dtypes[t] += 1
-        dev = DEVICE_TYPE.get(a)
+        dev = a.get(device_key)
         # a value of any JSON type: a list or an object is no device number either
         if dev is not None and not (isinstance(dev, int) and dev in DEVICE_TYPES):
             devices[str(dev)] += 1
     return {"dtype": dtypes, "device type": devices}
 
 
-def _is_element_type(t: str) -> bool:
-    """Whether an ``Input type`` entry names a floating-point element type of c10 (``Input
-    type`` also names ``ScalarList``, ``GenericList``, ``c10::Device`` and the like, which carry
-    no element size): the kinds new torch releases add."""
-    return t.startswith(("c10::Float8", "c10::Float4", "c10::Float6"))
+#: Prefixes of the ``Input type`` entries that name a floating-point element type of c10
+#: (``Input type`` also names ``ScalarList``, ``GenericList``, ``c10::Device`` and the like,
+#: which carry no element size): the kinds new torch releases add.
+_ELEMENT_PREFIXES = ("c10::Float8", "c10::Float4", "c10::Float6")
 
 
 # -- op and kernel names -------------------------------------------------------------------------
