@@ -573,10 +573,11 @@ def device_timelines(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
 
 
 def _device_ids(args: np.ndarray, pid: np.ndarray) -> list[int]:
-    """Each device event's device (``args``, ``pid``: the events' columns): its ``device`` arg. An event without one is on the only
-    device the others name; where none names one, on its ``pid`` (Kineto's pid of a device's
-    events is the device; merge tools renumber pids, so a pid is read only when no event says
-    more); where several are named, on the one its pid equals, else on none (-1, left out)."""
+    """Each device event's device (``args``, ``pid``: the device events' columns): its
+    ``device`` arg. An event without one is on the only device the others name; where none
+    names one, on its ``pid`` (Kineto's pid of a device's events is the device; merge tools
+    renumber pids, so a pid is read only when no event says more); where several are named, on
+    the one its pid equals, else on none (-1, left out)."""
     # a trace names few devices and pids; keyed by type too, as 1.0 == 1 is no device number
     memo: dict[tuple[type, object], int | None] = {}
 
