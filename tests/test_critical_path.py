@@ -261,6 +261,48 @@ def test_replay_scales_work_and_transfers(tmp_path):
     assert cp.comm_ratio({"tp": 0.5}) is None
 
 
+def _staggered_steps(n: int = 3):
+    """Two ranks; each step, rank r computes 100 µs and arrives at one join of dimension
+    ``x``, whose transfer ends 300 µs after the last arrival on rank 0's side and 600 µs on rank
+    1's (a link whose two directions finish apart); each rank's step ends at its end of the
+    join, and its next step starts there. So rank 1 starts each step 300 µs after rank 0
+    (measured: starts 0 and 300, arrivals 100 and 400, ends 700 and 1000)."""
+    import numpy as np
+
+    from pardiag.analyzer.analyses.critical_path import CriticalPathResult, _Join, _Step
+
+    graphs = []
+    for s in range(n):
+        t = 700.0 * s   # the steady period: 100 + 600
+        start = {0: t, 1: t + 300.0}
+        arrival = {r: start[r] + 100.0 for r in start}
+        end = {0: t + 700.0, 1: t + 1000.0}
+        k = {r: np.array([[start[r], start[r] + 100.0]]) for r in start}
+        d = {r: np.empty((0, 2)) for r in start}
+        graphs.append(_Step(s + 1, start, end, (
+            _Join(f"x|{s}", "all_reduce", "x", arrival, end, frozenset({0, 1})),), k, d))
+    empty = pd.DataFrame()
+    return CriticalPathResult(empty, empty, empty, empty, graphs=tuple(graphs))
+
+
+def test_steady_replay_lets_the_stagger_follow_the_transfers():
+    """:func:`_staggered_steps` replayed with the transfers halved. From the measured starts,
+    rank 1 still starts 300 µs late: last arrival 400, ends 550 and 700 — a 700 µs step of the
+    1000 measured (ratio 0.7). As a repeated step, each rank starts where it ended: the
+    advance per step settles at 100 + 600 f for both (rank 1's side of the transfer, then its
+    computation, while rank 0 waits), 700 unchanged and 400 halved: the link what-if's ratio
+    is 4/7."""
+    cp = _staggered_steps()
+    once = cp.replay(comm_scale={"x": 0.5})
+    assert list(once["replay_us"]) == pytest.approx([1000.0] * 3)
+    assert list(once["predicted_us"]) == pytest.approx([700.0] * 3)
+    steady = cp.replay(comm_scale={"x": 0.5}, steady=True)
+    assert list(steady["replay_us"]) == pytest.approx([700.0] * 3)
+    assert list(steady["predicted_us"]) == pytest.approx([400.0] * 3)
+    assert cp.comm_ratio({"x": 0.5}) == pytest.approx(4.0 / 7.0)
+    assert cp.comm_ratio({"x": 2.0}) == pytest.approx(1300.0 / 700.0)
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "sample_traces").iterdir()
                                         if p.is_dir()))
 def test_every_sample_run_gets_a_path_its_replay_reproduces(name):

@@ -311,21 +311,25 @@ class CriticalPathResult:
     def comm_ratio(self, comm_scale: dict) -> float | None:
         """The path replayed with some dimensions' transfers scaled (``{dim: factor}``;
         dimensions with no transfer on the path's steps are left out): the median over steps of
-        the replayed step over the unchanged one (:meth:`replay`), or None without a path or
-        any such transfer."""
+        the replayed steady period over the unchanged one (:meth:`replay` with ``steady``: a
+        link's transfers also stagger the ranks' next starts), or None without a path or any
+        such transfer."""
         dims = {j.dim for g in self.graphs for j in g.joins}
         scale = {d: f for d, f in comm_scale.items() if d in dims}
         if not scale:
             return None
-        out = self.replay(comm_scale=scale)
+        out = self.replay(comm_scale=scale, steady=True)
         out = out[out["replay_us"] > 0]
         return float((out["predicted_us"] / out["replay_us"]).median()) if len(out) else None
 
     def replay(self, compute_scale: dict | None = None, comm_scale: dict | None = None,
-               work_scale: dict | None = None) -> pd.DataFrame:
+               work_scale: dict | None = None, steady: bool = False) -> pd.DataFrame:
         """Each step replayed with the ranks' computation scaled (``{rank: factor}``), all of
         some ranks' work scaled (``work_scale``: computation and the rest), and the transfers of
-        some dimensions scaled (``{dim: factor}``).
+        some dimensions scaled (``{dim: factor}``). With ``steady``, each step's graph is
+        replayed as if it repeated (:func:`_period`): the ranks' staggered starts follow the
+        change (a late start that the step before's slow transfer caused shrinks with it), and
+        ``replay_us``/``predicted_us`` are steady periods, start to start.
 
         Returns:
             per step: ``step``, ``measured_us``, ``replay_us`` (the unchanged graph),
@@ -345,11 +349,15 @@ class CriticalPathResult:
             _check_factor(f, f"comm_scale[{d!r}]")
         rows = []
         for g in self.graphs:
-            base = _replay(g, {}, {})
-            new = _replay(g, compute_scale or {}, comm_scale or {}, work_scale or {})
             start = min(g.start.values())
+            if steady:
+                base = _period(g, {}, {})
+                new = _period(g, compute_scale or {}, comm_scale or {}, work_scale or {})
+            else:
+                base = _replay(g, {}, {}) - start
+                new = _replay(g, compute_scale or {}, comm_scale or {}, work_scale or {}) - start
             rows.append({"step": g.step, "measured_us": max(g.end.values()) - start,
-                         "replay_us": base - start, "predicted_us": new - start})
+                         "replay_us": base, "predicted_us": new})
         return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
 
 
@@ -546,10 +554,17 @@ def work_us(g: _Step) -> dict[int, float]:
 def _replay(g: _Step, compute_scale: dict, comm_scale: dict,
             work_scale: dict | None = None) -> float:
     """The step's latest end (µs, aligned) replayed with scaled computation and transfers."""
+    return max(_replay_ends(g, compute_scale, comm_scale, work_scale).values())
+
+
+def _replay_ends(g: _Step, compute_scale: dict, comm_scale: dict,
+                 work_scale: dict | None = None, starts: dict | None = None) -> dict:
+    """Each rank's end of the step (µs, aligned) replayed with scaled computation and
+    transfers, each rank starting at ``starts[rank]`` (default: where it started)."""
     # per rank, its anchors as (measured, replayed) times, in measured order: a time on the rank
     # moves with the latest anchor at or before it (joins are taken in order of their last
     # arrival, so every blocked join a rank's arrival follows has been replayed by then)
-    anchors = {r: [(s, s)] for r, s in g.start.items()}
+    anchors = {r: [(s, s if starts is None else starts[r])] for r, s in g.start.items()}
 
     def moved(r: int, t: float) -> float:
         a_meas, a_new = next((a for a in reversed(anchors[r]) if a[0] <= t + 1e-6),
@@ -567,7 +582,31 @@ def _replay(g: _Step, compute_scale: dict, comm_scale: dict,
         for r in j.blocked:
             anchors[r].append((j.end[r], last_new + max(0.0, j.end[r] - last_meas) * f))
             anchors[r].sort()
-    return max(moved(r, e) for r, e in g.end.items())
+    return {r: moved(r, e) for r, e in g.end.items()}
+
+
+#: Repetitions of a step's graph replayed to find its steady period (:func:`_period`).
+PERIOD_ITERATIONS = 12
+
+
+def _period(g: _Step, compute_scale: dict, comm_scale: dict,
+            work_scale: dict | None = None) -> float:
+    """The step's steady period (µs): its graph replayed as if it repeated, each rank starting
+    the next step where it ended this one (a rank's profiler steps follow each other), until
+    every rank advances by the same time per step (or :data:`PERIOD_ITERATIONS` repetitions);
+    the largest advance. Unlike one replay from the measured starts, the ranks' staggered
+    starts are the replayed step's own: a rank that starts a step late because its last
+    transfer of the step before ended late starts it less late when transfers are faster."""
+    starts = dict(g.start)
+    advance: dict = {}
+    for _ in range(PERIOD_ITERATIONS):
+        ends = _replay_ends(g, compute_scale, comm_scale, work_scale, starts)
+        new = {r: ends[r] - starts[r] for r in ends}
+        done = bool(advance) and max(abs(new[r] - advance[r]) for r in new) < 0.1
+        advance, starts = new, ends
+        if done:
+            break
+    return max(advance.values())
 
 
 def compute_critical_path(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
