@@ -6,16 +6,20 @@ steps of one run differ by a few percent, so blocks of one run compare the monit
 where whole runs cannot.
 
     .venv/bin/python benchmarks/monitor_toggle.py --blocks 20 --block 10 --runs 3
+    .venv/bin/python benchmarks/monitor_toggle.py --variant passthrough   # stand-ins, below
 
 Per run: the median step time (ms) of the blocks with the monitor and without (each block's
 first two steps left out), and their ratio − 1. Not the whole of ``--monitor``: the rest of
 pardiag's rank (the recorders' wrappers, the optimizer-step hooks, the watchdog thread) is not
-toggled; ``overhead.py --monitor`` measures the whole against plain runs.
+toggled; ``overhead.py --monitor`` measures the whole against plain runs. ``--variant``
+toggles a stand-in for the monitor's wrappers instead (:func:`_stand_in`): what a wrapper that
+records nothing costs the same pipeline.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -24,6 +28,32 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _stand_in(variant: str, nested, name: str, fn):
+    """A stand-in for the monitor's wrapper of ``fn`` (``--variant``): ``passthrough`` only
+    calls through; ``flag-clock`` also keeps the monitor's per-thread flag and reads the clock
+    before and after the call, recording nothing."""
+    if variant == "passthrough":
+        @functools.wraps(fn)
+        def passthrough(*args, **kwargs):
+            return fn(*args, **kwargs)
+        return passthrough
+
+    @functools.wraps(fn)
+    def flag_clock(*args, **kwargs):
+        if getattr(nested, "inside", False):
+            return fn(*args, **kwargs)
+        nested.inside = True
+        t0 = time.time_ns()
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            nested.inside = False
+        t1 = time.time_ns()
+        del t0, t1
+        return out
+    return flag_clock
 
 
 def _rank(args: argparse.Namespace) -> None:
@@ -43,6 +73,8 @@ def _rank(args: argparse.Namespace) -> None:
     sched = T.Schedule1F1B(stage, n_microbatches=8, loss_fn=nn.CrossEntropyLoss())
     opt = torch.optim.SGD(stage.submod.parameters(), lr=0.01)
     mon = Monitor(Path(args.work) / f"mon{rank}.jsonl", rank, 50, None, None)
+    if args.variant != "monitor":
+        mon._wrap = functools.partial(_stand_in, args.variant, mon._nested)
     times: dict[str, list[float]] = {"with": [], "without": []}
     step = 0
     for blk in range(args.blocks + 1):   # block 0 warms up
@@ -85,6 +117,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--work", default="/tmp/monitor_toggle")
+    p.add_argument("--variant", choices=("monitor", "passthrough", "flag-clock"),
+                   default="monitor", help="what is toggled: the monitor's wrappers (default), "
+                   "wrappers that only call through, or that also keep its flag and read the "
+                   "clock around the call")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank:
@@ -97,12 +133,12 @@ def main() -> None:
         out = subprocess.run(
             [str(torchrun), "--nproc-per-node", "2", "--master-port", "29617", __file__,
              "--rank", "--blocks", str(args.blocks), "--block", str(args.block),
-             "--batch", str(args.batch), "--work", args.work],
+             "--batch", str(args.batch), "--work", args.work, "--variant", args.variant],
             capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]))
     pcts = [r["pct"] for r in rows]
-    print(f"{args.runs} runs × {args.blocks} blocks of {args.block} steps: the monitor adds "
+    print(f"{args.runs} runs × {args.blocks} blocks of {args.block} steps: {args.variant} adds "
           f"{statistics.median(pcts):+.1f}% (median; runs {min(pcts):+.1f}% to {max(pcts):+.1f}%)")
 
 
