@@ -691,10 +691,13 @@ def _configure(cfg: dict | None) -> _RankRun:
     return run
 
 
-def _measure_peak(run: _RankRun) -> None:
+def _measure_peak(run: _RankRun, capture: bool = False) -> None:
     """On a CPU rank of a profiled run, the float32 matmul peak its MFU is computed against
-    (:func:`pardiag.collectors.peak.measure`), into ``run.captured["peak_flops"]``."""
-    if run.cuda or run.cfg.get("monitor_every"):
+    (:func:`pardiag.collectors.peak.measure`), into ``run.captured["peak_flops"]``; a
+    monitored run measures it at its first deep capture's end (``capture``), every rank at the
+    same step, and not before."""
+    if run.cuda or (run.cfg.get("monitor_every") and not capture) or (
+            capture and run.captured.get("peak_flops") is not None):
         return
     import torch
 
@@ -925,39 +928,65 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
 def _deep_capture(run: _RankRun, count: int) -> None:
     """A monitored run's deep capture (:mod:`pardiag.collectors.monitor`): after ``count``
     optimizer steps, start a Kineto profiler when the capture's first step comes next, step it
-    through the capture (``ProfilerStep#N`` per step), and write
-    ``capture-S/rank{R}.trace.json.gz`` when its window ends."""
+    through the capture (``ProfilerStep#N`` per step), and write ``capture-S/`` when its window
+    ends (:func:`_capture_ready`). Its steps' point-to-point calls and pipeline chunks are
+    recorded, as a profiled window's are."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     start, steps = run.monitor.capture
     if count == start and run.capture_prof is None and steps > 0:
         out = layout.capture_dir(run.out, start)
-
-        def export(prof) -> None:
-            out.mkdir(parents=True, exist_ok=True)
-            try:
-                prof.export_chrome_trace(str(out / f"rank{run.rank}.trace.json.gz"))
-            except Exception as exc:   # the monitored run goes on without it
-                print(f"pardiag: rank {run.rank}: could not write the deep capture: {exc}",
-                      file=sys.stderr)
-
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.cuda else [])
         with warnings.catch_warnings():   # "won't be using warmup": the capture needs none
             warnings.simplefilter("ignore", UserWarning)
             prof = profile(activities=acts, record_shapes=True, profile_memory=True,
                            schedule=schedule(wait=0, warmup=0, active=steps, repeat=1),
-                           on_trace_ready=export)
+                           on_trace_ready=functools.partial(_capture_ready, run, out))
         prof._pardiag_capture = True
         run.capture_prof = prof
         run.modules.install()   # the capture's module ranges, as a profiled window's
+        run.p2p.records.clear()
+        run.pipe.records.clear()
+        run.pipe.recording = run.p2p.recording = True
         prof.start()
     elif run.capture_prof is not None:
-        run.capture_prof.step()   # the window's last step writes the trace
+        if count >= start + steps:
+            run.pipe.recording = run.p2p.recording = False
+        run.capture_prof.step()   # the window's last step writes the capture
         if count >= start + steps:
             prof, run.capture_prof = run.capture_prof, None
             run.modules.uninstall()
             prof.stop()
             run.monitor.capture = (start, -1)   # done: no other capture
+
+
+def _capture_ready(run: _RankRun, out: Path, prof) -> None:
+    """A deep capture's window ended: into ``out`` (``capture-S/``) its trace, and what a
+    profiled window leaves in a run folder — the collective records of its steps (process
+    groups, layout), the rank's metadata (host, measured CPU peak, status ``running``: the
+    script goes on) — so that ``pardiag report capture-S`` reads what it reads of a profiled
+    run. The monitored run goes on without what could not be written."""
+    view = dataclasses.replace(run, out=out, trace_file=layout.trace_path(out, run.rank),
+                               traces_written=[], instrumentation=dict(run.instrumentation))
+    held, run.hold_term = run.hold_term, True   # as at a profiled window's end
+    try:
+        layout.sidecar_dir(out).mkdir(parents=True, exist_ok=True)
+        _after_window(view, prof, layout.partial_trace_path(out, run.rank),
+                      time.perf_counter())
+        _measure_peak(run, capture=True)
+        lay, n_records = _write_sidecars(out, run.rank, run.captured, run.p2p.records,
+                                         run.pipe.records, run.pipe.layer_rows(),
+                                         run.stepper.times)
+        _write_meta(view, lay, n_records, None, False, capture=True)
+    except Exception as exc:   # the monitored run goes on without it
+        print(f"pardiag: rank {run.rank}: could not write the deep capture: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        run.hold_term = held
+        run.p2p.records.clear()
+        run.pipe.records.clear()
+    if run.terminated and not held:  # SIGTERM came meanwhile: stop now
+        raise _Terminated()
 
 
 def _install_hooks(run: _RankRun) -> None:
@@ -1140,10 +1169,13 @@ def _after_script(run: _RankRun) -> tuple[dict | None, int]:
 
 
 def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int | None,
-                failed: bool, window: bool = False) -> layout.RankMeta:
+                failed: bool, window: bool = False, capture: bool = False
+                ) -> layout.RankMeta:
     """Write the rank's metadata (``rank{R}.meta.json``, atomically) and return it; with
     ``window``, as it stands when the profiling window closes (``rank{R}.meta.window.json``,
-    status ``running``, no exit code). The final metadata removes the window's."""
+    status ``running``, no exit code); with ``capture``, a deep capture's (in ``run.out``,
+    the capture's folder: status ``running``, the script goes on). The final metadata removes
+    the window's."""
     import torch
     import torch.distributed as dist
 
@@ -1183,12 +1215,12 @@ def _write_meta(run: _RankRun, lay: dict | None, n_records: int, code: int | Non
                            "static") or captured.get("static"), **captured.get("peak", {}),
                        "trace_peaks": captured.get("trace_memory")}),
         layout=_plain(lay), shapes=shapes, started_unix=run.started,
-        ended_unix=None if window else time.time(), exit_code=code,
+        ended_unix=None if window or capture else time.time(), exit_code=code,
         instrumentation=_plain({
             **run.instrumentation,
             "p2p_calls": {"window": p2p.calls_recorded, "outside": p2p.calls_outside},
             "chunk_calls": {"window": pipe.calls_recorded, "outside": pipe.calls_outside}}),
-        status="running" if window else "error" if failed else "ok",
+        status="running" if window or capture else "error" if failed else "ok",
         error=None if not failed else _one_line(run.error),
         env={k: v for k, v in sorted(os.environ.items()) if k.startswith(layout.ENV_PREFIXES)},
         node_rank=int(run.group) if str(run.group).isdigit() else None,

@@ -569,8 +569,9 @@ class RankMeta(msgspec.Struct, kw_only=True, frozen=True):
             whose ``monitor_calls`` are ``{"calls": n, "steps": n}`` recorded); None: not
             recorded (runs of an older pardiag).
         status: ``ok`` or ``error``; ``running`` in the metadata written when the profiling
-            window closed (:data:`WINDOW_META_TEMPLATE`): the rank had not finished then, and
-            its ``optimizer_steps``, ``optimizer_step_times_us`` and memory stop there.
+            window closed (:data:`WINDOW_META_TEMPLATE`) or a monitored run's deep capture
+            ended (in ``capture-S/``): the rank had not finished then, and its
+            ``optimizer_steps``, ``optimizer_step_times_us`` and memory stop there.
         error: the script's exception on one line when ``status`` is ``error``.
         env: the rank's environment variables whose names start with one of
             :data:`ENV_PREFIXES` (``NCCL_*``, ``TORCH_*``, ``PYTORCH_*``); None: not recorded

@@ -389,7 +389,18 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
     # slow period than the planted one: then its report is not about rank 1)
     first = int(said[0].split(" since step ")[1].split()[0]) if " since step " in said[0] else 0
     assert first < start < 500
-    assert sorted(p.name for p in cap.iterdir()) == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+    assert sorted(p.name for p in cap.iterdir()) == ["pardiag", "rank0.trace.json.gz",
+                                                     "rank1.trace.json.gz"]
+    # and what a profiled window leaves: each rank's records of those 3 steps (DDP's 5 buckets
+    # a step) and its metadata, with its CPU peak measured at the capture's end
+    for rank in (0, 1):
+        comms = json.loads((cap / "pardiag" / f"rank{rank}.comms.json").read_bytes())
+        assert [x["op"] for x in comms["records"]] == ["all_reduce"] * 15
+        meta = json.loads((cap / "pardiag" / f"rank{rank}.meta.json").read_bytes())
+        assert (meta["status"], meta["trace_file"], meta["comm_records"],
+                meta["optimizer_steps"]) == ("running", f"rank{rank}.trace.json.gz", 15,
+                                             start + 3)
+        assert meta["peak_flops"]["float32"] > 0 and meta["layout"]["dims"] == {"dp": 2}
     # the capture names its module calls, as a profiled window does
     assert b"pardiag::module::DistributedDataParallel.module.1.w1 (Linear)" in gzip.decompress(
         (cap / "rank1.trace.json.gz").read_bytes())
@@ -403,6 +414,9 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
     doc = json.loads(js.read_text())
     assert doc["sync"]["straggler"] == 1
     assert len(doc["ranks"][0]["steps"]) == 3
+    # read as a profiled run: the layout recorded, MFU against the measured peak
+    assert doc["layout"]["source"] == "recorded"
+    assert all(r["mfu_pct"] > 0 for r in doc["efficiency"]["per_rank"])
     mon = subprocess.run([sys.executable, "-m", "pardiag", "report", str(out), "-o",
                           str(tmp_path / "mon.html")], capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
