@@ -921,9 +921,10 @@ def test_tp_across_nodes_is_predicted_by_replaying_the_critical_path():
                nodes={"a": [0, 1], "b": [2, 3]}, groups=groups, bandwidth=bw)
     (rec,) = placement(dataclasses.replace(ctx, critical_path=cp))
     assert rec.predicted_step_us == pytest.approx(9100.0)
-    assert rec.evidence[-1] == ("predicted by replaying the critical path with tp's transfers × "
-                                "0.10 and dp's × 10.00 (the exposed-communication formula gives "
-                                "9.55 ms)")
+    assert rec.evidence[-1] == ("predicted by replaying the critical path as a steady step "
+                                "(each rank starting its next step where it ends this one) with "
+                                "tp's transfers × 0.10 and dp's × 10.00 (the exposed-"
+                                "communication formula gives 9.55 ms)")
     (alone,) = placement(ctx)   # no path: the formula
     assert alone.predicted_step_us == pytest.approx(9550.0)
     assert alone.evidence[-1].startswith("predicted by the exposed-communication formula")

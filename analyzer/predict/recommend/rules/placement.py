@@ -44,8 +44,9 @@ def placement(ctx: RuleContext) -> list[Recommendation]:
         ratio = (ctx.critical_path.comm_ratio({dim: r, other: 1 / r})
                  if ctx.critical_path is not None else None)
         pred = measured * ratio if ratio is not None else formula
-        how = (f"predicted by replaying the critical path with {dim}'s transfers × {r:.2f} and "
-               f"{other}'s × {1 / r:.2f} (the exposed-communication formula gives "
+        how = (f"predicted by replaying the critical path as a steady step (each rank "
+               f"starting its next step where it ends this one) with {dim}'s transfers × "
+               f"{r:.2f} and {other}'s × {1 / r:.2f} (the exposed-communication formula gives "
                f"{formula / 1000:.2f} ms)" if ratio is not None else
                "predicted by the exposed-communication formula (no critical path to replay)")
         out.append(Recommendation(
