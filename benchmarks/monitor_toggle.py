@@ -13,7 +13,10 @@ first two steps left out), and their ratio − 1. Not the whole of ``--monitor``
 pardiag's rank (the recorders' wrappers, the optimizer-step hooks, the watchdog thread) is not
 toggled; ``overhead.py --monitor`` measures the whole against plain runs. ``--variant``
 toggles a stand-in for the monitor's wrappers instead (:func:`_stand_in`): what a wrapper that
-records nothing costs the same pipeline.
+records nothing costs the same pipeline; ``--variant recorder`` toggles pardiag's
+point-to-point recorder (:class:`pardiag.collectors.comms.P2PRecorder`, installed in every
+profiled and monitored run), and ``--with-recorder`` keeps it installed under the monitor's
+wrappers, as a monitored run does.
 """
 
 from __future__ import annotations
@@ -73,13 +76,21 @@ def _rank(args: argparse.Namespace) -> None:
     sched = T.Schedule1F1B(stage, n_microbatches=8, loss_fn=nn.CrossEntropyLoss())
     opt = torch.optim.SGD(stage.submod.parameters(), lr=0.01)
     mon = Monitor(Path(args.work) / f"mon{rank}.jsonl", rank, 50, None, None)
-    if args.variant != "monitor":
+    if args.variant in ("passthrough", "flag-clock"):
         mon._wrap = functools.partial(_stand_in, args.variant, mon._nested)
+    # pardiag's point-to-point recorder: under a monitored run's wrappers for the whole run
+    # (--with-recorder), or what is toggled (--variant recorder)
+    from pardiag.collectors.comms import P2PRecorder
+    recorder = P2PRecorder()
+    if args.with_recorder:
+        recorder.install()
     times: dict[str, list[float]] = {"with": [], "without": []}
     step = 0
     for blk in range(args.blocks + 1):   # block 0 warms up
         kind = "with" if blk % 2 else "without"
-        if kind == "with":
+        if kind == "with" and args.variant == "recorder":
+            recorder.install()
+        elif kind == "with":
             mon.install()
         for i in range(args.block):
             g = torch.Generator().manual_seed(step)
@@ -98,7 +109,9 @@ def _rank(args: argparse.Namespace) -> None:
             if blk > 0 and i >= 2:
                 times[kind].append((t1 - t0) / 1e6)
             step += 1
-        if kind == "with":   # the wrappers out, the file kept open
+        if kind == "with" and args.variant == "recorder":
+            recorder.uninstall()
+        elif kind == "with":   # the wrappers out, the file kept open
             for owner, name, orig in reversed(mon._patched):
                 setattr(owner, name, orig)
             mon._patched.clear()
@@ -117,10 +130,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--work", default="/tmp/monitor_toggle")
-    p.add_argument("--variant", choices=("monitor", "passthrough", "flag-clock"),
+    p.add_argument("--variant", choices=("monitor", "passthrough", "flag-clock", "recorder"),
                    default="monitor", help="what is toggled: the monitor's wrappers (default), "
                    "wrappers that only call through, or that also keep its flag and read the "
-                   "clock around the call")
+                   "clock around the call, or pardiag's point-to-point recorder")
+    p.add_argument("--with-recorder", action="store_true",
+                   help="pardiag's point-to-point recorder installed for the whole run, under "
+                   "the monitor's wrappers, as in a monitored run")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank:
@@ -133,7 +149,8 @@ def main() -> None:
         out = subprocess.run(
             [str(torchrun), "--nproc-per-node", "2", "--master-port", "29617", __file__,
              "--rank", "--blocks", str(args.blocks), "--block", str(args.block),
-             "--batch", str(args.batch), "--work", args.work, "--variant", args.variant],
+             "--batch", str(args.batch), "--work", args.work, "--variant", args.variant,
+             *(["--with-recorder"] if args.with_recorder else [])],
             capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]))

@@ -311,10 +311,15 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
         for p in layout.owned_files(out):  # remove only what pardiag itself writes; keep the rest
             p.unlink()
             removed.append(str(p.relative_to(out)))
-        try:
-            layout.sidecar_dir(out).rmdir()  # recreated below; kept when it holds other files
-        except OSError:
-            pass
+        # folders recreated below, and deep captures' folders; each kept when it holds others
+        captures = sorted(d for d in out.glob(layout.CAPTURE_TEMPLATE.format(step="*"))
+                          if d.is_dir())
+        for d in [*(p for c in captures for p in (layout.sidecar_dir(c), c / layout.SUMMARY_DIR,
+                                                  c)), layout.sidecar_dir(out)]:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
         if removed:   # nothing the user produced goes silently
             more = f", … ({len(removed) - 8} more)" if len(removed) > 8 else ""
             print(f"pardiag: {out}: --overwrite removed the previous run's {len(removed)} "

@@ -249,10 +249,24 @@ def find_sidecars(folder: Path) -> list[Path]:
 
 def owned_files(run_dir: Path) -> list[Path]:
     """Every file pardiag wrote into ``run_dir`` (traces, sidecars and dump requests, both
-    layouts; not the summaries in SUMMARY_DIR, which are checked against their traces):
-    what ``--overwrite`` replaces, and what a report must never write over."""
+    layouts; a monitored run's records, its capture request and its deep captures'
+    folders, summaries included; not the run's own summaries in SUMMARY_DIR, which are
+    checked against their traces): what ``--overwrite`` replaces, and what a report must never
+    write over."""
     run_dir = Path(run_dir)
     out = list(find_sidecars(run_dir))
+    try:
+        out += sorted(f for f in sidecar_dir(run_dir).glob(MONITOR_TEMPLATE.format(rank="*"))
+                      if f.is_file())
+        if capture_request_path(run_dir).is_file():
+            out.append(capture_request_path(run_dir))
+        for d in sorted(run_dir.glob(CAPTURE_TEMPLATE.format(step="*"))):
+            if d.is_dir():
+                out += owned_files(d)
+                out += sorted(f for f in (d / SUMMARY_DIR).glob("*" + SUMMARY_SUFFIX)
+                              if f.is_file())
+    except OSError:
+        pass
     try:
         out += sorted(f for f in run_dir.iterdir() if f.is_file() and (
             is_trace_name(f.name) or f.name == LEGACY_DUMP_REQUEST))

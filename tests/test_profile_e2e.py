@@ -439,6 +439,28 @@ def test_overwrite_removes_both_layouts(tmp_path, capsys):
         "pardiag", "pardiag/mine.txt"]
 
 
+def test_overwrite_removes_a_monitored_runs_records_and_captures(tmp_path, capsys):
+    """--overwrite on a monitored run's folder removes its records and capture request before
+    the launcher reads them (else it says the old run's findings and asks for a capture of
+    steps the new run may never reach), and its deep captures' folders with their traces,
+    records and summaries; a file of the user's in a capture folder keeps the folder."""
+    from pardiag.collectors.launch import _prepare_out
+    (tmp_path / "pardiag").mkdir()
+    for d in ("capture-7", "capture-9"):
+        (tmp_path / d / "pardiag").mkdir(parents=True)
+        (tmp_path / d / ".pardiag-cache").mkdir()
+        for name in ("rank0.trace.json.gz", "pardiag/rank0.meta.json",
+                     "pardiag/rank0.comms.json", ".pardiag-cache/rank0.trace.json.gz.summary.json"):
+            (tmp_path / d / name).write_text("x")
+    for name in ("pardiag/run.json", "pardiag/rank0.monitor.jsonl", "pardiag/rank1.monitor.jsonl",
+                 "pardiag/capture.request.json", "capture-9/notes.txt"):
+        (tmp_path / name).write_text("x")
+    _prepare_out(tmp_path, True)
+    assert "removed the previous run's 12 file(s)" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "capture-9", "capture-9/notes.txt", "pardiag"]
+
+
 @pytest.mark.e2e
 def test_a_rank_stuck_holding_the_interpreter_still_says_where(tmp_path):
     """A rank stuck in native code that holds the interpreter lock cannot let its watchdog
