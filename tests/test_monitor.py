@@ -559,6 +559,25 @@ def test_bad_records_missing_ranks_and_a_capture_outside_every_finding(tmp_path)
     assert any(n.startswith("run.json is missing") for n in M.load_monitor(run).notes)
 
 
+def test_a_capture_asked_for_and_never_written_is_said(tmp_path):
+    """A run stopped before (or while) its deep capture recorded leaves the request and no
+    traces: the report says the capture of those steps was not written, instead of listing
+    no capture at all."""
+    from pardiag.analyzer.analyses.monitor_follow import request_capture
+
+    run = _write_run(tmp_path, 2, 200, {1: (60, 119, 30_000)})
+    request_capture(run, 90, 40, "rank 1: late at its collectives since step 60")
+    doc = M.summary(M.load_monitor(run), run)
+    assert doc["captures"] == []
+    assert ("the deep capture asked for steps 90–129 was not written: the run ended before it "
+            "or while it recorded (a capture's traces are written at its last step)"
+            in doc["notes"]), doc["notes"]
+    cap = layout.capture_dir(run, 90)
+    cap.mkdir()
+    (cap / "rank0.trace.json.gz").write_bytes(b"")
+    assert not any("was not written" in n for n in M.summary(M.load_monitor(run), run)["notes"])
+
+
 @pytest.mark.e2e
 def test_what_a_stopped_monitored_run_keeps_and_refused_option_mixes(tmp_path):
     from pardiag.collectors.launch import _kept

@@ -575,6 +575,16 @@ def _capture_request(run_dir: Path) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
+def _requested_steps(req: dict | None) -> tuple[int, int] | None:
+    """(first, last) step of the deep capture ``req`` asks for (:func:`_capture_request`), or
+    None without a readable request."""
+    try:
+        first, n = int(req["start_step"]), int(req["steps"])   # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return None
+    return (first, first + max(n, 1) - 1) if first >= 0 else None
+
+
 def captures(run_dir: Path) -> list[dict]:
     """The deep captures of a monitored run (``capture-S/``): ``[{"folder", "first_step",
     "ranks"}]`` (``ranks``: trace files in it), by first step."""
@@ -598,6 +608,11 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     found = findings(data, notes)
     caps = captures(run_dir) if run_dir is not None else []
     req = _capture_request(run_dir) if run_dir is not None else None
+    asked = _requested_steps(req)
+    if asked is not None and not any(c["first_step"] == asked[0] and c["ranks"] for c in caps):
+        notes.append(f"the deep capture asked for steps {asked[0]}–{asked[1]} was not written: "
+                     f"the run ended before it or while it recorded (a capture's traces are "
+                     f"written at its last step)")
     for c in caps:
         n = int(req["steps"]) if req and int(req.get("start_step", -1)) == c["first_step"] else 1
         last = c["first_step"] + max(n, 1) - 1
