@@ -940,8 +940,10 @@ def _deep_capture(run: _RankRun, count: int) -> None:
         with warnings.catch_warnings():   # "won't be using warmup": the capture needs none
             warnings.simplefilter("ignore", UserWarning)
             prof = profile(activities=acts, record_shapes=True, profile_memory=True,
-                           schedule=schedule(wait=0, warmup=0, active=steps, repeat=1),
+                           schedule=schedule(skip_first=start, wait=0, warmup=0, active=steps,
+                                             repeat=1),
                            on_trace_ready=functools.partial(_capture_ready, run, out))
+        _number_steps_from(prof, start, steps)
         prof._pardiag_capture = True
         run.capture_prof = prof
         run.modules.install()   # the capture's module ranges, as a profiled window's
@@ -958,6 +960,24 @@ def _deep_capture(run: _RankRun, count: int) -> None:
             run.modules.uninstall()
             prof.stop()
             run.monitor.capture = (start, -1)   # done: no other capture
+
+
+def _number_steps_from(prof, start: int, steps: int) -> None:
+    """Have ``prof`` (a profiler whose schedule skips ``start`` steps, then records ``steps``)
+    start at step ``start``, so that its trace's steps are the run's own numbers
+    (``ProfilerStep#start`` on). A profiler that does not keep its step and action where
+    torch's does gets a schedule that records from its own step 0 instead (its steps then
+    numbered from 0)."""
+    from torch.profiler import ProfilerAction, schedule
+
+    if hasattr(prof, "step_num") and hasattr(prof, "current_action"):
+        prof.step_num = start
+        prof.current_action = prof.schedule(start)
+        if prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+            return
+    prof.step_num = 0
+    prof.schedule = schedule(wait=0, warmup=0, active=steps, repeat=1)
+    prof.current_action = prof.schedule(0)
 
 
 def _capture_ready(run: _RankRun, out: Path, prof) -> None:
