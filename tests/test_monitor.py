@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch.distributed as dist
 from click.testing import CliRunner
@@ -137,6 +138,20 @@ def test_memory_creep(tmp_path):
     assert [(f["rank"], f["memory"]) for f in creep] == [(0, "device"), (1, "device")]
     assert creep[0]["bytes_per_1k_steps"] == pytest.approx(40 * 2**20, rel=0.01)
     assert creep[0]["last_bytes"] - creep[0]["first_bytes"] == 79 * 2 * 2**20
+
+
+def test_one_rise_of_memory_is_no_creep():
+    """A rank's resident memory rises 66 MiB once (a deep capture's profiler buffers) and stays:
+    it grows by more than the floor with every increment non-negative, but its slope over the
+    run (0 per step) accounts for none of that: no creep. The same 66 MiB over the run, one step
+    of it per line, is."""
+    steps = np.arange(0, 1000, 10)
+    base = 400 * 2**20
+    once = np.where(steps >= 130, base + 66 * 2**20, base)
+    spread = base + (66 * 2**20 * steps / steps[-1]).astype(np.int64)
+    for y, found in ((once, []), (spread, [(0, "rss")])):
+        mem = pd.DataFrame({"rank": 0, "step": steps, "rss_bytes": y, "device_bytes": np.nan})
+        assert [(f["rank"], f["memory"]) for f in M.memory_findings(mem)] == found
 
 
 def test_a_killed_ranks_torn_last_line_is_left_out_with_a_note(tmp_path):

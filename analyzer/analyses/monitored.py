@@ -30,8 +30,10 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   inside a straggler's period are its cost, said with it, not a finding of their own.
 * **Memory creep**: a rank whose resident (or device) memory, sampled at each written line,
   grows by at least :data:`CREEP_MIN_SHARE` of its first sample and at least
-  :data:`CREEP_MIN_BYTES`, with at least 3/4 of the increments non-negative; its slope is
-  Theil-Sen's (bytes per 1,000 steps).
+  :data:`CREEP_MIN_BYTES`, with at least 3/4 of the increments non-negative, and grows over
+  the run, not at once: its slope (Theil-Sen's, bytes per 1,000 steps) over the samples' span
+  accounts for at least :data:`CREEP_SPREAD` of the growth. A single rise (a deep capture's
+  profiler buffers, a cache filled once) is no creep.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ MIN_SLOW_STEPS = 3
 PERSISTENT_SHARE = 0.9
 CREEP_MIN_SHARE = 0.05
 CREEP_MIN_BYTES = 64 * 2**20
+#: ... and its slope over the samples' span accounts for at least this share of the growth.
+CREEP_SPREAD = 0.5
 
 
 @dataclasses.dataclass
@@ -526,6 +530,8 @@ def memory_findings(memory: pd.DataFrame) -> list[dict]:
         i, j = np.triu_indices(len(y), 1)
         ok = st[j] != st[i]
         slope = float(np.median((y[j] - y[i])[ok] / (st[j] - st[i])[ok]))
+        if slope * (st[-1] - st[0]) < CREEP_SPREAD * grow:   # a rise at once, then flat
+            continue
         out.append({"kind": "memory_creep", "rank": int(r),
                     "memory": col.removesuffix("_bytes"), "first_bytes": int(y[0]),
                     "last_bytes": int(y[-1]), "bytes_per_1k_steps": round(slope * 1000)})
