@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
+
 from pardiag import layout
 from pardiag.errors import EXIT_INTERRUPTED, SIGTERM_EXIT_CODE, Interrupted, PardiagError
 from pardiag.version import __version__
@@ -900,7 +902,12 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
                             "--nproc-per-node", str(cfg.nproc_per_node), *node_opts,
                             *(["--pin-cpu"] if cfg.pin_cpu else []),
                             *(["--monitor", "--monitor-every", str(cfg.monitor_every)]
-                              if cfg.monitor_every else []), "--", *cfg.args]),
+                              if cfg.monitor_every else []),
+                            *(["--monitor-capture", str(cfg.monitor_capture)]
+                              if cfg.monitor_every and cfg.monitor_capture else []),
+                            *(["--no-monitor-calls"]
+                              if cfg.monitor_every and not cfg.monitor_calls else []),
+                            "--", *cfg.args]),
         script=str(cfg.script), script_args=list(cfg.args),
         world_size=cfg.nproc_per_node * cfg.nnodes, nproc_per_node=cfg.nproc_per_node,
         nnodes=cfg.nnodes, node_rank=node_rank,
@@ -921,6 +928,29 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
     tmp = part.with_suffix(".json.tmp")
     tmp.write_bytes(layout.encode_sidecar(run))
     os.replace(tmp, part)
+    _write_capture_run_files(out, part.name, run)
+
+
+def _write_capture_run_files(out: Path, name: str, run: layout.RunFile) -> None:
+    """A monitored run's deep captures (``capture-S/`` with a rank's metadata) get the run's
+    file too (``name``: this node's part), its schedule the capture's: the profiler skipped S
+    steps and recorded N (the ranks' metadata says N: their steps stop at S + N). A capture
+    report then names the job's command, script and arguments, as a profiled run's does."""
+    for cap in sorted(out.glob(layout.CAPTURE_TEMPLATE.format(step="*"))):
+        try:
+            first = int(cap.name.split("-", 1)[1])
+            metas = [layout.decode_sidecar(json.loads(f.read_bytes()), "rank")
+                     for f in sorted(layout.sidecar_dir(cap).glob(
+                         layout.RANK_META_TEMPLATE.format(rank="*")))]
+            steps = max((m.optimizer_steps or 0) for m in metas) - first if metas else 0
+            if steps <= 0:
+                continue
+            path = layout.sidecar_dir(cap) / name
+            path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(msgspec.structs.replace(
+                run, schedule=layout.ProfilerSchedule(wait=first, warmup=0, active=steps))))
+            os.replace(path.with_suffix(".json.tmp"), path)
+        except (OSError, ValueError) as exc:   # the capture is still read without it
+            print(f"pardiag: {cap}: could not write its run file: {exc}", file=sys.stderr)
 
 
 def _kept(out: Path, metas: dict, ranks: list[int] | None) -> str:

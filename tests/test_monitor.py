@@ -416,6 +416,10 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
                 meta["optimizer_steps"]) == ("running", f"rank{rank}.trace.json.gz", 15,
                                              start + 3)
         assert meta["peak_flops"]["float32"] > 0 and meta["layout"]["dims"] == {"dp": 2}
+    # the job's run file, its schedule the capture's: S steps skipped, 3 recorded
+    run_file = json.loads((cap / "pardiag" / "run.json").read_bytes())
+    assert run_file["schedule"] == {"wait": start, "warmup": 0, "active": 3}
+    assert "--monitor-capture 3 --" in run_file["command"]
     # the capture names its module calls, as a profiled window does
     assert b"pardiag::module::DistributedDataParallel.module.1.w1 (Linear)" in gzip.decompress(
         (cap / "rank1.trace.json.gz").read_bytes())
