@@ -1512,3 +1512,25 @@ def test_a_pipeline_replayed_in_its_own_order_says_what_its_changes_lack():
         "move stage boundaries; V placement, 4 stages on 2 ranks, split backward is replayed in "
         "the order it ran, and its order with other microbatch counts is not known (pardiag "
         "profile records it from torch's schedule class)")
+
+
+def test_a_deep_captures_pipeline_says_why_it_has_no_changes():
+    """A pipeline replayed without per-layer times or recorded orders: a profiled run's report
+    says what pardiag profile records; a monitored run's deep capture's says that a capture
+    records neither, and what does."""
+    import types
+
+    from pardiag.analyzer.predict.recommend import _pipeline_unchangeable
+    model = types.SimpleNamespace(layers=[], observed=True, recorded_orders={},
+                                  schedule="Schedule1F1B")
+    assert _pipeline_unchangeable(model) == (
+        "the pipeline is replayed, but no per-layer times were recorded to move stage "
+        "boundaries; Schedule1F1B is replayed in the order it ran, and its order with other "
+        "microbatch counts is not known (pardiag profile records it from torch's schedule "
+        "class)")
+    assert _pipeline_unchangeable(model, capture=True) == (
+        "the pipeline is replayed, but no per-layer times were recorded to move stage "
+        "boundaries; Schedule1F1B is replayed in the order it ran, and its order with other "
+        "microbatch counts is not known; a monitored run's deep capture records neither: a "
+        "profiled run (pardiag profile without --monitor) times its stages' layers and records "
+        "the schedule's orders after its script")

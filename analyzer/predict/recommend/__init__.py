@@ -91,16 +91,22 @@ def _none_clears(rejected, margin: float) -> str:
             "on reaches the measured step")
 
 
-def _pipeline_unchangeable(model) -> str:
+def _pipeline_unchangeable(model, capture: bool = False) -> str:
     """Why a replayed pipeline had no change to evaluate: what each pipeline change needs and
-    the run does not hold (per-layer times; the schedule's order at other microbatch counts)."""
+    the run does not hold (per-layer times; the schedule's order at other microbatch counts);
+    of a monitored run's deep capture (``capture``), that it records neither."""
     missing = []
     if not model.layers:
         missing.append("no per-layer times were recorded to move stage boundaries")
     if model.observed and not model.recorded_orders:
         missing.append(f"{model.schedule} is replayed in the order it ran, and its order with "
-                       "other microbatch counts is not known (pardiag profile records it from "
-                       "torch's schedule class)")
+                       "other microbatch counts is not known" + (
+                           "" if capture else " (pardiag profile records it from torch's "
+                           "schedule class)"))
+    if missing and capture:
+        missing.append("a monitored run's deep capture records neither: a profiled run "
+                       "(pardiag profile without --monitor) times its stages' layers and "
+                       "records the schedule's orders after its script")
     return ("the pipeline is replayed, but " + "; ".join(missing) if missing else
             "the pipeline is replayed, but no change to it applies")
 
@@ -194,7 +200,9 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
                     if cands and all(c.ruled_out for c in cands) else
                     _none_clears(rejected, margin)
                     if cands else
-                    "nothing to evaluate: " + (_pipeline_unchangeable(ctx.model)
+                    # traces whose run file says --monitor are a deep capture's
+                    "nothing to evaluate: " + (_pipeline_unchangeable(ctx.model, bool(
+                        ctx.traces.run_info and ctx.traces.run_info.monitor_every))
                                                if ctx.model is not None else
                                                ctx.model_why if ctx.model_why != "no pipeline"
                                                else _nothing_to_change(ctx)))
