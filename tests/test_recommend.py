@@ -1534,3 +1534,23 @@ def test_a_deep_captures_pipeline_says_why_it_has_no_changes():
         "microbatch counts is not known; a monitored run's deep capture records neither: a "
         "profiled run (pardiag profile without --monitor) times its stages' layers and records "
         "the schedule's orders after its script")
+
+
+def test_a_one_step_pipeline_trace_is_its_profiler_steps_span():
+    """One step's chunks span [0, 13800) µs; the step (its slowest rank's ProfilerStep) took
+    58900, the rest outside every chunk (a sleep, the optimizer). With no next step there is no
+    start-to-start period: the step is the profiler step's span, not the chunks' window (a
+    monitored run's one-step deep capture read 13.8 ms for a 58.9 ms step). Two steps: their
+    start-to-start time."""
+    import pandas as pd
+
+    from pardiag.analyzer.predict.replay import _step_times
+
+    one = pd.DataFrame({"step": [84, 84], "start_us": [0.0, 5000.0],
+                        "end_us": [6000.0, 13800.0]})
+    assert _step_times(one, one, [84], {84: 58900.0}) == (13800.0, 58900.0, [])
+    assert _step_times(one, one, [84]) == (13800.0, 13800.0, [])   # no spans: the window
+    two = pd.concat([one, one.assign(step=85, start_us=one["start_us"] + 60000.0,
+                                     end_us=one["end_us"] + 60000.0)])
+    assert _step_times(two, two, [84, 85], {84: 58900.0, 85: 59000.0}) == (
+        13800.0, 60000.0, [60000.0])

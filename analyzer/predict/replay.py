@@ -374,12 +374,15 @@ def _steps_used(chunks: pd.DataFrame, pipe) -> tuple[list, str]:
     return use, basis
 
 
-def _step_times(chunks: pd.DataFrame, c: pd.DataFrame, use: list
+def _step_times(chunks: pd.DataFrame, c: pd.DataFrame, use: list, spans: dict | None = None
                 ) -> tuple[float, float, list[float]]:
     """``(window, period, periods)`` (µs): the median pipeline window of the used steps' chunks
-    ``c``, the median start-to-start time from each used step to the next (the window when
-    there is none; periods over :data:`OUTLIER_STEP_FACTOR` × the median of three or more left
-    out, as the report's step leaves them out) and all those start-to-start times."""
+    ``c``, the median start-to-start time from each used step to the next (periods over
+    :data:`OUTLIER_STEP_FACTOR` × the median of three or more left out, as the report's step
+    leaves them out) and all those start-to-start times. Without a next step (a trace of one
+    step), the period is the median of the used steps' profiler-step ``spans`` (``{step: µs}``,
+    the slowest rank's), else the window: a step also holds what runs outside its chunks (the
+    optimizer, a rank's work between them)."""
     per_step = c.groupby("step").agg(lo=("start_us", "min"), hi=("end_us", "max"))
     window = float((per_step["hi"] - per_step["lo"]).median())
     starts = chunks.groupby("step")["start_us"].min().sort_index()
@@ -388,8 +391,21 @@ def _step_times(chunks: pd.DataFrame, c: pd.DataFrame, use: list
     if len(periods) >= 3:
         med = float(np.median(periods))
         kept = [x for x in periods if x <= OUTLIER_STEP_FACTOR * med]
-    period = float(np.median(kept)) if kept else window
+    held = [spans[st] for st in use if spans and st in spans]
+    period = (float(np.median(kept)) if kept else float(np.median(held)) if held else window)
     return window, period, periods
+
+
+def _profiler_step_spans(traces: TraceSet) -> dict[int, float]:
+    """Per profiler step, the slowest rank's span (µs, each rank's own clock)."""
+    from ..per_rank.summary import summary_of
+
+    out: dict[int, float] = {}
+    for t in traces.ranks.values():
+        st = summary_of(t).steps
+        for step, lo, hi in zip(st["step"], st["start_us"], st["end_us"]):
+            out[int(step)] = max(out.get(int(step), 0.0), float(hi) - float(lo))
+    return out
 
 
 def _sidecar_records(traces: TraceSet, use: list, n_stages: int
@@ -523,7 +539,7 @@ def pipeline_model(traces: TraceSet, pipe) -> tuple[PipelineModel | None, str]:
         fwd, bwd, share = _stage_costs(c, n_stages, gap)
     except KeyError:
         return None, "a stage has no forward or backward records"
-    window, period, periods = _step_times(chunks, c, use)
+    window, period, periods = _step_times(chunks, c, use, _profiler_step_spans(traces))
     fixed, samples, layer_list = _sidecar_records(traces, use, n_stages)
     samples_from = "recorded" if samples else ""
     if not samples and (samples := sent_microbatch(traces, chunks)):
