@@ -444,12 +444,14 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
             quiet[a:b + 1] = False
     base = float(np.nanmedian(dur[quiet])) if quiet.any() else float(np.nanmedian(dur))
 
+    def bound(a: int, b: int) -> float:
+        """How much the median of steps a..b must exceed the run's median step (µs) to be a
+        cost: its share of the step, and its noise (a median of b - a + 1 steps)."""
+        return max(STRAGGLER_STEP_SHARE * base,
+                   STRAGGLER_SIGMA * sigma_dur * 1.2533 / np.sqrt(b - a + 1))
+
     def costs(a: int, b: int, during: float) -> bool:
-        """The period's median step exceeds the run's by more than its share and than its
-        noise (a median of b - a + 1 steps)."""
-        n = b - a + 1
-        return during - base > max(STRAGGLER_STEP_SHARE * base,
-                                   STRAGGLER_SIGMA * sigma_dur * 1.2533 / np.sqrt(n))
+        return during - base > bound(a, b)
 
     out: list[dict] = []
     for r, a, b, persistent, extra in cand:
@@ -478,11 +480,13 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
         if persistent or costs(a, b, during):
             out.append(f)
         elif notes is not None:
+            slower = ("the others waited without the run losing time" if during <= base else
+                      f"their extra {(during - base) / 1e3:.1f} ms is inside the step time's "
+                      f"noise over {b - a + 1} steps (±{bound(a, b) / 1e3:.1f} ms)")
             notes.append(f"rank {r} arrived {f['extra_delay_ms']:.1f} ms after the others in "
                          f"steps {f['first_step']}–{f['last_step']}, but those steps took "
-                         f"{f['step_ms']:.1f} ms against {f['baseline_step_ms']:.1f} ms: the "
-                         f"others waited without the run losing time (inside the step-time "
-                         f"noise), so it is not named a straggler")
+                         f"{f['step_ms']:.1f} ms against {f['baseline_step_ms']:.1f} ms: "
+                         f"{slower}, so it is not named a straggler")
     return sorted(out, key=lambda f: (f["first_step"], f["rank"]))
 
 
