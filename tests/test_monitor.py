@@ -36,13 +36,16 @@ def _no_process_memory(monkeypatch):
 
 def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
                host_of=None, offset_us=None, rss=None, every: int = 50,
-               step_noise_us: float = 0.0) -> Path:
+               step_noise_us: float = 0.0, first_only: bool = False) -> Path:
     """A monitored run written through :class:`Monitor` itself: each step 100 ms, three
     ``ddp_all_reduce`` buckets issued 50, 60, 70 ms into it (±1 ms of noise) and completed
     together 5 ms after the last arrival. ``late``: ``{rank: (first, last, µs)}`` — that rank
     issues its buckets that much later in those steps (and the step lasts as long).
     ``offset_us``: ``{rank: µs}`` added to every time of the rank (another host's clock).
-    ``step_noise_us``: each step's length varies by that much (normal σ), on every rank."""
+    ``step_noise_us``: each step's length varies by that much (normal σ), on every rank.
+    ``first_only``: a late rank is late at the step's first bucket only, where the others wait
+    for it, and every rank issues the later ones that much later (FSDP's first all-gather after
+    a rank slowed before its forward)."""
     rng = np.random.default_rng(seed)
     out = tmp / "run"
     op = OPS.index("ddp_all_reduce")
@@ -61,9 +64,9 @@ def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
     for k in range(steps):
         extra = {r: us for r, (a, b, us) in late.items() if a <= k <= b}
         lag = max(extra.values(), default=0.0)
-        for at in (50_000, 60_000, 70_000):
-            issues = {r: t + at + extra.get(r, 0.0) + rng.uniform(-1000, 1000)
-                      for r in range(ranks)}
+        for i, at in enumerate((50_000, 60_000, 70_000)):
+            issues = {r: t + at + (lag if first_only and i else extra.get(r, 0.0))
+                      + rng.uniform(-1000, 1000) for r in range(ranks)}
             done = max(issues.values()) + 5000
             for r, m in enumerate(mons):
                 off = (offset_us or {}).get(r, 0.0)
@@ -579,6 +582,21 @@ def test_bad_records_missing_ranks_and_a_capture_outside_every_finding(tmp_path)
                for n in notes), notes
     layout.run_file_path(run).unlink()
     assert any(n.startswith("run.json is missing") for n in M.load_monitor(run).notes)
+
+
+def test_a_rank_late_only_at_the_steps_first_collective_is_found(tmp_path):
+    """Rank 1 slows 30 ms before its forward in steps 100–199: it is late at the step's first
+    collective only, where the others wait for it, and every rank issues the later ones 30 ms
+    later (FSDP's all-gathers). Its delay in a step is its largest: at that first collective.
+    The median of its delays (two of three at 0) would hide it."""
+    run = _write_run(tmp_path, 2, 400, {1: (100, 199, 30_000)}, first_only=True)
+    data = M.load_monitor(run)
+    (f,) = M.findings(data)
+    assert (f["kind"], f["rank"], f["persistent"]) == ("straggler", 1, False)
+    assert abs(f["first_step"] - 100) <= 2 and abs(f["last_step"] - 199) <= 2
+    assert f["extra_delay_ms"] == pytest.approx(30.0, abs=1.0)
+    d = M.arrival_delays(data)
+    assert float(d.loc[1, 150]) == pytest.approx(30_000.0, abs=2000.0)
 
 
 def test_lateness_whose_cost_is_inside_the_step_noise_says_the_bound(tmp_path):

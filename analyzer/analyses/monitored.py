@@ -12,7 +12,10 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   per rank). Ranks of other hosts are first put on the reference host's clock: the offset is the
   median, over the release-together instances both completed, of the difference of their
   completion times (members of an all-reduce complete together; the cross-rank model's rule).
-  A rank's delay in a step is the median of its delays at the step's instances.
+  A rank's delay in a step is the largest of its delays at the step's instances: the join
+  where it held the others most. After that join they are in step again, so a rank that slows
+  before its forward is late at the step's first FSDP all-gather and at none after it (the
+  median of its delays would hide it); a DDP rank's buckets are all late alike.
 * **Stragglers** (:func:`straggler_findings`): a rank's *lateness* in a step is its delay less
   the median of the other ranks' (:func:`lateness`), smoothed by a centred running median of
   :data:`WINDOW_STEPS` steps. A rank is late in a step when that median exceeds
@@ -289,7 +292,7 @@ def arrival_delays(data: MonitorData) -> pd.DataFrame:
     issued no collective it shares with another rank that step). See the module. Without
     call records (``--monitor`` of a large job keeps only the steps' summaries) the delay is
     the rank's median issue time in the step less the earliest rank's (``arrive_us``; one
-    host's clock assumed)."""
+    host's clock assumed): a rank late at one collective of many is not seen then."""
     if data.delays is None:
         data.delays = _arrival_delays(data)
     return data.delays
@@ -307,7 +310,7 @@ def _arrival_delays(data: MonitorData) -> pd.DataFrame:
     off = host_offsets(c, data.hosts)
     c["issue_us"] = c["issue_us"] - c["rank"].map(off).fillna(0.0)
     c["delay_us"] = c["issue_us"] - c.groupby("instance")["issue_us"].transform("min")
-    return c.groupby(["rank", "step"])["delay_us"].median().unstack("step").sort_index()
+    return c.groupby(["rank", "step"])["delay_us"].max().unstack("step").sort_index()
 
 
 def _periods(flags: np.ndarray, steps: np.ndarray, gap: int, min_len: int) -> list[tuple]:
