@@ -928,26 +928,25 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
     tmp = part.with_suffix(".json.tmp")
     tmp.write_bytes(layout.encode_sidecar(run))
     os.replace(tmp, part)
-    _write_capture_run_files(out, part.name, run)
+    _write_capture_run_files(out, part.name, run, cfg.monitor_capture)
 
 
-def _write_capture_run_files(out: Path, name: str, run: layout.RunFile) -> None:
-    """A monitored run's deep captures (``capture-S/`` with a rank's metadata) get the run's
-    file too (``name``: this node's part), its schedule the capture's: the profiler skipped S
-    steps and recorded N (the ranks' metadata says N: their steps stop at S + N). A capture
-    report then names the job's command, script and arguments, as a profiled run's does."""
+def _write_capture_run_files(out: Path, name: str, run: layout.RunFile, steps: int) -> None:
+    """A monitored run's completed deep captures (``capture-S/`` with a rank's metadata,
+    written at the capture's last step) get the run's file too (``name``: this node's part),
+    its schedule the capture's: the profiler skipped S steps and recorded the ``steps`` every
+    rank was asked for. A capture report then names the job's command, script and arguments,
+    as a profiled run's does."""
     for cap in sorted(out.glob(layout.CAPTURE_TEMPLATE.format(step="*"))):
         try:
             first = int(cap.name.split("-", 1)[1])
-            metas = [layout.decode_sidecar(json.loads(f.read_bytes()), "rank")
-                     for f in sorted(layout.sidecar_dir(cap).glob(
-                         layout.RANK_META_TEMPLATE.format(rank="*")))]
-            steps = max((m.optimizer_steps or 0) for m in metas) - first if metas else 0
-            if steps <= 0:
+            if steps <= 0 or not any(layout.sidecar_dir(cap).glob(
+                    layout.RANK_META_TEMPLATE.format(rank="*"))):
                 continue
+            mine = msgspec.structs.replace(
+                run, schedule=layout.ProfilerSchedule(wait=first, warmup=0, active=steps))
             path = layout.sidecar_dir(cap) / name
-            path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(msgspec.structs.replace(
-                run, schedule=layout.ProfilerSchedule(wait=first, warmup=0, active=steps))))
+            path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(mine))
             os.replace(path.with_suffix(".json.tmp"), path)
         except (OSError, ValueError) as exc:   # the capture is still read without it
             print(f"pardiag: {cap}: could not write its run file: {exc}", file=sys.stderr)

@@ -591,8 +591,10 @@ def _capture_request(run_dir: Path) -> dict | None:
 def _requested_steps(req: dict | None) -> tuple[int, int] | None:
     """(first, last) step of the deep capture ``req`` asks for (:func:`_capture_request`), or
     None without a readable request."""
+    if not isinstance(req, dict):
+        return None
     try:
-        first, n = int(req["start_step"]), int(req["steps"])   # type: ignore[index]
+        first, n = int(req["start_step"]), int(req["steps"])
     except (TypeError, KeyError, ValueError):
         return None
     return (first, first + max(n, 1) - 1) if first >= 0 else None
@@ -620,15 +622,13 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     notes = list(data.notes)
     found = findings(data, notes)
     caps = captures(run_dir) if run_dir is not None else []
-    req = _capture_request(run_dir) if run_dir is not None else None
-    asked = _requested_steps(req)
+    asked = _requested_steps(_capture_request(run_dir)) if run_dir is not None else None
     if asked is not None and not any(c["first_step"] == asked[0] and c["ranks"] for c in caps):
         notes.append(f"the deep capture asked for steps {asked[0]}–{asked[1]} was not written: "
                      f"the run ended before it or while it recorded (a capture's traces are "
                      f"written at its last step)")
     for c in caps:
-        n = int(req["steps"]) if req and int(req.get("start_step", -1)) == c["first_step"] else 1
-        last = c["first_step"] + max(n, 1) - 1
+        last = asked[1] if asked is not None and asked[0] == c["first_step"] else c["first_step"]
         if not any(f["first_step"] <= last and c["first_step"] <= f["last_step"]
                    for f in found if f["kind"] in ("straggler", "slow_steps")):
             notes.append(f"the deep capture of steps {c['first_step']}–{last} lies outside every "
