@@ -757,7 +757,7 @@ def _command_and_env(cfg: ProfileConfig, out: Path, script: str,
                 "wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active,
                 "pin_cpu": cfg.pin_cpu, "overwrite": cfg.overwrite,
                 "monitor_every": cfg.monitor_every, "monitor_capture": cfg.monitor_capture,
-                "monitor_calls": cfg.monitor_calls}
+                "monitor_calls": cfg.monitor_calls, "hang_dumps": cfg.timeout_s is not None}
     cmd = [sys.executable, "-m", "pardiag.collectors.torchrun_quiet", *cfg.torchrun_args(),
            "--nproc-per-node", str(cfg.nproc_per_node), "-m", "pardiag.collectors.rank_entry"]
     # torchrun sets OMP_NUM_THREADS=1 when unset, with a banner; set the same value quietly.

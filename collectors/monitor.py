@@ -5,8 +5,8 @@ Per optimizer step (:class:`Monitor`, stepped by the rank entry's optimizer hook
 (epoch ns), its wall time (µs, from the previous step's end), the optimizer step's own time and
 the time the script spent in ``DataLoader`` iterators' ``__next__`` (µs).
 
-Per collective or point-to-point call issued from Python (``torch.distributed``'s functions,
-FSDP2's gathers and scatters among them) and per DDP gradient bucket (a timed copy of DDP's
+Per collective issued from Python (``torch.distributed``'s functions, FSDP2's gathers and
+scatters among them; not point-to-point calls, :data:`_WRAPPED`) and per DDP gradient bucket (a timed copy of DDP's
 default all-reduce registered as its communication hook; a script's own hook is timed
 instead): the op, the process group's name, bytes, the issue time (the rank's arrival), the
 time the call returned and, where the work completes later, the completion time (its future's
@@ -52,12 +52,12 @@ MAX_CALLS = 50_000
 
 #: ``torch.distributed`` functions timed, with the position of their ``group`` argument and of
 #: the tensor whose bytes are the message's (nccl-tests' S: all-gather's output, reduce-scatter's
-#: input; a list: the sum of its tensors).
-_WRAPPED = vocab.MONITOR_CALLS
+#: input; a list: the sum of its tensors). The collectives only: a point-to-point call pairs
+#: with one peer and joins no group, so no finding reads it, and host work at a pipeline's
+#: sends and receives costs its steps far more than its own time (docs/commands.md).
+_WRAPPED = {n: v for n, v in vocab.MONITOR_CALLS.items() if n not in vocab.MONITOR_P2P}
 #: Kept op names (an op's index in a line's ``calls.op`` is its position here).
 OPS: tuple[str, ...] = (*_WRAPPED, vocab.MONITOR_DDP_ALL_REDUCE)
-#: Indexes of the point-to-point ops in :data:`OPS` (no step's arrival: they pair, not join).
-_P2P_OPS = frozenset(OPS.index(n) for n in vocab.MONITOR_P2P)
 
 
 def _nbytes(x) -> int:
@@ -110,7 +110,7 @@ class Monitor:
         self._groups: dict[int, str] = {}
         self._patched: list[tuple[Any, str, Any]] = []
         self._nested = threading.local()
-        #: (op, on CUDA) whose works have no future (gloo's send and recv): asking again would
+        #: (op, on CUDA) whose works have no future (as gloo's send and recv): asking again would
         #: raise again, and a c10 error costs 0.1 ms (it takes a backtrace) on every call
         self._no_future: set[tuple[int, bool]] = set()
         self._fh = None
@@ -160,7 +160,7 @@ class Monitor:
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            if getattr(nested, "inside", False):   # send is isend + wait: one call
+            if getattr(nested, "inside", False):   # a call inside another wrapped call
                 return fn(*args, **kwargs)
             nested.inside = True
             t0 = time.time_ns()
@@ -343,8 +343,7 @@ class Monitor:
         calls = self._calls
         arrive: dict[int, list[int]] = {}
         for c in calls:
-            if c[2] not in _P2P_OPS:
-                arrive.setdefault(c[0], []).append(c[4])
+            arrive.setdefault(c[0], []).append(c[4])
         arrive_us = [(sorted(v)[len(v) // 2] - base) // 1000 if (v := arrive.get(s[0]))
                      else -1 for s in st]
         if not self.keep_calls:

@@ -947,6 +947,9 @@ def _deep_capture(run: _RankRun, count: int) -> None:
         prof._pardiag_capture = True
         run.capture_prof = prof
         run.modules.install()   # the capture's module ranges, as a profiled window's
+        if not run.cfg.get("hang_dumps"):   # else installed for the whole run
+            run.p2p.install()   # its calls numbered from here: the same step on every rank
+        run.pipe.install()
         run.p2p.records.clear()
         run.pipe.records.clear()
         run.pipe.recording = run.p2p.recording = True
@@ -958,6 +961,9 @@ def _deep_capture(run: _RankRun, count: int) -> None:
         if count >= start + steps:
             prof, run.capture_prof = run.capture_prof, None
             run.modules.uninstall()
+            run.pipe.uninstall()
+            if not run.cfg.get("hang_dumps"):
+                run.p2p.uninstall()
             prof.stop()
             run.monitor.capture = (start, -1)   # done: no other capture
 
@@ -1029,9 +1035,14 @@ def _install_hooks(run: _RankRun) -> None:
     run.batch = BatchRecorder()
     run.batch.install()
     run.p2p = P2PRecorder()
-    run.p2p.install()
     run.pipe = PipelineRecorder(lambda: stepper.steps)
-    run.pipe.install()
+    # A monitored run installs them only for its deep capture (_deep_capture), and the
+    # point-to-point recorder for the whole run where a hang dump may be asked (--timeout):
+    # host work at a pipeline's sends and receives costs its steps far more than its own time.
+    if not monitor_every or run.cfg.get("hang_dumps"):
+        run.p2p.install()
+    if not monitor_every:
+        run.pipe.install()
     run.modules = ModuleRanges()
     if run.wait == 0 and not monitor_every:   # the window's ranges from the first call
         run.modules.install()

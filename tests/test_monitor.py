@@ -196,16 +196,16 @@ def test_the_records_a_line_holds(tmp_path):
 
 
 def test_a_work_without_a_future_is_asked_for_one_once(tmp_path):
-    """gloo's send and recv works raise on get_future (a c10 error, 0.1 ms with its backtrace):
-    after the first such call of an op, its works are not asked again and their completion is
-    unknown (-1); a collective's works still are."""
+    """A work that raises on get_future (as gloo's send and recv works do: a c10 error, 0.1 ms
+    with its backtrace): after the first such call of an op, its works are not asked again and
+    their completion is unknown (-1); another op's works still are."""
     import torch
 
-    asked = {"isend": 0, "all_reduce": 0}
+    asked = {"broadcast": 0, "all_reduce": 0}
 
     class _NoFuture:
         def get_future(self):
-            asked["isend"] += 1
+            asked["broadcast"] += 1
             raise RuntimeError("Work::getFuture not implemented.")
 
     class _Done:
@@ -217,15 +217,16 @@ def test_a_work_without_a_future_is_asked_for_one_once(tmp_path):
             fn(self)
 
     m = Monitor(tmp_path / "r.jsonl", 0)
-    isend = m._wrap("isend", lambda tensor, dst=None, group=None, tag=0: _NoFuture())
+    broadcast = m._wrap("broadcast", lambda tensor, src=None, group=None, async_op=False:
+                        _NoFuture())
     all_reduce = m._wrap("all_reduce", lambda tensor, op=None, group=None, async_op=False:
                          _Done())
     t = torch.zeros(4)
     for _ in range(5):
-        isend(t, 1)
+        broadcast(t, 0, async_op=True)
         all_reduce(t, async_op=True)
-    assert asked == {"isend": 1, "all_reduce": 5}
-    sends = [c for c in m._calls if c[2] == OPS.index("isend")]
+    assert asked == {"broadcast": 1, "all_reduce": 5}
+    sends = [c for c in m._calls if c[2] == OPS.index("broadcast")]
     reduces = [c for c in m._calls if c[2] == OPS.index("all_reduce")]
     assert len(sends) == 5 and all(c[6] == -1 for c in sends)
     assert len(reduces) == 5 and all(c[6] > 0 for c in reduces)
@@ -446,6 +447,61 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
                           str(tmp_path / "mon.html")], capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
     assert f"deep capture from step {start} (2 ranks)" in mon.stdout
+
+
+@pytest.mark.e2e
+def test_a_monitored_pipeline_wraps_its_sends_only_for_its_capture(tmp_path):
+    """A monitored 1F1B pipeline (rank 1 sleeps 30 ms in steps 100..249): outside its capture
+    no send or receive is wrapped (the monitor wraps collectives only, and pardiag's
+    point-to-point and chunk recorders are installed for the capture), so its lines hold no
+    point-to-point call; the capture's sends and receives are numbered from its first step on
+    both ranks and pair, and its chunks are recorded. With --timeout (a hang dump may be
+    asked) the point-to-point recorder stays installed for the whole run."""
+    import os
+
+    out = tmp_path / "mon"
+    r = subprocess.run(
+        [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
+         "--monitor", "--monitor-every", "10", "--monitor-capture", "2", "--out", str(out),
+         str(ROOT / "examples" / "train_pp.py"), "--", "--steps", "300", "--microbatches", "4",
+         "--slow-rank", "1", "--slow-ms", "30", "--slow-from", "100", "--slow-until", "250"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "PARDIAG_MONITOR_POLL_S": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    (cap,) = list(out.glob("capture-*"))
+    sent: dict[int, list] = {}
+    for rank in (0, 1):
+        lines = [json.loads(x) for x in (out / "pardiag" / f"rank{rank}.monitor.jsonl")
+                 .read_text().splitlines()]
+        assert not {"send", "recv", "isend", "irecv"} & set(lines[0]["ops"])
+        inst = json.loads((out / "pardiag" / f"rank{rank}.meta.json").read_bytes())[
+            "instrumentation"]
+        # 2 steps × 4 microbatches, one message each way per microbatch
+        assert inst["p2p_calls"] == {"window": 16, "outside": 0}
+        assert inst["chunk_calls"] == {"window": 16, "outside": 0}
+        recs = json.loads((cap / "pardiag" / f"rank{rank}.comms.json").read_bytes())["records"]
+        for op in ("send", "recv"):
+            assert [x["seq"] for x in recs if x["op"] == op] == list(range(1, 9))
+        sent[rank] = [(x["seq"], x["bytes"]) for x in recs if x["op"] == "send"]
+        pipe = json.loads((cap / "pardiag" / f"rank{rank}.pipeline.json").read_bytes())
+        assert sorted((x["phase"], x["microbatch"]) for x in pipe["records"]) == sorted(
+            (ph, m) for ph in "FB" for m in range(4) for _ in range(2))
+    # each send has its receive on the other rank: same number, same bytes
+    for rank in (0, 1):
+        recs = json.loads((cap / "pardiag" / f"rank{1 - rank}.comms.json").read_bytes())[
+            "records"]
+        assert sent[rank] == [(x["seq"], x["bytes"]) for x in recs if x["op"] == "recv"]
+    r = subprocess.run(
+        [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
+         "--monitor", "--timeout", "600", "--out", str(tmp_path / "hang"),
+         str(ROOT / "examples" / "train_pp.py"), "--", "--steps", "20", "--microbatches", "4"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    inst = json.loads((tmp_path / "hang" / "pardiag" / "rank0.meta.json").read_bytes())[
+        "instrumentation"]
+    # 8 a step, and the stages' shape exchange at the first step
+    assert inst["p2p_calls"]["window"] == 0 and inst["p2p_calls"]["outside"] >= 20 * 8
+    assert inst["chunk_calls"] == {"window": 0, "outside": 0}
 
 
 def test_tensorboard_scalars_of_a_monitored_run(tmp_path):

@@ -357,7 +357,8 @@ MONITOR_CALLS: dict[str, tuple[int, int]] = {
 }
 #: DDP's bucket all-reduce, timed through its communication hook.
 MONITOR_DDP_ALL_REDUCE = "ddp_all_reduce"
-#: Monitored point-to-point ops: matched by peer, not by group order; no step's arrival.
+#: Point-to-point ops in monitor records: matched by peer, not by group order; no step's
+#: arrival. The monitor no longer wraps them; records written before may hold them.
 MONITOR_P2P = frozenset({"send", "recv", "isend", "irecv"})
 #: Monitored ops whose members complete together (their completions align clocks); not a
 #: broadcast's or a reduce's (the root may leave before the others receive).
