@@ -12,7 +12,8 @@ repetitions), so a drift of the machine hits both alike; the overhead of a repet
 pardiag / plain − 1 of that pair. The table shows the median over the repetitions and their
 [min, max], and the plain runs' own spread (max − min over the repetitions, in % of their
 median). An overhead is "inside the noise" when the paired overheads change sign over the
-repetitions; "every pair above" marks a cost found in every repetition. Also shown: pardiag's
+repetitions; "every pair above" marks a cost found in every repetition. A median under the
+goal is "not settled" when the pairs' half-range is wider than the goal. Also shown: pardiag's
 work when the window ends (``post_window_s`` of the ranks' metadata; not in any measured step)
 and what its wrappers add per step outside the window by their own measurement (calls outside
 the window per unprofiled step × each wrapper's cost per call timed on a no-op after the run,
@@ -200,9 +201,17 @@ def main() -> None:
         print(line)
     goal = 0.5 if a.monitor else 2.0
     over = [r["example"] for r in rows if r["outside_median_pct"] > goal]
+    # a median under the goal shows nothing when the pairs spread far wider than the goal
+    unsettled = [r["example"] for r in rows if r["example"] not in over
+                 and (max(r["outside_pct"]) - min(r["outside_pct"])) / 2 > goal]
+    met = [r["example"] for r in rows if r["example"] not in over + unsettled]
+    parts = ([f"met on {', '.join(met)}"] if met else []) + (
+        [f"not met on {', '.join(over)}"] if over else []) + (
+        [f"not settled on {', '.join(unsettled)} (its pairs spread wider than the goal)"]
+        if unsettled else [])
     print(f"\ngoal ≤ {goal:g}% median "
           + ("with every step monitored: " if a.monitor else "outside the window: ")
-          + ("met on every example" if not over else f"not met on {', '.join(over)}"))
+          + "; ".join(parts))
     if a.json:
         a.json.write_text(json.dumps({"machine": info, "rows": rows}, indent=1, default=str))
 
