@@ -31,9 +31,9 @@ T0_NS = 1_700_000_000_000_000_000
 
 def write_run(out: Path, ranks: int, steps: int, slow: tuple[int, int, int, float],
               seed: int = 0) -> None:
-    """One monitor file per rank: steps of 100 ms ± 2 ms, each rank arriving 50 ms into the
-    step ± 1 ms; ``slow`` = (rank, first, last, µs) arrives that much later then (and the
-    step lasts as much longer)."""
+    """One monitor file per rank: steps of 100 ms ± 2 ms, each rank issuing its first, median
+    and last collective 40, 50 and 60 ms into the step ± 1 ms each; ``slow`` = (rank, first,
+    last, µs) arrives that much later then (and the step lasts as much longer)."""
     from pardiag import layout
     from pardiag.collectors.monitor import OPS, SCHEMA
 
@@ -45,7 +45,9 @@ def write_run(out: Path, ranks: int, steps: int, slow: tuple[int, int, int, floa
     end = np.cumsum(dur)
     layout.sidecar_dir(out).mkdir(parents=True, exist_ok=True)
     for r in range(ranks):
-        arrive = end - dur + 50_000 + rng.normal(0, 1000, steps) + (lag if r == sr else 0.0)
+        at = {k_: end - dur + us + rng.normal(0, 1000, steps) + (lag if r == sr else 0.0)
+              for k_, us in (("arrive_first_us", 40_000), ("arrive_us", 50_000),
+                             ("arrive_last_us", 60_000))}
         with open(layout.monitor_path(out, r), "wb") as fh:
             for a in range(0, steps, EVERY):
                 s = slice(a, min(a + EVERY, steps))
@@ -55,7 +57,7 @@ def write_run(out: Path, ranks: int, steps: int, slow: tuple[int, int, int, floa
                               "dur_us": dur[s].astype(int).tolist(),
                               "optimizer_us": [3000] * (s.stop - s.start),
                               "data_us": [200] * (s.stop - s.start),
-                              "arrive_us": arrive[s].astype(int).tolist()},
+                              **{k_: v[s].astype(int).tolist() for k_, v in at.items()}},
                     "calls": {"step": [], "group": [], "op": [], "bytes": [], "issue_us": [],
                               "return_us": [], "done_us": []},
                     "dropped_calls": 0, "memory": {"rss_bytes": None, "device_bytes": None},

@@ -6,13 +6,13 @@ Per optimizer step (:class:`Monitor`, stepped by the rank entry's optimizer hook
 the time the script spent in ``DataLoader`` iterators' ``__next__`` (µs).
 
 Per collective issued from Python (``torch.distributed``'s functions, FSDP2's gathers and
-scatters among them; not point-to-point calls, :data:`_WRAPPED`) and per DDP gradient bucket (a timed copy of DDP's
-default all-reduce registered as its communication hook; a script's own hook is timed
-instead): the op, the process group's name, bytes, the issue time (the rank's arrival), the
-time the call returned and, where the work completes later, the completion time (its future's
-callback; never a host synchronisation). Times are the host's wall clock (epoch ns), the clock
-of the rank's other records. Functional collectives (``_c10d_functional``) and collectives
-issued from C++ other than DDP's are not seen.
+scatters among them; not point-to-point calls, :data:`_WRAPPED`) and per DDP gradient bucket (a
+timed copy of DDP's default all-reduce registered as its communication hook; a script's own
+hook is timed instead): the op, the process group's name, bytes, the issue time (the rank's
+arrival), the time the call returned and, where the work completes later, the completion time
+(its future's callback; never a host synchronisation). Times are the host's wall clock (epoch
+ns), the clock of the rank's other records. Functional collectives (``_c10d_functional``) and
+collectives issued from C++ other than DDP's are not seen.
 
 Every :data:`FLUSH_EVERY` steps the rank appends one JSON line to ``rank{R}.monitor.jsonl``
 (:func:`pardiag.layout.monitor_path`) and clears its buffers, so memory is bounded (at most
@@ -21,15 +21,18 @@ every line written before. A line (``schema`` :data:`SCHEMA`)::
 
     {"schema": ..., "rank": R, "base_ns": epoch ns, "steps": {"index": [...],
      "end_us": [...], "dur_us": [...], "optimizer_us": [...], "data_us": [...],
-     "arrive_us": [...]},
+     "arrive_us": [...], "arrive_first_us": [...], "arrive_last_us": [...]},
      "calls": {"step": [...], "group": [...], "op": [...], "bytes": [...],
      "issue_us": [...], "return_us": [...], "done_us": [...]},
      "dropped_calls": n, "memory": {"rss_bytes": n, "device_bytes": n | null}}
 
 ``*_us`` times are µs after ``base_ns`` (``done_us`` -1: not known); ``step`` of a call is the
 index of the step it was issued in; ``arrive_us`` is the median issue time of the step's
-collectives (-1: none), the rank's arrival in that step as a summary. With ``keep_calls``
-False the line's ``calls`` are empty: only the per-step summary travels (large jobs).
+collectives (-1: none), the rank's arrival in that step as a summary, and ``arrive_first_us``
+and ``arrive_last_us`` its first and last collective's: a rank late at one join only (an FSDP
+rank that slows before its forward is late at the first all-gather) shows there. With
+``keep_calls`` False the line's ``calls`` are empty: only the per-step summary travels (large
+jobs).
 """
 
 from __future__ import annotations
@@ -344,8 +347,12 @@ class Monitor:
         arrive: dict[int, list[int]] = {}
         for c in calls:
             arrive.setdefault(c[0], []).append(c[4])
-        arrive_us = [(sorted(v)[len(v) // 2] - base) // 1000 if (v := arrive.get(s[0]))
-                     else -1 for s in st]
+        # per step: the median, first and last issue time of its collectives (-1: none)
+        summary = {"arrive_us": [], "arrive_first_us": [], "arrive_last_us": []}
+        for s in st:
+            v = sorted(arrive.get(s[0], ()))
+            for key, t in zip(summary, (v[len(v) // 2], v[0], v[-1]) if v else (-1, -1, -1)):
+                summary[key].append((t - base) // 1000 if v else -1)
         if not self.keep_calls:
             calls = []
         mem = {"rss_bytes": _rss_bytes(), "device_bytes": None}
@@ -360,7 +367,7 @@ class Monitor:
                       "end_us": [(s[1] - base) // 1000 for s in st],
                       "dur_us": [s[2] // 1000 for s in st],
                       "optimizer_us": [s[3] // 1000 for s in st],
-                      "data_us": [s[4] // 1000 for s in st], "arrive_us": arrive_us},
+                      "data_us": [s[4] // 1000 for s in st], **summary},
             "calls": {"step": [c[0] for c in calls], "group": [c[1] for c in calls],
                       "op": [c[2] for c in calls], "bytes": [c[3] for c in calls],
                       "issue_us": [(c[4] - base) // 1000 for c in calls],

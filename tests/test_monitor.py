@@ -36,7 +36,8 @@ def _no_process_memory(monkeypatch):
 
 def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
                host_of=None, offset_us=None, rss=None, every: int = 50,
-               step_noise_us: float = 0.0, first_only: bool = False) -> Path:
+               step_noise_us: float = 0.0, first_only: bool = False,
+               keep_calls: bool = True) -> Path:
     """A monitored run written through :class:`Monitor` itself: each step 100 ms, three
     ``ddp_all_reduce`` buckets issued 50, 60, 70 ms into it (±1 ms of noise) and completed
     together 5 ms after the last arrival. ``late``: ``{rank: (first, last, µs)}`` — that rank
@@ -45,14 +46,15 @@ def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
     ``step_noise_us``: each step's length varies by that much (normal σ), on every rank.
     ``first_only``: a late rank is late at the step's first bucket only, where the others wait
     for it, and every rank issues the later ones that much later (FSDP's first all-gather after
-    a rank slowed before its forward)."""
+    a rank slowed before its forward). ``keep_calls`` False: the steps' summaries only
+    (``--no-monitor-calls``)."""
     rng = np.random.default_rng(seed)
     out = tmp / "run"
     op = OPS.index("ddp_all_reduce")
     mons = []
     for r in range(ranks):
         m = Monitor(layout.monitor_path(out, r), r, every,
-                    (lambda r=r: rss[r]) if rss is not None else None)
+                    (lambda r=r: rss[r]) if rss is not None else None, keep_calls=keep_calls)
         m.path.parent.mkdir(parents=True, exist_ok=True)
         m._fh = open(m.path, "ab")
         m.base_ns = m._last_end = T0_NS
@@ -188,7 +190,8 @@ def test_the_records_a_line_holds(tmp_path):
     (line,) = [json.loads(x) for x in m.path.read_text().splitlines()]
     assert line["steps"] == {"index": [0, 1], "end_us": [3000, 6000], "dur_us": [3000, 3000],
                              "optimizer_us": [1000, 1000], "data_us": [0, 0],
-                             "arrive_us": [1000, 4000]}
+                             "arrive_us": [1000, 4000], "arrive_first_us": [1000, 4000],
+                             "arrive_last_us": [1000, 4000]}
     assert line["calls"]["op"] == [OPS.index("all_reduce"), OPS.index("broadcast")]
     assert line["calls"]["issue_us"] == [1000, 4000]
     assert line["calls"]["bytes"] == [4096, 8]
@@ -628,6 +631,12 @@ def test_bad_records_missing_ranks_and_a_capture_outside_every_finding(tmp_path)
     path.write_bytes(b"\n".join([lines[0], json.dumps(bad).encode(), *lines[2:]]) + b"\n")
     with pytest.raises(M.PardiagError, match=r"record 2 is rank 0's, in rank 2's file"):
         M.load_monitor(run)
+    bad = json.loads(lines[1])
+    bad["steps"]["arrive_first_us"][4] = "late"
+    path.write_bytes(b"\n".join([lines[0], json.dumps(bad).encode(), *lines[2:]]) + b"\n")
+    with pytest.raises(M.PardiagError, match=r"rank2\.monitor\.jsonl: record 2 is not a valid "
+                                             r"monitor record \(ValueError: could not convert"):
+        M.load_monitor(run)
     path.write_bytes(b"\n".join(lines) + b"\n")
     layout.run_file_path(run).write_bytes(b'{"world_size": 4')
     layout.rank_meta_path(run, 1).write_bytes(b"not json")
@@ -653,6 +662,41 @@ def test_a_rank_late_only_at_the_steps_first_collective_is_found(tmp_path):
     assert f["extra_delay_ms"] == pytest.approx(30.0, abs=1.0)
     d = M.arrival_delays(data)
     assert float(d.loc[1, 150]) == pytest.approx(30_000.0, abs=2000.0)
+
+
+def test_with_the_steps_summaries_only_a_rank_late_at_the_first_join_is_found(tmp_path):
+    """The same run with --no-monitor-calls: each step's median, first and last issue time
+    travel, not the calls. Rank 1's delay in a step is the largest of the three's: 30 ms at the
+    first, where its median is in step with the others'. A file written before the first and
+    last were kept has the median only, which hides it: no finding."""
+    run = _write_run(tmp_path, 2, 400, {1: (100, 199, 30_000)}, first_only=True,
+                     keep_calls=False)
+    data = M.load_monitor(run)
+    assert data.calls.empty
+    (f,) = M.findings(data)
+    assert (f["kind"], f["rank"], f["persistent"]) == ("straggler", 1, False)
+    assert abs(f["first_step"] - 100) <= 2 and abs(f["last_step"] - 199) <= 2
+    assert f["extra_delay_ms"] == pytest.approx(30.0, abs=1.0)
+    d = M.arrival_delays(data)
+    # the steps' true delays: 30 ms at the first bucket, ±1 ms of noise at each issue
+    assert float(d.loc[1, 150]) == pytest.approx(30_000.0, abs=2000.0)
+    assert float(d.loc[1, 50]) <= 2000.0 and float(d.loc[0, 150]) <= 2000.0
+    for path in layout.sidecar_dir(run).glob("rank*.monitor.jsonl"):
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        for doc in lines:
+            del doc["steps"]["arrive_first_us"], doc["steps"]["arrive_last_us"]
+        path.write_text("".join(json.dumps(doc) + "\n" for doc in lines))
+    old = M.load_monitor(run)
+    assert float(M.arrival_delays(old).loc[1, 150]) <= 2000.0
+    assert [x for x in M.findings(old) if x["kind"] == "straggler"] == []
+    # a value that is no number: one line naming the file (the lines' values are read at once)
+    path = layout.monitor_path(run, 1)
+    doc = json.loads(path.read_text().splitlines()[0])
+    doc["steps"]["arrive_us"][3] = "late"
+    path.write_text(json.dumps(doc) + "\n")
+    with pytest.raises(M.PardiagError, match=r"rank1\.monitor\.jsonl: a record's steps hold a "
+                                             r"value that is not a number \(ValueError: "):
+        M.load_monitor(run)
 
 
 def test_lateness_whose_cost_is_inside_the_step_noise_says_the_bound(tmp_path):

@@ -42,6 +42,7 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -133,7 +134,66 @@ def _read_lines(path: Path, notes: list[str]) -> list[dict]:
 
 
 #: The columns of :attr:`MonitorData.steps`.
-STEP_COLUMNS = ("rank", "step", "end_us", "dur_us", "optimizer_us", "data_us", "arrive_us")
+STEP_COLUMNS = ("rank", "step", "end_us", "dur_us", "optimizer_us", "data_us", "arrive_us",
+                "arrive_first_us", "arrive_last_us")
+#: The steps' arrival summaries (epoch µs; NaN: none, or records written before the first and
+#: last were kept): the median, first and last issue time of the step's collectives.
+ARRIVALS = ("arrive_us", "arrive_first_us", "arrive_last_us")
+
+
+#: A line's step keys, as written (:mod:`pardiag.collectors.monitor`).
+_RAW_STEP_KEYS = ("index", "end_us", "dur_us", "optimizer_us", "data_us", *ARRIVALS)
+#: The float step columns (epoch µs or µs).
+_FLOAT_STEP_COLUMNS = STEP_COLUMNS[2:]
+
+
+class _StepBlocks:
+    """The step columns of every file, filled file by file into one float block and one int
+    block (rank, step) allocated once for the estimated steps (grown when short): a large job
+    holds 10⁷ rows, and every copy of them costs seconds of fresh memory."""
+
+    def __init__(self, capacity: int) -> None:
+        self.f = np.empty((len(_FLOAT_STEP_COLUMNS), capacity))
+        self.i = np.empty((2, capacity), dtype=np.int64)
+        self.n = 0
+
+    def add(self, raw: dict[str, list], base: np.ndarray, rank: int) -> None:
+        """One file's lines' values (``raw``, :data:`_RAW_STEP_KEYS`) with each value's line's
+        ``base`` (epoch µs). Raises ValueError or TypeError on a value that is no number."""
+        m = len(base)
+        if self.n + m > self.f.shape[1]:
+            cap = max(self.n + m, int(self.f.shape[1] * 1.5))
+            f, i = np.empty((self.f.shape[0], cap)), np.empty((2, cap), dtype=np.int64)
+            f[:, :self.n], i[:, :self.n] = self.f[:, :self.n], self.i[:, :self.n]
+            self.f, self.i = f, i
+        sl = slice(self.n, self.n + m)
+        self.i[0, sl] = rank
+        self.i[1, sl] = raw["index"]
+        for j, k in enumerate(_FLOAT_STEP_COLUMNS):
+            row = self.f[j, sl]
+            row[:] = raw[k]
+            if k == "end_us":
+                row += base
+            elif k in ARRIVALS:   # -1: none
+                row[row < 0] = np.nan
+                row += base
+        self.n += m
+
+    def frame(self) -> pd.DataFrame:
+        """The steps table (:data:`STEP_COLUMNS`), viewing the blocks."""
+        ints = pd.DataFrame(self.i[:, :self.n].T, columns=["rank", "step"], copy=False)
+        floats = pd.DataFrame(self.f[:, :self.n].T, columns=list(_FLOAT_STEP_COLUMNS),
+                              copy=False)
+        return pd.concat([ints, floats], axis=1)
+
+
+def _arrivals(st: dict, n: int, base: float) -> dict[str, np.ndarray]:
+    """A line's arrival summaries (:data:`ARRIVALS`) as epoch µs, NaN where -1 or absent."""
+    out = {}
+    for k in ARRIVALS:
+        a = np.asarray(st.get(k) or [-1] * n, dtype=float)
+        out[k] = np.where(a >= 0, a + base, np.nan)
+    return out
 
 
 def line_frames(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame | None, dict | None, int]:
@@ -141,11 +201,10 @@ def line_frames(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame | None, dict | No
     calls)``, the columns of :class:`MonitorData`'s tables, times in epoch µs."""
     rank, base = int(doc["rank"]), doc["base_ns"] / 1000.0
     st, ca, ops = doc["steps"], doc["calls"], doc["ops"]
-    arrive = np.asarray(st.get("arrive_us") or [-1] * len(st["index"]), dtype=float)
     steps = pd.DataFrame({
         "rank": rank, "step": st["index"], "end_us": np.add(st["end_us"], base),
         "dur_us": st["dur_us"], "optimizer_us": st["optimizer_us"], "data_us": st["data_us"],
-        "arrive_us": np.where(arrive >= 0, arrive + base, np.nan)})
+        **_arrivals(st, len(st["index"]), base)})
     calls = None
     if ca["step"]:
         done = np.asarray(ca["done_us"], dtype=float)
@@ -172,34 +231,36 @@ def load_monitor(run_dir: Path) -> MonitorData:
     if not files:
         raise PardiagError(f"{run_dir}: no monitor records (pardiag/rank*.monitor.jsonl)")
     notes: list[str] = []
-    # columns gathered as arrays and joined once: a large job has hundreds of thousands of lines
-    scols: dict[str, list] = {k: [] for k in STEP_COLUMNS}
+    # columns gathered per file as Python lists, then written into blocks allocated once: a
+    # large job has hundreds of thousands of lines, and an array per line and column, then
+    # joining them, cost more than the rest
+    blocks: _StepBlocks | None = None
     calls, memory = [], []
     for path in files:
         dropped = 0
         own = int(path.name[4:].split(".")[0])
+        raw: dict[str, list] = {k: [] for k in _RAW_STEP_KEYS}
+        bases: list[float] = []
+        counts: list[int] = []
         for i, doc in enumerate(_read_lines(path, notes), start=1):
             try:
                 rank, base = int(doc["rank"]), doc["base_ns"] / 1000.0
                 st = doc["steps"]
                 n = len(st["index"])
-                arrive = np.asarray(st.get("arrive_us") or [-1] * n, dtype=float)
-                cols = {"rank": np.full(n, rank),
-                        "step": np.asarray(st["index"], dtype=np.int64),
-                        "end_us": np.add(st["end_us"], base, dtype=float),
-                        **{k: np.asarray(st[k], dtype=float)
-                           for k in ("dur_us", "optimizer_us", "data_us")},
-                        "arrive_us": np.where(arrive >= 0, arrive + base, np.nan)}
-                if any(len(v) != n for v in cols.values()):
-                    raise ValueError("its step columns differ in length")
+                for k in _RAW_STEP_KEYS:
+                    v = st.get(k) if k in ARRIVALS else st[k]
+                    v = v if v else [-1] * n if k in ARRIVALS else v
+                    if len(v) != n:
+                        raise ValueError("its step columns differ in length")
+                    raw[k].extend(v)
                 ca = line_frames(doc)[1] if doc["calls"]["step"] else None
             except (KeyError, TypeError, ValueError, IndexError) as exc:
                 raise PardiagError(f"{path}: record {i} is not a valid monitor record "
                                    f"({type(exc).__name__}: {exc})") from None
             if rank != own:
                 raise PardiagError(f"{path}: record {i} is rank {rank}'s, in rank {own}'s file")
-            for k, v in cols.items():
-                scols[k].append(v)
+            bases.append(base)
+            counts.append(n)
             if ca is not None:
                 calls.append(ca)
             mem = doc.get("memory") or {}
@@ -208,11 +269,19 @@ def load_monitor(run_dir: Path) -> MonitorData:
                                "rss_bytes": mem.get("rss_bytes"),
                                "device_bytes": mem.get("device_bytes")})
             dropped += int(doc.get("dropped_calls") or 0)
+        total = int(np.sum(counts))
+        if blocks is None and total:   # the first steps read, as many per file, and a margin
+            blocks = _StepBlocks(int(total * len(files) * 1.25) + 1024)
+        try:
+            if blocks is not None:
+                blocks.add(raw, np.repeat(np.asarray(bases, dtype=float), counts), own)
+        except (TypeError, ValueError) as exc:
+            raise PardiagError(f"{path}: a record's steps hold a value that is not a number "
+                               f"({type(exc).__name__}: {exc})") from None
         if dropped:
             notes.append(f"{path.name}: {dropped} calls over the buffer's limit were counted, "
                          f"not kept")
-    steps = pd.DataFrame({k: (np.concatenate(v) if v else np.array([]))
-                          for k, v in scols.items()})
+    steps = blocks.frame() if blocks is not None else pd.DataFrame(columns=list(STEP_COLUMNS))
     world = _world_size(run_dir, notes)
     have = {int(p.name[4:].split(".")[0]) for p in files if p.stat().st_size}
     lost = sorted(set(range(world)) - have) if world else []
@@ -291,8 +360,9 @@ def arrival_delays(data: MonitorData) -> pd.DataFrame:
     """Each rank's arrival delay per step (µs): a ranks × steps table (NaN where the rank
     issued no collective it shares with another rank that step). See the module. Without
     call records (``--monitor`` of a large job keeps only the steps' summaries) the delay is
-    the rank's median issue time in the step less the earliest rank's (``arrive_us``; one
-    host's clock assumed): a rank late at one collective of many is not seen then."""
+    the largest, over the step's median, first and last issue times (:data:`ARRIVALS`), of the
+    rank's less the earliest rank's (one host's clock assumed): a rank late at its first or
+    last join is seen, one late at a single join between them is not."""
     if data.delays is None:
         data.delays = _arrival_delays(data)
     return data.delays
@@ -300,10 +370,7 @@ def arrival_delays(data: MonitorData) -> pd.DataFrame:
 
 def _arrival_delays(data: MonitorData) -> pd.DataFrame:
     if data.calls.empty:
-        if "arrive_us" not in data.steps or data.steps["arrive_us"].isna().all():
-            return pd.DataFrame()
-        a = data.steps.pivot_table(index="rank", columns="step", values="arrive_us")
-        return (a - a.min(axis=0)).sort_index()
+        return _summary_delays(data.steps)
     c = _instances(data.calls)
     if c.empty:
         return pd.DataFrame()
@@ -311,6 +378,26 @@ def _arrival_delays(data: MonitorData) -> pd.DataFrame:
     c["issue_us"] = c["issue_us"] - c["rank"].map(off).fillna(0.0)
     c["delay_us"] = c["issue_us"] - c.groupby("instance")["issue_us"].transform("min")
     return c.groupby(["rank", "step"])["delay_us"].max().unstack("step").sort_index()
+
+
+def _summary_delays(steps: pd.DataFrame) -> pd.DataFrame:
+    """Ranks × steps delays (µs) from the steps' arrival summaries alone: per summary, each
+    rank's less the earliest rank's; per cell the largest of them (NaN where none)."""
+    cols = [k for k in ARRIVALS if k in steps and steps[k].notna().any()]
+    if not cols:
+        return pd.DataFrame()
+    # hashed, not sorted: 10⁷ rows of a large job
+    r_idx, ranks = pd.factorize(steps["rank"].to_numpy(), sort=True)
+    s_idx, idx = pd.factorize(steps["step"].to_numpy(), sort=True)
+    out = np.full((len(ranks), len(idx)), np.nan)
+    for k in cols:
+        a = np.full((len(ranks), len(idx)), np.nan)
+        a[r_idx, s_idx] = steps[k].to_numpy(float)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # a step no rank arrived in
+            out = np.fmax(out, a - np.nanmin(a, axis=0))
+    return pd.DataFrame(out, index=pd.Index(ranks, name="rank"),
+                        columns=pd.Index(idx, name="step"))
 
 
 def _periods(flags: np.ndarray, steps: np.ndarray, gap: int, min_len: int) -> list[tuple]:
