@@ -472,6 +472,11 @@ def test_a_monitored_pipeline_wraps_its_sends_only_for_its_capture(tmp_path):
         env={**os.environ, "PARDIAG_MONITOR_POLL_S": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     (cap,) = list(out.glob("capture-*"))
+    # the slow half of the run is found against the other steps; which rank slowed is not
+    # known, as no collective compares the ranks' arrivals
+    slow = [f for f in M.findings(M.load_monitor(out)) if f["kind"] == "slow_steps"]
+    assert any(abs(f["first_step"] - 100) <= 3 and abs(f["last_step"] - 249) <= 3
+               and not f["arrivals_known"] for f in slow), slow
     sent: dict[int, list] = {}
     for rank in (0, 1):
         lines = [json.loads(x) for x in (out / "pardiag" / f"rank{rank}.monitor.jsonl")
@@ -697,6 +702,31 @@ def test_with_the_steps_summaries_only_a_rank_late_at_the_first_join_is_found(tm
     with pytest.raises(M.PardiagError, match=r"rank1\.monitor\.jsonl: a record's steps hold a "
                                              r"value that is not a number \(ValueError: "):
         M.load_monitor(run)
+
+
+def test_slow_steps_over_half_the_run_are_found_against_the_others(tmp_path):
+    """Every rank's steps take 130 ms instead of 100 in steps 100–249 of 300: half the run.
+    The run's median lies in the slow period then, so against it nothing was slow; the
+    baseline is the lower quartile of the running median (100 ms), the noise the steps' spread
+    about it."""
+    run = _write_run(tmp_path, 2, 300, {0: (100, 249, 30_000), 1: (100, 249, 30_000)})
+    (f,) = M.findings(M.load_monitor(run))
+    assert (f["kind"], f["first_step"], f["last_step"], f["steps"]) == ("slow_steps", 100,
+                                                                         249, 150)
+    assert f["step_ms"] == pytest.approx(130.0, abs=1.0)
+    assert f["baseline_step_ms"] == pytest.approx(100.0, abs=1.0)
+    assert f["arrivals_known"] is True   # every rank's buckets were on time: nobody was late
+
+
+def test_a_capture_folder_this_run_did_not_ask_for_is_left_out(tmp_path):
+    """A capture-S folder an earlier run left (its own files kept by --overwrite) is not this
+    run's capture: the report leaves it out and says so."""
+    run = _write_run(tmp_path, 2, 200, {1: (60, 119, 30_000)})
+    (layout.capture_dir(run, 124)).mkdir()
+    doc = M.summary(M.load_monitor(run), run)
+    assert doc["captures"] == []
+    assert "capture-124 is not this run's deep capture (this run asked for none): left out" in \
+        doc["notes"]
 
 
 def test_lateness_whose_cost_is_inside_the_step_noise_says_the_bound(tmp_path):

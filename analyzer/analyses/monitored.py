@@ -27,9 +27,11 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   threshold itself. Each is a finding, *persistent* when it covers at least
   :data:`PERSISTENT_SHARE` of the rank's steps, else *transient*, with its first and last step,
   the median extra delay and the step time during it against the run's baseline.
-* **Slow steps**: steps whose median wall time over the ranks exceeds the run's median by more
-  than ``max(SLOW_SIGMA × σ_step, SLOW_STEP_SHARE × median)``, in periods as above (at least
-  :data:`MIN_SLOW_STEPS`), each with what moved with it (the DataLoader's time); slow steps
+* **Slow steps**: steps whose median wall time over the ranks exceeds the baseline by more
+  than ``max(SLOW_SIGMA × σ_step, SLOW_STEP_SHARE × baseline)``, in periods as above (at least
+  :data:`MIN_SLOW_STEPS`). The baseline is the lower quartile (:data:`BASELINE_QUANTILE`) of
+  the step time's running median over :data:`WINDOW_STEPS` steps and σ_step the steps' robust
+  spread about that running median, so a slow period of up to 3/4 of the run moves neither, each with what moved with it (the DataLoader's time); slow steps
   inside a straggler's period are its cost, said with it, not a finding of their own.
 * **Memory creep**: a rank whose resident (or device) memory, sampled at each written line,
   grows by at least :data:`CREEP_MIN_SHARE` of its first sample and at least
@@ -68,6 +70,9 @@ WINDOW_STEPS = 25
 HYSTERESIS = 0.5
 STRAGGLER_STEP_SHARE = 0.10
 SLOW_SIGMA = 6.0
+#: The slow steps' baseline: this quantile of the step time's running median
+#: (:data:`WINDOW_STEPS`).
+BASELINE_QUANTILE = 0.25
 SLOW_STEP_SHARE = 0.10
 GAP_STEPS = 2
 MIN_STEPS = 10
@@ -580,29 +585,40 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
     return sorted(out, key=lambda f: (f["first_step"], f["rank"]))
 
 
-def slow_step_findings(steps: pd.DataFrame, stragglers: list[dict]) -> list[dict]:
+def slow_step_findings(steps: pd.DataFrame, stragglers: list[dict],
+                       delays: pd.DataFrame | None = None) -> list[dict]:
     """Periods of slow steps on every rank (see the module): ``[{"kind": "slow_steps",
     "first_step", "last_step", "steps", "step_ms", "baseline_step_ms", "data_ms",
-    "baseline_data_ms", "straggler_rank"}]`` (``straggler_rank``: a straggler's period it
-    overlaps, else None)."""
+    "baseline_data_ms", "straggler_rank", "arrivals_known"}]`` (``straggler_rank``: a
+    straggler's period it overlaps, else None; ``arrivals_known``: the ranks' arrival delays
+    (:func:`arrival_delays`, ``delays``) cover at least half the period's steps, so that no
+    straggler there means no rank was late)."""
     if steps.empty:
         return []
     per = steps.groupby("step")[["dur_us", "data_us"]].median()
     x = per["dur_us"].to_numpy(dtype=float)
-    base = float(np.median(x))
-    thr = max(SLOW_SIGMA * _robust_sigma(x), SLOW_STEP_SHARE * base)
+    # The baseline is the lower quartile of the step time's running median, its noise the
+    # steps' spread about that running median: a slow period of up to 3/4 of the run moves
+    # neither (the run's median and spread did, once half the steps were slow).
+    smooth = pd.Series(x).rolling(WINDOW_STEPS, center=True, min_periods=1).median().to_numpy()
+    base = float(np.quantile(smooth, BASELINE_QUANTILE))
+    thr = max(SLOW_SIGMA * _robust_sigma(x - smooth), SLOW_STEP_SHARE * base)
     idx = per.index.to_numpy()
     out = []
     for first, last, n in _periods(x - base > thr, idx, GAP_STEPS, MIN_SLOW_STEPS):
         span = per.loc[first:last]
         who = [f["rank"] for f in stragglers
                if f["first_step"] <= last and f["last_step"] >= first]
+        seen = (0 if delays is None or delays.empty else
+                int(delays.loc[:, (delays.columns >= first) & (delays.columns <= last)]
+                    .notna().any(axis=0).sum()))
         out.append({"kind": "slow_steps", "first_step": first, "last_step": last,
                     "steps": int(n), "step_ms": round(float(span["dur_us"].median()) / 1e3, 3),
                     "baseline_step_ms": round(base / 1e3, 3),
                     "data_ms": round(float(span["data_us"].median()) / 1e3, 3),
                     "baseline_data_ms": round(float(per["data_us"].median()) / 1e3, 3),
-                    "straggler_rank": who[0] if who else None})
+                    "straggler_rank": who[0] if who else None,
+                    "arrivals_known": 2 * seen >= n})
     return out
 
 
@@ -635,9 +651,11 @@ def memory_findings(memory: pd.DataFrame) -> list[dict]:
 def findings(data: MonitorData, notes: list[str] | None = None) -> list[dict]:
     """Every finding of the run, stragglers first (see the module); what was measured and not
     named goes to ``notes`` when given."""
-    strag = straggler_findings(arrival_delays(data), data.steps, notes)
+    delays = arrival_delays(data)
+    strag = straggler_findings(delays, data.steps, notes)
     # slow steps inside a straggler's period are its cost, said with it
-    slow = [f for f in slow_step_findings(data.steps, strag) if f["straggler_rank"] is None]
+    slow = [f for f in slow_step_findings(data.steps, strag, delays)
+            if f["straggler_rank"] is None]
     return strag + slow + memory_findings(data.memory)
 
 
@@ -656,7 +674,10 @@ def finding_line(f: dict) -> str:
                else f"; DataLoader {f['data_ms']:.1f} ms against {f['baseline_data_ms']:.1f} ms"
                if f["data_ms"] > f["baseline_data_ms"] + 0.5 * (f["step_ms"]
                                                                 - f["baseline_step_ms"])
-               else "; no rank was late: every rank slowed")
+               else "; no rank was late: every rank slowed" if f.get("arrivals_known", True)
+               else "; which rank slowed is not known: the ranks shared no collective then to "
+                    "compare their arrivals at (a pipeline's sends and receives are not "
+                    "monitored)")
         return (f"slow steps {f['first_step']}–{f['last_step']}: {f['step_ms']:.1f} ms against "
                 f"{f['baseline_step_ms']:.1f} ms{why}")
     return (f"rank {f['rank']}: {f['memory']} memory grows {f['bytes_per_1k_steps'] / 2**20:.1f} "
@@ -710,14 +731,25 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     found = findings(data, notes)
     caps = captures(run_dir) if run_dir is not None else []
     asked = _requested_steps(_capture_request(run_dir)) if run_dir is not None else None
+    # one capture per run, the one its request asked for: another folder is an earlier run's
+    for c in [c for c in caps if asked is None or c["first_step"] != asked[0]]:
+        caps.remove(c)
+        notes.append(f"{c['folder']} is not this run's deep capture (" + (
+            f"this run asked for steps {asked[0]}–{asked[1]}" if asked is not None
+            else "this run asked for none") + "): left out")
     if asked is not None and not any(c["first_step"] == asked[0] and c["ranks"] for c in caps):
         notes.append(f"the deep capture asked for steps {asked[0]}–{asked[1]} was not written: "
                      f"the run ended before it or while it recorded (a capture's traces are "
                      f"written at its last step)")
     for c in caps:
         last = asked[1] if asked is not None and asked[0] == c["first_step"] else c["first_step"]
-        if not any(f["first_step"] <= last and c["first_step"] <= f["last_step"]
-                   for f in found if f["kind"] in ("straggler", "slow_steps")):
+        periods = [f for f in found if f["kind"] in ("straggler", "slow_steps")]
+        if not periods:
+            notes.append(f"the deep capture of steps {c['first_step']}–{last} was asked for by "
+                         f"a finding the whole run does not confirm (the monitor judged the "
+                         f"steps up to then): it shows the run as it was then")
+        elif not any(f["first_step"] <= last and c["first_step"] <= f["last_step"]
+                     for f in periods):
             notes.append(f"the deep capture of steps {c['first_step']}–{last} lies outside every "
                          f"finding's steps (the finding that asked for it ended first): it shows "
                          f"the run as it was then, not the finding")
