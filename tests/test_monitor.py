@@ -37,7 +37,7 @@ def _no_process_memory(monkeypatch):
 def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
                host_of=None, offset_us=None, rss=None, every: int = 50,
                step_noise_us: float = 0.0, first_only: bool = False,
-               keep_calls: bool = True) -> Path:
+               keep_calls: bool = True, startup_us: float = 0.0) -> Path:
     """A monitored run written through :class:`Monitor` itself: each step 100 ms, three
     ``ddp_all_reduce`` buckets issued 50, 60, 70 ms into it (±1 ms of noise) and completed
     together 5 ms after the last arrival. ``late``: ``{rank: (first, last, µs)}`` — that rank
@@ -47,7 +47,8 @@ def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
     ``first_only``: a late rank is late at the step's first bucket only, where the others wait
     for it, and every rank issues the later ones that much later (FSDP's first all-gather after
     a rank slowed before its forward). ``keep_calls`` False: the steps' summaries only
-    (``--no-monitor-calls``)."""
+    (``--no-monitor-calls``). ``startup_us``: the first step also holds that much start-up
+    (the monitor's first step runs from the script's start)."""
     rng = np.random.default_rng(seed)
     out = tmp / "run"
     op = OPS.index("ddp_all_reduce")
@@ -62,7 +63,7 @@ def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
         if host_of:
             meta = layout.RankMeta(rank=r, world_size=ranks, host=host_of(r))
             layout.rank_meta_path(out, r).write_bytes(layout.encode_sidecar(meta))
-    t = 0.0   # true time of the step's start (µs after T0)
+    t = startup_us   # true time of the step's start (µs after T0)
     for k in range(steps):
         extra = {r: us for r, (a, b, us) in late.items() if a <= k <= b}
         lag = max(extra.values(), default=0.0)
@@ -716,6 +717,16 @@ def test_slow_steps_over_half_the_run_are_found_against_the_others(tmp_path):
     assert f["step_ms"] == pytest.approx(130.0, abs=1.0)
     assert f["baseline_step_ms"] == pytest.approx(100.0, abs=1.0)
     assert f["arrivals_known"] is True   # every rank's buckets were on time: nobody was late
+
+
+def test_a_straggler_from_step_20_is_not_pulled_to_the_start_up_step(tmp_path):
+    """Rank 1 late by 30 ms in steps 20–179 of 200, the first step 1 s long (start-up): the
+    period's edges are placed on lateness and the steps' excess, and the start-up step's excess
+    no longer pulls the start to step 0."""
+    run = _write_run(tmp_path, 2, 200, {1: (20, 179, 30_000)}, startup_us=1_000_000.0)
+    (f,) = [f for f in M.findings(M.load_monitor(run)) if f["kind"] == "straggler"]
+    assert (f["rank"], f["persistent"]) == (1, False)
+    assert abs(f["first_step"] - 20) <= 2 and abs(f["last_step"] - 179) <= 2
 
 
 def test_a_capture_folder_this_run_did_not_ask_for_is_left_out(tmp_path):

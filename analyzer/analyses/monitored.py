@@ -555,7 +555,10 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
             # edges again on lateness + the step's excess, both shifted by the delay: a rank
             # late by nature for a while around the period (the noise's regimes) moves the
             # lateness's edges, not the step time's
-            y = late.loc[r].to_numpy(dtype=float) + (dur - base)
+            # (a running median of the excess over 5 steps: a lone outlier step, the first
+            # step's start-up above all, keeps an edge sharp instead of pulling it to itself)
+            y = late.loc[r].to_numpy(dtype=float) + pd.Series(dur - base).rolling(
+                5, center=True, min_periods=1).median().to_numpy()
             level = 0.5 * float(np.nanmedian(y[a:b + 1]))
             a = _edge(y, max(0, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), level, True)
             b = _edge(y, max(a, b - WINDOW_STEPS), min(len(y) - 1, b + WINDOW_STEPS),
