@@ -729,6 +729,24 @@ def test_a_straggler_from_step_20_is_not_pulled_to_the_start_up_step(tmp_path):
     assert abs(f["first_step"] - 20) <= 2 and abs(f["last_step"] - 179) <= 2
 
 
+def test_a_deep_captures_profiler_buffers_are_no_memory_creep():
+    """Resident memory flat at 420 MiB, rising to 1,600 MiB over a 60-step capture (steps
+    74–133), flat after (a real FSDP2 run's shape): the rise is the capture's, no creep. With a
+    true creep of 500 MiB per 1,000 steps under the same capture, the creep is found at its own
+    rate, the capture's rise taken off."""
+    mib = 2**20
+    steps = np.arange(9, 250, 10)
+    rise = np.clip((steps - 70) / 60, 0, 1) * 1180 * mib
+    flat = pd.DataFrame({"rank": 0, "step": steps, "rss_bytes": 420 * mib + rise,
+                         "device_bytes": np.nan})
+    assert [f["kind"] for f in M.memory_findings(flat)] == ["memory_creep"]
+    assert M.memory_findings(flat, (74, 133)) == []
+    creep = flat.assign(rss_bytes=flat["rss_bytes"] + steps * 0.5 * mib)
+    (f,) = M.memory_findings(creep, (74, 133))
+    assert f["bytes_per_1k_steps"] == pytest.approx(500 * mib, rel=1e-6)
+    assert f["first_bytes"] == int(creep["rss_bytes"].iloc[0])
+
+
 def test_a_capture_folder_this_run_did_not_ask_for_is_left_out(tmp_path):
     """A capture-S folder an earlier run left (its own files kept by --overwrite) is not this
     run's capture: the report leaves it out and says so."""

@@ -97,6 +97,7 @@ class MonitorData:
             ``rss_bytes``, ``device_bytes``.
         hosts: ``{rank: host name}`` from the ranks' metadata (empty where none).
         notes: what could not be read (a torn last line of a killed rank, dropped calls).
+        capture: (first, last) step of the deep capture the run asked for, else None.
     """
 
     steps: pd.DataFrame
@@ -104,6 +105,7 @@ class MonitorData:
     memory: pd.DataFrame
     hosts: dict[int, str]
     notes: list[str]
+    capture: tuple[int, int] | None = None
     #: :func:`arrival_delays` once computed (the findings, the page and TensorBoard share it)
     delays: pd.DataFrame | None = None
 
@@ -310,7 +312,7 @@ def load_monitor(run_dir: Path) -> MonitorData:
         calls=(pd.concat(calls, ignore_index=True) if calls
                else pd.DataFrame(columns=call_cols)),
         memory=pd.DataFrame(memory, columns=["rank", "step", "rss_bytes", "device_bytes"]),
-        hosts=hosts, notes=notes)
+        hosts=hosts, notes=notes, capture=_requested_steps(_capture_request(run_dir)))
 
 
 def _world_size(run_dir: Path, notes: list[str]) -> int | None:
@@ -625,29 +627,49 @@ def slow_step_findings(steps: pd.DataFrame, stragglers: list[dict],
     return out
 
 
-def memory_findings(memory: pd.DataFrame) -> list[dict]:
+def memory_findings(memory: pd.DataFrame, capture: tuple[int, int] | None = None
+                    ) -> list[dict]:
     """Memory creep per rank (see the module): ``[{"kind": "memory_creep", "rank", "memory",
-    ("rss" or "device"), "first_bytes", "last_bytes", "bytes_per_1k_steps"}]``."""
+    ("rss" or "device"), "first_bytes", "last_bytes", "bytes_per_1k_steps"}]``. A deep
+    capture's steps (``capture``: first, last) are pardiag's own growth (the profiler's
+    buffers): the samples from its first step to the first after its last are left out, and
+    the samples before and after it are two segments, each judged on its own growth, the
+    slope taken over pairs of samples of one segment (``first_bytes``/``last_bytes`` as
+    sampled)."""
     out = []
     cols = [c for c in ("rss_bytes", "device_bytes") if memory[c].notna().any()]
     for (r, m), col in ((k, c) for k in memory.groupby("rank") for c in cols):
         s = m[["step", col]].dropna()
         if len(s) < 4:
             continue
-        y = s[col].to_numpy(dtype=float)
+        first_bytes, last_bytes = int(s[col].iloc[0]), int(s[col].iloc[-1])
         st = s["step"].to_numpy(dtype=float)
-        grow = y[-1] - y[0]
-        if (grow < max(CREEP_MIN_SHARE * y[0], CREEP_MIN_BYTES)
-                or (np.diff(y) >= 0).mean() < 0.75):
+        seg = np.zeros(len(s), dtype=int)
+        if capture is not None:
+            after = st > capture[1]
+            keep = (st < capture[0]) | after
+            keep[np.flatnonzero(after)[:1]] = False   # it still holds the capture's rise
+            seg = after.astype(int)[keep]
+            s, st = s[keep], st[keep]
+            if len(s) < 4:
+                continue
+        y = s[col].to_numpy(dtype=float)
+        ends = [np.flatnonzero(seg == k) for k in np.unique(seg)]
+        ends = [e for e in ends if len(e) > 1]
+        grow = sum(y[e[-1]] - y[e[0]] for e in ends)
+        span = sum(st[e[-1]] - st[e[0]] for e in ends)
+        same = seg[1:] == seg[:-1]
+        if (not ends or grow < max(CREEP_MIN_SHARE * y[0], CREEP_MIN_BYTES)
+                or (np.diff(y)[same] >= 0).mean() < 0.75):
             continue
         i, j = np.triu_indices(len(y), 1)
-        ok = st[j] != st[i]
+        ok = (st[j] != st[i]) & (seg[i] == seg[j])
         slope = float(np.median((y[j] - y[i])[ok] / (st[j] - st[i])[ok]))
-        if slope * (st[-1] - st[0]) < CREEP_SPREAD * grow:   # a rise at once, then flat
+        if slope * span < CREEP_SPREAD * grow:   # a rise at once, then flat
             continue
         out.append({"kind": "memory_creep", "rank": int(r),
-                    "memory": col.removesuffix("_bytes"), "first_bytes": int(y[0]),
-                    "last_bytes": int(y[-1]), "bytes_per_1k_steps": round(slope * 1000)})
+                    "memory": col.removesuffix("_bytes"), "first_bytes": first_bytes,
+                    "last_bytes": last_bytes, "bytes_per_1k_steps": round(slope * 1000)})
     return out
 
 
@@ -659,7 +681,7 @@ def findings(data: MonitorData, notes: list[str] | None = None) -> list[dict]:
     # slow steps inside a straggler's period are its cost, said with it
     slow = [f for f in slow_step_findings(data.steps, strag, delays)
             if f["straggler_rank"] is None]
-    return strag + slow + memory_findings(data.memory)
+    return strag + slow + memory_findings(data.memory, data.capture)
 
 
 def finding_line(f: dict) -> str:
