@@ -23,7 +23,13 @@ from pathlib import Path
 import msgspec
 
 from pardiag import layout
-from pardiag.errors import EXIT_INTERRUPTED, SIGTERM_EXIT_CODE, Interrupted, PardiagError
+from pardiag.errors import (
+    EXIT_INTERRUPTED,
+    SIGTERM_EXIT_CODE,
+    Interrupted,
+    PardiagError,
+    env_seconds,
+)
 from pardiag.version import __version__
 
 from .rank_entry import CONFIG_ENV
@@ -118,6 +124,9 @@ class ProfileConfig:
             raise PardiagError(f"--nproc-per-node must be >= 1, got {self.nproc_per_node}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise PardiagError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+        # the environment's settings, checked before the job starts
+        env_seconds("PARDIAG_MONITOR_POLL_S", MONITOR_POLL_S)
+        env_seconds("PARDIAG_TEARDOWN_PART_S", 300.0)
         if self.nnodes < 1:
             raise PardiagError(f"--nnodes must be >= 1, got {self.nnodes}")
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
@@ -568,7 +577,7 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig,
 
 #: Seconds between two reads of a monitored run's records by its launcher (the environment
 #: variable ``PARDIAG_MONITOR_POLL_S`` sets another).
-MONITOR_POLL_S = float(os.environ.get("PARDIAG_MONITOR_POLL_S", "2"))
+MONITOR_POLL_S = 2.0
 
 
 class _MonitorFollow:
@@ -583,11 +592,12 @@ class _MonitorFollow:
 
         self.follower = Follower(out)
         self.out, self.cfg = out, cfg
+        self.poll_s = env_seconds("PARDIAG_MONITOR_POLL_S", MONITOR_POLL_S)
         self.last = 0.0
         self.requested = False
 
     def poll(self, now: float) -> None:
-        if now - self.last < MONITOR_POLL_S:
+        if now - self.last < self.poll_s:
             return
         self.last = now
         from pardiag.analyzer.analyses.monitor_follow import online_line, request_capture

@@ -39,6 +39,7 @@ from pathlib import Path
 import msgspec
 
 from pardiag import layout
+from pardiag.errors import env_seconds
 from pardiag.version import __version__
 
 CONFIG_ENV = "PARDIAG_PROFILE_CONFIG"
@@ -718,7 +719,7 @@ TERM_HANDLER_WAIT_S = 5.0
 #: How long one part of pardiag's work after the script (the last export, the sidecars, the
 #: wait for the other ranks) may take before the rank is taken as hung in it (seconds; the
 #: environment variable ``PARDIAG_TEARDOWN_PART_S`` sets another).
-TEARDOWN_PART_S = float(os.environ.get("PARDIAG_TEARDOWN_PART_S", "300"))
+TEARDOWN_PART_S = env_seconds("PARDIAG_TEARDOWN_PART_S", 300.0)
 
 
 def _guard_teardown(run: _RankRun, limit_s: float | None = TEARDOWN_PART_S) -> None:

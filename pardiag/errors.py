@@ -35,3 +35,25 @@ class Interrupted(PardiagError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, EXIT_INTERRUPTED)
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A duration in seconds from the environment variable ``name`` (``default`` when unset or
+    empty).
+
+    Raises:
+        PardiagError: the value is not a positive number (one line naming the variable).
+    """
+    import math
+    import os
+
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise PardiagError(f"{name}={raw!r}: not a positive number of seconds")
+    return value

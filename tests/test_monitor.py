@@ -878,3 +878,16 @@ def test_mlflow_and_wandb_scalars_of_a_monitored_run(tmp_path, monkeypatch):
     traced.mkdir()
     res = CliRunner().invoke(cli, ["report", str(traced), "--mlflow", uri])
     assert res.exit_code == 2 and "--mlflow: only for a monitored run" in res.output
+
+
+def test_a_bad_poll_period_in_the_environment_is_one_line(tmp_path):
+    """PARDIAG_MONITOR_POLL_S that is not a positive number of seconds is refused before the
+    job starts: one line naming the variable, exit 2, no run folder."""
+    for bad in ("abc", "-1", "0"):
+        r = CliRunner(env={"PARDIAG_MONITOR_POLL_S": bad}).invoke(
+            cli, ["profile", "--nproc-per-node", "2", "--monitor", "--out", str(tmp_path / "x"),
+                  str(ROOT / "examples" / "train_ddp.py")])
+        assert r.exit_code == 2
+        assert r.output.strip().splitlines()[-1] == (
+            f"pardiag: error: PARDIAG_MONITOR_POLL_S={bad!r}: not a positive number of seconds")
+        assert not (tmp_path / "x").exists()
