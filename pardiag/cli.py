@@ -654,8 +654,9 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 
 
 #: The version of a monitored run's and a monitored comparison's JSON (``kind``
-#: ``monitored_run``, ``monitored_comparison``).
-MONITOR_JSON_VERSION = 1
+#: ``monitored_run``, ``monitored_comparison``); 2: the comparison's gate as a traced one's
+#: (``gate``), a slow period's ``arrivals_known``.
+MONITOR_JSON_VERSION = 2
 
 
 def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,
@@ -674,10 +675,18 @@ def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,
         raise PardiagError(f"{a} vs {b}: {exc}") from None
     names = (str(a), str(b))
     failed = fail_pct is not None and gate(cmp, fail_pct)
+    line = None
+    if fail_pct is not None:   # the traced comparison's gate line and JSON
+        line = (f"B's step is {cmp['step_delta_pct']:.1f}% slower than A's, beyond the noise "
+                f"and the --fail-if-slower {fail_pct:g}% limit" if failed else
+                f"B's step is {cmp['step_delta_pct']:+.1f}% against A's, inside the noise"
+                if cmp["verdict"] == "inside the noise" else
+                f"B's step is {cmp['step_delta_pct']:+.1f}% against A's, within the "
+                f"--fail-if-slower {fail_pct:g}% limit" if cmp["verdict"] == "slower" else
+                f"B's step is {cmp['step_delta_pct']:+.1f}% against A's: B is faster")
     doc = {"kind": "monitored_comparison", "schema_version": MONITOR_JSON_VERSION,
            "a_source": names[0], "b_source": names[1], **cmp,
-           **({"fail_if_slower_pct": fail_pct, "failed": failed} if fail_pct is not None
-              else {})}
+           "gate": None if line is None else {"failed": failed, "line": line}}
     if json_out is not None:
         _write_json(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY),
                     json_out)
@@ -689,15 +698,10 @@ def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,
         click.echo("\n".join(compare_lines(cmp, names)))
     click.echo(f"pardiag: wrote {output}"
                + (f" and {json_out}" if json_out and str(json_out) != "-" else ""), err=True)
+    if line is not None:
+        click.echo(f"pardiag: {'FAIL' if failed else 'pass'}: {line}", err=True)
     if failed:
-        click.echo(f"pardiag: B is {cmp['step_delta_pct']:.1f}% slower than A, beyond the noise "
-                   f"and the --fail-if-slower {fail_pct:g}% limit", err=True)
         sys.exit(1)
-    if fail_pct is not None:
-        why = ("its difference is inside the noise" if cmp["verdict"] == "inside the noise"
-               else f"B is {cmp['step_delta_pct']:+.1f}%, within the {fail_pct:g}% limit"
-               if cmp["verdict"] == "slower" else "B is faster")
-        click.echo(f"pardiag: --fail-if-slower {fail_pct:g}%: passed ({why})", err=True)
 
 
 def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,

@@ -566,8 +566,14 @@ def test_compare_two_monitored_runs(tmp_path):
                             str(tmp_path / "c.json"), "--fail-if-slower", pct, "-q"],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert r.returncode == code, r.stderr
+        # the traced comparison's gate line, which a CI job looks for
+        assert re.search(r"^pardiag: FAIL: B's step is \d+\.\d% slower than A's, beyond the "
+                         r"noise and the --fail-if-slower 5% limit$" if code else
+                         r"^pardiag: pass: B's step is \+\d+\.\d% against A's, within the "
+                         r"--fail-if-slower 15% limit$", r.stderr, re.M), r.stderr
     doc = json.loads((tmp_path / "c.json").read_text())
-    assert doc["kind"] == "monitored_comparison" and doc["failed"] is False
+    assert doc["kind"] == "monitored_comparison" and doc["gate"]["failed"] is False
+    assert doc["gate"]["line"].startswith("B's step is +")
     r = subprocess.run([sys.executable, "-m", "pardiag", "compare", str(tmp_path / "a" / "run"),
                         str(ROOT / "sample_traces" / "ddp_cpu_2rank"), "-o",
                         str(tmp_path / "d.html")], capture_output=True, text=True, timeout=120,
