@@ -970,8 +970,12 @@ def _kept(out: Path, metas: dict, ranks: list[int] | None) -> str:
     traces = [r for r in (sorted(metas) if ranks is None else ranks)
               if layout.trace_path(out, r).is_file()]
     bare = [r for r in traces if r not in metas]
-    monitored = [r for r in (sorted(metas) if ranks is None else ranks)
-                 if layout.monitor_path(out, r).is_file()]
+    opened = [r for r in (sorted(metas) if ranks is None else ranks)
+              if layout.monitor_path(out, r).is_file()]
+    monitored = [r for r in opened if layout.monitor_path(out, r).stat().st_size]
+    if opened and not monitored and not traces:   # --monitor, stopped before its first line
+        return (f"the job was stopped before any rank wrote a monitor line (one per "
+                f"--monitor-every steps): {out} holds no step to report")
     if monitored and not traces:   # --monitor: the records written so far are the run
         return (f"the job was stopped; {out} keeps the monitor records of rank(s) "
                 f"{', '.join(map(str, monitored))} written so far (pardiag report reads them)")

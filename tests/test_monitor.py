@@ -753,6 +753,37 @@ def test_a_deep_captures_profiler_buffers_are_no_memory_creep():
     assert f["first_bytes"] == int(creep["rss_bytes"].iloc[0])
 
 
+def test_how_a_run_ended_is_said_and_a_straggler_late_to_its_end_is_not_transient(tmp_path):
+    """A run interrupted at step 119 with rank 1 late from step 60: the report says the run was
+    interrupted, at which step, and names rank 1 late until the last recorded step, not a
+    transient straggler (whether it ended is not known). Stopped by --timeout: the hang line.
+    Stopped before the first line: no step recorded, said so."""
+    from pardiag.analyzer.render.monitor_page import monitor_lines
+
+    run = _write_run(tmp_path, 2, 120, {1: (60, 119, 30_000)})
+    layout.run_file_path(run).write_bytes(layout.encode_sidecar(layout.RunFile(
+        world_size=2, exit_code=130)))
+    doc = {"source": str(run), **M.summary(M.load_monitor(run), run)}
+    lines = monitor_lines(doc)
+    assert re.match(r"  rank 1: straggler until the last recorded step, steps 6\d–119 ",
+                    lines[1]), lines
+    assert "  note: the run was interrupted (Ctrl-C, exit code 130); its last recorded step is " \
+           "119" in lines
+    layout.run_file_path(run).write_bytes(layout.encode_sidecar(layout.RunFile(
+        world_size=2, exit_code=124, timed_out_after_s=15.0,
+        hang=["rank(s) [0] wait in gloo:all_reduce #7 on process group 0"])))
+    assert ("the run was stopped by --timeout after 15 s; its last recorded step is 119: "
+            "rank(s) [0] wait in gloo:all_reduce #7 on process group 0") in \
+        M.summary(M.load_monitor(run), run)["notes"]
+    for r in (0, 1):
+        layout.monitor_path(run, r).write_bytes(b"")
+    doc = {"source": str(run), **M.summary(M.load_monitor(run), run)}
+    assert monitor_lines(doc)[:2] == [
+        "Monitored run: no step recorded",
+        "  note: no rank of the run's 2 wrote a monitor line (one per --monitor-every steps): "
+        "the run stopped before its first"]
+
+
 def test_a_capture_folder_this_run_did_not_ask_for_is_left_out(tmp_path):
     """A capture-S folder an earlier run left (its own files kept by --overwrite) is not this
     run's capture: the report leaves it out and says so."""

@@ -27,18 +27,20 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   threshold itself. Each is a finding, *persistent* when it covers at least
   :data:`PERSISTENT_SHARE` of the rank's steps, else *transient*, with its first and last step,
   the median extra delay and the step time during it against the run's baseline.
-* **Slow steps**: steps whose median wall time over the ranks exceeds the baseline by more
-  than ``max(SLOW_SIGMA × σ_step, SLOW_STEP_SHARE × baseline)``, in periods as above (at least
-  :data:`MIN_SLOW_STEPS`). The baseline is the lower quartile (:data:`BASELINE_QUANTILE`) of
-  the step time's running median over :data:`WINDOW_STEPS` steps and σ_step the steps' robust
-  spread about that running median, so a slow period of up to 3/4 of the run moves neither, each with what moved with it (the DataLoader's time); slow steps
-  inside a straggler's period are its cost, said with it, not a finding of their own.
+* **Slow steps**: steps whose median wall time over the ranks exceeds the baseline by more than
+  ``max(SLOW_SIGMA × σ_step, SLOW_STEP_SHARE × baseline)``, in periods as above (at least
+  :data:`MIN_SLOW_STEPS`). The baseline is the lower quartile (:data:`BASELINE_QUANTILE`) of the
+  step time's running median over :data:`WINDOW_STEPS` steps and σ_step the steps' robust spread
+  about that running median, so a slow period of up to 3/4 of the run moves neither, each with
+  what moved with it (the DataLoader's time); slow steps inside a straggler's period are its
+  cost, said with it, not a finding of their own.
 * **Memory creep**: a rank whose resident (or device) memory, sampled at each written line,
   grows by at least :data:`CREEP_MIN_SHARE` of its first sample and at least
-  :data:`CREEP_MIN_BYTES`, with at least 3/4 of the increments non-negative, and grows over
-  the run, not at once: its slope (Theil-Sen's, bytes per 1,000 steps) over the samples' span
+  :data:`CREEP_MIN_BYTES`, with at least 3/4 of the increments non-negative, and grows over the
+  run, not at once: its slope (Theil-Sen's, bytes per 1,000 steps) over the samples' span
   accounts for at least :data:`CREEP_SPREAD` of the growth. A single rise (a deep capture's
-  profiler buffers, a cache filled once) is no creep.
+  profiler buffers, a cache filled once) is no creep. A deep capture's steps are left out
+  (:func:`memory_findings`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from pardiag import layout
 from pardiag.errors import PardiagError
 
 from ..trace import vocab
+from .monitor_run import capture_request, captures, ending_notes, requested_steps
 
 #: Ops whose members complete together (their completions align clocks).
 RELEASE_TOGETHER = vocab.MONITOR_RELEASE_TOGETHER
@@ -292,7 +295,10 @@ def load_monitor(run_dir: Path) -> MonitorData:
     world = _world_size(run_dir, notes)
     have = {int(p.name[4:].split(".")[0]) for p in files if p.stat().st_size}
     lost = sorted(set(range(world)) - have) if world else []
-    if lost:
+    if lost and len(lost) == world:
+        notes.append(f"no rank of the run's {world} wrote a monitor line (one per "
+                     f"--monitor-every steps): the run stopped before its first")
+    elif lost:
         notes.append(f"rank(s) {', '.join(map(str, lost))} of the run's {world} wrote no monitor "
                      f"records: the findings are about the others only")
     hosts = {}
@@ -312,7 +318,7 @@ def load_monitor(run_dir: Path) -> MonitorData:
         calls=(pd.concat(calls, ignore_index=True) if calls
                else pd.DataFrame(columns=call_cols)),
         memory=pd.DataFrame(memory, columns=["rank", "step", "rss_bytes", "device_bytes"]),
-        hosts=hosts, notes=notes, capture=_requested_steps(_capture_request(run_dir)))
+        hosts=hosts, notes=notes, capture=requested_steps(capture_request(run_dir)))
 
 
 def _world_size(run_dir: Path, notes: list[str]) -> int | None:
@@ -688,7 +694,9 @@ def finding_line(f: dict) -> str:
     """One line per finding, as the terminal and the log print it."""
     span = f"steps {f.get('first_step')}–{f.get('last_step')}"
     if f["kind"] == "straggler":
-        what = "persistent straggler" if f["persistent"] else "transient straggler"
+        what = ("persistent straggler" if f["persistent"] else
+                "straggler until the last recorded step" if f.get("until_last_step")
+                else "transient straggler")
         where = "over the run" if f["persistent"] else "in the run's other steps"
         return (f"rank {f['rank']}: {what}, {span} ({f['steps']} steps late): arrives "
                 f"{f['extra_delay_ms']:.1f} ms after the other ranks; step {f['step_ms']:.1f} ms "
@@ -710,43 +718,6 @@ def finding_line(f: dict) -> str:
             f"{f['last_bytes'] / 2**20:.0f} MiB)")
 
 
-def _capture_request(run_dir: Path) -> dict | None:
-    """The launcher's capture request in ``run_dir`` (``start_step``, ``steps``), if any."""
-    import orjson
-
-    try:
-        doc = orjson.loads(layout.capture_request_path(run_dir).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _requested_steps(req: dict | None) -> tuple[int, int] | None:
-    """(first, last) step of the deep capture ``req`` asks for (:func:`_capture_request`), or
-    None without a readable request."""
-    if not isinstance(req, dict):
-        return None
-    try:
-        first, n = int(req["start_step"]), int(req["steps"])
-    except (TypeError, KeyError, ValueError):
-        return None
-    return (first, first + max(n, 1) - 1) if first >= 0 else None
-
-
-def captures(run_dir: Path) -> list[dict]:
-    """The deep captures of a monitored run (``capture-S/``): ``[{"folder", "first_step",
-    "ranks"}]`` (``ranks``: trace files in it), by first step."""
-    out = []
-    for d in sorted(Path(run_dir).glob("capture-*")):
-        try:
-            first = int(d.name.split("-", 1)[1])
-        except ValueError:
-            continue
-        out.append({"folder": d.name, "first_step": first,
-                    "ranks": len(list(d.glob("rank*.trace.json.gz")))})
-    return sorted(out, key=lambda c: c["first_step"])
-
-
 def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     """The JSON of a monitored run: ``ranks``, ``steps``, ``step_ms`` (median, p10, p90 of the
     per-step median over ranks), ``findings`` (:func:`findings`), ``notes``, and the deep
@@ -755,7 +726,7 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     notes = list(data.notes)
     found = findings(data, notes)
     caps = captures(run_dir) if run_dir is not None else []
-    asked = _requested_steps(_capture_request(run_dir)) if run_dir is not None else None
+    asked = requested_steps(capture_request(run_dir)) if run_dir is not None else None
     # one capture per run, the one its request asked for: another folder is an earlier run's
     for c in [c for c in caps if asked is None or c["first_step"] != asked[0]]:
         caps.remove(c)
@@ -766,6 +737,11 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
         notes.append(f"the deep capture asked for steps {asked[0]}–{asked[1]} was not written: "
                      f"the run ended before it or while it recorded (a capture's traces are "
                      f"written at its last step)")
+    last_step = int(data.steps["step"].max()) if len(data.steps) else None
+    notes += ending_notes(run_dir, last_step) if run_dir is not None else []
+    for f in found:   # late to the end: whether it ended is not known
+        if f["kind"] == "straggler" and not f["persistent"] and f["last_step"] == last_step:
+            f["until_last_step"] = True
     for c in caps:
         last = asked[1] if asked is not None and asked[0] == c["first_step"] else c["first_step"]
         periods = [f for f in found if f["kind"] in ("straggler", "slow_steps")]

@@ -117,12 +117,14 @@ def monitor_lines(doc: dict) -> list[str]:
     """The terminal summary of a monitored run, one string per line."""
     st = doc["step_ms"] or {}
     n = len(doc["ranks"])
-    out = [f"Monitored run: {n} rank{'s' if n != 1 else ''}, {doc['steps']} steps, step time "
-           f"median "
-           f"{st.get('median', float('nan')):.1f} ms (p10–p90 {st.get('p10', float('nan')):.1f}"
-           f"–{st.get('p90', float('nan')):.1f} ms)"]
-    out += [f"  {monitored.finding_line(f)}" for f in doc["findings"]] or [
-        "  no finding: no rank stood out of the run's noise and no period of steps was slow"]
+    if not doc["steps"]:
+        out = ["Monitored run: no step recorded"]
+    else:
+        out = [f"Monitored run: {n} rank{'s' if n != 1 else ''}, {doc['steps']} steps, step "
+               f"time median {st.get('median', float('nan')):.1f} ms (p10–p90 "
+               f"{st.get('p10', float('nan')):.1f}–{st.get('p90', float('nan')):.1f} ms)"]
+        out += [f"  {monitored.finding_line(f)}" for f in doc["findings"]] or [
+            "  no finding: no rank stood out of the run's noise and no period of steps was slow"]
     out += [f"  note: {n}" for n in doc["notes"]]
     out += [f"  deep capture from step {c['first_step']} ({c['ranks']} ranks): pardiag report "
             f"{doc['source']}/{c['folder']}" for c in doc.get("captures", [])]

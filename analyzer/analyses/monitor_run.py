@@ -1,0 +1,68 @@
+"""How a monitored run was asked for and how it ended (``pardiag profile --monitor``): its deep
+capture's request and folders (:func:`captures`), and its run file's ending
+(:func:`ending_notes`), for :mod:`pardiag.analyzer.analyses.monitored`'s summary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pardiag import layout
+
+
+def capture_request(run_dir: Path) -> dict | None:
+    """The launcher's capture request in ``run_dir`` (``start_step``, ``steps``), if any."""
+    import orjson
+
+    try:
+        doc = orjson.loads(layout.capture_request_path(run_dir).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def requested_steps(req: dict | None) -> tuple[int, int] | None:
+    """(first, last) step of the deep capture ``req`` asks for (:func:`capture_request`), or
+    None without a readable request."""
+    if not isinstance(req, dict):
+        return None
+    try:
+        first, n = int(req["start_step"]), int(req["steps"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    return (first, first + max(n, 1) - 1) if first >= 0 else None
+
+
+def captures(run_dir: Path) -> list[dict]:
+    """The deep captures of a monitored run (``capture-S/``): ``[{"folder", "first_step",
+    "ranks"}]`` (``ranks``: trace files in it), by first step."""
+    out = []
+    for d in sorted(Path(run_dir).glob("capture-*")):
+        try:
+            first = int(d.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        out.append({"folder": d.name, "first_step": first,
+                    "ranks": len(list(d.glob("rank*.trace.json.gz")))})
+    return sorted(out, key=lambda c: c["first_step"])
+
+
+def ending_notes(run_dir: Path, last_step: int | None) -> list[str]:
+    """How the run ended, where it did not end well (its run file: ``--timeout``, Ctrl-C, a
+    failed rank), with its last recorded step."""
+    try:
+        run = layout.decode_sidecar(layout.run_file_path(run_dir).read_bytes(), "run")
+    except (OSError, ValueError):
+        return []   # said where the run file is read for the world size
+    at = (f"; its last recorded step is {last_step}" if last_step is not None
+          else "; no step was recorded")
+    if run.timed_out_after_s is not None:
+        hang = f": {'; '.join(run.hang)}" if run.hang else ""
+        return [f"the run was stopped by --timeout after {run.timed_out_after_s:g} s{at}{hang}"]
+    if run.exit_code == 130:
+        return [f"the run was interrupted (Ctrl-C, exit code 130){at}"]
+    if run.exit_code not in (0, None):
+        failed = "; ".join(f"rank {r}: {line}" for r, line in (run.failed_ranks or {}).items())
+        return [f"the run ended with exit code {run.exit_code}{at}"
+                + (f" ({failed})" if failed else "")]
+    return []
