@@ -610,6 +610,11 @@ class _MonitorFollow:
         for f, ongoing in found:
             line = online_line(f, ongoing)
             print(f"pardiag: monitor: {line}", file=sys.stderr, flush=True)
+            if self.cfg.monitor_capture and not self.requested and self.follower.ended:
+                self.requested = True   # a rank's script has ended: no step is left to record
+                print("pardiag: monitor: no deep capture: the script had ended on rank(s) "
+                      f"{', '.join(map(str, sorted(self.follower.ended)))} when this was read",
+                      file=sys.stderr, flush=True)
             if self.cfg.monitor_capture and not self.requested:
                 data = self.follower.data()
                 top = int(data.steps["step"].max()) if data is not None else 0

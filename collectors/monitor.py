@@ -24,7 +24,8 @@ every line written before. A line (``schema`` :data:`SCHEMA`)::
      "arrive_us": [...], "arrive_first_us": [...], "arrive_last_us": [...]},
      "calls": {"step": [...], "group": [...], "op": [...], "bytes": [...],
      "issue_us": [...], "return_us": [...], "done_us": [...]},
-     "dropped_calls": n, "memory": {"rss_bytes": n, "device_bytes": n | null}}
+     "dropped_calls": n, "memory": {"rss_bytes": n, "device_bytes": n | null},
+     "last": true}   # only on the line written when the script ended
 
 ``*_us`` times are µs after ``base_ns`` (``done_us`` -1: not known); ``step`` of a call is the
 index of the step it was issued in; ``arrive_us`` is the median issue time of the step's
@@ -117,6 +118,7 @@ class Monitor:
         #: raise again, and a c10 error costs 0.1 ms (it takes a backtrace) on every call
         self._no_future: set[tuple[int, bool]] = set()
         self._fh = None
+        self._closing = False
         self.lines = 0
         self.keep_calls = keep_calls
         #: calls and steps recorded over the run (the monitor's cost per step is its cost per
@@ -374,6 +376,7 @@ class Monitor:
                       "return_us": [(c[5] - base) // 1000 for c in calls],
                       "done_us": [(c[6] - base) // 1000 if c[6] > 0 else -1 for c in calls]},
             "dropped_calls": self._dropped, "memory": mem,
+            **({"last": True} if self._closing else {}),
         }
 
     def flush(self) -> None:
@@ -404,6 +407,7 @@ class Monitor:
 
     def close(self) -> None:
         """Write what is buffered, close the file and restore everything patched."""
+        self._closing = True   # the line written now is the script's last
         try:
             self.flush()
         finally:

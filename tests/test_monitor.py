@@ -199,6 +199,27 @@ def test_the_records_a_line_holds(tmp_path):
     assert line["calls"]["done_us"][0] > 1000 and line["calls"]["done_us"][1] == -1
 
 
+def test_the_line_written_when_the_script_ends_says_so(tmp_path):
+    """close() writes the buffered steps with "last": true, and the launcher's follower marks
+    the rank's script ended (it then asks for no capture); a line written on the way has no
+    such key."""
+    from pardiag.analyzer.analyses.monitor_follow import Follower
+
+    out = tmp_path / "run"
+    m = Monitor(layout.monitor_path(out, 0), 0, 2)
+    m.path.parent.mkdir(parents=True, exist_ok=True)
+    m._fh = open(m.path, "ab")
+    m.base_ns = m._last_end = T0_NS
+    for k in range(3):
+        m.on_step(k, T0_NS + (k + 1) * 1_000_000, T0_NS + (k + 1) * 2_000_000)
+    follower = Follower(out)
+    assert follower.read() and follower.ended == set()
+    m.close()
+    lines = [json.loads(x) for x in m.path.read_text().splitlines()]
+    assert ["last" in x for x in lines] == [False, True] and lines[1]["last"] is True
+    assert follower.read() and follower.ended == {0}
+
+
 def test_a_work_without_a_future_is_asked_for_one_once(tmp_path):
     """A work that raises on get_future (as gloo's send and recv works do: a c10 error, 0.1 ms
     with its backtrace): after the first such call of an op, its works are not asked again and

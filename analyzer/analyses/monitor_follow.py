@@ -39,6 +39,8 @@ class Follower:
         self._steps: list[pd.DataFrame] = []
         self._calls: list[pd.DataFrame] = []
         self.said: list[dict] = []
+        #: ranks whose script has ended (their last line says so)
+        self.ended: set[int] = set()
 
     def read(self) -> bool:
         """Take the lines written since the last call (a line still being written waits).
@@ -58,7 +60,10 @@ class Follower:
             self._offsets[path] = at + end + 1
             for line in chunk[:end].split(b"\n"):
                 try:
-                    st, ca, _, _ = line_frames(orjson.loads(line))
+                    doc = orjson.loads(line)
+                    st, ca, _, _ = line_frames(doc)
+                    if doc.get("last"):
+                        self.ended.add(int(doc["rank"]))
                 except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                     continue   # the report says what is wrong with a file; the run goes on
                 self._steps.append(st)
