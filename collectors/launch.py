@@ -725,9 +725,12 @@ def _hang_lines(out: Path, got: dict[int, dict], world: int, ranks, n: int, desc
     """The lines describing the hang: the stuck collectives of the dumps ``got``, where the
     main thread of each rank without a dump was (its stacks file; the user's ``script``'s
     frame named too), or why nothing was stuck."""
+    from ..analyzer.analyses.hang import describe_p2p, diagnose_p2p
+
     stuck = diagnose_hang(got, world)
     stacks = {r: d.get("main_stack", []) for r, d in got.items()}
     lines = [describe(s, stacks, script) for s in stuck]
+    lines += [describe_p2p(s, stacks, script) for s in diagnose_p2p(got)]
     for r in range(world):
         found = None if r in got else _stacks_of(out, r, script)
         if found is not None:

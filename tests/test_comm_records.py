@@ -1,6 +1,6 @@
 """Record normalisation, placement on the trace, and hang diagnosis — on planted data."""
 
-from pardiag.analyzer.analyses.hang import describe, diagnose_hang
+from pardiag.analyzer.analyses.hang import describe, describe_p2p, diagnose_hang, diagnose_p2p
 from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.trace.comm_records import (
     attach_trace_times,
@@ -167,3 +167,35 @@ def test_hang_names_the_scripts_frame_below_torchs():
     dumps[1]["main_stack"] = dumps[1]["main_stack"][:2]
     assert describe(s, {1: dumps[1]["main_stack"]}, "/w/train.py").endswith(
         'at File "/w/train.py", line 12, in main)')
+
+
+def _p2p(calls, stack_line):
+    return {"flight_recorder": [], "process_groups": [],
+            "p2p": [{"op": op, "peer": peer, "pg_name": "0", "seq": seq}
+                    for op, peer, seq in calls],
+            "main_stack": [f'  File "train.py", line 9, in {stack_line}\n    x()\n']}
+
+
+def test_a_pipeline_hang_names_the_send_never_received():
+    """A 2-stage pipeline on gloo (no point-to-point entries in its flight recorder): rank 0
+    sent #203 to rank 1, which received up to #202 and sleeps; the sends and receives the other
+    way match. Rank 1 waiting on a receive whose send never came is named the other way."""
+    dumps = {0: _p2p([("send", 1, 202), ("recv", 1, 202), ("send", 1, 203)], "wait"),
+             1: _p2p([("recv", 0, 202), ("send", 0, 202)], "plant")}
+    assert diagnose_hang(dumps, 2) == []
+    (s,) = diagnose_p2p(dumps)
+    assert (s.waiting, s.op, s.seq, s.peer, s.peer_seq) == (0, "send", 203, 1, 202)
+    stacks = {r: d["main_stack"] for r, d in dumps.items()}
+    assert describe_p2p(s, stacks) == (
+        "rank 0's send #203 to rank 1 on process group 0 was never received: rank 1 received "
+        'up to #202 (at File "train.py", line 9, in plant)')
+    dumps[1]["p2p"].append({"op": "recv", "peer": 0, "pg_name": "0", "seq": 204})
+    dumps[0]["p2p"][-1]["seq"] = 203
+    dumps[1]["p2p"][0]["seq"] = 203
+    (s,) = diagnose_p2p(dumps)
+    assert describe_p2p(s, stacks) == (
+        "rank 1 waits on its receive #204 from rank 0 on process group 0, never sent: rank 0 "
+        'sent up to #203 (at File "train.py", line 9, in wait)')
+    # matched calls, or a pair whose other side is not in the dumps: nothing said
+    assert diagnose_p2p({0: _p2p([("send", 1, 5)], "x"), 1: _p2p([("recv", 0, 5)], "x")}) == []
+    assert diagnose_p2p({0: _p2p([("send", 1, 5)], "x"), 1: _p2p([], "x")}) == []

@@ -188,6 +188,24 @@ def test_static_memory_of_sharded_optimizers(runs):
 
 
 @pytest.mark.e2e
+def test_a_pipeline_hang_names_the_send_never_received(tmp_path):
+    """Rank 1 of a 1F1B pipeline blocks at step 6: gloo's flight recorder lists no send or
+    receive, and no collective waits; the hang line names rank 0's send that rank 1 never
+    received, from the ranks' recent point-to-point calls, and where rank 1 is."""
+    res = subprocess.run(
+        [sys.executable, "-m", "pardiag", "profile", str(REPO / "examples" / "train_pp.py"),
+         "--nproc-per-node", "2", "--out", str(tmp_path / "h"), "--timeout", "30", "--",
+         "--steps", "10", "--hang-rank", "1", "--hang-step", "6"], capture_output=True,
+        text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 124, res.stderr[-2000:]
+    line = next(ln for ln in res.stderr.splitlines() if ln.startswith("pardiag: hang after"))
+    m = re.search(r"rank 0's send #(\d+) to rank 1 on process group 0 was never received: rank "
+                  r"1 received up to #(\d+) \(at File \".*_common\.py\", line \d+, in plant, "
+                  r"called from File \".*train_pp\.py\", line \d+, in main\)", line)
+    assert m and int(m[1]) == int(m[2]) + 1, line
+
+
+@pytest.mark.e2e
 def test_planted_hang_is_diagnosed(tmp_path):
     """Rank 1 blocks at step 6, after the profiling window closed (after step 5): the hang is
     named, and the report reads the ranks' metadata as it stood when the window closed (the

@@ -1,10 +1,15 @@
 """Diagnose a hung job from the per-rank dumps written when ``pardiag profile --timeout``
-expires (flight-recorder entries and the main thread's stack of every rank).
+expires (flight-recorder entries, recent point-to-point calls and the main thread's stack of
+every rank).
 
 For each process group, a rank's *last entered* collective is the highest ``collective_seq_id``
 in its flight recorder. Members that entered the group's highest sequence number wait in that
 collective; members whose last entered number is lower — or that wrote no dump — are missing
 from it (they never called it). Same idea as PyTorch's flight-recorder analyzer (fr_trace).
+
+Point-to-point calls (:func:`diagnose_p2p`; gloo's flight recorder has none) pair by their
+numbers: a sender whose last send to a peer is numbered past the peer's last receive from it
+waits on a receive the peer never posted, and the reverse.
 """
 
 from __future__ import annotations
@@ -106,3 +111,71 @@ def describe(stuck: StuckCollective, stacks: dict[int, list[str]],
         where.append(f"rank {r} (last entered #{stuck.last_seq.get(r)}; at {last})")
     return (f"rank(s) {list(stuck.waiting)} wait in {stuck.op} #{stuck.seq} on process group "
             f"{stuck.pg_name} ({stuck.pg_desc}); missing: {'; '.join(where)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StuckP2P:
+    """A send whose receive the peer never posted, or a receive whose send never came, from
+    the point-to-point calls the ranks' hang dumps list (pardiag's recorder: ``op``, ``peer``,
+    ``pg_name``, ``seq``, each pair's calls numbered in order on both sides).
+
+    Attributes:
+        pg_name: the process group.
+        waiting: the rank whose call has no counterpart (its send or receive number ``seq``).
+        op: ``"send"`` or ``"recv"``: the waiting rank's call.
+        seq: its number among the pair's calls of that direction.
+        peer: the other rank, which got no further than ``peer_seq`` (its last matching call).
+        peer_seq: the peer's last receive (for a send) or send (for a receive) of the pair.
+    """
+
+    pg_name: str
+    waiting: int
+    op: str
+    seq: int
+    peer: int
+    peer_seq: int
+
+
+def diagnose_p2p(dumps: dict[int, dict]) -> list[StuckP2P]:
+    """Point-to-point calls without a counterpart: per process group and direction (sender →
+    receiver), the sender's last send number against the receiver's last receive number, both
+    from the ranks' recent calls (the dumps' ``p2p``). A pair only one of whose ranks lists
+    calls is not judged (the other's may have left its bounded buffer)."""
+    last: dict[tuple[str, int, int, str], int] = {}   # (group, rank, peer, op) -> last seq
+    for rank, d in dumps.items():
+        for c in d.get("p2p") or []:
+            try:
+                key = (str(c["pg_name"]), int(rank), int(c["peer"]), str(c["op"]))
+                last[key] = max(last.get(key, 0), int(c["seq"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    out = []
+    for (pg, src, dst, op), sent in last.items():
+        if op != "send" or (pg, dst, src, "recv") not in last:
+            continue
+        got = last[(pg, dst, src, "recv")]
+        if sent > got:
+            out.append(StuckP2P(pg, src, "send", sent, dst, got))
+        elif got > sent:
+            out.append(StuckP2P(pg, dst, "recv", got, src, sent))
+    return sorted(out, key=lambda s: (s.pg_name, s.waiting, s.peer))
+
+
+def describe_p2p(stuck: StuckP2P, stacks: dict[int, list[str]],
+                 script: str | None = None) -> str:
+    """One line for :class:`StuckP2P`: who waits on which call, and where its peer is.
+
+    Args:
+        stuck: the call.
+        stacks: ``{rank: main thread's frames}``, outermost first.
+        script: the user's script (its frame is named too, as :func:`describe` does).
+    """
+    frames = [f.strip().splitlines()[0] for f in stacks.get(stuck.peer) or [] if f.strip()]
+    at = frame_in_script(frames[::-1], script) if frames else "no dump"
+    if stuck.op == "send":
+        return (f"rank {stuck.waiting}'s send #{stuck.seq} to rank {stuck.peer} on process "
+                f"group {stuck.pg_name} was never received: rank {stuck.peer} received up to "
+                f"#{stuck.peer_seq} (at {at})")
+    return (f"rank {stuck.waiting} waits on its receive #{stuck.seq} from rank {stuck.peer} on "
+            f"process group {stuck.pg_name}, never sent: rank {stuck.peer} sent up to "
+            f"#{stuck.peer_seq} (at {at})")
