@@ -455,9 +455,13 @@ def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float |
         kept = [what for what, path in (
             ("its trace", layout.trace_path(result.out, r)),
             ("the metadata written when its profiling window closed",
-             layout.window_meta_path(result.out, r))) if path.is_file()]
+             layout.window_meta_path(result.out, r)),
+            ("its monitor records", layout.monitor_path(result.out, r)),
+            ("its hang dump", layout.hang_path(result.out, r)),
+            ("its threads' stacks", layout.stacks_path(result.out, r)))
+            if path.is_file() and path.stat().st_size]
         click.echo(f"pardiag: rank {r} did not finish (no final metadata; "
-                   + (f"kept: {' and '.join(kept)})" if kept else "it wrote nothing)"), err=True)
+                   + (f"kept: {_and(kept)})" if kept else "it wrote nothing)"), err=True)
     if result.contention:
         click.echo(f"pardiag: warning: {result.contention}", err=True)
     if result.after_window is not None and result.after_window < MIN_STEPS_AFTER_WINDOW:
@@ -657,6 +661,11 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 #: ``monitored_run``, ``monitored_comparison``); 2: the comparison's gate as a traced one's
 #: (``gate``), a slow period's ``arrivals_known``.
 MONITOR_JSON_VERSION = 2
+
+
+def _and(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + items[-1]
 
 
 def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,

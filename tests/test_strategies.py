@@ -219,8 +219,9 @@ def test_planted_hang_is_diagnosed(tmp_path):
         text=True, timeout=120, cwd=REPO)
     assert res.returncode == 124
     for r in (0, 1):
-        assert (f"pardiag: rank {r} did not finish (no final metadata; kept: its trace and the "
-                "metadata written when its profiling window closed)") in res.stderr, res.stderr
+        assert (f"pardiag: rank {r} did not finish (no final metadata; kept: its trace, the "
+                "metadata written when its profiling window closed and its hang dump)"
+                ) in res.stderr, res.stderr
     line = next(ln for ln in res.stderr.splitlines() if ln.startswith("pardiag: hang after"))
     # the innermost frame (the examples' shared helper) and the frame of the script itself
     script = re.escape(str(REPO / "examples" / "train_ddp.py"))
