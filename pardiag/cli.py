@@ -663,6 +663,27 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
 MONITOR_JSON_VERSION = 2
 
 
+def _monitored_setup_warnings(a: Path, b: Path) -> list[str]:
+    """What makes two monitored runs' step times unlike, from their run files: another script,
+    other arguments, another world size (none where a run file is missing or unreadable)."""
+    runs = []
+    for p in (a, b):
+        try:
+            runs.append(layout.decode_sidecar(layout.run_file_path(p).read_bytes(), "run"))
+        except (OSError, ValueError):
+            return []
+    ra, rb = runs
+    out = []
+    for what, x, y in (("scripts", ra.script, rb.script),
+                       ("script arguments", " ".join(ra.script_args or []),
+                        " ".join(rb.script_args or [])),
+                       ("world sizes", ra.world_size, rb.world_size)):
+        if x != y:
+            out.append(f"A and B ran other {what} ({x!r} against {y!r}): their step times are "
+                       f"compared as they are")
+    return out
+
+
 def _and(items: list[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     return ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + items[-1]
@@ -683,6 +704,7 @@ def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,
     except ValueError as exc:
         raise PardiagError(f"{a} vs {b}: {exc}") from None
     names = (str(a), str(b))
+    warns = _monitored_setup_warnings(a, b)
     failed = fail_pct is not None and gate(cmp, fail_pct)
     line = None
     if fail_pct is not None:   # the traced comparison's gate line and JSON
@@ -695,7 +717,8 @@ def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,
                 f"B's step is {cmp['step_delta_pct']:+.1f}% against A's: B is faster")
     doc = {"kind": "monitored_comparison", "schema_version": MONITOR_JSON_VERSION,
            "a_source": names[0], "b_source": names[1], **cmp,
-           "gate": None if line is None else {"failed": failed, "line": line}}
+           "gate": None if line is None else {"failed": failed, "line": line},
+           "warnings": warns}
     if json_out is not None:
         _write_json(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY),
                     json_out)
@@ -707,6 +730,8 @@ def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,
         click.echo("\n".join(compare_lines(cmp, names)))
     click.echo(f"pardiag: wrote {output}"
                + (f" and {json_out}" if json_out and str(json_out) != "-" else ""), err=True)
+    for w in warns:
+        click.echo(f"pardiag: warning: {w}", err=True)
     if line is not None:
         click.echo(f"pardiag: {'FAIL' if failed else 'pass'}: {line}", err=True)
     if failed:
@@ -811,6 +836,18 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
     refuse_foreign_outputs(output, json_out)
     from pardiag.analyzer.analyses.monitored import is_monitored
 
+    import orjson
+
+    for p in (a, b):   # a monitored report's JSON holds findings, not the steps to compare
+        if p.is_file() and p.suffix == ".json" and p.stat().st_size < 64 * 2**20:
+            try:
+                kind = orjson.loads(p.read_bytes()).get("kind")
+            except (OSError, ValueError, AttributeError):
+                kind = None
+            if kind in ("monitored_run", "monitored_comparison"):
+                raise PardiagError(f"{p} is a monitored run's report JSON ({kind}), which "
+                                   f"keeps its findings, not its steps: compare the run "
+                                   f"folders themselves")
     kinds = [p.is_dir() and is_monitored(p) and not any(p.glob("rank*.trace.json.gz"))
              for p in (a, b)]
     if any(kinds):

@@ -949,3 +949,30 @@ def test_a_bad_poll_period_in_the_environment_is_one_line(tmp_path):
         assert r.output.strip().splitlines()[-1] == (
             f"pardiag: error: PARDIAG_MONITOR_POLL_S={bad!r}: not a positive number of seconds")
         assert not (tmp_path / "x").exists()
+
+
+def test_compare_of_monitored_runs_warns_of_other_scripts_and_refuses_their_json(tmp_path):
+    """Two monitored runs of other scripts are compared with a warning for each difference
+    (printed and in the JSON); a monitored report's JSON given to compare is refused in one
+    line: it holds findings, not steps."""
+    a = _write_run(tmp_path / "a", 2, 100, {}, seed=1)
+    b = _write_run(tmp_path / "b", 2, 100, {}, seed=2)
+    for run, script in ((a, "train_fsdp2.py"), (b, "train_pp.py")):
+        layout.run_file_path(run).write_bytes(layout.encode_sidecar(layout.RunFile(
+            world_size=2, script=script, script_args=["--steps", "100"])))
+    r = CliRunner().invoke(cli, ["compare", str(a), str(b), "-o", str(tmp_path / "c.html"),
+                                 "--json", str(tmp_path / "c.json"), "-q"])
+    assert r.exit_code == 0, r.output
+    want = ("A and B ran other scripts ('train_fsdp2.py' against 'train_pp.py'): their step "
+            "times are compared as they are")
+    assert f"pardiag: warning: {want}" in r.output
+    assert json.loads((tmp_path / "c.json").read_text())["warnings"] == [want]
+    r = CliRunner().invoke(cli, ["report", str(a), "-o", str(tmp_path / "a.html"), "--json",
+                                 str(tmp_path / "a.json"), "-q"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["compare", str(tmp_path / "a.json"), str(b), "-o",
+                                 str(tmp_path / "d.html")])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == (
+        f"pardiag: error: {tmp_path / 'a.json'} is a monitored run's report JSON (monitored_run), "
+        f"which keeps its findings, not its steps: compare the run folders themselves")
