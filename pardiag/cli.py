@@ -836,7 +836,6 @@ def compare(a: Path, b: Path, output: Path, json_out: Path | None, fail_pct: flo
     refuse_foreign_outputs(output, json_out)
     from pardiag.analyzer.analyses.monitored import is_monitored
 
-    import orjson
 
     for p in (a, b):   # a monitored report's JSON holds findings, not the steps to compare
         if p.is_file() and p.suffix == ".json" and p.stat().st_size < 64 * 2**20:
