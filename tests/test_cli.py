@@ -221,6 +221,15 @@ def test_failed_run_is_flagged_in_the_report(tmp_path):
               "RuntimeError: boom", "run.json says world size 3; no trace for rank(s) [2]"):
         assert w in res.output
         assert w in (tmp_path / "r.html").read_text()
+    # a monitored run's deep capture carries the job's run file: how the job ended came after
+    # the capture, written at its last step
+    info.update(monitor_every=10)
+    (run_dir / "pardiag" / "run.json").write_text(json.dumps(info))
+    res = run("report", run_dir, "-o", tmp_path / "r.html", "-q")
+    for w in ("the monitored job exited with code 1, after this capture was written",
+              "rank 1 failed in the monitored job, after this capture was written: "
+              "RuntimeError: boom"):
+        assert w in res.output
 
 
 def test_malformed_sidecars_are_left_out_with_warnings(tmp_path):

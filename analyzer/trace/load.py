@@ -265,16 +265,21 @@ def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.R
     """What ``run.json`` and the rank metadata say went wrong in a ``pardiag profile`` run."""
     out: list[str] = []
     if run_info:
+        # a monitored run's deep capture carries the job's run file: how the job ended came
+        # after the capture, whose traces are written at its last step
+        run, during, later = (
+            ("the monitored job", "in the monitored job", ", after this capture was written")
+            if run_info.monitor_every else ("the profiled run", "during the profiled run", ""))
         if run_info.exit_code:
-            out.append(f"the profiled run exited with code {run_info.exit_code}")
+            out.append(f"{run} exited with code {run_info.exit_code}{later}")
         failures = failures_in_order(run_info, rank_meta)
         for i, (r, msg) in enumerate(failures):
             first = " first" if i == 0 and len(failures) > 1 else ""
-            out.append(f"rank {r} failed{first} during the profiled run: {msg}")
+            out.append(f"rank {r} failed{first} {during}{later}: {msg}")
         for missing in run_info.missing_ranks:
-            out.append(f"rank {missing} did not finish the profiled run")
+            out.append(f"rank {missing} did not finish {run}")
         for line in run_info.hang:
-            out.append(f"the profiled run hung and was stopped: {line}")
+            out.append(f"{run} hung and was stopped{later}: {line}")
         if run_info.missing_nodes:
             files = ", ".join(layout.node_run_path(Path(layout.SIDECAR_DIR), n).as_posix()
                               for n in run_info.missing_nodes)
