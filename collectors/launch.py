@@ -902,15 +902,7 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
     nodes: dict[str, list[int]] = {}
     for r, m in sorted(metas.items()):
         nodes.setdefault(str(m.host), []).append(r)
-    run_layout = None
-    layouts = {r: m.layout for r, m in ranks.all.items() if m.layout}
-    if layouts:
-        first = layouts[min(layouts)]
-        run_layout = {"dims": first["dims"], "strategies": first["strategies"],
-                      **({"pipeline": first["pipeline"]} if first.get("pipeline") else {}),
-                      **({"folded": first["folded"]} if first.get("folded") else {}),
-                      **({"fsdp_reshard_after_forward": first["fsdp_reshard_after_forward"]}
-                         if "fsdp_reshard_after_forward" in first else {})}
+    run_layout = _run_layout(ranks.all)
     backends = {m.backend for m in metas.values() if m.backend}
     torch_versions = {m.torch_version for m in metas.values() if m.torch_version}
     node_opts = [] if cfg.standalone else cfg.torchrun_args()
@@ -949,20 +941,40 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
     _write_capture_run_files(out, part.name, run, cfg.monitor_capture)
 
 
+def _run_layout(metas: dict[int, layout.RankMeta]) -> dict | None:
+    """The run file's ``layout``: the lowest rank's that has one (its dims, strategies and,
+    where known, pipeline, folded dimensions and FSDP's reshard setting), else None."""
+    layouts = {r: m.layout for r, m in metas.items() if m.layout}
+    if not layouts:
+        return None
+    first = layouts[min(layouts)]
+    return {"dims": first["dims"], "strategies": first["strategies"],
+            **({"pipeline": first["pipeline"]} if first.get("pipeline") else {}),
+            **({"folded": first["folded"]} if first.get("folded") else {}),
+            **({"fsdp_reshard_after_forward": first["fsdp_reshard_after_forward"]}
+               if "fsdp_reshard_after_forward" in first else {})}
+
+
 def _write_capture_run_files(out: Path, name: str, run: layout.RunFile, steps: int) -> None:
-    """A monitored run's completed deep captures (``capture-S/`` with a rank's metadata,
-    written at the capture's last step) get the run's file too (``name``: this node's part),
-    its schedule the capture's: the profiler skipped S steps and recorded the ``steps`` every
-    rank was asked for. A capture report then names the job's command, script and arguments,
-    as a profiled run's does."""
+    """A monitored run's completed deep captures (``capture-S/`` with a rank's metadata, written at
+    the capture's last step) get the run's file too (``name``: this node's part), its schedule
+    the capture's: the profiler skipped S steps and recorded the ``steps`` every rank was asked
+    for, and its layout the capture's ranks' metadata's. A capture report then names the job's
+    command, script and arguments, as a profiled run's does."""
     for cap in sorted(out.glob(layout.CAPTURE_TEMPLATE.format(step="*"))):
         try:
             first = int(cap.name.split("-", 1)[1])
             if steps <= 0 or not any(layout.sidecar_dir(cap).glob(
                     layout.RANK_META_TEMPLATE.format(rank="*"))):
                 continue
+            metas = {}
+            for p in layout.sidecar_dir(cap).glob(layout.RANK_META_TEMPLATE.format(rank="*")):
+                meta = layout.decode_sidecar(p.read_bytes(), "rank")
+                metas[int(meta.rank)] = meta
+            # the capture's layout: a monitored run records none outside its captures
             mine = msgspec.structs.replace(
-                run, schedule=layout.ProfilerSchedule(wait=first, warmup=0, active=steps))
+                run, schedule=layout.ProfilerSchedule(wait=first, warmup=0, active=steps),
+                layout=_run_layout(metas) or run.layout)
             path = layout.sidecar_dir(cap) / name
             path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(mine))
             os.replace(path.with_suffix(".json.tmp"), path)

@@ -450,6 +450,7 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
     # the job's run file, its schedule the capture's: S steps skipped, 3 recorded
     run_file = json.loads((cap / "pardiag" / "run.json").read_bytes())
     assert run_file["schedule"] == {"wait": start, "warmup": 0, "active": 3}
+    assert run_file["layout"]["dims"] == {"dp": 2}   # the capture's ranks recorded it
     assert "--monitor-capture 3 --" in run_file["command"]
     # the capture names its module calls, as a profiled window does
     assert b"pardiag::module::DistributedDataParallel.module.1.w1 (Linear)" in gzip.decompress(
