@@ -719,7 +719,20 @@ TERM_HANDLER_WAIT_S = 5.0
 #: How long one part of pardiag's work after the script (the last export, the sidecars, the
 #: wait for the other ranks) may take before the rank is taken as hung in it (seconds; the
 #: environment variable ``PARDIAG_TEARDOWN_PART_S`` sets another).
-TEARDOWN_PART_S = env_seconds("PARDIAG_TEARDOWN_PART_S", 300.0)
+def _teardown_part_s(default: float = 300.0) -> float:
+    """``PARDIAG_TEARDOWN_PART_S``, else ``default``. ``pardiag profile`` refuses a bad value
+    before the job starts; under ``pardiag wrap`` a rank says so once and uses the default
+    (the variable is read when this module is imported: a traceback there would stop it)."""
+    from pardiag.errors import PardiagError
+
+    try:
+        return env_seconds("PARDIAG_TEARDOWN_PART_S", default)
+    except PardiagError as exc:
+        print(f"pardiag: warning: {exc}; {default:g} s is used", file=sys.stderr)
+        return default
+
+
+TEARDOWN_PART_S = _teardown_part_s()
 
 
 def _guard_teardown(run: _RankRun, limit_s: float | None = TEARDOWN_PART_S) -> None:

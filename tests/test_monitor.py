@@ -724,13 +724,13 @@ def test_with_the_steps_summaries_only_a_rank_late_at_the_first_join_is_found(tm
     old = M.load_monitor(run)
     assert float(M.arrival_delays(old).loc[1, 150]) <= 2000.0
     assert [x for x in M.findings(old) if x["kind"] == "straggler"] == []
-    # a value that is no number: one line naming the file (the lines' values are read at once)
+    # a value that is no number: one line naming the file and the record
     path = layout.monitor_path(run, 1)
-    doc = json.loads(path.read_text().splitlines()[0])
-    doc["steps"]["arrive_us"][3] = "late"
-    path.write_text(json.dumps(doc) + "\n")
-    with pytest.raises(M.PardiagError, match=r"rank1\.monitor\.jsonl: a record's steps hold a "
-                                             r"value that is not a number \(ValueError: "):
+    docs = [json.loads(x) for x in path.read_text().splitlines()[:3]]
+    docs[1]["steps"]["arrive_us"][3] = "late"
+    path.write_text("".join(json.dumps(doc) + "\n" for doc in docs))
+    with pytest.raises(M.PardiagError, match=r"rank1\.monitor\.jsonl: record 2 is not a valid "
+                                             r"monitor record \(ValueError: could not convert"):
         M.load_monitor(run)
 
 

@@ -197,6 +197,19 @@ class _StepBlocks:
         return pd.concat([ints, floats], axis=1)
 
 
+def _bad_record(raw: dict[str, list], counts: list[int]) -> int:
+    """The 1-based record of a file whose step values (``raw``, its lines' ``counts`` values
+    each) hold one that is not a number."""
+    ends = np.cumsum(counts)
+    for i, (lo, hi) in enumerate(zip(ends - counts, ends), start=1):
+        try:
+            for v in raw.values():
+                np.asarray(v[lo:hi], dtype=float)
+        except (TypeError, ValueError):
+            return i
+    return 0
+
+
 def _arrivals(st: dict, n: int, base: float) -> dict[str, np.ndarray]:
     """A line's arrival summaries (:data:`ARRIVALS`) as epoch µs, NaN where -1 or absent."""
     out = {}
@@ -210,24 +223,35 @@ def line_frames(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame | None, dict | No
     """One line of a monitor file as ``(steps, calls or None, memory row or None, dropped
     calls)``, the columns of :class:`MonitorData`'s tables, times in epoch µs."""
     rank, base = int(doc["rank"]), doc["base_ns"] / 1000.0
-    st, ca, ops = doc["steps"], doc["calls"], doc["ops"]
+    st = doc["steps"]
     steps = pd.DataFrame({
         "rank": rank, "step": st["index"], "end_us": np.add(st["end_us"], base),
         "dur_us": st["dur_us"], "optimizer_us": st["optimizer_us"], "data_us": st["data_us"],
         **_arrivals(st, len(st["index"]), base)})
-    calls = None
-    if ca["step"]:
-        done = np.asarray(ca["done_us"], dtype=float)
-        calls = pd.DataFrame({
-            "rank": rank, "step": ca["step"], "group": ca["group"],
-            "op": [ops[o] for o in ca["op"]], "bytes": ca["bytes"],
-            "issue_us": np.add(ca["issue_us"], base),
-            "return_us": np.add(ca["return_us"], base),
-            "done_us": np.where(done >= 0, done + base, np.nan)})
+    return steps, _calls_frame(doc), _memory_row(doc), int(doc.get("dropped_calls") or 0)
+
+
+def _calls_frame(doc: dict) -> pd.DataFrame | None:
+    """A monitor line's calls (:attr:`MonitorData.calls`' columns, epoch µs), None without."""
+    ca = doc["calls"]
+    if not ca["step"]:
+        return None
+    rank, base, ops = int(doc["rank"]), doc["base_ns"] / 1000.0, doc["ops"]
+    done = np.asarray(ca["done_us"], dtype=float)
+    return pd.DataFrame({
+        "rank": rank, "step": ca["step"], "group": ca["group"],
+        "op": [ops[o] for o in ca["op"]], "bytes": ca["bytes"],
+        "issue_us": np.add(ca["issue_us"], base), "return_us": np.add(ca["return_us"], base),
+        "done_us": np.where(done >= 0, done + base, np.nan)})
+
+
+def _memory_row(doc: dict) -> dict | None:
+    """A monitor line's memory sample (:attr:`MonitorData.memory`' columns) at its last step,
+    None for a line without steps."""
+    index = doc["steps"]["index"]
     mem = doc.get("memory") or {}
-    row = ({"rank": rank, "step": st["index"][-1], "rss_bytes": mem.get("rss_bytes"),
-            "device_bytes": mem.get("device_bytes")} if st["index"] else None)
-    return steps, calls, row, int(doc.get("dropped_calls") or 0)
+    return ({"rank": int(doc["rank"]), "step": index[-1], "rss_bytes": mem.get("rss_bytes"),
+             "device_bytes": mem.get("device_bytes")} if index else None)
 
 
 def load_monitor(run_dir: Path) -> MonitorData:
@@ -257,13 +281,13 @@ def load_monitor(run_dir: Path) -> MonitorData:
                 rank, base = int(doc["rank"]), doc["base_ns"] / 1000.0
                 st = doc["steps"]
                 n = len(st["index"])
-                for k in _RAW_STEP_KEYS:
-                    v = st.get(k) if k in ARRIVALS else st[k]
-                    v = v if v else [-1] * n if k in ARRIVALS else v
+                for k in _RAW_STEP_KEYS:   # an arrival absent from older lines: -1, none
+                    v = (st.get(k) or [-1] * n) if k in ARRIVALS else st[k]
                     if len(v) != n:
                         raise ValueError("its step columns differ in length")
                     raw[k].extend(v)
-                ca = line_frames(doc)[1] if doc["calls"]["step"] else None
+                ca = _calls_frame(doc)
+                row = _memory_row(doc)
             except (KeyError, TypeError, ValueError, IndexError) as exc:
                 raise PardiagError(f"{path}: record {i} is not a valid monitor record "
                                    f"({type(exc).__name__}: {exc})") from None
@@ -273,11 +297,8 @@ def load_monitor(run_dir: Path) -> MonitorData:
             counts.append(n)
             if ca is not None:
                 calls.append(ca)
-            mem = doc.get("memory") or {}
-            if n:
-                memory.append({"rank": rank, "step": st["index"][-1],
-                               "rss_bytes": mem.get("rss_bytes"),
-                               "device_bytes": mem.get("device_bytes")})
+            if row is not None:
+                memory.append(row)
             dropped += int(doc.get("dropped_calls") or 0)
         total = int(np.sum(counts))
         if blocks is None and total:   # the first steps read, as many per file, and a margin
@@ -285,9 +306,9 @@ def load_monitor(run_dir: Path) -> MonitorData:
         try:
             if blocks is not None:
                 blocks.add(raw, np.repeat(np.asarray(bases, dtype=float), counts), own)
-        except (TypeError, ValueError) as exc:
-            raise PardiagError(f"{path}: a record's steps hold a value that is not a number "
-                               f"({type(exc).__name__}: {exc})") from None
+        except (TypeError, ValueError) as exc:   # the record is found only now, rarely
+            raise PardiagError(f"{path}: record {_bad_record(raw, counts)} is not a valid "
+                               f"monitor record ({type(exc).__name__}: {exc})") from None
         if dropped:
             notes.append(f"{path.name}: {dropped} calls over the buffer's limit were counted, "
                          f"not kept")
@@ -742,9 +763,9 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     for f in found:   # late to the end: whether it ended is not known
         if f["kind"] == "straggler" and not f["persistent"] and f["last_step"] == last_step:
             f["until_last_step"] = True
-    for c in caps:
-        last = asked[1] if asked is not None and asked[0] == c["first_step"] else c["first_step"]
-        periods = [f for f in found if f["kind"] in ("straggler", "slow_steps")]
+    periods = [f for f in found if f["kind"] in ("straggler", "slow_steps")]
+    for c in caps:   # the asked-for capture only, the others left out above
+        last = asked[1] if asked is not None else c["first_step"]
         if not periods:
             notes.append(f"the deep capture of steps {c['first_step']}–{last} was asked for by "
                          f"a finding the whole run does not confirm (the monitor judged the "
