@@ -412,9 +412,10 @@ def test_a_capture_request_is_taken_only_before_its_first_step(tmp_path):
 
 @pytest.mark.e2e
 def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
-    """Rank 1 sleeps 30 ms in steps 100..399 of 500: the launcher says so while the job runs,
-    every rank records a trace of 3 steps from a step after that, and the report of that
-    folder names rank 1 the straggler."""
+    """Rank 1 sleeps 60 ms in steps 100..399 of 500 (with 30 ms, the 3-step capture's report
+    once named nobody on a loaded CI machine): the launcher says so while the job runs, every
+    rank records a trace of 3 steps from a step after that, and the report of that folder
+    names rank 1 the straggler."""
     import os
 
     out = tmp_path / "mon"
@@ -422,7 +423,7 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
         [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
          "--monitor", "--monitor-every", "10", "--monitor-capture", "3", "--out", str(out),
          str(ROOT / "examples" / "train_ddp.py"), "--", "--steps", "500", "--slow-rank", "1",
-         "--slow-ms", "30", "--slow-from", "100", "--slow-until", "400"],
+         "--slow-ms", "60", "--slow-from", "100", "--slow-until", "400"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
         env={**os.environ, "PARDIAG_MONITOR_POLL_S": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
