@@ -110,6 +110,24 @@ def test_a_transient_straggler_is_named_with_its_first_and_last_step(tmp_path):
         (120, 169, 2)]
 
 
+def test_a_slow_period_dipping_under_the_threshold_is_one_period():
+    """Steps 100..199 are 30 ms slow on a 100 ms step, but 3 of every 8 only 8 ms (a loaded
+    machine): 8 ms exceeds half the 10 ms threshold (10 % of the baseline), so the period is
+    one, with its planted edges; without the hysteresis the 3-step dips (more than
+    GAP_STEPS) would cut it into 13. Lone 8 ms steps elsewhere start no period."""
+    n = 400
+    dur = np.full(n, 100_000.0)
+    dur[100:200] += 30_000.0
+    for k in (104, 105, 106):       # dips of three steps at 104..106 and every 8 after
+        dur[k:200:8] -= 22_000.0
+    dur[[20, 21, 300]] += 8_000.0
+    steps = pd.DataFrame({"rank": 0, "step": np.arange(n), "end_us": np.cumsum(dur),
+                          "dur_us": dur, "optimizer_us": 0.0, "data_us": 100.0})
+    slow = M.slow_step_findings(steps, [])
+    assert [(f["first_step"], f["last_step"], f["step_ms"], f["baseline_step_ms"])
+            for f in slow] == [(100, 199, 130.0, 100.0)]
+
+
 def test_a_persistent_straggler_and_a_clean_run(tmp_path):
     assert _stragglers(_write_run(tmp_path / "p", 4, 300, {1: (0, 299, 30_000)})) == [
         (1, 0, 299, True)]
@@ -498,9 +516,16 @@ def test_a_monitored_pipeline_wraps_its_sends_only_for_its_capture(tmp_path):
     (cap,) = list(out.glob("capture-*"))
     # the slow half of the run is found against the other steps; which rank slowed is not
     # known, as no collective compares the ranks' arrivals
-    slow = [f for f in M.findings(M.load_monitor(out)) if f["kind"] == "slow_steps"]
-    assert any(abs(f["first_step"] - 100) <= 3 and abs(f["last_step"] - 249) <= 3
-               and not f["arrivals_known"] for f in slow), slow
+    data = M.load_monitor(out)
+    slow = [f for f in M.findings(data) if f["kind"] == "slow_steps"]
+    (f,) = [f for f in slow if f["first_step"] <= 175 <= f["last_step"]]
+    assert f["first_step"] <= 103 and f["last_step"] >= 246 and not f["arrivals_known"], slow
+    # its edges are the planted ones, unless the machine's load slowed the steps beyond them
+    # too (another test's run on a loaded CI machine): then those steps are slow themselves
+    per = data.steps.groupby("step")["dur_us"].median()
+    for lo, hi in ((f["first_step"], 96), (253, f["last_step"])):
+        if hi >= lo:
+            assert per.loc[lo:hi].median() > 1.1e3 * f["baseline_step_ms"], (slow, lo, hi)
     sent: dict[int, list] = {}
     for rank in (0, 1):
         lines = [json.loads(x) for x in (out / "pardiag" / f"rank{rank}.monitor.jsonl")

@@ -28,12 +28,14 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   :data:`PERSISTENT_SHARE` of the rank's steps, else *transient*, with its first and last step,
   the median extra delay and the step time during it against the run's baseline.
 * **Slow steps**: steps whose median wall time over the ranks exceeds the baseline by more than
-  ``max(SLOW_SIGMA × σ_step, SLOW_STEP_SHARE × baseline)``, in periods as above (at least
-  :data:`MIN_SLOW_STEPS`). The baseline is the lower quartile (:data:`BASELINE_QUANTILE`) of the
-  step time's running median over :data:`WINDOW_STEPS` steps and σ_step the steps' robust spread
-  about that running median, so a slow period of up to 3/4 of the run moves neither, each with
-  what moved with it (the DataLoader's time); slow steps inside a straggler's period are its
-  cost, said with it, not a finding of their own.
+  ``max(SLOW_SIGMA × σ_step, SLOW_STEP_SHARE × baseline)``, in periods as above (the excess's
+  5-step running median above :data:`HYSTERESIS` × that threshold; at least
+  :data:`MIN_SLOW_STEPS` steps above the threshold itself). The baseline is the lower
+  quartile (:data:`BASELINE_QUANTILE`) of the step time's running median over
+  :data:`WINDOW_STEPS` steps and σ_step the steps' robust spread about that running median, so
+  a slow period of up to 3/4 of the run moves neither, each with what moved with it
+  (the DataLoader's time); slow steps inside a straggler's period are its cost, said with it,
+  not a finding of their own.
 * **Memory creep**: a rank whose resident (or device) memory, sampled at each written line,
   grows by at least :data:`CREEP_MIN_SHARE` of its first sample and at least
   :data:`CREEP_MIN_BYTES`, with at least 3/4 of the increments non-negative, and grows over the
@@ -637,7 +639,15 @@ def slow_step_findings(steps: pd.DataFrame, stragglers: list[dict],
     thr = max(SLOW_SIGMA * _robust_sigma(x - smooth), SLOW_STEP_SHARE * base)
     idx = per.index.to_numpy()
     out = []
-    for first, last, n in _periods(x - base > thr, idx, GAP_STEPS, MIN_SLOW_STEPS):
+    # a Schmitt trigger, as for stragglers: a period lasts while the excess's 5-step running
+    # median stays above HYSTERESIS × the threshold (a slow step dipping under it on a loaded
+    # machine does not cut the period), kept when MIN_SLOW_STEPS steps exceed the threshold
+    high = x - base > thr
+    low = high | (pd.Series(x - base).rolling(5, center=True, min_periods=1).median()
+                  .to_numpy() > HYSTERESIS * thr)
+    for first, last, n in _periods(low, idx, GAP_STEPS, 1):
+        if int(high[(idx >= first) & (idx <= last)].sum()) < MIN_SLOW_STEPS:
+            continue
         span = per.loc[first:last]
         who = [f["rank"] for f in stragglers
                if f["first_step"] <= last and f["last_step"] >= first]
