@@ -60,7 +60,8 @@ def analyse(folder: Path, truth: Truth) -> dict:
 def judge(truth: Truth, doc: dict, metadata: str) -> dict[str, bool | None]:
     """``{metric: right?}`` for one job (None: not judged for this job); see the module."""
     sync = doc.get("sync") or {}
-    out: dict[str, bool | None] = {"straggler": sync.get("straggler") == truth.straggler}
+    out: dict[str, bool | None] = {"straggler": sync.get("straggler") == truth.straggler
+                                   if truth.straggler_judged else None}
     offs = {int(o["rank"]): float(o.get("offset_us") or 0.0)
             for o in sync.get("clock_offsets") or []}
     hosts = set(truth.hosts.values())

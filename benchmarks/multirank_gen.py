@@ -91,7 +91,7 @@ import json
 import math
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +106,7 @@ KINDS: tuple[str, ...] = (
     "multi_kernel_a2a", "coalesced", "old_nccl", "rccl", "xpu_oneccl", "custom_kernel",
     "rooted_broadcast", "pipeline", "windows", "mesh_layout", "independent_groups",
     "pipeline_straggler", "moe_folded", "cp_ring", "simple_fsdp", "ulysses", "deepspeed_pipe",
-    "opaque_a2a",
+    "opaque_a2a", "pipeline_host_straggler",
 )
 METADATA: tuple[str, ...] = ("records", "seq", "names", "none")
 OPS: tuple[str, ...] = (
@@ -126,6 +126,9 @@ class Job:
     as inference engines or replicas that no collective joins: ranks r*S..r*S+S-1 of S = the
     mesh's size form replica r) and `data_loading_us` (rank -> µs its DataLoader iterator takes
     on the host at each step's start, before the step's first launch: an input-bound rank)
+    and `host_slow_ranks` (rank -> µs its host spends at each step's start outside any
+    operator, a sleep or Python work, before its first launch: a straggler whose extra time is
+    no computation)
     and `cp_ring` (context parallelism as ring attention: the key/value shards passed around
     the cp group with send/recv between attention's blocks, instead of Ulysses' all-to-alls)
     and `functional_fsdp` (FSDP's gathers and scatters issued as functional collectives, as
@@ -140,6 +143,7 @@ class Job:
     microbatches: int = 4
     ranks_per_host: int = 8
     slow_ranks: dict[int, float] = field(default_factory=dict)
+    host_slow_ranks: dict[int, float] = field(default_factory=dict)
     host_offset_us: dict[int, float] = field(default_factory=dict)
     host_drift_us_per_s: dict[int, float] = field(default_factory=dict)
     gpu_only_drift: bool = False
@@ -172,7 +176,9 @@ class Truth:
     (idle share of the F/B span of each pipeline group's step, averaged over stages and steps).
     `path` is the true critical path of the recorded steps (see `_true_path`). `unknown` names
     the dims whose role the traces cannot tell (their degree is in no layout a report may
-    state)."""
+    state). `straggler_judged` is False where a planted host delay's true cost
+    (:func:`_host_delay_cost`) lies within a factor of 2 of the bound a straggler must cost
+    (:data:`TRUE_COST_MIN_US`, :data:`TRUE_COST_MIN_SHARE`): naming it or nobody is right."""
     world: int
     layout: dict[str, int]
     hosts: dict[int, int]
@@ -188,6 +194,7 @@ class Truth:
     notes: str
     path: dict | None = None
     unknown: tuple[str, ...] = ()
+    straggler_judged: bool = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -757,6 +764,9 @@ def _advance(st: _Rank, pending: dict, results: dict, job: Job, extra: dict, rph
         elif ins.kind == "step":
             st.recs.append({"t": "step", "cpu": st.cpu, "step": ins.step})
             st.cpu += st.cost(3.0)
+            if job.host_slow_ranks.get(st.rank, 0.0) > 0:   # host time outside any operator
+                st.cpu += job.host_slow_ranks[st.rank]
+                st.cpu_node = _Node(st.cpu, st.rank, "other", st.cpu_node)
         st.pc += 1
         moved = True
     return moved
@@ -1216,11 +1226,40 @@ def _straggler(job: Job, sts: list[_Rank], results: dict, P: dict) -> int | None
             last = max(arr, key=arr.get)
             wait = sum(arr[last] - a for a in arr.values())
             blame[last] = blame.get(last, 0.0) + wait
-    cands = [(blame.get(r, 0.0), r) for r in job.slow_ranks if job.slow_ranks[r] > 0]
+    slow = {**job.slow_ranks, **job.host_slow_ranks}
+    cands = [(blame.get(r, 0.0), r) for r in slow if slow[r] > 0]
     if not cands:
         return None
     b, r = max(cands)
     return r if b >= 10.0 else None
+
+
+#: A planted host delay is a straggler in the truth when removing it saves at least this much of
+#: the step (µs) and this share of it: its true delay cost (:func:`_host_delay_cost`). A sleep
+#: the schedule hides (a pipeline's last stage waiting for its first forward anyway) costs none.
+TRUE_COST_MIN_US = 10.0
+TRUE_COST_MIN_SHARE = 0.005
+
+
+def _step_ends(sts: list[_Rank], P: dict) -> np.ndarray:
+    """Each step's end (µs): the latest end of a computation of that step on any rank."""
+    ends = np.full(P["total_steps"], -np.inf)
+    for st in sts:
+        for rec in st.recs:
+            if rec["t"] == "comp":
+                ends[rec["step"]] = max(ends[rec["step"]], rec["end"])
+    return ends
+
+
+def _host_delay_cost(job: Job, P: dict, sts: list[_Rank]) -> tuple[float, float]:
+    """The step time the planted host delays cost (µs per step, the median over the recorded
+    steps of the step's length with them less without them: the job simulated again without
+    `host_slow_ranks`), and the median step without them (µs)."""
+    clean, _, _ = _simulate(replace(job, host_slow_ranks={}), P)
+    d_slow, d_clean = np.diff(_step_ends(sts, P)), np.diff(_step_ends(clean, P))
+    want = [s - 1 for w in _windows(job, P) for s in w if s >= 1]
+    return (float(np.median(d_slow[want] - d_clean[want])) if want else 0.0,
+            float(np.median(d_clean[want])) if want else 0.0)
 
 
 def _bubble(job: Job, sts: list[_Rank], P: dict) -> float | None:
@@ -1441,11 +1480,22 @@ def _truth(job, P, sts, results, base, files, graph) -> Truth:
     off, drift = _clock_truth(job, sts, P, base)
     world = _world(job)
     strag = _straggler(job, sts, results, P)
+    judged = True
+    if strag is not None and strag in job.host_slow_ranks:
+        cost, step = _host_delay_cost(job, P, sts)
+        least = max(TRUE_COST_MIN_US, TRUE_COST_MIN_SHARE * step)
+        if cost < least:
+            strag = None   # the schedule hid the delay: it cost the job (next to) nothing
+        # within a factor of 2 of the bound either answer is defensible: not judged
+        judged = not 0.5 * least <= cost <= 2.0 * least
     bub = _bubble(job, sts, P)
     parts = [f"{world} ranks, mesh {job.mesh}, schedule {job.schedule}, {job.steps} steps x "
              f"{job.windows} window(s), metadata {job.metadata}, kernels {job.kernels}"]
     if job.slow_ranks:
         parts.append(f"slow ranks {job.slow_ranks} (µs/step) -> straggler {strag}")
+    if job.host_slow_ranks:
+        parts.append(f"ranks slow on the host {job.host_slow_ranks} (µs/step) -> straggler "
+                     f"{strag}")
     if job.host_offset_us:
         parts.append(f"host clock offsets {job.host_offset_us} µs")
     if job.host_drift_us_per_s:
@@ -1486,7 +1536,7 @@ def _truth(job, P, sts, results, base, files, graph) -> Truth:
         algbw_gbps={k: round(v, 4) for k, v in algbw.items()}, bubble=bub,
         comm_kernel_regex=CUSTOM_REGEX if job.kernels == "custom" else None,
         files=files, notes="; ".join(parts) + ".",
-        path=_true_path(job, P, sts, results, graph))
+        path=_true_path(job, P, sts, results, graph), straggler_judged=judged)
 
 
 def _base_mesh(rng: random.Random, schedule: str) -> dict[str, int]:
@@ -1544,6 +1594,11 @@ def random_job(rng: random.Random, kind: str | None = None,
         job.mesh = rng.choice([{"pp": 2}, {"pp": 4}, {"pp": 2, "dp": 2}])
         job.microbatches = rng.choice([4, 8])
         job.slow_ranks = {rng.randrange(_world(job)): rng.uniform(400, 1500)}
+    elif kind == "pipeline_host_straggler":   # one rank's host sleeps at each step's start
+        job.schedule = rng.choice(["pp_gpipe", "pp_1f1b", "pp_interleaved"])
+        job.mesh = rng.choice([{"pp": 2}, {"pp": 4}, {"pp": 2, "dp": 2}])
+        job.microbatches = rng.choice([4, 8])
+        job.host_slow_ranks = {rng.randrange(_world(job)): rng.uniform(400, 1500)}
     elif kind == "windows":
         job.windows = rng.randint(2, 3)
     elif kind == "mesh_layout":
