@@ -220,3 +220,60 @@ def test_no_wait_as_evidence_names_nobody_and_the_page_still_renders(tmp_path):
     named = dataclasses.replace(bare, straggler=2)
     page = render_html(dataclasses.replace(rep, sync=named), include_plotlyjs=False)
     assert "Stragglers" in page
+
+
+@pytest.mark.parametrize("kw, slow, planted", [
+    # a first stage's host: every later stage waits for it, whatever the schedule
+    (dict(mesh={"pp": 4}, schedule="pp_1f1b", microbatches=8, metadata="seq"), 0, 1400.0),
+    # pp 2 × dp 2, no metadata: the transfers pair by their ends
+    (dict(mesh={"pp": 2, "dp": 2}, schedule="pp_interleaved", microbatches=8, metadata="none",
+          seed=4), 1, 1200.0),
+])
+def test_a_rank_slow_on_its_host_is_named_by_its_time_outside_computation(
+        tmp_path, kw, slow, planted):
+    """A GPU pipeline whose rank sleeps on its host before each step's launches (no kernel
+    longer than its peers'): its computation's delay cost names nobody, the cost of its time
+    outside computation (the window replayed step after step, that time cut to its peers')
+    is the planted sleep per step (the generator's truth re-simulates the job without it), so
+    the synchronization analysis and the verdict name it, and the page says what it cost."""
+    from pardiag.analyzer.render.html import render_html
+
+    rep, truth = _report(tmp_path, host_slow_ranks={slow: planted}, **kw)
+    assert truth.straggler == slow and truth.straggler_judged
+    assert straggler_by_delay_cost(rep.critical_path.delay_costs, 1e4) is None
+    out = rep.critical_path.outside_costs()
+    assert list(out.columns) == list(DELAY_COLUMNS)
+    assert int(out.iloc[0]["rank"]) == slow
+    assert out.iloc[0]["delay_cost_us"] == pytest.approx(planted, rel=0.02)
+    assert out.iloc[0]["excess_compute_us"] == pytest.approx(planted, rel=0.02)
+    assert (out["delay_cost_us"].iloc[1:] <= 1.0).all()
+    assert rep.sync.straggler == slow and rep.straggler == slow
+    assert rep.sync.straggler_outside_cost_us == pytest.approx(planted, rel=0.02)
+    assert any(n.startswith(f"rank {slow} named by the delay cost of its time outside "
+                            f"computation") for n in rep.sync.notes)
+    doc = report_json(rep)
+    assert doc["sync"]["straggler"] == slow
+    assert (f"rank {slow} is a straggler: the steps replayed with its time outside computation "
+            f"(host work, a sleep) cut to its peers' median end "
+            f"{rep.sync.straggler_outside_cost_us / 1000:.2f} ms earlier") in doc["verdict"]
+    page = render_html(rep, include_plotlyjs=False)
+    if int(rep.sync.stragglers.iloc[0]["rank"]) != slow:
+        assert (f"The rank whose extra time outside computation (host work, a sleep) costs the "
+                f"step most: <b>rank {slow}</b>") in page
+
+
+def test_a_host_delay_the_schedule_hides_names_nobody(tmp_path):
+    """1F1B over 4 stages, rank 2's host sleeping 1.4 ms before each step's launches: stage 2
+    waits for its first input longer than that anyway, so the sleep costs the job nothing
+    (the generator's truth: the job re-simulated without it steps as fast) and the replay of
+    the window step after step says so; nobody is named, though rank 2 arrives last at
+    transfers."""
+    rep, truth = _report(tmp_path, mesh={"pp": 4}, schedule="pp_1f1b", microbatches=8,
+                         host_slow_ranks={2: 1400.0}, metadata="seq")
+    assert truth.straggler is None and truth.straggler_judged
+    out = rep.critical_path.outside_costs()
+    assert int(out.iloc[0]["rank"]) == 2
+    assert out.iloc[0]["excess_compute_us"] == pytest.approx(1400.0, rel=0.02)
+    assert out.iloc[0]["delay_cost_us"] < 0.01 * 1400.0   # under 1% of the sleep
+    assert rep.sync.straggler is None and rep.straggler is None
+    assert rep.sync.straggler_outside_cost_us is None

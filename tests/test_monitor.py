@@ -548,6 +548,16 @@ def test_a_monitored_pipeline_wraps_its_sends_only_for_its_capture(tmp_path):
         recs = json.loads((cap / "pardiag" / f"rank{1 - rank}.comms.json").read_bytes())[
             "records"]
         assert sent[rank] == [(x["seq"], x["bytes"]) for x in recs if x["op"] == "recv"]
+    # a capture inside the slow period: rank 1's 30 ms sleep outside computation costs the
+    # step more than stage 0's longer computation, so the execution graph names rank 1, as
+    # the verdict does (the synchronization analysis named rank 0, by its computation alone)
+    start = int(cap.name.split("-")[1])
+    if 100 <= start and start + 1 < 250:
+        import pardiag
+
+        rep = pardiag.analyze(cap, cache=False)
+        assert rep.sync.straggler == 1 and rep.straggler == 1, rep.sync.notes
+        assert rep.sync.straggler_outside_cost_us > 10_000
     r = subprocess.run(
         [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
          "--monitor", "--timeout", "600", "--out", str(tmp_path / "hang"),

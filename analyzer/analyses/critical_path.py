@@ -213,6 +213,59 @@ class CriticalPathResult:
         return pd.DataFrame([_cost_row(rank, cost, float(np.median(excess)) if excess else 0.0)],
                             columns=list(DELAY_COLUMNS))
 
+    def outside_costs(self) -> pd.DataFrame:
+        """Delay costs of the time ranks spend outside computation and data loading while not
+        blocked in a join (host work, a sleep before a step's launches), as
+        :data:`DELAY_COLUMNS`: for each rank whose such time exceeds the other ranks' median
+        (``excess_compute_us``: that excess, median over steps; at most :data:`DELAY_RANKS`,
+        the most first), ``delay_cost_us`` is the step time it costs: the profiled steps
+        replayed one after the other (:func:`_chain_us`: each rank starts a step where it ended
+        the step before, so a delay the next step's schedule hides costs nothing) less the
+        same with that time of the rank scaled to the others' median in each step, its
+        computation unchanged, per step of ``steps``. ``steps_costly`` counts the steps in
+        which its excess is at least :data:`OUTSIDE_MIN_US`, ``steps`` the window's steps,
+        less one where one of them has no such excess (the step boundaries inside the window);
+        ``delay_cost_iqr_us`` is 0 (one cost per window). Most cost first; empty without a
+        path.
+
+        One replay of the window, not one per step, and its boundaries counted: a device's
+        step window runs from its step's first kernel to the next step's, so a delay before a
+        step's first launch lies in the window before it (the first step's before the
+        window)."""
+        rest = {g.step: outside_us(g) for g in self.graphs}
+        excess: dict[int, list[float]] = {}
+        for c in rest.values():
+            for r in c:
+                if (x := _excess(c, r)) is not None:
+                    excess.setdefault(r, []).append(x)
+        med = {r: float(np.median(v)) for r, v in excess.items()}
+        top = sorted((r for r, v in med.items() if v > 0), key=lambda r: (-med[r], r))
+        if not top:
+            return pd.DataFrame(columns=list(DELAY_COLUMNS))
+        graphs = sorted(self.graphs, key=lambda g: g.step)
+        base = _chain_us(graphs, {})
+        rows = []
+        for r in top[:DELAY_RANKS]:
+            scales = {}
+            for g in graphs:
+                c = rest[g.step]
+                peers = [x for q, x in c.items() if q != r]
+                if r in c and peers and c[r] > 0:
+                    scales[g.step] = {r: min(1.0, float(np.median(peers)) / c[r])}
+            n = len(excess[r])
+            held = int(sum(x >= OUTSIDE_MIN_US for x in excess[r]))
+            # n device windows hold n - 1 step boundaries: a delay before each step's first
+            # launch shows in n - 1 of them (the first step's lies before the window); a host's
+            # windows hold their own
+            steps = n if held == n else max(1, n - 1)
+            rows.append({"rank": r, "steps": steps, "steps_costly": min(held, steps),
+                         "excess_compute_us": med[r],
+                         "delay_cost_us": max(0.0, base - _chain_us(graphs, scales)) / steps,
+                         "delay_cost_iqr_us": 0.0})
+        out = pd.DataFrame(rows, columns=list(DELAY_COLUMNS))
+        return out.sort_values(["delay_cost_us", "rank"], ascending=[False, True],
+                               kind="stable").reset_index(drop=True)
+
     def _delay_costs(self) -> pd.DataFrame:
         """:attr:`delay_costs`, computed from :attr:`graphs`."""
         comp = {g.step: {int(r): iv.total(k) for r, k in g.k.items()} for g in self.graphs}
@@ -551,16 +604,34 @@ def work_us(g: _Step) -> dict[int, float]:
     return out
 
 
+def outside_us(g: _Step) -> dict[int, float]:
+    """Per rank, its time in the step outside computation, data loading and joins it was
+    blocked in (µs, ≥ 0): host work, launches, a sleep (computation that runs while the rank
+    is blocked, such as kernels beside a transfer, counts once)."""
+    out = {}
+    for r in g.end:
+        spans = np.asarray([(j.arrival[r], j.end[r]) for j in g.joins if r in j.blocked],
+                           dtype=float).reshape(-1, 2)
+        busy = np.concatenate([spans, g.k[r].reshape(-1, 2), g.d[r].reshape(-1, 2)])
+        taken = iv.total(iv.clip(iv.union(busy[:, 0], busy[:, 1]), g.start[r], g.end[r]))
+        out[r] = max(0.0, g.end[r] - g.start[r] - taken)
+    return out
+
+
 def _replay(g: _Step, compute_scale: dict, comm_scale: dict,
-            work_scale: dict | None = None) -> float:
+            work_scale: dict | None = None, other_scale: dict | None = None) -> float:
     """The step's latest end (µs, aligned) replayed with scaled computation and transfers."""
-    return max(_replay_ends(g, compute_scale, comm_scale, work_scale).values())
+    return max(_replay_ends(g, compute_scale, comm_scale, work_scale,
+                            other_scale=other_scale).values())
 
 
 def _replay_ends(g: _Step, compute_scale: dict, comm_scale: dict,
-                 work_scale: dict | None = None, starts: dict | None = None) -> dict:
+                 work_scale: dict | None = None, starts: dict | None = None,
+                 other_scale: dict | None = None) -> dict:
     """Each rank's end of the step (µs, aligned) replayed with scaled computation and
-    transfers, each rank starting at ``starts[rank]`` (default: where it started)."""
+    transfers (``work_scale``: a rank's whole work; ``other_scale``: its time outside
+    computation and data loading), each rank starting at ``starts[rank]`` (default: where it
+    started)."""
     # per rank, its anchors as (measured, replayed) times, in measured order: a time on the rank
     # moves with the latest anchor at or before it (joins are taken in order of their last
     # arrival, so every blocked join a rank's arrival follows has been replayed by then)
@@ -573,7 +644,8 @@ def _replay_ends(g: _Step, compute_scale: dict, comm_scale: dict,
         if t < a_meas:   # before the rank's step start: nothing to scale
             return a_new + (t - a_meas)
         w = (work_scale or {}).get(r, 1.0)
-        return a_new + comp * compute_scale.get(r, 1.0) * w + (data + other) * w
+        return (a_new + comp * compute_scale.get(r, 1.0) * w
+                + (data + other * (other_scale or {}).get(r, 1.0)) * w)
 
     for j in g.joins:
         arr = {r: moved(r, a) for r, a in j.arrival.items()}
@@ -589,8 +661,42 @@ def _replay_ends(g: _Step, compute_scale: dict, comm_scale: dict,
 PERIOD_ITERATIONS = 12
 
 
+#: A rank's time outside computation exceeds its peers' in a step by at least this much (µs)
+#: to count that step as one its delay holds in (:meth:`CriticalPathResult.outside_costs`).
+OUTSIDE_MIN_US = 10.0
+
+
+def _chain_us(graphs: list[_Step], other_scale: dict[int, dict]) -> float:
+    """The replayed length (µs) of the steps ``graphs`` (in step order) one after the other:
+    each rank starts a step where it ended the step before in the replay, plus the measured gap
+    between its windows; steps not consecutive start a new chain at their measured starts. The
+    sum over chains. ``other_scale``: per step, :func:`_replay_ends`' ``other_scale``."""
+    total = 0.0
+    starts: dict | None = None
+    t0 = 0.0
+    prev: _Step | None = None
+    ends: dict = {}
+    for g in graphs:
+        if prev is None or g.step != prev.step + 1 or starts is None:
+            if prev is not None:
+                total += max(ends.values()) - t0
+            starts = dict(g.start)
+            t0 = min(starts.values())
+        ends = _replay_ends(g, {}, {}, None, starts, other_scale.get(g.step))
+        starts = None
+        prev = g
+        if g is not graphs[-1]:
+            nxt = graphs[graphs.index(g) + 1]
+            if nxt.step == g.step + 1:
+                starts = {r: (ends[r] + s - g.end[r]) if r in ends else s
+                          for r, s in nxt.start.items()}
+    if prev is not None:
+        total += max(ends.values()) - t0
+    return total
+
+
 def _period(g: _Step, compute_scale: dict, comm_scale: dict,
-            work_scale: dict | None = None) -> float:
+            work_scale: dict | None = None, other_scale: dict | None = None) -> float:
     """The step's steady period (µs): its graph replayed as if it repeated, each rank starting
     the next step where it ended this one (a rank's profiler steps follow each other), until
     every rank advances by the same time per step (or :data:`PERIOD_ITERATIONS` repetitions);
@@ -600,7 +706,7 @@ def _period(g: _Step, compute_scale: dict, comm_scale: dict,
     starts = dict(g.start)
     advance: dict = {}
     for _ in range(PERIOD_ITERATIONS):
-        ends = _replay_ends(g, compute_scale, comm_scale, work_scale, starts)
+        ends = _replay_ends(g, compute_scale, comm_scale, work_scale, starts, other_scale)
         new = {r: ends[r] - starts[r] for r in ends}
         done = bool(advance) and max(abs(new[r] - advance[r]) for r in new) < 0.1
         advance, starts = new, ends

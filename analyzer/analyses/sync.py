@@ -52,6 +52,7 @@ from .comm_events import comm_events
 from .matching import count_instances, matched_events, peers_by_ends
 from .peers import ranks_text
 from .stragglers import (
+    STRAGGLER_DOMINANCE,
     compute_per_step,
     p2p_share,
     per_rank_waits,
@@ -132,9 +133,14 @@ class SyncResult:
         default_factory=lambda: pd.DataFrame(columns=GROUP_BUSBW_COLUMNS))
     counts: dict[str, int] = dataclasses.field(
         default_factory=lambda: dict.fromkeys(COUNT_KEYS, 0))
+    #: Set when the execution graph named :attr:`straggler` by the delay cost of its time
+    #: outside computation (host work, a sleep), not of its computation: that cost (µs per
+    #: step, median). Not in the JSON (its note says it).
+    straggler_outside_cost_us: float | None = None
 
     def with_graph_straggler(self, costs: pd.DataFrame | None, step_us: float | None,
-                             work_cost: pd.DataFrame | None = None) -> SyncResult:
+                             work_cost: pd.DataFrame | None = None,
+                             outside_costs: pd.DataFrame | None = None) -> SyncResult:
         """This result with, in a pipeline (most waits at point-to-point transfers), the
         straggler the execution graph's delay costs name
         (:func:`.stragglers.straggler_by_delay_cost`; ``costs``: :attr:`pardiag.analyzer.
@@ -148,13 +154,36 @@ class SyncResult:
         stays named when its whole work (computation and the rest: a sleep, host work) costs
         the step by the same rule (``work_cost``: its row, :data:`.critical_path.DELAY_COLUMNS`,
         from :meth:`~pardiag.analyzer.analyses.critical_path.CriticalPathResult.work_cost`),
-        and is no longer named otherwise."""
+        and is no longer named otherwise.
+
+        A rank whose time outside computation costs the step a dominant share
+        (``outside_costs``: :meth:`~pardiag.analyzer.analyses.critical_path.
+        CriticalPathResult.outside_costs`), at least :data:`.stragglers.STRAGGLER_DOMINANCE` ×
+        what the rank named by its computation costs, is named instead: its extra time is no
+        computation (a sleep, host work before its launches), which the computation's cost
+        cannot see."""
         if costs is None or self.stragglers.empty or p2p_share(self.per_rank) < 0.5:
             return self   # no wait is evidence (every instance at a window's head): nobody
         who = straggler_by_delay_cost(costs, step_us)
+        notes = tuple(n for n in self.notes if not n.startswith("no straggler named"))
+        out = (straggler_by_delay_cost(outside_costs, step_us)
+               if outside_costs is not None else None)
+        if outside_costs is not None and out is not None and out != who:
+            orow = outside_costs[outside_costs["rank"] == out].iloc[0]
+            mine = costs[costs["rank"] == who]["delay_cost_us"] if who is not None else None
+            cost_of_who = float(mine.iloc[0]) if mine is not None and len(mine) else 0.0
+            if float(orow["delay_cost_us"]) >= STRAGGLER_DOMINANCE * cost_of_who:
+                note = (f"rank {out} named by the delay cost of its time outside computation "
+                        f"on the execution graph (host work, a sleep): the steps replayed with "
+                        f"that time cut to the other ranks' median "
+                        f"({orow['excess_compute_us']:.0f} µs less per step) end "
+                        f"{orow['delay_cost_us']:.0f} µs earlier per step (median)"
+                        + ("" if who is None else
+                           f"; rank {who}'s extra computation saves {cost_of_who:.0f} µs"))
+                return dataclasses.replace(self, straggler=out, notes=(*notes, note),
+                                           straggler_outside_cost_us=float(orow["delay_cost_us"]))
         if who == self.straggler:
             return self
-        notes = tuple(n for n in self.notes if not n.startswith("no straggler named"))
         if who is None:
             if self.straggler is None:
                 return self

@@ -284,13 +284,19 @@ def stragglers(report: Report, page: Page) -> dict:
                       "last": int(top["last_arrivals"])}
         cp = getattr(report, "critical_path", None)
         costs = cp.delay_costs if cp is not None else None
-        if int(top["rank"]) != int(sync.straggler) and costs is not None and len(costs):
+        outside = getattr(sync, "straggler_outside_cost_us", None)
+        if int(top["rank"]) != int(sync.straggler) and (
+                outside is not None or (costs is not None and len(costs))):
             # named by its delay cost on the execution graph (a pipeline's end stages cause
             # the schedule's waiting)
-            row = costs[costs["rank"] == int(sync.straggler)]
-            if len(row):
+            row = (costs[costs["rank"] == int(sync.straggler)]["delay_cost_us"]
+                   if costs is not None else pd.Series(dtype=float))
+            if outside is not None or len(row):
                 out["costly"] = {"rank": int(sync.straggler),
-                                 "cost_ms": _ms(row["delay_cost_us"].iloc[0], ".3f")}
+                                 "cost_ms": _ms(outside if outside is not None
+                                                else row.iloc[0], ".3f"),
+                                 "what": ("time outside computation (host work, a sleep)"
+                                          if outside is not None else "computation")}
     rec = getattr(report, "recommendations", None)
     if sync.straggler is not None and rec is not None and rec.straggler != sync.straggler:
         pipe = report.pipeline

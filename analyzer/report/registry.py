@@ -30,6 +30,7 @@ from ..analyses.operators import MAX_JSON_OPERATORS, OperatorsResult, compute_op
 from ..analyses.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
 from ..analyses.routing import RoutingResult, compute_routing
 from ..analyses.runsetup import RunSetup, compute_setup
+from ..analyses.stragglers import p2p_share
 from ..analyses.sync import SyncResult, compute_sync
 from ..predict.recommend import RecommendationResult, compute_recommendations
 from ..trace.classify import device_kind
@@ -320,9 +321,11 @@ def _critical_path(traces: TraceSet, opts: Any, done: dict[str, Any]) -> Critica
                                opts.comm_patterns)
     step = cp.steps["measured_us"].median() if len(cp.steps) else None
     named = done["sync"].straggler
+    pipeline = bool(cp.graphs) and p2p_share(done["sync"].per_rank) >= 0.5
     done["sync"] = done["sync"].with_graph_straggler(
         cp.delay_costs if cp.graphs else None, step,
-        cp.work_cost(int(named)) if named is not None and cp.graphs else None)
+        cp.work_cost(int(named)) if named is not None and cp.graphs else None,
+        cp.outside_costs() if pipeline else None)
     return cp
 
 

@@ -62,6 +62,9 @@ class StragglerFinding:
         delay_cost_us: the step time its extra work costs the job (µs per step, median; the
             execution graph's replay, :attr:`pardiag.analyzer.analyses.critical_path.
             CriticalPathResult.delay_costs`); None for the other criteria.
+        outside: ``delay_cost_us`` is the cost of its time outside computation (host work, a
+            sleep: :meth:`pardiag.analyzer.analyses.critical_path.CriticalPathResult.
+            outside_costs`), not of its computation.
         cause: why it is slow (:func:`pardiag.analyzer.analyses.causes.straggler_cause`): where its
             delay arises (step entry or in the step) and the part it spends longer on than its
             peers; None without the causes analysis.
@@ -78,13 +81,16 @@ class StragglerFinding:
     steps: int
     cause: StragglerCause | None = None
     delay_cost_us: float | None = None
+    outside: bool = False
 
     def describe(self) -> str:
         """``"rank 1 is a straggler: it idles 30.1 ms per step more than the others (in 9 of 9
         steps)"`` or ``"…: it arrives last at 40 of 45 collectives"``."""
         if self.criterion == "delays the pipeline":
             assert self.delay_cost_us is not None  # what the criterion measured
-            how = (f"the steps replayed with its computation cut to its peers' median end "
+            what = ("its time outside computation (host work, a sleep)" if self.outside
+                    else "its computation")
+            how = (f"the steps replayed with {what} cut to its peers' median end "
                    f"{self.delay_cost_us / 1000:.2f} ms earlier, and no other rank's saves a "
                    f"third of that")
         elif self.criterion == "causes the pipeline's waiting":
@@ -175,6 +181,10 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
     named = getattr(sync, "straggler", None)
     if ((pipeline or p2p_share(getattr(sync, "per_rank", None)) >= 0.5) and ctx.on_gpu
             and named is not None):
+        outside = getattr(sync, "straggler_outside_cost_us", None)
+        if outside is not None:   # by the delay cost of its time outside computation
+            return dataclasses.replace(finding(int(named), "delays the pipeline"),
+                                       delay_cost_us=outside, outside=True)
         if int(named) == int(st["rank"]):
             return finding(int(st["rank"]), "causes the pipeline's waiting")
         cost = _delay_cost(ctx, int(named))
