@@ -671,26 +671,20 @@ def _chain_us(graphs: list[_Step], other_scale: dict[int, dict]) -> float:
     each rank starts a step where it ended the step before in the replay, plus the measured gap
     between its windows; steps not consecutive start a new chain at their measured starts. The
     sum over chains. ``other_scale``: per step, :func:`_replay_ends`' ``other_scale``."""
-    total = 0.0
-    starts: dict | None = None
-    t0 = 0.0
-    prev: _Step | None = None
+    total = t0 = 0.0
     ends: dict = {}
-    for g in graphs:
-        if prev is None or g.step != prev.step + 1 or starts is None:
+    for i, g in enumerate(graphs):
+        prev = graphs[i - 1] if i else None
+        if prev is None or g.step != prev.step + 1:
             if prev is not None:
                 total += max(ends.values()) - t0
             starts = dict(g.start)
             t0 = min(starts.values())
+        else:
+            starts = {r: ends[r] + s - prev.end[r] if r in ends and r in prev.end else s
+                      for r, s in g.start.items()}
         ends = _replay_ends(g, {}, {}, None, starts, other_scale.get(g.step))
-        starts = None
-        prev = g
-        if g is not graphs[-1]:
-            nxt = graphs[graphs.index(g) + 1]
-            if nxt.step == g.step + 1:
-                starts = {r: (ends[r] + s - g.end[r]) if r in ends else s
-                          for r, s in nxt.start.items()}
-    if prev is not None:
+    if graphs:
         total += max(ends.values()) - t0
     return total
 
