@@ -160,7 +160,7 @@ def _header(a, info: dict, seconds: float, commit: str) -> list[str]:
     import pandas
     return [f"# Cross-rank accuracy on generated traces ({info['started_utc'][:10]})", "",
             f"- **Command:** `python -m benchmarks.cross_rank_accuracy --jobs {a.jobs} "
-            f"--seed {a.seed}`",
+            f"--seed {a.seed}" + (f" --kinds {a.kinds}" if a.kinds else "") + "`",
             f"- **Machine:** {describe(info)}",
             f"- **Versions:** pandas {pandas.__version__}, numpy {numpy.__version__}; "
             f"code at commit {commit}",
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", help="KIND:META:SEED, one job")
+    ap.add_argument("--kinds", help="KIND,KIND,...: draw the jobs from these kinds only")
     ap.add_argument("--out", type=Path, help="write the table (markdown) here too")
     a = ap.parse_args(argv)
     if a.only:
@@ -186,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = defaultdict(list)
     failed = []
     t0 = time.time()
+    kinds = tuple(a.kinds.split(",")) if a.kinds else KINDS
+    if unknown := sorted(set(kinds) - set(KINDS)):
+        ap.error(f"--kinds: no such kind: {', '.join(unknown)} (kinds: {', '.join(KINDS)})")
     for i in range(a.jobs):
-        kind, meta = KINDS[i % len(KINDS)], METADATA[(i // len(KINDS)) % len(METADATA)]
+        kind, meta = kinds[i % len(kinds)], METADATA[(i // len(kinds)) % len(METADATA)]
         seed = rng.randrange(1 << 30)
         try:
             res, _ = run_one(kind, meta, seed)
