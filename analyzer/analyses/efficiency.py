@@ -191,12 +191,12 @@ def _steps_table(ops: pd.DataFrame, steps: pd.DataFrame, peak: float | None,
     st = steps.sort_values("step")
     step_us = (st["end_us"] - st["start_us"]).to_numpy(float)
     in_step = ops[ops["step"].notna()]
-    g = in_step.groupby("step")
-    model = in_step[in_step["model"]].groupby("step")["flops"].sum(min_count=1)
-    model_unknown = in_step[in_step["model"]].groupby("step")["flops"].apply(
-        lambda x: bool(x.isna().any()))
-    executed = g["flops"].sum()
-    unknown = g["flops"].apply(lambda x: int(x.isna().sum()))
+    flops, step = in_step["flops"], in_step["step"]
+    is_model = in_step["model"].to_numpy(bool)
+    model = flops[is_model].groupby(step[is_model]).sum(min_count=1)
+    model_unknown = flops[is_model].isna().groupby(step[is_model]).any()
+    executed = flops.groupby(step).sum()
+    unknown = flops.isna().groupby(step).sum()
     out = pd.DataFrame({"step": st["step"].to_numpy(), "step_us": step_us})
     out["model_flops"] = out["step"].map(model).fillna(0.0).to_numpy(float)
     out.loc[out["step"].map(model_unknown).fillna(False).astype(bool).to_numpy(),
