@@ -50,6 +50,11 @@ STRAGGLER_DOMINANCE = 3.0
 #: A straggler's delay cost holds in this share of the steps or more
 #: (:func:`straggler_by_delay_cost`).
 STRAGGLER_STEP_SHARE = 0.8
+#: A rank named by the cost of its time outside computation (host work, a sleep) costs at
+#: least this share of the step: that time varies from rank to rank with the host's load (on
+#: the unplanted CPU pipelines of ``sample_traces/`` one rank's cost 0.7–1.6% of the step, in
+#: a different rank each run), where the kernels' does little.
+STRAGGLER_OUTSIDE_MIN_STEP_SHARE = 0.02
 
 
 #: Traces of one window that start further apart than this (µs, on the reference clock) say a

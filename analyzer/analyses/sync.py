@@ -53,6 +53,7 @@ from .matching import count_instances, matched_events, peers_by_ends
 from .peers import ranks_text
 from .stragglers import (
     STRAGGLER_DOMINANCE,
+    STRAGGLER_OUTSIDE_MIN_STEP_SHARE,
     compute_per_step,
     p2p_share,
     per_rank_waits,
@@ -159,9 +160,10 @@ class SyncResult:
         A rank whose time outside computation costs the step a dominant share
         (``outside_costs``: :meth:`~pardiag.analyzer.analyses.critical_path.
         CriticalPathResult.outside_costs`), at least :data:`.stragglers.STRAGGLER_DOMINANCE` ×
-        what the rank named by its computation costs, is named instead: its extra time is no
-        computation (a sleep, host work before its launches), which the computation's cost
-        cannot see."""
+        what the rank named by its computation costs and at least
+        :data:`.stragglers.STRAGGLER_OUTSIDE_MIN_STEP_SHARE` of the step, is named instead: its
+        extra time is no computation (a sleep, host work before its launches), which the
+        computation's cost cannot see."""
         if costs is None or self.stragglers.empty or p2p_share(self.per_rank) < 0.5:
             return self   # no wait is evidence (every instance at a window's head): nobody
         who = straggler_by_delay_cost(costs, step_us)
@@ -172,7 +174,9 @@ class SyncResult:
             orow = outside_costs[outside_costs["rank"] == out].iloc[0]
             mine = costs[costs["rank"] == who]["delay_cost_us"] if who is not None else None
             cost_of_who = float(mine.iloc[0]) if mine is not None and len(mine) else 0.0
-            if float(orow["delay_cost_us"]) >= STRAGGLER_DOMINANCE * cost_of_who:
+            if (float(orow["delay_cost_us"]) >= STRAGGLER_DOMINANCE * cost_of_who
+                    and float(orow["delay_cost_us"])
+                    >= STRAGGLER_OUTSIDE_MIN_STEP_SHARE * (step_us or 0.0)):
                 note = (f"rank {out} named by the delay cost of its time outside computation "
                         f"on the execution graph (host work, a sleep): the steps replayed with "
                         f"that time cut to the other ranks' median "
