@@ -16,6 +16,8 @@ from hypothesis import strategies as hs
 from benchmarks.cross_rank_accuracy import judge, run_one
 from benchmarks.multirank_gen import KINDS, METADATA, Job, generate
 from pardiag.analyzer.analyses.clocks import fit_line, theil_sen
+from pardiag.analyzer.analyses.sync import compute_sync
+from pardiag.analyzer.trace import load_traces
 
 #: Jobs the benchmark once got wrong, each with what went wrong (kind:metadata:seed).
 FOUND = {
@@ -274,3 +276,21 @@ def test_root_shares_equal_the_definition_on_random_waits():
     assert len(got) == len(want)
     for g, x in zip(got, want):
         assert g.keys() == x.keys() and all(g[k] == pytest.approx(x[k]) for k in g)
+
+
+def test_unnamed_groups_whose_ends_keep_one_gap_on_one_clock_are_two_groups(tmp_path):
+    """pp 2 × dp 2, interleaved, no metadata: the two DP groups' all-reduces end ~500 µs apart
+    in every step, a constant that could be a clock offset, were it not for the sends and
+    receives between the groups' ranks, which end together: ranks 0 and 2 (and 1 and 3) share a
+    clock, so the all-reduces are two groups' ({0, 1} and {2, 3}), not one group's on clocks
+    500 µs apart, and no rank is given an offset."""
+    job = Job(mesh={"pp": 2, "dp": 2}, schedule="pp_interleaved", steps=4, microbatches=4,
+              metadata="none", seed=23987866)
+    generate(job, tmp_path)
+    sync = compute_sync(load_traces(tmp_path, cache=False))
+    ar = sync.instances[sync.instances["op"] == "all_reduce"]
+    assert len(ar) == 8 and (ar["ranks"] == 2).all() and ar["complete"].all()
+    assert any("(ranks 0,1; ranks 2,3)" in n for n in sync.notes)
+    assert sync.offsets["offset_us"].abs().max() <= 20.0
+    p2p = sync.instances[sync.instances["instance"].str.startswith("p2p:")]
+    assert len(p2p) == 192 and p2p["complete"].all()

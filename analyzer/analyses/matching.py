@@ -52,9 +52,12 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     ev["cohort"] = ""
     ambiguous = (ev["group"].astype(str) == AMBIGUOUS_GROUP).to_numpy()
     unknown = (ev["group"].astype(str) == "").to_numpy() & ~ev["op"].isin(P2P_OPS).to_numpy()
+    p2p = (ev["op"].isin(["send", "recv"]).to_numpy() & ev["peer"].notna().to_numpy())
+    p2p_keys = _p2p_keys(ev[p2p]) if p2p.any() else None
+    clocks = _p2p_clock_lines(ev[p2p], p2p_keys) if p2p.any() and unknown.any() else {}
     for g, idx in ev[unknown].groupby("_gid").indices.items():
         rows = ev.index[unknown][idx]
-        cohorts = _cohorts(ev.loc[rows])
+        cohorts = _cohorts(ev.loc[rows], clocks)
         # ranks whose ops end with nobody else's say nothing of their group (its other members
         # may have no trace): only cohorts of two or more are groups of their own
         if len(cohorts) > 1 and max(len(c) for c in cohorts) > 1:
@@ -64,9 +67,7 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
             ev.loc[rows, "_gid"] = g + "#" + name
             size = name.str.count(",") + 1
             ev.loc[rows, "group_size"] = size.where(size > 1, ev.loc[rows, "group_size"])
-    p2p_op = ev["op"].isin(P2P_OPS).to_numpy()
-    has_peer = ev["peer"].notna().to_numpy()
-    coll = ~p2p_op & ~ambiguous
+    coll = ~ev["op"].isin(P2P_OPS).to_numpy() & ~ambiguous
     key = pd.Series([None] * len(ev), index=ev.index, dtype=object)
     how = pd.Series([None] * len(ev), index=ev.index, dtype=object)
     sub = ev[coll]
@@ -83,19 +84,23 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
         if len(rest):
             key.loc[rest.index] = _aligned_keys(rest)
             how.loc[rest.index] = "order"
-    p2p = p2p_op & has_peer & ev["op"].isin(["send", "recv"]).to_numpy()
-    if p2p.any():
-        sub = ev[p2p]
-        src = np.where(sub["op"] == "send", sub["rank"], sub["peer"]).astype(int)
-        dst = np.where(sub["op"] == "send", sub["peer"], sub["rank"]).astype(int)
-        tmp = sub.assign(src=src, dst=dst)
-        nth = tmp.groupby(["rank", "_gid", "src", "dst"]).cumcount() + 1
-        key.loc[sub.index] = ("p2p:" + tmp["_gid"].str[1:] + ":" + tmp["src"].astype(str) + ">"
-                              + tmp["dst"].astype(str) + ":" + nth.astype(str))
-        how.loc[sub.index] = "pair"
+    if p2p_keys is not None:
+        key.loc[p2p_keys.index] = p2p_keys
+        how.loc[p2p_keys.index] = "pair"
     ev["instance"] = key
     ev["matched"] = how
     return ev.drop(columns="_gid")
+
+
+def _p2p_keys(sub: pd.DataFrame) -> pd.Series:
+    """Instance keys of sends and receives whose peer is known (``sub``: their events, with
+    ``_gid``): ``"p2p:<group>:<a>><b>:<k>"``, the k-th transfer from rank a to rank b."""
+    src = np.where(sub["op"] == "send", sub["rank"], sub["peer"]).astype(int)
+    dst = np.where(sub["op"] == "send", sub["peer"], sub["rank"]).astype(int)
+    tmp = sub.assign(src=src, dst=dst)
+    nth = tmp.groupby(["rank", "_gid", "src", "dst"]).cumcount() + 1
+    return ("p2p:" + tmp["_gid"].str[1:] + ":" + tmp["src"].astype(str) + ">"
+            + tmp["dst"].astype(str) + ":" + nth.astype(str))
 
 
 #: Two ranks' ops of a group the trace does not name are one group's when, aligned, most of their
@@ -121,10 +126,68 @@ def _signature(ev: pd.DataFrame) -> pd.Series:
                       zip(ev["op"].astype(object), nbytes)], index=ev.index, dtype=object)
 
 
-def _cohorts(sub: pd.DataFrame) -> list[list[int]]:
+#: A pair of ranks' transfers give their clocks' difference (:func:`_p2p_clock_lines`) when at
+#: least this share of them end within :data:`COHORT_TOL_US` of one line: a send and its receive
+#: end together where the transport completes both at once (NCCL); where a send completes when
+#: its buffer is handed off (gloo), the ends scatter and say nothing of the clocks.
+P2P_CLOCK_SHARE = 0.9
+
+
+def _p2p_clock_lines(sub: pd.DataFrame, keys: pd.Series) -> dict[tuple[int, int], tuple]:
+    """The clocks' difference of each pair of ranks that exchange transfers, from their ends
+    (``sub``: the sends and receives whose peer is known; ``keys``: their instance keys).
+
+    Returns:
+        ``{(a, b): (t_ref_us, offset_us, slope_us_per_s)}`` for both orders of each pair whose
+        transfers, at least :data:`COHORT_MIN_OPS` of them, end together to within
+        :data:`COHORT_TOL_US` of one line (at least :data:`P2P_CLOCK_SHARE` of them; a drift of
+        at most :data:`COHORT_MAX_DRIFT_US_PER_S`, Theil–Sen as :func:`_end_together` fits):
+        ``end_a − end_b ≈ offset_us + slope_us_per_s · (end_a − t_ref_us) / 1e6``."""
+    both = pd.DataFrame({"key": keys.to_numpy(), "rank": sub["rank"].astype(int).to_numpy(),
+                         "end": sub["end_us"].to_numpy(dtype=float)})
+    both = both[both.groupby("key")["rank"].transform("size").eq(2)]
+    both = both.sort_values(["key", "rank"], kind="stable")
+    a, b = both.iloc[0::2], both.iloc[1::2]
+    if a.empty:
+        return {}
+    pairs = pd.DataFrame({"a": a["rank"].to_numpy(), "b": b["rank"].to_numpy(),
+                          "t": a["end"].to_numpy(), "d": a["end"].to_numpy() - b["end"].to_numpy()})
+    pairs = pairs[pairs["a"] != pairs["b"]]
+    out: dict[tuple[int, int], tuple] = {}
+    for (ra, rb), idx in pairs.groupby(["a", "b"]).indices.items():
+        t = pairs["t"].to_numpy()[idx]
+        d = pairs["d"].to_numpy()[idx]
+        ok = np.isfinite(t) & np.isfinite(d)
+        t, d = t[ok], d[ok]
+        if len(t) < COHORT_MIN_OPS:
+            continue
+        order = np.argsort(t, kind="stable")
+        t, d = t[order], d[order]
+        ts = (t - t[0]) / 1e6
+        span = float(np.ptp(ts))
+        pick = np.linspace(0, len(t) - 1, min(len(t), 200)).astype(int)
+        slope = theil_sen(ts[pick], d[pick])[0] if span > 0 else 0.0
+        if not np.isfinite(slope) or abs(slope) * span <= COHORT_TOL_US:
+            slope = 0.0
+        elif abs(slope) > COHORT_MAX_DRIFT_US_PER_S:
+            continue
+        offset = float(np.median(d - slope * ts))
+        if np.mean(np.abs(d - slope * ts - offset) <= COHORT_TOL_US) < P2P_CLOCK_SHARE:
+            continue
+        out[(int(ra), int(rb))] = (float(t[0]), offset, float(slope))
+        out[(int(rb), int(ra))] = (float(t[0]) - offset, -offset, -float(slope))
+    return out
+
+
+def _cohorts(sub: pd.DataFrame, clocks: dict | None = None) -> list[list[int]]:
     """The ranks of one unnamed group's events (``sub``: :data:`comm_events.EVENT_COLUMNS`) split
-    into cohorts whose ops end together (:func:`_end_together`), each rank compared with the
-    first rank of each cohort; lists of ranks, in rank order."""
+    into cohorts whose ops end together (:func:`_end_together`); lists of ranks, in rank order.
+
+    Each rank is compared with a member of each cohort: one whose clock difference to it its
+    transfers give (``clocks``: :func:`_p2p_clock_lines`), whose ends must then keep that
+    difference; else the cohort's first rank, whose ends may keep any one difference (a clock
+    offset the traces do not give)."""
+    clocks = clocks or {}
     sub = sub.sort_values(["window", "seq"], kind="stable")
     # one signature code per op for the whole group (equal codes: equal signatures), and each
     # rank's rows by position: no sub-table and no factorization per rank or per pair
@@ -137,8 +200,13 @@ def _cohorts(sub: pd.DataFrame) -> list[list[int]]:
         idx = idx[window[idx] == window[idx].min()]
         seqs[int(r)] = (codes[idx], seq[idx], end[idx])
     cohorts: list[list[int]] = []
+    def joins(c: list[int], r: int) -> bool:
+        m = next((q for q in c if (q, r) in clocks), None)
+        return (_end_together(seqs[m], seqs[r], clocks[(m, r)]) if m is not None
+                else _end_together(seqs[c[0]], seqs[r]))
+
     for r in sorted(seqs):
-        home = next((c for c in cohorts if _end_together(seqs[c[0]], seqs[r])), None)
+        home = next((c for c in cohorts if joins(c, r)), None)
         if home is None:
             cohorts.append([r])
         else:
@@ -146,14 +214,17 @@ def _cohorts(sub: pd.DataFrame) -> list[list[int]]:
     return cohorts
 
 
-def _end_together(a, b) -> bool:
+def _end_together(a, b, known: tuple | None = None) -> bool:
     """Whether two ranks' ops (``(signature codes, positions, ends)``) are one group's: aligned
     (:func:`_align`), the differences of the ends of pairs with one signature lie on a line in
     time (one offset, a drift of at most :data:`COHORT_MAX_DRIFT_US_PER_S`; Theil–Sen, as the
     clock model fits) to within :data:`COHORT_TOL_US` for at least :data:`COHORT_SHARE` of them;
     True with fewer than :data:`COHORT_MIN_OPS` such pairs. A drift that changes the difference
     by at most :data:`COHORT_TOL_US` over the pairs' whole span is not told from noise: the
-    offset alone is fitted."""
+    offset alone is fitted. With ``known`` (``(t_ref_us, offset_us, slope_us_per_s)``: the
+    clocks' difference the two ranks' transfers give, :func:`_p2p_clock_lines`), the
+    differences must lie on that line instead: ops that end a constant time apart on one clock
+    are two groups', not one group's on two clocks."""
     ca, cb = a[0], b[0]
     base = min(int(a[1].min()), int(b[1].min()))
     la = _laid_out(np.arange(len(ca)), a[1], ca, a[2], base)
@@ -170,6 +241,10 @@ def _end_together(a, b) -> bool:
     t, diff = t[ok], diff[ok]
     if len(diff) < COHORT_MIN_OPS:
         return True
+    if known is not None:
+        t_ref, offset, drift = known
+        resid = diff - offset - drift * (t - t_ref) / 1e6
+        return float(np.mean(np.abs(resid) <= COHORT_TOL_US)) >= COHORT_SHARE
     pick = np.linspace(0, len(t) - 1, min(len(t), 200)).astype(int)
     ts = (t - t[0]) / 1e6
     span = float(np.ptp(ts))
