@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -474,3 +475,29 @@ def test_generated_jobs_against_their_true_path(tmp_path, name):
     if "lockstep" in name:  # communication-bound: tp transfers are a real part of the path
         comm = [s for s in truth.path["shares"] if s["part"] == "communication"]
         assert [s["dim"] for s in comm] == ["tp"] and comm[0]["share_pct"] > 5.0
+
+
+def test_a_join_a_rank_waited_for_while_its_host_was_behind_holds_it_once_its_host_is_faster():
+    """Rank 1 receives at [400, 500) (rank 0 sends from 100: the transfer's release is at 400,
+    rank 1's arrival, plus 100 µs), but its host launched its next computation only at 900
+    (host work 500 µs outside computation from 400), then computes 100 µs: its step ends at
+    1000. The join does not hold rank 1 in the measured step (its host did), so the unchanged
+    replay runs on from its host's work; with that host time gone (``other_scale`` 0) its next
+    computation waits for the release at 500 — not at 400 + 0, ahead of the data — and the
+    step ends at 600 (rank 0 ends at 500)."""
+    import numpy as np
+
+    from pardiag.analyzer.analyses.critical_path import _Join, _replay_ends, _Step
+
+    join = _Join("p2p:0>1:1", "send", "pp", {0: 100.0, 1: 400.0}, {0: 500.0, 1: 500.0},
+                 frozenset({0}), launch_bound=frozenset({1}))
+    k = {0: np.array([[0.0, 100.0]]), 1: np.array([[300.0, 400.0], [900.0, 1000.0]])}
+    d = {0: np.empty((0, 2)), 1: np.empty((0, 2))}
+    g = _Step(1, {0: 0.0, 1: 300.0}, {0: 500.0, 1: 1000.0}, (join,), k, d)
+    assert _replay_ends(g, {}, {}) == pytest.approx({0: 500.0, 1: 1000.0})
+    # the host's time gone: rank 1 waits for the transfer, then computes 100 µs
+    assert _replay_ends(g, {}, {}, other_scale={1: 0.0}) == pytest.approx({0: 500.0, 1: 600.0})
+    # a join that held nobody on the device says nothing of rank 1's next start
+    free = dataclasses.replace(join, launch_bound=frozenset())
+    g2 = dataclasses.replace(g, joins=(free,))
+    assert _replay_ends(g2, {}, {}, other_scale={1: 0.0})[1] == pytest.approx(500.0)

@@ -87,6 +87,10 @@ class _Join:
     arrival: dict          # rank -> arrival (µs, aligned clock)
     end: dict              # rank -> end (µs, aligned clock)
     blocked: frozenset     # ranks whose next work starts at their end
+    # ranks that waited for it on the device but whose host launched their next work only
+    # after its end: their next work starts at the later of the two (a replay that speeds up
+    # their host makes them wait for the join)
+    launch_bound: frozenset = frozenset()
 
     @property
     def last(self) -> int:
@@ -505,15 +509,16 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
                 continue
             arrival = dict(zip(rs, starts))
             ends = dict(zip(rs, ends_))
-            blocked = frozenset(r for r in rs if _blocked(parts[r][1], ends[r])
-                                and not parts[r][3].launched_after(ends[r] + parts[r][4]))
+            waited = [r for r in rs if _blocked(parts[r][1], ends[r])]
+            late = {r for r in waited if parts[r][3].launched_after(ends[r] + parts[r][4])}
+            blocked = frozenset(r for r in waited if r not in late)
             op = meta["op"][key] if meta is not None else "?"
             group = meta["group"][key] if meta is not None else ""
             pg = meta["pg"][key] if meta is not None else ""
             dim = by_group.get(group) or by_name.get(pg) or (
                 "pp" if str(key).startswith("p2p:") else "world" if len(rs) == len(parts)
                 else "other")
-            joins.append(_Join(str(key), op, dim, arrival, ends, blocked))
+            joins.append(_Join(str(key), op, dim, arrival, ends, blocked, frozenset(late)))
         joins.sort(key=lambda j: (j.last_arrival, j.instance))
         ks = {r: iv.clip(parts[r][0], start[r], end[r]) for r in ranks}
         ds = {r: iv.clip(parts[r][2], start[r], end[r]) for r in ranks}
@@ -651,8 +656,10 @@ def _replay_ends(g: _Step, compute_scale: dict, comm_scale: dict,
         arr = {r: moved(r, a) for r, a in j.arrival.items()}
         last_new, last_meas = max(arr.values()), j.last_arrival
         f = comm_scale.get(j.dim, 1.0)
-        for r in j.blocked:
-            anchors[r].append((j.end[r], last_new + max(0.0, j.end[r] - last_meas) * f))
+        own = {r: moved(r, j.end[r]) for r in j.launch_bound}
+        for r in j.blocked | j.launch_bound:
+            release = last_new + max(0.0, j.end[r] - last_meas) * f
+            anchors[r].append((j.end[r], max(release, own[r]) if r in own else release))
             anchors[r].sort()
     return {r: moved(r, e) for r, e in g.end.items()}
 
