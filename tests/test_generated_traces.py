@@ -294,3 +294,19 @@ def test_unnamed_groups_whose_ends_keep_one_gap_on_one_clock_are_two_groups(tmp_
     assert sync.offsets["offset_us"].abs().max() <= 20.0
     p2p = sync.instances[sync.instances["instance"].str.startswith("p2p:")]
     assert len(p2p) == 192 and p2p["complete"].all()
+
+
+def test_replica_pipelines_in_lockstep_share_a_clock_though_their_transfers_do_not_pair(tmp_path):
+    """pp 2 × dp 2, 1F1B, no metadata, nobody slow: the two pipelines run in lockstep, so each
+    send ends with the receives of both pipelines' next stage and none pairs (two candidates
+    each; nothing is guessed). Whichever each peer is, the four ranks' transfers end together op
+    after op: one clock, and the DP groups' all-reduces, which end a constant time apart, are
+    two groups' ({0, 1} and {2, 3})."""
+    job = Job(mesh={"pp": 2, "dp": 2}, schedule="pp_1f1b", steps=4, microbatches=4,
+              metadata="none", seed=11)
+    generate(job, tmp_path)
+    sync = compute_sync(load_traces(tmp_path, cache=False))
+    assert any("without a known peer were not paired" in n for n in sync.notes)
+    ar = sync.instances[sync.instances["op"] == "all_reduce"]
+    assert len(ar) == 8 and (ar["ranks"] == 2).all() and ar["complete"].all()
+    assert any("(ranks 0,1; ranks 2,3)" in n for n in sync.notes)

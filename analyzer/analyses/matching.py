@@ -55,6 +55,9 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
     p2p = (ev["op"].isin(["send", "recv"]).to_numpy() & ev["peer"].notna().to_numpy())
     p2p_keys = _p2p_keys(ev[p2p]) if p2p.any() else None
     clocks = _p2p_clock_lines(ev[p2p], p2p_keys) if p2p.any() and unknown.any() else {}
+    lone = ev["op"].isin(["send", "recv"]).to_numpy() & ev["peer"].isna().to_numpy()
+    if lone.any() and unknown.any():
+        clocks = {**_lockstep_clocks(ev[lone]), **clocks}
     for g, idx in ev[unknown].groupby("_gid").indices.items():
         rows = ev.index[unknown][idx]
         cohorts = _cohorts(ev.loc[rows], clocks)
@@ -176,6 +179,49 @@ def _p2p_clock_lines(sub: pd.DataFrame, keys: pd.Series) -> dict[tuple[int, int]
             continue
         out[(int(ra), int(rb))] = (float(t[0]), offset, float(slope))
         out[(int(rb), int(ra))] = (float(t[0]) - offset, -offset, -float(slope))
+    return out
+
+
+#: Sends and receives whose peer is unknown give two ranks one clock (:func:`_lockstep_clocks`)
+#: when at least this many of them, and :data:`LOCKSTEP_SHARE` of the fewer of the two ranks',
+#: end within :data:`COHORT_TOL_US` of an op of the other kind on the other rank.
+LOCKSTEP_MIN_OPS = 10
+LOCKSTEP_SHARE = 0.5
+
+
+def _lockstep_clocks(sub: pd.DataFrame) -> dict[tuple[int, int], tuple]:
+    """One clock for two ranks whose sends and receives, their peers unknown and not paired
+    (transfers in lockstep end together on several pairs of ranks, so each has several
+    candidates), end with ops of the other kind on the other rank all the same: at least
+    :data:`LOCKSTEP_MIN_OPS` of them and :data:`LOCKSTEP_SHARE` of the fewer of the two ranks'
+    end within :data:`COHORT_TOL_US` of one (``sub``: those ops' events). Whichever of the
+    candidates each transfer's peer is, its two sides end together on one clock, so the ranks'
+    clocks agree to within that tolerance; ends that kept another difference (an offset, other
+    hosts) would not coincide op after op.
+
+    Returns:
+        ``{(a, b): (t_ref_us, 0.0, 0.0)}`` for both orders of each such pair, as
+        :func:`_p2p_clock_lines` returns lines."""
+    out: dict[tuple[int, int], tuple] = {}
+    ends = {(int(r), str(op)): np.sort(g.to_numpy(dtype=float))
+            for (r, op), g in sub.groupby(["rank", "op"])["end_us"]}
+    ranks = sorted({r for r, _ in ends})
+    counts = {r: sum(len(v) for (q, _), v in ends.items() if q == r) for r in ranks}
+    for i, a in enumerate(ranks):
+        for b in ranks[i + 1:]:
+            hits = 0
+            for op_a, op_b in (("send", "recv"), ("recv", "send")):
+                x, y = ends.get((a, op_a)), ends.get((b, op_b))
+                if x is None or y is None or not len(x) or not len(y):
+                    continue
+                j = np.clip(np.searchsorted(y, x), 1, len(y) - 1) if len(y) > 1 else np.zeros(
+                    len(x), dtype=int)
+                near = np.minimum(np.abs(x - y[j]), np.abs(x - y[np.maximum(j - 1, 0)]))
+                hits += int((near <= COHORT_TOL_US).sum())
+            if hits >= LOCKSTEP_MIN_OPS and hits >= LOCKSTEP_SHARE * min(counts[a], counts[b]):
+                t0 = float(min(float(v[0]) for (q, _), v in ends.items() if q == a and len(v)))
+                out[(a, b)] = (t0, 0.0, 0.0)
+                out[(b, a)] = (t0, 0.0, 0.0)
     return out
 
 
