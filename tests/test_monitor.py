@@ -504,16 +504,25 @@ def test_a_monitored_pipeline_wraps_its_sends_only_for_its_capture(tmp_path):
     asked) the point-to-point recorder stays installed for the whole run."""
     import os
 
-    out = tmp_path / "mon"
-    r = subprocess.run(
-        [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
-         "--monitor", "--monitor-every", "10", "--monitor-capture", "2", "--out", str(out),
-         str(ROOT / "examples" / "train_pp.py"), "--", "--steps", "300", "--microbatches", "4",
-         "--slow-rank", "1", "--slow-ms", "30", "--slow-from", "100", "--slow-until", "250"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env={**os.environ, "PARDIAG_MONITOR_POLL_S": "1"})
-    assert r.returncode == 0, r.stderr[-2000:]
-    (cap,) = list(out.glob("capture-*"))
+    # a loaded machine can make the online finding, and so the capture, come late or not at
+    # all (the steps before the slow period as slow as it): one more run then, and the run
+    # goes on 150 steps after the slow period, so that a late capture is still written
+    for attempt in range(2):
+        out = tmp_path / f"mon{attempt}"
+        r = subprocess.run(
+            [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
+             "--monitor", "--monitor-every", "10", "--monitor-capture", "2", "--out", str(out),
+             str(ROOT / "examples" / "train_pp.py"), "--", "--steps", "400", "--microbatches",
+             "4", "--slow-rank", "1", "--slow-ms", "30", "--slow-from", "100", "--slow-until",
+             "250"],
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
+            env={**os.environ, "PARDIAG_MONITOR_POLL_S": "1"})
+        assert r.returncode == 0, r.stderr[-2000:]
+        if list(out.glob("capture-*")):
+            break
+    caps = list(out.glob("capture-*"))
+    assert len(caps) == 1, r.stderr[-2000:]
+    (cap,) = caps
     # the slow half of the run is found against the other steps; which rank slowed is not
     # known, as no collective compares the ranks' arrivals
     data = M.load_monitor(out)
@@ -549,15 +558,15 @@ def test_a_monitored_pipeline_wraps_its_sends_only_for_its_capture(tmp_path):
             "records"]
         assert sent[rank] == [(x["seq"], x["bytes"]) for x in recs if x["op"] == "recv"]
     # a capture inside the slow period: rank 1's 30 ms sleep outside computation costs the
-    # step more than stage 0's longer computation, so the execution graph names rank 1, as
-    # the verdict does (the synchronization analysis named rank 0, by its computation alone)
+    # step more than stage 0's longer computation, so rank 1 is named, by the synchronization
+    # analysis and the verdict (which named rank 0 by its computation alone before the time
+    # outside computation had a delay cost)
     start = int(cap.name.split("-")[1])
     if 100 <= start and start + 1 < 250:
         import pardiag
 
         rep = pardiag.analyze(cap, cache=False)
         assert rep.sync.straggler == 1 and rep.straggler == 1, rep.sync.notes
-        assert rep.sync.straggler_outside_cost_us > 10_000
     r = subprocess.run(
         [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
          "--monitor", "--timeout", "600", "--out", str(tmp_path / "hang"),
