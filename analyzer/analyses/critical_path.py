@@ -237,13 +237,7 @@ class CriticalPathResult:
         step's first launch lies in the window before it (the first step's before the
         window)."""
         rest = {g.step: outside_us(g) for g in self.graphs}
-        excess: dict[int, list[float]] = {}
-        for c in rest.values():
-            for r in c:
-                if (x := _excess(c, r)) is not None:
-                    excess.setdefault(r, []).append(x)
-        med = {r: float(np.median(v)) for r, v in excess.items()}
-        top = sorted((r for r, v in med.items() if v > 0), key=lambda r: (-med[r], r))
+        excess, med, top = _ranked_excess(rest)
         if not top:
             return pd.DataFrame(columns=list(DELAY_COLUMNS))
         graphs = sorted(self.graphs, key=lambda g: g.step)
@@ -266,20 +260,12 @@ class CriticalPathResult:
                          "excess_compute_us": med[r],
                          "delay_cost_us": max(0.0, base - _chain_us(graphs, scales)) / steps,
                          "delay_cost_iqr_us": 0.0})
-        out = pd.DataFrame(rows, columns=list(DELAY_COLUMNS))
-        return out.sort_values(["delay_cost_us", "rank"], ascending=[False, True],
-                               kind="stable").reset_index(drop=True)
+        return _costs_table(rows)
 
     def _delay_costs(self) -> pd.DataFrame:
         """:attr:`delay_costs`, computed from :attr:`graphs`."""
         comp = {g.step: {int(r): iv.total(k) for r, k in g.k.items()} for g in self.graphs}
-        excess: dict[int, list[float]] = {}
-        for c in comp.values():
-            for r in c:
-                if (x := _excess(c, r)) is not None:
-                    excess.setdefault(r, []).append(x)
-        med = {r: float(np.median(v)) for r, v in excess.items()}
-        top = sorted((r for r, v in med.items() if v > 0), key=lambda r: (-med[r], r))
+        _, med, top = _ranked_excess(comp)
         base = {g.step: _replay(g, {}, {}) for g in self.graphs} if top else {}
         rows = []
         for r in top[:DELAY_RANKS]:
@@ -293,9 +279,7 @@ class CriticalPathResult:
                 cost.append(max(0.0, base[g.step] - _replay(g, {r: f}, {})))
             if cost:
                 rows.append(_cost_row(r, cost, med[r]))
-        out = pd.DataFrame(rows, columns=list(DELAY_COLUMNS))
-        return out.sort_values(["delay_cost_us", "rank"], ascending=[False, True],
-                               kind="stable").reset_index(drop=True)
+        return _costs_table(rows)
 
     def _check_ranks(self, scales: dict, what: str) -> None:
         ranks = sorted({int(r) for g in self.graphs for r in g.end})
@@ -671,6 +655,27 @@ PERIOD_ITERATIONS = 12
 #: A rank's time outside computation exceeds its peers' in a step by at least this much (µs)
 #: to count that step as one its delay holds in (:meth:`CriticalPathResult.outside_costs`).
 OUTSIDE_MIN_US = 10.0
+
+
+def _ranked_excess(per_step: dict[int, dict[int, float]]
+                   ) -> tuple[dict[int, list[float]], dict[int, float], list[int]]:
+    """Per rank, its excess over the other ranks' median in each step of ``per_step`` (step ->
+    rank -> µs; :func:`_excess`), the median of those excesses, and the ranks whose median
+    excess is above 0, the most first (ties by rank)."""
+    excess: dict[int, list[float]] = {}
+    for c in per_step.values():
+        for r in c:
+            if (x := _excess(c, r)) is not None:
+                excess.setdefault(r, []).append(x)
+    med = {r: float(np.median(v)) for r, v in excess.items()}
+    return excess, med, sorted((r for r, v in med.items() if v > 0), key=lambda r: (-med[r], r))
+
+
+def _costs_table(rows: list[dict]) -> pd.DataFrame:
+    """Delay-cost rows as :data:`DELAY_COLUMNS`, the most cost first (ties by rank)."""
+    out = pd.DataFrame(rows, columns=list(DELAY_COLUMNS))
+    return out.sort_values(["delay_cost_us", "rank"], ascending=[False, True],
+                           kind="stable").reset_index(drop=True)
 
 
 def _chain_us(graphs: list[_Step], other_scale: dict[int, dict]) -> float:

@@ -167,12 +167,7 @@ def _p2p_clock_lines(sub: pd.DataFrame, keys: pd.Series) -> dict[tuple[int, int]
         order = np.argsort(t, kind="stable")
         t, d = t[order], d[order]
         ts = (t - t[0]) / 1e6
-        span = float(np.ptp(ts))
-        pick = np.linspace(0, len(t) - 1, min(len(t), 200)).astype(int)
-        slope = theil_sen(ts[pick], d[pick])[0] if span > 0 else 0.0
-        if not np.isfinite(slope) or abs(slope) * span <= COHORT_TOL_US:
-            slope = 0.0
-        elif abs(slope) > COHORT_MAX_DRIFT_US_PER_S:
+        if (slope := _drift(ts, d)) is None:
             continue
         offset = float(np.median(d - slope * ts))
         if np.mean(np.abs(d - slope * ts - offset) <= COHORT_TOL_US) < P2P_CLOCK_SHARE:
@@ -260,6 +255,25 @@ def _cohorts(sub: pd.DataFrame, clocks: dict | None = None) -> list[list[int]]:
     return cohorts
 
 
+def _drift(ts: np.ndarray, d: np.ndarray) -> float | None:
+    """The drift (µs per s) of two clocks' differences ``d`` (µs) over times ``ts`` (s from the
+    first, ascending): the Theil–Sen slope of at most 200 evenly picked points, as the clock
+    model fits; 0 when it moves the difference by at most :data:`COHORT_TOL_US` over the whole
+    span (µs of jitter over ms read as thousands of µs per s, not as two clocks); None when no
+    slope is found or it exceeds :data:`COHORT_MAX_DRIFT_US_PER_S` (no clock drifts so fast:
+    the ranks run on their own)."""
+    span = float(np.ptp(ts)) if len(ts) else 0.0
+    if span <= 0:
+        return 0.0
+    pick = np.linspace(0, len(ts) - 1, min(len(ts), 200)).astype(int)
+    slope = theil_sen(ts[pick], d[pick])[0]
+    if not np.isfinite(slope):
+        return None
+    if abs(slope) * span <= COHORT_TOL_US:
+        return 0.0
+    return None if abs(slope) > COHORT_MAX_DRIFT_US_PER_S else float(slope)
+
+
 def _end_together(a, b, known: tuple | None = None) -> bool:
     """Whether two ranks' ops (``(signature codes, positions, ends)``) are one group's: aligned
     (:func:`_align`), the differences of the ends of pairs with one signature lie on a line in
@@ -291,17 +305,8 @@ def _end_together(a, b, known: tuple | None = None) -> bool:
         t_ref, offset, drift = known
         resid = diff - offset - drift * (t - t_ref) / 1e6
         return float(np.mean(np.abs(resid) <= COHORT_TOL_US)) >= COHORT_SHARE
-    pick = np.linspace(0, len(t) - 1, min(len(t), 200)).astype(int)
     ts = (t - t[0]) / 1e6
-    span = float(np.ptp(ts))
-    slope = theil_sen(ts[pick], diff[pick])[0] if span > 0 else 0.0
-    if not np.isfinite(slope):
-        return False
-    if abs(slope) * span <= COHORT_TOL_US:
-        # over a span this short the fitted drift moves the difference by less than the ends'
-        # noise: µs of jitter over ms read as thousands of µs per s, not as two clocks
-        slope = 0.0
-    elif abs(slope) > COHORT_MAX_DRIFT_US_PER_S:
+    if (slope := _drift(ts, diff)) is None:
         return False
     resid = diff - slope * ts
     resid -= np.median(resid)
