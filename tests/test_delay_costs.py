@@ -109,6 +109,35 @@ def test_unpaired_transfers_name_nobody_from_the_collectives():
     assert peers_by_ends(crossed)[1] is None
 
 
+def test_transfers_in_lockstep_pair_by_elimination():
+    """No peers recorded. Three stages: rank 0's send ends with the receives of ranks 1 and 2,
+    rank 1's (batched with its receive) with rank 2's only (its own receive is no candidate):
+    rank 1's takes rank 2's, so rank 0's has rank 1's left. Four ranks: once 0→1, 2→3, 0→3 and
+    2→1 have each been seen alone, ranks 0 and 2 send while ranks 1 and 3 receive, every pair
+    established; rank 1's receive ends with rank 0's send and rank 3's 3 µs later with rank 2's:
+    each takes the nearer. Were all four to end together nothing would tell 0→1 from 0→3, and
+    as too few ops would pair, none is paired (unknown, not a guess)."""
+    from pardiag.analyzer.analyses.matching import peers_by_ends
+
+    def frame(rows):
+        return pd.DataFrame([{"rank": r, "op": op, "peer": None, "bytes": None,
+                              "start_us": e - 20.0, "end_us": e} for r, op, e in rows])
+
+    out, note = peers_by_ends(frame([(0, "send", 100.0), (1, "recv", 100.0),
+                                     (1, "send", 100.0), (2, "recv", 100.0)]))
+    assert note is not None and note.startswith("4 point-to-point op(s)")
+    assert list(out["peer"]) == [1, 0, 2, 1]
+    seen = [(0, "send", 10.0), (1, "recv", 10.0), (2, "send", 30.0), (3, "recv", 30.0),
+            (0, "send", 50.0), (3, "recv", 50.0), (2, "send", 70.0), (1, "recv", 70.0)]
+    out, note = peers_by_ends(frame(seen + [(0, "send", 100.0), (1, "recv", 100.0),
+                                            (2, "send", 103.0), (3, "recv", 103.0)]))
+    assert note is not None and note.startswith("12 point-to-point op(s)")
+    assert list(out["peer"]) == [1, 0, 3, 2, 3, 0, 1, 2, 1, 0, 3, 2]
+    out, note = peers_by_ends(frame(seen + [(0, "send", 100.0), (1, "recv", 100.0),
+                                            (2, "send", 100.0), (3, "recv", 100.0)]))
+    assert note is None and out["peer"].isna().all()
+
+
 def _costs(*rows):
     return pd.DataFrame([dict(zip(DELAY_COLUMNS, r)) for r in rows], columns=list(DELAY_COLUMNS))
 

@@ -497,6 +497,85 @@ P2P_END_TOL_US = COHORT_TOL_US
 #: the traces do not give find theirs: clocks that differ (other hosts) or transfers that end in
 #: lockstep leave most unpaired, and then none is paired.
 P2P_END_SHARE = 0.9
+#: Of two receives of established pairs that end with a send, the nearer pairs with it when it
+#: ends at most this share as far from the send as the other (stages in lockstep: the next
+#: stage's receive ends together with the send, another's a few µs off).
+P2P_NEAREST_SHARE = 0.5
+#: ... and the other ends at least this much (µs) farther from it (ends that differ by less are
+#: together, as far as timestamps tell).
+P2P_NEAREST_MIN_US = 1.0
+
+
+def _pair_by_elimination(cand: dict[int, list[int]], src: dict[int, int], s_end: dict[int, float],
+                         r_rank: np.ndarray, r_end: np.ndarray) -> dict[int, int]:
+    """``{send: receive}`` from each send's candidate receives (``cand``; ``src`` and ``s_end``:
+    the sending rank and the send's end; ``r_rank``, ``r_end``: each receive's rank and end, µs).
+    An op whose candidates on the other side are down to one takes it, and that one is no one
+    else's candidate any more (a receive is one send's). When none is down to one, a send takes
+    the one candidate whose pair of ranks a pairing so far established (ranks that exchange in
+    lockstep end together); failing that, of the candidates of established pairs, the one that
+    ends nearest to it when it ends at most :data:`P2P_NEAREST_SHARE` as far from it as the
+    next nearest; and elimination goes on.
+    A send and a receive that are each the other's only candidate pair; so do a send on a
+    rank whose batched send and receive end together with another rank's (stage 1 sends on
+    to stage 2 while it receives from stage 0): once rank 1's send has taken rank 2's receive,
+    rank 0's send has rank 1's receive left."""
+    r_cand: dict[int, set[int]] = {}
+    for i, js in cand.items():
+        for j in js:
+            r_cand.setdefault(j, set()).add(i)
+    s_cand = {i: set(js) for i, js in cand.items() if js}
+    match: dict[int, int] = {}
+
+    def take(i: int, j: int, queue: list) -> None:
+        match[i] = j
+        for j2 in s_cand.pop(i, set()) - {j}:
+            r_cand[j2].discard(i)
+            if len(r_cand[j2]) == 1:
+                queue.append(("r", j2))
+        for i2 in r_cand.pop(j, set()) - {i}:
+            s_cand[i2].discard(j)
+            if len(s_cand[i2]) == 1:
+                queue.append(("s", i2))
+
+    def settle(queue: list) -> None:
+        while queue:
+            side, k = queue.pop()
+            if side == "s" and len(s_cand.get(k, ())) == 1:
+                take(k, next(iter(s_cand[k])), queue)
+            elif side == "r" and len(r_cand.get(k, ())) == 1:
+                take(next(iter(r_cand[k])), k, queue)
+
+    settle([("s", i) for i, js in s_cand.items() if len(js) == 1]
+           + [("r", j) for j, is_ in r_cand.items() if len(is_) == 1])
+    while s_cand:
+        pairs = {(src[i], int(r_rank[j])) for i, j in match.items()}
+        fit = {i: [j for j in js if (src[i], int(r_rank[j])) in pairs]
+               for i, js in s_cand.items()}
+        found = [(i, js[0]) for i, js in sorted(fit.items()) if len(js) == 1]
+        if not found:
+            near = {i: _nearest(js, s_end[i], r_end) for i, js in sorted(fit.items())}
+            found = [(i, j) for i, j in near.items() if j is not None]
+        if not found:
+            break
+        queue: list = []
+        for i, j in found:
+            if j in s_cand.get(i, ()):
+                take(i, j, queue)
+        settle(queue)
+    return match
+
+
+def _nearest(js: list[int], end: float, r_end: np.ndarray) -> int | None:
+    """Of the receives ``js``, the one that ends nearest to ``end`` (µs), when the next nearest
+    ends at least 1/:data:`P2P_NEAREST_SHARE` as far from it and :data:`P2P_NEAREST_MIN_US`
+    farther; else None."""
+    if len(js) < 2:
+        return js[0] if js else None
+    gaps = sorted((abs(float(r_end[j]) - end), j) for j in js)
+    near, far = gaps[0][0], gaps[1][0]
+    return gaps[0][1] if (near <= P2P_NEAREST_SHARE * far
+                          and far - near >= P2P_NEAREST_MIN_US) else None
 
 
 def peers_by_ends(ev: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
@@ -504,9 +583,10 @@ def peers_by_ends(ev: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     ``Src``/``Dst Rank``), from when they end: a send and its receive complete together.
 
     A send pairs with the receive on another rank that ends within :data:`P2P_END_TOL_US` of
-    it, of the same size where both sizes are known, when each is the other's only candidate.
-    An op with several candidates takes the one whose pair of ranks the unique matches
-    established (ranks that exchange in lockstep end together). The k-th send from rank a to
+    it, of the same size where both sizes are known, by elimination
+    (:func:`_pair_by_elimination`): an op whose candidates are down to one takes it; one with
+    several takes the one whose pair of ranks the pairings so far established (ranks that
+    exchange in lockstep end together). The k-th send from rank a to
     rank b must then meet the k-th receive of b from a (NCCL delivers a pair's transfers in
     order). Peers are filled only when :data:`P2P_END_SHARE` of the unknown ops are paired so
     and every pair keeps that order; otherwise none is, and the ops stay unpaired.
@@ -536,21 +616,9 @@ def peers_by_ends(ev: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
 
     cand = {i: [j for j in range(a, b) if fits(rank, size, j)]
             for i, rank, size, a, b in zip(sends.index, sends["rank"], sends["bytes"], lo, hi)}
-    taken_by: dict[int, list[int]] = {}
-    for i, js in cand.items():
-        for j in js:
-            taken_by.setdefault(j, []).append(i)
-    match: dict[int, int] = {i: js[0] for i, js in cand.items()
-                             if len(js) == 1 and len(taken_by[js[0]]) == 1}
-    pairs = {(int(ev.at[i, "rank"]), int(r_rank[j])) for i, j in match.items()}
-    used = set(match.values())
-    for i, js in cand.items():   # several candidates: the one of an established pair
-        if i in match:
-            continue
-        fit = [j for j in js if j not in used and (int(ev.at[i, "rank"]), int(r_rank[j])) in pairs]
-        if len(fit) == 1:
-            match[i] = fit[0]
-            used.add(fit[0])
+    match = _pair_by_elimination(cand, dict(zip(sends.index, sends["rank"].astype(int))),
+                                 dict(zip(sends.index, sends["end_us"].astype(float))),
+                                 r_rank, r_end)
     if 2 * len(match) < P2P_END_SHARE * int(unk.sum()):
         return ev, None
     # each pair's transfers in order: its k-th send meets its k-th receive
