@@ -227,6 +227,20 @@ def test_a_rank_the_waits_name_stays_named_when_its_whole_work_costs_the_step(tm
     assert out.notes[-1].startswith("no straggler named: rank 1 causes the most waiting, but "
                                     "the steps replayed with its work cut to the other ranks' "
                                     "median end 0 µs earlier per step")
+    # its extra work mostly time outside computation (38 of 40 ms) whose own replay saves
+    # 50 µs: the schedule hides the sleep (a last stage that waits for its first forward
+    # anyway); the whole work's replay, which shortens its computation too, does not decide
+    hidden = _costs((1, 4, 4, 38_000.0, 50.0, 0.0))
+    out = sync.with_graph_straggler(none, 100_000.0, sleeping, hidden)
+    assert out.straggler is None
+    assert out.notes[-1].startswith("no straggler named: rank 1 causes the most waiting, but "
+                                    "its extra time is mostly outside computation (38000 µs "
+                                    "per step: host work, a sleep), and the steps replayed "
+                                    "with that time cut to the other ranks' median end only 50 "
+                                    "µs earlier per step")
+    # ... but 15 of 40 ms outside computation is not most of it: the whole work's cost decides
+    partly = _costs((1, 4, 4, 15_000.0, 50.0, 0.0))
+    assert sync.with_graph_straggler(none, 100_000.0, sleeping, partly).straggler == 1
     # outside a pipeline (waits at collectives) the graph's costs change nothing
     ddp, _ = _report(tmp_path / "ddp", mesh={"dp": 4}, schedule="ddp", slow_ranks={2: 900.0},
                      metadata="seq")

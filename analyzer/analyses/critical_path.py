@@ -205,17 +205,18 @@ class CriticalPathResult:
     def work_cost(self, rank: int) -> pd.DataFrame:
         """The step time ``rank``'s whole work costs the job, as one row of
         :data:`DELAY_COLUMNS` (``excess_compute_us`` is then its work's excess over the others'
-        median): the unchanged replay less :meth:`without_straggler`, per step. Empty without a
-        path or when the rank is not on it."""
+        median): the profiled steps replayed one after the other (:func:`_chain_us`), less the
+        same with its work scaled to the others' median in each step, per step, counted as
+        :meth:`outside_costs` counts (a delay the next step's schedule hides costs nothing, as
+        the job would run). Empty without a path or when the rank is not on it."""
         if rank not in {int(r) for g in self.graphs for r in g.end}:
             return pd.DataFrame(columns=list(DELAY_COLUMNS))
-        d = self.without_straggler(rank)
-        if d.empty:
+        work = {g.step: work_us(g) for g in self.graphs}
+        excess, med, _ = _ranked_excess(work)
+        if rank not in excess:
             return pd.DataFrame(columns=list(DELAY_COLUMNS))
-        excess = [x for g in self.graphs if (x := _excess(work_us(g), rank)) is not None]
-        cost = (d["replay_us"] - d["predicted_us"]).clip(lower=0.0).tolist()
-        return pd.DataFrame([_cost_row(rank, cost, float(np.median(excess)) if excess else 0.0)],
-                            columns=list(DELAY_COLUMNS))
+        return _costs_table([_window_row(sorted(self.graphs, key=lambda g: g.step), rank,
+                                         work, excess[rank], med[rank], "work")])
 
     def outside_costs(self) -> pd.DataFrame:
         """Delay costs of the time ranks spend outside computation and data loading while not
@@ -241,26 +242,8 @@ class CriticalPathResult:
         if not top:
             return pd.DataFrame(columns=list(DELAY_COLUMNS))
         graphs = sorted(self.graphs, key=lambda g: g.step)
-        base = _chain_us(graphs, {})
-        rows = []
-        for r in top[:DELAY_RANKS]:
-            scales = {}
-            for g in graphs:
-                c = rest[g.step]
-                peers = [x for q, x in c.items() if q != r]
-                if r in c and peers and c[r] > 0:
-                    scales[g.step] = {r: min(1.0, float(np.median(peers)) / c[r])}
-            n = len(excess[r])
-            held = int(sum(x >= OUTSIDE_MIN_US for x in excess[r]))
-            # n device windows hold n - 1 step boundaries: a delay before each step's first
-            # launch shows in n - 1 of them (the first step's lies before the window); a host's
-            # windows hold their own
-            steps = n if held == n else max(1, n - 1)
-            rows.append({"rank": r, "steps": steps, "steps_costly": min(held, steps),
-                         "excess_compute_us": med[r],
-                         "delay_cost_us": max(0.0, base - _chain_us(graphs, scales)) / steps,
-                         "delay_cost_iqr_us": 0.0})
-        return _costs_table(rows)
+        return _costs_table([_window_row(graphs, r, rest, excess[r], med[r], "other")
+                             for r in top[:DELAY_RANKS]])
 
     def _delay_costs(self) -> pd.DataFrame:
         """:attr:`delay_costs`, computed from :attr:`graphs`."""
@@ -678,11 +661,36 @@ def _costs_table(rows: list[dict]) -> pd.DataFrame:
                            kind="stable").reset_index(drop=True)
 
 
-def _chain_us(graphs: list[_Step], other_scale: dict[int, dict]) -> float:
+def _window_row(graphs: list[_Step], r: int, per_step: dict[int, dict], excess: list[float],
+                med: float, what: str) -> dict:
+    """One row of :data:`DELAY_COLUMNS`: what rank ``r``'s time ``per_step`` (step -> rank ->
+    µs) costs the chained replay of ``graphs`` (:func:`_chain_us`) when scaled to
+    the other ranks' median in each step (``what``: ``"work"`` its whole work, ``"other"`` its
+    time outside computation), per step. ``excess``: its excess per step, ``med`` their median.
+    n device windows hold n - 1 step boundaries: a delay before each step's first launch shows
+    in n - 1 of them (the first step's lies before the window); a host's windows hold their own.
+    """
+    scales: dict[int, dict] = {}
+    for g in graphs:
+        c = per_step[g.step]
+        peers = [x for q, x in c.items() if q != r]
+        if r in c and peers and c[r] > 0:
+            scales[g.step] = {r: min(1.0, float(np.median(peers)) / c[r])}
+    n = len(excess)
+    held = int(sum(x >= OUTSIDE_MIN_US for x in excess))
+    steps = n if held == n else max(1, n - 1)
+    kw = {"work_scale": scales} if what == "work" else {"other_scale": scales}
+    cost = max(0.0, _chain_us(graphs) - _chain_us(graphs, **kw)) / steps
+    return {"rank": r, "steps": steps, "steps_costly": min(held, steps),
+            "excess_compute_us": med, "delay_cost_us": cost, "delay_cost_iqr_us": 0.0}
+
+
+def _chain_us(graphs: list[_Step], other_scale: dict[int, dict] | None = None,
+              work_scale: dict[int, dict] | None = None) -> float:
     """The replayed length (µs) of the steps ``graphs`` (in step order) one after the other:
     each rank starts a step where it ended the step before in the replay, plus the measured gap
     between its windows; steps not consecutive start a new chain at their measured starts. The
-    sum over chains. ``other_scale``: per step, :func:`_replay_ends`' ``other_scale``."""
+    sum over chains. ``other_scale``, ``work_scale``: per step, :func:`_replay_ends`' own."""
     total = t0 = 0.0
     ends: dict = {}
     for i, g in enumerate(graphs):
@@ -695,7 +703,8 @@ def _chain_us(graphs: list[_Step], other_scale: dict[int, dict]) -> float:
         else:
             starts = {r: ends[r] + s - prev.end[r] if r in ends and r in prev.end else s
                       for r, s in g.start.items()}
-        ends = _replay_ends(g, {}, {}, None, starts, other_scale.get(g.step))
+        ends = _replay_ends(g, {}, {}, (work_scale or {}).get(g.step), starts,
+                            (other_scale or {}).get(g.step))
     if graphs:
         total += max(ends.values()) - t0
     return total

@@ -191,15 +191,25 @@ class SyncResult:
         if who is None:
             if self.straggler is None:
                 return self
-            if work_cost is not None and straggler_by_delay_cost(work_cost, step_us) is not None:
+            if (work_cost is not None and straggler_by_delay_cost(work_cost, step_us) is not None
+                    and not _mostly_outside(self.straggler, work_cost, outside_costs)):
                 return self   # its extra time is not computation (a sleep, host work)
             cost = (float(work_cost["delay_cost_us"].iloc[0])
                     if work_cost is not None and len(work_cost) else 0.0)
+            if work_cost is not None and _mostly_outside(self.straggler, work_cost,
+                                                         outside_costs):
+                assert outside_costs is not None
+                o = outside_costs[outside_costs["rank"] == self.straggler].iloc[0]
+                extra, saved = float(o["excess_compute_us"]), float(o["delay_cost_us"])
+                what = (f"its extra time is mostly outside computation ({extra:.0f} µs per "
+                        f"step: host work, a sleep), and the steps replayed with that time cut "
+                        f"to the other ranks' median end only {saved:.0f} µs earlier per step")
+            else:
+                what = (f"the steps replayed with its work cut to the other ranks' median end "
+                        f"{cost:.0f} µs earlier per step (median)")
             note = (f"no straggler named: rank {self.straggler} causes the most waiting, but "
-                    f"the steps replayed with its work cut to the other ranks' median end "
-                    f"{cost:.0f} µs earlier per step (median), and no rank's extra computation "
-                    f"costs the step a clear share of it (delay costs on the execution "
-                    f"graph): the waiting is the schedule's")
+                    f"{what}, and no rank's extra computation costs the step a clear share of "
+                    f"it (delay costs on the execution graph): the waiting is the schedule's")
             return dataclasses.replace(self, straggler=None, notes=(*notes, note))
         row = costs[costs["rank"] == who].iloc[0]
         rest = costs[costs["rank"] != who]["delay_cost_us"]
@@ -217,6 +227,19 @@ class SyncResult:
         """Arrival skew per collective type (:func:`skew_by_op`). Computed once (the JSON, the
         page and the terminal read it)."""
         return skew_by_op(self.instances)
+
+
+def _mostly_outside(rank: int, work_cost: pd.DataFrame, outside_costs: pd.DataFrame | None
+                    ) -> bool:
+    """Whether at least half of ``rank``'s extra work (``work_cost``'s excess) is time outside
+    computation whose own delay cost (``outside_costs``) was measured: then that cost, not the
+    whole work's, says what its extra time costs (scaling its whole work down shortens its
+    computation too, which is no slower than its peers')."""
+    if outside_costs is None or outside_costs.empty or work_cost.empty:
+        return False
+    row = outside_costs[outside_costs["rank"] == rank]
+    extra = float(work_cost["excess_compute_us"].iloc[0])
+    return bool(len(row)) and extra > 0 and float(row["excess_compute_us"].iloc[0]) >= 0.5 * extra
 
 
 def skew_by_op(instances: pd.DataFrame) -> pd.DataFrame:
