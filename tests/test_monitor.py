@@ -365,10 +365,12 @@ def test_monitored_ddp_run_names_its_transient_straggler(tmp_path):
 @pytest.mark.e2e
 def test_a_monitored_run_stopped_by_its_timeout_keeps_its_records(tmp_path):
     """Rank 1 blocks for ever at step 30; --timeout stops the job. Every line written before
-    (every 5 steps) is read back: both ranks' first 30 steps."""
+    (every 5 steps) is read back: both ranks' first 30 steps. The timeout counts from the
+    job's start: 45 s leaves a loaded 2-core machine time to start both ranks and run the 30
+    steps (25 s did not, under a load of 5)."""
     out = tmp_path / "mon"
     r = _profile(["--nproc-per-node", "2", "--monitor", "--monitor-every", "5", "--timeout",
-                  "25", "--out", str(out), str(ROOT / "examples" / "train_ddp.py"), "--",
+                  "45", "--out", str(out), str(ROOT / "examples" / "train_ddp.py"), "--",
                   "--steps", "60", "--hang-rank", "1", "--hang-step", "30"])
     assert r.returncode != 0
     data = M.load_monitor(out)
