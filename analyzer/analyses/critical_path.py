@@ -679,8 +679,7 @@ def _window_row(graphs: list[_Step], r: int, per_step: dict[int, dict], excess: 
     n = len(excess)
     held = int(sum(x >= OUTSIDE_MIN_US for x in excess))
     steps = n if held == n else max(1, n - 1)
-    kw = {"work_scale": scales} if what == "work" else {"other_scale": scales}
-    cost = max(0.0, _chain_us(graphs) - _chain_us(graphs, **kw)) / steps
+    cost = max(0.0, _chain_us(graphs) - _chain_us(graphs, **{f"{what}_scale": scales})) / steps
     return {"rank": r, "steps": steps, "steps_costly": min(held, steps),
             "excess_compute_us": med, "delay_cost_us": cost, "delay_cost_iqr_us": 0.0}
 

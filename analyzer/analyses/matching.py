@@ -514,8 +514,8 @@ def _pair_by_elimination(cand: dict[int, list[int]], src: dict[int, int], s_end:
     else's candidate any more (a receive is one send's). When none is down to one, a send takes
     the one candidate whose pair of ranks a pairing so far established (ranks that exchange in
     lockstep end together); failing that, of the candidates of established pairs, the one that
-    ends nearest to it when it ends at most :data:`P2P_NEAREST_SHARE` as far from it as the
-    next nearest; and elimination goes on.
+    ends nearest to it (:func:`_nearest`: nearer by half and by :data:`P2P_NEAREST_MIN_US`);
+    and elimination goes on.
     A send and a receive that are each the other's only candidate pair; so do a send on a
     rank whose batched send and receive end together with another rank's (stage 1 sends on
     to stage 2 while it receives from stage 0): once rank 1's send has taken rank 2's receive,

@@ -191,14 +191,14 @@ class SyncResult:
         if who is None:
             if self.straggler is None:
                 return self
-            if (work_cost is not None and straggler_by_delay_cost(work_cost, step_us) is not None
-                    and not _mostly_outside(self.straggler, work_cost, outside_costs)):
+            hidden = work_cost is not None and _mostly_outside(self.straggler, work_cost,
+                                                               outside_costs)
+            if (work_cost is not None and not hidden
+                    and straggler_by_delay_cost(work_cost, step_us) is not None):
                 return self   # its extra time is not computation (a sleep, host work)
             cost = (float(work_cost["delay_cost_us"].iloc[0])
                     if work_cost is not None and len(work_cost) else 0.0)
-            if work_cost is not None and _mostly_outside(self.straggler, work_cost,
-                                                         outside_costs):
-                assert outside_costs is not None
+            if hidden and outside_costs is not None:
                 o = outside_costs[outside_costs["rank"] == self.straggler].iloc[0]
                 extra, saved = float(o["excess_compute_us"]), float(o["delay_cost_us"])
                 what = (f"its extra time is mostly outside computation ({extra:.0f} µs per "
