@@ -427,6 +427,8 @@ def align_clocks(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str],
     rk = ev["rank"].to_numpy()
     ev["start_us"] = model.correct(rk, ev["start_us"].to_numpy(dtype=float))
     ev["end_us"] = model.correct(rk, ev["end_us"].to_numpy(dtype=float))
+    if "issue_us" in ev:
+        ev["issue_us"] = model.correct(rk, ev["issue_us"].to_numpy(dtype=float))
     ev["dur_us"] = ev["end_us"] - ev["start_us"]
     return ev, inst, model, notes
 

@@ -61,6 +61,8 @@ from .sync import SyncResult
 #: A member is blocked at a join when its exposed communication ends at most this long (µs)
 #: before the instance's end (the wait that follows a gloo worker's op ends just after it).
 BLOCKED_TOL_US = 20.0
+#: A communication kernel that starts this long (µs) after its launch waited on its stream.
+STREAM_WAIT_US = 20.0
 #: Columns of :attr:`CriticalPathResult.segments`.
 SEGMENT_COLUMNS = ("step", "rank", "start_us", "end_us", "dur_us", "kind", "compute_us",
                    "data_loading_us", "other_us", "op", "dim", "instance")
@@ -91,6 +93,9 @@ class _Join:
     # after its end: their next work starts at the later of the two (a replay that speeds up
     # their host makes them wait for the join)
     launch_bound: frozenset = frozenset()
+    # ranks whose op here waited on its stream behind the op of another join that ended as it
+    # started: rank -> (that join's instance, its end on the rank, when this op was issued)
+    after: dict = dataclasses.field(default_factory=dict)
 
     @property
     def last(self) -> int:
@@ -445,7 +450,8 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
     inst = sync.instances
     pr = sync.per_rank
     if inst is None or inst.empty or pr is None or pr.empty:
-        members = pd.DataFrame(columns=["instance", "rank", "start_us", "end_us"])
+        members = pd.DataFrame(columns=["instance", "rank", "start_us", "end_us", "issue_us",
+                                        "stream"])
     else:
         ok = inst[inst["complete"].astype(bool) & (inst["ranks"] > 1)]
         members = pr[pr["instance"].isin(set(ok["instance"]))]
@@ -468,7 +474,8 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
         m = members[(members["end_us"] > lo) & (members["start_us"] < hi)
                     & members["rank"].isin(ranks)]
         joins = []
-        for key, (rs, starts, ends_) in _members_by_instance(m):
+        issued: dict = {}
+        for key, (rs, starts, ends_, issues, streams) in _members_by_instance(m):
             # a join lies inside every member's step, or it belongs to no one step
             if not all(start[r] - BLOCKED_TOL_US <= a and e <= end[r] + BLOCKED_TOL_US
                        for r, a, e in zip(rs, starts, ends_)):
@@ -486,6 +493,8 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
                 "pp" if str(key).startswith("p2p:") else "world" if len(rs) == len(parts)
                 else "other")
             joins.append(_Join(str(key), op, dim, arrival, ends, blocked, frozenset(late)))
+            issued[str(key)] = dict(zip(rs, zip(issues, streams)))
+        joins = _stream_order(joins, issued)
         joins.sort(key=lambda j: (j.last_arrival, j.instance))
         ks = {r: iv.clip(parts[r][0], start[r], end[r]) for r in ranks}
         ds = {r: iv.clip(parts[r][2], start[r], end[r]) for r in ranks}
@@ -496,8 +505,38 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
     return graphs, notes
 
 
+def _stream_order(joins: list[_Join], issued: dict) -> list[_Join]:
+    """``joins`` with :attr:`_Join.after` set: a member whose kernel started more than
+    :data:`STREAM_WAIT_US` after its launch (``issued``: instance -> rank -> issue time, NaN
+    where unknown) waited on its stream; the op it waited behind is the rank's op of another
+    join on the same stream that ended (within :data:`BLOCKED_TOL_US`) as it started, the
+    latest such (``issued``: instance -> rank -> (issue time, stream); none where the stream
+    is not known)."""
+    ends: dict[int, list[tuple[float, float, str, object]]] = {}
+    for j in joins:
+        for r, e in j.end.items():
+            ends.setdefault(r, []).append((e, j.arrival[r], j.instance,
+                                           issued.get(j.instance, {}).get(r, (0, None))[1]))
+    out = []
+    for j in joins:
+        after = {}
+        for r, a in j.arrival.items():
+            t, stream = issued.get(j.instance, {}).get(r, (None, None))
+            if (t is None or stream is None or pd.isna(stream) or not np.isfinite(t)
+                    or a - t <= STREAM_WAIT_US):
+                continue
+            prev = [(e, i) for e, s, i, st in ends[r]
+                    if i != j.instance and st == stream and s < a
+                    and a - BLOCKED_TOL_US <= e <= a + 1e-6]
+            if prev:
+                e, i = max(prev)
+                after[r] = (i, e, float(t))
+        out.append(dataclasses.replace(j, after=after) if after else j)
+    return out
+
+
 def _members_by_instance(m: pd.DataFrame):
-    """``(instance, (ranks, start_us, end_us))`` for each instance of ``m`` (rows of
+    """``(instance, (ranks, start_us, end_us, issue_us))`` for each instance of ``m`` (rows of
     :attr:`SyncResult.per_rank`) in order of first appearance, its members in row order
     (``groupby("instance", sort=False)``'s groups, as lists of int and float)."""
     codes, keys = pd.factorize(m["instance"])
@@ -506,9 +545,13 @@ def _members_by_instance(m: pd.DataFrame):
     rank = m["rank"].to_numpy()[order].astype(int).tolist()
     start = m["start_us"].to_numpy(dtype=float)[order].tolist()
     end = m["end_us"].to_numpy(dtype=float)[order].tolist()
+    issue = (m["issue_us"].to_numpy(dtype=float)[order].tolist() if "issue_us" in m
+             else [np.nan] * len(end))
+    stream = (m["stream"].to_numpy(dtype=object)[order].tolist() if "stream" in m
+              else [None] * len(end))
     for j, key in enumerate(keys):
         lo, hi = int(bounds[j]), int(bounds[j + 1])
-        yield key, (rank[lo:hi], start[lo:hi], end[lo:hi])
+        yield key, (rank[lo:hi], start[lo:hi], end[lo:hi], issue[lo:hi], stream[lo:hi])
 
 
 def _blocked(exposed: np.ndarray, end: float) -> bool:
@@ -619,10 +662,20 @@ def _replay_ends(g: _Step, compute_scale: dict, comm_scale: dict,
         return (a_new + comp * compute_scale.get(r, 1.0) * w
                 + (data + other * (other_scale or {}).get(r, 1.0)) * w)
 
+    ended: dict = {}   # (instance, rank) -> replayed end
     for j in g.joins:
-        arr = {r: moved(r, a) for r, a in j.arrival.items()}
+        arr = {}
+        for r, a in j.arrival.items():
+            w = j.after.get(r)
+            if w is not None and (w[0], r) in ended:
+                # queued on its stream: it starts when the op before it ends, or once issued
+                arr[r] = max(moved(r, w[2]), ended[(w[0], r)] + (a - w[1]))
+            else:
+                arr[r] = moved(r, a)
         last_new, last_meas = max(arr.values()), j.last_arrival
         f = comm_scale.get(j.dim, 1.0)
+        for r in j.arrival:
+            ended[(j.instance, r)] = last_new + max(0.0, j.end[r] - last_meas) * f
         own = {r: moved(r, j.end[r]) for r in j.launch_bound}
         for r in j.blocked | j.launch_bound:
             release = last_new + max(0.0, j.end[r] - last_meas) * f

@@ -176,7 +176,8 @@ def per_rank_waits(ev: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame, 
     pair = _is_pair(pr)
     pr["wait_us"] = np.where(pair, pr["wait_until_us"] - pr["start_us"], pr["wait_us"])
     per_rank = pr[["instance", "rank", "start_us", "end_us", "dur_us", "wait_us",
-                   "arrival_delay_us", "evidence"]].reset_index(drop=True)
+                   "arrival_delay_us", "evidence"]
+                  + [c for c in ("issue_us", "stream") if c in pr]].reset_index(drop=True)
     return per_rank, pr[pr["complete"].astype(bool)].drop(columns="_root")
 
 

@@ -42,9 +42,12 @@ from .op_semantics import P2P_OPS, ROOTED, semantics
 #: where the record names it (None otherwise); ``functional`` is True for an op issued through a
 #: functional collective (``_c10d_functional::*``: tensor parallelism, DTensor). One row per op
 #: the program issued (an op's several kernels are one row, from the first kernel's start to the
-#: last one's end).
+#: last one's end). ``issue_us`` is when the program issued it (its first kernel's launch; a
+#: gloo op's start): a kernel that starts well after it waited on its stream, ``stream`` (its
+#: first kernel's; None for gloo and records).
 EVENT_COLUMNS = ("rank", "pg", "group", "seq", "native_seq", "op", "peer", "root", "start_us",
-                 "end_us", "bytes", "group_size", "step", "source", "window", "functional")
+                 "end_us", "bytes", "group_size", "step", "source", "window", "functional",
+                 "issue_us", "stream")
 
 
 #: Larger group sizes in a trace's args are not believed (no group's ranks are built from them).
@@ -287,7 +290,7 @@ def _op_row(rank: int, op: str, args: dict[str, Any], pg_ranks: dict[str, list[i
             if op in P2P_OPS else None,
             "bytes": _args_bytes(args), "root": _root(op, args, members),
             "group_size": size if size else (len(members) if members else world),
-            "source": "trace"}
+            "source": "trace", "stream": int_arg(vocab.STREAM.get(args))}
 
 
 def _root(op: str, args: dict[str, Any], members: list[int] | None) -> int | None:
@@ -360,6 +363,7 @@ def _gloo_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
         "functional": cct["functional"].reindex(gl.index).fillna(False).astype(bool).to_numpy()})
     df["step"] = step_of(df["start_us"].to_numpy(dtype=float), steps)
     df["issue_us"] = df["start_us"]
+    df["stream"] = None
     df["missing"] = False
     return df
 

@@ -48,7 +48,7 @@ from .summary import QUANTITIES, RankSummary, summarize_trace
 
 #: Bumped whenever the form of a summary changes (old ones are recomputed); a change of the
 #: code that computes one is caught by :func:`code_fingerprint`.
-SUMMARY_VERSION = 16
+SUMMARY_VERSION = 17
 SUMMARY_KIND = "pardiag-rank-summary"
 #: Suffix appended to the trace file name: ``rank0.trace.json.gz.summary.json``.
 SUMMARY_SUFFIX = layout.SUMMARY_SUFFIX
