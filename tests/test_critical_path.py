@@ -213,12 +213,12 @@ def test_work_counts_overlapping_joins_once():
     """Rank 0's window [0, 1000) with three blocked joins in flight together ([100, 600),
     [150, 650), [120, 620): DDP's buckets on gloo): it was blocked [100, 650), 550 µs, so its
     work is 450 µs — not 1000 − 3 × 500 < 0."""
-    from pardiag.analyzer.analyses.critical_path import _Join, _Step, work_us
+    from pardiag.analyzer.analyses.exec_graph import Join, StepGraph, work_us
 
-    joins = tuple(_Join(f"i{n}", "all_reduce", "dp", {0: a, 1: a}, {0: e, 1: e},
+    joins = tuple(Join(f"i{n}", "all_reduce", "dp", {0: a, 1: a}, {0: e, 1: e},
                         frozenset({0}))
                   for n, (a, e) in enumerate([(100.0, 600.0), (150.0, 650.0), (120.0, 620.0)]))
-    g = _Step(1, {0: 0.0, 1: 0.0}, {0: 1000.0, 1: 1000.0}, joins, {}, {})
+    g = StepGraph(1, {0: 0.0, 1: 0.0}, {0: 1000.0, 1: 1000.0}, joins, {}, {})
     assert work_us(g) == {0: 450.0, 1: 1000.0}
 
 
@@ -270,7 +270,8 @@ def _staggered_steps(n: int = 3):
     (measured: starts 0 and 300, arrivals 100 and 400, ends 700 and 1000)."""
     import numpy as np
 
-    from pardiag.analyzer.analyses.critical_path import CriticalPathResult, _Join, _Step
+    from pardiag.analyzer.analyses.critical_path import CriticalPathResult
+    from pardiag.analyzer.analyses.exec_graph import Join, StepGraph
 
     graphs = []
     for s in range(n):
@@ -280,8 +281,8 @@ def _staggered_steps(n: int = 3):
         end = {0: t + 700.0, 1: t + 1000.0}
         k = {r: np.array([[start[r], start[r] + 100.0]]) for r in start}
         d = {r: np.empty((0, 2)) for r in start}
-        graphs.append(_Step(s + 1, start, end, (
-            _Join(f"x|{s}", "all_reduce", "x", arrival, end, frozenset({0, 1})),), k, d))
+        graphs.append(StepGraph(s + 1, start, end, (
+            Join(f"x|{s}", "all_reduce", "x", arrival, end, frozenset({0, 1})),), k, d))
     empty = pd.DataFrame()
     return CriticalPathResult(empty, empty, empty, empty, graphs=tuple(graphs))
 
@@ -487,17 +488,17 @@ def test_a_join_a_rank_waited_for_while_its_host_was_behind_holds_it_once_its_ho
     step ends at 600 (rank 0 ends at 500)."""
     import numpy as np
 
-    from pardiag.analyzer.analyses.critical_path import _Join, _replay_ends, _Step
+    from pardiag.analyzer.analyses.exec_graph import Join, StepGraph, replay_ends
 
-    join = _Join("p2p:0>1:1", "send", "pp", {0: 100.0, 1: 400.0}, {0: 500.0, 1: 500.0},
+    join = Join("p2p:0>1:1", "send", "pp", {0: 100.0, 1: 400.0}, {0: 500.0, 1: 500.0},
                  frozenset({0}), launch_bound=frozenset({1}))
     k = {0: np.array([[0.0, 100.0]]), 1: np.array([[300.0, 400.0], [900.0, 1000.0]])}
     d = {0: np.empty((0, 2)), 1: np.empty((0, 2))}
-    g = _Step(1, {0: 0.0, 1: 300.0}, {0: 500.0, 1: 1000.0}, (join,), k, d)
-    assert _replay_ends(g, {}, {}) == pytest.approx({0: 500.0, 1: 1000.0})
+    g = StepGraph(1, {0: 0.0, 1: 300.0}, {0: 500.0, 1: 1000.0}, (join,), k, d)
+    assert replay_ends(g, {}, {}) == pytest.approx({0: 500.0, 1: 1000.0})
     # the host's time gone: rank 1 waits for the transfer, then computes 100 µs
-    assert _replay_ends(g, {}, {}, other_scale={1: 0.0}) == pytest.approx({0: 500.0, 1: 600.0})
+    assert replay_ends(g, {}, {}, other_scale={1: 0.0}) == pytest.approx({0: 500.0, 1: 600.0})
     # a join that held nobody on the device says nothing of rank 1's next start
     free = dataclasses.replace(join, launch_bound=frozenset())
     g2 = dataclasses.replace(g, joins=(free,))
-    assert _replay_ends(g2, {}, {}, other_scale={1: 0.0})[1] == pytest.approx(500.0)
+    assert replay_ends(g2, {}, {}, other_scale={1: 0.0})[1] == pytest.approx(500.0)

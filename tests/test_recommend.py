@@ -904,15 +904,16 @@ def test_tp_across_nodes_is_predicted_by_replaying_the_critical_path():
     import numpy as np
     import pandas as pd
 
-    from pardiag.analyzer.analyses.critical_path import CriticalPathResult, _Join, _Step
+    from pardiag.analyzer.analyses.critical_path import CriticalPathResult
+    from pardiag.analyzer.analyses.exec_graph import Join, StepGraph
     from pardiag.analyzer.predict.recommend.rules.placement import placement
     groups, bw = _tp_across_nodes()
     both = frozenset({0, 1})
     k = np.array([[0.0, 4000.0], [7000.0, 9800.0]])
-    step = _Step(1, {0: 0.0, 1: 0.0}, {0: 10000.0, 1: 10000.0},
-                 (_Join("t", "all_reduce", "tp", {0: 4000.0, 1: 4000.0},
+    step = StepGraph(1, {0: 0.0, 1: 0.0}, {0: 10000.0, 1: 10000.0},
+                 (Join("t", "all_reduce", "tp", {0: 4000.0, 1: 4000.0},
                         {0: 7000.0, 1: 7000.0}, both),
-                  _Join("d", "all_reduce", "dp", {0: 9800.0, 1: 9800.0},
+                  Join("d", "all_reduce", "dp", {0: 9800.0, 1: 9800.0},
                         {0: 10000.0, 1: 10000.0}, both)),
                  {0: k, 1: k}, {0: np.empty((0, 2)), 1: np.empty((0, 2))})
     empty = pd.DataFrame()

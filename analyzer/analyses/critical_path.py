@@ -4,24 +4,11 @@ A step ends when its last rank ends; what made that rank end then is the chain o
 across ranks, behind it. This module builds that chain at the granularity of the matched
 communication (:mod:`pardiag.analyzer.analyses.sync`), from what every rank's summary holds (its
 computation and communication interval sets, its step windows), so it works on CPU/gloo and GPU
-traces alike and from stored summaries:
+traces alike and from stored summaries.
 
-* **joins**: every complete instance of more than one rank (a collective, or a send and its
-  receive). A member is *blocked* at a join when its exposed communication (communication not
-  under its own computation) runs up to the instance's end: its next work starts at that end.
-  A member that computed meanwhile (an async all-reduce under the backward) is not blocked: the
-  join sets nothing of its timeline, though its arrival still counts toward the join's release.
-  Nor is a GPU member whose next computation its host launched only after the instance ended
-  (the launch edge, by ``correlation``) while the host waited for no device work across that
-  end (no stream, device or event synchronization, no blocking copy): that computation waited
-  for its launch, and the rank's time runs on from its own host's work.
-* **release**: a join ends for all its members after its last member has arrived; the transfer
-  is the time from that last arrival to each member's end (per member, measured).
-* **work**: on each rank, the time from its previous blocked join's end (or its step's start) to
-  its next arrival or its step's end; split into its computation (|K ∩ piece|), its data
-  loading (the DataLoader iterator's host time outside computation: on a CPU rank the
-  iterator's own operators count as data loading, on a GPU rank kernels running meanwhile as
-  computation) and the rest (host work, launches, idle, communication it did not wait for).
+The graph (:mod:`pardiag.analyzer.analyses.exec_graph`): the *joins* (every complete instance
+of more than one rank), which members were *blocked* at each, its *release* at the last
+arrival, each rank's *work* between its blocked joins (computation, data loading, the rest).
 
 **The path** (per step) walks back from the step's last end (the rank whose step window ends
 last, on the aligned clock): the rank's work since its last blocked join, then that join's
@@ -30,13 +17,9 @@ until a rank's step start. **Slack** of a rank in a step: how much later it coul
 without moving anything: the least, over its joins in the step, of the last arrival less its
 own, and the step's end less its own end. On the path it is 0.
 
-**Replay** recomputes the step from the same graph after scaling chosen work (a rank's
-computation, a dimension's transfers): arrivals move with the work before them, each join's
-release with its last arrival, each blocked member's next work with the release. The unchanged
-graph reproduces the measured step (a check of the graph, not a prediction). This is the model
-of Lumos (Liang et al., Lumos: Efficient Performance Modeling and Estimation for Large-scale
-LLM Training: a dependency graph rebuilt from per-rank traces, replayed, and edited for
-what-ifs) at the granularity of communication ops, not kernels.
+**Replay** (:func:`~pardiag.analyzer.analyses.exec_graph.replay_ends`) recomputes a step
+from its graph after scaling chosen work; the unchanged graph reproduces the measured step (a
+check of the graph, reported per step), and the delay costs and what-ifs below are replays.
 
 What the traces cannot tell is said, not guessed: communication that no instance matches (its
 peers absent, its group unknown) is work of its rank, not a join; a rank without any join is on
@@ -55,14 +38,21 @@ from ..trace import intervals as iv
 from ..trace.traceset import TraceSet
 from .breakdown import TimeBreakdown
 from .dim_overlap import dims_of_groups
+from .exec_graph import (
+    BLOCKED_TOL_US,
+    Join,
+    StepGraph,
+    blocked_at,
+    chain_us,
+    outside_us,
+    period_us,
+    replay_end,
+    stream_order,
+    work_us,
+)
 from .layout import LayoutResult
 from .sync import SyncResult
 
-#: A member is blocked at a join when its exposed communication ends at most this long (µs)
-#: before the instance's end (the wait that follows a gloo worker's op ends just after it).
-BLOCKED_TOL_US = 20.0
-#: A communication kernel that starts this long (µs) after its launch waited on its stream.
-STREAM_WAIT_US = 20.0
 #: Columns of :attr:`CriticalPathResult.segments`.
 SEGMENT_COLUMNS = ("step", "rank", "start_us", "end_us", "dur_us", "kind", "compute_us",
                    "data_loading_us", "other_us", "op", "dim", "instance")
@@ -79,62 +69,6 @@ DELAY_COLUMNS = ("rank", "steps", "steps_costly", "excess_compute_us", "delay_co
 #: Delay costs are replayed for at most this many ranks: those whose computation exceeds the
 #: other ranks' median the most (a replay per rank and step; the rest cost the job less than they).
 DELAY_RANKS = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class _Join:
-    instance: str
-    op: str
-    dim: str
-    arrival: dict          # rank -> arrival (µs, aligned clock)
-    end: dict              # rank -> end (µs, aligned clock)
-    blocked: frozenset     # ranks whose next work starts at their end
-    # ranks that waited for it on the device but whose host launched their next work only
-    # after its end: their next work starts at the later of the two (a replay that speeds up
-    # their host makes them wait for the join)
-    launch_bound: frozenset = frozenset()
-    # ranks whose op here waited on its stream behind the op of another join that ended as it
-    # started: rank -> (that join's instance, its end on the rank, when this op was issued)
-    after: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def last(self) -> int:
-        return max(self.arrival, key=lambda r: (self.arrival[r], -r))
-
-    @property
-    def last_arrival(self) -> float:
-        return max(self.arrival.values())
-
-
-@dataclasses.dataclass(frozen=True)
-class _Step:
-    """One step's graph: per rank its start and end (aligned clock), its joins in arrival order,
-    its computation intervals and its data-loading intervals (aligned, clipped to the step,
-    disjoint from each other)."""
-
-    step: int
-    start: dict            # rank -> start
-    end: dict              # rank -> end
-    joins: tuple           # _Join, by last arrival
-    k: dict                # rank -> computation intervals (aligned, clipped to the step)
-    d: dict                # rank -> data-loading intervals (aligned, clipped, outside k)
-
-    def anchors(self, rank: int) -> list[tuple[float, _Join | None]]:
-        """The rank's anchors in time order: its step start (no join), then the end of each
-        join it is blocked at."""
-        out: list[tuple[float, _Join | None]] = [(self.start[rank], None)]
-        for j in self.joins:
-            if rank in j.blocked:
-                out.append((j.end[rank], j))
-        return out
-
-    def work(self, rank: int, lo: float, hi: float) -> tuple[float, float, float]:
-        """(computation, data loading, the rest) of the rank's time ``[lo, hi]``, µs."""
-        if hi <= lo:
-            return 0.0, 0.0, 0.0
-        comp = iv.total(iv.clip(self.k[rank], lo, hi))
-        data = iv.total(iv.clip(self.d[rank], lo, hi))
-        return comp, data, (hi - lo) - comp - data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,14 +137,14 @@ class CriticalPathResult:
             f = min(1.0, float(np.median(peers)) / w[rank])
             start = min(g.start.values())
             rows.append({"step": g.step, "measured_us": max(g.end.values()) - start,
-                         "replay_us": _replay(g, {}, {}) - start,
-                         "predicted_us": _replay(g, {}, {}, {rank: f}) - start})
+                         "replay_us": replay_end(g, {}, {}) - start,
+                         "predicted_us": replay_end(g, {}, {}, {rank: f}) - start})
         return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
 
     def work_cost(self, rank: int) -> pd.DataFrame:
         """The step time ``rank``'s whole work costs the job, as one row of
         :data:`DELAY_COLUMNS` (``excess_compute_us`` is then its work's excess over the others'
-        median): the profiled steps replayed one after the other (:func:`_chain_us`), less the
+        median): the profiled steps replayed one after the other (:func:`chain_us`), less the
         same with its work scaled to the others' median in each step, per step, counted as
         :meth:`outside_costs` counts (a delay the next step's schedule hides costs nothing, as
         the job would run). Empty without a path or when the rank is not on it."""
@@ -229,7 +163,7 @@ class CriticalPathResult:
         :data:`DELAY_COLUMNS`: for each rank whose such time exceeds the other ranks' median
         (``excess_compute_us``: that excess, median over steps; at most :data:`DELAY_RANKS`,
         the most first), ``delay_cost_us`` is the step time it costs: the profiled steps
-        replayed one after the other (:func:`_chain_us`: each rank starts a step where it ended
+        replayed one after the other (:func:`chain_us`: each rank starts a step where it ended
         the step before, so a delay the next step's schedule hides costs nothing) less the
         same with that time of the rank scaled to the others' median in each step, its
         computation unchanged, per step of ``steps``. ``steps_costly`` counts the steps in
@@ -254,7 +188,7 @@ class CriticalPathResult:
         """:attr:`delay_costs`, computed from :attr:`graphs`."""
         comp = {g.step: {int(r): iv.total(k) for r, k in g.k.items()} for g in self.graphs}
         _, med, top = _ranked_excess(comp)
-        base = {g.step: _replay(g, {}, {}) for g in self.graphs} if top else {}
+        base = {g.step: replay_end(g, {}, {}) for g in self.graphs} if top else {}
         rows = []
         for r in top[:DELAY_RANKS]:
             cost = []
@@ -264,7 +198,7 @@ class CriticalPathResult:
                 if r not in c or not peers or c[r] <= 0:
                     continue
                 f = min(1.0, float(np.median(peers)) / c[r])
-                cost.append(max(0.0, base[g.step] - _replay(g, {r: f}, {})))
+                cost.append(max(0.0, base[g.step] - replay_end(g, {r: f}, {})))
             if cost:
                 rows.append(_cost_row(r, cost, med[r]))
         return _costs_table(rows)
@@ -356,7 +290,7 @@ class CriticalPathResult:
         """Each step replayed with the ranks' computation scaled (``{rank: factor}``), all of
         some ranks' work scaled (``work_scale``: computation and the rest), and the transfers of
         some dimensions scaled (``{dim: factor}``). With ``steady``, each step's graph is
-        replayed as if it repeated (:func:`_period`): the ranks' staggered starts follow the
+        replayed as if it repeated (:func:`period_us`): the ranks' staggered starts follow the
         change (a late start that the step before's slow transfer caused shrinks with it), and
         ``replay_us``/``predicted_us`` are steady periods, start to start.
 
@@ -380,11 +314,11 @@ class CriticalPathResult:
         for g in self.graphs:
             start = min(g.start.values())
             if steady:
-                base = _period(g, {}, {})
-                new = _period(g, compute_scale or {}, comm_scale or {}, work_scale or {})
+                base = period_us(g, {}, {})
+                new = period_us(g, compute_scale or {}, comm_scale or {}, work_scale or {})
             else:
-                base = _replay(g, {}, {}) - start
-                new = _replay(g, compute_scale or {}, comm_scale or {}, work_scale or {}) - start
+                base = replay_end(g, {}, {}) - start
+                new = replay_end(g, compute_scale or {}, comm_scale or {}, work_scale or {}) - start
             rows.append({"step": g.step, "measured_us": max(g.end.values()) - start,
                          "replay_us": base, "predicted_us": new})
         return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
@@ -427,7 +361,7 @@ def _empty(why: str, notes=()) -> CriticalPathResult:
 
 
 def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
-            layout: LayoutResult, comm_patterns) -> tuple[list[_Step], list[str]]:
+            layout: LayoutResult, comm_patterns) -> tuple[list[StepGraph], list[str]]:
     notes: list[str] = []
     offsets = dict(zip(sync.offsets["rank"].astype(int), sync.offsets["offset_us"].astype(float)))
     parts = {}
@@ -483,7 +417,7 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
                 continue
             arrival = dict(zip(rs, starts))
             ends = dict(zip(rs, ends_))
-            waited = [r for r in rs if _blocked(parts[r][1], ends[r])]
+            waited = [r for r in rs if blocked_at(parts[r][1], ends[r])]
             late = {r for r in waited if parts[r][3].launched_after(ends[r] + parts[r][4])}
             blocked = frozenset(r for r in waited if r not in late)
             op = meta["op"][key] if meta is not None else "?"
@@ -492,47 +426,17 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
             dim = by_group.get(group) or by_name.get(pg) or (
                 "pp" if str(key).startswith("p2p:") else "world" if len(rs) == len(parts)
                 else "other")
-            joins.append(_Join(str(key), op, dim, arrival, ends, blocked, frozenset(late)))
+            joins.append(Join(str(key), op, dim, arrival, ends, blocked, frozenset(late)))
             issued[str(key)] = dict(zip(rs, zip(issues, streams)))
-        joins = _stream_order(joins, issued)
+        joins = stream_order(joins, issued)
         joins.sort(key=lambda j: (j.last_arrival, j.instance))
         ks = {r: iv.clip(parts[r][0], start[r], end[r]) for r in ranks}
         ds = {r: iv.clip(parts[r][2], start[r], end[r]) for r in ranks}
-        graphs.append(_Step(int(step), start, end, tuple(joins), ks, ds))
+        graphs.append(StepGraph(int(step), start, end, tuple(joins), ks, ds))
     if straddling:
         notes.append(f"{len(straddling)} communication instance(s) reach outside a member's step "
                      f"window: no join of any step (their time is that rank's work)")
     return graphs, notes
-
-
-def _stream_order(joins: list[_Join], issued: dict) -> list[_Join]:
-    """``joins`` with :attr:`_Join.after` set: a member whose kernel started more than
-    :data:`STREAM_WAIT_US` after its launch (``issued``: instance -> rank -> issue time, NaN
-    where unknown) waited on its stream; the op it waited behind is the rank's op of another
-    join on the same stream that ended (within :data:`BLOCKED_TOL_US`) as it started, the
-    latest such (``issued``: instance -> rank -> (issue time, stream); none where the stream
-    is not known)."""
-    ends: dict[int, list[tuple[float, float, str, object]]] = {}
-    for j in joins:
-        for r, e in j.end.items():
-            ends.setdefault(r, []).append((e, j.arrival[r], j.instance,
-                                           issued.get(j.instance, {}).get(r, (0, None))[1]))
-    out = []
-    for j in joins:
-        after = {}
-        for r, a in j.arrival.items():
-            t, stream = issued.get(j.instance, {}).get(r, (None, None))
-            if (t is None or stream is None or pd.isna(stream) or not np.isfinite(t)
-                    or a - t <= STREAM_WAIT_US):
-                continue
-            prev = [(e, i) for e, s, i, st in ends[r]
-                    if i != j.instance and st == stream and s < a
-                    and a - BLOCKED_TOL_US <= e <= a + 1e-6]
-            if prev:
-                e, i = max(prev)
-                after[r] = (i, e, float(t))
-        out.append(dataclasses.replace(j, after=after) if after else j)
-    return out
 
 
 def _members_by_instance(m: pd.DataFrame):
@@ -554,17 +458,7 @@ def _members_by_instance(m: pd.DataFrame):
         yield key, (rank[lo:hi], start[lo:hi], end[lo:hi], issue[lo:hi], stream[lo:hi])
 
 
-def _blocked(exposed: np.ndarray, end: float) -> bool:
-    """Whether exposed communication runs up to ``end`` (µs): the rank waited there."""
-    if not len(exposed):
-        return False
-    # the last exposed interval that starts by the end (the next op's kernel may start a few
-    # µs after it: a coalesced block's members run back to back)
-    i = int(np.searchsorted(exposed[:, 0], end, side="right")) - 1
-    return i >= 0 and exposed[i, 1] >= end - BLOCKED_TOL_US
-
-
-def _walk(g: _Step) -> list[dict]:
+def _walk(g: StepGraph) -> list[dict]:
     """The path of one step, latest segment first."""
     rank = max(g.end, key=lambda r: (g.end[r], -r))
     t = g.end[rank]
@@ -594,7 +488,7 @@ def _walk(g: _Step) -> list[dict]:
     return out
 
 
-def _slack(g: _Step) -> dict[int, float]:
+def _slack(g: StepGraph) -> dict[int, float]:
     """Per rank: the least, over its joins, of the last arrival less its own, and the step's
     latest end less its own end (µs)."""
     t_end = max(g.end.values())
@@ -604,88 +498,6 @@ def _slack(g: _Step) -> dict[int, float]:
         for r, a in j.arrival.items():
             out[r] = min(out[r], last - a)
     return out
-
-
-def work_us(g: _Step) -> dict[int, float]:
-    """Per rank, its work in the step (µs, ≥ 0): its step window less the time it was blocked
-    in joins (from its arrival to its end; joins that overlap, such as DDP's buckets in flight
-    together, count once)."""
-    out = {}
-    for r in g.end:
-        spans = [(j.arrival[r], j.end[r]) for j in g.joins if r in j.blocked]
-        blocked = iv.total(iv.clip(iv.union(*np.asarray(spans, dtype=float).reshape(-1, 2).T),
-                                   g.start[r], g.end[r])) if spans else 0.0
-        out[r] = max(0.0, g.end[r] - g.start[r] - blocked)
-    return out
-
-
-def outside_us(g: _Step) -> dict[int, float]:
-    """Per rank, its time in the step outside computation, data loading and joins it was
-    blocked in (µs, ≥ 0): host work, launches, a sleep (computation that runs while the rank
-    is blocked, such as kernels beside a transfer, counts once)."""
-    out = {}
-    for r in g.end:
-        spans = np.asarray([(j.arrival[r], j.end[r]) for j in g.joins if r in j.blocked],
-                           dtype=float).reshape(-1, 2)
-        busy = np.concatenate([spans, g.k[r].reshape(-1, 2), g.d[r].reshape(-1, 2)])
-        taken = iv.total(iv.clip(iv.union(busy[:, 0], busy[:, 1]), g.start[r], g.end[r]))
-        out[r] = max(0.0, g.end[r] - g.start[r] - taken)
-    return out
-
-
-def _replay(g: _Step, compute_scale: dict, comm_scale: dict,
-            work_scale: dict | None = None, other_scale: dict | None = None) -> float:
-    """The step's latest end (µs, aligned) replayed with scaled computation and transfers."""
-    return max(_replay_ends(g, compute_scale, comm_scale, work_scale,
-                            other_scale=other_scale).values())
-
-
-def _replay_ends(g: _Step, compute_scale: dict, comm_scale: dict,
-                 work_scale: dict | None = None, starts: dict | None = None,
-                 other_scale: dict | None = None) -> dict:
-    """Each rank's end of the step (µs, aligned) replayed with scaled computation and
-    transfers (``work_scale``: a rank's whole work; ``other_scale``: its time outside
-    computation and data loading), each rank starting at ``starts[rank]`` (default: where it
-    started)."""
-    # per rank, its anchors as (measured, replayed) times, in measured order: a time on the rank
-    # moves with the latest anchor at or before it (joins are taken in order of their last
-    # arrival, so every blocked join a rank's arrival follows has been replayed by then)
-    anchors = {r: [(s, s if starts is None else starts[r])] for r, s in g.start.items()}
-
-    def moved(r: int, t: float) -> float:
-        a_meas, a_new = next((a for a in reversed(anchors[r]) if a[0] <= t + 1e-6),
-                             anchors[r][0])
-        comp, data, other = g.work(r, a_meas, t)
-        if t < a_meas:   # before the rank's step start: nothing to scale
-            return a_new + (t - a_meas)
-        w = (work_scale or {}).get(r, 1.0)
-        return (a_new + comp * compute_scale.get(r, 1.0) * w
-                + (data + other * (other_scale or {}).get(r, 1.0)) * w)
-
-    ended: dict = {}   # (instance, rank) -> replayed end
-    for j in g.joins:
-        arr = {}
-        for r, a in j.arrival.items():
-            w = j.after.get(r)
-            if w is not None and (w[0], r) in ended:
-                # queued on its stream: it starts when the op before it ends, or once issued
-                arr[r] = max(moved(r, w[2]), ended[(w[0], r)] + (a - w[1]))
-            else:
-                arr[r] = moved(r, a)
-        last_new, last_meas = max(arr.values()), j.last_arrival
-        f = comm_scale.get(j.dim, 1.0)
-        for r in j.arrival:
-            ended[(j.instance, r)] = last_new + max(0.0, j.end[r] - last_meas) * f
-        own = {r: moved(r, j.end[r]) for r in j.launch_bound}
-        for r in j.blocked | j.launch_bound:
-            release = last_new + max(0.0, j.end[r] - last_meas) * f
-            anchors[r].append((j.end[r], max(release, own[r]) if r in own else release))
-            anchors[r].sort()
-    return {r: moved(r, e) for r, e in g.end.items()}
-
-
-#: Repetitions of a step's graph replayed to find its steady period (:func:`_period`).
-PERIOD_ITERATIONS = 12
 
 
 #: A rank's time outside computation exceeds its peers' in a step by at least this much (µs)
@@ -714,10 +526,10 @@ def _costs_table(rows: list[dict]) -> pd.DataFrame:
                            kind="stable").reset_index(drop=True)
 
 
-def _window_row(graphs: list[_Step], r: int, per_step: dict[int, dict], excess: list[float],
+def _window_row(graphs: list[StepGraph], r: int, per_step: dict[int, dict], excess: list[float],
                 med: float, what: str) -> dict:
     """One row of :data:`DELAY_COLUMNS`: what rank ``r``'s time ``per_step`` (step -> rank ->
-    µs) costs the chained replay of ``graphs`` (:func:`_chain_us`) when scaled to
+    µs) costs the chained replay of ``graphs`` (:func:`chain_us`) when scaled to
     the other ranks' median in each step (``what``: ``"work"`` its whole work, ``"other"`` its
     time outside computation), per step. ``excess``: its excess per step, ``med`` their median.
     n device windows hold n - 1 step boundaries: a delay before each step's first launch shows
@@ -732,54 +544,9 @@ def _window_row(graphs: list[_Step], r: int, per_step: dict[int, dict], excess: 
     n = len(excess)
     held = int(sum(x >= OUTSIDE_MIN_US for x in excess))
     steps = n if held == n else max(1, n - 1)
-    cost = max(0.0, _chain_us(graphs) - _chain_us(graphs, **{f"{what}_scale": scales})) / steps
+    cost = max(0.0, chain_us(graphs) - chain_us(graphs, **{f"{what}_scale": scales})) / steps
     return {"rank": r, "steps": steps, "steps_costly": min(held, steps),
             "excess_compute_us": med, "delay_cost_us": cost, "delay_cost_iqr_us": 0.0}
-
-
-def _chain_us(graphs: list[_Step], other_scale: dict[int, dict] | None = None,
-              work_scale: dict[int, dict] | None = None) -> float:
-    """The replayed length (µs) of the steps ``graphs`` (in step order) one after the other:
-    each rank starts a step where it ended the step before in the replay, plus the measured gap
-    between its windows; steps not consecutive start a new chain at their measured starts. The
-    sum over chains. ``other_scale``, ``work_scale``: per step, :func:`_replay_ends`' own."""
-    total = t0 = 0.0
-    ends: dict = {}
-    for i, g in enumerate(graphs):
-        prev = graphs[i - 1] if i else None
-        if prev is None or g.step != prev.step + 1:
-            if prev is not None:
-                total += max(ends.values()) - t0
-            starts = dict(g.start)
-            t0 = min(starts.values())
-        else:
-            starts = {r: ends[r] + s - prev.end[r] if r in ends and r in prev.end else s
-                      for r, s in g.start.items()}
-        ends = _replay_ends(g, {}, {}, (work_scale or {}).get(g.step), starts,
-                            (other_scale or {}).get(g.step))
-    if graphs:
-        total += max(ends.values()) - t0
-    return total
-
-
-def _period(g: _Step, compute_scale: dict, comm_scale: dict,
-            work_scale: dict | None = None, other_scale: dict | None = None) -> float:
-    """The step's steady period (µs): its graph replayed as if it repeated, each rank starting
-    the next step where it ended this one (a rank's profiler steps follow each other), until
-    every rank advances by the same time per step (or :data:`PERIOD_ITERATIONS` repetitions);
-    the largest advance. Unlike one replay from the measured starts, the ranks' staggered
-    starts are the replayed step's own: a rank that starts a step late because its last
-    transfer of the step before ended late starts it less late when transfers are faster."""
-    starts = dict(g.start)
-    advance: dict = {}
-    for _ in range(PERIOD_ITERATIONS):
-        ends = _replay_ends(g, compute_scale, comm_scale, work_scale, starts, other_scale)
-        new = {r: ends[r] - starts[r] for r in ends}
-        done = bool(advance) and max(abs(new[r] - advance[r]) for r in new) < 0.1
-        advance, starts = new, ends
-        if done:
-            break
-    return max(advance.values())
 
 
 def compute_critical_path(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
@@ -801,7 +568,7 @@ def compute_critical_path(traces: TraceSet, breakdown: TimeBreakdown, sync: Sync
         path = _walk(g)
         segs += path
         lo, hi = min(g.start.values()), max(g.end.values())
-        replay = _replay(g, {}, {})
+        replay = replay_end(g, {}, {})
         path_us = sum(s["dur_us"] for s in path)
         step_rows.append({"step": g.step, "start_us": lo, "end_us": hi, "measured_us": hi - lo,
                           "path_us": path_us, "replay_us": replay - lo,

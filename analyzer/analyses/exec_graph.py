@@ -1,0 +1,269 @@
+"""The execution graph of one profiled step, and its replay.
+
+What ran, not what a schedule's name says: per rank its step window, its computation and data
+loading, and the *joins* that tie ranks together (every complete instance of more than one rank
+the matching found: a collective, or a send and its receive), each with its members' arrivals
+and ends on the aligned clock.
+
+* **blocked**: a member is blocked at a join when its exposed communication (communication not
+  under its own computation) runs up to the instance's end: its next work starts at that end.
+  A member that computed meanwhile (an async all-reduce under the backward) is not blocked.
+  A GPU member whose next computation its host launched only after the end, while the host
+  waited for no device work across it, is *launch-bound*: its time runs on from its host's work.
+* **stream order**: a member whose kernel started more than :data:`STREAM_WAIT_US` after its
+  launch waited on its stream, behind the op of another join on the same stream that ended as
+  it started (:func:`stream_order`): in a replay it starts when that op ends, or once launched.
+* **release**: a join ends for all its members after its last member has arrived; the transfer
+  is the time from that last arrival to each member's end (per member, measured).
+* **work**: on each rank, the time from its previous blocked join's end (or its step's start) to
+  its next arrival or its step's end; split into its computation, its data loading and the rest
+  (host work, launches, idle, communication it did not wait for).
+
+**Replay** (:func:`replay_ends`) recomputes the step from the graph after scaling chosen work (a
+rank's computation, its time outside computation, all its work; a dimension's transfers):
+arrivals move with the work before them, each join's release with its last arrival, each blocked
+member's next work with the release. The unchanged graph reproduces the measured step (a check
+of the graph, not a prediction). This is the model of Lumos (Liang et al., Lumos: Efficient
+Performance Modeling and Estimation for Large-scale LLM Training: a dependency graph rebuilt
+from per-rank traces, replayed, and edited for what-ifs) at the granularity of communication
+ops, not kernels. :func:`chain_us` replays consecutive steps one after the other and
+:func:`period_us` one step as if it repeated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from ..trace import intervals as iv
+
+#: A member is blocked at a join when its exposed communication ends at most this long (µs)
+#: before the instance's end (the wait that follows a gloo worker's op ends just after it).
+BLOCKED_TOL_US = 20.0
+#: A communication kernel that starts this long (µs) after its launch waited on its stream.
+STREAM_WAIT_US = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Join:
+    instance: str
+    op: str
+    dim: str
+    arrival: dict          # rank -> arrival (µs, aligned clock)
+    end: dict              # rank -> end (µs, aligned clock)
+    blocked: frozenset     # ranks whose next work starts at their end
+    # ranks that waited for it on the device but whose host launched their next work only
+    # after its end: their next work starts at the later of the two (a replay that speeds up
+    # their host makes them wait for the join)
+    launch_bound: frozenset = frozenset()
+    # ranks whose op here waited on its stream behind the op of another join that ended as it
+    # started: rank -> (that join's instance, its end on the rank, when this op was issued)
+    after: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def last(self) -> int:
+        return max(self.arrival, key=lambda r: (self.arrival[r], -r))
+
+    @property
+    def last_arrival(self) -> float:
+        return max(self.arrival.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class StepGraph:
+    """One step's graph: per rank its start and end (aligned clock), its joins in arrival order,
+    its computation intervals and its data-loading intervals (aligned, clipped to the step,
+    disjoint from each other)."""
+
+    step: int
+    start: dict            # rank -> start
+    end: dict              # rank -> end
+    joins: tuple           # Join, by last arrival
+    k: dict                # rank -> computation intervals (aligned, clipped to the step)
+    d: dict                # rank -> data-loading intervals (aligned, clipped, outside k)
+
+    def anchors(self, rank: int) -> list[tuple[float, Join | None]]:
+        """The rank's anchors in time order: its step start (no join), then the end of each
+        join it is blocked at."""
+        out: list[tuple[float, Join | None]] = [(self.start[rank], None)]
+        for j in self.joins:
+            if rank in j.blocked:
+                out.append((j.end[rank], j))
+        return out
+
+    def work(self, rank: int, lo: float, hi: float) -> tuple[float, float, float]:
+        """(computation, data loading, the rest) of the rank's time ``[lo, hi]``, µs."""
+        if hi <= lo:
+            return 0.0, 0.0, 0.0
+        comp = iv.total(iv.clip(self.k[rank], lo, hi))
+        data = iv.total(iv.clip(self.d[rank], lo, hi))
+        return comp, data, (hi - lo) - comp - data
+
+
+def stream_order(joins: list[Join], issued: dict) -> list[Join]:
+    """``joins`` with :attr:`Join.after` set: a member whose kernel started more than
+    :data:`STREAM_WAIT_US` after its launch (``issued``: instance -> rank -> issue time, NaN
+    where unknown) waited on its stream; the op it waited behind is the rank's op of another
+    join on the same stream that ended (within :data:`BLOCKED_TOL_US`) as it started, the
+    latest such (``issued``: instance -> rank -> (issue time, stream); none where the stream
+    is not known)."""
+    ends: dict[int, list[tuple[float, float, str, object]]] = {}
+    for j in joins:
+        for r, e in j.end.items():
+            ends.setdefault(r, []).append((e, j.arrival[r], j.instance,
+                                           issued.get(j.instance, {}).get(r, (0, None))[1]))
+    out = []
+    for j in joins:
+        after = {}
+        for r, a in j.arrival.items():
+            t, stream = issued.get(j.instance, {}).get(r, (None, None))
+            if (t is None or stream is None or pd.isna(stream) or not np.isfinite(t)
+                    or a - t <= STREAM_WAIT_US):
+                continue
+            prev = [(e, i) for e, s, i, st in ends[r]
+                    if i != j.instance and st == stream and s < a
+                    and a - BLOCKED_TOL_US <= e <= a + 1e-6]
+            if prev:
+                e, i = max(prev)
+                after[r] = (i, e, float(t))
+        out.append(dataclasses.replace(j, after=after) if after else j)
+    return out
+
+
+def blocked_at(exposed: np.ndarray, end: float) -> bool:
+    """Whether exposed communication runs up to ``end`` (µs): the rank waited there."""
+    if not len(exposed):
+        return False
+    # the last exposed interval that starts by the end (the next op's kernel may start a few
+    # µs after it: a coalesced block's members run back to back)
+    i = int(np.searchsorted(exposed[:, 0], end, side="right")) - 1
+    return i >= 0 and exposed[i, 1] >= end - BLOCKED_TOL_US
+
+
+def work_us(g: StepGraph) -> dict[int, float]:
+    """Per rank, its work in the step (µs, ≥ 0): its step window less the time it was blocked
+    in joins (from its arrival to its end; joins that overlap, such as DDP's buckets in flight
+    together, count once)."""
+    out = {}
+    for r in g.end:
+        spans = [(j.arrival[r], j.end[r]) for j in g.joins if r in j.blocked]
+        blocked = iv.total(iv.clip(iv.union(*np.asarray(spans, dtype=float).reshape(-1, 2).T),
+                                   g.start[r], g.end[r])) if spans else 0.0
+        out[r] = max(0.0, g.end[r] - g.start[r] - blocked)
+    return out
+
+
+def outside_us(g: StepGraph) -> dict[int, float]:
+    """Per rank, its time in the step outside computation, data loading and joins it was
+    blocked in (µs, ≥ 0): host work, launches, a sleep (computation that runs while the rank
+    is blocked, such as kernels beside a transfer, counts once)."""
+    out = {}
+    for r in g.end:
+        spans = np.asarray([(j.arrival[r], j.end[r]) for j in g.joins if r in j.blocked],
+                           dtype=float).reshape(-1, 2)
+        busy = np.concatenate([spans, g.k[r].reshape(-1, 2), g.d[r].reshape(-1, 2)])
+        taken = iv.total(iv.clip(iv.union(busy[:, 0], busy[:, 1]), g.start[r], g.end[r]))
+        out[r] = max(0.0, g.end[r] - g.start[r] - taken)
+    return out
+
+
+def replay_end(g: StepGraph, compute_scale: dict, comm_scale: dict,
+            work_scale: dict | None = None, other_scale: dict | None = None) -> float:
+    """The step's latest end (µs, aligned) replayed with scaled computation and transfers."""
+    return max(replay_ends(g, compute_scale, comm_scale, work_scale,
+                            other_scale=other_scale).values())
+
+
+def replay_ends(g: StepGraph, compute_scale: dict, comm_scale: dict,
+                 work_scale: dict | None = None, starts: dict | None = None,
+                 other_scale: dict | None = None) -> dict:
+    """Each rank's end of the step (µs, aligned) replayed with scaled computation and
+    transfers (``work_scale``: a rank's whole work; ``other_scale``: its time outside
+    computation and data loading), each rank starting at ``starts[rank]`` (default: where it
+    started)."""
+    # per rank, its anchors as (measured, replayed) times, in measured order: a time on the rank
+    # moves with the latest anchor at or before it (joins are taken in order of their last
+    # arrival, so every blocked join a rank's arrival follows has been replayed by then)
+    anchors = {r: [(s, s if starts is None else starts[r])] for r, s in g.start.items()}
+
+    def moved(r: int, t: float) -> float:
+        a_meas, a_new = next((a for a in reversed(anchors[r]) if a[0] <= t + 1e-6),
+                             anchors[r][0])
+        comp, data, other = g.work(r, a_meas, t)
+        if t < a_meas:   # before the rank's step start: nothing to scale
+            return a_new + (t - a_meas)
+        w = (work_scale or {}).get(r, 1.0)
+        return (a_new + comp * compute_scale.get(r, 1.0) * w
+                + (data + other * (other_scale or {}).get(r, 1.0)) * w)
+
+    ended: dict = {}   # (instance, rank) -> replayed end
+    for j in g.joins:
+        arr = {}
+        for r, a in j.arrival.items():
+            w = j.after.get(r)
+            if w is not None and (w[0], r) in ended:
+                # queued on its stream: it starts when the op before it ends, or once issued
+                arr[r] = max(moved(r, w[2]), ended[(w[0], r)] + (a - w[1]))
+            else:
+                arr[r] = moved(r, a)
+        last_new, last_meas = max(arr.values()), j.last_arrival
+        f = comm_scale.get(j.dim, 1.0)
+        for r in j.arrival:
+            ended[(j.instance, r)] = last_new + max(0.0, j.end[r] - last_meas) * f
+        own = {r: moved(r, j.end[r]) for r in j.launch_bound}
+        for r in j.blocked | j.launch_bound:
+            release = last_new + max(0.0, j.end[r] - last_meas) * f
+            anchors[r].append((j.end[r], max(release, own[r]) if r in own else release))
+            anchors[r].sort()
+    return {r: moved(r, e) for r, e in g.end.items()}
+
+
+#: Repetitions of a step's graph replayed to find its steady period (:func:`period_us`).
+PERIOD_ITERATIONS = 12
+
+
+def chain_us(graphs: list[StepGraph], other_scale: dict[int, dict] | None = None,
+              work_scale: dict[int, dict] | None = None) -> float:
+    """The replayed length (µs) of the steps ``graphs`` (in step order) one after the other:
+    each rank starts a step where it ended the step before in the replay, plus the measured gap
+    between its windows; steps not consecutive start a new chain at their measured starts. The
+    sum over chains. ``other_scale``, ``work_scale``: per step, :func:`replay_ends`' own."""
+    total = t0 = 0.0
+    ends: dict = {}
+    for i, g in enumerate(graphs):
+        prev = graphs[i - 1] if i else None
+        if prev is None or g.step != prev.step + 1:
+            if prev is not None:
+                total += max(ends.values()) - t0
+            starts = dict(g.start)
+            t0 = min(starts.values())
+        else:
+            starts = {r: ends[r] + s - prev.end[r] if r in ends and r in prev.end else s
+                      for r, s in g.start.items()}
+        ends = replay_ends(g, {}, {}, (work_scale or {}).get(g.step), starts,
+                            (other_scale or {}).get(g.step))
+    if graphs:
+        total += max(ends.values()) - t0
+    return total
+
+
+def period_us(g: StepGraph, compute_scale: dict, comm_scale: dict,
+            work_scale: dict | None = None, other_scale: dict | None = None) -> float:
+    """The step's steady period (µs): its graph replayed as if it repeated, each rank starting
+    the next step where it ended this one (a rank's profiler steps follow each other), until
+    every rank advances by the same time per step (or :data:`PERIOD_ITERATIONS` repetitions);
+    the largest advance. Unlike one replay from the measured starts, the ranks' staggered
+    starts are the replayed step's own: a rank that starts a step late because its last
+    transfer of the step before ended late starts it less late when transfers are faster."""
+    starts = dict(g.start)
+    advance: dict = {}
+    for _ in range(PERIOD_ITERATIONS):
+        ends = replay_ends(g, compute_scale, comm_scale, work_scale, starts, other_scale)
+        new = {r: ends[r] - starts[r] for r in ends}
+        done = bool(advance) and max(abs(new[r] - advance[r]) for r in new) < 0.1
+        advance, starts = new, ends
+        if done:
+            break
+    return max(advance.values())
