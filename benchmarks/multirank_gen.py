@@ -1087,7 +1087,8 @@ def _side_rec(em: _Emitter, rec: dict, i: int, kints: list, drop: bool, c0, c1) 
             "issue_us": em.clk.cpu(c0),
             "start_us": em.clk.gpu(s) if gpu else em.clk.cpu(c0 + 2.0),
             "end_us": em.clk.gpu(e) if gpu else em.clk.cpu(c1 - 2.0),
-            "matched": "kernel" if gpu else "cpu_op"}
+            "matched": "kernel" if gpu else "cpu_op",
+            **({"stream": em.stream_id(ins.stream)} if gpu else {})}
 
 
 def _meta_events(em: _Emitter) -> list[dict]:

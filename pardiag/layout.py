@@ -732,6 +732,7 @@ class CommRecord(msgspec.Struct, kw_only=True, frozen=True):
         matched: what placed it on the trace (``kernel``, ``gloo``, ``cpu op``, ``none``).
         transport_op: the op the backend ran it as, where another one (gloo's reduce_scatter
             is an all_reduce).
+        stream: the GPU stream its first kernel ran on (placed on a kernel), else None.
     """
 
     op: str
@@ -753,6 +754,7 @@ class CommRecord(msgspec.Struct, kw_only=True, frozen=True):
     end_us: int | float | None = None
     matched: str | None = None
     transport_op: str | None = None
+    stream: int | None = None
 
 
 class CommsSidecar(msgspec.Struct, kw_only=True, frozen=True):

@@ -116,7 +116,8 @@ def test_records_placed_on_nccl_kernels(tmp_path):
     trace = load_traces(tmp_path).ranks[0]
     recs = attach_trace_times(records_from_flight_recorder(
         [fr(7, "nccl:all_reduce", 102)], GROUPS), trace)
-    assert [(r["start_us"], r["end_us"], r["matched"]) for r in recs] == [(130.0, 155.0, "kernel")]
+    assert [(r["start_us"], r["end_us"], r["matched"], r.get("stream")) for r in recs] == [
+        (130.0, 155.0, "kernel", 20)]
 
 
 def _dump(rank, seqs, stack_line):

@@ -502,3 +502,41 @@ def test_a_join_a_rank_waited_for_while_its_host_was_behind_holds_it_once_its_ho
     free = dataclasses.replace(join, launch_bound=frozenset())
     g2 = dataclasses.replace(g, joins=(free,))
     assert replay_ends(g2, {}, {}, other_scale={1: 0.0})[1] == pytest.approx(500.0)
+
+
+def test_an_op_queued_on_its_stream_moves_with_the_op_before_it_in_the_replay():
+    """Rank 0 sends twice to rank 1 on one stream. The first send (A) is issued at 100 and
+    waits for rank 1, whose host arrives at 400 (it did 400 µs of host work); A ends at 450.
+    The second send (B) was issued at 150 but its kernel started only at 450, when A ended:
+    it waited on its stream (300 µs after its launch), so :func:`stream_order` puts it after
+    A. Rank 1 receives B at 460; B ends at 500 on both, and both then run 500 µs to 1000.
+
+    With rank 1's work a quarter (``work_scale``), A releases at 100 + 50 = 150; B, behind A on
+    its stream, arrives at max(150, 150), and rank 1 at 150 + 10/4: B ends at 152.5 + 40 =
+    192.5, rank 0 at 692.5 and rank 1 at 192.5 + 500/4 = 317.5. Without the stream's order,
+    rank 0's B would stay at 450 (its host time unscaled): B ends at 490, rank 0 at 990 and
+    rank 1 at 615."""
+    import numpy as np
+
+    from pardiag.analyzer.analyses.exec_graph import Join, StepGraph, replay_ends, stream_order
+
+    a = Join("p2p:0>1:1", "send", "pp", {0: 100.0, 1: 400.0}, {0: 450.0, 1: 450.0},
+             frozenset({1}))
+    b = Join("p2p:0>1:2", "send", "pp", {0: 450.0, 1: 460.0}, {0: 500.0, 1: 500.0},
+             frozenset({0, 1}))
+    issued = {a.instance: {0: (100.0, 20), 1: (400.0, 24)},
+              b.instance: {0: (150.0, 20), 1: (460.0, 24)}}
+    joins = stream_order([a, b], issued)
+    assert [j.after for j in joins] == [{}, {0: ("p2p:0>1:1", 450.0, 150.0)}]
+    # another stream, or a kernel that started as launched, waited for nothing
+    other = {**issued, b.instance: {0: (150.0, 28), 1: (460.0, 24)}}
+    assert [j.after for j in stream_order([a, b], other)] == [{}, {}]
+    on_time = {**issued, b.instance: {0: (440.0, 20), 1: (460.0, 24)}}
+    assert [j.after for j in stream_order([a, b], on_time)] == [{}, {}]
+    k = {0: np.empty((0, 2)), 1: np.empty((0, 2))}
+    g = StepGraph(1, {0: 0.0, 1: 0.0}, {0: 1000.0, 1: 1000.0}, tuple(joins), k, dict(k))
+    assert replay_ends(g, {}, {}) == pytest.approx({0: 1000.0, 1: 1000.0})
+    assert replay_ends(g, {}, {}, work_scale={1: 0.25}) == pytest.approx({0: 692.5, 1: 317.5})
+    plain = dataclasses.replace(g, joins=(a, b))
+    assert replay_ends(plain, {}, {}, work_scale={1: 0.25}) == pytest.approx(
+        {0: 990.0, 1: 615.0})

@@ -53,7 +53,7 @@ def _from_records(rank: int, doc: CommsSidecar, steps: pd.DataFrame) -> pd.DataF
                      "native_seq": True, "op": r.op, "peer": r.peer, "root": r.root,
                      "start_us": float(r.start_us), "end_us": float(r.end_us),
                      "bytes": r.bytes, "group_size": len(members) or None,
-                     "issue_us": float(r.issue_us), "source": "records", "stream": None})
+                     "issue_us": float(r.issue_us), "source": "records", "stream": r.stream})
     df = pd.DataFrame(rows, columns=[c for c in EVENT_COLUMNS
                                      if c not in ("step", "window", "functional")])
     df["step"] = step_of(df["issue_us"].to_numpy(dtype=float), steps)

@@ -27,6 +27,7 @@ from ..trace.classify import (
 )
 from ..trace.comm_records import numel
 from ..trace.traceset import RankTrace, isin_mask
+from ..trace.vocab import int_arg
 from .breakdown import cpu_comm_types
 from .issued_ops import gpu_issued_ops
 from .op_semantics import P2P_OPS, ROOTED, semantics
@@ -75,24 +76,6 @@ def group_key(ranks: Iterable[Any], desc: object = "") -> str:
     key = ",".join(str(r) for r in sorted({int(r) for r in ranks}))
     desc = str(desc or "").strip().strip('"')
     return f"{key}|{desc}" if desc else key
-
-
-def int_arg(v: Any) -> int | None:
-    """An integer from a trace arg (Kineto writes many as strings: ``"3"``); None otherwise."""
-    if isinstance(v, bool) or v is None:
-        return None
-    out = None
-    if isinstance(v, int):
-        out = v
-    elif isinstance(v, float):
-        out = int(v) if np.isfinite(v) and v == int(v) else None
-    elif isinstance(v, str):
-        try:
-            out = int(v.strip().strip('"'))
-        except ValueError:
-            return None
-    # beyond 2^53 it is no count, rank or sequence number (and would not fit the tables)
-    return out if out is not None and abs(out) < 2 ** 53 else None
 
 
 def rank_list(v: Any) -> list[int] | None:

@@ -16,7 +16,8 @@ from ..trace import intervals as iv
 from ..trace import vocab
 from ..trace.classify import STEP_RE, Kind, classify, collective_type, name_test
 from ..trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, isin_mask
-from .comm_events import group_ranks, int_arg
+from ..trace.vocab import int_arg
+from .comm_events import group_ranks
 
 #: Columns of :attr:`RankMarks.chunks`: the busy pieces of the pipeline's per-microbatch ranges.
 #: ``stage`` -1 where the range does not name it (GPipe's ``Forward i``); ``phase`` F, B, I or

@@ -208,25 +208,29 @@ def attach_trace_times(records: list[dict], trace: RankTrace,
             span = kernels.get(int(iss_rows.index[j]))
             if span is not None:
                 rec.update(start_us=span[0], end_us=span[1], matched="kernel")
+                if span[2] is not None:
+                    rec["stream"] = span[2]
             else:
                 rec.update(start_us=float(iss_start[j]), end_us=float(iss_end[j]), matched="op")
         out.append(rec)
     return out
 
 
-def _comm_kernels_by_launch(trace: RankTrace) -> dict[int, tuple[float, float]]:
-    """``{index of a CPU comm op: (start, end) of the first comm kernel launched inside it}``."""
+def _comm_kernels_by_launch(trace: RankTrace) -> dict[int, tuple[float, float, int | None]]:
+    """``{index of a CPU comm op: (start, end, stream) of the first comm kernel launched inside
+    it}`` (stream: :data:`vocab.STREAM` of the kernel's args, None where it has none)."""
     ev = trace.events
     kern = ev[(ev["cat"] == "kernel") & ev["name"].str.contains(r"nccl|rccl|hccl", case=False)]
     if kern.empty:
         return {}
     rt = ev[isin_mask(ev["cat"], ["cuda_runtime", "cuda_driver"])
             & (ev["correlation"] >= 0).to_numpy()]
-    k_by_corr = {int(c): (float(t), float(t + d)) for c, t, d in
-                 zip(kern["correlation"], kern["ts"], kern["dur"])}
+    k_by_corr = {int(c): (float(t), float(t + d), vocab.int_arg(vocab.STREAM.get(a)))
+                 for c, t, d, a in zip(kern["correlation"], kern["ts"], kern["dur"],
+                                       kern["args"])}
     ops = ev[isin_mask(ev["cat"], ["cpu_op", "user_annotation"])
              & ev["name"].str.match(r"^(c10d::|nccl:|_c10d_functional::|record_param_comms)")]
-    out: dict[int, tuple[float, float]] = {}
+    out: dict[int, tuple[float, float, int | None]] = {}
     for (pid, tid), grp in rt.groupby(["pid", "tid"]):
         t = grp["ts"].to_numpy()
         corr = grp["correlation"].to_numpy()

@@ -35,6 +35,7 @@ that the loader warns.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -201,6 +202,24 @@ DTYPE_BYTES: dict[str, int] = {
     **{f"torch.{py}": n for _, py, n in _DTYPES},
     **_CPP_NAMES,
 }
+
+
+def int_arg(v: Any) -> int | None:
+    """An integer from a trace arg (Kineto writes many as strings: ``"3"``); None otherwise."""
+    if isinstance(v, bool) or v is None:
+        return None
+    out = None
+    if isinstance(v, int):
+        out = v
+    elif isinstance(v, float):
+        out = int(v) if math.isfinite(v) and v == int(v) else None
+    elif isinstance(v, str):
+        try:
+            out = int(v.strip().strip('"'))
+        except ValueError:
+            return None
+    # beyond 2^53 it is no count, rank or sequence number (and would not fit the tables)
+    return out if out is not None and abs(out) < 2 ** 53 else None
 
 
 def dtype_bytes(dtype: Any) -> int | None:
