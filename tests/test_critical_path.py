@@ -540,3 +540,57 @@ def test_an_op_queued_on_its_stream_moves_with_the_op_before_it_in_the_replay():
     plain = dataclasses.replace(g, joins=(a, b))
     assert replay_ends(plain, {}, {}, work_scale={1: 0.25}) == pytest.approx(
         {0: 990.0, 1: 615.0})
+
+
+def test_a_blocked_rank_that_computed_beside_the_op_resumes_no_earlier_than_its_own_work():
+    """Rank 0 arrives at an all-reduce at 100 and computes beside it until 450, then waits
+    until its end at 510 (rank 1, the last to arrive at 500, released it at 510); both compute
+    90 µs more to 600. With rank 1's work a fifth (``work_scale``), the all-reduce is released
+    at 100 + 10 = 110, but rank 0 still computes until 450: it resumes there and ends at 540
+    (rank 1 at 110 + 18 = 128). Without :attr:`Join.waited_from` it resumed at 110, before
+    its own work was done, and ended at 200."""
+    import numpy as np
+
+    from pardiag.analyzer.analyses.exec_graph import Join, StepGraph, replay_ends
+
+    j = Join("dp:1", "all_reduce", "dp", {0: 100.0, 1: 500.0}, {0: 510.0, 1: 510.0},
+             frozenset({0, 1}), waited_from={0: 450.0})
+    k = {0: np.array([[0.0, 450.0], [510.0, 600.0]]), 1: np.array([[0.0, 500.0], [510.0, 600.0]])}
+    d = {0: np.empty((0, 2)), 1: np.empty((0, 2))}
+    g = StepGraph(1, {0: 0.0, 1: 0.0}, {0: 600.0, 1: 600.0}, (j,), k, d)
+    assert replay_ends(g, {}, {}) == pytest.approx({0: 600.0, 1: 600.0})
+    assert replay_ends(g, {}, {}, work_scale={1: 0.2}) == pytest.approx({0: 540.0, 1: 128.0})
+    plain = dataclasses.replace(g, joins=(dataclasses.replace(j, waited_from={}),))
+    assert replay_ends(plain, {}, {}, work_scale={1: 0.2}) == pytest.approx({0: 200.0, 1: 128.0})
+
+
+def test_a_send_that_ends_with_a_receive_on_another_stream_does_not_hold_its_sender():
+    """Rank 1 sends to rank 0 (stream 24) and receives from it (stream 20); both end at 702,
+    and rank 1's exposed communication runs to then, so it looks blocked at both. A later send
+    of rank 1 ran beside its computation (it is not blocked there): rank 1 does not wait for its
+    sends, and the receive explains the wait. On one stream, or without that evidence, or
+    with a stream unknown, the send still holds it."""
+    from pardiag.analyzer.analyses.exec_graph import Join, free_senders, p2p_sender
+
+    send = Join("p2p:0,1|pg:1>0:1", "send", "pp", {0: 680.0, 1: 691.0}, {0: 702.0, 1: 702.0},
+                frozenset({0, 1}))
+    recv = Join("p2p:0,1|pg:0>1:2", "send", "pp", {0: 587.0, 1: 691.0}, {0: 702.0, 1: 702.0},
+                frozenset({0, 1}))
+    later = Join("p2p:0,1|pg:1>0:2", "send", "pp", {0: 800.0, 1: 790.0}, {0: 810.0, 1: 810.0},
+                 frozenset({0}))
+    assert [p2p_sender(j.instance) for j in (send, recv, later)] == [1, 0, 1]
+    assert p2p_sender("dp:0,1|pg:3") is None
+    streams = {send.instance: {1: (691.0, 24), 0: (680.0, 24)},
+               recv.instance: {1: (691.0, 20), 0: (587.0, 20)},
+               later.instance: {1: (790.0, 24), 0: (800.0, 24)}}
+    out = free_senders([send, recv, later], streams)
+    assert [sorted(j.blocked) for j in out] == [[0], [0, 1], [0]]
+    one = {**streams, recv.instance: {1: (691.0, 24), 0: (587.0, 24)}}
+    assert [sorted(j.blocked) for j in free_senders([send, recv, later], one)] == [
+        [0, 1], [0, 1], [0]]
+    held = dataclasses.replace(later, blocked=frozenset({0, 1}))
+    assert [sorted(j.blocked) for j in free_senders([send, recv, held], streams)] == [
+        [0, 1], [0, 1], [0, 1]]
+    unknown = {**streams, recv.instance: {1: (691.0, None), 0: (587.0, None)}}
+    assert [sorted(j.blocked) for j in free_senders([send, recv, later], unknown)] == [
+        [0, 1], [0, 1], [0]]

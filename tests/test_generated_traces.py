@@ -38,6 +38,7 @@ FOUND = {
     "independent_groups:none:289043724": "replicas no collective joins matched as one group",
     "independent_groups:records:742486493": "a straggler's cost shared over the whole world",
     "deepspeed_pipe:none:3": "a loss broadcast on unknown groups: a guessed root named a straggler",
+    "pipeline_host_straggler:names:898466117": "a lockstep stage held by its send in the replay",
 }
 
 
@@ -338,3 +339,21 @@ def test_interleaved_stages_in_lockstep_pair_their_transfers_by_elimination(tmp_
     assert rep.sync.straggler == 0 and rep.straggler == 0
     out = rep.critical_path.outside_costs().set_index("rank")
     assert 0.45 * 1188.3 <= out.loc[0, "delay_cost_us"] <= 1.1 * 1188.3
+
+
+def test_a_lockstep_stage_slow_on_its_host_is_named_by_what_its_sleep_costs(tmp_path):
+    """Interleaved 1F1B over 2 ranks, rank 1 (the last stage) sleeping 744 µs on its host before
+    each step's launches; removing the sleep shortens the step by 511 µs (the generator's own
+    simulation without it). In the lockstep phase rank 1's send to rank 0 ends as its receive
+    from rank 0 does, on another stream, and rank 1 computes beside its other sends: the send
+    did not hold it (its wait was the receive's). Rank 0's sends queue on their stream behind
+    the first one, which waited for rank 1. With both, the sleep's replayed cost is 0.5–1.1×
+    the true one; without them it was 14 µs and nobody was named."""
+    job = Job(mesh={"pp": 2}, schedule="pp_interleaved", steps=3, microbatches=8,
+              host_slow_ranks={1: 744.14854830317}, metadata="names", seed=246854160)
+    truth = generate(job, tmp_path)
+    assert truth.straggler == 1
+    rep = pardiag.analyze(tmp_path, cache=False)
+    assert rep.sync.straggler == 1 and rep.straggler == 1
+    out = rep.critical_path.outside_costs().set_index("rank")
+    assert 0.5 * 511.4 <= out.loc[1, "delay_cost_us"] <= 1.1 * 511.4

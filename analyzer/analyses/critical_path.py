@@ -40,10 +40,12 @@ from .breakdown import TimeBreakdown
 from .dim_overlap import dims_of_groups
 from .exec_graph import (
     BLOCKED_TOL_US,
+    WAIT_BEGAN_US,
     Join,
     StepGraph,
     blocked_at,
     chain_us,
+    free_senders,
     outside_us,
     period_us,
     replay_end,
@@ -417,18 +419,22 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
                 continue
             arrival = dict(zip(rs, starts))
             ends = dict(zip(rs, ends_))
-            waited = [r for r in rs if blocked_at(parts[r][1], ends[r])]
+            began = {r: blocked_at(parts[r][1], ends[r]) for r in rs}
+            waited = [r for r in rs if began[r] is not None]
             late = {r for r in waited if parts[r][3].launched_after(ends[r] + parts[r][4])}
             blocked = frozenset(r for r in waited if r not in late)
+            # a member that computed beside the op began to wait only later
+            since = {r: began[r] for r in blocked if began[r] > arrival[r] + WAIT_BEGAN_US}
             op = meta["op"][key] if meta is not None else "?"
             group = meta["group"][key] if meta is not None else ""
             pg = meta["pg"][key] if meta is not None else ""
             dim = by_group.get(group) or by_name.get(pg) or (
                 "pp" if str(key).startswith("p2p:") else "world" if len(rs) == len(parts)
                 else "other")
-            joins.append(Join(str(key), op, dim, arrival, ends, blocked, frozenset(late)))
+            joins.append(Join(str(key), op, dim, arrival, ends, blocked, frozenset(late),
+                              waited_from=since))
             issued[str(key)] = dict(zip(rs, zip(issues, streams)))
-        joins = stream_order(joins, issued)
+        joins = stream_order(free_senders(joins, issued), issued)
         joins.sort(key=lambda j: (j.last_arrival, j.instance))
         ks = {r: iv.clip(parts[r][0], start[r], end[r]) for r in ranks}
         ds = {r: iv.clip(parts[r][2], start[r], end[r]) for r in ranks}

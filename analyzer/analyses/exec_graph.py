@@ -32,7 +32,9 @@ ops, not kernels. :func:`chain_us` replays consecutive steps one after the other
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import re
 
 import numpy as np
 import pandas as pd
@@ -42,6 +44,9 @@ from ..trace import intervals as iv
 #: A member is blocked at a join when its exposed communication ends at most this long (µs)
 #: before the instance's end (the wait that follows a gloo worker's op ends just after it).
 BLOCKED_TOL_US = 20.0
+#: A blocked member that began to wait this long (µs) after its arrival worked beside the op
+#: until then (:attr:`Join.waited_from`).
+WAIT_BEGAN_US = 1.0
 #: A communication kernel that starts this long (µs) after its launch waited on its stream.
 STREAM_WAIT_US = 20.0
 
@@ -61,6 +66,10 @@ class Join:
     # ranks whose op here waited on its stream behind the op of another join that ended as it
     # started: rank -> (that join's instance, its end on the rank, when this op was issued)
     after: dict = dataclasses.field(default_factory=dict)
+    # blocked ranks that worked on after their arrival (computation beside the op) and began
+    # to wait only later: rank -> when that wait began (its next work starts no earlier than
+    # its own timeline reaches that time, however early the join is released)
+    waited_from: dict = dataclasses.field(default_factory=dict)
 
     @property
     def last(self) -> int:
@@ -102,6 +111,51 @@ class StepGraph:
         return comp, data, (hi - lo) - comp - data
 
 
+_P2P_KEY = re.compile(r":(\d+)>(\d+):\d+$")
+
+
+def p2p_sender(instance: str) -> int | None:
+    """The sending rank of a point-to-point instance (its key ``p2p:<group>:<src>><dst>:<k>``,
+    :mod:`pardiag.analyzer.analyses.matching`), None for any other instance."""
+    m = _P2P_KEY.search(instance) if instance.startswith("p2p:") else None
+    return int(m.group(1)) if m else None
+
+
+def free_senders(joins: list[Join], issued: dict) -> list[Join]:
+    """``joins`` with a sender taken out of :attr:`Join.blocked` where another op explains its
+    wait: a rank blocked at a send it issued and, at once (ends within :data:`BLOCKED_TOL_US`),
+    at a join it did not send on another stream (a receive, a collective) waited for that one,
+    when the step shows that the rank does not wait for its sends (it worked beside one of
+    them: a send at which it was neither blocked nor launch-bound). A lockstep pipeline's
+    stage ends its send to the next stage as the receive from it ends; without this, a replay
+    that moves the rank earlier would hold it until the next stage took the send.
+    ``issued``: instance -> rank -> (issue time, stream); streams unknown free nobody."""
+    sender = {j.instance: p2p_sender(j.instance) for j in joins}
+    free: dict[str, set] = {}
+    for r in {r for j in joins for r in j.blocked}:
+        sends = [j for j in joins if sender[j.instance] == r and r in j.arrival]
+        if not any(r not in j.blocked | j.launch_bound for j in sends):
+            continue
+        stream = {j.instance: issued.get(j.instance, {}).get(r, (None, None))[1]
+                  for j in joins if r in j.arrival}
+        known = {i: s for i, s in stream.items() if s is not None and not pd.isna(s)}
+        others = sorted((j.end[r], known[j.instance]) for j in joins
+                        if r in j.blocked and sender[j.instance] != r and j.instance in known)
+        ends = [e for e, _ in others]
+        for j in sends:
+            s = known.get(j.instance)
+            if r not in j.blocked or s is None:
+                continue
+            lo = bisect.bisect_left(ends, j.end[r] - BLOCKED_TOL_US)
+            hi = bisect.bisect_right(ends, j.end[r] + BLOCKED_TOL_US)
+            if any(o != s for _, o in others[lo:hi]):
+                free.setdefault(j.instance, set()).add(r)
+    return [dataclasses.replace(j, blocked=j.blocked - free[j.instance],
+                                waited_from={r: t for r, t in j.waited_from.items()
+                                             if r not in free[j.instance]})
+            if j.instance in free else j for j in joins]
+
+
 def stream_order(joins: list[Join], issued: dict) -> list[Join]:
     """``joins`` with :attr:`Join.after` set: a member whose kernel started more than
     :data:`STREAM_WAIT_US` after its launch (``issued``: instance -> rank -> issue time, NaN
@@ -132,14 +186,15 @@ def stream_order(joins: list[Join], issued: dict) -> list[Join]:
     return out
 
 
-def blocked_at(exposed: np.ndarray, end: float) -> bool:
-    """Whether exposed communication runs up to ``end`` (µs): the rank waited there."""
+def blocked_at(exposed: np.ndarray, end: float) -> float | None:
+    """When the rank's wait for an op ending at ``end`` (µs) began: the start of the exposed
+    communication that runs up to ``end`` (the rank waited there), or None when none does."""
     if not len(exposed):
-        return False
+        return None
     # the last exposed interval that starts by the end (the next op's kernel may start a few
     # µs after it: a coalesced block's members run back to back)
     i = int(np.searchsorted(exposed[:, 0], end, side="right")) - 1
-    return i >= 0 and exposed[i, 1] >= end - BLOCKED_TOL_US
+    return float(exposed[i, 0]) if i >= 0 and exposed[i, 1] >= end - BLOCKED_TOL_US else None
 
 
 def work_us(g: StepGraph) -> dict[int, float]:
@@ -183,20 +238,38 @@ def replay_ends(g: StepGraph, compute_scale: dict, comm_scale: dict,
     transfers (``work_scale``: a rank's whole work; ``other_scale``: its time outside
     computation and data loading), each rank starting at ``starts[rank]`` (default: where it
     started)."""
-    # per rank, its anchors as (measured, replayed) times, in measured order: a time on the rank
-    # moves with the latest anchor at or before it (joins are taken in order of their last
-    # arrival, so every blocked join a rank's arrival follows has been replayed by then)
-    anchors = {r: [(s, s if starts is None else starts[r])] for r, s in g.start.items()}
+    # per rank, its anchors as [measured, replayed, wait began] times, in measured order: a time
+    # on the rank moves with the latest anchor at or before it (joins are taken in order of their
+    # last arrival, so every blocked join a rank's arrival follows has been replayed by then). An
+    # anchor whose rank worked on beside the op until its wait began is no earlier than that
+    # time moved: resolved when first used, once every anchor before that time is in place
+    anchors = {r: [[s, s if starts is None else starts[r], None]] for r, s in g.start.items()}
+
+    def anchor(r: int, t: float) -> tuple[float, float]:
+        a = next((a for a in reversed(anchors[r]) if a[0] <= t + 1e-6), anchors[r][0])
+        if a[2] is not None:
+            x, a[2] = a[2], None
+            a[1] = max(a[1], moved(r, x))
+        return a[0], a[1]
 
     def moved(r: int, t: float) -> float:
-        a_meas, a_new = next((a for a in reversed(anchors[r]) if a[0] <= t + 1e-6),
-                             anchors[r][0])
+        a_meas, a_new = anchor(r, t)
         comp, data, other = g.work(r, a_meas, t)
         if t < a_meas:   # before the rank's step start: nothing to scale
             return a_new + (t - a_meas)
         w = (work_scale or {}).get(r, 1.0)
         return (a_new + comp * compute_scale.get(r, 1.0) * w
                 + (data + other * (other_scale or {}).get(r, 1.0)) * w)
+
+    def add(r: int, t_meas: float, new: float, since: float | None) -> None:
+        same = next((a for a in anchors[r] if a[0] == t_meas), None)
+        if same is None:
+            anchors[r].append([t_meas, new, since])
+            anchors[r].sort(key=lambda a: a[0])
+            return
+        same[1] = max(same[1], new)   # joins that end together: the later release holds
+        if since is not None:
+            same[2] = since if same[2] is None else max(same[2], since)
 
     ended: dict = {}   # (instance, rank) -> replayed end
     for j in g.joins:
@@ -215,8 +288,8 @@ def replay_ends(g: StepGraph, compute_scale: dict, comm_scale: dict,
         own = {r: moved(r, j.end[r]) for r in j.launch_bound}
         for r in j.blocked | j.launch_bound:
             release = last_new + max(0.0, j.end[r] - last_meas) * f
-            anchors[r].append((j.end[r], max(release, own[r]) if r in own else release))
-            anchors[r].sort()
+            add(r, j.end[r], max(release, own[r]) if r in own else release,
+                j.waited_from.get(r))
     return {r: moved(r, e) for r, e in g.end.items()}
 
 
