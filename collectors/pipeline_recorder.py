@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import sys
 import time
 import types
 from typing import Any
@@ -14,6 +15,8 @@ import torch
 
 from .hooks import added_cost_us, sync_device
 
+#: The module of torch's pipeline stage class, whose chunk methods are recorded.
+STAGE_MODULE = "torch.distributed.pipelining.stage"
 #: Chunk calls kept (the last ones): a bound on a long run's memory; what a run folder keeps of
 #: them is as many (``rank_entry.MAX_PIPELINE_RECORDS``).
 MAX_RECORDS = 50_000
@@ -57,6 +60,10 @@ class PipelineRecorder:
         self._hooked: set[int] = set()
         self._handles: list[Any] = []
         self._stages: list = []
+        #: whether torch's stages are to be patched (between install and uninstall), and
+        #: whether the import hook that patches them is in place (registered once)
+        self._wanted = False
+        self._hook_registered = False
         #: per stage: (shape, dtype, floating) of the first input of its module
         self.inputs: dict[int, tuple] = {}
 
@@ -229,16 +236,31 @@ class PipelineRecorder:
         return True
 
     def install(self) -> bool:
+        """Record torch's pipeline stages and DeepSpeed's engine. Torch's stage class is
+        patched when the script imports ``torch.distributed.pipelining`` (at once when it
+        already has): importing it costs a rank seconds, which a script without a pipeline
+        should not pay. Returns True."""
         self.install_deepspeed()
-        try:
-            from torch.distributed.pipelining.stage import _PipelineStageBase
-        except ImportError:
-            return False
+        self._wanted = True
+        if not self._hook_registered:
+            import wrapt
+
+            self._hook_registered = True
+            wrapt.register_post_import_hook(self._patch_stages, STAGE_MODULE)
+        elif STAGE_MODULE in sys.modules:
+            self._patch_stages(sys.modules[STAGE_MODULE])
+        return True
+
+    def _patch_stages(self, module) -> None:
+        """Wrap the chunk methods of ``module._PipelineStageBase`` (once per install)."""
+        base = getattr(module, "_PipelineStageBase", None)
+        if not self._wanted or base is None or any(c is base for c, _, _ in self._patched):
+            return
 
         def wrap(name: str, phase_of):
-            orig = getattr(_PipelineStageBase, name)
-            self._patched.append((_PipelineStageBase, name, orig))
-            setattr(_PipelineStageBase, name, self._wrapper(orig, phase_of))
+            orig = getattr(base, name)
+            self._patched.append((base, name, orig))
+            setattr(base, name, self._wrapper(orig, phase_of))
 
         def backward_phase(args, kwargs):
             full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
@@ -246,11 +268,11 @@ class PipelineRecorder:
 
         wrap("forward_one_chunk", lambda a, k: "F")
         wrap("backward_one_chunk", backward_phase)
-        if hasattr(_PipelineStageBase, "backward_weight_one_chunk"):
+        if hasattr(base, "backward_weight_one_chunk"):
             wrap("backward_weight_one_chunk", lambda a, k: "W")
-        return True
 
     def uninstall(self) -> None:
+        self._wanted = False
         for cls, name, orig in self._patched:
             setattr(cls, name, orig)
         self._patched.clear()

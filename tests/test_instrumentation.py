@@ -493,3 +493,32 @@ def test_the_schedule_s_own_orders_are_recorded_for_other_microbatch_counts(name
     assert "8" in got and "16" in got
     single = S.Schedule1F1B(stages[0], n_microbatches=4)
     assert schedule_orders(single, stages[:1], [8]) == {}
+
+
+def test_torch_stages_are_patched_only_once_the_script_imports_them():
+    """A rank installs the pipeline recorder before the script runs; importing
+    ``torch.distributed.pipelining`` costs seconds, so a script without a pipeline must not pay
+    it: the stage class is patched when the script imports it (a fresh interpreter, as a rank
+    is), at once when it already has, and restored by ``uninstall``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pardiag.collectors.pipeline_recorder import PipelineRecorder\n"
+        "rec = PipelineRecorder(lambda: 0)\n"
+        "assert rec.install()\n"
+        "print('before', 'torch.distributed.pipelining' in sys.modules)\n"
+        "from torch.distributed.pipelining.stage import _PipelineStageBase as B\n"
+        "print('patched', hasattr(B.forward_one_chunk, '__wrapped__'))\n"
+        "rec.uninstall()\n"
+        "print('restored', hasattr(B.forward_one_chunk, '__wrapped__'))\n"
+        "rec.install()\n"
+        "print('again', hasattr(B.forward_one_chunk, '__wrapped__'))\n"
+        "rec.install()\n"
+        "print('once', not hasattr(B.forward_one_chunk.__wrapped__, '__wrapped__'))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["before", "False", "patched", "True", "restored", "False",
+                                  "again", "True", "once", "True"]
