@@ -559,7 +559,13 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig,
     Returns:
         (torchrun's exit code, None) or (its exit code, lines describing the hang).
     """
-    from ..analyzer.analyses.hang import describe, diagnose_hang
+    def describe(*args, **kwargs):   # the hang analysis (it loads pandas) only for a hang
+        from ..analyzer.analyses.hang import describe
+        return describe(*args, **kwargs)
+
+    def diagnose_hang(*args, **kwargs):
+        from ..analyzer.analyses.hang import diagnose_hang
+        return diagnose_hang(*args, **kwargs)
 
     noise = NoiseFilter() if cfg.noise_filter else None
     try:

@@ -364,7 +364,6 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     import time
 
     from pardiag.collectors.launch import ProfileConfig, run_profile
-    from pardiag.collectors.monitor import FLUSH_EVERY
 
     if (monitor_every is not None or monitor_capture is not None or not monitor_calls) \
             and not monitor:
@@ -407,7 +406,7 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
                             pin_cpu=pin_cpu, nnodes=nnodes, node_rank=node_rank,
                             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
                             rdzv_id=rdzv_id, master_addr=master_addr, master_port=master_port,
-                            monitor_every=(monitor_every or FLUSH_EVERY) if monitor else None,
+                            monitor_every=_monitor_every(monitor, monitor_every),
                             monitor_capture=monitor_capture or 0,
                             monitor_calls=monitor_calls)
         result = run_profile(cfg)
@@ -537,13 +536,22 @@ def wrap(script: Path, script_args: tuple[str, ...], out: Path | None, wait: int
                                "job, on a shared file system or the same path on each node)")
         import time
         out = Path("pardiag_runs") / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    from pardiag.collectors.monitor import FLUSH_EVERY
-
     monitor = monitor or monitor_every is not None
     run_wrap(WrapConfig(script=script, args=tuple(script_args), out=out, wait=wait,
                         warmup=warmup, active=active, overwrite=overwrite, pin_cpu=pin_cpu,
-                        monitor_every=(monitor_every or FLUSH_EVERY) if monitor else None,
+                        monitor_every=_monitor_every(monitor, monitor_every),
                         monitor_calls=monitor_calls))
+
+
+def _monitor_every(monitor: bool, every: int | None) -> int | None:
+    """Steps between a monitored run's lines (``--monitor-every``, else the monitor's default);
+    None without ``--monitor``. The monitor's module (it loads pandas) is imported only then:
+    a profiled run's launcher starts without it."""
+    if not monitor:
+        return None
+    from pardiag.collectors.monitor import FLUSH_EVERY
+
+    return every or FLUSH_EVERY
 
 
 @cli.command()
