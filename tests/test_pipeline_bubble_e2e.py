@@ -29,8 +29,8 @@ def test_balanced_pipeline_bubble_is_near_the_ideal(tmp_path, schedule, microbat
     (16.1% for an ideal of 11.1%). Host contention only adds bubble (a rank slowed by another
     process makes its neighbour wait): with a second test suite on the same 2 cores it measured
     +6.8 to +9.8 points. So the bubble must not fall below the ideal by more than 5 points and not
-    exceed it by more than 12; a second run is taken when the first misses the 5-point band,
-    and both values are shown when both miss the wide one."""
+    exceed it by more than 12; a second run is taken only when the first misses that band, and
+    both values are shown when both miss it."""
     from pardiag.analyzer.analyses.pipeline import summarize_bubbles
 
     ideal = 100.0 / (microbatches + 1)
@@ -49,6 +49,6 @@ def test_balanced_pipeline_bubble_is_near_the_ideal(tmp_path, schedule, microbat
         summary = summarize_bubbles(bub)
         assert (summary["basis"] == "unprofiled").all() and (summary["steps"] >= 5).all()
         measured.append(bub[bub["clean"]]["bubble_pct"].median())
-        if abs(measured[-1] - ideal) <= 5.0:
+        if -5.0 <= measured[-1] - ideal <= 12.0:
             break
     assert -5.0 <= min(measured) - ideal and min(measured) - ideal <= 12.0, (measured, ideal)
