@@ -121,6 +121,13 @@ def p2p_sender(instance: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _issued(issued: dict, instance: str, rank: int) -> tuple[float | None, object]:
+    """``(issue time, stream)`` of ``rank``'s op in ``instance`` (``issued``: instance -> rank
+    -> (issue time, stream)); the stream None where unknown (absent or NaN)."""
+    t, stream = issued.get(instance, {}).get(rank, (None, None))
+    return t, (None if stream is None or pd.isna(stream) else stream)
+
+
 def free_senders(joins: list[Join], issued: dict) -> list[Join]:
     """``joins`` with a sender taken out of :attr:`Join.blocked` where another op explains its
     wait: a rank blocked at a send it issued and, at once (ends within :data:`BLOCKED_TOL_US`),
@@ -136,9 +143,8 @@ def free_senders(joins: list[Join], issued: dict) -> list[Join]:
         sends = [j for j in joins if sender[j.instance] == r and r in j.arrival]
         if not any(r not in j.blocked | j.launch_bound for j in sends):
             continue
-        stream = {j.instance: issued.get(j.instance, {}).get(r, (None, None))[1]
-                  for j in joins if r in j.arrival}
-        known = {i: s for i, s in stream.items() if s is not None and not pd.isna(s)}
+        stream = {j.instance: _issued(issued, j.instance, r)[1] for j in joins if r in j.arrival}
+        known = {i: s for i, s in stream.items() if s is not None}
         others = sorted((j.end[r], known[j.instance]) for j in joins
                         if r in j.blocked and sender[j.instance] != r and j.instance in known)
         ends = [e for e, _ in others]
@@ -158,23 +164,21 @@ def free_senders(joins: list[Join], issued: dict) -> list[Join]:
 
 def stream_order(joins: list[Join], issued: dict) -> list[Join]:
     """``joins`` with :attr:`Join.after` set: a member whose kernel started more than
-    :data:`STREAM_WAIT_US` after its launch (``issued``: instance -> rank -> issue time, NaN
-    where unknown) waited on its stream; the op it waited behind is the rank's op of another
-    join on the same stream that ended (within :data:`BLOCKED_TOL_US`) as it started, the
-    latest such (``issued``: instance -> rank -> (issue time, stream); none where the stream
-    is not known)."""
+    :data:`STREAM_WAIT_US` after its launch waited on its stream; the op it waited behind is
+    the rank's op of another join on the same stream that ended (within
+    :data:`BLOCKED_TOL_US`) as it started, the latest such. ``issued``: instance -> rank ->
+    (issue time, NaN where unknown; stream); none waited where the stream is not known."""
     ends: dict[int, list[tuple[float, float, str, object]]] = {}
     for j in joins:
         for r, e in j.end.items():
             ends.setdefault(r, []).append((e, j.arrival[r], j.instance,
-                                           issued.get(j.instance, {}).get(r, (0, None))[1]))
+                                           _issued(issued, j.instance, r)[1]))
     out = []
     for j in joins:
         after = {}
         for r, a in j.arrival.items():
-            t, stream = issued.get(j.instance, {}).get(r, (None, None))
-            if (t is None or stream is None or pd.isna(stream) or not np.isfinite(t)
-                    or a - t <= STREAM_WAIT_US):
+            t, stream = _issued(issued, j.instance, r)
+            if t is None or stream is None or not np.isfinite(t) or a - t <= STREAM_WAIT_US:
                 continue
             prev = [(e, i) for e, s, i, st in ends[r]
                     if i != j.instance and st == stream and s < a
@@ -225,15 +229,15 @@ def outside_us(g: StepGraph) -> dict[int, float]:
 
 
 def replay_end(g: StepGraph, compute_scale: dict, comm_scale: dict,
-            work_scale: dict | None = None, other_scale: dict | None = None) -> float:
+               work_scale: dict | None = None, other_scale: dict | None = None) -> float:
     """The step's latest end (µs, aligned) replayed with scaled computation and transfers."""
     return max(replay_ends(g, compute_scale, comm_scale, work_scale,
-                            other_scale=other_scale).values())
+                           other_scale=other_scale).values())
 
 
 def replay_ends(g: StepGraph, compute_scale: dict, comm_scale: dict,
-                 work_scale: dict | None = None, starts: dict | None = None,
-                 other_scale: dict | None = None) -> dict:
+                work_scale: dict | None = None, starts: dict | None = None,
+                other_scale: dict | None = None) -> dict:
     """Each rank's end of the step (µs, aligned) replayed with scaled computation and
     transfers (``work_scale``: a rank's whole work; ``other_scale``: its time outside
     computation and data loading), each rank starting at ``starts[rank]`` (default: where it
@@ -298,7 +302,7 @@ PERIOD_ITERATIONS = 12
 
 
 def chain_us(graphs: list[StepGraph], other_scale: dict[int, dict] | None = None,
-              work_scale: dict[int, dict] | None = None) -> float:
+             work_scale: dict[int, dict] | None = None) -> float:
     """The replayed length (µs) of the steps ``graphs`` (in step order) one after the other:
     each rank starts a step where it ended the step before in the replay, plus the measured gap
     between its windows; steps not consecutive start a new chain at their measured starts. The
@@ -323,7 +327,7 @@ def chain_us(graphs: list[StepGraph], other_scale: dict[int, dict] | None = None
 
 
 def period_us(g: StepGraph, compute_scale: dict, comm_scale: dict,
-            work_scale: dict | None = None, other_scale: dict | None = None) -> float:
+              work_scale: dict | None = None, other_scale: dict | None = None) -> float:
     """The step's steady period (µs): its graph replayed as if it repeated, each rank starting
     the next step where it ended this one (a rank's profiler steps follow each other), until
     every rank advances by the same time per step (or :data:`PERIOD_ITERATIONS` repetitions);
