@@ -31,7 +31,8 @@ def _reference(path):
         e["t0"], e["t1"] = math.ceil(e["ts"]), math.floor(e["ts"] + e["dur"])
     gpu = [e for e in ev if e.get("cat") in KERNEL_CATS | {"cuda_sync"}
            or str(e.get("cat", "")).startswith("gpu_")]
-    cpu = [e for e in ev if e not in gpu]
+    on_gpu = {id(e) for e in gpu}
+    cpu = [e for e in ev if id(e) not in on_gpu]
     steps = [e for e in cpu if "ProfilerStep" in e["name"]]
     # HTA keeps everything when the trace has one profiler step name only
     last = max(e["t0"] for e in steps) if len({e["name"] for e in steps}) > 1 else math.inf
