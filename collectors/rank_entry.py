@@ -804,6 +804,28 @@ def _on_trace_ready(run: _RankRun, prof) -> None:
         raise _Terminated()
 
 
+#: zlib's default level: torch's own ``.gz`` export compresses at level 9, line by line, about
+#: thirty times slower than level 6 in blocks for files about a tenth larger.
+TRACE_GZIP_LEVEL = 6
+
+
+def _export_trace(prof, partial: Path) -> None:
+    """The profiler's window as a gzipped Chrome trace at ``partial``: Kineto writes the JSON
+    beside it, which is then compressed in 1 MiB blocks at :data:`TRACE_GZIP_LEVEL` and
+    removed (an error leaves no uncompressed file behind)."""
+    import gzip
+    import shutil
+
+    raw = partial.with_name(partial.name.removesuffix(".gz"))
+    try:
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as fin, gzip.open(partial, "wb",
+                                               compresslevel=TRACE_GZIP_LEVEL) as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+    finally:
+        raw.unlink(missing_ok=True)
+
+
 def _after_window(run: _RankRun, prof, partial: Path, t0: float) -> None:
     """:func:`_on_trace_ready`'s work, with SIGTERM held."""
     import torch.distributed as dist
@@ -816,7 +838,7 @@ def _after_window(run: _RankRun, prof, partial: Path, t0: float) -> None:
 
     captured, rank = run.captured, run.rank
     # written under another name, then renamed: never a truncated trace under its name
-    prof.export_chrome_trace(str(partial))
+    _export_trace(prof, partial)
     os.replace(partial, run.trace_file)
     run.traces_written.append(run.trace_file.name)
     t1 = time.perf_counter()

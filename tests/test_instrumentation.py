@@ -385,6 +385,7 @@ def _window_ends_under_sigterm(run, prof) -> None:
 def test_a_sigterm_while_the_trace_is_written_waits_for_the_trace(tmp_path):
     """torchrun stops the other ranks with SIGTERM when one fails: a rank writing its trace
     finishes it under its name (written under another name, then renamed), then stops."""
+    import gzip
     import os
     import signal
     import time
@@ -405,9 +406,11 @@ def test_a_sigterm_while_the_trace_is_written_waits_for_the_trace(tmp_path):
                 f.write(b"part two")
 
     _window_ends_under_sigterm(run, Profiler())
-    assert written == [str(layout.partial_trace_path(tmp_path, 0))]
-    assert run.trace_file.read_bytes() == b"part one, part two"
-    assert not layout.partial_trace_path(tmp_path, 0).exists()
+    partial = layout.partial_trace_path(tmp_path, 0)
+    raw = partial.with_name("rank0.trace.partial.json")   # Kineto's JSON, then compressed
+    assert written == [str(raw)]
+    assert gzip.decompress(run.trace_file.read_bytes()) == b"part one, part two"
+    assert not partial.exists() and not raw.exists()
     assert run.traces_written == ["rank0.trace.json.gz"] and run.terminated
     assert rank_entry._exit_code_of(rank_entry._Terminated()) == 143
     assert rank_entry._one_line(rank_entry._Terminated()).startswith("stopped by SIGTERM")
@@ -522,3 +525,20 @@ def test_torch_stages_are_patched_only_once_the_script_imports_them():
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == ["before", "False", "patched", "True", "restored", "False",
                                   "again", "True", "once", "True"]
+
+
+def test_a_failed_export_leaves_no_uncompressed_json(tmp_path):
+    """The trace is compressed from Kineto's JSON written beside it; when the export fails
+    half-way the JSON is removed and the error is the caller's to report."""
+    from pardiag.collectors.rank_entry import _export_trace
+
+    class Profiler:
+        def export_chrome_trace(self, path):
+            with open(path, "wb") as f:
+                f.write(b'{"traceEvents": [')
+            raise OSError("disk full")
+
+    partial = tmp_path / "rank3.trace.partial.json.gz"
+    with pytest.raises(OSError, match="disk full"):
+        _export_trace(Profiler(), partial)
+    assert list(tmp_path.iterdir()) == []
