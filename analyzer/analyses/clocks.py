@@ -28,6 +28,7 @@ clock domains, never compared) and puts every event on the reference clock;
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pandas as pd
@@ -73,15 +74,24 @@ class ClockModel:
     domain: dict[int, int]
     applied: bool
 
+    @functools.cached_property
+    def _terms(self) -> tuple[pd.Index, np.ndarray, np.ndarray]:
+        """The table's ranks (an index to look them up), offsets and drifts (NaN as 0)."""
+        last = {r: i for i, r in enumerate(self.table["rank"].tolist())}   # a repeat: the last
+        rows = np.fromiter(last.values(), dtype=int, count=len(last))
+        return (pd.Index(list(last)),
+                np.nan_to_num(self.table["offset_us"].to_numpy(dtype=float)[rows]),
+                np.nan_to_num(self.table["drift_us_per_s"].to_numpy(dtype=float)[rows]))
+
     def correct(self, rank: np.ndarray, t_us: np.ndarray) -> np.ndarray:
         """``t_us`` recorded by ``rank`` (arrays of one shape) on the reference clock (µs)."""
         if not self.applied or not len(self.table):
             return np.asarray(t_us, dtype=float)
-        off = dict(zip(self.table["rank"], self.table["offset_us"]))
-        drift = dict(zip(self.table["rank"], self.table["drift_us_per_s"]))
-        r = pd.Series(rank)
-        a = r.map(off).fillna(0.0).to_numpy(dtype=float)
-        b = r.map(drift).fillna(0.0).to_numpy(dtype=float)
+        ranks, off, drift = self._terms
+        at = ranks.get_indexer(np.asarray(rank).ravel()).reshape(np.shape(rank))
+        known = at >= 0   # a rank the table lacks is taken as on the reference clock
+        a = np.where(known, off[at], 0.0)
+        b = np.where(known, drift[at], 0.0)
         t = np.asarray(t_us, dtype=float)
         # t_ref = t - a - b (t_ref - t0) / 1e6, solved for t_ref
         return (t - a + b * self.t0_us / 1e6) / (1.0 + b / 1e6)
@@ -281,20 +291,23 @@ def _p2p_links(ev: pd.DataFrame, complete: set, root: dict[int, int], model: Clo
     """
     is_p2p = ev["instance"].astype(str).str.startswith("p2p:")
     pairs = ev[ev["instance"].isin(complete) & is_p2p]
+    # the instances of exactly two members, each pair's rows adjacent (sender, receiver or
+    # the other way: what follows is symmetric in the two)
+    pairs = pairs[pairs.groupby("instance")["rank"].transform("size").to_numpy() == 2]
+    pairs = pairs.sort_values("instance", kind="stable")
+    rs = pairs["rank"].to_numpy(dtype=int)
+    st = model.correct(rs, pairs["start_us"].to_numpy(dtype=float))
+    en = model.correct(rs, pairs["end_us"].to_numpy(dtype=float))
+    ca = np.array([root[int(r)] for r in rs[0::2]], dtype=int)
+    cb = np.array([root[int(r)] for r in rs[1::2]], dtype=int)
+    together = (np.maximum(st[0::2], st[1::2])
+                <= np.minimum(en[0::2], en[1::2]) + P2P_OVERLAP_SLACK_US)
+    cross = ca != cb
+    n_pairs = int(cross.sum())
     ok: dict[tuple[int, int], bool] = {}
-    n_pairs = 0
-    for _, g in pairs.groupby("instance"):
-        if len(g) != 2:
-            continue
-        rs = g["rank"].to_numpy()
-        ca, cb = root[int(rs[0])], root[int(rs[1])]
-        if ca == cb:
-            continue
-        n_pairs += 1
-        st = model.correct(rs, g["start_us"].to_numpy(dtype=float))
-        en = model.correct(rs, g["end_us"].to_numpy(dtype=float))
-        key = (min(ca, cb), max(ca, cb))
-        ok[key] = ok.get(key, True) and bool(st.max() <= en.min() + P2P_OVERLAP_SLACK_US)
+    for x, y, good in zip(np.minimum(ca, cb)[cross], np.maximum(ca, cb)[cross], together[cross]):
+        key = (int(x), int(y))
+        ok[key] = ok.get(key, True) and bool(good)
     linked: dict[int, int] = {}
     for start in sorted(set(root.values())):
         if start in linked:
