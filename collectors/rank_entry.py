@@ -805,7 +805,8 @@ def _on_trace_ready(run: _RankRun, prof) -> None:
 
 
 #: zlib's default level: torch's own ``.gz`` export compresses at level 9, line by line, about
-#: thirty times slower than level 6 in blocks for files about a tenth larger.
+#: thirty times slower than level 6 in blocks, for files about 15% smaller (the DDP example's
+#: traces: 147 kB at level 9, 170 kB at level 6).
 TRACE_GZIP_LEVEL = 6
 
 
