@@ -24,9 +24,12 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   √WINDOW_STEPS, the standard error of a median). A period is the steps whose smoothed
   lateness stays above :data:`HYSTERESIS` × that threshold (late steps separated by at most
   :data:`GAP_STEPS` others joined), kept when at least :data:`MIN_STEPS` of them exceed the
-  threshold itself. Each is a finding, *persistent* when it covers at least
-  :data:`PERSISTENT_SHARE` of the rank's steps, else *transient*, with its first and last step,
-  the median extra delay and the step time during it against the run's baseline.
+  threshold itself; two periods fewer than :data:`WINDOW_STEPS` steps apart are one when their
+  median lateness agree within :data:`JOIN_LEVEL_RATIO` (a dip of the noise inside one event),
+  two otherwise (a start-up's lateness, then a slow period). Each is a finding, *persistent*
+  when it covers at least :data:`PERSISTENT_SHARE` of the rank's steps, else *transient*, with
+  its first and last step, the median extra delay and the step time during it against the
+  run's baseline (the step time's median and noise taken without the late periods).
 * **Slow steps**: steps whose median wall time over the ranks exceeds the baseline by more than
   ``max(SLOW_SIGMA × σ_step, SLOW_STEP_SHARE × baseline)``, in periods as above (the excess's
   5-step running median above :data:`HYSTERESIS` × that threshold; at least
@@ -36,13 +39,7 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   a slow period of up to 3/4 of the run moves neither, each with what moved with it
   (the DataLoader's time); slow steps inside a straggler's period are its cost, said with it,
   not a finding of their own.
-* **Memory creep**: a rank whose resident (or device) memory, sampled at each written line,
-  grows by at least :data:`CREEP_MIN_SHARE` of its first sample and at least
-  :data:`CREEP_MIN_BYTES`, with at least 3/4 of the increments non-negative, and grows over the
-  run, not at once: its slope (Theil-Sen's, bytes per 1,000 steps) over the samples' span
-  accounts for at least :data:`CREEP_SPREAD` of the growth. A single rise (a deep capture's
-  profiler buffers, a cache filled once) is no creep. A deep capture's steps are left out
-  (:func:`memory_findings`).
+* **Memory creep**: :mod:`.monitor_memory`.
 """
 
 from __future__ import annotations
@@ -58,6 +55,7 @@ from pardiag import layout
 from pardiag.errors import PardiagError
 
 from ..trace import vocab
+from .monitor_memory import memory_findings
 from .monitor_run import capture_request, captures, ending_notes, requested_steps
 
 #: Ops whose members complete together (their completions align clocks).
@@ -81,12 +79,11 @@ BASELINE_QUANTILE = 0.25
 SLOW_STEP_SHARE = 0.10
 GAP_STEPS = 2
 MIN_STEPS = 10
+#: Two late periods of a rank closer than :data:`WINDOW_STEPS` are one (cut by a dip of the
+#: noise) when the lower one's median lateness is at least this share of the higher one's.
+JOIN_LEVEL_RATIO = 0.5
 MIN_SLOW_STEPS = 3
 PERSISTENT_SHARE = 0.9
-CREEP_MIN_SHARE = 0.05
-CREEP_MIN_BYTES = 64 * 2**20
-#: ... and its slope over the samples' span accounts for at least this share of the growth.
-CREEP_SPREAD = 0.5
 
 
 @dataclasses.dataclass
@@ -494,6 +491,14 @@ def _edge(x: np.ndarray, lo: int, hi: int, level: float, rising: bool) -> int:
     return lo + int(np.argmax(np.cumsum(y)))
 
 
+def _same_level(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether two late periods' median lateness (µs) agree within :data:`JOIN_LEVEL_RATIO`:
+    a dip of the noise cuts one event into parts at one level; a start-up's lateness and a slow
+    period a few steps later are two events at two levels."""
+    lx, ly = float(np.nanmedian(x)), float(np.nanmedian(y))
+    return min(lx, ly) >= JOIN_LEVEL_RATIO * max(lx, ly)
+
+
 def _late_periods(x: np.ndarray, m: np.ndarray, thr: float) -> list[tuple[int, int]]:
     """Positions ``(first, last)`` of one rank's late periods (see the module): hysteresis on
     the smoothed lateness ``m``, periods closer than :data:`WINDOW_STEPS` joined (a dip of the
@@ -505,16 +510,19 @@ def _late_periods(x: np.ndarray, m: np.ndarray, thr: float) -> list[tuple[int, i
              if int(high[a:b + 1].sum()) >= MIN_STEPS]   # it stood out of the noise
     merged: list[tuple[int, int]] = []
     for a, b in found:
-        if merged and a - merged[-1][1] <= WINDOW_STEPS:
+        if merged and a - merged[-1][1] <= WINDOW_STEPS and _same_level(
+                x[merged[-1][0]:merged[-1][1] + 1], x[a:b + 1]):
             merged[-1] = (merged[-1][0], b)
         else:
             merged.append((a, b))
-    out = []
-    for a, b in merged:
+    out: list[tuple[int, int]] = []
+    for i, (a, b) in enumerate(merged):
+        # each edge is sought between the neighbouring periods, never inside one
+        lo = out[-1][1] + 1 if out else 0
+        hi = merged[i + 1][0] - 1 if i + 1 < len(merged) else len(x) - 1
         level = 0.5 * float(np.nanmedian(x[a:b + 1]))
-        first = _edge(x, max(0, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), level, True)
-        last = _edge(x, max(first, b - WINDOW_STEPS), min(len(x) - 1, b + WINDOW_STEPS),
-                     level, False)
+        first = _edge(x, max(lo, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), level, True)
+        last = _edge(x, max(first, b - WINDOW_STEPS), min(hi, b + WINDOW_STEPS), level, False)
         out.append((first, last))
     return out
 
@@ -563,12 +571,14 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
     # the run's step time without any late period of a transient (a persistent straggler is
     # in every step: its cost is its lateness, the other ranks' wait)
     dur = step_ms.reindex(cols).to_numpy(dtype=float)
-    sigma_dur = _robust_sigma(dur)
     quiet = np.ones(len(cols), bool)
     for _, a, b, persistent, _ in cand:
         if not persistent:
             quiet[a:b + 1] = False
-    base = float(np.nanmedian(dur[quiet])) if quiet.any() else float(np.nanmedian(dur))
+    # the step time's median and noise without the late periods (two of them would widen it)
+    if not quiet.any():
+        quiet[:] = True
+    base, sigma_dur = float(np.nanmedian(dur[quiet])), _robust_sigma(dur[quiet])
 
     def bound(a: int, b: int) -> float:
         """How much the median of steps a..b must exceed the run's median step (µs) to be a
@@ -580,9 +590,12 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
         return during - base > bound(a, b)
 
     out: list[dict] = []
-    for r, a, b, persistent, extra in cand:
+    for i, (r, a, b, persistent, extra) in enumerate(cand):
         during = float(np.nanmedian(dur[a:b + 1]))
         if not persistent and costs(a, b, during):
+            lo = cand[i - 1][2] + 1 if i and cand[i - 1][0] == r else 0
+            hi = (cand[i + 1][1] - 1 if i + 1 < len(cand) and cand[i + 1][0] == r
+                  else len(cols) - 1)
             # edges again on lateness + the step's excess, both shifted by the delay: a rank
             # late by nature for a while around the period (the noise's regimes) moves the
             # lateness's edges, not the step time's
@@ -591,13 +604,14 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
             y = late.loc[r].to_numpy(dtype=float) + pd.Series(dur - base).rolling(
                 5, center=True, min_periods=1).median().to_numpy()
             level = 0.5 * float(np.nanmedian(y[a:b + 1]))
-            a = _edge(y, max(0, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), level, True)
-            b = _edge(y, max(a, b - WINDOW_STEPS), min(len(y) - 1, b + WINDOW_STEPS),
-                      level, False)
+            a = _edge(y, max(lo, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), level, True)
+            b = _edge(y, max(a, b - WINDOW_STEPS), min(hi, b + WINDOW_STEPS), level, False)
             during = float(np.nanmedian(dur[a:b + 1]))
             prev = out[-1] if out else None
             if (prev is not None and prev["rank"] == r and not prev["persistent"]
-                    and a <= int(np.searchsorted(cols, prev["last_step"])) + WINDOW_STEPS):
+                    and a <= int(np.searchsorted(cols, prev["last_step"])) + WINDOW_STEPS
+                    and _same_level(np.array([prev["extra_delay_ms"] * 1e3]),
+                                    np.array([extra]))):
                 a = int(np.searchsorted(cols, prev["first_step"]))   # one period after all
                 out.pop()
                 during = float(np.nanmedian(dur[a:b + 1]))
@@ -661,52 +675,6 @@ def slow_step_findings(steps: pd.DataFrame, stragglers: list[dict],
                     "baseline_data_ms": round(float(per["data_us"].median()) / 1e3, 3),
                     "straggler_rank": who[0] if who else None,
                     "arrivals_known": 2 * seen >= n})
-    return out
-
-
-def memory_findings(memory: pd.DataFrame, capture: tuple[int, int] | None = None
-                    ) -> list[dict]:
-    """Memory creep per rank (see the module): ``[{"kind": "memory_creep", "rank", "memory",
-    ("rss" or "device"), "first_bytes", "last_bytes", "bytes_per_1k_steps"}]``. A deep
-    capture's steps (``capture``: first, last) are pardiag's own growth (the profiler's
-    buffers): the samples from its first step to the first after its last are left out, and
-    the samples before and after it are two segments, each judged on its own growth, the
-    slope taken over pairs of samples of one segment (``first_bytes``/``last_bytes`` as
-    sampled)."""
-    out = []
-    cols = [c for c in ("rss_bytes", "device_bytes") if memory[c].notna().any()]
-    for (r, m), col in ((k, c) for k in memory.groupby("rank") for c in cols):
-        s = m[["step", col]].dropna()
-        if len(s) < 4:
-            continue
-        first_bytes, last_bytes = int(s[col].iloc[0]), int(s[col].iloc[-1])
-        st = s["step"].to_numpy(dtype=float)
-        seg = np.zeros(len(s), dtype=int)
-        if capture is not None:
-            after = st > capture[1]
-            keep = (st < capture[0]) | after
-            keep[np.flatnonzero(after)[:1]] = False   # it still holds the capture's rise
-            seg = after.astype(int)[keep]
-            s, st = s[keep], st[keep]
-            if len(s) < 4:
-                continue
-        y = s[col].to_numpy(dtype=float)
-        ends = [np.flatnonzero(seg == k) for k in np.unique(seg)]
-        ends = [e for e in ends if len(e) > 1]
-        grow = sum(y[e[-1]] - y[e[0]] for e in ends)
-        span = sum(st[e[-1]] - st[e[0]] for e in ends)
-        same = seg[1:] == seg[:-1]
-        if (not ends or grow < max(CREEP_MIN_SHARE * y[0], CREEP_MIN_BYTES)
-                or (np.diff(y)[same] >= 0).mean() < 0.75):
-            continue
-        i, j = np.triu_indices(len(y), 1)
-        ok = (st[j] != st[i]) & (seg[i] == seg[j])
-        slope = float(np.median((y[j] - y[i])[ok] / (st[j] - st[i])[ok]))
-        if slope * span < CREEP_SPREAD * grow:   # a rise at once, then flat
-            continue
-        out.append({"kind": "memory_creep", "rank": int(r),
-                    "memory": col.removesuffix("_bytes"), "first_bytes": first_bytes,
-                    "last_bytes": last_bytes, "bytes_per_1k_steps": round(slope * 1000)})
     return out
 
 
