@@ -39,7 +39,7 @@ def test_balanced_pipeline_bubble_is_near_the_ideal(tmp_path, schedule, microbat
         out = tmp_path / f"pp{attempt}"
         res = subprocess.run(
             [sys.executable, "-m", "pardiag", "profile", str(REPO / "examples" / "train_pp.py"),
-             "--nproc-per-node", "2", "--out", str(out), "--active", "2", "--", "--steps", "12",
+             "--nproc-per-node", "2", "--out", str(out), "--active", "2", "--", "--steps", "10",
              "--width", "1024", "--layers", str(layers), "--batch", "128", "--schedule", schedule,
              "--microbatches", str(microbatches), "--pin-cpu"],
             capture_output=True, text=True, timeout=300, cwd=REPO)
