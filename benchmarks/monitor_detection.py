@@ -6,7 +6,8 @@ Two sources of runs:
 * default: the noise of a real clean monitored run (its per-step records and collectives;
   recorded first, ``examples/train_ddp.py`` on ``--ranks`` pinned ranks, or ``--noise RUN``),
   resampled in blocks of :data:`BLOCK` steps into ``--steps``-step runs
-  (a moving-block bootstrap: each trial's noise is the machine's own, in a new order), then
+  (a moving-block bootstrap: each trial's noise is the machine's own, in a new order; blocks
+  begin and end on ordinary steps, so that no junction joins two short slowdowns), then
   planted: the slow rank issues every collective of the slow steps ``share`` × the median step
   later, and those steps last as much longer on every rank (synchronous training waits for it).
   Kinds: ``transient`` (+``--share`` for ``--slow-steps`` of ``--steps``, at a random start),
@@ -49,18 +50,31 @@ from benchmarks._machine import describe, emit, finish, machine
 REPO = Path(__file__).resolve().parents[1]
 #: Steps per resampled block of the noise.
 BLOCK = 50
+#: A step is ordinary (a block may begin or end there) when its median over the ranks is at
+#: most this multiple of the run's median step.
+ORDINARY = 1.2
 KINDS = ("transient", "persistent", "clean")
 
 
 def _resampled(data, steps: int, rng: np.random.Generator, events: list[dict]):
     """A ``steps``-step copy of ``data`` (:class:`MonitorData`) built of random blocks of
     :data:`BLOCK` consecutive steps of it (its first 10 steps, the start-up, left out, and
-    every block that holds a step of ``events``, the noise run's own findings)."""
+    every block that holds a step of ``events``, the noise run's own findings), each beginning
+    and ending on :data:`ORDINARY` steps."""
     from pardiag.analyzer.analyses.monitored import MonitorData
 
     have = np.sort(data.steps["step"].unique())
     have = have[have >= 10]
     starts = have[: len(have) - BLOCK]
+    # blocks cut where the run is ordinary: a block that ended inside a short slowdown of the
+    # machine (1-3 steps, every ~2 s on this VM) followed by one that began inside another
+    # would join them into a longer slowdown than the run ever had
+    dur = data.steps.groupby("step")["dur_us"].median()
+    ordinary = set(dur.index[dur <= ORDINARY * float(dur.median())].tolist())
+    ok = np.array([all(s + i in ordinary for i in (-1, 0, BLOCK - 1, BLOCK)) for s in starts],
+                  dtype=bool)
+    if ok.any():
+        starts = starts[ok]
     for f in events:
         starts = starts[(starts + BLOCK <= f["first_step"]) | (starts > f["last_step"])]
     st, ca = [], []
