@@ -570,7 +570,8 @@ def test_a_send_that_ends_with_a_receive_on_another_stream_does_not_hold_its_sen
     of rank 1 ran beside its computation (it is not blocked there): rank 1 does not wait for its
     sends, and the receive explains the wait. On one stream, or without that evidence, or
     with a stream unknown, the send still holds it."""
-    from pardiag.analyzer.analyses.exec_graph import Join, free_senders, p2p_sender
+    from pardiag.analyzer.analyses.exec_graph import Join, free_senders
+    from pardiag.analyzer.analyses.instance_keys import p2p_sender
 
     send = Join("p2p:0,1|pg:1>0:1", "send", "pp", {0: 680.0, 1: 691.0}, {0: 702.0, 1: 702.0},
                 frozenset({0, 1}))

@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -722,3 +723,21 @@ def test_ends_that_jitter_over_a_short_span_are_one_group_not_a_fast_drift(tmp_p
     assert not any("never end together" in n for n in res.notes)
     inst = res.instances
     assert inst["ranks"].tolist() == [3, 3, 3] and inst["complete"].all()
+
+
+def test_point_to_point_keys_are_written_and_read_in_one_place():
+    """The key matching writes for a transfer is what every reader parses back: its sender
+    and receiver (a group id holding ':' and '|' included); collectives' keys, None and NaN
+    are no point-to-point keys, and reading a collective's key as one is an error."""
+    from pardiag.analyzer.analyses import instance_keys as K
+
+    keys = K.p2p_keys(pd.Series(["0,1|pg:3", "2,3"]), pd.Series([1, 2]), pd.Series([0, 3]),
+                      pd.Series([4, 1]))
+    assert keys.tolist() == ["p2p:0,1|pg:3:1>0:4", "p2p:2,3:2>3:1"]
+    assert K.p2p_endpoints(keys).to_dict("list") == {"src": [1, 2], "dst": [0, 3]}
+    assert [K.p2p_sender(k) for k in keys] == [1, 2]
+    mixed = pd.Series([keys[0], "0,1|pg:3:17", None, float("nan")])
+    assert K.is_p2p(mixed).tolist() == [True, False, False, False]
+    assert K.p2p_sender("0,1|pg:3:17") is None
+    with pytest.raises(ValueError, match="not a point-to-point instance key: '0,1:5'"):
+        K.p2p_endpoints(pd.Series(["0,1:5"]))

@@ -35,6 +35,7 @@ import pandas as pd
 
 from ..per_rank.op_semantics import FROM_ROOT, ROOTED, TOGETHER, busbw_factor, semantics
 from ..trace.traceset import TraceSet
+from .instance_keys import is_p2p
 
 #: At most this many points per clock enter the Theil–Sen fit (its cost is quadratic); evenly
 #: spaced in time.
@@ -208,9 +209,9 @@ def _few_point_fits(codes: np.ndarray, uniq, t: np.ndarray, diff: np.ndarray) ->
 def together_ends(ev: pd.DataFrame, complete: set) -> pd.DataFrame:
     """Rows of ``ev`` (matched events) that are clock evidence: members of complete
     release-together collectives (``instance``, ``rank``, ``end_us``)."""
-    is_p2p = ev["instance"].astype(str).str.startswith("p2p:")
+    p2p = is_p2p(ev["instance"])
     sem = ev["op"].map(semantics)
-    return ev[ev["instance"].isin(complete) & ~is_p2p & sem.eq(TOGETHER)]
+    return ev[ev["instance"].isin(complete) & ~p2p & sem.eq(TOGETHER)]
 
 
 def fit_clocks(rows: pd.DataFrame, unit: dict[int, object], t0_us: float, passes: int = 2
@@ -266,8 +267,7 @@ def _link(ev: pd.DataFrame, complete: set, ranks: list[int]) -> dict[int, int]:
             r = parent[r]
         return r
 
-    is_p2p = ev["instance"].astype(str).str.startswith("p2p:")
-    coll = ev[ev["instance"].isin(complete) & ~is_p2p]
+    coll = ev[ev["instance"].isin(complete) & ~is_p2p(ev["instance"])]
     for _, members in coll.groupby("instance")["rank"]:
         m = sorted(int(x) for x in members)
         for x in m[1:]:
@@ -289,8 +289,7 @@ def _p2p_links(ev: pd.DataFrame, complete: set, root: dict[int, int], model: Clo
     Returns:
         (``{rank: domain}``, point-to-point pairs between domains).
     """
-    is_p2p = ev["instance"].astype(str).str.startswith("p2p:")
-    pairs = ev[ev["instance"].isin(complete) & is_p2p]
+    pairs = ev[ev["instance"].isin(complete) & is_p2p(ev["instance"])]
     # the instances of exactly two members, each pair's rows adjacent (sender, receiver or
     # the other way: what follows is symmetric in the two)
     pairs = pairs[pairs.groupby("instance")["rank"].transform("size").to_numpy() == 2]
@@ -475,7 +474,7 @@ def instance_times(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]
     # (where the data is in place): an async isend's span lasts until its wait, which can come
     # long after (the same as the shorter side's duration when the two end together)
     recv_end = ev["end_us"].where(ev["op"].eq("recv")).groupby(ev["instance"]).max()
-    p2p = inst.index.to_series().str.startswith("p2p:") & recv_end.reindex(inst.index).notna()
+    p2p = is_p2p(inst.index.to_series()) & recv_end.reindex(inst.index).notna()
     xfer = (recv_end.reindex(inst.index) - g["start_us"].max()).clip(lower=0.0)
     inst.loc[p2p, "transfer_us"] = np.minimum(xfer[p2p], inst.loc[p2p, "transfer_us"])
     last_idx = g["start_us"].idxmax()

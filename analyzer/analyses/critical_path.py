@@ -52,6 +52,7 @@ from .exec_graph import (
     stream_order,
     work_us,
 )
+from .instance_keys import is_p2p_key
 from .layout import LayoutResult
 from .sync import SyncResult
 
@@ -429,7 +430,7 @@ def _graphs(traces: TraceSet, breakdown: TimeBreakdown, sync: SyncResult,
             group = meta["group"][key] if meta is not None else ""
             pg = meta["pg"][key] if meta is not None else ""
             dim = by_group.get(group) or by_name.get(pg) or (
-                "pp" if str(key).startswith("p2p:") else "world" if len(rs) == len(parts)
+                "pp" if is_p2p_key(key) else "world" if len(rs) == len(parts)
                 else "other")
             joins.append(Join(str(key), op, dim, arrival, ends, blocked, frozenset(late),
                               waited_from=since))

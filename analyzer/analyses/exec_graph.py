@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import re
 
 import numpy as np
 import pandas as pd
 
 from ..trace import intervals as iv
+from .instance_keys import p2p_sender
 
 #: A member is blocked at a join when its exposed communication ends at most this long (µs)
 #: before the instance's end (the wait that follows a gloo worker's op ends just after it).
@@ -109,16 +109,6 @@ class StepGraph:
         comp = iv.total(iv.clip(self.k[rank], lo, hi))
         data = iv.total(iv.clip(self.d[rank], lo, hi))
         return comp, data, (hi - lo) - comp - data
-
-
-_P2P_KEY = re.compile(r":(\d+)>(\d+):\d+$")
-
-
-def p2p_sender(instance: str) -> int | None:
-    """The sending rank of a point-to-point instance (its key ``p2p:<group>:<src>><dst>:<k>``,
-    :mod:`pardiag.analyzer.analyses.matching`), None for any other instance."""
-    m = _P2P_KEY.search(instance) if instance.startswith("p2p:") else None
-    return int(m.group(1)) if m else None
 
 
 def _issued(issued: dict, instance: str, rank: int) -> tuple[float | None, object]:

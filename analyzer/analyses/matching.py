@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..per_rank.op_semantics import P2P_OPS, semantics
+from . import instance_keys
 from .clocks import theil_sen
 from .comm_events import AMBIGUOUS_GROUP
 
@@ -102,8 +103,7 @@ def _p2p_keys(sub: pd.DataFrame) -> pd.Series:
     dst = np.where(sub["op"] == "send", sub["peer"], sub["rank"]).astype(int)
     tmp = sub.assign(src=src, dst=dst)
     nth = tmp.groupby(["rank", "_gid", "src", "dst"]).cumcount() + 1
-    return ("p2p:" + tmp["_gid"].str[1:] + ":" + tmp["src"].astype(str) + ">"
-            + tmp["dst"].astype(str) + ":" + nth.astype(str))
+    return instance_keys.p2p_keys(tmp["_gid"].str[1:], tmp["src"], tmp["dst"], nth)
 
 
 #: Two ranks' ops of a group the trace does not name are one group's when, aligned, most of their
@@ -462,13 +462,13 @@ def count_instances(ev: pd.DataFrame, present: set[int]
         "root": g["root"].first() if "root" in ev else None,
     })
     inst["semantics"] = inst["op"].map(semantics)
-    is_p2p = inst.index.to_series().str.startswith("p2p:")
+    p2p = instance_keys.is_p2p(inst.index.to_series())
     members = inst["group"].map(lambda k: [int(x) for x in k.split("|")[0].split(",")] if k
                                 else None)
     expected = inst["group_size"].astype(float)
     expected = expected.where(expected.notna(), members.map(lambda m: len(m) if m else np.nan))
     expected = expected.fillna(float(len(present)))
-    expected[is_p2p] = 2.0
+    expected[p2p] = 2.0
     inst["expected"] = expected.astype(int)
     inst["complete"] = inst["ranks"] == inst["expected"]
     over = inst[inst["ranks"] > inst["expected"]]
@@ -477,14 +477,14 @@ def count_instances(ev: pd.DataFrame, present: set[int]
                      f"matched by a name that ranks reuse for different groups?): not used for "
                      f"clock offsets, stragglers or bandwidth")
     n_multi = int((inst["ranks"] > 1).sum())
-    partial = inst[(inst["ranks"] < inst["expected"]) & ~is_p2p]
+    partial = inst[(inst["ranks"] < inst["expected"]) & ~p2p]
     if len(partial):
         absent = sorted({r for m in members[partial.index].dropna() for r in m} - present)
-        notes.append(f"{len(partial)} of {int((~is_p2p).sum())} collective instance(s) lack "
+        notes.append(f"{len(partial)} of {int((~p2p).sum())} collective instance(s) lack "
                      f"members" + (f" (ranks {absent[:8]}{'...' if len(absent) > 8 else ''} have "
                                    f"no trace)" if absent else "")
                      + ": not used for clock offsets, stragglers or bandwidth")
-    lone = inst[(inst["ranks"] < inst["expected"]) & is_p2p]
+    lone = inst[(inst["ranks"] < inst["expected"]) & p2p]
     if len(lone):
         notes.append(f"{len(lone)} point-to-point transfer(s) have only one side in the traces")
     return inst, notes, n_multi

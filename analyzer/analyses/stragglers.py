@@ -31,6 +31,7 @@ from ..per_rank.summary import summary_of
 from ..trace import intervals as iv
 from ..trace.traceset import TraceSet, float_column
 from .clocks import ClockModel
+from .instance_keys import is_p2p
 
 #: Waiting per profiler step (µs, summed over the waiting ranks) below which no rank is named a
 #: straggler.
@@ -375,7 +376,7 @@ def p2p_share(per_rank: pd.DataFrame | None) -> float:
 
 def _is_pair(pr: pd.DataFrame) -> np.ndarray:
     """Bool per row: its instance is a point-to-point pair (``p2p:...``)."""
-    return pr["instance"].astype(str).str.startswith("p2p:").to_numpy()
+    return is_p2p(pr["instance"]).to_numpy()
 
 
 def compute_per_step(traces: TraceSet, comm_patterns=()) -> dict[int, float]:

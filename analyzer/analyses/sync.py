@@ -49,6 +49,7 @@ from ..trace import intervals as iv
 from ..trace.traceset import TraceSet
 from .clocks import align_clocks, instance_times, rank_hosts
 from .comm_events import comm_events
+from .instance_keys import is_p2p, p2p_endpoints
 from .matching import count_instances, matched_events, peers_by_ends
 from .peers import ranks_text
 from .stragglers import (
@@ -288,7 +289,7 @@ def instance_counts(instances: pd.DataFrame) -> dict[str, int]:
     if instances.empty:
         return dict.fromkeys(COUNT_KEYS, 0)
     n = len(instances)
-    p2p = int(instances["instance"].astype(str).str.startswith("p2p:").sum())
+    p2p = int(is_p2p(instances["instance"]).sum())
     complete = int(instances["complete"].sum()) if "complete" in instances else n
     return {"instances": n, "collectives": n - p2p, "p2p": p2p, "complete": complete}
 
@@ -386,11 +387,10 @@ def _bandwidth_table(done: pd.DataFrame) -> pd.DataFrame:
 def _p2p_pairs(inst: pd.DataFrame, pr: pd.DataFrame) -> pd.DataFrame:
     """:attr:`SyncResult.p2p` from the complete point-to-point instances and their per-rank
     rows (``pr``: corrected times, ``wait_until_us``)."""
-    pairs = inst[inst["instance"].str.startswith("p2p:") & inst["complete"]]
+    pairs = inst[is_p2p(inst["instance"]) & inst["complete"]]
     if pairs.empty:
         return pd.DataFrame(columns=P2P_COLUMNS)
-    ends = pairs["instance"].str.split(":").str[-2].str.split(">")
-    pairs = pairs.assign(src=ends.str[0].astype(int), dst=ends.str[1].astype(int))
+    pairs = pairs.join(p2p_endpoints(pairs["instance"]))
     rows = pr[pr["instance"].isin(pairs["instance"])].merge(
         pairs[["instance", "src", "dst"]], on="instance")
     rows = rows.assign(waited=rows["wait_until_us"] - rows["start_us"])
