@@ -595,3 +595,27 @@ def test_a_send_that_ends_with_a_receive_on_another_stream_does_not_hold_its_sen
     unknown = {**streams, recv.instance: {1: (691.0, None), 0: (587.0, None)}}
     assert [sorted(j.blocked) for j in free_senders([send, recv, later], unknown)] == [
         [0, 1], [0, 1], [0]]
+
+
+def test_work_beside_an_op_before_the_wait_began_is_work_not_waiting():
+    """Two ranks, one all-reduce. Rank 0 arrives at 200, computes beside the op until 500
+    (its wait begins there: ``waited_from``) and is released at 700; rank 1 arrives at 650.
+    Rank 0's work in its step [0, 1000] is 1000 − (700 − 500) = 800 µs, not 1000 − 500 = 500
+    (the time from its arrival); its time outside computation and joins is 1000 − 500 (the
+    computation [0, 500]) − 200 (blocked) − 300 (computation [700, 1000]) = 0. A rank that
+    waits at once (rank 1) is blocked from its arrival: 1000 − (700 − 650) = 950."""
+    import numpy as np
+
+    from pardiag.analyzer.analyses.exec_graph import Join, StepGraph, outside_us, work_us
+
+    join = Join("0,1:1", "all_reduce", "dp", {0: 200.0, 1: 650.0}, {0: 700.0, 1: 700.0},
+                frozenset({0, 1}), waited_from={0: 500.0})
+    k = {0: np.array([[0.0, 500.0], [700.0, 1000.0]]),
+         1: np.array([[0.0, 650.0], [700.0, 1000.0]])}
+    d = {0: np.empty((0, 2)), 1: np.empty((0, 2))}
+    g = StepGraph(1, {0: 0.0, 1: 0.0}, {0: 1000.0, 1: 1000.0}, (join,), k, d)
+    assert work_us(g) == pytest.approx({0: 800.0, 1: 950.0})
+    assert outside_us(g) == pytest.approx({0: 0.0, 1: 0.0})
+    # without the evidence of when it began to wait, the wait runs from the arrival
+    g0 = dataclasses.replace(g, joins=(dataclasses.replace(join, waited_from={}),))
+    assert work_us(g0) == pytest.approx({0: 500.0, 1: 950.0})

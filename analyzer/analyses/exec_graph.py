@@ -191,15 +191,23 @@ def blocked_at(exposed: np.ndarray, end: float) -> float | None:
     return float(exposed[i, 0]) if i >= 0 and exposed[i, 1] >= end - BLOCKED_TOL_US else None
 
 
+def _blocked_spans(g: StepGraph, r: int) -> np.ndarray:
+    """The rank's blocked time at each join it waited at (µs, aligned; ``(n, 2)``): from when
+    its wait began (:attr:`Join.waited_from`; its arrival where it waited at once) to the
+    join's end. Work beside an op before the rank began to wait is work, not waiting."""
+    return np.asarray([(j.waited_from.get(r, j.arrival[r]), j.end[r]) for j in g.joins
+                       if r in j.blocked], dtype=float).reshape(-1, 2)
+
+
 def work_us(g: StepGraph) -> dict[int, float]:
     """Per rank, its work in the step (µs, ≥ 0): its step window less the time it was blocked
-    in joins (from its arrival to its end; joins that overlap, such as DDP's buckets in flight
+    in joins (:func:`_blocked_spans`; joins that overlap, such as DDP's buckets in flight
     together, count once)."""
     out = {}
     for r in g.end:
-        spans = [(j.arrival[r], j.end[r]) for j in g.joins if r in j.blocked]
-        blocked = iv.total(iv.clip(iv.union(*np.asarray(spans, dtype=float).reshape(-1, 2).T),
-                                   g.start[r], g.end[r])) if spans else 0.0
+        spans = _blocked_spans(g, r)
+        blocked = iv.total(iv.clip(iv.union(*spans.T), g.start[r], g.end[r])) if len(
+            spans) else 0.0
         out[r] = max(0.0, g.end[r] - g.start[r] - blocked)
     return out
 
@@ -210,9 +218,8 @@ def outside_us(g: StepGraph) -> dict[int, float]:
     is blocked, such as kernels beside a transfer, counts once)."""
     out = {}
     for r in g.end:
-        spans = np.asarray([(j.arrival[r], j.end[r]) for j in g.joins if r in j.blocked],
-                           dtype=float).reshape(-1, 2)
-        busy = np.concatenate([spans, g.k[r].reshape(-1, 2), g.d[r].reshape(-1, 2)])
+        busy = np.concatenate([_blocked_spans(g, r), g.k[r].reshape(-1, 2),
+                               g.d[r].reshape(-1, 2)])
         taken = iv.total(iv.clip(iv.union(busy[:, 0], busy[:, 1]), g.start[r], g.end[r]))
         out[r] = max(0.0, g.end[r] - g.start[r] - taken)
     return out
