@@ -491,12 +491,20 @@ def _edge(x: np.ndarray, lo: int, hi: int, level: float, rising: bool) -> int:
     return lo + int(np.argmax(np.cumsum(y)))
 
 
-def _same_level(x: np.ndarray, y: np.ndarray) -> bool:
+def _same_level(lx: float, ly: float) -> bool:
     """Whether two late periods' median lateness (µs) agree within :data:`JOIN_LEVEL_RATIO`:
     a dip of the noise cuts one event into parts at one level; a start-up's lateness and a slow
     period a few steps later are two events at two levels."""
-    lx, ly = float(np.nanmedian(x)), float(np.nanmedian(y))
     return min(lx, ly) >= JOIN_LEVEL_RATIO * max(lx, ly)
+
+
+def _edges(x: np.ndarray, a: int, b: int, lo: int, hi: int) -> tuple[int, int]:
+    """The first and last position of the period ``a..b`` of ``x`` moved to its change points
+    (:func:`_edge`, a shift by the period's median), each sought within :data:`WINDOW_STEPS` of
+    the old one and inside ``lo..hi`` (between the neighbouring periods, never inside one)."""
+    level = 0.5 * float(np.nanmedian(x[a:b + 1]))
+    first = _edge(x, max(lo, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), level, True)
+    return first, _edge(x, max(first, b - WINDOW_STEPS), min(hi, b + WINDOW_STEPS), level, False)
 
 
 def _late_periods(x: np.ndarray, m: np.ndarray, thr: float) -> list[tuple[int, int]]:
@@ -511,19 +519,15 @@ def _late_periods(x: np.ndarray, m: np.ndarray, thr: float) -> list[tuple[int, i
     merged: list[tuple[int, int]] = []
     for a, b in found:
         if merged and a - merged[-1][1] <= WINDOW_STEPS and _same_level(
-                x[merged[-1][0]:merged[-1][1] + 1], x[a:b + 1]):
+                float(np.nanmedian(x[merged[-1][0]:merged[-1][1] + 1])),
+                float(np.nanmedian(x[a:b + 1]))):
             merged[-1] = (merged[-1][0], b)
         else:
             merged.append((a, b))
     out: list[tuple[int, int]] = []
     for i, (a, b) in enumerate(merged):
-        # each edge is sought between the neighbouring periods, never inside one
-        lo = out[-1][1] + 1 if out else 0
-        hi = merged[i + 1][0] - 1 if i + 1 < len(merged) else len(x) - 1
-        level = 0.5 * float(np.nanmedian(x[a:b + 1]))
-        first = _edge(x, max(lo, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), level, True)
-        last = _edge(x, max(first, b - WINDOW_STEPS), min(hi, b + WINDOW_STEPS), level, False)
-        out.append((first, last))
+        out.append(_edges(x, a, b, out[-1][1] + 1 if out else 0,
+                          merged[i + 1][0] - 1 if i + 1 < len(merged) else len(x) - 1))
     return out
 
 
@@ -603,15 +607,12 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
             # step's start-up above all, keeps an edge sharp instead of pulling it to itself)
             y = late.loc[r].to_numpy(dtype=float) + pd.Series(dur - base).rolling(
                 5, center=True, min_periods=1).median().to_numpy()
-            level = 0.5 * float(np.nanmedian(y[a:b + 1]))
-            a = _edge(y, max(lo, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), level, True)
-            b = _edge(y, max(a, b - WINDOW_STEPS), min(hi, b + WINDOW_STEPS), level, False)
+            a, b = _edges(y, a, b, lo, hi)
             during = float(np.nanmedian(dur[a:b + 1]))
             prev = out[-1] if out else None
             if (prev is not None and prev["rank"] == r and not prev["persistent"]
                     and a <= int(np.searchsorted(cols, prev["last_step"])) + WINDOW_STEPS
-                    and _same_level(np.array([prev["extra_delay_ms"] * 1e3]),
-                                    np.array([extra]))):
+                    and _same_level(prev["extra_delay_ms"] * 1e3, extra)):
                 a = int(np.searchsorted(cols, prev["first_step"]))   # one period after all
                 out.pop()
                 during = float(np.nanmedian(dur[a:b + 1]))
@@ -623,14 +624,20 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
         if persistent or costs(a, b, during):
             out.append(f)
         elif notes is not None:
-            slower = ("the others waited without the run losing time" if during <= base else
-                      f"their extra {(during - base) / 1e3:.1f} ms is inside the step time's "
-                      f"noise over {b - a + 1} steps (±{bound(a, b) / 1e3:.1f} ms)")
-            notes.append(f"rank {r} arrived {f['extra_delay_ms']:.1f} ms after the others in "
-                         f"steps {f['first_step']}–{f['last_step']}, but those steps took "
-                         f"{f['step_ms']:.1f} ms against {f['baseline_step_ms']:.1f} ms: "
-                         f"{slower}, so it is not named a straggler")
+            notes.append(_not_named(f, during - base, bound(a, b)))
     return sorted(out, key=lambda f: (f["first_step"], f["rank"]))
+
+
+def _not_named(f: dict, excess_us: float, bound_us: float) -> str:
+    """The note of a late period whose steps cost the run nothing beyond the noise (``f``: its
+    finding; ``excess_us``: its steps' median less the run's; ``bound_us``: the noise bound)."""
+    slower = ("the others waited without the run losing time" if excess_us <= 0 else
+              f"their extra {excess_us / 1e3:.1f} ms is inside the step time's "
+              f"noise over {f['steps']} steps (±{bound_us / 1e3:.1f} ms)")
+    return (f"rank {f['rank']} arrived {f['extra_delay_ms']:.1f} ms after the others in "
+            f"steps {f['first_step']}–{f['last_step']}, but those steps took "
+            f"{f['step_ms']:.1f} ms against {f['baseline_step_ms']:.1f} ms: "
+            f"{slower}, so it is not named a straggler")
 
 
 def slow_step_findings(steps: pd.DataFrame, stragglers: list[dict],
