@@ -20,15 +20,15 @@ CREEP_MIN_BYTES = 64 * 2**20
 CREEP_SPREAD = 0.5
 
 
-def memory_findings(memory: pd.DataFrame, capture: tuple[int, int] | None = None
+def memory_findings(memory: pd.DataFrame, captures: list[tuple[int, int]] | None = None
                     ) -> list[dict]:
     """Memory creep per rank (see the module): ``[{"kind": "memory_creep", "rank", "memory",
-    ("rss" or "device"), "first_bytes", "last_bytes", "bytes_per_1k_steps"}]``. A deep
-    capture's steps (``capture``: first, last) are pardiag's own growth (the profiler's
-    buffers): the samples from its first step to the first after its last are left out, and
-    the samples before and after it are two segments, each judged on its own growth, the
-    slope taken over pairs of samples of one segment (``first_bytes``/``last_bytes`` as
-    sampled)."""
+    ("rss" or "device"), "first_bytes", "last_bytes", "bytes_per_1k_steps"}]``. The deep
+    captures' steps (``captures``: (first, last) of each) are pardiag's own growth (the
+    profiler's buffers): the samples from a capture's first step to the first after its last
+    are left out, and the samples between captures are segments, each judged on its own
+    growth, the slope taken over pairs of samples of one segment (``first_bytes``/
+    ``last_bytes`` as sampled)."""
     out = []
     cols = [c for c in ("rss_bytes", "device_bytes") if memory[c].notna().any()]
     for (r, m), col in ((k, c) for k in memory.groupby("rank") for c in cols):
@@ -38,12 +38,14 @@ def memory_findings(memory: pd.DataFrame, capture: tuple[int, int] | None = None
         first_bytes, last_bytes = int(s[col].iloc[0]), int(s[col].iloc[-1])
         st = s["step"].to_numpy(dtype=float)
         seg = np.zeros(len(s), dtype=int)
-        if capture is not None:
-            after = st > capture[1]
-            keep = (st < capture[0]) | after
+        keep = np.ones(len(s), dtype=bool)
+        for a, b in captures or []:
+            after = st > b
+            keep &= (st < a) | after
             keep[np.flatnonzero(after)[:1]] = False   # it still holds the capture's rise
-            seg = after.astype(int)[keep]
-            s, st = s[keep], st[keep]
+            seg += after
+        if not keep.all():
+            seg, s, st = seg[keep], s[keep], st[keep]
             if len(s) < 4:
                 continue
         y = s[col].to_numpy(dtype=float)

@@ -1,5 +1,5 @@
 """How a monitored run was asked for and how it ended (``pardiag profile --monitor``): its deep
-capture's request and folders (:func:`captures`), and its run file's ending
+captures' requests and folders (:func:`captures`), and its run file's ending
 (:func:`ending_notes`), for :mod:`pardiag.analyzer.analyses.monitored`'s summary.
 """
 
@@ -21,16 +21,22 @@ def capture_request(run_dir: Path) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def requested_steps(req: dict | None) -> tuple[int, int] | None:
-    """(first, last) step of the deep capture ``req`` asks for (:func:`capture_request`), or
-    None without a readable request."""
+def requested_captures(req: dict | None) -> list[tuple[int, int]]:
+    """(first, last) step of each deep capture ``req`` (:func:`capture_request`) asked for, in
+    the order asked: its ``asked`` list, or (a request written before there was one) the one
+    request it holds; empty without a readable request."""
     if not isinstance(req, dict):
-        return None
-    try:
-        first, n = int(req["start_step"]), int(req["steps"])
-    except (TypeError, KeyError, ValueError):
-        return None
-    return (first, first + max(n, 1) - 1) if first >= 0 else None
+        return []
+    asked = req.get("asked")
+    out = []
+    for r in asked if isinstance(asked, list) else [req]:
+        try:
+            first, n = int(r["start_step"]), int(r["steps"])
+        except (TypeError, KeyError, ValueError):
+            continue
+        if first >= 0:
+            out.append((first, first + max(n, 1) - 1))
+    return out
 
 
 def captures(run_dir: Path) -> list[dict]:

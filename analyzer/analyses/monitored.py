@@ -56,7 +56,7 @@ from pardiag.errors import PardiagError
 
 from ..trace import vocab
 from .monitor_memory import memory_findings
-from .monitor_run import capture_request, captures, ending_notes, requested_steps
+from .monitor_run import capture_request, captures, ending_notes, requested_captures
 
 #: Ops whose members complete together (their completions align clocks).
 RELEASE_TOGETHER = vocab.MONITOR_RELEASE_TOGETHER
@@ -99,7 +99,8 @@ class MonitorData:
             ``rss_bytes``, ``device_bytes``.
         hosts: ``{rank: host name}`` from the ranks' metadata (empty where none).
         notes: what could not be read (a torn last line of a killed rank, dropped calls).
-        capture: (first, last) step of the deep capture the run asked for, else None.
+        captures: (first, last) step of each deep capture the run asked for, in the order
+            asked.
     """
 
     steps: pd.DataFrame
@@ -107,7 +108,7 @@ class MonitorData:
     memory: pd.DataFrame
     hosts: dict[int, str]
     notes: list[str]
-    capture: tuple[int, int] | None = None
+    captures: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     #: :func:`arrival_delays` once computed (the findings, the page and TensorBoard share it)
     delays: pd.DataFrame | None = None
 
@@ -338,7 +339,7 @@ def load_monitor(run_dir: Path) -> MonitorData:
         calls=(pd.concat(calls, ignore_index=True) if calls
                else pd.DataFrame(columns=call_cols)),
         memory=pd.DataFrame(memory, columns=["rank", "step", "rss_bytes", "device_bytes"]),
-        hosts=hosts, notes=notes, capture=requested_steps(capture_request(run_dir)))
+        hosts=hosts, notes=notes, captures=requested_captures(capture_request(run_dir)))
 
 
 def _world_size(run_dir: Path, notes: list[str]) -> int | None:
@@ -640,17 +641,29 @@ def _not_named(f: dict, excess_us: float, bound_us: float) -> str:
             f"{slower}, so it is not named a straggler")
 
 
+def capture_steps(captures: list[tuple[int, int]]) -> set[int]:
+    """The steps a deep capture slowed itself (``captures``: (first, last) of each): its own,
+    where the profiler records, and the one after its last, which writes the trace."""
+    return {s for a, b in captures for s in range(a, b + 2)}
+
+
 def slow_step_findings(steps: pd.DataFrame, stragglers: list[dict],
-                       delays: pd.DataFrame | None = None) -> list[dict]:
+                       delays: pd.DataFrame | None = None,
+                       captures: list[tuple[int, int]] | None = None) -> list[dict]:
     """Periods of slow steps on every rank (see the module): ``[{"kind": "slow_steps",
     "first_step", "last_step", "steps", "step_ms", "baseline_step_ms", "data_ms",
     "baseline_data_ms", "straggler_rank", "arrivals_known"}]`` (``straggler_rank``: a
     straggler's period it overlaps, else None; ``arrivals_known``: the ranks' arrival delays
     (:func:`arrival_delays`, ``delays``) cover at least half the period's steps, so that no
-    straggler there means no rank was late)."""
+    straggler there means no rank was late). The deep captures' own steps
+    (:func:`capture_steps` of ``captures``, (first, last) each) are left out: pardiag slowed
+    them; a period around one goes on across it."""
     if steps.empty:
         return []
     per = steps.groupby("step")[["dur_us", "data_us"]].median()
+    per = per[~per.index.isin(capture_steps(captures or []))]
+    if per.empty:
+        return []
     x = per["dur_us"].to_numpy(dtype=float)
     # The baseline is the lower quartile of the step time's running median, its noise the
     # steps' spread about that running median: a slow period of up to 3/4 of the run moves
@@ -666,8 +679,10 @@ def slow_step_findings(steps: pd.DataFrame, stragglers: list[dict],
     high = x - base > thr
     low = high | (pd.Series(x - base).rolling(5, center=True, min_periods=1).median()
                   .to_numpy() > HYSTERESIS * thr)
-    for first, last, n in _periods(low, idx, GAP_STEPS, 1):
-        if int(high[(idx >= first) & (idx <= last)].sum()) < MIN_SLOW_STEPS:
+    # gaps counted in steps judged: a capture's steps left out do not cut a period
+    for a, b, n in _periods(low, np.arange(len(idx)), GAP_STEPS, 1):
+        first, last = int(idx[a]), int(idx[b])
+        if int(high[a:b + 1].sum()) < MIN_SLOW_STEPS:
             continue
         span = per.loc[first:last]
         who = [f["rank"] for f in stragglers
@@ -691,9 +706,9 @@ def findings(data: MonitorData, notes: list[str] | None = None) -> list[dict]:
     delays = arrival_delays(data)
     strag = straggler_findings(delays, data.steps, notes)
     # slow steps inside a straggler's period are its cost, said with it
-    slow = [f for f in slow_step_findings(data.steps, strag, delays)
+    slow = [f for f in slow_step_findings(data.steps, strag, delays, data.captures)
             if f["straggler_rank"] is None]
-    return strag + slow + memory_findings(data.memory, data.capture)
+    return strag + slow + memory_findings(data.memory, data.captures)
 
 
 def finding_line(f: dict) -> str:
@@ -727,39 +742,29 @@ def finding_line(f: dict) -> str:
 def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     """The JSON of a monitored run: ``ranks``, ``steps``, ``step_ms`` (median, p10, p90 of the
     per-step median over ranks), ``findings`` (:func:`findings`), ``notes``, and the deep
-    captures in ``run_dir`` (:func:`captures`; none without it)."""
+    captures in ``run_dir`` that the run asked for (:func:`captures`, each with the
+    ``last_step`` asked for; none without ``run_dir``)."""
     per = data.steps.groupby("step")["dur_us"].median() / 1e3
     notes = list(data.notes)
     found = findings(data, notes)
-    caps = captures(run_dir) if run_dir is not None else []
-    asked = requested_steps(capture_request(run_dir)) if run_dir is not None else None
-    # one capture per run, the one its request asked for: another folder is an earlier run's
-    for c in [c for c in caps if asked is None or c["first_step"] != asked[0]]:
-        caps.remove(c)
-        notes.append(f"{c['folder']} is not this run's deep capture (" + (
-            f"this run asked for steps {asked[0]}–{asked[1]}" if asked is not None
-            else "this run asked for none") + "): left out")
-    if asked is not None and not any(c["first_step"] == asked[0] and c["ranks"] for c in caps):
-        notes.append(f"the deep capture asked for steps {asked[0]}–{asked[1]} was not written: "
-                     f"the run ended before it or while it recorded (a capture's traces are "
-                     f"written at its last step)")
+    caps, late = _asked_captures(run_dir, notes) if run_dir is not None else ([], [])
     last_step = int(data.steps["step"].max()) if len(data.steps) else None
     notes += ending_notes(run_dir, last_step) if run_dir is not None else []
     for f in found:   # late to the end: whether it ended is not known
         if f["kind"] == "straggler" and not f["persistent"] and f["last_step"] == last_step:
             f["until_last_step"] = True
     periods = [f for f in found if f["kind"] in ("straggler", "slow_steps")]
-    for c in caps:   # the asked-for capture only, the others left out above
-        last = asked[1] if asked is not None else c["first_step"]
+    for c in caps:   # the asked-for captures only, the others left out
+        first, last = c["first_step"], c["last_step"]
         if not periods:
-            notes.append(f"the deep capture of steps {c['first_step']}–{last} was asked for by "
+            notes.append(f"the deep capture of steps {first}–{last} was asked for by "
                          f"a finding the whole run does not confirm (the monitor judged the "
                          f"steps up to then): it shows the run as it was then")
-        elif not any(f["first_step"] <= last and c["first_step"] <= f["last_step"]
-                     for f in periods):
-            notes.append(f"the deep capture of steps {c['first_step']}–{last} lies outside every "
+        elif not any(f["first_step"] <= last and first <= f["last_step"] for f in periods):
+            notes.append(f"the deep capture of steps {first}–{last} lies outside every "
                          f"finding's steps (the finding that asked for it ended first): it shows "
                          f"the run as it was then, not the finding")
+    notes += late
     return {
         "ranks": sorted(int(r) for r in data.steps["rank"].unique()),
         "steps": int(data.steps["step"].nunique()),
@@ -768,3 +773,23 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
                      "p90": round(float(per.quantile(0.9)), 3)} if len(per) else None),
         "collectives": int(len(data.calls)),
         "findings": found, "notes": notes, "captures": caps}
+
+
+def _asked_captures(run_dir: Path, notes: list[str]) -> tuple[list[dict], list[str]]:
+    """The deep captures in ``run_dir`` (:func:`captures`) that its request asked for, each
+    with its ``last_step``; a folder not asked for (an earlier run's) is left out with a note
+    (into ``notes``). Also the notes of each capture asked for and not written."""
+    asked = dict(requested_captures(capture_request(run_dir)))
+    caps = []
+    for c in captures(run_dir):
+        if c["first_step"] in asked:
+            caps.append({**c, "last_step": asked[c["first_step"]]})
+            continue
+        notes.append(f"{c['folder']} is not this run's deep capture (" + (
+            "this run asked for steps " + ", ".join(f"{a}–{b}" for a, b in asked.items())
+            if asked else "this run asked for none") + "): left out")
+    written = {c["first_step"] for c in caps if c["ranks"]}
+    late = [f"the deep capture asked for steps {a}–{b} was not written: the run ended before "
+            f"it or while it recorded (a capture's traces are written at its last step)"
+            for a, b in asked.items() if a not in written]
+    return caps, late

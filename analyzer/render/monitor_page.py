@@ -1,7 +1,7 @@
 """The page and the terminal summary of a monitored run (``pardiag profile --monitor``;
 :mod:`pardiag.analyzer.analyses.monitored`): step time over the whole run per rank with each
-finding's steps marked, a rank × step heatmap of the lateness that names stragglers, and the
-findings, one line each."""
+finding's steps and each deep capture marked, a rank × step heatmap of the lateness that names
+stragglers, and the findings, one line each."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def _blocks(n: int) -> int:
     return max(1, int(np.ceil(n / MAX_POINTS)))
 
 
-def _step_figure(page: Page, data: monitored.MonitorData, found: list[dict]) -> str:
+def _step_figure(page: Page, data: monitored.MonitorData, found: list[dict],
+                 caps: list[dict]) -> str:
     steps = data.steps   # every grouping below sorts its keys: no sort of 10⁷ rows first
     k = _blocks(int(steps["step"].nunique()))
     ranks = sorted(int(r) for r in steps["rank"].unique())
@@ -53,8 +54,14 @@ def _step_figure(page: Page, data: monitored.MonitorData, found: list[dict]) -> 
                "fillcolor": "rgba(214,39,40,0.15)" if f["kind"] == "straggler"
                else "rgba(255,127,14,0.15)"}
               for f in found if f["kind"] in ("straggler", "slow_steps")]
+    shapes += [{"type": "rect", "xref": "x", "yref": "paper", "x0": c["first_step"] - 0.5,
+                "x1": c["last_step"] + 0.5, "y0": 0, "y1": 1,
+                "line": {"width": 1, "color": "rgba(44,160,44,0.9)", "dash": "dot"},
+                "fillcolor": "rgba(44,160,44,0.12)"} for c in caps]
+    title = "Step time over the run, per rank (shaded: findings" + (
+        "; dotted green: deep captures)" if caps else ")")
     fig = {"data": traces, "layout": {
-        "title": "Step time over the run, per rank (shaded: findings)",
+        "title": title,
         "xaxis": {"title": "optimizer step"}, "yaxis": {"title": "step time (ms)"},
         "shapes": shapes, "height": 380}}
     notes = [f"each point is the median of {k} steps"] if k > 1 else []
@@ -101,13 +108,15 @@ def monitor_html(data: monitored.MonitorData, doc: dict, source: str,
                                                       "run's noise and no period of steps was "
                                                       "slow."))
             + "".join(muted(n) for n in doc["notes"])
-            + "".join(f"<p>Deep capture from step {c['first_step']} ({c['ranks']} ranks): "
-                      f"<code>pardiag report {escape(doc['source'])}/{escape(c['folder'])}"
-                      f"</code></p>" for c in doc.get("captures", []))
+            + "".join(f"<p>Deep capture of steps {c['first_step']}–{c['last_step']} "
+                      f"({c['ranks']} ranks): <code>pardiag report "
+                      f"{escape(doc['source'])}/{escape(c['folder'])}</code></p>"
+                      for c in doc.get("captures", []))
             + "</section>"
-            f'<section id="steps"><h2>Step time</h2>{_step_figure(page, data, found)}</section>'
-            f'<section id="lateness"><h2>Lateness per rank</h2>{_late_figure(page, data)}'
-            f"</section>")
+            + '<section id="steps"><h2>Step time</h2>'
+            + _step_figure(page, data, found, doc.get("captures", [])) + "</section>"
+            + f'<section id="lateness"><h2>Lateness per rank</h2>{_late_figure(page, data)}'
+            + "</section>")
     toc = [("findings", "Findings"), ("steps", "Step time"), ("lateness", "Lateness per rank")]
     return document(f"pardiag: monitored run {source}", "pardiag report (monitored run)",
                     source, toc, body, include_plotlyjs)
@@ -126,7 +135,8 @@ def monitor_lines(doc: dict) -> list[str]:
         out += [f"  {monitored.finding_line(f)}" for f in doc["findings"]] or [
             "  no finding: no rank stood out of the run's noise and no period of steps was slow"]
     out += [f"  note: {n}" for n in doc["notes"]]
-    out += [f"  deep capture from step {c['first_step']} ({c['ranks']} ranks): pardiag report "
+    out += [f"  deep capture of steps {c['first_step']}–{c['last_step']} ({c['ranks']} ranks): "
+            f"pardiag report "
             f"{doc['source']}/{c['folder']}" for c in doc.get("captures", [])]
     return out
 
