@@ -34,6 +34,11 @@ from pardiag.version import __version__
 
 from .rank_entry import CONFIG_ENV
 
+#: The most deep captures of a monitored run unless ``--monitor-captures`` says otherwise: a
+#: capture's traces take disk (megabytes per rank on CPU, far more on GPUs) and its steps run
+#: slower, so a run whose straggler comes and goes many times records its first few.
+MONITOR_CAPTURES = 3
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ProfileConfig:
@@ -69,8 +74,10 @@ class ProfileConfig:
             (:mod:`pardiag.collectors.monitor`); None: profile. The launcher then follows the
             records and says each finding once as the job runs
             (:mod:`pardiag.analyzer.analyses.monitor_follow`).
-        monitor_capture: with ``monitor_every``, on the first finding every rank records a
-            Kineto trace of this many steps into ``capture-S/`` (0: never).
+        monitor_capture: with ``monitor_every``, on a finding every rank records a Kineto
+            trace of this many steps into ``capture-S/`` (0: never).
+        monitor_captures: the most deep captures of a run (each finding that comes once the
+            last capture has ended asks for one, until this many).
         monitor_calls: with ``monitor_every``, write every collective call (False: only each
             step's summary, its arrival among them: for large jobs).
     """
@@ -96,6 +103,7 @@ class ProfileConfig:
     noise_filter: bool = True
     monitor_every: int | None = None
     monitor_capture: int = 0
+    monitor_captures: int = MONITOR_CAPTURES
     monitor_calls: bool = True
 
     @property
@@ -145,6 +153,8 @@ class ProfileConfig:
             raise PardiagError("--monitor-capture needs --monitor")
         if self.monitor_capture < 0:
             raise PardiagError(f"--monitor-capture must be >= 0 steps, got {self.monitor_capture}")
+        if self.monitor_captures < 1:
+            raise PardiagError(f"--monitor-captures must be >= 1, got {self.monitor_captures}")
         if self.monitor_every is not None:   # no profiler window at all
             if self.monitor_every < 1:
                 raise PardiagError(f"--monitor-every must be >= 1 step, got {self.monitor_every}")
@@ -589,9 +599,11 @@ MONITOR_POLL_S = 2.0
 class _MonitorFollow:
     """The launcher's side of ``--monitor``: every :data:`MONITOR_POLL_S` seconds, the new
     findings of the ranks' records (:class:`pardiag.analyzer.analyses.monitor_follow.Follower`)
-    on standard error, one line each; with ``--monitor-capture``, the first asks every rank
-    for a deep capture starting a record period (and 5 steps) after the last step written:
-    no rank is further ahead than the period, and each reads the request at every step."""
+    on standard error, one line each. With ``--monitor-capture``, a finding asks every rank for
+    a deep capture starting a record period (and 5 steps) after the last step written (no rank
+    is further ahead than the period, and each looks for the request at every step), when the
+    run's last capture has ended and fewer than ``--monitor-captures`` were asked for; a finding
+    said while a capture is asked for or recording asks for none."""
 
     def __init__(self, out: Path, cfg: ProfileConfig) -> None:
         from pardiag.analyzer.analyses.monitor_follow import Follower
@@ -600,13 +612,15 @@ class _MonitorFollow:
         self.out, self.cfg = out, cfg
         self.poll_s = env_seconds("PARDIAG_MONITOR_POLL_S", MONITOR_POLL_S)
         self.last = 0.0
-        self.requested = False
+        #: (first, last) step of each capture asked for
+        self.asked: list[tuple[int, int]] = []
+        self.done = False   # no further capture: the most were asked for, or a script ended
 
     def poll(self, now: float) -> None:
         if now - self.last < self.poll_s:
             return
         self.last = now
-        from pardiag.analyzer.analyses.monitor_follow import online_line, request_capture
+        from pardiag.analyzer.analyses.monitor_follow import online_line
 
         try:
             found = self.follower.new_findings()
@@ -616,21 +630,34 @@ class _MonitorFollow:
         for f, ongoing in found:
             line = online_line(f, ongoing)
             print(f"pardiag: monitor: {line}", file=sys.stderr, flush=True)
-            if self.cfg.monitor_capture and not self.requested and self.follower.ended:
-                self.requested = True   # a rank's script has ended: no step is left to record
-                print("pardiag: monitor: no deep capture: the script had ended on rank(s) "
-                      f"{', '.join(map(str, sorted(self.follower.ended)))} when this was read",
-                      file=sys.stderr, flush=True)
-            if self.cfg.monitor_capture and not self.requested:
-                data = self.follower.data()
-                top = int(data.steps["step"].max()) if data is not None else 0
-                start = top + int(self.cfg.monitor_every or 1) + 5
-                request_capture(self.out, start, self.cfg.monitor_capture, line)
-                self.requested = True
-                where = layout.capture_dir(self.out, start)
-                print(f"pardiag: monitor: every rank records a trace of steps {start}–"
-                      f"{start + self.cfg.monitor_capture - 1} into {where}", file=sys.stderr,
-                      flush=True)
+            if self.cfg.monitor_capture and not self.done:
+                self._capture(line)
+
+    def _capture(self, reason: str) -> None:
+        """Ask for a deep capture for the finding said as ``reason``, where one may start."""
+        from pardiag.analyzer.analyses.monitor_follow import request_capture
+
+        if self.follower.ended:
+            self.done = True   # a rank's script has ended: no step is left to record
+            print("pardiag: monitor: no deep capture: the script had ended on rank(s) "
+                  f"{', '.join(map(str, sorted(self.follower.ended)))} when this was read",
+                  file=sys.stderr, flush=True)
+            return
+        data = self.follower.data()
+        top = int(data.steps["step"].max()) if data is not None else 0
+        if self.asked and top <= self.asked[-1][1] + 1:
+            return   # the last capture is asked for or recording: it shows this too
+        start = top + int(self.cfg.monitor_every or 1) + 5
+        steps = self.cfg.monitor_capture
+        request_capture(self.out, start, steps, reason)
+        self.asked.append((start, start + steps - 1))
+        self.done = len(self.asked) >= self.cfg.monitor_captures
+        where = layout.capture_dir(self.out, start)
+        print(f"pardiag: monitor: every rank records a trace of steps {start}–"
+              f"{start + steps - 1} into {where}"
+              + (f" (the last of the {self.cfg.monitor_captures} deep captures "
+                 f"--monitor-captures allows)" if self.done and self.cfg.monitor_captures > 1
+                 else ""), file=sys.stderr, flush=True)
 
 
 def _wait_or_timeout(proc, cfg, ranks) -> tuple[int, list | None] | None:
@@ -921,6 +948,9 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
                               if cfg.monitor_every else []),
                             *(["--monitor-capture", str(cfg.monitor_capture)]
                               if cfg.monitor_every and cfg.monitor_capture else []),
+                            *(["--monitor-captures", str(cfg.monitor_captures)]
+                              if cfg.monitor_every and cfg.monitor_capture
+                              and cfg.monitor_captures != MONITOR_CAPTURES else []),
                             *(["--no-monitor-calls"]
                               if cfg.monitor_every and not cfg.monitor_calls else []),
                             "--", *cfg.args]),

@@ -125,10 +125,14 @@ class Monitor:
         #: call × calls per step)
         self.calls_total = 0
         self.steps_total = 0
-        #: where the launcher asks for a deep capture (read at each line written; None: never)
+        #: where the launcher asks for a deep capture (looked at every step while no capture is
+        #: pending; None: never)
         self.capture_request = capture_request
-        #: ``(first step, steps)`` of the deep capture asked for, once read
+        #: ``(first step, steps)`` of the deep capture asked for and not yet ended (the rank
+        #: sets it back to None when its capture ends; the next request is then taken)
         self.capture: tuple[int, int] | None = None
+        #: the request file's (mtime ns, size) when last read: it is read again only when changed
+        self._request_seen: tuple[int, int] | None = None
 
     # -- recording ---------------------------------------------------------------------------
 
@@ -393,14 +397,22 @@ class Monitor:
             self._read_capture_request()
 
     def _read_capture_request(self) -> None:
-        """Take the launcher's request for a deep capture when there is one and it starts
-        after this rank's current step (every rank then captures the same steps)."""
-        if not self.capture_request.exists():
+        """Take the launcher's request for a deep capture when there is one, it changed since
+        last read, and it starts after this rank's current step (every rank then captures the
+        same steps; one that comes too late is left, and so is a request already captured)."""
+        try:
+            st = self.capture_request.stat()
+        except OSError:
             return
+        seen = (st.st_mtime_ns, st.st_size)
+        if seen == self._request_seen:
+            return   # a stat per step; read only when the launcher wrote a new request
+        self._request_seen = seen
         try:
             req = orjson.loads(self.capture_request.read_bytes())
             start, steps = int(req["start_step"]), int(req["steps"])
         except (OSError, ValueError, KeyError, TypeError):
+            self._request_seen = None   # caught mid-write elsewhere: read it again
             return
         if start > self._step and steps > 0:
             self.capture = (start, steps)

@@ -1002,7 +1002,7 @@ def _deep_capture(run: _RankRun, count: int) -> None:
             if not run.cfg.get("hang_dumps"):
                 run.p2p.uninstall()
             prof.stop()
-            run.monitor.capture = (start, -1)   # done: no other capture
+            run.monitor.capture = None   # done: the launcher's next request may come
 
 
 def _number_steps_from(prof, start: int, steps: int) -> None:

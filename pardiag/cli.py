@@ -340,8 +340,11 @@ def _schedule_options(f):
               help="With --monitor: steps between two writes of each rank's records "
                    "[default: 50]; a killed job keeps everything written.")
 @click.option("--monitor-capture", type=click.IntRange(min=1), default=None, metavar="STEPS",
-              help="With --monitor: on the first finding, every rank records a Kineto trace of "
+              help="With --monitor: on a finding, every rank records a Kineto trace of "
                    "STEPS steps into DIR/capture-S/ for `pardiag report`.")
+@click.option("--monitor-captures", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --monitor-capture: the most deep captures of the run [default: 3]; "
+                   "a finding that comes once the last one has ended asks for the next.")
 @click.option("--monitor-calls/--no-monitor-calls", default=True, show_default=True,
               help="With --monitor: write every collective call, or only each step's summary "
                    "(its arrival among them; for large jobs).")
@@ -351,6 +354,7 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
             rdzv_endpoint: str | None, rdzv_id: str | None, master_addr: str | None,
             master_port: int | None, repeat: int, monitor: bool,
             monitor_every: int | None, monitor_capture: int | None,
+            monitor_captures: int | None,
             monitor_calls: bool) -> None:
     """Run SCRIPT under torchrun with every rank profiled.
 
@@ -363,12 +367,14 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     """
     import time
 
-    from pardiag.collectors.launch import ProfileConfig, run_profile
+    from pardiag.collectors.launch import MONITOR_CAPTURES, ProfileConfig, run_profile
 
     if (monitor_every is not None or monitor_capture is not None or not monitor_calls) \
             and not monitor:
         raise PardiagError("--monitor-every, --monitor-capture and --no-monitor-calls need "
                            "--monitor")
+    if monitor_captures is not None and monitor_capture is None:
+        raise PardiagError("--monitor-captures needs --monitor-capture STEPS")
     if monitor:
         ctx = click.get_current_context()
         given = [f"--{n}" for n in ("wait", "warmup", "active")
@@ -408,6 +414,7 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
                             rdzv_id=rdzv_id, master_addr=master_addr, master_port=master_port,
                             monitor_every=_monitor_every(monitor, monitor_every),
                             monitor_capture=monitor_capture or 0,
+                            monitor_captures=monitor_captures or MONITOR_CAPTURES,
                             monitor_calls=monitor_calls)
         result = run_profile(cfg)
         _say_outcome(result, wait, warmup, active, timeout_s)

@@ -1,6 +1,6 @@
 """Findings while a monitored run goes on: the launcher of ``pardiag profile --monitor`` follows
 the ranks' monitor files as they grow (:class:`Follower`) and says each new finding once, and
-the first one may ask every rank for a deep capture (:func:`request_capture`).
+a finding may ask every rank for a deep capture (:func:`request_capture`).
 
 Only the last :data:`HORIZON` steps are kept and judged (memory bounded over any run); the steps
 every rank has written are judged (a rank's lines come every ``--monitor-every`` steps, not all
@@ -19,6 +19,7 @@ import pandas as pd
 
 from pardiag import layout
 
+from .monitor_run import capture_request, requested_captures
 from .monitored import WINDOW_STEPS, MonitorData, findings, line_frames
 
 #: Steps the follower keeps and judges (the most recent ones).
@@ -90,7 +91,8 @@ class Follower:
                            calls=calls[calls["step"] <= top].reset_index(drop=True),
                            memory=pd.DataFrame(columns=["rank", "step", "rss_bytes",
                                                         "device_bytes"]),
-                           hosts={}, notes=[])
+                           hosts={}, notes=[],
+                           captures=requested_captures(capture_request(self.run_dir)))
 
     def new_findings(self) -> list[tuple[dict, bool]]:
         """The findings not said before, each with whether it still goes on (its last step is
@@ -135,12 +137,19 @@ def online_line(f: dict, ongoing: bool) -> str:
 
 def request_capture(run_dir: Path, start_step: int, steps: int, reason: str) -> Path:
     """Ask every rank for a Kineto trace of steps ``start_step`` .. ``start_step + steps - 1``
-    (written atomically to :func:`pardiag.layout.capture_request_path`; the ranks read it when
-    they next write their monitor line). Returns the request's path."""
+    (written atomically to :func:`pardiag.layout.capture_request_path`; the ranks read it at
+    their next step). The file holds this request at its top (``start_step``, ``steps``,
+    ``reason``: what the ranks read) and every request of the run so far in ``asked``, in the
+    order asked. Returns the request's path."""
     path = layout.capture_request_path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
+    this = {"start_step": int(start_step), "steps": int(steps), "reason": reason}
+    try:
+        before = orjson.loads(path.read_bytes())
+        asked = [a for a in before.get("asked", [before]) if isinstance(a, dict)]
+    except (OSError, ValueError, AttributeError):
+        asked = []
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"start_step": int(start_step), "steps": int(steps),
-                               "reason": reason}))
+    tmp.write_text(json.dumps({**this, "asked": [*asked, this]}))
     os.replace(tmp, path)
     return path
