@@ -3,7 +3,8 @@
 Every example takes the options that matter for diagnosis: ``--steps``, ``--batch``, ``--width``,
 ``--layers``, ``--optimizer``, and planted problems ``--slow-rank R --slow-ms D`` (sleep D ms
 every step on rank R, outside any operator; with ``--slow-from A --slow-until B`` only in steps
-A..B-1: a transient straggler), ``--slow-data-rank R --slow-data-ms D`` (rank R's
+A..B-1: a transient straggler; ``--slow-every P`` brings that period back every P steps),
+``--slow-data-rank R --slow-data-ms D`` (rank R's
 DataLoader takes D ms longer per batch: a slow input pipeline), ``--tiny-ops N`` (N extra tiny
 tensor ops per step: launch- or CPU-bound), ``--fail-rank R --fail-step S`` (raise),
 ``--hang-rank R --hang-step S`` (block forever), plus ``--times-out FILE`` (per-step wall times,
@@ -51,6 +52,9 @@ def base_parser(description: str) -> argparse.ArgumentParser:
                    help="first step at which the slow rank sleeps (a transient straggler)")
     p.add_argument("--slow-until", type=int, default=-1,
                    help="step at which the slow rank stops sleeping (-1: never)")
+    p.add_argument("--slow-every", type=int, default=0,
+                   help="repeat the slow period (--slow-from..--slow-until) every this many "
+                        "steps (0: once): a straggler that comes and goes")
     p.add_argument("--slow-data-rank", type=int, default=-1,
                    help="rank whose DataLoader is slow (sleeps in __getitem__)")
     p.add_argument("--slow-data-ms", type=float, default=0.0,
@@ -193,9 +197,12 @@ def plant(args: argparse.Namespace, env: Env, step: int) -> None:
     if env.rank == args.hang_rank and step == args.hang_step:
         while True:  # a rank that never reaches the next collective
             time.sleep(1.0)
-    if (env.rank == args.slow_rank and args.slow_ms > 0 and step >= args.slow_from
-            and (args.slow_until < 0 or step < args.slow_until)):
-        time.sleep(args.slow_ms / 1000.0)
+    if env.rank == args.slow_rank and args.slow_ms > 0 and step >= args.slow_from:
+        at = step - args.slow_from
+        if args.slow_every > 0:   # the period comes back every slow_every steps
+            at %= args.slow_every
+        if args.slow_until < 0 or at < args.slow_until - args.slow_from:
+            time.sleep(args.slow_ms / 1000.0)
 
 
 class StepTimes:

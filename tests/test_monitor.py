@@ -131,6 +131,113 @@ def test_a_slow_period_dipping_under_the_threshold_is_one_period():
             for f in slow] == [(100, 199, 130.0, 100.0)]
 
 
+def test_a_deep_captures_own_steps_are_no_slow_steps():
+    """Two 3-step deep captures (steps 100–102 and 250–252) run 2.5× slower, and the step after
+    each (the trace's writing) 4×: pardiag slowed them, no finding. A real slow period (30 ms
+    on 100 ms, steps 240–279) that a capture lies inside is one period with its planted edges,
+    the capture's steps left out of its median."""
+    n = 400
+    dur = np.full(n, 100_000.0)
+    caps = [(100, 102), (250, 252)]
+    for a, b in caps:
+        dur[a:b + 1] *= 2.5
+        dur[b + 1] *= 4.0
+
+    def frame(d):
+        return pd.DataFrame({"rank": 0, "step": np.arange(n), "end_us": np.cumsum(d),
+                             "dur_us": d, "optimizer_us": 0.0, "data_us": 100.0})
+
+    assert [(f["first_step"], f["last_step"]) for f in M.slow_step_findings(frame(dur), [])
+            ] == [(100, 103), (250, 253)]   # without the captures: two findings of pardiag's
+    assert M.slow_step_findings(frame(dur), [], captures=caps) == []
+    slow = dur.copy()
+    slow[240:280] += 30_000.0
+    assert [(f["first_step"], f["last_step"], f["steps"], f["step_ms"])
+            for f in M.slow_step_findings(frame(slow), [], captures=caps)] == [
+        (240, 279, 36, 130.0)]
+
+
+def test_several_captures_are_asked_for_read_and_left_out_of_memory_creep(tmp_path):
+    """The request file keeps every capture asked for (the ranks read the last, at its top);
+    the report keeps the capture folders asked for, says the one not written, and leaves out
+    a folder no request names. Memory that rises in each of two captures and is flat between
+    them is no creep."""
+    from pardiag.analyzer.analyses.monitor_follow import request_capture
+    from pardiag.analyzer.analyses.monitor_run import capture_request, requested_captures
+
+    run = _write_run(tmp_path, 2, 400, {1: [(60, 119, 30_000), (250, 309, 30_000)]})
+    request_capture(run, 80, 3, "rank 1: late since step 60")
+    request_capture(run, 270, 3, "rank 1: late since step 250")
+    request_capture(run, 390, 20, "slow")
+    req = capture_request(run)
+    assert (req["start_step"], req["steps"], req["reason"]) == (390, 20, "slow")
+    assert requested_captures(req) == [(80, 82), (270, 272), (390, 409)]
+    assert requested_captures({"start_step": 5, "steps": 2}) == [(5, 6)]   # an older request
+    for s in (80, 270, 124):
+        cap = layout.capture_dir(run, s)
+        cap.mkdir()
+        for r in (0, 1):
+            (cap / f"rank{r}.trace.json.gz").write_bytes(b"")
+    data = M.load_monitor(run)
+    assert data.captures == [(80, 82), (270, 272), (390, 409)]
+    doc = M.summary(data, run)
+    assert doc["captures"] == [
+        {"folder": "capture-80", "first_step": 80, "ranks": 2, "last_step": 82},
+        {"folder": "capture-270", "first_step": 270, "ranks": 2, "last_step": 272}]
+    assert ("capture-124 is not this run's deep capture (this run asked for steps 80–82, "
+            "270–272, 390–409): left out") in doc["notes"]
+    assert [n for n in doc["notes"] if "deep capture asked for" in n] == [
+        "the deep capture asked for steps 390–409 was not written: the run ended before it or "
+        "while it recorded (a capture's traces are written at its last step)"]
+    assert [(f["rank"], f["first_step"], f["last_step"]) for f in doc["findings"]] == [
+        (1, 60, 119), (1, 250, 309)]
+    mib = 2**20
+    steps = np.arange(9, 400, 10)
+    rss = 500 * mib + sum(np.clip((steps - a) / 10, 0, 1) * 300 * mib for a in (80, 270))
+    mem = pd.DataFrame({"rank": 0, "step": steps, "rss_bytes": rss, "device_bytes": np.nan})
+    assert [f["kind"] for f in MM.memory_findings(mem)] == ["memory_creep"]
+    assert MM.memory_findings(mem, [(80, 82), (270, 272)]) == []
+    creep = mem.assign(rss_bytes=mem["rss_bytes"] + steps * 0.5 * mib)   # under both captures
+    (f,) = MM.memory_findings(creep, [(80, 82), (270, 272)])
+    assert f["bytes_per_1k_steps"] == pytest.approx(500 * mib, rel=1e-6)
+
+
+def test_the_launcher_asks_for_a_capture_per_finding_once_the_last_has_ended(tmp_path, capsys):
+    """Findings said at steps 40, 50, 90, 130 and 170 (records every 10 steps, 3-step
+    captures): the first asks for steps 55–57; the second comes while that capture is still
+    ahead and asks for none; the third and fourth each ask for one (the fourth the last of
+    --monitor-captures 3); the fifth asks for none."""
+    from pardiag.analyzer.analyses.monitor_run import capture_request, requested_captures
+    from pardiag.collectors.launch import ProfileConfig, _MonitorFollow
+
+    class Stub:
+        ended: set = set()
+        top = 0
+
+        def new_findings(self):
+            f = {"kind": "slow_steps", "first_step": self.top - 10, "last_step": self.top,
+                 "step_ms": 2.0, "baseline_step_ms": 1.0}
+            return [(f, True)]
+
+        def data(self):
+            return M.MonitorData(steps=pd.DataFrame({"step": [self.top]}), calls=None,
+                                 memory=None, hosts={}, notes=[])
+
+    script = tmp_path / "t.py"
+    script.write_text("")
+    cfg = ProfileConfig(script=script, out=tmp_path, monitor_every=10, monitor_capture=3,
+                        monitor_captures=3)
+    follow = _MonitorFollow(tmp_path, cfg)
+    follow.follower = stub = Stub()
+    for i, top in enumerate((40, 50, 90, 130, 170)):
+        stub.top = top
+        follow.poll(100.0 * (i + 1))
+    assert requested_captures(capture_request(tmp_path)) == [(55, 57), (105, 107), (145, 147)]
+    err = capsys.readouterr().err
+    assert err.count("every rank records a trace of steps") == 3
+    assert "steps 145–147 into" in err and "(the last of the 3 deep captures" in err
+
+
 def test_a_persistent_straggler_and_a_clean_run(tmp_path):
     assert _stragglers(_write_run(tmp_path / "p", 4, 300, {1: (0, 299, 30_000)})) == [
         (1, 0, 299, True)]
@@ -452,70 +559,110 @@ def test_a_capture_request_is_taken_only_before_its_first_step(tmp_path):
     late._fh.close()
 
 
+def test_a_rank_takes_the_next_request_once_its_capture_has_ended(tmp_path):
+    """After its capture (steps 30–32) ended, a rank takes the launcher's next request (steps
+    60–62); the request file, unchanged, is read once, not at every step."""
+    from pardiag.analyzer.analyses.monitor_follow import request_capture
+    from pardiag.layout import capture_request_path
+
+    req = capture_request_path(tmp_path)
+    m = Monitor(tmp_path / "r.jsonl", 0, every=10, capture_request=req)
+    m._fh = open(m.path, "ab")
+    request_capture(tmp_path, 30, 3, "first")
+    m.on_step(0, T0_NS, T0_NS + 1)
+    assert m.capture == (30, 3)
+    m.capture = None   # as the rank does when the capture's last step is written
+    reads = []
+
+    class Counting(type(req)):   # the rank's reads of the request file, counted
+        def read_bytes(self):
+            reads.append(1)
+            return super().read_bytes()
+
+    m.capture_request = Counting(req)
+    for k in range(33, 45):
+        m.on_step(k, T0_NS + k, T0_NS + k + 1)
+    assert m.capture is None and reads == []   # the same request: not read again
+    request_capture(tmp_path, 60, 3, "second")
+    m.on_step(45, T0_NS + 45, T0_NS + 46)
+    assert m.capture == (60, 3) and len(reads) == 1
+    m._fh.close()
+
+
 @pytest.mark.e2e
 def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
-    """Rank 1 sleeps 60 ms in steps 100..299 of 330 (with 30 ms, the 3-step capture's report
-    once named nobody on a loaded CI machine): the launcher says so while the job runs, every
-    rank records a trace of 3 steps from a step after that, and the report of that folder
-    names rank 1 the straggler."""
+    """Rank 1 sleeps 60 ms in steps 100..169 and again in 250..319 of 400 (a straggler that
+    comes back; with 30 ms, a 3-step capture's report once named nobody on a loaded CI
+    machine): the launcher says so while the job runs, and each time every rank records a
+    trace of 3 steps from a step after the finding; the report of such a folder names rank 1
+    the straggler, and the monitored run's report lists every capture."""
     import os
 
     out = tmp_path / "mon"
     r = subprocess.run(
         [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
          "--monitor", "--monitor-every", "10", "--monitor-capture", "3", "--out", str(out),
-         str(ROOT / "examples" / "train_ddp.py"), "--", "--steps", "330", "--slow-rank", "1",
-         "--slow-ms", "60", "--slow-from", "100", "--slow-until", "300"],
+         str(ROOT / "examples" / "train_ddp.py"), "--", "--steps", "400", "--slow-rank", "1",
+         "--slow-ms", "60", "--slow-from", "100", "--slow-until", "170", "--slow-every",
+         "150"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
         env={**os.environ, "PARDIAG_MONITOR_POLL_S": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     said = [ln for ln in r.stderr.splitlines() if ln.startswith("pardiag: monitor: ")
             and (" since step " in ln or " in steps " in ln)]
     assert any(ln.startswith("pardiag: monitor: rank 1: late") for ln in said), r.stderr[-3000:]
-    (cap,) = list(out.glob("capture-*"))
-    start = int(cap.name.split("-")[1])
-    # the capture follows the first finding said (on a loaded machine that can be an earlier
-    # slow period than the planted one: then its report is not about rank 1)
+    caps = sorted(out.glob("capture-*"), key=lambda c: int(c.name.split("-")[1]))
+    starts = [int(c.name.split("-")[1]) for c in caps]
+    # one per finding said once the last capture had ended, at most 3 (--monitor-captures):
+    # the two planted periods each asked for one (on a loaded machine a slow start-up may
+    # have asked for another first)
+    assert 2 <= len(caps) <= 3 and any(s > 250 for s in starts), (starts, r.stderr[-3000:])
+    assert all(b - a > 3 for a, b in zip(starts, starts[1:]))   # one capture after the other
+    # the first capture follows the first finding said
     first = int(said[0].split(" since step ")[1].split()[0]) if " since step " in said[0] else 0
-    assert first < start < 330
-    assert sorted(p.name for p in cap.iterdir()) == ["pardiag", "rank0.trace.json.gz",
-                                                     "rank1.trace.json.gz"]
-    # and what a profiled window leaves: each rank's records of those 3 steps (DDP's 5 buckets
-    # a step) and its metadata, with its CPU peak measured at the capture's end
-    for rank in (0, 1):
-        comms = json.loads((cap / "pardiag" / f"rank{rank}.comms.json").read_bytes())
-        assert [x["op"] for x in comms["records"]] == ["all_reduce"] * 15
-        meta = json.loads((cap / "pardiag" / f"rank{rank}.meta.json").read_bytes())
-        assert (meta["status"], meta["trace_file"], meta["comm_records"],
-                meta["optimizer_steps"]) == ("running", f"rank{rank}.trace.json.gz", 15,
-                                             start + 3)
-        assert meta["peak_flops"]["float32"] > 0 and meta["layout"]["dims"] == {"dp": 2}
-    # the job's run file, its schedule the capture's: S steps skipped, 3 recorded
-    run_file = json.loads((cap / "pardiag" / "run.json").read_bytes())
-    assert run_file["schedule"] == {"wait": start, "warmup": 0, "active": 3}
-    assert run_file["layout"]["dims"] == {"dp": 2}   # the capture's ranks recorded it
-    assert "--monitor-capture 3 --" in run_file["command"]
-    # the capture names its module calls, as a profiled window does
-    assert b"pardiag::module::DistributedDataParallel.module.1.w1 (Linear)" in gzip.decompress(
-        (cap / "rank1.trace.json.gz").read_bytes())
-    if not said[0].startswith("pardiag: monitor: rank 1: late") or not 100 < start < 297:
+    assert first < starts[0] < 400
+    for cap, start in zip(caps, starts):
+        assert sorted(p.name for p in cap.iterdir()) == ["pardiag", "rank0.trace.json.gz",
+                                                         "rank1.trace.json.gz"]
+        # and what a profiled window leaves: each rank's records of those 3 steps (DDP's 5
+        # buckets a step), none of an earlier capture's, and its metadata, with its CPU peak
+        for rank in (0, 1):
+            comms = json.loads((cap / "pardiag" / f"rank{rank}.comms.json").read_bytes())
+            assert [x["op"] for x in comms["records"]] == ["all_reduce"] * 15, cap
+            meta = json.loads((cap / "pardiag" / f"rank{rank}.meta.json").read_bytes())
+            assert (meta["status"], meta["trace_file"], meta["comm_records"],
+                    meta["optimizer_steps"]) == ("running", f"rank{rank}.trace.json.gz", 15,
+                                                 start + 3)
+            assert meta["peak_flops"]["float32"] > 0 and meta["layout"]["dims"] == {"dp": 2}
+        # the job's run file, its schedule the capture's: S steps skipped, 3 recorded
+        run_file = json.loads((cap / "pardiag" / "run.json").read_bytes())
+        assert run_file["schedule"] == {"wait": start, "warmup": 0, "active": 3}
+        assert run_file["layout"]["dims"] == {"dp": 2}   # the capture's ranks recorded it
+        assert "--monitor-capture 3 --" in run_file["command"]
+        # the capture names its module calls, as a profiled window does
+        assert b"pardiag::module::DistributedDataParallel.module.1.w1 (Linear)" in \
+            gzip.decompress((cap / "rank1.trace.json.gz").read_bytes())
+    mon = subprocess.run([sys.executable, "-m", "pardiag", "report", str(out), "-o",
+                          str(tmp_path / "mon.html")], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    for s in starts:
+        assert f"deep capture of steps {s}–{s + 2} (2 ranks)" in mon.stdout, mon.stdout
+    inside = [s for s in starts if 100 < s < 167 or 250 < s < 317]   # inside a slow period
+    if not inside:
         return
     js = tmp_path / "cap.json"
-    rep = subprocess.run([sys.executable, "-m", "pardiag", "report", str(cap), "-o",
+    rep = subprocess.run([sys.executable, "-m", "pardiag", "report",
+                          str(layout.capture_dir(out, inside[-1])), "-o",
                           str(tmp_path / "cap.html"), "--json", str(js), "-q"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert rep.returncode == 0, rep.stderr[-2000:]
     doc = json.loads(js.read_text())
     assert doc["sync"]["straggler"] == 1
     # the captured steps, numbered as the run numbers them
-    assert [s["step"] for s in doc["ranks"][0]["steps"]] == [start, start + 1, start + 2]
+    assert [s["step"] for s in doc["ranks"][0]["steps"]] == [inside[-1] + i for i in range(3)]
     # read as a profiled run: the layout recorded, MFU against the measured peak
     assert doc["layout"]["source"] == "recorded"
     assert all(r["mfu_pct"] > 0 for r in doc["efficiency"]["per_rank"])
-    mon = subprocess.run([sys.executable, "-m", "pardiag", "report", str(out), "-o",
-                          str(tmp_path / "mon.html")], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
-    assert f"deep capture from step {start} (2 ranks)" in mon.stdout
 
 
 @pytest.mark.e2e
@@ -841,9 +988,9 @@ def test_a_deep_captures_profiler_buffers_are_no_memory_creep():
     flat = pd.DataFrame({"rank": 0, "step": steps, "rss_bytes": 420 * mib + rise,
                          "device_bytes": np.nan})
     assert [f["kind"] for f in MM.memory_findings(flat)] == ["memory_creep"]
-    assert MM.memory_findings(flat, (74, 133)) == []
+    assert MM.memory_findings(flat, [(74, 133)]) == []
     creep = flat.assign(rss_bytes=flat["rss_bytes"] + steps * 0.5 * mib)
-    (f,) = MM.memory_findings(creep, (74, 133))
+    (f,) = MM.memory_findings(creep, [(74, 133)])
     assert f["bytes_per_1k_steps"] == pytest.approx(500 * mib, rel=1e-6)
     assert f["first_bytes"] == int(creep["rss_bytes"].iloc[0])
 
