@@ -531,6 +531,27 @@ def test_the_follower_says_each_finding_once_as_the_lines_come(tmp_path):
     assert fol.new_findings() == []   # nothing new to read
 
 
+def test_the_follower_says_a_slow_period_soon_after_a_start_up_lateness(tmp_path):
+    """Rank 1 is 15 ms late in steps 0–30 (a loaded start-up), then 60 ms late in steps
+    55–150: two periods 24 steps apart at two levels, as the report has them; the follower says
+    both (it took the second for the first, grown, and never said it)."""
+    from pardiag.analyzer.analyses.monitor_follow import Follower
+
+    full = _write_run(tmp_path / "full", 4, 300, {1: [(0, 30, 15_000), (55, 150, 60_000)]})
+    assert _stragglers(full) == [(1, 0, 30, False), (1, 55, 150, False)]
+    lines = {r: layout.monitor_path(full, r).read_bytes().splitlines(keepends=True)
+             for r in range(4)}
+    live = tmp_path / "live"
+    layout.sidecar_dir(live).mkdir(parents=True)
+    fol = Follower(live)
+    said = []
+    for upto in range(1, 7):   # 50 steps per line
+        for r in range(4):
+            layout.monitor_path(live, r).write_bytes(b"".join(lines[r][:upto]))
+        said += [(f["rank"], f["first_step"]) for f, _ in fol.new_findings()]
+    assert said == [(1, 0), (1, 55)], said
+
+
 def test_a_capture_request_is_taken_only_before_its_first_step(tmp_path):
     """Each rank looks for the request at every step: one that comes while the capture's first
     step is ahead is taken; one that comes after it is left (the ranks would capture

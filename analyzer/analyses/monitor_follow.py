@@ -5,7 +5,8 @@ a finding may ask every rank for a deep capture (:func:`request_capture`).
 Only the last :data:`HORIZON` steps are kept and judged (memory bounded over any run); the steps
 every rank has written are judged (a rank's lines come every ``--monitor-every`` steps, not all
 at once). A finding is new unless one of its kind and rank was said before that overlaps it
-(its edges move while it goes on); a period still running is said as "since step N".
+(its edges move while it goes on) or lies within a window of it at the same level; a period
+still running is said as "since step N".
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pandas as pd
 from pardiag import layout
 
 from .monitor_run import capture_request, requested_captures
-from .monitored import WINDOW_STEPS, MonitorData, findings, line_frames
+from .monitored import WINDOW_STEPS, MonitorData, findings, line_frames, same_level
 
 #: Steps the follower keeps and judges (the most recent ones).
 HORIZON = 4000
@@ -109,10 +110,7 @@ class Follower:
                 continue   # the straggler's own finding says it
             if f["kind"] not in ("straggler", "slow_steps"):
                 continue
-            seen = [g for g in self.said if g["kind"] == f["kind"]
-                    and g.get("rank") == f.get("rank")
-                    and g["first_step"] <= f["last_step"] + WINDOW_STEPS
-                    and f["first_step"] <= g["last_step"] + WINDOW_STEPS]
+            seen = [g for g in self.said if _same_period(g, f)]
             for g in seen:   # the same period, grown since it was said
                 g["last_step"] = max(g["last_step"], f["last_step"])
             if seen:
@@ -120,6 +118,27 @@ class Follower:
             self.said.append(dict(f))
             out.append((f, f["last_step"] >= top - WINDOW_STEPS))
         return out
+
+
+def _level(f: dict) -> float:
+    """A period's size (ms): a straggler's extra delay, slow steps' excess over the baseline."""
+    if f["kind"] == "straggler":
+        return float(f["extra_delay_ms"])
+    return float(f["step_ms"]) - float(f["baseline_step_ms"])
+
+
+def _same_period(said: dict, f: dict) -> bool:
+    """Whether ``f`` is the period ``said`` before, grown or moved since: of its kind and rank,
+    overlapping it, or within :data:`~.monitored.WINDOW_STEPS` of it at the same level
+    (:func:`~.monitored.same_level`, as the report joins two parts of one period); a start-up's
+    lateness and a slow period soon after are two."""
+    if said["kind"] != f["kind"] or said.get("rank") != f.get("rank"):
+        return False
+    if said["first_step"] <= f["last_step"] and f["first_step"] <= said["last_step"]:
+        return True
+    return (said["first_step"] <= f["last_step"] + WINDOW_STEPS
+            and f["first_step"] <= said["last_step"] + WINDOW_STEPS
+            and same_level(_level(said), _level(f)))
 
 
 def online_line(f: dict, ongoing: bool) -> str:

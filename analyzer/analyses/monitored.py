@@ -492,8 +492,9 @@ def _edge(x: np.ndarray, lo: int, hi: int, level: float, rising: bool) -> int:
     return lo + int(np.argmax(np.cumsum(y)))
 
 
-def _same_level(lx: float, ly: float) -> bool:
-    """Whether two late periods' median lateness (µs) agree within :data:`JOIN_LEVEL_RATIO`:
+def same_level(lx: float, ly: float) -> bool:
+    """Whether two late periods' median lateness (any one unit) agree within
+    :data:`JOIN_LEVEL_RATIO`:
     a dip of the noise cuts one event into parts at one level; a start-up's lateness and a slow
     period a few steps later are two events at two levels."""
     return min(lx, ly) >= JOIN_LEVEL_RATIO * max(lx, ly)
@@ -519,7 +520,7 @@ def _late_periods(x: np.ndarray, m: np.ndarray, thr: float) -> list[tuple[int, i
              if int(high[a:b + 1].sum()) >= MIN_STEPS]   # it stood out of the noise
     merged: list[tuple[int, int]] = []
     for a, b in found:
-        if merged and a - merged[-1][1] <= WINDOW_STEPS and _same_level(
+        if merged and a - merged[-1][1] <= WINDOW_STEPS and same_level(
                 float(np.nanmedian(x[merged[-1][0]:merged[-1][1] + 1])),
                 float(np.nanmedian(x[a:b + 1]))):
             merged[-1] = (merged[-1][0], b)
@@ -613,7 +614,7 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
             prev = out[-1] if out else None
             if (prev is not None and prev["rank"] == r and not prev["persistent"]
                     and a <= int(np.searchsorted(cols, prev["last_step"])) + WINDOW_STEPS
-                    and _same_level(prev["extra_delay_ms"] * 1e3, extra)):
+                    and same_level(prev["extra_delay_ms"] * 1e3, extra)):
                 a = int(np.searchsorted(cols, prev["first_step"]))   # one period after all
                 out.pop()
                 during = float(np.nanmedian(dur[a:b + 1]))
