@@ -65,7 +65,8 @@ def write_run(out: Path, ranks: int, steps: int, slow: tuple[int, int, int, floa
 
 
 def report_once(run: Path, page: Path) -> tuple[float, dict]:
-    from pardiag.analyzer.analyses.monitored import load_monitor, summary
+    from pardiag.analyzer.analyses.monitor_summary import summary
+    from pardiag.analyzer.analyses.monitored import load_monitor
     from pardiag.analyzer.render.monitor_page import monitor_html
 
     t0 = time.perf_counter()

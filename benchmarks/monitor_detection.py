@@ -122,13 +122,14 @@ def judge(kind: str, found: list[dict], rank: int | None, first: int, last: int,
 def noise_trials(noise: Path, trials: int, steps: int, slow: int, share: float, tol: int,
                  seed: int) -> list[dict]:
     from pardiag.analyzer.analyses import monitored as M
+    from pardiag.analyzer.analyses.monitor_summary import finding_line
 
     base = M.load_monitor(noise)
     med = float(base.steps.groupby("step")["dur_us"].median().median())
     ranks = sorted(base.steps["rank"].unique())
     events = [f for f in M.findings(base) if f["kind"] in ("straggler", "slow_steps")]
     rng = np.random.default_rng(seed)
-    rows = [{"kind": "noise", "found": [M.finding_line(f) for f in events]}]
+    rows = [{"kind": "noise", "found": [finding_line(f) for f in events]}]
     for kind in KINDS:
         for t in range(trials):
             d = _resampled(base, steps, rng, events)
@@ -140,13 +141,14 @@ def noise_trials(noise: Path, trials: int, steps: int, slow: int, share: float, 
             found = M.findings(d)
             rows.append({"kind": kind, "trial": t, "rank": rank, "first": first, "last": last,
                          "right": judge(kind, found, rank, first, last, tol),
-                         "found": [M.finding_line(f) for f in found]})
+                         "found": [finding_line(f) for f in found]})
     return rows
 
 
 def real_runs(n: int, ranks: int, steps: int, slow: int, share: float, tol: int,
               seed: int) -> list[dict]:
     from pardiag.analyzer.analyses import monitored as M
+    from pardiag.analyzer.analyses.monitor_summary import finding_line
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -175,7 +177,7 @@ def real_runs(n: int, ranks: int, steps: int, slow: int, share: float, tol: int,
             found = M.findings(data)
             rows.append({"kind": kind, "trial": i, "rank": rank, "first": first, "last": last,
                          "right": judge(kind, found, rank, first, last, tol),
-                         "found": [M.finding_line(f) for f in found]})
+                         "found": [finding_line(f) for f in found]})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 

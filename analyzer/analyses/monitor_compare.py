@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .monitored import MonitorData, findings
+from .monitored import WARMUP_STEPS, MonitorData, findings
 
-WARMUP_STEPS = 10
 BLOCK = 50
 RESAMPLES = 1000
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from pardiag.errors import PardiagError
 
-from ..analyses import monitored
+from ..analyses import monitor_summary, monitored
 
 #: Ranks written one series each; more are written as their spread and the named ranks.
 MAX_RANKS = 64
@@ -168,7 +168,7 @@ def log_wandb(data: monitored.MonitorData, doc: dict, run: Path, out: Path,
                         config=_params(data, doc, run), reinit="create_new")
         for step in sorted(per_step):
             wb.log(per_step[step], step=step)
-        wb.summary["findings"] = [monitored.finding_line(f) for f in doc.get("findings", [])]
+        wb.summary["findings"] = [monitor_summary.finding_line(f) for f in doc.get("findings", [])]
         wb.finish()
     except (OSError, wandb.Error) as exc:
         raise PardiagError(f"--wandb {out}: {str(exc).splitlines()[0]}") from None

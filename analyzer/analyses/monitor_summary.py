@@ -1,0 +1,96 @@
+"""The summary of a monitored run (``pardiag profile --monitor``): its JSON (:func:`summary`:
+the ranks, the step time, the findings of :mod:`.monitored`, the notes, the deep captures it
+asked for) and a finding in one line (:func:`finding_line`), as the terminal, the page and the
+trackers print it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .monitor_run import capture_request, captures, ending_notes, requested_captures
+from .monitored import MonitorData, findings
+
+
+def finding_line(f: dict) -> str:
+    """One line per finding, as the terminal and the log print it."""
+    span = f"steps {f.get('first_step')}–{f.get('last_step')}"
+    if f["kind"] == "straggler":
+        what = ("persistent straggler" if f["persistent"] else
+                "straggler until the last recorded step" if f.get("until_last_step")
+                else "transient straggler")
+        where = "over the run" if f["persistent"] else "in the run's other steps"
+        return (f"rank {f['rank']}: {what}, {span} ({f['steps']} steps late): arrives "
+                f"{f['extra_delay_ms']:.1f} ms after the other ranks; step {f['step_ms']:.1f} ms "
+                f"against {f['baseline_step_ms']:.1f} ms {where} (lateness counted above "
+                f"{f['threshold_ms']:.1f} ms, the noise's bound)")
+    if f["kind"] == "slow_steps":
+        why = (f"; rank {f['straggler_rank']} was late then" if f["straggler_rank"] is not None
+               else f"; DataLoader {f['data_ms']:.1f} ms against {f['baseline_data_ms']:.1f} ms"
+               if f["data_ms"] > f["baseline_data_ms"] + 0.5 * (f["step_ms"]
+                                                                - f["baseline_step_ms"])
+               else "; no rank was late: every rank slowed" if f.get("arrivals_known", True)
+               else "; which rank slowed is not known: the ranks shared no collective then to "
+                    "compare their arrivals at (a pipeline's sends and receives are not "
+                    "monitored)")
+        return (f"slow steps {f['first_step']}–{f['last_step']}: {f['step_ms']:.1f} ms against "
+                f"{f['baseline_step_ms']:.1f} ms{why}")
+    return (f"rank {f['rank']}: {f['memory']} memory grows {f['bytes_per_1k_steps'] / 2**20:.1f} "
+            f"MiB per 1,000 steps ({f['first_bytes'] / 2**20:.0f} → "
+            f"{f['last_bytes'] / 2**20:.0f} MiB)")
+
+
+def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
+    """The JSON of a monitored run: ``ranks``, ``steps``, ``step_ms`` (median, p10, p90 of the
+    per-step median over ranks), ``findings`` (:func:`findings`), ``notes``, and the deep
+    captures in ``run_dir`` that the run asked for (:func:`captures`, each with the
+    ``last_step`` asked for; none without ``run_dir``)."""
+    per = data.steps.groupby("step")["dur_us"].median() / 1e3
+    notes = list(data.notes)
+    found = findings(data, notes)
+    caps, late = _asked_captures(run_dir, notes) if run_dir is not None else ([], [])
+    last_step = int(data.steps["step"].max()) if len(data.steps) else None
+    notes += ending_notes(run_dir, last_step) if run_dir is not None else []
+    for f in found:   # late to the end: whether it ended is not known
+        if f["kind"] == "straggler" and not f["persistent"] and f["last_step"] == last_step:
+            f["until_last_step"] = True
+    periods = [f for f in found if f["kind"] in ("straggler", "slow_steps")]
+    for c in caps:   # the asked-for captures only, the others left out
+        first, last = c["first_step"], c["last_step"]
+        if not periods:
+            notes.append(f"the deep capture of steps {first}–{last} was asked for by "
+                         f"a finding the whole run does not confirm (the monitor judged the "
+                         f"steps up to then): it shows the run as it was then")
+        elif not any(f["first_step"] <= last and first <= f["last_step"] for f in periods):
+            notes.append(f"the deep capture of steps {first}–{last} lies outside every "
+                         f"finding's steps (the finding that asked for it ended first): it shows "
+                         f"the run as it was then, not the finding")
+    notes += late
+    return {
+        "ranks": sorted(int(r) for r in data.steps["rank"].unique()),
+        "steps": int(data.steps["step"].nunique()),
+        "step_ms": ({"median": round(float(per.median()), 3),
+                     "p10": round(float(per.quantile(0.1)), 3),
+                     "p90": round(float(per.quantile(0.9)), 3)} if len(per) else None),
+        "collectives": int(len(data.calls)),
+        "findings": found, "notes": notes, "captures": caps}
+
+
+def _asked_captures(run_dir: Path, notes: list[str]) -> tuple[list[dict], list[str]]:
+    """The deep captures in ``run_dir`` (:func:`captures`) that its request asked for, each
+    with its ``last_step``; a folder not asked for (an earlier run's) is left out with a note
+    (into ``notes``). Also the notes of each capture asked for and not written."""
+    asked = dict(requested_captures(capture_request(run_dir)))
+    caps = []
+    for c in captures(run_dir):
+        if c["first_step"] in asked:
+            caps.append({**c, "last_step": asked[c["first_step"]]})
+            continue
+        notes.append(f"{c['folder']} is not this run's deep capture (" + (
+            "this run asked for steps " + ", ".join(f"{a}–{b}" for a, b in asked.items())
+            if asked else "this run asked for none") + "): left out")
+    written = {c["first_step"] for c in caps if c["ranks"]}
+    late = [f"the deep capture asked for steps {a}–{b} was not written: the run ended before "
+            f"it or while it recorded (a capture's traces are written at its last step)"
+            for a, b in asked.items() if a not in written]
+    return caps, late
