@@ -603,7 +603,9 @@ class _MonitorFollow:
     a deep capture starting a record period (and 5 steps) after the last step written (no rank
     is further ahead than the period, and each looks for the request at every step), when the
     run's last capture has ended and fewer than ``--monitor-captures`` were asked for; a finding
-    said while a capture is asked for or recording asks for none."""
+    said while a capture is asked for or recording asks for none. A finding that began in the
+    run's start-up asks only once it has gone on past it
+    (:meth:`~pardiag.analyzer.analyses.monitor_follow.Follower.capture_worthy`)."""
 
     def __init__(self, out: Path, cfg: ProfileConfig) -> None:
         from pardiag.analyzer.analyses.monitor_follow import Follower
@@ -615,6 +617,8 @@ class _MonitorFollow:
         #: (first, last) step of each capture asked for
         self.asked: list[tuple[int, int]] = []
         self.done = False   # no further capture: the most were asked for, or a script ended
+        #: findings said in the start-up, each with its line, until known to be worth a capture
+        self.waiting: list[tuple[dict, str]] = []
 
     def poll(self, now: float) -> None:
         if now - self.last < self.poll_s:
@@ -630,7 +634,15 @@ class _MonitorFollow:
         for f, ongoing in found:
             line = online_line(f, ongoing)
             print(f"pardiag: monitor: {line}", file=sys.stderr, flush=True)
-            if self.cfg.monitor_capture and not self.done:
+            self.waiting.append((f, line))
+        if not self.cfg.monitor_capture:
+            self.waiting.clear()
+        waiting, self.waiting = self.waiting, []
+        for f, line in waiting:   # in the order said
+            worthy = self.follower.capture_worthy(f)
+            if worthy is None:   # began in the start-up and goes on: asked once it lasts past it
+                self.waiting.append((f, line))
+            elif worthy and not self.done:
                 self._capture(line)
 
     def _capture(self, reason: str) -> None:
@@ -655,9 +667,10 @@ class _MonitorFollow:
         where = layout.capture_dir(self.out, start)
         print(f"pardiag: monitor: every rank records a trace of steps {start}–"
               f"{start + steps - 1} into {where}"
-              + (f" (the last of the {self.cfg.monitor_captures} deep captures "
-                 f"--monitor-captures allows)" if self.done and self.cfg.monitor_captures > 1
-                 else ""), file=sys.stderr, flush=True)
+              + ("" if not self.done else " (the only deep capture --monitor-captures 1 allows)"
+                 if self.cfg.monitor_captures == 1 else f" (the last of the "
+                 f"{self.cfg.monitor_captures} deep captures --monitor-captures allows)"),
+              file=sys.stderr, flush=True)
 
 
 def _wait_or_timeout(proc, cfg, ranks) -> tuple[int, list | None] | None:

@@ -369,10 +369,10 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
 
     from pardiag.collectors.launch import MONITOR_CAPTURES, ProfileConfig, run_profile
 
-    if (monitor_every is not None or monitor_capture is not None or not monitor_calls) \
-            and not monitor:
-        raise PardiagError("--monitor-every, --monitor-capture and --no-monitor-calls need "
-                           "--monitor")
+    if (monitor_every is not None or monitor_capture is not None or not monitor_calls
+            or monitor_captures is not None) and not monitor:
+        raise PardiagError("--monitor-every, --monitor-capture, --monitor-captures and "
+                           "--no-monitor-calls need --monitor")
     if monitor_captures is not None and monitor_capture is None:
         raise PardiagError("--monitor-captures needs --monitor-capture STEPS")
     if monitor:
@@ -760,7 +760,8 @@ def _monitor_report(run: Path, output: Path, json_out: Path | None, cdn: bool,
     (``tensorboard``: a folder, ``mlflow``: a tracking URI, ``wandb``: a folder)."""
     import orjson
 
-    from pardiag.analyzer.analyses.monitored import load_monitor, summary
+    from pardiag.analyzer.analyses.monitor_summary import summary
+    from pardiag.analyzer.analyses.monitored import load_monitor
     from pardiag.analyzer.render.monitor_page import monitor_html, monitor_lines
 
     guard_outputs([output, json_out], [run])

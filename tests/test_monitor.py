@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from pardiag import layout
 from pardiag.analyzer.analyses import monitor_memory as MM
+from pardiag.analyzer.analyses import monitor_summary as S
 from pardiag.analyzer.analyses import monitored as M
 from pardiag.cli import cli
 from pardiag.collectors import monitor as monitor_mod
@@ -94,12 +95,12 @@ def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
 
 def _stragglers(run: Path) -> list[tuple]:
     return [(f["rank"], f["first_step"], f["last_step"], f["persistent"])
-            for f in M.summary(M.load_monitor(run))["findings"] if f["kind"] == "straggler"]
+            for f in S.summary(M.load_monitor(run))["findings"] if f["kind"] == "straggler"]
 
 
 def test_a_transient_straggler_is_named_with_its_first_and_last_step(tmp_path):
     run = _write_run(tmp_path, 4, 400, {2: (120, 169, 30_000)})
-    found = M.summary(M.load_monitor(run))["findings"]
+    found = S.summary(M.load_monitor(run))["findings"]
     strag = [f for f in found if f["kind"] == "straggler"]
     assert [(f["rank"], f["first_step"], f["last_step"], f["persistent"]) for f in strag] == [
         (2, 120, 169, False)]
@@ -129,6 +130,20 @@ def test_a_slow_period_dipping_under_the_threshold_is_one_period():
     slow = M.slow_step_findings(steps, [])
     assert [(f["first_step"], f["last_step"], f["step_ms"], f["baseline_step_ms"])
             for f in slow] == [(100, 199, 130.0, 100.0)]
+
+
+def test_the_start_up_s_slow_steps_are_a_note(tmp_path):
+    """Every rank 40 ms slower in steps 0–7 (the start-up) and again in steps 150–159: the
+    second is a finding, the first a note."""
+    run = _write_run(tmp_path, 4, 300, {r: [(0, 7, 40_000), (150, 159, 40_000)]
+                                        for r in range(4)})
+    notes: list[str] = []
+    found = M.findings(M.load_monitor(run), notes)
+    assert [(f["kind"], f["first_step"], f["last_step"]) for f in found] == [
+        ("slow_steps", 150, 159)]
+    assert [n for n in notes if "start-up" in n] == [
+        "steps 0–7, the run's start-up, took 140.0 ms against 100.0 ms (the first steps build "
+        "caches, buckets and connections): not a finding"]
 
 
 def test_a_deep_captures_own_steps_are_no_slow_steps():
@@ -180,7 +195,7 @@ def test_several_captures_are_asked_for_read_and_left_out_of_memory_creep(tmp_pa
             (cap / f"rank{r}.trace.json.gz").write_bytes(b"")
     data = M.load_monitor(run)
     assert data.captures == [(80, 82), (270, 272), (390, 409)]
-    doc = M.summary(data, run)
+    doc = S.summary(data, run)
     assert doc["captures"] == [
         {"folder": "capture-80", "first_step": 80, "ranks": 2, "last_step": 82},
         {"folder": "capture-270", "first_step": 270, "ranks": 2, "last_step": 272}]
@@ -191,6 +206,16 @@ def test_several_captures_are_asked_for_read_and_left_out_of_memory_creep(tmp_pa
         "while it recorded (a capture's traces are written at its last step)"]
     assert [(f["rank"], f["first_step"], f["last_step"]) for f in doc["findings"]] == [
         (1, 60, 119), (1, 250, 309)]
+    from pardiag.analyzer.render.monitor_page import monitor_html
+    page = monitor_html(data, {"source": "run", **doc}, "run", include_plotlyjs=False)
+    # each capture marked on the step-time figure; titles as plotly.js 3 reads them (a title
+    # given as a string is dropped there); late ranks red on the heatmap (RdBu, not reversed)
+    assert page.count('"fillcolor":"rgba(44,160,44,0.12)"') == 2
+    assert '"x0":79.5,"x1":82.5' in page and '"x0":269.5,"x1":272.5' in page
+    assert '"title":{"text":"Step time over the run, per rank (shaded: findings; dotted green: ' \
+           'deep captures)"}' in page
+    assert '"title":"' not in page and '"reversescale"' not in page
+    assert "Deep capture of steps 270–272 (2 ranks)" in page
     mib = 2**20
     steps = np.arange(9, 400, 10)
     rss = 500 * mib + sum(np.clip((steps - a) / 10, 0, 1) * 300 * mib for a in (80, 270))
@@ -202,46 +227,75 @@ def test_several_captures_are_asked_for_read_and_left_out_of_memory_creep(tmp_pa
     assert f["bytes_per_1k_steps"] == pytest.approx(500 * mib, rel=1e-6)
 
 
-def test_the_launcher_asks_for_a_capture_per_finding_once_the_last_has_ended(tmp_path, capsys):
-    """Findings said at steps 40, 50, 90, 130 and 170 (records every 10 steps, 3-step
-    captures): the first asks for steps 55–57; the second comes while that capture is still
-    ahead and asks for none; the third and fourth each ask for one (the fourth the last of
-    --monitor-captures 3); the fifth asks for none."""
+def _follow_stub(tmp_path, tops_and_findings, captures=3):
+    """The launcher's follower of a run whose polls find, at each ``(top, [(first, last)])``,
+    those periods (slow steps; a period said before is given back as the follower's own
+    record, its last step grown). Returns the captures asked for and the launcher's lines."""
+    from pardiag.analyzer.analyses.monitor_follow import Follower
     from pardiag.analyzer.analyses.monitor_run import capture_request, requested_captures
     from pardiag.collectors.launch import ProfileConfig, _MonitorFollow
 
     class Stub:
         ended: set = set()
+        capture_worthy = Follower.capture_worthy
         top = 0
+        said: dict = {}
+        polls = iter(tops_and_findings)
 
         def new_findings(self):
-            f = {"kind": "slow_steps", "first_step": self.top - 10, "last_step": self.top,
-                 "step_ms": 2.0, "baseline_step_ms": 1.0}
-            return [(f, True)]
+            self.top, periods = next(self.polls)
+            out = []
+            for a, b in periods:
+                if a in self.said:
+                    self.said[a]["last_step"] = b
+                    continue
+                self.said[a] = {"kind": "slow_steps", "first_step": a, "last_step": b,
+                                "step_ms": 2.0, "baseline_step_ms": 1.0}
+                out.append((self.said[a], b >= self.top - M.WINDOW_STEPS))
+            return out
 
         def data(self):
             return M.MonitorData(steps=pd.DataFrame({"step": [self.top]}), calls=None,
                                  memory=None, hosts={}, notes=[])
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "t.py"
     script.write_text("")
     cfg = ProfileConfig(script=script, out=tmp_path, monitor_every=10, monitor_capture=3,
-                        monitor_captures=3)
+                        monitor_captures=captures)
     follow = _MonitorFollow(tmp_path, cfg)
-    follow.follower = stub = Stub()
-    for i, top in enumerate((40, 50, 90, 130, 170)):
-        stub.top = top
+    follow.follower = Stub()
+    for i in range(len(tops_and_findings)):
         follow.poll(100.0 * (i + 1))
-    assert requested_captures(capture_request(tmp_path)) == [(55, 57), (105, 107), (145, 147)]
+    return requested_captures(capture_request(tmp_path))
+
+
+def test_the_launcher_asks_for_a_capture_per_finding_once_the_last_has_ended(tmp_path, capsys):
+    """Findings said at steps 60, 70, 110, 150 and 190 (records every 10 steps, 3-step
+    captures): the first asks for steps 75–77; the second comes while that capture is still
+    ahead and asks for none; the third and fourth each ask for one (the fourth the last of
+    --monitor-captures 3); the fifth asks for none."""
+    asked = _follow_stub(tmp_path, [(t, [(t - 10, t)]) for t in (60, 70, 110, 150, 190)])
+    assert asked == [(75, 77), (125, 127), (165, 167)]
     err = capsys.readouterr().err
     assert err.count("every rank records a trace of steps") == 3
-    assert "steps 145–147 into" in err and "(the last of the 3 deep captures" in err
+    assert "steps 165–167 into" in err and "(the last of the 3 deep captures" in err
+
+
+def test_a_finding_of_the_start_up_asks_for_a_capture_only_once_it_lasts(tmp_path, capsys):
+    """Slow steps from step 0, said at step 30, ask for no capture then (the start-up); found
+    again going on at step 70, past the start-up's 50 steps, they ask for one. A period of the
+    start-up that ended (steps 5–20, said at 30, over at 80) never asks."""
+    assert _follow_stub(tmp_path / "a", [(30, [(0, 30)]), (40, [(0, 40)]),
+                                         (70, [(0, 70)])]) == [(85, 87)]
+    assert "pardiag: monitor: every rank's steps slow since step 0" in capsys.readouterr().err
+    assert _follow_stub(tmp_path / "b", [(30, [(5, 20)]), (80, [])]) == []
 
 
 def test_a_persistent_straggler_and_a_clean_run(tmp_path):
     assert _stragglers(_write_run(tmp_path / "p", 4, 300, {1: (0, 299, 30_000)})) == [
         (1, 0, 299, True)]
-    assert M.summary(M.load_monitor(_write_run(tmp_path / "c", 4, 300, {})))["findings"] == []
+    assert S.summary(M.load_monitor(_write_run(tmp_path / "c", 4, 300, {})))["findings"] == []
 
 
 def test_two_stragglers_one_after_the_other(tmp_path):
@@ -276,7 +330,7 @@ def test_other_hosts_clocks_are_aligned_by_completions(tmp_path):
     off = M.host_offsets(c, data.hosts)
     assert off[0] == off[1] == 0.0
     assert off[2] == pytest.approx(7000.0, abs=1.0) and off[3] == off[2]
-    assert M.summary(data)["findings"] == []
+    assert S.summary(data)["findings"] == []
 
 
 def test_memory_creep(tmp_path):
@@ -284,10 +338,10 @@ def test_memory_creep(tmp_path):
     run = _write_run(tmp_path, 2, 1000, {}, rss=rss, every=50)
     # rank 1's grows 2 MiB per line of 50 steps: 40 MiB per 1,000 steps is no creep under
     # the 64 MiB floor; a 1 GiB start grows 5 % only past 51 MiB
-    assert [f for f in M.summary(M.load_monitor(run))["findings"]] == []
+    assert [f for f in S.summary(M.load_monitor(run))["findings"]] == []
     rss = {0: 1 << 30, 1: 1 << 30}
     run = _write_run(tmp_path / "big", 2, 4000, {}, rss=rss, every=50)
-    creep = [f for f in M.summary(M.load_monitor(run))["findings"] if f["kind"] == "memory_creep"]
+    creep = [f for f in S.summary(M.load_monitor(run))["findings"] if f["kind"] == "memory_creep"]
     assert [(f["rank"], f["memory"]) for f in creep] == [(0, "device"), (1, "device")]
     assert creep[0]["bytes_per_1k_steps"] == pytest.approx(40 * 2**20, rel=0.01)
     assert creep[0]["last_bytes"] - creep[0]["first_bytes"] == 79 * 2 * 2**20
@@ -783,7 +837,7 @@ def test_tensorboard_scalars_of_a_monitored_run(tmp_path):
 
     run = _write_run(tmp_path, 4, 300, {2: (120, 169, 30_000)})
     data = M.load_monitor(run)
-    doc = M.summary(data, run)
+    doc = S.summary(data, run)
     done = write_tensorboard(data, doc, tmp_path / "tb")
     assert sorted(p.name for p in done) == ["rank0", "rank1", "rank2", "rank3"]
     ea = ea_mod.EventAccumulator(str(tmp_path / "tb" / "rank2"))
@@ -885,7 +939,7 @@ def test_bad_records_missing_ranks_and_a_capture_outside_every_finding(tmp_path)
     cap.mkdir()
     (cap / "rank0.trace.json.gz").write_bytes(b"")
     request_capture(run, 150, 3, "rank 1: late at its collectives since step 60")
-    doc = M.summary(M.load_monitor(run), run)
+    doc = S.summary(M.load_monitor(run), run)
     assert [(f["rank"], f["first_step"], f["last_step"]) for f in doc["findings"]] == [
         (1, 60, 119)]
     assert any(n.startswith("rank(s) 3 of the run's 4 wrote no monitor records")
@@ -1026,7 +1080,7 @@ def test_how_a_run_ended_is_said_and_a_straggler_late_to_its_end_is_not_transien
     run = _write_run(tmp_path, 2, 120, {1: (60, 119, 30_000)})
     layout.run_file_path(run).write_bytes(layout.encode_sidecar(layout.RunFile(
         world_size=2, exit_code=130)))
-    doc = {"source": str(run), **M.summary(M.load_monitor(run), run)}
+    doc = {"source": str(run), **S.summary(M.load_monitor(run), run)}
     lines = monitor_lines(doc)
     assert re.match(r"  rank 1: straggler until the last recorded step, steps 6\d–119 ",
                     lines[1]), lines
@@ -1037,10 +1091,10 @@ def test_how_a_run_ended_is_said_and_a_straggler_late_to_its_end_is_not_transien
         hang=["rank(s) [0] wait in gloo:all_reduce #7 on process group 0"])))
     assert ("the run was stopped by --timeout after 15 s; its last recorded step is 119: "
             "rank(s) [0] wait in gloo:all_reduce #7 on process group 0") in \
-        M.summary(M.load_monitor(run), run)["notes"]
+        S.summary(M.load_monitor(run), run)["notes"]
     for r in (0, 1):
         layout.monitor_path(run, r).write_bytes(b"")
-    doc = {"source": str(run), **M.summary(M.load_monitor(run), run)}
+    doc = {"source": str(run), **S.summary(M.load_monitor(run), run)}
     assert monitor_lines(doc)[:2] == [
         "Monitored run: no step recorded",
         "  note: no rank of the run's 2 wrote a monitor line (one per --monitor-every steps): "
@@ -1052,7 +1106,7 @@ def test_a_capture_folder_this_run_did_not_ask_for_is_left_out(tmp_path):
     run's capture: the report leaves it out and says so."""
     run = _write_run(tmp_path, 2, 200, {1: (60, 119, 30_000)})
     (layout.capture_dir(run, 124)).mkdir()
-    doc = M.summary(M.load_monitor(run), run)
+    doc = S.summary(M.load_monitor(run), run)
     assert doc["captures"] == []
     assert "capture-124 is not this run's deep capture (this run asked for none): left out" in \
         doc["notes"]
@@ -1081,7 +1135,7 @@ def test_a_capture_asked_for_and_never_written_is_said(tmp_path):
 
     run = _write_run(tmp_path, 2, 200, {1: (60, 119, 30_000)})
     request_capture(run, 90, 40, "rank 1: late at its collectives since step 60")
-    doc = M.summary(M.load_monitor(run), run)
+    doc = S.summary(M.load_monitor(run), run)
     assert doc["captures"] == []
     assert ("the deep capture asked for steps 90–129 was not written: the run ended before it "
             "or while it recorded (a capture's traces are written at its last step)"
@@ -1089,7 +1143,7 @@ def test_a_capture_asked_for_and_never_written_is_said(tmp_path):
     cap = layout.capture_dir(run, 90)
     cap.mkdir()
     (cap / "rank0.trace.json.gz").write_bytes(b"")
-    assert not any("was not written" in n for n in M.summary(M.load_monitor(run), run)["notes"])
+    assert not any("was not written" in n for n in S.summary(M.load_monitor(run), run)["notes"])
 
 
 @pytest.mark.e2e
@@ -1102,7 +1156,13 @@ def test_what_a_stopped_monitored_run_keeps_and_refused_option_mixes(tmp_path):
     script = ROOT / "examples" / "train_ddp.py"
     for args, words in ((["--monitor", "--repeat", "2"], "--repeat is for profiled runs"),
                         (["--monitor", "--active", "5"], "--active: a profiler schedule"),
-                        (["--no-monitor-calls"], "need --monitor")):
+                        (["--no-monitor-calls"], "need --monitor"),
+                        (["--monitor-capture", "3", "--monitor-captures", "2"],
+                         "--monitor-captures and --no-monitor-calls need --monitor"),
+                        (["--monitor", "--monitor-captures", "2"],
+                         "--monitor-captures needs --monitor-capture STEPS"),
+                        (["--monitor", "--monitor-capture", "3", "--monitor-captures", "0"],
+                         "--monitor-captures")):
         r = subprocess.run([sys.executable, "-m", "pardiag", "profile", *args, "--out",
                             str(tmp_path / "x"), str(script)], capture_output=True, text=True,
                            timeout=120, cwd=ROOT)

@@ -25,6 +25,10 @@ from .monitored import WINDOW_STEPS, MonitorData, findings, line_frames, same_le
 
 #: Steps the follower keeps and judges (the most recent ones).
 HORIZON = 4000
+#: A finding that began before this step asks for a deep capture only once it has gone on past
+#: it (:meth:`Follower.capture_worthy`): a loaded machine's first steps, late or slow, are the
+#: run's start-up, not what a capture is for; a persistent straggler from step 0 still gets one.
+START_UP_STEPS = 2 * WINDOW_STEPS
 
 
 class Follower:
@@ -41,6 +45,8 @@ class Follower:
         self._steps: list[pd.DataFrame] = []
         self._calls: list[pd.DataFrame] = []
         self.said: list[dict] = []
+        #: the last step judged (every rank's records reach it)
+        self.top = 0
         #: ranks whose script has ended (their last line says so)
         self.ended: set[int] = set()
 
@@ -97,7 +103,9 @@ class Follower:
 
     def new_findings(self) -> list[tuple[dict, bool]]:
         """The findings not said before, each with whether it still goes on (its last step is
-        within :data:`~.monitored.WINDOW_STEPS` of the last step judged); marks them said."""
+        within :data:`~.monitored.WINDOW_STEPS` of the last step judged); marks them said.
+        Each finding is the follower's own record of it, whose ``last_step`` grows as later
+        reads find it again."""
         if not self.read():
             return []
         data = self.data()
@@ -115,9 +123,21 @@ class Follower:
                 g["last_step"] = max(g["last_step"], f["last_step"])
             if seen:
                 continue
-            self.said.append(dict(f))
-            out.append((f, f["last_step"] >= top - WINDOW_STEPS))
+            g = dict(f)
+            self.said.append(g)
+            out.append((g, f["last_step"] >= top - WINDOW_STEPS))
+        self.top = top
         return out
+
+    def capture_worthy(self, f: dict) -> bool | None:
+        """Whether finding ``f`` (as :meth:`new_findings` gave it) is worth a deep capture now:
+        True when it began after the start-up (:data:`START_UP_STEPS`) or has gone on past it
+        and still goes on; None while that is not known yet (it began in the start-up and goes
+        on); False when it ended in (or soon after) the start-up."""
+        ongoing = f["last_step"] >= self.top - WINDOW_STEPS
+        if f["first_step"] >= START_UP_STEPS or (ongoing and f["last_step"] >= START_UP_STEPS):
+            return True
+        return None if ongoing else False
 
 
 def _level(f: dict) -> float:

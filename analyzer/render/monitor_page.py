@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analyses import monitored
+from ..analyses import monitor_summary, monitored
 from .page import Page, document, escape, muted
 
 #: Steps drawn per rank; longer runs are drawn as the median of blocks of steps (the page says so).
@@ -60,11 +60,26 @@ def _step_figure(page: Page, data: monitored.MonitorData, found: list[dict],
                 "fillcolor": "rgba(44,160,44,0.12)"} for c in caps]
     title = "Step time over the run, per rank (shaded: findings" + (
         "; dotted green: deep captures)" if caps else ")")
-    fig = {"data": traces, "layout": {
-        "title": title,
-        "xaxis": {"title": "optimizer step"}, "yaxis": {"title": "step time (ms)"},
-        "shapes": shapes, "height": 380}}
+    yaxis: dict = {"title": {"text": "step time (ms)"}, "rangemode": "tozero"}
     notes = [f"each point is the median of {k} steps"] if k > 1 else []
+    ys = np.concatenate([t["y"] for t in traces]) if traces else np.array([])
+    if len(ys) > 20:   # a few huge steps (the first holds the script's start) flatten the rest
+        top = 1.5 * float(np.nanquantile(ys, 0.99))
+        top = max([top, *(1.2 * f["step_ms"] for f in found if "step_ms" in f)])
+        if float(np.nanmax(ys)) > top:
+            yaxis["range"] = [0, top]
+            over = sorted({int(x) for t in traces for x, y in zip(t["x"], t["y"]) if y > top})
+            own = monitored.capture_steps([(c["first_step"], c["last_step"]) for c in caps])
+            why = [("the script's start", [s for s in over if s == 0]),
+                   ("deep captures", [s for s in over if s and s in own]),
+                   ("", [s for s in over if s and s not in own])]
+            said = "; ".join(f"{', '.join(map(str, s[:5]))}{' …' if len(s) > 5 else ''}"
+                             + (f" ({w})" if w else "") for w, s in why if s)
+            notes.append(f"the axis stops at {top:.0f} ms; steps above it (up to "
+                         f"{np.nanmax(ys):.0f} ms): {said}")
+    fig = {"data": traces, "layout": {
+        "title": {"text": title}, "xaxis": {"title": {"text": "optimizer step"}},
+        "yaxis": yaxis, "shapes": shapes, "height": 380}}
     if len(ranks) > MAX_RANK_LINES:
         notes.append(f"{len(ranks)} ranks: their median and 10th–90th percentiles, and the "
                      f"ranks the findings name")
@@ -82,10 +97,11 @@ def _late_figure(page: Page, data: monitored.MonitorData) -> str:
     fig = {"data": [{"type": "heatmap", "z": z.to_numpy(dtype="float32"),
                      "x": (z.columns.to_numpy() * k).astype("float64"),
                      "y": [f"rank {r}" for r in z.index], "colorscale": "RdBu",
-                     "reversescale": True, "zmid": 0,
-                     "colorbar": {"title": "ms"}}],
-           "layout": {"title": "Lateness: arrival at collectives after the other ranks (ms)",
-                      "xaxis": {"title": "optimizer step"},
+                     "zmid": 0,   # plotly's RdBu runs blue to red: late is red
+                     "colorbar": {"title": {"text": "ms late"}}}],
+           "layout": {"title": {"text": "Lateness: arrival at collectives after the other "
+                                        "ranks (ms)"},
+                      "xaxis": {"title": {"text": "optimizer step"}},
                       "height": 160 + 24 * len(z.index)}}
     return page.fig(fig) + (page.sample(f"each cell is the median of {k} steps") if k > 1
                             else "")
@@ -94,10 +110,10 @@ def _late_figure(page: Page, data: monitored.MonitorData) -> str:
 def monitor_html(data: monitored.MonitorData, doc: dict, source: str,
                  include_plotlyjs: bool | str = True) -> str:
     """The monitored run's page (one self-contained HTML document); ``doc`` is
-    :func:`pardiag.analyzer.analyses.monitored.summary` of ``data``."""
+    :func:`pardiag.analyzer.analyses.monitor_summary.summary` of ``data``."""
     page = Page()
     found = doc["findings"]
-    items = "".join(f"<li>{escape(monitored.finding_line(f))}</li>" for f in found)
+    items = "".join(f"<li>{escape(monitor_summary.finding_line(f))}</li>" for f in found)
     st = doc["step_ms"] or {}
     head = (f"<p>{len(doc['ranks'])} ranks, {doc['steps']} steps, "
             f"{doc['collectives']} collectives recorded; step time median "
@@ -132,7 +148,7 @@ def monitor_lines(doc: dict) -> list[str]:
         out = [f"Monitored run: {n} rank{'s' if n != 1 else ''}, {doc['steps']} steps, step "
                f"time median {st.get('median', float('nan')):.1f} ms (p10–p90 "
                f"{st.get('p10', float('nan')):.1f}–{st.get('p90', float('nan')):.1f} ms)"]
-        out += [f"  {monitored.finding_line(f)}" for f in doc["findings"]] or [
+        out += [f"  {monitor_summary.finding_line(f)}" for f in doc["findings"]] or [
             "  no finding: no rank stood out of the run's noise and no period of steps was slow"]
     out += [f"  note: {n}" for n in doc["notes"]]
     out += [f"  deep capture of steps {c['first_step']}–{c['last_step']} ({c['ranks']} ranks): "
@@ -151,7 +167,7 @@ def compare_lines(cmp: dict, names: tuple[str, str]) -> list[str]:
            f"B {b['step_ms']:.2f} ms (p10–p90 {b['p10_ms']:.2f}–{b['p90_ms']:.2f}): "
            f"B {cmp['step_delta_pct']:+.1f}% [{low:+.1f}, {high:+.1f}]% — {cmp['verdict']}"]
     for label, side in (("A", a), ("B", b)):
-        out += [f"  {label}: {monitored.finding_line(f)}" for f in side["findings"]] or [
+        out += [f"  {label}: {monitor_summary.finding_line(f)}" for f in side["findings"]] or [
             f"  {label}: no finding"]
     return out
 
@@ -172,9 +188,10 @@ def compare_html(cmp: dict, data: tuple[monitored.MonitorData, monitored.Monitor
         traces.append({"type": "scattergl", "mode": "lines", "name": label,
                        "x": (blk.index.to_numpy() * k).astype("float64"),
                        "y": (blk.to_numpy() / 1e3).astype("float64")})
-    fig = {"data": traces, "layout": {"title": "Step time over each run (median over ranks)",
-                                      "xaxis": {"title": "optimizer step"},
-                                      "yaxis": {"title": "step time (ms)"}, "height": 380}}
+    fig = {"data": traces, "layout": {
+        "title": {"text": "Step time over each run (median over ranks)"},
+        "xaxis": {"title": {"text": "optimizer step"}},
+        "yaxis": {"title": {"text": "step time (ms)"}}, "height": 380}}
     items = "".join(f"<li>{escape(line.strip())}</li>" for line in compare_lines(cmp, names)[1:])
     body = (f'<section id="steps"><h2>Step time</h2><ul>{items}</ul>{page.fig(fig)}'
             + muted("The interval is a moving-block bootstrap of each run's steps (blocks of 50 "
