@@ -1537,6 +1537,33 @@ def test_a_deep_captures_pipeline_says_why_it_has_no_changes():
         "the schedule's orders after its script")
 
 
+def test_what_a_pipeline_could_not_evaluate_is_said_beside_what_it_did():
+    """The shipped GPipe run holds the schedule's orders (microbatch what-ifs evaluated) and no
+    per-layer times: the stage boundaries' what-if is not evaluated, and the JSON, the terminal
+    and the page say so; a run with per-layer times says nothing of it."""
+    import io
+
+    from rich.console import Console
+
+    from pardiag.analyzer.render.html import render_html
+    from pardiag.analyzer.render.terminal import render_terminal
+
+    rep = build_report(load_traces(REPO / "sample_traces" / "pp_gpipe_cpu_2rank"))
+    res = rep.results["recommendations"]
+    assert len(res.recommendations) + len(res.rejected) > 0
+    assert res.not_evaluated == "no per-layer times were recorded to move stage boundaries"
+    assert report_json(rep)["recommendations_not_evaluated"] == res.not_evaluated
+    out = io.StringIO()
+    render_terminal(rep, Console(file=out, width=200))
+    assert "Not evaluated: no per-layer times were recorded to move stage boundaries." in \
+        out.getvalue()
+    assert "Not evaluated: no per-layer times were recorded" in render_html(
+        rep, include_plotlyjs=False)
+    other = build_report(load_traces(REPO / "sample_traces" / "pp_unbalanced_cpu_2rank"))
+    assert other.results["recommendations"].not_evaluated == ""
+    assert report_json(other)["recommendations_not_evaluated"] is None
+
+
 def test_a_one_step_pipeline_trace_is_its_profiler_steps_span():
     """One step's chunks span [0, 13800) µs; the step (its slowest rank's ProfilerStep) took
     58900, the rest outside every chunk (a sleep, the optimizer). With no next step there is no

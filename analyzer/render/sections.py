@@ -100,13 +100,15 @@ def verdict(report: Report, page: Page) -> dict:
     """The verdict sentence, the critical path's sentence and the ranked recommendations
     (``report.recommendations``, a
     :class:`pardiag.analyzer.predict.recommend.RecommendationResult`, may be absent): ``rec``
-    (present or not), ``verdict``, ``path``, ``why_none``, ``recs`` and ``rejected`` (rows of
+    (present or not), ``verdict``, ``path``, ``why_none``, ``not_evaluated``, ``recs`` and
+    ``rejected`` (rows of
     formatted cells: step time in ms, peak memory in MiB), ``notes``."""
     rec = report.recommendations
     if rec is None:
         return {"rec": None}
     out = {"rec": True, "verdict": getattr(rec, "verdict", ""),
-           "path": report.critical_path.describe(), "why_none": rec.why_none}
+           "path": report.critical_path.describe(), "why_none": rec.why_none,
+           "not_evaluated": getattr(rec, "not_evaluated", "")}
     recs = list(getattr(rec, "recommendations", ()) or ())
     nu = getattr(rec, "noise_us", float("nan"))
     noise = f" ±{nu / 1000:,.3f}" if not math.isnan(nu) else ""   # the measured step's noise

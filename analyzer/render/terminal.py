@@ -151,6 +151,8 @@ def render_recommendations(report: Report, console: Console) -> None:
     recs = list(rec.recommendations or ())
     if not recs:
         console.print(Text(f"No recommendations: {rec.why_none or 'none computed'}."))
+        if rec.not_evaluated:
+            console.print(Text(f"Not evaluated: {rec.not_evaluated}."))
         _ruled_out(rec, console)
         return
     rows = []
@@ -186,6 +188,8 @@ def render_recommendations(report: Report, console: Console) -> None:
                            "sample."))
     for r in moving:
         console.print(Text(f"{r.title}: {r.optimizer_effect}"))
+    if rec.not_evaluated:
+        console.print(Text(f"Not evaluated: {rec.not_evaluated}."))
     _ruled_out(rec, console)
 
 

@@ -286,6 +286,7 @@ def _recommendations_json(r: RecommendationResult, traces: TraceSet) -> dict[str
             "recommendations": [_recommendation(c.to_json()) for c in r.recommendations],
             "not_recommended": [_recommendation(c.to_json()) for c in r.rejected],
             "recommendations_note": r.why_none or None,
+            "recommendations_not_evaluated": r.not_evaluated or None,
             "recommendations_rule": r.noise_rule or None,
             "step_noise_us": r.noise_us if not math.isnan(r.noise_us) else None,
             "min_gain_pct": r.min_gain_pct if not math.isnan(r.min_gain_pct) else None,

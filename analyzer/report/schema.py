@@ -542,6 +542,10 @@ class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):
             ``recommendations[]``. Null/absent: ``[]`` when none.
         recommendations_note: Why ``recommendations`` is empty. Null/absent: ``null`` when there
             are recommendations.
+        recommendations_not_evaluated: The pipeline changes a replayed pipeline could not
+            evaluate beside those it did, and what each needs that the run does not hold.
+            Null/absent: ``null`` when every pipeline change was evaluated, outside pipelines,
+            and when nothing was (``recommendations_note`` then says why).
         recommendations_rule: The noise rule a predicted gain had to clear, with the noise it
             measured. Null/absent: ``null`` when the profiler recorded no training step.
         step_noise_us: The step's noise: half the 95% bootstrap interval of its median. Unit:
@@ -584,6 +588,7 @@ class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):
     recommendations: list[RecommendationEntry] = msgspec.field(default_factory=list)
     not_recommended: list[RecommendationEntry] = msgspec.field(default_factory=list)
     recommendations_note: str | None = None
+    recommendations_not_evaluated: str | None = None
     recommendations_rule: str | None = None
     step_noise_us: Number | None = None
     min_gain_pct: Number | None = None

@@ -92,9 +92,17 @@ def _none_clears(rejected, margin: float) -> str:
 
 
 def _pipeline_unchangeable(model, capture: bool = False) -> str:
-    """Why a replayed pipeline had no change to evaluate: what each pipeline change needs and
-    the run does not hold (per-layer times; the schedule's order at other microbatch counts);
-    of a monitored run's deep capture (``capture``), that it records neither."""
+    """Why a replayed pipeline had no change to evaluate (:func:`_pipeline_missing`)."""
+    missing = _pipeline_missing(model, capture)
+    return ("the pipeline is replayed, but " + "; ".join(missing) if missing else
+            "the pipeline is replayed, but no change to it applies")
+
+
+def _pipeline_missing(model, capture: bool = False) -> list[str]:
+    """What each pipeline change the replay cannot evaluate needs and the run does not hold
+    (per-layer times to move stage boundaries; the schedule's order at other microbatch
+    counts); of a monitored run's deep capture (``capture``), that it records neither. Empty
+    when every pipeline change could be evaluated."""
     missing = []
     if not model.layers:
         missing.append("no per-layer times were recorded to move stage boundaries")
@@ -107,8 +115,7 @@ def _pipeline_unchangeable(model, capture: bool = False) -> str:
         missing.append("a monitored run's deep capture records neither: a profiled run "
                        "(pardiag profile without --monitor) times its stages' layers and "
                        "records the schedule's orders after its script")
-    return ("the pipeline is replayed, but " + "; ".join(missing) if missing else
-            "the pipeline is replayed, but no change to it applies")
+    return missing
 
 
 def _nothing_to_change(ctx: RuleContext) -> str:
@@ -213,8 +220,14 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     basis = "pipeline" if ctx.model is not None else ("unprofiled" if use_clean else "profiled")
     step_time = StepTime(basis, base.samples_us) if base is not None else None
     found = identify_straggler(ctx)
+    # what a replayed pipeline could not evaluate beside what it did (said in why_none when
+    # it evaluated nothing)
+    missing = (_pipeline_missing(ctx.model, bool(ctx.traces.run_info
+                                                  and ctx.traces.run_info.monitor_every))
+               if ctx.model is not None and cands else [])
     return RecommendationResult(verdict(ctx, step, profiled=ctx.model is None and clean is None,
                                         changes=(*good, *rejected), straggler=found),
                                 good, rejected, why_none, rule, noise_us, margin,
                                 ctx.peak.definition, step_time,
-                                found.rank if found is not None else None)
+                                found.rank if found is not None else None,
+                                "; ".join(missing))

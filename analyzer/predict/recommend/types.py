@@ -216,6 +216,9 @@ class RecommendationResult:
         straggler: the rank the verdict calls a straggler
             (:func:`pardiag.analyzer.predict.recommend.findings.identify_straggler`), None when
             it names none.
+        not_evaluated: the pipeline changes a replayed pipeline could not evaluate beside
+            those it did, and what each needs that the run does not hold ("" when none; when
+            nothing was evaluated, ``why_none`` says it).
     """
 
     verdict: str
@@ -228,6 +231,7 @@ class RecommendationResult:
     peak_definition: str = ""
     step: StepTime | None = None
     straggler: int | None = None
+    not_evaluated: str = ""
 
     @property
     def top_tier(self) -> tuple[Recommendation, ...]:
