@@ -1046,8 +1046,11 @@ def _kept(out: Path, metas: dict, ranks: list[int] | None) -> str:
         return (f"the job was stopped before any rank wrote a monitor line (one per "
                 f"--monitor-every steps): {out} holds no step to report")
     if monitored and not traces:   # --monitor: the records written so far are the run
+        caps = [c.name for c in sorted(out.glob(layout.CAPTURE_TEMPLATE.format(step="*")))
+                if any(c.glob("rank*.trace.json.gz"))]
         return (f"the job was stopped; {out} keeps the monitor records of rank(s) "
-                f"{', '.join(map(str, monitored))} written so far (pardiag report reads them)")
+                f"{', '.join(map(str, monitored))} written so far (pardiag report reads them)"
+                + (f" and the deep capture(s) {', '.join(caps)}" if caps else ""))
     if not traces:
         kept = "no trace (the profiler's window had not ended)"
     elif not bare:

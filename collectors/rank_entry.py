@@ -1147,6 +1147,13 @@ def _run_script(run: _RankRun) -> None:
             run.prof.stop()
         except Exception as exc:  # a trace that cannot be written must not hide the script's result
             print(f"pardiag: rank {run.rank}: could not write the trace: {exc}", file=sys.stderr)
+        if run.capture_prof is not None:   # a deep capture cut short (Ctrl-C, a failure):
+            prof, run.capture_prof = run.capture_prof, None   # written as far as it got
+            try:
+                prof.stop()
+            except Exception as exc:
+                print(f"pardiag: rank {run.rank}: could not write the deep capture: {exc}",
+                      file=sys.stderr)
         if run.monitor is not None:
             run.monitor.close()
         run.p2p.uninstall()

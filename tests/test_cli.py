@@ -222,14 +222,22 @@ def test_failed_run_is_flagged_in_the_report(tmp_path):
         assert w in res.output
         assert w in (tmp_path / "r.html").read_text()
     # a monitored run's deep capture carries the job's run file: how the job ended came after
-    # the capture, written at its last step
+    # the capture began
     info.update(monitor_every=10)
     (run_dir / "pardiag" / "run.json").write_text(json.dumps(info))
     res = run("report", run_dir, "-o", tmp_path / "r.html", "-q")
-    for w in ("the monitored job exited with code 1, after this capture was written",
-              "rank 1 failed in the monitored job, after this capture was written: "
+    for w in ("the monitored job exited with code 1, after this capture began",
+              "rank 1 failed in the monitored job, after this capture began: "
               "RuntimeError: boom"):
         assert w in res.output
+    # stopped by Ctrl-C: interrupted; the ranks the launcher stopped did not fail
+    info.update(exit_code=130, failed_ranks={"0": "stopped by SIGTERM (the launcher)"})
+    (run_dir / "pardiag" / "run.json").write_text(json.dumps(info))
+    res = run("report", run_dir, "-o", tmp_path / "r.html", "-q")
+    assert "the monitored job was interrupted (Ctrl-C, exit code 130), after this capture " \
+           "began" in res.output
+    assert "rank 0 failed" not in res.output and "exited with code" not in res.output, \
+        res.output
 
 
 def test_malformed_sidecars_are_left_out_with_warnings(tmp_path):

@@ -561,6 +561,72 @@ def test_a_monitored_run_stopped_by_its_timeout_keeps_its_records(tmp_path):
         (0, 29), (1, 29)]
 
 
+def _top_step(run: Path, ranks: int) -> int:
+    """The last step every rank's monitor file holds so far (-1: none)."""
+    tops = []
+    for r in range(ranks):
+        try:
+            lines = layout.monitor_path(run, r).read_bytes().splitlines()
+            tops.append(max(json.loads(lines[-1])["steps"]["index"]) if lines else -1)
+        except (OSError, ValueError, IndexError, KeyError):
+            tops.append(-1)
+    return min(tops)
+
+
+@pytest.mark.e2e
+def test_ctrl_c_during_a_deep_capture_keeps_what_it_recorded(tmp_path):
+    """Ctrl-C while every rank records a 1,000-step deep capture: each rank writes the capture
+    as far as it got (as a profiled window cut short is), the launcher's last line names it,
+    its report reads it, and the run's report says it was cut short."""
+    import os
+    import signal
+    import time
+
+    from pardiag.analyzer.analyses.monitor_follow import request_capture
+
+    out = tmp_path / "mon"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--monitor",
+         "--monitor-every", "5", "--monitor-capture", "1000", "--out", str(out),
+         str(ROOT / "examples" / "train_ddp.py"), "--", "--steps", "1000000"], cwd=ROOT,
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 180
+        while _top_step(out, 2) < 20:
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.2)
+        start = _top_step(out, 2) + 15   # the ranks look for it at every step
+        request_capture(out, start, 1000, "asked by the test")
+        while _top_step(out, 2) < start + 10:   # recording (lines every 5 steps)
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    caps = sorted(out.glob("capture-*"), key=lambda c: int(c.name.split("-")[1]))
+    cap = caps[-1]   # (a finding of a loaded start-up may have asked for one before)
+    first = int(cap.name.split("-")[1])
+    assert sorted(p.name for p in cap.glob("rank*.trace.json.gz")) == [
+        "rank0.trace.json.gz", "rank1.trace.json.gz"], err[-2000:]
+    names = ", ".join(c.name for c in caps)
+    assert err.splitlines()[-1].endswith(f"and the deep capture(s) {names}"), err[-2000:]
+    js = tmp_path / "cap.json"
+    rep = subprocess.run([sys.executable, "-m", "pardiag", "report", str(cap), "-o",
+                          str(tmp_path / "cap.html"), "--json", str(js), "-q"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    steps = [s["step"] for s in json.loads(js.read_text())["ranks"][0]["steps"]]
+    assert steps and steps[0] == first and steps[-1] < first + 999
+    doc = S.summary(M.load_monitor(out), out)
+    last = int(M.load_monitor(out).steps["step"].max())
+    assert (f"the deep capture of steps {first}–{first + 999} was cut short by the run's end: it "
+            f"holds steps {first}–{last} at most") in doc["notes"], doc["notes"]
+
+
 def test_the_follower_says_each_finding_once_as_the_lines_come(tmp_path):
     """A run's lines copied into a folder a few at a time, as the ranks write them: nothing
     before the late period, then rank 2's period once (while it goes on: since step 120), and

@@ -57,6 +57,9 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     periods = [f for f in found if f["kind"] in ("straggler", "slow_steps")]
     for c in caps:   # the asked-for captures only, the others left out
         first, last = c["first_step"], c["last_step"]
+        if last_step is not None and first <= last_step < last and c["ranks"]:
+            notes.append(f"the deep capture of steps {first}–{last} was cut short by the run's "
+                         f"end: it holds steps {first}–{last_step} at most")
         if not periods:
             notes.append(f"the deep capture of steps {first}–{last} was asked for by "
                          f"a finding the whole run does not confirm (the monitor judged the "

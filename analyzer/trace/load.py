@@ -266,13 +266,18 @@ def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.R
     out: list[str] = []
     if run_info:
         # a monitored run's deep capture carries the job's run file: how the job ended came
-        # after the capture, whose traces are written at its last step
+        # after the capture began (written at its last step, or as far as it got when the
+        # job was stopped while it recorded)
         run, during, later = (
-            ("the monitored job", "in the monitored job", ", after this capture was written")
+            ("the monitored job", "in the monitored job", ", after this capture began")
             if run_info.monitor_every else ("the profiled run", "during the profiled run", ""))
-        if run_info.exit_code:
-            out.append(f"{run} exited with code {run_info.exit_code}{later}")
         failures = failures_in_order(run_info, rank_meta)
+        if run_info.exit_code == EXIT_INTERRUPTED and run_info.monitor_every:
+            # Ctrl-C: the ranks the launcher stopped did not fail
+            out.append(f"{run} was interrupted (Ctrl-C, exit code {EXIT_INTERRUPTED}){later}")
+            failures = [(r, m) for r, m in failures if not m.startswith("stopped by SIGTERM")]
+        elif run_info.exit_code:
+            out.append(f"{run} exited with code {run_info.exit_code}{later}")
         for i, (r, msg) in enumerate(failures):
             first = " first" if i == 0 and len(failures) > 1 else ""
             out.append(f"rank {r} failed{first} {during}{later}: {msg}")
