@@ -651,6 +651,27 @@ def test_the_follower_says_each_finding_once_as_the_lines_come(tmp_path):
     assert fol.new_findings() == []   # nothing new to read
 
 
+def test_the_follower_names_the_late_rank_not_every_ranks_slow_steps(tmp_path):
+    """Rank 2 30 ms late from step 120 on, lines every 5 steps read one at a time: the slow
+    steps it causes are found after 3 steps, the rank after 10; the follower says rank 2 late,
+    never "every rank's steps slow"."""
+    from pardiag.analyzer.analyses.monitor_follow import Follower, online_line
+
+    full = _write_run(tmp_path / "full", 4, 200, {2: (120, 199, 30_000)}, every=5)
+    lines = {r: layout.monitor_path(full, r).read_bytes().splitlines(keepends=True)
+             for r in range(4)}
+    live = tmp_path / "live"
+    layout.sidecar_dir(live).mkdir(parents=True)
+    fol = Follower(live)
+    said = []
+    for upto in range(1, 41):
+        for r in range(4):
+            layout.monitor_path(live, r).write_bytes(b"".join(lines[r][:upto]))
+        said += [online_line(f, ongoing) for f, ongoing in fol.new_findings()]
+    assert len(said) == 1 and said[0].startswith("rank 2: late at its collectives since step "
+                                                 "120"), said
+
+
 def test_the_follower_says_a_slow_period_soon_after_a_start_up_lateness(tmp_path):
     """Rank 1 is 15 ms late in steps 0–30 (a loaded start-up), then 60 ms late in steps
     55–150: two periods 24 steps apart at two levels, as the report has them; the follower says

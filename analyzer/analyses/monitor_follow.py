@@ -6,7 +6,9 @@ Only the last :data:`HORIZON` steps are kept and judged (memory bounded over any
 every rank has written are judged (a rank's lines come every ``--monitor-every`` steps, not all
 at once). A finding is new unless one of its kind and rank was said before that overlaps it
 (its edges move while it goes on) or lies within a window of it at the same level; a period
-still running is said as "since step N".
+still running is said as "since step N". Slow steps whose ranks' arrivals are known wait until
+they number :data:`SLOW_SAID_AFTER` (or end): a straggler is named only by then, and slow
+steps that are its cost are said as its finding, not as every rank's.
 """
 
 from __future__ import annotations
@@ -21,10 +23,21 @@ import pandas as pd
 from pardiag import layout
 
 from .monitor_run import capture_request, requested_captures
-from .monitored import WINDOW_STEPS, MonitorData, findings, line_frames, same_level
+from .monitored import (
+    MIN_STEPS,
+    WINDOW_STEPS,
+    MonitorData,
+    findings,
+    line_frames,
+    same_level,
+)
 
 #: Steps the follower keeps and judges (the most recent ones).
 HORIZON = 4000
+#: Slow steps whose ranks' arrivals are known are said once this many are found (or once
+#: they end): a late rank's own finding needs :data:`~.monitored.MIN_STEPS` late steps after
+#: the lateness's running median, which lags the step time by a few steps.
+SLOW_SAID_AFTER = 2 * MIN_STEPS
 #: A finding that began before this step asks for a deep capture only once it has gone on past
 #: it (:meth:`Follower.capture_worthy`): a loaded machine's first steps, late or slow, are the
 #: run's start-up, not what a capture is for; a persistent straggler from step 0 still gets one.
@@ -123,6 +136,9 @@ class Follower:
                 g["last_step"] = max(g["last_step"], f["last_step"])
             if seen:
                 continue
+            if (f["kind"] == "slow_steps" and f["arrivals_known"]
+                    and f["steps"] < SLOW_SAID_AFTER and f["last_step"] >= top - WINDOW_STEPS):
+                continue   # whether a rank is late there is not known yet
             g = dict(f)
             self.said.append(g)
             out.append((g, f["last_step"] >= top - WINDOW_STEPS))
