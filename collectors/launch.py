@@ -1008,7 +1008,8 @@ def _write_capture_run_files(out: Path, name: str, run: layout.RunFile, steps: i
     """A monitored run's completed deep captures (``capture-S/`` with a rank's metadata, written at
     the capture's last step) get the run's file too (``name``: this node's part), its schedule
     the capture's: the profiler skipped S steps and recorded the ``steps`` every rank was asked
-    for, and its layout the capture's ranks' metadata's. A capture report then names the job's
+    for (fewer when the job was stopped while it recorded: the steps its ranks had done), and
+    its layout the capture's ranks' metadata's. A capture report then names the job's
     command, script and arguments, as a profiled run's does."""
     for cap in sorted(out.glob(layout.CAPTURE_TEMPLATE.format(step="*"))):
         try:
@@ -1020,9 +1021,13 @@ def _write_capture_run_files(out: Path, name: str, run: layout.RunFile, steps: i
             for p in layout.sidecar_dir(cap).glob(layout.RANK_META_TEMPLATE.format(rank="*")):
                 meta = layout.decode_sidecar(p.read_bytes(), "rank")
                 metas[int(meta.rank)] = meta
+            # a capture cut short (Ctrl-C) recorded the steps its ranks had done
+            done = [int(m.optimizer_steps) - first for m in metas.values()
+                    if m.optimizer_steps is not None]
+            active = max(1, min([steps, *done]))
             # the capture's layout: a monitored run records none outside its captures
             mine = msgspec.structs.replace(
-                run, schedule=layout.ProfilerSchedule(wait=first, warmup=0, active=steps),
+                run, schedule=layout.ProfilerSchedule(wait=first, warmup=0, active=active),
                 layout=_run_layout(metas) or run.layout)
             path = layout.sidecar_dir(cap) / name
             path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(mine))

@@ -1134,7 +1134,8 @@ def _run_script(run: _RankRun) -> None:
         # runs every way a script ends; its results are in benchmarks/results/). The groups
         # the script destroyed are held too (_keep_destroyed_groups): its own frames free the
         # reducer that was their last owner.
-        gc.freeze()
+        collecting = gc.isenabled()
+        gc.disable()   # nothing is collected until the objects are frozen below
         _guard_teardown(run)
         sys.argv = saved_argv
         for h in run.hook_handles:
@@ -1143,17 +1144,20 @@ def _run_script(run: _RankRun) -> None:
             setattr(cls, name, orig)
         # from here on the rank writes its files: a SIGTERM waits for them (_stop_on_sigterm)
         run.hold_term = True
+        if run.capture_prof is not None:   # a deep capture cut short (Ctrl-C, a failure):
+            prof, run.capture_prof = run.capture_prof, None   # written as far as it got,
+            try:                           # its scan of the live objects before they are
+                prof.stop()                # frozen (gc.get_objects() leaves frozen ones out)
+            except Exception as exc:
+                print(f"pardiag: rank {run.rank}: could not write the deep capture: {exc}",
+                      file=sys.stderr)
+        gc.freeze()
+        if collecting:
+            gc.enable()
         try:
             run.prof.stop()
         except Exception as exc:  # a trace that cannot be written must not hide the script's result
             print(f"pardiag: rank {run.rank}: could not write the trace: {exc}", file=sys.stderr)
-        if run.capture_prof is not None:   # a deep capture cut short (Ctrl-C, a failure):
-            prof, run.capture_prof = run.capture_prof, None   # written as far as it got
-            try:
-                prof.stop()
-            except Exception as exc:
-                print(f"pardiag: rank {run.rank}: could not write the deep capture: {exc}",
-                      file=sys.stderr)
         if run.monitor is not None:
             run.monitor.close()
         run.p2p.uninstall()
