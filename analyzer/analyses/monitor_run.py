@@ -1,6 +1,6 @@
 """How a monitored run was asked for and how it ended (``pardiag profile --monitor``): its deep
 captures' requests and folders (:func:`captures`), and its run file's ending
-(:func:`ending_notes`), for :mod:`pardiag.analyzer.analyses.monitored`'s summary.
+(:func:`ending_notes`), for :mod:`pardiag.analyzer.analyses.monitor_summary`.
 """
 
 from __future__ import annotations

@@ -70,9 +70,10 @@ def _step_figure(page: Page, data: monitored.MonitorData, found: list[dict],
             yaxis["range"] = [0, top]
             over = sorted({int(x) for t in traces for x, y in zip(t["x"], t["y"]) if y > top})
             own = monitored.capture_steps([(c["first_step"], c["last_step"]) for c in caps])
-            why = [("the script's start", [s for s in over if s == 0]),
-                   ("deep captures", [s for s in over if s and s in own]),
-                   ("", [s for s in over if s and s not in own])]
+            cap = {s for s in over if s and own.intersection(range(s, s + k))}   # k: a point's
+            why = [("the script's start", [s for s in over if s == 0]),           # steps
+                   ("deep captures", sorted(cap)),
+                   ("", [s for s in over if s and s not in cap])]
             said = "; ".join(f"{', '.join(map(str, s[:5]))}{' …' if len(s) > 5 else ''}"
                              + (f" ({w})" if w else "") for w, s in why if s)
             notes.append(f"the axis stops at {top:.0f} ms; steps above it (up to "
