@@ -88,12 +88,13 @@ def test_unbalanced_pipeline_is_rebalanced(run):
     else:
         first = min(c.tier for c in res.recommendations if c.kind not in ("pp_to_dp", "degrees"))
         if top.tier != first:
-            # a loaded machine (two xdist workers, or another suite, on the same 2 cores): the
-            # chunks' timings are noisy enough that another bubble remedy is predicted to save
-            # more than the move plus the noise; the noise margin shows the run was loaded
+            # another bubble remedy may be predicted to save more than the move plus the noise:
+            # interleaving, whose own stage boundaries balance the blocks too, or more
+            # microbatches (a loaded 2-core machine's chunk timings tip it: the fully loaded
+            # CI rehearsal put interleaving ahead with the noise under the 2% floor); only
+            # such remedies rank ahead
             ahead = [c for c in res.recommendations if c.tier == first]
-            assert res.min_gain_pct > 2.0 and all(
-                c.kind in ("microbatches", "schedule", "interleave") for c in ahead), \
+            assert all(c.kind in ("microbatches", "schedule", "interleave") for c in ahead), \
                 [(c.tier, c.kind, c.change) for c in res.recommendations]
     # the planted split is 2 | 10 of 12 equal blocks; within the timing noise of a 2-core
     # machine an even split and one block either way are the same answer (a full run on an idle
