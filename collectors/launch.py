@@ -155,6 +155,11 @@ class ProfileConfig:
             raise PardiagError(f"--monitor-capture must be >= 0 steps, got {self.monitor_capture}")
         if self.monitor_captures < 1:
             raise PardiagError(f"--monitor-captures must be >= 1, got {self.monitor_captures}")
+        if self.monitor_capture and self.nnodes > 1 and self.node_rank is None:
+            # one launcher asks, or the nodes' launchers would each ask for other steps
+            raise PardiagError(f"--monitor-capture on {self.nnodes} nodes needs --node-rank R on "
+                               f"each: node 0's launcher asks every rank for the capture, "
+                               f"through a run folder the nodes share")
         if self.monitor_every is not None:   # no profiler window at all
             if self.monitor_every < 1:
                 raise PardiagError(f"--monitor-every must be >= 1 step, got {self.monitor_every}")
@@ -605,7 +610,8 @@ class _MonitorFollow:
     run's last capture has ended and fewer than ``--monitor-captures`` were asked for; a finding
     said while a capture is asked for or recording asks for none. A finding that began in the
     run's start-up asks only once it has gone on past it
-    (:meth:`~pardiag.analyzer.analyses.monitor_follow.Follower.capture_worthy`)."""
+    (:meth:`~pardiag.analyzer.analyses.monitor_follow.Follower.capture_worthy`). On several
+    nodes only node 0's launcher asks (the nodes share the run folder the ranks read)."""
 
     def __init__(self, out: Path, cfg: ProfileConfig) -> None:
         from pardiag.analyzer.analyses.monitor_follow import Follower
@@ -619,6 +625,8 @@ class _MonitorFollow:
         self.done = False   # no further capture: the most were asked for, or a script ended
         #: findings said in the start-up, each with its line, until known to be worth a capture
         self.waiting: list[tuple[dict, str]] = []
+        #: only node 0's launcher asks for captures (every node's reads the same records)
+        self.asks = bool(cfg.monitor_capture) and (cfg.node_rank or 0) == 0
 
     def poll(self, now: float) -> None:
         if now - self.last < self.poll_s:
@@ -635,7 +643,7 @@ class _MonitorFollow:
             line = online_line(f, ongoing)
             print(f"pardiag: monitor: {line}", file=sys.stderr, flush=True)
             self.waiting.append((f, line))
-        if not self.cfg.monitor_capture:
+        if not self.asks:
             self.waiting.clear()
         waiting, self.waiting = self.waiting, []
         for f, line in waiting:   # in the order said

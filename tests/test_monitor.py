@@ -227,7 +227,7 @@ def test_several_captures_are_asked_for_read_and_left_out_of_memory_creep(tmp_pa
     assert f["bytes_per_1k_steps"] == pytest.approx(500 * mib, rel=1e-6)
 
 
-def _follow_stub(tmp_path, tops_and_findings, captures=3):
+def _follow_stub(tmp_path, tops_and_findings, captures=3, node_rank=None):
     """The launcher's follower of a run whose polls find, at each ``(top, [(first, last)])``,
     those periods (slow steps; a period said before is given back as the follower's own
     record, its last step grown). Returns the captures asked for and the launcher's lines."""
@@ -262,7 +262,8 @@ def _follow_stub(tmp_path, tops_and_findings, captures=3):
     script = tmp_path / "t.py"
     script.write_text("")
     cfg = ProfileConfig(script=script, out=tmp_path, monitor_every=10, monitor_capture=3,
-                        monitor_captures=captures)
+                        monitor_captures=captures, node_rank=node_rank,
+                        nnodes=1 if node_rank is None else 2, master_addr="h")
     follow = _MonitorFollow(tmp_path, cfg)
     follow.follower = Stub()
     for i in range(len(tops_and_findings)):
@@ -280,6 +281,14 @@ def test_the_launcher_asks_for_a_capture_per_finding_once_the_last_has_ended(tmp
     err = capsys.readouterr().err
     assert err.count("every rank records a trace of steps") == 3
     assert "steps 165–167 into" in err and "(the last of the 3 deep captures" in err
+    # on two nodes node 0's launcher asks, node 1's does not; without node ranks, refused
+    tops = [(t, [(t - 10, t)]) for t in (60, 70)]
+    assert _follow_stub(tmp_path / "n0", tops, node_rank=0) == [(75, 77)]
+    assert _follow_stub(tmp_path / "n1", tops, node_rank=1) == []
+    from pardiag.collectors.launch import ProfileConfig
+    with pytest.raises(M.PardiagError, match="--monitor-capture on 2 nodes needs --node-rank"):
+        ProfileConfig(script=tmp_path / "n0" / "t.py", out=tmp_path, monitor_every=10,
+                      monitor_capture=3, nnodes=2, rdzv_backend="c10d", rdzv_endpoint="h:1")
 
 
 def test_a_finding_of_the_start_up_asks_for_a_capture_only_once_it_lasts(tmp_path, capsys):
