@@ -645,23 +645,33 @@ def test_ctrl_c_during_a_deep_capture_keeps_what_it_recorded(tmp_path):
             f"holds steps {first}–{last} at most") in doc["notes"], doc["notes"]
 
 
+def _follow_lines(full: Path, live: Path, ranks: int, lines: int):
+    """Copy a written run's monitor lines into ``live`` one line per rank at a time, as the
+    ranks write them, and follow them (:class:`Follower`) after each; returns the follower and
+    ``[(lines copied, finding, ongoing)]`` of every finding it said."""
+    from pardiag.analyzer.analyses.monitor_follow import Follower
+
+    written = {r: layout.monitor_path(full, r).read_bytes().splitlines(keepends=True)
+               for r in range(ranks)}
+    layout.sidecar_dir(live).mkdir(parents=True)
+    fol = Follower(live)
+    said = []
+    for upto in range(1, lines + 1):
+        for r in range(ranks):
+            layout.monitor_path(live, r).write_bytes(b"".join(written[r][:upto]))
+        said += [(upto, f, ongoing) for f, ongoing in fol.new_findings()]
+    return fol, said
+
+
 def test_the_follower_says_each_finding_once_as_the_lines_come(tmp_path):
     """A run's lines copied into a folder a few at a time, as the ranks write them: nothing
     before the late period, then rank 2's period once (while it goes on: since step 120), and
     never again as it grows."""
-    from pardiag.analyzer.analyses.monitor_follow import Follower, online_line
+    from pardiag.analyzer.analyses.monitor_follow import online_line
 
     full = _write_run(tmp_path / "full", 4, 400, {2: (120, 299, 30_000)})
-    lines = {r: layout.monitor_path(full, r).read_bytes().splitlines(keepends=True)
-             for r in range(4)}
-    live = tmp_path / "live"
-    layout.sidecar_dir(live).mkdir(parents=True)
-    fol = Follower(live)
-    said = []
-    for upto in range(1, 9):   # 50 steps per line
-        for r in range(4):
-            layout.monitor_path(live, r).write_bytes(b"".join(lines[r][:upto]))
-        said += [(upto, online_line(f, ongoing)) for f, ongoing in fol.new_findings()]
+    fol, found = _follow_lines(full, tmp_path / "live", 4, 8)   # 50 steps per line
+    said = [(upto, online_line(f, ongoing)) for upto, f, ongoing in found]
     assert len(said) == 1, said
     upto, line = said[0]
     # said as soon as the lines hold enough of it (30 of its steps), while it goes on
@@ -673,19 +683,11 @@ def test_the_follower_names_the_late_rank_not_every_ranks_slow_steps(tmp_path):
     """Rank 2 30 ms late from step 120 on, lines every 5 steps read one at a time: the slow
     steps it causes are found after 3 steps, the rank after 10; the follower says rank 2 late,
     never "every rank's steps slow"."""
-    from pardiag.analyzer.analyses.monitor_follow import Follower, online_line
+    from pardiag.analyzer.analyses.monitor_follow import online_line
 
     full = _write_run(tmp_path / "full", 4, 200, {2: (120, 199, 30_000)}, every=5)
-    lines = {r: layout.monitor_path(full, r).read_bytes().splitlines(keepends=True)
-             for r in range(4)}
-    live = tmp_path / "live"
-    layout.sidecar_dir(live).mkdir(parents=True)
-    fol = Follower(live)
-    said = []
-    for upto in range(1, 41):
-        for r in range(4):
-            layout.monitor_path(live, r).write_bytes(b"".join(lines[r][:upto]))
-        said += [online_line(f, ongoing) for f, ongoing in fol.new_findings()]
+    _, found = _follow_lines(full, tmp_path / "live", 4, 40)
+    said = [online_line(f, ongoing) for _, f, ongoing in found]
     assert len(said) == 1 and said[0].startswith("rank 2: late at its collectives since step "
                                                  "120"), said
 
@@ -694,20 +696,10 @@ def test_the_follower_says_a_slow_period_soon_after_a_start_up_lateness(tmp_path
     """Rank 1 is 15 ms late in steps 0–30 (a loaded start-up), then 60 ms late in steps
     55–150: two periods 24 steps apart at two levels, as the report has them; the follower says
     both (it took the second for the first, grown, and never said it)."""
-    from pardiag.analyzer.analyses.monitor_follow import Follower
-
     full = _write_run(tmp_path / "full", 4, 300, {1: [(0, 30, 15_000), (55, 150, 60_000)]})
     assert _stragglers(full) == [(1, 0, 30, False), (1, 55, 150, False)]
-    lines = {r: layout.monitor_path(full, r).read_bytes().splitlines(keepends=True)
-             for r in range(4)}
-    live = tmp_path / "live"
-    layout.sidecar_dir(live).mkdir(parents=True)
-    fol = Follower(live)
-    said = []
-    for upto in range(1, 7):   # 50 steps per line
-        for r in range(4):
-            layout.monitor_path(live, r).write_bytes(b"".join(lines[r][:upto]))
-        said += [(f["rank"], f["first_step"]) for f, _ in fol.new_findings()]
+    _, found = _follow_lines(full, tmp_path / "live", 4, 6)   # 50 steps per line
+    said = [(f["rank"], f["first_step"]) for _, f, _ in found]
     assert said == [(1, 0), (1, 55)], said
 
 
