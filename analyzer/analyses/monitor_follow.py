@@ -137,11 +137,11 @@ class Follower:
             if seen:
                 continue
             if (f["kind"] == "slow_steps" and f["arrivals_known"]
-                    and f["steps"] < SLOW_SAID_AFTER and f["last_step"] >= top - WINDOW_STEPS):
+                    and f["steps"] < SLOW_SAID_AFTER and _ongoing(f, top)):
                 continue   # whether a rank is late there is not known yet
             g = dict(f)
             self.said.append(g)
-            out.append((g, f["last_step"] >= top - WINDOW_STEPS))
+            out.append((g, _ongoing(f, top)))
         self.top = top
         return out
 
@@ -150,10 +150,16 @@ class Follower:
         True when it began after the start-up (:data:`START_UP_STEPS`) or has gone on past it
         and still goes on; None while that is not known yet (it began in the start-up and goes
         on); False when it ended in (or soon after) the start-up."""
-        ongoing = f["last_step"] >= self.top - WINDOW_STEPS
+        ongoing = _ongoing(f, self.top)
         if f["first_step"] >= START_UP_STEPS or (ongoing and f["last_step"] >= START_UP_STEPS):
             return True
         return None if ongoing else False
+
+
+def _ongoing(f: dict, top: int) -> bool:
+    """Whether a finding still goes on: its last step within :data:`~.monitored.WINDOW_STEPS`
+    of ``top``, the last step judged."""
+    return f["last_step"] >= top - WINDOW_STEPS
 
 
 def _level(f: dict) -> float:
