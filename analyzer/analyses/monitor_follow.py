@@ -134,6 +134,10 @@ class Follower:
             seen = [g for g in self.said if _same_period(g, f)]
             for g in seen:   # the same period, grown since it was said
                 g["last_step"] = max(g["last_step"], f["last_step"])
+                if f.get("persistent") == g.get("persistent"):
+                    # its latest level: a first reading's (a few steps of it) kept, a later
+                    # period's first reading could pass for it
+                    g.update({k: f[k] for k in _LEVEL if k in f})
             if seen:
                 continue
             if (f["kind"] == "slow_steps" and f["arrivals_known"]
@@ -154,6 +158,10 @@ class Follower:
         if f["first_step"] >= START_UP_STEPS or (ongoing and f["last_step"] >= START_UP_STEPS):
             return True
         return None if ongoing else False
+
+
+#: A finding's fields that give its size (:func:`_level`).
+_LEVEL = ("extra_delay_ms", "step_ms", "baseline_step_ms")
 
 
 def _ongoing(f: dict, top: int) -> bool:

@@ -26,7 +26,11 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   :data:`GAP_STEPS` others joined), kept when at least :data:`MIN_STEPS` of them exceed the
   threshold itself; two periods fewer than :data:`WINDOW_STEPS` steps apart are one when their
   median lateness agree within :data:`JOIN_LEVEL_RATIO` (a dip of the noise inside one event),
-  two otherwise (a start-up's lateness, then a slow period). Each is a finding, *persistent*
+  two otherwise (a start-up's lateness, then a slow period); a period is cut where its steps
+  above the threshold lie more than :data:`WINDOW_STEPS` apart with the steps between not late
+  at their level, and reaches at most :data:`WINDOW_STEPS` beyond them (on a loaded machine two
+  ranks take turns and a rank's lateness is two-valued: its smoothed median can hover above
+  the hysteresis bound between events). Each is a finding, *persistent*
   when it covers at least :data:`PERSISTENT_SHARE` of the rank's steps, else *transient*, with
   its first and last step, the median extra delay and the step time during it against the
   run's baseline (the step time's median and noise taken without the late periods).
@@ -459,10 +463,15 @@ def _periods(flags: np.ndarray, steps: np.ndarray, gap: int, min_len: int) -> li
 
 
 def _robust_sigma(x: np.ndarray) -> float:
+    """A spread of ``x`` robust to outliers: the larger of 1.4826 × its median absolute
+    deviation and its interquartile range / 1.349 (each σ for normal values). The MAD alone is
+    0 for values that take one value more than half the time (two ranks taking turns, one late
+    by about the same amount: the lateness less its running median is 0 in most steps)."""
     x = x[np.isfinite(x)]
     if not len(x):
         return 0.0
-    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+    q1, q3 = np.percentile(x, [25, 75])
+    return float(max(1.4826 * np.median(np.abs(x - np.median(x))), (q3 - q1) / 1.349))
 
 
 def lateness(delays: pd.DataFrame) -> pd.DataFrame:
@@ -516,7 +525,14 @@ def _edges(x: np.ndarray, a: int, b: int, lo: int, hi: int) -> tuple[int, int]:
 def _late_periods(x: np.ndarray, m: np.ndarray, thr: float) -> list[tuple[int, int]]:
     """Positions ``(first, last)`` of one rank's late periods (see the module): hysteresis on
     the smoothed lateness ``m``, periods closer than :data:`WINDOW_STEPS` joined (a dip of the
-    noise inside one), edges moved to the raw lateness ``x``'s change points."""
+    noise inside one), edges moved to the raw lateness ``x``'s change points.
+
+    Where the noise's own smoothed median hovers above the hysteresis bound (two ranks taking
+    turns on a loaded machine: a rank's lateness two-valued), the bound alone would join
+    events far apart and put an edge far from its event: a period is cut where its steps above
+    ``thr`` itself lie more than :data:`WINDOW_STEPS` apart and the steps between are not
+    late at their level (:func:`same_level`), and reaches at most :data:`WINDOW_STEPS` beyond
+    its first and last step above ``thr``."""
     pos = np.arange(len(x))
     high = np.isfinite(m) & (m > thr)
     low = np.isfinite(m) & (m > HYSTERESIS * thr)
@@ -530,11 +546,32 @@ def _late_periods(x: np.ndarray, m: np.ndarray, thr: float) -> list[tuple[int, i
             merged[-1] = (merged[-1][0], b)
         else:
             merged.append((a, b))
+    pieces = [p for a, b in merged for p in _cut_at_noise(x, high, a, b)]
     out: list[tuple[int, int]] = []
-    for i, (a, b) in enumerate(merged):
+    for i, (a, b) in enumerate(pieces):
         out.append(_edges(x, a, b, out[-1][1] + 1 if out else 0,
-                          merged[i + 1][0] - 1 if i + 1 < len(merged) else len(x) - 1))
+                          pieces[i + 1][0] - 1 if i + 1 < len(pieces) else len(x) - 1))
     return out
+
+
+def _cut_at_noise(x: np.ndarray, high: np.ndarray, a: int, b: int) -> list[tuple[int, int]]:
+    """The period ``a..b`` cut where its steps above the threshold (``high``) lie more than
+    :data:`WINDOW_STEPS` apart and the lateness ``x`` between is not at their level, each part
+    kept with :data:`MIN_STEPS` such steps and reaching at most :data:`WINDOW_STEPS` beyond
+    its first and last of them (see :func:`_late_periods`)."""
+    idx = a + np.flatnonzero(high[a:b + 1])
+    groups = [[int(idx[0]), int(idx[0]), 1]]
+    for k in idx[1:]:
+        g = groups[-1]
+        if k - g[1] > WINDOW_STEPS + 1 and not same_level(
+                float(np.nanmedian(x[g[1] + 1:k])), float(np.nanmedian(x[g[0]:k + 1]))):
+            groups.append([int(k), int(k), 1])
+        else:
+            g[1], g[2] = int(k), g[2] + 1
+    # each part's reach stops half-way to the next part's steps above the threshold
+    bounds = [a, *[(g[1] + h[0]) // 2 for g, h in zip(groups, groups[1:])], b]
+    return [(max(bounds[i] + (i > 0), c0 - WINDOW_STEPS), min(bounds[i + 1], c1 + WINDOW_STEPS))
+            for i, (c0, c1, n) in enumerate(groups) if n >= MIN_STEPS]
 
 
 def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
@@ -569,10 +606,18 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
         m = smooth.loc[r].to_numpy(dtype=float)
         periods = _late_periods(x, m, thr)
         covered = sum(b - a + 1 for a, b in periods)
-        # late in nearly every step, if with dips where the noise's regimes cut the periods
+        # late in nearly every step, if with dips where the noise's regimes cut the periods;
+        # not a rank whose lateness stays in the hysteresis band (the noise of two ranks
+        # taking turns) outside its periods: its median there must exceed the threshold too
         late_steps = int((np.isfinite(m) & (m > HYSTERESIS * thr)).sum())
-        if max(covered, late_steps) >= PERSISTENT_SHARE * int(ok.sum()):
-            whole = float(np.nanmedian(x))
+        outside = np.ones(len(x), bool)
+        for a, b in periods:
+            outside[a:b + 1] = False
+        rest = x[outside & ok]
+        whole = float(np.nanmedian(x))
+        if (covered >= PERSISTENT_SHARE * int(ok.sum())
+                or (late_steps >= PERSISTENT_SHARE * int(ok.sum())
+                    and len(rest) and float(np.median(rest)) > thr)):
             idx = np.flatnonzero(ok)
             cand.append((int(r), int(idx[0]), int(idx[-1]), True, whole))
         else:
