@@ -40,7 +40,8 @@ def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
                host_of=None, offset_us=None, rss=None, every: int = 50,
                step_noise_us: float = 0.0, first_only: bool = False,
                keep_calls: bool = True, startup_us: float = 0.0,
-               flip: tuple[int, float, float, float] | None = None) -> Path:
+               flip: tuple[int, float, float, float] | None = None,
+               free: dict | None = None) -> Path:
     """A monitored run written through :class:`Monitor` itself: each step 100 ms, three
     ``ddp_all_reduce`` buckets issued 50, 60, 70 ms into it (±1 ms of noise) and completed
     together 5 ms after the last arrival. ``late``: ``{rank: (first, last, µs)}`` (or a list of
@@ -55,7 +56,10 @@ def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
     (the monitor's first step runs from the script's start). ``flip``: ``(rank, p, lo, hi)``
     — in each step, with probability ``p`` that rank issues its buckets U(lo, hi) µs later, else
     the other ranks do (two ranks taking turns on a loaded machine's cores: the rank's lateness
-    is two-valued, and its running median hovers at the upper value whenever it leads)."""
+    is two-valued, and its running median hovers at the upper value whenever it leads).
+    ``free``: ``{rank: (first, last, µs)}`` — that rank issues its buckets that much later in
+    those steps without the step lasting longer (late by nature: the others were as much
+    slower then, and waited no longer than usual)."""
     rng = np.random.default_rng(seed)
     out = tmp / "run"
     op = OPS.index("ddp_all_reduce")
@@ -80,6 +84,9 @@ def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
             who, p, lo, hi = flip
             up = rng.uniform() < p
             turn = {r: rng.uniform(lo, hi) if (r == who) == up else 0.0 for r in range(ranks)}
+        for r, (a, b, us) in (free or {}).items():
+            if a <= k <= b:
+                turn[r] = turn.get(r, 0.0) + us
         for i, at in enumerate((50_000, 60_000, 70_000)):
             issues = {r: t + at + (lag if first_only and i else extra.get(r, 0.0))
                       + turn.get(r, 0.0) + rng.uniform(-1000, 1000) for r in range(ranks)}
@@ -732,6 +739,19 @@ def test_a_straggler_that_comes_back_amid_two_valued_noise_is_said_twice(tmp_pat
         "rank 1: late at its collectives since step 250"], said
 
 
+def test_a_rank_late_by_nature_next_to_its_costly_period_does_not_move_its_edges(tmp_path):
+    """Rank 1 is 20 ms late without costing anything in steps 140..199 (the other ranks were
+    as much slower then), then a straggler 20 ms late in steps 200..299, every step 20 ms
+    longer: the lateness alone runs from step 140, 35 steps beyond where an edge used to be
+    sought; the finding is the costly steps, 200..299, and their delay."""
+    run = _write_run(tmp_path, 4, 500, {1: (200, 299, 20_000)}, seed=1, step_noise_us=2000.0,
+                     free={1: (140, 199, 20_000)})
+    (f,) = [f for f in S.summary(M.load_monitor(run))["findings"] if f["kind"] == "straggler"]
+    assert (f["rank"], f["first_step"], f["last_step"]) == (1, 200, 299), f
+    assert f["extra_delay_ms"] == pytest.approx(20.0, abs=1.0)
+    assert f["step_ms"] == pytest.approx(120.0, abs=1.0)
+
+
 def test_a_capture_request_is_taken_only_before_its_first_step(tmp_path):
     """Each rank looks for the request at every step: one that comes while the capture's first
     step is ahead is taken; one that comes after it is left (the ranks would capture
@@ -882,6 +902,8 @@ def test_a_monitored_pipeline_wraps_its_sends_only_for_its_capture(tmp_path):
     asked) the point-to-point recorder stays installed for the whole run."""
     import os
 
+    # one capture (--monitor-captures 1): a loaded machine's own slow period later would ask
+    # for another.
     # the planted sleep is twice the step: a loaded machine's noise (6 σ of a 100 ms step) must
     # not hide it, as it did a 30 ms one. A loaded machine can still make the online finding,
     # and so the capture, come late or not at all: one more run then, and the run goes on 130
@@ -890,7 +912,8 @@ def test_a_monitored_pipeline_wraps_its_sends_only_for_its_capture(tmp_path):
         out = tmp_path / f"mon{attempt}"
         r = subprocess.run(
             [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
-             "--monitor", "--monitor-every", "10", "--monitor-capture", "2", "--out", str(out),
+             "--monitor", "--monitor-every", "10", "--monitor-capture", "2",
+             "--monitor-captures", "1", "--out", str(out),
              str(ROOT / "examples" / "train_pp.py"), "--", "--steps", "330", "--microbatches",
              "4", "--slow-rank", "1", "--slow-ms", "100", "--slow-from", "100", "--slow-until",
              "200"],

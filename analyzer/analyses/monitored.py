@@ -33,7 +33,8 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   the hysteresis bound between events). Each is a finding, *persistent*
   when it covers at least :data:`PERSISTENT_SHARE` of the rank's steps, else *transient*, with
   its first and last step, the median extra delay and the step time during it against the
-  run's baseline (the step time's median and noise taken without the late periods).
+  run's baseline (the step time's median and noise taken without the late periods); a costly
+  period's edges are those of its cost (:func:`_cost_edges`), not of a rank late by nature.
 * **Slow steps**: steps whose median wall time over the ranks exceeds the baseline by more than
   ``max(SLOW_SIGMA × σ_step, SLOW_STEP_SHARE × baseline)``, in periods as above (the excess's
   5-step running median above :data:`HYSTERESIS` × that threshold; at least
@@ -522,6 +523,20 @@ def _edges(x: np.ndarray, a: int, b: int, lo: int, hi: int) -> tuple[int, int]:
     return first, _edge(x, max(first, b - WINDOW_STEPS), min(hi, b + WINDOW_STEPS), level, False)
 
 
+def _cost_edges(y: np.ndarray, a: int, b: int, lo: int, hi: int) -> tuple[int, int]:
+    """The edges of a costly late period ``a..b`` on ``y`` (lateness + twice the step's
+    excess): as :func:`_edges`, but each sought from :data:`WINDOW_STEPS` outside the old edge
+    to the period's middle, against half the median of its middle half. The lateness edges lie
+    far out where the rank was late by nature without costing the run anything (the noise's
+    regimes, as large as the delay): there ``y`` is about a third of the period's, and the
+    middle half is the period itself."""
+    mid = a + (b - a) // 2
+    q = max(1, (b - a) // 4)
+    level = 0.5 * float(np.nanmedian(y[a + q:b - q + 1] if b - a >= 4 else y[a:b + 1]))
+    first = _edge(y, max(lo, a - WINDOW_STEPS), mid, level, True)
+    return first, _edge(y, max(first, mid), min(hi, b + WINDOW_STEPS), level, False)
+
+
 def _late_periods(x: np.ndarray, m: np.ndarray, thr: float) -> list[tuple[int, int]]:
     """Positions ``(first, last)`` of one rank's late periods (see the module): hysteresis on
     the smoothed lateness ``m``, periods closer than :data:`WINDOW_STEPS` joined (a dip of the
@@ -651,15 +666,18 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
             lo = cand[i - 1][2] + 1 if i and cand[i - 1][0] == r else 0
             hi = (cand[i + 1][1] - 1 if i + 1 < len(cand) and cand[i + 1][0] == r
                   else len(cols) - 1)
-            # edges again on lateness + the step's excess, both shifted by the delay: a rank
-            # late by nature for a while around the period (the noise's regimes) moves the
-            # lateness's edges, not the step time's
+            # edges again on lateness + twice the step's excess, both shifted by the delay: a
+            # rank late by nature for a while around the period (the noise's regimes, up to as
+            # late as the straggler) moves the lateness's edges, not the step time's; there
+            # this sum is a third of the period's, under the edge search's level (half of it);
+            # the delay is then taken over these steps
             # (a running median of the excess over 5 steps: a lone outlier step, the first
             # step's start-up above all, keeps an edge sharp instead of pulling it to itself)
-            y = late.loc[r].to_numpy(dtype=float) + pd.Series(dur - base).rolling(
+            y = late.loc[r].to_numpy(dtype=float) + 2.0 * pd.Series(dur - base).rolling(
                 5, center=True, min_periods=1).median().to_numpy()
-            a, b = _edges(y, a, b, lo, hi)
+            a, b = _cost_edges(y, a, b, lo, hi)
             during = float(np.nanmedian(dur[a:b + 1]))
+            extra = float(np.nanmedian(late.loc[r].to_numpy(dtype=float)[a:b + 1]))
             prev = out[-1] if out else None
             if (prev is not None and prev["rank"] == r and not prev["persistent"]
                     and a <= int(np.searchsorted(cols, prev["last_step"])) + WINDOW_STEPS
