@@ -55,6 +55,9 @@ class ProfileConfig:
         overwrite: allow writing into a non-empty ``out``.
         timeout_s: stop a job still running after this many seconds (None: no limit); ranks
             first write what they were doing (``rank{R}.hang.json``).
+        stall_s: stop a job once no rank has made an optimizer step for this many seconds,
+            counted from the first step (None: no limit); as ``timeout_s`` (``--stall-timeout``:
+            a hang at step 4,000 of a long run, without a limit on the whole run).
         exit_grace_s: once a rank has finished, how long the others may take to finish too
             before they are taken as hung at exit and stopped.
         pin_cpu: give each rank of a node its own cores (cores / local ranks) and as many
@@ -91,6 +94,7 @@ class ProfileConfig:
     active: int = 3
     overwrite: bool = False
     timeout_s: float | None = None
+    stall_s: float | None = None
     exit_grace_s: float = 60.0
     pin_cpu: bool = False
     nnodes: int = 1
@@ -132,6 +136,8 @@ class ProfileConfig:
             raise PardiagError(f"--nproc-per-node must be >= 1, got {self.nproc_per_node}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise PardiagError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+        if self.stall_s is not None and self.stall_s <= 0:
+            raise PardiagError(f"--stall-timeout must be > 0 seconds, got {self.stall_s}")
         # the environment's settings, checked before the job starts
         env_seconds("PARDIAG_MONITOR_POLL_S", MONITOR_POLL_S)
         env_seconds("PARDIAG_TEARDOWN_PART_S", 300.0)
@@ -192,6 +198,8 @@ class ProfileResult:
         after_window: the fewest optimizer steps a finished rank made after its profiling
             window and the step that exports its trace (the undisturbed steps the step time
             and its noise are measured on), or None when no rank finished with a trace.
+        stopped_by: "timeout" (``--timeout``) or "stall" (``--stall-timeout``) when pardiag
+            stopped the job, else None.
     """
 
     exit_code: int
@@ -203,6 +211,7 @@ class ProfileResult:
     hang: list[str] = dataclasses.field(default_factory=list)
     contention: str | None = None
     after_window: int | None = None
+    stopped_by: str | None = None
 
 
 def _prepare_out(out: Path, overwrite: bool, cfg: ProfileConfig | None = None) -> None:
@@ -527,6 +536,22 @@ class _NodeRanks:
         self.out, self.launch_id = out, launch_id
         self.all: dict[int, layout.RankMeta] = {}
         self._read: dict[str, int] = {}   # file name: modification time (ns) when read
+        #: what stopped the job before it ended: "timeout" (--timeout), "stall"
+        #: (--stall-timeout), or None
+        self.stopped_by: str | None = None
+        self._since = time.time()
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the last optimizer step of any rank whose progress file is in the run
+        folder (:func:`pardiag.layout.progress_path`; an earlier run's, older than this
+        launch, left out); 0 before any rank has made a step (the stall is counted from the
+        first step: the start-up is --timeout's)."""
+        try:
+            times = [t for p in layout.sidecar_dir(self.out).glob("rank*.progress")
+                     if (t := p.stat().st_mtime) >= self._since - 1.0]
+        except OSError:
+            return 0.0
+        return now - max(times) if times else 0.0
 
     def scan(self) -> None:
         """Decode the metadata files not read yet (each is written once, atomically)."""
@@ -685,7 +710,8 @@ def _wait_or_timeout(proc, cfg, ranks) -> tuple[int, list | None] | None:
     """Wait for torchrun to end; stop its ranks when they are stuck at exit (every rank has
     written its files, or one finished and this node's others did not within
     ``cfg.exit_grace_s``). Returns ``(exit code, hang lines or None)``, or None when
-    ``cfg.timeout_s`` expired first. On Ctrl-C stops the job and raises again."""
+    ``cfg.timeout_s`` or ``cfg.stall_s`` expired first (``ranks.stopped_by`` says which). On
+    Ctrl-C stops the job and raises again."""
     started = time.time()
     first_done: float | None = None
     all_done = 0.0
@@ -701,6 +727,10 @@ def _wait_or_timeout(proc, cfg, ranks) -> tuple[int, list | None] | None:
             if follow is not None:
                 follow.poll(now)
             if cfg.timeout_s is not None and now - started > cfg.timeout_s:
+                ranks.stopped_by = "timeout"
+                return None
+            if cfg.stall_s is not None and ranks.stalled_for(now) > cfg.stall_s:
+                ranks.stopped_by = "stall"
                 return None
             # A rank that finished while another never exits: a hang at teardown (seen with
             # gloo when objects holding a process group are freed). Stop it after a grace.
@@ -801,9 +831,9 @@ def _hang_lines(out: Path, got: dict[int, dict], world: int, ranks, n: int, desc
 
 
 def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | None]:
-    """Watch torchrun until it ends (:func:`_wait_or_timeout`); when ``cfg.timeout_s``
-    expires, collect the ranks' hang dumps, stop the job and describe the hang. Returns
-    ``(exit code, hang lines or None)``."""
+    """Watch torchrun until it ends (:func:`_wait_or_timeout`); when ``cfg.timeout_s`` or
+    ``cfg.stall_s`` expires, collect the ranks' hang dumps, stop the job and describe the hang.
+    Returns ``(exit code, hang lines or None)``."""
     ended = _wait_or_timeout(proc, cfg, ranks)
     if ended is not None:
         return ended
@@ -829,7 +859,8 @@ def _command_and_env(cfg: ProfileConfig, out: Path, script: str,
                 "wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.active,
                 "pin_cpu": cfg.pin_cpu, "overwrite": cfg.overwrite,
                 "monitor_every": cfg.monitor_every, "monitor_capture": cfg.monitor_capture,
-                "monitor_calls": cfg.monitor_calls, "hang_dumps": cfg.timeout_s is not None}
+                "monitor_calls": cfg.monitor_calls, "stall_s": cfg.stall_s,
+                "hang_dumps": cfg.timeout_s is not None or cfg.stall_s is not None}
     cmd = [sys.executable, "-m", "pardiag.collectors.torchrun_quiet", *cfg.torchrun_args(),
            "--nproc-per-node", str(cfg.nproc_per_node), "-m", "pardiag.collectors.rank_entry"]
     # torchrun sets OMP_NUM_THREADS=1 when unset, with a banner; set the same value quietly.
@@ -981,7 +1012,8 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
         schedule=layout.ProfilerSchedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active),
         started_unix=started, ended_unix=ended, torchrun_exit_code=returncode,
         exit_code=exit_code,
-        timed_out_after_s=cfg.timeout_s if hang is not None else None, hang=hang or [],
+        timed_out_after_s=cfg.timeout_s if ranks.stopped_by == "timeout" else None,
+        stalled_after_s=cfg.stall_s if ranks.stopped_by == "stall" else None, hang=hang or [],
         nodes=nodes, layout=run_layout,
         backend=backends.pop() if len(backends) == 1 else sorted(backends) or None,
         torch_version=(torch_versions.pop() if len(torch_versions) == 1
@@ -1141,4 +1173,5 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     return ProfileResult(exit_code=exit_code, out=out, failed_ranks=got.failed,
                          missing_ranks=missing, no_trace=got.no_trace, short_ranks=got.short,
                          hang=hang or [], contention=layout.contention_note(metas.values()),
-                         after_window=max(min(after), 0) if after else None)
+                         after_window=max(min(after), 0) if after else None,
+                         stopped_by=ranks.stopped_by)

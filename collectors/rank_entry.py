@@ -45,6 +45,9 @@ from pardiag.version import __version__
 CONFIG_ENV = "PARDIAG_PROFILE_CONFIG"
 #: Pipeline chunk records kept per rank (the most recent ones).
 MAX_PIPELINE_RECORDS = 50_000
+#: A rank touches its progress file at most this often (s) as it makes optimizer steps
+#: (``--stall-timeout``): one stat and no write in most steps.
+PROGRESS_EVERY_S = 1.0
 
 
 class _OptimizerStepper:
@@ -322,12 +325,15 @@ def _stack_dump_on_signal(out: Path, rank: int):
         return None
 
 
-def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thread:
+def _watchdog(out: Path, rank: int, p2p, stop: threading.Event,
+              busy: _RankRun | None = None) -> threading.Thread:
     """A daemon thread that writes ``rank{R}.hang.json`` when the launcher asks (--timeout).
 
     It runs while the main thread is blocked in a collective (gloo and NCCL waits release the
     GIL) and records the flight recorder's entries, recent point-to-point calls and the main
-    thread's Python stack.
+    thread's Python stack. With ``--stall-timeout`` (``busy``, the rank's run, given) it also
+    touches the rank's progress file while pardiag's own work holds the main thread
+    (``busy.own_work``).
     """
     from .comms import flight_recorder_entries, process_groups
 
@@ -336,6 +342,8 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event) -> threading.Thr
 
     def run() -> None:
         while not stop.wait(0.2):
+            if busy is not None and busy.own_work.is_set():
+                _touch_progress(busy)
             if not request.exists():
                 continue
             frame = sys._current_frames().get(main_id)
@@ -650,6 +658,11 @@ class _RankRun:
     kept_groups: list = dataclasses.field(default_factory=list)
     stop_watchdog: threading.Event | None = None
     started: float = 0.0
+    #: when the progress file was last touched (``--stall-timeout``; time.monotonic())
+    progress_at: float = float("-inf")
+    #: set while pardiag's own work holds the main thread between two steps (a trace's
+    #: export): the watchdog then touches the progress file, so that it is no stall
+    own_work: threading.Event = dataclasses.field(default_factory=threading.Event)
     error: BaseException | None = None
     #: the script's module globals, held until the process ends (:func:`_run_script`)
     script_globals: dict | None = None
@@ -935,6 +948,8 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
     from .memory import static_memory
 
     wait, warmup, window_end = run.wait, run.warmup, run.window_end
+    if run.cfg.get("stall_s"):
+        _touch_progress(run)
     if run.monitor is not None:
         run.monitor.on_step(*run.stepper.last)
         if run.monitor.capture is not None:
@@ -955,11 +970,34 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
     if count == window_end:   # the trace's export and the live-object scans run now
         run.modules.uninstall()
         t0 = time.perf_counter()
-        run.prof.step()
+        run.own_work.set()
+        try:
+            run.prof.step()
+        finally:
+            run.own_work.clear()
         run.instrumentation["post_window_s"] = time.perf_counter() - t0
         run.instrumentation["post_window_after_step"] = count - 1
     else:
         run.prof.step()
+
+
+def _touch_progress(run: _RankRun) -> None:
+    """Touch this rank's progress file (:func:`pardiag.layout.progress_path`) at most every
+    :data:`PROGRESS_EVERY_S`: the launcher's ``--stall-timeout`` reads its modification time.
+    A write that fails is left (the launcher then sees no progress, as for a stuck rank)."""
+    now = time.monotonic()
+    if now - run.progress_at < PROGRESS_EVERY_S:
+        return
+    run.progress_at = now   # (the watchdog thread sets it too: a race costs one extra touch)
+    try:
+        os.utime(layout.progress_path(run.out, run.rank))
+    except FileNotFoundError:
+        try:
+            layout.progress_path(run.out, run.rank).touch()
+        except OSError:
+            pass
+    except OSError:
+        pass
 
 
 def _deep_capture(run: _RankRun, count: int) -> None:
@@ -994,7 +1032,11 @@ def _deep_capture(run: _RankRun, count: int) -> None:
     elif run.capture_prof is not None:
         if count >= start + steps:
             run.pipe.recording = run.p2p.recording = False
-        run.capture_prof.step()   # the window's last step writes the capture
+        run.own_work.set()
+        try:
+            run.capture_prof.step()   # the window's last step writes the capture
+        finally:
+            run.own_work.clear()
         if count >= start + steps:
             prof, run.capture_prof = run.capture_prof, None
             run.modules.uninstall()
@@ -1100,7 +1142,8 @@ def _install_hooks(run: _RankRun) -> None:
                         register_optimizer_step_post_hook(stepper.post)]
     run.refused = _refuse_other_profilers(run.prof) + _keep_destroyed_groups(run.kept_groups)
     run.stop_watchdog = threading.Event()
-    _watchdog(run.out, run.rank, run.p2p, run.stop_watchdog)
+    _watchdog(run.out, run.rank, run.p2p, run.stop_watchdog,
+              run if run.cfg.get("stall_s") else None)
 
 
 def _run_script(run: _RankRun) -> None:

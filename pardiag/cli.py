@@ -315,6 +315,9 @@ def _schedule_options(f):
 @_schedule_options
 @click.option("--timeout", "timeout_s", type=float, default=None, metavar="SECONDS",
               help="Stop a job still running after SECONDS and name the rank(s) it waits for.")
+@click.option("--stall-timeout", "stall_s", type=float, default=None, metavar="SECONDS",
+              help="Stop a job once no rank has made an optimizer step for SECONDS (counted "
+                   "from the first step; for long runs) and name the rank(s) it waits for.")
 @click.option("--nnodes", default=1, show_default=True, type=click.IntRange(min=1),
               help="Nodes of the job; run the same command on each (torchrun's --nnodes).")
 @click.option("--node-rank", type=click.IntRange(min=0), default=None,
@@ -350,9 +353,9 @@ def _schedule_options(f):
                    "(its arrival among them; for large jobs).")
 def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out: Path | None,
             wait: int, warmup: int, active: int, overwrite: bool, timeout_s: float | None,
-            pin_cpu: bool, nnodes: int, node_rank: int | None, rdzv_backend: str | None,
-            rdzv_endpoint: str | None, rdzv_id: str | None, master_addr: str | None,
-            master_port: int | None, repeat: int, monitor: bool,
+            stall_s: float | None, pin_cpu: bool, nnodes: int, node_rank: int | None,
+            rdzv_backend: str | None, rdzv_endpoint: str | None, rdzv_id: str | None,
+            master_addr: str | None, master_port: int | None, repeat: int, monitor: bool,
             monitor_every: int | None, monitor_capture: int | None,
             monitor_captures: int | None,
             monitor_calls: bool) -> None:
@@ -409,7 +412,7 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
         cfg = ProfileConfig(script=script, args=tuple(script_args), out=run_out,
                             nproc_per_node=nproc_per_node, wait=wait, warmup=warmup,
                             active=active, overwrite=overwrite, timeout_s=timeout_s,
-                            pin_cpu=pin_cpu, nnodes=nnodes, node_rank=node_rank,
+                            stall_s=stall_s, pin_cpu=pin_cpu, nnodes=nnodes, node_rank=node_rank,
                             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
                             rdzv_id=rdzv_id, master_addr=master_addr, master_port=master_port,
                             monitor_every=_monitor_every(monitor, monitor_every),
@@ -417,7 +420,7 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
                             monitor_captures=monitor_captures or MONITOR_CAPTURES,
                             monitor_calls=monitor_calls)
         result = run_profile(cfg)
-        _say_outcome(result, wait, warmup, active, timeout_s)
+        _say_outcome(result, wait, warmup, active, timeout_s, stall_s)
         code = result.exit_code
         if code != 0:
             if i < repeat:
@@ -432,7 +435,8 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
     sys.exit(code)
 
 
-def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float | None) -> None:
+def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float | None,
+                 stall_s: float | None = None) -> None:
     """What one profiled run left behind, on standard error: failed ranks, short or missing
     traces, hangs, contention and the run folder."""
     for i, (r, msg) in enumerate(result.failed_ranks.items()):
@@ -455,7 +459,9 @@ def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float |
                    f"step(s) and the profiler starts recording after --wait + --warmup = "
                    f"{wait + warmup} (try --wait 0 --warmup 0, or more steps)", err=True)
     for line in result.hang:
-        prefix = f"hang after {timeout_s:g} s" if timeout_s else "hang at exit"
+        prefix = {"timeout": f"hang after {timeout_s or 0:g} s",
+                  "stall": f"hang, no optimizer step for {stall_s or 0:g} s"}.get(
+            result.stopped_by or "", "hang at exit")
         click.echo(f"pardiag: {prefix}: {line}", err=True)
     for r in result.missing_ranks:
         kept = [what for what, path in (

@@ -20,6 +20,9 @@ A run folder written by ``pardiag profile`` holds::
         rank{R}.hang.json         HANG_TEMPLATE: what a rank was doing when --timeout expired
         rank{R}.stacks.txt        STACKS_TEMPLATE: every thread's Python stack, written when
                                   a rank that wrote no hang dump was signalled (--timeout)
+        rank{R}.progress          PROGRESS_TEMPLATE: empty; its modification time is the
+                                  rank's last optimizer step, within a second
+                                  (--stall-timeout)
         dump-request              DUMP_REQUEST: created by the launcher when --timeout expires
     .pardiag-cache/               SUMMARY_DIR: per-rank summaries of the traces
 
@@ -59,6 +62,9 @@ WINDOW_META_TEMPLATE = "rank{rank}.meta.window.json"
 COMMS_TEMPLATE = "rank{rank}.comms.json"
 PIPELINE_TEMPLATE = "rank{rank}.pipeline.json"
 HANG_TEMPLATE = "rank{rank}.hang.json"
+#: An empty file a rank touches at most once a second as it makes optimizer steps, with
+#: ``--stall-timeout``: the launcher reads its modification time.
+PROGRESS_TEMPLATE = "rank{rank}.progress"
 STACKS_TEMPLATE = "rank{rank}.stacks.txt"
 MONITOR_TEMPLATE = "rank{rank}.monitor.jsonl"
 CAPTURE_REQUEST = "capture.request.json"
@@ -147,6 +153,11 @@ def capture_dir(run_dir: Path, start_step: int) -> Path:
     return Path(run_dir) / CAPTURE_TEMPLATE.format(step=start_step)
 
 
+def progress_path(run_dir: Path, rank: int) -> Path:
+    """Path of rank ``rank``'s progress file (:data:`PROGRESS_TEMPLATE`) inside ``run_dir``."""
+    return sidecar_dir(run_dir) / PROGRESS_TEMPLATE.format(rank=rank)
+
+
 def hang_path(run_dir: Path, rank: int) -> Path:
     """Path of rank ``rank``'s hang dump inside ``run_dir``."""
     return sidecar_dir(run_dir) / HANG_TEMPLATE.format(rank=rank)
@@ -183,6 +194,7 @@ def rank_files(run_dir: Path, rank: int) -> list[Path]:
             window_meta_path(run_dir, rank), comms_path(run_dir, rank),
             pipeline_path(run_dir, rank), hang_path(run_dir, rank), stacks_path(run_dir, rank),
             partial_trace_path(run_dir, rank), monitor_path(run_dir, rank),
+            progress_path(run_dir, rank),
             *sorted(Path(run_dir).glob(f"capture-*/rank{rank}.trace.json.gz"))]
 
 
@@ -351,6 +363,8 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
         exit_code: the exit code passed on: the first non-zero rank's, 124 after ``--timeout``,
             else torchrun's.
         timed_out_after_s: the ``--timeout`` that expired (None: it did not).
+        stalled_after_s: the ``--stall-timeout`` that expired: no rank had made an optimizer
+            step for that long (None: it did not).
         hang: one line per collective the job was stuck in when it was stopped.
         nodes: ``{host name: [ranks on it]}`` from the rank metadata (of this node's ranks in a
             node's part).
@@ -394,6 +408,7 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
     torchrun_exit_code: int | None = None
     exit_code: int | None = None
     timed_out_after_s: float | None = None
+    stalled_after_s: float | None = None
     hang: list[str] = msgspec.field(default_factory=list)
     nodes: dict[str, list[int]] = msgspec.field(default_factory=dict)
     layout: dict[str, Any] | None = None
@@ -447,6 +462,8 @@ def join_run_files(parts: list[RunFile]) -> RunFile | None:
         exit_code=codes[0] if codes else base.exit_code,
         timed_out_after_s=next((p.timed_out_after_s for p in by_node
                                 if p.timed_out_after_s is not None), None),
+        stalled_after_s=next((p.stalled_after_s for p in by_node
+                              if p.stalled_after_s is not None), None),
         missing_nodes=sorted(set(range(n)) - have) if have else [])
 
 

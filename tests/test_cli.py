@@ -454,3 +454,15 @@ def test_bare_pardiag_prints_its_help(capsys):
     out = capsys.readouterr()
     assert out.out.startswith("Usage: pardiag [OPTIONS] COMMAND [ARGS]...")
     assert "report" in out.out and "profile" in out.out and out.err == ""
+
+
+def test_a_limit_that_is_no_positive_time_is_one_line(tmp_path):
+    """--timeout and --stall-timeout of 0 or less: one line naming the option, exit code 2,
+    nothing started."""
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    for opt in ("--timeout", "--stall-timeout"):
+        res = run("profile", script, "--out", tmp_path / "o", opt, "0")
+        assert res.exit_code == 2 and res.output.strip() == (
+            f"pardiag: error: {opt} must be > 0 seconds, got 0.0"), res.output
+        assert not (tmp_path / "o").exists()

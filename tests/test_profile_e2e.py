@@ -472,12 +472,13 @@ def test_a_rank_stuck_holding_the_interpreter_still_says_where(tmp_path):
                       "for step in range(3):\n    m(torch.randn(2, 4)).sum().backward()\n"
                       "    opt.step()\n"
                       "ctypes.PyDLL(None).sleep(600)  # holds the GIL\n")
-    # --timeout counts from the job's start: the rank must be in its sleep by then (with 15 s,
-    # three test workers on 2 cores once kept it importing torch past the timeout, and its
-    # watchdog wrote a dump)
-    res = pardiag("profile", script, "--out", tmp_path / "o", "--timeout", 30)
+    # --stall-timeout counts from the first optimizer step: the rank is in its sleep then (a
+    # --timeout counts from the job's start: with 15 s, three test workers on 2 cores once
+    # kept it importing torch past the timeout, and its watchdog wrote a dump)
+    res = pardiag("profile", script, "--out", tmp_path / "o", "--stall-timeout", 5)
     assert res.returncode == 124, res.stderr[-2000:]
-    line = next(ln for ln in res.stderr.splitlines() if ln.startswith("pardiag: hang after"))
+    line = next(ln for ln in res.stderr.splitlines()
+                if ln.startswith("pardiag: hang, no optimizer step for 5 s: "))
     assert "rank 0 wrote no hang dump" in line and "its main thread was at File " in line, line
     stacks = (tmp_path / "o" / "pardiag" / "rank0.stacks.txt").read_text()
     assert "most recent call first" in stacks

@@ -207,20 +207,23 @@ def test_a_pipeline_hang_names_the_send_never_received(tmp_path):
 def test_planted_hang_is_diagnosed(tmp_path):
     """Rank 1 blocks at step 6, after the profiling window closed (after step 5): the hang is
     named, and the report reads the ranks' metadata as it stood when the window closed (the
-    final one is never written): the layout and DDP's settings are known."""
-    # --timeout 30: under load (two xdist workers on 2 cores) a rank was still in
-    # init_process_group 12 s after the launch, before it reached the planted hang
+    final one is never written): the layout and DDP's settings are known. The job is stopped
+    by --stall-timeout 8 (8 s without an optimizer step, counted from the first step: under
+    load a rank was still in init_process_group 12 s after the launch, which a --timeout
+    counted from the launch must leave room for), not by the --timeout of 300; the window's
+    export (pardiag's own work between two steps) is no stall."""
     res = subprocess.run(
         [sys.executable, "-m", "pardiag", "profile", str(REPO / "examples" / "train_ddp.py"),
-         "--nproc-per-node", "2", "--out", str(tmp_path / "h"), "--timeout", "30", "--",
-         "--steps", "10", "--hang-rank", "1", "--hang-step", "6"], capture_output=True,
-        text=True, timeout=120, cwd=REPO)
+         "--nproc-per-node", "2", "--out", str(tmp_path / "h"), "--timeout", "300",
+         "--stall-timeout", "8", "--", "--steps", "10", "--hang-rank", "1", "--hang-step", "6"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
     assert res.returncode == 124
     for r in (0, 1):
         assert (f"pardiag: rank {r} did not finish (no final metadata; kept: its trace, the "
                 "metadata written when its profiling window closed and its hang dump)"
                 ) in res.stderr, res.stderr
-    line = next(ln for ln in res.stderr.splitlines() if ln.startswith("pardiag: hang after"))
+    line = next(ln for ln in res.stderr.splitlines()
+                if ln.startswith("pardiag: hang, no optimizer step for 8 s: "))
     # the innermost frame (the examples' shared helper) and the frame of the script itself
     script = re.escape(str(REPO / "examples" / "train_ddp.py"))
     assert re.search(r"rank\(s\) \[0\] wait in gloo:all_reduce #\d+ on process group 0 "
@@ -228,7 +231,11 @@ def test_planted_hang_is_diagnosed(tmp_path):
                      r"\".*_common\.py\", line \d+, in plant, called from File "
                      f"\"{script}\"" r", line \d+, in main\)", line), line
     run = _json(tmp_path / "h" / "pardiag" / "run.json")
-    assert run["exit_code"] == 124 and run["hang"] and run["timed_out_after_s"] == 30
+    assert run["exit_code"] == 124 and run["hang"]
+    assert (run["timed_out_after_s"], run["stalled_after_s"]) == (None, 8)
+    # each rank's last step, within the second it is touched at most once in
+    assert sorted(p.name for p in (tmp_path / "h" / "pardiag").glob("*.progress")) == [
+        "rank0.progress", "rank1.progress"]
     assert (tmp_path / "h" / "pardiag" / "rank0.hang.json").is_file()
     assert not (tmp_path / "h" / "pardiag" / "dump-request").exists()
     side = tmp_path / "h" / "pardiag"
