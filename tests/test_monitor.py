@@ -757,6 +757,25 @@ def test_a_rank_late_by_nature_next_to_its_costly_period_does_not_move_its_edges
     assert f["step_ms"] == pytest.approx(120.0, abs=1.0)
 
 
+def test_a_straggler_period_right_after_a_small_lateness_is_a_new_finding():
+    """The follower's record of rank 1 late by 12 ms since step 180, grown (a reading that
+    joined it to what came next) to step 259 at 30 ms: a reading of a 120 ms period from step
+    250 overlaps it, but began 70 steps later at another level: a new finding (it asks for its
+    own capture). The record's own later reading, from step 185 at 60 ms, is the same period;
+    so is a reading at the same level that began later."""
+    from pardiag.analyzer.analyses.monitor_follow import _same_period
+
+    def strag(first, last, ms):
+        return {"kind": "straggler", "rank": 1, "first_step": first, "last_step": last,
+                "extra_delay_ms": ms, "persistent": False}
+
+    said = strag(180, 259, 30.0)
+    assert not _same_period(said, strag(250, 279, 120.0))
+    assert _same_period(said, strag(185, 289, 60.0))
+    assert _same_period(said, strag(230, 279, 35.0))
+    assert not _same_period(said, strag(250, 279, 120.0) | {"rank": 0})
+
+
 def test_a_capture_request_is_taken_only_before_its_first_step(tmp_path):
     """Each rank looks for the request at every step: one that comes while the capture's first
     step is ahead is taken; one that comes after it is left (the ranks would capture
@@ -828,8 +847,9 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
     out = tmp_path / "mon"
     r = subprocess.run(
         [sys.executable, "-m", "pardiag", "profile", "--nproc-per-node", "2", "--pin-cpu",
-         "--monitor", "--monitor-every", "10", "--monitor-capture", "3", "--out", str(out),
-         str(ROOT / "examples" / "train_ddp.py"), "--", "--steps", "400", "--slow-rank", "1",
+         "--monitor", "--monitor-every", "10", "--monitor-capture", "3", "--monitor-captures",
+         "4", "--out", str(out), str(ROOT / "examples" / "train_ddp.py"), "--", "--steps", "400",
+         "--slow-rank", "1",
          "--slow-ms", "120", "--slow-from", "100", "--slow-until", "180", "--slow-every",
          "150"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
@@ -844,11 +864,11 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
         for ln in said), r.stderr[-3000:]
     caps = sorted(out.glob("capture-*"), key=lambda c: int(c.name.split("-")[1]))
     starts = [int(c.name.split("-")[1]) for c in caps]
-    # one per finding said once the last capture had ended, at most 3 (--monitor-captures):
-    # the two planted periods each asked for one (on a loaded machine a slow start-up may
-    # have asked for another first)
+    # one per finding said once the last capture had ended, at most 4 (--monitor-captures):
+    # the two planted periods each asked for one (on a loaded machine a slow start-up, or a
+    # small lateness the noise made between the periods, may have asked for another)
     lines = "\n".join(ln for ln in r.stderr.splitlines() if ln.startswith("pardiag: monitor"))
-    assert 2 <= len(caps) <= 3 and any(s > 250 for s in starts), f"{starts}\n{lines}"
+    assert 2 <= len(caps) <= 4 and any(s > 250 for s in starts), f"{starts}\n{lines}"
     assert all(b - a > 3 for a, b in zip(starts, starts[1:]))   # one capture after the other
     # the first capture follows the first finding said
     first = int(said[0].split(" since step ")[1].split()[0]) if " since step " in said[0] else 0

@@ -5,7 +5,8 @@ a finding may ask every rank for a deep capture (:func:`request_capture`).
 Only the last :data:`HORIZON` steps are kept and judged (memory bounded over any run); the steps
 every rank has written are judged (a rank's lines come every ``--monitor-every`` steps, not all
 at once). A finding is new unless one of its kind and rank was said before that overlaps it
-(its edges move while it goes on) or lies within a window of it at the same level; a period
+(its edges move while it goes on; not one that began a window later at another level) or lies
+within a window of it at the same level; a period
 still running is said as "since step N". Slow steps whose ranks' arrivals are known wait until
 they number :data:`SLOW_SAID_AFTER` (or end): a straggler is named only by then, and slow
 steps that are its cost are said as its finding, not as every rank's.
@@ -179,16 +180,19 @@ def _level(f: dict) -> float:
 
 def _same_period(said: dict, f: dict) -> bool:
     """Whether ``f`` is the period ``said`` before, grown or moved since: of its kind and rank,
-    overlapping it, or within :data:`~.monitored.WINDOW_STEPS` of it at the same level
-    (:func:`~.monitored.same_level`, as the report joins two parts of one period); a start-up's
-    lateness and a slow period soon after are two."""
+    overlapping it at the same level (:func:`~.monitored.same_level`) or from within
+    :data:`~.monitored.WINDOW_STEPS` of its first step, or within a window of it at the same
+    level (as the report joins two parts of one period); a start-up's lateness and a slow
+    period soon after are two, as are a small lateness and a straggler's period right after."""
     if said["kind"] != f["kind"] or said.get("rank") != f.get("rank"):
         return False
+    level = same_level(_level(said), _level(f))
     if said["first_step"] <= f["last_step"] and f["first_step"] <= said["last_step"]:
-        return True
+        # overlapping: the same period, unless it began a window later at another level (a
+        # straggler's period right after a small lateness the noise made)
+        return level or abs(f["first_step"] - said["first_step"]) <= WINDOW_STEPS
     return (said["first_step"] <= f["last_step"] + WINDOW_STEPS
-            and f["first_step"] <= said["last_step"] + WINDOW_STEPS
-            and same_level(_level(said), _level(f)))
+            and f["first_step"] <= said["last_step"] + WINDOW_STEPS and level)
 
 
 def online_line(f: dict, ongoing: bool) -> str:
