@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import re
 import shlex
@@ -38,6 +39,9 @@ from .rank_entry import CONFIG_ENV
 #: capture's traces take disk (megabytes per rank on CPU, far more on GPUs) and its steps run
 #: slower, so a run whose straggler comes and goes many times records its first few.
 MONITOR_CAPTURES = 3
+#: The shortest ``--stall-timeout`` (s): a rank touches its progress file at most once a second
+#: (:data:`pardiag.collectors.rank_entry.PROGRESS_EVERY_S`), so a shorter one stops healthy jobs.
+STALL_MIN_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,10 +138,11 @@ class ProfileConfig:
             raise PardiagError(f"{self.script}: no such script")
         if self.nproc_per_node < 1:
             raise PardiagError(f"--nproc-per-node must be >= 1, got {self.nproc_per_node}")
-        if self.timeout_s is not None and self.timeout_s <= 0:
+        if self.timeout_s is not None and not (0 < self.timeout_s < math.inf):
             raise PardiagError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
-        if self.stall_s is not None and self.stall_s <= 0:
-            raise PardiagError(f"--stall-timeout must be > 0 seconds, got {self.stall_s}")
+        if self.stall_s is not None and not (STALL_MIN_S <= self.stall_s < math.inf):
+            raise PardiagError(f"--stall-timeout must be at least {STALL_MIN_S:g} seconds (each "
+                               f"rank says it made progress once a second), got {self.stall_s}")
         # the environment's settings, checked before the job starts
         env_seconds("PARDIAG_MONITOR_POLL_S", MONITOR_POLL_S)
         env_seconds("PARDIAG_TEARDOWN_PART_S", 300.0)
@@ -545,7 +550,8 @@ class _NodeRanks:
         """Seconds since the last optimizer step of any rank whose progress file is in the run
         folder (:func:`pardiag.layout.progress_path`; an earlier run's, older than this
         launch, left out); 0 before any rank has made a step (the stall is counted from the
-        first step: the start-up is --timeout's)."""
+        first step: the start-up is --timeout's) and once every rank's script has ended (each
+        removes its file then: what follows is pardiag's work, or the exit's grace)."""
         try:
             times = [t for p in layout.sidecar_dir(self.out).glob("rank*.progress")
                      if (t := p.stat().st_mtime) >= self._since - 1.0]
@@ -823,10 +829,18 @@ def _hang_lines(out: Path, got: dict[int, dict], world: int, ranks, n: int, desc
                          f"{layout.stacks_path(out, r)})")
     ranks.scan()
     if not lines and len(ranks.mine) == n:
-        lines = ["every rank of this node had written its files and was ending when the "
-                 "--timeout expired; they were stopped (their files are complete)"]
+        lines = ["every rank of this node had written its files and was ending when the job "
+                 "was stopped; they were stopped (their files are complete)"]
     if not lines:
-        lines = [f"no collective is waiting on a missing rank; ranks with a dump: {sorted(got)}"]
+        from ..analyzer.analyses.hang import frame_in_script
+
+        where = []
+        for r in sorted(got):
+            frames = [f.strip().splitlines()[0] for f in stacks[r] if f.strip()]
+            if frames:
+                where.append(f"rank {r} at {frame_in_script(frames[::-1], script)}")
+        lines = ["no collective is waiting on a missing rank; "
+                 + ("; ".join(where) if where else f"ranks with a dump: {sorted(got)}")]
     return lines
 
 
@@ -996,6 +1010,8 @@ def _write_run_file(out: Path, cfg: ProfileConfig, ranks: _NodeRanks, node_rank:
         command=shlex.join(["pardiag", "profile", str(cfg.script),
                             "--nproc-per-node", str(cfg.nproc_per_node), *node_opts,
                             *(["--pin-cpu"] if cfg.pin_cpu else []),
+                            *(["--timeout", f"{cfg.timeout_s:g}"] if cfg.timeout_s else []),
+                            *(["--stall-timeout", f"{cfg.stall_s:g}"] if cfg.stall_s else []),
                             *(["--monitor", "--monitor-every", str(cfg.monitor_every)]
                               if cfg.monitor_every else []),
                             *(["--monitor-capture", str(cfg.monitor_capture)]

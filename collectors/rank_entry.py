@@ -1179,6 +1179,9 @@ def _run_script(run: _RankRun) -> None:
         # reducer that was their last owner.
         collecting = gc.isenabled()
         gc.disable()   # nothing is collected until the objects are frozen below
+        if run.cfg.get("stall_s"):   # its steps are over: pardiag's work that follows, or
+            # waiting at exit for a rank that hangs, is no progress and no stall of its own
+            layout.progress_path(run.out, run.rank).unlink(missing_ok=True)
         _guard_teardown(run)
         sys.argv = saved_argv
         for h in run.hook_handles:

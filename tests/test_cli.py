@@ -457,12 +457,18 @@ def test_bare_pardiag_prints_its_help(capsys):
 
 
 def test_a_limit_that_is_no_positive_time_is_one_line(tmp_path):
-    """--timeout and --stall-timeout of 0 or less: one line naming the option, exit code 2,
-    nothing started."""
+    """--timeout of 0, --stall-timeout under 2 s (ranks say they progressed once a second), or
+    either not finite: one line naming the option, exit code 2, nothing started."""
     script = tmp_path / "s.py"
     script.write_text("pass\n")
-    for opt in ("--timeout", "--stall-timeout"):
-        res = run("profile", script, "--out", tmp_path / "o", opt, "0")
-        assert res.exit_code == 2 and res.output.strip() == (
-            f"pardiag: error: {opt} must be > 0 seconds, got 0.0"), res.output
+    for opt, value, said in (
+            ("--timeout", "0", "must be > 0 seconds, got 0.0"),
+            ("--timeout", "nan", "must be > 0 seconds, got nan"),
+            ("--stall-timeout", "1.5", "must be at least 2 seconds (each rank says it made "
+             "progress once a second), got 1.5"),
+            ("--stall-timeout", "inf", "must be at least 2 seconds (each rank says it made "
+             "progress once a second), got inf")):
+        res = run("profile", script, "--out", tmp_path / "o", opt, value)
+        assert res.exit_code == 2 and res.output.strip() == f"pardiag: error: {opt} {said}", \
+            res.output
         assert not (tmp_path / "o").exists()

@@ -491,6 +491,27 @@ TINY = ("import torch\nm = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(m.parame
 
 
 @pytest.mark.e2e
+def test_a_pause_between_steps_is_a_stall_and_the_end_of_the_script_is_not(tmp_path):
+    """--stall-timeout 4: a script that sleeps 12 s after its fifth step is stopped (exit code
+    124), and the hang line says where its rank was, as no collective waits; the same script
+    without the pause ends by itself (exit code 0), pardiag's work after its last step no
+    stall, and the rank's progress file is gone (its steps were over)."""
+    script = tmp_path / "pause.py"
+    script.write_text("import sys, time, torch\nm = torch.nn.Linear(4, 4)\n"
+                      "opt = torch.optim.SGD(m.parameters(), 0.1)\n"
+                      "for step in range(10):\n    m(torch.randn(2, 4)).sum().backward()\n"
+                      "    opt.step()\n    if step == 4:\n"
+                      "        time.sleep(float(sys.argv[1]))\n")
+    res = pardiag("profile", script, "--out", tmp_path / "p", "--stall-timeout", 4, "--", 12)
+    assert res.returncode == 124, res.stderr[-2000:]
+    assert (f'pardiag: hang, no optimizer step for 4 s: no collective is waiting on a missing '
+            f'rank; rank 0 at File "{script}", line 8, in <module>') in res.stderr, res.stderr
+    res = pardiag("profile", script, "--out", tmp_path / "q", "--stall-timeout", 2, "--", 0)
+    assert res.returncode == 0 and "hang" not in res.stderr, res.stderr[-2000:]
+    assert not list((tmp_path / "q" / "pardiag").glob("*.progress"))
+
+
+@pytest.mark.e2e
 def test_repeat_writes_a_set_of_runs_that_report_and_compare_read(tmp_path):
     """--repeat 2: run-1 and run-2, each a run folder with its host probes; report reads the
     set (its median run, with every run's step), compare of the set with itself cannot
