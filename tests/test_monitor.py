@@ -840,7 +840,8 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
     comes back; with 60 ms for 70 steps, the fully loaded CI rehearsal's steps varied so much
     that the first period was inside their noise): the launcher says so while the job runs,
     and each time every rank records a trace of 3 steps from a step after the finding; the
-    report of such a folder names rank 1 the straggler, and the monitored run's report lists
+    report of such a folder finds rank 1 causing the waiting (and names it the straggler
+    unless 3 loaded steps leave it inside their noise), and the monitored run's report lists
     every capture."""
     import os
 
@@ -909,7 +910,10 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert rep.returncode == 0, rep.stderr[-2000:]
     doc = json.loads(js.read_text())
-    assert doc["sync"]["straggler"] == 1
+    # rank 1 caused the most waiting; the verdict names it, or (3 steps on a loaded machine,
+    # the wait inside the steps' spread) withholds a name: never another rank
+    assert doc["sync"]["stragglers"][0]["rank"] == 1, doc["sync"]["stragglers"]
+    assert doc["sync"]["straggler"] in (1, None)
     # the captured steps, numbered as the run numbers them
     assert [s["step"] for s in doc["ranks"][0]["steps"]] == [inside[-1] + i for i in range(3)]
     # read as a profiled run: the layout recorded, MFU against the measured peak
