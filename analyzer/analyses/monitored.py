@@ -589,6 +589,25 @@ def _cut_at_noise(x: np.ndarray, high: np.ndarray, a: int, b: int) -> list[tuple
             for i, (c0, c1, n) in enumerate(groups) if n >= MIN_STEPS]
 
 
+def _persistent(x: np.ndarray, m: np.ndarray, periods: list[tuple[int, int]],
+                thr: float) -> bool:
+    """Whether a rank with lateness ``x`` (smoothed: ``m``) and late ``periods`` is late in
+    nearly every step (:data:`PERSISTENT_SHARE` of its steps with a lateness): its periods
+    cover them, or its smoothed lateness stays above the hysteresis bound in them (dips where
+    the noise's regimes cut the periods) and its lateness outside its periods exceeds ``thr``
+    itself (not a rank whose lateness stays in the band: two ranks taking turns)."""
+    ok = np.isfinite(x)
+    need = PERSISTENT_SHARE * int(ok.sum())
+    if sum(b - a + 1 for a, b in periods) >= need:
+        return True
+    if int((np.isfinite(m) & (m > HYSTERESIS * thr)).sum()) < need:
+        return False
+    outside = ok.copy()
+    for a, b in periods:
+        outside[a:b + 1] = False
+    return bool(outside.any()) and float(np.median(x[outside])) > thr
+
+
 def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
                        notes: list[str] | None = None) -> list[dict]:
     """Stragglers over the run (see the module): ``[{"kind": "straggler", "rank",
@@ -620,21 +639,9 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
             continue
         m = smooth.loc[r].to_numpy(dtype=float)
         periods = _late_periods(x, m, thr)
-        covered = sum(b - a + 1 for a, b in periods)
-        # late in nearly every step, if with dips where the noise's regimes cut the periods;
-        # not a rank whose lateness stays in the hysteresis band (the noise of two ranks
-        # taking turns) outside its periods: its median there must exceed the threshold too
-        late_steps = int((np.isfinite(m) & (m > HYSTERESIS * thr)).sum())
-        outside = np.ones(len(x), bool)
-        for a, b in periods:
-            outside[a:b + 1] = False
-        rest = x[outside & ok]
-        whole = float(np.nanmedian(x))
-        if (covered >= PERSISTENT_SHARE * int(ok.sum())
-                or (late_steps >= PERSISTENT_SHARE * int(ok.sum())
-                    and len(rest) and float(np.median(rest)) > thr)):
+        if _persistent(x, m, periods, thr):
             idx = np.flatnonzero(ok)
-            cand.append((int(r), int(idx[0]), int(idx[-1]), True, whole))
+            cand.append((int(r), int(idx[0]), int(idx[-1]), True, float(np.nanmedian(x))))
         else:
             cand += [(int(r), a, b, False, float(np.nanmedian(x[a:b + 1])))
                      for a, b in periods]
