@@ -990,12 +990,7 @@ def _touch_progress(run: _RankRun) -> None:
         return
     run.progress_at = now   # (the watchdog thread sets it too: a race costs one extra touch)
     try:
-        os.utime(layout.progress_path(run.out, run.rank))
-    except FileNotFoundError:
-        try:
-            layout.progress_path(run.out, run.rank).touch()
-        except OSError:
-            pass
+        layout.progress_path(run.out, run.rank).touch()
     except OSError:
         pass
 
