@@ -18,6 +18,7 @@ import torch.distributed as dist
 from click.testing import CliRunner
 
 from pardiag import layout
+from pardiag.analyzer.analyses import monitor_delays as D
 from pardiag.analyzer.analyses import monitor_memory as MM
 from pardiag.analyzer.analyses import monitor_summary as S
 from pardiag.analyzer.analyses import monitored as M
@@ -41,7 +42,8 @@ def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
                step_noise_us: float = 0.0, first_only: bool = False,
                keep_calls: bool = True, startup_us: float = 0.0,
                flip: tuple[int, float, float, float] | None = None,
-               free: dict | None = None) -> Path:
+               free: dict | None = None,
+               bucket_noise_us: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> Path:
     """A monitored run written through :class:`Monitor` itself: each step 100 ms, three
     ``ddp_all_reduce`` buckets issued 50, 60, 70 ms into it (±1 ms of noise) and completed
     together 5 ms after the last arrival. ``late``: ``{rank: (first, last, µs)}`` (or a list of
@@ -59,7 +61,9 @@ def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
     is two-valued, and its running median hovers at the upper value whenever it leads).
     ``free``: ``{rank: (first, last, µs)}`` — that rank issues its buckets that much later in
     those steps without the step lasting longer (late by nature: the others were as much
-    slower then, and waited no longer than usual)."""
+    slower then, and waited no longer than usual). ``bucket_noise_us``: each bucket's issue
+    times vary by that much more (normal σ per bucket, every rank): a DDP step's later buckets
+    carry the noise of the backward before them."""
     rng = np.random.default_rng(seed)
     out = tmp / "run"
     op = OPS.index("ddp_all_reduce")
@@ -89,7 +93,9 @@ def _write_run(tmp: Path, ranks: int, steps: int, late: dict, *, seed: int = 0,
                 turn[r] = turn.get(r, 0.0) + us
         for i, at in enumerate((50_000, 60_000, 70_000)):
             issues = {r: t + at + (lag if first_only and i else extra.get(r, 0.0))
-                      + turn.get(r, 0.0) + rng.uniform(-1000, 1000) for r in range(ranks)}
+                      + turn.get(r, 0.0) + rng.uniform(-1000, 1000)
+                      + (rng.normal(0.0, bucket_noise_us[i]) if bucket_noise_us[i] else 0.0)
+                      for r in range(ranks)}
             done = max(issues.values()) + 5000
             for r, m in enumerate(mons):
                 off = (offset_us or {}).get(r, 0.0)
@@ -351,8 +357,8 @@ def test_other_hosts_clocks_are_aligned_by_completions(tmp_path):
     run = _write_run(tmp_path, 4, 200, {}, host_of=lambda r: "a" if r < 2 else "b",
                      offset_us={2: 7000.0, 3: 7000.0})
     data = M.load_monitor(run)
-    c = M._instances(data.calls)
-    off = M.host_offsets(c, data.hosts)
+    c = D._instances(data.calls)
+    off = D.host_offsets(c, data.hosts)
     assert off[0] == off[1] == 0.0
     assert off[2] == pytest.approx(7000.0, abs=1.0) and off[3] == off[2]
     assert S.summary(data)["findings"] == []
@@ -1467,3 +1473,58 @@ def test_compare_of_monitored_runs_warns_of_other_scripts_and_refuses_their_json
     assert r.output.strip().splitlines()[-1] == (
         f"pardiag: error: {tmp_path / 'a.json'} is a monitored run's report JSON (monitored_run), "
         f"which keeps its findings, not its steps: compare the run folders themselves")
+
+
+def test_a_straggler_s_edges_are_found_on_its_least_noisy_joins(tmp_path):
+    """Rank 1 issues all three buckets 30 ms late in steps 200..349, each step as much longer;
+    the second and third buckets' issue times vary by 12 ms (σ), the first by 1 ms: the
+    largest delay per step is as noisy as the noisy buckets, and the edges are found on the
+    joins weighted by how clearly each shows the period: exact."""
+    run = _write_run(tmp_path, 2, 600, {1: (200, 349, 30_000)}, seed=3,
+                     bucket_noise_us=(0.0, 12_000.0, 12_000.0))
+    data = M.load_monitor(run)
+    joins = D.join_delays(data)
+    assert sorted(joins.index.get_level_values("join").unique()) == [
+        f"{g}|ddp_all_reduce|{k}" for g in [joins.index[0][0].split("|")[0]] for k in (0, 1, 2)]
+    assert D.arrival_delays(data).equals(joins.groupby(level="rank").max())
+    assert _stragglers(run) == [(1, 200, 349, False)]
+
+
+def test_an_fsdp_like_straggler_late_at_its_first_join_only_keeps_its_edges(tmp_path):
+    """Rank 1 late by 30 ms at each step's first join only (FSDP's first all-gather: the others
+    wait there, then issue the later ones as late) in steps 100..249, the later joins noisy:
+    the period comes from the first join. (Its delay is the largest per step less the other
+    rank's, whose noisy later joins make it late by chance by a few ms: under 30 ms.)"""
+    run = _write_run(tmp_path, 2, 500, {1: (100, 249, 30_000)}, seed=5, first_only=True,
+                     bucket_noise_us=(0.0, 8_000.0, 8_000.0))
+    (f,) = [f for f in M.findings(M.load_monitor(run)) if f["kind"] == "straggler"]
+    assert (f["rank"], f["first_step"], f["last_step"]) == (1, 100, 249)
+    assert 20.0 < f["extra_delay_ms"] <= 31.0
+
+
+def test_the_matched_signal_weights_each_series_by_its_shift_over_its_noise():
+    """Three series shifted in positions 10..19: one by 10 with σ 1, one by 10 with σ 10, one
+    not at all. The result is in units of the shift (1 inside, 0 outside, on average), the
+    quiet series weighted 100 times the noisy one, the unshifted one not at all; a step where
+    one series is missing takes the others."""
+    rng = np.random.default_rng(0)
+    n = 40
+    inside = np.zeros(n, bool)
+    inside[10:20] = True
+    quiet = np.where(inside, 10.0, 0.0) + rng.normal(0, 1, n)
+    noisy = np.where(inside, 10.0, 0.0) + rng.normal(0, 10, n)
+    flat = rng.normal(0, 1, n)
+    y = D.matched_signal(np.vstack([quiet, noisy, flat]), inside, ~inside)
+    base_q, base_n = np.median(quiet[~inside]), np.median(noisy[~inside])
+    shift_q = np.median(quiet[inside]) - base_q
+    shift_n = np.median(noisy[inside]) - base_n
+    w_q = shift_q / D._robust_sigma(quiet[~inside] - base_q) ** 2
+    w_n = shift_n / D._robust_sigma(noisy[~inside] - base_n) ** 2
+    want = (w_q * (quiet - base_q) + w_n * (noisy - base_n)) / (w_q * shift_q + w_n * shift_n)
+    np.testing.assert_allclose(y, want)
+    assert np.median(y[inside]) == pytest.approx(1.0, abs=0.1)
+    assert abs(np.median(y[~inside])) < 0.1
+    quiet[3] = np.nan
+    y2 = D.matched_signal(np.vstack([quiet, noisy, flat]), inside, ~inside)
+    assert y2[3] == pytest.approx((noisy[3] - base_n) / shift_n)
+    assert np.isnan(D.matched_signal(flat[None, :], inside, ~inside)).all()

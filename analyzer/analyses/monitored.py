@@ -5,17 +5,8 @@ go, memory creep.
 Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
 :mod:`pardiag.collectors.monitor`), read by :func:`load_monitor`.
 
-* **Arrival delay** (:func:`arrival_delays`): the collectives a rank issued are matched across
-  ranks by (process group, op, the rank's count of that op on that group so far): every member
-  of a group issues its collectives in the same order. A member's arrival delay at an instance
-  is its issue time less the earliest member's (µs; TensorBoard profiler plugin's arrival skew,
-  per rank). Ranks of other hosts are first put on the reference host's clock: the offset is the
-  median, over the release-together instances both completed, of the difference of their
-  completion times (members of an all-reduce complete together; the cross-rank model's rule).
-  A rank's delay in a step is the largest of its delays at the step's instances: the join
-  where it held the others most. After that join they are in step again, so a rank that slows
-  before its forward is late at the step's first FSDP all-gather and at none after it (the
-  median of its delays would hide it); a DDP rank's buckets are all late alike.
+* **Arrival delay** (:func:`arrival_delays`, :mod:`.monitor_delays`): per rank and step, the
+  largest of its delays at the step's joins, each its issue time less the earliest member's.
 * **Stragglers** (:func:`straggler_findings`): a rank's *lateness* in a step is its delay less
   the median of the other ranks' (:func:`lateness`), smoothed by a centred running median of
   :data:`WINDOW_STEPS` steps. A rank is late in a step when that median exceeds
@@ -34,7 +25,8 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
   when it covers at least :data:`PERSISTENT_SHARE` of the rank's steps, else *transient*, with
   its first and last step, the median extra delay and the step time during it against the
   run's baseline (the step time's median and noise taken without the late periods); a costly
-  period's edges are those of its cost (:func:`_cost_edges`), not of a rank late by nature.
+  period is found again on the joins and the step time that show it best (:func:`_on_signal`):
+  its edges are those of its cost, not of a rank late by nature.
 * **Slow steps**: steps whose median wall time over the ranks exceeds the baseline by more than
   ``max(SLOW_SIGMA × σ_step, SLOW_STEP_SHARE × baseline)``, in periods as above (the excess's
   5-step running median above :data:`HYSTERESIS` × that threshold; at least
@@ -50,8 +42,6 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -60,17 +50,19 @@ import pandas as pd
 from pardiag import layout
 from pardiag.errors import PardiagError
 
-from ..trace import vocab
+from .monitor_data import MonitorData
+from .monitor_delays import (
+    ARRIVALS,
+    _robust_sigma,
+    arrival_delays,
+    join_delays,
+    join_lateness,
+    lateness,
+    matched_signal,
+)
 from .monitor_memory import memory_findings
 from .monitor_run import capture_request, requested_captures
 
-#: Ops whose members complete together (their completions align clocks).
-RELEASE_TOGETHER = vocab.MONITOR_RELEASE_TOGETHER
-#: Point-to-point ops: matched by peer, not by group order; left out of arrival delays.
-P2P = vocab.MONITOR_P2P
-
-#: Up to this many ranks, each rank's lateness is against the median of the others exactly.
-EXACT_LATENESS_RANKS = 32
 STRAGGLER_SIGMA = 5.0
 #: Steps of the centred running median that smooths each rank's lateness.
 WINDOW_STEPS = 25
@@ -93,33 +85,8 @@ MIN_SLOW_STEPS = 3
 #: this step are its start-up, said in a note, not a finding.
 WARMUP_STEPS = 10
 PERSISTENT_SHARE = 0.9
-
-
-@dataclasses.dataclass
-class MonitorData:
-    """A monitored run's records, every time in epoch µs.
-
-    Attributes:
-        steps: one row per rank and step: ``rank``, ``step``, ``end_us``, ``dur_us``,
-            ``optimizer_us``, ``data_us`` (µs).
-        calls: one row per call: ``rank``, ``step``, ``group``, ``op``, ``bytes``,
-            ``issue_us``, ``return_us``, ``done_us`` (NaN: not known).
-        memory: one row per rank and written line: ``rank``, ``step`` (the line's last),
-            ``rss_bytes``, ``device_bytes``.
-        hosts: ``{rank: host name}`` from the ranks' metadata (empty where none).
-        notes: what could not be read (a torn last line of a killed rank, dropped calls).
-        captures: (first, last) step of each deep capture the run asked for, in the order
-            asked.
-    """
-
-    steps: pd.DataFrame
-    calls: pd.DataFrame
-    memory: pd.DataFrame
-    hosts: dict[int, str]
-    notes: list[str]
-    captures: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-    #: :func:`arrival_delays` once computed (the findings, the page and TensorBoard share it)
-    delays: pd.DataFrame | None = None
+#: Steps of the centred running median of a rank's late-period signal (:func:`_on_signal`).
+SIGNAL_STEPS = 9
 
 
 def is_monitored(run_dir: Path) -> bool:
@@ -155,9 +122,6 @@ def _read_lines(path: Path, notes: list[str]) -> list[dict]:
 #: The columns of :attr:`MonitorData.steps`.
 STEP_COLUMNS = ("rank", "step", "end_us", "dur_us", "optimizer_us", "data_us", "arrive_us",
                 "arrive_first_us", "arrive_last_us")
-#: The steps' arrival summaries (epoch µs; NaN: none, or records written before the first and
-#: last were kept): the median, first and last issue time of the step's collectives.
-ARRIVALS = ("arrive_us", "arrive_first_us", "arrive_last_us")
 
 
 #: A line's step keys, as written (:mod:`pardiag.collectors.monitor`).
@@ -367,82 +331,6 @@ def _world_size(run_dir: Path, notes: list[str]) -> int | None:
     return int(run.world_size) if run.world_size else None
 
 
-def _instances(calls: pd.DataFrame) -> pd.DataFrame:
-    """``calls`` of collectives with ``instance`` (group, op and the rank's ordinal of that op
-    on that group) and ``members`` (ranks that issued it)."""
-    c = calls[~calls["op"].isin(P2P)].sort_values(["rank", "issue_us"]).copy()
-    c["ordinal"] = c.groupby(["rank", "group", "op"]).cumcount()
-    c["instance"] = c["group"].astype(str) + "|" + c["op"] + "|" + c["ordinal"].astype(str)
-    c["members"] = c.groupby("instance")["rank"].transform("size")
-    return c[c["members"] > 1]
-
-
-def host_offsets(c: pd.DataFrame, hosts: dict[int, str]) -> dict[int, float]:
-    """``{rank: µs to subtract}`` putting each host's clock on the host of the lowest rank:
-    per other host, the median over release-together instances completed on both of
-    (completion on that host − completion on the reference host). Ranks of one host share a
-    clock; with one host (or none known) every offset is 0."""
-    ranks = sorted(c["rank"].unique()) if len(c) else []
-    if len(set(hosts.values())) < 2 or not ranks:
-        return {int(r): 0.0 for r in ranks}
-    ref_host = hosts.get(int(ranks[0]))
-    done = c[c["op"].isin(RELEASE_TOGETHER) & c["done_us"].notna()]
-    ref = done[done["rank"].map(hosts) == ref_host].groupby("instance")["done_us"].median()
-    out: dict[int, float] = {}
-    for h in set(hosts.values()):
-        mine = done[done["rank"].map(hosts) == h].groupby("instance")["done_us"].median()
-        both = mine.index.intersection(ref.index)
-        off = float(np.median(mine[both] - ref[both])) if h != ref_host and len(both) else 0.0
-        for r, hr in hosts.items():
-            if hr == h:
-                out[r] = off
-    return {int(r): out.get(int(r), 0.0) for r in ranks}
-
-
-def arrival_delays(data: MonitorData) -> pd.DataFrame:
-    """Each rank's arrival delay per step (µs): a ranks × steps table (NaN where the rank
-    issued no collective it shares with another rank that step). See the module. Without
-    call records (``--monitor`` of a large job keeps only the steps' summaries) the delay is
-    the largest, over the step's median, first and last issue times (:data:`ARRIVALS`), of the
-    rank's less the earliest rank's (one host's clock assumed): a rank late at its first or
-    last join is seen, one late at a single join between them is not."""
-    if data.delays is None:
-        data.delays = _arrival_delays(data)
-    return data.delays
-
-
-def _arrival_delays(data: MonitorData) -> pd.DataFrame:
-    if data.calls.empty:
-        return _summary_delays(data.steps)
-    c = _instances(data.calls)
-    if c.empty:
-        return pd.DataFrame()
-    off = host_offsets(c, data.hosts)
-    c["issue_us"] = c["issue_us"] - c["rank"].map(off).fillna(0.0)
-    c["delay_us"] = c["issue_us"] - c.groupby("instance")["issue_us"].transform("min")
-    return c.groupby(["rank", "step"])["delay_us"].max().unstack("step").sort_index()
-
-
-def _summary_delays(steps: pd.DataFrame) -> pd.DataFrame:
-    """Ranks × steps delays (µs) from the steps' arrival summaries alone: per summary, each
-    rank's less the earliest rank's; per cell the largest of them (NaN where none)."""
-    cols = [k for k in ARRIVALS if k in steps and steps[k].notna().any()]
-    if not cols:
-        return pd.DataFrame()
-    # hashed, not sorted: 10⁷ rows of a large job
-    r_idx, ranks = pd.factorize(steps["rank"].to_numpy(), sort=True)
-    s_idx, idx = pd.factorize(steps["step"].to_numpy(), sort=True)
-    out = np.full((len(ranks), len(idx)), np.nan)
-    for k in cols:
-        a = np.full((len(ranks), len(idx)), np.nan)
-        a[r_idx, s_idx] = steps[k].to_numpy(float)
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)   # a step no rank arrived in
-            out = np.fmax(out, a - np.nanmin(a, axis=0))
-    return pd.DataFrame(out, index=pd.Index(ranks, name="rank"),
-                        columns=pd.Index(idx, name="step"))
-
-
 def _periods(flags: np.ndarray, steps: np.ndarray, gap: int, min_len: int) -> list[tuple]:
     """``[(first step, last step, flagged steps)]`` of runs of flagged steps joined across at
     most ``gap`` unflagged ones, of at least ``min_len`` flagged steps."""
@@ -461,38 +349,6 @@ def _periods(flags: np.ndarray, steps: np.ndarray, gap: int, min_len: int) -> li
     if n >= min_len:
         out.append((start, last, n))
     return out
-
-
-def _robust_sigma(x: np.ndarray) -> float:
-    """A spread of ``x`` robust to outliers: the larger of 1.4826 × its median absolute
-    deviation and its interquartile range / 1.349 (each σ for normal values). The MAD alone is
-    0 for values that take one value more than half the time (two ranks taking turns, one late
-    by about the same amount: the lateness less its running median is 0 in most steps)."""
-    x = x[np.isfinite(x)]
-    if not len(x):
-        return 0.0
-    q1, q3 = np.percentile(x, [25, 75])
-    return float(max(1.4826 * np.median(np.abs(x - np.median(x))), (q3 - q1) / 1.349))
-
-
-def lateness(delays: pd.DataFrame) -> pd.DataFrame:
-    """Each rank's lateness per step (µs): its arrival delay less the median of the other
-    ranks' that step (ranks × steps; about 0 for ranks that differ only by noise, +δ for a rank
-    δ late whether or not it is late in every step). Beyond :data:`EXACT_LATENESS_RANKS`
-    ranks, the median of every rank's (one rank moves it by at most one order statistic)."""
-    vals = delays.to_numpy(dtype=float)
-    if len(vals) > EXACT_LATENESS_RANKS:   # one rank moves the median of many by little
-        with np.errstate(all="ignore"):
-            ref = np.nanmedian(vals, axis=0)
-        return pd.DataFrame(vals - ref, index=delays.index, columns=delays.columns)
-    out = np.full_like(vals, np.nan)
-    for i in range(len(vals)):
-        others = np.delete(vals, i, axis=0)
-        with np.errstate(all="ignore"):
-            ref = (np.nanmedian(others, axis=0) if np.isfinite(others).any()
-                   else np.full(vals.shape[1], np.nan))
-        out[i] = vals[i] - ref
-    return pd.DataFrame(out, index=delays.index, columns=delays.columns)
 
 
 def _edge(x: np.ndarray, lo: int, hi: int, level: float, rising: bool) -> int:
@@ -521,20 +377,6 @@ def _edges(x: np.ndarray, a: int, b: int, lo: int, hi: int) -> tuple[int, int]:
     level = 0.5 * float(np.nanmedian(x[a:b + 1]))
     first = _edge(x, max(lo, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), level, True)
     return first, _edge(x, max(first, b - WINDOW_STEPS), min(hi, b + WINDOW_STEPS), level, False)
-
-
-def _cost_edges(y: np.ndarray, a: int, b: int, lo: int, hi: int) -> tuple[int, int]:
-    """The edges of a costly late period ``a..b`` on ``y`` (lateness + twice the step's
-    excess): as :func:`_edges`, but each sought from :data:`WINDOW_STEPS` outside the old edge
-    to the period's middle, against half the median of its middle half. The lateness edges lie
-    far out where the rank was late by nature without costing the run anything (the noise's
-    regimes, as large as the delay): there ``y`` is about a third of the period's, and the
-    middle half is the period itself."""
-    mid = a + (b - a) // 2
-    q = max(1, (b - a) // 4)
-    level = 0.5 * float(np.nanmedian(y[a + q:b - q + 1] if b - a >= 4 else y[a:b + 1]))
-    first = _edge(y, max(lo, a - WINDOW_STEPS), mid, level, True)
-    return first, _edge(y, max(first, mid), min(hi, b + WINDOW_STEPS), level, False)
 
 
 def _late_periods(x: np.ndarray, m: np.ndarray, thr: float) -> list[tuple[int, int]]:
@@ -589,6 +431,120 @@ def _cut_at_noise(x: np.ndarray, high: np.ndarray, a: int, b: int) -> list[tuple
             for i, (c0, c1, n) in enumerate(groups) if n >= MIN_STEPS]
 
 
+def _on_signal(cand: list[tuple], late: pd.DataFrame, excess: np.ndarray,
+               joins: pd.DataFrame | None, cols: np.ndarray, costly) -> list[tuple]:
+    """``cand`` (``(rank, first, last, persistent, extra)`` positions, by rank) with each
+    rank's costly transient periods (``costly(first, last)``) found again on its
+    :func:`_cost_signal` (in units of their shift): a period is where that signal's running
+    median over :data:`SIGNAL_STEPS` steps stays above :data:`HYSTERESIS` × half the shift,
+    with at least :data:`MIN_STEPS` steps above half of it; pieces fewer than
+    :data:`WINDOW_STEPS` steps apart are one when the steps between stay above that lower
+    bound or one first-pass period holds both; it is kept where it overlaps a costly period,
+    its edges are the signal's change points (:func:`_edge`, sought within
+    :data:`WINDOW_STEPS` of its first and last step above half) less the end steps that cost
+    nothing (:func:`_costly_part`), and with fewer than :data:`MIN_STEPS` steps left it is
+    none. The rank's other periods stay as they were, unless a new one covers them."""
+    out: list[tuple] = []
+    for r in dict.fromkeys(c[0] for c in cand):
+        mine = [c for c in cand if c[0] == r]
+        seeds = [(a, b) for _, a, b, persistent, _ in mine if not persistent and costly(a, b)]
+        sig = _cost_signal(late.loc[r].to_numpy(dtype=float), excess, mine, seeds, joins, r,
+                           cols) if seeds else None
+        if sig is None:
+            out += mine
+            continue
+        y, cost, outside = sig
+        spread = _robust_sigma(cost[outside]) if np.isfinite(cost[outside]).any() else np.inf
+        found = [_costly_part(cost, a, b, spread) for a, b in _signal_periods(y, seeds)]
+        x = late.loc[r].to_numpy(dtype=float)
+        keep = [c for c in mine if not any(c[1] <= b and a <= c[2] for a, b in found)]
+        # a period whose costly steps are fewer than a period's least is none
+        out += sorted(keep + [(r, a, b, False, float(np.nanmedian(x[a:b + 1])))
+                              for a, b in found if b - a + 1 >= MIN_STEPS], key=lambda c: c[1])
+    return out
+
+
+def _costly_part(cost: np.ndarray, a: int, b: int, spread: float) -> tuple[int, int]:
+    """Positions ``a..b`` of a late period less its first and last steps that cost the run
+    nothing: where the step time's excess (``cost``, in units of the period's; ``spread``: its
+    noise) changes within each half (:func:`_edge`), cut when the steps left out stay under
+    half the period's excess by more than :data:`STRAGGLER_SIGMA` × their median's noise (a
+    rank late by nature for a while next to its costly period, while the others were as much
+    slower: its lateness alone is no cost, and on a loaded machine the step time is too noisy
+    to cut on)."""
+    mid = a + (b - a) // 2
+    if not np.isfinite(cost[a:b + 1]).any():
+        return a, b
+
+    def free(lo: int, hi: int) -> bool:
+        n = hi - lo + 1
+        return n > 0 and float(np.nanmedian(cost[lo:hi + 1])) < 0.5 - (
+            STRAGGLER_SIGMA * spread * 1.2533 / np.sqrt(n))
+
+    first = _edge(cost, a, mid, 0.5, True)
+    a = first if first > a and free(a, first - 1) else a
+    last = _edge(cost, mid, b, 0.5, False)
+    return a, last if last < b and free(last + 1, b) else b
+
+
+def _cost_signal(x: np.ndarray, excess: np.ndarray, mine: list[tuple],
+                 seeds: list[tuple[int, int]], joins: pd.DataFrame | None, r: int,
+                 cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The series on which rank ``r``'s costly late periods (``seeds``, positions) are found
+    again (``x``: its lateness; ``excess``: the step time less the baseline, µs per step):
+    :func:`~.monitor_delays.matched_signal` of its lateness at each join (``joins``, the run's
+    :func:`~.monitor_delays.join_delays`; ``x`` alone without them) and of the excess's 5-step
+    running median (a lone outlier step, the run's first above all, keeps an edge sharp
+    instead of pulling it to itself), against the seeds' middle halves and the steps outside
+    the rank's late periods (``mine``); None when no channel shows the seeds."""
+    chans = (join_lateness(joins, r, pd.Index(cols)) if joins is not None and len(joins)
+             else np.empty((0, len(x))))
+    if not len(chans):
+        chans = x[None, :]
+    ex = pd.Series(excess).rolling(5, center=True, min_periods=1).median().to_numpy()
+    inside = np.zeros(len(x), bool)
+    for a, b in seeds:
+        q = (b - a) // 4
+        inside[a + q:b - q + 1] = True
+    outside = np.ones(len(x), bool)
+    for _, a, b, _, _ in mine:
+        outside[a:b + 1] = False
+    y = matched_signal(np.vstack([chans, ex[None, :]]), inside, outside)
+    if not np.isfinite(y[inside]).any():
+        return None
+    return y, matched_signal(ex[None, :], inside, outside), outside
+
+
+def _signal_periods(y: np.ndarray, seeds: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Positions ``(first, last)`` of the periods of ``y`` (in units of their shift) that
+    overlap ``seeds`` (see :func:`_on_signal`)."""
+    ys = pd.Series(y).rolling(SIGNAL_STEPS, center=True,
+                              min_periods=SIGNAL_STEPS // 2 + 1).median().to_numpy()
+    high = np.isfinite(ys) & (ys > 0.5)
+    low = np.isfinite(ys) & (ys > HYSTERESIS * 0.5)
+    joined: list[tuple[int, int]] = []
+    for a, b, _ in _periods(low, np.arange(len(y)), GAP_STEPS, MIN_STEPS):
+        if int(high[a:b + 1].sum()) < MIN_STEPS:
+            continue
+        idx = a + np.flatnonzero(high[a:b + 1])   # the edges are sought about these
+        a, b = int(idx[0]), int(idx[-1])
+        if joined and a - joined[-1][1] <= WINDOW_STEPS and (
+                float(np.nanmedian(y[joined[-1][1] + 1:a])) > HYSTERESIS * 0.5
+                or any(sa <= joined[-1][0] and b <= sb for sa, sb in seeds)):
+            joined[-1] = (joined[-1][0], b)
+        else:
+            joined.append((a, b))
+    joined = [(a, b) for a, b in joined if any(a <= sb and sa <= b for sa, sb in seeds)]
+    out: list[tuple[int, int]] = []
+    for i, (a, b) in enumerate(joined):
+        lo = out[-1][1] + 1 if out else 0
+        hi = joined[i + 1][0] - 1 if i + 1 < len(joined) else len(y) - 1
+        first = _edge(y, max(lo, a - WINDOW_STEPS), min(b, a + WINDOW_STEPS), 0.5, True)
+        out.append((first, _edge(y, max(first, b - WINDOW_STEPS), min(hi, b + WINDOW_STEPS),
+                                 0.5, False)))
+    return out
+
+
 def _persistent(x: np.ndarray, m: np.ndarray, periods: list[tuple[int, int]],
                 thr: float) -> bool:
     """Whether a rank with lateness ``x`` (smoothed: ``m``) and late ``periods`` is late in
@@ -609,7 +565,8 @@ def _persistent(x: np.ndarray, m: np.ndarray, periods: list[tuple[int, int]],
 
 
 def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
-                       notes: list[str] | None = None) -> list[dict]:
+                       notes: list[str] | None = None,
+                       joins: pd.DataFrame | None = None) -> list[dict]:
     """Stragglers over the run (see the module): ``[{"kind": "straggler", "rank",
     "first_step", "last_step", "steps", "persistent", "extra_delay_ms", "step_ms",
     "baseline_step_ms", "threshold_ms"}]`` (ms). A late period whose steps were not slower
@@ -666,33 +623,17 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
     def costs(a: int, b: int, during: float) -> bool:
         return during - base > bound(a, b)
 
+    # a costly period's edges, and whether two pieces are one, on the rank's signal that shows
+    # its periods best (a rank late by nature for a while around one, the noise's regimes,
+    # moves the lateness's edges and cuts it where it is early by nature, not the step time's
+    # or its least noisy joins')
+    cand = _on_signal(cand, late, dur - base, joins, cols,
+                      lambda a, b: costs(a, b, float(np.nanmedian(dur[a:b + 1]))))
     out: list[dict] = []
-    for i, (r, a, b, persistent, extra) in enumerate(cand):
+    for r, a, b, persistent, _ in cand:
         during = float(np.nanmedian(dur[a:b + 1]))
-        if not persistent and costs(a, b, during):
-            lo = cand[i - 1][2] + 1 if i and cand[i - 1][0] == r else 0
-            hi = (cand[i + 1][1] - 1 if i + 1 < len(cand) and cand[i + 1][0] == r
-                  else len(cols) - 1)
-            # edges again on lateness + twice the step's excess, both shifted by the delay: a
-            # rank late by nature for a while around the period (the noise's regimes, up to as
-            # late as the straggler) moves the lateness's edges, not the step time's; there
-            # this sum is a third of the period's, under the edge search's level (half of it);
-            # the delay is then taken over these steps
-            # (a running median of the excess over 5 steps: a lone outlier step, the first
-            # step's start-up above all, keeps an edge sharp instead of pulling it to itself)
-            y = late.loc[r].to_numpy(dtype=float) + 2.0 * pd.Series(dur - base).rolling(
-                5, center=True, min_periods=1).median().to_numpy()
-            a, b = _cost_edges(y, a, b, lo, hi)
-            during = float(np.nanmedian(dur[a:b + 1]))
-            extra = float(np.nanmedian(late.loc[r].to_numpy(dtype=float)[a:b + 1]))
-            prev = out[-1] if out else None
-            if (prev is not None and prev["rank"] == r and not prev["persistent"]
-                    and a <= int(np.searchsorted(cols, prev["last_step"])) + WINDOW_STEPS
-                    and same_level(prev["extra_delay_ms"] * 1e3, extra)):
-                a = int(np.searchsorted(cols, prev["first_step"]))   # one period after all
-                out.pop()
-                during = float(np.nanmedian(dur[a:b + 1]))
-                extra = float(np.nanmedian(late.loc[r].to_numpy(dtype=float)[a:b + 1]))
+        extra = (float(np.nanmedian(late.loc[r].to_numpy(dtype=float)))
+                 if persistent else float(np.nanmedian(late.loc[r].to_numpy(dtype=float)[a:b + 1])))
         f = {"kind": "straggler", "rank": r, "first_step": int(cols[a]),
              "last_step": int(cols[b]), "steps": b - a + 1, "persistent": persistent,
              "extra_delay_ms": round(extra / 1e3, 3), "step_ms": round(during / 1e3, 3),
@@ -779,7 +720,7 @@ def findings(data: MonitorData, notes: list[str] | None = None) -> list[dict]:
     """Every finding of the run, stragglers first (see the module); what was measured and not
     named goes to ``notes`` when given."""
     delays = arrival_delays(data)
-    strag = straggler_findings(delays, data.steps, notes)
+    strag = straggler_findings(delays, data.steps, notes, join_delays(data))
     # slow steps inside a straggler's period are its cost, said with it
     slow = [f for f in slow_step_findings(data.steps, strag, delays, data.captures)
             if f["straggler_rank"] is None]
