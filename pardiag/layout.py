@@ -153,6 +153,32 @@ def capture_dir(run_dir: Path, start_step: int) -> Path:
     return Path(run_dir) / CAPTURE_TEMPLATE.format(step=start_step)
 
 
+def capture_context(folder: Path) -> dict | None:
+    """Of a monitored run's deep capture (``folder`` is ``capture-S/`` inside a run folder
+    whose capture request asked for steps from S): ``{"monitored_run": the run folder,
+    "first_step": S, "last_step": the last step asked for, "reason": the finding it was
+    asked for, or None when the request gives none}``. None for any other folder, and for a
+    capture the run's request does not list (an earlier run's, or a request that cannot be
+    read)."""
+    folder = Path(folder)
+    m = re.fullmatch(CAPTURE_TEMPLATE.format(step=r"(\d+)"), folder.name)
+    if m is None:
+        return None
+    try:
+        doc = msgspec.json.decode(capture_request_path(folder.parent).read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return None
+    asked = doc.get("asked", [doc]) if isinstance(doc, dict) else []
+    for a in asked if isinstance(asked, list) else []:
+        if (isinstance(a, dict) and a.get("start_step") == int(m.group(1))
+                and isinstance(a.get("steps"), int) and a["steps"] > 0):
+            reason = a.get("reason")
+            return {"monitored_run": str(folder.parent), "first_step": int(m.group(1)),
+                    "last_step": int(m.group(1)) + a["steps"] - 1,
+                    "reason": reason if isinstance(reason, str) and reason else None}
+    return None
+
+
 def progress_path(run_dir: Path, rank: int) -> Path:
     """Path of rank ``rank``'s progress file (:data:`PROGRESS_TEMPLATE`) inside ``run_dir``."""
     return sidecar_dir(run_dir) / PROGRESS_TEMPLATE.format(rank=rank)

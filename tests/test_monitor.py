@@ -920,8 +920,12 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
     # the wait inside the steps' spread) withholds a name: never another rank
     assert doc["sync"]["stragglers"][0]["rank"] == 1, doc["sync"]["stragglers"]
     assert doc["sync"]["straggler"] in (1, None)
-    # the captured steps, numbered as the run numbers them
+    # the captured steps, numbered as the run numbers them, and the run and finding it is of
     assert [s["step"] for s in doc["ranks"][0]["steps"]] == [inside[-1] + i for i in range(3)]
+    assert {k: doc["capture"][k] for k in ("monitored_run", "first_step", "last_step")} == {
+        "monitored_run": str(out), "first_step": inside[-1], "last_step": inside[-1] + 2}
+    assert doc["capture"]["reason"] in [ln.removeprefix("pardiag: monitor: ")
+                                        for ln in r.stderr.splitlines()]
     # read as a profiled run: the layout recorded, MFU against the measured peak
     assert doc["layout"]["source"] == "recorded"
     assert all(r["mfu_pct"] > 0 for r in doc["efficiency"]["per_rank"])
@@ -1528,3 +1532,46 @@ def test_the_matched_signal_weights_each_series_by_its_shift_over_its_noise():
     y2 = D.matched_signal(np.vstack([quiet, noisy, flat]), inside, ~inside)
     assert y2[3] == pytest.approx((noisy[3] - base_n) / shift_n)
     assert np.isnan(D.matched_signal(flat[None, :], inside, ~inside)).all()
+
+
+def test_a_deep_capture_reported_alone_says_which_run_and_steps_it_holds(tmp_path):
+    """A capture-S folder inside a monitored run whose request asked for steps S..S+2 on a
+    finding: its report says so in the JSON (``capture``), the terminal's first line and the
+    page's summary; a capture the request does not list, a request that cannot be read and any
+    other folder give none."""
+    import io
+    import shutil
+
+    from rich.console import Console
+
+    from pardiag.analyzer.render.html import render_html
+    from pardiag.analyzer.render.terminal import render_terminal
+    from pardiag.analyzer.report import build_report, report_json
+    from pardiag.analyzer.trace import load_traces
+
+    run = tmp_path / "mon"
+    cap = layout.capture_dir(run, 120)
+    shutil.copytree(ROOT / "sample_traces" / "ddp_slowrank1_cpu_2rank", cap)
+    req = layout.capture_request_path(run)
+    req.parent.mkdir(parents=True)
+    why = "rank 1: late at its collectives since step 100 (+17.0 ms per step)"
+    req.write_text(json.dumps({"start_step": 300, "steps": 5, "asked": [
+        {"start_step": 120, "steps": 3, "reason": why}, {"start_step": 300, "steps": 5}]}))
+    want = {"monitored_run": str(run), "first_step": 120, "last_step": 122, "reason": why}
+    assert layout.capture_context(cap) == want
+    assert layout.capture_context(layout.capture_dir(run, 300)) == {
+        "monitored_run": str(run), "first_step": 300, "last_step": 304, "reason": None}
+    assert layout.capture_context(layout.capture_dir(run, 124)) is None   # not asked for
+    assert layout.capture_context(run) is None
+    rep = build_report(load_traces(cap))
+    assert report_json(rep)["capture"] == want
+    line = (f"steps 120–122 of the monitored run {run}, asked on: {why} (the whole run: "
+            f"pardiag report {run})")
+    out = io.StringIO()
+    render_terminal(rep, Console(file=out, width=400))
+    assert out.getvalue().splitlines()[0] == f"Deep capture of {line}"
+    assert f"<th class='l'>deep capture</th><td>{line}</td>" in render_html(rep)
+    req.write_text("{not json")
+    assert layout.capture_context(cap) is None
+    assert report_json(build_report(load_traces(ROOT / "sample_traces" /
+                                                "ddp_cpu_2rank")))["capture"] is None

@@ -154,6 +154,7 @@ def summary(report: Report, page: Page) -> dict:
     domains = sorted(set(b.totals["domain"]))
     rows: list[tuple[str, object]] = [
         ("source", traces.source),
+        *([("deep capture", traces.capture_line())] if traces.capture else []),
         ("ranks", f"{len(traces.ranks)} ({', '.join(str(r) for r in traces.ranks)})"
          if len(traces.ranks) <= 16 else f"{len(traces.ranks)}"),
         ("timeline", ", ".join("GPU kernels" if d == "gpu" else "CPU events (no GPU kernels)"

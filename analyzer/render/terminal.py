@@ -214,7 +214,11 @@ def _ruled_out(rec, console: Console) -> None:
 
 def render_terminal(report: Report, console: Console) -> None:
     """Print the verdict and top recommendations first, then the per-rank breakdown, the
-    collectives table and the parallel analyses to ``console``."""
+    collectives table and the parallel analyses to ``console``; a monitored run's deep
+    capture first says where it comes from."""
+    where = report.traces.capture_line()
+    if where:
+        console.print(Text(f"Deep capture of {where}"))
     render_recommendations(report, console)
     b = report.breakdown
     rows = [(str(r.rank), r.domain, _n(r.span_us / 1e3, 3), _n(r.compute_only_us / 1e3, 3),

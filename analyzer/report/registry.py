@@ -467,6 +467,8 @@ def report_document(report: Report) -> js.ReportDocument:
         "notes": [*(n for t in report.traces.ranks.values() for n in t.notes),
                   *([f"Steps: {joined}"] if joined else [])],
         "run": report.traces.run_info,
+        "capture": (js.CaptureInfo(**report.traces.capture)
+                    if report.traces.capture is not None else None),
     }
     for a in ANALYSES:
         fields.update(a.to_json(getattr(report, a.name), report.traces))
@@ -484,6 +486,7 @@ def report_json(report: Report) -> dict[str, Any]:
     Shape::
 
         {"schema_version", "source", "warnings": [...], "notes": [...], "run": {...} | null,
+         "capture": {...} | null,
          "ranks": [{"rank", "file", "rank_source", "domain",
                     "total": {"span_us", "compute_us", "comm_us", "overlap_us",
                               "compute_only_us", "exposed_comm_us", "idle_us", "overlap_pct",

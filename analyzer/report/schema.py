@@ -486,6 +486,24 @@ class HtaSection(msgspec.Struct, kw_only=True, frozen=True):
     launches: list[HtaLaunches] = msgspec.field(default_factory=list)
 
 
+class CaptureInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """Of a monitored run's deep capture: the run it belongs to and the steps it holds.
+
+    Attributes:
+        monitored_run: The monitored run's folder (``pardiag report`` of it gives the whole
+            run).
+        first_step: The first step the capture holds, as the run numbers its steps.
+        last_step: The last step it was asked to hold.
+        reason: The finding the launcher asked for it on, as said while the run went on.
+            Null/absent: ``null`` when the request gives none.
+    """
+
+    monitored_run: str
+    first_step: int
+    last_step: int
+    reason: str | None = None
+
+
 class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):
     """The report JSON (``pardiag report --json``): run-level keys, then each analysis' keys.
 
@@ -498,6 +516,8 @@ class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):
             Null/absent: ``[]`` when none.
         run: The run folder's ``run.json`` (see ``run``). Null/absent: ``null`` for traces
             recorded without ``pardiag profile``.
+        capture: Of a monitored run's deep capture (a ``capture-S`` folder): the run and the
+            steps (see ``capture``). Null/absent: ``null`` for any other input.
         ranks: One entry per loaded rank: its file and time breakdown.
         collectives: Time per collective type over all ranks, most time first. Null/absent:
             ``[]`` without communication.
@@ -565,6 +585,7 @@ class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):
     warnings: list[str] = msgspec.field(default_factory=list)
     notes: list[str] = msgspec.field(default_factory=list)
     run: RunFile | None = None
+    capture: CaptureInfo | None = None
     ranks: list[RankEntry]
     collectives: list[CollectiveTotal] = msgspec.field(default_factory=list)
     step_time: list[StepTimeRow] = msgspec.field(default_factory=list)

@@ -175,6 +175,9 @@ class TraceSet:
             ``{"comms": {rank: CommsSidecar}, "pipeline": {rank: PipelineSidecar}, "hang":
             {rank: dict}}`` (:class:`pardiag.layout.CommsSidecar`,
             :class:`pardiag.layout.PipelineSidecar`; a hang dump as parsed).
+        capture: of a monitored run's deep capture (a ``capture-S/`` folder given alone), the
+            run it belongs to and the steps it holds (:func:`pardiag.layout.capture_context`);
+            None otherwise.
     """
 
     ranks: dict[int, RankTrace]
@@ -183,6 +186,19 @@ class TraceSet:
     run_info: RunFile | None = None
     rank_meta: dict[int, RankMeta] = dataclasses.field(default_factory=dict)
     sidecars: Sidecars = dataclasses.field(default_factory=Sidecars)
+    capture: dict | None = None
+
+    def capture_line(self) -> str | None:
+        """Where a monitored run's deep capture comes from, in one line (``steps S–E of the
+        monitored run ...``; None for any other input): its steps, the run, the finding it was
+        asked for, and how to report the whole run."""
+        c = self.capture
+        if c is None:
+            return None
+        why = f", asked on: {c['reason']}" if c.get("reason") else ""
+        return (f"steps {c['first_step']}–{c['last_step']} of the monitored run "
+                f"{c['monitored_run']}{why} (the whole run: pardiag report "
+                f"{c['monitored_run']})")
 
     def failures(self) -> list[tuple[int, str]]:
         """The failed ranks, the first failure first (:func:`failures_in_order`)."""
