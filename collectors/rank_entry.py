@@ -332,8 +332,11 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event,
     It runs while the main thread is blocked in a collective (gloo and NCCL waits release the
     GIL) and records the flight recorder's entries, recent point-to-point calls and the main
     thread's Python stack. With ``--stall-timeout`` (``busy``, the rank's run, given) it also
-    touches the rank's progress file while pardiag's own work holds the main thread
-    (``busy.own_work``).
+    touches the rank's progress file, from the rank's first optimizer step until its script
+    ends, while pardiag's own work holds the main thread (``busy.own_work``) and whenever the
+    main thread has moved since the last look (:func:`_main_position`): the script's own work
+    between two steps (an evaluation) is progress; a rank blocked in a collective, or sleeping
+    in one place, is not.
     """
     from .comms import flight_recorder_entries, process_groups
 
@@ -341,9 +344,13 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event,
     main_id = threading.main_thread().ident
 
     def run() -> None:
+        last = None
         while not stop.wait(0.2):
-            if busy is not None and busy.own_work.is_set():
-                _touch_progress(busy)
+            if busy is not None and busy.progress_at > float("-inf") and not busy.steps_over:
+                where = _main_position(main_id)
+                if busy.own_work.is_set() or where != last:
+                    _touch_progress(busy)
+                last = where
             if not request.exists():
                 continue
             frame = sys._current_frames().get(main_id)
@@ -360,6 +367,18 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event,
     t = threading.Thread(target=run, name="pardiag-watchdog", daemon=True)
     t.start()
     return t
+
+
+def _main_position(main_id: int | None) -> tuple | None:
+    """Where the main thread is: each frame of its stack's code and last instruction, innermost
+    first (None when it has none). Unchanged between two looks while it waits in one call (a
+    collective, a sleep); changed by any Python work between them."""
+    f = sys._current_frames().get(main_id) if main_id is not None else None
+    out = []
+    while f is not None:
+        out.append((f.f_code, f.f_lasti))
+        f = f.f_back
+    return tuple(out) or None
 
 
 def _mesh_layout(meshes: list[dict], world: int | None) -> tuple[dict[str, int], dict]:
@@ -663,6 +682,8 @@ class _RankRun:
     #: set while pardiag's own work holds the main thread between two steps (a trace's
     #: export): the watchdog then touches the progress file, so that it is no stall
     own_work: threading.Event = dataclasses.field(default_factory=threading.Event)
+    #: the script has ended: the watchdog no longer touches the progress file
+    steps_over: bool = False
     error: BaseException | None = None
     #: the script's module globals, held until the process ends (:func:`_run_script`)
     script_globals: dict | None = None
@@ -991,6 +1012,8 @@ def _touch_progress(run: _RankRun) -> None:
     run.progress_at = now   # (the watchdog thread sets it too: a race costs one extra touch)
     try:
         layout.progress_path(run.out, run.rank).touch()
+        if run.steps_over:   # the script ended meanwhile (the watchdog thread's touch)
+            layout.progress_path(run.out, run.rank).unlink(missing_ok=True)
     except OSError:
         pass
 
@@ -1176,6 +1199,7 @@ def _run_script(run: _RankRun) -> None:
         gc.disable()   # nothing is collected until the objects are frozen below
         if run.cfg.get("stall_s"):   # its steps are over: pardiag's work that follows, or
             # waiting at exit for a rank that hangs, is no progress and no stall of its own
+            run.steps_over = True
             layout.progress_path(run.out, run.rank).unlink(missing_ok=True)
         _guard_teardown(run)
         sys.argv = saved_argv

@@ -316,9 +316,10 @@ def _schedule_options(f):
 @click.option("--timeout", "timeout_s", type=float, default=None, metavar="SECONDS",
               help="Stop a job still running after SECONDS and name the rank(s) it waits for.")
 @click.option("--stall-timeout", "stall_s", type=float, default=None, metavar="SECONDS",
-              help="Stop a job once no rank has made an optimizer step for SECONDS (at least 2; "
-                   "counted from the first step; for long runs; an evaluation between steps "
-                   "counts) and name the rank(s) it waits for.")
+              help="Stop a job once no rank has made an optimizer step or moved on for SECONDS "
+                   "(at least 2; counted from the first step; for long runs: an evaluation "
+                   "between steps moves on, a rank waiting in a collective does not) and name "
+                   "the rank(s) it waits for.")
 @click.option("--nnodes", default=1, show_default=True, type=click.IntRange(min=1),
               help="Nodes of the job; run the same command on each (torchrun's --nnodes).")
 @click.option("--node-rank", type=click.IntRange(min=0), default=None,

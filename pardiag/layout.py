@@ -390,7 +390,7 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
             else torchrun's.
         timed_out_after_s: the ``--timeout`` that expired (None: it did not).
         stalled_after_s: the ``--stall-timeout`` that expired: no rank had made an optimizer
-            step for that long (None: it did not).
+            step or moved on for that long (None: it did not).
         hang: one line per collective the job was stuck in when it was stopped.
         nodes: ``{host name: [ranks on it]}`` from the rank metadata (of this node's ranks in a
             node's part).

@@ -495,13 +495,19 @@ def test_a_pause_between_steps_is_a_stall_and_the_end_of_the_script_is_not(tmp_p
     """--stall-timeout 4: a script that sleeps 12 s after its fifth step is stopped (exit code
     124), and the hang line says where its rank was, as no collective waits; the same script
     without the pause ends by itself (exit code 0), pardiag's work after its last step no
-    stall, and the rank's progress file is gone (its steps were over)."""
+    stall, and the rank's progress file is gone (its steps were over); one that evaluates
+    for 6 s there instead (forwards, no optimizer step) is making progress: no stall."""
     script = tmp_path / "pause.py"
     script.write_text("import sys, time, torch\nm = torch.nn.Linear(4, 4)\n"
                       "opt = torch.optim.SGD(m.parameters(), 0.1)\n"
                       "for step in range(10):\n    m(torch.randn(2, 4)).sum().backward()\n"
-                      "    opt.step()\n    if step == 4:\n"
-                      "        time.sleep(float(sys.argv[1]))\n")
+                      "    opt.step()\n    if step == 4 and len(sys.argv) == 2:\n"
+                      "        time.sleep(float(sys.argv[1]))\n"
+                      "    elif step == 4:   # an evaluation\n"
+                      "        t = time.monotonic()\n"
+                      "        with torch.no_grad():\n"
+                      "            while time.monotonic() - t < float(sys.argv[1]):\n"
+                      "                m(torch.randn(2, 4))\n")
     res = pardiag("profile", script, "--out", tmp_path / "p", "--stall-timeout", 4, "--", 12)
     assert res.returncode == 124, res.stderr[-2000:]
     assert (f'pardiag: hang, no optimizer step for 4 s: no collective is waiting on a missing '
@@ -509,6 +515,9 @@ def test_a_pause_between_steps_is_a_stall_and_the_end_of_the_script_is_not(tmp_p
     res = pardiag("profile", script, "--out", tmp_path / "q", "--stall-timeout", 2, "--", 0)
     assert res.returncode == 0 and "hang" not in res.stderr, res.stderr[-2000:]
     assert not list((tmp_path / "q" / "pardiag").glob("*.progress"))
+    res = pardiag("profile", script, "--out", tmp_path / "e", "--stall-timeout", 2, "--", 6,
+                  "eval")
+    assert res.returncode == 0 and "hang" not in res.stderr, res.stderr[-2000:]
 
 
 @pytest.mark.e2e

@@ -67,8 +67,8 @@ def ending_notes(run_dir: Path, last_step: int | None) -> list[str]:
         return [f"the run was stopped by --timeout after {run.timed_out_after_s:g} s{at}{hang}"]
     if run.stalled_after_s is not None:
         hang = f": {'; '.join(run.hang)}" if run.hang else ""
-        return [f"the run was stopped by --stall-timeout: no rank made an optimizer step for "
-                f"{run.stalled_after_s:g} s{at}{hang}"]
+        return [f"the run was stopped by --stall-timeout: no rank made an optimizer step or "
+                f"moved on for {run.stalled_after_s:g} s{at}{hang}"]
     if run.exit_code == 130:
         return [f"the run was interrupted (Ctrl-C, exit code 130){at}"]
     if run.exit_code not in (0, None):
