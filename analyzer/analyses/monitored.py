@@ -572,7 +572,10 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
     "baseline_step_ms", "threshold_ms"}]`` (ms). A late period whose steps were not slower
     than the others' by :data:`STRAGGLER_STEP_SHARE` and by :data:`STRAGGLER_SIGMA` × the noise
     of their median is no finding: the other ranks waited,
-    the run lost no time; it is said in ``notes`` when given."""
+    the run lost no time; it is said in ``notes`` when given. ``delays``: :func:`arrival_delays`
+    (ranks × steps, µs); ``steps``: :attr:`MonitorData.steps`; ``joins``:
+    :func:`~.monitor_delays.join_delays`, on which a costly period is found again
+    (:func:`_on_signal`; without it, on the largest delay per step)."""
     if delays.empty or len(delays) < 2:
         return []
     step_ms = steps.groupby("step")["dur_us"].median()
