@@ -48,6 +48,9 @@ MAX_PIPELINE_RECORDS = 50_000
 #: A rank touches its progress file at most this often (s) as it makes optimizer steps
 #: (``--stall-timeout``): one stat and no write in most steps.
 PROGRESS_EVERY_S = 1.0
+#: Off a GPU, a rank whose main thread used at least this share of a core between two looks
+#: of its watchdog computes, and makes progress (``--stall-timeout``).
+BUSY_CPU_SHARE = 0.25
 
 
 class _OptimizerStepper:
@@ -333,10 +336,10 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event,
     GIL) and records the flight recorder's entries, recent point-to-point calls and the main
     thread's Python stack. With ``--stall-timeout`` (``busy``, the rank's run, given) it also
     touches the rank's progress file, from the rank's first optimizer step until its script
-    ends, while pardiag's own work holds the main thread (``busy.own_work``) and whenever the
-    main thread has moved since the last look (:func:`_main_position`): the script's own work
-    between two steps (an evaluation) is progress; a rank blocked in a collective, or sleeping
-    in one place, is not.
+    ends, while pardiag's own work holds the main thread (``busy.own_work``), whenever the
+    main thread has moved since the last look (:func:`_main_position`), and, off a GPU, while
+    it computes (:func:`_main_cpu_s`, :data:`BUSY_CPU_SHARE`): the script's own work between
+    two steps (an evaluation) is progress; a rank blocked in a collective, or sleeping, is not.
     """
     from .comms import flight_recorder_entries, process_groups
 
@@ -344,13 +347,18 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event,
     main_id = threading.main_thread().ident
 
     def run() -> None:
-        last = None
+        last, last_cpu, last_t = None, None, time.monotonic()
         while not stop.wait(0.2):
             if busy is not None and busy.progress_at > float("-inf") and not busy.steps_over:
                 where = _main_position(main_id)
-                if busy.own_work.is_set() or where != last:
+                # off a GPU, a main thread that computes uses its core; one that waits (a
+                # collective, a sleep) does not (a host waiting for a GPU may spin instead)
+                cpu, now = (None if busy.cuda else _main_cpu_s(main_id)), time.monotonic()
+                computing = (cpu is not None and last_cpu is not None
+                             and cpu - last_cpu > BUSY_CPU_SHARE * (now - last_t))
+                if busy.own_work.is_set() or where != last or computing:
                     _touch_progress(busy)
-                last = where
+                last, last_cpu, last_t = where, cpu, now
             if not request.exists():
                 continue
             frame = sys._current_frames().get(main_id)
@@ -379,6 +387,16 @@ def _main_position(main_id: int | None) -> tuple | None:
         out.append((f.f_code, f.f_lasti))
         f = f.f_back
     return tuple(out) or None
+
+
+def _main_cpu_s(main_id: int | None) -> float | None:
+    """The main thread's CPU time (s, its POSIX thread clock); None where it cannot be read."""
+    if main_id is None:
+        return None
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(main_id))
+    except (AttributeError, OSError, TypeError, ValueError, OverflowError):
+        return None
 
 
 def _mesh_layout(meshes: list[dict], world: int | None) -> tuple[dict[str, int], dict]:

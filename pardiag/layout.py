@@ -161,6 +161,8 @@ def capture_context(folder: Path) -> dict | None:
     capture the run's request does not list (an earlier run's, or a request that cannot be
     read)."""
     folder = Path(folder)
+    if folder.name in ("", ".", ".."):   # "." given from inside the capture: its own name
+        folder = folder.resolve()
     m = re.fullmatch(CAPTURE_TEMPLATE.format(step=r"(\d+)"), folder.name)
     if m is None:
         return None

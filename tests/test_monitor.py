@@ -1535,11 +1535,11 @@ def test_the_matched_signal_weights_each_series_by_its_shift_over_its_noise():
     assert np.isnan(D.matched_signal(flat[None, :], inside, ~inside)).all()
 
 
-def test_a_deep_capture_reported_alone_says_which_run_and_steps_it_holds(tmp_path):
+def test_a_deep_capture_reported_alone_says_which_run_and_steps_it_holds(tmp_path, monkeypatch):
     """A capture-S folder inside a monitored run whose request asked for steps S..S+2 on a
     finding: its report says so in the JSON (``capture``), the terminal's first line and the
     page's summary; a capture the request does not list, a request that cannot be read and any
-    other folder give none."""
+    other folder give none; "." from inside the capture is the capture."""
     import io
     import shutil
 
@@ -1564,6 +1564,9 @@ def test_a_deep_capture_reported_alone_says_which_run_and_steps_it_holds(tmp_pat
         "monitored_run": str(run), "first_step": 300, "last_step": 304, "reason": None}
     assert layout.capture_context(layout.capture_dir(run, 124)) is None   # not asked for
     assert layout.capture_context(run) is None
+    monkeypatch.chdir(cap)   # "pardiag report ." from inside the capture
+    assert layout.capture_context(Path(".")) == {**want, "monitored_run": str(run.resolve())}
+    monkeypatch.chdir(tmp_path)
     rep = build_report(load_traces(cap))
     assert report_json(rep)["capture"] == want
     line = (f"steps 120–122 of the monitored run {run}, asked on: {why} (the whole run: "

@@ -496,18 +496,20 @@ def test_a_pause_between_steps_is_a_stall_and_the_end_of_the_script_is_not(tmp_p
     124), and the hang line says where its rank was, as no collective waits; the same script
     without the pause ends by itself (exit code 0), pardiag's work after its last step no
     stall, and the rank's progress file is gone (its steps were over); one that evaluates
-    for 6 s there instead (forwards, no optimizer step) is making progress: no stall."""
+    for 6 s there instead (no optimizer step; nearly all its time in one matrix product, so
+    that its stack looks the same at every look: its core's use says it works), pinned to its
+    core, is making progress: no stall."""
     script = tmp_path / "pause.py"
     script.write_text("import sys, time, torch\nm = torch.nn.Linear(4, 4)\n"
                       "opt = torch.optim.SGD(m.parameters(), 0.1)\n"
                       "for step in range(10):\n    m(torch.randn(2, 4)).sum().backward()\n"
                       "    opt.step()\n    if step == 4 and len(sys.argv) == 2:\n"
                       "        time.sleep(float(sys.argv[1]))\n"
-                      "    elif step == 4:   # an evaluation\n"
-                      "        t = time.monotonic()\n"
+                      "    elif step == 4:   # an evaluation, in one call site nearly always\n"
+                      "        t, a = time.monotonic(), torch.randn(700, 700)\n"
                       "        with torch.no_grad():\n"
                       "            while time.monotonic() - t < float(sys.argv[1]):\n"
-                      "                m(torch.randn(2, 4))\n")
+                      "                a @ a\n")
     res = pardiag("profile", script, "--out", tmp_path / "p", "--stall-timeout", 4, "--", 12)
     assert res.returncode == 124, res.stderr[-2000:]
     assert (f'pardiag: hang, no optimizer step for 4 s: no collective is waiting on a missing '
@@ -515,8 +517,8 @@ def test_a_pause_between_steps_is_a_stall_and_the_end_of_the_script_is_not(tmp_p
     res = pardiag("profile", script, "--out", tmp_path / "q", "--stall-timeout", 2, "--", 0)
     assert res.returncode == 0 and "hang" not in res.stderr, res.stderr[-2000:]
     assert not list((tmp_path / "q" / "pardiag").glob("*.progress"))
-    res = pardiag("profile", script, "--out", tmp_path / "e", "--stall-timeout", 2, "--", 6,
-                  "eval")
+    res = pardiag("profile", script, "--out", tmp_path / "e", "--stall-timeout", 2, "--pin-cpu",
+                  "--", 6, "eval")
     assert res.returncode == 0 and "hang" not in res.stderr, res.stderr[-2000:]
 
 
