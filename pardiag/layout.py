@@ -153,6 +153,37 @@ def capture_dir(run_dir: Path, start_step: int) -> Path:
     return Path(run_dir) / CAPTURE_TEMPLATE.format(step=start_step)
 
 
+def read_capture_request(run_dir: Path) -> dict | None:
+    """The launcher's capture request in ``run_dir`` (:func:`capture_request_path`: this
+    request's ``start_step``, ``steps``, ``reason`` and every request so far in ``asked``), or
+    None when there is none or it cannot be read."""
+    try:
+        doc = msgspec.json.decode(capture_request_path(run_dir).read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def asked_captures(req: dict | None) -> list[tuple[int, int, str | None]]:
+    """(first, last step, reason or None) of each deep capture ``req``
+    (:func:`read_capture_request`) asked for, in the order asked: its ``asked`` list, or (a
+    request written before there was one) the one request it holds; empty without a request."""
+    if not isinstance(req, dict):
+        return []
+    asked = req.get("asked")
+    out = []
+    for r in asked if isinstance(asked, list) else [req]:
+        try:
+            first, n = int(r["start_step"]), int(r["steps"])
+        except (TypeError, KeyError, ValueError):
+            continue
+        reason = r.get("reason")
+        if first >= 0:
+            out.append((first, first + max(n, 1) - 1,
+                        reason if isinstance(reason, str) and reason else None))
+    return out
+
+
 def capture_context(folder: Path) -> dict | None:
     """Of a monitored run's deep capture (``folder`` is ``capture-S/`` inside a run folder
     whose capture request asked for steps from S): ``{"monitored_run": the run folder,
@@ -166,18 +197,10 @@ def capture_context(folder: Path) -> dict | None:
     m = re.fullmatch(CAPTURE_TEMPLATE.format(step=r"(\d+)"), folder.name)
     if m is None:
         return None
-    try:
-        doc = msgspec.json.decode(capture_request_path(folder.parent).read_bytes())
-    except (OSError, msgspec.DecodeError):
-        return None
-    asked = doc.get("asked", [doc]) if isinstance(doc, dict) else []
-    for a in asked if isinstance(asked, list) else []:
-        if (isinstance(a, dict) and a.get("start_step") == int(m.group(1))
-                and isinstance(a.get("steps"), int) and a["steps"] > 0):
-            reason = a.get("reason")
-            return {"monitored_run": str(folder.parent), "first_step": int(m.group(1)),
-                    "last_step": int(m.group(1)) + a["steps"] - 1,
-                    "reason": reason if isinstance(reason, str) and reason else None}
+    for first, last, reason in asked_captures(read_capture_request(folder.parent)):
+        if first == int(m.group(1)):
+            return {"monitored_run": str(folder.parent), "first_step": first,
+                    "last_step": last, "reason": reason}
     return None
 
 

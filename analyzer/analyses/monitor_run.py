@@ -11,32 +11,15 @@ from pardiag import layout
 
 
 def capture_request(run_dir: Path) -> dict | None:
-    """The launcher's capture request in ``run_dir`` (``start_step``, ``steps``), if any."""
-    import orjson
-
-    try:
-        doc = orjson.loads(layout.capture_request_path(run_dir).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    """The launcher's capture request in ``run_dir`` (``start_step``, ``steps``), if any
+    (:func:`pardiag.layout.read_capture_request`)."""
+    return layout.read_capture_request(run_dir)
 
 
 def requested_captures(req: dict | None) -> list[tuple[int, int]]:
     """(first, last) step of each deep capture ``req`` (:func:`capture_request`) asked for, in
-    the order asked: its ``asked`` list, or (a request written before there was one) the one
-    request it holds; empty without a readable request."""
-    if not isinstance(req, dict):
-        return []
-    asked = req.get("asked")
-    out = []
-    for r in asked if isinstance(asked, list) else [req]:
-        try:
-            first, n = int(r["start_step"]), int(r["steps"])
-        except (TypeError, KeyError, ValueError):
-            continue
-        if first >= 0:
-            out.append((first, first + max(n, 1) - 1))
-    return out
+    the order asked (:func:`pardiag.layout.asked_captures`)."""
+    return [(first, last) for first, last, _ in layout.asked_captures(req)]
 
 
 def captures(run_dir: Path) -> list[dict]:
