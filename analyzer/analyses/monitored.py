@@ -433,7 +433,7 @@ def _cut_at_noise(x: np.ndarray, high: np.ndarray, a: int, b: int) -> list[tuple
 
 def _on_signal(cand: list[tuple], late: pd.DataFrame, excess: np.ndarray,
                joins: pd.DataFrame | None, cols: np.ndarray, costly) -> list[tuple]:
-    """``cand`` (``(rank, first, last, persistent, extra)`` positions, by rank) with each
+    """``cand`` (``(rank, first, last, persistent)`` positions, by rank) with each
     rank's costly transient periods (``costly(first, last)``) found again on its
     :func:`_cost_signal` (in units of their shift): a period is where that signal's running
     median over :data:`SIGNAL_STEPS` steps stays above :data:`HYSTERESIS` × half the shift,
@@ -447,7 +447,7 @@ def _on_signal(cand: list[tuple], late: pd.DataFrame, excess: np.ndarray,
     out: list[tuple] = []
     for r in dict.fromkeys(c[0] for c in cand):
         mine = [c for c in cand if c[0] == r]
-        seeds = [(a, b) for _, a, b, persistent, _ in mine if not persistent and costly(a, b)]
+        seeds = [(a, b) for _, a, b, persistent in mine if not persistent and costly(a, b)]
         sig = _cost_signal(late.loc[r].to_numpy(dtype=float), excess, mine, seeds, joins, r,
                            cols) if seeds else None
         if sig is None:
@@ -456,11 +456,10 @@ def _on_signal(cand: list[tuple], late: pd.DataFrame, excess: np.ndarray,
         y, cost, outside = sig
         spread = _robust_sigma(cost[outside]) if np.isfinite(cost[outside]).any() else np.inf
         found = [_costly_part(cost, a, b, spread) for a, b in _signal_periods(y, seeds)]
-        x = late.loc[r].to_numpy(dtype=float)
         keep = [c for c in mine if not any(c[1] <= b and a <= c[2] for a, b in found)]
         # a period whose costly steps are fewer than a period's least is none
-        out += sorted(keep + [(r, a, b, False, float(np.nanmedian(x[a:b + 1])))
-                              for a, b in found if b - a + 1 >= MIN_STEPS], key=lambda c: c[1])
+        out += sorted(keep + [(r, a, b, False) for a, b in found if b - a + 1 >= MIN_STEPS],
+                      key=lambda c: c[1])
     return out
 
 
@@ -507,7 +506,7 @@ def _cost_signal(x: np.ndarray, excess: np.ndarray, mine: list[tuple],
         q = (b - a) // 4
         inside[a + q:b - q + 1] = True
     outside = np.ones(len(x), bool)
-    for _, a, b, _, _ in mine:
+    for _, a, b, _ in mine:
         outside[a:b + 1] = False
     y = matched_signal(np.vstack([chans, ex[None, :]]), inside, outside)
     if not np.isfinite(y[inside]).any():
@@ -591,7 +590,7 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
     noise = _robust_sigma(resid) * 1.2533 / np.sqrt(WINDOW_STEPS)
     thr = max(STRAGGLER_SIGMA * noise, STRAGGLER_STEP_SHARE * float(step_ms.median()))
     cols = delays.columns.to_numpy()
-    cand: list[tuple[int, int, int, bool, float]] = []
+    cand: list[tuple[int, int, int, bool]] = []
     for r in delays.index:
         x = late.loc[r].to_numpy(dtype=float)
         ok = np.isfinite(x)
@@ -601,15 +600,14 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
         periods = _late_periods(x, m, thr)
         if _persistent(x, m, periods, thr):
             idx = np.flatnonzero(ok)
-            cand.append((int(r), int(idx[0]), int(idx[-1]), True, float(np.nanmedian(x))))
+            cand.append((int(r), int(idx[0]), int(idx[-1]), True))
         else:
-            cand += [(int(r), a, b, False, float(np.nanmedian(x[a:b + 1])))
-                     for a, b in periods]
+            cand += [(int(r), a, b, False) for a, b in periods]
     # the run's step time without any late period of a transient (a persistent straggler is
     # in every step: its cost is its lateness, the other ranks' wait)
     dur = step_ms.reindex(cols).to_numpy(dtype=float)
     quiet = np.ones(len(cols), bool)
-    for _, a, b, persistent, _ in cand:
+    for _, a, b, persistent in cand:
         if not persistent:
             quiet[a:b + 1] = False
     # the step time's median and noise without the late periods (two of them would widen it)
@@ -633,10 +631,10 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
     cand = _on_signal(cand, late, dur - base, joins, cols,
                       lambda a, b: costs(a, b, float(np.nanmedian(dur[a:b + 1]))))
     out: list[dict] = []
-    for r, a, b, persistent, _ in cand:
+    for r, a, b, persistent in cand:
         during = float(np.nanmedian(dur[a:b + 1]))
-        extra = (float(np.nanmedian(late.loc[r].to_numpy(dtype=float)))
-                 if persistent else float(np.nanmedian(late.loc[r].to_numpy(dtype=float)[a:b + 1])))
+        # (a persistent rank's a..b are its first and last step with a lateness)
+        extra = float(np.nanmedian(late.loc[r].to_numpy(dtype=float)[a:b + 1]))
         f = {"kind": "straggler", "rank": r, "first_step": int(cols[a]),
              "last_step": int(cols[b]), "steps": b - a + 1, "persistent": persistent,
              "extra_delay_ms": round(extra / 1e3, 3), "step_ms": round(during / 1e3, 3),
