@@ -1065,8 +1065,12 @@ def _write_capture_run_files(out: Path, name: str, run: layout.RunFile, steps: i
     the capture's last step) get the run's file too (``name``: this node's part), its schedule
     the capture's: the profiler skipped S steps and recorded the ``steps`` every rank was asked
     for (fewer when the job was stopped while it recorded: the steps its ranks had done), and
-    its layout the capture's ranks' metadata's. A capture report then names the job's
-    command, script and arguments, as a profiled run's does."""
+    its layout the capture's ranks' metadata's, and its ``capture`` the run and the steps and
+    finding the capture was asked for (:attr:`layout.RunFile.capture`). A capture report then
+    names the job's command, script and arguments, as a profiled run's does, and still says
+    where it comes from when copied away from the run."""
+    asked = {first: (last, reason) for first, last, reason
+             in layout.asked_captures(layout.read_capture_request(out))}
     for cap in sorted(out.glob(layout.CAPTURE_TEMPLATE.format(step="*"))):
         try:
             first = int(cap.name.split("-", 1)[1])
@@ -1082,9 +1086,12 @@ def _write_capture_run_files(out: Path, name: str, run: layout.RunFile, steps: i
                     if m.optimizer_steps is not None]
             active = max(1, min([steps, *done]))
             # the capture's layout: a monitored run records none outside its captures
+            last, reason = asked.get(first, (first + active - 1, None))
             mine = msgspec.structs.replace(
                 run, schedule=layout.ProfilerSchedule(wait=first, warmup=0, active=active),
-                layout=_run_layout(metas) or run.layout)
+                layout=_run_layout(metas) or run.layout,
+                capture={"monitored_run": str(out.resolve()), "first_step": first,
+                         "last_step": last, "reason": reason})
             path = layout.sidecar_dir(cap) / name
             path.with_suffix(".json.tmp").write_bytes(layout.encode_sidecar(mine))
             os.replace(path.with_suffix(".json.tmp"), path)

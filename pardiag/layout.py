@@ -184,24 +184,37 @@ def asked_captures(req: dict | None) -> list[tuple[int, int, str | None]]:
     return out
 
 
-def capture_context(folder: Path) -> dict | None:
-    """Of a monitored run's deep capture (``folder`` is ``capture-S/`` inside a run folder
-    whose capture request asked for steps from S): ``{"monitored_run": the run folder,
-    "first_step": S, "last_step": the last step asked for, "reason": the finding it was
-    asked for, or None when the request gives none}``. None for any other folder, and for a
-    capture the run's request does not list (an earlier run's, or a request that cannot be
+def capture_context(folder: Path, own: RunFile | None = None) -> dict | None:
+    """Of a monitored run's deep capture: ``{"monitored_run": the run folder, "first_step": S,
+    "last_step": the last step asked for, "reason": the finding it was asked for, or None when
+    the request gives none, "monitored_run_found": whether that folder is there}``.
+
+    ``folder`` is ``capture-S/`` inside a run folder whose capture request asked for steps
+    from S; else, the capture's own run file ``own`` (:attr:`RunFile.capture`) says which run
+    it came from (a capture copied or moved away from its run, or renamed). None for any other
+    folder, and for a capture neither lists (an earlier run's, or a request that cannot be
     read)."""
     folder = Path(folder)
     if folder.name in ("", ".", ".."):   # "." given from inside the capture: its own name
         folder = folder.resolve()
     m = re.fullmatch(CAPTURE_TEMPLATE.format(step=r"(\d+)"), folder.name)
-    if m is None:
+    if m is not None:
+        for first, last, reason in asked_captures(read_capture_request(folder.parent)):
+            if first == int(m.group(1)):
+                return {"monitored_run": str(folder.parent), "first_step": first,
+                        "last_step": last, "reason": reason, "monitored_run_found": True}
+    rec = own.capture if own is not None else None
+    if not isinstance(rec, dict):
         return None
-    for first, last, reason in asked_captures(read_capture_request(folder.parent)):
-        if first == int(m.group(1)):
-            return {"monitored_run": str(folder.parent), "first_step": first,
-                    "last_step": last, "reason": reason}
-    return None
+    try:
+        run, first, last = (str(rec["monitored_run"]), int(rec["first_step"]),
+                            int(rec["last_step"]))
+    except (TypeError, KeyError, ValueError):
+        return None
+    reason = rec.get("reason")
+    return {"monitored_run": run, "first_step": first, "last_step": last,
+            "reason": reason if isinstance(reason, str) and reason else None,
+            "monitored_run_found": Path(run).is_dir()}
 
 
 def progress_path(run_dir: Path, rank: int) -> Path:
@@ -440,6 +453,11 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
             moves the step time of the whole run.
         monitor_every: with ``pardiag profile --monitor``, the steps per line of each rank's
             monitor file (:func:`monitor_path`); None: a profiled run.
+        capture: in a monitored run's deep capture only (``capture-S/pardiag/run.json``):
+            ``{"monitored_run": the run folder (absolute, as the launcher wrote it),
+            "first_step": S, "last_step": the last step asked for, "reason": the finding it was
+            asked on, or None}``, so that a capture copied away from its run still says where
+            it comes from (:func:`capture_context`); None elsewhere.
     """
 
     schema: str = SIDECAR_SCHEMA
@@ -473,6 +491,7 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
     host_probe_before_ms: float | None = None
     host_probe_after_ms: float | None = None
     monitor_every: int | None = None
+    capture: dict[str, Any] | None = None
 
 
 def join_run_files(parts: list[RunFile]) -> RunFile | None:

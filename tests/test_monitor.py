@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pandas as pd
 import pytest
@@ -897,6 +898,12 @@ def test_a_finding_while_the_run_goes_on_starts_a_deep_capture(tmp_path):
         # the job's run file, its schedule the capture's: S steps skipped, 3 recorded
         run_file = json.loads((cap / "pardiag" / "run.json").read_bytes())
         assert run_file["schedule"] == {"wait": start, "warmup": 0, "active": 3}
+        # and where it comes from, for a copy away from the run: the run, the steps asked for
+        # and the finding (a line the launcher said)
+        rec = run_file["capture"]
+        assert (rec["monitored_run"], rec["first_step"], rec["last_step"]) == (
+            str(out.resolve()), start, start + 2)
+        assert rec["reason"] and any(rec["reason"] in ln for ln in lines.splitlines()), rec
         assert run_file["layout"]["dims"] == {"dp": 2}   # the capture's ranks recorded it
         assert "--monitor-capture 3 --" in run_file["command"]
         # the capture names its module calls, as a profiled window does
@@ -1558,10 +1565,12 @@ def test_a_deep_capture_reported_alone_says_which_run_and_steps_it_holds(tmp_pat
     why = "rank 1: late at its collectives since step 100 (+17.0 ms per step)"
     req.write_text(json.dumps({"start_step": 300, "steps": 5, "asked": [
         {"start_step": 120, "steps": 3, "reason": why}, {"start_step": 300, "steps": 5}]}))
-    want = {"monitored_run": str(run), "first_step": 120, "last_step": 122, "reason": why}
+    want = {"monitored_run": str(run), "first_step": 120, "last_step": 122, "reason": why,
+            "monitored_run_found": True}
     assert layout.capture_context(cap) == want
     assert layout.capture_context(layout.capture_dir(run, 300)) == {
-        "monitored_run": str(run), "first_step": 300, "last_step": 304, "reason": None}
+        "monitored_run": str(run), "first_step": 300, "last_step": 304, "reason": None,
+        "monitored_run_found": True}
     assert layout.capture_context(layout.capture_dir(run, 124)) is None   # not asked for
     assert layout.capture_context(run) is None
     monkeypatch.chdir(cap)   # "pardiag report ." from inside the capture
@@ -1579,3 +1588,36 @@ def test_a_deep_capture_reported_alone_says_which_run_and_steps_it_holds(tmp_pat
     assert layout.capture_context(cap) is None
     assert report_json(build_report(load_traces(ROOT / "sample_traces" /
                                                 "ddp_cpu_2rank")))["capture"] is None
+
+
+def test_a_deep_capture_copied_away_from_its_run_says_where_it_came_from(tmp_path):
+    """The capture's own run.json (``capture``, written by the launcher) names the run, the
+    steps and the finding: a copy of the folder under another name reports them, and says the
+    run is not there; beside its run, the run's request is read first."""
+    import shutil
+
+    from pardiag.analyzer.report import build_report, report_json
+    from pardiag.analyzer.trace import load_traces
+
+    run = tmp_path / "mon"
+    cap = layout.capture_dir(run, 120)
+    shutil.copytree(ROOT / "sample_traces" / "ddp_slowrank1_cpu_2rank", cap)
+    why = "rank 1: late at its collectives since step 100 (+17.0 ms per step)"
+    own_path = layout.run_file_path(cap)
+    own = layout.decode_sidecar(own_path.read_bytes(), "run")
+    rec = {"monitored_run": str(run), "first_step": 120, "last_step": 122, "reason": why}
+    own_path.write_bytes(layout.encode_sidecar(msgspec.structs.replace(own, capture=rec)))
+    # beside its run, without a request: its own record, and the run is there
+    assert layout.capture_context(cap, layout.decode_sidecar(own_path.read_bytes(), "run")) == {
+        **rec, "monitored_run_found": True}
+    copy = tmp_path / "elsewhere" / "slow-period"
+    shutil.copytree(cap, copy)
+    shutil.rmtree(run)
+    got = report_json(build_report(load_traces(copy)))["capture"]
+    assert got == {**rec, "monitored_run_found": False}
+    rep = build_report(load_traces(copy))
+    assert rep.traces.capture_line() == (
+        f"steps 120–122 of the monitored run {run}, asked on: {why} (that folder is not "
+        "here: this capture was copied or moved away from it)")
+    # a run file without the record (a profiled run's) gives none
+    assert layout.capture_context(copy, own) is None

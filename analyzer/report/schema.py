@@ -496,12 +496,16 @@ class CaptureInfo(msgspec.Struct, kw_only=True, frozen=True):
         last_step: The last step it was asked to hold.
         reason: The finding the launcher asked for it on, as said while the run went on.
             Null/absent: ``null`` when the request gives none.
+        monitored_run_found: Whether ``monitored_run`` is a folder where the report was made
+            (false: the capture was copied or moved away from its run, and says where the run
+            was from its own ``run.json``).
     """
 
     monitored_run: str
     first_step: int
     last_step: int
     reason: str | None = None
+    monitored_run_found: bool = True
 
 
 class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):

@@ -470,8 +470,8 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     ranks: dict[int, RankTrace] = {}
     for a in assignment:
         ranks[a.rank] = _rank_trace(a, units, warnings)
-    capture = (layout.capture_context(roots[0]) if len(roots) == 1 and roots[0].is_dir()
-               else None)
+    capture = (layout.capture_context(roots[0], run_info)
+               if len(roots) == 1 and roots[0].is_dir() else None)
     return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
                     rank_meta=rank_meta, sidecars=cast(Sidecars, others), capture=capture)
 

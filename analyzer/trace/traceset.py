@@ -196,9 +196,11 @@ class TraceSet:
         if c is None:
             return None
         why = f", asked on: {c['reason']}" if c.get("reason") else ""
+        whole = (f"the whole run: pardiag report {c['monitored_run']}"
+                 if c.get("monitored_run_found", True) else
+                 "that folder is not here: this capture was copied or moved away from it")
         return (f"steps {c['first_step']}–{c['last_step']} of the monitored run "
-                f"{c['monitored_run']}{why} (the whole run: pardiag report "
-                f"{c['monitored_run']})")
+                f"{c['monitored_run']}{why} ({whole})")
 
     def failures(self) -> list[tuple[int, str]]:
         """The failed ranks, the first failure first (:func:`failures_in_order`)."""
