@@ -117,7 +117,7 @@ def guard_outputs(outputs: list[Path | None], inputs: list[Path], traces=None) -
             raise PardiagError(f"{target}: is one of the {what}; choose another output path")
         if target.exists():
             st = target.stat()
-            if (st.st_dev, st.st_ino) in inode:
+            if (st.st_dev, st.st_ino) in inode and not _earlier_output(target):
                 raise PardiagError(f"{target}: would overwrite {inode[(st.st_dev, st.st_ino)]} "
                                    "of the input; choose another output path")
     if len(outs) == 2 and outs[0].resolve() == outs[1].resolve():
@@ -148,6 +148,31 @@ def _ours(path: Path, html: bool) -> bool:
     except orjson.JSONDecodeError:
         return False
     return isinstance(doc, dict) and "schema_version" in doc
+
+
+def _earlier_output(path: Path) -> bool:
+    """Whether ``path``, a file of an input folder, is an earlier output of pardiag that no
+    command reads as input: a page it wrote, or a report's or comparison's JSON (not a
+    sidecar, not a trace). ``pardiag report .`` run twice in a run folder replaces its own
+    ``report.html`` rather than refusing it as part of the input."""
+    import orjson
+
+    if path.suffix.lower() not in (".html", ".htm", ".json") or layout.is_sidecar_name(path.name):
+        return False
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if not data.strip():
+        return False
+    if path.suffix.lower() != ".json":
+        return _ours(path, True)
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return (isinstance(doc, dict) and "schema_version" in doc
+            and doc.get("schema") != layout.SIDECAR_SCHEMA and "traceEvents" not in doc)
 
 
 def _merged_by_pardiag(path: Path) -> bool:

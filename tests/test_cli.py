@@ -9,6 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from pardiag import layout
 from pardiag.cli import cli, main
 
 from .paths import REPO
@@ -260,6 +261,13 @@ def test_malformed_sidecars_are_left_out_with_warnings(tmp_path):
     assert "rank0.pipeline.json: unreadable pardiag sidecar, ignored" in res.output
 
 
+def _user_files(folder):
+    """Every file under ``folder`` and its bytes, pardiag's summary cache (``.pardiag-cache/``,
+    written by any report that loaded the traces) left out."""
+    return {f: f.read_bytes() for f in folder.rglob("*")
+            if f.is_file() and layout.SUMMARY_DIR not in f.parts}
+
+
 def test_no_file_of_an_input_folder_is_overwritten(tmp_path):
     """run.json, a rank sidecar, a hard link to a trace, or one path for both outputs: refused
     with one line and exit 2, the files untouched."""
@@ -267,7 +275,7 @@ def test_no_file_of_an_input_folder_is_overwritten(tmp_path):
     import shutil
     run = tmp_path / "run"
     shutil.copytree(REPO / "sample_traces" / "ddp_cpu_2rank", run)
-    before = {f: f.read_bytes() for f in run.rglob("*") if f.is_file()}
+    before = _user_files(run)
     os.link(run / "rank0.trace.json.gz", tmp_path / "hard.json.gz")
     for args, msg in (
             (["-o", str(run / "pardiag" / "run.json")], "run.json: would overwrite"),
@@ -281,7 +289,32 @@ def test_no_file_of_an_input_folder_is_overwritten(tmp_path):
         assert res.returncode == 2, res.stderr
         lines = res.stderr.strip().splitlines()
         assert msg in lines[-1] and "Traceback" not in res.stderr
-    assert {f: f.read_bytes() for f in run.rglob("*") if f.is_file()} == before
+    assert _user_files(run) == before
+
+
+def test_a_report_run_twice_inside_its_run_folder_replaces_its_own_outputs(tmp_path):
+    """`pardiag report .` inside a run folder, twice: the second replaces the page and the JSON
+    the first wrote there (they are no input); the user's own page in the folder, a sidecar and
+    a trace are still refused, untouched."""
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "sample_traces" / "ddp_cpu_2rank", run)
+    cmd = [sys.executable, "-m", "pardiag", "report", ".", "-q", "--json", "summary.json"]
+    for _ in range(2):
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=run)
+        assert res.returncode == 0, res.stderr
+        assert "<meta name='generator' content='pardiag" in (run / "report.html").read_text()
+        assert json.loads((run / "summary.json").read_text())["schema_version"]
+    (run / "mine.html").write_text("<html>my notes</html>")
+    before = _user_files(run)
+    for args, msg in ((["-o", "mine.html"], "mine.html: would overwrite"),
+                      (["-o", "r.html", "--json", "pardiag/rank1.meta.json"],
+                       "rank1.meta.json: would overwrite"),
+                      (["-o", "rank0.trace.json.gz"], "is one of the input traces")):
+        res = subprocess.run([sys.executable, "-m", "pardiag", "report", ".", "-q", *args],
+                             capture_output=True, text=True, cwd=run)
+        assert res.returncode == 2 and msg in res.stderr.strip().splitlines()[-1], res.stderr
+    assert _user_files(run) == before
 
 
 def test_a_report_json_in_the_run_folder_is_not_taken_for_a_trace(tmp_path):
