@@ -352,8 +352,7 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
             p.unlink()
             removed.append(str(p.relative_to(out)))
         # folders recreated below, and deep captures' folders; each kept when it holds others
-        captures = sorted(d for d in out.glob(layout.CAPTURE_TEMPLATE.format(step="*"))
-                          if d.is_dir())
+        captures = [d for _, d in layout.capture_folders(out)]
         for d in [*(p for c in captures for p in (layout.sidecar_dir(c), c / layout.SUMMARY_DIR,
                                                   c)), layout.sidecar_dir(out)]:
             try:
@@ -1071,9 +1070,8 @@ def _write_capture_run_files(out: Path, name: str, run: layout.RunFile, steps: i
     where it comes from when copied away from the run."""
     asked = {first: (last, reason) for first, last, reason
              in layout.asked_captures(layout.read_capture_request(out))}
-    for cap in sorted(out.glob(layout.CAPTURE_TEMPLATE.format(step="*"))):
+    for first, cap in layout.capture_folders(out):
         try:
-            first = int(cap.name.split("-", 1)[1])
             if steps <= 0 or not any(layout.sidecar_dir(cap).glob(
                     layout.RANK_META_TEMPLATE.format(rank="*"))):
                 continue
@@ -1114,7 +1112,7 @@ def _kept(out: Path, metas: dict, ranks: list[int] | None) -> str:
         return (f"the job was stopped before any rank wrote a monitor line (one per "
                 f"--monitor-every steps): {out} holds no step to report")
     if monitored and not traces:   # --monitor: the records written so far are the run
-        caps = [c.name for c in sorted(out.glob(layout.CAPTURE_TEMPLATE.format(step="*")))
+        caps = [c.name for _, c in layout.capture_folders(out)
                 if any(c.glob("rank*.trace.json.gz"))]
         return (f"the job was stopped; {out} keeps the monitor records of rank(s) "
                 f"{', '.join(map(str, monitored))} written so far (pardiag report reads them)"

@@ -147,7 +147,21 @@ def _ours(path: Path, html: bool) -> bool:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError:
         return False
-    return isinstance(doc, dict) and "schema_version" in doc
+    # a sidecar (a run's or a rank's file) carries a schema_version too, and is no output
+    return (isinstance(doc, dict) and "schema_version" in doc
+            and doc.get("schema") != layout.SIDECAR_SCHEMA and "traceEvents" not in doc)
+
+
+def _is_sidecar(path: Path) -> bool:
+    """Whether ``path`` is a JSON object marked as a pardiag sidecar (``"schema": "pardiag"``:
+    a run's or a rank's file, a capture request)."""
+    import orjson
+
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return isinstance(doc, dict) and doc.get("schema") == layout.SIDECAR_SCHEMA
 
 
 def _earlier_output(path: Path) -> bool:
@@ -155,8 +169,6 @@ def _earlier_output(path: Path) -> bool:
     command reads as input: a page it wrote, or a report's or comparison's JSON (not a
     sidecar, not a trace). ``pardiag report .`` run twice in a run folder replaces its own
     ``report.html`` rather than refusing it as part of the input."""
-    import orjson
-
     if path.suffix.lower() not in (".html", ".htm", ".json") or layout.is_sidecar_name(path.name):
         return False
     try:
@@ -165,14 +177,7 @@ def _earlier_output(path: Path) -> bool:
         return False
     if not data.strip():
         return False
-    if path.suffix.lower() != ".json":
-        return _ours(path, True)
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return False
-    return (isinstance(doc, dict) and "schema_version" in doc
-            and doc.get("schema") != layout.SIDECAR_SCHEMA and "traceEvents" not in doc)
+    return _ours(path, path.suffix.lower() != ".json")
 
 
 def _merged_by_pardiag(path: Path) -> bool:
@@ -202,6 +207,9 @@ def refuse_foreign_outputs(html: Path, json_out: Path | None) -> None:
             continue
         if not _ours(target, is_html):
             what = "a page" if is_html else "a JSON file"
+            if _is_sidecar(target):
+                raise PardiagError(f"{target}: is a run's own file (a pardiag sidecar), not an "
+                                   f"output; choose another path with {option}")
             raise PardiagError(f"{target}: exists and is not {what} pardiag wrote; choose "
                                f"another path with {option} (pardiag replaces only its own "
                                f"outputs)")
@@ -648,8 +656,13 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     from pardiag.api import analyze
     from pardiag.progress import progress_reporter
 
-    if (len(paths) == 1 and paths[0].is_dir() and is_monitored(paths[0])
-            and not any(paths[0].glob("rank*.trace.json.gz"))):
+    monitored = [p for p in paths if p.is_dir() and is_monitored(p)
+                 and not any(p.glob("rank*.trace.json.gz"))]
+    if len(paths) > 1 and monitored:
+        raise PardiagError(f"{monitored[0]}: a monitored run is reported on its own (pardiag "
+                           f"report {monitored[0]}); pardiag compare A B sets two runs side "
+                           f"by side")
+    if monitored:
         for flag, number in (("--peak-tflops", peak_tflops),
                              ("--tokens-per-step", tokens_per_step)):
             if number is not None:

@@ -153,15 +153,50 @@ def capture_dir(run_dir: Path, start_step: int) -> Path:
     return Path(run_dir) / CAPTURE_TEMPLATE.format(step=start_step)
 
 
+def capture_folders(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(S, folder)`` of each folder in ``run_dir`` named as a deep capture is
+    (``capture-S``, S digits), by S; a folder of another name (``capture-notes``, the user's)
+    is none."""
+    out = []
+    try:
+        for d in Path(run_dir).glob(CAPTURE_TEMPLATE.format(step="*")):
+            m = re.fullmatch(CAPTURE_TEMPLATE.format(step=r"(\d+)"), d.name)
+            if m is not None and d.is_dir():
+                out.append((int(m.group(1)), d))
+    except OSError:
+        return []
+    return sorted(out, key=lambda c: c[0])
+
+
 def read_capture_request(run_dir: Path) -> dict | None:
     """The launcher's capture request in ``run_dir`` (:func:`capture_request_path`: this
     request's ``start_step``, ``steps``, ``reason`` and every request so far in ``asked``), or
-    None when there is none or it cannot be read."""
+    None when there is none or it cannot be read (:func:`capture_request_problem` says
+    which)."""
     try:
         doc = msgspec.json.decode(capture_request_path(run_dir).read_bytes())
     except (OSError, msgspec.DecodeError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def capture_request_problem(run_dir: Path) -> str | None:
+    """Why ``run_dir``'s capture request cannot be read, in words (it is not JSON, not an
+    object, or lists no capture it can read), or None when it reads or there is none."""
+    path = capture_request_path(run_dir)
+    if not path.is_file():
+        return None
+    try:
+        doc = msgspec.json.decode(path.read_bytes())
+    except OSError as exc:
+        return f"{path}: cannot be read ({exc.strerror or exc})"
+    except msgspec.DecodeError as exc:
+        return f"{path}: not JSON ({exc})"
+    if not isinstance(doc, dict):
+        return f"{path}: not a JSON object"
+    if not asked_captures(doc):
+        return f"{path}: lists no capture with a start step and a number of steps"
+    return None
 
 
 def asked_captures(req: dict | None) -> list[tuple[int, int, str | None]]:
@@ -184,37 +219,71 @@ def asked_captures(req: dict | None) -> list[tuple[int, int, str | None]]:
     return out
 
 
+def capture_record(own: RunFile | None) -> tuple[dict | None, str | None]:
+    """A deep capture's own record of where it comes from (:attr:`RunFile.capture` of its
+    run file ``own``): ``({"monitored_run", "first_step", "last_step", "reason"}, None)``;
+    ``(None, None)`` without one (a profiled run's file, or one written before it was
+    recorded); ``(None, why)`` when the record is there but not one (a wrong type)."""
+    rec = own.capture if own is not None else None
+    if rec is None:
+        return None, None
+    why = ("'capture' is not a record of the monitored run, its first and last step and the "
+           "finding")
+    if not isinstance(rec, dict):
+        return None, why
+    run, first, last, reason = (rec.get("monitored_run"), rec.get("first_step"),
+                                rec.get("last_step"), rec.get("reason"))
+    if (not isinstance(run, str) or not run or isinstance(first, bool)
+            or not isinstance(first, int) or isinstance(last, bool) or not isinstance(last, int)
+            or first < 0 or last < first or not (reason is None or isinstance(reason, str))):
+        return None, why
+    return {"monitored_run": run, "first_step": first, "last_step": last,
+            "reason": reason or None}, None
+
+
+def _same_job(run_dir: Path, own: RunFile | None, first: int) -> bool:
+    """Whether ``run_dir`` is the monitored run a capture starting at step ``first`` with the
+    run file ``own`` comes from: its capture request asked for that step, or (the request
+    unreadable) its run file names the same job (the same start time); with no start time on
+    either side, its request must say so."""
+    if any(a == first for a, _, _ in asked_captures(read_capture_request(run_dir))):
+        return True
+    try:
+        run = decode_sidecar(run_file_path(run_dir).read_bytes(), "run")
+    except (OSError, ValueError):
+        return False
+    return (own is not None and own.started_unix is not None
+            and run.started_unix == own.started_unix and run.monitor_every is not None)
+
+
 def capture_context(folder: Path, own: RunFile | None = None) -> dict | None:
-    """Of a monitored run's deep capture: ``{"monitored_run": the run folder, "first_step": S,
-    "last_step": the last step asked for, "reason": the finding it was asked for, or None when
-    the request gives none, "monitored_run_found": whether that folder is there}``.
+    """Of a monitored run's deep capture: ``{"monitored_run": the run folder (absolute),
+    "first_step": S, "last_step": the last step asked for, "reason": the finding it was asked
+    for, or None when the request gives none, "monitored_run_found": whether that folder is
+    there and holds that run}``.
 
     ``folder`` is ``capture-S/`` inside a run folder whose capture request asked for steps
-    from S; else, the capture's own run file ``own`` (:attr:`RunFile.capture`) says which run
-    it came from (a capture copied or moved away from its run, or renamed). None for any other
-    folder, and for a capture neither lists (an earlier run's, or a request that cannot be
-    read)."""
-    folder = Path(folder)
-    if folder.name in ("", ".", ".."):   # "." given from inside the capture: its own name
-        folder = folder.resolve()
+    from S; else the capture's own run file ``own`` (:func:`capture_record`) says which run it
+    came from (a capture copied or moved away from its run, renamed, or beside a request that
+    cannot be read): found there when that folder is the same job (:func:`_same_job`; another
+    run written to the same path since is not), else in the folder that holds the capture when
+    that is. None for any other folder, and for a capture neither lists (an earlier run's)."""
+    folder = Path(folder).resolve()
     m = re.fullmatch(CAPTURE_TEMPLATE.format(step=r"(\d+)"), folder.name)
     if m is not None:
         for first, last, reason in asked_captures(read_capture_request(folder.parent)):
             if first == int(m.group(1)):
                 return {"monitored_run": str(folder.parent), "first_step": first,
                         "last_step": last, "reason": reason, "monitored_run_found": True}
-    rec = own.capture if own is not None else None
-    if not isinstance(rec, dict):
+    rec, _ = capture_record(own)
+    if rec is None:
         return None
-    try:
-        run, first, last = (str(rec["monitored_run"]), int(rec["first_step"]),
-                            int(rec["last_step"]))
-    except (TypeError, KeyError, ValueError):
-        return None
-    reason = rec.get("reason")
-    return {"monitored_run": run, "first_step": first, "last_step": last,
-            "reason": reason if isinstance(reason, str) and reason else None,
-            "monitored_run_found": Path(run).is_dir()}
+    first = rec["first_step"]
+    at = Path(rec["monitored_run"])
+    for where in (at, folder.parent):
+        if where.is_dir() and _same_job(where, own, first):
+            return {**rec, "monitored_run": str(where.resolve()), "monitored_run_found": True}
+    return {**rec, "monitored_run_found": False}
 
 
 def progress_path(run_dir: Path, rank: int) -> Path:
@@ -259,7 +328,7 @@ def rank_files(run_dir: Path, rank: int) -> list[Path]:
             pipeline_path(run_dir, rank), hang_path(run_dir, rank), stacks_path(run_dir, rank),
             partial_trace_path(run_dir, rank), monitor_path(run_dir, rank),
             progress_path(run_dir, rank),
-            *sorted(Path(run_dir).glob(f"capture-*/rank{rank}.trace.json.gz"))]
+            *(trace_path(d, rank) for _, d in capture_folders(run_dir))]
 
 
 #: The folder of the i-th run of a repeated profile (``pardiag profile --repeat N``) in its set.
@@ -336,7 +405,7 @@ def owned_files(run_dir: Path) -> list[Path]:
                       if f.is_file())
         if capture_request_path(run_dir).is_file():
             out.append(capture_request_path(run_dir))
-        for d in sorted(run_dir.glob(CAPTURE_TEMPLATE.format(step="*"))):
+        for _, d in capture_folders(run_dir):
             if d.is_dir():
                 out += owned_files(d)
                 out += sorted(f for f in (d / SUMMARY_DIR).glob("*" + SUMMARY_SUFFIX)

@@ -317,6 +317,35 @@ def test_a_report_run_twice_inside_its_run_folder_replaces_its_own_outputs(tmp_p
     assert _user_files(run) == before
 
 
+def test_another_runs_sidecar_is_no_output_to_replace(tmp_path):
+    """--json or -o naming a sidecar of a folder that is not an input (the monitored run around
+    a reported capture, another run): refused in one line, the file untouched; two monitored
+    runs in one report: one line naming what to run instead."""
+    import shutil
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(REPO / "sample_traces" / "ddp_cpu_2rank", a)
+    shutil.copytree(REPO / "sample_traces" / "ddp_slowrank1_cpu_2rank", b)
+    before = _user_files(b)
+    for args in (["-o", str(tmp_path / "r.html"), "--json", str(b / "pardiag" / "run.json")],
+                 ["-o", str(b / "pardiag" / "rank0.meta.json")]):
+        res = subprocess.run([sys.executable, "-m", "pardiag", "report", str(a), "-q", *args],
+                             capture_output=True, text=True)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines()[-1].endswith(
+            "is a run's own file (a pardiag sidecar), not an output; choose another path with "
+            + ("--json" if "--json" in args else "-o")), res.stderr
+    assert _user_files(b) == before
+    for run in (a, b):
+        (run / "pardiag" / "rank0.monitor.jsonl").write_text("")
+        for t in run.glob("rank*.trace.json.gz"):
+            t.unlink()
+    res = subprocess.run([sys.executable, "-m", "pardiag", "report", str(a), str(b), "-q"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.strip() == (
+        f"pardiag: error: {a}: a monitored run is reported on its own (pardiag report {a}); "
+        "pardiag compare A B sets two runs side by side"), res.stderr
+
+
 def test_a_report_json_in_the_run_folder_is_not_taken_for_a_trace(tmp_path):
     """`report --json` written into the run folder: the next report skips it without a warning;
     named as the input, it is refused in one line."""

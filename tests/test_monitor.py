@@ -1592,32 +1592,89 @@ def test_a_deep_capture_reported_alone_says_which_run_and_steps_it_holds(tmp_pat
 
 def test_a_deep_capture_copied_away_from_its_run_says_where_it_came_from(tmp_path):
     """The capture's own run.json (``capture``, written by the launcher) names the run, the
-    steps and the finding: a copy of the folder under another name reports them, and says the
-    run is not there; beside its run, the run's request is read first."""
+    steps and the finding: a copy under another name reports them, says the run is not there,
+    or that its folder now holds another run; beside its run, with the run's request unreadable,
+    the run is found by its run file (the same job), and the run's report keeps the capture
+    with a note; a wrong record is a warning, not echoed."""
     import shutil
 
+    from pardiag.analyzer.analyses.monitor_summary import _asked_captures
     from pardiag.analyzer.report import build_report, report_json
     from pardiag.analyzer.trace import load_traces
 
     run = tmp_path / "mon"
     cap = layout.capture_dir(run, 120)
     shutil.copytree(ROOT / "sample_traces" / "ddp_slowrank1_cpu_2rank", cap)
-    why = "rank 1: late at its collectives since step 100 (+17.0 ms per step)"
+    why = "rank 1: late at its collectives since step 100 (+17.2 ms per step)"
     own_path = layout.run_file_path(cap)
-    own = layout.decode_sidecar(own_path.read_bytes(), "run")
+    own = msgspec.structs.replace(
+        layout.decode_sidecar(own_path.read_bytes(), "run"), started_unix=1.8e9,
+        monitor_every=50)
     rec = {"monitored_run": str(run), "first_step": 120, "last_step": 122, "reason": why}
-    own_path.write_bytes(layout.encode_sidecar(msgspec.structs.replace(own, capture=rec)))
-    # beside its run, without a request: its own record, and the run is there
-    assert layout.capture_context(cap, layout.decode_sidecar(own_path.read_bytes(), "run")) == {
-        **rec, "monitored_run_found": True}
+    own = msgspec.structs.replace(own, capture=rec)
+    own_path.write_bytes(layout.encode_sidecar(own))
+    # the run's own file (the same job: the same start time), its request unreadable
+    layout.sidecar_dir(run).mkdir()
+    layout.run_file_path(run).write_bytes(layout.encode_sidecar(
+        msgspec.structs.replace(own, capture=None)))
+    layout.capture_request_path(run).write_text("garbage{")
+    assert layout.capture_context(cap, own) == {**rec, "monitored_run_found": True}
+    notes: list[str] = []
+    caps, _ = _asked_captures(run, notes)
+    assert [(c["folder"], c["last_step"]) for c in caps] == [("capture-120", 122)]
+    assert notes == [f"{layout.capture_request_path(run)}: not JSON (JSON is malformed: invalid "
+                     "character (byte 0)): each deep capture is taken from its own run file, "
+                     "when that names this run"]
+    # copied away and renamed, the run moved: it says so
     copy = tmp_path / "elsewhere" / "slow-period"
     shutil.copytree(cap, copy)
-    shutil.rmtree(run)
+    shutil.move(run, tmp_path / "mon.moved")
     got = report_json(build_report(load_traces(copy)))["capture"]
     assert got == {**rec, "monitored_run_found": False}
     rep = build_report(load_traces(copy))
     assert rep.traces.capture_line() == (
         f"steps 120–122 of the monitored run {run}, asked on: {why} (that folder is not "
         "here: this capture was copied or moved away from it)")
-    # a run file without the record (a profiled run's) gives none
-    assert layout.capture_context(copy, own) is None
+    # the moved run still holds it, as its own
+    moved = layout.capture_dir(tmp_path / "mon.moved", 120)
+    assert layout.capture_context(moved, own)["monitored_run"] == str(moved.parent.resolve())
+    # another run written to the old path since (another start time, another capture)
+    run.mkdir()
+    (run / "pardiag").mkdir()
+    layout.run_file_path(run).write_bytes(layout.encode_sidecar(
+        msgspec.structs.replace(own, capture=None, started_unix=1.9e9)))
+    layout.capture_request_path(run).write_text(json.dumps({"start_step": 154, "steps": 3}))
+    assert report_json(build_report(load_traces(copy)))["capture"]["monitored_run_found"] is False
+    assert build_report(load_traces(copy)).traces.capture_line().endswith(
+        "(that folder now holds another run: this capture was copied away from its own)")
+    # a run file without the record (a profiled run's) gives none; a wrong record a warning
+    assert layout.capture_context(copy, msgspec.structs.replace(own, capture=None)) is None
+    bad = {"monitored_run": 5, "first_step": "x", "last_step": None}
+    layout.run_file_path(copy).write_bytes(layout.encode_sidecar(
+        msgspec.structs.replace(own, capture=bad)))
+    traces = load_traces(copy)
+    assert (f"{layout.run_file_path(copy)}: 'capture' is not a record of the monitored run, its "
+            "first and last step and the finding; ignored") in traces.warnings
+    doc = report_json(build_report(traces))
+    assert doc["capture"] is None and doc["run"]["capture"] is None
+
+
+def test_capture_folders_are_named_as_a_capture_is(tmp_path):
+    """Only ``capture-<digits>`` folders are a run's deep captures: the user's ``capture-notes``
+    folder is left alone by the launcher's run files and by the run's own files."""
+    from pardiag.collectors import launch
+
+    run = tmp_path / "run"
+    for name in ("capture-12", "capture-3", "capture-notes", "capture-4x"):
+        (run / name / "pardiag").mkdir(parents=True)
+    (run / "capture-7").write_text("a file, not a folder")
+    (run / "capture-notes" / "x.txt").write_text("mine")
+    assert [(s, d.name) for s, d in layout.capture_folders(run)] == [
+        (3, "capture-3"), (12, "capture-12")]
+    assert not any("capture-notes" in str(p) for p in layout.rank_files(run, 0))
+    meta = layout.RankMeta(rank=0, world_size=1, optimizer_steps=5)
+    (run / "capture-notes" / "pardiag" / "rank0.meta.json").write_bytes(
+        layout.encode_sidecar(meta))
+    launch._write_capture_run_files(run, "run.json", layout.RunFile(), 3)
+    assert sorted(p.name for p in (run / "capture-notes" / "pardiag").iterdir()) == [
+        "rank0.meta.json"]

@@ -23,17 +23,29 @@ def requested_captures(req: dict | None) -> list[tuple[int, int]]:
 
 
 def captures(run_dir: Path) -> list[dict]:
-    """The deep captures of a monitored run (``capture-S/``): ``[{"folder", "first_step",
-    "ranks"}]`` (``ranks``: trace files in it), by first step."""
-    out = []
-    for d in sorted(Path(run_dir).glob("capture-*")):
-        try:
-            first = int(d.name.split("-", 1)[1])
-        except ValueError:
-            continue
-        out.append({"folder": d.name, "first_step": first,
-                    "ranks": len(list(d.glob("rank*.trace.json.gz")))})
-    return sorted(out, key=lambda c: c["first_step"])
+    """The deep captures of a monitored run (``capture-S/``,
+    :func:`pardiag.layout.capture_folders`): ``[{"folder", "first_step", "ranks"}]``
+    (``ranks``: trace files in it), by first step."""
+    return [{"folder": d.name, "first_step": first,
+             "ranks": len(list(d.glob("rank*.trace.json.gz")))}
+            for first, d in layout.capture_folders(Path(run_dir))]
+
+
+def own_record(run_dir: Path, folder: str) -> dict | None:
+    """The record a capture folder of ``run_dir`` keeps of where it comes from
+    (:func:`pardiag.layout.capture_record` of its own run file), when it names this run:
+    ``{"monitored_run", "first_step", "last_step", "reason"}``; None otherwise (no record, or
+    another job's, :func:`pardiag.layout.capture_context`)."""
+    cap = Path(run_dir) / folder
+    try:
+        own = layout.decode_sidecar(layout.run_file_path(cap).read_bytes(), "run")
+    except (OSError, ValueError):
+        return None
+    ctx = layout.capture_context(cap, own)
+    if ctx is None or not ctx["monitored_run_found"] or (
+            Path(ctx["monitored_run"]) != Path(run_dir).resolve()):
+        return None
+    return ctx
 
 
 def ending_notes(run_dir: Path, last_step: int | None) -> list[str]:

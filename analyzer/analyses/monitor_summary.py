@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .monitor_run import capture_request, captures, ending_notes, requested_captures
+from pardiag import layout
+
+from .monitor_run import capture_request, captures, ending_notes, own_record, requested_captures
 from .monitored import MonitorData, findings
 
 
@@ -84,10 +86,18 @@ def _asked_captures(run_dir: Path, notes: list[str]) -> tuple[list[dict], list[s
     with its ``last_step``; a folder not asked for (an earlier run's) is left out with a note
     (into ``notes``). Also the notes of each capture asked for and not written."""
     asked = dict(requested_captures(capture_request(run_dir)))
+    problem = layout.capture_request_problem(run_dir)
+    if problem:
+        notes.append(f"{problem}: each deep capture is taken from its own run file, when that "
+                     f"names this run")
     caps = []
     for c in captures(run_dir):
         if c["first_step"] in asked:
             caps.append({**c, "last_step": asked[c["first_step"]]})
+            continue
+        rec = own_record(run_dir, c["folder"]) if problem else None
+        if rec is not None:
+            caps.append({**c, "last_step": rec["last_step"]})
             continue
         notes.append(f"{c['folder']} is not this run's deep capture (" + (
             "this run asked for steps " + ", ".join(f"{a}–{b}" for a, b in asked.items())

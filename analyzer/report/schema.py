@@ -490,15 +490,16 @@ class CaptureInfo(msgspec.Struct, kw_only=True, frozen=True):
     """Of a monitored run's deep capture: the run it belongs to and the steps it holds.
 
     Attributes:
-        monitored_run: The monitored run's folder (``pardiag report`` of it gives the whole
-            run).
+        monitored_run: The monitored run's folder, absolute (``pardiag report`` of it gives
+            the whole run).
         first_step: The first step the capture holds, as the run numbers its steps.
         last_step: The last step it was asked to hold.
         reason: The finding the launcher asked for it on, as said while the run went on.
             Null/absent: ``null`` when the request gives none.
-        monitored_run_found: Whether ``monitored_run`` is a folder where the report was made
-            (false: the capture was copied or moved away from its run, and says where the run
-            was from its own ``run.json``).
+        monitored_run_found: Whether ``monitored_run`` is there and holds that run (its
+            capture request asks for this capture, or its ``run.json`` has the same start time;
+            false: the capture was copied or moved away from its run, or another run was
+            written there since, and it says where the run was from its own ``run.json``).
     """
 
     monitored_run: str

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import numpy as np
 import orjson
 import pandas as pd
@@ -470,6 +471,11 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     ranks: dict[int, RankTrace] = {}
     for a in assignment:
         ranks[a.rank] = _rank_trace(a, units, warnings)
+    _, bad_capture = layout.capture_record(run_info)
+    if bad_capture and run_info is not None:   # said, and not echoed into the report's run
+        warnings.append(f"{layout.run_file_path(roots[0]) if len(roots) == 1 else 'run.json'}: "
+                        f"{bad_capture}; ignored")
+        run_info = msgspec.structs.replace(run_info, capture=None)
     capture = (layout.capture_context(roots[0], run_info)
                if len(roots) == 1 and roots[0].is_dir() else None)
     return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,

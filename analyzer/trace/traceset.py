@@ -196,9 +196,13 @@ class TraceSet:
         if c is None:
             return None
         why = f", asked on: {c['reason']}" if c.get("reason") else ""
-        whole = (f"the whole run: pardiag report {c['monitored_run']}"
-                 if c.get("monitored_run_found", True) else
-                 "that folder is not here: this capture was copied or moved away from it")
+        if c.get("monitored_run_found", True):
+            whole = f"the whole run: pardiag report {c['monitored_run']}"
+        elif Path(c["monitored_run"]).is_dir():
+            whole = ("that folder now holds another run: this capture was copied away from "
+                     "its own")
+        else:
+            whole = "that folder is not here: this capture was copied or moved away from it"
         return (f"steps {c['first_step']}–{c['last_step']} of the monitored run "
                 f"{c['monitored_run']}{why} ({whole})")
 
