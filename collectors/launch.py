@@ -363,6 +363,11 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
             more = f", … ({len(removed) - 8} more)" if len(removed) > 8 else ""
             print(f"pardiag: {out}: --overwrite removed the previous run's {len(removed)} "
                   f"file(s): {', '.join(removed[:8])}{more}", file=sys.stderr)
+        # reports of the previous run are the user's to keep, but no longer describe the folder
+        stale = [str(p.relative_to(out)) for p in layout.earlier_reports(out)]
+        if stale:
+            print(f"pardiag: {out}: kept {', '.join(stale)}: report(s) of the previous run, "
+                  f"not of this one", file=sys.stderr)
     layout.sidecar_dir(out).mkdir(parents=True, exist_ok=True)
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import click
+import msgspec
 
 from pardiag import layout
 from pardiag.errors import Interrupted, PardiagError
@@ -124,17 +125,10 @@ def guard_outputs(outputs: list[Path | None], inputs: list[Path], traces=None) -
         raise PardiagError(f"{outs[0]}: given for both the HTML report and --json")
 
 
-#: What marks a page as pardiag's: the generator tag of its head, or (pages written before it
-#: had one) the version line under its heading.
-_PAGE_MARKS = (b"<meta name='generator' content='pardiag", "\u00b7 pardiag ".encode())
-
-
 def _ours(path: Path, html: bool) -> bool:
     """Whether ``path`` (an existing file) is empty or an output pardiag wrote: a page with
-    :data:`_PAGE_MARKS` (``html``), else a JSON object with ``schema_version`` (a report's or a
-    comparison's JSON)."""
-    import orjson
-
+    :data:`pardiag.layout.PAGE_MARKS` (``html``), else a report's or a comparison's JSON (an
+    object with ``schema_version``; a sidecar, which carries one too, is no output)."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -142,12 +136,11 @@ def _ours(path: Path, html: bool) -> bool:
     if not data.strip():
         return True
     if html:
-        return any(m in data for m in _PAGE_MARKS)
+        return any(m in data for m in layout.PAGE_MARKS)
     try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
+        doc = msgspec.json.decode(data)
+    except msgspec.DecodeError:
         return False
-    # a sidecar (a run's or a rank's file) carries a schema_version too, and is no output
     return (isinstance(doc, dict) and "schema_version" in doc
             and doc.get("schema") != layout.SIDECAR_SCHEMA and "traceEvents" not in doc)
 
@@ -166,18 +159,10 @@ def _is_sidecar(path: Path) -> bool:
 
 def _earlier_output(path: Path) -> bool:
     """Whether ``path``, a file of an input folder, is an earlier output of pardiag that no
-    command reads as input: a page it wrote, or a report's or comparison's JSON (not a
-    sidecar, not a trace). ``pardiag report .`` run twice in a run folder replaces its own
-    ``report.html`` rather than refusing it as part of the input."""
-    if path.suffix.lower() not in (".html", ".htm", ".json") or layout.is_sidecar_name(path.name):
-        return False
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return False
-    if not data.strip():
-        return False
-    return _ours(path, path.suffix.lower() != ".json")
+    command reads as input (:func:`pardiag.layout.is_report_output`): ``pardiag report .`` run
+    twice in a run folder replaces its own ``report.html`` rather than refusing it as part of
+    the input."""
+    return layout.is_report_output(path)
 
 
 def _merged_by_pardiag(path: Path) -> bool:

@@ -153,6 +153,45 @@ def capture_dir(run_dir: Path, start_step: int) -> Path:
     return Path(run_dir) / CAPTURE_TEMPLATE.format(step=start_step)
 
 
+#: What marks a page as pardiag's: the generator tag of its head, or (pages written before it
+#: had one) the version line under its heading.
+PAGE_MARKS = (b"<meta name='generator' content='pardiag", "\u00b7 pardiag ".encode())
+
+
+def is_report_output(path: Path) -> bool:
+    """Whether ``path`` is an output of ``pardiag report`` or ``compare`` that no command reads
+    as input: a page pardiag wrote (:data:`PAGE_MARKS`, ``.html``), or a report's or
+    comparison's JSON (an object with ``schema_version``; not a sidecar, whose ``schema`` is
+    :data:`SIDECAR_SCHEMA`, and not a trace)."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".html", ".htm", ".json") or is_sidecar_name(Path(path).name):
+        return False
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return False
+    if suffix != ".json":
+        return any(m in data for m in PAGE_MARKS)
+    try:
+        doc = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return False
+    return (isinstance(doc, dict) and "schema_version" in doc
+            and doc.get("schema") != SIDECAR_SCHEMA and "traceEvents" not in doc)
+
+
+def earlier_reports(run_dir: Path) -> list[Path]:
+    """The report outputs (:func:`is_report_output`) in ``run_dir`` and its deep captures'
+    folders: what ``pardiag report`` wrote there about an earlier run."""
+    out = []
+    for d in [Path(run_dir), *(c for _, c in capture_folders(run_dir))]:
+        try:
+            out += sorted(f for f in d.iterdir() if f.is_file() and is_report_output(f))
+        except OSError:
+            continue
+    return out
+
+
 def capture_folders(run_dir: Path) -> list[tuple[int, Path]]:
     """``(S, folder)`` of each folder in ``run_dir`` named as a deep capture is
     (``capture-S``, S digits), by S; a folder of another name (``capture-notes``, the user's)

@@ -425,6 +425,26 @@ def test_overwrite_says_what_it_removed(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "pardiag"]
 
 
+def test_overwrite_keeps_the_previous_runs_reports_and_says_so(tmp_path, capsys):
+    """Reports pardiag wrote into the run folder and its captures' (a page, a report JSON) are
+    kept by --overwrite, the user's to keep, with a line saying they describe the previous run;
+    a page or JSON of the user's own is kept without one; a folder named capture-notes is no
+    capture."""
+    from pardiag.collectors.launch import _prepare_out
+    page = "<html><head><meta name='generator' content='pardiag 0.1.0'></head></html>"
+    for name, text in (("report.html", page), ("summary.json", '{"schema_version": 3}'),
+                       ("capture-40/report.html", page), ("capture-notes/report.html", page),
+                       ("mine.html", "<html>mine</html>"), ("mine.json", '{"a": 1}'),
+                       ("rank0.trace.json.gz", "x")):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    _prepare_out(tmp_path, True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"pardiag: {tmp_path}: kept report.html, summary.json, "
+                       "capture-40/report.html: report(s) of the previous run, not of this one")
+    assert (tmp_path / "report.html").read_text() == page
+
+
 def test_overwrite_removes_both_layouts(tmp_path, capsys):
     """--overwrite on a run folder of today's layout (sidecars in pardiag/) removes them there,
     and keeps a file of the user's in pardiag/."""
