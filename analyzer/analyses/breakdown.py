@@ -49,7 +49,7 @@ from pardiag.layout import CommRecord
 
 from ..per_rank.breakdown import compute_rank_parts, metrics_over
 from ..per_rank.summary import summary_of
-from ..trace.traceset import RankTrace, TraceSet
+from ..trace.traceset import RankTrace, TraceSet, float_column
 
 #: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).
 BREAKDOWN_COLUMNS = (
@@ -362,17 +362,23 @@ def compute_time_breakdown(traces: TraceSet,
     for rank, trace in traces.ranks.items():
         summary = summary_of(trace, comm_patterns)
         total, step_rows, coll_rows = summary.breakdown
-        if len(summary.devices) > 1:
+        # the tables as stored: a rank's table is built only where it is read (thousands of
+        # ranks, most with one device and no joined profiler steps)
+        devs = summary.stored("devices")
+        if devs is not None and len(devs) > 1:
             span = float(total.get("span_us") or 0.0)
             devices.extend({"rank": rank, **{k: d[k] for k in ("device", "kernels", "compute_us",
                                                                 "busy_us")},
                             "idle_pct": 100.0 * (1 - d["busy_us"] / span) if span > 0
                             else float("nan")}
                            for d in summary.devices.to_dict("records"))
-        if "profiler_steps" in summary.steps:
-            j = summary.steps[summary.steps["profiler_steps"] > 1]
-            joined.extend({"rank": rank, "step": int(s), "profiler_steps": int(n)}
-                          for s, n in zip(j["step"], j["profiler_steps"]))
+        held = summary.stored("steps")
+        if held is not None and "profiler_steps" in held.columns:
+            n_prof = float_column(held, "profiler_steps")
+            if (n_prof > 1).any():
+                joined.extend({"rank": rank, "step": int(s), "profiler_steps": int(n)}
+                              for s, n in zip(float_column(held, "step")[n_prof > 1],
+                                              n_prof[n_prof > 1]))
         doc = traces.sidecars.get("comms", {}).get(rank)
         if doc:
             coll_rows = with_record_counts(coll_rows, doc.records)

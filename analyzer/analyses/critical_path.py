@@ -54,6 +54,7 @@ from .exec_graph import (
 )
 from .instance_keys import is_p2p_key
 from .layout import LayoutResult
+from .peers import median_of_others
 from .sync import SyncResult
 
 #: Columns of :attr:`CriticalPathResult.segments`.
@@ -327,12 +328,6 @@ class CriticalPathResult:
         return pd.DataFrame(rows, columns=["step", "measured_us", "replay_us", "predicted_us"])
 
 
-def _excess(values: dict[int, float], rank: int) -> float | None:
-    """``rank``'s value less the median of the other ranks' (µs); None without them."""
-    peers = [v for r, v in values.items() if r != rank]
-    return values[rank] - float(np.median(peers)) if rank in values and peers else None
-
-
 def _cost_row(rank: int, cost: list[float], excess_us: float) -> dict:
     """One row of :data:`DELAY_COLUMNS` from a rank's cost per step (µs)."""
     q1, q3 = np.percentile(cost, [25, 75]) if len(cost) >= 3 else (0.0, 0.0)
@@ -515,13 +510,17 @@ OUTSIDE_MIN_US = 10.0
 def _ranked_excess(per_step: dict[int, dict[int, float]]
                    ) -> tuple[dict[int, list[float]], dict[int, float], list[int]]:
     """Per rank, its excess over the other ranks' median in each step of ``per_step`` (step ->
-    rank -> µs; :func:`_excess`), the median of those excesses, and the ranks whose median
+    rank -> µs; :func:`~.peers.median_of_others`), the median of those excesses, and the ranks whose median
     excess is above 0, the most first (ties by rank)."""
     excess: dict[int, list[float]] = {}
     for c in per_step.values():
-        for r in c:
-            if (x := _excess(c, r)) is not None:
-                excess.setdefault(r, []).append(x)
+        if len(c) < 2:
+            continue
+        ranks = list(c)
+        vals = np.array([c[r] for r in ranks], dtype=float)[None, :]
+        # every rank's excess at once: the others' median of n ranks in O(n log n)
+        for r, x in zip(ranks, (vals - median_of_others(vals))[0]):
+            excess.setdefault(r, []).append(float(x))
     med = {r: float(np.median(v)) for r, v in excess.items()}
     return excess, med, sorted((r for r, v in med.items() if v > 0), key=lambda r: (-med[r], r))
 

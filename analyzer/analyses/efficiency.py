@@ -46,7 +46,7 @@ from ..per_rank.flops import FLOP_COLUMNS, OPTIMIZER_MODULE, empty_flop_ops
 from ..per_rank.summary import summary_of
 from ..trace import vocab
 from ..trace.classify import device_kind
-from ..trace.traceset import RankTrace, TraceSet
+from ..trace.traceset import RankTrace, TraceSet, stack_by_rank
 from .peaks import device_peak
 
 #: Columns of :attr:`EfficiencyResult.per_step`.
@@ -183,17 +183,24 @@ def _peak(trace: RankTrace, meta, dtype: str | None, override: float | None,
     return value, f"{peak.label} {dtype}: {peak.source}", bw, label
 
 
-def _steps_table(ops: pd.DataFrame, steps: pd.DataFrame, peak: float | None,
-                 recomputed: bool, tokens: float | None) -> pd.DataFrame:
-    """One rank's per-step rows (:data:`STEP_COLUMNS` less ``rank``). A step's model FLOPs
-    are unknown (NaN) when one of its model-class ops is, or with recomputation; its executed
-    FLOPs when any of its ops is."""
-    st = steps.sort_values("step")
+def _steps_table(ops: pd.DataFrame, steps: pd.DataFrame, peak: dict, recomputed: dict,
+                 tokens: dict) -> pd.DataFrame:
+    """Every rank's per-step rows (:data:`STEP_COLUMNS`), in the order of ``steps``' ranks
+    and, within a rank, by step: ``ops`` and ``steps`` hold every rank's (a ``rank`` column),
+    ``peak``, ``recomputed`` and ``tokens`` are per rank (a falsy peak or token count:
+    unknown). A step's model FLOPs are unknown (NaN) when one of its model-class ops is, or
+    with recomputation; its executed FLOPs when any of its ops is. One pass over all ranks'
+    ops (a bincount per sum), not a table per rank: 16,384 ranks' tables took minutes."""
+    st = steps.sort_values(["rank", "step"], kind="stable")
+    order = pd.unique(steps["rank"])
+    st = st.set_index("rank").loc[order].reset_index()   # the ranks in their given order
     step_us = (st["end_us"] - st["start_us"]).to_numpy(float)
     n = len(st)
-    # each op's row in ``st`` (-1: a step the rank's step table does not hold), then sums per
-    # step by bincount: one pass over the ops, not four groupbys
-    pos = pd.Index(st["step"].to_numpy()).get_indexer(ops["step"].to_numpy(float))
+    # each op's row in ``st`` (-1: a step its rank's step table does not hold)
+    rows = pd.MultiIndex.from_arrays([st["rank"].to_numpy(np.int64),
+                                      st["step"].to_numpy(float)])
+    pos = rows.get_indexer(pd.MultiIndex.from_arrays([ops["rank"].to_numpy(np.int64),
+                                                      ops["step"].to_numpy(float)]))
     keep = pos >= 0
     pos = pos[keep]
     flops = ops["flops"].to_numpy(float)[keep]
@@ -205,17 +212,36 @@ def _steps_table(ops: pd.DataFrame, steps: pd.DataFrame, peak: float | None,
     unknown = np.bincount(pos[nan], minlength=n)
     executed = np.bincount(pos, weights=known, minlength=n).astype(float)
     executed[unknown > 0] = np.nan
-    out = pd.DataFrame({"step": st["step"].to_numpy(), "step_us": step_us,
-                        "model_flops": model, "executed_flops": executed,
+    ranks = st["rank"]
+    model[ranks.map(recomputed).fillna(False).to_numpy(bool)] = np.nan
+    out = pd.DataFrame({"rank": ranks.to_numpy(), "step": st["step"].to_numpy(),
+                        "step_us": step_us, "model_flops": model, "executed_flops": executed,
                         "unknown_ops": unknown.astype(int)})
-    if recomputed:
-        out["model_flops"] = np.nan
     sec = out["step_us"] / 1e6
     out["achieved_tflops"] = out["model_flops"] / sec / 1e12
-    denom = sec * (peak if peak else np.nan) * 1e12
+    per_peak = ranks.map({r: (v if v else np.nan) for r, v in peak.items()}).astype(float)
+    denom = sec * per_peak.to_numpy(float) * 1e12
     out["mfu_pct"] = 100.0 * out["model_flops"] / denom
     out["hfu_pct"] = 100.0 * out["executed_flops"] / denom
-    out["tokens_per_s"] = (tokens / sec) if tokens else np.nan
+    per_tokens = ranks.map({r: (v if v else np.nan) for r, v in tokens.items()}).astype(float)
+    out["tokens_per_s"] = per_tokens.to_numpy(float) / sec
+    return out[list(STEP_COLUMNS)]
+
+
+def _rank_stats(per: pd.DataFrame) -> pd.DataFrame:
+    """Per rank (index), the medians over its steps of ``per``'s columns and the spread of its
+    MFU, each unknown (NaN) when one of its steps' is, and the highest MFU or HFU it reached
+    (``top``, -1 without any)."""
+    g = per.groupby("rank", sort=False)
+    cols = ["model_flops", "executed_flops", "achieved_tflops", "mfu_pct", "hfu_pct",
+            "tokens_per_s"]
+    any_nan = per[cols].isna().groupby(per["rank"], sort=False).any()
+    med = g[cols].median().mask(any_nan)   # unknown in a step: unknown
+    out = med.assign(
+        steps=g.size(), mfu_min=g["mfu_pct"].min().mask(any_nan["mfu_pct"]),
+        mfu_max=g["mfu_pct"].max().mask(any_nan["mfu_pct"]),
+        top=np.fmax(np.fmax(g["mfu_pct"].max().to_numpy(float),
+                            g["hfu_pct"].max().to_numpy(float)), -1.0))
     return out
 
 
@@ -248,30 +274,35 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
     """
     notes: list[str] = []
     recorded: list[str] = []   # tokens per step from the ranks' recorded inputs
-    op_rows, step_rows, rank_rows = [], [], []
+    have = []   # (rank, trace, its ops as stored: columns, a table built only when read)
     for rank, trace in traces.ranks.items():
-        s = summary_of(trace)
-        ops = s.flop_ops
-        if ops is None or ops.empty:
+        held = summary_of(trace).stored("flop_ops")
+        if held is not None and len(held):
+            have.append((rank, trace, held))
+    ops_all = _all_ops(have)
+    by_rank = ops_all.groupby("rank", sort=False)
+    known_any = ops_all["flops"].notna().groupby(ops_all["rank"], sort=False).any()
+    n_recomputed = by_rank["recomputed"].sum()
+    n_unknown = ops_all["flops"].isna().groupby(ops_all["rank"], sort=False).sum()
+    dtypes = _main_dtypes(ops_all)
+    info, step_frames, top_at = [], [], {}
+    peak_of, tokens_of, recomputed_of = {}, {}, {}
+    for rank, trace, held in have:
+        if not known_any[rank]:
+            notes.append(f"rank {rank}: none of its {len(held)} matmul, convolution, "
+                         f"attention or other counted ops has shapes that fit its formula "
+                         f"(recorded without record_shapes?): its FLOPs are unknown")
             continue
-        op_rows.append(ops.assign(rank=rank))
-        if not ops["flops"].notna().any():
-            notes.append(f"rank {rank}: none of its {len(ops)} matmul, convolution, attention "
-                         f"or other counted ops has shapes that fit its formula (recorded "
-                         f"without record_shapes?): its FLOPs are unknown")
-            continue
-        model = ops[ops["model"] & ops["flops"].notna()]
-        by_dtype = model.groupby("dtype")["flops"].sum()
-        dtype = str(by_dtype.idxmax()) if len(by_dtype) else None
+        dtype = dtypes.get(rank)
         meta = traces.rank_meta.get(rank)
         peak, source, bw, label = _peak(trace, meta, dtype, peak_tflops, notes)
-        n_re = int(ops["recomputed"].sum())
+        n_re = int(n_recomputed[rank])
         if n_re:
             notes.append(f"rank {rank}: {n_re} forward op(s) ran inside the backward "
                          f"(activation recomputation): its model FLOPs cannot be told from the "
                          f"recomputed ones, so MFU is unknown; HFU counts both")
-        steps = s.steps
-        if steps is None or steps.empty:
+        steps = summary_of(trace).stored("steps")
+        if steps is None or not len(steps):
             notes.append(f"rank {rank}: no ProfilerStep windows: FLOPs per op only, no MFU")
             continue
         tokens = tokens_per_step
@@ -279,38 +310,40 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
         if counted is not None:
             tokens = counted[0]
             recorded.append(f"rank {rank}: {counted[1]}")
-        per = _steps_table(ops, steps, peak, n_re > 0, tokens).assign(rank=rank)
-        step_rows.append(per)
-        mfu = per["mfu_pct"]
-
-        def med(col: str, per: pd.DataFrame = per) -> float:   # unknown in a step: unknown
-            return float(per[col].median(skipna=False))
-
+        step_frames.append((rank, steps))
+        peak_of[rank], tokens_of[rank], recomputed_of[rank] = peak, tokens, n_re > 0
+        info.append((rank, label, dtype, peak, source, bw, n_re))
+        top_at[rank] = len(notes)   # where its note of a peak too low goes
+    if step_frames:
+        steps_all = stack_by_rank(step_frames)
+        per_step = _steps_table(ops_all[ops_all["rank"].isin(peak_of)], steps_all, peak_of,
+                                recomputed_of, tokens_of)
+    else:
+        per_step = pd.DataFrame(columns=list(STEP_COLUMNS))
+    stats = _rank_stats(per_step) if step_frames else pd.DataFrame()
+    rank_rows, too_high = [], []
+    for rank, label, dtype, peak, source, bw, n_re in info:
+        x = stats.loc[rank]
         rank_rows.append({
             "rank": rank, "device": label, "dtype": dtype, "peak_tflops": peak,
-            "peak_source": source, "bandwidth_gbps": bw, "steps": len(per),
-            "model_tflop_per_step": med("model_flops") / 1e12,
-            "executed_tflop_per_step": med("executed_flops") / 1e12,
-            "achieved_tflops": med("achieved_tflops"),
-            "mfu_pct": med("mfu_pct"), "mfu_pct_min": float(mfu.min(skipna=False)),
-            "mfu_pct_max": float(mfu.max(skipna=False)),
-            "hfu_pct": med("hfu_pct"), "tokens_per_s": med("tokens_per_s"),
-            "recomputed_ops": n_re, "unknown_ops": int(ops["flops"].isna().sum())})
-        top = float(np.nanmax([mfu.max(), per["hfu_pct"].max(), -1.0]))
-        if top > 100.0:
-            notes.append(f"rank {rank}: {top:.0f}% of the peak ({peak:g} TFLOP/s, {source}): "
-                         f"no device runs above its peak, so the peak is too low for this rank "
-                         f"(or its FLOPs are miscounted)")
+            "peak_source": source, "bandwidth_gbps": bw, "steps": int(x["steps"]),
+            "model_tflop_per_step": float(x["model_flops"]) / 1e12,
+            "executed_tflop_per_step": float(x["executed_flops"]) / 1e12,
+            "achieved_tflops": float(x["achieved_tflops"]), "mfu_pct": float(x["mfu_pct"]),
+            "mfu_pct_min": float(x["mfu_min"]), "mfu_pct_max": float(x["mfu_max"]),
+            "hfu_pct": float(x["hfu_pct"]), "tokens_per_s": float(x["tokens_per_s"]),
+            "recomputed_ops": n_re, "unknown_ops": int(n_unknown[rank])})
+        if float(x["top"]) > 100.0:
+            too_high.append((top_at[rank], f"rank {rank}: {float(x['top']):.0f}% of the peak "
+                             f"({peak:g} TFLOP/s, {source}): no device runs above its peak, so "
+                             f"the peak is too low for this rank (or its FLOPs are miscounted)"))
+    for at, line in reversed(too_high):   # each after its rank's other notes
+        notes.insert(at, line)
     if recorded:
         notes.append("tokens per step from the model's recorded input (integer token ids "
                      "[batch, sequence] × its calls per optimizer step; --tokens-per-step "
                      "overrides): " + "; ".join(recorded[:4])
                      + (f"; and {len(recorded) - 4} more" if len(recorded) > 4 else ""))
-    ops_all = (pd.concat(op_rows, ignore_index=True) if op_rows
-               else empty_flop_ops().assign(rank=pd.Series(dtype=np.int64)))
-    ops_all = ops_all[["rank", *FLOP_COLUMNS]]
-    per_step = (pd.concat(step_rows, ignore_index=True)[list(STEP_COLUMNS)] if step_rows
-                else pd.DataFrame(columns=list(STEP_COLUMNS)))
     per_rank = pd.DataFrame(rank_rows, columns=list(RANK_COLUMNS))
     # ops of the ranks whose ops fit no formula at all are said per rank above
     shaped = ops_all[ops_all["rank"].isin(per_rank["rank"])]
@@ -326,6 +359,27 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
                             per_class=_per_class(ops_all, traces, per_rank),
                             per_module=per_module,
                             mfu_pct=_run_mfu(per_step, per_rank), notes=tuple(notes))
+
+
+def _all_ops(have: list) -> pd.DataFrame:
+    """Every rank's counted ops in one table: ``rank`` and :data:`FLOP_COLUMNS`, the ranks
+    of ``have`` (``(rank, trace, its ops as stored)``) in order (:func:`stack_by_rank`: the
+    ranks' column lists joined and built once)."""
+    out = stack_by_rank((r, held) for r, _, held in have)
+    if out is None:
+        return empty_flop_ops().assign(rank=pd.Series(dtype=np.int64))[["rank", *FLOP_COLUMNS]]
+    return out[["rank", *FLOP_COLUMNS]]
+
+
+def _main_dtypes(ops: pd.DataFrame) -> dict:
+    """Per rank, the dtype that carries most of its model FLOPs (the first in name order on a
+    tie), for the ranks with model FLOPs known."""
+    model = ops[ops["model"].to_numpy(bool) & ops["flops"].notna().to_numpy()]
+    if model.empty:
+        return {}
+    by = model.groupby(["rank", "dtype"])["flops"].sum().reset_index()
+    best = by.loc[by.groupby("rank", sort=False)["flops"].idxmax()]
+    return {r: str(d) for r, d in zip(best["rank"], best["dtype"])}
 
 
 def _run_mfu(per_step: pd.DataFrame, per_rank: pd.DataFrame) -> float | None:
