@@ -510,8 +510,8 @@ OUTSIDE_MIN_US = 10.0
 def _ranked_excess(per_step: dict[int, dict[int, float]]
                    ) -> tuple[dict[int, list[float]], dict[int, float], list[int]]:
     """Per rank, its excess over the other ranks' median in each step of ``per_step`` (step ->
-    rank -> µs; :func:`~.peers.median_of_others`), the median of those excesses, and the ranks whose median
-    excess is above 0, the most first (ties by rank)."""
+    rank -> µs; :func:`~.peers.median_of_others`), the median of those excesses, and the ranks
+    whose median excess is above 0, the most first (ties by rank)."""
     excess: dict[int, list[float]] = {}
     for c in per_step.values():
         if len(c) < 2:
