@@ -272,10 +272,11 @@ def _link(ev: pd.DataFrame, complete: set, ranks: list[int]) -> dict[int, int]:
         m = sorted(int(x) for x in members)
         for x in m[1:]:
             parent[find(x)] = find(m[0])
-    comps: dict[int, list[int]] = {}
+    lowest: dict[int, int] = {}   # per component (its root), its lowest rank: once each
     for r in ranks:
-        comps.setdefault(find(r), []).append(r)
-    return {r: min(comps[find(r)]) for r in ranks}
+        root = find(r)
+        lowest[root] = min(lowest.get(root, r), r)
+    return {r: lowest[find(r)] for r in ranks}
 
 
 def _p2p_links(ev: pd.DataFrame, complete: set, root: dict[int, int], model: ClockModel

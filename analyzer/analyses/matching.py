@@ -241,17 +241,26 @@ def _cohorts(sub: pd.DataFrame, clocks: dict | None = None) -> list[list[int]]:
         idx = idx[window[idx] == window[idx].min()]
         seqs[int(r)] = (codes[idx], seq[idx], end[idx])
     cohorts: list[list[int]] = []
-    def joins(c: list[int], r: int) -> bool:
-        m = next((q for q in c if (q, r) in clocks), None)
+    members: list[set[int]] = []   # each cohort's ranks as a set
+    # per rank, the ranks whose clock difference to it is known, ascending: a cohort's first
+    # such member (its members join in rank order) without a scan of the cohort
+    partners: dict[int, list[int]] = {}
+    for q, r in sorted(clocks):
+        partners.setdefault(r, []).append(q)
+
+    def joins(i: int, r: int) -> bool:
+        m = next((q for q in partners.get(r, ()) if q in members[i]), None)
         return (_end_together(seqs[m], seqs[r], clocks[(m, r)]) if m is not None
-                else _end_together(seqs[c[0]], seqs[r]))
+                else _end_together(seqs[cohorts[i][0]], seqs[r]))
 
     for r in sorted(seqs):
-        home = next((c for c in cohorts if joins(c, r)), None)
+        home = next((i for i in range(len(cohorts)) if joins(i, r)), None)
         if home is None:
             cohorts.append([r])
+            members.append({r})
         else:
-            home.append(r)
+            cohorts[home].append(r)
+            members[home].add(r)
     return cohorts
 
 

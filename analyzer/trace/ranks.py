@@ -88,6 +88,13 @@ def _overlaps(a: FileFacts, b: FileFacts) -> bool:
     return a.start_us < b.end_us and b.start_us < a.end_us
 
 
+def _names_another_free(f: FileFacts, r: int | None, taken: set) -> bool:
+    """Whether ``f``'s file name gives a rank other than ``r`` and not ``taken`` (a set: one
+    lookup, not a scan of every taken rank per file)."""
+    named = rank_from_name(f.path.name)
+    return named is not None and named != r and named not in taken
+
+
 def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
     """Assign every file to a rank (see the module docstring for the rules).
 
@@ -126,7 +133,7 @@ def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
         # a file whose name gives another, free rank yields the claimed one (it moves there on
         # a clash), so a file whose name agrees with its claim keeps it
         members = sorted(groups[r], key=lambda f: (
-            rank_from_name(f.path.name) not in (None, r, *taken),
+            _names_another_free(f, r, taken),
             f.start_us if not math.isnan(f.start_us) else math.inf, f.key))
         kept: list[FileFacts] = []
         for f in members:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Any, Protocol, TypedDict
@@ -431,7 +432,8 @@ def _joined(pairs: list) -> pd.DataFrame | None:
     strs = [i for i, d in enumerate(first.dtypes) if d == "str"]
     if any(all(v is None for v in t.data[i]) for _, t in pairs for i in strs):
         return None
-    data = [[v for _, t in pairs for v in t.data[i]] for i in range(len(first.columns))]
+    data = [list(itertools.chain.from_iterable(t.data[i] for _, t in pairs))
+            for i in range(len(first.columns))]
     return table_from_columns(first.columns, first.dtypes, data)
 
 
