@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import click
-import msgspec
 
 from pardiag import layout
 from pardiag.errors import Interrupted, PardiagError
@@ -118,7 +117,9 @@ def guard_outputs(outputs: list[Path | None], inputs: list[Path], traces=None) -
             raise PardiagError(f"{target}: is one of the {what}; choose another output path")
         if target.exists():
             st = target.stat()
-            if (st.st_dev, st.st_ino) in inode and not _earlier_output(target):
+            # pardiag's own earlier page or report JSON is no input: `report .` run twice in a
+            # run folder replaces its report.html
+            if (st.st_dev, st.st_ino) in inode and not layout.is_report_output(target):
                 raise PardiagError(f"{target}: would overwrite {inode[(st.st_dev, st.st_ino)]} "
                                    "of the input; choose another output path")
     if len(outs) == 2 and outs[0].resolve() == outs[1].resolve():
@@ -126,23 +127,16 @@ def guard_outputs(outputs: list[Path | None], inputs: list[Path], traces=None) -
 
 
 def _ours(path: Path, html: bool) -> bool:
-    """Whether ``path`` (an existing file) is empty or an output pardiag wrote: a page with
-    :data:`pardiag.layout.PAGE_MARKS` (``html``), else a report's or a comparison's JSON (an
-    object with ``schema_version``; a sidecar, which carries one too, is no output)."""
+    """Whether ``path`` (an existing file) is empty or an output pardiag wrote: a page
+    (``html``), else a report's or a comparison's JSON
+    (:func:`pardiag.layout.is_report_output`; a sidecar, which carries a ``schema_version``
+    too, is no output)."""
     try:
-        data = path.read_bytes()
+        if not path.read_bytes().strip():
+            return True
     except OSError:
         return False
-    if not data.strip():
-        return True
-    if html:
-        return any(m in data for m in layout.PAGE_MARKS)
-    try:
-        doc = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return False
-    return (isinstance(doc, dict) and "schema_version" in doc
-            and doc.get("schema") != layout.SIDECAR_SCHEMA and "traceEvents" not in doc)
+    return layout.is_report_output(path, page=html)
 
 
 def _is_sidecar(path: Path) -> bool:
@@ -155,14 +149,6 @@ def _is_sidecar(path: Path) -> bool:
     except (OSError, orjson.JSONDecodeError):
         return False
     return isinstance(doc, dict) and doc.get("schema") == layout.SIDECAR_SCHEMA
-
-
-def _earlier_output(path: Path) -> bool:
-    """Whether ``path``, a file of an input folder, is an earlier output of pardiag that no
-    command reads as input (:func:`pardiag.layout.is_report_output`): ``pardiag report .`` run
-    twice in a run folder replaces its own ``report.html`` rather than refusing it as part of
-    the input."""
-    return layout.is_report_output(path)
 
 
 def _merged_by_pardiag(path: Path) -> bool:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -158,19 +158,23 @@ def capture_dir(run_dir: Path, start_step: int) -> Path:
 PAGE_MARKS = (b"<meta name='generator' content='pardiag", "\u00b7 pardiag ".encode())
 
 
-def is_report_output(path: Path) -> bool:
+def is_report_output(path: Path, page: bool | None = None) -> bool:
     """Whether ``path`` is an output of ``pardiag report`` or ``compare`` that no command reads
-    as input: a page pardiag wrote (:data:`PAGE_MARKS`, ``.html``), or a report's or
-    comparison's JSON (an object with ``schema_version``; not a sidecar, whose ``schema`` is
-    :data:`SIDECAR_SCHEMA`, and not a trace)."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in (".html", ".htm", ".json") or is_sidecar_name(Path(path).name):
-        return False
+    as input: a page pardiag wrote (:data:`PAGE_MARKS`), or a report's or comparison's JSON
+    (an object with ``schema_version``; not a sidecar, whose ``schema`` is
+    :data:`SIDECAR_SCHEMA`, and not a trace). ``page``: which of the two to look for; None:
+    by the name (``.html``/``.htm`` a page, ``.json`` a JSON, any other name neither)."""
+    path = Path(path)
+    if page is None:
+        suffix = path.suffix.lower()
+        if suffix not in (".html", ".htm", ".json") or is_sidecar_name(path.name):
+            return False
+        page = suffix != ".json"
     try:
-        data = Path(path).read_bytes()
+        data = path.read_bytes()
     except OSError:
         return False
-    if suffix != ".json":
+    if page:
         return any(m in data for m in PAGE_MARKS)
     try:
         doc = msgspec.json.decode(data)
@@ -192,19 +196,46 @@ def earlier_reports(run_dir: Path) -> list[Path]:
     return out
 
 
+#: A deep capture's folder name (:data:`CAPTURE_TEMPLATE`, its first step in digits).
+_CAPTURE_NAME = re.compile(CAPTURE_TEMPLATE.format(step=r"(\d+)"))
+
+
+def capture_step(name: str) -> int | None:
+    """The first step of the deep capture a folder named ``name`` holds (``capture-S``, S
+    digits), or None for any other name (``capture-notes``, the user's)."""
+    m = _CAPTURE_NAME.fullmatch(name)
+    return int(m.group(1)) if m is not None else None
+
+
 def capture_folders(run_dir: Path) -> list[tuple[int, Path]]:
     """``(S, folder)`` of each folder in ``run_dir`` named as a deep capture is
-    (``capture-S``, S digits), by S; a folder of another name (``capture-notes``, the user's)
-    is none."""
+    (:func:`capture_step`), by S."""
     out = []
     try:
         for d in Path(run_dir).glob(CAPTURE_TEMPLATE.format(step="*")):
-            m = re.fullmatch(CAPTURE_TEMPLATE.format(step=r"(\d+)"), d.name)
-            if m is not None and d.is_dir():
-                out.append((int(m.group(1)), d))
+            first = capture_step(d.name)
+            if first is not None and d.is_dir():
+                out.append((first, d))
     except OSError:
         return []
     return sorted(out, key=lambda c: c[0])
+
+
+def _capture_request(run_dir: Path) -> tuple[dict | None, str | None]:
+    """``(the capture request in run_dir, None)``; ``(None, None)`` without one; ``(None, why
+    it cannot be read)`` when it is not JSON or not an object."""
+    path = capture_request_path(run_dir)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{path}: cannot be read ({exc.strerror or exc})"
+    try:
+        doc = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        return None, f"{path}: not JSON ({exc})"
+    return (doc, None) if isinstance(doc, dict) else (None, f"{path}: not a JSON object")
 
 
 def read_capture_request(run_dir: Path) -> dict | None:
@@ -212,30 +243,17 @@ def read_capture_request(run_dir: Path) -> dict | None:
     request's ``start_step``, ``steps``, ``reason`` and every request so far in ``asked``), or
     None when there is none or it cannot be read (:func:`capture_request_problem` says
     which)."""
-    try:
-        doc = msgspec.json.decode(capture_request_path(run_dir).read_bytes())
-    except (OSError, msgspec.DecodeError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    return _capture_request(run_dir)[0]
 
 
 def capture_request_problem(run_dir: Path) -> str | None:
     """Why ``run_dir``'s capture request cannot be read, in words (it is not JSON, not an
     object, or lists no capture it can read), or None when it reads or there is none."""
-    path = capture_request_path(run_dir)
-    if not path.is_file():
-        return None
-    try:
-        doc = msgspec.json.decode(path.read_bytes())
-    except OSError as exc:
-        return f"{path}: cannot be read ({exc.strerror or exc})"
-    except msgspec.DecodeError as exc:
-        return f"{path}: not JSON ({exc})"
-    if not isinstance(doc, dict):
-        return f"{path}: not a JSON object"
-    if not asked_captures(doc):
-        return f"{path}: lists no capture with a start step and a number of steps"
-    return None
+    doc, why = _capture_request(run_dir)
+    if doc is not None and not asked_captures(doc):
+        return f"{capture_request_path(run_dir)}: lists no capture with a start step and a " \
+               "number of steps"
+    return why
 
 
 def asked_captures(req: dict | None) -> list[tuple[int, int, str | None]]:
@@ -258,26 +276,35 @@ def asked_captures(req: dict | None) -> list[tuple[int, int, str | None]]:
     return out
 
 
+class CaptureRecord(msgspec.Struct, kw_only=True, frozen=True):
+    """What a deep capture's own run file records of where it comes from
+    (:attr:`RunFile.capture`): the monitored run's folder (absolute, as the launcher wrote it),
+    the first and last step asked for, and the finding it was asked on (None: none given)."""
+
+    monitored_run: Annotated[str, msgspec.Meta(min_length=1)]
+    first_step: Annotated[int, msgspec.Meta(ge=0)]
+    last_step: Annotated[int, msgspec.Meta(ge=0)]
+    reason: str | None = None
+
+
 def capture_record(own: RunFile | None) -> tuple[dict | None, str | None]:
     """A deep capture's own record of where it comes from (:attr:`RunFile.capture` of its
-    run file ``own``): ``({"monitored_run", "first_step", "last_step", "reason"}, None)``;
-    ``(None, None)`` without one (a profiled run's file, or one written before it was
-    recorded); ``(None, why)`` when the record is there but not one (a wrong type)."""
+    run file ``own``, read as a :class:`CaptureRecord`): ``({"monitored_run", "first_step",
+    "last_step", "reason"}, None)``; ``(None, None)`` without one (a profiled run's file, or
+    one written before it was recorded); ``(None, why)`` when the record is there but not
+    one (a wrong type, a last step before the first)."""
     rec = own.capture if own is not None else None
     if rec is None:
         return None, None
-    why = ("'capture' is not a record of the monitored run, its first and last step and the "
-           "finding")
-    if not isinstance(rec, dict):
-        return None, why
-    run, first, last, reason = (rec.get("monitored_run"), rec.get("first_step"),
-                                rec.get("last_step"), rec.get("reason"))
-    if (not isinstance(run, str) or not run or isinstance(first, bool)
-            or not isinstance(first, int) or isinstance(last, bool) or not isinstance(last, int)
-            or first < 0 or last < first or not (reason is None or isinstance(reason, str))):
-        return None, why
-    return {"monitored_run": run, "first_step": first, "last_step": last,
-            "reason": reason or None}, None
+    try:
+        got = msgspec.convert(rec, CaptureRecord)
+    except msgspec.ValidationError:
+        got = None
+    if got is None or got.last_step < got.first_step:
+        return None, ("'capture' is not a record of the monitored run, its first and last step "
+                      "and the finding")
+    return {"monitored_run": got.monitored_run, "first_step": got.first_step,
+            "last_step": got.last_step, "reason": got.reason or None}, None
 
 
 def _same_job(run_dir: Path, own: RunFile | None, first: int) -> bool:
@@ -308,10 +335,10 @@ def capture_context(folder: Path, own: RunFile | None = None) -> dict | None:
     run written to the same path since is not), else in the folder that holds the capture when
     that is. None for any other folder, and for a capture neither lists (an earlier run's)."""
     folder = Path(folder).resolve()
-    m = re.fullmatch(CAPTURE_TEMPLATE.format(step=r"(\d+)"), folder.name)
-    if m is not None:
+    step = capture_step(folder.name)
+    if step is not None:
         for first, last, reason in asked_captures(read_capture_request(folder.parent)):
-            if first == int(m.group(1)):
+            if first == step:
                 return {"monitored_run": str(folder.parent), "first_step": first,
                         "last_step": last, "reason": reason, "monitored_run_found": True}
     rec, _ = capture_record(own)
@@ -445,10 +472,9 @@ def owned_files(run_dir: Path) -> list[Path]:
         if capture_request_path(run_dir).is_file():
             out.append(capture_request_path(run_dir))
         for _, d in capture_folders(run_dir):
-            if d.is_dir():
-                out += owned_files(d)
-                out += sorted(f for f in (d / SUMMARY_DIR).glob("*" + SUMMARY_SUFFIX)
-                              if f.is_file())
+            out += owned_files(d)
+            out += sorted(f for f in (d / SUMMARY_DIR).glob("*" + SUMMARY_SUFFIX)
+                          if f.is_file())
     except OSError:
         pass
     try:
