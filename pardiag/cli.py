@@ -277,13 +277,17 @@ def _positive_option(ctx, param, value):
 
 
 def _write_json(data: bytes, json_out: Path) -> None:
-    """Write a JSON document to ``json_out``, or to stdout when it is ``-``.
+    """Write a JSON document to ``json_out``, or to stdout when it is ``-`` (a reader that
+    stops early, ``| head``, is :class:`_StopsEarly`'s case).
 
     Raises:
         PardiagError: the file cannot be written (one line naming it)."""
     if str(json_out) == "-":
-        sys.stdout.buffer.write(data + b"\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.buffer.write(data + b"\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _StopsEarly.silence(sys.stdout)
         return
     try:
         json_out.write_bytes(data)
@@ -1083,6 +1087,43 @@ def keep_pyarrow_out(argv: list[str]) -> bool:
     return True
 
 
+class _StopsEarly:
+    """``sys.stdout`` or ``sys.stderr`` of the console script, whose reader may stop reading
+    before the end (``pardiag report … | head``): the first write to a closed pipe
+    (``BrokenPipeError``) points the stream's file descriptor at ``os.devnull`` and the command
+    goes on, so its page, JSON and exit code are what they would be; what the reader did not
+    take is not written anywhere. Click's own handling would exit 1 at that write, saying
+    nothing. Every other attribute is the wrapped stream's."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    @staticmethod
+    def silence(stream) -> None:
+        """Point ``stream``'s file descriptor at ``os.devnull`` (Python's documented answer to
+        SIGPIPE); what is still in its buffer goes there."""
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self.silence(self._stream)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self.silence(self._stream)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def run() -> None:
     """The console script (``pardiag``, ``python -m pardiag``): :func:`main` in a process of its
     own, which exits with its code (:func:`keep_pyarrow_out` first).
@@ -1093,6 +1134,8 @@ def run() -> None:
     benchmarks/results/, listed in benchmarks/README.md)."""
     keep_pyarrow_out(sys.argv[1:])
     collect_less()
+    sys.stdout = _StopsEarly(sys.stdout)  # type: ignore[assignment]
+    sys.stderr = _StopsEarly(sys.stderr)  # type: ignore[assignment]
     try:
         code = main()
     finally:

@@ -534,3 +534,24 @@ def test_a_limit_that_is_no_positive_time_is_one_line(tmp_path):
         assert res.exit_code == 2 and res.output.strip() == f"pardiag: error: {opt} {said}", \
             res.output
         assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("json_out", [None, "-"])
+def test_a_reader_that_stops_early_changes_nothing(tmp_path, json_out):
+    """``pardiag report … | head``: stdout is a pipe whose reader is gone before the first
+    write. The report is still written, the exit code is 0 and stderr holds no traceback."""
+    read, write = os.pipe()
+    os.close(read)
+    page, js = tmp_path / "r.html", tmp_path / "r.json"
+    args = [sys.executable, "-m", "pardiag", "report", str(SAMPLE), "-o", str(page),
+            "--json", json_out or str(js)]
+    try:
+        res = subprocess.run(args, stdout=write, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith(f"pardiag: wrote {page}")
+    assert page.stat().st_size > 1_000_000
+    if json_out is None:
+        assert json.loads(js.read_text())["source"]
