@@ -1134,8 +1134,8 @@ def run() -> None:
     benchmarks/results/, listed in benchmarks/README.md)."""
     keep_pyarrow_out(sys.argv[1:])
     collect_less()
-    sys.stdout = _StopsEarly(sys.stdout)  # type: ignore[assignment]
-    sys.stderr = _StopsEarly(sys.stderr)  # type: ignore[assignment]
+    sys.stdout = _StopsEarly(sys.stdout)
+    sys.stderr = _StopsEarly(sys.stderr)
     try:
         code = main()
     finally:

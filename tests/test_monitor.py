@@ -1577,7 +1577,7 @@ def test_a_deep_capture_reported_alone_says_which_run_and_steps_it_holds(tmp_pat
     assert layout.capture_context(Path(".")) == {**want, "monitored_run": str(run.resolve())}
     monkeypatch.chdir(tmp_path)
     rep = build_report(load_traces(cap))
-    assert report_json(rep)["capture"] == want
+    assert report_json(rep)["capture"] == {**want, "against_findings": None}   # no records
     line = (f"steps 120–122 of the monitored run {run}, asked on: {why} (the whole run: "
             f"pardiag report {run})")
     out = io.StringIO()
@@ -1630,7 +1630,7 @@ def test_a_deep_capture_copied_away_from_its_run_says_where_it_came_from(tmp_pat
     shutil.copytree(cap, copy)
     shutil.move(run, tmp_path / "mon.moved")
     got = report_json(build_report(load_traces(copy)))["capture"]
-    assert got == {**rec, "monitored_run_found": False}
+    assert got == {**rec, "monitored_run_found": False, "against_findings": None}
     rep = build_report(load_traces(copy))
     assert rep.traces.capture_line() == (
         f"steps 120–122 of the monitored run {run}, asked on: {why} (that folder is not "
@@ -1657,6 +1657,41 @@ def test_a_deep_capture_copied_away_from_its_run_says_where_it_came_from(tmp_pat
             "first and last step and the finding; ignored") in traces.warnings
     doc = report_json(build_report(traces))
     assert doc["capture"] is None and doc["run"]["capture"] is None
+
+
+def test_a_deep_capture_reported_alone_says_where_it_lies_in_its_runs_findings(tmp_path):
+    """Rank 1 late in steps 60–119 of a monitored run: a capture of steps 100–102 lies inside
+    that finding, one of steps 150–152 (asked on it, begun after it ended) outside every
+    finding; the capture's own report says which, in its JSON and its line. Without a finding
+    in the whole run it says the run does not confirm one."""
+    import shutil
+
+    from pardiag.analyzer.analyses.monitor_follow import request_capture
+    from pardiag.analyzer.report import build_report, report_json
+    from pardiag.analyzer.trace import load_traces
+
+    run = _write_run(tmp_path, 2, 200, {1: (60, 119, 30_000)})
+    why = "rank 1: late at its collectives since step 60"
+    for first in (100, 150):
+        shutil.copytree(ROOT / "sample_traces" / "ddp_cpu_2rank", layout.capture_dir(run, first))
+        request_capture(run, first, 3, why)
+    finding = S.finding_line(S.summary(M.load_monitor(run), run)["findings"][0])
+    assert finding.startswith("rank 1: transient straggler, steps 60–119")
+    inside = report_json(build_report(load_traces(layout.capture_dir(run, 100))))["capture"]
+    assert inside["against_findings"] == f"lies inside the run's finding: {finding}"
+    rep = build_report(load_traces(layout.capture_dir(run, 150)))
+    outside = ("lies outside every finding's steps (the finding that asked for it ended first): "
+               "it shows the run as it was then, not the finding")
+    assert report_json(rep)["capture"]["against_findings"] == outside
+    assert rep.traces.capture_line() == (
+        f"steps 150–152 of the monitored run {run}, asked on: {why}; it {outside} (the whole "
+        f"run: pardiag report {run})")
+    clean = _write_run(tmp_path / "clean", 2, 200, {})
+    shutil.copytree(ROOT / "sample_traces" / "ddp_cpu_2rank", layout.capture_dir(clean, 150))
+    request_capture(clean, 150, 3, why)
+    got = report_json(build_report(load_traces(layout.capture_dir(clean, 150))))["capture"]
+    assert got["against_findings"].startswith("was asked for by a finding the whole run does not "
+                                              "confirm")
 
 
 def test_capture_folders_are_named_as_a_capture_is(tmp_path):

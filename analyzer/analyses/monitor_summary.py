@@ -53,23 +53,15 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     caps, late = _asked_captures(run_dir, notes) if run_dir is not None else ([], [])
     last_step = int(data.steps["step"].max()) if len(data.steps) else None
     notes += ending_notes(run_dir, last_step) if run_dir is not None else []
-    for f in found:   # late to the end: whether it ended is not known
-        if f["kind"] == "straggler" and not f["persistent"] and f["last_step"] == last_step:
-            f["until_last_step"] = True
-    periods = [f for f in found if f["kind"] in ("straggler", "slow_steps")]
+    _mark_open(found, last_step)
     for c in caps:   # the asked-for captures only, the others left out
         first, last = c["first_step"], c["last_step"]
         if last_step is not None and first <= last_step < last and c["ranks"]:
             notes.append(f"the deep capture of steps {first}–{last} was cut short by the run's "
                          f"end: it holds steps {first}–{last_step} at most")
-        if not periods:
-            notes.append(f"the deep capture of steps {first}–{last} was asked for by "
-                         f"a finding the whole run does not confirm (the monitor judged the "
-                         f"steps up to then): it shows the run as it was then")
-        elif not any(f["first_step"] <= last and first <= f["last_step"] for f in periods):
-            notes.append(f"the deep capture of steps {first}–{last} lies outside every "
-                         f"finding's steps (the finding that asked for it ended first): it shows "
-                         f"the run as it was then, not the finding")
+        inside, line = capture_against(first, last, found)
+        if not inside:
+            notes.append(f"the deep capture of steps {first}–{last} {line}")
     notes += late
     return {
         "ranks": sorted(int(r) for r in data.steps["rank"].unique()),
@@ -79,6 +71,55 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
                      "p90": round(float(per.quantile(0.9)), 3)} if len(per) else None),
         "collectives": int(len(data.calls)),
         "findings": found, "notes": notes, "captures": caps}
+
+
+def _mark_open(found: list[dict], last_step: int | None) -> None:
+    """Mark each transient straggler late up to ``last_step``, the last recorded step
+    (``until_last_step``): whether it ended is not known."""
+    for f in found:
+        if f["kind"] == "straggler" and not f["persistent"] and f["last_step"] == last_step:
+            f["until_last_step"] = True
+
+
+def capture_against(first: int, last: int, found: list[dict]) -> tuple[bool, str]:
+    """Where a deep capture of steps ``first``–``last`` lies against the run's ``found``
+    (:func:`~.monitored.findings`): whether it overlaps a straggler's or slow steps' period,
+    and the words that say so after "the deep capture of steps S–E" (the overlapped
+    findings' :func:`finding_line`; else that it lies outside every finding, or that the whole
+    run confirms none). A capture starts some steps after the finding that asked for it was
+    detected (at a step boundary, after the ranks agreed), so a short finding may be over."""
+    periods = [f for f in found if f["kind"] in ("straggler", "slow_steps")]
+    if not periods:
+        return False, ("was asked for by a finding the whole run does not confirm (the monitor "
+                       "judged the steps up to then): it shows the run as it was then")
+    inside = [f for f in periods if f["first_step"] <= last and first <= f["last_step"]]
+    if not inside:
+        return False, ("lies outside every finding's steps (the finding that asked for it ended "
+                       "first): it shows the run as it was then, not the finding")
+    return True, "lies inside the run's finding: " + "; ".join(map(finding_line, inside))
+
+
+def capture_in_run(capture: dict) -> str | None:
+    """Of a deep capture reported alone (:attr:`~pardiag.analyzer.trace.TraceSet.capture`),
+    where it lies against its monitored run's findings (:func:`capture_against`, the whole
+    run's findings as its report gives them); None when the run is not found, or its monitor
+    records cannot be read (the capture's report says so already, or the run's does)."""
+    from pardiag.errors import PardiagError
+
+    from .monitored import load_monitor
+
+    if not capture.get("monitored_run_found"):
+        return None
+    run = Path(capture["monitored_run"])
+    try:
+        data = load_monitor(run)
+    except (PardiagError, OSError):
+        return None
+    if not len(data.steps):
+        return None
+    found = findings(data, [])
+    _mark_open(found, int(data.steps["step"].max()))
+    return capture_against(int(capture["first_step"]), int(capture["last_step"]), found)[1]
 
 
 def _asked_captures(run_dir: Path, notes: list[str]) -> tuple[list[dict], list[str]]:

@@ -26,6 +26,7 @@ from ..analyses.imbalance import BalanceResult, compute_balance
 from ..analyses.infer_layout import InferredLayout, infer_layout, is_pardiag_run
 from ..analyses.layout import LayoutResult, compute_layout
 from ..analyses.memory import MemoryResult, compute_memory
+from ..analyses.monitor_summary import capture_in_run
 from ..analyses.operators import MAX_JSON_OPERATORS, OperatorsResult, compute_operators
 from ..analyses.pipeline import PipelineResult, compute_pipeline, summarize_bubbles
 from ..analyses.routing import RoutingResult, compute_routing
@@ -442,7 +443,12 @@ _R = TypeVar("_R", bound=Report)
 def build_report(traces: TraceSet, options: AnalysisOptions = AnalysisOptions(),
                  cls: type[_R] = Report) -> _R:  # type: ignore[assignment]
     """Run every registered analysis on ``traces``, in registry order, into a ``cls`` (a
-    :class:`Report` or a subclass)."""
+    :class:`Report` or a subclass). A deep capture reported alone gains where it lies against
+    its run's findings (``capture["against_findings"]``,
+    :func:`~pardiag.analyzer.analyses.monitor_summary.capture_in_run`)."""
+    if traces.capture is not None and "against_findings" not in traces.capture:
+        traces = dataclasses.replace(traces, capture={
+            **traces.capture, "against_findings": capture_in_run(traces.capture)})
     results: dict[str, Any] = {}
     for a in ANALYSES:
         results[a.name] = a.compute(traces, options, results)

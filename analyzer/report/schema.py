@@ -500,6 +500,11 @@ class CaptureInfo(msgspec.Struct, kw_only=True, frozen=True):
             capture request asks for this capture, or its ``run.json`` has the same start time;
             false: the capture was copied or moved away from its run, or another run was
             written there since, and it says where the run was from its own ``run.json``).
+        against_findings: Where the capture's steps lie against the whole run's findings, as
+            its report gives them: "lies inside the run's finding: …", "lies outside every
+            finding's steps …" (the finding that asked for it ended before the capture began),
+            or "was asked for by a finding the whole run does not confirm …". Null/absent:
+            ``null`` when the run is not found or its monitor records cannot be read.
     """
 
     monitored_run: str
@@ -507,6 +512,7 @@ class CaptureInfo(msgspec.Struct, kw_only=True, frozen=True):
     last_step: int
     reason: str | None = None
     monitored_run_found: bool = True
+    against_findings: str | None = None
 
 
 class ReportDocument(msgspec.Struct, kw_only=True, frozen=True):

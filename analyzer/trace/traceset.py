@@ -192,11 +192,13 @@ class TraceSet:
     def capture_line(self) -> str | None:
         """Where a monitored run's deep capture comes from, in one line (``steps S–E of the
         monitored run ...``; None for any other input): its steps, the run, the finding it was
-        asked for, and how to report the whole run."""
+        asked for, where it lies against the run's findings (``against_findings``, when the
+        report found them), and how to report the whole run."""
         c = self.capture
         if c is None:
             return None
         why = f", asked on: {c['reason']}" if c.get("reason") else ""
+        why += f"; it {c['against_findings']}" if c.get("against_findings") else ""
         if c.get("monitored_run_found", True):
             whole = f"the whole run: pardiag report {c['monitored_run']}"
         elif Path(c["monitored_run"]).is_dir():
