@@ -634,6 +634,15 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
     monitored = [p for p in paths if p.is_dir() and is_monitored(p)
                  and not any(p.glob("rank*.trace.json.gz"))]
     if len(paths) > 1 and monitored:
+        for p in paths:   # a deep capture given with its own run
+            ctx = layout.capture_context(p) if p.is_dir() else None
+            if ctx is not None and any(Path(ctx["monitored_run"]) == m.resolve()
+                                       for m in monitored):
+                raise PardiagError(
+                    f"{p} is a deep capture of the monitored run {ctx['monitored_run']}: report "
+                    f"each on its own (pardiag report {p} gives the capture's deep diagnosis and "
+                    f"where it lies in the run's findings; pardiag report "
+                    f"{ctx['monitored_run']} the whole run)")
         raise PardiagError(f"{monitored[0]}: a monitored run is reported on its own (pardiag "
                            f"report {monitored[0]}); pardiag compare A B sets two runs side "
                            f"by side")

@@ -1686,6 +1686,18 @@ def test_a_deep_capture_reported_alone_says_where_it_lies_in_its_runs_findings(t
     assert rep.traces.capture_line() == (
         f"steps 150–152 of the monitored run {run}, asked on: {why}; it {outside} (the whole "
         f"run: pardiag report {run})")
+    # given with its run, in either order: each is reported on its own, and said so
+    from click.testing import CliRunner
+
+    from pardiag.cli import cli
+
+    cap = layout.capture_dir(run, 150)
+    for args in ([cap, run], [run, cap]):
+        res = CliRunner().invoke(cli, ["report", *map(str, args), "-o", str(tmp_path / "r.html")])
+        assert res.exit_code == 2 and res.output == (
+            f"pardiag: error: {cap} is a deep capture of the monitored run {run}: report each on "
+            f"its own (pardiag report {cap} gives the capture's deep diagnosis and where it lies "
+            f"in the run's findings; pardiag report {run} the whole run)\n")
     clean = _write_run(tmp_path / "clean", 2, 200, {})
     shutil.copytree(ROOT / "sample_traces" / "ddp_cpu_2rank", layout.capture_dir(clean, 150))
     request_capture(clean, 150, 3, why)
