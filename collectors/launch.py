@@ -643,7 +643,8 @@ class _MonitorFollow:
     a deep capture starting a record period (and 5 steps) after the last step written (no rank
     is further ahead than the period, and each looks for the request at every step), when the
     run's last capture has ended and fewer than ``--monitor-captures`` were asked for; a finding
-    said while a capture is asked for or recording asks for none. A finding that began in the
+    said while a capture is asked for or recording asks for none, nor one that has ended by
+    the time it is read (a capture would show the run after it). A finding that began in the
     run's start-up asks only once it has gone on past it
     (:meth:`~pardiag.analyzer.analyses.monitor_follow.Follower.capture_worthy`). On several
     nodes only node 0's launcher asks (the nodes share the run folder the ranks read)."""

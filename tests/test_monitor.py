@@ -195,6 +195,41 @@ def test_a_deep_captures_own_steps_are_no_slow_steps():
         (240, 279, 36, 130.0)]
 
 
+def test_a_deep_captures_own_steps_are_no_straggler_lateness(tmp_path):
+    """Rank 1 late 30 ms in steps 150–249; a capture of steps 254–256 asked on it, in whose
+    steps and the one after (the trace's writing) rank 1 arrives 400 ms late (the profiler
+    slows the ranks unequally): the finding ends at 249, and the capture lies outside it."""
+    from pardiag.analyzer.analyses.monitor_follow import request_capture
+
+    run = _write_run(tmp_path, 2, 400, {1: [(150, 249, 30_000), (254, 257, 400_000)]})
+    without = M.findings(M.load_monitor(run))
+    assert [(f["rank"], f["first_step"], f["last_step"]) for f in without
+            if f["kind"] == "straggler"] == [(1, 150, 257)]   # pardiag's own lateness joined
+    request_capture(run, 254, 3, "rank 1: late at its collectives since step 150")
+    found = M.findings(M.load_monitor(run))
+    assert [(f["kind"], f["rank"], f["first_step"], f["last_step"], f["steps"])
+            for f in found] == [("straggler", 1, 150, 249, 100)]
+    assert S.capture_against(254, 256, found)[0] is False
+
+
+def test_a_straggler_from_step_100_to_the_end_is_persistent_since_step_100(tmp_path):
+    """Rank 1 late 30 ms from step 100 to the end of a 1,200-step run (92% of its steps): a
+    persistent straggler of steps 100–1199, its steps against the 100 ms of steps 0–99 — not
+    steps 0–1199 against their own median. Late from step 0, the baseline is the run's."""
+    run = _write_run(tmp_path, 2, 1200, {1: (100, 1199, 30_000)})
+    (f,) = M.findings(M.load_monitor(run))
+    assert (f["rank"], f["persistent"], f["first_step"], f["last_step"]) == (1, True, 100, 1199)
+    assert (f["step_ms"], f["baseline_step_ms"], f["baseline_over_run"]) == (130.0, 100.0, False)
+    assert S.finding_line(f).startswith(
+        "rank 1: persistent straggler, steps 100–1199 (1100 steps late): arrives ")
+    assert "step 130.0 ms against 100.0 ms in the run's other steps" in S.finding_line(f)
+    whole = _write_run(tmp_path / "whole", 2, 400, {1: (0, 399, 30_000)})
+    (g,) = M.findings(M.load_monitor(whole))
+    assert (g["persistent"], g["first_step"], g["last_step"]) == (True, 0, 399)
+    assert (g["step_ms"], g["baseline_step_ms"], g["baseline_over_run"]) == (130.0, 130.0, True)
+    assert "against 130.0 ms over the run" in S.finding_line(g)
+
+
 def test_several_captures_are_asked_for_read_and_left_out_of_memory_creep(tmp_path):
     """The request file keeps every capture asked for (the ranks read the last, at its top);
     the report keeps the capture folders asked for, says the one not written, and leaves out
@@ -322,6 +357,16 @@ def test_a_finding_of_the_start_up_asks_for_a_capture_only_once_it_lasts(tmp_pat
                                          (70, [(0, 70)])]) == [(85, 87)]
     assert "pardiag: monitor: every rank's steps slow since step 0" in capsys.readouterr().err
     assert _follow_stub(tmp_path / "b", [(30, [(5, 20)]), (80, [])]) == []
+
+
+def test_a_finding_over_by_the_time_it_is_read_asks_for_no_capture(tmp_path, capsys):
+    """Slow steps 60–89 first read at step 200 (ended: a capture from step 215 would show the
+    run after them) ask for none, and the capture budget stays for the next finding, read
+    while it goes on at step 300 (steps 260–300): it gets one."""
+    asked = _follow_stub(tmp_path, [(200, [(60, 89)]), (300, [(260, 300)])], captures=1)
+    assert asked == [(315, 317)]
+    err = capsys.readouterr().err
+    assert "every rank's steps slow in steps 60–89" in err and err.count("records a trace") == 1
 
 
 def test_a_persistent_straggler_and_a_clean_run(tmp_path):

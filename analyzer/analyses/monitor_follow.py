@@ -152,13 +152,13 @@ class Follower:
 
     def capture_worthy(self, f: dict) -> bool | None:
         """Whether finding ``f`` (as :meth:`new_findings` gave it) is worth a deep capture now:
-        True when it began after the start-up (:data:`START_UP_STEPS`) or has gone on past it
-        and still goes on; None while that is not known yet (it began in the start-up and goes
-        on); False when it ended in (or soon after) the start-up."""
-        ongoing = _ongoing(f, self.top)
-        if f["first_step"] >= START_UP_STEPS or (ongoing and f["last_step"] >= START_UP_STEPS):
-            return True
-        return None if ongoing else False
+        True when it still goes on and began after the start-up (:data:`START_UP_STEPS`) or
+        has gone on past it; None while that is not known yet (it began in the start-up and
+        goes on); False when it has ended (a capture begins some steps after the last step
+        read: it would show the run after the finding, not the finding)."""
+        if not _ongoing(f, self.top):
+            return False
+        return True if max(f["first_step"], f["last_step"]) >= START_UP_STEPS else None
 
 
 #: A finding's fields that give its size (:func:`_level`).

@@ -21,7 +21,7 @@ def finding_line(f: dict) -> str:
         what = ("persistent straggler" if f["persistent"] else
                 "straggler until the last recorded step" if f.get("until_last_step")
                 else "transient straggler")
-        where = "over the run" if f["persistent"] else "in the run's other steps"
+        where = "over the run" if f.get("baseline_over_run") else "in the run's other steps"
         return (f"rank {f['rank']}: {what}, {span} ({f['steps']} steps late): arrives "
                 f"{f['extra_delay_ms']:.1f} ms after the other ranks; step {f['step_ms']:.1f} ms "
                 f"against {f['baseline_step_ms']:.1f} ms {where} (lateness counted above "

@@ -565,21 +565,28 @@ def _persistent(x: np.ndarray, m: np.ndarray, periods: list[tuple[int, int]],
 
 def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
                        notes: list[str] | None = None,
-                       joins: pd.DataFrame | None = None) -> list[dict]:
+                       joins: pd.DataFrame | None = None,
+                       captures: list[tuple[int, int]] | None = None) -> list[dict]:
     """Stragglers over the run (see the module): ``[{"kind": "straggler", "rank",
     "first_step", "last_step", "steps", "persistent", "extra_delay_ms", "step_ms",
-    "baseline_step_ms", "threshold_ms"}]`` (ms). A late period whose steps were not slower
+    "baseline_step_ms", "baseline_over_run", "threshold_ms"}]`` (ms; ``steps``: the steps
+    judged from the first to the last; ``baseline_over_run``: the baseline is every step's
+    median, a persistent straggler's that leaves fewer than :data:`WINDOW_STEPS` others). A late period whose steps were not slower
     than the others' by :data:`STRAGGLER_STEP_SHARE` and by :data:`STRAGGLER_SIGMA` × the noise
     of their median is no finding: the other ranks waited,
     the run lost no time; it is said in ``notes`` when given. ``delays``: :func:`arrival_delays`
     (ranks × steps, µs); ``steps``: :attr:`MonitorData.steps`; ``joins``:
     :func:`~.monitor_delays.join_delays`, on which a costly period is found again
-    (:func:`_on_signal`; without it, on the largest delay per step)."""
+    (:func:`_on_signal`; without it, on the largest delay per step). The deep captures' own
+    steps (:func:`capture_steps` of ``captures``) are left out, as for slow steps: the
+    profiler and the trace's writing slow the ranks unequally there; a period around one goes
+    on across it."""
     if delays.empty or len(delays) < 2:
         return []
     step_ms = steps.groupby("step")["dur_us"].median()
     # calls issued after the last recorded step (a barrier at exit) belong to no step
-    delays = delays.loc[:, delays.columns.isin(step_ms.index)]
+    delays = delays.loc[:, delays.columns.isin(step_ms.index)
+                        & ~delays.columns.isin(capture_steps(captures or []))]
     if delays.shape[1] == 0:
         return []
     late = lateness(delays)
@@ -599,17 +606,30 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
         m = smooth.loc[r].to_numpy(dtype=float)
         periods = _late_periods(x, m, thr)
         if _persistent(x, m, periods, thr):
+            # from its first late period's start to its last one's end (a rank late from
+            # step 100 to the end of a 1,200-step run is late since step 100, not over the
+            # run); over every step with a lateness when no period stands out
             idx = np.flatnonzero(ok)
-            cand.append((int(r), int(idx[0]), int(idx[-1]), True))
+            a, b = ((periods[0][0], periods[-1][1]) if periods
+                    else (int(idx[0]), int(idx[-1])))
+            cand.append((int(r), a, b, True))
         else:
             cand += [(int(r), a, b, False) for a, b in periods]
-    # the run's step time without any late period of a transient (a persistent straggler is
-    # in every step: its cost is its lateness, the other ranks' wait)
+    # the run's step time without any late period; a persistent straggler's steps stay in it
+    # when fewer than WINDOW_STEPS others remain (late in every step, its cost is its
+    # lateness, the other ranks' wait)
     dur = step_ms.reindex(cols).to_numpy(dtype=float)
     quiet = np.ones(len(cols), bool)
     for _, a, b, persistent in cand:
         if not persistent:
             quiet[a:b + 1] = False
+    without = quiet.copy()
+    for _, a, b, persistent in cand:
+        if persistent:
+            without[a:b + 1] = False
+    over_run = int(without.sum()) < WINDOW_STEPS
+    if not over_run:
+        quiet = without
     # the step time's median and noise without the late periods (two of them would widen it)
     if not quiet.any():
         quiet[:] = True
@@ -633,12 +653,13 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
     out: list[dict] = []
     for r, a, b, persistent in cand:
         during = float(np.nanmedian(dur[a:b + 1]))
-        # (a persistent rank's a..b are its first and last step with a lateness)
         extra = float(np.nanmedian(late.loc[r].to_numpy(dtype=float)[a:b + 1]))
         f = {"kind": "straggler", "rank": r, "first_step": int(cols[a]),
              "last_step": int(cols[b]), "steps": b - a + 1, "persistent": persistent,
              "extra_delay_ms": round(extra / 1e3, 3), "step_ms": round(during / 1e3, 3),
-             "baseline_step_ms": round(base / 1e3, 3), "threshold_ms": round(thr / 1e3, 3)}
+             "baseline_step_ms": round(base / 1e3, 3),
+             "baseline_over_run": bool(persistent and over_run),
+             "threshold_ms": round(thr / 1e3, 3)}
         if persistent or costs(a, b, during):
             out.append(f)
         elif notes is not None:
@@ -721,7 +742,7 @@ def findings(data: MonitorData, notes: list[str] | None = None) -> list[dict]:
     """Every finding of the run, stragglers first (see the module); what was measured and not
     named goes to ``notes`` when given."""
     delays = arrival_delays(data)
-    strag = straggler_findings(delays, data.steps, notes, join_delays(data))
+    strag = straggler_findings(delays, data.steps, notes, join_delays(data), data.captures)
     # slow steps inside a straggler's period are its cost, said with it
     slow = [f for f in slow_step_findings(data.steps, strag, delays, data.captures)
             if f["straggler_rank"] is None]
