@@ -571,10 +571,10 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
     "first_step", "last_step", "steps", "persistent", "extra_delay_ms", "step_ms",
     "baseline_step_ms", "baseline_over_run", "threshold_ms"}]`` (ms; ``steps``: the steps
     judged from the first to the last; ``baseline_over_run``: the baseline is every step's
-    median, a persistent straggler's that leaves fewer than :data:`WINDOW_STEPS` others). A late period whose steps were not slower
-    than the others' by :data:`STRAGGLER_STEP_SHARE` and by :data:`STRAGGLER_SIGMA` × the noise
-    of their median is no finding: the other ranks waited,
-    the run lost no time; it is said in ``notes`` when given. ``delays``: :func:`arrival_delays`
+    median, a persistent straggler's that leaves fewer than :data:`WINDOW_STEPS` others). A
+    late period whose steps were not slower than the others' by :data:`STRAGGLER_STEP_SHARE`
+    and by :data:`STRAGGLER_SIGMA` × the noise of their median is no finding: the other ranks
+    waited, the run lost no time; it is said in ``notes`` when given. ``delays``: :func:`arrival_delays`
     (ranks × steps, µs); ``steps``: :attr:`MonitorData.steps`; ``joins``:
     :func:`~.monitor_delays.join_delays`, on which a costly period is found again
     (:func:`_on_signal`; without it, on the largest delay per step). The deep captures' own
