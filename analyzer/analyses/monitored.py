@@ -574,8 +574,8 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
     median, a persistent straggler's that leaves fewer than :data:`WINDOW_STEPS` others). A
     late period whose steps were not slower than the others' by :data:`STRAGGLER_STEP_SHARE`
     and by :data:`STRAGGLER_SIGMA` × the noise of their median is no finding: the other ranks
-    waited, the run lost no time; it is said in ``notes`` when given. ``delays``: :func:`arrival_delays`
-    (ranks × steps, µs); ``steps``: :attr:`MonitorData.steps`; ``joins``:
+    waited, the run lost no time; it is said in ``notes`` when given. ``delays``:
+    :func:`arrival_delays` (ranks × steps, µs); ``steps``: :attr:`MonitorData.steps`; ``joins``:
     :func:`~.monitor_delays.join_delays`, on which a costly period is found again
     (:func:`_on_signal`; without it, on the largest delay per step). The deep captures' own
     steps (:func:`capture_steps` of ``captures``) are left out, as for slow steps: the
