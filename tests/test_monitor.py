@@ -446,6 +446,13 @@ def test_a_killed_ranks_torn_last_line_is_left_out_with_a_note(tmp_path):
     assert sorted(data.steps.groupby("rank")["step"].max().to_dict().items()) == [(0, 119),
                                                                                   (1, 119)]
     assert any("its last line is incomplete" in n for n in data.notes)
+    # bytes that are no record's start, last or not, are no torn line: the file is not one
+    whole = path.read_bytes()
+    for junk in (b"\x00\x01\x02", b"[1, 2", b'{"schema": "something.else/1", "rank": 1, "base'):
+        path.write_bytes(junk)
+        with pytest.raises(M.PardiagError, match=r"rank1\.monitor\.jsonl: line 1 is not JSON"):
+            M.load_monitor(run)
+    path.write_bytes(whole)
     path.write_bytes(b"not json\n" + path.read_bytes())
     with pytest.raises(M.PardiagError, match=r"rank1\.monitor\.jsonl: line 1 is not JSON"):
         M.load_monitor(run)

@@ -94,6 +94,10 @@ def is_monitored(run_dir: Path) -> bool:
     return any(layout.sidecar_dir(Path(run_dir)).glob("rank*.monitor.jsonl"))
 
 
+#: The schema every monitor record names first (a cut last line starts with it).
+_SCHEMA_VALUE = b'"pardiag.monitor/1"'
+
+
 def _read_lines(path: Path, notes: list[str]) -> list[dict]:
     import orjson
 
@@ -108,7 +112,12 @@ def _read_lines(path: Path, notes: list[str]) -> list[dict]:
         try:
             doc = orjson.loads(line)
         except orjson.JSONDecodeError:
-            if i >= len(raw) - 2:   # the last line, cut when the rank was killed
+            # the last line, cut when the rank was killed: the start of a record (an object
+            # whose first key, once there, is the schema)
+            torn = line.lstrip()
+            if i >= len(raw) - 2 and torn.startswith(b"{") and (
+                    len(torn) < 2 * len(_SCHEMA_VALUE)
+                    or _SCHEMA_VALUE in torn[:3 * len(_SCHEMA_VALUE)]):
                 notes.append(f"{path.name}: its last line is incomplete (the rank was stopped "
                              f"while writing it) and is left out")
                 continue
