@@ -824,9 +824,10 @@ def _to_trackers(run: Path, data, doc: dict, trackers: dict) -> None:
             raise PardiagError(f"{folder}: inside the run folder {run}; write it elsewhere")
     if trackers.get("tensorboard") is not None:
         out = trackers["tensorboard"]
-        done = tb.write_tensorboard(data, doc, out)
+        where, done, again = tb.write_tensorboard(data, doc, out, run)
         click.echo(f"pardiag: wrote TensorBoard event files for {len(done)} rank folder(s) under "
-                   f"{out} (tensorboard --logdir {out})", err=True)
+                   f"{where}" + (", replacing this run's earlier ones" if again else "")
+                   + f" (tensorboard --logdir {out})", err=True)
     if trackers.get("mlflow") is not None:
         run_id = tb.log_mlflow(data, doc, run, trackers["mlflow"])
         click.echo(f"pardiag: logged MLflow run {run_id} (experiment pardiag) to "

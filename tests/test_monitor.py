@@ -1092,9 +1092,31 @@ def test_tensorboard_scalars_of_a_monitored_run(tmp_path):
     run = _write_run(tmp_path, 4, 300, {2: (120, 169, 30_000)})
     data = M.load_monitor(run)
     doc = S.summary(data, run)
-    done = write_tensorboard(data, doc, tmp_path / "tb")
+    where, done, again = write_tensorboard(data, doc, tmp_path / "tb", run)
+    assert (where, again) == (tmp_path / "tb" / run.name, False)
     assert sorted(p.name for p in done) == ["rank0", "rank1", "rank2", "rank3"]
-    ea = ea_mod.EventAccumulator(str(tmp_path / "tb" / "rank2"))
+    # a second report of the run replaces its files (one point per step, not two); another
+    # run of the same folder name gets a folder of its own; so does a user's folder
+    assert write_tensorboard(data, doc, tmp_path / "tb", run)[::2] == (where, True)
+    assert len(list((where / "rank2").glob("events.out.tfevents.*"))) == 1
+    other = _write_run(tmp_path / "other", 2, 100, {})
+    assert other.name == run.name
+    assert write_tensorboard(M.load_monitor(other), S.summary(M.load_monitor(other), other),
+                             tmp_path / "tb", other)[::2] == (tmp_path / "tb" / f"{run.name}-2",
+                                                             False)
+    (tmp_path / "tb2" / run.name).mkdir(parents=True)
+    assert write_tensorboard(data, doc, tmp_path / "tb2", run)[0].name == f"{run.name}-2"
+    from click.testing import CliRunner
+
+    from pardiag.cli import cli
+    for again in ("", ", replacing this run's earlier ones"):
+        res = CliRunner().invoke(cli, ["report", str(run), "-q", "-o", str(tmp_path / "m.html"),
+                                       "--tensorboard", str(tmp_path / "tb3")])
+        assert res.exit_code == 0, res.output
+        assert (f"pardiag: wrote TensorBoard event files for 4 rank folder(s) under "
+                f"{tmp_path / 'tb3' / run.name}{again} (tensorboard --logdir "
+                f"{tmp_path / 'tb3'})") in res.output
+    ea = ea_mod.EventAccumulator(str(where / "rank2"))
     ea.Reload()
     assert set(ea.Tags()["scalars"]) == {"step_ms", "data_ms", "optimizer_ms", "lateness_ms"}
     late = {e.step: e.value for e in ea.Scalars("lateness_ms")}

@@ -68,9 +68,37 @@ def _rows(frame: pd.DataFrame):
         yield int(step), float(wall), {k: float(v) for k, v in values.items() if np.isfinite(v)}
 
 
-def write_tensorboard(data: monitored.MonitorData, doc: dict, out: Path) -> list[Path]:
-    """Write the event files under ``out`` (one folder per series: ``rank{R}``, or ``ranks``
-    for their spread) with TensorBoard's own event writer, and return the folders written.
+#: The file in each run's TensorBoard folder that names the run it holds.
+TB_RUN_FILE = "pardiag-run.txt"
+
+
+def tensorboard_run_dir(out: Path, run: Path) -> tuple[Path, bool]:
+    """The folder under ``out`` that holds ``run``'s event files, and whether it held them
+    before (a second report of the run): ``out/<run folder's name>``, or ``<name>-2``, ``-3``
+    … when that folder holds another run's (its :data:`TB_RUN_FILE` names another folder) or
+    is not pardiag's (no such file). TensorBoard shows each folder under ``--logdir`` as a run
+    of its own, so two runs never share one."""
+    me = str(run.resolve())
+    name = run.resolve().name or "run"
+    for i in range(1, 1000):
+        cand = out / (name if i == 1 else f"{name}-{i}")
+        if not cand.exists():
+            return cand, False
+        try:
+            if (cand / TB_RUN_FILE).read_text().strip() == me:
+                return cand, True
+        except OSError:
+            pass
+    raise PardiagError(f"{out}: 999 folders named {name}(-N) already; choose another --tensorboard")
+
+
+def write_tensorboard(data: monitored.MonitorData, doc: dict, out: Path, run: Path
+                      ) -> tuple[Path, list[Path], bool]:
+    """Write the event files of ``run`` under ``out`` in a folder of its own
+    (:func:`tensorboard_run_dir`), one folder per series (``rank{R}``, or ``ranks`` for their
+    spread), with TensorBoard's own event writer. A second report of the run replaces the
+    event files it wrote before (TensorBoard would show each point twice). Returns the run's
+    folder, the series folders written and whether earlier files of the run were replaced.
 
     Raises:
         PardiagError: TensorBoard is not installed, or ``out`` cannot be written.
@@ -82,19 +110,24 @@ def write_tensorboard(data: monitored.MonitorData, doc: dict, out: Path) -> list
     except ImportError:
         raise PardiagError("--tensorboard needs TensorBoard: pip install tensorboard") from None
     written = []
+    where, again = tensorboard_run_dir(out, run)
     try:
+        where.mkdir(parents=True, exist_ok=True)
+        (where / TB_RUN_FILE).write_text(str(run.resolve()) + "\n")
+        for old in where.glob("*/events.out.tfevents.*"):   # this run's, written before
+            old.unlink()
         for name, frame in scalar_frames(data, doc).items():
-            (out / name).mkdir(parents=True, exist_ok=True)
-            w = EventFileWriter(str(out / name))
+            (where / name).mkdir(parents=True, exist_ok=True)
+            w = EventFileWriter(str(where / name))
             for step, wall, values in _rows(frame):
                 if values:
                     w.add_event(Event(wall_time=wall, step=step, summary=Summary(value=[
                         Summary.Value(tag=k, simple_value=v) for k, v in values.items()])))
             w.close()
-            written.append(out / name)
+            written.append(where / name)
     except OSError as exc:
         raise PardiagError(f"{out}: cannot write ({exc.strerror})") from None
-    return written
+    return where, written, again
 
 
 def _params(data: monitored.MonitorData, doc: dict, run: Path) -> dict[str, str]:
