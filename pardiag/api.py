@@ -351,6 +351,7 @@ def analyze(paths: str | Path | Iterable[str | Path], *, comm_kernels: Iterable[
     for name, value in (("peak_tflops", peak_tflops), ("tokens_per_step", tokens_per_step)):
         positive_number(name, value)
     runs = repeat_runs(paths)
+    _refuse_unlike_runs(paths)
     if runs:
         folder = runs[0].parent
         return _analyze_repeats(folder, runs, comm_kernels=comm_kernels,
@@ -401,6 +402,25 @@ def repeat_runs(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     if isinstance(paths, (str, Path)):
         return layout.repeat_runs(Path(paths))
     return []
+
+
+def _refuse_unlike_runs(paths) -> None:
+    """Raise when ``paths`` is one folder that gathers run folders which are no repeats of one
+    run (:func:`pardiag.layout.unlike_runs`): no report stands for all of them.
+
+    Raises:
+        TraceError: naming two runs that differ, and what to do instead."""
+    from pardiag import layout
+
+    if isinstance(paths, (list, tuple)) and len(paths) == 1:
+        paths = paths[0]
+    if not isinstance(paths, (str, Path)):
+        return
+    why = layout.unlike_runs(Path(paths))
+    if why:
+        raise TraceError(f"{paths} holds run folders that are no repeats of one run ({why}): "
+                         f"report each run folder on its own, or set two side by side with "
+                         f"pardiag compare A B")
 
 
 def _analyze_repeats(folder: Path, runs: list[Path], *, loaded=None, **kw) -> Report:
@@ -652,6 +672,7 @@ def load_summaries(path: str | Path, *, comm_kernels: Iterable[str] = (), cache:
 
     Raises:
         TraceError: as :func:`load_summary`, for any of the runs."""
+    _refuse_unlike_runs(path)
     runs = repeat_runs(path) or [Path(path)]
     return [load_summary(r, comm_kernels=comm_kernels, cache=cache, workers=workers,
                          progress=progress) for r in runs]

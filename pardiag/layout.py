@@ -411,14 +411,10 @@ def _natural(name: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def repeat_runs(folder: Path) -> list[Path]:
-    """The run folders of a set of repeated runs, in natural order of their names; empty when
-    ``folder`` is not such a set.
-
-    A set is a folder that is not itself a run (it holds no trace and no sidecar) and whose
-    subfolders include two or more pardiag run folders (each with sidecars, :func:`find_sidecars`):
-    what ``pardiag profile --repeat N`` writes (``run-1`` … ``run-N``), or run folders a user
-    gathered in one folder. Other subfolders are not runs and are left out."""
+def _run_folders(folder: Path) -> list[Path]:
+    """The pardiag run folders (each with sidecars, :func:`find_sidecars`) among ``folder``'s
+    subfolders, in natural order of their names, when ``folder`` is not itself a run (it holds
+    no trace and no sidecar) and there are two or more; else empty."""
     folder = Path(folder)
     try:
         if not folder.is_dir() or find_sidecars(folder) or any(
@@ -428,6 +424,59 @@ def repeat_runs(folder: Path) -> list[Path]:
     except OSError:
         return []
     return sorted(runs, key=lambda d: _natural(d.name)) if len(runs) >= 2 else []
+
+
+def _job(run_dir: Path) -> tuple | None:
+    """What makes runs repeats of one job, from ``run_dir``'s run file: the script, its
+    arguments, the world size, the nodes, and whether it was monitored or profiled; None
+    when the run file is missing or unreadable (the job is not known)."""
+    for path in (run_file_path(run_dir), Path(run_dir) / RUN_FILE):
+        try:
+            run = decode_sidecar(path.read_bytes(), "run")
+        except (OSError, ValueError):
+            continue
+        return (run.script, tuple(run.script_args), run.world_size, run.nnodes,
+                run.monitor_every is not None)
+    return None
+
+
+def repeat_runs(folder: Path) -> list[Path]:
+    """The run folders of a set of repeated runs, in natural order of their names; empty when
+    ``folder`` is not such a set.
+
+    A set is a folder that is not itself a run (it holds no trace and no sidecar) and whose
+    subfolders include two or more pardiag run folders of one job (:func:`_job`: the same
+    script, arguments, world size and nodes, each profiled): what ``pardiag profile --repeat
+    N`` writes (``run-1`` … ``run-N``), or repeats a user gathered in one folder. Other
+    subfolders are not runs and are left out. Runs of other jobs, or whose job is not known,
+    are no set (:func:`unlike_runs` says why)."""
+    runs = _run_folders(folder)
+    jobs = {_job(r) for r in runs}
+    return runs if len(jobs) == 1 and None not in jobs and not next(iter(jobs))[-1] else []
+
+
+def unlike_runs(folder: Path) -> str | None:
+    """Why the run folders gathered in ``folder`` are no set of repeated runs (they are of
+    other jobs, monitored, or without a readable run file), naming two that differ; None when
+    they are a set or ``folder`` gathers fewer than two runs."""
+    runs = _run_folders(folder)
+    if not runs or repeat_runs(folder):
+        return None
+    jobs = [_job(r) for r in runs]
+
+    def what(job: tuple | None) -> str:
+        if job is None:
+            return "no readable run file"
+        kind = "monitored" if job[-1] else "profiled"
+        return f"{kind} {' '.join([job[0] or '?', *job[1]])} on {job[2]} ranks"
+    unknown = [r for r, j in zip(runs, jobs) if j is None]
+    if unknown:
+        return f"{unknown[0].name} has {what(None)}"
+    monitored = [r for r, j in zip(runs, jobs) if j is not None and j[-1]]
+    if monitored and len({j for j in jobs}) == 1:
+        return f"they are monitored runs ({monitored[0].name}: {what(jobs[0])})"
+    b = next(i for i, j in enumerate(jobs) if j != jobs[0])
+    return (f"{runs[0].name} is a {what(jobs[0])}, {runs[b].name} a {what(jobs[b])}")
 
 
 def dump_request_path(run_dir: Path) -> Path:

@@ -650,6 +650,35 @@ def test_what_is_a_set_of_repeated_runs(tmp_path):
     assert repeat_runs(a) == []
 
 
+def test_runs_of_other_jobs_gathered_in_a_folder_are_no_set(tmp_path):
+    """Two runs of other script arguments (or one monitored, or one without a run file) in one
+    folder are no repeats: no set, and report and compare of the folder say so in one line
+    (exit 2) instead of reporting the median of unrelated runs."""
+    from pardiag import layout
+    mixed = _set(tmp_path / "m", [600])
+    ddp_run(mixed / "run-2", compute_us=600, late_us=0, script_args=("--steps", "9"))
+    assert layout.repeat_runs(mixed) == []
+    assert layout.unlike_runs(mixed) == ("run-1 is a profiled train.py --steps 6 on 2 ranks, "
+                                         "run-2 a profiled train.py --steps 9 on 2 ranks")
+    for cmd in (["report", mixed, "-q", "-o", tmp_path / "r.html"],
+                ["compare", mixed, mixed, "-q", "-o", tmp_path / "c.html"]):
+        r = run(*cmd)
+        assert r.exit_code == 2 and r.output == (
+            f"pardiag: error: {mixed} holds run folders that are no repeats of one run "
+            f"({layout.unlike_runs(mixed)}): report each run folder on its own, or set two "
+            "side by side with pardiag compare A B\n")
+    same = _set(tmp_path / "s", [600, 620])
+    assert layout.unlike_runs(same) is None and len(layout.repeat_runs(same)) == 2
+    run_file = same / "run-2" / "run.json"
+    doc = json.loads(run_file.read_text())
+    run_file.write_text(json.dumps({**doc, "monitor_every": 50}))
+    assert layout.repeat_runs(same) == []
+    assert layout.unlike_runs(same).startswith("run-1 is a profiled train.py --steps 6 on 2 "
+                                                "ranks, run-2 a monitored train.py")
+    run_file.unlink()
+    assert layout.unlike_runs(same) == "run-2 has no readable run file"
+
+
 def test_hosts_that_ran_the_probe_apart_are_named(tmp_path):
     """run.json's host probes (a fixed workload timed before and after the job): sides more
     than 10% apart get a warning that names the slower host."""
