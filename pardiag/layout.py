@@ -452,7 +452,8 @@ def repeat_runs(folder: Path) -> list[Path]:
     are no set (:func:`unlike_runs` says why)."""
     runs = _run_folders(folder)
     jobs = {_job(r) for r in runs}
-    return runs if len(jobs) == 1 and None not in jobs and not next(iter(jobs))[-1] else []
+    job = next(iter(jobs)) if len(jobs) == 1 else None
+    return runs if job is not None and not job[-1] else []
 
 
 def unlike_runs(folder: Path) -> str | None:
