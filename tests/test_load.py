@@ -608,11 +608,22 @@ def test_no_trace_hints_say_what_the_folder_is(tmp_path):
     meta_dir = run / layout.SIDECAR_DIR
     write_sidecar(meta_dir / "run.json", "run", None, {"command": "pardiag profile t.py",
                                                       "world_size": 1, "exit_code": 0})
-    for target in (meta_dir, meta_dir / "run.json"):
+    for target, what in ((meta_dir, "pardiag's metadata folder of the run"),
+                         (meta_dir / "run.json", "one of pardiag's own files of the run")):
         with pytest.raises(TraceError) as err:
             load_traces(target)
-        assert str(err.value).endswith(f"; {meta_dir} is pardiag's metadata folder of a run: "
-                                       f"report the run folder, {run}")
+        assert str(err.value) == (f"{target}: {what} {run}, not a trace: report the run "
+                                  f"folder (pardiag report {run})")
+    # a monitored run's (no trace, a monitor file) and its files too
+    mon = tmp_path / "mon"
+    (mon / layout.SIDECAR_DIR).mkdir(parents=True)
+    layout.monitor_path(mon, 0).write_bytes(b"")
+    layout.capture_request_path(mon).write_text("{}")
+    for target in (mon / layout.SIDECAR_DIR, layout.monitor_path(mon, 0),
+                   layout.capture_request_path(mon)):
+        with pytest.raises(TraceError, match=rf"not a trace: report the run folder \(pardiag "
+                                             rf"report {mon}\)$"):
+            load_traces(target)
     stopped = tmp_path / "stopped"
     (stopped / layout.SIDECAR_DIR).mkdir(parents=True)
     write_sidecar(stopped / layout.SIDECAR_DIR / "run.json", "run", None, {

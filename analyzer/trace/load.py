@@ -442,6 +442,13 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     roots = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     if not roots:
         raise TraceError("no input given")
+    for p in roots:   # a run's own metadata given for its run
+        run_dir = _run_of_sidecar(p)
+        if run_dir is not None:
+            what = ("pardiag's metadata folder of the run" if p.is_dir()
+                    else "one of pardiag's own files of the run")
+            raise TraceError(f"{p}: {what} {run_dir}, not a trace: report the run folder "
+                             f"(pardiag report {run_dir})")
     files, sidecars, source, info = find_trace_files(roots)
     explicit = {p for p in roots if p.is_file()}
     warnings: list[str] = list(info)
@@ -480,6 +487,23 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
                if len(roots) == 1 and roots[0].is_dir() else None)
     return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
                     rank_meta=rank_meta, sidecars=cast(Sidecars, others), capture=capture)
+
+
+def _run_of_sidecar(path: Path) -> Path | None:
+    """The run folder whose metadata ``path`` is: its sidecar folder (``RUN/pardiag``, holding
+    the run file or a monitor file) or a file in it that is not a trace (a sidecar, a monitor
+    file, the capture request); None otherwise."""
+    folder = path if path.is_dir() else path.parent
+    if folder.name != layout.SIDECAR_DIR or folder != layout.sidecar_dir(folder.parent):
+        return None
+    if not (layout.run_file_path(folder.parent).is_file()
+            or any(folder.glob("rank*.monitor.jsonl"))):
+        return None
+    if path.is_file() and (path.name.endswith((".json", ".json.gz"))
+                           and not (layout.is_sidecar_name(path.name)
+                                    or path == layout.capture_request_path(folder.parent))):
+        return None   # a trace kept there (a partial one): read as given
+    return folder.parent
 
 
 def _no_files_hint(paths: list[Path], run_info: layout.RunFile | None,
