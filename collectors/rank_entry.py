@@ -329,8 +329,10 @@ def _stack_dump_on_signal(out: Path, rank: int):
 
 
 def _watchdog(out: Path, rank: int, p2p, stop: threading.Event,
-              busy: _RankRun | None = None) -> threading.Thread:
-    """A daemon thread that writes ``rank{R}.hang.json`` when the launcher asks (--timeout).
+              busy: _RankRun | None = None, monitor=None) -> threading.Thread:
+    """A daemon thread that writes ``rank{R}.hang.json`` when the launcher asks (--timeout),
+    and then the steps a monitored run's ``monitor`` holds (:func:`_write_monitor_now`: the
+    launcher kills the job once the dumps are in).
 
     It runs while the main thread is blocked in a collective (gloo and NCCL waits release the
     GIL) and records the flight recorder's entries, recent point-to-point calls and the main
@@ -370,6 +372,7 @@ def _watchdog(out: Path, rank: int, p2p, stop: threading.Event,
                 "main_stack": traceback.format_stack(frame) if frame else [],
             }
             _write_json(layout.hang_path(out, rank), dump)
+            _write_monitor_now(monitor)
             return
 
     t = threading.Thread(target=run, name="pardiag-watchdog", daemon=True)
@@ -833,9 +836,23 @@ def _stop_on_sigterm(run: _RankRun) -> None:
     def watch() -> None:
         while True:
             if signal.SIGTERM in os.read(read_fd, 64) and not taken.wait(TERM_HANDLER_WAIT_S):
+                _write_monitor_now(run.monitor)
                 os._exit(TERMINATED_EXIT_CODE)
 
     threading.Thread(target=watch, name="pardiag-sigterm", daemon=True).start()
+
+
+def _write_monitor_now(monitor) -> None:
+    """The rank is hung and about to end (its main thread blocked in a collective that never
+    completes, or in the script): write the steps ``monitor`` (a monitored run's, else None)
+    holds, up to ``--monitor-every`` of them, the ones that led to the hang, from this thread.
+    The blocked main thread records nothing meanwhile; whatever fails is left."""
+    if monitor is None:
+        return
+    try:
+        monitor.flush()
+    except Exception:  # the rank is ending either way
+        pass
 
 
 def _on_trace_ready(run: _RankRun, prof) -> None:
@@ -1179,7 +1196,7 @@ def _install_hooks(run: _RankRun) -> None:
     run.refused = _refuse_other_profilers(run.prof) + _keep_destroyed_groups(run.kept_groups)
     run.stop_watchdog = threading.Event()
     _watchdog(run.out, run.rank, run.p2p, run.stop_watchdog,
-              run if run.cfg.get("stall_s") else None)
+              run if run.cfg.get("stall_s") else None, run.monitor)
 
 
 def _run_script(run: _RankRun) -> None:

@@ -631,23 +631,24 @@ def test_monitored_ddp_run_names_its_transient_straggler(tmp_path):
 
 @pytest.mark.e2e
 def test_a_monitored_run_stopped_by_its_timeout_keeps_its_records(tmp_path):
-    """Rank 1 blocks for ever at step 30; --stall-timeout stops the job 8 s after the last
+    """Rank 1 blocks for ever at step 32; --stall-timeout stops the job 8 s after the last
     step (a --timeout counts from the job's start and must leave a loaded 2-core machine time
-    to start both ranks and run the 30 steps: 25 s did not, under a load of 5). Every line
-    written before (every 5 steps) is read back: both ranks' first 30 steps; the report of
-    the monitored run says how it was stopped."""
+    to start both ranks and run the 32 steps: 25 s did not, under a load of 5). Every step is
+    read back, the two after the last line (every 5 steps) included: rank 0, blocked in the
+    collective rank 1 never joins, writes them as it ends, rank 1 from its SIGTERM; the report
+    of the monitored run says how it was stopped."""
     out = tmp_path / "mon"
     r = _profile(["--nproc-per-node", "2", "--monitor", "--monitor-every", "5",
                   "--stall-timeout", "8", "--out", str(out),
                   str(ROOT / "examples" / "train_ddp.py"), "--", "--steps", "60", "--hang-rank",
-                  "1", "--hang-step", "30"])
+                  "1", "--hang-step", "32"])
     assert r.returncode == 124, r.stderr[-2000:]
     data = M.load_monitor(out)
     assert sorted(data.steps.groupby("rank")["step"].max().to_dict().items()) == [
-        (0, 29), (1, 29)]
+        (0, 31), (1, 31)]
     notes = S.summary(data, out)["notes"]
     assert any(n.startswith("the run was stopped by --stall-timeout: no rank made an optimizer "
-                            "step or moved on for 8 s; its last recorded step is 29")
+                            "step or moved on for 8 s; its last recorded step is 31")
                for n in notes), notes
 
 
