@@ -1502,6 +1502,17 @@ def test_mlflow_and_wandb_scalars_of_a_monitored_run(tmp_path, monkeypatch):
     assert step[140] == pytest.approx(130.0, abs=0.01) and step[60] == pytest.approx(100.0,
                                                                                      abs=0.01)
     assert client.get_run(run_id).data.params["findings"] == "1"
+    try:   # a database store without the full MLflow: one line that says what to install
+        import sqlalchemy  # noqa: F401
+    except ImportError:
+        db = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        bad = CliRunner().invoke(cli, ["report", str(run), "-o", str(tmp_path / "r.html"), "-q",
+                                       "--mlflow", db])
+        assert bad.exit_code == 2 and bad.output.count("\n") == 1, bad.output
+        assert bad.output.startswith(f"pardiag: error: --mlflow {db}: ") and "  " not in bad.output
+        assert bad.output.rstrip().endswith(
+            "; a database store needs the full MLflow (pip install mlflow: mlflow-skinny has "
+            "none), or log to a tracking server (--mlflow http://HOST:5000)")
 
     assert "offline: wandb sync" in res.output
     # W&B's service process may still be writing the run file after finish(): a command ends

@@ -171,8 +171,24 @@ def log_mlflow(data: monitored.MonitorData, doc: dict, run: Path, uri: str,
         client.log_dict(run_id, doc, "pardiag_monitor.json")
         client.set_terminated(run_id)
     except MlflowException as exc:
-        raise PardiagError(f"--mlflow {uri}: {str(exc).splitlines()[0]}") from None
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise PardiagError(f"--mlflow {uri}: {first}{_store_hint(uri, first)}") from None
     return run_id
+
+
+#: The schemes of MLflow's database stores (SQLAlchemy's): only the full ``mlflow`` package
+#: has them; ``mlflow-skinny`` logs to a tracking server or a file store.
+_DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def _store_hint(uri: str, message: str) -> str:
+    """What to do when the tracking URI is a database store this MLflow cannot open (``""``
+    otherwise): ``mlflow-skinny`` has no database stores."""
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme in _DB_SCHEMES and "unsupported uri" in message.lower():
+        return ("; a database store needs the full MLflow (pip install mlflow: mlflow-skinny "
+                "has none), or log to a tracking server (--mlflow http://HOST:5000)")
+    return ""
 
 
 def log_wandb(data: monitored.MonitorData, doc: dict, run: Path, out: Path,
