@@ -1152,6 +1152,11 @@ def test_compare_two_monitored_runs(tmp_path):
     assert cmp["verdict"] == "slower" and cmp["step_delta_pct"] == pytest.approx(10.0, abs=0.5)
     assert cmp["step_delta_ci_pct"][0] > 0 and gate(cmp, 5.0) and not gate(cmp, 15.0)
     assert compare_monitored(a, same)["verdict"] == "inside the noise"
+    from pardiag.analyzer.render.monitor_page import compare_lines
+    # the steps it weighs are said (a run's report takes every step)
+    assert compare_lines(cmp, ("a", "b"))[1].startswith(
+        f"  step time from step {M.WARMUP_STEPS} on (the first {M.WARMUP_STEPS} build caches and "
+        f"buckets): A {cmp['a']['step_ms']:.2f} ms")
     for pct, code in (("5", 1), ("15", 0)):
         r = subprocess.run([sys.executable, "-m", "pardiag", "compare",
                             str(tmp_path / "a" / "run"), str(b_dir), "-o",

@@ -161,10 +161,13 @@ def monitor_lines(doc: dict) -> list[str]:
 def compare_lines(cmp: dict, names: tuple[str, str]) -> list[str]:
     """The terminal summary of two monitored runs compared
     (:func:`pardiag.analyzer.analyses.monitor_compare.compare_monitored`)."""
+    from ..analyses.monitor_compare import WARMUP_STEPS
+
     a, b = cmp["a"], cmp["b"]
     low, high = cmp["step_delta_ci_pct"]
     out = [f"Monitored runs: A {names[0]} ({a['steps']} steps), B {names[1]} ({b['steps']} steps)",
-           f"  step time: A {a['step_ms']:.2f} ms (p10–p90 {a['p10_ms']:.2f}–{a['p90_ms']:.2f}), "
+           f"  step time from step {WARMUP_STEPS} on (the first {WARMUP_STEPS} build caches "
+           f"and buckets): A {a['step_ms']:.2f} ms (p10–p90 {a['p10_ms']:.2f}–{a['p90_ms']:.2f}), "
            f"B {b['step_ms']:.2f} ms (p10–p90 {b['p10_ms']:.2f}–{b['p90_ms']:.2f}): "
            f"B {cmp['step_delta_pct']:+.1f}% [{low:+.1f}, {high:+.1f}]% — {cmp['verdict']}"]
     for label, side in (("A", a), ("B", b)):
