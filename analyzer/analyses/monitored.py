@@ -42,6 +42,7 @@ Input: the ranks' monitor files (:func:`pardiag.layout.monitor_path`, written by
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -330,8 +331,16 @@ def _world_size(run_dir: Path, notes: list[str]) -> int | None:
     try:
         run = layout.decode_sidecar(path.read_bytes(), "run")
     except FileNotFoundError:
-        notes.append(f"{path.name} is missing: the run's world size is not known, so a rank "
-                     f"that wrote no records cannot be told")
+        # the launcher writes it when the job ends: a run still going has none yet
+        try:
+            age = time.time() - max(p.stat().st_mtime for p in
+                                    layout.sidecar_dir(run_dir).glob("rank*.monitor.jsonl"))
+            when = f" (its records were last written {age:.0f} s ago)"
+        except (OSError, ValueError):
+            when = ""
+        notes.append(f"{path.name} is missing: the run is still going, or its launcher was "
+                     f"stopped before the job ended{when}; the run's world size is not known, "
+                     f"so a rank that wrote no records cannot be told")
         return None
     except (OSError, ValueError) as exc:
         notes.append(f"{path.name} is unreadable ({str(exc).splitlines()[0]}): the run's world "
