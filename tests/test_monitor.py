@@ -1292,6 +1292,10 @@ def test_with_the_steps_summaries_only_a_rank_late_at_the_first_join_is_found(tm
                      keep_calls=False)
     data = M.load_monitor(run)
     assert data.calls.empty
+    from pardiag.analyzer.render.monitor_page import monitor_html
+    page = monitor_html(data, S.summary(data, run), str(run), "cdn")
+    assert ("2 ranks, 400 steps, each step's arrivals at its collectives recorded, not each call "
+            "(--no-monitor-calls); step time median") in page
     d = _late_at_first_join(data)
     # the steps' true delays: 30 ms at the first bucket, ±1 ms of noise at each issue
     assert float(d.loc[1, 50]) <= 2000.0 and float(d.loc[0, 150]) <= 2000.0

@@ -116,8 +116,12 @@ def monitor_html(data: monitored.MonitorData, doc: dict, source: str,
     found = doc["findings"]
     items = "".join(f"<li>{escape(monitor_summary.finding_line(f))}</li>" for f in found)
     st = doc["step_ms"] or {}
+    arrivals = "arrive_us" in data.steps and bool((data.steps["arrive_us"] >= 0).any())
+    calls = (f"{doc['collectives']} collectives recorded" if doc["collectives"] or not arrivals
+             else "each step's arrivals at its collectives recorded, not each call "
+                  "(--no-monitor-calls)")
     head = (f"<p>{len(doc['ranks'])} ranks, {doc['steps']} steps, "
-            f"{doc['collectives']} collectives recorded; step time median "
+            f"{calls}; step time median "
             f"{st.get('median', float('nan')):.1f} ms (p10 {st.get('p10', float('nan')):.1f}, "
             f"p90 {st.get('p90', float('nan')):.1f}).</p>")
     body = (f'<section id="findings"><h2>Findings</h2>{head}'
