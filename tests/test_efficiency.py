@@ -407,3 +407,29 @@ def test_tokens_per_second_from_the_recorded_model_input(tmp_path):
         batch_shape=[8, 512], batch_integer=False, batch_calls=1)})()) is None
     assert recorded_tokens(type("M", (), {"shapes": ModelShapes(
         batch_shape=[8, 512, 4], batch_integer=True, batch_calls=1)})()) is None
+
+
+def test_the_mfu_spread_leaves_out_the_steps_the_step_time_leaves_out(tmp_path):
+    """Five steps of one bf16 matmul each, the fourth 5× as long (a step that writes a trace):
+    the step time leaves it out as an outlier, and so does the MFU's spread over the profiled
+    steps (it had run down to the outlier's fifth)."""
+    import pardiag
+
+    b = TraceBuilder(rank=0, world_size=1)
+    for i, (t0, dur) in enumerate(((0, 1000), (1000, 1000), (2000, 1000), (3000, 5000),
+                                   (8000, 1000)), 1):
+        b.step(i, t0, dur)
+        b.cpu("aten::mm", t0 + 10, 60, args={"Input Dims": [[8192, 1024], [1024, 512]],
+                                            "Input type": [BF16, BF16]})
+        b.kernel("sm90_gemm", t0 + 20, 50, launch_ts=t0 + 15)
+        b.cpu("aten::copy_", t0 + 100, dur - 110)   # the rest of the step's host work
+    doc = b.doc()
+    doc["deviceProperties"] = [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]
+    path = tmp_path / "rank0.trace.json"
+    path.write_text(json.dumps(doc))
+    rep = pardiag.analyze(path, cache=False)
+    per = rep.efficiency.per_step.set_index("step")["mfu_pct"]
+    assert per[4] == pytest.approx(per[1] / 5)
+    assert "step(s) [4] over 1.5× the median" in rep.verdict
+    assert f"({per[1]:.1f}–{per[5]:.1f}% in the 4 profiled steps, the outlier step(s) left out)" \
+        in rep.verdict

@@ -323,8 +323,8 @@ def mfu_text(ctx: RuleContext, step_us: float) -> str:
     """``"MFU 38.2% of the H100 SXM's bfloat16 peak at this step (36.9–39.0% in the 3 profiled
     steps)"``: the run's model FLOPs per step over ``step_us`` × the ranks' peaks
     (:meth:`pardiag.analyzer.analyses.efficiency.EfficiencyResult.totals`), and the spread of
-    the profiled steps' own (each step's FLOPs over its slowest rank's span); ``""`` when it is
-    unknown."""
+    the profiled steps' own (each step's FLOPs over its slowest rank's span; the outlier steps
+    the step time leaves out, left out); ``""`` when it is unknown."""
     eff = ctx.efficiency
     tot = eff.totals() if eff is not None else None
     if eff is None or tot is None or not step_us > 0:
@@ -336,8 +336,14 @@ def mfu_text(ctx: RuleContext, step_us: float) -> str:
     g = st.groupby("step").agg(flops=("model_flops", "sum"), us=("step_us", "max"),
                                ranks=("rank", "nunique"))
     g = g[g["ranks"] == n]
+    # over the steps the step time is taken over: an outlier step (one that writes a trace,
+    # an evaluation) is left out of both
+    row = run_step_row(ctx.breakdown)
+    out = set(row["outlier_steps"]) if row else set()
+    g = g[~g.index.isin(out)]
     per = 100.0 * g["flops"] / (g["us"] / 1e6 * peak)
-    spread = (f" ({_pct(per.min())}–{_pct(per.max())}% in the {len(per)} profiled steps)"
+    spread = (f" ({_pct(per.min())}–{_pct(per.max())}% in the {len(per)} profiled steps"
+              + (", the outlier step(s) left out" if out else "") + ")"
               if len(per) > 1 else "")
     return f"MFU {_pct(100.0 * flops / (step_us / 1e6 * peak))}% of {eff.peak_text()} at this " \
            f"step{spread}"
