@@ -340,6 +340,31 @@ class NoiseFilter:
         os.close(self.read_fd)
 
 
+def _refuse_not_a_run(out: Path, owned: list[Path]) -> None:
+    """Raise unless what ``--overwrite`` would remove from ``out`` (``owned``:
+    :func:`pardiag.layout.owned_files`) is a previous pardiag run's: the folder holds its run
+    file, a rank's metadata or monitor records. A trace of pardiag's name in a folder no run
+    wrote (one copied there) is the user's, and so is a ``pardiag/`` folder holding other files
+    (a source package of that name).
+
+    Raises:
+        PardiagError: naming the file and what to do."""
+    ran = any(layout.is_sidecar_name(p.name) or p.name.endswith(".monitor.jsonl")
+              for p in owned)
+    side = layout.sidecar_dir(out)
+    if side.is_dir() and not ran:   # a run's metadata folder may hold a user's file too
+        others = sorted(f for f in side.rglob("*") if f.is_file() and f not in set(owned))
+        if others:
+            raise PardiagError(f"{side}: holds files pardiag did not write (e.g. "
+                               f"{others[0].relative_to(out)}) and no run's metadata, so it is "
+                               f"no run's metadata folder; choose another --out")
+    traces = [p for p in owned if layout.is_trace_name(p.name)]
+    if traces and not ran:
+        raise PardiagError(f"{traces[0]}: no pardiag run wrote it here (the folder holds no "
+                           f"run.json or rank metadata); --overwrite replaces only a previous "
+                           f"run's files: move it, or choose another --out")
+
+
 def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise PardiagError(f"{out}: exists and is not a folder")
@@ -347,8 +372,10 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
         if not overwrite:
             raise PardiagError(f"{out}: folder exists and is not empty "
                                "(pass --overwrite to replace it)")
+        owned = layout.owned_files(out)
+        _refuse_not_a_run(out, owned)
         removed = []
-        for p in layout.owned_files(out):  # remove only what pardiag itself writes; keep the rest
+        for p in owned:  # remove only what pardiag itself writes; keep the rest
             p.unlink()
             removed.append(str(p.relative_to(out)))
         # folders recreated below, and deep captures' folders; each kept when it holds others

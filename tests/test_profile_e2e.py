@@ -435,7 +435,7 @@ def test_overwrite_keeps_the_previous_runs_reports_and_says_so(tmp_path, capsys)
     for name, text in (("report.html", page), ("summary.json", '{"schema_version": 3}'),
                        ("capture-40/report.html", page), ("capture-notes/report.html", page),
                        ("mine.html", "<html>mine</html>"), ("mine.json", '{"a": 1}'),
-                       ("rank0.trace.json.gz", "x")):
+                       ("rank0.trace.json.gz", "x"), ("pardiag/run.json", "x")):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
     _prepare_out(tmp_path, True)
@@ -443,6 +443,30 @@ def test_overwrite_keeps_the_previous_runs_reports_and_says_so(tmp_path, capsys)
     assert err[-1] == (f"pardiag: {tmp_path}: kept report.html, summary.json, "
                        "capture-40/report.html: report(s) of the previous run, not of this one")
     assert (tmp_path / "report.html").read_text() == page
+
+
+def test_overwrite_replaces_only_a_previous_run(tmp_path):
+    """--overwrite on a folder no pardiag run wrote: a trace of pardiag's name copied there is
+    the user's, and so is a pardiag/ folder of other files (a source package); each is refused
+    in one line and nothing is removed."""
+    from pardiag.collectors.launch import _prepare_out
+    from pardiag.errors import PardiagError
+    copied = tmp_path / "a"
+    copied.mkdir()
+    for name in ("rank0.trace.json.gz", "notes.txt"):
+        (copied / name).write_text("x")
+    with pytest.raises(PardiagError, match=r"rank0\.trace\.json\.gz: no pardiag run wrote it "
+                                           r"here \(the folder holds no run\.json or rank "
+                                           r"metadata\); --overwrite replaces only"):
+        _prepare_out(copied, True)
+    assert sorted(p.name for p in copied.iterdir()) == ["notes.txt", "rank0.trace.json.gz"]
+    repo = tmp_path / "b"
+    (repo / "pardiag").mkdir(parents=True)
+    (repo / "pardiag" / "__init__.py").write_text("x")
+    with pytest.raises(PardiagError, match=r"pardiag: holds files pardiag did not write \(e\.g\. "
+                                           r"pardiag/__init__\.py\) and no run's metadata"):
+        _prepare_out(repo, True)
+    assert [p.name for p in (repo / "pardiag").iterdir()] == ["__init__.py"]
 
 
 def test_overwrite_removes_both_layouts(tmp_path, capsys):
