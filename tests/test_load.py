@@ -632,3 +632,37 @@ def test_no_trace_hints_say_what_the_folder_is(tmp_path):
         load_traces(stopped)
     assert str(err.value).endswith("; the profiled run was interrupted (Ctrl-C) before its "
                                    "profiling window ended, so no trace was written")
+
+
+def test_files_of_one_rank_from_other_processes_are_two_runs(tmp_path):
+    """Two files of rank 0 apart in time are its two profiling windows when one process
+    recorded both (a repeating schedule); recorded by other processes (a log folder that
+    gathered two jobs' traces), they are two runs: one line naming both files and compare
+    (--mixed-runs reads them as one anyway)."""
+    from .synth import TraceBuilder
+
+    def window(path, pid, t0):
+        b = TraceBuilder(rank=0, world_size=1, pid=pid, main_tid=pid)
+        b.thread_name(pid, f"thread {pid} (python3)")
+        b.step(1, t0, 1000)
+        b.cpu("aten::mm", t0 + 10, 500)
+        b.write(path)
+
+    same = tmp_path / "same"
+    same.mkdir()
+    window(same / "worker0.1.pt.trace.json", 4242, 0)
+    window(same / "worker0.2.pt.trace.json", 4242, 50_000)
+    traces = load_traces(same, cache=False)
+    assert any("2 files are 2 profiling windows of that rank" in w for w in traces.warnings)
+    other = tmp_path / "other"
+    other.mkdir()
+    window(other / "worker0.1.pt.trace.json", 4242, 0)
+    window(other / "worker0.2.pt.trace.json", 5151, 50_000)
+    with pytest.raises(TraceError) as err:
+        load_traces(other, cache=False)
+    assert str(err.value) == (
+        f"{other / 'worker0.1.pt.trace.json'} and {other / 'worker0.2.pt.trace.json'} both hold "
+        "rank 0 but were recorded by other processes 4242 and 5151: they are different runs, not "
+        "profiling windows of one; to analyse them as one anyway, pass --mixed-runs; to set two "
+        "runs side by side, pardiag compare A B")
+    assert len(load_traces(other, cache=False, mixed_runs=True).ranks) == 1

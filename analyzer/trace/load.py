@@ -261,6 +261,37 @@ def different_runs(rank_files: list[list[Path]], paths: list[Path]) -> str | Non
     return None
 
 
+def _processes(unit: ParsedFile) -> set[str]:
+    """The host processes that recorded a trace file: the pids of its CPU threads, as Kineto
+    names them (``thread <tid> (<name>)``; a GPU stream's "process" is its device); empty when
+    its thread names say none."""
+    return {str(pid) for (pid, _), name in (unit.thread_names or {}).items()
+            if str(name).startswith("thread ")}
+
+
+def other_processes(ranks: list[tuple[int, list[ParsedFile]]]) -> str | None:
+    """Why the files taken for one rank's profiling windows are not one run's, else None: the
+    windows of one run are recorded by one process (a schedule that repeats, or
+    ``pardiag profile``'s windows), so two files whose host processes (:func:`_processes`)
+    share no pid, or that name other hosts, are two runs (a log folder that gathered two jobs'
+    traces of ``worker0``)."""
+    for rank, files in ranks:
+        for i, a in enumerate(files):
+            for b in files[i + 1:]:
+                pa, pb = _processes(a), _processes(b)
+                ha, hb = (vocab.HOST_NAME.get(u.metadata or {}) for u in (a, b))
+                if pa and pb and not pa & pb:
+                    by = f"processes {min(pa)} and {min(pb)}"
+                elif ha and hb and ha != hb:
+                    by = f"hosts {ha} and {hb}"
+                else:
+                    continue
+                return (f"{a.path} and {b.path} both hold rank {rank} but were recorded by "
+                        f"other {by}: they are different runs, not profiling windows of one; "
+                        f"{_TO_COMPARE}")
+    return None
+
+
 def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.RankMeta],
                   ranks: set[int]) -> list[str]:
     """What ``run.json`` and the rank metadata say went wrong in a ``pardiag profile`` run."""
@@ -466,7 +497,8 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
                          f" (e.g. {first})")
     units, assignment = _assign(docs, warnings)
     if not mixed_runs:
-        why = different_runs([[units[k].path for k in a.keys] for a in assignment], roots)
+        why = (different_runs([[units[k].path for k in a.keys] for a in assignment], roots)
+               or other_processes([(a.rank, [units[k] for k in a.keys]) for a in assignment]))
         if why is None and run_info is None:   # loose files: when were they recorded?
             why = apart_in_time(units, [(a.rank, list(a.keys)) for a in assignment])
         if why:
