@@ -259,3 +259,26 @@ def test_string_tids_and_bad_durations():
     k = next(e for e in got.events if e.get("name") == "k")
     assert k["tid"] == 4 and {"ph": "M", "name": "thread_name", "pid": 1, "tid": 4,
                               "args": {"name": "stream 7"}} in got.events
+
+
+def test_every_profiling_window_of_a_rank_is_merged(tmp_path):
+    """A rank of two profiling windows (two files of one process): the merged trace holds both
+    windows' events, its names once, and its report reads both windows' steps back."""
+    for t0, step in ((0, 1), (50_000, 2)):
+        b = TraceBuilder(rank=0, world_size=1, pid=4242, main_tid=4242)
+        b.thread_name(4242, "thread 4242 (python3)")
+        b.step(step, t0, 1000)
+        b.cpu("aten::mm", t0 + 10, 500)
+        b.write(tmp_path / f"worker0.{step}.pt.trace.json")
+    traces = load_traces(tmp_path, cache=False)
+    (tmp_path / "m").mkdir()
+    res = merge_traces(traces, {}, tmp_path / "m" / "merged.json")
+    doc = orjson.loads((tmp_path / "m" / "merged.json").read_bytes())
+    names = [e["name"] for e in doc["traceEvents"]]
+    assert names.count("aten::mm") == 2 and names.count("thread_name") == 1
+    assert {"ProfilerStep#1", "ProfilerStep#2"} <= set(names)
+    assert res.events == len(doc["traceEvents"])
+    back = load_traces(tmp_path / "m" / "merged.json", cache=False)
+    steps = back.ranks[0].events["name"]
+    assert sorted(steps[steps.str.startswith("ProfilerStep")]) == ["ProfilerStep#1",
+                                                                    "ProfilerStep#2"]

@@ -23,6 +23,8 @@ Every rank becomes its own process(es) on one timeline:
   (i = the rank's index among the merged ranks), a string id gets ``:r<rank>`` appended. A flow
   event whose ``(cat, id)`` lacks its start (``s``) or its end (``f``) in the rank's trace is
   left out (Kineto writes ``ac2g`` ends without starts; Perfetto drops them anyway), counted.
+* **windows**: a rank whose events come from several files (its profiling windows,
+  ``schedule(repeat=N)``) has every window's events, its process and thread names once.
 * events that are not objects, whose ``ts`` is not a finite number, or complete events (``X``)
   whose ``dur`` is not a finite number ≥ 0 are left out (counted).
 
@@ -369,17 +371,22 @@ def merge_traces(traces: TraceSet, offsets_us: dict[int, float], output: Path) -
             fh.write(b'{"traceEvents":[')
             first = True
             for index, (rank, trace) in enumerate(traces.ranks.items()):
-                doc = read_trace_json(trace.path)
-                got = rank_events(doc, rank, index, n, offsets[rank])
-                evs, rank_pids = got.events, got.pids
-                pids[rank] = rank_pids
-                dropped += got.dropped
-                unmatched += got.unmatched_flows
-                written += len(evs)
-                if evs:
-                    body = orjson.dumps(evs, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
-                    fh.write(body if first else b"," + body)
-                    first = False
+                # every profiling window of the rank (schedule(repeat=N)), one file at a time;
+                # the process and thread names once
+                for w, path in enumerate(trace.files or (trace.path,)):
+                    doc = read_trace_json(path)
+                    got = rank_events(doc, rank, index, n, offsets[rank])
+                    evs = got.events if w == 0 else [e for e in got.events if e.get("ph") != "M"]
+                    pids[rank] = got.pids
+                    dropped += got.dropped
+                    unmatched += got.unmatched_flows
+                    written += len(evs)
+                    if evs:
+                        body = orjson.dumps(evs, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+                        fh.write(body if first else b"," + body)
+                        first = False
+                    del doc, evs
+                rank_pids = pids[rank]
                 info["ranks"].append({"rank": rank, "file": str(trace.path),
                                       "offset_us": offsets[rank], "pids": rank_pids,
                                       # what report needs to read the rank back out of the
@@ -387,7 +394,6 @@ def merge_traces(traces: TraceSet, offsets_us: dict[int, float], output: Path) -
                                       "metadata": {k.name: k.get(trace.metadata) for k in (
                                           vocab.DISTRIBUTED_INFO, vocab.DEVICE_PROPERTIES)
                                           if k.present(trace.metadata)}})
-                del doc, evs
             fh.write(b'],"displayTimeUnit":"ms","pardiagMerge":' + orjson.dumps(info) + b"}")
     except OSError as exc:
         raise PardiagError(f"{output}: cannot write ({exc.strerror or exc})") from None
