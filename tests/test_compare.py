@@ -784,3 +784,22 @@ def test_a_run_compared_with_itself_is_said(pair, tmp_path, capsys):
     page = out.read_text()
     assert page.index("id='warnings'") < page.index("id='pipeline'")
     assert "Neither run is a pipeline." in page[page.index("id='pipeline'"):]
+
+
+def test_compare_repeats_each_sides_own_warnings(tmp_path):
+    """B's rank 1 trace cut short: its report warns that the file was skipped and the rank is
+    missing; the comparison says both, marked B's, in its warnings (terminal, JSON, page)."""
+    import shutil
+
+    src = REPO / "sample_traces" / "ddp_cpu_2rank"
+    b = tmp_path / "b"
+    shutil.copytree(src, b, ignore=shutil.ignore_patterns(".pardiag-cache"))
+    (b / "rank1.trace.json.gz").write_bytes((src / "rank1.trace.json.gz").read_bytes()[:20000])
+    c = pardiag.compare(src, b)
+    mine = [w for w in c.warnings if w.startswith("B: ")]
+    assert mine[0].startswith(f"B: {b / 'rank1.trace.json.gz'}: truncated or corrupt gzip")
+    assert mine[1] == "B: run.json says world size 2; no trace for rank(s) [1]"
+    assert not [w for w in c.warnings if w.startswith("A: ")]
+    r = run("compare", src, b, "-q", "-o", tmp_path / "c.html", "--json", tmp_path / "c.json")
+    assert r.exit_code == 0 and "pardiag: warning: B: run.json says world size 2" in r.output
+    assert mine[1] in json.loads((tmp_path / "c.json").read_text())["warnings"]

@@ -458,10 +458,20 @@ def _slower_host(a_runs: Iterable[ReportDocument], b_runs: Iterable[ReportDocume
     return "B" if float(np.mean(pb)) > float(np.mean(pa)) else "A"
 
 
+#: Each side's own report warnings a comparison repeats (the rest counted).
+SIDE_WARNINGS = 5
+
+
 def _warnings(sa_sum: ReportDocument, sb_sum: ReportDocument, sa: SetupSection,
               sb: SetupSection, step: StepDelta, by: str, probe: str | None = None
               ) -> list[str]:
     out = [f"{probe}, which moves the whole step time whatever the change"] if probe else []
+    for x, s in (("A", sa_sum), ("B", sb_sum)):   # each side's own: skipped files, lost ranks
+        own = list(s.warnings)
+        out += [f"{x}: {w}" for w in own[:SIDE_WARNINGS]]
+        if len(own) > SIDE_WARNINGS:
+            out.append(f"{x}: {len(own) - SIDE_WARNINGS} more warning(s): its own report "
+                       f"lists them")
     for x, s in (("A", sa_sum), ("B", sb_sum)):
         v = s.schema_version
         if v < 3:
