@@ -1419,13 +1419,14 @@ def test_a_failed_run_leaves_out_the_step_it_failed_in(tmp_path):
     take 10 ms each: 6 ms compute, 4 ms idle. The verdict's step is 10 ms over 2 steps, step 3
     is named as left out, the failed all-reduce counts neither as exposed communication nor
     as the ranks' time, and the missing layout is unknown, not 'no DDP'."""
+    mm = {"Input Dims": [[64, 64], [64, 64]], "Input type": ["float", "float"]}
     for r in range(2):
         b = TraceBuilder(rank=r, world_size=2, backend="gloo")
         for s in (1, 2):
             t = 10000.0 * (s - 1)
-            b.step(s, t, 10000).cpu("aten::mm", t, 6000)
+            b.step(s, t, 10000).cpu("aten::mm", t, 6000, args=mm)
         b.step(3, 20000, 700000 if r == 0 else 500)
-        b.cpu("aten::mm", 20000, 300)
+        b.cpu("aten::mm", 20000, 300, args=mm)
         if r == 0:
             b.cpu("c10d::allreduce_", 20300, 699700)
         b.write(tmp_path / f"rank{r}.trace.json")
@@ -1442,6 +1443,10 @@ def test_a_failed_run_leaves_out_the_step_it_failed_in(tmp_path):
     assert sorted(map(tuple, bd.unfinished[["rank", "step"]].to_numpy().tolist())) == [
         (0, 3), (1, 3)]
     assert sorted(bd.steps["step"].unique()) == [1, 2]
+    # FLOPs and MFU per step leave it out too
+    eff = rep.results["efficiency"].per_step
+    assert sorted(map(tuple, eff[["rank", "step"]].to_numpy().tolist())) == [
+        (0, 1), (0, 2), (1, 1), (1, 2)]
     tot = bd.totals.set_index("rank")
     assert tot.loc[0, "span_us"] == 20000 and tot.loc[0, "exposed_comm_us"] == 0
     assert tot.loc[0, "compute_only_us"] == 12000 and tot.loc[0, "idle_pct"] == 40.0

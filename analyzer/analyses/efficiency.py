@@ -183,6 +183,15 @@ def _peak(trace: RankTrace, meta, dtype: str | None, override: float | None,
     return value, f"{peak.label} {dtype}: {peak.source}", bw, label
 
 
+def _finished(traces: TraceSet, steps: pd.DataFrame) -> pd.DataFrame:
+    """``steps`` (every rank's, a ``rank`` column) without the steps a failed or hung rank did
+    not finish (:meth:`~pardiag.analyzer.trace.TraceSet.unfinished_mask`): the breakdown and
+    the step time leave them out, and so do FLOPs and MFU."""
+    if steps.empty:
+        return steps
+    return steps[~traces.unfinished_mask(steps["rank"].to_numpy(), steps["step"].to_numpy())]
+
+
 def _steps_table(ops: pd.DataFrame, steps: pd.DataFrame, peak: dict, recomputed: dict,
                  tokens: dict) -> pd.DataFrame:
     """Every rank's per-step rows (:data:`STEP_COLUMNS`), in the order of ``steps``' ranks
@@ -315,7 +324,7 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
         info.append((rank, label, dtype, peak, source, bw, n_re))
         top_at[rank] = len(notes)   # where its note of a peak too low goes
     if step_frames:
-        steps_all = stack_by_rank(step_frames)
+        steps_all = _finished(traces, stack_by_rank(step_frames))
         per_step = _steps_table(ops_all[ops_all["rank"].isin(peak_of)], steps_all, peak_of,
                                 recomputed_of, tokens_of)
     else:
