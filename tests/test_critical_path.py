@@ -619,3 +619,20 @@ def test_work_beside_an_op_before_the_wait_began_is_work_not_waiting():
     # without the evidence of when it began to wait, the wait runs from the arrival
     g0 = dataclasses.replace(g, joins=(dataclasses.replace(join, waited_from={}),))
     assert work_us(g0) == pytest.approx({0: 500.0, 1: 950.0})
+
+
+def test_ranks_that_share_no_collective_have_no_cross_rank_path(tmp_path):
+    """Two ranks of one job that never communicate, rank 1 started 500 ms later: no path across
+    ranks and no rank said to have waited for the other; the report says why."""
+    for r, t0 in ((0, 0.0), (1, 500_000.0)):
+        b = TraceBuilder(rank=r, world_size=2, backend="gloo")
+        for s in (1, 2, 3):
+            t = t0 + 10_000.0 * (s - 1)
+            b.step(s, t, 10_000).cpu("aten::mm", t, 6_000)
+        b.write(tmp_path / f"rank{r}.trace.json")
+    rep = build_report(load_traces(tmp_path, cache=False))
+    cp = rep.critical_path
+    assert cp.segments.empty and cp.slack.empty
+    assert cp.why_none.startswith("the ranks share no collective or transfer matched in their "
+                             "profiled steps: no rank waited for another")
+    assert "waited for it" not in rep.recommendations.verdict

@@ -569,6 +569,12 @@ def compute_critical_path(traces: TraceSet, breakdown: TimeBreakdown, sync: Sync
     graphs, notes = _graphs(traces, breakdown, sync, layout, comm_patterns)
     if not graphs:
         return _empty("no profiler steps: a path is drawn per step", notes)
+    if len(traces.ranks) > 1 and not any(g.joins for g in graphs):
+        # nothing ties one rank's time to another's: a path across ranks would be each rank's
+        # own time, and a late start no wait
+        return _empty("the ranks share no collective or transfer matched in their profiled "
+                      "steps: no rank waited for another (independent processes, or "
+                      "collectives that could not be matched across ranks)", notes)
     segs, step_rows, slack_rows = [], [], []
     for g in graphs:
         path = _walk(g)
