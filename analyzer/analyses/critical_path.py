@@ -569,12 +569,14 @@ def compute_critical_path(traces: TraceSet, breakdown: TimeBreakdown, sync: Sync
     graphs, notes = _graphs(traces, breakdown, sync, layout, comm_patterns)
     if not graphs:
         return _empty("no profiler steps: a path is drawn per step", notes)
-    if len(traces.ranks) > 1 and not any(g.joins for g in graphs):
-        # nothing ties one rank's time to another's: a path across ranks would be each rank's
-        # own time, and a late start no wait
-        return _empty("the ranks share no collective or transfer matched in their profiled "
-                      "steps: no rank waited for another (independent processes, or "
-                      "collectives that could not be matched across ranks)", notes)
+    tot = breakdown.totals
+    if (len(traces.ranks) > 1 and not any(g.joins for g in graphs) and tot is not None
+            and len(tot) and not (tot["comm_us"].fillna(0) > 0).any()):
+        # no rank communicates: nothing ties one rank's time to another's, a path across
+        # ranks would be each rank's own time, and a late start no wait
+        return _empty("the ranks communicate in none of their profiled steps (no collective, "
+                      "no send or receive): they ran as independent processes, and no rank "
+                      "waited for another", notes)
     segs, step_rows, slack_rows = [], [], []
     for g in graphs:
         path = _walk(g)
