@@ -353,7 +353,8 @@ def _refuse_not_a_run(out: Path, owned: list[Path]) -> None:
               for p in owned)
     side = layout.sidecar_dir(out)
     if side.is_dir() and not ran:   # a run's metadata folder may hold a user's file too
-        others = sorted(f for f in side.rglob("*") if f.is_file() and f not in set(owned))
+        mine = set(owned)
+        others = sorted(f for f in side.rglob("*") if f.is_file() and f not in mine)
         if others:
             raise PardiagError(f"{side}: holds files pardiag did not write (e.g. "
                                f"{others[0].relative_to(out)}) and no run's metadata, so it is "

@@ -581,6 +581,28 @@ def _persistent(x: np.ndarray, m: np.ndarray, periods: list[tuple[int, int]],
     return bool(outside.any()) and float(np.median(x[outside])) > thr
 
 
+def _quiet_steps(n: int, cand: list[tuple[int, int, int, bool]]) -> tuple[np.ndarray, bool]:
+    """The steps (of ``n`` positions) the run's baseline step time is taken over, and whether
+    that is every step: the steps outside every late period of ``cand`` (``(rank, first,
+    last, persistent)``); a persistent straggler's steps stay in when fewer than
+    :data:`WINDOW_STEPS` others remain (late in nearly every step, its cost is its lateness,
+    the other ranks' wait); every step when none is left."""
+    quiet = np.ones(n, bool)
+    for _, a, b, persistent in cand:
+        if not persistent:
+            quiet[a:b + 1] = False
+    without = quiet.copy()
+    for _, a, b, persistent in cand:
+        if persistent:
+            without[a:b + 1] = False
+    over_run = int(without.sum()) < WINDOW_STEPS
+    if not over_run:
+        quiet = without
+    if not quiet.any():
+        quiet[:] = True
+    return quiet, over_run
+
+
 def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
                        notes: list[str] | None = None,
                        joins: pd.DataFrame | None = None,
@@ -633,24 +655,9 @@ def straggler_findings(delays: pd.DataFrame, steps: pd.DataFrame,
             cand.append((int(r), a, b, True))
         else:
             cand += [(int(r), a, b, False) for a, b in periods]
-    # the run's step time without any late period; a persistent straggler's steps stay in it
-    # when fewer than WINDOW_STEPS others remain (late in every step, its cost is its
-    # lateness, the other ranks' wait)
     dur = step_ms.reindex(cols).to_numpy(dtype=float)
-    quiet = np.ones(len(cols), bool)
-    for _, a, b, persistent in cand:
-        if not persistent:
-            quiet[a:b + 1] = False
-    without = quiet.copy()
-    for _, a, b, persistent in cand:
-        if persistent:
-            without[a:b + 1] = False
-    over_run = int(without.sum()) < WINDOW_STEPS
-    if not over_run:
-        quiet = without
+    quiet, over_run = _quiet_steps(len(cols), cand)
     # the step time's median and noise without the late periods (two of them would widen it)
-    if not quiet.any():
-        quiet[:] = True
     base, sigma_dur = float(np.nanmedian(dur[quiet])), _robust_sigma(dur[quiet])
 
     def bound(a: int, b: int) -> float:
