@@ -159,6 +159,17 @@ def test_a_rank_whose_profiler_opens_late_is_not_a_straggler(tmp_path):
     heads = [i for i in doc["sync"]["instances"] if i["head"]]
     assert heads and all(not i["evidence"] for i in heads)
     assert any("ms apart: a rank whose profiler opened late" in n for n in doc["sync"]["notes"])
+    # the others' 30 ms wait for rank 2's profiler is waiting at the head, and the verdict says
+    # so rather than blame the waiting on a slow rank; outside the head, waiting is what the
+    # straggler table counts
+    st = {s["rank"]: s for s in doc["sync"]["stragglers"]}
+    for r in (0, 1, 3):
+        assert 30_000 <= st[r]["head_waiting_us"] <= 31_000
+    assert st[2]["head_waiting_us"] == 0.0
+    for s in st.values():
+        assert s["waiting_us"] - s["head_waiting_us"] == pytest.approx(s["wait_suffered_us"])
+    assert ("waiting for other ranks, all at the head of a profiling window: ranks waiting for "
+            "a profiler that opened later, no evidence of a slow rank;") in doc["verdict"]
 
 
 def test_clock_fits_of_units_with_few_points_equal_fit_line():

@@ -98,7 +98,9 @@ class SyncResult:
             ``waiting_us`` (|union of its waits| at every complete instance, window heads
             included: the waiting part of its exposed communication is at most this; NaN for a
             rank that no complete instance holds — its peers are absent — whose split into
-            waiting and transfer nobody can tell).
+            waiting and transfer nobody can tell), ``head_waiting_us`` (the part of
+            ``waiting_us`` at instances at a window's head: the profilers' start-up, no
+            evidence of a slow peer; NaN as ``waiting_us``).
         bandwidth: per group, op, message size and ``inter_node`` (``"intra"``, ``"inter"`` or
             ``"unknown"``): ``count``, ``transfer_us``, ``algbw_gbps``, ``busbw_gbps`` (medians).
         matched_by: ``"records"``, ``"sequence numbers"``, ``"order"`` (some group had no
@@ -310,7 +312,7 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     empty = pd.DataFrame()
     no_stragglers = pd.DataFrame(columns=["rank", "wait_suffered_us", "wait_caused_us",
                                           "last_arrivals", "steps_as_top", "instances",
-                                          "waiting_us"])
+                                          "waiting_us", "head_waiting_us"])
     no_offsets = pd.DataFrame(columns=["rank", "offset_us", "residual_us", "instances", "host"])
     if ev.empty:
         return SyncResult(no_offsets, empty, empty, no_stragglers, empty, "none")
@@ -345,13 +347,19 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
                                      step_lengths(traces, comm_patterns),
                                      compute_per_step(traces, comm_patterns))
     p_start, p_until = pr["start_us"].to_numpy(), pr["wait_until_us"].to_numpy()
-    # per rank, |union of its waiting intervals| (µs), its rows by position
-    waiting = {int(r): iv.total(iv.union(p_start[idx], p_until[idx]))
-               for r, idx in sorted(pr.groupby("rank").indices.items())}
+    p_head = pr["instance"].map(inst.set_index("instance")["head"]).fillna(False).to_numpy(bool)
+    # per rank, |union of its waiting intervals| (µs), its rows by position; and of those at a
+    # window's head, where waiting is profiler start-up rather than a slow peer
+    waiting, head_waiting = {}, {}
+    for r, idx in sorted(pr.groupby("rank").indices.items()):
+        waiting[int(r)] = iv.total(iv.union(p_start[idx], p_until[idx]))
+        h = idx[p_head[idx]]
+        head_waiting[int(r)] = iv.total(iv.union(p_start[h], p_until[h])) if len(h) else 0.0
     if st.empty and waiting:  # complete instances, none of them evidence (a window's head)
         st = pd.DataFrame({"rank": ranks, "wait_suffered_us": 0.0, "wait_caused_us": 0.0,
                            "last_arrivals": 0, "steps_as_top": 0, "instances": 0})
     st["waiting_us"] = st["rank"].map(waiting)
+    st["head_waiting_us"] = st["rank"].map(head_waiting)
     if straggler is not None and unpaired:
         # a rank late at its collectives because a rank that sends to it was late: with
         # transfers whose peer is unknown the chain of causes breaks there

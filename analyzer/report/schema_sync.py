@@ -59,6 +59,10 @@ class StragglerRow(msgspec.Struct, kw_only=True, frozen=True):
             included: the waiting part of its exposed communication is at most this, the rest is
             transfer. Unit: µs. Null/absent: ``null`` when no complete instance holds the rank
             (its peers' traces are absent): its split is unknown.
+        head_waiting_us: The part of ``waiting_us`` at instances at a window's head (before
+            every rank's trace had started, and the first step after where the traces start
+            apart): the profilers' start-up, no evidence of a slow peer. Unit: µs. Null/absent:
+            ``null`` as ``waiting_us``.
     """
 
     rank: int
@@ -68,6 +72,7 @@ class StragglerRow(msgspec.Struct, kw_only=True, frozen=True):
     steps_as_top: int = 0
     instances: int = 0
     waiting_us: Number | None = None
+    head_waiting_us: Number | None = None
 
 
 class InstanceRow(msgspec.Struct, kw_only=True, frozen=True):

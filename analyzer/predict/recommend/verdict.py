@@ -53,22 +53,23 @@ def spread_text(ctx: RuleContext) -> str:
     return text
 
 
-def exposed_split(ctx: RuleContext) -> tuple[float, float, float, float] | None:
+def exposed_split(ctx: RuleContext) -> tuple[float, float, float, float, float] | None:
     """Exposed communication split into waiting and transfer, summed over ranks (µs):
-    ``(exposed, waiting, transfer, unknown)``. A rank's waiting is its ``waiting_us``
+    ``(exposed, waiting, transfer, unknown, head)``. A rank's waiting is its ``waiting_us``
     (:attr:`pardiag.analyzer.analyses.sync.SyncResult.stragglers`: the union of its waits for a
     peer to arrive at its complete collectives and transfers — in a pipeline, the bubble), at
     most its exposed time; its transfer is the rest. A rank that no complete instance holds (its
     peers' traces are absent, or nothing was matched) has a split nobody can tell: its exposed
-    time is ``unknown``. ``pardiag compare`` splits each rank the same way. None without exposed
-    communication."""
+    time is ``unknown``. ``head`` is the part of ``waiting`` at a profiling window's head
+    (``head_waiting_us``: profiler start-up, no evidence of a slow peer). ``pardiag compare``
+    splits each rank the same way. None without exposed communication."""
     tot = ctx.breakdown.totals
     if not len(tot) or not (tot["exposed_comm_us"].sum() > 0):
         return None
     exposed = tot.set_index("rank")["exposed_comm_us"].astype(float)
     st = (ctx.sync.stragglers.set_index("rank")
           if ctx.sync is not None and len(ctx.sync.stragglers) else pd.DataFrame())
-    waiting = transfer = unknown = 0.0
+    waiting = transfer = unknown = head = 0.0
     for r, e in exposed.items():
         matched = float(st.loc[r, "waiting_us"]) if r in st.index else float("nan")
         if math.isnan(matched):  # no complete instance holds the rank
@@ -77,7 +78,9 @@ def exposed_split(ctx: RuleContext) -> tuple[float, float, float, float] | None:
         w = min(matched, float(e))
         waiting += w
         transfer += float(e) - w
-    return float(exposed.sum()), waiting, transfer, unknown
+        at_head = float(st.loc[r, "head_waiting_us"]) if "head_waiting_us" in st else 0.0
+        head += min(at_head, w) if at_head > 0 else 0.0
+    return float(exposed.sum()), waiting, transfer, unknown, head
 
 
 def bubble_text(ctx: RuleContext) -> str | None:
@@ -262,13 +265,20 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
         if split is None:
             parts.append(f"exposed communication 0.0% and idle {idle:.1f}% of the ranks' time")
         else:
-            exp, wait, xfer, unknown = (100.0 * x / span for x in split)
+            exp, wait, xfer, unknown, head = (100.0 * x / span for x in split)
             peer = "a peer stage (the bubble)" if ctx.is_pipeline else "other ranks"
             if unknown >= exp:
                 how = ("waiting vs transfer unknown: no collective of these ranks was matched "
                        "with all its members")
             else:
-                how = f"{wait:.1f}% waiting for {peer}, {xfer:.1f}% transfer"
+                how = f"{wait:.1f}% waiting for {peer}"
+                if round(head, 1) > 0:  # what the straggler analysis leaves out, said here too
+                    how += (f", {'all' if round(head, 1) >= round(wait, 1) else f'{head:.1f}%'}"
+                            f" at the head of a profiling window: ranks waiting for a "
+                            f"profiler that opened later, no evidence of a slow rank;")
+                else:
+                    how += ","
+                how += f" {xfer:.1f}% transfer"
                 if unknown > 0:
                     how += (f"; {unknown:.1f}% on ranks whose peers are absent, split "
                             f"unknown")
