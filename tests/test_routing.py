@@ -154,11 +154,40 @@ def test_even_routing_names_no_imbalance(tmp_path):
 
 
 def test_dlrm_all_to_alls_are_not_called_imbalanced(real_traces):
-    # DLRM's embedding all-to-alls: about even sizes (one rank's differ), no MoE imbalance
+    # DLRM's embedding all-to-alls: about even sizes (one rank's differ), no MoE imbalance; the
+    # layout finds no expert dimension, so neither the terminal nor the page speaks of experts
     rep = pardiag.analyze(real_traces / "dlrm_8rank_v100")
     g = rep.routing.groups
     assert len(g) <= 1 and (g.empty or g["imbalance"].iloc[0] < IMBALANCE_MIN)
     assert rep.routing.finding is None and "MoE routing" not in rep.verdict
+    assert "ep" not in rep.layout.dims and not rep.routing.expert
+    assert not g["expert"].any() and rep.to_json()["routing"]["groups"][0]["expert"] is False
+    text = " ".join(rep.summary(width=200).split())
+    assert "MoE routing" not in text and "expert side" not in text
+    assert "All-to-all split sizes, per step (what they carry is unknown)" in text
+
+
+def test_uneven_all_to_alls_without_an_expert_dimension_say_nothing_of_experts(tmp_path):
+    """The planted 2.0 imbalance, read with a layout that has no ``ep`` dimension: the same
+    numbers, said of rows and a group, and no MoE recommendation (it would rest on a guess)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from pardiag.analyzer.analyses.routing import compute_routing
+    from pardiag.analyzer.predict.recommend.rules.routing import moe_routing
+
+    rep = pardiag.analyze(_planted(tmp_path), cache=False)
+    assert rep.routing.expert and rep.routing.finding["expert"]
+    r = compute_routing(rep.traces, rep.sync, dataclasses.replace(rep.layout, dims={"dp": 4}))
+    assert not r.expert and r.groups["saving_us"].iloc[0] == pytest.approx(212.5)
+    assert r.describe() == (
+        "all-to-all sizes are uneven: rank 0 takes 2.00× the mean rows of group [0,1,2,3] "
+        "(median over 2 step(s), range 2.00–2.00); the others wait 0.8 ms per step for it at "
+        "the all-to-alls; what the all-to-alls carry is unknown, so no MoE routing is inferred")
+    ctx = SimpleNamespace(routing=r, model=None, measured_us=1000.0)
+    assert moe_routing(ctx) == []
+    assert len(moe_routing(SimpleNamespace(routing=rep.routing, model=None,
+                                           measured_us=1000.0))) == 1
 
 
 @pytest.mark.e2e

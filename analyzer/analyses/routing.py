@@ -63,7 +63,7 @@ RANK_LOAD_COLUMNS = ("group", "rank", "load_rows")
 #: Columns of :attr:`RoutingResult.groups`.
 GROUP_COLUMNS = ("group", "dim", "ranks", "steps", "unit", "row_bytes", "imbalance",
                  "imbalance_min", "imbalance_max", "hot_rank", "hot_steps", "hot_rows",
-                 "mean_rows", "wait_us", "saving_us", "saving_q1_us", "saving_q3_us")
+                 "mean_rows", "wait_us", "saving_us", "saving_q1_us", "saving_q3_us", "expert")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +91,10 @@ class RoutingResult:
             ``imbalance_max``, ``hot_rank`` (most often hot), ``hot_steps`` (steps it was),
             ``hot_rows``/``mean_rows`` (median per step of the max and mean load), ``wait_us``,
             ``saving_us`` (median per step) with ``saving_q1_us``/``saving_q3_us``
-            (quartiles). Sorted by ``saving_us``, largest first.
+            (quartiles), ``expert`` (the layout says the group's all-to-alls dispatch tokens to
+            experts: its dimension is ``ep``, or it has none and the layout has an ``ep``
+            dimension; else what they carry is unknown and nothing about experts is said of
+            them). Sorted by ``saving_us``, largest first.
         matrix: per group, source and destination rank: ``group``, ``src``, ``dst``,
             ``rows`` (rows of ``src``'s tokens that ``dst``'s experts take, mean per routed
             all-to-all: a dispatch's send splits, a combine's receive splits; group ranks in
@@ -111,6 +114,11 @@ class RoutingResult:
         default_factory=lambda: pd.DataFrame(columns=list(RANK_LOAD_COLUMNS)))
 
     @property
+    def expert(self) -> bool:
+        """Whether any group's all-to-alls are expert dispatch by the layout's evidence."""
+        return bool(len(self.groups)) and bool(self.groups["expert"].astype(bool).any())
+
+    @property
     def finding(self) -> dict | None:
         """The group with the largest saving whose median imbalance is at least
         :data:`IMBALANCE_MIN`, as a dict of :data:`GROUP_COLUMNS`; None when routing is even."""
@@ -123,15 +131,28 @@ class RoutingResult:
     def describe(self) -> str | None:
         """``"MoE routing is imbalanced: rank 0's experts take 1.79× the mean tokens of group
         0,1 (median over 3 steps, range 1.75–1.80); the others wait 12.3 ms per step for it at
-        the all-to-alls"``, or None when routing is even."""
+        the all-to-alls"``, or None when routing is even. Of a group whose all-to-alls the layout
+        does not call expert dispatch: ``"all-to-all sizes are uneven: rank 0 takes 1.79× the mean
+        rows of group 0,1 (…); what the all-to-alls carry is unknown, so no MoE routing is
+        inferred"``."""
         f = self.finding
         if f is None:
             return None
+        spread = (f"(median over {f['steps']} step(s), range "
+                  f"{f['imbalance_min']:.2f}–{f['imbalance_max']:.2f})")
+        if not f["expert"]:
+            what = "rows" if f["unit"] == "rows" else "elements"
+            text = (f"all-to-all sizes are uneven: rank {f['hot_rank']} takes "
+                    f"{f['imbalance']:.2f}× the mean {what} of group [{_ranks_text(f['group'])}] "
+                    f"{spread}")
+            if f["wait_us"] > 0:
+                text += (f"; the others wait {f['wait_us'] / 1000:.1f} ms per step for it at the "
+                         f"all-to-alls")
+            return text + "; what the all-to-alls carry is unknown, so no MoE routing is inferred"
         what = "tokens" if f["unit"] == "rows" else "elements (row size unknown)"
         text = (f"MoE routing is imbalanced: rank {f['hot_rank']}'s experts take "
                 f"{f['imbalance']:.2f}× the mean {what} of its expert-parallel group "
-                f"[{_ranks_text(f['group'])}] (median over {f['steps']} step(s), range "
-                f"{f['imbalance_min']:.2f}–{f['imbalance_max']:.2f})")
+                f"[{_ranks_text(f['group'])}] {spread}")
         if f["wait_us"] > 0:
             text += (f"; the others wait {f['wait_us'] / 1000:.1f} ms per step for it at the "
                      f"all-to-alls")
@@ -245,7 +266,8 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
                 .agg(sent_rows=("sent_rows", "sum"), recv_rows=("recv_rows", "sum"),
                      load_rows=("load_rows", "sum"), waited_us=("waited_us", "sum")))
     steps = _step_table(per_rank, r)
-    groups = _group_table(steps, instances, routed.row_bytes, _dims(layout))
+    groups = _group_table(steps, instances, routed.row_bytes, _dims(layout),
+                          "ep" in (getattr(layout, "dims", None) or {}))
     return RoutingResult(instances, per_rank, steps, groups, _matrix(routed.matrix_rows),
                          tuple(notes), rank_load(per_rank))
 
@@ -401,16 +423,17 @@ def _step_table(per_rank: pd.DataFrame, r: pd.DataFrame) -> pd.DataFrame:
 
 
 def _group_table(steps: pd.DataFrame, instances: pd.DataFrame, row_bytes: dict[str, float],
-                 dims: dict[str, str]) -> pd.DataFrame:
+                 dims: dict[str, str], has_ep: bool) -> pd.DataFrame:
     """:attr:`RoutingResult.groups` (largest saving first) from :attr:`RoutingResult.steps`
     and :attr:`RoutingResult.instances` (each group's unit); ``row_bytes``: bytes per row per
-    group; ``dims``: :func:`_dims`."""
+    group; ``dims``: :func:`_dims`; ``has_ep``: the layout has an ``ep`` dimension."""
     grows = []
     for grp, g in steps.groupby("group"):
         hot = g["hot_rank"].value_counts()
         top = int(hot.index[0])
+        dim = dims.get(_ranks_text(grp))
         grows.append({
-            "group": grp, "dim": dims.get(_ranks_text(grp)), "ranks": int(g["ranks"].max()),
+            "group": grp, "dim": dim, "ranks": int(g["ranks"].max()),
             "steps": len(g), "unit": instances.loc[instances["group"] == grp, "unit"].iloc[0],
             "row_bytes": row_bytes.get(grp), "imbalance": float(g["imbalance"].median()),
             "imbalance_min": float(g["imbalance"].min()),
@@ -419,7 +442,8 @@ def _group_table(steps: pd.DataFrame, instances: pd.DataFrame, row_bytes: dict[s
             "mean_rows": float(g["mean_rows"].median()), "wait_us": float(g["wait_us"].median()),
             "saving_us": float(g["saving_us"].median()),
             "saving_q1_us": float(g["saving_us"].quantile(0.25)),
-            "saving_q3_us": float(g["saving_us"].quantile(0.75))})
+            "saving_q3_us": float(g["saving_us"].quantile(0.75)),
+            "expert": dim == "ep" or (dim is None and has_ep)})
     return (pd.DataFrame(grows, columns=list(GROUP_COLUMNS))
             .sort_values(["saving_us", "imbalance"], ascending=False).reset_index(drop=True))
 

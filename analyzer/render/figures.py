@@ -473,7 +473,8 @@ def routing_figure(routing) -> dict:
                             "autorange": "reversed"}
         layout["annotations"].append(_subplot_title("rows per all-to-all, source → expert rank",
                                                     1.0 - right / 2))
-    layout.update(title=_title(f"MoE routing, group {_pe(str(grp).split('|')[0] or '?')}"),
+    what = "MoE routing" if routing.groups["expert"].iloc[0] else "All-to-all split sizes"
+    layout.update(title=_title(f"{what}, group {_pe(str(grp).split('|')[0] or '?')}"),
                   height=400, showlegend=False)
     return {"data": data, "layout": layout}
 

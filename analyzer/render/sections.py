@@ -47,7 +47,7 @@ SECTIONS = (
     ("causes", "Why ranks are slow or idle"),
     ("pipeline", "Pipeline bubbles"),
     ("imbalance", "Load imbalance"),
-    ("routing", "MoE routing"),
+    ("routing", "All-to-all routing (MoE)"),
     ("efficiency", "How far from the peak: FLOPs and MFU"),
     ("memory", "Memory"),
     ("layout", "Layout and topology"),
@@ -497,6 +497,7 @@ def routing(report: Report, page: Page) -> dict:
         return {"routed": False, "notes": list(r.notes)}
     return {
         "routed": True, "describe": r.describe(), "imbalance_min": f"{IMBALANCE_MIN:g}",
+        "expert": r.expert,
         "figure": _html(page.fig(fg.routing_figure(r))),
         "groups": _table(in_ms(r.groups, ["wait_us", "saving_us", "saving_q1_us",
                                           "saving_q3_us"]), {
@@ -505,7 +506,8 @@ def routing(report: Report, page: Page) -> dict:
             "imbalance_max": "max", "hot_rank": "hot rank", "hot_steps": "hot in steps",
             "hot_rows": "hot rank per step", "mean_rows": "mean per step",
             "wait_us": "others wait per step (ms)", "saving_us": "saving per step (ms)",
-            "saving_q1_us": "saving Q1 (ms)", "saving_q3_us": "saving Q3 (ms)"},
+            "saving_q1_us": "saving Q1 (ms)", "saving_q3_us": "saving Q3 (ms)",
+            "expert": "expert dispatch"},
             left=("group", "dim", "unit"), digits=3, sortable=True, what="groups"),
         "per_rank": _table(in_ms(r.per_rank, ["waited_us"]), {
             "group": "group", "step": "step", "rank": "rank", "sent_rows": "sent",

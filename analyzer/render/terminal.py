@@ -374,7 +374,9 @@ def _routing(report: Report, console: Console) -> None:
     r = report.routing
     if r.groups.empty:
         return
-    print_table(console, "MoE routing (all-to-all split sizes, per step)", [
+    title = ("MoE routing (all-to-all split sizes, per step)" if r.expert else
+             "All-to-all split sizes, per step (what they carry is unknown)")
+    print_table(console, title, [
         Col("group", "left", wrap="fold"), Col("unit", "left", drop=2), Col("steps", drop=3),
         Col("max/mean"), Col("range", drop=1), Col("hot rank"), Col("hot rank rows"),
         Col("mean rows"), Col("others wait ms"), Col("saving ms")],
@@ -382,8 +384,9 @@ def _routing(report: Report, console: Console) -> None:
           f"{g.imbalance_min:.2f}–{g.imbalance_max:.2f}", str(g.hot_rank), _n(g.hot_rows, 0),
           _n(g.mean_rows, 0), _n(g.wait_us / 1e3, 3), _n(g.saving_us / 1e3, 3))
          for g in r.groups.itertuples()],
-        caption="rows on the expert side summed over the step's routed all-to-alls (median "
-                "over steps); saving = others' wait / ranks")
+        caption=(f"rows on the {'expert' if r.expert else 'larger (received or sent)'} side "
+                 f"summed over the step's routed all-to-alls (median over steps); saving = "
+                 f"others' wait / ranks"))
     text = r.describe()
     if text:
         console.print(Text(f"cause: {text}"))

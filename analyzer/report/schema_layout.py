@@ -444,6 +444,9 @@ class RoutingGroup(msgspec.Struct, kw_only=True, frozen=True):
             rank had the mean load. Unit: µs.
         saving_q1_us: First quartile of the saving. Unit: µs.
         saving_q3_us: Third quartile of the saving. Unit: µs.
+        expert: The layout says the group's all-to-alls dispatch tokens to experts (its
+            dimension is ``ep``, or it has none and the layout has an ``ep`` dimension); false:
+            what they carry is unknown, and nothing is said of experts.
     """
 
     group: str
@@ -463,6 +466,7 @@ class RoutingGroup(msgspec.Struct, kw_only=True, frozen=True):
     saving_us: Number = NAN
     saving_q1_us: Number = NAN
     saving_q3_us: Number = NAN
+    expert: bool = False
 
 
 class RoutingStep(msgspec.Struct, kw_only=True, frozen=True):

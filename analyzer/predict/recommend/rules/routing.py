@@ -17,14 +17,15 @@ def moe_routing(ctx: RuleContext) -> list[Recommendation]:
     model's choice, so the change is a suggestion with its caveats: a larger load-balancing
     (auxiliary) loss weight, or a capacity factor that caps the tokens per expert.
 
-    Returns [] when routing is even, nothing waits for the hot rank, or the step is unknown;
+    Returns [] when routing is even, the group's all-to-alls are not expert dispatch by the
+    layout's evidence (``expert``), nothing waits for the hot rank, or the step is unknown;
     the policy's noise rule decides whether the saving is recommended."""
     routing, measured = ctx.routing, ctx.measured_us
     if routing is None or ctx.model is not None or not (measured > 0):
         return []
     f = routing.finding
-    if f is None or not (f["saving_us"] > 0):
-        return []
+    if f is None or not f["expert"] or not (f["saving_us"] > 0):
+        return []   # an all-to-all the layout does not call expert dispatch: no MoE advice
     hot, n = int(f["hot_rank"]), int(f["ranks"])
     what = "tokens" if f["unit"] == "rows" else "elements"
     ev = [f"the expert-parallel group [{str(f['group']).split('|')[0] or 'ranks unknown'}] routes "
