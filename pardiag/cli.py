@@ -717,16 +717,8 @@ def _monitored_setup_warnings(a: Path, b: Path) -> list[str]:
             runs.append(layout.decode_sidecar(layout.run_file_path(p).read_bytes(), "run"))
         except (OSError, ValueError):
             return []
-    ra, rb = runs
-    out = []
-    for what, x, y in (("scripts", ra.script, rb.script),
-                       ("script arguments", " ".join(ra.script_args or []),
-                        " ".join(rb.script_args or [])),
-                       ("world sizes", ra.world_size, rb.world_size)):
-        if x != y:
-            out.append(f"A and B ran other {what} ({x!r} against {y!r}): their step times are "
-                       f"compared as they are")
-    return out
+    return [f"A and B ran other {what} ({x!r} against {y!r}): their step times are compared as "
+            f"they are" for what, x, y in runs[0].job_differences(runs[1])]
 
 
 def _and(items: list[str]) -> str:

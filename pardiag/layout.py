@@ -435,6 +435,7 @@ def _job(run_dir: Path) -> tuple | None:
             run = decode_sidecar(path.read_bytes(), "run")
         except (OSError, ValueError):
             continue
+        # the fields RunFile.job_differences compares, and whether the run was monitored
         return (run.script, tuple(run.script_args), run.world_size, run.nnodes,
                 run.monitor_every is not None)
     return None
@@ -676,6 +677,19 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
     host_probe_after_ms: float | None = None
     monitor_every: int | None = None
     capture: dict[str, Any] | None = None
+
+    def job_differences(self, other: RunFile) -> list[tuple[str, Any, Any]]:
+        """What makes ``other`` another job than this run's, in the words the messages use:
+        ``[("scripts", a, b), ("script arguments", …), ("world sizes", …), ("node counts",
+        …)]``, only the fields that differ; empty for repeats of one job (its nodes' parts
+        included: they differ only in ``node_rank``). The one definition of "one job" that
+        repeats, a run's parts and compared runs share."""
+        return [(what, x, y) for what, x, y in (
+            ("scripts", self.script, other.script),
+            ("script arguments", " ".join(self.script_args or []),
+             " ".join(other.script_args or [])),
+            ("world sizes", self.world_size, other.world_size),
+            ("node counts", self.nnodes, other.nnodes)) if x != y]
 
 
 def join_run_files(parts: list[RunFile]) -> RunFile | None:

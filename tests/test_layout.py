@@ -187,6 +187,30 @@ def test_the_parts_of_a_multi_node_run_file_are_joined():
         "run.node3.json"
 
 
+def test_one_job_is_one_definition_for_parts_repeats_and_compare():
+    """The parts of a multi-node run differ only in their node; parts of another job are refused
+    with what differs, in the words ``compare`` of monitored runs uses too."""
+    from pathlib import Path
+
+    from pardiag.analyzer.trace.load import _different_run_parts
+    from pardiag.layout import RunFile
+    job = dict(script="t.py", script_args=["--steps", "6"], world_size=4, nnodes=2)
+    n0, n1 = RunFile(**job, node_rank=0), RunFile(**job, node_rank=1)
+    assert n0.job_differences(n1) == []
+    files = [Path("a/pardiag/run.json"), Path("b/pardiag/run.node1.json")]
+    assert _different_run_parts([n0, n1], files) is None
+    wider = RunFile(**{**job, "world_size": 8}, node_rank=1)
+    assert n0.job_differences(wider) == [("world sizes", 4, 8)]
+    assert _different_run_parts([n0, wider], files).startswith(
+        "a and b are different runs (world sizes 4 vs 8); to analyse them as one anyway")
+    other = RunFile(**{**job, "script_args": ["--steps", "9"]}, node_rank=1)
+    assert n0.job_differences(other) == [("script arguments", "--steps 6", "--steps 9")]
+    assert "(t.py --steps 6 vs t.py --steps 9)" in _different_run_parts([n0, other], files)
+    again = RunFile(**job, node_rank=0, started_unix=86_400.0)
+    assert "(one job started at ? and at 1970-01-02 00:00:00 UTC)" in _different_run_parts(
+        [n0, again], files)
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in SAMPLES.iterdir() if p.is_dir()))
 def test_hta_loads_every_sample_run_as_it_is(name):
     """The shipped runs are in today's layout: Holistic Trace Analysis' TraceAnalysis loads each

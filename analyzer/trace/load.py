@@ -171,20 +171,22 @@ def _different_run_parts(parts: list[layout.RunFile], files: list[Path]) -> str 
     """Why the run files ``parts`` (read from ``files``, in order) are not one run's, else None:
     two parts of one node, or parts whose job (script, its arguments, world size, nodes)
     differs — the parts of a multi-node run differ only in their node."""
-    seen: dict = {}
+    seen: list[tuple[Path, layout.RunFile]] = []
     for p, f in zip(parts, files):
-        job = (p.script, tuple(p.script_args), p.world_size, p.nnodes)
-        for q, g in seen.items():
-            if q[0] == p.node_rank or q[1] != job:
+        for g, q in seen:
+            other = q.job_differences(p)
+            if q.node_rank == p.node_rank or other:
                 when = [time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(x.started_unix))
-                        if x.started_unix else "?" for x in (g[1], p)]
-                what = (f"{' '.join([g[1].script or '?', *g[1].script_args])} vs "
-                        f"{' '.join([p.script or '?', *p.script_args])}" if q[1] != job else
+                        if x.started_unix else "?" for x in (q, p)]
+                what = (f"{' '.join([q.script or '?', *q.script_args])} vs "
+                        f"{' '.join([p.script or '?', *p.script_args])}"
+                        if other and other[0][0] in ("scripts", "script arguments") else
+                        "; ".join(f"{w} {x} vs {y}" for w, x, y in other) if other else
                         f"one job started at {when[0]} and at {when[1]} UTC")
-                return (f"{g[0].parent.parent if g[0].parent.name == layout.SIDECAR_DIR else g[0]}"
+                return (f"{g.parent.parent if g.parent.name == layout.SIDECAR_DIR else g}"
                         f" and {f.parent.parent if f.parent.name == layout.SIDECAR_DIR else f} "
                         f"are different runs ({what}); {_TO_COMPARE}")
-        seen[(p.node_rank, job)] = (f, p)
+        seen.append((f, p))
     return None
 
 
