@@ -803,3 +803,37 @@ def test_compare_repeats_each_sides_own_warnings(tmp_path):
     r = run("compare", src, b, "-q", "-o", tmp_path / "c.html", "--json", tmp_path / "c.json")
     assert r.exit_code == 0 and "pardiag: warning: B: run.json says world size 2" in r.output
     assert mine[1] in json.loads((tmp_path / "c.json").read_text())["warnings"]
+
+
+def test_rows_per_profiled_step_are_judged_on_their_own_scale():
+    """A pipeline's step is its period (20 ms, noise 46% of it: 9.2 ms) while the rows are per
+    profiled step (a 60 ms span): a row that moved 15 ms moved 25% of its size, inside the 46%,
+    and is within the noise (27.6 ms on that scale), not beyond the 9.2 ms of the shorter step.
+    Where the step is the profiled steps' own, the step's noise applies as it is."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from pardiag.analyzer.render.comparison import noise_caption
+    from pardiag.analyzer.report.compare import PARTS, _breakdown, row_noise_us
+    from pardiag.analyzer.report.reading import StepDelta, StepStats
+
+    def stats(basis, med):
+        return StepStats(basis, basis, 10, med, med - 100, med + 100, med - 200, med + 200)
+
+    a, b = stats("pipeline", 20_000.0), stats("pipeline", 22_000.0)
+    step = StepDelta(a, b, 2_000.0, 10.0, False, "within", noise_us=9_200.0)
+    assert row_noise_us(step, 60_000.0) == pytest.approx(27_600.0)
+    prof = dataclasses.replace(step, a=stats("profiled", 20_000.0))
+    assert row_noise_us(prof, 60_000.0) == 9_200.0
+    ra = pd.DataFrame({"rank": [0], "span_us": [60_000.0], **{p: [10_000.0] for p in PARTS}})
+    rb = ra.assign(span_us=75_000.0, compute_only_us=25_000.0)
+    bd = _breakdown(ra, rb, step, ((), ())).set_index("part")["within_noise"]
+    assert bd["span_us"] and bd["compute_only_us"]
+    assert not _breakdown(ra, rb, prof, ((), ())).set_index("part")["within_noise"]["span_us"]
+    c = SimpleNamespace(step=step, breakdown=pd.DataFrame({"a_us": [60_000.0]}))
+    assert noise_caption(c) == (
+        "A difference of at most ±27.600 ms per profiled step (46% of A's profiled step of "
+        "60.000 ms, the share by which identical runs' steps differed) is within the noise "
+        "between runs.")

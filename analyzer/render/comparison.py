@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..report.checks import RecommendationCheck
-from ..report.compare import PARTS, Comparison, GateResult
+from ..report.compare import PARTS, Comparison, GateResult, row_noise_us
 from ..report.reading import (
     BETWEEN_RUNS_ALPHA,
     BETWEEN_RUNS_FLOOR_PCT,
@@ -367,9 +367,15 @@ def noise_caption(c: Comparison) -> str:
                 "its values in A's runs and B's differ by the same Mann–Whitney test as the "
                 f"step (p < {BETWEEN_RUNS_ALPHA:g}), and the noise is unknown where the runs "
                 f"are too few for that test (fewer than {MIN_RUNS_PER_SIDE} per side).")
-    n = c.step.noise_us
+    span = float(c.breakdown["a_us"].iloc[0]) if len(c.breakdown) else float("nan")
+    n = row_noise_us(c.step, span)
     if math.isnan(n):
         return "The noise between runs is unknown: no difference here can be told from it."
+    if n != c.step.noise_us:   # the step is measured on other steps than the rows
+        return (f"A difference of at most ±{n / 1e3:.3f} ms per profiled step "
+                f"({BETWEEN_RUNS_FLOOR_PCT:g}% of A's profiled step of {span / 1e3:.3f} ms, the "
+                "share by which identical runs' steps differed) is within the noise between "
+                "runs.")
     return (f"A difference of at most ±{n / 1e3:.3f} ms ({BETWEEN_RUNS_FLOOR_PCT:g}% of A's "
             "step, by which identical runs differed) is within the noise between runs.")
 

@@ -124,7 +124,9 @@ class Comparison:
             ``label``, ``a_us``, ``b_us``, ``delta_us``, ``delta_pct`` (per profiled step,
             mean over ranks; for repeated runs the median of that over a side's runs),
             ``within_noise`` (one run per side: the part moved by at most the step's noise
-            between runs, :attr:`StepDelta.noise_us`; repeated runs: the runs' values of the
+            between runs, :attr:`StepDelta.noise_us`, as a share of A's span per profiled step
+            where the step is measured on other steps, :func:`row_noise_us`; repeated runs: the
+            runs' values of the
             part do not differ by the between-runs test; None when unknown), ``p_value``
             (that test's p; NaN for one run per side).
         ranks: one row per rank or role (``key``): ``a_<v>``, ``b_<v>`` for each of
@@ -515,6 +517,19 @@ def _contended(step: StepDelta, sa: SetupSection, sb: SetupSection, repeated: bo
         f"side {MIN_RUNS_PER_SIDE} times or more (pardiag profile --repeat {MIN_RUNS_PER_SIDE})"))
 
 
+def row_noise_us(step: StepDelta, span_a_us: float) -> float:
+    """The noise between runs of a row per profiled step (µs; NaN unknown): the step's
+    (:attr:`StepDelta.noise_us`) where the step time is the profiled steps' own; where it is
+    measured on other steps (the unprofiled ones, a pipeline's periods), the same share of A's
+    span per profiled step ``span_a_us`` — a noise in µs of one quantity does not bound another
+    three times its size."""
+    n = step.noise_us
+    if (math.isnan(n) or step.a is None or step.a.basis == "profiled"
+            or not (span_a_us > 0) or not (step.a.median_us > 0)):
+        return n
+    return n * span_a_us / step.a.median_us
+
+
 def _part_means(table: pd.DataFrame, part: str) -> float:
     return float(table[part].mean()) if len(table) else float("nan")
 
@@ -532,6 +547,7 @@ def _breakdown(ra: pd.DataFrame, rb: pd.DataFrame, step: StepDelta,
     tables = ([[rank_table(d) for d in side] if len(side) > 1 else [t]
                for side, t in zip(runs, (ra, rb))] if repeated else [[ra], [rb]])
     rows = []
+    noise = dataclasses.replace(step, noise_us=row_noise_us(step, _part_means(ra, "span_us")))
     for p in ["span_us", *PARTS]:
         xa = [_part_means(t, p) for t in tables[0]]
         xb = [_part_means(t, p) for t in tables[1]]
@@ -542,7 +558,7 @@ def _breakdown(ra: pd.DataFrame, rb: pd.DataFrame, step: StepDelta,
             within = (None if not decidable or math.isnan(pv)
                       else bool(pv >= BETWEEN_RUNS_ALPHA))
         else:
-            pv, within = float("nan"), within_noise(vb - va, step)
+            pv, within = float("nan"), within_noise(vb - va, noise)
         rows.append({"part": p, "label": "step span" if p == "span_us" else PARTS[p],
                      "a_us": va, "b_us": vb, "delta_us": vb - va, "delta_pct": pct_change(va, vb),
                      "within_noise": within, "p_value": pv})
