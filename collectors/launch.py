@@ -706,6 +706,7 @@ class _MonitorFollow:
         for f, ongoing in found:
             line = online_line(f, ongoing)
             print(f"pardiag: monitor: {line}", file=sys.stderr, flush=True)
+            self._keep_said(f, ongoing, line)
             self.waiting.append((f, line))
         if not self.asks:
             self.waiting.clear()
@@ -716,6 +717,26 @@ class _MonitorFollow:
                 self.waiting.append((f, line))
             elif worthy and not self.done:
                 self._capture(line)
+
+    def _keep_said(self, f: dict, ongoing: bool, line: str) -> None:
+        """Append the finding said live to :func:`pardiag.layout.said_findings_path` (node 0's
+        launcher only: every node's reads the same records), so that the report says whether
+        the whole run confirms it."""
+        if (self.cfg.node_rank or 0) != 0:
+            return
+        import orjson
+
+        rec = {"kind": f["kind"], **({"rank": int(f["rank"])} if "rank" in f else {}),
+               "first_step": int(f["first_step"]), "last_step": int(f["last_step"]),
+               "ongoing": bool(ongoing), "line": line}
+        path = layout.said_findings_path(self.out)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("ab") as fh:
+                fh.write(orjson.dumps(rec) + b"\n")
+        except OSError as exc:   # the line was said; the report just cannot weigh it
+            print(f"pardiag: monitor: could not keep the finding for the report: {exc}",
+                  file=sys.stderr)
 
     def _capture(self, reason: str) -> None:
         """Ask for a deep capture for the finding said as ``reason``, where one may start."""

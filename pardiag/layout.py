@@ -68,6 +68,10 @@ PROGRESS_TEMPLATE = "rank{rank}.progress"
 STACKS_TEMPLATE = "rank{rank}.stacks.txt"
 MONITOR_TEMPLATE = "rank{rank}.monitor.jsonl"
 CAPTURE_REQUEST = "capture.request.json"
+#: The findings a monitored run's launcher said while the run went on, one JSON object per line
+#: (``kind``, ``rank`` where one is named, ``first_step``, ``last_step``, ``ongoing``, ``line``):
+#: the report says which of them the whole run confirms.
+SAID_FINDINGS = "monitor.said.jsonl"
 CAPTURE_TEMPLATE = "capture-{step}"
 #: A rank's trace while it is being written (in the sidecar folder, where no report reads
 #: traces); renamed to ``TRACE_TEMPLATE`` when complete, so a rank stopped while writing leaves
@@ -145,6 +149,11 @@ def capture_request_path(run_dir: Path) -> Path:
     """Path of the request that asks every rank of a monitored run for a deep capture (a Kineto
     trace of given steps; ``{"start_step", "steps", "reason"}``)."""
     return sidecar_dir(run_dir) / CAPTURE_REQUEST
+
+
+def said_findings_path(run_dir: Path) -> Path:
+    """Path of the findings a monitored run's launcher said live (:data:`SAID_FINDINGS`)."""
+    return sidecar_dir(run_dir) / SAID_FINDINGS
 
 
 def capture_dir(run_dir: Path, start_step: int) -> Path:
@@ -511,17 +520,18 @@ def find_sidecars(folder: Path) -> list[Path]:
 
 def owned_files(run_dir: Path) -> list[Path]:
     """Every file pardiag wrote into ``run_dir`` (traces, sidecars and dump requests, both
-    layouts; a monitored run's records, its capture request and its deep captures'
-    folders, summaries included; not the run's own summaries in SUMMARY_DIR, which are
-    checked against their traces): what ``--overwrite`` replaces, and what a report must never
-    write over."""
+    layouts; a monitored run's records, its capture request, its findings said live and
+    its deep captures' folders, summaries included; not the run's own summaries in
+    SUMMARY_DIR, which are checked against their traces): what ``--overwrite`` replaces, and
+    what a report must never write over."""
     run_dir = Path(run_dir)
     out = list(find_sidecars(run_dir))
     try:
         out += sorted(f for f in sidecar_dir(run_dir).glob(MONITOR_TEMPLATE.format(rank="*"))
                       if f.is_file())
-        if capture_request_path(run_dir).is_file():
-            out.append(capture_request_path(run_dir))
+        for own in (capture_request_path(run_dir), said_findings_path(run_dir)):
+            if own.is_file():
+                out.append(own)
         for _, d in capture_folders(run_dir):
             out += owned_files(d)
             out += sorted(f for f in (d / SUMMARY_DIR).glob("*" + SUMMARY_SUFFIX)

@@ -359,6 +359,35 @@ def test_a_finding_of_the_start_up_asks_for_a_capture_only_once_it_lasts(tmp_pat
     assert _follow_stub(tmp_path / "b", [(30, [(5, 20)]), (80, [])]) == []
 
 
+def test_findings_said_live_are_kept_and_weighed_against_the_whole_run(tmp_path, capsys):
+    """Each line the launcher says is kept (node 0's launcher only); the report says which the
+    whole run confirms, and of the others that they were said and do not stand out."""
+    _follow_stub(tmp_path / "a", [(60, [(50, 60)]), (70, [(50, 70)])])
+    said = [json.loads(x) for x in
+            layout.said_findings_path(tmp_path / "a").read_bytes().splitlines()]
+    assert said == [{"kind": "slow_steps", "first_step": 50, "last_step": 60, "ongoing": True,
+                     "line": "every rank's steps slow since step 50 (2.0 ms against 1.0 ms)"}]
+    assert layout.said_findings_path(tmp_path / "a") in layout.owned_files(tmp_path / "a")
+    _follow_stub(tmp_path / "n1", [(60, [(50, 60)])], node_rank=1)
+    assert not layout.said_findings_path(tmp_path / "n1").exists()
+    # rank 2 late in steps 120-169: said of rank 2 from step 125, confirmed; said of rank 1 in
+    # steps 300-320 (what the steps up to then showed), no finding of the whole run
+    run = _write_run(tmp_path, 4, 400, {2: (120, 169, 30_000)})
+    lines = [{"kind": "straggler", "rank": 2, "first_step": 125, "last_step": 140,
+              "ongoing": True, "line": "rank 2: late at its collectives since step 125"},
+             {"kind": "straggler", "rank": 1, "first_step": 300, "last_step": 320,
+              "ongoing": False, "line": "rank 1: late at its collectives in steps 300–320"}]
+    layout.said_findings_path(run).write_bytes(
+        b"".join(json.dumps(x).encode() + b"\n" for x in lines) + b"{not json\n")
+    doc = S.summary(M.load_monitor(run), run)
+    assert [(x["rank"], x["confirmed"]) for x in doc["said"]] == [(2, True), (1, False)]
+    assert ('said during the run, "rank 1: late at its collectives in steps 300–320", is not a '
+            "finding of the whole run: judged against every step's noise and baseline, not "
+            "only those up to then, steps 300–320 do not stand out") in doc["notes"]
+    assert not any("since step 125" in n for n in doc["notes"])
+    assert any(n.startswith("1 line(s) of ") for n in doc["notes"])
+
+
 def test_a_finding_over_by_the_time_it_is_read_asks_for_no_capture(tmp_path, capsys):
     """Slow steps 60–89 first read at step 200 (ended: a capture from step 215 would show the
     run after them) ask for none, and the capture budget stays for the next finding, read

@@ -63,6 +63,7 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
         if not inside:
             notes.append(f"the deep capture of steps {first}–{last} {line}")
     notes += late
+    said = said_findings(run_dir, found, notes) if run_dir is not None else []
     return {
         "ranks": sorted(int(r) for r in data.steps["rank"].unique()),
         "steps": int(data.steps["step"].nunique()),
@@ -70,7 +71,7 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
                      "p10": round(float(per.quantile(0.1)), 3),
                      "p90": round(float(per.quantile(0.9)), 3)} if len(per) else None),
         "collectives": int(len(data.calls)),
-        "findings": found, "notes": notes, "captures": caps}
+        "findings": found, "notes": notes, "captures": caps, "said": said}
 
 
 def _mark_open(found: list[dict], last_step: int | None) -> None:
@@ -97,6 +98,45 @@ def capture_against(first: int, last: int, found: list[dict]) -> tuple[bool, str
         return False, ("lies outside every finding's steps (the finding that asked for it ended "
                        "first): it shows the run as it was then, not the finding")
     return True, "lies inside the run's finding: " + "; ".join(map(finding_line, inside))
+
+
+def said_findings(run_dir: Path, found: list[dict], notes: list[str]) -> list[dict]:
+    """The findings the launcher said while the run went on
+    (:func:`pardiag.layout.said_findings_path`), each with ``confirmed``: a finding of the whole
+    run (``found``) of its kind overlaps its steps — a straggler's of the same rank; slow steps
+    by any slow period or straggler. The launcher judged the steps up to then against their own
+    noise; the whole run's noise and baseline can leave such a period out, and a note (into
+    ``notes``) then says so, so that a line the user saw is never silently withdrawn. Lines
+    that cannot be read are counted in a note."""
+    import orjson
+
+    path = layout.said_findings_path(run_dir)
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return []
+    out, bad = [], 0
+    for line in raw.splitlines():
+        try:
+            rec = orjson.loads(line)
+            kind, first, last = rec["kind"], int(rec["first_step"]), int(rec["last_step"])
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+            continue
+        over = [f for f in found if f["kind"] in ("straggler", "slow_steps")
+                and f["first_step"] <= max(first, last) and first <= f["last_step"]
+                and (kind != "straggler" or (f["kind"] == "straggler"
+                                             and f["rank"] == rec.get("rank")))]
+        out.append({**rec, "confirmed": bool(over)})
+        if not over:
+            notes.append(f"said during the run, \"{rec.get('line', kind)}\", is not a finding of "
+                         f"the whole run: judged against every step's noise and baseline, not "
+                         f"only those up to then, steps {first}–{max(first, last)} do not stand "
+                         f"out")
+    if bad:
+        notes.append(f"{bad} line(s) of {path} could not be read: the findings said then are "
+                     f"not weighed")
+    return out
 
 
 def capture_in_run(capture: dict) -> str | None:
