@@ -859,7 +859,7 @@ def test_degree_predictions_are_exact():
     from pardiag.analyzer.predict.recommend.rules.degrees import degrees
     recs = {c.change: c for c in degrees(_ctx(dims={"dp": 2, "tp": 2}, dim_comm={
         "tp": (4000.0, 2000.0), "dp": (1000.0, 1000.0)}))}
-    assert recs["dp=4, tp=1 (TP inside each node; same global batch)"].predicted_step_us == 10000
+    assert recs["dp=4, tp=1 (data parallel only; same global batch)"].predicted_step_us == 10000
     assert recs["dp=1, tp=4 (TP inside each node; same global batch)"].predicted_step_us == 13000
     # two nodes of two ranks: tp = 4 would span nodes and is not evaluated
     recs = degrees(_ctx(dims={"dp": 2, "tp": 2}, nodes={"a": [0, 1], "b": [2, 3]},
@@ -1100,7 +1100,7 @@ def test_degrees_scale_the_transfer_and_keep_the_waiting():
     recs = {c.change: c for c in degrees(ctx)}
     assert recs["dp=1, tp=4 (TP inside each node; same global batch)"].predicted_step_us == \
         pytest.approx(10600.0)
-    assert recs["dp=4, tp=1 (TP inside each node; same global batch)"].predicted_step_us == \
+    assert recs["dp=4, tp=1 (data parallel only; same global batch)"].predicted_step_us == \
         pytest.approx(9000.0)
 
 
@@ -1194,7 +1194,7 @@ def test_degrees_take_the_links_and_drop_tp_host_work():
         traces=_Obj(ranks={r: None for r in range(4)}, rank_meta=meta, run_info=None),
         causes=_Obj(per_step=per_step))
     recs = {c.change: c for c in degrees(ctx)}
-    dp4 = recs["dp=4, tp=1 (TP inside each node; same global batch)"]
+    dp4 = recs["dp=4, tp=1 (data parallel only; same global batch)"]
     assert dp4.predicted_step_us == pytest.approx(11300.0)
     assert any("DP's new groups' rings would run across cores, as TP's do" in e
                for e in dp4.evidence)

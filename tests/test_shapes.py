@@ -257,7 +257,7 @@ def test_ruled_out_degree_reaches_json_html_and_terminal(tmp_path):
     bad = by["dp=2, tp=4 (TP inside each node; same global batch)"]
     assert bad["ruled_out"] == "tp=4 does not divide 6 attention heads (layers.0.attention)"
     assert bad["predicted_step_us"] is None and bad in data["not_recommended"]
-    ok = by["dp=8, tp=1 (TP inside each node; same global batch)"]
+    ok = by["dp=8, tp=1 (data parallel only; same global batch)"]
     assert ok["ruled_out"] == "" and ok["predicted_step_us"] > 0
     assert ok["batch"]["global_batch"] == {"now": 16, "after": 16, "factor": 1.0}
     assert ok["batch"]["per_rank_batch"] == {"now": 4, "after": 2, "factor": 0.5}
@@ -288,6 +288,6 @@ def test_traces_without_shapes_say_the_candidates_were_not_checked(tmp_path):
         "the traces do not record them (`pardiag profile` does)",
         "not checked against the global batch: its size was not recorded"]
     # tp = 1 needs no shape: only the batch is unchecked
-    tp1 = by["dp=8, tp=1 (TP inside each node; same global batch)"]
+    tp1 = by["dp=8, tp=1 (data parallel only; same global batch)"]
     assert tp1["caveats"][-1] == "not checked against the global batch: its size was not recorded"
     assert not any("tensor shapes" in x for x in tp1["caveats"])

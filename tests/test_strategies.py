@@ -353,7 +353,7 @@ def test_shapes_are_recorded_and_checked(runs):
     assert (tp["batch_samples"], tp["batch_calls"], tp["attention"]) == (3, 1, [])
     data = report_json(_report(runs("tp")))
     assert [(c["change"], c["ruled_out"]) for c in data["not_recommended"] if c["ruled_out"]] == [
-        ("dp=2, tp=1 (TP inside each node; same global batch)",
+        ("dp=2, tp=1 (data parallel only; same global batch)",
          "dp=2 does not divide the global batch of 3 samples")]
 
     two_d = recorded("2d")
@@ -363,11 +363,11 @@ def test_shapes_are_recorded_and_checked(runs):
     data = report_json(_report(runs("2d")))
     degrees = {c["change"]: c for c in data["recommendations"] + data["not_recommended"]
                if c["kind"] == "degrees"}
-    assert set(degrees) == {"dp=4, tp=1 (TP inside each node; same global batch)",
+    assert set(degrees) == {"dp=4, tp=1 (data parallel only; same global batch)",
                             "dp=1, tp=4 (TP inside each node; same global batch)"}
     for c in degrees.values():
         assert c["ruled_out"] == "" and c["batch"]["global_batch"]["after"] == 64
-    assert degrees["dp=4, tp=1 (TP inside each node; same global batch)"]["optimizer_effect"] == (
+    assert degrees["dp=4, tp=1 (data parallel only; same global batch)"]["optimizer_effect"] == (
         "Same global batch of 64 samples and optimizer steps per sample: learning rate and "
         "schedule carry over; per-rank batch 32 → 16 samples (activation memory per rank "
         "changes, and so does the batch a BatchNorm layer normalizes over).")

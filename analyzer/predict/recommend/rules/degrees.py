@@ -457,6 +457,13 @@ def _predict_scaled(run: _Measured, tp2: int, dp2: int) -> _Prediction | None:
     return _Prediction(pred, t_tp2, t_dp2)
 
 
+def _change_text(dp2: int, tp2: int) -> str:
+    """``"dp=2, tp=2 (TP inside each node; same global batch)"``; with tp=1 there is no TP
+    group to place, ``"dp=4, tp=1 (data parallel only; same global batch)"``."""
+    where = "TP inside each node" if tp2 > 1 else "data parallel only"
+    return f"dp={dp2}, tp={tp2} ({where}; same global batch)"
+
+
 def _recommendation(run: _Measured, tp2: int, dp2: int, pred: _Prediction, now: shapes.Batch,
                     unchecked_tp: tuple[str, ...], unchecked_batch: tuple[str, ...]
                     ) -> Recommendation:
@@ -470,7 +477,7 @@ def _recommendation(run: _Measured, tp2: int, dp2: int, pred: _Prediction, now: 
           "with its measured exposed share", *pred.evidence]
     return Recommendation(
         kind="degrees", title=f"dp={dp2} × tp={tp2} instead of dp={dp} × tp={tp}",
-        change=f"dp={dp2}, tp={tp2} (TP inside each node; same global batch)",
+        change=_change_text(dp2, tp2),
         evidence=tuple(ev),
         caveats=("computation per rank is taken to stay the same (ideal scaling); TP's "
                  "smaller matmuls can run less efficiently",
@@ -527,7 +534,7 @@ def degrees(ctx: RuleContext) -> list[Recommendation]:
                or shapes.check_dp_degree(dp2, now.global_samples, now.microbatches))
         if why:
             out.append(ruled_out("degrees", f"dp={dp2} × tp={tp2} instead of dp={dp} × tp={tp}",
-                                 f"dp={dp2}, tp={tp2} (TP inside each node; same global batch)",
+                                 _change_text(dp2, tp2),
                                  {"dp": dp2, "tp": tp2}, run.measured_us, why))
             continue
         pred = (_predict_fitted(ctx, run, tp2, dp2) if "tp" in run.traffic
