@@ -637,3 +637,19 @@ def test_ranks_that_share_no_collective_have_no_cross_rank_path(tmp_path):
                            "collective, no send or receive): they ran as independent processes, "
                            "and no rank waited for another")
     assert "waited for it" not in rep.recommendations.verdict
+
+
+def test_a_late_start_at_a_window_head_is_said_to_be_the_profilers(real_traces):
+    """DLRM's 8 ranks recorded one step whose profilers opened 7.5 ms apart: the path's first
+    rank starts 7.90 ms after the earliest there, which the sentence says is the profilers'
+    opening, not a slow rank; the waiting the verdict counts is all at that head too."""
+    import pardiag
+
+    rep = pardiag.analyze(real_traces / "dlrm_8rank_v100", cache=False)
+    cp = rep.critical_path
+    assert cp.head_steps == frozenset(cp.steps["step"].tolist())
+    assert ("the path's first rank started 7.90 ms after the earliest, which waited for it (at "
+            "the head of a profiling window: a profiler that opened later, no evidence of a "
+            "slow rank)") in cp.describe()
+    assert ("39.6% waiting for other ranks, all at the head of a profiling window"
+            in rep.verdict)

@@ -111,6 +111,9 @@ class CriticalPathResult:
             give an end stage of a balanced pipeline a cost.
         notes: what was left out, and why.
         why_none: why there is no path ("" when there is one).
+        head_steps: the steps that hold a collective at a profiling window's head
+            (:func:`.stragglers.window_heads`): a late start there may be a profiler that
+            opened later, not a slow rank.
     """
 
     segments: pd.DataFrame
@@ -122,6 +125,7 @@ class CriticalPathResult:
     graphs: tuple = dataclasses.field(default=(), repr=False)
     delay_costs: pd.DataFrame = dataclasses.field(
         default_factory=lambda: pd.DataFrame(columns=list(DELAY_COLUMNS)))
+    head_steps: frozenset = frozenset()
 
     def without_straggler(self, rank: int) -> pd.DataFrame:
         """The replay with ``rank``'s work in each step scaled to the median of the other ranks'
@@ -264,16 +268,21 @@ class CriticalPathResult:
         the path is under 95% of the step; "" otherwise."""
         if not step > 0 or round(100.0 * path / step) >= 95 or self.segments.empty:
             return ""
-        late = []
+        late, at_head = [], []
         for g in self.graphs:
             seg = self.segments[self.segments["step"] == g.step]
             if len(seg):
                 first = seg.iloc[-1]   # latest first: the path's first segment is the last row
                 late.append(g.start[int(first["rank"])] - min(g.start.values()))
+                at_head.append(g.step in self.head_steps)
         if not late or float(np.median(late)) <= 0:
             return ""
-        return (f"; the path's first rank started {float(np.median(late)) / 1000:.2f} ms after "
+        text = (f"; the path's first rank started {float(np.median(late)) / 1000:.2f} ms after "
                 f"the earliest, which waited for it")
+        if all(at_head):
+            text += (" (at the head of a profiling window: a profiler that opened later, no "
+                     "evidence of a slow rank)")
+        return text
 
     def comm_ratio(self, comm_scale: dict) -> float | None:
         """The path replayed with some dimensions' transfers scaled (``{dim: factor}``;
@@ -598,9 +607,12 @@ def compute_critical_path(traces: TraceSet, breakdown: TimeBreakdown, sync: Sync
                                     on_path_steps=("on_path", "sum")).reset_index()
              if len(sl) else pd.DataFrame(columns=list(SLACK_COLUMNS)))
     slack["on_path_steps"] = slack["on_path_steps"].astype(int)
+    inst = sync.instances
+    heads = (frozenset(int(s) for s in inst.loc[inst["head"].astype(bool), "step"].dropna())
+             if len(inst) and "head" in inst and "step" in inst else frozenset())
     out = CriticalPathResult(segments, pd.DataFrame(step_rows, columns=list(STEP_COLUMNS)),
                              _shares(segments), slack[list(SLACK_COLUMNS)], tuple(notes), "",
-                             tuple(graphs))
+                             tuple(graphs), head_steps=heads)
     return dataclasses.replace(out, delay_costs=out._delay_costs())
 
 
