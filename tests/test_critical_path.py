@@ -649,7 +649,7 @@ def test_a_late_start_at_a_window_head_is_said_to_be_the_profilers(real_traces):
     cp = rep.critical_path
     assert cp.head_steps == frozenset(cp.steps["step"].tolist())
     assert ("the path's first rank started 7.90 ms after the earliest, which waited for it (at "
-            "the head of a profiling window: a profiler that opened later, no evidence of a "
-            "slow rank)") in cp.describe()
-    assert ("39.6% waiting for other ranks, all at the head of a profiling window"
+            "the head of a profiling window, where a profiler that opened later cannot be told "
+            "from a slow rank)") in cp.describe()
+    assert ("39.6% waiting for other ranks, all of it at the head of a profiling window"
             in rep.verdict)

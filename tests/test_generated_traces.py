@@ -168,8 +168,8 @@ def test_a_rank_whose_profiler_opens_late_is_not_a_straggler(tmp_path):
     assert st[2]["head_waiting_us"] == 0.0
     for s in st.values():
         assert s["waiting_us"] - s["head_waiting_us"] == pytest.approx(s["wait_suffered_us"])
-    assert ("waiting for other ranks, all at the head of a profiling window: ranks waiting for "
-            "a profiler that opened later, no evidence of a slow rank;") in doc["verdict"]
+    assert ("waiting for other ranks, all of it at the head of a profiling window, where a "
+            "profiler that opened later cannot be told from a slow rank;") in doc["verdict"]
 
 
 def test_clock_fits_of_units_with_few_points_equal_fit_line():

@@ -68,6 +68,13 @@ def test_one_quantity_one_value(reports, path):
     st = (doc.get("sync") or {}).get("stragglers") or []
     if "% transfer" in verdict:
         assert any(s.get("waiting_us") is not None for s in st), verdict
+        # waiting and transfer add up to the exposed share (a part of the waiting, at a
+        # window's head, is said inside it, not beside it)
+        w = re.search(r"\(([\d.]+)% waiting for ", verdict)
+        t = re.search(r"([\d.]+)% transfer", verdict)
+        if m and w and t and "split unknown" not in verdict:
+            assert _close(float(w.group(1)) + float(t.group(1)), float(m.group(1)),
+                          abs_=0.151), verdict
     if "waiting vs transfer unknown" in verdict:
         assert all(s.get("waiting_us") is None for s in st), verdict
     # no residual of collective ends printed without a collective whose ends it compares

@@ -280,8 +280,8 @@ class CriticalPathResult:
         text = (f"; the path's first rank started {float(np.median(late)) / 1000:.2f} ms after "
                 f"the earliest, which waited for it")
         if all(at_head):
-            text += (" (at the head of a profiling window: a profiler that opened later, no "
-                     "evidence of a slow rank)")
+            text += (" (at the head of a profiling window, where a profiler that opened later "
+                     "cannot be told from a slow rank)")
         return text
 
     def comm_ratio(self, comm_scale: dict) -> float | None:

@@ -273,9 +273,9 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
             else:
                 how = f"{wait:.1f}% waiting for {peer}"
                 if round(head, 1) > 0:  # what the straggler analysis leaves out, said here too
-                    how += (f", {'all' if round(head, 1) >= round(wait, 1) else f'{head:.1f}%'}"
-                            f" at the head of a profiling window: ranks waiting for a "
-                            f"profiler that opened later, no evidence of a slow rank;")
+                    share = "all" if round(head, 1) >= round(wait, 1) else f"{head:.1f}%"
+                    how += (f", {share} of it at the head of a profiling window, where a "
+                            f"profiler that opened later cannot be told from a slow rank;")
                 else:
                     how += ","
                 how += f" {xfer:.1f}% transfer"
