@@ -165,3 +165,24 @@ def test_an_interval_is_restated_with_its_prediction_against_the_unprofiled_step
     bare = as_ratio(dataclasses.replace(c, predicted_low_us=float("nan"),
                                         predicted_high_us=float("nan")), 10_000.0)
     assert bare.predicted_step_us == 9_000.0 and not bare.interval_known
+
+
+def test_a_change_predicted_slower_is_said_to_gain_nothing():
+    """An interleaving predicted 124% slower is rejected as slower, not as "less than 10%
+    faster than the best change that keeps the schedule"; and an interval wholly above the
+    measured step is not said to "reach" it (the change gains nothing, whatever its interval).
+    An interleaving predicted 5% faster, where moving layers gives 10%, is under the margin."""
+    slower = Recommendation(kind="interleave", title="i", change="interleave 4",
+                            measured_step_us=34_700.0, predicted_step_us=77_900.0,
+                            predicted_low_us=75_100.0, predicted_high_us=80_700.0)
+    close = _rec("interleave", 9_500.0, "interleave 2")
+    moved = _rec("rebalance_stages", 9_000.0)
+    assert not slower.interval_spans_no_gain
+    good, rejected, _, _ = rank([slower, close, moved], NOISY, 10_000.0)
+    assert [c.kind for c in good] == ["rebalance_stages"]
+    why = {c.change: c for c in rejected}
+    assert why["interleave 4"].reason == "no gain: predicted 124.5% slower"
+    assert not any("reaches the measured" in x or "less than 10% faster" in x
+                   for x in why["interleave 4"].caveats)
+    assert why["interleave 2"].reason == ("predicted less than 10% faster than the best change "
+                                          "that keeps the schedule")

@@ -129,8 +129,8 @@ def rank(cands: list[Recommendation], step: StepNoise | None, pipeline_period_us
     margin, rule = noise_margin_pct(step, contended)
     limit = _interleave_limit(cands, pipeline_period_us)
 
-    def not_worth(c: Recommendation) -> bool:
-        return c.kind == "interleave" and c.predicted_step_us > limit
+    def not_worth(c: Recommendation) -> bool:   # a change predicted slower has no gain at all
+        return c.kind == "interleave" and c.predicted_step_us > limit and c.gain_pct > 0
 
     cands = [dataclasses.replace(c, caveats=(
         *c.caveats, f"predicted less than {INTERLEAVE_MARGIN_PCT:g}% faster than the best "
@@ -166,12 +166,12 @@ def _why_not(c: Recommendation, margin: float, step: StepNoise | None, contended
                 "settle": ""}
     if not c.fits_memory:
         return {"reason": "does not fit in device memory", "settle": ""}
+    if c.gain_pct <= 0:   # before the interleave margin: a slower change is not "faster"
+        return {"reason": (f"no gain: predicted {-c.gain_pct:.1f}% slower" if c.gain_pct < -0.05
+                           else "no gain: the same step predicted"), "settle": ""}
     if under_interleave_margin:
         return {"reason": f"predicted less than {INTERLEAVE_MARGIN_PCT:g}% faster than the best "
                           f"change that keeps the schedule", "settle": ""}
-    if c.gain_pct <= 0:
-        return {"reason": (f"no gain: predicted {-c.gain_pct:.1f}% slower" if c.gain_pct < -0.05
-                           else "no gain: the same step predicted"), "settle": ""}
     if c.interval_spans_no_gain:
         return {"reason": f"its interval {c.predicted_low_us / 1e3:.1f}–"
                           f"{c.predicted_high_us / 1e3:.1f} ms reaches the measured "

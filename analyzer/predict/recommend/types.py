@@ -91,8 +91,11 @@ class Recommendation:
 
     @property
     def interval_spans_no_gain(self) -> bool:
-        """Whether the prediction's interval reaches the measured step (False when unknown)."""
-        return self.interval_known and self.predicted_high_us >= self.measured_step_us
+        """Whether a change predicted faster has an interval that reaches the measured step: it
+        may gain nothing (False when unknown, and for a change predicted no faster, whose
+        interval lying above the step says nothing more)."""
+        return (self.interval_known and self.predicted_step_us < self.measured_step_us
+                and self.predicted_high_us >= self.measured_step_us)
 
     def __post_init__(self) -> None:
         if self.gain_pct is None:   # derived from the two step times unless given
