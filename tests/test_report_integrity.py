@@ -170,6 +170,15 @@ def _model(fwd, bwd, layers, residual=0.0):
                          residual_us=residual)
 
 
+def test_a_replay_longer_than_the_step_is_not_said_to_account_for_more_than_it():
+    """The replay is said against the measured 12.0 ms step: 10.0 ms of it accounted for, or
+    12.8 ms, 0.8 ms more than it (never "accounts for 12.8 ms of the 12.0 ms step")."""
+    assert _model([1.0], [1.0], [[1.0]], residual=2000.0).fit_text() == (
+        "accounts for 10.0 ms of the 12.0 ms step")
+    assert _model([1.0], [1.0], [[1.0]], residual=-800.0).fit_text() == (
+        "takes 12.8 ms, 0.8 ms more than the 12.0 ms step")
+
+
 def test_the_stage_model_keeps_what_the_chunks_measure():
     """Stages of 1 and 5 layers whose chunks measure 600/1000 µs and 3000/12000 µs (forward/
     backward), but whose layer records sum to 100 and 1000 µs: no line with non-negative parts

@@ -102,6 +102,18 @@ class PipelineModel:
         replay only as it ran: the same schedule, microbatches and stages per rank."""
         return self.orders is not None
 
+    def fit_text(self) -> str:
+        """How the unchanged replay compares with the measured step, in words:
+        ``"accounts for 27.1 ms of the 55.0 ms step"`` when it is shorter (the residual is the
+        part it does not explain), ``"takes 60.8 ms, 3.3 ms more than the 57.5 ms step"`` when
+        it is longer."""
+        replayed = self.period_us - self.residual_us
+        if self.residual_us >= 0:
+            return (f"accounts for {replayed / 1e3:.1f} ms of the {self.period_us / 1e3:.1f} ms "
+                    f"step")
+        return (f"takes {replayed / 1e3:.1f} ms, {-self.residual_us / 1e3:.1f} ms more than the "
+                f"{self.period_us / 1e3:.1f} ms step")
+
     def orders_for(self, schedule: str, m: int, v: int) -> dict[int, list[whatif.Action]]:
         """The order each rank runs under ``schedule`` with ``m`` microbatches and ``v`` stages
         per rank: the run's own (:attr:`observed`), else generated

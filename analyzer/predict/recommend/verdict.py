@@ -110,10 +110,8 @@ def bubble_text(ctx: RuleContext) -> str | None:
             f"point-to-point time (no per-microbatch marks)" if estimated else
             f"pipeline bubble {measured:.1f}% of the window, measured")
     if model is not None and replay is not None:   # (a replay is the model's)
-        replayed = model.period_us - model.residual_us
         text += (f" (the what-if replay, with the measured stage costs and transfers, gives "
-                 f"{replay:.1f}% and accounts for {ms(replayed)} of the "
-                 f"{ms(model.period_us)} step)")
+                 f"{replay:.1f}% and {model.fit_text()})")
     return text
 
 

@@ -87,9 +87,9 @@ def _replayed(rp: _Replay, kind, title, change, sched, m, v, f=None, b=None, pb=
     # (its interval reaches the step: not recommended)
     unexplained = abs(model.residual_us)
     caveats = tuple(caveats) + ((
-        f"the replay accounts for {ms(model.period_us - model.residual_us)} of the "
-        f"{ms(model.period_us)} step: the {ms(unexplained)} it does not explain may move with "
-        f"the change, so the prediction is good to ±{ms(unexplained)}",) if unexplained else ())
+        f"the replay {model.fit_text()}: the {ms(unexplained)} by which it "
+        f"{'falls short' if model.residual_us > 0 else 'overshoots'} may move with the change, "
+        f"so the prediction is good to ±{ms(unexplained)}",) if unexplained else ())
     pred_peak = None
     if rp.peak_bytes is not None and rp.act_bytes is not None:
         n_ratio = model.m / m
