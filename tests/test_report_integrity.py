@@ -179,6 +179,24 @@ def test_a_replay_longer_than_the_step_is_not_said_to_account_for_more_than_it()
         "takes 12.8 ms, 0.8 ms more than the 12.0 ms step")
 
 
+def test_a_more_even_split_is_evaluated_when_the_fastest_replayed_one_is_more_uneven(
+        monkeypatch):
+    """Stages of 2 and 4 equal layers (6 and 12 ms per microbatch): the replay's fastest split
+    (here made [1, 5]) is more uneven than the stages now, so it is not offered; the most even
+    split, 3 and 3, is evaluated in its place (before, nothing was, and the verdict said no
+    contiguous split is more even)."""
+    from pardiag.analyzer.predict import replay
+    from pardiag.analyzer.predict.recommend.rules import pipeline as rules
+
+    m = _model([2000.0, 4000.0], [4000.0, 8000.0], [[1000.0] * 2, [1000.0] * 4])
+    monkeypatch.setattr(replay.PipelineModel, "best_sizes", lambda *a: [1, 5])
+    monkeypatch.setattr(rules, "_replayed", lambda rp, kind, title, change, *a, **k: change)
+    names, fw, bw, _ = m.layer_costs()
+    (change,) = rules._rebalance(type("RP", (), {"model": m})(), names,
+                                 [a + b for a, b in zip(fw, bw)])
+    assert change.startswith("stage boundaries [0–2 | 3–5] (child modules per stage 3,3; now")
+
+
 def test_the_stage_model_keeps_what_the_chunks_measure():
     """Stages of 1 and 5 layers whose chunks measure 600/1000 µs and 3000/12000 µs (forward/
     backward), but whose layer records sum to 100 and 1000 µs: no line with non-negative parts

@@ -150,17 +150,24 @@ def imbalance(stage_us: list[float]) -> float:
 def _rebalance(rp: _Replay, names: list[str], total: list[float]) -> list[Recommendation]:
     """Stage boundaries: the contiguous split of the per-layer forward + backward times
     (``total``, µs, of the layers ``names``) with the shortest replayed step, when it differs
-    from the current one."""
+    from the current one and is more even than the stages the chunks measure; where that split
+    is more uneven, the most even split (:func:`whatif.best_partition`), replayed as any other
+    — so a more even split is always evaluated when one exists, and "no split is more even" is
+    said only when none is."""
     model = rp.model
     sizes_now = [len(ls) for ls in model.layers]
+    now = imbalance([x + y for x, y in zip(model.fwd_us, model.bwd_us)])
+
+    def uneven(sz: list[int]) -> float:
+        f, b, _ = model.partition_costs(sz)
+        return imbalance([x + y for x, y in zip(f, b)])
     sizes = model.best_sizes(total, len(sizes_now), model.schedule, model.m, model.v)
-    if sizes == sizes_now:
+    # never toward a split more uneven than the one the chunks measure
+    if sizes == sizes_now or uneven(sizes) >= now:
+        sizes = whatif.best_partition(total, len(sizes_now))
+    if sizes == sizes_now or uneven(sizes) >= now:
         return []
     f, b, pb = model.partition_costs(sizes)
-    # never toward a split more uneven than the one the chunks measure
-    if imbalance([x + y for x, y in zip(f, b)]) >= imbalance(
-            [x + y for x, y in zip(model.fwd_us, model.bwd_us)]):
-        return []
     stage_ms = ", ".join(f"S{s} {(fv + bv) / 1000:.2f} ms" for s, (fv, bv) in
                          enumerate(zip(model.fwd_us, model.bwd_us)))
     return [_replayed(
