@@ -1567,6 +1567,13 @@ def test_what_a_pipeline_could_not_evaluate_is_said_beside_what_it_did():
     other = build_report(load_traces(REPO / "sample_traces" / "pp_unbalanced_cpu_2rank"))
     assert other.results["recommendations"].not_evaluated == ""
     assert report_json(other)["recommendations_not_evaluated"] is None
+    # two stages per rank: data parallel in its place and another schedule are not modelled,
+    # and the report says so rather than leave them out in silence
+    inter = build_report(load_traces(REPO / "sample_traces" / "pp_interleaved_cpu_2rank"))
+    assert inter.results["recommendations"].not_evaluated == (
+        "no per-layer times were recorded to move stage boundaries; data parallel in place of "
+        "the pipeline: modelled for one stage per rank only (here 4 stages on 2 ranks); another "
+        "schedule in place of interleaved (1F1B, or other stages per rank): not modelled")
 
 
 def test_a_one_step_pipeline_trace_is_its_profiler_steps_span():

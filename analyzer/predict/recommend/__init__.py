@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from pardiag.layout import microbatch_choices
+
 from ...trace.traceset import TraceSet
 from ..replay import PipelineModel, pipeline_model
 from .context import RuleContext, StepNoise, build_context, clean_step_us, ms
@@ -111,11 +113,32 @@ def _pipeline_missing(model, capture: bool = False) -> list[str]:
                        "other microbatch counts is not known" + (
                            "" if capture else " (pardiag profile records it from torch's "
                            "schedule class)"))
+    elif model.observed:
+        unknown = [m for m in microbatch_choices(model.m) if not model.knows_order(m)]
+        if unknown:
+            missing.append(f"{' and '.join(map(str, unknown))} microbatches: {model.schedule}'s "
+                           f"order for {'them' if len(unknown) > 1 else 'it'} was not recorded "
+                           f"(torch's schedule class gave none)")
     if missing and capture:
         missing.append("a monitored run's deep capture records neither: a profiled run "
                        "(pardiag profile without --monitor) times its stages' layers and "
                        "records the schedule's orders after its script")
     return missing
+
+
+def _pipeline_unmodelled(model) -> list[str]:
+    """The pipeline changes not modelled for this shape of pipeline, said beside those that
+    were evaluated: data parallel in its place with several stages per rank; another schedule
+    in place of one replayed in its own order, or of an interleaved one."""
+    out = []
+    stages = len(model.fwd_us)
+    if stages != model.p:
+        out.append(f"data parallel in place of the pipeline: modelled for one stage per rank "
+                   f"only (here {stages} stages on {model.p} ranks)")
+    if model.observed or model.schedule == "interleaved":
+        out.append(f"another schedule in place of {model.schedule} (1F1B, or other stages per "
+                   f"rank): not modelled")
+    return out
 
 
 def _nothing_to_change(ctx: RuleContext) -> str:
@@ -222,8 +245,9 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
     found = identify_straggler(ctx)
     # what a replayed pipeline could not evaluate beside what it did (said in why_none when
     # it evaluated nothing)
-    missing = (_pipeline_missing(ctx.model, bool(ctx.traces.run_info
-                                                  and ctx.traces.run_info.monitor_every))
+    missing = ([*_pipeline_missing(ctx.model, bool(ctx.traces.run_info
+                                                   and ctx.traces.run_info.monitor_every)),
+                *_pipeline_unmodelled(ctx.model)]
                if ctx.model is not None and cands else [])
     return RecommendationResult(verdict(ctx, step, profiled=ctx.model is None and clean is None,
                                         changes=(*good, *rejected), straggler=found),

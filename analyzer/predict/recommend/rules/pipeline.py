@@ -133,7 +133,8 @@ def _microbatches(rp: _Replay) -> list[Recommendation]:
             continue
         if model.schedule == "interleaved" and m2 % max(1, m2 // model.p):
             continue
-        n2 = f" of {model.samples * model.m // m2} samples" if model.samples else ""
+        size = model.samples * model.m // m2 if model.samples else 0
+        n2 = f" of {size} sample{'s' if size != 1 else ''}" if model.samples else ""
         out.append(_replayed(
             rp, "microbatches", title, f"microbatches {m2}{n2} (same global batch)",
             model.schedule, m2, model.v, caveats=caveats_mb, params={"microbatches": m2},
