@@ -24,6 +24,7 @@ import faulthandler
 import functools
 import gc
 import json
+import math
 import os
 import platform
 import re
@@ -457,6 +458,23 @@ def _fold_of(dims: dict, groups: list[dict], group_dims: dict, records: list[dic
     return {"ep": "dp"}
 
 
+def _replicas(dims: dict, groups: list[dict], records: list[dict], world: int | None) -> int:
+    """Data parallelism no object names: the dimensions found (``dims``, no ``dp``) multiply to
+    fewer ranks than the world, and a gradient reduction (all-reduce, reduce-scatter,
+    all-gather) ran over a group of the whole world, so the world holds ``world / Π dims``
+    replicas of those groups that reduce together — a script's own ``dist.all_reduce`` of its
+    gradients over a (dp, cp) layout made of plain ``new_group`` calls. 0 when not."""
+    from ..analyzer.analyses.mesh import DP_OPS
+
+    prod = math.prod(int(v) for v in dims.values()) if dims else 1
+    if not world or "dp" in dims or prod < 2 or world <= prod or world % prod:
+        return 0
+    size_of = {g["name"]: len(g.get("ranks") or []) or int(g.get("size") or 0) for g in groups}
+    spans = any(r.get("op") in DP_OPS and size_of.get(r.get("pg_name")) == world
+                for r in records)
+    return world // prod if spans else 0
+
+
 def _layout_of(parallel: dict, groups: list[dict], records: list[dict],
                world: int | None = None, a2a_role: str | None = None) -> dict:
     """Parallel dimensions and degrees from the detected objects and the records. Dimensions of
@@ -511,6 +529,9 @@ def _layout_of(parallel: dict, groups: list[dict], records: list[dict],
         out["deepspeed"] = {k: v for k, v in ds.items() if k != "static"}
         if int(ds.get("dp_size") or 1) > 1:
             dims.setdefault("dp", int(ds["dp_size"]))
+    replicas = _replicas(dims, groups, records, world)
+    if replicas:
+        dims["dp"] = replicas
     if "tp" in dims and "tp" not in out["strategies"]:
         out["strategies"] = sorted([*out["strategies"], "tp"])
     for d in ("ep", "cp"):

@@ -1011,12 +1011,13 @@ def test_ulysses_all_to_alls_are_no_expert_parallelism_profiled_and_plain(tmp_pa
     """train_ulysses.py --dp 2 on 4 ranks: all-to-alls around attention swap sequence and head
     shards in groups [0, 1] and [2, 3] that nothing names. Profiled, the rank's own trace weighs
     what they carry: cp=2, never expert parallelism (before, any all-to-all on an unnamed group
-    was ep, and the world's gradient all-reduce then folded it into dp). The plain trace names
+    was ep, and the world's gradient all-reduce then folded it into dp); the two cp groups'
+    gradients are all-reduced over the world, so they are dp=2 replicas. The plain trace names
     no group: cp without a degree, no ep, no routing analysis, no pipeline."""
     prof, plain = _profiled_and_plain(tmp_path, "train_ulysses.py", SEQ_SHARDED_ARGS)
     p, q = (report_json(build_report(load_traces(f))) for f in (prof, plain))
     assert (p["layout"]["dims"], p["layout"]["strategies"], p["layout"]["folded"]) == (
-        {"cp": 2}, ["cp"], {})
+        {"cp": 2, "dp": 2}, ["cp"], {})
     assert {tuple(g["ranks"]): g["dim"] for g in p["layout"]["groups"] if g["dim"]} == {
         (0, 1): "cp", (2, 3): "cp"}
     assert (q["layout"]["dims"], q["layout"]["strategies"]) == ({}, ["cp"])

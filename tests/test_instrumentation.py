@@ -351,6 +351,26 @@ def test_mesh_layout_keeps_hsdp_and_groups_of_one_out():
     assert "7" not in lay["group_dims"]
 
 
+def test_replicas_that_reduce_gradients_over_the_world_are_data_parallel():
+    """Ulysses on 4 ranks with --dp 2: two sequence-parallel groups of 2 made with new_group (no
+    mesh, no wrapper) and the gradients all-reduced over the world by the script: dp=2 beside
+    cp=2. Without a reduction over the world the replicas are not called data parallel."""
+    from pardiag.collectors.rank_entry import _layout_of
+
+    groups = [{"name": "0", "desc": "default_pg", "size": 4, "ranks": [0, 1, 2, 3]},
+              {"name": "1", "desc": "undefined", "size": 2, "ranks": [0, 1]}]
+    a2a = [{"op": "all_to_all", "pg_name": "1"}]
+    lay = _layout_of({}, groups, [*a2a, {"op": "all_reduce", "pg_name": "0"}], world=4,
+                     a2a_role="cp")
+    assert lay["dims"] == {"cp": 2, "dp": 2} and lay["strategies"] == ["cp"]
+    assert _layout_of({}, groups, a2a, world=4, a2a_role="cp")["dims"] == {"cp": 2}
+    # the whole world in its dimensions already: nothing to add
+    assert _layout_of({}, groups[:1] + [{**groups[1], "size": 4, "ranks": [0, 1, 2, 3]}],
+                      [{"op": "all_to_all", "pg_name": "1"},
+                       {"op": "all_reduce", "pg_name": "0"}], world=4,
+                      a2a_role="cp")["dims"] == {"cp": 4}
+
+
 def _bare_run(tmp_path):
     """A rank's run state, as the rank entry holds it, writing into ``tmp_path``."""
     from pardiag import layout
