@@ -92,6 +92,20 @@ def test_breakdown_values_at_80_columns(request, reports):
     assert [r[2] for r in bub["rows"] if r[2]] == ["14", "unprofiled", "14", "unprofiled"]
 
 
+def test_the_bubbles_phases_are_named_by_the_order_that_ran(request, reports):
+    """1F1B starts a backward before its last forward (warmup, steady, cooldown); GPipe ends
+    every forward first (forward phase, turn-around, backward phase)."""
+    for name, phases in (("pp_1f1b_cpu_2rank", ("warmup", "steady", "cooldown")),
+                         ("pp_gpipe_cpu_2rank", ("forward phase", "turn-around",
+                                                 "backward phase"))):
+        rep = _report(request, reports, name)
+        assert rep.pipeline.phase_names == phases
+        con = Console(record=True, width=200, color_system=None)
+        render_terminal(rep, con)
+        bub = next(t for t in _tables(con.export_text()) if "ideal %" in t["headers"])
+        assert bub["headers"][-3:] == [f"{n} ms" for n in phases]
+
+
 def test_fit_columns_drops_least_important_first():
     """Planted widths: 3 columns of 10 need 3·10 + 3·3 + 1 = 40 console columns."""
     from pardiag.analyzer.render.terminal import Col, fit_columns

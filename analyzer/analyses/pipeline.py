@@ -104,6 +104,29 @@ class PipelineResult:
         default_factory=lambda: pd.DataFrame(columns=list(GAP_COLUMNS)))
     typical_step: int | None = None
 
+    @property
+    def phase_names(self) -> tuple[str, str, str]:
+        """The names of the bubble's three phases (``warmup_us``, ``steady_us``, ``cooldown_us``
+        of :attr:`summary`), from the order that ran: ``("warmup", "steady", "cooldown")``
+        where every rank starts a backward before its last forward ends (1F1B-style),
+        ``("forward phase", "turn-around", "backward phase")`` where every rank ends all its
+        forwards first (GPipe), ``("head", "middle", "tail")`` when the ranks or steps differ
+        or no chunk was recorded."""
+        c = self.chunks
+        if c is None or c.empty:
+            return ("head", "middle", "tail")
+        fwd = c[c["phase"] == "F"].groupby(["step", "rank"])["end_us"].max()
+        bwd = c[c["phase"].isin(["B", "I"])].groupby(["step", "rank"])["start_us"].min()
+        both = pd.concat([fwd.rename("f"), bwd.rename("b")], axis=1).dropna()
+        if both.empty:
+            return ("head", "middle", "tail")
+        first = both["f"] < both["b"]
+        if first.all():
+            return ("forward phase", "turn-around", "backward phase")
+        if not first.any():
+            return ("warmup", "steady", "cooldown")
+        return ("head", "middle", "tail")
+
 
 def _schedule(traces: TraceSet, chunks: pd.DataFrame,
               inferred: InferredLayout | None = None) -> dict | None:

@@ -446,8 +446,9 @@ def pipeline(report: Report, page: Page) -> dict:
                                                "window_us"]), {
         "rank": "rank", "stages": "stages", "steps": "steps", "basis": "steps used",
         "window_us": "step window (ms)", "bubble_pct": "bubble % (median)",
-        "ideal_pct": "ideal %", "warmup_us": "warmup (ms)", "steady_us": "steady (ms)",
-        "cooldown_us": "cooldown (ms)"}, left=("stages", "basis"), digits=3, sortable=True,
+        "ideal_pct": "ideal %", **{k: f"{n} (ms)" for k, n in zip(
+            ("warmup_us", "steady_us", "cooldown_us"), pipe.phase_names)}},
+        left=("stages", "basis"), digits=3, sortable=True,
         what="ranks")
     if not len(pipe.chunks):
         return out

@@ -430,10 +430,10 @@ def _parallel(report: Report, console: Console) -> None:
         title = "Pipeline bubbles (" + ("estimate" if (pipe.bubbles["method"] == "estimate")
                                          .all() else "measured") + (
             f"; schedule {src}" if src else "") + ")"
+        names = pipe.phase_names
         print_table(console, title, [
             Col("rank"), Col("stages", wrap="word"), Col("steps", wrap="word"),
-            Col("bubble % (median)"), Col("ideal %"), Col("warmup ms"), Col("steady ms"),
-            Col("cooldown ms")],
+            Col("bubble % (median)"), Col("ideal %"), *(Col(f"{n} ms") for n in names)],
             [(str(row.rank), Text(str(row.stages)), f"{_i(row.steps)} {row.basis}",
               _n(row.bubble_pct, 1), _n(row.ideal_pct, 1), _n(row.warmup_us / 1e3, 3),
               _n(row.steady_us / 1e3, 3), _n(row.cooldown_us / 1e3, 3))
