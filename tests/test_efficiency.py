@@ -433,3 +433,24 @@ def test_the_mfu_spread_leaves_out_the_steps_the_step_time_leaves_out(tmp_path):
     assert "step(s) [4] over 1.5× the median" in rep.verdict
     assert f"({per[1]:.1f}–{per[5]:.1f}% in the 4 profiled steps, the outlier step(s) left out)" \
         in rep.verdict
+
+
+def test_a_cpu_ranks_peak_is_its_hosts_best(monkeypatch):
+    """Four CPU ranks measured their float32 peak at once after their scripts; rank 1 shared a
+    core then and measured half of rank 0's. Its MFU is against its host's best (rank 0's),
+    with a note; rank 2, on another host, keeps its own."""
+    from types import SimpleNamespace as NS
+
+    from pardiag.analyzer.analyses import efficiency as E
+
+    monkeypatch.setattr(E, "device_kind", lambda trace: "cpu")
+    metas = {0: NS(host="a", peak_flops={"float32": 9.0e10}),
+             1: NS(host="a", peak_flops={"float32": 4.5e10}),
+             2: NS(host="b", peak_flops={"float32": 5.0e10})}
+    notes: list[str] = []
+    peaks = [E._peak(NS(rank=r), metas[r], "float32", None, notes, metas)[0] for r in range(3)]
+    assert peaks == [0.09, 0.09, 0.05]
+    assert notes == ["rank 1 measured 0.045 TFLOP/s (float32), under the 0.09 another rank of "
+                     "its host measured (it shared a core then): its MFU is against the host's"]
+    # without the others' metadata (or a host name) a rank keeps its own
+    assert E._peak(NS(rank=1), metas[1], "float32", None, [])[0] == 0.045

@@ -137,10 +137,27 @@ def _device_name(trace: RankTrace, meta) -> str | None:
     return getattr(meta, "device_name", None)
 
 
+#: A rank's own measured CPU peak this far below its host's best is said in a note.
+LOW_PEAK_RATIO = 0.8
+
+
+def _host_peak(meta, dtype: str, metas: dict) -> float:
+    """The best ``dtype`` peak (FLOP/s) measured by any rank on ``meta``'s host (``metas``:
+    every rank's metadata), 0 when its host is not named."""
+    host = getattr(meta, "host", None)
+    if not host:
+        return 0.0
+    return max((float((getattr(m, "peak_flops", None) or {}).get(dtype) or 0.0)
+                for m in metas.values() if getattr(m, "host", None) == host), default=0.0)
+
+
 def _peak(trace: RankTrace, meta, dtype: str | None, override: float | None,
-          notes: list[str]) -> tuple[float | None, str | None, float | None, str]:
+          notes: list[str], metas: dict | None = None
+          ) -> tuple[float | None, str | None, float | None, str]:
     """(peak TFLOP/s, its source, bandwidth GB/s, device label) of one rank; where it is
-    unknown, ``notes`` says why."""
+    unknown, ``notes`` says why. A CPU rank's peak is the best any rank of its host measured
+    (``metas``: every rank's metadata): the ranks measure theirs at once after their scripts,
+    and one that shared a core then measured a fraction of what the core does."""
     kind = device_kind(trace)
     r = trace.rank
     if kind == "cpu":
@@ -151,7 +168,13 @@ def _peak(trace: RankTrace, meta, dtype: str | None, override: float | None,
         if dtype is None:
             return None, None, None, label   # no model FLOPs: said by the caller
         if measured.get(dtype):
-            return float(measured[dtype]) / 1e12, MEASURED_SOURCE, None, label
+            own = float(measured[dtype])
+            best = max(own, _host_peak(meta, dtype, metas or {}))
+            if own < LOW_PEAK_RATIO * best:
+                notes.append(f"rank {r} measured {own / 1e12:.3g} TFLOP/s ({dtype}), under the "
+                             f"{best / 1e12:.3g} another rank of its host measured (it shared a "
+                             f"core then): its MFU is against the host's")
+            return best / 1e12, MEASURED_SOURCE, None, label
         why = ("its trace was not recorded by pardiag profile, which measures one" if meta is None
                else f"the rank measured only {', '.join(sorted(measured))} when it started"
                if measured else "its metadata holds no measured peak (recorded by a pardiag "
@@ -304,7 +327,7 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
             continue
         dtype = dtypes.get(rank)
         meta = traces.rank_meta.get(rank)
-        peak, source, bw, label = _peak(trace, meta, dtype, peak_tflops, notes)
+        peak, source, bw, label = _peak(trace, meta, dtype, peak_tflops, notes, traces.rank_meta)
         n_re = int(n_recomputed[rank])
         if n_re:
             notes.append(f"rank {rank}: {n_re} forward op(s) ran inside the backward "
