@@ -177,6 +177,8 @@ def test_a_replay_longer_than_the_step_is_not_said_to_account_for_more_than_it()
         "accounts for 10.0 ms of the 12.0 ms step")
     assert _model([1.0], [1.0], [[1.0]], residual=-800.0).fit_text() == (
         "takes 12.8 ms, 0.8 ms more than the 12.0 ms step")
+    assert _model([1.0], [1.0], [[1.0]], residual=-30.0).fit_text() == (
+        "matches the 12.0 ms step")
 
 
 def test_a_more_even_split_is_evaluated_when_the_fastest_replayed_one_is_more_uneven(

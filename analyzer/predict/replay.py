@@ -108,6 +108,8 @@ class PipelineModel:
         part it does not explain), ``"takes 60.8 ms, 3.3 ms more than the 57.5 ms step"`` when
         it is longer."""
         replayed = self.period_us - self.residual_us
+        if round(abs(self.residual_us) / 1e3, 1) == 0:
+            return f"matches the {self.period_us / 1e3:.1f} ms step"
         if self.residual_us >= 0:
             return (f"accounts for {replayed / 1e3:.1f} ms of the {self.period_us / 1e3:.1f} ms "
                     f"step")

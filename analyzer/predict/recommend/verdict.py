@@ -270,7 +270,9 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
                        "with all its members")
             else:
                 how = f"{wait:.1f}% waiting for {peer}"
-                if round(head, 1) > 0:  # what the straggler analysis leaves out, said here too
+                # what the straggler analysis leaves out, said here too (in a pipeline the
+                # waiting is the bubble, there at the head as in every step)
+                if round(head, 1) > 0 and not ctx.is_pipeline:
                     share = "all" if round(head, 1) >= round(wait, 1) else f"{head:.1f}%"
                     how += (f", {share} of it at the head of a profiling window, where a "
                             f"profiler that opened later cannot be told from a slow rank;")

@@ -86,10 +86,10 @@ def _replayed(rp: _Replay, kind, title, change, sched, m, v, f=None, b=None, pb=
     # prediction is good to ± that much, and a model that explains little withholds its advice
     # (its interval reaches the step: not recommended)
     unexplained = abs(model.residual_us)
-    caveats = tuple(caveats) + ((
+    caveats = tuple(caveats) + ((   # said where it shows at 0.1 ms
         f"the replay {model.fit_text()}: the {ms(unexplained)} by which it "
         f"{'falls short' if model.residual_us > 0 else 'overshoots'} may move with the change, "
-        f"so the prediction is good to ±{ms(unexplained)}",) if unexplained else ())
+        f"so the prediction is good to ±{ms(unexplained)}",) if unexplained >= 50.0 else ())
     pred_peak = None
     if rp.peak_bytes is not None and rp.act_bytes is not None:
         n_ratio = model.m / m
