@@ -653,3 +653,25 @@ def test_a_late_start_at_a_window_head_is_said_to_be_the_profilers(real_traces):
             "from a slow rank)") in cp.describe()
     assert ("39.6% waiting for other ranks, all of it at the head of a profiling window"
             in rep.verdict)
+
+
+def test_a_join_that_ends_before_its_last_arrival_does_not_lengthen_the_path():
+    """Rank 0 sends to rank 1; on the aligned clocks rank 0 arrives at 600 while rank 1's
+    receive ended at 500 (a clock residual of 100 µs). The path goes on from the receive's end:
+    rank 1's 500 µs after it, then rank 0's 500 before it — 1000 µs, the step's length, not
+    1100 (rank 0's work up to 600 counted over the 100 µs rank 1 already covered)."""
+    import numpy as np
+
+    from pardiag.analyzer.analyses.critical_path import _walk
+    from pardiag.analyzer.analyses.exec_graph import Join, StepGraph
+
+    join = Join("p2p:0>1:1", "send", "pp", {0: 600.0, 1: 400.0}, {0: 600.0, 1: 500.0},
+                frozenset({1}))
+    k = {0: np.array([[0.0, 600.0]]), 1: np.array([[500.0, 1000.0]])}
+    d = {0: np.empty((0, 2)), 1: np.empty((0, 2))}
+    g = StepGraph(1, {0: 0.0, 1: 0.0}, {0: 600.0, 1: 1000.0}, (join,), k, d)
+    path = _walk(g)
+    assert [(p["rank"], p["kind"], p["start_us"], p["end_us"]) for p in path] == [
+        (1, "work", 500.0, 1000.0), (1, "communication", 500.0, 500.0),
+        (0, "work", 0.0, 500.0)]
+    assert sum(p["dur_us"] for p in path) == 1000.0

@@ -77,6 +77,9 @@ def test_one_quantity_one_value(reports, path):
                           abs_=0.151), verdict
     if "waiting vs transfer unknown" in verdict:
         assert all(s.get("waiting_us") is None for s in st), verdict
+    # a critical path is a chain through the step: never longer than the step it crosses
+    for st in (doc.get("critical_path") or {}).get("steps") or []:
+        assert st["path_us"] <= st["measured_us"] + 1.0, st
     # no residual of collective ends printed without a collective whose ends it compares
     notes = " ".join((doc.get("sync") or {}).get("notes") or [])
     if "collective ends differ by at most" in notes:

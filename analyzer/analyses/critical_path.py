@@ -488,7 +488,10 @@ def _walk(g: StepGraph) -> list[dict]:
         if join is None:
             break
         last = join.last
-        a_last = join.last_arrival
+        # a join that ends before its last arrival on the aligned clocks (their residual
+        # error): the path goes on from the join's end, so it never runs back in time and
+        # counts the same span twice (a path longer than its step)
+        a_last = min(join.last_arrival, anchor)
         out.append({"step": g.step, "rank": rank, "start_us": a_last, "end_us": anchor,
                     "kind": "communication", "compute_us": 0.0, "data_loading_us": 0.0,
                     "other_us": 0.0,
