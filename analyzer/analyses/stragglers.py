@@ -428,10 +428,21 @@ def straggler_noise_note(st: pd.DataFrame, straggler: int | None) -> str | None:
     top, second = (float(x) for x in st["wait_caused_us"].iloc[:2])
     if top < STRAGGLER_MIN_WAIT_US:
         return None
-    return (f"no straggler named: the waiting is spread over the ranks or too small (rank "
-            f"{int(st['rank'].iloc[0])} causes {top:.0f} µs, rank {int(st['rank'].iloc[1])} "
-            f"{second:.0f} µs; a straggler causes {STRAGGLER_DOMINANCE:g}× the next rank's, at "
-            f"least {STRAGGLER_MIN_WAIT_US:g} µs per step, {STRAGGLER_MIN_STEP_SHARE:.0%} of "
-            f"the collectives' span and {STRAGGLER_MIN_PROFILER_STEP_SHARE:.1%} of the step per "
-            f"waiting rank, more than the step varies, and arrives last at "
-            f"{STRAGGLER_LAST_SHARE:.0%} of its ops or more: this is inside the noise)")
+    r0, r1 = int(st["rank"].iloc[0]), int(st["rank"].iloc[1])
+    last, n = int(st["last_arrivals"].iloc[0]), max(1, int(st["instances"].iloc[0]))
+    causes = f"rank {r0} causes {top:.0f} µs, rank {r1} {second:.0f} µs"
+    # the criterion it failed, said as such (straggler_table's order)
+    if top < STRAGGLER_DOMINANCE * second:
+        why = (f"the waiting is spread over the ranks ({causes}: a straggler causes "
+               f"{STRAGGLER_DOMINANCE:g}× the next rank's)")
+    elif last < STRAGGLER_LAST_SHARE * n:
+        why = (f"rank {r0} causes {top / max(second, 1e-9):.1f}× the next rank's waiting "
+               f"({causes}) but arrives last at only {last} of its {n} ops (a straggler "
+               f"arrives last at {STRAGGLER_LAST_SHARE:.0%} or more): by the waiting alone it "
+               f"is late at some collectives, not most")
+    else:
+        why = (f"the waiting rank {r0} causes is too small ({causes}; a straggler's is at "
+               f"least {STRAGGLER_MIN_STEP_SHARE:.0%} of the collectives' span and "
+               f"{STRAGGLER_MIN_PROFILER_STEP_SHARE:.1%} of the step per waiting rank, and more "
+               f"than the step varies): this is inside the noise")
+    return f"no straggler named by the waiting: {why}"

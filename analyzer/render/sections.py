@@ -313,6 +313,9 @@ def stragglers(report: Report, page: Page) -> dict:
             f"or more collectives and causes {STRAGGLER_RATIO:g}× the waiting it suffers; on "
             f"CPU traces it also idles {STRAGGLER_IDLE_PCT:g}% of the step longer than its "
             f"peers, since ranks that share a host's cores arrive last in turn")
+    if rec is not None and rec.straggler is not None and rec.straggler != sync.straggler:
+        # the verdict names one the waiting alone does not (its idle time, its delay cost)
+        out["called"] = int(rec.straggler)
     out["table"] = _table(in_ms(sync.stragglers, ["wait_suffered_us", "wait_caused_us"]), {
         "rank": "rank", "wait_caused_us": "wait caused (ms)",
         "wait_suffered_us": "wait suffered (ms)", "last_arrivals": "last arrivals",
