@@ -186,3 +186,13 @@ def test_a_change_predicted_slower_is_said_to_gain_nothing():
                    for x in why["interleave 4"].caveats)
     assert why["interleave 2"].reason == ("predicted less than 10% faster than the best change "
                                           "that keeps the schedule")
+
+
+def test_an_interval_that_ends_at_the_step_reaches_it_however_it_was_rounded():
+    """A ratio applied to the measured step and to the interval's end leaves them a last bit
+    apart (61328.24999999999 against 61328.25): the interval still reaches the step."""
+    c = Recommendation(kind="ddp_bucket", title="b", change="b", measured_step_us=61328.25,
+                       predicted_step_us=55_700.0, predicted_low_us=50_000.0,
+                       predicted_high_us=61328.24999999999)
+    assert c.interval_spans_no_gain
+    assert not dataclasses.replace(c, predicted_high_us=61_000.0).interval_spans_no_gain

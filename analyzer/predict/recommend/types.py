@@ -94,8 +94,10 @@ class Recommendation:
         """Whether a change predicted faster has an interval that reaches the measured step: it
         may gain nothing (False when unknown, and for a change predicted no faster, whose
         interval lying above the step says nothing more)."""
+        # an interval that ends at the step ends there however it was rounded: a ratio applied
+        # to both (as_ratio) leaves them a last bit apart
         return (self.interval_known and self.predicted_step_us < self.measured_step_us
-                and self.predicted_high_us >= self.measured_step_us)
+                and self.predicted_high_us >= self.measured_step_us * (1.0 - 1e-9))
 
     def __post_init__(self) -> None:
         if self.gain_pct is None:   # derived from the two step times unless given
