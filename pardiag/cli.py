@@ -737,7 +737,7 @@ def _compare_monitored(a: Path, b: Path, output: Path, json_out: Path | None,
 
     data = (load_monitor(a), load_monitor(b))
     try:
-        cmp = compare_monitored(*data)
+        cmp = compare_monitored(*data, run_dirs=(a, b))
     except ValueError as exc:
         raise PardiagError(f"{a} vs {b}: {exc}") from None
     names = (str(a), str(b))

@@ -1404,6 +1404,22 @@ def test_how_a_run_ended_is_said_and_a_straggler_late_to_its_end_is_not_transien
                     lines[1]), lines
     assert "  note: the run was interrupted (Ctrl-C, exit code 130); its last recorded step is " \
            "119" in lines
+    # the same run ended well: its last step is the run's, and the report and compare say the
+    # finding as it is, alike
+    from pardiag.analyzer.analyses.monitor_compare import compare_monitored
+
+    layout.run_file_path(run).write_bytes(layout.encode_sidecar(layout.RunFile(
+        world_size=2, exit_code=0)))
+    (f,) = [f for f in S.summary(M.load_monitor(run), run)["findings"] if f["kind"] ==
+            "straggler"]
+    assert not f.get("until_last_step") and S.finding_line(f).startswith(
+        "rank 1: transient straggler, steps 6")
+    data = M.load_monitor(run)
+    cmp = compare_monitored(data, data, run_dirs=(run, None))
+    assert [g.get("until_last_step") for g in cmp["a"]["findings"] if g["kind"] ==
+            "straggler"] == [None]
+    assert [g.get("until_last_step") for g in cmp["b"]["findings"] if g["kind"] ==
+            "straggler"] == [True]
     layout.run_file_path(run).write_bytes(layout.encode_sidecar(layout.RunFile(
         world_size=2, exit_code=124, timed_out_after_s=15.0,
         hang=["rank(s) [0] wait in gloo:all_reduce #7 on process group 0"])))

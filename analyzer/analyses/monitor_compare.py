@@ -13,8 +13,11 @@ else the difference is inside the noise.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from .monitor_run import ended_well, mark_open
 from .monitored import WARMUP_STEPS, MonitorData, findings
 
 BLOCK = 50
@@ -37,10 +40,13 @@ def _block_medians(x: np.ndarray, rng: np.random.Generator, n: int) -> np.ndarra
     return np.median(x[idx], axis=1)
 
 
-def compare_monitored(a: MonitorData, b: MonitorData, seed: int = 0) -> dict:
+def compare_monitored(a: MonitorData, b: MonitorData, seed: int = 0,
+                      run_dirs: tuple[Path | None, Path | None] = (None, None)) -> dict:
     """``{"a": {...}, "b": {...}, "step_delta_pct", "step_delta_ci_pct": [low, high],
     "verdict": "slower" | "faster" | "inside the noise"}``; each side: ``steps``,
-    ``step_ms`` (median), ``p10_ms``, ``p90_ms`` and its ``findings``.
+    ``step_ms`` (median), ``p10_ms``, ``p90_ms`` and its ``findings`` (a straggler late to the
+    last recorded step of a run that did not end well, or whose folder ``run_dirs`` does not
+    give, marked ``until_last_step`` as the run's own report marks it).
 
     Raises:
         ValueError: a run with fewer than :data:`WARMUP_STEPS` + 2 steps.
@@ -54,14 +60,18 @@ def compare_monitored(a: MonitorData, b: MonitorData, seed: int = 0) -> dict:
     low, high = (float(v) * 100 for v in np.percentile(ratio, [2.5, 97.5]))
     delta = (float(np.median(xb)) / float(np.median(xa)) - 1.0) * 100
 
-    def side(d: MonitorData, x: np.ndarray) -> dict:
+    def side(d: MonitorData, x: np.ndarray, run_dir: Path | None) -> dict:
+        found = findings(d)
+        if not ended_well(run_dir):
+            mark_open(found, int(d.steps["step"].max()) if len(d.steps) else None)
         return {"steps": int(len(x)) + WARMUP_STEPS, "step_ms": round(float(np.median(x)) / 1e3, 3),
                 "p10_ms": round(float(np.percentile(x, 10)) / 1e3, 3),
                 "p90_ms": round(float(np.percentile(x, 90)) / 1e3, 3),
-                "findings": findings(d)}
+                "findings": found}
 
     verdict = ("slower" if low > 0 else "faster" if high < 0 else "inside the noise")
-    return {"a": side(a, xa), "b": side(b, xb), "step_delta_pct": round(delta, 2),
+    return {"a": side(a, xa, run_dirs[0]), "b": side(b, xb, run_dirs[1]),
+            "step_delta_pct": round(delta, 2),
             "step_delta_ci_pct": [round(low, 2), round(high, 2)], "verdict": verdict}
 
 

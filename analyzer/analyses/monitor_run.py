@@ -71,3 +71,26 @@ def ending_notes(run_dir: Path, last_step: int | None) -> list[str]:
         return [f"the run ended with exit code {run.exit_code}{at}"
                 + (f" ({failed})" if failed else "")]
     return []
+
+
+def ended_well(run_dir: Path | None) -> bool:
+    """Whether the run's file says it ended well: exit code 0, not stopped by ``--timeout`` or
+    ``--stall-timeout``. False when it cannot be read (a run still going, or killed before
+    writing it) and without a run folder."""
+    if run_dir is None:
+        return False
+    try:
+        run = layout.decode_sidecar(layout.run_file_path(run_dir).read_bytes(), "run")
+    except (OSError, ValueError):
+        return False
+    return (run.exit_code == 0 and run.timed_out_after_s is None
+            and run.stalled_after_s is None)
+
+
+def mark_open(found: list[dict], last_step: int | None) -> None:
+    """Mark each transient straggler late up to ``last_step``, the last recorded step of a run
+    that did not end well (``until_last_step``): whether it ended is not known. Of a run that
+    ended well, its last step is the run's, and the finding is said as it is."""
+    for f in found:
+        if f["kind"] == "straggler" and not f["persistent"] and f["last_step"] == last_step:
+            f["until_last_step"] = True

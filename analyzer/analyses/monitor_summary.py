@@ -10,7 +10,15 @@ from pathlib import Path
 
 from pardiag import layout
 
-from .monitor_run import capture_request, captures, ending_notes, own_record, requested_captures
+from .monitor_run import (
+    capture_request,
+    captures,
+    ended_well,
+    ending_notes,
+    mark_open,
+    own_record,
+    requested_captures,
+)
 from .monitored import MonitorData, findings
 
 
@@ -53,7 +61,8 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     caps, late = _asked_captures(run_dir, notes) if run_dir is not None else ([], [])
     last_step = int(data.steps["step"].max()) if len(data.steps) else None
     notes += ending_notes(run_dir, last_step) if run_dir is not None else []
-    _mark_open(found, last_step)
+    if not ended_well(run_dir):
+        mark_open(found, last_step)
     for c in caps:   # the asked-for captures only, the others left out
         first, last = c["first_step"], c["last_step"]
         if last_step is not None and first <= last_step < last and c["ranks"]:
@@ -72,14 +81,6 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
                      "p90": round(float(per.quantile(0.9)), 3)} if len(per) else None),
         "collectives": int(len(data.calls)),
         "findings": found, "notes": notes, "captures": caps, "said": said}
-
-
-def _mark_open(found: list[dict], last_step: int | None) -> None:
-    """Mark each transient straggler late up to ``last_step``, the last recorded step
-    (``until_last_step``): whether it ended is not known."""
-    for f in found:
-        if f["kind"] == "straggler" and not f["persistent"] and f["last_step"] == last_step:
-            f["until_last_step"] = True
 
 
 def capture_against(first: int, last: int, found: list[dict]) -> tuple[bool, str]:
@@ -158,7 +159,8 @@ def capture_in_run(capture: dict) -> str | None:
     if not len(data.steps):
         return None
     found = findings(data, [])
-    _mark_open(found, int(data.steps["step"].max()))
+    if not ended_well(run):
+        mark_open(found, int(data.steps["step"].max()))
     return capture_against(int(capture["first_step"]), int(capture["last_step"]), found)[1]
 
 
