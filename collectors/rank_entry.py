@@ -1456,6 +1456,13 @@ def _finish(run: _RankRun, meta: layout.RankMeta, code: int, failed: bool,
     error, rank = run.error, run.rank
     if isinstance(error, _Terminated):  # where the script was is no news: one line
         print(f"pardiag: rank {rank} {error}; its files are written", file=sys.stderr, flush=True)
+    elif failed and isinstance(error, SystemExit):
+        # sys.exit(N), argparse's usage error: Python prints no traceback for these, and the
+        # script has said why (a message given to sys.exit is printed, as Python does)
+        if not isinstance(error.code, int) and error.code is not None:
+            print(error.code, file=sys.stderr)
+        print(f"pardiag: rank {rank}'s script exited with code {code}", file=sys.stderr,
+              flush=True)
     elif failed:
         traceback.print_exception(type(error), error, user_traceback(error.__traceback__))
         print(f"pardiag: rank {rank} raised {meta.error}", file=sys.stderr, flush=True)

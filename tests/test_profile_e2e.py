@@ -328,6 +328,9 @@ def test_script_exit_code_is_passed_on(tmp_path):
     assert res.returncode == 3, res.stderr
     meta = json.loads((tmp_path / "o" / "pardiag" / "rank0.meta.json").read_text())
     assert meta["exit_code"] == 3
+    # sys.exit is no crash: no traceback, as Python prints none (argparse's usage error too)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert "pardiag: rank 0's script exited with code 3" in res.stderr
 
 
 @pytest.mark.e2e
