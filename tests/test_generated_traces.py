@@ -383,3 +383,22 @@ def test_a_lockstep_stage_slow_on_its_host_is_named_by_what_its_sleep_costs(tmp_
     assert rep.sync.straggler == 1 and rep.straggler == 1
     out = rep.critical_path.outside_costs().set_index("rank")
     assert 0.5 * 511.4 <= out.loc[1, "delay_cost_us"] <= 1.1 * 511.4
+
+
+def test_a_straggler_saving_is_per_step_of_its_evidence(tmp_path):
+    """Rank 1 spends 5 ms outside any operator at each of 4 steps' start. With rank 0's
+    profiler opening 30 ms late, the first step's collectives are a window's head and no
+    evidence: the others' waiting is averaged over the 3 steps it was read on, not the 4 (it
+    read 3.7 ms per step, three quarters of the same 4.94)."""
+    import pardiag
+
+    saved = []
+    for skew in ({}, {0: 30_000.0}):
+        out = tmp_path / f"skew{len(skew)}"
+        generate(Job(mesh={"dp": 2}, schedule="ddp", steps=4, host_slow_ranks={1: 5000.0},
+                     start_skew_us=skew, metadata="seq", seed=11), out)
+        res = pardiag.analyze(out, cache=False).results["recommendations"]
+        (c,) = [c for c in (*res.recommendations, *res.rejected) if c.kind == "straggler"]
+        assert "the other ranks sit idle 4.94 ms per step waiting for it" in c.evidence[0]
+        saved.append(c.measured_step_us - c.predicted_step_us)
+    assert saved[1] == pytest.approx(saved[0], rel=0.01)

@@ -31,6 +31,7 @@ from ..predict.recommend.findings import (
     STRAGGLER_RATIO,
 )
 from ..predict.recommend.policy import TIER_ORDER
+from ..predict.recommend.verdict import without_data_loading
 from ..report.registry import Report
 from ..trace import vocab
 from . import figures as fg
@@ -391,12 +392,14 @@ def causes(report: Report, page: Page) -> dict:
                      f"waiting for the host {hb['wait_host_pct']:.1f}% (median over ranks).")
     if c.input_bound is not None:
         ib = c.input_bound
+        # against the verdict's step, as the verdict says it
+        step = getattr(rec, "step", None)
+        pred, now = without_data_loading(ib, step.median_us if step is not None else None)
         lines.append("Input-bound: data loading takes " + ", ".join(
             f"{ib['share_pct'][r]:.0f}% of the step on rank {r} "
             f"({ib['data_loading_us'][r] / 1e3:.1f} ms)" for r in ib["ranks"])
-            + (f"; without it the step would take about {ib['predicted_step_us'] / 1e3:.1f} ms "
-               f"(now {ib['step_us'] / 1e3:.1f} ms)"
-               if ib["predicted_step_us"] == ib["predicted_step_us"] else "") + ".")
+            + (f"; without it the step would take about {pred / 1e3:.1f} ms "
+               f"(now {now / 1e3:.1f} ms)" if not math.isnan(pred) else "") + ".")
     for r in tuple(getattr(rec, "recommendations", ())) + tuple(getattr(rec, "rejected", ())):
         if r.kind == "straggler":
             lines.append(f"{r.title}: " + "; ".join(r.evidence[1:3]) + f" — {r.change}.")

@@ -115,14 +115,26 @@ def bubble_text(ctx: RuleContext) -> str | None:
     return text
 
 
+def without_data_loading(ib: dict, step_us: float | None) -> tuple[float, float]:
+    """``(the step without data loading, the step it is said against)`` (µs) of the causes'
+    ``input_bound`` finding, against ``step_us`` (the verdict's step) where given: less the
+    same µs of data loading, not the same share — a DataLoader's time (Python, a sleep, I/O) is
+    not slowed by the profiler as the profiled steps' operators are. Else against the
+    profiled step the finding was measured on. NaN where the finding predicts nothing."""
+    pred, base = float(ib["predicted_step_us"]), float(ib["step_us"])
+    if math.isnan(pred) or step_us is None or math.isnan(step_us) or not base > 0:
+        return pred, base
+    return max(step_us - (base - pred), 0.0), step_us
+
+
 def causes_text(ctx: RuleContext, step_us: float | None = None) -> list[str]:
     """The host-bound and input-bound lines of the verdict
     (:class:`pardiag.analyzer.analyses.causes.CausesResult`): ``"host-bound: the GPU computes 6.9%
     of the step and idles waiting for the host 55.5%"``, ``"input-bound: data loading takes 32% of
     the step on rank 1 (7.2 ms); without it the step would take about 15.1 ms"``. The step
-    without data loading is stated against ``step_us`` (the verdict's step) as the
-    recommendations restate their predictions (:func:`pardiag.analyzer.predict.recommend.
-    as_ratio`): one sentence never mixes the profiled and the unprofiled step."""
+    without data loading is stated against ``step_us`` (the verdict's step,
+    :func:`without_data_loading`): one sentence never mixes the profiled and the unprofiled
+    step."""
     c = ctx.causes
     out: list[str] = []
     if c is None:
@@ -142,10 +154,8 @@ def causes_text(ctx: RuleContext, step_us: float | None = None) -> list[str]:
         text = (f"input-bound: data loading takes up to {share:.0f}% of the step on {who} "
                 f"({max(ib['data_loading_us'][r] for r in ranks) / 1e3:.1f} ms"
                 + (" per profiled step" if restated else "") + ")")
-        pred, base = ib["predicted_step_us"], ib["step_us"]
+        pred, _ = without_data_loading(ib, step_us)
         if not math.isnan(pred):
-            if step_us is not None and not math.isnan(step_us) and base > 0:
-                pred *= step_us / base   # the verdict's step, as the recommendations state it
             text += f"; without it the step would take about {ms(pred)}"
         out.append(text)
     return out
