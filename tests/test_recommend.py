@@ -1501,6 +1501,27 @@ def test_a_ddp_job_with_a_rank_missing_is_never_told_it_has_no_ddp(tmp_path):
         "cannot be matched across ranks")
 
 
+def test_a_ddp_job_whose_gradients_fit_one_bucket_says_why_no_size_is_evaluated(tmp_path):
+    """Two DDP ranks issue one all-reduce per step (every gradient in one bucket, as the HF
+    Trainer's small model does): when gradients become ready cannot be read from one launch,
+    and the sentence says so rather than nothing."""
+    lay = {"dims": {"dp": 2}, "strategies": ["ddp"], "ddp_bucket_cap_mb": 25}
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2, backend="gloo")
+        b.step(1, 0, 5000).step(2, 5000, 5000)
+        b.cpu("aten::mm", 10, 3000).cpu("aten::mm", 5010, 3000)
+        _write_all_reduces(b, tmp_path, r, [(3500, 4000), (8500, 9000)], (0, 1))
+        write_sidecar(tmp_path / f"rank{r}.meta.json", "rank", r, {
+            "optimizer_steps": 8, "layout": lay})
+    write_sidecar(tmp_path / "run.json", "run", None, {
+        "world_size": 2, "schedule": {"wait": 1, "warmup": 1, "active": 2}, "layout": lay})
+    res = build_report(load_traces(tmp_path)).results["recommendations"]
+    assert not [c for c in (*res.recommendations, *res.rejected) if c.kind == "ddp_bucket"]
+    assert ("DDP issued fewer than two all-reduces in each profiled step (its gradients fit "
+            "one bucket), so when its gradients become ready, which a bucket size changes, "
+            "cannot be read") in (res.why_none or res.not_evaluated)
+
+
 def test_a_pipeline_replayed_in_its_own_order_says_what_its_changes_lack():
     """A plain trace of ScheduleZBVZeroBubble (pytorch#138444's shape): the pipeline is replayed
     in the order it ran (V placement, split backward), but the trace holds no per-layer times

@@ -26,6 +26,7 @@ from .context import RuleContext, StepNoise, build_context, clean_step_us, ms
 from .findings import identify_straggler
 from .policy import DEGREE_KINDS, MEMORY_KINDS, MIN_GAIN_PCT, rank
 from .rules import RULES, Rule
+from .rules.ddp_buckets import why_not_evaluated as buckets_not_evaluated
 from .types import STEP_BASES, Recommendation, RecommendationResult, StepTime, with_mfu
 from .verdict import steps_unrecorded, verdict
 
@@ -176,6 +177,9 @@ def _nothing_to_change(ctx: RuleContext) -> str:
                    f"{'hung' if run is not None and run.hang else 'was stopped'}), and the "
                    "collective records the changes are evaluated on are written after the "
                    "script ends")
+        buckets = buckets_not_evaluated(ctx)
+        if not why and buckets:
+            why = f": {buckets}"
         return (f"{' and '.join(shown)} {'is' if len(shown) == 1 else 'are'} in the layout, "
                 "but no change to the settings could be evaluated from these traces" + why)
     return ("no pipeline, no significant straggler, and no DDP, FSDP, ZeRO or tensor-parallel "
@@ -249,6 +253,9 @@ def compute_recommendations(traces: TraceSet, done: dict) -> RecommendationResul
                                                    and ctx.traces.run_info.monitor_every)),
                 *_pipeline_unmodelled(ctx.model)]
                if ctx.model is not None and cands else [])
+    buckets = buckets_not_evaluated(ctx)
+    if buckets and cands:
+        missing.append(f"DDP's bucket sizes: {buckets}")
     return RecommendationResult(verdict(ctx, step, profiled=ctx.model is None and clean is None,
                                         changes=(*good, *rejected), straggler=found),
                                 good, rejected, why_none, rule, noise_us, margin,

@@ -165,6 +165,23 @@ def _fit_interval(cur: _Current, new_b: list[float], measured: float, delta: flo
                        f"{low / 1000:.2f}–{high / 1000:.2f} ms",)
 
 
+def why_not_evaluated(ctx: RuleContext) -> str | None:
+    """Why the bucket sizes of a DDP run were not evaluated, in one clause; None where they
+    could be (or the run has no DDP)."""
+    if "ddp" not in ctx.strategies or not (ctx.measured_us > 0):
+        return None
+    if not ctx.traces.sidecars.get("comms"):
+        return None   # traces from elsewhere: said by the caller
+    if not _ddp_ready_curves(ctx):
+        return ("DDP issued fewer than two all-reduces in each profiled step (its gradients "
+                "fit one bucket), so when its gradients become ready, which a bucket size "
+                "changes, cannot be read")
+    if ctx.allreduce_fit is None:
+        return ("the run's all-reduces fit no time per call and per byte (too few message "
+                "sizes), from which other bucket sizes are predicted")
+    return None
+
+
 def ddp_buckets(ctx: RuleContext) -> list[Recommendation]:
     """DDP bucket sizes around the current one, torch's default and splits of the step's
     gradients in 2, 4 and 8.
