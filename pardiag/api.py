@@ -406,7 +406,8 @@ def repeat_runs(paths: str | Path | Iterable[str | Path]) -> list[Path]:
 
 def _refuse_unlike_runs(paths) -> None:
     """Raise when ``paths`` is one folder that gathers run folders which are no repeats of one
-    run (:func:`pardiag.layout.unlike_runs`): no report stands for all of them.
+    run (:func:`pardiag.layout.unlike_runs`), or several paths of which one is a set of
+    repeated runs: no report stands for all of them.
 
     Raises:
         TraceError: naming two runs that differ, and what to do instead."""
@@ -415,6 +416,11 @@ def _refuse_unlike_runs(paths) -> None:
     if isinstance(paths, (list, tuple)) and len(paths) == 1:
         paths = paths[0]
     if not isinstance(paths, (str, Path)):
+        sets = [Path(p) for p in paths if Path(p).is_dir() and layout.repeat_runs(Path(p))]
+        if sets:   # a set among several paths: its runs are not one report's ranks
+            raise TraceError(f"{sets[0]} is a set of repeated runs (pardiag profile --repeat): "
+                             f"report it on its own, or set two sets side by side with "
+                             f"pardiag compare A B")
         return
     why = layout.unlike_runs(Path(paths))
     if why:

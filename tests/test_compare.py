@@ -837,3 +837,15 @@ def test_rows_per_profiled_step_are_judged_on_their_own_scale():
         "A difference of at most ±27.600 ms per profiled step (46% of A's profiled step of "
         "60.000 ms, the share by which identical runs' steps differed) is within the noise "
         "between runs.")
+
+
+def test_two_sets_of_repeated_runs_given_to_report_are_refused_in_one_line(tmp_path):
+    """``report A B`` of two --repeat folders named neither as sets; it now says A is one, and
+    what to do instead."""
+    a = _set(tmp_path / "a", [600, 640])
+    b = _set(tmp_path / "b", [900, 960])
+    res = CliRunner().invoke(cli, ["report", str(a), str(b), "--no-cache"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines()[-1] == (
+        f"pardiag: error: {a} is a set of repeated runs (pardiag profile --repeat): report it "
+        f"on its own, or set two sets side by side with pardiag compare A B")
