@@ -154,10 +154,12 @@ def test_mfu_of_a_profiled_cpu_run_against_its_measured_peak(ddp_run, tmp_path):
     assert res.returncode == 0, res.stderr
     eff = json.loads(js.read_text())["efficiency"]
     assert [r["rank"] for r in eff["per_rank"]] == [0, 1]
+    metas = [json.loads((out / "pardiag" / f"rank{k}.meta.json").read_text()) for k in (0, 1)]
+    assert metas[0]["host"] == metas[1]["host"]
+    # the ranks of one host measured at once: each MFU is against the best of them
+    peak = max(m["peak_flops"]["float32"] for m in metas)
     for r in eff["per_rank"]:
         assert r["model_tflop_per_step"] * 1e12 == pytest.approx(analytic, rel=0.02)
-        meta = json.loads((out / "pardiag" / f"rank{r['rank']}.meta.json").read_text())
-        peak = meta["peak_flops"]["float32"]
         assert r["peak_source"] == "measured when the rank started (float32 matmul)"
         assert r["peak_tflops"] == pytest.approx(peak / 1e12)
         assert 0 < r["mfu_pct"] < 100 and r["mfu_pct_min"] <= r["mfu_pct"] <= r["mfu_pct_max"]
