@@ -140,23 +140,21 @@ class RoutingResult:
             return None
         spread = (f"(median over {f['steps']} step(s), range "
                   f"{f['imbalance_min']:.2f}–{f['imbalance_max']:.2f})")
-        if not f["expert"]:
+        group = _ranks_text(f["group"])
+        if f["expert"]:
+            what = "tokens" if f["unit"] == "rows" else "elements (row size unknown)"
+            text = (f"MoE routing is imbalanced: rank {f['hot_rank']}'s experts take "
+                    f"{f['imbalance']:.2f}× the mean {what} of its expert-parallel group "
+                    f"[{group}] {spread}")
+        else:
             what = "rows" if f["unit"] == "rows" else "elements"
             text = (f"all-to-all sizes are uneven: rank {f['hot_rank']} takes "
-                    f"{f['imbalance']:.2f}× the mean {what} of group [{_ranks_text(f['group'])}] "
-                    f"{spread}")
-            if f["wait_us"] > 0:
-                text += (f"; the others wait {f['wait_us'] / 1000:.1f} ms per step for it at the "
-                         f"all-to-alls")
-            return text + "; what the all-to-alls carry is unknown, so no MoE routing is inferred"
-        what = "tokens" if f["unit"] == "rows" else "elements (row size unknown)"
-        text = (f"MoE routing is imbalanced: rank {f['hot_rank']}'s experts take "
-                f"{f['imbalance']:.2f}× the mean {what} of its expert-parallel group "
-                f"[{_ranks_text(f['group'])}] {spread}")
+                    f"{f['imbalance']:.2f}× the mean {what} of group [{group}] {spread}")
         if f["wait_us"] > 0:
             text += (f"; the others wait {f['wait_us'] / 1000:.1f} ms per step for it at the "
                      f"all-to-alls")
-        return text
+        return text if f["expert"] else (text + "; what the all-to-alls carry is unknown, so "
+                                          "no MoE routing is inferred")
 
 
 def rank_load(per_rank: pd.DataFrame) -> pd.DataFrame:
