@@ -448,7 +448,9 @@ def test_a_cpu_ranks_peak_is_its_hosts_best(monkeypatch):
              1: NS(host="a", peak_flops={"float32": 4.5e10}),
              2: NS(host="b", peak_flops={"float32": 5.0e10})}
     notes: list[str] = []
-    peaks = [E._peak(NS(rank=r), metas[r], "float32", None, notes, metas)[0] for r in range(3)]
+    best = E._host_peaks(metas)
+    assert best == {("a", "float32"): 9.0e10, ("b", "float32"): 5.0e10}
+    peaks = [E._peak(NS(rank=r), metas[r], "float32", None, notes, best)[0] for r in range(3)]
     assert peaks == [0.09, 0.09, 0.05]
     assert notes == ["rank 1 measured 0.045 TFLOP/s (float32), under the 0.09 another rank of "
                      "its host measured (it shared a core then): its MFU is against the host's"]

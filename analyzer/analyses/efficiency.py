@@ -141,22 +141,26 @@ def _device_name(trace: RankTrace, meta) -> str | None:
 LOW_PEAK_RATIO = 0.8
 
 
-def _host_peak(meta, dtype: str, metas: dict) -> float:
-    """The best ``dtype`` peak (FLOP/s) measured by any rank on ``meta``'s host (``metas``:
-    every rank's metadata), 0 when its host is not named."""
-    host = getattr(meta, "host", None)
-    if not host:
-        return 0.0
-    return max((float((getattr(m, "peak_flops", None) or {}).get(dtype) or 0.0)
-                for m in metas.values() if getattr(m, "host", None) == host), default=0.0)
+def _host_peaks(metas: dict) -> dict[tuple[str, str], float]:
+    """The best peak (FLOP/s) any rank measured per ``(host, dtype)`` (``metas``: every rank's
+    metadata; ranks whose host is not named left out), read once for the whole run."""
+    best: dict[tuple[str, str], float] = {}
+    for m in metas.values():
+        if not getattr(m, "host", None):
+            continue
+        for dtype, v in (getattr(m, "peak_flops", None) or {}).items():
+            key = (str(m.host), str(dtype))
+            if isinstance(v, (int, float)) and v > best.get(key, 0.0):
+                best[key] = float(v)
+    return best
 
 
 def _peak(trace: RankTrace, meta, dtype: str | None, override: float | None,
-          notes: list[str], metas: dict | None = None
+          notes: list[str], host_best: dict | None = None
           ) -> tuple[float | None, str | None, float | None, str]:
     """(peak TFLOP/s, its source, bandwidth GB/s, device label) of one rank; where it is
     unknown, ``notes`` says why. A CPU rank's peak is the best any rank of its host measured
-    (``metas``: every rank's metadata): the ranks measure theirs at once after their scripts,
+    (``host_best``: :func:`_host_peaks`): the ranks measure theirs at once after their scripts,
     and one that shared a core then measured a fraction of what the core does."""
     kind = device_kind(trace)
     r = trace.rank
@@ -169,7 +173,7 @@ def _peak(trace: RankTrace, meta, dtype: str | None, override: float | None,
             return None, None, None, label   # no model FLOPs: said by the caller
         if measured.get(dtype):
             own = float(measured[dtype])
-            best = max(own, _host_peak(meta, dtype, metas or {}))
+            best = max(own, (host_best or {}).get((getattr(meta, "host", None), dtype), 0.0))
             if own < LOW_PEAK_RATIO * best:
                 notes.append(f"rank {r} measured {own / 1e12:.3g} TFLOP/s ({dtype}), under the "
                              f"{best / 1e12:.3g} another rank of its host measured (it shared a "
@@ -316,7 +320,7 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
     known_any = ops_all["flops"].notna().groupby(ops_all["rank"], sort=False).any()
     n_recomputed = by_rank["recomputed"].sum()
     n_unknown = ops_all["flops"].isna().groupby(ops_all["rank"], sort=False).sum()
-    dtypes = _main_dtypes(ops_all)
+    dtypes, host_best = _main_dtypes(ops_all), _host_peaks(traces.rank_meta)
     info, step_frames, top_at = [], [], {}
     peak_of, tokens_of, recomputed_of = {}, {}, {}
     for rank, trace, held in have:
@@ -327,7 +331,7 @@ def compute_efficiency(traces: TraceSet, peak_tflops: float | None = None,
             continue
         dtype = dtypes.get(rank)
         meta = traces.rank_meta.get(rank)
-        peak, source, bw, label = _peak(trace, meta, dtype, peak_tflops, notes, traces.rank_meta)
+        peak, source, bw, label = _peak(trace, meta, dtype, peak_tflops, notes, host_best)
         n_re = int(n_recomputed[rank])
         if n_re:
             notes.append(f"rank {rank}: {n_re} forward op(s) ran inside the backward "
