@@ -41,7 +41,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     """Argument parser with the options every example shares."""
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=8, help="optimizer steps")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps")
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--width", type=int, default=256, help="hidden width")
     p.add_argument("--layers", type=int, default=4, help="hidden layers (blocks)")

@@ -16,7 +16,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     """The options every framework example takes."""
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=6, help="optimizer steps")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps")
     p.add_argument("--batch", type=int, default=4, help="sequences per rank per micro-batch")
     p.add_argument("--seq", type=int, default=32, help="tokens per sequence")
     p.add_argument("--grad-accum", type=int, default=2,
