@@ -51,9 +51,10 @@ class Report(_TypedReport):
     def ranks(self) -> pd.DataFrame:
         """One row per rank: ``rank``, ``domain`` (``gpu``/``cpu``), ``start_us``, ``end_us``,
         ``span_us``, ``compute_us``, ``comm_us``, ``overlap_us``, ``compute_only_us``,
-        ``exposed_comm_us``, ``idle_us``, ``overlap_pct``, ``compute_only_pct``,
-        ``overlap_share_pct``, ``exposed_comm_pct``, ``idle_pct`` (HTA's overlap, Lumos'
-        breakdown: compute only + overlap + exposed + idle = span)."""
+        ``exposed_comm_us``, ``memory_only_us``, ``idle_us``, ``overlap_pct``,
+        ``compute_only_pct``, ``overlap_share_pct``, ``exposed_comm_pct``, ``memory_only_pct``,
+        ``idle_pct`` (HTA's overlap, Lumos' breakdown: compute only + overlap + exposed +
+        memory copies only + idle = span)."""
         return self.time_breakdown.totals
 
     @property

@@ -32,9 +32,12 @@ def test_gpu_planted_totals(tmp_path):
     assert t["domain"] == "gpu"
     # K = [10,40)+[50,70)+[110,150) = 90; C = [30,60)+[140,180) = 70; K∩C = 20+10 = 30
     assert (t.span_us, t.compute_us, t.comm_us, t.overlap_us) == (170.0, 90.0, 70.0, 30.0)
-    assert (t.compute_only_us, t.exposed_comm_us, t.idle_us) == (60.0, 40.0, 40.0)
+    # the memcpy [80,90) runs while nothing else does: copies alone, not idle (HTA's idle)
+    assert (t.compute_only_us, t.exposed_comm_us, t.memory_only_us, t.idle_us) == (
+        60.0, 40.0, 10.0, 30.0)
     assert t.overlap_pct == pytest.approx(100 * 30 / 70, abs=1e-12)
-    assert t.idle_pct == pytest.approx(100 * 40 / 170, abs=1e-12)
+    assert t.idle_pct == pytest.approx(100 * 30 / 170, abs=1e-12)
+    assert t.memory_only_pct == pytest.approx(100 * 10 / 170, abs=1e-12)
 
 
 def test_gpu_planted_steps_tile_the_device_timeline(tmp_path):
@@ -44,8 +47,10 @@ def test_gpu_planted_steps_tile_the_device_timeline(tmp_path):
     s2 = _row(b.steps, rank=0, step=2)
     # step 1: first kernel 10 .. step 2's first kernel 110; step 2: 110 .. its last end 180
     assert (s1.start_us, s1.end_us, s2.start_us, s2.end_us) == (10.0, 110.0, 110.0, 180.0)
-    assert (s1.compute_us, s1.comm_us, s1.overlap_us, s1.idle_us) == (50.0, 30.0, 20.0, 40.0)
-    assert (s2.compute_us, s2.comm_us, s2.overlap_us, s2.idle_us) == (40.0, 40.0, 10.0, 0.0)
+    assert (s1.compute_us, s1.comm_us, s1.overlap_us, s1.memory_only_us, s1.idle_us) == (
+        50.0, 30.0, 20.0, 10.0, 30.0)
+    assert (s2.compute_us, s2.comm_us, s2.overlap_us, s2.memory_only_us, s2.idle_us) == (
+        40.0, 40.0, 10.0, 0.0, 0.0)
     assert s1.idle_us + s2.idle_us == _row(b.totals, rank=0).idle_us
 
 
@@ -348,10 +353,10 @@ def test_step_means_and_overall_shares(tmp_path):
     bd = compute_time_breakdown(load_traces(tmp_path))
     assert _row(bd.totals, rank=1).span_us == 120.0
     m = bd.step_means.set_index("step")
-    # step 1: rank 0 (30 compute only, 20 overlapped, 10 exposed, 40 idle), rank 1 (30, 0, 0,
-    # 70); step 2: rank 0 (30, 10, 30, 0), rank 1 (20, 0, 0, 0)
-    assert m.loc[1].tolist() == [30.0, 10.0, 5.0, 55.0]
-    assert m.loc[2].tolist() == [25.0, 5.0, 15.0, 0.0]
+    # step 1: rank 0 (30 compute only, 20 overlapped, 10 exposed, 10 memory copies alone, 30
+    # idle), rank 1 (30, 0, 0, 0, 70); step 2: rank 0 (30, 10, 30, 0, 0), rank 1 (20, 0, 0, 0, 0)
+    assert m.loc[1].tolist() == [30.0, 10.0, 5.0, 5.0, 50.0]
+    assert m.loc[2].tolist() == [25.0, 5.0, 15.0, 0.0, 0.0]
     o = bd.overall
     assert o["exposed_comm_pct"] == pytest.approx(100 * 40 / 290, abs=1e-12)
     assert o["overlap_pct"] == pytest.approx(100 * 30 / 70, abs=1e-12)

@@ -51,7 +51,11 @@ def test_one_quantity_one_value(reports, path):
     for r in ranks:
         rows = ([r["total"]] if r["total"] else []) + r["steps"]
         for t in rows:
-            parts = (t["compute_only_us"] + t["overlap_us"] + t["exposed_comm_us"] + t["idle_us"])
+            parts = (t["compute_only_us"] + t["overlap_us"] + t["exposed_comm_us"]
+                     + t["memory_only_us"] + t["idle_us"])
+            assert t["memory_only_us"] >= 0 and t["idle_us"] >= -1e-6, (r["rank"], t)
+            if r["domain"] == "cpu":   # copies are a device's
+                assert t["memory_only_us"] == 0.0
             assert _close(parts, t["span_us"], rel=1e-9, abs_=1e-3), (r["rank"], t)
     # the verdict's step is the JSON's step
     m = re.search(r"Step ([\d,.]+) ms", verdict)

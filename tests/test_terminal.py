@@ -68,11 +68,19 @@ def test_summary_fits_without_cutting(request, reports, run, width):
     bd = next(t for t in tables if "compute" in t["headers"])
     ranks = len(_report(request, reports, run).breakdown.totals)
     assert [r[0] for r in bd["rows"]] == [str(r) for r in range(ranks)]
+    # a GPU run's memory copies alone get their column (DLRM: 19 µs per rank)
+    copies = bool((_report(request, reports, run).breakdown.totals["memory_only_us"] > 0).any())
+    assert copies == (run == "dlrm_8rank_v100")
+    full = [h for c in BREAKDOWN for h in ((["memcpy"] if copies else []) + [c]
+                                           if c == "idle" else [c])]
     if width == 120:   # everything fits: every column, nothing said to be left out
-        assert bd["headers"] == BREAKDOWN and "left out at" not in text
-    else:              # 80: the timeline kind ("on") goes, and the caption says so
-        assert bd["headers"] == [h for h in BREAKDOWN if h != "on"]
-        assert "left out at 80 columns: on (a wider terminal shows them)" in bd["caption"]
+        assert bd["headers"] == full and "left out at" not in bd["caption"]
+    else:              # 80: the timeline kind ("on") goes first, then memcpy; the caption says
+        assert bd["headers"] == [h for h in full if h not in ("on", "memcpy")]
+        gone = "on, memcpy" if copies else "on"
+        assert (f"memcpy = memory copies and sets alone (not idle); left out at 80 columns: "
+                f"{gone} (a wider" if copies else f"left out at 80 columns: {gone} (a wider"
+                ) in " ".join(text.split())
 
 
 def test_breakdown_values_at_80_columns(request, reports):

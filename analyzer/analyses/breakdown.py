@@ -5,15 +5,19 @@ Definitions (HTA's overlap; Lumos' breakdown; FACTS §3). Per rank, within a tim
 * C = union of communication intervals, K = union of computation intervals;
 * overlap = |K ∩ C|; overlap % = 100 · |K ∩ C| / |C| (HTA ``get_comm_comp_overlap``);
 * compute-only = |K| − overlap; exposed communication = |C| − overlap;
-* idle = window length − |K ∪ C| (nothing but memcpy/memset, CPU-side gaps, or nothing at all).
+* memory copies only = |M − (K ∪ C)|, M = union of the device's memcpy/memset (GPU traces; 0 on
+  CPU): the device copies and does nothing else (HTA's temporal breakdown counts it as
+  non-compute time, not idle);
+* idle = window length − |K ∪ C ∪ M| (CPU-side gaps or nothing at all: no kernel, copy or
+  collective runs; HTA's idle time).
 
-compute-only + overlap + exposed + idle = window length.
+compute-only + overlap + exposed + memory copies only + idle = window length.
 
 What counts as what:
 
 * **GPU traces** (any kernel in the file): K = compute kernels, C = communication kernels (see
   :mod:`pardiag.analyzer.trace.classify`) and ``gloo:*`` events (the gloo backend on CUDA tensors
-  runs its transfers on a CPU thread); memcpy/memset and other CPU events count as neither. The
+  runs its transfers on a CPU thread); M = memcpy/memset; other CPU events count as none. The
   whole-trace window is first kernel start to last kernel end. A kernel belongs to the profiler step
   in which its launching runtime call ran (``correlation``); step *s*'s device window runs from its
   first kernel's start to the next step's first kernel's start (the last step: to its last kernel's
@@ -54,8 +58,8 @@ from ..trace.traceset import RankTrace, TraceSet, float_column
 #: Columns of the per-rank and per-step tables (all durations in µs, shares in % of the window).
 BREAKDOWN_COLUMNS = (
     "span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us", "exposed_comm_us",
-    "idle_us", "overlap_pct", "compute_only_pct", "overlap_share_pct", "exposed_comm_pct",
-    "idle_pct",
+    "memory_only_us", "idle_us", "overlap_pct", "compute_only_pct", "overlap_share_pct",
+    "exposed_comm_pct", "memory_only_pct", "idle_pct",
 )
 
 #: Columns of :func:`run_step_periods`.
@@ -190,8 +194,9 @@ class TimeBreakdown:
                                kind="stable").reset_index(drop=True)
 
 
-#: The four parts a rank's window splits into (µs), in the order the breakdown charts stack them.
-PART_COLUMNS: tuple[str, ...] = ("compute_only_us", "overlap_us", "exposed_comm_us", "idle_us")
+#: The five parts a rank's window splits into (µs), in the order the breakdown charts stack them.
+PART_COLUMNS: tuple[str, ...] = ("compute_only_us", "overlap_us", "exposed_comm_us",
+                                 "memory_only_us", "idle_us")
 #: Keys of :func:`overall_shares`.
 OVERALL_KEYS: tuple[str, ...] = ("exposed_comm_pct", "overlap_pct", "comm_us_per_rank")
 
@@ -341,7 +346,7 @@ def compute_rank_breakdown(trace: RankTrace, comm_patterns: Iterable[re.Pattern]
     parts = (summary_of(trace, patterns).parts if launch_window is None
              else compute_rank_parts(trace, patterns, launch_window))
     return {"domain": parts.domain, "start_us": parts.lo, "end_us": parts.hi,
-            **metrics_over(parts.k, parts.c, parts.spans())}
+            **metrics_over(parts.k, parts.c, parts.spans(), parts.m)}
 
 
 def compute_time_breakdown(traces: TraceSet,
@@ -434,7 +439,7 @@ def run_step_periods(traces: TraceSet) -> pd.DataFrame:
 
 #: The additive columns of a breakdown row (µs); the shares are recomputed from them.
 _ADDITIVE = ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us",
-             "exposed_comm_us", "idle_us")
+             "exposed_comm_us", "memory_only_us", "idle_us")
 
 
 def _without(totals: pd.DataFrame, cut: pd.DataFrame) -> pd.DataFrame:
@@ -457,6 +462,7 @@ def _without(totals: pd.DataFrame, cut: pd.DataFrame) -> pd.DataFrame:
         out.at[i, "overlap_pct"] = 100.0 * float(out.at[i, "overlap_us"]) / comm if comm else np.nan
         for pct, us in (("compute_only_pct", "compute_only_us"),
                         ("overlap_share_pct", "overlap_us"),
-                        ("exposed_comm_pct", "exposed_comm_us"), ("idle_pct", "idle_us")):
+                        ("exposed_comm_pct", "exposed_comm_us"),
+                        ("memory_only_pct", "memory_only_us"), ("idle_pct", "idle_us")):
             out.at[i, pct] = 100.0 * float(out.at[i, us]) / span if span else np.nan
     return out

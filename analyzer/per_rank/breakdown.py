@@ -53,7 +53,15 @@ def _overlapping(ivs: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return ivs[i0:max(i0, i1)]
 
 
-def metrics(k: np.ndarray, c: np.ndarray, lo: float, hi: float) -> dict[str, float]:
+_EMPTY = np.empty((0, 2), dtype=np.float64)
+
+
+def metrics(k: np.ndarray, c: np.ndarray, lo: float, hi: float, m: np.ndarray = _EMPTY
+            ) -> dict[str, float]:
+    """The breakdown of ``[lo, hi)`` (µs) from the computation ``k``, communication ``c`` and
+    memory-copy ``m`` interval sets (:mod:`pardiag.analyzer.analyses.breakdown` defines each
+    part): the five parts compute only, overlap, exposed communication, memory copies only and
+    idle add up to the span."""
     k = iv.clip(_overlapping(k, lo, hi), lo, hi)
     c = iv.clip(_overlapping(c, lo, hi), lo, hi)
     span = max(0.0, hi - lo)
@@ -61,26 +69,31 @@ def metrics(k: np.ndarray, c: np.ndarray, lo: float, hi: float) -> dict[str, flo
     comm = iv.total(c)
     ov = iv.total(iv.intersect(k, c))
     busy = comp + comm - ov
+    # a copy or memset while no kernel computes or communicates: the device is not idle
+    mem = (iv.total(iv.subtract(iv.clip(_overlapping(m, lo, hi), lo, hi), iv.merge(k, c)))
+           if len(m) else 0.0)
     pct = (lambda x: 100.0 * x / span) if span > 0 else (lambda x: float("nan"))
     return {
         "span_us": span, "compute_us": comp, "comm_us": comm, "overlap_us": ov,
-        "compute_only_us": comp - ov, "exposed_comm_us": comm - ov, "idle_us": span - busy,
+        "compute_only_us": comp - ov, "exposed_comm_us": comm - ov, "memory_only_us": mem,
+        "idle_us": span - busy - mem,
         "overlap_pct": 100.0 * ov / comm if comm > 0 else float("nan"),
         "compute_only_pct": pct(comp - ov), "overlap_share_pct": pct(ov),
-        "exposed_comm_pct": pct(comm - ov), "idle_pct": pct(span - busy),
+        "exposed_comm_pct": pct(comm - ov), "memory_only_pct": pct(mem),
+        "idle_pct": pct(span - busy - mem),
     }
 
 
-def metrics_over(k: np.ndarray, c: np.ndarray, spans: list[tuple[float, float]]
-                 ) -> dict[str, float]:
+def metrics_over(k: np.ndarray, c: np.ndarray, spans: list[tuple[float, float]],
+                 m: np.ndarray = _EMPTY) -> dict[str, float]:
     """:func:`metrics` of a rank's time made of several spans (profiling windows): times
     summed over the spans, shares of their summed length."""
     if len(spans) == 1:
-        return metrics(k, c, *spans[0])
-    parts = [metrics(k, c, lo, hi) for lo, hi in spans]
+        return metrics(k, c, *spans[0], m)
+    parts = [metrics(k, c, lo, hi, m) for lo, hi in spans]
     tot = {key: float(sum(p[key] for p in parts)) for key in
            ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us", "exposed_comm_us",
-            "idle_us")}
+            "memory_only_us", "idle_us")}
     span = tot["span_us"]
     pct = (lambda x: 100.0 * x / span) if span > 0 else (lambda x: float("nan"))
     return {**tot,
@@ -88,7 +101,8 @@ def metrics_over(k: np.ndarray, c: np.ndarray, spans: list[tuple[float, float]]
             else float("nan"),
             "compute_only_pct": pct(tot["compute_only_us"]),
             "overlap_share_pct": pct(tot["overlap_us"]),
-            "exposed_comm_pct": pct(tot["exposed_comm_us"]), "idle_pct": pct(tot["idle_us"])}
+            "exposed_comm_pct": pct(tot["exposed_comm_us"]),
+            "memory_only_pct": pct(tot["memory_only_us"]), "idle_pct": pct(tot["idle_us"])}
 
 
 def _intervals(ev: pd.DataFrame) -> np.ndarray:
@@ -116,6 +130,8 @@ class RankParts(HoldsTables):
         segments: ``((start µs, end µs), ...)`` inside ``[lo, hi]`` that are the rank's time
             when its events come from several profiling windows (:attr:`RankTrace.windows`);
             ``()`` for one window (then ``[lo, hi]`` is).
+        m: the device's memory copies and sets (memcpy, memset), shape (n, 2), µs (merged;
+            empty on CPU traces): neither computation nor communication, and not idle.
     """
 
     domain: str
@@ -126,6 +142,7 @@ class RankParts(HoldsTables):
     step_windows: list[tuple[int, float, float]]
     comm_events: pd.DataFrame = StoredTable()  # name, ts, dur, args, type, counted
     segments: tuple[tuple[float, float], ...] = ()
+    m: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY.copy())
 
     def spans(self) -> list[tuple[float, float]]:
         """The rank's time as ``[(start µs, end µs)]``: its segments, or ``[(lo, hi)]``."""
@@ -138,7 +155,8 @@ class RankParts(HoldsTables):
         return {"domain": self.domain, "k": self.k.tolist(), "c": self.c.tolist(),
                 "lo": self.lo, "hi": self.hi,
                 "step_windows": [list(w) for w in self.step_windows],
-                "comm_events": frame_json(comm), "segments": [list(x) for x in self.segments]}
+                "comm_events": frame_json(comm), "segments": [list(x) for x in self.segments],
+                "m": self.m.tolist()}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> RankParts:
@@ -150,7 +168,8 @@ class RankParts(HoldsTables):
         return RankParts(d["domain"], _interval_rows(d["k"]), _interval_rows(d["c"]),
                          float(d["lo"]), float(d["hi"]),
                          [(int(a), float(b), float(c)) for a, b, c in d["step_windows"]], comm,
-                         tuple((float(a), float(b)) for a, b in d["segments"]))
+                         tuple((float(a), float(b)) for a, b in d["segments"]),
+                         _interval_rows(d.get("m", [])))
 
 
 def _interval_rows(rows: list[list[float]]) -> np.ndarray:
@@ -205,7 +224,8 @@ def compute_rank_parts(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str]
         comm = _gpu_comm_types(trace, comm_ev)
         ts = kernels["ts"].to_numpy()
         return RankParts("gpu", k, c, lo, hi, windows, comm,
-                         _segments(ts, ts + kernels["dur"].to_numpy(), trace.windows))
+                         _segments(ts, ts + kernels["dur"].to_numpy(), trace.windows),
+                         _intervals(kernels[kk == Kind.GPU_MEMORY.value]))
 
     comm_ev = ev[kinds == Kind.CPU_COMM.value]
     c = _intervals(comm_ev)
@@ -522,8 +542,9 @@ def breakdown_rows_of(parts: RankParts
     """Whole-trace, per-step and per-collective rows (see :class:`TimeBreakdown`, without
     ``rank``) of one rank's parts."""
     total = {"domain": parts.domain, "start_us": parts.lo, "end_us": parts.hi,
-             **metrics_over(parts.k, parts.c, parts.spans())}
-    steps = [{"step": step, "start_us": lo, "end_us": hi, **metrics(parts.k, parts.c, lo, hi)}
+             **metrics_over(parts.k, parts.c, parts.spans(), parts.m)}
+    steps = [{"step": step, "start_us": lo, "end_us": hi,
+              **metrics(parts.k, parts.c, lo, hi, parts.m)}
              for step, lo, hi in parts.step_windows]
     colls = []
     for r in _collective_rows(-1, parts):

@@ -51,7 +51,8 @@ RUN_COLORS = {"A": "#4C78A8", "B": "#F58518"}
 _PART_COLORS = {"compute_only_us": PART_COLORS["compute only"],
                 "overlap_us": PART_COLORS["overlapped"],
                 "exposed_transfer_us": PART_COLORS["exposed comm"],
-                "exposed_wait_us": "#F2A7A6", "idle_us": PART_COLORS["idle"]}
+                "exposed_wait_us": "#F2A7A6", "memory_only_us": PART_COLORS["memory copies"],
+                "idle_us": PART_COLORS["idle"]}
 #: Operators drawn in the "moved" chart (the table lists :data:`compare.TOP_OPERATORS`).
 CHART_OPERATORS = 15
 #: Operators listed in the terminal.
@@ -135,8 +136,8 @@ def step_figure(c: Comparison) -> go.Figure:
 
 def breakdown_figure(c: Comparison) -> go.Figure:
     """Two panels sharing the time axis, A left and B right: per rank (or role) the mean
-    profiled step split into compute only, overlapped, exposed transfer, exposed waiting and
-    idle (ms)."""
+    profiled step split into compute only, overlapped, exposed transfer, exposed waiting,
+    memory copies and idle (ms)."""
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
                         subplot_titles=("A", "B"))
     r = c.ranks

@@ -25,7 +25,8 @@ import pandas as pd
 from .page import PART_COLORS, escape
 
 _PART_COLUMNS = {"compute only": "compute_only_us", "overlapped": "overlap_us",
-                 "exposed comm": "exposed_comm_us", "idle": "idle_us"}
+                 "exposed comm": "exposed_comm_us", "memory copies": "memory_only_us",
+                 "idle": "idle_us"}
 
 def _pe(x) -> str:
     """Escape a string for a plotly label: plotly renders a subset of HTML (``<b>``, ``<a>``)
@@ -93,10 +94,18 @@ def _stacked_bars(x, rows: pd.DataFrame, parts, hover: str) -> list:
 _BREAKDOWN_PARTS = [(part, col, PART_COLORS[part]) for part, col in _PART_COLUMNS.items()]
 
 
+def _parts(rows: pd.DataFrame) -> list:
+    """The breakdown parts to stack for ``rows``: memory copies only where some row has them
+    (a GPU trace's memcpy/memset; never on CPU traces)."""
+    copies = "memory_only_us" in rows and bool((rows["memory_only_us"].fillna(0) > 0).any())
+    return [p for p in _BREAKDOWN_PARTS if copies or p[1] != "memory_only_us"]
+
+
 def breakdown_figure(totals: pd.DataFrame) -> dict:
-    """Stacked bar per rank: compute only, overlapped, exposed communication, idle (ms).
+    """Stacked bar per rank: compute only, overlapped, exposed communication, memory copies
+    only (where a rank has them), idle (ms).
     Returns a plotly figure dict (``data``, ``layout``)."""
-    return {"data": _stacked_bars(_ranks(totals["rank"]), totals, _BREAKDOWN_PARTS,
+    return {"data": _stacked_bars(_ranks(totals["rank"]), totals, _parts(totals),
                                   "%{x}: %{y:.3f} ms"),
             "layout": {"barmode": "stack", "title": _title("Time breakdown per rank (whole trace)"),
                        "yaxis": {"title": _title("time (ms)")},
@@ -106,7 +115,7 @@ def breakdown_figure(totals: pd.DataFrame) -> dict:
 def step_breakdown_figure(steps: pd.DataFrame) -> dict:
     """Stacked bar per rank and profiler step (ms). Returns a plotly figure dict."""
     x = [f"r{r} s{s}" for r, s in zip(steps["rank"], steps["step"])]
-    return {"data": _stacked_bars(x, steps, _BREAKDOWN_PARTS, "%{x}: %{y:.3f} ms"),
+    return {"data": _stacked_bars(x, steps, _parts(steps), "%{x}: %{y:.3f} ms"),
             "layout": {"barmode": "stack",
                        "title": _title("Time breakdown per rank and profiler step"),
                        "yaxis": {"title": _title("time (ms)")},
@@ -191,7 +200,7 @@ def step_mean_figure(step_means: pd.DataFrame) -> dict:
     :attr:`pardiag.analyzer.analyses.breakdown.TimeBreakdown.step_means` (µs). Returns a plotly
     figure dict."""
     return {"data": _stacked_bars([f"step {s}" for s in step_means["step"]], step_means,
-                                  _BREAKDOWN_PARTS, "%{x}: %{y:.3f} ms (mean over ranks)"),
+                                  _parts(step_means), "%{x}: %{y:.3f} ms (mean over ranks)"),
             "layout": {"barmode": "stack",
                        "title": _title("Time breakdown per profiler step (mean over ranks)"),
                        "yaxis": {"title": _title("time (ms)")}, "height": 380}}

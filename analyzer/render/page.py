@@ -33,9 +33,9 @@ from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from pardiag.layout import user_cache_dir
 from pardiag.version import __version__
 
-#: Colours of the four breakdown parts, shared by every breakdown chart.
+#: Colours of the five breakdown parts, shared by every breakdown chart.
 PART_COLORS = {"compute only": "#4C78A8", "overlapped": "#54A24B",
-               "exposed comm": "#E45756", "idle": "#BAB0AC"}
+               "exposed comm": "#E45756", "memory copies": "#EECA3B", "idle": "#BAB0AC"}
 #: Most rows of any table; the rest are left out and the page says "showing N of M".
 MAX_TABLE_ROWS = 200
 PLOTLY_CDN_URL = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"

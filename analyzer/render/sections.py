@@ -202,11 +202,13 @@ def breakdown(report: Report, page: Page) -> dict:
     if len(b.totals):
         out["figure"] = _html(page.fig(fg.breakdown_figure(b.totals)))
         ms = in_ms(b.totals, ["span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
-                            "idle_us"])
+                            "memory_only_us", "idle_us"])
+        copies = ({"memory_only_us": "memory copies only (ms)"}
+                  if (b.totals["memory_only_us"].fillna(0) > 0).any() else {})
         out["table"] = _table(ms, {
             "rank": "rank", "domain": "timeline", "span_us": "span (ms)",
             "compute_only_us": "compute only (ms)", "overlap_us": "overlapped (ms)",
-            "exposed_comm_us": "exposed comm (ms)", "idle_us": "idle (ms)",
+            "exposed_comm_us": "exposed comm (ms)", **copies, "idle_us": "idle (ms)",
             "overlap_pct": "overlap %"}, left=("domain",), digits=3, sortable=True, what="ranks")
     out["has_steps"] = bool(len(b.steps))
     if len(b.run_steps):

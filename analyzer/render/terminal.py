@@ -221,17 +221,21 @@ def render_terminal(report: Report, console: Console) -> None:
         console.print(Text(f"Deep capture of {where}"))
     render_recommendations(report, console)
     b = report.breakdown
+    # a GPU trace's memory copies alone get a column where some rank has them
+    copies = bool(len(b.totals) and (b.totals["memory_only_us"].fillna(0) > 0).any())
     rows = [(str(r.rank), r.domain, _n(r.span_us / 1e3, 3), _n(r.compute_only_us / 1e3, 3),
-             _n(r.overlap_us / 1e3, 3), _n(r.exposed_comm_us / 1e3, 3), _n(r.idle_us / 1e3, 3),
+             _n(r.overlap_us / 1e3, 3), _n(r.exposed_comm_us / 1e3, 3),
+             *((_n(r.memory_only_us / 1e3, 3),) if copies else ()), _n(r.idle_us / 1e3, 3),
              _n(r.overlap_pct, 2), _n(r.exposed_comm_pct, 1)) for r in b.totals.itertuples()]
     # on a narrow terminal the timeline kind goes first (one kind in nearly every run), then the
     # overlapped ms (overlap % says it relative to the communication)
     print_table(console, Text(f"Time breakdown per rank (ms) — {report.traces.source}"), [
-        Col("rank"), Col("on", "left", drop=3), Col("span"), Col("compute"),
-        Col("overlapped", drop=2), Col("exposed"), Col("idle"), Col("overlap %"),
-        Col("exposed %", drop=1)], rows,
+        Col("rank"), Col("on", "left", drop=4), Col("span"), Col("compute"),
+        Col("overlapped", drop=2), Col("exposed"), *((Col("memcpy", drop=3),) if copies else ()),
+        Col("idle"), Col("overlap %"), Col("exposed %", drop=1)], rows,
         caption="compute = compute only; overlap % = overlapped / communication; "
-                "exposed % = exposed comm / span")
+                "exposed % = exposed comm / span"
+                + ("; memcpy = memory copies and sets alone (not idle)" if copies else ""))
     if len(b.collectives):
         agg = b.collective_totals  # the same table as the HTML's and the JSON's
         print_table(console, "Collectives (all ranks)", [

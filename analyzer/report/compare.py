@@ -23,8 +23,9 @@ What is compared, and how:
   that much while each run's own steps agreed); with fewer than two steps in a run the noise is
   unknown.
 * **Time per profiled step** (:attr:`Comparison.breakdown`, :attr:`Comparison.ranks`): compute
-  only, overlapped, exposed communication split into waiting and transfer, and idle, the mean
-  over a rank's profiled steps (HTA's overlap, Lumos' breakdown). A rank's waiting is the wait it
+  only, overlapped, exposed communication split into waiting and transfer, memory copies (a
+  GPU's, where either run has some) and idle, the mean over a rank's profiled steps (HTA's
+  overlap, Lumos' breakdown). A rank's waiting is the wait it
   suffered in matched collectives (TensorBoard's synchronization time) per profiled step, counted
   as exposed first (a rank waiting for its peers has nothing to overlap) and at most its exposed
   communication; the rest of the exposed communication is transfer. Ranks are compared rank by
@@ -81,11 +82,12 @@ TOP_OPERATORS = 30
 #: Labels of the time breakdown parts, in order (µs per profiled step, mean over ranks).
 PARTS = {"compute_only_us": "compute only", "overlap_us": "overlapped",
          "exposed_transfer_us": "exposed comm: transfer",
-         "exposed_wait_us": "exposed comm: waiting", "idle_us": "idle"}
+         "exposed_wait_us": "exposed comm: waiting", "memory_only_us": "memory copies",
+         "idle_us": "idle"}
 #: Values compared per rank or role (µs per profiled step; bytes).
 RANK_VALUES = ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "exposed_wait_us",
-               "exposed_transfer_us", "idle_us", "wait_caused_us", "static_bytes", "peak_bytes",
-               "peak_allocated_bytes", "peak_rss_bytes")
+               "exposed_transfer_us", "memory_only_us", "idle_us", "wait_caused_us",
+               "static_bytes", "peak_bytes", "peak_allocated_bytes", "peak_rss_bytes")
 
 
 # ---------------------------------------------------------------------------- result types
@@ -553,6 +555,8 @@ def _breakdown(ra: pd.DataFrame, rb: pd.DataFrame, step: StepDelta,
         xb = [_part_means(t, p) for t in tables[1]]
         va, vb = (float(np.nanmedian(x)) if not all(map(math.isnan, x)) else float("nan")
                   for x in (xa, xb))
+        if p == "memory_only_us" and not (va > 0 or vb > 0):
+            continue   # a device's copies: no row where neither run has any (CPU runs)
         if repeated:
             pv, decidable = runs_test(xa, xb)
             within = (None if not decidable or math.isnan(pv)

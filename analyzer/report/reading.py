@@ -170,12 +170,14 @@ def _roles(doc: ReportDocument) -> dict[int, str]:
 
 
 #: The breakdown values :func:`rank_table` averages over a rank's profiled steps.
-_STEP_VALUES = ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "idle_us")
+_STEP_VALUES = ("span_us", "compute_only_us", "overlap_us", "exposed_comm_us", "memory_only_us",
+                "idle_us")
 
 
 def rank_table(doc: ReportDocument) -> pd.DataFrame:
     """Per rank of a summary: ``rank``, ``role``, ``steps`` (profiled), the mean per profiled
-    step of ``span_us``, ``compute_only_us``, ``overlap_us``, ``exposed_comm_us``, ``idle_us``;
+    step of ``span_us``, ``compute_only_us``, ``overlap_us``, ``exposed_comm_us``,
+    ``memory_only_us`` (NaN in a report older than that key), ``idle_us``;
     ``wait_suffered_us`` and ``wait_caused_us`` per profiled step (matched collectives),
     ``exposed_wait_us`` = min(waiting at complete instances, ``sync.stragglers[].waiting_us``
     per step, exposed) and ``exposed_transfer_us`` = exposed − that (NaN for a rank that no
@@ -214,7 +216,7 @@ def rank_table(doc: ReportDocument) -> pd.DataFrame:
                      "peak_allocated_bytes": num(m.peak_allocated_bytes if m else None),
                      "peak_rss_bytes": num(m.peak_rss_bytes if m else None)})
     cols = ["rank", "role", "steps", "span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
-            "idle_us", "wait_suffered_us", "wait_caused_us", "exposed_wait_us",
+            "memory_only_us", "idle_us", "wait_suffered_us", "wait_caused_us", "exposed_wait_us",
             "exposed_transfer_us", "static_bytes", "peak_bytes", "peak_allocated_bytes",
             "peak_rss_bytes"]
     return pd.DataFrame(rows, columns=cols)

@@ -100,8 +100,8 @@ def records(df: pd.DataFrame, columns: Iterable[str] | None = None) -> list[dict
 
 
 _TOTAL_KEYS = ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us",
-               "exposed_comm_us", "idle_us", "overlap_pct", "compute_only_pct",
-               "overlap_share_pct", "exposed_comm_pct", "idle_pct")
+               "exposed_comm_us", "memory_only_us", "idle_us", "overlap_pct", "compute_only_pct",
+               "overlap_share_pct", "exposed_comm_pct", "memory_only_pct", "idle_pct")
 
 
 _Row = TypeVar("_Row")
@@ -495,9 +495,9 @@ def report_json(report: Report) -> dict[str, Any]:
          "capture": {...} | null,
          "ranks": [{"rank", "file", "rank_source", "domain",
                     "total": {"span_us", "compute_us", "comm_us", "overlap_us",
-                              "compute_only_us", "exposed_comm_us", "idle_us", "overlap_pct",
-                              "compute_only_pct", "overlap_share_pct", "exposed_comm_pct",
-                              "idle_pct"},
+                              "compute_only_us", "exposed_comm_us", "memory_only_us",
+                              "idle_us", "overlap_pct", "compute_only_pct", "overlap_share_pct",
+                              "exposed_comm_pct", "memory_only_pct", "idle_pct"},
                     "steps": [{"step", "start_us", "end_us", ...the same keys}],
                     "collectives": [{"collective", "count", "time_us", "exposed_us"}]}]}
 

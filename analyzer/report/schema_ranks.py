@@ -20,8 +20,8 @@ NAN = math.nan
 
 class BreakdownTotals(msgspec.Struct, kw_only=True, frozen=True):
     """A rank's breakdown over its whole trace window (``ranks[].total``). K is the union of the
-    computation intervals, C of the communication intervals; compute_only_us + overlap_us +
-    exposed_comm_us + idle_us = span_us.
+    computation intervals, C of the communication intervals, M of the device's memory copies and
+    sets; compute_only_us + overlap_us + exposed_comm_us + memory_only_us + idle_us = span_us.
 
     Attributes:
         span_us: Length of the window. ``total`` is the whole trace window, summed over
@@ -31,7 +31,9 @@ class BreakdownTotals(msgspec.Struct, kw_only=True, frozen=True):
         overlap_us: |K ∩ C|: communication under computation. Unit: µs.
         compute_only_us: |K| − overlap. Unit: µs.
         exposed_comm_us: |C| − overlap: communication not hidden by computation. Unit: µs.
-        idle_us: Window − |K ∪ C| (memcpy/memset only, host gaps, nothing). Unit: µs.
+        memory_only_us: |M − (K ∪ C)|: the device copies (memcpy, memset) and neither computes
+            nor communicates; 0 on CPU traces. Unit: µs.
+        idle_us: Window − |K ∪ C ∪ M| (host gaps, nothing running). Unit: µs.
         overlap_pct: 100 · overlap / |C| (HTA's overlap). Unit: % of comm time. Null/absent:
             ``null`` without communication.
         compute_only_pct: Compute only / span. Unit: % of window. Null/absent: ``null`` when the
@@ -39,6 +41,8 @@ class BreakdownTotals(msgspec.Struct, kw_only=True, frozen=True):
         overlap_share_pct: Overlap / span. Unit: % of window. Null/absent: ``null`` when the
             span is 0.
         exposed_comm_pct: Exposed communication / span. Unit: % of window. Null/absent: ``null``
+            when the span is 0.
+        memory_only_pct: Memory copies only / span. Unit: % of window. Null/absent: ``null``
             when the span is 0.
         idle_pct: Idle / span. Unit: % of window. Null/absent: ``null`` when the span is 0.
     """
@@ -49,11 +53,13 @@ class BreakdownTotals(msgspec.Struct, kw_only=True, frozen=True):
     overlap_us: Number | UnsetType = UNSET
     compute_only_us: Number | UnsetType = UNSET
     exposed_comm_us: Number | UnsetType = UNSET
+    memory_only_us: Number | UnsetType = UNSET
     idle_us: Number | UnsetType = UNSET
     overlap_pct: Number | None | UnsetType = UNSET
     compute_only_pct: Number | None | UnsetType = UNSET
     overlap_share_pct: Number | None | UnsetType = UNSET
     exposed_comm_pct: Number | None | UnsetType = UNSET
+    memory_only_pct: Number | None | UnsetType = UNSET
     idle_pct: Number | None | UnsetType = UNSET
 
 
@@ -74,7 +80,9 @@ class StepBreakdown(msgspec.Struct, kw_only=True, frozen=True):
         overlap_us: |K ∩ C|: communication under computation. Unit: µs.
         compute_only_us: |K| − overlap. Unit: µs.
         exposed_comm_us: |C| − overlap: communication not hidden by computation. Unit: µs.
-        idle_us: Window − |K ∪ C| (memcpy/memset only, host gaps, nothing). Unit: µs.
+        memory_only_us: |M − (K ∪ C)|: the device copies (memcpy, memset) and neither computes
+            nor communicates; 0 on CPU traces. Unit: µs.
+        idle_us: Window − |K ∪ C ∪ M| (host gaps, nothing running). Unit: µs.
         overlap_pct: 100 · overlap / |C| (HTA's overlap). Unit: % of comm time. Null/absent:
             ``null`` without communication.
         compute_only_pct: Compute only / span. Unit: % of window. Null/absent: ``null`` when the
@@ -82,6 +90,8 @@ class StepBreakdown(msgspec.Struct, kw_only=True, frozen=True):
         overlap_share_pct: Overlap / span. Unit: % of window. Null/absent: ``null`` when the
             span is 0.
         exposed_comm_pct: Exposed communication / span. Unit: % of window. Null/absent: ``null``
+            when the span is 0.
+        memory_only_pct: Memory copies only / span. Unit: % of window. Null/absent: ``null``
             when the span is 0.
         idle_pct: Idle / span. Unit: % of window. Null/absent: ``null`` when the span is 0.
     """
@@ -95,11 +105,13 @@ class StepBreakdown(msgspec.Struct, kw_only=True, frozen=True):
     overlap_us: Number = NAN
     compute_only_us: Number = NAN
     exposed_comm_us: Number = NAN
+    memory_only_us: Number = NAN
     idle_us: Number = NAN
     overlap_pct: Number | None = None
     compute_only_pct: Number | None = None
     overlap_share_pct: Number | None = None
     exposed_comm_pct: Number | None = None
+    memory_only_pct: Number | None = None
     idle_pct: Number | None = None
 
 

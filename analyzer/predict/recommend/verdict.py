@@ -269,9 +269,15 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
     if len(tot) and tot["span_us"].sum() > 0:
         span = tot["span_us"].sum()
         idle = 100.0 * tot["idle_us"].sum() / span
+        # a GPU's copies alone are neither idle nor computing: said where they show at 0.1%
+        copies = (100.0 * tot["memory_only_us"].sum() / span
+                  if "memory_only_us" in tot else 0.0)
+        copied = (f" (memory copies alone another {copies:.1f}%)"
+                  if round(copies, 1) > 0 else "")
         split = exposed_split(ctx)
         if split is None:
-            parts.append(f"exposed communication 0.0% and idle {idle:.1f}% of the ranks' time")
+            parts.append(f"exposed communication 0.0% and idle {idle:.1f}%{copied} of the "
+                         f"ranks' time")
         else:
             exp, wait, xfer, unknown, head = (100.0 * x / span for x in split)
             peer = "a peer stage (the bubble)" if ctx.is_pipeline else "other ranks"
@@ -293,7 +299,7 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
                     how += (f"; {unknown:.1f}% on ranks whose peers are absent, split "
                             f"unknown")
             parts.append(f"exposed communication {exp:.1f}% of the ranks' time ({how}) and idle "
-                         f"{idle:.1f}%")
+                         f"{idle:.1f}%{copied}")
     bubble = bubble_text(ctx)
     if bubble:
         parts.append(bubble)
