@@ -295,7 +295,16 @@ def straggler_table(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_mu
             top[step] = (last, v)
     tops = pd.Series([t[0] for t in top.values()]).value_counts()
     st["steps_as_top"] = st["rank"].map(tops).fillna(0).astype(int)
-    st["instances"] = st["rank"].map(pr.groupby("rank")["instance"].nunique()).fillna(0).astype(int)
+    # the ops at which a rank can be the one waited for: a broadcast's or scatter's members
+    # wait for its root only, so a member's arrival there is no chance to be last
+    roots = done.set_index("instance")["root"] if "root" in done else None
+    chances = pr
+    if roots is not None and "semantics" in pr and "op" in pr:
+        from_root = (pr["semantics"].eq(ROOTED) & pr["op"].isin(FROM_ROOT)).to_numpy()
+        root = pd.to_numeric(pr["instance"].map(roots), errors="coerce").to_numpy(dtype=float)
+        chances = pr[~from_root | (pr["rank"].to_numpy(dtype=float) == root)]
+    st["instances"] = (st["rank"].map(chances.groupby("rank")["instance"].nunique())
+                       .fillna(0).astype(int))
     st = st.sort_values(["wait_caused_us", "rank"], ascending=[False, True]).reset_index(drop=True)
     if done.empty and n_multi:
         st = st.iloc[:0]

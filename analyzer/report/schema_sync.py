@@ -51,10 +51,12 @@ class StragglerRow(msgspec.Struct, kw_only=True, frozen=True):
             length of the union of their waits for it, less the part during which it was itself
             waiting for another rank (that part is charged down the chain, Scalasca's delay
             costs). Unit: µs.
-        last_arrivals: Instances it arrived last at.
+        last_arrivals: Instances it arrived last at (of a broadcast or scatter: the root, the
+            one its members wait for).
         steps_as_top: Steps in which it caused the most wait.
         instances: Complete instances it took part in that are evidence (not at a window's
-            head).
+            head) and at which it could be the one waited for: a broadcast or scatter only for
+            its root.
         waiting_us: Length of the union of its waits at every complete instance, window heads
             included: the waiting part of its exposed communication is at most this, the rest is
             transfer. Unit: µs. Null/absent: ``null`` when no complete instance holds the rank
