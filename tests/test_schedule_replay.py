@@ -186,3 +186,19 @@ def test_every_torch_schedule_replays_to_its_own_order(name, p, m):
     assert got == {r: pytest.approx(want[r], abs=1e-9) for r in want}
     if name in ("ScheduleGPipe", "Schedule1F1B"):
         assert got == {r: pytest.approx(100 * (p - 1) / (m + p - 1)) for r in want}
+
+
+def test_the_replayed_window_starts_at_the_first_action_as_the_measured_one_does():
+    """Rank 1 is ready at 0 and rank 0 at 50 µs (a longer tail of the step before), but rank
+    1's forward waits for rank 0's (50–150): the window runs from 50 (the first action) to
+    rank 0's backward's end at 650, 600 µs, of which each rank is busy 300 µs: a 50% bubble.
+    From time 0 the window read 650 µs and the bubble 53.8%, which the verdict set beside
+    the measured one (24.2% against 31.8% on a ZBV pipeline that replays exactly)."""
+    from pardiag.analyzer.predict.whatif import simulate
+
+    orders = {0: [(0, "F", 0), (0, "B", 0)], 1: [(1, "F", 0), (1, "B", 0)]}
+    res = simulate(orders, [100.0, 100.0], [200.0, 200.0], 0.0, {0: 50.0, 1: 0.0})
+    assert res.window_us == 600.0
+    assert res.bubble_pct == {0: 50.0, 1: 50.0}
+    assert [a[4:] for a in res.actions] == [(50.0, 150.0), (150.0, 250.0), (250.0, 450.0),
+                                            (450.0, 650.0)]

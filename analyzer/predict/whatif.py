@@ -127,7 +127,7 @@ class SimResult:
     """Result of :func:`simulate`.
 
     Attributes:
-        window_us: end of the last action (the pipeline window, from 0).
+        window_us: the pipeline window: from the first action's start to the last one's end.
         busy_us: ``{rank: Σ action durations}``.
         bubble_pct: ``{rank: 100 · (window − busy) / window}``.
         actions: ``[(rank, stage, phase, microbatch, start_us, end_us)]`` in start order.
@@ -219,7 +219,10 @@ def simulate(orders: dict[int, list[Action]], fwd_us: Sequence[float], bwd_us: S
                 progressed = True
         if not progressed:
             raise ValueError("pipeline schedule deadlocks: an action waits for one that never runs")
-    window = (max(free.values()) - origin) if free else 0.0
+    # the window runs from the first action's start, as the measured one does: a rank ready
+    # early whose first action waits on another rank has not started the step
+    first = min((a[4] for a in acts), default=origin)
+    window = (max(free.values()) - first) if free else 0.0
     acts.sort(key=lambda a: (a[4], a[0]))
     return SimResult(window, busy,
                      {r: (100.0 * (window - b) / window if window > 0 else 0.0)
