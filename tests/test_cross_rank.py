@@ -653,29 +653,39 @@ def test_merge_keeps_the_world_size_so_absent_ranks_stay_absent(tmp_path):
         assert sync.straggler is None and not sync.instances["complete"].any()
 
 
-def test_point_to_point_only_ranks_on_other_clocks_are_not_compared(tmp_path):
-    # two ranks exchange only send/recv; rank 1's clock reads +5000 µs, so no pair overlaps
-    for r, skew in ((0, 0.0), (1, 5000.0)):
+def _p2p_only(tmp_path: Path, skews) -> Path:
+    """Two ranks that exchange only send/recv kernels, 3 transfers; rank 1 records the k-th
+    one ``skews[k]`` µs later than rank 0 (its clock, or a mispairing)."""
+    tmp_path.mkdir(parents=True)
+    for r in (0, 1):
         b = TraceBuilder(rank=r)
-        b.step(1, EPOCH + skew, 10000)
+        b.step(1, EPOCH + (skews[0] if r else 0.0), 10000)
         for k in range(3):
-            t = EPOCH + skew + 1000 * k
+            t = EPOCH + (skews[k] if r else 0.0) + 3000 * k
             op, peer = ("send", "Dst Rank") if r == 0 else ("recv", "Src Rank")
             b.kernel("ncclDevKernel_SendRecv(x)", t + 100, 200, stream=30, launch_ts=t + 1,
                      args=_nccl_args(op, (0, 1), "0", **{peer: str(1 - r)}))
         b.write(tmp_path / f"rank{r}.json")
-    sync = compute_sync(load_traces(tmp_path))
+    return tmp_path
+
+
+def test_point_to_point_only_ranks_are_linked_by_their_kernels_ends(tmp_path):
+    """NCCL's send and receive kernels end together: where rank 1 records every transfer
+    5000 µs later, its clock is 5000 µs ahead (no pair overlaps as recorded); where the ends
+    disagree by 2000 µs from pair to pair, nothing relates the clocks and they are not
+    compared; on one clock the pairs end together and nothing is subtracted."""
+    sync = compute_sync(load_traces(_p2p_only(tmp_path / "a", (5000.0,) * 3)))
+    off = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
+    assert off == {0: 0.0, 1: 5000.0}
+    assert any("point-to-point transfers alone link rank(s) [1]" in n for n in sync.notes)
+    assert sync.straggler is None and len(sync.p2p) == 1
+    assert float(sync.p2p["recv_wait_us"].iloc[0]) == 0.0
+    sync = compute_sync(load_traces(_p2p_only(tmp_path / "b", (5000.0, 3000.0, 7000.0))))
     assert sync.straggler is None
     assert any("no complete collective links rank(s) [1] to rank 0" in n for n in sync.notes)
-    # the same exchange on one clock is compared: the pairs overlap
-    for f in tmp_path.glob("rank1.json"):
-        doc = json.loads(f.read_text())
-        for e in doc["traceEvents"]:
-            if "ts" in e:
-                e["ts"] -= 5000.0
-        f.write_text(json.dumps(doc))
-    sync = compute_sync(load_traces(tmp_path))
+    sync = compute_sync(load_traces(_p2p_only(tmp_path / "c", (0.0,) * 3)))
     assert len(sync.p2p) == 1 and not any("links rank(s)" in n for n in sync.notes)
+    assert set(sync.offsets["offset_us"]) == {0.0}
 
 
 def test_batched_sendrecv_and_named_copies_are_never_matched_as_collectives(tmp_path):

@@ -254,6 +254,8 @@ def fit_clocks(rows: pd.DataFrame, unit: dict[int, object], t0_us: float, passes
 #: A send and its recv whose recorded intervals miss each other by more than this (µs) are not
 #: taken to run on one clock.
 P2P_OVERLAP_SLACK_US = 1.0
+#: A device send and its receive kernel end within this (µs) of each other on one clock.
+P2P_END_TOL_US = 5.0
 
 
 def _link(ev: pd.DataFrame, complete: set, ranks: list[int]) -> dict[int, int]:
@@ -280,15 +282,21 @@ def _link(ev: pd.DataFrame, complete: set, ranks: list[int]) -> dict[int, int]:
 
 
 def _p2p_links(ev: pd.DataFrame, complete: set, root: dict[int, int], model: ClockModel
-               ) -> tuple[dict[int, int], int]:
+               ) -> tuple[dict[int, int], int, dict[int, tuple[float, float]]]:
     """Join the clock domains that only point-to-point pairs relate: a send and its recv run
-    together, so on one clock their recorded intervals overlap. Domains whose every pair
-    overlaps are taken as one clock (no offset is made up from transfer ends, which a
-    mispaired transfer would skew); a pair that does not overlap says the clocks differ (or the
-    pairing is off), and those domains are not compared.
+    together, so on one clock their recorded intervals overlap. Where both sides are device
+    kernels (NCCL's send and receive kernels end together, the data in place), the ends say
+    more: two domains whose pairs end a consistent median apart (the median absolute deviation
+    within :data:`P2P_END_TOL_US` or a tenth of it) are one clock offset by that median, and
+    pairs that end within :data:`P2P_END_TOL_US` of each other on the median are one clock.
+    Otherwise domains whose every pair overlaps are taken as one clock (host transfers: an
+    async send's span lasts until its wait, so its end says nothing); a pair that does not
+    overlap says the clocks differ (or the pairing is off), and those domains are not compared.
 
     Returns:
-        (``{rank: domain}``, point-to-point pairs between domains).
+        (``{rank: domain}``, point-to-point pairs between domains, ``{domain root: (offset µs
+        of its clock relative to its new domain's reference, median absolute deviation of the
+        pairs' end differences µs)}`` for the domains linked by kernel ends).
     """
     pairs = ev[ev["instance"].isin(complete) & is_p2p(ev["instance"])]
     # the instances of exactly two members, each pair's rows adjacent (sender, receiver or
@@ -302,27 +310,55 @@ def _p2p_links(ev: pd.DataFrame, complete: set, root: dict[int, int], model: Clo
     cb = np.array([root[int(r)] for r in rs[1::2]], dtype=int)
     together = (np.maximum(st[0::2], st[1::2])
                 <= np.minimum(en[0::2], en[1::2]) + P2P_OVERLAP_SLACK_US)
+    stream = (pd.to_numeric(pairs["stream"], errors="coerce").notna().to_numpy()
+              if "stream" in pairs else np.zeros(len(pairs), dtype=bool))
+    kernels = stream[0::2] & stream[1::2]
+    # the larger domain root's clock minus the smaller's, at each pair's end
+    d = np.where(ca < cb, en[1::2] - en[0::2], en[0::2] - en[1::2])
     cross = ca != cb
     n_pairs = int(cross.sum())
-    ok: dict[tuple[int, int], bool] = {}
-    for x, y, good in zip(np.minimum(ca, cb)[cross], np.maximum(ca, cb)[cross], together[cross]):
-        key = (int(x), int(y))
-        ok[key] = ok.get(key, True) and bool(good)
+    seen: dict[tuple[int, int], tuple[bool, list[float]]] = {}
+    for x, y, good, k, dd in zip(np.minimum(ca, cb)[cross], np.maximum(ca, cb)[cross],
+                                 together[cross], kernels[cross], d[cross]):
+        ok_so_far, ends = seen.get((int(x), int(y)), (True, []))
+        seen[(int(x), int(y))] = (ok_so_far and bool(good), ends + ([float(dd)] if k else []))
+    # per linked pair of domains: the offset of the larger root's clock (None: not linked)
+    link: dict[tuple[int, int], tuple[float, float] | None] = {}
+    for key, (all_overlap, ends) in seen.items():
+        if ends:
+            med = float(np.median(ends))
+            mad = float(np.median(np.abs(np.asarray(ends) - med)))
+            if abs(med) <= P2P_END_TOL_US and mad <= P2P_END_TOL_US:
+                link[key] = (0.0, mad)
+            elif mad <= max(P2P_END_TOL_US, 0.1 * abs(med)):
+                link[key] = (med, mad)
+            else:
+                link[key] = None
+        else:
+            link[key] = (0.0, float("nan")) if all_overlap else None
     linked: dict[int, int] = {}
+    shift: dict[int, tuple[float, float]] = {}
     for start in sorted(set(root.values())):
         if start in linked:
             continue
         linked[start] = start
+        offset = {start: 0.0}
         todo = [start]
         while todo:
             a = todo.pop()
-            for (x, y), good in ok.items():
-                if good and a in (x, y):
-                    other = y if a == x else x
-                    if other not in linked:
-                        linked[other] = start
-                        todo.append(other)
-    return {r: linked[root[r]] for r in root}, n_pairs
+            for (x, y), got in link.items():
+                if got is None or a not in (x, y):
+                    continue
+                other = y if a == x else x
+                if other in linked:
+                    continue
+                linked[other] = start
+                off, mad = got
+                offset[other] = offset[a] + (off if other == y else -off)
+                if off or offset[other]:
+                    shift[other] = (offset[other], mad)
+                todo.append(other)
+    return {r: linked[root[r]] for r in root}, n_pairs, shift
 
 
 def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str],
@@ -385,8 +421,17 @@ def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str],
                          " (no complete release-together collective to compare ends at)"))
         return ClockModel(out[cols], t0, {r: 0 for r in ranks}, applied), notes
     model = ClockModel(out[cols], t0, dict(root), applied)
-    domain, n_pairs = _p2p_links(ev, complete, root, model)
-    model = dataclasses.replace(model, domain=domain)
+    domain, n_pairs, shift = _p2p_links(ev, complete, root, model)
+    if shift:   # a domain linked by its kernels' transfer ends, at an offset
+        moved = out["rank"].map(lambda r: shift.get(root[int(r)], (0.0, np.nan)))
+        out["offset_us"] = out["offset_us"] + moved.map(lambda x: x[0])
+        lone = out["instances"].eq(0) & out["rank"].map(lambda r: root[int(r)] in shift)
+        out.loc[lone, "residual_us"] = moved[lone].map(lambda x: x[1])
+        notes.append(f"point-to-point transfers alone link rank(s) "
+                     f"{sorted(r for r in ranks if root[r] in shift)[:8]} to the others: their "
+                     f"send and receive kernels end together, so each clock's offset is the "
+                     f"median difference of those ends")
+    model = dataclasses.replace(ClockModel(out[cols], t0, dict(root), applied), domain=domain)
     what = "host" if known else "rank"
     if n_coll or n_pairs:
         notes.append(f"{'hosts known' if known else 'hosts unknown'}: a clock offset and drift "

@@ -15,8 +15,10 @@ Input: every rank's issued communication ops
 2. **Clocks** (:mod:`pardiag.analyzer.analyses.clocks`): an offset and a drift per host (per rank
    when hosts are unknown), fitted robustly (Theil–Sen) to the ends of complete
    release-together instances only — rooted ops end along their chain, point-to-point pairs
-   relate two ranks. Ranks that no complete collective joins are separate clock domains, never
-   compared. Times are corrected before anything is compared; offsets and drifts are reported.
+   relate two ranks: sets of ranks that only they join are linked by their device kernels'
+   ends (a send and its receive end together) or, on the host, taken as one clock when every
+   pair overlaps. Ranks nothing links are separate clock domains, never compared. Times are
+   corrected before anything is compared; offsets and drifts are reported.
 3. **Window heads** (:mod:`pardiag.analyzer.analyses.stragglers`): instances before every rank's
    trace has started, and the first step after where the traces start more than
    :data:`pardiag.analyzer.analyses.stragglers.HEAD_SKEW_US` apart, are no evidence of a slow
