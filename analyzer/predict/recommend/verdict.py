@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 
 import pandas as pd
 
@@ -101,7 +100,7 @@ def bubble_text(ctx: RuleContext) -> str | None:
     model = ctx.model
     replay = None
     if model is not None:
-        replay = statistics.fmean(model.predict()[1].bubble_pct.values())
+        replay = model.bubble_pct(model.predict()[1])
     if measured is None and replay is None:
         return None
     if measured is None:

@@ -52,7 +52,7 @@ def _replay_base(ctx: RuleContext, model: PipelineModel) -> _Replay:
     static = ctx.peak.static_bytes if ctx.peak.static_bytes is not None else 0.0
     act = (peak - static) if (peak is not None and peak > static) else None
     infl0 = model.inflight_of(model.schedule, model.m, model.v)
-    bubble = statistics.fmean(base.bubble_pct.values())
+    bubble = model.bubble_pct(base)
     common_ev = (f"measured on {model.steps} {model.basis} step(s): step {ms(measured)} (median "
                  f"of their {len(model.periods_us)} periods, start to start), pipeline "
                  f"window {ms(model.window_us)}, {model.p} ranks × {model.v} stage(s) per rank, "
@@ -101,7 +101,7 @@ def _replayed(rp: _Replay, kind, title, change, sched, m, v, f=None, b=None, pb=
     return Recommendation(
         kind=kind, title=title, change=change,
         evidence=rp.evidence + tuple(extra_ev) + (
-            f"predicted bubble {statistics.fmean(sim.bubble_pct.values()):.1f}%",),
+            f"predicted bubble {model.bubble_pct(sim):.1f}%",),
         caveats=caveats, measured_step_us=rp.measured_us, predicted_step_us=pred,
         measured_peak_bytes=rp.peak_bytes, predicted_peak_bytes=pred_peak, fits_memory=fits,
         params=params or {}, **batch_fields(rp.batch, **(batch_x or {})), **interval)
