@@ -673,7 +673,8 @@ def test_point_to_point_only_ranks_are_linked_by_their_kernels_ends(tmp_path):
     """NCCL's send and receive kernels end together: where rank 1 records every transfer
     5000 µs later, its clock is 5000 µs ahead (no pair overlaps as recorded); where the ends
     disagree by 2000 µs from pair to pair, nothing relates the clocks and they are not
-    compared; on one clock the pairs end together and nothing is subtracted."""
+    compared, as where one pair of three ends off the others' offset; on one clock the pairs end
+    together and nothing is subtracted."""
     sync = compute_sync(load_traces(_p2p_only(tmp_path / "a", (5000.0,) * 3)))
     off = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
     assert off == {0: 0.0, 1: 5000.0}
@@ -682,6 +683,11 @@ def test_point_to_point_only_ranks_are_linked_by_their_kernels_ends(tmp_path):
     assert float(sync.p2p["recv_wait_us"].iloc[0]) == 0.0
     sync = compute_sync(load_traces(_p2p_only(tmp_path / "b", (5000.0, 3000.0, 7000.0))))
     assert sync.straggler is None
+    assert any("no complete collective links rank(s) [1] to rank 0" in n for n in sync.notes)
+    # two pairs agree on 5000 µs, the third ends 4000 µs off it: a mispairing (or another
+    # clock), so nothing is made up from the median
+    sync = compute_sync(load_traces(_p2p_only(tmp_path / "d", (5000.0, 5000.0, 9000.0))))
+    assert sync.straggler is None and len(sync.p2p) == 0
     assert any("no complete collective links rank(s) [1] to rank 0" in n for n in sync.notes)
     sync = compute_sync(load_traces(_p2p_only(tmp_path / "c", (0.0,) * 3)))
     assert len(sync.p2p) == 1 and not any("links rank(s)" in n for n in sync.notes)

@@ -287,11 +287,11 @@ def _p2p_links(ev: pd.DataFrame, complete: set, root: dict[int, int], model: Clo
     together, so on one clock their recorded intervals overlap. Where both sides are device
     kernels (NCCL's send and receive kernels end together, the data in place), the ends say
     more: two domains whose pairs end a consistent median apart (the median absolute deviation
-    within :data:`P2P_END_TOL_US` or a tenth of it) are one clock offset by that median, and
-    pairs that end within :data:`P2P_END_TOL_US` of each other on the median are one clock.
-    Otherwise domains whose every pair overlaps are taken as one clock (host transfers: an
-    async send's span lasts until its wait, so its end says nothing); a pair that does not
-    overlap says the clocks differ (or the pairing is off), and those domains are not compared.
+    within :data:`P2P_END_TOL_US` or a tenth of it) are one clock offset by that median (none
+    when it is within :data:`P2P_END_TOL_US`). Host transfers say less (an async send's span
+    lasts until its wait, so its end says nothing): their domains are one clock at no offset.
+    Either way every pair must overlap once the offset is subtracted: one that does not says
+    the clocks differ or the pairing is off, and those domains are not compared.
 
     Returns:
         (``{rank: domain}``, point-to-point pairs between domains, ``{domain root: (offset µs
@@ -308,34 +308,36 @@ def _p2p_links(ev: pd.DataFrame, complete: set, root: dict[int, int], model: Clo
     en = model.correct(rs, pairs["end_us"].to_numpy(dtype=float))
     ca = np.array([root[int(r)] for r in rs[0::2]], dtype=int)
     cb = np.array([root[int(r)] for r in rs[1::2]], dtype=int)
-    together = (np.maximum(st[0::2], st[1::2])
-                <= np.minimum(en[0::2], en[1::2]) + P2P_OVERLAP_SLACK_US)
     stream = (pd.to_numeric(pairs["stream"], errors="coerce").notna().to_numpy()
               if "stream" in pairs else np.zeros(len(pairs), dtype=bool))
     kernels = stream[0::2] & stream[1::2]
-    # the larger domain root's clock minus the smaller's, at each pair's end
-    d = np.where(ca < cb, en[1::2] - en[0::2], en[0::2] - en[1::2])
+    # each pair as (the smaller domain root's side, the larger's)
+    lo_first = ca < cb
+    sx, ex = np.where(lo_first, st[0::2], st[1::2]), np.where(lo_first, en[0::2], en[1::2])
+    sy, ey = np.where(lo_first, st[1::2], st[0::2]), np.where(lo_first, en[1::2], en[0::2])
     cross = ca != cb
     n_pairs = int(cross.sum())
-    seen: dict[tuple[int, int], tuple[bool, list[float]]] = {}
-    for x, y, good, k, dd in zip(np.minimum(ca, cb)[cross], np.maximum(ca, cb)[cross],
-                                 together[cross], kernels[cross], d[cross]):
-        ok_so_far, ends = seen.get((int(x), int(y)), (True, []))
-        seen[(int(x), int(y))] = (ok_so_far and bool(good), ends + ([float(dd)] if k else []))
-    # per linked pair of domains: the offset of the larger root's clock (None: not linked)
+    keys = np.stack([np.minimum(ca, cb), np.maximum(ca, cb)], axis=1)[cross]
+    sx, ex, sy, ey, kernels = sx[cross], ex[cross], sy[cross], ey[cross], kernels[cross]
+    # per pair of domains: the offset of the larger root's clock, or None (not linked)
     link: dict[tuple[int, int], tuple[float, float] | None] = {}
-    for key, (all_overlap, ends) in seen.items():
-        if ends:
-            med = float(np.median(ends))
-            mad = float(np.median(np.abs(np.asarray(ends) - med)))
-            if abs(med) <= P2P_END_TOL_US and mad <= P2P_END_TOL_US:
-                link[key] = (0.0, mad)
-            elif mad <= max(P2P_END_TOL_US, 0.1 * abs(med)):
-                link[key] = (med, mad)
-            else:
+    for key in sorted({(int(x), int(y)) for x, y in keys}):
+        at = np.flatnonzero((keys[:, 0] == key[0]) & (keys[:, 1] == key[1]))
+        off, mad = 0.0, float("nan")
+        k = at[kernels[at]]
+        if len(k):   # kernels: the median end difference, where the pairs agree on it
+            d = ey[k] - ex[k]
+            med = float(np.median(d))
+            mad = float(np.median(np.abs(d - med)))
+            if mad > max(P2P_END_TOL_US, 0.1 * abs(med)):
                 link[key] = None
-        else:
-            link[key] = (0.0, float("nan")) if all_overlap else None
+                continue
+            off = med if abs(med) > P2P_END_TOL_US else 0.0
+        # on one clock (offset subtracted) every send overlaps its receive: one that does not
+        # says the pairing is off, and nothing is made up from it
+        ok = np.maximum(sx[at], sy[at] - off) <= np.minimum(ex[at], ey[at] - off) \
+            + P2P_OVERLAP_SLACK_US
+        link[key] = (off, mad) if bool(ok.all()) else None
     linked: dict[int, int] = {}
     shift: dict[int, tuple[float, float]] = {}
     for start in sorted(set(root.values())):
