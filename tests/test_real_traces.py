@@ -12,6 +12,7 @@ import math
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from pardiag.analyzer.analyses.breakdown import compute_rank_breakdown, compute_time_breakdown
@@ -37,17 +38,18 @@ def test_overlap_matches_reference_values(real_traces, folder):
         assert got[rank] == pytest.approx(want, abs=0.05), (folder, rank)
 
 
-def _hta_overlap(folder) -> dict[int, float]:
+def _hta(folder, analysis: str) -> pd.DataFrame:
+    """HTA's ``analysis`` (a TraceAnalysis method) of ``folder``, indexed by rank."""
     from hta.trace_analysis import TraceAnalysis
 
     logging.disable(logging.WARNING)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            df = TraceAnalysis(trace_dir=str(folder)).get_comm_comp_overlap(visualize=False)
+            df = getattr(TraceAnalysis(trace_dir=str(folder)), analysis)(visualize=False)
     finally:
         logging.disable(logging.NOTSET)
-    return dict(zip(df["rank"], df["comp_comm_overlap_pctg"]))
+    return df.set_index("rank")
 
 
 def _hta_rounded(trace):
@@ -61,16 +63,21 @@ def _hta_rounded(trace):
 
 @pytest.mark.parametrize("folder", sorted(REFERENCE_OVERLAP_PCT))
 def test_overlap_agrees_with_hta_on_its_window(real_traces, folder):
-    hta = _hta_overlap(real_traces / folder)
-    traces = load_traces(real_traces / folder)
-    for rank, trace in traces.ranks.items():
+    hta = _hta(real_traces / folder, "get_comm_comp_overlap")["comp_comm_overlap_pctg"]
+    for rank, ours in _on_hta_window(real_traces / folder):
+        assert ours["overlap_pct"] == pytest.approx(hta[rank], abs=0.05), (folder, rank)
+
+
+def _on_hta_window(folder):
+    """``(rank, pardiag's breakdown)`` of each rank of ``folder`` on HTA's window and times:
+    the kernels launched before the last profiler step when there are two or more, float
+    timestamps rounded as HTA rounds them."""
+    for rank, trace in load_traces(folder).ranks.items():
         if trace.events["ts"].dtype.kind == "f" and (trace.events["ts"] % 1).any():
             trace = _hta_rounded(trace)
         steps = profiler_steps(trace, classify(trace))
-        # HTA keeps kernels launched before the last profiler step when there are two or more.
         window = (-np.inf, float(steps["start_us"].max())) if len(steps) > 1 else None
-        ours = compute_rank_breakdown(trace, launch_window=window)["overlap_pct"]
-        assert ours == pytest.approx(hta[rank], abs=0.05), (folder, rank, ours, hta[rank])
+        yield rank, compute_rank_breakdown(trace, launch_window=window)
 
 
 @pytest.mark.parametrize("folder", ALL_FOLDERS)
@@ -133,34 +140,17 @@ def test_real_trace_quirks(real_traces):
     assert coll["count"] == 10
 
 
-def _hta_idle(folder) -> dict[int, float]:
-    from hta.trace_analysis import TraceAnalysis
-
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            df = TraceAnalysis(trace_dir=str(folder)).get_temporal_breakdown(visualize=False)
-    finally:
-        logging.disable(logging.NOTSET)
-    return dict(zip(df["rank"], df["idle_time(us)"]))
-
-
 @pytest.mark.parametrize("folder", sorted(REFERENCE_OVERLAP_PCT))
 def test_idle_agrees_with_hta_temporal_breakdown_on_its_window(real_traces, folder):
     """HTA's idle time is the window less every device event (kernels, memcpy, memset): a
-    device that copies is not idle. On its window (kernels launched before the last profiler
-    step) pardiag's idle is HTA's to the µs, and its memory copies alone are HTA's
-    non-compute time less the communication that computation does not hide."""
-    hta = _hta_idle(real_traces / folder)
-    traces = load_traces(real_traces / folder)
-    for rank, trace in traces.ranks.items():
-        if trace.events["ts"].dtype.kind == "f" and (trace.events["ts"] % 1).any():
-            trace = _hta_rounded(trace)
-        steps = profiler_steps(trace, classify(trace))
-        window = (-np.inf, float(steps["start_us"].max())) if len(steps) > 1 else None
-        ours = compute_rank_breakdown(trace, launch_window=window)
-        assert ours["idle_us"] == pytest.approx(hta[rank], abs=1.0), (folder, rank)
+    device that copies is not idle. On its window pardiag's idle is HTA's to the µs, and its
+    exposed communication and memory copies alone together are HTA's non-compute time (a
+    device event runs, no computation)."""
+    hta = _hta(real_traces / folder, "get_temporal_breakdown")
+    for rank, ours in _on_hta_window(real_traces / folder):
+        assert ours["idle_us"] == pytest.approx(hta.at[rank, "idle_time(us)"], abs=1.0)
+        assert ours["exposed_comm_us"] + ours["memory_only_us"] == pytest.approx(
+            hta.at[rank, "non_compute_time(us)"], abs=1.0), (folder, rank)
         parts = (ours["compute_only_us"] + ours["overlap_us"] + ours["exposed_comm_us"]
                  + ours["memory_only_us"] + ours["idle_us"])
         assert parts == pytest.approx(ours["span_us"], abs=1e-6)

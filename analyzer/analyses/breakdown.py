@@ -51,7 +51,7 @@ import pandas as pd
 
 from pardiag.layout import CommRecord
 
-from ..per_rank.breakdown import compute_rank_parts, metrics_over
+from ..per_rank.breakdown import ADDITIVE_COLUMNS, compute_rank_parts, metrics_over
 from ..per_rank.summary import summary_of
 from ..trace.traceset import RankTrace, TraceSet, float_column
 
@@ -197,6 +197,12 @@ class TimeBreakdown:
 #: The five parts a rank's window splits into (µs), in the order the breakdown charts stack them.
 PART_COLUMNS: tuple[str, ...] = ("compute_only_us", "overlap_us", "exposed_comm_us",
                                  "memory_only_us", "idle_us")
+def has_memory_copies(rows: pd.DataFrame) -> bool:
+    """Whether some row of a breakdown table (totals, steps or step means) has memory copies
+    alone (a GPU's memcpy/memset): the charts and tables show that part only then."""
+    return "memory_only_us" in rows and bool((rows["memory_only_us"].fillna(0) > 0).any())
+
+
 #: Keys of :func:`overall_shares`.
 OVERALL_KEYS: tuple[str, ...] = ("exposed_comm_pct", "overlap_pct", "comm_us_per_rank")
 
@@ -437,9 +443,6 @@ def run_step_periods(traces: TraceSet) -> pd.DataFrame:
                 rows.append((int(rank), k, ends[k] - ends[k - 1], bool(on)))
     return pd.DataFrame(rows, columns=list(RUN_STEP_COLUMNS))
 
-#: The additive columns of a breakdown row (µs); the shares are recomputed from them.
-_ADDITIVE = ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us",
-             "exposed_comm_us", "memory_only_us", "idle_us")
 
 
 def _without(totals: pd.DataFrame, cut: pd.DataFrame) -> pd.DataFrame:
@@ -448,13 +451,13 @@ def _without(totals: pd.DataFrame, cut: pd.DataFrame) -> pd.DataFrame:
     columns reduced, the shares recomputed (module docstring), and a rank's ``end_us`` moved
     to the start of a cut step that ends its window."""
     out = totals.copy()
-    sums = cut.groupby("rank")[list(_ADDITIVE)].sum()
+    sums = cut.groupby("rank")[list(ADDITIVE_COLUMNS)].sum()
     starts = cut.groupby("rank")["start_us"].min()
     ends = cut.groupby("rank")["end_us"].max()
     for i, r in zip(out.index, out["rank"]):
         if r not in sums.index:
             continue
-        for c in _ADDITIVE:
+        for c in ADDITIVE_COLUMNS:
             out.at[i, c] = max(float(out.at[i, c]) - float(sums.at[r, c]), 0.0)
         if float(ends.at[r]) >= float(out.at[i, "end_us"]):
             out.at[i, "end_us"] = float(starts.at[r])

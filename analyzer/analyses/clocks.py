@@ -433,7 +433,7 @@ def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str],
                      f"{sorted(r for r in ranks if root[r] in shift)[:8]} to the others: their "
                      f"send and receive kernels end together, so each clock's offset is the "
                      f"median difference of those ends")
-    model = dataclasses.replace(ClockModel(out[cols], t0, dict(root), applied), domain=domain)
+    model = ClockModel(out[cols], t0, domain, applied)
     what = "host" if known else "rank"
     if n_coll or n_pairs:
         notes.append(f"{'hosts known' if known else 'hosts unknown'}: a clock offset and drift "

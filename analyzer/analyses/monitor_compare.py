@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .monitor_run import ended_well, mark_open
+from .monitor_run import mark_open
 from .monitored import WARMUP_STEPS, MonitorData, findings
 
 BLOCK = 50
@@ -62,8 +62,7 @@ def compare_monitored(a: MonitorData, b: MonitorData, seed: int = 0,
 
     def side(d: MonitorData, x: np.ndarray, run_dir: Path | None) -> dict:
         found = findings(d)
-        if not ended_well(run_dir):
-            mark_open(found, int(d.steps["step"].max()) if len(d.steps) else None)
+        mark_open(found, int(d.steps["step"].max()) if len(d.steps) else None, run_dir)
         return {"steps": int(len(x)) + WARMUP_STEPS, "step_ms": round(float(np.median(x)) / 1e3, 3),
                 "p10_ms": round(float(np.percentile(x, 10)) / 1e3, 3),
                 "p90_ms": round(float(np.percentile(x, 90)) / 1e3, 3),

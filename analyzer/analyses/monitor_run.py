@@ -87,10 +87,13 @@ def ended_well(run_dir: Path | None) -> bool:
             and run.stalled_after_s is None)
 
 
-def mark_open(found: list[dict], last_step: int | None) -> None:
-    """Mark each transient straggler late up to ``last_step``, the last recorded step of a run
-    that did not end well (``until_last_step``): whether it ended is not known. Of a run that
-    ended well, its last step is the run's, and the finding is said as it is."""
+def mark_open(found: list[dict], last_step: int | None, run_dir: Path | None) -> None:
+    """Mark each transient straggler late up to ``last_step``, the last recorded step, where
+    the run in ``run_dir`` did not end well (:func:`ended_well`; ``until_last_step``): whether
+    it ended is not known. Of a run that ended well, its last step is the run's, and the
+    finding is said as it is."""
+    if ended_well(run_dir):
+        return
     for f in found:
         if f["kind"] == "straggler" and not f["persistent"] and f["last_step"] == last_step:
             f["until_last_step"] = True

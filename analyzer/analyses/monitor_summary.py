@@ -13,7 +13,6 @@ from pardiag import layout
 from .monitor_run import (
     capture_request,
     captures,
-    ended_well,
     ending_notes,
     mark_open,
     own_record,
@@ -61,8 +60,7 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     caps, late = _asked_captures(run_dir, notes) if run_dir is not None else ([], [])
     last_step = int(data.steps["step"].max()) if len(data.steps) else None
     notes += ending_notes(run_dir, last_step) if run_dir is not None else []
-    if not ended_well(run_dir):
-        mark_open(found, last_step)
+    mark_open(found, last_step, run_dir)
     for c in caps:   # the asked-for captures only, the others left out
         first, last = c["first_step"], c["last_step"]
         if last_step is not None and first <= last_step < last and c["ranks"]:
@@ -159,8 +157,7 @@ def capture_in_run(capture: dict) -> str | None:
     if not len(data.steps):
         return None
     found = findings(data, [])
-    if not ended_well(run):
-        mark_open(found, int(data.steps["step"].max()))
+    mark_open(found, int(data.steps["step"].max()), run)
     return capture_against(int(capture["first_step"]), int(capture["last_step"]), found)[1]
 
 

@@ -297,12 +297,10 @@ def straggler_table(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_mu
     st["steps_as_top"] = st["rank"].map(tops).fillna(0).astype(int)
     # the ops at which a rank can be the one waited for: a broadcast's or scatter's members
     # wait for its root only, so a member's arrival there is no chance to be last
-    roots = done.set_index("instance")["root"] if "root" in done else None
-    chances = pr
-    if roots is not None and "semantics" in pr and "op" in pr:
-        from_root = (pr["semantics"].eq(ROOTED) & pr["op"].isin(FROM_ROOT)).to_numpy()
-        root = pd.to_numeric(pr["instance"].map(roots), errors="coerce").to_numpy(dtype=float)
-        chances = pr[~from_root | (pr["rank"].to_numpy(dtype=float) == root)]
+    from_root = (pr["semantics"].eq(ROOTED) & pr["op"].isin(FROM_ROOT)).to_numpy()
+    root = pd.to_numeric(pr["instance"].map(inst.set_index("instance")["root"]),
+                         errors="coerce").to_numpy(dtype=float)
+    chances = pr[~from_root | (pr["rank"].to_numpy(dtype=float) == root)]
     st["instances"] = (st["rank"].map(chances.groupby("rank")["instance"].nunique())
                        .fillna(0).astype(int))
     st = st.sort_values(["wait_caused_us", "rank"], ascending=[False, True]).reset_index(drop=True)

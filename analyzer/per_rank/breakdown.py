@@ -54,6 +54,10 @@ def _overlapping(ivs: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 
 _EMPTY = np.empty((0, 2), dtype=np.float64)
+#: The columns of a breakdown row that add up over disjoint windows (µs); the shares are
+#: recomputed from them.
+ADDITIVE_COLUMNS = ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us",
+                    "exposed_comm_us", "memory_only_us", "idle_us")
 
 
 def metrics(k: np.ndarray, c: np.ndarray, lo: float, hi: float, m: np.ndarray = _EMPTY
@@ -91,9 +95,7 @@ def metrics_over(k: np.ndarray, c: np.ndarray, spans: list[tuple[float, float]],
     if len(spans) == 1:
         return metrics(k, c, *spans[0], m)
     parts = [metrics(k, c, lo, hi, m) for lo, hi in spans]
-    tot = {key: float(sum(p[key] for p in parts)) for key in
-           ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us", "exposed_comm_us",
-            "memory_only_us", "idle_us")}
+    tot = {key: float(sum(p[key] for p in parts)) for key in ADDITIVE_COLUMNS}
     span = tot["span_us"]
     pct = (lambda x: 100.0 * x / span) if span > 0 else (lambda x: float("nan"))
     return {**tot,
@@ -169,7 +171,7 @@ class RankParts(HoldsTables):
                          float(d["lo"]), float(d["hi"]),
                          [(int(a), float(b), float(c)) for a, b, c in d["step_windows"]], comm,
                          tuple((float(a), float(b)) for a, b in d["segments"]),
-                         _interval_rows(d.get("m", [])))
+                         _interval_rows(d["m"]))
 
 
 def _interval_rows(rows: list[list[float]]) -> np.ndarray:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analyses.breakdown import has_memory_copies
 from .page import PART_COLORS, escape
 
 _PART_COLUMNS = {"compute only": "compute_only_us", "overlapped": "overlap_us",
@@ -97,7 +98,7 @@ _BREAKDOWN_PARTS = [(part, col, PART_COLORS[part]) for part, col in _PART_COLUMN
 def _parts(rows: pd.DataFrame) -> list:
     """The breakdown parts to stack for ``rows``: memory copies only where some row has them
     (a GPU trace's memcpy/memset; never on CPU traces)."""
-    copies = "memory_only_us" in rows and bool((rows["memory_only_us"].fillna(0) > 0).any())
+    copies = has_memory_copies(rows)
     return [p for p in _BREAKDOWN_PARTS if copies or p[1] != "memory_only_us"]
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
+from ..analyses.breakdown import has_memory_copies
 from ..analyses.layout import dims_text
 from ..analyses.routing import IMBALANCE_MIN
 from ..analyses.stragglers import STRAGGLER_MIN_WAIT_US
@@ -204,7 +205,7 @@ def breakdown(report: Report, page: Page) -> dict:
         ms = in_ms(b.totals, ["span_us", "compute_only_us", "overlap_us", "exposed_comm_us",
                             "memory_only_us", "idle_us"])
         copies = ({"memory_only_us": "memory copies only (ms)"}
-                  if (b.totals["memory_only_us"].fillna(0) > 0).any() else {})
+                  if has_memory_copies(b.totals) else {})
         out["table"] = _table(ms, {
             "rank": "rank", "domain": "timeline", "span_us": "span (ms)",
             "compute_only_us": "compute only (ms)", "overlap_us": "overlapped (ms)",

@@ -17,6 +17,7 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
+from ..analyses.breakdown import has_memory_copies
 from ..analyses.layout import dims_text
 from ..predict.recommend.policy import TIER_ORDER
 from ..report.registry import Report
@@ -222,7 +223,7 @@ def render_terminal(report: Report, console: Console) -> None:
     render_recommendations(report, console)
     b = report.breakdown
     # a GPU trace's memory copies alone get a column where some rank has them
-    copies = bool(len(b.totals) and (b.totals["memory_only_us"].fillna(0) > 0).any())
+    copies = has_memory_copies(b.totals)
     rows = [(str(r.rank), r.domain, _n(r.span_us / 1e3, 3), _n(r.compute_only_us / 1e3, 3),
              _n(r.overlap_us / 1e3, 3), _n(r.exposed_comm_us / 1e3, 3),
              *((_n(r.memory_only_us / 1e3, 3),) if copies else ()), _n(r.idle_us / 1e3, 3),

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from ..analyses.breakdown import TimeBreakdown, compute_time_breakdown
+from ..analyses.breakdown import BREAKDOWN_COLUMNS, TimeBreakdown, compute_time_breakdown
 from ..analyses.causes import CausesResult, compute_causes
 from ..analyses.comm_events import P2P_OPS, comm_events
 from ..analyses.critical_path import CriticalPathResult, compute_critical_path
@@ -99,9 +99,7 @@ def records(df: pd.DataFrame, columns: Iterable[str] | None = None) -> list[dict
     return [dict(zip(cols, row)) for row in zip(*values)]
 
 
-_TOTAL_KEYS = ("span_us", "compute_us", "comm_us", "overlap_us", "compute_only_us",
-               "exposed_comm_us", "memory_only_us", "idle_us", "overlap_pct", "compute_only_pct",
-               "overlap_share_pct", "exposed_comm_pct", "memory_only_pct", "idle_pct")
+_TOTAL_KEYS = BREAKDOWN_COLUMNS
 
 
 _Row = TypeVar("_Row")

@@ -269,8 +269,7 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
         span = tot["span_us"].sum()
         idle = 100.0 * tot["idle_us"].sum() / span
         # a GPU's copies alone are neither idle nor computing: said where they show at 0.1%
-        copies = (100.0 * tot["memory_only_us"].sum() / span
-                  if "memory_only_us" in tot else 0.0)
+        copies = 100.0 * tot["memory_only_us"].sum() / span
         copied = (f" (memory copies alone another {copies:.1f}%)"
                   if round(copies, 1) > 0 else "")
         split = exposed_split(ctx)
