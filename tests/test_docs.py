@@ -317,3 +317,21 @@ def test_a_report_round_trips_through_its_type_unchanged(tmp_path):
         assert isinstance(doc, schema.ReportDocument)
         again = orjson.dumps(schema.to_builtins(doc), option=orjson.OPT_SERIALIZE_NUMPY)
         assert again == written, run
+
+
+def test_the_readme_tour_quotes_the_demo_as_it_reads():
+    """The tour's italic quotes of `make demo`'s verdict and critical path are the report's own
+    words on the demo's traces (the numbers in them included): a change to what the report
+    says must change the README with it."""
+    from pardiag.analyzer.report.registry import build_report
+
+    readme = (REPO / "README.md").read_text()
+    tour = readme[readme.index("## A five-minute tour of a report"):]
+    tour = tour[:tour.index("2. **Recommendations**")]
+    quotes = [" ".join(q.split()) for q in re.findall(r"(?<!\*)\*([^*]+)\*(?!\*)", tour)]
+    assert len(quotes) >= 2
+    rep = build_report(load_traces(SAMPLES / "pp_before_cpu_2rank"))
+    said = " ".join(f"{rep.recommendations.verdict} {rep.critical_path.describe()}".split())
+    for q in quotes:
+        for part in (p.strip() for p in q.split("…")):
+            assert part in said, part
