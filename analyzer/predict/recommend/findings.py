@@ -146,7 +146,10 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
     ex = _excess_idle_by_step(ctx.breakdown.steps)
     row = run_step_row(ctx.breakdown)
     step_us = float(row["median_us"]) if row is not None else float("nan")
-    pipeline = ctx.is_pipeline
+    # a pipeline: its schedule is known, or most waits are at point-to-point transfers (stages
+    # that mark no microbatch, whose bubble the pipeline analysis estimates)
+    p2p_waits = p2p_share(getattr(sync, "per_rank", None)) >= 0.5
+    pipeline = ctx.is_pipeline or p2p_waits
 
     def finding(r: int, criterion: str) -> StragglerFinding:
         row = table.loc[r] if r in table.index else None
@@ -179,8 +182,7 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
     # longest (both checked by the synchronization analysis); on CPU its op times follow the
     # host's load, so there the idle criterion below decides
     named = getattr(sync, "straggler", None)
-    if ((pipeline or p2p_share(getattr(sync, "per_rank", None)) >= 0.5) and ctx.on_gpu
-            and named is not None):
+    if pipeline and ctx.on_gpu and named is not None:
         outside = getattr(sync, "straggler_outside_cost_us", None)
         if outside is not None:   # by the delay cost of its time outside computation
             return dataclasses.replace(finding(int(named), "delays the pipeline"),
