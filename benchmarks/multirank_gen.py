@@ -1300,6 +1300,16 @@ def _kernels(st: _Rank, results: dict, graph: dict) -> dict[int, tuple[list, lis
     return out
 
 
+def _host_step_us(st: _Rank, s: int, w: list[int]) -> float:
+    """How long rank ``st``'s host ``ProfilerStep`` range of step ``s`` (in window ``w``) is,
+    as :func:`_emit_window` writes it (µs)."""
+    steps = {r["step"]: r["cpu"] for r in st.recs if r["t"] == "step"}
+    if s + 1 in steps:
+        return (steps[s + 1] if s + 1 in w else
+                max(r.get("cpu_end", r["cpu"]) for r in st.recs if r["step"] == s)) - steps[s]
+    return max(r.get("cpu_end", r["cpu"]) for r in st.recs if r["step"] in w) - steps[s]
+
+
 def _dim_of(job: Job, key: tuple) -> str:
     gkey = key[0]
     if gkey[0] == "p2p":
@@ -1320,8 +1330,10 @@ def _true_path(job: Job, P: dict, sts: list[_Rank], results: dict, graph: dict) 
     for its last arrival; the host for the compute stream at each step's synchronisation).
 
     Step windows are pardiag's for GPU ranks: per rank from the first kernel launched in the
-    step to the next step's first kernel (the window's last step: to its last kernel's end).
-    The walk starts at the latest window end (the lowest rank on a tie) and follows each node's
+    step to the next step's first kernel (the window's last step: as long as its host's
+    ``ProfilerStep`` range, or to its last kernel's end if later; the time after that end is
+    the host's, "other"). The walk starts at the latest window end (the lowest rank on a tie)
+    and follows each node's
     predecessor back to the start of the window of the rank it reaches; intervals are summed by
     part: a rank's computation ("compute"), DataLoader ("data loading") and the rest ("other"),
     and each dimension's transfers ("communication").
@@ -1336,17 +1348,26 @@ def _true_path(job: Job, P: dict, sts: list[_Rank], results: dict, graph: dict) 
     acc: dict[tuple, float] = {}
     rows = []
     by_rank = {st.rank: _kernels(st, results, graph) for st in sts}
+    st_of = {st.rank: st for st in sts}
     for w in _windows(job, P):
         for s in w:
             kern = {r: k[s] for r, k in by_rank.items()}
             start = {r: min(t for t, _ in k[0]) for r, k in kern.items()}
-            end = {}
+            end, tail = {}, {}
             for r, (_, ends) in kern.items():
                 nxt = by_rank[r].get(s + 1, ([], []))[0] if s + 1 in w else []
                 end[r] = min(nxt, key=lambda x: x[0]) if nxt else max(ends, key=lambda x: x[0])
-            r_end = max(end, key=lambda r: (end[r][0], -r))
-            node, total, segs = end[r_end][1], 0.0, []
-            ties = int(any(r != r_end and end[r_end][0] - e < TIE_US for r, (e, _) in end.items()))
+                tail[r] = 0.0 if nxt else max(
+                    0.0, start[r] + _host_step_us(st_of[r], s, w) - end[r][0])
+            r_end = max(end, key=lambda r: (end[r][0] + tail[r], -r))
+            node, total, segs = end[r_end][1], tail[r_end], []
+            if tail[r_end]:
+                acc[("other", r_end, None)] = acc.get(("other", r_end, None), 0.0) + tail[r_end]
+                segs.append({"part": "other", "rank": r_end, "dim": None,
+                             "start_us": end[r_end][0], "end_us": end[r_end][0] + tail[r_end]})
+            last = end[r_end][0] + tail[r_end]
+            ties = int(any(r != r_end and last - (e + tail[r]) < TIE_US
+                           for r, (e, _) in end.items()))
             while node.pred is not None:
                 p = node.pred
                 comm = isinstance(node.cat, tuple)

@@ -30,14 +30,16 @@ def test_gpu_planted_totals(tmp_path):
     b = compute_time_breakdown(load_traces(tmp_path))
     t = _row(b.totals, rank=0)
     assert t["domain"] == "gpu"
-    # K = [10,40)+[50,70)+[110,150) = 90; C = [30,60)+[140,180) = 70; K∩C = 20+10 = 30
-    assert (t.span_us, t.compute_us, t.comm_us, t.overlap_us) == (170.0, 90.0, 70.0, 30.0)
+    # K = [10,40)+[50,70)+[110,150) = 90; C = [30,60)+[140,180) = 70; K∩C = 20+10 = 30; the
+    # span runs from the first kernel to the last step's end (210: it lasts as long as its host
+    # step, 100), past the last kernel (180)
+    assert (t.span_us, t.compute_us, t.comm_us, t.overlap_us) == (200.0, 90.0, 70.0, 30.0)
     # the memcpy [80,90) runs while nothing else does: copies alone, not idle (HTA's idle)
     assert (t.compute_only_us, t.exposed_comm_us, t.memory_only_us, t.idle_us) == (
-        60.0, 40.0, 10.0, 30.0)
+        60.0, 40.0, 10.0, 60.0)
     assert t.overlap_pct == pytest.approx(100 * 30 / 70, abs=1e-12)
-    assert t.idle_pct == pytest.approx(100 * 30 / 170, abs=1e-12)
-    assert t.memory_only_pct == pytest.approx(100 * 10 / 170, abs=1e-12)
+    assert t.idle_pct == pytest.approx(100 * 60 / 200, abs=1e-12)
+    assert t.memory_only_pct == pytest.approx(100 * 10 / 200, abs=1e-12)
 
 
 def test_gpu_planted_steps_tile_the_device_timeline(tmp_path):
@@ -45,12 +47,14 @@ def test_gpu_planted_steps_tile_the_device_timeline(tmp_path):
     b = compute_time_breakdown(load_traces(tmp_path))
     s1 = _row(b.steps, rank=0, step=1)
     s2 = _row(b.steps, rank=0, step=2)
-    # step 1: first kernel 10 .. step 2's first kernel 110; step 2: 110 .. its last end 180
-    assert (s1.start_us, s1.end_us, s2.start_us, s2.end_us) == (10.0, 110.0, 110.0, 180.0)
+    # step 1: first kernel 10 .. step 2's first kernel 110; step 2, the last: as long as its
+    # host step (100), since its last kernel ends before (180): a next step's first kernel would
+    # start 10 µs into its host step as this one's did
+    assert (s1.start_us, s1.end_us, s2.start_us, s2.end_us) == (10.0, 110.0, 110.0, 210.0)
     assert (s1.compute_us, s1.comm_us, s1.overlap_us, s1.memory_only_us, s1.idle_us) == (
         50.0, 30.0, 20.0, 10.0, 30.0)
     assert (s2.compute_us, s2.comm_us, s2.overlap_us, s2.memory_only_us, s2.idle_us) == (
-        40.0, 40.0, 10.0, 0.0, 0.0)
+        40.0, 40.0, 10.0, 0.0, 30.0)
     assert s1.idle_us + s2.idle_us == _row(b.totals, rank=0).idle_us
 
 
@@ -341,8 +345,9 @@ def test_a_wait_no_op_marks_is_not_compute(tmp_path):
 
 
 def test_step_means_and_overall_shares(tmp_path):
-    """Rank 0 is the planted GPU trace (span 170, communication 70, 40 of it exposed); rank 1
-    computes [10,40) in step 1 and [110,130) in step 2 and never communicates. Per step the
+    """Rank 0 is the planted GPU trace (span 200, communication 70, 40 of it exposed); rank 1
+    computes [10,40) in step 1 and [110,130) in step 2 (its last step lasts as long as its host
+    step: to 210) and never communicates. Per step the
     page's chart shows the mean over the two ranks; the run summary the shares over both."""
     gpu_rank(0).write(tmp_path / "a.json")
     b = TraceBuilder(rank=1)
@@ -351,14 +356,15 @@ def test_step_means_and_overall_shares(tmp_path):
     b.kernel("void gemm_kernel<float>(float*)", 110, 20, launch_ts=101)
     b.write(tmp_path / "b.json")
     bd = compute_time_breakdown(load_traces(tmp_path))
-    assert _row(bd.totals, rank=1).span_us == 120.0
+    assert _row(bd.totals, rank=1).span_us == 200.0
     m = bd.step_means.set_index("step")
     # step 1: rank 0 (30 compute only, 20 overlapped, 10 exposed, 10 memory copies alone, 30
-    # idle), rank 1 (30, 0, 0, 0, 70); step 2: rank 0 (30, 10, 30, 0, 0), rank 1 (20, 0, 0, 0, 0)
+    # idle), rank 1 (30, 0, 0, 0, 70); step 2 (to 210): rank 0 (30, 10, 30, 0, 30), rank 1
+    # (20, 0, 0, 0, 80)
     assert m.loc[1].tolist() == [30.0, 10.0, 5.0, 5.0, 50.0]
-    assert m.loc[2].tolist() == [25.0, 5.0, 15.0, 0.0, 0.0]
+    assert m.loc[2].tolist() == [25.0, 5.0, 15.0, 0.0, 55.0]
     o = bd.overall
-    assert o["exposed_comm_pct"] == pytest.approx(100 * 40 / 290, abs=1e-12)
+    assert o["exposed_comm_pct"] == pytest.approx(100 * 40 / 400, abs=1e-12)
     assert o["overlap_pct"] == pytest.approx(100 * 30 / 70, abs=1e-12)
     assert o["comm_us_per_rank"] == 70.0   # rank 1 has no communication: not in the mean
 
@@ -478,8 +484,8 @@ def test_a_step_with_gradient_accumulation_is_the_optimizer_step(tmp_path):
     """Planted: 3 micro-batch profiler steps of 1000 µs, then one of 1600 µs that all-reduces
     and steps the optimizer; twice. The step is 3 × 1000 + 1600 = 4600 µs, numbered 4 and 8,
     and no profiler step is an outlier to leave out. On the device a step runs from its first
-    kernel to the next step's first kernel (4600 µs), the last to its last kernel's end
-    (4500 µs)."""
+    kernel to the next step's first kernel (4600 µs); the last, whose kernels end 4500 µs after
+    its first began, as long as its host step (4600 µs)."""
     for r in range(2):
         _accumulating_rank(r).write(tmp_path / f"rank{r}.json")
     traces = load_traces(tmp_path)
@@ -488,9 +494,9 @@ def test_a_step_with_gradient_accumulation_is_the_optimizer_step(tmp_path):
     # operators per step: per training step (2 in the window), not per micro-batch (8)
     from pardiag.analyzer.per_rank.summary import summary_of
     assert [summary_of(t).operator_steps for t in traces.ranks.values()] == [2, 2]
-    assert (b.steps["end_us"] - b.steps["start_us"]).tolist() == [4600.0, 4500.0] * 2
+    assert (b.steps["end_us"] - b.steps["start_us"]).tolist() == [4600.0, 4600.0] * 2
     run = b.step_time[b.step_time["rank"].isna()].iloc[0]
-    assert run["median_us"] == 4550.0 and run["outlier_steps"] == []
+    assert run["median_us"] == 4600.0 and run["outlier_steps"] == []
     assert b.joined_text() == ("a step is one optimizer step: 4 profiler steps each (gradient "
                                "accumulation; the optimizer stepped in profiler step(s) 4, 8 "
                                "only)")

@@ -123,9 +123,8 @@ def test_planted_input_bound_rank_is_the_path(tmp_path):
 def test_gpu_data_loading_is_what_no_kernel_covers(tmp_path):
     """One GPU rank, three steps of 1000 µs: a kernel [100, 500) launched at 10, the DataLoader
     on the host [300, 800). The step window runs from its first kernel to the next step's
-    (the last: to its last kernel's end): the path of steps 1 and 2 is 400 computation, 300
-    data loading (the iterator's time no kernel covers) and 300 the rest; of step 3, 400
-    computation."""
+    (the last: as long as its host step): the path of each step is 400 computation, 300 data
+    loading (the iterator's time no kernel covers) and 300 the rest."""
     from .synth import TraceBuilder as TB
 
     b = TB(rank=0, world_size=1)
@@ -137,9 +136,9 @@ def test_gpu_data_loading_is_what_no_kernel_covers(tmp_path):
     (tmp_path / "run").mkdir()
     b.write(tmp_path / "run" / "rank0.trace.json")
     cp = _path(tmp_path / "run")
-    assert list(cp.steps["path_us"]) == pytest.approx([1000.0, 1000.0, 400.0])
-    assert _shares(cp) == {("compute", 0, None): 50.0, ("data loading", 0, None): 25.0,
-                           ("other", 0, None): 25.0}
+    assert list(cp.steps["path_us"]) == pytest.approx([1000.0, 1000.0, 1000.0])
+    assert _shares(cp) == {("compute", 0, None): 40.0, ("data loading", 0, None): 30.0,
+                           ("other", 0, None): 30.0}
 
 
 NCCL_AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -187,26 +186,27 @@ def test_gpu_computation_launched_after_the_collective_is_not_held_by_it(tmp_pat
     computation."""
     cp = _path(_gpu_ddp(tmp_path / "late", launch=700.0))
     assert set(cp.segments["rank"]) == {0} and set(cp.segments["kind"]) == {"work"}
-    # steps of 1000, 1000 and 950 µs (the last ends at its last kernel): 500 µs of computation
-    # in each
-    assert list(cp.steps["path_us"]) == pytest.approx([1000.0, 1000.0, 950.0])
-    assert _shares(cp) == pytest.approx({("compute", 0, None): 100.0 * 1500.0 / 2950.0,
-                                         ("other", 0, None): 100.0 * 1450.0 / 2950.0})
+    # steps of 1000 µs (the last as long as its host step, past its last kernel's end at 950):
+    # 500 µs of computation in each
+    assert list(cp.steps["path_us"]) == pytest.approx([1000.0, 1000.0, 1000.0])
+    assert _shares(cp) == pytest.approx({("compute", 0, None): 100.0 * 1500.0 / 3000.0,
+                                         ("other", 0, None): 100.0 * 1500.0 / 3000.0})
     assert list(cp.steps["replay_error_pct"]) == pytest.approx([0.0] * 3, abs=1e-9)
-    # over the three steps (2,950 µs): rank 1's 1,800 µs of computation, rank 0's tails (600
-    # computation, 150 + 150 + 100 the rest), the transfers 3 × 50
+    # over the three steps (3,000 µs): rank 1's 1,800 µs of computation, rank 0's tails (600
+    # computation, 150 the rest in each), the transfers 3 × 50
     blocked = {("compute", 1, None): 1800.0, ("compute", 0, None): 600.0,
-               ("other", 0, None): 400.0, ("other", 1, None): 0.0,
+               ("other", 0, None): 450.0, ("other", 1, None): 0.0,
                ("communication", None, "dp"): 150.0}
     for name, kw in (("early", {"launch": 100.0}),
                      ("synced", {"launch": 700.0, "host_sync": True})):
         cp = _path(_gpu_ddp(tmp_path / name, **kw))
-        # the last step ends at its last kernel: rank 0's at t0 + 950
-        assert list(cp.steps["path_us"]) == pytest.approx([1000.0, 1000.0, 950.0]), name
+        # the last step lasts as long as its host step: to t0 + 1000, 50 µs of rank 0's time
+        # after its last kernel
+        assert list(cp.steps["path_us"]) == pytest.approx([1000.0, 1000.0, 1000.0]), name
         first = cp.segments[cp.segments["step"] == 1]
         assert list(zip(first["rank"], first["kind"], first["dur_us"].round(6))) == [
             (0, "work", 350.0), (0, "communication", 50.0), (1, "work", 600.0)], name
-        assert _shares(cp) == pytest.approx({k: 100.0 * v / 2950.0 for k, v in blocked.items()})
+        assert _shares(cp) == pytest.approx({k: 100.0 * v / 3000.0 for k, v in blocked.items()})
 
 
 def test_work_counts_overlapping_joins_once():
@@ -651,7 +651,7 @@ def test_a_late_start_at_a_window_head_is_said_to_be_the_profilers(real_traces):
     assert ("the path's first rank started 7.90 ms after the earliest, which waited for it (at "
             "the head of a profiling window, where a profiler that opened later cannot be told "
             "from a slow rank)") in cp.describe()
-    assert ("39.6% waiting for other ranks, all of it at the head of a profiling window"
+    assert ("36.3% waiting for other ranks, all of it at the head of a profiling window"
             in rep.verdict)
 
 

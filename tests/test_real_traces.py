@@ -70,13 +70,14 @@ def test_overlap_agrees_with_hta_on_its_window(real_traces, folder):
 
 def _on_hta_window(folder):
     """``(rank, pardiag's breakdown)`` of each rank of ``folder`` on HTA's window and times:
-    the kernels launched before the last profiler step when there are two or more, float
-    timestamps rounded as HTA rounds them."""
+    the kernels launched before the last profiler step when there are two or more (else every
+    kernel), their span (not a last step's host end), float timestamps rounded as HTA rounds
+    them."""
     for rank, trace in load_traces(folder).ranks.items():
         if trace.events["ts"].dtype.kind == "f" and (trace.events["ts"] % 1).any():
             trace = _hta_rounded(trace)
         steps = profiler_steps(trace, classify(trace))
-        window = (-np.inf, float(steps["start_us"].max())) if len(steps) > 1 else None
+        window = (-np.inf, float(steps["start_us"].max()) if len(steps) > 1 else np.inf)
         yield rank, compute_rank_breakdown(trace, launch_window=window)
 
 
@@ -182,3 +183,28 @@ def test_memory_copies_are_not_idle_on_a_v100_trace(real_traces):
     assert t["span_us"] == hi - lo == 745239.0
     assert t["idle_us"] == pytest.approx(hi - lo - all_busy, abs=1e-6) == 27296.0
     assert t["memory_only_us"] == pytest.approx(all_busy - kernels_busy, abs=1e-6) == 96497.0
+
+
+@pytest.mark.parametrize("folder", ["ddp_2rank_v100_rank0", "dlrm_128rank_sampled",
+                                    "hta_trace_diff_test"])
+def test_a_step_lasts_as_long_as_its_host_step_on_the_device_too(real_traces, folder):
+    """What the last step's window stands on: a step's first kernel starts about as long after
+    its host step's start as the step before's did, so each step's first kernel start plus its
+    ``ProfilerStep`` range's length lands within 0.6 ms of the next step's first kernel (steps of
+    80-630 ms; up to 4.5 ms after the last kernel's end). The last step, with no next one, ends
+    there, or at its last kernel's end if later."""
+    from pardiag.analyzer.per_rank.breakdown import compute_rank_parts
+
+    for rank, trace in load_traces(real_traces / folder).ranks.items():
+        host = profiler_steps(trace, classify(trace)).set_index("step")
+        windows = compute_rank_parts(trace, [], None).step_windows
+        assert len(windows) >= 2, (folder, rank)
+        for (step, start, _), (_, nxt, _) in zip(windows, windows[1:]):
+            dur = host.at[step, "end_us"] - host.at[step, "start_us"]
+            assert start + dur == pytest.approx(nxt, abs=600.0), (folder, rank, step)
+        step, start, end = windows[-1]
+        dur = host.at[step, "end_us"] - host.at[step, "start_us"]
+        ev = trace.events
+        dev = ev[ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"])]
+        assert end == pytest.approx(max(start + dur, float((dev["ts"] + dev["dur"]).max())),
+                                    abs=1e-6), (folder, rank)

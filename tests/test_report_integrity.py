@@ -10,7 +10,7 @@ from .synth import gpu_rank
 
 def test_waiting_vs_transfer_is_unknown_without_the_peers(tmp_path):
     """Rank 0 of a 2-rank run, rank 1's trace absent: its all-reduce and all-gather are exposed
-    (40 of its 170 µs window; test_breakdown's planted GPU trace), but whether it waited for
+    (40 of its 200 µs window; test_breakdown's planted GPU trace), but whether it waited for
     rank 1 or transferred nobody can tell. Before, the verdict read '0.0% waiting, 23.5%
     transfer'."""
     gpu_rank(0).write(tmp_path / "rank0.json")
@@ -23,12 +23,12 @@ def test_waiting_vs_transfer_is_unknown_without_the_peers(tmp_path):
 
 def test_waiting_is_split_where_the_peers_are_present(tmp_path):
     """Both ranks of the planted GPU trace, on one clock, in lock-step: every collective is
-    complete and nobody waits, so the exposed 40 µs of each rank (of its 170 µs window) are
-    transfer: 23.5% of the ranks' time, 0.0% waiting."""
+    complete and nobody waits, so the exposed 40 µs of each rank (of its 200 µs window) are
+    transfer: 20.0% of the ranks' time, 0.0% waiting."""
     gpu_rank(0).write(tmp_path / "rank0.json")
     gpu_rank(1).write(tmp_path / "rank1.json")
     doc = report_json(build_report(load_traces(tmp_path, cache=False)))
-    assert "(0.0% waiting for other ranks, 23.5% transfer)" in doc["verdict"]
+    assert "(0.0% waiting for other ranks, 20.0% transfer)" in doc["verdict"]
     assert [r["waiting_us"] for r in doc["sync"]["stragglers"]] == [0.0, 0.0]
 
 

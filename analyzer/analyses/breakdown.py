@@ -18,10 +18,11 @@ What counts as what:
 * **GPU traces** (any kernel in the file): K = compute kernels, C = communication kernels (see
   :mod:`pardiag.analyzer.trace.classify`) and ``gloo:*`` events (the gloo backend on CUDA tensors
   runs its transfers on a CPU thread); M = memcpy/memset; other CPU events count as none. The
-  whole-trace window is first kernel start to last kernel end. A kernel belongs to the profiler step
-  in which its launching runtime call ran (``correlation``); step *s*'s device window runs from its
-  first kernel's start to the next step's first kernel's start (the last step: to its last kernel's
-  end), so step windows tile the device timeline.
+  whole-trace window is first kernel start to the last step's end. A kernel belongs to the profiler
+  step in which its launching runtime call ran (``correlation``); step *s*'s device window runs
+  from its first kernel's start to the next step's first kernel's start (the last step of a
+  profiling window: as long as its ``ProfilerStep`` range, or to its last kernel's end if later),
+  so step windows tile the device timeline.
 * **CPU traces** (gloo): C = every ``gloo:*``/``c10d::*``/``nccl:*``/``record_param_comms`` event on
   any thread (the gloo worker threads carry the transfers); K = CPU operators on the other threads
   minus the time they spend inside the communication calls and waits that block (waiting is not
