@@ -109,6 +109,26 @@ def test_planted_slow_rank_offsets_and_drift_are_recovered(tmp_path):
     assert judge(truth, doc, "names")["straggler"]
 
 
+@pytest.mark.parametrize("metadata", ["seq", "none"])
+@pytest.mark.parametrize("schedule,mesh", [("tp", {"dp": 2, "tp": 4}), ("ep", {"dp": 2, "ep": 4})])
+def test_offsets_between_hosts_that_only_data_parallel_groups_cross(tmp_path, metadata,
+                                                                     schedule, mesh):
+    """Two hosts of 4 ranks, 3,000.25 µs apart; each tensor- (or expert-) parallel group sits
+    on one host, so only the data-parallel pairs [j, j + 4] cross: most of every rank's
+    collectives are with ranks of its own clock, whose ends agree whatever the offset. Each
+    offset is recovered within 1 µs and nobody waits (hosts known or not)."""
+    job = Job(mesh=mesh, schedule=schedule, steps=4, ranks_per_host=4,
+              host_offset_us={1: 3000.25}, metadata=metadata, seed=5)
+    truth = generate(job, tmp_path)
+    from benchmarks.cross_rank_accuracy import analyse
+
+    doc = analyse(tmp_path, truth)
+    offs = {o["rank"]: o["offset_us"] for o in doc["sync"]["clock_offsets"]}
+    for r, v in truth.offset_us.items():
+        assert offs[r] - offs[0] == pytest.approx(v, abs=1.0), (r, offs)
+    assert doc["sync"]["straggler"] is None and truth.straggler is None
+
+
 def test_theil_sen_is_sens_estimator():
     """Slope and 95% interval as scipy.stats.theilslopes computes them (Sen 1968)."""
     stats = pytest.importorskip("scipy.stats")
