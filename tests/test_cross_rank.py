@@ -767,7 +767,8 @@ def test_broadcasts_from_a_root_are_no_chance_for_their_members_to_be_last(tmp_p
     950 µs against 700, so it reaches every all-reduce 250 µs late: it causes 250 × 3 ranks ×
     4 steps = 3000 µs of waiting, and no other rank causes more than the broadcasts' jitter.
     A broadcast's members wait for its root only, so it is a chance to be waited for only for
-    the root: rank 2 arrives last at 4 of its 4 chances, not at 4 of 12 ops."""
+    the root: rank 2 arrives last at 4 of its 4 chances, not at 4 of 12 ops. (Rank 0's
+    broadcasts' members arrive within 3 µs of each other: ties, no chance for the root either.)"""
     ranks = [0, 1, 2, 3]
     for r in ranks:
         b = TraceBuilder(rank=r, world_size=4)
@@ -790,5 +791,39 @@ def test_broadcasts_from_a_root_are_no_chance_for_their_members_to_be_last(tmp_p
     rows = {r["rank"]: r for r in d["sync"]["stragglers"]}
     assert rows[2]["wait_caused_us"] == pytest.approx(3000.0, abs=1e-6)
     assert (rows[2]["last_arrivals"], rows[2]["instances"]) == (4, 4)
-    assert (rows[0]["instances"], rows[1]["instances"], rows[3]["instances"]) == (12, 4, 4)
+    assert (rows[0]["instances"], rows[1]["instances"], rows[3]["instances"]) == (4, 4, 4)
+    assert d["sync"]["straggler"] == 2 and d["straggler"] == 2
+
+
+def test_collectives_every_rank_reaches_together_are_no_chance_to_be_last(tmp_path):
+    """4 ranks, 4 steps: two all-gathers every rank reaches within 3 µs (nobody waits there),
+    then a gemm and an all-reduce that ends together. Rank 2's gemm takes 950 µs against 700,
+    so it reaches every all-reduce 250 µs late: 3000 µs of waiting caused, and it is the only
+    rank anyone waits for. The all-gathers' ties name nobody last and are nobody's chance to
+    be waited for: rank 2 arrives last at 4 of its 4 chances, not at 4 (or more, by the ties'
+    jitter) of 12 ops, and the verdict names it."""
+    ranks = [0, 1, 2, 3]
+    for r in ranks:
+        b = TraceBuilder(rank=r, world_size=4)
+        seq = 0
+        for s in range(4):
+            t0 = EPOCH + s * 2300.0
+            b.step(s + 1, t0, 2300.0)
+            for k, at in enumerate((100.0, 500.0)):
+                seq += 1
+                jitter = float((r + k + s) % 4)
+                _coll(b, "AllGather", ranks, "0", t0 + at + jitter, 200.0 - jitter,
+                      t0 + at - 50.0, seq=seq)
+            gemm = 950.0 if r == 2 else 700.0
+            b.kernel("void gemm_kernel<float>(float*)", t0 + 900.0, gemm, launch_ts=t0 + 850.0)
+            seq += 1
+            start = t0 + 900.0 + gemm
+            _coll(b, "AllReduce", ranks, "0", start, t0 + 2050.0 - start, t0 + 880.0, seq=seq)
+        b.write(tmp_path / f"rank{r}.json")
+    d = _report([tmp_path], tmp_path)
+    rows = {r["rank"]: r for r in d["sync"]["stragglers"]}
+    # 3000 µs at the all-reduces, and at most 3 µs per other rank at each of the 8 ties
+    assert 3000.0 <= rows[2]["wait_caused_us"] <= 3000.0 + 8 * 3 * 3.0
+    assert [(rows[r]["last_arrivals"], rows[r]["instances"]) for r in ranks] == [
+        (0, 4), (0, 4), (4, 4), (0, 4)]
     assert d["sync"]["straggler"] == 2 and d["straggler"] == 2

@@ -58,6 +58,10 @@ STRAGGLER_STEP_SHARE = 0.8
 STRAGGLER_OUTSIDE_MIN_STEP_SHARE = 0.02
 
 
+#: Arrivals at an instance no further apart than this (µs) are a tie: nobody waited there, so
+#: it names no rank last and is no rank's chance to be waited for (lock-step all-gathers beside
+#: the all-reduces one rank is late at would otherwise outvote its lateness).
+ARRIVAL_TIE_US = 5.0
 #: Traces of one window that start further apart than this (µs, on the reference clock) say a
 #: profiler opened late: the first step after every rank has started is left out of waits too.
 HEAD_SKEW_US = 1000.0
@@ -288,7 +292,9 @@ def straggler_table(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_mu
         total_caused[last] = total_caused.get(last, 0.0) + v
     st["wait_caused_us"] = st["rank"].map(total_caused).fillna(0.0)
     done = inst[inst["evidence"]] if "evidence" in inst else inst[inst["complete"]]
-    st["last_arrivals"] = st["rank"].map(done["last_rank"].value_counts()).fillna(0).astype(int)
+    waited = (done[done["arrival_skew_us"] > ARRIVAL_TIE_US] if "arrival_skew_us" in done
+              else done)
+    st["last_arrivals"] = st["rank"].map(waited["last_rank"].value_counts()).fillna(0).astype(int)
     top: dict[int, tuple[int, float]] = {}
     for (last, step), v in caused.items():
         if v > top.get(step, (None, -1.0))[1]:
@@ -300,7 +306,8 @@ def straggler_table(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_mu
     from_root = (pr["semantics"].eq(ROOTED) & pr["op"].isin(FROM_ROOT)).to_numpy()
     root = pd.to_numeric(pr["instance"].map(inst.set_index("instance")["root"]),
                          errors="coerce").to_numpy(dtype=float)
-    chances = pr[~from_root | (pr["rank"].to_numpy(dtype=float) == root)]
+    chances = pr[(~from_root | (pr["rank"].to_numpy(dtype=float) == root))
+                 & pr["instance"].isin(waited["instance"]).to_numpy()]
     st["instances"] = (st["rank"].map(chances.groupby("rank")["instance"].nunique())
                        .fillna(0).astype(int))
     st = st.sort_values(["wait_caused_us", "rank"], ascending=[False, True]).reset_index(drop=True)

@@ -95,8 +95,10 @@ class SyncResult:
         stragglers: per rank, most wait caused first, from the instances that are evidence:
             ``rank``, ``wait_suffered_us`` (|union of its waiting intervals|), ``wait_caused_us``
             (Σ over the other ranks of |union of their waits for it|, as root cause:
-            :func:`.stragglers._wait_caused`), ``last_arrivals``,
-            ``steps_as_top`` (steps in which it caused the most wait), ``instances``,
+            :func:`.stragglers._wait_caused`), ``last_arrivals`` and ``instances`` (the
+            instances it arrived last at, of those it could be waited for at; an instance whose
+            arrivals tie within :data:`.stragglers.ARRIVAL_TIE_US` counts in neither),
+            ``steps_as_top`` (steps in which it caused the most wait),
             ``waiting_us`` (|union of its waits| at every complete instance, window heads
             included: the waiting part of its exposed communication is at most this; NaN for a
             rank that no complete instance holds — its peers are absent — whose split into
