@@ -295,3 +295,13 @@ def test_a_run_that_failed_before_its_trace_names_the_failure(tmp_path):
             r"syntax \(train.py, line 3\)")
     with pytest.raises(TraceError, match=want):
         load_traces(new)
+
+
+def test_an_sp_mesh_dimension_is_named_by_what_runs_over_it():
+    """``mesh_sp`` is Megatron's sequence parallelism (over the tensor-parallel group) in one
+    code base and Ulysses (context parallelism by all-to-all: verl, DeepSpeed) in another: its
+    name says no dimension, its ops do."""
+    from pardiag.analyzer.analyses.mesh import dim_of, role_of
+
+    assert dim_of("mesh_sp") is None and dim_of("mesh_tp") == "tp" and dim_of("mesh_cp") == "cp"
+    assert role_of({"all_to_all": 8}, 0.0, "cp") == "cp"

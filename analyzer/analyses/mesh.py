@@ -24,10 +24,13 @@ import dataclasses
 import re
 
 #: ``mesh_<name>`` → canonical dimension (DeviceMesh dimension names seen in torchtitan and
-#: torch's own examples; flattened names such as ``dp_shard_cp`` take their first part).
+#: torch's own examples; flattened names such as ``dp_shard_cp`` take their first part). ``sp``
+#: is none: Megatron's sequence parallelism runs over the tensor-parallel group, verl's and
+#: DeepSpeed's (Ulysses) is context parallelism by all-to-all, so what runs over an ``sp``
+#: group names it (:func:`role_of`).
 MESH_ALIASES = {"dp": "dp", "data": "dp", "dp_shard": "dp", "dp_replicate": "dp",
                 "fsdp": "dp", "ddp": "dp", "hsdp": "dp", "replicate": "dp", "shard": "dp",
-                "tp": "tp", "tensor": "tp", "sp": "tp", "pp": "pp", "pipe": "pp",
+                "tp": "tp", "tensor": "tp", "pp": "pp", "pipe": "pp",
                 "pipeline": "pp", "ep": "ep", "expert": "ep", "moe": "ep", "cp": "cp",
                 "context": "cp", "dp_cp": "dp", "dp_shard_cp": "dp",
                 "dp_shard_in_ep": "ep", "etp": "tp"}
