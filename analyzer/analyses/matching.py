@@ -98,11 +98,17 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
 
 def _p2p_keys(sub: pd.DataFrame) -> pd.Series:
     """Instance keys of sends and receives whose peer is known (``sub``: their events, with
-    ``_gid``): ``"p2p:<group>:<a>><b>:<k>"``, the k-th transfer from rank a to rank b."""
+    ``_gid``): ``"p2p:<group>:<a>><b>:<k>"``, the k-th transfer from rank a to rank b (a
+    trace's ``seq``, which counts the transfers it lost, else the events' order)."""
     src = np.where(sub["op"] == "send", sub["rank"], sub["peer"]).astype(int)
     dst = np.where(sub["op"] == "send", sub["peer"], sub["rank"]).astype(int)
     tmp = sub.assign(src=src, dst=dst)
     nth = tmp.groupby(["rank", "_gid", "src", "dst"]).cumcount() + 1
+    # a trace's own count (:func:`pardiag.analyzer.per_rank.comm_events.events_from_trace`)
+    # counts the transfers whose kernels the trace lost, so the ones after still pair
+    if "seq" in tmp and "source" in tmp:
+        own = tmp["source"].eq("trace") & (pd.to_numeric(tmp["seq"], errors="coerce") > 0)
+        nth = nth.where(~own, pd.to_numeric(tmp["seq"], errors="coerce")).astype(int)
     return instance_keys.p2p_keys(tmp["_gid"].str[1:], tmp["src"], tmp["dst"], nth)
 
 

@@ -208,6 +208,14 @@ def events_from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -
     df["window"] = iv.window_of(df["issue_us"].to_numpy(dtype=float), trace.windows)
     order = df.groupby(["group", "pg", "window"]).cumcount() + 1
     df["seq"] = np.where(df["native_seq"].astype(bool), df["seq"], order)
+    # a send or recv: the k-th transfer to (from) its peer in its group, the lost ones counted,
+    # which is how the cross-rank matching pairs a send with its recv; -1 without a peer
+    p2p_ops = df["op"].isin(P2P_OPS).to_numpy()
+    p2p = p2p_ops & df["peer"].notna().to_numpy()
+    df.loc[p2p_ops & ~p2p, "seq"] = -1
+    if p2p.any():
+        df.loc[p2p, "seq"] = (df[p2p].groupby(["group", "pg", "op", "peer"]).cumcount() + 1
+                              ).to_numpy()
     df = df[~df["missing"].astype(bool)]
     df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
     return df[list(EVENT_COLUMNS)]
