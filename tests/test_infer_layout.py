@@ -1025,3 +1025,18 @@ def test_ulysses_all_to_alls_are_no_expert_parallelism_profiled_and_plain(tmp_pa
     for rep in (p, q):
         assert not (rep["routing"]["groups"] or rep["routing"]["instances"])
         assert rep["pipeline"] is None
+
+
+def test_a_records_rank_is_the_peer_of_a_send_without_dst_rank():
+    """Older ``record_param_comms`` of a send or recv carry no ``Dst Rank``/``Src Rank``; their
+    ``Rank`` is the peer's rank in the group (as the matching reads it,
+    :func:`pardiag.analyzer.per_rank.comm_events._p2p_peer`). The layout's pipeline marks read
+    it the same way; a newer record's ``Dst Rank`` (global) still wins."""
+    from pardiag.analyzer.per_rank.layout_marks import _peer
+
+    old = {"Collective name": "send", "Group size": 4, "Rank": 2}
+    assert _peer("send", old) == 2 and _peer("recv", {**old, "Collective name": "recv"}) == 2
+    assert _peer("send", {**old, "Rank": 4}) == -1          # no rank of a group of 4
+    new = {**old, "Dst Rank": 7, "Process Group Ranks": "[4, 5, 6, 7]"}
+    assert _peer("send", new) == 3
+    assert _peer("all_reduce", {"Group size": 4, "Rank": 2}) == -1

@@ -120,7 +120,9 @@ def _peer(op: str, args: Any) -> int:
     ``Concrete Inputs[2]``; a ``record_param_comms`` send's ``Dst Rank`` (a recv's ``Src Rank``:
     a global rank) placed among the group's ranks (``Process Group Ranks``, else ``Global rank
     start``/``stride`` with ``Group size``; -1 where the record gives no group); another
-    record's ``Peer`` (:data:`pardiag.analyzer.trace.vocab.PEER`)."""
+    record's ``Peer`` (:data:`pardiag.analyzer.trace.vocab.PEER`); else, as
+    :func:`pardiag.analyzer.per_rank.comm_events._p2p_peer` reads it, a send's or recv's
+    ``Rank`` (older records hold the peer's rank in the group there)."""
     if not isinstance(args, dict):
         return -1
     ci = vocab.CONCRETE_INPUTS.get(args)
@@ -136,7 +138,9 @@ def _peer(op: str, args: Any) -> int:
     v = vocab.PEER.get(args)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return int(v)
-    return -1
+    local = int_arg(vocab.RANK.get(args)) if op in ("send", "recv") else None
+    size = int_arg(vocab.GROUP_SIZE.get(args))
+    return local if local is not None and 0 <= local and (size is None or local < size) else -1
 
 
 def _dim0(dims: Any) -> int | None:
