@@ -258,10 +258,12 @@ OFFSET_CG_RTOL = 1e-10
 #: ... or after this many conjugate-gradient iterations (per unit: a chain of units, each
 #: linked to the next only, needs about as many as it has units).
 OFFSET_CG_MAX_ITER = 2000
-#: Rounds of reweighting: an end farther than this many robust deviations (at least 1 µs) from
-#: its instance's fit weighs less (Huber), so a mismatched instance does not pull the offsets.
-OFFSET_HUBER_K = 2.0
-OFFSET_ROUNDS = 4
+#: Rounds of reweighting toward least absolute deviations (each end weighs 1 / its distance
+#: from the fit, at least :data:`OFFSET_L1_FLOOR_US`): the offsets the ends' medians would
+#: give, solved jointly, so that heavy tails (gloo's collectives end up to 100 ms apart on a
+#: loaded host) and mismatched instances do not pull them.
+OFFSET_ROUNDS = 30
+OFFSET_L1_FLOOR_US = 1.0
 
 
 def _cg(matvec: Callable[[np.ndarray], np.ndarray], b: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -292,9 +294,10 @@ def _converged_offsets(end: np.ndarray, instance: np.ndarray, codes: np.ndarray,
     """Each unit's offset (µs, shape ``(n_units,)``; 0 for a unit without a finite end): the
     offsets ``a`` that best explain every end as its instance's time plus its unit's offset
     (``end = T_i + a_u``), solved jointly (least squares, instance times eliminated; conjugate
-    gradients on the resulting Laplacian system), its ends reweighted (Huber) over
-    :data:`OFFSET_ROUNDS` rounds. Offsets are fixed up to a constant per linked set of units;
-    :func:`fit_clocks` refers them to its consensus.
+    gradients on the resulting Laplacian system), its ends reweighted toward least absolute
+    deviations over :data:`OFFSET_ROUNDS` rounds (iteratively reweighted least squares).
+    Offsets are fixed up to a constant per linked set of units; :func:`fit_clocks` refers them
+    to its consensus.
 
     A unit-by-unit median of its ends less their instances' consensus stops short where most
     of a unit's instances are with units of its own clock: with 8 ranks on two hosts 3,000 µs
@@ -323,8 +326,7 @@ def _converged_offsets(end: np.ndarray, instance: np.ndarray, codes: np.ndarray,
         a = _cg(lap, np.bincount(c, w * (e - inst_mean(e)), n_units), a)
         res = e - a[c]
         res = res - inst_mean(res)
-        scale = max(1.4826 * float(np.median(np.abs(res))), 1.0)
-        w = 1.0 / np.maximum(1.0, np.abs(res) / (OFFSET_HUBER_K * scale))
+        w = 1.0 / np.maximum(np.abs(res), OFFSET_L1_FLOOR_US)
     return a
 
 
