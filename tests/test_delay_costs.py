@@ -324,3 +324,21 @@ def test_a_host_delay_the_schedule_hides_names_nobody(tmp_path, steps):
     assert out.iloc[0]["delay_cost_us"] < 0.01 * 1400.0   # under 1% of the sleep
     assert rep.sync.straggler is None and rep.straggler is None
     assert rep.sync.straggler_outside_cost_us is None
+
+
+@pytest.mark.parametrize("slow_us", [150.0, 600.0])
+def test_a_slow_tp_rank_whose_peers_pass_its_delay_on_is_named_by_its_delay_cost(tmp_path,
+                                                                                slow_us):
+    """dp 4 × tp 2 on GPUs, rank 5 computing ``slow_us`` longer per step: its TP peer waits for
+    it, then reaches its own DP all-reduce late, so the waits name the peer as a cause of
+    waiting too and no rank dominates them. The execution graph's delay costs do: only rank
+    5's extra computation costs the step, and the verdict names it (the synchronization
+    analysis, which counts waits, still names nobody)."""
+    rep, truth = _report(tmp_path, mesh={"dp": 4, "tp": 2}, schedule="tp", steps=4,
+                         slow_ranks={5: slow_us}, metadata="seq")
+    assert truth.straggler == 5
+    assert rep.sync.straggler is None
+    assert rep.straggler == 5
+    costs = rep.critical_path.delay_costs.set_index("rank")["delay_cost_us"]
+    assert costs.idxmax() == 5
+    assert "rank 5 is a straggler: the steps replayed with its computation cut" in rep.verdict

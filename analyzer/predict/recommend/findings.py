@@ -14,7 +14,7 @@ import pandas as pd
 
 from ...analyses.causes import StragglerCause, straggler_cause
 from ...analyses.peers import median_of_others
-from ...analyses.stragglers import p2p_share
+from ...analyses.stragglers import p2p_share, straggler_by_delay_cost
 from .context import RuleContext, run_step_row
 
 #: A straggler arrives last at this share of its collectives or more …
@@ -52,7 +52,10 @@ class StragglerFinding:
             SyncResult.straggler`, because the waiting it causes directly or through the stages
             that wait for it is the most, and it computes more per step than every other rank)
             or ``"delays the pipeline"`` (on GPU traces of a pipeline: the synchronization
-            analysis names it by its delay cost on the execution graph, ``delay_cost_us``).
+            analysis names it by its delay cost on the execution graph, ``delay_cost_us``) or
+            ``"delays the job"`` (on GPU traces outside pipelines, where the waits name nobody:
+            its delay cost on the execution graph dominates,
+            :func:`pardiag.analyzer.analyses.stragglers.straggler_by_delay_cost`).
         last_arrivals, instances: collectives it arrived last at, of those it joined.
         wait_caused_us, wait_suffered_us: waiting it caused the others / suffered (µs, all
             steps; :attr:`pardiag.analyzer.analyses.sync.SyncResult.stragglers`).
@@ -86,7 +89,7 @@ class StragglerFinding:
     def describe(self) -> str:
         """``"rank 1 is a straggler: it idles 30.1 ms per step more than the others (in 9 of 9
         steps)"`` or ``"…: it arrives last at 40 of 45 collectives"``."""
-        if self.criterion == "delays the pipeline":
+        if self.criterion in ("delays the pipeline", "delays the job"):
             assert self.delay_cost_us is not None  # what the criterion measured
             what = ("its time outside computation (host work, a sleep)" if self.outside
                     else "its computation")
@@ -193,6 +196,16 @@ def identify_straggler(ctx: RuleContext) -> StragglerFinding | None:
         if cost is not None:   # named by its delay cost on the execution graph
             return dataclasses.replace(finding(int(named), "delays the pipeline"),
                                        delay_cost_us=cost)
+    # on a GPU outside pipelines, where the waits name nobody: a rank late only because it
+    # waited for the straggler passes the delay on and is counted as causing waits of its own
+    # (a slow TP rank makes its TP peers late at their DP collectives), so the root cause is
+    # what the execution graph's delay costs name, when one rank's dominates
+    if ctx.on_gpu and not pipeline and named is None:
+        costs = getattr(ctx.critical_path, "delay_costs", None)
+        who = straggler_by_delay_cost(costs, step_us) if costs is not None else None
+        if who is not None:
+            return dataclasses.replace(finding(who, "delays the job"),
+                                       delay_cost_us=_delay_cost(ctx, who))
     # idles longer than its peers step after step, however many collectives the step has
     if len(ex) and step_us > 0:
         med = ex.groupby("rank")["excess_us"].median().sort_values(ascending=False)
