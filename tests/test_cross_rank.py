@@ -761,14 +761,10 @@ def test_point_to_point_keys_are_written_and_read_in_one_place():
         K.p2p_endpoints(pd.Series(["0,1:5"]))
 
 
-def test_broadcasts_from_a_root_are_no_chance_for_their_members_to_be_last(tmp_path):
-    """4 ranks, 4 steps: two broadcasts from rank 0 (members arrive 0–3 µs apart, the chain
-    ends 60 µs per hop later), a gemm and an all-reduce that ends together. Rank 2's gemm takes
-    950 µs against 700, so it reaches every all-reduce 250 µs late: it causes 250 × 3 ranks ×
-    4 steps = 3000 µs of waiting, and no other rank causes more than the broadcasts' jitter.
-    A broadcast's members wait for its root only, so it is a chance to be waited for only for
-    the root: rank 2 arrives last at 4 of its 4 chances, not at 4 of 12 ops. (Rank 0's
-    broadcasts' members arrive within 3 µs of each other: ties, no chance for the root either.)"""
+def _two_ops_then_a_late_all_reduce(out: Path, op: str, extra_us, args: dict) -> None:
+    """4 ranks, 4 steps of 2300 µs: two ``op`` per step that every rank reaches within 3 µs
+    (rank r's lasting ``extra_us(r)`` longer: a broadcast chain's hops), a gemm (950 µs on rank
+    2, 700 elsewhere) and an all-reduce that ends together at t0 + 2050."""
     ranks = [0, 1, 2, 3]
     for r in ranks:
         b = TraceBuilder(rank=r, world_size=4)
@@ -779,14 +775,25 @@ def test_broadcasts_from_a_root_are_no_chance_for_their_members_to_be_last(tmp_p
             for k, at in enumerate((100.0, 500.0)):
                 seq += 1
                 jitter = float((r + k + s) % 4)
-                _coll(b, "Broadcast", ranks, "0", t0 + at + jitter, 200.0 + 60.0 * r - jitter,
-                      t0 + at - 50.0, seq=seq, **{"Rank": 0})
+                _coll(b, op, ranks, "0", t0 + at + jitter, 200.0 + extra_us(r) - jitter,
+                      t0 + at - 50.0, seq=seq, **args)
             gemm = 950.0 if r == 2 else 700.0
             b.kernel("void gemm_kernel<float>(float*)", t0 + 900.0, gemm, launch_ts=t0 + 850.0)
             seq += 1
             start = t0 + 900.0 + gemm
             _coll(b, "AllReduce", ranks, "0", start, t0 + 2050.0 - start, t0 + 880.0, seq=seq)
-        b.write(tmp_path / f"rank{r}.json")
+        b.write(out / f"rank{r}.json")
+
+
+def test_broadcasts_from_a_root_are_no_chance_for_their_members_to_be_last(tmp_path):
+    """4 ranks, 4 steps: two broadcasts from rank 0 (members arrive 0–3 µs apart, the chain
+    ends 60 µs per hop later), a gemm and an all-reduce that ends together. Rank 2's gemm takes
+    950 µs against 700, so it reaches every all-reduce 250 µs late: it causes 250 × 3 ranks ×
+    4 steps = 3000 µs of waiting, and no other rank causes more than the broadcasts' jitter.
+    A broadcast's members wait for its root only, so it is a chance to be waited for only for
+    the root: rank 2 arrives last at 4 of its 4 chances, not at 4 of 12 ops. (Rank 0's
+    broadcasts' members arrive within 3 µs of each other: ties, no chance for the root either.)"""
+    _two_ops_then_a_late_all_reduce(tmp_path, "Broadcast", lambda r: 60.0 * r, {"Rank": 0})
     d = _report([tmp_path], tmp_path)
     rows = {r["rank"]: r for r in d["sync"]["stragglers"]}
     assert rows[2]["wait_caused_us"] == pytest.approx(3000.0, abs=1e-6)
@@ -803,23 +810,7 @@ def test_collectives_every_rank_reaches_together_are_no_chance_to_be_last(tmp_pa
     be waited for: rank 2 arrives last at 4 of its 4 chances, not at 4 (or more, by the ties'
     jitter) of 12 ops, and the verdict names it."""
     ranks = [0, 1, 2, 3]
-    for r in ranks:
-        b = TraceBuilder(rank=r, world_size=4)
-        seq = 0
-        for s in range(4):
-            t0 = EPOCH + s * 2300.0
-            b.step(s + 1, t0, 2300.0)
-            for k, at in enumerate((100.0, 500.0)):
-                seq += 1
-                jitter = float((r + k + s) % 4)
-                _coll(b, "AllGather", ranks, "0", t0 + at + jitter, 200.0 - jitter,
-                      t0 + at - 50.0, seq=seq)
-            gemm = 950.0 if r == 2 else 700.0
-            b.kernel("void gemm_kernel<float>(float*)", t0 + 900.0, gemm, launch_ts=t0 + 850.0)
-            seq += 1
-            start = t0 + 900.0 + gemm
-            _coll(b, "AllReduce", ranks, "0", start, t0 + 2050.0 - start, t0 + 880.0, seq=seq)
-        b.write(tmp_path / f"rank{r}.json")
+    _two_ops_then_a_late_all_reduce(tmp_path, "AllGather", lambda r: 0.0, {})
     d = _report([tmp_path], tmp_path)
     rows = {r["rank"]: r for r in d["sync"]["stragglers"]}
     # 3000 µs at the all-reduces, and at most 3 µs per other rank at each of the 8 ties

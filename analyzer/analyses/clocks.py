@@ -219,8 +219,7 @@ def fit_clocks(rows: pd.DataFrame, unit: dict[int, object], t0_us: float, passes
                ) -> dict[object, tuple[float, float, float, float, int]]:
     """Per clock unit (a host or a rank, ``unit[rank]``): the line of its ranks' ``end −
     consensus end`` in time (:func:`fit_line`), the consensus recomputed on the corrected ends
-    each pass, starting from the offsets alone iterated to convergence
-    (:func:`_converged_offsets`).
+    each pass, starting from the offsets solved jointly over every end (:func:`_joint_offsets`).
 
     ``rows``: :func:`together_ends`; ``t0_us``: the time the intercepts refer to.
 
@@ -235,7 +234,7 @@ def fit_clocks(rows: pd.DataFrame, unit: dict[int, object], t0_us: float, passes
     fit: dict[object, tuple] = {}
     # each unit's rows once (a mask per unit would make this quadratic in the ranks)
     codes, uniq = pd.factorize(units)
-    corrected = end - _converged_offsets(end, rows["instance"].to_numpy(), codes, len(uniq))[codes]
+    corrected = end - _joint_offsets(end, rows["instance"].to_numpy(), codes, len(uniq))[codes]
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(uniq) + 1))
     rows_of = [order[bounds[k]:bounds[k + 1]] for k in range(len(uniq))]
@@ -289,7 +288,7 @@ def _cg(matvec: Callable[[np.ndarray], np.ndarray], b: np.ndarray, x: np.ndarray
     return x
 
 
-def _converged_offsets(end: np.ndarray, instance: np.ndarray, codes: np.ndarray, n_units: int
+def _joint_offsets(end: np.ndarray, instance: np.ndarray, codes: np.ndarray, n_units: int
                        ) -> np.ndarray:
     """Each unit's offset (µs, shape ``(n_units,)``; 0 for a unit without a finite end): the
     offsets ``a`` that best explain every end as its instance's time plus its unit's offset

@@ -107,8 +107,8 @@ def _p2p_keys(sub: pd.DataFrame) -> pd.Series:
     # a trace's own count (:func:`pardiag.analyzer.per_rank.comm_events.events_from_trace`)
     # counts the transfers whose kernels the trace lost, so the ones after still pair
     if "seq" in tmp and "source" in tmp:
-        own = tmp["source"].eq("trace") & (pd.to_numeric(tmp["seq"], errors="coerce") > 0)
-        nth = nth.where(~own, pd.to_numeric(tmp["seq"], errors="coerce")).astype(int)
+        seq = pd.to_numeric(tmp["seq"], errors="coerce")
+        nth = nth.where(~(tmp["source"].eq("trace") & (seq > 0)), seq).astype(int)
     return instance_keys.p2p_keys(tmp["_gid"].str[1:], tmp["src"], tmp["dst"], nth)
 
 
