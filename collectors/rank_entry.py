@@ -743,8 +743,9 @@ class _RankRun:
 def _configure(cfg: dict | None) -> _RankRun:
     """Read the configuration (``cfg`` or ``PARDIAG_PROFILE_CONFIG``) and the rank's place;
     claim its files (ends the process with exit code 2 when an earlier run's are there),
-    set up the stack dump on SIGUSR1, SIGTERM's handling (:func:`_stop_on_sigterm`) and pin the
-    CPU cores when asked. Returns the run."""
+    set up SIGTERM's handling (:func:`_stop_on_sigterm`), the stack dump on SIGUSR1 and pin the
+    CPU cores when asked. Returns the run with SIGTERM still held (``hold_term``): the caller
+    ends the hold (:func:`_release_term`) where a :class:`_Terminated` is handled."""
     import torch
 
     cfg = cfg if cfg is not None else json.loads(os.environ[CONFIG_ENV])
@@ -755,17 +756,29 @@ def _configure(cfg: dict | None) -> _RankRun:
         print(f"pardiag: error: {problem}", file=sys.stderr, flush=True)
         os._exit(2)
     group = cfg.get("node_rank", os.environ.get("GROUP_RANK"))
-    stacks = _stack_dump_on_signal(out, rank)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    pinned = bool(cfg.get("pin_cpu")) and _pin_cpu(
-        torch, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     run = _RankRun(cfg=cfg, out=out, rank=rank, world_size=world_size, local_rank=local_rank,
-                   group=group, stacks=stacks, pinned=pinned, cuda=torch.cuda.is_available(),
+                   group=group, stacks=None, pinned=False, cuda=torch.cuda.is_available(),
                    trace_file=layout.trace_path(out, rank), wait=cfg["wait"],
                    warmup=cfg["warmup"])
+    # SIGTERM's handling comes before the stacks file: with SIGTERM's default, a rank stopped
+    # between the two (torchrun forwards Ctrl-C as SIGTERM) ended at once and left the file
+    # empty behind. The file is made with SIGTERM held, so it is never open but unrecorded.
+    run.hold_term = True
     _stop_on_sigterm(run)
+    run.stacks = _stack_dump_on_signal(out, rank)
+    run.pinned = bool(cfg.get("pin_cpu")) and _pin_cpu(
+        torch, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return run
+
+
+def _release_term(run: _RankRun) -> None:
+    """End :func:`_configure`'s hold on SIGTERM: raises :class:`_Terminated` when one came
+    meanwhile."""
+    run.hold_term = False
+    if run.terminated:
+        raise _Terminated()
 
 
 def _measure_peak(run: _RankRun, capture: bool = False) -> None:
@@ -1527,6 +1540,7 @@ def main(cfg: dict | None = None, before_exit=None) -> None:
 
     run = _configure(cfg)                  # configuration, files claimed, stacks, pinning
     try:
+        _release_term(run)                 # a SIGTERM held while the stacks file was made
         run.prof = _make_profiler(run)     # the profiler and its schedule
         _install_hooks(run)                # recorders, optimizer hooks, watchdog
     except _Terminated as exc:             # stopped before the script started: nothing to keep

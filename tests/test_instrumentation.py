@@ -562,3 +562,35 @@ def test_a_failed_export_leaves_no_uncompressed_json(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         _export_trace(Profiler(), partial)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sigterm_as_the_stacks_file_is_made_leaves_no_file(tmp_path):
+    """torchrun forwards Ctrl-C to the ranks as SIGTERM, which can come as a rank starts: the
+    moment its stacks file exists, before the script. The rank stops with one line and exit
+    code 143, and no empty stacks file is left behind."""
+    import subprocess
+    import sys
+
+    from pardiag import layout
+
+    (tmp_path / "s.py").write_text("raise SystemExit('the script must not run')\n")
+    layout.sidecar_dir(tmp_path).mkdir()
+    code = f"""
+import os, signal
+from pardiag.collectors import rank_entry
+made = rank_entry._stack_dump_on_signal
+def made_then_stopped(out, rank):
+    f = made(out, rank)
+    os.kill(os.getpid(), signal.SIGTERM)   # the launcher stops the job right here
+    return f
+rank_entry._stack_dump_on_signal = made_then_stopped
+rank_entry.main({{"out": {str(tmp_path)!r}, "script": {str(tmp_path / "s.py")!r}, "args": [],
+                 "wait": 0, "warmup": 0, "active": 1}})
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
+    assert res.returncode == 143, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines() == [
+        "pardiag: rank 0 stopped by SIGTERM: the launcher ended the job (another rank failed, "
+        "or it was interrupted), before the script started"], res.stderr[-2000:]
+    assert not layout.stacks_path(tmp_path, 0).exists()
