@@ -1040,3 +1040,25 @@ def test_a_records_rank_is_the_peer_of_a_send_without_dst_rank():
     new = {**old, "Dst Rank": 7, "Process Group Ranks": "[4, 5, 6, 7]"}
     assert _peer("send", new) == 3
     assert _peer("all_reduce", {"Group size": 4, "Rank": 2}) == -1
+
+
+def test_one_reader_gives_the_matching_and_the_layout_the_same_peer():
+    """The matching (global ranks) and the layout's pipeline marks (ranks in the group) read a
+    transfer's peer with one reader: a record that names its peer only as ``Peer`` gives both
+    the same rank; ``Concrete Inputs[2]`` is a peer only on a ``c10d::send``/``recv_`` call,
+    where torch puts it, and never on a ``record_param_comms`` (whose third scalar is its
+    process group)."""
+    from pardiag.analyzer.per_rank.comm_events import _p2p_peer, p2p_peer
+    from pardiag.analyzer.per_rank.layout_marks import _peer
+
+    members = [4, 5, 6, 7]
+    peer_only = {"Collective name": "send", "Peer": 1,
+                 "Process Group Ranks": "[4, 5, 6, 7]"}
+    assert p2p_peer("send", peer_only, members) == (1, 5)
+    assert _p2p_peer("send", peer_only, members) == 5 and _peer("send", peer_only) == 1
+    rpc = {"Collective name": "send", "Concrete Inputs": ["", "7", "2", ""], "Group size": 4,
+           "Rank": 3}
+    assert _peer("send", rpc) == 3 and _peer("send", rpc, c10d_call=True) == 2
+    assert p2p_peer("send", rpc, members, c10d_call=True) == (2, 6)
+    assert p2p_peer("send", {"Dst Rank": 9}, members) == (None, 9)   # outside the group named
+    assert p2p_peer("all_reduce", peer_only, members) == (None, None)

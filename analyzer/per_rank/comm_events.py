@@ -151,18 +151,55 @@ def _args_bytes(args: Any) -> int | None:
     return None
 
 
+def p2p_peer(op: str, args: Any, members: list[int] | None, c10d_call: bool = False
+             ) -> tuple[int | None, int | None]:
+    """The rank at the other end of a send/recv, as (its rank in the group, its global rank);
+    either is None where the record and ``members`` (the group's global ranks, or None) do not
+    give it. The one reader of a peer, for the matching and the layout alike. In order:
+
+    * a ``c10d::send``/``c10d::recv_`` call (``c10d_call``): ``Concrete Inputs[2]``, a rank in
+      the group;
+    * ``Dst Rank`` of a send, ``Src Rank`` of a recv: a global rank;
+    * another record's ``Peer`` (:data:`pardiag.analyzer.trace.vocab.PEER`): a rank in the group;
+    * a send's or recv's ``Rank``: older ``record_param_comms`` hold the peer's rank in the group
+      there (not the rank's own), taken where it fits the group's size.
+    """
+    if not isinstance(args, dict) or op not in P2P_OPS:
+        return None, None
+
+    def placed(local: int | None) -> tuple[int | None, int | None]:
+        if local is None or local < 0:
+            return None, None
+        if members:
+            return (local, members[local]) if local < len(members) else (None, None)
+        return local, None
+
+    if c10d_call:
+        ci = vocab.CONCRETE_INPUTS.get(args)
+        local = int_arg(ci[2]) if isinstance(ci, list) and len(ci) > 2 else None
+        if local is not None:
+            return placed(local)
+    glob = int_arg((vocab.DST_RANK if op == "send" else vocab.SRC_RANK).get(args))
+    if glob is not None:
+        return (members.index(glob) if members and glob in members else None), glob
+    v = vocab.PEER.get(args)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return placed(int(v))
+    local = int_arg(vocab.RANK.get(args))
+    size = int_arg(vocab.GROUP_SIZE.get(args))
+    if local is not None and size is not None and local >= size:
+        return None, None
+    return placed(local)
+
+
 def _p2p_peer(op: str, args: dict[str, Any], ranks: list[int] | None, rank: int | None = None,
               world: int | None = None) -> int | None:
-    """Global rank at the other end of a send/recv: ``Dst Rank`` / ``Src Rank`` (global), else
-    ``Rank`` (Kineto's record of a send/recv holds the peer's rank *in the group* there), else,
-    in a world of two ranks (``world``, the trace's ``distributedInfo``), the other one: a rank
-    never sends to itself."""
-    peer = int_arg((vocab.DST_RANK if op == "send" else vocab.SRC_RANK).get(args))
+    """Global rank at the other end of a send/recv (:func:`p2p_peer`), else, in a world of two
+    ranks (``world``, the trace's ``distributedInfo``), the other one: a rank never sends to
+    itself."""
+    peer = p2p_peer(op, args, ranks)[1]
     if peer is not None:
         return peer
-    local = int_arg(vocab.RANK.get(args))
-    if local is not None and ranks and 0 <= local < len(ranks):
-        return ranks[local]
     if world == 2 and rank in (0, 1):
         return 1 - int(rank)
     return None
@@ -186,8 +223,7 @@ def _gloo_p2p_peers(ev: pd.DataFrame, p2p: pd.DataFrame, world_group: bool
             if len(mine) != len(idx):
                 continue  # cannot tell which call is which transfer
             for i, a in zip(idx, mine["args"].tolist()):
-                ci = vocab.CONCRETE_INPUTS.get(a)
-                out[i] = int_arg(ci[2]) if isinstance(ci, list) and len(ci) > 2 else None
+                out[i] = p2p_peer(op, a, None, c10d_call=True)[0]
     return out
 
 

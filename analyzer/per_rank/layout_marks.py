@@ -16,8 +16,7 @@ from ..trace import intervals as iv
 from ..trace import vocab
 from ..trace.classify import STEP_RE, Kind, classify, collective_type, name_test
 from ..trace.traceset import ColumnTable, HoldsTables, RankTrace, StoredTable, isin_mask
-from ..trace.vocab import int_arg
-from .comm_events import group_ranks
+from .comm_events import group_ranks, p2p_peer
 
 #: Columns of :attr:`RankMarks.chunks`: the busy pieces of the pipeline's per-microbatch ranges.
 #: ``stage`` -1 where the range does not name it (GPipe's ``Forward i``); ``phase`` F, B, I or
@@ -115,32 +114,12 @@ def _step_of(times: np.ndarray, steps: list[tuple[int, float, float]]) -> np.nda
     return out
 
 
-def _peer(op: str, args: Any) -> int:
-    """The peer's rank in the group the message used, or -1: a ``c10d::send``/``c10d::recv_``'s
-    ``Concrete Inputs[2]``; a ``record_param_comms`` send's ``Dst Rank`` (a recv's ``Src Rank``:
-    a global rank) placed among the group's ranks (``Process Group Ranks``, else ``Global rank
-    start``/``stride`` with ``Group size``; -1 where the record gives no group); another
-    record's ``Peer`` (:data:`pardiag.analyzer.trace.vocab.PEER`); else, as
-    :func:`pardiag.analyzer.per_rank.comm_events._p2p_peer` reads it, a send's or recv's
-    ``Rank`` (older records hold the peer's rank in the group there)."""
-    if not isinstance(args, dict):
-        return -1
-    ci = vocab.CONCRETE_INPUTS.get(args)
-    if isinstance(ci, list) and len(ci) > 2:
-        try:
-            return int(str(ci[2]))
-        except ValueError:
-            pass
-    glob = int_arg((vocab.DST_RANK if op == "send" else vocab.SRC_RANK).get(args))
-    if glob is not None:
-        members = group_ranks(args, {})
-        return members.index(glob) if members and glob in members else -1
-    v = vocab.PEER.get(args)
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return int(v)
-    local = int_arg(vocab.RANK.get(args)) if op in ("send", "recv") else None
-    size = int_arg(vocab.GROUP_SIZE.get(args))
-    return local if local is not None and 0 <= local and (size is None or local < size) else -1
+def _peer(op: str, args: Any, c10d_call: bool = False) -> int:
+    """The peer's rank in the group the message used (:func:`pardiag.analyzer.per_rank.
+    comm_events.p2p_peer`, the group's ranks from the record alone), or -1."""
+    members = group_ranks(args, {}) if isinstance(args, dict) else None
+    local = p2p_peer(op, args, members, c10d_call)[0]
+    return -1 if local is None else local
 
 
 def _dim0(dims: Any) -> int | None:
@@ -353,7 +332,7 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
         else:
             op = "send" if n == "c10d::send" else "recv"
         if op:
-            p2p_rows.append((op, _peer(op, a), float(t), float(t + d)))
+            p2p_rows.append((op, _peer(op, a, n != "record_param_comms"), float(t), float(t + d)))
             if op == "send" and (n0 := _dim0(vocab.INPUT_DIMS.get(a))):
                 dim0[n0] = dim0.get(n0, 0) + 1
     p2p = _p2p_frame([(op, peer, -1, t0, t1) for op, peer, t0, t1 in p2p_rows])
