@@ -27,32 +27,38 @@ H = 8
 
 
 def _a2a(b: TraceBuilder, seq: int, start: float, dur: float, send, recv, dtype="Float",
-         row: int = H) -> None:
-    """One all-to-all: the record_param_comms op issuing it and its NCCL kernel."""
+         row: int = H, desc: str = "ep", before: str | None = None) -> None:
+    """One all-to-all: the record_param_comms op issuing it and its NCCL kernel, its group
+    described as ``desc``; ``before``: a 5 µs compute kernel of that name just before it."""
     args = {"Collective name": "all_to_all", "dtype": dtype, "In msg nelems": sum(send) * row,
             "Out msg nelems": sum(recv) * row, "Group size": 4, "Process Group Name": "0",
-            "Process Group Description": "ep", "Process Group Ranks": "[0, 1, 2, 3]",
+            "Process Group Description": desc, "Process Group Ranks": "[0, 1, 2, 3]",
             "Seq": str(seq), "In split size": str(send), "Out split size": str(recv)}
+    if before:
+        b.kernel(before, EPOCH + start - 8, 5, stream=7, launch_ts=EPOCH + start - 30)
     b.cpu("record_param_comms", EPOCH + start - 20, 10, args=args)
     b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", EPOCH + start, dur,
              stream=20, launch_ts=EPOCH + start - 15, args=args)
 
 
-def _planted(tmp_path: Path) -> Path:
+def _planted(tmp_path: Path, desc: str = "ep", before: str | None = None) -> Path:
     """4 ranks, 2 steps. Per step: a count exchange (even split), the dispatch (everyone at
     +100 µs for 50 µs) and the combine: rank 0 (the hot rank) arrives at +600 in step 1 (the
     others at 300, 350, 350) and at +700 in step 2 (the others at 400); the combine ends at
-    +650 / +750 everywhere."""
+    +650 / +750 everywhere. The group is described as ``desc``; ``before``: a compute kernel
+    of that name just before each dispatch and combine."""
     for r in range(4):
         b = TraceBuilder(rank=r, world_size=4)
         for k, t0 in enumerate((0.0, 1000.0)):
             b.step(k + 1, EPOCH + t0, 1000)
-            _a2a(b, 3 * k + 1, t0 + 40, 10, [], [], dtype="Long", row=1)
-            _a2a(b, 3 * k + 2, t0 + 100, 50, S[r], [S[s][r] for s in range(4)])
+            _a2a(b, 3 * k + 1, t0 + 40, 10, [], [], dtype="Long", row=1, desc=desc)
+            _a2a(b, 3 * k + 2, t0 + 100, 50, S[r], [S[s][r] for s in range(4)], desc=desc,
+                 before=before)
             arrive = ({0: 600, 1: 300, 2: 350, 3: 350} if k == 0 else
                       {0: 700, 1: 400, 2: 400, 3: 400})[r]
             end = 650 if k == 0 else 750
-            _a2a(b, 3 * k + 3, t0 + arrive, end - arrive, [S[s][r] for s in range(4)], S[r])
+            _a2a(b, 3 * k + 3, t0 + arrive, end - arrive, [S[s][r] for s in range(4)], S[r],
+                 desc=desc, before=before)
         b.write(tmp_path / f"rank{r}.json")
     return tmp_path
 
@@ -232,3 +238,34 @@ def test_rank_load_is_each_ranks_median_over_steps(tmp_path):
     pr = pd.DataFrame({"group": ["g"] * 6, "step": [1, 1, 2, 2, 3, 3], "rank": [0, 1] * 3,
                        "load_rows": [10, 1, 30, 2, 20, 9]})
     assert rank_load(pr)["load_rows"].tolist() == [20, 2]
+
+
+ATTENTION = "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>"
+GEMM = "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>"
+
+
+@pytest.mark.parametrize("desc, before, routed", [
+    ("ep", ATTENTION, True),          # a group described as expert parallel: routing
+    ("undefined", GEMM, True),        # split sizes that differ, next to GEMMs: routing
+    ("undefined", ATTENTION, False),  # the same sizes around attention: a sequence exchange?
+])
+def test_all_to_alls_around_attention_are_not_read_as_routing(tmp_path, desc, before, routed):
+    """Split sizes that differ are what routing shows, but also what attention heads split
+    unevenly over ranks show (Ulysses with 14 heads over 4 ranks: 4, 4, 3, 3). Where the
+    all-to-alls sit next to attention and no group is described as expert parallel, what
+    they carry is unknown: no routing table, no imbalance in the verdict, and a note saying
+    why. Per step, 7 of the 12 all-to-alls send split sizes that differ (the dispatch on ranks
+    1-3, the combine on all 4): 14 over 2 steps; every one of the 24, the count exchange
+    included, has attention as its nearest computation."""
+    rep = pardiag.analyze(_planted(tmp_path, desc, before), cache=False)
+    r = rep.routing
+    if routed:
+        assert r.steps["imbalance"].tolist() == pytest.approx([2.0, 2.0])
+        assert r.finding is not None and r.finding["hot_rank"] == 0
+        return
+    assert r.instances.empty and r.steps.empty and r.finding is None
+    assert r.notes == ("the all-to-alls are not analysed as MoE routing: what the all-to-alls "
+                       "carry is unknown: expert dispatch by 14 with split sizes that differ, "
+                       "but a sequence exchange by 24 of 24 next to attention",)
+    assert "experts take" not in rep.verdict
+    assert "ep" not in rep.layout.dims

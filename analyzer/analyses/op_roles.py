@@ -100,12 +100,7 @@ def a2a_role_of(total: dict, uneven: int) -> tuple[str | None, str]:
     routing = [s for s, n in ((f"{uneven} with split sizes that differ", uneven),
                               (f"{total['router']} routing events (top-k gate, router, experts)",
                                total["router"])) if n]
-    n = total["a2a_events"]
-    near = total["a2a_attention"]
-    sequence = [s for s, hit in (
-        (f"{total['sequence_exchange']} events named as a sequence exchange (_SeqAllToAll, "
-         f"Ulysses)", total["sequence_exchange"] > 0),
-        (f"{near} of {n} next to attention", n > 0 and near >= ATTENTION_SHARE * n)) if hit]
+    sequence = sequence_exchange_evidence(total)
     if routing and not sequence:
         return "ep", f"they dispatch tokens to experts ({'; '.join(routing)})"
     if sequence and not routing:
@@ -116,6 +111,25 @@ def a2a_role_of(total: dict, uneven: int) -> tuple[str | None, str]:
                       f"{'; '.join(routing)}, but a sequence exchange by {'; '.join(sequence)}")
     return None, ("what the all-to-alls carry is unknown: no router, no split sizes that differ "
                   "and no attention next to them say expert (ep) or sequence (cp) parallelism")
+
+
+def sequence_exchange_evidence(total: dict) -> list[str]:
+    """The lines of evidence that all-to-alls exchange sequence and head shards (Ulysses-style
+    sequence parallelism), from the counts :func:`a2a_role_of` takes: events named as such, or
+    all-to-alls next to attention in at least :data:`ATTENTION_SHARE` of them; [] for none."""
+    n = total["a2a_events"]
+    near = total["a2a_attention"]
+    return [s for s, hit in (
+        (f"{total['sequence_exchange']} events named as a sequence exchange (_SeqAllToAll, "
+         f"Ulysses)", total["sequence_exchange"] > 0),
+        (f"{near} of {n} next to attention", n > 0 and near >= ATTENTION_SHARE * n)) if hit]
+
+
+def a2a_evidence_totals(traces: TraceSet) -> dict:
+    """The all-to-all evidence counts (:data:`pardiag.analyzer.per_rank.layout_marks.
+    A2A_EVIDENCE`) summed over the ranks of ``traces``."""
+    marks = [summary_of(t).marks for t in traces.ranks.values()]
+    return {k: sum(m.counts.get(k, 0) for m in marks) for k in A2A_EVIDENCE}
 
 
 def unplaced_reductions(events: pd.DataFrame | None) -> int:

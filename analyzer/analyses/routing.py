@@ -41,6 +41,7 @@ import pandas as pd
 
 from ..per_rank.summary import summary_of
 from ..trace.traceset import TraceSet
+from .op_roles import a2a_evidence_totals, all_to_all_role, sequence_exchange_evidence
 from .sync import SyncResult
 
 #: An all-to-all event takes an issuing op that started at most this long after it (µs).
@@ -247,6 +248,9 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
     inst = sync.instances[(sync.instances["op"] == "all_to_all") & sync.instances["complete"]]
     if inst.empty:
         return empty_routing()
+    not_routing = _not_expert_dispatch(traces, layout)
+    if not_routing:
+        return empty_routing((not_routing,))
     routed = _route_instances(inst, _matched_per_rank(traces, sync, inst))
     notes = []
     if routed.unsized:
@@ -268,6 +272,25 @@ def compute_routing(traces: TraceSet, sync: SyncResult | None, layout=None) -> R
                           "ep" in (getattr(layout, "dims", None) or {}))
     return RoutingResult(instances, per_rank, steps, groups, _matrix(routed.matrix_rows),
                          tuple(notes), rank_load(per_rank))
+
+
+def _not_expert_dispatch(traces: TraceSet, layout) -> str:
+    """Why the run's all-to-alls are not read as expert dispatch, or "" when they may be: the
+    all-to-alls' evidence (:func:`pardiag.analyzer.analyses.op_roles.all_to_all_role`) says a
+    sequence exchange (Ulysses), alone or against routing's evidence, and no recorded layout
+    names an ``ep`` dimension. Split sizes that differ cannot tell the two apart: attention
+    heads split over ranks that do not divide them (14 over 4: 4, 4, 3, 3) differ as routed
+    tokens do, and repeat call after call as a fixed routing of the same batch does."""
+    if "ep" in (getattr(layout, "dims", None) or {}):
+        return ""
+    total = a2a_evidence_totals(traces)
+    if not sequence_exchange_evidence(total):
+        return ""
+    role, line = all_to_all_role(traces, {r: summary_of(t).marks
+                                          for r, t in traces.ranks.items()})
+    if role == "ep":
+        return ""
+    return f"the all-to-alls are not analysed as MoE routing: {line}"
 
 
 def _matched_per_rank(traces: TraceSet, sync: SyncResult, inst: pd.DataFrame) -> pd.DataFrame:
