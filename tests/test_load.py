@@ -667,3 +667,40 @@ def test_files_of_one_rank_from_other_processes_are_two_runs(tmp_path):
         "profiling windows of one; to analyse them as one anyway, pass --mixed-runs; to set two "
         "runs side by side, pardiag compare A B")
     assert len(load_traces(other, cache=False, mixed_runs=True).ranks) == 1
+
+
+def test_files_that_count_from_different_zeros_share_one(tmp_path):
+    """Kineto counts ``ts`` from ``baseTimeNanoseconds``, the process's start rounded down to a
+    multiple of 7,889,238 s: two hosts of one job that started on either side of such a
+    boundary write one instant 7,889,238 s apart. On one zero, each all-reduce ends at one
+    instant on both ranks: no clock offset, and no 91-day one. The files' own bases are
+    multiples of the quarter (as every real trace's is); rank 1's all-reduces arrive 30 µs
+    late, so rank 1 is named. The summaries stored by a first report give the same."""
+    import pardiag
+
+    quarter_ns = 7_889_238 * 10 ** 9
+    base0 = 215 * quarter_ns   # host A's processes started before the boundary, B's after it
+    for r, base, t0 in ((0, base0, quarter_ns / 1e3 + 5_000), (1, base0 + quarter_ns, 5_000.0)):
+        b = TraceBuilder(rank=r)
+        for k in range(3):
+            s = t0 + 1_000 * k
+            b.step(k + 1, s, 1_000)
+            b.kernel("volta_sgemm_128x64_nn", s + 10, 400, launch_ts=s + 5)
+            arrive = s + 420 + (30 if r == 1 else 0)
+            b.cpu("record_param_comms", arrive - 8, 4, args={
+                "Collective name": "allreduce", "Process Group Name": "0",
+                "Process Group Ranks": "[0, 1]", "Group size": 2, "Seq": str(k + 1),
+                "dtype": "Float", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20})
+            b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                     arrive, s + 600 - arrive, stream=20, launch_ts=arrive - 6)
+        doc = b.doc()
+        doc["baseTimeNanoseconds"] = base
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(doc))
+    for cache in (False, True, True):   # the raw traces, then the stored summaries
+        rep = pardiag.analyze(tmp_path, cache=cache)
+        offsets = rep.sync.offsets.set_index("rank")["offset_us"]
+        assert offsets.abs().max() == 0.0, offsets
+        assert rep.sync.straggler == 1
+        assert [w for w in rep.warnings if "different zeros" in w] == [
+            f"the files count their times from different zeros (baseTimeNanoseconds): "
+            f"rank1.json (+7,889,238 s) put onto the earliest's, {base0}"]

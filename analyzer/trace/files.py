@@ -76,8 +76,13 @@ class ParsedFile:
 
 
 def parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[str, ...] = (),
-                cache: bool = False, keep_events: bool = True) -> ParsedFile:
-    """Read, parse and (with a ``reducer``) summarize one file; never raises for bad input."""
+                cache: bool = False, keep_events: bool = True, shift_ns: int = 0) -> ParsedFile:
+    """Read, parse and (with a ``reducer``) summarize one file; never raises for bad input.
+
+    ``shift_ns``: put the file's times onto a time zero this much earlier than its own
+    ``baseTimeNanoseconds`` (every ``ts`` later by ``shift_ns / 1000`` µs, the base less
+    ``shift_ns``), so that files whose bases differ share one (:func:`pardiag.analyzer.trace.
+    load.load_traces`)."""
     try:
         try:
             st = os.stat(path)
@@ -107,6 +112,9 @@ def parse_file(path: Path, reducer: RankReducer | None = None, patterns: tuple[s
                                                                 vocab.DISPLAY_TIME_UNIT.get(doc))
         del doc
     pnames = meta.pop(PROCESS_NAMES_KEY, {})
+    if shift_ns:
+        events = events.assign(ts=events["ts"] + shift_ns / 1e3)
+        meta[vocab.BASE_TIME_NS.name] = int(vocab.BASE_TIME_NS.get(meta)) - shift_ns
     split = _split_merged(path, events, thread_names, meta, pnames)
     if split is None:
         several = _unnamed_ranks(events)

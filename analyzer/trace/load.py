@@ -497,6 +497,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
         first = warnings[-1].removesuffix(" - skipped") if warnings else ""
         raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace"
                          f" (e.g. {first})")
+    docs = _on_one_base(docs, warnings, reducer, list(comm_patterns))
     units, assignment = _assign(docs, warnings)
     if not mixed_runs:
         why = (different_runs([[units[k].path for k in a.keys] for a in assignment], roots)
@@ -641,6 +642,37 @@ def _readable(files: list[Path], parsed: dict[Path, ParsedFile], explicit: set[P
             warnings.append(f"{f}: not strict JSON; read with repairs ({'; '.join(p.repairs)})")
         docs.append(p)
     return docs
+
+
+def _on_one_base(docs: list[ParsedFile], warnings: list[str], reducer: RankReducer | None,
+                 patterns: list) -> list[ParsedFile]:
+    """The files with their times from one time zero: where every file has a
+    ``baseTimeNanoseconds`` (its ``ts`` count from it) and they differ, the files of a later
+    base are read again with their times moved onto the earliest (:func:`parse_file`'s
+    ``shift_ns``; their events kept, their summaries not stored), and a line in ``warnings``
+    says so. Kineto rounds each process's start down to a multiple of 7,889,238 s (a quarter
+    of a year: every real trace's base is one) and counts from there, so the processes of one
+    job started on either side of such a boundary write one instant 7,889,238 s apart."""
+    bases = [vocab.BASE_TIME_NS.get(p.metadata or {}) for p in docs]
+    if not all(isinstance(b, int) and not isinstance(b, bool) for b in bases) \
+            or len(set(bases)) < 2 or any(p.pieces for p in docs):   # (a merged file's parts
+        return docs                                                 # keep their own bases)
+    ref = min(bases)
+    out, moved = [], []
+    for p, b in zip(docs, bases):
+        if b == ref:
+            out.append(p)
+            continue
+        again = parse_file(p.path, reducer, tuple(q.pattern if isinstance(q, re.Pattern)
+                                                  else str(q) for q in patterns), cache=False,
+                           keep_events=True, shift_ns=b - ref)
+        if again.error is not None:   # it was read a moment ago: the file changed meanwhile
+            raise TraceError(again.error)
+        out.append(again)
+        moved.append(f"{p.path.name} (+{(b - ref) / 1e9:,.0f} s)")
+    warnings.append(f"the files count their times from different zeros (baseTimeNanoseconds): "
+                    f"{', '.join(moved)} put onto the earliest's, {ref}")
+    return out
 
 
 def _assign(docs: list[ParsedFile], warnings: list[str]
