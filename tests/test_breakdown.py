@@ -195,6 +195,24 @@ def test_gloo_reduce_scatter_on_two_worker_threads_counts_issued_ops(tmp_path):
     assert ev["start_us"].tolist() == [55.0, 58.0, 102.0, 112.0]
 
 
+def test_gloo_on_cuda_tensors_names_its_worker_events_by_the_op_issued(tmp_path):
+    """gloo on CUDA tensors (Windows has no NCCL): the same reduce-scatters, run as
+    gloo:all_reduce on the workers, beside the GPU's gemms. The GPU trace's collectives are the
+    workers' events, named (as on a CPU trace) by the op the program issued."""
+    b = _gloo_rs_trace()
+    for ts, dur in ((0, 50), (60, 40), (120, 20)):
+        b.kernel("volta_sgemm_128x64_nn", ts + 1, dur - 2, launch_ts=ts)
+    b.write(tmp_path / "a.json")
+    c = compute_time_breakdown(load_traces(tmp_path)).collectives
+    assert sorted(c["collective"]) == ["all_gather", "all_reduce", "reduce_scatter"]
+    rs, ar, ag = (_row(c, collective=t) for t in ("reduce_scatter", "all_reduce", "all_gather"))
+    # the workers' events alone: reduce-scatters [58,80) + [102,130), all-reduce [55,70),
+    # all-gather [112,150)
+    assert (rs["count"], rs.time_us) == (2, 50.0)
+    assert (ar["count"], ar.time_us) == (1, 15.0)
+    assert (ag["count"], ag.time_us) == (1, 38.0)
+
+
 def test_gloo_counts_come_from_records_when_the_run_has_them(tmp_path):
     from .synth import record, write_sidecar
     _gloo_rs_trace().write(tmp_path / "rank0.trace.json")

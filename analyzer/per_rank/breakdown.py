@@ -231,7 +231,7 @@ def compute_rank_parts(trace: RankTrace, comm_patterns: Iterable[re.Pattern[str]
                        else max(last_ends[j], starts[j] + step_durs[i]))
                 windows.append((int(step_ids[i]), float(starts[j]),
                                 float(max(starts[j], end))))
-        comm = _gpu_comm_types(trace, comm_ev)
+        comm = _gpu_comm_types(trace, comm_ev, kinds)
         # the rank's time runs to its last step's end: a device idle there is idle in the
         # profiled steps
         ts = np.concatenate([kernels["ts"].to_numpy(), [w[1] for w in windows]])
@@ -522,15 +522,21 @@ def _cpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
     return comm
 
 
-def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame) -> pd.DataFrame:
+def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame, kinds: pd.Series) -> pd.DataFrame:
     """Collective type of each GPU communication event and the issued ops it accounts for
     (:func:`pardiag.analyzer.analyses.issued_ops.gpu_issued_ops`: the type the launching host op
     names before the kernel's; an op counts once however many kernels it ran as), plus one row
-    without times (``ts``/``dur`` NaN) per issued op whose kernels the trace lost."""
+    without times (``ts``/``dur`` NaN) per issued op whose kernels the trace lost. A host
+    thread's ``gloo:*`` event among them (gloo on CUDA tensors) is named by the op it ran, as on
+    a CPU trace (:func:`cpu_comm_types`: gloo runs a reduce-scatter as ``gloo:all_reduce``)."""
     comm = comm_ev[["name", "ts", "dur", "args", "correlation"]].copy()
     issued = gpu_issued_ops(trace, comm_ev)
     comm["type"] = issued.kernel_types()
     comm["counted"] = issued.kernel_counts()
+    host = (kinds.reindex(comm.index) == Kind.CPU_COMM.value).to_numpy()
+    if host.any():
+        ran = cpu_comm_types(trace, kinds)["type"].reindex(comm.index[host])
+        comm.loc[host, "type"] = ran.where(ran.notna(), comm.loc[host, "type"]).to_numpy()
     lost = issued.ops[issued.ops["missing"]]
     if len(lost):
         comm = pd.concat([comm, pd.DataFrame({
