@@ -425,6 +425,45 @@ def test_a_merge_that_does_not_name_its_ranks_is_refused_and_rank_prefixes_split
         assert rb["total"]["overlap_pct"] == pytest.approx(ra["total"]["overlap_pct"])
 
 
+def _labelled_merge(run: Path, out: Path, label) -> Path:
+    """The ranks' events in one file as SGLang's ProfileMerger writes it: every pid prefixed
+    with the rank's coordinates (``[TP01] 100``; a GPU's ``[TP01] 0``), no process named
+    ``rank N``, rank 0's header alone."""
+    events = []
+    for r in (0, 1):
+        doc = json.loads((run / f"rank{r}.json").read_text())
+        events += [{**e, "pid": f"{label(r)} {e['pid']}"} for e in doc["traceEvents"]]
+        if r == 0:
+            header = {k: v for k, v in doc.items() if k != "traceEvents"}
+    out.write_text(json.dumps({**header, "traceEvents": events}))
+    return out
+
+
+@pytest.mark.parametrize("label, note", [
+    (lambda r: f"[TP{r:02d}]", None),
+    (lambda r: f"[TP{r:02d}-DP{r:02d}]", "the ranks' labels give their dp, tp coordinates, not "
+                                         "their global ranks: numbered in the labels' order "
+                                         "(dp, ep, pp, tp)")])
+def test_a_merge_whose_pids_carry_rank_labels_is_split_by_them(tmp_path, label, note):
+    """SGLang's merge of a tensor-parallel server's ranks names no process ``rank N`` and
+    records no profiler step: each pid carries its rank's label. Read as one process, the
+    ranks' kernels made one timeline (a process driving two GPUs). Split by the labels, each
+    rank reads as its own file does, its GPU's pid its device index again; where two
+    coordinates vary, the numbering is said to be the labels' order."""
+    run = _two_ranks(tmp_path)
+    merged = _labelled_merge(run, tmp_path / "merged.json", label)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = _report([run], tmp_path / "a"), _report([merged], tmp_path / "b")
+    assert [r["rank"] for r in b["ranks"]] == [0, 1]
+    for ra, rb in zip(a["ranks"], b["ranks"]):
+        for key in ("compute_us", "comm_us", "overlap_pct"):
+            assert rb["total"][key] == pytest.approx(ra["total"][key]), key
+    said = [w for w in b["warnings"] if "labels" in w]
+    assert said == ([f"{merged}: {note}"] if note else [])
+    assert not [w for w in b["warnings"] if "drives" in w]
+
+
 # -- missing ranks ---------------------------------------------------------------------------------
 
 def test_two_of_eight_ranks_name_no_straggler_and_no_clock_offset(tmp_path):

@@ -29,7 +29,7 @@ from .parse import (
     plain_bytes,
     read_process_names,
 )
-from .ranks import merged_rank_of_pids
+from .ranks import labelled_rank_of_pids, merged_rank_of_pids
 from .traceset import RankTrace, Summary, has_step_names
 
 _S = TypeVar("_S", bound=Summary)
@@ -160,16 +160,24 @@ def _finish_rank(out: ParsedFile, reducer: RankReducer | None, patterns, repairs
 
 def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: dict,
                   process_names: dict[str, list[str]]) -> tuple[list[ParsedFile], list[str]] | None:
-    """The ranks of a merged multi-rank file (``pardiag merge`` output, or another tool's merge
-    whose processes are named ``rank N``), one :class:`ParsedFile` each with the events of its
-    processes and ``distributedInfo.rank`` set to it; None for a single-rank file. Events of
+    """The ranks of a merged multi-rank file (``pardiag merge`` output, another tool's merge
+    whose processes are named ``rank N``, or one whose pids carry the ranks' labels:
+    :func:`pardiag.analyzer.trace.ranks.labelled_rank_of_pids`, each process given back its own
+    pid), one :class:`ParsedFile` each with the events of its processes and
+    ``distributedInfo.rank`` set to it; None for a single-rank file. Events of
     processes that belong to no rank are left out (a warning says how many)."""
-    pids = sorted(pd.unique(events["pid"]).tolist()) if len(events) else []
+    pids = sorted(pd.unique(events["pid"]).tolist(), key=str) if len(events) else []
     mapping = merged_rank_of_pids(process_names, pids, "pardiagMerge" in meta)
-    if mapping is None:
-        return None
-    rank_of = events["pid"].map(mapping)
     warnings = []
+    own_pid: dict[str, str] = {}   # a labelled pid's own pid
+    if mapping is None:
+        labelled = labelled_rank_of_pids(pids)
+        if labelled is None:
+            return None
+        mapping, own_pid, note = labelled
+        if note:
+            warnings.append(f"{path}: {note}")
+    rank_of = events["pid"].map(lambda p: mapping.get(str(p), mapping.get(p)))
     stray = int(rank_of.isna().sum())
     if stray:
         warnings.append(f"{path}: left out {stray} events of processes that belong to no rank of "
@@ -190,6 +198,12 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
         if ev.empty:
             continue
         mine = {p for p, rr in mapping.items() if rr == r}
+        if own_pid:   # each rank's processes keep their own pids (a GPU's is its device index)
+            ev["pid"] = [own_pid.get(str(p), p) for p in ev["pid"].tolist()]
+            names_r = {(own_pid[str(k[0])], *k[1:]): v for k, v in thread_names.items()
+                       if str(k[0]) in mine}
+        else:
+            names_r = {k: v for k, v in thread_names.items() if k[0] in mine}
         if r in own:
             rmeta = {**base, **own[r]}
             info = dict(vocab.DISTRIBUTED_INFO.get(rmeta) or {})
@@ -201,7 +215,7 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
         info[vocab.DIST_RANK.name] = r
         pieces.append(ParsedFile(
             path, metadata={**rmeta, vocab.DISTRIBUTED_INFO.name: info}, events=ev,
-            thread_names={k: v for k, v in thread_names.items() if k[0] in mine},
+            thread_names=names_r,
             has_steps=has_step_names(ev), rank_hint=r))
     return pieces, warnings
 

@@ -520,8 +520,10 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
         run_info = msgspec.structs.replace(run_info, capture=None)
     capture = (layout.capture_context(roots[0], run_info)
                if len(roots) == 1 and roots[0].is_dir() else None)
-    return TraceSet(ranks=ranks, source=source, warnings=tuple(warnings), run_info=run_info,
-                    rank_meta=rank_meta, sidecars=cast(Sidecars, others), capture=capture)
+    # (a merged file's parts each carry the file's warnings: said once)
+    return TraceSet(ranks=ranks, source=source, warnings=tuple(dict.fromkeys(warnings)),
+                    run_info=run_info, rank_meta=rank_meta, sidecars=cast(Sidecars, others),
+                    capture=capture)
 
 
 def _run_of_sidecar(path: Path) -> Path | None:

@@ -27,7 +27,7 @@ import dataclasses
 import math
 import re
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 from . import vocab
 
@@ -200,3 +200,44 @@ def merged_rank_of_pids(process_names: dict[str, list[str]], pids: list[str],
             except ValueError:
                 pass
     return out if len(set(out.values())) >= 2 else None
+
+
+#: A pid that a merge tool prefixed with the rank's coordinates: SGLang's ProfileMerger writes
+#: ``[TP00-DP01-PP02-EP03] 50211`` for each process of the rank with those tensor-, data-,
+#: pipeline- and expert-parallel ranks (only the kinds the run has).
+_LABEL_PID_RE = re.compile(r"^\[((?:TP|DP|PP|EP)\d+(?:-(?:TP|DP|PP|EP)\d+)*)\] (.*)$")
+_LABEL_KINDS = ("dp", "ep", "pp", "tp")
+
+
+def labelled_rank_of_pids(pids: list[Any]) -> tuple[dict[str, int], dict[str, str], str] | None:
+    """``({pid: rank}, {pid: the process's own pid}, note)`` for a file whose pids carry a
+    merge tool's rank label (:data:`_LABEL_PID_RE`) for two or more ranks, else None.
+
+    The labels give each rank's coordinates, not its global rank. Where one coordinate
+    varies (a tensor-parallel server: ``[TP00]`` .. ``[TP03]``) it is the rank; where several
+    do, the ranks are numbered in the merge tool's own order (data, expert, pipeline, then
+    tensor parallel), and ``note`` says that this numbering is not recorded in the file."""
+    coords: dict[str, dict[str, int]] = {}
+    own: dict[str, str] = {}
+    for pid in pids:
+        m = _LABEL_PID_RE.match(str(pid))
+        if m is None:
+            continue
+        c = {part[:2].lower(): int(part[2:]) for part in m.group(1).split("-")}
+        coords[str(pid)] = c
+        own[str(pid)] = m.group(2)
+    labels = {tuple(c.get(k, 0) for k in _LABEL_KINDS) for c in coords.values()}
+    if len(labels) < 2:
+        return None
+    varying = [i for i, k in enumerate(_LABEL_KINDS) if len({lab[i] for lab in labels}) > 1]
+    if len(varying) == 1:
+        rank_of = {lab: lab[varying[0]] for lab in labels}
+        note = ""
+    else:
+        rank_of = {lab: r for r, lab in enumerate(sorted(labels))}
+        note = (f"the ranks' labels give their {', '.join(_LABEL_KINDS[i] for i in varying)} "
+                f"coordinates, not their global ranks: numbered in the labels' order "
+                f"(dp, ep, pp, tp)")
+    mapping = {pid: rank_of[tuple(c.get(k, 0) for k in _LABEL_KINDS)]
+               for pid, c in coords.items()}
+    return mapping, own, note
