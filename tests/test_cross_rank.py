@@ -710,6 +710,30 @@ def _p2p_only(tmp_path: Path, skews) -> Path:
     return tmp_path
 
 
+def test_hosts_linked_only_by_a_pipelines_transfers_keep_their_in_host_collectives(tmp_path):
+    """A pipeline's two stages on two hosts, each stage data parallel inside its host: the
+    all-reduces never cross a host, the sends and receives alone link the hosts. Host B's
+    clock (ranks 2 and 3) reads 5000 µs ahead: every rank has collectives of its own, and the
+    transfers' ends give B's offset."""
+    for r in range(4):
+        skew = 5000.0 if r >= 2 else 0.0
+        b = TraceBuilder(rank=r, world_size=4)
+        for k in range(3):
+            t = EPOCH + skew + 3000 * k
+            b.step(k + 1, t, 3000)
+            op, peer = ("send", "Dst Rank") if r < 2 else ("recv", "Src Rank")
+            b.kernel("ncclDevKernel_SendRecv(x)", t + 100, 200, stream=30, launch_ts=t + 1,
+                     args=_nccl_args(op, (0, 1, 2, 3), "0", **{peer: str((r + 2) % 4)}))
+            pair = (0, 1) if r < 2 else (2, 3)
+            _coll(b, "AllReduce", pair, "1" if r < 2 else "2", t + 400 + 10 * (r % 2),
+                  300 - 10 * (r % 2), t + 2, seq=k + 1)
+        b.write(tmp_path / f"rank{r}.json")
+    sync = compute_sync(load_traces(tmp_path))
+    off = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
+    assert off == {0: 0.0, 1: 0.0, 2: 5000.0, 3: 5000.0}
+    assert any("point-to-point transfers alone link rank(s) [2, 3]" in n for n in sync.notes)
+
+
 def test_point_to_point_only_ranks_are_linked_by_their_kernels_ends(tmp_path):
     """NCCL's send and receive kernels end together: where rank 1 records every transfer
     5000 µs later, its clock is 5000 µs ahead (no pair overlaps as recorded); where the ends

@@ -506,7 +506,8 @@ def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str],
         moved = out["rank"].map(lambda r: shift.get(root[int(r)], (0.0, np.nan)))
         out["offset_us"] = out["offset_us"] + moved.map(lambda x: x[0])
         lone = out["instances"].eq(0) & out["rank"].map(lambda r: root[int(r)] in shift)
-        out.loc[lone, "residual_us"] = moved[lone].map(lambda x: x[1])
+        if lone.any():   # (an empty object column set into a float one is an error)
+            out.loc[lone, "residual_us"] = moved[lone].map(lambda x: x[1]).astype(float)
         notes.append(f"point-to-point transfers alone link rank(s) "
                      f"{sorted(r for r in ranks if root[r] in shift)[:8]} to the others: their "
                      f"send and receive kernels end together, so each clock's offset is the "
