@@ -170,13 +170,18 @@ def _mesh_dims(traces: TraceSet, events: pd.DataFrame | None, a2a_role: str | No
 
 
 def _global_peers(traces: TraceSet, marks: dict, member: dict) -> tuple[dict, list[str]]:
-    """``{rank: DataFrame of its p2p with a global ``peer``}``, notes."""
+    """``{rank: DataFrame of its p2p with a global ``peer``}``, notes. A peer is the global
+    rank its record names (``global_peer``), else its rank in the group read through the
+    rank's pipeline group (``member``), or its only group of two or more ranks."""
     notes, out = [], {}
     for rank, m in marks.items():
         if not len(m.stored("p2p")):   # most ranks of most runs: nothing to filter or copy
             continue
         p = m.p2p[m.p2p["peer"] >= 0].copy()
         if p.empty:
+            continue
+        if (p["global_peer"] >= 0).all():   # every record names its peer's global rank
+            out[rank] = p.assign(peer=p["global_peer"])
             continue
         # groups of one rank carry no message (torchtitan lists a size-1 group per unused dim)
         groups = list({tuple(vocab.PG_CONFIG_RANKS.get(g)): g

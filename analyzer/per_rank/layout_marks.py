@@ -26,8 +26,9 @@ CHUNK_COLUMNS = ("stage", "microbatch", "phase", "step", "start_us", "end_us")
 
 
 #: Columns of :attr:`RankMarks.p2p`: ``op`` ``send``/``recv``; ``peer`` the peer's rank in the
-#: group the message used (-1 where the trace does not say); ``step`` as above; µs.
-P2P_COLUMNS = ("op", "peer", "step", "start_us", "end_us")
+#: group the message used (-1 where the trace does not say); ``global_peer`` its global rank
+#: where the record names it or its group's ranks (-1 otherwise); ``step`` as above; µs.
+P2P_COLUMNS = ("op", "peer", "global_peer", "step", "start_us", "end_us")
 
 
 #: Keys of :attr:`RankMarks.counts` (events per marker).
@@ -82,8 +83,8 @@ _CHUNK_DTYPES = {"stage": np.int64, "microbatch": np.int64, "phase": object, "st
                  "start_us": np.float64, "end_us": np.float64}
 
 
-_P2P_DTYPES = {"op": object, "peer": np.int64, "step": np.int64, "start_us": np.float64,
-               "end_us": np.float64}
+_P2P_DTYPES = {"op": object, "peer": np.int64, "global_peer": np.int64, "step": np.int64,
+               "start_us": np.float64, "end_us": np.float64}
 
 
 def _row_table(rows: list[Any], dtypes: dict[str, type[object]]) -> ColumnTable:
@@ -117,9 +118,16 @@ def _step_of(times: np.ndarray, steps: list[tuple[int, float, float]]) -> np.nda
 def _peer(op: str, args: Any, c10d_call: bool = False) -> int:
     """The peer's rank in the group the message used (:func:`pardiag.analyzer.per_rank.
     comm_events.p2p_peer`, the group's ranks from the record alone), or -1."""
+    return _peers(op, args, c10d_call)[0]
+
+
+def _peers(op: str, args: Any, c10d_call: bool = False) -> tuple[int, int]:
+    """(the peer's rank in the group the message used, its global rank), each -1 where the
+    record does not give it (:func:`pardiag.analyzer.per_rank.comm_events.p2p_peer`, the
+    group's ranks from the record alone)."""
     members = group_ranks(args, {}) if isinstance(args, dict) else None
-    local = p2p_peer(op, args, members, c10d_call)[0]
-    return -1 if local is None else local
+    local, glob = p2p_peer(op, args, members, c10d_call)
+    return (-1 if local is None else local), (-1 if glob is None else glob)
 
 
 def _dim0(dims: Any) -> int | None:
@@ -332,10 +340,11 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
         else:
             op = "send" if n == "c10d::send" else "recv"
         if op:
-            p2p_rows.append((op, _peer(op, a, n != "record_param_comms"), float(t), float(t + d)))
+            p2p_rows.append((op, *_peers(op, a, n != "record_param_comms"), float(t),
+                             float(t + d)))
             if op == "send" and (n0 := _dim0(vocab.INPUT_DIMS.get(a))):
                 dim0[n0] = dim0.get(n0, 0) + 1
-    p2p = _p2p_frame([(op, peer, -1, t0, t1) for op, peer, t0, t1 in p2p_rows])
+    p2p = _p2p_frame([(op, peer, glob, -1, t0, t1) for op, peer, glob, t0, t1 in p2p_rows])
     p2p["step"] = _step_of(p2p["start_us"].to_numpy(), steps)
 
     # per-microbatch ranges: the device timeline's copies when there are any
