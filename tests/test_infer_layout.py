@@ -1062,3 +1062,52 @@ def test_one_reader_gives_the_matching_and_the_layout_the_same_peer():
     assert p2p_peer("send", rpc, members, c10d_call=True) == (2, 6)
     assert p2p_peer("send", {"Dst Rank": 9}, members) == (None, 9)   # outside the group named
     assert p2p_peer("all_reduce", peer_only, members) == (None, None)
+
+
+def test_megatron_pipeline_with_data_parallel_pairs_reads_its_own_groups(tmp_path):
+    """Megatron, pp 4 × dp 2 on 8 ranks, tensor parallelism 1: MODEL_PARALLEL_GROUP (tp × pp)
+    then has the pipeline group's ranks, and is their product, not tensor parallelism of 4.
+    The sends name their peers' global ranks (``Dst Rank``/``Src Rank``) and their group (a
+    pipeline group of 4 of the 8 ranks, one of several groups each rank holds): two
+    pipelines, 0-2-4-6 and 1-3-5-7, not one of 8."""
+    ranks = list(range(8))
+    pipes = [[0, 2, 4, 6], [1, 3, 5, 7]]
+    builders, configs = [], []
+    for r in ranks:
+        stage, pipe = r // 2, pipes[r % 2]
+        pgc = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 8, "ranks": ranks},
+               {"pg_name": "1", "pg_desc": "DATA_PARALLEL_GROUP", "pg_size": 2,
+                "ranks": [r - r % 2, r - r % 2 + 1]},
+               {"pg_name": "9", "pg_desc": "TENSOR_MODEL_PARALLEL_GROUP", "pg_size": 1,
+                "ranks": [r]},
+               {"pg_name": "17", "pg_desc": "MODEL_PARALLEL_GROUP", "pg_size": 4,
+                "ranks": pipe},
+               {"pg_name": "19", "pg_desc": "PIPELINE_MODEL_PARALLEL_GROUP", "pg_size": 4,
+                "ranks": pipe}]
+        b = TraceBuilder(rank=r, world_size=8)
+        b.step(1, 0, 1000)
+        b.kernel("volta_sgemm_128x64_nn", stage * 100, 90, launch_ts=stage * 100)
+
+        def p2p(op, peer, t, b=b, pipe=pipe):
+            args = {"Collective name": op, "dtype": "BFloat16", "In msg nelems": 1024,
+                    "Out msg nelems": 1024, "Group size": 4, "Process Group Name": "19",
+                    "Process Group Description": "PIPELINE_MODEL_PARALLEL_GROUP",
+                    "Process Group Ranks": str(pipe), "Rank": pipe.index(peer),
+                    ("Dst Rank" if op == "send" else "Src Rank"): peer}
+            b.cpu("record_param_comms", t - 3, 2, args=args)
+            b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", t, 10,
+                     stream=28, launch_ts=t - 2, args=args)
+
+        if stage < 3:
+            p2p("send", r + 2, stage * 100 + 90)
+        if stage > 0:
+            p2p("recv", r - 2, stage * 100 - 10)
+        builders.append(b)
+        configs.append(pgc)
+    lay = infer_layout(load_traces(_write(tmp_path, builders, configs)))
+    assert lay.dims == {"dp": 2, "pp": 4}
+    assert "tp" not in lay.strategies
+    assert (lay.pipeline["pp_group_size"], lay.pipeline["stage_ranks"]) == (
+        4, {0: 0, 1: 2, 2: 4, 3: 6})
+    assert any("MODEL_PARALLEL_GROUP (4 ranks) is the product of PIPELINE_MODEL_PARALLEL_GROUP"
+               in n for n in lay.not_inferred)

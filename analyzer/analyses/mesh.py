@@ -49,6 +49,23 @@ MEGATRON_GROUPS = {"DATA_PARALLEL_GROUP": "dp", "DATA_PARALLEL_GROUP_WITH_CP": "
                    "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp",
                    "EMBEDDING_GROUP": None, "POSITION_EMBEDDING_GROUP": None}
 _MEGATRON_RE = re.compile(r"^(?:mcore_)?([A-Z_]+?)(?:_GLOO)?$")
+#: Groups that are by definition the product of other dimensions' groups (Megatron's model-,
+#: tensor-and-data-, tensor-and-context-parallel and data-with-context groups; torchtitan's
+#: flattened ``dp_cp`` and ``dp_shard_cp``). Where one has the size of a factor (the other
+#: factors of degree 1: MODEL_PARALLEL_GROUP with tensor parallelism 1 is the pipeline group),
+#: the factor's own description names the dimension.
+COMPOSITE_GROUPS = frozenset({"MODEL_PARALLEL_GROUP", "TENSOR_AND_DATA_PARALLEL_GROUP",
+                              "TENSOR_AND_CONTEXT_PARALLEL_GROUP", "DATA_PARALLEL_GROUP_WITH_CP",
+                              "dp_cp", "dp_shard_cp"})
+
+
+def is_composite(desc: str | None) -> bool:
+    """A description of a group that is the product of others (:data:`COMPOSITE_GROUPS`, bare,
+    as ``mesh_<name>`` or with Megatron's ``mcore_`` prefix and ``_GLOO`` suffix)."""
+    d = str(desc or "").strip()
+    m = _MEGATRON_RE.match(d)
+    return (d.removeprefix("mesh_") in COMPOSITE_GROUPS
+            or bool(m and m.group(1) in COMPOSITE_GROUPS))
 
 
 def dim_of(desc: str | None) -> str | None:
@@ -214,7 +231,8 @@ def mesh_dims(groups: list[tuple[str, list[int]]], roles: dict | None = None,
             continue
         cands.append((sizes.pop(), desc, gmap))
     basis: list[tuple[int, str, dict]] = []
-    for size, desc, gmap in sorted(cands, key=lambda c: (c[0], c[1])):
+    # at one size, a factor's own description before a product's (:func:`is_composite`)
+    for size, desc, gmap in sorted(cands, key=lambda c: (c[0], is_composite(c[1]), c[1])):
         if size == 1:
             continue
         inside = [b for b in basis if all(b[2].get(r, frozenset({r})) <= g
