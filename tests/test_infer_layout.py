@@ -458,9 +458,11 @@ PG_WORLD4 = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0
              {"pg_name": "1", "pg_desc": "undefined", "pg_size": 4, "ranks": [0, 1, 2, 3]}]
 
 
-def _a2a_rank(rank: int, around: str, router: bool = False, splits: str = "[]") -> TraceBuilder:
+def _a2a_rank(rank: int, around: str, router: bool = False, splits: str = "[]",
+              named: bool = False) -> TraceBuilder:
     """A GPU rank of 4 whose layer runs q/k/v all-to-alls, then ``around`` (a kernel name), then
-    one more all-to-all, twice; ``router``: an ``aten::topk`` before them."""
+    one more all-to-all, twice; ``router``: an ``aten::topk`` before them; ``named``: each
+    all-to-all inside DeepSpeed-Ulysses' ``_SeqAllToAll`` autograd function."""
     b = TraceBuilder(rank=rank, world_size=4, pid=100 + rank, main_tid=100 + rank)
     b.step(1, 0, 4000)
     t = 10.0
@@ -476,6 +478,8 @@ def _a2a_rank(rank: int, around: str, router: bool = False, splits: str = "[]") 
             b.kernel("void at::native::sbtopk::gatherTopK<float>", t, 20, launch_ts=t - 5)
             t += 30
         for _ in range(3):
+            if named:
+                b.cpu("_SeqAllToAll", t - 7, 8)
             b.cpu("nccl:all_to_all", t - 5, 4, args=args)
             b.cpu("record_param_comms", t - 4, 2, args=args)
             b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", t, 60, stream=20,
@@ -507,10 +511,19 @@ def _a2a_rank(rank: int, around: str, router: bool = False, splits: str = "[]") 
     # neither: nothing says what they carry
     ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>", False, "[]",
      {}, [], "no router"),
+    # named as Ulysses' exchange, 13 heads over 4 ranks (4, 3, 3, 3): sizes that differ are
+    # heads, not routed tokens, where no router says otherwise ...
+    ("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", "named", "[4, 3, 3, 3]",
+     {"cp": 4}, ["cp"], None),
+    # ... and with a router too, the evidence disagrees
+    ("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", "named+router",
+     "[4, 3, 3, 3]", {}, [], "expert dispatch by"),
 ])
 def test_all_to_alls_are_named_by_what_they_carry_or_unknown(tmp_path, around, router, splits,
                                                             dims, strategies, unknown):
-    ranks = [_a2a_rank(r, around, router, splits) for r in range(4)]
+    named = isinstance(router, str)
+    router = router == "named+router" if named else router
+    ranks = [_a2a_rank(r, around, router, splits, named) for r in range(4)]
     lay = infer_layout(load_traces(_write(tmp_path, ranks, [PG_WORLD4] * 4)))
     assert lay.dims == dims and lay.strategies == strategies
     said = [ln for ln in lay.not_inferred if "what the all-to-alls carry is unknown" in ln]

@@ -101,6 +101,12 @@ def a2a_role_of(total: dict, uneven: int) -> tuple[str | None, str]:
                               (f"{total['router']} routing events (top-k gate, router, experts)",
                                total["router"])) if n]
     sequence = sequence_exchange_evidence(total)
+    if uneven and not total["router"] and total["sequence_exchange"]:
+        # split sizes that differ are no router: attention heads split over ranks that do not
+        # divide them differ too (13 over 4: 4, 3, 3, 3), and the exchange is named as one
+        return "cp", ("they exchange sequence and head shards around attention "
+                      f"({'; '.join(sequence)}; {uneven} with split sizes that differ, as heads "
+                      f"that do not divide over the ranks split, and no router)")
     if routing and not sequence:
         return "ep", f"they dispatch tokens to experts ({'; '.join(routing)})"
     if sequence and not routing:
