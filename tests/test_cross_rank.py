@@ -416,6 +416,17 @@ def test_a_merge_that_does_not_name_its_ranks_is_refused_and_rank_prefixes_split
     assert (f"{plain}: holds the profiler steps of 2 processes at the same time (pids 100, "
             f"1000100): a merge of several ranks whose processes are not named 'rank N'"
             in res.output)
+    # in a folder beside a file that is no trace, the merge's refusal is the error's example
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "all_ranks.json").write_text(plain.read_text())
+    (folder / "train_config.json").write_text('{"lr": 0.001}')
+    res = CliRunner().invoke(cli, ["report", str(folder), "-q", "--no-cache",
+                                   "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert (f"{folder}: none of 2 file(s) is a readable Kineto trace (e.g. "
+            f"{folder / 'all_ranks.json'}: holds the profiler steps of 2 processes"
+            in res.output), res.output
     (tmp_path / "b").mkdir()
     (tmp_path / "a").mkdir()
     named = _naive_merge(run, tmp_path / "named.json", lambda r: f"[rank{r}] python3")

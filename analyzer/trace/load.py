@@ -494,7 +494,10 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
                         workers=workers, progress=progress)
     docs = _readable(files, parsed, explicit, warnings)
     if not docs:
-        first = warnings[-1].removesuffix(" - skipped") if warnings else ""
+        # a trace that could not be read says more than a file that is no trace (a config)
+        errors = [parsed[f].error for f in files if parsed[f].error is not None]
+        first = errors[0] if errors else (warnings[-1].removesuffix(" - skipped")
+                                          if warnings else "")
         raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace"
                          f" (e.g. {first})")
     docs = _on_one_base(docs, warnings, reducer, list(comm_patterns))
