@@ -475,6 +475,48 @@ def test_a_merge_whose_pids_carry_rank_labels_is_split_by_them(tmp_path, label, 
     assert not [w for w in b["warnings"] if "drives" in w]
 
 
+def test_a_merge_naming_only_host_processes_gives_each_gpu_its_launching_rank(tmp_path):
+    """A merge that names each rank's host process ``rank N`` and leaves its GPU's timeline as
+    Kineto names it: every kernel links to its launch by a correlation id, which the merge
+    kept unique, so each GPU goes to the rank that launched its kernels and each rank reads as
+    its own file. Where the ids repeat across ranks (each rank's profiler numbers from 1),
+    nothing says whose GPU is whose: its events are left out with a warning."""
+    run = _two_ranks(tmp_path)
+
+    def merge(out, unique):
+        events = []
+        for r in (0, 1):
+            doc = json.loads((run / f"rank{r}.json").read_text())
+            for e in doc["traceEvents"]:
+                e = json.loads(json.dumps(e))
+                gpu = e.get("cat") == "kernel"
+                e["pid"] = r if gpu else 1000 * (r + 1)
+                if unique and "correlation" in e.get("args", {}):
+                    e["args"]["correlation"] += 100 * r
+                events.append(e)
+            events.append({"ph": "M", "name": "process_name", "pid": 1000 * (r + 1), "tid": 0,
+                           "args": {"name": f"rank {r}"}})
+            events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0,
+                           "args": {"name": "python3.11"}})
+        out.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events,
+                                   "distributedInfo": doc["distributedInfo"]}))
+        return out
+
+    for d in "abc":
+        (tmp_path / d).mkdir()
+    a = _report([run], tmp_path / "a")
+    b = _report([merge(tmp_path / "unique.json", True)], tmp_path / "b")
+    assert [r["rank"] for r in b["ranks"]] == [0, 1]
+    for ra, rb in zip(a["ranks"], b["ranks"]):
+        for key in ("compute_us", "comm_us", "overlap_pct"):
+            assert rb["total"][key] == pytest.approx(ra["total"][key]), key
+    assert not [w for w in b["warnings"] if "left out" in w]
+    c = _report([merge(tmp_path / "repeated.json", False)], tmp_path / "c")
+    assert [w for w in c["warnings"] if "left out" in w] == [
+        f"{tmp_path / 'repeated.json'}: left out 4 events of processes that belong to no rank "
+        f"of this merged file"]
+
+
 # -- missing ranks ---------------------------------------------------------------------------------
 
 def test_two_of_eight_ranks_name_no_straggler_and_no_clock_offset(tmp_path):

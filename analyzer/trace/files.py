@@ -178,6 +178,11 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
         if note:
             warnings.append(f"{path}: {note}")
     rank_of = events["pid"].map(lambda p: mapping.get(str(p), mapping.get(p)))
+    if rank_of.isna().any():
+        found = _ranks_by_launch(events, rank_of)
+        if found:
+            mapping = {**mapping, **found}
+            rank_of = events["pid"].map(lambda p: mapping.get(str(p), mapping.get(p)))
     stray = int(rank_of.isna().sum())
     if stray:
         warnings.append(f"{path}: left out {stray} events of processes that belong to no rank of "
@@ -218,6 +223,26 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
             thread_names=names_r,
             has_steps=has_step_names(ev), rank_hint=r))
     return pieces, warnings
+
+
+def _ranks_by_launch(events: pd.DataFrame, rank_of: pd.Series) -> dict[str, int]:
+    """``{pid: rank}`` for the processes of a merged file that no name gave a rank (a GPU's
+    timeline, where the merge named only the host's processes ``rank N``): the rank whose
+    processes launched every one of its events that links to a launch (a correlation id held by
+    one rank alone). None of them where correlation ids repeat across ranks (each rank's
+    profiler numbers its own from 1), or where a process holds no linked event."""
+    corr = events["correlation"]
+    placed = rank_of.notna() & (corr >= 0)
+    by_corr = pd.DataFrame({"c": corr[placed], "r": rank_of[placed]}).drop_duplicates()
+    one = by_corr.groupby("c")["r"].agg(["nunique", "first"])
+    owner = one.loc[one["nunique"] == 1, "first"]
+    out: dict[str, int] = {}
+    loose = rank_of.isna() & (corr >= 0)
+    for pid, cs in corr[loose].groupby(events["pid"][loose]):
+        ranks = cs.map(owner)
+        if ranks.notna().all() and ranks.nunique() == 1:
+            out[str(pid)] = int(ranks.iloc[0])
+    return out
 
 
 def _unnamed_ranks(events: pd.DataFrame) -> str | None:
