@@ -155,7 +155,7 @@ def test_tables_without_rows_are_shared_but_never_changed_through_another(tmp_pa
     assert len(a.a2a) == 0 and a.a2a is not b.a2a
     assert list(a.a2a.columns) == list(fresh.columns) and a.a2a.dtypes.equals(fresh.dtypes)
     a.a2a["extra"] = 1
-    a.marks.p2p.loc[0] = ["send", 1, 0, 1.0, 2.0]
+    a.marks.p2p.loc[0] = ["send", 1, 1, 0, 1.0, 2.0]
     assert "extra" not in b.a2a.columns and len(b.marks.p2p) == 0
     assert len(sm.from_json(data).marks.p2p) == 0
 
