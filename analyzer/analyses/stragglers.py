@@ -59,8 +59,9 @@ STRAGGLER_OUTSIDE_MIN_STEP_SHARE = 0.02
 
 
 #: Arrivals at an instance no further apart than this (µs) are a tie: nobody waited there, so
-#: it names no rank last and is no rank's chance to be waited for (lock-step all-gathers beside
-#: the all-reduces one rank is late at would otherwise outvote its lateness).
+#: it names no rank last, is no rank's chance to be waited for (lock-step all-gathers beside
+#: the all-reduces one rank is late at would otherwise outvote its lateness) and causes no
+#: waiting.
 ARRIVAL_TIE_US = 5.0
 #: Traces of one window that start further apart than this (µs, on the reference clock) say a
 #: profiler opened late: the first step after every rank has started is left out of waits too.
@@ -286,7 +287,12 @@ def straggler_table(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_mu
     none = np.array([], dtype=int)
     st["wait_suffered_us"] = [iv.total(iv.union(start[i], until[i]))
                               for i in (rows_of.get(r, none) for r in ranks)]
-    caused = _wait_caused(pr)
+    # an instance whose arrivals tie (within ARRIVAL_TIE_US) has nobody waiting for anybody:
+    # its few µs are the clocks' and the timestamps' resolution (µs near 1.7e15 resolve to
+    # 0.25 µs), which summed over many tied instances made a rank the cause of waiting
+    tied = (set(inst.loc[inst["arrival_skew_us"] <= ARRIVAL_TIE_US, "instance"])
+            if "arrival_skew_us" in inst else set())
+    caused = _wait_caused(pr[~pr["instance"].isin(tied)] if tied else pr)
     total_caused: dict[int, float] = {}
     for (last, _), v in caused.items():
         total_caused[last] = total_caused.get(last, 0.0) + v
