@@ -932,6 +932,13 @@ def test_functional_roles_per_group_and_mixed():
     assert role is None and "all-reduces of unknown size" in line
     assert _functional_role(ev([(g.replace("0,2|", ""), op, n) for g, op, n in fsdp]))[0] == \
         "fsdp"
+    # functional all-to-alls alone (xDiT's Ulysses) say nothing of tensor parallelism, and a
+    # trace without profiler steps (inference) is read as one step, not taken for tp
+    a2a = [("", "all_to_all", 9437184)] * 4 + [("", "all_reduce", 4)]
+    assert _functional_role(ev(a2a)) == ("", "") and _functional_roles(ev(a2a)) == {}
+    no_steps = ev([("", "all_gather", 9437184)] * 2).assign(step=-1)
+    role, line = _functional_role(no_steps)
+    assert role is None and "all-gathers without reduce-scatters" in line
 
 
 #: The sequence-sharded examples' small job: 4 ranks as 2 replicas of a group of 2.

@@ -435,6 +435,8 @@ def _strategies(marks: dict, events: pd.DataFrame | None, evidence: list[str],
         if total[key] and key == "functional":
             for g, (role, line) in sorted(roles.items()):
                 where = f" on group {g.split('|')[0]}" if g and len(roles) > 1 else ""
+                if role == "":   # all-to-alls alone: the all-to-alls' evidence names them
+                    continue
                 if role is None:
                     missing.append(line + where)
                 elif role not in strategies:

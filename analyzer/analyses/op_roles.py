@@ -216,15 +216,28 @@ def functional_role(events: pd.DataFrame | None) -> tuple[str | None, str]:
       collectives are functional and which no wrapper range names); sequence parallelism's
       scatters, mixed in where the groups are not named, come early and outnumber the lead;
     * ``(None, line)``: the order says neither (all-gathers only, one unit, steps that differ);
-      the line says so.
+      the line says so;
+    * ``("", "")``: they are all-to-alls (and scalar all-reduces) alone, which say nothing of
+      tensor parallelism: what all-to-alls carry is :func:`all_to_all_role`'s to say.
 
     Without ``events`` the functional collectives are read as tensor parallelism's, as when
     nothing else is known."""
     if events is None or events.empty or "functional" not in events.columns:
         return "tp", ""
-    role = _role_of_functional(events[events["functional"].astype(bool)
-                                      & (events["step"] >= 0)])
+    fn = _in_steps(events[events["functional"].astype(bool)])
+    role = _role_of_functional(fn)
+    if role[0] == "" and len(fn) and set(fn["op"]) <= {"all_to_all", "all_reduce"} \
+            and (fn["op"] == "all_to_all").any():
+        return "", ""   # all-to-alls (what they carry: all_to_all_role) and scalars: no tp
     return role if role[0] != "" else ("tp", "")
+
+
+def _in_steps(fn: pd.DataFrame) -> pd.DataFrame:
+    """The functional collectives ``fn`` of the profiled steps; where none falls in a step (a
+    trace without ``ProfilerStep`` ranges: inference, a server), all of them as one step, so
+    that their order is read rather than taken for tensor parallelism's."""
+    inside = fn[fn["step"] >= 0]
+    return inside if len(inside) or fn.empty else fn.assign(step=0)
 
 
 def functional_roles(events: pd.DataFrame | None) -> dict[str, tuple[str | None, str]]:
@@ -234,7 +247,7 @@ def functional_roles(events: pd.DataFrame | None) -> dict[str, tuple[str | None,
     apart where a job runs both through functional collectives (SimpleFSDP × TP)."""
     if events is None or events.empty or "functional" not in events.columns:
         return {}
-    fn = events[events["functional"].astype(bool) & (events["step"] >= 0)]
+    fn = _in_steps(events[events["functional"].astype(bool)])
     key = fn["group"].astype(str).where(fn["group"].astype(str) != AMBIGUOUS_GROUP, "")
     out = {}
     for g, sub in fn.groupby(key):
