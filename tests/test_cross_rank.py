@@ -935,3 +935,38 @@ def test_collectives_every_rank_reaches_together_are_no_chance_to_be_last(tmp_pa
     assert [(rows[r]["last_arrivals"], rows[r]["instances"]) for r in ranks] == [
         (0, 4), (0, 4), (4, 4), (0, 4)]
     assert d["sync"]["straggler"] == 2 and d["straggler"] == 2
+
+
+def test_gloo_broadcasts_of_a_one_group_run_name_their_late_root(tmp_path):
+    """gloo's broadcasts name no group (no record), so a rooted op's root is the member that
+    finished first, and where a run has several groups one instance may join several groups'
+    ops: who waited for whom is a guess. A run whose pg_config lists one group of all its
+    ranks has no such doubt: rank 0, the root, reaches each of 4 broadcasts 300 µs after the
+    others, who wait inside them: 1200 µs per other rank, 3600 µs caused by rank 0. The same
+    run whose traces list no group says nothing of its groups: nobody is named."""
+    for listed in (True, False):
+        d = tmp_path / ("listed" if listed else "unlisted")
+        d.mkdir()
+        for r in range(4):
+            b = TraceBuilder(rank=r, world_size=4, backend="gloo")
+            b.thread_name(2, "pt_gloo_runloop")
+            for s in range(4):
+                t = EPOCH + 2000 * s
+                b.step(s + 1, t, 2000)
+                b.cpu("aten::mm", t, 400)
+                arrive = t + 400 + (300 if r == 0 else 0)
+                b.cpu("c10d::broadcast_", arrive, 2)
+                b.cpu("gloo:broadcast", arrive + 1, (t + 900) - (arrive + 1) - 3 * (r == 0),
+                      tid=2, cat="user_annotation")
+            doc = b.doc()
+            if listed:
+                doc["distributedInfo"]["pg_config"] = [
+                    {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4,
+                     "ranks": [0, 1, 2, 3]}]
+            (d / f"rank{r}.json").write_text(json.dumps(doc))
+        sync = compute_sync(load_traces(d))
+        caused = dict(zip(sync.stragglers["rank"], sync.stragglers["wait_caused_us"]))
+        if listed:
+            assert sync.straggler == 0 and caused[0] == pytest.approx(3600.0)
+        else:
+            assert sync.straggler is None and caused.get(0, 0.0) == 0.0

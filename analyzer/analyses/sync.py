@@ -48,6 +48,7 @@ import pandas as pd
 
 from ..per_rank.op_semantics import ROOTED, UNKNOWN
 from ..trace import intervals as iv
+from ..trace import vocab
 from ..trace.traceset import TraceSet
 from .clocks import align_clocks, instance_times, rank_hosts
 from .comm_events import comm_events
@@ -300,6 +301,20 @@ def instance_counts(instances: pd.DataFrame) -> dict[str, int]:
     return {"instances": n, "collectives": n - p2p, "p2p": p2p, "complete": complete}
 
 
+def _multi_rank_groups(traces: TraceSet) -> set[tuple[int, ...]]:
+    """The process groups of two or more ranks that the ranks' ``distributedInfo.pg_config``
+    lists (each rank lists the groups that hold it); empty where a rank lists none (the trace
+    does not say which groups the run has)."""
+    groups: set[tuple[int, ...]] = set()
+    for t in traces.ranks.values():
+        mine = {tuple(sorted(int(x) for x in r)) for r in (
+            vocab.PG_CONFIG_RANKS.get(g) for g in t.pg_config) if isinstance(r, list)}
+        if not mine:
+            return set()
+        groups |= {g for g in mine if len(g) > 1}
+    return groups
+
+
 #: Columns of :attr:`SyncResult.p2p`.
 P2P_COLUMNS: list[str] = ["src", "dst", "count", "hop_us", "recv_wait_us", "send_wait_us", "bytes"]
 
@@ -339,8 +354,10 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     head, head_note = window_heads(ev, inst, starts, clock)
     inst["head"] = head.to_numpy()
     # A rooted op on a group no record names may join several groups' ops in one instance, and
-    # its root is then only the member that finished first: who waited for whom is a guess.
-    guessed_root = inst["semantics"].eq(ROOTED) & inst["group"].fillna("").astype(str).eq("")
+    # its root is then only the member that finished first: who waited for whom is a guess,
+    # unless the run has one group of two or more ranks (gloo's broadcasts of a DDP job).
+    guessed_root = (inst["semantics"].eq(ROOTED) & inst["group"].fillna("").astype(str).eq("")
+                    & (len(_multi_rank_groups(traces)) != 1))
     inst["evidence"] = (inst["complete"] & ~inst["head"] & inst["semantics"].ne(UNKNOWN)
                         & ~guessed_root)
     if head_note:
