@@ -472,13 +472,15 @@ def test_profiler_steps_stay_without_the_evidence(opt_in):
     assert got["profiler_steps"].tolist() == [1] * 8
 
 
-def _accumulating_rank(rank: int) -> TraceBuilder:
+def _accumulating_rank(rank: int, steps: int = 8, scaler: bool = False,
+                       skipped: tuple[int, ...] = ()) -> TraceBuilder:
     """DDP with gradient accumulation 4 and ``prof.step()`` per micro-batch: micro-batches 1-3
     compute 900 µs in a 1000 µs profiler step; the 4th (1600 µs) computes 900 µs, all-reduces
-    400 µs and steps the optimizer."""
+    400 µs and steps the optimizer; with ``scaler``, a GradScaler's update follows, and in the
+    profiler steps ``skipped`` the scaler skips the optimizer's step (no range, no kernel)."""
     b = TraceBuilder(rank=rank, world_size=2)
     t = EPOCH
-    for n in range(1, 9):
+    for n in range(1, steps + 1):
         if n % 4:
             b.step(n, t, 1000).kernel("gemm", t + 50, 900, launch_ts=t + 10)
             t += 1000
@@ -489,8 +491,11 @@ def _accumulating_rank(rank: int) -> TraceBuilder:
                  args={"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 1024,
                        "Out msg nelems": 1024, "Group size": 2, "Process Group Name": "0",
                        "Process Group Ranks": "[0, 1]", "Seq": str(n // 4)})
-        b.cpu("Optimizer.step#AdamW.step", t + 1400, 150, cat="user_annotation")
-        b.kernel("multi_tensor_apply_kernel", t + 1450, 100, launch_ts=t + 1410)
+        if n not in skipped:
+            b.cpu("Optimizer.step#AdamW.step", t + 1400, 150, cat="user_annotation")
+            b.kernel("multi_tensor_apply_kernel", t + 1450, 100, launch_ts=t + 1410)
+        if scaler:
+            b.cpu("aten::_amp_update_scale_", t + 1560, 5)
         t += 1600
     return b
 
@@ -516,8 +521,21 @@ def test_a_step_with_gradient_accumulation_is_the_optimizer_step(tmp_path):
     run = b.step_time[b.step_time["rank"].isna()].iloc[0]
     assert run["median_us"] == 4600.0 and run["outlier_steps"] == []
     assert b.joined_text() == ("a step is one optimizer step: 4 profiler steps each (gradient "
-                               "accumulation; the optimizer stepped in profiler step(s) 4, 8 "
-                               "only)")
+                               "accumulation; the optimizer stepped, or a gradient scaler "
+                               "skipped its step, in profiler step(s) 4, 8 only)")
+
+
+def test_a_step_whose_optimizer_step_the_gradient_scaler_skipped_is_still_a_step(tmp_path):
+    """Mixed precision with GradScaler: in profiler step 8 the scaler found inf gradients and
+    skipped the optimizer's step, but updated its scale. Three training steps of 4600 µs
+    (profiler steps 4, 8, 12), not one of 8 profiler steps from 4 to 12."""
+    for r in range(2):
+        _accumulating_rank(r, steps=12, scaler=True, skipped=(8,)).write(
+            tmp_path / f"rank{r}.json")
+    b = compute_time_breakdown(load_traces(tmp_path))
+    assert b.steps.groupby("rank")["step"].apply(list).to_dict() == {0: [4, 8, 12],
+                                                                     1: [4, 8, 12]}
+    assert (b.steps["end_us"] - b.steps["start_us"]).tolist() == [4600.0] * 6
 
 
 # -- one process, several devices --------------------------------------------------------------

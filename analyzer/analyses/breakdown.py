@@ -146,8 +146,8 @@ class TimeBreakdown:
 
     def joined_text(self) -> str | None:
         """``"a step is one optimizer step: 4 profiler steps each (gradient accumulation; the
-        optimizer stepped in profiler steps 4, 8 only)"`` when :attr:`joined` has rows, else
-        None."""
+        optimizer stepped, or a gradient scaler skipped its step, in profiler step(s) 4, 8
+        only)"`` when :attr:`joined` has rows, else None."""
         j = self.joined
         if j is None or j.empty:
             return None
@@ -156,7 +156,8 @@ class TimeBreakdown:
                 else f"{counts[0]}–{counts[-1]} profiler steps each")
         at = sorted({int(s) for s in j["step"]})
         return (f"a step is one optimizer step: {each} (gradient accumulation; the optimizer "
-                f"stepped in profiler step(s) {', '.join(map(str, at))} only)")
+                f"stepped, or a gradient scaler skipped its step, in profiler step(s) "
+                f"{', '.join(map(str, at))} only)")
 
     def unfinished_text(self) -> str | None:
         """``"step 3 left out: ranks 0, 1 ended inside it without finishing it"``, or None."""

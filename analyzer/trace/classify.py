@@ -254,7 +254,8 @@ def profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
         accumulation), sorted by start.
     """
     return cached(trace, "profiler_steps",
-                  lambda: training_steps(_profiler_steps(trace, kinds), optimizer_steps(trace)))
+                  lambda: training_steps(_profiler_steps(trace, kinds), optimizer_steps(trace),
+                                         scaler_updates(trace)))
 
 
 def _profiler_steps(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
@@ -278,14 +279,27 @@ def optimizer_steps(trace: RankTrace) -> np.ndarray:
     return np.sort(ev["ts"].to_numpy(dtype=float)[hit])
 
 
-def training_steps(steps: pd.DataFrame, optimizer_starts: np.ndarray) -> pd.DataFrame:
+def scaler_updates(trace: RankTrace) -> np.ndarray:
+    """Start times (µs, trace clock, sorted) of the rank's gradient scaler updates
+    (:data:`vocab.SCALER_UPDATE_RE`): one per training step of a mixed-precision run, where the
+    scaler skipped the optimizer's ``step()`` too."""
+    ev = trace.events
+    hit = (isin_mask(ev["cat"], ["cpu_op"])
+           & name_test(trace, "scaler_update", vocab.SCALER_UPDATE_RE.match))
+    return np.sort(ev["ts"].to_numpy(dtype=float)[hit])
+
+
+def training_steps(steps: pd.DataFrame, optimizer_starts: np.ndarray,
+                   update_starts: np.ndarray | None = None) -> pd.DataFrame:
     """Profiler steps (``step``, ``start_us``, ``end_us``) joined into training steps, one per
     optimizer step, when the evidence says the optimizer steps once every few profiler steps.
 
     The evidence: every profiler step holds at most one optimizer step, and some hold none
-    while others hold one. A training step is then the profiler steps after one optimizer
-    step up to and including the next; it takes the number of the profiler step that holds its
-    optimizer step. The profiler steps before the first optimizer step form a training step
+    while others hold one. A profiler step that holds a gradient scaler's update
+    (``update_starts``, :func:`scaler_updates`) ends a training step too, where the scaler
+    skipped the optimizer (inf or NaN gradients). A training step is then the profiler steps
+    after one such end up to and including the next; it takes the number of the profiler step
+    that holds its end. The profiler steps before the first optimizer step form a training step
     only when they are as many as those of the next one (else the window began inside an
     accumulation); those after the last optimizer step are left out (no optimizer step ended
     them). Without that evidence (no optimizer ranges recorded, one in every profiler step,
@@ -297,13 +311,19 @@ def training_steps(steps: pd.DataFrame, optimizer_starts: np.ndarray) -> pd.Data
         where the evidence holds; sorted by start.
     """
     out = steps.assign(profiler_steps=np.ones(len(steps), dtype=np.int64))
-    if len(steps) < 2 or len(optimizer_starts) < 2:
+    updates = np.empty(0) if update_starts is None else update_starts
+    if len(steps) < 2 or len(optimizer_starts) + len(updates) < 2:
         return out
     starts = steps["start_us"].to_numpy(dtype=float)
     ends = steps["end_us"].to_numpy(dtype=float)
     held = np.array([int(((optimizer_starts >= s) & (optimizer_starts < e)).sum())
                      for s, e in zip(starts, ends)])
-    if held.max() > 1 or held.min() > 0 or (held == 1).sum() < 2:
+    if held.max() > 1:
+        return out
+    updated = np.array([bool(((updates >= s) & (updates < e)).any())
+                        for s, e in zip(starts, ends)], dtype=bool)
+    held = np.where(updated, 1, held)
+    if held.min() > 0 or (held == 1).sum() < 2:
         return out
     ends_at = np.flatnonzero(held == 1)
     groups = [range(int(a) + 1, int(b) + 1) for a, b in zip(ends_at[:-1], ends_at[1:])]

@@ -435,6 +435,9 @@ OPTIMIZER_RE = re.compile(r"optimizer", re.IGNORECASE)
 #: The range torch's optimizers record around each ``step()`` (``Optimizer.step#AdamW.step``;
 #: every ``torch.optim.Optimizer`` subclass records it): one per optimizer step.
 OPTIMIZER_STEP_RE = re.compile(r"^Optimizer\.step#")
+#: The op ``torch.amp.GradScaler.update()`` runs once per training step, whether or not the
+#: scaler stepped the optimizer (it skips ``step()`` where the gradients hold inf or NaN).
+SCALER_UPDATE_RE = re.compile(r"^aten::_amp_update_scale_$")
 
 
 #: Names of a mixture of experts' routing (host ops, ranges or kernels): the gate's top-k
