@@ -450,6 +450,32 @@ def _labelled_merge(run: Path, out: Path, label) -> Path:
     return out
 
 
+def test_a_merge_that_prefixes_every_name_with_its_rank_reads_the_names_without(tmp_path):
+    """A merge script that names its processes 'Rank N - ...' and prefixes every event's name
+    with ``[RN] `` (``[R1] ProfilerStep#1``): each rank's steps and kernels read as the profiler
+    wrote them, so the steps are there and each rank reads as its own file."""
+    run = _two_ranks(tmp_path)
+    events = []
+    for r in (0, 1):
+        doc = json.loads((run / f"rank{r}.json").read_text())
+        events += [{**e, "pid": e["pid"] + 1000 * r, "name": f"[R{r}] {e['name']}"}
+                   for e in doc["traceEvents"]]
+        events += [{"ph": "M", "name": "process_name", "pid": p + 1000 * r, "tid": 0,
+                    "args": {"name": f"Rank {r} - {what}"}} for p, what in ((0, "GPU Stream"),
+                                                                         (100, "CPU"))]
+    merged = tmp_path / "merged.json"
+    merged.write_text(json.dumps({"traceEvents": events}))
+    for d in "ab":
+        (tmp_path / d).mkdir()
+    a, b = _report([run], tmp_path / "a"), _report([merged], tmp_path / "b")
+    assert [r["rank"] for r in b["ranks"]] == [0, 1]
+    assert b["step"]["median_us"] == a["step"]["median_us"] == 2000.0
+    for ra, rb in zip(a["ranks"], b["ranks"]):
+        for key in ("compute_us", "comm_us", "overlap_pct"):
+            assert rb["total"][key] == pytest.approx(ra["total"][key]), key
+    assert not [w for w in b["warnings"] if "ProfilerStep" in w]
+
+
 @pytest.mark.parametrize("label, note", [
     (lambda r: f"[TP{r:02d}]", None),
     (lambda r: f"[TP{r:02d}-DP{r:02d}]", "the ranks' labels give their dp, tp coordinates, not "

@@ -203,6 +203,7 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
         if ev.empty:
             continue
         mine = {p for p, rr in mapping.items() if rr == r}
+        ev = _without_rank_prefix(ev, r)
         if own_pid:   # each rank's processes keep their own pids (a GPU's is its device index)
             ev["pid"] = [own_pid.get(str(p), p) for p in ev["pid"].tolist()]
             names_r = {(own_pid[str(k[0])], *k[1:]): v for k, v in thread_names.items()
@@ -223,6 +224,27 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
             thread_names=names_r,
             has_steps=has_step_names(ev), rank_hint=r))
     return pieces, warnings
+
+
+#: A merge tool's prefix of every event name with its rank (``[R3] ProfilerStep#5``,
+#: ``[rank3] aten::mm``).
+_RANK_NAME_PREFIX_RE = re.compile(r"^\[(?:R|rank\s*)(\d+)\]\s")
+
+
+def _without_rank_prefix(ev: pd.DataFrame, rank: int) -> pd.DataFrame:
+    """A merged file's part ``ev`` of rank ``rank`` with the merge tool's prefix taken off its
+    event names, where every name carries the rank's own (:data:`_RANK_NAME_PREFIX_RE`): the
+    names are read as the profiler wrote them (a step is ``ProfilerStep#5`` again)."""
+    names = ev["name"].astype(str).tolist()
+    if not names:
+        return ev
+    cut = []
+    for n in names:
+        m = _RANK_NAME_PREFIX_RE.match(n)
+        if m is None or int(m.group(1)) != rank:
+            return ev
+        cut.append(n[m.end():])
+    return ev.assign(name=cut)
 
 
 def _ranks_by_launch(events: pd.DataFrame, rank_of: pd.Series) -> dict[str, int]:
