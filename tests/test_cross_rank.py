@@ -996,3 +996,30 @@ def test_gloo_broadcasts_of_a_one_group_run_name_their_late_root(tmp_path):
             assert sync.straggler == 0 and caused[0] == pytest.approx(3600.0)
         else:
             assert sync.straggler is None and caused.get(0, 0.0) == 0.0
+
+
+def test_vllm_all_reduces_count_and_keep_their_place_when_their_kernels_are_lost(tmp_path):
+    """vLLM's tensor-parallel all-reduce is its own op (``vllm::all_reduce``, PyNccl inside, no
+    c10d record, no profiler step). Rank 1's profiler lost its first 2 kernels (their launches
+    kept): both all-reduces still count (4 per rank) and keep their place, so the k-th
+    all-reduce of one rank meets the k-th of the other: one clock, nobody waits for a rank
+    (both reach every all-reduce together)."""
+    kernel = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        for k in range(4):
+            t = EPOCH + 1000 * k
+            b.cpu("vllm::all_reduce", t + 300, 20)
+            if r == 1 and k < 2:   # the kernel lost, its launch kept
+                b.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                                 "pid": b.pid, "tid": b.main_tid, "ts": t + 305, "dur": 1,
+                                 "args": {"correlation": 9000 + k}})
+                continue
+            b.kernel("sm89_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", t + 10, 280, launch_ts=t + 2)
+            b.kernel(kernel, t + 320, 60, stream=20, launch_ts=t + 305)
+        b.write(tmp_path / f"rank{r}.json")
+    d = _report([tmp_path], tmp_path)
+    assert [(r["rank"], [(c["collective"], c["count"]) for c in r["collectives"]])
+            for r in d["ranks"]] == [(0, [("all_reduce", 4)]), (1, [("all_reduce", 4)])]
+    assert [o["offset_us"] for o in d["sync"]["clock_offsets"]] == [0.0, 0.0]
+    assert d["sync"]["straggler"] is None

@@ -380,6 +380,8 @@ def collective_type(name: str, args: dict | None = None) -> str:
     for prefix in ("gloo:", "nccl:", "c10d::", "_c10d_functional::", "c10d_functional::"):
         if name.startswith(prefix):
             return _canonical(name[len(prefix):])
+    if fw := vocab.FRAMEWORK_COLLECTIVE_RE.match(name):
+        return fw.group(1)
     if GPU_COMM_RE.search(name):
         m = _NCCL_TYPE_RE.search(name.split("(")[0])
         if m:

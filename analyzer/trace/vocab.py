@@ -536,9 +536,15 @@ RECV_RE = re.compile(r"^(c10d::recv_|gloo:recv|nccl:recv)")
 P2P_COLLECTIVE_NAMES = {"send": "send", "recv": "recv", "_send": "send", "_recv": "recv"}
 
 
+#: Frameworks' own collective ops that wrap a communicator's call, named by the collective:
+#: vLLM's (``vllm::all_reduce``, registered by vllm/distributed/parallel_state.py around its
+#: PyNccl or custom all-reduce, with no c10d record inside).
+FRAMEWORK_COLLECTIVE_RE = re.compile(r"^vllm::(all_reduce|all_gather|reduce_scatter)$")
+
 #: Ops that issue communication (outermost on their thread).
 ISSUING_OP_RE = re.compile(
-    r"^(c10d::|_c10d_functional::|c10d_functional::|nccl:|record_param_comms)")
+    r"^(c10d::|_c10d_functional::|c10d_functional::|nccl:|record_param_comms"
+    r"|vllm::(?:all_reduce|all_gather|reduce_scatter)$)")
 
 
 #: Functional collectives (tensor parallelism, DTensor).
@@ -547,7 +553,8 @@ FUNCTIONAL_PREFIXES = ("_c10d_functional::", "c10d_functional::")
 
 #: Host ops that issue communication and enclose their kernels' launches (functional
 #: collectives, DTensor's and tensor parallelism's, wrap the c10d op they call).
-LAUNCH_OP_RE = re.compile(r"^(nccl:|c10d::|record_param_comms|_?c10d_functional::)")
+LAUNCH_OP_RE = re.compile(r"^(nccl:|c10d::|record_param_comms|_?c10d_functional::"
+                          r"|vllm::(?:all_reduce|all_gather|reduce_scatter)$)")
 
 
 #: ``Collective name`` values (lower case, no underscores) of coalescing blocks.
