@@ -3,12 +3,14 @@ however many kernels it ran as, lost kernels included; the breakdown's counts re
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
 from pardiag.analyzer.analyses.comm_events import comm_events
 from pardiag.analyzer.per_rank.issued_ops import gpu_issued_ops
-from pardiag.analyzer.trace import load_traces
+from pardiag.analyzer.trace import load_traces, vocab
 from pardiag.analyzer.trace.classify import Kind, classify
 
 from .synth import TraceBuilder
@@ -164,3 +166,26 @@ def test_a_gpu_run_traced_without_its_device_is_warned_of(tmp_path):
         builder(0).write(tmp_path / name / "rank0.json")
         ts = load_traces(tmp_path / name, reducer=REDUCER, cache=False)
         assert not [w for w in ts.warnings if "a GPU run" in w]
+
+
+def test_a_record_that_closed_before_its_launch_still_names_its_op(tmp_path):
+    """XPU traces before torch-xpu-ops#5486: the op's ``record_param_comms`` closes before its
+    kernel's launch, inside ``c10d::allreduce_``. The record is still the op's (the latest
+    record of the thread inside the range that encloses the launch): its size and group are
+    the op's, where the kernel carries nothing. An op whose range holds no record keeps the
+    range's type alone."""
+    b = TraceBuilder(rank=0, world_size=2)
+    b.step(1, 0, 1000)
+    b.cpu("c10d::allreduce_", 10, 60)
+    b.cpu("record_param_comms", 12, 4, args={**_rec("allreduce", 1 << 20),
+                                             "Process Group Ranks": "[0, 1]"})
+    b.kernel("oneccl_reduce_base_kernel", 100, 40, stream=20, launch_ts=30)
+    b.cpu("c10d::allreduce_", 200, 60)
+    b.kernel("oneccl_reduce_base_kernel", 300, 40, stream=20, launch_ts=220)
+    pattern = [re.compile("oneccl_")]
+    trace = load_traces(b.write(tmp_path / "rank0.json"), comm_patterns=pattern).ranks[0]
+    kinds = classify(trace, pattern)
+    kernels = trace.events[(kinds == Kind.GPU_COMM.value).to_numpy()]
+    ops = gpu_issued_ops(trace, kernels).ops
+    assert ops["op"].tolist() == ["all_reduce", "all_reduce"]
+    assert [vocab.IN_NELEMS.get(a) for a in ops["args"]] == [1 << 20, None]

@@ -209,10 +209,24 @@ def _assemble(kernels: pd.DataFrame, names: list[str], args: list[Any], o_ts: np
         return ops[by_key[key]]
 
     blocks: dict[int, list[tuple[float, Thread, int]]] = {}
+    # per thread, the records (time order): one that closed before its op's launch (XPU's
+    # before torch-xpu-ops#5486) is found inside the range that encloses the launch
+    rec_at: dict[Thread, tuple[list[float], list[int]]] = {}
+    for j in sorted(range(len(names)), key=lambda j: o_ts[j]):
+        if _is_record(names[j], args[j]) and not _is_coalescing(names[j], args[j]):
+            at_j, pos_j = rec_at.setdefault(o_thread[j], ([], []))
+            at_j.append(float(o_ts[j]))
+            pos_j.append(j)
     for t, thread, corr, enc in owner_rows:
         rec = next((j for j in enc[::-1].tolist() if _is_record(names[j], args[j])
                     and not _is_coalescing(names[j], args[j])), None)
         block = next((j for j in enc.tolist() if _is_coalescing(names[j], args[j])), None)
+        if rec is None and block is None and thread in rec_at:
+            at_j, pos_j = rec_at[thread]
+            last = bisect.bisect_right(at_j, t) - 1
+            if last >= 0 and at_j[last] >= o_ts[int(enc[0])]:
+                rec = pos_j[last]
+                enc = np.append(enc, rec)
         if rec is None and block is not None:
             blocks.setdefault(block, []).append((t, thread, corr))
             continue
