@@ -849,7 +849,9 @@ _FN = {"ag": "_c10d_functional::all_gather_into_tensor",
 
 def _functional_rank(rank: int, order: str) -> TraceBuilder:
     """A gloo rank of 4 running, in each of 3 steps, the functional collectives ``order``
-    spells (``ag``, ``rs``, ``ar``: 64 KiB each, then a wait), each followed by a matmul."""
+    spells (``ag``, ``rs``, ``ar``: 64 KiB each, then a wait), each followed by a matmul;
+    ``ar!`` issues its all-reduce inside a compiled graph's backward
+    (``CompiledFunctionBackward``)."""
     b = _rank(rank, world=4)
     b.thread_name(2, "thread 2 (pt_gloo_runloop)")
     gloo = {"ag": "gloo:all_gather", "rs": "gloo:reduce_scatter", "ar": "gloo:all_reduce"}
@@ -858,6 +860,9 @@ def _functional_rank(rank: int, order: str) -> TraceBuilder:
         b.step(step, t, 1000)
         t += 10
         for op in order.split():
+            if op.endswith("!"):
+                op = op[:-1]
+                b.cpu("CompiledFunctionBackward", t - 1, 18)
             b.cpu(_FN[op], t, 5, args={"Input Dims": [[128, 128], [], []],
                                       "Input type": ["float", "", ""]})
             b.cpu(gloo[op], t + 1, 10, tid=2, cat="user_annotation",
@@ -876,6 +881,10 @@ def _functional_rank(rank: int, order: str) -> TraceBuilder:
     ("ag rs ag rs ag rs ag rs", {"tp": 4}, ["tp"], False),
     # all-reduces of activations: tensor parallelism
     ("ar ar ar ar", {"tp": 4}, ["tp"], False),
+    # all-reduces issued only in the backward: gradients (DDP under compiled autograd) ...
+    ("ar! ar!", {"dp": 4}, ["ddp"], False),
+    # ... but tensor parallelism's, in the forward as well
+    ("ar ar ar! ar!", {"tp": 4}, ["tp"], False),
     # one gather, one scatter: either
     ("ag rs", {}, [], True),
 ])

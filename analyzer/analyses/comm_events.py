@@ -55,10 +55,11 @@ def _from_records(rank: int, doc: CommsSidecar, steps: pd.DataFrame) -> pd.DataF
                      "bytes": r.bytes, "group_size": len(members) or None,
                      "issue_us": float(r.issue_us), "source": "records", "stream": r.stream})
     df = pd.DataFrame(rows, columns=[c for c in EVENT_COLUMNS
-                                     if c not in ("step", "window", "functional")])
+                                     if c not in ("step", "window", "functional", "backward")])
     df["step"] = step_of(df["issue_us"].to_numpy(dtype=float), steps)
     df["window"] = 0
     df["functional"] = False  # the records do not say
+    df["backward"] = False
     return df[list(EVENT_COLUMNS)]
 
 

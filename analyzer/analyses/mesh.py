@@ -127,7 +127,7 @@ def role_of(ops: dict[str, int], functional: float, all_to_all: str | None,
     if "all_to_all" in ops:
         return all_to_all
     if functional > 0.5:
-        return {"tp": "tp", "fsdp": "dp"}.get(functional_role or "")
+        return {"tp": "tp", "fsdp": "dp", "ddp": "dp"}.get(functional_role or "")
     return "dp"
 
 

@@ -205,6 +205,11 @@ def functional_role(events: pd.DataFrame | None) -> tuple[str | None, str]:
     order and sizes in each rank's profiled steps (the first step of a rank, which the profiler
     may have cut, left out where there are more):
 
+    * ``("ddp", line)``: all-reduces of more than
+      :data:`~pardiag.analyzer.analyses.comm_events.SCALAR_BYTES` bytes, every one issued in
+      the backward (:func:`pardiag.analyzer.per_rank.comm_events.in_backward`) beside no
+      gather or scatter: gradients, as DDP under compiled autograd reduces them (tensor
+      parallelism reduces activations in the forward too);
     * ``("tp", line)``: all-reduces of more than
       :data:`~pardiag.analyzer.analyses.comm_events.SCALAR_BYTES` bytes (tensor parallelism
       reduces activations), or all-gathers and reduce-scatters that alternate from the step's
@@ -262,6 +267,12 @@ def _role_of_functional(fn: pd.DataFrame) -> tuple[str | None, str]:
     ``("", "")`` when they are only scalar all-reduces (or none)."""
     size = pd.to_numeric(fn["bytes"], errors="coerce")
     big = fn[(fn["op"] == "all_reduce") & (size > SCALAR_BYTES)]
+    if len(big) and "backward" in big.columns and big["backward"].astype(bool).all() \
+            and not fn.loc[fn["op"].isin(["all_gather", "reduce_scatter"])].shape[0]:
+        return "ddp", (f"{len(big)} all-reduces of more than {SCALAR_BYTES} bytes, every one "
+                       f"issued in the backward and none in the forward: gradient reductions "
+                       f"(DDP under compiled autograd), not tensor parallelism's activations, "
+                       f"which it reduces in the forward too")
     if len(big):
         return "tp", (f"{len(big)} all-reduces of more than {SCALAR_BYTES} bytes "
                       f"(activations)")

@@ -48,7 +48,7 @@ from .op_semantics import P2P_OPS, ROOTED, semantics
 #: first kernel's; None for gloo and records).
 EVENT_COLUMNS = ("rank", "pg", "group", "seq", "native_seq", "op", "peer", "root", "start_us",
                  "end_us", "bytes", "group_size", "step", "source", "window", "functional",
-                 "issue_us", "stream")
+                 "issue_us", "stream", "backward")
 
 
 #: Larger group sizes in a trace's args are not believed (no group's ranks are built from them).
@@ -254,7 +254,24 @@ def events_from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -
                               ).to_numpy()
     df = df[~df["missing"].astype(bool)]
     df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
+    df["backward"] = in_backward(trace, df["issue_us"].to_numpy(dtype=float))
     return df[list(EVENT_COLUMNS)]
+
+
+def in_backward(trace: RankTrace, times: np.ndarray) -> np.ndarray:
+    """Whether each of ``times`` (µs, the rank's clock) falls inside a host range that runs the
+    backward (:data:`pardiag.analyzer.trace.vocab.BACKWARD_SPAN_RE`) on any thread: the forward
+    thread waits in ``backward()`` meanwhile, so time says which pass issued an op."""
+    ev = trace.events
+    hit = (isin_mask(ev["cat"], ["cpu_op", "user_annotation"])
+           & name_test(trace, "backward_span", vocab.BACKWARD_SPAN_RE.match))
+    if not hit.any() or not len(times):
+        return np.zeros(len(times), dtype=bool)
+    spans = iv.union(ev["ts"].to_numpy(dtype=float)[hit],
+                     (ev["ts"] + ev["dur"]).to_numpy(dtype=float)[hit])
+    at = np.searchsorted(spans[:, 0], times, side="right") - 1
+    inside: np.ndarray = (at >= 0) & (times <= spans[np.clip(at, 0, None), 1])
+    return inside
 
 
 def _gpu_comm_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,

@@ -484,6 +484,10 @@ RESHAPE_OP_RE = re.compile(r"^aten::(view|reshape|_reshape_alias|transpose|permu
                            r"|copy_kernel|CatArrayBatchedCopy|^Memcpy|^Memset", re.IGNORECASE)
 
 
+#: Host ranges that run the backward: autograd's functions (``evaluate_function:
+#: MmBackward0``) and a compiled graph's backward (``CompiledFunctionBackward``, torch.compile).
+BACKWARD_SPAN_RE = re.compile(r"^(autograd::engine::evaluate_function: |CompiledFunctionBackward$)")
+
 #: Ranges of the backward (autograd's ``evaluate_function: ...Backward0``).
 BACKWARD_RE = re.compile(r"backward", re.IGNORECASE)
 
