@@ -675,8 +675,9 @@ def _on_one_base(docs: list[ParsedFile], warnings: list[str], reducer: RankReduc
             raise TraceError(again.error)
         out.append(again)
         moved.append(f"{p.path.name} (+{(b - ref) / 1e9:,.0f} s)")
+    named = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
     warnings.append(f"the files count their times from different zeros (baseTimeNanoseconds): "
-                    f"{', '.join(moved)} put onto the earliest's, {ref}")
+                    f"{named} put onto the earliest's, {ref}")
     return out
 
 
