@@ -264,7 +264,7 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
     marks = {r: summary_of(t).marks for r, t in traces.ranks.items()}
     world = _world(traces)
     evidence, missing = [], []
-    a2a_role, a2a_line = all_to_all_role(traces, marks)
+    a2a_role, a2a_line = all_to_all_role(traces)
     fn_role = "tp" if scalar_reductions(events) else functional_role(events)[0]
     dims, descs, member, mesh_notes = _mesh_dims(traces, events, a2a_role, fn_role,
                                                  "cp" if ring_lines(marks) else "pp")

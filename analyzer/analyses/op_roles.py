@@ -71,7 +71,7 @@ def p2p_role(comps: list[list[int]], marks: dict, member: dict) -> tuple[str | N
     return "pp", ""
 
 
-def all_to_all_role(traces: TraceSet, marks: dict) -> tuple[str | None, str]:
+def all_to_all_role(traces: TraceSet) -> tuple[str | None, str]:
     """What the run's all-to-alls carry, by weighing the evidence of every rank
     (:func:`pardiag.analyzer.per_rank.layout_marks.all_to_all_evidence`): ``("ep", line)``
     when they dispatch tokens to experts (split sizes that differ, or routing's ops: a top-k
@@ -79,9 +79,12 @@ def all_to_all_role(traces: TraceSet, marks: dict) -> tuple[str | None, str]:
     (named so, or next to attention in at least :data:`ATTENTION_SHARE` of them: Ulysses-style
     sequence parallelism), and ``(None, line)`` when the evidence is for both or for neither:
     the line names it. ``line`` is one line of evidence, or of what stays unknown."""
-    total = {k: sum(m.counts.get(k, 0) for m in marks.values()) for k in A2A_EVIDENCE}
-    uneven = sum(uneven_splits(summary_of(t).a2a) for t in traces.ranks.values())
-    return a2a_role_of(total, uneven)
+    return a2a_role_of(a2a_evidence_totals(traces), uneven_count(traces))
+
+
+def uneven_count(traces: TraceSet) -> int:
+    """All-to-alls of every rank whose split sizes differ (:func:`uneven_splits`)."""
+    return sum(uneven_splits(summary_of(t).a2a) for t in traces.ranks.values())
 
 
 def uneven_splits(a2a: pd.DataFrame) -> int:
@@ -268,7 +271,7 @@ def _role_of_functional(fn: pd.DataFrame) -> tuple[str | None, str]:
     size = pd.to_numeric(fn["bytes"], errors="coerce")
     big = fn[(fn["op"] == "all_reduce") & (size > SCALAR_BYTES)]
     if len(big) and "backward" in big.columns and big["backward"].astype(bool).all() \
-            and not fn.loc[fn["op"].isin(["all_gather", "reduce_scatter"])].shape[0]:
+            and not fn["op"].isin(["all_gather", "reduce_scatter"]).any():
         return "ddp", (f"{len(big)} all-reduces of more than {SCALAR_BYTES} bytes, every one "
                        f"issued in the backward and none in the forward: gradient reductions "
                        f"(DDP under compiled autograd), not tensor parallelism's activations, "

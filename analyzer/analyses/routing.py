@@ -41,7 +41,12 @@ import pandas as pd
 
 from ..per_rank.summary import summary_of
 from ..trace.traceset import TraceSet
-from .op_roles import a2a_evidence_totals, all_to_all_role, sequence_exchange_evidence
+from .op_roles import (
+    a2a_evidence_totals,
+    a2a_role_of,
+    sequence_exchange_evidence,
+    uneven_count,
+)
 from .sync import SyncResult
 
 #: An all-to-all event takes an issuing op that started at most this long after it (µs).
@@ -286,8 +291,7 @@ def _not_expert_dispatch(traces: TraceSet, layout) -> str:
     total = a2a_evidence_totals(traces)
     if not sequence_exchange_evidence(total):
         return ""
-    role, line = all_to_all_role(traces, {r: summary_of(t).marks
-                                          for r, t in traces.ranks.items()})
+    role, line = a2a_role_of(total, uneven_count(traces))
     if role == "ep":
         return ""
     return f"the all-to-alls are not analysed as MoE routing: {line}"

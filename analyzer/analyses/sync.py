@@ -307,8 +307,8 @@ def _multi_rank_groups(traces: TraceSet) -> set[tuple[int, ...]]:
     does not say which groups the run has)."""
     groups: set[tuple[int, ...]] = set()
     for t in traces.ranks.values():
-        mine = {tuple(sorted(int(x) for x in r)) for r in (
-            vocab.PG_CONFIG_RANKS.get(g) for g in t.pg_config) if isinstance(r, list)}
+        mine = {tuple(sorted(int(x) for x in vocab.PG_CONFIG_RANKS.get(g)))
+                for g in t.pg_config}   # (entries whose ranks are a list)
         if not mine:
             return set()
         groups |= {g for g in mine if len(g) > 1}

@@ -177,12 +177,13 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
         mapping, own_pid, note = labelled
         if note:
             warnings.append(f"{path}: {note}")
-    rank_of = events["pid"].map(lambda p: mapping.get(str(p), mapping.get(p)))
+    pid_text = events["pid"].astype(str)   # (pids are text in the event table; keys too)
+    rank_of = pid_text.map(mapping)
     if rank_of.isna().any():
         found = _ranks_by_launch(events, rank_of)
         if found:
             mapping = {**mapping, **found}
-            rank_of = events["pid"].map(lambda p: mapping.get(str(p), mapping.get(p)))
+            rank_of = pid_text.map(mapping)
     stray = int(rank_of.isna().sum())
     if stray:
         warnings.append(f"{path}: left out {stray} events of processes that belong to no rank of "
@@ -205,11 +206,9 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
         mine = {p for p, rr in mapping.items() if rr == r}
         ev = _without_rank_prefix(ev, r)
         if own_pid:   # each rank's processes keep their own pids (a GPU's is its device index)
-            ev["pid"] = [own_pid.get(str(p), p) for p in ev["pid"].tolist()]
-            names_r = {(own_pid[str(k[0])], *k[1:]): v for k, v in thread_names.items()
-                       if str(k[0]) in mine}
-        else:
-            names_r = {k: v for k, v in thread_names.items() if k[0] in mine}
+            ev["pid"] = [own_pid.get(p, p) for p in ev["pid"].astype(str).tolist()]
+        names_r = {(own_pid.get(str(k[0]), k[0]), *k[1:]): v for k, v in thread_names.items()
+                   if str(k[0]) in mine}
         if r in own:
             rmeta = {**base, **own[r]}
             info = dict(vocab.DISTRIBUTED_INFO.get(rmeta) or {})
