@@ -1023,3 +1023,37 @@ def test_vllm_all_reduces_count_and_keep_their_place_when_their_kernels_are_lost
             for r in d["ranks"]] == [(0, [("all_reduce", 4)]), (1, [("all_reduce", 4)])]
     assert [o["offset_us"] for o in d["sync"]["clock_offsets"]] == [0.0, 0.0]
     assert d["sync"]["straggler"] is None
+
+
+def test_ops_lost_with_their_launches_at_the_session_start_still_count(tmp_path):
+    """CUPTI's kernels and runtime calls are one activity buffer: rank 1 lost both for its
+    first 2 of 4 steps, while its host ops (``c10d::allreduce_`` > ``record_param_comms``,
+    group "0") are all there. Those 2 records launched nothing and come before the rank's first
+    device-side record, and group "0"'s later records launch all-reduce kernels: they are 2
+    all-reduces whose kernels were lost, so both ranks count 4 and the k-th meets the k-th (one
+    clock, nobody waits). Left out: a record of a group that never launches here (gloo's group
+    "1", CUDA tensors on gloo launch nothing by design) and a record naming no group, both
+    before the first device record too."""
+    kernel = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        b.cpu("record_param_comms", EPOCH - 100, 5,
+              args=_nccl_args("allreduce", [0, 1], "1", nelems=256))
+        b.cpu("record_param_comms", EPOCH - 90, 5,
+              args={"Collective name": "allreduce", "In msg nelems": 256})
+        for k in range(4):
+            t = EPOCH + 1000 * k
+            b.step(k + 1, t, 1000)
+            b.cpu("c10d::allreduce_", t + 300, 20)
+            b.cpu("record_param_comms", t + 301, 15,
+                  args=_nccl_args("allreduce", [0, 1], "0"))
+            if r == 1 and k < 2:   # the kernels and their launches lost
+                continue
+            b.kernel("sm89_xmma_gemm_f32f32_f32f32_f32_tn_n", t + 10, 280, launch_ts=t + 2)
+            b.kernel(kernel, t + 320, 60, stream=20, launch_ts=t + 305)
+        b.write(tmp_path / f"rank{r}.json")
+    d = _report([tmp_path], tmp_path)
+    assert [(r["rank"], [(c["collective"], c["count"]) for c in r["collectives"]])
+            for r in d["ranks"]] == [(0, [("all_reduce", 4)]), (1, [("all_reduce", 4)])]
+    assert [o["offset_us"] for o in d["sync"]["clock_offsets"]] == [0.0, 0.0]
+    assert d["sync"]["straggler"] is None

@@ -27,7 +27,9 @@ which the kernel's own name then did not say), else its first kernel's name
 
 An op whose launches' kernels are all absent from the trace (CUPTI dropped them at a session's
 start, a known loss of Kineto traces) is *missing*: it counts as issued and keeps its place in
-its group's order, without times.
+its group's order, without times. So is a record that launched nothing before the trace's first
+device-side record when its group's later records launch kernels: the launches are CUPTI
+activity too, lost with the kernels (:func:`_lost_with_launches`).
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ Thread = tuple[Any, Any]
 #: A launch inside host ops: ``(launch ts, thread, correlation, enclosing op positions)``.
 OwnerRow = tuple[float, Thread, int, np.ndarray]
 #: What :func:`_host_launches` finds once per trace: ``(names, args, o_ts, o_thread, owner_rows,
-#: present)``.
-HostLaunches = tuple[list[str], list[Any], np.ndarray, list[Thread], list[OwnerRow], set[int]]
+#: present, first activity)``.
+HostLaunches = tuple[list[str], list[Any], np.ndarray, list[Thread], list[OwnerRow], set[int],
+                     float]
 #: :func:`_assemble`'s ``op_row(key, op, args, issue ts)``: the op's row, made on first call.
 OpRow = Callable[[tuple[Any, ...], str, Any, float], dict[str, Any]]
 
@@ -146,18 +149,21 @@ def gpu_issued_ops(trace: RankTrace, kernels: pd.DataFrame) -> IssuedOps:
     """The ops the rank issued and the op of each of its communication ``kernels`` (rows of its
     events; see the module docstring). The host ops and the launches inside them are found once
     per trace (:func:`_host_launches`, :func:`cached`); the kernels are matched per call."""
-    names, args, o_ts, o_thread, owner_rows, present = cached(
+    names, args, o_ts, o_thread, owner_rows, present, first = cached(
         trace, "issued_host_launches", lambda: _host_launches(trace))
     k_corr = kernels["correlation"].to_numpy()
     kernel_of = {int(c): i for i, c in enumerate(k_corr.tolist()) if c >= 0}
-    return _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_of)
+    return _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_of,
+                     first)
 
 
 def _host_launches(trace: RankTrace) -> HostLaunches:
     """The host ops that can issue communication (``names``, ``args``, start ``o_ts`` in µs,
     ``(pid, tid)`` of each), the launches inside them (``(launch ts, thread, correlation,
     positions of the enclosing ops)``, time order per thread) and the correlation ids of every
-    GPU event. Read only by :func:`_assemble` (shared between calls: not modified)."""
+    GPU event, and the time (µs) of the trace's first device-side record (a GPU event or a
+    runtime call: CUPTI's activity, lost together at a session's start; inf without any). Read
+    only by :func:`_assemble` (shared between calls: not modified)."""
     ev = trace.events
     ops = ev[name_test(trace, "launch_op", vocab.LAUNCH_OP_RE.match)
              & isin_mask(ev["cat"], ["cpu_op", "user_annotation"])]
@@ -168,6 +174,8 @@ def _host_launches(trace: RankTrace) -> HostLaunches:
     launches = _launches(trace)
     present = set(ev.loc[isin_mask(ev["cat"], GPU_CATS)
                          & (ev["correlation"] >= 0).to_numpy(), "correlation"].tolist())
+    activity = ev.loc[isin_mask(ev["cat"], [*GPU_CATS, "cuda_runtime", "cuda_driver"]), "ts"]
+    first = float(activity.min()) if len(activity) else np.inf
 
     # per thread: the host ops (time order) and the launches inside any of them
     by_thread: dict[Thread, list[int]] = {}
@@ -189,13 +197,14 @@ def _host_launches(trace: RankTrace) -> HostLaunches:
             enc = rows[(s <= l_ts[i]) & (e >= l_ts[i])]
             if len(enc):
                 owner_rows.append((float(l_ts[i]), key, int(l_corr[i]), enc))
-    return names, args, o_ts, o_thread, owner_rows, present
+    return names, args, o_ts, o_thread, owner_rows, present, first
 
 
 def _assemble(kernels: pd.DataFrame, names: list[str], args: list[Any], o_ts: np.ndarray,
               o_thread: list[Thread], owner_rows: list[OwnerRow], present: set[int],
-              kernel_of: dict[int, int]) -> IssuedOps:
-    """The ops table from the launches inside host ops (``owner_rows``) and the kernels."""
+              kernel_of: dict[int, int], first: float = np.inf) -> IssuedOps:
+    """The ops table from the launches inside host ops (``owner_rows``) and the kernels
+    (``first``: the trace's first device-side record, :func:`_host_launches`)."""
     ops: list[dict[str, Any]] = []
     # ("op", position), ("block", position, member index) or ("kernel", kernel index)
     by_key: dict[tuple[Any, ...], int] = {}
@@ -251,14 +260,17 @@ def _assemble(kernels: pd.DataFrame, names: list[str], args: list[Any], o_ts: np
         if j not in launching and _is_record(names[j], args[j]) \
                 and not _is_coalescing(names[j], args[j]):
             records.setdefault(o_thread[j], []).append(j)
+    claimed: set[int] = set()
     for b, ls in blocks.items():
-        first = min(t for t, _, _ in ls)
-        prev = max((t for t in comm_launches[o_thread[b]] if t < first), default=-np.inf)
+        start = min(t for t, _, _ in ls)
+        prev = max((t for t in comm_launches[o_thread[b]] if t < start), default=-np.inf)
         # c10d records each call of the block; the kernels launch when the block ends
         mine = records.get(o_thread[b], [])
         at = [o_ts[j] for j in mine]
-        members = mine[bisect.bisect_right(at, prev):bisect.bisect_left(at, first)]
+        members = mine[bisect.bisect_right(at, prev):bisect.bisect_left(at, start)]
         _block_ops(b, ls, members, names, args, kernels, kernel_of, op_row)
+        claimed.update(members)
+    _lost_with_launches(names, args, o_ts, records, claimed, ops, first, op_row)
     for row_i, row in enumerate(ops):
         for k in row["kernels"]:
             kernel_ops[k].append(row_i)
@@ -271,6 +283,29 @@ def _assemble(kernels: pd.DataFrame, names: list[str], args: list[Any], o_ts: np
             row["launches"] = 1
             kernel_ops[i].append(by_key[("kernel", i)])
     return _finish(ops, kernel_ops, kernels, present)
+
+
+def _lost_with_launches(names: list[str], args: list[Any], o_ts: np.ndarray,
+                        records: dict[Thread, list[int]], claimed: set[int],
+                        ops: list[dict[str, Any]], first: float, op_row: OpRow) -> None:
+    """The ops whose kernels the trace lost together with their launches: records (``records``,
+    per thread, none that launched or joined a block: ``claimed``) that begin before the
+    trace's first device-side record (``first``; CUPTI's runtime calls and kernels are one
+    activity buffer, lost together at a session's start while the host ops stay) and name the
+    op type and the group (``Process Group Name``) of an op that did launch kernels here. A
+    record of a group never seen launching (gloo on CUDA tensors launches nothing by design),
+    or without a group's name, is no evidence and stays out."""
+    launched = {(r["op"], str(vocab.PG_NAME.get(r["args"])))
+                for r in ops if r["kernels"] and vocab.PG_NAME.present(r["args"])}
+    if not launched or not np.isfinite(first):
+        return
+    for js in records.values():
+        for j in js:
+            if o_ts[j] >= first or j in claimed or not vocab.PG_NAME.present(args[j]):
+                continue
+            key = (collective_type(names[j], args[j]), str(vocab.PG_NAME.get(args[j])))
+            if key in launched:
+                op_row(("op", j), key[0], args[j], float(o_ts[j]))
 
 
 def _block_ops(b: int, launches: list[tuple[float, Thread, int]], members: list[int],
