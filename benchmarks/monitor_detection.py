@@ -3,8 +3,10 @@ clean runs (``pardiag profile --monitor``; :mod:`pardiag.analyzer.analyses.monit
 
 Two sources of runs:
 
-* default: the noise of a real clean monitored run (its per-step records and collectives;
-  recorded first, ``examples/train_ddp.py`` on ``--ranks`` pinned ranks, or ``--noise RUN``),
+* default: the noise of real clean monitored runs (their per-step records and collectives;
+  ``--record N`` runs of ``examples/train_ddp.py`` on ``--ranks`` pinned ranks recorded first,
+  or ``--noise RUN`` given once per run; the trials are shared out among them, since one
+  run's noise holds the slow periods the machine had that minute and no other's),
   resampled in blocks of :data:`BLOCK` steps into ``--steps``-step runs
   (a moving-block bootstrap: each trial's noise is the machine's own, in a new order; blocks
   begin and end on ordinary steps, so that no junction joins two short slowdowns), then
@@ -25,7 +27,7 @@ run when it has no straggler and no slow-steps finding.
 
 Usage::
 
-    python -m benchmarks.monitor_detection [--noise RUN] --trials 50 [--out FILE.md]
+    python -m benchmarks.monitor_detection [--noise RUN ...] [--record N] --trials 50 [--out F]
     python -m benchmarks.monitor_detection --real 5 --ranks 2 [--out FILE.md]
 
 Not a test: nothing asserts a rate. Goals (the always-on monitor's): transient and persistent
@@ -119,19 +121,27 @@ def judge(kind: str, found: list[dict], rank: int | None, first: int, last: int,
             and abs(mine[0]["last_step"] - last) <= tol and not others)
 
 
-def noise_trials(noise: Path, trials: int, steps: int, slow: int, share: float, tol: int,
-                 seed: int) -> list[dict]:
+def noise_trials(noises: list[Path], trials: int, steps: int, slow: int, share: float,
+                 tol: int, seed: int) -> list[dict]:
+    """``trials`` per kind, shared out in turn among the clean runs ``noises`` (each trial's
+    row names its run: ``noise``, its position)."""
     from pardiag.analyzer.analyses import monitored as M
     from pardiag.analyzer.analyses.monitor_summary import finding_line
 
-    base = M.load_monitor(noise)
-    med = float(base.steps.groupby("step")["dur_us"].median().median())
-    ranks = sorted(base.steps["rank"].unique())
-    events = [f for f in M.findings(base) if f["kind"] in ("straggler", "slow_steps")]
     rng = np.random.default_rng(seed)
-    rows = [{"kind": "noise", "found": [finding_line(f) for f in events]}]
+    rows = []
+    bases = []
+    for i, noise in enumerate(noises):
+        base = M.load_monitor(noise)
+        med = float(base.steps.groupby("step")["dur_us"].median().median())
+        events = [f for f in M.findings(base) if f["kind"] in ("straggler", "slow_steps")]
+        bases.append((base, med, sorted(base.steps["rank"].unique()), events))
+        rows.append({"kind": "noise", "noise": i, "path": str(noise), "median_ms": med / 1e3,
+                     "found": [finding_line(f) for f in events]})
     for kind in KINDS:
         for t in range(trials):
+            i = t % len(bases)
+            base, med, ranks, events = bases[i]
             d = _resampled(base, steps, rng, events)
             rank = int(rng.choice(ranks)) if kind != "clean" else None
             first = int(rng.integers(100, steps - slow - 100)) if kind == "transient" else 0
@@ -139,8 +149,8 @@ def noise_trials(noise: Path, trials: int, steps: int, slow: int, share: float, 
             if rank is not None:
                 _plant(d, rank, first, last, share * med)
             found = M.findings(d)
-            rows.append({"kind": kind, "trial": t, "rank": rank, "first": first, "last": last,
-                         "right": judge(kind, found, rank, first, last, tol),
+            rows.append({"kind": kind, "trial": t, "noise": i, "rank": rank, "first": first,
+                         "last": last, "right": judge(kind, found, rank, first, last, tol),
                          "found": [finding_line(f) for f in found]})
     return rows
 
@@ -196,7 +206,10 @@ def record_clean(out: Path, ranks: int, steps: int) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--noise", type=Path, help="a clean monitored run whose noise is resampled")
+    ap.add_argument("--noise", type=Path, action="append",
+                    help="a clean monitored run whose noise is resampled (once per run)")
+    ap.add_argument("--record", type=int, default=1,
+                    help="clean runs to record as the noise when no --noise is given")
     ap.add_argument("--real", type=int, default=0, help="real runs per kind instead")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--trials", type=int, default=50)
@@ -210,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     info, t0 = machine(), time.time()
     tmp = tempfile.TemporaryDirectory()
     if not a.noise and not a.real:   # the noise of this machine, recorded now
-        a.noise = record_clean(Path(tmp.name) / "clean", a.ranks, a.steps)
+        a.noise = [record_clean(Path(tmp.name) / f"clean{i}", a.ranks, a.steps)
+                   for i in range(a.record)]
     if a.real:
         rows = real_runs(a.real, a.ranks, a.steps, a.slow_steps, a.share, a.tolerance, a.seed)
         how = (f"{a.real} real runs per kind (examples/train_ddp.py, {a.ranks} ranks pinned, "
@@ -218,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = noise_trials(a.noise, a.trials, a.steps, a.slow_steps, a.share, a.tolerance,
                             a.seed)
-        how = (f"{a.trials} trials per kind on the noise of a clean monitored run "
-               f"({a.ranks} ranks, recorded on this machine unless --noise names one) "
-               f"resampled in blocks of {BLOCK} steps")
+        how = (f"{a.trials} trials per kind on the noise of {len(a.noise)} clean monitored "
+               f"run(s) in turn ({a.ranks} ranks, recorded on this machine unless --noise "
+               f"names them) resampled in blocks of {BLOCK} steps")
     info = finish(info)
     cmd = "python -m benchmarks.monitor_detection " + " ".join(argv or sys.argv[1:])
     lines = [f"# Monitor detection ({time.strftime('%Y-%m-%d', time.gmtime())})", "",
@@ -237,12 +251,23 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {kind} | {len(got)} | {ok} | {verdict} (>= 49 of 50) |")
     noise = [r for r in rows if r["kind"] == "noise"]
     if noise:
-        lines += ["", "The clean run whose noise is resampled had findings of its own (real "
-                  "slow periods of this machine; the blocks holding them are left out of the "
-                  "noise): " + ("; ".join(noise[0]["found"]) or "none")]
+        lines += ["", "Per clean run (right of the trials on its noise, by kind; its median "
+                  "step; its own findings: real slow periods of this machine, whose blocks "
+                  "are left out of the noise):", "",
+                  "| run | median step ms | transient | persistent | clean | its own findings |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for n in noise:
+            cells = []
+            for kind in KINDS:
+                got = [r for r in rows if r["kind"] == kind and r.get("noise") == n["noise"]]
+                cells.append(f"{sum(r['right'] for r in got)}/{len(got)}")
+            lines.append(f"| {n['noise']} | {n['median_ms']:.1f} | " + " | ".join(cells)
+                         + " | " + ("; ".join(n["found"]) or "none") + " |")
     lines += ["", "Wrong runs (kind, trial, planted rank and steps, what was found):"]
     wrong = [r for r in rows if not r.get("right", True)]
-    lines += [f"- {r['kind']} #{r['trial']}: rank {r['rank']} steps {r['first']}–{r['last']}: "
+    lines += [f"- {r['kind']} #{r['trial']}"
+              + (f" (run {r['noise']})" if "noise" in r else "")
+              + f": rank {r['rank']} steps {r['first']}–{r['last']}: "
               + ("; ".join(r["found"]) or "nothing found") for r in wrong] or ["- none"]
     emit("\n".join(lines), a.out)
     return 0
