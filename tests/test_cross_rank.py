@@ -1057,3 +1057,39 @@ def test_ops_lost_with_their_launches_at_the_session_start_still_count(tmp_path)
             for r in d["ranks"]] == [(0, [("all_reduce", 4)]), (1, [("all_reduce", 4)])]
     assert [o["offset_us"] for o in d["sync"]["clock_offsets"]] == [0.0, 0.0]
     assert d["sync"]["straggler"] is None
+
+
+def test_unnamed_groups_ops_are_numbered_per_type(tmp_path):
+    """An inference engine's driver (rank 0) and worker (rank 1), no profiler steps: per
+    iteration, two all-reduces launched by a CUDA graph (kernels without a host op: no group
+    named) and a gloo broadcast of the next inputs (no record: no group named). The driver
+    reaches its broadcast 300 µs into the iteration, after its host work; the worker enters it
+    at +50 and waits there for the driver, so the broadcast starts before the all-reduces on
+    the worker and after them on the driver. Ops of one group keep their order on every rank,
+    a mixture of two groups' need not: numbered per type, the k-th broadcast meets the k-th,
+    and the driver caused 250 µs of waiting at each of the 4 (1000 µs); numbered together, the
+    worker's broadcasts met the driver's of the iteration before."""
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        b.thread_name(2, "pt_gloo_runloop")
+        b.kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", EPOCH, 40, launch_ts=EPOCH - 5)
+        for k in range(4):
+            t = EPOCH + 1000 * (k + 1)
+            for j in (100, 200):   # the graph's all-reduces, together on both ranks
+                b.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage"
+                         "<4096ul>)", t + j, 20, stream=20)
+            enter = t + (300 if r == 0 else 50)
+            b.cpu("c10d::broadcast_", enter, 310 - (enter - t))
+            b.cpu("gloo:broadcast", enter + 1, (t + 306) - (enter + 1), tid=2,
+                  cat="user_annotation")
+        doc = b.doc()
+        doc["distributedInfo"]["pg_config"] = [
+            {"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
+             "pg_size": 2, "ranks": [0, 1]},
+            {"pg_name": "1", "pg_desc": "undefined", "backend_config": "cpu:gloo,cuda:gloo",
+             "pg_size": 2, "ranks": [0, 1]}]
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(doc))
+    sync = compute_sync(load_traces(tmp_path))
+    caused = dict(zip(sync.stragglers["rank"], sync.stragglers["wait_caused_us"]))
+    assert sync.straggler == 0
+    assert caused[0] == pytest.approx(1000.0) and caused[1] == 0.0

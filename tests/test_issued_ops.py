@@ -93,11 +93,12 @@ def test_counts_and_events_read_the_same_ops(tmp_path):
     ev = comm_events(traces)
     ev = ev[ev["rank"] == 0]
     # the lost ops have no times to compare: they are left out of the cross-rank events, but
-    # keep their place in the group's order (the all_to_all is its 1st op; the all-reduce after
-    # the lost one is its 4th, not its 3rd)
+    # keep their place in their order: no group is named, so each type is numbered on its own
+    # (the all-reduce after the first lost one is the 3rd all-reduce, not the 2nd)
     assert len(ev) == 5
     ar = ev[ev["op"] == "all_reduce"].sort_values("start_us")
-    assert ar["seq"].tolist() == [2, 4, 6, 7]
+    assert ar["seq"].tolist() == [1, 3, 5, 6]
+    assert ev.loc[ev["op"] == "all_to_all", "seq"].tolist() == [1]
     assert pd.isna(ev["peer"]).all()
 
 
@@ -189,3 +190,4 @@ def test_a_record_that_closed_before_its_launch_still_names_its_op(tmp_path):
     ops = gpu_issued_ops(trace, kernels).ops
     assert ops["op"].tolist() == ["all_reduce", "all_reduce"]
     assert [vocab.IN_NELEMS.get(a) for a in ops["args"]] == [1 << 20, None]
+

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..per_rank.comm_events import unnamed_group_unit
 from ..per_rank.op_semantics import P2P_OPS, semantics
 from . import instance_keys
 from .clocks import theil_sen
@@ -49,7 +50,9 @@ def match_instances(events: pd.DataFrame) -> pd.DataFrame:
         ev["native_seq"] = ev["source"].eq("records")
     gid = np.where(ev["group"].astype(str) != "", "g" + ev["group"].astype(str),
                    "pg" + ev["pg"].astype(str))
-    ev["_gid"] = gid
+    # no group named: each op type is a unit of its own (the ranks' per-type numbering)
+    unit = unnamed_group_unit(ev)
+    ev["_gid"] = np.where(unit != "", gid + "~" + unit, gid)
     ev["cohort"] = ""
     ambiguous = (ev["group"].astype(str) == AMBIGUOUS_GROUP).to_numpy()
     unknown = (ev["group"].astype(str) == "").to_numpy() & ~ev["op"].isin(P2P_OPS).to_numpy()

@@ -242,7 +242,10 @@ def events_from_trace(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame) -
     # in the order the program issued them: ops whose kernels were lost keep their place
     df = df.sort_values("issue_us", kind="stable").reset_index(drop=True)
     df["window"] = iv.window_of(df["issue_us"].to_numpy(dtype=float), trace.windows)
-    order = df.groupby(["group", "pg", "window"]).cumcount() + 1
+    # where the trace names no group, the k-th op of each type: ops of several groups (gloo's
+    # broadcasts beside graph-launched all-reduces) may share that "group", and one group's ops
+    # of one type keep their order on every rank where their mixture need not
+    order = df.groupby(["group", "pg", "window", unnamed_group_unit(df)]).cumcount() + 1
     df["seq"] = np.where(df["native_seq"].astype(bool), df["seq"], order)
     # a send or recv: the k-th transfer to (from) its peer in its group, the lost ones counted,
     # which is how the cross-rank matching pairs a send with its recv; -1 without a peer
@@ -415,6 +418,17 @@ def _gloo_events(trace: RankTrace, kinds: pd.Series, steps: pd.DataFrame,
 #: ``group`` of an op whose group the trace does not give on a mesh of two or more dimensions, and
 #: that what issued it does not place in one (:func:`groups_from_mesh`): never matched.
 AMBIGUOUS_GROUP = "?"
+
+
+def unnamed_group_unit(ev: pd.DataFrame) -> pd.Series:
+    """Per event (:data:`EVENT_COLUMNS`), the op type of a collective whose trace names no group
+    (``group`` empty, ``pg`` ``"?"``), else ``""``: without a group's name, collectives of one
+    type are the unit numbered and matched in order (one group's ops of a type are in one order
+    on every rank; ops of several unnamed groups interleave differently on each). Sends and
+    receives are paired by their own rules."""
+    unnamed = ((ev["group"].astype(str) == "") & (ev["pg"].astype(str) == "?")
+               & ~ev["op"].isin(P2P_OPS))
+    return ev["op"].astype(str).where(unnamed, "")
 
 
 #: A functional all-reduce of at most this many bytes reduces scalars (the loss, token counts,
