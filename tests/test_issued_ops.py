@@ -191,3 +191,39 @@ def test_a_record_that_closed_before_its_launch_still_names_its_op(tmp_path):
     assert ops["op"].tolist() == ["all_reduce", "all_reduce"]
     assert [vocab.IN_NELEMS.get(a) for a in ops["args"]] == [1 << 20, None]
 
+
+def test_kernels_a_backends_own_thread_launched_belong_to_the_op_issued(tmp_path):
+    """oneCCL's Level-Zero path launches its kernels from its worker thread, outside the calling
+    op: 2 all-reduces issued on the main thread (``c10d::allreduce_`` > ``record_param_comms``),
+    each run as 2 ``allreduce_execution_bf16_sum`` kernels (a custom name, counted through
+    ``--comm-kernel``) launched by thread 9 just after it. Each op counts once, as an
+    all-reduce, with both its kernels. Left alone: a gloo broadcast's record that launched
+    nothing, and an all-reduce kernel launched later outside any op (a graph's): its type is
+    not the record's, so it stays an op of its own."""
+    b = TraceBuilder(rank=0, world_size=2)
+    b.step(1, 0, 3000)
+    for t in (100, 1000):
+        b.cpu("c10d::allreduce_", t, 30)
+        b.cpu("record_param_comms", t + 5, 20, args=_rec("allreduce", 4096))
+        for j, lt in enumerate((t + 10, t + 14)):
+            b._corr += 1
+            b.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                             "pid": b.pid, "tid": 9, "ts": lt, "dur": 2,
+                             "args": {"correlation": b._corr}})
+            b.events.append({"ph": "X", "cat": "kernel", "name": "allreduce_execution_bf16_sum",
+                             "pid": 0, "tid": 20, "ts": t + 200 + 100 * j, "dur": 80,
+                             "args": {"device": 0, "stream": 20, "correlation": b._corr}})
+    b.cpu("record_param_comms", 2000, 10, args=_rec("broadcast", 8))
+    b.kernel(AR, 2500, 20, stream=21, launch_ts=2050)
+    b.write(tmp_path / "rank0.json")
+    t = load_traces(tmp_path, cache=False).ranks[0]
+    from pardiag.analyzer.trace.classify import compile_comm_patterns
+    kinds = classify(t, compile_comm_patterns(["allreduce_execution_"]))
+    kernels = t.events[(kinds == Kind.GPU_COMM.value).to_numpy()]
+    got = gpu_issued_ops(t, kernels)
+    ops = got.ops
+    assert ops["op"].tolist() == ["all_reduce", "all_reduce", "all_reduce"]
+    assert ops["n_kernels"].tolist() == [2, 2, 1]
+    assert ops["issue_us"].tolist() == [105.0, 1005.0, 2500.0]
+    assert (ops.loc[0, "start_us"], ops.loc[0, "end_us"]) == (300.0, 480.0)
+    assert ops["missing"].tolist() == [False, False, False]

@@ -58,9 +58,9 @@ Thread = tuple[Any, Any]
 #: A launch inside host ops: ``(launch ts, thread, correlation, enclosing op positions)``.
 OwnerRow = tuple[float, Thread, int, np.ndarray]
 #: What :func:`_host_launches` finds once per trace: ``(names, args, o_ts, o_thread, owner_rows,
-#: present, first activity)``.
+#: present, first activity, free launches)``.
 HostLaunches = tuple[list[str], list[Any], np.ndarray, list[Thread], list[OwnerRow], set[int],
-                     float]
+                     float, dict[int, float]]
 #: :func:`_assemble`'s ``op_row(key, op, args, issue ts)``: the op's row, made on first call.
 OpRow = Callable[[tuple[Any, ...], str, Any, float], dict[str, Any]]
 
@@ -149,12 +149,12 @@ def gpu_issued_ops(trace: RankTrace, kernels: pd.DataFrame) -> IssuedOps:
     """The ops the rank issued and the op of each of its communication ``kernels`` (rows of its
     events; see the module docstring). The host ops and the launches inside them are found once
     per trace (:func:`_host_launches`, :func:`cached`); the kernels are matched per call."""
-    names, args, o_ts, o_thread, owner_rows, present, first = cached(
+    names, args, o_ts, o_thread, owner_rows, present, first, free = cached(
         trace, "issued_host_launches", lambda: _host_launches(trace))
     k_corr = kernels["correlation"].to_numpy()
     kernel_of = {int(c): i for i, c in enumerate(k_corr.tolist()) if c >= 0}
     return _assemble(kernels, names, args, o_ts, o_thread, owner_rows, present, kernel_of,
-                     first)
+                     first, free)
 
 
 def _host_launches(trace: RankTrace) -> HostLaunches:
@@ -162,8 +162,9 @@ def _host_launches(trace: RankTrace) -> HostLaunches:
     ``(pid, tid)`` of each), the launches inside them (``(launch ts, thread, correlation,
     positions of the enclosing ops)``, time order per thread) and the correlation ids of every
     GPU event, and the time (µs) of the trace's first device-side record (a GPU event or a
-    runtime call: CUPTI's activity, lost together at a session's start; inf without any). Read
-    only by :func:`_assemble` (shared between calls: not modified)."""
+    runtime call: CUPTI's activity, lost together at a session's start; inf without any), and
+    the launches inside no such op (``{correlation: launch ts}``: a backend's own thread's).
+    Read only by :func:`_assemble` (shared between calls: not modified)."""
     ev = trace.events
     ops = ev[name_test(trace, "launch_op", vocab.LAUNCH_OP_RE.match)
              & isin_mask(ev["cat"], ["cpu_op", "user_annotation"])]
@@ -182,6 +183,7 @@ def _host_launches(trace: RankTrace) -> HostLaunches:
     for j, key in enumerate(o_thread):
         by_thread.setdefault(key, []).append(j)
     owner_rows: list[OwnerRow] = []
+    owned: set[int] = set()
     l_ts = launches["ts"].to_numpy(dtype=float)
     l_corr = launches["correlation"].to_numpy()
     l_pid, l_tid = launches["pid"].to_numpy(), launches["tid"].to_numpy()
@@ -197,14 +199,18 @@ def _host_launches(trace: RankTrace) -> HostLaunches:
             enc = rows[(s <= l_ts[i]) & (e >= l_ts[i])]
             if len(enc):
                 owner_rows.append((float(l_ts[i]), key, int(l_corr[i]), enc))
-    return names, args, o_ts, o_thread, owner_rows, present, first
+                owned.add(i)
+    free = {int(l_corr[i]): float(l_ts[i]) for i in range(len(l_ts)) if i not in owned}
+    return names, args, o_ts, o_thread, owner_rows, present, first, free
 
 
 def _assemble(kernels: pd.DataFrame, names: list[str], args: list[Any], o_ts: np.ndarray,
               o_thread: list[Thread], owner_rows: list[OwnerRow], present: set[int],
-              kernel_of: dict[int, int], first: float = np.inf) -> IssuedOps:
+              kernel_of: dict[int, int], first: float = np.inf,
+              free: dict[int, float] | None = None) -> IssuedOps:
     """The ops table from the launches inside host ops (``owner_rows``) and the kernels
-    (``first``: the trace's first device-side record, :func:`_host_launches`)."""
+    (``first``: the trace's first device-side record; ``free``: the launches inside no host
+    op; :func:`_host_launches`)."""
     ops: list[dict[str, Any]] = []
     # ("op", position), ("block", position, member index) or ("kernel", kernel index)
     by_key: dict[tuple[Any, ...], int] = {}
@@ -270,10 +276,13 @@ def _assemble(kernels: pd.DataFrame, names: list[str], args: list[Any], o_ts: np
         members = mine[bisect.bisect_right(at, prev):bisect.bisect_left(at, start)]
         _block_ops(b, ls, members, names, args, kernels, kernel_of, op_row)
         claimed.update(members)
-    _lost_with_launches(names, args, o_ts, records, claimed, ops, first, op_row)
     for row_i, row in enumerate(ops):
         for k in row["kernels"]:
             kernel_ops[k].append(row_i)
+    if free:
+        _launched_elsewhere(kernels, names, args, o_ts, records, claimed, free, kernel_ops,
+                            op_row, by_key)
+    _lost_with_launches(names, args, o_ts, records, claimed, ops, first, op_row)
     # kernels no host op launched: an op each
     for i, (name, a) in enumerate(zip(kernels["name"].tolist(), kernels["args"].tolist())):
         if not kernel_ops[i]:
@@ -283,6 +292,41 @@ def _assemble(kernels: pd.DataFrame, names: list[str], args: list[Any], o_ts: np
             row["launches"] = 1
             kernel_ops[i].append(by_key[("kernel", i)])
     return _finish(ops, kernel_ops, kernels, present)
+
+
+def _launched_elsewhere(kernels: pd.DataFrame, names: list[str], args: list[Any],
+                        o_ts: np.ndarray, records: dict[Thread, list[int]], claimed: set[int],
+                        free: dict[int, float], kernel_ops: list[list[int]], op_row: OpRow,
+                        by_key: dict[tuple[Any, ...], int]) -> None:
+    """Communication kernels a backend's own thread launched (oneCCL's worker, outside the
+    calling op: ``free``, ``{correlation: launch ts}``) given to the op the program issued: the
+    latest record (``records``, none that launched or joined a block: ``claimed``) at or before
+    the launch, of the kernel's own type or of any type when the kernel's name says none (a
+    custom kernel named by ``--comm-kernel``). A record then counts once however many kernels
+    it ran as; one that launched nothing stays out, as before (gloo on CUDA tensors)."""
+    recs = sorted((j for js in records.values() for j in js if j not in claimed),
+                  key=lambda j: o_ts[j])
+    if not recs:
+        return
+    at = [float(o_ts[j]) for j in recs]
+    k_names, k_args = kernels["name"].tolist(), kernels["args"].tolist()
+    for i, c in enumerate(kernels["correlation"].tolist()):
+        t = free.get(int(c)) if c >= 0 and not kernel_ops[i] else None
+        if t is None:
+            continue
+        last = bisect.bisect_right(at, t) - 1
+        if last < 0:
+            continue
+        j = recs[last]
+        typ = collective_type(names[j], args[j])
+        own = _kernel_type(k_names[i], k_args[i] if isinstance(k_args[i], dict) else None)
+        if own != typ and own in STANDARD_COLLECTIVES:
+            continue
+        row = op_row(("op", j), typ, args[j], float(o_ts[j]))
+        row["launches"] += 1
+        row["kernels"].append(i)
+        kernel_ops[i].append(by_key[("op", j)])
+        claimed.add(j)
 
 
 def _lost_with_launches(names: list[str], args: list[Any], o_ts: np.ndarray,
