@@ -555,6 +555,32 @@ def test_a_combined_action_range_is_split_into_its_two_actions(tmp_path):
                    (0, "B", 0, 97.0, 117.0)]
 
 
+
+def test_a_combined_device_range_leaves_out_the_wait_between_its_actions(tmp_path):
+    """On the device, ``PP:(0F1;3B0)OVERLAP_F_B`` runs its forward's kernels [20,30), then its
+    backward waits for the next stage's gradient (the receive's kernel spins until 45) and
+    runs [45,65): the device idled 15 µs inside the open range, which is neither action's work
+    (the pipeline's bubble). A combined range whose parts follow without a wait is split in
+    proportion to the rank's own forward and backward ranges (10 and 20 µs)."""
+    from pardiag.analyzer.per_rank.summary import summary_of
+
+    b = TraceBuilder(rank=0, world_size=2)
+    b.step(1, 0, 200)
+    recv = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+    b.kernel("PP:0F0", 0, 10, cat="gpu_user_annotation").kernel("gemm_kernel", 0, 10)
+    b.kernel("PP:(0F1;3B0)OVERLAP_F_B", 20, 45, cat="gpu_user_annotation")
+    b.kernel("gemm_kernel", 20, 10).kernel(recv, 30, 15, stream=20).kernel("gemm_kernel", 45, 20)
+    b.kernel("PP:(0F2;3B1)OVERLAP_F_B", 70, 30, cat="gpu_user_annotation")
+    b.kernel("gemm_kernel", 70, 30)
+    b.kernel("PP:0B0", 110, 20, cat="gpu_user_annotation").kernel("gemm_kernel", 110, 20)
+    marks = summary_of(load_traces(_write(tmp_path, [b], [PG_WORLD2])).ranks[0]).marks
+    assert marks.device_chunks
+    got = [(r.stage, r.phase, r.microbatch, r.start_us, r.end_us)
+           for r in marks.chunks.itertuples()]
+    assert got == [(0, "F", 0, 0.0, 10.0), (0, "F", 1, 20.0, 30.0), (3, "B", 0, 45.0, 65.0),
+                   (0, "F", 2, 70.0, 80.0), (3, "B", 1, 80.0, 100.0),
+                   (0, "B", 0, 110.0, 130.0)]
+
 #: torch's schedules beyond GPipe, 1F1B and Interleaved1F1B, run by train_pp.py under plain
 #: torch.profiler: (--schedule, torch's class, the schedule the report must give: torch's name
 #: only where what ran matches that schedule alone, else a description).

@@ -276,8 +276,29 @@ def _busy_part(lo: float, hi: float, k: np.ndarray, wait_end: np.ndarray
 #: One action of a combined range: (stage, microbatch, phase).
 _Part = tuple[int, int, str]
 #: A combined range's chunk row: (its first action, its second, busy start, busy end, where the
-#: second begins or None).
-_Combined = tuple[_Part, _Part, float, float, float | None]
+#: second begins or None, where the first ends when a wait lies between them, else None).
+_Combined = tuple[_Part, _Part, float, float, float | None, float | None]
+
+
+def _second_input(lo: float, hi: float, k: np.ndarray, wait_end: np.ndarray
+                  ) -> tuple[float, float] | None:
+    """On a device range ``[lo, hi]`` of a combined action (a forward, then a backward whose
+    gradient comes from the next stage): ``(where the first part's computation ends, where the
+    second part begins)`` when the second waited for its input inside the range — the last
+    communication kernel (``wait_end``, sorted ends) that ends inside it after computation
+    (``k``, merged intervals) and with none just before its end: the device was idle between
+    the two parts, though the range was open. None without such a wait."""
+    kk = iv.clip(k, lo, hi)
+    if not len(kk):
+        return None
+    for w in wait_end[(wait_end > lo) & (wait_end < hi)][::-1].tolist():
+        before = kk[kk[:, 1] <= w]
+        after = kk[kk[:, 0] >= w]
+        if len(before) and len(after) and not ((kk[:, 0] < w) & (kk[:, 1] > w)).any():
+            end = float(before[-1, 1])
+            if end < w:
+                return end, float(w)
+    return None
 
 
 def _second_start(pair: tuple[_Part, _Part], bwd_starts: np.ndarray, lo: float, hi: float,
@@ -295,9 +316,11 @@ def _split_combined(combined: list[_Combined], rows: list[tuple[Any, ...]]
                     ) -> list[tuple[Any, ...]]:
     """Chunk rows for the combined actions (``PP_COMBINED_RE``): each range becomes its two
     actions, one after the other as the runtime runs them, split where the second begins
-    (:func:`_second_start`); without that mark, in proportion to the mean length of the two
-    phases' own ranges on the rank; without those either, each action is given the whole
-    range (its busy time is still the rank's, and the order and microbatches still count)."""
+    (on a device range, after the wait for its input, which belongs to neither:
+    :func:`_second_input`; on a host range, :func:`_second_start`); without that mark, in
+    proportion to the mean length of the two phases' own ranges on the rank; without those
+    either, each action is given the whole range (its busy time is still the rank's, and the
+    order and microbatches still count)."""
     out: list[tuple[Any, ...]] = []
     if not combined:
         return out
@@ -305,11 +328,13 @@ def _split_combined(combined: list[_Combined], rows: list[tuple[Any, ...]]
     for r in rows:
         lengths.setdefault(r[2], []).append(r[5] - r[4])
     mean = {ph: float(np.mean(v)) for ph, v in lengths.items() if v}
-    for first, second, lo, hi, x in combined:
+    for first, second, lo, hi, x, first_end in combined:
         if x is None and first[2] in mean and second[2] in mean and mean[first[2]] + mean[
                 second[2]] > 0:
             x = lo + (hi - lo) * mean[first[2]] / (mean[first[2]] + mean[second[2]])
         a, b = (x, x) if x is not None else (hi, lo)
+        if first_end is not None:   # the device idled between the parts: no one's work
+            a = first_end
         out.append((first[0], first[1], first[2], -1, lo, a))
         out.append((second[0], second[1], second[2], -1, b, hi))
     return out
@@ -373,10 +398,17 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
             g = m.groups()
             pair = ((int(g[0]), int(g[2]), g[1]), (int(g[3]), int(g[5]), g[4]))
             stage, phase, mb = pair[0][0], pair[0][2], pair[0][1]
+        waited = (_second_input(float(t), float(t + d), k, wait_end)
+                  if pair is not None and device else None)
+        if waited is not None:   # the first part's busy span, then the second's from its input
+            lo = _busy_part(float(t), waited[0], k, wait_end)[0]
+            kk = iv.clip(k, waited[1], float(t + d))
+            combined.append((*pair, lo, float(kk[-1, 1]), waited[1], waited[0]))
+            continue
         lo, hi = _busy_part(float(t), float(t + d), k, wait_end)
         if pair is not None:
             combined.append((*pair, lo, max(lo, hi), _second_start(pair, bwd_starts, lo, hi,
-                                                                    device)))
+                                                                    device), None))
             continue
         rows.append((stage, mb, phase, -1, lo, max(lo, hi)))
     rows += _split_combined(combined, rows)
