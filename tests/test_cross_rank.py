@@ -1093,3 +1093,37 @@ def test_unnamed_groups_ops_are_numbered_per_type(tmp_path):
     caused = dict(zip(sync.stragglers["rank"], sync.stragglers["wait_caused_us"]))
     assert sync.straggler == 0
     assert caused[0] == pytest.approx(1000.0) and caused[1] == 0.0
+
+
+def test_each_profiling_window_gets_its_own_clock_fit(tmp_path):
+    """schedule(repeat=2): two windows 10 s apart, 8 steps of 100 ms each, every all-reduce
+    ending together in true time. Each window is its own profiler session, whose conversion
+    of device times to the host's clock is taken afresh: rank 1's device clock runs 100 µs/s
+    fast and is exact at each window's end, so within a window its ends read from −80 to 0 µs
+    off (a sawtooth over the two). One line through both windows leaves ±40 µs that flip
+    between them, read as waits; fitted window by window, the drift is 100 µs/s in each,
+    nobody waits, and a note says how the windows were fitted."""
+    step = 100_000.0
+    for r in (0, 1):
+        for w in range(2):
+            t0 = EPOCH + 10e6 * w
+            end = t0 + 8 * step
+            b = TraceBuilder(rank=r)
+            fast = 100e-6 if r == 1 else 0.0   # rank 1's device clock: exact at the end
+            for k in range(8):
+                t = t0 + k * step
+                b.step(10 * w + k + 1, t, step)
+                b.kernel("gemm_kernel", t + 1000 + fast * (t + 1000 - end), 60_000,
+                         launch_ts=t + 10)
+                _coll(b, "AllReduce", (0, 1), "0", t + 61_000 + fast * (t + 61_000 - end),
+                      9_000, t + 20)
+            b.write(tmp_path / f"host_{100 + r}.{int(t0)}.pt.trace.json")
+    ts = load_traces(tmp_path)
+    assert len(ts.ranks[1].windows) == 2
+    sync = compute_sync(ts)
+    assert sync.offsets.set_index("rank").loc[1, "drift_us_per_s"] == pytest.approx(
+        100.0, abs=0.5)
+    caused = dict(zip(sync.stragglers["rank"], sync.stragglers["wait_caused_us"]))
+    assert caused == {0: pytest.approx(0.0, abs=0.5), 1: pytest.approx(0.0, abs=0.5)}
+    assert sync.straggler is None
+    assert any("fitted window by window" in n for n in sync.notes)

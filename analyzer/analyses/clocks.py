@@ -21,7 +21,9 @@ difference. Rooted ops, point-to-point transfers and ops of unknown kind are nev
 Over the matched instances (:mod:`pardiag.analyzer.analyses.matching`), :func:`align_clocks` fits
 that model (per host where :func:`rank_hosts` knows them, else per rank; ranks that no complete
 collective links, and that no point-to-point transfers overlapping as recorded join, are separate
-clock domains, never compared) and puts every event on the reference clock;
+clock domains, never compared; where a rank has several profiling windows, each window on its own:
+every window is a profiler session that converts device times afresh) and puts every event on
+the reference clock;
 :func:`instance_times` then gives each instance its arrival, transfer time and bandwidth.
 """
 
@@ -69,12 +71,16 @@ class ClockModel:
         t0_us: the time (reference clock, µs) at which the offsets hold.
         domain: ``{rank: clock domain}``: ranks of different domains have clocks nothing relates.
         applied: whether the offsets are subtracted (not on one host: there is one clock).
+        windows: ``{profiling window: ClockModel}`` where the ranks' windows were fitted each
+            on its own (:func:`align_clocks`); ``table`` and ``domain`` are then the first
+            window's. Empty with one window.
     """
 
     table: pd.DataFrame
     t0_us: float
     domain: dict[int, int]
     applied: bool
+    windows: dict[int, ClockModel] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def _terms(self) -> tuple[pd.Index, np.ndarray, np.ndarray]:
@@ -85,8 +91,19 @@ class ClockModel:
                 np.nan_to_num(self.table["offset_us"].to_numpy(dtype=float)[rows]),
                 np.nan_to_num(self.table["drift_us_per_s"].to_numpy(dtype=float)[rows]))
 
-    def correct(self, rank: np.ndarray, t_us: np.ndarray) -> np.ndarray:
-        """``t_us`` recorded by ``rank`` (arrays of one shape) on the reference clock (µs)."""
+    def correct(self, rank: np.ndarray, t_us: np.ndarray, window: np.ndarray | int | None = None
+                ) -> np.ndarray:
+        """``t_us`` recorded by ``rank`` (arrays of one shape) on the reference clock (µs); with
+        ``window`` (the profiling window of each, or one for all), by that window's model where
+        the windows were fitted apart."""
+        if self.windows and window is not None:
+            t = np.array(t_us, dtype=float)
+            rk = np.asarray(rank)
+            w = np.broadcast_to(np.asarray(window), t.shape)
+            for k in np.unique(w).tolist():
+                at = w == k
+                t[at] = self.windows.get(int(k), self).correct(rk[at], t[at])
+            return t
         if not self.applied or not len(self.table):
             return np.asarray(t_us, dtype=float)
         ranks, off, drift = self._terms
@@ -554,22 +571,62 @@ def align_clocks(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str],
         the model; notes on it).
     """
     complete = set(inst.index[inst["complete"]])
-    model, notes = _clock_model(ev, complete, hosts, t0_us)
-    # an instance whose members' clocks nothing relates cannot be compared
-    sets = ev.groupby("instance")["rank"].agg(
-        lambda rs: len({model.domain.get(int(r), int(r)) for r in rs}))
+    win = (ev["window"].fillna(0).astype(int).to_numpy() if "window" in ev
+           else np.zeros(len(ev), dtype=int))
+    multi = len(ev) and pd.Series(win).groupby(ev["rank"].to_numpy()).nunique().max() > 1
+    if multi:
+        model, notes = _window_models(ev, win, complete, hosts, t0_us)
+    else:
+        model, notes = _clock_model(ev, complete, hosts, t0_us)
+    # an instance whose members' clocks nothing relates cannot be compared (an instance lies
+    # in one window: its first member's says which model's domains)
+    if multi:
+        rk_all = ev["rank"].to_numpy()
+        groups = ev.groupby("instance").indices
+        sets = pd.Series({key: len({model.windows.get(int(win[idx[0]]), model).domain.get(
+            int(r), int(r)) for r in rk_all[idx]}) for key, idx in groups.items()}, dtype=int)
+    else:
+        sets = ev.groupby("instance")["rank"].agg(
+            lambda rs: len({model.domain.get(int(r), int(r)) for r in rs}))
     apart = set(sets.index[sets > 1])
     if apart:
         inst = inst.copy()
         inst.loc[inst.index.isin(apart), "complete"] = False
     ev = ev.copy()
     rk = ev["rank"].to_numpy()
-    ev["start_us"] = model.correct(rk, ev["start_us"].to_numpy(dtype=float))
-    ev["end_us"] = model.correct(rk, ev["end_us"].to_numpy(dtype=float))
+    ev["start_us"] = model.correct(rk, ev["start_us"].to_numpy(dtype=float), win)
+    ev["end_us"] = model.correct(rk, ev["end_us"].to_numpy(dtype=float), win)
     if "issue_us" in ev:
-        ev["issue_us"] = model.correct(rk, ev["issue_us"].to_numpy(dtype=float))
+        ev["issue_us"] = model.correct(rk, ev["issue_us"].to_numpy(dtype=float), win)
     ev["dur_us"] = ev["end_us"] - ev["start_us"]
     return ev, inst, model, notes
+
+
+def _window_models(ev: pd.DataFrame, win: np.ndarray, complete: set, hosts: dict[int, str],
+                   t0_us: float | None) -> tuple[ClockModel, list[str]]:
+    """One clock model per profiling window (``win``: each event's), each fitted on its own
+    (:func:`_clock_model`): every window is a profiler session of its own, whose conversion of
+    device times to the host's clock is taken afresh, so a drift restarts in each and one line
+    through two windows fits neither. The model returned is the first window's, with every
+    window's in :attr:`ClockModel.windows`; its notes, and one on the others."""
+    models: dict[int, ClockModel] = {}
+    notes: list[str] = []
+    for w in sorted(np.unique(win).tolist()):
+        sub = ev[win == w]
+        m, n = _clock_model(sub, complete & set(sub["instance"]), hosts,
+                            t0_us if not models else None)
+        models[int(w)] = m
+        if len(models) == 1:
+            notes += n
+    first = models[min(models)]
+    spread = [float((m.table.set_index("rank")["offset_us"]
+                     - first.table.set_index("rank")["offset_us"]).abs().max())
+              for m in models.values() if m.applied and first.applied]
+    notes.append(f"the ranks' {len(models)} profiling windows are profiler sessions of their "
+                 f"own: their clocks were fitted window by window (the offsets shown are the "
+                 f"first window's" + (f"; the others' differ from them by up to "
+                                      f"{max(spread):.1f} µs)" if spread else ")"))
+    return dataclasses.replace(first, windows=models), notes
 
 
 def instance_times(ev: pd.DataFrame, inst: pd.DataFrame, hosts: dict[int, str]

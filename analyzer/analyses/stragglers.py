@@ -113,7 +113,7 @@ def window_heads(ev: pd.DataFrame, inst: pd.DataFrame, starts: dict[int, list[fl
         ranks = sorted(int(r) for r in sub["rank"].unique())
         own = [starts.get(r, [])[int(w)] if int(w) < len(starts.get(r, [])) else np.nan
                for r in ranks]
-        t0 = clock.correct(np.array(ranks), np.array(own, dtype=float))
+        t0 = clock.correct(np.array(ranks), np.array(own, dtype=float), int(w))
         t0 = np.where(np.isfinite(t0), t0, sub.groupby("rank")["start_us"].min()
                       .reindex(ranks).to_numpy())
         t_all, spread = float(np.max(t0)), float(np.max(t0) - np.min(t0))
