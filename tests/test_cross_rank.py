@@ -1127,3 +1127,25 @@ def test_each_profiling_window_gets_its_own_clock_fit(tmp_path):
     assert caused == {0: pytest.approx(0.0, abs=0.5), 1: pytest.approx(0.0, abs=0.5)}
     assert sync.straggler is None
     assert any("fitted window by window" in n for n in sync.notes)
+
+
+def test_a_rank_whose_window_began_an_iteration_later_is_not_given_a_clock_offset(tmp_path):
+    """An on-demand trace (no profiler steps, no Seq) of two ranks on one clock: rank 0 traced
+    iterations 0-3, rank 1 picked the request up one iteration later and traced 1-4, each of
+    300 ms with two all-reduces of different sizes that end together in true time. Paired
+    k-th with k-th, every end agrees on a 300 ms offset; paired by time, on none, with three
+    iterations in common. A 300 ms clock offset is no wall clock's: the pairing by time
+    stands, rank 1's offset is 0, and 6 instances are complete."""
+    period = 300_000.0
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        for it in range(r, r + 4):
+            t = EPOCH + it * period
+            b.kernel("gemm_kernel", t + 1000, 100_000, launch_ts=t + 10)
+            _coll(b, "AllReduce", (0, 1), "0", t + 200_000, 10_000, t + 20, nelems=1 << 22)
+            _coll(b, "AllReduce", (0, 1), "0", t + 281_000, 10_000, t + 30, nelems=1 << 20)
+        b.write(tmp_path / f"rank{r}.json")
+    sync = compute_sync(load_traces(tmp_path))
+    assert sync.offsets["offset_us"].tolist() == [0.0, 0.0]
+    assert int(sync.instances["complete"].sum()) == 6
+    assert sync.straggler is None

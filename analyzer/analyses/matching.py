@@ -384,6 +384,14 @@ def _laid_out(rows: np.ndarray, seqs: np.ndarray, codes: np.ndarray, ends: np.nd
     return a, e, pos
 
 
+#: A clock offset from aligning two ranks' ops that is at least this (µs) is not taken where a
+#: shift with a tenth of it agrees as well (:func:`_align`): hosts' wall clocks are kept within
+#: milliseconds (NTP), while repeating iterations agree at any whole number of them.
+IMPLAUSIBLE_OFFSET_US = 10_000.0
+#: Ends this consistent (median absolute deviation, µs) count as one clock's for that choice.
+SAME_CLOCK_SPREAD_US = 50.0
+
+
 def _align(a: np.ndarray, b: np.ndarray, a_end: np.ndarray, b_end: np.ndarray) -> int:
     """The shift ``d`` that pairs op ``i`` of one member with op ``i + d`` of the reference.
 
@@ -396,8 +404,11 @@ def _align(a: np.ndarray, b: np.ndarray, a_end: np.ndarray, b_end: np.ndarray) -
     smallest ``|d|``."""
     n, m = len(a), len(b)
     if n == m and np.array_equal(a, b) and (a >= 0).all():
-        return 0
-    best: tuple | None = None
+        d0 = a_end - b_end
+        d0 = d0[np.isfinite(d0)]
+        if not len(d0) or abs(float(np.median(d0))) < IMPLAUSIBLE_OFFSET_US:
+            return 0
+    fits: list[tuple[tuple[int, float, int], int, float]] = []
     for d in range(-(n - 1), m):
         lo, hi = max(0, -d), min(n, m - d)
         if hi <= lo:
@@ -409,10 +420,25 @@ def _align(a: np.ndarray, b: np.ndarray, a_end: np.ndarray, b_end: np.ndarray) -
         diff = a_end[lo:hi][same] - b_end[lo + d:hi + d][same]
         diff = diff[np.isfinite(diff)]
         spread = float(np.median(np.abs(diff - np.median(diff)))) if len(diff) else np.inf
-        score = (-hits, spread, abs(d))
-        if best is None or score < best[0]:
-            best = (score, d)
-    return 0 if best is None else best[1]
+        fits.append(((-hits, spread, abs(d)), d, float(np.median(diff)) if len(diff)
+                     else np.nan))
+    if not fits:
+        return 0
+    best = min(fits)
+    # Repeating ops (the same iteration over and over) agree at every shift by whole
+    # iterations; the most agreeing one pairs the ranks' k-th ops, which for a rank whose
+    # window began an iteration later implies a clock offset of whole iterations. Wall clocks
+    # are kept within milliseconds of each other: a shift that agrees as well on what the two
+    # share, with its ends as consistent and a clock offset a tenth of the other's, is the one.
+    (neg_hits, spread, _), d0, off = best
+    if np.isfinite(off) and abs(off) >= IMPLAUSIBLE_OFFSET_US:
+        near = [f for f in fits
+                if np.isfinite(f[2]) and abs(f[2]) <= 0.1 * abs(off)
+                and -f[0][0] >= -neg_hits - abs(f[1] - d0)
+                and f[0][1] <= max(2 * spread, SAME_CLOCK_SPREAD_US)]
+        if near:
+            best = min(near)
+    return best[1]
 
 
 def matched_events(ev: pd.DataFrame) -> tuple[pd.DataFrame, str, list[str]]:
