@@ -767,6 +767,61 @@ def test_expert_parallelism_folded_into_data_parallelism(tmp_path, descs, dims, 
         assert by_ranks[(0, 1, 2, 3)] == "ep"
 
 
+
+@pytest.mark.parametrize("descs, dense_elems, dims, folded", [
+    # Megatron: the expert-parallel group is the data-parallel group, both described
+    ({"dense": "DATA_PARALLEL_GROUP", "ep": "EXPERT_MODEL_PARALLEL_GROUP"}, 65536,
+     {"dp": 8, "ep": 8}, {"ep": "dp"}),
+    # one group of all ranks runs the routed all-to-alls and the dense gradients' all-reduce
+    ({"dense": "default_pg", "ep": "default_pg"}, 65536, {"dp": 8, "ep": 8}, {"ep": "dp"}),
+    # only a loss's all-reduce (one float) over it: no gradients, no data parallelism shown
+    ({"dense": "default_pg", "ep": "default_pg"}, 1, {"ep": 8}, {}),
+])
+def test_expert_parallelism_over_the_data_parallel_group_itself(tmp_path, descs, dense_elems,
+                                                               dims, folded):
+    """EP=8 on 8 ranks whose dense gradients are all-reduced over the same 8 ranks (Megatron's
+    folding with EP = DP: each expert held once, no expert-data-parallel groups): dp=8 and
+    ep=8 over one set of ranks, folded; a same-ranks group described as data parallel is that
+    dimension too, not a product of the expert-parallel one. A scalar all-reduce shows no
+    gradients: ep=8 alone."""
+    world = list(range(8))
+    ranks, pgs = [], []
+    for r in world:
+        b = TraceBuilder(rank=r, world_size=8, pid=100 + r, main_tid=100 + r)
+        b.step(1, 0, 3000)
+        t = 10.0
+        for kind, op, n, extra in (
+                ("ep", "all_to_all", 65536, {"In split size": "[100, 300, 50, 62, 1, 2, 3, 4]",
+                                             "Out split size": "[80, 120, 200, 112, 4, 3, 2, 1]"}),
+                ("ep", "all_to_all", 65536, {"In split size": "[9, 300, 50, 62, 1, 2, 3, 4]",
+                                             "Out split size": "[8, 120, 200, 112, 4, 3, 2, 1]"}),
+                ("dense", "all_reduce", dense_elems, {})):
+            b.kernel("sm90_xmma_gemm_bf16bf16_bf16f32", t, 200, launch_ts=t - 5)
+            t += 210
+            args = {"Collective name": op, "dtype": "BFloat16", "In msg nelems": n,
+                    "Out msg nelems": n, "Group size": 8, "Process Group Name": descs[kind],
+                    "Process Group Description": descs[kind], "Process Group Ranks": str(world),
+                    **extra}
+            b.cpu(f"nccl:{op}", t - 5, 4, args=args).cpu("record_param_comms", t - 4, 2,
+                                                           args=args)
+            k = "SendRecv" if op == "all_to_all" else "AllReduce_Sum_bf16_RING_LL"
+            b.kernel(f"ncclDevKernel_{k}(ncclDevKernelArgsStorage<4096ul>)", t, 80, stream=20,
+                     launch_ts=t - 3, args=args)
+            t += 90
+        ranks.append(b)
+        pgs.append([{"pg_name": d, "pg_desc": d, "pg_size": 8, "ranks": world}
+                    for d in sorted(set(descs.values()))])
+    from pardiag.analyzer.analyses.comm_events import comm_events
+
+    traces = load_traces(_write(tmp_path, ranks, pgs))
+    lay = infer_layout(traces, comm_events(traces))
+    assert lay.dims == dims and lay.folded == folded, (lay.dims, lay.evidence, lay.not_inferred)
+    assert not [ln for ln in lay.not_inferred if "product" in ln], lay.not_inferred
+    if folded:
+        line = next(ln for ln in lay.evidence if "is folded" in ln)
+        assert "each an expert-parallel group itself: ep=8 is folded into data parallelism " \
+               "over the same ranks" in line, line
+
 @pytest.mark.e2e
 def test_moe_folded_into_dp_profiled_and_plain(tmp_path):
     """train_moe.py --ep 2 on 4 ranks: EP groups [0, 1], [2, 3] carved out of data parallelism

@@ -278,7 +278,9 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
         if d in dims:
             strategies.add(s)
     reducing = reducing_groups(events)
-    fold, fold_conflict = _fold(dims, descs, member, reducing, world, evidence, missing)
+    gradients = {g for g, _ in reducing_groups(events, gradients=True)}
+    fold, fold_conflict = _fold(dims, descs, member, reducing, world, evidence, missing,
+                                gradients)
 
     # pipeline: ranks exchanging point-to-point messages
     peers, notes = _global_peers(traces, marks, member)
@@ -308,6 +310,13 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
             dims["pp"] = pipeline["pp_group_size"]
 
     _the_rest(dims, strategies, world, unplaced_reductions(events), evidence, missing)
+    if fold is None and not fold_conflict and dims.get("ep") == world and "dp" not in dims:
+        # expert parallelism over the world (its groups no description names): the dense
+        # gradients' reductions over the world too are data parallelism over the same ranks
+        for r in range(world):
+            member.setdefault(r, {}).setdefault("ep", list(range(world)))
+        fold, fold_conflict = _fold(dims, descs, member, reducing, world, evidence, missing,
+                                    gradients)
     if not strategies and not dims:
         missing.append("no parallel strategy recognized: no DDP, FSDP, ZeRO, tensor-parallel, "
                        "expert-parallel or pipeline marks in the traces")
@@ -340,17 +349,18 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
 
 
 def _fold(dims: dict, descs: dict, member: dict, reducing, world: int, evidence: list[str],
-          missing: list[str]):
+          missing: list[str], gradients=()):
     """Expert parallelism folded into data parallelism
     (:func:`pardiag.analyzer.analyses.mesh.fold_expert_parallel`), applied to ``dims``,
     ``member`` (the dense groups as dp), ``evidence`` and ``missing``. Groups named dp by their
     reductions alone may be the expert-data-parallel groups of a folded layout: the dense
     gradients' group decides; a described dp that the reductions contradict is dropped
-    (unknown). Returns ``(fold or None, conflict line or None)``."""
+    (unknown); ``gradients``: the reducing groups that moved more than scalars. Returns
+    ``(fold or None, conflict line or None)``."""
     by_ops = "running" in descs.get("dp", "")
     fold, conflict = fold_expert_parallel(
         {d: n for d, n in dims.items() if not (by_ops and d == "dp")},
-        {tuple(m["ep"]) for m in member.values() if "ep" in m}, reducing, world)
+        {tuple(m["ep"]) for m in member.values() if "ep" in m}, reducing, world, gradients)
     if fold is not None and by_ops:
         evidence[:] = [ln for ln in evidence if not ln.startswith(f"dp={dims['dp']}: ")]
         evidence.append(f"the {descs['dp']} are the expert-data-parallel groups")

@@ -237,6 +237,14 @@ def mesh_dims(groups: list[tuple[str, list[int]]], roles: dict | None = None,
             continue
         inside = [b for b in basis if all(b[2].get(r, frozenset({r})) <= g
                                           for r, g in gmap.items())]
+        # the same partition described as another dimension, by a factor's description
+        # (Megatron's expert-parallel group equal to its data-parallel one: experts folded into
+        # data parallelism over the same ranks), is that dimension too, not a product of the
+        # first
+        twin = [b for b in inside if b[2] == gmap and dim_of_key[b[1]] != dim_of_key[desc]]
+        if twin and not is_composite(desc):
+            basis.append((size, desc, gmap))
+            continue
         if inside and all(_span(r, [b[2] for b in inside], gmap) == g for r, g in gmap.items()):
             notes.append(f"{desc} ({size} ranks) is the product of "
                          f"{' × '.join(b[1] for b in inside)}: not a further dimension")
@@ -277,7 +285,7 @@ class Fold:
     evidence: str
 
 
-def fold_expert_parallel(dims: dict, ep_groups, reducing, world: int
+def fold_expert_parallel(dims: dict, ep_groups, reducing, world: int, gradients=()
                          ) -> tuple[Fold | None, str | None]:
     """Whether expert parallelism is carved out of data parallelism (Megatron's MoE parallel
     folding, torchtitan's ``dp_shard_in_ep``, DeepSpeed-MoE): the dense weights are data
@@ -290,7 +298,10 @@ def fold_expert_parallel(dims: dict, ep_groups, reducing, world: int
     ``dims``: the degrees found so far (``ep`` among them); ``ep_groups``: the expert-parallel
     groups (iterables of global ranks); ``reducing``: ``(ranks, label)`` of every group that ran
     a collective of :data:`DP_OPS` (``label`` names it in the evidence: its description or
-    name); ``world``: the world size.
+    name); ``world``: the world size; ``gradients``: the groups (frozensets) among them whose
+    reductions move more than scalars — one of them may be an expert-parallel group itself
+    (expert parallelism over the whole data-parallel group: each expert held once, no expert
+    data parallelism), where a loss's all-reduce over it would say nothing.
 
     Returns ``(fold, None)`` when one set of groups ran the reductions, each holds whole
     expert-parallel groups and more than one, and with its size as ``dp`` the degrees other than
@@ -304,7 +315,7 @@ def fold_expert_parallel(dims: dict, ep_groups, reducing, world: int
     for ranks, label in reducing:
         g = frozenset(int(r) for r in ranks)
         inside = [e for e in eps if e <= g]
-        if inside and len(g) > max(len(e) for e in inside) and all(
+        if inside and (len(g) > max(len(e) for e in inside) or g in gradients) and all(
                 e <= g or not (e & g) for e in eps):
             cands.setdefault(g, str(label))
     if not cands:
@@ -336,8 +347,12 @@ def fold_expert_parallel(dims: dict, ep_groups, reducing, world: int
     expert_dp = tuple(tuple(v) for _, v in sorted(edp.items()))
     ranks_of = ", ".join(str(list(x)) for x in expert_dp[:4]) + (
         ", ..." if len(expert_dp) > 4 else "")
+    held = size // len(next(iter(eps)))
     line = (f"dp={size}: gradient reductions over groups of {size} ranks ({cands[dense[0]]}), "
-            f"each holding {size // len(next(iter(eps)))} whole expert-parallel groups: "
-            f"ep={dims['ep']} is folded into data parallelism (expert-data-parallel groups of "
-            f"{len(expert_dp[0]) if expert_dp else 0}: {ranks_of})")
+            + (f"each holding {held} whole expert-parallel groups: ep={dims['ep']} is folded "
+               f"into data parallelism (expert-data-parallel groups of "
+               f"{len(expert_dp[0]) if expert_dp else 0}: {ranks_of})" if held > 1 else
+               f"each an expert-parallel group itself: ep={dims['ep']} is folded into data "
+               f"parallelism over the same ranks (each expert held once: no expert data "
+               f"parallelism)"))
     return Fold(size, tuple(dense), expert_dp, line), None

@@ -155,13 +155,18 @@ def unplaced_reductions(events: pd.DataFrame | None) -> int:
     return int(sel.sum())
 
 
-def reducing_groups(events: pd.DataFrame | None) -> list[tuple[frozenset, str]]:
+def reducing_groups(events: pd.DataFrame | None, gradients: bool = False
+                    ) -> list[tuple[frozenset, str]]:
     """``(ranks, description or ranks)`` of every group the communication events show running
-    a collective of :data:`pardiag.analyzer.analyses.mesh.DP_OPS`."""
+    a collective of :data:`pardiag.analyzer.analyses.mesh.DP_OPS`; with ``gradients``, only
+    those where one moved more than :data:`~pardiag.analyzer.per_rank.comm_events.SCALAR_BYTES`
+    (a loss's or a norm's all-reduce is no gradient's)."""
     if events is None or not len(events):
         return []
     ev = events[~events["group"].astype(str).isin(["", AMBIGUOUS_GROUP])
                 & events["op"].isin(DP_OPS)]
+    if gradients:
+        ev = ev[pd.to_numeric(ev["bytes"], errors="coerce").gt(SCALAR_BYTES).to_numpy()]
     out = []
     for key in ev["group"].astype(str).unique():
         ranks, _, desc = key.partition("|")
