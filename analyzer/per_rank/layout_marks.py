@@ -400,7 +400,8 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
             stage, phase, mb = pair[0][0], pair[0][2], pair[0][1]
         waited = (_second_input(float(t), float(t + d), k, wait_end)
                   if pair is not None and device else None)
-        if waited is not None:   # the first part's busy span, then the second's from its input
+        if waited is not None and pair is not None:   # the first part's busy span, then the
+            # second's from the end of the wait for its input
             lo = _busy_part(float(t), waited[0], k, wait_end)[0]
             kk = iv.clip(k, waited[1], float(t + d))
             combined.append((*pair, lo, float(kk[-1, 1]), waited[1], waited[0]))
