@@ -186,6 +186,29 @@ def test_bare_inf_nan_tokens_and_control_characters(tmp_path):
     assert "name with inf, nan inside" in json.dumps(read_trace_json(p))
 
 
+@pytest.mark.parametrize("closed", [True, False])
+def test_the_json_array_form_is_read_as_its_events(tmp_path, closed):
+    """The trace format's JSON Array form: a bare list of events (some merge tools write it),
+    whose closing bracket may be left out. Its events are read, with a warning that no
+    metadata came with them; the breakdown is the object form's."""
+    events = gpu_rank(None).events
+    text = json.dumps(events)
+    if not closed:
+        text = text.rstrip("]") + ",\n"
+    (tmp_path / "a" / "t.json").parent.mkdir()
+    (tmp_path / "a" / "t.json").write_text(text)
+    (tmp_path / "o" / "t.json").parent.mkdir()
+    (tmp_path / "o" / "t.json").write_text(json.dumps({"traceEvents": events}))
+    got, want = load_traces(tmp_path / "a"), load_traces(tmp_path / "o")
+    assert len(got.ranks[0].events) == len(want.ranks[0].events) == 14
+    said = [w for w in got.warnings if "JSON Array form" in w]
+    assert said and "without the metadata" in said[0], got.warnings
+    assert any("closing bracket left out" in w for w in got.warnings) is not closed
+    assert not [w for w in got.warnings if "not strict JSON" in w], got.warnings
+    a = compute_time_breakdown(got).totals.iloc[0]
+    b = compute_time_breakdown(want).totals.iloc[0]
+    assert (a["compute_us"], a["exposed_comm_us"]) == (b["compute_us"], b["exposed_comm_us"])
+
 def test_invalid_utf8_is_replaced_not_fatal(tmp_path):
     data = json.dumps(gpu_rank(0).doc()).encode().replace(b"gemm_kernel", b"gemm\xff\xfekernel", 1)
     (tmp_path / "t.json").write_bytes(data)

@@ -36,6 +36,7 @@ from pardiag.errors import EXIT_INTERRUPTED, TraceError
 from . import vocab
 from .classify import STEP_RE
 from .files import ParsedFile, RankReducer, from_summary, parse_file, read_events
+from .parse import ARRAY_FORM
 from .ranks import FileFacts, RankFiles, assign_ranks
 from .traceset import RankTrace, Sidecars, TraceSet, failures_in_order, time_range
 from .workers import default_workers, parse_files
@@ -643,8 +644,12 @@ def _readable(files: list[Path], parsed: dict[Path, ParsedFile], explicit: set[P
             if not p.own_report:   # `report --json` written into the run folder: no warning
                 warnings.append(f"{f}: not a Kineto trace ({what}) - skipped")
             continue
-        if p.repairs:
-            warnings.append(f"{f}: not strict JSON; read with repairs ({'; '.join(p.repairs)})")
+        form = [x for x in p.repairs if ARRAY_FORM in x]
+        fixed = [x for x in p.repairs if ARRAY_FORM not in x]
+        if form:
+            warnings.append(f"{f}: {'; '.join(form)}")
+        if fixed:
+            warnings.append(f"{f}: not strict JSON; read with repairs ({'; '.join(fixed)})")
         docs.append(p)
     return docs
 

@@ -199,6 +199,11 @@ def _escape_stray_quotes(text: str) -> tuple[dict | list | None, str, list[str]]
     return None, text, fixed
 
 
+#: What the trace format calls a bare list of events; the lines of :func:`parse_json` that name
+#: it say how the file was written, not what was repaired.
+ARRAY_FORM = "the trace format's JSON Array form"
+
+
 def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
     """The tolerant reading of a file's JSON bytes: orjson, else (bare ``NaN``/``Infinity``,
     control characters in strings, unpaired surrogate escapes, numbers beyond the float range,
@@ -211,6 +216,12 @@ def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
         TraceError: not valid JSON even after the repairs, or the top level is not an object.
     """
     repairs: list[str] = []
+    head = raw[:64].lstrip()
+    if head.startswith(b"[") and not raw.rstrip().endswith(b"]"):
+        # the trace format's JSON Array form may leave its closing bracket out (a writer that
+        # streams events and is stopped): the array, closed
+        raw = raw.rstrip().rstrip(b",") + b"]"
+        repairs.append(f"its closing bracket left out, as {ARRAY_FORM} allows: closed")
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as refused:
@@ -243,6 +254,13 @@ def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
                            f"escaped (a name written as it is, such as {example!r})")
         if not repairs:
             repairs.append(_repair_of(refused.msg))
+    if isinstance(doc, list) and doc and all(isinstance(e, dict) for e in doc[:100]):
+        # the trace format's JSON Array form (a bare list of events, as some merge tools
+        # write): its events, and no metadata
+        repairs.append(f"a bare array of events ({ARRAY_FORM}): read as its traceEvents, "
+                       f"without the metadata an object carries (distributedInfo, "
+                       f"baseTimeNanoseconds)")
+        doc = {"traceEvents": doc}
     if not isinstance(doc, dict):
         raise TraceError(f"{path}: not a Kineto trace (top level is not a JSON object)")
     return doc, repairs
