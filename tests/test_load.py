@@ -727,3 +727,31 @@ def test_files_that_count_from_different_zeros_share_one(tmp_path):
         assert [w for w in rep.warnings if "different zeros" in w] == [
             f"the files count their times from different zeros (baseTimeNanoseconds): "
             f"rank1.json (+7,889,238 s) put onto the earliest's, {base0}"]
+
+
+def test_windows_one_process_wrote_into_folders_of_their_own_are_one_run(tmp_path):
+    """torchtitan writes each profiling window to a folder of its own
+    (``profile_trace/iteration_<step>/rank<r>_trace.json``). Given both folders, each rank's
+    two files were recorded by one process (its pid in both): its two windows, not two runs.
+    The same folders with other processes in the second are two runs, refused in one line."""
+    for other in (False, True):
+        root = tmp_path / ("other" if other else "same")
+        for w, it in enumerate((10, 20)):
+            d = root / f"iteration_{it}"
+            d.mkdir(parents=True)
+            for r in (0, 1):
+                pid = 4000 + r + (500 if other and w else 0)
+                b = TraceBuilder(rank=r, pid=pid, main_tid=pid)
+                b.thread_name(pid, f"thread {pid} (python)")
+                t = 10e6 * w
+                b.step(it - 1, t, 1000).step(it, t + 1000, 1000)
+                b.kernel("gemm_kernel", t + 10, 500, launch_ts=t + 1)
+                b.write(d / f"rank{r}_trace.json")
+        folders = [root / "iteration_10", root / "iteration_20"]
+        if other:
+            with pytest.raises(TraceError, match="both hold a trace of one rank"):
+                load_traces(folders, cache=False)
+            continue
+        ts = load_traces(folders, cache=False)
+        assert sorted(ts.ranks) == [0, 1]
+        assert [len(ts.ranks[r].windows) for r in (0, 1)] == [2, 2]

@@ -245,17 +245,23 @@ def apart_in_time(units: list[ParsedFile], ranks: list[tuple[int, list[int]]]) -
     return None
 
 
-def different_runs(rank_files: list[list[Path]], paths: list[Path]) -> str | None:
+def different_runs(rank_files: list[list[Path]], paths: list[Path],
+                   units: list[list[ParsedFile]] | None = None) -> str | None:
     """Why the trace files of the ranks (one list per rank, its profiling windows) are not one
-    run's, else None: a rank whose files come from different given folders (a run writes a
+    run's, else None: a rank whose files come from different given folders (most runs write a
     rank's windows into one folder; two folders of ``rank0`` files are two runs, even when their
-    windows do not overlap in time)."""
+    windows do not overlap in time) — unless one process recorded them all (``units``: the
+    parsed files, in ``rank_files``' order; a process that shares a pid in each: torchtitan
+    writes each window to a folder of its own, ``iteration_<step>/rank<r>_trace.json``)."""
     given = [p.resolve() for p in paths if p.is_dir()]
-    for files in rank_files:
+    for i, files in enumerate(rank_files):
         if len(files) < 2:  # one file is one home
             continue
         homes = {next((d for d in given if f.resolve().is_relative_to(d)), f.resolve().parent)
                  for f in files}
+        pids = [_processes(u) for u in units[i]] if units is not None else []
+        if pids and all(pids) and set.intersection(*pids):
+            continue   # one process's windows
         if len(homes) > 1:
             a, b = sorted(homes)[:2]
             return (f"{a} and {b} both hold a trace of one rank ({files[0].name}, "
@@ -504,7 +510,8 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     docs = _on_one_base(docs, warnings, reducer, list(comm_patterns))
     units, assignment = _assign(docs, warnings)
     if not mixed_runs:
-        why = (different_runs([[units[k].path for k in a.keys] for a in assignment], roots)
+        why = (different_runs([[units[k].path for k in a.keys] for a in assignment], roots,
+                              [[units[k] for k in a.keys] for a in assignment])
                or other_processes([(a.rank, [units[k] for k in a.keys]) for a in assignment]))
         if why is None and run_info is None:   # loose files: when were they recorded?
             why = apart_in_time(units, [(a.rank, list(a.keys)) for a in assignment])
