@@ -1127,6 +1127,9 @@ def test_each_profiling_window_gets_its_own_clock_fit(tmp_path):
     assert caused == {0: pytest.approx(0.0, abs=0.5), 1: pytest.approx(0.0, abs=0.5)}
     assert sync.straggler is None
     assert any("fitted window by window" in n for n in sync.notes)
+    # the instances used, over both windows
+    assert sync.offsets["instances"].tolist() == [16, 16]
+    assert any("to the ends of 16 complete" in n for n in sync.notes), sync.notes
 
 
 def test_a_rank_whose_window_began_an_iteration_later_is_not_given_a_clock_offset(tmp_path):

@@ -611,21 +611,32 @@ def _window_models(ev: pd.DataFrame, win: np.ndarray, complete: set, hosts: dict
     window's in :attr:`ClockModel.windows`; its notes, and one on the others."""
     models: dict[int, ClockModel] = {}
     notes: list[str] = []
+    used: list[int] = []
     for w in sorted(np.unique(win).tolist()):
         sub = ev[win == w]
-        m, n = _clock_model(sub, complete & set(sub["instance"]), hosts,
-                            t0_us if not models else None)
+        mine = complete & set(sub["instance"])
+        m, n = _clock_model(sub, mine, hosts, t0_us if not models else None)
         models[int(w)] = m
+        used.append(int(together_ends(sub, mine)["instance"].nunique()))
         if len(models) == 1:
             notes += n
+    # the instances the fits used, over every window (the note and the table say so)
+    notes = [ln.replace(f"the ends of {used[0]} complete", f"the ends of {sum(used)} complete")
+             for ln in notes]
     first = models[min(models)]
+    per_rank = pd.concat([mm.table[["rank", "instances"]] for mm in models.values()]
+                         ).groupby("rank")["instances"].sum()
+    first = dataclasses.replace(first, table=first.table.assign(
+        instances=first.table["rank"].map(per_rank).fillna(0).astype(int)))
     spread = [float((m.table.set_index("rank")["offset_us"]
                      - first.table.set_index("rank")["offset_us"]).abs().max())
               for m in models.values() if m.applied and first.applied]
+    most = max(spread) if spread else None
     notes.append(f"the ranks' {len(models)} profiling windows are profiler sessions of their "
                  f"own: their clocks were fitted window by window (the offsets shown are the "
-                 f"first window's" + (f"; the others' differ from them by up to "
-                                      f"{max(spread):.1f} µs)" if spread else ")"))
+                 f"first window's" + (")" if most is None else
+                                      f"; the others' differ from them by up to {most:.1f} µs)"
+                                      if most >= 0.05 else "; the others' are the same)"))
     return dataclasses.replace(first, windows=models), notes
 
 
