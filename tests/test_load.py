@@ -731,9 +731,10 @@ def test_files_that_count_from_different_zeros_share_one(tmp_path):
 
 def test_windows_one_process_wrote_into_folders_of_their_own_are_one_run(tmp_path):
     """torchtitan writes each profiling window to a folder of its own
-    (``profile_trace/iteration_<step>/rank<r>_trace.json``). Given both folders, each rank's
-    two files were recorded by one process (its pid in both): its two windows, not two runs.
-    The same folders with other processes in the second are two runs, refused in one line."""
+    (``profile_trace/iteration_<step>/rank<r>_trace.json``). Given both folders, or their
+    parent, each rank's two files were recorded by one process (its pid in both): its two
+    windows, not two runs. The same folders with other processes in the second are two runs,
+    refused in one line (their parent: no traces of its own, and the subfolders named)."""
     for other in (False, True):
         root = tmp_path / ("other" if other else "same")
         for w, it in enumerate((10, 20)):
@@ -751,7 +752,16 @@ def test_windows_one_process_wrote_into_folders_of_their_own_are_one_run(tmp_pat
         if other:
             with pytest.raises(TraceError, match="both hold a trace of one rank"):
                 load_traces(folders, cache=False)
+            # their parent: no traces of its own, subfolders that are two runs: the hint
+            with pytest.raises(TraceError, match="no trace files .* subfolders hold some"):
+                load_traces(root, cache=False)
             continue
         ts = load_traces(folders, cache=False)
         assert sorted(ts.ranks) == [0, 1]
         assert [len(ts.ranks[r].windows) for r in (0, 1)] == [2, 2]
+        # their parent (torchtitan's profile_trace/) reads as the same run, and says so
+        whole = load_traces(root, cache=False)
+        assert sorted(whole.ranks) == [0, 1]
+        assert [len(whole.ranks[r].windows) for r in (0, 1)] == [2, 2]
+        assert "its 2 subfolders (iteration_10, iteration_20) hold each rank's profiling " \
+               "windows" in whole.warnings[0]

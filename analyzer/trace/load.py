@@ -16,6 +16,7 @@ used instead of parsing where they are current. The loader never imports an anal
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -495,8 +496,21 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     run_info, rank_meta, others = _read_sidecars(sidecars, warnings,
                                                  check_one_run=not mixed_runs)
     if not files:
-        raise TraceError(f"{source}: no trace files (*.json, *.json.gz) found"
-                         f"{_no_files_hint(roots, run_info, rank_meta)}")
+        missing = TraceError(f"{source}: no trace files (*.json, *.json.gz) found"
+                             f"{_no_files_hint(roots, run_info, rank_meta)}")
+        sub = _window_folders(roots, run_info, rank_meta)
+        if not sub:
+            raise missing
+        try:   # one process's windows, each in a folder of its own (torchtitan's layout)
+            got = load_traces(sub, reducer=reducer, comm_patterns=comm_patterns, cache=cache,
+                              workers=workers, progress=progress)
+        except TraceError:
+            raise missing from None
+        said = (f"{source}: no trace files of its own; its {len(sub)} subfolders "
+                f"({', '.join(d.name for d in sub[:3])}{', ...' if len(sub) > 3 else ''}) hold "
+                f"each rank's profiling windows, recorded by one process per rank: read as one "
+                f"run")
+        return dataclasses.replace(got, warnings=type(got.warnings)([said, *got.warnings]))
     parsed = _parse_all(files, reducer=reducer, patterns=list(comm_patterns), cache=cache,
                         workers=workers, progress=progress)
     docs = _readable(files, parsed, explicit, warnings)
@@ -552,6 +566,23 @@ def _run_of_sidecar(path: Path) -> Path | None:
                                     or path == layout.capture_request_path(folder.parent))):
         return None   # a trace kept there (a partial one): read as given
     return folder.parent
+
+
+def _window_folders(paths: list[Path], run_info: layout.RunFile | None,
+                    rank_meta: dict[int, layout.RankMeta]) -> list[Path]:
+    """The subfolders that may hold one run's profiling windows, a folder each (torchtitan's
+    ``profile_trace/iteration_<step>/``), when one folder was given that holds no trace itself
+    and is no pardiag run: every subfolder holding trace files, none of them a pardiag run
+    folder, at least two; else ``[]``. Whether they are one run is for the loader to say."""
+    if len(paths) != 1 or not paths[0].is_dir() or run_info is not None or rank_meta:
+        return []
+    sub = sorted({f.parent for f in paths[0].glob("*/*.json*")
+                  if f.name.endswith((".json", ".json.gz"))
+                  and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
+    if len(sub) < 2 or any(layout.run_file_path(d).exists() or (d / layout.SIDECAR_DIR).is_dir()
+                           for d in sub):
+        return []
+    return sub
 
 
 def _no_files_hint(paths: list[Path], run_info: layout.RunFile | None,
