@@ -765,3 +765,5 @@ def test_windows_one_process_wrote_into_folders_of_their_own_are_one_run(tmp_pat
         assert [len(whole.ranks[r].windows) for r in (0, 1)] == [2, 2]
         assert "its 2 subfolders (iteration_10, iteration_20) hold each rank's profiling " \
                "windows" in whole.warnings[0]
+        assert any("(iteration_10/rank0_trace.json, iteration_20/rank0_trace.json)" in w
+                   for w in whole.warnings), whole.warnings

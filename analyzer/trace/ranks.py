@@ -156,9 +156,13 @@ def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
         src = claim[kept[0].key][1]
         out[r] = (kept, src)
         if len(kept) > 1:
+            # files of one name in folders of their own are named with their folder
+            names = [f.path.name for f in kept]
+            if len(set(names)) < len(names):
+                names = [f"{f.path.parent.name}/{f.path.name}" for f in kept]
             warnings.append(f"rank {r}: {len(kept)} files are {len(kept)} profiling windows of "
-                            f"that rank ({', '.join(f.path.name for f in kept)}); their steps are "
-                            f"analysed together, the gaps between them left out")
+                            f"that rank ({', '.join(names)}); their steps are analysed together, "
+                            f"the gaps between them left out")
     for f, why in pending:
         r = 0
         while r in taken:
