@@ -114,6 +114,24 @@ def test_excess_and_straggler_cause_name_the_planted_part():
     assert c.part == "other_us" and "outside any operator" in c.sentence()
 
 
+def test_a_host_idle_while_its_device_computes_longer_blames_the_device():
+    """A GPU straggler whose device computes 600 µs longer than its peers' (a throttled card)
+    and whose host, with nothing to do until its device catches up, idles outside any operator
+    600 µs longer too: the device's computing is the cause. A host that idles longer while its
+    device computes no longer (a sleep) stays the cause."""
+    skew = pd.DataFrame([{"rank": 1, "steps": 3, "start_late_us": 0.0, "delay_us": 600.0,
+                          "top_collective": "all_reduce #1 of the step", "top_delay_us": 600.0,
+                          "top_share_pct": 100.0}])
+    for dev, want in ((2500.0, "dev_compute_us"), (1900.0, "other_us"), (2300.0, "other_us")):
+        ps = _per_step({0: {"other_us": 2366.0}, 1: {"other_us": 2966.0},
+                        2: {"other_us": 2366.0}})
+        ps["dev_compute_us"] = ps["rank"].map({0: 1900.0, 1: dev, 2: 1900.0})
+        c = straggler_cause(CausesResult(ps, pd.DataFrame(), excess_table(ps)), skew, 1)
+        assert c.part == want, (dev, c.parts)
+    ps["dev_compute_us"] = ps["rank"].map({0: 1900.0, 1: 2500.0, 2: 1900.0})
+    c = straggler_cause(CausesResult(ps, pd.DataFrame(), excess_table(ps)), skew, 1)
+    assert c.sentence().endswith("its device computing takes 0.6 ms longer than its peers'")
+
 def test_late_step_entry_with_nothing_longer_inside_the_step():
     ps = _per_step({0: {"forward_us": 100.0}, 1: {"forward_us": 101.0},
                     2: {"forward_us": 102.0}})

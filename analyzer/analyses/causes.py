@@ -257,7 +257,8 @@ class StragglerCause:
             ``top_delay_us``; without them, of its summed positive excess). Parts that add time
             outside operators (data loading, outside any operator, launches, synchronization,
             device computing) come before the operators' host time, which follows the host's
-            load.
+            load; a host idle outside any operator about as long as its device computes
+            longer (:data:`DEVICE_OVER_IDLE_HOST`) waited for that device: device computing.
         excess_us: that part's excess over the peers (µs per step, median).
         parts: every part's excess (µs; :func:`excess_table`).
     """
@@ -306,6 +307,9 @@ class StragglerCause:
 #: A part names a straggler's cause when its excess is at least this share of the straggler's
 #: lag (:class:`StragglerCause`).
 CAUSE_MIN_SHARE = 0.3
+#: A device computing at least this share of its host's extra idle time longer than its peers'
+#: is the cause of that idle time (:func:`straggler_cause`).
+DEVICE_OVER_IDLE_HOST = 0.9
 #: Parts that are operators' time (on the host or the device).
 _OPERATOR_PARTS = {"forward_us", "backward_us", "optimizer_us"}
 #: Parts that are waiting for the others (a straggler waits less), never a cause.
@@ -341,6 +345,12 @@ def straggler_cause(causes: CausesResult | None, skew: pd.DataFrame | None,
     pick = added or cand
     if pick:
         part = max(pick, key=lambda p: pick[p])
+        # a host that idles outside any operator as long as its device computes longer waits
+        # for that device: the device's work is the cause (a host slowed by itself leaves its
+        # device idle, waiting for the host, and computing no longer)
+        dev = pick.get("dev_compute_us", 0.0)
+        if part == "other_us" and dev >= DEVICE_OVER_IDLE_HOST * pick["other_us"]:
+            part = "dev_compute_us"
         ex = float(pick[part])
     return StragglerCause(rank=int(rank), start_late_us=late, delay_us=delay,
                           top_collective=top if isinstance(top, str) else None,
