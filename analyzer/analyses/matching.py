@@ -401,7 +401,9 @@ def _align(a: np.ndarray, b: np.ndarray, a_end: np.ndarray, b_end: np.ndarray) -
     reference's middle, never by position alone; between shifts that match as many, the one
     whose end-time differences are most constant (smallest median absolute deviation: members
     leave a collective together, so on any two clocks the differences are one offset), then the
-    smallest ``|d|``."""
+    smallest ``|d|``. A winner whose ends imply a clock offset of :data:`IMPLAUSIBLE_OFFSET_US`
+    or more gives way to a shift that matches as many of the ops the two share (at most
+    ``|d − d'|`` fewer), with ends as constant and a tenth of that offset (see the body)."""
     n, m = len(a), len(b)
     if n == m and np.array_equal(a, b) and (a >= 0).all():
         d0 = a_end - b_end
