@@ -1152,3 +1152,30 @@ def test_a_rank_whose_window_began_an_iteration_later_is_not_given_a_clock_offse
     assert sync.offsets["offset_us"].tolist() == [0.0, 0.0]
     assert int(sync.instances["complete"].sum()) == 6
     assert sync.straggler is None
+
+
+def test_a_rank_without_the_first_window_is_matched_in_the_windows_it_has(tmp_path):
+    """schedule(repeat=2), no Seq: rank 0 wrote both windows, 30 s apart; rank 1's first file
+    is lost, so its only window is the run's second. Counted rank by rank, its window is its
+    first and met rank 0's first: nothing matched, nobody named. Its window is the run's
+    second: the second window's 3 all-reduces are complete, rank 1 (200 µs late at each) is
+    the straggler, and both ranks are in the clock table."""
+    for r in (0, 1):
+        for w in range(2):
+            if r == 1 and w == 0:
+                continue
+            t0 = EPOCH + 30e6 * w
+            b = TraceBuilder(rank=r)
+            b.step(w + 1, t0, 4000)
+            for k in range(3):
+                t = t0 + 1000 * k
+                late = 200 if r == 1 else 0
+                b.kernel("gemm_kernel", t + 10, 300 + late, launch_ts=t + 1)
+                _coll(b, "AllReduce", (0, 1), "0", t + 400 + late, 400 - late, t + 2)
+            b.write(tmp_path / f"rank{r}.{int(t0)}.pt.trace.json")
+    sync = compute_sync(load_traces(tmp_path))
+    assert int(sync.instances["complete"].sum()) == 3
+    assert sync.offsets["rank"].tolist() == [0, 1]
+    assert sync.offsets["offset_us"].tolist() == [0.0, 0.0]
+    caused = dict(zip(sync.stragglers["rank"], sync.stragglers["wait_caused_us"]))
+    assert caused[1] > 0 and sync.straggler == 1, sync.stragglers

@@ -72,8 +72,8 @@ class ClockModel:
         domain: ``{rank: clock domain}``: ranks of different domains have clocks nothing relates.
         applied: whether the offsets are subtracted (not on one host: there is one clock).
         windows: ``{profiling window: ClockModel}`` where the ranks' windows were fitted each
-            on its own (:func:`align_clocks`); ``table`` and ``domain`` are then the first
-            window's. Empty with one window.
+            on its own (:func:`align_clocks`); ``table`` and ``domain`` are then the
+            best-linked window's (:func:`_window_models`). Empty with one window.
     """
 
     table: pd.DataFrame
@@ -607,34 +607,43 @@ def _window_models(ev: pd.DataFrame, win: np.ndarray, complete: set, hosts: dict
     """One clock model per profiling window (``win``: each event's), each fitted on its own
     (:func:`_clock_model`): every window is a profiler session of its own, whose conversion of
     device times to the host's clock is taken afresh, so a drift restarts in each and one line
-    through two windows fits neither. The model returned is the first window's, with every
-    window's in :attr:`ClockModel.windows`; its notes, and one on the others."""
+    through two windows fits neither. The model returned is the window's whose fit used the
+    most instances (the first among equals), its table holding every rank (a rank absent there
+    from the first window it is in), with every window's in :attr:`ClockModel.windows`; its
+    notes, and one on the others."""
     models: dict[int, ClockModel] = {}
     notes: list[str] = []
     used: list[int] = []
+    said: dict[int, list[str]] = {}
     for w in sorted(np.unique(win).tolist()):
         sub = ev[win == w]
         mine = complete & set(sub["instance"])
         m, n = _clock_model(sub, mine, hosts, t0_us if not models else None)
         models[int(w)] = m
+        said[int(w)] = n
         used.append(int(together_ends(sub, mine)["instance"].nunique()))
-        if len(models) == 1:
-            notes += n
-    # the instances the fits used, over every window (the note and the table say so)
-    notes = [ln.replace(f"the ends of {used[0]} complete", f"the ends of {sum(used)} complete")
-             for ln in notes]
-    first = models[min(models)]
-    per_rank = pd.concat([mm.table[["rank", "instances"]] for mm in models.values()]
-                         ).groupby("rank")["instances"].sum()
-    first = dataclasses.replace(first, table=first.table.assign(
-        instances=first.table["rank"].map(per_rank).fillna(0).astype(int)))
-    spread = [float((m.table.set_index("rank")["offset_us"]
-                     - first.table.set_index("rank")["offset_us"]).abs().max())
+    # the window whose fit used the most instances speaks for the others (a window that a
+    # rank lacks links none of its instances); the count is every window's
+    main = sorted(models)[int(np.argmax(used))]
+    notes = [ln.replace(f"the ends of {max(used)} complete", f"the ends of {sum(used)} complete")
+             for ln in said[main]]
+    first = models[main]
+    order = [main, *[w for w in sorted(models) if w != main]]
+    tables = pd.concat([models[w].table for w in order], ignore_index=True)
+    per_rank = tables.groupby("rank")["instances"].sum()
+    # each rank's row from the first window it is in (a rank may lack the first window)
+    table = tables.drop_duplicates("rank", keep="first").sort_values("rank").reset_index(
+        drop=True)
+    first = dataclasses.replace(first, table=table.assign(
+        instances=table["rank"].map(per_rank).fillna(0).astype(int)))
+    spread = [float(np.nan_to_num((m.table.set_index("rank")["offset_us"]
+                                   - first.table.set_index("rank")["offset_us"]).abs().max()))
               for m in models.values() if m.applied and first.applied]
     most = max(spread) if spread else None
     notes.append(f"the ranks' {len(models)} profiling windows are profiler sessions of their "
-                 f"own: their clocks were fitted window by window (the offsets shown are the "
-                 f"first window's" + (")" if most is None else
+                 f"own: their clocks were fitted window by window (the offsets shown are "
+                 f"{'the first' if main == min(models) else 'the best-linked'} window's"
+                 + (")" if most is None else
                                       f"; the others' differ from them by up to {most:.1f} µs)"
                                       if most >= 0.05 else "; the others' are the same)"))
     return dataclasses.replace(first, windows=models), notes

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from pardiag.layout import CommsSidecar
@@ -78,7 +79,38 @@ def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
     out = stack_by_rank(frames)
     if out is None:
         return pd.DataFrame(columns=list(EVENT_COLUMNS))
-    return groups_from_mesh(out[list(EVENT_COLUMNS)], traces)
+    return groups_from_mesh(_run_windows(out[list(EVENT_COLUMNS)], traces), traces)
+
+
+def _run_windows(ev: pd.DataFrame, traces: TraceSet) -> pd.DataFrame:
+    """``ev`` with each event's ``window`` the run's profiling window it lies in, where the
+    ranks hold different numbers of windows: a rank's own count starts at its first file, so a
+    rank that lacks the first window (its file lost, a rank that joined late) numbered its
+    second window 0 and was matched with the others' first. The run's windows are the ranks'
+    windows grouped by time (one group while they overlap: a repeating schedule's windows are
+    seconds apart, hosts' clocks milliseconds); a rank with one window spans its events."""
+    counts = {int(r): max(1, len(t.windows)) for r, t in traces.ranks.items()}
+    if len(set(counts.values())) <= 1 or ev.empty:
+        return ev
+    spans: list[tuple[float, float, int, int]] = []
+    for r, t in traces.ranks.items():
+        if len(t.windows) >= 2:
+            spans += [(float(a), float(b), int(r), i) for i, (a, b) in enumerate(t.windows)]
+        else:
+            mine = ev[ev["rank"] == r]
+            if len(mine):
+                spans.append((float(mine["start_us"].min()), float(mine["end_us"].max()),
+                              int(r), 0))
+    spans.sort()
+    run_window: dict[tuple[int, int], int] = {}
+    k, reach = -1, -np.inf
+    for a, b, r, i in spans:
+        if a > reach:
+            k += 1
+        reach = max(reach, b)
+        run_window[(r, i)] = k
+    keys = list(zip(ev["rank"].astype(int), ev["window"].astype(int)))
+    return ev.assign(window=[run_window.get(x, x[1]) for x in keys])
 
 
 def _mesh_groups(traces: TraceSet) -> dict[str, dict[Any, Any]]:
