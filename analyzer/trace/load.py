@@ -503,9 +503,9 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
             raise missing
         try:   # one process's windows, each in a folder of its own (torchtitan's layout)
             got = load_traces(sub, reducer=reducer, comm_patterns=comm_patterns, cache=cache,
-                              workers=workers, progress=progress)
-        except TraceError:
-            raise missing from None
+                              workers=workers, progress=progress, mixed_runs=mixed_runs)
+        except TraceError as exc:   # the hint, and why the subfolders are no one run
+            raise TraceError(f"{missing}; read together they are refused: {exc}") from None
         said = (f"{source}: no trace files of its own; its {len(sub)} subfolders "
                 f"({', '.join(d.name for d in sub[:3])}{', ...' if len(sub) > 3 else ''}) hold "
                 f"each rank's profiling windows, recorded by one process per rank: read as one "
