@@ -998,6 +998,14 @@ def test_gloo_broadcasts_of_a_one_group_run_name_their_late_root(tmp_path):
             assert sync.straggler is None and caused.get(0, 0.0) == 0.0
 
 
+def _four_all_reduces_on_one_clock(d: dict) -> None:
+    """Both ranks of report ``d`` count 4 all-reduces, at offset 0, and nobody is named."""
+    assert [(r["rank"], [(c["collective"], c["count"]) for c in r["collectives"]])
+            for r in d["ranks"]] == [(0, [("all_reduce", 4)]), (1, [("all_reduce", 4)])]
+    assert [o["offset_us"] for o in d["sync"]["clock_offsets"]] == [0.0, 0.0]
+    assert d["sync"]["straggler"] is None
+
+
 def test_vllm_all_reduces_count_and_keep_their_place_when_their_kernels_are_lost(tmp_path):
     """vLLM's tensor-parallel all-reduce is its own op (``vllm::all_reduce``, PyNccl inside, no
     c10d record, no profiler step). Rank 1's profiler lost its first 2 kernels (their launches
@@ -1018,11 +1026,7 @@ def test_vllm_all_reduces_count_and_keep_their_place_when_their_kernels_are_lost
             b.kernel("sm89_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", t + 10, 280, launch_ts=t + 2)
             b.kernel(kernel, t + 320, 60, stream=20, launch_ts=t + 305)
         b.write(tmp_path / f"rank{r}.json")
-    d = _report([tmp_path], tmp_path)
-    assert [(r["rank"], [(c["collective"], c["count"]) for c in r["collectives"]])
-            for r in d["ranks"]] == [(0, [("all_reduce", 4)]), (1, [("all_reduce", 4)])]
-    assert [o["offset_us"] for o in d["sync"]["clock_offsets"]] == [0.0, 0.0]
-    assert d["sync"]["straggler"] is None
+    _four_all_reduces_on_one_clock(_report([tmp_path], tmp_path))
 
 
 def test_ops_lost_with_their_launches_at_the_session_start_still_count(tmp_path):
@@ -1052,11 +1056,7 @@ def test_ops_lost_with_their_launches_at_the_session_start_still_count(tmp_path)
             b.kernel("sm89_xmma_gemm_f32f32_f32f32_f32_tn_n", t + 10, 280, launch_ts=t + 2)
             b.kernel(kernel, t + 320, 60, stream=20, launch_ts=t + 305)
         b.write(tmp_path / f"rank{r}.json")
-    d = _report([tmp_path], tmp_path)
-    assert [(r["rank"], [(c["collective"], c["count"]) for c in r["collectives"]])
-            for r in d["ranks"]] == [(0, [("all_reduce", 4)]), (1, [("all_reduce", 4)])]
-    assert [o["offset_us"] for o in d["sync"]["clock_offsets"]] == [0.0, 0.0]
-    assert d["sync"]["straggler"] is None
+    _four_all_reduces_on_one_clock(_report([tmp_path], tmp_path))
 
 
 def test_unnamed_groups_ops_are_numbered_per_type(tmp_path):

@@ -501,16 +501,9 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
         sub = _window_folders(roots, run_info, rank_meta)
         if not sub:
             raise missing
-        try:   # one process's windows, each in a folder of its own (torchtitan's layout)
-            got = load_traces(sub, reducer=reducer, comm_patterns=comm_patterns, cache=cache,
-                              workers=workers, progress=progress, mixed_runs=mixed_runs)
-        except TraceError as exc:   # the hint, and why the subfolders are no one run
-            raise TraceError(f"{missing}; read together they are refused: {exc}") from None
-        said = (f"{source}: no trace files of its own; its {len(sub)} subfolders "
-                f"({', '.join(d.name for d in sub[:3])}{', ...' if len(sub) > 3 else ''}) hold "
-                f"each rank's profiling windows, recorded by one process per rank: read as one "
-                f"run")
-        return dataclasses.replace(got, warnings=type(got.warnings)([said, *got.warnings]))
+        return _from_window_folders(sub, source, missing, reducer=reducer,
+                                    comm_patterns=comm_patterns, cache=cache, workers=workers,
+                                    progress=progress, mixed_runs=mixed_runs)
     parsed = _parse_all(files, reducer=reducer, patterns=list(comm_patterns), cache=cache,
                         workers=workers, progress=progress)
     docs = _readable(files, parsed, explicit, warnings)
@@ -566,6 +559,25 @@ def _run_of_sidecar(path: Path) -> Path | None:
                                     or path == layout.capture_request_path(folder.parent))):
         return None   # a trace kept there (a partial one): read as given
     return folder.parent
+
+
+def _from_window_folders(sub: list[Path], source: str, missing: TraceError, **kw) -> TraceSet:
+    """The run whose profiling windows lie a folder each in ``sub`` (torchtitan's layout:
+    :func:`_window_folders`), read by :func:`load_traces` (``kw``: its options) with a warning
+    naming ``source``, their parent.
+
+    Raises:
+        TraceError: ``missing`` (the parent holds no trace), with why the subfolders are not
+            one run.
+    """
+    try:
+        got = load_traces(sub, **kw)
+    except TraceError as exc:   # the hint, and why the subfolders are no one run
+        raise TraceError(f"{missing}; read together they are refused: {exc}") from None
+    said = (f"{source}: no trace files of its own; its {len(sub)} subfolders "
+            f"({', '.join(d.name for d in sub[:3])}{', ...' if len(sub) > 3 else ''}) hold "
+            f"each rank's profiling windows, recorded by one process per rank: read as one run")
+    return dataclasses.replace(got, warnings=type(got.warnings)([said, *got.warnings]))
 
 
 def _window_folders(paths: list[Path], run_info: layout.RunFile | None,
