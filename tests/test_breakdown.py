@@ -107,6 +107,32 @@ def test_user_comm_kernel_pattern(tmp_path):
     assert (t.compute_us, t.comm_us, t.overlap_us) == (10.0, 14.0, 5.0)
 
 
+def test_name_tests_are_kept_for_the_process_per_key_and_name(tmp_path):
+    """Ranks share their names: a name is tested once per key in a process, each trace still
+    gets the answers for its own names, and each --comm-kernel pattern has its own key."""
+    from pardiag.analyzer.trace.classify import name_test
+    for rank, names in ((0, ["k_a", "k_b"]), (1, ["k_b", "k_c", "K_A"])):
+        b = TraceBuilder(rank=rank)
+        for i, n in enumerate(names):
+            b.kernel(n, 10 * i, 5)
+        b.write(tmp_path / f"r{rank}.json")
+    traces = load_traces(tmp_path)
+    seen: list[str] = []
+
+    def test(n: str) -> bool:
+        seen.append(n)
+        return n.endswith("_b")
+    key = ("a test of this test", tmp_path.name)
+    got = [name_test(traces.ranks[r], key, test).tolist() for r in (0, 1)]
+    kernels = [traces.ranks[r].events["name"].tolist() for r in (0, 1)]
+    assert [[n for n, h in zip(k, g) if h] for k, g in zip(kernels, got)] == [["k_b"], ["k_b"]]
+    assert sorted(n for n in seen if n.startswith(("k_", "K_"))) == ["K_A", "k_a", "k_b", "k_c"]
+    pats = [compile_comm_patterns(["k_a"]), compile_comm_patterns(["(?i)k_a"])]
+    comm = [(compute_time_breakdown(traces, p).totals.set_index("rank")["comm_us"]).tolist()
+            for p in pats]
+    assert comm == [[5.0, 0.0], [5.0, 5.0]]
+
+
 def test_invalid_comm_pattern_is_a_clear_error():
     with pytest.raises(PardiagError, match="invalid regular expression"):
         compile_comm_patterns(["(unclosed"])

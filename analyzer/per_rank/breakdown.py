@@ -633,9 +633,12 @@ def _device_ids(args: np.ndarray, pid: np.ndarray) -> list[int]:
                else int(str(x)) if str(x).isdigit() else None)
         memo[key] = got
         return got
-    arg = [as_int(a) for a in vocab.DEVICE.values(args)]
+    # an int is its own number: only other values go through as_int (once per event)
+    arg = [a if type(a) is int else None if a is None else as_int(a)
+           for a in vocab.DEVICE.values(args)]
     known = {d for d in arg if d is not None}
-    pids = [as_int(p) for p in pid]
+    pids = (pid.tolist() if pid.dtype.kind in "iu"
+            else [p if type(p) is int else as_int(p) for p in pid])
     if not known:
         return [-1 if p is None else p for p in pids]
     only = next(iter(known)) if len(known) == 1 else None

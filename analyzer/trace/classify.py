@@ -96,16 +96,35 @@ def name_codes(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
 
 def name_test(trace: RankTrace, key: Hashable, test: Callable[[str], object]) -> np.ndarray:
     """``test(name)`` for every event of ``trace`` (bool array), evaluated once per distinct
-    name and cached under ``key``; a fixed test per key. pardiag's module ranges
+    name and cached under ``key``; a fixed test per key (its answers are kept for the process,
+    :data:`_NAME_TESTS`). pardiag's module ranges
     (:data:`vocab.MODULE_RANGE_PREFIX`) are never a hit: they carry the user's module names
     (an ``attn``, a ``router``), which say nothing of what ran, only where."""
     def compute() -> np.ndarray:
         codes, uniques = name_codes(trace)
-        hit = np.fromiter((bool(test(u)) if isinstance(u, str) and not u.startswith(
-            vocab.MODULE_RANGE_PREFIX) else False for u in uniques),
-                          dtype=bool, count=len(uniques))
+        memo = _NAME_TESTS.setdefault(key, {})
+        if len(memo) > _NAME_TESTS_MAX:
+            memo.clear()
+
+        def judged(u: object) -> bool:
+            got = memo.get(u) if type(u) is str else None
+            if got is None:
+                got = bool(test(u)) if isinstance(u, str) and not u.startswith(
+                    vocab.MODULE_RANGE_PREFIX) else False
+                if type(u) is str:
+                    memo[u] = got
+            return got
+        hit = np.fromiter(map(judged, uniques), dtype=bool, count=len(uniques))
         return hit[codes] if len(uniques) else np.zeros(len(codes), dtype=bool)
     return cached(trace, ("name_test", key), compute)
+
+
+#: :func:`name_test`'s answers ``{key: {name: bool}}`` for the whole process: the ranks of a run
+#: share their names (a worker summarizing several ranks tests each kernel name once, and a
+#: long templated kernel name costs a regular expression tens of µs); a key's memo is dropped
+#: past :data:`_NAME_TESTS_MAX` names.
+_NAME_TESTS: dict[Hashable, dict[str, bool]] = {}
+_NAME_TESTS_MAX = 200_000
 
 
 def memory_events(trace: RankTrace) -> np.ndarray:
@@ -186,7 +205,7 @@ def _classify(trace: RankTrace, comm_patterns: list[re.Pattern]) -> pd.Series:
                   | (is_kernel & name_test(trace, "memory_name", _MEMORY_NAME_RE.match)))
     user = np.zeros(len(ev), dtype=bool)
     for pat in comm_patterns:
-        user = user | name_test(trace, ("pattern", pat.pattern), pat.search)
+        user = user | name_test(trace, ("pattern", pat.pattern, pat.flags), pat.search)
     comm_k = name_test(trace, "gpu_comm", GPU_COMM_RE.search) | user
     kind[is_kernel] = _CODE[Kind.GPU_COMPUTE]
     kind[is_kernel & comm_k] = _CODE[Kind.GPU_COMM]

@@ -63,8 +63,9 @@ class ArgKey:
     def get(self, args: Any, default: Any = None) -> Any:
         """The value under the first spelling ``args`` holds (``default`` when none does, or
         when ``args`` is not a dict)."""
-        # ``type(...) is dict`` first: the ABC check costs more than the lookup, per event
-        if type(args) is not dict and not isinstance(args, Mapping):
+        # ``type(...) is dict`` and ``None`` (most events' args) first: the ABC check costs
+        # more than the lookup, per event
+        if args is None or (type(args) is not dict and not isinstance(args, Mapping)):
             return default
         for k in self.spellings:
             if k in args:
@@ -76,8 +77,8 @@ class ArgKey:
         way to read a key of every event."""
         if len(self.spellings) == 1:
             key = self.spellings[0]
-            return [a.get(key, default) if type(a) is dict else self.get(a, default)
-                    for a in args_list]
+            return [a.get(key, default) if type(a) is dict else default if a is None
+                    else self.get(a, default) for a in args_list]
         return [self.get(a, default) for a in args_list]
 
     def present(self, args: Any) -> bool:
