@@ -31,6 +31,11 @@ EXPECTED: dict[str, tuple] = {
     # the trace format's JSON Array form: its one event has no name, so there is no work
     "top_level_list.json": (0, "a bare array of events", None, [0]),
     "top_level_number.json": (2, "not a Kineto trace (top level is not a JSON object)", None, None),
+    "top_level_list_of_numbers.json": (2, "not a Kineto trace (its top level is an array whose "
+                                          "entries are not all events (JSON objects))", None, None),
+    "top_level_empty_list.json": (2, "not a Kineto trace (its top level is an array with nothing "
+                                     "in it)", None, None),
+    "unclosed_list_after_whitespace.json": (0, "its closing bracket left out", None, [0]),
     "trace_events_not_list.json": (2, "not a Kineto trace (no traceEvents list)", None, None),
     "deeply_nested.json": (2, "not valid JSON (nested too deeply)", None, None),
     "sidecars_only": (2, "none of 1 file(s) is a readable Kineto trace", None, None),

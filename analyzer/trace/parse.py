@@ -216,8 +216,7 @@ def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
         TraceError: not valid JSON even after the repairs, or the top level is not an object.
     """
     repairs: list[str] = []
-    head = raw[:64].lstrip()
-    if head.startswith(b"[") and not raw.rstrip().endswith(b"]"):
+    if raw.lstrip()[:1] == b"[" and not raw.rstrip().endswith(b"]"):
         # the trace format's JSON Array form may leave its closing bracket out (a writer that
         # streams events and is stopped): the array, closed
         raw = raw.rstrip().rstrip(b",") + b"]"
@@ -261,6 +260,10 @@ def parse_json(raw: bytes, path: Path) -> tuple[dict, list[str]]:
                        f"without the metadata an object carries (distributedInfo, "
                        f"baseTimeNanoseconds)")
         doc = {"traceEvents": doc}
+    if isinstance(doc, list):
+        raise TraceError(f"{path}: not a Kineto trace (its top level is an array "
+                         + ("with nothing in it" if not doc else "whose entries are not all "
+                            "events (JSON objects)") + ")")
     if not isinstance(doc, dict):
         raise TraceError(f"{path}: not a Kineto trace (top level is not a JSON object)")
     return doc, repairs

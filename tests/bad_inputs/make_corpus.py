@@ -62,6 +62,11 @@ def cases() -> dict[str, bytes | dict[str, bytes]]:
     c["not_a_trace.json"] = dumps({"name": "a config file", "values": [1, 2, 3]})
     c["top_level_list.json"] = dumps([{"ph": "X", "ts": 1, "dur": 1}])
     c["top_level_number.json"] = b"42"
+    c["top_level_list_of_numbers.json"] = b"[1, 2, 3]"
+    c["top_level_empty_list.json"] = b"[]"
+    # the Array form's closing bracket may be left out, after any amount of leading whitespace
+    c["unclosed_list_after_whitespace.json"] = (b" " * 100 + b"\n" + dumps(
+        [{"ph": "X", "ts": 1, "dur": 1}])[:-1] + b",\n")
     c["trace_events_not_list.json"] = dumps({"traceEvents": {"ph": "X"}})
     c["deeply_nested.json"] = b'{"traceEvents": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     c["sidecars_only"] = {"readme.txt": b"no traces here\n",
