@@ -488,6 +488,12 @@ def test_bom_same_file_twice_and_subfolder_hint(tmp_path):
     nested = tmp_path / "outer"
     (nested / "inner").mkdir(parents=True)
     gpu_rank(0).write(nested / "inner" / "r.json")
+    # the one subfolder that holds traces is read, and said
+    got = load_traces(nested)
+    assert list(got.ranks) == [0]
+    assert got.warnings[0] == f"{nested}: no trace files of its own; read its one subfolder " \
+                              f"that holds some, inner"
+    (nested / "inner" / "r.json").write_text('{"settings": 1}')   # no trace there: the hint
     with pytest.raises(TraceError, match="subfolders hold some: .*inner"):
         load_traces(nested)
 
@@ -729,6 +735,27 @@ def test_files_that_count_from_different_zeros_share_one(tmp_path):
             f"rank1.json (+7,889,238 s) put onto the earliest's, {base0}"]
 
 
+def test_a_rank_short_of_a_window_is_said_with_the_folder_that_lacks_its_file(tmp_path):
+    """torchtitan's folder per window, rank 1's file of the second window lost: rank 1 is read
+    with its one window, and a line says which folder lacks its file."""
+    folders = []
+    for w, it in enumerate((10, 20)):
+        d = tmp_path / f"iteration_{it}"
+        d.mkdir()
+        folders.append(d)
+        for r in ((0, 1) if w == 0 else (0,)):
+            b = TraceBuilder(rank=r, pid=4000 + r, main_tid=4000 + r)
+            b.thread_name(4000 + r, f"thread {4000 + r} (python)")
+            t = 10e6 * w
+            b.step(it, t, 1000)
+            b.kernel("gemm_kernel", t + 10, 500, launch_ts=t + 1)
+            b.write(d / f"rank{r}_trace.json")
+    ts = load_traces(folders, cache=False)
+    assert [len(ts.ranks[r].windows) for r in (0, 1)] == [2, 0]
+    assert "rank 1: 1 profiling window(s) where rank 0 has 2 (no file of it in iteration_20): " \
+           "the steps of the other window(s) are not in its trace" in ts.warnings
+
+
 def test_windows_one_process_wrote_into_folders_of_their_own_are_one_run(tmp_path):
     """torchtitan writes each profiling window to a folder of its own
     (``profile_trace/iteration_<step>/rank<r>_trace.json``). Given both folders, or their
@@ -769,3 +796,8 @@ def test_windows_one_process_wrote_into_folders_of_their_own_are_one_run(tmp_pat
                "windows" in whole.warnings[0]
         assert any("(iteration_10/rank0_trace.json, iteration_20/rank0_trace.json)" in w
                    for w in whole.warnings), whole.warnings
+        # the parent named beside one of its folders is not expanded: said, not passed over
+        beside = load_traces([folders[0], root], cache=False)
+        assert sorted(beside.ranks) == [0, 1] and not any(t.windows for t in beside.ranks.values())
+        assert f"{root}: no trace files (*.json, *.json.gz) of its own; subfolders hold some: " \
+               f"{folders[0]}, {folders[1]}; nothing read from it" in beside.warnings

@@ -90,6 +90,10 @@ def find_trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, li
     elif beside:
         info.append(f"the named trace files come from {len(named_dirs)} folders: their pardiag "
                     f"sidecars (run.json, rank*.meta/comms/pipeline.json) are not used")
+    if files:   # a folder given beside others that holds no trace of its own: said, not skipped
+        info.extend(f"{d}: no trace files (*.json, *.json.gz) of its own"
+                    f"{_no_files_hint([d], None, {})}; nothing read from it" for d in paths
+                    if d.is_dir() and not any(f.parent == d for f in files))
     source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} paths"
     return files, sidecars, source, info
 
@@ -576,7 +580,9 @@ def _from_window_folders(sub: list[Path], source: str, missing: TraceError, **kw
         raise TraceError(f"{missing}; read together they are refused: {exc}") from None
     said = (f"{source}: no trace files of its own; its {len(sub)} subfolders "
             f"({', '.join(d.name for d in sub[:3])}{', ...' if len(sub) > 3 else ''}) hold "
-            f"each rank's profiling windows, recorded by one process per rank: read as one run")
+            f"each rank's profiling windows, recorded by one process per rank: read as one run"
+            if len(sub) > 1 else f"{source}: no trace files of its own; read its one subfolder "
+            f"that holds some, {sub[0].name}")
     return dataclasses.replace(got, warnings=type(got.warnings)([said, *got.warnings]))
 
 
@@ -584,15 +590,15 @@ def _window_folders(paths: list[Path], run_info: layout.RunFile | None,
                     rank_meta: dict[int, layout.RankMeta]) -> list[Path]:
     """The subfolders that may hold one run's profiling windows, a folder each (torchtitan's
     ``profile_trace/iteration_<step>/``), when one folder was given that holds no trace itself
-    and is no pardiag run: every subfolder holding trace files, none of them a pardiag run
-    folder, at least two; else ``[]``. Whether they are one run is for the loader to say."""
+    and is no pardiag run: every subfolder holding trace files (even one), none of them a
+    pardiag run folder; else ``[]``. Whether they are one run is for the loader to say."""
     if len(paths) != 1 or not paths[0].is_dir() or run_info is not None or rank_meta:
         return []
     sub = sorted({f.parent for f in paths[0].glob("*/*.json*")
                   if f.name.endswith((".json", ".json.gz"))
                   and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
-    if len(sub) < 2 or any(layout.run_file_path(d).exists() or (d / layout.SIDECAR_DIR).is_dir()
-                           for d in sub):
+    if not sub or any(layout.run_file_path(d).exists() or (d / layout.SIDECAR_DIR).is_dir()
+                      for d in sub):
         return []
     return sub
 

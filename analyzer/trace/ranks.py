@@ -171,8 +171,31 @@ def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
         out[r] = ([f], "assigned")
         warnings.append(f"{f.path}: {why or 'no rank in distributedInfo or in the file name'}; "
                         f"treated as rank {r}")
+    warnings.extend(_fewer_windows({r: fs for r, (fs, _) in out.items()}))
     ranks = [RankFiles(r, tuple(f.key for f in fs), src) for r, (fs, src) in sorted(out.items())]
     return ranks, warnings
+
+
+def _fewer_windows(files: dict[int, list[FileFacts]]) -> list[str]:
+    """One line per rank with fewer profiling windows (files) than the most any rank has: the
+    files of the others were not found (lost, or never written), and where each window has a
+    folder of its own, the folders that lack one of its files are named."""
+    most = max((len(fs) for fs in files.values()), default=0)
+    if most < 2:
+        return []
+    full = min(r for r, fs in files.items() if len(fs) == most)
+    folders = [f.path.parent for f in files[full]]
+    out = []
+    for r, fs in sorted(files.items()):
+        if len(fs) == most:
+            continue
+        lacking = ""
+        if len(set(folders)) == most:
+            have = {f.path.parent for f in fs}
+            lacking = f" (no file of it in {', '.join(d.name for d in folders if d not in have)})"
+        out.append(f"rank {r}: {len(fs)} profiling window(s) where rank {full} has {most}"
+                   f"{lacking}: the steps of the other window(s) are not in its trace")
+    return out
 
 
 def merged_rank_of_pids(process_names: dict[str, list[str]], pids: list[str],
