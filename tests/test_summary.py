@@ -205,9 +205,14 @@ def test_worker_processes_give_results_in_file_order(tmp_path, monkeypatch, batc
     run = write_run(tmp_path / "run", ranks=4, mb=0.02, layers=8)
     files = sorted(run.glob("*.json*"))
     monkeypatch.setattr(load, "WORKER_BATCH_BYTES", batch_bytes)
+    from pardiag.analyzer.trace import classify
+    monkeypatch.setattr(classify, "_NAME_TESTS", {})
     seen = []
     par = load.parse_files(files, 2, lambda d, t: seen.append((d, t)), reducer=sm.REDUCER,
                            keep_events=False)
+    # the workers' name tests came back: workers forked later start with them
+    learned = classify.name_tests_known()
+    assert "ProfilerStep#1" in learned["step"] and learned["step"]["ProfilerStep#1"] is True
     seq = load.parse_files(files, 1, None, reducer=sm.REDUCER, keep_events=False)
     assert [p.path for p in par] == files
     assert [sm.to_json(p.summary) for p in par] == [sm.to_json(p.summary) for p in seq]

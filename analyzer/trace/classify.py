@@ -127,6 +127,20 @@ _NAME_TESTS: dict[Hashable, dict[str, bool]] = {}
 _NAME_TESTS_MAX = 200_000
 
 
+def name_tests_known() -> dict[Hashable, dict[str, bool]]:
+    """:func:`name_test`'s answers so far in this process (``{key: {name: bool}}``), for a
+    worker to hand to its parent (:func:`learn_name_tests`)."""
+    return _NAME_TESTS
+
+
+def learn_name_tests(known: dict[Hashable, dict[str, bool]]) -> None:
+    """Take another process's :func:`name_tests_known` as this process's own answers."""
+    for key, answers in known.items():
+        memo = _NAME_TESTS.setdefault(key, {})
+        if len(memo) + len(answers) <= _NAME_TESTS_MAX:
+            memo.update(answers)
+
+
 def memory_events(trace: RankTrace) -> np.ndarray:
     """Bool per event of ``trace``: it is named ``[memory]`` (the profiler's memory instants;
     :func:`name_test`, cached)."""

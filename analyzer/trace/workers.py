@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pardiag.errors import PardiagError
 
+from . import classify
 from .files import ParsedFile, parse_file
 
 if TYPE_CHECKING:
@@ -84,18 +85,19 @@ def _parse_batch(conn, files: list[Path], kw: dict, inherited: list, go=None) ->
             go.close()
         if not started:
             return
-    out: tuple[bool, list[ParsedFile] | BaseException]
+    out: tuple[bool, list[ParsedFile] | BaseException, dict]
     try:
-        out = (True, [parse_file(f, **kw) for f in files])
+        # with the name tests' answers, which workers forked later inherit from the parent
+        out = (True, [parse_file(f, **kw) for f in files], classify.name_tests_known())
     except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
-        out = (False, exc)
+        out = (False, exc, {})
     try:
         try:
             conn.send(out)
         except OSError:  # the parent is gone
             return
         except Exception as exc:  # noqa: BLE001 - an exception that cannot be pickled
-            conn.send((False, RuntimeError(f"parsing {files[0]}: {exc!r}")))
+            conn.send((False, RuntimeError(f"parsing {files[0]}: {exc!r}"), {}))
     except OSError:
         return
     finally:
@@ -218,7 +220,7 @@ def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedF
             w = running.pop(recv)
             succeeded.discard(recv)
             try:
-                ok, value = recv.recv()
+                ok, value, known = recv.recv()
             except EOFError:
                 others = (f" and {len(w.batch) - 1} other file(s) after it"
                           if len(w.batch) > 1 else "")
@@ -230,6 +232,7 @@ def parse_files(files: list[Path], workers: int, progress, **kw) -> list[ParsedF
                 w.proc.join()
             if not ok:
                 raise value
+            classify.learn_name_tests(known)
             for i, p in zip(w.batch, value):
                 results[i] = p
             done += len(w.batch)
