@@ -166,6 +166,29 @@ def test_mesh_descriptions_and_wrapper_marks(tmp_path):
     assert any("degrees of dp and tp" in x for x in lay.not_inferred)
 
 
+def test_a_flattened_mesh_named_after_a_size_one_dimension_is_no_dimension(tmp_path):
+    """dp_shard 2 × cp 1 × tp 2 with every dimension kept (torchtitan-style code keeps size-1
+    dimensions): the cp groups hold one rank each, and the flattened ``mesh_cp_tp`` holds
+    the tp group's ranks. It is cp × tp, a product, not context parallelism of 2 (which made
+    the degrees multiply to 8 on a world of 4, and the layout unknown)."""
+    bs, pgs = [], []
+    for r in range(4):
+        b = TraceBuilder(rank=r, world_size=4, backend="gloo", pid=100 + r)
+        b.step(1, 0, 100).cpu("FSDP::pre_forward", 1, 2, cat="user_annotation")
+        b.cpu("_c10d_functional::all_reduce", 10, 2)
+        bs.append(b)
+        tp = [r // 2 * 2, r // 2 * 2 + 1]
+        pgs.append([{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
+                    {"pg_name": "1", "pg_desc": "mesh_dp_shard", "ranks": [r % 2, r % 2 + 2]},
+                    {"pg_name": "2", "pg_desc": "mesh_cp", "ranks": [r]},
+                    {"pg_name": "3", "pg_desc": "mesh_tp", "ranks": tp},
+                    {"pg_name": "4", "pg_desc": "mesh_dp_shard_cp", "ranks": [r % 2, r % 2 + 2]},
+                    {"pg_name": "5", "pg_desc": "mesh_cp_tp", "ranks": tp}])
+    lay = infer_layout(load_traces(_write(tmp_path / "mesh", bs, pgs)))
+    assert lay.dims == {"dp": 2, "tp": 2}
+    assert lay.strategies == ["fsdp2", "tp"]
+
+
 SAMPLE_CASES = ["ddp_cpu_2rank", "fsdp1_cpu_2rank", "fsdp2_cpu_2rank", "zero1_cpu_2rank",
                 "tp_sp_cpu_2rank", "moe_ep_cpu_2rank", "fsdp_tp_2d_cpu_4rank",
                 "pp_gpipe_cpu_2rank", "pp_1f1b_cpu_4rank", "pp_interleaved_cpu_2rank"]

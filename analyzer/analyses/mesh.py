@@ -61,11 +61,36 @@ COMPOSITE_GROUPS = frozenset({"MODEL_PARALLEL_GROUP", "TENSOR_AND_DATA_PARALLEL_
 
 def is_composite(desc: str | None) -> bool:
     """A description of a group that is the product of others (:data:`COMPOSITE_GROUPS`, bare,
-    as ``mesh_<name>`` or with Megatron's ``mcore_`` prefix and ``_GLOO`` suffix)."""
+    as ``mesh_<name>`` or with Megatron's ``mcore_`` prefix and ``_GLOO`` suffix), or a
+    flattened mesh whose name joins two or more dimensions' names (``mesh_cp_tp``:
+    :func:`_joined_dims`)."""
     d = str(desc or "").strip()
     m = _MEGATRON_RE.match(d)
     return (d.removeprefix("mesh_") in COMPOSITE_GROUPS
-            or bool(m and m.group(1) in COMPOSITE_GROUPS))
+            or bool(m and m.group(1) in COMPOSITE_GROUPS)
+            or len(_joined_dims(d.removeprefix("mesh_").lower())) >= 2)
+
+
+def _joined_dims(name: str) -> set[str]:
+    """The canonical dimensions a flattened mesh's name joins (``cp_tp`` → {cp, tp};
+    DeviceMesh's ``_flatten`` names the new dimension by joining its parts' names with ``_``),
+    empty for a name that is one dimension's (:data:`MESH_ALIASES`: ``dp_shard``,
+    ``dp_replicate``) or not made of the names of two or more dimensions."""
+    if name in MESH_ALIASES:
+        return set()
+    parts = name.split("_")
+
+    def split(i: int) -> list[str] | None:   # the parts from i on as alias names, fewest first
+        if i == len(parts):
+            return []
+        for j in range(len(parts), i, -1):
+            head = "_".join(parts[i:j])
+            rest = split(j) if head in MESH_ALIASES else None
+            if rest is not None:
+                return [MESH_ALIASES[head], *rest]
+        return None
+    dims = split(0)
+    return set(dims) if dims and len(set(dims)) >= 2 else set()
 
 
 def dim_of(desc: str | None) -> str | None:
