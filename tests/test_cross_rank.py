@@ -404,6 +404,32 @@ def _naive_merge(run: Path, out: Path, name) -> Path:
     return out
 
 
+def test_a_concatenation_of_ranks_that_share_a_pid_is_refused(tmp_path):
+    """Each rank in its own container is the same pid: two ranks' events concatenated into one
+    file (jq) are one process whose profiler steps overlap, which no process records. Read as
+    one rank, the union of both ranks' kernels was its timeline; the file is refused."""
+    run = _two_ranks(tmp_path)
+    docs = [json.loads((run / f"rank{r}.json").read_text()) for r in (0, 1)]
+    pids = {e["pid"] for e in docs[0]["traceEvents"] if e.get("cat") == "user_annotation"}
+    events = docs[0]["traceEvents"] + [{**e, "ts": e["ts"] + 700} for e in docs[1]["traceEvents"]
+                                       if "ts" in e]
+    cat = tmp_path / "concatenated.json"
+    cat.write_text(json.dumps({**docs[0], "traceEvents": events}))
+    res = CliRunner().invoke(cli, ["report", str(cat), "-q", "--no-cache",
+                                   "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert (f"{cat}: holds two profiler steps of process {pids.pop()} at the same time "
+            f"(ProfilerStep#1 and ProfilerStep#1 overlap by 1,300 µs): a merge of several ranks "
+            f"whose processes share a pid" in res.output), res.output
+    # one rank's steps that overlap by a rounding of their times are one process's
+    b = TraceBuilder(rank=0)
+    b.step(1, EPOCH, 1000).step(2, EPOCH + 999.5, 1000)
+    b.kernel("gemm_kernel", EPOCH + 10, 500, launch_ts=EPOCH + 1)
+    res = CliRunner().invoke(cli, ["report", str(b.write(tmp_path / "touching.json")), "-q",
+                                   "--no-cache", "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+
+
 def test_a_merge_that_does_not_name_its_ranks_is_refused_and_rank_prefixes_split(tmp_path):
     """Two ranks' processes, all named 'python3', ran profiler steps at the same time: one
     rank never does, and read as one the union of their kernels is meaningless, so the file is

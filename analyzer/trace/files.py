@@ -278,24 +278,37 @@ def _unnamed_ranks(events: pd.DataFrame) -> str | None:
     # timeline, gpu_user_annotation under the device's pid, which does not count)
     marks = events[(events["cat"] == "user_annotation").to_numpy()]
     steps = marks[marks["name"].str.startswith("ProfilerStep", na=False).to_numpy()]
-    pids = pd.unique(steps["pid"])
-    if len(pids) < 2:
+    if len(steps) < 2:
         return None
+    pids = pd.unique(steps["pid"])
     order = np.argsort(steps["ts"].to_numpy(), kind="stable")
     ts = steps["ts"].to_numpy()[order]
     end = ts + steps["dur"].to_numpy()[order]
     pid = steps["pid"].to_numpy()[order]
-    reach, owner = -np.inf, None   # the latest end so far, and its process
-    for t, e, p in zip(ts.tolist(), end.tolist(), pid.tolist()):
+    names = steps["name"].to_numpy()[order]
+    reach, owner, last = -np.inf, None, None   # the latest end so far, its process and step
+    for t, e, p, n in zip(ts.tolist(), end.tolist(), pid.tolist(), names.tolist()):
         if t < reach and p != owner:
             shown = ", ".join(map(str, sorted(map(str, pids))[:6]))
             return (f"holds the profiler steps of {len(pids)} processes at the same time "
                     f"(pids {shown}{', ...' if len(pids) > 6 else ''}): a merge of several "
                     f"ranks whose processes are not named 'rank N', which pardiag cannot split; "
                     f"report each rank's own file, or name each rank's processes 'rank N'")
+        if t < reach - SAME_PROCESS_STEP_OVERLAP_US:
+            # one process's profiler steps follow each other: two at once are two processes
+            # that share a pid (each rank in its own container is pid 1, or 47)
+            return (f"holds two profiler steps of process {p} at the same time ({last} and {n} "
+                    f"overlap by {reach - t:,.0f} µs): a merge of several ranks whose processes "
+                    f"share a pid (one per container), which pardiag cannot split; report each "
+                    f"rank's own file")
         if e > reach:
-            reach, owner = e, p
+            reach, owner, last = e, p, n
     return None
+
+
+#: Consecutive profiler steps of one process may overlap by a rounding of their times; beyond
+#: this (µs) they are two processes' steps.
+SAME_PROCESS_STEP_OVERLAP_US = 1.0
 
 
 def read_events(path: Path, rank_hint: int | None = None) -> pd.DataFrame:
