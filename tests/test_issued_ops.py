@@ -227,3 +227,24 @@ def test_kernels_a_backends_own_thread_launched_belong_to_the_op_issued(tmp_path
     assert ops["issue_us"].tolist() == [105.0, 1005.0, 2500.0]
     assert (ops.loc[0, "start_us"], ops.loc[0, "end_us"]) == (300.0, 480.0)
     assert ops["missing"].tolist() == [False, False, False]
+
+
+def test_a_fused_block_of_sends_and_receives_counts_each_type(tmp_path):
+    """batch_isend_irecv of a ring exchange (send, recv, send, recv: four records) that NCCL
+    fused into one SendRecv kernel: two sends and two receives, each type with the kernel's
+    time (it ran both), not four of the first member's type."""
+    b = TraceBuilder(rank=0, world_size=2)
+    b.step(1, 0, 1000)
+    for i, (op, peer) in enumerate((("send", "Dst Rank"), ("recv", "Src Rank")) * 2):
+        b.cpu("record_param_comms", 10 + 5 * i, 2, args={"Collective name": op, peer: 1,
+                                                          "Process Group Name": "3"})
+    b.cpu("nccl:coalesced", 40, 20, cat="user_annotation")
+    b.kernel(A2A, 100, 50, stream=20, launch_ts=45)
+    b.kernel("gemm", 120, 100, stream=7, launch_ts=50)
+    b.write(tmp_path / "rank0.json")
+    TraceBuilder(rank=1, world_size=2).step(1, 0, 1000).write(tmp_path / "rank1.json")
+    for cache in (False, True, True):   # the same from the summary stored by the second
+        colls = compute_time_breakdown(load_traces(tmp_path, cache=cache)).collectives
+        got = {r.collective: (r.count, r.time_us, r.exposed_us)
+               for r in colls[colls["rank"] == 0].itertuples()}
+        assert got == {"send": (2, 50.0, 20.0), "recv": (2, 50.0, 20.0)}

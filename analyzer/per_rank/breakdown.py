@@ -531,12 +531,22 @@ def _gpu_comm_types(trace: RankTrace, comm_ev: pd.DataFrame, kinds: pd.Series) -
     a CPU trace (:func:`cpu_comm_types`: gloo runs a reduce-scatter as ``gloo:all_reduce``)."""
     comm = comm_ev[["name", "ts", "dur", "args", "correlation"]].copy()
     issued = gpu_issued_ops(trace, comm_ev)
-    comm["type"] = issued.kernel_types()
-    comm["counted"] = issued.kernel_counts()
+    comm["type"] = types = issued.kernel_types()
+    per_type = issued.kernel_type_counts()
+    comm["counted"] = [c.get(t, 0) for t, c in zip(types, per_type)]
     host = (kinds.reindex(comm.index) == Kind.CPU_COMM.value).to_numpy()
     if host.any():
         ran = cpu_comm_types(trace, kinds)["type"].reindex(comm.index[host])
         comm.loc[host, "type"] = ran.where(ran.notna(), comm.loc[host, "type"]).to_numpy()
+    # a kernel that ran ops of several types (a coalesced block of sends and receives fused
+    # into one kernel): a row more per other type, so that each type counts its own ops and
+    # shows the kernel's time
+    others = [(i, t, n) for i, (own, c) in enumerate(zip(types, per_type))
+              for t, n in c.items() if t != own and not host[i]]
+    if others:
+        more = comm.iloc[[i for i, _, _ in others]].assign(
+            type=[t for _, t, _ in others], counted=[n for _, _, n in others])
+        comm = pd.concat([comm, more])
     lost = issued.ops[issued.ops["missing"]]
     if len(lost):
         comm = pd.concat([comm, pd.DataFrame({

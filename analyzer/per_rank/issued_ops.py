@@ -96,13 +96,21 @@ class IssuedOps:
 
     def kernel_counts(self) -> np.ndarray:
         """How many issued ops each kernel accounts for: the ops whose first kernel it is."""
-        out = np.zeros(len(self.kernel_ops), dtype=np.int64)
+        return np.array([sum(c.values()) for c in self.kernel_type_counts()], dtype=np.int64)
+
+    def kernel_type_counts(self) -> list[dict[str, int]]:
+        """Per kernel, ``{op type: issued ops}`` of the ops whose first kernel it is (a fused
+        coalesced block's one kernel runs its sends and its receives)."""
+        types = self.ops["op"].tolist()
+        out: list[dict[str, int]] = []
         seen: set[int] = set()
-        for i, k in enumerate(self.kernel_ops):
+        for k in self.kernel_ops:
+            counts: dict[str, int] = {}
             for j in k:
                 if j not in seen:
                     seen.add(j)
-                    out[i] += 1
+                    counts[types[j]] = counts.get(types[j], 0) + 1
+            out.append(counts)
         return out
 
 
