@@ -499,15 +499,17 @@ def test_profiler_steps_stay_without_the_evidence(opt_in):
 
 
 def _accumulating_rank(rank: int, steps: int = 8, scaler: bool = False,
-                       skipped: tuple[int, ...] = ()) -> TraceBuilder:
+                       skipped: tuple[int, ...] = (), syncs: tuple[int, ...] = ()
+                       ) -> TraceBuilder:
     """DDP with gradient accumulation 4 and ``prof.step()`` per micro-batch: micro-batches 1-3
     compute 900 µs in a 1000 µs profiler step; the 4th (1600 µs) computes 900 µs, all-reduces
     400 µs and steps the optimizer; with ``scaler``, a GradScaler's update follows, and in the
-    profiler steps ``skipped`` the scaler skips the optimizer's step (no range, no kernel)."""
+    profiler steps ``skipped`` the scaler skips the optimizer's step (no range, no kernel).
+    ``syncs``: the micro-batches that all-reduce and step instead of every 4th."""
     b = TraceBuilder(rank=rank, world_size=2)
     t = EPOCH
     for n in range(1, steps + 1):
-        if n % 4:
+        if (n not in syncs) if syncs else n % 4:
             b.step(n, t, 1000).kernel("gemm", t + 50, 900, launch_ts=t + 10)
             t += 1000
             continue
@@ -516,7 +518,8 @@ def _accumulating_rank(rank: int, steps: int = 8, scaler: bool = False,
                  t + 950, 400, stream=20, launch_ts=t + 20,
                  args={"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 1024,
                        "Out msg nelems": 1024, "Group size": 2, "Process Group Name": "0",
-                       "Process Group Ranks": "[0, 1]", "Seq": str(n // 4)})
+                       "Process Group Ranks": "[0, 1]",
+                       "Seq": str(syncs.index(n) + 1 if syncs else n // 4)})
         if n not in skipped:
             b.cpu("Optimizer.step#AdamW.step", t + 1400, 150, cat="user_annotation")
             b.kernel("multi_tensor_apply_kernel", t + 1450, 100, launch_ts=t + 1410)
@@ -549,6 +552,23 @@ def test_a_step_with_gradient_accumulation_is_the_optimizer_step(tmp_path):
     assert b.joined_text() == ("a step is one optimizer step: 4 profiler steps each (gradient "
                                "accumulation; the optimizer stepped, or a gradient scaler "
                                "skipped its step, in profiler step(s) 4, 8 only)")
+
+
+def test_accumulation_groups_an_epoch_ends_early_are_steps_and_said(tmp_path):
+    """Accumulation 2 over epochs of 3 micro-batches: the optimizer steps after micro-batches
+    2 and 3 of each epoch (the last one's group ends with the epoch). Every optimizer step is
+    a step, and the note names them all with their 1-2 profiler steps (it named only those of
+    two, as if each were two)."""
+    for r in range(2):
+        _accumulating_rank(r, steps=6, syncs=(2, 3, 5, 6)).write(tmp_path / f"rank{r}.json")
+    b = compute_time_breakdown(load_traces(tmp_path))
+    # (micro-batches 1-2, the window's first group, are not as many as the next group's: the
+    # window may have begun inside one, so they are left out)
+    assert b.steps.groupby("rank")["step"].apply(list).to_dict() == {0: [3, 5, 6],
+                                                                     1: [3, 5, 6]}
+    assert b.joined_text() == ("a step is one optimizer step: 1–2 profiler steps each "
+                               "(gradient accumulation; the optimizer stepped, or a gradient "
+                               "scaler skipped its step, in profiler step(s) 3, 5, 6 only)")
 
 
 def test_a_step_whose_optimizer_step_the_gradient_scaler_skipped_is_still_a_step(tmp_path):

@@ -99,11 +99,12 @@ class TimeBreakdown:
             device_timelines`): :data:`DEVICE_ROW_COLUMNS`: ``rank``, ``device``, ``kernels``,
             ``compute_us``, ``busy_us`` (µs), ``idle_pct`` (% of the rank's span,
             ``totals.span_us``, in which the device runs nothing); empty otherwise.
-        joined: the training steps that join several profiler steps, one per optimizer step
-            (gradient accumulation with ``prof.step()`` per micro-batch;
-            :func:`pardiag.analyzer.trace.classify.training_steps`): ``rank``, ``step`` (the
-            profiler step that holds the optimizer step), ``profiler_steps`` (how many);
-            empty when each profiler step is a training step.
+        joined: where training steps join several profiler steps (gradient accumulation
+            with ``prof.step()`` per micro-batch;
+            :func:`pardiag.analyzer.trace.classify.training_steps`), every training step, one
+            per optimizer step (an epoch's last may hold fewer micro-batches): ``rank``,
+            ``step`` (the profiler step that holds the optimizer step), ``profiler_steps`` (how
+            many); empty when each profiler step is a training step.
         unfinished: the profiler steps a rank ended inside without finishing them
             (:meth:`pardiag.analyzer.trace.traceset.TraceSet.first_unfinished_step`: the step
             a rank failed or hung in, or a script's tail after its last optimizer step): the
@@ -388,10 +389,9 @@ def compute_time_breakdown(traces: TraceSet,
         held = summary.stored("steps")
         if held is not None and "profiler_steps" in held.columns:
             n_prof = float_column(held, "profiler_steps")
-            if (n_prof > 1).any():
+            if (n_prof > 1).any():   # every optimizer step: accumulation may end a group early
                 joined.extend({"rank": rank, "step": int(s), "profiler_steps": int(n)}
-                              for s, n in zip(float_column(held, "step")[n_prof > 1],
-                                              n_prof[n_prof > 1]))
+                              for s, n in zip(float_column(held, "step"), n_prof) if n >= 1)
         doc = traces.sidecars.get("comms", {}).get(rank)
         if doc:
             coll_rows = with_record_counts(coll_rows, doc.records)
