@@ -276,10 +276,15 @@ def test_waiting_passes_down_a_chain_of_waits_to_its_root():
 
     from pardiag.analyzer.analyses.stragglers import _root_shares
 
-    shares = _root_shares(np.array([2, 1]), np.array([1, 0]), np.array([0.0, 0.0]),
+    shares = _root_shares(np.array([2, 1]), [(1,), (0,)], np.array([0.0, 0.0]),
                           np.array([10.0, 6.0]))
     assert shares[1] == {0: 1.0}
     assert shares[0] == {0: pytest.approx(0.6), 1: pytest.approx(0.4)}
+    # rank 1 and rank 3 arrived last together (rank 3 waited for nobody): rank 2's 10 µs are
+    # half rank 3's, and of rank 1's half 6 of 10 rank 0's
+    shares = _root_shares(np.array([2, 1]), [(1, 3), (0,)], np.array([0.0, 0.0]),
+                          np.array([10.0, 6.0]))
+    assert shares[0] == {0: pytest.approx(0.3), 1: pytest.approx(0.2), 3: pytest.approx(0.5)}
 
 
 def test_root_shares_equal_the_definition_on_random_waits():
@@ -320,7 +325,7 @@ def test_root_shares_equal_the_definition_on_random_waits():
             done.append(i)
         return out
 
-    got, want = _root_shares(w, c, start, until), reference()
+    got, want = _root_shares(w, [(int(x),) for x in c], start, until), reference()
     assert len(got) == len(want)
     for g, x in zip(got, want):
         assert g.keys() == x.keys() and all(g[k] == pytest.approx(x[k]) for k in g)

@@ -22,3 +22,41 @@ def test_the_note_says_which_test_of_the_waiting_a_rank_misses():
     assert straggler_noise_note(st([4000.0, 1000.0], 8), None).endswith(
         "this is inside the noise")
     assert straggler_noise_note(st([4000.0, 1000.0], 8), 1) is None
+
+
+def test_ranks_that_arrive_last_together_share_the_waiting_and_none_is_named(tmp_path):
+    """4 ranks, 3 steps of 4 all-reduces each: ranks 0 and 1 compute 300 µs more than ranks 2
+    and 3 (Ulysses' uneven heads) and arrive together; ranks 2 and 3 wait 300 µs at every
+    all-reduce for both of them. The waiting (2 × 12 × 300 µs) is the pair's, 3600 µs each,
+    not rank 0's by its number, and no straggler is named; with rank 1 alone late, it is."""
+    from pardiag.analyzer.analyses.sync import compute_sync
+    from pardiag.analyzer.trace import load_traces
+
+    from .synth import TraceBuilder
+    from .test_cross_rank import EPOCH, _coll
+
+    for late in ((0, 1), (1,)):
+        d = tmp_path / "-".join(map(str, late))
+        d.mkdir()
+        for r in range(4):
+            b = TraceBuilder(rank=r, world_size=4)
+            seq = 0
+            for step in range(3):
+                t = EPOCH + step * 10_000
+                b.step(step + 1, t, 10_000)
+                for k in range(4):
+                    seq += 1
+                    arrive = t + 1000 + 2000 * k + (300 if r in late else 0)
+                    b.kernel("gemm_kernel", arrive - 800, 800, launch_ts=arrive - 790)
+                    end = t + 1000 + 2000 * k + 300 + 100
+                    _coll(b, "AllReduce", (0, 1, 2, 3), "0", arrive, end - arrive,
+                          arrive - 5, seq=seq)
+            b.write(d / f"rank{r}.json")
+        sync = compute_sync(load_traces(d, cache=False))
+        st = sync.stragglers.set_index("rank")
+        if late == (0, 1):
+            assert st.loc[[0, 1], "wait_caused_us"].tolist() == [3600.0, 3600.0]
+            assert st.loc[[0, 1], "last_arrivals"].tolist() == [12, 12]
+            assert sync.straggler is None
+        else:
+            assert st.loc[1, "wait_caused_us"] == 3 * 12 * 300.0 and sync.straggler == 1

@@ -181,10 +181,25 @@ def per_rank_waits(ev: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame, 
     # which lasts until its wait, is no waiting)
     pair = _is_pair(pr)
     pr["wait_us"] = np.where(pair, pr["wait_until_us"] - pr["start_us"], pr["wait_us"])
+    pr["co_last"] = _co_last(pr, pair | (rooted & pr["op"].isin(FROM_ROOT).to_numpy()))
     per_rank = pr[["instance", "rank", "start_us", "end_us", "dur_us", "wait_us",
                    "arrival_delay_us", "evidence"]
                   + [c for c in ("issue_us", "stream") if c in pr]].reset_index(drop=True)
     return per_rank, pr[pr["complete"].astype(bool)].drop(columns="_root")
+
+
+def _co_last(pr: pd.DataFrame, own_rule: np.ndarray) -> list[tuple[int, ...]]:
+    """Per row, the ranks its instance waited for: those that arrived last together (within
+    :data:`ARRIVAL_TIE_US` of the last arrival: two ranks with the same extra work, as the heads
+    Ulysses gives the first ranks of an uneven split, are both waited for, not the lower rank
+    by its number); only ``last_rank`` where the instance has a rule of its own (``own_rule``:
+    a pair, or a broadcast's or scatter's root)."""
+    latest = pr.groupby("instance")["start_us"].transform("max")
+    tied = (pr["start_us"] >= latest - ARRIVAL_TIE_US).to_numpy()
+    together = pr[tied].groupby("instance")["rank"].agg(lambda r: tuple(sorted(int(x) for x in r)))
+    own = pr["last_rank"].map(lambda r: (int(r),))
+    return [o if rule or not isinstance(t, tuple) else t for o, t, rule in
+            zip(own, pr["instance"].map(together), own_rule)]
 
 
 def _wait_caused(pr: pd.DataFrame) -> dict[tuple[int, int], float]:
@@ -199,10 +214,11 @@ def _wait_caused(pr: pd.DataFrame) -> dict[tuple[int, int], float]:
     step, waits in flight together (DDP's buckets) count once: each wait's share is scaled by
     |union of the rank's waits for that arrival| / their sum. ``pr``: the rows of complete
     instances (:func:`per_rank_waits`)."""
-    others = pr[pr["rank"] != pr["last_rank"]]
+    waiting = [int(r) not in c for r, c in zip(pr["rank"], pr["co_last"])]
+    others = pr[np.asarray(waiting, dtype=bool)]
     o_start = others["start_us"].to_numpy(dtype=float)
     o_until = others["wait_until_us"].to_numpy(dtype=float)
-    shares = _root_shares(others["rank"].to_numpy(), others["last_rank"].to_numpy(), o_start,
+    shares = _root_shares(others["rank"].to_numpy(), others["co_last"].tolist(), o_start,
                           o_until)
     caused: dict[tuple[int, int], float] = {}
     # positions instead of sub-frames (thousands of groups on big runs)
@@ -220,13 +236,13 @@ def _wait_caused(pr: pd.DataFrame) -> dict[tuple[int, int], float]:
     return caused
 
 
-def _root_shares(waiter: np.ndarray, cause: np.ndarray, start: np.ndarray, until: np.ndarray
-                 ) -> list[dict[int, float]]:
-    """Per wait (rank ``waiter`` waits from ``start`` to ``until`` µs for rank ``cause``), the
-    share of it each root cause accounts for: ``cause`` for the part of the wait in which it
-    was not waiting itself, and for the part in which it was, the shares of those waits of its
-    own (already resolved: waits are taken in the order they end), in proportion to their
-    overlap with this one."""
+def _root_shares(waiter: np.ndarray, cause: list[tuple[int, ...]], start: np.ndarray,
+                 until: np.ndarray) -> list[dict[int, float]]:
+    """Per wait (rank ``waiter`` waits from ``start`` to ``until`` µs for the ranks ``cause``,
+    which arrived last together: each an equal part), the share of it each root cause accounts
+    for: a cause for the part of the wait in which it was not waiting itself, and for the part
+    in which it was, the shares of those waits of its own (already resolved: waits are taken
+    in the order they end), in proportion to their overlap with this one."""
     n = len(waiter)
     out: list[dict[int, float]] = [{} for _ in range(n)]
     order = np.argsort(until, kind="stable")
@@ -235,9 +251,13 @@ def _root_shares(waiter: np.ndarray, cause: np.ndarray, start: np.ndarray, until
     own: dict[int, list[int]] = {}
     ends: dict[int, list[float]] = {}
     for i in order:
-        c, d = int(cause[i]), float(until[i] - start[i])
+        d = float(until[i] - start[i])
         share: dict[int, float] = {}
-        if d > 0:
+        part = 1.0 / len(cause[i])
+        for c in cause[i]:
+            if d <= 0:
+                share[c] = share.get(c, 0.0) + part
+                continue
             left = d
             mine = own.get(c, [])
             for j in mine[bisect.bisect_right(ends.get(c, []), float(start[i])):]:
@@ -247,12 +267,10 @@ def _root_shares(waiter: np.ndarray, cause: np.ndarray, start: np.ndarray, until
                 o = min(float(o), left)
                 left -= o
                 for r, s in out[j].items():
-                    share[r] = share.get(r, 0.0) + s * o / d
+                    share[r] = share.get(r, 0.0) + part * s * o / d
                 if left <= 0:
                     break
-            share[c] = share.get(c, 0.0) + left / d
-        else:
-            share[c] = 1.0
+            share[c] = share.get(c, 0.0) + part * left / d
         out[i] = share
         own.setdefault(int(waiter[i]), []).append(i)
         ends.setdefault(int(waiter[i]), []).append(float(until[i]))
@@ -300,7 +318,11 @@ def straggler_table(ranks: list[int], inst: pd.DataFrame, pr: pd.DataFrame, n_mu
     done = inst[inst["evidence"]] if "evidence" in inst else inst[inst["complete"]]
     waited = (done[done["arrival_skew_us"] > ARRIVAL_TIE_US] if "arrival_skew_us" in done
               else done)
-    st["last_arrivals"] = st["rank"].map(waited["last_rank"].value_counts()).fillna(0).astype(int)
+    # each rank that arrived last, with any that arrived together with it (:func:`_co_last`)
+    co = pr.drop_duplicates("instance").set_index("instance")["co_last"].to_dict()
+    lasts = pd.Series([r for i, last in zip(waited["instance"], waited["last_rank"])
+                       for r in co.get(i, (int(last),))], dtype="int64").value_counts()
+    st["last_arrivals"] = st["rank"].map(lasts).fillna(0).astype(int)
     top: dict[int, tuple[int, float]] = {}
     for (last, step), v in caused.items():
         if v > top.get(step, (None, -1.0))[1]:

@@ -381,13 +381,19 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
                            "last_arrivals": 0, "steps_as_top": 0, "instances": 0})
     st["waiting_us"] = st["rank"].map(waiting)
     st["head_waiting_us"] = st["rank"].map(head_waiting)
-    if straggler is not None and unpaired:
+    # the rank named, else the ranks that arrived last together and caused the most waiting
+    lead = ([straggler] if straggler is not None else
+            st.loc[(st["wait_caused_us"] > 0) & (st["last_arrivals"] > 0)
+                   & (st["wait_caused_us"] >= 0.99 * st["wait_caused_us"].max()),
+                   "rank"].astype(int).tolist() if len(st) else [])
+    if lead and unpaired:
         # a rank late at its collectives because a rank that sends to it was late: with
         # transfers whose peer is unknown the chain of causes breaks there
-        notes.append(f"no straggler named: rank {straggler} arrives last at its collectives, but "
-                     f"point-to-point transfers of {ranks_text(unpaired)} have no known "
-                     f"peer, so whether its lateness comes from a rank that sends to it cannot "
-                     f"be told")
+        who, it = ((f"rank {lead[0]} arrives last at its", "it") if len(lead) == 1 else
+                   (f"{ranks_text(lead)} arrive last together at their", "them"))
+        notes.append(f"no straggler named: {who} collectives, but point-to-point transfers of "
+                     f"{ranks_text(unpaired)} have no known peer, so whether that lateness "
+                     f"comes from a rank that sends to {it} cannot be told")
         straggler = None
     noise = straggler_noise_note(st, straggler) if not unpaired else None
     if noise:
