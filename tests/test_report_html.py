@@ -62,6 +62,21 @@ def test_64_ranks_10_steps_fit_in_5_mb_and_say_what_was_reduced(big, tmp_path):
     assert ">dp</td>" in overlap and ">tp</td>" in overlap
 
 
+def test_a_bandwidth_scatter_of_more_instances_than_it_shows_is_sampled(big, tmp_path,
+                                                                         monkeypatch):
+    """More sized instances than the scatter's limit: every stride-th of each collective is
+    drawn, and the page says how many of how many (it raised a KeyError under pandas 3)."""
+    from pardiag.analyzer.render import sections
+    monkeypatch.setattr(sections, "BANDWIDTH_MAX_POINTS", 50)
+    out = tmp_path / "big.html"
+    _report(big, "-o", out, "--no-cache")
+    got = re.search(r"Bandwidth scatter sampled: (\d+) of (\d+) instances", out.read_text())
+    assert got, "no sampling note"
+    kept, total = int(got[1]), int(got[2])
+    stride = -(-total // 50)
+    assert total > 50 and total / stride - 2 <= kept <= 50 + 2   # two collective types
+
+
 def test_cdn_page_is_small_and_links_plotly(big, tmp_path):
     out = tmp_path / "cdn.html"
     _report(big, "-o", out, "--cdn")

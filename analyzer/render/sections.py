@@ -670,9 +670,10 @@ def bandwidth(report: Report, page: Page) -> dict:
     out: dict = {"matched": True, "sized": True}
     inst = sync.instances.dropna(subset=["busbw_gbps"])
     if len(inst) > BANDWIDTH_MAX_POINTS:
-        keep = inst.groupby("op", group_keys=False).apply(
-            lambda g: g.iloc[:: -(-len(g) * len(inst) // BANDWIDTH_MAX_POINTS // len(g))]
-            if len(g) else g)
+        # every stride-th instance of each collective (a groupby-apply drops the grouping
+        # column in pandas 3)
+        stride = -(-len(inst) // BANDWIDTH_MAX_POINTS)
+        keep = inst[(inst.groupby("op").cumcount() % stride == 0).to_numpy()]
         out["sampled"] = _html(page.sample(
             f"Bandwidth scatter sampled: {len(keep)} of {len(inst)} instances (evenly spaced "
             "per collective); the table covers all."))
