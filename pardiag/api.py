@@ -188,7 +188,8 @@ class Report(_TypedReport):
     def warnings(self) -> tuple[str, ...]:
         """What loading had to say (files skipped, ranks joined or missing, repairs), then what
         the analyses found the figures cannot show (a process that drives several devices)."""
-        return (*self.traces.warnings, *self.time_breakdown.devices_text())
+        return (*self.traces.warnings, *self.time_breakdown.devices_text(),
+                *filter(None, [self.time_breakdown.host_only_text()]))
 
     # -- figures and outputs -------------------------------------------------------------------
 

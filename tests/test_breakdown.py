@@ -629,3 +629,30 @@ def test_a_merged_files_renumbered_pids_are_not_devices(tmp_path):
     b.write(tmp_path / "rank0.json")
     bd = compute_time_breakdown(load_traces(tmp_path))
     assert bd.devices.empty and bd.devices_text() == []
+
+
+def test_ranks_profiled_without_their_device_are_said_and_left_out_of_the_comparisons(tmp_path):
+    """Ranks 0 and 1 ran kernels; ranks 2 and 3 of the same job hold only host events (profiled
+    with CPU activities only). A warning names them; the run's exposed share is the device
+    ranks' alone, and the load-imbalance table compares only the device ranks."""
+    from pardiag.analyzer.analyses.imbalance import compute_balance
+
+    for r in range(4):
+        b = gpu_rank(r) if r < 2 else cpu_rank(r)
+        b.world_size = 4
+        b.write(tmp_path / f"rank{r}.json")
+    traces = load_traces(tmp_path, cache=False)
+    b = compute_time_breakdown(traces)
+    assert b.host_only_text() == (
+        "ranks 2, 3 hold no device activity (no kernel) while ranks 0, 1 ran kernels: profiled "
+        "with CPU activities only? Their computation and overlap are their host's, not "
+        "comparable with the device ranks': the run's shares and the load-imbalance table "
+        "leave them out")
+    gpu = b.totals[b.totals["rank"] < 2]
+    assert b.overall["exposed_comm_pct"] == pytest.approx(
+        100 * gpu["exposed_comm_us"].sum() / gpu["span_us"].sum())
+    bal = compute_balance(traces, b.steps)
+    assert sorted(bal.per_rank["rank"].unique()) == [0, 1]
+    # every rank on its device, or every rank on its host: nothing to say
+    assert compute_time_breakdown(load_traces(tmp_path / "rank0.json", cache=False)
+                                  ).host_only_text() is None

@@ -145,6 +145,25 @@ class TimeBreakdown:
                        f"not any device's time — {each} (devices[])")
         return out
 
+    def host_only_text(self) -> str | None:
+        """A line naming the ranks whose trace holds no device activity while other ranks' hold
+        kernels (:attr:`totals` ``domain``), else None: their figures are their host's."""
+        t = self.totals
+        if t is None or t.empty or "domain" not in t.columns:
+            return None
+        dev = sorted(int(r) for r in t.loc[t["domain"] == "gpu", "rank"])
+        host = sorted(int(r) for r in t.loc[t["domain"] != "gpu", "rank"])
+        if not dev or not host:
+            return None
+
+        def named(rs: list[int]) -> str:
+            return (f"rank {rs[0]}" if len(rs) == 1
+                    else f"ranks {', '.join(map(str, rs[:8]))}{', ...' if len(rs) > 8 else ''}")
+        return (f"{named(host)} {'holds' if len(host) == 1 else 'hold'} no device activity "
+                f"(no kernel) while {named(dev)} ran kernels: profiled with CPU activities only? "
+                f"Their computation and overlap are their host's, not comparable with the "
+                f"device ranks': the run's shares and the load-imbalance table leave them out")
+
     def joined_text(self) -> str | None:
         """``"a step is one optimizer step: 4 profiler steps each (gradient accumulation; the
         optimizer stepped, or a gradient scaler skipped its step, in profiler step(s) 4, 8
@@ -218,14 +237,26 @@ def step_means(steps: pd.DataFrame) -> pd.DataFrame:
     return steps.groupby("step", sort=True)[list(PART_COLUMNS)].mean().reset_index()
 
 
+def comparable_totals(totals: pd.DataFrame) -> pd.DataFrame:
+    """``totals`` without the ranks whose trace holds no device activity when other ranks'
+    hold kernels (:meth:`TimeBreakdown.host_only_text`: their host's op time is no measure of
+    their devices'); all of it otherwise."""
+    if totals.empty or "domain" not in totals.columns:
+        return totals
+    dev = totals["domain"] == "gpu"
+    return totals[dev] if dev.any() and not dev.all() else totals
+
+
 def overall_shares(totals: pd.DataFrame) -> dict[str, float]:
     """The run's shares, summed over ranks (``totals``: :attr:`TimeBreakdown.totals`):
     ``exposed_comm_pct`` = 100·Σ exposed_comm_us / Σ span_us (% of rank time),
     ``overlap_pct`` = 100·(Σ comm_us − Σ exposed_comm_us) / Σ comm_us (% of communication
     under compute, HTA's overlap over all ranks), ``comm_us_per_rank`` = mean ``comm_us`` (µs)
     over the ranks that communicate (``overlap_pct`` measured). NaN where a denominator is 0 or
-    no rank communicates."""
+    no rank communicates. Ranks without device activity beside ranks with it are left out
+    (:func:`comparable_totals`)."""
     out = dict.fromkeys(OVERALL_KEYS, float("nan"))
+    totals = comparable_totals(totals)
     if totals.empty:
         return out
     comm, exposed = totals["comm_us"].sum(), totals["exposed_comm_us"].sum()

@@ -121,6 +121,11 @@ def compute_balance(traces: TraceSet, breakdown_steps: pd.DataFrame, sync=None) 
     """Compute-time imbalance per dimension group and step (see the module docstring), and
     where each rank's arrival skew arises (:func:`skew_origin`, with ``sync``)."""
     per_rank = breakdown_steps[["rank", "step", "compute_us", "span_us"]].copy()
+    # ranks whose trace holds no kernel beside ranks whose do: their host's op time is no
+    # measure of their device's computation (TimeBreakdown.host_only_text)
+    dev = {r for r, t in traces.ranks.items() if t.has_gpu}
+    if dev and len(dev) < len(traces.ranks):
+        per_rank = per_rank[per_rank["rank"].isin(dev)]
     rows = []
     for dim, pg, ranks in dimension_groups(traces):
         sub = per_rank[per_rank["rank"].isin(ranks)]

@@ -467,7 +467,8 @@ def report_document(report: Report) -> js.ReportDocument:
     fields: dict[str, Any] = {
         "schema_version": REPORT_SCHEMA_VERSION,
         "source": report.traces.source,
-        "warnings": [*report.traces.warnings, *report.time_breakdown.devices_text()],
+        "warnings": [*report.traces.warnings, *report.time_breakdown.devices_text(),
+                     *filter(None, [report.time_breakdown.host_only_text()])],
         "notes": [*(n for t in report.traces.ranks.values() for n in t.notes),
                   *([f"Steps: {joined}"] if joined else [])],
         "run": report.traces.run_info,

@@ -9,7 +9,7 @@ import pandas as pd
 
 from pardiag.errors import EXIT_INTERRUPTED
 
-from ...analyses.breakdown import OUTLIER_STEP_FACTOR
+from ...analyses.breakdown import OUTLIER_STEP_FACTOR, comparable_totals
 from ...analyses.pipeline import summarize_bubbles
 from ...trace.traceset import TraceSet
 from .context import RuleContext, ms, run_step_row
@@ -61,8 +61,9 @@ def exposed_split(ctx: RuleContext) -> tuple[float, float, float, float, float] 
     peers' traces are absent, or nothing was matched) has a split nobody can tell: its exposed
     time is ``unknown``. ``head`` is the part of ``waiting`` at a profiling window's head
     (``head_waiting_us``: profiler start-up, no evidence of a slow peer). ``pardiag compare``
-    splits each rank the same way. None without exposed communication."""
-    tot = ctx.breakdown.totals
+    splits each rank the same way. None without exposed communication. Ranks without device
+    activity beside ranks with it are left out (:func:`comparable_totals`)."""
+    tot = comparable_totals(ctx.breakdown.totals)
     if not len(tot) or not (tot["exposed_comm_us"].sum() > 0):
         return None
     exposed = tot.set_index("rank")["exposed_comm_us"].astype(float)
@@ -263,7 +264,7 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
             imbalance costs, :func:`stage_text`).
         straggler: the :func:`identify_straggler` finding (or None) when the caller has it;
             by default it is found here."""
-    tot = ctx.breakdown.totals
+    tot = comparable_totals(ctx.breakdown.totals)
     parts = []
     if len(tot) and tot["span_us"].sum() > 0:
         span = tot["span_us"].sum()
