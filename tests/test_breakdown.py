@@ -475,6 +475,8 @@ def _steps(n: int, dur: float = 100.0) -> pd.DataFrame:
     ([1, 5], [(6, 200, 600, 4)]),
     # irregular: an epoch's last accumulation is shorter; 3 before the first (as many as the next)
     ([2, 5, 7], [(3, 0, 300, 3), (6, 300, 600, 3), (8, 600, 800, 2)]),
+    # three optimizers stepping together (Adam, Adam, Muon) in every profiler step that steps
+    ([3, 3, 3, 7, 7, 7], [(4, 0, 400, 4), (8, 400, 800, 4)]),
 ])
 def test_profiler_steps_join_into_one_step_per_optimizer_step(opt_in, want):
     from pardiag.analyzer.trace.classify import training_steps

@@ -327,8 +327,9 @@ def training_steps(steps: pd.DataFrame, optimizer_starts: np.ndarray,
     """Profiler steps (``step``, ``start_us``, ``end_us``) joined into training steps, one per
     optimizer step, when the evidence says the optimizer steps once every few profiler steps.
 
-    The evidence: every profiler step holds at most one optimizer step, and some hold none
-    while others hold one. A profiler step that holds a gradient scaler's update
+    The evidence: every profiler step holds at most one optimizer step (or every one that
+    holds any holds as many: several optimizers stepped together), and some hold none while
+    others hold one. A profiler step that holds a gradient scaler's update
     (``update_starts``, :func:`scaler_updates`) ends a training step too, where the scaler
     skipped the optimizer (inf or NaN gradients). A training step is then the profiler steps
     after one such end up to and including the next; it takes the number of the profiler step
@@ -336,8 +337,8 @@ def training_steps(steps: pd.DataFrame, optimizer_starts: np.ndarray,
     only when they are as many as those of the next one (else the window began inside an
     accumulation); those after the last optimizer step are left out (no optimizer step ended
     them). Without that evidence (no optimizer ranges recorded, one in every profiler step,
-    several in one profiler step, or only one optimizer step to measure the period by) the
-    profiler steps stay as they are.
+    more in some profiler steps than in others, or only one optimizer step to measure the
+    period by) the profiler steps stay as they are.
 
     Returns:
         ``steps`` with a ``profiler_steps`` column (int, profiler steps per row), joined
@@ -352,7 +353,12 @@ def training_steps(steps: pd.DataFrame, optimizer_starts: np.ndarray,
     held = np.array([int(((optimizer_starts >= s) & (optimizer_starts < e)).sum())
                      for s, e in zip(starts, ends)])
     if held.max() > 1:
-        return out
+        # several optimizers that step one after another (modded-nanogpt's Adam, Adam and
+        # Muon) are one optimizer step: so where every profiler step that holds any holds as
+        # many; else several optimizer steps may share a profiler step, and they stay as they are
+        if len(set(held[held > 0].tolist())) > 1:
+            return out
+        held = np.minimum(held, 1)
     updated = np.array([bool(((updates >= s) & (updates < e)).any())
                         for s, e in zip(starts, ends)], dtype=bool)
     held = np.where(updated, 1, held)
