@@ -421,9 +421,10 @@ def test_a_concatenation_of_ranks_that_share_a_pid_is_refused(tmp_path):
     assert (f"{cat}: holds two profiler steps of process {pids.pop()} at the same time "
             f"(ProfilerStep#1 and ProfilerStep#1 overlap by 1,300 µs): a merge of several ranks "
             f"whose processes share a pid" in res.output), res.output
-    # one rank's steps that overlap by a rounding of their times are one process's
+    # one rank's steps that overlap by a rounding of their times, or a step annotated twice
+    # from its start, are one process's
     b = TraceBuilder(rank=0)
-    b.step(1, EPOCH, 1000).step(2, EPOCH + 999.5, 1000)
+    b.step(1, EPOCH, 1000).step(2, EPOCH + 999.5, 1000).step(2, EPOCH + 999.5, 600)
     b.kernel("gemm_kernel", EPOCH + 10, 500, launch_ts=EPOCH + 1)
     res = CliRunner().invoke(cli, ["report", str(b.write(tmp_path / "touching.json")), "-q",
                                    "--no-cache", "-o", str(tmp_path / "r.html")])

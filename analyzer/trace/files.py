@@ -286,7 +286,8 @@ def _unnamed_ranks(events: pd.DataFrame) -> str | None:
     end = ts + steps["dur"].to_numpy()[order]
     pid = steps["pid"].to_numpy()[order]
     names = steps["name"].to_numpy()[order]
-    reach, owner, last = -np.inf, None, None   # the latest end so far, its process and step
+    # the latest end so far, its process, step and start
+    reach, owner, last, began = -np.inf, None, None, -np.inf
     for t, e, p, n in zip(ts.tolist(), end.tolist(), pid.tolist(), names.tolist()):
         if t < reach and p != owner:
             shown = ", ".join(map(str, sorted(map(str, pids))[:6]))
@@ -294,15 +295,17 @@ def _unnamed_ranks(events: pd.DataFrame) -> str | None:
                     f"(pids {shown}{', ...' if len(pids) > 6 else ''}): a merge of several "
                     f"ranks whose processes are not named 'rank N', which pardiag cannot split; "
                     f"report each rank's own file, or name each rank's processes 'rank N'")
-        if t < reach - SAME_PROCESS_STEP_OVERLAP_US:
-            # one process's profiler steps follow each other: two at once are two processes
-            # that share a pid (each rank in its own container is pid 1, or 47)
+        if t < reach - SAME_PROCESS_STEP_OVERLAP_US and not (
+                n == last and t - began <= SAME_PROCESS_STEP_OVERLAP_US):
+            # one process's profiler steps follow each other (a step annotated twice from its
+            # start is one step, merged as such): two at once are two processes that share a
+            # pid (each rank in its own container is pid 1, or 47)
             return (f"holds two profiler steps of process {p} at the same time ({last} and {n} "
                     f"overlap by {reach - t:,.0f} µs): a merge of several ranks whose processes "
                     f"share a pid (one per container), which pardiag cannot split; report each "
                     f"rank's own file")
         if e > reach:
-            reach, owner, last = e, p, n
+            reach, owner, last, began = e, p, n, t
     return None
 
 
