@@ -305,3 +305,31 @@ def test_an_sp_mesh_dimension_is_named_by_what_runs_over_it():
 
     assert dim_of("mesh_sp") is None and dim_of("mesh_tp") == "tp" and dim_of("mesh_cp") == "cp"
     assert role_of({"all_to_all": 8}, 0.0, "cp") == "cp"
+
+
+def test_torchtitans_unflattened_meshes_give_the_data_mesh():
+    """Newer torchtitan (``_unflatten``) on 16 ranks: a data mesh dp 4 × cp 2 × tp 2 whose dp
+    is dp_replicate 2 × dp_shard 2, its flattened dp_cp, and a compute mesh's dp_replicate and
+    dp_shard_cp (no dp_shard group, and tp twice). dp is the dp group's 4, not dp_replicate ×
+    dp × dp_shard_cp = 32 (the degrees multiplied to 128 on 16 ranks: layout unknown)."""
+    from pardiag.analyzer.analyses.mesh import mesh_dims
+
+    def rank(rep, shard, c, t):
+        return ((rep * 2 + shard) * 2 + c) * 2 + t
+    coords = [(a, b, c, d) for a in (0, 1) for b in (0, 1) for c in (0, 1) for d in (0, 1)]
+    groups = []
+    for a, b, c, d in coords:
+        groups += [
+            ("mesh_dp", sorted(rank(x, y, c, d) for x in (0, 1) for y in (0, 1))),
+            ("mesh_cp", sorted(rank(a, b, z, d) for z in (0, 1))),
+            ("mesh_tp", sorted(rank(a, b, c, z) for z in (0, 1))),
+            ("mesh_tp", sorted(rank(a, b, c, z) for z in (0, 1))),
+            ("mesh_dp_cp", sorted(rank(x, y, z, d) for x in (0, 1) for y in (0, 1)
+                                  for z in (0, 1))),
+            ("mesh_dp_replicate", sorted(rank(x, b, c, d) for x in (0, 1))),
+            ("mesh_dp_shard_cp", sorted(rank(a, y, z, d) for y in (0, 1) for z in (0, 1)))]
+    m = mesh_dims(groups, world=16)
+    assert m.dims == {"dp": 4, "cp": 2, "tp": 2}
+    assert "mesh_dp (4 ranks) holds mesh_dp_replicate: one dimension, of 4" in m.notes
+    assert "mesh_dp_shard_cp (4 ranks) lies within mesh_cp × mesh_dp: not a further " \
+           "dimension" in m.notes

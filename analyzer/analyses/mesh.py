@@ -274,6 +274,22 @@ def mesh_dims(groups: list[tuple[str, list[int]]], roles: dict | None = None,
             notes.append(f"{desc} ({size} ranks) is the product of "
                          f"{' × '.join(b[1] for b in inside)}: not a further dimension")
             continue
+        if is_composite(desc) and basis and all(
+                g <= _span(r, [b[2] for b in basis], gmap) for r, g in gmap.items()):
+            # a flattened mesh whose factors are partly folded into others (torchtitan's
+            # dp_shard_cp beside a dp that is dp_replicate × dp_shard, and no dp_shard group)
+            meets = [b[1] for b in basis
+                     if any(len(b[2].get(r, frozenset()) & g) > 1 for r, g in gmap.items())]
+            notes.append(f"{desc} ({size} ranks) lies within {' × '.join(meets)}: not a "
+                         f"further dimension")
+            continue
+        # the same dimension's smaller groups inside this one are parts of it (torchtitan's
+        # dp over dp_replicate where no dp_shard group is listed): this one stands for them
+        same = [b for b in inside if dim_of_key[b[1]] == dim_of_key[desc]]
+        if same and not is_composite(desc):
+            notes.append(f"{desc} ({size} ranks) holds {', '.join(b[1] for b in same)}: "
+                         f"one dimension, of {size}")
+            basis = [b for b in basis if b not in same]
         basis.append((size, desc, gmap))
     dims: dict[str, int] = {}
     descs: dict[str, list[str]] = {}
