@@ -633,6 +633,26 @@ def test_a_merged_files_renumbered_pids_are_not_devices(tmp_path):
     assert bd.devices.empty and bd.devices_text() == []
 
 
+def test_a_ranks_kernels_on_another_gpu_are_read_from_their_device_arg(tmp_path):
+    """A DDP rank on GPU 1 that also runs its EMA update on cuda:0 (never called set_device):
+    its kernels name their devices, and only its NCCL kernel's args were kept whole. The
+    EMA kernel is GPU 0's (it was put on the only device the kept args named, so the rank
+    showed one device and no warning)."""
+    b = TraceBuilder(rank=1, world_size=2)
+    b.step(1, EPOCH, 1000)
+    b.kernel("gemm", EPOCH + 10, 500, launch_ts=EPOCH + 1, args={"device": 1})
+    b.events[-2]["pid"] = 1
+    b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+             EPOCH + 520, 300, stream=20, launch_ts=EPOCH + 2, args={"device": 1})
+    b.events[-2]["pid"] = 1
+    b.kernel("ema_update_kernel", EPOCH + 830, 100, launch_ts=EPOCH + 3, args={"device": 0})
+    b.write(tmp_path / "rank1.json")
+    bd = compute_time_breakdown(load_traces(tmp_path, cache=False))
+    assert bd.devices[["device", "kernels", "compute_us"]].values.tolist() == [
+        [0, 1, 100.0], [1, 2, 500.0]]
+    assert bd.devices_text()[0].startswith("rank 1: one process drives 2 devices (0 and 1;")
+
+
 def test_ranks_profiled_without_their_device_are_said_and_left_out_of_the_comparisons(tmp_path):
     """Ranks 0 and 1 ran kernels; ranks 2 and 3 of the same job hold only host events (profiled
     with CPU activities only). A warning names them; the run's exposed share is the device

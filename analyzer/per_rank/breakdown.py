@@ -607,7 +607,10 @@ def device_timelines(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
     if not dev.any():
         return pd.DataFrame(columns=list(DEVICE_COLUMNS))
     ev = trace.events
-    ids = _device_ids(ev["args"].to_numpy()[dev], ev["pid"].to_numpy()[dev])
+    named = (ev["device"].to_numpy()[dev] if "device" in ev.columns
+             else np.array([a if type(a) is int and a >= 0 else -1
+                            for a in vocab.DEVICE.values(ev["args"].to_numpy()[dev])]))
+    ids = _device_ids(named, ev["pid"].to_numpy()[dev])
     ts = ev["ts"].to_numpy(dtype=float)[dev]
     end = ts + ev["dur"].to_numpy(dtype=float)[dev]
     compute = k[dev] == Kind.GPU_COMPUTE.value
@@ -622,13 +625,14 @@ def device_timelines(trace: RankTrace, kinds: pd.Series) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(DEVICE_COLUMNS))
 
 
-def _device_ids(args: np.ndarray, pid: np.ndarray) -> list[int]:
-    """Each device event's device (``args``, ``pid``: the device events' columns): its
-    ``device`` arg. An event without one is on the only device the others name; where none
-    names one, on its ``pid`` (Kineto's pid of a device's events is the device; merge tools
-    renumber pids, so a pid is read only when no event says more); where several are named, on
-    the one its pid equals, else on none (-1, left out)."""
-    # a trace names few devices and pids; keyed by type too, as 1.0 == 1 is no device number
+def _device_ids(named: np.ndarray, pid: np.ndarray) -> list[int]:
+    """Each device event's device (``named``, ``pid``: the device events' ``device`` column,
+    -1 where an event names none, and their ``pid``): the device it names. An event without
+    one is on the only device the others name; where none names one, on its ``pid`` (Kineto's
+    pid of a device's events is the device; merge tools renumber pids, so a pid is read only
+    when no event says more); where several are named, on the one its pid equals, else on none
+    (-1, left out)."""
+    # a trace names few pids; keyed by type too, as 1.0 == 1 is no device number
     memo: dict[tuple[type, object], int | None] = {}
 
     def as_int(x: object) -> int | None:
@@ -643,9 +647,7 @@ def _device_ids(args: np.ndarray, pid: np.ndarray) -> list[int]:
                else int(str(x)) if str(x).isdigit() else None)
         memo[key] = got
         return got
-    # an int is its own number: only other values go through as_int (once per event)
-    arg = [a if type(a) is int else None if a is None else as_int(a)
-           for a in vocab.DEVICE.values(args)]
+    arg = [d if d >= 0 else None for d in named.tolist()]
     known = {d for d in arg if d is not None}
     pids = (pid.tolist() if pid.dtype.kind in "iu"
             else [p if type(p) is int else as_int(p) for p in pid])

@@ -284,11 +284,27 @@ def _gpu_streams(gpu: np.ndarray, arg_stream, arg_queue, tid_raw: list) -> np.nd
     return streams
 
 
+def _device_column(gpu: np.ndarray, arg_device: list) -> np.ndarray:
+    """int64 device of each GPU event from its ``device`` arg (an integer, or the digits of a
+    string), -1 where it has none and for events off the device: the device of a kernel whose
+    other args the table does not keep (a rank's kernels on two GPUs)."""
+    out = np.full(len(arg_device), -1, dtype=np.int64)
+    idx = np.flatnonzero(gpu).tolist()
+    values = [arg_device[i] for i in idx]
+    if values and set(map(type, values)) <= {int} and 0 <= min(values) and max(values) < 2**62:
+        out[idx] = values   # every GPU event names its device (a CUDA trace): no loop
+        return out
+    for i, d in zip(idx, values):
+        if type(d) is int or (type(d) is str and d.isdigit()):
+            out[i] = int(d)
+    return out
+
+
 def slice_arrays(*, names_raw, cats_raw, phs, pids_raw, tid_raw, ts_raw, dur_raw, no_dur,
-                  arg_stream, arg_queue, arg_corr, kept_args) -> dict:
+                  arg_stream, arg_queue, arg_corr, arg_device, kept_args) -> dict:
     """The columns of the event table for some events, from the raw field values (one list per
-    field: ``arg_stream``/``arg_queue`` hold :data:`MISSING` where an event's args have no
-    such key, ``arg_corr`` -1; ``kept_args`` the args dicts the table keeps
+    field: ``arg_stream``/``arg_queue``/``arg_device`` hold :data:`MISSING` where an event's
+    args have no such key, ``arg_corr`` -1; ``kept_args`` the args dicts the table keeps
     (:func:`keeps_args`), None elsewhere), with ``strings`` (ts/dur values read from strings)
     and ``no_dur`` (complete events without ``dur``). :func:`frame_from_parts` joins them."""
     cats = _annotations_as_such(names_raw, _normalize_cats(cats_raw))
@@ -299,7 +315,8 @@ def slice_arrays(*, names_raw, cats_raw, phs, pids_raw, tid_raw, ts_raw, dur_raw
     return dict(name=_str_column(names_raw), cat=cats, ph=phs, pid=_str_column(pids_raw),
                 tid=_str_column(tid_raw), ts=ts, dur=dur,
                 stream=_gpu_streams(is_gpu, arg_stream, arg_queue, tid_raw),
-                correlation=_int_column(list(arg_corr)), args=kept_args,
+                correlation=_int_column(list(arg_corr)),
+                device=_device_column(is_gpu, arg_device), args=kept_args,
                 strings=ts_str + dur_str, no_dur=no_dur)
 
 
@@ -316,7 +333,7 @@ def frame_from_parts(path, display_time_unit, thread_names, not_objects, parts: 
     if not parts:
         parts = [slice_arrays(names_raw=[], cats_raw=[], phs=[], pids_raw=[], tid_raw=[],
                                ts_raw=[], dur_raw=[], no_dur=0, arg_stream=[], arg_queue=[],
-                               arg_corr=[], kept_args=[])]
+                               arg_corr=[], arg_device=[], kept_args=[])]
 
     def joined(key):
         if len(parts) == 1:
@@ -332,6 +349,7 @@ def frame_from_parts(path, display_time_unit, thread_names, not_objects, parts: 
         "ph": pd.Series(joined("ph"), dtype=object), "pid": pd.Series(joined("pid"), dtype=object),
         "tid": pd.Series(joined("tid"), dtype=object), "ts": ts, "dur": joined("dur"),
         "stream": joined("stream"), "correlation": joined("correlation"),
+        "device": joined("device"),
         "args": pd.Series(joined("args"), dtype=object),
     })
     strings = sum(p["strings"] for p in parts)

@@ -60,6 +60,7 @@ class _LiteArgs(msgspec.Struct, gc=False, frozen=True):
     stream: object = msgspec.field(default=msgspec.UNSET, name=vocab.STREAM.name)
     correlation: object = msgspec.field(default=-1, name=vocab.CORRELATION.name)
     sycl_queue: object = msgspec.field(default=msgspec.UNSET, name=vocab.SYCL_QUEUE.name)
+    device: object = msgspec.field(default=msgspec.UNSET, name=vocab.DEVICE.name)
 
 
 _NO_LITE = _LiteArgs()
@@ -388,7 +389,8 @@ def _lite_args(lites: list, full: list[bool], raws: list) -> dict:
                 kept[i] = o.args
     return dict(arg_stream=list(map(get("stream"), lites)),
                 arg_queue=list(map(get("sycl_queue"), lites)),
-                arg_corr=list(map(get("correlation"), lites)), kept_args=kept)
+                arg_corr=list(map(get("correlation"), lites)),
+                arg_device=list(map(get("device"), lites)), kept_args=kept)
 
 
 def _fast_args(raws: list, full: list[bool]) -> dict:
@@ -409,10 +411,11 @@ def _fast_args(raws: list, full: list[bool]) -> dict:
         stream = list(map(get("stream"), lites))
         queue = list(map(get("sycl_queue"), lites))
         corr = list(map(get("correlation"), lites))
+        device = list(map(get("device"), lites))
         del lites
         todo = [i for i in itertools.compress(range(n), full) if len(raws[i]) > 2]
     else:
-        stream, queue, corr = [MISSING] * n, [MISSING] * n, [-1] * n
+        stream, queue, corr, device = [MISSING] * n, [MISSING] * n, [-1] * n, [MISSING] * n
         todo = [i for i in range(n) if len(raws[i]) > 2]
     for i in todo:
         a = _ANY_DECODER.decode(raws[i])
@@ -422,4 +425,6 @@ def _fast_args(raws: list, full: list[bool]) -> dict:
             stream[i] = vocab.STREAM.get(a, MISSING)
             queue[i] = vocab.SYCL_QUEUE.get(a, MISSING)
             corr[i] = vocab.CORRELATION.get(a, -1)
-    return dict(arg_stream=stream, arg_queue=queue, arg_corr=corr, kept_args=kept)
+            device[i] = vocab.DEVICE.get(a, MISSING)
+    return dict(arg_stream=stream, arg_queue=queue, arg_corr=corr, arg_device=device,
+                kept_args=kept)

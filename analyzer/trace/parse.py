@@ -336,6 +336,7 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
         arg_stream=[vocab.STREAM.get(a, MISSING) for a in argss],
         arg_queue=[vocab.SYCL_QUEUE.get(a, MISSING) for a in argss],
         arg_corr=[vocab.CORRELATION.get(a, -1) for a in argss],
+        arg_device=[vocab.DEVICE.get(a, MISSING) for a in argss],
         kept_args=[a if (a and k) else None for a, k in zip(argss, keeps_args(names_raw))])
 
 

@@ -27,9 +27,11 @@ from . import vocab
 #: instant event). ``cat`` normalised (``kernel``, ``cpu_op``, ``cuda_runtime``, ...; categorical
 #: when the parser builds the table: analyses compare it, never assume its dtype); ``ts``/``dur``
 #: in µs on the trace's own clock; ``stream`` -1 for CPU events;
-#: ``correlation`` -1 when absent; ``args`` holds the raw args dict for communication and memory
-#: events (None otherwise).
-EVENT_COLUMNS = ("name", "cat", "ph", "pid", "tid", "ts", "dur", "stream", "correlation", "args")
+#: ``correlation`` -1 when absent; ``device`` the device a GPU event names (its ``device`` arg),
+#: -1 where none or off the device; ``args`` holds the raw args dict for communication and
+#: memory events (None otherwise).
+EVENT_COLUMNS = ("name", "cat", "ph", "pid", "tid", "ts", "dur", "stream", "correlation",
+                 "device", "args")
 #: Categories of events that run on a GPU stream.
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
