@@ -865,6 +865,28 @@ def test_point_to_point_only_ranks_are_linked_by_their_kernels_ends(tmp_path):
     assert set(sync.offsets["offset_us"]) == {0.0}
 
 
+def test_a_receiver_whose_window_began_an_iteration_later_pairs_by_its_ends(tmp_path):
+    """Rank 0 sends to rank 1 twice per 40 ms iteration; rank 1's clock reads 350 µs ahead and
+    its trace began one iteration later (iterations 2-4 against rank 0's 1-3). Pairing the
+    k-th send with the k-th receive made rank 1's clock 40.35 ms ahead; the transfers of the
+    two shared iterations pair, and the offset is 350 µs."""
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        for it in ((1, 2, 3) if r == 0 else (2, 3, 4)):
+            t = EPOCH + 40_000 * it + (350.0 if r else 0.0)
+            b.step(it, t, 40_000)
+            for k in range(2):
+                op, peer = ("send", "Dst Rank") if r == 0 else ("recv", "Src Rank")
+                b.kernel("ncclDevKernel_SendRecv(x)", t + 100 + 15_000 * k, 200 + 50 * k,
+                         stream=30, launch_ts=t + 1 + 15_000 * k,
+                         args=_nccl_args(op, (0, 1), "0", **{peer: str(1 - r)}))
+        b.write(tmp_path / f"rank{r}.json")
+    sync = compute_sync(load_traces(tmp_path, cache=False))
+    off = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
+    assert off == {0: 0.0, 1: 350.0}
+    assert sync.p2p["count"].tolist() == [4]
+
+
 def test_batched_sendrecv_and_named_copies_are_never_matched_as_collectives(tmp_path):
     for r in (0, 1):
         b = TraceBuilder(rank=r)

@@ -112,7 +112,39 @@ def _p2p_keys(sub: pd.DataFrame) -> pd.Series:
     if "seq" in tmp and "source" in tmp:
         seq = pd.to_numeric(tmp["seq"], errors="coerce")
         nth = nth.where(~(tmp["source"].eq("trace") & (seq > 0)), seq).astype(int)
-    return instance_keys.p2p_keys(tmp["_gid"].str[1:], tmp["src"], tmp["dst"], nth)
+    return instance_keys.p2p_keys(tmp["_gid"].str[1:], tmp["src"], tmp["dst"],
+                                  _aligned_receives(tmp, nth))
+
+
+def _aligned_receives(tmp: pd.DataFrame, nth: pd.Series) -> pd.Series:
+    """``nth`` (each side's count of its transfers between two ranks, gaps where a trace lost
+    some) with the receiver's shifted onto the sender's by :func:`_align` of the two sides'
+    bytes and ends (a send and its receive end together): a receiver whose window began an
+    iteration after its sender's pairs its first receive with the sender's second iteration's
+    send, not with its first (which implied a clock offset of a whole iteration)."""
+    out = nth.copy()
+    nbytes = pd.to_numeric(tmp["bytes"], errors="coerce").fillna(-1).to_numpy()
+    ends = tmp["end_us"].to_numpy(dtype=float)
+    sends = (tmp["rank"] == tmp["src"]).to_numpy()
+    k = nth.to_numpy(dtype=np.int64)
+    codes = pd.factorize(nbytes)[0]
+    groups = pd.DataFrame({"g": tmp["_gid"].to_numpy(), "s": tmp["src"].to_numpy(),
+                           "d": tmp["dst"].to_numpy()}).groupby(["g", "s", "d"]).indices
+    for idx in groups.values():
+        sent, got = idx[sends[idx]], idx[~sends[idx]]
+        if len(sent) < 2 or len(got) < 2:
+            continue
+        lo = int(k[idx].min())
+        laid = []
+        for rows in (got, sent):   # each side by its count: a lost transfer is a gap
+            a = np.full(int(k[rows].max()) - lo + 1, -1, dtype=np.int64)
+            e = np.full(len(a), np.nan)
+            a[k[rows] - lo], e[k[rows] - lo] = codes[rows], ends[rows]
+            laid.append((a, e))
+        d = _align(laid[0][0], laid[1][0], laid[0][1], laid[1][1])
+        if d:
+            out.iloc[got] = k[got] + d
+    return out
 
 
 #: Two ranks' ops of a group the trace does not name are one group's when, aligned, most of their
