@@ -142,9 +142,21 @@ def _aligned_receives(tmp: pd.DataFrame, nth: pd.Series) -> pd.Series:
             a[k[rows] - lo], e[k[rows] - lo] = codes[rows], ends[rows]
             laid.append((a, e))
         d = _align(laid[0][0], laid[1][0], laid[0][1], laid[1][1])
-        if d:
+        if d and _ends_together(laid[0][1], laid[1][1], d):
             out.iloc[got] = k[got] + d
     return out
+
+
+def _ends_together(a_end: np.ndarray, b_end: np.ndarray, d: int) -> bool:
+    """Whether the ends ``a_end[i]`` and ``b_end[i + d]`` keep one difference (median absolute
+    deviation at most :data:`SAME_CLOCK_SPREAD_US`): NCCL completes a send and its receive
+    together, while gloo's send ends when its buffer is handed off, and such ends say nothing
+    of which transfers pair (:data:`P2P_CLOCK_SHARE`)."""
+    lo, hi = max(0, -d), min(len(a_end), len(b_end) - d)
+    diff = a_end[lo:hi] - b_end[lo + d:hi + d]
+    diff = diff[np.isfinite(diff)]
+    return bool(len(diff)) and float(np.median(np.abs(diff - np.median(diff)))) <= \
+        SAME_CLOCK_SPREAD_US
 
 
 #: Two ranks' ops of a group the trace does not name are one group's when, aligned, most of their
