@@ -418,15 +418,18 @@ def test_a_concatenation_of_ranks_that_share_a_pid_is_refused(tmp_path):
     res = CliRunner().invoke(cli, ["report", str(cat), "-q", "--no-cache",
                                    "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 2 and res.output.count("\n") == 1
-    assert (f"{cat}: holds two profiler steps of process {pids.pop()} at the same time "
-            f"(ProfilerStep#1 and ProfilerStep#1 overlap by 1,300 µs): a merge of several ranks "
-            f"whose processes share a pid" in res.output), res.output
-    # one rank's steps that overlap by a rounding of their times, or a step annotated twice
-    # from its start, are one process's
+    assert (f"{cat}: holds ProfilerStep#1 of process {pids.pop()} twice, 700 µs apart on one "
+            f"thread: a merge of several ranks whose processes share a pid" in res.output), \
+        res.output
+    # one process's: a step annotated twice from its start, a user's range of the step's name
+    # inside it, another thread's annotations, a step whose start the profiler moved back
+    # before the previous one's end (to the Python step() call)
     b = TraceBuilder(rank=0)
-    b.step(1, EPOCH, 1000).step(2, EPOCH + 999.5, 1000).step(2, EPOCH + 999.5, 600)
+    b.step(1, EPOCH, 1000).step(2, EPOCH + 700, 1000).step(2, EPOCH + 700, 600)
+    b.cpu("ProfilerStep#2", EPOCH + 750, 100, cat="user_annotation")
+    b.cpu("ProfilerStep#1", EPOCH + 5, 900, tid=2, cat="user_annotation")
     b.kernel("gemm_kernel", EPOCH + 10, 500, launch_ts=EPOCH + 1)
-    res = CliRunner().invoke(cli, ["report", str(b.write(tmp_path / "touching.json")), "-q",
+    res = CliRunner().invoke(cli, ["report", str(b.write(tmp_path / "one.json")), "-q",
                                    "--no-cache", "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 0, res.output
 

@@ -286,32 +286,47 @@ def _unnamed_ranks(events: pd.DataFrame) -> str | None:
     end = ts + steps["dur"].to_numpy()[order]
     pid = steps["pid"].to_numpy()[order]
     names = steps["name"].to_numpy()[order]
-    # the latest end so far, its process, step and start
-    reach, owner, last, began = -np.inf, None, None, -np.inf
-    for t, e, p, n in zip(ts.tolist(), end.tolist(), pid.tolist(), names.tolist()):
+    reach, owner = -np.inf, None   # the latest end so far, and its process
+    for t, e, p in zip(ts.tolist(), end.tolist(), pid.tolist()):
         if t < reach and p != owner:
             shown = ", ".join(map(str, sorted(map(str, pids))[:6]))
             return (f"holds the profiler steps of {len(pids)} processes at the same time "
                     f"(pids {shown}{', ...' if len(pids) > 6 else ''}): a merge of several "
                     f"ranks whose processes are not named 'rank N', which pardiag cannot split; "
                     f"report each rank's own file, or name each rank's processes 'rank N'")
-        if t < reach - SAME_PROCESS_STEP_OVERLAP_US and not (
-                n == last and t - began <= SAME_PROCESS_STEP_OVERLAP_US):
-            # one process's profiler steps follow each other (a step annotated twice from its
-            # start is one step, merged as such): two at once are two processes that share a
-            # pid (each rank in its own container is pid 1, or 47)
-            return (f"holds two profiler steps of process {p} at the same time ({last} and {n} "
-                    f"overlap by {reach - t:,.0f} µs): a merge of several ranks whose processes "
-                    f"share a pid (one per container), which pardiag cannot split; report each "
-                    f"rank's own file")
         if e > reach:
-            reach, owner, last, began = e, p, n, t
+            reach, owner = e, p
+    return _one_step_twice(steps)
+
+
+def _one_step_twice(steps: pd.DataFrame) -> str | None:
+    """Why the host step ranges ``steps`` are two processes' that share a pid (each rank in
+    its own container is pid 1, or 47; their traces concatenated), or None: one thread holds
+    the same ``ProfilerStep#N`` twice, neither range within the other (by more than
+    :data:`SAME_STEP_TOLERANCE_US`). One process numbers its steps once each; a range the user
+    records inside the profiler's, another thread's annotations and a step whose start the
+    profiler moved back (to the Python ``step()`` call) are no second process."""
+    for (pid, _, name), g in steps.groupby(["pid", "tid", "name"], sort=False):
+        if len(g) < 2:
+            continue
+        t = g["ts"].to_numpy(dtype=float)
+        e = t + g["dur"].to_numpy(dtype=float)
+        o = np.argsort(t, kind="stable")
+        t, e = t[o], e[o]
+        tol = SAME_STEP_TOLERANCE_US
+        for i in range(1, len(t)):
+            inside = e[i] <= e[:i].max() + tol or (t[i] - t[:i].min() <= tol)
+            if not inside:
+                return (f"holds {name} of process {pid} twice, {t[i] - t[0]:,.0f} µs apart on "
+                        f"one thread: a merge of several ranks whose processes share a pid "
+                        f"(one per container), which pardiag cannot split; report each rank's "
+                        f"own file")
     return None
 
 
-#: Consecutive profiler steps of one process may overlap by a rounding of their times; beyond
-#: this (µs) they are two processes' steps.
-SAME_PROCESS_STEP_OVERLAP_US = 1.0
+#: A step range that starts or ends within this (µs) of another of its number is that step
+#: annotated twice (:func:`_one_step_twice`).
+SAME_STEP_TOLERANCE_US = 10.0
 
 
 def read_events(path: Path, rank_hint: int | None = None) -> pd.DataFrame:
