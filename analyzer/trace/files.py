@@ -285,7 +285,6 @@ def _unnamed_ranks(events: pd.DataFrame) -> str | None:
     ts = steps["ts"].to_numpy()[order]
     end = ts + steps["dur"].to_numpy()[order]
     pid = steps["pid"].to_numpy()[order]
-    names = steps["name"].to_numpy()[order]
     reach, owner = -np.inf, None   # the latest end so far, and its process
     for t, e, p in zip(ts.tolist(), end.tolist(), pid.tolist()):
         if t < reach and p != owner:
