@@ -651,6 +651,13 @@ def test_a_ranks_kernels_on_another_gpu_are_read_from_their_device_arg(tmp_path)
     assert bd.devices[["device", "kernels", "compute_us"]].values.tolist() == [
         [0, 1, 100.0], [1, 2, 500.0]]
     assert bd.devices_text()[0].startswith("rank 1: one process drives 2 devices (0 and 1;")
+    # a 2 µs memset on cuda:0 (the context a rank on GPU 1 created there) is no second device
+    doc = json.loads((tmp_path / "rank1.json").read_text())
+    ema = next(e for e in doc["traceEvents"] if e["name"] == "ema_update_kernel")
+    ema.update(name="Memset (Device)", cat="gpu_memset", dur=2)
+    (tmp_path / "rank1.json").write_text(json.dumps(doc))
+    bd = compute_time_breakdown(load_traces(tmp_path, cache=False))
+    assert bd.devices.empty and bd.devices_text() == []
 
 
 def test_ranks_profiled_without_their_device_are_said_and_left_out_of_the_comparisons(tmp_path):

@@ -237,6 +237,11 @@ def step_means(steps: pd.DataFrame) -> pd.DataFrame:
     return steps.groupby("step", sort=True)[list(PART_COLUMNS)].mean().reset_index()
 
 
+#: A device of a rank's trace busy for less than this share of the rank's busiest device is
+#: left out of the rank's devices (a context created on cuda:0 by a rank on another GPU).
+DEVICE_MIN_BUSY_SHARE = 0.01
+
+
 def comparable_totals(totals: pd.DataFrame) -> pd.DataFrame:
     """``totals`` without the ranks whose trace holds no device activity when other ranks'
     hold kernels (:meth:`TimeBreakdown.host_only_text`: their host's op time is no measure of
@@ -411,12 +416,16 @@ def compute_time_breakdown(traces: TraceSet,
         # ranks, most with one device and no joined profiler steps)
         devs = summary.stored("devices")
         if devs is not None and len(devs) > 1:
+            # a device the process touched in passing (a context's memset on cuda:0) is no
+            # second timeline of the rank's work
+            own = summary.devices
+            own = own[own["busy_us"] >= DEVICE_MIN_BUSY_SHARE * own["busy_us"].max()]
             span = float(total.get("span_us") or 0.0)
             devices.extend({"rank": rank, **{k: d[k] for k in ("device", "kernels", "compute_us",
                                                                 "busy_us")},
                             "idle_pct": 100.0 * (1 - d["busy_us"] / span) if span > 0
                             else float("nan")}
-                           for d in summary.devices.to_dict("records"))
+                           for d in (own.to_dict("records") if len(own) > 1 else ()))
         held = summary.stored("steps")
         if held is not None and "profiler_steps" in held.columns:
             n_prof = float_column(held, "profiler_steps")
