@@ -188,14 +188,24 @@ def per_rank_waits(ev: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame, 
     return per_rank, pr[pr["complete"].astype(bool)].drop(columns="_root")
 
 
+#: Ranks whose arrivals lie within this share of an instance's arrival skew of the last arrival
+#: arrived last together (:func:`_co_last`).
+CO_LAST_SHARE = 0.1
+
+
 def _co_last(pr: pd.DataFrame, own_rule: np.ndarray) -> list[tuple[int, ...]]:
     """Per row, the ranks its instance waited for: those that arrived last together (within
-    :data:`ARRIVAL_TIE_US` of the last arrival: two ranks with the same extra work, as the heads
-    Ulysses gives the first ranks of an uneven split, are both waited for, not the lower rank
-    by its number); only ``last_rank`` where the instance has a rule of its own (``own_rule``:
-    a pair, or a broadcast's or scatter's root)."""
-    latest = pr.groupby("instance")["start_us"].transform("max")
-    tied = (pr["start_us"] >= latest - ARRIVAL_TIE_US).to_numpy()
+    :data:`CO_LAST_SHARE` of the instance's arrival skew, and at least :data:`ARRIVAL_TIE_US`,
+    of the last arrival: two ranks with the same extra work, as the heads Ulysses gives the
+    first ranks of an uneven split, or two ranks of a slow host, are both waited for, not the
+    later by its tens of µs or the lower by its number); only ``last_rank`` where the instance
+    has a rule of its own (``own_rule``: a pair, or a broadcast's or scatter's root)."""
+    by = pr.groupby("instance")["start_us"]
+    latest = by.transform("max")
+    # together: within a tenth of the instance's arrival skew of the last arrival (two ranks
+    # 2 ms late, one of them 60 µs after the other, are late together), at least ARRIVAL_TIE_US
+    tol = np.maximum(ARRIVAL_TIE_US, CO_LAST_SHARE * (latest - by.transform("min")))
+    tied = (pr["start_us"] >= latest - tol).to_numpy()
     together = pr[tied].groupby("instance")["rank"].agg(lambda r: tuple(sorted(int(x) for x in r)))
     own = pr["last_rank"].map(lambda r: (int(r),))
     return [o if rule or not isinstance(t, tuple) else t for o, t, rule in
@@ -462,6 +472,18 @@ def _step_span(done: pd.DataFrame) -> float:
     return float((spans["hi"] - spans["lo"]).median())
 
 
+def late_together(st: pd.DataFrame) -> list[int]:
+    """The ranks that arrive last together at most of their ops and cause about as much
+    waiting each (within a tenth of the most), when two or more do (a slow host's ranks, the
+    ranks with more work), else ``[]``; ``st``: :attr:`.sync.SyncResult.stragglers`."""
+    if len(st) < 2 or float(st["wait_caused_us"].max()) < STRAGGLER_MIN_WAIT_US:
+        return []
+    top = float(st["wait_caused_us"].max())
+    sel = st[(st["wait_caused_us"] >= 0.9 * top)
+             & (st["last_arrivals"] >= STRAGGLER_LAST_SHARE * st["instances"].clip(lower=1))]
+    return sorted(int(r) for r in sel["rank"]) if len(sel) > 1 else []
+
+
 def straggler_noise_note(st: pd.DataFrame, straggler: int | None) -> str | None:
     """A note when waiting was caused but nobody is named because it is spread over the ranks
     (:data:`STRAGGLER_DOMINANCE`); ``st``: :attr:`.sync.SyncResult.stragglers`."""
@@ -474,7 +496,13 @@ def straggler_noise_note(st: pd.DataFrame, straggler: int | None) -> str | None:
     last, n = int(st["last_arrivals"].iloc[0]), max(1, int(st["instances"].iloc[0]))
     causes = f"rank {r0} causes {top:.0f} µs, rank {r1} {second:.0f} µs"
     # the criterion it failed, said as such (straggler_table's order)
-    if top < STRAGGLER_DOMINANCE * second:
+    together = late_together(st)
+    if together and top < STRAGGLER_DOMINANCE * second:
+        who = ", ".join(map(str, together))
+        why = (f"ranks {who} arrive last together at most of their collectives and cause "
+               f"about as much waiting each ({causes}): a group slower than the rest (a slower "
+               f"host, more work), not one straggler")
+    elif top < STRAGGLER_DOMINANCE * second:
         why = (f"the waiting is spread over the ranks ({causes}: a straggler causes "
                f"{STRAGGLER_DOMINANCE:g}× the next rank's)")
     elif last < STRAGGLER_LAST_SHARE * n:

@@ -11,6 +11,7 @@ from pardiag.errors import EXIT_INTERRUPTED
 
 from ...analyses.breakdown import OUTLIER_STEP_FACTOR, comparable_totals
 from ...analyses.pipeline import summarize_bubbles
+from ...analyses.stragglers import late_together
 from ...trace.traceset import TraceSet
 from .context import RuleContext, ms, run_step_row
 from .findings import identify_straggler
@@ -313,6 +314,10 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
             claim += (f", but {ctx.contention}, and how the OS shares the cores can make a "
                       f"rank late by itself")
         parts.append(claim)
+    elif ctx.sync is not None and (group := late_together(ctx.sync.stragglers)):
+        parts.append(f"ranks {', '.join(map(str, group))} arrive last together at most "
+                     f"collectives and cause the waiting alike: a group slower than the rest "
+                     f"(a slower host, more work), not one straggler")
     routing = ctx.routing.describe() if ctx.routing is not None else None
     if routing:
         parts.append(routing)
