@@ -301,8 +301,8 @@ def _unnamed_ranks(events: pd.DataFrame) -> str | None:
 def _one_step_twice(steps: pd.DataFrame) -> str | None:
     """Why the host step ranges ``steps`` are two processes' that share a pid (each rank in
     its own container is pid 1, or 47; their traces concatenated), or None: one thread holds
-    the same ``ProfilerStep#N`` twice, neither range within the other (by more than
-    :data:`SAME_STEP_TOLERANCE_US`). One process numbers its steps once each; a range the user
+    the same ``ProfilerStep#N`` twice in ranges that overlap, neither within the other (by
+    more than :data:`SAME_STEP_TOLERANCE_US`). One process numbers its steps once each; a range the user
     records inside the profiler's, another thread's annotations and a step whose start the
     profiler moved back (to the Python ``step()`` call) are no second process."""
     for (pid, _, name), g in steps.groupby(["pid", "tid", "name"], sort=False):
@@ -315,7 +315,7 @@ def _one_step_twice(steps: pd.DataFrame) -> str | None:
         tol = SAME_STEP_TOLERANCE_US
         for i in range(1, len(t)):
             inside = e[i] <= e[:i].max() + tol or (t[i] - t[:i].min() <= tol)
-            if not inside:
+            if t[i] < e[:i].max() - tol and not inside:
                 return (f"holds {name} of process {pid} twice, {t[i] - t[0]:,.0f} µs apart on "
                         f"one thread: a merge of several ranks whose processes share a pid "
                         f"(one per container), which pardiag cannot split; report each rank's "
