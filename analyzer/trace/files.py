@@ -302,9 +302,10 @@ def _one_step_twice(steps: pd.DataFrame) -> str | None:
     """Why the host step ranges ``steps`` are two processes' that share a pid (each rank in
     its own container is pid 1, or 47; their traces concatenated), or None: one thread holds
     the same ``ProfilerStep#N`` twice in ranges that overlap, neither within the other (by
-    more than :data:`SAME_STEP_TOLERANCE_US`). One process numbers its steps once each; a range the user
-    records inside the profiler's, another thread's annotations and a step whose start the
-    profiler moved back (to the Python ``step()`` call) are no second process."""
+    more than :data:`SAME_STEP_TOLERANCE_US`). One process numbers its steps once each; a
+    range the user records inside the profiler's, another thread's annotations and a step
+    whose start the profiler moved back (to the Python ``step()`` call) are no second
+    process."""
     for (pid, _, name), g in steps.groupby(["pid", "tid", "name"], sort=False):
         if len(g) < 2:
             continue
