@@ -138,14 +138,22 @@ def test_1f1b_without_marks_estimates_microbatches_from_sends(tmp_path):
     assert (lay.pipeline["schedule"], lay.pipeline["microbatches"]) == ("ScheduleGPipe", 2)
 
 
-def test_mesh_descriptions_and_wrapper_marks(tmp_path):
-    """2 × 2 mesh: degrees from mesh_dp / mesh_tp; FSDP2 and TP from their marks."""
-    bs, pgs = [], []
+def _fsdp2_tp_ranks() -> list[TraceBuilder]:
+    """4 gloo ranks with FSDP2's range and a functional all-reduce (tensor parallelism's mark)
+    in one step; the tests give them their process groups."""
+    bs = []
     for r in range(4):
         b = TraceBuilder(rank=r, world_size=4, backend="gloo", pid=100 + r)
         b.step(1, 0, 100).cpu("FSDP::pre_forward", 1, 2, cat="user_annotation")
         b.cpu("_c10d_functional::all_reduce", 10, 2)
         bs.append(b)
+    return bs
+
+
+def test_mesh_descriptions_and_wrapper_marks(tmp_path):
+    """2 × 2 mesh: degrees from mesh_dp / mesh_tp; FSDP2 and TP from their marks."""
+    bs, pgs = _fsdp2_tp_ranks(), []
+    for r in range(4):
         pgs.append([{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
                     {"pg_name": "1", "pg_desc": "mesh_dp", "ranks": [r % 2, r % 2 + 2]},
                     {"pg_name": "2", "pg_desc": "mesh_tp", "ranks": [r // 2 * 2, r // 2 * 2 + 1]}])
@@ -171,12 +179,8 @@ def test_a_flattened_mesh_named_after_a_size_one_dimension_is_no_dimension(tmp_p
     dimensions): the cp groups hold one rank each, and the flattened ``mesh_cp_tp`` holds
     the tp group's ranks. It is cp × tp, a product, not context parallelism of 2 (which made
     the degrees multiply to 8 on a world of 4, and the layout unknown)."""
-    bs, pgs = [], []
+    bs, pgs = _fsdp2_tp_ranks(), []
     for r in range(4):
-        b = TraceBuilder(rank=r, world_size=4, backend="gloo", pid=100 + r)
-        b.step(1, 0, 100).cpu("FSDP::pre_forward", 1, 2, cat="user_annotation")
-        b.cpu("_c10d_functional::all_reduce", 10, 2)
-        bs.append(b)
         tp = [r // 2 * 2, r // 2 * 2 + 1]
         pgs.append([{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
                     {"pg_name": "1", "pg_desc": "mesh_dp_shard", "ranks": [r % 2, r % 2 + 2]},

@@ -314,10 +314,8 @@ def verdict(ctx: RuleContext, step_us: float, profiled: bool = False, changes=()
             claim += (f", but {ctx.contention}, and how the OS shares the cores can make a "
                       f"rank late by itself")
         parts.append(claim)
-    elif ctx.sync is not None and (group := late_together(ctx.sync.stragglers)):
-        parts.append(f"ranks {', '.join(map(str, group))} arrive last together at most "
-                     f"collectives and cause the waiting alike: a group slower than the rest "
-                     f"(a slower host, more work), not one straggler")
+    elif group := group_text(ctx):
+        parts.append(group)
     routing = ctx.routing.describe() if ctx.routing is not None else None
     if routing:
         parts.append(routing)
@@ -382,6 +380,17 @@ def mfu_text(ctx: RuleContext, step_us: float) -> str:
 def _pct(v: float) -> str:
     """A percentage with one decimal, or two significant digits below 0.1."""
     return f"{v:.1f}" if abs(v) >= 0.1 else f"{v:.2g}"
+
+
+def group_text(ctx: RuleContext) -> str | None:
+    """``"ranks 2, 3 arrive last together ..."`` where two or more ranks cause the waiting
+    alike (:func:`pardiag.analyzer.analyses.stragglers.late_together`), else None."""
+    group = late_together(ctx.sync.stragglers) if ctx.sync is not None else []
+    if not group:
+        return None
+    return (f"ranks {', '.join(map(str, group))} arrive last together at most collectives and "
+            f"cause the waiting alike: a group slower than the rest (a slower host, more work), "
+            f"not one straggler")
 
 
 def devices_text(ctx: RuleContext) -> str:
