@@ -498,6 +498,25 @@ def test_bom_same_file_twice_and_subfolder_hint(tmp_path):
         load_traces(nested)
 
 
+def test_a_config_beside_the_traces_subfolder_is_skipped_and_the_subfolder_read(tmp_path):
+    """A run folder holding its config.json and a traces/ subfolder: the config is no trace,
+    so the folder holds none of its own, and its one subfolder of traces is read."""
+    run = tmp_path / "run"
+    (run / "traces").mkdir(parents=True)
+    gpu_rank(0).write(run / "traces" / "r0.json")
+    gpu_rank(1).write(run / "traces" / "r1.json")
+    (run / "config.json").write_text('{"lr": 0.1}')
+    got = load_traces(run)
+    assert list(got.ranks) == [0, 1]
+    assert got.warnings[:2] == (
+        f"{run}: no trace files of its own; read its one subfolder that holds some, traces",
+        f"{run / 'config.json'}: not a Kineto trace (no traceEvents list) - skipped")
+    # a trace that cannot be read is the news, not the subfolder
+    (run / "broken.json").write_text('{"traceEvents": [{"ph": "X", "ts": ')
+    with pytest.raises(TraceError, match="none of 2 file"):
+        load_traces(run)
+
+
 @pytest.mark.parametrize("doc", [
     b'{"a": 1, "traceEvents": [ {"ph": "X"} ,{"ph": "M"}\n] , "b": [1, {"c": "]"}]}',
     b'{"traceEvents":[{"x":1}]}',

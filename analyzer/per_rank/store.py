@@ -41,7 +41,7 @@ from pardiag.errors import TraceError
 
 from ..trace.classify import pattern_key
 from ..trace.files import parse_file
-from ..trace.load import find_trace_files
+from ..trace.folders import find_trace_files
 from ..trace.traceset import RankTrace, frame_json, table_from_json
 from ..trace.workers import default_workers, parse_files
 from .summary import QUANTITIES, RankSummary, summarize_trace

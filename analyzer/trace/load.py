@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import re
 import time
 from collections.abc import Iterable
@@ -37,65 +36,11 @@ from pardiag.errors import EXIT_INTERRUPTED, TraceError
 from . import vocab
 from .classify import STEP_RE
 from .files import ParsedFile, RankReducer, from_summary, parse_file, read_events
+from .folders import find_trace_files, no_files_hint, run_of_sidecar, window_folders
 from .parse import ARRAY_FORM
 from .ranks import FileFacts, RankFiles, assign_ranks
 from .traceset import RankTrace, Sidecars, TraceSet, failures_in_order, time_range
 from .workers import default_workers, parse_files
-
-
-def find_trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, list[str]]:
-    """Expand folders into candidate files; returns (candidates, sidecars, source label, info
-    lines). A folder's pardiag sidecars are found where :func:`pardiag.layout.find_sidecars`
-    looks (its ``pardiag/`` subfolder, or beside the traces in run folders of the older layout).
-    Trace files named one by one use the pardiag sidecars (``run.json``, ``rank{R}.*.json``) of
-    the one run folder they share; files from several folders use none, and an info line says
-    which happened."""
-    files: list[Path] = []
-    sidecars: list[Path] = []
-    seen: set[Path] = set()
-    named_dirs: set[Path] = set()
-    given_dirs: set[Path] = set()
-    for p in paths:
-        if p.is_dir():
-            given_dirs.add(p.resolve())
-            sidecars.extend(f for f in layout.find_sidecars(p) if f not in sidecars)
-            with os.scandir(p) as it:  # the entries' types without a stat each
-                entries = sorted((e.name, e.is_file()) for e in it)
-            for name, is_file in entries:
-                if (not is_file or layout.is_sidecar_name(name)
-                        or not name.endswith((".json", ".json.gz"))):
-                    continue
-                f = p / name
-                real = f.resolve()
-                if real not in seen:
-                    seen.add(real)
-                    files.append(f)
-        elif p.is_file():
-            if layout.is_sidecar_name(p.name):
-                sidecars.append(p)
-                continue
-            if p.resolve() not in seen:  # the same file named twice is one rank
-                seen.add(p.resolve())
-                files.append(p)
-                named_dirs.add(p.resolve().parent)
-        else:
-            raise TraceError(f"{p}: no such file or folder")
-    info: list[str] = []
-    beside = [d for d in named_dirs - given_dirs if layout.find_sidecars(d)]
-    if len(named_dirs) == 1 and beside:
-        d = beside[0]
-        sidecars.extend(f for f in layout.find_sidecars(d) if f not in sidecars)
-        info.append(f"{d}: using the pardiag run's run.json and sidecars beside the named trace "
-                    f"files")
-    elif beside:
-        info.append(f"the named trace files come from {len(named_dirs)} folders: their pardiag "
-                    f"sidecars (run.json, rank*.meta/comms/pipeline.json) are not used")
-    if files:   # a folder given beside others that holds no trace of its own: said, not skipped
-        info.extend(f"{d}: no trace files (*.json, *.json.gz) of its own"
-                    f"{_no_files_hint([d], None, {})}; nothing read from it" for d in paths
-                    if d.is_dir() and not any(f.parent == d for f in files))
-    source = str(paths[0]) if len(paths) == 1 else f"{len(paths)} paths"
-    return files, sidecars, source, info
 
 
 def _read_sidecars(sidecars: list[Path], warnings: list[str], check_one_run: bool = False
@@ -488,7 +433,7 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     if not roots:
         raise TraceError("no input given")
     for p in roots:   # a run's own metadata given for its run
-        run_dir = _run_of_sidecar(p)
+        run_dir = run_of_sidecar(p)
         if run_dir is not None:
             what = ("pardiag's metadata folder of the run" if p.is_dir()
                     else "one of pardiag's own files of the run")
@@ -499,15 +444,13 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
     warnings: list[str] = list(info)
     run_info, rank_meta, others = _read_sidecars(sidecars, warnings,
                                                  check_one_run=not mixed_runs)
+    options = dict(reducer=reducer, comm_patterns=comm_patterns, cache=cache, workers=workers,
+                   progress=progress, mixed_runs=mixed_runs)
     if not files:
         missing = TraceError(f"{source}: no trace files (*.json, *.json.gz) found"
-                             f"{_no_files_hint(roots, run_info, rank_meta)}")
-        sub = _window_folders(roots, run_info, rank_meta)
-        if not sub:
-            raise missing
-        return _from_window_folders(sub, source, missing, reducer=reducer,
-                                    comm_patterns=comm_patterns, cache=cache, workers=workers,
-                                    progress=progress, mixed_runs=mixed_runs)
+                             f"{no_files_hint(roots, run_info, rank_meta)}")
+        return _from_window_folders(window_folders(roots, run_info, rank_meta), source,
+                                    missing, [], **options)
     parsed = _parse_all(files, reducer=reducer, patterns=list(comm_patterns), cache=cache,
                         workers=workers, progress=progress)
     docs = _readable(files, parsed, explicit, warnings)
@@ -516,8 +459,11 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
         errors = [parsed[f].error for f in files if parsed[f].error is not None]
         first = errors[0] if errors else (warnings[-1].removesuffix(" - skipped")
                                           if warnings else "")
-        raise TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto trace"
-                         f" (e.g. {first})")
+        missing = TraceError(f"{source}: none of {len(files)} file(s) is a readable Kineto "
+                             f"trace (e.g. {first})")
+        # files that are no trace (a config.json) beside the windows' subfolders: read those
+        sub = [] if errors else window_folders(roots, run_info, rank_meta)
+        return _from_window_folders(sub, source, missing, warnings, **options)
     docs = _on_one_base(docs, warnings, reducer, list(comm_patterns))
     units, assignment = _assign(docs, warnings)
     if not mixed_runs:
@@ -548,32 +494,19 @@ def load_traces(paths: Path | str | Iterable[Path | str], *, reducer: RankReduce
                     capture=capture)
 
 
-def _run_of_sidecar(path: Path) -> Path | None:
-    """The run folder whose metadata ``path`` is: its sidecar folder (``RUN/pardiag``, holding
-    the run file or a monitor file) or a file in it that is not a trace (a sidecar, a monitor
-    file, the capture request); None otherwise."""
-    folder = path if path.is_dir() else path.parent
-    if folder.name != layout.SIDECAR_DIR or folder != layout.sidecar_dir(folder.parent):
-        return None
-    if not (layout.run_file_path(folder.parent).is_file()
-            or any(folder.glob("rank*.monitor.jsonl"))):
-        return None
-    if path.is_file() and (path.name.endswith((".json", ".json.gz"))
-                           and not (layout.is_sidecar_name(path.name)
-                                    or path == layout.capture_request_path(folder.parent))):
-        return None   # a trace kept there (a partial one): read as given
-    return folder.parent
-
-
-def _from_window_folders(sub: list[Path], source: str, missing: TraceError, **kw) -> TraceSet:
+def _from_window_folders(sub: list[Path], source: str, missing: TraceError,
+                         skipped: list[str], **kw) -> TraceSet:
     """The run whose profiling windows lie a folder each in ``sub`` (torchtitan's layout:
-    :func:`_window_folders`), read by :func:`load_traces` (``kw``: its options) with a warning
-    naming ``source``, their parent.
+    :func:`~pardiag.analyzer.trace.folders.window_folders`), read by :func:`load_traces`
+    (``kw``: its options) with a warning naming ``source``, their parent, after ``skipped``
+    (the parent's files that are no trace, said).
 
     Raises:
-        TraceError: ``missing`` (the parent holds no trace), with why the subfolders are not
-            one run.
+        TraceError: ``missing`` (the parent holds no trace) when ``sub`` is empty, or with why
+            the subfolders are not one run.
     """
+    if not sub:
+        raise missing
     try:
         got = load_traces(sub, **kw)
     except TraceError as exc:   # the hint, and why the subfolders are no one run
@@ -583,62 +516,7 @@ def _from_window_folders(sub: list[Path], source: str, missing: TraceError, **kw
             f"each rank's profiling windows, recorded by one process per rank: read as one run"
             if len(sub) > 1 else f"{source}: no trace files of its own; read its one subfolder "
             f"that holds some, {sub[0].name}")
-    return dataclasses.replace(got, warnings=type(got.warnings)([said, *got.warnings]))
-
-
-def _window_folders(paths: list[Path], run_info: layout.RunFile | None,
-                    rank_meta: dict[int, layout.RankMeta]) -> list[Path]:
-    """The subfolders that may hold one run's profiling windows, a folder each (torchtitan's
-    ``profile_trace/iteration_<step>/``), when one folder was given that holds no trace itself
-    and is no pardiag run: every subfolder holding trace files (even one), none of them a
-    pardiag run folder; else ``[]``. Whether they are one run is for the loader to say."""
-    if len(paths) != 1 or not paths[0].is_dir() or run_info is not None or rank_meta:
-        return []
-    sub = sorted({f.parent for f in paths[0].glob("*/*.json*")
-                  if f.name.endswith((".json", ".json.gz"))
-                  and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
-    if not sub or any(layout.run_file_path(d).exists() or (d / layout.SIDECAR_DIR).is_dir()
-                      for d in sub):
-        return []
-    return sub
-
-
-def _no_files_hint(paths: list[Path], run_info: layout.RunFile | None,
-                   rank_meta: dict[int, layout.RankMeta]) -> str:
-    """Why no trace file was found, for the error (``"; subfolders hold some: ..."``; ``""``
-    when there is nothing to say): subfolders that hold traces, a run that hung, or a pardiag
-    run that wrote none."""
-    hint = ""
-    sub = sorted({f.parent for p in paths if p.is_dir()
-                  for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))
-                  and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
-    meta_dirs = [d for d in ((p if p.is_dir() else p.parent) for p in paths)
-                 if d.name == layout.SIDECAR_DIR and any(
-                     f.name.endswith((".json", ".json.gz")) for f in d.parent.glob("*.json*"))]
-    if meta_dirs:
-        hint = (f"; {meta_dirs[0]} is pardiag's metadata folder of a run: report the run "
-                f"folder, {meta_dirs[0].parent}")
-    elif sub:
-        hint = f"; subfolders hold some: {', '.join(str(d) for d in sub[:3])}"
-    elif run_info is not None and run_info.exit_code == EXIT_INTERRUPTED:
-        hint = ("; the profiled run was interrupted (Ctrl-C) before its profiling window "
-                "ended, so no trace was written")
-    elif run_info is not None and run_info.hang:
-        hint = ("; the profiled run hung and was stopped before a trace was written: "
-                + run_info.hang[0])
-    elif run_info is not None and (failed := failures_in_order(run_info, rank_meta)):
-        # more steps would not help a script that failed: its first error is the news
-        r, msg = failed[0]
-        hint = f"; the profiled run failed before a trace was written: rank {r}: {msg}"
-    elif rank_meta and not any(m.optimizer_steps for m in rank_meta.values()):
-        hint = ("; the script made no optimizer step, and pardiag's steps are optimizer steps "
-                "(torch.optim's step()): profile with --wait 0 --warmup 0 to record the whole "
-                "script as one step")
-    elif run_info is not None or rank_meta:
-        steps = {r: m.optimizer_steps for r, m in sorted(rank_meta.items())}
-        hint = (f"; this pardiag run wrote no trace (optimizer steps per rank: {steps};"
-                f" profile with more steps or --wait 0 --warmup 0)")
-    return hint
+    return dataclasses.replace(got, warnings=type(got.warnings)([said, *skipped, *got.warnings]))
 
 
 def _parse_all(files: list[Path], *, reducer: RankReducer | None, patterns: list,
