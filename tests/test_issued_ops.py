@@ -162,6 +162,18 @@ def test_a_gpu_run_traced_without_its_device_is_warned_of(tmp_path):
     got = [w for w in load_traces(tmp_path / "undefined", reducer=REDUCER,
                                   cache=False).warnings if "a GPU run" in w]
     assert len(got) == 1 and "a GPU run (1 GPU-backend ops)" in got[0]
+    # a device that ran only copies was recorded: no hint that its activity is missing
+    c = TraceBuilder(rank=0, world_size=2)
+    c.step(1, 0, 1000).cpu("aten::copy_", 10, 500)
+    c.kernel("Memcpy HtoD (Pinned -> Device)", 30, 40, launch_ts=20, cat="gpu_memcpy")
+    c.kernel("Memset (Device)", 80, 2, launch_ts=20, cat="gpu_memset")
+    (tmp_path / "copies").mkdir()
+    c.write(tmp_path / "copies" / "rank0.json")
+    got = [w for w in load_traces(tmp_path / "copies", reducer=REDUCER, cache=False).warnings
+           if "a GPU run" in w]
+    assert got == [f"{tmp_path / 'copies' / 'rank0.json'}: a GPU run (backend nccl, 2 runtime "
+                   f"calls) whose device ran 2 copies and memsets and no kernel: it is "
+                   f"analysed on its host's timeline"]
     for name, builder in (("cpu", cpu_rank), ("kernels", gpu_rank)):
         (tmp_path / name).mkdir()
         builder(0).write(tmp_path / name / "rank0.json")

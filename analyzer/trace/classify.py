@@ -552,7 +552,12 @@ def kernel_warnings(trace: RankTrace, comm_patterns: Iterable[re.Pattern] = ()) 
                    f"kernel(s) that no communication pattern names, counted as computation: "
                    f"{shown}{more}; name them with --comm-kernel REGEX")
     gpu_run = missing_device_activity(trace)
-    if gpu_run:
+    copies = (int(isin_mask(trace.events["cat"], ["gpu_memcpy", "gpu_memset"]).sum())
+              if gpu_run and len(trace.events) else 0)
+    if copies:   # the device's activity was recorded: it ran no kernel
+        out.append(f"{trace.path}: a GPU run ({gpu_run}) whose device ran {copies} copies "
+                   f"and memsets and no kernel: it is analysed on its host's timeline")
+    elif gpu_run:
         out.append(f"{trace.path}: a GPU run ({gpu_run}) whose trace holds no GPU kernel "
                    f"(profiled without the device's activity?): its computation and "
                    f"communication on the device are not in it, and the communication times "
