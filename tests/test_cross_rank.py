@@ -899,6 +899,28 @@ def test_a_receiver_whose_window_began_an_iteration_later_pairs_by_its_ends(tmp_
     assert sync.instances["instance"].tolist() == [f"p2p:0,1:0>1:{k}" for k in range(1, 7)]
 
 
+def test_a_receiver_a_short_iteration_later_pairs_by_its_profiler_steps(tmp_path):
+    """As above with 9 ms iterations on one clock: pairing the k-th send with the k-th receive
+    implies a 9 ms offset, below the size that makes a shift of a whole iteration implausible,
+    and the ends agree at both shifts. The steps' numbers (#1001 on both ranks) pair the
+    transfers of one iteration: offset 0, 2 shared iterations of 2 transfers each."""
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        for it in ((1000, 1001, 1002) if r == 0 else (1001, 1002, 1003)):
+            t = EPOCH + 9_000 * (it - 1000)
+            b.step(it, t, 9_000)
+            for k in range(2):
+                op, peer = ("send", "Dst Rank") if r == 0 else ("recv", "Src Rank")
+                b.kernel("ncclDevKernel_SendRecv(x)", t + 100 + 4_000 * k, 200 + 50 * k,
+                         stream=30, launch_ts=t + 1 + 4_000 * k,
+                         args=_nccl_args(op, (0, 1), "0", **{peer: str(1 - r)}))
+        b.write(tmp_path / f"rank{r}.json")
+    sync = compute_sync(load_traces(tmp_path, cache=False))
+    off = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
+    assert off == {0: 0.0, 1: 0.0}
+    assert sync.p2p["count"].tolist() == [4]
+
+
 def test_batched_sendrecv_and_named_copies_are_never_matched_as_collectives(tmp_path):
     for r in (0, 1):
         b = TraceBuilder(rank=r)

@@ -127,6 +127,8 @@ def _aligned_receives(tmp: pd.DataFrame, nth: pd.Series) -> pd.Series:
     ends = tmp["end_us"].to_numpy(dtype=float)
     sends = (tmp["rank"] == tmp["src"]).to_numpy()
     k = nth.to_numpy(dtype=np.int64)
+    steps = (pd.to_numeric(tmp["step"], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
+             if "step" in tmp else np.full(len(tmp), -1, dtype=np.int64))
     codes = pd.factorize(nbytes)[0]
     groups = pd.DataFrame({"g": tmp["_gid"].to_numpy(), "s": tmp["src"].to_numpy(),
                            "d": tmp["dst"].to_numpy()}).groupby(["g", "s", "d"]).indices
@@ -141,10 +143,31 @@ def _aligned_receives(tmp: pd.DataFrame, nth: pd.Series) -> pd.Series:
             e = np.full(len(a), np.nan)
             a[k[rows] - lo], e[k[rows] - lo] = codes[rows], ends[rows]
             laid.append((a, e))
-        d = _align(laid[0][0], laid[1][0], laid[0][1], laid[1][1])
+        by_step = _step_shift(k, steps, got, sent)
+        d = (by_step if by_step is not None and _ends_together(laid[0][1], laid[1][1], by_step)
+             else _align(laid[0][0], laid[1][0], laid[0][1], laid[1][1]))
         if d and _ends_together(laid[0][1], laid[1][1], d):
             out.iloc[got] = k[got] + d
     return out
+
+
+def _step_shift(k: np.ndarray, steps: np.ndarray, got: np.ndarray, sent: np.ndarray
+                ) -> int | None:
+    """The shift (in transfers) that pairs each receive with the send of the same profiler
+    step and place in it (``k``: each transfer's count on its side; ``steps``: its profiler
+    step, -1 outside every step), where every transfer of both sides lies in a step and the
+    steps both sides recorded hold as many transfers on each; else None. A window that began
+    an iteration later on one side shows in its step numbers, which the k-th send paired with
+    the k-th receive would take for a clock offset of an iteration (where a rank's steps are
+    numbered as its collectives' are: :func:`_aligned_keys`)."""
+    sg, ss = steps[got], steps[sent]
+    if (sg < 0).any() or (ss < 0).any():
+        return None
+    common = np.intersect1d(sg, ss)
+    if not len(common) or any(int((sg == x).sum()) != int((ss == x).sum()) for x in common):
+        return None
+    first = common[0]
+    return int(k[sent][ss == first].min() - k[got][sg == first].min())
 
 
 def _ends_together(a_end: np.ndarray, b_end: np.ndarray, d: int) -> bool:
