@@ -754,6 +754,55 @@ def test_files_that_count_from_different_zeros_share_one(tmp_path):
             f"rank1.json (+7,889,238 s) put onto the earliest's, {base0}"]
 
 
+def test_per_rank_bases_beside_a_merged_copy_and_a_plugin_dump_share_one_zero(tmp_path):
+    """An SGLang folder: each rank's file counts from its own process's start (rank 1's base
+    0.7 ms after rank 0's), the merger's copy of both beside them (pids ``[TP0r] <pid>``, times
+    unchanged, rank 0's base), and an NCCL profiler plugin's dump (a bare array of async
+    events, no rank). On one zero every all-reduce ends at one instant: no clock offset, rank
+    1 (30 µs late) named; the merged copy adds no rank and the dump is left out, said. Before,
+    the copy and the dump kept every file on its own zero: rank 1 read 700 µs off."""
+    import pardiag
+
+    base0 = 215 * 7_889_238 * 10 ** 9
+    docs = []
+    for r in (0, 1):
+        b = TraceBuilder(rank=r, pid=4000 + r, main_tid=4000 + r)
+        shift = 700.0 * r     # the same instant, counted from a base 0.7 ms later
+        for k in range(3):
+            s = 5_000 + 1_000 * k - shift
+            b.step(k + 1, s, 1_000)
+            b.kernel("volta_sgemm_128x64_nn", s + 10, 400, launch_ts=s + 5)
+            arrive = s + 420 + (30 if r == 1 else 0)
+            b.cpu("record_param_comms", arrive - 8, 4, args={
+                "Collective name": "allreduce", "Process Group Name": "0",
+                "Process Group Ranks": "[0, 1]", "Group size": 2, "Seq": str(k + 1),
+                "dtype": "Float", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20})
+            b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                     arrive, s + 600 - arrive, stream=20, launch_ts=arrive - 6)
+        doc = b.doc()
+        doc["baseTimeNanoseconds"] = base0 + 700_000 * r
+        (tmp_path / f"1765-TP-{r}.trace.json").write_text(json.dumps(doc))
+        docs.append(doc)
+    merged = dict(docs[0], traceEvents=[
+        dict(e, pid=f"[TP0{r}] {e['pid']}") for r, d in enumerate(docs) for e in d["traceEvents"]])
+    (tmp_path / "merged-1765.trace.json").write_text(json.dumps(merged))
+    (tmp_path / "nccl_1385_0.json").write_text(json.dumps([
+        {"ph": "b", "cat": "P2P", "name": "Send", "id": 1, "pid": 4000, "tid": 1, "ts": 5.0},
+        {"ph": "e", "cat": "P2P", "name": "Send", "id": 1, "pid": 4000, "tid": 1, "ts": 9.0}, {}]))
+    rep = pardiag.analyze(tmp_path, cache=False)
+    assert sorted(rep.traces.ranks) == [0, 1]
+    assert [rep.traces.ranks[r].path.name for r in (0, 1)] == [
+        "1765-TP-0.trace.json", "1765-TP-1.trace.json"]
+    offsets = rep.sync.offsets.set_index("rank")["offset_us"]
+    assert offsets.abs().max() == 0.0, offsets
+    assert rep.sync.straggler == 1
+    assert [w for w in rep.warnings if "different zeros" in w] == [
+        f"the files count their times from different zeros (baseTimeNanoseconds): "
+        f"1765-TP-1.trace.json (+0.700 ms) put onto the earliest's, {base0}"]
+    assert f"{tmp_path / 'nccl_1385_0.json'}: no timed events (complete 'X' ranges) and no " \
+           f"rank in distributedInfo or its name: no rank's trace - skipped" in rep.warnings
+
+
 def test_a_rank_short_of_a_window_is_said_with_the_folder_that_lacks_its_file(tmp_path):
     """torchtitan's folder per window, rank 1's file of the second window lost: rank 1 is read
     with its one window, and a line says which folder lacks its file."""

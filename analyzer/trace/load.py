@@ -38,7 +38,7 @@ from .classify import STEP_RE
 from .files import ParsedFile, RankReducer, from_summary, parse_file, read_events
 from .folders import find_trace_files, no_files_hint, run_of_sidecar, window_folders
 from .parse import ARRAY_FORM
-from .ranks import FileFacts, RankFiles, assign_ranks
+from .ranks import FileFacts, RankFiles, assign_ranks, rank_from_name
 from .traceset import RankTrace, Sidecars, TraceSet, failures_in_order, time_range
 from .workers import default_workers, parse_files
 
@@ -590,21 +590,22 @@ def _readable(files: list[Path], parsed: dict[Path, ParsedFile], explicit: set[P
 
 def _on_one_base(docs: list[ParsedFile], warnings: list[str], reducer: RankReducer | None,
                  patterns: list) -> list[ParsedFile]:
-    """The files with their times from one time zero: where every file has a
-    ``baseTimeNanoseconds`` (its ``ts`` count from it) and they differ, the files of a later
+    """The files with their times from one time zero: where the files of one rank each that
+    have a ``baseTimeNanoseconds`` (their ``ts`` count from it) differ in it, those of a later
     base are read again with their times moved onto the earliest (:func:`parse_file`'s
     ``shift_ns``; their events kept, their summaries not stored), and a line in ``warnings``
     says so. Kineto rounds each process's start down to a multiple of 7,889,238 s (a quarter
     of a year: every real trace's base is one) and counts from there, so the processes of one
-    job started on either side of such a boundary write one instant 7,889,238 s apart."""
-    bases = [vocab.BASE_TIME_NS.get(p.metadata or {}) for p in docs]
-    if not all(isinstance(b, int) and not isinstance(b, bool) for b in bases) \
-            or len(set(bases)) < 2 or any(p.pieces for p in docs):   # (a merged file's parts
-        return docs                                                 # keep their own bases)
-    ref = min(bases)
+    job started on either side of such a boundary write one instant 7,889,238 s apart. A
+    merged file's parts and a file without a base (a bare array) keep their times."""
+    bases = [vocab.BASE_TIME_NS.get(p.metadata or {}) if not p.pieces else None for p in docs]
+    based = {b for b in bases if isinstance(b, int) and not isinstance(b, bool)}
+    if len(based) < 2:
+        return docs
+    ref = min(based)
     out, moved = [], []
     for p, b in zip(docs, bases):
-        if b == ref:
+        if b == ref or b not in based:
             out.append(p)
             continue
         again = parse_file(p.path, reducer, tuple(q.pattern if isinstance(q, re.Pattern)
@@ -613,7 +614,8 @@ def _on_one_base(docs: list[ParsedFile], warnings: list[str], reducer: RankReduc
         if again.error is not None:   # it was read a moment ago: the file changed meanwhile
             raise TraceError(again.error)
         out.append(again)
-        moved.append(f"{p.path.name} (+{(b - ref) / 1e9:,.0f} s)")
+        moved.append(f"{p.path.name} (+{(b - ref) / 1e9:,.0f} s)" if b - ref >= 10**9
+                     else f"{p.path.name} (+{(b - ref) / 1e6:,.3f} ms)")
     named = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
     warnings.append(f"the files count their times from different zeros (baseTimeNanoseconds): "
                     f"{named} put onto the earliest's, {ref}")
@@ -631,9 +633,20 @@ def _assign(docs: list[ParsedFile], warnings: list[str]
         ``keys`` index the units).
     """
     units: list[ParsedFile] = [q for p in docs for q in (p.pieces or [p])]
+    ranges = [_time_range(p) for p in units]
+    if any(not math.isnan(lo) for lo, _ in ranges):
+        # a file without a timed event that names no rank (an NCCL profiler plugin's dump of
+        # async events beside the traces) holds no rank: said, and left out
+        kept = [i for i, p in enumerate(units) if not math.isnan(ranges[i][0])
+                or p.rank_hint is not None or rank_from_name(p.path.name) is not None
+                or vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(p.metadata)) is not None]
+        warnings.extend(f"{units[i].path}: no timed events (complete 'X' ranges) and no rank in "
+                        f"distributedInfo or its name: no rank's trace - skipped"
+                        for i in range(len(units)) if i not in set(kept))
+        units, ranges = [units[i] for i in kept], [ranges[i] for i in kept]
     facts = []
     for i, p in enumerate(units):
-        lo, hi = _time_range(p)
+        lo, hi = ranges[i]
         facts.append(FileFacts(key=i, path=p.path,
                                dist_rank=vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(p.metadata)),
                                start_us=lo, end_us=hi, rank_hint=p.rank_hint))

@@ -132,8 +132,9 @@ def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
     for r in sorted(groups):
         # a file whose name gives another, free rank yields the claimed one (it moves there on
         # a clash), so a file whose name agrees with its claim keeps it
+        # and a rank's own file before a merged file's copy of it
         members = sorted(groups[r], key=lambda f: (
-            _names_another_free(f, r, taken),
+            _names_another_free(f, r, taken), f.rank_hint is not None,
             f.start_us if not math.isnan(f.start_us) else math.inf, f.key))
         kept: list[FileFacts] = []
         for f in members:
