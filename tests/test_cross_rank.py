@@ -5,6 +5,7 @@ repro cases in ../shared/repros (each with its expect.json)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -158,6 +159,34 @@ def test_assign_ranks_windows_overlaps_names_and_free_ranks():
     assert any("rank 0: 2 files are 2 profiling windows" in w for w in warnings)
     assert any(w.startswith("d.json: rank 0 is already held by a.json") for w in warnings)
     assert any(w.startswith("e.json: no rank") and "treated as rank 1" in w for w in warnings)
+
+
+def test_rankless_files_one_process_recorded_are_one_ranks_windows():
+    """tensorboard_trace_handler's default names (``<host>_<pid>.<ms>.pt.trace.json``) and no
+    distributedInfo: the three windows one process wrote (its pid in each, apart in time) are
+    one rank's; a file of another process, and one of the same pid that overlaps them (another
+    container's process), are ranks of their own."""
+    p = frozenset({"40211"})
+    f = [FileFacts(0, Path("node7_40211.1761000000513.pt.trace.json"), None, 0.0, 10.0,
+                   processes=p),
+         FileFacts(1, Path("node7_40211.1761000000525.pt.trace.json"), None, 12.0, 20.0,
+                   processes=p),
+         FileFacts(2, Path("node7_40211.1761000000537.pt.trace.json"), None, 24.0, 30.0,
+                   processes=p),
+         FileFacts(3, Path("node7_40212.1761000000513.pt.trace.json"), None, 0.0, 10.0,
+                   processes=frozenset({"40212"})),
+         FileFacts(4, Path("podb.json"), None, 1.0, 9.0, processes=p)]
+    ranks, warnings = assign_ranks(f)
+    assert [(r.rank, r.keys, r.source) for r in ranks] == [
+        (0, (0, 1, 2), "assigned"), (1, (3,), "assigned"), (2, (4,), "assigned")]
+    assert warnings[0] == (
+        "node7_40211.1761000000513.pt.trace.json, node7_40211.1761000000525.pt.trace.json, "
+        "node7_40211.1761000000537.pt.trace.json: no rank in distributedInfo or in the file "
+        "name; one process's 3 profiling windows (its pid in each, apart in time), treated as "
+        "rank 0")
+    # without the processes known, each file is a rank of its own, as before
+    ranks, _ = assign_ranks([dataclasses.replace(x, processes=frozenset()) for x in f])
+    assert len(ranks) == 5
 
 
 def test_merged_pids_need_two_named_ranks():

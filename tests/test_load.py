@@ -803,6 +803,22 @@ def test_per_rank_bases_beside_a_merged_copy_and_a_plugin_dump_share_one_zero(tm
            f"rank in distributedInfo or its name: no rank's trace - skipped" in rep.warnings
 
 
+def test_windows_of_one_process_without_a_rank_are_one_rank(tmp_path):
+    """schedule(repeat=3) under tensorboard_trace_handler's default names and no
+    distributedInfo (a model split over two GPUs in one process): the three files are that
+    process's windows, one rank, not three."""
+    for w in range(3):
+        b = TraceBuilder(rank=None, pid=40211, main_tid=40211)
+        b.thread_name(40211, "thread 40211 (python)")
+        t = 12_000.0 * w
+        b.step(10 + w, t, 10_000)
+        b.kernel("gemm_kernel", t + 10, 500, launch_ts=t + 1)
+        b.write(tmp_path / f"node7_40211.17610000005{13 + 12 * w}.pt.trace.json")
+    ts = load_traces(tmp_path, cache=False)
+    assert list(ts.ranks) == [0]
+    assert len(ts.ranks[0].windows) == 3
+
+
 def test_a_rank_short_of_a_window_is_said_with_the_folder_that_lacks_its_file(tmp_path):
     """torchtitan's folder per window, rank 1's file of the second window lost: rank 1 is read
     with its one window, and a line says which folder lacks its file."""

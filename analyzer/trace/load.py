@@ -649,7 +649,8 @@ def _assign(docs: list[ParsedFile], warnings: list[str]
         lo, hi = ranges[i]
         facts.append(FileFacts(key=i, path=p.path,
                                dist_rank=vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(p.metadata)),
-                               start_us=lo, end_us=hi, rank_hint=p.rank_hint))
+                               start_us=lo, end_us=hi, rank_hint=p.rank_hint,
+                               processes=frozenset(_processes(p))))
     assignment, rank_warnings = assign_ranks(facts)
     warnings.extend(rank_warnings)
     if any(p.pieces for p in docs):

@@ -15,7 +15,8 @@ Rules, in order:
 3. Files that claim the same rank and overlap in time cannot be windows of one process. A file
    whose name gives another rank that no file claims takes that rank (its ``distributedInfo``
    was wrong); otherwise the later one (in file-name order) is left out with a warning.
-4. Files with no rank take the lowest rank no file claims, with a warning.
+4. Files with no rank take the lowest rank no file claims, with a warning; those one process
+   recorded (its pid in each, apart in time) are that rank's windows.
 
 A merged multi-rank file (``pardiag merge`` output, or another tool's merge that names each
 rank's processes ``rank N``) is split back into its ranks by :func:`split_merged`.
@@ -47,6 +48,8 @@ class FileFacts:
         dist_rank: ``distributedInfo.rank`` as found (any JSON value; None when absent).
         start_us, end_us: the time range of its events (µs, trace clock; NaN when it has none).
         rank_hint: the rank a merged file's process names give to this part, else None.
+        processes: the host processes that recorded it (their pids as its thread names give
+            them; empty when they give none).
     """
 
     key: int
@@ -55,6 +58,7 @@ class FileFacts:
     start_us: float = math.nan
     end_us: float = math.nan
     rank_hint: int | None = None
+    processes: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,17 +168,49 @@ def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
             warnings.append(f"rank {r}: {len(kept)} files are {len(kept)} profiling windows of "
                             f"that rank ({', '.join(names)}); their steps are analysed together, "
                             f"the gaps between them left out")
-    for f, why in pending:
+    for fs, why in _one_process_each(pending):
         r = 0
         while r in taken:
             r += 1
         taken.add(r)
-        out[r] = ([f], "assigned")
-        warnings.append(f"{f.path}: {why or 'no rank in distributedInfo or in the file name'}; "
-                        f"treated as rank {r}")
+        out[r] = (fs, "assigned")
+        said = why or "no rank in distributedInfo or in the file name"
+        if len(fs) == 1:
+            warnings.append(f"{fs[0].path}: {said}; treated as rank {r}")
+        else:
+            warnings.append(f"{', '.join(f.path.name for f in fs)}: {said}; one process's "
+                            f"{len(fs)} profiling windows (its pid in each, apart in time), "
+                            f"treated as rank {r}")
     warnings.extend(_fewer_windows({r: fs for r, (fs, _) in out.items()}))
     ranks = [RankFiles(r, tuple(f.key for f in fs), src) for r, (fs, src) in sorted(out.items())]
     return ranks, warnings
+
+
+#: ``tensorboard_trace_handler``'s file name: ``<worker>.<ms>.pt.trace.json[.gz]``, the worker
+#: name ``<host>_<pid>`` by default.
+_HANDLER_NAME_RE = re.compile(r"^(.*)\.\d+\.pt\.trace\.json(?:\.gz)?$")
+
+
+def _one_process_each(pending: list[tuple[FileFacts, str | None]]
+                      ) -> list[tuple[list[FileFacts], str | None]]:
+    """The files that name no rank, those one process recorded together: files recorded by the
+    same processes (:attr:`FileFacts.processes`, not empty) whose times do not overlap, and
+    whose ``tensorboard_trace_handler`` worker names (where both have one) agree, are that
+    process's profiling windows; every other file is one of its own. In file order."""
+    groups: list[tuple[list[FileFacts], str | None]] = []
+    for f, why in pending:
+        worker = _HANDLER_NAME_RE.match(f.path.name)
+        home = next((g for g in groups if f.processes and g[0][0].processes == f.processes
+                     and not any(_overlaps(f, h) for h in g[0])
+                     and (worker is None or (m := _HANDLER_NAME_RE.match(g[0][0].path.name))
+                          is None or m.group(1) == worker.group(1))), None)
+        if home is None:
+            groups.append(([f], why))
+        else:
+            home[0].append(f)
+    for fs, _ in groups:
+        fs.sort(key=lambda f: (f.start_us if not math.isnan(f.start_us) else math.inf, f.key))
+    return groups
 
 
 def _fewer_windows(files: dict[int, list[FileFacts]]) -> list[str]:
