@@ -212,6 +212,29 @@ def test_a_deep_captures_own_steps_are_no_straggler_lateness(tmp_path):
     assert S.capture_against(254, 256, found)[0] is False
 
 
+def test_a_straggler_open_when_the_run_stopped_during_its_capture_holds_the_capture(tmp_path):
+    """Rank 1 late 30 ms from step 150 to the last recorded step, 257, of a run stopped (Ctrl-C)
+    right after the deep capture of steps 254–256 that it asked for. The capture's steps are not
+    judged, so the finding ends at 253, the last judged step: late until the last recorded
+    step, and the capture lies inside it. Before, the finding was 'transient, 150–253' and
+    the capture 'outside every finding'. The same with no run file (a run still going)."""
+    from pardiag.analyzer.analyses.monitor_follow import request_capture
+
+    run = _write_run(tmp_path, 2, 258, {1: [(150, 257, 30_000)]})
+    request_capture(run, 254, 3, "rank 1: late at its collectives since step 150")
+    for ended in (True, False):
+        layout.run_file_path(run).unlink(missing_ok=True)
+        if ended:
+            layout.run_file_path(run).write_bytes(layout.encode_sidecar(layout.RunFile(
+                world_size=2, exit_code=130, torchrun_exit_code=130)))
+        doc = S.summary(M.load_monitor(run), run)
+        (f,) = [f for f in doc["findings"] if f["kind"] == "straggler"]
+        assert (f["rank"], f["first_step"], f["last_step"], f.get("until_last_step")) == (
+            1, 150, 253, True)
+        assert S.capture_against(254, 256, doc["findings"])[0] is True
+        assert not [n for n in doc["notes"] if "outside every finding" in n]
+
+
 def test_a_straggler_from_step_100_to_the_end_is_persistent_since_step_100(tmp_path):
     """Rank 1 late 30 ms from step 100 to the end of a 1,200-step run (92% of its steps): a
     persistent straggler of steps 100–1199, its steps against the 100 ms of steps 0–99 — not
@@ -1310,6 +1333,30 @@ def _late_at_first_join(data: M.MonitorData) -> pd.DataFrame:
     d = M.arrival_delays(data)
     assert float(d.loc[1, 150]) == pytest.approx(30_000.0, abs=2000.0)
     return d
+
+
+def test_the_lateness_heatmap_ends_at_the_last_step_and_a_run_without_steps_says_so(tmp_path):
+    """A collective after the last optimizer step (the script's closing barrier) is recorded
+    as the next step's: the heatmap drew a step the run never had (for a pipeline, whose steps
+    share no collective, its only column). A run that recorded no step says so, not 'nan ms'."""
+    from pardiag.analyzer.render import monitor_page
+    from pardiag.analyzer.render.page import Page
+
+    run = _write_run(tmp_path, 2, 100, {1: (40, 59, 30_000)})
+    data = M.load_monitor(run)
+    data.delays = M.arrival_delays(data).assign(**{"100": 0.0}).rename(columns={"100": 100})
+    drawn: list = []
+    page = Page()
+    page.fig = lambda fig: drawn.append(fig) or ""   # type: ignore[method-assign]
+    monitor_page._late_figure(page, data)
+    assert drawn[0]["data"][0]["x"].max() == 99.0
+    data.delays = data.delays[[100]]   # the barrier's column alone
+    assert "no lateness to draw" in monitor_page._late_figure(page, data)
+    empty = {"source": "r", "ranks": [0, 1], "steps": 0, "step_ms": None, "collectives": 0,
+             "findings": [], "notes": [], "captures": []}
+    html = monitor_page.monitor_html(M.load_monitor(run), empty, "r", include_plotlyjs=False)
+    assert "No step recorded: no rank finished an optimizer step." in html
+    assert "nan" not in html.split('<section id="steps">')[0]
 
 
 def test_with_the_steps_summaries_only_a_rank_late_at_the_first_join_is_found(tmp_path):

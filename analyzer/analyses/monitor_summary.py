@@ -18,7 +18,7 @@ from .monitor_run import (
     own_record,
     requested_captures,
 )
-from .monitored import MonitorData, findings
+from .monitored import MonitorData, capture_steps, findings
 
 
 def finding_line(f: dict) -> str:
@@ -60,7 +60,10 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     caps, late = _asked_captures(run_dir, notes) if run_dir is not None else ([], [])
     last_step = int(data.steps["step"].max()) if len(data.steps) else None
     notes += ending_notes(run_dir, last_step) if run_dir is not None else []
-    mark_open(found, last_step, run_dir)
+    # a deep capture's own steps are not judged: a finding up to the last judged step is open
+    # where the run stopped during or just after a capture
+    judged = sorted(set(data.steps["step"].astype(int)) - capture_steps(data.captures))
+    mark_open(found, judged[-1] if judged else last_step, run_dir)
     for c in caps:   # the asked-for captures only, the others left out
         first, last = c["first_step"], c["last_step"]
         if last_step is not None and first <= last_step < last and c["ranks"]:
@@ -92,7 +95,9 @@ def capture_against(first: int, last: int, found: list[dict]) -> tuple[bool, str
     if not periods:
         return False, ("was asked for by a finding the whole run does not confirm (the monitor "
                        "judged the steps up to then): it shows the run as it was then")
-    inside = [f for f in periods if f["first_step"] <= last and first <= f["last_step"]]
+    # a finding still open at the last recorded step reaches any capture after it
+    inside = [f for f in periods if f["first_step"] <= last
+              and (first <= f["last_step"] or f.get("until_last_step"))]
     if not inside:
         return False, ("lies outside every finding's steps (the finding that asked for it ended "
                        "first): it shows the run as it was then, not the finding")

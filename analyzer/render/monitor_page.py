@@ -92,6 +92,12 @@ def _late_figure(page: Page, data: monitored.MonitorData) -> str:
     if delays.empty or len(delays) < 2:
         return muted("No collective shared by two ranks was recorded: no lateness to draw.")
     late = monitored.lateness(delays)
+    # collectives after the last optimizer step (the script's closing barrier) are no step's
+    if len(data.steps):
+        late = late.loc[:, late.columns <= int(data.steps["step"].max())]
+    if late.shape[1] == 0:
+        return muted("No collective shared by two ranks was recorded within an optimizer "
+                     "step: no lateness to draw.")
     k = max(1, int(np.ceil(late.shape[1] / MAX_HEAT_COLUMNS)))
     cols = late.columns.to_numpy() // k
     z = late.T.groupby(cols).median().T / 1e3
@@ -123,11 +129,12 @@ def monitor_html(data: monitored.MonitorData, doc: dict, source: str,
     head = (f"<p>{len(doc['ranks'])} ranks, {doc['steps']} steps, "
             f"{calls}; step time median "
             f"{st.get('median', float('nan')):.1f} ms (p10 {st.get('p10', float('nan')):.1f}, "
-            f"p90 {st.get('p90', float('nan')):.1f}).</p>")
+            f"p90 {st.get('p90', float('nan')):.1f}).</p>" if st else
+            "<p>No step recorded: no rank finished an optimizer step.</p>")
     body = (f'<section id="findings"><h2>Findings</h2>{head}'
-            + (f"<ul>{items}</ul>" if items else muted("No finding: no rank stood out of the "
-                                                      "run's noise and no period of steps was "
-                                                      "slow."))
+            + (f"<ul>{items}</ul>" if items else "" if not st else
+               muted("No finding: no rank stood out of the run's noise and no period of steps "
+                     "was slow."))
             + "".join(muted(n) for n in doc["notes"])
             + "".join(f"<p>Deep capture of steps {c['first_step']}–{c['last_step']} "
                       f"({c['ranks']} ranks): <code>pardiag report "
