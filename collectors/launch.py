@@ -401,6 +401,10 @@ def _prepare_out_unchecked(out: Path, overwrite: bool) -> None:
 
 #: Exit code of a job stopped by --timeout (as coreutils' timeout).
 TIMEOUT_EXIT_CODE = 124
+#: A job whose last optimizer step (any rank's progress file:
+#: :data:`pardiag.collectors.rank_entry.PROGRESS_EVERY_S`) ended this recently when
+#: ``--timeout`` expired was still running, not hung (seconds).
+RUNNING_WITHIN_S = 3.0
 #: Every rank has written all its files: how long its processes may take to exit before they
 #: are taken as stuck in their teardown and stopped (seconds). The script's exit code stands.
 EXIT_STUCK_S = 30.0
@@ -518,6 +522,66 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+#: ``prctl`` option that makes a process the reaper of its orphaned descendants (Linux 3.4+).
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    """Make this process the parent of its orphaned descendants (Linux), so that ranks whose
+    torchrun was killed (torchrun starts each in a session of its own) are still found below
+    it by :func:`_orphaned_ranks`; nothing where the platform has no such option."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop_orphaned_ranks(returncode: int) -> str | None:
+    """After torchrun ended: the rank processes still running below this process (orphaned
+    when torchrun was killed: :func:`_become_subreaper`) are stopped as :func:`_stop` stops
+    them (SIGTERM, so they write their files; SIGKILL after :data:`STOP_GRACE_S`); a line says
+    so. None when there were none."""
+    import signal
+
+    left = _rank_pids(os.getpid())
+    if not left:
+        return None
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + STOP_GRACE_S
+    while time.time() < deadline and any(_alive(p) for p in left):
+        time.sleep(0.1)
+        _reap()
+    for pid in left:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    _reap()
+    return (f"torchrun ended (exit code {returncode}) while {len(left)} rank process(es) still "
+            f"ran (torchrun killed?); they were stopped")
+
+
+def _reap() -> None:
+    """Collect the exit status of this process's ended children that no Popen waits for (the
+    orphaned ranks it adopted), so none is left a zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _stop(proc: subprocess.Popen, graceful: bool = True) -> None:
@@ -646,6 +710,7 @@ def _run_torchrun(cmd: list[str], env: dict, out: Path, cfg: ProfileConfig,
         return diagnose_hang(*args, **kwargs)
 
     noise = NoiseFilter() if cfg.noise_filter else None
+    _become_subreaper()
     try:
         proc = subprocess.Popen(cmd, env=env, start_new_session=True,
                                 stderr=noise.write_fd if noise else None)
@@ -780,9 +845,14 @@ def _wait_or_timeout(proc, cfg, ranks) -> tuple[int, list | None] | None:
     try:
         while True:
             try:
-                return proc.wait(timeout=0.5), None
+                code = proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 pass
+            else:
+                orphans = _stop_orphaned_ranks(code)
+                if orphans:
+                    print(f"pardiag: {orphans}", file=sys.stderr)
+                return code, None
             now = time.time()
             if follow is not None:
                 follow.poll(now)
@@ -905,6 +975,14 @@ def _watch(proc, out, cfg, ranks, describe, diagnose_hang) -> tuple[int, list | 
     ended = _wait_or_timeout(proc, cfg, ranks)
     if ended is not None:
         return ended
+    since = ranks.stalled_for(time.time())
+    if ranks.stopped_by == "timeout" and 0 < since <= RUNNING_WITHIN_S:
+        # a time limit reached: the ranks are stopped as Ctrl-C stops them (they write their
+        # files), and no snapshot of their collectives is taken for a hang
+        _stop(proc)
+        return proc.returncode if proc.returncode is not None else -9, [
+            f"{layout.STILL_RUNNING}: a rank's optimizer step ended {since:.1f} s before "
+            f"--timeout {cfg.timeout_s:g} s expired; the ranks were stopped and wrote their files"]
     n = cfg.nproc_per_node
     request = layout.dump_request_path(out)
     world = n * cfg.nnodes
@@ -928,6 +1006,9 @@ def _command_and_env(cfg: ProfileConfig, out: Path, script: str,
                 "pin_cpu": cfg.pin_cpu, "overwrite": cfg.overwrite,
                 "monitor_every": cfg.monitor_every, "monitor_capture": cfg.monitor_capture,
                 "monitor_calls": cfg.monitor_calls, "stall_s": cfg.stall_s,
+                # each rank's optimizer steps touch its progress file: a job stopped by
+                # --timeout while making them was still running (_watch)
+                "progress": cfg.timeout_s is not None or cfg.stall_s is not None,
                 "hang_dumps": cfg.timeout_s is not None or cfg.stall_s is not None}
     cmd = [sys.executable, "-m", "pardiag.collectors.torchrun_quiet", *cfg.torchrun_args(),
            "--nproc-per-node", str(cfg.nproc_per_node), "-m", "pardiag.collectors.rank_entry"]
@@ -999,6 +1080,9 @@ def _exit_code(codes: list[int], hang: list | None, returncode: int, missing: li
     nonzero = [c for c in codes if c != 0]
     nonzero = [c for c in nonzero if c != SIGTERM_EXIT_CODE] or nonzero
     complete = not missing and n_metas == cfg.nproc_per_node   # every rank wrote its files
+    if hang and hang[0].startswith(layout.STILL_RUNNING) and \
+            all(c == SIGTERM_EXIT_CODE for c in nonzero):
+        return TIMEOUT_EXIT_CODE   # --timeout stopped a running job: its ranks' SIGTERM codes
     if nonzero:
         return nonzero[0]
     if hang is not None and complete and all(_files_complete(line) for line in hang):
@@ -1185,6 +1269,39 @@ def _kept(out: Path, metas: dict, ranks: list[int] | None) -> str:
     return f"the job was stopped; {out} keeps {kept}"
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM to ``pardiag profile`` itself (``timeout``, a batch system's cancel, ``kill``):
+    the job is stopped as Ctrl-C stops it. torchrun and its ranks run in sessions of their own,
+    so a signal to this process alone reaches none of them."""
+
+
+class _OnSigterm:
+    """While entered (in the main thread), SIGTERM raises :class:`_Terminated` once; a second
+    one, while the job is being stopped, is ignored so the stop completes."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self._old = None
+
+    def _handle(self, signum, frame) -> None:
+        if not self.raised:
+            self.raised = True
+            raise _Terminated()
+
+    def __enter__(self) -> _OnSigterm:
+        import signal
+
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
 def run_profile(cfg: ProfileConfig) -> ProfileResult:
     """Run ``cfg.script`` under torchrun with the profiler on every rank.
 
@@ -1214,11 +1331,14 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     probe_before = host_probe_ms()
     started = time.time()
     load_before = _load_average()
-    interrupted = False
-    try:
-        returncode, hang = _run_torchrun(cmd, env, out, cfg, ranks)
-    except KeyboardInterrupt:  # the job is stopped (_wait_or_timeout): its ranks wrote their files
-        returncode, hang, interrupted = EXIT_INTERRUPTED, None, True
+    interrupted = terminated = False
+    with _OnSigterm():
+        try:
+            returncode, hang = _run_torchrun(cmd, env, out, cfg, ranks)
+        except KeyboardInterrupt as exc:  # the job is stopped (_wait_or_timeout): its ranks
+            terminated = isinstance(exc, _Terminated)   # wrote their files
+            returncode = SIGTERM_EXIT_CODE if terminated else EXIT_INTERRUPTED
+            hang, interrupted = None, True
     ended = time.time()
     ranks.scan()
     metas = ranks.mine
@@ -1236,13 +1356,15 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     if stopped:
         hang = [*(hang or []), *stopped]
     got = _rank_outcomes(metas, cfg)
-    exit_code = (EXIT_INTERRUPTED if interrupted
+    exit_code = ((SIGTERM_EXIT_CODE if terminated else EXIT_INTERRUPTED) if interrupted
                  else _exit_code(got.codes, hang, returncode, missing, len(metas), cfg))
     _write_run_file(out, cfg, ranks, node_rank, (started, ended), returncode, exit_code, hang,
                     got.failed, missing, (load_before, _load_average()),
                     (probe_before, None if interrupted else host_probe_ms()))
     if interrupted:  # the run file says so; the command ends with what the folder keeps
-        raise Interrupted(_kept(out, metas, expected))
+        kept = _kept(out, metas, expected)
+        raise (Interrupted(f"stopped by SIGTERM; {kept}", SIGTERM_EXIT_CODE) if terminated
+               else Interrupted(kept))
     window = cfg.wait + cfg.warmup + cfg.active + 1   # and the step that exports the trace
     after = [int(m.optimizer_steps or 0) - window for m in metas.values()
              if m.trace_file and m.status == "ok" and cfg.monitor_every is None]

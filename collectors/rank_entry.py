@@ -1038,7 +1038,7 @@ def _on_step(run: _RankRun, count: int, optimizer) -> None:
     from .memory import static_memory
 
     wait, warmup, window_end = run.wait, run.warmup, run.window_end
-    if run.cfg.get("stall_s"):
+    if run.cfg.get("stall_s") or run.cfg.get("progress"):
         _touch_progress(run)
     if run.monitor is not None:
         run.monitor.on_step(*run.stepper.last)

@@ -448,9 +448,22 @@ def profile(script: Path, script_args: tuple[str, ...], nproc_per_node: int, out
 def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float | None,
                  stall_s: float | None = None) -> None:
     """What one profiled run left behind, on standard error: failed ranks, short or missing
-    traces, hangs, contention and the run folder."""
+    traces, hangs, contention and the run folder. A rank that ended without a word (no final
+    metadata) while every failed rank was stopped by torchrun's SIGTERM ended first: it is said
+    first, as the likely cause."""
+    silent_first = (bool(result.missing_ranks) and bool(result.failed_ranks)
+                    and not result.hang and result.stopped_by is None and all(
+                        m.startswith("stopped by SIGTERM") for m in result.failed_ranks.values()))
+    if silent_first:
+        _say_missing(result, " - the first to end, without a word (killed: SIGKILL, or out of "
+                             "memory?); torchrun then stopped the others")
+    # ranks --timeout stopped while they ran did not fail: the line of that stop says it
+    limit = bool(result.hang) and result.hang[0].startswith(layout.STILL_RUNNING)
     for i, (r, msg) in enumerate(result.failed_ranks.items()):
-        first = " (first failure)" if i == 0 and len(result.failed_ranks) > 1 else ""
+        if limit and msg.startswith("stopped by SIGTERM"):
+            continue
+        first = (" (first failure)" if i == 0 and len(result.failed_ranks) > 1
+                 and not silent_first else "")
         click.echo(f"pardiag: rank {r} failed{first}: {msg}", err=True)
     for r, seen in sorted(result.short_ranks.items()):
         click.echo(f"pardiag: warning: rank {r} recorded {seen} of --active {active} steps "
@@ -472,7 +485,25 @@ def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float |
         prefix = {"timeout": f"hang after {timeout_s or 0:g} s",
                   "stall": f"hang, no optimizer step for {stall_s or 0:g} s"}.get(
             result.stopped_by or "", "hang at exit")
+        if line.startswith(layout.STILL_RUNNING):
+            prefix = f"stopped by --timeout after {timeout_s or 0:g} s"
         click.echo(f"pardiag: {prefix}: {line}", err=True)
+    if not silent_first:
+        _say_missing(result, "")
+    if result.contention:
+        click.echo(f"pardiag: warning: {result.contention}", err=True)
+    if result.after_window is not None and result.after_window < MIN_STEPS_AFTER_WINDOW:
+        click.echo(f"pardiag: warning: only {result.after_window} optimizer step(s) ran after "
+                   f"the profiling window and the step that exports its trace: the report "
+                   f"measures the step time and its noise on those undisturbed steps, and needs "
+                   f"3 periods between them (run "
+                   f"{MIN_STEPS_AFTER_WINDOW - result.after_window} more step(s))", err=True)
+    click.echo(f"pardiag: run folder {result.out} (exit code {result.exit_code})", err=True)
+
+
+def _say_missing(result, why: str) -> None:
+    """One line per rank of the run that wrote no final metadata, with what it kept and
+    ``why`` after it."""
     for r in result.missing_ranks:
         kept = [what for what, path in (
             ("its trace", layout.trace_path(result.out, r)),
@@ -483,16 +514,7 @@ def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float |
             ("its threads' stacks", layout.stacks_path(result.out, r)))
             if path.is_file() and path.stat().st_size]
         click.echo(f"pardiag: rank {r} did not finish (no final metadata; "
-                   + (f"kept: {_and(kept)})" if kept else "it wrote nothing)"), err=True)
-    if result.contention:
-        click.echo(f"pardiag: warning: {result.contention}", err=True)
-    if result.after_window is not None and result.after_window < MIN_STEPS_AFTER_WINDOW:
-        click.echo(f"pardiag: warning: only {result.after_window} optimizer step(s) ran after "
-                   f"the profiling window and the step that exports its trace: the report "
-                   f"measures the step time and its noise on those undisturbed steps, and needs "
-                   f"3 periods between them (run "
-                   f"{MIN_STEPS_AFTER_WINDOW - result.after_window} more step(s))", err=True)
-    click.echo(f"pardiag: run folder {result.out} (exit code {result.exit_code})", err=True)
+                   + (f"kept: {_and(kept)})" if kept else "it wrote nothing)") + why, err=True)
 
 
 #: Undisturbed steps after the profiling window from which a step's noise is measured (the

@@ -27,14 +27,18 @@ EXIT_INTERRUPTED = 130
 #: A process stopped by SIGTERM exits with this code (128 + 15): torchrun stops the ranks still
 #: running this way after one fails.
 SIGTERM_EXIT_CODE = 143
+#: How a run its user stopped ended, by its launcher's exit code: Ctrl-C, or SIGTERM to
+#: ``pardiag profile`` (``timeout``, a batch system's cancel), which stops the job as Ctrl-C does.
+STOPPED_BY = {EXIT_INTERRUPTED: "Ctrl-C", SIGTERM_EXIT_CODE: "SIGTERM"}
 
 
 class Interrupted(PardiagError):
-    """The user interrupted a command (Ctrl-C) after it had stopped its work cleanly; the
-    message says what was kept. Printed as ``pardiag: interrupted: ...``, exit code 130."""
+    """The user interrupted a command (Ctrl-C, or SIGTERM to ``pardiag profile``) after it had
+    stopped its work cleanly; the message says what was kept. Printed as
+    ``pardiag: interrupted: ...``, exit code 130 (143 for SIGTERM)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, EXIT_INTERRUPTED)
+    def __init__(self, message: str, exit_code: int = EXIT_INTERRUPTED) -> None:
+        super().__init__(message, exit_code)
 
 
 def env_seconds(name: str, default: float) -> float:

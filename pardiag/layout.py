@@ -45,7 +45,13 @@ from typing import Annotated, Any
 
 import msgspec
 
+from pardiag.errors import STOPPED_BY
+
 SCHEMA_VERSION = 1
+
+#: How a ``hang`` line of the run file begins when ``--timeout`` stopped a job that was still
+#: making optimizer steps: a time limit reached, not a hang.
+STILL_RUNNING = "the job was still running, not hung"
 
 #: Value of the ``schema`` key in every pardiag sidecar file.
 SIDECAR_SCHEMA = "pardiag"
@@ -687,6 +693,17 @@ class RunFile(msgspec.Struct, kw_only=True, frozen=True):
     host_probe_after_ms: float | None = None
     monitor_every: int | None = None
     capture: dict[str, Any] | None = None
+
+    @property
+    def stopped_by_user(self) -> str | None:
+        """``"Ctrl-C"`` or ``"SIGTERM"`` where the user stopped ``pardiag profile`` (it stopped
+        the job: torchrun's exit code is then the launcher's own, 130 or 143); None otherwise,
+        as where torchrun stopped the ranks after one was killed (its own code, 1). A run file
+        without torchrun's code is judged by its exit code alone."""
+        code = self.exit_code
+        if code is None or self.torchrun_exit_code not in (code, None):
+            return None
+        return STOPPED_BY.get(code)
 
     def job_differences(self, other: RunFile) -> list[tuple[str, Any, Any]]:
         """What makes ``other`` another job than this run's, in the words the messages use:

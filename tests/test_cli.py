@@ -234,14 +234,22 @@ def test_failed_run_is_flagged_in_the_report(tmp_path):
               "rank 1 failed in the monitored job, after this capture began: "
               "RuntimeError: boom"):
         assert w in res.output
-    # stopped by Ctrl-C: interrupted; the ranks the launcher stopped did not fail
-    info.update(exit_code=130, failed_ranks={"0": "stopped by SIGTERM (the launcher)"})
+    # stopped by Ctrl-C (the launcher's own code, torchrun's too): interrupted; the ranks the
+    # launcher stopped did not fail. So with SIGTERM to pardiag profile
+    for code, how in ((130, "Ctrl-C"), (143, "SIGTERM")):
+        info.update(exit_code=code, torchrun_exit_code=code,
+                    failed_ranks={"0": "stopped by SIGTERM (the launcher)"})
+        (run_dir / "pardiag" / "run.json").write_text(json.dumps(info))
+        res = run("report", run_dir, "-o", tmp_path / "r.html", "-q")
+        assert f"the monitored job was interrupted ({how}, exit code {code}), after this " \
+               f"capture began" in res.output
+        assert "rank 0 failed" not in res.output and "exited with code" not in res.output, \
+            res.output
+    # torchrun's SIGTERM after a rank was killed (torchrun's own code 1): not interrupted
+    info.update(exit_code=143, torchrun_exit_code=1)
     (run_dir / "pardiag" / "run.json").write_text(json.dumps(info))
     res = run("report", run_dir, "-o", tmp_path / "r.html", "-q")
-    assert "the monitored job was interrupted (Ctrl-C, exit code 130), after this capture " \
-           "began" in res.output
-    assert "rank 0 failed" not in res.output and "exited with code" not in res.output, \
-        res.output
+    assert "the monitored job exited with code 143" in res.output
 
 
 def test_malformed_sidecars_are_left_out_with_warnings(tmp_path):

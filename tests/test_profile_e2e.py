@@ -237,10 +237,13 @@ def test_a_rank_sent_sigterm_writes_its_files_and_says_so_on_one_line(tmp_path):
     assert not list((out / "pardiag").glob("*.partial.*"))
 
 
-def _ctrl_c_when(out, ready, poll_s: float, settle_s: float = 0.0) -> tuple[int, str]:
+def _ctrl_c_when(out, ready, poll_s: float, settle_s: float = 0.0, sigterm: bool = False
+                 ) -> tuple[int, str]:
     """Start ``pardiag profile`` of the DDP example into ``out`` in its own session (SIGINT at
     its default, as in a terminal), wait until ``ready()`` (at most 180 s) and ``settle_s``
-    more, then press Ctrl-C: SIGINT to the whole process group. Returns (exit code, stderr)."""
+    more, then press Ctrl-C: SIGINT to the whole process group (``sigterm``: SIGTERM to
+    pardiag's process alone, as ``timeout`` or ``kill`` sends it). Returns (exit code,
+    stderr); asserts that no process of the job is left."""
     import signal
     import time
 
@@ -255,15 +258,33 @@ def _ctrl_c_when(out, ready, poll_s: float, settle_s: float = 0.0) -> tuple[int,
             assert proc.poll() is None and time.time() < deadline
             time.sleep(poll_s)
         time.sleep(settle_s)
-        os.killpg(proc.pid, signal.SIGINT)
+        if sigterm:
+            os.kill(proc.pid, signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-        # pardiag has returned: no process of its session is left (torchrun, the ranks)
-        left = _session_processes(proc.pid)
+        # pardiag has returned: no process of its session is left, nor a rank of its job
+        left = _session_processes(proc.pid) + _job_processes(out)
         assert not left, (left, err[-2000:])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     return proc.returncode, err
+
+
+def _job_processes(out) -> list[str]:
+    """The processes alive whose environment names the run folder ``out`` (torchrun and the
+    ranks, each in a session of its own), as "pid command"."""
+    found = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            text = env.read_bytes()
+            stat = (env.parent / "stat").read_text()
+        except OSError:
+            continue
+        if str(out).encode() in text and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            found.append(f"{env.parent.name} {(env.parent / 'cmdline').read_bytes()[:80]!r}")
+    return found
 
 
 def _session_processes(sid: int) -> list[str]:
@@ -305,6 +326,118 @@ def test_ctrl_c_stops_the_job_and_keeps_what_the_ranks_wrote(tmp_path):
     assert ("Verdict: The run was interrupted (Ctrl-C, exit code 130): rank(s) 0, 1 were "
             "stopped by the launcher") in " ".join(rep.stdout.split())
     assert "The run failed" not in rep.stdout
+
+
+@pytest.mark.e2e
+def test_sigterm_to_pardiag_alone_stops_the_job_as_ctrl_c_does(tmp_path):
+    """SIGTERM to ``pardiag profile`` alone (``timeout 600 pardiag profile ...``, a batch
+    system's cancel): torchrun and the ranks, each in a session of its own, are stopped as
+    Ctrl-C stops them, nothing is left running, exit code 143, and the report calls the run
+    interrupted by SIGTERM. Before, pardiag died and the job trained on, unwatched."""
+    out = tmp_path / "o"
+    code, err = _ctrl_c_when(
+        out, lambda: all((out / f"rank{r}.trace.json.gz").exists() for r in (0, 1)),
+        poll_s=0.2, settle_s=1.0, sigterm=True)
+    assert code == 143, err[-2000:]
+    assert err.splitlines()[-1] == (f"pardiag: interrupted: stopped by SIGTERM; the job was "
+                                    f"stopped; {out} keeps the traces of rank(s) 0, 1 and "
+                                    f"their metadata")
+    assert "Traceback" not in err
+    run = json.loads((out / "pardiag" / "run.json").read_text())
+    assert run["exit_code"] == 143 and run["torchrun_exit_code"] == 143
+    rep = pardiag("report", out, "-o", tmp_path / "r.html")
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert ("Verdict: The run was interrupted (SIGTERM, exit code 143): rank(s) 0, 1 were "
+            "stopped by the launcher") in " ".join(rep.stdout.split())
+
+
+def _job_pid(out, marker: bytes) -> int:
+    """The pid of the process of the job writing ``out`` whose command line holds ``marker``."""
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if str(out).encode() in env.read_bytes() and \
+                    marker in (env.parent / "cmdline").read_bytes():
+                return int(env.parent.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no process of the job with {marker!r}")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("victim", ["torchrun", "rank 1"])
+def test_a_killed_torchrun_or_rank_leaves_nothing_running_and_is_named(tmp_path, victim):
+    """SIGKILL to torchrun (its ranks, in sessions of their own, would train on, orphaned) or
+    to one rank (torchrun then stops the other with SIGTERM, and that rank's "stopped by
+    SIGTERM" was said as the run's failure). pardiag ends with no process of the job left; a
+    killed torchrun is said, and a killed rank is said first, as the one that ended without a
+    word."""
+    import signal
+    import time
+
+    out = tmp_path / "o"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pardiag", "profile", str(EXAMPLE), "--nproc-per-node", "2",
+         "--out", str(out), "--", "--steps", "1000000"], cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while not all((out / f"rank{r}.trace.json.gz").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)
+        if victim == "torchrun":
+            os.kill(_job_pid(out, b"torchrun_quiet"), signal.SIGKILL)
+        else:
+            for env in Path("/proc").glob("[0-9]*/environ"):
+                try:
+                    if str(out).encode() in env.read_bytes() and b"rank_entry" in (
+                            env.parent / "cmdline").read_bytes() and b"RANK=1\0" in \
+                            env.read_bytes():
+                        os.kill(int(env.parent.name), signal.SIGKILL)
+                except OSError:
+                    continue
+        _, err = proc.communicate(timeout=120)
+        left = _job_processes(out)
+        assert not left, (left, err[-2000:])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "Traceback" not in err
+    if victim == "torchrun":
+        assert "pardiag: torchrun ended (exit code -9) while 2 rank process(es) still ran " \
+               "(torchrun killed?); they were stopped" in err, err[-2000:]
+    else:
+        assert "- the first to end, without a word (killed: SIGKILL, or out of memory?); " \
+               "torchrun then stopped the others" in err, err[-2000:]
+        said = [ln for ln in err.splitlines()
+                if ln.startswith(("pardiag: rank 1 did not finish", "pardiag: rank 0 failed"))]
+        assert len(said) == 2 and said[0].startswith("pardiag: rank 1"), err[-2000:]
+        rep = pardiag("report", out, "-o", tmp_path / "r.html")
+        assert ("Verdict: The run failed: rank(s) [1] ended without a word (killed: SIGKILL, "
+                "or out of memory?); then the launcher stopped rank(s) 0 (SIGTERM)") in \
+            " ".join(rep.stdout.split()), rep.stdout[-2000:]
+
+
+@pytest.mark.e2e
+def test_timeout_on_a_job_still_making_steps_is_no_hang(tmp_path):
+    """``--timeout`` as a time limit on a healthy job: it was stopped while making steps, which
+    is no hang (before, a snapshot of its collectives named a rank 'missing' from an all-reduce
+    the other had just entered). The ranks are stopped as Ctrl-C stops them and write their
+    files; exit code 124; the report says it was stopped by --timeout."""
+    out = tmp_path / "o"
+    res = pardiag("profile", EXAMPLE, "--nproc-per-node", 2, "--timeout", 20, "--out", out,
+                  "--", "--steps", 1000000)
+    assert res.returncode == 124, res.stderr[-2000:]
+    said = [ln for ln in res.stderr.splitlines() if "--timeout" in ln or "hang" in ln]
+    assert len(said) == 1 and said[0].startswith(
+        "pardiag: stopped by --timeout after 20 s: the job was still running, not hung: a "
+        "rank's optimizer step ended "), res.stderr[-2000:]
+    assert said[0].endswith("s before --timeout 20 s expired; the ranks were stopped and wrote "
+                            "their files")
+    rep = pardiag("report", out, "-o", tmp_path / "r.html")
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert "Verdict: The run was stopped by --timeout after 20 s: the job was still running, " \
+           "not hung" in " ".join(rep.stdout.split())
 
 
 @pytest.mark.e2e

@@ -64,8 +64,8 @@ def ending_notes(run_dir: Path, last_step: int | None) -> list[str]:
         hang = f": {'; '.join(run.hang)}" if run.hang else ""
         return [f"the run was stopped by --stall-timeout: no rank made an optimizer step or "
                 f"moved on for {run.stalled_after_s:g} s{at}{hang}"]
-    if run.exit_code == 130:
-        return [f"the run was interrupted (Ctrl-C, exit code 130){at}"]
+    if run.stopped_by_user:
+        return [f"the run was interrupted ({run.stopped_by_user}, exit code {run.exit_code}){at}"]
     if run.exit_code not in (0, None):
         failed = "; ".join(f"rank {r}: {line}" for r, line in (run.failed_ranks or {}).items())
         return [f"the run ended with exit code {run.exit_code}{at}"

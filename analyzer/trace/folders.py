@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from pardiag import layout
-from pardiag.errors import EXIT_INTERRUPTED, TraceError
+from pardiag.errors import TraceError
 
 from .traceset import failures_in_order
 
@@ -121,9 +121,9 @@ def no_files_hint(paths: list[Path], run_info: layout.RunFile | None,
                 f"folder, {meta_dirs[0].parent}")
     elif sub:
         hint = f"; subfolders hold some: {', '.join(str(d) for d in sub[:3])}"
-    elif run_info is not None and run_info.exit_code == EXIT_INTERRUPTED:
-        hint = ("; the profiled run was interrupted (Ctrl-C) before its profiling window "
-                "ended, so no trace was written")
+    elif run_info is not None and run_info.stopped_by_user:
+        hint = (f"; the profiled run was interrupted ({run_info.stopped_by_user}) before "
+                f"its profiling window ended, so no trace was written")
     elif run_info is not None and run_info.hang:
         hint = ("; the profiled run hung and was stopped before a trace was written: "
                 + run_info.hang[0])

@@ -31,7 +31,7 @@ import orjson
 import pandas as pd
 
 from pardiag import layout
-from pardiag.errors import EXIT_INTERRUPTED, TraceError
+from pardiag.errors import TraceError
 
 from . import vocab
 from .classify import STEP_RE
@@ -263,9 +263,10 @@ def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.R
             ("the monitored job", "in the monitored job", ", after this capture began")
             if run_info.monitor_every else ("the profiled run", "during the profiled run", ""))
         failures = failures_in_order(run_info, rank_meta)
-        if run_info.exit_code == EXIT_INTERRUPTED and run_info.monitor_every:
-            # Ctrl-C: the ranks the launcher stopped did not fail
-            out.append(f"{run} was interrupted (Ctrl-C, exit code {EXIT_INTERRUPTED}){later}")
+        if run_info.stopped_by_user and run_info.monitor_every:
+            # Ctrl-C or SIGTERM: the ranks the launcher stopped did not fail
+            out.append(f"{run} was interrupted ({run_info.stopped_by_user}, exit code "
+                       f"{run_info.exit_code}){later}")
             failures = [(r, m) for r, m in failures if not m.startswith("stopped by SIGTERM")]
         elif run_info.exit_code:
             out.append(f"{run} exited with code {run_info.exit_code}{later}")

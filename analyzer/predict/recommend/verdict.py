@@ -7,7 +7,7 @@ import re
 
 import pandas as pd
 
-from pardiag.errors import EXIT_INTERRUPTED
+from pardiag.layout import STILL_RUNNING
 
 from ...analyses.breakdown import OUTLIER_STEP_FACTOR, comparable_totals
 from ...analyses.pipeline import summarize_bubbles
@@ -181,14 +181,25 @@ def failure_text(ctx: RuleContext) -> str | None:
     run = ctx.traces.run_info
     if run is None:
         return None
+    if run.hang and run.hang[0].startswith(STILL_RUNNING):
+        return (f"The run was stopped by --timeout after {run.timed_out_after_s or 0:g} s: "
+                f"{run.hang[0]}; the steps it finished are analysed")
     if run.hang:
         more = f" (and {len(run.hang) - 1} more)" if len(run.hang) > 1 else ""
         return f"The run hung and was stopped: {run.hang[0]}{more}"
     failures = ctx.traces.failures()
-    if (run.exit_code == EXIT_INTERRUPTED and failures
-            and all(msg.startswith("stopped by SIGTERM") for _, msg in failures)):
-        # Ctrl-C: the launcher stopped every rank; nothing failed
-        return (f"The run was interrupted (Ctrl-C, exit code {EXIT_INTERRUPTED}): rank(s) "
+    stopped = bool(failures) and all(msg.startswith("stopped by SIGTERM") for _, msg in failures)
+    by = run.stopped_by_user
+    if (stopped and run.missing_ranks and by is None and run.timed_out_after_s is None
+            and run.stalled_after_s is None):
+        # a rank that ended without a word (SIGKILL, the out-of-memory killer) and the ranks
+        # torchrun then stopped: the silent one ended first
+        return (f"The run failed: rank(s) {run.missing_ranks} ended without a word (killed: "
+                f"SIGKILL, or out of memory?); then the launcher stopped rank(s) "
+                f"{', '.join(str(r) for r, _ in sorted(failures))} (SIGTERM)")
+    if by is not None and stopped:
+        # Ctrl-C or SIGTERM: the launcher stopped every rank; nothing failed
+        return (f"The run was interrupted ({by}, exit code {run.exit_code}): rank(s) "
                 f"{', '.join(str(r) for r, _ in sorted(failures))} were stopped by the launcher; "
                 f"the steps they finished are analysed")
     parts = [f"rank {r} failed{' first' if i == 0 and len(failures) > 1 else ''}: "
