@@ -6,6 +6,7 @@ process), so the CLI starts fast and fails with a clear message when torch is mi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -1355,6 +1356,10 @@ def run_profile(cfg: ProfileConfig) -> ProfileResult:
     stopped = [ln for ln in _stacks_lines(out, mine, script) if "stopped itself" in ln]
     if stopped:
         hang = [*(hang or []), *stopped]
+    for r in mine:   # a rank killed before it could remove its empty stacks file
+        with contextlib.suppress(OSError):
+            if layout.stacks_path(out, r).stat().st_size == 0:
+                layout.stacks_path(out, r).unlink()
     got = _rank_outcomes(metas, cfg)
     exit_code = ((SIGTERM_EXIT_CODE if terminated else EXIT_INTERRUPTED) if interrupted
                  else _exit_code(got.codes, hang, returncode, missing, len(metas), cfg))

@@ -403,6 +403,8 @@ def test_a_killed_torchrun_or_rank_leaves_nothing_running_and_is_named(tmp_path,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert "Traceback" not in err
+    # a killed rank's empty stacks file (SIGUSR1's, created at its start) is not left behind
+    assert not list((out / "pardiag").glob("rank*.stacks.txt"))
     if victim == "torchrun":
         assert "pardiag: torchrun ended (exit code -9) while 2 rank process(es) still ran " \
                "(torchrun killed?); they were stopped" in err, err[-2000:]
