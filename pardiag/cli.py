@@ -675,6 +675,10 @@ def report(paths: tuple[Path, ...], output: Path, json_out: Path | None,
                 raise PardiagError(f"{flag}: only for a traced run; a monitored run records no "
                                    f"FLOPs (its deep captures are traced: report a capture-S "
                                    f"folder)")
+        if hta:
+            raise PardiagError("--hta: only for a traced run; a monitored run holds no Kineto "
+                               "trace for HTA to read (its deep captures do: report a capture-S "
+                               "folder)")
         _monitor_report(paths[0], output, json_out, cdn, quiet,
                         {"tensorboard": tensorboard, "mlflow": mlflow_uri, "wandb": wandb_dir})
         return

@@ -339,7 +339,7 @@ def test_each_evaluated_change_states_its_predicted_mfu():
 def test_a_peak_or_token_count_that_is_not_a_positive_number_is_one_line(tmp_path):
     """--peak-tflops and --tokens-per-step: 0, negative, NaN, inf and text are refused in one
     line (exit 2), as in the API; a peak below what the rank reached is said, the verdict names
-    the given peak; on a monitored run both options are refused."""
+    the given peak; on a monitored run both options (and --hta) are refused."""
     import pardiag
     from pardiag.errors import PardiagError
 
@@ -360,6 +360,9 @@ def test_a_peak_or_token_count_that_is_not_a_positive_number_is_one_line(tmp_pat
     (run / "pardiag" / "rank0.monitor.jsonl").write_text("")
     res = CliRunner().invoke(cli, ["report", str(run), "--tokens-per-step", "8"])
     assert res.exit_code == 2 and "--tokens-per-step: only for a traced run" in res.output
+    # --hta, which a monitored run's report ignored: refused alike
+    res = CliRunner().invoke(cli, ["report", str(run), "--hta"])
+    assert res.exit_code == 2 and "--hta: only for a traced run" in res.output, res.output
 
 
 def test_a_trace_without_shapes_has_no_flops_and_says_why(real_traces):
