@@ -532,7 +532,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 def _become_subreaper() -> None:
     """Make this process the parent of its orphaned descendants (Linux), so that ranks whose
     torchrun was killed (torchrun starts each in a session of its own) are still found below
-    it by :func:`_orphaned_ranks`; nothing where the platform has no such option."""
+    it by :func:`_stop_orphaned_ranks`; nothing where the platform has no such option."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -553,24 +553,24 @@ def _stop_orphaned_ranks(returncode: int) -> str | None:
     left = _rank_pids(os.getpid())
     if not left:
         return None
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    _signal_each(left, signal.SIGTERM)
     deadline = time.time() + STOP_GRACE_S
     while time.time() < deadline and any(_alive(p) for p in left):
         time.sleep(0.1)
         _reap()
-    for pid in left:
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    _signal_each([p for p in left if _alive(p)], signal.SIGKILL)
     _reap()
     return (f"torchrun ended (exit code {returncode}) while {len(left)} rank process(es) still "
             f"ran (torchrun killed?); they were stopped")
+
+
+def _signal_each(pids: list[int], sig: int) -> None:
+    """Send ``sig`` to each of ``pids``, passing over those that have ended meanwhile."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _reap() -> None:
@@ -610,12 +610,7 @@ def _stop(proc: subprocess.Popen, graceful: bool = True) -> None:
                                            or any(_alive(p) for p in tree)):
             time.sleep(0.1)
     if tree:
-        for pid in [*reversed(tree), proc.pid]:
-            if pid == proc.pid or _alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        _signal_each([p for p in reversed(tree) if _alive(p)] + [proc.pid], signal.SIGKILL)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

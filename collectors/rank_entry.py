@@ -205,9 +205,10 @@ class _Terminated(BaseException):
         self.after = after
 
     def __str__(self) -> str:
-        return ("stopped by SIGTERM: the launcher ended the job (another rank failed, or it was "
-                "interrupted)" + (f"; its collective had failed first as its peers stopped "
-                                  f"({self.after})" if self.after else ""))
+        after = (f"; its collective had failed first as its peers stopped ({self.after})"
+                 if self.after else "")
+        return (f"{layout.STOPPED_BY_LAUNCHER}: the launcher ended the job (another rank "
+                f"failed, or it was interrupted){after}")
 
 
 #: Errors of a collective whose peer process has gone (gloo's and NCCL's words): when a SIGTERM

@@ -453,14 +453,15 @@ def _say_outcome(result, wait: int, warmup: int, active: int, timeout_s: float |
     first, as the likely cause."""
     silent_first = (bool(result.missing_ranks) and bool(result.failed_ranks)
                     and not result.hang and result.stopped_by is None and all(
-                        m.startswith("stopped by SIGTERM") for m in result.failed_ranks.values()))
+                        m.startswith(layout.STOPPED_BY_LAUNCHER)
+                        for m in result.failed_ranks.values()))
     if silent_first:
         _say_missing(result, " - the first to end, without a word (killed: SIGKILL, or out of "
                              "memory?); torchrun then stopped the others")
     # ranks --timeout stopped while they ran did not fail: the line of that stop says it
     limit = bool(result.hang) and result.hang[0].startswith(layout.STILL_RUNNING)
     for i, (r, msg) in enumerate(result.failed_ranks.items()):
-        if limit and msg.startswith("stopped by SIGTERM"):
+        if limit and msg.startswith(layout.STOPPED_BY_LAUNCHER):
             continue
         first = (" (first failure)" if i == 0 and len(result.failed_ranks) > 1
                  and not silent_first else "")

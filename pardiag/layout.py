@@ -49,6 +49,10 @@ from pardiag.errors import STOPPED_BY
 
 SCHEMA_VERSION = 1
 
+#: How a rank's error line (``failed_ranks``, its metadata's ``error``) begins when its launcher
+#: stopped it (torchrun's SIGTERM after another rank failed, or on Ctrl-C): no failure of its own.
+STOPPED_BY_LAUNCHER = "stopped by SIGTERM"
+
 #: How a ``hang`` line of the run file begins when ``--timeout`` stopped a job that was still
 #: making optimizer steps: a time limit reached, not a hang.
 STILL_RUNNING = "the job was still running, not hung"

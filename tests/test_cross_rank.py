@@ -897,22 +897,30 @@ def test_point_to_point_only_ranks_are_linked_by_their_kernels_ends(tmp_path):
     assert set(sync.offsets["offset_us"]) == {0.0}
 
 
+def _one_iteration_late(folder, first: int, period_us: float, gap_us: float,
+                        offset_us: float) -> None:
+    """Rank 0 sends to rank 1 twice per iteration of ``period_us`` (``gap_us`` apart); rank 1's
+    clock reads ``offset_us`` ahead and its trace holds iterations ``first + 1 .. first + 3``
+    against rank 0's ``first .. first + 2``, each a profiler step numbered as the iteration."""
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        for it in range(first + r, first + r + 3):
+            t = EPOCH + period_us * it + (offset_us if r else 0.0)
+            b.step(it, t, period_us)
+            for k in range(2):
+                op, peer = ("send", "Dst Rank") if r == 0 else ("recv", "Src Rank")
+                b.kernel("ncclDevKernel_SendRecv(x)", t + 100 + gap_us * k, 200 + 50 * k,
+                         stream=30, launch_ts=t + 1 + gap_us * k,
+                         args=_nccl_args(op, (0, 1), "0", **{peer: str(1 - r)}))
+        b.write(folder / f"rank{r}.json")
+
+
 def test_a_receiver_whose_window_began_an_iteration_later_pairs_by_its_ends(tmp_path):
     """Rank 0 sends to rank 1 twice per 40 ms iteration; rank 1's clock reads 350 µs ahead and
     its trace began one iteration later (iterations 2-4 against rank 0's 1-3). Pairing the
     k-th send with the k-th receive made rank 1's clock 40.35 ms ahead; the transfers of the
     two shared iterations pair, and the offset is 350 µs."""
-    for r in (0, 1):
-        b = TraceBuilder(rank=r)
-        for it in ((1, 2, 3) if r == 0 else (2, 3, 4)):
-            t = EPOCH + 40_000 * it + (350.0 if r else 0.0)
-            b.step(it, t, 40_000)
-            for k in range(2):
-                op, peer = ("send", "Dst Rank") if r == 0 else ("recv", "Src Rank")
-                b.kernel("ncclDevKernel_SendRecv(x)", t + 100 + 15_000 * k, 200 + 50 * k,
-                         stream=30, launch_ts=t + 1 + 15_000 * k,
-                         args=_nccl_args(op, (0, 1), "0", **{peer: str(1 - r)}))
-        b.write(tmp_path / f"rank{r}.json")
+    _one_iteration_late(tmp_path, first=1, period_us=40_000, gap_us=15_000, offset_us=350.0)
     sync = compute_sync(load_traces(tmp_path, cache=False))
     off = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
     assert off == {0: 0.0, 1: 350.0}
@@ -933,17 +941,7 @@ def test_a_receiver_a_short_iteration_later_pairs_by_its_profiler_steps(tmp_path
     implies a 9 ms offset, below the size that makes a shift of a whole iteration implausible,
     and the ends agree at both shifts. The steps' numbers (#1001 on both ranks) pair the
     transfers of one iteration: offset 0, 2 shared iterations of 2 transfers each."""
-    for r in (0, 1):
-        b = TraceBuilder(rank=r)
-        for it in ((1000, 1001, 1002) if r == 0 else (1001, 1002, 1003)):
-            t = EPOCH + 9_000 * (it - 1000)
-            b.step(it, t, 9_000)
-            for k in range(2):
-                op, peer = ("send", "Dst Rank") if r == 0 else ("recv", "Src Rank")
-                b.kernel("ncclDevKernel_SendRecv(x)", t + 100 + 4_000 * k, 200 + 50 * k,
-                         stream=30, launch_ts=t + 1 + 4_000 * k,
-                         args=_nccl_args(op, (0, 1), "0", **{peer: str(1 - r)}))
-        b.write(tmp_path / f"rank{r}.json")
+    _one_iteration_late(tmp_path, first=1000, period_us=9_000, gap_us=4_000, offset_us=0.0)
     sync = compute_sync(load_traces(tmp_path, cache=False))
     off = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
     assert off == {0: 0.0, 1: 0.0}

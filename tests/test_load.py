@@ -717,6 +717,24 @@ def test_files_of_one_rank_from_other_processes_are_two_runs(tmp_path):
     assert len(load_traces(other, cache=False, mixed_runs=True).ranks) == 1
 
 
+def _three_allreduces(b: TraceBuilder, t0: float, late_us: float) -> dict:
+    """``b``'s document: three 1 ms profiler steps from ``t0`` (µs), each a 400 µs gemm and an
+    all-reduce (record with ``Seq``) that the rank reaches ``late_us`` after 420 µs and that
+    ends at 600 µs on every rank."""
+    for k in range(3):
+        s = t0 + 1_000 * k
+        b.step(k + 1, s, 1_000)
+        b.kernel("volta_sgemm_128x64_nn", s + 10, 400, launch_ts=s + 5)
+        arrive = s + 420 + late_us
+        b.cpu("record_param_comms", arrive - 8, 4, args={
+            "Collective name": "allreduce", "Process Group Name": "0",
+            "Process Group Ranks": "[0, 1]", "Group size": 2, "Seq": str(k + 1),
+            "dtype": "Float", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20})
+        b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                 arrive, s + 600 - arrive, stream=20, launch_ts=arrive - 6)
+    return b.doc()
+
+
 def test_files_that_count_from_different_zeros_share_one(tmp_path):
     """Kineto counts ``ts`` from ``baseTimeNanoseconds``, the process's start rounded down to a
     multiple of 7,889,238 s: two hosts of one job that started on either side of such a
@@ -729,19 +747,7 @@ def test_files_that_count_from_different_zeros_share_one(tmp_path):
     quarter_ns = 7_889_238 * 10 ** 9
     base0 = 215 * quarter_ns   # host A's processes started before the boundary, B's after it
     for r, base, t0 in ((0, base0, quarter_ns / 1e3 + 5_000), (1, base0 + quarter_ns, 5_000.0)):
-        b = TraceBuilder(rank=r)
-        for k in range(3):
-            s = t0 + 1_000 * k
-            b.step(k + 1, s, 1_000)
-            b.kernel("volta_sgemm_128x64_nn", s + 10, 400, launch_ts=s + 5)
-            arrive = s + 420 + (30 if r == 1 else 0)
-            b.cpu("record_param_comms", arrive - 8, 4, args={
-                "Collective name": "allreduce", "Process Group Name": "0",
-                "Process Group Ranks": "[0, 1]", "Group size": 2, "Seq": str(k + 1),
-                "dtype": "Float", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20})
-            b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-                     arrive, s + 600 - arrive, stream=20, launch_ts=arrive - 6)
-        doc = b.doc()
+        doc = _three_allreduces(TraceBuilder(rank=r), t0, late_us=30.0 if r == 1 else 0.0)
         doc["baseTimeNanoseconds"] = base
         (tmp_path / f"rank{r}.json").write_text(json.dumps(doc))
     for cache in (False, True, True):   # the raw traces, then the stored summaries
@@ -766,20 +772,9 @@ def test_per_rank_bases_beside_a_merged_copy_and_a_plugin_dump_share_one_zero(tm
     base0 = 215 * 7_889_238 * 10 ** 9
     docs = []
     for r in (0, 1):
-        b = TraceBuilder(rank=r, pid=4000 + r, main_tid=4000 + r)
-        shift = 700.0 * r     # the same instant, counted from a base 0.7 ms later
-        for k in range(3):
-            s = 5_000 + 1_000 * k - shift
-            b.step(k + 1, s, 1_000)
-            b.kernel("volta_sgemm_128x64_nn", s + 10, 400, launch_ts=s + 5)
-            arrive = s + 420 + (30 if r == 1 else 0)
-            b.cpu("record_param_comms", arrive - 8, 4, args={
-                "Collective name": "allreduce", "Process Group Name": "0",
-                "Process Group Ranks": "[0, 1]", "Group size": 2, "Seq": str(k + 1),
-                "dtype": "Float", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20})
-            b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-                     arrive, s + 600 - arrive, stream=20, launch_ts=arrive - 6)
-        doc = b.doc()
+        # the same instants, counted from a base 0.7 ms later on rank 1
+        doc = _three_allreduces(TraceBuilder(rank=r, pid=4000 + r, main_tid=4000 + r),
+                                5_000 - 700.0 * r, late_us=30.0 if r == 1 else 0.0)
         doc["baseTimeNanoseconds"] = base0 + 700_000 * r
         (tmp_path / f"1765-TP-{r}.trace.json").write_text(json.dumps(doc))
         docs.append(doc)

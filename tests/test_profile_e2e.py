@@ -351,11 +351,13 @@ def test_sigterm_to_pardiag_alone_stops_the_job_as_ctrl_c_does(tmp_path):
             "stopped by the launcher") in " ".join(rep.stdout.split())
 
 
-def _job_pid(out, marker: bytes) -> int:
-    """The pid of the process of the job writing ``out`` whose command line holds ``marker``."""
+def _job_pid(out, marker: bytes, env_marker: bytes = b"") -> int:
+    """The pid of the process of the job writing ``out`` whose command line holds ``marker``
+    (and whose environment holds ``env_marker``)."""
     for env in Path("/proc").glob("[0-9]*/environ"):
         try:
-            if str(out).encode() in env.read_bytes() and \
+            text = env.read_bytes()
+            if str(out).encode() in text and env_marker in text and \
                     marker in (env.parent / "cmdline").read_bytes():
                 return int(env.parent.name)
         except OSError:
@@ -385,17 +387,8 @@ def test_a_killed_torchrun_or_rank_leaves_nothing_running_and_is_named(tmp_path,
             assert proc.poll() is None and time.time() < deadline
             time.sleep(0.2)
         time.sleep(1.0)
-        if victim == "torchrun":
-            os.kill(_job_pid(out, b"torchrun_quiet"), signal.SIGKILL)
-        else:
-            for env in Path("/proc").glob("[0-9]*/environ"):
-                try:
-                    if str(out).encode() in env.read_bytes() and b"rank_entry" in (
-                            env.parent / "cmdline").read_bytes() and b"RANK=1\0" in \
-                            env.read_bytes():
-                        os.kill(int(env.parent.name), signal.SIGKILL)
-                except OSError:
-                    continue
+        os.kill(_job_pid(out, b"torchrun_quiet") if victim == "torchrun"
+                else _job_pid(out, b"rank_entry", b"\0RANK=1\0"), signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
         left = _job_processes(out)
         assert not left, (left, err[-2000:])

@@ -62,8 +62,8 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     notes += ending_notes(run_dir, last_step) if run_dir is not None else []
     # a deep capture's own steps are not judged: a finding up to the last judged step is open
     # where the run stopped during or just after a capture
-    judged = sorted(set(data.steps["step"].astype(int)) - capture_steps(data.captures))
-    mark_open(found, judged[-1] if judged else last_step, run_dir)
+    judged = set(data.steps["step"].astype(int)) - capture_steps(data.captures)
+    mark_open(found, max(judged) if judged else last_step, run_dir)
     for c in caps:   # the asked-for captures only, the others left out
         first, last = c["first_step"], c["last_step"]
         if last_step is not None and first <= last_step < last and c["ranks"]:

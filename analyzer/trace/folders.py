@@ -68,7 +68,6 @@ def find_trace_files(paths: list[Path]) -> tuple[list[Path], list[Path], str, li
     return files, sidecars, source, info
 
 
-
 def run_of_sidecar(path: Path) -> Path | None:
     """The run folder whose metadata ``path`` is: its sidecar folder (``RUN/pardiag``, holding
     the run file or a monitor file) or a file in it that is not a trace (a sidecar, a monitor
@@ -86,18 +85,23 @@ def run_of_sidecar(path: Path) -> Path | None:
     return folder.parent
 
 
+def _trace_subfolders(folder: Path) -> list[Path]:
+    """The subfolders of ``folder`` that hold ``*.json`` / ``*.json.gz`` files, pardiag's own
+    (stored summaries, sidecars) left out; sorted."""
+    return sorted({f.parent for f in folder.glob("*/*.json*")
+                   if f.name.endswith((".json", ".json.gz"))
+                   and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
+
 
 def window_folders(paths: list[Path], run_info: layout.RunFile | None,
-                    rank_meta: dict[int, layout.RankMeta]) -> list[Path]:
+                   rank_meta: dict[int, layout.RankMeta]) -> list[Path]:
     """The subfolders that may hold one run's profiling windows, a folder each (torchtitan's
     ``profile_trace/iteration_<step>/``), when one folder was given that holds no trace itself
     and is no pardiag run: every subfolder holding trace files (even one), none of them a
     pardiag run folder; else ``[]``. Whether they are one run is for the loader to say."""
     if len(paths) != 1 or not paths[0].is_dir() or run_info is not None or rank_meta:
         return []
-    sub = sorted({f.parent for f in paths[0].glob("*/*.json*")
-                  if f.name.endswith((".json", ".json.gz"))
-                  and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
+    sub = _trace_subfolders(paths[0])
     if not sub or any(layout.run_file_path(d).exists() or (d / layout.SIDECAR_DIR).is_dir()
                       for d in sub):
         return []
@@ -105,14 +109,12 @@ def window_folders(paths: list[Path], run_info: layout.RunFile | None,
 
 
 def no_files_hint(paths: list[Path], run_info: layout.RunFile | None,
-                   rank_meta: dict[int, layout.RankMeta]) -> str:
+                  rank_meta: dict[int, layout.RankMeta]) -> str:
     """Why no trace file was found, for the error (``"; subfolders hold some: ..."``; ``""``
     when there is nothing to say): subfolders that hold traces, a run that hung, or a pardiag
     run that wrote none."""
     hint = ""
-    sub = sorted({f.parent for p in paths if p.is_dir()
-                  for f in p.glob("*/*.json*") if f.name.endswith((".json", ".json.gz"))
-                  and f.parent.name not in (layout.SUMMARY_DIR, layout.SIDECAR_DIR)})
+    sub = sorted({d for p in paths if p.is_dir() for d in _trace_subfolders(p)})
     meta_dirs = [d for d in ((p if p.is_dir() else p.parent) for p in paths)
                  if d.name == layout.SIDECAR_DIR and any(
                      f.name.endswith((".json", ".json.gz")) for f in d.parent.glob("*.json*"))]

@@ -267,7 +267,8 @@ def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.R
             # Ctrl-C or SIGTERM: the ranks the launcher stopped did not fail
             out.append(f"{run} was interrupted ({run_info.stopped_by_user}, exit code "
                        f"{run_info.exit_code}){later}")
-            failures = [(r, m) for r, m in failures if not m.startswith("stopped by SIGTERM")]
+            failures = [(r, m) for r, m in failures
+                        if not m.startswith(layout.STOPPED_BY_LAUNCHER)]
         elif run_info.exit_code:
             out.append(f"{run} exited with code {run_info.exit_code}{later}")
         for i, (r, msg) in enumerate(failures):
@@ -641,9 +642,10 @@ def _assign(docs: list[ParsedFile], warnings: list[str]
         kept = [i for i, p in enumerate(units) if not math.isnan(ranges[i][0])
                 or p.rank_hint is not None or rank_from_name(p.path.name) is not None
                 or vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(p.metadata)) is not None]
+        left = set(range(len(units))) - set(kept)
         warnings.extend(f"{units[i].path}: no timed events (complete 'X' ranges) and no rank in "
                         f"distributedInfo or its name: no rank's trace - skipped"
-                        for i in range(len(units)) if i not in set(kept))
+                        for i in sorted(left))
         units, ranges = [units[i] for i in kept], [ranges[i] for i in kept]
     facts = []
     for i, p in enumerate(units):

@@ -7,7 +7,7 @@ import re
 
 import pandas as pd
 
-from pardiag.layout import STILL_RUNNING
+from pardiag.layout import STILL_RUNNING, STOPPED_BY_LAUNCHER
 
 from ...analyses.breakdown import OUTLIER_STEP_FACTOR, comparable_totals
 from ...analyses.pipeline import summarize_bubbles
@@ -188,7 +188,7 @@ def failure_text(ctx: RuleContext) -> str | None:
         more = f" (and {len(run.hang) - 1} more)" if len(run.hang) > 1 else ""
         return f"The run hung and was stopped: {run.hang[0]}{more}"
     failures = ctx.traces.failures()
-    stopped = bool(failures) and all(msg.startswith("stopped by SIGTERM") for _, msg in failures)
+    stopped = bool(failures) and all(msg.startswith(STOPPED_BY_LAUNCHER) for _, msg in failures)
     by = run.stopped_by_user
     if (stopped and run.missing_ranks and by is None and run.timed_out_after_s is None
             and run.stalled_after_s is None):
