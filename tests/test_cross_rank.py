@@ -16,8 +16,10 @@ from click.testing import CliRunner
 
 from pardiag.analyzer.analyses.breakdown import compute_time_breakdown
 from pardiag.analyzer.analyses.sync import compute_sync
+from pardiag.analyzer.per_rank import REDUCER
 from pardiag.analyzer.trace import load_traces
 from pardiag.analyzer.trace.classify import compile_comm_patterns, device_kind
+from pardiag.analyzer.trace.comm_records import ranks_in_records
 from pardiag.analyzer.trace.ranks import FileFacts, assign_ranks, merged_rank_of_pids
 from pardiag.cli import cli
 
@@ -187,6 +189,71 @@ def test_rankless_files_one_process_recorded_are_one_ranks_windows():
     # without the processes known, each file is a rank of its own, as before
     ranks, _ = assign_ranks([dataclasses.replace(x, processes=frozenset()) for x in f])
     assert len(ranks) == 5
+
+
+def test_rankless_files_take_the_rank_their_collectives_records_name():
+    """A file that states no rank takes the one its records name as the caller's own, where
+    every record agrees, no file claims it and no other file's records name it; else the
+    lowest free rank, as before."""
+    f = [FileFacts(0, Path("a.json"), None, 0.0, 10.0, records_ranks=(2,)),
+         FileFacts(1, Path("b.json"), None, 0.0, 10.0, records_ranks=(0,)),
+         FileFacts(2, Path("c.json"), None, 0.0, 10.0, records_ranks=(1, 3)),   # disagree
+         FileFacts(3, Path("d.json"), None, 0.0, 10.0, records_ranks=(5,)),     # 5 is d's...
+         FileFacts(4, Path("e.json"), None, 0.0, 10.0, records_ranks=(5,)),     # ...and e's
+         FileFacts(5, Path("f.json"), 7, 0.0, 10.0),
+         FileFacts(6, Path("g.json"), None, 0.0, 10.0, records_ranks=(7,))]     # 7 is f's
+    ranks, warnings = assign_ranks(f)
+    assert [(r.rank, r.keys, r.source) for r in ranks] == [
+        (0, (1,), "records"), (1, (2,), "assigned"), (2, (0,), "records"), (3, (3,), "assigned"),
+        (4, (4,), "assigned"), (5, (6,), "assigned"), (7, (5,), "distributedInfo")]
+    assert warnings[0] == ("a.json: no rank in distributedInfo or in the file name; rank 2 "
+                           "from its collectives' records (Rank in Process Group Ranks)")
+
+
+def test_ranks_in_records_read_the_callers_own_rank_only():
+    """``Rank`` is the caller's rank in the group for all-reduce, all-gather, reduce-scatter,
+    all-to-all and barrier (at its place in the group's global ranks), the root's for a
+    broadcast and the peer's for a send: only the first kind names the file's rank."""
+    ev = pd.DataFrame({"name": ["record_param_comms"] * 6 + ["aten::mm"], "args": [
+        {"Collective name": "allreduce", "Rank": 1, "Process Group Ranks": "[4, 6]"},
+        {"Collective name": "broadcast", "Rank": 0, "Process Group Ranks": "[4, 6]"},
+        {"Collective name": "send", "Rank": 0, "Process Group Ranks": "[4, 6]"},
+        {"Collective name": "allgather", "Rank": 2, "Global rank start": 2,
+         "Global rank stride": 2, "Group size": 4},
+        {"Collective name": "allreduce", "Rank": 1, "Process Group Ranks": "[0, 1, ...]"},
+        {"Collective name": "allreduce", "Rank": 9, "Process Group Ranks": "[4, 6]"},
+        {"Rank": 3}]})
+    assert ranks_in_records(ev) == [6]
+    assert ranks_in_records(ev.iloc[1:]) == [6]        # the all-gather: 2 + 2 × 2
+    assert ranks_in_records(ev.iloc[[1, 2, 4, 5, 6]]) == []
+
+
+@pytest.mark.parametrize("summaries", [False, True])
+def test_files_named_by_pid_without_distributed_info_are_ranked_by_their_records(
+        tmp_path, summaries):
+    """``init_process_group`` ran after the profiler started (no ``distributedInfo``) and
+    ``tensorboard_trace_handler``'s names give pids, not ranks: each file's all-reduce records
+    give its global rank, so rank r's planted compute (10·(r+1) µs) is read as rank r's, whether
+    the loader holds the events or the summaries."""
+    pids = {0: 31877, 1: 31875, 2: 31880, 3: 31874}      # name order: ranks 3, 1, 0, 2
+    for r, pid in pids.items():
+        b = TraceBuilder(rank=None, pid=pid)
+        b.thread_name(1, f"thread 1 (python3 {pid})")
+        b.step(1, 0, 100)
+        b.kernel("void gemm_kernel<float>(float*)", 1, 10 * (r + 1), launch_ts=0.5)
+        for i in range(2):
+            b.cpu("record_param_comms", 60 + 10 * i, 1, args={
+                "Collective name": "allreduce", "Rank": r, "Group size": 4,
+                "Process Group Ranks": "[0, 1, 2, 3]"})
+        b.cpu("record_param_comms", 80, 1, args={   # the root, on every rank
+            "Collective name": "broadcast", "Rank": 0, "Process Group Ranks": "[0, 1, 2, 3]"})
+        b.write(tmp_path / f"trn-a100-07_{pid}.1761000015021.pt.trace.json")
+    traces = (load_traces(tmp_path, reducer=REDUCER, workers=2, cache=False) if summaries
+              else load_traces(tmp_path))
+    assert [(t.rank, t.path.name.split(".")[0], t.rank_source) for t in traces.ranks.values()] == [
+        (r, f"trn-a100-07_{pids[r]}", "records") for r in range(4)]
+    tot = compute_time_breakdown(traces).totals.set_index("rank")
+    assert tot["compute_us"].to_dict() == {0: 10.0, 1: 20.0, 2: 30.0, 3: 40.0}
 
 
 def test_merged_pids_need_two_named_ranks():

@@ -23,13 +23,13 @@ from ..per_rank.comm_events import (
     EVENT_COLUMNS,
     SCALAR_BYTES,
     group_key,
-    rank_list,
     step_of,
 )
 from ..per_rank.op_semantics import P2P_OPS
 from ..per_rank.summary import summary_of
 from ..trace import vocab
 from ..trace.traceset import TraceSet, stack_by_rank
+from ..trace.vocab import rank_list
 
 
 def _from_records(rank: int, doc: CommsSidecar, steps: pd.DataFrame) -> pd.DataFrame:

@@ -27,7 +27,7 @@ from ..trace.classify import (
 )
 from ..trace.comm_records import numel
 from ..trace.traceset import RankTrace, isin_mask
-from ..trace.vocab import int_arg
+from ..trace.vocab import int_arg, rank_list
 from .breakdown import cpu_comm_types
 from .issued_ops import gpu_issued_ops
 from .op_semantics import P2P_OPS, ROOTED, semantics
@@ -76,22 +76,6 @@ def group_key(ranks: Iterable[Any], desc: object = "") -> str:
     key = ",".join(str(r) for r in sorted({int(r) for r in ranks}))
     desc = str(desc or "").strip().strip('"')
     return f"{key}|{desc}" if desc else key
-
-
-def rank_list(v: Any) -> list[int] | None:
-    """Global ranks from ``Process Group Ranks`` / ``pg_config`` (a list, or text such as
-    ``"[0, 1]"``); None when unreadable or truncated (``"[0, 1, ...]"``)."""
-    if isinstance(v, str):
-        text = v.strip().strip('"').strip()
-        if not (text.startswith("[") and text.endswith("]")) or "..." in text:
-            return None
-        items = [t for t in text[1:-1].replace(" ", "").split(",") if t]
-        v = items
-    if not isinstance(v, (list, tuple)):
-        return None
-    out = [int_arg(x) for x in v]
-    ranks = [x for x in out if x is not None and x >= 0]
-    return ranks if out and len(ranks) == len(out) else None
 
 
 def group_ranks(args: dict[str, Any], pg_ranks_by_name: dict[str, list[int]]) -> list[int] | None:

@@ -22,6 +22,7 @@ import functools
 import os
 import re
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
@@ -29,7 +30,8 @@ import pandas as pd
 
 from ..trace import vocab
 from ..trace.classify import cached, pattern_key
-from ..trace.comm_records import all_to_all_ops
+from ..trace.comm_records import all_to_all_ops, ranks_in_records
+from ..trace.ranks import rank_from_name
 from ..trace.traceset import (
     Deferred,
     HoldsTables,
@@ -84,6 +86,16 @@ def _training_steps_of(profiler_steps: int, steps: pd.DataFrame) -> int:
     if not len(steps) or joined <= len(steps):
         return profiler_steps
     return max(1, round(profiler_steps * len(steps) / joined))
+
+
+def _records_ranks(trace: RankTrace) -> np.ndarray:
+    """:func:`pardiag.analyzer.trace.comm_records.ranks_in_records` of a trace whose file states
+    no rank (``distributedInfo``, its name), shape (n,); empty for one that does (the loader
+    reads it only then)."""
+    if (vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(trace.metadata)) is not None
+            or rank_from_name(Path(trace.path).name) is not None):
+        return np.zeros(0, dtype=np.int64)
+    return np.array(ranks_in_records(trace.events), dtype=np.int64)
 
 
 def quantity(compute: Callable[[RankSource], Any], *, patterns: bool = False) -> Any:
@@ -154,6 +166,11 @@ class RankSummary(HoldsTables):
             (:class:`pardiag.analyzer.per_rank.causes.LaunchEdges`).
         events_range: (first start, last end) of all the file's events, shape (2,), µs (NaN
             without events): its profiling window's extent when windows are joined.
+        flop_ops: the operators whose FLOPs are counted (:func:`pardiag.analyzer.per_rank.flops.
+            flop_ops`).
+        records_ranks: the global ranks the communication records name as the caller's own,
+            shape (n,) (:func:`pardiag.analyzer.trace.comm_records.ranks_in_records`): the
+            rank of a file that states none elsewhere (empty for one that does).
     """
 
     path: str
@@ -188,6 +205,7 @@ class RankSummary(HoldsTables):
         lambda src: launch_edges_of_trace(src.trace, src.patterns), patterns=True)
     events_range: np.ndarray = quantity(lambda src: np.array(time_range(src.trace.events)))
     flop_ops: pd.DataFrame = quantity(lambda src: flop_ops(src.trace, src.steps))
+    records_ranks: np.ndarray = quantity(lambda src: _records_ranks(src.trace))
 
     def matches(self, comm_patterns: Iterable[re.Pattern[str] | str]) -> bool:
         """True when this summary was computed with the same ``--comm-kernel`` patterns."""

@@ -142,7 +142,8 @@ class RankEntry(msgspec.Struct, kw_only=True, frozen=True):
         file: The rank's trace file (the first one when the rank's events come from several
             profiling windows).
         rank_source: How the rank number was found: ``"distributedInfo"``, ``"merged file"``,
-            ``"file name"`` or ``"assigned"``.
+            ``"file name"``, ``"records"`` (the caller's ``Rank`` in its collectives' records)
+            or ``"assigned"``.
         domain: ``"gpu"`` when the breakdown uses the device timeline (the trace has kernels),
             else ``"cpu"``. Null/absent: ``null`` when the rank has no breakdown.
         device: ``"cpu"`` (no kernels), ``"cuda"``, ``"rocm"``, ``"xpu"``, ``"hpu"``, ``"mtia"``

@@ -386,3 +386,36 @@ def all_to_all_ops(events) -> pd.DataFrame:
     for c in ("send_splits", "recv_splits"):
         df[c] = df[c].astype(object)
     return df.sort_values("ts_us", kind="stable").reset_index(drop=True)
+
+
+def ranks_in_records(events: pd.DataFrame | None) -> list[int]:
+    """The global ranks a trace's communication records name as the caller's own, sorted: for
+    each event of an op whose ``Rank`` is the caller's (:data:`pardiag.analyzer.trace.vocab.
+    OWN_RANK_OPS`), the group's global ranks (``Process Group Ranks``, or ``Global rank start``
+    and ``stride``) at that position. One rank when the records agree, several when they do not,
+    none where they give no rank and group (older dialects, a truncated rank list).
+
+    ``events``: :data:`pardiag.analyzer.trace.traceset.EVENT_COLUMNS`."""
+    if events is None or events.empty:
+        return []
+    recs = events[events["name"].str.match(
+        r"^(c10d::|nccl:|_c10d_functional::|record_param_comms|ncclDevKernel|ncclKernel)")]
+    found: set[int] = set()
+    for name, args in zip(recs["name"].tolist(), recs["args"].tolist()):
+        if not isinstance(args, dict):
+            continue
+        local = vocab.int_arg(vocab.RANK.get(args))
+        if local is None or collective_type(name, args) not in vocab.OWN_RANK_OPS:
+            continue
+        members = vocab.rank_list(vocab.PG_RANKS.get(args))
+        if members is not None:
+            if 0 <= local < len(members):
+                found.add(members[local])
+            continue
+        start = vocab.int_arg(vocab.GLOBAL_RANK_START.get(args))
+        stride = vocab.int_arg(vocab.GLOBAL_RANK_STRIDE.get(args))
+        size = vocab.int_arg(vocab.GROUP_SIZE.get(args))
+        if start is not None and start >= 0 and stride and stride > 0 and size \
+                and 0 <= local < size:
+            found.add(start + stride * local)
+    return sorted(found)

@@ -35,6 +35,7 @@ from pardiag.errors import TraceError
 
 from . import vocab
 from .classify import STEP_RE
+from .comm_records import ranks_in_records
 from .files import ParsedFile, RankReducer, from_summary, parse_file, read_events
 from .folders import find_trace_files, no_files_hint, run_of_sidecar, window_folders
 from .parse import ARRAY_FORM
@@ -290,6 +291,14 @@ def _run_warnings(run_info: layout.RunFile | None, rank_meta: dict[int, layout.R
             if absent:
                 out.append(f"run.json says world size {ws}; no trace for rank(s) {absent}")
     return out
+
+
+def _records_ranks(p: ParsedFile) -> tuple[int, ...]:
+    """The global ranks a unit's communication records name as the caller's own
+    (:func:`pardiag.analyzer.trace.comm_records.ranks_in_records`)."""
+    if p.events is not None:
+        return tuple(ranks_in_records(p.events))
+    return tuple(int(r) for r in p.summary.records_ranks) if p.summary is not None else ()
 
 
 def _time_range(p: ParsedFile) -> tuple[float, float]:
@@ -650,10 +659,13 @@ def _assign(docs: list[ParsedFile], warnings: list[str]
     facts = []
     for i, p in enumerate(units):
         lo, hi = ranges[i]
-        facts.append(FileFacts(key=i, path=p.path,
-                               dist_rank=vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(p.metadata)),
+        dist = vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(p.metadata))
+        facts.append(FileFacts(key=i, path=p.path, dist_rank=dist,
                                start_us=lo, end_us=hi, rank_hint=p.rank_hint,
-                               processes=frozenset(_processes(p))))
+                               processes=frozenset(_processes(p)),
+                               records_ranks=_records_ranks(p) if p.rank_hint is None
+                               and dist is None and rank_from_name(p.path.name) is None
+                               else ()))
     assignment, rank_warnings = assign_ranks(facts)
     warnings.extend(rank_warnings)
     if any(p.pieces for p in docs):

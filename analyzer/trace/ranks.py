@@ -15,8 +15,10 @@ Rules, in order:
 3. Files that claim the same rank and overlap in time cannot be windows of one process. A file
    whose name gives another rank that no file claims takes that rank (its ``distributedInfo``
    was wrong); otherwise the later one (in file-name order) is left out with a warning.
-4. Files with no rank take the lowest rank no file claims, with a warning; those one process
-   recorded (its pid in each, apart in time) are that rank's windows.
+4. Files with no rank, those one process recorded together (its pid in each, apart in time)
+   as one rank's windows, take the rank their communication records name as the caller's own
+   (``Rank`` at its place in ``Process Group Ranks``, where every record agrees and no file
+   claims it), else the lowest rank no file claims; either with a warning.
 
 A merged multi-rank file (``pardiag merge`` output, or another tool's merge that names each
 rank's processes ``rank N``) is split back into its ranks by :func:`split_merged`.
@@ -50,6 +52,9 @@ class FileFacts:
         rank_hint: the rank a merged file's process names give to this part, else None.
         processes: the host processes that recorded it (their pids as its thread names give
             them; empty when they give none).
+        records_ranks: the global ranks its communication records name as the caller's own
+            (:func:`pardiag.analyzer.trace.comm_records.ranks_in_records`; read only for a file
+            that names no rank otherwise).
     """
 
     key: int
@@ -59,6 +64,7 @@ class FileFacts:
     end_us: float = math.nan
     rank_hint: int | None = None
     processes: frozenset[str] = frozenset()
+    records_ranks: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +74,8 @@ class RankFiles:
     Attributes:
         rank: global rank.
         keys: the files' keys (:attr:`FileFacts.key`), one per profiling window, in time order.
-        source: ``"distributedInfo"``, ``"merged file"``, ``"file name"`` or ``"assigned"``.
+        source: ``"distributedInfo"``, ``"merged file"``, ``"file name"``, ``"records"`` or
+            ``"assigned"``.
     """
 
     rank: int
@@ -168,19 +175,27 @@ def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
             warnings.append(f"rank {r}: {len(kept)} files are {len(kept)} profiling windows of "
                             f"that rank ({', '.join(names)}); their steps are analysed together, "
                             f"the gaps between them left out")
-    for fs, why in _one_process_each(pending):
-        r = 0
-        while r in taken:
-            r += 1
-        taken.add(r)
-        out[r] = (fs, "assigned")
+    alone = _one_process_each(pending)
+    recorded = _records_rank_of(alone, taken)
+    for i, (fs, why) in enumerate(alone):
         said = why or "no rank in distributedInfo or in the file name"
+        r = recorded.get(i)
+        if r is not None:
+            how = f"rank {r} from its collectives' records (Rank in Process Group Ranks)"
+            src = "records"
+        else:
+            r = 0
+            while r in taken or r in recorded.values():
+                r += 1
+            how, src = f"treated as rank {r}", "assigned"
+        taken.add(r)
+        out[r] = (fs, src)
         if len(fs) == 1:
-            warnings.append(f"{fs[0].path}: {said}; treated as rank {r}")
+            warnings.append(f"{fs[0].path}: {said}; {how}")
         else:
             warnings.append(f"{', '.join(f.path.name for f in fs)}: {said}; one process's "
                             f"{len(fs)} profiling windows (its pid in each, apart in time), "
-                            f"treated as rank {r}")
+                            f"{how}")
     warnings.extend(_fewer_windows({r: fs for r, (fs, _) in out.items()}))
     ranks = [RankFiles(r, tuple(f.key for f in fs), src) for r, (fs, src) in sorted(out.items())]
     return ranks, warnings
@@ -211,6 +226,22 @@ def _one_process_each(pending: list[tuple[FileFacts, str | None]]
     for fs, _ in groups:
         fs.sort(key=lambda f: (f.start_us if not math.isnan(f.start_us) else math.inf, f.key))
     return groups
+
+
+def _records_rank_of(groups: list[tuple[list[FileFacts], str | None]], taken: set[int]
+                     ) -> dict[int, int]:
+    """``{group index: rank}`` for the groups of files (:func:`_one_process_each`) whose
+    communication records name one rank as the caller's own (:attr:`FileFacts.records_ranks`,
+    every file of the group agreeing) that no file claims and no other group's records name."""
+    named: dict[int, int] = {}
+    for i, (fs, _) in enumerate(groups):
+        ranks = {r for f in fs for r in f.records_ranks}
+        if len(ranks) == 1:
+            named[i] = ranks.pop()
+    count: dict[int, int] = {}
+    for r in named.values():
+        count[r] = count.get(r, 0) + 1
+    return {i: r for i, r in named.items() if r not in taken and count[r] == 1}
 
 
 def _fewer_windows(files: dict[int, list[FileFacts]]) -> list[str]:

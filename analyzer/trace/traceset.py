@@ -61,6 +61,12 @@ class Summary(Protocol):
         :func:`time_range` gives for its events)."""
         ...
 
+    @property
+    def records_ranks(self) -> Any:
+        """The global ranks the file's communication records name as the caller's own, an
+        integer array (:func:`pardiag.analyzer.trace.comm_records.ranks_in_records`)."""
+        ...
+
     def stored(self, name: str) -> pd.DataFrame | ColumnTable:
         """The table ``name`` as held (a DataFrame or a not yet built :class:`ColumnTable`)."""
         ...
@@ -103,7 +109,8 @@ class RankTrace:
             access; the analyses use the summary and do not touch them.
         metadata: top-level keys of the trace other than ``traceEvents`` (``distributedInfo``,
             ``baseTimeNanoseconds``, ``deviceProperties``, ...).
-        rank_source: ``"distributedInfo"``, ``"file name"`` or ``"assigned"``.
+        rank_source: ``"distributedInfo"``, ``"merged file"``, ``"file name"``,
+            ``"records"`` (its collectives' records) or ``"assigned"``.
         thread_names: ``{(pid, tid): name}`` from ``thread_name`` metadata events.
         notes: informational lines (clipped overlaps and the like).
         summary: the rank's :class:`pardiag.analyzer.per_rank.summary.RankSummary` when it was

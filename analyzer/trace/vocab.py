@@ -107,7 +107,12 @@ GLOBAL_RANK_STRIDE = ArgKey(("Global rank stride",), "global-rank step between g
 PG_NAME = ArgKey(("Process Group Name",), "the group's name (creation order, per rank)")
 PG_DESC = ArgKey(("Process Group Description",), "the group's description (mesh_tp, ...)")
 PG_RANKS = ArgKey(("Process Group Ranks",), "the group's global ranks, a list as text")
-RANK = ArgKey(("Rank",), "the rank in the group (of the peer, for a send or recv)")
+RANK = ArgKey(("Rank",), "the caller's rank in the group; the root's for a rooted op, the "
+                        "peer's for a send or recv")
+#: Ops whose record's ``Rank`` is the caller's own rank in the group: ``ProcessGroupNCCL`` records
+#: ``rank_`` for these (``RECORD_PARAM_COMMS_DATA``) and the root for broadcast, reduce, scatter
+#: and gather, the peer for send and recv.
+OWN_RANK_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"})
 SEQ = ArgKey(("Seq",), "the group's own sequence number of the op")
 DST_RANK = ArgKey(("Dst Rank", "Dst rank"), "a send's destination, a global rank")
 SRC_RANK = ArgKey(("Src Rank", "Src rank"), "a recv's source, a global rank")
@@ -221,6 +226,22 @@ def int_arg(v: Any) -> int | None:
             return None
     # beyond 2^53 it is no count, rank or sequence number (and would not fit the tables)
     return out if out is not None and abs(out) < 2 ** 53 else None
+
+
+def rank_list(v: Any) -> list[int] | None:
+    """Global ranks from ``Process Group Ranks`` / ``pg_config`` (a list, or text such as
+    ``"[0, 1]"``); None when unreadable or truncated (``"[0, 1, ...]"``)."""
+    if isinstance(v, str):
+        text = v.strip().strip('"').strip()
+        if not (text.startswith("[") and text.endswith("]")) or "..." in text:
+            return None
+        items = [t for t in text[1:-1].replace(" ", "").split(",") if t]
+        v = items
+    if not isinstance(v, (list, tuple)):
+        return None
+    out = [int_arg(x) for x in v]
+    ranks = [x for x in out if x is not None and x >= 0]
+    return ranks if out and len(ranks) == len(out) else None
 
 
 def dtype_bytes(dtype: Any) -> int | None:
