@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from pardiag.analyzer.analyses.infer_layout import INFERRED_SOURCE, infer_layout
+from pardiag.analyzer.analyses.op_roles import hybrid_sharding
 from pardiag.analyzer.per_rank import REDUCER
 from pardiag.analyzer.report.registry import build_report, report_json
 from pardiag.analyzer.trace import load_traces
@@ -1248,3 +1250,41 @@ def test_megatron_pipeline_with_data_parallel_pairs_reads_its_own_groups(tmp_pat
         4, {0: 0, 1: 2, 2: 4, 3: 6})
     assert any("MODEL_PARALLEL_GROUP (4 ranks) is the product of PIPELINE_MODEL_PARALLEL_GROUP"
                in n for n in lay.not_inferred)
+
+
+def _hsdp_events(shard: int, replica: int, tp: int = 1) -> tuple[pd.DataFrame, dict]:
+    """Communication events of HSDP over ``shard × replica`` ranks (× ``tp``, tensor parallel
+    innermost): each shard group all-gathers and reduce-scatters 8 MiB, each replica group
+    all-reduces 4 MiB, each tp group all-reduces 8 MiB, and every group all-reduces a 4-byte
+    loss; with the ``member`` map the mesh gives (dp: the replica group, tp: the tp group)."""
+    rows, member = [], {}
+    world = shard * replica * tp
+    for r in range(world):
+        t, d = r % tp, r // tp
+        sg = [tp * (shard * (d // shard) + i) + t for i in range(shard)]
+        rg = [tp * (d % shard + shard * j) + t for j in range(replica)]
+        tg = [tp * d + i for i in range(tp)]
+        member[r] = {"dp": rg, **({"tp": tg} if tp > 1 else {})}
+        for ranks, op, size in ((sg, "all_gather", 8 << 20), (sg, "reduce_scatter", 8 << 20),
+                                (sg, "all_reduce", 4), (rg, "all_reduce", 4 << 20),
+                                (tg, "all_reduce", 8 << 20)):
+            if len(ranks) > 1:
+                rows.append({"rank": r, "group": ",".join(map(str, ranks)), "op": op,
+                             "bytes": size})
+    return pd.DataFrame(rows), member
+
+
+@pytest.mark.parametrize("shard,replica,tp", [(2, 2, 1), (4, 2, 1), (2, 4, 2)])
+def test_hybrid_sharding_is_told_by_the_groups_each_op_runs_over(shard, replica, tp):
+    ev, member = _hsdp_events(shard, replica, tp)
+    line = hybrid_sharding(ev, member, shard * replica)
+    world = shard * replica * tp
+    assert line == (f"hybrid sharding (HSDP): parameters all-gathered and gradients "
+                    f"reduce-scattered over {world // shard} groups of {shard} ranks, gradients "
+                    f"all-reduced over {world // replica} groups of {replica}: sharded {shard} "
+                    f"ways, replicated {replica} ways")
+    # plain FSDP over every dp rank (one shard group, no replica all-reduce): not hybrid
+    plain = ev[~((ev["op"] == "all_reduce") & (ev["bytes"] == 4 << 20))]
+    assert hybrid_sharding(plain, member, shard * replica) is None
+    # the degrees must multiply to dp
+    assert hybrid_sharding(ev, member, 2 * shard * replica) is None

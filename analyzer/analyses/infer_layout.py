@@ -54,6 +54,7 @@ from .op_roles import (
     all_to_all_role,
     functional_role,
     functional_roles,
+    hybrid_sharding,
     p2p_role,
     reducing_groups,
     ring_lines,
@@ -321,7 +322,11 @@ def infer_layout(traces: TraceSet, events: pd.DataFrame | None = None) -> Inferr
         missing.append("no parallel strategy recognized: no DDP, FSDP, ZeRO, tensor-parallel, "
                        "expert-parallel or pipeline marks in the traces")
     if "fsdp2" in strategies or "fsdp1" in strategies:
-        missing.append("FSDP's reshard-after-forward / sharding strategy is not in the traces")
+        hybrid = hybrid_sharding(events, member, dims.get("dp"))
+        if hybrid:
+            evidence.append(hybrid)
+        missing.append("FSDP's reshard-after-forward is not in the traces" if hybrid else
+                       "FSDP's reshard-after-forward / sharding strategy is not in the traces")
     if "ddp" in strategies:
         missing.append("DDP's bucket size is not in the traces")
     if any(isinstance(count := vocab.DIST_PG_COUNT.get(vocab.DISTRIBUTED_INFO.get(t.metadata)),

@@ -339,3 +339,45 @@ def zero12_line(events: pd.DataFrame | None) -> str | None:
                     f"partitions ({int(ag.median())}), with no DDP or FSDP marks: ZeRO-1/2 "
                     f"(DeepSpeed)")
     return None
+
+
+def hybrid_sharding(events: pd.DataFrame | None, member: dict, dp: int | None) -> str | None:
+    """The evidence line of hybrid sharding (HSDP: ``HYBRID_SHARD``, or FSDP2 on a 2-D data
+    parallel mesh), else None: over groups of no other dimension (``member``: ``{rank: {dim:
+    group ranks}}``), the parameters are all-gathered and the gradients reduce-scattered over
+    groups of ``s`` ranks (the shards) and the gradients all-reduced over groups of ``r`` ranks
+    (the replicas), ``s·r = dp``, both above 1, each shard group meeting each replica group in
+    at most one rank. Only transfers above
+    :data:`~pardiag.analyzer.per_rank.comm_events.SCALAR_BYTES` count (a loss or a norm is
+    all-reduced over any group)."""
+    if events is None or not len(events) or not dp or dp < 4:
+        return None
+    ev = events[~events["group"].astype(str).isin(["", AMBIGUOUS_GROUP])]
+    ev = ev[pd.to_numeric(ev["bytes"], errors="coerce").gt(SCALAR_BYTES).to_numpy()]
+    shards: dict[frozenset[int], str] = {}
+    replicas: dict[frozenset[int], str] = {}
+    for key, sub in ev.groupby("group"):
+        ranks_text, _, desc = str(key).partition("|")
+        ranks = frozenset(int(r) for r in ranks_text.split(","))
+        if any(frozenset(g) == ranks for r in ranks
+               for d, g in member.get(r, {}).items() if d != "dp"):
+            continue   # another dimension's group (tensor parallelism all-reduces too)
+        ops = set(sub["op"])
+        if {"all_gather", "reduce_scatter"} <= ops:
+            shards[ranks] = desc
+        elif ops == {"all_reduce"}:
+            replicas[ranks] = desc
+    s_sizes, r_sizes = {len(g) for g in shards}, {len(g) for g in replicas}
+    if len(s_sizes) != 1 or len(r_sizes) != 1:
+        return None
+    s, r = s_sizes.pop(), r_sizes.pop()
+    if s < 2 or r < 2 or s * r != dp or any(len(a & b) > 1 for a in shards for b in replicas):
+        return None
+
+    def named(groups: dict[frozenset[int], str]) -> str:
+        descs = sorted({d for d in groups.values() if d})
+        return f" ({', '.join(descs)})" if descs else ""
+    return (f"hybrid sharding (HSDP): parameters all-gathered and gradients reduce-scattered "
+            f"over {len(shards)} groups of {s} ranks{named(shards)}, gradients all-reduced over "
+            f"{len(replicas)} groups of {r}{named(replicas)}: sharded {s} ways, replicated "
+            f"{r} ways")
