@@ -1405,6 +1405,21 @@ def test_slow_steps_over_half_the_run_are_found_against_the_others(tmp_path):
     assert f["step_ms"] == pytest.approx(130.0, abs=1.0)
     assert f["baseline_step_ms"] == pytest.approx(100.0, abs=1.0)
     assert f["arrivals_known"] is True   # every rank's buckets were on time: nobody was late
+    assert f["ranks"] == 2
+    assert S.finding_line(f).endswith("; no rank was late: every rank slowed")
+
+
+def test_a_one_rank_runs_slow_steps_are_not_said_of_other_ranks(tmp_path):
+    """A run of one rank has no arrivals to compare: its slow steps say so, not that every
+    rank slowed or that a pipeline's transfers are not monitored."""
+    run = _write_run(tmp_path, 1, 300, {0: (100, 149, 30_000)})
+    (f,) = M.findings(M.load_monitor(run))
+    assert (f["kind"], f["first_step"], f["last_step"], f["ranks"]) == ("slow_steps", 100,
+                                                                         149, 1)
+    assert S.finding_line(f) == (
+        f"slow steps 100–149: {f['step_ms']:.1f} ms against {f['baseline_step_ms']:.1f} ms; the "
+        f"run has one rank: no other rank's arrivals to compare")
+    assert f["step_ms"] == pytest.approx(130.0, abs=1.0)
 
 
 def test_a_straggler_from_step_20_is_not_pulled_to_the_start_up_step(tmp_path):
@@ -1511,20 +1526,30 @@ def test_lateness_whose_cost_is_inside_the_step_noise_says_the_bound(tmp_path):
 def test_a_capture_asked_for_and_never_written_is_said(tmp_path):
     """A run stopped before (or while) its deep capture recorded leaves the request and no
     traces: the report says the capture of those steps was not written, instead of listing
-    no capture at all."""
+    no capture at all. One whose run went on past the capture's last step was written there
+    (or failed to be): its folder missing is said so, not "not written"."""
     from pardiag.analyzer.analyses.monitor_follow import request_capture
 
-    run = _write_run(tmp_path, 2, 200, {1: (60, 119, 30_000)})
+    run = _write_run(tmp_path / "stopped", 2, 120, {1: (60, 119, 30_000)})
     request_capture(run, 90, 40, "rank 1: late at its collectives since step 60")
     doc = S.summary(M.load_monitor(run), run)
     assert doc["captures"] == []
     assert ("the deep capture asked for steps 90–129 was not written: the run ended before it "
             "or while it recorded (a capture's traces are written at its last step)"
             in doc["notes"]), doc["notes"]
+    run = _write_run(tmp_path / "moved", 2, 200, {1: (60, 119, 30_000)})
+    request_capture(run, 90, 40, "rank 1: late at its collectives since step 60")
+    doc = S.summary(M.load_monitor(run), run)
+    assert doc["captures"] == []
+    assert [n for n in doc["notes"] if "deep capture asked for" in n] == [
+        "the deep capture asked for steps 90–129 is not in the run folder (capture-90/), "
+        "though the run went on to step 199: moved or deleted since, or the ranks could not "
+        "write it (their lines in the run's output say why)"]
     cap = layout.capture_dir(run, 90)
     cap.mkdir()
     (cap / "rank0.trace.json.gz").write_bytes(b"")
-    assert not any("was not written" in n for n in S.summary(M.load_monitor(run), run)["notes"])
+    assert not any("deep capture asked for" in n
+                   for n in S.summary(M.load_monitor(run), run)["notes"])
 
 
 @pytest.mark.e2e
@@ -1810,7 +1835,7 @@ def test_a_deep_capture_copied_away_from_its_run_says_where_it_came_from(tmp_pat
     layout.capture_request_path(run).write_text("garbage{")
     assert layout.capture_context(cap, own) == {**rec, "monitored_run_found": True}
     notes: list[str] = []
-    caps, _ = _asked_captures(run, notes)
+    caps, _ = _asked_captures(run, notes, None)
     assert [(c["folder"], c["last_step"]) for c in caps] == [("capture-120", 122)]
     assert notes == [f"{layout.capture_request_path(run)}: not JSON (JSON is malformed: invalid "
                      "character (byte 0)): each deep capture is taken from its own run file, "

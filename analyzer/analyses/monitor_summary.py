@@ -38,6 +38,8 @@ def finding_line(f: dict) -> str:
                else f"; DataLoader {f['data_ms']:.1f} ms against {f['baseline_data_ms']:.1f} ms"
                if f["data_ms"] > f["baseline_data_ms"] + 0.5 * (f["step_ms"]
                                                                 - f["baseline_step_ms"])
+               else "; the run has one rank: no other rank's arrivals to compare"
+               if f.get("ranks") == 1
                else "; no rank was late: every rank slowed" if f.get("arrivals_known", True)
                else "; which rank slowed is not known: the ranks shared no collective then to "
                     "compare their arrivals at (a pipeline's sends and receives are not "
@@ -57,8 +59,9 @@ def summary(data: MonitorData, run_dir: Path | None = None) -> dict:
     per = data.steps.groupby("step")["dur_us"].median() / 1e3
     notes = list(data.notes)
     found = findings(data, notes)
-    caps, late = _asked_captures(run_dir, notes) if run_dir is not None else ([], [])
     last_step = int(data.steps["step"].max()) if len(data.steps) else None
+    caps, late = (_asked_captures(run_dir, notes, last_step) if run_dir is not None
+                  else ([], []))
     notes += ending_notes(run_dir, last_step) if run_dir is not None else []
     # a deep capture's own steps are not judged: a finding up to the last judged step is open
     # where the run stopped during or just after a capture
@@ -166,10 +169,13 @@ def capture_in_run(capture: dict) -> str | None:
     return capture_against(int(capture["first_step"]), int(capture["last_step"]), found)[1]
 
 
-def _asked_captures(run_dir: Path, notes: list[str]) -> tuple[list[dict], list[str]]:
+def _asked_captures(run_dir: Path, notes: list[str], last_step: int | None
+                    ) -> tuple[list[dict], list[str]]:
     """The deep captures in ``run_dir`` (:func:`captures`) that its request asked for, each
     with its ``last_step``; a folder not asked for (an earlier run's) is left out with a note
-    (into ``notes``). Also the notes of each capture asked for and not written."""
+    (into ``notes``). Also the notes of each capture asked for and not in the folder: not
+    written where the run's last recorded step (``last_step``) is not past the capture's last
+    (a rank writes its traces there), else moved, deleted or failed to be written."""
     asked = dict(requested_captures(capture_request(run_dir)))
     problem = layout.capture_request_problem(run_dir)
     if problem:
@@ -190,5 +196,10 @@ def _asked_captures(run_dir: Path, notes: list[str]) -> tuple[list[dict], list[s
     written = {c["first_step"] for c in caps if c["ranks"]}
     late = [f"the deep capture asked for steps {a}–{b} was not written: the run ended before "
             f"it or while it recorded (a capture's traces are written at its last step)"
+            if last_step is None or last_step <= b else
+            f"the deep capture asked for steps {a}–{b} is not in the run folder "
+            f"({layout.capture_dir(run_dir, a).name}/), though the run went on to step "
+            f"{last_step}: moved or deleted since, or the ranks could not write it (their "
+            f"lines in the run's output say why)"
             for a, b in asked.items() if a not in written]
     return caps, late

@@ -715,14 +715,15 @@ def slow_step_findings(steps: pd.DataFrame, stragglers: list[dict],
                        captures: list[tuple[int, int]] | None = None) -> list[dict]:
     """Periods of slow steps on every rank (see the module): ``[{"kind": "slow_steps",
     "first_step", "last_step", "steps", "step_ms", "baseline_step_ms", "data_ms",
-    "baseline_data_ms", "straggler_rank", "arrivals_known"}]`` (``straggler_rank``: a
+    "baseline_data_ms", "straggler_rank", "arrivals_known", "ranks"}]`` (``straggler_rank``: a
     straggler's period it overlaps, else None; ``arrivals_known``: the ranks' arrival delays
     (:func:`arrival_delays`, ``delays``) cover at least half the period's steps, so that no
-    straggler there means no rank was late). The deep captures' own steps
-    (:func:`capture_steps` of ``captures``, (first, last) each) are left out: pardiag slowed
-    them; a period around one goes on across it."""
+    straggler there means no rank was late; ``ranks``: the ranks that recorded steps). The
+    deep captures' own steps (:func:`capture_steps` of ``captures``, (first, last) each) are
+    left out: pardiag slowed them; a period around one goes on across it."""
     if steps.empty:
         return []
+    ranks = int(steps["rank"].nunique())
     per = steps.groupby("step")[["dur_us", "data_us"]].median()
     per = per[~per.index.isin(capture_steps(captures or []))]
     if per.empty:
@@ -759,7 +760,7 @@ def slow_step_findings(steps: pd.DataFrame, stragglers: list[dict],
                     "data_ms": round(float(span["data_us"].median()) / 1e3, 3),
                     "baseline_data_ms": round(float(per["data_us"].median()) / 1e3, 3),
                     "straggler_rank": who[0] if who else None,
-                    "arrivals_known": 2 * seen >= n})
+                    "arrivals_known": 2 * seen >= n, "ranks": ranks})
     return out
 
 

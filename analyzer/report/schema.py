@@ -497,9 +497,11 @@ class CaptureInfo(msgspec.Struct, kw_only=True, frozen=True):
         reason: The finding the launcher asked for it on, as said while the run went on.
             Null/absent: ``null`` when the request gives none.
         monitored_run_found: Whether ``monitored_run`` is there and holds that run (its
-            capture request asks for this capture, or its ``run.json`` has the same start time;
-            false: the capture was copied or moved away from its run, or another run was
-            written there since, and it says where the run was from its own ``run.json``).
+            capture request asks for this capture, or its ``run.json`` has the same start
+            time). A capture copied or moved elsewhere is still found while its run stays
+            where the capture's own ``run.json`` says, or when it sits in its run's folder;
+            false when neither holds the run (moved or deleted, or another run written there
+            since): ``monitored_run`` then says where the run was.
         against_findings: Where the capture's steps lie against the whole run's findings, as
             its report gives them: "lies inside the run's finding: …", "lies outside every
             finding's steps …" (the finding that asked for it ended before the capture began),
