@@ -1589,7 +1589,10 @@ def random_job(rng: random.Random, kind: str | None = None,
         else:
             job.host_drift_us_per_s = {h: rng.choice([-1, 1]) * rng.uniform(20, 60)
                                        for h in range(1, hosts)}
-            job.host_offset_us = {h: rng.uniform(-300, 300) for h in range(1, hosts)}
+            # hosts without a common time source can be seconds apart: an offset that large
+            # times the drift is tens of µs, which a fit on the wrong time axis mistakes
+            apart = 2e6 if rng.random() < 1 / 3 else 300.0
+            job.host_offset_us = {h: rng.uniform(-apart, apart) for h in range(1, hosts)}
             job.gpu_only_drift, job.compute_scale = rng.random() < 0.5, 150.0
             job.steps = rng.randint(12, 20)
     elif kind == "start_skew":

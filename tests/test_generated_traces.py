@@ -110,6 +110,26 @@ def test_planted_slow_rank_offsets_and_drift_are_recovered(tmp_path):
 
 
 @pytest.mark.parametrize("metadata", ["seq", "none"])
+def test_a_drifting_host_far_off_keeps_its_drift_out_of_its_offset(tmp_path, metadata):
+    """Host 1's clock 0.7 s ahead (more than a step) and running 40 µs/s fast, nobody slow:
+    fitted on the host's own time axis, the drift line's intercept took 0.7 s × 40 µs/s = 28 µs
+    of the drift into the offset, and every rank of host 1 read 28 µs late at every collective
+    (a false straggler). On the common clock the offsets hold to 2 µs and nobody is named."""
+    job = Job(mesh={"dp": 4}, schedule="ddp", steps=12, ranks_per_host=2,
+              host_offset_us={1: 700_000.0}, host_drift_us_per_s={1: 40.0},
+              metadata=metadata, compute_scale=50.0, seed=11)
+    truth = generate(job, tmp_path)
+    from benchmarks.cross_rank_accuracy import analyse
+
+    doc = analyse(tmp_path, truth)
+    offs = {o["rank"]: o for o in doc["sync"]["clock_offsets"]}
+    for r, v in truth.offset_us.items():
+        assert offs[r]["offset_us"] - offs[0]["offset_us"] == pytest.approx(v, abs=2.0), r
+    assert doc["sync"]["straggler"] is None and truth.straggler is None
+    assert judge(truth, doc, metadata)["straggler"]
+
+
+@pytest.mark.parametrize("metadata", ["seq", "none"])
 @pytest.mark.parametrize("schedule,mesh", [("tp", {"dp": 2, "tp": 4}), ("ep", {"dp": 2, "ep": 4})])
 def test_offsets_between_hosts_that_only_data_parallel_groups_cross(tmp_path, metadata,
                                                                      schedule, mesh):

@@ -242,12 +242,12 @@ def fit_clocks(rows: pd.DataFrame, unit: dict[int, object], t0_us: float, passes
 
     Returns:
         ``{unit: (intercept µs, slope µs/s, slope half-interval, residual µs, ends used)}``,
-        relative to the consensus (not yet to a reference).
+        relative to the consensus (not yet to a reference): ``end = consensus + intercept +
+        slope · (consensus − t0_us) / 1e6`` (:func:`relative_to`).
     """
     end = rows["end_us"].to_numpy(dtype=float)
     units = rows["rank"].map(unit).to_numpy()
     steps = rows["step"].to_numpy() if "step" in rows else None
-    t = (end - t0_us) / 1e6
     fit: dict[object, tuple] = {}
     # each unit's rows once (a mask per unit would make this quadratic in the ranks)
     codes, uniq = pd.factorize(units)
@@ -256,8 +256,12 @@ def fit_clocks(rows: pd.DataFrame, unit: dict[int, object], t0_us: float, passes
     bounds = np.searchsorted(codes[order], np.arange(len(uniq) + 1))
     rows_of = [order[bounds[k]:bounds[k + 1]] for k in range(len(uniq))]
     for _ in range(max(1, passes)):
-        consensus = pd.Series(corrected).groupby(rows["instance"].to_numpy()).transform("median")
-        diff = end - consensus.to_numpy()
+        consensus = pd.Series(corrected).groupby(rows["instance"].to_numpy()).transform(
+            "median").to_numpy()
+        diff = end - consensus
+        # the line runs on the consensus clock, not on the unit's own: a unit 0.7 s off that
+        # drifts 40 µs/s would otherwise take 0.7 × 40 = 28 µs of its drift into its offset
+        t = (consensus - t0_us) / 1e6
         fit = _few_point_fits(codes, uniq, t, diff)
         for u, idx in zip(uniq, rows_of):
             if u not in fit:
@@ -500,8 +504,9 @@ def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str],
     # relative to the lowest rank of each domain (its own clock)
     ref_of = [root[r] for r in ranks]
     pos = {r: i for i, r in enumerate(ranks)}
-    out["offset_us"] = [a[i] - a[pos[q]] for i, q in enumerate(ref_of)]
-    out["drift_us_per_s"] = [b[i] - b[pos[q]] for i, q in enumerate(ref_of)]
+    terms = [relative_to(a[i], b[i], a[pos[q]], b[pos[q]]) for i, q in enumerate(ref_of)]
+    out["offset_us"] = [x for x, _ in terms]
+    out["drift_us_per_s"] = [y for _, y in terms]
     out["drift_ci_us_per_s"] = [fit.get(unit[r], none)[2] for r in ranks]
     out["residual_us"] = [fit.get(unit[r], none)[3] for r in ranks]
     n_coll = rows["instance"].nunique()
@@ -551,6 +556,16 @@ def _clock_model(ev: pd.DataFrame, complete: set, hosts: dict[int, str],
                      f"(other clocks, or transfers that cannot be paired): separate clock "
                      f"domains, never compared")
     return model, notes
+
+
+def relative_to(a: float, b: float, a_ref: float, b_ref: float) -> tuple[float, float]:
+    """(offset µs, drift µs/s) of a clock against a reference clock, both given as lines on a
+    common clock c (:func:`fit_clocks`: ``t = c + a + b·(c − t0)/1e6``, ``t_ref`` likewise):
+    ``t − t_ref = offset + drift·(t_ref − t0)/1e6``, the model :meth:`ClockModel.correct`
+    inverts. Eliminating c (``c − t0 = (t_ref − t0 − a_ref)/(1 + b_ref/1e6)``) gives
+    ``drift = (b − b_ref)/(1 + b_ref/1e6)`` and ``offset = a − a_ref − drift·a_ref/1e6``."""
+    drift = (b - b_ref) / (1.0 + b_ref / 1e6)
+    return a - a_ref - drift * a_ref / 1e6, drift
 
 
 def rank_hosts(traces: TraceSet) -> dict[int, str]:
