@@ -6,6 +6,7 @@ repro cases in ../shared/repros (each with its expect.json)."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import re
 from pathlib import Path
@@ -600,6 +601,39 @@ def test_a_merge_that_prefixes_every_name_with_its_rank_reads_the_names_without(
         for key in ("compute_us", "comm_us", "overlap_pct"):
             assert rb["total"][key] == pytest.approx(ra["total"][key]), key
     assert not [w for w in b["warnings"] if "ProfilerStep" in w]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_merge_that_prefixes_its_metadata_events_too_is_split_by_them(tmp_path, gz):
+    """VeOmni's ``merge_chrome_trace.py`` prefixes every name with ``[RN] ``, the metadata
+    events' too (``[R1] process_name``, ``[R1] thread_name``), names no process by its rank and
+    offsets pids and tids by 1000 × the rank: the prefixed metadata events give each process
+    its rank and each thread its name, so the file reads as the two ranks it holds, not one
+    rank driving two devices."""
+    run = _two_ranks(tmp_path)
+    events = []
+    for r in (0, 1):
+        doc = json.loads((run / f"rank{r}.json").read_text())
+        events += [{**e, "pid": e["pid"] + 1000 * r, "tid": e["tid"] + 1000 * r,
+                    "name": f"[R{r}] {e['name']}"} for e in doc["traceEvents"]]
+        events += [{"ph": "M", "name": f"[R{r}] process_name", "pid": p + 1000 * r, "tid": 0,
+                    "args": {"name": "python3"}} for p in (0, 100)]
+        events += [{"ph": "M", "name": f"[R{r}] thread_name", "pid": 100 + 1000 * r,
+                    "tid": 1 + 1000 * r, "args": {"name": f"thread {1 + 1000 * r} (python3)"}}]
+    events.sort(key=lambda e: e.get("ts", 0))
+    merged = tmp_path / ("merged.json.gz" if gz else "merged.json")
+    data = json.dumps({"traceEvents": events}).encode()
+    merged.write_bytes(gzip.compress(data) if gz else data)
+    for d in "ab":
+        (tmp_path / d).mkdir()
+    a, b = _report([run], tmp_path / "a"), _report([merged], tmp_path / "b")
+    assert [r["rank"] for r in b["ranks"]] == [0, 1]
+    assert b["step"]["median_us"] == a["step"]["median_us"] == 2000.0
+    for ra, rb in zip(a["ranks"], b["ranks"]):
+        for key in ("compute_us", "comm_us", "overlap_pct"):
+            assert rb["total"][key] == pytest.approx(ra["total"][key]), key
+    traces = load_traces(merged)
+    assert traces.ranks[1].thread_names[("1100", "1001")] == "thread 1001 (python3)"
 
 
 @pytest.mark.parametrize("label, note", [

@@ -346,15 +346,22 @@ def _split_tagged(evs: list, thread_names: dict, process_names: dict
 def _names_of(metas: list, thread_names: dict, process_names: dict[str, list[str]]) -> None:
     """Add the thread names ``{(pid, tid): name}`` and process names ``{pid: [names]}`` of
     decoded metadata events to ``thread_names`` and ``process_names`` (a later name of a
-    thread replaces an earlier one)."""
+    thread replaces an earlier one). A metadata event whose name a merge tool prefixed with a
+    rank (:func:`pardiag.analyzer.trace.vocab.metadata_name`) is read without it, and its
+    process is named ``rank N`` too."""
     for e in metas:
+        name, rank = vocab.metadata_name(e.name)
+        pid = None if e.pid is MISSING else e.pid
+        if rank is not None:   # a merge tool's rank prefix: the process is that rank's
+            said = process_names.setdefault(str(pid), [])
+            if f"rank {rank}" not in said:
+                said.append(f"rank {rank}")
         if e.args is not _NO_ARGS and (
-                e.name == "thread_name" or (type(e.name) is str and e.name in PROCESS_META)):
+                name == "thread_name" or (type(name) is str and name in PROCESS_META)):
             a = _ANY_DECODER.decode(e.args)
             if not isinstance(a, dict):
                 continue
-            pid = None if e.pid is MISSING else e.pid
-            if e.name == "thread_name":
+            if name == "thread_name":
                 tid = None if e.tid is MISSING else e.tid
                 thread_names[(str(pid), str(tid))] = str(vocab.THREAD_NAME.get(a, ""))
             else:

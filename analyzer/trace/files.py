@@ -225,21 +225,17 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
     return pieces, warnings
 
 
-#: A merge tool's prefix of every event name with its rank (``[R3] ProfilerStep#5``,
-#: ``[rank3] aten::mm``).
-_RANK_NAME_PREFIX_RE = re.compile(r"^\[(?:R|rank\s*)(\d+)\]\s")
-
-
 def _without_rank_prefix(ev: pd.DataFrame, rank: int) -> pd.DataFrame:
     """A merged file's part ``ev`` of rank ``rank`` with the merge tool's prefix taken off its
-    event names, where every name carries the rank's own (:data:`_RANK_NAME_PREFIX_RE`): the
+    event names, where every name carries the rank's own
+    (:data:`pardiag.analyzer.trace.vocab.RANK_NAME_PREFIX_RE`): the
     names are read as the profiler wrote them (a step is ``ProfilerStep#5`` again)."""
     names = ev["name"].astype(str).tolist()
     if not names:
         return ev
     cut = []
     for n in names:
-        m = _RANK_NAME_PREFIX_RE.match(n)
+        m = vocab.RANK_NAME_PREFIX_RE.match(n)
         if m is None or int(m.group(1)) != rank:
             return ev
         cut.append(n[m.end():])

@@ -317,7 +317,7 @@ def events_frame(raw_events: Iterable, path: Path, display_time_unit: str | None
     not_objects = len(raw_events) - len(objs)
     thread_names: dict = {}
     for e in objs:
-        if (e.get("ph") == "M" and e.get("name") == "thread_name"
+        if (e.get("ph") == "M" and vocab.metadata_name(e.get("name"))[0] == "thread_name"
                 and isinstance(e.get("args"), dict)):
             thread_names[(str(e.get("pid")), str(e.get("tid")))] = str(
                 vocab.THREAD_NAME.get(e["args"], ""))
@@ -349,11 +349,17 @@ PROCESS_NAMES_KEY = "_pardiag_process_names"
 
 
 def read_process_names(objs: list) -> dict[str, list[str]]:
-    """``{pid: [process_name / process_labels values]}`` of raw trace events."""
+    """``{pid: [process_name / process_labels values]}`` of raw trace events (``rank N`` too
+    for a process whose metadata a merge tool prefixed with its rank,
+    :func:`pardiag.analyzer.trace.vocab.metadata_name`)."""
     out: dict[str, list[str]] = {}
     for e in objs:
-        if (type(e) is dict and e.get("ph") == "M" and type(e.get("name")) is str
-                and e["name"] in PROCESS_META and isinstance(e.get("args"), dict)):
+        if type(e) is not dict or e.get("ph") != "M":
+            continue
+        name, rank = vocab.metadata_name(e.get("name"))
+        if rank is not None and f"rank {rank}" not in out.get(str(e.get("pid")), []):
+            out.setdefault(str(e.get("pid")), []).append(f"rank {rank}")
+        if type(name) is str and name in PROCESS_META and isinstance(e.get("args"), dict):
             a = e["args"]
             out.setdefault(str(e.get("pid")), []).append(
                 str(vocab.THREAD_NAME.get(a, vocab.PROCESS_LABELS.get(a, ""))))

@@ -228,6 +228,21 @@ def int_arg(v: Any) -> int | None:
     return out if out is not None and abs(out) < 2 ** 53 else None
 
 
+#: A merge tool's prefix of every event name with its rank (``[R3] ProfilerStep#5``,
+#: ``[rank3] aten::mm``); VeOmni's ``merge_chrome_trace.py`` prefixes the metadata events too
+#: (``[R3] process_name``, ``[R3] thread_name``).
+RANK_NAME_PREFIX_RE = re.compile(r"^\[(?:R|rank\s*)(\d+)\]\s")
+
+
+def metadata_name(name: Any) -> tuple[Any, int | None]:
+    """(a metadata event's name without a merge tool's rank prefix, that rank or None)."""
+    if type(name) is str and name.startswith("["):
+        m = RANK_NAME_PREFIX_RE.match(name)
+        if m is not None:
+            return name[m.end():], int(m.group(1))
+    return name, None
+
+
 def rank_list(v: Any) -> list[int] | None:
     """Global ranks from ``Process Group Ranks`` / ``pg_config`` (a list, or text such as
     ``"[0, 1]"``); None when unreadable or truncated (``"[0, 1, ...]"``)."""
