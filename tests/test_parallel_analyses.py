@@ -343,3 +343,24 @@ def test_busbw_per_group_takes_median_and_max_over_its_instances():
     assert busbw_by_group(pd.DataFrame()).empty
     assert instance_counts(pd.DataFrame()) == {"instances": 0, "collectives": 0, "p2p": 0,
                                                "complete": 0}
+
+
+def test_a_device_range_belongs_to_the_step_that_launched_it(tmp_path):
+    """Nothing synchronises in the loop, so the host runs ahead: each step's host range
+    ``PP:0F0`` opens at 100 µs into its profiler step, while its device copy runs from 1,050 µs,
+    inside the next host step. Each device range is the step's that launched it (the k-th
+    device range of a name is the k-th host range of that name), not the host step its device
+    time falls in; the last one is not left out as outside every step."""
+    from pardiag.analyzer.per_rank.layout_marks import rank_marks_of_trace
+
+    b = TraceBuilder(rank=0)
+    for k, base in enumerate((0.0, 1000.0)):
+        b.step(k + 1, base, 1000)
+        b.cpu("PP:0F0", base + 100, 20, cat="user_annotation")
+        b.kernel("PP:0F0", base + 1050, 250, cat="gpu_user_annotation")
+        b.kernel("void gemm_kernel<float>(float*)", base + 1050, 250, launch_ts=base + 110)
+    b.write(tmp_path / "rank0.json")
+    trace = load_traces(tmp_path).ranks[0]
+    chunks = rank_marks_of_trace(trace).chunks
+    assert chunks[["stage", "phase", "microbatch", "step", "start_us"]].values.tolist() == [
+        [0, "F", 0, 1, 1050.0], [0, "F", 0, 2, 2050.0]]

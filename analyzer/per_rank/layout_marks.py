@@ -115,6 +115,41 @@ def _step_of(times: np.ndarray, steps: list[tuple[int, float, float]]) -> np.nda
     return out
 
 
+def _launched_at(starts: np.ndarray, names: pd.Series, ev: pd.DataFrame, host_rng: np.ndarray,
+                 gpu_rng: np.ndarray) -> np.ndarray:
+    """For times ``starts`` (µs) inside device ranges (``gpu_rng``: the pipeline ranges on
+    the device), the start of the host range that opened each one: the k-th device range of a
+    name is the k-th host range of that name (``host_rng``), where both count alike. A host
+    that runs ahead of its device (nothing synchronises in the loop) opens the next step's
+    ranges while the device still runs this step's: a range belongs to the step that launched
+    it, not to the host step its device time falls in. Other times are kept."""
+    out: np.ndarray = np.array(starts, dtype=float)
+    if not host_rng.any() or not len(starts):
+        return out
+    host: dict[str, list[float]] = {}
+    for n, t in zip(names[host_rng].tolist(), ev["ts"][host_rng].tolist()):
+        host.setdefault(str(n), []).append(float(t))
+    dev: dict[str, list[tuple[float, float]]] = {}
+    for n, t, d in zip(names[gpu_rng].tolist(), ev["ts"][gpu_rng].tolist(),
+                       ev["dur"][gpu_rng].tolist()):
+        dev.setdefault(str(n), []).append((float(t), float(t + d)))
+    spans = []
+    for n, ranges in dev.items():
+        opened = sorted(host.get(n, []))
+        if len(opened) == len(ranges):
+            spans += [(lo, hi, h) for (lo, hi), h in zip(sorted(ranges), opened)]
+    if not spans:
+        return out
+    spans.sort()
+    lo = np.array([x[0] for x in spans])
+    hi = np.array([x[1] for x in spans])
+    launched = np.array([x[2] for x in spans])
+    at = np.searchsorted(lo, starts, side="right") - 1
+    inside = (at >= 0) & (starts <= hi[np.maximum(at, 0)])
+    out[inside] = launched[at[inside]]
+    return out
+
+
 def _peer(op: str, args: Any, c10d_call: bool = False) -> int:
     """The peer's rank in the group the message used (:func:`pardiag.analyzer.per_rank.
     comm_events.p2p_peer`, the group's ranks from the record alone), or -1."""
@@ -378,7 +413,8 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
                                                             or vocab.PP_COMBINED_RE.match(u)))
     gpu_rng = rng & (cat == "gpu_user_annotation").to_numpy()
     device = bool(gpu_rng.any())
-    rng = gpu_rng if device else rng & (cat == "user_annotation").to_numpy()
+    host_rng = rng & (cat == "user_annotation").to_numpy()
+    rng = gpu_rng if device else host_rng
     k, wait_end = _busy_marks(trace, device) if rng.any() else (np.empty((0, 2)), np.empty(0))
     # where a backward begins on the host: splits a combined action's range
     autograd = name_test(trace, "autograd_function", vocab.AUTOGRAD_FUNCTION_RE.match) & cpu
@@ -414,8 +450,12 @@ def rank_marks_of_trace(trace: RankTrace) -> RankMarks:
         rows.append((stage, mb, phase, -1, lo, max(lo, hi)))
     rows += _split_combined(combined, rows)
     chunks = _chunk_frame(rows)
-    # a chunk's step: the step holding the start of its range (pieces keep their range's step)
-    chunks["step"] = _step_of(chunks["start_us"].to_numpy(), steps)
+    # a chunk's step: the step holding the start of its range (pieces keep their range's
+    # step); a device range's, the step that launched it (its host range's start)
+    starts = chunks["start_us"].to_numpy(dtype=float)
+    if device:
+        starts = _launched_at(starts, names, ev, host_rng, gpu_rng)
+    chunks["step"] = _step_of(starts, steps)
     return RankMarks(counts, chunks.sort_values("start_us", kind="stable").reset_index(drop=True),
                      p2p.sort_values("start_us", kind="stable").reset_index(drop=True), device,
                      dim0)
