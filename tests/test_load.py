@@ -880,3 +880,73 @@ def test_windows_one_process_wrote_into_folders_of_their_own_are_one_run(tmp_pat
         assert sorted(beside.ranks) == [0, 1] and not any(t.windows for t in beside.ranks.values())
         assert f"{root}: no trace files (*.json, *.json.gz) of its own; subfolders hold some: " \
                f"{folders[0]}, {folders[1]}; nothing read from it" in beside.warnings
+
+
+def _rccl_rank(kernel_corr, launches: int = 3, graph: bool = False) -> TraceBuilder:
+    """Three all-gathers, each ``record_param_comms`` (1 MiB of Float8_e4m3fnuz) inside
+    ``nccl:_all_gather_base`` launching one RCCL kernel with ``hipExtLaunchKernel`` (ids 2, 3,
+    4; ``launches`` of them), the kernels' own ids ``kernel_corr``; a GEMM tied by id 9. With
+    ``graph``, a ``cudaGraphLaunch`` of id ``kernel_corr`` instead (its kernels share its
+    id)."""
+    b = TraceBuilder(rank=0)
+    b.step(1, 0, 1000)
+    for i in range(3):
+        t = 100.0 + 200 * i
+        b.cpu("nccl:_all_gather_base", t, 20)
+        b.cpu("record_param_comms", t + 1, 5, args={
+            "Collective name": "_allgather_base", "dtype": "Float8_e4m3fnuz",
+            "In msg nelems": 1 << 20, "Out msg nelems": 1 << 21, "Group size": 2,
+            "Process Group Ranks": "[0, 1]", "Rank": 0})
+        if i < launches:
+            b.events.append({"ph": "X", "cat": "cuda_runtime", "name": "hipExtLaunchKernel",
+                             "pid": b.pid, "tid": b.main_tid, "ts": t + 10, "dur": 1,
+                             "args": {"correlation": 2 + i}})
+        b.events.append({"ph": "X", "cat": "kernel", "pid": 0, "tid": 3, "ts": t + 30,
+                         "dur": 50, "name": "ncclDevKernel_Generic(ncclDevComm*, "
+                                           "channelMasks, ncclWork*)",
+                         "args": {"device": 0, "stream": 3, "correlation": kernel_corr}})
+    b.events.append({"ph": "X", "cat": "cuda_runtime",
+                     "name": "cudaGraphLaunch" if graph else "hipLaunchKernel",
+                     "pid": b.pid, "tid": b.main_tid, "ts": 700, "dur": 1,
+                     "args": {"correlation": kernel_corr if graph else 9}})
+    b.kernel("Cijk_Alik_Bljk_BBS_BH_MT256x256x64", 710, 100, stream=0,
+             args={"correlation": kernel_corr if graph else 9})
+    return b
+
+
+def test_rccl_kernels_without_their_launch_ids_are_paired_with_them_in_order(tmp_path):
+    """roctracer gives RCCL's kernels correlation 0 (ROCm/roctracer#100): no launch ties them,
+    and their ops were read as kernels of an op of their own, without bytes. Three kernels of id
+    0 and three launches that tie to no kernel, one device, each kernel after its launch: the
+    k-th kernel is the k-th launch's, with a warning, and each all-gather has its bytes."""
+    _rccl_rank(0).write(tmp_path / "rank0.json")
+    ts = load_traces(tmp_path)
+    ev = ts.ranks[0].events
+    k = ev[ev["name"].str.startswith("ncclDevKernel")]
+    assert k["correlation"].tolist() == [2, 3, 4]
+    assert any("3 kernels carry correlation ids that tie them to no launch" in w
+               for w in ts.warnings), ts.warnings
+    from pardiag.analyzer.analyses.comm_events import comm_events
+    c = comm_events(ts)
+    assert c["op"].tolist() == ["all_gather"] * 3
+    assert c["bytes"].tolist() == [2 * (1 << 20)] * 3   # the gathered buffer, fp8
+
+
+@pytest.mark.parametrize("case", ["a launch lost", "a kernel of its own id", "a graph"])
+def test_kernels_are_not_paired_by_order_without_the_evidence(tmp_path, case):
+    """Counts that differ (a kernel whose launch the profiler lost), an unbroken id that ties to
+    nothing (one kernel of id 77: no sign of broken ids), or kernels that share their CUDA
+    graph launch's id: nothing is paired."""
+    b = (_rccl_rank(0, launches=2) if case == "a launch lost" else
+         _rccl_rank(77) if case == "a kernel of its own id" else _rccl_rank(5, graph=True))
+    if case == "a kernel of its own id":   # only the first keeps 77; the others' ids differ
+        ks = [e for e in b.events if e.get("cat") == "kernel" and "nccl" in e["name"]]
+        for i, e in enumerate(ks):
+            e["args"]["correlation"] = 77 + i
+    b.write(tmp_path / "rank0.json")
+    ts = load_traces(tmp_path)
+    ev = ts.ranks[0].events
+    before = [e["args"]["correlation"] for e in b.events
+              if e.get("cat") == "kernel" and "nccl" in e["name"]]
+    assert ev[ev["name"].str.startswith("ncclDevKernel")]["correlation"].tolist() == before
+    assert not any("tie them to no launch" in w for w in ts.warnings)

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from . import vocab
+from .classify import LAUNCH_CALL_RE
 from .traceset import GPU_CATS, isin_mask
 
 #: An arg the event has not got (``stream``, ``sycl queue``).
@@ -390,7 +391,50 @@ def frame_from_parts(path, display_time_unit, thread_names, not_objects, parts: 
     df = df.sort_values("ts", kind="stable").reset_index(drop=True)
     df, clip_notes = clip_same_stream(df)
     notes.extend(f"{path}: {n}" for n in clip_notes)
+    relinked = relink_kernels(df)
+    if relinked:
+        warnings.append(f"{path}: {relinked}")
     return df, thread_names, warnings, notes
+
+
+def relink_kernels(df: pd.DataFrame) -> str | None:
+    """Tie kernels whose ``correlation`` ids are broken back to their launches, in place: where
+    every kernel that no host event's id names carries an id of 0 or less, or one that other
+    kernels carry too (roctracer gives RCCL's kernels ``correlation`` 0: ROCm/roctracer#100),
+    and as many launch calls (:data:`pardiag.analyzer.trace.classify.LAUNCH_CALL_RE`) tie to no
+    kernel, on one device, the k-th such kernel in time is the k-th such launch's, when each
+    starts after its launch. The line to say (a warning: the pairing is by order), else None.
+
+    ``df``: the event table in time order (:data:`pardiag.analyzer.trace.traceset.
+    EVENT_COLUMNS`)."""
+    if not len(df):
+        return None
+    cat = df["cat"].to_numpy(dtype=object)
+    kern = cat == "kernel"
+    if not kern.any():
+        return None
+    corr = df["correlation"].to_numpy()
+    gpu = np.asarray(isin_mask(df["cat"], list(GPU_CATS)))
+    host = ~gpu & (corr >= 0)
+    launch = host & df["name"].astype(str).str.contains(LAUNCH_CALL_RE).to_numpy()
+    # no host event at all ties it (a CUDA graph's kernels share their graph launch's id)
+    orphan_k = kern & ~np.isin(corr, corr[host])
+    if not orphan_k.any():
+        return None
+    ids, counts = np.unique(corr[kern], return_counts=True)
+    repeated = set(ids[counts > 1].tolist())
+    if not all(c <= 0 or c in repeated for c in corr[orphan_k].tolist()):
+        return None
+    orphan_l = launch & ~np.isin(corr, corr[gpu & ~orphan_k])
+    k_at, l_at = np.flatnonzero(orphan_k), np.flatnonzero(orphan_l)
+    ts = df["ts"].to_numpy(dtype=float)
+    if (len(k_at) != len(l_at) or len(set(df["device"].to_numpy()[k_at].tolist())) != 1
+            or (ts[k_at] < ts[l_at]).any()):
+        return None
+    df.iloc[k_at, df.columns.get_loc("correlation")] = corr[l_at]
+    return (f"{len(k_at)} kernels carry correlation ids that tie them to no launch (0 or "
+            f"repeated: roctracer's RCCL kernels); each paired with one of the {len(l_at)} "
+            f"launches that tie to no kernel, in time order")
 
 
 def _categorical(values: list[str]) -> pd.Categorical:
