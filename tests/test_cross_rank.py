@@ -1343,6 +1343,33 @@ def test_each_profiling_window_gets_its_own_clock_fit(tmp_path):
     assert any("to the ends of 16 complete" in n for n in sync.notes), sync.notes
 
 
+def test_when_a_rank_enters_its_steps_is_read_on_each_windows_own_clock(tmp_path):
+    """Two windows 300 s apart; rank 1's host is 350 µs ahead in the first and 2,150 µs in the
+    second (its clock stepped between them), and every rank enters every step at the same true
+    time, its all-reduce ending with the others'. Each window's clocks are fitted on their
+    own: read with the first window's offset, rank 1 entered the second window's steps
+    1,800 µs early and rank 0 as late, a median of 0.9 ms said as a straggler's late entry."""
+    from pardiag.analyzer.analyses.imbalance import skew_origin
+
+    step = 4000.0
+    for r in (0, 1):
+        for w, off in enumerate((350.0, 2150.0)):
+            off = off if r == 1 else 0.0
+            t0 = EPOCH + 300e6 * w
+            b = TraceBuilder(rank=r)
+            for k in range(3):
+                t = t0 + k * step + off
+                b.step(10 * w + k + 1, t, step)
+                b.kernel("gemm_kernel", t + 40, 2000, launch_ts=t + 10)
+                _coll(b, "AllReduce", (0, 1), "0", t + 2100, 500, t + 20)
+            b.write(tmp_path / f"host_{100 + r}.{int(t0)}.pt.trace.json")
+    ts = load_traces(tmp_path)
+    sync = compute_sync(ts)
+    assert any("fitted window by window" in n for n in sync.notes), sync.notes
+    skew = skew_origin(compute_time_breakdown(ts).steps, sync, ts).set_index("rank")
+    assert skew["start_late_us"].tolist() == [pytest.approx(0.0, abs=1.0)] * 2
+
+
 def test_a_rank_whose_window_began_an_iteration_later_is_not_given_a_clock_offset(tmp_path):
     """An on-demand trace (no profiler steps, no Seq) of two ranks on one clock: rank 0 traced
     iterations 0-3, rank 1 picked the request up one iteration later and traced 1-4, each of

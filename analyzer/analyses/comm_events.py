@@ -79,11 +79,12 @@ def comm_events(traces: TraceSet, comm_patterns=()) -> pd.DataFrame:
     out = stack_by_rank(frames)
     if out is None:
         return pd.DataFrame(columns=list(EVENT_COLUMNS))
-    return groups_from_mesh(_run_windows(out[list(EVENT_COLUMNS)], traces), traces)
+    return groups_from_mesh(run_windows(out[list(EVENT_COLUMNS)], traces), traces)
 
 
-def _run_windows(ev: pd.DataFrame, traces: TraceSet) -> pd.DataFrame:
-    """``ev`` with each event's ``window`` the run's profiling window it lies in, where the
+def run_windows(ev: pd.DataFrame, traces: TraceSet) -> pd.DataFrame:
+    """``ev`` (``rank``, ``window`` the rank's own, ``start_us``, ``end_us``) with each event's
+    ``window`` the run's profiling window it lies in, where the
     ranks hold different numbers of windows: a rank's own count starts at its first file, so a
     rank that lacks the first window (its file lost, a rank that joined late) numbered its
     second window 0 and was matched with the others' first. The run's windows are the ranks'

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace.traceset import TraceSet
+from .comm_events import run_windows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,14 +43,39 @@ SKEW_COLUMNS: tuple[str, ...] = ("rank", "steps", "start_late_us", "delay_us", "
                                  "top_delay_us", "top_share_pct")
 
 
-def skew_origin(steps: pd.DataFrame, sync) -> pd.DataFrame:
+def _on_reference_clock(steps: pd.DataFrame, sync, traces: TraceSet | None) -> np.ndarray:
+    """The steps' ``start_us`` on the reference clock: corrected by the sync's clock model
+    (offset and drift, each profiling window by its own where the windows were fitted apart:
+    a host's offset can move between windows minutes apart), else less the offsets."""
+    t = steps["start_us"].to_numpy(dtype=float)
+    clock = getattr(sync, "clock", None)
+    if clock is None:
+        off = (dict(zip(sync.offsets["rank"], sync.offsets["offset_us"]))
+               if len(sync.offsets) else {})
+        return t - steps["rank"].map(off).fillna(0.0).to_numpy(dtype=float)
+    ranks = steps["rank"].to_numpy()
+    window = np.zeros(len(steps), dtype=int)
+    if traces is not None and clock.windows:
+        for r, tr in traces.ranks.items():
+            if len(tr.windows) >= 2:
+                mine = ranks == r
+                lo = np.array([a for a, _ in tr.windows], dtype=float)
+                window[mine] = np.maximum(np.searchsorted(lo, t[mine], side="right") - 1, 0)
+        ends = steps["end_us"].to_numpy(dtype=float) if "end_us" in steps else t
+        window = run_windows(pd.DataFrame({"rank": ranks, "window": window, "start_us": t,
+                                           "end_us": ends}), traces)["window"].to_numpy()
+    return clock.correct(ranks, t, window)
+
+
+def skew_origin(steps: pd.DataFrame, sync, traces: TraceSet | None = None) -> pd.DataFrame:
     """Where each rank's arrival skew arises: at the step's start, or at one collective.
 
     Args:
         steps: :attr:`pardiag.analyzer.analyses.breakdown.TimeBreakdown.steps` (``rank``, ``step``,
             ``start_us`` on the rank's clock).
-        sync: the :class:`pardiag.analyzer.analyses.sync.SyncResult` (clock offsets, and per
+        sync: the :class:`pardiag.analyzer.analyses.sync.SyncResult` (its clock model, and per
             instance and rank the ``arrival_delay_us``: arrival − the first rank's arrival).
+        traces: the run (each rank's profiling windows, whose clocks may be fitted apart).
 
     Returns:
         :data:`SKEW_COLUMNS`, one row per rank: ``steps`` (steps every rank has),
@@ -62,8 +88,7 @@ def skew_origin(steps: pd.DataFrame, sync) -> pd.DataFrame:
     empty = pd.DataFrame(columns=list(SKEW_COLUMNS))
     if steps is None or steps.empty or sync is None or steps["rank"].nunique() < 2:
         return empty
-    off = dict(zip(sync.offsets["rank"], sync.offsets["offset_us"])) if len(sync.offsets) else {}
-    st = steps.assign(start=steps["start_us"] - steps["rank"].map(off).fillna(0.0))
+    st = steps.assign(start=_on_reference_clock(steps, sync, traces))
     starts = st.pivot_table(index="step", columns="rank", values="start", aggfunc="min").dropna()
     if starts.empty:
         return empty
@@ -146,6 +171,6 @@ def compute_balance(traces: TraceSet, breakdown_steps: pd.DataFrame, sync=None) 
     else:
         summary = pd.DataFrame(columns=["dim", "pg", "imbalance", "cost_us", "slowest_rank"])
     return BalanceResult(per_rank.reset_index(drop=True), groups, summary,
-                         skew_origin(breakdown_steps, sync))
+                         skew_origin(breakdown_steps, sync, traces))
 
 

@@ -50,7 +50,7 @@ from ..per_rank.op_semantics import ROOTED, UNKNOWN
 from ..trace import intervals as iv
 from ..trace import vocab
 from ..trace.traceset import TraceSet
-from .clocks import align_clocks, instance_times, rank_hosts
+from .clocks import ClockModel, align_clocks, instance_times, rank_hosts
 from .comm_events import comm_events
 from .instance_keys import is_p2p, p2p_endpoints
 from .matching import count_instances, matched_events, peers_by_ends
@@ -146,6 +146,9 @@ class SyncResult:
     #: outside computation (host work, a sleep), not of its computation: that cost (µs per
     #: step, median). Not in the JSON (its note says it).
     straggler_outside_cost_us: float | None = None
+    #: The clock model the times were corrected with (per profiling window where the windows
+    #: were fitted apart); None without matched instances. Not in the JSON (``offsets`` is).
+    clock: ClockModel | None = None
 
     def with_graph_straggler(self, costs: pd.DataFrame | None, step_us: float | None,
                              work_cost: pd.DataFrame | None = None,
@@ -402,7 +405,7 @@ def compute_sync(traces: TraceSet, comm_patterns=(),
     inst = inst.drop(columns=["group_size"])
     return SyncResult(clock.table, inst, per_rank, st, bandwidth, matched_by, straggler,
                       tuple(notes), _p2p_pairs(inst, pr), busbw_by_group(inst),
-                      instance_counts(inst))
+                      instance_counts(inst), clock=clock)
 
 
 def _bandwidth_table(done: pd.DataFrame) -> pd.DataFrame:
