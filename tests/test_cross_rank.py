@@ -1370,6 +1370,31 @@ def test_when_a_rank_enters_its_steps_is_read_on_each_windows_own_clock(tmp_path
     assert skew["start_late_us"].tolist() == [pytest.approx(0.0, abs=1.0)] * 2
 
 
+def test_a_collective_outside_the_steps_counted_adds_nothing_to_its_namesake(tmp_path):
+    """One profiler step holds an all-reduce rank 0 arrives at 700 µs late; the window's head,
+    before any step (a partial accumulation cycle), holds another. Both are the first
+    all-reduce of their step (the head's step is none): counted together they read 1.4 ms late
+    per step; the step counted holds 0.7 ms."""
+    from pardiag.analyzer.analyses.imbalance import skew_origin
+
+    for r in (0, 1):
+        b = TraceBuilder(rank=r)
+        b.kernel("gemm_kernel", EPOCH + 50, 100, launch_ts=EPOCH + 10)
+        late = 700.0 if r == 0 else 0.0
+        _coll(b, "AllReduce", (0, 1), "0", EPOCH + 200 + late, 800 - late, EPOCH + 20 + late)
+        b.step(7, EPOCH + 1500, 5000)
+        b.kernel("gemm_kernel", EPOCH + 1600, 300, launch_ts=EPOCH + 1510)
+        _coll(b, "AllReduce", (0, 1), "0", EPOCH + 2000 + late, 800 - late,
+              EPOCH + 1520 + late)
+        b.write(tmp_path / f"rank{r}.json")
+    ts = load_traces(tmp_path)
+    sync = compute_sync(ts)
+    assert sorted(sync.instances["step"].tolist()) == [-1, 7]
+    skew = skew_origin(compute_time_breakdown(ts).steps, sync, ts).set_index("rank")
+    assert skew.loc[0, "top_delay_us"] == pytest.approx(700.0)
+    assert skew.loc[0, "delay_us"] == pytest.approx(700.0)
+
+
 def test_a_rank_whose_window_began_an_iteration_later_is_not_given_a_clock_offset(tmp_path):
     """An on-demand trace (no profiler steps, no Seq) of two ranks on one clock: rank 0 traced
     iterations 0-3, rank 1 picked the request up one iteration later and traced 1-4, each of

@@ -81,9 +81,10 @@ def skew_origin(steps: pd.DataFrame, sync, traces: TraceSet | None = None) -> pd
         :data:`SKEW_COLUMNS`, one row per rank: ``steps`` (steps every rank has),
         ``start_late_us`` (median over them of how long after the earliest rank it starts the
         step, clocks aligned; µs), ``delay_us`` (its arrival delay summed over the complete
-        collectives, per step; µs), ``top_collective`` (``"op on group"`` holding most of that
-        delay), ``top_delay_us`` (its share per step, µs) and ``top_share_pct`` (% of
-        ``delay_us``). Empty without two ranks with steps or matched collectives.
+        collectives of those steps, per step; µs), ``top_collective`` (``"op on group"``
+        holding most of that delay), ``top_delay_us`` (its share per step, µs) and
+        ``top_share_pct`` (% of ``delay_us``). Empty without two ranks with steps or matched
+        collectives.
     """
     empty = pd.DataFrame(columns=list(SKEW_COLUMNS))
     if steps is None or steps.empty or sync is None or steps["rank"].nunique() < 2:
@@ -98,7 +99,10 @@ def skew_origin(steps: pd.DataFrame, sync, traces: TraceSet | None = None) -> pd
     pr = sync.per_rank
     delays = pd.DataFrame(columns=["rank", "where", "arrival_delay_us"])
     if len(pr) and len(inst):
-        done = inst.loc[inst["complete"].astype(bool), ["instance", "op", "group", "step"]]
+        # the complete instances of the steps counted (``n``): one outside them (a window's
+        # partial head cycle, step -1) would add to its namesake of a step counted
+        done = inst.loc[inst["complete"].astype(bool) & inst["step"].isin(starts.index),
+                        ["instance", "op", "group", "step"]]
         d = pr.merge(done, on="instance").sort_values(["rank", "step", "start_us"])
         if len(d):   # a collective is its op, its place in the step and its group
             k = d.groupby(["rank", "step", "group"], dropna=False).cumcount() + 1
