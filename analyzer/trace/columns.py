@@ -409,14 +409,12 @@ def relink_kernels(df: pd.DataFrame) -> str | None:
     EVENT_COLUMNS`)."""
     if not len(df):
         return None
-    cat = df["cat"].to_numpy(dtype=object)
-    kern = cat == "kernel"
+    kern = (df["cat"] == "kernel").to_numpy()
     if not kern.any():
         return None
     corr = df["correlation"].to_numpy()
     gpu = np.asarray(isin_mask(df["cat"], list(GPU_CATS)))
     host = ~gpu & (corr >= 0)
-    launch = host & df["name"].astype(str).str.contains(LAUNCH_CALL_RE).to_numpy()
     # no host event at all ties it (a CUDA graph's kernels share their graph launch's id)
     orphan_k = kern & ~np.isin(corr, corr[host])
     if not orphan_k.any():
@@ -425,6 +423,9 @@ def relink_kernels(df: pd.DataFrame) -> str | None:
     repeated = set(ids[counts > 1].tolist())
     if not all(c <= 0 or c in repeated for c in corr[orphan_k].tolist()):
         return None
+    at = np.flatnonzero(host)   # the launch calls' names tested only here, where it matters
+    launch = np.zeros(len(df), dtype=bool)
+    launch[at] = df["name"].iloc[at].astype(str).str.contains(LAUNCH_CALL_RE).to_numpy()
     orphan_l = launch & ~np.isin(corr, corr[gpu & ~orphan_k])
     k_at, l_at = np.flatnonzero(orphan_k), np.flatnonzero(orphan_l)
     ts = df["ts"].to_numpy(dtype=float)
