@@ -606,7 +606,9 @@ def test_each_device_of_one_process_is_its_own_timeline(tmp_path):
         [0, 6, 2100.0, 2100.0], [1, 6, 900.0, 900.0]]
     assert bd.devices["idle_pct"].tolist() == pytest.approx([30.0, 70.0])
     line, = bd.devices_text()
-    assert line.startswith("rank 0: one process drives 2 devices (0 and 1;")
+    assert line.startswith("rank 0: one process drives 2 devices (0 and 1: a model split "
+                           "across them, as device_map='auto' does, or copied onto each, as "
+                           "nn.DataParallel does)")
     assert ("device 0 computes 2.10 ms and is idle 30.0% of the rank's time; device 1 computes "
             "0.90 ms and is idle 70.0%") in line
 
@@ -650,7 +652,7 @@ def test_a_ranks_kernels_on_another_gpu_are_read_from_their_device_arg(tmp_path)
     bd = compute_time_breakdown(load_traces(tmp_path, cache=False))
     assert bd.devices[["device", "kernels", "compute_us"]].values.tolist() == [
         [0, 1, 100.0], [1, 2, 500.0]]
-    assert bd.devices_text()[0].startswith("rank 1: one process drives 2 devices (0 and 1;")
+    assert bd.devices_text()[0].startswith("rank 1: one process drives 2 devices (0 and 1:")
     # a 2 µs memset on cuda:0 (the context a rank on GPU 1 created there) is no second device
     doc = json.loads((tmp_path / "rank1.json").read_text())
     ema = next(e for e in doc["traceEvents"] if e["name"] == "ema_update_kernel")

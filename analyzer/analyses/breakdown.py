@@ -140,8 +140,9 @@ class TimeBreakdown:
                              f"{i:.1f}% of the rank's time" for d, c, i in
                              zip(g["device"], g["compute_us"], g["idle_pct"]))
             out.append(f"rank {int(rank)}: one process drives {len(ids)} devices "
-                       f"({', '.join(map(str, ids[:-1]))} and {ids[-1]}; a model split across "
-                       f"devices, e.g. device_map='auto'): the rank's figures are their union, "
+                       f"({', '.join(map(str, ids[:-1]))} and {ids[-1]}: a model split across "
+                       f"them, as device_map='auto' does, or copied onto each, as "
+                       f"nn.DataParallel does): the rank's figures are their union, "
                        f"not any device's time — {each} (devices[])")
         return out
 
