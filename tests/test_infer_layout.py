@@ -1288,3 +1288,36 @@ def test_hybrid_sharding_is_told_by_the_groups_each_op_runs_over(shard, replica,
     assert hybrid_sharding(plain, member, shard * replica) is None
     # the degrees must multiply to dp
     assert hybrid_sharding(ev, member, 2 * shard * replica) is None
+
+
+def test_a_coalesced_ring_exchange_beside_attention_kernels_is_no_pipeline(tmp_path):
+    """Inference with ring attention (yunchang's USP): each round's exchange is a
+    ``batch_isend_irecv`` (``nccl:send`` and ``nccl:recv`` records naming the next and the
+    previous rank, then ``nccl:coalesced``
+    launching one SendRecv kernel with no metadata) beside flash-attn's kernels, which its
+    extension launches with no host op. The device's SendRecv kernels, each next to attention,
+    are the messages read: context parallelism, no pipeline and no bubble."""
+    for r in range(4):
+        b = TraceBuilder(rank=r, world_size=4)
+        b.step(1, 0, 2000)
+        t = 10.0
+        for _ in range(6):
+            b.kernel("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>(Params)",
+                     t, 100, stream=7, launch_ts=t - 5)
+            for op, peer, at in (("send", (r + 1) % 4, 101), ("recv", (r - 1) % 4, 103)):
+                b.cpu(f"nccl:{op}", t + at, 2)
+                b.cpu("record_param_comms", t + at + 0.5, 1, args={
+                    "Collective name": op, "Process Group Ranks": "[0, 1, 2, 3]",
+                    "Group size": 4, "Rank": peer, "In msg nelems": 1 << 20,
+                    "dtype": "BFloat16"})
+            b.cpu("nccl:coalesced", t + 105, 5)
+            b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", t + 110, 20,
+                     stream=20, launch_ts=t + 106)
+            t += 140
+        b.write(tmp_path / f"rank{r}.json")
+    j = report_json(build_report(load_traces(tmp_path)))
+    lay = j["layout"]
+    assert "pp" not in lay["dims"] and "pipeline" not in lay["strategies"], lay
+    assert j["pipeline"] is None and "pipeline bubble" not in j["verdict"]
+    assert any("24 of 24 sends and receives next to attention" in ln
+               for ln in lay["evidence"] + lay["not_inferred"]), lay

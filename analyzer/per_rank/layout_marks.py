@@ -215,12 +215,13 @@ def p2p_evidence(trace: RankTrace) -> dict[str, int]:
       (:data:`vocab.RING_ATTENTION_RE`: TransformerEngine's ``flash_attn_p2p_communicate``,
       ring-flash-attention, torch's templated ring attention);
     * ``p2p_events``: send and receive events on the timeline read (the device's kernels when
-      their records name them, else the host's ops);
+      their records name them, or when they are ``SendRecv`` kernels of a coalesced block,
+      ``batch_isend_irecv``; else the host's ops);
     * ``p2p_attention``: those whose nearest computation before or after is attention, as for
       all-to-alls (:func:`all_to_all_evidence`): a ring passes key/value shards between
       attention's blocks, a pipeline passes activations between layers of every kind.
     """
-    n, near = _ops_next_to_attention(trace, ("send", "recv"))
+    n, near = _ops_next_to_attention(trace, ("send", "recv", "send_recv"))
     return {"ring_exchange": int(name_test(trace, "ring_exchange",
                                            vocab.RING_ATTENTION_RE.search).sum()),
             "p2p_events": n, "p2p_attention": near}
