@@ -661,6 +661,30 @@ def test_a_merge_whose_pids_carry_rank_labels_is_split_by_them(tmp_path, label, 
     assert not [w for w in b["warnings"] if "drives" in w]
 
 
+def test_a_merge_whose_pids_carry_the_rank_as_a_suffix_is_split_by_them(tmp_path):
+    """ByteDance's Triton-distributed / flux ``group_profile``: one bare array, every pid the
+    string ``f"{pid}_{rank}"`` (a GPU's too: ``"1_1"``), every int tid ``tid × world + rank``,
+    no header. Read as one process, both ranks' kernels made one timeline (a process driving
+    two GPUs); split by the suffixes, each rank reads as its own file does."""
+    run = _two_ranks(tmp_path)
+    events = []
+    for r in (0, 1):
+        doc = json.loads((run / f"rank{r}.json").read_text())
+        events += [{**e, "pid": f"{e['pid']}_{r}",
+                    "tid": e["tid"] * 2 + r if isinstance(e["tid"], int) else e["tid"]}
+                   for e in doc["traceEvents"]]
+    merged = tmp_path / "merged.json"
+    merged.write_text(json.dumps(events))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = _report([run], tmp_path / "a"), _report([merged], tmp_path / "b")
+    assert [r["rank"] for r in b["ranks"]] == [0, 1]
+    for ra, rb in zip(a["ranks"], b["ranks"]):
+        for key in ("compute_us", "comm_us", "overlap_pct"):
+            assert rb["total"][key] == pytest.approx(ra["total"][key]), key
+    assert not [w for w in b["warnings"] if "drives" in w]
+
+
 def test_a_merge_naming_only_host_processes_gives_each_gpu_its_launching_rank(tmp_path):
     """A merge that names each rank's host process ``rank N`` and leaves its GPU's timeline as
     Kineto names it: every kernel links to its launch by a correlation id, which the merge

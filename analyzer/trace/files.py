@@ -29,7 +29,7 @@ from .parse import (
     plain_bytes,
     read_process_names,
 )
-from .ranks import labelled_rank_of_pids, merged_rank_of_pids
+from .ranks import labelled_rank_of_pids, merged_rank_of_pids, suffixed_rank_of_pids
 from .traceset import RankTrace, Summary, has_step_names
 
 _S = TypeVar("_S", bound=Summary)
@@ -161,8 +161,9 @@ def _finish_rank(out: ParsedFile, reducer: RankReducer | None, patterns, repairs
 def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: dict,
                   process_names: dict[str, list[str]]) -> tuple[list[ParsedFile], list[str]] | None:
     """The ranks of a merged multi-rank file (``pardiag merge`` output, another tool's merge
-    whose processes are named ``rank N``, or one whose pids carry the ranks' labels:
-    :func:`pardiag.analyzer.trace.ranks.labelled_rank_of_pids`, each process given back its own
+    whose processes are named ``rank N``, or one whose pids carry the ranks' labels or
+    suffixes: :func:`pardiag.analyzer.trace.ranks.labelled_rank_of_pids`,
+    :func:`pardiag.analyzer.trace.ranks.suffixed_rank_of_pids`, each process given back its own
     pid), one :class:`ParsedFile` each with the events of its processes and
     ``distributedInfo.rank`` set to it; None for a single-rank file. Events of
     processes that belong to no rank are left out (a warning says how many)."""
@@ -172,11 +173,15 @@ def _split_merged(path: Path, events: pd.DataFrame, thread_names: dict, meta: di
     own_pid: dict[str, str] = {}   # a labelled pid's own pid
     if mapping is None:
         labelled = labelled_rank_of_pids(pids)
-        if labelled is None:
+        suffixed = suffixed_rank_of_pids(pids) if labelled is None else None
+        if labelled is not None:
+            mapping, own_pid, note = labelled
+            if note:
+                warnings.append(f"{path}: {note}")
+        elif suffixed is not None:
+            mapping, own_pid = suffixed
+        else:
             return None
-        mapping, own_pid, note = labelled
-        if note:
-            warnings.append(f"{path}: {note}")
     pid_text = events["pid"].astype(str)   # (pids are text in the event table; keys too)
     rank_of = pid_text.map(mapping)
     if rank_of.isna().any():

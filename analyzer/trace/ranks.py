@@ -297,6 +297,24 @@ def merged_rank_of_pids(process_names: dict[str, list[str]], pids: list[str],
     return out if len(set(out.values())) >= 2 else None
 
 
+#: A pid that a merge tool suffixed with the rank: ByteDance's Triton-distributed / flux
+#: ``group_profile`` writes ``f"{pid}_{rank}"`` for every process of each rank (its GPU's too:
+#: ``"1_1"``).
+_SUFFIXED_PID_RE = re.compile(r"^(\d+)_(\d+)$")
+
+
+def suffixed_rank_of_pids(pids: list[Any]) -> tuple[dict[str, int], dict[str, str]] | None:
+    """``({pid: rank}, {pid: the process's own pid})`` for a file whose every pid carries a
+    merge tool's rank suffix (:data:`_SUFFIXED_PID_RE`) for two or more ranks, else None."""
+    got = [(_SUFFIXED_PID_RE.match(str(p)), str(p)) for p in pids]
+    if not got or any(m is None for m, _ in got):
+        return None
+    ranks = {str(p): int(m.group(2)) for m, p in got if m is not None}
+    if len(set(ranks.values())) < 2:
+        return None
+    return ranks, {str(p): m.group(1) for m, p in got if m is not None}
+
+
 #: A pid that a merge tool prefixed with the rank's coordinates: SGLang's ProfileMerger writes
 #: ``[TP00-DP01-PP02-EP03] 50211`` for each process of the rank with those tensor-, data-,
 #: pipeline- and expert-parallel ranks (only the kinds the run has).
