@@ -177,6 +177,7 @@ def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
                             f"the gaps between them left out")
     alone = _one_process_each(pending)
     recorded = _records_rank_of(alone, taken)
+    named = set(recorded.values())   # one lookup per candidate, not a scan of the dict's values
     for i, (fs, why) in enumerate(alone):
         said = why or "no rank in distributedInfo or in the file name"
         r = recorded.get(i)
@@ -185,7 +186,7 @@ def assign_ranks(files: list[FileFacts]) -> tuple[list[RankFiles], list[str]]:
             src = "records"
         else:
             r = 0
-            while r in taken or r in recorded.values():
+            while r in taken or r in named:
                 r += 1
             how, src = f"treated as rank {r}", "assigned"
         taken.add(r)
