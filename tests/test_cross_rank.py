@@ -577,6 +577,20 @@ def _labelled_merge(run: Path, out: Path, label) -> Path:
     return out
 
 
+def _reads_as_own_files(run: Path, merged: Path, tmp_path: Path) -> tuple[dict, dict]:
+    """The reports of the two ranks' own files (``run``) and of their ``merged`` file: the
+    merged one splits into ranks 0 and 1, each with its own file's compute, communication and
+    overlap. Returns (own, merged) report JSON."""
+    for d in "ab":
+        (tmp_path / d).mkdir()
+    a, b = _report([run], tmp_path / "a"), _report([merged], tmp_path / "b")
+    assert [r["rank"] for r in b["ranks"]] == [0, 1]
+    for ra, rb in zip(a["ranks"], b["ranks"]):
+        for key in ("compute_us", "comm_us", "overlap_pct"):
+            assert rb["total"][key] == pytest.approx(ra["total"][key]), key
+    return a, b
+
+
 def test_a_merge_that_prefixes_every_name_with_its_rank_reads_the_names_without(tmp_path):
     """A merge script that names its processes 'Rank N - ...' and prefixes every event's name
     with ``[RN] `` (``[R1] ProfilerStep#1``): each rank's steps and kernels read as the profiler
@@ -592,14 +606,8 @@ def test_a_merge_that_prefixes_every_name_with_its_rank_reads_the_names_without(
                                                                          (100, "CPU"))]
     merged = tmp_path / "merged.json"
     merged.write_text(json.dumps({"traceEvents": events}))
-    for d in "ab":
-        (tmp_path / d).mkdir()
-    a, b = _report([run], tmp_path / "a"), _report([merged], tmp_path / "b")
-    assert [r["rank"] for r in b["ranks"]] == [0, 1]
+    a, b = _reads_as_own_files(run, merged, tmp_path)
     assert b["step"]["median_us"] == a["step"]["median_us"] == 2000.0
-    for ra, rb in zip(a["ranks"], b["ranks"]):
-        for key in ("compute_us", "comm_us", "overlap_pct"):
-            assert rb["total"][key] == pytest.approx(ra["total"][key]), key
     assert not [w for w in b["warnings"] if "ProfilerStep" in w]
 
 
@@ -624,14 +632,8 @@ def test_a_merge_that_prefixes_its_metadata_events_too_is_split_by_them(tmp_path
     merged = tmp_path / ("merged.json.gz" if gz else "merged.json")
     data = json.dumps({"traceEvents": events}).encode()
     merged.write_bytes(gzip.compress(data) if gz else data)
-    for d in "ab":
-        (tmp_path / d).mkdir()
-    a, b = _report([run], tmp_path / "a"), _report([merged], tmp_path / "b")
-    assert [r["rank"] for r in b["ranks"]] == [0, 1]
+    a, b = _reads_as_own_files(run, merged, tmp_path)
     assert b["step"]["median_us"] == a["step"]["median_us"] == 2000.0
-    for ra, rb in zip(a["ranks"], b["ranks"]):
-        for key in ("compute_us", "comm_us", "overlap_pct"):
-            assert rb["total"][key] == pytest.approx(ra["total"][key]), key
     traces = load_traces(merged)
     assert traces.ranks[1].thread_names[("1100", "1001")] == "thread 1001 (python3)"
 
@@ -649,13 +651,7 @@ def test_a_merge_whose_pids_carry_rank_labels_is_split_by_them(tmp_path, label, 
     coordinates vary, the numbering is said to be the labels' order."""
     run = _two_ranks(tmp_path)
     merged = _labelled_merge(run, tmp_path / "merged.json", label)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a, b = _report([run], tmp_path / "a"), _report([merged], tmp_path / "b")
-    assert [r["rank"] for r in b["ranks"]] == [0, 1]
-    for ra, rb in zip(a["ranks"], b["ranks"]):
-        for key in ("compute_us", "comm_us", "overlap_pct"):
-            assert rb["total"][key] == pytest.approx(ra["total"][key]), key
+    _, b = _reads_as_own_files(run, merged, tmp_path)
     said = [w for w in b["warnings"] if "labels" in w]
     assert said == ([f"{merged}: {note}"] if note else [])
     assert not [w for w in b["warnings"] if "drives" in w]
@@ -675,13 +671,7 @@ def test_a_merge_whose_pids_carry_the_rank_as_a_suffix_is_split_by_them(tmp_path
                    for e in doc["traceEvents"]]
     merged = tmp_path / "merged.json"
     merged.write_text(json.dumps(events))
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a, b = _report([run], tmp_path / "a"), _report([merged], tmp_path / "b")
-    assert [r["rank"] for r in b["ranks"]] == [0, 1]
-    for ra, rb in zip(a["ranks"], b["ranks"]):
-        for key in ("compute_us", "comm_us", "overlap_pct"):
-            assert rb["total"][key] == pytest.approx(ra["total"][key]), key
+    _, b = _reads_as_own_files(run, merged, tmp_path)
     assert not [w for w in b["warnings"] if "drives" in w]
 
 

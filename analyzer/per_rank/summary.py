@@ -31,7 +31,7 @@ import pandas as pd
 from ..trace import vocab
 from ..trace.classify import cached, pattern_key
 from ..trace.comm_records import all_to_all_ops, ranks_in_records
-from ..trace.ranks import rank_from_name
+from ..trace.ranks import states_rank
 from ..trace.traceset import (
     Deferred,
     HoldsTables,
@@ -92,8 +92,7 @@ def _records_ranks(trace: RankTrace) -> np.ndarray:
     """:func:`pardiag.analyzer.trace.comm_records.ranks_in_records` of a trace whose file states
     no rank (``distributedInfo``, its name), shape (n,); empty for one that does (the loader
     reads it only then)."""
-    if (vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(trace.metadata)) is not None
-            or rank_from_name(Path(trace.path).name) is not None):
+    if states_rank(trace.metadata, Path(trace.path)):
         return np.zeros(0, dtype=np.int64)
     return np.array(ranks_in_records(trace.events), dtype=np.int64)
 

@@ -39,7 +39,7 @@ from .comm_records import ranks_in_records
 from .files import ParsedFile, RankReducer, from_summary, parse_file, read_events
 from .folders import find_trace_files, no_files_hint, run_of_sidecar, window_folders
 from .parse import ARRAY_FORM
-from .ranks import FileFacts, RankFiles, assign_ranks, rank_from_name
+from .ranks import FileFacts, RankFiles, assign_ranks, states_rank
 from .traceset import RankTrace, Sidecars, TraceSet, failures_in_order, time_range
 from .workers import default_workers, parse_files
 
@@ -649,8 +649,7 @@ def _assign(docs: list[ParsedFile], warnings: list[str]
         # a file without a timed event that names no rank (an NCCL profiler plugin's dump of
         # async events beside the traces) holds no rank: said, and left out
         kept = [i for i, p in enumerate(units) if not math.isnan(ranges[i][0])
-                or p.rank_hint is not None or rank_from_name(p.path.name) is not None
-                or vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(p.metadata)) is not None]
+                or p.rank_hint is not None or states_rank(p.metadata, p.path)]
         left = set(range(len(units))) - set(kept)
         warnings.extend(f"{units[i].path}: no timed events (complete 'X' ranges) and no rank in "
                         f"distributedInfo or its name: no rank's trace - skipped"
@@ -664,8 +663,7 @@ def _assign(docs: list[ParsedFile], warnings: list[str]
                                start_us=lo, end_us=hi, rank_hint=p.rank_hint,
                                processes=frozenset(_processes(p)),
                                records_ranks=_records_ranks(p) if p.rank_hint is None
-                               and dist is None and rank_from_name(p.path.name) is None
-                               else ()))
+                               and not states_rank(p.metadata, p.path) else ()))
     assignment, rank_warnings = assign_ranks(facts)
     warnings.extend(rank_warnings)
     if any(p.pieces for p in docs):

@@ -89,6 +89,13 @@ def rank_from_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def states_rank(metadata: dict | None, path: Path) -> bool:
+    """Whether a file states its rank itself: a ``distributedInfo.rank``, or a rank or worker
+    number in its name (:func:`rank_from_name`)."""
+    return (vocab.DIST_RANK.get(vocab.DISTRIBUTED_INFO.get(metadata)) is not None
+            or rank_from_name(Path(path).name) is not None)
+
+
 def _valid_rank(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
